@@ -1,0 +1,155 @@
+"""Opening the catalog and running transactions on it.
+
+One URL picks the database: ``sqlite:///path`` (the embedded default) or
+``postgresql+psycopg://...``. Every caller runs its work as a function in
+``Catalog.run``, which retries the transient conflicts each database has
+(SQLite "database is locked", PostgreSQL serialization failures) so that
+none of them ever reaches a namespace caller.
+
+SQLite settings, and why:
+- journal_mode=WAL: readers never block the writer and vice versa.
+- foreign_keys=ON: the schema's cascades and references are enforced.
+- busy_timeout: a writer waits for the lock instead of failing at once.
+- Write transactions start with BEGIN IMMEDIATE, so the write lock is taken
+  up front; a deferred transaction that upgrades later can fail with
+  SQLITE_BUSY without the busy handler ever running.
+- synchronous=NORMAL for metadata (atomic and consistent after any crash;
+  a power cut may lose the last few commits), and FULL for transactions
+  that must be durable before a reply (``durable=True``: data flushes behind
+  a stable WRITE or a COMMIT, invariant 2).
+"""
+from __future__ import annotations
+
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from sqlalchemy import create_engine, event, select
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from engine.catalog.models import Setting
+
+T = TypeVar("T")
+
+SQLITE_BUSY_TIMEOUT_MS = 5000
+RETRY_DEADLINE_S = 120.0
+PG_RETRY_SQLSTATES = {"40001", "40P01"}  # serialization failure, deadlock
+
+
+class CatalogUnavailable(RuntimeError):
+    """The catalog could not be reached or stayed locked past the deadline."""
+
+
+class Catalog:
+    def __init__(self, url: str, *, sqlite_synchronous: str = "normal", pool_size: int = 8):
+        self.url = url
+        self.is_sqlite = url.startswith("sqlite")
+        self._sqlite_synchronous = sqlite_synchronous.upper()
+        if self.is_sqlite:
+            self.engine: Engine = create_engine(
+                url, pool_size=pool_size, max_overflow=32,
+                connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+            )
+            event.listen(self.engine, "connect", self._sqlite_connect)
+            event.listen(self.engine, "begin", self._sqlite_begin)
+            self._watch: sqlite3.Connection | None = None
+            self._watch_lock = threading.Lock()
+        else:
+            self.engine = create_engine(
+                url, pool_size=pool_size, max_overflow=32, pool_pre_ping=True,
+                isolation_level="SERIALIZABLE",
+            )
+
+    # -- SQLite connection set-up ------------------------------------------
+    def _sqlite_connect(self, dbapi_conn, _record):
+        # Take transaction control away from pysqlite; _sqlite_begin emits BEGIN.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute(f"PRAGMA synchronous={self._sqlite_synchronous}")
+        cur.close()
+
+    @staticmethod
+    def _sqlite_begin(conn: Connection):
+        conn.exec_driver_sql(conn.info.get("begin", "BEGIN"))
+
+    # -- transactions --------------------------------------------------------
+    def run(self, work: Callable[[Connection], T], *, write: bool = True, durable: bool = False) -> T:
+        """Run ``work(conn)`` in one transaction, retrying transient conflicts.
+
+        ``durable``: the commit is on stable storage when this returns."""
+        deadline = time.monotonic() + RETRY_DEADLINE_S
+        delay = 0.001
+        while True:
+            try:
+                with self.engine.connect() as conn:
+                    if self.is_sqlite:
+                        conn.info["begin"] = "BEGIN IMMEDIATE" if write else "BEGIN"
+                        if durable:
+                            return self._run_sqlite_durable(conn, work)
+                    with conn.begin():
+                        return work(conn)
+            except DBAPIError as exc:
+                if not self._transient(exc) or time.monotonic() > deadline:
+                    if self._transient(exc):
+                        raise CatalogUnavailable(f"catalog busy for {RETRY_DEADLINE_S:.0f} s: {exc.orig}") from exc
+                    raise
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 0.05)
+
+    def _run_sqlite_durable(self, conn: Connection, work):
+        raw = conn.connection.dbapi_connection
+        raw.execute("PRAGMA synchronous=FULL")
+        try:
+            with conn.begin():
+                return work(conn)
+        finally:
+            raw.execute(f"PRAGMA synchronous={self._sqlite_synchronous}")
+
+    def _transient(self, exc: DBAPIError) -> bool:
+        if self.is_sqlite:
+            text = str(exc.orig).lower()
+            return isinstance(exc, OperationalError) and ("locked" in text or "busy" in text)
+        return getattr(exc.orig, "sqlstate", None) in PG_RETRY_SQLSTATES
+
+    def read(self, work: Callable[[Connection], T]) -> T:
+        return self.run(work, write=False)
+
+    # -- cache validation ------------------------------------------------------
+    def epoch(self) -> int | None:
+        """A number that changes whenever any connection commits, or None when
+        the database cannot tell cheaply (then callers must not cache)."""
+        if not self.is_sqlite:
+            return None
+        with self._watch_lock:
+            if self._watch is None:
+                path = self.engine.url.database
+                self._watch = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            return self._watch.execute("PRAGMA data_version").fetchone()[0]
+
+    # -- settings --------------------------------------------------------------
+    def get_setting(self, key: str, default: str | None = None) -> str | None:
+        table = Setting.__table__
+        value = self.read(lambda c: c.execute(select(table.c.value).where(table.c.key == key)).scalar())
+        return default if value is None else value
+
+    def set_setting(self, key: str, value: str) -> None:
+        table = Setting.__table__
+
+        def work(conn):
+            done = conn.execute(table.update().where(table.c.key == key).values(value=value)).rowcount
+            if not done:
+                conn.execute(table.insert().values(key=key, value=value))
+        self.run(work)
+
+    def close(self) -> None:
+        if self.is_sqlite and self._watch is not None:
+            self._watch.close()
+            self._watch = None
+        self.engine.dispose()

@@ -1,0 +1,274 @@
+"""The catalog schema: SQLAlchemy 2 typed models.
+
+Alembic (migrations/) owns the schema in databases; these models are what
+it is compared against. Hot paths use the tables through SQLAlchemy Core
+(``Model.__table__``) for speed; the ORM classes are for admin code.
+Times are integers in nanoseconds since the epoch (UTC)."""
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY, PostgreSQL wants BIGINT.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+# File types use the NFSv4 ftype4 numbering, which is also a natural order.
+REG, DIR, BLK, CHR, LNK, SOCK, FIFO = 1, 2, 3, 4, 5, 6, 7
+
+
+class Inode(Base):
+    __tablename__ = "inodes"
+    ino: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    generation: Mapped[int] = mapped_column(BigInteger, default=1)
+    type: Mapped[int] = mapped_column(Integer)
+    mode: Mapped[int] = mapped_column(Integer)  # permission bits incl. suid/sgid/sticky
+    uid: Mapped[int] = mapped_column(BigInteger, default=0)
+    gid: Mapped[int] = mapped_column(BigInteger, default=0)
+    size: Mapped[int] = mapped_column(BigInteger, default=0)
+    nlink: Mapped[int] = mapped_column(Integer, default=1)
+    rdev: Mapped[int] = mapped_column(BigInteger, default=0)
+    atime_ns: Mapped[int] = mapped_column(BigInteger)
+    mtime_ns: Mapped[int] = mapped_column(BigInteger)
+    ctime_ns: Mapped[int] = mapped_column(BigInteger)
+    btime_ns: Mapped[int] = mapped_column(BigInteger)
+    change: Mapped[int] = mapped_column(BigInteger, default=1)
+    # Band class this file's data is pinned to (None: placement decides).
+    band_class: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # AUTOINCREMENT: SQLite must never hand out a freed inode number again,
+    # or an old file handle could name a new file.
+    __table_args__ = {"sqlite_autoincrement": True}
+
+
+class Dirent(Base):
+    """A name in a directory. ``id`` doubles as the readdir cookie: ids only
+    grow, so a cookie stays valid while the directory changes."""
+
+    __tablename__ = "dirents"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    parent: Mapped[int] = mapped_column(ForeignKey("inodes.ino", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(255))
+    child: Mapped[int] = mapped_column(ForeignKey("inodes.ino", ondelete="CASCADE"), index=True)
+    __table_args__ = (UniqueConstraint("parent", "name"), Index("ix_dirents_parent_id", "parent", "id"),
+                      {"sqlite_autoincrement": True})
+
+
+class Symlink(Base):
+    __tablename__ = "symlinks"
+    ino: Mapped[int] = mapped_column(ForeignKey("inodes.ino", ondelete="CASCADE"), primary_key=True)
+    target: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class Xattr(Base):
+    __tablename__ = "xattrs"
+    ino: Mapped[int] = mapped_column(ForeignKey("inodes.ino", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    value: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class BandClass(Base):
+    """hot / warm / cold: redundancy and geometry of the bands of a class."""
+
+    __tablename__ = "band_classes"
+    name: Mapped[str] = mapped_column(String(16), primary_key=True)
+    redundancy: Mapped[str] = mapped_column(String(16))  # "replicate" | "ec"
+    copies: Mapped[int] = mapped_column(Integer, default=3)
+    ec_k: Mapped[int] = mapped_column(Integer, default=8)
+    ec_m: Mapped[int] = mapped_column(Integer, default=2)
+    ec_backend: Mapped[str] = mapped_column(String(64), default="isa_l_rs_vand")
+    fragment_size: Mapped[int] = mapped_column(BigInteger, default=1 << 20)
+    compression: Mapped[str | None] = mapped_column(String(16), nullable=True)
+
+
+class Drive(Base):
+    __tablename__ = "drives"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    uuid: Mapped[str] = mapped_column(String(36), unique=True)
+    path: Mapped[str] = mapped_column(Text)
+    backend: Mapped[str] = mapped_column(String(16))  # "zonefile" | "zoned-block"
+    # online | degraded | failed | draining | removed
+    state: Mapped[str] = mapped_column(String(16), default="online")
+    zone_size: Mapped[int] = mapped_column(BigInteger)
+    zone_count: Mapped[int] = mapped_column(Integer)
+    max_open_zones: Mapped[int] = mapped_column(Integer, default=0)
+    serial: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    model: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    device: Mapped[str | None] = mapped_column(Text, nullable=True)  # block device for SMART
+    added_ns: Mapped[int] = mapped_column(BigInteger)
+
+
+class Zone(Base):
+    """One band of a drive. ``write_pointer`` is the committed end: bytes
+    beyond it on the medium are garbage from an interrupted flush."""
+
+    __tablename__ = "zones"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    drive_id: Mapped[int] = mapped_column(ForeignKey("drives.id", ondelete="CASCADE"))
+    idx: Mapped[int] = mapped_column(Integer)
+    # empty | open | full | offline
+    state: Mapped[str] = mapped_column(String(16), default="empty")
+    band_class: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    write_pointer: Mapped[int] = mapped_column(BigInteger, default=0)
+    live_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    garbage_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    opened_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    last_write_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    resets: Mapped[int] = mapped_column(Integer, default=0)
+    __table_args__ = (UniqueConstraint("drive_id", "idx"), Index("ix_zones_state_class", "state", "band_class"))
+
+
+class Stripe(Base):
+    """One unit of redundancy: k data + m parity fragments (EC), or n copies."""
+
+    __tablename__ = "stripes"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    band_class: Mapped[str] = mapped_column(String(16))
+    layout: Mapped[str] = mapped_column(String(16))  # "ec" | "replica"
+    k: Mapped[int] = mapped_column(Integer)
+    m: Mapped[int] = mapped_column(Integer)
+    backend: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    data_length: Mapped[int] = mapped_column(BigInteger)  # user bytes held
+    fragment_length: Mapped[int] = mapped_column(BigInteger)  # bytes per fragment on disk
+    compression: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    live_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+
+
+class Fragment(Base):
+    __tablename__ = "fragments"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    stripe_id: Mapped[int] = mapped_column(ForeignKey("stripes.id", ondelete="CASCADE"))
+    idx: Mapped[int] = mapped_column(Integer)
+    drive_id: Mapped[int] = mapped_column(ForeignKey("drives.id"))
+    zone_id: Mapped[int] = mapped_column(ForeignKey("zones.id"), index=True)
+    zone_offset: Mapped[int] = mapped_column(BigInteger)
+    length: Mapped[int] = mapped_column(BigInteger)
+    checksum: Mapped[int] = mapped_column(BigInteger)  # crc32c of the bytes on disk
+    __table_args__ = (UniqueConstraint("stripe_id", "idx"),)
+
+
+class Extent(Base):
+    """(inode, file offset, length) -> (stripe, offset in the stripe's data)."""
+
+    __tablename__ = "extents"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    ino: Mapped[int] = mapped_column(ForeignKey("inodes.ino", ondelete="CASCADE"))
+    file_offset: Mapped[int] = mapped_column(BigInteger)
+    length: Mapped[int] = mapped_column(BigInteger)
+    stripe_id: Mapped[int] = mapped_column(ForeignKey("stripes.id"), index=True)
+    stripe_offset: Mapped[int] = mapped_column(BigInteger)
+    __table_args__ = (Index("ix_extents_ino_offset", "ino", "file_offset"),)
+
+
+class Export(Base):
+    __tablename__ = "exports"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)  # path clients mount, e.g. /export
+    path: Mapped[str] = mapped_column(Text, default="/")  # directory in the namespace
+    clients: Mapped[str] = mapped_column(Text, default="0.0.0.0/0,::/0")  # comma-separated CIDRs
+    access: Mapped[str] = mapped_column(String(2), default="rw")  # "rw" | "ro"
+    squash: Mapped[str] = mapped_column(String(16), default="root_squash")
+    anon_uid: Mapped[int] = mapped_column(BigInteger, default=65534)
+    anon_gid: Mapped[int] = mapped_column(BigInteger, default=65534)
+    trash_days: Mapped[int] = mapped_column(Integer, default=7)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class RetentionPolicy(Base):
+    __tablename__ = "retention_policies"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    pattern: Mapped[str] = mapped_column(Text)
+    keep: Mapped[int] = mapped_column(Integer)
+    order_by: Mapped[str] = mapped_column(String(8), default="mtime")  # "mtime" | "name"
+    action: Mapped[str] = mapped_column(String(8), default="delete")  # delete | cold | trash
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    last_run_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class Snapshot(Base):
+    __tablename__ = "snapshots"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(255))
+    source_ino: Mapped[int] = mapped_column(ForeignKey("inodes.ino", ondelete="CASCADE"))
+    root_ino: Mapped[int] = mapped_column(ForeignKey("inodes.ino"))  # frozen copy of the tree
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    __table_args__ = (UniqueConstraint("source_ino", "name"),)
+
+
+class NfsClient(Base):
+    """NFSv4 client records, kept so that a restarted server can grant a grace period."""
+
+    __tablename__ = "nfs_clients"
+    clientid: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    owner: Mapped[bytes] = mapped_column(LargeBinary)
+    verifier: Mapped[bytes] = mapped_column(LargeBinary)
+    address: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    minor_version: Mapped[int] = mapped_column(Integer, default=1)
+    confirmed: Mapped[bool] = mapped_column(Boolean, default=False)
+    reclaim_complete: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    last_seen_ns: Mapped[int] = mapped_column(BigInteger)
+
+
+class AdminUser(Base):
+    __tablename__ = "admin_users"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    username: Mapped[str] = mapped_column(String(64), unique=True)
+    password_hash: Mapped[str] = mapped_column(Text)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    last_login_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    failed_logins: Mapped[int] = mapped_column(Integer, default=0)
+    locked_until_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("admin_users.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    token_hash: Mapped[str] = mapped_column(String(128), unique=True)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    last_used_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class Event(Base):
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    time_ns: Mapped[int] = mapped_column(BigInteger, index=True)
+    kind: Mapped[str] = mapped_column(String(64))
+    severity: Mapped[str] = mapped_column(String(8), default="info")  # info | warning | error
+    actor: Mapped[str] = mapped_column(String(64), default="system")
+    message: Mapped[str] = mapped_column(Text)
+    details: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
+
+
+class Setting(Base):
+    """Small key/value facts of this catalog: filesystem id, root inode, ..."""
+
+    __tablename__ = "settings"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)

@@ -1,0 +1,96 @@
+"""POSIX errors raised by the engine, each carrying its errno.
+
+Protocol layers map ``FsError.errno`` to their own status codes, so the
+engine never needs to know about NFS4ERR_* or HTTP statuses."""
+from __future__ import annotations
+
+import errno as _errno
+import os
+
+
+class FsError(OSError):
+    """Base class: an error a namespace call reports to its caller."""
+
+    errno_value = _errno.EIO
+
+    def __init__(self, message: str = "", errno_value: int | None = None):
+        code = errno_value if errno_value is not None else self.errno_value
+        super().__init__(code, message or os.strerror(code))
+
+
+class NotFound(FsError):
+    errno_value = _errno.ENOENT
+
+
+class Exists(FsError):
+    errno_value = _errno.EEXIST
+
+
+class NotADirectory(FsError):
+    errno_value = _errno.ENOTDIR
+
+
+class IsADirectory(FsError):
+    errno_value = _errno.EISDIR
+
+
+class NotEmpty(FsError):
+    errno_value = _errno.ENOTEMPTY
+
+
+class NameTooLong(FsError):
+    errno_value = _errno.ENAMETOOLONG
+
+
+class InvalidArgument(FsError):
+    errno_value = _errno.EINVAL
+
+
+class AccessDenied(FsError):
+    errno_value = _errno.EACCES
+
+
+class NotPermitted(FsError):
+    errno_value = _errno.EPERM
+
+
+class NoSpace(FsError):
+    errno_value = _errno.ENOSPC
+
+
+class CrossDevice(FsError):
+    errno_value = _errno.EXDEV
+
+
+class TooManyLinks(FsError):
+    errno_value = _errno.EMLINK
+
+
+class NoData(FsError):
+    """Missing extended attribute (ENODATA, what Linux getxattr returns)."""
+
+    errno_value = _errno.ENODATA
+
+
+class StaleHandle(FsError):
+    """An inode number whose generation no longer matches (ESTALE)."""
+
+    errno_value = _errno.ESTALE
+
+
+class IOFailure(FsError):
+    """Data could not be read or written even using redundancy."""
+
+    errno_value = _errno.EIO
+
+
+class ReadOnly(FsError):
+    errno_value = _errno.EROFS
+
+
+class ConfigError(Exception):
+    """A configuration value is wrong: names the key, the value and what is expected."""
+
+    def __init__(self, key: str, value: object, expected: str):
+        self.key, self.value, self.expected = key, value, expected
+        super().__init__(f"config error: {key} = {value!r}: expected {expected}")

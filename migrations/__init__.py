@@ -1,0 +1,1 @@
+"""Alembic migrations of the catalog schema (engine/catalog/models.py)."""
