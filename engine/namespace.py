@@ -711,6 +711,11 @@ class Namespace:
         with self._open_lock:
             self._open_refs[ino] = self._open_refs.get(ino, 0) + 1
 
+    def is_open(self, ino: int) -> bool:
+        """Whether some caller of this Namespace holds ``ino`` open (retention skips it)."""
+        with self._open_lock:
+            return self._open_refs.get(ino, 0) > 0
+
     def close_ref(self, ino: int) -> None:
         with self._open_lock:
             left = self._open_refs.get(ino, 0) - 1
