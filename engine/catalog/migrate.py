@@ -34,3 +34,8 @@ def current_revision(url: str) -> str | None:
             return MigrationContext.configure(conn).get_current_revision()
     finally:
         engine.dispose()
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()

@@ -1,0 +1,277 @@
+"""The `shingle` command line.
+
+Each subcommand is a function ``cmd_NAME(args)`` registered in ``build_parser``;
+commands of a domain live beside it (appliance/cli_*.py) and register
+themselves through their ``register(subparsers)``. Errors a user can fix
+(bad config, bad arguments, catalog out of date) print one line and exit 2;
+no traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from appliance import config as config_mod
+from appliance import log as log_mod
+from engine import errors
+
+DEFAULT_CONFIG = "/etc/shingle/shingle.toml"
+EXIT_USAGE = 2
+log = logging.getLogger("shingle.cli")
+
+
+class UsageError(Exception):
+    """A mistake the user can fix: printed as one line, exit code 2."""
+
+
+def size_arg(text: str) -> int:
+    try:
+        return config_mod.parse_size(text, "size")
+    except errors.ConfigError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {exc.expected}") from None
+
+
+def load_config(args) -> config_mod.Config:
+    return config_mod.load(args.config or os.environ.get("SHINGLE_CONFIG") or DEFAULT_CONFIG)
+
+
+# -- init ---------------------------------------------------------------------
+def cmd_init(args) -> int:
+    from engine.catalog import Catalog, upgrade
+    from engine.drives import format_emulated
+    from engine import accounts, events
+    from engine.namespace import Namespace
+    from appliance.nfs.exports import ensure_default_export
+
+    root = Path(args.dir).resolve()
+    config_path = root / "shingle.toml"
+    if config_path.exists():
+        raise UsageError(f"{config_path} exists: this folder is already initialized "
+                         "(remove it or choose another folder)")
+    if args.drives < 1:
+        raise UsageError(f"--drives {args.drives}: expected at least 1")
+    root.mkdir(parents=True, exist_ok=True)
+    overrides = {"appliance.data_dir": "."}
+    if args.catalog:
+        overrides["catalog.url"] = args.catalog
+    if args.nfs_port is not None:
+        overrides["nfs.port"] = args.nfs_port
+    if args.web_port is not None:
+        overrides["webui.port"] = args.web_port
+    text = config_mod.render(overrides, commented_defaults=True)
+    config = config_mod.from_dict(__import__("tomllib").loads(text), config_path)
+    policies = config.policies()
+    k_m = max((p.k + p.m) if getattr(p, "redundancy", "ec") == "ec" else p.copies for p in policies.values())
+    if args.drives < k_m:
+        raise UsageError(f"--drives {args.drives}: the band classes need at least {k_m} drives "
+                         "(a stripe puts each fragment on a different drive)")
+    upgrade(config.catalog_url)
+    config_path.write_text(text)
+    catalog = Catalog(config.catalog_url)
+    try:
+        Namespace(catalog)
+        drive_ids = format_emulated(catalog, config.resolve("storage.drives_dir"), args.drives,
+                                    args.drive_size, args.zone_size)
+        ensure_default_export(catalog)
+        password = secrets.token_urlsafe(12)
+        accounts.create_admin(catalog, args.admin_user, password, actor="shingle init")
+        password_file = root / "initial-admin-password"
+        password_file.write_text(f"{args.admin_user} {password}\n")
+        password_file.chmod(0o600)
+        secret = config.resolve("webui.secret_key_file")
+        if not secret.exists():
+            secret.write_text(secrets.token_hex(32) + "\n")
+            secret.chmod(0o600)
+        events.record(catalog, "appliance.init", f"initialized with {len(drive_ids)} emulated drives",
+                      actor="shingle init")
+    finally:
+        catalog.close()
+    print(f"initialized {root}")
+    print(f"  config:   {config_path}")
+    print(f"  catalog:  {config.catalog_url}")
+    print(f"  drives:   {len(drive_ids)} x {config_mod.format_size(args.drive_size)} "
+          f"({config_mod.format_size(args.zone_size)} zones) in {config.resolve('storage.drives_dir')}")
+    print(f"  admin:    user {args.admin_user!r}, password in {password_file}")
+    return 0
+
+
+# -- status --------------------------------------------------------------------
+def cmd_status(args) -> int:
+    from appliance.runtime import open_catalog
+    from appliance.status import gather
+
+    config = load_config(args)
+    catalog = open_catalog(config)
+    try:
+        report = gather(catalog, config.policies(), config.get("storage.reserve_zones"))
+    finally:
+        catalog.close()
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return 0
+    fmt = config_mod.format_size
+    cat, cap = report["catalog"], report["capacity"]
+    print(f"catalog   {cat['backend']} {cat['url']} (schema {cat['revision']}), {cat['inodes']} inodes")
+    print(f"capacity  usable {fmt(cap['usable_bytes'])}, free {fmt(cap['free_bytes'])}, "
+          f"raw {fmt(cap['raw_bytes'])}, live {fmt(cap['live_bytes'])}, garbage {fmt(cap['garbage_bytes'])}")
+    print(f"drives    {len(report['drives'])}")
+    for d in report["drives"]:
+        print(f"  {d['id']:>3} {d['state']:<9} {fmt(d['size_bytes']):>10}  zones {d['zones_empty']} empty / "
+              f"{d['zones_open']} open / {d['zones_full']} full  {d['path']}")
+    return 0
+
+
+# -- config ----------------------------------------------------------------------
+def cmd_config(args) -> int:
+    if args.action == "sample":
+        print(config_mod.render())
+        return 0
+    config = load_config(args)
+    print(f"{config.path}: valid")
+    return 0
+
+
+# -- serve ---------------------------------------------------------------------------
+def cmd_serve(args) -> int:
+    from appliance.nfs.server import NfsServerThread
+    from appliance.runtime import Appliance
+
+    config = load_config(args)
+    log_mod.configure(config.get("logging.level"))
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    appliance = Appliance(config)
+    nfs_port = args.nfs_port if args.nfs_port is not None else config.get("nfs.port")
+    server = NfsServerThread(appliance.namespace, appliance.catalog, host=config.get("nfs.host"), port=nfs_port,
+                             max_record_size=config.get("nfs.max_record_size"),
+                             lease_seconds=config.get("nfs.lease_seconds"),
+                             grace_seconds=config.get("nfs.grace_seconds"))
+    web = watchdog = None
+    try:
+        server.start()
+        host = config.get("nfs.host")
+        log.info("NFS server listening on %s:%d", host, server.port)
+        print(f"NFS:    nfs://{host}:{server.port}/export?version=4.1", flush=True)
+        print(f"        mount -t nfs -o vers=4.1,port={server.port},nconnect=4,rsize=1048576,wsize=1048576 "
+              f"{host}:/export /mnt/shingle", flush=True)
+        if not args.no_web:
+            web = start_webui(config, args.web_port)
+        notify_ready()
+        watchdog = start_watchdog(server)
+        while not stop.wait(1.0):
+            if web is not None and web.poll() is not None:
+                log.error("web UI exited with status %s; stopping", web.returncode)
+                return 1
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+        if web is not None and web.poll() is None:
+            web.terminate()
+            web.wait(30)
+        server.stop()
+        appliance.close()
+        log.info("stopped")
+    return 0
+
+
+def start_webui(config, port: int | None):
+    """The web UI runs as a gunicorn child process (see webui/gunicorn.conf.py)."""
+    import subprocess
+    port = port if port is not None else config.get("webui.port")
+    host = config.get("webui.host")
+    cmd = [sys.executable, "-m", "appliance.cli", "-c", str(config.path), "webui", "--port", str(port)]
+    proc = subprocess.Popen(cmd)
+    password_file = config.data_dir / "initial-admin-password"
+    print(f"Web UI: http://{host}:{port}/  (first admin login in {password_file})", flush=True)
+    return proc
+
+
+def notify_ready() -> None:
+    """Tell systemd (Type=notify) that the daemon serves; no-op without NOTIFY_SOCKET."""
+    from appliance.sdnotify import notify
+    notify("READY=1\nSTATUS=serving")
+
+
+def start_watchdog(server):
+    from appliance.sdnotify import Watchdog, watchdog_interval
+    interval = watchdog_interval()
+    if interval is None:
+        return None
+    dog = Watchdog(interval, healthy=lambda: server.is_alive())
+    dog.start()
+    return dog
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shingle", description="NAS appliance for AI training data on SMR drives")
+    parser.add_argument("-c", "--config", help=f"config file (default $SHINGLE_CONFIG or {DEFAULT_CONFIG})")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("init", help="create a config, the catalog, emulated drives and the first admin")
+    p.add_argument("dir", help="folder for the appliance's state")
+    p.add_argument("--drives", type=int, default=10, help="emulated drives (default 10: 8+2)")
+    p.add_argument("--drive-size", type=size_arg, default=config_mod.parse_size("2GiB"), help="e.g. 4GiB")
+    p.add_argument("--zone-size", type=size_arg, default=config_mod.parse_size("64MiB"), help="e.g. 256MiB")
+    p.add_argument("--catalog", help="catalog URL (default: SQLite in DIR)")
+    p.add_argument("--nfs-port", type=int)
+    p.add_argument("--web-port", type=int)
+    p.add_argument("--admin-user", default="admin")
+    p.set_defaults(func=cmd_init)
+
+    p = sub.add_parser("status", help="catalog, drives and capacity")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("config", help="print the documented sample config, or check a config file")
+    p.add_argument("action", choices=["sample", "check"])
+    p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("serve", help="run the NFS server (and the web UI) in the foreground")
+    p.add_argument("--nfs-port", type=int)
+    p.add_argument("--web-port", type=int)
+    p.add_argument("--no-web", action="store_true", help="do not start the web UI")
+    p.set_defaults(func=cmd_serve)
+
+    for module in _command_modules():
+        module.register(sub)
+    return parser
+
+
+def _command_modules():
+    """Domain command modules (appliance/cli_*.py) that exist in this build."""
+    import importlib
+    import pkgutil
+    import appliance
+    for info in sorted(pkgutil.iter_modules(appliance.__path__), key=lambda i: i.name):
+        if info.name.startswith("cli_"):
+            yield importlib.import_module(f"appliance.{info.name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except errors.ConfigError as exc:
+        print(f"shingle: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except UsageError as exc:
+        print(f"shingle: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except errors.FsError as exc:
+        print(f"shingle: {exc.strerror}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

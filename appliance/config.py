@@ -1,0 +1,286 @@
+"""The appliance configuration: one TOML file, validated when it loads.
+
+Every option is declared once in ``OPTIONS`` with its type, default and a
+description; the documented sample file (``shingle config sample``,
+appliance/shingle.sample.toml) is rendered from these declarations, so the
+documentation cannot drift from the code. A bad value raises
+``ConfigError`` naming the key, the value and what was expected; the CLI
+turns that into one line and exit code 2.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from engine.errors import ConfigError
+
+SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "KB": 1000, "M": 1 << 20, "MIB": 1 << 20,
+              "MB": 1000 ** 2, "G": 1 << 30, "GIB": 1 << 30, "GB": 1000 ** 3, "T": 1 << 40, "TIB": 1 << 40,
+              "TB": 1000 ** 4}
+LOG_LEVELS = ("debug", "info", "warning", "error")
+BAND_CLASSES = ("hot", "warm", "cold")
+
+
+def parse_size(value: Any, key: str = "size") -> int:
+    """'4GiB', '16MiB', '1048576' or an int -> bytes."""
+    if isinstance(value, bool):
+        raise ConfigError(key, value, "a size such as 4GiB, 16MiB or a byte count")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(key, value, "a size >= 0")
+        return value
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
+    if not match or match.group(2).upper() not in SIZE_UNITS:
+        raise ConfigError(key, value, "a size such as 4GiB, 16MiB or a byte count")
+    return int(float(match.group(1)) * SIZE_UNITS[match.group(2).upper()])
+
+
+def format_size(n: int) -> str:
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+@dataclass(frozen=True)
+class Option:
+    section: str
+    name: str
+    kind: str  # str | int | float | bool | size | port | level | host | choice
+    default: Any
+    doc: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.section}.{self.name}"
+
+
+OPTIONS: list[Option] = [
+    Option("appliance", "data_dir", "str", ".",
+           "Folder for the appliance's state; relative paths below are resolved against it "
+           "(itself relative to this file's folder)."),
+    Option("catalog", "url", "str", "sqlite:///catalog.db",
+           "Catalog database: sqlite:///PATH (embedded default; relative PATH is under data_dir) "
+           "or postgresql+psycopg://USER@HOST:PORT/DB when several processes or hosts share it."),
+    Option("catalog", "sqlite_synchronous", "choice", "normal",
+           "SQLite durability for metadata commits: 'normal' (WAL; atomic after any crash, a power cut "
+           "may lose the last commits) or 'full' (fsync every commit). Data commits behind a stable "
+           "WRITE or COMMIT are always 'full'.", choices=("normal", "full")),
+    Option("storage", "drives_dir", "str", "drives",
+           "Folder holding the emulated zoned drives (one sub-folder per drive, one file per zone)."),
+    Option("storage", "reserve_zones", "int", 2,
+           "Zones per drive kept free for band cleaning, so cleaning can never deadlock on a full drive.",
+           minimum=1, maximum=64),
+    Option("smr_model", "enabled", "bool", False,
+           "Attach the SMR cost model to every drive (predicts seeks, media bytes and write amplification)."),
+    Option("smr_model", "mode", "choice", "host-managed",
+           "'host-managed' (non-sequential writes refused) or 'drive-managed' (band rewrites counted).",
+           choices=("host-managed", "drive-managed")),
+    Option("smr_model", "seek_ms", "float", 8.0, "Average seek time of the modelled drive.", minimum=0),
+    Option("smr_model", "rotational_ms", "float", 4.2, "Average rotational latency.", minimum=0),
+    Option("smr_model", "sequential_mib_s", "float", 235.0, "Sequential transfer rate.", minimum=1),
+    Option("nfs", "host", "host", "127.0.0.1", "Address the NFS server listens on (0.0.0.0 for all)."),
+    Option("nfs", "port", "port", 2049, "TCP port of the NFS server (2049 is the standard port)."),
+    Option("nfs", "max_record_size", "size", "5MiB",
+           "Largest RPC record accepted; a larger one closes the connection. Must exceed 1 MiB READ/WRITE "
+           "plus headers.", minimum=1 << 20, maximum=64 << 20),
+    Option("nfs", "lease_seconds", "int", 90, "NFSv4 lease time.", minimum=5, maximum=3600),
+    Option("nfs", "grace_seconds", "int", 90,
+           "Grace period after a restart during which clients reclaim their state.", minimum=0, maximum=3600),
+    Option("webui", "host", "host", "127.0.0.1", "Address the admin web UI listens on."),
+    Option("webui", "port", "port", 8080, "TCP port of the admin web UI."),
+    Option("webui", "workers", "int", 2, "gunicorn worker processes.", minimum=1, maximum=64),
+    Option("webui", "secret_key_file", "str", "webui-secret.key",
+           "File holding the key that signs session cookies (created by shingle init)."),
+    Option("smart", "smartctl", "str", "/usr/sbin/smartctl", "smartctl executable used for drive health."),
+    Option("logging", "level", "level", "info", "Log level: debug, info, warning or error."),
+    Option("maintenance", "retention_interval_s", "int", 3600,
+           "How often retention rules run (0 disables the schedule).", minimum=0),
+    Option("maintenance", "tier_interval_s", "int", 600, "How often tiering runs (0 disables).", minimum=0),
+    Option("maintenance", "clean_interval_s", "int", 300, "How often band cleaning runs (0 disables).", minimum=0),
+    Option("maintenance", "scrub_interval_s", "int", 604800, "How often a full scrub runs (0 disables).", minimum=0),
+    Option("maintenance", "scrub_mib_s", "float", 50.0, "Scrub read rate limit.", minimum=0.1),
+]
+
+BAND_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "hot": {"redundancy": "replicate", "copies": 3, "fragment_size": "1MiB"},
+    "warm": {"redundancy": "ec", "k": 8, "m": 2, "backend": "isa_l_rs_vand", "fragment_size": "1MiB"},
+    "cold": {"redundancy": "ec", "k": 8, "m": 2, "backend": "isa_l_rs_vand", "fragment_size": "1MiB",
+             "compression": "zstd"},
+}
+BAND_CLASS_DOC = {
+    "redundancy": "'ec' (erasure-coded with pyeclib) or 'replicate' (whole copies)",
+    "k": "data fragments per stripe (ec)",
+    "m": "parity fragments per stripe (ec): any m drives of a stripe may be lost",
+    "backend": "pyeclib backend (ec), e.g. isa_l_rs_vand",
+    "copies": "number of copies on different drives (replicate)",
+    "fragment_size": "bytes per fragment; a full stripe is k x fragment_size",
+    "compression": "optional 'zstd' for data of this class",
+}
+
+
+def _check(option: Option, value: Any) -> Any:
+    key, kind = option.key, option.kind
+    if kind in ("str", "host", "choice", "level") and not isinstance(value, str):
+        raise ConfigError(key, value, "a string")
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(key, value, "true or false")
+        return value
+    if kind == "int" or kind == "port":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, value, "a whole number")
+        if kind == "port" and not 0 <= value <= 65535:
+            raise ConfigError(key, value, "a TCP port 0-65535")
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(key, value, "a number")
+        value = float(value)
+    if kind == "size":
+        value = parse_size(value, key)
+    if kind == "choice" and value not in option.choices:
+        raise ConfigError(key, value, "one of " + ", ".join(option.choices))
+    if kind == "level" and value.lower() not in LOG_LEVELS:
+        raise ConfigError(key, value, "one of " + ", ".join(LOG_LEVELS))
+    if kind == "host":
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            if not re.fullmatch(r"[A-Za-z0-9.-]{1,253}", value):
+                raise ConfigError(key, value, "an IP address or host name") from None
+    if option.minimum is not None and value < option.minimum:
+        raise ConfigError(key, value, f"at least {option.minimum:g}")
+    if option.maximum is not None and value > option.maximum:
+        raise ConfigError(key, value, f"at most {option.maximum:g}")
+    return value
+
+
+class Config:
+    """Validated settings. ``config.get('nfs.port')``, plus resolved paths."""
+
+    def __init__(self, values: dict[str, Any], band_classes: dict[str, dict], path: Path | None):
+        self.values = values
+        self.band_classes = band_classes
+        self.path = path
+        base = path.parent if path else Path.cwd()
+        self.data_dir = (base / values["appliance.data_dir"]).resolve()
+
+    def get(self, key: str) -> Any:
+        return self.values[key]
+
+    def resolve(self, key: str) -> Path:
+        """A path option, resolved against data_dir."""
+        return self.data_dir / self.values[key]
+
+    @property
+    def catalog_url(self) -> str:
+        url = self.values["catalog.url"]
+        prefix = "sqlite:///"
+        if url.startswith(prefix) and not url.startswith(prefix + "/"):
+            return prefix + str(self.data_dir / url[len(prefix):])
+        return url
+
+    def policies(self) -> dict:
+        """Band-class policies, validated by the engine (pyeclib backend present, k/m in range)."""
+        from engine.erasure import policy_from_dict
+        return {name: policy_from_dict(name, opts) for name, opts in self.band_classes.items()}
+
+
+def from_dict(raw: dict[str, Any], path: Path | None = None) -> Config:
+    known = {opt.key: opt for opt in OPTIONS}
+    sections = {opt.section for opt in OPTIONS} | {"band_classes"}
+    values = {opt.key: _check(opt, opt.default) for opt in OPTIONS}
+    for section, table in raw.items():
+        if section not in sections:
+            raise ConfigError(section, table if not isinstance(table, dict) else "[...]",
+                              "a known section: " + ", ".join(sorted(sections)))
+        if not isinstance(table, dict):
+            raise ConfigError(section, table, "a table [" + section + "]")
+        if section == "band_classes":
+            continue
+        for name, value in table.items():
+            option = known.get(f"{section}.{name}")
+            if option is None:
+                names = ", ".join(o.name for o in OPTIONS if o.section == section)
+                raise ConfigError(f"{section}.{name}", value, f"a known option of [{section}]: {names}")
+            values[option.key] = _check(option, value)
+    band_classes = {name: dict(opts) for name, opts in BAND_CLASS_DEFAULTS.items()}
+    for name, table in raw.get("band_classes", {}).items():
+        if name not in BAND_CLASSES:
+            raise ConfigError(f"band_classes.{name}", "[...]", "one of " + ", ".join(BAND_CLASSES))
+        if not isinstance(table, dict):
+            raise ConfigError(f"band_classes.{name}", table, "a table")
+        for key, value in table.items():
+            if key not in BAND_CLASS_DOC:
+                raise ConfigError(f"band_classes.{name}.{key}", value, "one of " + ", ".join(BAND_CLASS_DOC))
+        band_classes[name].update(table)
+    for name, opts in band_classes.items():
+        if "fragment_size" in opts:
+            opts["fragment_size"] = parse_size(opts["fragment_size"], f"band_classes.{name}.fragment_size")
+    return Config(values, band_classes, path)
+
+
+def load(path: str | Path) -> Config:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError("config file", str(path), "an existing file (create one with `shingle init DIR`)") from None
+    except OSError as exc:
+        raise ConfigError("config file", str(path), f"a readable file ({exc.strerror})") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config file", str(path), f"valid TOML ({exc})") from None
+    config = from_dict(raw, path)
+    config.policies()  # validate erasure-coding policies now, not at the first write
+    return config
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render(overrides: dict[str, Any] | None = None, *, commented_defaults: bool = False) -> str:
+    """The documented config file: every option with its description.
+
+    ``overrides`` (key -> value) are written as set values; with
+    ``commented_defaults`` the other options appear commented out."""
+    overrides = overrides or {}
+    lines = ["# shingle configuration. Every option is listed with its default.",
+             "# Sizes accept units: 4GiB, 16MiB, 1048576.", ""]
+    section = None
+    for opt in OPTIONS:
+        if opt.section != section:
+            section = opt.section
+            lines += [f"[{section}]"]
+        lines.append(f"# {opt.doc}")
+        if opt.key in overrides:
+            lines.append(f"{opt.name} = {_toml_value(overrides[opt.key])}")
+        else:
+            lines.append(f"{'# ' if commented_defaults else ''}{opt.name} = {_toml_value(opt.default)}")
+        if opt is OPTIONS[-1] or OPTIONS[OPTIONS.index(opt) + 1].section != section:
+            lines.append("")
+    lines.append("# Band classes: where data of each lifetime lives, and its redundancy.")
+    for key, doc in BAND_CLASS_DOC.items():
+        lines.append(f"#   {key}: {doc}")
+    for name, opts in BAND_CLASS_DEFAULTS.items():
+        lines.append(f"[band_classes.{name}]")
+        for key, value in opts.items():
+            lines.append(f"{'# ' if commented_defaults else ''}{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+SAMPLE_PATH = Path(__file__).with_name("shingle.sample.toml")

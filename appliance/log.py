@@ -1,0 +1,27 @@
+"""Structured log lines on stdout (journald keeps them when run by systemd)."""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+
+class LogfmtFormatter(logging.Formatter):
+    """``ts=... level=info logger=shingle.nfs msg="..."``: greppable and machine-readable."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage().replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+        line = f'ts={ts} level={record.levelname.lower()} logger={record.name} msg="{msg}"'
+        if record.exc_info:
+            exc = self.formatException(record.exc_info).replace("\n", "\\n").replace('"', '\\"')
+            line += f' exc="{exc}"'
+        return line
+
+
+def configure(level: str = "info") -> None:
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(LogfmtFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

@@ -1,0 +1,61 @@
+"""Wiring: from a validated config to an open catalog, data path and namespace."""
+from __future__ import annotations
+
+import logging
+
+from appliance.config import Config
+from engine.catalog import Catalog
+from engine.catalog.migrate import current_revision, head_revision
+from engine.errors import ConfigError
+from engine.namespace import Namespace
+
+log = logging.getLogger("shingle.runtime")
+
+
+def open_catalog(config: Config) -> Catalog:
+    """The catalog, after checking that its schema is at the head revision."""
+    url = config.catalog_url
+    try:
+        revision = current_revision(url)
+    except Exception as exc:  # driver errors vary by database; the message is what matters
+        raise ConfigError("catalog.url", url, f"a reachable database ({exc.__class__.__name__}: {exc})") from None
+    head = head_revision()
+    if revision != head:
+        raise ConfigError("catalog.url", url, f"a catalog at schema revision {head} (found {revision}); "
+                          "run `shingle init` or `shingle install` to migrate")
+    return Catalog(url, sqlite_synchronous=config.get("catalog.sqlite_synchronous"))
+
+
+class Appliance:
+    """Catalog + data path + namespace, opened together and closed together.
+
+    Only the daemon (``shingle serve``) opens the data path: it owns the
+    drives. Admin commands that only read or change metadata use
+    ``with_data=False``."""
+
+    def __init__(self, config: Config, *, with_data: bool = True):
+        self.config = config
+        self.catalog = open_catalog(config)
+        self.datapath = None
+        if with_data:
+            from engine.datapath import DataPath
+            self.datapath = DataPath(self.catalog, config.policies(),
+                                     reserve_zones=config.get("storage.reserve_zones"))
+            report = self.datapath.recover()
+            log.info("recovery: %s", report)
+        self.namespace = Namespace(self.catalog, data=self.datapath)
+        if with_data:
+            freed = self.namespace.reclaim_orphans()
+            if freed:
+                log.info("freed %d orphaned inodes", freed)
+
+    def close(self) -> None:
+        if self.datapath is not None:
+            self.datapath.close()
+        self.catalog.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

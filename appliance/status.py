@@ -1,0 +1,77 @@
+"""What `shingle status` reports: catalog, drives and capacity, from the catalog alone.
+
+It never opens the drives, so it is safe while the daemon runs."""
+from __future__ import annotations
+
+import os
+
+from sqlalchemy import case, func, select
+
+from engine.catalog.database import Catalog
+from engine.catalog.migrate import current_revision
+from engine.catalog.models import Drive, Inode, Zone
+
+DRIVES = Drive.__table__
+ZONES = Zone.__table__
+INODES = Inode.__table__
+USABLE_STATES = ("online", "degraded", "draining")
+
+
+def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
+    def work(conn):
+        inodes = conn.execute(select(func.count()).select_from(INODES)).scalar_one()
+        zone_stats = select(
+            ZONES.c.drive_id,
+            func.count().label("zones"),
+            func.sum(case((ZONES.c.state == "empty", 1), else_=0)).label("empty"),
+            func.sum(case((ZONES.c.state == "open", 1), else_=0)).label("open"),
+            func.sum(case((ZONES.c.state == "full", 1), else_=0)).label("full"),
+            func.sum(ZONES.c.write_pointer).label("written"),
+            func.sum(ZONES.c.live_bytes).label("live"),
+            func.sum(ZONES.c.garbage_bytes).label("garbage"),
+        ).group_by(ZONES.c.drive_id).subquery()
+        rows = conn.execute(select(DRIVES, zone_stats).outerjoin(
+            zone_stats, zone_stats.c.drive_id == DRIVES.c.id).order_by(DRIVES.c.id)).mappings().all()
+        return inodes, rows
+    inodes, rows = catalog.read(work)
+    drives = []
+    raw = used = live = garbage = reserve = 0
+    for row in rows:
+        size = row["zone_size"] * row["zone_count"]
+        present = os.path.isdir(row["path"]) if row["backend"] == "zonefile" else os.path.exists(row["path"])
+        state = row["state"] if present or row["state"] in ("failed", "removed") else "missing"
+        drives.append({
+            "id": row["id"], "uuid": row["uuid"], "path": row["path"], "backend": row["backend"],
+            "state": state, "size_bytes": size, "zone_size": row["zone_size"], "zones": row["zone_count"],
+            "zones_empty": int(row["empty"] or 0), "zones_open": int(row["open"] or 0),
+            "zones_full": int(row["full"] or 0), "written_bytes": int(row["written"] or 0),
+            "live_bytes": int(row["live"] or 0), "garbage_bytes": int(row["garbage"] or 0),
+        })
+        if state in USABLE_STATES:
+            raw += size
+            used += int(row["written"] or 0)
+            live += int(row["live"] or 0)
+            garbage += int(row["garbage"] or 0)
+            reserve += reserve_zones * row["zone_size"]
+    warm = policies.get("warm")
+    ratio = warm.k / (warm.k + warm.m) if warm is not None and getattr(warm, "m", 0) else 1.0
+    usable = int((raw - reserve) * ratio) if raw > reserve else 0
+    free = max(int((raw - reserve - used) * ratio), 0)
+    return {
+        "catalog": {"url": _redact(catalog.url), "revision": current_revision(catalog.url),
+                    "backend": "sqlite" if catalog.is_sqlite else "postgresql", "inodes": inodes},
+        "drives": drives,
+        "capacity": {"raw_bytes": raw, "usable_bytes": usable, "free_bytes": free, "written_bytes": used,
+                     "live_bytes": live, "garbage_bytes": garbage, "reserve_bytes": reserve,
+                     "data_fraction": ratio},
+    }
+
+
+def _redact(url: str) -> str:
+    """Hide a password in a database URL."""
+    if "://" in url and "@" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        if ":" in creds:
+            return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
+    return url
