@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what shingle needs on a fresh Debian 12 machine, and nothing on a re-run
+# that has it all: Debian packages (only those missing), then the project into
+# .venv (only when pyproject.toml changed since the last install).
+# Sourced by ./run-appliance and ./run-tests; set SHINGLE_APT_PACKAGES to override.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+# postgresql: catalog tests on a real server; chromium: web UI tests through Playwright;
+# libnfs-utils: a third NFS client (NFSv3); systemd: systemd-analyze verifies the units;
+# fuse3/libfuse3-dev/pkg-config: building pyfuse3 for the SMB bridge.
+apt_packages=${SHINGLE_APT_PACKAGES:-"postgresql chromium libnfs-utils systemd smartmontools"}
+missing=()
+for pkg in $apt_packages; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "bootstrap: installing Debian packages: ${missing[*]}"
+  sudo_cmd=(); [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+python=${PYTHON:-python3}
+if [ ! -x "$repo/.venv/bin/python" ]; then
+  echo "bootstrap: creating $repo/.venv"
+  "$python" -m venv "$repo/.venv"
+fi
+stamp="$repo/.venv/.bootstrap-stamp"
+want=$(sha256sum "$repo/pyproject.toml" | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "bootstrap: installing shingle and its Python dependencies into .venv"
+  "$repo/.venv/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v -i warning || true
+  "$repo/.venv/bin/python" -m pip install -q -e "$repo[test]" 2>&1 | grep -v -i "warning\|location" || true
+  "$repo/.venv/bin/python" -c "import engine, appliance, webui, sqlalchemy, pyeclib" 
+  echo "$want" > "$stamp"
+fi
