@@ -1,0 +1,333 @@
+"""`shingle doctor`: is this host fit to run the appliance, and what must change.
+
+Every check returns ok, warn (works, but worth a look) or fail (must be
+fixed: the command exits non-zero). Before an install the checks run with
+the default config, so a host can be vetted first.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tomllib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from appliance import config as config_mod
+from appliance import install
+from engine.errors import ConfigError
+
+MIN_PYTHON = (3, 11)
+# BLKGETZONESZ / BLKGETNRZONES (zone geometry of a host-managed drive) arrived in Linux 5.2.
+MIN_KERNEL = (5, 2)
+FAIL_FREE_BYTES = 256 << 20  # below this the catalog's next checkpoint may not fit
+WARN_FREE_BYTES = 1 << 30
+ZONED_MODELS = ("host-managed", "host-aware")
+SHINGLE_PROCESS_MARKS = ("shingle", "appliance.cli", "webui")
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | warn | fail
+    detail: str
+    fix: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def must_fix(results: list[Check]) -> bool:
+    return any(r.status == "fail" for r in results)
+
+
+# -- host ------------------------------------------------------------------------
+def check_python(version=None) -> Check:
+    version = tuple(version or sys.version_info[:3])
+    text = ".".join(map(str, version))
+    if version[:2] < MIN_PYTHON:
+        return Check("python", "fail", f"Python {text}",
+                     f"install Python >= {'.'.join(map(str, MIN_PYTHON))} (Debian 12: python3 3.11)")
+    return Check("python", "ok", f"Python {text}")
+
+
+def parse_kernel_release(release: str) -> tuple[int, int]:
+    parts = release.split("-", 1)[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+    except ValueError:
+        return (0, 0)
+
+
+def check_kernel(release: str | None = None) -> Check:
+    release = release or os.uname().release
+    if parse_kernel_release(release) < MIN_KERNEL:
+        return Check("kernel", "fail", f"Linux {release}",
+                     f"boot Linux >= {MIN_KERNEL[0]}.{MIN_KERNEL[1]} (zoned block device ioctls)")
+    return Check("kernel", "ok", f"Linux {release}")
+
+
+# -- drives ----------------------------------------------------------------------
+def zoned_model(path: str | Path, sys_root: Path = Path("/sys")) -> str | None:
+    """The zone model ('none', 'host-aware', 'host-managed') of the block device behind ``path``.
+
+    ``path`` is a block device or any file on a filesystem; None when there is
+    no block device behind it (tmpfs, overlay, a network filesystem)."""
+    st = os.stat(path)
+    import stat as stat_mod
+    dev = st.st_rdev if stat_mod.S_ISBLK(st.st_mode) else st.st_dev
+    node = sys_root / "dev" / "block" / f"{os.major(dev)}:{os.minor(dev)}"
+    if not node.exists():
+        return None
+    node = node.resolve()
+    # A partition has no queue/ of its own: the zone model is its disk's.
+    for candidate in (node, node.parent):
+        zoned = candidate / "queue" / "zoned"
+        if zoned.is_file():
+            return zoned.read_text().strip()
+    return None
+
+
+def _drives(config: config_mod.Config) -> list[dict]:
+    from sqlalchemy import select
+    from engine.catalog import Catalog
+    from engine.catalog.models import Drive
+    catalog = Catalog(config.catalog_url)
+    try:
+        table = Drive.__table__
+        rows = catalog.run(lambda conn: conn.execute(
+            select(table.c.id, table.c.path, table.c.backend, table.c.state, table.c.device)).all(), write=False)
+        return [dict(r._mapping) for r in rows]
+    finally:
+        catalog.close()
+
+
+def check_drives(drives: list[dict], drives_dir: Path, sys_root: Path = Path("/sys")) -> list[Check]:
+    results = []
+    if not drives:
+        where = "present" if drives_dir.is_dir() else "missing"
+        return [Check("drives", "warn", f"no drives in the catalog (drives_dir {drives_dir} {where})",
+                      "add drives before storing data (emulated: `shingle init DIR --drives N`)")]
+    for d in drives:
+        name = f"drive {d['id']}"
+        if d["state"] in ("failed", "removed"):
+            results.append(Check(name, "warn", f"{d['path']} is {d['state']}",
+                                 "replace it and run `shingle rebuild`"))
+            continue
+        path = Path(d["path"])
+        if not path.exists():
+            results.append(Check(name, "fail", f"{path} does not exist (state {d['state']})",
+                                 "mount the drive, or mark it failed so its stripes are rebuilt"))
+            continue
+        if not os.access(path, os.R_OK | os.W_OK):
+            results.append(Check(name, "fail", f"{path} is not readable and writable by uid {os.getuid()}",
+                                 f"chown it to the service user {install.SERVICE_USER!r} (or add it to group disk)"))
+            continue
+        probe = d.get("device") or path
+        try:
+            model = zoned_model(probe, sys_root)
+        except OSError as exc:
+            results.append(Check(name, "fail", f"{probe}: {exc.strerror}", "check the device node"))
+            continue
+        kind = {None: "no block device (virtual filesystem)", "none": "conventional (not zoned)"}.get(model, model)
+        if d["backend"] == "zoned-block" and model not in ZONED_MODELS:
+            results.append(Check(name, "fail", f"{probe}: backend zoned-block but the device is {kind}",
+                                 "use a host-managed/host-aware SMR drive, or a zone-file drive on a filesystem"))
+        else:
+            results.append(Check(name, "ok", f"{path} ({d['backend']}, {kind}, {d['state']})"))
+    return results
+
+
+# -- space, ports, clock -----------------------------------------------------------
+def check_free_space(paths: dict[str, Path]) -> list[Check]:
+    results, seen = [], set()
+    for label, path in paths.items():
+        probe = path
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent  # before install the folder does not exist yet: its parent's filesystem counts
+        dev = os.stat(probe).st_dev
+        if dev in seen:
+            continue
+        seen.add(dev)
+        free = shutil.disk_usage(probe).free
+        detail = f"{config_mod.format_size(free)} free for {label} ({path})"
+        if free < FAIL_FREE_BYTES:
+            results.append(Check("free space", "fail", detail,
+                                 f"free at least {config_mod.format_size(FAIL_FREE_BYTES)} on {probe}"))
+        elif free < WARN_FREE_BYTES:
+            results.append(Check("free space", "warn", detail, f"free space on {probe}"))
+        else:
+            results.append(Check("free space", "ok", detail))
+    return results
+
+
+def _listener(port: int):
+    """(pid, command line) of the process listening on TCP ``port``, or None."""
+    import psutil
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        return None
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
+            if c.pid is None:
+                return (None, "")
+            try:
+                return (c.pid, " ".join(psutil.Process(c.pid).cmdline()))
+            except psutil.Error:
+                return (c.pid, "")
+    return None
+
+
+def check_port(label: str, host: str, port: int) -> Check:
+    name = f"port {label}"
+    if port == 0:
+        return Check(name, "ok", f"{host}:0 (a free port is chosen at start)")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            return Check(name, "ok", f"{host}:{port} is free")
+        except OSError as exc:
+            err = exc.errno
+    if err == errno.EACCES:
+        return Check(name, "ok", f"{host}:{port} is privileged; shingle-nfsd.service grants CAP_NET_BIND_SERVICE")
+    if err == errno.EADDRNOTAVAIL:
+        return Check(name, "fail", f"{host} is not an address of this host",
+                     f"set {label}.host in the config to an address of this host (or 0.0.0.0)")
+    holder = _listener(port)
+    if holder is not None:
+        pid, cmdline = holder
+        if any(mark in cmdline for mark in SHINGLE_PROCESS_MARKS):
+            return Check(name, "ok", f"{host}:{port} is held by shingle (pid {pid})")
+        who = f"pid {pid}: {cmdline[:80]}" if pid else "a process of another user or the kernel (e.g. nfsd)"
+        hint = " (the kernel NFS server: `systemctl disable --now nfs-server`)" if port == 2049 else ""
+        return Check(name, "fail", f"{host}:{port} is held by {who}",
+                     f"stop it{hint} or set {label}.port in the config to a free port")
+    return Check(name, "fail", f"{host}:{port} cannot be bound ({os.strerror(err)})",
+                 f"free the port or set {label}.port to another one")
+
+
+class _Timex(ctypes.Structure):
+    # struct timex (linux/timex.h) up to `status`; the kernel fills a buffer sized by _pad.
+    _fields_ = [("modes", ctypes.c_uint), ("offset", ctypes.c_long), ("freq", ctypes.c_long),
+                ("maxerror", ctypes.c_long), ("esterror", ctypes.c_long), ("status", ctypes.c_int),
+                ("_pad", ctypes.c_byte * 256)]
+
+
+TIME_ERROR = 5
+STA_UNSYNC = 0x0040
+
+
+def adjtimex_synchronized() -> bool | None:
+    """The kernel's own view (what NTP daemons set): None when adjtimex is unavailable."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    tx = _Timex()  # modes 0: read only
+    state = libc.adjtimex(ctypes.byref(tx))
+    if state < 0:
+        return None
+    return state != TIME_ERROR and not tx.status & STA_UNSYNC
+
+
+def check_clock(run=subprocess.run) -> Check:
+    fix = "run an NTP client (apt-get install chrony, or systemd-timesyncd) so leases and mtimes are right"
+    if install.systemd_running() and shutil.which("timedatectl"):
+        result = run(["timedatectl", "show", "-p", "NTPSynchronized", "--value"], capture_output=True, text=True)
+        if result.returncode == 0 and result.stdout.strip() in ("yes", "no"):
+            if result.stdout.strip() == "yes":
+                return Check("clock", "ok", "synchronized (timedatectl)")
+            return Check("clock", "warn", "not synchronized (timedatectl NTPSynchronized=no)", fix)
+    synced = adjtimex_synchronized()
+    if synced is None:
+        return Check("clock", "warn", "synchronization state unknown (adjtimex failed)", fix)
+    if synced:
+        return Check("clock", "ok", "synchronized (kernel adjtimex state)")
+    return Check("clock", "warn", "not synchronized (kernel adjtimex reports TIME_ERROR/STA_UNSYNC)", fix)
+
+
+# -- config and catalog -------------------------------------------------------------
+def check_catalog(config: config_mod.Config) -> Check:
+    from engine.catalog.migrate import current_revision, head_revision
+    url = config.catalog_url
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        return Check("catalog", "fail", f"{url} does not exist", "run `shingle install` (or `shingle init DIR`)")
+    try:
+        revision = current_revision(url)
+    except Exception as exc:  # driver errors vary by database; the message is what matters
+        return Check("catalog", "fail", f"{url} unreachable ({exc.__class__.__name__}: {exc})",
+                     "start the database or fix catalog.url")
+    head = head_revision()
+    if revision != head:
+        return Check("catalog", "fail", f"{url} at schema revision {revision}, the code needs {head}",
+                     "run `shingle install` to migrate it (config and data are kept)")
+    return Check("catalog", "ok", f"{url} at revision {head}")
+
+
+def check_units(root: Path) -> Check:
+    unit_dir = install._under(root, install.UNIT_DIR)
+    missing = [n for n in install.UNIT_NAMES if not (unit_dir / n).is_file()]
+    if missing:
+        return Check("units", "warn", f"not installed in {unit_dir}: {', '.join(missing)}", "run `shingle install`")
+    return Check("units", "ok", f"{', '.join(install.UNIT_NAMES)} in {unit_dir}")
+
+
+def _load_config(config_path: str | None, root: Path):
+    """(config, Check) for the config the checks use; config is None when it cannot load."""
+    if config_path is None and os.environ.get("SHINGLE_CONFIG"):
+        config_path = os.environ["SHINGLE_CONFIG"]
+    installed = install._under(root, install.UNIT_DIR / install.SERVICES[0]).is_file()
+    try:
+        if config_path is None:
+            config = install.load_installed_config(root)
+        else:
+            config = config_mod.load(config_path)
+        return config, Check("config", "ok", f"{config.path} is valid")
+    except ConfigError as exc:
+        path = config_path or install._under(root, install.CONFIG_PATH)
+        if not Path(path).exists() and not installed and config_path is None:
+            # Before the first install: vet the host against the defaults.
+            defaults = config_mod.from_dict(tomllib.loads(config_mod.render(
+                {"appliance.data_dir": str(install.STATE_DIR)})), None)
+            return defaults, Check("config", "warn", f"{path} missing: not installed yet, checking the defaults",
+                                   "run `shingle install`")
+        return None, Check("config", "fail", str(exc), f"fix {path} (`shingle config sample` shows every option)")
+
+
+def run_checks(config_path: str | None = None, root: str | Path | None = None,
+               sys_root: Path = Path("/sys")) -> list[Check]:
+    root = Path(root or "/").resolve()
+    results = [check_kernel(), check_python()]
+    config, config_check = _load_config(config_path, root)
+    results.append(config_check)
+    results.append(check_units(root))
+    if config is not None:
+        catalog_check = None
+        if config.path is not None:
+            catalog_check = check_catalog(config)
+            results.append(catalog_check)
+        if catalog_check is not None and catalog_check.status == "ok":
+            results += check_drives(_drives(config), config.resolve("storage.drives_dir"), sys_root)
+        results += check_free_space({"data_dir": config.data_dir,
+                                     "drives_dir": config.resolve("storage.drives_dir")})
+        results.append(check_port("nfs", config.get("nfs.host"), config.get("nfs.port")))
+        results.append(check_port("webui", config.get("webui.host"), config.get("webui.port")))
+    results.append(check_clock())
+    return results
+
+
+def print_results(results: list[Check], out) -> None:
+    width = max(len(r.name) for r in results)
+    for r in results:
+        print(f"{r.status.upper():<4}  {r.name:<{width}}  {r.detail}", file=out)
+        if r.fix and r.status != "ok":
+            print(f"{'':<4}  {'':<{width}}  fix: {r.fix}", file=out)
+    fails = sum(r.status == "fail" for r in results)
+    warns = sum(r.status == "warn" for r in results)
+    verdict = "must be fixed" if fails else "ready"
+    print(f"{fails} to fix, {warns} warnings: {verdict}", file=out)

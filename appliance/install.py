@@ -1,0 +1,416 @@
+"""Lay the appliance onto a host, or onto a staging root, and take it off again.
+
+``install`` is idempotent and doubles as the upgrade: it never overwrites an
+existing config, keeps every byte of data, rewrites units that changed and
+migrates the catalog to the head revision. With ``root`` set it writes only
+below that folder (an image being built, a test) and lists what is left for
+the target host in ``report.pending``: the host's users, /etc and systemd
+are not touched.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import secrets
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from appliance import config as config_mod
+from engine.errors import ConfigError
+
+log = logging.getLogger("shingle.install")
+
+SERVICE_USER = "shingle"
+CONFIG_PATH = Path("/etc/shingle/shingle.toml")
+STATE_DIR = Path("/var/lib/shingle")
+UNIT_DIR = Path("/etc/systemd/system")
+SYSUSERS_PATH = Path("/etc/sysusers.d/shingle.conf")
+UNITS_SOURCE = Path(__file__).resolve().parent.parent / "systemd"
+TARGET = "shingle.target"
+SERVICES = ("shingle-nfsd.service", "shingle-webui.service")
+UNIT_NAMES = SERVICES + (TARGET,)
+# The launcher path written in the shipped units; replaced by the one this install runs.
+UNIT_BIN = "/usr/bin/shingle"
+PATHS_DROPIN = "50-shingle-paths.conf"
+ADMIN_USER = "admin"
+SYSUSERS_LINE = f'u {SERVICE_USER} - "shingle NAS appliance" {STATE_DIR} /usr/sbin/nologin\n'
+TMPFILES_PATH = Path("/etc/tmpfiles.d/shingle.conf")
+# Applied at boot after systemd-sysusers: gives the daemon read access to its config in an image built
+# with --root, where the installer cannot know the user's uid. (StateDirectory= chowns /var/lib/shingle.)
+TMPFILES_TEXT = (f"z {CONFIG_PATH.parent} 0750 root {SERVICE_USER} -\n"
+                 f"z {CONFIG_PATH} 0640 root {SERVICE_USER} -\n")
+
+
+class InstallError(Exception):
+    """A step on the host failed (a command's exit status and message are in the text)."""
+
+
+@dataclass
+class Report:
+    """What a run did (``actions``), what it left for the target host (``pending``), and what the admin does next."""
+
+    root: Path
+    actions: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    next_steps: list[str] = field(default_factory=list)
+
+    def did(self, text: str) -> None:
+        self.actions.append(text)
+        log.debug("%s", text)
+
+
+def systemd_running() -> bool:
+    """True when PID 1 is systemd (the test sd_booted() makes)."""
+    return Path("/run/systemd/system").is_dir()
+
+
+def default_launcher() -> str:
+    """The `shingle` executable beside the running interpreter (a venv's bin/), else the one on PATH."""
+    beside = Path(sys.executable).parent / "shingle"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("shingle") or UNIT_BIN
+
+
+def _under(root: Path, path: Path) -> Path:
+    """``path`` (absolute, as the target host sees it) inside ``root``."""
+    return root / path.relative_to("/")
+
+
+def _on_host(root: Path) -> bool:
+    return root.resolve() == Path("/")
+
+
+def _write_if_changed(path: Path, text: str, mode: int, report: Report, what: str) -> bool:
+    if path.exists() and path.read_text() == text:
+        report.did(f"unchanged {what}: {path}")
+        return False
+    existed = path.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".shingle-new")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    os.replace(tmp, path)  # a reader sees the old unit or the new one, never half of one
+    report.did(f"{'updated' if existed else 'installed'} {what}: {path}")
+    return True
+
+
+def load_installed_config(root: Path) -> config_mod.Config:
+    """The installed config, with its data_dir seen from this host (inside ``root``)."""
+    path = _under(root, CONFIG_PATH)
+    config = config_mod.load(path)
+    if not _on_host(root):
+        data_dir = Path(os.path.normpath(path.parent / config.get("appliance.data_dir")))
+        # An absolute data_dir names a path on the target host; read it inside root.
+        if Path(config.get("appliance.data_dir")).is_absolute():
+            data_dir = _under(root, Path(os.path.normpath(config.get("appliance.data_dir"))))
+        config.data_dir = data_dir
+    return config
+
+
+def _target_path(root: Path, path: Path) -> Path:
+    """A path under ``root`` as the target host will see it."""
+    if _on_host(root):
+        return path
+    return Path("/") / path.resolve().relative_to(root.resolve())
+
+
+def _extra_rw_paths(root: Path, config: config_mod.Config, drive_paths: list[str]) -> list[Path]:
+    """Writable paths the units need beyond /var/lib/shingle (ProtectSystem=strict hides the rest)."""
+    wanted = [config.data_dir, config.resolve("storage.drives_dir")]
+    wanted += [_under(root, Path(p)) if not _on_host(root) else Path(p) for p in drive_paths]
+    state = _under(root, STATE_DIR).resolve()
+    extra: list[Path] = []
+    for path in wanted:
+        resolved = path.resolve()
+        if resolved == state or state in resolved.parents:
+            continue
+        target = _target_path(root, resolved) if not _on_host(root) else resolved
+        if not any(target == p or p in target.parents for p in extra):
+            extra.append(target)
+    return extra
+
+
+def _paths_dropin(extra: list[Path], unit: str) -> str:
+    lines = [f"# Generated by `shingle install` from shingle.toml: paths {unit} writes outside /var/lib/shingle.",
+             "# '-' lets the daemon start with a drive missing (it serves degraded, from redundancy).",
+             "[Service]"]
+    lines += [f"ReadWritePaths=-{p}" for p in extra]
+    return "\n".join(lines) + "\n"
+
+
+def _chown(path: Path, on_host: bool) -> None:
+    if on_host and path.exists():
+        shutil.chown(path, SERVICE_USER, SERVICE_USER)
+
+
+def _ensure_user(report: Report, on_host: bool, run) -> None:
+    if not on_host:
+        report.pending.append(f"create the system user {SERVICE_USER!r}: systemd-sysusers does it at boot "
+                              f"from {SYSUSERS_PATH} (or run `systemd-sysusers` once)")
+        return
+    try:
+        pwd.getpwnam(SERVICE_USER)
+        report.did(f"unchanged service user: {SERVICE_USER}")
+        return
+    except KeyError:
+        pass
+    if shutil.which("systemd-sysusers"):
+        cmd = ["systemd-sysusers", str(SYSUSERS_PATH)]
+    else:
+        cmd = ["useradd", "--system", "--user-group", "--home-dir", str(STATE_DIR), "--no-create-home",
+               "--shell", "/usr/sbin/nologin", "--comment", "shingle NAS appliance", SERVICE_USER]
+    result = run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise InstallError(f"creating user {SERVICE_USER!r} with {' '.join(cmd)} failed "
+                           f"(exit {result.returncode}): {result.stderr.strip()}")
+    report.did(f"created service user: {SERVICE_USER}")
+
+
+def _migrate_catalog(config: config_mod.Config, report: Report, on_host: bool) -> None:
+    from engine.catalog.migrate import current_revision, head_revision, upgrade
+    url = config.catalog_url
+    head = head_revision()
+    try:
+        before = current_revision(url)
+    except Exception as exc:  # driver errors vary by database; the message is what matters
+        raise ConfigError("catalog.url", url, f"a reachable database ({exc.__class__.__name__}: {exc})") from None
+    if before == head:
+        report.did(f"unchanged catalog: {url} at revision {head}")
+    else:
+        upgrade(url)
+        report.did(f"{'created' if before is None else f'upgraded (from revision {before})'} catalog: "
+                   f"{url} at revision {head}")
+    if url.startswith("sqlite:///"):
+        db = Path(url[len("sqlite:///"):])
+        for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+            _chown(path, on_host)
+
+
+def _first_run_state(config: config_mod.Config, report: Report, on_host: bool) -> None:
+    """What `shingle init` also creates: root inode, default export, first admin, session key."""
+    from sqlalchemy import func, select
+    from engine import accounts, events
+    from engine.catalog import Catalog
+    from engine.catalog.models import AdminUser
+    from engine.namespace import Namespace
+    from appliance.nfs.exports import ensure_default_export
+
+    catalog = Catalog(config.catalog_url)
+    try:
+        Namespace(catalog)
+        ensure_default_export(catalog)
+        admins = catalog.run(lambda conn: conn.execute(select(func.count()).select_from(AdminUser.__table__))
+                             .scalar_one(), write=False)
+        password_file = config.data_dir / "initial-admin-password"
+        if admins == 0:
+            password = secrets.token_urlsafe(12)
+            accounts.create_admin(catalog, ADMIN_USER, password, actor="shingle install")
+            password_file.write_text(f"{ADMIN_USER} {password}\n")
+            password_file.chmod(0o600)
+            _chown(password_file, on_host)
+            events.record(catalog, "appliance.install", "installed", actor="shingle install")
+            report.did(f"created admin user {ADMIN_USER!r}: password in {password_file}")
+        else:
+            events.record(catalog, "appliance.install", "upgraded in place", actor="shingle install")
+    finally:
+        catalog.close()
+    secret = config.resolve("webui.secret_key_file")
+    if not secret.exists():
+        secret.write_text(secrets.token_hex(32) + "\n")
+        secret.chmod(0o600)
+        _chown(secret, on_host)
+        report.did(f"created web UI session key: {secret}")
+
+
+def _drive_paths(config: config_mod.Config) -> list[str]:
+    from sqlalchemy import select
+    from engine.catalog import Catalog
+    from engine.catalog.models import Drive
+    catalog = Catalog(config.catalog_url)
+    try:
+        return catalog.run(lambda conn: [r[0] for r in conn.execute(select(Drive.__table__.c.path))], write=False)
+    finally:
+        catalog.close()
+
+
+def install(root: str | Path | None = None, *, launcher: str | None = None, run=subprocess.run) -> Report:
+    """Install or upgrade. ``root`` None or "/" means this host."""
+    root = Path(root or "/").resolve()
+    on_host = _on_host(root)
+    report = Report(root)
+    launcher = launcher or default_launcher()
+    if not Path(launcher).is_absolute():
+        raise ConfigError("--bin", launcher, "an absolute path (systemd runs ExecStart= without a PATH search)")
+    sources = {name: UNITS_SOURCE / name for name in UNIT_NAMES}
+    missing = [str(p) for p in sources.values() if not p.is_file()]
+    if missing:
+        raise ConfigError("systemd units", ", ".join(missing), "the unit files shipped in systemd/ of the source tree")
+
+    # 1. the service user (declared for systemd-sysusers; created now only on this host)
+    _write_if_changed(_under(root, SYSUSERS_PATH), SYSUSERS_LINE, 0o644, report, "service user declaration")
+    _ensure_user(report, on_host, run)
+    _write_if_changed(_under(root, TMPFILES_PATH), TMPFILES_TEXT, 0o644, report, "config permissions (tmpfiles.d)")
+
+    # 2. the config: written once, never overwritten (an admin's edits survive every upgrade)
+    config_path = _under(root, CONFIG_PATH)
+    if config_path.exists():
+        load_installed_config(root)  # a broken config stops the upgrade before anything changes
+        report.did(f"kept config: {config_path}")
+    else:
+        config_path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+        text = config_mod.render({"appliance.data_dir": str(STATE_DIR)}, commented_defaults=True)
+        _write_if_changed(config_path, text, 0o640, report, "config")
+        if on_host:  # readable by the daemon, not by everyone (it may hold a database password)
+            shutil.chown(config_path.parent, "root", SERVICE_USER)
+            shutil.chown(config_path, "root", SERVICE_USER)
+    config = load_installed_config(root)
+
+    # 3. state folders
+    for folder in dict.fromkeys((_under(root, STATE_DIR), config.data_dir, config.resolve("storage.drives_dir"))):
+        if folder.is_dir():
+            report.did(f"kept data folder: {folder}")
+        else:
+            folder.mkdir(parents=True, mode=0o750)
+            report.did(f"created data folder: {folder}")
+        _chown(folder, on_host)
+
+    # 4. catalog: migrate (an existing install is upgraded in place), then first-run state
+    _migrate_catalog(config, report, on_host)
+    _first_run_state(config, report, on_host)
+
+    # 5. units, with this install's launcher and a drop-in for paths outside /var/lib/shingle
+    unit_dir = _under(root, UNIT_DIR)
+    changed = False
+    for name, source in sources.items():
+        text = source.read_text().replace(UNIT_BIN, launcher)
+        changed |= _write_if_changed(unit_dir / name, text, 0o644, report, "unit")
+    extra = _extra_rw_paths(root, config, _drive_paths(config))
+    for service in SERVICES:
+        dropin = unit_dir / f"{service}.d" / PATHS_DROPIN
+        if extra:
+            changed |= _write_if_changed(dropin, _paths_dropin(extra, service), 0o644, report, "drop-in")
+        elif dropin.exists():
+            dropin.unlink()
+            _rmdir_if_empty(dropin.parent)
+            report.did(f"removed drop-in: {dropin}")
+            changed = True
+
+    # 6. systemd
+    if on_host and systemd_running():
+        _systemctl(run, "daemon-reload")
+        _systemctl(run, "enable", TARGET)
+        report.did(f"enabled {TARGET} (systemctl daemon-reload; systemctl enable {TARGET})")
+    elif on_host:
+        report.pending.append(f"systemd is not running (no /run/systemd/system): once it is, run "
+                              f"`systemctl daemon-reload && systemctl enable {TARGET}`")
+    else:
+        report.pending.append(f"enable the appliance in the image: `systemctl --root={root} enable {TARGET}`")
+
+    password_file = config.data_dir / "initial-admin-password"
+    report.next_steps += [
+        f"review {CONFIG_PATH} (set nfs.host = \"0.0.0.0\" to serve the network; nfs.port is "
+        f"{config.get('nfs.port')})",
+        f"check the host: shingle -c {CONFIG_PATH} doctor",
+        f"start: systemctl start {TARGET}   (logs: journalctl -u 'shingle-*' -f)",
+        f"web UI: http://{config.get('webui.host')}:{config.get('webui.port')}/  "
+        f"(first admin login in {_target_path(root, password_file) if not on_host else password_file})",
+    ]
+    if changed and on_host and systemd_running():
+        report.next_steps.insert(2, f"units changed: `systemctl restart {TARGET}` applies them")
+    return report
+
+
+def _rmdir_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+
+
+def _systemctl(run, *args: str, check: bool = True) -> None:
+    result = run(["systemctl", *args], capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise InstallError(f"systemctl {' '.join(args)} failed (exit {result.returncode}): "
+                           f"{result.stderr.strip()}")
+
+
+def uninstall(root: str | Path | None = None, *, purge: bool = False, run=subprocess.run) -> Report:
+    """Remove the units (and with ``purge`` the config and /var/lib/shingle). Data stays unless purged."""
+    root = Path(root or "/").resolve()
+    on_host = _on_host(root)
+    report = Report(root)
+    config = None
+    if purge and _under(root, CONFIG_PATH).exists():
+        try:
+            config = load_installed_config(root)
+        except ConfigError as exc:
+            report.pending.append(f"config unreadable ({exc}): remove any data it points at yourself")
+
+    if on_host and systemd_running():
+        _systemctl(run, "disable", "--now", TARGET, check=False)
+        _systemctl(run, "stop", *SERVICES, check=False)
+        report.did(f"stopped and disabled {TARGET}")
+    unit_dir = _under(root, UNIT_DIR)
+    for name in UNIT_NAMES:
+        path = unit_dir / name
+        if path.exists():
+            path.unlink()
+            report.did(f"removed unit: {path}")
+        dropins = unit_dir / f"{name}.d"
+        if (dropins / PATHS_DROPIN).exists():
+            (dropins / PATHS_DROPIN).unlink()
+            report.did(f"removed drop-in: {dropins / PATHS_DROPIN}")
+        _rmdir_if_empty(dropins)
+    if on_host and systemd_running():
+        _systemctl(run, "daemon-reload", check=False)
+
+    state = _under(root, STATE_DIR)
+    if not purge:
+        report.next_steps.append(f"kept config {_under(root, CONFIG_PATH).parent} and data {state}: "
+                                 "`shingle install` brings the appliance back; `shingle uninstall --purge` "
+                                 "deletes them")
+        if not report.actions:
+            report.did("nothing to remove: no shingle units installed")
+        return report
+
+    for path in (_under(root, CONFIG_PATH).parent, state):
+        if path.exists():
+            shutil.rmtree(path)
+            report.did(f"purged: {path}")
+    for path, what in ((_under(root, SYSUSERS_PATH), "service user declaration"),
+                       (_under(root, TMPFILES_PATH), "config permissions (tmpfiles.d)")):
+        if path.exists():
+            path.unlink()
+            report.did(f"removed {what}: {path}")
+    if config is not None:
+        for path in (config.data_dir, config.resolve("storage.drives_dir")):
+            if path.exists():
+                report.pending.append(f"kept {path}: it lies outside {STATE_DIR}; delete it yourself if unused")
+        if not config.catalog_url.startswith("sqlite"):
+            report.pending.append(f"kept the catalog database {config.catalog_url}: drop it yourself")
+    if on_host:
+        report.next_steps.append(f"the system user {SERVICE_USER!r} is kept (Debian practice: files elsewhere "
+                                 f"may still carry its uid); `userdel {SERVICE_USER}` removes it")
+    if not report.actions:
+        report.did("nothing to remove: shingle is not installed")
+    return report
+
+
+def print_report(report: Report, title: str, out=None) -> None:
+    out = out or sys.stdout
+    print(f"{title} (root {report.root})", file=out)
+    for line in report.actions:
+        print(f"  {line}", file=out)
+    if report.pending:
+        print("left for the target host:", file=out)
+        for line in report.pending:
+            print(f"  - {line}", file=out)
+    if report.next_steps:
+        print("next steps:", file=out)
+        for i, line in enumerate(report.next_steps, 1):
+            print(f"  {i}. {line}", file=out)
