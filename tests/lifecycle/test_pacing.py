@@ -19,7 +19,7 @@ class FakeTime:
 
 def test_rate_limiter_keeps_the_average_rate():
     t = FakeTime()
-    limiter = RateLimiter(bytes_per_s=1000, items_per_s=None, burst_s=0, clock=t.clock, sleep=t.sleep)
+    limiter = RateLimiter(bytes_per_s=1000, items_per_s=None, burst_s=1, clock=t.clock, sleep=t.sleep)
     for _ in range(10):
         limiter.spend(500)
         t.now += 0.1  # the work itself took 0.1 s
