@@ -99,17 +99,24 @@ def _write_if_changed(path: Path, text: str, mode: int, report: Report, what: st
     return True
 
 
+class _RootedConfig(config_mod.Config):
+    """A config read inside a staging root: its absolute paths name places on the target host."""
+
+    def __init__(self, config: config_mod.Config, root: Path):
+        super().__init__(config.values, config.band_classes, config.path)
+        self.root = root
+        data_dir = Path(os.path.normpath(config.path.parent / config.get("appliance.data_dir")))
+        self.data_dir = _under(root, data_dir) if Path(config.get("appliance.data_dir")).is_absolute() else data_dir
+
+    def resolve(self, key: str) -> Path:
+        value = Path(self.values[key])
+        return _under(self.root, Path(os.path.normpath(value))) if value.is_absolute() else self.data_dir / value
+
+
 def load_installed_config(root: Path) -> config_mod.Config:
-    """The installed config, with its data_dir seen from this host (inside ``root``)."""
-    path = _under(root, CONFIG_PATH)
-    config = config_mod.load(path)
-    if not _on_host(root):
-        data_dir = Path(os.path.normpath(path.parent / config.get("appliance.data_dir")))
-        # An absolute data_dir names a path on the target host; read it inside root.
-        if Path(config.get("appliance.data_dir")).is_absolute():
-            data_dir = _under(root, Path(os.path.normpath(config.get("appliance.data_dir"))))
-        config.data_dir = data_dir
-    return config
+    """The installed config, with its paths seen from this host (inside ``root``)."""
+    config = config_mod.load(_under(root, CONFIG_PATH))
+    return config if _on_host(root) else _RootedConfig(config, root)
 
 
 def _target_path(root: Path, path: Path) -> Path:
@@ -171,7 +178,8 @@ def _ensure_user(report: Report, on_host: bool, run) -> None:
     report.did(f"created service user: {SERVICE_USER}")
 
 
-def _migrate_catalog(config: config_mod.Config, report: Report, on_host: bool) -> None:
+def _migrate_catalog(config: config_mod.Config, report: Report, on_host: bool) -> str | None:
+    """Upgrade to head; returns the revision found before (None: a new catalog), or head when unchanged."""
     from engine.catalog.migrate import current_revision, head_revision, upgrade
     url = config.catalog_url
     head = head_revision()
@@ -189,9 +197,10 @@ def _migrate_catalog(config: config_mod.Config, report: Report, on_host: bool) -
         db = Path(url[len("sqlite:///"):])
         for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
             _chown(path, on_host)
+    return before
 
 
-def _first_run_state(config: config_mod.Config, report: Report, on_host: bool) -> None:
+def _first_run_state(config: config_mod.Config, report: Report, on_host: bool, upgraded_from: str | None) -> None:
     """What `shingle init` also creates: root inode, default export, first admin, session key."""
     from sqlalchemy import func, select
     from engine import accounts, events
@@ -215,8 +224,9 @@ def _first_run_state(config: config_mod.Config, report: Report, on_host: bool) -
             _chown(password_file, on_host)
             events.record(catalog, "appliance.install", "installed", actor="shingle install")
             report.did(f"created admin user {ADMIN_USER!r}: password in {password_file}")
-        else:
-            events.record(catalog, "appliance.install", "upgraded in place", actor="shingle install")
+        elif upgraded_from is not None:  # a no-op re-run leaves the catalog untouched
+            events.record(catalog, "appliance.install", f"upgraded in place from schema revision {upgraded_from}",
+                          actor="shingle install")
     finally:
         catalog.close()
     secret = config.resolve("webui.secret_key_file")
@@ -280,8 +290,9 @@ def install(root: str | Path | None = None, *, launcher: str | None = None, run=
         _chown(folder, on_host)
 
     # 4. catalog: migrate (an existing install is upgraded in place), then first-run state
-    _migrate_catalog(config, report, on_host)
-    _first_run_state(config, report, on_host)
+    from engine.catalog.migrate import head_revision
+    before = _migrate_catalog(config, report, on_host)
+    _first_run_state(config, report, on_host, None if before == head_revision() else before)
 
     # 5. units, with this install's launcher and a drop-in for paths outside /var/lib/shingle
     unit_dir = _under(root, UNIT_DIR)
