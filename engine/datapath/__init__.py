@@ -1,0 +1,48 @@
+"""The data path: per-file write buffers, stripe encoding, band-aligned placement, reads, recovery.
+
+Write path
+    ``write`` copies bytes into the file's buffer (one per file). A full
+    stripe (k x fragment size of the file's band class), or a ``flush``,
+    hands the buffered bytes to the pipeline: encode (pyeclib, worker
+    threads) -> the dispatcher places the k+m fragments, in submission
+    order, on k+m different drives with the most free zones, each at the
+    write pointer of that drive's open band of the class -> each drive's
+    single writer thread appends them -> the committer fsyncs the zones
+    touched and records a batch of stripes in ONE catalog transaction
+    (stripes, fragments, extents, zone pointers, inode size/mtime/ctime/
+    change), with ``durable=True``. ``flush`` returns when its stripes
+    committed. Space is reserved at ``write`` time, so a write that cannot
+    be placed fails with ENOSPC before anything of it is buffered.
+
+Catalog layout (engine/catalog/models.py)
+    - Stripe: one unit of redundancy. ``layout`` "ec" (k data + m parity
+      pyeclib fragments, each ``header + payload``, payload = ceil(data/k))
+      or "replica" (k=1, m=copies-1, each fragment the plain data).
+      ``data_length`` user bytes, ``fragment_length`` bytes per fragment on
+      disk, ``live_bytes`` user bytes still referenced by extents.
+    - Fragment: (stripe, idx) -> (drive, zone, zone_offset, length, crc32c
+      of the bytes on disk). Data fragment i holds stripe bytes
+      [i*payload, (i+1)*payload) after its header.
+    - Extent: (ino, file_offset, length) -> (stripe, stripe_offset). A file's
+      extents never overlap; overwrites, truncates and deletes split or drop
+      them and the dropped bytes become garbage.
+    - Zone: ``write_pointer`` = committed end on the medium,
+      ``write_pointer == live_bytes + garbage_bytes`` (see
+      accounting.py for the per-fragment share rule), ``state`` empty/open/
+      full, ``band_class`` of an open or full band. A zone with
+      ``live_bytes == 0`` is reset when space runs short (invariant 6).
+
+Read path
+    Extent maps are cached per file; the data fragments covering a range are
+    fetched in parallel and checked against their crc32c; a missing drive
+    (failed state, or its folder gone), a read error or a bad checksum makes
+    the stripe decode from any k good fragments. Sequential readers get
+    read-ahead of whole stripes. Holes read as zeros.
+
+Crash recovery (``recover``, run at start)
+    Bytes on a zone beyond its committed write pointer are from a flush that
+    never committed: counted as garbage, never referenced, and the next
+    append goes after them."""
+from engine.datapath.core import DataPath, RecoveryReport
+
+__all__ = ["DataPath", "RecoveryReport"]

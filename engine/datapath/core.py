@@ -1,0 +1,890 @@
+"""DataPath: the FileData implementation behind the namespace (see the package docstring)."""
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections import OrderedDict, defaultdict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import crc32c
+from sqlalchemy import bindparam, case, func, select
+
+from engine import errors
+from engine.catalog.models import BandClass, Drive, Extent, Fragment, Inode, Stripe, Zone
+from engine.datapath.accounting import ExtentMap, adjust_live, chunks, load_extents, write_map
+from engine.datapath.drivestate import DriveState, ZoneMem
+from engine.datapath.reader import StripeInfo, StripeReader
+from engine.erasure import DEFAULT_CLASS, Policy
+
+INODES = Inode.__table__
+DRIVES = Drive.__table__
+ZONES = Zone.__table__
+STRIPES = Stripe.__table__
+FRAGMENTS = Fragment.__table__
+EXTENTS = Extent.__table__
+BAND_CLASSES = BandClass.__table__
+
+COMMIT_BATCH = 256  # stripes per catalog transaction at most
+EXTENT_CACHE_FILES = 4096
+READ_AHEAD_STRIPES = 2
+
+
+class PendingStripe:
+    """A stripe on its way: buffered -> encoded -> placed -> written -> fsync'ed -> committed."""
+
+    __slots__ = ("seq", "fb", "policy", "payload", "extents", "reserved", "fragments", "crcs", "placement",
+                 "remaining", "lock", "written", "committed", "error", "encoded")
+
+    def __init__(self, seq, fb, payload, extents, reserved):
+        self.seq = seq
+        self.fb = fb
+        self.policy: Policy = fb.policy
+        self.payload: bytes = payload
+        self.extents = extents  # [file_offset, stripe_offset, length] in write order
+        self.reserved = reserved
+        self.fragments: list = []
+        self.crcs: list[int] = []
+        self.placement: list = []  # (DriveState, ZoneMem, zone_offset, length)
+        self.remaining = 0
+        self.lock = threading.Lock()
+        self.written = threading.Event()
+        self.committed = threading.Event()
+        self.error: BaseException | None = None
+        self.encoded: Future | None = None
+
+    def fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+
+
+class FileBuffer:
+    """Per-file write buffer: the bytes of the stripe being filled, and the stripes in flight."""
+
+    __slots__ = ("ino", "policy", "size", "data", "extents", "reserved", "inflight", "lock", "ilock", "error",
+                 "dead")
+
+    def __init__(self, ino: int, policy: Policy, size: int):
+        self.ino = ino
+        self.policy = policy
+        self.size = size  # file size counting buffered writes
+        self.data = bytearray()
+        self.extents: list[list[int]] = []
+        self.reserved = 0
+        self.inflight: list[PendingStripe] = []
+        self.lock = threading.Lock()  # data/extents/size
+        self.ilock = threading.Lock()  # inflight
+        self.error: BaseException | None = None
+        self.dead = False
+
+    def idle(self) -> bool:
+        return not self.data and not self.inflight
+
+
+@dataclass
+class RecoveryReport:
+    drives: int = 0
+    missing_drives: list = field(default_factory=list)
+    zones_checked: int = 0
+    zones_with_garbage: int = 0
+    garbage_bytes: int = 0
+    short_zones: list = field(default_factory=list)  # (drive id, zone idx, catalog wp, medium wp)
+    zones_reset: int = 0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class _Latch:
+    def __init__(self, count: int):
+        self.count = count
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.errors: list = []
+        if count == 0:
+            self.done.set()
+
+    def arrive(self, exc=None):
+        with self.lock:
+            if exc is not None:
+                self.errors.append(exc)
+            self.count -= 1
+            if self.count == 0:
+                self.done.set()
+
+
+class DataPath:
+    def __init__(self, catalog, policies: dict[str, Policy], *, reserve_zones: int = 2, smr_model=None,
+                 encoders: int = 2, read_threads: int = 12, max_inflight_stripes: int = 24,
+                 cache_bytes: int = 256 << 20):
+        if not policies:
+            raise errors.ConfigError("band_classes", policies, "at least one band class policy")
+        if isinstance(reserve_zones, bool) or not isinstance(reserve_zones, int) or reserve_zones < 0:
+            raise errors.ConfigError("datapath.reserve_zones", reserve_zones, "an integer >= 0")
+        self.catalog = catalog
+        self.policies = dict(policies)
+        self.default_class = DEFAULT_CLASS if DEFAULT_CLASS in policies else next(iter(policies))
+        self.reserve_zones = reserve_zones
+        self.smr_model = smr_model
+        self.max_fragment = max(p.max_fragment_length for p in self.policies.values())
+        self.max_extent = max(p.stripe_size for p in self.policies.values())
+        self._write_band_classes()
+
+        self._space_lock = threading.RLock()
+        self._drives: dict[int, DriveState] = {}
+        self._zones: dict[int, ZoneMem] = {}
+        self._zone_drive: dict[int, DriveState] = {}
+        self._reserved = 0
+        self._reclaimable: dict[int, int] = {}
+        self._rr = 0
+        self._load_drives()
+
+        self._files: dict[int, FileBuffer] = {}
+        self._files_lock = threading.Lock()
+        self._seq = 0
+        self._seq_lock = threading.Lock()
+        self._inflight = threading.BoundedSemaphore(max_inflight_stripes)
+        self._dispatch_q: deque = deque()
+        self._dispatch_cv = threading.Condition()
+        self._commit_q: deque = deque()
+        self._commit_cv = threading.Condition()
+        self._stopping = False
+        self._closed = False
+
+        self._maps: OrderedDict = OrderedDict()  # ino -> (starts, items)
+        self._map_version: dict[int, int] = defaultdict(int)
+        self._maps_lock = threading.Lock()
+        self._stripes: dict[int, StripeInfo] = {}
+        self._last_read_end: dict[int, int] = {}
+        self.reader = StripeReader(self._drives, self._zones, threads=read_threads, cache_bytes=cache_bytes)
+        self.stats = defaultdict(float)
+
+        self.recovery_report = self.recover()
+        self._encoder = ThreadPoolExecutor(encoders, thread_name_prefix="shingle-encode")
+        self._threads = []
+        for drive in self._drives.values():
+            drive.thread = threading.Thread(target=self._drive_writer, args=(drive,), daemon=True,
+                                            name=f"shingle-drive-{drive.id}")
+            self._threads.append(drive.thread)
+        self._threads.append(threading.Thread(target=self._dispatcher, daemon=True, name="shingle-dispatch"))
+        self._threads.append(threading.Thread(target=self._committer, daemon=True, name="shingle-commit"))
+        for thread in self._threads:
+            thread.start()
+
+    # -- set-up ------------------------------------------------------------------------
+    def _write_band_classes(self) -> None:
+        def work(conn):
+            for policy in self.policies.values():
+                row = policy.as_row()
+                done = conn.execute(BAND_CLASSES.update().where(BAND_CLASSES.c.name == policy.name)
+                                    .values(**row)).rowcount
+                if not done:
+                    conn.execute(BAND_CLASSES.insert().values(**row))
+        self.catalog.run(work)
+
+    def _load_drives(self) -> None:
+        def work(conn):
+            drives = conn.execute(select(DRIVES).where(DRIVES.c.state != "removed").order_by(DRIVES.c.id)).all()
+            zones = defaultdict(list)
+            for row in conn.execute(select(ZONES)):
+                zones[row.drive_id].append(row)
+            return drives, zones
+        drives, zones = self.catalog.read(work)
+        for row in drives:
+            drive = DriveState(row, zones[row.id])
+            if self.smr_model is not None and drive.backend is not None:
+                drive.backend.model = self.smr_model
+                drive.backend.model_key = drive.id
+            self._drives[drive.id] = drive
+            for zone in drive.zones:
+                self._zones[zone.id] = zone
+                self._zone_drive[zone.id] = drive
+
+    def refresh_drive_states(self) -> None:
+        """Re-read Drive.state (an admin or the rebuild engine may have changed it)."""
+        rows = self.catalog.read(lambda conn: conn.execute(select(DRIVES.c.id, DRIVES.c.state)).all())
+        for row in rows:
+            drive = self._drives.get(row.id)
+            if drive is not None:
+                drive.state = row.state
+
+    # -- crash recovery ---------------------------------------------------------------------
+    def recover(self) -> RecoveryReport:
+        """Compare each zone's medium write pointer with the catalog (run at start).
+
+        Bytes past the committed write pointer come from a flush that never
+        committed: they become garbage of the zone, never referenced, and new
+        appends go after them. A zone shorter than the catalog says is reported."""
+        if getattr(self, "_threads", None):
+            self.flush_all()
+        report = RecoveryReport(drives=len(self._drives))
+        updates = []
+        with self._space_lock:
+            for drive in self._drives.values():
+                if drive.backend is None or not drive.present():
+                    report.missing_drives.append(drive.id)
+                    continue
+                drive.open.clear()
+                drive.empty.clear()
+                for zone in drive.zones:
+                    report.zones_checked += 1
+                    medium = drive.backend.write_pointer(zone.idx)
+                    values = {}
+                    if medium > zone.committed_wp:
+                        extra = medium - zone.committed_wp
+                        report.zones_with_garbage += 1
+                        report.garbage_bytes += extra
+                        values = {"write_pointer": medium, "garbage_bytes": ZONES.c.garbage_bytes + extra}
+                        if zone.state == "empty":
+                            values["state"] = zone.state = "full"  # only garbage: reclaimable
+                        zone.committed_wp = medium
+                    elif medium < zone.committed_wp:
+                        report.short_zones.append((drive.id, zone.idx, zone.committed_wp, medium))
+                        zone.state = "full"  # never append where the catalog believes data lives
+                        values = {"state": "full"}
+                    zone.wp = max(medium, zone.committed_wp)
+                    if values:
+                        updates.append((zone.id, values))
+                    if zone.state == "empty" and zone.wp == 0:
+                        drive.empty.add(zone.idx)
+                    elif zone.state == "open" and zone.band_class in self.policies \
+                            and zone.band_class not in drive.open and zone.wp < drive.zone_size:
+                        drive.open[zone.band_class] = zone
+                    elif zone.state == "open":
+                        zone.state = "full"
+                        updates.append((zone.id, {"state": "full"}))
+
+        def work(conn):
+            for zone_id, values in updates:
+                conn.execute(ZONES.update().where(ZONES.c.id == zone_id).values(**values))
+        if updates:
+            self.catalog.run(work, durable=True)
+        return report
+
+    # -- capacity -------------------------------------------------------------------------
+    def _refresh_reclaimable(self) -> None:
+        def work(conn):
+            return conn.execute(select(ZONES.c.drive_id, func.count()).where(
+                ZONES.c.state == "full", ZONES.c.live_bytes == 0).group_by(ZONES.c.drive_id)).all()
+        self._reclaimable = {row[0]: row[1] for row in self.catalog.read(work)}
+
+    def _usable(self) -> int:
+        return sum(d.usable_bytes(self.reserve_zones, self.max_fragment, self._reclaimable.get(d.id, 0))
+                   for d in self._drives.values() if d.writable())
+
+    def capacity(self) -> tuple[int, int]:
+        """Usable (total, free) bytes of user data: raw x k/(k+m), less the cleaning reserve."""
+        policy = self.policies[self.default_class]
+        self._refresh_reclaimable()
+        with self._space_lock:
+            raw = sum(max(d.zone_count - self.reserve_zones, 0) * d.zone_size
+                      for d in self._drives.values() if d.state not in ("failed", "removed"))
+            free = max(self._usable() - self._reserved, 0)
+        return int(raw * policy.efficiency), int(free * policy.efficiency)
+
+    def _need(self, policy: Policy, length: int) -> int:
+        """Raw bytes to reserve for ``length`` user bytes (headers of every stripe they may start)."""
+        stripes = 2 + length // policy.stripe_size
+        return policy.width * (-(-length // policy.k) + stripes * (policy.header_size + 64))
+
+    def _reserve(self, need: int) -> None:
+        with self._space_lock:
+            if self._reserved + need <= self._usable():
+                self._reserved += need
+                return
+            self._reclaim_zones()
+            self._refresh_reclaimable()
+            if self._reserved + need > self._usable():
+                raise errors.NoSpace(f"no space for {need} more raw bytes: {self._usable() - self._reserved} "
+                                     f"usable on {sum(d.writable() for d in self._drives.values())} writable drives")
+            self._reserved += need
+
+    def _unreserve(self, amount: int) -> None:
+        if amount:
+            with self._space_lock:
+                self._reserved = max(self._reserved - amount, 0)
+
+    def _reclaim_zones(self) -> int:
+        """Reset zones holding only garbage (invariant 6: no committed extent points into them)."""
+        def find(conn):
+            return conn.execute(select(ZONES.c.id).where(ZONES.c.live_bytes == 0, ZONES.c.state.in_(("full", "open")),
+                                                        ZONES.c.write_pointer > 0)).scalars().all()
+        with self._space_lock:
+            candidates = []
+            for zone_id in self.catalog.read(find):
+                zone, drive = self._zones.get(zone_id), self._zone_drive.get(zone_id)
+                if zone is None or drive is None or zone.inflight or not drive.writable():
+                    continue
+                candidates.append((drive, zone))
+            if not candidates:
+                return 0
+
+            def work(conn):
+                done = []
+                for drive, zone in candidates:
+                    hit = conn.execute(ZONES.update().where(ZONES.c.id == zone.id, ZONES.c.live_bytes == 0).values(
+                        state="empty", band_class=None, write_pointer=0, live_bytes=0, garbage_bytes=0,
+                        opened_ns=None, resets=ZONES.c.resets + 1)).rowcount
+                    if hit:
+                        done.append((drive, zone))
+                return done
+            done = self.catalog.run(work, durable=True)
+            for drive, zone in done:
+                if drive.open.get(zone.band_class) is zone:
+                    del drive.open[zone.band_class]
+                drive.backend.reset(zone.idx)
+                zone.state, zone.band_class, zone.wp, zone.committed_wp, zone.dirty = "empty", None, 0, 0, False
+                drive.empty.add(zone.idx)
+            return len(done)
+
+    # -- writes ----------------------------------------------------------------------------
+    def _policy_for(self, band_class: str | None) -> Policy:
+        return self.policies.get(band_class or self.default_class, self.policies[self.default_class])
+
+    def _buffer(self, ino: int) -> FileBuffer:
+        fb = self._files.get(ino)
+        if fb is not None and not fb.dead:
+            return fb
+        row = self.catalog.read(lambda conn: conn.execute(
+            select(INODES.c.size, INODES.c.band_class).where(INODES.c.ino == ino)).first())
+        if row is None:
+            raise errors.StaleHandle(f"inode {ino} does not exist")
+        with self._files_lock:
+            fb = self._files.get(ino)
+            if fb is None or fb.dead:
+                fb = self._files[ino] = FileBuffer(ino, self._policy_for(row.band_class), row.size)
+            return fb
+
+    def write(self, ino: int, offset: int, data) -> int:
+        if self._closed:
+            raise errors.IOFailure("data path is closed")
+        if offset < 0:
+            raise errors.InvalidArgument(f"write at offset {offset}: expected >= 0")
+        length = len(data)
+        while True:
+            fb = self._buffer(ino)
+            with fb.lock:
+                if fb.dead:
+                    continue
+                if length == 0:
+                    return fb.size
+                policy = fb.policy
+                need = self._need(policy, length)
+                self._reserve(need)
+                fb.reserved += need
+                view = memoryview(data).cast("B")
+                stripe_size = policy.stripe_size
+                pos = 0
+                while pos < length:
+                    used = len(fb.data)
+                    take = min(stripe_size - used, length - pos)
+                    fb.data += view[pos:pos + take]
+                    last = fb.extents[-1] if fb.extents else None
+                    if last is not None and last[0] + last[2] == offset + pos and last[1] + last[2] == used:
+                        last[2] += take
+                    else:
+                        fb.extents.append([offset + pos, used, take])
+                    pos += take
+                    if len(fb.data) >= stripe_size:
+                        self._submit(fb)
+                fb.size = max(fb.size, offset + length)
+                return fb.size
+
+    def _submit(self, fb: FileBuffer) -> None:
+        """Hand the buffered bytes of ``fb`` to the pipeline as one stripe (caller holds fb.lock)."""
+        payload = bytes(fb.data)
+        policy = fb.policy
+        own = min(fb.reserved, self._need(policy, len(payload)))
+        fb.reserved -= own
+        fb.data = bytearray()
+        extents, fb.extents = fb.extents, []
+        self._inflight.acquire()
+        with self._seq_lock:
+            self._seq += 1
+            stripe = PendingStripe(self._seq, fb, payload, extents, own)
+            with fb.ilock:
+                fb.inflight.append(stripe)
+            stripe.encoded = self._encoder.submit(self._encode, stripe)
+            with self._dispatch_cv:
+                self._dispatch_q.append(stripe)
+                self._dispatch_cv.notify()
+
+    def _encode(self, stripe: PendingStripe) -> None:
+        start = time.perf_counter()
+        stripe.fragments = stripe.policy.encode(stripe.payload)
+        self.stats["encode_s"] += time.perf_counter() - start
+        stripe.crcs = [crc32c.crc32c(f) for f in stripe.fragments]
+
+    def _dispatcher(self) -> None:
+        """Place stripes in submission order, so every drive receives fragments in that order."""
+        while True:
+            with self._dispatch_cv:
+                while not self._dispatch_q and not self._stopping:
+                    self._dispatch_cv.wait()
+                if not self._dispatch_q:
+                    return
+                stripe = self._dispatch_q.popleft()
+            try:
+                stripe.encoded.result()
+                self._place(stripe)
+            except BaseException as exc:  # noqa: BLE001 - the stripe carries it to flush()
+                stripe.fail(exc if isinstance(exc, errors.FsError) else errors.IOFailure(f"encode failed: {exc}"))
+            finally:
+                self._unreserve(stripe.reserved)
+                stripe.reserved = 0
+            with self._commit_cv:
+                self._commit_q.append(stripe)
+            if stripe.error is not None or not stripe.placement:
+                self._written(stripe)
+                continue
+            stripe.remaining = len(stripe.placement)
+            for i, (drive, zone, offset, _length) in enumerate(stripe.placement):
+                drive.queue.put((zone.idx, offset, stripe.fragments[i], stripe))
+
+    def _place(self, stripe: PendingStripe) -> None:
+        policy = stripe.policy
+        length = len(stripe.fragments[0])
+        width = policy.width
+        with self._space_lock:
+            writable = [d for d in self._drives.values() if d.writable()]
+            self._rr += 1
+            n = max(len(writable), 1)
+            # most free first; the rotation spreads ties so equal drives share the work
+            writable.sort(key=lambda d: (-(len(d.empty) + sum(1 for _ in d.open)), (d.id + self._rr) % n))
+            chosen = []
+            for drive in writable:
+                zone = self._zone_for(drive, policy.name, length)
+                if zone is not None:
+                    chosen.append((drive, zone))
+                    if len(chosen) == width:
+                        break
+            if len(chosen) < width:
+                raise errors.NoSpace(f"stripe of {len(stripe.payload)} bytes needs {width} drives with "
+                                     f"{length} free bytes in a {policy.name} band; {len(chosen)} have room")
+            now = time.time_ns()
+            for drive, zone in chosen:
+                stripe.placement.append((drive, zone, zone.wp, length))
+                zone.wp += length
+                zone.inflight += 1
+                if zone.opened_ns is None:
+                    zone.opened_ns = now
+
+    def _zone_for(self, drive: DriveState, band_class: str, length: int) -> ZoneMem | None:
+        zone = drive.open.get(band_class)
+        if zone is not None and zone.wp + length <= drive.zone_size:
+            return zone
+        if zone is not None:
+            # the tail cannot take this fragment: the band is done
+            zone.state, zone.dirty = "full", True
+            del drive.open[band_class]
+            drive.backend.finish_zone(zone.idx)
+        if len(drive.empty) <= self.reserve_zones:
+            return None
+        idx = min(drive.empty)
+        drive.empty.discard(idx)
+        zone = drive.zones[idx]
+        zone.state, zone.band_class, zone.dirty, zone.opened_ns = "open", band_class, True, time.time_ns()
+        drive.open[band_class] = zone
+        return zone
+
+    def _drive_writer(self, drive: DriveState) -> None:
+        """The one writer of a drive: appends fragments in arrival order, syncs zones on request."""
+        while True:
+            item = drive.queue.get()
+            if item is None:
+                return
+            if item[0] == "sync":
+                _, zone_idxs, latch = item
+                try:
+                    for idx in zone_idxs:
+                        drive.backend.sync(idx)
+                    latch.arrive()
+                except BaseException as exc:  # noqa: BLE001
+                    drive.write_failed = True
+                    latch.arrive(exc)
+                continue
+            idx, offset, data, stripe = item
+            try:
+                drive.backend.append(idx, offset, data)
+            except BaseException as exc:  # noqa: BLE001
+                drive.write_failed = True
+                stripe.fail(errors.IOFailure(f"drive {drive.id} zone {idx}: write failed: {exc}"))
+            with stripe.lock:
+                stripe.remaining -= 1
+                last = stripe.remaining == 0
+            if last:
+                self._written(stripe)
+
+    def _written(self, stripe: PendingStripe) -> None:
+        stripe.fragments = [] if stripe.error is None else stripe.fragments
+        with self._commit_cv:
+            stripe.written.set()
+            self._commit_cv.notify()
+
+    def _committer(self) -> None:
+        """fsync the fragments of finished stripes, then record them in one transaction per batch."""
+        while True:
+            with self._commit_cv:
+                while not (self._commit_q and self._commit_q[0].written.is_set()):
+                    if self._stopping and not self._commit_q and not self._dispatch_q:
+                        return
+                    self._commit_cv.wait(0.5)
+                batch = []
+                while self._commit_q and self._commit_q[0].written.is_set() and len(batch) < COMMIT_BATCH:
+                    batch.append(self._commit_q.popleft())
+            self._commit_batch(batch)
+
+    def _commit_batch(self, batch: list[PendingStripe]) -> None:
+        start = time.perf_counter()
+        good = [s for s in batch if s.error is None]
+        touched: dict[DriveState, set[int]] = defaultdict(set)
+        for s in good:
+            for drive, zone, _off, _len in s.placement:
+                touched[drive].add(zone.idx)
+        latch = _Latch(len(touched))
+        for drive, idxs in touched.items():
+            drive.queue.put(("sync", sorted(idxs), latch))
+        latch.done.wait()
+        if latch.errors:
+            failure = errors.IOFailure(f"fsync of fragments failed: {latch.errors[0]}")
+            for s in good:
+                s.fail(failure)
+            good = []
+        self.stats["sync_s"] += time.perf_counter() - start
+        with self._space_lock:
+            zone_rows = {}
+            for drive in self._drives.values():
+                for zone in drive.open.values():
+                    pass
+            for zone in self._zones.values():
+                if zone.dirty:
+                    zone_rows[zone.id] = zone
+                    zone.dirty = False
+            for s in good:
+                for _d, zone, _o, _l in s.placement:
+                    zone_rows[zone.id] = zone
+            zone_state = {z.id: (z.state, z.band_class, z.opened_ns) for z in zone_rows.values()}
+        dead: list[int] = []
+        try:
+            if good or zone_state:
+                dead = self.catalog.run(lambda conn: self._record(conn, good, zone_state), durable=True)
+        except BaseException as exc:  # noqa: BLE001
+            failure = errors.IOFailure(f"catalog commit of {len(good)} stripes failed: {exc}")
+            for s in good:
+                s.fail(failure)
+            with self._space_lock:
+                for zone_id in zone_state:
+                    self._zones[zone_id].dirty = True
+        self.stats["commit_s"] += time.perf_counter() - start
+        self.reader.forget(set(dead))
+        inos = set()
+        with self._space_lock:
+            for s in batch:
+                for _d, zone, offset, length in s.placement:
+                    zone.inflight -= 1
+                    if s.error is None:
+                        zone.committed_wp = max(zone.committed_wp, offset + length)
+        for s in batch:
+            inos.add(s.fb.ino)
+        self._invalidate(inos)
+        for s in batch:
+            fb = s.fb
+            with fb.ilock:
+                if s in fb.inflight:
+                    fb.inflight.remove(s)
+                if s.error is not None and fb.error is None and not fb.dead:
+                    fb.error = s.error
+            s.payload = b""
+            s.fragments = []
+            s.committed.set()
+            self._inflight.release()
+        self.stats["stripes_committed"] += len(good)
+
+    def _record(self, conn, stripes: list[PendingStripe], zone_state: dict) -> list[int]:
+        """The one transaction of a flush batch: stripes, fragments, extents, zones, inodes."""
+        now = time.time_ns()
+        ids = []
+        if stripes:
+            rows = [{"band_class": s.policy.name, "layout": s.policy.layout, "k": s.policy.k, "m": s.policy.m,
+                     "backend": s.policy.backend, "data_length": len(s.payload),
+                     "fragment_length": s.placement[0][3], "compression": None, "live_bytes": 0,
+                     "created_ns": now} for s in stripes]
+            ids = list(conn.execute(STRIPES.insert().returning(STRIPES.c.id, sort_by_parameter_order=True),
+                                    rows).scalars())
+        self.reader.forget(set(ids))  # an id SQLite hands out again must not hit an old cache entry
+        fragments = []
+        for sid, s in zip(ids, stripes):
+            for i, (drive, zone, offset, length) in enumerate(s.placement):
+                fragments.append({"stripe_id": sid, "idx": i, "drive_id": drive.id, "zone_id": zone.id,
+                                  "zone_offset": offset, "length": length, "checksum": s.crcs[i]})
+        if fragments:
+            conn.execute(FRAGMENTS.insert(), fragments)
+        # zones: the write pointer moves over the new fragments; everything below it that is not
+        # live is garbage (gaps left by failed flushes included)
+        current = {}
+        for part in chunks(list(zone_state)):
+            for row in conn.execute(select(ZONES.c.id, ZONES.c.write_pointer).where(ZONES.c.id.in_(part))):
+                current[row.id] = row.write_pointer
+        ends: dict[int, int] = {}
+        for f in fragments:
+            ends[f["zone_id"]] = max(ends.get(f["zone_id"], 0), f["zone_offset"] + f["length"])
+        updates = []
+        for zone_id, (state, band_class, opened_ns) in zone_state.items():
+            wp = current.get(zone_id, 0)
+            new_wp = max(wp, ends.get(zone_id, 0))
+            updates.append({"b_id": zone_id, "b_state": state, "b_class": band_class, "b_opened": opened_ns,
+                            "b_wp": new_wp, "b_garbage": new_wp - wp,
+                            "b_last": now if zone_id in ends else None})
+        if updates:
+            conn.execute(ZONES.update().where(ZONES.c.id == bindparam("b_id")).values(
+                state=bindparam("b_state"), band_class=bindparam("b_class"), opened_ns=bindparam("b_opened"),
+                write_pointer=bindparam("b_wp"), garbage_bytes=ZONES.c.garbage_bytes + bindparam("b_garbage"),
+                last_write_ns=func.coalesce(bindparam("b_last"), ZONES.c.last_write_ns)), updates)
+        # extents, per file in write order; the new stripes' bytes turn live as extents point at them
+        deltas: dict[int, int] = {sid: 0 for sid in ids}
+        by_ino: dict[int, list] = defaultdict(list)
+        for sid, s in zip(ids, stripes):
+            by_ino[s.fb.ino].append((sid, s))
+        for ino, items in by_ino.items():
+            new = [(fo, length, sid, so) for sid, s in items for fo, so, length in s.extents]
+            lo = min(fo for fo, *_ in new)
+            hi = max(fo + length for fo, length, *_ in new)
+            end = case((INODES.c.size < hi, hi), else_=INODES.c.size)
+            alive = conn.execute(INODES.update().where(INODES.c.ino == ino).values(
+                size=end, mtime_ns=now, ctime_ns=now, change=INODES.c.change + 1)).rowcount
+            if not alive:
+                continue  # the file was removed meanwhile: its new stripes stay dead
+            emap = ExtentMap(load_extents(conn, ino, lo, hi, self.max_extent))
+            for fo, length, sid, so in new:
+                emap.put(fo, length, sid, so)
+            write_map(conn, ino, emap)
+            for sid, delta in emap.delta.items():
+                deltas[sid] = deltas.get(sid, 0) + delta
+        return adjust_live(conn, deltas)
+
+    # -- flush -------------------------------------------------------------------------------
+    def flush(self, ino: int) -> None:
+        fb = self._files.get(ino)
+        if fb is None:
+            return
+        with fb.lock:
+            if fb.data:
+                self._submit(fb)
+            with fb.ilock:
+                waiting = list(fb.inflight)
+        for stripe in waiting:
+            stripe.committed.wait()
+        with fb.lock:
+            with fb.ilock:
+                error, fb.error = fb.error, None
+                if fb.idle():
+                    self._unreserve(fb.reserved)
+                    fb.reserved = 0
+                    with self._files_lock:
+                        if self._files.get(ino) is fb:
+                            del self._files[ino]
+                            fb.dead = True
+        if error is not None:
+            raise error
+
+    def flush_all(self) -> None:
+        first = None
+        for ino in list(self._files):
+            try:
+                self.flush(ino)
+            except errors.FsError as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def pending_size(self, ino: int) -> int | None:
+        fb = self._files.get(ino)
+        if fb is None or fb.dead or fb.idle():
+            return None
+        return fb.size
+
+    # -- truncate and release (inside the namespace's transaction) -----------------------------
+    def _after_commit(self, conn, inos) -> None:
+        from sqlalchemy import event
+
+        def done(_conn):
+            self._invalidate(inos)
+        event.listen(conn, "commit", done, once=True)
+
+    def truncate(self, conn, ino: int, old_size: int, new_size: int) -> None:
+        fb = self._files.get(ino)
+        if fb is not None:
+            with fb.lock:
+                fb.size = new_size
+        if new_size < old_size:
+            emap = ExtentMap(load_extents(conn, ino, new_size, None, self.max_extent))
+            emap.punch(new_size, max(old_size, new_size + 1) + self.max_extent)
+            write_map(conn, ino, emap)
+            dead = adjust_live(conn, dict(emap.delta))
+            self.reader.forget(set(dead))
+        self._invalidate({ino})
+        self._after_commit(conn, {ino})
+
+    def release(self, conn, ino: int) -> None:
+        with self._files_lock:
+            fb = self._files.pop(ino, None)
+        if fb is not None:
+            with fb.lock:
+                fb.dead = True
+                fb.data = bytearray()
+                fb.extents = []
+                self._unreserve(fb.reserved)
+                fb.reserved = 0
+        rows = load_extents(conn, ino)
+        deltas: dict[int, int] = defaultdict(int)
+        for _fo, length, sid, _so, _id in rows:
+            deltas[sid] -= length
+        conn.execute(EXTENTS.delete().where(EXTENTS.c.ino == ino))
+        dead = adjust_live(conn, dict(deltas))
+        self.reader.forget(set(dead))
+        self._invalidate({ino})
+        self._after_commit(conn, {ino})
+
+    # -- reads -------------------------------------------------------------------------------
+    def _invalidate(self, inos) -> None:
+        with self._maps_lock:
+            for ino in inos:
+                self._map_version[ino] += 1
+                self._maps.pop(ino, None)
+
+    def _extent_map(self, ino: int):
+        with self._maps_lock:
+            hit = self._maps.get(ino)
+            if hit is not None:
+                self._maps.move_to_end(ino)
+                return hit
+            version = self._map_version[ino]
+        known = self._stripes
+
+        def work(conn):
+            rows = conn.execute(select(EXTENTS.c.file_offset, EXTENTS.c.length, EXTENTS.c.stripe_id,
+                                       EXTENTS.c.stripe_offset).where(EXTENTS.c.ino == ino)
+                                .order_by(EXTENTS.c.file_offset)).all()
+            wanted = sorted({r.stripe_id for r in rows if r.stripe_id not in known})
+            infos = {}
+            for part in chunks(wanted):
+                for row in conn.execute(select(STRIPES).where(STRIPES.c.id.in_(part))):
+                    infos[row.id] = StripeInfo(row)
+                for row in conn.execute(select(FRAGMENTS).where(FRAGMENTS.c.stripe_id.in_(part))):
+                    infos[row.stripe_id].fragments[row.idx] = (row.drive_id, row.zone_id, row.zone_offset,
+                                                               row.length, row.checksum)
+            return rows, infos
+        rows, infos = self.catalog.read(work)
+        self._stripes.update(infos)
+        items = [(r.file_offset, r.length, r.stripe_id, r.stripe_offset) for r in rows]
+        entry = ([i[0] for i in items], items)
+        with self._maps_lock:
+            if self._map_version[ino] == version:
+                self._maps[ino] = entry
+                while len(self._maps) > EXTENT_CACHE_FILES:
+                    self._maps.popitem(last=False)
+        return entry
+
+    def invalidate_stripes(self, stripe_ids) -> None:
+        """Forget cached descriptions and data of stripes (for rebuild/cleaning that move fragments)."""
+        ids = set(stripe_ids)
+        for sid in ids:
+            self._stripes.pop(sid, None)
+        self.reader.forget(ids)
+        with self._maps_lock:
+            self._maps.clear()
+
+    def read(self, ino: int, offset: int, length: int, size: int) -> bytes:
+        end = min(offset + length, size)
+        if end <= offset:
+            return b""
+        # pending writes are taken first: a stripe that commits meanwhile is then also in the map
+        overlay = []
+        fb = self._files.get(ino)
+        if fb is not None and not fb.dead:
+            with fb.lock:
+                with fb.ilock:
+                    for s in fb.inflight:
+                        overlay.append((s.payload, s.extents))
+                if fb.data:
+                    overlay.append((bytes(fb.data), [list(e) for e in fb.extents]))
+        out = bytearray(end - offset)
+        view = memoryview(out)
+        starts, items = self._extent_map(ino)
+        i = max(bisect.bisect_right(starts, offset) - 1, 0)
+        stripe_ends = []
+        while i < len(items) and items[i][0] < end:
+            fo, elen, sid, so = items[i]
+            a, b = max(fo, offset), min(fo + elen, end)
+            if a < b:
+                info = self._stripes.get(sid)
+                if info is None:
+                    self._invalidate({ino})
+                    return self.read(ino, offset, length, size)
+                self.reader.read_range(info, so + (a - fo), b - a, view[a - offset:b - offset])
+                stripe_ends.append((i, info))
+            i += 1
+        for payload, extents in overlay:
+            if not payload:
+                continue
+            for fo, so, elen in extents:
+                a, b = max(fo, offset), min(fo + elen, end)
+                if a < b:
+                    view[a - offset:b - offset] = payload[so + (a - fo):so + (b - fo)]
+        self._read_ahead(ino, offset, end, items, stripe_ends)
+        return bytes(out)
+
+    def _read_ahead(self, ino, offset, end, items, touched) -> None:
+        sequential = self._last_read_end.get(ino) == offset
+        self._last_read_end[ino] = end
+        if len(self._last_read_end) > EXTENT_CACHE_FILES:
+            self._last_read_end.pop(next(iter(self._last_read_end)))
+        if not sequential or not touched:
+            return
+        last_index = touched[-1][0]
+        seen = set()
+        for fo, elen, sid, so in items[last_index:last_index + 1 + READ_AHEAD_STRIPES * 8]:
+            if sid in seen:
+                continue
+            seen.add(sid)
+            info = self._stripes.get(sid)
+            if info is not None:
+                self.reader.prefetch(info)
+            if len(seen) > READ_AHEAD_STRIPES:
+                break
+
+    # -- shutdown ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self.flush_all()
+        finally:
+            self._closed = True
+            self._stopping = True
+            with self._dispatch_cv:
+                self._dispatch_cv.notify_all()
+            for thread in self._threads:
+                if thread.name == "shingle-dispatch":
+                    thread.join()
+            with self._commit_cv:
+                self._commit_cv.notify_all()
+            for thread in self._threads:
+                if thread.name == "shingle-commit":
+                    thread.join()
+            for drive in self._drives.values():
+                drive.queue.put(None)
+            for drive in self._drives.values():
+                if drive.thread is not None:
+                    drive.thread.join()
+                if drive.backend is not None:
+                    drive.backend.close()
+            self._encoder.shutdown(wait=True)
+            self.reader.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

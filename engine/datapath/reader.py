@@ -1,0 +1,220 @@
+"""The read path: stripe descriptions, fragment fetches with checksums, decode, caches.
+
+A healthy read fetches only the data fragments that cover the asked range
+(the codes are systematic) and checks each fragment's crc32c. A missing
+drive, a failed read or a bad checksum makes the stripe decode from any k
+good fragments (parity included). Fetched payloads live in a byte-bounded
+LRU cache keyed by (stripe, fragment), as futures so that concurrent readers
+and read-ahead share one fetch."""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import crc32c
+
+from engine import errors
+from engine.drives import DriveMissing
+from engine.erasure import DecodeError
+
+
+class StripeInfo:
+    __slots__ = ("id", "layout", "k", "m", "backend", "data_length", "fragment_length", "fragments")
+
+    def __init__(self, row):
+        self.id = row.id
+        self.layout = row.layout
+        self.k = row.k
+        self.m = row.m
+        self.backend = row.backend
+        self.data_length = row.data_length
+        self.fragment_length = row.fragment_length
+        self.fragments: dict[int, tuple] = {}  # idx -> (drive_id, zone_id, zone_offset, length, checksum)
+
+    @property
+    def payload(self) -> int:
+        return -(-self.data_length // self.k) if self.k > 1 else self.data_length
+
+    @property
+    def header(self) -> int:
+        return self.fragment_length - self.payload
+
+
+class ChecksumError(errors.IOFailure):
+    pass
+
+
+class StripeReader:
+    def __init__(self, drives: dict, zones: dict, *, threads: int = 12, cache_bytes: int = 256 << 20):
+        self.drives = drives  # drive id -> DriveState
+        self.zones = zones  # zone id -> ZoneMem
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="shingle-read")
+        # read-ahead waits on fragment reads: it gets its own threads so the pool cannot starve itself
+        self.ahead = ThreadPoolExecutor(2, thread_name_prefix="shingle-readahead")
+        self.cache: OrderedDict = OrderedDict()  # (stripe, idx) -> Future[memoryview]
+        self.cache_bytes = cache_bytes
+        self._cached = 0
+        self._lock = threading.Lock()
+        self._drivers: dict = {}
+        self.stats = {"fragment_reads": 0, "degraded_stripes": 0, "checksum_errors": 0}
+
+    def close(self):
+        self.ahead.shutdown(wait=True, cancel_futures=True)
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def forget(self, stripe_ids) -> None:
+        with self._lock:
+            for key in [k for k in self.cache if k[0] in stripe_ids]:
+                fut = self.cache.pop(key)
+                self._cached -= self._size(fut)
+
+    @staticmethod
+    def _size(fut: Future) -> int:
+        return getattr(fut, "nbytes", 0)
+
+    # -- fragment fetches -----------------------------------------------------------
+    def _read_fragment(self, info: StripeInfo, idx: int, whole: bool):
+        """Payload (memoryview) of fragment ``idx``, or the whole fragment bytes when ``whole``."""
+        drive_id, zone_id, offset, length, checksum = info.fragments[idx]
+        drive = self.drives.get(drive_id)
+        if drive is None or not drive.readable():
+            raise DriveMissing(f"drive {drive_id} of stripe {info.id} fragment {idx} is unavailable")
+        zone = self.zones[zone_id]
+        header = info.header
+        if whole:
+            buf = bytearray(length)
+            got = drive.backend.read_into(zone.idx, offset, [buf])
+            crc = crc32c.crc32c(buf)
+        else:
+            head = bytearray(header)
+            buf = bytearray(length - header)
+            got = drive.backend.read_into(zone.idx, offset, [head, buf] if header else [buf])
+            crc = crc32c.crc32c(buf, crc32c.crc32c(head)) if header else crc32c.crc32c(buf)
+        self.stats["fragment_reads"] += 1
+        if got != length:
+            raise errors.IOFailure(f"short read of stripe {info.id} fragment {idx}: {got} of {length} bytes")
+        if crc != checksum:
+            self.stats["checksum_errors"] += 1
+            raise ChecksumError(f"checksum mismatch in stripe {info.id} fragment {idx} on drive {drive_id} "
+                                f"zone {zone.idx} at {offset}: {crc:#010x}, expected {checksum:#010x}")
+        return bytes(buf) if whole else memoryview(buf)
+
+    def _driver(self, info: StripeInfo):
+        key = (info.k, info.m, info.backend)
+        driver = self._drivers.get(key)
+        if driver is None:
+            from pyeclib.ec_iface import ECDriver
+            driver = self._drivers[key] = ECDriver(k=info.k, m=info.m, ec_type=info.backend)
+        return driver
+
+    def _decode(self, info: StripeInfo, bad: set[int]) -> dict[int, memoryview]:
+        """Every data fragment's payload, rebuilt from any k good fragments."""
+        self.stats["degraded_stripes"] += 1
+        good: dict[int, bytes] = {}
+        failures = []
+        order = [i for i in sorted(info.fragments) if i not in bad] + sorted(bad)
+        # fetch k at a time in parallel, more only when some fail
+        pending = list(order)
+        while len(good) < info.k and pending:
+            batch, pending = pending[:info.k - len(good)], pending[info.k - len(good):]
+            futures = {i: self.pool.submit(self._read_fragment, info, i, True) for i in batch}
+            for i, fut in futures.items():
+                try:
+                    good[i] = fut.result()
+                except (OSError, errors.FsError) as exc:
+                    failures.append(f"fragment {i}: {exc}")
+        if len(good) < info.k:
+            raise errors.IOFailure(f"stripe {info.id} cannot be read: {len(good)} of {info.k} needed fragments "
+                                   f"good ({'; '.join(failures)})")
+        if info.layout == "replica":
+            data = next(iter(good.values()))
+            return {0: memoryview(data)}
+        try:
+            data = self._driver(info).decode(list(good.values()))
+        except Exception as exc:
+            raise errors.IOFailure(f"stripe {info.id}: decode failed: {exc}") from exc
+        p = info.payload
+        view = memoryview(data)
+        return {i: view[i * p:(i + 1) * p] for i in range(info.k)}
+
+    def _fetch(self, info: StripeInfo, indexes: list[int]) -> dict[int, memoryview]:
+        """Payloads of the data fragments ``indexes``, from cache or drives, decoding on any failure."""
+        futures: dict[int, Future] = {}
+        mine: list[tuple[int, Future]] = []
+        with self._lock:
+            for i in indexes:
+                key = (info.id, i)
+                fut = self.cache.get(key)
+                if fut is None:
+                    fut = Future()
+                    fut.set_running_or_notify_cancel()
+                    self.cache[key] = fut
+                    mine.append((i, fut))
+                else:
+                    self.cache.move_to_end(key)
+                futures[i] = fut
+        jobs = [(i, fut, self.pool.submit(self._read_fragment, info, i, False)) for i, fut in mine]
+        bad = set()
+        for i, fut, job in jobs:
+            try:
+                payload = job.result()
+                fut.nbytes = len(payload)
+                fut.set_result(payload)
+                self._account(fut)
+            except (OSError, errors.FsError):
+                bad.add(i)
+        if bad:
+            try:
+                rebuilt = self._decode(info, bad)
+            except Exception as exc:
+                for i, fut, _ in jobs:
+                    if i in bad:
+                        fut.set_exception(exc)
+                        with self._lock:
+                            if self.cache.get((info.id, i)) is fut:
+                                del self.cache[(info.id, i)]
+                raise
+            for i, fut, _ in jobs:
+                if i in bad:
+                    fut.nbytes = len(rebuilt[i])
+                    fut.set_result(rebuilt[i])
+                    self._account(fut)
+        return {i: f.result() for i, f in futures.items()}
+
+    def _account(self, fut: Future) -> None:
+        with self._lock:
+            self._cached += fut.nbytes
+            while self._cached > self.cache_bytes and len(self.cache) > 1:
+                _, old = self.cache.popitem(last=False)
+                self._cached -= self._size(old)
+
+    # -- ranges ----------------------------------------------------------------------
+    def read_range(self, info: StripeInfo, offset: int, length: int, out: memoryview) -> None:
+        """Copy stripe data [offset, offset+length) into ``out``."""
+        if offset + length > info.data_length:
+            raise errors.IOFailure(f"extent reaches past stripe {info.id}'s {info.data_length} data bytes")
+        p = info.payload
+        first, last = offset // p, (offset + length - 1) // p
+        payloads = self._fetch(info, list(range(first, last + 1)))
+        pos = 0
+        for i in range(first, last + 1):
+            a = max(offset, i * p) - i * p
+            b = min(offset + length, (i + 1) * p) - i * p
+            out[pos:pos + b - a] = payloads[i][a:b]
+            pos += b - a
+
+    def prefetch(self, info: StripeInfo) -> None:
+        """Start fetching all data fragments of a stripe (read-ahead), without waiting."""
+        p = info.payload
+        count = -(-info.data_length // p) if p else 0
+        with self._lock:
+            if all((info.id, i) in self.cache for i in range(count)):
+                return
+        self.ahead.submit(self._quiet_fetch, info, list(range(count)))
+
+    def _quiet_fetch(self, info, indexes):
+        try:
+            self._fetch(info, indexes)
+        except Exception:
+            pass  # the reader that needs these bytes reports the error

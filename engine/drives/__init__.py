@@ -1,0 +1,78 @@
+"""Zoned drives: the model, the zone-file and zoned-block backends, the SMR cost model.
+
+``format_emulated`` makes drives as folders of zone files (tests, the default
+install, and drive-managed SMR / CMR disks with XFS or ext4);
+``open_drive`` opens the backend named by a Drive catalog row."""
+from __future__ import annotations
+
+import time
+import uuid as uuidlib
+from pathlib import Path
+
+from engine.catalog.models import Drive, Zone
+from engine.drives.smr import SmrModel, SmrParams
+from engine.drives.zoned import DriveMissing, ZonedDrive, ZoneError, ZoneInfo
+from engine.drives.zonefile import ZoneFileDrive
+from engine.errors import ConfigError
+
+__all__ = ["format_emulated", "open_drive", "ZonedDrive", "ZoneFileDrive", "ZoneInfo", "ZoneError",
+           "DriveMissing", "SmrModel", "SmrParams", "MIN_ZONES", "SECTOR"]
+
+SECTOR = 4096
+MIN_ZONES = 4  # a drive needs room for open bands plus the cleaning reserve
+DRIVES = Drive.__table__
+ZONES = Zone.__table__
+
+
+def format_emulated(catalog, root: Path, count: int, drive_size: int, zone_size: int,
+                    *, max_open_zones: int = 0) -> list[int]:
+    """Create ``count`` zone-file drives under ``root`` and their catalog rows; returns the drive ids."""
+    root = Path(root)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ConfigError("drives.count", count, "an integer >= 1")
+    if isinstance(zone_size, bool) or not isinstance(zone_size, int) or zone_size <= 0 or zone_size % SECTOR:
+        raise ConfigError("drives.zone_size", zone_size, f"a positive multiple of {SECTOR} bytes")
+    if isinstance(drive_size, bool) or not isinstance(drive_size, int) or drive_size < MIN_ZONES * zone_size:
+        raise ConfigError("drives.drive_size", drive_size,
+                          f"at least {MIN_ZONES} zones of {zone_size} bytes ({MIN_ZONES * zone_size} bytes)")
+    zone_count = drive_size // zone_size
+    folders = []
+    existing = sorted(p.name for p in root.glob("drive-*")) if root.exists() else []
+    start = len(existing)
+    for n in range(start, start + count):
+        folder = root / f"drive-{n:03d}"
+        if folder.exists():
+            raise ConfigError("drives.root", str(folder), "a folder that does not exist yet")
+        folders.append(folder)
+    made = []
+    for folder in folders:
+        drive_uuid = str(uuidlib.uuid4())
+        drive = ZoneFileDrive.format(folder, zone_size, zone_count, drive_uuid, max_open_zones=max_open_zones)
+        drive.close()
+        made.append((folder, drive_uuid))
+
+    def work(conn):
+        ids = []
+        now = time.time_ns()
+        for folder, drive_uuid in made:
+            drive_id = conn.execute(DRIVES.insert().values(
+                uuid=drive_uuid, path=str(folder.resolve()), backend="zonefile", state="online",
+                zone_size=zone_size, zone_count=zone_count, max_open_zones=max_open_zones,
+                model="zone-file emulation", added_ns=now)).inserted_primary_key[0]
+            conn.execute(ZONES.insert(), [
+                {"drive_id": drive_id, "idx": i, "state": "empty", "band_class": None, "write_pointer": 0,
+                 "live_bytes": 0, "garbage_bytes": 0, "resets": 0} for i in range(zone_count)])
+            ids.append(drive_id)
+        return ids
+    return catalog.run(work)
+
+
+def open_drive(row) -> ZonedDrive:
+    """The backend of a Drive row (``path``, ``backend``, ``uuid``, geometry)."""
+    if row.backend == "zonefile":
+        return ZoneFileDrive(row.path, row.zone_size, row.zone_count, max_open_zones=row.max_open_zones,
+                             uuid=row.uuid)
+    if row.backend == "zoned-block":
+        from engine.drives.blkzoned import ZonedBlockDrive
+        return ZonedBlockDrive(row.device or row.path)
+    raise ConfigError(f"drives.{row.id}.backend", row.backend, "'zonefile' or 'zoned-block'")

@@ -1,0 +1,203 @@
+"""A drive emulated as a directory of zone files (host-managed SMR semantics).
+
+One file per zone, ``zone-NNNNNN``; the write pointer is the file's durable
+length. Each file is preallocated with fallocate(FALLOC_FL_KEEP_SIZE) so the
+filesystem lays the zone out contiguously while its length still says how
+much was written. The same backend runs shingle on drive-managed SMR or CMR
+disks formatted with XFS/ext4. A ``drive.json`` label names the drive so a
+folder is never mistaken for another drive."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import json
+import os
+import threading
+from pathlib import Path
+
+from engine.drives.zoned import (CLOSED, EMPTY, EXPLICIT_OPEN, FULL, IMPLICIT_OPEN, DriveMissing, ZonedDrive,
+                                 ZoneError, ZoneInfo)
+
+LABEL = "drive.json"
+FALLOC_FL_KEEP_SIZE = 1
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+
+
+def preallocate(fd: int, length: int) -> None:
+    """Reserve ``length`` bytes without changing the file length (the write pointer)."""
+    if _libc.fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, length) != 0:
+        err = ctypes.get_errno()
+        if err in (errno.EOPNOTSUPP, errno.ENOSYS):
+            return  # filesystems without fallocate still work, only less contiguous
+        raise OSError(err, f"fallocate of {length} bytes: {os.strerror(err)}")
+
+
+def zone_path(folder: Path, idx: int) -> Path:
+    return folder / f"zone-{idx:06d}"
+
+
+class ZoneFileDrive(ZonedDrive):
+    def __init__(self, folder: Path | str, zone_size: int, zone_count: int, *, max_open_zones: int = 0,
+                 uuid: str | None = None):
+        self.folder = Path(folder)
+        self.zone_size = zone_size
+        self.zone_count = zone_count
+        self.max_open_zones = max_open_zones
+        self._fds: dict[int, int] = {}
+        self._wp: dict[int, int] = {}
+        self._cond: dict[int, str] = {}
+        self._lock = threading.RLock()
+        if not self.folder.is_dir():
+            raise DriveMissing(f"drive folder {self.folder} does not exist")
+        if uuid is not None:
+            label = self.label()
+            if label.get("uuid") != uuid:
+                raise DriveMissing(f"drive folder {self.folder} holds drive {label.get('uuid')!r}, expected {uuid}")
+
+    # -- set-up --------------------------------------------------------------
+    @classmethod
+    def format(cls, folder: Path, zone_size: int, zone_count: int, uuid: str, *, max_open_zones: int = 0):
+        folder.mkdir(parents=True, exist_ok=False)
+        for idx in range(zone_count):
+            fd = os.open(zone_path(folder, idx), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                preallocate(fd, zone_size)
+            finally:
+                os.close(fd)
+        label = {"uuid": uuid, "zone_size": zone_size, "zone_count": zone_count, "max_open_zones": max_open_zones}
+        tmp = folder / (LABEL + ".tmp")
+        tmp.write_text(json.dumps(label))
+        os.replace(tmp, folder / LABEL)
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return cls(folder, zone_size, zone_count, max_open_zones=max_open_zones, uuid=uuid)
+
+    def label(self) -> dict:
+        try:
+            return json.loads((self.folder / LABEL).read_text())
+        except FileNotFoundError:
+            raise DriveMissing(f"drive folder {self.folder} has no {LABEL} label") from None
+
+    def present(self) -> bool:
+        return self.folder.is_dir()
+
+    # -- zone state --------------------------------------------------------------
+    def _fd(self, idx: int) -> int:
+        fd = self._fds.get(idx)
+        if fd is not None:
+            return fd
+        with self._lock:
+            fd = self._fds.get(idx)
+            if fd is None:
+                self._check_idx(idx)
+                try:
+                    fd = os.open(zone_path(self.folder, idx), os.O_RDWR)
+                except FileNotFoundError:
+                    raise DriveMissing(f"zone file {zone_path(self.folder, idx)} is missing") from None
+                self._fds[idx] = fd
+                self._wp.setdefault(idx, os.fstat(fd).st_size)
+        return fd
+
+    def write_pointer(self, idx: int) -> int:
+        self._fd(idx)
+        return self._wp[idx]
+
+    def condition(self, idx: int) -> str:
+        wp = self.write_pointer(idx)
+        cond = self._cond.get(idx)
+        if wp >= self.zone_size:
+            return FULL
+        if cond is not None:
+            return cond
+        return EMPTY if wp == 0 else CLOSED
+
+    def report(self) -> list[ZoneInfo]:
+        return [ZoneInfo(i, i * self.zone_size, self.zone_size, self.write_pointer(i), self.condition(i))
+                for i in range(self.zone_count)]
+
+    def _open_count(self) -> int:
+        return sum(1 for c in self._cond.values() if c in (IMPLICIT_OPEN, EXPLICIT_OPEN))
+
+    def _make_open(self, idx: int, how: str) -> None:
+        cond = self.condition(idx)
+        if cond in (IMPLICIT_OPEN, EXPLICIT_OPEN):
+            if how == EXPLICIT_OPEN:
+                self._cond[idx] = EXPLICIT_OPEN
+            return
+        if cond == FULL:
+            raise ZoneError(f"zone {idx} is full: reset it before writing")
+        if self.max_open_zones and self._open_count() >= self.max_open_zones:
+            raise ZoneError(f"opening zone {idx} would exceed {self.max_open_zones} open zones", errno.EBUSY)
+        self._cond[idx] = how
+
+    # -- I/O -------------------------------------------------------------------------
+    def append(self, idx: int, offset: int, data) -> None:
+        fd = self._fd(idx)
+        length = len(data)
+        with self._lock:
+            wp = self._wp[idx]
+            self._check_append(idx, offset, length, wp, self.zone_size, self.condition(idx))
+            self._make_open(idx, IMPLICIT_OPEN)
+            # reserve the range first so two writers can never interleave in one zone
+            self._wp[idx] = wp + length
+        try:
+            done = 0
+            view = memoryview(data)
+            while done < length:
+                done += os.pwrite(fd, view[done:], offset + done)
+        except OSError:
+            with self._lock:
+                # the zone's real length is now unknown: believe the file
+                self._wp[idx] = os.fstat(fd).st_size
+            raise
+        if self.model is not None:
+            self.model.on_write(self.model_key, idx * self.zone_size + offset, length)
+
+    def read_into(self, idx: int, offset: int, buffers: list) -> int:
+        fd = self._fd(idx)
+        want = sum(len(b) for b in buffers)
+        wp = self._wp[idx]
+        if offset < 0 or offset + want > wp:
+            raise ZoneError(f"read of {want} bytes at {offset} of zone {idx} passes its write pointer {wp}")
+        got = os.preadv(fd, buffers, offset)
+        if self.model is not None:
+            self.model.on_read(self.model_key, idx * self.zone_size + offset, got)
+        return got
+
+    def sync(self, idx: int) -> None:
+        os.fdatasync(self._fd(idx))
+
+    def reset(self, idx: int) -> None:
+        fd = self._fd(idx)
+        with self._lock:
+            os.ftruncate(fd, 0)
+            preallocate(fd, self.zone_size)
+            os.fsync(fd)
+            self._wp[idx] = 0
+            self._cond.pop(idx, None)
+
+    def open_zone(self, idx: int) -> None:
+        with self._lock:
+            self._make_open(idx, EXPLICIT_OPEN)
+
+    def close_zone(self, idx: int) -> None:
+        with self._lock:
+            if self._cond.get(idx) in (IMPLICIT_OPEN, EXPLICIT_OPEN):
+                self._cond[idx] = EMPTY if self.write_pointer(idx) == 0 else CLOSED
+
+    def finish_zone(self, idx: int) -> None:
+        """No more writes until reset. The file stays short: its length is still what was written."""
+        with self._lock:
+            self._fd(idx)
+            self._cond[idx] = FULL
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()

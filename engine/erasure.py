@@ -1,0 +1,198 @@
+"""Redundancy policies of the band classes: erasure coding (pyeclib) or replication.
+
+A ``Policy`` is built and validated when the configuration loads
+(``policy_from_dict``), as OpenStack Swift does with its storage policies:
+the backend must be present in this pyeclib, k and m in range, the fragment
+size sane. A bad value raises ``ConfigError(key, value, expected)`` naming
+``band_classes.<class>.<option>``.
+
+Both layouts share one model so the data path has a single code path:
+
+- ``ec``: pyeclib fragments are ``header + payload``; the code is systematic,
+  so data fragment i's payload is bytes ``[i*p, (i+1)*p)`` of the stripe data
+  (p = payload size). That is checked at load, and it is what lets a healthy
+  read fetch only the data fragments covering a range.
+- ``replicate``: a stripe is ``copies`` identical fragments with no header
+  (k=1, m=copies-1); any good copy serves a read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.errors import ConfigError
+
+MiB = 1 << 20
+# Fragment sizes are bounded so a fragment always fits a zone and a stripe fits memory.
+MIN_FRAGMENT_SIZE = 4096
+MAX_FRAGMENT_SIZE = 64 * MiB
+MAX_K = 32
+MAX_M = 8
+MAX_COPIES = 8
+REDUNDANCY = ("ec", "replicate")
+COMPRESSION = (None, "zstd")
+
+DEFAULTS: dict[str, dict] = {
+    "hot": {"redundancy": "replicate", "copies": 3},
+    "warm": {"redundancy": "ec", "k": 8, "m": 2, "backend": "isa_l_rs_vand", "fragment_size": MiB},
+    "cold": {"redundancy": "ec", "k": 8, "m": 2, "backend": "isa_l_rs_vand", "fragment_size": MiB,
+             "compression": "zstd"},
+}
+DEFAULT_CLASS = "warm"
+
+
+class DecodeError(Exception):
+    """Too few good fragments to rebuild a stripe's data."""
+
+
+@dataclass(eq=False)
+class Policy:
+    name: str
+    redundancy: str
+    k: int
+    m: int
+    backend: str | None
+    fragment_size: int  # payload bytes per fragment of a full stripe
+    copies: int
+    compression: str | None
+    header_size: int = 0  # bytes pyeclib puts before each fragment's payload
+    _driver: object = field(default=None, repr=False)
+
+    # -- geometry -------------------------------------------------------------
+    @property
+    def width(self) -> int:
+        """Fragments per stripe, each on a different drive."""
+        return self.k + self.m
+
+    @property
+    def stripe_size(self) -> int:
+        """User bytes in a full stripe."""
+        return self.k * self.fragment_size
+
+    @property
+    def layout(self) -> str:
+        return "ec" if self.redundancy == "ec" else "replica"
+
+    def payload_size(self, data_length: int) -> int:
+        """Payload bytes per fragment for a stripe holding ``data_length`` bytes."""
+        return -(-data_length // self.k) if self.k > 1 else data_length
+
+    def fragment_length(self, data_length: int) -> int:
+        return self.header_size + self.payload_size(data_length)
+
+    @property
+    def max_fragment_length(self) -> int:
+        return self.fragment_length(self.stripe_size)
+
+    @property
+    def efficiency(self) -> float:
+        """User bytes per raw byte (k/(k+m), or 1/copies)."""
+        return self.k / self.width
+
+    # -- coding ---------------------------------------------------------------
+    @property
+    def driver(self):
+        if self._driver is None and self.redundancy == "ec":
+            from pyeclib.ec_iface import ECDriver
+            self._driver = ECDriver(k=self.k, m=self.m, ec_type=self.backend)
+        return self._driver
+
+    def encode(self, data: bytes) -> list[bytes]:
+        """The stripe's fragments, data fragments first."""
+        if self.redundancy == "replicate":
+            return [data] * self.copies
+        return self.driver.encode(data)
+
+    def decode(self, fragments: dict[int, bytes], data_length: int) -> bytes:
+        """The stripe's data from any k good fragments (index -> bytes on disk)."""
+        if len(fragments) < self.k:
+            raise DecodeError(f"stripe needs {self.k} good fragments, {len(fragments)} available")
+        if self.redundancy == "replicate":
+            return next(iter(fragments.values()))[:data_length]
+        try:
+            return self.driver.decode(list(fragments.values()))[:data_length]
+        except Exception as exc:  # pyeclib raises its own hierarchy
+            raise DecodeError(f"pyeclib {self.backend} could not decode: {exc}") from exc
+
+    def as_row(self) -> dict:
+        """Values of the band_classes catalog row."""
+        return {"name": self.name, "redundancy": self.redundancy, "copies": self.copies,
+                "ec_k": self.k if self.redundancy == "ec" else 1,
+                "ec_m": self.m if self.redundancy == "ec" else self.copies - 1,
+                "ec_backend": self.backend or "", "fragment_size": self.fragment_size,
+                "compression": self.compression}
+
+
+def _int(key: str, value, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(key, value, f"an integer from {low} to {high}")
+    return value
+
+
+def available_backends() -> list[str]:
+    from pyeclib.ec_iface import VALID_EC_TYPES
+    return list(VALID_EC_TYPES)
+
+
+def policy_from_dict(name: str, options: dict) -> Policy:
+    """Build and validate the policy of band class ``name``."""
+    prefix = f"band_classes.{name}"
+    if not isinstance(options, dict):
+        raise ConfigError(prefix, options, "a table of options")
+    known = {"redundancy", "k", "m", "backend", "fragment_size", "copies", "compression"}
+    for key in options:
+        if key not in known:
+            raise ConfigError(f"{prefix}.{key}", options[key], f"one of the options {sorted(known)}")
+    base = DEFAULTS.get(name, DEFAULTS[DEFAULT_CLASS])
+    redundancy = options.get("redundancy", base["redundancy"])
+    if redundancy not in REDUNDANCY:
+        raise ConfigError(f"{prefix}.redundancy", redundancy, f"one of {list(REDUNDANCY)}")
+    compression = options.get("compression", base.get("compression") if redundancy == base["redundancy"] else None)
+    if compression not in COMPRESSION:
+        raise ConfigError(f"{prefix}.compression", compression, "none or 'zstd'")
+    fallback = DEFAULTS["warm"] if redundancy == "ec" else DEFAULTS["hot"]
+    if redundancy == "replicate":
+        copies = _int(f"{prefix}.copies", options.get("copies", fallback["copies"]), 2, MAX_COPIES)
+        size = _int(f"{prefix}.fragment_size", options.get("fragment_size", MiB), MIN_FRAGMENT_SIZE, MAX_FRAGMENT_SIZE)
+        return Policy(name, "replicate", 1, copies - 1, None, size, copies, compression)
+    k = _int(f"{prefix}.k", options.get("k", fallback["k"]), 2, MAX_K)
+    m = _int(f"{prefix}.m", options.get("m", fallback["m"]), 1, MAX_M)
+    backend = options.get("backend", fallback["backend"])
+    backends = available_backends()
+    if backend not in backends:
+        raise ConfigError(f"{prefix}.backend", backend, f"an erasure-code backend present in pyeclib: {backends}")
+    size = _int(f"{prefix}.fragment_size", options.get("fragment_size", fallback["fragment_size"]),
+                MIN_FRAGMENT_SIZE, MAX_FRAGMENT_SIZE)
+    if size % 4096:
+        raise ConfigError(f"{prefix}.fragment_size", size, "a multiple of 4096 bytes")
+    policy = Policy(name, "ec", k, m, backend, size, 1, compression)
+    try:
+        driver = policy.driver
+    except Exception as exc:
+        raise ConfigError(f"{prefix}.backend", backend, f"a backend that accepts k={k}, m={m} ({exc})") from None
+    # The write quorum comes from the codec: it must tolerate the m losses we promise.
+    if driver.min_parity_fragments_needed() > m:
+        raise ConfigError(f"{prefix}.m", m, f"at least {driver.min_parity_fragments_needed()} for {backend}")
+    _check_systematic(policy, f"{prefix}.backend")
+    return policy
+
+
+def _check_systematic(policy: Policy, key: str) -> None:
+    """Learn the header size and prove data fragments hold plain bytes."""
+    sample = bytes((i * 7 + 3) & 0xFF for i in range(policy.k * 512 + 5))
+    fragments = policy.driver.encode(sample)
+    payload = policy.payload_size(len(sample))
+    header = len(fragments[0]) - payload
+    if header < 0 or any(len(f) != len(fragments[0]) for f in fragments):
+        raise ConfigError(key, policy.backend, f"a backend with fragments of {payload} payload bytes")
+    for i in range(policy.k):
+        chunk = sample[i * payload:(i + 1) * payload]
+        if fragments[i][header:header + len(chunk)] != chunk:
+            raise ConfigError(key, policy.backend, "a systematic code (data fragments hold the plain data)")
+    policy.header_size = header
+
+
+def load_policies(config: dict | None = None) -> dict[str, Policy]:
+    """hot, warm and cold policies: the defaults overridden by ``config``."""
+    config = dict(config or {})
+    names = list(DEFAULTS) + [n for n in config if n not in DEFAULTS]
+    return {name: policy_from_dict(name, config.get(name, {})) for name in names}
