@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from sqlalchemy import and_, func, select
 from sqlalchemy.engine import Connection
@@ -113,7 +113,34 @@ class FileData(Protocol):
 
 
 _ATTR_COLUMNS = [INODES.c[name] for name in Attr.__slots__]
-_ATTR_SELECT = select(*_ATTR_COLUMNS)
+_ATTR_SQL = ", ".join(f"inodes.{name}" for name in Attr.__slots__)
+_PG_SQL: dict[str, str] = {}
+
+
+def _sql(conn: Connection, sql: str, params: tuple = ()):
+    """Plain SQL with ? placeholders on the DB-API cursor of the transaction's
+    connection, for the hot paths: building SQLAlchemy statements and results
+    costs several times what SQLite needs to run them."""
+    if conn.dialect.name != "sqlite":
+        pg = _PG_SQL.get(sql)
+        if pg is None:
+            pg = _PG_SQL[sql] = sql.replace("?", "%s")
+        sql = pg
+    cursor = conn.connection.driver_connection.cursor()
+    cursor.execute(sql, params)
+    return cursor
+
+
+def _one(conn: Connection, sql: str, params: tuple = ()):
+    cursor = _sql(conn, sql, params)
+    row = cursor.fetchone()
+    cursor.close()
+    return row
+
+
+class _Entry(NamedTuple):
+    id: int
+    child: int
 
 
 def _attr(row) -> Attr:
@@ -189,7 +216,7 @@ class Namespace:
     # -- reading ----------------------------------------------------------------
     @staticmethod
     def _load(conn: Connection, ino: int) -> Attr:
-        row = conn.execute(_ATTR_SELECT.where(INODES.c.ino == ino)).first()
+        row = _one(conn, f"SELECT {_ATTR_SQL} FROM inodes WHERE ino = ?", (ino,))
         if row is None:
             raise errors.StaleHandle(f"inode {ino} does not exist")
         return _attr(row)
@@ -231,8 +258,8 @@ class Namespace:
             if name == "..":
                 return parent, self._load(conn, self._parent_of(conn, dir_ino))
             check_name(name)
-            row = conn.execute(_ATTR_SELECT.select_from(DIRENTS.join(INODES, DIRENTS.c.child == INODES.c.ino))
-                               .where(DIRENTS.c.parent == dir_ino, DIRENTS.c.name == name)).first()
+            row = _one(conn, f"SELECT {_ATTR_SQL} FROM dirents JOIN inodes ON dirents.child = inodes.ino "
+                             "WHERE dirents.parent = ? AND dirents.name = ?", (dir_ino, name))
             if row is None:
                 raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
             return parent, _attr(row)
@@ -398,19 +425,22 @@ class Namespace:
     @staticmethod
     def _touch(conn: Connection, ino: int, *, mtime: bool = False, ctime: bool = True, nlink_delta: int = 0) -> None:
         now = time.time_ns()
-        values = {"change": INODES.c.change + 1}
+        sets, params = ["change = change + 1"], []
         if mtime:
-            values["mtime_ns"] = now
+            sets.append("mtime_ns = ?")
+            params.append(now)
         if ctime:
-            values["ctime_ns"] = now
+            sets.append("ctime_ns = ?")
+            params.append(now)
         if nlink_delta:
-            values["nlink"] = INODES.c.nlink + nlink_delta
-        conn.execute(INODES.update().where(INODES.c.ino == ino).values(**values))
+            sets.append("nlink = nlink + ?")
+            params.append(nlink_delta)
+        _sql(conn, f"UPDATE inodes SET {', '.join(sets)} WHERE ino = ?", (*params, ino))
 
     @staticmethod
     def _entry(conn: Connection, dir_ino: int, name: str):
-        return conn.execute(select(DIRENTS.c.id, DIRENTS.c.child).where(
-            DIRENTS.c.parent == dir_ino, DIRENTS.c.name == name)).first()
+        row = _one(conn, "SELECT id, child FROM dirents WHERE parent = ? AND name = ?", (dir_ino, name))
+        return None if row is None else _Entry(*row)
 
     @staticmethod
     def _check_sticky(cred: Cred, parent: Attr, victim: Attr) -> None:
@@ -418,7 +448,7 @@ class Namespace:
             raise errors.NotPermitted(f"sticky directory {parent.ino}: uid {cred.uid} may not remove inode {victim.ino}")
 
     def _new_inode(self, conn: Connection, cred: Cred, parent: Attr, ftype: int, mode: int,
-                   rdev: int = 0, size: int = 0) -> int:
+                   rdev: int = 0, size: int = 0) -> Attr:
         now = time.time_ns()
         gid = parent.gid if parent.mode & S_ISGID else cred.gid
         mode &= 0o7777
@@ -426,10 +456,11 @@ class Namespace:
             mode |= S_ISGID
         elif mode & S_ISGID and cred.uid != 0 and not cred.in_group(gid):
             mode &= ~S_ISGID
-        return conn.execute(INODES.insert().values(
-            type=ftype, mode=mode, uid=cred.uid, gid=gid, size=size, nlink=2 if ftype == DIR else 1,
-            rdev=rdev, generation=1, atime_ns=now, mtime_ns=now, ctime_ns=now, btime_ns=now, change=1,
-        )).inserted_primary_key[0]
+        nlink = 2 if ftype == DIR else 1
+        ino = _one(conn, "INSERT INTO inodes (generation, type, mode, uid, gid, size, nlink, rdev, atime_ns, "
+                   "mtime_ns, ctime_ns, btime_ns, change) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1) "
+                   "RETURNING ino", (ftype, mode, cred.uid, gid, size, nlink, rdev, now, now, now, now))[0]
+        return Attr(ino, 1, ftype, mode, cred.uid, gid, size, nlink, rdev, now, now, now, now, 1)
 
     def _make(self, cred: Cred, dir_ino: int, name: str, ftype: int, mode: int, *, rdev: int = 0,
               target: bytes | None = None, exclusive: bool = True) -> Attr:
@@ -447,29 +478,29 @@ class Namespace:
                 return attr
             if ftype == DIR and parent.nlink >= MAX_LINKS:
                 raise errors.TooManyLinks(f"directory {dir_ino} has {parent.nlink} links")
-            ino = self._new_inode(conn, cred, parent, ftype, mode, rdev, size=len(target) if target else 0)
+            attr = self._new_inode(conn, cred, parent, ftype, mode, rdev, size=len(target) if target else 0)
             if target is not None:
-                conn.execute(SYMLINKS.insert().values(ino=ino, target=target))
-            conn.execute(DIRENTS.insert().values(parent=dir_ino, name=name, child=ino))
+                conn.execute(SYMLINKS.insert().values(ino=attr.ino, target=target))
+            _sql(conn, "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)", (dir_ino, name, attr.ino))
             self._touch(conn, dir_ino, mtime=True, nlink_delta=1 if ftype == DIR else 0)
-            return self._load(conn, ino)
+            return attr
         return self.catalog.run(work)
 
     def _drop_link(self, conn: Connection, ino: int) -> None:
         """One name of ``ino`` is gone: free it when no name and no opener remain."""
         attr = self._load(conn, ino)
         nlink = 0 if attr.type == DIR else attr.nlink - 1
-        conn.execute(INODES.update().where(INODES.c.ino == ino).values(
-            nlink=nlink, ctime_ns=time.time_ns(), change=INODES.c.change + 1))
+        _sql(conn, "UPDATE inodes SET nlink = ?, ctime_ns = ?, change = change + 1 WHERE ino = ?",
+             (nlink, time.time_ns(), ino))
         if nlink == 0 and not self._open_refs.get(ino):
             self._free(conn, ino)
 
     def _free(self, conn: Connection, ino: int) -> None:
         if self.data is not None:
             self.data.release(conn, ino)
-        conn.execute(XATTRS.delete().where(XATTRS.c.ino == ino))
-        conn.execute(SYMLINKS.delete().where(SYMLINKS.c.ino == ino))
-        conn.execute(INODES.delete().where(INODES.c.ino == ino))
+        _sql(conn, "DELETE FROM symlinks WHERE ino = ?", (ino,))
+        _sql(conn, "DELETE FROM xattrs WHERE ino = ?", (ino,))
+        _sql(conn, "DELETE FROM inodes WHERE ino = ?", (ino,))
 
     # -- changes ---------------------------------------------------------------------
     def create(self, cred: Cred, dir_ino: int, name: str, mode: int = 0o644, *, exclusive: bool = True) -> Attr:
@@ -525,7 +556,7 @@ class Namespace:
             if victim.type == DIR:
                 raise errors.IsADirectory(f"{name!r} is a directory: use rmdir")
             self._check_sticky(cred, parent, victim)
-            conn.execute(DIRENTS.delete().where(DIRENTS.c.id == entry.id))
+            _sql(conn, "DELETE FROM dirents WHERE id = ?", (entry.id,))
             self._touch(conn, dir_ino, mtime=True)
             self._drop_link(conn, victim.ino)
         self.catalog.run(work)
@@ -587,7 +618,7 @@ class Namespace:
                 if victim.type == DIR:
                     self._touch(conn, dst_dir, nlink_delta=-1)
                 self._drop_link(conn, victim.ino)
-            conn.execute(DIRENTS.update().where(DIRENTS.c.id == entry.id).values(parent=dst_dir, name=dst_name))
+            _sql(conn, "UPDATE dirents SET parent = ?, name = ? WHERE id = ?", (dst_dir, dst_name, entry.id))
             self._touch(conn, moving.ino)
             delta = 1 if moving.type == DIR and dst_dir != src_dir else 0
             self._touch(conn, src_dir, mtime=True, nlink_delta=-delta)

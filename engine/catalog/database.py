@@ -29,7 +29,7 @@ from typing import TypeVar
 
 from sqlalchemy import create_engine, event, select
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError
 
 from engine.catalog.models import Setting
 
@@ -95,11 +95,11 @@ class Catalog:
                             return self._run_sqlite_durable(conn, work)
                     with conn.begin():
                         return work(conn)
-            except DBAPIError as exc:
-                if not self._transient(exc) or time.monotonic() > deadline:
-                    if self._transient(exc):
-                        raise CatalogUnavailable(f"catalog busy for {RETRY_DEADLINE_S:.0f} s: {exc.orig}") from exc
+            except Exception as exc:  # DB-API errors arrive wrapped (SQLAlchemy) or raw (hot-path cursors)
+                if not self._transient(exc):
                     raise
+                if time.monotonic() > deadline:
+                    raise CatalogUnavailable(f"catalog busy for {RETRY_DEADLINE_S:.0f} s: {exc}") from exc
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.05)
 
@@ -112,11 +112,12 @@ class Catalog:
         finally:
             raw.execute(f"PRAGMA synchronous={self._sqlite_synchronous}")
 
-    def _transient(self, exc: DBAPIError) -> bool:
+    def _transient(self, exc: Exception) -> bool:
+        orig = exc.orig if isinstance(exc, DBAPIError) else exc
         if self.is_sqlite:
-            text = str(exc.orig).lower()
-            return isinstance(exc, OperationalError) and ("locked" in text or "busy" in text)
-        return getattr(exc.orig, "sqlstate", None) in PG_RETRY_SQLSTATES
+            text = str(orig).lower()
+            return isinstance(orig, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+        return getattr(orig, "sqlstate", None) in PG_RETRY_SQLSTATES
 
     def read(self, work: Callable[[Connection], T]) -> T:
         return self.run(work, write=False)

@@ -1,0 +1,80 @@
+"""A throw-away PostgreSQL 15 server for tests and benchmarks.
+
+initdb refuses root, so it runs as the postgres user; socket and data live in
+a temp folder, and the server is our child process so the run reaps it."""
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+PG_BIN = Path(os.environ.get("SHINGLE_PG_BIN", "/usr/lib/postgresql/15/bin"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class PostgresServer:
+    def __init__(self):
+        self.dir = Path(tempfile.mkdtemp(prefix="shingle-pg-"))
+        self.port = free_port()
+        self.data = self.dir / "data"
+        self.log = self.dir / "server.log"
+        self.proc = None
+
+    def start(self):
+        if not (PG_BIN / "initdb").exists():
+            raise RuntimeError(f"PostgreSQL binaries not found in {PG_BIN}: run the README test command, "
+                               "which installs postgresql")
+        pw = pwd.getpwnam("postgres")
+        os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+        as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run(as_postgres + [str(PG_BIN / "initdb"), "-D", str(self.data), "-A", "trust",
+                                      "-U", "postgres", "--no-sync"], check=True, capture_output=True)
+        # postgres runs as our child (not daemonized by pg_ctl) so this run reaps it.
+        self.proc = subprocess.Popen(
+            as_postgres + [str(PG_BIN / "postgres"), "-D", str(self.data), "-c", "listen_addresses=127.0.0.1",
+                           "-p", str(self.port), "-k", str(self.dir), "-c", "fsync=off",
+                           "-c", "max_connections=300", "-c", "synchronous_commit=off"],
+            stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            ready = subprocess.run([str(PG_BIN / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
+                                   capture_output=True)
+            if ready.returncode == 0:
+                return self
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"PostgreSQL did not start: {self.log.read_text()[-2000:]}")
+
+    def url(self, dbname: str) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def create_database(self) -> str:
+        import psycopg
+        name = "t_" + uuid.uuid4().hex[:12]
+        with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres", autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
