@@ -57,7 +57,6 @@ def cmd_init(args) -> int:
                          "(remove it or choose another folder)")
     if args.drives < 1:
         raise UsageError(f"--drives {args.drives}: expected at least 1")
-    root.mkdir(parents=True, exist_ok=True)
     overrides = {"appliance.data_dir": "."}
     if args.catalog:
         overrides["catalog.url"] = args.catalog
@@ -72,6 +71,7 @@ def cmd_init(args) -> int:
     if args.drives < k_m:
         raise UsageError(f"--drives {args.drives}: the band classes need at least {k_m} drives "
                          "(a stripe puts each fragment on a different drive)")
+    root.mkdir(parents=True, exist_ok=True)
     upgrade(config.catalog_url)
     config_path.write_text(text)
     catalog = Catalog(config.catalog_url)
@@ -218,8 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("init", help="create a config, the catalog, emulated drives and the first admin")
     p.add_argument("dir", help="folder for the appliance's state")
     p.add_argument("--drives", type=int, default=10, help="emulated drives (default 10: 8+2)")
-    p.add_argument("--drive-size", type=size_arg, default=config_mod.parse_size("2GiB"), help="e.g. 4GiB")
-    p.add_argument("--zone-size", type=size_arg, default=config_mod.parse_size("64MiB"), help="e.g. 256MiB")
+    p.add_argument("--drive-size", type=size_arg, default=config_mod.parse_size("1GiB"), help="e.g. 4GiB (default 1GiB)")
+    p.add_argument("--zone-size", type=size_arg, default=config_mod.parse_size("64MiB"), help="e.g. 256MiB (default 64MiB)")
     p.add_argument("--catalog", help="catalog URL (default: SQLite in DIR)")
     p.add_argument("--nfs-port", type=int)
     p.add_argument("--web-port", type=int)
