@@ -1,0 +1,396 @@
+"""The NFSv4.1 COMPOUND procedure: decodes operations one by one from their
+declared XDR types, runs their handlers against the current/saved file
+handles, enforces SEQUENCE (slot table, reply cache) and encodes the results.
+
+Handlers are registered with ``@operation(OP_X)`` in ops_session, ops_fs and
+ops_state; a handler returns the operation's resok value or raises NfsError.
+The whole COMPOUND runs in a worker thread (blocking catalog and data work)."""
+from __future__ import annotations
+
+import logging
+import struct
+import time
+import zlib
+
+from appliance.nfs import const as c
+from appliance.nfs.attrs import AttrError, AttrSubject
+from appliance.nfs.exports import ExportRule, PseudoDir, pseudo_ino
+from appliance.nfs.fh import KIND_FILE, KIND_PSEUDO
+from appliance.nfs.state import NfsError
+from appliance.nfs.types4 import ARGS, RESULTS, STATUS_ONLY, stateid4
+from appliance.nfs.xdr import Packer, String, UInt, XdrError
+from engine import errors
+from engine.catalog.database import CatalogUnavailable
+from engine.catalog.models import DIR
+
+log = logging.getLogger("shingle.nfs")
+
+HANDLERS: dict = {}
+_U32 = struct.Struct(">I")
+_tag = String(None)
+MAX_OPS = 128
+CACHE_LIMIT = 256 * 1024
+SESSIONLESS = frozenset({c.OP_EXCHANGE_ID, c.OP_CREATE_SESSION, c.OP_DESTROY_SESSION,
+                         c.OP_BIND_CONN_TO_SESSION, c.OP_DESTROY_CLIENTID})
+# Operations of NFSv4.0 only, or of features this server does not offer (pNFS, SSV, ...)
+NOT_SUPPORTED = frozenset({c.OP_OPEN_CONFIRM, c.OP_RENEW, c.OP_SETCLIENTID, c.OP_SETCLIENTID_CONFIRM,
+                           c.OP_RELEASE_LOCKOWNER, c.OP_OPENATTR, c.OP_DELEGPURGE, c.OP_GET_DIR_DELEGATION,
+                           c.OP_GETDEVICEINFO, c.OP_GETDEVICELIST, c.OP_LAYOUTCOMMIT, c.OP_LAYOUTGET,
+                           c.OP_LAYOUTRETURN, c.OP_SET_SSV, c.OP_WANT_DELEGATION})
+ANONYMOUS_OTHER = b"\0" * 12
+BYPASS_OTHER = b"\xff" * 12
+
+
+def operation(opnum: int):
+    def register(fn):
+        HANDLERS[opnum] = fn
+        return fn
+    return register
+
+
+class Node:
+    """A current or saved file handle: a pseudo-root directory or a file of an export."""
+
+    __slots__ = ("export", "ino", "generation", "pseudo", "_fh")
+
+    def __init__(self, export: ExportRule | None, ino: int, generation: int = 1,
+                 pseudo: PseudoDir | None = None, fh: bytes | None = None):
+        self.export, self.ino, self.generation, self.pseudo, self._fh = export, ino, generation, pseudo, fh
+
+
+class PseudoAttr:
+    """Attributes of a pseudo-root directory (read-only, owned by root)."""
+
+    __slots__ = ("ino", "type", "mode", "uid", "gid", "size", "nlink", "rdev",
+                 "atime_ns", "mtime_ns", "ctime_ns", "btime_ns", "change")
+
+    def __init__(self, node: PseudoDir, boot_ns: int, generation: int):
+        self.ino, self.type, self.mode, self.uid, self.gid = node.ino, DIR, 0o555, 0, 0
+        self.size, self.nlink, self.rdev = 4096, 2 + len(node.children), 0
+        self.atime_ns = self.mtime_ns = self.ctime_ns = self.btime_ns = boot_ns
+        self.change = generation
+
+
+class Replay(Exception):
+    def __init__(self, chunks):
+        super().__init__("replay")
+        self.chunks = chunks
+
+
+class Compound:
+    """Per-COMPOUND context handed to every operation handler."""
+
+    def __init__(self, server, conn_state: dict, rpc_cred, address: str):
+        self.server = server
+        self.ns = server.namespace
+        self.state = server.state
+        self.conn_state = conn_state
+        self.rpc_cred = rpc_cred
+        self.address = address
+        self.cur: Node | None = None
+        self.saved: Node | None = None
+        self.cur_stateid = None
+        self.saved_stateid = None
+        self.session = None
+        self.slot = None
+        self.client = None
+        self._creds: dict = {}
+
+    # -- identities ---------------------------------------------------------------
+    def cred(self, node: Node):
+        export = node.export
+        if export is None:
+            export = self.server.exports.root_export or self.server.exports_default_rule()
+        key = export.id
+        cred = self._creds.get(key)
+        if cred is None:
+            r = self.rpc_cred
+            cred = export.cred(r.uid, r.gid, r.gids)
+            self._creds[key] = cred
+        return cred
+
+    def need_client(self):
+        if self.client is None:
+            raise NfsError(c.NFS4ERR_OP_NOT_IN_SESSION, "no SEQUENCE in this COMPOUND")
+        return self.client
+
+    # -- file handles -----------------------------------------------------------------
+    def need_fh(self) -> Node:
+        if self.cur is None:
+            raise NfsError(c.NFS4ERR_NOFILEHANDLE, "no current file handle")
+        return self.cur
+
+    def need_file(self) -> Node:
+        node = self.need_fh()
+        if node.pseudo is not None:
+            raise NfsError(c.NFS4ERR_ISDIR, "the pseudo-root holds only directories")
+        return node
+
+    def need_writable(self, node: Node) -> None:
+        if node.pseudo is not None or node.export.read_only:
+            raise NfsError(c.NFS4ERR_ROFS, "read-only export")
+
+    def fh_of(self, node: Node) -> bytes:
+        if node._fh is None:
+            codec = self.server.handles
+            if node.pseudo is not None:
+                node._fh = codec.pack(KIND_PSEUDO, 0, node.pseudo.ino, 0)
+            else:
+                node._fh = codec.pack(KIND_FILE, node.export.id, node.ino, node.generation)
+        return node._fh
+
+    def node_for_export(self, rule: ExportRule) -> Node:
+        if not rule.allows(self.address):
+            raise NfsError(c.NFS4ERR_ACCESS, f"export {rule.name} does not admit client {self.address}")
+        attr = self.ns.getattr(rule.root_ino)
+        return Node(rule, rule.root_ino, attr.generation)
+
+    def root_node(self) -> Node:
+        exports = self.server.exports
+        if exports.root_export is not None:
+            return self.node_for_export(exports.root_export)
+        return Node(None, exports.root.ino, 0, pseudo=exports.root)
+
+    def node_from_fh(self, data) -> Node:
+        from appliance.nfs.fh import BadHandle, StaleHandle
+        try:
+            fh = self.server.handles.unpack(data)
+        except BadHandle as exc:
+            raise NfsError(c.NFS4ERR_BADHANDLE, str(exc)) from None
+        except StaleHandle as exc:
+            raise NfsError(c.NFS4ERR_STALE, str(exc)) from None
+        exports = self.server.exports
+        if fh.kind == KIND_PSEUDO:
+            node = exports.pseudo_by_ino.get(fh.ino)
+            if node is None:
+                raise NfsError(c.NFS4ERR_STALE, "pseudo directory no longer exported")
+            return Node(None, node.ino, 0, pseudo=node, fh=bytes(data))
+        rule = exports.by_id.get(fh.export_id)
+        if rule is None:
+            raise NfsError(c.NFS4ERR_STALE, f"export {fh.export_id} no longer exists")
+        if not rule.allows(self.address):
+            raise NfsError(c.NFS4ERR_ACCESS, f"export {rule.name} does not admit client {self.address}")
+        attr = self.ns.getattr(fh.ino)  # StaleHandle -> NFS4ERR_STALE
+        if attr.generation != fh.generation:
+            raise NfsError(c.NFS4ERR_STALE, f"inode {fh.ino} generation {attr.generation}, handle {fh.generation}")
+        return Node(rule, fh.ino, fh.generation, fh=bytes(data))
+
+    # -- attributes -----------------------------------------------------------------------
+    def subject(self, node: Node, attr=None) -> AttrSubject:
+        server = self.server
+        if node.pseudo is not None:
+            attr = PseudoAttr(node.pseudo, server.boot_ns, server.exports_generation)
+            return AttrSubject(attr, self.fh_of(node), (server.handles.fsid, 0), attr.ino, server)
+        if attr is None:
+            attr = self.ns.getattr(node.ino)
+        mounted_on = attr.ino
+        if attr.ino == node.export.root_ino:
+            mounted_on = pseudo_ino(node.export.parts)
+        return AttrSubject(attr, self.fh_of(node), (server.handles.fsid, node.export.id), mounted_on, server)
+
+    # -- stateids ----------------------------------------------------------------------------
+    def stateid(self, sid):
+        """The stateid an operation names, resolving the 4.1 "current stateid"."""
+        if sid.other == ANONYMOUS_OTHER and sid.seqid == 1:
+            if self.cur_stateid is None:
+                raise NfsError(c.NFS4ERR_BAD_STATEID, "current stateid used but none is set")
+            return self.cur_stateid
+        return sid
+
+    @staticmethod
+    def is_special(sid) -> bool:
+        return sid.other == ANONYMOUS_OTHER or sid.other == BYPASS_OTHER
+
+    def set_stateid(self, st) -> object:
+        sid = stateid4.cls(st.seqid, st.other)
+        self.cur_stateid = sid
+        return sid
+
+
+def _fingerprint(cred, record, pos) -> tuple:
+    n = len(record) - pos
+    if n <= 65536:
+        return (cred.uid, cred.gid, n, zlib.crc32(memoryview(record)[pos:]))
+    return (cred.uid, cred.gid, n, zlib.crc32(memoryview(record)[pos:pos + 4096]))
+
+
+def _fs_status(exc: Exception) -> int:
+    if isinstance(exc, errors.FsError):
+        return c.ERRNO_TO_NFS4.get(exc.errno, c.NFS4ERR_IO)
+    if isinstance(exc, AttrError):
+        return exc.status
+    if isinstance(exc, CatalogUnavailable):
+        return c.NFS4ERR_DELAY
+    if isinstance(exc, OSError):
+        return c.ERRNO_TO_NFS4.get(exc.errno, c.NFS4ERR_IO)
+    return c.NFS4ERR_SERVERFAULT
+
+
+def _reply_head(status: int, tag: bytes, count: int) -> bytearray:
+    p = Packer()
+    p.buf += _U32.pack(status)
+    _tag.pack(p, tag)
+    p.buf += _U32.pack(count)
+    return p.buf
+
+
+def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int) -> list:
+    """Run one COMPOUND; returns the reply body chunks (after the RPC header)."""
+    try:
+        (tag, minor), pos = _head(record, pos)
+    except XdrError:
+        return [bytes(_reply_head(c.NFS4ERR_BADXDR, b"", 0))]
+    tag = bytes(tag)
+    if minor != c.MINOR_VERSION:
+        return [bytes(_reply_head(c.NFS4ERR_MINOR_VERS_MISMATCH, tag, 0))]
+    try:
+        count, pos = UInt.unpack(record, pos)
+    except XdrError:
+        return [bytes(_reply_head(c.NFS4ERR_BADXDR, tag, 0))]
+    if count > (len(record) - pos) // 4:
+        return [bytes(_reply_head(c.NFS4ERR_BADXDR, tag, 0))]
+    p = Packer()
+    cx = Compound(server, conn_state, rpc_cred, address)
+    done = 0
+    status = c.NFS4_OK
+    cache = False
+    body_start = pos
+    try:
+        for index in range(count):
+            try:
+                opnum, pos = UInt.unpack(record, pos)
+            except XdrError:
+                opnum, status = c.OP_ILLEGAL, c.NFS4ERR_BADXDR
+                _emit(p, c.OP_ILLEGAL, status, None)
+                done += 1
+                break
+            if opnum not in ARGS and opnum not in NOT_SUPPORTED:
+                status = c.NFS4ERR_OP_ILLEGAL
+                _emit(p, c.OP_ILLEGAL, status, None)
+                done += 1
+                break
+            if opnum in NOT_SUPPORTED:
+                status = c.NFS4ERR_NOTSUPP
+            else:
+                try:
+                    args, pos = ARGS[opnum].unpack(record, pos)
+                except XdrError as exc:
+                    log.debug("BADXDR in %s: %s", c.OP_NAMES.get(opnum), exc)
+                    status = c.NFS4ERR_BADXDR
+                    args = None
+            if status != c.NFS4_OK:
+                _emit(p, opnum, status, None)
+                done += 1
+                break
+            # session rules (RFC 8881 2.10.6 and 18.46)
+            if index == 0:
+                if opnum == c.OP_SEQUENCE:
+                    try:
+                        value = _sequence(cx, args, count, _fingerprint(rpc_cred, record, body_start))
+                    except Replay as replay:
+                        return replay.chunks
+                    except NfsError as exc:
+                        status = exc.status
+                        _emit(p, opnum, status, None)
+                        done += 1
+                        break
+                    cache = True
+                    _emit(p, opnum, c.NFS4_OK, value)
+                    done += 1
+                    continue
+                if opnum not in SESSIONLESS:
+                    status = c.NFS4ERR_OP_NOT_IN_SESSION
+                elif count > 1:
+                    status = c.NFS4ERR_NOT_ONLY_OP
+            elif opnum == c.OP_SEQUENCE:
+                status = c.NFS4ERR_SEQUENCE_POS
+            if status != c.NFS4_OK:
+                _emit(p, opnum, status, None)
+                done += 1
+                break
+            handler = HANDLERS.get(opnum)
+            try:
+                if handler is None:
+                    raise NfsError(c.NFS4ERR_NOTSUPP, f"{c.OP_NAMES.get(opnum)} not implemented")
+                value = handler(cx, args)
+            except NfsError as exc:
+                status = exc.status
+                _emit(p, opnum, status, exc.payload)
+                done += 1
+                break
+            except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a dead connection
+                status = _fs_status(exc)
+                if status == c.NFS4ERR_SERVERFAULT:
+                    log.exception("%s failed", c.OP_NAMES.get(opnum))
+                else:
+                    log.debug("%s: %s", c.OP_NAMES.get(opnum), exc)
+                _emit(p, opnum, status, None)
+                done += 1
+                break
+            _emit(p, opnum, c.NFS4_OK, value)
+            done += 1
+    finally:
+        chunks = [bytes(_reply_head(status, tag, done)), *p.result()]
+        if cx.slot is not None:
+            slot = cx.slot
+            slot.reply = chunks if cache and p.size <= CACHE_LIMIT else None
+            slot.busy = False
+    return chunks
+
+
+def _head(record, pos):
+    tag, pos = _tag_opaque.unpack(record, pos)
+    minor, pos = UInt.unpack(record, pos)
+    return (tag, minor), pos
+
+
+from appliance.nfs.xdr import Opaque as _Opaque  # noqa: E402
+
+_tag_opaque = _Opaque(1024, "utf8str_cs tag")
+
+
+def _emit(p: Packer, opnum: int, status: int, value) -> None:
+    p.buf += _U32.pack(opnum)
+    rtype = RESULTS.get(opnum, STATUS_ONLY)
+    if opnum == c.OP_SETATTR:
+        rtype.pack(p, (status, value if value is not None else []))
+    elif status == c.NFS4_OK or value is not None:
+        rtype.pack(p, (status, value))
+    else:
+        p.buf += _U32.pack(status)
+
+
+def _sequence(cx: Compound, a, count: int, fingerprint):
+    state = cx.state
+    with state.lock:
+        sess = state.session(a.sessionid)
+        if count > sess.max_ops:
+            raise NfsError(c.NFS4ERR_TOO_MANY_OPS, f"{count} operations, session allows {sess.max_ops}")
+        if a.slotid >= len(sess.slots):
+            raise NfsError(c.NFS4ERR_BADSLOT, f"slot {a.slotid} of {len(sess.slots)}")
+        slot = sess.slots[a.slotid]
+        if a.sequenceid == slot.seqid:
+            if slot.busy:
+                raise NfsError(c.NFS4ERR_DELAY, "retry of a request still running")
+            if slot.fingerprint != fingerprint:
+                # nfs-rs reuses a slot/seqid after dropped READs: not a retransmit
+                raise NfsError(c.NFS4ERR_SEQ_FALSE_RETRY, "same slot and seqid, different request")
+            if slot.reply is None:
+                raise NfsError(c.NFS4ERR_RETRY_UNCACHED_REP, "reply was not cached")
+            raise Replay(slot.reply)
+        if a.sequenceid != (slot.seqid + 1) & 0xFFFFFFFF:
+            raise NfsError(c.NFS4ERR_SEQ_MISORDERED, f"slot {a.slotid} seqid {a.sequenceid}, expected "
+                                                     f"{(slot.seqid + 1) & 0xFFFFFFFF}")
+        slot.busy = True
+        slot.seqid = a.sequenceid
+        slot.reply = None
+        slot.fingerprint = fingerprint
+        cx.session, cx.slot, cx.client = sess, slot, sess.client
+        sess.client.last_renew = time.monotonic()
+        highest = len(sess.slots) - 1
+        from appliance.nfs.types4 import RESULTS as R
+        return R[c.OP_SEQUENCE].arms[c.NFS4_OK].cls(sess.id, a.sequenceid, a.slotid, highest, highest, 0)
+
+
+# handlers register themselves on import
+from appliance.nfs import ops_fs, ops_session, ops_state  # noqa: E402,F401

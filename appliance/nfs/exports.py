@@ -1,0 +1,181 @@
+"""Exports from the catalog, client address checks, identity squashing and
+the NFSv4 pseudo-root that shows the export names as directories."""
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+
+from engine.catalog.models import Export
+from engine.namespace import Cred
+
+log = logging.getLogger("shingle.nfs.exports")
+
+EXPORTS = Export.__table__
+DEFAULT_NAME = "/export"
+SQUASH_MODES = ("root_squash", "all_squash", "no_root_squash")
+PSEUDO_ROOT_INO = 1
+
+
+@dataclass
+class ExportRule:
+    id: int
+    name: str
+    path: str
+    networks: list
+    read_only: bool
+    squash: str
+    anon_uid: int
+    anon_gid: int
+    root_ino: int = 0
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return tuple(p for p in self.name.split("/") if p)
+
+    def allows(self, address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address.split("%")[0])
+        except ValueError:
+            return False
+        if ip.version == 6 and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        return any(ip.version == net.version and ip in net for net in self.networks)
+
+    def cred(self, uid: int, gid: int, groups: tuple[int, ...]) -> Cred:
+        if self.squash == "all_squash" or (self.squash == "root_squash" and uid == 0):
+            return Cred(self.anon_uid, self.anon_gid, ())
+        if self.squash == "root_squash" and gid == 0:
+            gid = self.anon_gid
+        return Cred(uid, gid, groups)
+
+
+@dataclass
+class PseudoDir:
+    """A directory of the pseudo-root: the path to it and its entries."""
+
+    parts: tuple[str, ...]
+    ino: int
+    children: dict = field(default_factory=dict)  # name -> PseudoDir | ExportRule
+    parent: "PseudoDir | None" = None
+
+
+def pseudo_ino(parts: tuple[str, ...]) -> int:
+    if not parts:
+        return PSEUDO_ROOT_INO
+    digest = hashlib.blake2b("/".join(parts).encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") >> 2) | (1 << 61)  # stable across restarts
+
+
+def parse_networks(text: str) -> list:
+    networks = []
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError as exc:
+            raise ValueError(f"export client {item!r}: expected an address or CIDR like 10.0.0.0/8") from exc
+    return networks
+
+
+def rule_from_row(row) -> ExportRule:
+    name = "/" + "/".join(p for p in row.name.split("/") if p)
+    if row.access not in ("rw", "ro"):
+        raise ValueError(f"export {row.name}: access {row.access!r}: expected 'rw' or 'ro'")
+    if row.squash not in SQUASH_MODES:
+        raise ValueError(f"export {row.name}: squash {row.squash!r}: expected one of {SQUASH_MODES}")
+    return ExportRule(int(row.id), name, row.path or "/", parse_networks(row.clients), row.access == "ro",
+                      row.squash, int(row.anon_uid), int(row.anon_gid))
+
+
+def default_rule() -> ExportRule:
+    return ExportRule(1, DEFAULT_NAME, "/", parse_networks("0.0.0.0/0,::/0"), False, "root_squash", 65534, 65534)
+
+
+def ensure_default_export(catalog, name: str = DEFAULT_NAME) -> None:
+    """Insert the default export (namespace root, rw, any client, root_squash)
+    when the exports table is empty (``shingle init``)."""
+    def work(conn):
+        if conn.execute(select(EXPORTS.c.id).limit(1)).first() is None:
+            conn.execute(EXPORTS.insert().values(
+                name=name, path="/", clients="0.0.0.0/0,::/0", access="rw", squash="root_squash",
+                anon_uid=65534, anon_gid=65534, trash_days=7, enabled=True))
+    catalog.run(work)
+
+
+class ExportTable:
+    """The current exports and pseudo tree; ``refresh`` reloads the catalog."""
+
+    def __init__(self, catalog, namespace):
+        self.catalog = catalog
+        self.namespace = namespace
+        self.by_id: dict[int, ExportRule] = {}
+        self.root = PseudoDir((), PSEUDO_ROOT_INO)
+        self.pseudo_by_ino: dict[int, PseudoDir] = {PSEUDO_ROOT_INO: self.root}
+        self.root_export: ExportRule | None = None  # an export named "/" replaces the pseudo-root
+        self._lock = threading.Lock()
+        self.refresh()
+
+    def refresh(self) -> None:
+        rows = self.catalog.read(lambda conn: conn.execute(
+            select(EXPORTS).where(EXPORTS.c.enabled.is_(True)).order_by(EXPORTS.c.id)).all())
+        rules = []
+        for row in rows:
+            try:
+                rule = rule_from_row(row)
+                rule.root_ino = self.namespace.resolve(rule.path).ino
+            except Exception as exc:  # noqa: BLE001 - one bad export must not hide the others
+                log.error("export %s skipped: %s", row.name, exc)
+                continue
+            rules.append(rule)
+        if not rows:
+            rule = default_rule()
+            rule.root_ino = self.namespace.root_ino
+            rules.append(rule)
+        root = PseudoDir((), PSEUDO_ROOT_INO)
+        pseudo = {PSEUDO_ROOT_INO: root}
+        root_export = None
+        for rule in rules:
+            parts = rule.parts
+            if not parts:
+                root_export = rule
+                continue
+            node = root
+            for depth, part in enumerate(parts[:-1]):
+                child = node.children.get(part)
+                if not isinstance(child, PseudoDir):
+                    child = PseudoDir(parts[:depth + 1], pseudo_ino(parts[:depth + 1]), parent=node)
+                    node.children[part] = child
+                    pseudo[child.ino] = child
+                node = child
+            node.children[parts[-1]] = rule
+        with self._lock:
+            self.by_id = {r.id: r for r in rules}
+            self.root, self.pseudo_by_ino, self.root_export = root, pseudo, root_export
+
+    def pseudo_parent_of(self, rule: ExportRule) -> PseudoDir:
+        node = self.root
+        for part in rule.parts[:-1]:
+            node = node.children[part]
+        return node
+
+    def visible(self, node: PseudoDir, address: str) -> dict:
+        """Entries of a pseudo directory that lead to an export this client may use."""
+        out = {}
+        for name, child in node.children.items():
+            if isinstance(child, ExportRule):
+                if child.allows(address):
+                    out[name] = child
+            elif self._any_allowed(child, address):
+                out[name] = child
+        return out
+
+    def _any_allowed(self, node: PseudoDir, address: str) -> bool:
+        return any(child.allows(address) if isinstance(child, ExportRule) else self._any_allowed(child, address)
+                   for child in node.children.values())

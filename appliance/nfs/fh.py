@@ -1,0 +1,70 @@
+"""Persistent, unforgeable NFS file handles.
+
+A handle is (version, kind, export id, fsid, inode, generation) followed by a
+truncated HMAC-SHA256 under a key kept in the catalog settings table, so the
+same file has the same handle after a restart (no "stale file handle") and a
+client cannot make up a handle for a file it was never given."""
+from __future__ import annotations
+
+import hmac
+import secrets
+import struct
+from typing import NamedTuple
+
+FH_VERSION = 1
+KIND_PSEUDO, KIND_FILE = 0, 1
+KEY_SETTING = "nfs_fh_key"
+FSID_SETTING = "nfs_fsid"
+MAC_LEN = 16
+_BODY = struct.Struct(">BBHIQQQ")  # version, kind, reserved, export id, fsid, ino, generation
+HANDLE_LEN = _BODY.size + MAC_LEN
+
+
+class BadHandle(ValueError):
+    """Bytes that are not a handle this server issued (NFS4ERR_BADHANDLE)."""
+
+
+class StaleHandle(ValueError):
+    """A genuine handle of another filesystem instance (NFS4ERR_STALE)."""
+
+
+class FileHandle(NamedTuple):
+    kind: int
+    export_id: int
+    ino: int
+    generation: int
+
+
+def load_or_create_secret(catalog, key: str, nbytes: int) -> bytes:
+    value = catalog.get_setting(key)
+    if value is None:
+        catalog.set_setting(key, secrets.token_hex(nbytes))
+        value = catalog.get_setting(key)  # another process may have won the race
+    return bytes.fromhex(value)
+
+
+class HandleCodec:
+    def __init__(self, catalog):
+        self.key = load_or_create_secret(catalog, KEY_SETTING, 32)
+        self.fsid = int.from_bytes(load_or_create_secret(catalog, FSID_SETTING, 8), "big") & ((1 << 63) - 1)
+
+    def _mac(self, body: bytes) -> bytes:
+        return hmac.digest(self.key, body, "sha256")[:MAC_LEN]
+
+    def pack(self, kind: int, export_id: int, ino: int, generation: int) -> bytes:
+        body = _BODY.pack(FH_VERSION, kind, 0, export_id, self.fsid, ino, generation)
+        return body + self._mac(body)
+
+    def unpack(self, data) -> FileHandle:
+        if len(data) != HANDLE_LEN:
+            raise BadHandle(f"file handle of {len(data)} bytes: expected {HANDLE_LEN}")
+        data = bytes(data)
+        body, mac = data[:_BODY.size], data[_BODY.size:]
+        if not hmac.compare_digest(mac, self._mac(body)):
+            raise BadHandle("file handle signature does not match: forged or corrupted")
+        version, kind, _, export_id, fsid, ino, generation = _BODY.unpack(body)
+        if version != FH_VERSION or kind not in (KIND_PSEUDO, KIND_FILE):
+            raise BadHandle(f"file handle version {version} kind {kind}: expected {FH_VERSION} and 0/1")
+        if fsid != self.fsid:
+            raise StaleHandle(f"file handle of filesystem {fsid:x}, this is {self.fsid:x}")
+        return FileHandle(kind, export_id, ino, generation)

@@ -1,0 +1,126 @@
+"""Client and session operations: EXCHANGE_ID, CREATE_SESSION, DESTROY_SESSION,
+BIND_CONN_TO_SESSION, DESTROY_CLIENTID, RECLAIM_COMPLETE, BACKCHANNEL_CTL,
+TEST_STATEID, FREE_STATEID, SECINFO, SECINFO_NO_NAME."""
+from __future__ import annotations
+
+from appliance.nfs import const as c
+from appliance.nfs.compound import operation
+from appliance.nfs.state import NfsError
+from appliance.nfs.types4 import RESULTS, channel_attrs4, nfs_impl_id4, nfstime4
+
+MAX_CACHED = 64 * 1024
+MAX_SLOTS = 64
+MAX_OPS = 64
+
+
+def _resok(op):
+    return RESULTS[op].arms[c.NFS4_OK]
+
+
+@operation(c.OP_EXCHANGE_ID)
+def exchange_id(cx, a):
+    if a.state_protect[0] != c.SP4_NONE:
+        raise NfsError(c.NFS4ERR_NOTSUPP, "only SP4_NONE state protection is offered")
+    if a.flags & ~c.EXCHGID4_FLAG_MASK_A:
+        raise NfsError(c.NFS4ERR_INVAL, f"EXCHANGE_ID flags {a.flags:#x} outside the defined mask")
+    principal = (cx.rpc_cred.flavor, cx.rpc_cred.uid)
+    cl = cx.state.exchange_id(bytes(a.ownerid), a.verifier, principal, cx.address)
+    flags = c.EXCHGID4_FLAG_USE_NON_PNFS | (c.EXCHGID4_FLAG_CONFIRMED_R if cl.confirmed else 0)
+    server = cx.server
+    impl = nfs_impl_id4.cls("shingle", "shingle NFSv4.1 server", nfstime4.cls(0, 0))
+    return _resok(c.OP_EXCHANGE_ID).cls(cl.clientid, cl.cs_sequence, flags, (c.SP4_NONE, None), 0,
+                                        server.owner_major, server.owner_major, [impl])
+
+
+@operation(c.OP_CREATE_SESSION)
+def create_session(cx, a):
+    state = cx.state
+    with state.lock:
+        cl = state.client(a.clientid)
+        if a.sequence == (cl.cs_sequence - 1) & 0xFFFFFFFF and cl.cs_reply is not None:
+            return cl.cs_reply  # a retransmitted CREATE_SESSION
+        if a.sequence != cl.cs_sequence:
+            raise NfsError(c.NFS4ERR_SEQ_MISORDERED, f"CREATE_SESSION sequence {a.sequence}, "
+                                                     f"expected {cl.cs_sequence}")
+        limit = cx.server.max_record_size
+        f = a.fore_chan_attrs
+        if f.maxrequestsize < 1024 or f.maxresponsesize < 1024 or f.maxoperations < 2:
+            raise NfsError(c.NFS4ERR_TOOSMALL, "fore channel limits below what any COMPOUND needs")
+        fore = channel_attrs4.cls(0, min(f.maxrequestsize, limit), min(f.maxresponsesize, limit),
+                                  min(f.maxresponsesize_cached, MAX_CACHED), min(f.maxoperations, MAX_OPS),
+                                  max(1, min(f.maxrequests, MAX_SLOTS)), [])
+        b = a.back_chan_attrs
+        back = channel_attrs4.cls(0, b.maxrequestsize, b.maxresponsesize, b.maxresponsesize_cached,
+                                  b.maxoperations, max(1, min(b.maxrequests, 16)), [])
+        sess = state.add_session(cl, fore, back)
+        state.confirm(cl)
+        cl.cs_sequence = (cl.cs_sequence + 1) & 0xFFFFFFFF
+        # no persistent reply cache and no RDMA; the connection is accepted as the back
+        # channel when asked (nfs-rs insists), though this server never needs to call back
+        flags = a.flags & c.CREATE_SESSION4_FLAG_CONN_BACK_CHAN
+        res = _resok(c.OP_CREATE_SESSION).cls(sess.id, a.sequence, flags, fore, back)
+        cl.cs_reply = res
+        cx.conn_state.setdefault("sessions", set()).add(sess.id)
+        return res
+
+
+@operation(c.OP_DESTROY_SESSION)
+def destroy_session(cx, sessionid):
+    cx.state.destroy_session(sessionid)
+
+
+@operation(c.OP_BIND_CONN_TO_SESSION)
+def bind_conn_to_session(cx, a):
+    cx.state.session(a.sessid)
+    cx.conn_state.setdefault("sessions", set()).add(a.sessid)
+    direction = {c.CDFC4_FORE: c.CDFS4_FORE, c.CDFC4_BACK: c.CDFS4_BACK}.get(a.dir, c.CDFS4_BOTH)
+    return _resok(c.OP_BIND_CONN_TO_SESSION).cls(a.sessid, direction, False)
+
+
+@operation(c.OP_DESTROY_CLIENTID)
+def destroy_clientid(cx, clientid):
+    cx.state.destroy_client(clientid)
+
+
+@operation(c.OP_RECLAIM_COMPLETE)
+def reclaim_complete(cx, one_fs):
+    cl = cx.need_client()
+    if one_fs:
+        return None  # per-filesystem reclaim: nothing migrates here
+    cx.state.reclaim_complete(cl)
+
+
+@operation(c.OP_BACKCHANNEL_CTL)
+def backchannel_ctl(cx, a):
+    cx.need_client()
+
+
+@operation(c.OP_TEST_STATEID)
+def test_stateid(cx, stateids):
+    cl = cx.need_client()
+    return [cx.state.test_stateid(sid, cl) for sid in stateids]
+
+
+@operation(c.OP_FREE_STATEID)
+def free_stateid(cx, sid):
+    cx.state.free_stateid(cx.stateid(sid), cx.need_client())
+
+
+def _secinfo(cx):
+    cx.need_fh()
+    cx.cur = None  # SECINFO consumes the current file handle (RFC 8881 2.6.3.1.1.8)
+    return [(c.AUTH_SYS, None), (c.AUTH_NONE, None)]
+
+
+@operation(c.OP_SECINFO)
+def secinfo(cx, name):
+    from appliance.nfs.ops_fs import lookup
+    lookup(cx, name)
+    return _secinfo(cx)
+
+
+@operation(c.OP_SECINFO_NO_NAME)
+def secinfo_no_name(cx, style):
+    if style not in (0, 1):
+        raise NfsError(c.NFS4ERR_INVAL, f"secinfo style {style}: expected 0 or 1")
+    return _secinfo(cx)

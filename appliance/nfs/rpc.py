@@ -1,0 +1,292 @@
+"""ONC RPC (RFC 5531) over TCP: record marking, call decoding, AUTH_SYS /
+AUTH_NONE, accepted/denied replies, and one asyncio protocol per connection.
+
+A ``Program`` object handles calls: ``program.call(conn, call, body)``
+returns the reply body chunks (a list of bytes-like) or raises ``RpcReject``.
+Records larger than ``max_record_size`` close the connection; any record that
+does not decode as a call is answered GARBAGE_ARGS when its xid is readable,
+or dropped otherwise (invariant 7: bad bytes never crash the server)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from dataclasses import dataclass
+
+from appliance.nfs.xdr import Array, Opaque, String, Struct, UInt, XdrError
+
+log = logging.getLogger("shingle.nfs.rpc")
+
+RPC_VERSION = 2
+CALL, REPLY = 0, 1
+MSG_ACCEPTED, MSG_DENIED = 0, 1
+SUCCESS, PROG_UNAVAIL, PROG_MISMATCH, PROC_UNAVAIL, GARBAGE_ARGS, SYSTEM_ERR = range(6)
+RPC_MISMATCH, AUTH_ERROR = 0, 1
+AUTH_OK, AUTH_BADCRED, AUTH_REJECTEDCRED, AUTH_BADVERF, AUTH_REJECTEDVERF, AUTH_TOOWEAK = range(6)
+AUTH_NONE, AUTH_SYS, RPCSEC_GSS = 0, 1, 6
+LAST_FRAGMENT = 0x80000000
+
+opaque_auth = Struct("opaque_auth", ("flavor", UInt), ("body", Opaque(400)))
+call_body = Struct("call_body", ("xid", UInt), ("mtype", UInt), ("rpcvers", UInt), ("prog", UInt),
+                   ("vers", UInt), ("proc", UInt), ("cred", opaque_auth), ("verf", opaque_auth))
+authsys_parms = Struct("authsys_parms", ("stamp", UInt), ("machinename", String(255)),
+                       ("uid", UInt), ("gid", UInt), ("gids", Array(UInt, 16)))
+
+_HDR = struct.Struct(">I")
+_REPLY_HEAD = struct.Struct(">IIIIII")  # xid, REPLY, MSG_ACCEPTED, verf flavor, verf len, accept_stat
+_NO_CALL = object()
+
+
+@dataclass(slots=True)
+class Credential:
+    flavor: int
+    uid: int
+    gid: int
+    gids: tuple[int, ...]
+    machine: str = ""
+
+
+ANONYMOUS = Credential(AUTH_NONE, 65534, 65534, ())
+
+
+class RpcReject(Exception):
+    """A call answered with a non-SUCCESS accept_stat or a denial."""
+
+    def __init__(self, body: bytes):
+        super().__init__("rpc reject")
+        self.body = body
+
+
+def accepted(xid: int, stat: int, extra: bytes = b"") -> bytes:
+    return _REPLY_HEAD.pack(xid, REPLY, MSG_ACCEPTED, AUTH_NONE, 0, stat) + extra
+
+
+def prog_mismatch(xid: int, low: int, high: int) -> bytes:
+    return accepted(xid, PROG_MISMATCH, struct.pack(">II", low, high))
+
+
+def denied_auth(xid: int, why: int) -> bytes:
+    return struct.pack(">IIIII", xid, REPLY, MSG_DENIED, AUTH_ERROR, why)
+
+
+def denied_rpc_version(xid: int) -> bytes:
+    return struct.pack(">IIIIII", xid, REPLY, MSG_DENIED, RPC_MISMATCH, RPC_VERSION, RPC_VERSION)
+
+
+def success_head(xid: int) -> bytes:
+    return _REPLY_HEAD.pack(xid, REPLY, MSG_ACCEPTED, AUTH_NONE, 0, SUCCESS)
+
+
+def decode_credential(cred) -> Credential:
+    if cred.flavor == AUTH_SYS:
+        p = authsys_parms.decode(cred.body)
+        return Credential(AUTH_SYS, p.uid, p.gid, tuple(p.gids), p.machinename)
+    if cred.flavor == AUTH_NONE:
+        return ANONYMOUS
+    raise ValueError(cred.flavor)
+
+
+def parse_call(record):
+    """(call header, credential, offset of the procedure arguments) or an
+    RpcReject carrying the reply; XdrError when even the header is garbage."""
+    call, pos = call_body.unpack(record, 0)
+    if call.mtype != CALL:
+        raise XdrError(f"message type {call.mtype}: expected CALL (0)")
+    if call.rpcvers != RPC_VERSION:
+        raise RpcReject(denied_rpc_version(call.xid))
+    try:
+        cred = decode_credential(call.cred)
+    except XdrError:
+        raise RpcReject(denied_auth(call.xid, AUTH_BADCRED)) from None
+    except ValueError:
+        # RPCSEC_GSS and unknown flavors: not offered by this server (yet)
+        raise RpcReject(denied_auth(call.xid, AUTH_BADCRED if call.cred.flavor != RPCSEC_GSS else AUTH_TOOWEAK)) from None
+    return call, cred, pos
+
+
+class RpcConnection(asyncio.BufferedProtocol):
+    """One TCP connection: reassembles records, runs calls concurrently,
+    writes replies scatter-gather (header + chunks with writelines)."""
+
+    SCAN_BUFFER = 256 * 1024
+    MAX_IN_FLIGHT = 64
+
+    def __init__(self, server):
+        self.server = server
+        self.max_record = server.max_record_size
+        self.transport = None
+        self.peer = ("?", 0)
+        self.rbuf = bytearray(self.SCAN_BUFFER)
+        self.rstart = 0
+        self.rend = 0
+        self.frags: list = []  # earlier fragments of the record being assembled
+        self.frags_len = 0
+        self.direct = None  # (bytearray, filled, last) while a big fragment streams in
+        self.in_flight = 0
+        self.reading_paused = False
+        self.writing_paused = False
+        self.closed = False
+        self.tasks: set = set()
+        self.state = {}  # per-connection facts for the program (sessions bound, ...)
+
+    # -- asyncio callbacks --------------------------------------------------------
+    def connection_made(self, transport):
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = (peer[0], peer[1]) if peer else ("?", 0)
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc):
+        self.closed = True
+        self.server.connections.discard(self)
+
+    def pause_writing(self):
+        self.writing_paused = True
+        self._update_reading()
+
+    def resume_writing(self):
+        self.writing_paused = False
+        self._update_reading()
+
+    def get_buffer(self, sizehint):
+        if self.direct is not None:
+            buf, filled, _ = self.direct
+            return memoryview(buf)[filled:]
+        if self.rend == len(self.rbuf):
+            self._compact()
+        return memoryview(self.rbuf)[self.rend:]
+
+    def buffer_updated(self, nbytes):
+        if self.direct is not None:
+            buf, filled, last = self.direct
+            filled += nbytes
+            if filled < len(buf):
+                self.direct = (buf, filled, last)
+                return
+            self.direct = None
+            self._fragment_done(buf, last)
+            return
+        self.rend += nbytes
+        self._scan()
+
+    # -- record marking -------------------------------------------------------------
+    def _compact(self):
+        left = self.rend - self.rstart
+        if self.rstart:
+            self.rbuf[:left] = self.rbuf[self.rstart:self.rend]
+        self.rstart, self.rend = 0, left
+
+    def _scan(self):
+        rbuf = self.rbuf
+        while not self.closed and self.rend - self.rstart >= 4:
+            header = _HDR.unpack_from(rbuf, self.rstart)[0]
+            last = bool(header & LAST_FRAGMENT)
+            length = header & 0x7FFFFFFF
+            if self.frags_len + length > self.max_record:
+                log.warning("record of %d+ bytes from %s exceeds the limit %d: closing", self.frags_len + length,
+                            self.peer[0], self.max_record)
+                self.abort()
+                return
+            start = self.rstart + 4
+            have = self.rend - start
+            if have >= length:
+                self.rstart = start + length
+                self._fragment_done(bytes(rbuf[start:start + length]), last)
+                continue
+            if length > len(rbuf) // 2:
+                # a big fragment (a WRITE): receive straight into its own buffer
+                buf = bytearray(length)
+                buf[:have] = rbuf[start:self.rend]
+                self.rstart = self.rend = 0
+                self.direct = (buf, have, last)
+                return
+            break
+        if self.rstart == self.rend:
+            self.rstart = self.rend = 0
+        elif len(self.rbuf) - self.rend < 64 * 1024:
+            self._compact()
+
+    def _fragment_done(self, data, last):
+        if not last:
+            self.frags.append(data)
+            self.frags_len += len(data)
+            return
+        if self.frags:
+            self.frags.append(data)
+            data = b"".join(self.frags)
+            self.frags, self.frags_len = [], 0
+        self._record(data)
+
+    def _record(self, record):
+        self.in_flight += 1
+        self._update_reading()
+        task = asyncio.ensure_future(self._handle(record))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _update_reading(self):
+        if self.transport is None or self.closed:
+            return
+        want_pause = self.writing_paused or self.in_flight >= self.MAX_IN_FLIGHT
+        if want_pause and not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()
+        elif not want_pause and self.reading_paused:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    # -- calls ------------------------------------------------------------------------------
+    async def _handle(self, record):
+        try:
+            reply = await self._dispatch(record)
+            if reply is not None:
+                self.send(reply)
+        except Exception:  # noqa: BLE001 - a bug in one call must not take the connection's loop down
+            log.exception("unexpected error handling a call from %s", self.peer[0])
+        finally:
+            self.in_flight -= 1
+            self._update_reading()
+
+    async def _dispatch(self, record):
+        try:
+            call, cred, pos = parse_call(record)
+        except RpcReject as rej:
+            return [rej.body]
+        except XdrError as exc:
+            if len(record) >= 4:
+                xid = _HDR.unpack_from(record, 0)[0]
+                if len(record) >= 8 and _HDR.unpack_from(record, 4)[0] == REPLY:
+                    return None  # a stray reply: nothing to answer
+                log.debug("garbage call from %s: %s", self.peer[0], exc)
+                return [accepted(xid, GARBAGE_ARGS)]
+            return None
+        program = self.server.programs.get(call.prog)
+        if program is None:
+            return [accepted(call.xid, PROG_UNAVAIL)]
+        if call.vers not in program.versions:
+            return [prog_mismatch(call.xid, min(program.versions), max(program.versions))]
+        try:
+            body = await program.call(self, call, cred, record, pos)
+        except RpcReject as rej:
+            return [rej.body]
+        return [success_head(call.xid), *body]
+
+    def send(self, chunks):
+        if self.closed or self.transport is None or self.transport.is_closing():
+            return
+        total = sum(len(ch) for ch in chunks)
+        head = _HDR.pack(LAST_FRAGMENT | total)
+        if total < 64 * 1024:
+            self.transport.write(b"".join([head, *chunks]))
+            return
+        # Python 3.11 writelines() joins (a copy): write each chunk, the
+        # transport sends what it can at once and buffers only the rest
+        write = self.transport.write
+        write(head)
+        for chunk in chunks:
+            write(chunk)
+
+    def abort(self):
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()

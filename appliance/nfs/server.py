@@ -1,0 +1,182 @@
+"""The NFSv4.1 server: an asyncio TCP listener, the NFS program (NULL and
+COMPOUND), worker threads for blocking work, periodic lease and export
+housekeeping, and a thread runner for tests and ``shingle serve``."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from appliance.nfs import compound
+from appliance.nfs import const as c
+from appliance.nfs.exports import ExportTable, default_rule
+from appliance.nfs.fh import HandleCodec
+from appliance.nfs.rpc import PROC_UNAVAIL, RpcConnection, RpcReject, accepted
+from appliance.nfs.state import StateTable
+
+log = logging.getLogger("shingle.nfs")
+
+DEFAULT_MAX_RECORD = (4 << 20) + (64 << 10)
+STATFS_TTL = 2.0
+EXPORTS_TTL = 5.0
+
+
+class Nfs4Program:
+    versions = (c.NFS_V4,)
+
+    def __init__(self, server: "NfsServer"):
+        self.server = server
+
+    async def call(self, conn: RpcConnection, call, cred, record, pos):
+        if call.proc == 0:
+            return []
+        if call.proc != 1:
+            raise RpcReject(accepted(call.xid, PROC_UNAVAIL))
+        server = self.server
+        return await server.loop.run_in_executor(
+            server.pool, compound.execute, server, conn.state, cred, conn.peer[0], record, pos)
+
+
+class NfsServer:
+    def __init__(self, namespace, catalog, *, host: str = "127.0.0.1", port: int = 2049,
+                 max_record_size: int = DEFAULT_MAX_RECORD, lease_seconds: int = 90,
+                 grace_seconds: int | None = None, workers: int = 32):
+        self.namespace = namespace
+        self.catalog = catalog
+        self.host = host
+        self.port = port
+        self.max_record_size = max_record_size
+        self.lease_seconds = lease_seconds
+        self.grace_seconds = grace_seconds
+        self.workers = workers
+        self.handles = HandleCodec(catalog)
+        self.owner_major = f"shingle-{self.handles.fsid:016x}".encode()
+        # changes every start: clients must re-send UNSTABLE writes after a restart
+        self.write_verifier = os.urandom(8)
+        self.boot_ns = time.time_ns()
+        self.exports_generation = 1
+        self.exports: ExportTable | None = None
+        self.state: StateTable | None = None
+        self.programs = {c.NFS4_PROGRAM: Nfs4Program(self)}
+        self.connections: set = set()
+        self.loop = None
+        self.pool = None
+        self._server = None
+        self._housekeeper = None
+        self._statfs = None
+        self._statfs_at = 0.0
+        self._statfs_lock = threading.Lock()
+
+    # -- helpers used by operations --------------------------------------------------------
+    def statfs(self):
+        now = time.monotonic()
+        if self._statfs is None or now - self._statfs_at > STATFS_TTL:
+            with self._statfs_lock:
+                if self._statfs is None or now - self._statfs_at > STATFS_TTL:
+                    self._statfs = self.namespace.statfs()
+                    self._statfs_at = now
+        return self._statfs
+
+    def exports_default_rule(self):
+        return default_rule()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="nfs-worker")
+        self.exports = await self.loop.run_in_executor(self.pool, ExportTable, self.catalog, self.namespace)
+        self.state = await self.loop.run_in_executor(
+            self.pool, lambda: StateTable(self.catalog, self.namespace, lease_seconds=self.lease_seconds,
+                                          grace_seconds=self.grace_seconds))
+        self._server = await self.loop.create_server(lambda: RpcConnection(self), self.host, self.port,
+                                                     reuse_address=True, backlog=256)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._housekeeper = asyncio.ensure_future(self._housekeeping())
+        log.info("NFSv4.1 server listening on %s:%d", self.host, self.port)
+
+    async def _housekeeping(self) -> None:
+        period = max(1.0, min(EXPORTS_TTL, self.lease_seconds / 4))
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.loop.run_in_executor(self.pool, self.state.expire_idle)
+                await self.loop.run_in_executor(self.pool, self.exports.refresh)
+            except Exception:  # noqa: BLE001 - housekeeping retries next period
+                log.exception("NFS housekeeping failed")
+
+    async def stop(self) -> None:
+        """Stop accepting, let calls in progress finish, close connections."""
+        if self._server is None:
+            return
+        self._server.close()
+        if self._housekeeper is not None:
+            self._housekeeper.cancel()
+        pending = [t for conn in list(self.connections) for t in conn.tasks]
+        if pending:
+            await asyncio.wait(pending, timeout=10)
+        for conn in list(self.connections):
+            conn.abort()
+        await self._server.wait_closed()
+        self._server = None
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class NfsServerThread:
+    """Runs an NfsServer in its own thread and event loop."""
+
+    def __init__(self, namespace, catalog, **kwargs):
+        self.server = NfsServer(namespace, catalog, **kwargs)
+        self._thread = None
+        self._loop = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def start(self) -> "NfsServerThread":
+        self._thread = threading.Thread(target=self._run, name="nfs-server", daemon=True)
+        self._thread.start()
+        self._ready.wait(60)
+        if self._error is not None:
+            raise self._error
+        if not self._ready.is_set():
+            raise RuntimeError("NFS server did not start within 60 s")
+        return self
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self.server.start())
+        except BaseException as exc:  # noqa: BLE001 - reported to start()'s caller
+            self._error = exc
+            self._ready.set()
+            loop.close()
+            return
+        self._ready.set()
+        loop.run_forever()
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+    def stop(self) -> None:
+        if self._loop is None or self._thread is None:
+            return
+        fut = asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop)
+        try:
+            fut.result(30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(30)
+            self._thread = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,454 @@
+"""NFSv4.1 state: clients, sessions and their slot tables (the reply cache),
+open and lock stateids, share reservations, byte-range locks, leases and the
+grace period after a restart.
+
+All of it lives behind one lock (``StateTable.lock``): state operations are
+short, and one lock keeps conflicts across clients simple to reason about.
+Client records are also kept in the catalog (nfs_clients) so that a
+restarted server knows who may reclaim during its grace period."""
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy import delete, select
+
+from appliance.nfs import const as c
+from engine.catalog.models import NfsClient
+
+log = logging.getLogger("shingle.nfs.state")
+
+CLIENTS = NfsClient.__table__
+INF = 1 << 64  # end of a lock "to end of file"
+SLOTS_MAX = 64
+_OTHER = struct.Struct(">IQ")
+
+
+class NfsError(Exception):
+    """An operation failed with ``status``; ``payload`` is the error arm (LOCK4denied)."""
+
+    def __init__(self, status: int, message: str = "", payload=None):
+        super().__init__(message or f"status {status}")
+        self.status = status
+        self.payload = payload
+
+
+@dataclass
+class Slot:
+    seqid: int = 0
+    reply: list | None = None  # cached reply chunks (None: not cached)
+    fingerprint: tuple | None = None
+    busy: bool = False
+
+
+@dataclass
+class Session:
+    id: bytes
+    client: "Client"
+    slots: list
+    fore: object
+    back: object
+    max_ops: int
+    max_cached: int
+    max_request: int
+    max_response: int
+
+
+@dataclass
+class Client:
+    clientid: int
+    owner: bytes
+    verifier: bytes
+    principal: tuple
+    address: str
+    confirmed: bool = False
+    cs_sequence: int = 1  # next expected CREATE_SESSION sequence
+    cs_reply: object = None
+    sessions: dict = field(default_factory=dict)
+    last_renew: float = field(default_factory=time.monotonic)
+    may_reclaim: bool = False
+    reclaim_complete: bool = False
+    states: set = field(default_factory=set)  # stateid "other" values
+
+
+@dataclass
+class OpenState:
+    other: bytes
+    client: Client
+    ino: int
+    owner: bytes
+    seqid: int = 1
+    access: int = 0
+    deny: int = 0
+    locks: set = field(default_factory=set)
+
+    kind = "open"
+
+
+@dataclass
+class LockState:
+    other: bytes
+    client: Client
+    ino: int
+    owner: bytes
+    open: OpenState
+    seqid: int = 1
+    ranges: list = field(default_factory=list)  # (start, end, type) with end exclusive
+
+    kind = "lock"
+
+
+def overlaps(a0, a1, b0, b1) -> bool:
+    return a0 < b1 and b0 < a1
+
+
+def lock_range(offset: int, length: int) -> tuple[int, int]:
+    if length == 0:
+        raise NfsError(c.NFS4ERR_INVAL, "lock length 0")
+    if length == c.NFS4_UINT64_MAX:
+        return offset, INF
+    end = offset + length
+    if end > INF:
+        raise NfsError(c.NFS4ERR_INVAL, f"lock range {offset}+{length} passes 2^64")
+    return offset, end
+
+
+def is_write(locktype: int) -> bool:
+    return locktype in (c.WRITE_LT, c.WRITEW_LT)
+
+
+class StateTable:
+    def __init__(self, catalog, namespace, *, lease_seconds: int, grace_seconds: int | None):
+        self.catalog = catalog
+        self.namespace = namespace
+        self.lease_seconds = lease_seconds
+        self.lock = threading.RLock()
+        self.boot = int(time.time()) & 0xFFFFFFFF
+        self.counter = 0
+        self.clients: dict[int, Client] = {}
+        self.by_owner: dict[bytes, Client] = {}
+        self.sessions: dict[bytes, Session] = {}
+        self.states: dict[bytes, OpenState | LockState] = {}
+        self.opens_by_file: dict[int, list[OpenState]] = {}
+        self.locks_by_file: dict[int, list[LockState]] = {}
+        self.open_by_owner_file: dict[tuple, OpenState] = {}
+        self.lock_by_owner_file: dict[tuple, LockState] = {}
+        # restart: clients recorded by the previous instance may reclaim
+        self.reclaimable: set[bytes] = set(self._load_previous_clients())
+        grace = lease_seconds if grace_seconds is None else grace_seconds
+        self.grace_end = time.monotonic() + grace if self.reclaimable and grace > 0 else 0.0
+        if self.grace_end:
+            log.info("grace period of %d s for %d previous clients", grace, len(self.reclaimable))
+
+    # -- ids -------------------------------------------------------------------------
+    def _next(self) -> int:
+        self.counter += 1
+        return self.counter
+
+    def new_clientid(self) -> int:
+        return (self.boot << 32) | self._next()
+
+    def new_other(self) -> bytes:
+        return _OTHER.pack(self.boot, self._next())
+
+    # -- grace ---------------------------------------------------------------------------
+    def in_grace(self) -> bool:
+        if self.grace_end and time.monotonic() >= self.grace_end:
+            self._end_grace()
+        return bool(self.grace_end)
+
+    def _end_grace(self) -> None:
+        self.grace_end = 0.0
+        stale = self.reclaimable
+        self.reclaimable = set()
+        if stale:
+            current = {cl.owner for cl in self.clients.values()}
+            gone = [o for o in stale if o not in current]
+            if gone:
+                self.catalog.run(lambda conn: conn.execute(delete(CLIENTS).where(CLIENTS.c.owner.in_(gone))))
+        log.info("grace period over")
+
+    def _maybe_end_grace_early(self) -> None:
+        # every previous client has reclaimed: no reason to hold new ones back
+        done = {cl.owner for cl in self.clients.values() if cl.reclaim_complete}
+        if self.grace_end and self.reclaimable <= done:
+            self._end_grace()
+
+    # -- catalog records -------------------------------------------------------------------
+    def _load_previous_clients(self) -> list[bytes]:
+        rows = self.catalog.read(lambda conn: conn.execute(
+            select(CLIENTS.c.owner).where(CLIENTS.c.confirmed.is_(True))).all())
+        return [bytes(r.owner) for r in rows]
+
+    def _record_client(self, cl: Client) -> None:
+        now = time.time_ns()
+
+        def work(conn):
+            conn.execute(delete(CLIENTS).where(CLIENTS.c.owner == cl.owner))
+            conn.execute(CLIENTS.insert().values(
+                clientid=cl.clientid & ((1 << 63) - 1), owner=cl.owner, verifier=cl.verifier,
+                address=cl.address[:64], minor_version=1, confirmed=True,
+                reclaim_complete=cl.reclaim_complete, created_ns=now, last_seen_ns=now))
+        self.catalog.run(work)
+
+    def _forget_client_record(self, owner: bytes) -> None:
+        self.catalog.run(lambda conn: conn.execute(delete(CLIENTS).where(CLIENTS.c.owner == owner)))
+
+    # -- clients ---------------------------------------------------------------------------------
+    def exchange_id(self, owner: bytes, verifier: bytes, principal: tuple, address: str) -> Client:
+        with self.lock:
+            cl = self.by_owner.get(owner)
+            if cl is not None and cl.verifier == verifier:
+                if cl.confirmed and cl.principal != principal and cl.states:
+                    raise NfsError(c.NFS4ERR_CLID_INUSE, "client owner in use by another principal")
+                cl.last_renew = time.monotonic()
+                return cl
+            if cl is not None and cl.confirmed:
+                # the client rebooted (new verifier): its old state goes
+                self._expire(cl)
+            elif cl is not None:
+                self.clients.pop(cl.clientid, None)
+            cl = Client(self.new_clientid(), owner, verifier, principal, address)
+            cl.may_reclaim = owner in self.reclaimable
+            self.clients[cl.clientid] = cl
+            self.by_owner[owner] = cl
+            return cl
+
+    def client(self, clientid: int) -> Client:
+        cl = self.clients.get(clientid)
+        if cl is None:
+            raise NfsError(c.NFS4ERR_STALE_CLIENTID, f"client id {clientid:x} unknown")
+        return cl
+
+    def confirm(self, cl: Client) -> None:
+        if not cl.confirmed:
+            cl.confirmed = True
+            self._record_client(cl)
+
+    def destroy_client(self, clientid: int) -> None:
+        with self.lock:
+            cl = self.client(clientid)
+            if cl.sessions:
+                raise NfsError(c.NFS4ERR_CLIENTID_BUSY, "client still has sessions")
+            self._expire(cl)
+
+    def reclaim_complete(self, cl: Client) -> None:
+        with self.lock:
+            if cl.reclaim_complete:
+                raise NfsError(c.NFS4ERR_COMPLETE_ALREADY, "RECLAIM_COMPLETE already done")
+            cl.reclaim_complete = True
+            self._maybe_end_grace_early()
+
+    def _expire(self, cl: Client) -> None:
+        for sid in list(cl.sessions):
+            self.sessions.pop(sid, None)
+        cl.sessions.clear()
+        for other in list(cl.states):
+            st = self.states.get(other)
+            if st is not None:
+                if st.kind == "open":
+                    self._drop_open(st)
+                else:
+                    self._drop_lock(st)
+        self.clients.pop(cl.clientid, None)
+        if self.by_owner.get(cl.owner) is cl:
+            del self.by_owner[cl.owner]
+            if cl.confirmed:
+                try:
+                    self._forget_client_record(cl.owner)
+                except Exception:  # noqa: BLE001 - the catalog may be down; the record only costs a grace period
+                    log.exception("could not forget client record")
+
+    def expire_idle(self) -> int:
+        """Drop clients whose lease ran out (called periodically)."""
+        now = time.monotonic()
+        with self.lock:
+            idle = [cl for cl in self.clients.values()
+                    if now - cl.last_renew > self.lease_seconds * 1.5
+                    and not any(s.busy for sess in cl.sessions.values() for s in sess.slots)]
+            for cl in idle:
+                log.info("lease of client %x expired", cl.clientid)
+                self._expire(cl)
+            self.in_grace()
+            return len(idle)
+
+    # -- sessions ---------------------------------------------------------------------------------
+    def add_session(self, cl: Client, fore, back) -> Session:
+        nslots = max(1, min(fore.maxrequests, SLOTS_MAX))
+        sid = os.urandom(16)
+        sess = Session(sid, cl, [Slot() for _ in range(nslots)], fore, back, fore.maxoperations,
+                       fore.maxresponsesize_cached, fore.maxrequestsize, fore.maxresponsesize)
+        self.sessions[sid] = sess
+        cl.sessions[sid] = sess
+        return sess
+
+    def session(self, sid: bytes) -> Session:
+        sess = self.sessions.get(sid)
+        if sess is None:
+            raise NfsError(c.NFS4ERR_BADSESSION, "session unknown")
+        return sess
+
+    def destroy_session(self, sid: bytes) -> None:
+        with self.lock:
+            sess = self.session(sid)
+            del self.sessions[sid]
+            sess.client.sessions.pop(sid, None)
+
+    # -- stateids ------------------------------------------------------------------------------------
+    def find(self, stateid, cl: Client | None):
+        st = self.states.get(stateid.other)
+        if st is None:
+            boot = _OTHER.unpack(stateid.other)[0]
+            if boot != self.boot:
+                raise NfsError(c.NFS4ERR_STALE_STATEID, "stateid from an earlier server instance")
+            raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid unknown")
+        if cl is not None and st.client is not cl:
+            raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid of another client")
+        if stateid.seqid and stateid.seqid != st.seqid:
+            raise NfsError(c.NFS4ERR_OLD_STATEID if stateid.seqid < st.seqid else c.NFS4ERR_BAD_STATEID,
+                           f"stateid seqid {stateid.seqid}, current {st.seqid}")
+        return st
+
+    def test_stateid(self, stateid, cl: Client) -> int:
+        with self.lock:
+            try:
+                self.find(stateid, cl)
+                return c.NFS4_OK
+            except NfsError as exc:
+                return exc.status
+
+    def free_stateid(self, stateid, cl: Client) -> None:
+        with self.lock:
+            st = self.find(stateid, cl)
+            if st.kind == "open":
+                raise NfsError(c.NFS4ERR_LOCKS_HELD, "an open stateid is freed by CLOSE")
+            if st.ranges:
+                raise NfsError(c.NFS4ERR_LOCKS_HELD, "lock stateid still holds locks")
+            self._drop_lock(st)
+
+    # -- opens ---------------------------------------------------------------------------------------
+    def open(self, cl: Client, owner: bytes, ino: int, access: int, deny: int) -> OpenState:
+        with self.lock:
+            key = (cl.clientid, owner, ino)
+            for other in self.opens_by_file.get(ino, ()):
+                if (other.client.clientid, other.owner) == (cl.clientid, owner):
+                    continue
+                if (access & other.deny) or (deny & other.access):
+                    raise NfsError(c.NFS4ERR_SHARE_DENIED, f"share reservation conflict on inode {ino}")
+            st = self.open_by_owner_file.get(key)
+            if st is None:
+                st = OpenState(self.new_other(), cl, ino, owner, seqid=1, access=access, deny=deny)
+                self.states[st.other] = st
+                self.opens_by_file.setdefault(ino, []).append(st)
+                self.open_by_owner_file[key] = st
+                cl.states.add(st.other)
+                self.namespace.open_ref(ino)
+            else:
+                st.access |= access
+                st.deny |= deny
+                st.seqid += 1
+            return st
+
+    def downgrade(self, st: OpenState, access: int, deny: int) -> None:
+        with self.lock:
+            if access & ~st.access or deny & ~st.deny or not access:
+                raise NfsError(c.NFS4ERR_INVAL, f"downgrade to access {access} deny {deny} from "
+                                                f"{st.access}/{st.deny}")
+            st.access, st.deny = access, deny
+            st.seqid += 1
+
+    def close(self, st: OpenState) -> None:
+        with self.lock:
+            st.seqid += 1
+            self._drop_open(st)
+
+    def _drop_open(self, st: OpenState) -> None:
+        if self.states.pop(st.other, None) is None:
+            return
+        for other in list(st.locks):
+            lk = self.states.get(other)
+            if lk is not None:
+                self._drop_lock(lk)
+        opens = self.opens_by_file.get(st.ino, [])
+        if st in opens:
+            opens.remove(st)
+        if not opens:
+            self.opens_by_file.pop(st.ino, None)
+        self.open_by_owner_file.pop((st.client.clientid, st.owner, st.ino), None)
+        st.client.states.discard(st.other)
+        try:
+            self.namespace.close_ref(st.ino)
+        except Exception:  # noqa: BLE001 - freeing an unlinked file can fail later; never lose the state table
+            log.exception("close_ref of inode %d failed", st.ino)
+
+    # -- locks ------------------------------------------------------------------------------------------
+    def conflict(self, cl: Client, owner: bytes, ino: int, start: int, end: int, locktype: int):
+        for lk in self.locks_by_file.get(ino, ()):
+            if lk.client is cl and lk.owner == owner:
+                continue
+            for r0, r1, rtype in lk.ranges:
+                if overlaps(start, end, r0, r1) and (is_write(locktype) or is_write(rtype)):
+                    return lk, r0, r1, rtype
+        return None
+
+    def denied(self, hit):
+        from appliance.nfs.types4 import LOCK4denied, state_owner4
+        lk, r0, r1, rtype = hit
+        length = c.NFS4_UINT64_MAX if r1 == INF else r1 - r0
+        return LOCK4denied.cls(r0, length, c.WRITE_LT if is_write(rtype) else c.READ_LT,
+                               state_owner4.cls(lk.client.clientid, lk.owner))
+
+    def lock_state_for(self, cl: Client, open_st: OpenState, owner: bytes) -> LockState:
+        key = (cl.clientid, owner, open_st.ino)
+        lk = self.lock_by_owner_file.get(key)
+        if lk is None:
+            lk = LockState(self.new_other(), cl, open_st.ino, owner, open_st, seqid=0)
+            self.states[lk.other] = lk
+            self.lock_by_owner_file[key] = lk
+            self.locks_by_file.setdefault(open_st.ino, []).append(lk)
+            open_st.locks.add(lk.other)
+            cl.states.add(lk.other)
+        return lk
+
+    def add_lock(self, lk: LockState, start: int, end: int, locktype: int) -> None:
+        hit = self.conflict(lk.client, lk.owner, lk.ino, start, end, locktype)
+        if hit is not None:
+            raise NfsError(c.NFS4ERR_DENIED, "lock conflict", self.denied(hit))
+        kind = c.WRITE_LT if is_write(locktype) else c.READ_LT
+        lk.ranges = _cut(lk.ranges, start, end) + [(start, end, kind)]
+        lk.ranges.sort()
+        lk.seqid += 1
+
+    def unlock(self, lk: LockState, start: int, end: int) -> None:
+        lk.ranges = _cut(lk.ranges, start, end)
+        lk.seqid += 1
+
+    def _drop_lock(self, lk: LockState) -> None:
+        if self.states.pop(lk.other, None) is None:
+            return
+        locks = self.locks_by_file.get(lk.ino, [])
+        if lk in locks:
+            locks.remove(lk)
+        if not locks:
+            self.locks_by_file.pop(lk.ino, None)
+        self.lock_by_owner_file.pop((lk.client.clientid, lk.owner, lk.ino), None)
+        lk.open.locks.discard(lk.other)
+        lk.client.states.discard(lk.other)
+
+
+def _cut(ranges: list, start: int, end: int) -> list:
+    """``ranges`` minus [start, end): POSIX locks of one owner split and merge."""
+    out = []
+    for r0, r1, t in ranges:
+        if not overlaps(start, end, r0, r1):
+            out.append((r0, r1, t))
+            continue
+        if r0 < start:
+            out.append((r0, start, t))
+        if end < r1:
+            out.append((end, r1, t))
+    return out
