@@ -9,6 +9,7 @@ from __future__ import annotations
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -272,3 +273,15 @@ class Setting(Base):
     __tablename__ = "settings"
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[str] = mapped_column(Text)
+
+
+class MetricSample(Base):
+    """One reading of a counter (NFS operations and bytes, media bytes, ...) at a moment;
+    the daemon records them (engine.metrics.record_sample) and the web UI charts them."""
+
+    __tablename__ = "metric_samples"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    time_ns: Mapped[int] = mapped_column(BigInteger)
+    name: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float] = mapped_column(Float)
+    __table_args__ = (Index("ix_metric_samples_name_time", "name", "time_ns"),)

@@ -1,0 +1,39 @@
+"""`shingle webui [--port W]`: the admin web UI under gunicorn, in the foreground.
+
+It execs gunicorn with webui/gunicorn.conf.py and ``webui.app:create_app()``,
+so signals (systemd's SIGTERM, Ctrl-C) reach gunicorn directly."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def cmd_webui(args) -> int:
+    from appliance.cli import load_config
+    from appliance.runtime import open_catalog
+
+    config = load_config(args)
+    open_catalog(config).close()  # fail here with one clear line, not in every worker
+    port = args.port if args.port is not None else config.get("webui.port")
+    if not 0 < port < 65536:
+        from appliance.cli import UsageError
+        raise UsageError(f"--port {port}: expected a TCP port 1-65535")
+    host = config.get("webui.host")
+    conf = Path(__file__).resolve().parent.parent / "webui" / "gunicorn.conf.py"
+    env = dict(os.environ, SHINGLE_CONFIG=str(Path(config.path).resolve()), SHINGLE_WEBUI_BIND=f"{host}:{port}",
+               SHINGLE_WEBUI_WORKERS=str(config.get("webui.workers")),
+               SHINGLE_WEBUI_LOGLEVEL=config.get("logging.level"))
+    shown = f"[{host}]" if ":" in host else host
+    print(f"Web UI: http://{shown}:{port}/  (first admin login in {config.data_dir / 'initial-admin-password'})",
+          flush=True)
+    argv = [sys.executable, "-m", "gunicorn", "--config", str(conf), "webui.app:create_app()"]
+    os.chdir(Path(__file__).resolve().parent.parent)  # so gunicorn imports this tree's webui package
+    os.execve(sys.executable, argv, env)
+    return 0  # not reached
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("webui", help="run the admin web UI (gunicorn) in the foreground")
+    p.add_argument("--port", type=int, help="TCP port (default: [webui] port)")
+    p.set_defaults(func=cmd_webui)

@@ -1,0 +1,80 @@
+"""Time series of the appliance's counters, kept in the catalog for the web UI.
+
+The daemon calls ``record_sample(catalog, nfs_read_bytes=..., ...)`` every few
+seconds with CUMULATIVE counters (totals since it started, like Prometheus
+counters); rates are derived between consecutive samples, and a value that
+goes down marks a daemon restart rather than negative traffic.
+
+Counter names (the daemon records what it has; charts show what exists):
+- ``nfs_read_bytes``, ``nfs_write_bytes``: payload bytes served / accepted
+- ``nfs_ops``: all NFS operations; ``nfs_ops_<op>`` per operation (e.g. nfs_ops_read)
+- ``client_bytes_written``, ``media_bytes_written``: for write amplification
+- ``nfs_latency_le_<ms>``: cumulative count of operations at most <ms> milliseconds
+  (a histogram bucket; ``nfs_latency_le_inf`` = all), ``nfs_latency_sum_s``
+Samples older than ``KEEP_SECONDS`` are pruned as new ones arrive."""
+from __future__ import annotations
+
+import re
+import time
+
+from sqlalchemy import func, select
+
+from engine.catalog.database import Catalog
+from engine.catalog.models import MetricSample
+
+SAMPLES = MetricSample.__table__
+KEEP_SECONDS = 7 * 24 * 3600
+NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+def record_sample(catalog: Catalog, *, time_ns: int | None = None, **counters: float) -> None:
+    """Store one reading of each counter, all stamped with the same time."""
+    now = time_ns if time_ns is not None else time.time_ns()
+    rows = []
+    for name, value in counters.items():
+        if not NAME_RE.fullmatch(name):
+            raise ValueError(f"counter name {name!r}: expected lower-case letters, digits and _, at most 64")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"counter {name} = {value!r}: expected a number")
+        rows.append({"time_ns": now, "name": name, "value": float(value)})
+    if not rows:
+        return
+
+    def work(conn):
+        conn.execute(SAMPLES.insert(), rows)
+        conn.execute(SAMPLES.delete().where(SAMPLES.c.time_ns < now - KEEP_SECONDS * 1_000_000_000))
+    catalog.run(work)
+
+
+def series(catalog: Catalog, name: str, since_ns: int) -> list[tuple[int, float]]:
+    """(time_ns, value) readings of one counter since a moment, oldest first."""
+    def work(conn):
+        return [(r.time_ns, r.value) for r in conn.execute(
+            select(SAMPLES.c.time_ns, SAMPLES.c.value)
+            .where(SAMPLES.c.name == name, SAMPLES.c.time_ns >= since_ns).order_by(SAMPLES.c.time_ns))]
+    return catalog.read(work)
+
+
+def rates(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """Per-second rates between consecutive readings of a cumulative counter.
+
+    A drop means the counter restarted from zero, so the new value itself is the increase."""
+    out = []
+    for (t0, v0), (t1, v1) in zip(points, points[1:]):
+        seconds = (t1 - t0) / 1e9
+        if seconds <= 0:
+            continue
+        increase = v1 - v0 if v1 >= v0 else v1
+        out.append((t1, increase / seconds))
+    return out
+
+
+def latest(catalog: Catalog) -> dict[str, float]:
+    """The most recent reading of every counter."""
+    def work(conn):
+        newest = (select(SAMPLES.c.name, func.max(SAMPLES.c.time_ns).label("t"))
+                  .group_by(SAMPLES.c.name).subquery())
+        rows = conn.execute(select(SAMPLES.c.name, SAMPLES.c.value).join(
+            newest, (SAMPLES.c.name == newest.c.name) & (SAMPLES.c.time_ns == newest.c.t)))
+        return {r.name: r.value for r in rows}
+    return catalog.read(work)

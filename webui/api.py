@@ -1,0 +1,291 @@
+"""The JSON REST API under /api/v1: everything the pages do, for scripts.
+
+Each endpoint is declared once with ``endpoint(...)``: its schema validates the
+request and the same declaration becomes its entry in /api/v1/openapi.json.
+Authentication: the session cookie (state-changing calls then need the
+X-CSRF-Token header) or ``Authorization: Bearer <API token>``. Errors are JSON
+{"error": message} (with "fields" for validation errors)."""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+from flask import Blueprint, g, jsonify, request
+
+from engine import accounts, errors, events
+from webui import core, dashboard, drives, exports, retention, settings, tiers
+from webui.schema import Field, Schema, ValidationError
+
+bp = Blueprint("api", __name__, url_prefix="/api/v1")
+API_VERSION = "1.0.0"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    rule: str
+    method: str
+    summary: str
+    tag: str
+    body: Schema | None
+    partial: bool
+    query: Schema | None
+    status: int
+    auth: bool
+
+
+ENDPOINTS: list[Endpoint] = []
+
+
+def endpoint(rule: str, method: str, summary: str, tag: str, *, body: Schema | None = None,
+             body_factory=None, partial: bool = False, query: Schema | None = None, status: int = 200,
+             auth: bool = True):
+    """Register an API view; it receives ``body=`` / ``query=`` already validated."""
+    def deco(fn):
+        spec = Endpoint(rule, method, summary, tag, body, partial, query, status, auth)
+        ENDPOINTS.append(spec)
+        if body_factory is not None:
+            _lazy_bodies[len(ENDPOINTS) - 1] = body_factory
+
+        @functools.wraps(fn)
+        def view(**kwargs):
+            if auth and not g.get("admin"):
+                return core.api_error("authentication required: sign in or send Authorization: Bearer "
+                                      "<API token>", 401)
+            try:
+                schema = _body_schema(ENDPOINTS.index(spec))
+                if schema is not None:
+                    data = request.get_json(silent=True)
+                    if data is None:
+                        raise ValidationError({"": "request body: expected a JSON object "
+                                                   "(Content-Type: application/json)"})
+                    kwargs["body"] = schema.validate(data, partial=partial)
+                if query is not None:
+                    kwargs["query"] = query.from_form(request.args)
+                result = fn(**kwargs)
+            except core.USER_ERRORS as exc:
+                return core.api_failure(exc)
+            response = jsonify(result)
+            response.status_code = status
+            return response
+        bp.add_url_rule(rule, endpoint=f"{fn.__name__}_{method.lower()}", view_func=view, methods=[method])
+        return fn
+    return deco
+
+
+_lazy_bodies: dict[int, object] = {}
+
+
+def _body_schema(index: int) -> Schema | None:
+    factory = _lazy_bodies.get(index)
+    return factory() if factory is not None else ENDPOINTS[index].body
+
+
+# -- status and drives ---------------------------------------------------------------
+@endpoint("/status", "GET", "Capacity per tier, drive states, NFS throughput of the last hour", "dashboard")
+def status():
+    return dashboard.summary()
+
+
+@endpoint("/drives", "GET", "Every drive with state, capacity, SMART and I/O counters", "drives")
+def list_drives():
+    return drives.drive_rows()
+
+
+@endpoint("/drives/<int:drive_id>", "GET", "One drive, with its zones counted by state and band class", "drives")
+def get_drive(drive_id: int):
+    row = drives.drive_row(drive_id)
+    row["bands"] = drives.band_counts(drives.zones_of(drive_id))
+    return row
+
+
+@endpoint("/drives/<int:drive_id>/actions", "POST", "Mark failed, drain, request a rebuild or start a SMART "
+          "short self-test", "drives", body=drives.ACTION_SCHEMA)
+def drive_action(drive_id: int, body: dict):
+    return {"message": drives.do_action(drive_id, body["action"], core.actor())}
+
+
+# -- retention -------------------------------------------------------------------------------
+@endpoint("/retention/rules", "GET", "Retention rules", "retention")
+def list_rules():
+    return [rule.to_dict() for rule in retention.service().list_rules()]
+
+
+@endpoint("/retention/rules", "POST", "Create a keep-last-N rule", "retention", body_factory=retention.rule_schema,
+          status=201)
+def create_rule(body: dict):
+    rule_id = retention.create_rule(body, core.actor())
+    return retention.service().get_rule(rule_id).to_dict()
+
+
+@endpoint("/retention/rules/<int:rule_id>", "GET", "One retention rule", "retention")
+def get_rule(rule_id: int):
+    return retention.service().get_rule(rule_id).to_dict()
+
+
+@endpoint("/retention/rules/<int:rule_id>", "PATCH", "Change fields of a retention rule", "retention",
+          body_factory=retention.rule_schema, partial=True)
+def update_rule(rule_id: int, body: dict):
+    return retention.service().update_rule(rule_id, actor=core.actor(), **body).to_dict()
+
+
+@endpoint("/retention/rules/<int:rule_id>", "DELETE", "Delete a retention rule", "retention")
+def delete_rule(rule_id: int):
+    retention.service().delete_rule(rule_id, actor=core.actor())
+    return {"deleted": rule_id}
+
+
+@endpoint("/retention/preview", "GET", "What a run would do now (nothing changes)", "retention",
+          query=retention.RUN_SCHEMA)
+def preview(query: dict):
+    return [item.to_dict() for item in retention.service().preview(query.get("rule_id"))]
+
+
+@endpoint("/retention/run", "POST", "Run one rule or every enabled rule now", "retention", body=retention.RUN_SCHEMA)
+def run(body: dict):
+    return [item.to_dict() for item in retention.service().run(body.get("rule_id"), actor=core.actor())]
+
+
+# -- exports -------------------------------------------------------------------------------------
+@endpoint("/exports", "GET", "NFS exports", "exports")
+def list_exports():
+    return exports.list_exports()
+
+
+@endpoint("/exports", "POST", "Create an NFS export", "exports", body=exports.EXPORT_SCHEMA, status=201)
+def create_export(body: dict):
+    return exports.get_export(exports.create_export(body, core.actor()))
+
+
+@endpoint("/exports/<int:export_id>", "GET", "One NFS export", "exports")
+def get_export(export_id: int):
+    return exports.get_export(export_id)
+
+
+@endpoint("/exports/<int:export_id>", "PATCH", "Change fields of an NFS export", "exports",
+          body=exports.EXPORT_SCHEMA, partial=True)
+def update_export(export_id: int, body: dict):
+    return exports.update_export(export_id, body, core.actor())
+
+
+@endpoint("/exports/<int:export_id>", "DELETE", "Delete an NFS export", "exports")
+def delete_export(export_id: int):
+    exports.delete_export(export_id, core.actor())
+    return {"deleted": export_id}
+
+
+# -- tiers -----------------------------------------------------------------------------------------
+@endpoint("/tiers", "GET", "Band classes, tiering thresholds and pinned paths", "tiers")
+def get_tiers():
+    return tiers.overview()
+
+
+@endpoint("/tiers/thresholds", "PATCH", "Change tiering thresholds", "tiers", body=tiers.THRESHOLDS, partial=True)
+def set_thresholds(body: dict):
+    return tiers.set_thresholds(body, core.actor())
+
+
+@endpoint("/tiers/pins", "POST", "Pin a path (and everything below it) to a band class, or unpin it", "tiers",
+          body=tiers.PIN)
+def pin(body: dict):
+    return {"path": body["path"], "band_class": body["band_class"],
+            "inodes": tiers.pin(body["path"], body["band_class"], core.actor())}
+
+
+# -- events and tokens ---------------------------------------------------------------------------------
+EVENTS_QUERY = Schema("EventsQuery", "Which events to list, newest first.", (
+    Field("limit", "integer", "How many events", required=False, minimum=1, maximum=1000, default=100),
+    Field("kind", "string", "Only kinds starting with this, e.g. retention. or drive.", required=False,
+          max_length=64),
+    Field("before", "integer", "Only events older than this id (paging)", required=False, minimum=1),
+))
+
+
+@endpoint("/events", "GET", "The audit and activity log, newest first", "events", query=EVENTS_QUERY)
+def list_events(query: dict):
+    rows = events.recent(core.ctx().catalog, query["limit"], kind_prefix=query.get("kind") or None,
+                         before_id=query.get("before"))
+    return [{"id": e.id, "time_ns": e.time_ns, "kind": e.kind, "severity": e.severity, "actor": e.actor,
+             "message": e.message, "details": e.details} for e in rows]
+
+
+@endpoint("/tokens", "GET", "API tokens (names and use, never the secrets)", "settings")
+def list_tokens():
+    return settings.list_tokens()
+
+
+@endpoint("/tokens", "POST", "Create an API token; the response is the one chance to read it", "settings",
+          body=settings.TOKEN_SCHEMA, status=201)
+def create_token(body: dict):
+    token = accounts.create_token(core.ctx().catalog, settings.user_id(core.actor()), body["name"],
+                                  actor=core.actor())
+    return {"name": body["name"], "token": token}
+
+
+@endpoint("/tokens/<int:token_id>", "DELETE", "Revoke an API token", "settings")
+def revoke_token(token_id: int):
+    settings.revoke_token(token_id, core.actor())
+    return {"deleted": token_id}
+
+
+# -- the OpenAPI document ----------------------------------------------------------------------------------
+ERROR = {"type": "object", "required": ["error"], "properties": {
+    "error": {"type": "string", "description": "What failed, the value, and what was expected"},
+    "fields": {"type": "object", "description": "Validation errors by field name",
+               "additionalProperties": {"type": "string"}}}}
+
+
+def openapi_document() -> dict:
+    paths: dict = {}
+    for index, spec in enumerate(ENDPOINTS):
+        path = re.sub(r"<(?:int:)?(\w+)>", r"{\1}", spec.rule)
+        params = [{"name": name, "in": "path", "required": True, "description": f"{name.replace('_', ' ')}",
+                   "schema": {"type": "integer", "minimum": 1}} for name in re.findall(r"<int:(\w+)>", spec.rule)]
+        if spec.query is not None:
+            for f in spec.query.fields:
+                params.append({"name": f.name, "in": "query", "required": f.required and f.default is None,
+                               "description": f.description, "schema": f.openapi()})
+        op: dict = {"summary": spec.summary, "tags": [spec.tag], "operationId": f"{spec.method.lower()}_"
+                    + re.sub(r"\W+", "_", path).strip("_"),
+                    "responses": {str(spec.status): {"description": "success",
+                                                     "content": {"application/json": {"schema": {}}}},
+                                  "400": {"description": "invalid input", "content": {
+                                      "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+                                  "401": {"description": "not signed in and no valid API token", "content": {
+                                      "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+                                  "404": {"description": "no such object", "content": {
+                                      "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}}}
+        if params:
+            op["parameters"] = params
+        schema = _body_schema(index)
+        if schema is not None:
+            op["requestBody"] = {"required": True, "content": {"application/json": {
+                "schema": schema.openapi(partial=spec.partial)}}}
+        paths.setdefault("/api/v1" + path, {})[spec.method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "shingle admin API", "version": API_VERSION,
+                 "description": "Everything the admin web UI does. Authenticate with a session cookie plus the "
+                                "X-CSRF-Token header, or with Authorization: Bearer <API token> (create one on "
+                                "the settings page or with POST /api/v1/tokens)."},
+        "security": [{"bearerAuth": []}, {"cookieAuth": []}],
+        "components": {
+            "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"},
+                                "cookieAuth": {"type": "apiKey", "in": "cookie", "name": "shingle_session"}},
+            "schemas": {"Error": ERROR},
+        },
+        "paths": paths,
+    }
+
+
+@bp.route("/openapi.json")
+def openapi():
+    return jsonify(openapi_document())
+
+
+@bp.route("/csrf")
+def csrf():
+    """The session's CSRF token, for scripts that sign in with the login form."""
+    if not g.get("admin"):
+        return core.api_error("authentication required", 401)
+    return jsonify({"csrf_token": core.csrf_token(), "header": core.CSRF_HEADER})

@@ -1,0 +1,139 @@
+"""The admin web UI's Flask application factory.
+
+``create_app()`` reads the config named by $SHINGLE_CONFIG (gunicorn runs
+``webui.app:create_app()``); tests pass a loaded Config. The app opens the
+catalog and a namespace WITHOUT a data path: the web UI changes metadata and
+asks the daemon (through the catalog) for anything that touches drives."""
+from __future__ import annotations
+
+import datetime
+import os
+import secrets
+from pathlib import Path
+
+from flask import Flask, g, request, session
+
+from appliance import config as config_mod
+from webui import core
+
+BLUEPRINTS = ("auth", "dashboard", "drives", "retention", "exports", "tiers", "events", "settings", "api", "metrics")
+SESSION_HOURS = 12
+
+
+def _secret_key(path: Path) -> bytes:
+    """The session-signing key; created once (O_EXCL, so gunicorn workers agree on one key)."""
+    try:
+        return path.read_text().strip().encode()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip().encode()
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_hex(32) + "\n")
+    return path.read_text().strip().encode()
+
+
+def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> Flask:
+    from appliance.runtime import Appliance
+
+    if config is None:
+        path = os.environ.get("SHINGLE_CONFIG")
+        if not path:
+            raise config_mod.ConfigError("SHINGLE_CONFIG", None, "the path of shingle.toml in the environment")
+        config = config_mod.load(path)
+    elif not isinstance(config, config_mod.Config):
+        config = config_mod.load(config)
+    appliance = Appliance(config, with_data=False)
+
+    app = Flask(__name__)
+    app.config.update(
+        SECRET_KEY=_secret_key(config.resolve("webui.secret_key_file")),
+        SESSION_COOKIE_NAME="shingle_session",
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Strict",
+        PERMANENT_SESSION_LIFETIME=datetime.timedelta(hours=SESSION_HOURS),
+        MAX_CONTENT_LENGTH=1 << 20,
+        JSON_SORT_KEYS=False,
+    )
+    app.extensions["shingle"] = core.Shingle(config=config, catalog=appliance.catalog,
+                                             namespace=appliance.namespace, smartctl=config.get("smart.smartctl"))
+
+    import importlib
+    for name in BLUEPRINTS:
+        module = importlib.import_module(f"webui.{name}")
+        app.register_blueprint(module.bp)
+
+    from webui import auth
+
+    @app.before_request
+    def identify_and_check_csrf():
+        g.admin = None
+        g.via_token = False
+        header = request.headers.get("Authorization", "")
+        if header.startswith("Bearer ") and core.is_api():
+            who = auth.admin_for_token(header[len("Bearer "):].strip())
+            if who is None:
+                return core.api_error("API token not recognised: create one on the settings page", 401)
+            g.admin, g.via_token = who, True
+            return None  # a bearer token is not sent by browsers on their own, so no CSRF risk
+        g.admin = session.get("admin")
+        if request.method in core.STATE_CHANGING:
+            if core.is_api() and not g.admin:
+                return core.api_error("authentication required: sign in or send Authorization: Bearer "
+                                      "<API token>", 401)
+            if not core.csrf_ok():
+                message = ("CSRF token missing or wrong: reload the page and submit again "
+                           f"(API clients with a session send the {core.CSRF_HEADER} header)")
+                if core.is_api():
+                    return core.api_error(message, 403)
+                return message, 400
+        return None
+
+    # Globals (not a context processor) so that imported macros (_forms.html) see them too.
+    app.jinja_env.globals.update(csrf_token=core.csrf_token, fmt_size=core.fmt_size, fmt_time=core.fmt_time)
+
+    @app.context_processor
+    def signed_in_admin():
+        return {"admin": g.get("admin")}
+
+    @app.after_request
+    def security_headers(response):
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        response.headers.setdefault("Content-Security-Policy",
+                                    "default-src 'self'; img-src 'self' data:; style-src 'self'; "
+                                    "script-src 'self'; form-action 'self'; frame-ancestors 'none'")
+        return response
+
+    @app.errorhandler(404)
+    def not_found(exc):
+        if core.is_api():
+            return core.api_error(f"no such API endpoint: {request.method} {request.path}", 404)
+        return exc
+
+    @app.errorhandler(405)
+    def not_allowed(exc):
+        if core.is_api():
+            return core.api_error(f"method {request.method} not allowed on {request.path}", 405)
+        return exc
+
+    @app.errorhandler(413)
+    def too_large(exc):
+        return core.api_error(f"request body larger than {app.config['MAX_CONTENT_LENGTH']} bytes", 413)
+
+    @app.errorhandler(500)
+    def internal(exc):
+        if core.is_api():
+            return core.api_error("internal error: see the web UI's log", 500)
+        return exc
+
+    @app.teardown_appcontext
+    def _nothing(_exc):
+        return None
+
+    app.shingle = app.extensions["shingle"]
+    return app

@@ -1,0 +1,130 @@
+"""What every blueprint shares: the appliance handle, the signed-in admin, CSRF, errors.
+
+``ctx()`` is the per-process handle (config, catalog, namespace without a data
+path: the web UI never touches drives). ``g.admin`` is the signed-in admin's
+name, from the session cookie or an API token (``Authorization: Bearer``)."""
+from __future__ import annotations
+
+import functools
+import hmac
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from flask import current_app, g, jsonify, redirect, request, session, url_for
+
+from engine import errors
+from webui.schema import ValidationError
+
+STATE_CHANGING = ("POST", "PUT", "PATCH", "DELETE")
+CSRF_FIELD = "csrf_token"
+CSRF_HEADER = "X-CSRF-Token"
+
+
+@dataclass
+class Shingle:
+    config: Any
+    catalog: Any
+    namespace: Any
+    smartctl: str
+
+    def close(self) -> None:
+        self.catalog.close()
+
+
+def ctx() -> Shingle:
+    return current_app.extensions["shingle"]
+
+
+def actor() -> str:
+    """The admin behind this request, as events name them."""
+    return g.get("admin") or "anonymous"
+
+
+def csrf_token() -> str:
+    token = session.get("csrf")
+    if not token:
+        token = session["csrf"] = secrets.token_urlsafe(32)
+    return token
+
+
+def csrf_ok() -> bool:
+    expected = session.get("csrf")
+    given = request.form.get(CSRF_FIELD) if request.form else None
+    given = given or request.headers.get(CSRF_HEADER)
+    return bool(expected and given and hmac.compare_digest(expected, given))
+
+
+def is_api() -> bool:
+    return request.path.startswith("/api/")
+
+
+def api_error(message: str, status: int, **extra):
+    response = jsonify({"error": message, **extra})
+    response.status_code = status
+    return response
+
+
+def login_required(view):
+    """Pages: a signed-in admin or a redirect to /login; API: a session or token, else 401."""
+    @functools.wraps(view)
+    def wrapper(*args, **kwargs):
+        if not g.get("admin"):
+            if is_api():
+                return api_error("authentication required: sign in or send Authorization: Bearer <API token>", 401)
+            return redirect(url_for("auth.login", next=request.full_path if request.query_string else request.path))
+        return view(*args, **kwargs)
+    return wrapper
+
+
+STATUS_OF = {
+    errors.NotFound: 404, errors.Exists: 409, errors.NotEmpty: 409, errors.AccessDenied: 403,
+    errors.NotPermitted: 403, errors.InvalidArgument: 400, errors.NotADirectory: 400, errors.IsADirectory: 400,
+    errors.NameTooLong: 400, errors.StaleHandle: 409, errors.NoSpace: 507,
+}
+
+
+def error_status(exc: Exception) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS_OF:
+            return STATUS_OF[cls]
+    return 500
+
+
+def error_message(exc: Exception) -> str:
+    if isinstance(exc, errors.FsError):
+        return exc.strerror or str(exc)
+    return str(exc)
+
+
+USER_ERRORS = (errors.FsError, ValidationError, ValueError)
+
+
+def api_failure(exc: Exception):
+    """A user-fixable failure as JSON {"error": message} with the right status."""
+    if isinstance(exc, ValidationError):
+        return api_error(str(exc), 400, fields=exc.errors)
+    if isinstance(exc, errors.FsError):
+        return api_error(error_message(exc), error_status(exc))
+    return api_error(str(exc), 400)
+
+
+def form_errors(exc: Exception) -> dict[str, str]:
+    """Field -> message for showing next to form inputs ("" = the whole form)."""
+    if isinstance(exc, ValidationError):
+        return dict(exc.errors)
+    return {"": error_message(exc)}
+
+
+def fmt_size(n) -> str:
+    if n is None:
+        return "–"
+    from appliance.config import format_size
+    return format_size(int(n))
+
+
+def fmt_time(ns) -> str:
+    if not ns:
+        return "–"
+    import datetime
+    return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -1,0 +1,71 @@
+"""Dashboard: capacity per tier, drive states, NFS throughput over the last hour, recent events."""
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, render_template
+from sqlalchemy import func, select
+
+from appliance.status import gather
+from engine import events, metrics
+from engine.catalog.models import Zone
+from webui import charts, core
+
+bp = Blueprint("dashboard", __name__)
+ZONES = Zone.__table__
+HOUR_NS = 3600 * 10**9
+THROUGHPUT_COUNTERS = (("read", "nfs_read_bytes"), ("write", "nfs_write_bytes"))
+
+
+def summary() -> dict:
+    """Everything the dashboard shows, as plain data (the API returns the same)."""
+    shingle = core.ctx()
+    config = shingle.config
+    report = gather(shingle.catalog, config.policies(), config.get("storage.reserve_zones"))
+
+    def per_class(conn):
+        rows = conn.execute(select(ZONES.c.band_class, func.sum(ZONES.c.write_pointer), func.sum(ZONES.c.live_bytes),
+                                   func.sum(ZONES.c.garbage_bytes))
+                            .where(ZONES.c.band_class.is_not(None)).group_by(ZONES.c.band_class)).all()
+        return {r[0]: {"written_bytes": int(r[1] or 0), "live_bytes": int(r[2] or 0), "garbage_bytes": int(r[3] or 0)}
+                for r in rows}
+    tiers = shingle.catalog.read(per_class)
+    states: dict[str, int] = {}
+    for drive in report["drives"]:
+        states[drive["state"]] = states.get(drive["state"], 0) + 1
+    now = time.time_ns()
+    throughput = {}
+    for label, name in THROUGHPUT_COUNTERS:
+        throughput[label] = metrics.rates(metrics.series(shingle.catalog, name, now - HOUR_NS - 60 * 10**9))
+    return {"capacity": report["capacity"], "tiers": tiers, "drive_states": states,
+            "drives": len(report["drives"]), "catalog": report["catalog"],
+            "throughput": {k: [[t, v] for t, v in pts] for k, pts in throughput.items()},
+            "window": [now - HOUR_NS, now]}
+
+
+def rate_fmt(v: float) -> str:
+    return core.fmt_size(v) + "/s"
+
+
+@bp.route("/")
+@core.login_required
+def index():
+    data = summary()
+    cap = data["capacity"]
+    segments = [(f"{name} live", t["live_bytes"], f"c-{name}") for name, t in sorted(data["tiers"].items())]
+    accounted = sum(t["live_bytes"] for t in data["tiers"].values())
+    if cap["live_bytes"] > accounted:
+        segments.append(("other live", cap["live_bytes"] - accounted, "c-none"))
+    segments += [("garbage", cap["garbage_bytes"], "z-garbage"), ("reserve", cap["reserve_bytes"], "c-reserve"),
+                 ("free", max(cap["raw_bytes"] - cap["written_bytes"] - cap["reserve_bytes"], 0), "z-empty")]
+    capacity_svg = charts.stacked_bar(segments, core.fmt_size, label="raw capacity by tier")
+    state_items = [(state, n, str(n), f"s-{state}") for state, n in sorted(data["drive_states"].items())]
+    drives_svg = charts.bars(state_items, label="drives by state")
+    start, end = data["window"]
+    throughput_svg = charts.line_chart(
+        {label: [(t, v) for t, v in pts] for label, pts in data["throughput"].items()}, start, end, rate_fmt,
+        label="NFS throughput, last hour",
+        empty_message="no throughput samples in the last hour (the daemon records them while it serves NFS)")
+    recent = events.recent(core.ctx().catalog, 12)
+    return render_template("dashboard.html", data=data, capacity_svg=capacity_svg, drives_svg=drives_svg,
+                           throughput_svg=throughput_svg, recent=recent)

@@ -1,0 +1,20 @@
+"""gunicorn settings for the admin web UI (`shingle webui` runs gunicorn with this file).
+
+The bind address, port and worker count come from shingle.toml ([webui]);
+`shingle webui` passes them as SHINGLE_WEBUI_BIND / SHINGLE_WEBUI_WORKERS.
+Each worker opens its own catalog connection pool (no preload: SQLite and
+PostgreSQL connections must not cross a fork)."""
+import os
+
+bind = os.environ.get("SHINGLE_WEBUI_BIND", "127.0.0.1:8080")
+workers = int(os.environ.get("SHINGLE_WEBUI_WORKERS", "2"))
+worker_class = "gthread"
+threads = 4
+timeout = 120  # a retention run over a large tree or a smartctl call can take a while
+graceful_timeout = 20
+preload_app = False
+accesslog = "-"
+errorlog = "-"
+loglevel = os.environ.get("SHINGLE_WEBUI_LOGLEVEL", "info")
+proc_name = "shingle-webui"
+forwarded_allow_ips = "127.0.0.1"

@@ -1,0 +1,163 @@
+"""Retention: keep-last-N rules with a preview of exactly what a run would remove, and "run now".
+
+Rules run in this process on the catalog (retention changes metadata only).
+Entries changed within ``SETTLE_S`` are left alone: the web UI cannot see the
+NFS server's open files, so a checkpoint still being written is protected by
+its fresh mtime instead (engine.retention explains the open check)."""
+from __future__ import annotations
+
+from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
+
+from engine import errors
+from webui import core
+from webui.schema import Field, Schema
+
+bp = Blueprint("retention", __name__)
+SETTLE_S = 60.0
+
+
+def _pattern(value: str) -> str:
+    from engine.retention import validate_pattern
+    try:
+        return validate_pattern(value)
+    except errors.InvalidArgument as exc:
+        raise ValueError(exc.strerror) from None
+
+
+def _schema() -> Schema:
+    from engine.retention import ACTIONS, KEEP_MAX, ORDERS
+    return Schema("RetentionRule", "Keep the newest N entries matched by a path pattern; act on the older ones.", (
+        Field("pattern", "string", "An absolute path pattern; components may hold * ? [...] wildcards, e.g. "
+              "/checkpoints/*/step-* (no '.' or '..' components)", min_length=1, max_length=1024,
+              example="/checkpoints/*/step-*", check=_pattern),
+        Field("keep", "integer", "How many of the newest matches to keep in each directory", minimum=1,
+              maximum=KEEP_MAX, example=3),
+        Field("action", "string", "What happens to older matches: delete (gone for good), trash (restorable "
+              "from the export's trash) or cold (pinned to the cold band class)", enum=ACTIONS, default="delete"),
+        Field("order_by", "string", "Which entries are newest: by modification time (mtime) or by the natural "
+              "sort of names (step-9 < step-10)", enum=ORDERS, default="mtime"),
+        Field("enabled", "boolean", "Whether the scheduled runs apply this rule", required=False, default=True),
+    ))
+
+
+RULE_SCHEMA = None
+
+
+def rule_schema() -> Schema:
+    global RULE_SCHEMA
+    if RULE_SCHEMA is None:
+        RULE_SCHEMA = _schema()
+    return RULE_SCHEMA
+
+
+RUN_SCHEMA = Schema("RetentionRun", "Which rules to preview or run.", (
+    Field("rule_id", "integer", "One rule (even a disabled one); without it every enabled rule",
+          required=False, minimum=1),
+))
+
+
+def service():
+    """One RetentionService per process: its lock keeps two runs from overlapping."""
+    shingle = core.ctx()
+    svc = getattr(shingle, "retention", None)
+    if svc is None:
+        from engine.retention import RetentionService
+        svc = shingle.retention = RetentionService(shingle.namespace, shingle.catalog, settle_s=SETTLE_S)
+    return svc
+
+
+def create_rule(values: dict, who: str) -> int:
+    return service().add_rule(values["pattern"], values["keep"], action=values["action"],
+                              order_by=values["order_by"], enabled=values.get("enabled", True), actor=who)
+
+
+def _page(status: int = 200, **extra):
+    svc = service()
+    rule_id = request.args.get("rule", type=int)
+    rules = svc.list_rules()
+    return render_template("retention.html", rules=rules, schema=rule_schema(),
+                           form=extra.pop("form", {"action": "delete", "order_by": "mtime", "enabled": True}),
+                           errors=extra.pop("errors", {}), preview_rule=rule_id, **extra), status
+
+
+@bp.route("/retention")
+@core.login_required
+def index():
+    return _page()
+
+
+@bp.route("/retention/rules", methods=["POST"])
+@core.login_required
+def create():
+    try:
+        values = rule_schema().from_form(request.form)
+        rule_id = create_rule(values, core.actor())
+    except core.USER_ERRORS as exc:
+        form = dict(request.form)
+        form["enabled"] = "enabled" in request.form
+        return _page(400, form=form, errors=core.form_errors(exc))
+    flash(f"retention rule {rule_id} created: preview it before it runs", "ok")
+    return redirect(url_for("retention.preview", rule=rule_id))
+
+
+@bp.route("/retention/rules/<int:rule_id>", methods=["GET", "POST"])
+@core.login_required
+def edit(rule_id: int):
+    svc = service()
+    try:
+        rule = svc.get_rule(rule_id)
+    except errors.NotFound:
+        abort(404)
+    form, errs, status = rule.to_dict(), {}, 200
+    if request.method == "POST":
+        try:
+            values = rule_schema().from_form(request.form)
+            svc.update_rule(rule_id, actor=core.actor(), **values)
+            flash(f"retention rule {rule_id} saved", "ok")
+            return redirect(url_for("retention.index"))
+        except core.USER_ERRORS as exc:
+            form = dict(request.form)
+            form["enabled"] = "enabled" in request.form
+            errs, status = core.form_errors(exc), 400
+    return render_template("retention_edit.html", rule=rule, form=form, errors=errs, schema=rule_schema()), status
+
+
+@bp.route("/retention/rules/<int:rule_id>/delete", methods=["POST"])
+@core.login_required
+def delete(rule_id: int):
+    try:
+        service().delete_rule(rule_id, actor=core.actor())
+    except errors.NotFound:
+        abort(404)
+    flash(f"retention rule {rule_id} deleted", "ok")
+    return redirect(url_for("retention.index"))
+
+
+@bp.route("/retention/preview")
+@core.login_required
+def preview():
+    rule_id = request.args.get("rule", type=int)
+    try:
+        planned = service().preview(rule_id)
+        rules = [service().get_rule(rule_id)] if rule_id else [r for r in service().list_rules() if r.enabled]
+    except errors.NotFound:
+        abort(404)
+    return render_template("retention_preview.html", planned=planned, rule_id=rule_id, rules=rules,
+                           results=None)
+
+
+@bp.route("/retention/run", methods=["POST"])
+@core.login_required
+def run():
+    try:
+        clean = RUN_SCHEMA.from_form(request.form)
+        results = service().run(clean.get("rule_id"), actor=core.actor())
+    except errors.NotFound:
+        abort(404)
+    except core.USER_ERRORS as exc:
+        flash(str(core.form_errors(exc).popitem()[1]), "error")
+        return redirect(url_for("retention.index"))
+    done = sum(1 for r in results if r.outcome == "done")
+    flash(f"retention ran: {done} of {len(results)} planned actions done", "ok")
+    return render_template("retention_preview.html", planned=None, results=results, rule_id=clean.get("rule_id"),
+                           rules=[])

@@ -1,0 +1,166 @@
+"""API and form schemas, declared once: validation and the OpenAPI document both read them.
+
+Each field carries its type, bounds and a description (the TrueNAS habit); a
+value outside them is refused with a message naming the field, the value and
+what was expected. HTML forms send strings, so ``from_form`` converts them
+(an unchecked checkbox is False) before the same checks run."""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+import re
+from typing import Any
+
+TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool}
+
+
+class ValidationError(ValueError):
+    """Bad input: ``errors`` maps each field name (or "" for the whole form) to a message."""
+
+    def __init__(self, errors: dict[str, str]):
+        self.errors = errors
+        super().__init__("; ".join(f"{name}: {msg}" if name else msg for name, msg in errors.items()))
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    type: str  # string | integer | number | boolean
+    description: str
+    required: bool = True
+    default: Any = None
+    minimum: float | None = None
+    maximum: float | None = None
+    min_length: int | None = None
+    max_length: int | None = None
+    enum: tuple = ()
+    pattern: str | None = None  # a full match, as in JSON Schema (anchored here)
+    example: Any = None
+    check: Callable[[Any], Any] | None = None  # extra rule: returns the clean value or raises ValueError
+
+    def clean(self, value: Any) -> Any:
+        if self.type == "boolean":
+            if not isinstance(value, bool):
+                raise ValueError(f"{value!r}: expected true or false")
+        elif self.type == "integer":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{value!r}: expected a whole number")
+        elif self.type == "number":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{value!r}: expected a number")
+        elif self.type == "string":
+            if not isinstance(value, str):
+                raise ValueError(f"{value!r}: expected a string")
+        if self.minimum is not None and value < self.minimum:
+            raise ValueError(f"{value!r}: expected at least {self.minimum:g}")
+        if self.maximum is not None and value > self.maximum:
+            raise ValueError(f"{value!r}: expected at most {self.maximum:g}")
+        if self.min_length is not None and len(value) < self.min_length:
+            raise ValueError(f"{value!r}: expected at least {self.min_length} characters" if self.min_length > 1
+                             else f"{value!r}: expected a non-empty value")
+        if self.max_length is not None and len(value) > self.max_length:
+            raise ValueError(f"{value[:40]!r}...: expected at most {self.max_length} characters")
+        if self.enum and value not in self.enum:
+            raise ValueError(f"{value!r}: expected one of {', '.join(map(str, self.enum))}")
+        if self.pattern is not None and not re.fullmatch(self.pattern, value):
+            raise ValueError(f"{value!r}: expected {self.description[0].lower() + self.description[1:]}")
+        if self.check is not None:
+            value = self.check(value)
+        return value
+
+    def from_form(self, text: str | None) -> Any:
+        """An HTML form's string -> this field's type (None when absent or empty)."""
+        if self.type == "boolean":
+            return text is not None and text.lower() in ("on", "true", "1", "yes")
+        if text is None or (text.strip() == "" and self.type != "string"):
+            return None
+        if self.type == "integer":
+            try:
+                return int(text.strip())
+            except ValueError:
+                raise ValueError(f"{text!r}: expected a whole number") from None
+        if self.type == "number":
+            try:
+                return float(text.strip())
+            except ValueError:
+                raise ValueError(f"{text!r}: expected a number") from None
+        return text
+
+    def openapi(self) -> dict:
+        out: dict[str, Any] = {"type": self.type, "description": self.description}
+        for key, value in (("minimum", self.minimum), ("maximum", self.maximum), ("minLength", self.min_length),
+                           ("maxLength", self.max_length), ("default", self.default), ("example", self.example),
+                           ("pattern", f"^(?:{self.pattern})$" if self.pattern else None)):
+            if value is not None:
+                out[key] = value
+        if self.enum:
+            out["enum"] = list(self.enum)
+        return out
+
+
+@dataclass(frozen=True)
+class Schema:
+    name: str
+    description: str
+    fields: tuple[Field, ...] = field(default_factory=tuple)
+
+    def validate(self, data: Any, *, partial: bool = False) -> dict:
+        """Clean values of known fields; ``partial`` (PATCH) requires none and fills no defaults."""
+        if not isinstance(data, Mapping):
+            raise ValidationError({"": f"request body: expected a JSON object with fields "
+                                       f"{', '.join(f.name for f in self.fields)}"})
+        errors: dict[str, str] = {}
+        known = {f.name for f in self.fields}
+        for name in data:
+            if name not in known:
+                errors[name] = f"unknown field: expected some of {', '.join(sorted(known))}"
+        clean: dict[str, Any] = {}
+        for f in self.fields:
+            value = data.get(f.name)
+            if value is None:
+                if partial:
+                    continue
+                if f.default is not None:
+                    clean[f.name] = f.default
+                elif f.required:
+                    errors[f.name] = f"missing: {f.description}"
+                continue
+            try:
+                clean[f.name] = f.clean(value)
+            except ValueError as exc:
+                errors[f.name] = str(exc)
+        if partial and not clean and not errors:
+            errors[""] = f"no fields given: expected some of {', '.join(f.name for f in self.fields)}"
+        if errors:
+            raise ValidationError(errors)
+        return clean
+
+    def from_form(self, form: Mapping[str, str], *, partial: bool = False) -> dict:
+        raw: dict[str, Any] = {}
+        errors: dict[str, str] = {}
+        for f in self.fields:
+            if partial and f.name not in form and f.type != "boolean":
+                continue
+            try:
+                value = f.from_form(form.get(f.name))
+            except ValueError as exc:
+                errors[f.name] = str(exc)
+                continue
+            if value is not None:
+                raw[f.name] = value
+        try:
+            clean = self.validate(raw, partial=partial)
+        except ValidationError as exc:
+            exc.errors.update(errors)
+            raise
+        if errors:
+            raise ValidationError(errors)
+        return clean
+
+    def openapi(self, *, partial: bool = False) -> dict:
+        out = {"type": "object", "description": self.description, "additionalProperties": False,
+               "properties": {f.name: f.openapi() for f in self.fields}}
+        required = [f.name for f in self.fields if f.required and f.default is None]
+        if required and not partial:
+            out["required"] = required
+        return out
