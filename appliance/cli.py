@@ -128,6 +128,28 @@ def cmd_status(args) -> int:
     return 0
 
 
+# -- fsck ------------------------------------------------------------------------
+def cmd_fsck(args) -> int:
+    from appliance.runtime import open_catalog
+    from engine.fsck import check
+    from engine.namespace import ROOT_INO_KEY
+
+    config = load_config(args)
+    catalog = open_catalog(config)
+    try:
+        report = check(catalog, int(catalog.get_setting(ROOT_INO_KEY, "1")))
+    finally:
+        catalog.close()
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(f"{report.inodes} inodes, {report.dirents} entries, {report.extents} extents: "
+              f"{'clean' if report.clean else f'{len(report.problems)} problems'}")
+        for problem in report.problems:
+            print(f"  {problem}")
+    return 0 if report.clean else 1
+
+
 # -- config ----------------------------------------------------------------------
 def cmd_config(args) -> int:
     if args.action == "sample":
@@ -229,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="catalog, drives and capacity")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("fsck", help="check the catalog's consistency (read-only); exit 1 on problems")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_fsck)
 
     p = sub.add_parser("config", help="print the documented sample config, or check a config file")
     p.add_argument("action", choices=["sample", "check"])

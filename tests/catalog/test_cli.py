@@ -48,3 +48,10 @@ def test_init_on_postgresql(tmp_path, postgres_server):
     shingle("init", str(home), "--catalog", url, "--drive-size", "64MiB", "--zone-size", "4MiB")
     report = json.loads(shingle("-c", str(home / "shingle.toml"), "status", "--json").stdout)
     assert report["catalog"]["backend"] == "postgresql" and len(report["drives"]) == 10
+
+
+def test_fsck_of_fresh_appliance_is_clean(tmp_path):
+    home = tmp_path / "f"
+    shingle("init", str(home), "--drive-size", "64MiB", "--zone-size", "4MiB")
+    report = json.loads(shingle("-c", str(home / "shingle.toml"), "fsck", "--json").stdout)
+    assert report["clean"] and report["inodes"] == 1

@@ -1,0 +1,115 @@
+"""Catalog consistency check (`shingle fsck`): read-only, reports every problem found.
+
+Checks that the namespace graph is what the namespace API maintains:
+link counts match directory entries, every entry names an existing inode,
+every directory has exactly one parent and is reachable from the root, a
+file's extents never overlap, and every extent points at an existing stripe
+whose data covers it."""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+
+from engine.catalog.database import Catalog
+from engine.catalog.models import DIR, Dirent, Extent, Inode, Stripe
+
+INODES, DIRENTS, EXTENTS, STRIPES = Inode.__table__, Dirent.__table__, Extent.__table__, Stripe.__table__
+
+
+@dataclass
+class FsckReport:
+    inodes: int = 0
+    dirents: int = 0
+    extents: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict:
+        return {"inodes": self.inodes, "dirents": self.dirents, "extents": self.extents,
+                "clean": self.clean, "problems": self.problems}
+
+
+def check(catalog: Catalog, root_ino: int, open_inodes: set[int] | None = None, limit: int = 1000) -> FsckReport:
+    """All problems (up to ``limit``) in one snapshot of the catalog."""
+    open_inodes = open_inodes or set()
+
+    def work(conn):
+        inodes = {row.ino: row for row in conn.execute(select(INODES.c.ino, INODES.c.type, INODES.c.nlink))}
+        dirents = conn.execute(select(DIRENTS.c.parent, DIRENTS.c.name, DIRENTS.c.child)).all()
+        extents = conn.execute(select(EXTENTS.c.ino, EXTENTS.c.file_offset, EXTENTS.c.length,
+                                      EXTENTS.c.stripe_id, EXTENTS.c.stripe_offset)
+                               .order_by(EXTENTS.c.ino, EXTENTS.c.file_offset)).all()
+        stripes = dict(conn.execute(select(STRIPES.c.id, STRIPES.c.data_length)).all())
+        return inodes, dirents, extents, stripes
+
+    inodes, dirents, extents, stripes = catalog.read(work)
+    report = FsckReport(len(inodes), len(dirents), len(extents))
+    problem = report.problems.append
+
+    names = Counter()
+    subdirs = Counter()
+    parents: dict[int, list[int]] = defaultdict(list)
+    for parent, name, child in dirents:
+        if parent not in inodes:
+            problem(f"entry {name!r} is in missing directory {parent}")
+            continue
+        if inodes[parent].type != DIR:
+            problem(f"entry {name!r} is in inode {parent}, which is not a directory")
+        if child not in inodes:
+            problem(f"entry {name!r} in directory {parent} names missing inode {child}")
+            continue
+        names[child] += 1
+        if inodes[child].type == DIR:
+            subdirs[parent] += 1
+            parents[child].append(parent)
+
+    for ino, row in inodes.items():
+        if row.type == DIR:
+            want = 2 + subdirs[ino] if (ino == root_ino or names[ino]) else 0
+            if ino != root_ino and len(parents[ino]) != 1:
+                problem(f"directory {ino} has {len(parents[ino])} parents, expected 1")
+        else:
+            want = names[ino]
+        if row.nlink != want:
+            problem(f"inode {ino} has nlink {row.nlink}, but {want} entries refer to it")
+        if want == 0 and ino != root_ino and ino not in open_inodes:
+            problem(f"inode {ino} has no name and is not open (orphan)")
+
+    reachable = {root_ino}
+    children = defaultdict(list)
+    for parent, _, child in dirents:
+        if child in inodes and inodes[child].type == DIR:
+            children[parent].append(child)
+    todo = [root_ino]
+    while todo:
+        for child in children[todo.pop()]:
+            if child not in reachable:
+                reachable.add(child)
+                todo.append(child)
+    for ino, row in inodes.items():
+        if row.type == DIR and names[ino] and ino not in reachable:
+            problem(f"directory {ino} is not reachable from the root (a cycle)")
+
+    last_end: dict[int, int] = {}
+    for ino, offset, length, stripe_id, stripe_offset in extents:
+        if ino not in inodes:
+            problem(f"extent at {offset} belongs to missing inode {ino}")
+        if length <= 0:
+            problem(f"extent of inode {ino} at {offset} has length {length}")
+        if offset < last_end.get(ino, 0):
+            problem(f"extents of inode {ino} overlap at offset {offset}")
+        last_end[ino] = offset + length
+        data_length = stripes.get(stripe_id)
+        if data_length is None:
+            problem(f"extent of inode {ino} at {offset} points at missing stripe {stripe_id}")
+        elif stripe_offset + length > data_length:
+            problem(f"extent of inode {ino} at {offset} reads past the end of stripe {stripe_id}")
+        if len(report.problems) >= limit:
+            break
+    del report.problems[limit:]
+    return report
