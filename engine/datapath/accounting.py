@@ -83,13 +83,27 @@ class ExtentMap:
         return [e for e in self.items if e[4] is None]
 
 
-def adjust_live(conn, deltas: dict[int, int]) -> list[int]:
-    """Apply live-byte changes to stripes and their zones; delete dead stripes. Returns the dead ids."""
-    ids = [sid for sid in deltas]
-    if not ids:
+class _Known:
+    __slots__ = ("id", "data_length", "live_bytes")
+
+    def __init__(self, sid, data_length, live_bytes):
+        self.id, self.data_length, self.live_bytes = sid, data_length, live_bytes
+
+
+def adjust_live(conn, deltas: dict[int, int], known: dict | None = None) -> list[int]:
+    """Apply live-byte changes to stripes and their zones; delete dead stripes. Returns the dead ids.
+
+    ``known``: stripe id -> (data_length, live_bytes, [(zone_id, fragment length)]) for stripes
+    this transaction just inserted, which need no lookup."""
+    known = known or {}
+    ids = [sid for sid in deltas if sid not in known]
+    if not deltas:
         return []
     stripes = {}
     fragments = defaultdict(list)
+    for sid, (data_length, live, frags) in known.items():
+        stripes[sid] = _Known(sid, data_length, live)
+        fragments[sid] = [_Known(zone_id, length, 0) for zone_id, length in frags]
     for part in chunks(ids):
         for row in conn.execute(select(STRIPES.c.id, STRIPES.c.data_length, STRIPES.c.live_bytes)
                                 .where(STRIPES.c.id.in_(part))):
@@ -105,8 +119,8 @@ def adjust_live(conn, deltas: dict[int, int]) -> list[int]:
             continue
         new = min(max(row.live_bytes + delta, 0), row.data_length)
         for frag in fragments[sid]:
-            zone_delta[frag.zone_id] += share(frag.length, new, row.data_length) - share(
-                frag.length, row.live_bytes, row.data_length)
+            zone_id, length = (frag.id, frag.data_length) if isinstance(frag, _Known) else (frag.zone_id, frag.length)
+            zone_delta[zone_id] += share(length, new, row.data_length) - share(length, row.live_bytes, row.data_length)
         if new == 0:
             dead.append(sid)
         elif new != row.live_bytes:

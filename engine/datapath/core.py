@@ -26,6 +26,7 @@ FRAGMENTS = Fragment.__table__
 EXTENTS = Extent.__table__
 BAND_CLASSES = BandClass.__table__
 
+SYNC_EVERY = 16  # fragments a drive writer appends before it fsyncs even when busy
 COMMIT_BATCH = 256  # stripes per catalog transaction at most
 EXTENT_CACHE_FILES = 4096
 READ_AHEAD_STRIPES = 2
@@ -330,10 +331,16 @@ class DataPath:
                         done.append((drive, zone))
                 return done
             done = self.catalog.run(work, durable=True)
+            latch = _Latch(len(done))
             for drive, zone in done:
                 if drive.open.get(zone.band_class) is zone:
                     del drive.open[zone.band_class]
-                drive.backend.reset(zone.idx)
+                # through the writer's queue, behind any "finish" still queued for this zone
+                drive.queue.put(("reset", zone.idx, latch))
+            latch.done.wait()
+            if latch.errors:
+                raise errors.IOFailure(f"zone reset failed: {latch.errors[0]}")
+            for drive, zone in done:
                 zone.state, zone.band_class, zone.wp, zone.committed_wp, zone.dirty = "empty", None, 0, 0, False
                 drive.empty.add(zone.idx)
             return len(done)
@@ -440,7 +447,7 @@ class DataPath:
                 continue
             stripe.remaining = len(stripe.placement)
             for i, (drive, zone, offset, _length) in enumerate(stripe.placement):
-                drive.queue.put((zone.idx, offset, stripe.fragments[i], stripe))
+                drive.queue.put(("append", zone.idx, offset, stripe.fragments[i], stripe))
 
     def _place(self, stripe: PendingStripe) -> None:
         policy = stripe.policy
@@ -478,7 +485,8 @@ class DataPath:
             # the tail cannot take this fragment: the band is done
             zone.state, zone.dirty = "full", True
             del drive.open[band_class]
-            drive.backend.finish_zone(zone.idx)
+            # through the writer's queue: fragments queued for this zone must land first
+            drive.queue.put(("finish", zone.idx))
         if len(drive.empty) <= self.reserve_zones:
             return None
         idx = min(drive.empty)
@@ -489,32 +497,68 @@ class DataPath:
         return zone
 
     def _drive_writer(self, drive: DriveState) -> None:
-        """The one writer of a drive: appends fragments in arrival order, syncs zones on request."""
-        while True:
-            item = drive.queue.get()
-            if item is None:
-                return
-            if item[0] == "sync":
-                _, zone_idxs, latch = item
+        """The one writer of a drive: appends fragments in arrival order and fsyncs them.
+
+        It syncs when its queue runs dry (or every SYNC_EVERY fragments), so
+        fsync overlaps with the other drives' writes and batches naturally
+        under load; a fragment counts as written only once it is durable."""
+        unsynced: list[PendingStripe] = []
+        zones: set[int] = set()
+
+        def sync():
+            error = None
+            for idx in sorted(zones):
                 try:
-                    for idx in zone_idxs:
-                        drive.backend.sync(idx)
-                    latch.arrive()
+                    drive.backend.sync(idx)
                 except BaseException as exc:  # noqa: BLE001
                     drive.write_failed = True
-                    latch.arrive(exc)
+                    error = errors.IOFailure(f"drive {drive.id} zone {idx}: fsync failed: {exc}")
+            for stripe in unsynced:
+                if error is not None:
+                    stripe.fail(error)
+                self._fragment_done(stripe)
+            unsynced.clear()
+            zones.clear()
+
+        while True:
+            item = drive.queue.get()
+            op = item[0] if item is not None else None
+            if op == "append":
+                _, idx, offset, data, stripe = item
+                try:
+                    drive.backend.append(idx, offset, data)
+                    zones.add(idx)
+                    unsynced.append(stripe)
+                except BaseException as exc:  # noqa: BLE001
+                    drive.write_failed = True
+                    stripe.fail(errors.IOFailure(f"drive {drive.id} zone {idx}: write failed: {exc}"))
+                    self._fragment_done(stripe)
+                if unsynced and (drive.queue.empty() or len(unsynced) >= SYNC_EVERY):
+                    sync()
                 continue
-            idx, offset, data, stripe = item
-            try:
-                drive.backend.append(idx, offset, data)
-            except BaseException as exc:  # noqa: BLE001
-                drive.write_failed = True
-                stripe.fail(errors.IOFailure(f"drive {drive.id} zone {idx}: write failed: {exc}"))
-            with stripe.lock:
-                stripe.remaining -= 1
-                last = stripe.remaining == 0
-            if last:
-                self._written(stripe)
+            if unsynced:
+                sync()
+            if op is None:
+                return
+            if op == "finish":
+                try:
+                    drive.backend.finish_zone(item[1])
+                except BaseException:  # noqa: BLE001 - a later append to it fails loudly anyway
+                    pass
+            elif op == "reset":
+                _, idx, latch = item
+                try:
+                    drive.backend.reset(idx)
+                    latch.arrive()
+                except BaseException as exc:  # noqa: BLE001
+                    latch.arrive(exc)
+
+    def _fragment_done(self, stripe: PendingStripe) -> None:
+        with stripe.lock:
+            stripe.remaining -= 1
+            last = stripe.remaining == 0
+        if last:
+            self._written(stripe)
 
     def _written(self, stripe: PendingStripe) -> None:
         stripe.fragments = [] if stripe.error is None else stripe.fragments
@@ -538,25 +582,8 @@ class DataPath:
     def _commit_batch(self, batch: list[PendingStripe]) -> None:
         start = time.perf_counter()
         good = [s for s in batch if s.error is None]
-        touched: dict[DriveState, set[int]] = defaultdict(set)
-        for s in good:
-            for drive, zone, _off, _len in s.placement:
-                touched[drive].add(zone.idx)
-        latch = _Latch(len(touched))
-        for drive, idxs in touched.items():
-            drive.queue.put(("sync", sorted(idxs), latch))
-        latch.done.wait()
-        if latch.errors:
-            failure = errors.IOFailure(f"fsync of fragments failed: {latch.errors[0]}")
-            for s in good:
-                s.fail(failure)
-            good = []
-        self.stats["sync_s"] += time.perf_counter() - start
         with self._space_lock:
             zone_rows = {}
-            for drive in self._drives.values():
-                for zone in drive.open.values():
-                    pass
             for zone in self._zones.values():
                 if zone.dirty:
                     zone_rows[zone.id] = zone
@@ -566,6 +593,7 @@ class DataPath:
                     zone_rows[zone.id] = zone
             zone_state = {z.id: (z.state, z.band_class, z.opened_ns) for z in zone_rows.values()}
         dead: list[int] = []
+        self.stats["batches"] += 1
         try:
             if good or zone_state:
                 dead = self.catalog.run(lambda conn: self._record(conn, good, zone_state), durable=True)
@@ -661,7 +689,9 @@ class DataPath:
             write_map(conn, ino, emap)
             for sid, delta in emap.delta.items():
                 deltas[sid] = deltas.get(sid, 0) + delta
-        return adjust_live(conn, deltas)
+        known = {sid: (len(s.payload), 0, [(zone.id, length) for _d, zone, _o, length in s.placement])
+                 for sid, s in zip(ids, stripes)}
+        return adjust_live(conn, deltas, known)
 
     # -- flush -------------------------------------------------------------------------------
     def flush(self, ino: int) -> None:

@@ -1,0 +1,294 @@
+"""The data path through the namespace, on SQLite and PostgreSQL catalogs."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+
+import pytest
+from sqlalchemy import event, func, select, update
+
+from engine import errors
+from engine.catalog.models import Drive, Fragment, Inode, Stripe, Zone
+from engine.datapath import DataPath
+from engine.drives import ZoneFileDrive
+from engine.namespace import ROOT
+from dphelpers import KiB, MiB, Engine, check_accounting
+
+STRIPE = 8 * 64 * KiB
+
+
+def make(engine, name, data, chunk=100 * KiB):
+    ns = engine.ns
+    ino = ns.create(ROOT, ns.root_ino, name).ino
+    for off in range(0, len(data), chunk):
+        ns.write(ino, off, data[off:off + chunk])
+    ns.commit(ino)
+    return ino
+
+
+def sha(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def test_write_flush_read_round_trip(engine):
+    data = os.urandom(3 * STRIPE + 12345)
+    ino = make(engine, "f", data)
+    ns = engine.ns
+    assert ns.getattr(ino).size == len(data)
+    assert ns.read(ino, 0, len(data)) == data
+    assert ns.read(ino, STRIPE - 100, 300) == data[STRIPE - 100:STRIPE + 200]
+    # past EOF: short, then empty
+    assert ns.read(ino, len(data) - 10, 100) == data[-10:]
+    assert ns.read(ino, len(data) + 5, 100) == b""
+    engine.restart()
+    assert sha(engine.ns.read(ino, 0, len(data))) == sha(data)
+    check_accounting(engine.catalog)
+
+
+def test_buffered_writes_are_visible_before_flush_and_size_counts_them(engine):
+    ns = engine.ns
+    ino = ns.create(ROOT, ns.root_ino, "p").ino
+    ns.write(ino, 0, b"a" * 1000)
+    ns.write(ino, 4000, b"b" * 10)
+    assert ns.getattr(ino).size == 4010
+    got = ns.read(ino, 0, 5000)
+    assert got == b"a" * 1000 + bytes(3000) + b"b" * 10
+    committed = engine.catalog.read(lambda c: c.execute(select(Inode.__table__.c.size)
+                                                        .where(Inode.__table__.c.ino == ino)).scalar())
+    assert committed == 0  # nothing reached the catalog before the flush
+    ns.commit(ino)
+    assert engine.data.pending_size(ino) is None
+    assert ns.read(ino, 0, 5000) == got
+
+
+def test_flush_sets_size_mtime_change_in_the_same_transaction(engine):
+    ns = engine.ns
+    ino = ns.create(ROOT, ns.root_ino, "t").ino
+    before = ns.getattr(ino)
+    ns.write(ino, 0, b"x" * 5000)
+    statements = []
+
+    @event.listens_for(engine.catalog.engine, "commit")
+    def on_commit(conn):
+        statements.append("commit")
+
+    ns.commit(ino)
+    event.remove(engine.catalog.engine, "commit", on_commit)
+    after = ns.getattr(ino)
+    assert after.size == 5000 and after.mtime_ns > before.mtime_ns and after.change > before.change
+    assert statements == ["commit"], "one flush must be one catalog transaction"
+
+
+def test_overwrite_holes_truncate_and_garbage(engine):
+    ns = engine.ns
+    data = bytearray(os.urandom(2 * STRIPE))
+    ino = make(engine, "o", bytes(data))
+    ns.write(ino, 1000, b"Z" * 5000)
+    data[1000:6000] = b"Z" * 5000
+    ns.write(ino, 3 * STRIPE, b"tail")  # leaves a hole
+    ns.commit(ino)
+    expect = bytes(data) + bytes(STRIPE) + b"tail"
+    assert ns.read(ino, 0, len(expect) + 10) == expect
+    garbage = engine.catalog.read(lambda c: c.execute(select(func.sum(Zone.__table__.c.garbage_bytes))).scalar())
+    assert garbage > 0  # the overwritten bytes are garbage now
+    check_accounting(engine.catalog)
+    ns.setattr(ROOT, ino, size=1500)
+    assert ns.read(ino, 0, 10_000) == expect[:1500]
+    ns.setattr(ROOT, ino, size=4000)  # growing again reads zeros, not old bytes
+    assert ns.read(ino, 0, 10_000) == expect[:1500] + bytes(2500)
+    check_accounting(engine.catalog)
+    engine.restart()
+    assert engine.ns.read(ino, 0, 10_000) == expect[:1500] + bytes(2500)
+
+
+def test_unlink_turns_data_into_garbage_and_drops_dead_stripes(engine):
+    ns = engine.ns
+    make(engine, "gone", os.urandom(STRIPE * 2))
+    ns.unlink(ROOT, ns.root_ino, "gone")
+    counts = engine.catalog.read(lambda c: (c.execute(select(func.count()).select_from(Stripe.__table__)).scalar(),
+                                            c.execute(select(func.sum(Zone.__table__.c.live_bytes))).scalar()))
+    assert counts == (0, 0)
+    check_accounting(engine.catalog)
+
+
+def test_invariant1_zone_refuses_writes_off_the_write_pointer(tmp_path):
+    drive = ZoneFileDrive.format(tmp_path / "d", 64 * KiB, 4, "u-1")
+    drive.append(0, 0, b"a" * 100)
+    with pytest.raises(errors.FsError, match="write pointer 100"):
+        drive.append(0, 50, b"b")  # in place
+    with pytest.raises(errors.FsError, match="write pointer 100"):
+        drive.append(0, 200, b"b")  # leaving a gap
+    with pytest.raises(errors.FsError, match="capacity"):
+        drive.append(0, 100, b"c" * 64 * KiB)
+    with pytest.raises(errors.FsError, match="passes its write pointer"):
+        drive.read(0, 50, 100)
+    drive.finish_zone(0)
+    with pytest.raises(errors.FsError, match="full"):
+        drive.append(0, 100, b"d")
+    drive.reset(0)
+    drive.append(0, 0, b"new")
+    assert drive.read(0, 0, 3) == b"new"
+    assert os.path.getsize(tmp_path / "d" / "zone-000000") == 3  # the length is the write pointer
+    assert os.stat(tmp_path / "d" / "zone-000001").st_blocks * 512 >= 64 * KiB  # preallocated
+    drive.close()
+
+
+def test_invariant2_fragments_are_durable_before_the_commit_that_references_them(engine, monkeypatch):
+    synced: set[tuple[int, int]] = set()
+    appended: list[tuple[str, int]] = []
+    violations = []
+    real_sync, real_append = ZoneFileDrive.sync, ZoneFileDrive.append
+
+    def sync(self, idx):
+        real_sync(self, idx)
+        synced.add((str(self.folder), idx))
+
+    def append(self, idx, offset, data):
+        synced.discard((str(self.folder), idx))
+        real_append(self, idx, offset, data)
+
+    monkeypatch.setattr(ZoneFileDrive, "sync", sync)
+    monkeypatch.setattr(ZoneFileDrive, "append", append)
+    fragments = Fragment.__table__
+
+    def before_commit(conn):
+        # every fragment this transaction inserts must sit in a zone synced since its last append
+        rows = conn.execute(select(Drive.__table__.c.path, Zone.__table__.c.idx)
+                            .select_from(fragments.join(Zone.__table__, fragments.c.zone_id == Zone.__table__.c.id)
+                                         .join(Drive.__table__, fragments.c.drive_id == Drive.__table__.c.id))
+                            .where(fragments.c.id > watermark[0])).all()
+        for path, idx in rows:
+            if (path, idx) not in synced:
+                violations.append((path, idx))
+        watermark[0] = max([watermark[0]] + list(conn.execute(select(func.max(fragments.c.id))).scalars()
+                                                 if rows else [watermark[0]]))
+    watermark = [0]
+    event.listen(engine.catalog.engine, "commit", before_commit)
+    try:
+        for i in range(4):
+            make(engine, f"d{i}", os.urandom(STRIPE + 777 * i))
+    finally:
+        event.remove(engine.catalog.engine, "commit", before_commit)
+    assert watermark[0] > 0
+    assert not violations, f"fragments committed before their zone was fsync'ed: {violations[:3]}"
+
+
+@pytest.mark.parametrize("how", ["failed_state", "folder_removed"])
+def test_invariant4_two_of_ten_drives_lost_every_file_reads_back(engine, how):
+    files = {f"f{i}": os.urandom(STRIPE * (i % 3) + 1000 * i + 1) for i in range(6)}
+    inos = {name: make(engine, name, data) for name, data in files.items()}
+    lost = engine.drive_ids[3], engine.drive_ids[7]
+    if how == "failed_state":
+        engine.catalog.run(lambda c: c.execute(update(Drive.__table__).where(Drive.__table__.c.id.in_(lost))
+                                               .values(state="failed")))
+    else:
+        for drive_id in lost:
+            path = engine.catalog.read(lambda c: c.execute(select(Drive.__table__.c.path)
+                                                           .where(Drive.__table__.c.id == drive_id)).scalar())
+            shutil.rmtree(path)
+    engine.restart()
+    for name, data in files.items():
+        assert sha(engine.ns.read(inos[name], 0, len(data) + 1)) == sha(data), name
+    assert engine.data.reader.stats["degraded_stripes"] > 0
+    # a third loss is more than 8+2 can carry: a clear EIO, not wrong bytes
+    third = engine.drive_ids[0]
+    engine.catalog.run(lambda c: c.execute(update(Drive.__table__).where(Drive.__table__.c.id == third)
+                                           .values(state="failed")))
+    engine.restart()
+    big = next(n for n, d in files.items() if len(d) > STRIPE)
+    with pytest.raises(errors.IOFailure):
+        engine.ns.read(inos[big], 0, 100)
+
+
+def test_drive_folder_vanishing_while_running_does_not_stop_reads(engine):
+    data = os.urandom(3 * STRIPE)
+    ino = make(engine, "live", data)
+    engine.data.reader.cache.clear()
+    for drive_id in engine.drive_ids[:2]:
+        shutil.rmtree(engine.data._drives[drive_id].path)
+    time.sleep(0.6)  # presence is re-checked twice a second
+    assert engine.ns.read(ino, 0, len(data)) == data
+
+
+def test_invariant5_bad_checksum_is_detected_and_decoded_around(engine):
+    data = os.urandom(2 * STRIPE)
+    ino = make(engine, "c", data)
+    frag = engine.catalog.read(lambda c: c.execute(
+        select(Fragment.__table__.c.drive_id, Zone.__table__.c.idx, Fragment.__table__.c.zone_offset)
+        .join(Zone.__table__, Zone.__table__.c.id == Fragment.__table__.c.zone_id)
+        .where(Fragment.__table__.c.idx == 1).limit(1)).first())
+    path = engine.data._drives[frag.drive_id].path
+    with open(os.path.join(path, f"zone-{frag.idx:06d}"), "r+b") as f:
+        f.seek(frag.zone_offset + 200)
+        byte = f.read(1)
+        f.seek(frag.zone_offset + 200)
+        f.write(bytes([byte[0] ^ 0xFF]))  # one flipped byte in a data fragment
+    engine.restart()
+    assert engine.ns.read(ino, 0, len(data)) == data
+    assert engine.data.reader.stats["checksum_errors"] == 1
+
+
+def test_enospc_nothing_partial_then_delete_frees_space(catalog, tmp_path):
+    eng = Engine(catalog, tmp_path / "small", drive_size=6 * MiB, zone_size=MiB, reserve_zones=1)
+    try:
+        ns = eng.ns
+        total, free = eng.data.capacity()
+        assert 0 < free <= total
+        written = []
+        with pytest.raises(errors.NoSpace):
+            for i in range(1000):
+                ino = ns.create(ROOT, ns.root_ino, f"fill{i}").ino
+                data = os.urandom(STRIPE)
+                ns.write(ino, 0, data)
+                ns.commit(ino)
+                written.append((ino, data))
+        assert len(written) >= 3
+        failed = ns.lookup(ROOT, ns.root_ino, f"fill{len(written)}").ino
+        assert ns.getattr(failed).size == 0 and ns.read(failed, 0, 10) == b""  # nothing partial
+        for ino, data in written:
+            assert ns.read(ino, 0, len(data)) == data  # nothing silently truncated
+        eng.restart()
+        ns = eng.ns
+        assert ns.getattr(failed).size == 0
+        for i in range(len(written)):
+            ns.unlink(ROOT, ns.root_ino, f"fill{i}")
+        data = os.urandom(STRIPE)
+        again = ns.create(ROOT, ns.root_ino, "again").ino
+        for _ in range(2):
+            ns.write(again, 0, data)
+            ns.commit(again)
+        assert ns.read(again, 0, STRIPE) == data
+        check_accounting(catalog)
+    finally:
+        eng.close()
+
+
+def test_recovery_counts_uncommitted_bytes_as_garbage_and_appends_after_them(engine):
+    data = os.urandom(STRIPE + 5)
+    ino = make(engine, "r", data)
+    engine.data.close()
+    zone = engine.catalog.read(lambda c: c.execute(select(Zone.__table__.c.drive_id, Zone.__table__.c.idx,
+                                                          Zone.__table__.c.write_pointer)
+                                                   .where(Zone.__table__.c.write_pointer > 0).limit(1)).first())
+    path = engine.catalog.read(lambda c: c.execute(select(Drive.__table__.c.path)
+                                                   .where(Drive.__table__.c.id == zone.drive_id)).scalar())
+    with open(os.path.join(path, f"zone-{zone.idx:06d}"), "ab") as f:
+        f.write(b"torn flush" * 100)  # what a crash between fsync and commit leaves
+    engine.start()
+    report = engine.data.recovery_report
+    assert report.garbage_bytes == 1000 and report.zones_with_garbage == 1
+    assert engine.data.recover().garbage_bytes == 0  # accounted once
+    more = os.urandom(STRIPE)
+    ino2 = make(engine, "r2", more)
+    assert engine.ns.read(ino, 0, len(data)) == data
+    assert engine.ns.read(ino2, 0, len(more)) == more
+    check_accounting(engine.catalog)
+
+
+def test_bad_construction_arguments(catalog):
+    with pytest.raises(errors.ConfigError, match="reserve_zones"):
+        DataPath(catalog, {"warm": None}, reserve_zones=-1)
+    with pytest.raises(errors.ConfigError, match="band_classes"):
+        DataPath(catalog, {})
