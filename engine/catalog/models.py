@@ -285,3 +285,26 @@ class MetricSample(Base):
     name: Mapped[str] = mapped_column(String(64))
     value: Mapped[float] = mapped_column(Float)
     __table_args__ = (Index("ix_metric_samples_name_time", "name", "time_ns"),)
+
+
+class Job(Base):
+    """A long operation (scrub, rebuild, retention run, ...) asked for by an admin.
+
+    The CLI and the web UI queue jobs; the daemon, which owns the drives,
+    runs them and reports progress here, so both can show it."""
+
+    __tablename__ = "jobs"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    params: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
+    # queued | running | done | failed
+    state: Mapped[str] = mapped_column(String(16), default="queued")
+    actor: Mapped[str] = mapped_column(String(64), default="system")
+    done: Mapped[int] = mapped_column(BigInteger, default=0)
+    total: Mapped[int] = mapped_column(BigInteger, default=0)
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    result: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    started_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    finished_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    __table_args__ = (Index("ix_jobs_state_id", "state", "id"),)
