@@ -28,7 +28,6 @@ MIN_KERNEL = (5, 2)
 FAIL_FREE_BYTES = 256 << 20  # below this the catalog's next checkpoint may not fit
 WARN_FREE_BYTES = 1 << 30
 ZONED_MODELS = ("host-managed", "host-aware")
-SHINGLE_PROCESS_MARKS = ("shingle", "appliance.cli", "webui")
 
 
 @dataclass
@@ -166,6 +165,12 @@ def check_free_space(paths: dict[str, Path]) -> list[Check]:
     return results
 
 
+def is_shingle_process(cmdline: list[str]) -> bool:
+    """The daemon or the web UI: `shingle ...`, `python -m appliance.cli ...`, or gunicorn serving webui."""
+    return any(os.path.basename(arg) == "shingle" or arg == "appliance.cli" or arg.startswith("webui.app")
+               for arg in cmdline)
+
+
 def _listener(port: int):
     """(pid, command line) of the process listening on TCP ``port``, or None."""
     import psutil
@@ -176,11 +181,11 @@ def _listener(port: int):
     for c in conns:
         if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
             if c.pid is None:
-                return (None, "")
+                return (None, [])
             try:
-                return (c.pid, " ".join(psutil.Process(c.pid).cmdline()))
+                return (c.pid, psutil.Process(c.pid).cmdline())
             except psutil.Error:
-                return (c.pid, "")
+                return (c.pid, [])
     return None
 
 
@@ -204,9 +209,9 @@ def check_port(label: str, host: str, port: int) -> Check:
     holder = _listener(port)
     if holder is not None:
         pid, cmdline = holder
-        if any(mark in cmdline for mark in SHINGLE_PROCESS_MARKS):
+        if is_shingle_process(cmdline):
             return Check(name, "ok", f"{host}:{port} is held by shingle (pid {pid})")
-        who = f"pid {pid}: {cmdline[:80]}" if pid else "a process of another user or the kernel (e.g. nfsd)"
+        who = f"pid {pid}: {' '.join(cmdline)[:80]}" if pid else "a process of another user or the kernel (e.g. nfsd)"
         hint = " (the kernel NFS server: `systemctl disable --now nfs-server`)" if port == 2049 else ""
         return Check(name, "fail", f"{host}:{port} is held by {who}",
                      f"stop it{hint} or set {label}.port in the config to a free port")

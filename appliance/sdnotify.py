@@ -1,6 +1,7 @@
 """sd_notify without libsystemd: READY/STATUS/WATCHDOG datagrams to $NOTIFY_SOCKET."""
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -38,7 +39,12 @@ class Watchdog(threading.Thread):
 
     def run(self):
         while not self.stopped.wait(self.interval):
-            if self.healthy():
+            try:
+                healthy = self.healthy()
+            except Exception:  # a broken probe must show in the log, not end the thread silently
+                logging.getLogger("shingle.sdnotify").exception("watchdog health probe failed")
+                healthy = False
+            if healthy:
                 notify("WATCHDOG=1")
 
     def stop(self):

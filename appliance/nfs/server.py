@@ -164,6 +164,10 @@ class NfsServerThread:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 
+    def is_alive(self) -> bool:
+        """True while the server's event-loop thread runs (the sd_notify watchdog pings only then)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self) -> None:
         if self._loop is None or self._thread is None:
             return

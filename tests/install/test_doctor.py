@@ -1,0 +1,182 @@
+"""`shingle doctor`: names what must be fixed and exits non-zero exactly then."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from appliance import doctor
+from engine.catalog.migrate import downgrade
+from tests.install.conftest import shingle
+from tests.pgserver import free_port
+
+
+def set_ports(config: Path, nfs: int, web: int) -> None:
+    text = config.read_text().replace("# port = 2049", f"port = {nfs}").replace("# port = 8080", f"port = {web}")
+    config.write_text(text)
+
+
+@pytest.fixture
+def installed(root):
+    shingle("install", "--root", str(root), "--bin", "/opt/shingle/bin/shingle")
+    set_ports(root / "etc/shingle/shingle.toml", free_port(), free_port())
+    return root
+
+
+@pytest.fixture(scope="module")
+def appliance_dir(tmp_path_factory):
+    """A folder made by `shingle init`: a catalog with 10 emulated drives."""
+    folder = tmp_path_factory.mktemp("doctor") / "app"
+    shingle("init", str(folder), "--drives", "10", "--drive-size", "16MiB", "--zone-size", "4MiB",
+            "--nfs-port", str(free_port()), "--web-port", str(free_port()))
+    return folder
+
+
+def statuses(output: str) -> dict[str, str]:
+    """'OK    catalog   ...' lines -> {'catalog': 'OK'}."""
+    found = {}
+    for line in output.splitlines():
+        status, _, rest = line.partition("  ")
+        if status.strip() in ("OK", "WARN", "FAIL"):
+            found[" ".join(rest.split()[:2]) if rest.split()[0] in ("drive", "port", "free") else rest.split()[0]] = \
+                status.strip()
+    return found
+
+
+def test_installed_tree_is_ready(installed):
+    result = shingle("doctor", "--root", str(installed), check=False)
+    found = statuses(result.stdout)
+    assert result.returncode == 0, result.stdout
+    for name in ("kernel", "python", "config", "units", "catalog", "port nfs", "port webui", "free space"):
+        assert found[name] == "OK", (name, result.stdout)
+    assert found["drives"] == "WARN"  # an install brings no drives of its own
+    assert "0 to fix" in result.stdout
+
+
+def test_catalog_behind_the_code_must_be_fixed(installed):
+    downgrade(f"sqlite:///{installed}/var/lib/shingle/catalog.db", "-1")
+    result = shingle("doctor", "--root", str(installed), check=False)
+    assert result.returncode == 1
+    assert statuses(result.stdout)["catalog"] == "FAIL"
+    assert "fix: run `shingle install` to migrate it" in result.stdout
+
+
+def test_broken_config_must_be_fixed(installed):
+    (installed / "etc/shingle/shingle.toml").write_text("[nfs]\nport = 70000\n")
+    result = shingle("doctor", "--root", str(installed), check=False)
+    assert result.returncode == 1
+    assert statuses(result.stdout)["config"] == "FAIL"
+    assert "nfs.port" in result.stdout and "70000" in result.stdout
+
+
+def test_drives_of_an_appliance_and_a_missing_one(appliance_dir, tmp_path):
+    folder = tmp_path / "app"
+    shutil.copytree(appliance_dir, folder)
+    config = folder / "shingle.toml"
+    result = shingle("-c", str(config), "doctor", check=False)
+    found = statuses(result.stdout)
+    # The copy's catalog still names the original drive folders; both are real and present.
+    assert [k for k in found if k.startswith("drive ")] == [f"drive {i}" for i in range(1, 11)]
+    assert all(found[f"drive {i}"] == "OK" for i in range(1, 11)), result.stdout
+    assert result.returncode == 0, result.stdout
+
+    # A drive folder that vanished (unmounted disk) must be fixed.
+    results = doctor.check_drives([{"id": 4, "path": str(folder / "drives" / "gone"), "backend": "zonefile",
+                                    "state": "online", "device": None}], folder / "drives")
+    assert results[0].status == "fail" and "does not exist" in results[0].detail
+
+
+def test_missing_drive_fails_the_command(appliance_dir, tmp_path):
+    folder = tmp_path / "app"
+    shutil.copytree(appliance_dir, folder)
+    # The catalog names absolute drive paths: point them at the copy, then lose one.
+    from sqlalchemy import create_engine, text
+    engine = create_engine(f"sqlite:///{folder}/catalog.db")
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE drives SET path = replace(path, :old, :new)"),
+                     {"old": str(appliance_dir), "new": str(folder)})
+    engine.dispose()
+    shutil.rmtree(folder / "drives" / "drive-003")
+    result = shingle("-c", str(folder / "shingle.toml"), "doctor", check=False)
+    assert result.returncode == 1
+    assert statuses(result.stdout)["drive 4"] == "FAIL"
+    assert "drive-003 does not exist" in result.stdout
+
+
+def test_port_held_by_another_program_must_be_fixed(installed):
+    port = free_port()
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", {port})); s.listen(); print("listening", flush=True); time.sleep(60)
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "listening"
+        config = installed / "etc/shingle/shingle.toml"
+        config.write_text(config.read_text().replace("\nport = ", f"\nport = {port}\n# was: port = ", 1))
+        result = shingle("doctor", "--root", str(installed), check=False)
+        assert result.returncode == 1
+        assert statuses(result.stdout)["port nfs"] == "FAIL"
+        assert f"127.0.0.1:{port} is held by pid {holder.pid}" in result.stdout
+        assert "set nfs.port" in result.stdout
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_shingle_processes_are_recognised():
+    assert doctor.is_shingle_process(["/opt/shingle/bin/shingle", "-c", "/etc/shingle/shingle.toml", "serve"])
+    assert doctor.is_shingle_process(["/usr/bin/python3", "-m", "appliance.cli", "serve"])
+    assert not doctor.is_shingle_process(["/usr/sbin/rpc.nfsd", "8"])
+    assert not doctor.is_shingle_process(["python3", "/home/a/shingle-notes/server.py"])
+
+
+def test_zone_model_comes_from_the_disk_of_a_partition(tmp_path):
+    """No zoned device exists on this machine, so its sysfs entries are laid out as the kernel does."""
+    probe = tmp_path / "zone-file"
+    probe.write_bytes(b"x")
+    dev = os.stat(probe).st_dev
+    sys_root = tmp_path / "sys"
+    disk = sys_root / "devices/virtual/block/sdz"
+    (disk / "sdz1").mkdir(parents=True)
+    (disk / "queue").mkdir()
+    (disk / "queue/zoned").write_text("host-managed\n")
+    (sys_root / "dev/block").mkdir(parents=True)
+    (sys_root / "dev/block" / f"{os.major(dev)}:{os.minor(dev)}").symlink_to(disk / "sdz1")
+    assert doctor.zoned_model(probe, sys_root) == "host-managed"
+    drive = {"id": 1, "path": str(tmp_path), "backend": "zoned-block", "state": "online", "device": None}
+    assert doctor.check_drives([drive], tmp_path, sys_root)[0].status == "ok"
+    (disk / "queue/zoned").write_text("none\n")
+    result = doctor.check_drives([drive], tmp_path, sys_root)[0]
+    assert result.status == "fail" and "conventional" in result.detail
+    # The real sysfs of this machine: its disks are not zoned (or the folder is on a virtual filesystem).
+    assert doctor.zoned_model(probe) in ("none", None)
+
+
+def test_kernel_and_python_floors():
+    assert doctor.check_kernel("4.19.0-20-amd64").status == "fail"
+    assert doctor.check_kernel("5.1.21").status == "fail"
+    assert doctor.check_kernel("6.1.0-13-amd64").status == "ok"
+    assert doctor.check_python((3, 10, 12)).status == "fail"
+    assert doctor.check_python((3, 11, 2)).status == "ok"
+
+
+def test_clock_state_is_read_from_the_kernel():
+    synced = doctor.adjtimex_synchronized()
+    assert synced in (True, False)  # the syscall answered
+    check = doctor.check_clock()
+    assert check.status == ("ok" if synced else "warn")  # never a hard failure: the appliance still runs
+
+
+def test_host_before_install_is_checked_against_defaults(tmp_path):
+    results = doctor.run_checks(root=tmp_path)
+    by_name = {r.name: r for r in results}
+    assert by_name["config"].status == "warn" and "not installed yet" in by_name["config"].detail
+    assert by_name["units"].status == "warn"
+    assert "catalog" not in by_name  # nothing to reach yet
+    assert {"port nfs", "port webui", "free space", "clock", "kernel", "python"} <= set(by_name)
