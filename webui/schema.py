@@ -19,7 +19,7 @@ class ValidationError(ValueError):
 
     def __init__(self, errors: dict[str, str]):
         self.errors = errors
-        super().__init__("; ".join(f"{name}: {msg}" if name else msg for name, msg in errors.items()))
+        super().__init__("; ".join(errors.values()))
 
 
 @dataclass(frozen=True)
@@ -39,33 +39,36 @@ class Field:
     check: Callable[[Any], Any] | None = None  # extra rule: returns the clean value or raises ValueError
 
     def clean(self, value: Any) -> Any:
+        """The value if it fits, else ValueError naming the field, the value and what was expected."""
+        def bad(expected: str):
+            shown = repr(value) if not isinstance(value, str) or len(value) <= 60 else repr(value[:60]) + "..."
+            return ValueError(f"{self.name} = {shown}: expected {expected}")
         if self.type == "boolean":
             if not isinstance(value, bool):
-                raise ValueError(f"{value!r}: expected true or false")
+                raise bad("true or false")
         elif self.type == "integer":
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{value!r}: expected a whole number")
+                raise bad("a whole number")
         elif self.type == "number":
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{value!r}: expected a number")
+                raise bad("a number")
         elif self.type == "string":
             if not isinstance(value, str):
-                raise ValueError(f"{value!r}: expected a string")
+                raise bad("a string")
         if self.minimum is not None and value < self.minimum:
-            raise ValueError(f"{value!r}: expected at least {self.minimum:g}")
+            raise bad(f"at least {self.minimum:g}")
         if self.maximum is not None and value > self.maximum:
-            raise ValueError(f"{value!r}: expected at most {self.maximum:g}")
+            raise bad(f"at most {self.maximum:g}")
         if self.min_length is not None and len(value) < self.min_length:
-            raise ValueError(f"{value!r}: expected at least {self.min_length} characters" if self.min_length > 1
-                             else f"{value!r}: expected a non-empty value")
+            raise bad(f"at least {self.min_length} characters" if self.min_length > 1 else "a non-empty value")
         if self.max_length is not None and len(value) > self.max_length:
-            raise ValueError(f"{value[:40]!r}...: expected at most {self.max_length} characters")
+            raise bad(f"at most {self.max_length} characters")
         if self.enum and value not in self.enum:
-            raise ValueError(f"{value!r}: expected one of {', '.join(map(str, self.enum))}")
+            raise bad(f"one of {', '.join(map(str, self.enum))}")
         if self.pattern is not None and not re.fullmatch(self.pattern, value):
-            raise ValueError(f"{value!r}: expected {self.description[0].lower() + self.description[1:]}")
+            raise bad(self.description[0].lower() + self.description[1:])
         if self.check is not None:
-            value = self.check(value)
+            value = self.check(value)  # its ValueError already names what failed
         return value
 
     def from_form(self, text: str | None) -> Any:
@@ -78,12 +81,12 @@ class Field:
             try:
                 return int(text.strip())
             except ValueError:
-                raise ValueError(f"{text!r}: expected a whole number") from None
+                raise ValueError(f"{self.name} = {text!r}: expected a whole number") from None
         if self.type == "number":
             try:
                 return float(text.strip())
             except ValueError:
-                raise ValueError(f"{text!r}: expected a number") from None
+                raise ValueError(f"{self.name} = {text!r}: expected a number") from None
         return text
 
     def openapi(self) -> dict:
@@ -113,7 +116,7 @@ class Schema:
         known = {f.name for f in self.fields}
         for name in data:
             if name not in known:
-                errors[name] = f"unknown field: expected some of {', '.join(sorted(known))}"
+                errors[name] = f"field {name!r} is unknown: expected some of {', '.join(sorted(known))}"
         clean: dict[str, Any] = {}
         for f in self.fields:
             value = data.get(f.name)
@@ -123,7 +126,7 @@ class Schema:
                 if f.default is not None:
                     clean[f.name] = f.default
                 elif f.required:
-                    errors[f.name] = f"missing: {f.description}"
+                    errors[f.name] = f"{f.name} is missing: expected {f.description[0].lower() + f.description[1:]}"
                 continue
             try:
                 clean[f.name] = f.clean(value)

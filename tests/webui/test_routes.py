@@ -1,0 +1,306 @@
+"""Every route through Flask's test client: sign-in required, CSRF enforced, validation shown, JSON errors."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from sqlalchemy import select
+
+from engine import events, metrics
+from engine.catalog.models import Drive, Export, RetentionPolicy
+from tests.webui.conftest import ADMIN, PASSWORD, Browserish, csrf_of
+from tests.webui.helpers import exists, make_checkpoints, mkdirs
+
+OPEN_ROUTES = {"/login", "/metrics", "/api/v1/openapi.json", "/static/<path:filename>"}
+
+
+def concrete(rule: str) -> str:
+    return re.sub(r"<int:\w+>", "1", rule)
+
+
+def routes(app):
+    for rule in app.url_map.iter_rules():
+        for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+            yield rule.rule, method
+
+
+def count_rows(catalog, model) -> int:
+    table = model.__table__
+    return len(catalog.read(lambda c: c.execute(select(table)).all()))
+
+
+def test_every_route_requires_sign_in(app, appliance):
+    client = app.test_client()
+    checked = 0
+    for rule, method in routes(app):
+        if rule in OPEN_ROUTES:
+            continue
+        url = concrete(rule)
+        response = client.open(url, method=method, json={} if rule.startswith("/api/") else None)
+        if rule.startswith("/api/"):
+            assert response.status_code == 401, (method, url, response.status_code)
+            assert "authentication required" in response.get_json()["error"]
+        elif method == "GET":
+            assert response.status_code == 302 and "/login" in response.headers["Location"], (method, url)
+        else:  # no session, so no CSRF token either: refused before anything runs
+            assert response.status_code == 400 and b"CSRF" in response.data, (method, url)
+        checked += 1
+    assert checked >= 30
+    assert client.get("/metrics").status_code == 200
+    assert client.get("/api/v1/openapi.json").status_code == 200
+
+
+def test_every_page_renders_signed_in(web, app):
+    pages = [concrete(rule) for rule, method in routes(app) if method == "GET" and not rule.startswith("/api/")
+             and rule not in OPEN_ROUTES and "<" not in rule.replace("<int:", "")]
+    assert len(pages) >= 9
+    web.post("/retention/rules", {"pattern": "/ckpt/*", "keep": "2"})
+    web.post("/exports", {"name": "/data", "path": "/", "clients": "10.0.0.0/8", "access": "ro",
+                          "squash": "root_squash", "anon_uid": "65534", "anon_gid": "65534", "trash_days": "7"})
+    for url in pages:
+        response = web.get(url)
+        assert response.status_code == 200, (url, response.status_code)
+        assert b"Sign out" in response.data
+
+
+def test_login_logout_cookie_flags_and_events(app, appliance):
+    _, catalog = appliance
+    browser = Browserish(app.test_client())
+    response = browser.login()
+    assert response.status_code == 302 and response.headers["Location"] == "/"
+    cookie = response.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    logins = events.recent(catalog, 5, kind_prefix="auth.login")
+    assert logins[0].actor == ADMIN and "signed in" in logins[0].message
+    response = browser.post("/logout")
+    assert response.status_code == 302
+    assert browser.get("/drives").status_code == 302
+    assert events.recent(catalog, 1, kind_prefix="auth.logout")[0].actor == ADMIN
+    # open redirects are refused: only local paths after sign-in
+    browser.csrf = csrf_of(browser.get("/login").get_data(as_text=True))
+    response = browser.client.post("/login?next=//evil.example/x", data={"username": ADMIN, "password": PASSWORD,
+                                                                         "csrf_token": browser.csrf})
+    assert response.headers["Location"] == "/"
+
+
+def test_wrong_password_then_throttled(app, appliance):
+    _, catalog = appliance
+    browser = Browserish(app.test_client())
+    for _ in range(5):
+        response = browser.login(password="wrong password!")
+        assert response.status_code == 401 and b"wrong user name or password" in response.data
+    response = browser.login()  # the right password, but the account is locked now
+    assert response.status_code == 429 and b"too many failed logins" in response.data
+    assert events.recent(catalog, 1, kind_prefix="auth.locked")[0].severity == "warning"
+    failed = events.recent(catalog, 10, kind_prefix="auth.login.failed")
+    assert len(failed) == 5 and all("failed login as 'admin'" in e.message for e in failed)
+
+
+def test_csrf_rejected_on_forms_and_session_api_calls(web, appliance):
+    _, catalog = appliance
+    response = web.client.post("/retention/rules", data={"pattern": "/ckpt/*", "keep": "3"})
+    assert response.status_code == 400 and b"CSRF token missing or wrong" in response.data
+    response = web.client.post("/retention/rules", data={"pattern": "/ckpt/*", "keep": "3", "csrf_token": "forged"})
+    assert response.status_code == 400
+    response = web.client.post("/api/v1/retention/rules", json={"pattern": "/ckpt/*", "keep": 3})
+    assert response.status_code == 403 and "CSRF" in response.get_json()["error"]
+    assert count_rows(catalog, RetentionPolicy) == 0
+    response = web.api("POST", "/api/v1/retention/rules", {"pattern": "/ckpt/*", "keep": 3})
+    assert response.status_code == 201 and response.get_json()["keep"] == 3
+
+
+@pytest.mark.parametrize("pattern, keep, expected", [
+    ("/checkpoints/*/step-*", "0", "keep = 0: expected at least 1"),
+    ("/checkpoints/*/step-*", "-1", "keep = -1: expected at least 1"),
+    ("/checkpoints/../etc/*", "3", "'..' components are not allowed"),
+    ("", "3", "pattern = '': expected a non-empty value"),
+    ("checkpoints/*", "3", "expected an absolute path"),
+    ("/checkpoints/*", "three", "keep = 'three': expected a whole number"),
+])
+def test_retention_form_shows_inline_errors_and_saves_nothing(web, appliance, pattern, keep, expected):
+    _, catalog = appliance
+    response = web.post("/retention/rules", {"pattern": pattern, "keep": keep, "action": "delete",
+                                             "order_by": "mtime", "enabled": "on"})
+    html = response.get_data(as_text=True).replace("&#39;", "'")
+    assert response.status_code == 400
+    assert expected in html and 'role="alert"' in html
+    assert f'value="{pattern}"' in html  # what the admin typed stays in the form
+    assert count_rows(catalog, RetentionPolicy) == 0
+
+
+def test_retention_create_preview_run_edit_delete(web, appliance, app):
+    _, catalog = appliance
+    ns = app.extensions["shingle"].namespace
+    make_checkpoints(ns, "/ckpt/run1", range(1, 6))
+    response = web.post("/retention/rules", {"pattern": "/ckpt/*/step-*", "keep": "3", "action": "delete",
+                                             "order_by": "mtime", "enabled": "on"})
+    assert response.status_code == 302 and "/retention/preview?rule=" in response.headers["Location"]
+    rule_id = int(response.headers["Location"].rsplit("=", 1)[1])
+    preview = web.get(f"/retention/preview?rule={rule_id}").get_data(as_text=True)
+    listed = re.findall(r"<code>(/ckpt/run1/step-\d)</code>", preview)
+    assert listed == ["/ckpt/run1/step-1", "/ckpt/run1/step-2"]
+    assert all(exists(ns, f"/ckpt/run1/step-{n}") for n in range(1, 6))  # a preview changes nothing
+    response = web.post("/retention/run", {"rule_id": str(rule_id)})
+    assert response.status_code == 200 and b"2 of 2 planned actions done" in response.data
+    assert [exists(ns, f"/ckpt/run1/step-{n}") for n in range(1, 6)] == [False, False, True, True, True]
+    deletes = events.recent(catalog, 10, kind_prefix="retention.delete")
+    assert len(deletes) == 2 and {e.actor for e in deletes} == {ADMIN}
+    response = web.post(f"/retention/rules/{rule_id}", {"pattern": "/ckpt/*/step-*", "keep": "0",
+                                                        "action": "delete", "order_by": "mtime"})
+    assert response.status_code == 400 and b"expected at least 1" in response.data
+    response = web.post(f"/retention/rules/{rule_id}", {"pattern": "/ckpt/*/step-*", "keep": "2",
+                                                        "action": "trash", "order_by": "name"})
+    assert response.status_code == 302
+    rule = catalog.read(lambda c: c.execute(select(RetentionPolicy.__table__)).one())
+    assert (rule.keep, rule.action, rule.order_by, rule.enabled) == (2, "trash", "name", False)
+    assert events.recent(catalog, 1, kind_prefix="retention.rule.update")[0].actor == ADMIN
+    assert web.post(f"/retention/rules/{rule_id}/delete").status_code == 302
+    assert count_rows(catalog, RetentionPolicy) == 0
+    assert web.post(f"/retention/rules/{rule_id}/delete").status_code == 404
+    assert web.get("/retention/rules/999").status_code == 404
+
+
+def test_recent_entries_are_left_alone_by_the_web_ui(web, app):
+    ns = app.extensions["shingle"].namespace
+    for step in range(1, 5):
+        mkdirs(ns, f"/fresh/step-{step}")  # mtime now: maybe still being written
+    web.post("/retention/rules", {"pattern": "/fresh/step-*", "keep": "1", "action": "delete", "order_by": "name",
+                                  "enabled": "on"})
+    html = web.get("/retention/preview").get_data(as_text=True)
+    assert html.count("settle time") == 3
+    web.post("/retention/run")
+    assert all(exists(ns, f"/fresh/step-{n}") for n in range(1, 5))
+
+
+def test_drives_page_shows_smart_band_map_and_no_smart(web):
+    html = web.get("/drives").get_data(as_text=True)
+    assert "ST8000DM004-2CX188" in html and "SEAGATE ST4000NM0025" in html and "Samsung SSD 980 PRO" in html
+    assert "SMART: PASSED" in html
+    assert "SMART: no SMART data" in html and "emulated drive: no block device" in html
+    assert "17890 h" in html and "38 °C" in html
+    assert html.count('class="chart"') >= 4  # one band map per drive
+    assert "zone 0: full, warm, 100% written" in html and "zone 1: garbage, cold" in html
+    assert "zone 2: open, hot, 50% written" in html
+
+
+def test_drive_actions_change_state_request_rebuild_and_start_self_test(web, appliance, tmp_path, monkeypatch):
+    _, catalog = appliance
+    calls = tmp_path / "smartctl-calls"
+    monkeypatch.setenv("FAKE_SMARTCTL_LOG", str(calls))
+    state = lambda i: catalog.read(lambda c: c.execute(select(Drive.__table__.c.state)  # noqa: E731
+                                                       .where(Drive.__table__.c.id == i)).scalar())
+    web.post("/drives/2/action", {"action": "rebuild"})
+    assert "is online: rebuild restores" in web.get("/drives").get_data(as_text=True)
+    assert web.post("/drives/2/action", {"action": "mark_failed"}).status_code == 302
+    assert state(2) == "failed"
+    change = events.recent(catalog, 1, kind_prefix="drive.state")[0]
+    assert change.actor == ADMIN and "online -> failed" in change.message
+    web.post("/drives/2/action", {"action": "rebuild"})
+    assert catalog.get_setting("rebuild.requested_ns") is not None
+    assert events.recent(catalog, 1, kind_prefix="drive.rebuild")[0].actor == ADMIN
+    web.post("/drives/3/action", {"action": "drain"})
+    assert state(3) == "draining"
+    web.post("/drives/1/action", {"action": "smart_test"})
+    assert calls.read_text().splitlines()[-1] == "--json -t short /dev/sda"
+    assert events.recent(catalog, 1, kind_prefix="drive.smart")[0].actor == ADMIN
+    web.post("/drives/4/action", {"action": "smart_test"})  # emulated: refused with the reason
+    assert "no block device" in web.get("/drives").get_data(as_text=True)
+    web.post("/drives/1/action", {"action": "explode"})
+    assert "expected one of mark_failed, drain, rebuild, smart_test" in web.get("/drives").get_data(as_text=True)
+    assert state(1) == "online"
+    assert web.post("/drives/99/action", {"action": "drain"}).status_code == 404
+
+
+def test_exports_create_validate_edit_delete(web, appliance, app):
+    _, catalog = appliance
+    mkdirs(app.extensions["shingle"].namespace, "/datasets")
+    good = {"name": "/datasets", "path": "/datasets", "clients": "10.0.0.0/8, 192.168.1.5", "access": "ro",
+            "squash": "all_squash", "anon_uid": "1000", "anon_gid": "1000", "trash_days": "3", "enabled": "on"}
+    for field, value, expected in (("clients", "10.0.0.300/8", "expected an IP address or CIDR"),
+                                   ("path", "/nowhere", "expected an existing directory"),
+                                   ("access", "rwx", "expected one of rw, ro"),
+                                   ("anon_uid", "-5", "expected at least 0"),
+                                   ("name", "datasets", "expected the path clients mount")):
+        response = web.post("/exports", {**good, field: value})
+        assert response.status_code == 400 and expected in response.get_data(as_text=True).replace("&#39;", "'")
+    assert count_rows(catalog, Export) == 0
+    assert web.post("/exports", good).status_code == 302
+    row = catalog.read(lambda c: c.execute(select(Export.__table__)).one())
+    assert row.clients == "10.0.0.0/8,192.168.1.5/32" and row.access == "ro" and row.squash == "all_squash"
+    assert web.post("/exports", good).status_code == 400  # the name exists
+    assert web.post(f"/exports/{row.id}", {**good, "access": "rw"}).status_code == 302
+    assert catalog.read(lambda c: c.execute(select(Export.__table__.c.access)).scalar()) == "rw"
+    assert web.post(f"/exports/{row.id}/delete").status_code == 302
+    assert count_rows(catalog, Export) == 0
+    kinds = [e.kind for e in events.recent(catalog, 3, kind_prefix="export.")]
+    assert kinds == ["export.delete", "export.update", "export.create"]
+
+
+def test_tiers_thresholds_and_pins(web, appliance, app):
+    _, catalog = appliance
+    ns = app.extensions["shingle"].namespace
+    make_checkpoints(ns, "/archive", range(1, 3))
+    response = web.post("/tiers/thresholds", {"hot_to_warm_s": "10", "warm_to_cold_days": "30",
+                                              "promote_reads": "3", "promote_window_s": "86400"})
+    assert response.status_code == 400 and b"expected at least 60" in response.data
+    assert catalog.get_setting("tiering.hot_to_warm_s") is None
+    web.post("/tiers/thresholds", {"hot_to_warm_s": "7200", "warm_to_cold_days": "14", "promote_reads": "5",
+                                   "promote_window_s": "3600"})
+    assert catalog.get_setting("tiering.warm_to_cold_days") == "14"
+    assert web.post("/tiers/pins", {"path": "/archive", "band_class": "cold"}).status_code == 302
+    html = web.get("/tiers").get_data(as_text=True)
+    assert "<code>/archive</code></td><td>cold" in html
+    ns.invalidate()
+    assert catalog.read(lambda c: c.execute(select(__import__("engine.catalog.models", fromlist=["Inode"])
+                                                   .Inode.__table__.c.band_class)
+                                            .where(__import__("engine.catalog.models", fromlist=["Inode"])
+                                                   .Inode.__table__.c.band_class == "cold")).all()).__len__() == 5
+    response = web.post("/tiers/pins", {"path": "/missing", "band_class": "cold"})
+    assert response.status_code == 400 and b"not found" in response.data
+    assert events.recent(catalog, 1, kind_prefix="tiering.pin")[0].actor == ADMIN
+
+
+def test_settings_password_tokens_admins(web, appliance):
+    _, catalog = appliance
+    response = web.post("/settings/password", {"current": PASSWORD, "new": "short", "confirm": "short"})
+    assert response.status_code == 400 and b"expected at least 10 characters" in response.data
+    response = web.post("/settings/password", {"current": "nope", "new": "a new long password",
+                                               "confirm": "a new long password"})
+    assert response.status_code == 400 and b"current password is wrong" in response.data
+    assert web.post("/settings/password", {"current": PASSWORD, "new": "a new long password",
+                                           "confirm": "a new long password"}).status_code == 302
+    response = web.post("/settings/tokens", {"name": "grafana"})
+    token = re.search(r'id="new-token">(shg_[^<]+)<', response.get_data(as_text=True)).group(1)
+    assert web.client.get("/api/v1/drives", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    token_id = int(re.search(r'/settings/tokens/(\d+)/revoke', web.get("/settings").get_data(as_text=True)).group(1))
+    assert web.post(f"/settings/tokens/{token_id}/revoke").status_code == 302
+    assert web.client.get("/api/v1/drives", headers={"Authorization": f"Bearer {token}"}).status_code == 401
+    assert web.post("/settings/admins", {"username": "Bad Name", "password": "long enough pw"}).status_code == 400
+    assert web.post("/settings/admins", {"username": "alice", "password": "long enough pw"}).status_code == 302
+    assert Browserish(web.client.application.test_client()).login("alice", "long enough pw").status_code == 302
+    assert [e.actor for e in events.recent(catalog, 5, kind_prefix="admin.")][:3] == [ADMIN, ADMIN, ADMIN]
+
+
+def test_events_page_filters_and_pages(web, appliance):
+    _, catalog = appliance
+    for n in range(105):
+        events.record(catalog, "test.bulk", f"bulk event {n}", actor="tester")
+    html = web.get("/events?kind=test.").get_data(as_text=True)
+    assert "bulk event 104" in html and "bulk event 4<" not in html and "Older events" in html
+    older = re.search(r'href="(/events\?[^"]+before=\d+)"', html).group(1).replace("&amp;", "&")
+    assert "bulk event 4<" in web.get(older).get_data(as_text=True)
+
+
+def test_dashboard_charts_show_samples_or_say_there_are_none(web, appliance):
+    _, catalog = appliance
+    html = web.get("/").get_data(as_text=True)
+    assert "no throughput samples in the last hour" in html
+    assert "warm live" in html and "drives by state" in html
+    import time
+    now = time.time_ns()
+    for i in range(6):
+        metrics.record_sample(catalog, time_ns=now - (6 - i) * 60 * 10**9, nfs_read_bytes=i * 600 * 2**20,
+                              nfs_write_bytes=i * 60 * 2**20)
+    html = web.get("/").get_data(as_text=True)
+    assert "no throughput samples" not in html and "<polyline" in html
+    assert "10.0 MiB/s" in html  # 600 MiB per 60 s: the read rate's top label
