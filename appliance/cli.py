@@ -162,6 +162,8 @@ def cmd_config(args) -> int:
 
 # -- serve ---------------------------------------------------------------------------
 def cmd_serve(args) -> int:
+    from appliance.daemonlock import DaemonLock
+    from appliance.maintenance import Maintenance
     from appliance.nfs.server import NfsServerThread
     from appliance.runtime import Appliance
 
@@ -170,13 +172,16 @@ def cmd_serve(args) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    lock = DaemonLock(config.data_dir)
+    if not lock.acquire():
+        raise UsageError(f"another shingle daemon (pid {lock.holder()}) serves {config.data_dir}")
     appliance = Appliance(config)
     nfs_port = args.nfs_port if args.nfs_port is not None else config.get("nfs.port")
     server = NfsServerThread(appliance.namespace, appliance.catalog, host=config.get("nfs.host"), port=nfs_port,
                              max_record_size=config.get("nfs.max_record_size"),
                              lease_seconds=config.get("nfs.lease_seconds"),
                              grace_seconds=config.get("nfs.grace_seconds"))
-    web = watchdog = None
+    web = watchdog = maintenance = None
     try:
         server.start()
         host = config.get("nfs.host")
@@ -184,6 +189,8 @@ def cmd_serve(args) -> int:
         print(f"NFS:    nfs://{host}:{server.port}/export?version=4.1", flush=True)
         print(f"        mount -t nfs -o vers=4.1,port={server.port},nconnect=4,rsize=1048576,wsize=1048576 "
               f"{host}:/export /mnt/shingle", flush=True)
+        maintenance = Maintenance(appliance, counters=lambda: daemon_counters(server, appliance))
+        maintenance.start()
         if not args.no_web:
             web = start_webui(config, args.web_port)
         notify_ready()
@@ -193,6 +200,9 @@ def cmd_serve(args) -> int:
                 log.error("web UI exited with status %s; stopping", web.returncode)
                 return 1
     finally:
+        if maintenance is not None:
+            maintenance.stop()
+            maintenance.join(60)
         if watchdog is not None:
             watchdog.stop()
         if web is not None and web.poll() is None:
@@ -200,8 +210,21 @@ def cmd_serve(args) -> int:
             web.wait(30)
         server.stop()
         appliance.close()
+        lock.release()
         log.info("stopped")
     return 0
+
+
+def daemon_counters(server, appliance) -> dict:
+    """Cumulative counters the web UI charts (names: engine/metrics.py)."""
+    counters = {}
+    stats = getattr(server, "stats", None)
+    if callable(stats):
+        counters.update(stats())
+    media = getattr(appliance.datapath, "counters", None)
+    if callable(media):
+        counters.update(media())
+    return counters
 
 
 def start_webui(config, port: int | None):

@@ -87,15 +87,17 @@ def recent(catalog: Catalog, limit: int = 50) -> list[JobRecord]:
 
 def claim_next(catalog: Catalog) -> JobRecord | None:
     """The oldest queued job, now marked running (for the daemon's maintenance loop)."""
-    def work(conn):
-        row = conn.execute(select(JOBS).where(JOBS.c.state == "queued").order_by(JOBS.c.id).limit(1)).first()
-        if row is None:
-            return None
-        claimed = conn.execute(JOBS.update().where(JOBS.c.id == row.id, JOBS.c.state == "queued")
-                               .values(state="running", started_ns=time.time_ns())).rowcount
-        return row.id if claimed else None
-    job_id = catalog.run(work)
-    return None if job_id is None else get(catalog, job_id)
+    job_id = catalog.read(lambda conn: conn.execute(
+        select(JOBS.c.id).where(JOBS.c.state == "queued").order_by(JOBS.c.id).limit(1)).scalar())
+    return None if job_id is None else claim(catalog, job_id)
+
+
+def claim(catalog: Catalog, job_id: int) -> JobRecord | None:
+    """Mark one queued job running; None if someone else claimed it first."""
+    claimed = catalog.run(lambda conn: conn.execute(
+        JOBS.update().where(JOBS.c.id == job_id, JOBS.c.state == "queued")
+        .values(state="running", started_ns=time.time_ns())).rowcount)
+    return get(catalog, job_id) if claimed else None
 
 
 def progress_writer(catalog: Catalog, job_id: int, every_s: float = 0.5) -> Callable[[int, int, str], None]:

@@ -1,0 +1,256 @@
+"""`shingle retention|trash|drives|jobs|rebuild|scrub|tier|clean`: lifecycle from a terminal.
+
+Rules, listings and drive states are catalog changes, done directly. Work
+that moves data runs where the drives are owned: in this process when no
+daemon runs (it takes the daemon lock), else as a job the daemon runs while
+this command shows its progress."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from appliance.cli import UsageError, load_config
+from appliance.config import format_size
+from appliance.daemonlock import DaemonLock
+from appliance.runtime import Appliance, open_catalog
+from engine import jobs
+
+
+class ProgressLine:
+    """One updating line on a terminal; plain lines at most every 2 s otherwise."""
+
+    def __init__(self, stream=sys.stderr):
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.started = time.monotonic()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int, message: str = "") -> None:
+        now = time.monotonic()
+        if not self.tty and now - self.last < 2 and done < total:
+            return
+        self.last = now
+        fraction = done / total if total else 0.0
+        elapsed = now - self.started
+        eta = f", ETA {elapsed / fraction - elapsed:.0f} s" if 0 < fraction < 1 else ""
+        bar = "#" * int(fraction * 30)
+        line = f"[{bar:<30}] {fraction:6.1%} {message[:60]}{eta}"
+        if self.tty:
+            self.stream.write("\r\x1b[K" + line)
+            if total and done >= total:
+                self.stream.write("\n")
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def show_job(self, job: jobs.JobRecord) -> None:
+        self(job.done, job.total, job.message or job.state)
+
+
+def run_data_job(args, kind: str, params: dict | None = None) -> jobs.JobRecord:
+    """Run a data-moving job here if no daemon owns the drives, else through the daemon."""
+    from appliance.maintenance import Maintenance
+
+    config = load_config(args)
+    lock = DaemonLock(config.data_dir)
+    progress = ProgressLine()
+    if lock.acquire():
+        try:
+            with Appliance(config) as appliance:
+                job_id = jobs.submit(appliance.catalog, kind, params, actor="cli")
+                job = jobs.claim(appliance.catalog, job_id)
+                maintenance = Maintenance(appliance)
+                runner = maintenance.runners.get(kind)
+                if runner is None:
+                    jobs.finish(appliance.catalog, job_id, ok=False, message=f"this build cannot run {kind} jobs")
+                else:
+                    maintenance.run_job(job)
+                return jobs.get(appliance.catalog, job_id)
+        finally:
+            lock.release()
+    catalog = open_catalog(config)
+    try:
+        job_id = jobs.submit(catalog, kind, params, actor="cli")
+        print(f"the daemon (pid {lock.holder()}) owns the drives: queued job {job_id}", file=sys.stderr)
+        return jobs.wait(catalog, job_id, progress=progress.show_job)
+    finally:
+        catalog.close()
+
+
+def finish_job(job: jobs.JobRecord, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(job.to_dict(), indent=2, default=str))
+    else:
+        print(f"{job.kind} job {job.id}: {job.state}" + (f" ({job.message})" if job.message else ""))
+        if isinstance(job.result, list):
+            for item in job.result:
+                print("  " + (f"{item.get('action', '')} {item.get('path', '')} {item.get('outcome', '')}"
+                              if isinstance(item, dict) else str(item)))
+        elif isinstance(job.result, dict):
+            for key, value in job.result.items():
+                print(f"  {key}: {value}")
+    return 0 if job.state == "done" else 1
+
+
+def with_catalog(args, work):
+    config = load_config(args)
+    catalog = open_catalog(config)
+    try:
+        return work(config, catalog)
+    finally:
+        catalog.close()
+
+
+def with_namespace(args, work):
+    config = load_config(args)
+    appliance = Appliance(config, with_data=False)
+    try:
+        return work(appliance)
+    finally:
+        appliance.close()
+
+
+# -- retention ----------------------------------------------------------------------
+def cmd_retention(args) -> int:
+    from engine.retention import RetentionService, plan_to_text
+
+    if args.action in ("run",):
+        return finish_job(run_data_job(args, "retention", {"rule_id": args.rule}), args.json)
+
+    def work(appliance):
+        service = RetentionService(appliance.namespace, appliance.catalog)
+        if args.action == "add":
+            if not args.pattern or args.keep is None:
+                raise UsageError("retention add PATTERN --keep N [--action delete|cold|trash]")
+            rule_id = service.add_rule(args.pattern, args.keep, action=args.rule_action,
+                                       order_by=args.order_by, actor="cli")
+            print(f"rule {rule_id}: keep the newest {args.keep} of {args.pattern}, {args.rule_action} the rest")
+        elif args.action == "list":
+            rules = service.list_rules()
+            if args.json:
+                print(json.dumps([r.to_dict() for r in rules], indent=2))
+            for rule in [] if args.json else rules:
+                print(f"{rule.id:>4} keep {rule.keep:<4} {rule.action:<7} by {rule.order_by:<5} "
+                      f"{'enabled ' if rule.enabled else 'disabled'} {rule.pattern}")
+        elif args.action == "preview":
+            plan = service.preview(args.rule)
+            print(json.dumps([p.to_dict() for p in plan], indent=2) if args.json else plan_to_text(plan))
+        elif args.action == "delete":
+            if args.rule is None:
+                raise UsageError("retention delete --rule ID")
+            service.delete_rule(args.rule, actor="cli")
+            print(f"rule {args.rule} deleted")
+        return 0
+    return with_namespace(args, work)
+
+
+# -- trash --------------------------------------------------------------------------
+def cmd_trash(args) -> int:
+    from engine.trash import Trash
+
+    if args.action == "purge":
+        return finish_job(run_data_job(args, "trash-purge", {"older_than_s": args.older_than}), args.json)
+
+    def work(appliance):
+        trash = Trash(appliance.namespace, appliance.catalog)
+        if args.action == "list":
+            entries = trash.list()
+            if args.json:
+                print(json.dumps([e.to_dict() for e in entries], indent=2))
+            for entry in [] if args.json else entries:
+                print(f"{entry.id:>8} {entry.trash_path}  (was {entry.original_path})")
+        else:
+            if not args.entry:
+                raise UsageError("trash restore ID|PATH")
+            target = args.entry if not args.entry.isdigit() else int(args.entry)
+            print(f"restored to {trash.restore(target, actor='cli')}")
+        return 0
+    return with_namespace(args, work)
+
+
+# -- drives ------------------------------------------------------------------------
+def cmd_drives(args) -> int:
+    from engine.lifecycle import drives
+
+    if args.action == "drain":
+        if args.drive is None:
+            raise UsageError("drives drain ID")
+        with_catalog(args, lambda config, catalog: drives.start_drain(catalog, args.drive, actor="cli"))
+        return finish_job(run_data_job(args, "drain", {"drive": args.drive}), args.json)
+
+    def work(config, catalog):
+        if args.action == "list":
+            found = drives.list_drives(catalog)
+            if args.json:
+                print(json.dumps([d.to_dict() for d in found], indent=2, default=str))
+            for d in [] if args.json else found:
+                print(f"{d.id:>4} {d.state:<9} {format_size(d.capacity_bytes):>10}  zones {d.zones_empty} empty / "
+                      f"{d.zones_open} open / {d.zones_full} full  live {format_size(d.live_bytes)}  {d.path}")
+        elif args.action == "fail":
+            if args.drive is None:
+                raise UsageError("drives fail ID")
+            drives.fail_drive(catalog, args.drive, actor="cli")
+            print(f"drive {args.drive} marked failed; run `shingle rebuild` to restore redundancy")
+        return 0
+    return with_catalog(args, work)
+
+
+def cmd_jobs(args) -> int:
+    def work(config, catalog):
+        found = jobs.recent(catalog, args.limit)
+        if args.json:
+            print(json.dumps([j.to_dict() for j in found], indent=2, default=str))
+        for job in [] if args.json else found:
+            print(f"{job.id:>5} {job.kind:<12} {job.state:<8} {job.fraction:6.1%} {job.actor:<10} {job.message or ''}")
+        return 0
+    return with_catalog(args, work)
+
+
+def cmd_data_job(kind: str):
+    def run(args) -> int:
+        return finish_job(run_data_job(args, kind, {}), args.json)
+    return run
+
+
+def register(sub) -> None:
+    p = sub.add_parser("retention", help="keep-last-N rules: add, list, preview, run, delete")
+    p.add_argument("action", choices=["add", "list", "preview", "run", "delete"])
+    p.add_argument("pattern", nargs="?", help="path pattern, e.g. '/checkpoints/*/step-*'")
+    p.add_argument("--keep", type=int, help="how many of the newest entries to keep")
+    p.add_argument("--action", dest="rule_action", default="delete", choices=["delete", "cold", "trash"],
+                   help="what happens to the older entries (default delete)")
+    p.add_argument("--order-by", default="mtime", choices=["mtime", "name"])
+    p.add_argument("--rule", type=int, help="one rule's id (preview/run/delete)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_retention)
+
+    p = sub.add_parser("trash", help="list, restore or purge deleted entries")
+    p.add_argument("action", choices=["list", "restore", "purge"])
+    p.add_argument("entry", nargs="?", help="restore: the entry's id or trash path")
+    p.add_argument("--older-than", type=float, help="purge: seconds since deletion (0 empties the trash)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_trash)
+
+    p = sub.add_parser("drives", help="list drives, mark one failed, drain one")
+    p.add_argument("action", choices=["list", "fail", "drain"])
+    p.add_argument("drive", nargs="?", help="drive id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_drives)
+
+    p = sub.add_parser("jobs", help="recent maintenance jobs and their progress")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_jobs)
+
+    for kind, text in (("rebuild", "restore full redundancy after a drive failed"),
+                       ("scrub", "verify every fragment's checksum and repair from redundancy")):
+        p = sub.add_parser(kind, help=text)
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(func=cmd_data_job(kind))
+    for kind, text in (("tier", "move data between hot, warm and cold bands"),
+                       ("clean", "band cleaning: copy live data out of mostly-garbage bands, reset them")):
+        p = sub.add_parser(kind, help=text)
+        p.add_argument("action", choices=["run"])
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(func=cmd_data_job(kind))

@@ -1,0 +1,115 @@
+"""Maintenance inside the daemon: scheduled work, queued jobs, metric samples.
+
+Why inside the daemon and not a systemd timer: retention, tiering, cleaning,
+scrub and rebuild move data, and only the daemon owns the drives (its write
+scheduler, open bands and extent caches). A second process touching zones
+would race it. So the daemon runs one maintenance thread that
+- queues the scheduled jobs when their interval (config [maintenance]) is due,
+- runs queued jobs one at a time (admins queue them from the CLI or web UI),
+- records the counters of the NFS server and the data path every few seconds
+  for the web UI's charts.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from engine import jobs
+from engine.metrics import record_sample
+
+log = logging.getLogger("shingle.maintenance")
+
+SCHEDULE = (  # job kind -> config key of its interval
+    ("retention", "maintenance.retention_interval_s"),
+    ("tier", "maintenance.tier_interval_s"),
+    ("clean", "maintenance.clean_interval_s"),
+    ("scrub", "maintenance.scrub_interval_s"),
+)
+LAST_RUN_KEY = "maintenance.last_queued.{kind}"
+
+
+class Maintenance(threading.Thread):
+    def __init__(self, appliance, *, counters: Callable[[], dict] | None = None, tick_s: float = 1.0,
+                 sample_every_s: float = 10.0):
+        super().__init__(name="maintenance", daemon=True)
+        self.appliance = appliance
+        self.catalog = appliance.catalog
+        self.counters = counters
+        self.tick_s = tick_s
+        self.sample_every_s = sample_every_s
+        self.stopped = threading.Event()
+        self.runners = job_runners(appliance)
+
+    def run(self) -> None:
+        last_sample = 0.0
+        while not self.stopped.is_set():
+            try:
+                self.queue_due_jobs()
+                job = jobs.claim_next(self.catalog)
+                if job is not None:
+                    self.run_job(job)
+                    continue
+                if self.counters and time.monotonic() - last_sample >= self.sample_every_s:
+                    record_sample(self.catalog, **self.counters())
+                    last_sample = time.monotonic()
+            except Exception:  # the loop must survive anything one round does
+                log.exception("maintenance round failed")
+            self.stopped.wait(self.tick_s)
+
+    def queue_due_jobs(self) -> None:
+        now = time.time()
+        for kind, key in SCHEDULE:
+            interval = self.appliance.config.get(key)
+            if not interval or kind not in self.runners:
+                continue
+            setting = LAST_RUN_KEY.format(kind=kind)
+            last = float(self.catalog.get_setting(setting, "0"))
+            if now - last >= interval:
+                self.catalog.set_setting(setting, str(now))
+                jobs.submit(self.catalog, kind, {"scheduled": True}, actor="schedule")
+
+    def run_job(self, job: jobs.JobRecord) -> None:
+        runner = self.runners.get(job.kind)
+        if runner is None:
+            jobs.finish(self.catalog, job.id, ok=False, message=f"this build cannot run {job.kind} jobs")
+            return
+        log.info("job %d (%s) started by %s", job.id, job.kind, job.actor)
+        try:
+            result = runner(job.params, jobs.progress_writer(self.catalog, job.id), job.actor)
+        except Exception as exc:
+            log.exception("job %d (%s) failed", job.id, job.kind)
+            jobs.finish(self.catalog, job.id, ok=False, message=f"{exc.__class__.__name__}: {exc}")
+            return
+        jobs.finish(self.catalog, job.id, ok=True, result=result)
+        log.info("job %d (%s) done", job.id, job.kind)
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def job_runners(appliance) -> dict[str, Callable]:
+    """kind -> runner(params, progress, actor) -> JSON-able result."""
+    from engine.retention import RetentionService
+    from engine.trash import Trash
+
+    ns, catalog = appliance.namespace, appliance.catalog
+    retention = RetentionService(ns, catalog)
+    trash = Trash(ns, catalog)
+
+    def run_retention(params, progress, actor):
+        done = retention.run(params.get("rule_id"), actor=actor, progress=progress)
+        return [item.to_dict() for item in done]
+
+    def run_trash_purge(params, progress, actor):
+        return [item.to_dict() for item in trash.purge(params.get("older_than_s"), actor=actor, progress=progress)]
+
+    runners = {"retention": run_retention, "trash-purge": run_trash_purge}
+    runners.update(lifecycle_runners(appliance))
+    return runners
+
+
+def lifecycle_runners(appliance) -> dict[str, Callable]:
+    """Runners for the data-moving jobs, where this build's engine has them."""
+    return {}
