@@ -22,8 +22,10 @@ def set_ports(config: Path, nfs: int, web: int) -> None:
 
 
 @pytest.fixture
-def installed(root):
-    shingle("install", "--root", str(root), "--bin", "/opt/shingle/bin/shingle")
+def installed(installed_root, tmp_path):
+    """A private copy of one installed tree, on free ports (8080 may be taken by another test run)."""
+    root = tmp_path / "root"
+    shutil.copytree(installed_root, root, symlinks=True)
     set_ports(root / "etc/shingle/shingle.toml", free_port(), free_port())
     return root
 

@@ -161,3 +161,23 @@ def test_watchdog_pings_only_while_healthy(notify_socket, monkeypatch, caplog):
     finally:
         dog.stop()
         dog.join(1)
+
+
+def test_webui_is_ready_once_gunicorn_listens(tmp_path, notify_socket):
+    """shingle-webui.service is Type=notify: `shingle webui` must leave gunicorn as the notifying main PID."""
+    sock, path = notify_socket
+    web_port = free_port()
+    folder = tmp_path / "app"
+    shingle("init", str(folder), "--drives", "10", "--drive-size", "16MiB", "--zone-size", "4MiB",
+            "--nfs-port", str(free_port()), "--web-port", str(web_port))
+    env = {**os.environ, "NOTIFY_SOCKET": path}
+    web = subprocess.Popen([sys.executable, "-m", "appliance.cli", "-c", str(folder / "shingle.toml"), "webui"],
+                           cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        receive_until_ready(sock, web)
+        assert accepts(web_port), "READY=1 sent while the web UI port does not accept connections"
+        assert web.poll() is None
+    finally:
+        web.send_signal(signal.SIGTERM)
+        web.communicate(timeout=60)
+    assert web.returncode == 0
