@@ -25,3 +25,5 @@ def configure(level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # Alembic announces its context on every revision check; only its problems matter here.
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, root.level))

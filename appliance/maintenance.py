@@ -65,8 +65,10 @@ class Maintenance(threading.Thread):
             if not interval or kind not in self.runners:
                 continue
             setting = LAST_RUN_KEY.format(kind=kind)
-            last = float(self.catalog.get_setting(setting, "0"))
-            if now - last >= interval:
+            last = self.catalog.get_setting(setting)
+            if last is None:  # a new appliance: the first round comes one interval from now
+                self.catalog.set_setting(setting, str(now))
+            elif now - float(last) >= interval:
                 self.catalog.set_setting(setting, str(now))
                 jobs.submit(self.catalog, kind, {"scheduled": True}, actor="schedule")
 
