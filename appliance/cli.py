@@ -150,6 +150,20 @@ def cmd_fsck(args) -> int:
     return 0 if report.clean else 1
 
 
+# -- bench -----------------------------------------------------------------------
+BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
+
+
+def cmd_bench(args) -> int:
+    """Benchmarks live in the source tree's bench/ (they are not installed)."""
+    import subprocess
+    available = sorted(p.stem for p in BENCH_DIR.glob("*.py") if not p.stem.startswith("_")) \
+        if BENCH_DIR.is_dir() else []
+    if args.name not in available:
+        raise UsageError(f"benchmark {args.name!r}: expected one of {', '.join(available) or '(none: not a source checkout)'}")
+    return subprocess.call([sys.executable, str(BENCH_DIR / f"{args.name}.py"), *args.bench_args])
+
+
 # -- config ----------------------------------------------------------------------
 def cmd_config(args) -> int:
     if args.action == "sample":
@@ -278,6 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fsck", help="check the catalog's consistency (read-only); exit 1 on problems")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_fsck)
+
+    p = sub.add_parser("bench", help="run a benchmark from bench/ (catalog, engine, nfs, compare, ...)")
+    p.add_argument("name")
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("config", help="print the documented sample config, or check a config file")
     p.add_argument("action", choices=["sample", "check"])

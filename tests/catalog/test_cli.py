@@ -55,3 +55,10 @@ def test_fsck_of_fresh_appliance_is_clean(tmp_path):
     shingle("init", str(home), "--drive-size", "64MiB", "--zone-size", "4MiB")
     report = json.loads(shingle("-c", str(home / "shingle.toml"), "fsck", "--json").stdout)
     assert report["clean"] and report["inodes"] == 1
+
+
+def test_bench_subcommand_runs_benchmarks_and_refuses_unknown(tmp_path):
+    bad = shingle("bench", "no-such-benchmark", check=False)
+    assert bad.returncode == 2 and "catalog" in bad.stderr
+    out = json.loads(shingle("bench", "catalog", "--files", "200", "--no-postgres", "--json").stdout)
+    assert out["sqlite"]["create_per_s"] > 0 and out["files"] == 200
