@@ -1,0 +1,502 @@
+"""A/B benchmark: shingle vs NFS-Ganesha, same machine, same run, same clients.
+
+    .venv/bin/python bench/compare.py --quick          # every workload once, a few minutes
+    .venv/bin/python bench/compare.py                  # full: 3 repetitions, report + charts
+    .venv/bin/python bench/compare.py --reps 5 --no-training --clients nfsrs
+
+Both servers run as children of this process on 127.0.0.1: NFS-Ganesha 4.3
+(VFS FSAL, pNFS off) exporting a local folder, and ``shingle serve`` on a
+fresh ``shingle init`` folder (10 emulated zone-file drives, 8+2 erasure
+coding). Every workload runs with each client (nfs-rs 4.1, nfs4fs) against
+both servers, A then B, the order flipping every repetition, each in a child
+process with a timeout: a workload that fails or hangs on one server is
+recorded as an error in the report, and the run goes on.
+
+Cold reads drop the page cache (``echo 3 > /proc/sys/vm/drop_caches``) after
+the file is written; where that is not permitted, the backing files are
+evicted with posix_fadvise(DONTNEED) and the report says so.
+
+Output: a summary table, a markdown report and PNG charts under
+bench/results/ (full mode; ``--report`` forces one in quick mode), and as the
+last lines one line per metric: ``metric shingle_value ganesha_value ratio``
+(``nan`` where a server failed the workload).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench import workloads  # noqa: E402
+from bench.ganesha import GaneshaError, GaneshaServer, free_port, wait_listening  # noqa: E402
+
+MiB = 1 << 20
+GiB = 1 << 30
+SERVERS = ("shingle", "ganesha")
+
+# shingle's emulated drives per mode: 10 drives (8+2), preallocated zone files.
+SHINGLE_LAYOUT = {
+    "full": dict(drive_size=4 * GiB, zone_size=256 * MiB),
+    "quick": dict(drive_size=1536 * MiB, zone_size=64 * MiB),
+    "smoke": dict(drive_size=256 * MiB, zone_size=16 * MiB),
+}
+TIMEOUT_S = {"full": 900, "quick": 300, "smoke": 60}
+
+# (metric, unit, goal of issue 8 for the ratio shingle/Ganesha or None)
+METRICS = [
+    ("seq_write_MBps", "MB/s", 1.0),
+    ("seq_read_cold_MBps", "MB/s", 1.0),
+    ("seq_read_warm_MBps", "MB/s", 1.0),
+    ("create_per_s", "ops/s", 0.7),
+    ("stat_per_s", "ops/s", 0.7),
+    ("remove_per_s", "ops/s", 0.7),
+    ("randwrite_iops", "IOPS", 0.7),
+    ("ckpt8_write_MBps", "MB/s", None),
+    ("shard16_read_MBps", "MB/s", None),
+]
+TRAINING_METRICS = [
+    ("torch_save_MBps", "MB/s"),
+    ("torch_load_MBps", "MB/s"),
+    ("safetensors_save_MBps", "MB/s"),
+    ("zarr_write_MBps", "MB/s"),
+    ("dataloader_samples_per_s", "samples/s"),
+    ("dataloader_vs_local", "x local"),
+]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# -- shingle as a child process --------------------------------------------------------
+class ShingleServer:
+    """``shingle init`` a fresh folder, then ``shingle serve --no-web`` on 127.0.0.1:port."""
+
+    name = "shingle"
+
+    def __init__(self, workdir: Path, port: int | None = None, *, drive_size: int, zone_size: int,
+                 drives: int = 10):
+        self.workdir = Path(workdir).resolve()
+        self.port = port or free_port()
+        self.drive_size, self.zone_size, self.drives = drive_size, zone_size, drives
+        self.proc: subprocess.Popen | None = None
+        self.log = self.workdir / "serve.log"
+        self.config = self.workdir / "shingle.toml"
+        self.catalog_url = f"sqlite:///{self.workdir}/catalog.db"
+        self.restarts = 0
+
+    @property
+    def backing_dir(self) -> Path:
+        return self.workdir / "drives"
+
+    def cli(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "appliance.cli", *args]
+
+    def init(self) -> None:
+        if self.config.exists():
+            return
+        proc = subprocess.run(self.cli("init", str(self.workdir), "--nfs-port", str(self.port),
+                                       "--drives", str(self.drives), "--drive-size", str(self.drive_size),
+                                       "--zone-size", str(self.zone_size)),
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"shingle init {self.workdir} failed (exit {proc.returncode}): "
+                               f"{(proc.stderr or proc.stdout).strip()[-800:]}")
+        # Same export semantics as the Ganesha side (No_Root_Squash, this host only):
+        # the benchmark connects as root, as the Ganesha export allows.
+        from engine.catalog import Catalog
+        from engine.catalog.models import Export
+        catalog = Catalog(self.catalog_url)
+        try:
+            table = Export.__table__
+            catalog.run(lambda conn: conn.execute(table.update().values(squash="no_root_squash",
+                                                                         clients="127.0.0.1/32")))
+        finally:
+            catalog.close()
+
+    def start(self, timeout: float = 60.0) -> "ShingleServer":
+        self.init()
+        out = open(self.log, "ab")
+        self.proc = subprocess.Popen(self.cli("-c", str(self.config), "serve", "--nfs-port", str(self.port),
+                                              "--no-web"),
+                                     cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        out.close()
+        try:
+            wait_listening(self.port, self.proc, timeout, self.log)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def restart(self) -> None:
+        self.stop()
+        self.restarts += 1
+        self.start()
+
+    def version(self) -> str:
+        try:
+            rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                 text=True).stdout.strip()
+        except OSError:
+            rev = "?"
+        return f"git {rev}"
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.proc = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def server_pid(server) -> int | None:
+    return server.proc.pid if server.proc is not None and server.proc.poll() is None else None
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    try:
+        import psutil
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system
+    except Exception:  # noqa: BLE001 (a server gone is reported elsewhere)
+        return None
+
+
+# -- one workload in a child process ---------------------------------------------------------
+def run_child(cmd: list[str], timeout: float) -> dict:
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
+    last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    try:
+        out = json.loads(last)
+    except ValueError:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"ok": False, "error": f"exit {proc.returncode}: " + " | ".join(tail)[-500:]}
+    if not out.get("ok") and proc.stderr:
+        out["traceback"] = proc.stderr[-2000:]
+    return out
+
+
+def run_workload(server, client: str, workload: str, params: dict, timeout: float) -> dict:
+    cmd = [sys.executable, str(REPO / "bench" / "workloads.py"), "--client", client, "--port",
+           str(server.port), "--workload", workload, "--params", json.dumps(params)]
+    pid = server_pid(server)
+    cpu0 = cpu_seconds(pid)
+    t = time.perf_counter()
+    out = run_child(cmd, timeout)
+    out["wall_s"] = round(time.perf_counter() - t, 2)
+    cpu1 = cpu_seconds(pid)
+    if cpu0 is not None and cpu1 is not None:
+        out["server_cpu_s"] = round(cpu1 - cpu0, 2)
+    if not out.get("ok") and not server.alive():
+        out["error"] = f"{out.get('error')} (server process exited: see {server.log})"
+    return out
+
+
+# -- the run --------------------------------------------------------------------------------
+class Run:
+    def __init__(self, args, servers: dict):
+        self.args = args
+        self.servers = servers
+        self.params = dict(workloads.SIZES[args.mode])
+        self.timeout = TIMEOUT_S[args.mode]
+        self.samples: dict[str, dict[str, list[float]]] = {}
+        self.errors: list[dict] = []
+        self.cpu: dict[str, dict[str, list[float]]] = {}
+        self.cache_drop = None
+
+    def add(self, server: str, metric: str, value: float) -> None:
+        self.samples.setdefault(metric, {s: [] for s in SERVERS})[server].append(value)
+
+    def error(self, server: str, client: str, workload: str, rep: int, out: dict) -> None:
+        entry = {"server": server, "client": client, "workload": workload, "rep": rep,
+                 "error": out.get("error", "?")}
+        if out.get("traceback"):
+            entry["traceback"] = out["traceback"]
+        self.errors.append(entry)
+        log(f"  {server} {client} {workload}: FAILED {entry['error']}")
+
+    def ensure_up(self, name: str) -> bool:
+        server = self.servers[name]
+        if server.alive():
+            return True
+        try:
+            log(f"  {name} is not running: restarting it")
+            if hasattr(server, "restart"):
+                server.restart()
+            else:
+                server.stop()
+                server.start()
+            return True
+        except Exception as exc:  # noqa: BLE001 (recorded; the other server goes on)
+            self.errors.append({"server": name, "client": "-", "workload": "restart", "rep": -1,
+                                "error": f"{type(exc).__name__}: {exc}"[:500]})
+            return False
+
+    def step(self, name: str, client: str, workload: str, rep: int, metric_map: dict | None = None) -> dict | None:
+        if not self.ensure_up(name):
+            return None
+        server = self.servers[name]
+        out = run_workload(server, client, workload, self.params, self.timeout)
+        if not out.get("ok"):
+            self.error(name, client, workload, rep, out)
+            return None
+        metrics = out["metrics"]
+        for key, value in metrics.items():
+            metric = f"{client}.{(metric_map or {}).get(key, key)}"
+            self.add(name, metric, value)
+            if out.get("server_cpu_s") is not None:
+                self.cpu.setdefault(metric, {s: [] for s in SERVERS})[name].append(out["server_cpu_s"])
+        log(f"  {name:8} {client:6} {workload:18} {metrics}  ({out['wall_s']} s, "
+            f"server cpu {out.get('server_cpu_s', '?')} s)")
+        return metrics
+
+    def sequential(self, name: str, client: str, rep: int) -> None:
+        if self.step(name, client, "seq_write", rep) is None:
+            return
+        self.cache_drop = workloads.evict_page_cache([s.backing_dir for s in self.servers.values()])
+        self.step(name, client, "seq_read", rep, {"seq_read_MBps": "seq_read_cold_MBps"})
+        self.step(name, client, "seq_read", rep, {"seq_read_MBps": "seq_read_warm_MBps"})
+        if self.ensure_up(name):
+            run_workload(self.servers[name], client, "seq_cleanup", self.params, self.timeout)
+
+    def run(self) -> None:
+        for rep in range(self.args.reps):
+            order = list(SERVERS) if rep % 2 == 0 else list(reversed(SERVERS))
+            log(f"repetition {rep + 1}/{self.args.reps}: order {' then '.join(order)}")
+            for client in self.args.clients:
+                for workload in ("sequential", "small_files", "random_write", "checkpoint_writers",
+                                 "shard_readers"):
+                    for name in order:
+                        if workload == "sequential":
+                            self.sequential(name, client, rep)
+                        else:
+                            self.step(name, client, workload, rep)
+
+    def training(self, workdir: Path) -> dict:
+        """Training workloads (nfs4fs + torch) against each server, in a child process."""
+        results = {}
+        for name in SERVERS:
+            server = self.servers[name]
+            if not self.ensure_up(name):
+                results[name] = {"ok": False, "error": "server not running"}
+                continue
+            cmd = [sys.executable, str(REPO / "bench" / "training.py"), "--port", str(server.port),
+                   "--mode", self.args.mode, "--server", name, "--local-dir", str(workdir / f"local-{name}"),
+                   "--json"]
+            if name == "shingle":
+                cmd += ["--catalog-url", server.catalog_url]
+            log(f"training workloads on {name}")
+            out = run_child(cmd, self.timeout * 2)
+            results[name] = out
+            if out.get("ok"):
+                for key, value in out["metrics"].items():
+                    if isinstance(value, (int, float)):
+                        self.add(name, f"train.{key}", value)
+                log(f"  {name}: {out['metrics']}")
+            else:
+                self.errors.append({"server": name, "client": "nfs4fs", "workload": "training", "rep": 0,
+                                    "error": out.get("error", "?"), "traceback": out.get("traceback", "")})
+                log(f"  {name} training FAILED: {out.get('error')}")
+        return results
+
+    def summary(self) -> list[dict]:
+        goals = {m: (u, g) for m, u, g in METRICS}
+        units = dict(TRAINING_METRICS)
+        rows = []
+        for metric, per in self.samples.items():
+            base = metric.split(".", 1)[1]
+            unit, goal = goals.get(base, (units.get(base, ""), None))
+            s = median(per["shingle"])
+            g = median(per["ganesha"])
+            ratio = s / g if s is not None and g else None
+            rows.append({"metric": metric, "unit": unit, "shingle": s, "ganesha": g, "ratio": ratio,
+                         "goal": goal, "n": {k: len(v) for k, v in per.items()},
+                         "samples": per})
+        # metrics where one server produced nothing still get a line
+        return rows
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def fmt(value, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "nan"
+    return f"{value:.{digits}f}"
+
+
+def metric_order(rows: list[dict], clients, training: bool) -> list[dict]:
+    want = [f"{c}.{m}" for c in clients for m, _u, _g in METRICS]
+    if training:
+        want += [f"train.{m}" for m, _u in TRAINING_METRICS]
+    by = {r["metric"]: r for r in rows}
+    ordered = [by.pop(m) if m in by else {"metric": m, "unit": "", "shingle": None, "ganesha": None,
+                                           "ratio": None, "goal": None, "n": {}, "samples": {}}
+               for m in want]
+    return ordered + sorted(by.values(), key=lambda r: r["metric"])
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'metric':36} {'unit':10} {'shingle':>12} {'ganesha':>12} {'ratio':>7}  goal")
+    for r in rows:
+        goal = "" if r["goal"] is None else (f">= {r['goal']}" + ("  ok" if r["ratio"] is not None and
+                                                                   r["ratio"] >= r["goal"] else "  MISSED"))
+        print(f"{r['metric']:36} {r['unit']:10} {fmt(r['shingle']):>12} {fmt(r['ganesha']):>12} "
+              f"{fmt(r['ratio'], 2):>7}  {goal}")
+
+
+def metric_lines(rows: list[dict]) -> list[str]:
+    return [f"{r['metric']} {fmt(r['shingle'], 2)} {fmt(r['ganesha'], 2)} {fmt(r['ratio'], 3)}" for r in rows]
+
+
+def torch_available() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("torch") is not None
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description="shingle vs NFS-Ganesha A/B benchmark")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
+                      help="every workload once, reduced sizes (a few minutes)")
+    mode.add_argument("--smoke", dest="mode", action="store_const", const="smoke",
+                      help="tiny sizes, for the test suite")
+    ap.set_defaults(mode="full")
+    ap.add_argument("--reps", type=int, help="repetitions (default 3 in full mode, 1 otherwise)")
+    ap.add_argument("--clients", default=",".join(workloads.CLIENTS),
+                    help="comma-separated clients (default nfsrs,nfs4fs)")
+    ap.add_argument("--no-training", action="store_true", help="skip the torch/fsspec training workloads")
+    ap.add_argument("--no-cluster", action="store_true", help="skip the cluster-scale model")
+    ap.add_argument("--report", action="store_true", help="write the markdown report and charts in quick mode too")
+    ap.add_argument("--results", default=str(REPO / "bench" / "results"), help="report folder")
+    ap.add_argument("--workdir", help="where the servers keep their data (default: a temp folder, removed)")
+    ap.add_argument("--json", help="also write every sample and error to this JSON file")
+    args = ap.parse_args(argv)
+    args.clients = [c.strip() for c in args.clients.split(",") if c.strip()]
+    for c in args.clients:
+        if c not in workloads.CLIENTS:
+            ap.error(f"--clients: {c!r} is not one of {', '.join(workloads.CLIENTS)}")
+    if args.reps is None:
+        args.reps = 3 if args.mode == "full" else 1
+    if args.reps < 1:
+        ap.error(f"--reps {args.reps}: expected at least 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    started = time.time()
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="shingle-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    layout = SHINGLE_LAYOUT[args.mode]
+    need = 10 * layout["drive_size"] + 4 * workloads.SIZES[args.mode]["seq_bytes"]
+    free = shutil.disk_usage(workdir).free
+    if free < need:
+        print(f"compare: {workdir} has {free / GiB:.1f} GiB free; the {args.mode} mode needs about "
+              f"{need / GiB:.1f} GiB (shingle's preallocated drives + Ganesha's files)", file=sys.stderr)
+        return 2
+    servers = {"shingle": ShingleServer(workdir / "shingle", **layout),
+               "ganesha": GaneshaServer(workdir / "ganesha")}
+    run = Run(args, servers)
+    training = cluster = None
+    server_info = {}
+    try:
+        for name, server in servers.items():
+            server.workdir.mkdir(parents=True, exist_ok=True)
+            try:
+                server.start()
+                log(f"{name} listening on 127.0.0.1:{server.port} ({server.version()})")
+            except (GaneshaError, RuntimeError, OSError) as exc:
+                log(f"{name} did not start: {exc}")
+                run.errors.append({"server": name, "client": "-", "workload": "start", "rep": -1,
+                                   "error": str(exc)[:800]})
+            server_info[name] = {"version": server.version(), "port": server.port,
+                                 "backing_dir": str(server.backing_dir)}
+        server_info["shingle"].update({"drives": 10, "drive_size": layout["drive_size"],
+                                       "zone_size": layout["zone_size"], "redundancy": "8+2 (warm class)"})
+        run.run()
+        if not args.no_training:
+            if torch_available():
+                training = run.training(workdir)
+            else:
+                training = {"skipped": "torch is not installed (pip install -e '.[bench]')"}
+                print("training workloads skipped: torch is not installed", flush=True)
+        if not args.no_cluster:
+            from bench import cluster_model
+            cluster = cluster_model.run(quick=args.mode != "full")
+    finally:
+        for server in servers.values():
+            server.stop()
+        if getattr(servers["shingle"], "restarts", 0):
+            server_info.setdefault("shingle", {})["restarts"] = servers["shingle"].restarts
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    rows = metric_order(run.summary(), args.clients, training is not None and "skipped" not in training)
+    result = {
+        "mode": args.mode, "reps": args.reps, "clients": args.clients,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
+        "duration_s": round(time.time() - started, 1),
+        "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "cache_drop": run.cache_drop, "params": run.params, "servers": server_info,
+        "rows": rows, "errors": run.errors, "server_cpu_s": run.cpu, "training": training, "cluster": cluster,
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+    if args.mode == "full" or args.report:
+        from bench import report
+        path = report.write(result, Path(args.results))
+        print(f"report: {path}")
+    if cluster and cluster.get("summary_lines"):
+        for line in cluster["summary_lines"]:
+            print(line)
+    if run.cache_drop and run.cache_drop != "drop_caches":
+        print("note: /proc/sys/vm/drop_caches was not permitted: cold reads evicted the backing files "
+              "with posix_fadvise(DONTNEED)")
+    if run.errors:
+        print(f"{len(run.errors)} workload error(s):")
+        for e in run.errors:
+            print(f"  {e['server']} {e['client']} {e['workload']} (rep {e['rep']}): {e['error']}")
+    print_table(rows)
+    print(f"# {len(rows)} metrics: metric shingle_value ganesha_value ratio", flush=True)
+    for line in metric_lines(rows):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
