@@ -1,0 +1,260 @@
+"""Fragment I/O of the background jobs (cleaning, scrub repair, rebuild, drain, tiering).
+
+These jobs write fragments outside any file's write buffer, but they must obey
+the same rules as the data path: append only at a zone's write pointer, in the
+order that drive's single writer thread sees (invariant 1), durable before the
+catalog commit that references them (invariant 2). So ``Media`` hands its bytes
+to the DataPath's per-drive writer queues, and appends only to zones of its own:
+for each (drive, band class, purpose) it claims one empty zone from the data
+path and keeps it open while it is in use. Relocated data is older than fresh
+writes, so keeping it in separate bands also keeps cleaning cheap (the LFS habit of
+segregating cleaned data from new data).
+
+A claimed zone is pinned (``inflight`` + 1) so the data path never resets it;
+``finish`` (called by every job at its end) closes the zones and unpins them.
+
+Hook note: this module reaches into DataPath internals (``_space_lock``,
+``_drives``, ``_zones``, ``DriveState.queue/empty/writable``, ``ZoneMem``). It is the
+body of a future public ``DataPath.append_fragments``; the data path itself was
+not changed for it.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import crc32c
+from sqlalchemy import bindparam, func, select
+
+from engine import errors
+from engine.catalog.models import Fragment, Stripe, Zone
+
+ZONES = Zone.__table__
+FRAGMENTS = Fragment.__table__
+STRIPES = Stripe.__table__
+
+WRITE_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class Placement:
+    drive_id: int
+    zone_id: int
+    zone_idx: int
+    offset: int
+    length: int
+    checksum: int
+
+
+class _Ticket:
+    """What a DataPath drive writer needs of a stripe: it signals when all appends are durable."""
+
+    __slots__ = ("lock", "remaining", "written", "error", "fragments")
+
+    def __init__(self, count: int):
+        self.lock = threading.Lock()
+        self.remaining = count
+        self.written = threading.Event()
+        self.error: BaseException | None = None
+        self.fragments: list = []
+
+    def fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+
+
+class Media:
+    def __init__(self, datapath):
+        self.dp = datapath
+        self._lock = threading.Lock()
+        self._open: dict[tuple[int, str, str], object] = {}  # (drive, class, purpose) -> ZoneMem
+        self._closed: set[int] = set()  # zones closed, not yet recorded as full
+
+    # -- drives ------------------------------------------------------------------------
+    def drive(self, drive_id: int):
+        drive = self.dp._drives.get(drive_id)
+        if drive is None:
+            raise errors.NotFound(f"drive {drive_id} is not in the data path (removed?)")
+        return drive
+
+    def readable(self, drive_id: int) -> bool:
+        drive = self.dp._drives.get(drive_id)
+        return drive is not None and drive.readable()
+
+    def writable_drives(self, exclude=(), *, use_reserve: bool = False) -> list[int]:
+        """Drives that can take a new fragment, those with the most empty zones first."""
+        reserve = 0 if use_reserve else self.dp.reserve_zones
+        with self.dp._space_lock:
+            found = [(len(d.empty), d.id) for d in self.dp._drives.values()
+                     if d.writable() and d.id not in exclude and len(d.empty) > reserve]
+            # a drive whose open lifecycle zone still has room counts too
+            for (drive_id, _cls, _purpose), zone in self._open.items():
+                d = self.dp._drives.get(drive_id)
+                if d is not None and d.writable() and drive_id not in exclude \
+                        and zone.wp < d.zone_size and all(i != drive_id for _n, i in found):
+                    found.append((0, drive_id))
+        return [drive_id for _n, drive_id in sorted(found, key=lambda t: (-t[0], t[1]))]
+
+    def read(self, drive_id: int, zone_id: int, offset: int, length: int) -> bytes:
+        """Raw bytes of a fragment (no checksum check: the caller judges them)."""
+        drive = self.drive(drive_id)
+        if not drive.readable():
+            raise errors.IOFailure(f"drive {drive_id} is {drive.state} or missing: cannot read")
+        zone = self.dp._zones[zone_id]
+        buf = bytearray(length)
+        got = drive.backend.read_into(zone.idx, offset, [buf])
+        if got != length:
+            raise errors.IOFailure(f"short read on drive {drive_id} zone {zone.idx} at {offset}: {got} of {length}")
+        return bytes(buf)
+
+    # -- zones of our own ------------------------------------------------------------------
+    def _claim(self, drive, band_class: str, purpose: str, length: int, use_reserve: bool):
+        key = (drive.id, band_class, purpose)
+        zone = self._open.get(key)
+        if zone is not None and zone.wp + length <= drive.zone_size:
+            return zone
+        with self.dp._space_lock:
+            if zone is not None:
+                self._close(key, zone, drive)
+            reserve = 0 if use_reserve else self.dp.reserve_zones
+            if len(drive.empty) <= reserve:
+                raise errors.NoSpace(f"drive {drive.id} has {len(drive.empty)} empty zones "
+                                     f"({self.dp.reserve_zones} reserved for cleaning): no room for {purpose}")
+            idx = min(drive.empty)
+            drive.empty.discard(idx)
+            zone = drive.zones[idx]
+            zone.state, zone.band_class, zone.opened_ns, zone.dirty = "open", band_class, time.time_ns(), True
+            zone.inflight += 1  # pinned while we own it: never reset under us
+            self._open[key] = zone
+            return zone
+
+    def _close(self, key, zone, drive) -> None:
+        del self._open[key]
+        zone.inflight -= 1
+        if zone.wp == 0:  # never written: give it back as it was
+            zone.state, zone.band_class, zone.opened_ns, zone.dirty = "empty", None, None, True
+            drive.empty.add(zone.idx)
+            return
+        zone.state, zone.dirty = "full", True
+        self._closed.add(zone.id)
+        drive.queue.put(("finish", zone.idx))
+
+    def finish(self) -> None:
+        """Close every zone this Media holds open (end of a job) and record them as full."""
+        with self._lock, self.dp._space_lock:
+            for key, zone in list(self._open.items()):
+                self._close(key, zone, self.dp._drives[key[0]])
+        self.dp.catalog.run(lambda conn: self.record(conn, []))
+
+    # -- catalog side: inside the caller's transaction ---------------------------------------
+    def record(self, conn, placements: list[Placement]) -> None:
+        """Move the zones' write pointers over appended bytes, counted as garbage for now
+        (``move_fragment`` / ``adjust_live`` turn the live share into live bytes), and
+        record the zones closed since the last call as full."""
+        with self._lock:
+            closed, self._closed = self._closed, set()
+        try:
+            if closed:
+                conn.execute(ZONES.update().where(ZONES.c.id.in_(sorted(closed)), ZONES.c.state == "open")
+                             .values(state="full"))
+            record_appends(conn, self.dp, placements)
+        except BaseException:
+            with self._lock:
+                self._closed |= closed  # the transaction may be retried or fail: keep them
+            raise
+
+    # -- appends ----------------------------------------------------------------------------
+    def append(self, band_class: str, items: list[tuple[int, bytes]], *, purpose: str = "relocate",
+               use_reserve: bool = False) -> list[Placement]:
+        """Append each (drive id, fragment bytes) to our open zone of that drive and class.
+
+        Returns when every byte is durable. On an error nothing is left reserved and the
+        bytes that did land are garbage of their zones (``record_appends`` must still run)."""
+        placements = []
+        ticket = _Ticket(len(items))
+        with self._lock:
+            for drive_id, data in items:
+                drive = self.drive(drive_id)
+                if not drive.writable():
+                    raise errors.IOFailure(f"drive {drive_id} cannot take writes ({drive.state})")
+                zone = self._claim(drive, band_class, purpose, len(data), use_reserve)
+                with self.dp._space_lock:
+                    offset = zone.wp
+                    zone.wp += len(data)
+                    zone.inflight += 1
+                placements.append(Placement(drive_id, zone.id, zone.idx, offset, len(data), crc32c.crc32c(data)))
+            for placement, (_drive_id, data) in zip(placements, items):
+                self.dp._drives[placement.drive_id].queue.put(("append", placement.zone_idx, placement.offset,
+                                                               data, ticket))
+        if not ticket.written.wait(WRITE_TIMEOUT_S):
+            raise errors.IOFailure(f"fragment writes did not finish in {WRITE_TIMEOUT_S} s")
+        if ticket.error is not None:
+            self.settle(placements, committed=False)
+            raise ticket.error
+        return placements
+
+    def settle(self, placements: list[Placement], *, committed: bool) -> None:
+        """After the catalog commit (or its failure): unpin the zones of these appends."""
+        with self.dp._space_lock:
+            for p in placements:
+                zone = self.dp._zones[p.zone_id]
+                zone.inflight -= 1
+                if committed:
+                    zone.committed_wp = max(zone.committed_wp, p.offset + p.length)
+
+
+def record_appends(conn, datapath, placements: list[Placement]) -> None:
+    """Move the zones' write pointers over appended bytes, counted as garbage for now
+    (``move_fragment`` / ``adjust_live`` turn the live share into live bytes)."""
+    ends: dict[int, int] = {}
+    for p in placements:
+        ends[p.zone_id] = max(ends.get(p.zone_id, 0), p.offset + p.length)
+    if not ends:
+        return
+    current = dict(conn.execute(select(ZONES.c.id, ZONES.c.write_pointer).where(ZONES.c.id.in_(list(ends)))).all())
+    now = time.time_ns()
+    rows = []
+    for zone_id, end in ends.items():
+        zone = datapath._zones[zone_id]
+        wp = current.get(zone_id, 0)
+        new_wp = max(wp, end)
+        rows.append({"b_id": zone_id, "b_wp": new_wp, "b_garbage": new_wp - wp, "b_class": zone.band_class,
+                     "b_opened": zone.opened_ns, "b_state": "full" if zone.state == "full" else "open",
+                     "b_last": now})
+    conn.execute(ZONES.update().where(ZONES.c.id == bindparam("b_id")).values(
+        write_pointer=bindparam("b_wp"), garbage_bytes=ZONES.c.garbage_bytes + bindparam("b_garbage"),
+        band_class=bindparam("b_class"), opened_ns=func.coalesce(ZONES.c.opened_ns, bindparam("b_opened")),
+        state=bindparam("b_state"), last_write_ns=bindparam("b_last")), rows)
+
+
+def live_share(fragment_length: int, live: int, data_length: int) -> int:
+    """The accounting rule of engine.datapath.accounting: a fragment's live bytes."""
+    return fragment_length * live // data_length if data_length else 0
+
+
+def move_fragment(conn, fragment_id: int, expect_zone: int, expect_offset: int, placement: Placement,
+                  checksum: int | None = None) -> bool:
+    """Point a fragment at its new copy and move its live share between zones.
+
+    Returns False (changing nothing but the caller's ``record_appends``) when the fragment
+    is gone or moved since it was read: its stripe died, or another job moved it."""
+    row = conn.execute(select(FRAGMENTS.c.zone_id, FRAGMENTS.c.zone_offset, FRAGMENTS.c.length,
+                              FRAGMENTS.c.stripe_id, FRAGMENTS.c.checksum)
+                       .where(FRAGMENTS.c.id == fragment_id)).first()
+    if row is None or row.zone_id != expect_zone or row.zone_offset != expect_offset:
+        return False
+    if row.length != placement.length:
+        raise errors.IOFailure(f"fragment {fragment_id} is {row.length} bytes, its new copy {placement.length}")
+    stripe = conn.execute(select(STRIPES.c.live_bytes, STRIPES.c.data_length)
+                          .where(STRIPES.c.id == row.stripe_id)).first()
+    moved = live_share(row.length, stripe.live_bytes, stripe.data_length) if stripe else 0
+    conn.execute(FRAGMENTS.update().where(FRAGMENTS.c.id == fragment_id).values(
+        drive_id=placement.drive_id, zone_id=placement.zone_id, zone_offset=placement.offset,
+        checksum=checksum if checksum is not None else row.checksum))
+    if moved:
+        conn.execute(ZONES.update().where(ZONES.c.id == row.zone_id).values(
+            live_bytes=ZONES.c.live_bytes - moved, garbage_bytes=ZONES.c.garbage_bytes + moved))
+        conn.execute(ZONES.update().where(ZONES.c.id == placement.zone_id).values(
+            live_bytes=ZONES.c.live_bytes + moved, garbage_bytes=ZONES.c.garbage_bytes - moved))
+    return True

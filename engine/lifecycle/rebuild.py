@@ -1,0 +1,205 @@
+"""Rebuild and drain: restore full redundancy after a drive fails, or empty a drive.
+
+- A fragment on a ``failed`` or ``removed`` drive (or one whose drive cannot be
+  read) is rebuilt from the stripe's other fragments (pyeclib reconstruct, or a
+  good replica) and written to a writable drive that holds no other fragment of
+  the stripe, so every stripe keeps its k+m fragments on k+m different drives.
+- A fragment on a ``draining`` drive is copied as it is (checksum verified; rebuilt
+  if bad) to such a drive. When a draining drive holds no fragment any more it
+  becomes ``removed`` (event ``drive.drained``).
+
+Stripes are processed in batches: the batch's fragments are written in parallel
+(one writer per drive) and repointed in one durable transaction. The job is rate
+limited (bytes/s), reports progress with an ETA, and ends with the redundancy
+status (how many stripes still run with reduced redundancy).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from sqlalchemy import func, select
+
+from engine import errors
+from engine.catalog.database import Catalog
+from engine.catalog.models import Drive, Fragment
+from engine.events import record, record_in
+from engine.lifecycle import drives as drive_states
+from engine.lifecycle.media import Media
+from engine.lifecycle.pacing import Progress, RateLimiter, Tracker
+from engine.lifecycle.repair import Reconstructor, load_stripes, relocate
+
+FRAGMENTS = Fragment.__table__
+DRIVES = Drive.__table__
+LOST_STATES = (drive_states.FAILED, drive_states.REMOVED)
+STRIPES_PER_BATCH = 32
+
+
+@dataclass
+class RebuildReport:
+    stripes: int = 0  # stripes that had something to rebuild or move
+    fragments_rebuilt: int = 0  # reconstructed from the other fragments
+    fragments_moved: int = 0  # copied off a draining drive
+    bytes_written: int = 0
+    unrecoverable: list = field(default_factory=list)  # stripe ids with fewer than k good fragments
+    unplaced: int = 0  # fragments with no drive to go to (too few drives or no space)
+    drives_drained: list = field(default_factory=list)
+    elapsed_s: float = 0.0
+    status: dict = field(default_factory=dict)  # redundancy status afterwards
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_written / 1e6 / self.elapsed_s if self.elapsed_s else 0.0
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["mb_per_s"] = self.mb_per_s
+        return data
+
+
+def pending_work(catalog: Catalog, drive_id: int | None = None) -> tuple[int, int, int]:
+    """(stripes, fragments, bytes) waiting on failed, removed or draining drives."""
+    def work(conn):
+        query = (select(func.count(func.distinct(FRAGMENTS.c.stripe_id)), func.count(),
+                        func.coalesce(func.sum(FRAGMENTS.c.length), 0))
+                 .select_from(FRAGMENTS.join(DRIVES, DRIVES.c.id == FRAGMENTS.c.drive_id))
+                 .where(DRIVES.c.state.in_(LOST_STATES + (drive_states.DRAINING,))))
+        if drive_id is not None:
+            query = query.where(FRAGMENTS.c.drive_id == drive_id)
+        return tuple(int(v) for v in conn.execute(query).one())
+    return catalog.read(work)
+
+
+class Rebuilder:
+    def __init__(self, datapath, catalog: Catalog, *, bytes_per_s: float | None = None):
+        self.dp = datapath
+        self.catalog = catalog
+        self.limiter = RateLimiter(bytes_per_s)
+
+    def run(self, *, progress: Progress | None = None, actor: str = "system",
+            drive_id: int | None = None) -> RebuildReport:
+        started = time.monotonic()
+        self.dp.refresh_drive_states()
+        report = RebuildReport()
+        _stripes, _fragments, nbytes = pending_work(self.catalog, drive_id)
+        tracker = Tracker(nbytes, progress, "rebuild")
+        media = Media(self.dp)
+        fixer = Reconstructor(media)
+        done: set[int] = set()  # stripes already handled (or given up) in this run
+        try:
+            while True:
+                def next_batch(conn):
+                    query = (select(FRAGMENTS.c.stripe_id).distinct()
+                             .select_from(FRAGMENTS.join(DRIVES, DRIVES.c.id == FRAGMENTS.c.drive_id))
+                             .where(DRIVES.c.state.in_(LOST_STATES + (drive_states.DRAINING,)))
+                             .order_by(FRAGMENTS.c.stripe_id))
+                    if drive_id is not None:
+                        query = query.where(FRAGMENTS.c.drive_id == drive_id)
+                    if done:
+                        query = query.where(FRAGMENTS.c.stripe_id > max(done))
+                    ids = list(conn.execute(query.limit(STRIPES_PER_BATCH)).scalars())
+                    states = dict(conn.execute(select(DRIVES.c.id, DRIVES.c.state)).all())
+                    return load_stripes(conn, ids), states
+                stripes, states = self.catalog.read(next_batch)
+                if not stripes:
+                    break
+                done.update(stripes)
+                self._batch(list(stripes.values()), states, media, fixer, report, tracker, drive_id)
+            self._finish_drains(report, actor)
+        finally:
+            media.finish()
+        report.elapsed_s = time.monotonic() - started
+        report.status = drive_states.redundancy_status(self.catalog).to_dict()
+        tracker.finish(f"rebuild: {report.fragments_rebuilt} fragments rebuilt, {report.fragments_moved} moved, "
+                       f"{report.mb_per_s:.1f} MB/s; {report.status['reduced']} stripes with reduced redundancy")
+        severity = "error" if report.unrecoverable else "warning" if report.unplaced else "info"
+        record(self.catalog, "rebuild.run", f"rebuild: {report.stripes} stripes, {report.fragments_rebuilt} "
+               f"fragments rebuilt, {report.fragments_moved} moved, {report.bytes_written / 1e6:.1f} MB in "
+               f"{report.elapsed_s:.1f} s; {len(report.unrecoverable)} unrecoverable, {report.unplaced} unplaced; "
+               f"{report.status['reduced']} stripes still with reduced redundancy", severity=severity, actor=actor,
+               details=report.to_dict())
+        return report
+
+    def _batch(self, stripes, states, media: Media, fixer: Reconstructor, report: RebuildReport,
+               tracker: Tracker, only_drive: int | None) -> None:
+        moves_by_class: dict[str, list] = {}
+        for n, stripe in enumerate(stripes):
+            lost, drain = [], {}
+            for idx, fragment in stripe.fragments.items():
+                state = states.get(fragment.drive_id)
+                if only_drive is not None and fragment.drive_id != only_drive:
+                    continue
+                if state in LOST_STATES or (state == drive_states.DRAINING and not media.readable(fragment.drive_id)):
+                    lost.append(idx)
+                elif state == drive_states.DRAINING:
+                    data = fixer.fetch(fragment)
+                    if data is None:
+                        lost.append(idx)
+                    else:
+                        drain[idx] = data
+            if not lost and not drain:
+                continue
+            report.stripes += 1
+            try:
+                rebuilt = fixer.rebuild(stripe, lost, good=drain) if lost else {}
+            except errors.IOFailure:
+                report.unrecoverable.append(stripe.id)
+                continue
+            wanted = {**drain, **rebuilt}
+            candidates = media.writable_drives(exclude=stripe.drives())
+            if candidates:
+                shift = n % len(candidates)  # spread the batch over the drives with room
+                candidates = candidates[shift:] + candidates[:shift]
+            for target, (idx, data) in zip(candidates, sorted(wanted.items())):
+                moves_by_class.setdefault(stripe.band_class, []).append(
+                    (stripe.fragments[idx], data, target, idx in rebuilt))
+            report.unplaced += max(len(wanted) - len(candidates), 0)
+        for band_class, moves in moves_by_class.items():
+            try:
+                moved = relocate(media, self.catalog, band_class, [(f, d, t) for f, d, t, _r in moves],
+                                 purpose="rebuild")
+            except errors.NoSpace:
+                report.unplaced += len(moves)
+                continue
+            nbytes = sum(len(d) for _f, d, _t, _r in moves)
+            report.bytes_written += nbytes
+            if moved:
+                report.fragments_rebuilt += sum(1 for *_x, r in moves if r)
+                report.fragments_moved += sum(1 for *_x, r in moves if not r)
+            tracker.add(nbytes)
+            self.limiter.spend(nbytes)
+
+    def _finish_drains(self, report: RebuildReport, actor: str) -> None:
+        def work(conn):
+            drained = []
+            draining = conn.execute(select(DRIVES.c.id).where(DRIVES.c.state == drive_states.DRAINING)).scalars().all()
+            for drive_id in draining:
+                left = conn.execute(select(func.count()).select_from(FRAGMENTS)
+                                    .where(FRAGMENTS.c.drive_id == drive_id)).scalar_one()
+                if left:
+                    continue
+                drive_states.set_drive_state_in(conn, drive_id, drive_states.REMOVED, actor=actor,
+                                                reason="drained: no fragment left on it")
+                record_in(conn, "drive.drained", f"drive {drive_id} is drained and removed from the pool",
+                          actor=actor, details={"drive_id": drive_id})
+                drained.append(drive_id)
+            return drained
+        report.drives_drained = self.catalog.run(work)
+        if report.drives_drained:
+            self.dp.refresh_drive_states()
+
+
+def rebuild(datapath, catalog: Catalog, *, progress: Progress | None = None, actor: str = "system",
+            bytes_per_s: float | None = None) -> RebuildReport:
+    """Rebuild every fragment on failed/removed drives and move everything off draining ones."""
+    return Rebuilder(datapath, catalog, bytes_per_s=bytes_per_s).run(progress=progress, actor=actor)
+
+
+def drain_drive(datapath, catalog: Catalog, drive: int | str, *, progress: Progress | None = None,
+                actor: str = "system", bytes_per_s: float | None = None) -> RebuildReport:
+    """Mark a drive draining and move every fragment off it; it ends ``removed`` when empty."""
+    old, _new = drive_states.start_drain(catalog, drive, actor=actor)
+    drive_id = drive_states.get_drive(catalog, drive).id
+    datapath.refresh_drive_states()
+    return Rebuilder(datapath, catalog, bytes_per_s=bytes_per_s).run(progress=progress, actor=actor,
+                                                                     drive_id=drive_id)

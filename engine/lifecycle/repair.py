@@ -1,0 +1,162 @@
+"""Stripe-level helpers shared by scrub, rebuild, drain and cleaning.
+
+- ``load_stripes``: stripes and their fragments from the catalog.
+- ``Reconstructor``: good fragments of a stripe (checksum-verified) and the bytes of
+  missing or bad ones, rebuilt from any k good fragments (pyeclib ``reconstruct``
+  gives back the identical fragment, header included, so its crc32c matches the
+  catalog's) or copied from a good replica.
+- ``relocate``: write fragment bytes to new places and repoint the fragments in one
+  durable catalog transaction, moving their live share between zones.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import crc32c
+from sqlalchemy import select
+
+from engine import errors
+from engine.catalog.models import Fragment, Stripe
+from engine.datapath.accounting import chunks
+from engine.lifecycle.media import Media, move_fragment
+
+FRAGMENTS = Fragment.__table__
+STRIPES = Stripe.__table__
+
+
+@dataclass(frozen=True)
+class FragmentRow:
+    id: int
+    stripe_id: int
+    idx: int
+    drive_id: int
+    zone_id: int
+    zone_offset: int
+    length: int
+    checksum: int
+
+
+@dataclass
+class StripeRow:
+    id: int
+    band_class: str
+    layout: str
+    k: int
+    m: int
+    backend: str | None
+    data_length: int
+    fragment_length: int
+    live_bytes: int
+    fragments: dict[int, FragmentRow] = field(default_factory=dict)
+
+    @property
+    def width(self) -> int:
+        return self.k + self.m
+
+    def drives(self) -> set[int]:
+        return {f.drive_id for f in self.fragments.values()}
+
+
+def fragment_row(row) -> FragmentRow:
+    return FragmentRow(row.id, row.stripe_id, row.idx, row.drive_id, row.zone_id, row.zone_offset, row.length,
+                       row.checksum)
+
+
+def load_stripes(conn, stripe_ids) -> dict[int, StripeRow]:
+    found: dict[int, StripeRow] = {}
+    ids = sorted(set(stripe_ids))
+    for part in chunks(ids):
+        for r in conn.execute(select(STRIPES).where(STRIPES.c.id.in_(part))):
+            found[r.id] = StripeRow(r.id, r.band_class, r.layout, r.k, r.m, r.backend, r.data_length,
+                                    r.fragment_length, r.live_bytes)
+        for r in conn.execute(select(FRAGMENTS).where(FRAGMENTS.c.stripe_id.in_(part))):
+            if r.stripe_id in found:
+                found[r.stripe_id].fragments[r.idx] = fragment_row(r)
+    return found
+
+
+class Reconstructor:
+    def __init__(self, media: Media):
+        self.media = media
+        self._drivers: dict = {}
+        self.bytes_read = 0
+
+    def _driver(self, stripe: StripeRow):
+        key = (stripe.k, stripe.m, stripe.backend)
+        if key not in self._drivers:
+            from pyeclib.ec_iface import ECDriver
+            self._drivers[key] = ECDriver(k=stripe.k, m=stripe.m, ec_type=stripe.backend)
+        return self._drivers[key]
+
+    def fetch(self, fragment: FragmentRow) -> bytes | None:
+        """The fragment's bytes if its drive is readable and its checksum matches, else None."""
+        if not self.media.readable(fragment.drive_id):
+            return None
+        try:
+            data = self.media.read(fragment.drive_id, fragment.zone_id, fragment.zone_offset, fragment.length)
+        except (OSError, errors.FsError):
+            return None
+        self.bytes_read += len(data)
+        return data if crc32c.crc32c(data) == fragment.checksum else None
+
+    def rebuild(self, stripe: StripeRow, wanted: list[int], good: dict[int, bytes] | None = None) -> dict[int, bytes]:
+        """Bytes of fragments ``wanted`` of ``stripe`` from its other good fragments."""
+        good = {i: d for i, d in (good or {}).items() if i not in wanted}
+        need = 1 if stripe.layout == "replica" else stripe.k
+        for idx in sorted(stripe.fragments):
+            if len(good) >= need:
+                break
+            if idx in wanted or idx in good:
+                continue
+            data = self.fetch(stripe.fragments[idx])
+            if data is not None:
+                good[idx] = data
+        if len(good) < need:
+            raise errors.IOFailure(f"stripe {stripe.id} cannot be rebuilt: {len(good)} good fragments of the "
+                                   f"{need} needed (fragments {sorted(stripe.fragments)} of {stripe.width})")
+        if stripe.layout == "replica":
+            copy = next(iter(good.values()))
+            out = {i: copy for i in wanted}
+        else:
+            try:
+                made = self._driver(stripe).reconstruct(list(good.values())[:need], list(wanted))
+            except Exception as exc:  # pyeclib raises its own hierarchy
+                raise errors.IOFailure(f"stripe {stripe.id}: pyeclib reconstruct failed: {exc}") from exc
+            out = dict(zip(wanted, made))
+        for idx, data in out.items():
+            expected = stripe.fragments[idx].checksum if idx in stripe.fragments else None
+            if expected is not None and crc32c.crc32c(data) != expected:
+                raise errors.IOFailure(f"stripe {stripe.id} fragment {idx}: rebuilt bytes do not match the "
+                                       "recorded checksum")
+        return out
+
+
+def relocate(media: Media, catalog, band_class: str, moves: list[tuple[FragmentRow, bytes, int]], *,
+             purpose: str, use_reserve: bool = False, also: Callable | None = None) -> int:
+    """Write each (fragment, bytes, target drive) and repoint the fragments in one durable
+    transaction (``also(conn, moved)`` runs in it too). Returns how many were repointed;
+    a fragment that changed meanwhile is left alone and its new copy is garbage."""
+    if not moves:
+        return 0
+    placements = media.append(band_class, [(drive_id, data) for _f, data, drive_id in moves], purpose=purpose,
+                              use_reserve=use_reserve)
+
+    def work(conn):
+        media.record(conn, placements)
+        moved = []
+        for (fragment, data, _drive), placement in zip(moves, placements):
+            if move_fragment(conn, fragment.id, fragment.zone_id, fragment.zone_offset, placement,
+                             checksum=placement.checksum):
+                moved.append((fragment, placement))
+        if also is not None:
+            also(conn, moved)
+        return moved
+    try:
+        moved = catalog.run(work, durable=True)
+    except BaseException:
+        media.settle(placements, committed=False)
+        raise
+    media.settle(placements, committed=True)
+    media.dp.invalidate_stripes({f.stripe_id for f, _d, _t in moves})
+    return len(moved)

@@ -1,0 +1,123 @@
+"""Scrub, rebuild and drain end to end on emulated zoned drives."""
+from __future__ import annotations
+
+import shutil
+
+import crc32c
+
+from engine.events import recent
+from engine.lifecycle import drives as drive_states
+from engine.lifecycle.rebuild import drain_drive, pending_work, rebuild
+from engine.lifecycle.scrub import Scrubber
+
+from .conftest import KiB, check_accounting, flip_bits, random_bytes, sha
+
+
+def test_scrub_finds_and_repairs_flipped_bits(rig):
+    files = {f"/data/f{i}": random_bytes(200 * KiB + i * 777, i) for i in range(4)}
+    for path, data in files.items():
+        rig.write_file(path, data)
+    fragments = rig.fragments()
+    victims = [fragments[1], fragments[len(fragments) // 2], fragments[-1]]
+    for victim in victims:
+        flip_bits(rig, victim)
+    seen = []
+    report = Scrubber(rig.data, rig.catalog).run(progress=lambda d, t, m: seen.append((d, t, m)), actor="cron")
+    assert report.fragments_checked == len(fragments)
+    assert (report.bad, report.repaired, report.unrepairable) == (3, 3, 0)
+    assert seen[-1][0] == seen[-1][1] and "3 repaired" in seen[-1][2]
+    # the repaired fragments live elsewhere now, with their original checksums
+    after = {f.id: f for f in rig.fragments()}
+    for victim in victims:
+        moved = after[victim.id]
+        assert (moved.zone_id, moved.zone_offset) != (victim.zone_id, victim.zone_offset)
+        assert moved.checksum == victim.checksum and moved.drive_id == victim.drive_id
+        drive = rig.data._drives[moved.drive_id]
+        raw = drive.backend.read(rig.data._zones[moved.zone_id].idx, moved.zone_offset, moved.length)
+        assert crc32c.crc32c(raw) == moved.checksum
+    repairs = recent(rig.catalog, kind_prefix="scrub.repair")
+    assert len(repairs) == 3 and all(e.actor == "cron" and e.severity == "warning" for e in repairs)
+    assert recent(rig.catalog, kind_prefix="scrub.run")[0].details["repaired"] == 3
+    check_accounting(rig.catalog)
+    # a second pass finds nothing, and the data reads back from a fresh start
+    assert Scrubber(rig.data, rig.catalog).run().bad == 0
+    rig.restart()
+    for path, data in files.items():
+        assert sha(rig.read_file(path)) == sha(data), path
+
+
+def test_scrub_reports_a_stripe_beyond_repair(rig):
+    rig.write_file("/x", random_bytes(100 * KiB, 7))
+    fragments = rig.fragments()
+    stripe = fragments[0].stripe_id
+    for f in [f for f in fragments if f.stripe_id == stripe][:3]:  # 4+2: three bad is one too many
+        flip_bits(rig, f)
+    report = Scrubber(rig.data, rig.catalog).run()
+    assert report.bad == 3 and report.unrepairable == 3 and report.repaired == 0
+    assert recent(rig.catalog, kind_prefix="scrub.unrepairable")[0].severity == "error"
+
+
+def test_rate_limited_scrub_takes_its_time(rig):
+    rig.write_file("/x", random_bytes(300 * KiB, 3))
+    total = sum(f.length for f in rig.fragments())
+    report = Scrubber(rig.data, rig.catalog, bytes_per_s=total / 0.6).run()
+    assert report.elapsed_s >= 0.35  # the limiter allows a 0.5 s burst of 0.6 s of work
+
+
+def test_failed_drive_is_rebuilt_then_two_more_may_fail(rig):
+    files = {f"/ckpt/step-{i}": random_bytes(150 * KiB + 1000 * i, 100 + i) for i in range(6)}
+    files["/small"] = b"tiny file in the hot class" * 3
+    for path, data in files.items():
+        rig.write_file(path, data)
+    first = rig.drive_ids[0]
+    assert pending_work(rig.catalog, first) == (0, 0, 0)  # nothing to do while it is online
+    on_first = [f for f in rig.fragments() if f.drive_id == first]
+    before = (len({f.stripe_id for f in on_first}), len(on_first), sum(f.length for f in on_first))
+    assert before[1] > 0
+    drive_states.fail_drive(rig.catalog, first, actor="admin")
+    assert pending_work(rig.catalog, first) == before
+    rig.data.refresh_drive_states()
+    status = drive_states.redundancy_status(rig.catalog)
+    assert status.reduced == before[0] and status.lost == 0
+    seen = []
+    report = rebuild(rig.data, rig.catalog, progress=lambda d, t, m: seen.append(m), actor="admin")
+    assert report.fragments_rebuilt == before[1] and not report.unrecoverable and report.unplaced == 0
+    assert report.status["reduced"] == 0 and report.bytes_written == before[2]
+    assert "ETA" in "".join(seen) or len(seen) >= 1
+    assert pending_work(rig.catalog, first)[1] == 0
+    # every stripe keeps its fragments on distinct drives
+    by_stripe = {}
+    for f in rig.fragments():
+        by_stripe.setdefault(f.stripe_id, []).append(f.drive_id)
+    assert all(len(set(ds)) == len(ds) and first not in ds for ds in by_stripe.values())
+    check_accounting(rig.catalog)
+    # two more drives fail: every byte still reads back (4+2 and 3 copies)
+    for drive_id in rig.drive_ids[1:3]:
+        drive_states.fail_drive(rig.catalog, drive_id)
+        shutil.rmtree(rig.data._drives[drive_id].path)
+    rig.restart()
+    for path, data in files.items():
+        assert sha(rig.read_file(path)) == sha(data), path
+    assert drive_states.redundancy_status(rig.catalog).lost == 0
+    assert recent(rig.catalog, kind_prefix="rebuild.run")[0].details["fragments_rebuilt"] == before[1]
+
+
+def test_drain_moves_everything_off_and_removes_the_drive(rig):
+    files = {f"/d/f{i}": random_bytes(120 * KiB, 200 + i) for i in range(5)}
+    for path, data in files.items():
+        rig.write_file(path, data)
+    victim = rig.drive_ids[3]
+    count = pending_work(rig.catalog)  # nothing pending yet
+    assert count == (0, 0, 0)
+    report = drain_drive(rig.data, rig.catalog, victim, actor="admin")
+    assert report.fragments_moved > 0 and report.fragments_rebuilt == 0
+    assert report.drives_drained == [victim]
+    assert drive_states.get_drive(rig.catalog, victim).state == "removed"
+    assert all(f.drive_id != victim for f in rig.fragments())
+    check_accounting(rig.catalog)
+    shutil.rmtree(rig.data._drives[victim].path)  # pulled from the machine
+    rig.restart()
+    for path, data in files.items():
+        assert sha(rig.read_file(path)) == sha(data), path
+    kinds = [e.kind for e in recent(rig.catalog, kind_prefix="drive.")]
+    assert "drive.drained" in kinds
