@@ -113,26 +113,51 @@ def zone_kind(zone: dict) -> str:
     return state if state in ZONE_STATES else "offline"
 
 
-def band_map(zones: list[dict], *, columns: int = 40, cell: int = 12, label: str = "band map") -> Markup:
-    """One square per zone: outline colour by state, fill by band class and how full it is."""
+MAX_CELLS = 2048  # a 20 TB drive has ~80,000 zones: beyond this, one cell stands for a run of zones
+
+
+def _summarise(zones: list[dict], first: int) -> dict:
+    """One cell for a run of zones: the most common kind and class, the mean fill."""
+    from collections import Counter
+    kinds = Counter(zone_kind(z) for z in zones)
+    classes = Counter(z.get("band_class") for z in zones if z.get("band_class"))
+    size = sum(z.get("zone_size") or 1 for z in zones)
+    return {"kind": kinds.most_common(1)[0][0], "band_class": classes.most_common(1)[0][0] if classes else None,
+            "fill": sum(z.get("write_pointer", 0) for z in zones) / size,
+            "label": f"zones {zones[0].get('idx', first)}-{zones[-1].get('idx', first + len(zones) - 1)}",
+            "detail": ", ".join(f"{n} {k}" for k, n in kinds.most_common())}
+
+
+def band_map(zones: list[dict], *, label: str = "band map") -> Markup:
+    """One square per zone (or per run of zones on big drives): colour by state, band class and fill."""
     if not zones:
-        return empty("no zones recorded for this drive", columns * cell)
-    gap = 2
-    rows = (len(zones) + columns - 1) // columns
+        return empty("no zones recorded for this drive", 480)
+    group = max(1, -(-len(zones) // MAX_CELLS))
+    cells = []
+    for start in range(0, len(zones), group):
+        run = zones[start:start + group]
+        if group == 1:
+            z = run[0]
+            size = z.get("zone_size") or 1
+            cells.append({"kind": zone_kind(z), "band_class": z.get("band_class"),
+                          "fill": z.get("write_pointer", 0) / size, "label": f"zone {z.get('idx', start)}",
+                          "detail": zone_kind(z)})
+        else:
+            cells.append(_summarise(run, start))
+    columns, cell = (16, 24) if len(cells) <= 128 else (64, 10)
+    gap = 2 if cell > 12 else 1
+    rows = (len(cells) + columns - 1) // columns
     body = []
-    for i, zone in enumerate(zones):
+    for i, c in enumerate(cells):
         x, y = (i % columns) * cell, (i // columns) * cell
-        kind = zone_kind(zone)
-        cls = f"zone z-{kind}" + (f" c-{zone['band_class']}" if zone.get("band_class") else "")
-        size = zone.get("zone_size") or 1
-        fill = min(max(zone.get("write_pointer", 0) / size, 0), 1)
-        title = (f"zone {zone.get('idx', i)}: {kind}"
-                 + (f", {zone['band_class']}" if zone.get("band_class") else "")
-                 + f", {fill * 100:.0f}% written")
-        body.append(f'<rect class="{cls}" x="{x}" y="{y}" width="{cell - gap}" height="{cell - gap}">'
+        cls = f"zone z-{c['kind']}" + (f" c-{c['band_class']}" if c["band_class"] else "")
+        fill = min(max(c["fill"], 0.0), 1.0)
+        title = f"{c['label']}: {c['detail']}" + (f", {c['band_class']}" if c["band_class"] else "") \
+            + f", {fill * 100:.0f}% written"
+        body.append(f'<rect class="{escape(cls)}" x="{x}" y="{y}" width="{cell - gap}" height="{cell - gap}">'
                     f'<title>{escape(title)}</title></rect>')
-        if 0 < fill < 1 and kind == "open":
+        if 0 < fill < 1 and c["kind"] == "open":
             h = (cell - gap) * fill
-            body.append(f'<rect class="fill c-{escape(zone.get("band_class") or "none")}" x="{x}" '
+            body.append(f'<rect class="fill c-{escape(c["band_class"] or "none")}" x="{x}" '
                         f'y="{y + cell - gap - h:.1f}" width="{cell - gap}" height="{h:.1f}"/>')
     return _svg(columns * cell, rows * cell, body, label)

@@ -43,7 +43,8 @@ def drive_rows(with_health: bool = True) -> list[dict]:
                "fragments": d.fragments, "serial": d.serial, "model": d.model, "device": devices.get(d.id)}
         if with_health:
             row["smart"] = health.read_smart(row["device"], shingle.smartctl).to_dict()
-            row["io"] = health.io_counters(row["device"] or row["path"])
+            # the device's own counters, else those of the disk holding an emulated drive's folder
+            row["io"] = health.io_counters(row["device"]) or health.io_counters(row["path"])
         out.append(row)
     return out
 

@@ -112,5 +112,4 @@ def _sum_by_class(rows, column: int) -> list[tuple[dict, float]]:
 
 @bp.route("/metrics")
 def index():
-    return Response(render(), mimetype="text/plain", headers={"Content-Type": "text/plain; version=0.0.4; "
-                                                                               "charset=utf-8"})
+    return Response(render(), content_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,95 @@
+"""The admin UI in a real browser: Debian's chromium driven by Playwright, against a real HTTP server.
+
+Never `playwright install`: the browser is /usr/bin/chromium from Debian."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import select
+from werkzeug.serving import make_server
+
+from engine.catalog.models import RetentionPolicy
+from tests.webui.conftest import ADMIN, PASSWORD
+from tests.webui.helpers import exists, make_checkpoints
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture
+def server(app):
+    httpd = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_port}"
+    httpd.shutdown()
+    thread.join(10)
+
+
+@pytest.fixture
+def page():
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            tab = browser.new_page(viewport={"width": 1280, "height": 900})
+            tab.set_default_timeout(15000)
+            yield tab
+        finally:
+            browser.close()
+
+
+def test_keep_last_3_rule_in_the_browser(server, page, app, appliance, tmp_path):
+    _, catalog = appliance
+    ns = app.extensions["shingle"].namespace
+    made = make_checkpoints(ns, "/checkpoints/run1", range(1, 6))
+    rules = lambda: catalog.read(lambda c: c.execute(select(RetentionPolicy.__table__)).all())  # noqa: E731
+
+    page.goto(server + "/retention")
+    assert page.url.startswith(server + "/login")  # not signed in: sent to the login page
+    page.fill("input[name=username]", ADMIN)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(server + "/retention")
+
+    form = "#new-rule"
+    for pattern, keep, expected in (("/checkpoints/*/step-*", "0", "keep = 0: expected at least 1"),
+                                    ("/checkpoints/*/step-*", "-1", "keep = -1: expected at least 1"),
+                                    ("/checkpoints/../step-*", "3", "'..' components are not allowed"),
+                                    ("", "3", "pattern = '': expected a non-empty value")):
+        page.fill(f"{form} input[name=pattern]", pattern)
+        page.fill(f"{form} input[name=keep]", keep)
+        page.click(f"{form} button[type=submit]")
+        page.wait_for_load_state()
+        shown = " ".join(page.locator(f"{form} .error").all_inner_texts())
+        assert expected in shown, (pattern, keep, shown)
+        assert page.locator(f"{form} input[name=pattern]").input_value() == pattern  # kept for correcting
+        assert rules() == []
+
+    page.fill(f"{form} input[name=pattern]", "/checkpoints/*/step-*")
+    page.fill(f"{form} input[name=keep]", "3")
+    page.click(f"{form} button[type=submit]")
+    page.wait_for_selector("#preview")
+    listed = page.locator("#preview td.path").all_inner_texts()
+    oldest = sorted(made, key=made.get)[:2]
+    assert listed == oldest == ["/checkpoints/run1/step-1", "/checkpoints/run1/step-2"]
+    assert all(exists(ns, path) for path in made)  # the preview removed nothing
+
+    page.click("#apply")
+    page.wait_for_selector("#results")
+    assert "2 of 2 planned actions done" in page.inner_text("body")
+    assert [exists(ns, f"/checkpoints/run1/step-{n}") for n in range(1, 6)] == [False, False, True, True, True]
+    assert len(rules()) == 1
+
+    page.goto(server + "/drives")
+    page.wait_for_selector("svg.chart")
+    assert page.locator("section.drive").count() == 4
+    assert "no SMART data" in page.inner_text("#drive-4")
+    shot = tmp_path / "drives.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 20_000
+    # the stylesheet loaded under the page's CSP (no inline styles): band-map zones are coloured
+    fill = page.eval_on_selector("#drive-1 rect.zone.z-full.c-warm", "el => getComputedStyle(el).fill")
+    assert fill not in ("", "none", "rgb(0, 0, 0)"), fill
