@@ -28,6 +28,8 @@ MAX_FRAGMENT_SIZE = 64 * MiB
 MAX_K = 32
 MAX_M = 8
 MAX_COPIES = 8
+FRAGMENT_HEADER = 80  # liberasurecode's fragment_header_t; the reader locates payloads with it
+ALIGNMENT_SLACK = 512  # most payload padding any backend adds (reservations count it)
 REDUNDANCY = ("ec", "replicate")
 COMPRESSION = (None, "zstd")
 
@@ -73,8 +75,8 @@ class Policy:
         return "ec" if self.redundancy == "ec" else "replica"
 
     def payload_size(self, data_length: int) -> int:
-        """Payload bytes per fragment for a stripe holding ``data_length`` bytes."""
-        return -(-data_length // self.k) if self.k > 1 else data_length
+        """Payload bytes per fragment for ``data_length`` bytes, at most (backends may pad less)."""
+        return -(-data_length // self.k) + ALIGNMENT_SLACK if self.k > 1 else data_length
 
     def fragment_length(self, data_length: int) -> int:
         return self.header_size + self.payload_size(data_length)
@@ -177,13 +179,17 @@ def policy_from_dict(name: str, options: dict) -> Policy:
 
 
 def _check_systematic(policy: Policy, key: str) -> None:
-    """Learn the header size and prove data fragments hold plain bytes."""
+    """Prove the fragment header size and that data fragments hold plain bytes."""
+    even = bytes(policy.k * 4096)  # no alignment padding at this length: the rest is header
+    header = len(policy.driver.encode(even)[0]) - 4096
+    if header != FRAGMENT_HEADER:
+        raise ConfigError(key, policy.backend, f"a backend with {FRAGMENT_HEADER}-byte fragment headers, "
+                                               f"got {header}")
     sample = bytes((i * 7 + 3) & 0xFF for i in range(policy.k * 512 + 5))
     fragments = policy.driver.encode(sample)
-    payload = policy.payload_size(len(sample))
-    header = len(fragments[0]) - payload
-    if header < 0 or any(len(f) != len(fragments[0]) for f in fragments):
-        raise ConfigError(key, policy.backend, f"a backend with fragments of {payload} payload bytes")
+    payload = len(fragments[0]) - header
+    if payload * policy.k < len(sample) or any(len(f) != len(fragments[0]) for f in fragments):
+        raise ConfigError(key, policy.backend, "a backend whose fragments are all the same length")
     for i in range(policy.k):
         chunk = sample[i * payload:(i + 1) * payload]
         if fragments[i][header:header + len(chunk)] != chunk:

@@ -16,7 +16,7 @@ from engine.catalog.models import BandClass, Drive, Extent, Fragment, Inode, Str
 from engine.datapath.accounting import ExtentMap, adjust_live, chunks, load_extents, write_map
 from engine.datapath.drivestate import DriveState, ZoneMem
 from engine.datapath.reader import StripeInfo, StripeReader
-from engine.erasure import DEFAULT_CLASS, Policy
+from engine.erasure import ALIGNMENT_SLACK, DEFAULT_CLASS, Policy
 
 INODES = Inode.__table__
 DRIVES = Drive.__table__
@@ -140,6 +140,12 @@ class DataPath:
         self._reclaimable: dict[int, int] = {}
         self._rr = 0
         self._load_drives()
+        for policy in self.policies.values():
+            for drive in self._drives.values():
+                if policy.max_fragment_length > drive.zone_size:
+                    raise errors.ConfigError(f"band_classes.{policy.name}.fragment_size", policy.fragment_size,
+                                             f"fragments that fit drive {drive.id}'s zones of {drive.zone_size} "
+                                             "bytes")
 
         self._files: dict[int, FileBuffer] = {}
         self._files_lock = threading.Lock()
@@ -270,8 +276,9 @@ class DataPath:
                 ZONES.c.state == "full", ZONES.c.live_bytes == 0).group_by(ZONES.c.drive_id)).all()
         self._reclaimable = {row[0]: row[1] for row in self.catalog.read(work)}
 
-    def _usable(self) -> int:
-        return sum(d.usable_bytes(self.reserve_zones, self.max_fragment, self._reclaimable.get(d.id, 0))
+    def _usable(self, policy: Policy | None = None) -> int:
+        fragment = (policy or self.policies[self.default_class]).max_fragment_length
+        return sum(d.usable_bytes(self.reserve_zones, fragment, self._reclaimable.get(d.id, 0))
                    for d in self._drives.values() if d.writable())
 
     def capacity(self) -> tuple[int, int]:
@@ -287,17 +294,17 @@ class DataPath:
     def _need(self, policy: Policy, length: int) -> int:
         """Raw bytes to reserve for ``length`` user bytes (headers of every stripe they may start)."""
         stripes = 2 + length // policy.stripe_size
-        return policy.width * (-(-length // policy.k) + stripes * (policy.header_size + 64))
+        return policy.width * (-(-length // policy.k) + stripes * (policy.header_size + ALIGNMENT_SLACK))
 
-    def _reserve(self, need: int) -> None:
+    def _reserve(self, need: int, policy: Policy) -> None:
         with self._space_lock:
-            if self._reserved + need <= self._usable():
+            if self._reserved + need <= self._usable(policy):
                 self._reserved += need
                 return
             self._reclaim_zones()
             self._refresh_reclaimable()
-            if self._reserved + need > self._usable():
-                raise errors.NoSpace(f"no space for {need} more raw bytes: {self._usable() - self._reserved} "
+            if self._reserved + need > self._usable(policy):
+                raise errors.NoSpace(f"no space for {need} more raw bytes: {self._usable(policy) - self._reserved} "
                                      f"usable on {sum(d.writable() for d in self._drives.values())} writable drives")
             self._reserved += need
 
@@ -378,7 +385,7 @@ class DataPath:
                     return fb.size
                 policy = fb.policy
                 need = self._need(policy, length)
-                self._reserve(need)
+                self._reserve(need, policy)
                 fb.reserved += need
                 view = memoryview(data).cast("B")
                 stripe_size = policy.stripe_size

@@ -16,7 +16,7 @@ import crc32c
 
 from engine import errors
 from engine.drives import DriveMissing
-from engine.erasure import DecodeError
+from engine.erasure import FRAGMENT_HEADER
 
 
 class StripeInfo:
@@ -33,12 +33,12 @@ class StripeInfo:
         self.fragments: dict[int, tuple] = {}  # idx -> (drive_id, zone_id, zone_offset, length, checksum)
 
     @property
-    def payload(self) -> int:
-        return -(-self.data_length // self.k) if self.k > 1 else self.data_length
+    def header(self) -> int:
+        return FRAGMENT_HEADER if self.layout == "ec" else 0
 
     @property
-    def header(self) -> int:
-        return self.fragment_length - self.payload
+    def payload(self) -> int:
+        return self.fragment_length - self.header
 
 
 class ChecksumError(errors.IOFailure):

@@ -292,3 +292,26 @@ def test_bad_construction_arguments(catalog):
         DataPath(catalog, {"warm": None}, reserve_zones=-1)
     with pytest.raises(errors.ConfigError, match="band_classes"):
         DataPath(catalog, {})
+
+
+def test_fragments_larger_than_zones_are_refused(catalog, tmp_path):
+    with pytest.raises(errors.ConfigError, match="band_classes.warm.fragment_size"):
+        Engine(catalog, tmp_path / "d", policies={"warm": {"fragment_size": 2 * MiB}})
+
+
+def test_backend_with_padded_fragments_reads_and_decodes(catalog, tmp_path):
+    # liberasurecode_rs_vand pads payloads: the reader must locate data by the real fragment length
+    small = {"fragment_size": 4096}
+    eng = Engine(catalog, tmp_path / "lib", policies={"warm": {"backend": "liberasurecode_rs_vand", **small},
+                                                      "cold": small, "hot": small})
+    try:
+        data = os.urandom(3 * 8 * 4096 + 4321)
+        ino = make(eng, "padded", data, chunk=5000)
+        assert eng.ns.read(ino, 0, len(data)) == data
+        eng.catalog.run(lambda c: c.execute(update(Drive.__table__).where(
+            Drive.__table__.c.id.in_(eng.drive_ids[:2])).values(state="failed")))
+        eng.restart()
+        assert eng.ns.read(ino, 0, len(data)) == data
+        assert eng.data.reader.stats["degraded_stripes"] > 0
+    finally:
+        eng.close()

@@ -1,0 +1,61 @@
+"""Engine process for the crash test: 8 writers append deterministic streams and report each commit.
+
+Run as ``python crash_child.py CATALOG_URL ROUND``; prints ``C <name> <length>`` after every
+committed flush, then keeps writing until it is killed."""
+from __future__ import annotations
+
+import random
+import sys
+import threading
+
+from engine.catalog import Catalog
+from engine.datapath import DataPath
+from engine.erasure import load_policies
+from engine.namespace import ROOT, Namespace
+
+WRITERS = 8
+STREAM = 384 * 1024
+POLICIES = {"warm": {"fragment_size": 4096}, "cold": {"fragment_size": 4096}, "hot": {"fragment_size": 4096}}
+
+
+def stream(round_no: int, writer: int) -> bytes:
+    return random.Random(f"{round_no}-{writer}").randbytes(STREAM)
+
+
+def main():
+    url, round_no = sys.argv[1], int(sys.argv[2])
+    catalog = Catalog(url)
+    data = DataPath(catalog, load_policies(POLICIES), reserve_zones=1)
+    ns = Namespace(catalog, data=data)
+    lock = threading.Lock()
+
+    def writer(i):
+        name = f"r{round_no}-w{i}"
+        ino = ns.create(ROOT, ns.root_ino, name).ino
+        content = stream(round_no, i)
+        rng = random.Random(i)
+        pos = 0
+        while pos < len(content):
+            n = min(rng.randint(1, 40_000), len(content) - pos)
+            ns.write(ino, pos, content[pos:pos + n], stable=rng.random() < 0.2)
+            pos += n
+            if rng.random() < 0.3:
+                ns.commit(ino)
+                with lock:
+                    print(f"C {name} {pos}", flush=True)
+        ns.commit(ino)
+        with lock:
+            print(f"C {name} {pos}", flush=True)
+
+    print("READY", flush=True)
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(WRITERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print("DONE", flush=True)
+    threading.Event().wait()  # stay alive until killed, like a running server
+
+
+if __name__ == "__main__":
+    main()
