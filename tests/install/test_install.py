@@ -75,7 +75,7 @@ def test_install_with_root_runs_no_host_command(root, tmp_path):
 
 
 def test_install_twice_is_idempotent(root):
-    shingle("install", "--root", str(root), "--bin", LAUNCHER)
+    install.install(root, launcher=LAUNCHER)
     before = tree(root)
     out = shingle("install", "--root", str(root), "--bin", LAUNCHER).stdout
     assert tree(root) == before  # not one file rewritten
@@ -88,7 +88,7 @@ def test_install_twice_is_idempotent(root):
 
 
 def test_upgrade_migrates_the_catalog_and_keeps_config_and_data(root):
-    shingle("install", "--root", str(root), "--bin", LAUNCHER)
+    install.install(root, launcher=LAUNCHER)
     config = root / "etc/shingle/shingle.toml"
     edited = config.read_text().replace('# level = "info"', 'level = "debug"').replace("# port = 2049", "port = 20490")
     config.write_text(edited)
@@ -134,7 +134,7 @@ def test_relative_launcher_is_refused(root):
 
 
 def test_uninstall_keeps_data_and_purge_removes_it(root):
-    shingle("install", "--root", str(root), "--bin", LAUNCHER)
+    install.install(root, launcher=LAUNCHER)
     (root / "var/lib/shingle/drives/zone-marker").write_bytes(b"user data")
     first = shingle("uninstall", "--root", str(root)).stdout
     assert first.count("removed unit") == 3
@@ -142,16 +142,16 @@ def test_uninstall_keeps_data_and_purge_removes_it(root):
     assert (root / "etc/shingle/shingle.toml").is_file()
     assert (root / "var/lib/shingle/drives/zone-marker").read_bytes() == b"user data"
     assert current_revision(catalog_url(root)) == head_revision()
-    again = shingle("uninstall", "--root", str(root)).stdout  # idempotent
-    assert "nothing to remove" in again
+    again = install.uninstall(root)  # idempotent
+    assert again.actions == ["nothing to remove: no shingle units installed"]
     assert (root / "var/lib/shingle/catalog.db").is_file()
 
     # Reinstall over kept data, then purge.
-    shingle("install", "--root", str(root), "--bin", LAUNCHER)
+    install.install(root, launcher=LAUNCHER)
     assert (root / "var/lib/shingle/drives/zone-marker").is_file()
     purged = shingle("uninstall", "--root", str(root), "--purge").stdout
     assert "purged" in purged
     left = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
     assert left == {LAUNCHER.lstrip("/")}
-    assert "nothing to remove" in shingle("uninstall", "--root", str(root), "--purge").stdout
+    assert install.uninstall(root, purge=True).actions == ["nothing to remove: shingle is not installed"]
     assert not os.path.exists(root / "var/lib/shingle")

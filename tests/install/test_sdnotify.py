@@ -24,6 +24,15 @@ from tests.pgserver import free_port
 WATCHDOG_USEC = 600_000  # systemd pings are expected every WATCHDOG_USEC / 2 = 0.3 s
 
 
+@pytest.fixture(scope="module")
+def appliance_dir(tmp_path_factory):
+    """One `shingle init` for the module; each test passes its own free ports on the command line."""
+    folder = tmp_path_factory.mktemp("sdnotify") / "app"
+    shingle("init", str(folder), "--drives", "10", "--drive-size", "16MiB", "--zone-size", "4MiB",
+            "--nfs-port", "0", "--web-port", "0")
+    return folder
+
+
 @pytest.fixture
 def notify_socket():
     folder = tempfile.mkdtemp(prefix="sdn-")  # AF_UNIX paths are limited to 108 bytes: keep it short
@@ -61,12 +70,10 @@ def receive_until_ready(sock, daemon, timeout: float = 60.0) -> list[tuple[float
     pytest.fail(f"no READY=1 within {timeout} s (got {messages})")
 
 
-def test_ready_after_nfs_accepts_and_watchdog_at_interval(tmp_path, notify_socket):
+def test_ready_after_nfs_accepts_and_watchdog_at_interval(appliance_dir, notify_socket):
     sock, path = notify_socket
     nfs_port = free_port()
-    folder = tmp_path / "app"
-    shingle("init", str(folder), "--drives", "10", "--drive-size", "16MiB", "--zone-size", "4MiB",
-            "--nfs-port", str(nfs_port), "--web-port", str(free_port()))
+    folder = appliance_dir
 
     first_accept = []
 
@@ -79,7 +86,7 @@ def test_ready_after_nfs_accepts_and_watchdog_at_interval(tmp_path, notify_socke
     env = {**os.environ, "NOTIFY_SOCKET": path, "WATCHDOG_USEC": str(WATCHDOG_USEC)}
     env.pop("WATCHDOG_PID", None)
     daemon = subprocess.Popen([sys.executable, "-m", "appliance.cli", "-c", str(folder / "shingle.toml"),
-                               "serve", "--no-web"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                               "serve", "--no-web", "--nfs-port", str(nfs_port)], cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     prober = threading.Thread(target=probe, daemon=True)
     prober.start()
@@ -163,15 +170,14 @@ def test_watchdog_pings_only_while_healthy(notify_socket, monkeypatch, caplog):
         dog.join(1)
 
 
-def test_webui_is_ready_once_gunicorn_listens(tmp_path, notify_socket):
+def test_webui_is_ready_once_gunicorn_listens(appliance_dir, notify_socket):
     """shingle-webui.service is Type=notify: `shingle webui` must leave gunicorn as the notifying main PID."""
     sock, path = notify_socket
     web_port = free_port()
-    folder = tmp_path / "app"
-    shingle("init", str(folder), "--drives", "10", "--drive-size", "16MiB", "--zone-size", "4MiB",
-            "--nfs-port", str(free_port()), "--web-port", str(web_port))
+    folder = appliance_dir
     env = {**os.environ, "NOTIFY_SOCKET": path}
-    web = subprocess.Popen([sys.executable, "-m", "appliance.cli", "-c", str(folder / "shingle.toml"), "webui"],
+    web = subprocess.Popen([sys.executable, "-m", "appliance.cli", "-c", str(folder / "shingle.toml"), "webui",
+                            "--port", str(web_port)],
                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         receive_until_ready(sock, web)
