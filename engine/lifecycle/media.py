@@ -173,20 +173,32 @@ class Media:
         bytes that did land are garbage of their zones (``record_appends`` must still run)."""
         placements = []
         ticket = _Ticket(len(items))
+        failure = None
         with self._lock:
-            for drive_id, data in items:
-                drive = self.drive(drive_id)
-                if not drive.writable():
-                    raise errors.IOFailure(f"drive {drive_id} cannot take writes ({drive.state})")
-                zone = self._claim(drive, band_class, purpose, len(data), use_reserve)
-                with self.dp._space_lock:
-                    offset = zone.wp
-                    zone.wp += len(data)
-                    zone.inflight += 1
-                placements.append(Placement(drive_id, zone.id, zone.idx, offset, len(data), crc32c.crc32c(data)))
-            for placement, (_drive_id, data) in zip(placements, items):
-                self.dp._drives[placement.drive_id].queue.put(("append", placement.zone_idx, placement.offset,
-                                                               data, ticket))
+            try:
+                for drive_id, data in items:
+                    drive = self.drive(drive_id)
+                    if not drive.writable():
+                        raise errors.IOFailure(f"drive {drive_id} cannot take writes ({drive.state})")
+                    zone = self._claim(drive, band_class, purpose, len(data), use_reserve)
+                    with self.dp._space_lock:
+                        offset = zone.wp
+                        zone.wp += len(data)
+                        zone.inflight += 1
+                    placements.append(Placement(drive_id, zone.id, zone.idx, offset, len(data),
+                                                crc32c.crc32c(data)))
+                    # queued at once: a later item may close this zone, and its "finish" must come after
+                    drive.queue.put(("append", zone.idx, offset, data, ticket))
+            except errors.FsError as exc:
+                failure = exc
+                with ticket.lock:  # only the queued appends will report back
+                    ticket.remaining -= len(items) - len(placements)
+                    if ticket.remaining == 0:
+                        ticket.written.set()
+        if failure is not None:
+            ticket.written.wait(WRITE_TIMEOUT_S)
+            self.settle(placements, committed=False)
+            raise failure
         if not ticket.written.wait(WRITE_TIMEOUT_S):
             raise errors.IOFailure(f"fragment writes did not finish in {WRITE_TIMEOUT_S} s")
         if ticket.error is not None:
