@@ -282,6 +282,36 @@ def check_units(root: Path) -> Check:
     return Check("units", "ok", f"{', '.join(install.UNIT_NAMES)} in {unit_dir}")
 
 
+def check_unit_paths(root: Path, config: config_mod.Config, drive_paths: list[str]) -> Check:
+    """ProtectSystem=strict makes everything read-only but the unit's ReadWritePaths=: drives must be among them."""
+    unit_dir = install._under(root, install.UNIT_DIR)
+    service = install.SERVICES[0]
+    granted = set()
+    for path in [unit_dir / service, *sorted((unit_dir / f"{service}.d").glob("*.conf"))]:
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                if line.startswith("ReadWritePaths="):
+                    granted |= {Path(p.lstrip("-+")) for p in line.split("=", 1)[1].split()}
+    needed = [install.STATE_DIR, *install._extra_rw_paths(root, config, drive_paths)]
+    hidden = [str(p) for p in needed if not any(p == g or g in p.parents for g in granted)]
+    if hidden:
+        return Check("unit paths", "fail", f"{service} may not write {', '.join(hidden)} (ProtectSystem=strict)",
+                     "run `shingle install` again: it writes a ReadWritePaths= drop-in for them")
+    return Check("unit paths", "ok", f"{service} may write data_dir and every drive")
+
+
+def check_service_user(root: Path) -> Check:
+    import pwd
+    if not install._on_host(root):
+        return Check("service user", "ok", f"created on the target by systemd-sysusers ({install.SYSUSERS_PATH})")
+    try:
+        pwd.getpwnam(install.SERVICE_USER)
+        return Check("service user", "ok", f"{install.SERVICE_USER} exists")
+    except KeyError:
+        return Check("service user", "fail", f"user {install.SERVICE_USER!r} missing: the units cannot start",
+                     f"run `systemd-sysusers {install.SYSUSERS_PATH}` or `shingle install`")
+
+
 def _load_config(config_path: str | None, root: Path):
     """(config, Check) for the config the checks use; config is None when it cannot load."""
     if config_path is None and os.environ.get("SHINGLE_CONFIG"):
@@ -310,14 +340,20 @@ def run_checks(config_path: str | None = None, root: str | Path | None = None,
     results = [check_kernel(), check_python()]
     config, config_check = _load_config(config_path, root)
     results.append(config_check)
-    results.append(check_units(root))
+    units = check_units(root)
+    results.append(units)
+    if units.status == "ok":
+        results.append(check_service_user(root))
     if config is not None:
         catalog_check = None
         if config.path is not None:
             catalog_check = check_catalog(config)
             results.append(catalog_check)
         if catalog_check is not None and catalog_check.status == "ok":
-            results += check_drives(_drives(config), config.resolve("storage.drives_dir"), sys_root)
+            drives = _drives(config)
+            results += check_drives(drives, config.resolve("storage.drives_dir"), sys_root)
+            if units.status == "ok" and config_path is None:  # the units serve the installed config only
+                results.append(check_unit_paths(root, config, [d["path"] for d in drives]))
         results += check_free_space({"data_dir": config.data_dir,
                                      "drives_dir": config.resolve("storage.drives_dir")})
         results.append(check_port("nfs", config.get("nfs.host"), config.get("nfs.port")))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,13 +41,12 @@ def appliance_dir(tmp_path_factory):
 
 
 def statuses(output: str) -> dict[str, str]:
-    """'OK    catalog   ...' lines -> {'catalog': 'OK'}."""
+    """'OK    port nfs    127.0.0.1:...' lines -> {'port nfs': 'OK'} (columns are two spaces apart)."""
     found = {}
     for line in output.splitlines():
-        status, _, rest = line.partition("  ")
-        if status.strip() in ("OK", "WARN", "FAIL"):
-            found[" ".join(rest.split()[:2]) if rest.split()[0] in ("drive", "port", "free") else rest.split()[0]] = \
-                status.strip()
+        columns = re.split(r"\s{2,}", line.strip())
+        if len(columns) >= 2 and columns[0] in ("OK", "WARN", "FAIL"):
+            found[columns[1]] = columns[0]
     return found
 
 
@@ -54,7 +54,8 @@ def test_installed_tree_is_ready(installed):
     result = shingle("doctor", "--root", str(installed), check=False)
     found = statuses(result.stdout)
     assert result.returncode == 0, result.stdout
-    for name in ("kernel", "python", "config", "units", "catalog", "port nfs", "port webui", "free space"):
+    for name in ("kernel", "python", "config", "units", "service user", "catalog", "unit paths", "port nfs",
+                 "port webui", "free space"):
         assert found[name] == "OK", (name, result.stdout)
     assert found["drives"] == "WARN"  # an install brings no drives of its own
     assert "0 to fix" in result.stdout
@@ -182,3 +183,18 @@ def test_host_before_install_is_checked_against_defaults(tmp_path):
     assert by_name["units"].status == "warn"
     assert "catalog" not in by_name  # nothing to reach yet
     assert {"port nfs", "port webui", "free space", "clock", "kernel", "python"} <= set(by_name)
+
+
+def test_drive_hidden_by_protect_system_must_be_fixed(installed):
+    """A drives_dir moved outside /var/lib/shingle is read-only to the daemon until install writes the drop-in."""
+    from appliance import install
+    config = installed / "etc/shingle/shingle.toml"
+    config.write_text(config.read_text().replace('# drives_dir = "drives"', 'drives_dir = "/srv/smr"'))
+    result = shingle("doctor", "--root", str(installed), check=False)
+    assert result.returncode == 1
+    assert statuses(result.stdout)["unit paths"] == "FAIL"
+    assert "may not write /srv/smr" in result.stdout
+    install.install(installed, launcher="/opt/shingle/bin/shingle")
+    result = shingle("doctor", "--root", str(installed), check=False)
+    assert result.returncode == 0, result.stdout
+    assert statuses(result.stdout)["unit paths"] == "OK"
