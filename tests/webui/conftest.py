@@ -38,8 +38,8 @@ def seed_zones(catalog: Catalog) -> None:
 
 
 def make_appliance(url: str, root: Path):
+    """Drives, zones and the admin in a migrated catalog at ``url``; returns (config, open catalog)."""
     from engine.drives import format_emulated
-    upgrade(url) if url.startswith("sqlite") else None
     catalog = Catalog(url)
     format_emulated(catalog, root / "drives", 4, 16 * ZONE_SIZE, ZONE_SIZE)
     drives = Drive.__table__
@@ -52,16 +52,26 @@ def make_appliance(url: str, root: Path):
     return config, catalog
 
 
-@pytest.fixture
-def sqlite_url(tmp_path):
-    url = f"sqlite:///{tmp_path}/catalog.db"
+@pytest.fixture(scope="session")
+def template_catalog(tmp_path_factory) -> Path:
+    """One migrated and populated SQLite catalog per run; each test gets a copy (migrating and
+    formatting per test would dominate the run time). The drive folders stay in the template's folder."""
+    root = tmp_path_factory.mktemp("webui-template")
+    url = f"sqlite:///{root}/catalog.db"
     upgrade(url)
-    return url
+    _, catalog = make_appliance(url, root)
+    catalog.close()  # the last connection closing checkpoints the WAL into catalog.db
+    return root / "catalog.db"
 
 
 @pytest.fixture
-def appliance(sqlite_url, tmp_path):
-    config, catalog = make_appliance(sqlite_url, tmp_path)
+def appliance(template_catalog, tmp_path):
+    import shutil
+    shutil.copyfile(template_catalog, tmp_path / "catalog.db")
+    url = f"sqlite:///{tmp_path}/catalog.db"
+    config = config_mod.from_dict({"appliance": {"data_dir": str(tmp_path)}, "catalog": {"url": url},
+                                   "smart": {"smartctl": str(FAKE_SMARTCTL)}}, tmp_path / "shingle.toml")
+    catalog = Catalog(url)
     yield config, catalog
     catalog.close()
 
