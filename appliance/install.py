@@ -196,6 +196,8 @@ def _migrate_catalog(config: config_mod.Config, report: Report, on_host: bool) -
     if url.startswith("sqlite:///"):
         db = Path(url[len("sqlite:///"):])
         for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+            if path.exists():
+                path.chmod(0o640)  # password hashes and token digests: not for every local user
             _chown(path, on_host)
     return before
 
