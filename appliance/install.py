@@ -250,10 +250,17 @@ def _drive_paths(config: config_mod.Config) -> list[str]:
         catalog.close()
 
 
+def _require_root_user(on_host: bool, what: str) -> None:
+    if on_host and os.geteuid() != 0:
+        raise InstallError(f"{what} on this host needs root (uid 0, running as uid {os.geteuid()}); "
+                           "use sudo, or --root DIR to lay out a tree without touching the host")
+
+
 def install(root: str | Path | None = None, *, launcher: str | None = None, run=subprocess.run) -> Report:
     """Install or upgrade. ``root`` None or "/" means this host."""
     root = Path(root or "/").resolve()
     on_host = _on_host(root)
+    _require_root_user(on_host, "shingle install")
     report = Report(root)
     launcher = launcher or default_launcher()
     if not Path(launcher).is_absolute():
@@ -356,6 +363,7 @@ def uninstall(root: str | Path | None = None, *, purge: bool = False, run=subpro
     """Remove the units (and with ``purge`` the config and /var/lib/shingle). Data stays unless purged."""
     root = Path(root or "/").resolve()
     on_host = _on_host(root)
+    _require_root_user(on_host, "shingle uninstall")
     report = Report(root)
     config = None
     if purge and _under(root, CONFIG_PATH).exists():

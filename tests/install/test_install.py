@@ -155,3 +155,15 @@ def test_uninstall_keeps_data_and_purge_removes_it(root):
     assert left == {LAUNCHER.lstrip("/")}
     assert install.uninstall(root, purge=True).actions == ["nothing to remove: shingle is not installed"]
     assert not os.path.exists(root / "var/lib/shingle")
+
+
+def test_host_install_refuses_a_non_root_user_before_touching_anything(monkeypatch):
+    """Running as an ordinary user is not possible in this root-only sandbox: the uid is faked."""
+    import pytest
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    calls = []
+    for action in (lambda: install.install(None, launcher=LAUNCHER, run=calls.append),
+                   lambda: install.uninstall(None, purge=True, run=calls.append)):
+        with pytest.raises(install.InstallError, match="needs root .* --root DIR"):
+            action()
+    assert calls == []
