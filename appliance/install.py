@@ -9,6 +9,7 @@ are not touched.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pwd
@@ -300,8 +301,17 @@ def install(root: str | Path | None = None, *, launcher: str | None = None, run=
 
     # 4. catalog: migrate (an existing install is upgraded in place), then first-run state
     from engine.catalog.migrate import head_revision
-    before = _migrate_catalog(config, report, on_host)
-    _first_run_state(config, report, on_host, None if before == head_revision() else before)
+    from engine.catalog.migrate import current_revision
+    try:
+        found = current_revision(config.catalog_url)
+    except Exception as exc:  # driver errors vary by database; the message is what matters
+        raise ConfigError("catalog.url", config.catalog_url,
+                          f"a reachable database ({exc.__class__.__name__}: {exc})") from None
+    # Only a schema change needs the daemon out of the way; a re-run on a live appliance just refreshes units.
+    quiet = _drives_quiet(config, report, on_host, run) if found != head_revision() else contextlib.nullcontext(False)
+    with quiet as restart:
+        before = _migrate_catalog(config, report, on_host)
+        _first_run_state(config, report, on_host, None if before == head_revision() else before)
 
     # 5. units, with this install's launcher and a drop-in for paths outside /var/lib/shingle
     unit_dir = _under(root, UNIT_DIR)
@@ -340,9 +350,38 @@ def install(root: str | Path | None = None, *, launcher: str | None = None, run=
         f"web UI: http://{config.get('webui.host')}:{config.get('webui.port')}/  "
         f"(first admin login in {_target_path(root, password_file) if not on_host else password_file})",
     ]
-    if changed and on_host and systemd_running():
+    if restart:
+        _systemctl(run, "start", TARGET)
+        report.did(f"restarted {TARGET} after the upgrade")
+    elif changed and on_host and systemd_running():
         report.next_steps.insert(2, f"units changed: `systemctl restart {TARGET}` applies them")
     return report
+
+
+@contextlib.contextmanager
+def _drives_quiet(config: config_mod.Config, report: Report, on_host: bool, run):
+    """Hold the daemon lock while the catalog is migrated: a running daemon would meet a schema it does not know.
+
+    Yields True when it stopped the appliance (systemd on this host) and the caller should start it again."""
+    from appliance.daemonlock import DaemonLock
+    lock = DaemonLock(config.data_dir)
+    stopped = False
+    if not lock.acquire():
+        holder = lock.holder()
+        if not (on_host and systemd_running()):
+            raise InstallError(f"a shingle daemon (pid {holder}) serves {config.data_dir}: stop it first "
+                               f"(`systemctl stop {TARGET}` or end `shingle serve`), then run install again")
+        _systemctl(run, "stop", TARGET, *SERVICES)
+        report.did(f"stopped {TARGET} for the upgrade (daemon pid {holder})")
+        stopped = True
+        if not lock.acquire():
+            raise InstallError(f"process {lock.holder()} still holds {lock.path} after `systemctl stop {TARGET}`: "
+                               "a daemon outside systemd serves this data; stop it, then run install again")
+    _chown(lock.path, on_host)  # the daemon, as the service user, opens it read-write
+    try:
+        yield stopped
+    finally:
+        lock.release()
 
 
 def _rmdir_if_empty(path: Path) -> None:

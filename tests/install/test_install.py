@@ -22,6 +22,7 @@ EXPECTED_FILES = {
     "var/lib/shingle/catalog.db",
     "var/lib/shingle/initial-admin-password",
     "var/lib/shingle/webui-secret.key",
+    "var/lib/shingle/shingle.lock",  # the daemon lock, held while the catalog was migrated
     LAUNCHER.lstrip("/"),
 }
 
@@ -167,3 +168,33 @@ def test_host_install_refuses_a_non_root_user_before_touching_anything(monkeypat
         with pytest.raises(install.InstallError, match="needs root .* --root DIR"):
             action()
     assert calls == []
+
+
+def test_upgrade_waits_for_a_running_daemon(root):
+    """While a daemon holds the drives (its lock), the schema is not changed under it."""
+    import subprocess
+    import sys
+    from tests.install.conftest import REPO
+    install.install(root, launcher=LAUNCHER)
+    url = catalog_url(root)
+    downgrade(url, "-1")
+    old = current_revision(url)
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+from appliance.daemonlock import DaemonLock
+lock = DaemonLock({str(root / "var/lib/shingle")!r})
+assert lock.acquire()
+print("held", flush=True)
+time.sleep(60)
+"""], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        result = shingle("install", "--root", str(root), "--bin", LAUNCHER, check=False)
+        assert result.returncode == 1
+        assert f"a shingle daemon (pid {holder.pid}) serves" in result.stderr
+        assert current_revision(url) == old  # untouched
+    finally:
+        holder.kill()
+        holder.wait()
+    shingle("install", "--root", str(root), "--bin", LAUNCHER)
+    assert current_revision(url) == head_revision()
