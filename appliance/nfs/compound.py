@@ -259,6 +259,8 @@ def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int) 
         for index in range(count):
             try:
                 opnum, pos = UInt.unpack(record, pos)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("op %s", c.OP_NAMES.get(opnum, opnum))
             except XdrError:
                 opnum, status = c.OP_ILLEGAL, c.NFS4ERR_BADXDR
                 _emit(p, c.OP_ILLEGAL, status, None)
@@ -315,6 +317,7 @@ def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int) 
                 value = handler(cx, args)
             except NfsError as exc:
                 status = exc.status
+                log.debug("%s: status %d: %s", c.OP_NAMES.get(opnum), status, exc)
                 _emit(p, opnum, status, exc.payload)
                 done += 1
                 break
@@ -330,6 +333,8 @@ def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int) 
             _emit(p, opnum, c.NFS4_OK, value)
             done += 1
     finally:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("COMPOUND of %d ops, %d done, status %d", count, done, status)
         chunks = [bytes(_reply_head(status, tag, done)), *p.result()]
         if cx.slot is not None:
             slot = cx.slot

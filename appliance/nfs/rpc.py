@@ -137,6 +137,7 @@ class RpcConnection(asyncio.BufferedProtocol):
         self.server.connections.add(self)
 
     def connection_lost(self, exc):
+        log.debug("connection from %s:%d closed", *self.peer)
         self.closed = True
         self.server.connections.discard(self)
 
@@ -260,6 +261,7 @@ class RpcConnection(asyncio.BufferedProtocol):
                 log.debug("garbage call from %s: %s", self.peer[0], exc)
                 return [accepted(xid, GARBAGE_ARGS)]
             return None
+        log.debug("call prog %d vers %d proc %d from %s", call.prog, call.vers, call.proc, self.peer[0])
         program = self.server.programs.get(call.prog)
         if program is None:
             return [accepted(call.xid, PROG_UNAVAIL)]
