@@ -48,9 +48,11 @@ class Placement:
 
 
 class _Ticket:
-    """What a DataPath drive writer needs of a stripe: it signals when all appends are durable."""
+    """Stands in for a DataPath stripe in a drive writer's queue: the writer counts
+    ``remaining`` down as appends become durable, then sets ``written``.
 
-    __slots__ = ("lock", "remaining", "written", "error", "fragments")
+    Any other attribute the writer looks at reads as None (e.g. ``encoded``), so the
+    writer's bookkeeping of real stripes skips it."""
 
     def __init__(self, count: int):
         self.lock = threading.Lock()
@@ -58,6 +60,9 @@ class _Ticket:
         self.written = threading.Event()
         self.error: BaseException | None = None
         self.fragments: list = []
+
+    def __getattr__(self, name):
+        return None
 
     def fail(self, exc: BaseException) -> None:
         if self.error is None:

@@ -1,0 +1,405 @@
+"""Tiering: move files between the hot, warm and cold band classes in the background.
+
+What moves where (``TieringPolicy``):
+- a file pinned to a class (``inodes.band_class``: retention's "cold" action, or a
+  path rule such as /archive -> cold) moves to that class;
+- hot -> warm once the file has not changed for ``hot_to_warm_after_s``; its small
+  extents are coalesced into full stripes;
+- warm -> cold when neither changed nor read for ``warm_to_cold_after_s``;
+- cold -> warm after ``promote_reads`` reads within ``promote_window_s``.
+Reads are counted by ``ReadTracker``, a FileData wrapper the daemon puts between
+the namespace and the data path (the catalog does not record reads).
+
+A move reads the file's bytes, writes them as new stripes of the target class
+(fragments through the data path's drive writers, on k+m distinct drives, durable
+first), then swaps the extents in ONE catalog transaction that first checks the
+file's extents are exactly those the bytes were read through. A reader therefore
+sees the old extents or the new ones, never a gap; a file written meanwhile keeps
+its new data and the copy becomes garbage. mtime and ctime do not change: the
+data did not. Moves are rate limited (bytes/s) and report progress.
+
+Not done: zstd compression of cold stripes (the read path does not decode it yet).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+
+from sqlalchemy import and_, func, select
+
+from engine import errors
+from engine.catalog.database import Catalog
+from engine.catalog.models import REG, Extent, Fragment, Inode, Stripe
+from engine.datapath.accounting import adjust_live, chunks
+from engine.events import record
+from engine.lifecycle.media import Media
+from engine.lifecycle.pacing import Progress, RateLimiter, Tracker
+
+EXTENTS = Extent.__table__
+STRIPES = Stripe.__table__
+FRAGMENTS = Fragment.__table__
+INODES = Inode.__table__
+HOT, WARM, COLD = "hot", "warm", "cold"
+CLASSES = (HOT, WARM, COLD)
+MOVE_BATCH_BYTES = 16 << 20  # user bytes read and written per file move step
+
+
+@dataclass
+class TieringPolicy:
+    hot_to_warm_after_s: float = 600.0
+    warm_to_cold_after_s: float = 30 * 86400.0
+    promote_reads: int = 3
+    promote_window_s: float = 86400.0
+    path_rules: list = field(default_factory=list)  # [(path prefix, class)]: pin subtrees
+    bytes_per_s: float | None = None
+
+    def validate(self) -> TieringPolicy:
+        for name in ("hot_to_warm_after_s", "warm_to_cold_after_s", "promote_window_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise errors.InvalidArgument(f"tiering {name} {value!r}: expected seconds >= 0")
+        if isinstance(self.promote_reads, bool) or not isinstance(self.promote_reads, int) or self.promote_reads < 1:
+            raise errors.InvalidArgument(f"tiering promote_reads {self.promote_reads!r}: expected an integer >= 1")
+        for rule in self.path_rules:
+            if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)
+                    and rule[0].startswith("/") and rule[1] in CLASSES):
+                raise errors.InvalidArgument(f"tiering path rule {rule!r}: expected (absolute path, one of "
+                                             f"{', '.join(CLASSES)})")
+        return self
+
+
+class ReadTracker:
+    """FileData wrapper that counts reads per file (one per burst of reads) for promotion."""
+
+    BURST_S = 1.0
+
+    def __init__(self, data, *, clock=time.monotonic):
+        self.data = data
+        self.clock = clock
+        self.started = clock()
+        self._reads: dict[int, deque] = {}
+        self._lock = threading.Lock()
+
+    def read(self, ino: int, offset: int, length: int, size: int) -> bytes:
+        self.note(ino)
+        return self.data.read(ino, offset, length, size)
+
+    def note(self, ino: int) -> None:
+        now = self.clock()
+        with self._lock:
+            seen = self._reads.setdefault(ino, deque(maxlen=64))
+            if not seen or now - seen[-1] >= self.BURST_S:
+                seen.append(now)
+            else:
+                seen[-1] = now
+
+    def reads_since(self, ino: int, seconds: float) -> int:
+        now = self.clock()
+        with self._lock:
+            return sum(1 for t in self._reads.get(ino, ()) if now - t <= seconds)
+
+    def idle_for(self, ino: int) -> float:
+        """Seconds since the last read (since tracking began if none was seen)."""
+        with self._lock:
+            seen = self._reads.get(ino)
+            last = seen[-1] if seen else self.started
+        return self.clock() - last
+
+    def __getattr__(self, name):
+        return getattr(self.data, name)  # write, flush, truncate, release, capacity, ...
+
+
+@dataclass(frozen=True)
+class TierMove:
+    ino: int
+    source: str  # the class holding most of its bytes now
+    target: str
+    nbytes: int
+    reason: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TieringReport:
+    files_moved: int = 0
+    files_skipped: int = 0
+    bytes_moved: int = 0  # user bytes
+    media_bytes_written: int = 0
+    moves: dict = field(default_factory=dict)  # "hot->warm" -> files
+    elapsed_s: float = 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_moved / 1e6 / self.elapsed_s if self.elapsed_s else 0.0
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["mb_per_s"] = self.mb_per_s
+        return data
+
+
+class Tiering:
+    def __init__(self, namespace, datapath, catalog: Catalog, policy: TieringPolicy | None = None, *,
+                 reads: ReadTracker | None = None, clock=time.time_ns):
+        self.ns = namespace
+        self.dp = datapath
+        self.catalog = catalog
+        self.policy = (policy or TieringPolicy()).validate()
+        self.reads = reads
+        self.clock = clock
+        self.limiter = RateLimiter(self.policy.bytes_per_s)
+        self._lock = threading.Lock()
+
+    # -- path rules -----------------------------------------------------------------------
+    def apply_path_rules(self) -> int:
+        """Pin every file and directory under each rule's path to its class; returns inodes changed."""
+        from engine.trash import walk_subtree
+        changed = 0
+        for prefix, band_class in self.policy.path_rules:
+            try:
+                top = self.ns.resolve(prefix, follow=False)
+            except (errors.NotFound, errors.NotADirectory):
+                continue
+            inos = [a.ino for a in walk_subtree(self.ns, top)]
+
+            def work(conn, inos=inos, band_class=band_class):
+                n = 0
+                for part in chunks(inos):
+                    n += conn.execute(INODES.update().where(
+                        INODES.c.ino.in_(part),
+                        (INODES.c.band_class.is_(None)) | (INODES.c.band_class != band_class))
+                        .values(band_class=band_class)).rowcount
+                return n
+            changed += self.catalog.run(work)
+        return changed
+
+    # -- planning -----------------------------------------------------------------------------
+    def plan(self) -> list[TierMove]:
+        """Files that should move now, with the reason."""
+        now = self.clock()
+
+        def work(conn):
+            per_class = (select(EXTENTS.c.ino, STRIPES.c.band_class, func.sum(EXTENTS.c.length).label("nbytes"))
+                         .select_from(EXTENTS.join(STRIPES, STRIPES.c.id == EXTENTS.c.stripe_id))
+                         .group_by(EXTENTS.c.ino, STRIPES.c.band_class)).subquery()
+            return conn.execute(select(per_class.c.ino, per_class.c.band_class, per_class.c.nbytes,
+                                       INODES.c.band_class.label("pinned"), INODES.c.mtime_ns, INODES.c.ctime_ns)
+                                .select_from(per_class.join(INODES, and_(INODES.c.ino == per_class.c.ino,
+                                                                          INODES.c.type == REG)))).all()
+        files: dict[int, dict] = {}
+        for row in self.catalog.read(work):
+            entry = files.setdefault(row.ino, {"classes": {}, "pinned": row.pinned,
+                                                "changed_ns": max(row.mtime_ns, row.ctime_ns)})
+            entry["classes"][row.band_class] = int(row.nbytes)
+        p = self.policy
+        moves = []
+        for ino, info in sorted(files.items()):
+            classes, pinned = info["classes"], info["pinned"]
+            total = sum(classes.values())
+            source = max(classes, key=classes.get)
+            idle_s = (now - info["changed_ns"]) / 1e9
+            if pinned in CLASSES:
+                if any(c != pinned for c in classes):
+                    moves.append(TierMove(ino, source, pinned, total, f"pinned to {pinned}"))
+                continue
+            if HOT in classes and idle_s >= p.hot_to_warm_after_s:
+                moves.append(TierMove(ino, HOT, WARM, total, f"unchanged for {idle_s:.0f} s"))
+            elif source == WARM and idle_s >= p.warm_to_cold_after_s and self._unread(ino, p.warm_to_cold_after_s):
+                moves.append(TierMove(ino, WARM, COLD, total, f"not changed or read for {idle_s:.0f} s"))
+            elif COLD in classes and self.reads is not None \
+                    and self.reads.reads_since(ino, p.promote_window_s) >= p.promote_reads:
+                moves.append(TierMove(ino, COLD, WARM, total,
+                                      f"read {self.reads.reads_since(ino, p.promote_window_s)} times"))
+        return moves
+
+    def _unread(self, ino: int, seconds: float) -> bool:
+        return self.reads is None or self.reads.idle_for(ino) >= seconds
+
+    # -- running --------------------------------------------------------------------------------
+    def run(self, *, progress: Progress | None = None, actor: str = "system",
+            max_bytes: int | None = None) -> TieringReport:
+        with self._lock:
+            started = time.monotonic()
+            report = TieringReport()
+            self.dp.refresh_drive_states()
+            self.apply_path_rules()
+            moves = self.plan()
+            if max_bytes is not None:
+                budget, chosen = max_bytes, []
+                for move in moves:
+                    if move.nbytes <= budget:
+                        chosen.append(move)
+                        budget -= move.nbytes
+                moves = chosen
+            tracker = Tracker(sum(m.nbytes for m in moves), progress, "tiering")
+            media = Media(self.dp)
+            try:
+                for move in moves:
+                    moved, written = self.move_file(move.ino, move.target, media)
+                    if moved:
+                        report.files_moved += 1
+                        report.bytes_moved += moved
+                        report.media_bytes_written += written
+                        key = f"{move.source}->{move.target}"
+                        report.moves[key] = report.moves.get(key, 0) + 1
+                    else:
+                        report.files_skipped += 1
+                    tracker.add(move.nbytes)
+            finally:
+                media.finish()
+            report.elapsed_s = time.monotonic() - started
+            tracker.finish(f"tiering: {report.files_moved} files moved ({report.bytes_moved / 1e6:.1f} MB), "
+                           f"{report.files_skipped} skipped")
+            record(self.catalog, "tier.run", f"tiering moved {report.files_moved} files "
+                   f"({report.bytes_moved / 1e6:.1f} MB): "
+                   + (", ".join(f"{n} {k}" for k, n in sorted(report.moves.items())) or "nothing to move")
+                   + (f"; {report.files_skipped} skipped (busy or changed)" if report.files_skipped else ""),
+                   actor=actor, details=report.to_dict())
+            return report
+
+    def move_file(self, ino: int, target: str, media: Media | None = None) -> tuple[int, int]:
+        """Rewrite the file's extents that are not in ``target`` into ``target`` stripes.
+
+        Returns (user bytes moved, media bytes written); (0, 0) when skipped because the
+        file is being written or changed while it was copied."""
+        if target not in self.dp.policies:
+            raise errors.InvalidArgument(f"band class {target!r}: expected one of {', '.join(self.dp.policies)}")
+        own_media = media is None
+        media = media or Media(self.dp)
+        try:
+            if self.dp.pending_size(ino) is not None:
+                return 0, 0
+            moved = written = 0
+            offset = 0
+            while True:
+                step = self._move_step(ino, target, media, offset)
+                if step is None:
+                    return moved, written  # a change was seen: what moved so far stays moved
+                done_bytes, media_bytes, next_offset = step
+                moved += done_bytes
+                written += media_bytes
+                if next_offset is None:
+                    return moved, written
+                offset = next_offset
+        finally:
+            if own_media:
+                media.finish()
+
+    def _snapshot(self, ino: int, target: str, start: int):
+        def work(conn):
+            size = conn.execute(select(INODES.c.size).where(INODES.c.ino == ino)).scalar()
+            rows = conn.execute(select(EXTENTS.c.id, EXTENTS.c.file_offset, EXTENTS.c.length, EXTENTS.c.stripe_id,
+                                       EXTENTS.c.stripe_offset, STRIPES.c.band_class)
+                                .select_from(EXTENTS.join(STRIPES, STRIPES.c.id == EXTENTS.c.stripe_id))
+                                .where(EXTENTS.c.ino == ino, EXTENTS.c.file_offset >= start)
+                                .order_by(EXTENTS.c.file_offset)).all()
+            return size, rows
+        return self.catalog.read(work)
+
+    def _move_step(self, ino: int, target: str, media: Media, start: int):
+        """Move up to MOVE_BATCH_BYTES of extents at or after ``start``.
+        Returns (bytes moved, media bytes, next start or None), or None if the file changed."""
+        size, rows = self._snapshot(ino, target, start)
+        if size is None:
+            return None
+        todo, total = [], 0
+        next_start = None
+        for row in rows:
+            if row.band_class == target:
+                continue
+            if total and total + row.length > MOVE_BATCH_BYTES:
+                next_start = row.file_offset
+                break
+            todo.append(row)
+            total += row.length
+        if not todo:
+            return 0, 0, None
+        policy = self.dp.policies[target]
+        # read the bytes through the extents we will replace
+        pieces = [(row, self.dp.read(ino, row.file_offset, row.length, size)) for row in todo]
+        if any(len(data) != row.length for row, data in pieces):
+            return None  # truncated meanwhile
+        # pack into stripes of the target class: small extents coalesce into full stripes
+        payloads: list[bytearray] = [bytearray()]
+        new_extents = []  # (file_offset, length, payload index, offset in payload)
+        for row, data in pieces:
+            pos = 0
+            while pos < len(data):
+                room = policy.stripe_size - len(payloads[-1])
+                if room == 0:
+                    payloads.append(bytearray())
+                    room = policy.stripe_size
+                take = min(room, len(data) - pos)
+                new_extents.append((row.file_offset + pos, take, len(payloads) - 1, len(payloads[-1])))
+                payloads[-1] += data[pos:pos + take]
+                pos += take
+        encoded = [policy.encode(bytes(p)) for p in payloads]
+        items, layout = [], []
+        for n, fragments in enumerate(encoded):
+            drives = media.writable_drives()
+            if len(drives) < policy.width:
+                raise errors.NoSpace(f"{target} stripe needs {policy.width} writable drives with room, "
+                                     f"{len(drives)} have it")
+            shift = n % len(drives)
+            drives = (drives[shift:] + drives[:shift])[:policy.width]
+            for idx, (drive_id, fragment) in enumerate(zip(drives, fragments)):
+                items.append((drive_id, fragment))
+                layout.append((n, idx))
+        placements = media.append(target, items, purpose="tier")
+        expected = [(r.id, r.file_offset, r.length, r.stripe_id, r.stripe_offset) for r in todo]
+
+        def work(conn):
+            media.record(conn, placements)
+            current = conn.execute(select(EXTENTS.c.id, EXTENTS.c.file_offset, EXTENTS.c.length,
+                                          EXTENTS.c.stripe_id, EXTENTS.c.stripe_offset)
+                                   .where(EXTENTS.c.id.in_([e[0] for e in expected]))).all()
+            if sorted(tuple(r) for r in current) != sorted(expected):
+                return None  # changed since we read it: the copy is garbage, the file keeps its data
+            now = self.clock()
+            stripe_ids = []
+            for payload, fragments in zip(payloads, encoded):
+                stripe_ids.append(conn.execute(STRIPES.insert().values(
+                    band_class=target, layout=policy.layout, k=policy.k, m=policy.m, backend=policy.backend,
+                    data_length=len(payload), fragment_length=len(fragments[0]), compression=None, live_bytes=0,
+                    created_ns=now)).inserted_primary_key[0])
+            conn.execute(FRAGMENTS.insert(), [
+                {"stripe_id": stripe_ids[n], "idx": idx, "drive_id": p.drive_id, "zone_id": p.zone_id,
+                 "zone_offset": p.offset, "length": p.length, "checksum": p.checksum}
+                for (n, idx), p in zip(layout, placements)])
+            for part in chunks([e[0] for e in expected]):
+                conn.execute(EXTENTS.delete().where(EXTENTS.c.id.in_(part)))
+            conn.execute(EXTENTS.insert(), [
+                {"ino": ino, "file_offset": fo, "length": length, "stripe_id": stripe_ids[n], "stripe_offset": so}
+                for fo, length, n, so in new_extents])
+            deltas: dict[int, int] = {}
+            for row in todo:
+                deltas[row.stripe_id] = deltas.get(row.stripe_id, 0) - row.length
+            for _fo, length, n, _so in new_extents:
+                deltas[stripe_ids[n]] = deltas.get(stripe_ids[n], 0) + length
+            known = {}
+            for n, sid in enumerate(stripe_ids):
+                known[sid] = (len(payloads[n]), 0, [(p.zone_id, p.length) for (m, _i), p in zip(layout, placements)
+                                                    if m == n])
+            adjust_live(conn, deltas, known)
+            return stripe_ids
+        try:
+            new_ids = self.catalog.run(work, durable=True)
+        except BaseException:
+            media.settle(placements, committed=False)
+            raise
+        media.settle(placements, committed=True)
+        self.dp.invalidate_stripes({r.stripe_id for r in todo} | set(new_ids or ()))
+        if new_ids is None:
+            return None
+        self.limiter.spend(sum(p.length for p in placements))
+        return total, sum(p.length for p in placements), next_start
+
+
+def tier_run(namespace, datapath, catalog: Catalog, *, policy: TieringPolicy | None = None,
+             reads: ReadTracker | None = None, progress: Progress | None = None,
+             actor: str = "system") -> TieringReport:
+    return Tiering(namespace, datapath, catalog, policy, reads=reads).run(progress=progress, actor=actor)
