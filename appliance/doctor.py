@@ -12,6 +12,7 @@ import errno
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tomllib
@@ -78,8 +79,7 @@ def zoned_model(path: str | Path, sys_root: Path = Path("/sys")) -> str | None:
     ``path`` is a block device or any file on a filesystem; None when there is
     no block device behind it (tmpfs, overlay, a network filesystem)."""
     st = os.stat(path)
-    import stat as stat_mod
-    dev = st.st_rdev if stat_mod.S_ISBLK(st.st_mode) else st.st_dev
+    dev = st.st_rdev if stat.S_ISBLK(st.st_mode) else st.st_dev
     node = sys_root / "dev" / "block" / f"{os.major(dev)}:{os.minor(dev)}"
     if not node.exists():
         return None

@@ -13,7 +13,6 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
