@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from flask import Blueprint, g, jsonify, request
 
-from engine import accounts, errors, events
-from webui import core, dashboard, drives, exports, retention, settings, tiers
+from engine import accounts, errors, events, jobs
+from webui import core, dashboard, drives, exports, jobs as jobs_pages, retention, settings, tiers
 from webui.schema import Field, Schema, ValidationError
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
@@ -102,7 +102,8 @@ def get_drive(drive_id: int):
 @endpoint("/drives/<int:drive_id>/actions", "POST", "Mark failed, drain, request a rebuild or start a SMART "
           "short self-test", "drives", body=drives.ACTION_SCHEMA)
 def drive_action(drive_id: int, body: dict):
-    return {"message": drives.do_action(drive_id, body["action"], core.actor())}
+    message, job_id = drives.do_action(drive_id, body["action"], core.actor())
+    return {"message": message, "job": job_id}
 
 
 # -- retention -------------------------------------------------------------------------------
@@ -141,9 +142,26 @@ def preview(query: dict):
     return [item.to_dict() for item in retention.service().preview(query.get("rule_id"))]
 
 
-@endpoint("/retention/run", "POST", "Run one rule or every enabled rule now", "retention", body=retention.RUN_SCHEMA)
+@endpoint("/retention/run", "POST", "Queue a retention job for the daemon (one rule, or every enabled rule); "
+          "follow it with GET /api/v1/jobs/{job_id}", "retention", body=retention.RUN_SCHEMA, status=202)
 def run(body: dict):
-    return [item.to_dict() for item in retention.service().run(body.get("rule_id"), actor=core.actor())]
+    return jobs.get(core.ctx().catalog, retention.queue_run(body.get("rule_id"), core.actor())).to_dict()
+
+
+# -- jobs ---------------------------------------------------------------------------------------
+@endpoint("/jobs", "GET", "Recent jobs, newest first, with progress", "jobs")
+def list_jobs():
+    return [job.to_dict() for job in jobs.recent(core.ctx().catalog, 50)]
+
+
+@endpoint("/jobs/<int:job_id>", "GET", "One job: state, progress and, once finished, its result", "jobs")
+def get_job(job_id: int):
+    return jobs.get(core.ctx().catalog, job_id).to_dict()
+
+
+@endpoint("/jobs", "POST", "Queue a maintenance job for the daemon", "jobs", body=jobs_pages.QUEUE_SCHEMA, status=202)
+def queue_job(body: dict):
+    return jobs.get(core.ctx().catalog, jobs_pages.queue(body["kind"], {}, core.actor())).to_dict()
 
 
 # -- exports -------------------------------------------------------------------------------------

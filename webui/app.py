@@ -16,7 +16,8 @@ from flask import Flask, g, request, session
 from appliance import config as config_mod
 from webui import core
 
-BLUEPRINTS = ("auth", "dashboard", "drives", "retention", "exports", "tiers", "events", "settings", "api", "metrics")
+BLUEPRINTS = ("auth", "dashboard", "drives", "retention", "exports", "tiers", "jobs", "events", "settings", "api",
+              "metrics")
 SESSION_HOURS = 12
 
 

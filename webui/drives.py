@@ -1,13 +1,10 @@
 """Drives: state, capacity, band map, SMART and I/O counters; admin actions.
 
 Actions change the catalog only (the web UI never opens a drive): mark failed
-and drain are drive-state changes (engine.lifecycle.drives); rebuild is a
-request the daemon picks up (the ``rebuild.requested_ns`` setting plus an
-event); a SMART self-test is started through smartctl, which the drive runs
-on its own."""
+and drain are drive-state changes (engine.lifecycle.drives); moving data (the
+drain itself, rebuild) is a job the daemon runs (engine.jobs); a SMART
+self-test is started through smartctl, and the drive runs it on its own."""
 from __future__ import annotations
-
-import time
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 from sqlalchemy import select
@@ -21,7 +18,6 @@ bp = Blueprint("drives", __name__)
 DRIVES = Drive.__table__
 ZONES = Zone.__table__
 ACTIONS = ("mark_failed", "drain", "rebuild", "smart_test")
-REBUILD_REQUEST_KEY = "rebuild.requested_ns"
 
 ACTION_SCHEMA = Schema("DriveAction", "An admin action on one drive.", (
     Field("action", "string", "What to do: mark_failed (stop using it now), drain (move its data off, then "
@@ -77,31 +73,28 @@ def band_counts(zones: list[dict]) -> dict[str, dict[str, int]]:
     return out
 
 
-def do_action(drive_id: int, action: str, who: str) -> str:
-    """Run or request one action; returns what happened, for a flash message or the API."""
+def do_action(drive_id: int, action: str, who: str) -> tuple[str, int | None]:
+    """Do or queue one action; returns what happened (for a flash message or the API) and the job queued."""
     from engine.lifecycle import drives as lifecycle
     shingle = core.ctx()
     if action not in ACTIONS:
         raise errors.InvalidArgument(f"drive action {action!r}: expected one of {', '.join(ACTIONS)}")
+    from webui.jobs import queue
     if action == "mark_failed":
         old, new = lifecycle.fail_drive(shingle.catalog, drive_id, actor=who)
-        return f"drive {drive_id}: {old} -> {new}; rebuild restores its fragments elsewhere"
+        return f"drive {drive_id}: {old} -> {new}; a rebuild restores its fragments on the other drives", None
     if action == "drain":
         old, new = lifecycle.start_drain(shingle.catalog, drive_id, actor=who)
-        return f"drive {drive_id}: {old} -> {new}; the daemon's rebuild moves its fragments off"
+        job_id = queue("drain", {"drive": drive_id}, who)
+        return f"drive {drive_id}: {old} -> {new}; drain job {job_id} moves its fragments off", job_id
     if action == "rebuild":
         state = lifecycle.get_drive(shingle.catalog, drive_id).state
         if state == lifecycle.ONLINE:
             raise errors.InvalidArgument(f"drive {drive_id} is online: rebuild restores the fragments of failed or "
                                          "draining drives; mark it failed or drain it first")
-        stamp = time.time_ns()
-
-        def work(conn):
-            events.record_in(conn, "drive.rebuild.requested", f"rebuild requested for drive {drive_id} ({state})",
-                             actor=who, details={"drive_id": drive_id})
-        shingle.catalog.set_setting(REBUILD_REQUEST_KEY, str(stamp))
-        shingle.catalog.run(work)
-        return f"rebuild requested for drive {drive_id}: the daemon runs it and records its progress as events"
+        job_id = queue("rebuild", {}, who)
+        return f"rebuild job {job_id} queued: it restores every stripe that lost a fragment (drive {drive_id} " \
+               f"is {state})", job_id
     device = shingle.catalog.read(lambda c: c.execute(select(DRIVES.c.device).where(DRIVES.c.id == drive_id))
                                   .first())
     if device is None:
@@ -112,7 +105,7 @@ def do_action(drive_id: int, action: str, who: str) -> str:
         raise errors.InvalidArgument(f"drive {drive_id}: SMART self-test not started: {exc}") from None
     events.record(shingle.catalog, "drive.smart.test", f"SMART short self-test started on drive {drive_id} "
                   f"({device[0]}): {message}", actor=who, details={"drive_id": drive_id})
-    return f"drive {drive_id}: SMART short self-test started ({message})"
+    return f"drive {drive_id}: SMART short self-test started ({message})", None
 
 
 @bp.route("/drives")
@@ -134,7 +127,10 @@ def index():
 def action(drive_id: int):
     try:
         clean = ACTION_SCHEMA.from_form(request.form)
-        flash(do_action(drive_id, clean["action"], core.actor()), "ok")
+        message, job_id = do_action(drive_id, clean["action"], core.actor())
+        flash(message, "ok")
+        if job_id is not None:
+            return redirect(url_for("jobs.detail", job_id=job_id))
     except core.USER_ERRORS as exc:
         if isinstance(exc, errors.NotFound):
             abort(404)

@@ -1,9 +1,9 @@
-"""Retention: keep-last-N rules with a preview of exactly what a run would remove, and "run now".
+"""Retention: keep-last-N rules with a preview of what a run would remove now, and "run now".
 
-Rules run in this process on the catalog (retention changes metadata only).
-Entries changed within ``SETTLE_S`` are left alone: the web UI cannot see the
-NFS server's open files, so a checkpoint still being written is protected by
-its fresh mtime instead (engine.retention explains the open check)."""
+Rules and previews are catalog reads and writes, done here. Running a rule
+frees file data, which only the daemon may do (it owns the drives, and it
+alone sees which files NFS clients hold open), so "run now" queues a
+retention job (engine.jobs) and the job page follows it to its result."""
 from __future__ import annotations
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
@@ -13,7 +13,6 @@ from webui import core
 from webui.schema import Field, Schema
 
 bp = Blueprint("retention", __name__)
-SETTLE_S = 60.0
 
 
 def _pattern(value: str) -> str:
@@ -62,8 +61,17 @@ def service():
     svc = getattr(shingle, "retention", None)
     if svc is None:
         from engine.retention import RetentionService
-        svc = shingle.retention = RetentionService(shingle.namespace, shingle.catalog, settle_s=SETTLE_S)
+        # The same settings as the daemon's runner, so the preview shows what the job will do.
+        svc = shingle.retention = RetentionService(shingle.namespace, shingle.catalog)
     return svc
+
+
+def queue_run(rule_id: int | None, who: str) -> int:
+    """Queue a retention job for the daemon (one rule, even a disabled one, or every enabled rule)."""
+    from webui.jobs import queue
+    if rule_id is not None:
+        service().get_rule(rule_id)  # NotFound now rather than a failed job later
+    return queue("retention", {"rule_id": rule_id}, who)
 
 
 def create_rule(values: dict, who: str) -> int:
@@ -142,8 +150,9 @@ def preview():
         rules = [service().get_rule(rule_id)] if rule_id else [r for r in service().list_rules() if r.enabled]
     except errors.NotFound:
         abort(404)
+    from webui.jobs import daemon_pid
     return render_template("retention_preview.html", planned=planned, rule_id=rule_id, rules=rules,
-                           results=None)
+                           daemon=daemon_pid())
 
 
 @bp.route("/retention/run", methods=["POST"])
@@ -151,13 +160,11 @@ def preview():
 def run():
     try:
         clean = RUN_SCHEMA.from_form(request.form)
-        results = service().run(clean.get("rule_id"), actor=core.actor())
+        job_id = queue_run(clean.get("rule_id"), core.actor())
     except errors.NotFound:
         abort(404)
     except core.USER_ERRORS as exc:
         flash(str(core.form_errors(exc).popitem()[1]), "error")
         return redirect(url_for("retention.index"))
-    done = sum(1 for r in results if r.outcome == "done")
-    flash(f"retention ran: {done} of {len(results)} planned actions done", "ok")
-    return render_template("retention_preview.html", planned=None, results=results, rule_id=clean.get("rule_id"),
-                           rules=[])
+    flash(f"retention job {job_id} queued", "ok")
+    return redirect(url_for("jobs.detail", job_id=job_id))

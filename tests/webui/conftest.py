@@ -20,6 +20,16 @@ FAKE_SMARTCTL = FIXTURES / "fake_smartctl"
 ADMIN, PASSWORD = "admin", "correct horse battery"
 ZONE_SIZE = 1 << 20
 DEVICES = {1: "/dev/sda", 2: "/dev/sdb", 3: "/dev/nvme0"}  # drive 4 stays emulated: no SMART
+# Small stripes so that 4 emulated drives hold every class (2+2 EC, 3 copies).
+BAND_CLASSES = {"hot": {"copies": 3, "fragment_size": "16KiB"},
+                "warm": {"k": 2, "m": 2, "fragment_size": "16KiB"},
+                "cold": {"k": 2, "m": 2, "fragment_size": "16KiB"}}
+
+
+def make_config(url: str, root: Path) -> config_mod.Config:
+    return config_mod.from_dict({"appliance": {"data_dir": str(root)}, "catalog": {"url": url},
+                                 "smart": {"smartctl": str(FAKE_SMARTCTL)}, "band_classes": BAND_CLASSES},
+                                root / "shingle.toml")
 
 
 def seed_zones(catalog: Catalog) -> None:
@@ -37,19 +47,21 @@ def seed_zones(catalog: Catalog) -> None:
     catalog.run(work)
 
 
-def make_appliance(url: str, root: Path):
-    """Drives, zones and the admin in a migrated catalog at ``url``; returns (config, open catalog)."""
+def make_appliance(url: str, root: Path, *, seed: bool = True):
+    """Drives and the admin in a migrated catalog at ``url``; returns (config, open catalog).
+
+    ``seed`` writes band states straight into the catalog for pages that only read it; an appliance
+    whose daemon runs (``live``) gets real bands from real writes instead."""
     from engine.drives import format_emulated
     catalog = Catalog(url)
     format_emulated(catalog, root / "drives", 4, 16 * ZONE_SIZE, ZONE_SIZE)
     drives = Drive.__table__
     catalog.run(lambda conn: [conn.execute(drives.update().where(drives.c.id == i).values(device=d))
                               for i, d in DEVICES.items()])
-    seed_zones(catalog)
+    if seed:
+        seed_zones(catalog)
     accounts.create_admin(catalog, ADMIN, PASSWORD, actor="test")
-    config = config_mod.from_dict({"appliance": {"data_dir": str(root)}, "catalog": {"url": url},
-                                   "smart": {"smartctl": str(FAKE_SMARTCTL)}}, root / "shingle.toml")
-    return config, catalog
+    return make_config(url, root), catalog
 
 
 @pytest.fixture(scope="session")
@@ -69,8 +81,7 @@ def appliance(template_catalog, tmp_path):
     import shutil
     shutil.copyfile(template_catalog, tmp_path / "catalog.db")
     url = f"sqlite:///{tmp_path}/catalog.db"
-    config = config_mod.from_dict({"appliance": {"data_dir": str(tmp_path)}, "catalog": {"url": url},
-                                   "smart": {"smartctl": str(FAKE_SMARTCTL)}}, tmp_path / "shingle.toml")
+    config = make_config(url, tmp_path)
     catalog = Catalog(url)
     yield config, catalog
     catalog.close()
@@ -124,4 +135,50 @@ def web(app):
     browser = Browserish(app.test_client())
     response = browser.login()
     assert response.status_code == 302, response.get_data(as_text=True)
+    return browser
+
+
+class Live:
+    """An appliance as it runs: the daemon's side (data path, namespace, maintenance loop running
+    queued jobs) and the web UI's app on the same catalog, as two separate parts."""
+
+    def __init__(self, url: str, root: Path):
+        from appliance.daemonlock import DaemonLock
+        from appliance.maintenance import Maintenance
+        from appliance.runtime import Appliance
+        from webui.app import create_app
+        self.config, catalog = make_appliance(url, root, seed=False)
+        catalog.close()
+        self.lock = DaemonLock(self.config.data_dir)  # as `shingle serve` does: the web UI shows its pid
+        assert self.lock.acquire()
+        self.daemon = Appliance(self.config)
+        self.catalog, self.namespace = self.daemon.catalog, self.daemon.namespace
+        self.maintenance = Maintenance(self.daemon, tick_s=0.05)
+        self.maintenance.start()
+        self.app = create_app(self.config)
+        self.app.config["TESTING"] = True
+
+    def close(self):
+        self.maintenance.stop()
+        self.maintenance.join(30)
+        self.app.extensions["shingle"].close()
+        self.daemon.close()
+        self.lock.release()
+
+
+@pytest.fixture
+def live(tmp_path):
+    from webui import auth
+    auth._ip_failures.clear()
+    url = f"sqlite:///{tmp_path}/catalog.db"
+    upgrade(url)
+    appliance = Live(url, tmp_path)
+    yield appliance
+    appliance.close()
+
+
+@pytest.fixture
+def live_web(live):
+    browser = Browserish(live.app.test_client())
+    assert browser.login().status_code == 302
     return browser

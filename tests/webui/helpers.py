@@ -19,17 +19,18 @@ def mkdirs(ns: Namespace, path: str):
     return attr
 
 
-def make_checkpoints(ns: Namespace, parent: str, steps: range) -> dict[str, int]:
-    """step-N directories holding a model file, with mtimes hours in the past, oldest first.
-
-    Returns path -> mtime_ns. Old mtimes because the web UI leaves entries changed within
-    its settle time alone (a checkpoint still being written)."""
+def make_checkpoints(ns: Namespace, parent: str, steps: range, *, size: int = 0) -> dict[str, int]:
+    """step-N directories holding a model file of ``size`` bytes (written through the data path when
+    the namespace has one), an hour apart in mtime, oldest first. Returns path -> mtime_ns."""
     base = time.time_ns() - 10 * HOUR_NS
     out = {}
     for n, step in enumerate(steps):
         mtime = base + n * HOUR_NS
         step_dir = mkdirs(ns, f"{parent}/step-{step}")
         model = ns.create(ROOT, step_dir.ino, "model.pt")
+        if size:
+            ns.write(model.ino, 0, bytes([step % 251]) * size)
+            ns.commit(model.ino)
         ns.setattr(ROOT, model.ino, mtime_ns=mtime)
         ns.setattr(ROOT, step_dir.ino, mtime_ns=mtime)
         out[f"{parent}/step-{step}"] = mtime

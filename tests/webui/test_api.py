@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from engine import accounts, events
+from engine import accounts, events, jobs
 from engine.catalog.models import RetentionPolicy
 from tests.webui.conftest import ADMIN
 from tests.webui.helpers import exists, make_checkpoints
@@ -38,10 +38,15 @@ def test_state_changing_calls_without_credentials_get_401(app):
     assert response.status_code == 401 and "not recognised" in response.get_json()["error"]
 
 
-def test_retention_through_the_api(api, app, appliance):
-    _, catalog = appliance
-    ns = app.extensions["shingle"].namespace
-    make_checkpoints(ns, "/checkpoints/run-a", range(10, 15))
+def test_retention_through_the_api(live):
+    catalog, ns = live.catalog, live.namespace
+    uid = catalog.read(lambda c: c.execute(select(accounts.USERS.c.id)).scalar())
+    headers = {"Authorization": f"Bearer {accounts.create_token(catalog, uid, 'ci', actor=ADMIN)}"}
+    client = live.app.test_client()
+
+    def api(method, url, json=None):
+        return client.open(url, method=method, json=json, headers=headers)
+    make_checkpoints(ns, "/checkpoints/run-a", range(10, 15), size=20_000)
     response = api("POST", "/api/v1/retention/rules", {"pattern": "/checkpoints/*/step-*", "keep": 3})
     assert response.status_code == 201
     rule = response.get_json()
@@ -49,8 +54,11 @@ def test_retention_through_the_api(api, app, appliance):
     preview = api("GET", f"/api/v1/retention/preview?rule_id={rule['id']}").get_json()
     assert [p["path"] for p in preview] == ["/checkpoints/run-a/step-10", "/checkpoints/run-a/step-11"]
     assert all(p["action"] == "delete" and "keeps 3" in p["reason"] for p in preview)
-    results = api("POST", "/api/v1/retention/run", {"rule_id": rule["id"]}).get_json()
-    assert [r["outcome"] for r in results] == ["done", "done"]
+    response = api("POST", "/api/v1/retention/run", {"rule_id": rule["id"]})
+    assert response.status_code == 202 and response.get_json()["kind"] == "retention"
+    jobs.wait(catalog, response.get_json()["id"], timeout_s=30, poll_s=0.05)
+    job = api("GET", f"/api/v1/jobs/{response.get_json()['id']}").get_json()
+    assert job["state"] == "done" and [r["outcome"] for r in job["result"]] == ["done", "done"]
     assert not exists(ns, "/checkpoints/run-a/step-10") and exists(ns, "/checkpoints/run-a/step-12")
     patched = api("PATCH", f"/api/v1/retention/rules/{rule['id']}", {"keep": 5, "enabled": False}).get_json()
     assert (patched["keep"], patched["enabled"]) == (5, False)
@@ -58,6 +66,8 @@ def test_retention_through_the_api(api, app, appliance):
     assert api("DELETE", f"/api/v1/retention/rules/{rule['id']}").get_json() == {"deleted": rule["id"]}
     assert api("GET", "/api/v1/retention/rules").get_json() == []
     assert {e.actor for e in events.recent(catalog, 20, kind_prefix="retention.")} == {ADMIN}
+    assert api("POST", "/api/v1/jobs", {"kind": "wipe"}).status_code == 400
+    assert api("GET", "/api/v1/jobs").get_json()[0]["kind"] == "retention"
 
 
 @pytest.mark.parametrize("body, field, fragment", [

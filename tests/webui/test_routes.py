@@ -6,7 +6,7 @@ import re
 import pytest
 from sqlalchemy import select
 
-from engine import events, metrics
+from engine import events, jobs, metrics
 from engine.catalog.models import Drive, Export, RetentionPolicy
 from tests.webui.conftest import ADMIN, PASSWORD, Browserish, csrf_of
 from tests.webui.helpers import exists, make_checkpoints, mkdirs
@@ -55,6 +55,7 @@ def test_every_page_renders_signed_in(web, app):
              and rule not in OPEN_ROUTES and "<" not in rule.replace("<int:", "")]
     assert len(pages) >= 9
     web.post("/retention/rules", {"pattern": "/ckpt/*", "keep": "2"})
+    web.post("/jobs", {"kind": "scrub"})
     web.post("/exports", {"name": "/data", "path": "/", "clients": "10.0.0.0/8", "access": "ro",
                           "squash": "root_squash", "anon_uid": "65534", "anon_gid": "65534", "trash_days": "7"})
     for url in pages:
@@ -128,10 +129,9 @@ def test_retention_form_shows_inline_errors_and_saves_nothing(web, appliance, pa
     assert count_rows(catalog, RetentionPolicy) == 0
 
 
-def test_retention_create_preview_run_edit_delete(web, appliance, app):
-    _, catalog = appliance
-    ns = app.extensions["shingle"].namespace
-    make_checkpoints(ns, "/ckpt/run1", range(1, 6))
+def test_retention_create_preview_run_edit_delete(live_web, live):
+    web, catalog, ns = live_web, live.catalog, live.namespace
+    make_checkpoints(ns, "/ckpt/run1", range(1, 6), size=40_000)
     response = web.post("/retention/rules", {"pattern": "/ckpt/*/step-*", "keep": "3", "action": "delete",
                                              "order_by": "mtime", "enabled": "on"})
     assert response.status_code == 302 and "/retention/preview?rule=" in response.headers["Location"]
@@ -139,9 +139,15 @@ def test_retention_create_preview_run_edit_delete(web, appliance, app):
     preview = web.get(f"/retention/preview?rule={rule_id}").get_data(as_text=True)
     listed = re.findall(r"<code>(/ckpt/run1/step-\d)</code>", preview)
     assert listed == ["/ckpt/run1/step-1", "/ckpt/run1/step-2"]
+    assert "The daemon (pid" in preview
     assert all(exists(ns, f"/ckpt/run1/step-{n}") for n in range(1, 6))  # a preview changes nothing
     response = web.post("/retention/run", {"rule_id": str(rule_id)})
-    assert response.status_code == 200 and b"2 of 2 planned actions done" in response.data
+    assert response.status_code == 302 and "/jobs/" in response.headers["Location"]
+    job_id = int(response.headers["Location"].rsplit("/", 1)[1])
+    job = jobs.wait(catalog, job_id, timeout_s=30, poll_s=0.05)
+    assert job.state == "done" and job.actor == ADMIN
+    html = web.get(f"/jobs/{job_id}").get_data(as_text=True)
+    assert "2 of 2 planned actions done" in html and 'http-equiv="refresh"' not in html
     assert [exists(ns, f"/ckpt/run1/step-{n}") for n in range(1, 6)] == [False, False, True, True, True]
     deletes = events.recent(catalog, 10, kind_prefix="retention.delete")
     assert len(deletes) == 2 and {e.actor for e in deletes} == {ADMIN}
@@ -157,19 +163,26 @@ def test_retention_create_preview_run_edit_delete(web, appliance, app):
     assert web.post(f"/retention/rules/{rule_id}/delete").status_code == 302
     assert count_rows(catalog, RetentionPolicy) == 0
     assert web.post(f"/retention/rules/{rule_id}/delete").status_code == 404
+    assert web.post("/retention/run", {"rule_id": str(rule_id)}).status_code == 404
     assert web.get("/retention/rules/999").status_code == 404
 
 
-def test_recent_entries_are_left_alone_by_the_web_ui(web, app):
-    ns = app.extensions["shingle"].namespace
-    for step in range(1, 5):
-        mkdirs(ns, f"/fresh/step-{step}")  # mtime now: maybe still being written
-    web.post("/retention/rules", {"pattern": "/fresh/step-*", "keep": "1", "action": "delete", "order_by": "name",
-                                  "enabled": "on"})
-    html = web.get("/retention/preview").get_data(as_text=True)
-    assert html.count("settle time") == 3
-    web.post("/retention/run")
-    assert all(exists(ns, f"/fresh/step-{n}") for n in range(1, 5))
+def test_jobs_wait_for_the_daemon_and_say_so(web, appliance):
+    _, catalog = appliance
+    web.post("/retention/rules", {"pattern": "/ckpt/*", "keep": "1", "enabled": "on"})
+    response = web.post("/retention/run")
+    job_id = int(response.headers["Location"].rsplit("/", 1)[1])
+    html = web.get(f"/jobs/{job_id}").get_data(as_text=True)
+    assert "No daemon is running" in html and 'http-equiv="refresh" content="2"' in html
+    assert jobs.get(catalog, job_id).state == "queued"
+    response = web.post("/jobs", {"kind": "scrub"})
+    scrub = jobs.get(catalog, int(response.headers["Location"].rsplit("/", 1)[1]))
+    assert (scrub.kind, scrub.actor, scrub.state) == ("scrub", ADMIN, "queued")
+    listing = web.get("/jobs").get_data(as_text=True)
+    assert f'href="/jobs/{job_id}"' in listing and "scrub" in listing
+    web.post("/jobs", {"kind": "format-everything"})
+    assert "expected one of scrub, clean, tier, rebuild" in web.get("/jobs").get_data(as_text=True)
+    assert web.get("/jobs/999").status_code == 404
 
 
 def test_drives_page_shows_smart_band_map_and_no_smart(web):
@@ -195,11 +208,14 @@ def test_drive_actions_change_state_request_rebuild_and_start_self_test(web, app
     assert state(2) == "failed"
     change = events.recent(catalog, 1, kind_prefix="drive.state")[0]
     assert change.actor == ADMIN and "online -> failed" in change.message
-    web.post("/drives/2/action", {"action": "rebuild"})
-    assert catalog.get_setting("rebuild.requested_ns") is not None
-    assert events.recent(catalog, 1, kind_prefix="drive.rebuild")[0].actor == ADMIN
+    response = web.post("/drives/2/action", {"action": "rebuild"})
+    rebuild = jobs.recent(catalog, 1)[0]
+    assert (rebuild.kind, rebuild.actor, rebuild.state) == ("rebuild", ADMIN, "queued")
+    assert response.headers["Location"] == f"/jobs/{rebuild.id}"
     web.post("/drives/3/action", {"action": "drain"})
     assert state(3) == "draining"
+    drain = jobs.recent(catalog, 1)[0]
+    assert (drain.kind, drain.params, drain.actor) == ("drain", {"drive": 3}, ADMIN)
     web.post("/drives/1/action", {"action": "smart_test"})
     assert calls.read_text().splitlines()[-1] == "--json -t short /dev/sda"
     assert events.recent(catalog, 1, kind_prefix="drive.smart")[0].actor == ADMIN

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from appliance import config as config_mod
 from engine.catalog import upgrade
-from tests.webui.conftest import ADMIN, FAKE_SMARTCTL, Browserish, make_appliance
+from tests.webui.conftest import FAKE_SMARTCTL, Browserish
 from tests.webui.helpers import exists, make_checkpoints
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,28 +83,27 @@ def test_shingle_webui_refuses_a_bad_port_or_catalog(tmp_path):
 
 
 def test_web_ui_on_a_postgresql_catalog(postgres_server, tmp_path):
+    from engine import jobs, metrics
+    from tests.webui.conftest import Live
     url = postgres_server.create_database()
     upgrade(url)
-    config, catalog = make_appliance(url, tmp_path)
-    from webui.app import create_app
-    app = create_app(config)
+    live = Live(url, tmp_path)
     try:
-        web = Browserish(app.test_client())
+        web = Browserish(live.app.test_client())
         assert web.login().status_code == 302
-        ns = app.extensions["shingle"].namespace
-        make_checkpoints(ns, "/checkpoints/pg", range(1, 6))
+        make_checkpoints(live.namespace, "/checkpoints/pg", range(1, 6), size=20_000)
         response = web.api("POST", "/api/v1/retention/rules", {"pattern": "/checkpoints/*/step-*", "keep": 3})
         assert response.status_code == 201
         preview = web.get("/api/v1/retention/preview").get_json()
         assert [p["path"] for p in preview] == ["/checkpoints/pg/step-1", "/checkpoints/pg/step-2"]
-        web.api("POST", "/api/v1/retention/run", {})
-        assert not exists(ns, "/checkpoints/pg/step-1") and exists(ns, "/checkpoints/pg/step-3")
-        from engine import metrics
-        metrics.record_sample(catalog, nfs_read_bytes=1, nfs_write_bytes=2, nfs_ops_read=3)
-        for page in ("/", "/drives", "/retention", "/exports", "/tiers", "/events", "/settings", "/metrics"):
+        job = web.api("POST", "/api/v1/retention/run", {}).get_json()
+        assert jobs.wait(live.catalog, job["id"], timeout_s=30, poll_s=0.05).state == "done"
+        assert not exists(live.namespace, "/checkpoints/pg/step-1") and exists(live.namespace, "/checkpoints/pg/step-3")
+        metrics.record_sample(live.catalog, nfs_read_bytes=1, nfs_write_bytes=2, nfs_ops_read=3)
+        for page in ("/", "/drives", "/retention", "/exports", "/tiers", "/jobs", "/events", "/settings", "/metrics"):
             assert web.get(page).status_code == 200, page
         assert b'shingle_nfs_operations_total{op="read"} 3' in web.get("/metrics").data
+        assert b'shingle_bands{state="open",class="warm"}' in web.get("/metrics").data
         assert os.path.exists(tmp_path / "webui-secret.key")
     finally:
-        app.extensions["shingle"].close()
-        catalog.close()
+        live.close()
