@@ -68,3 +68,58 @@ def test_host_install_creates_user_owns_files_and_leaves_systemd_for_later(tmp_p
     # The machine itself saw none of it.
     assert {p: p.exists() for p in before} == before
     assert not any(line.startswith("shingle:") for line in Path("/etc/passwd").read_text().splitlines())
+
+
+# systemd cannot run as PID 1 here: /run/systemd/system is faked and `systemctl` is a stand-in on PATH
+# that logs its arguments and, for `stop`, ends the process holding the drives lock as systemd would.
+SYSTEMD_SCRIPT = r"""
+set -eu
+T=$1; PY=$2
+mkdir -p $T/eu $T/ew $T/vu $T/vw $T/bin
+mount -t overlay overlay -o lowerdir=/etc,upperdir=$T/eu,workdir=$T/ew /etc
+mount -t overlay overlay -o lowerdir=/var/lib,upperdir=$T/vu,workdir=$T/vw /var/lib
+mount -t tmpfs tmpfs /run
+mkdir -p /run/systemd/system
+cat > $T/bin/systemctl <<EOS
+#!/bin/sh
+echo "\$*" >> $T/systemctl.log
+if [ "\$1" = stop ] && [ -f $T/daemon.pid ]; then
+    kill \$(cat $T/daemon.pid)
+    until flock -n /var/lib/shingle/shingle.lock true; do sleep 0.05; done
+fi
+EOS
+chmod +x $T/bin/systemctl
+export PATH=$T/bin:$PATH
+cd "$3"
+$PY -m appliance.cli install > $T/install1.out 2>&1
+echo "--- upgrade" >> $T/systemctl.log
+$PY -c "from engine.catalog.migrate import downgrade; downgrade('sqlite:////var/lib/shingle/catalog.db', '-1')"
+$PY -c "
+import os, time
+from appliance.daemonlock import DaemonLock
+assert DaemonLock('/var/lib/shingle').acquire()
+open('$T/daemon.pid', 'w').write(str(os.getpid()))
+time.sleep(60)" &
+until [ -s $T/daemon.pid ]; do sleep 0.05; done
+$PY -m appliance.cli install > $T/install2.out 2>&1
+echo "--- uninstall" >> $T/systemctl.log
+$PY -m appliance.cli uninstall > $T/uninstall.out 2>&1
+"""
+
+
+def test_with_systemd_running_install_enables_upgrade_restarts_uninstall_disables(tmp_path):
+    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", SYSTEMD_SCRIPT,
+                             "systemd-install", str(tmp_path), sys.executable, str(REPO)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr + (tmp_path / "install2.out").read_text()
+    calls = (tmp_path / "systemctl.log").read_text().split("--- ")
+    assert calls[0].splitlines() == ["daemon-reload", "enable shingle.target"]
+    # The upgrade stops the appliance, migrates under the drives lock, and starts it again.
+    assert calls[1].splitlines() == ["upgrade", "stop shingle.target shingle-nfsd.service shingle-webui.service",
+                                     "daemon-reload", "enable shingle.target", "start shingle.target"]
+    upgrade = (tmp_path / "install2.out").read_text()
+    assert "stopped shingle.target for the upgrade" in upgrade and "upgraded (from revision" in upgrade
+    assert "restarted shingle.target after the upgrade" in upgrade
+    assert calls[2].splitlines() == ["uninstall", "disable --now shingle.target",
+                                     "stop shingle-nfsd.service shingle-webui.service", "daemon-reload"]
+    assert "systemd is not running" not in (tmp_path / "install1.out").read_text()
