@@ -10,7 +10,8 @@ from markupsafe import Markup, escape
 
 
 def _svg(width: int, height: int, body: list[str], label: str) -> Markup:
-    return Markup(f'<svg class="chart" viewBox="0 0 {width} {height}" width="100%" role="img" '
+    # Drawn at its own pixel size and only ever shrunk (CSS max-width), so text keeps its size.
+    return Markup(f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
                   f'aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg">' + "".join(body) + "</svg>")
 
 
@@ -61,12 +62,12 @@ def bars(items: list[tuple[str, float, str, str]], *, width: int = 600, label: s
 
 
 def line_chart(series: dict[str, list[tuple[int, float]]], start_ns: int, end_ns: int, fmt=str, *,
-               width: int = 600, height: int = 180, label: str = "", empty_message: str = "no data") -> Markup:
+               width: int = 1000, height: int = 200, label: str = "", empty_message: str = "no data") -> Markup:
     """Lines over a time window; ``series`` maps a name to (time_ns, value) points."""
     points = [p for pts in series.values() for p in pts if start_ns <= p[0] <= end_ns]
     if not points:
-        return empty(empty_message, width, 80)
-    left, right, top, bottom = 70, 10, 10, 24
+        return empty(empty_message, width, 70)
+    left, right, top, bottom = 76, 10, 26, 24
     plot_w, plot_h = width - left - right, height - top - bottom
     vmax = max(v for _, v in points) or 1.0
     span = max(end_ns - start_ns, 1)
@@ -96,8 +97,8 @@ def line_chart(series: dict[str, list[tuple[int, float]]], start_ns: int, end_ns
         elif pts:
             coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(t, v) for t, v in pts))
             body.append(f'<polyline class="line {cls}" points="{coords}"/>')
-        body.append(f'<rect class="{cls}" x="{legend_x}" y="{top + 2}" width="10" height="10"/>'
-                    f'<text class="legend" x="{legend_x + 14}" y="{top + 11}">{escape(name)}</text>')
+        body.append(f'<rect class="{cls}" x="{legend_x}" y="4" width="10" height="10"/>'
+                    f'<text class="legend" x="{legend_x + 14}" y="13">{escape(name)}</text>')
         legend_x += 30 + 7 * len(name)
     return _svg(width, height, body, label or "line chart")
 

@@ -58,14 +58,17 @@ def index():
         segments.append(("other live", cap["live_bytes"] - accounted, "c-none"))
     segments += [("garbage", cap["garbage_bytes"], "z-garbage"), ("reserve", cap["reserve_bytes"], "c-reserve"),
                  ("free", max(cap["raw_bytes"] - cap["written_bytes"] - cap["reserve_bytes"], 0), "z-empty")]
-    capacity_svg = charts.stacked_bar(segments, core.fmt_size, label="raw capacity by tier")
+    capacity_svg = charts.stacked_bar(segments, core.fmt_size, width=1000, label="raw capacity by tier")
     state_items = [(state, n, str(n), f"s-{state}") for state, n in sorted(data["drive_states"].items())]
-    drives_svg = charts.bars(state_items, label="drives by state")
+    drives_svg = charts.bars(state_items, width=480, label="drives by state")
     start, end = data["window"]
     throughput_svg = charts.line_chart(
         {label: [(t, v) for t, v in pts] for label, pts in data["throughput"].items()}, start, end, rate_fmt,
         label="NFS throughput, last hour",
         empty_message="no throughput samples in the last hour (the daemon records them while it serves NFS)")
     recent = events.recent(core.ctx().catalog, 12)
+    from engine import jobs
+    from engine.lifecycle.drives import redundancy_status
     return render_template("dashboard.html", data=data, capacity_svg=capacity_svg, drives_svg=drives_svg,
-                           throughput_svg=throughput_svg, recent=recent)
+                           throughput_svg=throughput_svg, recent=recent, jobs=jobs.recent(core.ctx().catalog, 5),
+                           redundancy=redundancy_status(core.ctx().catalog))
