@@ -1,6 +1,7 @@
 """`shingle doctor`: names what must be fixed and exits non-zero exactly then."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -74,6 +75,10 @@ def test_broken_config_must_be_fixed(installed):
     assert result.returncode == 1
     assert statuses(result.stdout)["config"] == "FAIL"
     assert "nfs.port" in result.stdout and "70000" in result.stdout
+    as_json = shingle("doctor", "--root", str(installed), "--json", check=False)
+    assert as_json.returncode == 1
+    config = [c for c in json.loads(as_json.stdout) if c["name"] == "config"]
+    assert config[0]["status"] == "fail" and "0-65535" in config[0]["detail"] and config[0]["fix"]
 
 
 def test_drives_of_an_appliance_and_a_missing_one(appliance_dir, tmp_path):
