@@ -374,6 +374,8 @@ def _sequence(cx: Compound, a, count: int, fingerprint):
         if a.slotid >= len(sess.slots):
             raise NfsError(c.NFS4ERR_BADSLOT, f"slot {a.slotid} of {len(sess.slots)}")
         slot = sess.slots[a.slotid]
+        if slot.seqid is None:
+            slot.seqid = (a.sequenceid - 1) & 0xFFFFFFFF  # first request after a restart
         if a.sequenceid == slot.seqid:
             if slot.busy:
                 raise NfsError(c.NFS4ERR_DELAY, "retry of a request still running")

@@ -8,6 +8,7 @@ Client records are also kept in the catalog (nfs_clients) so that a
 restarted server knows who may reclaim during its grace period."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import struct
@@ -18,11 +19,14 @@ from dataclasses import dataclass, field
 from sqlalchemy import delete, select
 
 from appliance.nfs import const as c
-from engine.catalog.models import NfsClient
+from engine.catalog.models import NfsClient, Setting
 
 log = logging.getLogger("shingle.nfs.state")
 
 CLIENTS = NfsClient.__table__
+SETTINGS = Setting.__table__
+# Sessions survive a restart (so a client "carries on"): one settings row each
+SESSION_PREFIX = "nfs_session_"
 INF = 1 << 64  # end of a lock "to end of file"
 SLOTS_MAX = 64
 _OTHER = struct.Struct(">IQ")
@@ -39,7 +43,7 @@ class NfsError(Exception):
 
 @dataclass
 class Slot:
-    seqid: int = 0
+    seqid: int | None = 0  # None: restored after a restart, the next seqid is accepted
     reply: list | None = None  # cached reply chunks (None: not cached)
     fingerprint: tuple | None = None
     busy: bool = False
@@ -127,7 +131,8 @@ class StateTable:
         self.namespace = namespace
         self.lease_seconds = lease_seconds
         self.lock = threading.RLock()
-        self.boot = int(time.time()) & 0xFFFFFFFF
+        # random, not the clock: two starts within a second must not share ids
+        self.boot = int.from_bytes(os.urandom(4), "big")
         self.counter = 0
         self.clients: dict[int, Client] = {}
         self.by_owner: dict[bytes, Client] = {}
@@ -139,10 +144,12 @@ class StateTable:
         self.lock_by_owner_file: dict[tuple, LockState] = {}
         # restart: clients recorded by the previous instance may reclaim
         self.reclaimable: set[bytes] = set(self._load_previous_clients())
+        self._restore_sessions()
         grace = lease_seconds if grace_seconds is None else grace_seconds
         self.grace_end = time.monotonic() + grace if self.reclaimable and grace > 0 else 0.0
         if self.grace_end:
             log.info("grace period of %d s for %d previous clients", grace, len(self.reclaimable))
+            self._maybe_end_grace_early()
 
     # -- ids -------------------------------------------------------------------------
     def _next(self) -> int:
@@ -195,6 +202,52 @@ class StateTable:
                 reclaim_complete=cl.reclaim_complete, created_ns=now, last_seen_ns=now))
         self.catalog.run(work)
 
+    # -- persistent sessions -------------------------------------------------------------------
+    def _session_record(self, sess: "Session") -> str:
+        cl = sess.client
+        return json.dumps({
+            "clientid": cl.clientid, "owner": cl.owner.hex(), "verifier": cl.verifier.hex(),
+            "principal": list(cl.principal), "address": cl.address, "cs_sequence": cl.cs_sequence,
+            "reclaim_complete": cl.reclaim_complete, "slots": len(sess.slots),
+            "fore": list(sess.fore)[:-1], "back": list(sess.back)[:-1]})
+
+    def _save_session(self, sess: "Session") -> None:
+        self.catalog.set_setting(SESSION_PREFIX + sess.id.hex(), self._session_record(sess))
+
+    def _drop_session_record(self, sid: bytes) -> None:
+        key = SESSION_PREFIX + sid.hex()
+        self.catalog.run(lambda conn: conn.execute(delete(SETTINGS).where(SETTINGS.c.key == key)))
+
+    def _restore_sessions(self) -> None:
+        from appliance.nfs.types4 import channel_attrs4
+        rows = self.catalog.read(lambda conn: conn.execute(
+            select(SETTINGS.c.key, SETTINGS.c.value).where(SETTINGS.c.key.like(SESSION_PREFIX + "%"))).all())
+        for row in rows:
+            try:
+                rec = json.loads(row.value)
+                sid = bytes.fromhex(row.key[len(SESSION_PREFIX):])
+                owner = bytes.fromhex(rec["owner"])
+                cl = self.by_owner.get(owner)
+                if cl is None:
+                    cl = Client(int(rec["clientid"]), owner, bytes.fromhex(rec["verifier"]),
+                                tuple(rec["principal"]), rec["address"], confirmed=True,
+                                cs_sequence=int(rec["cs_sequence"]), reclaim_complete=bool(rec["reclaim_complete"]))
+                    cl.may_reclaim = True
+                    self.clients[cl.clientid] = cl
+                    self.by_owner[owner] = cl
+                fore = channel_attrs4.cls(*rec["fore"], [])
+                back = channel_attrs4.cls(*rec["back"], [])
+                sess = Session(sid, cl, [Slot(seqid=None) for _ in range(int(rec["slots"]))], fore, back,
+                               fore.maxoperations, fore.maxresponsesize_cached, fore.maxrequestsize,
+                               fore.maxresponsesize)
+                self.sessions[sid] = sess
+                cl.sessions[sid] = sess
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("session record %s unreadable (%s): dropped", row.key, exc)
+                self.catalog.run(lambda conn, k=row.key: conn.execute(delete(SETTINGS).where(SETTINGS.c.key == k)))
+        if rows:
+            log.info("restored %d sessions of %d clients", len(self.sessions), len(self.clients))
+
     def _forget_client_record(self, owner: bytes) -> None:
         self.catalog.run(lambda conn: conn.execute(delete(CLIENTS).where(CLIENTS.c.owner == owner)))
 
@@ -241,11 +294,17 @@ class StateTable:
             if cl.reclaim_complete:
                 raise NfsError(c.NFS4ERR_COMPLETE_ALREADY, "RECLAIM_COMPLETE already done")
             cl.reclaim_complete = True
+            for sess in cl.sessions.values():
+                self._save_session(sess)
             self._maybe_end_grace_early()
 
     def _expire(self, cl: Client) -> None:
         for sid in list(cl.sessions):
             self.sessions.pop(sid, None)
+            try:
+                self._drop_session_record(sid)
+            except Exception:  # noqa: BLE001 - a leftover record is dropped when it is next restored
+                log.exception("could not drop session record")
         cl.sessions.clear()
         for other in list(cl.states):
             st = self.states.get(other)
@@ -284,6 +343,7 @@ class StateTable:
                        fore.maxresponsesize_cached, fore.maxrequestsize, fore.maxresponsesize)
         self.sessions[sid] = sess
         cl.sessions[sid] = sess
+        self._save_session(sess)
         return sess
 
     def session(self, sid: bytes) -> Session:
@@ -297,6 +357,7 @@ class StateTable:
             sess = self.session(sid)
             del self.sessions[sid]
             sess.client.sessions.pop(sid, None)
+            self._drop_session_record(sid)
 
     # -- stateids ------------------------------------------------------------------------------------
     def find(self, stateid, cl: Client | None):

@@ -122,6 +122,7 @@ class RawClient:
         return self
 
     def sequence_op(self, slot=0, bump=True, cachethis=True):
+        self.seq.setdefault(slot, 0)
         if bump:
             self.seq[slot] += 1
         return (c.OP_SEQUENCE, t.ARGS[c.OP_SEQUENCE](self.sessionid, self.seq[slot], slot, 7, cachethis))

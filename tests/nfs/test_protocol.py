@@ -1,0 +1,233 @@
+"""Protocol conformance at the RPC and COMPOUND level, with a raw peer:
+RPC errors, record limits, sessions and the reply cache, locks across
+clients, bad handles, exports refusing a foreign address."""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+
+import pytest
+
+from appliance.nfs import const as c
+from appliance.nfs import types4 as t
+from conftest import add_export, nfsrs, start_server
+from rawclient import RawClient, open_args
+
+
+def rpc_status(reply: bytes) -> tuple:
+    xid, mtype, stat = struct.unpack_from(">III", reply, 0)
+    if stat == 1:  # denied
+        return ("denied",) + struct.unpack_from(">II", reply, 12)
+    vlen = struct.unpack_from(">I", reply, 16)[0]
+    return ("accepted", struct.unpack_from(">I", reply, 20 + vlen)[0])
+
+
+def test_rpc_level_errors(server):
+    raw = RawClient(server.port)
+    assert rpc_status(raw.call_raw(0, b"")) == ("accepted", 0)  # NULL
+    assert rpc_status(raw.call_raw(0, b"", prog=100005)) == ("accepted", 1)  # PROG_UNAVAIL
+    reply = raw.call_raw(0, b"", vers=3)
+    assert rpc_status(reply) == ("accepted", 2)  # PROG_MISMATCH low..high = 4..4
+    assert struct.unpack_from(">II", reply, 24) == (4, 4)
+    assert rpc_status(raw.call_raw(7, b"")) == ("accepted", 3)  # PROC_UNAVAIL
+    # RPCSEC_GSS is refused with an auth error (AUTH_TOOWEAK)
+    assert rpc_status(raw.call_raw(0, b"", flavor=6, cred=b"\0" * 8)) == ("denied", 1, 5)
+    # a body that is not a COMPOUND
+    st, res = raw.parse(raw.call_raw(1, b"\0\0\0"))
+    assert st == c.NFS4ERR_BADXDR and res == []
+    raw.close()
+
+
+def test_minor_versions_and_unknown_ops(server):
+    raw = RawClient(server.port)
+    for minor in (0, 2):
+        st, res = raw.compound([(c.OP_PUTROOTFH, None)], minor=minor)
+        assert st == c.NFS4ERR_MINOR_VERS_MISMATCH and res == []
+    raw.setup()
+    st, res = raw.session([(c.OP_PUTROOTFH, None)])
+    assert st == 0
+    # pNFS operations: NOTSUPP (LAYOUTGET has no declared arguments: the COMPOUND stops there)
+    seq = raw.compound_bytes([raw.sequence_op()])
+    count_at = 4 + 4  # tag length (0) + minorversion
+    patched = bytearray(seq)
+    struct.pack_into(">I", patched, count_at, 2)
+    reply = raw.call_raw(1, bytes(patched) + struct.pack(">I", c.OP_LAYOUTGET))
+    st, res = raw.parse(reply)
+    assert st == c.NFS4ERR_NOTSUPP and res[-1][:2] == (c.OP_LAYOUTGET, c.NFS4ERR_NOTSUPP)
+    seq = bytearray(raw.compound_bytes([raw.sequence_op()]))
+    struct.pack_into(">I", seq, count_at, 2)
+    st, res = raw.parse(raw.call_raw(1, bytes(seq) + struct.pack(">I", 9999)))
+    assert st == c.NFS4ERR_OP_ILLEGAL and res[-1][:2] == (c.OP_ILLEGAL, c.NFS4ERR_OP_ILLEGAL)
+    # no SEQUENCE first: refused
+    st, res = raw.compound([(c.OP_PUTROOTFH, None)])
+    assert st == c.NFS4ERR_OP_NOT_IN_SESSION
+    raw.close()
+
+
+def test_oversized_record_closes_connection_cleanly(server):
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(struct.pack(">I", 0x80000000 | (64 << 20)) + b"x" * 1000)
+    sock.settimeout(10)
+    assert sock.recv(100) == b""  # closed, nothing sent
+    sock.close()
+    # multi-fragment records are reassembled
+    raw = RawClient(server.port)
+    body = struct.pack(">IIIIII", 99, 0, 2, c.NFS4_PROGRAM, 4, 0) + struct.pack(">IIII", 0, 0, 0, 0)
+    raw.sock.sendall(struct.pack(">I", 10) + body[:10] + struct.pack(">I", 0x80000000 | (len(body) - 10)) + body[10:])
+    assert rpc_status(raw.recv_record()) == ("accepted", 0)
+    raw.close()
+
+
+def test_reply_cache_and_false_retry(server):
+    raw = RawClient(server.port).setup()
+    root = raw.root_fh()
+    mkdir = (c.OP_CREATE, t.ARGS[c.OP_CREATE]((c.NF4DIR, None), "once", t.fattr4.cls([], b"")))
+    first = raw.session([(c.OP_PUTFH, root), mkdir], slot=1, raw_reply=True)
+    assert raw.parse(first)[0] == 0
+    # a retransmit (same slot, same seqid, same bytes) gets the cached reply, not a second CREATE
+    again = raw.session([(c.OP_PUTFH, root), mkdir], slot=1, bump=False, raw_reply=True)
+    assert again[4:] == first[4:] and raw.parse(again)[0] == 0
+    # same slot and seqid but other contents: a false retry
+    st, res = raw.session([(c.OP_PUTFH, root), (c.OP_GETFH, None)], slot=1, bump=False)
+    assert st == c.NFS4ERR_SEQ_FALSE_RETRY
+    # skipping a seqid is misordered; the next one in order works
+    raw.seq[1] += 5
+    st, _ = raw.session([(c.OP_PUTFH, root)], slot=1, bump=False)
+    assert st == c.NFS4ERR_SEQ_MISORDERED
+    raw.seq[1] -= 5
+    st, res = raw.session([(c.OP_PUTFH, root), mkdir], slot=1)
+    assert st == c.NFS4ERR_EXIST
+    st, _ = raw.session([(c.OP_PUTFH, root)], slot=99)
+    assert st == c.NFS4ERR_BADSLOT
+    raw.close()
+
+
+def test_tampered_handles(server):
+    raw = RawClient(server.port).setup()
+    root = raw.root_fh()
+    for bad in (root[:-1] + bytes([root[-1] ^ 1]), root[:10], b"\0" * len(root),
+                bytes([root[0]]) + root[1:20] + bytes([root[20] ^ 0x80]) + root[21:]):
+        st, res = raw.session([(c.OP_PUTFH, bad), (c.OP_GETATTR, [1 << c.FATTR4_TYPE])])
+        assert st in (c.NFS4ERR_BADHANDLE, c.NFS4ERR_STALE), st
+    st, _ = raw.session([(c.OP_PUTFH, root), (c.OP_GETATTR, [1 << c.FATTR4_TYPE])])
+    assert st == 0
+    raw.close()
+
+
+def test_locks_across_clients(server):
+    a = RawClient(server.port).setup()
+    b = RawClient(server.port).setup()
+    root = a.root_fh()
+
+    def opened(cl, owner):
+        st, res = cl.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args("locked", owner, cl.clientid)),
+                              (c.OP_GETFH, None)])
+        assert st == 0, res
+        return res[2][2].stateid, res[3][2]
+
+    sid_a, fh = opened(a, b"owner-a")
+    sid_b, _ = opened(b, b"owner-b")
+
+    def lock(cl, sid, owner, locktype, offset, length):
+        locker = (True, t.open_to_lock_owner4.cls(0, sid, 0, t.state_owner4.cls(cl.clientid, owner)))
+        return cl.session([(c.OP_PUTFH, fh), (c.OP_LOCK, t.ARGS[c.OP_LOCK](locktype, False, offset, length, locker))])
+
+    st, res = lock(a, sid_a, b"lock-a", c.WRITE_LT, 0, 100)
+    assert st == 0
+    lock_sid = res[-1][2]
+    st, res = lock(b, sid_b, b"lock-b", c.WRITE_LT, 50, 10)
+    assert st == c.NFS4ERR_DENIED
+    denied = res[-1][2]
+    assert (denied.offset, denied.length, denied.locktype) == (0, 100, c.WRITE_LT)
+    assert denied.owner.owner == b"lock-a"
+    # LOCKT from B sees the conflict; a range past A's lock is free
+    st, _ = b.session([(c.OP_PUTFH, fh), (c.OP_LOCKT, t.ARGS[c.OP_LOCKT](
+        c.READ_LT, 99, 1, t.state_owner4.cls(b.clientid, b"lock-b")))])
+    assert st == c.NFS4ERR_DENIED
+    st, _ = lock(b, sid_b, b"lock-b", c.WRITE_LT, 100, c.NFS4_UINT64_MAX)
+    assert st == 0
+    # A unlocks: B can take the range
+    st, _ = a.session([(c.OP_PUTFH, fh), (c.OP_LOCKU, t.ARGS[c.OP_LOCKU](c.WRITE_LT, 0, lock_sid, 0, 100))])
+    assert st == 0
+    st, _ = lock(b, sid_b, b"lock-b2", c.WRITE_LT, 50, 10)
+    assert st == 0
+    # read locks are shared
+    st, _ = lock(a, sid_a, b"lock-a2", c.READ_LT, 200, 10)
+    assert st == c.NFS4ERR_DENIED  # B's write lock covers [100, EOF)
+    st, _ = lock(a, sid_a, b"lock-a2", c.READ_LT, 20, 10)
+    st2, _ = lock(b, sid_b, b"lock-b3", c.READ_LT, 25, 10)
+    assert (st, st2) == (0, 0)  # read locks are shared
+    a.close()
+    b.close()
+
+
+def test_share_reservation_deny(server):
+    a = RawClient(server.port).setup()
+    b = RawClient(server.port).setup()
+    root = a.root_fh()
+    args = open_args("shared", b"oa", a.clientid)
+    args.share_deny = c.OPEN4_SHARE_DENY_WRITE
+    st, _ = a.session([(c.OP_PUTFH, root), (c.OP_OPEN, args)])
+    assert st == 0
+    st, _ = b.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args("shared", b"ob", b.clientid))])
+    assert st == c.NFS4ERR_SHARE_DENIED
+    st, _ = b.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args(
+        "shared", b"ob", b.clientid, access=c.OPEN4_SHARE_ACCESS_READ, create=False))])
+    assert st == 0
+
+
+def test_export_refuses_foreign_address(stack):
+    add_export(stack.catalog, clients="127.0.0.1/32")
+    srv = start_server(stack, host="0.0.0.0")
+    try:
+        foreign = RawClient(srv.port, source="127.0.0.2").setup()
+        st, res = foreign.session([(c.OP_PUTROOTFH, None), (c.OP_LOOKUP, "export")])
+        assert st == c.NFS4ERR_ACCESS
+        # the pseudo-root does not even list it
+        st, res = foreign.session([(c.OP_PUTROOTFH, None), (c.OP_READDIR, t.ARGS[c.OP_READDIR](
+            0, b"\0" * 8, 4096, 8192, [1 << c.FATTR4_TYPE]))])
+        assert st == 0 and res[-1][2].entries == []
+        local = RawClient(srv.port).setup()
+        fh = local.root_fh()
+        # a genuine handle does not help a foreign client either
+        st, _ = foreign.session([(c.OP_PUTFH, fh), (c.OP_GETATTR, [1 << c.FATTR4_TYPE])])
+        assert st == c.NFS4ERR_ACCESS
+        with nfsrs(srv.port) as cl:
+            assert cl.listdir(".") == []
+        foreign.close()
+        local.close()
+    finally:
+        srv.stop()
+
+
+def test_restart_keeps_handles_and_session_recovers(stack):
+    add_export(stack.catalog)
+    srv = start_server(stack, grace_seconds=2)
+    port = srv.port
+    raw = RawClient(port).setup()
+    with nfsrs(port) as cl:
+        with cl.open("keep.bin", "wb") as f:
+            f.write(b"before restart")
+        fh_root = raw.root_fh()
+        st, res = raw.session([(c.OP_PUTFH, fh_root), (c.OP_LOOKUP, "keep.bin"), (c.OP_GETFH, None)])
+        fh = res[-1][2]
+        st, res = raw.session([(c.OP_PUTFH, fh), (c.OP_COMMIT, t.ARGS[c.OP_COMMIT](0, 0))])
+        verifier_before = res[-1][2]
+        raw.close()
+        srv.stop()
+        srv = start_server(stack, port=port, grace_seconds=2)
+        try:
+            # the same client object carries on: new session, same handles, same data
+            with cl.open("keep.bin", "rb") as f:
+                assert f.read() == b"before restart"
+            cl.mkdir("after")
+            assert sorted(cl.listdir(".")) == ["after", "keep.bin"]
+            raw = RawClient(port).setup()
+            st, res = raw.session([(c.OP_PUTFH, fh), (c.OP_GETATTR, [1 << c.FATTR4_TYPE, 1 << (c.FATTR4_SIZE)])])
+            assert st == 0
+            st, res = raw.session([(c.OP_PUTFH, fh), (c.OP_COMMIT, t.ARGS[c.OP_COMMIT](0, 0))])
+            assert res[-1][2] != verifier_before  # UNSTABLE writes must be resent after a restart
+            raw.close()
+        finally:
+            srv.stop()
