@@ -330,6 +330,13 @@ def install(root: str | Path | None = None, *, launcher: str | None = None, run=
             report.did(f"removed drop-in: {dropin}")
             changed = True
 
+    hidden = [p for p in (launcher, os.path.realpath(launcher) if on_host else launcher)
+              if Path(p).is_relative_to("/home") or Path(p).is_relative_to("/root")
+              or Path(p).is_relative_to("/run/user")]
+    if hidden:
+        report.pending.append(f"the units run {hidden[-1]}, which ProtectHome=yes hides from them: install shingle "
+                              "outside /home and /root (e.g. a venv in /opt/shingle) and run install again")
+
     # 6. systemd
     if on_host and systemd_running():
         _systemctl(run, "daemon-reload")

@@ -198,3 +198,9 @@ time.sleep(60)
         holder.wait()
     shingle("install", "--root", str(root), "--bin", LAUNCHER)
     assert current_revision(url) == head_revision()
+
+
+def test_a_launcher_under_home_is_flagged(root):
+    report = install.install(root, launcher="/home/alice/venv/bin/shingle")
+    assert any("ProtectHome=yes hides" in p and "/home/alice/venv/bin/shingle" in p for p in report.pending)
+    assert not any("ProtectHome" in p for p in install.install(root, launcher=LAUNCHER).pending)
