@@ -81,6 +81,9 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
             g.admin, g.via_token = who, True
             return None  # a bearer token is not sent by browsers on their own, so no CSRF risk
         g.admin = session.get("admin")
+        if g.admin and session.get("v") != auth.fingerprint(g.admin):
+            session.clear()  # password changed or account gone since this session signed in
+            g.admin = None
         if request.method in core.STATE_CHANGING:
             if core.is_api() and not g.admin:
                 return core.api_error("authentication required: sign in or send Authorization: Bearer "

@@ -29,6 +29,15 @@ _ip_failures: dict[str, deque] = defaultdict(deque)
 _ip_lock = threading.Lock()
 
 
+def fingerprint(username: str) -> str | None:
+    """A digest of the admin's password hash, kept in the session: a password change (or a removed
+    account) ends every other session, which a signed cookie alone could not do."""
+    import hashlib
+    digest = core.ctx().catalog.read(lambda c: c.execute(select(USERS.c.password_hash)
+                                                         .where(USERS.c.username == username)).scalar())
+    return hashlib.sha256(digest.encode()).hexdigest()[:32] if digest else None
+
+
 def admin_for_token(token: str) -> str | None:
     found = accounts.user_for_token(core.ctx().catalog, token) if token else None
     return found[1] if found else None
@@ -106,6 +115,7 @@ def login():
                 csrf = session.get("csrf")
                 session.clear()  # a fresh session on sign-in: no fixation of a pre-login cookie
                 session["admin"] = username
+                session["v"] = fingerprint(username)
                 session["csrf"] = csrf
                 session.permanent = True
                 target = request.args.get("next") or ""

@@ -94,7 +94,10 @@ def password():
         change_password(core.actor(), PASSWORD_SCHEMA.from_form(request.form), core.actor())
     except core.USER_ERRORS as exc:
         return _page(400, errors=core.form_errors(exc), which="password")
-    flash("password changed", "ok")
+    from flask import session
+    from webui.auth import fingerprint
+    session["v"] = fingerprint(core.actor())  # this session stays; every other one ends
+    flash("password changed: other sessions of this admin are signed out", "ok")
     return redirect(url_for("settings.index"))
 
 

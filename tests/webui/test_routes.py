@@ -276,8 +276,10 @@ def test_tiers_thresholds_and_pins(web, appliance, app):
     assert events.recent(catalog, 1, kind_prefix="tiering.pin")[0].actor == ADMIN
 
 
-def test_settings_password_tokens_admins(web, appliance):
+def test_settings_password_tokens_admins(web, appliance, app):
     _, catalog = appliance
+    other = Browserish(app.test_client())
+    assert other.login().status_code == 302 and other.get("/drives").status_code == 200
     response = web.post("/settings/password", {"current": PASSWORD, "new": "short", "confirm": "short"})
     assert response.status_code == 400 and b"expected at least 10 characters" in response.data
     response = web.post("/settings/password", {"current": "nope", "new": "a new long password",
@@ -285,6 +287,9 @@ def test_settings_password_tokens_admins(web, appliance):
     assert response.status_code == 400 and b"current password is wrong" in response.data
     assert web.post("/settings/password", {"current": PASSWORD, "new": "a new long password",
                                            "confirm": "a new long password"}).status_code == 302
+    assert web.get("/drives").status_code == 200  # the session that changed it stays signed in
+    assert other.get("/drives").status_code == 302  # every other session of this admin ends
+    assert other.login(password="a new long password").status_code == 302
     response = web.post("/settings/tokens", {"name": "grafana"})
     token = re.search(r'id="new-token">(shg_[^<]+)<', response.get_data(as_text=True)).group(1)
     assert web.client.get("/api/v1/drives", headers={"Authorization": f"Bearer {token}"}).status_code == 200
