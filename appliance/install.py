@@ -251,6 +251,30 @@ def _drive_paths(config: config_mod.Config) -> list[str]:
         catalog.close()
 
 
+def _launcher_chain(path: Path, root: Path) -> list[Path]:
+    """The launcher and the interpreter of its #! line, symlinks resolved, as the target host sees them."""
+    chain, seen = [], set()
+    while path not in seen:
+        seen.add(path)
+        chain.append(Path("/") / path.relative_to(root) if not _on_host(root) and path.is_relative_to(root) else path)
+        real = Path(os.path.realpath(path))
+        if real != path:
+            path = real
+            continue
+        try:
+            with open(path, "rb") as f:
+                first = f.readline(256)
+        except OSError:
+            break
+        if not first.startswith(b"#!"):
+            break
+        interpreter = first[2:].split()[0].decode(errors="replace") if first[2:].split() else ""
+        if not interpreter.startswith("/"):
+            break
+        path = _under(root, Path(interpreter)) if not _on_host(root) else Path(interpreter)
+    return chain
+
+
 def _require_root_user(on_host: bool, what: str) -> None:
     if on_host and os.geteuid() != 0:
         raise InstallError(f"{what} on this host needs root (uid 0, running as uid {os.geteuid()}); "
@@ -330,12 +354,11 @@ def install(root: str | Path | None = None, *, launcher: str | None = None, run=
             report.did(f"removed drop-in: {dropin}")
             changed = True
 
-    hidden = [p for p in (launcher, os.path.realpath(launcher) if on_host else launcher)
-              if Path(p).is_relative_to("/home") or Path(p).is_relative_to("/root")
-              or Path(p).is_relative_to("/run/user")]
+    hidden = [p for p in _launcher_chain(_under(root, Path(launcher)), root)
+              if any(p.is_relative_to(home) for home in ("/home", "/root", "/run/user"))]
     if hidden:
-        report.pending.append(f"the units run {hidden[-1]}, which ProtectHome=yes hides from them: install shingle "
-                              "outside /home and /root (e.g. a venv in /opt/shingle) and run install again")
+        report.pending.append(f"the units run {hidden[0]}, which ProtectHome=yes hides from them: install shingle "
+                              "and its Python outside /home and /root (e.g. a venv in /opt/shingle), then install again")
 
     # 6. systemd
     if on_host and systemd_running():

@@ -204,3 +204,7 @@ def test_a_launcher_under_home_is_flagged(root):
     report = install.install(root, launcher="/home/alice/venv/bin/shingle")
     assert any("ProtectHome=yes hides" in p and "/home/alice/venv/bin/shingle" in p for p in report.pending)
     assert not any("ProtectHome" in p for p in install.install(root, launcher=LAUNCHER).pending)
+    # A venv launcher outside /home whose Python lives in /root (pyenv) is hidden just the same.
+    (root / LAUNCHER.lstrip("/")).write_text("#!/root/.pyenv/versions/3.11.7/bin/python3.11\nimport sys\n")
+    pending = install.install(root, launcher=LAUNCHER).pending
+    assert any("ProtectHome=yes hides" in p and "/root/.pyenv/versions/3.11.7/bin/python3.11" in p for p in pending)
