@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from flask import Blueprint, g, jsonify, request
 
-from engine import accounts, errors, events, jobs
+from engine import accounts, events, jobs
 from webui import core, dashboard, drives, exports, jobs as jobs_pages, retention, settings, tiers
 from webui.schema import Field, Schema, ValidationError
 
@@ -38,14 +38,11 @@ ENDPOINTS: list[Endpoint] = []
 
 
 def endpoint(rule: str, method: str, summary: str, tag: str, *, body: Schema | None = None,
-             body_factory=None, partial: bool = False, query: Schema | None = None, status: int = 200,
-             auth: bool = True):
+             partial: bool = False, query: Schema | None = None, status: int = 200, auth: bool = True):
     """Register an API view; it receives ``body=`` / ``query=`` already validated."""
     def deco(fn):
         spec = Endpoint(rule, method, summary, tag, body, partial, query, status, auth)
         ENDPOINTS.append(spec)
-        if body_factory is not None:
-            _lazy_bodies[len(ENDPOINTS) - 1] = body_factory
 
         @functools.wraps(fn)
         def view(**kwargs):
@@ -53,13 +50,12 @@ def endpoint(rule: str, method: str, summary: str, tag: str, *, body: Schema | N
                 return core.api_error("authentication required: sign in or send Authorization: Bearer "
                                       "<API token>", 401)
             try:
-                schema = _body_schema(ENDPOINTS.index(spec))
-                if schema is not None:
+                if body is not None:
                     data = request.get_json(silent=True)
                     if data is None:
                         raise ValidationError({"": "request body: expected a JSON object "
                                                    "(Content-Type: application/json)"})
-                    kwargs["body"] = schema.validate(data, partial=partial)
+                    kwargs["body"] = body.validate(data, partial=partial)
                 if query is not None:
                     kwargs["query"] = query.from_form(request.args)
                 result = fn(**kwargs)
@@ -71,14 +67,6 @@ def endpoint(rule: str, method: str, summary: str, tag: str, *, body: Schema | N
         bp.add_url_rule(rule, endpoint=f"{fn.__name__}_{method.lower()}", view_func=view, methods=[method])
         return fn
     return deco
-
-
-_lazy_bodies: dict[int, object] = {}
-
-
-def _body_schema(index: int) -> Schema | None:
-    factory = _lazy_bodies.get(index)
-    return factory() if factory is not None else ENDPOINTS[index].body
 
 
 # -- status and drives ---------------------------------------------------------------
@@ -112,7 +100,7 @@ def list_rules():
     return [rule.to_dict() for rule in retention.service().list_rules()]
 
 
-@endpoint("/retention/rules", "POST", "Create a keep-last-N rule", "retention", body_factory=retention.rule_schema,
+@endpoint("/retention/rules", "POST", "Create a keep-last-N rule", "retention", body=retention.RULE_SCHEMA,
           status=201)
 def create_rule(body: dict):
     rule_id = retention.create_rule(body, core.actor())
@@ -125,7 +113,7 @@ def get_rule(rule_id: int):
 
 
 @endpoint("/retention/rules/<int:rule_id>", "PATCH", "Change fields of a retention rule", "retention",
-          body_factory=retention.rule_schema, partial=True)
+          body=retention.RULE_SCHEMA, partial=True)
 def update_rule(rule_id: int, body: dict):
     return retention.service().update_rule(rule_id, actor=core.actor(), **body).to_dict()
 
@@ -255,7 +243,7 @@ ERROR = {"type": "object", "required": ["error"], "properties": {
 
 def openapi_document() -> dict:
     paths: dict = {}
-    for index, spec in enumerate(ENDPOINTS):
+    for spec in ENDPOINTS:
         path = re.sub(r"<(?:int:)?(\w+)>", r"{\1}", spec.rule)
         params = [{"name": name, "in": "path", "required": True, "description": f"{name.replace('_', ' ')}",
                    "schema": {"type": "integer", "minimum": 1}} for name in re.findall(r"<int:(\w+)>", spec.rule)]
@@ -275,10 +263,9 @@ def openapi_document() -> dict:
                                       "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}}}
         if params:
             op["parameters"] = params
-        schema = _body_schema(index)
-        if schema is not None:
+        if spec.body is not None:
             op["requestBody"] = {"required": True, "content": {"application/json": {
-                "schema": schema.openapi(partial=spec.partial)}}}
+                "schema": spec.body.openapi(partial=spec.partial)}}}
         paths.setdefault("/api/v1" + path, {})[spec.method.lower()] = op
     return {
         "openapi": "3.1.0",

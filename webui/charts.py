@@ -79,7 +79,8 @@ def line_chart(series: dict[str, list[tuple[int, float]]], start_ns: int, end_ns
             f'<line class="grid" x1="{left}" y1="{top + plot_h / 2}" x2="{left + plot_w}" y2="{top + plot_h / 2}"/>',
             f'<line class="axis-line" x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}"/>',
             f'<text class="axis" x="{left - 6}" y="{top + 10}" text-anchor="end">{escape(fmt(vmax))}</text>',
-            f'<text class="axis" x="{left - 6}" y="{top + plot_h / 2 + 4}" text-anchor="end">{escape(fmt(vmax / 2))}</text>',
+            f'<text class="axis" x="{left - 6}" y="{top + plot_h / 2 + 4}" '
+            f'text-anchor="end">{escape(fmt(vmax / 2))}</text>',
             f'<text class="axis" x="{left - 6}" y="{top + plot_h}" text-anchor="end">0</text>']
     for frac in (0, 0.5, 1):
         t = start_ns + span * frac

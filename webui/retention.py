@@ -9,44 +9,33 @@ from __future__ import annotations
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
 from engine import errors
+from engine.retention import ACTIONS, KEEP_MAX, ORDERS, RetentionService, validate_pattern
 from webui import core
+from webui.jobs import queue
 from webui.schema import Field, Schema
 
 bp = Blueprint("retention", __name__)
 
 
 def _pattern(value: str) -> str:
-    from engine.retention import validate_pattern
     try:
         return validate_pattern(value)
     except errors.InvalidArgument as exc:
         raise ValueError(exc.strerror) from None
 
 
-def _schema() -> Schema:
-    from engine.retention import ACTIONS, KEEP_MAX, ORDERS
-    return Schema("RetentionRule", "Keep the newest N entries matched by a path pattern; act on the older ones.", (
-        Field("pattern", "string", "An absolute path pattern; components may hold * ? [...] wildcards, e.g. "
-              "/checkpoints/*/step-* (no '.' or '..' components)", min_length=1, max_length=1024,
-              example="/checkpoints/*/step-*", check=_pattern),
-        Field("keep", "integer", "How many of the newest matches to keep in each directory", minimum=1,
-              maximum=KEEP_MAX, example=3),
-        Field("action", "string", "What happens to older matches: delete (gone for good), trash (restorable "
-              "from the export's trash) or cold (pinned to the cold band class)", enum=ACTIONS, default="delete"),
-        Field("order_by", "string", "Which entries are newest: by modification time (mtime) or by the natural "
-              "sort of names (step-9 < step-10)", enum=ORDERS, default="mtime"),
-        Field("enabled", "boolean", "Whether the scheduled runs apply this rule", required=False, default=True),
-    ))
-
-
-RULE_SCHEMA = None
-
-
-def rule_schema() -> Schema:
-    global RULE_SCHEMA
-    if RULE_SCHEMA is None:
-        RULE_SCHEMA = _schema()
-    return RULE_SCHEMA
+RULE_SCHEMA = Schema("RetentionRule", "Keep the newest N entries a path pattern matches; act on the older ones.", (
+    Field("pattern", "string", "An absolute path pattern; components may hold * ? [...] wildcards, e.g. "
+          "/checkpoints/*/step-* (no '.' or '..' components)", min_length=1, max_length=1024,
+          example="/checkpoints/*/step-*", check=_pattern),
+    Field("keep", "integer", "How many of the newest matches to keep in each directory", minimum=1,
+          maximum=KEEP_MAX, example=3),
+    Field("action", "string", "What happens to older matches: delete (gone for good), trash (restorable "
+          "from the export's trash) or cold (pinned to the cold band class)", enum=ACTIONS, default="delete"),
+    Field("order_by", "string", "Which entries are newest: by modification time (mtime) or by the natural "
+          "sort of names (step-9 < step-10)", enum=ORDERS, default="mtime"),
+    Field("enabled", "boolean", "Whether the scheduled runs apply this rule", required=False, default=True),
+))
 
 
 RUN_SCHEMA = Schema("RetentionRun", "Which rules to preview or run.", (
@@ -56,11 +45,10 @@ RUN_SCHEMA = Schema("RetentionRun", "Which rules to preview or run.", (
 
 
 def service():
-    """One RetentionService per process: its lock keeps two runs from overlapping."""
+    """One RetentionService per process, for rules and previews (runs are the daemon's jobs)."""
     shingle = core.ctx()
     svc = getattr(shingle, "retention", None)
     if svc is None:
-        from engine.retention import RetentionService
         # The same settings as the daemon's runner, so the preview shows what the job will do.
         svc = shingle.retention = RetentionService(shingle.namespace, shingle.catalog)
     return svc
@@ -68,7 +56,6 @@ def service():
 
 def queue_run(rule_id: int | None, who: str) -> int:
     """Queue a retention job for the daemon (one rule, even a disabled one, or every enabled rule)."""
-    from webui.jobs import queue
     if rule_id is not None:
         service().get_rule(rule_id)  # NotFound now rather than a failed job later
     return queue("retention", {"rule_id": rule_id}, who)
@@ -83,7 +70,7 @@ def _page(status: int = 200, **extra):
     svc = service()
     rule_id = request.args.get("rule", type=int)
     rules = svc.list_rules()
-    return render_template("retention.html", rules=rules, schema=rule_schema(),
+    return render_template("retention.html", rules=rules, schema=RULE_SCHEMA,
                            form=extra.pop("form", {"action": "delete", "order_by": "mtime", "enabled": True}),
                            errors=extra.pop("errors", {}), preview_rule=rule_id, **extra), status
 
@@ -98,7 +85,7 @@ def index():
 @core.login_required
 def create():
     try:
-        values = rule_schema().from_form(request.form)
+        values = RULE_SCHEMA.from_form(request.form)
         rule_id = create_rule(values, core.actor())
     except core.USER_ERRORS as exc:
         form = dict(request.form)
@@ -119,7 +106,7 @@ def edit(rule_id: int):
     form, errs, status = rule.to_dict(), {}, 200
     if request.method == "POST":
         try:
-            values = rule_schema().from_form(request.form)
+            values = RULE_SCHEMA.from_form(request.form)
             svc.update_rule(rule_id, actor=core.actor(), **values)
             flash(f"retention rule {rule_id} saved", "ok")
             return redirect(url_for("retention.index"))
@@ -127,7 +114,7 @@ def edit(rule_id: int):
             form = dict(request.form)
             form["enabled"] = "enabled" in request.form
             errs, status = core.form_errors(exc), 400
-    return render_template("retention_edit.html", rule=rule, form=form, errors=errs, schema=rule_schema()), status
+    return render_template("retention_edit.html", rule=rule, form=form, errors=errs, schema=RULE_SCHEMA), status
 
 
 @bp.route("/retention/rules/<int:rule_id>/delete", methods=["POST"])
