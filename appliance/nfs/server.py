@@ -14,8 +14,11 @@ from appliance.nfs import compound
 from appliance.nfs import const as c
 from appliance.nfs.exports import ExportTable, default_rule
 from appliance.nfs.fh import HandleCodec
+from appliance.nfs.mount import MountProgram
 from appliance.nfs.rpc import PROC_UNAVAIL, RpcConnection, RpcReject, accepted
 from appliance.nfs.state import StateTable
+from appliance.nfs.types3 import MOUNT_PROGRAM
+from appliance.nfs.v3 import Nfs3Program, VersionDispatch
 
 log = logging.getLogger("shingle.nfs")
 
@@ -60,7 +63,8 @@ class NfsServer:
         self.exports_generation = 1
         self.exports: ExportTable | None = None
         self.state: StateTable | None = None
-        self.programs = {c.NFS4_PROGRAM: Nfs4Program(self)}
+        self.programs = {c.NFS4_PROGRAM: VersionDispatch({3: Nfs3Program(self), 4: Nfs4Program(self)}),
+                         MOUNT_PROGRAM: MountProgram(self)}
         self.connections: set = set()
         self.loop = None
         self.pool = None
