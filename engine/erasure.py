@@ -17,6 +17,10 @@ Both layouts share one model so the data path has a single code path:
 """
 from __future__ import annotations
 
+import ctypes
+import glob
+import os
+import threading
 from dataclasses import dataclass, field
 
 from engine.errors import ConfigError
@@ -46,6 +50,159 @@ class DecodeError(Exception):
     """Too few good fragments to rebuild a stripe's data."""
 
 
+class Encoded:
+    """The fragments of one stripe. ``release`` frees memory the C library lent (call it once written)."""
+
+    __slots__ = ("fragments", "_free")
+
+    def __init__(self, fragments, free=None):
+        self.fragments = fragments
+        self._free = free
+
+    def release(self) -> None:
+        free, self._free = self._free, None
+        self.fragments = []
+        if free is not None:
+            free()
+
+    def __del__(self):
+        self.release()
+
+
+class _EcArgs(ctypes.Structure):
+    # struct ec_args of liberasurecode's erasurecode.h
+    _fields_ = [("k", ctypes.c_int), ("m", ctypes.c_int), ("w", ctypes.c_int), ("hd", ctypes.c_int),
+                ("priv_args1", ctypes.c_uint64 * 4), ("priv_args2", ctypes.c_void_p), ("ct", ctypes.c_int)]
+
+
+CHKSUM_NONE = 1
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def _liberasurecode():
+    """liberasurecode from the pyeclib wheel, called through ctypes, which releases the GIL
+    during the call (pyeclib's own encode holds it, so encoding could not overlap anything)."""
+    global _lib
+    with _lib_lock:
+        if _lib is None:
+            import pyeclib
+            folder = os.path.join(os.path.dirname(os.path.dirname(pyeclib.__file__)), "pyeclib.libs")
+            found = sorted(glob.glob(os.path.join(folder, "liberasurecode-*.so*")))
+            if not found:
+                _lib = False
+                return None
+            lib = ctypes.CDLL(found[0])
+            lib.liberasurecode_instance_create.argtypes = [ctypes.c_int, ctypes.POINTER(_EcArgs)]
+            lib.liberasurecode_instance_create.restype = ctypes.c_int
+            pp = ctypes.POINTER(ctypes.POINTER(ctypes.c_char))
+            lib.liberasurecode_encode.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64,
+                                                  ctypes.POINTER(pp), ctypes.POINTER(pp),
+                                                  ctypes.POINTER(ctypes.c_uint64)]
+            lib.liberasurecode_encode.restype = ctypes.c_int
+            lib.liberasurecode_encode_cleanup.argtypes = [ctypes.c_int, pp, pp]
+            lib.liberasurecode_encode_cleanup.restype = ctypes.c_int
+            lib.liberasurecode_decode.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                                                  ctypes.c_uint64, ctypes.c_int,
+                                                  ctypes.POINTER(ctypes.POINTER(ctypes.c_char)),
+                                                  ctypes.POINTER(ctypes.c_uint64)]
+            lib.liberasurecode_decode.restype = ctypes.c_int
+            lib.liberasurecode_decode_cleanup.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char)]
+            lib.liberasurecode_decode_cleanup.restype = ctypes.c_int
+            _lib = lib
+        return _lib or None
+
+
+class _NativeEncoder:
+    """Encode with liberasurecode directly; fragments are views of its buffers until released."""
+
+    def __init__(self, backend_id: int, k: int, m: int):
+        self.lib = _liberasurecode()
+        if self.lib is None:
+            raise OSError("liberasurecode library not found next to pyeclib")
+        args = _EcArgs(k=k, m=m, w=0, hd=m, ct=CHKSUM_NONE)
+        self.desc = self.lib.liberasurecode_instance_create(backend_id, ctypes.byref(args))
+        if self.desc <= 0:
+            raise OSError(f"liberasurecode_instance_create({backend_id}, k={k}, m={m}) returned {self.desc}")
+        self.k, self.m = k, m
+
+    def encode(self, data) -> Encoded:
+        length = len(data)
+        if isinstance(data, bytes):
+            source = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p)
+            keep = data
+        else:
+            keep = (ctypes.c_char * length).from_buffer(data)
+            source = ctypes.cast(keep, ctypes.c_void_p)
+        pp = ctypes.POINTER(ctypes.POINTER(ctypes.c_char))
+        data_p, parity_p, flen = pp(), pp(), ctypes.c_uint64()
+        rc = self.lib.liberasurecode_encode(self.desc, source, length, ctypes.byref(data_p),
+                                            ctypes.byref(parity_p), ctypes.byref(flen))
+        del keep
+        if rc != 0:
+            raise OSError(f"liberasurecode_encode returned {rc}")
+        size = flen.value
+        fragments = [memoryview((ctypes.c_char * size).from_address(ctypes.addressof(p.contents))).cast("B")
+                     for p in [data_p[i] for i in range(self.k)] + [parity_p[i] for i in range(self.m)]]
+        lib, desc = self.lib, self.desc
+
+        def free():
+            for view in fragments:
+                view.release()
+            lib.liberasurecode_encode_cleanup(desc, data_p, parity_p)
+        return Encoded(fragments, free)
+
+    def decode(self, fragments: list) -> bytes:
+        """The data from any k fragments (bytes or bytearrays of equal length, headers included)."""
+        keep = [f if isinstance(f, bytes) else (ctypes.c_char * len(f)).from_buffer(f) for f in fragments]
+        pointers = (ctypes.c_void_p * len(keep))(*[ctypes.cast(ctypes.c_char_p(f), ctypes.c_void_p).value
+                                                   if isinstance(f, bytes) else ctypes.addressof(f)
+                                                   for f in keep])
+        out, out_len = ctypes.POINTER(ctypes.c_char)(), ctypes.c_uint64()
+        rc = self.lib.liberasurecode_decode(self.desc, pointers, len(keep), len(fragments[0]), 0,
+                                            ctypes.byref(out), ctypes.byref(out_len))
+        if rc != 0:
+            raise DecodeError(f"liberasurecode_decode returned {rc}")
+        try:
+            return ctypes.string_at(out, out_len.value)
+        finally:
+            self.lib.liberasurecode_decode_cleanup(self.desc, out)
+
+
+class Decoder:
+    """Decodes stripes of one (k, m, backend): liberasurecode directly when it agrees with pyeclib."""
+
+    def __init__(self, k: int, m: int, backend: str):
+        from pyeclib.ec_iface import ECDriver, PyECLib_EC_Types
+        self.k, self.m, self.backend = k, m, backend
+        self.driver = ECDriver(k=k, m=m, ec_type=backend)
+        self.native = None
+        try:
+            native = _NativeEncoder(PyECLib_EC_Types[backend].value, k, m)
+            sample = os.urandom(k * 1000 + 3)
+            fragments = self.driver.encode(sample)
+            if native.decode(fragments[m:]) == sample and native.decode(fragments[:k]) == sample:
+                self.native = native
+        except (OSError, KeyError, DecodeError):
+            self.native = None
+
+    def decode(self, fragments: list) -> bytes:
+        if self.native is not None:
+            return self.native.decode(fragments)
+        return self.driver.decode([bytes(f) for f in fragments])
+
+
+_decoders: dict = {}
+
+
+def decoder_for(k: int, m: int, backend: str) -> Decoder:
+    key = (k, m, backend)
+    decoder = _decoders.get(key)
+    if decoder is None:
+        decoder = _decoders[key] = Decoder(k, m, backend)
+    return decoder
+
+
 @dataclass(eq=False)
 class Policy:
     name: str
@@ -58,6 +215,7 @@ class Policy:
     compression: str | None
     header_size: int = 0  # bytes pyeclib puts before each fragment's payload
     _driver: object = field(default=None, repr=False)
+    _native: object = field(default=None, repr=False)
 
     # -- geometry -------------------------------------------------------------
     @property
@@ -103,6 +261,14 @@ class Policy:
         if self.redundancy == "replicate":
             return [data] * self.copies
         return self.driver.encode(data)
+
+    def encode_stripe(self, data) -> Encoded:
+        """Like ``encode``, without holding the GIL where the library allows it (bytes or bytearray)."""
+        if self.redundancy == "replicate":
+            return Encoded([data] * self.copies)
+        if self._native is not None:
+            return self._native.encode(data)
+        return Encoded(self.driver.encode(bytes(data)))
 
     def decode(self, fragments: dict[int, bytes], data_length: int) -> bytes:
         """The stripe's data from any k good fragments (index -> bytes on disk)."""
@@ -195,6 +361,24 @@ def _check_systematic(policy: Policy, key: str) -> None:
         if fragments[i][header:header + len(chunk)] != chunk:
             raise ConfigError(key, policy.backend, "a systematic code (data fragments hold the plain data)")
     policy.header_size = header
+    _attach_native(policy)
+
+
+def _attach_native(policy: Policy) -> None:
+    """Use liberasurecode directly when it produces exactly pyeclib's fragments."""
+    from pyeclib.ec_iface import PyECLib_EC_Types
+    try:
+        native = _NativeEncoder(PyECLib_EC_Types[policy.backend].value, policy.k, policy.m)
+        for length in (policy.k * 4096, policy.k * 512 + 5, 1):
+            sample = os.urandom(length)
+            encoded = native.encode(bytearray(sample))
+            same = [bytes(f) for f in encoded.fragments] == policy.driver.encode(sample)
+            encoded.release()
+            if not same:
+                return
+    except (OSError, KeyError, AttributeError, ValueError):
+        return
+    policy._native = native
 
 
 def load_policies(config: dict | None = None) -> dict[str, Policy]:

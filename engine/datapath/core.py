@@ -36,7 +36,7 @@ class PendingStripe:
     """A stripe on its way: buffered -> encoded -> placed -> written -> fsync'ed -> committed."""
 
     __slots__ = ("seq", "fb", "policy", "payload", "extents", "reserved", "fragments", "crcs", "placement",
-                 "remaining", "lock", "written", "committed", "error", "encoded")
+                 "remaining", "lock", "written", "committed", "error", "encoding", "encoded")
 
     def __init__(self, seq, fb, payload, extents, reserved):
         self.seq = seq
@@ -53,7 +53,8 @@ class PendingStripe:
         self.written = threading.Event()
         self.committed = threading.Event()
         self.error: BaseException | None = None
-        self.encoded: Future | None = None
+        self.encoding: Future | None = None
+        self.encoded = None  # erasure.Encoded: its buffers are freed once every fragment is written
 
     def fail(self, exc: BaseException) -> None:
         if self.error is None:
@@ -407,7 +408,7 @@ class DataPath:
 
     def _submit(self, fb: FileBuffer) -> None:
         """Hand the buffered bytes of ``fb`` to the pipeline as one stripe (caller holds fb.lock)."""
-        payload = bytes(fb.data)
+        payload = fb.data  # the buffer itself becomes the stripe: no copy
         policy = fb.policy
         own = min(fb.reserved, self._need(policy, len(payload)))
         fb.reserved -= own
@@ -419,15 +420,17 @@ class DataPath:
             stripe = PendingStripe(self._seq, fb, payload, extents, own)
             with fb.ilock:
                 fb.inflight.append(stripe)
-            stripe.encoded = self._encoder.submit(self._encode, stripe)
+            stripe.encoding = self._encoder.submit(self._encode, stripe)
             with self._dispatch_cv:
                 self._dispatch_q.append(stripe)
                 self._dispatch_cv.notify()
 
     def _encode(self, stripe: PendingStripe) -> None:
-        start = time.perf_counter()
-        stripe.fragments = stripe.policy.encode(stripe.payload)
+        start, cpu = time.perf_counter(), time.thread_time()
+        stripe.encoded = stripe.policy.encode_stripe(stripe.payload)
+        stripe.fragments = stripe.encoded.fragments
         self.stats["encode_s"] += time.perf_counter() - start
+        self.stats["encode_cpu_s"] += time.thread_time() - cpu
         stripe.crcs = [crc32c.crc32c(f) for f in stripe.fragments]
 
     def _dispatcher(self) -> None:
@@ -440,7 +443,7 @@ class DataPath:
                     return
                 stripe = self._dispatch_q.popleft()
             try:
-                stripe.encoded.result()
+                stripe.encoding.result()
                 self._place(stripe)
             except BaseException as exc:  # noqa: BLE001 - the stripe carries it to flush()
                 stripe.fail(exc if isinstance(exc, errors.FsError) else errors.IOFailure(f"encode failed: {exc}"))
@@ -568,7 +571,10 @@ class DataPath:
             self._written(stripe)
 
     def _written(self, stripe: PendingStripe) -> None:
-        stripe.fragments = [] if stripe.error is None else stripe.fragments
+        stripe.fragments = []
+        if stripe.encoded is not None:
+            stripe.encoded.release()
+            stripe.encoded = None
         with self._commit_cv:
             stripe.written.set()
             self._commit_cv.notify()
@@ -832,7 +838,7 @@ class DataPath:
         with self._maps_lock:
             self._maps.clear()
 
-    def read(self, ino: int, offset: int, length: int, size: int) -> bytes:
+    def read(self, ino: int, offset: int, length: int, size: int, *, _retry: bool = True) -> bytes:
         end = min(offset + length, size)
         if end <= offset:
             return b""
@@ -859,7 +865,15 @@ class DataPath:
                 if info is None:
                     self._invalidate({ino})
                     return self.read(ino, offset, length, size)
-                self.reader.read_range(info, so + (a - fo), b - a, view[a - offset:b - offset])
+                try:
+                    self.reader.read_range(info, so + (a - fo), b - a, view[a - offset:b - offset])
+                except errors.IOFailure:
+                    if not _retry:
+                        raise
+                    # a stale map: the stripe died (overwrite, tiering) and its zones were reset
+                    self._stripes.pop(sid, None)
+                    self._invalidate({ino})
+                    return self.read(ino, offset, length, size, _retry=False)
                 stripe_ends.append((i, info))
             i += 1
         for payload, extents in overlay:

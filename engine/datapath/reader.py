@@ -16,7 +16,7 @@ import crc32c
 
 from engine import errors
 from engine.drives import DriveMissing
-from engine.erasure import FRAGMENT_HEADER
+from engine.erasure import FRAGMENT_HEADER, decoder_for
 
 
 class StripeInfo:
@@ -56,12 +56,17 @@ class StripeReader:
         self.cache_bytes = cache_bytes
         self._cached = 0
         self._lock = threading.Lock()
-        self._drivers: dict = {}
+        self._decoding: dict[int, Future] = {}
         self.stats = {"fragment_reads": 0, "degraded_stripes": 0, "checksum_errors": 0}
 
     def close(self):
         self.ahead.shutdown(wait=True, cancel_futures=True)
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def drop_cache(self) -> None:
+        with self._lock:
+            self.cache.clear()
+            self._cached = 0
 
     def forget(self, stripe_ids) -> None:
         with self._lock:
@@ -98,17 +103,29 @@ class StripeReader:
             self.stats["checksum_errors"] += 1
             raise ChecksumError(f"checksum mismatch in stripe {info.id} fragment {idx} on drive {drive_id} "
                                 f"zone {zone.idx} at {offset}: {crc:#010x}, expected {checksum:#010x}")
-        return bytes(buf) if whole else memoryview(buf)
-
-    def _driver(self, info: StripeInfo):
-        key = (info.k, info.m, info.backend)
-        driver = self._drivers.get(key)
-        if driver is None:
-            from pyeclib.ec_iface import ECDriver
-            driver = self._drivers[key] = ECDriver(k=info.k, m=info.m, ec_type=info.backend)
-        return driver
+        return buf if whole else memoryview(buf)
 
     def _decode(self, info: StripeInfo, bad: set[int]) -> dict[int, memoryview]:
+        """One decode per stripe at a time: concurrent readers of the stripe share it."""
+        with self._lock:
+            fut = self._decoding.get(info.id)
+            mine = fut is None
+            if mine:
+                fut = self._decoding[info.id] = Future()
+        if not mine:
+            return fut.result()
+        try:
+            result = self._decode_now(info, bad)
+            fut.set_result(result)
+            return result
+        except BaseException as exc:
+            fut.set_exception(exc)
+            raise
+        finally:
+            with self._lock:
+                self._decoding.pop(info.id, None)
+
+    def _decode_now(self, info: StripeInfo, bad: set[int]) -> dict[int, memoryview]:
         """Every data fragment's payload, rebuilt from any k good fragments."""
         self.stats["degraded_stripes"] += 1
         good: dict[int, bytes] = {}
@@ -131,7 +148,7 @@ class StripeReader:
             data = next(iter(good.values()))
             return {0: memoryview(data)}
         try:
-            data = self._driver(info).decode(list(good.values()))
+            data = decoder_for(info.k, info.m, info.backend).decode(list(good.values()))
         except Exception as exc:
             raise errors.IOFailure(f"stripe {info.id}: decode failed: {exc}") from exc
         p = info.payload
@@ -180,6 +197,17 @@ class StripeReader:
                     fut.nbytes = len(rebuilt[i])
                     fut.set_result(rebuilt[i])
                     self._account(fut)
+            # the decode rebuilt every data fragment: keep them all, not only the ones asked for
+            for i, payload in rebuilt.items():
+                with self._lock:
+                    if (info.id, i) in self.cache:
+                        continue
+                    fut = Future()
+                    fut.set_running_or_notify_cancel()
+                    fut.nbytes = len(payload)
+                    fut.set_result(payload)
+                    self.cache[(info.id, i)] = fut
+                self._account(fut)
         return {i: f.result() for i, f in futures.items()}
 
     def _account(self, fut: Future) -> None:

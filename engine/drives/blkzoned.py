@@ -173,6 +173,8 @@ class ZonedBlockDrive(ZonedDrive):
     def reset(self, idx: int) -> None:
         self._range(BLKRESETZONE, idx)
         self._zones[idx]["wp"] = self._zones[idx]["start"]
+        if self.model is not None:
+            self.model.on_reset(self.model_key, self._zones[idx]["start"] * SECTOR, self.zone_size)
 
     def open_zone(self, idx: int) -> None:
         self._range(BLKOPENZONE, idx)

@@ -119,6 +119,14 @@ class SmrModel:
                 rest -= band
                 nb += 1
 
+    def on_reset(self, key, position: int, length: int) -> None:
+        """A zone reset empties the bands it covers: the next write at their start is an append."""
+        band = self.params.band_size
+        with self._lock:
+            cost = self._drive(key)
+            for b in range(position // band, (position + max(length, 1) - 1) // band + 1):
+                cost.band_wp[b] = 0
+
     def on_read(self, key, position: int, length: int) -> None:
         if length <= 0:
             return
@@ -128,8 +136,10 @@ class SmrModel:
             self._move(cost, position, length)
 
     def reset(self) -> None:
+        """Zero the counters; heads and band write pointers stay (the media still hold what was written)."""
         with self._lock:
-            self.drives.clear()
+            for key, cost in list(self.drives.items()):
+                self.drives[key] = DriveCost(head=cost.head, band_wp=cost.band_wp)
 
     def report(self) -> dict:
         with self._lock:

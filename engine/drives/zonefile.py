@@ -180,6 +180,8 @@ class ZoneFileDrive(ZonedDrive):
             os.fsync(fd)
             self._wp[idx] = 0
             self._cond.pop(idx, None)
+        if self.model is not None:
+            self.model.on_reset(self.model_key, idx * self.zone_size, self.zone_size)
 
     def open_zone(self, idx: int) -> None:
         with self._lock:

@@ -205,7 +205,7 @@ def test_invariant4_two_of_ten_drives_lost_every_file_reads_back(engine, how):
 def test_drive_folder_vanishing_while_running_does_not_stop_reads(engine):
     data = os.urandom(3 * STRIPE)
     ino = make(engine, "live", data)
-    engine.data.reader.cache.clear()
+    engine.data.reader.drop_cache()
     for drive_id in engine.drive_ids[:2]:
         shutil.rmtree(engine.data._drives[drive_id].path)
     time.sleep(0.6)  # presence is re-checked twice a second
