@@ -26,10 +26,10 @@ def rpc_status(reply: bytes) -> tuple:
 def test_rpc_level_errors(server):
     raw = RawClient(server.port)
     assert rpc_status(raw.call_raw(0, b"")) == ("accepted", 0)  # NULL
-    assert rpc_status(raw.call_raw(0, b"", prog=100005)) == ("accepted", 1)  # PROG_UNAVAIL
-    reply = raw.call_raw(0, b"", vers=3)
-    assert rpc_status(reply) == ("accepted", 2)  # PROG_MISMATCH low..high = 4..4
-    assert struct.unpack_from(">II", reply, 24) == (4, 4)
+    assert rpc_status(raw.call_raw(0, b"", prog=100099)) == ("accepted", 1)  # PROG_UNAVAIL
+    reply = raw.call_raw(0, b"", vers=2)
+    assert rpc_status(reply) == ("accepted", 2)  # PROG_MISMATCH low..high = 3..4 (NFSv3 and v4)
+    assert struct.unpack_from(">II", reply, 24) == (3, 4)
     assert rpc_status(raw.call_raw(7, b"")) == ("accepted", 3)  # PROC_UNAVAIL
     # RPCSEC_GSS is refused with an auth error (AUTH_TOOWEAK)
     assert rpc_status(raw.call_raw(0, b"", flavor=6, cred=b"\0" * 8)) == ("denied", 1, 5)
