@@ -219,10 +219,12 @@ def _run_smartctl(smartctl: str, args: list[str]) -> tuple[dict | None, str]:
 
 
 def read_smart(device: str | None, smartctl: str) -> SmartReport:
-    """SMART of one block device; emulated drives (no device) have none."""
+    """SMART of one block device; emulated drives (no device) have none.
+
+    ``-n standby`` keeps a spun-down drive asleep: looking at a page must not wake the pool."""
     if not device:
         return no_smart(None, "emulated drive: no block device to query")
-    data, error = _run_smartctl(smartctl, ["--json", "-x", device])
+    data, error = _run_smartctl(smartctl, ["--json", "-x", "-n", "standby", device])
     if data is None:
         return no_smart(device, error)
     return parse_smart(data, device)

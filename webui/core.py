@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import hmac
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from flask import current_app, g, jsonify, redirect, request, session, url_for
@@ -27,6 +27,8 @@ class Shingle:
     catalog: Any
     namespace: Any
     smartctl: str
+    smart_cache: dict = field(default_factory=dict)  # device -> (monotonic time, report)
+    retention: Any = None  # the RetentionService, made on first use
 
     def close(self) -> None:
         self.catalog.close()

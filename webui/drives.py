@@ -6,6 +6,8 @@ drain itself, rebuild) is a job the daemon runs (engine.jobs); a SMART
 self-test is started through smartctl, and the drive runs it on its own."""
 from __future__ import annotations
 
+import time
+
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 from sqlalchemy import select
 
@@ -18,6 +20,7 @@ bp = Blueprint("drives", __name__)
 DRIVES = Drive.__table__
 ZONES = Zone.__table__
 ACTIONS = ("mark_failed", "drain", "rebuild", "smart_test")
+SMART_TTL_S = 60  # smartctl -x takes a while on real drives; pages reuse a reading this long
 
 ACTION_SCHEMA = Schema("DriveAction", "An admin action on one drive.", (
     Field("action", "string", "What to do: mark_failed (stop using it now), drain (move its data off, then "
@@ -26,19 +29,33 @@ ACTION_SCHEMA = Schema("DriveAction", "An admin action on one drive.", (
 ))
 
 
-def drive_rows(with_health: bool = True) -> list[dict]:
+def smart_of(device: str | None) -> dict:
+    """The drive's SMART report, from this process's short-lived cache when fresh."""
+    shingle = core.ctx()
+    cache = shingle.smart_cache
+    hit = cache.get(device)
+    if hit is not None and time.monotonic() - hit[0] < SMART_TTL_S:
+        return hit[1]
+    report = health.read_smart(device, shingle.smartctl).to_dict()
+    cache[device] = (time.monotonic(), report)
+    return report
+
+
+def drive_rows(with_health: bool = True, only: int | None = None) -> list[dict]:
     from engine.lifecycle.drives import list_drives
     shingle = core.ctx()
     devices = dict(shingle.catalog.read(lambda c: c.execute(select(DRIVES.c.id, DRIVES.c.device)).all()))
     out = []
     for d in list_drives(shingle.catalog):
+        if only is not None and d.id != only:
+            continue
         row = {"id": d.id, "uuid": d.uuid, "path": d.path, "backend": d.backend, "state": d.state,
                "zone_size": d.zone_size, "zones": d.zone_count, "zones_empty": d.zones_empty,
                "zones_open": d.zones_open, "zones_full": d.zones_full, "size_bytes": d.capacity_bytes,
                "written_bytes": d.written_bytes, "live_bytes": d.live_bytes, "garbage_bytes": d.garbage_bytes,
                "fragments": d.fragments, "serial": d.serial, "model": d.model, "device": devices.get(d.id)}
         if with_health:
-            row["smart"] = health.read_smart(row["device"], shingle.smartctl).to_dict()
+            row["smart"] = smart_of(row["device"])
             # the device's own counters, else those of the disk holding an emulated drive's folder
             row["io"] = health.io_counters(row["device"]) or health.io_counters(row["path"])
         out.append(row)
@@ -46,10 +63,10 @@ def drive_rows(with_health: bool = True) -> list[dict]:
 
 
 def drive_row(drive_id: int) -> dict:
-    for row in drive_rows():
-        if row["id"] == drive_id:
-            return row
-    raise errors.NotFound(f"no drive with id {drive_id}")
+    rows = drive_rows(only=drive_id)
+    if not rows:
+        raise errors.NotFound(f"no drive with id {drive_id}")
+    return rows[0]
 
 
 def zones_of(drive_id: int) -> list[dict]:
@@ -103,6 +120,7 @@ def do_action(drive_id: int, action: str, who: str) -> tuple[str, int | None]:
         message = health.start_self_test(device[0], shingle.smartctl, "short")
     except ValueError as exc:
         raise errors.InvalidArgument(f"drive {drive_id}: SMART self-test not started: {exc}") from None
+    shingle.smart_cache.pop(device[0], None)  # show the running test on the next view
     events.record(shingle.catalog, "drive.smart.test", f"SMART short self-test started on drive {drive_id} "
                   f"({device[0]}): {message}", actor=who, details={"drive_id": drive_id})
     return f"drive {drive_id}: SMART short self-test started ({message})", None

@@ -47,7 +47,7 @@ RUN_SCHEMA = Schema("RetentionRun", "Which rules to preview or run.", (
 def service():
     """One RetentionService per process, for rules and previews (runs are the daemon's jobs)."""
     shingle = core.ctx()
-    svc = getattr(shingle, "retention", None)
+    svc = shingle.retention
     if svc is None:
         # The same settings as the daemon's runner, so the preview shows what the job will do.
         svc = shingle.retention = RetentionService(shingle.namespace, shingle.catalog)

@@ -65,6 +65,17 @@ def test_drives_without_smart_say_so_instead_of_failing(tmp_path):
     assert health.parse_smart(["not", "an", "object"]).available is False
 
 
+def test_reading_smart_never_wakes_a_sleeping_drive(tmp_path, monkeypatch):
+    log = tmp_path / "calls"
+    monkeypatch.setenv("FAKE_SMARTCTL_LOG", str(log))
+    health.read_smart("/dev/nvme0", str(FAKE_SMARTCTL))
+    assert log.read_text().splitlines() == ["--json -x -n standby /dev/nvme0"]
+    standby = {"smartctl": {"exit_status": 2, "messages": [{"string": "Device is in STANDBY mode, exit(2)"}]},
+               "device": {"name": "/dev/sda", "protocol": "ATA"}}
+    report = health.parse_smart(standby)
+    assert not report.available and report.reason == "Device is in STANDBY mode, exit(2)"
+
+
 def test_self_test_start_and_refusals(tmp_path, monkeypatch):
     log = tmp_path / "calls"
     monkeypatch.setenv("FAKE_SMARTCTL_LOG", str(log))
