@@ -10,6 +10,7 @@ import re
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 from sqlalchemy import select
 
+from appliance.nfs.exports import SQUASH_MODES as SQUASH
 from engine import errors
 from engine.catalog.models import DIR, Export
 from engine.events import record_in
@@ -18,7 +19,6 @@ from webui.schema import Field, Schema
 
 bp = Blueprint("exports", __name__)
 EXPORTS = Export.__table__
-SQUASH = ("root_squash", "all_squash", "no_root_squash")
 MAX_CLIENTS = 64
 
 
@@ -36,6 +36,14 @@ def _clients(text: str) -> str:
         except ValueError:
             raise ValueError(f"{part!r}: expected an IP address or CIDR such as 10.0.0.0/8 or fd00::/8") from None
     return ",".join(clean)
+
+
+def _export_name(text: str) -> str:
+    """'/data//sets/' -> '/data/sets', the form the NFS server compares."""
+    parts = [p for p in text.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise ValueError(f"name = {text!r}: expected no '.' or '..' components")
+    return "/" + "/".join(parts)
 
 
 def _dir_path(text: str) -> str:
@@ -56,7 +64,7 @@ def _dir_path(text: str) -> str:
 
 EXPORT_SCHEMA = Schema("Export", "One NFS export.", (
     Field("name", "string", "The path clients mount, e.g. /export (a slash, then letters, digits, . _ - /)",
-          min_length=1, max_length=255, pattern=r"/[A-Za-z0-9._/-]*", example="/export"),
+          min_length=1, max_length=255, pattern=r"/[A-Za-z0-9._/-]*", example="/export", check=_export_name),
     Field("path", "string", "The namespace directory this export shows", min_length=1, max_length=4096,
           default="/", check=_dir_path),
     Field("clients", "string", "Clients allowed to mount: comma-separated IP addresses or CIDRs",

@@ -236,12 +236,14 @@ def test_exports_create_validate_edit_delete(web, appliance, app):
                                    ("path", "/nowhere", "expected an existing directory"),
                                    ("access", "rwx", "expected one of rw, ro"),
                                    ("anon_uid", "-5", "expected at least 0"),
-                                   ("name", "datasets", "expected the path clients mount")):
+                                   ("name", "datasets", "expected the path clients mount"),
+                                   ("name", "/data/../etc", "expected no '.' or '..' components")):
         response = web.post("/exports", {**good, field: value})
         assert response.status_code == 400 and expected in response.get_data(as_text=True).replace("&#39;", "'")
     assert count_rows(catalog, Export) == 0
-    assert web.post("/exports", good).status_code == 302
+    assert web.post("/exports", {**good, "name": "//datasets/"}).status_code == 302
     row = catalog.read(lambda c: c.execute(select(Export.__table__)).one())
+    assert row.name == "/datasets"  # the form the NFS server compares
     assert row.clients == "10.0.0.0/8,192.168.1.5/32" and row.access == "ro" and row.squash == "all_squash"
     assert web.post("/exports", good).status_code == 400  # the name exists
     assert web.post(f"/exports/{row.id}", {**good, "access": "rw"}).status_code == 302
