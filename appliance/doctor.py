@@ -257,13 +257,20 @@ def check_clock(run=subprocess.run) -> Check:
 
 
 # -- config and catalog -------------------------------------------------------------
+def _bounded(url: str) -> str:
+    """A PostgreSQL URL that gives up after 5 s: a doctor must not hang on an unreachable host."""
+    if url.startswith("postgresql") and "connect_timeout=" not in url:
+        return url + ("&" if "?" in url else "?") + "connect_timeout=5"
+    return url
+
+
 def check_catalog(config: config_mod.Config) -> Check:
     from engine.catalog.migrate import current_revision, head_revision
     url = config.catalog_url
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         return Check("catalog", "fail", f"{url} does not exist", "run `shingle install` (or `shingle init DIR`)")
     try:
-        revision = current_revision(url)
+        revision = current_revision(_bounded(url))
     except Exception as exc:  # driver errors vary by database; the message is what matters
         return Check("catalog", "fail", f"{url} unreachable ({exc.__class__.__name__}: {exc})",
                      "start the database or fix catalog.url")

@@ -208,3 +208,24 @@ def test_a_launcher_under_home_is_flagged(root):
     (root / LAUNCHER.lstrip("/")).write_text("#!/root/.pyenv/versions/3.11.7/bin/python3.11\nimport sys\n")
     pending = install.install(root, launcher=LAUNCHER).pending
     assert any("ProtectHome=yes hides" in p and "/root/.pyenv/versions/3.11.7/bin/python3.11" in p for p in pending)
+
+
+def test_install_on_a_postgresql_catalog(root, postgres_server):
+    """A config the admin wrote first (PostgreSQL catalog) is kept; that database is migrated and never dropped."""
+    url = postgres_server.create_database()
+    config = root / "etc/shingle/shingle.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(config_mod.render({"appliance.data_dir": "/var/lib/shingle", "catalog.url": url},
+                                        commented_defaults=True))
+    text = config.read_text()
+    out = shingle("install", "--root", str(root), "--bin", LAUNCHER).stdout
+    assert "kept config" in out and f"created catalog: {url} at revision {head_revision()}" in out
+    assert config.read_text() == text
+    assert current_revision(url) == head_revision()
+    assert not (root / "var/lib/shingle/catalog.db").exists()
+    doctor = shingle("doctor", "--root", str(root), "--json", check=False)
+    catalog = [c for c in __import__("json").loads(doctor.stdout) if c["name"] == "catalog"][0]
+    assert catalog["status"] == "ok" and url in catalog["detail"]
+    report = install.uninstall(root, purge=True)
+    assert any(f"kept the catalog database {url}" in p for p in report.pending)
+    assert current_revision(url) == head_revision()  # purge leaves a shared database alone
