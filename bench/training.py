@@ -65,7 +65,8 @@ def nfs_fs(port: int, **kw):
     import fsspec
     import nfs4fs  # noqa: F401  (registers the nfs4 protocol)
     return fsspec.filesystem("nfs4", host=f"127.0.0.1:{port}", root="export", auth="auth_sys", minor_version=1,
-                             skip_instance_cache=True, request_timeout=120.0, **kw)
+                             skip_instance_cache=True, request_timeout=120.0,
+                             read_all_max_total_bytes=2 << 30, **kw)  # whole checkpoints are read at once
 
 
 def state_dict(total_bytes: int, seed: int):
@@ -147,7 +148,8 @@ class Checkpointer:
 
     def load_safetensors(self, step: int):
         from safetensors.torch import load
-        return load(self.fs.cat_file(f"{CKPT}/safetensors/step-{step}"))
+        with self.fs.open(f"{CKPT}/safetensors/step-{step}", "rb") as f:  # cat_file caps at 16 MiB
+            return load(f.read())
 
     def zarr_store(self, path: str, read_only: bool = False):
         from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
