@@ -2,9 +2,12 @@
 
 Band-class geometry comes from shingle.toml (validated at load; changing k/m
 under existing stripes is a config change, not a click). Tiering thresholds
-live in the catalog's settings under ``tiering.*``, where the tiering engine
-reads them. A pin sets ``inodes.band_class`` on a path and everything below it,
-as retention's "cold" action does."""
+live in the catalog's settings as ``tiering.<TieringPolicy field>`` (seconds,
+as engine.lifecycle.tiering.TieringPolicy takes them), and pinned paths as
+``tiering.path_rules`` (JSON [[path, class], ...], TieringPolicy.path_rules),
+so the daemon's tiering job can build its policy from them. A pin also sets
+``inodes.band_class`` on the path and everything below it at once, as
+retention's "cold" action does; the rule covers files created there later."""
 from __future__ import annotations
 
 import json
@@ -25,16 +28,18 @@ CLASSES = ("hot", "warm", "cold")
 SETTING_PREFIX = "tiering."
 PIN_LIST_LIMIT = 500
 
+DAY = 86400
 THRESHOLDS = Schema("TieringThresholds", "When the tiering engine moves data between band classes.", (
-    Field("hot_to_warm_s", "integer", "Seconds a hot file must stay unchanged before it is erasure-coded into warm",
-          minimum=60, maximum=30 * 86400, default=3600),
-    Field("warm_to_cold_days", "integer", "Days without reads before warm data moves to cold", minimum=1,
-          maximum=3650, default=30),
+    Field("hot_to_warm_after_s", "integer", "Seconds a hot file stays unchanged before it is erasure-coded "
+          "into warm stripes", minimum=60, maximum=30 * DAY, default=600),
+    Field("warm_to_cold_after_s", "integer", "Seconds without a change or a read before warm data moves to "
+          "cold", minimum=3600, maximum=3650 * DAY, default=30 * DAY),
     Field("promote_reads", "integer", "Reads within the promotion window that bring cold data back to warm",
           minimum=1, maximum=1000, default=3),
-    Field("promote_window_s", "integer", "The promotion window in seconds", minimum=60, maximum=30 * 86400,
-          default=86400),
+    Field("promote_window_s", "integer", "The promotion window in seconds", minimum=60, maximum=30 * DAY,
+          default=DAY),
 ))
+PATH_RULES_KEY = SETTING_PREFIX + "path_rules"
 PIN = Schema("Pin", "Pin a path (and everything below it) to a band class, or unpin it.", (
     Field("path", "string", "An absolute path in the namespace", min_length=1, max_length=4096,
           example="/datasets/tokens-v3"),
@@ -64,6 +69,11 @@ def set_thresholds(values: dict, who: str) -> dict:
                   + ", ".join(f"{k}={v}" for k, v in values.items()), actor=who, details=values)
     core.ctx().catalog.run(work)
     return thresholds()
+
+
+def path_rules() -> list[list[str]]:
+    raw = core.ctx().catalog.get_setting(PATH_RULES_KEY)
+    return json.loads(raw) if raw else []
 
 
 def band_classes() -> list[dict]:
@@ -109,15 +119,26 @@ def pinned() -> list[dict]:
 
 
 def pin(path: str, band_class: str, who: str) -> int:
-    """Set (or with 'none' clear) the band class of a path and everything below it; returns inodes changed."""
+    """Pin a path to a class (or with 'none' unpin it): its rule, and the band class of the path and
+    everything below it now; returns the inodes changed."""
     from engine.trash import join_path, split_path, walk_subtree
     shingle = core.ctx()
     path = join_path(split_path(path, "pin path"))
     attr = shingle.namespace.resolve(path, follow=False)
     inos = [a.ino for a in walk_subtree(shingle.namespace, attr)]
     value = None if band_class == "none" else band_class
+    from engine.catalog.models import Setting
+    settings = Setting.__table__
 
     def work(conn):
+        raw = conn.execute(select(settings.c.value).where(settings.c.key == PATH_RULES_KEY)).scalar()
+        rules = [r for r in (json.loads(raw) if raw else []) if r[0] != path]
+        if value is not None:
+            rules = sorted(rules + [[path, value]])
+        if raw is None:
+            conn.execute(settings.insert().values(key=PATH_RULES_KEY, value=json.dumps(rules)))
+        else:
+            conn.execute(settings.update().where(settings.c.key == PATH_RULES_KEY).values(value=json.dumps(rules)))
         for start in range(0, len(inos), 500):
             conn.execute(INODES.update().where(INODES.c.ino.in_(inos[start:start + 500])).values(band_class=value))
         message = (f"{path} unpinned" if value is None else f"{path} pinned to the {value} class") \
@@ -129,7 +150,8 @@ def pin(path: str, band_class: str, who: str) -> int:
 
 
 def overview() -> dict:
-    return {"band_classes": band_classes(), "thresholds": thresholds(), "pinned": pinned()}
+    return {"band_classes": band_classes(), "thresholds": thresholds(), "path_rules": path_rules(),
+            "pinned": pinned()}
 
 
 @bp.route("/tiers")

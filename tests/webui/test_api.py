@@ -126,7 +126,7 @@ def test_drives_exports_tiers_events_tokens(api, appliance):
     assert api("DELETE", f"/api/v1/exports/{export_id}").status_code == 200
     assert api("GET", f"/api/v1/exports/{export_id}").status_code == 404
     tiers = api("PATCH", "/api/v1/tiers/thresholds", {"promote_reads": 7}).get_json()
-    assert tiers["promote_reads"] == 7 and tiers["warm_to_cold_days"] == 30
+    assert tiers["promote_reads"] == 7 and tiers["warm_to_cold_after_s"] == 30 * 86400
     overview = api("GET", "/api/v1/tiers").get_json()
     assert {c["name"] for c in overview["band_classes"]} == {"hot", "warm", "cold"}
     listed = api("GET", "/api/v1/events?kind=export.&limit=2").get_json()

@@ -1,6 +1,7 @@
 """Every route through Flask's test client: sign-in required, CSRF enforced, validation shown, JSON errors."""
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -258,14 +259,15 @@ def test_tiers_thresholds_and_pins(web, appliance, app):
     _, catalog = appliance
     ns = app.extensions["shingle"].namespace
     make_checkpoints(ns, "/archive", range(1, 3))
-    response = web.post("/tiers/thresholds", {"hot_to_warm_s": "10", "warm_to_cold_days": "30",
+    response = web.post("/tiers/thresholds", {"hot_to_warm_after_s": "10", "warm_to_cold_after_s": "86400",
                                               "promote_reads": "3", "promote_window_s": "86400"})
-    assert response.status_code == 400 and b"expected at least 60" in response.data
-    assert catalog.get_setting("tiering.hot_to_warm_s") is None
-    web.post("/tiers/thresholds", {"hot_to_warm_s": "7200", "warm_to_cold_days": "14", "promote_reads": "5",
-                                   "promote_window_s": "3600"})
-    assert catalog.get_setting("tiering.warm_to_cold_days") == "14"
+    assert response.status_code == 400 and b"hot_to_warm_after_s = 10: expected at least 60" in response.data
+    assert catalog.get_setting("tiering.hot_to_warm_after_s") is None
+    web.post("/tiers/thresholds", {"hot_to_warm_after_s": "7200", "warm_to_cold_after_s": "1209600",
+                                   "promote_reads": "5", "promote_window_s": "3600"})
+    assert catalog.get_setting("tiering.warm_to_cold_after_s") == "1209600"
     assert web.post("/tiers/pins", {"path": "/archive", "band_class": "cold"}).status_code == 302
+    assert json.loads(catalog.get_setting("tiering.path_rules")) == [["/archive", "cold"]]
     html = web.get("/tiers").get_data(as_text=True)
     assert "<code>/archive</code></td><td>cold" in html
     ns.invalidate()
@@ -273,6 +275,8 @@ def test_tiers_thresholds_and_pins(web, appliance, app):
                                                    .Inode.__table__.c.band_class)
                                             .where(__import__("engine.catalog.models", fromlist=["Inode"])
                                                    .Inode.__table__.c.band_class == "cold")).all()).__len__() == 5
+    assert web.post("/tiers/pins", {"path": "/archive", "band_class": "none"}).status_code == 302
+    assert json.loads(catalog.get_setting("tiering.path_rules")) == []
     response = web.post("/tiers/pins", {"path": "/missing", "band_class": "cold"})
     assert response.status_code == 400 and b"not found" in response.data
     assert events.recent(catalog, 1, kind_prefix="tiering.pin")[0].actor == ADMIN
