@@ -7,7 +7,7 @@ import os
 import nfs_rs
 import pytest
 
-from conftest import MiB, add_export, libnfs, nfs_url, nfsrs3, nfsrs4, start_server
+from nfs3_helpers import MiB, add_export, libnfs, nfs_url, nfsrs3, nfsrs4, start_server
 
 
 def test_libnfs_tools_and_nfsv41_share_files(server, tmp_path):

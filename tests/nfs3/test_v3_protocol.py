@@ -7,7 +7,7 @@ import os
 import struct
 
 from appliance.nfs import types3 as t
-from conftest import GARBAGE_ARGS, Rpc3, add_export, libnfs, nfs_url, start_server
+from nfs3_helpers import GARBAGE_ARGS, Rpc3, add_export, libnfs, nfs_url, start_server
 
 NO_ATTRS = t.NO_ATTRS
 
