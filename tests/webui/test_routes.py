@@ -331,3 +331,14 @@ def test_dashboard_charts_show_samples_or_say_there_are_none(web, appliance):
     html = web.get("/").get_data(as_text=True)
     assert "no throughput samples" not in html and "<polyline" in html
     assert "10.0 MiB/s" in html  # 600 MiB per 60 s: the read rate's top label
+
+
+def test_threshold_fields_are_the_tiering_policy_fields_with_its_defaults():
+    from dataclasses import fields
+    from engine.lifecycle.tiering import TieringPolicy
+    from webui.tiers import THRESHOLDS
+    policy = TieringPolicy()
+    known = {f.name for f in fields(TieringPolicy)}
+    for f in THRESHOLDS.fields:
+        assert f.name in known and f.default == getattr(policy, f.name), f.name
+        assert f.minimum <= f.default <= f.maximum
