@@ -6,7 +6,7 @@ import hashlib
 
 import numpy as np
 
-from conftest import MiB, add_export, nfsrs, start_server
+from nfs4_support import MiB, add_export, nfsrs, start_server
 
 SIZE = 1 << 30
 CHUNK = 8 * MiB

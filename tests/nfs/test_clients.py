@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import MiB, add_export, nfs4fs, nfsrs, start_server
+from nfs4_support import MiB, add_export, nfs4fs, nfsrs, start_server
 
 
 def test_nfsrs_round_trip(server):

@@ -10,9 +10,9 @@ import threading
 
 from appliance.nfs import const as c
 from appliance.nfs import types4 as t
-from conftest import add_export, nfsrs, start_server
+from nfs4_support import add_export, nfsrs, start_server
 from engine.namespace import ROOT
-from rawclient import RawClient, open_args
+from nfs4_rawclient import RawClient, open_args
 
 RECORDS = 10_000
 

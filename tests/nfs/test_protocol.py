@@ -11,8 +11,8 @@ import pytest
 
 from appliance.nfs import const as c
 from appliance.nfs import types4 as t
-from conftest import add_export, nfsrs, start_server
-from rawclient import RawClient, open_args
+from nfs4_support import add_export, nfsrs, start_server
+from nfs4_rawclient import RawClient, open_args
 
 
 def rpc_status(reply: bytes) -> tuple:
