@@ -327,7 +327,8 @@ def install(root: str | Path | None = None, *, launcher: str | None = None, run=
     from engine.catalog.migrate import head_revision
     from engine.catalog.migrate import current_revision
     try:
-        found = current_revision(config.catalog_url)
+        from appliance.doctor import _bounded
+        found = current_revision(_bounded(config.catalog_url))  # fail in 5 s, not minutes, on an unreachable host
     except Exception as exc:  # driver errors vary by database; the message is what matters
         raise ConfigError("catalog.url", config.catalog_url,
                           f"a reachable database ({exc.__class__.__name__}: {exc})") from None
