@@ -171,3 +171,28 @@ def test_readdir_pages_by_count(server, rpc):
     for entry in ok.entries:
         status, attrs = peer.nfs(t.NFSPROC3_GETATTR, entry.name_handle)
         assert status == t.NFS3_OK and attrs.fileid == entry.fileid == entry.name_attributes.fileid
+
+
+def test_identities_are_squashed_per_export(stack):
+    add_export(stack.catalog)  # no_root_squash: the administrator
+    add_export(stack.catalog, name="/squashed", squash="root_squash", anon_uid=4000, anon_gid=4001)
+    srv = start_server(stack)
+    admin, root_user, user = Rpc3(srv.port), Rpc3(srv.port, uid=0, gid=0), Rpc3(srv.port, uid=1000, gid=1000)
+    try:
+        top = mount_root(admin)
+        squashed = mount_root(root_user, "/squashed")
+        # root is squashed to 4000: the root-owned 0755 directory does not let it in
+        assert create(root_user, squashed, "as-root")[0] == t.NFS3ERR_ACCES
+        assert admin.nfs(t.NFSPROC3_SETATTR, t.SETATTR3args.cls(top, sattr(mode=0o1777), None))[0] == t.NFS3_OK
+        status, ok = create(root_user, squashed, "as-root")
+        assert status == t.NFS3_OK and (ok.obj_attributes.uid, ok.obj_attributes.gid) == (4000, 4001)
+        status, ok = create(user, mount_root(user, "/squashed"), "as-user")
+        assert status == t.NFS3_OK and (ok.obj_attributes.uid, ok.obj_attributes.gid) == (1000, 1000)
+        # the sticky directory keeps user 1000 from removing root's (squashed) file
+        assert user.nfs(t.NFSPROC3_REMOVE, (squashed, "as-root"))[0] == t.NFS3ERR_PERM
+        status, acc = user.nfs(t.NFSPROC3_ACCESS, t.ACCESS3args.cls(ok.obj, 0x3F))
+        assert status == t.NFS3_OK and acc.access & t.ACCESS3_MODIFY
+    finally:
+        for peer in (admin, root_user, user):
+            peer.close()
+        srv.stop()
