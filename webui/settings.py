@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hmac
 
-from flask import Blueprint, flash, redirect, render_template, request, url_for
+from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 from sqlalchemy import select
 
 from engine import accounts, errors
@@ -117,9 +117,8 @@ def create_token():
 def revoke(token_id: int):
     try:
         revoke_token(token_id, core.actor())
-    except errors.NotFound as exc:
-        flash(core.error_message(exc), "error")
-        return redirect(url_for("settings.index")), 404
+    except errors.NotFound:
+        abort(404)
     flash(f"API token {token_id} revoked", "ok")
     return redirect(url_for("settings.index"))
 
