@@ -501,7 +501,13 @@ def execute(server, rpc_cred, address: str, proc: int, args) -> list:
             log.debug("NFSv3 %s: status %d: %s", name, status, exc)
         value = fail
     p = Packer()
-    rtype.pack(p, (status, value))
+    try:
+        rtype.pack(p, (status, value))
+    except XdrError:
+        # a result that does not encode (a bug) still gets an answer: the client must not hang
+        log.exception("NFSv3 %s: result does not encode", name)
+        p = Packer()
+        rtype.pack(p, (t.NFS3ERR_SERVERFAULT, fail))
     return p.result()
 
 
