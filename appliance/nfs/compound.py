@@ -293,6 +293,7 @@ def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int) 
                         return replay.chunks
                     except NfsError as exc:
                         status = exc.status
+                        log.debug("SEQUENCE: status %d: %s", status, exc)
                         _emit(p, opnum, status, None)
                         done += 1
                         break
@@ -376,16 +377,19 @@ def _sequence(cx: Compound, a, count: int, fingerprint):
         slot = sess.slots[a.slotid]
         if slot.seqid is None:
             slot.seqid = (a.sequenceid - 1) & 0xFFFFFFFF  # first request after a restart
+        reuse = False
         if a.sequenceid == slot.seqid:
             if slot.busy:
                 raise NfsError(c.NFS4ERR_DELAY, "retry of a request still running")
-            if slot.fingerprint != fingerprint:
-                # nfs-rs reuses a slot/seqid after dropped READs: not a retransmit
-                raise NfsError(c.NFS4ERR_SEQ_FALSE_RETRY, "same slot and seqid, different request")
-            if slot.reply is None:
-                raise NfsError(c.NFS4ERR_RETRY_UNCACHED_REP, "reply was not cached")
-            raise Replay(slot.reply)
-        if a.sequenceid != (slot.seqid + 1) & 0xFFFFFFFF:
+            if slot.fingerprint == fingerprint:
+                if slot.reply is None:
+                    raise NfsError(c.NFS4ERR_RETRY_UNCACHED_REP, "reply was not cached")
+                raise Replay(slot.reply)  # a genuine retransmit: answered exactly once
+            # Same slot and seqid, different request: not a retransmit. nfs-rs 0.8.7 does
+            # this after dropping in-flight READs at EOF and fails on SEQ_FALSE_RETRY (which
+            # RFC 8881 allows, not requires), so the request runs as a new one.
+            reuse = True
+        if not reuse and a.sequenceid != (slot.seqid + 1) & 0xFFFFFFFF:
             raise NfsError(c.NFS4ERR_SEQ_MISORDERED, f"slot {a.slotid} seqid {a.sequenceid}, expected "
                                                      f"{(slot.seqid + 1) & 0xFFFFFFFF}")
         slot.busy = True

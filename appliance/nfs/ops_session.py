@@ -3,11 +3,14 @@ BIND_CONN_TO_SESSION, DESTROY_CLIENTID, RECLAIM_COMPLETE, BACKCHANNEL_CTL,
 TEST_STATEID, FREE_STATEID, SECINFO, SECINFO_NO_NAME."""
 from __future__ import annotations
 
+import logging
+
 from appliance.nfs import const as c
 from appliance.nfs.compound import operation
 from appliance.nfs.state import NfsError
 from appliance.nfs.types4 import RESULTS, channel_attrs4, nfs_impl_id4, nfstime4
 
+log = logging.getLogger("shingle.nfs")
 MAX_CACHED = 64 * 1024
 MAX_SLOTS = 64
 MAX_OPS = 64
@@ -43,6 +46,7 @@ def create_session(cx, a):
             raise NfsError(c.NFS4ERR_SEQ_MISORDERED, f"CREATE_SESSION sequence {a.sequence}, "
                                                      f"expected {cl.cs_sequence}")
         limit = cx.server.max_record_size
+        log.debug("CREATE_SESSION fore %r back %r", a.fore_chan_attrs, a.back_chan_attrs)
         f = a.fore_chan_attrs
         if f.maxrequestsize < 1024 or f.maxresponsesize < 1024 or f.maxoperations < 2:
             raise NfsError(c.NFS4ERR_TOOSMALL, "fore channel limits below what any COMPOUND needs")
