@@ -18,3 +18,6 @@ errorlog = "-"
 loglevel = os.environ.get("SHINGLE_WEBUI_LOGLEVEL", "info")
 proc_name = "shingle-webui"
 forwarded_allow_ips = "127.0.0.1"
+# gunicorn >= 25.1 opens a control socket in $XDG_RUNTIME_DIR or ~/.gunicorn: two appliances on one host
+# would share it, and the systemd unit's ProtectHome makes ~ read-only. Nothing here uses it.
+control_socket_disable = True
