@@ -45,6 +45,14 @@ def test_libnfs_errors(server, stack, tmp_path):
     missing = libnfs("nfs-cat", nfs_url(port, "/export/no-such-file"), check=False)
     assert missing.returncode != 0
     assert b"NFS3ERR_NOENT" in missing.stderr or b"No such file" in missing.stderr, missing.stderr
+    # nfs-cp creates GUARDED: an existing name is refused, the file left as it was
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.write_bytes(b"first version\n")
+    second.write_bytes(b"second\n")
+    libnfs("nfs-cp", str(first), nfs_url(port, "/export/kept.txt"))
+    again = libnfs("nfs-cp", str(second), nfs_url(port, "/export/kept.txt"), check=False)
+    assert again.returncode != 0 and b"NFS3ERR_EXIST" in again.stderr, again.stderr
+    assert libnfs("nfs-cat", nfs_url(port, "/export/kept.txt")).stdout == b"first version\n"
     unexported = libnfs("nfs-ls", nfs_url(port, "/not-exported"), check=False)
     assert unexported.returncode != 0 and b"MNT3ERR_NOENT" in unexported.stderr, unexported.stderr
     # an export for another address: MOUNT refuses this client (from 127.0.0.1) with MNT3ERR_ACCES
