@@ -46,9 +46,10 @@ DRIVES = 10
 
 def sizes(quick: bool) -> dict:
     if quick:
-        return {"shard": 48 * MiB, "zone": 64 * MiB, "drive": 1024 * MiB, "random_file": 64 * MiB,
+        return {"shard": 48 * MiB, "zone": 64 * MiB, "drive": 512 * MiB, "random_file": 64 * MiB,
                 "overwrites": 4096}
-    return {"shard": 512 * MiB, "zone": 256 * MiB, "drive": 8192 * MiB, "random_file": 1024 * MiB,
+    # 10 x 1.5 GiB drives hold the 4 GiB checkpoint (5 GiB with parity) plus the cleaning reserve
+    return {"shard": 512 * MiB, "zone": 256 * MiB, "drive": 1536 * MiB, "random_file": 1024 * MiB,
             "overwrites": 32768}
 
 

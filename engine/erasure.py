@@ -44,6 +44,7 @@ DEFAULTS: dict[str, dict] = {
              "compression": "zstd"},
 }
 DEFAULT_CLASS = "warm"
+HOT_CLASS = "hot"
 
 
 class DecodeError(Exception):

@@ -16,7 +16,7 @@ from engine.catalog.models import BandClass, Drive, Extent, Fragment, Inode, Str
 from engine.datapath.accounting import ExtentMap, adjust_live, chunks, load_extents, write_map
 from engine.datapath.drivestate import DriveState, ZoneMem
 from engine.datapath.reader import StripeInfo, StripeReader
-from engine.erasure import ALIGNMENT_SLACK, DEFAULT_CLASS, Policy
+from engine.erasure import ALIGNMENT_SLACK, DEFAULT_CLASS, HOT_CLASS, Policy
 
 INODES = Inode.__table__
 DRIVES = Drive.__table__
@@ -38,10 +38,10 @@ class PendingStripe:
     __slots__ = ("seq", "fb", "policy", "payload", "extents", "reserved", "fragments", "crcs", "placement",
                  "remaining", "lock", "written", "committed", "error", "encoding", "encoded")
 
-    def __init__(self, seq, fb, payload, extents, reserved):
+    def __init__(self, seq, fb, payload, extents, reserved, policy):
         self.seq = seq
         self.fb = fb
-        self.policy: Policy = fb.policy
+        self.policy: Policy = policy
         self.payload: bytes = payload
         self.extents = extents  # [file_offset, stripe_offset, length] in write order
         self.reserved = reserved
@@ -64,12 +64,13 @@ class PendingStripe:
 class FileBuffer:
     """Per-file write buffer: the bytes of the stripe being filled, and the stripes in flight."""
 
-    __slots__ = ("ino", "policy", "size", "data", "extents", "reserved", "inflight", "lock", "ilock", "error",
-                 "dead")
+    __slots__ = ("ino", "policy", "pinned", "size", "data", "extents", "reserved", "inflight", "lock", "ilock",
+                 "error", "dead")
 
-    def __init__(self, ino: int, policy: Policy, size: int):
+    def __init__(self, ino: int, policy: Policy, size: int, pinned: bool = False):
         self.ino = ino
         self.policy = policy
+        self.pinned = pinned  # the inode names its band class: no small-write routing
         self.size = size  # file size counting buffered writes
         self.data = bytearray()
         self.extents: list[list[int]] = []
@@ -119,7 +120,7 @@ class _Latch:
 class DataPath:
     def __init__(self, catalog, policies: dict[str, Policy], *, reserve_zones: int = 2, smr_model=None,
                  encoders: int = 2, read_threads: int = 12, max_inflight_stripes: int = 24,
-                 cache_bytes: int = 256 << 20):
+                 cache_bytes: int = 256 << 20, small_write_bytes: int | None = None):
         if not policies:
             raise errors.ConfigError("band_classes", policies, "at least one band class policy")
         if isinstance(reserve_zones, bool) or not isinstance(reserve_zones, int) or reserve_zones < 0:
@@ -131,6 +132,9 @@ class DataPath:
         self.smr_model = smr_model
         self.max_fragment = max(p.max_fragment_length for p in self.policies.values())
         self.max_extent = max(p.stripe_size for p in self.policies.values())
+        # flushes smaller than this go to the hot (replicated) class; default: one fragment of the default class
+        self.small_write_bytes = (self.policies[self.default_class].fragment_size if small_write_bytes is None
+                                  else small_write_bytes)
         self._write_band_classes()
 
         self._space_lock = threading.RLock()
@@ -368,7 +372,8 @@ class DataPath:
         with self._files_lock:
             fb = self._files.get(ino)
             if fb is None or fb.dead:
-                fb = self._files[ino] = FileBuffer(ino, self._policy_for(row.band_class), row.size)
+                fb = self._files[ino] = FileBuffer(ino, self._policy_for(row.band_class), row.size,
+                                                    pinned=row.band_class in self.policies)
             return fb
 
     def write(self, ino: int, offset: int, data) -> int:
@@ -412,12 +417,23 @@ class DataPath:
         policy = fb.policy
         own = min(fb.reserved, self._need(policy, len(payload)))
         fb.reserved -= own
+        hot = self.policies.get(HOT_CLASS)
+        if not fb.pinned and hot is not None and hot is not policy and len(payload) < self.small_write_bytes:
+            # a few KiB cannot fill a stripe: replicate them in the hot class (tiering re-encodes later)
+            extra = self._need(hot, len(payload)) - own
+            try:
+                if extra > 0:
+                    self._reserve(extra, hot)
+                    own += extra
+                policy = hot
+            except errors.NoSpace:
+                pass  # the erasure-coded stripe is already reserved
         fb.data = bytearray()
         extents, fb.extents = fb.extents, []
         self._inflight.acquire()
         with self._seq_lock:
             self._seq += 1
-            stripe = PendingStripe(self._seq, fb, payload, extents, own)
+            stripe = PendingStripe(self._seq, fb, payload, extents, own, policy)
             with fb.ilock:
                 fb.inflight.append(stripe)
             stripe.encoding = self._encoder.submit(self._encode, stripe)
@@ -469,13 +485,17 @@ class DataPath:
             n = max(len(writable), 1)
             # most free first; the rotation spreads ties so equal drives share the work
             writable.sort(key=lambda d: (-(len(d.empty) + sum(1 for _ in d.open)), (d.id + self._rr) % n))
-            chosen = []
-            for drive in writable:
-                zone = self._zone_for(drive, policy.name, length)
-                if zone is not None:
-                    chosen.append((drive, zone))
-                    if len(chosen) == width:
-                        break
+            for attempt in range(2):
+                chosen = []
+                for drive in writable:
+                    zone = self._zone_for(drive, policy.name, length)
+                    if zone is not None:
+                        chosen.append((drive, zone))
+                        if len(chosen) == width:
+                            break
+                # _reserve counted zones holding only garbage as room: reset them before giving up
+                if len(chosen) == width or attempt or not self._reclaim_zones():
+                    break
             if len(chosen) < width:
                 raise errors.NoSpace(f"stripe of {len(stripe.payload)} bytes needs {width} drives with "
                                      f"{length} free bytes in a {policy.name} band; {len(chosen)} have room")

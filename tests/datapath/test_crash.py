@@ -35,7 +35,7 @@ def test_sigkill_at_random_moments_loses_no_committed_byte(tmp_path):
         child = subprocess.Popen([sys.executable, str(HERE / "crash_child.py"), url, str(round_no)],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT_DIR, env=env)
         assert child.stdout.readline().strip() == b"READY", child.stderr.read().decode()
-        time.sleep(rng.uniform(0.02, 0.6))
+        time.sleep(rng.uniform(0.02, 0.35))
         child.send_signal(signal.SIGKILL)
         out, err = child.communicate(timeout=30)
         assert child.returncode == -signal.SIGKILL, err.decode()[-2000:]

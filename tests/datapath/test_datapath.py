@@ -310,3 +310,37 @@ def test_backend_with_padded_fragments_reads_and_decodes(catalog, tmp_path):
         assert eng.data.reader.stats["degraded_stripes"] > 0
     finally:
         eng.close()
+
+
+def test_small_flushes_are_replicated_in_the_hot_class(engine):
+    ns = engine.ns
+    small = os.urandom(3000)
+    ino_small = make(engine, "small", small)
+    big = os.urandom(STRIPE + 100 * KiB)
+    ino_big = make(engine, "big", big, chunk=STRIPE + 100 * KiB)
+    stripes = engine.catalog.read(lambda c: c.execute(select(Stripe.__table__.c.layout, Stripe.__table__.c.k,
+                                                             Stripe.__table__.c.m, Stripe.__table__.c.data_length)
+                                                      .order_by(Stripe.__table__.c.id)).all())
+    assert stripes[0] == ("replica", 1, 2, 3000)  # 3 KiB cannot fill a stripe: 3 copies
+    assert ("ec", 8, 2, STRIPE) in stripes and ("ec", 8, 2, 100 * KiB) in stripes  # >= one fragment: EC
+    check_accounting(engine.catalog)
+    engine.catalog.run(lambda c: c.execute(update(Drive.__table__).where(
+        Drive.__table__.c.id.in_(engine.drive_ids[:2])).values(state="failed")))
+    engine.restart()
+    assert engine.ns.read(ino_small, 0, 5000) == small
+    assert engine.ns.read(ino_big, 0, len(big)) == big
+
+
+def test_replica_stripes_read_back_with_two_drives_lost(engine):
+    ns = engine.ns
+    ino = ns.create(ROOT, ns.root_ino, "h").ino
+    engine.catalog.run(lambda c: c.execute(update(Inode.__table__).where(Inode.__table__.c.ino == ino)
+                                           .values(band_class="hot")))
+    engine.restart()
+    data = os.urandom(2 * MiB + 5)
+    engine.ns.write(ino, 0, data)
+    engine.ns.commit(ino)
+    engine.catalog.run(lambda c: c.execute(update(Drive.__table__).where(
+        Drive.__table__.c.id.in_(engine.drive_ids[4:6])).values(state="failed")))
+    engine.restart()
+    assert engine.ns.read(ino, 0, len(data)) == data
