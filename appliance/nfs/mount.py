@@ -6,6 +6,7 @@ path below an export name mounts that subdirectory. The mount list (DUMP)
 is advisory, kept in memory as RFC 1813 allows."""
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 
@@ -19,8 +20,8 @@ from engine.catalog.models import DIR
 
 log = logging.getLogger("shingle.nfs.mount")
 
-ERRNO_TO_MNT3 = {2: t.MNT3ERR_NOENT, 13: t.MNT3ERR_ACCES, 20: t.MNT3ERR_NOTDIR, 22: t.MNT3ERR_INVAL,
-                 63: t.MNT3ERR_NAMETOOLONG, 1: t.MNT3ERR_PERM}
+ERRNO_TO_MNT3 = {errno.ENOENT: t.MNT3ERR_NOENT, errno.EACCES: t.MNT3ERR_ACCES, errno.ENOTDIR: t.MNT3ERR_NOTDIR,
+                 errno.EINVAL: t.MNT3ERR_INVAL, errno.ENAMETOOLONG: t.MNT3ERR_NAMETOOLONG, errno.EPERM: t.MNT3ERR_PERM}
 
 
 class MountError(Exception):
