@@ -89,6 +89,26 @@ def test_missing_bad_and_stale_handles(server, rpc):
     assert status == t.NFS3ERR_ISDIR
 
 
+def test_mount_subdirectories_dump_and_umount(server, rpc):
+    peer = rpc()
+    root = mount_root(peer)
+    status, made = peer.nfs(t.NFSPROC3_MKDIR, t.MKDIR3args.cls(t.diropargs3.cls(root, "sub"), NO_ATTRS))
+    assert status == t.NFS3_OK
+    assert create(peer, made.obj, "plain")[0] == t.NFS3_OK
+    assert mount_root(peer, "/export/sub/") == made.obj
+    assert peer.mount(t.MOUNTPROC3_MNT, "/export/sub/plain")[0] == t.MNT3ERR_NOTDIR
+    assert peer.mount(t.MOUNTPROC3_MNT, "/export/sub/none")[0] == t.MNT3ERR_NOENT
+    # ".." stops at the export's root
+    status, up = peer.nfs(t.NFSPROC3_LOOKUP, (root, ".."))
+    assert status == t.NFS3_OK and up.object == root
+    assert sorted(m.ml_directory for m in peer.mount(t.MOUNTPROC3_DUMP)) == ["/export", "/export/sub"]
+    peer.mount(t.MOUNTPROC3_UMNT, "/export/sub")
+    assert [m.ml_directory for m in peer.mount(t.MOUNTPROC3_DUMP)] == ["/export"]
+    peer.mount(t.MOUNTPROC3_UMNTALL)
+    assert peer.mount(t.MOUNTPROC3_DUMP) == []
+    assert [(e.ex_dir, e.ex_groups) for e in peer.mount(t.MOUNTPROC3_EXPORT)] == [("/export", ["127.0.0.1/32"])]
+
+
 def test_write_stability_verifier_and_commit(server, rpc):
     peer = rpc()
     root = mount_root(peer)
