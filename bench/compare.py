@@ -73,6 +73,7 @@ TRAINING_METRICS = [
     ("safetensors_save_MBps", "MB/s"),
     ("zarr_write_MBps", "MB/s"),
     ("dataloader_samples_per_s", "samples/s"),
+    ("dataloader_local_samples_per_s", "samples/s"),
     ("dataloader_vs_local", "x local"),
 ]
 
@@ -349,6 +350,88 @@ class Run:
         return rows
 
 
+# -- profile: py-spy attached to the shingle daemon while one workload runs ------------------------
+PROFILED = (("nfsrs", "seq_write"), ("nfsrs", "seq_read"), ("nfsrs", "small_files"), ("nfsrs", "random_write"))
+
+
+def pyspy_binary() -> str | None:
+    found = shutil.which("py-spy")
+    local = Path(sys.executable).parent / "py-spy"
+    return found or (str(local) if local.exists() else None)
+
+
+IDLE_LEAVES = ("select (selectors.py)", "wait (threading.py)", "acquire (threading.py)", "_worker (concurrent/",
+               "get (queue.py)", "_wait_for_tstate_lock", "run_forever", "_run_once (asyncio/base_events.py)")
+
+
+def parse_collapsed(text: str) -> dict:
+    """py-spy raw (collapsed) stacks -> top functions by self and inclusive share of the busy
+    samples (stacks whose leaf is a thread waiting - selector, condition, pool queue - are idle)."""
+    import re
+    self_n: dict[str, int] = {}
+    total_n: dict[str, int] = {}
+    samples = 0
+    strip_line = re.compile(r":\d+\)$")
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        samples += n
+        frames = [strip_line.sub(")", f.strip()) for f in stack.split(";")
+                  if f.strip() and not f.startswith(("process ", "thread "))]
+        if not frames or any(idle in frames[-1] for idle in IDLE_LEAVES):
+            samples -= n
+            continue
+        self_n[frames[-1]] = self_n.get(frames[-1], 0) + n
+        for f in set(frames):
+            total_n[f] = total_n.get(f, 0) + n
+    top = lambda d: [(f, 100.0 * c / max(samples, 1)) for f, c in sorted(d.items(), key=lambda kv: -kv[1])[:20]]  # noqa: E731
+    return {"samples": samples, "top_self": top(self_n), "top_total": top(total_n)}
+
+
+def profile_shingle(run: "Run", outdir: Path) -> dict:
+    import signal
+    binary = pyspy_binary()
+    server = run.servers["shingle"]
+    out = {}
+    if binary is None:
+        return {"all": {"error": "py-spy is not installed (pip install -e '.[bench]')"}}
+    outdir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    for client, workload in PROFILED:
+        key = f"{client}.{workload}"
+        if not run.ensure_up("shingle"):
+            out[key] = {"error": "shingle is not running"}
+            continue
+        if workload == "seq_read":  # needs its file; the write is not profiled here
+            run_workload(server, client, "seq_write", run.params, run.timeout)
+        raw = outdir / f"{stamp}-profile-{client}-{workload}.txt"
+        spy = subprocess.Popen([binary, "record", "--pid", str(server.proc.pid), "--rate", "200", "--format", "raw",
+                                "--output", str(raw), "--nonblocking"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)  # attach before the load starts
+        res = run_workload(server, client, workload, run.params, run.timeout)
+        spy.send_signal(signal.SIGINT)
+        try:
+            _, err = spy.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+            _, err = spy.communicate()
+        if workload == "seq_read":
+            run_workload(server, client, "seq_cleanup", run.params, run.timeout)
+        if not raw.exists():
+            out[key] = {"error": f"py-spy wrote nothing (exit {spy.returncode}): {(err or '').strip()[-300:]}"}
+            continue
+        prof = parse_collapsed(raw.read_text(errors="replace"))
+        prof["raw"] = raw.name
+        prof["workload_result"] = res.get("metrics") or res.get("error")
+        out[key] = prof
+        log(f"  profiled shingle {key}: {prof['samples']} samples; top self "
+            f"{', '.join(f'{f} {p:.0f}%' for f, p in prof['top_self'][:3])}")
+    return out
+
+
 def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -402,6 +485,9 @@ def parse_args(argv=None):
     ap.add_argument("--no-training", action="store_true", help="skip the torch/fsspec training workloads")
     ap.add_argument("--no-cluster", action="store_true", help="skip the cluster-scale model")
     ap.add_argument("--report", action="store_true", help="write the markdown report and charts in quick mode too")
+    ap.add_argument("--profile", action="store_true", default=None,
+                    help="profile shingle with py-spy after the measured runs (default in full mode)")
+    ap.add_argument("--no-profile", dest="profile", action="store_false")
     ap.add_argument("--results", default=str(REPO / "bench" / "results"), help="report folder")
     ap.add_argument("--workdir", help="where the servers keep their data (default: a temp folder, removed)")
     ap.add_argument("--json", help="also write every sample and error to this JSON file")
@@ -412,6 +498,8 @@ def parse_args(argv=None):
             ap.error(f"--clients: {c!r} is not one of {', '.join(workloads.CLIENTS)}")
     if args.reps is None:
         args.reps = 3 if args.mode == "full" else 1
+    if args.profile is None:
+        args.profile = args.mode == "full"
     if args.reps < 1:
         ap.error(f"--reps {args.reps}: expected at least 1")
     return args
@@ -432,7 +520,7 @@ def main(argv=None) -> int:
     servers = {"shingle": ShingleServer(workdir / "shingle", **layout),
                "ganesha": GaneshaServer(workdir / "ganesha")}
     run = Run(args, servers)
-    training = cluster = None
+    training = cluster = profile = None
     server_info = {}
     try:
         for name, server in servers.items():
@@ -449,6 +537,9 @@ def main(argv=None) -> int:
         server_info["shingle"].update({"drives": 10, "drive_size": layout["drive_size"],
                                        "zone_size": layout["zone_size"], "redundancy": "8+2 (warm class)"})
         run.run()
+        if args.profile:
+            log("profiling shingle (py-spy)")
+            profile = profile_shingle(run, Path(args.results))
         if not args.no_training:
             if torch_available():
                 training = run.training(workdir)
@@ -474,6 +565,7 @@ def main(argv=None) -> int:
         "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "cache_drop": run.cache_drop, "params": run.params, "servers": server_info,
         "rows": rows, "errors": run.errors, "server_cpu_s": run.cpu, "training": training, "cluster": cluster,
+        "profile": profile,
     }
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=str))

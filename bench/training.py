@@ -55,7 +55,7 @@ FORMATS = ("torch", "safetensors", "zarr")
 SIZES = {  # model bytes, steps, zarr bytes, shards x shard bytes, DataLoader workers
     "full": dict(model_bytes=320 * MiB, steps=3, zarr_bytes=64 * MiB, shards=16, shard_bytes=32 * MiB, workers=4),
     "quick": dict(model_bytes=32 * MiB, steps=3, zarr_bytes=16 * MiB, shards=8, shard_bytes=8 * MiB, workers=4),
-    "smoke": dict(model_bytes=2 * MiB, steps=3, zarr_bytes=1 * MiB, shards=4, shard_bytes=512 * 1024, workers=2),
+    "smoke": dict(model_bytes=1 * MiB, steps=3, zarr_bytes=256 * 1024, shards=2, shard_bytes=256 * 1024, workers=0),
 }
 SEQ_LEN = 2048  # tokens per sample
 BATCH = 16
@@ -294,8 +294,8 @@ def stream(paths, port, workers: int) -> tuple[float, int, int]:
     import torch
     ds = ShardStream(paths, port)
     # spawn, not fork: a forked child inherits the parent's NFS client threads half-alive
-    loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, num_workers=workers, timeout=120,
-                                         multiprocessing_context="spawn")
+    extra = {"timeout": 120, "multiprocessing_context": "spawn"} if workers else {}  # smoke: in-process
+    loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, num_workers=workers, **extra)
     samples = total = timed = 0
     t = None
     for batch in loader:
