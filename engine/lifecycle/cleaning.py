@@ -25,7 +25,7 @@ from engine import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import Drive, Fragment, Zone
 from engine.events import record
-from engine.lifecycle.media import Media
+from engine.lifecycle.media import Media, media_for
 from engine.lifecycle.pacing import Progress, RateLimiter, Tracker
 from engine.lifecycle.repair import Reconstructor, fragment_row, load_stripes, relocate
 
@@ -132,7 +132,7 @@ class Cleaner:
         if max_zones is not None:
             victims = victims[:max_zones]
         tracker = Tracker(sum(v.live_bytes for v in victims), progress, "cleaning")
-        media = Media(self.dp)
+        media = media_for(self.dp)
         fixer = Reconstructor(media)
         try:
             for victim in victims:

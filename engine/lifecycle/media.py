@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 import crc32c
@@ -73,7 +74,7 @@ class Media:
     def __init__(self, datapath):
         self.dp = datapath
         self._lock = threading.Lock()
-        self._open: dict[tuple[int, str, str], object] = {}  # (drive, class, purpose) -> ZoneMem
+        self._open: dict[tuple[int, str], object] = {}  # (drive, class) -> ZoneMem
         self._closed: set[int] = set()  # zones closed, not yet recorded as full
 
     # -- drives ------------------------------------------------------------------------
@@ -87,14 +88,21 @@ class Media:
         drive = self.dp._drives.get(drive_id)
         return drive is not None and drive.readable()
 
-    def writable_drives(self, exclude=(), *, use_reserve: bool = False) -> list[int]:
-        """Drives that can take a new fragment, those with the most empty zones first."""
+    def writable_drives(self, exclude=(), *, use_reserve: bool = False, want: int = 1) -> list[int]:
+        """Drives that can take a new fragment, those with the most empty zones first.
+        With fewer than ``want`` of them, zones holding only garbage are reset first."""
+        found = self._writable(exclude, use_reserve)
+        if len(found) < want and self.dp._reclaim_zones():
+            found = self._writable(exclude, use_reserve)
+        return found
+
+    def _writable(self, exclude, use_reserve: bool) -> list[int]:
         reserve = 0 if use_reserve else self.dp.reserve_zones
         with self.dp._space_lock:
             found = [(len(d.empty), d.id) for d in self.dp._drives.values()
                      if d.writable() and d.id not in exclude and len(d.empty) > reserve]
             # a drive whose open lifecycle zone still has room counts too
-            for (drive_id, _cls, _purpose), zone in self._open.items():
+            for (drive_id, _cls), zone in self._open.items():
                 d = self.dp._drives.get(drive_id)
                 if d is not None and d.writable() and drive_id not in exclude \
                         and zone.wp < d.zone_size and all(i != drive_id for _n, i in found):
@@ -115,17 +123,20 @@ class Media:
 
     # -- zones of our own ------------------------------------------------------------------
     def _claim(self, drive, band_class: str, purpose: str, length: int, use_reserve: bool):
-        key = (drive.id, band_class, purpose)
+        key = (drive.id, band_class)
         zone = self._open.get(key)
         if zone is not None and zone.wp + length <= drive.zone_size:
             return zone
         with self.dp._space_lock:
             if zone is not None:
                 self._close(key, zone, drive)
-            reserve = 0 if use_reserve else self.dp.reserve_zones
-            if len(drive.empty) <= reserve:
+            if not self._may_claim(drive, band_class, use_reserve):
+                self.dp._reclaim_zones()  # zones holding only garbage: reset them and look again
+                self.dp._refresh_reclaimable()
+            if not self._may_claim(drive, band_class, use_reserve):
                 raise errors.NoSpace(f"drive {drive.id} has {len(drive.empty)} empty zones "
-                                     f"({self.dp.reserve_zones} reserved for cleaning): no room for {purpose}")
+                                     f"({self.dp.reserve_zones} reserved for cleaning) and the data path's "
+                                     f"buffered writes hold the rest: no room for {purpose}")
             idx = min(drive.empty)
             drive.empty.discard(idx)
             zone = drive.zones[idx]
@@ -133,6 +144,23 @@ class Media:
             zone.inflight += 1  # pinned while we own it: never reset under us
             self._open[key] = zone
             return zone
+
+    def _may_claim(self, drive, band_class: str, use_reserve: bool) -> bool:
+        """Whether taking one empty zone of ``drive`` leaves the data path what it promised.
+
+        The data path reserves room for buffered writes when it accepts them and never
+        counts the last ``reserve_zones`` empty zones of a drive as room. Jobs other than
+        cleaning may only take a zone beyond those reserved ones that no buffered write
+        needs; cleaning may take any empty zone, the reserve included (that is what it is
+        for: cleaning frees more than it takes, and it must never wait on writers)."""
+        if not drive.empty:
+            return False
+        if use_reserve:
+            return True
+        policy = self.dp.policies.get(band_class) or self.dp.policies[self.dp.default_class]
+        per_zone = max(drive.zone_size - policy.max_fragment_length, 0)
+        spare = self.dp._usable() - self.dp._reserved
+        return len(drive.empty) > self.dp.reserve_zones and spare >= per_zone
 
     def _close(self, key, zone, drive) -> None:
         del self._open[key]
@@ -146,11 +174,18 @@ class Media:
         drive.queue.put(("finish", zone.idx))
 
     def finish(self) -> None:
-        """Close every zone this Media holds open (end of a job) and record them as full."""
+        """End of a job: record the zones it filled up as full (the open ones stay open)."""
+        with self._lock:
+            pending = bool(self._closed)
+        if pending:
+            self.dp.catalog.run(lambda conn: self.record(conn, []))
+
+    def close_all(self) -> None:
+        """Close every lifecycle zone (before the data path closes, or to test a restart)."""
         with self._lock, self.dp._space_lock:
             for key, zone in list(self._open.items()):
                 self._close(key, zone, self.dp._drives[key[0]])
-        self.dp.catalog.run(lambda conn: self.record(conn, []))
+        self.finish()
 
     # -- catalog side: inside the caller's transaction ---------------------------------------
     def record(self, conn, placements: list[Placement]) -> None:
@@ -275,3 +310,61 @@ def move_fragment(conn, fragment_id: int, expect_zone: int, expect_offset: int, 
         conn.execute(ZONES.update().where(ZONES.c.id == placement.zone_id).values(
             live_bytes=ZONES.c.live_bytes + moved, garbage_bytes=ZONES.c.garbage_bytes - moved))
     return True
+
+
+_SHARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def media_for(datapath) -> Media:
+    """The one Media of a DataPath, shared by all its lifecycle jobs."""
+    with _SHARED_LOCK:
+        media = _SHARED.get(datapath)
+        if media is None:
+            media = _SHARED[datapath] = Media(datapath)
+        return media
+
+
+def move_fragments(conn, moves: list[tuple[int, int, int, Placement]]) -> list[int]:
+    """``move_fragment`` for many (fragment id, expected zone, expected offset, placement) at once:
+    a few statements in all, however many fragments. Returns the ids that moved."""
+    if not moves:
+        return []
+    ids = [m[0] for m in moves]
+    rows = {}
+    for part in range(0, len(ids), 400):
+        for r in conn.execute(select(FRAGMENTS.c.id, FRAGMENTS.c.zone_id, FRAGMENTS.c.zone_offset,
+                                     FRAGMENTS.c.length, FRAGMENTS.c.stripe_id)
+                              .where(FRAGMENTS.c.id.in_(ids[part:part + 400]))):
+            rows[r.id] = r
+    stripe_ids = sorted({r.stripe_id for r in rows.values()})
+    stripes = {}
+    for part in range(0, len(stripe_ids), 400):
+        for r in conn.execute(select(STRIPES.c.id, STRIPES.c.live_bytes, STRIPES.c.data_length)
+                              .where(STRIPES.c.id.in_(stripe_ids[part:part + 400]))):
+            stripes[r.id] = r
+    updates, zone_delta, moved = [], {}, []
+    for fragment_id, expect_zone, expect_offset, placement in moves:
+        row = rows.get(fragment_id)
+        if row is None or row.zone_id != expect_zone or row.zone_offset != expect_offset:
+            continue
+        if row.length != placement.length:
+            raise errors.IOFailure(f"fragment {fragment_id} is {row.length} bytes, its new copy {placement.length}")
+        stripe = stripes.get(row.stripe_id)
+        share = live_share(row.length, stripe.live_bytes, stripe.data_length) if stripe else 0
+        updates.append({"b_id": fragment_id, "b_drive": placement.drive_id, "b_zone": placement.zone_id,
+                        "b_offset": placement.offset, "b_crc": placement.checksum})
+        if share:
+            zone_delta[row.zone_id] = zone_delta.get(row.zone_id, 0) - share
+            zone_delta[placement.zone_id] = zone_delta.get(placement.zone_id, 0) + share
+        moved.append(fragment_id)
+    if updates:
+        conn.execute(FRAGMENTS.update().where(FRAGMENTS.c.id == bindparam("b_id")).values(
+            drive_id=bindparam("b_drive"), zone_id=bindparam("b_zone"), zone_offset=bindparam("b_offset"),
+            checksum=bindparam("b_crc")), updates)
+    changes = [{"b_id": z, "b_d": d} for z, d in zone_delta.items() if d]
+    if changes:
+        conn.execute(ZONES.update().where(ZONES.c.id == bindparam("b_id")).values(
+            live_bytes=ZONES.c.live_bytes + bindparam("b_d"),
+            garbage_bytes=ZONES.c.garbage_bytes - bindparam("b_d")), changes)
+    return moved

@@ -15,7 +15,9 @@ status (how many stripes still run with reduced redundancy).
 """
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from sqlalchemy import func, select
@@ -25,14 +27,15 @@ from engine.catalog.database import Catalog
 from engine.catalog.models import Drive, Fragment
 from engine.events import record, record_in
 from engine.lifecycle import drives as drive_states
-from engine.lifecycle.media import Media
+from engine.lifecycle.media import Media, media_for
 from engine.lifecycle.pacing import Progress, RateLimiter, Tracker
 from engine.lifecycle.repair import Reconstructor, load_stripes, relocate
 
 FRAGMENTS = Fragment.__table__
 DRIVES = Drive.__table__
 LOST_STATES = (drive_states.FAILED, drive_states.REMOVED)
-STRIPES_PER_BATCH = 32
+STRIPES_PER_BATCH = 128
+STRIPE_THREADS = 4
 
 
 @dataclass
@@ -55,6 +58,18 @@ class RebuildReport:
         data = asdict(self)
         data["mb_per_s"] = self.mb_per_s
         return data
+
+
+_STRIPE_POOL: ThreadPoolExecutor | None = None
+_STRIPE_POOL_LOCK = threading.Lock()
+
+
+def _stripe_pool() -> ThreadPoolExecutor:
+    global _STRIPE_POOL
+    with _STRIPE_POOL_LOCK:
+        if _STRIPE_POOL is None:
+            _STRIPE_POOL = ThreadPoolExecutor(STRIPE_THREADS, thread_name_prefix="shingle-rebuild")
+        return _STRIPE_POOL
 
 
 def pending_work(catalog: Catalog, drive_id: int | None = None) -> tuple[int, int, int]:
@@ -83,7 +98,7 @@ class Rebuilder:
         report = RebuildReport()
         _stripes, _fragments, nbytes = pending_work(self.catalog, drive_id)
         tracker = Tracker(nbytes, progress, "rebuild")
-        media = Media(self.dp)
+        media = media_for(self.dp)
         fixer = Reconstructor(media)
         done: set[int] = set()  # stripes already handled (or given up) in this run
         try:
@@ -120,39 +135,50 @@ class Rebuilder:
                details=report.to_dict())
         return report
 
+    def _prepare(self, stripe, states, media: Media, fixer: Reconstructor, only_drive: int | None):
+        """(lost indexes, {index: bytes} to write) for one stripe; raises IOFailure if beyond repair."""
+        lost, drain = [], {}
+        for idx, fragment in stripe.fragments.items():
+            state = states.get(fragment.drive_id)
+            if only_drive is not None and fragment.drive_id != only_drive:
+                continue
+            if state in LOST_STATES or (state == drive_states.DRAINING and not media.readable(fragment.drive_id)):
+                lost.append(idx)
+            elif state == drive_states.DRAINING:
+                data = fixer.fetch(fragment)
+                if data is None:
+                    lost.append(idx)
+                else:
+                    drain[idx] = data
+        rebuilt = fixer.rebuild(stripe, lost, good=drain) if lost else {}
+        return lost, {**drain, **rebuilt}
+
     def _batch(self, stripes, states, media: Media, fixer: Reconstructor, report: RebuildReport,
                tracker: Tracker, only_drive: int | None) -> None:
         moves_by_class: dict[str, list] = {}
-        for n, stripe in enumerate(stripes):
-            lost, drain = [], {}
-            for idx, fragment in stripe.fragments.items():
-                state = states.get(fragment.drive_id)
-                if only_drive is not None and fragment.drive_id != only_drive:
-                    continue
-                if state in LOST_STATES or (state == drive_states.DRAINING and not media.readable(fragment.drive_id)):
-                    lost.append(idx)
-                elif state == drive_states.DRAINING:
-                    data = fixer.fetch(fragment)
-                    if data is None:
-                        lost.append(idx)
-                    else:
-                        drain[idx] = data
-            if not lost and not drain:
-                continue
-            report.stripes += 1
+
+        def prepare(stripe):
             try:
-                rebuilt = fixer.rebuild(stripe, lost, good=drain) if lost else {}
-            except errors.IOFailure:
+                return self._prepare(stripe, states, media, fixer, only_drive)
+            except errors.IOFailure as exc:
+                return exc
+        # stripes are read and decoded in parallel (each stripe's fragment reads are parallel too)
+        for n, (stripe, result) in enumerate(zip(stripes, _stripe_pool().map(prepare, stripes))):
+            if isinstance(result, errors.IOFailure):
+                report.stripes += 1
                 report.unrecoverable.append(stripe.id)
                 continue
-            wanted = {**drain, **rebuilt}
-            candidates = media.writable_drives(exclude=stripe.drives())
+            lost, wanted = result
+            if not wanted:
+                continue
+            report.stripes += 1
+            candidates = media.writable_drives(exclude=stripe.drives(), want=len(wanted))
             if candidates:
                 shift = n % len(candidates)  # spread the batch over the drives with room
                 candidates = candidates[shift:] + candidates[:shift]
             for target, (idx, data) in zip(candidates, sorted(wanted.items())):
                 moves_by_class.setdefault(stripe.band_class, []).append(
-                    (stripe.fragments[idx], data, target, idx in rebuilt))
+                    (stripe.fragments[idx], data, target, idx in lost))
             report.unplaced += max(len(wanted) - len(candidates), 0)
         for band_class, moves in moves_by_class.items():
             try:

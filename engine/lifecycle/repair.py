@@ -10,7 +10,9 @@
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import crc32c
@@ -19,10 +21,21 @@ from sqlalchemy import select
 from engine import errors
 from engine.catalog.models import Fragment, Stripe
 from engine.datapath.accounting import chunks
-from engine.lifecycle.media import Media, move_fragment
+from engine.lifecycle.media import Media, move_fragments
 
 FRAGMENTS = Fragment.__table__
 STRIPES = Stripe.__table__
+READ_THREADS = 12
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="shingle-lifecycle-read")
+        return _POOL
 
 
 @dataclass(frozen=True)
@@ -104,14 +117,13 @@ class Reconstructor:
         """Bytes of fragments ``wanted`` of ``stripe`` from its other good fragments."""
         good = {i: d for i, d in (good or {}).items() if i not in wanted}
         need = 1 if stripe.layout == "replica" else stripe.k
-        for idx in sorted(stripe.fragments):
-            if len(good) >= need:
-                break
-            if idx in wanted or idx in good:
-                continue
-            data = self.fetch(stripe.fragments[idx])
-            if data is not None:
-                good[idx] = data
+        candidates = [i for i in sorted(stripe.fragments) if i not in wanted and i not in good]
+        while len(good) < need and candidates:
+            # fetch what is still missing in parallel (one read per drive), more only if some fail
+            batch, candidates = candidates[:need - len(good)], candidates[need - len(good):]
+            for idx, data in zip(batch, _pool().map(self.fetch, [stripe.fragments[i] for i in batch])):
+                if data is not None:
+                    good[idx] = data
         if len(good) < need:
             raise errors.IOFailure(f"stripe {stripe.id} cannot be rebuilt: {len(good)} good fragments of the "
                                    f"{need} needed (fragments {sorted(stripe.fragments)} of {stripe.width})")
@@ -144,11 +156,9 @@ def relocate(media: Media, catalog, band_class: str, moves: list[tuple[FragmentR
 
     def work(conn):
         media.record(conn, placements)
-        moved = []
-        for (fragment, data, _drive), placement in zip(moves, placements):
-            if move_fragment(conn, fragment.id, fragment.zone_id, fragment.zone_offset, placement,
-                             checksum=placement.checksum):
-                moved.append((fragment, placement))
+        done = set(move_fragments(conn, [(f.id, f.zone_id, f.zone_offset, p)
+                                         for (f, _data, _drive), p in zip(moves, placements)]))
+        moved = [(f, p) for (f, _data, _drive), p in zip(moves, placements) if f.id in done]
         if also is not None:
             also(conn, moved)
         return moved

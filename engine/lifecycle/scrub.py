@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from engine import errors
 from engine.catalog.models import Fragment
 from engine.events import record, record_in
-from engine.lifecycle.media import Media
+from engine.lifecycle.media import Media, media_for
 from engine.lifecycle.pacing import Progress, RateLimiter, Tracker
 from engine.lifecycle.repair import Reconstructor, fragment_row, load_stripes, relocate
 
@@ -61,7 +61,7 @@ class Scrubber:
         """Verify every fragment (of one drive, or all); returns what was found and done."""
         started = time.monotonic()
         report = ScrubReport()
-        media = Media(self.dp)
+        media = media_for(self.dp)
         fixer = Reconstructor(media)
         self.dp.refresh_drive_states()
 

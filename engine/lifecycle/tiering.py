@@ -34,7 +34,7 @@ from engine.catalog.database import Catalog
 from engine.catalog.models import REG, Extent, Fragment, Inode, Stripe
 from engine.datapath.accounting import adjust_live, chunks
 from engine.events import record
-from engine.lifecycle.media import Media
+from engine.lifecycle.media import Media, media_for
 from engine.lifecycle.pacing import Progress, RateLimiter, Tracker
 
 EXTENTS = Extent.__table__
@@ -236,7 +236,7 @@ class Tiering:
                         budget -= move.nbytes
                 moves = chosen
             tracker = Tracker(sum(m.nbytes for m in moves), progress, "tiering")
-            media = Media(self.dp)
+            media = media_for(self.dp)
             try:
                 for move in moves:
                     moved, written = self.move_file(move.ino, move.target, media)
@@ -269,7 +269,7 @@ class Tiering:
         if target not in self.dp.policies:
             raise errors.InvalidArgument(f"band class {target!r}: expected one of {', '.join(self.dp.policies)}")
         own_media = media is None
-        media = media or Media(self.dp)
+        media = media or media_for(self.dp)
         try:
             if self.dp.pending_size(ino) is not None:
                 return 0, 0
@@ -340,7 +340,7 @@ class Tiering:
         encoded = [policy.encode(bytes(p)) for p in payloads]
         items, layout = [], []
         for n, fragments in enumerate(encoded):
-            drives = media.writable_drives()
+            drives = media.writable_drives(want=policy.width)
             if len(drives) < policy.width:
                 raise errors.NoSpace(f"{target} stripe needs {policy.width} writable drives with room, "
                                      f"{len(drives)} have it")
