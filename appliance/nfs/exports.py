@@ -32,12 +32,19 @@ class ExportRule:
     anon_uid: int
     anon_gid: int
     root_ino: int = 0
+    _allowed: dict = field(default_factory=dict, repr=False)
 
     @property
     def parts(self) -> tuple[str, ...]:
         return tuple(p for p in self.name.split("/") if p)
 
     def allows(self, address: str) -> bool:
+        hit = self._allowed.get(address)
+        if hit is None:
+            hit = self._allowed[address] = self._check(address)
+        return hit
+
+    def _check(self, address: str) -> bool:
         try:
             ip = ipaddress.ip_address(address.split("%")[0])
         except ValueError:

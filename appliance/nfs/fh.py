@@ -43,22 +43,37 @@ def load_or_create_secret(catalog, key: str, nbytes: int) -> bytes:
     return bytes.fromhex(value)
 
 
+VERIFIED_CACHE = 65536
+
+
 class HandleCodec:
     def __init__(self, catalog):
         self.key = load_or_create_secret(catalog, KEY_SETTING, 32)
         self.fsid = int.from_bytes(load_or_create_secret(catalog, FSID_SETTING, 8), "big") & ((1 << 63) - 1)
+        # handles already verified or issued: a PUTFH need not recompute the HMAC
+        self._known: dict[bytes, FileHandle] = {}
 
     def _mac(self, body: bytes) -> bytes:
         return hmac.digest(self.key, body, "sha256")[:MAC_LEN]
 
     def pack(self, kind: int, export_id: int, ino: int, generation: int) -> bytes:
         body = _BODY.pack(FH_VERSION, kind, 0, export_id, self.fsid, ino, generation)
-        return body + self._mac(body)
+        handle = body + self._mac(body)
+        self._remember(handle, FileHandle(kind, export_id, ino, generation))
+        return handle
+
+    def _remember(self, handle: bytes, fh: FileHandle) -> None:
+        if len(self._known) >= VERIFIED_CACHE:
+            self._known.clear()  # crude but bounded; a miss only costs one HMAC
+        self._known[handle] = fh
 
     def unpack(self, data) -> FileHandle:
+        data = bytes(data)
+        known = self._known.get(data)
+        if known is not None:
+            return known
         if len(data) != HANDLE_LEN:
             raise BadHandle(f"file handle of {len(data)} bytes: expected {HANDLE_LEN}")
-        data = bytes(data)
         body, mac = data[:_BODY.size], data[_BODY.size:]
         if not hmac.compare_digest(mac, self._mac(body)):
             raise BadHandle("file handle signature does not match: forged or corrupted")
@@ -67,4 +82,6 @@ class HandleCodec:
             raise BadHandle(f"file handle version {version} kind {kind}: expected {FH_VERSION} and 0/1")
         if fsid != self.fsid:
             raise StaleHandle(f"file handle of filesystem {fsid:x}, this is {self.fsid:x}")
-        return FileHandle(kind, export_id, ino, generation)
+        fh = FileHandle(kind, export_id, ino, generation)
+        self._remember(data, fh)
+        return fh
