@@ -170,6 +170,9 @@ class DataPath:
         self._stripes: dict[int, StripeInfo] = {}
         self._last_read_end: dict[int, int] = {}
         self.reader = StripeReader(self._drives, self._zones, threads=read_threads, cache_bytes=cache_bytes)
+        self.reader.repair_hook = self._queue_repair
+        self._repairer = ThreadPoolExecutor(1, thread_name_prefix="shingle-repair")
+        self._repairs: list[Future] = []
         self.stats = defaultdict(float)
 
         self.recovery_report = self.recover()
@@ -575,6 +578,14 @@ class DataPath:
                     drive.backend.finish_zone(item[1])
                 except BaseException:  # noqa: BLE001 - a later append to it fails loudly anyway
                     pass
+            elif op == "repair":
+                _, idx, offset, data, latch = item
+                try:
+                    drive.backend.append(idx, offset, data)
+                    drive.backend.sync(idx)
+                    latch.arrive()
+                except BaseException as exc:  # noqa: BLE001
+                    latch.arrive(exc)
             elif op == "reset":
                 _, idx, latch = item
                 try:
@@ -725,6 +736,80 @@ class DataPath:
         known = {sid: (len(s.payload), 0, [(zone.id, length) for _d, zone, _o, length in s.placement])
                  for sid, s in zip(ids, stripes)}
         return adjust_live(conn, deltas, known)
+
+    # -- repair (invariant 5) -------------------------------------------------------------------
+    def _queue_repair(self, info: StripeInfo, indexes: set[int], good: dict) -> None:
+        if self._closed:
+            return
+        good = {i: bytes(f) for i, f in good.items()}
+        for idx in sorted(indexes):
+            self._repairs.append(self._repairer.submit(self._repair, info, idx, good))
+
+    def wait_repairs(self) -> list:
+        """Wait for queued fragment repairs; returns their results (True, or the exception)."""
+        results = []
+        while self._repairs:
+            fut = self._repairs.pop(0)
+            try:
+                results.append(fut.result())
+            except Exception as exc:  # noqa: BLE001 - reported to the caller
+                results.append(exc)
+        return results
+
+    def _repair(self, info: StripeInfo, idx: int, good: dict) -> bool:
+        """Write a rebuilt copy of a fragment that failed its checksum, appended to an open band of the
+        same drive, and point the catalog at it; the bad bytes become garbage of their zone."""
+        if info.layout == "replica":
+            fragment = next(iter(good.values()))
+        else:
+            from engine.erasure import decoder_for
+            fragment = decoder_for(info.k, info.m, info.backend).driver.reconstruct(list(good.values()), [idx])[0]
+        drive_id, old_zone_id, _old_offset, length, _crc = info.fragments[idx]
+        drive = self._drives.get(drive_id)
+        if drive is None or not drive.writable() or len(fragment) != length:
+            return False
+        band_class = info.band_class if info.band_class in self.policies else self.default_class
+        with self._space_lock:
+            zone = self._zone_for(drive, band_class, length)
+            if zone is None:
+                raise errors.NoSpace(f"no room on drive {drive_id} to repair stripe {info.id} fragment {idx}")
+            offset = zone.wp
+            zone.wp += length
+            zone.inflight += 1
+            state = (zone.state, zone.band_class, zone.opened_ns)
+        latch = _Latch(1)
+        drive.queue.put(("repair", zone.idx, offset, fragment, latch))
+        latch.done.wait()
+        checksum = crc32c.crc32c(fragment)
+
+        def work(conn):
+            row = conn.execute(select(STRIPES.c.data_length, STRIPES.c.live_bytes)
+                               .where(STRIPES.c.id == info.id)).first()
+            if row is None:
+                return False  # the stripe died meanwhile: the new copy is garbage
+            live = length * row.live_bytes // row.data_length if row.data_length else 0
+            conn.execute(FRAGMENTS.update().where(FRAGMENTS.c.stripe_id == info.id, FRAGMENTS.c.idx == idx)
+                         .values(zone_id=zone.id, zone_offset=offset, checksum=checksum))
+            conn.execute(ZONES.update().where(ZONES.c.id == old_zone_id).values(
+                live_bytes=ZONES.c.live_bytes - live, garbage_bytes=ZONES.c.garbage_bytes + live))
+            wp = conn.execute(select(ZONES.c.write_pointer).where(ZONES.c.id == zone.id)).scalar()
+            new_wp = max(wp, offset + length)
+            conn.execute(ZONES.update().where(ZONES.c.id == zone.id).values(
+                state=state[0], band_class=state[1], opened_ns=state[2], write_pointer=new_wp,
+                live_bytes=ZONES.c.live_bytes + live,
+                garbage_bytes=ZONES.c.garbage_bytes + (new_wp - wp) - live, last_write_ns=time.time_ns()))
+            return True
+        try:
+            if latch.errors:
+                raise errors.IOFailure(f"repair write failed: {latch.errors[0]}")
+            done = self.catalog.run(work, durable=True)
+        finally:
+            with self._space_lock:
+                zone.inflight -= 1
+                if not latch.errors:
+                    zone.committed_wp = max(zone.committed_wp, offset + length)
+        self.invalidate_stripes([info.id])
+        return done
 
     # -- flush -------------------------------------------------------------------------------
     def flush(self, ino: int) -> None:
@@ -931,6 +1016,7 @@ class DataPath:
             return
         try:
             self.flush_all()
+            self.wait_repairs()
         finally:
             self._closed = True
             self._stopping = True
@@ -953,6 +1039,7 @@ class DataPath:
                     drive.backend.close()
             self._encoder.shutdown(wait=True)
             self.reader.close()
+            self._repairer.shutdown(wait=True)
 
     def __enter__(self):
         return self

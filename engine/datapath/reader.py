@@ -20,10 +20,11 @@ from engine.erasure import FRAGMENT_HEADER, decoder_for
 
 
 class StripeInfo:
-    __slots__ = ("id", "layout", "k", "m", "backend", "data_length", "fragment_length", "fragments")
+    __slots__ = ("id", "band_class", "layout", "k", "m", "backend", "data_length", "fragment_length", "fragments")
 
     def __init__(self, row):
         self.id = row.id
+        self.band_class = row.band_class
         self.layout = row.layout
         self.k = row.k
         self.m = row.m
@@ -57,6 +58,9 @@ class StripeReader:
         self._cached = 0
         self._lock = threading.Lock()
         self._decoding: dict[int, Future] = {}
+        self._corrupt: set[tuple[int, int]] = set()  # (stripe, idx) that failed their checksum
+        # called as repair_hook(info, indexes, good fragments) after a decode around bad checksums
+        self.repair_hook = None
         self.stats = {"fragment_reads": 0, "degraded_stripes": 0, "checksum_errors": 0}
 
     def close(self):
@@ -101,6 +105,8 @@ class StripeReader:
             raise errors.IOFailure(f"short read of stripe {info.id} fragment {idx}: {got} of {length} bytes")
         if crc != checksum:
             self.stats["checksum_errors"] += 1
+            with self._lock:
+                self._corrupt.add((info.id, idx))
             raise ChecksumError(f"checksum mismatch in stripe {info.id} fragment {idx} on drive {drive_id} "
                                 f"zone {zone.idx} at {offset}: {crc:#010x}, expected {checksum:#010x}")
         return buf if whole else memoryview(buf)
@@ -146,14 +152,21 @@ class StripeReader:
                                    f"good ({'; '.join(failures)})")
         if info.layout == "replica":
             data = next(iter(good.values()))
-            return {0: memoryview(data)}
-        try:
-            data = decoder_for(info.k, info.m, info.backend).decode(list(good.values()))
-        except Exception as exc:
-            raise errors.IOFailure(f"stripe {info.id}: decode failed: {exc}") from exc
-        p = info.payload
-        view = memoryview(data)
-        return {i: view[i * p:(i + 1) * p] for i in range(info.k)}
+            result = {0: memoryview(data)}
+        else:
+            try:
+                data = decoder_for(info.k, info.m, info.backend).decode(list(good.values()))
+            except Exception as exc:
+                raise errors.IOFailure(f"stripe {info.id}: decode failed: {exc}") from exc
+            p = info.payload
+            view = memoryview(data)
+            result = {i: view[i * p:(i + 1) * p] for i in range(info.k)}
+        with self._lock:
+            corrupt = {i for sid, i in self._corrupt if sid == info.id}
+            self._corrupt -= {(info.id, i) for i in corrupt}
+        if corrupt and self.repair_hook is not None:
+            self.repair_hook(info, corrupt, good)
+        return result
 
     def _fetch(self, info: StripeInfo, indexes: list[int]) -> dict[int, memoryview]:
         """Payloads of the data fragments ``indexes``, from cache or drives, decoding on any failure."""
