@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
 
 import pytest
 
@@ -236,3 +237,74 @@ def test_restart_keeps_handles_and_session_recovers(stack):
             raw.close()
         finally:
             srv.stop()
+
+
+def test_open_modes_stateids_and_verify(server):
+    raw = RawClient(server.port).setup()
+    root = raw.root_fh()
+    verf = b"12345678"
+    excl = t.ARGS[c.OP_OPEN](0, c.OPEN4_SHARE_ACCESS_BOTH, 0, t.state_owner4.cls(raw.clientid, b"o"),
+                             (c.OPEN4_CREATE, (c.EXCLUSIVE4_1, t.creatverfattr.cls(verf, t.fattr4.cls([], b"")))),
+                             (c.CLAIM_NULL, "excl"))
+    st, res = raw.session([(c.OP_PUTFH, root), (c.OP_OPEN, excl), (c.OP_GETFH, None)])
+    assert st == 0
+    sid, fh = res[2][2].stateid, res[3][2]
+    # a retransmitted exclusive create (same verifier) succeeds; another verifier gets EXIST
+    st, res = raw.session([(c.OP_PUTFH, root), (c.OP_OPEN, excl)])
+    assert st == 0
+    sid = res[2][2].stateid
+    excl.openhow = (c.OPEN4_CREATE, (c.EXCLUSIVE4_1, t.creatverfattr.cls(b"87654321", t.fattr4.cls([], b""))))
+    st, _ = raw.session([(c.OP_PUTFH, root), (c.OP_OPEN, excl)])
+    assert st == c.NFS4ERR_EXIST
+    # TEST_STATEID knows the open stateid and not a made-up one
+    bogus = t.stateid4.cls(1, sid.other[:4] + b"\xee" * 8)
+    st, res = raw.session([(c.OP_TEST_STATEID, [sid, bogus])])
+    assert st == 0 and res[-1][2] == [0, c.NFS4ERR_BAD_STATEID]
+    # OPEN_DOWNGRADE to read-only: a WRITE with it is refused
+    st, res = raw.session([(c.OP_PUTFH, fh), (c.OP_OPEN_DOWNGRADE, t.ARGS[c.OP_OPEN_DOWNGRADE](
+        sid, 0, c.OPEN4_SHARE_ACCESS_READ, 0))])
+    assert st == 0
+    sid = res[-1][2]
+    st, _ = raw.session([(c.OP_PUTFH, fh), (c.OP_WRITE, t.ARGS[c.OP_WRITE](sid, 0, c.FILE_SYNC4, b"x"))])
+    assert st == c.NFS4ERR_OPENMODE
+    # VERIFY / NVERIFY compare attributes the server encodes
+    size0 = t.fattr4.cls([1 << c.FATTR4_SIZE], struct.pack(">Q", 0))
+    size9 = t.fattr4.cls([1 << c.FATTR4_SIZE], struct.pack(">Q", 9))
+    assert raw.session([(c.OP_PUTFH, fh), (c.OP_VERIFY, size0)])[0] == 0
+    assert raw.session([(c.OP_PUTFH, fh), (c.OP_VERIFY, size9)])[0] == c.NFS4ERR_NOT_SAME
+    assert raw.session([(c.OP_PUTFH, fh), (c.OP_NVERIFY, size0)])[0] == c.NFS4ERR_SAME
+    # CLOSE; the stateid is gone afterwards
+    st, _ = raw.session([(c.OP_PUTFH, fh), (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](0, sid))])
+    assert st == 0
+    st, res = raw.session([(c.OP_TEST_STATEID, [sid])])
+    assert res[-1][2] == [c.NFS4ERR_BAD_STATEID]
+    # SECINFO_NO_NAME answers AUTH_SYS and consumes the current file handle
+    st, res = raw.session([(c.OP_PUTFH, fh), (c.OP_SECINFO_NO_NAME, 0), (c.OP_GETFH, None)])
+    assert res[2][2][0] == (c.AUTH_SYS, None) and st == c.NFS4ERR_NOFILEHANDLE
+    raw.close()
+
+
+def test_lease_expiry_drops_idle_client(stack):
+    add_export(stack.catalog)
+    srv = start_server(stack, lease_seconds=1)
+    try:
+        raw = RawClient(srv.port).setup()
+        root = raw.root_fh()
+        st, _ = raw.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args("leased", b"o", raw.clientid))])
+        assert st == 0
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            if raw.clientid not in srv.server.state.clients:
+                break
+        st, _ = raw.session([(c.OP_PUTROOTFH, None)])
+        assert st == c.NFS4ERR_BADSESSION  # the idle client's lease ran out: state gone
+        # its open no longer holds a share reservation against others
+        other = RawClient(srv.port).setup()
+        args = open_args("leased", b"o2", other.clientid)
+        args.share_deny = c.OPEN4_SHARE_DENY_BOTH
+        assert other.session([(c.OP_PUTFH, root), (c.OP_OPEN, args)])[0] == 0
+        raw.close()
+        other.close()
+    finally:
+        srv.stop()
