@@ -83,7 +83,7 @@ def list_drives():
 @endpoint("/drives/<int:drive_id>", "GET", "One drive, with its zones counted by state and band class", "drives")
 def get_drive(drive_id: int):
     row = drives.drive_row(drive_id)
-    row["bands"] = drives.band_counts(drives.zones_of(drive_id))
+    row["bands"] = drives.band_counts(drive_id)
     return row
 
 

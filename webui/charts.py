@@ -118,34 +118,21 @@ def zone_kind(zone: dict) -> str:
 MAX_CELLS = 2048  # a 20 TB drive has ~80,000 zones: beyond this, one cell stands for a run of zones
 
 
-def _summarise(zones: list[dict], first: int) -> dict:
-    """One cell for a run of zones: the most common kind and class, the mean fill."""
-    from collections import Counter
-    kinds = Counter(zone_kind(z) for z in zones)
-    classes = Counter(z.get("band_class") for z in zones if z.get("band_class"))
-    size = sum(z.get("zone_size") or 1 for z in zones)
-    return {"kind": kinds.most_common(1)[0][0], "band_class": classes.most_common(1)[0][0] if classes else None,
-            "fill": sum(z.get("write_pointer", 0) for z in zones) / size,
-            "label": f"zones {zones[0].get('idx', first)}-{zones[-1].get('idx', first + len(zones) - 1)}",
-            "detail": ", ".join(f"{n} {k}" for k, n in kinds.most_common())}
-
-
-def band_map(zones: list[dict], *, label: str = "band map") -> Markup:
-    """One square per zone (or per run of zones on big drives): colour by state, band class and fill."""
-    if not zones:
-        return empty("no zones recorded for this drive", 480)
-    group = max(1, -(-len(zones) // MAX_CELLS))
+def zone_cells(zones: list[dict]) -> list[dict]:
+    """Per-zone rows (idx, state, band_class, write_pointer, live/garbage bytes, zone_size) -> map cells."""
     cells = []
-    for start in range(0, len(zones), group):
-        run = zones[start:start + group]
-        if group == 1:
-            z = run[0]
-            size = z.get("zone_size") or 1
-            cells.append({"kind": zone_kind(z), "band_class": z.get("band_class"),
-                          "fill": z.get("write_pointer", 0) / size, "label": f"zone {z.get('idx', start)}",
-                          "detail": zone_kind(z)})
-        else:
-            cells.append(_summarise(run, start))
+    for i, z in enumerate(zones):
+        kind = zone_kind(z)
+        cells.append({"label": f"zone {z.get('idx', i)}", "kind": kind, "band_class": z.get("band_class"),
+                      "fill": z.get("write_pointer", 0) / (z.get("zone_size") or 1), "detail": kind})
+    return cells
+
+
+def band_map(cells: list[dict], *, label: str = "band map") -> Markup:
+    """One square per cell (a zone, or a run of zones on big drives): colour by state and band class,
+    an open band filled as far as it is written."""
+    if not cells:
+        return empty("no zones recorded for this drive", 480)
     columns, cell = (16, 24) if len(cells) <= 128 else (64, 10)
     gap = 2 if cell > 12 else 1
     rows = (len(cells) + columns - 1) // columns

@@ -4,16 +4,12 @@ from __future__ import annotations
 from webui import charts
 
 
-def test_band_map_draws_each_zone_and_summarises_huge_drives():
+def test_band_map_draws_each_zone():
     zones = [{"idx": i, "state": "full" if i % 3 == 0 else "empty", "band_class": "cold" if i % 3 == 0 else None,
               "write_pointer": 256 if i % 3 == 0 else 0, "live_bytes": 200, "garbage_bytes": 0, "zone_size": 256}
              for i in range(30)]
-    svg = str(charts.band_map(zones))
+    svg = str(charts.band_map(charts.zone_cells(zones)))
     assert svg.count('<rect class="zone') == 30 and "zone 3: full, cold, 100% written" in svg
-    big = [dict(z, idx=i) for i, z in enumerate(zones * 400)]  # 12,000 zones
-    svg = str(charts.band_map(big))
-    cells = svg.count('<rect class="zone')
-    assert 1000 < cells <= charts.MAX_CELLS and "zones 0-5:" in svg
     assert "no zones recorded" in str(charts.band_map([]))
 
 

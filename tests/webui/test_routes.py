@@ -197,6 +197,39 @@ def test_drives_page_shows_smart_band_map_and_no_smart(web):
     assert "zone 2: open, hot, 50% written" in html
 
 
+def add_huge_drive(catalog) -> int:
+    """An 8 TB SMR drive's catalog rows: 30,000 zones of 256 MiB, the first 9,000 written."""
+    zones, zone_size = 30_000, 256 << 20
+    drives, zone_table = Drive.__table__, __import__("engine.catalog.models", fromlist=["Zone"]).Zone.__table__
+
+    def work(conn):
+        drive_id = conn.execute(drives.insert().values(uuid="big-smr-drive", path="/dev/sdq", backend="zoned-block",
+                                                       state="online", zone_size=zone_size, zone_count=zones,
+                                                       added_ns=0)).inserted_primary_key[0]
+        conn.execute(zone_table.insert(), [
+            {"drive_id": drive_id, "idx": i, "state": "full" if i < 9000 else "empty",
+             "band_class": ("warm" if i < 6000 else "cold") if i < 9000 else None,
+             "write_pointer": zone_size if i < 9000 else 0, "live_bytes": zone_size // 4 if i < 3000 else zone_size,
+             "garbage_bytes": 3 * zone_size // 4 if i < 3000 else 0} for i in range(zones)])
+        return drive_id
+    return catalog.run(work)
+
+
+def test_band_map_of_a_huge_drive_is_summarised_in_sql(web, appliance):
+    """The page draws runs of zones, not 30,000 squares, and the grouping happens in SQL."""
+    _, catalog = appliance
+    drive_id = add_huge_drive(catalog)
+    html = web.get("/drives").get_data(as_text=True)
+    section = html[html.index(f'id="drive-{drive_id}"'):]
+    cells = section.count('<rect class="zone')
+    assert 1000 < cells <= 2048
+    assert "zones 0-14: 15 garbage, cold" not in section and "zones 0-14: 15 garbage, warm, 100% written" in section
+    assert "zones 8985-8999: 15 full, cold, 100% written" in section
+    assert "zones 29985-29999: 15 empty, 0% written" in section
+    bands = web.get(f"/api/v1/drives/{drive_id}").get_json()["bands"]
+    assert bands == {"garbage": {"warm": 3000}, "full": {"warm": 3000, "cold": 3000}, "empty": {"-": 21000}}
+
+
 def test_drive_actions_change_state_request_rebuild_and_start_self_test(web, appliance, tmp_path, monkeypatch):
     _, catalog = appliance
     calls = tmp_path / "smartctl-calls"
