@@ -156,6 +156,8 @@ class Stripe(Base):
     compression: Mapped[str | None] = mapped_column(String(16), nullable=True)
     live_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     created_ns: Mapped[int] = mapped_column(BigInteger)
+    # AUTOINCREMENT: a dead stripe's id must never name a new stripe (caches are keyed by it)
+    __table_args__ = {"sqlite_autoincrement": True}
 
 
 class Fragment(Base):

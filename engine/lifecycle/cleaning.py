@@ -140,7 +140,14 @@ class Cleaner:
                     continue
                 if self._pinned(victim.zone_id):
                     continue
-                copied = self._clean_zone(victim, media, fixer, report, tracker)
+                zone = self.dp._zones[victim.zone_id]
+                with self.dp._space_lock:
+                    zone.inflight += 1  # pinned: not reset (and reused) while its fragments are copied
+                try:
+                    copied = self._clean_zone(victim, media, fixer, report, tracker)
+                finally:
+                    with self.dp._space_lock:
+                        zone.inflight -= 1
                 if copied is None:
                     continue
                 report.zones_cleaned += 1

@@ -190,7 +190,7 @@ class Media:
     # -- catalog side: inside the caller's transaction ---------------------------------------
     def record(self, conn, placements: list[Placement]) -> None:
         """Move the zones' write pointers over appended bytes, counted as garbage for now
-        (``move_fragment`` / ``adjust_live`` turn the live share into live bytes), and
+        (``move_fragments`` / ``adjust_live`` turn the live share into live bytes), and
         record the zones closed since the last call as full."""
         with self._lock:
             closed, self._closed = self._closed, set()
@@ -258,7 +258,7 @@ class Media:
 
 def record_appends(conn, datapath, placements: list[Placement]) -> None:
     """Move the zones' write pointers over appended bytes, counted as garbage for now
-    (``move_fragment`` / ``adjust_live`` turn the live share into live bytes)."""
+    (``move_fragments`` / ``adjust_live`` turn the live share into live bytes)."""
     ends: dict[int, int] = {}
     for p in placements:
         ends[p.zone_id] = max(ends.get(p.zone_id, 0), p.offset + p.length)
@@ -285,56 +285,18 @@ def live_share(fragment_length: int, live: int, data_length: int) -> int:
     return fragment_length * live // data_length if data_length else 0
 
 
-def move_fragment(conn, fragment_id: int, expect_zone: int, expect_offset: int, placement: Placement,
-                  checksum: int | None = None) -> bool:
-    """Point a fragment at its new copy and move its live share between zones.
-
-    Returns False (changing nothing but the caller's ``record_appends``) when the fragment
-    is gone or moved since it was read: its stripe died, or another job moved it."""
-    row = conn.execute(select(FRAGMENTS.c.zone_id, FRAGMENTS.c.zone_offset, FRAGMENTS.c.length,
-                              FRAGMENTS.c.stripe_id, FRAGMENTS.c.checksum)
-                       .where(FRAGMENTS.c.id == fragment_id)).first()
-    if row is None or row.zone_id != expect_zone or row.zone_offset != expect_offset:
-        return False
-    if row.length != placement.length:
-        raise errors.IOFailure(f"fragment {fragment_id} is {row.length} bytes, its new copy {placement.length}")
-    stripe = conn.execute(select(STRIPES.c.live_bytes, STRIPES.c.data_length)
-                          .where(STRIPES.c.id == row.stripe_id)).first()
-    moved = live_share(row.length, stripe.live_bytes, stripe.data_length) if stripe else 0
-    conn.execute(FRAGMENTS.update().where(FRAGMENTS.c.id == fragment_id).values(
-        drive_id=placement.drive_id, zone_id=placement.zone_id, zone_offset=placement.offset,
-        checksum=checksum if checksum is not None else row.checksum))
-    if moved:
-        conn.execute(ZONES.update().where(ZONES.c.id == row.zone_id).values(
-            live_bytes=ZONES.c.live_bytes - moved, garbage_bytes=ZONES.c.garbage_bytes + moved))
-        conn.execute(ZONES.update().where(ZONES.c.id == placement.zone_id).values(
-            live_bytes=ZONES.c.live_bytes + moved, garbage_bytes=ZONES.c.garbage_bytes - moved))
-    return True
-
-
-_SHARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_SHARED_LOCK = threading.Lock()
-
-
-def media_for(datapath) -> Media:
-    """The one Media of a DataPath, shared by all its lifecycle jobs."""
-    with _SHARED_LOCK:
-        media = _SHARED.get(datapath)
-        if media is None:
-            media = _SHARED[datapath] = Media(datapath)
-        return media
-
-
 def move_fragments(conn, moves: list[tuple[int, int, int, Placement]]) -> list[int]:
-    """``move_fragment`` for many (fragment id, expected zone, expected offset, placement) at once:
-    a few statements in all, however many fragments. Returns the ids that moved."""
+    """Point fragments at their new copies and move their live shares between zones, for many
+    (fragment id, expected zone, expected offset, placement) in a few statements. A fragment
+    that is gone or moved since it was read (its stripe died, another job moved it) is left
+    alone and its new copy stays garbage. Returns the ids that moved."""
     if not moves:
         return []
     ids = [m[0] for m in moves]
     rows = {}
     for part in range(0, len(ids), 400):
         for r in conn.execute(select(FRAGMENTS.c.id, FRAGMENTS.c.zone_id, FRAGMENTS.c.zone_offset,
-                                     FRAGMENTS.c.length, FRAGMENTS.c.stripe_id)
+                                     FRAGMENTS.c.length, FRAGMENTS.c.stripe_id, FRAGMENTS.c.checksum)
                               .where(FRAGMENTS.c.id.in_(ids[part:part + 400]))):
             rows[r.id] = r
     stripe_ids = sorted({r.stripe_id for r in rows.values()})
@@ -346,10 +308,10 @@ def move_fragments(conn, moves: list[tuple[int, int, int, Placement]]) -> list[i
     updates, zone_delta, moved = [], {}, []
     for fragment_id, expect_zone, expect_offset, placement in moves:
         row = rows.get(fragment_id)
-        if row is None or row.zone_id != expect_zone or row.zone_offset != expect_offset:
+        # ids can be handed out again (SQLite): the place and the checksum must match the copied one too
+        if row is None or row.zone_id != expect_zone or row.zone_offset != expect_offset \
+                or row.length != placement.length or row.checksum != placement.checksum:
             continue
-        if row.length != placement.length:
-            raise errors.IOFailure(f"fragment {fragment_id} is {row.length} bytes, its new copy {placement.length}")
         stripe = stripes.get(row.stripe_id)
         share = live_share(row.length, stripe.live_bytes, stripe.data_length) if stripe else 0
         updates.append({"b_id": fragment_id, "b_drive": placement.drive_id, "b_zone": placement.zone_id,
@@ -368,3 +330,16 @@ def move_fragments(conn, moves: list[tuple[int, int, int, Placement]]) -> list[i
             live_bytes=ZONES.c.live_bytes + bindparam("b_d"),
             garbage_bytes=ZONES.c.garbage_bytes - bindparam("b_d")), changes)
     return moved
+
+
+_SHARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def media_for(datapath) -> Media:
+    """The one Media of a DataPath, shared by all its lifecycle jobs."""
+    with _SHARED_LOCK:
+        media = _SHARED.get(datapath)
+        if media is None:
+            media = _SHARED[datapath] = Media(datapath)
+        return media

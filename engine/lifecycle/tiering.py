@@ -366,6 +366,8 @@ class Tiering:
                     band_class=target, layout=policy.layout, k=policy.k, m=policy.m, backend=policy.backend,
                     data_length=len(payload), fragment_length=len(fragments[0]), compression=None, live_bytes=0,
                     created_ns=now)).inserted_primary_key[0])
+            # SQLite may hand out ids of dead stripes again: no cached description may survive
+            self.dp.invalidate_stripes(stripe_ids)
             conn.execute(FRAGMENTS.insert(), [
                 {"stripe_id": stripe_ids[n], "idx": idx, "drive_id": p.drive_id, "zone_id": p.zone_id,
                  "zone_offset": p.offset, "length": p.length, "checksum": p.checksum}

@@ -1,0 +1,67 @@
+"""The lifecycle jobs as runners for the daemon's job queue (appliance.maintenance).
+
+``runners(...)`` maps a job kind to ``runner(params, progress, actor) -> JSON-able
+result``: "tier", "clean", "scrub", "rebuild" and "drain" (params {"drive": id or
+uuid}). The tiering policy is read from the catalog settings at each run
+(``tiering.<TieringPolicy field>`` and ``tiering.path_rules``, which the web UI
+edits), so a change applies at the next round without a restart.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import fields
+
+from engine.catalog.database import Catalog
+from engine.lifecycle.cleaning import Cleaner
+from engine.lifecycle.rebuild import Rebuilder, drain_drive
+from engine.lifecycle.scrub import Scrubber
+from engine.lifecycle.tiering import ReadTracker, Tiering, TieringPolicy
+
+SETTING_PREFIX = "tiering."
+Runner = Callable[[dict, Callable, str], object]
+
+
+def tiering_policy(catalog: Catalog) -> TieringPolicy:
+    """The TieringPolicy the settings describe (defaults for anything unset)."""
+    values = {}
+    for f in fields(TieringPolicy):
+        raw = catalog.get_setting(SETTING_PREFIX + f.name)
+        if raw is None:
+            continue
+        if f.name == "path_rules":
+            values[f.name] = [tuple(rule) for rule in json.loads(raw)]
+        elif f.name == "promote_reads":
+            values[f.name] = int(float(raw))
+        else:
+            values[f.name] = None if raw in ("", "none", "null") else float(raw)
+    return TieringPolicy(**values).validate()
+
+
+def runners(namespace, datapath, catalog: Catalog, *, reads: ReadTracker | None = None,
+            scrub_bytes_per_s: float | None = None, rebuild_bytes_per_s: float | None = None,
+            clean_bytes_per_s: float | None = None) -> dict[str, Runner]:
+    def tier(params, progress, actor):
+        policy = tiering_policy(catalog)
+        return Tiering(namespace, datapath, catalog, policy, reads=reads).run(progress=progress, actor=actor).to_dict()
+
+    def clean(params, progress, actor):
+        report = Cleaner(datapath, catalog, bytes_per_s=clean_bytes_per_s).run(
+            progress=progress, actor=actor, max_zones=params.get("max_zones"),
+            target_free_zones=params.get("target_free_zones"))
+        return report.to_dict()
+
+    def scrub(params, progress, actor):
+        report = Scrubber(datapath, catalog, bytes_per_s=scrub_bytes_per_s).run(
+            progress=progress, actor=actor, drive_id=params.get("drive"))
+        return report.to_dict()
+
+    def rebuild(params, progress, actor):
+        return Rebuilder(datapath, catalog, bytes_per_s=rebuild_bytes_per_s).run(
+            progress=progress, actor=actor).to_dict()
+
+    def drain(params, progress, actor):
+        return drain_drive(datapath, catalog, params["drive"], progress=progress, actor=actor,
+                           bytes_per_s=rebuild_bytes_per_s).to_dict()
+
+    return {"tier": tier, "clean": clean, "scrub": scrub, "rebuild": rebuild, "drain": drain}
