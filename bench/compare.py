@@ -49,7 +49,7 @@ SERVERS = ("shingle", "ganesha")
 
 # shingle's emulated drives per mode: 10 drives (8+2), preallocated zone files.
 SHINGLE_LAYOUT = {
-    "full": dict(drive_size=4 * GiB, zone_size=256 * MiB),
+    "full": dict(drive_size=2 * GiB, zone_size=128 * MiB),
     "quick": dict(drive_size=1536 * MiB, zone_size=64 * MiB),
     "smoke": dict(drive_size=256 * MiB, zone_size=16 * MiB),
 }

@@ -293,6 +293,35 @@ def render(result: dict, charts: list[tuple[str, str]]) -> str:
     return "\n".join(L)
 
 
+PROFILE_OF = {"seq_write_MBps": "nfsrs.seq_write", "ckpt8_write_MBps": "nfsrs.seq_write",
+              "seq_read_cold_MBps": "nfsrs.seq_read", "seq_read_warm_MBps": "nfsrs.seq_read",
+              "shard16_read_MBps": "nfsrs.seq_read", "create_per_s": "nfsrs.small_files",
+              "stat_per_s": "nfsrs.small_files", "remove_per_s": "nfsrs.small_files",
+              "randwrite_iops": "nfsrs.random_write"}
+# where the profile's time goes -> what would close the gap (matched on frame text)
+REMEDIES = (
+    (("do_commit", "sqlite", "catalog", "sqlalchemy"),
+     "catalog transactions on the request path: batch them (one transaction per COMMIT/compound, group "
+     "commit across clients) and serve GETATTR/LOOKUP from the inode cache"),
+    (("fsync", "fdatasync", "_drive_writer", "_committer", "sync"),
+     "durability on every stable WRITE/COMMIT: group-commit concurrent writers' stripes so one fsync round "
+     "of the 10 zones covers many WRITEs"),
+    (("encode", "pyeclib", "erasure"),
+     "erasure coding in the request thread: more encoder threads / larger batches"),
+    (("xdr", "rpc", "compound", "pack", "unpack", "decode", "encode_"),
+     "Python XDR/RPC work per request: precompiled codecs, fewer copies (memoryview, scatter-gather send)"),
+    (("read", "_read_ahead", "crc32c", "extent"),
+     "read path: larger read-ahead, cached extent maps, no re-checksum of cached stripes"),
+)
+
+
+def remedy_for(frames: list[str]) -> str | None:
+    for keys, text in REMEDIES:
+        if any(k in f.lower() for f in frames for k in keys):
+            return text
+    return None
+
+
 def closing(result: dict) -> list[str]:
     rows = result["rows"]
     out = []
@@ -302,6 +331,28 @@ def closing(result: dict) -> list[str]:
     if missed:
         out.append("")
         out.append("Missed: " + ", ".join(f"{r['metric']} ({_fmt(r['ratio'], 2)} < {r['goal']})" for r in missed) + ".")
+    profile = result.get("profile") or {}
+    cpu = result.get("server_cpu_s") or {}
+    if missed:
+        out.append("")
+        out.append("Why, per missed metric (server CPU seconds of the workload, median, and the busiest "
+                   "frames of shingle's profile of that kind of workload):")
+        out.append("")
+        for r in missed:
+            base = r["metric"].split(".", 1)[-1]
+            c = cpu.get(r["metric"], {})
+            med = {k: (sorted(v)[len(v) // 2] if v else None) for k, v in c.items()}
+            prof = profile.get(PROFILE_OF.get(base, ""), {})
+            frames = [f for f, _p in prof.get("top_self", [])[:5]]
+            why = f"cpu s shingle {_fmt(med.get('shingle'), 2)} vs Ganesha {_fmt(med.get('ganesha'), 2)}"
+            if frames:
+                why += "; top self frames: " + ", ".join(f"`{f}` {p:.0f}%" for f, p in prof["top_self"][:4])
+                fix = remedy_for(frames)
+                if fix:
+                    why += f". To close it: {fix}"
+            elif r["ratio"] is None:
+                why += "; shingle failed this workload (see Failures)"
+            out.append(f"- {r['metric']} ({_fmt(r['ratio'], 2)}): {why}.")
     failed = {e["workload"] for e in result.get("errors") or [] if e["server"] == "shingle"}
     if failed:
         out.append("")
