@@ -107,8 +107,8 @@ def test_web_ui_on_a_postgresql_catalog(postgres_server, tmp_path):
         from tests.webui.test_routes import add_huge_drive
         drive_id = add_huge_drive(live.catalog)
         bands = web.get(f"/api/v1/drives/{drive_id}").get_json()["bands"]
-        assert bands == {"garbage": {"warm": 3000}, "full": {"warm": 3000, "cold": 3000}, "empty": {"-": 21000}}
-        assert "zones 8985-8999: 15 full, cold, 100% written" in web.get("/drives").get_data(as_text=True)
+        assert bands == {"garbage": {"warm": 600}, "full": {"warm": 600, "cold": 600}, "empty": {"-": 4200}}
+        assert "zones 1797-1799: 3 full, cold, 100% written" in web.get("/drives").get_data(as_text=True)
         assert os.path.exists(tmp_path / "webui-secret.key")
     finally:
         live.close()
