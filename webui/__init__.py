@@ -1,0 +1,20 @@
+"""The admin web UI: Flask, served by gunicorn (``shingle webui``; webui/gunicorn.conf.py).
+
+Layout (one module per domain, each a blueprint plus the functions the API reuses):
+- app.py: ``create_app(config=None)`` (config from $SHINGLE_CONFIG), sign-in and CSRF checks, headers
+- core.py: the per-process handle (catalog + namespace WITHOUT a data path), login_required, errors
+- schema.py: Field/Schema, declared once: form and API validation and the OpenAPI document
+- charts.py: server-rendered SVG (stacked bar, bars, line chart, band map); no front-end build
+- auth, dashboard, drives, retention, exports, tiers, jobs, events, settings: the pages
+- api.py: /api/v1 (+ /api/v1/openapi.json); metrics.py: /metrics (Prometheus text)
+
+The web UI never opens a drive. Metadata changes (rules, exports, drive states, pins, thresholds)
+are catalog transactions with an event naming the admin; anything that moves or frees data
+(retention runs, drain, rebuild, scrub, cleaning, tiering) is queued as a job (engine.jobs) for
+the daemon, whose progress the job pages follow.
+
+What it reads that others write: metric samples (engine.metrics, names documented there) for the
+throughput chart and /metrics; jobs and their results; events. What it writes that others read:
+``tiering.<TieringPolicy field>`` and ``tiering.path_rules`` settings (webui/tiers.py), the
+``exports`` table (appliance/nfs/exports.py), retention rules (engine.retention).
+"""
