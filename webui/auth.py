@@ -24,6 +24,7 @@ LOCK_BASE_S = 30
 LOCK_MAX_S = 15 * 60
 IP_LIMIT = 20
 IP_WINDOW_S = 300
+IP_TRACKED_MAX = 10_000  # a flood of addresses must not grow this process without bound
 
 _ip_failures: dict[str, deque] = defaultdict(deque)
 _ip_lock = threading.Lock()
@@ -54,8 +55,16 @@ def _ip_blocked(address: str) -> float:
 
 
 def _ip_failed(address: str) -> None:
+    now = time.monotonic()
     with _ip_lock:
-        _ip_failures[address].append(time.monotonic())
+        if len(_ip_failures) >= IP_TRACKED_MAX:
+            for stale in [a for a, q in _ip_failures.items() if not q or q[-1] < now - IP_WINDOW_S]:
+                del _ip_failures[stale]
+            if len(_ip_failures) >= IP_TRACKED_MAX:  # all recent: forget the oldest half
+                oldest = sorted(_ip_failures, key=lambda a: _ip_failures[a][-1])[:IP_TRACKED_MAX // 2]
+                for stale in oldest:
+                    del _ip_failures[stale]
+        _ip_failures[address].append(now)
 
 
 def _account_lock_s(username: str) -> float:

@@ -376,3 +376,17 @@ def test_threshold_fields_are_the_tiering_policy_fields_with_its_defaults():
     for f in THRESHOLDS.fields:
         assert f.name in known and f.default == getattr(policy, f.name), f.name
         assert f.minimum <= f.default <= f.maximum
+
+
+def test_login_throttle_per_address_and_bounded_memory(app, monkeypatch):
+    from webui import auth
+    monkeypatch.setattr(auth, "IP_LIMIT", 3)
+    monkeypatch.setattr(auth, "IP_TRACKED_MAX", 50)
+    browser = Browserish(app.test_client())
+    for name in ("nobody1", "nobody2", "nobody3"):  # unknown names: only the address throttle applies
+        assert browser.login(name, "whatever-long").status_code == 401
+    response = browser.login()
+    assert response.status_code == 429 and b"too many failed logins from 127.0.0.1" in response.data
+    for n in range(200):
+        auth._ip_failed(f"10.0.{n // 250}.{n % 250}")
+    assert len(auth._ip_failures) <= 50
