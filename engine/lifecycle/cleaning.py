@@ -65,6 +65,7 @@ class CleaningReport:
     zones_cleaned: int = 0
     zones_reset: int = 0
     fragments_copied: int = 0
+    fragments_rebuilt: int = 0  # bad or unreadable in the victim: rebuilt from redundancy instead
     bytes_copied: int = 0  # media bytes written by cleaning
     live_bytes_moved: int = 0
     bytes_freed: int = 0  # write pointers of the zones given back
@@ -192,6 +193,7 @@ class Cleaner:
                     data = fixer.rebuild(stripe, [fragment.idx])[fragment.idx]
                 except errors.IOFailure:
                     return None
+                report.fragments_rebuilt += 1
             batch.append(fragment_and_data(fragment, data, victim))
             batch_bytes += len(data)
             if batch_bytes >= BATCH_BYTES:
