@@ -57,7 +57,6 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
         SESSION_COOKIE_SAMESITE="Strict",
         PERMANENT_SESSION_LIFETIME=datetime.timedelta(hours=SESSION_HOURS),
         MAX_CONTENT_LENGTH=1 << 20,
-        JSON_SORT_KEYS=False,
     )
     app.extensions["shingle"] = core.Shingle(config=config, catalog=appliance.catalog,
                                              namespace=appliance.namespace, smartctl=config.get("smart.smartctl"))
@@ -108,6 +107,8 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("X-Frame-Options", "DENY")
         response.headers.setdefault("Referrer-Policy", "same-origin")
+        if request.endpoint != "static":  # pages and API answers hold admin data: keep them out of caches
+            response.headers.setdefault("Cache-Control", "no-store")
         response.headers.setdefault("Content-Security-Policy",
                                     "default-src 'self'; img-src 'self' data:; style-src 'self'; "
                                     "script-src 'self'; form-action 'self'; frame-ancestors 'none'")
@@ -135,9 +136,4 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
             return core.api_error("internal error: see the web UI's log", 500)
         return exc
 
-    @app.teardown_appcontext
-    def _nothing(_exc):
-        return None
-
-    app.shingle = app.extensions["shingle"]
     return app

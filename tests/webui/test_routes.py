@@ -72,6 +72,9 @@ def test_login_logout_cookie_flags_and_events(app, appliance):
     assert response.status_code == 302 and response.headers["Location"] == "/"
     cookie = response.headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    page = browser.get("/drives")
+    assert page.headers["Cache-Control"] == "no-store" and "frame-ancestors 'none'" in \
+        page.headers["Content-Security-Policy"] and page.headers["X-Frame-Options"] == "DENY"
     logins = events.recent(catalog, 5, kind_prefix="auth.login")
     assert logins[0].actor == ADMIN and "signed in" in logins[0].message
     response = browser.post("/logout")
