@@ -48,8 +48,8 @@ def sizes(quick: bool) -> dict:
     if quick:
         return {"shard": 48 * MiB, "zone": 64 * MiB, "drive": 512 * MiB, "random_file": 64 * MiB,
                 "overwrites": 4096}
-    # 10 x 1.5 GiB drives hold the 4 GiB checkpoint (5 GiB with parity) plus the cleaning reserve
-    return {"shard": 512 * MiB, "zone": 256 * MiB, "drive": 1536 * MiB, "random_file": 1024 * MiB,
+    # 10 x 1 GiB drives (one zone kept for cleaning) hold the 4 GiB checkpoint, 5 GiB with parity
+    return {"shard": 512 * MiB, "zone": 256 * MiB, "drive": 1024 * MiB, "random_file": 1024 * MiB,
             "overwrites": 32768}
 
 
@@ -188,10 +188,14 @@ def main() -> int:
         upgrade(url)
         catalog = Catalog(url)
         drives = work / "drives"
-        ids = format_emulated(catalog, drives, DRIVES, s["drive"], s["zone"])
+        # preallocating every zone is what an install does; on a crowded scratch disk zones grow as written
+        free = shutil.disk_usage(work).free
+        preallocate = free > 3 * DRIVES * s["drive"]
+        result["preallocated"] = preallocate
+        ids = format_emulated(catalog, drives, DRIVES, s["drive"], s["zone"], preallocate=preallocate)
         policies = load_policies()
         model = SmrModel(band_size=s["zone"], drive_managed=True)
-        data = DataPath(catalog, policies, smr_model=model)
+        data = DataPath(catalog, policies, smr_model=model, reserve_zones=1)
         ns = Namespace(catalog, data=data)
 
         cpu = time.process_time()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import bisect
+import queue
 import threading
 import time
 from collections import OrderedDict, defaultdict, deque
@@ -26,7 +27,8 @@ FRAGMENTS = Fragment.__table__
 EXTENTS = Extent.__table__
 BAND_CLASSES = BandClass.__table__
 
-SYNC_EVERY = 16  # fragments a drive writer appends before it fsyncs even when busy
+SYNC_EVERY = 32  # fragments a drive writer appends before it fsyncs even when busy
+SYNC_LINGER_S = 0.002  # how long a drive writer waits for more fragments before it fsyncs
 COMMIT_BATCH = 256  # stripes per catalog transaction at most
 EXTENT_CACHE_FILES = 4096
 READ_AHEAD_STRIPES = 2
@@ -433,7 +435,10 @@ class DataPath:
                 pass  # the erasure-coded stripe is already reserved
         fb.data = bytearray()
         extents, fb.extents = fb.extents, []
-        self._inflight.acquire()
+        if not self._inflight.acquire(blocking=False):
+            started = time.perf_counter()
+            self._inflight.acquire()
+            self.stats["backpressure_s"] += time.perf_counter() - started
         with self._seq_lock:
             self._seq += 1
             stripe = PendingStripe(self._seq, fb, payload, extents, own, policy)
@@ -539,6 +544,7 @@ class DataPath:
         zones: set[int] = set()
 
         def sync():
+            started = time.perf_counter()
             error = None
             for idx in sorted(zones):
                 try:
@@ -546,6 +552,8 @@ class DataPath:
                 except BaseException as exc:  # noqa: BLE001
                     drive.write_failed = True
                     error = errors.IOFailure(f"drive {drive.id} zone {idx}: fsync failed: {exc}")
+            self.stats["fsync_s"] += time.perf_counter() - started
+            self.stats["fsyncs"] += 1
             for stripe in unsynced:
                 if error is not None:
                     stripe.fail(error)
@@ -554,19 +562,27 @@ class DataPath:
             zones.clear()
 
         while True:
-            item = drive.queue.get()
+            try:
+                # linger a moment before an fsync: a busy stream then pays one fsync per many fragments
+                item = drive.queue.get(timeout=SYNC_LINGER_S) if unsynced else drive.queue.get()
+            except queue.Empty:
+                sync()
+                continue
             op = item[0] if item is not None else None
             if op == "append":
                 _, idx, offset, data, stripe = item
                 try:
+                    started = time.perf_counter()
                     drive.backend.append(idx, offset, data)
+                    drive.backend.start_writeback(idx, offset, len(data))
+                    self.stats["append_s"] += time.perf_counter() - started
                     zones.add(idx)
                     unsynced.append(stripe)
                 except BaseException as exc:  # noqa: BLE001
                     drive.write_failed = True
                     stripe.fail(errors.IOFailure(f"drive {drive.id} zone {idx}: write failed: {exc}"))
                     self._fragment_done(stripe)
-                if unsynced and (drive.queue.empty() or len(unsynced) >= SYNC_EVERY):
+                if len(unsynced) >= SYNC_EVERY:
                     sync()
                 continue
             if unsynced:
@@ -976,8 +992,7 @@ class DataPath:
                     if not _retry:
                         raise
                     # a stale map: the stripe died (overwrite, tiering) and its zones were reset
-                    self._stripes.pop(sid, None)
-                    self._invalidate({ino})
+                    self.invalidate_stripes({item[2] for item in items})
                     return self.read(ino, offset, length, size, _retry=False)
                 stripe_ends.append((i, info))
             i += 1

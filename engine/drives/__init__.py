@@ -25,8 +25,10 @@ ZONES = Zone.__table__
 
 
 def format_emulated(catalog, root: Path, count: int, drive_size: int, zone_size: int,
-                    *, max_open_zones: int = 0) -> list[int]:
-    """Create ``count`` zone-file drives under ``root`` and their catalog rows; returns the drive ids."""
+                    *, max_open_zones: int = 0, preallocate: bool = True) -> list[int]:
+    """Create ``count`` zone-file drives under ``root`` and their catalog rows; returns the drive ids.
+
+    ``preallocate=False`` skips fallocate (a crowded scratch disk); zones then grow as written."""
     root = Path(root)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ConfigError("drives.count", count, "an integer >= 1")
@@ -47,7 +49,8 @@ def format_emulated(catalog, root: Path, count: int, drive_size: int, zone_size:
     made = []
     for folder in folders:
         drive_uuid = str(uuidlib.uuid4())
-        drive = ZoneFileDrive.format(folder, zone_size, zone_count, drive_uuid, max_open_zones=max_open_zones)
+        drive = ZoneFileDrive.format(folder, zone_size, zone_count, drive_uuid, max_open_zones=max_open_zones,
+                                     preallocate_zones=preallocate)
         drive.close()
         made.append((folder, drive_uuid))
 

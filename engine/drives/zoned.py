@@ -71,6 +71,9 @@ class ZonedDrive:
     def sync(self, idx: int) -> None:
         raise NotImplementedError
 
+    def start_writeback(self, idx: int, offset: int, length: int) -> None:
+        """Hint: begin writing this range out now (the later ``sync`` makes it durable)."""
+
     def reset(self, idx: int) -> None:
         raise NotImplementedError
 

@@ -23,6 +23,10 @@ LABEL = "drive.json"
 FALLOC_FL_KEEP_SIZE = 1
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+SYNC_FILE_RANGE_WRITE = 2
+_sync_file_range = getattr(_libc, "sync_file_range", None)
+if _sync_file_range is not None:
+    _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
 
 
 def preallocate(fd: int, length: int) -> None:
@@ -51,22 +55,25 @@ class ZoneFileDrive(ZonedDrive):
         self._lock = threading.RLock()
         if not self.folder.is_dir():
             raise DriveMissing(f"drive folder {self.folder} does not exist")
-        if uuid is not None:
-            label = self.label()
-            if label.get("uuid") != uuid:
-                raise DriveMissing(f"drive folder {self.folder} holds drive {label.get('uuid')!r}, expected {uuid}")
+        label = self.label() if uuid is not None or (self.folder / LABEL).exists() else {}
+        if uuid is not None and label.get("uuid") != uuid:
+            raise DriveMissing(f"drive folder {self.folder} holds drive {label.get('uuid')!r}, expected {uuid}")
+        self.preallocate = label.get("preallocate", True)
 
     # -- set-up --------------------------------------------------------------
     @classmethod
-    def format(cls, folder: Path, zone_size: int, zone_count: int, uuid: str, *, max_open_zones: int = 0):
+    def format(cls, folder: Path, zone_size: int, zone_count: int, uuid: str, *, max_open_zones: int = 0,
+               preallocate_zones: bool = True):
         folder.mkdir(parents=True, exist_ok=False)
         for idx in range(zone_count):
             fd = os.open(zone_path(folder, idx), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
-                preallocate(fd, zone_size)
+                if preallocate_zones:
+                    preallocate(fd, zone_size)
             finally:
                 os.close(fd)
-        label = {"uuid": uuid, "zone_size": zone_size, "zone_count": zone_count, "max_open_zones": max_open_zones}
+        label = {"uuid": uuid, "zone_size": zone_size, "zone_count": zone_count, "max_open_zones": max_open_zones,
+                 "preallocate": preallocate_zones}
         tmp = folder / (LABEL + ".tmp")
         tmp.write_text(json.dumps(label))
         os.replace(tmp, folder / LABEL)
@@ -172,11 +179,17 @@ class ZoneFileDrive(ZonedDrive):
     def sync(self, idx: int) -> None:
         os.fdatasync(self._fd(idx))
 
+    def start_writeback(self, idx: int, offset: int, length: int) -> None:
+        """Start writing a range to the medium without waiting, so the later fsync finds little to do."""
+        if _sync_file_range is not None:
+            _sync_file_range(self._fd(idx), offset, length, SYNC_FILE_RANGE_WRITE)
+
     def reset(self, idx: int) -> None:
         fd = self._fd(idx)
         with self._lock:
             os.ftruncate(fd, 0)
-            preallocate(fd, self.zone_size)
+            if self.preallocate:
+                preallocate(fd, self.zone_size)
             os.fsync(fd)
             self._wp[idx] = 0
             self._cond.pop(idx, None)

@@ -1,13 +1,33 @@
-"""Fixtures for the data path: emulated zoned drives (folders of zone files) and a DataPath."""
+"""Fixtures for the data path: emulated zoned drives (folders of zone files) and a DataPath.
+
+``engine`` runs on SQLite and PostgreSQL (catalog behaviour matters); ``sqlite_engine`` is for
+behaviour of drives, codes and reads, where a second database only costs time."""
 from __future__ import annotations
 
 import pytest
 
 from dphelpers import Engine
+from engine.catalog import Catalog, upgrade
 
 
 @pytest.fixture
 def engine(catalog, tmp_path):
     eng = Engine(catalog, tmp_path / "drives")
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+def sqlite_catalog(tmp_path):
+    url = f"sqlite:///{tmp_path}/catalog.db"
+    upgrade(url)
+    cat = Catalog(url)
+    yield cat
+    cat.close()
+
+
+@pytest.fixture
+def sqlite_engine(sqlite_catalog, tmp_path):
+    eng = Engine(sqlite_catalog, tmp_path / "drives")
     yield eng
     eng.close()

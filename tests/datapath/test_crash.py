@@ -31,6 +31,7 @@ def test_sigkill_at_random_moments_loses_no_committed_byte(tmp_path):
     committed: dict[str, int] = {}
     env = dict(os.environ, PYTHONPATH=f"{ROOT_DIR}{os.pathsep}{HERE}")
     kills_mid_write = 0
+    policies = load_policies(POLICIES)
     for round_no in range(ROUNDS):
         child = subprocess.Popen([sys.executable, str(HERE / "crash_child.py"), url, str(round_no)],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT_DIR, env=env)
@@ -46,7 +47,7 @@ def test_sigkill_at_random_moments_loses_no_committed_byte(tmp_path):
                 _, name, length = line.split()
                 committed[name] = max(committed.get(name, 0), int(length))
 
-        data = DataPath(catalog, load_policies(POLICIES), reserve_zones=1)
+        data = DataPath(catalog, policies, reserve_zones=1)
         try:
             ns = Namespace(catalog, data=data)
             for entry in ns.readdir(ROOT, ns.root_ino, limit=10_000)[0]:

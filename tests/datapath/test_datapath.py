@@ -135,7 +135,8 @@ def test_invariant1_zone_refuses_writes_off_the_write_pointer(tmp_path):
     drive.close()
 
 
-def test_invariant2_fragments_are_durable_before_the_commit_that_references_them(engine, monkeypatch):
+def test_invariant2_fragments_are_durable_before_the_commit_that_references_them(sqlite_engine, monkeypatch):
+    engine = sqlite_engine
     durable: dict[tuple[str, int], int] = {}  # zone -> bytes made durable by an fsync
     violations = []
     real_sync = ZoneFileDrive.sync
@@ -171,7 +172,8 @@ def test_invariant2_fragments_are_durable_before_the_commit_that_references_them
 
 
 @pytest.mark.parametrize("how", ["failed_state", "folder_removed"])
-def test_invariant4_two_of_ten_drives_lost_every_file_reads_back(engine, how):
+def test_invariant4_two_of_ten_drives_lost_every_file_reads_back(sqlite_engine, how):
+    engine = sqlite_engine
     files = {f"f{i}": os.urandom(STRIPE * (i % 3) + 1000 * i + 1) for i in range(6)}
     inos = {name: make(engine, name, data) for name, data in files.items()}
     lost = engine.drive_ids[3], engine.drive_ids[7]
@@ -197,7 +199,8 @@ def test_invariant4_two_of_ten_drives_lost_every_file_reads_back(engine, how):
         engine.ns.read(inos[big], 0, 100)
 
 
-def test_drive_folder_vanishing_while_running_does_not_stop_reads(engine):
+def test_drive_folder_vanishing_while_running_does_not_stop_reads(sqlite_engine):
+    engine = sqlite_engine
     data = os.urandom(3 * STRIPE)
     ino = make(engine, "live", data)
     engine.data.reader.drop_cache()
@@ -294,19 +297,22 @@ def test_recovery_counts_uncommitted_bytes_as_garbage_and_appends_after_them(eng
     check_accounting(engine.catalog)
 
 
-def test_bad_construction_arguments(catalog):
+def test_bad_construction_arguments(sqlite_catalog):
+    catalog = sqlite_catalog
     with pytest.raises(errors.ConfigError, match="reserve_zones"):
         DataPath(catalog, {"warm": None}, reserve_zones=-1)
     with pytest.raises(errors.ConfigError, match="band_classes"):
         DataPath(catalog, {})
 
 
-def test_fragments_larger_than_zones_are_refused(catalog, tmp_path):
+def test_fragments_larger_than_zones_are_refused(sqlite_catalog, tmp_path):
+    catalog = sqlite_catalog
     with pytest.raises(errors.ConfigError, match="band_classes.warm.fragment_size"):
         Engine(catalog, tmp_path / "d", policies={"warm": {"fragment_size": 2 * MiB}})
 
 
-def test_backend_with_padded_fragments_reads_and_decodes(catalog, tmp_path):
+def test_backend_with_padded_fragments_reads_and_decodes(sqlite_catalog, tmp_path):
+    catalog = sqlite_catalog
     # liberasurecode_rs_vand pads payloads: the reader must locate data by the real fragment length
     small = {"fragment_size": 4096}
     eng = Engine(catalog, tmp_path / "lib", policies={"warm": {"backend": "liberasurecode_rs_vand", **small},
@@ -324,7 +330,8 @@ def test_backend_with_padded_fragments_reads_and_decodes(catalog, tmp_path):
         eng.close()
 
 
-def test_small_flushes_are_replicated_in_the_hot_class(engine):
+def test_small_flushes_are_replicated_in_the_hot_class(sqlite_engine):
+    engine = sqlite_engine
     ns = engine.ns
     small = os.urandom(3000)
     ino_small = make(engine, "small", small)
@@ -343,7 +350,8 @@ def test_small_flushes_are_replicated_in_the_hot_class(engine):
     assert engine.ns.read(ino_big, 0, len(big)) == big
 
 
-def test_replica_stripes_read_back_with_two_drives_lost(engine):
+def test_replica_stripes_read_back_with_two_drives_lost(sqlite_engine):
+    engine = sqlite_engine
     ns = engine.ns
     ino = ns.create(ROOT, ns.root_ino, "h").ino
     engine.catalog.run(lambda c: c.execute(update(Inode.__table__).where(Inode.__table__.c.ino == ino)

@@ -142,7 +142,8 @@ def test_smr_model_drive_managed_random_write_rewrites_the_band():
     assert again.report() == report  # deterministic
 
 
-def test_datapath_writes_are_sequential_appends_on_the_smr_model(catalog, tmp_path):
+def test_datapath_writes_are_sequential_appends_on_the_smr_model(sqlite_catalog, tmp_path):
+    catalog = sqlite_catalog
     from dphelpers import Engine
     from engine.namespace import ROOT
     model = SmrModel(band_size=MiB, drive_managed=True)
