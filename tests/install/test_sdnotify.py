@@ -180,9 +180,10 @@ def test_webui_is_ready_once_gunicorn_listens(appliance_dir, notify_socket):
                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         receive_until_ready(sock, web)
-        assert accepts(web_port), "READY=1 sent while the web UI port does not accept connections"
-        assert web.poll() is None
+        ready_accepts = accepts(web_port)
+        running = web.poll() is None
     finally:
         web.send_signal(signal.SIGTERM)
-        web.communicate(timeout=60)
-    assert web.returncode == 0
+        out, err = web.communicate(timeout=60)
+    assert ready_accepts, f"READY=1 sent while the web UI port does not accept connections:\n{out}\n{err[-3000:]}"
+    assert running and web.returncode == 0, f"exit {web.returncode}:\n{out}\n{err[-3000:]}"
