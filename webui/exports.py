@@ -149,8 +149,10 @@ def index():
             return redirect(url_for("exports.index"))
         except core.USER_ERRORS as exc:
             form, errs, status = _form_values(), core.form_errors(exc), 400
+    config = core.ctx().config
     return render_template("exports.html", exports=list_exports(), form=form, errors=errs,
-                           schema=EXPORT_SCHEMA, squash=SQUASH), status
+                           schema=EXPORT_SCHEMA, squash=SQUASH, nfs_host=config.get("nfs.host"),
+                           nfs_port=config.get("nfs.port")), status
 
 
 @bp.route("/exports/<int:export_id>", methods=["GET", "POST"])
