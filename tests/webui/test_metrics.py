@@ -60,3 +60,13 @@ def test_rates_handle_restarts_and_bad_samples_are_refused(appliance):
         metrics.record_sample(catalog, nfs_read_bytes="lots")
     with pytest.raises(ValueError, match="counter name 'Bad-Name'"):
         metrics.record_sample(catalog, **{"Bad-Name": 1})
+
+
+def test_samples_older_than_the_keep_window_are_pruned(appliance):
+    _, catalog = appliance
+    week = metrics.KEEP_SECONDS * 10**9
+    metrics.record_sample(catalog, time_ns=10**9, nfs_read_bytes=1, nfs_ops=1)
+    metrics.record_sample(catalog, time_ns=10**9 + week // 2, nfs_read_bytes=2)
+    metrics.record_sample(catalog, time_ns=2 * 10**9 + week, nfs_read_bytes=3)
+    assert [v for _, v in metrics.series(catalog, "nfs_read_bytes", 0)] == [2.0, 3.0]
+    assert metrics.series(catalog, "nfs_ops", 0) == [(10**9, 1.0)]  # not recorded since: left alone
