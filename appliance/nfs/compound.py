@@ -22,6 +22,7 @@ from appliance.nfs.xdr import Packer, String, UInt, XdrError
 from engine import errors
 from engine.catalog.database import CatalogUnavailable
 from engine.catalog.models import DIR
+from engine.namespace import Cred
 
 log = logging.getLogger("shingle.nfs")
 
@@ -38,6 +39,7 @@ NOT_SUPPORTED = frozenset({c.OP_OPEN_CONFIRM, c.OP_RENEW, c.OP_SETCLIENTID, c.OP
                            c.OP_GETDEVICEINFO, c.OP_GETDEVICELIST, c.OP_LAYOUTCOMMIT, c.OP_LAYOUTGET,
                            c.OP_LAYOUTRETURN, c.OP_SET_SSV, c.OP_WANT_DELEGATION})
 ANONYMOUS_OTHER = b"\0" * 12
+PSEUDO_CRED = Cred(65534, 65534)
 BYPASS_OTHER = b"\xff" * 12
 
 
@@ -99,8 +101,8 @@ class Compound:
     # -- identities ---------------------------------------------------------------
     def cred(self, node: Node):
         export = node.export
-        if export is None:
-            export = self.server.exports.root_export or self.server.exports_default_rule()
+        if export is None:  # the pseudo-root is read-only: nobody needs more than "nobody"
+            return PSEUDO_CRED
         key = export.id
         cred = self._creds.get(key)
         if cred is None:

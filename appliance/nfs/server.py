@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from appliance.nfs import compound
 from appliance.nfs import const as c
-from appliance.nfs.exports import ExportTable, default_rule
+from appliance.nfs.exports import ExportTable
 from appliance.nfs.fh import HandleCodec
 from appliance.nfs.mount import MountProgram
 from appliance.nfs.rpc import PROC_UNAVAIL, RpcConnection, RpcReject, accepted
@@ -83,9 +83,6 @@ class NfsServer:
                     self._statfs = self.namespace.statfs()
                     self._statfs_at = now
         return self._statfs
-
-    def exports_default_rule(self):
-        return default_rule()
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
