@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import time
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from engine.catalog.database import Catalog
 from engine.catalog.models import MetricSample
@@ -73,12 +73,18 @@ def rates(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
     return out
 
 
+LATEST_ROWS = 5000  # newest rows looked at by latest(): many samples' worth of every counter
+
+
 def latest(catalog: Catalog) -> dict[str, float]:
-    """The most recent reading of every counter."""
+    """The most recent reading of every counter the daemon still records.
+
+    Reads the newest rows by id (ids grow with time, so this is an index walk from the end) instead of
+    grouping a week of samples on every /metrics scrape; a counter no longer recorded drops out."""
     def work(conn):
-        newest = (select(SAMPLES.c.name, func.max(SAMPLES.c.time_ns).label("t"))
-                  .group_by(SAMPLES.c.name).subquery())
-        rows = conn.execute(select(SAMPLES.c.name, SAMPLES.c.value).join(
-            newest, (SAMPLES.c.name == newest.c.name) & (SAMPLES.c.time_ns == newest.c.t)))
-        return {r.name: r.value for r in rows}
+        out: dict[str, float] = {}
+        for name, value in conn.execute(select(SAMPLES.c.name, SAMPLES.c.value)
+                                        .order_by(SAMPLES.c.id.desc()).limit(LATEST_ROWS)):
+            out.setdefault(name, value)
+        return out
     return catalog.read(work)
