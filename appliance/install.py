@@ -194,13 +194,25 @@ def _migrate_catalog(config: config_mod.Config, report: Report, on_host: bool) -
         upgrade(url)
         report.did(f"{'created' if before is None else f'upgraded (from revision {before})'} catalog: "
                    f"{url} at revision {head}")
+    return before
+
+
+def _own_catalog_files(config: config_mod.Config, on_host: bool) -> None:
+    """An SQLite catalog (and a WAL left behind) belongs to the service user, which writes it."""
+    url = config.catalog_url
     if url.startswith("sqlite:///"):
         db = Path(url[len("sqlite:///"):])
         for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
             if path.exists():
                 path.chmod(0o640)  # password hashes and token digests: not for every local user
             _chown(path, on_host)
-    return before
+
+
+def _write_private(path: Path, text: str) -> None:
+    """A new file readable by its owner only, from the first byte on."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def _first_run_state(config: config_mod.Config, report: Report, on_host: bool, upgraded_from: str | None) -> None:
@@ -222,8 +234,8 @@ def _first_run_state(config: config_mod.Config, report: Report, on_host: bool, u
         if admins == 0:
             password = secrets.token_urlsafe(12)
             accounts.create_admin(catalog, ADMIN_USER, password, actor="shingle install")
-            password_file.write_text(f"{ADMIN_USER} {password}\n")
-            password_file.chmod(0o600)
+            password_file.unlink(missing_ok=True)  # left from an earlier catalog that was removed
+            _write_private(password_file, f"{ADMIN_USER} {password}\n")
             _chown(password_file, on_host)
             events.record(catalog, "appliance.install", "installed", actor="shingle install")
             report.did(f"created admin user {ADMIN_USER!r}: password in {password_file}")
@@ -234,8 +246,7 @@ def _first_run_state(config: config_mod.Config, report: Report, on_host: bool, u
         catalog.close()
     secret = config.resolve("webui.secret_key_file")
     if not secret.exists():
-        secret.write_text(secrets.token_hex(32) + "\n")
-        secret.chmod(0o600)
+        _write_private(secret, secrets.token_hex(32) + "\n")
         _chown(secret, on_host)
         report.did(f"created web UI session key: {secret}")
 
@@ -337,6 +348,7 @@ def install(root: str | Path | None = None, *, launcher: str | None = None, run=
     with quiet as restart:
         before = _migrate_catalog(config, report, on_host)
         _first_run_state(config, report, on_host, None if before == head_revision() else before)
+        _own_catalog_files(config, on_host)
 
     # 5. units, with this install's launcher and a drop-in for paths outside /var/lib/shingle
     unit_dir = _under(root, UNIT_DIR)
