@@ -510,13 +510,15 @@ class DataPath:
             now = time.time_ns()
             for drive, zone in chosen:
                 stripe.placement.append((drive, zone, zone.wp, length))
-                zone.wp += length
+                # a block device pads appends to whole blocks; the pad is garbage below the pointer
+                zone.wp += -(-length // drive.granularity) * drive.granularity
                 zone.inflight += 1
                 if zone.opened_ns is None:
                     zone.opened_ns = now
 
     def _zone_for(self, drive: DriveState, band_class: str, length: int) -> ZoneMem | None:
         zone = drive.open.get(band_class)
+        length = -(-length // drive.granularity) * drive.granularity
         if zone is not None and zone.wp + length <= drive.zone_size:
             return zone
         if zone is not None:
@@ -790,7 +792,7 @@ class DataPath:
             if zone is None:
                 raise errors.NoSpace(f"no room on drive {drive_id} to repair stripe {info.id} fragment {idx}")
             offset = zone.wp
-            zone.wp += length
+            zone.wp += -(-length // drive.granularity) * drive.granularity
             zone.inflight += 1
             state = (zone.state, zone.band_class, zone.opened_ns)
         latch = _Latch(1)

@@ -52,6 +52,7 @@ class DriveState:
             self.backend = open_drive(row)
         except (DriveMissing, OSError) as exc:
             self.open_error = str(exc)
+        self.granularity = getattr(self.backend, "write_granularity", 1) or 1
         self._present = self.backend is not None
         self._present_at = time.monotonic()
         self.queue: queue.SimpleQueue = queue.SimpleQueue()

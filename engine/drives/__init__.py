@@ -25,7 +25,7 @@ ZONES = Zone.__table__
 
 
 def format_emulated(catalog, root: Path, count: int, drive_size: int, zone_size: int,
-                    *, max_open_zones: int = 0, preallocate: bool = True) -> list[int]:
+                    *, max_open_zones: int = 0, preallocate: bool = True, write_granularity: int = 1) -> list[int]:
     """Create ``count`` zone-file drives under ``root`` and their catalog rows; returns the drive ids.
 
     ``preallocate=False`` skips fallocate (a crowded scratch disk); zones then grow as written."""
@@ -37,6 +37,8 @@ def format_emulated(catalog, root: Path, count: int, drive_size: int, zone_size:
     if isinstance(drive_size, bool) or not isinstance(drive_size, int) or drive_size < MIN_ZONES * zone_size:
         raise ConfigError("drives.drive_size", drive_size,
                           f"at least {MIN_ZONES} zones of {zone_size} bytes ({MIN_ZONES * zone_size} bytes)")
+    if write_granularity not in (1, 512, 4096):
+        raise ConfigError("drives.write_granularity", write_granularity, "1, 512 or 4096 bytes")
     zone_count = drive_size // zone_size
     folders = []
     existing = sorted(p.name for p in root.glob("drive-*")) if root.exists() else []
@@ -50,7 +52,7 @@ def format_emulated(catalog, root: Path, count: int, drive_size: int, zone_size:
     for folder in folders:
         drive_uuid = str(uuidlib.uuid4())
         drive = ZoneFileDrive.format(folder, zone_size, zone_count, drive_uuid, max_open_zones=max_open_zones,
-                                     preallocate_zones=preallocate)
+                                     preallocate_zones=preallocate, write_granularity=write_granularity)
         drive.close()
         made.append((folder, drive_uuid))
 

@@ -98,6 +98,8 @@ def host_managed_devices() -> list[str]:
 
 
 class ZonedBlockDrive(ZonedDrive):
+    write_granularity = 4096  # O_DIRECT: appends are padded to whole logical blocks
+
     def __init__(self, device: str):
         self.device = device
         if not os.path.exists(device):

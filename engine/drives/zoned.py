@@ -46,6 +46,7 @@ class ZonedDrive:
     zone_size: int
     zone_count: int
     max_open_zones: int = 0  # 0: no limit
+    write_granularity: int = 1  # appends move the write pointer in multiples of this
     model = None  # SmrModel or None
     model_key = None  # how this drive is named in the model's report
 

@@ -59,11 +59,13 @@ class ZoneFileDrive(ZonedDrive):
         if uuid is not None and label.get("uuid") != uuid:
             raise DriveMissing(f"drive folder {self.folder} holds drive {label.get('uuid')!r}, expected {uuid}")
         self.preallocate = label.get("preallocate", True)
+        # emulate a block device's padding of appends to whole blocks (4096 on a zoned disk)
+        self.write_granularity = int(label.get("write_granularity", 1))
 
     # -- set-up --------------------------------------------------------------
     @classmethod
     def format(cls, folder: Path, zone_size: int, zone_count: int, uuid: str, *, max_open_zones: int = 0,
-               preallocate_zones: bool = True):
+               preallocate_zones: bool = True, write_granularity: int = 1):
         folder.mkdir(parents=True, exist_ok=False)
         for idx in range(zone_count):
             fd = os.open(zone_path(folder, idx), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -73,7 +75,7 @@ class ZoneFileDrive(ZonedDrive):
             finally:
                 os.close(fd)
         label = {"uuid": uuid, "zone_size": zone_size, "zone_count": zone_count, "max_open_zones": max_open_zones,
-                 "preallocate": preallocate_zones}
+                 "preallocate": preallocate_zones, "write_granularity": write_granularity}
         tmp = folder / (LABEL + ".tmp")
         tmp.write_text(json.dumps(label))
         os.replace(tmp, folder / LABEL)
@@ -146,6 +148,10 @@ class ZoneFileDrive(ZonedDrive):
     def append(self, idx: int, offset: int, data) -> None:
         fd = self._fd(idx)
         length = len(data)
+        pad = -length % self.write_granularity
+        if pad:
+            data = bytes(data) + bytes(pad)
+            length += pad
         with self._lock:
             wp = self._wp[idx]
             self._check_append(idx, offset, length, wp, self.zone_size, self.condition(idx))

@@ -20,13 +20,14 @@ class Engine:
     """A catalog + drives + DataPath + Namespace that a test can restart."""
 
     def __init__(self, catalog, root, *, drives=10, drive_size=16 * MiB, zone_size=MiB, policies=SMALL,
-                 reserve_zones=2, smr_model=None):
+                 reserve_zones=2, smr_model=None, write_granularity=1):
         self.catalog = catalog
         self.root = root
         self.policies = load_policies(policies)
         self.reserve_zones = reserve_zones
         self.smr_model = smr_model
-        self.drive_ids = format_emulated(catalog, root, drives, drive_size, zone_size)
+        self.drive_ids = format_emulated(catalog, root, drives, drive_size, zone_size,
+                                         write_granularity=write_granularity)
         self.data = None
         self.ns = None
         self.start()

@@ -364,3 +364,22 @@ def test_replica_stripes_read_back_with_two_drives_lost(sqlite_engine):
         Drive.__table__.c.id.in_(engine.drive_ids[4:6])).values(state="failed")))
     engine.restart()
     assert engine.ns.read(ino, 0, len(data)) == data
+
+
+def test_block_padded_appends_keep_the_write_pointer_and_accounting_right(sqlite_catalog, tmp_path):
+    # a host-managed disk pads every append to 4 KiB: fragments must be placed on that grid
+    eng = Engine(sqlite_catalog, tmp_path / "blk", write_granularity=4096)
+    try:
+        files = {}
+        for i in range(3):
+            data = os.urandom(STRIPE // 3 + 1001 * i)
+            files[make(eng, f"b{i}", data, chunk=7000)] = data
+        offsets = eng.catalog.read(lambda c: c.execute(select(Fragment.__table__.c.zone_offset)).scalars().all())
+        assert offsets and all(off % 4096 == 0 for off in offsets)
+        check_accounting(eng.catalog)
+        eng.restart()
+        assert eng.data.recovery_report.short_zones == []
+        for ino, data in files.items():
+            assert eng.ns.read(ino, 0, len(data)) == data
+    finally:
+        eng.close()
