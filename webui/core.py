@@ -28,7 +28,15 @@ class Shingle:
     namespace: Any
     smartctl: str
     smart_cache: dict = field(default_factory=dict)  # device -> (monotonic time, report)
+    _policies: dict | None = None
     retention: Any = None  # the RetentionService, made on first use
+
+    @property
+    def policies(self) -> dict:
+        """Band-class policies, built once (building them instantiates pyeclib codecs)."""
+        if self._policies is None:
+            self._policies = self.config.policies()
+        return self._policies
 
     def close(self) -> None:
         self.catalog.close()

@@ -21,7 +21,7 @@ def summary() -> dict:
     """Everything the dashboard shows, as plain data (the API returns the same)."""
     shingle = core.ctx()
     config = shingle.config
-    report = gather(shingle.catalog, config.policies(), config.get("storage.reserve_zones"))
+    report = gather(shingle.catalog, shingle.policies, config.get("storage.reserve_zones"))
 
     def per_class(conn):
         rows = conn.execute(select(ZONES.c.band_class, func.sum(ZONES.c.write_pointer), func.sum(ZONES.c.live_bytes),

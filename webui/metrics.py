@@ -51,7 +51,7 @@ def render() -> str:
     shingle = core.ctx()
     config = shingle.config
     from appliance.status import gather
-    report = gather(shingle.catalog, config.policies(), config.get("storage.reserve_zones"))
+    report = gather(shingle.catalog, shingle.policies, config.get("storage.reserve_zones"))
     out = Exposition()
     cap = report["capacity"]
     out.family("shingle_capacity_bytes", "gauge", "Capacity by kind (raw, usable, free, written, live, garbage, "
