@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import struct
 from dataclasses import dataclass
 
@@ -132,6 +133,15 @@ class RpcConnection(asyncio.BufferedProtocol):
     # -- asyncio callbacks --------------------------------------------------------
     def connection_made(self, transport):
         self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:  # room for a whole 1 MiB READ reply, so most sends finish in one call
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        transport.set_write_buffer_limits(high=16 << 20)
         peer = transport.get_extra_info("peername")
         self.peer = (peer[0], peer[1]) if peer else ("?", 0)
         self.server.connections.add(self)
