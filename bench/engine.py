@@ -216,6 +216,8 @@ def main() -> int:
             # CPU time inside the erasure coder over all CPU time the process spent writing
             "pyeclib_share_of_write_time": data.stats["encode_cpu_s"] / cpu if cpu else 0.0,
             "commit_batches": data.stats["batches"],
+            "fsyncs": data.stats["fsyncs"],
+            "fsync_seconds_all_drives": data.stats["fsync_s"],
         })
 
         drop_cache(drives)

@@ -13,6 +13,12 @@ Write path
     change), with ``durable=True``. ``flush`` returns when its stripes
     committed. Space is reserved at ``write`` time, so a write that cannot
     be placed fails with ENOSPC before anything of it is buffered.
+    A flush smaller than one fragment of the default class (a few KiB of a
+    small or random write) goes to the replicated hot class instead, unless
+    the inode pins its class (``Inode.band_class``); tiering re-encodes it.
+    Drive writers fsync their zones after a short linger (or every 32
+    fragments), so a fragment counts as written only once it is durable;
+    fragments sit on the drive's write granularity (4 KiB on a zoned disk).
 
 Catalog layout (engine/catalog/models.py)
     - Stripe: one unit of redundancy. ``layout`` "ec" (k data + m parity
@@ -37,7 +43,10 @@ Read path
     fetched in parallel and checked against their crc32c; a missing drive
     (failed state, or its folder gone), a read error or a bad checksum makes
     the stripe decode from any k good fragments. Sequential readers get
-    read-ahead of whole stripes. Holes read as zeros.
+    read-ahead of whole stripes. Holes read as zeros. A fragment that failed
+    its checksum is rebuilt after the decode and appended to an open band of
+    the same drive; the catalog then points at the new copy and the bad
+    bytes are garbage (invariant 5).
 
 Crash recovery (``recover``, run at start)
     Bytes on a zone beyond its committed write pointer are from a flush that
