@@ -109,6 +109,10 @@ class Media:
                     found.append((0, drive_id))
         return [drive_id for _n, drive_id in sorted(found, key=lambda t: (-t[0], t[1]))]
 
+    def empty_zones(self, drive_id: int) -> int:
+        drive = self.dp._drives.get(drive_id)
+        return len(drive.empty) if drive is not None else 0
+
     def read(self, drive_id: int, zone_id: int, offset: int, length: int) -> bytes:
         """Raw bytes of a fragment (no checksum check: the caller judges them)."""
         drive = self.drive(drive_id)

@@ -174,8 +174,12 @@ class Rebuilder:
             report.stripes += 1
             candidates = media.writable_drives(exclude=stripe.drives(), want=len(wanted))
             if candidates:
-                shift = n % len(candidates)  # spread the batch over the drives with room
-                candidates = candidates[shift:] + candidates[:shift]
+                # spread the batch over the drives with the most room (an empty replacement drive
+                # takes everything until it has no more room than the others)
+                most = media.empty_zones(candidates[0])
+                top = [d for d in candidates if media.empty_zones(d) >= most - 1]
+                shift = n % len(top)
+                candidates = top[shift:] + top[:shift] + candidates[len(top):]
             for target, (idx, data) in zip(candidates, sorted(wanted.items())):
                 moves_by_class.setdefault(stripe.band_class, []).append(
                     (stripe.fragments[idx], data, target, idx in lost))

@@ -121,3 +121,27 @@ def test_drain_moves_everything_off_and_removes_the_drive(rig):
         assert sha(rig.read_file(path)) == sha(data), path
     kinds = [e.kind for e in recent(rig.catalog, kind_prefix="drive.")]
     assert "drive.drained" in kinds
+
+
+def test_rebuild_onto_a_replacement_drive(rig):
+    from engine.drives import format_emulated
+    files = {f"/r/f{i}": random_bytes(300 * KiB, 300 + i) for i in range(16)}  # a few zones per drive
+    for path, data in files.items():
+        rig.write_file(path, data)
+    failed = rig.drive_ids[2]
+    lost = [f for f in rig.fragments() if f.drive_id == failed]
+    drive_states.fail_drive(rig.catalog, failed)
+    shutil.rmtree(rig.data._drives[failed].path)
+    # the replacement: a new, empty drive of the same geometry
+    drive = rig.data._drives[rig.drive_ids[0]]
+    [new] = format_emulated(rig.catalog, rig.root.parent / "spare", 1, drive.zone_size * drive.zone_count,
+                            drive.zone_size)
+    rig.restart()
+    report = rebuild(rig.data, rig.catalog)
+    assert report.fragments_rebuilt == len(lost) and report.status["reduced"] == 0
+    landed = [f for f in rig.fragments() if f.id in {x.id for x in lost}]
+    # the empty replacement has the most room, so it takes the largest share
+    assert sum(1 for f in landed if f.drive_id == new) >= len(lost) // 2
+    for path, data in files.items():
+        assert sha(rig.read_file(path)) == sha(data), path
+    check_accounting(rig.catalog)
