@@ -21,6 +21,7 @@ DRIVES = Drive.__table__
 ZONES = Zone.__table__
 ACTIONS = ("mark_failed", "drain", "rebuild", "smart_test")
 SMART_TTL_S = 60  # smartctl -x takes a while on real drives; pages reuse a reading this long
+SMART_PARALLEL = 8
 
 ACTION_SCHEMA = Schema("DriveAction", "An admin action on one drive.", (
     Field("action", "string", "What to do: mark_failed (stop using it now), drain (move its data off, then "
@@ -29,26 +30,33 @@ ACTION_SCHEMA = Schema("DriveAction", "An admin action on one drive.", (
 ))
 
 
-def smart_of(device: str | None) -> dict:
+def smart_of(shingle: core.Shingle, device: str | None) -> dict:
     """The drive's SMART report, from this process's short-lived cache when fresh."""
-    shingle = core.ctx()
-    cache = shingle.smart_cache
-    hit = cache.get(device)
+    hit = shingle.smart_cache.get(device)
     if hit is not None and time.monotonic() - hit[0] < SMART_TTL_S:
         return hit[1]
     report = health.read_smart(device, shingle.smartctl).to_dict()
-    cache[device] = (time.monotonic(), report)
+    shingle.smart_cache[device] = (time.monotonic(), report)
     return report
 
 
-def drive_rows(with_health: bool = True, only: int | None = None) -> list[dict]:
+def refresh_smart(shingle: core.Shingle, devices: list[str | None]) -> None:
+    """Read stale SMART reports in parallel: one smartctl per drive, a 24-bay chassis in one go."""
+    stale = [d for d in set(devices) if d and (shingle.smart_cache.get(d) is None
+                                               or time.monotonic() - shingle.smart_cache[d][0] >= SMART_TTL_S)]
+    if len(stale) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=min(SMART_PARALLEL, len(stale))) as pool:
+            list(pool.map(lambda d: smart_of(shingle, d), stale))
+
+
+def drive_rows(only: int | None = None) -> list[dict]:
     from engine.lifecycle.drives import list_drives
     shingle = core.ctx()
     devices = dict(shingle.catalog.read(lambda c: c.execute(select(DRIVES.c.id, DRIVES.c.device)).all()))
+    found = [d for d in list_drives(shingle.catalog) if only is None or d.id == only]
     out = []
-    for d in list_drives(shingle.catalog):
-        if only is not None and d.id != only:
-            continue
+    for d in found:
         row = {"id": d.id, "uuid": d.uuid, "path": d.path, "backend": d.backend, "state": d.state,
                "zone_size": d.zone_size, "zones": d.zone_count, "zones_empty": d.zones_empty,
                "zones_open": d.zones_open, "zones_full": d.zones_full, "size_bytes": d.capacity_bytes,
@@ -56,11 +64,12 @@ def drive_rows(with_health: bool = True, only: int | None = None) -> list[dict]:
                "fragments": d.fragments, "serial": d.serial, "model": d.model,
                # a zoned block device is its own SMART device; zone-file drives name one only if set
                "device": devices.get(d.id) or (d.path if d.backend == "zoned-block" else None)}
-        if with_health:
-            row["smart"] = smart_of(row["device"])
-            # the device's own counters, else those of the disk holding an emulated drive's folder
-            row["io"] = health.io_counters(row["device"]) or health.io_counters(row["path"])
         out.append(row)
+    refresh_smart(shingle, [row["device"] for row in out])
+    for row in out:
+        row["smart"] = smart_of(shingle, row["device"])
+        # the device's own counters, else those of the disk holding an emulated drive's folder
+        row["io"] = health.io_counters(row["device"]) or health.io_counters(row["path"])
     return out
 
 

@@ -102,3 +102,23 @@ def test_io_counters_for_the_disk_under_a_folder(tmp_path):
     assert health.io_counters(None) is None
     assert health.io_counters(str(tmp_path / "absent")) is None
     assert os.path.exists(FAKE_SMARTCTL)
+
+
+def test_the_drives_page_reads_smart_in_parallel_and_caches_it(app, tmp_path, monkeypatch):
+    """smartctl runs for the drives overlap (a 24-bay chassis is one smartctl's time, not 24), and a
+    second view within the cache time runs none."""
+    log = tmp_path / "runs"
+    slow = tmp_path / "slow_smartctl"
+    slow.write_text(f"#!/bin/sh\necho start $$ >> {log}\nsleep 0.8\necho end $$ >> {log}\n"
+                    f"exec {FAKE_SMARTCTL} \"$@\"\n")
+    slow.chmod(0o755)
+    from webui import drives
+    monkeypatch.setattr(app.extensions["shingle"], "smartctl", str(slow))
+    with app.app_context():
+        rows = drives.drive_rows()
+        runs = log.read_text().splitlines()
+        drives.drive_rows()
+    assert [r["smart"]["overall"] for r in rows] == ["PASSED", "PASSED", "PASSED", "no SMART data"]
+    assert len(runs) == 6  # three devices; the emulated drive needs no smartctl
+    assert runs[:2] == ["start " + runs[0].split()[1], "start " + runs[1].split()[1]]  # 2nd began before 1st ended
+    assert log.read_text().splitlines() == runs  # cached: no smartctl on the second view
