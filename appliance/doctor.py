@@ -286,6 +286,15 @@ def check_units(root: Path) -> Check:
     missing = [n for n in install.UNIT_NAMES if not (unit_dir / n).is_file()]
     if missing:
         return Check("units", "warn", f"not installed in {unit_dir}: {', '.join(missing)}", "run `shingle install`")
+    # The launcher an install wrote into ExecStart=, to compare each unit with what this version ships.
+    exec_start = [line for line in (unit_dir / install.SERVICES[0]).read_text().splitlines()
+                  if line.startswith("ExecStart=")]
+    launcher = exec_start[0].split("=", 1)[1].split()[0] if exec_start else install.UNIT_BIN
+    stale = [name for name in install.UNIT_NAMES if (unit_dir / name).read_text()
+             != (install.UNITS_SOURCE / name).read_text().replace(install.UNIT_BIN, launcher)]
+    if stale:
+        return Check("units", "warn", f"{', '.join(stale)} in {unit_dir} differ from the units of this version",
+                     "run `shingle install` (edits belong in drop-ins: systemctl edit UNIT)")
     return Check("units", "ok", f"{', '.join(install.UNIT_NAMES)} in {unit_dir}")
 
 

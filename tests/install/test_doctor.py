@@ -202,3 +202,13 @@ def test_drive_hidden_by_protect_system_must_be_fixed(installed):
     result = shingle("doctor", "--root", str(installed), check=False)
     assert result.returncode == 0, result.stdout
     assert statuses(result.stdout)["unit paths"] == "OK"
+
+
+def test_units_edited_or_left_from_an_older_version_are_flagged(installed):
+    unit = installed / "etc/systemd/system/shingle-nfsd.service"
+    unit.write_text(unit.read_text().replace("WatchdogSec=30", "WatchdogSec=300"))
+    by_name = {c.name: c for c in doctor.run_checks(root=installed)}
+    assert by_name["units"].status == "warn" and "shingle-nfsd.service" in by_name["units"].detail
+    from appliance import install
+    install.install(installed, launcher="/opt/shingle/bin/shingle")
+    assert {c.name: c for c in doctor.run_checks(root=installed)}["units"].status == "ok"
