@@ -36,11 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sqlalchemy import select  # noqa: E402
 
 from engine import errors  # noqa: E402
 from engine.catalog import Catalog, upgrade  # noqa: E402
-from engine.catalog.models import Inode, Zone  # noqa: E402
+from engine.catalog.models import Inode  # noqa: E402
 from engine.datapath import DataPath  # noqa: E402
 from engine.drives import SmrModel, format_emulated  # noqa: E402
 from engine.erasure import load_policies  # noqa: E402
@@ -53,7 +52,6 @@ from engine.retention import RetentionService  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 INODES = Inode.__table__
-ZONES = Zone.__table__
 
 
 def geometry(quick: bool) -> dict:
