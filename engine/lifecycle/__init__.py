@@ -5,9 +5,20 @@
   redundancy status (how many stripes run with reduced redundancy).
 - ``cleaning``: band cleaning by the LFS cost-benefit rule.
 - ``scrub``: verify every fragment's checksum and repair from redundancy.
-- ``rebuild``: reconstruct the fragments of failed or draining drives elsewhere.
+- ``rebuild``: reconstruct the fragments of failed drives elsewhere; drain a drive.
 - ``tiering``: hot -> warm -> cold and back, with the extent swap in one transaction.
+- ``media`` / ``repair``: fragment appends through the data path's drive writers,
+  reconstruction and relocation shared by the jobs above.
+- ``jobs``: the jobs as runners for the daemon's job queue.
 
-Modules import the data path lazily where they need it, so retention and the
-web UI can use ``drives`` without opening any drive.
+Plain functions for the CLI and the daemon (long ones take ``progress(done, total, message)``):
+    drives.list_drives(catalog), drives.fail_drive(catalog, drive, actor),
+    drives.start_drain(catalog, drive, actor), drives.redundancy_status(catalog),
+    rebuild.rebuild(datapath, catalog, progress=, actor=, bytes_per_s=),
+    rebuild.drain_drive(datapath, catalog, drive, progress=, actor=, bytes_per_s=),
+    scrub.scrub(datapath, catalog, progress=, actor=, bytes_per_s=),
+    cleaning.clean(datapath, catalog, progress=, actor=, max_zones=, target_free_zones=),
+    tiering.tier_run(namespace, datapath, catalog, policy=, reads=, progress=, actor=),
+    jobs.runners(namespace, datapath, catalog) -> {"tier"|"clean"|"scrub"|"rebuild"|"drain": runner}.
+Each returns a report dataclass with ``to_dict()``.
 """

@@ -145,3 +145,11 @@ class Scrubber:
             record(self.catalog, "scrub.unrepairable", f"scrub could not repair stripe {fragment.stripe_id} "
                    f"fragment {fragment.idx}: {exc}", severity="error", actor=actor,
                    details={**details, "error": str(exc)})
+
+
+def scrub(datapath, catalog, *, progress: Progress | None = None, actor: str = "system",
+          bytes_per_s: float | None = None, fragments_per_s: float | None = None,
+          drive_id: int | None = None) -> ScrubReport:
+    """Verify every fragment (of one drive, or all) and repair the bad ones."""
+    return Scrubber(datapath, catalog, bytes_per_s=bytes_per_s, fragments_per_s=fragments_per_s).run(
+        progress=progress, actor=actor, drive_id=drive_id)
