@@ -565,8 +565,14 @@ class DataPath:
 
         while True:
             try:
-                # linger a moment before an fsync: a busy stream then pays one fsync per many fragments
-                item = drive.queue.get(timeout=SYNC_LINGER_S) if unsynced else drive.queue.get()
+                # a stream (several fragments waiting) lingers a moment so one fsync covers many;
+                # a lone fragment (a stable write, a COMMIT) is synced at once
+                if not unsynced:
+                    item = drive.queue.get()
+                elif len(unsynced) > 1:
+                    item = drive.queue.get(timeout=SYNC_LINGER_S)
+                else:
+                    item = drive.queue.get_nowait()
             except queue.Empty:
                 sync()
                 continue
