@@ -383,3 +383,13 @@ def test_block_padded_appends_keep_the_write_pointer_and_accounting_right(sqlite
             assert eng.ns.read(ino, 0, len(data)) == data
     finally:
         eng.close()
+
+
+def test_statfs_reports_raw_times_k_over_k_plus_m_less_the_cleaning_reserve(sqlite_engine):
+    engine = sqlite_engine
+    total, free = engine.data.capacity()
+    assert total == int(10 * (16 - 2) * MiB * 8 / 10)  # 10 drives of 16 zones, 2 kept for cleaning
+    assert free <= total
+    make(engine, "x", os.urandom(4 * STRIPE))
+    stat = engine.ns.statfs()
+    assert stat.total_bytes == total and free - stat.free_bytes >= 4 * STRIPE
