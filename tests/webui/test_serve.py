@@ -69,7 +69,11 @@ def test_shingle_webui_runs_gunicorn_in_the_foreground(template_catalog, tmp_pat
         assert (tmp_path / "webui-secret.key").stat().st_mode & 0o077 == 0
     finally:
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # never leave a server behind a failed test
+            out, _ = proc.communicate()
     assert proc.returncode == 0, out
     assert "Booting worker" in out
 
