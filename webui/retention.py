@@ -11,7 +11,7 @@ from flask import Blueprint, abort, flash, redirect, render_template, request, u
 from engine import errors
 from engine.retention import ACTIONS, KEEP_MAX, ORDERS, RetentionService, validate_pattern
 from webui import core
-from webui.jobs import queue
+from webui.jobs import daemon_pid, queue
 from webui.schema import Field, Schema
 
 bp = Blueprint("retention", __name__)
@@ -67,12 +67,9 @@ def create_rule(values: dict, who: str) -> int:
 
 
 def _page(status: int = 200, **extra):
-    svc = service()
-    rule_id = request.args.get("rule", type=int)
-    rules = svc.list_rules()
-    return render_template("retention.html", rules=rules, schema=RULE_SCHEMA,
-                           form=extra.pop("form", {"action": "delete", "order_by": "mtime", "enabled": True}),
-                           errors=extra.pop("errors", {}), preview_rule=rule_id, **extra), status
+    return render_template("retention.html", rules=service().list_rules(), schema=RULE_SCHEMA,
+                           form=extra.get("form", {"action": "delete", "order_by": "mtime", "enabled": True}),
+                           errors=extra.get("errors", {})), status
 
 
 @bp.route("/retention")
@@ -137,7 +134,6 @@ def preview():
         rules = [service().get_rule(rule_id)] if rule_id else [r for r in service().list_rules() if r.enabled]
     except errors.NotFound:
         abort(404)
-    from webui.jobs import daemon_pid
     return render_template("retention_preview.html", planned=planned, rule_id=rule_id, rules=rules,
                            daemon=daemon_pid())
 
