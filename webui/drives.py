@@ -20,6 +20,12 @@ bp = Blueprint("drives", __name__)
 DRIVES = Drive.__table__
 ZONES = Zone.__table__
 ACTIONS = ("mark_failed", "drain", "rebuild", "smart_test")
+CONFIRM = {  # actions a stray click must not do: the page asks once more (the API does not)
+    "mark_failed": "Mark drive {id} failed? It is no longer read or written; its fragments count as missing "
+                   "until a rebuild restores them on the other drives.",
+    "drain": "Drain drive {id}? No new data goes to it and a drain job moves its fragments to the other drives, "
+             "after which it can be removed.",
+}
 SMART_TTL_S = 60  # smartctl -x takes a while on real drives; pages reuse a reading this long
 SMART_PARALLEL = 8
 
@@ -197,7 +203,13 @@ def index():
 @core.login_required
 def action(drive_id: int):
     try:
-        clean = ACTION_SCHEMA.from_form(request.form)
+        clean = ACTION_SCHEMA.from_form({"action": request.form.get("action")})
+        if clean["action"] in CONFIRM and request.form.get("confirm") != "yes":
+            drive_row(drive_id)  # 404 for a drive that does not exist
+            return render_template("confirm.html", question=CONFIRM[clean["action"]].format(id=drive_id),
+                                   action=url_for("drives.action", drive_id=drive_id),
+                                   fields={"action": clean["action"], "confirm": "yes"},
+                                   cancel=url_for("drives.index") + f"#drive-{drive_id}")
         message, job_id = do_action(drive_id, clean["action"], core.actor())
         flash(message, "ok")
         if job_id is not None:

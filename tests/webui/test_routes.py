@@ -242,7 +242,9 @@ def test_drive_actions_change_state_request_rebuild_and_start_self_test(web, app
                                                        .where(Drive.__table__.c.id == i)).scalar())
     web.post("/drives/2/action", {"action": "rebuild"})
     assert "is online: rebuild restores" in web.get("/drives").get_data(as_text=True)
-    assert web.post("/drives/2/action", {"action": "mark_failed"}).status_code == 302
+    response = web.post("/drives/2/action", {"action": "mark_failed"})  # a stray click: asked once more
+    assert response.status_code == 200 and b"Mark drive 2 failed?" in response.data and state(2) == "online"
+    assert web.post("/drives/2/action", {"action": "mark_failed", "confirm": "yes"}).status_code == 302
     assert state(2) == "failed"
     change = events.recent(catalog, 1, kind_prefix="drive.state")[0]
     assert change.actor == ADMIN and "online -> failed" in change.message
@@ -250,7 +252,7 @@ def test_drive_actions_change_state_request_rebuild_and_start_self_test(web, app
     rebuild = jobs.recent(catalog, 1)[0]
     assert (rebuild.kind, rebuild.actor, rebuild.state) == ("rebuild", ADMIN, "queued")
     assert response.headers["Location"] == f"/jobs/{rebuild.id}"
-    web.post("/drives/3/action", {"action": "drain"})
+    web.post("/drives/3/action", {"action": "drain", "confirm": "yes"})
     assert state(3) == "draining"
     drain = jobs.recent(catalog, 1)[0]
     assert (drain.kind, drain.params, drain.actor) == ("drain", {"drive": 3}, ADMIN)
@@ -263,6 +265,7 @@ def test_drive_actions_change_state_request_rebuild_and_start_self_test(web, app
     assert "expected one of mark_failed, drain, rebuild, smart_test" in web.get("/drives").get_data(as_text=True)
     assert state(1) == "online"
     assert web.post("/drives/99/action", {"action": "drain"}).status_code == 404
+    assert web.post("/drives/99/action", {"action": "drain", "confirm": "yes"}).status_code == 404
 
 
 def test_exports_create_validate_edit_delete(web, appliance, app):
