@@ -289,8 +289,12 @@ def test_exports_create_validate_edit_delete(web, appliance, app):
     assert web.post("/exports", good).status_code == 400  # the name exists
     assert web.post(f"/exports/{row.id}", {**good, "access": "rw"}).status_code == 302
     assert catalog.read(lambda c: c.execute(select(Export.__table__.c.access)).scalar()) == "rw"
-    assert web.post(f"/exports/{row.id}/delete").status_code == 302
+    response = web.post(f"/exports/{row.id}/delete")
+    assert response.status_code == 200 and b"Delete export /datasets?" in response.data
+    assert count_rows(catalog, Export) == 1
+    assert web.post(f"/exports/{row.id}/delete", {"confirm": "yes"}).status_code == 302
     assert count_rows(catalog, Export) == 0
+    assert web.post(f"/exports/{row.id}/delete", {"confirm": "yes"}).status_code == 404
     kinds = [e.kind for e in events.recent(catalog, 3, kind_prefix="export.")]
     assert kinds == ["export.delete", "export.update", "export.create"]
 
