@@ -170,6 +170,7 @@ class DataPath:
         self._map_version: dict[int, int] = defaultdict(int)
         self._maps_lock = threading.Lock()
         self._stripes: dict[int, StripeInfo] = {}
+        self._generation = 0  # bumped by invalidate_stripes: loads that began before it are not cached
         self._last_read_end: dict[int, int] = {}
         self.reader = StripeReader(self._drives, self._zones, threads=read_threads, cache_bytes=cache_bytes)
         self.reader.repair_hook = self._queue_repair
@@ -788,7 +789,7 @@ class DataPath:
         else:
             from engine.erasure import decoder_for
             fragment = decoder_for(info.k, info.m, info.backend).driver.reconstruct(list(good.values()), [idx])[0]
-        drive_id, old_zone_id, _old_offset, length, _crc = info.fragments[idx]
+        drive_id, old_zone_id, old_offset, length, old_checksum = info.fragments[idx]
         drive = self._drives.get(drive_id)
         if drive is None or not drive.writable() or len(fragment) != length:
             return False
@@ -809,20 +810,22 @@ class DataPath:
         def work(conn):
             row = conn.execute(select(STRIPES.c.data_length, STRIPES.c.live_bytes)
                                .where(STRIPES.c.id == info.id)).first()
-            if row is None:
-                return False  # the stripe died meanwhile: the new copy is garbage
-            live = length * row.live_bytes // row.data_length if row.data_length else 0
-            conn.execute(FRAGMENTS.update().where(FRAGMENTS.c.stripe_id == info.id, FRAGMENTS.c.idx == idx)
-                         .values(zone_id=zone.id, zone_offset=offset, checksum=checksum))
-            conn.execute(ZONES.update().where(ZONES.c.id == old_zone_id).values(
-                live_bytes=ZONES.c.live_bytes - live, garbage_bytes=ZONES.c.garbage_bytes + live))
+            # repoint only the copy we judged bad: if scrub or cleaning moved it meanwhile, ours is garbage
+            moved = row is not None and conn.execute(FRAGMENTS.update().where(
+                FRAGMENTS.c.stripe_id == info.id, FRAGMENTS.c.idx == idx, FRAGMENTS.c.zone_id == old_zone_id,
+                FRAGMENTS.c.zone_offset == old_offset, FRAGMENTS.c.checksum == old_checksum)
+                .values(zone_id=zone.id, zone_offset=offset, checksum=checksum)).rowcount == 1
+            live = length * row.live_bytes // row.data_length if moved and row.data_length else 0
+            if live:
+                conn.execute(ZONES.update().where(ZONES.c.id == old_zone_id).values(
+                    live_bytes=ZONES.c.live_bytes - live, garbage_bytes=ZONES.c.garbage_bytes + live))
             wp = conn.execute(select(ZONES.c.write_pointer).where(ZONES.c.id == zone.id)).scalar()
             new_wp = max(wp, offset + length)
             conn.execute(ZONES.update().where(ZONES.c.id == zone.id).values(
                 state=state[0], band_class=state[1], opened_ns=state[2], write_pointer=new_wp,
                 live_bytes=ZONES.c.live_bytes + live,
                 garbage_bytes=ZONES.c.garbage_bytes + (new_wp - wp) - live, last_write_ns=time.time_ns()))
-            return True
+            return moved
         try:
             if latch.errors:
                 raise errors.IOFailure(f"repair write failed: {latch.errors[0]}")
@@ -932,6 +935,7 @@ class DataPath:
                 self._maps.move_to_end(ino)
                 return hit
             version = self._map_version[ino]
+            generation = self._generation
         known = self._stripes
 
         def work(conn):
@@ -948,24 +952,28 @@ class DataPath:
                                                                row.length, row.checksum)
             return rows, infos
         rows, infos = self.catalog.read(work)
-        self._stripes.update(infos)
         items = [(r.file_offset, r.length, r.stripe_id, r.stripe_offset) for r in rows]
-        entry = ([i[0] for i in items], items)
+        entry = ([i[0] for i in items], items, {})
         with self._maps_lock:
-            if self._map_version[ino] == version:
+            fresh = self._generation == generation
+            if fresh:
+                self._stripes.update(infos)
+            # else fragments moved while we loaded: what we read serves this read only
+            if fresh and self._map_version[ino] == version:
                 self._maps[ino] = entry
                 while len(self._maps) > EXTENT_CACHE_FILES:
                     self._maps.popitem(last=False)
-        return entry
+        return entry[0], entry[1], infos
 
     def invalidate_stripes(self, stripe_ids) -> None:
         """Forget cached descriptions and data of stripes (for rebuild/cleaning that move fragments)."""
         ids = set(stripe_ids)
-        for sid in ids:
-            self._stripes.pop(sid, None)
-        self.reader.forget(ids)
         with self._maps_lock:
+            self._generation += 1
+            for sid in ids:
+                self._stripes.pop(sid, None)
             self._maps.clear()
+        self.reader.forget(ids)
 
     def read(self, ino: int, offset: int, length: int, size: int, *, _retry: bool = True) -> bytes:
         end = min(offset + length, size)
@@ -983,14 +991,14 @@ class DataPath:
                     overlay.append((bytes(fb.data), [list(e) for e in fb.extents]))
         out = bytearray(end - offset)
         view = memoryview(out)
-        starts, items = self._extent_map(ino)
+        starts, items, loaded = self._extent_map(ino)
         i = max(bisect.bisect_right(starts, offset) - 1, 0)
         stripe_ends = []
         while i < len(items) and items[i][0] < end:
             fo, elen, sid, so = items[i]
             a, b = max(fo, offset), min(fo + elen, end)
             if a < b:
-                info = self._stripes.get(sid)
+                info = loaded.get(sid) or self._stripes.get(sid)
                 if info is None:
                     self._invalidate({ino})
                     return self.read(ino, offset, length, size)
