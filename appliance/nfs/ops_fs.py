@@ -252,7 +252,7 @@ def link(cx, newname):
         raise NfsError(c.NFS4ERR_NOFILEHANDLE, "LINK needs a saved file handle (the source)")
     target_dir = _dir_for_change(cx)
     source = cx.saved
-    if source.pseudo is not None or source.export is not target_dir.export:
+    if source.pseudo is not None or source.export.id != target_dir.export.id:
         raise NfsError(c.NFS4ERR_XDEV, "link across exports")
     name = check_component(newname)
     before = cx.ns.getattr(target_dir.ino).change
@@ -280,7 +280,7 @@ def rename(cx, a):
         raise NfsError(c.NFS4ERR_NOFILEHANDLE, "RENAME needs a saved file handle (the source directory)")
     dst = _dir_for_change(cx)
     src = cx.saved
-    if src.pseudo is not None or src.export is not dst.export:
+    if src.pseudo is not None or src.export.id != dst.export.id:
         raise NfsError(c.NFS4ERR_XDEV, "rename across exports")
     old, new = check_component(a.oldname), check_component(a.newname)
     sb, db = cx.ns.getattr(src.ino).change, cx.ns.getattr(dst.ino).change
