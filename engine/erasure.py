@@ -148,8 +148,11 @@ class _NativeEncoder:
         lib, desc = self.lib, self.desc
 
         def free():
-            for view in fragments:
-                view.release()
+            try:
+                for view in fragments:
+                    view.release()
+            except BufferError:
+                return  # someone still holds a view: leaking the buffers beats freeing them under it
             lib.liberasurecode_encode_cleanup(desc, data_p, parity_p)
         return Encoded(fragments, free)
 
