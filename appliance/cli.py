@@ -245,12 +245,8 @@ def start_webui(config, port: int | None):
     """The web UI runs as a gunicorn child process (see webui/gunicorn.conf.py)."""
     import subprocess
     port = port if port is not None else config.get("webui.port")
-    host = config.get("webui.host")
     cmd = [sys.executable, "-m", "appliance.cli", "-c", str(config.path), "webui", "--port", str(port)]
-    proc = subprocess.Popen(cmd)
-    password_file = config.data_dir / "initial-admin-password"
-    print(f"Web UI: http://{host}:{port}/  (first admin login in {password_file})", flush=True)
-    return proc
+    return subprocess.Popen(cmd)  # `shingle webui` prints the URL and where the first password is
 
 
 def notify_ready() -> None:

@@ -113,5 +113,10 @@ def job_runners(appliance) -> dict[str, Callable]:
 
 
 def lifecycle_runners(appliance) -> dict[str, Callable]:
-    """Runners for the data-moving jobs, where this build's engine has them."""
-    return {}
+    """Runners for the data-moving jobs: tier, clean, scrub, rebuild, drain."""
+    if appliance.datapath is None:
+        return {}
+    from engine.lifecycle.jobs import runners
+    scrub_rate = appliance.config.get("maintenance.scrub_mib_s") * (1 << 20)
+    return runners(appliance.namespace, appliance.datapath, appliance.catalog, reads=appliance.reads,
+                   scrub_bytes_per_s=scrub_rate)

@@ -36,14 +36,17 @@ class Appliance:
     def __init__(self, config: Config, *, with_data: bool = True):
         self.config = config
         self.catalog = open_catalog(config)
-        self.datapath = None
+        self.datapath = self.reads = None
         if with_data:
             from engine.datapath import DataPath
+            from engine.lifecycle.tiering import ReadTracker
             self.datapath = DataPath(self.catalog, config.policies(),
                                      reserve_zones=config.get("storage.reserve_zones"))
             report = self.datapath.recover()
             log.info("recovery: %s", report)
-        self.namespace = Namespace(self.catalog, data=self.datapath)
+            # reads are counted per file so tiering can promote cold data that is read again
+            self.reads = ReadTracker(self.datapath)
+        self.namespace = Namespace(self.catalog, data=self.reads)
         if with_data:
             freed = self.namespace.reclaim_orphans()
             if freed:
