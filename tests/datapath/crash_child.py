@@ -1,9 +1,11 @@
 """Engine process for the crash test: 8 writers append deterministic streams and report each commit.
 
-Run as ``python crash_child.py CATALOG_URL ROUND``; prints ``C <name> <length>`` after every
-committed flush, then keeps writing until it is killed."""
+``run`` writes ``C <name> <length>`` lines to a file descriptor after every committed flush, then
+keeps the process alive until it is killed. The crash test forks into it (imports already done);
+``python crash_child.py CATALOG_URL ROUND`` runs it by hand with stdout."""
 from __future__ import annotations
 
+import os
 import random
 import sys
 import threading
@@ -22,8 +24,10 @@ def stream(round_no: int, writer: int) -> bytes:
     return random.Random(f"{round_no}-{writer}").randbytes(STREAM)
 
 
-def main():
-    url, round_no = sys.argv[1], int(sys.argv[2])
+def run(url: str, round_no: int, out: int) -> None:
+    def say(line: str) -> None:
+        os.write(out, (line + "\n").encode())
+
     catalog = Catalog(url)
     data = DataPath(catalog, load_policies(POLICIES), reserve_zones=1)
     ns = Namespace(catalog, data=data)
@@ -42,20 +46,20 @@ def main():
             if rng.random() < 0.3:
                 ns.commit(ino)
                 with lock:
-                    print(f"C {name} {pos}", flush=True)
+                    say(f"C {name} {pos}")
         ns.commit(ino)
         with lock:
-            print(f"C {name} {pos}", flush=True)
+            say(f"C {name} {pos}")
 
-    print("READY", flush=True)
+    say("READY")
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(WRITERS)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    print("DONE", flush=True)
+    say("DONE")
     threading.Event().wait()  # stay alive until killed, like a running server
 
 
 if __name__ == "__main__":
-    main()
+    run(sys.argv[1], int(sys.argv[2]), sys.stdout.fileno())

@@ -4,12 +4,9 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-from crash_child import POLICIES, stream
+from crash_child import POLICIES, run, stream
 from dphelpers import check_accounting
 from engine.catalog import Catalog, upgrade
 from engine.datapath import DataPath
@@ -18,29 +15,44 @@ from engine.erasure import load_policies
 from engine.namespace import ROOT, Namespace
 
 ROUNDS = 20
-HERE = Path(__file__).parent
-ROOT_DIR = HERE.parent.parent
+RNG = random.Random(1234)
+
+
+def fork_child(url: str, round_no: int) -> str:
+    """Run the engine in a forked child (imports already paid), SIGKILL it at a random moment,
+    and return what it reported."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the engine process
+        try:
+            os.close(read_end)
+            run(url, round_no, write_end)
+        finally:
+            os._exit(1)
+    os.close(write_end)
+    reader = os.fdopen(read_end, "rb")
+    first = reader.readline()
+    assert first.strip() == b"READY", first
+    time.sleep(RNG.uniform(0.02, 0.35))
+    os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+    rest = reader.read().decode()
+    reader.close()
+    return rest
 
 
 def test_sigkill_at_random_moments_loses_no_committed_byte(tmp_path):
     url = f"sqlite:///{tmp_path}/catalog.db"
     upgrade(url)
     catalog = Catalog(url)
-    format_emulated(catalog, tmp_path / "drives", 10, 64 << 20, 1 << 20)
-    rng = random.Random(1234)
+    format_emulated(catalog, tmp_path / "drives", 10, 32 << 20, 1 << 20)
     committed: dict[str, int] = {}
-    env = dict(os.environ, PYTHONPATH=f"{ROOT_DIR}{os.pathsep}{HERE}")
     kills_mid_write = 0
     policies = load_policies(POLICIES)
     for round_no in range(ROUNDS):
-        child = subprocess.Popen([sys.executable, str(HERE / "crash_child.py"), url, str(round_no)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT_DIR, env=env)
-        assert child.stdout.readline().strip() == b"READY", child.stderr.read().decode()
-        time.sleep(rng.uniform(0.02, 0.35))
-        child.send_signal(signal.SIGKILL)
-        out, err = child.communicate(timeout=30)
-        assert child.returncode == -signal.SIGKILL, err.decode()[-2000:]
-        lines = out.decode().splitlines()
+        out = fork_child(url, round_no)
+        lines = out.splitlines()
         kills_mid_write += "DONE" not in lines
         for line in lines:
             if line.startswith("C "):
