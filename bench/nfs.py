@@ -120,12 +120,14 @@ def main(argv=None) -> int:
                     figures[f"{key}_vs_namespace"] = round(figures[key] / ref[ref_key], 3)
             summary["clients"][client] = figures
     finally:
-        server.stop()
-        data.close()
-        catalog.close()
+        for step in (server.stop, data.close, catalog.close):
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - the figures are printed whatever teardown does
+                summary["errors"].append({"teardown": step.__qualname__, "error": repr(exc)[:300]})
         if not args.dir:
             shutil.rmtree(workdir, ignore_errors=True)
-    print(json.dumps(summary), flush=True)
+        print(json.dumps(summary), flush=True)
     return 0 if not summary["errors"] else 1
 
 
