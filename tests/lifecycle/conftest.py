@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 
 import pytest
 from sqlalchemy import func, select
@@ -45,6 +46,9 @@ class Rig:
         if self.data is not None:
             self.data.close()
             self.data = None
+        # zone files are preallocated: do not leave hundreds of MiB per test in pytest's kept temp dirs
+        shutil.rmtree(self.root, ignore_errors=True)
+        shutil.rmtree(self.root.parent / "spare", ignore_errors=True)
 
     # -- helpers -------------------------------------------------------------------
     def write_file(self, path: str, data: bytes, chunk: int = 1 << 20):
