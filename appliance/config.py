@@ -107,6 +107,8 @@ OPTIONS: list[Option] = [
     Option("maintenance", "clean_interval_s", "int", 300, "How often band cleaning runs (0 disables).", minimum=0),
     Option("maintenance", "scrub_interval_s", "int", 604800, "How often a full scrub runs (0 disables).", minimum=0),
     Option("maintenance", "scrub_mib_s", "float", 50.0, "Scrub read rate limit.", minimum=0.1),
+    Option("maintenance", "trash_purge_interval_s", "int", 86400,
+           "How often trashed entries older than their export's trash_days are purged (0 disables).", minimum=0),
 ]
 
 BAND_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {

@@ -26,6 +26,7 @@ SCHEDULE = (  # job kind -> config key of its interval
     ("tier", "maintenance.tier_interval_s"),
     ("clean", "maintenance.clean_interval_s"),
     ("scrub", "maintenance.scrub_interval_s"),
+    ("trash-purge", "maintenance.trash_purge_interval_s"),
 )
 LAST_RUN_KEY = "maintenance.last_queued.{kind}"
 
