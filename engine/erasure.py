@@ -220,6 +220,7 @@ class Policy:
     header_size: int = 0  # bytes pyeclib puts before each fragment's payload
     _driver: object = field(default=None, repr=False)
     _native: object = field(default=None, repr=False)
+    _min_parity: int = 1
 
     # -- geometry -------------------------------------------------------------
     @property
@@ -246,6 +247,14 @@ class Policy:
     @property
     def max_fragment_length(self) -> int:
         return self.fragment_length(self.stripe_size)
+
+    @property
+    def write_quorum(self) -> int:
+        """Fragments a stripe needs on distinct drives to be written at all (Swift: data fragments
+        plus the parity the codec needs); the rest are added by rebuild."""
+        if self.redundancy == "replicate":
+            return min(2, self.copies)
+        return self.k + self._min_parity
 
     @property
     def efficiency(self) -> float:
@@ -344,6 +353,7 @@ def policy_from_dict(name: str, options: dict) -> Policy:
     # The write quorum comes from the codec: it must tolerate the m losses we promise.
     if driver.min_parity_fragments_needed() > m:
         raise ConfigError(f"{prefix}.m", m, f"at least {driver.min_parity_fragments_needed()} for {backend}")
+    policy._min_parity = driver.min_parity_fragments_needed()
     _check_systematic(policy, f"{prefix}.backend")
     return policy
 

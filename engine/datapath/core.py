@@ -49,7 +49,7 @@ class PendingStripe:
         self.reserved = reserved
         self.fragments: list = []
         self.crcs: list[int] = []
-        self.placement: list = []  # (DriveState, ZoneMem, zone_offset, length)
+        self.placement: list = []  # (DriveState, ZoneMem, zone_offset, length, fragment idx)
         self.remaining = 0
         self.lock = threading.Lock()
         self.written = threading.Event()
@@ -481,8 +481,8 @@ class DataPath:
                 self._written(stripe)
                 continue
             stripe.remaining = len(stripe.placement)
-            for i, (drive, zone, offset, _length) in enumerate(stripe.placement):
-                drive.queue.put(("append", zone.idx, offset, stripe.fragments[i], stripe))
+            for drive, zone, offset, _length, idx in stripe.placement:
+                drive.queue.put(("append", zone.idx, offset, stripe.fragments[idx], stripe))
 
     def _place(self, stripe: PendingStripe) -> None:
         policy = stripe.policy
@@ -505,12 +505,18 @@ class DataPath:
                 # _reserve counted zones holding only garbage as room: reset them before giving up
                 if len(chosen) == width or attempt or not self._reclaim_zones():
                     break
+            if len(chosen) < policy.write_quorum:
+                raise errors.NoSpace(f"stripe of {len(stripe.payload)} bytes needs {width} drives (at least "
+                                     f"{policy.write_quorum}) with {length} free bytes in a {policy.name} band; "
+                                     f"{len(chosen)} have room")
+            # fewer drives than the stripe is wide (a drive failed): write the data fragments and as
+            # much parity as there are drives; the stripe is born degraded and rebuild completes it
+            indexes = range(len(chosen))  # data fragments come first, then parity
             if len(chosen) < width:
-                raise errors.NoSpace(f"stripe of {len(stripe.payload)} bytes needs {width} drives with "
-                                     f"{length} free bytes in a {policy.name} band; {len(chosen)} have room")
+                self.stats["degraded_stripes_written"] += 1
             now = time.time_ns()
-            for drive, zone in chosen:
-                stripe.placement.append((drive, zone, zone.wp, length))
+            for (drive, zone), idx in zip(chosen, indexes):
+                stripe.placement.append((drive, zone, zone.wp, length, idx))
                 # a block device pads appends to whole blocks; the pad is garbage below the pointer
                 zone.wp += -(-length // drive.granularity) * drive.granularity
                 zone.inflight += 1
@@ -658,7 +664,7 @@ class DataPath:
                     zone_rows[zone.id] = zone
                     zone.dirty = False
             for s in good:
-                for _d, zone, _o, _l in s.placement:
+                for _d, zone, _o, _l, _i in s.placement:
                     zone_rows[zone.id] = zone
             zone_state = {z.id: (z.state, z.band_class, z.opened_ns) for z in zone_rows.values()}
         dead: list[int] = []
@@ -678,7 +684,7 @@ class DataPath:
         inos = set()
         with self._space_lock:
             for s in batch:
-                for _d, zone, offset, length in s.placement:
+                for _d, zone, offset, length, _i in s.placement:
                     zone.inflight -= 1
                     if s.error is None:
                         zone.committed_wp = max(zone.committed_wp, offset + length)
@@ -712,7 +718,7 @@ class DataPath:
         self.reader.forget(set(ids))  # an id SQLite hands out again must not hit an old cache entry
         fragments = []
         for sid, s in zip(ids, stripes):
-            for i, (drive, zone, offset, length) in enumerate(s.placement):
+            for drive, zone, offset, length, i in s.placement:
                 fragments.append({"stripe_id": sid, "idx": i, "drive_id": drive.id, "zone_id": zone.id,
                                   "zone_offset": offset, "length": length, "checksum": s.crcs[i]})
         if fragments:
@@ -758,7 +764,7 @@ class DataPath:
             write_map(conn, ino, emap)
             for sid, delta in emap.delta.items():
                 deltas[sid] = deltas.get(sid, 0) + delta
-        known = {sid: (len(s.payload), 0, [(zone.id, length) for _d, zone, _o, length in s.placement])
+        known = {sid: (len(s.payload), 0, [(zone.id, length) for _d, zone, _o, length, _i in s.placement])
                  for sid, s in zip(ids, stripes)}
         return adjust_live(conn, deltas, known)
 

@@ -85,7 +85,10 @@ class StripeReader:
     # -- fragment fetches -----------------------------------------------------------
     def _read_fragment(self, info: StripeInfo, idx: int, whole: bool):
         """Payload (memoryview) of fragment ``idx``, or the whole fragment bytes when ``whole``."""
-        drive_id, zone_id, offset, length, checksum = info.fragments[idx]
+        where = info.fragments.get(idx)
+        if where is None:
+            raise errors.IOFailure(f"stripe {info.id} fragment {idx} was never written (degraded stripe)")
+        drive_id, zone_id, offset, length, checksum = where
         drive = self.drives.get(drive_id)
         if drive is None or not drive.readable():
             raise DriveMissing(f"drive {drive_id} of stripe {info.id} fragment {idx} is unavailable")

@@ -393,3 +393,29 @@ def test_statfs_reports_raw_times_k_over_k_plus_m_less_the_cleaning_reserve(sqli
     make(engine, "x", os.urandom(4 * STRIPE))
     stat = engine.ns.statfs()
     assert stat.total_bytes == total and free - stat.free_bytes >= 4 * STRIPE
+
+
+def test_writes_continue_degraded_when_a_drive_has_failed(engine):
+    failed = engine.drive_ids[5]
+    engine.catalog.run(lambda c: c.execute(update(Drive.__table__).where(Drive.__table__.c.id == failed)
+                                           .values(state="failed")))
+    engine.restart()
+    data = os.urandom(2 * STRIPE + 100 * KiB)  # three erasure-coded stripes
+    ino = make(engine, "during-failure", data)
+    per_stripe = engine.catalog.read(lambda c: c.execute(
+        select(Fragment.__table__.c.stripe_id, func.count(), func.max(Fragment.__table__.c.idx))
+        .group_by(Fragment.__table__.c.stripe_id)).all())
+    # 9 drives left: data fragments plus one parity (the codec's write quorum), rebuild adds the rest
+    assert per_stripe and all(count == 9 and top == 8 for _sid, count, top in per_stripe)
+    assert all(drive != failed for drive in engine.catalog.read(
+        lambda c: c.execute(select(Fragment.__table__.c.drive_id)).scalars().all()))
+    assert engine.ns.read(ino, 0, len(data)) == data
+    check_accounting(engine.catalog)
+    # one more drive lost: 8 fragments remain, exactly k, and every byte still reads back
+    engine.catalog.run(lambda c: c.execute(update(Drive.__table__).where(
+        Drive.__table__.c.id == engine.drive_ids[0]).values(state="failed")))
+    engine.restart()
+    assert engine.ns.read(ino, 0, len(data)) == data
+    # below the write quorum an erasure-coded stripe is refused, nothing half-written
+    with pytest.raises(errors.NoSpace):
+        make(engine, "refused", os.urandom(STRIPE))
