@@ -70,6 +70,7 @@ class ModelDrive:
         self.empty = set(range(zones))
         self.open: dict = {}
         self.queue = _Queue()
+        self.granularity = 4096  # host-managed SMR drives take appends in 4 KiB units
 
     def writable(self) -> bool:
         return True
@@ -77,24 +78,36 @@ class ModelDrive:
 
 def placer(drives: list[ModelDrive], reserve_zones: int = 2) -> DataPath:
     """A DataPath with only the state its placement methods read: the real _place runs on it."""
+    from collections import defaultdict
     dp = DataPath.__new__(DataPath)
     dp._drives = {d.id: d for d in drives}
     dp._space_lock = threading.Lock()
     dp._rr = 0
     dp.reserve_zones = reserve_zones
+    dp.stats = defaultdict(int)
+    dp._reclaim_zones = lambda: 0  # the model's bands never fill up with garbage
     return dp
 
 
-def place(dp: DataPath, width: int, length: int, band_class: str = "warm") -> list[tuple]:
-    stripe = SimpleNamespace(policy=SimpleNamespace(width=width, name=band_class), fragments=[b"\0" * 0] * 0,
-                             payload=b"", placement=[])
-    # _place reads len(stripe.fragments[0]) for the fragment length; give it a cheap stand-in
-    stripe.fragments = [_Len(length)]
+def policies(k: int, m: int, fragment_size: int):
+    """The engine's own Policy objects: 8+2 across nodes, and width 1 for a node's drives."""
+    from dataclasses import replace
+    from engine.erasure import policy_from_dict
+    across = policy_from_dict("warm", {"redundancy": "ec", "k": k, "m": m, "backend": "isa_l_rs_vand",
+                                       "fragment_size": fragment_size})
+    return across, replace(across, redundancy="replicate", k=1, m=0, copies=1)
+
+
+def place(dp: DataPath, policy, length: int) -> list[tuple]:
+    stripe = SimpleNamespace(policy=policy, fragments=[_Len(length)], payload=b"", placement=[])
     DataPath._place(dp, stripe)
-    return [(drive.id, zone.idx, offset, n) for drive, zone, offset, n in stripe.placement]
+    # placement entries start (drive, zone, offset, length); newer engines append the fragment index
+    return [(entry[0].id, entry[1].idx, entry[2], entry[3]) for entry in stripe.placement]
 
 
 class _Len:
+    """Stands in for a fragment: _place only asks its length."""
+
     def __init__(self, n):
         self.n = n
 
@@ -138,12 +151,13 @@ def simulate(p: dict) -> dict:
     inner = {n: placer([ModelDrive(d, zone, drive_zones) for d in range(p["drives_per_node"])])
              for n in range(p["nodes"])}
     smr = SmrModel(SmrParams(band_size=zone))
+    across, single = policies(k, m, frag)
     data_frags: list[tuple] = []  # (node, drive, position) of data fragments, for the read
     node_frags = [0] * p["nodes"]
     for _ in range(stripes):
-        for idx, (node, _zone, _off, n) in enumerate(place(nodes, k + m, frag)):
+        for idx, (node, _zone, _off, n) in enumerate(place(nodes, across, frag)):
             node_frags[node] += 1
-            (drive, dz, doff, dn), = place(inner[node], 1, n)
+            (drive, dz, doff, dn), = place(inner[node], single, n)
             smr.on_write((node, drive), dz * zone + doff, dn)
             if idx < k:
                 data_frags.append((node, drive, dz * zone + doff, dn))

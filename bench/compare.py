@@ -267,6 +267,9 @@ class Run:
             return False
 
     def step(self, name: str, client: str, workload: str, rep: int, metric_map: dict | None = None) -> dict | None:
+        if not self.servers[name].backing_dir.is_dir():
+            raise RuntimeError(f"{self.servers[name].backing_dir} vanished during the run (removed by another "
+                               "process?): the numbers from here on would be meaningless")
         if not self.ensure_up(name):
             return None
         server = self.servers[name]
@@ -508,7 +511,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     started = time.time()
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="shingle-bench-"))
+    # /var/tmp, not /tmp: a crowded /tmp gets swept by other jobs mid-run on shared machines
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="shingle-ab-bench-", dir="/var/tmp"))
     workdir.mkdir(parents=True, exist_ok=True)
     layout = SHINGLE_LAYOUT[args.mode]
     need = 10 * layout["drive_size"] + 4 * workloads.SIZES[args.mode]["seq_bytes"]
@@ -536,19 +540,28 @@ def main(argv=None) -> int:
                                  "backing_dir": str(server.backing_dir)}
         server_info["shingle"].update({"drives": 10, "drive_size": layout["drive_size"],
                                        "zone_size": layout["zone_size"], "redundancy": "8+2 (warm class)"})
-        run.run()
+        def guarded(what, fn):
+            # one part failing must not cost the numbers of the others
+            try:
+                return fn()
+            except Exception as exc:  # noqa: BLE001 (recorded and reported)
+                log(f"{what} failed: {type(exc).__name__}: {exc}")
+                run.errors.append({"server": "-", "client": "-", "workload": what, "rep": -1,
+                                   "error": f"{type(exc).__name__}: {exc}"[:500]})
+                return None
+        guarded("workloads", run.run)
         if args.profile:
             log("profiling shingle (py-spy)")
-            profile = profile_shingle(run, Path(args.results))
+            profile = guarded("profile", lambda: profile_shingle(run, Path(args.results)))
         if not args.no_training:
             if torch_available():
-                training = run.training(workdir)
+                training = guarded("training", lambda: run.training(workdir))
             else:
                 training = {"skipped": "torch is not installed (pip install -e '.[bench]')"}
                 print("training workloads skipped: torch is not installed", flush=True)
         if not args.no_cluster:
             from bench import cluster_model
-            cluster = cluster_model.run(quick=args.mode != "full")
+            cluster = guarded("cluster model", lambda: cluster_model.run(quick=args.mode != "full"))
     finally:
         for server in servers.values():
             server.stop()
