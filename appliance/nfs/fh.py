@@ -52,20 +52,26 @@ class HandleCodec:
         self.fsid = int.from_bytes(load_or_create_secret(catalog, FSID_SETTING, 8), "big") & ((1 << 63) - 1)
         # handles already verified or issued: a PUTFH need not recompute the HMAC
         self._known: dict[bytes, FileHandle] = {}
+        self._issued: dict[FileHandle, bytes] = {}
 
     def _mac(self, body: bytes) -> bytes:
         return hmac.digest(self.key, body, "sha256")[:MAC_LEN]
 
     def pack(self, kind: int, export_id: int, ino: int, generation: int) -> bytes:
-        body = _BODY.pack(FH_VERSION, kind, 0, export_id, self.fsid, ino, generation)
-        handle = body + self._mac(body)
-        self._remember(handle, FileHandle(kind, export_id, ino, generation))
+        fh = FileHandle(kind, export_id, ino, generation)
+        handle = self._issued.get(fh)
+        if handle is None:
+            body = _BODY.pack(FH_VERSION, kind, 0, export_id, self.fsid, ino, generation)
+            handle = body + self._mac(body)
+            self._remember(handle, fh)
         return handle
 
     def _remember(self, handle: bytes, fh: FileHandle) -> None:
         if len(self._known) >= VERIFIED_CACHE:
             self._known.clear()  # crude but bounded; a miss only costs one HMAC
+            self._issued.clear()
         self._known[handle] = fh
+        self._issued[fh] = handle
 
     def unpack(self, data) -> FileHandle:
         data = bytes(data)

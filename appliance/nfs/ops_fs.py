@@ -106,10 +106,13 @@ def _parent(cx, node: Node) -> Node:
 
 @operation(c.OP_LOOKUP)
 def lookup(cx, name):
-    node = need_dir(cx)
+    # no need_dir() here: namespace.lookup refuses a non-directory itself (one query less)
+    node = cx.need_fh()
     if name == ".":  # nfs-rs looks up "." to list an export's root
+        need_dir(cx)
         return None
     if name == "..":
+        need_dir(cx)
         cx.cur = _parent(cx, node)
         return None
     check_component(name)
