@@ -105,7 +105,7 @@ class RawClient:
                 results.append((op, value[0], value[1]))
         return status, results
 
-    def setup(self, owner: bytes | None = None):
+    def setup(self, owner: bytes | None = None, reclaim_complete: bool = True):
         owner = owner or os.urandom(8)
         st, res = self.compound([(c.OP_EXCHANGE_ID, t.ARGS[c.OP_EXCHANGE_ID](
             os.urandom(8), owner, 0, (c.SP4_NONE, None), []))])
@@ -118,7 +118,8 @@ class RawClient:
         assert st == 0, st
         self.sessionid = res[0][2].sessionid
         self.seq = {i: 0 for i in range(8)}
-        st, res = self.session([(c.OP_RECLAIM_COMPLETE, False)])
+        if reclaim_complete:
+            st, res = self.session([(c.OP_RECLAIM_COMPLETE, False)])
         return self
 
     def sequence_op(self, slot=0, bump=True, cachethis=True):

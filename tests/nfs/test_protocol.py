@@ -308,3 +308,41 @@ def test_lease_expiry_drops_idle_client(stack):
         other.close()
     finally:
         srv.stop()
+
+
+def test_grace_period_reclaim_after_restart(stack):
+    add_export(stack.catalog)
+    srv = start_server(stack, grace_seconds=30)
+    port = srv.port
+    a = RawClient(port).setup(owner=b"client-a")
+    root = a.root_fh()
+    st, res = a.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args("held", b"oa", a.clientid)), (c.OP_GETFH, None)])
+    assert st == 0
+    fh = res[-1][2]
+    # the client drops its session (so it cannot simply carry on) and the server restarts
+    assert a.compound([(c.OP_DESTROY_SESSION, a.sessionid)])[0] == 0
+    a.close()
+    srv.stop()
+    srv = start_server(stack, port=port, grace_seconds=30)
+    try:
+        b = RawClient(port).setup(owner=b"client-b")
+        st, _ = b.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args("new", b"ob", b.clientid))])
+        assert st == c.NFS4ERR_GRACE  # new opens wait while a previous client may reclaim
+        a = RawClient(port).setup(owner=b"client-a", reclaim_complete=False)
+        reclaim = open_args("held", b"oa", a.clientid, create=False)
+        reclaim.claim = (c.CLAIM_PREVIOUS, c.OPEN_DELEGATE_NONE)
+        st, res = a.session([(c.OP_PUTFH, fh), (c.OP_OPEN, reclaim)])
+        assert st == 0
+        # b never held state: it cannot reclaim
+        reclaim_b = open_args("held", b"ob", b.clientid, create=False)
+        reclaim_b.claim = (c.CLAIM_PREVIOUS, c.OPEN_DELEGATE_NONE)
+        assert b.session([(c.OP_PUTFH, fh), (c.OP_OPEN, reclaim_b)])[0] == c.NFS4ERR_RECLAIM_BAD
+        # the only previous client is done reclaiming: the grace period ends early
+        assert a.session([(c.OP_RECLAIM_COMPLETE, False)])[0] == 0
+        st, _ = b.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args("new", b"ob", b.clientid))])
+        assert st == 0
+        assert a.session([(c.OP_PUTFH, fh), (c.OP_OPEN, reclaim)])[0] == c.NFS4ERR_NO_GRACE
+        a.close()
+        b.close()
+    finally:
+        srv.stop()
