@@ -27,8 +27,6 @@ FRAGMENTS = Fragment.__table__
 EXTENTS = Extent.__table__
 BAND_CLASSES = BandClass.__table__
 
-SYNC_EVERY = 32  # fragments a drive writer appends before it fsyncs even when busy
-SYNC_LINGER_S = 0.002  # how long a drive writer waits for more fragments before it fsyncs
 COMMIT_BATCH = 256  # stripes per catalog transaction at most
 EXTENT_CACHE_FILES = 4096
 READ_AHEAD_STRIPES = 2
@@ -544,18 +542,76 @@ class DataPath:
         return zone
 
     def _drive_writer(self, drive: DriveState) -> None:
-        """The one writer of a drive: appends fragments in arrival order and fsyncs them.
+        """The one writer of a drive: appends fragments in arrival order.
 
-        It syncs when its queue runs dry (or every SYNC_EVERY fragments), so
-        fsync overlaps with the other drives' writes and batches naturally
-        under load; a fragment counts as written only once it is durable."""
-        unsynced: list[PendingStripe] = []
-        zones: set[int] = set()
+        fsync runs in the drive's syncer thread (group commit): while one fsync
+        is under way the writer keeps appending, and the next fsync covers
+        everything appended meanwhile. A fragment counts as written only once
+        it is durable."""
+        synced: queue.SimpleQueue = queue.SimpleQueue()
+        syncer = threading.Thread(target=self._drive_syncer, args=(drive, synced), daemon=True,
+                                  name=f"shingle-sync-{drive.id}")
+        syncer.start()
+        try:
+            while True:
+                item = drive.queue.get()
+                op = item[0] if item is not None else None
+                if op is None:
+                    return
+                if op == "append":
+                    _, idx, offset, data, stripe = item
+                    try:
+                        started = time.perf_counter()
+                        drive.backend.append(idx, offset, data)
+                        drive.backend.start_writeback(idx, offset, len(data))
+                        self.stats["append_s"] += time.perf_counter() - started
+                        synced.put((idx, stripe))
+                    except BaseException as exc:  # noqa: BLE001
+                        drive.write_failed = True
+                        stripe.fail(errors.IOFailure(f"drive {drive.id} zone {idx}: write failed: {exc}"))
+                        self._fragment_done(stripe)
+                elif op == "finish":
+                    try:
+                        drive.backend.finish_zone(item[1])
+                    except BaseException:  # noqa: BLE001 - a later append to it fails loudly anyway
+                        pass
+                elif op == "repair":
+                    _, idx, offset, data, latch = item
+                    try:
+                        drive.backend.append(idx, offset, data)
+                        drive.backend.sync(idx)
+                        latch.arrive()
+                    except BaseException as exc:  # noqa: BLE001
+                        latch.arrive(exc)
+                elif op == "reset":
+                    _, idx, latch = item
+                    try:
+                        drive.backend.reset(idx)
+                        latch.arrive()
+                    except BaseException as exc:  # noqa: BLE001
+                        latch.arrive(exc)
+        finally:
+            synced.put(None)
+            syncer.join()
 
-        def sync():
+    def _drive_syncer(self, drive: DriveState, synced: queue.SimpleQueue) -> None:
+        """fsync what the writer appended, as many fragments per fsync as arrived meanwhile."""
+        stop = False
+        while not stop:
+            batch = [synced.get()]
+            while True:
+                try:
+                    batch.append(synced.get_nowait())
+                except queue.Empty:
+                    break
+            if batch[-1] is None:
+                stop = True
+                batch.pop()
+            if not batch:
+                continue
             started = time.perf_counter()
             error = None
-            for idx in sorted(zones):
+            for idx in sorted({idx for idx, _stripe in batch}):
                 try:
                     drive.backend.sync(idx)
                 except BaseException as exc:  # noqa: BLE001
@@ -563,67 +619,10 @@ class DataPath:
                     error = errors.IOFailure(f"drive {drive.id} zone {idx}: fsync failed: {exc}")
             self.stats["fsync_s"] += time.perf_counter() - started
             self.stats["fsyncs"] += 1
-            for stripe in unsynced:
+            for _idx, stripe in batch:
                 if error is not None:
                     stripe.fail(error)
                 self._fragment_done(stripe)
-            unsynced.clear()
-            zones.clear()
-
-        while True:
-            try:
-                # a stream (several fragments waiting) lingers a moment so one fsync covers many;
-                # a lone fragment (a stable write, a COMMIT) is synced at once
-                if not unsynced:
-                    item = drive.queue.get()
-                elif len(unsynced) > 1:
-                    item = drive.queue.get(timeout=SYNC_LINGER_S)
-                else:
-                    item = drive.queue.get_nowait()
-            except queue.Empty:
-                sync()
-                continue
-            op = item[0] if item is not None else None
-            if op == "append":
-                _, idx, offset, data, stripe = item
-                try:
-                    started = time.perf_counter()
-                    drive.backend.append(idx, offset, data)
-                    drive.backend.start_writeback(idx, offset, len(data))
-                    self.stats["append_s"] += time.perf_counter() - started
-                    zones.add(idx)
-                    unsynced.append(stripe)
-                except BaseException as exc:  # noqa: BLE001
-                    drive.write_failed = True
-                    stripe.fail(errors.IOFailure(f"drive {drive.id} zone {idx}: write failed: {exc}"))
-                    self._fragment_done(stripe)
-                if len(unsynced) >= SYNC_EVERY:
-                    sync()
-                continue
-            if unsynced:
-                sync()
-            if op is None:
-                return
-            if op == "finish":
-                try:
-                    drive.backend.finish_zone(item[1])
-                except BaseException:  # noqa: BLE001 - a later append to it fails loudly anyway
-                    pass
-            elif op == "repair":
-                _, idx, offset, data, latch = item
-                try:
-                    drive.backend.append(idx, offset, data)
-                    drive.backend.sync(idx)
-                    latch.arrive()
-                except BaseException as exc:  # noqa: BLE001
-                    latch.arrive(exc)
-            elif op == "reset":
-                _, idx, latch = item
-                try:
-                    drive.backend.reset(idx)
-                    latch.arrive()
-                except BaseException as exc:  # noqa: BLE001
-                    latch.arrive(exc)
 
     def _fragment_done(self, stripe: PendingStripe) -> None:
         with stripe.lock:

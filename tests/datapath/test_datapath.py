@@ -142,7 +142,7 @@ def test_invariant2_fragments_are_durable_before_the_commit_that_references_them
     real_sync = ZoneFileDrive.sync
 
     def sync(self, idx):
-        length = self.write_pointer(idx)  # the drive's single writer appends and syncs in turn
+        length = self.write_pointer(idx)  # appended before this fsync began: covered by it
         real_sync(self, idx)
         durable[(str(self.folder), idx)] = max(durable.get((str(self.folder), idx), 0), length)
 
