@@ -324,9 +324,14 @@ class DataPath:
 
     def _reclaim_zones(self) -> int:
         """Reset zones holding only garbage (invariant 6: no committed extent points into them)."""
+        # A stripe with a few live bytes can round its fragments' live share down to zero, so
+        # the counter alone must not decide: no fragment of a live stripe may sit in the zone.
+        referenced = (select(FRAGMENTS.c.id).join(STRIPES, FRAGMENTS.c.stripe_id == STRIPES.c.id)
+                      .where(FRAGMENTS.c.zone_id == ZONES.c.id, STRIPES.c.live_bytes > 0).exists())
+
         def find(conn):
             return conn.execute(select(ZONES.c.id).where(ZONES.c.live_bytes == 0, ZONES.c.state.in_(("full", "open")),
-                                                        ZONES.c.write_pointer > 0)).scalars().all()
+                                                        ZONES.c.write_pointer > 0, ~referenced)).scalars().all()
         with self._space_lock:
             candidates = []
             for zone_id in self.catalog.read(find):
@@ -340,7 +345,8 @@ class DataPath:
             def work(conn):
                 done = []
                 for drive, zone in candidates:
-                    hit = conn.execute(ZONES.update().where(ZONES.c.id == zone.id, ZONES.c.live_bytes == 0).values(
+                    hit = conn.execute(ZONES.update().where(ZONES.c.id == zone.id, ZONES.c.live_bytes == 0,
+                                                            ~referenced).values(
                         state="empty", band_class=None, write_pointer=0, live_bytes=0, garbage_bytes=0,
                         opened_ns=None, resets=ZONES.c.resets + 1)).rowcount
                     if hit:
