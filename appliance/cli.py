@@ -47,7 +47,7 @@ def cmd_init(args) -> int:
     from engine.catalog import Catalog, upgrade
     from engine.drives import format_emulated
     from engine import accounts, events
-    from engine.namespace import Namespace
+    from engine.namespace import ROOT, Namespace
     from appliance.nfs.exports import ensure_default_export
 
     root = Path(args.dir).resolve()
@@ -76,7 +76,10 @@ def cmd_init(args) -> int:
     config_path.write_text(text)
     catalog = Catalog(config.catalog_url)
     try:
-        Namespace(catalog)
+        ns = Namespace(catalog)
+        # Like /tmp: any client user may create its own folders; with root_squash (the default
+        # export) even a root client writes, as nobody, without the admin changing anything first.
+        ns.setattr(ROOT, ns.root_ino, mode=0o1777)
         drive_ids = format_emulated(catalog, config.resolve("storage.drives_dir"), args.drives,
                                     args.drive_size, args.zone_size)
         ensure_default_export(catalog)
@@ -203,7 +206,8 @@ def cmd_serve(args) -> int:
         print(f"NFS:    nfs://{host}:{server.port}/export?version=4.1", flush=True)
         print(f"        mount -t nfs -o vers=4.1,port={server.port},nconnect=4,rsize=1048576,wsize=1048576 "
               f"{host}:/export /mnt/shingle", flush=True)
-        maintenance = Maintenance(appliance, counters=lambda: daemon_counters(server, appliance))
+        maintenance = Maintenance(appliance, counters=lambda: daemon_counters(server, appliance),
+                                  sample_every_s=config.get("maintenance.metrics_interval_s"))
         maintenance.start()
         if not args.no_web:
             web = start_webui(config, args.web_port)
@@ -231,14 +235,7 @@ def cmd_serve(args) -> int:
 
 def daemon_counters(server, appliance) -> dict:
     """Cumulative counters the web UI charts (names: engine/metrics.py)."""
-    counters = {}
-    stats = getattr(server, "stats", None)
-    if callable(stats):
-        counters.update(stats())
-    media = getattr(appliance.datapath, "counters", None)
-    if callable(media):
-        counters.update(media())
-    return counters
+    return {**server.stats(), **appliance.datapath.counters()}
 
 
 def start_webui(config, port: int | None):

@@ -107,6 +107,9 @@ OPTIONS: list[Option] = [
     Option("maintenance", "clean_interval_s", "int", 300, "How often band cleaning runs (0 disables).", minimum=0),
     Option("maintenance", "scrub_interval_s", "int", 604800, "How often a full scrub runs (0 disables).", minimum=0),
     Option("maintenance", "scrub_mib_s", "float", 50.0, "Scrub read rate limit.", minimum=0.1),
+    Option("maintenance", "metrics_interval_s", "float", 10.0,
+           "How often the daemon records its counters (NFS operations and bytes, media bytes) for charts.",
+           minimum=0.1),
     Option("maintenance", "trash_purge_interval_s", "int", 86400,
            "How often trashed entries older than their export's trash_days are purged (0 disables).", minimum=0),
 ]

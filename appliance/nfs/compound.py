@@ -252,6 +252,7 @@ def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int) 
     if count > (len(record) - pos) // 4:
         return [bytes(_reply_head(c.NFS4ERR_BADXDR, tag, 0))]
     p = Packer()
+    counters = server.counters
     cx = Compound(server, conn_state, rpc_cred, address)
     done = 0
     status = c.NFS4_OK
@@ -314,6 +315,7 @@ def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int) 
                 done += 1
                 break
             handler = HANDLERS.get(opnum)
+            counters.op(_OP_METRIC[opnum])
             try:
                 if handler is None:
                     raise NfsError(c.NFS4ERR_NOTSUPP, f"{c.OP_NAMES.get(opnum)} not implemented")
@@ -344,6 +346,9 @@ def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int) 
             slot.reply = chunks if cache and p.size <= CACHE_LIMIT else None
             slot.busy = False
     return chunks
+
+
+_OP_METRIC = {opnum: name.lower() for opnum, name in c.OP_NAMES.items()}
 
 
 def _head(record, pos):

@@ -203,6 +203,7 @@ def read(cx, a):
     if a.offset >= attr.size or count == 0:
         return _READ_OK.cls(a.offset >= attr.size, b"")
     data = ns.read(node.ino, a.offset, count)
+    cx.server.counters.read(len(data))
     return _READ_OK.cls(a.offset + len(data) >= attr.size, data)
 
 
@@ -217,6 +218,7 @@ def write(cx, a):
         raise NfsError(c.NFS4ERR_FBIG, f"write past {fattr.MAX_FILE_SIZE}")
     stable = a.stable != c.UNSTABLE4
     count = cx.ns.write(node.ino, a.offset, a.data, stable=stable) if len(a.data) else 0
+    cx.server.counters.write(count)
     return _WRITE_OK.cls(count, c.FILE_SYNC4 if stable else c.UNSTABLE4, cx.server.write_verifier)
 
 

@@ -17,6 +17,7 @@ from appliance.nfs.fh import HandleCodec
 from appliance.nfs.mount import MountProgram
 from appliance.nfs.rpc import PROC_UNAVAIL, RpcConnection, RpcReject, accepted
 from appliance.nfs.state import StateTable
+from appliance.nfs.stats import NfsStats
 from appliance.nfs.types3 import MOUNT_PROGRAM
 from appliance.nfs.v3 import Nfs3Program, VersionDispatch
 
@@ -66,6 +67,7 @@ class NfsServer:
         self.programs = {c.NFS4_PROGRAM: VersionDispatch({3: Nfs3Program(self), 4: Nfs4Program(self)}),
                          MOUNT_PROGRAM: MountProgram(self)}
         self.connections: set = set()
+        self.counters = NfsStats()
         self.loop = None
         self.pool = None
         self._server = None
@@ -75,6 +77,10 @@ class NfsServer:
         self._statfs_lock = threading.Lock()
 
     # -- helpers used by operations --------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        """Cumulative counters (engine/metrics.py names) that the daemon samples for the web UI."""
+        return self.counters.snapshot()
+
     def statfs(self):
         now = time.monotonic()
         if self._statfs is None or now - self._statfs_at > STATFS_TTL:
@@ -164,6 +170,9 @@ class NfsServerThread:
         loop.run_forever()
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+
+    def stats(self) -> dict[str, float]:
+        return self.server.stats()
 
     def is_alive(self) -> bool:
         """True while the server's event-loop thread runs (the sd_notify watchdog pings only then)."""

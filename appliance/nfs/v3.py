@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
 from typing import NamedTuple
 
 from appliance.nfs import types3 as t
@@ -257,6 +258,7 @@ def read(cx: Call3, a):
     if cred.uid != attr.uid and not may(cred, attr, R_OK) and not may(cred, attr, X_OK):
         raise Nfs3Error(t.NFS3ERR_ACCES, f"uid {cred.uid} may not read inode {attr.ino}")
     data = cx.ns.read(attr.ino, a.offset, min(a.count, MAX_IO))
+    cx.server.counters.read(len(data))
     eof = a.offset + len(data) >= attr.size
     return t.READ3resok.cls(cx.fattr(node.rule, attr), len(data), eof, data)
 
@@ -279,6 +281,7 @@ def write(cx: Call3, a):
     data = a.data[:a.count]
     stable = a.stable != t.UNSTABLE
     count = cx.ns.write(attr.ino, a.offset, data, stable=stable)
+    cx.server.counters.write(count)
     return t.WRITE3resok.cls(cx.wcc(node), count, t.FILE_SYNC if stable else t.UNSTABLE,
                              cx.server.write_verifier)
 
@@ -490,6 +493,7 @@ def execute(server, rpc_cred, address: str, proc: int, args) -> list:
     rtype, fail = t.RESULTS3[proc]
     cx = Call3(server, rpc_cred, address)
     name = t.PROC3_NAMES.get(proc, proc)
+    server.counters.op(f"v3_{str(name).lower()}")
     try:
         value = HANDLERS3[proc](cx, args)
         status = t.NFS3_OK
@@ -549,4 +553,8 @@ class VersionDispatch:
         self.versions = tuple(sorted(by_version))
 
     async def call(self, conn, call, cred, record, pos):
-        return await self.by_version[call.vers].call(conn, call, cred, record, pos)
+        started = time.perf_counter()
+        try:
+            return await self.by_version[call.vers].call(conn, call, cred, record, pos)
+        finally:
+            conn.server.counters.call_done(time.perf_counter() - started)

@@ -708,6 +708,13 @@ class DataPath:
             s.committed.set()
             self._inflight.release()
         self.stats["stripes_committed"] += len(good)
+        self.stats["client_bytes_written"] += sum(length for s in good for _fo, _so, length in s.extents)
+        self.stats["media_bytes_written"] += sum(p[3] for s in good for p in s.placement)
+
+    def counters(self) -> dict[str, float]:
+        """Cumulative counters for the web UI's charts (names: engine/metrics.py)."""
+        return {"client_bytes_written": self.stats["client_bytes_written"],
+                "media_bytes_written": self.stats["media_bytes_written"]}
 
     def _record(self, conn, stripes: list[PendingStripe], zone_state: dict) -> list[int]:
         """The one transaction of a flush batch: stripes, fragments, extents, zones, inodes."""
