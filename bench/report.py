@@ -300,25 +300,31 @@ PROFILE_OF = {"seq_write_MBps": "nfsrs.seq_write", "ckpt8_write_MBps": "nfsrs.se
               "randwrite_iops": "nfsrs.random_write"}
 # where the profile's time goes -> what would close the gap (matched on frame text)
 REMEDIES = (
-    (("do_commit", "sqlite", "catalog", "sqlalchemy"),
+    (("_write_to_self", "call_soon_threadsafe", "_selectorsockettransport.write"),
+     "the hand-off of every reply from a worker thread to the asyncio loop (one self-pipe wakeup per "
+     "request) and socket writes from Python: batch replies per wakeup, send them with sendmsg of "
+     "memoryviews, or serve READ/WRITE from a thread that owns its socket"),
+    (("_drive_writer", "zonefiledrive.sync", "fsync", "fdatasync", "_committer"),
+     "durability on every stable WRITE/COMMIT (drive writers' writes and fsyncs of 10 zone files on one "
+     "disk here): group-commit concurrent writers' stripes so one fsync round covers many WRITEs"),
+    (("do_commit", "sqlite", "catalog", "sqlalchemy", "_sql ("),
      "catalog transactions on the request path: batch them (one transaction per COMMIT/compound, group "
      "commit across clients) and serve GETATTR/LOOKUP from the inode cache"),
-    (("fsync", "fdatasync", "_drive_writer", "_committer", "sync"),
-     "durability on every stable WRITE/COMMIT: group-commit concurrent writers' stripes so one fsync round "
-     "of the 10 zones covers many WRITEs"),
     (("encode", "pyeclib", "erasure"),
      "erasure coding in the request thread: more encoder threads / larger batches"),
-    (("xdr", "rpc", "compound", "pack", "unpack", "decode", "encode_"),
-     "Python XDR/RPC work per request: precompiled codecs, fewer copies (memoryview, scatter-gather send)"),
-    (("read", "_read_ahead", "crc32c", "extent"),
+    (("xdr", "rpc", "compound", "pack", "unpack"),
+     "Python XDR/RPC work per request: precompiled codecs, fewer copies"),
+    (("_extent_map", "read_into", "_read_ahead", "crc32c"),
      "read path: larger read-ahead, cached extent maps, no re-checksum of cached stripes"),
 )
 
 
 def remedy_for(frames: list[str]) -> str | None:
-    for keys, text in REMEDIES:
-        if any(k in f.lower() for f in frames for k in keys):
-            return text
+    """The remedy for the busiest frame that has one (frames in profile order)."""
+    for f in frames:
+        for keys, text in REMEDIES:
+            if any(k in f.lower() for k in keys):
+                return text
     return None
 
 
