@@ -8,8 +8,8 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 # postgresql: catalog tests on a real server; chromium: web UI tests through Playwright;
 # libnfs-utils: a third NFS client (NFSv3); systemd: systemd-analyze verifies the units;
-# fuse3/libfuse3-dev/pkg-config: building pyfuse3 for the SMB bridge.
-apt_packages=${SHINGLE_APT_PACKAGES:-"postgresql chromium libnfs-utils systemd smartmontools"}
+# nfs-ganesha(-vfs): the reference server of bench/compare.py, whose smoke test runs in the suite.
+apt_packages=${SHINGLE_APT_PACKAGES:-"postgresql chromium libnfs-utils systemd smartmontools nfs-ganesha nfs-ganesha-vfs"}
 missing=()
 for pkg in $apt_packages; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

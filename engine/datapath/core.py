@@ -956,7 +956,12 @@ class DataPath:
             generation = self._generation
         known = self._stripes
 
+        inodes = Inode.__table__
+
         def work(conn):
+            # a file freed under a reader has no extents: that must read as gone, not as a hole
+            if conn.execute(select(inodes.c.ino).where(inodes.c.ino == ino)).first() is None:
+                raise errors.StaleHandle(f"inode {ino} was removed")
             rows = conn.execute(select(EXTENTS.c.file_offset, EXTENTS.c.length, EXTENTS.c.stripe_id,
                                        EXTENTS.c.stripe_offset).where(EXTENTS.c.ino == ino)
                                 .order_by(EXTENTS.c.file_offset)).all()
