@@ -238,8 +238,15 @@ class Tiering:
             tracker = Tracker(sum(m.nbytes for m in moves), progress, "tiering")
             media = media_for(self.dp)
             try:
-                for move in moves:
-                    moved, written = self.move_file(move.ino, move.target, media)
+                for index, move in enumerate(moves):
+                    try:
+                        moved, written = self.move_file(move.ino, move.target, media)
+                    except (errors.StaleHandle, errors.NotFound):
+                        moved = written = 0  # the file was removed while it was being moved
+                    except errors.NoSpace:
+                        # a full volume: cleaning must free zones first; the rest waits for a later round
+                        report.files_skipped += len(moves) - index
+                        break
                     if moved:
                         report.files_moved += 1
                         report.bytes_moved += moved

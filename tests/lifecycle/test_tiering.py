@@ -140,3 +140,20 @@ def test_a_file_changed_during_the_move_keeps_its_new_data(rig):
     assert rig.read_file("/f") == patch + data[len(patch):]
     assert classes_of(rig, "/f")[0] == {"warm"}
     check_accounting(rig.catalog)
+
+
+
+def test_full_volume_ends_the_round_instead_of_failing(rig_factory):
+    """ENOSPC ends a tiering round (cleaning must free zones first); the job does not fail."""
+    rig = rig_factory(drives=8, zones=12)
+    data = random_bytes(150 * KiB, 7)
+    write_hot(rig, "/ds/shard0", data, 10 * KiB)
+    filler, n = random_bytes(256 * KiB, 8), 0
+    with pytest.raises(errors.NoSpace):
+        while True:  # fill the volume with warm data until the data path refuses
+            rig.write_file(f"/fill/{n}", filler)
+            n += 1
+    report = Tiering(rig.ns, rig.data, rig.catalog, TieringPolicy(hot_to_warm_after_s=0)).run()
+    assert report.files_moved == 0 and report.files_skipped >= 1
+    assert sha(rig.read_file("/ds/shard0")) == sha(data)  # still whole, still hot
+    assert classes_of(rig, "/ds/shard0")[0] == {"hot"}
