@@ -142,6 +142,10 @@ class DataPath:
         self._zones: dict[int, ZoneMem] = {}
         self._zone_drive: dict[int, DriveState] = {}
         self._reserved = 0
+        # Guards _reserved alone. release() takes it inside the namespace's catalog transaction,
+        # so it must never be held while waiting for the catalog (as _space_lock is, in
+        # _reserve -> _reclaim_zones): otherwise each side waits for the other's lock.
+        self._reserve_lock = threading.Lock()
         self._reclaimable: dict[int, int] = {}
         self._rr = 0
         self._load_drives()
@@ -307,19 +311,22 @@ class DataPath:
 
     def _reserve(self, need: int, policy: Policy) -> None:
         with self._space_lock:
-            if self._reserved + need <= self._usable(policy):
-                self._reserved += need
-                return
+            with self._reserve_lock:
+                if self._reserved + need <= self._usable(policy):
+                    self._reserved += need
+                    return
             self._reclaim_zones()
             self._refresh_reclaimable()
-            if self._reserved + need > self._usable(policy):
-                raise errors.NoSpace(f"no space for {need} more raw bytes: {self._usable(policy) - self._reserved} "
-                                     f"usable on {sum(d.writable() for d in self._drives.values())} writable drives")
-            self._reserved += need
+            with self._reserve_lock:
+                if self._reserved + need > self._usable(policy):
+                    raise errors.NoSpace(f"no space for {need} more raw bytes: {self._usable(policy) - self._reserved}"
+                                         f" usable on {sum(d.writable() for d in self._drives.values())} writable "
+                                         "drives")
+                self._reserved += need
 
     def _unreserve(self, amount: int) -> None:
         if amount:
-            with self._space_lock:
+            with self._reserve_lock:
                 self._reserved = max(self._reserved - amount, 0)
 
     def _reclaim_zones(self) -> int:
