@@ -4,7 +4,7 @@
   (initdb as the postgres user, socket and data in a temp folder).
 - ``catalog_url``: parametrized over SQLite and PostgreSQL; each test gets a
   fresh, migrated, empty database.
-- ``catalog`` / ``namespace``: opened on that URL.
+- ``catalog`` / ``namespace``: opened on that URL; ``sqlite_catalog``: SQLite only.
 """
 from __future__ import annotations
 
@@ -30,6 +30,16 @@ def catalog_url(request, tmp_path):
         url = request.getfixturevalue("postgres_server").create_database()
     upgrade(url)
     return url
+
+
+@pytest.fixture
+def sqlite_catalog(tmp_path):
+    """SQLite only: for behaviour of drives, codes and jobs, where a second database only costs time."""
+    url = f"sqlite:///{tmp_path}/catalog.db"
+    upgrade(url)
+    cat = Catalog(url)
+    yield cat
+    cat.close()
 
 
 @pytest.fixture

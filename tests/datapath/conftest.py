@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from dphelpers import Engine
-from engine.catalog import Catalog, upgrade
 
 
 @pytest.fixture
@@ -15,15 +14,6 @@ def engine(catalog, tmp_path):
     eng = Engine(catalog, tmp_path / "drives")
     yield eng
     eng.close()
-
-
-@pytest.fixture
-def sqlite_catalog(tmp_path):
-    url = f"sqlite:///{tmp_path}/catalog.db"
-    upgrade(url)
-    cat = Catalog(url)
-    yield cat
-    cat.close()
 
 
 @pytest.fixture

@@ -129,16 +129,6 @@ def flip_bits(rig, fragment_row, at: int = 100):
 
 
 @pytest.fixture
-def sqlite_catalog(tmp_path):
-    from engine.catalog import Catalog, upgrade
-    url = f"sqlite:///{tmp_path}/catalog.db"
-    upgrade(url)
-    cat = Catalog(url)
-    yield cat
-    cat.close()
-
-
-@pytest.fixture
 def rig(sqlite_catalog, tmp_path):
     r = Rig(sqlite_catalog, tmp_path / "drives")
     yield r
