@@ -41,7 +41,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench import workloads  # noqa: E402
-from bench.ganesha import GaneshaError, GaneshaServer, free_port, wait_listening  # noqa: E402
+from bench.ganesha import ChildServer, GaneshaError, GaneshaServer, free_port, wait_listening  # noqa: E402
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -83,10 +83,11 @@ def log(msg: str) -> None:
 
 
 # -- shingle as a child process --------------------------------------------------------
-class ShingleServer:
+class ShingleServer(ChildServer):
     """``shingle init`` a fresh folder, then ``shingle serve --no-web`` on 127.0.0.1:port."""
 
     name = "shingle"
+    stop_timeout_s = 30  # a graceful stop flushes and closes the data path
 
     def __init__(self, workdir: Path, port: int | None = None, *, drive_size: int, zone_size: int,
                  drives: int = 10):
@@ -143,9 +144,6 @@ class ShingleServer:
             raise
         return self
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
     def restart(self) -> None:
         self.stop()
         self.restarts += 1
@@ -158,24 +156,6 @@ class ShingleServer:
         except OSError:
             rev = "?"
         return f"git {rev}"
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
 
 
 def server_pid(server) -> int | None:

@@ -107,7 +107,35 @@ def wait_listening(port: int, proc: subprocess.Popen, timeout: float, log: Path 
     raise GaneshaError(f"nothing listening on 127.0.0.1:{port} after {timeout:.0f} s")
 
 
-class GaneshaServer:
+class ChildServer:
+    """A server run as this harness's child process (``self.proc``): shared by both servers."""
+
+    proc: subprocess.Popen | None = None
+    stop_timeout_s = 20
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.proc = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class GaneshaServer(ChildServer):
     """NFS-Ganesha exporting ``workdir/export`` as /export over NFSv4.1 on 127.0.0.1:port."""
 
     name = "ganesha"
@@ -142,9 +170,6 @@ class GaneshaServer:
             raise
         return self
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
     def version(self) -> str:
         try:
             out = subprocess.run([shutil.which(DAEMON) or DAEMON, "-v"], capture_output=True, text=True).stdout
@@ -152,20 +177,3 @@ class GaneshaServer:
         except OSError:
             return "?"
 
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
