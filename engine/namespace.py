@@ -20,7 +20,7 @@ from sqlalchemy import and_, func, select
 from sqlalchemy.engine import Connection
 
 from engine import errors
-from engine.catalog.database import Catalog
+from engine.catalog.database import Catalog, sql as _sql, sql_one as _one
 from engine.catalog.models import BLK, CHR, DIR, FIFO, LNK, REG, SOCK, Dirent, Inode, Symlink, Xattr
 
 INODES = Inode.__table__
@@ -114,28 +114,6 @@ class FileData(Protocol):
 
 _ATTR_COLUMNS = [INODES.c[name] for name in Attr.__slots__]
 _ATTR_SQL = ", ".join(f"inodes.{name}" for name in Attr.__slots__)
-_PG_SQL: dict[str, str] = {}
-
-
-def _sql(conn: Connection, sql: str, params: tuple = ()):
-    """Plain SQL with ? placeholders on the DB-API cursor of the transaction's
-    connection, for the hot paths: building SQLAlchemy statements and results
-    costs several times what SQLite needs to run them."""
-    if conn.dialect.name != "sqlite":
-        pg = _PG_SQL.get(sql)
-        if pg is None:
-            pg = _PG_SQL[sql] = sql.replace("?", "%s")
-        sql = pg
-    cursor = conn.connection.driver_connection.cursor()
-    cursor.execute(sql, params)
-    return cursor
-
-
-def _one(conn: Connection, sql: str, params: tuple = ()):
-    cursor = _sql(conn, sql, params)
-    row = cursor.fetchone()
-    cursor.close()
-    return row
 
 
 class _Entry(NamedTuple):

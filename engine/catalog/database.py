@@ -38,6 +38,57 @@ T = TypeVar("T")
 SQLITE_BUSY_TIMEOUT_MS = 5000
 RETRY_DEADLINE_S = 120.0
 PG_RETRY_SQLSTATES = {"40001", "40P01"}  # serialization failure, deadlock
+AFTER_COMMIT = "shingle.after_commit"
+
+
+# -- plain SQL on the hot paths ----------------------------------------------------
+_PG_SQL: dict[str, str] = {}
+
+
+def _dialect_sql(conn: Connection, sql: str) -> str:
+    if conn.dialect.name == "sqlite":
+        return sql
+    pg = _PG_SQL.get(sql)
+    if pg is None:
+        pg = _PG_SQL[sql] = sql.replace("?", "%s")
+    return pg
+
+
+def sql(conn: Connection, text: str, params: tuple = ()):
+    """Plain SQL with ? placeholders on the DB-API cursor of the transaction's
+    connection, for the hot paths: building SQLAlchemy statements and results
+    costs several times what SQLite needs to run them. Returns the cursor."""
+    cursor = conn.connection.driver_connection.cursor()
+    cursor.execute(_dialect_sql(conn, text), params)
+    return cursor
+
+
+def sql_one(conn: Connection, text: str, params: tuple = ()):
+    """The first row of ``sql(...)``, or None."""
+    cursor = sql(conn, text, params)
+    row = cursor.fetchone()
+    cursor.close()
+    return row
+
+
+def sql_all(conn: Connection, text: str, params: tuple = ()) -> list:
+    cursor = sql(conn, text, params)
+    rows = cursor.fetchall()
+    cursor.close()
+    return rows
+
+
+def sql_many(conn: Connection, text: str, rows: list) -> None:
+    """``executemany`` of one statement over ``rows`` (tuples)."""
+    if rows:
+        cursor = conn.connection.driver_connection.cursor()
+        cursor.executemany(_dialect_sql(conn, text), rows)
+        cursor.close()
+
+
+def in_list(ids) -> str:
+    """"(?, ?, ...)" for an IN clause of len(ids) parameters (chunk big lists)."""
+    return "(" + ", ".join("?" * len(ids)) + ")"
 
 
 class CatalogUnavailable(RuntimeError):
@@ -91,10 +142,19 @@ class Catalog:
                 with self.engine.connect() as conn:
                     if self.is_sqlite:
                         conn.info["begin"] = "BEGIN IMMEDIATE" if write else "BEGIN"
-                        if durable:
-                            return self._run_sqlite_durable(conn, work)
-                    with conn.begin():
-                        return work(conn)
+                    # conn.info lives with the pooled DB-API connection: never let callbacks outlive this try
+                    conn.info[AFTER_COMMIT] = callbacks = []
+                    try:
+                        if self.is_sqlite and durable:
+                            result = self._run_sqlite_durable(conn, work)
+                        else:
+                            with conn.begin():
+                                result = work(conn)
+                    finally:
+                        del conn.info[AFTER_COMMIT]
+                for callback in callbacks:
+                    callback()
+                return result
             except Exception as exc:  # DB-API errors arrive wrapped (SQLAlchemy) or raw (hot-path cursors)
                 if not self._transient(exc):
                     raise
@@ -102,6 +162,11 @@ class Catalog:
                     raise CatalogUnavailable(f"catalog busy for {RETRY_DEADLINE_S:.0f} s: {exc}") from exc
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.05)
+
+    @staticmethod
+    def after_commit(conn: Connection, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the transaction of ``conn`` has committed (not on rollback)."""
+        conn.info[AFTER_COMMIT].append(callback)
 
     def _run_sqlite_durable(self, conn: Connection, work):
         raw = conn.connection.dbapi_connection

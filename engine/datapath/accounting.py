@@ -15,14 +15,8 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 
-from sqlalchemy import bindparam, select
+from engine.catalog.database import in_list, sql, sql_all, sql_many
 
-from engine.catalog.models import Extent, Fragment, Stripe, Zone
-
-STRIPES = Stripe.__table__
-FRAGMENTS = Fragment.__table__
-EXTENTS = Extent.__table__
-ZONES = Zone.__table__
 CHUNK = 400  # ids per IN (...) list: far below SQLite's parameter limit
 
 
@@ -83,80 +77,70 @@ class ExtentMap:
         return [e for e in self.items if e[4] is None]
 
 
-class _Known:
-    __slots__ = ("id", "data_length", "live_bytes")
-
-    def __init__(self, sid, data_length, live_bytes):
-        self.id, self.data_length, self.live_bytes = sid, data_length, live_bytes
-
-
 def adjust_live(conn, deltas: dict[int, int], known: dict | None = None) -> list[int]:
     """Apply live-byte changes to stripes and their zones; delete dead stripes. Returns the dead ids.
 
     ``known``: stripe id -> (data_length, live_bytes, [(zone_id, fragment length)]) for stripes
-    this transaction just inserted, which need no lookup."""
+    this transaction just inserted, which need no lookup. Plain SQL: this runs in every flush
+    and every unlink, where building SQLAlchemy statements cost more than SQLite's work."""
     known = known or {}
-    ids = [sid for sid in deltas if sid not in known]
     if not deltas:
         return []
-    stripes = {}
-    fragments = defaultdict(list)
+    ids = [sid for sid in deltas if sid not in known]
+    stripes: dict[int, tuple[int, int]] = {}  # id -> (data_length, live_bytes)
+    fragments: dict[int, list] = defaultdict(list)  # id -> [(zone_id, length)]
     for sid, (data_length, live, frags) in known.items():
-        stripes[sid] = _Known(sid, data_length, live)
-        fragments[sid] = [_Known(zone_id, length, 0) for zone_id, length in frags]
+        stripes[sid] = (data_length, live)
+        fragments[sid] = list(frags)
     for part in chunks(ids):
-        for row in conn.execute(select(STRIPES.c.id, STRIPES.c.data_length, STRIPES.c.live_bytes)
-                                .where(STRIPES.c.id.in_(part))):
-            stripes[row.id] = row
-        for row in conn.execute(select(FRAGMENTS.c.stripe_id, FRAGMENTS.c.zone_id, FRAGMENTS.c.length)
-                                .where(FRAGMENTS.c.stripe_id.in_(part))):
-            fragments[row.stripe_id].append(row)
+        marks = in_list(part)
+        for sid, data_length, live in sql_all(conn, f"SELECT id, data_length, live_bytes FROM stripes "
+                                                    f"WHERE id IN {marks}", tuple(part)):
+            stripes[sid] = (data_length, live)
+        for sid, zone_id, length in sql_all(conn, f"SELECT stripe_id, zone_id, length FROM fragments "
+                                                  f"WHERE stripe_id IN {marks}", tuple(part)):
+            fragments[sid].append((zone_id, length))
     zone_delta: dict[int, int] = defaultdict(int)
     dead, updates = [], []
     for sid, delta in deltas.items():
         row = stripes.get(sid)
         if row is None:
             continue
-        new = min(max(row.live_bytes + delta, 0), row.data_length)
-        for frag in fragments[sid]:
-            zone_id, length = (frag.id, frag.data_length) if isinstance(frag, _Known) else (frag.zone_id, frag.length)
-            zone_delta[zone_id] += share(length, new, row.data_length) - share(length, row.live_bytes, row.data_length)
+        data_length, live = row
+        new = min(max(live + delta, 0), data_length)
+        for zone_id, length in fragments[sid]:
+            zone_delta[zone_id] += share(length, new, data_length) - share(length, live, data_length)
         if new == 0:
             dead.append(sid)
-        elif new != row.live_bytes:
-            updates.append({"b_id": sid, "b_live": new})
-    if updates:
-        conn.execute(STRIPES.update().where(STRIPES.c.id == bindparam("b_id"))
-                     .values(live_bytes=bindparam("b_live")), updates)
-    changes = [{"b_id": z, "b_d": d} for z, d in zone_delta.items() if d]
-    if changes:
-        conn.execute(ZONES.update().where(ZONES.c.id == bindparam("b_id")).values(
-            live_bytes=ZONES.c.live_bytes + bindparam("b_d"),
-            garbage_bytes=ZONES.c.garbage_bytes - bindparam("b_d")), changes)
+        elif new != live:
+            updates.append((new, sid))
+    sql_many(conn, "UPDATE stripes SET live_bytes = ? WHERE id = ?", updates)
+    sql_many(conn, "UPDATE zones SET live_bytes = live_bytes + ?, garbage_bytes = garbage_bytes - ? WHERE id = ?",
+             [(d, d, z) for z, d in zone_delta.items() if d])
     for part in chunks(dead):
-        conn.execute(FRAGMENTS.delete().where(FRAGMENTS.c.stripe_id.in_(part)))
-        conn.execute(STRIPES.delete().where(STRIPES.c.id.in_(part)))
+        marks = in_list(part)
+        sql(conn, f"DELETE FROM fragments WHERE stripe_id IN {marks}", tuple(part)).close()
+        sql(conn, f"DELETE FROM stripes WHERE id IN {marks}", tuple(part)).close()
     return dead
 
 
-def load_extents(conn, ino: int, lo: int | None = None, hi: int | None = None, max_extent: int = 0):
+def load_extents(conn, ino: int, lo: int | None = None, hi: int | None = None, max_extent: int = 0) -> list:
     """Rows (file_offset, length, stripe_id, stripe_offset, id) of ``ino`` touching [lo, hi)."""
-    query = select(EXTENTS.c.file_offset, EXTENTS.c.length, EXTENTS.c.stripe_id, EXTENTS.c.stripe_offset,
-                   EXTENTS.c.id).where(EXTENTS.c.ino == ino)
+    query = "SELECT file_offset, length, stripe_id, stripe_offset, id FROM extents WHERE ino = ?"
+    params: tuple = (ino,)
     if hi is not None:
-        query = query.where(EXTENTS.c.file_offset < hi)
+        query += " AND file_offset < ?"
+        params += (hi,)
     if lo is not None:
         # extents are never longer than a stripe: this bound keeps the (ino, offset) index usable
-        query = query.where(EXTENTS.c.file_offset > lo - max_extent,
-                            EXTENTS.c.file_offset + EXTENTS.c.length > lo)
-    return conn.execute(query).all()
+        query += " AND file_offset > ? AND file_offset + length > ?"
+        params += (lo - max_extent, lo)
+    return sql_all(conn, query, params)
 
 
 def write_map(conn, ino: int, emap: ExtentMap) -> None:
     """Store the changes of ``emap``: delete replaced rows, insert new pieces."""
     for part in chunks(sorted(emap.deleted_rows)):
-        conn.execute(EXTENTS.delete().where(EXTENTS.c.id.in_(part)))
-    rows = [{"ino": ino, "file_offset": e[0], "length": e[1], "stripe_id": e[2], "stripe_offset": e[3]}
-            for e in emap.new_rows()]
-    if rows:
-        conn.execute(EXTENTS.insert(), rows)
+        sql(conn, f"DELETE FROM extents WHERE id IN {in_list(part)}", tuple(part)).close()
+    sql_many(conn, "INSERT INTO extents (ino, file_offset, length, stripe_id, stripe_offset) VALUES (?, ?, ?, ?, ?)",
+             [(ino, e[0], e[1], e[2], e[3]) for e in emap.new_rows()])

@@ -10,9 +10,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import crc32c
-from sqlalchemy import bindparam, case, func, select
+from sqlalchemy import func, select
 
 from engine import errors
+from engine.catalog.database import in_list, sql, sql_all, sql_many, sql_one
 from engine.catalog.models import BandClass, Drive, Extent, Fragment, Inode, Stripe, Zone
 from engine.datapath.accounting import ExtentMap, adjust_live, chunks, load_extents, write_map
 from engine.datapath.drivestate import DriveState, ZoneMem
@@ -724,45 +725,42 @@ class DataPath:
                 "media_bytes_written": self.stats["media_bytes_written"]}
 
     def _record(self, conn, stripes: list[PendingStripe], zone_state: dict) -> list[int]:
-        """The one transaction of a flush batch: stripes, fragments, extents, zones, inodes."""
+        """The one transaction of a flush batch: stripes, fragments, extents, zones, inodes.
+
+        Plain SQL (engine.catalog.database.sql): this transaction is on the path of every
+        COMMIT and stable WRITE, where SQLAlchemy's statement building cost more than SQLite."""
         now = time.time_ns()
         ids = []
-        if stripes:
-            rows = [{"band_class": s.policy.name, "layout": s.policy.layout, "k": s.policy.k, "m": s.policy.m,
-                     "backend": s.policy.backend, "data_length": len(s.payload),
-                     "fragment_length": s.placement[0][3], "compression": None, "live_bytes": 0,
-                     "created_ns": now} for s in stripes]
-            ids = list(conn.execute(STRIPES.insert().returning(STRIPES.c.id, sort_by_parameter_order=True),
-                                    rows).scalars())
+        for s in stripes:
+            p = s.policy
+            ids.append(sql_one(conn, "INSERT INTO stripes (band_class, layout, k, m, backend, data_length, "
+                                     "fragment_length, compression, live_bytes, created_ns) "
+                                     "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, 0, ?) RETURNING id",
+                               (p.name, p.layout, p.k, p.m, p.backend, len(s.payload), s.placement[0][3], now))[0])
         self.reader.forget(set(ids))  # an id SQLite hands out again must not hit an old cache entry
         fragments = []
+        ends: dict[int, int] = {}
         for sid, s in zip(ids, stripes):
             for drive, zone, offset, length, i in s.placement:
-                fragments.append({"stripe_id": sid, "idx": i, "drive_id": drive.id, "zone_id": zone.id,
-                                  "zone_offset": offset, "length": length, "checksum": s.crcs[i]})
-        if fragments:
-            conn.execute(FRAGMENTS.insert(), fragments)
+                fragments.append((sid, i, drive.id, zone.id, offset, length, s.crcs[i]))
+                ends[zone.id] = max(ends.get(zone.id, 0), offset + length)
+        sql_many(conn, "INSERT INTO fragments (stripe_id, idx, drive_id, zone_id, zone_offset, length, checksum) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?)", fragments)
         # zones: the write pointer moves over the new fragments; everything below it that is not
         # live is garbage (gaps left by failed flushes included)
         current = {}
         for part in chunks(list(zone_state)):
-            for row in conn.execute(select(ZONES.c.id, ZONES.c.write_pointer).where(ZONES.c.id.in_(part))):
-                current[row.id] = row.write_pointer
-        ends: dict[int, int] = {}
-        for f in fragments:
-            ends[f["zone_id"]] = max(ends.get(f["zone_id"], 0), f["zone_offset"] + f["length"])
+            current.update(sql_all(conn, f"SELECT id, write_pointer FROM zones WHERE id IN {in_list(part)}",
+                                   tuple(part)))
         updates = []
         for zone_id, (state, band_class, opened_ns) in zone_state.items():
             wp = current.get(zone_id, 0)
             new_wp = max(wp, ends.get(zone_id, 0))
-            updates.append({"b_id": zone_id, "b_state": state, "b_class": band_class, "b_opened": opened_ns,
-                            "b_wp": new_wp, "b_garbage": new_wp - wp,
-                            "b_last": now if zone_id in ends else None})
-        if updates:
-            conn.execute(ZONES.update().where(ZONES.c.id == bindparam("b_id")).values(
-                state=bindparam("b_state"), band_class=bindparam("b_class"), opened_ns=bindparam("b_opened"),
-                write_pointer=bindparam("b_wp"), garbage_bytes=ZONES.c.garbage_bytes + bindparam("b_garbage"),
-                last_write_ns=func.coalesce(bindparam("b_last"), ZONES.c.last_write_ns)), updates)
+            updates.append((state, band_class, opened_ns, new_wp, new_wp - wp,
+                            now if zone_id in ends else None, zone_id))
+        sql_many(conn, "UPDATE zones SET state = ?, band_class = ?, opened_ns = ?, write_pointer = ?, "
+                       "garbage_bytes = garbage_bytes + ?, last_write_ns = COALESCE(?, last_write_ns) "
+                       "WHERE id = ?", updates)
         # extents, per file in write order; the new stripes' bytes turn live as extents point at them
         deltas: dict[int, int] = {sid: 0 for sid in ids}
         by_ino: dict[int, list] = defaultdict(list)
@@ -772,9 +770,10 @@ class DataPath:
             new = [(fo, length, sid, so) for sid, s in items for fo, so, length in s.extents]
             lo = min(fo for fo, *_ in new)
             hi = max(fo + length for fo, length, *_ in new)
-            end = case((INODES.c.size < hi, hi), else_=INODES.c.size)
-            alive = conn.execute(INODES.update().where(INODES.c.ino == ino).values(
-                size=end, mtime_ns=now, ctime_ns=now, change=INODES.c.change + 1)).rowcount
+            cursor = sql(conn, "UPDATE inodes SET size = CASE WHEN size < ? THEN ? ELSE size END, mtime_ns = ?, "
+                               "ctime_ns = ?, change = change + 1 WHERE ino = ?", (hi, hi, now, now, ino))
+            alive = cursor.rowcount
+            cursor.close()
             if not alive:
                 continue  # the file was removed meanwhile: its new stripes stay dead
             emap = ExtentMap(load_extents(conn, ino, lo, hi, self.max_extent))
@@ -906,11 +905,7 @@ class DataPath:
 
     # -- truncate and release (inside the namespace's transaction) -----------------------------
     def _after_commit(self, conn, inos) -> None:
-        from sqlalchemy import event
-
-        def done(_conn):
-            self._invalidate(inos)
-        event.listen(conn, "commit", done, once=True)
+        self.catalog.after_commit(conn, lambda: self._invalidate(inos))
 
     def truncate(self, conn, ino: int, old_size: int, new_size: int) -> None:
         fb = self._files.get(ino)
@@ -940,7 +935,7 @@ class DataPath:
         deltas: dict[int, int] = defaultdict(int)
         for _fo, length, sid, _so, _id in rows:
             deltas[sid] -= length
-        conn.execute(EXTENTS.delete().where(EXTENTS.c.ino == ino))
+        sql(conn, "DELETE FROM extents WHERE ino = ?", (ino,)).close()
         dead = adjust_live(conn, dict(deltas))
         self.reader.forget(set(dead))
         self._invalidate({ino})
