@@ -164,6 +164,10 @@ class DataPath:
         self._inflight = threading.BoundedSemaphore(max_inflight_stripes)
         self._dispatch_q: deque = deque()
         self._dispatch_cv = threading.Condition()
+        self._dispatch_lock = threading.Lock()
+        # held while popping and recording a batch: batches commit in placement order, whether the
+        # committer thread or a flushing caller (which would only wait otherwise) runs them
+        self._commit_lock = threading.Lock()
         self._commit_q: deque = deque()
         self._commit_cv = threading.Condition()
         self._stopping = False
@@ -429,8 +433,12 @@ class DataPath:
                 fb.size = max(fb.size, offset + length)
                 return fb.size
 
-    def _submit(self, fb: FileBuffer) -> None:
-        """Hand the buffered bytes of ``fb`` to the pipeline as one stripe (caller holds fb.lock)."""
+    def _submit(self, fb: FileBuffer, *, inline: bool = False) -> PendingStripe:
+        """Hand the buffered bytes of ``fb`` to the pipeline as one stripe (caller holds fb.lock).
+
+        ``inline``: the caller waits for this stripe (a flush), so it encodes and places it
+        itself instead of waking an encoder and the dispatcher (two thread hand-offs less on
+        the latency of every COMMIT and stable WRITE)."""
         payload = fb.data  # the buffer itself becomes the stripe: no copy
         policy = fb.policy
         own = min(fb.reserved, self._need(policy, len(payload)))
@@ -457,10 +465,21 @@ class DataPath:
             stripe = PendingStripe(self._seq, fb, payload, extents, own, policy)
             with fb.ilock:
                 fb.inflight.append(stripe)
-            stripe.encoding = self._encoder.submit(self._encode, stripe)
+            if inline:
+                stripe.encoding = done = Future()
+                try:
+                    self._encode(stripe)
+                    done.set_result(None)
+                except BaseException as exc:  # noqa: BLE001 - the dispatcher records it on the stripe
+                    done.set_exception(exc)
+            else:
+                stripe.encoding = self._encoder.submit(self._encode, stripe)
             with self._dispatch_cv:
                 self._dispatch_q.append(stripe)
                 self._dispatch_cv.notify()
+        if inline:
+            self._dispatch_ready(blocking=False)
+        return stripe
 
     def _encode(self, stripe: PendingStripe) -> None:
         start, cpu = time.perf_counter(), time.thread_time()
@@ -478,23 +497,45 @@ class DataPath:
                     self._dispatch_cv.wait()
                 if not self._dispatch_q:
                     return
-                stripe = self._dispatch_q.popleft()
+                head = self._dispatch_q[0]
             try:
-                stripe.encoding.result()
-                self._place(stripe)
-            except BaseException as exc:  # noqa: BLE001 - the stripe carries it to flush()
-                stripe.fail(exc if isinstance(exc, errors.FsError) else errors.IOFailure(f"encode failed: {exc}"))
-            finally:
-                self._unreserve(stripe.reserved)
-                stripe.reserved = 0
-            with self._commit_cv:
-                self._commit_q.append(stripe)
-            if stripe.error is not None or not stripe.placement:
-                self._written(stripe)
-                continue
-            stripe.remaining = len(stripe.placement)
-            for drive, zone, offset, _length, idx in stripe.placement:
-                drive.queue.put(("append", zone.idx, offset, stripe.fragments[idx], stripe))
+                head.encoding.result()
+            except BaseException:  # noqa: BLE001 - _dispatch records it on the stripe
+                pass
+            self._dispatch_ready(blocking=True)
+
+    def _dispatch_ready(self, *, blocking: bool) -> None:
+        """Place every stripe at the head of the queue whose encoding is done. The dispatch lock
+        keeps placement in submission order whoever runs it (the dispatcher, or a flushing caller)."""
+        if not self._dispatch_lock.acquire(blocking=blocking):
+            return  # its holder (or the dispatcher, which was notified) places our stripe
+        try:
+            while True:
+                with self._dispatch_cv:
+                    if not self._dispatch_q or not self._dispatch_q[0].encoding.done():
+                        return
+                    stripe = self._dispatch_q.popleft()
+                self._dispatch(stripe)
+        finally:
+            self._dispatch_lock.release()
+
+    def _dispatch(self, stripe: PendingStripe) -> None:
+        try:
+            stripe.encoding.result()
+            self._place(stripe)
+        except BaseException as exc:  # noqa: BLE001 - the stripe carries it to flush()
+            stripe.fail(exc if isinstance(exc, errors.FsError) else errors.IOFailure(f"encode failed: {exc}"))
+        finally:
+            self._unreserve(stripe.reserved)
+            stripe.reserved = 0
+        with self._commit_cv:
+            self._commit_q.append(stripe)
+        if stripe.error is not None or not stripe.placement:
+            self._written(stripe)
+            return
+        stripe.remaining = len(stripe.placement)
+        for drive, zone, offset, _length, idx in stripe.placement:
+            drive.queue.put(("append", zone.idx, offset, stripe.fragments[idx], stripe))
 
     def _place(self, stripe: PendingStripe) -> None:
         policy = stripe.policy
@@ -560,8 +601,9 @@ class DataPath:
 
         fsync runs in the drive's syncer thread (group commit): while one fsync
         is under way the writer keeps appending, and the next fsync covers
-        everything appended meanwhile. A fragment counts as written only once
-        it is durable."""
+        everything appended meanwhile. When nothing else waits, the writer
+        fsyncs itself (a lone flush pays no hand-off). A fragment counts as
+        written only once it is durable."""
         synced: queue.SimpleQueue = queue.SimpleQueue()
         syncer = threading.Thread(target=self._drive_syncer, args=(drive, synced), daemon=True,
                                   name=f"shingle-sync-{drive.id}")
@@ -577,9 +619,13 @@ class DataPath:
                     try:
                         started = time.perf_counter()
                         drive.backend.append(idx, offset, data)
-                        drive.backend.start_writeback(idx, offset, len(data))
                         self.stats["append_s"] += time.perf_counter() - started
-                        synced.put((idx, stripe))
+                        if drive.queue.empty() and synced.empty():
+                            # nothing else to append meanwhile: a hand-off to the syncer would only add latency
+                            self._sync_batch(drive, [(idx, stripe)])
+                        else:
+                            drive.backend.start_writeback(idx, offset, len(data))
+                            synced.put((idx, stripe))
                     except BaseException as exc:  # noqa: BLE001
                         drive.write_failed = True
                         stripe.fail(errors.IOFailure(f"drive {drive.id} zone {idx}: write failed: {exc}"))
@@ -621,22 +667,25 @@ class DataPath:
             if batch[-1] is None:
                 stop = True
                 batch.pop()
-            if not batch:
-                continue
-            started = time.perf_counter()
-            error = None
-            for idx in sorted({idx for idx, _stripe in batch}):
-                try:
-                    drive.backend.sync(idx)
-                except BaseException as exc:  # noqa: BLE001
-                    drive.write_failed = True
-                    error = errors.IOFailure(f"drive {drive.id} zone {idx}: fsync failed: {exc}")
-            self.stats["fsync_s"] += time.perf_counter() - started
-            self.stats["fsyncs"] += 1
-            for _idx, stripe in batch:
-                if error is not None:
-                    stripe.fail(error)
-                self._fragment_done(stripe)
+            if batch:
+                self._sync_batch(drive, batch)
+
+    def _sync_batch(self, drive: DriveState, batch: list) -> None:
+        """fsync the zones of ``batch`` [(zone idx, stripe)]; then each fragment counts as written."""
+        started = time.perf_counter()
+        error = None
+        for idx in sorted({idx for idx, _stripe in batch}):
+            try:
+                drive.backend.sync(idx)
+            except BaseException as exc:  # noqa: BLE001
+                drive.write_failed = True
+                error = errors.IOFailure(f"drive {drive.id} zone {idx}: fsync failed: {exc}")
+        self.stats["fsync_s"] += time.perf_counter() - started
+        self.stats["fsyncs"] += 1
+        for _idx, stripe in batch:
+            if error is not None:
+                stripe.fail(error)
+            self._fragment_done(stripe)
 
     def _fragment_done(self, stripe: PendingStripe) -> None:
         with stripe.lock:
@@ -655,17 +704,30 @@ class DataPath:
             self._commit_cv.notify()
 
     def _committer(self) -> None:
-        """fsync the fragments of finished stripes, then record them in one transaction per batch."""
+        """Record written (durable) stripes in one catalog transaction per batch."""
         while True:
             with self._commit_cv:
                 while not (self._commit_q and self._commit_q[0].written.is_set()):
                     if self._stopping and not self._commit_q and not self._dispatch_q:
                         return
                     self._commit_cv.wait(0.5)
-                batch = []
-                while self._commit_q and self._commit_q[0].written.is_set() and len(batch) < COMMIT_BATCH:
-                    batch.append(self._commit_q.popleft())
-            self._commit_batch(batch)
+            self._commit_ready(blocking=True)
+
+    def _commit_ready(self, *, blocking: bool) -> None:
+        """Commit the written stripes at the head of the queue, in order, batch after batch."""
+        if not self._commit_lock.acquire(blocking=blocking):
+            return  # the holder commits what is ready, or the committer thread will
+        try:
+            while True:
+                with self._commit_cv:
+                    batch = []
+                    while self._commit_q and self._commit_q[0].written.is_set() and len(batch) < COMMIT_BATCH:
+                        batch.append(self._commit_q.popleft())
+                if not batch:
+                    return
+                self._commit_batch(batch)
+        finally:
+            self._commit_lock.release()
 
     def _commit_batch(self, batch: list[PendingStripe]) -> None:
         start = time.perf_counter()
@@ -869,10 +931,13 @@ class DataPath:
             return
         with fb.lock:
             if fb.data:
-                self._submit(fb)
+                self._submit(fb, inline=True)
             with fb.ilock:
                 waiting = list(fb.inflight)
         for stripe in waiting:
+            stripe.written.wait()
+            if not stripe.committed.is_set():
+                self._commit_ready(blocking=False)  # rather than wake the committer and wait for it
             stripe.committed.wait()
         with fb.lock:
             with fb.ilock:
