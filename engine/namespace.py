@@ -59,6 +59,7 @@ class Cred:
 
 
 ROOT = Cred(0, 0)
+CACHE_TTL_S = 1.0  # bounds how long a commit of another process can go unseen (see _changed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,11 +155,16 @@ class Namespace:
         self._cache: dict[int, Attr] = {}
         self._names: dict[tuple[int, str], int] = {}
         self._cache_epoch: int | None = None
+        self._cache_since = 0.0
+        self._cache_gen = 0  # bumped by every eviction: a load that began before it is not cached
         self._cache_lock = threading.Lock()
         self._open_refs: dict[int, int] = {}
         self._open_lock = threading.Lock()
         root = catalog.get_setting(ROOT_INO_KEY)
         self.root_ino = int(root) if root is not None else self._make_root()
+        listen = getattr(data, "add_commit_listener", None)
+        if listen is not None:
+            listen(self._changed)  # the data path's commits change sizes and times
 
     # -- set-up --------------------------------------------------------------
     def _make_root(self) -> int:
@@ -174,21 +180,84 @@ class Namespace:
         return ino
 
     # -- cache -----------------------------------------------------------------
+    # Attributes and names are cached in process. A commit by another process
+    # (PRAGMA data_version moves) or CACHE_TTL_S of age clears it all; this
+    # process's own namespace and data-path commits evict just what they
+    # changed and keep the rest (_changed), so a write does not cost every
+    # later lookup a catalog query. PostgreSQL has no cheap signal: no cache.
     def _cache_valid(self) -> bool:
         epoch = self.catalog.epoch()
         if epoch is None:
             return False
-        if epoch != self._cache_epoch:
+        if epoch != self._cache_epoch or time.monotonic() - self._cache_since > CACHE_TTL_S:
             with self._cache_lock:
                 self._cache.clear()
                 self._names.clear()
+                self._cache_gen += 1
                 self._cache_epoch = epoch
+                self._cache_since = time.monotonic()
         return True
+
+    def _remember(self, gen: int, attrs=(), name=None) -> None:
+        """Cache what a load found, unless an eviction ran since it began (it may be stale)."""
+        with self._cache_lock:
+            if gen != self._cache_gen:
+                return
+            for attr in attrs:
+                self._cache[attr.ino] = attr
+            if name is not None:
+                self._names[name[0]] = name[1]
+
+    def _write(self, work, inos=(), names=()):
+        """A namespace write transaction; afterwards evict ``inos`` and ``names`` plus what the
+        work added to the ``touched`` set it receives (inodes found inside, like a victim), and
+        cache their new attributes, read at the end of the same transaction."""
+        self._cache_valid()  # take in other processes' commits before ours moves the epoch
+        touched: set[int] = set(inos)
+        fresh: list[Attr] = []
+        gen = [None]
+
+        def run(conn):
+            fresh.clear()
+            result = work(conn, touched)
+            if self._cache_epoch is not None and touched:
+                ids = sorted(touched)
+                fresh.extend(_attr(row) for row in _sql(conn, f"SELECT {_ATTR_SQL} FROM inodes WHERE ino IN "
+                                                              f"({', '.join('?' * len(ids))})", tuple(ids)))
+            # taken while this transaction holds the write lock: if no eviction runs between here
+            # and _changed, no commit of this process after ours has been seen yet
+            gen[0] = self._cache_gen
+            return result
+        try:
+            return self.catalog.run(run)
+        except BaseException:
+            fresh.clear()
+            raise
+        finally:
+            self._changed(touched, names, fresh, gen[0])
+
+    def _changed(self, inos, names=(), fresh=(), fresh_gen=None) -> None:
+        """This process changed ``inos`` and the (dir, name) entries ``names``: evict them, and
+        adopt the epoch their commit produced so the rest of the cache stays valid."""
+        epoch = self.catalog.epoch()
+        with self._cache_lock:
+            current = self._cache_gen
+            self._cache_gen += 1
+            for ino in inos:
+                self._cache.pop(ino, None)
+            for key in names:
+                self._names.pop(key, None)
+            if self._cache_epoch is not None:
+                self._cache_epoch = epoch
+                if fresh and fresh_gen == current:
+                    for attr in fresh:
+                        self._cache[attr.ino] = attr
 
     def invalidate(self) -> None:
         with self._cache_lock:
             self._cache.clear()
             self._names.clear()
+            self._cache_gen += 1
             self._cache_epoch = None
 
     # -- reading ----------------------------------------------------------------
@@ -208,17 +277,19 @@ class Namespace:
 
     def getattr(self, ino: int) -> Attr:
         cacheable = self._cache_valid()
+        gen = self._cache_gen
         if cacheable:
             hit = self._cache.get(ino)
             if hit is not None:
                 return self._with_pending(hit)
         attr = self.catalog.read(lambda conn: self._load(conn, ino))
         if cacheable:
-            self._cache[ino] = attr
+            self._remember(gen, (attr,))
         return self._with_pending(attr)
 
     def lookup(self, cred: Cred, dir_ino: int, name: str) -> Attr:
         cacheable = self._cache_valid()
+        gen = self._cache_gen
         if cacheable:
             parent = self._cache.get(dir_ino)
             child = self._names.get((dir_ino, name))
@@ -243,10 +314,7 @@ class Namespace:
             return parent, _attr(row)
         parent, child = self.catalog.read(work)
         if cacheable:
-            self._cache[dir_ino] = parent
-            self._cache[child.ino] = child
-            if name not in (".", ".."):
-                self._names[(dir_ino, name)] = child.ino
+            self._remember(gen, (parent, child), None if name in (".", "..") else ((dir_ino, name), child.ino))
         return self._with_pending(child)
 
     def _parent_of(self, conn: Connection, dir_ino: int) -> int:
@@ -361,7 +429,7 @@ class Namespace:
         if len(value) > XATTR_VALUE_MAX:
             raise errors.InvalidArgument(f"extended attribute value of {len(value)} bytes exceeds {XATTR_VALUE_MAX}")
 
-        def work(conn):
+        def work(conn, touched):
             attr = self._load(conn, ino)
             self._require(cred, attr, W_OK)
             exists = conn.execute(select(XATTRS.c.name).where(XATTRS.c.ino == ino, XATTRS.c.name == name)).first()
@@ -374,15 +442,15 @@ class Namespace:
             else:
                 conn.execute(XATTRS.insert().values(ino=ino, name=name, value=value))
             self._touch(conn, ino, ctime=True)
-        self.catalog.run(work)
+        self._write(work, (ino,))
 
     def removexattr(self, cred: Cred, ino: int, name: str) -> None:
-        def work(conn):
+        def work(conn, touched):
             self._require(cred, self._load(conn, ino), W_OK)
             if not conn.execute(XATTRS.delete().where(XATTRS.c.ino == ino, XATTRS.c.name == name)).rowcount:
                 raise errors.NoData(f"no extended attribute {name!r} on inode {ino}")
             self._touch(conn, ino, ctime=True)
-        self.catalog.run(work)
+        self._write(work, (ino,))
 
     # -- helpers for changes ----------------------------------------------------------
     @staticmethod
@@ -444,7 +512,7 @@ class Namespace:
               target: bytes | None = None, exclusive: bool = True) -> Attr:
         check_name(name)
 
-        def work(conn):
+        def work(conn, touched):
             parent = self._dir_for_change(conn, cred, dir_ino)
             existing = self._entry(conn, dir_ino, name)
             if existing is not None:
@@ -462,7 +530,7 @@ class Namespace:
             _sql(conn, "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)", (dir_ino, name, attr.ino))
             self._touch(conn, dir_ino, mtime=True, nlink_delta=1 if ftype == DIR else 0)
             return attr
-        return self.catalog.run(work)
+        return self._write(work, (dir_ino,), ((dir_ino, name),))
 
     def _drop_link(self, conn: Connection, ino: int) -> None:
         """One name of ``ino`` is gone: free it when no name and no opener remain."""
@@ -505,7 +573,7 @@ class Namespace:
     def link(self, cred: Cred, ino: int, dir_ino: int, name: str) -> Attr:
         check_name(name)
 
-        def work(conn):
+        def work(conn, touched):
             attr = self._load(conn, ino)
             if attr.type == DIR:
                 raise errors.NotPermitted(f"hard link to directory {ino}")
@@ -520,12 +588,12 @@ class Namespace:
             self._touch(conn, ino, nlink_delta=1)
             self._touch(conn, dir_ino, mtime=True)
             return self._load(conn, ino)
-        return self.catalog.run(work)
+        return self._write(work, (ino, dir_ino), ((dir_ino, name),))
 
     def unlink(self, cred: Cred, dir_ino: int, name: str) -> None:
         check_name(name)
 
-        def work(conn):
+        def work(conn, touched):
             parent = self._dir_for_change(conn, cred, dir_ino)
             entry = self._entry(conn, dir_ino, name)
             if entry is None:
@@ -536,8 +604,9 @@ class Namespace:
             self._check_sticky(cred, parent, victim)
             _sql(conn, "DELETE FROM dirents WHERE id = ?", (entry.id,))
             self._touch(conn, dir_ino, mtime=True)
+            touched.add(victim.ino)
             self._drop_link(conn, victim.ino)
-        self.catalog.run(work)
+        self._write(work, (dir_ino,), ((dir_ino, name),))
 
     def rmdir(self, cred: Cred, dir_ino: int, name: str) -> None:
         if name == ".":
@@ -546,7 +615,7 @@ class Namespace:
             raise errors.NotEmpty("rmdir of '..'")
         check_name(name)
 
-        def work(conn):
+        def work(conn, touched):
             parent = self._dir_for_change(conn, cred, dir_ino)
             entry = self._entry(conn, dir_ino, name)
             if entry is None:
@@ -559,21 +628,23 @@ class Namespace:
                 raise errors.NotEmpty(f"directory {name!r} is not empty")
             conn.execute(DIRENTS.delete().where(DIRENTS.c.id == entry.id))
             self._touch(conn, dir_ino, mtime=True, nlink_delta=-1)
+            touched.add(victim.ino)
             self._drop_link(conn, victim.ino)
-        self.catalog.run(work)
+        self._write(work, (dir_ino,), ((dir_ino, name),))
 
     def rename(self, cred: Cred, src_dir: int, src_name: str, dst_dir: int, dst_name: str) -> None:
         """POSIX rename in one transaction: a reader sees the old or the new name."""
         check_name(src_name)
         check_name(dst_name)
 
-        def work(conn):
+        def work(conn, touched):
             src_parent = self._dir_for_change(conn, cred, src_dir)
             dst_parent = src_parent if dst_dir == src_dir else self._dir_for_change(conn, cred, dst_dir)
             entry = self._entry(conn, src_dir, src_name)
             if entry is None:
                 raise errors.NotFound(f"{src_name!r} not found in directory {src_dir}")
             moving = self._load(conn, entry.child)
+            touched.add(moving.ino)
             self._check_sticky(cred, src_parent, moving)
             if moving.type == DIR and dst_dir != src_dir:
                 self._refuse_loop(conn, moving.ino, dst_dir)
@@ -595,6 +666,7 @@ class Namespace:
                 conn.execute(DIRENTS.delete().where(DIRENTS.c.id == target.id))
                 if victim.type == DIR:
                     self._touch(conn, dst_dir, nlink_delta=-1)
+                touched.add(victim.ino)
                 self._drop_link(conn, victim.ino)
             _sql(conn, "UPDATE dirents SET parent = ?, name = ? WHERE id = ?", (dst_dir, dst_name, entry.id))
             self._touch(conn, moving.ino)
@@ -602,7 +674,7 @@ class Namespace:
             self._touch(conn, src_dir, mtime=True, nlink_delta=-delta)
             if dst_dir != src_dir:
                 self._touch(conn, dst_dir, mtime=True, nlink_delta=delta)
-        self.catalog.run(work)
+        self._write(work, (src_dir, dst_dir), ((src_dir, src_name), (dst_dir, dst_name)))
 
     def _refuse_loop(self, conn: Connection, moving: int, dst_dir: int) -> None:
         current = dst_dir
@@ -623,7 +695,7 @@ class Namespace:
         if self.data is not None and size is not None:
             self.data.flush(ino)  # buffered writes land before the cut
 
-        def work(conn):
+        def work(conn, touched):
             attr = self._load(conn, ino)
             owner = cred.uid in (0, attr.uid)
             values: dict = {}
@@ -674,7 +746,7 @@ class Namespace:
             values["change"] = INODES.c.change + 1
             conn.execute(INODES.update().where(INODES.c.ino == ino).values(**values))
             return self._load(conn, ino)
-        return self.catalog.run(work)
+        return self._write(work, (ino,))
 
     # -- file data -------------------------------------------------------------------
     def _data(self) -> FileData:
@@ -732,12 +804,17 @@ class Namespace:
                 self._open_refs[ino] = left
                 return
             self._open_refs.pop(ino, None)
+        try:
+            if self.getattr(ino).nlink > 0:
+                return  # still named: nothing to free (the common close, with no write transaction)
+        except errors.StaleHandle:
+            return
 
-        def work(conn):
+        def work(conn, touched):
             row = conn.execute(select(INODES.c.nlink).where(INODES.c.ino == ino)).first()
             if row is not None and row.nlink == 0:
                 self._free(conn, ino)
-        self.catalog.run(work)
+        self._write(work, (ino,))
 
     def reclaim_orphans(self) -> int:
         """Free inodes left with no name by a crash while they were open."""
@@ -748,7 +825,9 @@ class Namespace:
                 if not self._open_refs.get(ino):
                     self._free(conn, ino)
             return len(orphans)
-        return self.catalog.run(work)
+        freed = self.catalog.run(work)
+        self.invalidate()
+        return freed
 
 
 def _bits(want: int) -> str:

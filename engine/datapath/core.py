@@ -169,6 +169,7 @@ class DataPath:
         # committer thread or a flushing caller (which would only wait otherwise) runs them
         self._commit_lock = threading.Lock()
         self._commit_q: deque = deque()
+        self._commit_listeners: list = []
         self._commit_cv = threading.Condition()
         self._stopping = False
         self._closed = False
@@ -766,6 +767,8 @@ class DataPath:
         for s in batch:
             inos.add(s.fb.ino)
         self._invalidate(inos)
+        for listener in self._commit_listeners:
+            listener(inos)
         for s in batch:
             fb = s.fb
             with fb.ilock:
@@ -780,6 +783,11 @@ class DataPath:
         self.stats["stripes_committed"] += len(good)
         self.stats["client_bytes_written"] += sum(length for s in good for _fo, _so, length in s.extents)
         self.stats["media_bytes_written"] += sum(p[3] for s in good for p in s.placement)
+
+    def add_commit_listener(self, listener) -> None:
+        """Call ``listener(inos)`` after each commit batch that changed the size and times of ``inos``
+        (the namespace evicts them from its attribute cache)."""
+        self._commit_listeners.append(listener)
 
     def counters(self) -> dict[str, float]:
         """Cumulative counters for the web UI's charts (names: engine/metrics.py)."""

@@ -1,0 +1,97 @@
+"""The namespace's attribute and name cache (SQLite): this process's own writes
+keep it warm and exact, another process's commits clear it, and a load that
+raced an eviction is never cached."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from engine import errors
+from engine.catalog import Catalog
+from engine.namespace import ROOT, Namespace
+
+
+def count_reads(catalog: Catalog) -> list:
+    """Wrap catalog.read so the test sees how many catalog queries a call cost."""
+    calls = []
+    original = catalog.read
+
+    def read(work):
+        calls.append(1)
+        return original(work)
+    catalog.read = read
+    return calls
+
+
+def test_own_writes_keep_the_rest_of_the_cache(sqlite_catalog):
+    ns = Namespace(sqlite_catalog)
+    d = ns.mkdir(ROOT, ns.root_ino, "d", 0o755)
+    a = ns.create(ROOT, d.ino, "a", 0o644)
+    ns.lookup(ROOT, d.ino, "a")
+    reads = count_reads(sqlite_catalog)
+    ns.create(ROOT, d.ino, "b", 0o644)  # an unrelated change by this process
+    assert ns.lookup(ROOT, d.ino, "a").ino == a.ino
+    assert ns.getattr(d.ino).ino == d.ino
+    assert reads == [], "own write cleared entries it did not touch"
+    # what the write did change is exact at once, without a query
+    before = ns.getattr(a.ino)
+    ns.setattr(ROOT, a.ino, mode=0o600)
+    after = ns.getattr(a.ino)
+    assert after.mode == 0o600 and after.change > before.change
+    assert reads == []
+
+
+def test_own_unlink_and_rename_are_seen(sqlite_catalog):
+    ns = Namespace(sqlite_catalog)
+    d = ns.mkdir(ROOT, ns.root_ino, "d", 0o755)
+    a = ns.create(ROOT, d.ino, "a", 0o644)
+    b = ns.create(ROOT, d.ino, "b", 0o644)
+    ns.lookup(ROOT, d.ino, "a")
+    ns.lookup(ROOT, d.ino, "b")
+    ns.rename(ROOT, d.ino, "a", d.ino, "b")  # a replaces b
+    assert ns.lookup(ROOT, d.ino, "b").ino == a.ino
+    with pytest.raises(errors.NotFound):
+        ns.lookup(ROOT, d.ino, "a")
+    with pytest.raises(errors.StaleHandle):  # the replaced file was freed: not served from the cache
+        ns.getattr(b.ino)
+
+
+def test_other_process_commit_clears_the_cache(sqlite_catalog):
+    ns = Namespace(sqlite_catalog)
+    f = ns.create(ROOT, ns.root_ino, "f", 0o644)
+    assert ns.getattr(f.ino).mode == 0o644
+    other = Catalog(sqlite_catalog.url)  # its own connections: to SQLite, another process
+    try:
+        Namespace(other).setattr(ROOT, f.ino, mode=0o640)
+    finally:
+        other.close()
+    assert ns.getattr(f.ino).mode == 0o640
+    assert ns.lookup(ROOT, ns.root_ino, "f").mode == 0o640
+
+
+def test_load_that_raced_an_eviction_is_not_cached(sqlite_catalog):
+    ns = Namespace(sqlite_catalog)
+    f = ns.create(ROOT, ns.root_ino, "f", 0o644)
+    ns.getattr(f.ino)
+    ns._cache.clear()
+    original = sqlite_catalog.read
+    loaded, go_on = threading.Event(), threading.Event()
+
+    def slow_read(work):
+        result = original(work)  # the old attributes
+        loaded.set()
+        go_on.wait(10)
+        return result
+    sqlite_catalog.read = slow_read
+    seen = []
+    reader = threading.Thread(target=lambda: seen.append(ns.getattr(f.ino)))
+    reader.start()
+    assert loaded.wait(10)
+    sqlite_catalog.read = original
+    ns.setattr(ROOT, f.ino, mode=0o600)  # commits and evicts while the reader holds old values
+    ns._cache.pop(f.ino, None)
+    go_on.set()
+    reader.join(10)
+    assert seen[0].mode == 0o644  # the racing reader may see the old value ...
+    assert ns.getattr(f.ino).mode == 0o600  # ... but must not leave it in the cache
