@@ -117,6 +117,14 @@ _ATTR_COLUMNS = [INODES.c[name] for name in Attr.__slots__]
 _ATTR_SQL = ", ".join(f"inodes.{name}" for name in Attr.__slots__)
 
 
+class _Touched(set):
+    """Inodes a write transaction changed, and the names it created ((dir, name) -> ino)."""
+
+    def __init__(self, inos=()):
+        super().__init__(inos)
+        self.names: dict[tuple[int, str], int] = {}
+
+
 class _Entry(NamedTuple):
     id: int
     child: int
@@ -213,7 +221,7 @@ class Namespace:
         work added to the ``touched`` set it receives (inodes found inside, like a victim), and
         cache their new attributes, read at the end of the same transaction."""
         self._cache_valid()  # take in other processes' commits before ours moves the epoch
-        touched: set[int] = set(inos)
+        touched = _Touched(inos)
         fresh: list[Attr] = []
         gen = [None]
 
@@ -234,9 +242,9 @@ class Namespace:
             fresh.clear()
             raise
         finally:
-            self._changed(touched, names, fresh, gen[0])
+            self._changed(touched, names, fresh, gen[0], touched.names if fresh else None)
 
-    def _changed(self, inos, names=(), fresh=(), fresh_gen=None) -> None:
+    def _changed(self, inos, names=(), fresh=(), fresh_gen=None, fresh_names=None) -> None:
         """This process changed ``inos`` and the (dir, name) entries ``names``: evict them, and
         adopt the epoch their commit produced so the rest of the cache stays valid."""
         epoch = self.catalog.epoch()
@@ -252,6 +260,8 @@ class Namespace:
                 if fresh and fresh_gen == current:
                     for attr in fresh:
                         self._cache[attr.ino] = attr
+                    if fresh_names:
+                        self._names.update(fresh_names)
 
     def invalidate(self) -> None:
         with self._cache_lock:
@@ -529,6 +539,8 @@ class Namespace:
                 conn.execute(SYMLINKS.insert().values(ino=attr.ino, target=target))
             _sql(conn, "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)", (dir_ino, name, attr.ino))
             self._touch(conn, dir_ino, mtime=True, nlink_delta=1 if ftype == DIR else 0)
+            touched.add(attr.ino)
+            touched.names[(dir_ino, name)] = attr.ino
             return attr
         return self._write(work, (dir_ino,), ((dir_ino, name),))
 
@@ -743,8 +755,8 @@ class Namespace:
                     values["size"] = size
                     values.setdefault("mtime_ns", now)
             values["ctime_ns"] = now
-            values["change"] = INODES.c.change + 1
-            conn.execute(INODES.update().where(INODES.c.ino == ino).values(**values))
+            _sql(conn, f"UPDATE inodes SET {', '.join(f'{key} = ?' for key in values)}, change = change + 1 "
+                       "WHERE ino = ?", (*values.values(), ino))
             return self._load(conn, ino)
         return self._write(work, (ino,))
 
