@@ -16,9 +16,13 @@ Write path
     A flush smaller than one fragment of the default class (a few KiB of a
     small or random write) goes to the replicated hot class instead, unless
     the inode pins its class (``Inode.band_class``); tiering re-encodes it.
-    Drive writers fsync their zones after a short linger (or every 32
-    fragments), so a fragment counts as written only once it is durable;
-    fragments sit on the drive's write granularity (4 KiB on a zoned disk).
+    Each drive's syncer fsyncs what its writer appended meanwhile (group
+    commit); a writer with nothing else queued fsyncs itself. A fragment
+    counts as written only once it is durable; fragments sit on the drive's
+    write granularity (4 KiB on a zoned disk). A flush encodes, places and
+    (when the committer is idle) records its own stripe, sparing the
+    hand-offs to the encoder, dispatcher and committer threads; a dispatch
+    lock and a commit lock keep placement and commits in submission order.
 
 Catalog layout (engine/catalog/models.py)
     - Stripe: one unit of redundancy. ``layout`` "ec" (k data + m parity

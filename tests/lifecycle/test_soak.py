@@ -53,11 +53,13 @@ class Soak:
     def write(self, path: str, data: bytes, *, chunk: int = 64 * KiB, band_class: str | None = None,
               unpin: bool = True) -> bool:
         parent, name = path.rsplit("/", 1)
+        with self.lock:
+            if path in self.busy_paths:
+                return False  # the deleter is removing it: a name it unlinks must not be expected
+            self.busy_paths.add(path)
         d = self.mkdirs(parent)
         made = self.ns.create(ROOT, d.ino, name, exclusive=False)
         self.ns.open_ref(made.ino)
-        with self.lock:
-            self.busy_paths.add(path)
         try:
             if band_class:
                 table = Inode.__table__
@@ -129,12 +131,19 @@ class Soak:
             path = random.choice(victims)
             parent, name = path.rsplit("/", 1)
             with self.lock:
+                if path in self.busy_paths:  # a writer took it since: it stays
+                    return
+                # busy while unlinking, so a writer cannot start on this name meanwhile
+                self.busy_paths.add(path)
                 self.expected.pop(path, None)
             try:
                 self.ns.unlink(ROOT, self.ns.resolve(parent).ino, name)
                 self.count("deletes")
             except GONE:
                 pass
+            finally:
+                with self.lock:
+                    self.busy_paths.discard(path)
         time.sleep(0.05)
 
     def reader(self):
