@@ -5,14 +5,28 @@
 - ``catalog_url``: parametrized over SQLite and PostgreSQL; each test gets a
   fresh, migrated, empty database.
 - ``catalog`` / ``namespace``: opened on that URL; ``sqlite_catalog``: SQLite only.
+- every test's emulated drive folders (``drives/`` under its tmp_path) are
+  removed when it ends: zone files are preallocated, and pytest keeps the
+  last three runs' folders (21 GB per run before this).
 """
 from __future__ import annotations
+
+import shutil
 
 import pytest
 
 from engine.catalog import Catalog, upgrade
 from engine.namespace import Namespace
 from pgserver import PostgresServer, free_port  # noqa: F401  (free_port is for test modules)
+
+
+@pytest.fixture(autouse=True)
+def _remove_drive_folders(request):
+    base = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield  # set up first, so this runs after the test's own fixtures stopped their servers
+    if base is not None:
+        for folder in [p for p in base.rglob("drives") if p.is_dir()]:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
