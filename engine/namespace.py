@@ -20,7 +20,7 @@ from sqlalchemy import and_, func, select
 from sqlalchemy.engine import Connection
 
 from engine import errors
-from engine.catalog.database import Catalog, sql as _sql, sql_one as _one
+from engine.catalog.database import Catalog, in_list, sql as _sql, sql_one as _one
 from engine.catalog.models import BLK, CHR, DIR, FIFO, LNK, REG, SOCK, Dirent, Inode, Symlink, Xattr
 
 INODES = Inode.__table__
@@ -231,7 +231,7 @@ class Namespace:
             if self._cache_epoch is not None and touched:
                 ids = sorted(touched)
                 fresh.extend(_attr(row) for row in _sql(conn, f"SELECT {_ATTR_SQL} FROM inodes WHERE ino IN "
-                                                              f"({', '.join('?' * len(ids))})", tuple(ids)))
+                                                              f"{in_list(ids)}", tuple(ids)))
             # taken while this transaction holds the write lock: if no eviction runs between here
             # and _changed, no commit of this process after ours has been seen yet
             gen[0] = self._cache_gen
