@@ -199,12 +199,16 @@ class Namespace:
             return False
         if epoch != self._cache_epoch or time.monotonic() - self._cache_since > CACHE_TTL_S:
             with self._cache_lock:
-                self._cache.clear()
-                self._names.clear()
-                self._cache_gen += 1
-                self._cache_epoch = epoch
-                self._cache_since = time.monotonic()
+                self._clear_cache(epoch)
         return True
+
+    def _clear_cache(self, epoch: int | None) -> None:
+        """Forget every entry (caller holds the cache lock); loads under way will not be cached."""
+        self._cache.clear()
+        self._names.clear()
+        self._cache_gen += 1
+        self._cache_epoch = epoch
+        self._cache_since = time.monotonic()
 
     def _remember(self, gen: int, attrs=(), name=None) -> None:
         """Cache what a load found, unless an eviction ran since it began (it may be stale)."""
@@ -242,9 +246,9 @@ class Namespace:
             fresh.clear()
             raise
         finally:
-            self._changed(touched, names, fresh, gen[0], touched.names if fresh else None)
+            self._changed(touched, names, fresh, gen[0], touched.names)
 
-    def _changed(self, inos, names=(), fresh=(), fresh_gen=None, fresh_names=None) -> None:
+    def _changed(self, inos, names=(), fresh=(), fresh_gen=None, fresh_names=()) -> None:
         """This process changed ``inos`` and the (dir, name) entries ``names``: evict them, and
         adopt the epoch their commit produced so the rest of the cache stays valid."""
         epoch = self.catalog.epoch()
@@ -260,15 +264,11 @@ class Namespace:
                 if fresh and fresh_gen == current:
                     for attr in fresh:
                         self._cache[attr.ino] = attr
-                    if fresh_names:
-                        self._names.update(fresh_names)
+                    self._names.update(fresh_names)
 
     def invalidate(self) -> None:
         with self._cache_lock:
-            self._cache.clear()
-            self._names.clear()
-            self._cache_gen += 1
-            self._cache_epoch = None
+            self._clear_cache(None)
 
     # -- reading ----------------------------------------------------------------
     @staticmethod
