@@ -76,6 +76,10 @@ class Media:
         self._lock = threading.Lock()
         self._open: dict[tuple[int, str], object] = {}  # (drive, class) -> ZoneMem
         self._closed: set[int] = set()  # zones closed, not yet recorded as full
+        # Guards _closed alone. record() runs inside the caller's catalog transaction, while
+        # append() holds _lock and may wait for the catalog (_claim -> _reclaim_zones): taking
+        # _lock there stalled the soak for the catalog's 120 s retry deadline.
+        self._closed_lock = threading.Lock()
 
     # -- drives ------------------------------------------------------------------------
     def drive(self, drive_id: int):
@@ -174,12 +178,13 @@ class Media:
             drive.empty.add(zone.idx)
             return
         zone.state, zone.dirty = "full", True
-        self._closed.add(zone.id)
+        with self._closed_lock:
+            self._closed.add(zone.id)
         drive.queue.put(("finish", zone.idx))
 
     def finish(self) -> None:
         """End of a job: record the zones it filled up as full (the open ones stay open)."""
-        with self._lock:
+        with self._closed_lock:
             pending = bool(self._closed)
         if pending:
             self.dp.catalog.run(lambda conn: self.record(conn, []))
@@ -196,7 +201,7 @@ class Media:
         """Move the zones' write pointers over appended bytes, counted as garbage for now
         (``move_fragments`` / ``adjust_live`` turn the live share into live bytes), and
         record the zones closed since the last call as full."""
-        with self._lock:
+        with self._closed_lock:
             closed, self._closed = self._closed, set()
         try:
             if closed:
@@ -204,7 +209,7 @@ class Media:
                              .values(state="full"))
             record_appends(conn, self.dp, placements)
         except BaseException:
-            with self._lock:
+            with self._closed_lock:
                 self._closed |= closed  # the transaction may be retried or fail: keep them
             raise
 
