@@ -34,7 +34,8 @@ MAX_M = 8
 MAX_COPIES = 8
 FRAGMENT_HEADER = 80  # liberasurecode's fragment_header_t; the reader locates payloads with it
 ALIGNMENT_SLACK = 512  # most payload padding any backend adds (reservations count it)
-REDUNDANCY = ("ec", "replicate")
+REDUNDANCY = ("ec", "replicate")  # what a band class may be configured with
+INLINE = "inline"  # redundancy and layout of stripes whose bytes the catalog holds (small durable writes)
 COMPRESSION = (None, "zstd")
 
 DEFAULTS: dict[str, dict] = {
@@ -45,6 +46,12 @@ DEFAULTS: dict[str, dict] = {
 }
 DEFAULT_CLASS = "warm"
 HOT_CLASS = "hot"
+
+
+def inline_policy(band_class: str, max_bytes: int) -> Policy:
+    """The policy of inline stripes of ``band_class``: one "fragment", the payload, kept in the catalog."""
+    return Policy(name=band_class, redundancy=INLINE, k=1, m=0, backend=None, fragment_size=max_bytes, copies=1,
+                  compression=None)
 
 
 class DecodeError(Exception):
@@ -235,7 +242,9 @@ class Policy:
 
     @property
     def layout(self) -> str:
-        return "ec" if self.redundancy == "ec" else "replica"
+        if self.redundancy in ("ec", INLINE):
+            return self.redundancy
+        return "replica"
 
     def payload_size(self, data_length: int) -> int:
         """Payload bytes per fragment for ``data_length`` bytes, at most (backends may pad less)."""
@@ -271,13 +280,13 @@ class Policy:
 
     def encode(self, data: bytes) -> list[bytes]:
         """The stripe's fragments, data fragments first."""
-        if self.redundancy == "replicate":
+        if self.redundancy != "ec":
             return [data] * self.copies
         return self.driver.encode(data)
 
     def encode_stripe(self, data) -> Encoded:
         """Like ``encode``, without holding the GIL where the library allows it (bytes or bytearray)."""
-        if self.redundancy == "replicate":
+        if self.redundancy != "ec":
             return Encoded([data] * self.copies)
         if self._native is not None:
             return self._native.encode(data)

@@ -147,7 +147,7 @@ class Stripe(Base):
     __tablename__ = "stripes"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     band_class: Mapped[str] = mapped_column(String(16))
-    layout: Mapped[str] = mapped_column(String(16))  # "ec" | "replica"
+    layout: Mapped[str] = mapped_column(String(16))  # "ec" | "replica" | "inline" (InlineData)
     k: Mapped[int] = mapped_column(Integer)
     m: Mapped[int] = mapped_column(Integer)
     backend: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -158,6 +158,18 @@ class Stripe(Base):
     created_ns: Mapped[int] = mapped_column(BigInteger)
     # AUTOINCREMENT: a dead stripe's id must never name a new stripe (caches are keyed by it)
     __table_args__ = {"sqlite_autoincrement": True}
+
+
+class InlineData(Base):
+    """The bytes of an inline stripe (layout "inline"): a small durable write kept in the catalog's
+    own transaction instead of on drives, so it costs one fsync round, not two. Tiering folds them
+    into erasure-coded stripes like any hot data; deleting the stripe deletes them."""
+
+    __tablename__ = "inline_data"
+    stripe_id: Mapped[int] = mapped_column(ForeignKey("stripes.id", ondelete="CASCADE"), primary_key=True)
+    length: Mapped[int] = mapped_column(BigInteger)
+    checksum: Mapped[int] = mapped_column(BigInteger)  # crc32c of data
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class Fragment(Base):

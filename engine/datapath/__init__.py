@@ -14,8 +14,15 @@ Write path
     committed. Space is reserved at ``write`` time, so a write that cannot
     be placed fails with ENOSPC before anything of it is buffered.
     A flush smaller than one fragment of the default class (a few KiB of a
-    small or random write) goes to the replicated hot class instead, unless
-    the inode pins its class (``Inode.band_class``); tiering re-encodes it.
+    small or random write) goes to the hot class instead, unless the inode
+    pins its class (``Inode.band_class``); tiering re-encodes it. Up to
+    INLINE_WRITE_BYTES (64 KiB) it becomes an *inline* stripe: its bytes are
+    a row of ``inline_data`` written in the flush's own catalog transaction,
+    so a durable 4 KiB write costs one fsync round (the catalog's) instead
+    of two (fragments, then catalog). Inline bytes are on no drive, so no
+    drive loss touches them; they share the catalog's durability, as
+    metadata does. INLINE_BUDGET_BYTES (256 MiB) bounds them; past it small
+    flushes are replicated on three drives.
     Each drive's syncer fsyncs what its writer appended meanwhile (group
     commit); a writer with nothing else queued fsyncs itself. A fragment
     counts as written only once it is durable; fragments sit on the drive's
@@ -27,7 +34,9 @@ Write path
 Catalog layout (engine/catalog/models.py)
     - Stripe: one unit of redundancy. ``layout`` "ec" (k data + m parity
       pyeclib fragments, each ``header + payload``, payload = ceil(data/k))
-      or "replica" (k=1, m=copies-1, each fragment the plain data).
+      or "replica" (k=1, m=copies-1, each fragment the plain data) or
+      "inline" (k=1, m=0, no fragments: the bytes and their crc32c are the
+      stripe's ``inline_data`` row, deleted with it).
       ``data_length`` user bytes, ``fragment_length`` bytes per fragment on
       disk, ``live_bytes`` user bytes still referenced by extents.
     - Fragment: (stripe, idx) -> (drive, zone, zone_offset, length, crc32c

@@ -19,7 +19,7 @@ from engine.catalog.models import BandClass, Drive, Extent, Fragment, Inode, Str
 from engine.datapath.accounting import ExtentMap, adjust_live, chunks, load_extents, write_map
 from engine.datapath.drivestate import DriveState, ZoneMem
 from engine.datapath.reader import StripeInfo, StripeReader
-from engine.erasure import ALIGNMENT_SLACK, DEFAULT_CLASS, HOT_CLASS, Policy
+from engine.erasure import ALIGNMENT_SLACK, DEFAULT_CLASS, HOT_CLASS, INLINE, Policy, inline_policy
 
 INODES = Inode.__table__
 DRIVES = Drive.__table__
@@ -32,6 +32,13 @@ BAND_CLASSES = BandClass.__table__
 COMMIT_BATCH = 256  # stripes per catalog transaction at most
 EXTENT_CACHE_FILES = 4096
 READ_AHEAD_STRIPES = 2
+# Durable flushes up to INLINE_WRITE_BYTES that would go to the hot class are kept in the catalog
+# instead (stripes of layout "inline"): their bytes ride in the flush's one catalog transaction, so
+# a 4 KiB COMMIT costs one fsync round instead of two (drives, then catalog). Tiering folds them into
+# erasure-coded stripes like other hot data; INLINE_BUDGET_BYTES bounds what the catalog holds.
+INLINE_WRITE_BYTES = 64 << 10
+INLINE_BUDGET_BYTES = 256 << 20
+INLINE_RECOUNT_S = 5.0  # over budget: count what tiering has folded meanwhile at most this often
 
 
 class PendingStripe:
@@ -122,11 +129,15 @@ class _Latch:
 class DataPath:
     def __init__(self, catalog, policies: dict[str, Policy], *, reserve_zones: int = 2, smr_model=None,
                  encoders: int = 2, read_threads: int = 12, max_inflight_stripes: int = 24,
-                 cache_bytes: int = 256 << 20, small_write_bytes: int | None = None):
+                 cache_bytes: int = 256 << 20, small_write_bytes: int | None = None,
+                 inline_write_bytes: int = INLINE_WRITE_BYTES, inline_budget_bytes: int = INLINE_BUDGET_BYTES):
         if not policies:
             raise errors.ConfigError("band_classes", policies, "at least one band class policy")
         if isinstance(reserve_zones, bool) or not isinstance(reserve_zones, int) or reserve_zones < 0:
             raise errors.ConfigError("datapath.reserve_zones", reserve_zones, "an integer >= 0")
+        for name, value in (("inline_write_bytes", inline_write_bytes), ("inline_budget_bytes", inline_budget_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise errors.ConfigError(f"datapath.{name}", value, "an integer >= 0")
         self.catalog = catalog
         self.policies = dict(policies)
         self.default_class = DEFAULT_CLASS if DEFAULT_CLASS in policies else next(iter(policies))
@@ -138,6 +149,12 @@ class DataPath:
         self.small_write_bytes = (self.policies[self.default_class].fragment_size if small_write_bytes is None
                                   else small_write_bytes)
         self._write_band_classes()
+        use_inline = HOT_CLASS in self.policies and inline_write_bytes and inline_budget_bytes
+        self.inline = inline_policy(HOT_CLASS, inline_write_bytes) if use_inline else None
+        self.inline_budget_bytes = inline_budget_bytes
+        self._inline_lock = threading.Lock()
+        self._inline_used = self._count_inline() if use_inline else 0  # estimate: counts up, recounted
+        self._inline_counted_at = time.monotonic()
 
         self._space_lock = threading.RLock()
         self._drives: dict[int, DriveState] = {}
@@ -181,7 +198,8 @@ class DataPath:
         self._stripes: dict[int, StripeInfo] = {}
         self._generation = 0  # bumped by invalidate_stripes: loads that began before it are not cached
         self._last_read_end: dict[int, int] = {}
-        self.reader = StripeReader(self._drives, self._zones, threads=read_threads, cache_bytes=cache_bytes)
+        self.reader = StripeReader(self._drives, self._zones, threads=read_threads, cache_bytes=cache_bytes,
+                                   load_inline=self._load_inline)
         self.reader.repair_hook = self._queue_repair
         self._repairer = ThreadPoolExecutor(1, thread_name_prefix="shingle-repair")
         self._repairs: list[Future] = []
@@ -447,15 +465,19 @@ class DataPath:
         fb.reserved -= own
         hot = self.policies.get(HOT_CLASS)
         if not fb.pinned and hot is not None and hot is not policy and len(payload) < self.small_write_bytes:
-            # a few KiB cannot fill a stripe: replicate them in the hot class (tiering re-encodes later)
-            extra = self._need(hot, len(payload)) - own
-            try:
-                if extra > 0:
-                    self._reserve(extra, hot)
-                    own += extra
-                policy = hot
-            except errors.NoSpace:
-                pass  # the erasure-coded stripe is already reserved
+            # a few KiB cannot fill a stripe: keep them in the catalog (inline) or replicate them in
+            # the hot class; tiering re-encodes both later
+            if self._inline_room(len(payload)):
+                policy = self.inline  # needs no drive space: ``own`` is released at dispatch
+            else:
+                extra = self._need(hot, len(payload)) - own
+                try:
+                    if extra > 0:
+                        self._reserve(extra, hot)
+                        own += extra
+                    policy = hot
+                except errors.NoSpace:
+                    pass  # the erasure-coded stripe is already reserved
         fb.data = bytearray()
         extents, fb.extents = fb.extents, []
         if not self._inflight.acquire(blocking=False):
@@ -479,6 +501,31 @@ class DataPath:
             with self._dispatch_cv:
                 self._dispatch_q.append(stripe)
                 self._dispatch_cv.notify()
+
+    def _inline_room(self, length: int) -> bool:
+        """Whether a flush of ``length`` bytes may be kept inline; if so it is counted."""
+        if self.inline is None or length > self.inline.fragment_size:
+            return False
+        with self._inline_lock:
+            if self._inline_used + length > self.inline_budget_bytes:
+                now = time.monotonic()
+                if now - self._inline_counted_at < INLINE_RECOUNT_S:
+                    return False
+                self._inline_counted_at = now
+                self._inline_used = self._count_inline()  # a read: it waits for no writer
+                if self._inline_used + length > self.inline_budget_bytes:
+                    return False
+            self._inline_used += length
+            return True
+
+    def _count_inline(self) -> int:
+        return int(self.catalog.read(lambda conn: sql_one(conn, "SELECT COALESCE(SUM(length), 0) FROM inline_data",
+                                                          ()))[0])
+
+    def _load_inline(self, stripe_id: int):
+        """(data, checksum) of an inline stripe, or None when it no longer exists."""
+        return self.catalog.read(lambda conn: sql_one(conn, "SELECT data, checksum FROM inline_data "
+                                                            "WHERE stripe_id = ?", (stripe_id,)))
 
     def _encode(self, stripe: PendingStripe) -> None:
         start, cpu = time.perf_counter(), time.thread_time()
@@ -518,7 +565,8 @@ class DataPath:
     def _dispatch(self, stripe: PendingStripe) -> None:
         try:
             stripe.encoding.result()
-            self._place(stripe)
+            if stripe.policy is not self.inline:  # inline bytes go to the catalog, not to drives
+                self._place(stripe)
         except BaseException as exc:  # noqa: BLE001 - the stripe carries it to flush()
             stripe.fail(exc if isinstance(exc, errors.FsError) else errors.IOFailure(f"encode failed: {exc}"))
         finally:
@@ -778,6 +826,8 @@ class DataPath:
         self.stats["stripes_committed"] += len(good)
         self.stats["client_bytes_written"] += sum(length for s in good for _fo, _so, length in s.extents)
         self.stats["media_bytes_written"] += sum(p[3] for s in good for p in s.placement)
+        self.stats["inline_bytes_written"] += sum(length for s in good if s.policy is self.inline
+                                                  for _fo, _so, length in s.extents)
 
     def add_commit_listener(self, listener) -> None:
         """Call ``listener(inos)`` after each commit batch that changed the size and times of ``inos``
@@ -796,12 +846,17 @@ class DataPath:
         COMMIT and stable WRITE, where SQLAlchemy's statement building cost more than SQLite."""
         now = time.time_ns()
         ids = []
+        inline = []
         for s in stripes:
             p = s.policy
+            fragment_length = s.placement[0][3] if s.placement else len(s.payload)
             ids.append(sql_one(conn, "INSERT INTO stripes (band_class, layout, k, m, backend, data_length, "
                                      "fragment_length, compression, live_bytes, created_ns) "
                                      "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, 0, ?) RETURNING id",
-                               (p.name, p.layout, p.k, p.m, p.backend, len(s.payload), s.placement[0][3], now))[0])
+                               (p.name, p.layout, p.k, p.m, p.backend, len(s.payload), fragment_length, now))[0])
+            if p.layout == INLINE:
+                inline.append((ids[-1], len(s.payload), s.crcs[0], bytes(s.payload)))
+        sql_many(conn, "INSERT INTO inline_data (stripe_id, length, checksum, data) VALUES (?, ?, ?, ?)", inline)
         self.reader.forget(set(ids))  # an id SQLite hands out again must not hit an old cache entry
         fragments = []
         ends: dict[int, int] = {}

@@ -16,7 +16,7 @@ import crc32c
 
 from engine import errors
 from engine.drives import DriveMissing
-from engine.erasure import FRAGMENT_HEADER, decoder_for
+from engine.erasure import FRAGMENT_HEADER, INLINE, decoder_for
 
 
 class StripeInfo:
@@ -47,9 +47,11 @@ class ChecksumError(errors.IOFailure):
 
 
 class StripeReader:
-    def __init__(self, drives: dict, zones: dict, *, threads: int = 12, cache_bytes: int = 256 << 20):
+    def __init__(self, drives: dict, zones: dict, *, threads: int = 12, cache_bytes: int = 256 << 20,
+                 load_inline=None):
         self.drives = drives  # drive id -> DriveState
         self.zones = zones  # zone id -> ZoneMem
+        self.load_inline = load_inline  # stripe id -> (data, checksum) of an inline stripe, or None
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="shingle-read")
         # read-ahead waits on fragment reads: it gets its own threads so the pool cannot starve itself
         self.ahead = ThreadPoolExecutor(2, thread_name_prefix="shingle-readahead")
@@ -61,7 +63,7 @@ class StripeReader:
         self._corrupt: set[tuple[int, int]] = set()  # (stripe, idx) that failed their checksum
         # called as repair_hook(info, indexes, good fragments) after a decode around bad checksums
         self.repair_hook = None
-        self.stats = {"fragment_reads": 0, "degraded_stripes": 0, "checksum_errors": 0}
+        self.stats = {"fragment_reads": 0, "inline_reads": 0, "degraded_stripes": 0, "checksum_errors": 0}
 
     def close(self):
         self.ahead.shutdown(wait=True, cancel_futures=True)
@@ -85,6 +87,8 @@ class StripeReader:
     # -- fragment fetches -----------------------------------------------------------
     def _read_fragment(self, info: StripeInfo, idx: int, whole: bool):
         """Payload (memoryview) of fragment ``idx``, or the whole fragment bytes when ``whole``."""
+        if info.layout == INLINE:
+            return self._read_inline(info, whole)
         where = info.fragments.get(idx)
         if where is None:
             raise errors.IOFailure(f"stripe {info.id} fragment {idx} was never written (degraded stripe)")
@@ -113,6 +117,19 @@ class StripeReader:
             raise ChecksumError(f"checksum mismatch in stripe {info.id} fragment {idx} on drive {drive_id} "
                                 f"zone {zone.idx} at {offset}: {crc:#010x}, expected {checksum:#010x}")
         return buf if whole else memoryview(buf)
+
+    def _read_inline(self, info: StripeInfo, whole: bool):
+        """The bytes of an inline stripe, from the catalog (its only "fragment")."""
+        row = self.load_inline(info.id) if self.load_inline is not None else None
+        if row is None:  # folded into other stripes and deleted since the extent map was read
+            raise errors.IOFailure(f"inline stripe {info.id} has no data in the catalog")
+        data, checksum = row
+        self.stats["inline_reads"] += 1
+        if len(data) != info.data_length or crc32c.crc32c(data) != checksum:
+            self.stats["checksum_errors"] += 1
+            raise ChecksumError(f"inline stripe {info.id}: {len(data)} bytes with crc32c {crc32c.crc32c(data):#010x}, "
+                                f"expected {info.data_length} with {checksum:#010x}")
+        return bytearray(data) if whole else memoryview(data)
 
     def _decode(self, info: StripeInfo, bad: set[int]) -> dict[int, memoryview]:
         """One decode per stripe at a time: concurrent readers of the stripe share it."""

@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection
 from engine import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import Drive, Fragment, Stripe, Zone
+from engine.erasure import INLINE
 from engine.events import record_in
 
 DRIVES = Drive.__table__
@@ -175,7 +176,7 @@ def redundancy_status_in(conn: Connection) -> RedundancyStatus:
         .select_from(STRIPES.outerjoin(FRAGMENTS, FRAGMENTS.c.stripe_id == STRIPES.c.id)
                      .outerjoin(DRIVES, DRIVES.c.id == FRAGMENTS.c.drive_id)
                      .outerjoin(ZONES, ZONES.c.id == FRAGMENTS.c.zone_id))
-        .where(STRIPES.c.live_bytes > 0)
+        .where(STRIPES.c.live_bytes > 0, STRIPES.c.layout != INLINE)  # inline bytes live in the catalog
         .group_by(STRIPES.c.id, STRIPES.c.k, STRIPES.c.m)
     ).subquery()
     width = per_stripe.c.k + per_stripe.c.m

@@ -20,12 +20,13 @@ class Engine:
     """A catalog + drives + DataPath + Namespace that a test can restart."""
 
     def __init__(self, catalog, root, *, drives=10, drive_size=16 * MiB, zone_size=MiB, policies=SMALL,
-                 reserve_zones=2, smr_model=None, write_granularity=1):
+                 reserve_zones=2, smr_model=None, write_granularity=1, datapath_options=None):
         self.catalog = catalog
         self.root = root
         self.policies = load_policies(policies)
         self.reserve_zones = reserve_zones
         self.smr_model = smr_model
+        self.datapath_options = dict(datapath_options or {})  # more DataPath keyword arguments
         self.drive_ids = format_emulated(catalog, root, drives, drive_size, zone_size,
                                          write_granularity=write_granularity)
         self.data = None
@@ -33,7 +34,8 @@ class Engine:
         self.start()
 
     def start(self):
-        self.data = DataPath(self.catalog, self.policies, reserve_zones=self.reserve_zones, smr_model=self.smr_model)
+        self.data = DataPath(self.catalog, self.policies, reserve_zones=self.reserve_zones, smr_model=self.smr_model,
+                             **self.datapath_options)
         self.ns = Namespace(self.catalog, data=self.data)
         return self
 

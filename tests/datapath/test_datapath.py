@@ -195,8 +195,8 @@ def test_invariant4_two_of_ten_drives_lost_every_file_reads_back(sqlite_engine, 
                                            .values(state="failed")))
     engine.restart()
     big = next(n for n, d in files.items() if len(d) > STRIPE)
-    with pytest.raises(errors.IOFailure):
-        engine.ns.read(inos[big], 0, 100)
+    with pytest.raises(errors.IOFailure):  # the whole stripe: some data fragment is on a lost drive
+        engine.ns.read(inos[big], 0, STRIPE)
 
 
 def test_drive_folder_vanishing_while_running_does_not_stop_reads(sqlite_engine):
@@ -330,24 +330,27 @@ def test_backend_with_padded_fragments_reads_and_decodes(sqlite_catalog, tmp_pat
         eng.close()
 
 
-def test_small_flushes_are_replicated_in_the_hot_class(sqlite_engine):
-    engine = sqlite_engine
-    ns = engine.ns
-    small = os.urandom(3000)
-    ino_small = make(engine, "small", small)
-    big = os.urandom(STRIPE + 100 * KiB)
-    ino_big = make(engine, "big", big, chunk=STRIPE + 100 * KiB)
-    stripes = engine.catalog.read(lambda c: c.execute(select(Stripe.__table__.c.layout, Stripe.__table__.c.k,
-                                                             Stripe.__table__.c.m, Stripe.__table__.c.data_length)
-                                                      .order_by(Stripe.__table__.c.id)).all())
-    assert stripes[0] == ("replica", 1, 2, 3000)  # 3 KiB cannot fill a stripe: 3 copies
-    assert ("ec", 8, 2, STRIPE) in stripes and ("ec", 8, 2, 100 * KiB) in stripes  # >= one fragment: EC
-    check_accounting(engine.catalog)
-    engine.catalog.run(lambda c: c.execute(update(Drive.__table__).where(
-        Drive.__table__.c.id.in_(engine.drive_ids[:2])).values(state="failed")))
-    engine.restart()
-    assert engine.ns.read(ino_small, 0, 5000) == small
-    assert engine.ns.read(ino_big, 0, len(big)) == big
+def test_small_flushes_are_replicated_in_the_hot_class(sqlite_catalog, tmp_path):
+    # with no room for inline stripes (tests/datapath/test_inline.py), small flushes are replicated
+    engine = Engine(sqlite_catalog, tmp_path / "drives", datapath_options={"inline_budget_bytes": 0})
+    try:
+        small = os.urandom(3000)
+        ino_small = make(engine, "small", small)
+        big = os.urandom(STRIPE + 100 * KiB)
+        ino_big = make(engine, "big", big, chunk=STRIPE + 100 * KiB)
+        stripes = engine.catalog.read(lambda c: c.execute(select(Stripe.__table__.c.layout, Stripe.__table__.c.k,
+                                                                 Stripe.__table__.c.m, Stripe.__table__.c.data_length)
+                                                          .order_by(Stripe.__table__.c.id)).all())
+        assert stripes[0] == ("replica", 1, 2, 3000)  # 3 KiB cannot fill a stripe: 3 copies
+        assert ("ec", 8, 2, STRIPE) in stripes and ("ec", 8, 2, 100 * KiB) in stripes  # >= one fragment: EC
+        check_accounting(engine.catalog)
+        engine.catalog.run(lambda c: c.execute(update(Drive.__table__).where(
+            Drive.__table__.c.id.in_(engine.drive_ids[:2])).values(state="failed")))
+        engine.restart()
+        assert engine.ns.read(ino_small, 0, 5000) == small
+        assert engine.ns.read(ino_big, 0, len(big)) == big
+    finally:
+        engine.close()
 
 
 def test_replica_stripes_read_back_with_two_drives_lost(sqlite_engine):

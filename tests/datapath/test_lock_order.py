@@ -45,7 +45,7 @@ def test_a_flush_places_its_stripe_without_holding_the_file_lock(sqlite_engine):
     from engine.namespace import ROOT
     dp, catalog, ns = sqlite_engine.data, sqlite_engine.catalog, sqlite_engine.ns
     ino = ns.create(ROOT, ns.root_ino, "f", 0o644).ino
-    ns.write(ino, 0, b"x" * 4096)
+    ns.write(ino, 0, b"x" * 100 * 1024)  # more than an inline stripe takes: placed on drives
     released = threading.Event()
     in_time = []
     original = dp._place

@@ -71,6 +71,20 @@ def _mutate(rng: random.Random, record: bytes, protect: int) -> bytes:
     return bytes(data)
 
 
+def null_answered(port: int) -> bool:
+    """Whether a NULL call on a new connection from 127.0.0.2 gets its reply within 20 s."""
+    call = struct.pack(">IIIIII", 0xFEED, 0, 2, c.NFS4_PROGRAM, 4, 0) + b"\0" * 16
+    with socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0), timeout=20) as sock:
+        sock.sendall(struct.pack(">I", 0x80000000 | len(call)) + call)
+        reply = b""
+        while len(reply) < 8:
+            data = sock.recv(64)
+            if not data:
+                return False
+            reply += data
+    return struct.unpack_from(">I", reply, 4)[0] == 0xFEED
+
+
 class Fuzzer:
     def __init__(self, port: int):
         self.port = port
@@ -130,13 +144,18 @@ class Fuzzer:
             closed = -1
         with self.cv:
             ok = self.cv.wait_for(lambda: struct.pack(">I", xid) in self.seen or self.closed_by_server != closed,
-                                  timeout=30)
-            assert ok, "the server neither answered nor closed the connection"
-            if struct.pack(">I", xid) in self.seen:
+                                  timeout=20)
+            if ok and struct.pack(">I", xid) in self.seen:
                 self.synced += 1
                 return
+        if not ok:
+            # A lying record mark (not the last fragment, or longer than the record) leaves the server
+            # rightly waiting for more bytes, and our NULL call became part of that record. The
+            # server must still answer anyone else.
+            assert null_answered(self.port), "the server neither answered nor closed the connection, " \
+                                             "and a new connection got no answer either"
         self.sock.close()
-        self.connect()  # the fuzz got the connection closed (a lying record mark): fine
+        self.connect()  # the fuzz got the connection closed or stuck (a lying record mark): fine
 
     def send(self, record: bytes, rng: random.Random):
         mark = len(record) | 0x80000000
