@@ -12,7 +12,7 @@ import threading
 
 from appliance.nfs import types3 as t
 from appliance.nfs.fh import KIND_FILE
-from appliance.nfs.rpc import PROC_UNAVAIL, RpcReject, accepted
+from appliance.nfs.rpc import PROC_UNAVAIL, InWorker, RpcReject, accepted
 from appliance.nfs.v3 import decode_args
 from appliance.nfs.xdr import Packer
 from engine import errors
@@ -42,7 +42,7 @@ class MountProgram:
         self.mounts: set[tuple[str, str]] = set()  # (client address, directory)
         self._lock = threading.Lock()
 
-    async def call(self, conn, call, cred, record, pos):
+    def call(self, conn, call, cred, record, pos):
         argtype = t.MOUNT_ARGS.get(call.proc)
         if argtype is None:
             raise RpcReject(accepted(call.xid, PROC_UNAVAIL))
@@ -51,10 +51,9 @@ class MountProgram:
         proc = call.proc
         if proc == t.MOUNTPROC3_NULL:
             return []
-        if proc == t.MOUNTPROC3_MNT:
-            server = self.server
-            value = await server.loop.run_in_executor(server.pool, self.mnt, cred, address, args)
-        elif proc == t.MOUNTPROC3_DUMP:
+        if proc == t.MOUNTPROC3_MNT:  # walks the namespace: blocking
+            return InWorker(lambda: self._packed(proc, self.mnt(cred, address, args)))
+        if proc == t.MOUNTPROC3_DUMP:
             with self._lock:
                 value = [t.mountbody.cls(host, path) for host, path in sorted(self.mounts)]
         elif proc == t.MOUNTPROC3_UMNT:
@@ -67,6 +66,10 @@ class MountProgram:
             value = None
         else:
             value = self.export_list(address)
+        return self._packed(proc, value)
+
+    @staticmethod
+    def _packed(proc: int, value) -> list:
         p = Packer()
         t.MOUNT_RESULTS[proc].pack(p, value)
         return p.result()

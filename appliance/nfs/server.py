@@ -15,7 +15,7 @@ from appliance.nfs import const as c
 from appliance.nfs.exports import ExportTable
 from appliance.nfs.fh import HandleCodec
 from appliance.nfs.mount import MountProgram
-from appliance.nfs.rpc import PROC_UNAVAIL, RpcConnection, RpcReject, accepted
+from appliance.nfs.rpc import PROC_UNAVAIL, InWorker, RpcConnection, RpcReject, accepted
 from appliance.nfs.state import StateTable
 from appliance.nfs.stats import NfsStats
 from appliance.nfs.types3 import MOUNT_PROGRAM
@@ -34,14 +34,12 @@ class Nfs4Program:
     def __init__(self, server: "NfsServer"):
         self.server = server
 
-    async def call(self, conn: RpcConnection, call, cred, record, pos):
+    def call(self, conn: RpcConnection, call, cred, record, pos):
         if call.proc == 0:
             return []
         if call.proc != 1:
             raise RpcReject(accepted(call.xid, PROC_UNAVAIL))
-        server = self.server
-        return await server.loop.run_in_executor(
-            server.pool, compound.execute, server, conn.state, cred, conn.peer[0], record, pos)
+        return InWorker(compound.execute, self.server, conn.state, cred, conn.peer[0], record, pos)
 
 
 class NfsServer:
@@ -121,9 +119,9 @@ class NfsServer:
         self._server.close()
         if self._housekeeper is not None:
             self._housekeeper.cancel()
-        pending = [t for conn in list(self.connections) for t in conn.tasks]
-        if pending:
-            await asyncio.wait(pending, timeout=10)
+        deadline = time.monotonic() + 10
+        while any(conn.in_flight for conn in self.connections) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         for conn in list(self.connections):
             conn.abort()
         await self._server.wait_closed()

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from appliance.nfs import types3 as t
 from appliance.nfs.fh import KIND_FILE, BadHandle, StaleHandle
-from appliance.nfs.rpc import GARBAGE_ARGS, PROC_UNAVAIL, RpcReject, accepted
+from appliance.nfs.rpc import GARBAGE_ARGS, PROC_UNAVAIL, InWorker, RpcReject, accepted
 from appliance.nfs.xdr import Packer, XdrError
 from engine import errors
 from engine.catalog.database import CatalogUnavailable
@@ -534,15 +534,14 @@ class Nfs3Program:
     def __init__(self, server):
         self.server = server
 
-    async def call(self, conn, call, cred, record, pos):
+    def call(self, conn, call, cred, record, pos):
         argtype = t.ARGS3.get(call.proc)
         if argtype is None:
             raise RpcReject(accepted(call.xid, PROC_UNAVAIL))
         args = decode_args(argtype, call, record, pos)
         if call.proc == t.NFSPROC3_NULL:
             return []
-        server = self.server
-        return await server.loop.run_in_executor(server.pool, execute, server, cred, conn.peer[0], call.proc, args)
+        return InWorker(execute, self.server, cred, conn.peer[0], call.proc, args)
 
 
 class VersionDispatch:
@@ -552,9 +551,16 @@ class VersionDispatch:
         self.by_version = by_version
         self.versions = tuple(sorted(by_version))
 
-    async def call(self, conn, call, cred, record, pos):
+    def call(self, conn, call, cred, record, pos):
         started = time.perf_counter()
+        counted = conn.server.counters.call_done
         try:
-            return await self.by_version[call.vers].call(conn, call, cred, record, pos)
-        finally:
-            conn.server.counters.call_done(time.perf_counter() - started)
+            result = self.by_version[call.vers].call(conn, call, cred, record, pos)
+        except BaseException:
+            counted(time.perf_counter() - started)
+            raise
+        if isinstance(result, InWorker):
+            result.finished = lambda: counted(time.perf_counter() - started)  # in the worker, once done
+        else:
+            counted(time.perf_counter() - started)
+        return result

@@ -346,3 +346,52 @@ def test_grace_period_reclaim_after_restart(stack):
         b.close()
     finally:
         srv.stop()
+
+
+def test_pipelined_replies_larger_than_the_socket_buffers_arrive_whole(server, stack):
+    """Workers send replies straight to the socket; when it is full the rest queues behind on
+    the event loop, and later replies must queue behind that rest. 1 MiB READs on all eight
+    slots, each slot asked again as soon as its reply is read, replies read only once the
+    first eight were made: every record must arrive intact with the right bytes."""
+    from engine.namespace import ROOT
+    ns = stack.namespace
+    data = os.urandom(4 << 20)
+    ino = ns.create(ROOT, ns.root_ino, "pipelined").ino
+    ns.write(ino, 0, data)
+    ns.commit(ino)
+    raw = RawClient(server.port).setup()
+    raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    st, res = raw.session([(c.OP_PUTROOTFH, None), (c.OP_LOOKUP, "export"), (c.OP_LOOKUP, "pipelined"),
+                           (c.OP_GETFH, None)])
+    assert st == 0, res
+    fh = res[-1][2]
+    anonymous = t.stateid4.cls(0, b"\0" * 12)
+    asked = {}  # xid -> (slot, offset)
+
+    def ask(slot, n):
+        offset = (n % 4) << 20
+        body = raw.compound_bytes([raw.sequence_op(slot), (c.OP_PUTFH, fh),
+                                   (c.OP_READ, t.ARGS[c.OP_READ](anonymous, offset, 1 << 20))])
+        raw.xid += 1
+        asked[raw.xid] = (slot, offset)
+        head = struct.pack(">IIIIII", raw.xid, 0, 2, c.NFS4_PROGRAM, 4, 1)
+        head += struct.pack(">II", 1, len(raw.cred)) + raw.cred + b"\0" * (-len(raw.cred) % 4) + b"\0" * 8
+        raw.send_record(head + body)
+    for slot in range(8):
+        ask(slot, slot)
+    deadline = time.monotonic() + 10
+    while server.stats().get("nfs_ops_read", 0) < 8 and time.monotonic() < deadline:
+        time.sleep(0.02)  # every reply made: what the socket did not take waits in the transport
+    total, answered = 32, 0
+    while answered < total:
+        reply = raw.recv_record()
+        xid = struct.unpack_from(">I", reply)[0]
+        st, res = raw.parse(reply)
+        assert st == 0 and res[-1][0] == c.OP_READ, res
+        slot, offset = asked.pop(xid)
+        assert res[-1][2].data == data[offset:offset + (1 << 20)], f"xid {xid}: wrong bytes"
+        answered += 1
+        if answered + len(asked) < total:
+            ask(slot, answered)  # made while the transport still drains the earlier replies
+    assert not asked
+    raw.close()
