@@ -172,7 +172,7 @@ class Namespace:
         self.root_ino = int(root) if root is not None else self._make_root()
         listen = getattr(data, "add_commit_listener", None)
         if listen is not None:
-            listen(self._changed)  # the data path's commits change sizes and times
+            listen(self._data_committed, self._fresh_attrs)  # data-path commits change sizes and times
 
     # -- set-up --------------------------------------------------------------
     def _make_root(self) -> int:
@@ -265,6 +265,18 @@ class Namespace:
                     for attr in fresh:
                         self._cache[attr.ino] = attr
                     self._names.update(fresh_names)
+
+    def _fresh_attrs(self, conn, inos):
+        """Inside a data-path commit: the changed files' new attributes, for _data_committed."""
+        if not inos or not self._cache_valid():  # first take in whatever others committed before us
+            return None
+        ids = sorted(inos)
+        rows = _sql(conn, f"SELECT {_ATTR_SQL} FROM inodes WHERE ino IN {in_list(ids)}", tuple(ids))
+        return [_attr(row) for row in rows], self._cache_gen  # gen: taken under the write lock, as in _write
+
+    def _data_committed(self, inos, found) -> None:
+        fresh, gen = found if found is not None else ((), None)
+        self._changed(inos, (), fresh, gen)
 
     def invalidate(self) -> None:
         with self._cache_lock:

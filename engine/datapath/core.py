@@ -45,7 +45,7 @@ class PendingStripe:
     """A stripe on its way: buffered -> encoded -> placed -> written -> fsync'ed -> committed."""
 
     __slots__ = ("seq", "fb", "policy", "payload", "extents", "reserved", "fragments", "crcs", "placement",
-                 "remaining", "lock", "written", "committed", "error", "encoding", "encoded")
+                 "remaining", "lock", "written", "committed", "error", "encoding", "encoded", "flushing")
 
     def __init__(self, seq, fb, payload, extents, reserved, policy):
         self.seq = seq
@@ -64,6 +64,7 @@ class PendingStripe:
         self.error: BaseException | None = None
         self.encoding: Future | None = None
         self.encoded = None  # erasure.Encoded: its buffers are freed once every fragment is written
+        self.flushing = False  # a flush waits for it and commits it itself: the committer need not wake
 
     def fail(self, exc: BaseException) -> None:
         if self.error is None:
@@ -177,6 +178,10 @@ class DataPath:
 
         self._files: dict[int, FileBuffer] = {}
         self._files_lock = threading.Lock()
+        # ino -> (size, policy, pinned, catalog epoch) of files whose last flush left them idle: the
+        # next write to them (a random-write or append loop) needs no catalog read while no commit
+        # by anyone has happened since (Catalog.epoch). None on PostgreSQL: there it always reads.
+        self._settled: OrderedDict = OrderedDict()
         self._seq = 0
         self._seq_lock = threading.Lock()
         self._inflight = threading.BoundedSemaphore(max_inflight_stripes)
@@ -407,15 +412,20 @@ class DataPath:
         fb = self._files.get(ino)
         if fb is not None and not fb.dead:
             return fb
-        row = self.catalog.read(lambda conn: conn.execute(
-            select(INODES.c.size, INODES.c.band_class).where(INODES.c.ino == ino)).first())
-        if row is None:
-            raise errors.StaleHandle(f"inode {ino} does not exist")
+        settled = self._settled.get(ino)
+        if settled is not None and settled[3] == self.catalog.epoch():
+            size, policy, pinned = settled[:3]
+        else:
+            row = self.catalog.read(lambda conn: sql_one(conn, "SELECT size, band_class FROM inodes WHERE ino = ?",
+                                                         (ino,)))
+            if row is None:
+                raise errors.StaleHandle(f"inode {ino} does not exist")
+            size, policy, pinned = row[0], self._policy_for(row[1]), row[1] in self.policies
         with self._files_lock:
             fb = self._files.get(ino)
             if fb is None or fb.dead:
-                fb = self._files[ino] = FileBuffer(ino, self._policy_for(row.band_class), row.size,
-                                                    pinned=row.band_class in self.policies)
+                self._settled.pop(ino, None)
+                fb = self._files[ino] = FileBuffer(ino, policy, size, pinned=pinned)
             return fb
 
     def write(self, ino: int, offset: int, data) -> int:
@@ -745,7 +755,8 @@ class DataPath:
             stripe.encoded = None
         with self._commit_cv:
             stripe.written.set()
-            self._commit_cv.notify()
+            if not stripe.flushing:
+                self._commit_cv.notify()
 
     def _committer(self) -> None:
         """Record written (durable) stripes in one catalog transaction per batch."""
@@ -759,19 +770,25 @@ class DataPath:
 
     def _commit_ready(self, *, blocking: bool) -> None:
         """Commit the written stripes at the head of the queue, in order, batch after batch."""
-        if not self._commit_lock.acquire(blocking=blocking):
-            return  # the holder commits what is ready, or the committer thread will
-        try:
-            while True:
-                with self._commit_cv:
-                    batch = []
-                    while self._commit_q and self._commit_q[0].written.is_set() and len(batch) < COMMIT_BATCH:
-                        batch.append(self._commit_q.popleft())
-                if not batch:
+        while True:
+            if not self._commit_lock.acquire(blocking=blocking):
+                return  # the holder commits what is ready (it looks again after letting go)
+            try:
+                while True:
+                    with self._commit_cv:
+                        batch = []
+                        while self._commit_q and self._commit_q[0].written.is_set() and len(batch) < COMMIT_BATCH:
+                            batch.append(self._commit_q.popleft())
+                    if not batch:
+                        break
+                    self._commit_batch(batch)
+            finally:
+                self._commit_lock.release()
+            # a flush whose stripe became ready while we held the lock left it to us (its _written
+            # did not wake the committer): look once more now that the lock is free
+            with self._commit_cv:
+                if not (self._commit_q and self._commit_q[0].written.is_set()):
                     return
-                self._commit_batch(batch)
-        finally:
-            self._commit_lock.release()
 
     def _commit_batch(self, batch: list[PendingStripe]) -> None:
         start = time.perf_counter()
@@ -787,10 +804,11 @@ class DataPath:
                     zone_rows[zone.id] = zone
             zone_state = {z.id: (z.state, z.band_class, z.opened_ns) for z in zone_rows.values()}
         dead: list[int] = []
+        found = [None] * len(self._commit_listeners)
         self.stats["batches"] += 1
         try:
             if good or zone_state:
-                dead = self.catalog.run(lambda conn: self._record(conn, good, zone_state), durable=True)
+                dead, found = self.catalog.run(lambda conn: self._record(conn, good, zone_state), durable=True)
         except BaseException as exc:  # noqa: BLE001
             failure = errors.IOFailure(f"catalog commit of {len(good)} stripes failed: {exc}")
             for s in good:
@@ -810,8 +828,8 @@ class DataPath:
         for s in batch:
             inos.add(s.fb.ino)
         self._invalidate(inos)
-        for listener in self._commit_listeners:
-            listener(inos)
+        for (listener, _reader), value in zip(self._commit_listeners, found):
+            listener(inos, value)
         for s in batch:
             fb = s.fb
             with fb.ilock:
@@ -829,10 +847,12 @@ class DataPath:
         self.stats["inline_bytes_written"] += sum(length for s in good if s.policy is self.inline
                                                   for _fo, _so, length in s.extents)
 
-    def add_commit_listener(self, listener) -> None:
-        """Call ``listener(inos)`` after each commit batch that changed the size and times of ``inos``
-        (the namespace evicts them from its attribute cache)."""
-        self._commit_listeners.append(listener)
+    def add_commit_listener(self, listener, reader=None) -> None:
+        """Call ``listener(inos, found)`` after each commit batch that changed the size and times of
+        ``inos`` (the namespace updates its attribute cache). ``reader(conn, inos)``, if given, runs
+        at the end of the batch's transaction; ``found`` is what it returned (None if the commit
+        failed): the namespace reads the new attributes there instead of in a transaction of its own."""
+        self._commit_listeners.append((listener, reader))
 
     def counters(self) -> dict[str, float]:
         """Cumulative counters for the web UI's charts (names: engine/metrics.py)."""
@@ -904,7 +924,10 @@ class DataPath:
                 deltas[sid] = deltas.get(sid, 0) + delta
         known = {sid: (len(s.payload), 0, [(zone.id, length) for _d, zone, _o, length, _i in s.placement])
                  for sid, s in zip(ids, stripes)}
-        return adjust_live(conn, deltas, known)
+        dead = adjust_live(conn, deltas, known)
+        changed = set(by_ino)
+        found = [reader(conn, changed) if reader is not None else None for _listener, reader in self._commit_listeners]
+        return dead, found
 
     # -- repair (invariant 5) -------------------------------------------------------------------
     def _queue_repair(self, info: StripeInfo, indexes: set[int], good: dict) -> None:
@@ -993,6 +1016,8 @@ class DataPath:
                 self._submit(fb, inline=True)
             with fb.ilock:
                 waiting = list(fb.inflight)
+                for stripe in waiting:
+                    stripe.flushing = True  # we commit it ourselves below: no committer wake-up
         if submitted:
             # outside fb.lock: placing may reset zones in a catalog transaction, and a namespace
             # transaction freeing this file waits for fb.lock (release)
@@ -1008,10 +1033,15 @@ class DataPath:
                 if fb.idle():
                     self._unreserve(fb.reserved)
                     fb.reserved = 0
+                    epoch = self.catalog.epoch()  # after our commit (a commit racing it is taken as seen)
                     with self._files_lock:
                         if self._files.get(ino) is fb:
                             del self._files[ino]
                             fb.dead = True
+                            if epoch is not None and error is None:
+                                self._settled[ino] = (fb.size, fb.policy, fb.pinned, epoch)
+                                while len(self._settled) > EXTENT_CACHE_FILES:
+                                    self._settled.popitem(last=False)
         if error is not None:
             raise error
 
@@ -1052,6 +1082,7 @@ class DataPath:
     def release(self, conn, ino: int) -> None:
         with self._files_lock:
             fb = self._files.pop(ino, None)
+            self._settled.pop(ino, None)
         if fb is not None:
             with fb.lock:
                 fb.dead = True
