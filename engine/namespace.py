@@ -711,66 +711,83 @@ class Namespace:
 
     def setattr(self, cred: Cred, ino: int, *, mode: int | None = None, uid: int | None = None,
                 gid: int | None = None, size: int | None = None, atime_ns=None, mtime_ns=None) -> Attr:
-        """chmod/chown/truncate/utimes. Times are ns, or SET_TO_NOW."""
+        """chmod/chown/truncate/utimes. Times are ns, or SET_TO_NOW.
+
+        A call that would change nothing (the same mode, owner or size, no times) is checked and
+        answered from the cache without a write: like ext4's truncate to the same size, it then
+        leaves ctime alone. Clients send such calls on every create (mode right after OPEN,
+        size 0 on a new file), and each write transaction costs more than the rest of the call."""
         if size is not None and size < 0:
             raise errors.InvalidArgument(f"size {size}: expected >= 0")
         if mode is not None and not 0 <= mode <= 0o7777:
             raise errors.InvalidArgument(f"mode {mode:o}: expected 0-7777 (octal)")
         if self.data is not None and size is not None:
             self.data.flush(ino)  # buffered writes land before the cut
+        wanted = dict(mode=mode, uid=uid, gid=gid, size=size, atime_ns=atime_ns, mtime_ns=mtime_ns)
+        if atime_ns is None and mtime_ns is None and self._cache_valid():
+            cached = self._cache.get(ino)
+            if cached is not None and not self._setattr_values(cred, cached, now=0, **wanted):
+                return self._with_pending(cached)
 
         def work(conn, touched):
             attr = self._load(conn, ino)
-            owner = cred.uid in (0, attr.uid)
-            values: dict = {}
-            new_mode = attr.mode
-            if uid is not None and uid != attr.uid:
-                if cred.uid != 0:
-                    raise errors.NotPermitted(f"uid {cred.uid} may not give inode {ino} to uid {uid}")
-                values["uid"] = uid
-            if gid is not None and gid != attr.gid:
-                if cred.uid != 0 and not (cred.uid == attr.uid and cred.in_group(gid)):
-                    raise errors.NotPermitted(f"uid {cred.uid} may not set group {gid} on inode {ino}")
-                values["gid"] = gid
-            if values and attr.type != DIR and cred.uid != 0:
-                new_mode &= ~(S_ISUID | S_ISGID)  # chown by a user drops set-id bits
-            if mode is not None:
-                if not owner:
-                    raise errors.NotPermitted(f"uid {cred.uid} does not own inode {ino}")
-                new_mode = mode
-                if cred.uid != 0 and not cred.in_group(values.get("gid", attr.gid)):
-                    new_mode &= ~S_ISGID
-            if new_mode != attr.mode:
-                values["mode"] = new_mode
             now = time.time_ns()
-            for key, wanted in (("atime_ns", atime_ns), ("mtime_ns", mtime_ns)):
-                if wanted is None:
-                    continue
-                if wanted is SET_TO_NOW:
-                    if not owner and not may(cred, attr, W_OK):
-                        raise errors.AccessDenied(f"uid {cred.uid} may not touch inode {ino}")
-                    values[key] = now
-                else:
-                    if not owner:
-                        raise errors.NotPermitted(f"uid {cred.uid} may not set times of inode {ino}")
-                    values[key] = int(wanted)
-            if size is not None:
-                if attr.type == DIR:
-                    raise errors.IsADirectory(f"inode {ino} is a directory")
-                if attr.type != REG:
-                    raise errors.InvalidArgument(f"inode {ino} is not a regular file")
-                if not may(cred, attr, W_OK) and cred.uid != attr.uid:
-                    raise errors.AccessDenied(f"uid {cred.uid} may not write inode {ino}")
-                if size != attr.size:
-                    if self.data is not None:
-                        self.data.truncate(conn, ino, attr.size, size)
-                    values["size"] = size
-                    values.setdefault("mtime_ns", now)
+            values = self._setattr_values(cred, attr, now=now, **wanted)
+            if "size" in values and self.data is not None:
+                self.data.truncate(conn, ino, attr.size, size)
             values["ctime_ns"] = now
             _sql(conn, f"UPDATE inodes SET {', '.join(f'{key} = ?' for key in values)}, change = change + 1 "
                        "WHERE ino = ?", (*values.values(), ino))
             return self._load(conn, ino)
         return self._write(work, (ino,))
+
+    @staticmethod
+    def _setattr_values(cred: Cred, attr: Attr, *, now: int, mode, uid, gid, size, atime_ns, mtime_ns) -> dict:
+        """The columns a setattr changes (ctime aside), after its permission checks."""
+        ino = attr.ino
+        owner = cred.uid in (0, attr.uid)
+        values: dict = {}
+        new_mode = attr.mode
+        if uid is not None and uid != attr.uid:
+            if cred.uid != 0:
+                raise errors.NotPermitted(f"uid {cred.uid} may not give inode {ino} to uid {uid}")
+            values["uid"] = uid
+        if gid is not None and gid != attr.gid:
+            if cred.uid != 0 and not (cred.uid == attr.uid and cred.in_group(gid)):
+                raise errors.NotPermitted(f"uid {cred.uid} may not set group {gid} on inode {ino}")
+            values["gid"] = gid
+        if values and attr.type != DIR and cred.uid != 0:
+            new_mode &= ~(S_ISUID | S_ISGID)  # chown by a user drops set-id bits
+        if mode is not None:
+            if not owner:
+                raise errors.NotPermitted(f"uid {cred.uid} does not own inode {ino}")
+            new_mode = mode
+            if cred.uid != 0 and not cred.in_group(values.get("gid", attr.gid)):
+                new_mode &= ~S_ISGID
+        if new_mode != attr.mode:
+            values["mode"] = new_mode
+        for key, wanted in (("atime_ns", atime_ns), ("mtime_ns", mtime_ns)):
+            if wanted is None:
+                continue
+            if wanted is SET_TO_NOW:
+                if not owner and not may(cred, attr, W_OK):
+                    raise errors.AccessDenied(f"uid {cred.uid} may not touch inode {ino}")
+                values[key] = now
+            else:
+                if not owner:
+                    raise errors.NotPermitted(f"uid {cred.uid} may not set times of inode {ino}")
+                values[key] = int(wanted)
+        if size is not None:
+            if attr.type == DIR:
+                raise errors.IsADirectory(f"inode {ino} is a directory")
+            if attr.type != REG:
+                raise errors.InvalidArgument(f"inode {ino} is not a regular file")
+            if not may(cred, attr, W_OK) and cred.uid != attr.uid:
+                raise errors.AccessDenied(f"uid {cred.uid} may not write inode {ino}")
+            if size != attr.size:
+                values["size"] = size
+                values.setdefault("mtime_ns", now)
+        return values
 
     # -- file data -------------------------------------------------------------------
     def _data(self) -> FileData:

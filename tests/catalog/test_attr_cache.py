@@ -95,3 +95,24 @@ def test_load_that_raced_an_eviction_is_not_cached(sqlite_catalog):
     reader.join(10)
     assert seen[0].mode == 0o644  # the racing reader may see the old value ...
     assert ns.getattr(f.ino).mode == 0o600  # ... but must not leave it in the cache
+
+
+def test_setattr_that_changes_nothing_needs_no_write_but_still_checks_permission(sqlite_catalog):
+    ns = Namespace(sqlite_catalog)
+    f = ns.create(ROOT, ns.root_ino, "f", 0o644)
+    writes = []
+    original_run = sqlite_catalog.run
+
+    def run(work, **kw):
+        writes.append(kw)
+        return original_run(work, **kw)
+    sqlite_catalog.run = run
+    reads = count_reads(sqlite_catalog)
+    same = ns.setattr(ROOT, f.ino, mode=0o644, size=0, uid=0)  # what clients send right after a create
+    assert (same.mode, same.size, same.change, same.ctime_ns) == (0o644, 0, f.change, f.ctime_ns)
+    assert writes == [] and reads == [], "a setattr that changes nothing opened a transaction"
+    from engine.namespace import Cred
+    with pytest.raises(errors.NotPermitted):  # the same mode, but not the owner: refused all the same
+        ns.setattr(Cred(1000, 1000), f.ino, mode=0o644)
+    changed = ns.setattr(ROOT, f.ino, mode=0o600)
+    assert changed.mode == 0o600 and changed.change > f.change and writes
