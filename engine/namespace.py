@@ -60,6 +60,7 @@ class Cred:
 
 ROOT = Cred(0, 0)
 CACHE_TTL_S = 1.0  # bounds how long a commit of another process can go unseen (see _changed)
+READ_EPOCH_AGE_S = 0.005  # getattr and lookup may see another connection's commit this much later
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +194,10 @@ class Namespace:
     # process's own namespace and data-path commits evict just what they
     # changed and keep the rest (_changed), so a write does not cost every
     # later lookup a catalog query. PostgreSQL has no cheap signal: no cache.
-    def _cache_valid(self) -> bool:
-        epoch = self.catalog.epoch()
+    def _cache_valid(self, max_age: float = 0.0) -> bool:
+        """Whether the cache may be used, after clearing it if anyone else committed. Reads
+        pass READ_EPOCH_AGE_S; writes and decisions to skip one look afresh."""
+        epoch = self.catalog.epoch(max_age)
         if epoch is None:
             return False
         if epoch != self._cache_epoch or time.monotonic() - self._cache_since > CACHE_TTL_S:
@@ -298,7 +301,7 @@ class Namespace:
         return attr
 
     def getattr(self, ino: int) -> Attr:
-        cacheable = self._cache_valid()
+        cacheable = self._cache_valid(READ_EPOCH_AGE_S)
         gen = self._cache_gen
         if cacheable:
             hit = self._cache.get(ino)
@@ -310,7 +313,7 @@ class Namespace:
         return self._with_pending(attr)
 
     def lookup(self, cred: Cred, dir_ino: int, name: str) -> Attr:
-        cacheable = self._cache_valid()
+        cacheable = self._cache_valid(READ_EPOCH_AGE_S)
         gen = self._cache_gen
         if cacheable:
             parent = self._cache.get(dir_ino)

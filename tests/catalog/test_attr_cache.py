@@ -4,12 +4,13 @@ raced an eviction is never cached."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from engine import errors
 from engine.catalog import Catalog
-from engine.namespace import ROOT, Namespace
+from engine.namespace import READ_EPOCH_AGE_S, ROOT, Namespace
 
 
 def count_reads(catalog: Catalog) -> list:
@@ -64,8 +65,13 @@ def test_other_process_commit_clears_the_cache(sqlite_catalog):
     other = Catalog(sqlite_catalog.url)  # its own connections: to SQLite, another process
     try:
         Namespace(other).setattr(ROOT, f.ino, mode=0o640)
+        # a write decision looks afresh at once: the mode is 0o640 now, so 0o644 is a change
+        ns.setattr(ROOT, f.ino, mode=0o644)
+        assert Namespace(other).getattr(f.ino).mode == 0o644, "the change back was taken for a no-op"
+        Namespace(other).setattr(ROOT, f.ino, mode=0o640)
     finally:
         other.close()
+    time.sleep(2 * READ_EPOCH_AGE_S)  # reads may see another process's commit this much later
     assert ns.getattr(f.ino).mode == 0o640
     assert ns.lookup(ROOT, ns.root_ino, "f").mode == 0o640
 
