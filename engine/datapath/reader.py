@@ -20,17 +20,18 @@ from engine.erasure import FRAGMENT_HEADER, INLINE, decoder_for
 
 
 class StripeInfo:
-    __slots__ = ("id", "band_class", "layout", "k", "m", "backend", "data_length", "fragment_length", "fragments")
+    COLUMNS = ("id", "band_class", "layout", "k", "m", "backend", "data_length", "fragment_length")  # of stripes
+    __slots__ = COLUMNS + ("fragments",)
 
-    def __init__(self, row):
-        self.id = row.id
-        self.band_class = row.band_class
-        self.layout = row.layout
-        self.k = row.k
-        self.m = row.m
-        self.backend = row.backend
-        self.data_length = row.data_length
-        self.fragment_length = row.fragment_length
+    def __init__(self, id, band_class, layout, k, m, backend, data_length, fragment_length):  # noqa: A002
+        self.id = id
+        self.band_class = band_class
+        self.layout = layout
+        self.k = k
+        self.m = m
+        self.backend = backend
+        self.data_length = data_length
+        self.fragment_length = fragment_length
         self.fragments: dict[int, tuple] = {}  # idx -> (drive_id, zone_id, zone_offset, length, checksum)
 
     @property
