@@ -53,7 +53,9 @@ Catalog layout (engine/catalog/models.py)
 
 Read path
     Extent maps are cached per file; the data fragments covering a range are
-    fetched in parallel and checked against their crc32c; a missing drive
+    read by the asking thread after a ``will_read`` hint to each drive (so
+    the drives fetch in parallel) and checked against their crc32c; inline
+    stripes are read from the catalog; a missing drive
     (failed state, or its folder gone), a read error or a bad checksum makes
     the stripe decode from any k good fragments. Sequential readers get
     read-ahead of whole stripes. Holes read as zeros. A fragment that failed

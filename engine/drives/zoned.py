@@ -75,6 +75,9 @@ class ZonedDrive:
     def start_writeback(self, idx: int, offset: int, length: int) -> None:
         """Hint: begin writing this range out now (the later ``sync`` makes it durable)."""
 
+    def will_read(self, idx: int, offset: int, length: int) -> None:
+        """Hint: this range is read soon (the kernel may start fetching it now)."""
+
     def reset(self, idx: int) -> None:
         raise NotImplementedError
 

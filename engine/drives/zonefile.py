@@ -185,6 +185,9 @@ class ZoneFileDrive(ZonedDrive):
     def sync(self, idx: int) -> None:
         os.fdatasync(self._fd(idx))
 
+    def will_read(self, idx: int, offset: int, length: int) -> None:
+        os.posix_fadvise(self._fd(idx), offset, length, os.POSIX_FADV_WILLNEED)
+
     def start_writeback(self, idx: int, offset: int, length: int) -> None:
         """Start writing a range to the medium without waiting, so the later fsync finds little to do."""
         if _sync_file_range is not None:
