@@ -1,5 +1,8 @@
 """Scrub: read every fragment, verify its crc32c, repair bad ones from redundancy.
 
+Inline stripes (small durable writes kept in the catalog, engine/datapath/core.py)
+are verified too; they have no second copy, so a bad one is reported unrepairable.
+
 Fragments are read in medium order (drive, zone, offset) so each drive streams.
 A bad fragment (checksum mismatch, read error, or a zone shorter than the catalog
 says) is rebuilt from the stripe's other fragments and appended to a repair band
@@ -18,6 +21,7 @@ import crc32c
 from sqlalchemy import func, select
 
 from engine import errors
+from engine.catalog.database import sql_all
 from engine.catalog.models import Fragment
 from engine.events import record, record_in
 from engine.lifecycle.media import Media, media_for
@@ -31,6 +35,7 @@ BATCH = 500
 @dataclass
 class ScrubReport:
     fragments_checked: int = 0
+    inline_checked: int = 0  # inline stripes verified (their bytes live in the catalog)
     bytes_checked: int = 0
     bad: int = 0
     repaired: int = 0
@@ -89,13 +94,17 @@ class Scrubber:
                     self._check(fragment, media, fixer, report, actor)
                     tracker.add(fragment.length)
                     self.limiter.spend(fragment.length)
+            if drive_id is None:
+                self._check_inline(report, actor)
         finally:
             media.finish()
         report.elapsed_s = time.monotonic() - started
-        tracker.finish(f"scrub: {report.fragments_checked} fragments checked, {report.bad} bad, "
+        tracker.finish(f"scrub: {report.fragments_checked} fragments and {report.inline_checked} inline stripes "
+                       f"checked, {report.bad} bad, "
                        f"{report.repaired} repaired, {report.unrepairable} unrepairable")
         severity = "error" if report.unrepairable else "warning" if report.bad else "info"
-        record(self.catalog, "scrub.run", f"scrub checked {report.fragments_checked} fragments "
+        record(self.catalog, "scrub.run", f"scrub checked {report.fragments_checked} fragments and "
+               f"{report.inline_checked} inline stripes "
                f"({report.bytes_checked / 1e6:.1f} MB): {report.bad} bad, {report.repaired} repaired, "
                f"{report.unrepairable} unrepairable, {report.skipped_unreadable_drive} on unreadable drives",
                severity=severity, actor=actor, details={k: v for k, v in report.to_dict().items() if k != "problems"})
@@ -145,6 +154,32 @@ class Scrubber:
             record(self.catalog, "scrub.unrepairable", f"scrub could not repair stripe {fragment.stripe_id} "
                    f"fragment {fragment.idx}: {exc}", severity="error", actor=actor,
                    details={**details, "error": str(exc)})
+
+
+    def _check_inline(self, report: ScrubReport, actor: str) -> None:
+        """Verify inline stripes; with no second copy, a bad one can only be reported."""
+        after = 0
+        while True:
+            rows = self.catalog.read(lambda conn, after=after: sql_all(
+                conn, "SELECT stripe_id, length, checksum, data FROM inline_data WHERE stripe_id > ? "
+                      "ORDER BY stripe_id LIMIT ?", (after, BATCH)))
+            if not rows:
+                return
+            after = rows[-1][0]
+            for stripe_id, length, checksum, data in rows:
+                report.inline_checked += 1
+                report.bytes_checked += len(data)
+                self.limiter.spend(len(data))
+                if len(data) == length and crc32c.crc32c(data) == checksum:
+                    continue
+                what = f"inline bytes: {len(data)} of {length} with crc32c {crc32c.crc32c(data):#010x}, " \
+                       f"expected {checksum:#010x}"
+                report.bad += 1
+                report.unrepairable += 1
+                report.problems.append((stripe_id, 0, what))
+                record(self.catalog, "scrub.unrepairable", f"scrub found inline stripe {stripe_id} damaged ({what}); "
+                       "its bytes are kept only in the catalog, so there is nothing to repair it from",
+                       severity="error", actor=actor, details={"stripe_id": stripe_id, "problem": what})
 
 
 def scrub(datapath, catalog, *, progress: Progress | None = None, actor: str = "system",

@@ -149,3 +149,21 @@ def test_bad_inline_settings_are_refused(sqlite_catalog, tmp_path):
     for name, value in (("inline_write_bytes", -1), ("inline_budget_bytes", "lots"), ("inline_budget_bytes", True)):
         with pytest.raises(errors.ConfigError, match=f"datapath.{name}"):
             Engine(sqlite_catalog, tmp_path / f"d-{name}-{value}", datapath_options={name: value})
+
+
+def test_scrub_verifies_inline_bytes_and_reports_damage_it_cannot_repair(sqlite_engine):
+    from engine.events import recent
+    from engine.lifecycle.scrub import scrub
+    engine = sqlite_engine
+    inos = [write(engine, f"f{i}", [(0, os.urandom(4 * KiB))]) for i in range(3)]
+    clean = scrub(engine.data, engine.catalog)
+    assert (clean.inline_checked, clean.bad) == (3, 0)
+    victim = engine.catalog.read(lambda c: c.execute(
+        select(EXTENTS.c.stripe_id).where(EXTENTS.c.ino == inos[1])).scalar())
+    engine.catalog.run(lambda c: c.execute(update(INLINE_DATA).where(INLINE_DATA.c.stripe_id == victim)
+                                           .values(data=b"\0" * 4 * KiB)))
+    report = scrub(engine.data, engine.catalog)
+    assert (report.inline_checked, report.bad, report.unrepairable) == (3, 1, 1)
+    assert [p[0] for p in report.problems] == [victim]
+    assert any(e.severity == "error" and e.details["stripe_id"] == victim
+               for e in recent(engine.catalog, 20, kind_prefix="scrub.unrepairable"))
