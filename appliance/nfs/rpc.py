@@ -263,8 +263,11 @@ class RpcConnection(asyncio.BufferedProtocol):
             log.exception("unexpected error handling a call from %s", self.peer[0])
             outcome = None
         if isinstance(outcome, tuple):  # (xid, InWorker)
-            self.server.pool.submit(self._run, *outcome)
-            return
+            try:
+                self.server.pool.submit(self._run, *outcome)
+                return
+            except RuntimeError:  # the pool shut down: the server is stopping, no answer
+                outcome = None
         if outcome is not None:
             self.send(outcome, on_loop=True)
         self._call_done()

@@ -122,3 +122,14 @@ def test_setattr_that_changes_nothing_needs_no_write_but_still_checks_permission
         ns.setattr(Cred(1000, 1000), f.ino, mode=0o644)
     changed = ns.setattr(ROOT, f.ino, mode=0o600)
     assert changed.mode == 0o600 and changed.change > f.change and writes
+
+
+def test_cache_size_is_bounded(sqlite_catalog, monkeypatch):
+    import engine.namespace as namespace_module
+    monkeypatch.setattr(namespace_module, "CACHE_MAX_ENTRIES", 10)
+    ns = Namespace(sqlite_catalog)
+    made = {f"f{i}": ns.create(ROOT, ns.root_ino, f"f{i}", 0o644).ino for i in range(30)}
+    ns.invalidate()
+    for name, ino in made.items():
+        assert ns.lookup(ROOT, ns.root_ino, name).ino == ino
+        assert len(ns._cache) + len(ns._names) <= 10 + 3  # one lookup adds two attributes and a name
