@@ -78,6 +78,13 @@ OPTIONS: list[Option] = [
     Option("storage", "reserve_zones", "int", 2,
            "Zones per drive kept free for band cleaning, so cleaning can never deadlock on a full drive.",
            minimum=1, maximum=64),
+    Option("storage", "inline_write_bytes", "int", 65536,
+           "Durable writes up to this many bytes that would go to the hot class keep their bytes in the "
+           "catalog's own transaction (one fsync round instead of two); tiering later folds them into "
+           "erasure-coded stripes. 0 turns this off.", minimum=0, maximum=1 << 20),
+    Option("storage", "inline_budget_bytes", "int", 256 << 20,
+           "Most bytes kept in the catalog that way at once; past it small writes get three replicas "
+           "on drives.", minimum=0),
     Option("smr_model", "enabled", "bool", False,
            "Attach the SMR cost model to every drive (predicts seeks, media bytes and write amplification)."),
     Option("smr_model", "mode", "choice", "host-managed",

@@ -41,7 +41,9 @@ class Appliance:
             from engine.datapath import DataPath
             from engine.lifecycle.tiering import ReadTracker
             self.datapath = DataPath(self.catalog, config.policies(),
-                                     reserve_zones=config.get("storage.reserve_zones"))
+                                     reserve_zones=config.get("storage.reserve_zones"),
+                                     inline_write_bytes=config.get("storage.inline_write_bytes"),
+                                     inline_budget_bytes=config.get("storage.inline_budget_bytes"))
             report = self.datapath.recover()
             log.info("recovery: %s", report)
             # reads are counted per file so tiering can promote cold data that is read again

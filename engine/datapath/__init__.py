@@ -22,7 +22,8 @@ Write path
     of two (fragments, then catalog). Inline bytes are on no drive, so no
     drive loss touches them; they share the catalog's durability, as
     metadata does. INLINE_BUDGET_BYTES (256 MiB) bounds them; past it small
-    flushes are replicated on three drives.
+    flushes are replicated on three drives (both sizes are the config's
+    ``storage.inline_write_bytes`` and ``storage.inline_budget_bytes``).
     Each drive's syncer fsyncs what its writer appended meanwhile (group
     commit); a writer with nothing else queued fsyncs itself. A fragment
     counts as written only once it is durable; fragments sit on the drive's

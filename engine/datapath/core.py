@@ -139,7 +139,7 @@ class DataPath:
             raise errors.ConfigError("datapath.reserve_zones", reserve_zones, "an integer >= 0")
         for name, value in (("inline_write_bytes", inline_write_bytes), ("inline_budget_bytes", inline_budget_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise errors.ConfigError(f"datapath.{name}", value, "an integer >= 0")
+                raise errors.ConfigError(f"storage.{name}", value, "an integer >= 0")
         self.catalog = catalog
         self.policies = dict(policies)
         self.default_class = DEFAULT_CLASS if DEFAULT_CLASS in policies else next(iter(policies))

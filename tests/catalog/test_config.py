@@ -42,6 +42,8 @@ def test_defaults_and_relative_paths(tmp_path):
     ("[logging]\nlevel = \"loud\"\n", "logging.level", "debug, info"),
     ("[nfs]\nmax_record_size = \"12 parsecs\"\n", "nfs.max_record_size", "size"),
     ("[storage]\nreserve_zones = 0\n", "storage.reserve_zones", "at least 1"),
+    ("[storage]\ninline_write_bytes = 4194304\n", "storage.inline_write_bytes", ""),
+    ("[storage]\ninline_budget_bytes = -1\n", "storage.inline_budget_bytes", ""),
     ("[band_classes.warm]\nk = 0\n", "band_classes.warm.k", ""),
     ("[band_classes.warm]\nbackend = \"no_such_backend\"\n", "band_classes.warm.backend", ""),
     ("[band_classes.lukewarm]\nk = 4\n", "band_classes.lukewarm", "hot, warm, cold"),

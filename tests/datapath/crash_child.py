@@ -16,7 +16,7 @@ from engine.erasure import load_policies
 from engine.namespace import ROOT, Namespace
 
 WRITERS = 8
-STREAM = 384 * 1024
+STREAM = 1024 * 1024  # long enough that most kills land mid-write as the engine gets faster
 POLICIES = {"warm": {"fragment_size": 4096}, "cold": {"fragment_size": 4096}, "hot": {"fragment_size": 4096}}
 
 

@@ -147,7 +147,7 @@ def test_damaged_inline_bytes_fail_the_read_instead_of_returning_them(sqlite_eng
 
 def test_bad_inline_settings_are_refused(sqlite_catalog, tmp_path):
     for name, value in (("inline_write_bytes", -1), ("inline_budget_bytes", "lots"), ("inline_budget_bytes", True)):
-        with pytest.raises(errors.ConfigError, match=f"datapath.{name}"):
+        with pytest.raises(errors.ConfigError, match=f"storage.{name}"):
             Engine(sqlite_catalog, tmp_path / f"d-{name}-{value}", datapath_options={name: value})
 
 
@@ -167,3 +167,24 @@ def test_scrub_verifies_inline_bytes_and_reports_damage_it_cannot_repair(sqlite_
     assert [p[0] for p in report.problems] == [victim]
     assert any(e.severity == "error" and e.details["stripe_id"] == victim
                for e in recent(engine.catalog, 20, kind_prefix="scrub.unrepairable"))
+
+
+def test_the_appliance_config_sets_or_turns_off_inline_stripes(tmp_path):
+    import subprocess
+    import sys
+    import tomllib
+    from appliance.config import from_dict
+    from appliance.runtime import Appliance
+    for value, expected in ((0, None), (8192, 8192)):
+        data_dir = tmp_path / f"inline-{value}"
+        subprocess.run([sys.executable, "-m", "appliance.cli", "init", str(data_dir), "--drives", "10",
+                        "--drive-size", "64MiB", "--zone-size", "4MiB"], check=True, capture_output=True)
+        path = data_dir / "shingle.toml"
+        raw = tomllib.loads(path.read_text())
+        raw.setdefault("storage", {})["inline_write_bytes"] = value
+        app = Appliance(from_dict(raw, path))
+        try:
+            inline = app.datapath.inline
+            assert (inline.fragment_size if inline is not None else None) == expected
+        finally:
+            app.close()
