@@ -114,6 +114,7 @@ class FileData(Protocol):
     def flush(self, ino: int) -> None: ...  # durable and committed on return
     def pending_size(self, ino: int) -> int | None: ...  # size counting buffered writes
     def truncate(self, conn: Connection, ino: int, old_size: int, new_size: int) -> None: ...
+    def created(self, conn: Connection, ino: int) -> None: ...  # a new regular file, in its create transaction
     def release(self, conn: Connection, ino: int) -> None: ...  # inode freed: extents are garbage
     def capacity(self) -> tuple[int, int]: ...  # usable (total, free) bytes
 
@@ -561,6 +562,8 @@ class Namespace:
                 conn.execute(SYMLINKS.insert().values(ino=attr.ino, target=target))
             _sql(conn, "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)", (dir_ino, name, attr.ino))
             self._touch(conn, dir_ino, mtime=True, nlink_delta=1 if ftype == DIR else 0)
+            if ftype == REG and self.data is not None:
+                self.data.created(conn, attr.ino)  # its first write then needs no catalog read
             touched.add(attr.ino)
             touched.names[(dir_ino, name)] = attr.ino
             return attr

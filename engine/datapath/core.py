@@ -1066,6 +1066,22 @@ class DataPath:
     def _after_commit(self, conn, inos) -> None:
         self.catalog.after_commit(conn, lambda: self._invalidate(inos))
 
+    def created(self, conn, ino: int) -> None:
+        """A new file, inside its create transaction: once that commits, its size and class are known
+        (``_settled``), so the first write to it skips the catalog read."""
+        size, band_class = sql_one(conn, "SELECT size, band_class FROM inodes WHERE ino = ?", (ino,))
+
+        def settle():
+            epoch = self.catalog.epoch()
+            if epoch is None:
+                return
+            with self._files_lock:
+                if ino not in self._files:
+                    self._settled[ino] = (size, self._policy_for(band_class), band_class in self.policies, epoch)
+                    while len(self._settled) > EXTENT_CACHE_FILES:
+                        self._settled.popitem(last=False)
+        self.catalog.after_commit(conn, settle)
+
     def truncate(self, conn, ino: int, old_size: int, new_size: int) -> None:
         fb = self._files.get(ino)
         if fb is not None:

@@ -74,3 +74,15 @@ def test_a_commit_by_anyone_else_makes_the_next_write_read_the_catalog(engine):
         .where(EXTENTS.c.ino == ino).order_by(EXTENTS.c.file_offset)).all())
     assert [tuple(r) for r in layouts] == [(0, "inline", "hot"), (4096, "ec", "warm")]
     assert ns.read(ino, 0, 8192) == b"a" * 4096 + b"b" * 4096
+
+
+def test_the_first_write_to_a_new_file_needs_no_catalog_read(sqlite_engine):
+    engine = sqlite_engine
+    ns = engine.ns
+    ino = ns.create(ROOT, ns.root_ino, "new").ino
+    reads = count_reads(engine.catalog)
+    ns.write(ino, 0, b"x" * 100)
+    assert reads == [], "the create's own transaction told the data path the new file's size and class"
+    ns.commit(ino)
+    engine.restart()
+    assert engine.ns.read(ino, 0, 200) == b"x" * 100
