@@ -244,9 +244,7 @@ class Namespace:
             fresh.clear()
             result = work(conn, touched)
             if self._cache_epoch is not None and touched:
-                ids = sorted(touched)
-                fresh.extend(_attr(row) for row in _sql(conn, f"SELECT {_ATTR_SQL} FROM inodes WHERE ino IN "
-                                                              f"{in_list(ids)}", tuple(ids)))
+                fresh.extend(self._load_many(conn, touched))
             # taken while this transaction holds the write lock: if no eviction runs between here
             # and _changed, no commit of this process after ours has been seen yet
             gen[0] = self._cache_gen
@@ -281,9 +279,7 @@ class Namespace:
         """Inside a data-path commit: the changed files' new attributes, for _data_committed."""
         if not inos or not self._cache_valid():  # first take in whatever others committed before us
             return None
-        ids = sorted(inos)
-        rows = _sql(conn, f"SELECT {_ATTR_SQL} FROM inodes WHERE ino IN {in_list(ids)}", tuple(ids))
-        return [_attr(row) for row in rows], self._cache_gen  # gen: taken under the write lock, as in _write
+        return self._load_many(conn, inos), self._cache_gen  # gen: taken under the write lock, as in _write
 
     def _data_committed(self, inos, found) -> None:
         fresh, gen = found if found is not None else ((), None)
@@ -294,6 +290,13 @@ class Namespace:
             self._clear_cache(None)
 
     # -- reading ----------------------------------------------------------------
+    @staticmethod
+    def _load_many(conn: Connection, inos) -> list[Attr]:
+        """The attributes of those of ``inos`` that exist."""
+        ids = sorted(inos)
+        return [_attr(row) for row in _sql(conn, f"SELECT {_ATTR_SQL} FROM inodes WHERE ino IN {in_list(ids)}",
+                                           tuple(ids))]
+
     @staticmethod
     def _load(conn: Connection, ino: int) -> Attr:
         row = _one(conn, f"SELECT {_ATTR_SQL} FROM inodes WHERE ino = ?", (ino,))

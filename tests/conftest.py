@@ -5,6 +5,8 @@
 - ``catalog_url``: parametrized over SQLite and PostgreSQL; each test gets a
   fresh, migrated, empty database.
 - ``catalog`` / ``namespace``: opened on that URL; ``sqlite_catalog``: SQLite only.
+- ``count_reads(catalog)``: a list that grows by one per ``catalog.read`` from then on
+  (for tests that a call was served from a cache).
 - every test's emulated drive folders (``drives/`` under its tmp_path) are
   removed when it ends: zone files are preallocated, and pytest keeps the
   last three runs' folders (21 GB per run before this).
@@ -27,6 +29,20 @@ def _remove_drive_folders(request):
     if base is not None:
         for folder in [p for p in base.rglob("drives") if p.is_dir()]:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def count_reads(monkeypatch):
+    def wrap(catalog) -> list:
+        calls = []
+        original = catalog.read
+
+        def read(work):
+            calls.append(1)
+            return original(work)
+        monkeypatch.setattr(catalog, "read", read)
+        return calls
+    return wrap
 
 
 @pytest.fixture(scope="session")

@@ -1039,10 +1039,8 @@ class DataPath:
                         if self._files.get(ino) is fb:
                             del self._files[ino]
                             fb.dead = True
-                            if epoch is not None and error is None:
-                                self._settled[ino] = (fb.size, fb.policy, fb.pinned, epoch)
-                                while len(self._settled) > EXTENT_CACHE_FILES:
-                                    self._settled.popitem(last=False)
+                            if error is None:
+                                self._settle(ino, fb.size, fb.policy, fb.pinned, epoch)
         if error is not None:
             raise error
 
@@ -1073,14 +1071,18 @@ class DataPath:
 
         def settle():
             epoch = self.catalog.epoch()
-            if epoch is None:
-                return
             with self._files_lock:
                 if ino not in self._files:
-                    self._settled[ino] = (size, self._policy_for(band_class), band_class in self.policies, epoch)
-                    while len(self._settled) > EXTENT_CACHE_FILES:
-                        self._settled.popitem(last=False)
+                    self._settle(ino, size, self._policy_for(band_class), band_class in self.policies, epoch)
         self.catalog.after_commit(conn, settle)
+
+    def _settle(self, ino: int, size: int, policy: Policy, pinned: bool, epoch: int | None) -> None:
+        """Remember an idle file's size and class as of ``epoch`` (caller holds _files_lock)."""
+        if epoch is None:
+            return  # PostgreSQL: no cheap epoch, _buffer always reads
+        self._settled[ino] = (size, policy, pinned, epoch)
+        while len(self._settled) > EXTENT_CACHE_FILES:
+            self._settled.popitem(last=False)
 
     def truncate(self, conn, ino: int, old_size: int, new_size: int) -> None:
         fb = self._files.get(ino)

@@ -13,19 +13,7 @@ from engine.catalog import Catalog
 from engine.namespace import READ_EPOCH_AGE_S, ROOT, Namespace
 
 
-def count_reads(catalog: Catalog) -> list:
-    """Wrap catalog.read so the test sees how many catalog queries a call cost."""
-    calls = []
-    original = catalog.read
-
-    def read(work):
-        calls.append(1)
-        return original(work)
-    catalog.read = read
-    return calls
-
-
-def test_own_writes_keep_the_rest_of_the_cache(sqlite_catalog):
+def test_own_writes_keep_the_rest_of_the_cache(sqlite_catalog, count_reads):
     ns = Namespace(sqlite_catalog)
     d = ns.mkdir(ROOT, ns.root_ino, "d", 0o755)
     a = ns.create(ROOT, d.ino, "a", 0o644)
@@ -103,7 +91,7 @@ def test_load_that_raced_an_eviction_is_not_cached(sqlite_catalog):
     assert ns.getattr(f.ino).mode == 0o600  # ... but must not leave it in the cache
 
 
-def test_setattr_that_changes_nothing_needs_no_write_but_still_checks_permission(sqlite_catalog):
+def test_setattr_that_changes_nothing_needs_no_write_but_still_checks_permission(sqlite_catalog, count_reads):
     ns = Namespace(sqlite_catalog)
     f = ns.create(ROOT, ns.root_ino, "f", 0o644)
     writes = []

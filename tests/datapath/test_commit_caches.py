@@ -13,23 +13,12 @@ from engine.namespace import ROOT
 INODES, EXTENTS, STRIPES = Inode.__table__, Extent.__table__, Stripe.__table__
 
 
-def count_reads(catalog) -> list:
-    calls = []
-    original = catalog.read
-
-    def read(work):
-        calls.append(1)
-        return original(work)
-    catalog.read = read
-    return calls
-
-
 def catalog_attrs(catalog, ino):
     return catalog.read(lambda c: c.execute(select(INODES.c.size, INODES.c.mtime_ns, INODES.c.change)
                                             .where(INODES.c.ino == ino)).one())
 
 
-def test_a_flush_leaves_the_files_new_attributes_cached(sqlite_engine):
+def test_a_flush_leaves_the_files_new_attributes_cached(sqlite_engine, count_reads):
     engine = sqlite_engine
     ns = engine.ns
     ino = ns.create(ROOT, ns.root_ino, "f").ino
@@ -43,7 +32,7 @@ def test_a_flush_leaves_the_files_new_attributes_cached(sqlite_engine):
     assert (attr.size, attr.mtime_ns, attr.change) == (size, mtime, change) and size == 5000
 
 
-def test_a_write_after_a_flush_needs_no_catalog_read(sqlite_engine):
+def test_a_write_after_a_flush_needs_no_catalog_read(sqlite_engine, count_reads):
     engine = sqlite_engine
     ns = engine.ns
     ino = ns.create(ROOT, ns.root_ino, "f").ino
@@ -76,7 +65,7 @@ def test_a_commit_by_anyone_else_makes_the_next_write_read_the_catalog(engine):
     assert ns.read(ino, 0, 8192) == b"a" * 4096 + b"b" * 4096
 
 
-def test_the_first_write_to_a_new_file_needs_no_catalog_read(sqlite_engine):
+def test_the_first_write_to_a_new_file_needs_no_catalog_read(sqlite_engine, count_reads):
     engine = sqlite_engine
     ns = engine.ns
     ino = ns.create(ROOT, ns.root_ino, "new").ino
