@@ -129,7 +129,8 @@ class Catalog:
 
     @staticmethod
     def _sqlite_begin(conn: Connection):
-        conn.exec_driver_sql(conn.info.get("begin", "BEGIN"))
+        # on the DB-API connection: a SQLAlchemy statement execution here cost ~10 us per transaction
+        conn.connection.driver_connection.execute(conn.info.get("begin", "BEGIN"))
 
     # -- transactions --------------------------------------------------------
     def run(self, work: Callable[[Connection], T], *, write: bool = True, durable: bool = False) -> T:
