@@ -64,7 +64,6 @@ ROOT = Cred(0, 0)
 # 4,400/s with nfs4fs); what it guards is a window of microseconds, against the web UI or the CLI.
 CACHE_TTL_S = 10.0
 CACHE_MAX_ENTRIES = 200_000  # attributes + names; about 60 MB at most
-READ_EPOCH_AGE_S = 0.005  # getattr and lookup may see another connection's commit this much later
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,14 +194,13 @@ class Namespace:
 
     # -- cache -----------------------------------------------------------------
     # Attributes and names are cached in process. A commit by another process
-    # (PRAGMA data_version moves) or CACHE_TTL_S of age clears it all; this
+    # (Catalog.epoch moves) or CACHE_TTL_S of age clears it all; this
     # process's own namespace and data-path commits evict just what they
     # changed and keep the rest (_changed), so a write does not cost every
     # later lookup a catalog query. PostgreSQL has no cheap signal: no cache.
-    def _cache_valid(self, max_age: float = 0.0) -> bool:
-        """Whether the cache may be used, after clearing it if anyone else committed. Reads
-        pass READ_EPOCH_AGE_S; writes and decisions to skip one look afresh."""
-        epoch = self.catalog.epoch(max_age)
+    def _cache_valid(self) -> bool:
+        """Whether the cache may be used, after clearing it if anyone else committed."""
+        epoch = self.catalog.epoch()
         if epoch is None:
             return False
         if epoch != self._cache_epoch or time.monotonic() - self._cache_since > CACHE_TTL_S:
@@ -312,7 +310,7 @@ class Namespace:
         return attr
 
     def getattr(self, ino: int) -> Attr:
-        cacheable = self._cache_valid(READ_EPOCH_AGE_S)
+        cacheable = self._cache_valid()
         gen = self._cache_gen
         if cacheable:
             hit = self._cache.get(ino)
@@ -324,7 +322,7 @@ class Namespace:
         return self._with_pending(attr)
 
     def lookup(self, cred: Cred, dir_ino: int, name: str) -> Attr:
-        cacheable = self._cache_valid(READ_EPOCH_AGE_S)
+        cacheable = self._cache_valid()
         gen = self._cache_gen
         if cacheable:
             parent = self._cache.get(dir_ino)

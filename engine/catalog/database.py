@@ -20,6 +20,9 @@ SQLite settings, and why:
 """
 from __future__ import annotations
 
+import logging
+import mmap
+import os
 import random
 import sqlite3
 import threading
@@ -31,6 +34,7 @@ from sqlalchemy import create_engine, event, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from engine.blocking import may_block
 from engine.catalog.models import Setting
 
 T = TypeVar("T")
@@ -39,6 +43,11 @@ SQLITE_BUSY_TIMEOUT_MS = 5000
 RETRY_DEADLINE_S = 120.0
 PG_RETRY_SQLSTATES = {"40001", "40P01"}  # serialization failure, deadlock
 AFTER_COMMIT = "shingle.after_commit"
+# WAL index header: two 48-byte copies of WalIndexHdr; byte 12 is isInit
+WAL_INDEX_HEADER = 48
+WAL_INDEX_INIT = 12
+
+log = logging.getLogger("shingle.catalog")
 
 
 # -- plain SQL on the hot paths ----------------------------------------------------
@@ -91,6 +100,27 @@ def in_list(ids) -> str:
     return "(" + ", ".join("?" * len(ids)) + ")"
 
 
+# -shm path -> (inode, descriptor, map). Never closed: closing any descriptor of a file drops
+# every POSIX lock this process holds on it, SQLite's own included, and another process that then
+# finds the index unlocked truncates and rebuilds it under our connections (they die of SIGBUS).
+_wal_index_maps: dict[str, tuple[int, int, mmap.mmap]] = {}
+_wal_index_kept: list = []  # every map made, replaced ones included: freeing one closes its descriptor
+_wal_index_lock = threading.Lock()
+
+
+def _map_wal_index(shm_path: str) -> mmap.mmap:
+    """A read-only map of the WAL index header of ``shm_path``, one per file per process."""
+    with _wal_index_lock:
+        known = _wal_index_maps.get(shm_path)
+        if known is not None and known[0] == os.stat(shm_path).st_ino:
+            return known[2]
+        fd = os.open(shm_path, os.O_RDONLY)
+        index = mmap.mmap(fd, WAL_INDEX_HEADER * 2, prot=mmap.PROT_READ)
+        entry = _wal_index_maps[shm_path] = (os.fstat(fd).st_ino, fd, index)
+        _wal_index_kept.append(entry)
+        return index
+
+
 class CatalogUnavailable(RuntimeError):
     """The catalog could not be reached or stayed locked past the deadline."""
 
@@ -109,7 +139,7 @@ class Catalog:
             event.listen(self.engine, "begin", self._sqlite_begin)
             self._watch: sqlite3.Connection | None = None
             self._watch_lock = threading.Lock()
-            self._epoch_seen: tuple[float, int] | None = None  # (monotonic time, epoch) of the last read
+            self._wal_index: mmap.mmap | None = None
         else:
             self.engine = create_engine(
                 url, pool_size=pool_size, max_overflow=32, pool_pre_ping=True,
@@ -137,6 +167,7 @@ class Catalog:
         """Run ``work(conn)`` in one transaction, retrying transient conflicts.
 
         ``durable``: the commit is on stable storage when this returns."""
+        may_block("catalog transaction")
         deadline = time.monotonic() + RETRY_DEADLINE_S
         delay = 0.001
         while True:
@@ -190,27 +221,45 @@ class Catalog:
         return self.run(work, write=False)
 
     # -- cache validation ------------------------------------------------------
-    def epoch(self, max_age: float = 0.0) -> int | None:
-        """A number that changes whenever any connection commits, or None when
-        the database cannot tell cheaply (then callers must not cache).
+    def epoch(self):
+        """A value that changes whenever any connection, of any process, commits; None when the
+        database cannot tell cheaply (PostgreSQL: then callers must not cache).
 
-        ``max_age``: a value read at most that many seconds ago will do, for reads that may
-        see another connection's commit that much later. PRAGMA data_version costs 2 us
-        alone but about 70 us on a busy server (the sqlite3 module lets go of the GIL and
-        must win it back), and an NFS READ asked it three times."""
+        SQLite: the header of the WAL index (the -shm file every connection maps). Each commit
+        bumps its change counter and rewrites it, second copy first, so two equal copies are a
+        consistent header (https://www.sqlite.org/walformat.html). Reading it is a memory read:
+        no lock, no query, nothing that lets go of the GIL, so the NFS event loop may call it.
+        PRAGMA data_version on a watch connection is the fallback where the index cannot be
+        mapped; it costs 2 us alone, about 70 us on a busy server."""
         if not self.is_sqlite:
             return None
-        if max_age:
-            seen = self._epoch_seen
-            if seen is not None and time.monotonic() - seen[0] < max_age:
-                return seen[1]
+        index = self._wal_index if self._watch is not None else self._open_watch()
+        if index is not None:
+            for _ in range(1000):
+                header = index[:WAL_INDEX_HEADER * 2]
+                if header[:WAL_INDEX_HEADER] == header[WAL_INDEX_HEADER:] and header[WAL_INDEX_INIT]:
+                    return header[:WAL_INDEX_HEADER]
+                # a commit is rewriting the header right now: read again
+        may_block("catalog epoch query")
+        with self._watch_lock:
+            return self._watch.execute("PRAGMA data_version").fetchone()[0]
+
+    def _open_watch(self):
+        """Open the watch connection and map the WAL index; returns the map or None."""
         with self._watch_lock:
             if self._watch is None:
                 path = self.engine.url.database
-                self._watch = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-            value = self._watch.execute("PRAGMA data_version").fetchone()[0]
-            self._epoch_seen = (time.monotonic(), value)
-            return value
+                watch = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+                watch.execute("PRAGMA journal_mode=WAL").fetchone()  # the first connection may be this one
+                watch.execute("PRAGMA data_version").fetchone()  # reading maps (creates) the WAL index
+                # while the watch connection is open, SQLite keeps the -shm file in place
+                try:
+                    self._wal_index = _map_wal_index(path + "-shm")
+                except (OSError, ValueError) as exc:
+                    log.info("catalog: no WAL index to map (%s); cache checks query PRAGMA data_version", exc)
+                    self._wal_index = None
+                self._watch = watch
+        return self._wal_index
 
     # -- settings --------------------------------------------------------------
     def get_setting(self, key: str, default: str | None = None) -> str | None:
@@ -229,6 +278,7 @@ class Catalog:
 
     def close(self) -> None:
         if self.is_sqlite and self._watch is not None:
+            self._wal_index = None  # the map itself stays open (_map_wal_index)
             self._watch.close()
             self._watch = None
         self.engine.dispose()
