@@ -4,7 +4,14 @@ handles, enforces SEQUENCE (slot table, reply cache) and encodes the results.
 
 Handlers are registered with ``@operation(OP_X)`` in ops_session, ops_fs and
 ops_state; a handler returns the operation's resok value or raises NfsError.
-The whole COMPOUND runs in a worker thread (blocking catalog and data work)."""
+
+A COMPOUND runs in a worker thread (blocking catalog and data work), except
+that the event loop first tries small ones from the caches (``from_cache``):
+read-only operations only (FROM_CACHE_OPS), inside engine.blocking's
+no_blocking(). At the first operation that would need more, it stops and
+returns a Handoff; the worker runs the COMPOUND from the start, keeping the
+slot its SEQUENCE already took. A stat costs one thread hand-off less
+(in process, nfs-rs: 0.356 -> 0.277 ms for LOOKUP+GETATTR and GETATTR)."""
 from __future__ import annotations
 
 import logging
@@ -20,6 +27,7 @@ from appliance.nfs.state import NfsError
 from appliance.nfs.types4 import ARGS, RESULTS, STATUS_ONLY, stateid4
 from appliance.nfs.xdr import Packer, String, UInt, XdrError
 from engine import errors
+from engine.blocking import WouldBlock, no_blocking
 from engine.catalog.database import CatalogUnavailable
 from engine.catalog.models import DIR
 from engine.namespace import Cred
@@ -38,6 +46,10 @@ NOT_SUPPORTED = frozenset({c.OP_OPEN_CONFIRM, c.OP_RENEW, c.OP_SETCLIENTID, c.OP
                            c.OP_RELEASE_LOCKOWNER, c.OP_OPENATTR, c.OP_DELEGPURGE, c.OP_GET_DIR_DELEGATION,
                            c.OP_GETDEVICEINFO, c.OP_GETDEVICELIST, c.OP_LAYOUTCOMMIT, c.OP_LAYOUTGET,
                            c.OP_LAYOUTRETURN, c.OP_SET_SSV, c.OP_WANT_DELEGATION})
+# What the event loop may run from the caches: nothing here changes state but the SEQUENCE slot
+FROM_CACHE_OPS = frozenset({c.OP_SEQUENCE, c.OP_PUTFH, c.OP_PUTROOTFH, c.OP_PUTPUBFH, c.OP_GETFH, c.OP_SAVEFH,
+                            c.OP_RESTOREFH, c.OP_LOOKUP, c.OP_LOOKUPP, c.OP_GETATTR, c.OP_ACCESS, c.OP_VERIFY,
+                            c.OP_NVERIFY})
 ANONYMOUS_OTHER = b"\0" * 12
 PSEUDO_CRED = Cred(65534, 65534)
 BYPASS_OTHER = b"\xff" * 12
@@ -48,6 +60,16 @@ def operation(opnum: int):
         HANDLERS[opnum] = fn
         return fn
     return register
+
+
+class Handoff:
+    """What a from-cache attempt returns when a worker must run the COMPOUND: ``held`` is the
+    (session, slot, client, SEQUENCE result) its SEQUENCE took, or None."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, held):
+        self.held = held
 
 
 class Node:
@@ -96,6 +118,7 @@ class Compound:
         self.session = None
         self.slot = None
         self.client = None
+        self.sequence_value = None  # SEQUENCE's result, for a worker taking over (Handoff)
         self._creds: dict = {}
 
     # -- identities ---------------------------------------------------------------
@@ -236,8 +259,30 @@ def _reply_head(status: int, tag: bytes, count: int) -> bytearray:
     return p.buf
 
 
-def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int) -> list:
-    """Run one COMPOUND; returns the reply body chunks (after the RPC header)."""
+def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int, held=None, *,
+            from_cache: bool = False):
+    """Run one COMPOUND; returns the reply body chunks (after the RPC header).
+
+    ``from_cache``: the event loop's attempt (see the module docstring); returns a Handoff
+    instead of blocking. ``held``: the Handoff's SEQUENCE, for the worker that takes over."""
+    if not from_cache:
+        return _execute(server, conn_state, rpc_cred, address, record, pos, False, held)
+    try:
+        with no_blocking():
+            return _execute(server, conn_state, rpc_cred, address, record, pos, True, None)
+    except _Stop as stop:
+        return Handoff(stop.held)
+
+
+class _Stop(Exception):
+    """A from-cache attempt gives up; ``held`` as in Handoff."""
+
+    def __init__(self, held):
+        super().__init__()
+        self.held = held
+
+
+def _execute(server, conn_state, rpc_cred, address, record, pos, from_cache, held) -> list:
     try:
         (tag, minor), pos = _head(record, pos)
     except XdrError:
@@ -253,11 +298,13 @@ def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int) 
         return [bytes(_reply_head(c.NFS4ERR_BADXDR, tag, 0))]
     p = Packer()
     counters = server.counters
+    counted = []  # op metrics, added once the COMPOUND is answered (a handed-off attempt counts nothing)
     cx = Compound(server, conn_state, rpc_cred, address)
     done = 0
     status = c.NFS4_OK
     cache = False
     body_start = pos
+    handed_off = False
     try:
         for index in range(count):
             try:
@@ -269,6 +316,9 @@ def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int) 
                 _emit(p, c.OP_ILLEGAL, status, None)
                 done += 1
                 break
+            if from_cache and opnum not in FROM_CACHE_OPS:
+                handed_off = True
+                raise _Stop(_held(cx))
             if opnum not in ARGS and opnum not in NOT_SUPPORTED:
                 status = c.NFS4ERR_OP_ILLEGAL
                 _emit(p, c.OP_ILLEGAL, status, None)
@@ -290,16 +340,25 @@ def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int) 
             # session rules (RFC 8881 2.10.6 and 18.46)
             if index == 0:
                 if opnum == c.OP_SEQUENCE:
-                    try:
-                        value = _sequence(cx, args, count, _fingerprint(rpc_cred, record, body_start))
-                    except Replay as replay:
-                        return replay.chunks
-                    except NfsError as exc:
-                        status = exc.status
-                        log.debug("SEQUENCE: status %d: %s", status, exc)
-                        _emit(p, opnum, status, None)
-                        done += 1
-                        break
+                    if held is not None:  # the event loop's attempt took the slot already
+                        cx.session, cx.slot, cx.client, value = held
+                        held = None
+                    else:
+                        try:
+                            value = _sequence(cx, args, count, _fingerprint(rpc_cred, record, body_start),
+                                              from_cache)
+                        except Replay as replay:
+                            return replay.chunks
+                        except WouldBlock:
+                            handed_off = True
+                            raise _Stop(None) from None
+                        except NfsError as exc:
+                            status = exc.status
+                            log.debug("SEQUENCE: status %d: %s", status, exc)
+                            _emit(p, opnum, status, None)
+                            done += 1
+                            break
+                        cx.sequence_value = value
                     cache = True
                     _emit(p, opnum, c.NFS4_OK, value)
                     done += 1
@@ -315,11 +374,14 @@ def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int) 
                 done += 1
                 break
             handler = HANDLERS.get(opnum)
-            counters.op(_OP_METRIC[opnum])
+            counted.append(_OP_METRIC[opnum])
             try:
                 if handler is None:
                     raise NfsError(c.NFS4ERR_NOTSUPP, f"{c.OP_NAMES.get(opnum)} not implemented")
                 value = handler(cx, args)
+            except WouldBlock:
+                handed_off = True
+                raise _Stop(_held(cx)) from None
             except NfsError as exc:
                 status = exc.status
                 log.debug("%s: status %d: %s", c.OP_NAMES.get(opnum), status, exc)
@@ -338,14 +400,24 @@ def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int) 
             _emit(p, opnum, c.NFS4_OK, value)
             done += 1
     finally:
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("COMPOUND of %d ops, %d done, status %d", count, done, status)
-        chunks = [bytes(_reply_head(status, tag, done)), *p.result()]
-        if cx.slot is not None:
-            slot = cx.slot
-            slot.reply = chunks if cache and p.size <= CACHE_LIMIT else None
-            slot.busy = False
+        if not handed_off:  # a handed-off COMPOUND keeps its slot busy for the worker
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("COMPOUND of %d ops, %d done, status %d", count, done, status)
+            for metric in counted:
+                counters.op(metric)
+            chunks = [bytes(_reply_head(status, tag, done)), *p.result()]
+            if cx.slot is not None:
+                slot = cx.slot
+                slot.reply = chunks if cache and p.size <= CACHE_LIMIT else None
+                slot.busy = False
     return chunks
+
+
+def _held(cx: Compound):
+    """The SEQUENCE state a handed-off COMPOUND passes to its worker (None before SEQUENCE)."""
+    if cx.slot is None:
+        return None
+    return cx.session, cx.slot, cx.client, cx.sequence_value
 
 
 _OP_METRIC = {opnum: name.lower() for opnum, name in c.OP_NAMES.items()}
@@ -373,9 +445,12 @@ def _emit(p: Packer, opnum: int, status: int, value) -> None:
         p.buf += _U32.pack(status)
 
 
-def _sequence(cx: Compound, a, count: int, fingerprint):
+def _sequence(cx: Compound, a, count: int, fingerprint, from_cache: bool = False):
     state = cx.state
-    with state.lock:
+    # the event loop must not wait for a worker that holds the state lock across catalog work
+    if not state.lock.acquire(blocking=not from_cache):
+        raise WouldBlock("state lock held")
+    try:
         sess = state.session(a.sessionid)
         if count > sess.max_ops:
             raise NfsError(c.NFS4ERR_TOO_MANY_OPS, f"{count} operations, session allows {sess.max_ops}")
@@ -408,6 +483,8 @@ def _sequence(cx: Compound, a, count: int, fingerprint):
         highest = len(sess.slots) - 1
         from appliance.nfs.types4 import RESULTS as R
         return R[c.OP_SEQUENCE].arms[c.NFS4_OK].cls(sess.id, a.sequenceid, a.slotid, highest, highest, 0)
+    finally:
+        state.lock.release()
 
 
 # handlers register themselves on import

@@ -20,12 +20,16 @@ from appliance.nfs.state import StateTable
 from appliance.nfs.stats import NfsStats
 from appliance.nfs.types3 import MOUNT_PROGRAM
 from appliance.nfs.v3 import Nfs3Program, VersionDispatch
+from engine.blocking import may_block
 
 log = logging.getLogger("shingle.nfs")
 
 DEFAULT_MAX_RECORD = (4 << 20) + (64 << 10)
 STATFS_TTL = 2.0
 EXPORTS_TTL = 5.0
+# COMPOUNDs the event loop tries from the caches first (compound.FROM_CACHE_OPS) are this small:
+# a bigger one is a WRITE or a SETATTR-laden OPEN, which would only pay for the attempt
+FROM_CACHE_MAX_BYTES = 2048
 
 
 class Nfs4Program:
@@ -39,7 +43,13 @@ class Nfs4Program:
             return []
         if call.proc != 1:
             raise RpcReject(accepted(call.xid, PROC_UNAVAIL))
-        return InWorker(compound.execute, self.server, conn.state, cred, conn.peer[0], record, pos)
+        held = None
+        if len(record) - pos <= FROM_CACHE_MAX_BYTES:
+            outcome = compound.execute(self.server, conn.state, cred, conn.peer[0], record, pos, from_cache=True)
+            if not isinstance(outcome, compound.Handoff):
+                return outcome
+            held = outcome.held
+        return InWorker(compound.execute, self.server, conn.state, cred, conn.peer[0], record, pos, held)
 
 
 class NfsServer:
@@ -82,6 +92,7 @@ class NfsServer:
     def statfs(self):
         now = time.monotonic()
         if self._statfs is None or now - self._statfs_at > STATFS_TTL:
+            may_block("statfs")  # the lock is held across catalog reads
             with self._statfs_lock:
                 if self._statfs is None or now - self._statfs_at > STATFS_TTL:
                     self._statfs = self.namespace.statfs()

@@ -35,14 +35,17 @@ class RawClient:
 
     # -- RPC ---------------------------------------------------------------------------
     def call_raw(self, proc: int, body: bytes, prog=c.NFS4_PROGRAM, vers=4, flavor=AUTH_SYS, cred=None) -> bytes:
+        self.send_call(proc, body, prog, vers, flavor, cred)
+        return self.recv_record()
+
+    def send_call(self, proc: int, body: bytes, prog=c.NFS4_PROGRAM, vers=4, flavor=AUTH_SYS, cred=None) -> None:
+        """Send a call without waiting for its reply (recv_record gets it)."""
         self.xid += 1
         cred = self.cred if cred is None else cred
         head = struct.pack(">IIIIII", self.xid, 0, 2, prog, vers, proc)
         head += struct.pack(">II", flavor, len(cred)) + cred + b"\0" * (-len(cred) % 4)
         head += struct.pack(">II", 0, 0)
-        record = head + body
-        self.send_record(record)
-        return self.recv_record()
+        self.send_record(head + body)
 
     def send_record(self, record: bytes):
         self.sock.sendall(struct.pack(">I", 0x80000000 | len(record)) + record)

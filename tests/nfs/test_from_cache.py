@@ -1,0 +1,135 @@
+"""The event loop answers read-only COMPOUNDs from the caches, and never waits:
+when the caches do not suffice, or a lock it needs is held, the COMPOUND goes
+to a worker thread like every other one, keeping the slot its SEQUENCE took."""
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from appliance.nfs import const as c
+from appliance.nfs import types4 as t
+from nfs4_rawclient import RawClient, open_args, stateid
+
+GETATTR = (c.OP_GETATTR, [1 << c.FATTR4_TYPE | 1 << c.FATTR4_SIZE])
+SPACE = (c.OP_GETATTR, [0, 1 << (c.FATTR4_SPACE_AVAIL - 32)])
+
+
+def _send(raw: RawClient, ops) -> None:
+    """A COMPOUND on slot 0, sent without waiting for the reply."""
+    raw.send_call(1, raw.compound_bytes([raw.sequence_op()] + list(ops)))
+
+
+def _reply(raw: RawClient, timeout: float):
+    raw.sock.settimeout(timeout)
+    try:
+        return raw.parse(raw.recv_record())
+    finally:
+        raw.sock.settimeout(20)
+
+
+def _mkdir(raw: RawClient, root: bytes, name: str) -> bytes:
+    st, res = raw.session([(c.OP_PUTFH, root), (c.OP_CREATE, t.ARGS[c.OP_CREATE]((c.NF4DIR, None), name,
+                                                                                   t.fattr4.cls([], b""))),
+                           (c.OP_GETFH, None)])
+    assert st == 0
+    return res[-1][2]
+
+
+def test_cached_compounds_are_answered_while_every_worker_is_busy(server):
+    raw = RawClient(server.port).setup()
+    root = raw.root_fh()
+    d = _mkdir(raw, root, "d")
+    assert raw.session([(c.OP_PUTFH, root), (c.OP_LOOKUP, "d"), GETATTR])[0] == 0  # cached now
+    nfs = server.server
+    release = threading.Event()
+    started = threading.Barrier(nfs.workers + 1)
+
+    def hold():  # a real saturated pool: every worker thread waits here
+        started.wait(10)
+        release.wait(30)
+    held = [nfs.pool.submit(hold) for _ in range(nfs.workers)]
+    try:
+        started.wait(10)
+        _send(raw, [(c.OP_PUTFH, root), (c.OP_LOOKUP, "d"), (c.OP_GETFH, None), GETATTR])
+        st, res = _reply(raw, 5)
+        assert st == 0 and res[-2][2] == d
+        _send(raw, [(c.OP_PUTFH, d), (c.OP_ACCESS, c.ACCESS4_READ | c.ACCESS4_LOOKUP)])
+        assert _reply(raw, 5)[0] == 0
+        # a name the caches do not hold needs the catalog: that waits for a worker
+        _send(raw, [(c.OP_PUTFH, root), (c.OP_LOOKUP, "nothing-here")])
+        with pytest.raises(socket.timeout):
+            _reply(raw, 0.5)
+    finally:
+        release.set()
+    for fut in held:
+        fut.result(10)
+    assert raw.parse(raw.recv_record())[0] == c.NFS4ERR_NOENT
+    # the slot the event loop's attempt took went to the worker, which freed it
+    assert raw.session([(c.OP_PUTFH, d), GETATTR])[0] == 0
+    raw.close()
+
+
+def test_handed_off_compound_keeps_the_reply_cache(server):
+    raw = RawClient(server.port).setup()
+    root = raw.root_fh()
+    # SEQUENCE and PUTFH run on the event loop, OPEN (a create) and WRITE in a worker
+    st, res = raw.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args("f", b"owner-1", raw.clientid)),
+                           (c.OP_GETFH, None)], slot=2)
+    assert st == 0
+    fh, sid = res[-1][2], res[2][2].stateid
+    write = [(c.OP_PUTFH, fh), (c.OP_WRITE, t.ARGS[c.OP_WRITE](stateid(sid.seqid, sid.other), 0, c.FILE_SYNC4,
+                                                                b"abc")), GETATTR]
+    first = raw.session(write, slot=2, raw_reply=True)
+    assert raw.parse(first)[0] == 0
+    # a retransmit is answered from the reply cache, the WRITE does not run twice
+    again = raw.session(write, slot=2, bump=False, raw_reply=True)
+    assert again[4:] == first[4:]
+    assert server.server.counters.snapshot()["nfs_ops_write"] == 1
+    raw.close()
+
+
+def _null_answered(port: int) -> bool:
+    other = RawClient(port)
+    other.sock.settimeout(2)
+    try:
+        other.call_raw(0, b"")
+        return True
+    except socket.timeout:
+        return False
+    finally:
+        other.close()
+
+
+@pytest.mark.parametrize("held", ["state lock", "statfs lock"])
+def test_event_loop_never_waits_for_a_held_lock(server, held):
+    """A worker holding the state lock (or the statfs lock) across catalog work must not stall
+    the event loop: the COMPOUND that needs the lock goes to a worker, and calls on other
+    connections are answered meanwhile."""
+    nfs = server.server
+    raw = RawClient(server.port).setup()
+    root = raw.root_fh()
+    assert raw.session([(c.OP_PUTFH, root), GETATTR, SPACE])[0] == 0
+    lock = nfs.state.lock if held == "state lock" else nfs._statfs_lock
+    ops = [(c.OP_PUTFH, root), GETATTR] if held == "state lock" else [(c.OP_PUTFH, root), SPACE]
+    holding, let_go = threading.Event(), threading.Event()
+
+    def holder():  # stands for a worker in the middle of a catalog transaction
+        with lock:
+            holding.set()
+            let_go.wait(30)
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        nfs._statfs = None  # stale: the space attribute must be computed again
+        _send(raw, ops)
+        assert _null_answered(server.port), f"the event loop waited for the {held}"
+        with pytest.raises(socket.timeout):
+            _reply(raw, 0.3)  # and the COMPOUND itself waits for the lock, in a worker
+    finally:
+        let_go.set()
+        thread.join(10)
+    assert raw.parse(raw.recv_record())[0] == 0
+    raw.close()
