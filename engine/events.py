@@ -41,7 +41,7 @@ def record_in(conn: Connection, kind: str, message: str, *, severity: str = "inf
 
 
 def record(catalog: Catalog, kind: str, message: str, **kwargs) -> None:
-    catalog.run(lambda conn: record_in(conn, kind, message, **kwargs))
+    catalog.run(lambda conn: record_in(conn, kind, message, **kwargs), tracked=True)  # events are cached nowhere
 
 
 def recent(catalog: Catalog, limit: int = 100, *, kind_prefix: str | None = None,

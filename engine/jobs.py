@@ -70,7 +70,7 @@ def submit(catalog: Catalog, kind: str, params: dict | None = None, *, actor: st
         record_in(conn, f"job.{kind}.queued", f"{kind} job {job_id} queued", actor=actor,
                   details={"job": job_id, "params": params or {}})
         return job_id
-    return catalog.run(work)
+    return catalog.run(work, tracked=True)  # jobs and events are cached nowhere
 
 
 def get(catalog: Catalog, job_id: int) -> JobRecord:
@@ -96,7 +96,7 @@ def claim(catalog: Catalog, job_id: int) -> JobRecord | None:
     """Mark one queued job running; None if someone else claimed it first."""
     claimed = catalog.run(lambda conn: conn.execute(
         JOBS.update().where(JOBS.c.id == job_id, JOBS.c.state == "queued")
-        .values(state="running", started_ns=time.time_ns())).rowcount)
+        .values(state="running", started_ns=time.time_ns())).rowcount, tracked=True)
     return get(catalog, job_id) if claimed else None
 
 
@@ -110,7 +110,7 @@ def progress_writer(catalog: Catalog, job_id: int, every_s: float = 0.5) -> Call
             return
         last[0] = now
         catalog.run(lambda conn: conn.execute(JOBS.update().where(JOBS.c.id == job_id).values(
-            done=int(done), total=int(total), message=message[:500])))
+            done=int(done), total=int(total), message=message[:500])), tracked=True)
     return progress
 
 
@@ -125,7 +125,7 @@ def finish(catalog: Catalog, job_id: int, *, ok: bool, result=None, message: str
         record_in(conn, f"job.{row.kind}.{'done' if ok else 'failed'}",
                   f"{row.kind} job {job_id} {'finished' if ok else 'failed'}" + (f": {message}" if message else ""),
                   severity="info" if ok else "error", actor=row.actor, details={"job": job_id})
-    catalog.run(work)
+    catalog.run(work, tracked=True)
 
 
 def wait(catalog: Catalog, job_id: int, *, progress: Callable[[JobRecord], None] | None = None,

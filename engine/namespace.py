@@ -59,9 +59,9 @@ class Cred:
 
 
 ROOT = Cred(0, 0)
-# Bounds how long a commit of another process can go unseen (the race in _changed). At 1 s the
-# whole cache was emptied every second, so a stat of 2,000 files cost a query each (2,840/s, now
-# 4,400/s with nfs4fs); what it guards is a window of microseconds, against the web UI or the CLI.
+# A backstop: the cache is emptied at this age even if every commit since was accounted for.
+# At 1 s the stat of 2,000 files cost a query each after every clear (2,840/s, now 4,400/s with
+# nfs4fs).
 CACHE_TTL_S = 10.0
 CACHE_MAX_ENTRIES = 200_000  # attributes + names; about 60 MB at most
 
@@ -193,19 +193,24 @@ class Namespace:
         return ino
 
     # -- cache -----------------------------------------------------------------
-    # Attributes and names are cached in process. A commit by another process
-    # (Catalog.epoch moves) or CACHE_TTL_S of age clears it all; this
-    # process's own namespace and data-path commits evict just what they
-    # changed and keep the rest (_changed), so a write does not cost every
+    # Attributes and names are cached in process. A commit the cache cannot account for (by
+    # another process, or an untracked one of this process: Catalog.only_tracked) or
+    # CACHE_TTL_S of age clears it all; this process's tracked namespace and data-path commits
+    # evict just what they changed and keep the rest (_changed), so a write does not cost every
     # later lookup a catalog query. PostgreSQL has no cheap signal: no cache.
     def _cache_valid(self) -> bool:
-        """Whether the cache may be used, after clearing it if anyone else committed."""
+        """Whether the cache may be used, after clearing it if a commit it cannot account for ran."""
         epoch = self.catalog.epoch()
         if epoch is None:
             return False
         if epoch != self._cache_epoch or time.monotonic() - self._cache_since > CACHE_TTL_S:
             with self._cache_lock:
-                self._clear_cache(epoch)
+                known = self._cache_epoch
+                if (known is None or time.monotonic() - self._cache_since > CACHE_TTL_S
+                        or not self.catalog.only_tracked(known, epoch)):
+                    self._clear_cache(epoch)
+                elif (epoch - known) & 0xFFFFFFFF < 0x80000000:  # newer (an older read changes nothing)
+                    self._cache_epoch = epoch
         return True
 
     def _clear_cache(self, epoch: int | None) -> None:
@@ -248,7 +253,7 @@ class Namespace:
             gen[0] = self._cache_gen
             return result
         try:
-            return self.catalog.run(run)
+            return self.catalog.run(run, tracked=True)  # _changed accounts for it
         except BaseException:
             fresh.clear()
             raise
@@ -256,9 +261,8 @@ class Namespace:
             self._changed(touched, names, fresh, gen[0], touched.names)
 
     def _changed(self, inos, names=(), fresh=(), fresh_gen=None, fresh_names=()) -> None:
-        """This process changed ``inos`` and the (dir, name) entries ``names``: evict them, and
-        adopt the epoch their commit produced so the rest of the cache stays valid."""
-        epoch = self.catalog.epoch()
+        """This process changed ``inos`` and the (dir, name) entries ``names`` in a tracked commit:
+        evict them (the rest of the cache stays valid: _cache_valid adopts the commit)."""
         with self._cache_lock:
             current = self._cache_gen
             self._cache_gen += 1
@@ -266,12 +270,10 @@ class Namespace:
                 self._cache.pop(ino, None)
             for key in names:
                 self._names.pop(key, None)
-            if self._cache_epoch is not None:
-                self._cache_epoch = epoch
-                if fresh and fresh_gen == current:
-                    for attr in fresh:
-                        self._cache[attr.ino] = attr
-                    self._names.update(fresh_names)
+            if self._cache_epoch is not None and fresh and fresh_gen == current:
+                for attr in fresh:
+                    self._cache[attr.ino] = attr
+                self._names.update(fresh_names)
 
     def _fresh_attrs(self, conn, inos):
         """Inside a data-path commit: the changed files' new attributes, for _data_committed."""

@@ -46,7 +46,9 @@ class Nfs4Program:
         held = None
         if len(record) - pos <= FROM_CACHE_MAX_BYTES:
             outcome = compound.execute(self.server, conn.state, cred, conn.peer[0], record, pos, from_cache=True)
-            if not isinstance(outcome, compound.Handoff):
+            answered = not isinstance(outcome, compound.Handoff)
+            self.server.counters.attempt(answered)
+            if answered:
                 return outcome
             held = outcome.held
         return InWorker(compound.execute, self.server, conn.state, cred, conn.peer[0], record, pos, held)

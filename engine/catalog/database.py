@@ -25,8 +25,10 @@ import mmap
 import os
 import random
 import sqlite3
+import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -46,6 +48,9 @@ AFTER_COMMIT = "shingle.after_commit"
 # WAL index header: two 48-byte copies of WalIndexHdr; byte 12 is isInit
 WAL_INDEX_HEADER = 48
 WAL_INDEX_INIT = 12
+WAL_INDEX_CHANGE = struct.Struct("=I")  # iChange, at offset 8, native byte order
+TRACKED_KEEP = 4096  # tracked commit numbers remembered; a longer gap clears the caches
+COMMIT_NUMBER = "shingle.commit_number"
 
 log = logging.getLogger("shingle.catalog")
 
@@ -121,6 +126,18 @@ def _map_wal_index(shm_path: str) -> mmap.mmap:
         return index
 
 
+def _change_counter(index: mmap.mmap) -> int:
+    """The commit counter of a WAL index header, read until both copies agree."""
+    tries = 0
+    while True:
+        header = index[:WAL_INDEX_HEADER * 2]
+        if header[:WAL_INDEX_HEADER] == header[WAL_INDEX_HEADER:] and header[WAL_INDEX_INIT]:
+            return WAL_INDEX_CHANGE.unpack_from(header, 8)[0]
+        tries += 1  # a commit is rewriting the header right now (nanoseconds): read again
+        if tries % 100 == 0:
+            time.sleep(0)
+
+
 class CatalogUnavailable(RuntimeError):
     """The catalog could not be reached or stayed locked past the deadline."""
 
@@ -130,6 +147,12 @@ class Catalog:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         self._sqlite_synchronous = sqlite_synchronous.upper()
+        self._watch: sqlite3.Connection | None = None  # SQLite: for the epoch (see epoch())
+        self._watch_lock = threading.Lock()
+        self._wal_index: mmap.mmap | None = None
+        self._tracked: set[int] = set()  # commit numbers of this process's tracked commits
+        self._tracked_order: deque = deque()
+        self._tracked_lock = threading.Lock()
         if self.is_sqlite:
             self.engine: Engine = create_engine(
                 url, pool_size=pool_size, max_overflow=32,
@@ -137,9 +160,6 @@ class Catalog:
             )
             event.listen(self.engine, "connect", self._sqlite_connect)
             event.listen(self.engine, "begin", self._sqlite_begin)
-            self._watch: sqlite3.Connection | None = None
-            self._watch_lock = threading.Lock()
-            self._wal_index: mmap.mmap | None = None
         else:
             self.engine = create_engine(
                 url, pool_size=pool_size, max_overflow=32, pool_pre_ping=True,
@@ -163,13 +183,18 @@ class Catalog:
         conn.connection.driver_connection.execute(conn.info.get("begin", "BEGIN"))
 
     # -- transactions --------------------------------------------------------
-    def run(self, work: Callable[[Connection], T], *, write: bool = True, durable: bool = False) -> T:
+    def run(self, work: Callable[[Connection], T], *, write: bool = True, durable: bool = False,
+            tracked: bool = False) -> T:
         """Run ``work(conn)`` in one transaction, retrying transient conflicts.
 
-        ``durable``: the commit is on stable storage when this returns."""
+        ``durable``: the commit is on stable storage when this returns. ``tracked``: this process
+        accounts for the commit in its caches itself (it evicts what it changed, or it changes
+        nothing that is cached), so ``only_tracked`` may let caches keep their entries."""
         may_block("catalog transaction")
         deadline = time.monotonic() + RETRY_DEADLINE_S
         delay = 0.001
+        if tracked and write and self._wal_index is not None:
+            work = self._counting(work)
         while True:
             try:
                 with self.engine.connect() as conn:
@@ -183,8 +208,12 @@ class Catalog:
                         else:
                             with conn.begin():
                                 result = work(conn)
+                        number = conn.info.get(COMMIT_NUMBER)  # set by _counting: the commit went through
                     finally:
                         del conn.info[AFTER_COMMIT]
+                        conn.info.pop(COMMIT_NUMBER, None)
+                if number is not None:
+                    self._tracked_commit(number)
                 for callback in callbacks:
                     callback()
                 return result
@@ -221,28 +250,61 @@ class Catalog:
         return self.run(work, write=False)
 
     # -- cache validation ------------------------------------------------------
-    def epoch(self):
-        """A value that changes whenever any connection, of any process, commits; None when the
+    def epoch(self) -> int | None:
+        """A number that moves whenever any connection, of any process, commits; None when the
         database cannot tell cheaply (PostgreSQL: then callers must not cache).
 
-        SQLite: the header of the WAL index (the -shm file every connection maps). Each commit
-        bumps its change counter and rewrites it, second copy first, so two equal copies are a
-        consistent header (https://www.sqlite.org/walformat.html). Reading it is a memory read:
-        no lock, no query, nothing that lets go of the GIL, so the NFS event loop may call it.
-        PRAGMA data_version on a watch connection is the fallback where the index cannot be
-        mapped; it costs 2 us alone, about 70 us on a busy server."""
+        SQLite: the change counter in the header of the WAL index (the -shm file every
+        connection maps). Each commit adds one to it and rewrites the header, second copy first,
+        so two equal copies are a consistent header (https://www.sqlite.org/walformat.html).
+        Reading it is a memory read: no lock, no query, nothing that lets go of the GIL, so the
+        NFS event loop may call it. PRAGMA data_version on a watch connection is the fallback
+        where the index cannot be mapped (2 us alone, about 70 us on a busy server)."""
         if not self.is_sqlite:
             return None
         index = self._wal_index if self._watch is not None else self._open_watch()
         if index is not None:
-            for _ in range(1000):
-                header = index[:WAL_INDEX_HEADER * 2]
-                if header[:WAL_INDEX_HEADER] == header[WAL_INDEX_HEADER:] and header[WAL_INDEX_INIT]:
-                    return header[:WAL_INDEX_HEADER]
-                # a commit is rewriting the header right now: read again
+            return _change_counter(index)
         may_block("catalog epoch query")
         with self._watch_lock:
             return self._watch.execute("PRAGMA data_version").fetchone()[0]
+
+    def only_tracked(self, old: int, new: int) -> bool:
+        """Whether every commit that moved the epoch from ``old`` to ``new`` was a tracked commit of
+        this process (``run(tracked=True)``). A ``new`` older than ``old`` (read before it) is True."""
+        if old == new:
+            return True
+        if self._wal_index is None:
+            return False
+        ahead = (new - old) & 0xFFFFFFFF
+        if ahead > 0x7FFFFFFF:
+            return True
+        if ahead > TRACKED_KEEP:
+            return False
+        tracked = self._tracked
+        return all((old + i) & 0xFFFFFFFF in tracked for i in range(1, ahead + 1))
+
+    def _counting(self, work):
+        """``work`` that notes, inside its write transaction, which number its commit will get."""
+        index = self._wal_index
+
+        def counted(conn):
+            raw = conn.connection.driver_connection
+            before = raw.total_changes
+            result = work(conn)
+            # we hold the write lock: no commit can move the counter until ours; a transaction
+            # that changed no row commits no frames and moves nothing
+            if raw.total_changes != before:
+                conn.info[COMMIT_NUMBER] = (_change_counter(index) + 1) & 0xFFFFFFFF
+            return result
+        return counted
+
+    def _tracked_commit(self, number: int) -> None:
+        with self._tracked_lock:
+            self._tracked.add(number)
+            self._tracked_order.append(number)
+            while len(self._tracked_order) > TRACKED_KEEP:
+                self._tracked.discard(self._tracked_order.popleft())
 
     def _open_watch(self):
         """Open the watch connection and map the WAL index; returns the map or None."""
@@ -274,7 +336,7 @@ class Catalog:
             done = conn.execute(table.update().where(table.c.key == key).values(value=value)).rowcount
             if not done:
                 conn.execute(table.insert().values(key=key, value=value))
-        self.run(work)
+        self.run(work, tracked=True)  # settings are cached nowhere
 
     def close(self) -> None:
         if self.is_sqlite and self._watch is not None:

@@ -809,7 +809,9 @@ class DataPath:
         self.stats["batches"] += 1
         try:
             if good or zone_state:
-                dead, found = self.catalog.run(lambda conn: self._record(conn, good, zone_state), durable=True)
+                # tracked: _invalidate and the commit listeners account for it
+                dead, found = self.catalog.run(lambda conn: self._record(conn, good, zone_state), durable=True,
+                                               tracked=True)
         except BaseException as exc:  # noqa: BLE001
             failure = errors.IOFailure(f"catalog commit of {len(good)} stripes failed: {exc}")
             for s in good:
