@@ -414,7 +414,9 @@ class DataPath:
         if fb is not None and not fb.dead:
             return fb
         settled = self._settled.get(ino)
-        if settled is not None and settled[3] == self.catalog.epoch():
+        # valid while every commit since was one this process accounts for (its own flushes,
+        # truncates and releases evict the entry: _invalidate); another writer's flush is one
+        if settled is not None and self.catalog.only_tracked(settled[3], self.catalog.epoch()):
             size, policy, pinned = settled[:3]
         else:
             row = self.catalog.read(lambda conn: sql_one(conn, "SELECT size, band_class FROM inodes WHERE ino = ?",
@@ -1127,6 +1129,9 @@ class DataPath:
             for ino in inos:
                 self._map_version[ino] += 1
                 self._maps.pop(ino, None)
+        with self._files_lock:
+            for ino in inos:
+                self._settled.pop(ino, None)
 
     def _extent_map(self, ino: int):
         with self._maps_lock:

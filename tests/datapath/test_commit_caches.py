@@ -1,6 +1,7 @@
 """What a flush leaves cached so the next call needs no catalog query (SQLite), and when it
 must not be trusted: the namespace caches the attributes read inside the flush's own
-transaction; the data path remembers an idle file's size and class until anyone commits."""
+transaction; the data path remembers an idle file's size and class until a commit it cannot
+account for (another process's, or an untracked one of this process)."""
 from __future__ import annotations
 
 import os
@@ -75,3 +76,29 @@ def test_the_first_write_to_a_new_file_needs_no_catalog_read(sqlite_engine, coun
     ns.commit(ino)
     engine.restart()
     assert engine.ns.read(ino, 0, 200) == b"x" * 100
+
+
+def test_other_files_flushes_leave_a_settled_file_alone(sqlite_engine, count_reads):
+    """Eight checkpoint writers flush in turn: each one's next write must not ask the catalog
+    again just because the others committed meanwhile (their commits are tracked)."""
+    engine = sqlite_engine
+    ns = engine.ns
+    files = [ns.create(ROOT, ns.root_ino, f"rank{i}").ino for i in range(3)]
+    for ino in files:
+        ns.write(ino, 0, os.urandom(8192))
+        ns.commit(ino)
+    reads = count_reads(engine.catalog)
+    for round_ in range(1, 3):
+        for ino in files:
+            ns.write(ino, round_ * 8192, os.urandom(8192))
+            ns.commit(ino)
+    assert reads == [], "another file's flush made a settled file read its size and class again"
+    # a truncate (a tracked namespace commit) changes the size: the next write must see it
+    ns.setattr(ROOT, files[0], size=100)
+    ns.write(files[0], 100, b"z" * 10)
+    assert ns.getattr(files[0]).size == 110  # unflushed: the size is the data path's
+    ns.commit(files[0])
+    assert ns.getattr(files[0]).size == 110
+    engine.restart()
+    assert engine.ns.getattr(files[0]).size == 110
+    assert engine.ns.read(files[0], 100, 20) == b"z" * 10
