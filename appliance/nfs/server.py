@@ -43,15 +43,15 @@ class Nfs4Program:
             return []
         if call.proc != 1:
             raise RpcReject(accepted(call.xid, PROC_UNAVAIL))
-        held = None
+        handoff = None
         if len(record) - pos <= FROM_CACHE_MAX_BYTES:
             outcome = compound.execute(self.server, conn.state, cred, conn.peer[0], record, pos, from_cache=True)
             answered = not isinstance(outcome, compound.Handoff)
             self.server.counters.attempt(answered)
             if answered:
                 return outcome
-            held = outcome.held
-        return InWorker(compound.execute, self.server, conn.state, cred, conn.peer[0], record, pos, held)
+            handoff = outcome
+        return InWorker(compound.execute, self.server, conn.state, cred, conn.peer[0], record, pos, handoff)
 
 
 class NfsServer:

@@ -133,3 +133,24 @@ def test_event_loop_never_waits_for_a_held_lock(server, held):
         thread.join(10)
     assert raw.parse(raw.recv_record())[0] == 0
     raw.close()
+
+
+def test_a_handed_off_compound_carries_on_where_the_event_loop_stopped(server):
+    raw = RawClient(server.port).setup()
+    root = raw.root_fh()
+    d = _mkdir(raw, root, "d")
+    assert raw.session([(c.OP_PUTFH, root), (c.OP_LOOKUP, "d"), GETATTR])[0] == 0  # cached now
+    before = server.server.counters.snapshot()
+    # the loop answers PUTFH, LOOKUP d and GETFH from the caches, then a name they lack stops it
+    st, res = raw.session([(c.OP_PUTFH, root), (c.OP_LOOKUP, "d"), (c.OP_GETFH, None),
+                           (c.OP_LOOKUP, "absent"), GETATTR])
+    after = server.server.counters.snapshot()
+    assert st == c.NFS4ERR_NOENT
+    assert [(op, status) for op, status, _ in res] == [(c.OP_SEQUENCE, 0), (c.OP_PUTFH, 0), (c.OP_LOOKUP, 0),
+                                                        (c.OP_GETFH, 0), (c.OP_LOOKUP, c.NFS4ERR_NOENT)]
+    assert res[3][2] == d
+    counted = {op: after.get(f"nfs_ops_{op}", 0) - before.get(f"nfs_ops_{op}", 0)
+               for op in ("putfh", "lookup", "getfh", "getattr")}
+    assert counted == {"putfh": 1, "lookup": 2, "getfh": 1, "getattr": 0}, "an operation ran twice or not at all"
+    assert after["nfs_compounds_handed_off"] == before["nfs_compounds_handed_off"] + 1
+    raw.close()
