@@ -3,8 +3,8 @@
 The NFS event loop first tries a COMPOUND of read-only operations from the
 in-memory caches (appliance/nfs/compound.py). Inside ``no_blocking()``, every
 call that would wait (a catalog transaction, a lock held across one, a
-statfs) raises ``WouldBlock`` instead, and the loop hands the call to a
-worker thread, as it does every other call."""
+statfs, a fragment read from a drive) raises ``WouldBlock`` instead, and the
+loop hands the call to a worker thread, as it does every other call."""
 from __future__ import annotations
 
 import threading
@@ -37,3 +37,15 @@ def may_block(what: str) -> None:
 
 def blocking_forbidden() -> bool:
     return getattr(_state, "forbidden", False)
+
+
+@contextmanager
+def holding(lock, what: str):
+    """``with lock``, except that inside ``no_blocking()`` a lock someone holds raises WouldBlock
+    (its holder may be in the middle of catalog work)."""
+    if not lock.acquire(blocking=not getattr(_state, "forbidden", False)):
+        raise WouldBlock(what)
+    try:
+        yield
+    finally:
+        lock.release()

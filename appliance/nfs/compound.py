@@ -27,7 +27,7 @@ from appliance.nfs.state import NfsError
 from appliance.nfs.types4 import ARGS, RESULTS, STATUS_ONLY, stateid4
 from appliance.nfs.xdr import Packer, String, UInt, XdrError
 from engine import errors
-from engine.blocking import WouldBlock, no_blocking
+from engine.blocking import WouldBlock, holding, no_blocking
 from engine.catalog.database import CatalogUnavailable
 from engine.catalog.models import DIR
 from engine.namespace import Cred
@@ -46,10 +46,11 @@ NOT_SUPPORTED = frozenset({c.OP_OPEN_CONFIRM, c.OP_RENEW, c.OP_SETCLIENTID, c.OP
                            c.OP_RELEASE_LOCKOWNER, c.OP_OPENATTR, c.OP_DELEGPURGE, c.OP_GET_DIR_DELEGATION,
                            c.OP_GETDEVICEINFO, c.OP_GETDEVICELIST, c.OP_LAYOUTCOMMIT, c.OP_LAYOUTGET,
                            c.OP_LAYOUTRETURN, c.OP_SET_SSV, c.OP_WANT_DELEGATION})
-# What the event loop may run from the caches: nothing here changes state but the SEQUENCE slot
+# What the event loop may run from the caches (READ from fragments already read): nothing here
+# changes state but the SEQUENCE slot
 FROM_CACHE_OPS = frozenset({c.OP_SEQUENCE, c.OP_PUTFH, c.OP_PUTROOTFH, c.OP_PUTPUBFH, c.OP_GETFH, c.OP_SAVEFH,
                             c.OP_RESTOREFH, c.OP_LOOKUP, c.OP_LOOKUPP, c.OP_GETATTR, c.OP_ACCESS, c.OP_VERIFY,
-                            c.OP_NVERIFY})
+                            c.OP_NVERIFY, c.OP_READ})
 ANONYMOUS_OTHER = b"\0" * 12
 PSEUDO_CRED = Cred(65534, 65534)
 BYPASS_OTHER = b"\xff" * 12
@@ -358,8 +359,7 @@ def _run(run: _Run, record, from_cache: bool) -> list:
             if index == 0:
                 if opnum == c.OP_SEQUENCE:
                     try:
-                        value = _sequence(cx, args, run.count, _fingerprint(cx.rpc_cred, record, run.body_start),
-                                          from_cache)
+                        value = _sequence(cx, args, run.count, _fingerprint(cx.rpc_cred, record, run.body_start))
                     except Replay as replay:
                         return replay.chunks
                     except WouldBlock:
@@ -455,12 +455,10 @@ def _emit(p: Packer, opnum: int, status: int, value) -> None:
         p.buf += _U32.pack(status)
 
 
-def _sequence(cx: Compound, a, count: int, fingerprint, from_cache: bool = False):
+def _sequence(cx: Compound, a, count: int, fingerprint):
     state = cx.state
     # the event loop must not wait for a worker that holds the state lock across catalog work
-    if not state.lock.acquire(blocking=not from_cache):
-        raise WouldBlock("state lock held")
-    try:
+    with holding(state.lock, "state lock held"):
         sess = state.session(a.sessionid)
         if count > sess.max_ops:
             raise NfsError(c.NFS4ERR_TOO_MANY_OPS, f"{count} operations, session allows {sess.max_ops}")
@@ -493,8 +491,6 @@ def _sequence(cx: Compound, a, count: int, fingerprint, from_cache: bool = False
         highest = len(sess.slots) - 1
         from appliance.nfs.types4 import RESULTS as R
         return R[c.OP_SEQUENCE].arms[c.NFS4_OK].cls(sess.id, a.sequenceid, a.slotid, highest, highest, 0)
-    finally:
-        state.lock.release()
 
 
 # handlers register themselves on import

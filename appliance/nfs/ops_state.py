@@ -10,6 +10,7 @@ from appliance.nfs.ops_fs import apply_attrs, check_component, cinfo, need_dir
 from appliance.nfs.state import NfsError, is_write, lock_range
 from appliance.nfs.types4 import RESULTS
 from engine import errors
+from engine.blocking import holding
 from engine.catalog.models import DIR, LNK, REG
 from engine.namespace import R_OK, W_OK
 
@@ -180,7 +181,7 @@ def _io_state(cx, node: Node, sid, want: int):
             raise NfsError(c.NFS4ERR_ACCESS, "no permission for I/O without an open")
         return
     state = cx.state
-    with state.lock:
+    with holding(state.lock, "state lock held"):  # READ runs on the event loop too
         st = state.find(sid, cx.need_client())
         open_st = st if st.kind == "open" else st.open
         if open_st.ino != node.ino:

@@ -14,6 +14,7 @@ import crc32c
 from sqlalchemy import func, select
 
 from engine import errors
+from engine.blocking import may_block
 from engine.catalog.database import in_list, sql, sql_all, sql_many, sql_one
 from engine.catalog.models import BandClass, Drive, Extent, Fragment, Inode, Stripe, Zone
 from engine.datapath.accounting import ExtentMap, adjust_live, chunks, load_extents, write_map
@@ -1193,6 +1194,7 @@ class DataPath:
         overlay = []
         fb = self._files.get(ino)
         if fb is not None and not fb.dead:
+            may_block("pending writes")  # fb.lock is held across a flush
             with fb.lock:
                 with fb.ilock:
                     for s in fb.inflight:

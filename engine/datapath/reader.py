@@ -15,6 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import crc32c
 
 from engine import errors
+from engine.blocking import WouldBlock, blocking_forbidden
 from engine.drives import DriveMissing
 from engine.erasure import FRAGMENT_HEADER, INLINE, decoder_for
 
@@ -203,6 +204,11 @@ class StripeReader:
         """Payloads of the data fragments ``indexes``, from cache or drives, decoding on any failure."""
         futures: dict[int, Future] = {}
         mine: list[tuple[int, Future]] = []
+        if blocking_forbidden():  # from the cache or not at all: fetched fragments, no drive read
+            with self._lock:
+                hits = [self.cache.get((info.id, i)) for i in indexes]
+            if not all(fut is not None and fut.done() for fut in hits):
+                raise WouldBlock("fragment read")
         with self._lock:
             for i in indexes:
                 key = (info.id, i)

@@ -3,6 +3,7 @@ when the caches do not suffice, or a lock it needs is held, the COMPOUND goes
 to a worker thread like every other one, keeping the slot its SEQUENCE took."""
 from __future__ import annotations
 
+import os
 import socket
 import threading
 
@@ -153,4 +154,54 @@ def test_a_handed_off_compound_carries_on_where_the_event_loop_stopped(server):
                for op in ("putfh", "lookup", "getfh", "getattr")}
     assert counted == {"putfh": 1, "lookup": 2, "getfh": 1, "getattr": 0}, "an operation ran twice or not at all"
     assert after["nfs_compounds_handed_off"] == before["nfs_compounds_handed_off"] + 1
+    raw.close()
+
+
+def test_read_of_fetched_fragments_is_answered_by_the_event_loop(server):
+    raw = RawClient(server.port).setup()
+    root = raw.root_fh()
+    st, res = raw.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args("data", b"reader", raw.clientid)),
+                           (c.OP_GETFH, None)])
+    assert st == 0
+    fh, sid = res[-1][2], res[2][2].stateid
+    payload = os.urandom(200 << 10)  # several stripes of the test stack's 64 KiB fragments
+    write = (c.OP_WRITE, t.ARGS[c.OP_WRITE](stateid(sid.seqid, sid.other), 0, c.FILE_SYNC4, payload))
+    assert raw.session([(c.OP_PUTFH, fh), write])[0] == 0
+
+    def read(offset, count):
+        return (c.OP_READ, t.ARGS[c.OP_READ](stateid(sid.seqid, sid.other), offset, count))
+    assert raw.session([(c.OP_PUTFH, fh), read(0, 10)])[0] == 0  # the extent map is cached now
+    server.server.namespace.data.reader.drop_cache()  # but the next READ must go to the drives
+    nfs = server.server
+    release = threading.Event()
+    started = threading.Barrier(nfs.workers + 1)
+
+    def hold():
+        started.wait(10)
+        release.wait(30)
+    held = [nfs.pool.submit(hold) for _ in range(nfs.workers)]
+    try:
+        started.wait(10)
+        _send(raw, [(c.OP_PUTFH, fh), read(0, 64 << 10)])  # not fetched yet: needs a worker
+        with pytest.raises(socket.timeout):
+            _reply(raw, 0.5)
+    finally:
+        release.set()
+    for fut in held:
+        fut.result(10)
+    st, res = raw.parse(raw.recv_record())
+    assert st == 0 and bytes(res[-1][2].data) == payload[:64 << 10]
+    # now its fragments are in the reader's cache: with every worker busy again, the loop answers
+    release.clear()
+    held = [nfs.pool.submit(hold) for _ in range(nfs.workers)]
+    started.reset()
+    try:
+        started.wait(10)
+        _send(raw, [(c.OP_PUTFH, fh), read(1000, 30000)])
+        st, res = _reply(raw, 5)
+        assert st == 0 and bytes(res[-1][2].data) == payload[1000:31000]
+    finally:
+        release.set()
+    for fut in held:
+        fut.result(10)
     raw.close()
