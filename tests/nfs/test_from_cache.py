@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from contextlib import contextmanager
 
 import pytest
 
@@ -30,6 +31,26 @@ def _reply(raw: RawClient, timeout: float):
         raw.sock.settimeout(20)
 
 
+@contextmanager
+def every_worker_busy(server):
+    """Every NFS worker thread of ``server`` waits until the block ends (a real saturated pool)."""
+    nfs = server.server
+    release = threading.Event()
+    started = threading.Barrier(nfs.workers + 1)
+
+    def hold():
+        started.wait(10)
+        release.wait(30)
+    held = [nfs.pool.submit(hold) for _ in range(nfs.workers)]
+    try:
+        started.wait(10)
+        yield
+    finally:
+        release.set()
+        for fut in held:
+            fut.result(10)
+
+
 def _mkdir(raw: RawClient, root: bytes, name: str) -> bytes:
     st, res = raw.session([(c.OP_PUTFH, root), (c.OP_CREATE, t.ARGS[c.OP_CREATE]((c.NF4DIR, None), name,
                                                                                    t.fattr4.cls([], b""))),
@@ -43,16 +64,7 @@ def test_cached_compounds_are_answered_while_every_worker_is_busy(server):
     root = raw.root_fh()
     d = _mkdir(raw, root, "d")
     assert raw.session([(c.OP_PUTFH, root), (c.OP_LOOKUP, "d"), GETATTR])[0] == 0  # cached now
-    nfs = server.server
-    release = threading.Event()
-    started = threading.Barrier(nfs.workers + 1)
-
-    def hold():  # a real saturated pool: every worker thread waits here
-        started.wait(10)
-        release.wait(30)
-    held = [nfs.pool.submit(hold) for _ in range(nfs.workers)]
-    try:
-        started.wait(10)
+    with every_worker_busy(server):
         _send(raw, [(c.OP_PUTFH, root), (c.OP_LOOKUP, "d"), (c.OP_GETFH, None), GETATTR])
         st, res = _reply(raw, 5)
         assert st == 0 and res[-2][2] == d
@@ -62,10 +74,6 @@ def test_cached_compounds_are_answered_while_every_worker_is_busy(server):
         _send(raw, [(c.OP_PUTFH, root), (c.OP_LOOKUP, "nothing-here")])
         with pytest.raises(socket.timeout):
             _reply(raw, 0.5)
-    finally:
-        release.set()
-    for fut in held:
-        fut.result(10)
     assert raw.parse(raw.recv_record())[0] == c.NFS4ERR_NOENT
     # the slot the event loop's attempt took went to the worker, which freed it
     assert raw.session([(c.OP_PUTFH, d), GETATTR])[0] == 0
@@ -172,36 +180,15 @@ def test_read_of_fetched_fragments_is_answered_by_the_event_loop(server):
         return (c.OP_READ, t.ARGS[c.OP_READ](stateid(sid.seqid, sid.other), offset, count))
     assert raw.session([(c.OP_PUTFH, fh), read(0, 10)])[0] == 0  # the extent map is cached now
     server.server.namespace.data.reader.drop_cache()  # but the next READ must go to the drives
-    nfs = server.server
-    release = threading.Event()
-    started = threading.Barrier(nfs.workers + 1)
-
-    def hold():
-        started.wait(10)
-        release.wait(30)
-    held = [nfs.pool.submit(hold) for _ in range(nfs.workers)]
-    try:
-        started.wait(10)
+    with every_worker_busy(server):
         _send(raw, [(c.OP_PUTFH, fh), read(0, 64 << 10)])  # not fetched yet: needs a worker
         with pytest.raises(socket.timeout):
             _reply(raw, 0.5)
-    finally:
-        release.set()
-    for fut in held:
-        fut.result(10)
     st, res = raw.parse(raw.recv_record())
     assert st == 0 and bytes(res[-1][2].data) == payload[:64 << 10]
     # now its fragments are in the reader's cache: with every worker busy again, the loop answers
-    release.clear()
-    held = [nfs.pool.submit(hold) for _ in range(nfs.workers)]
-    started.reset()
-    try:
-        started.wait(10)
+    with every_worker_busy(server):
         _send(raw, [(c.OP_PUTFH, fh), read(1000, 30000)])
         st, res = _reply(raw, 5)
         assert st == 0 and bytes(res[-1][2].data) == payload[1000:31000]
-    finally:
-        release.set()
-    for fut in held:
-        fut.result(10)
     raw.close()
