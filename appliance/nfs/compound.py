@@ -287,13 +287,12 @@ class _Stop(Exception):
 class _Run:
     """A COMPOUND under way: where decoding stands and what is answered so far."""
 
-    __slots__ = ("cx", "tag", "count", "index", "pos", "body_start", "p", "done", "status", "cache", "counted")
+    __slots__ = ("cx", "tag", "count", "index", "pos", "body_start", "p", "done", "cache", "counted")
 
     def __init__(self, cx, tag, count, pos):
         self.cx, self.tag, self.count, self.index, self.pos, self.body_start = cx, tag, count, 0, pos, pos
         self.p = Packer()
         self.done = 0
-        self.status = c.NFS4_OK
         self.cache = False
         self.counted = []  # op metrics, added once the COMPOUND is answered
 
@@ -320,7 +319,7 @@ def _run(run: _Run, record, from_cache: bool) -> list:
     """Decode and run the operations from ``run.index`` on. From the cache, an operation that
     would wait raises _Stop before it changed anything: ``run`` then starts again with it."""
     cx, p = run.cx, run.p
-    status = run.status
+    status = c.NFS4_OK  # a from-cache attempt stops only while every answer so far is OK
     handed_off = False
     try:
         while run.index < run.count:
