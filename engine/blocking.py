@@ -31,7 +31,7 @@ def no_blocking():
 
 def may_block(what: str) -> None:
     """Call before anything that can wait; raises WouldBlock inside ``no_blocking()``."""
-    if getattr(_state, "forbidden", False):
+    if blocking_forbidden():
         raise WouldBlock(what)
 
 
@@ -43,7 +43,7 @@ def blocking_forbidden() -> bool:
 def holding(lock, what: str):
     """``with lock``, except that inside ``no_blocking()`` a lock someone holds raises WouldBlock
     (its holder may be in the middle of catalog work)."""
-    if not lock.acquire(blocking=not getattr(_state, "forbidden", False)):
+    if not lock.acquire(blocking=not blocking_forbidden()):
         raise WouldBlock(what)
     try:
         yield

@@ -20,7 +20,7 @@ from sqlalchemy import and_, func, select
 from sqlalchemy.engine import Connection
 
 from engine import errors
-from engine.catalog.database import Catalog, in_list, sql as _sql, sql_one as _one
+from engine.catalog.database import Catalog, commits_between, in_list, sql as _sql, sql_one as _one
 from engine.catalog.models import BLK, CHR, DIR, FIFO, LNK, REG, SOCK, Dirent, Inode, Symlink, Xattr
 
 INODES = Inode.__table__
@@ -209,7 +209,7 @@ class Namespace:
                 if (known is None or time.monotonic() - self._cache_since > CACHE_TTL_S
                         or not self.catalog.only_tracked(known, epoch)):
                     self._clear_cache(epoch)
-                elif (epoch - known) & 0xFFFFFFFF < 0x80000000:  # newer (an older read changes nothing)
+                elif commits_between(known, epoch) > 0:  # newer (an older read changes nothing)
                     self._cache_epoch = epoch
         return True
 

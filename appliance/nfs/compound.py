@@ -249,15 +249,11 @@ def _reply_head(status: int, tag: bytes, count: int) -> bytearray:
     return p.buf
 
 
-def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int, handoff=None, *,
-            from_cache: bool = False):
+def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int, *, from_cache: bool = False):
     """Run one COMPOUND; returns the reply body chunks (after the RPC header).
 
     ``from_cache``: the event loop's attempt (see the module docstring); returns a Handoff
-    instead of blocking. ``handoff``: that Handoff, for the worker that carries the COMPOUND on
-    from the operation where the attempt stopped."""
-    if handoff is not None:
-        return _run(handoff.run, record, False)
+    instead of blocking, for ``resume``."""
     run = _start(server, conn_state, rpc_cred, address, record, pos)
     if not isinstance(run, _Run):
         return run  # an error in the COMPOUND's header: the reply
@@ -268,6 +264,11 @@ def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int, 
             return _run(run, record, True)
     except _Stop:
         return Handoff(run)
+
+
+def resume(handoff: "Handoff", record) -> list:
+    """In a worker: carry a handed-off COMPOUND on from the operation where the attempt stopped."""
+    return _run(handoff.run, record, False)
 
 
 class Handoff:
@@ -334,7 +335,6 @@ def _run(run: _Run, record, from_cache: bool) -> list:
                 run.done += 1
                 break
             if from_cache and opnum not in FROM_CACHE_OPS:
-                handed_off = True
                 raise _Stop()
             if opnum not in ARGS and opnum not in NOT_SUPPORTED:
                 status = c.NFS4ERR_OP_ILLEGAL
@@ -362,7 +362,6 @@ def _run(run: _Run, record, from_cache: bool) -> list:
                     except Replay as replay:
                         return replay.chunks
                     except WouldBlock:
-                        handed_off = True
                         raise _Stop() from None
                     except NfsError as exc:
                         status = exc.status
@@ -391,7 +390,6 @@ def _run(run: _Run, record, from_cache: bool) -> list:
                     raise NfsError(c.NFS4ERR_NOTSUPP, f"{c.OP_NAMES.get(opnum)} not implemented")
                 value = handler(cx, args)
             except WouldBlock:  # only read-only operations run from the cache: nothing to undo
-                handed_off = True
                 raise _Stop() from None
             except NfsError as exc:
                 run.counted.append(_OP_METRIC[opnum])
@@ -414,6 +412,9 @@ def _run(run: _Run, record, from_cache: bool) -> list:
             _emit(p, opnum, c.NFS4_OK, value)
             run.done += 1
             run.index, run.pos = index + 1, pos
+    except _Stop:
+        handed_off = True
+        raise
     finally:
         if not handed_off:  # a handed-off COMPOUND keeps its slot busy for the worker
             if log.isEnabledFor(logging.DEBUG):

@@ -43,15 +43,12 @@ class Nfs4Program:
             return []
         if call.proc != 1:
             raise RpcReject(accepted(call.xid, PROC_UNAVAIL))
-        handoff = None
-        if len(record) - pos <= FROM_CACHE_MAX_BYTES:
-            outcome = compound.execute(self.server, conn.state, cred, conn.peer[0], record, pos, from_cache=True)
-            answered = not isinstance(outcome, compound.Handoff)
-            self.server.counters.attempt(answered)
-            if answered:
-                return outcome
-            handoff = outcome
-        return InWorker(compound.execute, self.server, conn.state, cred, conn.peer[0], record, pos, handoff)
+        if len(record) - pos > FROM_CACHE_MAX_BYTES:
+            return InWorker(compound.execute, self.server, conn.state, cred, conn.peer[0], record, pos)
+        outcome = compound.execute(self.server, conn.state, cred, conn.peer[0], record, pos, from_cache=True)
+        answered = not isinstance(outcome, compound.Handoff)
+        self.server.counters.attempt(answered)
+        return outcome if answered else InWorker(compound.resume, outcome, record)
 
 
 class NfsServer:

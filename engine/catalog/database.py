@@ -105,10 +105,10 @@ def in_list(ids) -> str:
     return "(" + ", ".join("?" * len(ids)) + ")"
 
 
-# -shm path -> (inode, descriptor, map). Never closed: closing any descriptor of a file drops
+# -shm path -> (inode, map). Nothing here is ever closed: closing any descriptor of a file drops
 # every POSIX lock this process holds on it, SQLite's own included, and another process that then
 # finds the index unlocked truncates and rebuilds it under our connections (they die of SIGBUS).
-_wal_index_maps: dict[str, tuple[int, int, mmap.mmap]] = {}
+_wal_index_maps: dict[str, tuple[int, mmap.mmap]] = {}
 _wal_index_kept: list = []  # every map made, replaced ones included: freeing one closes its descriptor
 _wal_index_lock = threading.Lock()
 
@@ -118,12 +118,19 @@ def _map_wal_index(shm_path: str) -> mmap.mmap:
     with _wal_index_lock:
         known = _wal_index_maps.get(shm_path)
         if known is not None and known[0] == os.stat(shm_path).st_ino:
-            return known[2]
-        fd = os.open(shm_path, os.O_RDONLY)
+            return known[1]
+        fd = os.open(shm_path, os.O_RDONLY)  # left open (see above)
         index = mmap.mmap(fd, WAL_INDEX_HEADER * 2, prot=mmap.PROT_READ)
-        entry = _wal_index_maps[shm_path] = (os.fstat(fd).st_ino, fd, index)
-        _wal_index_kept.append(entry)
+        _wal_index_maps[shm_path] = (os.fstat(fd).st_ino, index)
+        _wal_index_kept.append(index)
         return index
+
+
+def commits_between(old: int, new: int) -> int:
+    """How many commits epoch ``new`` is past ``old`` (negative: ``new`` was read before ``old``);
+    the WAL index counter is 32 bits and wraps."""
+    ahead = (new - old) & 0xFFFFFFFF
+    return ahead - (1 << 32) if ahead > 0x7FFFFFFF else ahead
 
 
 def _change_counter(index: mmap.mmap) -> int:
@@ -276,8 +283,8 @@ class Catalog:
             return True
         if self._wal_index is None:
             return False
-        ahead = (new - old) & 0xFFFFFFFF
-        if ahead > 0x7FFFFFFF:
+        ahead = commits_between(old, new)
+        if ahead < 0:
             return True
         if ahead > TRACKED_KEEP:
             return False
