@@ -11,6 +11,7 @@ metadata and data must change together (truncate, freeing an inode).
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -22,6 +23,8 @@ from sqlalchemy.engine import Connection
 from engine import errors
 from engine.catalog.database import Catalog, commits_between, in_list, sql as _sql, sql_one as _one
 from engine.catalog.models import BLK, CHR, DIR, FIFO, LNK, REG, SOCK, Dirent, Inode, Symlink, Xattr
+
+log = logging.getLogger("shingle.namespace")
 
 INODES = Inode.__table__
 DIRENTS = Dirent.__table__
@@ -64,6 +67,9 @@ ROOT = Cred(0, 0)
 # nfs4fs).
 CACHE_TTL_S = 10.0
 CACHE_MAX_ENTRIES = 200_000  # attributes + names; about 60 MB at most
+# extents freed per transaction: removing a 100 GB checkpoint (100,000 extents when written in
+# 1 MiB commits) must not hold the catalog's write lock for seconds while other clients COMMIT
+FREE_CHUNK_EXTENTS = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +120,7 @@ class FileData(Protocol):
     def pending_size(self, ino: int) -> int | None: ...  # size counting buffered writes
     def truncate(self, conn: Connection, ino: int, old_size: int, new_size: int) -> None: ...
     def created(self, conn: Connection, ino: int) -> None: ...  # a new regular file, in its create transaction
-    def release(self, conn: Connection, ino: int) -> None: ...  # inode freed: extents are garbage
+    def release(self, conn: Connection, ino: int, limit: int | None = None) -> bool: ...  # inode freed: extents garbage
     def capacity(self) -> tuple[int, int]: ...  # usable (total, free) bytes
 
 
@@ -128,6 +134,7 @@ class _Touched(set):
     def __init__(self, inos=()):
         super().__init__(inos)
         self.names: dict[tuple[int, str], int] = {}
+        self.unfreed: list[int] = []  # orphans with extents left to free after this commit
 
 
 class _Entry(NamedTuple):
@@ -237,7 +244,32 @@ class Namespace:
     def _write(self, work, inos=(), names=()):
         """A namespace write transaction; afterwards evict ``inos`` and ``names`` plus what the
         work added to the ``touched`` set it receives (inodes found inside, like a victim), and
-        cache their new attributes, read at the end of the same transaction."""
+        cache their new attributes, read at the end of the same transaction. An inode it freed
+        only in part (``_free``) is freed the rest of the way in transactions of its own."""
+        result, unfreed = self._write_once(work, inos, names)
+        if unfreed:
+            self._free_orphans(unfreed)
+        return result
+
+    def _free_orphans(self, inos) -> None:
+        """Free orphans a chunk of extents per transaction, so that other writers get the catalog
+        in between. Already committed: the name is gone, so a failure here only leaves the orphan
+        for the next start (reclaim_orphans), it is not the caller's error."""
+        todo = list(inos)
+        while todo:
+            ino = todo.pop()
+
+            def work(conn, touched, ino=ino):
+                row = _one(conn, "SELECT nlink FROM inodes WHERE ino = ?", (ino,))
+                # opened again meanwhile (by file handle): its last close frees it
+                if row is not None and row[0] == 0 and not self._open_refs.get(ino):
+                    self._free(conn, ino, touched)
+            try:
+                todo.extend(self._write_once(work, (ino,))[1])
+            except Exception as exc:  # noqa: BLE001 - see above
+                log.warning("freeing removed inode %s: %s; it is freed at the next start", ino, exc)
+
+    def _write_once(self, work, inos=(), names=()):
         self._cache_valid()  # take in other processes' commits before ours moves the epoch
         touched = _Touched(inos)
         fresh: list[Attr] = []
@@ -253,7 +285,7 @@ class Namespace:
             gen[0] = self._cache_gen
             return result
         try:
-            return self.catalog.run(run, tracked=True)  # _changed accounts for it
+            return self.catalog.run(run, tracked=True), touched.unfreed  # _changed accounts for it
         except BaseException:
             fresh.clear()
             raise
@@ -572,18 +604,21 @@ class Namespace:
             return attr
         return self._write(work, (dir_ino,), ((dir_ino, name),))
 
-    def _drop_link(self, conn: Connection, ino: int) -> None:
+    def _drop_link(self, conn: Connection, ino: int, touched: _Touched) -> None:
         """One name of ``ino`` is gone: free it when no name and no opener remain."""
         attr = self._load(conn, ino)
         nlink = 0 if attr.type == DIR else attr.nlink - 1
         _sql(conn, "UPDATE inodes SET nlink = ?, ctime_ns = ?, change = change + 1 WHERE ino = ?",
              (nlink, time.time_ns(), ino))
         if nlink == 0 and not self._open_refs.get(ino):
-            self._free(conn, ino)
+            self._free(conn, ino, touched)
 
-    def _free(self, conn: Connection, ino: int) -> None:
-        if self.data is not None:
-            self.data.release(conn, ino)
+    def _free(self, conn: Connection, ino: int, touched: _Touched) -> None:
+        """Free an inode with no name and no opener; a big file keeps its inode row (an orphan, as
+        if open) until later transactions have freed the rest of its extents (touched.unfreed)."""
+        if self.data is not None and not self.data.release(conn, ino, FREE_CHUNK_EXTENTS):
+            touched.unfreed.append(ino)
+            return
         _sql(conn, "DELETE FROM symlinks WHERE ino = ?", (ino,))
         _sql(conn, "DELETE FROM xattrs WHERE ino = ?", (ino,))
         _sql(conn, "DELETE FROM inodes WHERE ino = ?", (ino,))
@@ -645,7 +680,7 @@ class Namespace:
             _sql(conn, "DELETE FROM dirents WHERE id = ?", (entry.id,))
             self._touch(conn, dir_ino, mtime=True)
             touched.add(victim.ino)
-            self._drop_link(conn, victim.ino)
+            self._drop_link(conn, victim.ino, touched)
         self._write(work, (dir_ino,), ((dir_ino, name),))
 
     def rmdir(self, cred: Cred, dir_ino: int, name: str) -> None:
@@ -669,7 +704,7 @@ class Namespace:
             conn.execute(DIRENTS.delete().where(DIRENTS.c.id == entry.id))
             self._touch(conn, dir_ino, mtime=True, nlink_delta=-1)
             touched.add(victim.ino)
-            self._drop_link(conn, victim.ino)
+            self._drop_link(conn, victim.ino, touched)
         self._write(work, (dir_ino,), ((dir_ino, name),))
 
     def rename(self, cred: Cred, src_dir: int, src_name: str, dst_dir: int, dst_name: str) -> None:
@@ -707,7 +742,7 @@ class Namespace:
                 if victim.type == DIR:
                     self._touch(conn, dst_dir, nlink_delta=-1)
                 touched.add(victim.ino)
-                self._drop_link(conn, victim.ino)
+                self._drop_link(conn, victim.ino, touched)
             _sql(conn, "UPDATE dirents SET parent = ?, name = ? WHERE id = ?", (dst_dir, dst_name, entry.id))
             self._touch(conn, moving.ino)
             delta = 1 if moving.type == DIR and dst_dir != src_dir else 0
@@ -870,21 +905,16 @@ class Namespace:
         def work(conn, touched):
             row = conn.execute(select(INODES.c.nlink).where(INODES.c.ino == ino)).first()
             if row is not None and row.nlink == 0:
-                self._free(conn, ino)
+                self._free(conn, ino, touched)
         self._write(work, (ino,))
 
     def reclaim_orphans(self) -> int:
         """Free inodes left with no name by a crash while they were open."""
-        def work(conn):
-            orphans = list(conn.execute(select(INODES.c.ino).where(
-                and_(INODES.c.nlink == 0, INODES.c.ino != self.root_ino))).scalars())
-            for ino in orphans:
-                if not self._open_refs.get(ino):
-                    self._free(conn, ino)
-            return len(orphans)
-        freed = self.catalog.run(work)
+        orphans = self.catalog.read(lambda conn: list(conn.execute(select(INODES.c.ino).where(
+            and_(INODES.c.nlink == 0, INODES.c.ino != self.root_ino))).scalars()))
+        self._free_orphans(orphans)  # each is checked again (and skipped if open) in its transaction
         self.invalidate()
-        return freed
+        return len(orphans)
 
 
 def _bits(want: int) -> str:

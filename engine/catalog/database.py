@@ -49,6 +49,8 @@ AFTER_COMMIT = "shingle.after_commit"
 WAL_INDEX_HEADER = 48
 WAL_INDEX_INIT = 12
 WAL_INDEX_CHANGE = struct.Struct("=I")  # iChange, at offset 8, native byte order
+WAL_INDEX_FRAMES = 16  # offset of mxFrame (same format): frames in the WAL
+CHECKPOINT_FRAMES = 1000  # SQLite's own wal_autocheckpoint default
 TRACKED_KEEP = 4096  # tracked commit numbers remembered; a longer gap clears the caches
 COMMIT_NUMBER = "shingle.commit_number"
 
@@ -149,6 +151,47 @@ class CatalogUnavailable(RuntimeError):
     """The catalog could not be reached or stayed locked past the deadline."""
 
 
+class _WriterQueue:
+    """First come, first served among this process's SQLite writers.
+
+    SQLite's busy handler polls with growing sleeps (1, 2, 5, ... 100 ms), so a writer that
+    waits misses the short gaps between another thread's transactions: a remove freeing a big
+    file a chunk per transaction kept a 4 KiB COMMIT waiting 80 ms, as long as one big
+    transaction did. Here the lock is handed to the oldest waiter on release. Other processes
+    still meet SQLite's own lock and busy handler."""
+
+    def __init__(self):
+        self._mutex = threading.Lock()
+        self._waiters: deque = deque()
+        self._held = False
+
+    def acquire(self, timeout: float) -> bool:
+        with self._mutex:
+            if not self._held:
+                self._held = True
+                return True
+            turn = threading.Lock()
+            turn.acquire()
+            self._waiters.append(turn)
+        if turn.acquire(timeout=timeout):
+            return True  # handed over by release(): we hold it
+        with self._mutex:
+            try:
+                self._waiters.remove(turn)
+                return False
+            except ValueError:
+                pass  # handed over just now
+        turn.acquire()
+        return True
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._waiters:
+                self._waiters.popleft().release()  # still held: it passes to that waiter
+            else:
+                self._held = False
+
+
 class Catalog:
     def __init__(self, url: str, *, sqlite_synchronous: str = "normal", pool_size: int = 8):
         self.url = url
@@ -160,6 +203,8 @@ class Catalog:
         self._tracked: set[int] = set()  # commit numbers of this process's tracked commits
         self._tracked_order: deque = deque()
         self._tracked_lock = threading.Lock()
+        self._writers = _WriterQueue()
+        self._checkpointing = threading.Lock()
         if self.is_sqlite:
             self.engine: Engine = create_engine(
                 url, pool_size=pool_size, max_overflow=32,
@@ -182,6 +227,10 @@ class Catalog:
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cur.execute(f"PRAGMA synchronous={self._sqlite_synchronous}")
+        if self._open_watch() is not None:
+            # run() checkpoints once it has let go of the writer queue: SQLite's automatic
+            # checkpoint runs inside COMMIT, and this process's other writers would wait for it
+            cur.execute("PRAGMA wal_autocheckpoint=0")
         cur.close()
 
     @staticmethod
@@ -203,26 +252,39 @@ class Catalog:
         if tracked and write and self._wal_index is not None:
             work = self._counting(work)
         while True:
+            queued = self.is_sqlite and write
             try:
-                with self.engine.connect() as conn:
-                    if self.is_sqlite:
-                        conn.info["begin"] = "BEGIN IMMEDIATE" if write else "BEGIN"
-                    # conn.info lives with the pooled DB-API connection: never let callbacks outlive this try
-                    conn.info[AFTER_COMMIT] = callbacks = []
-                    try:
-                        if self.is_sqlite and durable:
-                            result = self._run_sqlite_durable(conn, work)
-                        else:
-                            with conn.begin():
-                                result = work(conn)
-                        number = conn.info.get(COMMIT_NUMBER)  # set by _counting: the commit went through
-                    finally:
-                        del conn.info[AFTER_COMMIT]
-                        conn.info.pop(COMMIT_NUMBER, None)
+                if queued and not self._writers.acquire(timeout=max(deadline - time.monotonic(), 0)):
+                    raise CatalogUnavailable(f"catalog busy for {RETRY_DEADLINE_S:.0f} s: this process's "
+                                             f"writers did not let go")
+                try:
+                    with self.engine.connect() as conn:
+                        if self.is_sqlite:
+                            conn.info["begin"] = "BEGIN IMMEDIATE" if write else "BEGIN"
+                        # conn.info lives with the pooled DB-API connection: never let callbacks outlive this try
+                        conn.info[AFTER_COMMIT] = callbacks = []
+                        try:
+                            if self.is_sqlite and durable:
+                                result = self._run_sqlite_durable(conn, work)
+                            else:
+                                with conn.begin():
+                                    result = work(conn)
+                            number = conn.info.get(COMMIT_NUMBER)  # set by _counting: the commit went through
+                        finally:
+                            del conn.info[AFTER_COMMIT]
+                            conn.info.pop(COMMIT_NUMBER, None)
+                        if queued:
+                            queued = False
+                            self._writers.release()
+                finally:
+                    if queued:
+                        self._writers.release()
                 if number is not None:
                     self._tracked_commit(number)
                 for callback in callbacks:
                     callback()
+                if write and self.is_sqlite:
+                    self._checkpoint_if_due()
                 return result
             except Exception as exc:  # DB-API errors arrive wrapped (SQLAlchemy) or raw (hot-path cursors)
                 if not self._transient(exc):
@@ -236,6 +298,23 @@ class Catalog:
     def after_commit(conn: Connection, callback: Callable[[], None]) -> None:
         """Call ``callback()`` once the transaction of ``conn`` has committed (not on rollback)."""
         conn.info[AFTER_COMMIT].append(callback)
+
+    def _checkpoint_if_due(self) -> None:
+        """What SQLite's automatic checkpoint does (PASSIVE, once the WAL holds 1000 frames), run
+        by the writer that crossed the mark once its commit is done: outside the writer queue and
+        after the commit's callbacks, so neither other writers nor cache evictions wait for it."""
+        index = self._wal_index
+        if index is None or WAL_INDEX_CHANGE.unpack_from(index, WAL_INDEX_FRAMES)[0] < CHECKPOINT_FRAMES:
+            return
+        if not self._checkpointing.acquire(blocking=False):
+            return  # another thread is checkpointing right now
+        try:
+            with self.engine.connect() as conn:
+                conn.connection.dbapi_connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except Exception as exc:  # noqa: BLE001 - busy or failed: the next commit tries again
+            log.debug("catalog: checkpoint skipped: %s", exc)
+        finally:
+            self._checkpointing.release()
 
     def _run_sqlite_durable(self, conn: Connection, work):
         raw = conn.connection.dbapi_connection

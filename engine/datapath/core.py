@@ -1103,7 +1103,10 @@ class DataPath:
         self._invalidate({ino})
         self._after_commit(conn, {ino})
 
-    def release(self, conn, ino: int) -> None:
+    def release(self, conn, ino: int, limit: int | None = None) -> bool:
+        """The inode is being freed: its extents become garbage. With ``limit``, only the last
+        ``limit`` extents go in this transaction (the caller frees the rest in later ones);
+        True when none is left."""
         with self._files_lock:
             fb = self._files.pop(ino, None)
             self._settled.pop(ino, None)
@@ -1114,15 +1117,26 @@ class DataPath:
                 fb.extents = []
                 self._unreserve(fb.reserved)
                 fb.reserved = 0
-        rows = load_extents(conn, ino)
+        if limit is None:
+            rows = load_extents(conn, ino)
+        else:
+            rows = sql_all(conn, "SELECT file_offset, length, stripe_id, stripe_offset, id FROM extents "
+                                 "WHERE ino = ? ORDER BY file_offset DESC LIMIT ?", (ino, limit + 1))
+        done = limit is None or len(rows) <= limit
+        rows = rows if done else rows[:limit]
         deltas: dict[int, int] = defaultdict(int)
         for _fo, length, sid, _so, _id in rows:
             deltas[sid] -= length
-        sql(conn, "DELETE FROM extents WHERE ino = ?", (ino,)).close()
+        if done:
+            sql(conn, "DELETE FROM extents WHERE ino = ?", (ino,)).close()
+        else:
+            for part in chunks([row[4] for row in rows]):
+                sql(conn, f"DELETE FROM extents WHERE id IN {in_list(part)}", tuple(part)).close()
         dead = adjust_live(conn, dict(deltas))
         self.reader.forget(set(dead))
         self._invalidate({ino})
         self._after_commit(conn, {ino})
+        return done
 
     # -- reads -------------------------------------------------------------------------------
     def _invalidate(self, inos) -> None:
