@@ -846,11 +846,20 @@ class Namespace:
             raise errors.IOFailure("no data path attached to this namespace")
         return self.data
 
+    def _file_in_use(self, ino: int) -> Attr:
+        """getattr for reads and writes: a file with no name and no opener is being freed (a chunk
+        of extents per transaction), so its handle is stale, as once it is gone; a read must never
+        see the holes its freed extents leave."""
+        attr = self.getattr(ino)
+        if attr.nlink == 0 and attr.type == REG and not self.is_open(ino):
+            raise errors.StaleHandle(f"inode {ino} has been removed")
+        return attr
+
     def read(self, ino: int, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``offset``; short at end of file."""
         if offset < 0 or length < 0:
             raise errors.InvalidArgument(f"read at {offset} of {length} bytes")
-        attr = self.getattr(ino)
+        attr = self._file_in_use(ino)
         if attr.type == DIR:
             raise errors.IsADirectory(f"inode {ino} is a directory")
         if attr.type != REG:
@@ -863,7 +872,7 @@ class Namespace:
         """Write ``data`` at ``offset``; with ``stable`` it is durable on return."""
         if offset < 0:
             raise errors.InvalidArgument(f"write at offset {offset}")
-        attr = self.getattr(ino)
+        attr = self._file_in_use(ino)
         if attr.type == DIR:
             raise errors.IsADirectory(f"inode {ino} is a directory")
         if attr.type != REG:
