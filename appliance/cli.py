@@ -182,10 +182,14 @@ def cmd_serve(args) -> int:
     from appliance.daemonlock import DaemonLock
     from appliance.maintenance import Maintenance
     from appliance.nfs.server import NfsServerThread
-    from appliance.runtime import Appliance
+    from appliance.runtime import MALLOC_MMAP_THRESHOLD, Appliance, tune_malloc
 
     config = load_config(args)
     log_mod.configure(config.get("logging.level"))
+    if tune_malloc():
+        log.info("malloc: buffers up to %d MiB are reused from the heap", MALLOC_MMAP_THRESHOLD >> 20)
+    else:
+        log.info("malloc: left as it is (no glibc mallopt)")
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

@@ -1,6 +1,8 @@
 """Wiring: from a validated config to an open catalog, data path and namespace."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 
 from appliance.config import Config
@@ -10,6 +12,29 @@ from engine.errors import ConfigError
 from engine.namespace import Namespace
 
 log = logging.getLogger("shingle.runtime")
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+MALLOC_MMAP_THRESHOLD = 32 << 20  # glibc's upper limit on 64-bit; above a stripe (8 MiB) and a WRITE
+MALLOC_TRIM_THRESHOLD = 256 << 20
+
+
+def tune_malloc() -> bool:
+    """Keep stripe-sized buffers in the heap instead of mapping each one afresh (the daemon only).
+
+    glibc serves an allocation above its mmap threshold (dynamic, from 128 KiB) with a new
+    mapping and unmaps it on free, so each 1 MiB WRITE record, each stripe buffer and each
+    encoded fragment set paid page faults and zeroing, inside copies made with the GIL held,
+    and an unmap. With the threshold fixed at 32 MiB and trimming at 256 MiB, freed buffers are
+    reused: 8 nfs-rs checkpoint writers in process, five A/B pairs, 335-376 MB/s against
+    244-333, CPU per MiB 2.5-3.2 ms against 3.2-4.5. The cost is that the heap keeps its peak
+    (the in-flight stripes, max_inflight_stripes x stripe size) instead of returning it."""
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False  # not glibc (musl has no mallopt): nothing to tune
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)) and bool(
+        mallopt(M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD))
 
 
 def open_catalog(config: Config) -> Catalog:

@@ -28,9 +28,12 @@ def test_nfs_traffic_reaches_metrics(tmp_path):
     daemon = subprocess.Popen([sys.executable, "-m", "appliance.cli", "-c", str(path), "serve", "--no-web"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
+        startup = []
         for line in daemon.stdout:
+            startup.append(line)
             if "nfs://" in line:
                 break
+        assert any("malloc: buffers up to 32 MiB are reused" in line for line in startup), startup
         client = nfs_rs.Client.connect(f"nfs://127.0.0.1:{port}/export?version=4.1", nfs_port=port,
                                        noresvport=True, uid=0, gid=0, connect_timeout=20, operation_timeout=60)
         payload = bytes(range(256)) * 4096  # 1 MiB
