@@ -676,10 +676,17 @@ class DataPath:
                     _, idx, offset, data, stripe = item
                     try:
                         started = time.perf_counter()
+                        if drive.queue.empty() and synced.empty():
+                            # nothing else to append meanwhile: no hand-off to the syncer (it would only
+                            # add latency), and the write is durable in the same call
+                            drive.backend.append(idx, offset, data, durable=True)
+                            self.stats["fsync_s"] += time.perf_counter() - started
+                            self.stats["fsyncs"] += 1
+                            self._fragment_done(stripe)
+                            continue
                         drive.backend.append(idx, offset, data)
                         self.stats["append_s"] += time.perf_counter() - started
                         if drive.queue.empty() and synced.empty():
-                            # nothing else to append meanwhile: a hand-off to the syncer would only add latency
                             self._sync_batch(drive, [(idx, stripe)])
                         else:
                             drive.backend.start_writeback(idx, offset, len(data))

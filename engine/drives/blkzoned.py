@@ -145,7 +145,7 @@ class ZonedBlockDrive(ZonedDrive):
         z = self._zones[idx]
         fcntl.ioctl(self.fd, op, pack_range(z["start"], z["len"]))
 
-    def append(self, idx: int, offset: int, data) -> None:
+    def append(self, idx: int, offset: int, data, durable: bool = False) -> None:
         self._check_idx(idx)
         with self._lock:
             z = self._zones[idx]
@@ -157,6 +157,8 @@ class ZonedBlockDrive(ZonedDrive):
             buf[:len(data)] = bytes(data)
             os.pwrite(self.fd, buf, z["start"] * SECTOR + offset)
             z["wp"] += length // SECTOR
+        if durable:
+            self.sync(idx)
         if self.model is not None:
             self.model.on_write(self.model_key, z["start"] * SECTOR + offset, length)
 

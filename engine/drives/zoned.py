@@ -56,8 +56,9 @@ class ZonedDrive:
     def write_pointer(self, idx: int) -> int:
         raise NotImplementedError
 
-    def append(self, idx: int, offset: int, data) -> None:
-        """Write ``data`` at ``offset``, which must be the zone's write pointer."""
+    def append(self, idx: int, offset: int, data, durable: bool = False) -> None:
+        """Write ``data`` at ``offset``, which must be the zone's write pointer; with ``durable``
+        the bytes are on stable storage when this returns (as after ``sync``)."""
         raise NotImplementedError
 
     def read_into(self, idx: int, offset: int, buffers: list) -> int:

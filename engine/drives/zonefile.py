@@ -24,6 +24,7 @@ FALLOC_FL_KEEP_SIZE = 1
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 SYNC_FILE_RANGE_WRITE = 2
+_RWF_DSYNC = getattr(os, "RWF_DSYNC", 0)  # Linux 4.7+: pwritev with O_DSYNC semantics for one call
 _sync_file_range = getattr(_libc, "sync_file_range", None)
 if _sync_file_range is not None:
     _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
@@ -145,7 +146,7 @@ class ZoneFileDrive(ZonedDrive):
         self._cond[idx] = how
 
     # -- I/O -------------------------------------------------------------------------
-    def append(self, idx: int, offset: int, data) -> None:
+    def append(self, idx: int, offset: int, data, durable: bool = False) -> None:
         fd = self._fd(idx)
         length = len(data)
         pad = -length % self.write_granularity
@@ -162,7 +163,13 @@ class ZoneFileDrive(ZonedDrive):
             done = 0
             view = memoryview(data)
             while done < length:
-                done += os.pwrite(fd, view[done:], offset + done)
+                if durable and _RWF_DSYNC:
+                    # write and fdatasync in one call: one hand-back of the GIL instead of two
+                    done += os.pwritev(fd, [view[done:]], offset + done, _RWF_DSYNC)
+                else:
+                    done += os.pwrite(fd, view[done:], offset + done)
+            if durable and not _RWF_DSYNC:
+                os.fdatasync(fd)
         except OSError:
             with self._lock:
                 # the zone's real length is now unknown: believe the file

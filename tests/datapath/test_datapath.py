@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import threading
 import time
 
 import pytest
@@ -138,15 +139,37 @@ def test_invariant1_zone_refuses_writes_off_the_write_pointer(tmp_path):
 def test_invariant2_fragments_are_durable_before_the_commit_that_references_them(sqlite_engine, monkeypatch):
     engine = sqlite_engine
     durable: dict[tuple[str, int], int] = {}  # zone -> bytes made durable by an fsync
+    durable_appends: set[tuple[str, int, int, int]] = set()  # (zone, offset, length) written durably
     violations = []
-    real_sync = ZoneFileDrive.sync
+    real_sync, real_append = ZoneFileDrive.sync, ZoneFileDrive.append
 
     def sync(self, idx):
         length = self.write_pointer(idx)  # appended before this fsync began: covered by it
         real_sync(self, idx)
         durable[(str(self.folder), idx)] = max(durable.get((str(self.folder), idx), 0), length)
 
+    synced_calls = threading.local()
+    real_pwritev, real_fdatasync = os.pwritev, os.fdatasync
+
+    def pwritev(fd, buffers, offset, flags=0):
+        if flags & getattr(os, "RWF_DSYNC", 0):
+            synced_calls.n = getattr(synced_calls, "n", 0) + 1
+        return real_pwritev(fd, buffers, offset, flags)
+
+    def fdatasync(fd):
+        synced_calls.n = getattr(synced_calls, "n", 0) + 1
+        return real_fdatasync(fd)
+
+    def append(self, idx, offset, data, durable=False):
+        synced_calls.n = 0
+        real_append(self, idx, offset, data, durable=durable)
+        if durable and synced_calls.n:  # covers its own bytes only, not what was appended before it
+            durable_appends.add((str(self.folder), idx, offset, len(data)))
+
+    monkeypatch.setattr(os, "pwritev", pwritev)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
     monkeypatch.setattr(ZoneFileDrive, "sync", sync)
+    monkeypatch.setattr(ZoneFileDrive, "append", append)
     fragments, zones, drives = Fragment.__table__, Zone.__table__, Drive.__table__
     watermark = [0]
 
@@ -158,7 +181,8 @@ def test_invariant2_fragments_are_durable_before_the_commit_that_references_them
                                          .join(drives, fragments.c.drive_id == drives.c.id))
                             .where(fragments.c.id > watermark[0])).all()
         for row in rows:
-            if row.zone_offset + row.length > durable.get((row.path, row.idx), 0):
+            synced = row.zone_offset + row.length <= durable.get((row.path, row.idx), 0)
+            if not synced and (row.path, row.idx, row.zone_offset, row.length) not in durable_appends:
                 violations.append((row.path, row.idx, row.zone_offset))
             watermark[0] = max(watermark[0], row.id)
     event.listen(engine.catalog.engine, "commit", before_commit)
@@ -168,6 +192,7 @@ def test_invariant2_fragments_are_durable_before_the_commit_that_references_them
     finally:
         event.remove(engine.catalog.engine, "commit", before_commit)
     assert watermark[0] > 0
+    assert durable_appends, "a lone flush writes its fragments durably in one call"
     assert not violations, f"fragments committed before an fsync covered them: {violations[:3]}"
 
 
