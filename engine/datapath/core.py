@@ -514,7 +514,8 @@ class DataPath:
                 stripe.encoding = self._encoder.submit(self._encode, stripe)
             with self._dispatch_cv:
                 self._dispatch_q.append(stripe)
-                self._dispatch_cv.notify()
+                if not inline:  # an inline stripe is placed by its flush (_dispatch_ready): no wake-up
+                    self._dispatch_cv.notify()
 
     def _inline_room(self, length: int) -> bool:
         """Whether a flush of ``length`` bytes may be kept inline; if so it is counted."""
@@ -564,17 +565,23 @@ class DataPath:
     def _dispatch_ready(self, *, blocking: bool) -> None:
         """Place every stripe at the head of the queue whose encoding is done. The dispatch lock
         keeps placement in submission order whoever runs it (the dispatcher, or a flushing caller)."""
-        if not self._dispatch_lock.acquire(blocking=blocking):
-            return  # its holder (or the dispatcher, which was notified) places our stripe
-        try:
-            while True:
-                with self._dispatch_cv:
-                    if not self._dispatch_q or not self._dispatch_q[0].encoding.done():
-                        return
-                    stripe = self._dispatch_q.popleft()
-                self._dispatch(stripe)
-        finally:
-            self._dispatch_lock.release()
+        while True:
+            if not self._dispatch_lock.acquire(blocking=blocking):
+                return  # its holder places our stripe: it looks at the queue again once it lets go
+            try:
+                while True:
+                    with self._dispatch_cv:
+                        if not self._dispatch_q or not self._dispatch_q[0].encoding.done():
+                            break
+                        stripe = self._dispatch_q.popleft()
+                    self._dispatch(stripe)
+            finally:
+                self._dispatch_lock.release()
+            # a flush that found the lock held left its stripe to us, and woke nobody: look again
+            with self._dispatch_cv:
+                if not (self._dispatch_q and self._dispatch_q[0].encoding.done()):
+                    return
+            blocking = False
 
     def _dispatch(self, stripe: PendingStripe) -> None:
         try:
