@@ -129,6 +129,30 @@ class _Latch:
                 self.done.set()
 
 
+def _drain(lock, cv, queue: deque, ready, run, *, blocking: bool, batch: int = 1) -> None:
+    """Whoever holds ``lock`` runs ``run(items)`` on the ready items at the head of ``queue``, in
+    order, up to ``batch`` at a time; ``cv`` guards the queue. A caller that finds the lock held
+    leaves its items to the holder and wakes nobody, so the holder looks once more after letting go."""
+    while True:
+        if not lock.acquire(blocking=blocking):
+            return
+        try:
+            while True:
+                with cv:
+                    items = []
+                    while queue and ready(queue[0]) and len(items) < batch:
+                        items.append(queue.popleft())
+                if not items:
+                    break
+                run(items)
+        finally:
+            lock.release()
+        with cv:
+            if not (queue and ready(queue[0])):
+                return
+        blocking = False
+
+
 class DataPath:
     def __init__(self, catalog, policies: dict[str, Policy], *, reserve_zones: int = 2, smr_model=None,
                  encoders: int = 2, read_threads: int = 12, max_inflight_stripes: int = 24,
@@ -564,24 +588,10 @@ class DataPath:
 
     def _dispatch_ready(self, *, blocking: bool) -> None:
         """Place every stripe at the head of the queue whose encoding is done. The dispatch lock
-        keeps placement in submission order whoever runs it (the dispatcher, or a flushing caller)."""
-        while True:
-            if not self._dispatch_lock.acquire(blocking=blocking):
-                return  # its holder places our stripe: it looks at the queue again once it lets go
-            try:
-                while True:
-                    with self._dispatch_cv:
-                        if not self._dispatch_q or not self._dispatch_q[0].encoding.done():
-                            break
-                        stripe = self._dispatch_q.popleft()
-                    self._dispatch(stripe)
-            finally:
-                self._dispatch_lock.release()
-            # a flush that found the lock held left its stripe to us, and woke nobody: look again
-            with self._dispatch_cv:
-                if not (self._dispatch_q and self._dispatch_q[0].encoding.done()):
-                    return
-            blocking = False
+        keeps placement in submission order whoever runs it (the dispatcher, or a flushing caller,
+        which wakes no dispatcher for its own stripe)."""
+        _drain(self._dispatch_lock, self._dispatch_cv, self._dispatch_q, lambda s: s.encoding.done(),
+               lambda stripes: self._dispatch(stripes[0]), blocking=blocking)
 
     def _dispatch(self, stripe: PendingStripe) -> None:
         try:
@@ -787,26 +797,10 @@ class DataPath:
             self._commit_ready(blocking=True)
 
     def _commit_ready(self, *, blocking: bool) -> None:
-        """Commit the written stripes at the head of the queue, in order, batch after batch."""
-        while True:
-            if not self._commit_lock.acquire(blocking=blocking):
-                return  # the holder commits what is ready (it looks again after letting go)
-            try:
-                while True:
-                    with self._commit_cv:
-                        batch = []
-                        while self._commit_q and self._commit_q[0].written.is_set() and len(batch) < COMMIT_BATCH:
-                            batch.append(self._commit_q.popleft())
-                    if not batch:
-                        break
-                    self._commit_batch(batch)
-            finally:
-                self._commit_lock.release()
-            # a flush whose stripe became ready while we held the lock left it to us (its _written
-            # did not wake the committer): look once more now that the lock is free
-            with self._commit_cv:
-                if not (self._commit_q and self._commit_q[0].written.is_set()):
-                    return
+        """Commit the written stripes at the head of the queue, in order, batch after batch (a flush
+        whose stripe is written does not wake the committer: whoever holds the lock commits it)."""
+        _drain(self._commit_lock, self._commit_cv, self._commit_q, lambda s: s.written.is_set(), self._commit_batch,
+               blocking=blocking, batch=COMMIT_BATCH)
 
     def _commit_batch(self, batch: list[PendingStripe]) -> None:
         start = time.perf_counter()
