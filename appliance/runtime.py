@@ -25,9 +25,8 @@ def tune_malloc() -> bool:
     mapping and unmaps it on free, so each 1 MiB WRITE record, each stripe buffer and each
     encoded fragment set paid page faults and zeroing, inside copies made with the GIL held,
     and an unmap. With the threshold fixed at 32 MiB and trimming at 256 MiB, freed buffers are
-    reused: 8 nfs-rs checkpoint writers in process, five A/B pairs, 335-376 MB/s against
-    244-333, CPU per MiB 2.5-3.2 ms against 3.2-4.5. The cost is that the heap keeps its peak
-    (the in-flight stripes, max_inflight_stripes x stripe size) instead of returning it."""
+    reused (figures in docs/ARCHITECTURE.md). The cost is that the heap keeps its peak (the
+    in-flight stripes, max_inflight_stripes x stripe size) instead of returning it."""
     try:
         mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     except (OSError, AttributeError):

@@ -48,8 +48,9 @@ AFTER_COMMIT = "shingle.after_commit"
 # WAL index header: two 48-byte copies of WalIndexHdr; byte 12 is isInit
 WAL_INDEX_HEADER = 48
 WAL_INDEX_INIT = 12
-WAL_INDEX_CHANGE = struct.Struct("=I")  # iChange, at offset 8, native byte order
-WAL_INDEX_FRAMES = 16  # offset of mxFrame (same format): frames in the WAL
+WAL_INDEX_U32 = struct.Struct("=I")  # its fields are native byte order
+WAL_INDEX_CHANGE = 8  # offset of iChange: the commit counter
+WAL_INDEX_FRAMES = 16  # offset of mxFrame: frames in the WAL
 CHECKPOINT_FRAMES = 1000  # SQLite's own wal_autocheckpoint default
 TRACKED_KEEP = 4096  # tracked commit numbers remembered; a longer gap clears the caches
 COMMIT_NUMBER = "shingle.commit_number"
@@ -141,7 +142,7 @@ def _change_counter(index: mmap.mmap) -> int:
     while True:
         header = index[:WAL_INDEX_HEADER * 2]
         if header[:WAL_INDEX_HEADER] == header[WAL_INDEX_HEADER:] and header[WAL_INDEX_INIT]:
-            return WAL_INDEX_CHANGE.unpack_from(header, 8)[0]
+            return WAL_INDEX_U32.unpack_from(header, WAL_INDEX_CHANGE)[0]
         tries += 1  # a commit is rewriting the header right now (nanoseconds): read again
         if tries % 100 == 0:
             time.sleep(0)
@@ -273,9 +274,6 @@ class Catalog:
                         finally:
                             del conn.info[AFTER_COMMIT]
                             conn.info.pop(COMMIT_NUMBER, None)
-                        if queued:
-                            queued = False
-                            self._writers.release()
                 finally:
                     if queued:
                         self._writers.release()
@@ -304,7 +302,7 @@ class Catalog:
         by the writer that crossed the mark once its commit is done: outside the writer queue and
         after the commit's callbacks, so neither other writers nor cache evictions wait for it."""
         index = self._wal_index
-        if index is None or WAL_INDEX_CHANGE.unpack_from(index, WAL_INDEX_FRAMES)[0] < CHECKPOINT_FRAMES:
+        if index is None or WAL_INDEX_U32.unpack_from(index, WAL_INDEX_FRAMES)[0] < CHECKPOINT_FRAMES:
             return
         if not self._checkpointing.acquire(blocking=False):
             return  # another thread is checkpointing right now
