@@ -55,6 +55,9 @@ class ExportValueError(errors.InvalidArgument, ValueError):
             shown = repr(value[:60]) + "..."
         super().__init__(f"{field} = {shown}: expected {expected}")
 
+    def __str__(self) -> str:  # the message alone, as a ValueError shows it (no "[Errno 22]")
+        return self.strerror
+
 
 @dataclass(frozen=True)
 class Export:
