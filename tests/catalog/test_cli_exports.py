@@ -35,7 +35,8 @@ def exports_json(conf) -> list[dict]:
 def test_list_add_set_remove(home):
     conf = str(home / "shingle.toml")
     listed = exports_json(conf)
-    assert [(e["name"], e["path"], e["squash"]) for e in listed] == [("/export", "/", "root_squash")]
+    assert [(e["name"], e["path"], e["squash"]) for e in listed] == [
+        ("/export", "/", "root_squash")]
     assert "/export" in shingle("-c", conf, "exports", "list").stdout
 
     config = config_mod.load(conf)
@@ -72,7 +73,8 @@ def test_errors_are_one_line(home):
     assert "Traceback" not in bad.stderr
     cidr = shingle("-c", conf, "exports", "add", "/", "--name", "/all", "--clients", "10.0.0.300/8",
                    check=False)
-    assert cidr.returncode == 2 and "clients = '10.0.0.300/8': expected an IP address" in cidr.stderr
+    assert cidr.returncode == 2
+    assert "clients = '10.0.0.300/8': expected an IP address" in cidr.stderr
     squash = shingle("-c", conf, "exports", "set", "1", "--squash", "everyone", check=False)
     assert squash.returncode == 2 and "invalid choice" in squash.stderr
     missing = shingle("-c", conf, "exports", "set", "999", "--squash", "all_squash", check=False)

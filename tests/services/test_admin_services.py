@@ -38,9 +38,9 @@ def test_inventory_counts_zones_by_kind_and_class(catalog, tmp_path):
     def seed(conn):
         first = [r.id for r in conn.execute(select(zones.c.id).where(zones.c.drive_id == ids[0])
                                             .order_by(zones.c.idx))]
-        for zone_id, (state, cls, live, garbage) in zip(first, [("full", "warm", MiB, 0),
-                                                                ("full", "cold", MiB // 4, 3 * MiB // 4),
-                                                                ("open", "hot", MiB // 2, 0)]):
+        layout = [("full", "warm", MiB, 0), ("full", "cold", MiB // 4, 3 * MiB // 4),
+                  ("open", "hot", MiB // 2, 0)]
+        for zone_id, (state, cls, live, garbage) in zip(first[:3], layout, strict=True):
             conn.execute(zones.update().where(zones.c.id == zone_id).values(
                 state=state, band_class=cls, write_pointer=live + garbage, live_bytes=live,
                 garbage_bytes=garbage))
@@ -55,7 +55,8 @@ def test_inventory_counts_zones_by_kind_and_class(catalog, tmp_path):
     assert usage["cold"] == {"zones": 1, "written_bytes": MiB, "live_bytes": MiB // 4,
                              "garbage_bytes": 3 * MiB // 4}
     assert set(usage) == {"hot", "warm", "cold"}
-    by_state = {(s, c): (n, live, garbage) for s, c, n, live, garbage in inventory.bands_by_state(catalog)}
+    by_state = {(s, c): (n, live, garbage)
+                for s, c, n, live, garbage in inventory.bands_by_state(catalog)}
     assert by_state[("empty", None)] == (13, 0, 0) and by_state[("full", "cold")][2] == 3 * MiB // 4
     each = inventory.band_map_rows(catalog, ids[0], max_cells=100)
     assert each.group is None and [r["idx"] for r in each.rows] == list(range(8))
@@ -79,7 +80,8 @@ def test_tier_thresholds_and_pins(catalog, namespace):
     assert tier_settings.pinned(catalog, namespace) == [{"ino": top.ino, "path": "/sets",
                                                          "band_class": "cold"}]
     assert tier_settings.pin(catalog, namespace, "/sets", "none", actor="alice") == 2
-    assert tier_settings.path_rules(catalog) == [] and tier_settings.pinned(catalog, namespace) == []
+    assert tier_settings.path_rules(catalog) == []
+    assert tier_settings.pinned(catalog, namespace) == []
     with pytest.raises(errors.InvalidArgument, match="band_class = 'lukewarm'"):
         tier_settings.pin(catalog, namespace, "/sets", "lukewarm", actor="alice")
     kinds = [e.kind for e in events.recent(catalog, 3)]
@@ -89,8 +91,8 @@ def test_tier_thresholds_and_pins(catalog, namespace):
 def test_smart_cache_reuses_a_reading_and_forgets_it_after_a_self_test(tmp_path):
     log = tmp_path / "runs"
     smartctl = tmp_path / "smartctl"
-    smartctl.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n"
-                        "echo '{\"smartctl\": {\"exit_status\": 0}, \"smart_status\": {\"passed\": true}}'\n")
+    answer = '{"smartctl": {"exit_status": 0}, "smart_status": {"passed": true}}'
+    smartctl.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\necho '{answer}'\n")
     smartctl.chmod(0o755)
     cache = health.SmartCache(ttl_s=60)
     first = cache.report("/dev/sdx", str(smartctl))
