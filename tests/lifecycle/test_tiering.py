@@ -98,8 +98,8 @@ def test_cold_files_read_often_come_back_to_warm(rig):
     assert classes_of(rig, "/old/ds")[0] == {"cold"}
     pin(rig, "/old/ds", None)
     clock = [1000.0]
-    reads = ReadTracker(rig.data, clock=lambda: clock[0])
-    ns = Namespace(rig.catalog, data=reads)
+    reads = ReadTracker(rig.data, clock=lambda: clock[0])  # the data path's read hook from now on
+    ns = Namespace(rig.catalog, data=rig.data)
     ino = ns.resolve("/old/ds").ino
     tiering = Tiering(ns, rig.data, rig.catalog, TieringPolicy(promote_reads=3, promote_window_s=600), reads=reads)
     for _ in range(2):
