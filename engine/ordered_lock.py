@@ -8,6 +8,7 @@ nothing extra. With checking on (``SHINGLE_CHECK_LOCK_ORDER=1`` in the environme
 thread what is held and a blocking acquire out of order raises ``LockOrderError``: a deadlock
 that might happen once a month shows up in every test run that takes the two locks that way.
 Non-blocking acquires are not checked (a try-lock cannot deadlock)."""
+
 from __future__ import annotations
 
 import os
@@ -69,13 +70,21 @@ def checking() -> bool:
 def lock(name: str) -> threading.Lock:
     """A mutex of rank ``RANKS[name]``."""
     rank = RANKS[name]
-    return CheckedLock(name, rank, threading.Lock(), reentrant=False) if _checking else threading.Lock()
+    return (
+        CheckedLock(name, rank, threading.Lock(), reentrant=False)
+        if _checking
+        else threading.Lock()
+    )
 
 
 def rlock(name: str) -> threading.RLock:
     """A re-entrant mutex of rank ``RANKS[name]`` (taking it again while held is no order error)."""
     rank = RANKS[name]
-    return CheckedLock(name, rank, threading.RLock(), reentrant=True) if _checking else threading.RLock()
+    return (
+        CheckedLock(name, rank, threading.RLock(), reentrant=True)
+        if _checking
+        else threading.RLock()
+    )
 
 
 def condition(name: str) -> threading.Condition:
@@ -115,9 +124,11 @@ class CheckedLock:
                 raise LockOrderError(f"{self.name} taken again by the thread that holds it")
             top = max(stack, key=lambda held: held.rank)
             if top.rank >= self.rank:
-                raise LockOrderError(f"{self.name} (rank {self.rank}) taken while holding {top.name} "
-                                     f"(rank {top.rank}): expected ranks to increase "
-                                     "(engine/ordered_lock.py RANKS)")
+                raise LockOrderError(
+                    f"{self.name} (rank {self.rank}) taken while holding {top.name} "
+                    f"(rank {top.rank}): expected ranks to increase "
+                    "(engine/ordered_lock.py RANKS)"
+                )
         got = self.inner.acquire(blocking, timeout)
         if got:
             self.owner = me

@@ -4,6 +4,7 @@
 Dispatcher. ``flush`` submits what is left, encodes and places it itself, and returns once all
 the file's stripes committed. ``truncate`` and ``release`` run inside the namespace's catalog
 transaction."""
+
 from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
@@ -24,8 +25,19 @@ from engine.ordered_lock import lock
 
 
 class FileBuffers:
-    def __init__(self, catalog, policies: dict[str, Policy], default_class: str, space, dispatcher,
-                 commits, extents, reader, *, max_extent: int):
+    def __init__(
+        self,
+        catalog,
+        policies: dict[str, Policy],
+        default_class: str,
+        space,
+        dispatcher,
+        commits,
+        extents,
+        reader,
+        *,
+        max_extent: int,
+    ):
         self.catalog = catalog
         self.policies = policies
         self.default_class = default_class
@@ -44,7 +56,9 @@ class FileBuffers:
         self._settled: OrderedDict = OrderedDict()
 
     def policy_for(self, band_class: str | None) -> Policy:
-        return self.policies.get(band_class or self.default_class, self.policies[self.default_class])
+        return self.policies.get(
+            band_class or self.default_class, self.policies[self.default_class]
+        )
 
     def _buffer(self, ino: int) -> FileBuffer:
         fb = self.files.get(ino)
@@ -56,8 +70,11 @@ class FileBuffers:
         if settled is not None and self.catalog.only_tracked(settled[3], self.catalog.epoch()):
             size, policy, pinned = settled[:3]
         else:
-            row = self.catalog.read(lambda conn: sql_one(conn, "SELECT size, band_class FROM inodes WHERE ino = ?",
-                                                         (ino,)))
+            row = self.catalog.read(
+                lambda conn: sql_one(
+                    conn, "SELECT size, band_class FROM inodes WHERE ino = ?", (ino,)
+                )
+            )
             if row is None:
                 raise errors.StaleHandle(f"inode {ino} does not exist")
             size, policy, pinned = row[0], self.policy_for(row[1]), row[1] in self.policies
@@ -92,9 +109,13 @@ class FileBuffers:
                 while pos < length:
                     used = len(fb.data)
                     take = min(stripe_size - used, length - pos)
-                    fb.data += view[pos:pos + take]
+                    fb.data += view[pos : pos + take]
                     last = fb.extents[-1] if fb.extents else None
-                    if last is not None and last[0] + last[2] == offset + pos and last[1] + last[2] == used:
+                    if (
+                        last is not None
+                        and last[0] + last[2] == offset + pos
+                        and last[1] + last[2] == used
+                    ):
                         last[2] += take
                     else:
                         fb.extents.append([offset + pos, used, take])
@@ -123,7 +144,9 @@ class FileBuffers:
         for stripe in waiting:
             stripe.written.wait()
             if not stripe.committed.is_set():
-                self.commits.commit_ready(blocking=False)  # rather than wake the committer and wait for it
+                self.commits.commit_ready(
+                    blocking=False
+                )  # rather than wake the committer and wait for it
             stripe.committed.wait()
         with fb.lock:
             with fb.ilock:
@@ -131,7 +154,9 @@ class FileBuffers:
                 if fb.idle():
                     self.space.unreserve(fb.reserved)
                     fb.reserved = 0
-                    epoch = self.catalog.epoch()  # after our commit (a commit racing it is taken as seen)
+                    epoch = (
+                        self.catalog.epoch()
+                    )  # after our commit (a commit racing it is taken as seen)
                     with self._files_lock:
                         if self.files.get(ino) is fb:
                             del self.files[ino]
@@ -159,15 +184,20 @@ class FileBuffers:
 
     # -- what is known of idle files ------------------------------------------------------------
     def created(self, conn, ino: int) -> None:
-        """A new file, inside its create transaction: once that commits, its size and class are known
-        (``_settled``), so the first write to it skips the catalog read."""
-        size, band_class = sql_one(conn, "SELECT size, band_class FROM inodes WHERE ino = ?", (ino,))
+        """A new file, inside its create transaction: once that commits, its size and class
+        are known (``_settled``), so the first write to it skips the catalog read."""
+        size, band_class = sql_one(
+            conn, "SELECT size, band_class FROM inodes WHERE ino = ?", (ino,)
+        )
 
         def settle():
             epoch = self.catalog.epoch()
             with self._files_lock:
                 if ino not in self.files:
-                    self._settle(ino, size, self.policy_for(band_class), band_class in self.policies, epoch)
+                    self._settle(
+                        ino, size, self.policy_for(band_class), band_class in self.policies, epoch
+                    )
+
         self.catalog.after_commit(conn, settle)
 
     def _settle(self, ino: int, size: int, policy: Policy, pinned: bool, epoch: int | None) -> None:
@@ -218,8 +248,12 @@ class FileBuffers:
         if limit is None:
             rows = load_extents(conn, ino)
         else:
-            rows = sql_all(conn, "SELECT file_offset, length, stripe_id, stripe_offset, id FROM extents "
-                                 "WHERE ino = ? ORDER BY file_offset DESC LIMIT ?", (ino, limit + 1))
+            rows = sql_all(
+                conn,
+                "SELECT file_offset, length, stripe_id, stripe_offset, id FROM extents "
+                "WHERE ino = ? ORDER BY file_offset DESC LIMIT ?",
+                (ino, limit + 1),
+            )
         done = limit is None or len(rows) <= limit
         rows = rows if done else rows[:limit]
         deltas: dict[int, int] = defaultdict(int)

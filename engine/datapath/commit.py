@@ -6,6 +6,7 @@ returns, so a stable WRITE or a COMMIT is answered, only once that transaction c
 (``PendingStripe.committed``). Batches commit in placement order: the commit lock is held
 while popping and recording one, whether by the committer thread or by a flushing caller
 (which would otherwise only wait)."""
+
 from __future__ import annotations
 
 import threading
@@ -89,8 +90,15 @@ class Committer:
     def commit_ready(self, *, blocking: bool) -> None:
         """Commit the written stripes at the head of the queue, in order, batch after batch (a flush
         whose stripe is written does not wake the committer: whoever holds the lock commits it)."""
-        drain(self.lock, self.cv, self.queue, lambda s: s.written.is_set(), self._commit_batch,
-              blocking=blocking, batch=COMMIT_BATCH)
+        drain(
+            self.lock,
+            self.cv,
+            self.queue,
+            lambda s: s.written.is_set(),
+            self._commit_batch,
+            blocking=blocking,
+            batch=COMMIT_BATCH,
+        )
 
     # -- one batch ----------------------------------------------------------------------------
     def _commit_batch(self, batch: list[PendingStripe]) -> None:
@@ -113,8 +121,9 @@ class Committer:
         try:
             if good or zone_state:
                 # tracked: the extent cache and the commit listeners account for it
-                dead, found = self.catalog.run(lambda conn: self._record(conn, good, zone_state), durable=True,
-                                               tracked=True)
+                dead, found = self.catalog.run(
+                    lambda conn: self._record(conn, good, zone_state), durable=True, tracked=True
+                )
         except BaseException as exc:  # noqa: BLE001
             failure = errors.IOFailure(f"catalog commit of {len(good)} stripes failed: {exc}")
             for s in good:
@@ -146,12 +155,17 @@ class Committer:
             s.committed.set()
             self.inflight.release()
         self.stats["stripes_committed"] += len(good)
-        self.stats["client_bytes_written"] += sum(length for s in good for _fo, _so, length in s.extents)
+        self.stats["client_bytes_written"] += sum(
+            length for s in good for _fo, _so, length in s.extents
+        )
         self.stats["media_bytes_written"] += sum(p.length for s in good for p in s.placement)
-        self.stats["inline_bytes_written"] += sum(length for s in good if s.policy is self.inline
-                                                  for _fo, _so, length in s.extents)
+        self.stats["inline_bytes_written"] += sum(
+            length for s in good if s.policy is self.inline for _fo, _so, length in s.extents
+        )
 
-    def _record(self, conn, stripes: list[PendingStripe], zone_state: dict) -> tuple[list[int], list]:
+    def _record(
+        self, conn, stripes: list[PendingStripe], zone_state: dict
+    ) -> tuple[list[int], list]:
         """The one transaction of a flush batch: stripes, fragments, extents, zones, inodes.
 
         Plain SQL (engine.catalog.database.sql): this transaction is on the path of every
@@ -162,13 +176,22 @@ class Committer:
         for s in stripes:
             p = s.policy
             fragment_length = s.placement[0].length if s.placement else len(s.payload)
-            ids.append(sql_one(conn, "INSERT INTO stripes (band_class, layout, k, m, backend, data_length, "
-                                     "fragment_length, compression, live_bytes, created_ns) "
-                                     "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, 0, ?) RETURNING id",
-                               (p.name, p.layout, p.k, p.m, p.backend, len(s.payload), fragment_length, now))[0])
+            ids.append(
+                sql_one(
+                    conn,
+                    "INSERT INTO stripes (band_class, layout, k, m, backend, data_length, "
+                    "fragment_length, compression, live_bytes, created_ns) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, 0, ?) RETURNING id",
+                    (p.name, p.layout, p.k, p.m, p.backend, len(s.payload), fragment_length, now),
+                )[0]
+            )
             if p.layout == INLINE:
                 inline.append((ids[-1], len(s.payload), s.crcs[0], bytes(s.payload)))
-        sql_many(conn, "INSERT INTO inline_data (stripe_id, length, checksum, data) VALUES (?, ?, ?, ?)", inline)
+        sql_many(
+            conn,
+            "INSERT INTO inline_data (stripe_id, length, checksum, data) VALUES (?, ?, ?, ?)",
+            inline,
+        )
         self.reader.forget(set(ids))  # an id SQLite hands out again must not hit an old cache entry
         fragments = []
         ends: dict[int, int] = {}
@@ -176,24 +199,47 @@ class Committer:
             for drive, zone, offset, length, i in s.placement:
                 fragments.append((sid, i, drive.id, zone.id, offset, length, s.crcs[i]))
                 ends[zone.id] = max(ends.get(zone.id, 0), offset + length)
-        sql_many(conn, "INSERT INTO fragments (stripe_id, idx, drive_id, zone_id, zone_offset, length, checksum) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?)", fragments)
+        sql_many(
+            conn,
+            "INSERT INTO fragments "
+            "(stripe_id, idx, drive_id, zone_id, zone_offset, length, checksum) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            fragments,
+        )
         # zones: the write pointer moves over the new fragments; everything below it that is not
         # live is garbage (gaps left by failed flushes included)
         current = {}
         for part in chunks(list(zone_state)):
-            current.update(sql_all(conn, f"SELECT id, write_pointer FROM zones WHERE id IN {in_list(part)}",
-                                   tuple(part)))
+            current.update(
+                sql_all(
+                    conn,
+                    f"SELECT id, write_pointer FROM zones WHERE id IN {in_list(part)}",
+                    tuple(part),
+                )
+            )
         updates = []
         for zone_id, (state, band_class, opened_ns) in zone_state.items():
             wp = current.get(zone_id, 0)
             new_wp = max(wp, ends.get(zone_id, 0))
-            updates.append((state, band_class, opened_ns, new_wp, new_wp - wp,
-                            now if zone_id in ends else None, zone_id))
-        sql_many(conn, "UPDATE zones SET state = ?, band_class = ?, opened_ns = ?, write_pointer = ?, "
-                       "garbage_bytes = garbage_bytes + ?, last_write_ns = COALESCE(?, last_write_ns) "
-                       "WHERE id = ?", updates)
-        # extents, per file in write order; the new stripes' bytes turn live as extents point at them
+            updates.append(
+                (
+                    state,
+                    band_class,
+                    opened_ns,
+                    new_wp,
+                    new_wp - wp,
+                    now if zone_id in ends else None,
+                    zone_id,
+                )
+            )
+        sql_many(
+            conn,
+            "UPDATE zones SET state = ?, band_class = ?, opened_ns = ?, write_pointer = ?, "
+            "garbage_bytes = garbage_bytes + ?, last_write_ns = COALESCE(?, last_write_ns) "
+            "WHERE id = ?",
+            updates,
+        )
+        # extents, per file in write order; new stripes' bytes turn live as extents point at them
         deltas: dict[int, int] = {sid: 0 for sid in ids}
         by_ino: dict[int, list] = defaultdict(list)
         for sid, s in zip(ids, stripes):
@@ -202,8 +248,12 @@ class Committer:
             new = [(fo, length, sid, so) for sid, s in items for fo, so, length in s.extents]
             lo = min(fo for fo, *_ in new)
             hi = max(fo + length for fo, length, *_ in new)
-            cursor = sql(conn, "UPDATE inodes SET size = CASE WHEN size < ? THEN ? ELSE size END, mtime_ns = ?, "
-                               "ctime_ns = ?, change = change + 1 WHERE ino = ?", (hi, hi, now, now, ino))
+            cursor = sql(
+                conn,
+                "UPDATE inodes SET size = CASE WHEN size < ? THEN ? ELSE size END, mtime_ns = ?, "
+                "ctime_ns = ?, change = change + 1 WHERE ino = ?",
+                (hi, hi, now, now, ino),
+            )
             alive = cursor.rowcount
             cursor.close()
             if not alive:
@@ -214,9 +264,14 @@ class Committer:
             write_map(conn, ino, emap)
             for sid, delta in emap.delta.items():
                 deltas[sid] = deltas.get(sid, 0) + delta
-        known = {sid: (len(s.payload), 0, [(p.zone.id, p.length) for p in s.placement])
-                 for sid, s in zip(ids, stripes)}
+        known = {
+            sid: (len(s.payload), 0, [(p.zone.id, p.length) for p in s.placement])
+            for sid, s in zip(ids, stripes)
+        }
         dead = adjust_live(conn, deltas, known)
         changed = set(by_ino)
-        found = [reader(conn, changed) if reader is not None else None for _listener, reader in self.listeners]
+        found = [
+            reader(conn, changed) if reader is not None else None
+            for _listener, reader in self.listeners
+        ]
         return dead, found

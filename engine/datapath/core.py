@@ -9,6 +9,7 @@ A facade over the parts, each with its own lock and a public interface:
 ``extents`` (extents.ExtentCache) and ``reads`` (extents.Reads), ``repairs`` (repair.Repairer).
 The hot calls (write, flush, read) are the parts' own bound methods, set on the instance, so
 the facade adds no call of its own to them."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -32,8 +33,9 @@ BAND_CLASSES = BandClass.__table__
 
 # Durable flushes up to INLINE_WRITE_BYTES that would go to the hot class are kept in the catalog
 # instead (stripes of layout "inline"): their bytes ride in the flush's one catalog transaction, so
-# a 4 KiB COMMIT costs one fsync round instead of two (drives, then catalog). Tiering folds them into
-# erasure-coded stripes like other hot data; INLINE_BUDGET_BYTES bounds what the catalog holds.
+# a 4 KiB COMMIT costs one fsync round instead of two (drives, then catalog). Tiering folds them
+# into erasure-coded stripes like other hot data; INLINE_BUDGET_BYTES bounds what the catalog
+# holds.
 INLINE_WRITE_BYTES = 64 << 10
 INLINE_BUDGET_BYTES = 256 << 20
 
@@ -44,10 +46,21 @@ def _check_count(key: str, value) -> None:
 
 
 class DataPath:
-    def __init__(self, catalog, policies: dict[str, Policy], *, reserve_zones: int = 2, smr_model=None,
-                 encoders: int = 2, read_threads: int = 12, max_inflight_stripes: int = 24,
-                 cache_bytes: int = 256 << 20, small_write_bytes: int | None = None,
-                 inline_write_bytes: int = INLINE_WRITE_BYTES, inline_budget_bytes: int = INLINE_BUDGET_BYTES):
+    def __init__(
+        self,
+        catalog,
+        policies: dict[str, Policy],
+        *,
+        reserve_zones: int = 2,
+        smr_model=None,
+        encoders: int = 2,
+        read_threads: int = 12,
+        max_inflight_stripes: int = 24,
+        cache_bytes: int = 256 << 20,
+        small_write_bytes: int | None = None,
+        inline_write_bytes: int = INLINE_WRITE_BYTES,
+        inline_budget_bytes: int = INLINE_BUDGET_BYTES,
+    ):
         if not policies:
             raise errors.ConfigError("band_classes", policies, "at least one band class policy")
         _check_count("datapath.reserve_zones", reserve_zones)
@@ -60,34 +73,76 @@ class DataPath:
         self.smr_model = smr_model
         self.max_fragment = max(p.max_fragment_length for p in self.policies.values())
         self.max_extent = max(p.stripe_size for p in self.policies.values())
-        # flushes smaller than this go to the hot (replicated) class; default: one fragment of the default class
-        self.small_write_bytes = (self.policies[self.default_class].fragment_size if small_write_bytes is None
-                                  else small_write_bytes)
+        # flushes smaller than this go to the hot (replicated) class; default: one fragment
+        # of the default class
+        self.small_write_bytes = (
+            self.policies[self.default_class].fragment_size
+            if small_write_bytes is None
+            else small_write_bytes
+        )
         self._write_band_classes()
         use_inline = bool(HOT_CLASS in self.policies and inline_write_bytes and inline_budget_bytes)
         self.inline = inline_policy(HOT_CLASS, inline_write_bytes) if use_inline else None
         self.inline_budget_bytes = inline_budget_bytes
         self.stats: defaultdict = defaultdict(float)
 
-        self.space = Space(catalog, self.policies, self.default_class, reserve_zones, self.stats,
-                           smr_model=smr_model)
+        self.space = Space(
+            catalog,
+            self.policies,
+            self.default_class,
+            reserve_zones,
+            self.stats,
+            smr_model=smr_model,
+        )
         for policy in self.policies.values():
             for drive in self.space.drives.values():
                 if policy.max_fragment_length > drive.zone_size:
-                    raise errors.ConfigError(f"band_classes.{policy.name}.fragment_size", policy.fragment_size,
-                                             f"fragments that fit drive {drive.id}'s zones of {drive.zone_size} "
-                                             "bytes")
+                    raise errors.ConfigError(
+                        f"band_classes.{policy.name}.fragment_size",
+                        policy.fragment_size,
+                        f"fragments that fit drive {drive.id}'s zones of {drive.zone_size} bytes",
+                    )
         self.writers = self.space.writers = DriveWriters(self.space.drives, self.stats)
-        self.reader = StripeReader(self.space.drives, self.space.zones, threads=read_threads,
-                                   cache_bytes=cache_bytes, load_inline=self._load_inline)
+        self.reader = StripeReader(
+            self.space.drives,
+            self.space.zones,
+            threads=read_threads,
+            cache_bytes=cache_bytes,
+            load_inline=self._load_inline,
+        )
         self.extents = ExtentCache(catalog, self.reader)
-        self.commits = Committer(catalog, self.space, self.reader, self.extents, inline=self.inline,
-                                 max_extent=self.max_extent, stats=self.stats)
-        self.dispatcher = Dispatcher(self.space, self.commits, self.writers, self.policies, self.inline,
-                                     InlineBudget(catalog, inline_budget_bytes, use_inline),
-                                     self.small_write_bytes, max_inflight_stripes, encoders, self.stats)
-        self.buffers = FileBuffers(catalog, self.policies, self.default_class, self.space, self.dispatcher,
-                                   self.commits, self.extents, self.reader, max_extent=self.max_extent)
+        self.commits = Committer(
+            catalog,
+            self.space,
+            self.reader,
+            self.extents,
+            inline=self.inline,
+            max_extent=self.max_extent,
+            stats=self.stats,
+        )
+        self.dispatcher = Dispatcher(
+            self.space,
+            self.commits,
+            self.writers,
+            self.policies,
+            self.inline,
+            InlineBudget(catalog, inline_budget_bytes, use_inline),
+            self.small_write_bytes,
+            max_inflight_stripes,
+            encoders,
+            self.stats,
+        )
+        self.buffers = FileBuffers(
+            catalog,
+            self.policies,
+            self.default_class,
+            self.space,
+            self.dispatcher,
+            self.commits,
+            self.extents,
+            self.reader,
+            max_extent=self.max_extent,
+        )
         self.extents.on_invalidate = self.buffers.forget_settled
         self.reads = Reads(self.buffers.files, self.extents, self.reader)
         self.repairs = Repairer(catalog, self.space, self.writers, self.extents)
@@ -117,16 +172,21 @@ class DataPath:
         def work(conn):
             for policy in self.policies.values():
                 row = policy.as_row()
-                done = conn.execute(BAND_CLASSES.update().where(BAND_CLASSES.c.name == policy.name)
-                                    .values(**row)).rowcount
+                done = conn.execute(
+                    BAND_CLASSES.update().where(BAND_CLASSES.c.name == policy.name).values(**row)
+                ).rowcount
                 if not done:
                     conn.execute(BAND_CLASSES.insert().values(**row))
+
         self.catalog.run(work)
 
     def _load_inline(self, stripe_id: int):
         """(data, checksum) of an inline stripe, or None when it no longer exists."""
-        return self.catalog.read(lambda conn: sql_one(conn, "SELECT data, checksum FROM inline_data "
-                                                            "WHERE stripe_id = ?", (stripe_id,)))
+        return self.catalog.read(
+            lambda conn: sql_one(
+                conn, "SELECT data, checksum FROM inline_data WHERE stripe_id = ?", (stripe_id,)
+            )
+        )
 
     def recover(self) -> RecoveryReport:
         """Compare each zone's medium write pointer with the catalog again (the constructor did it
@@ -142,13 +202,16 @@ class DataPath:
         """Call ``listener(inos, found)`` after each commit batch that changed the size and times of
         ``inos`` (the namespace updates its attribute cache). ``reader(conn, inos)``, if given, runs
         at the end of the batch's transaction; ``found`` is what it returned (None if the commit
-        failed): the namespace reads the new attributes there instead of in a transaction of its own."""
+        failed): the namespace reads the new attributes there instead of in a transaction of
+        its own."""
         self.commits.add_listener(listener, reader)
 
     def counters(self) -> dict[str, float]:
         """Cumulative counters for the web UI's charts (names: engine/metrics.py)."""
-        return {"client_bytes_written": self.stats["client_bytes_written"],
-                "media_bytes_written": self.stats["media_bytes_written"]}
+        return {
+            "client_bytes_written": self.stats["client_bytes_written"],
+            "media_bytes_written": self.stats["media_bytes_written"],
+        }
 
     def close(self) -> None:
         if self._closed:

@@ -4,6 +4,7 @@ A file's map is loaded once (plain SQL: a 2 GiB file names 256 stripes and 2,560
 and kept until a commit, truncate or release of the file changes it (``invalidate``), or until
 fragments move (``invalidate_stripes``: rebuild, cleaning, tiering). A generation counter keeps
 a load that raced such a move from being cached."""
+
 from __future__ import annotations
 
 import bisect
@@ -29,7 +30,9 @@ class ExtentCache:
         self._map_version: dict[int, int] = defaultdict(int)
         self._lock = lock("datapath.maps")
         self._stripes: dict[int, StripeInfo] = {}
-        self._generation = 0  # bumped by invalidate_stripes: loads that began before it are not cached
+        self._generation = (
+            0  # bumped by invalidate_stripes: loads that began before it are not cached
+        )
         self.on_invalidate = None  # fn(inos): also forget what else is cached of these files
 
     def invalidate(self, inos) -> None:
@@ -40,7 +43,7 @@ class ExtentCache:
         self.on_invalidate(inos)
 
     def invalidate_stripes(self, stripe_ids) -> None:
-        """Forget cached descriptions and data of stripes (for rebuild/cleaning that move fragments)."""
+        """Forget cached descriptions and data of stripes (rebuild, cleaning: fragments moved)."""
         ids = set(stripe_ids)
         with self._lock:
             self._generation += 1
@@ -69,18 +72,29 @@ class ExtentCache:
             if sql_one(conn, "SELECT ino FROM inodes WHERE ino = ?", (ino,)) is None:
                 raise errors.StaleHandle(f"inode {ino} was removed")
             # plain SQL: SQLAlchemy rows cost about 10 us each (a 64 MiB file's map took 10 ms)
-            rows = sql_all(conn, "SELECT file_offset, length, stripe_id, stripe_offset FROM extents "
-                                 "WHERE ino = ? ORDER BY file_offset", (ino,))
+            rows = sql_all(
+                conn,
+                "SELECT file_offset, length, stripe_id, stripe_offset FROM extents "
+                "WHERE ino = ? ORDER BY file_offset",
+                (ino,),
+            )
             wanted = sorted({r[2] for r in rows if r[2] not in known})
             infos = {}
             for part in chunks(wanted):
                 marks = in_list(part)
-                for row in sql_all(conn, f"SELECT {_STRIPE_INFO_SQL} FROM stripes WHERE id IN {marks}", tuple(part)):
+                for row in sql_all(
+                    conn, f"SELECT {_STRIPE_INFO_SQL} FROM stripes WHERE id IN {marks}", tuple(part)
+                ):
                     infos[row[0]] = StripeInfo(*row)
-                for sid, idx, *where in sql_all(conn, "SELECT stripe_id, idx, drive_id, zone_id, zone_offset, length, "
-                                                      f"checksum FROM fragments WHERE stripe_id IN {marks}", tuple(part)):
+                for sid, idx, *where in sql_all(
+                    conn,
+                    "SELECT stripe_id, idx, drive_id, zone_id, zone_offset, length, "
+                    f"checksum FROM fragments WHERE stripe_id IN {marks}",
+                    tuple(part),
+                ):
                     infos[sid].fragments[idx] = tuple(where)
             return rows, infos
+
         rows, infos = self.catalog.read(work)
         items = [tuple(r) for r in rows]
         entry = ([i[0] for i in items], items, {})
@@ -106,8 +120,16 @@ class Reads:
         self.hook = None  # fn(ino), called on every read that asks to be tracked
         self._last_read_end: dict[int, int] = {}
 
-    def read(self, ino: int, offset: int, length: int, size: int, *, track: bool = True,
-             retry: bool = True) -> bytes | bytearray:
+    def read(
+        self,
+        ino: int,
+        offset: int,
+        length: int,
+        size: int,
+        *,
+        track: bool = True,
+        retry: bool = True,
+    ) -> bytes | bytearray:
         """Bytes [offset, min(offset + length, size)) of a file. ``track``: tell the read hook
         (tiering counts reads; its own moves pass False). ``retry``: reload a stale map once."""
         if track:
@@ -143,7 +165,9 @@ class Reads:
                     extents.invalidate({ino})
                     return self.read(ino, offset, length, size, track=False)
                 try:
-                    self.reader.read_range(info, so + (a - fo), b - a, view[a - offset:b - offset])
+                    self.reader.read_range(
+                        info, so + (a - fo), b - a, view[a - offset : b - offset]
+                    )
                 except errors.IOFailure:
                     if not retry:
                         raise
@@ -158,7 +182,7 @@ class Reads:
             for fo, so, elen in pending:
                 a, b = max(fo, offset), min(fo + elen, end)
                 if a < b:
-                    view[a - offset:b - offset] = payload[so + (a - fo):so + (b - fo)]
+                    view[a - offset : b - offset] = payload[so + (a - fo) : so + (b - fo)]
         self._read_ahead(ino, offset, end, items, stripe_ends)
         return out  # a bytearray the caller owns: the NFS reply sends it without another 1 MiB copy
 
@@ -171,7 +195,7 @@ class Reads:
             return
         last_index = touched[-1][0]
         seen = set()
-        for _fo, _elen, sid, _so in items[last_index:last_index + 1 + READ_AHEAD_STRIPES * 8]:
+        for _fo, _elen, sid, _so in items[last_index : last_index + 1 + READ_AHEAD_STRIPES * 8]:
             if sid in seen:
                 continue
             seen.add(sid)

@@ -1,4 +1,5 @@
 """Crash recovery: each zone's medium write pointer against the catalog's (run at start)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -43,7 +44,10 @@ def recover(catalog, space) -> RecoveryReport:
                     extra = medium - zone.committed_wp
                     report.zones_with_garbage += 1
                     report.garbage_bytes += extra
-                    values = {"write_pointer": medium, "garbage_bytes": ZONES.c.garbage_bytes + extra}
+                    values = {
+                        "write_pointer": medium,
+                        "garbage_bytes": ZONES.c.garbage_bytes + extra,
+                    }
                     if zone.state == "empty":
                         values["state"] = zone.state = "full"  # only garbage: reclaimable
                     zone.committed_wp = medium
@@ -56,8 +60,12 @@ def recover(catalog, space) -> RecoveryReport:
                     updates.append((zone.id, values))
                 if zone.state == "empty" and zone.wp == 0:
                     drive.empty.add(zone.idx)
-                elif zone.state == "open" and zone.band_class in space.policies \
-                        and zone.band_class not in drive.open and zone.wp < drive.zone_size:
+                elif (
+                    zone.state == "open"
+                    and zone.band_class in space.policies
+                    and zone.band_class not in drive.open
+                    and zone.wp < drive.zone_size
+                ):
                     drive.open[zone.band_class] = zone
                 elif zone.state == "open":
                     zone.state = "full"
@@ -66,6 +74,7 @@ def recover(catalog, space) -> RecoveryReport:
     def work(conn):
         for zone_id, values in updates:
             conn.execute(ZONES.update().where(ZONES.c.id == zone_id).values(**values))
+
     if updates:
         catalog.run(work, durable=True)
     return report

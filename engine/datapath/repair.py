@@ -1,6 +1,7 @@
 """Fragment repair (invariant 5): a fragment that failed its checksum on a read is rebuilt from
 the stripe's good fragments, appended to an open band of the same drive, and the catalog
 points at the new copy; the bad bytes become garbage of their zone."""
+
 from __future__ import annotations
 
 import time
@@ -56,7 +57,10 @@ class Repairer:
             fragment = next(iter(good.values()))
         else:
             from engine.erasure import decoder_for
-            fragment = decoder_for(info.k, info.m, info.backend).driver.reconstruct(list(good.values()), [idx])[0]
+
+            fragment = decoder_for(info.k, info.m, info.backend).driver.reconstruct(
+                list(good.values()), [idx]
+            )[0]
         drive_id, old_zone_id, old_offset, length, old_checksum = info.fragments[idx]
         space = self.space
         drive = space.drives.get(drive_id)
@@ -66,7 +70,9 @@ class Repairer:
         with space.lock:
             zone = space.zone_for(drive, band_class, length)
             if zone is None:
-                raise errors.NoSpace(f"no room on drive {drive_id} to repair stripe {info.id} fragment {idx}")
+                raise errors.NoSpace(
+                    f"no room on drive {drive_id} to repair stripe {info.id} fragment {idx}"
+                )
             offset = zone.wp
             zone.wp += padded(length, drive.granularity)
             zone.inflight += 1
@@ -76,24 +82,53 @@ class Repairer:
         checksum = crc32c.crc32c(fragment)
 
         def work(conn):
-            row = conn.execute(select(STRIPES.c.data_length, STRIPES.c.live_bytes)
-                               .where(STRIPES.c.id == info.id)).first()
-            # repoint only the copy we judged bad: if scrub or cleaning moved it meanwhile, ours is garbage
-            moved = row is not None and conn.execute(FRAGMENTS.update().where(
-                FRAGMENTS.c.stripe_id == info.id, FRAGMENTS.c.idx == idx, FRAGMENTS.c.zone_id == old_zone_id,
-                FRAGMENTS.c.zone_offset == old_offset, FRAGMENTS.c.checksum == old_checksum)
-                .values(zone_id=zone.id, zone_offset=offset, checksum=checksum)).rowcount == 1
+            row = conn.execute(
+                select(STRIPES.c.data_length, STRIPES.c.live_bytes).where(STRIPES.c.id == info.id)
+            ).first()
+            # repoint only the copy we judged bad: if scrub or cleaning moved it meanwhile,
+            # ours is garbage
+            moved = (
+                row is not None
+                and conn.execute(
+                    FRAGMENTS.update()
+                    .where(
+                        FRAGMENTS.c.stripe_id == info.id,
+                        FRAGMENTS.c.idx == idx,
+                        FRAGMENTS.c.zone_id == old_zone_id,
+                        FRAGMENTS.c.zone_offset == old_offset,
+                        FRAGMENTS.c.checksum == old_checksum,
+                    )
+                    .values(zone_id=zone.id, zone_offset=offset, checksum=checksum)
+                ).rowcount
+                == 1
+            )
             live = length * row.live_bytes // row.data_length if moved and row.data_length else 0
             if live:
-                conn.execute(ZONES.update().where(ZONES.c.id == old_zone_id).values(
-                    live_bytes=ZONES.c.live_bytes - live, garbage_bytes=ZONES.c.garbage_bytes + live))
+                conn.execute(
+                    ZONES.update()
+                    .where(ZONES.c.id == old_zone_id)
+                    .values(
+                        live_bytes=ZONES.c.live_bytes - live,
+                        garbage_bytes=ZONES.c.garbage_bytes + live,
+                    )
+                )
             wp = conn.execute(select(ZONES.c.write_pointer).where(ZONES.c.id == zone.id)).scalar()
             new_wp = max(wp, offset + length)
-            conn.execute(ZONES.update().where(ZONES.c.id == zone.id).values(
-                state=state[0], band_class=state[1], opened_ns=state[2], write_pointer=new_wp,
-                live_bytes=ZONES.c.live_bytes + live,
-                garbage_bytes=ZONES.c.garbage_bytes + (new_wp - wp) - live, last_write_ns=time.time_ns()))
+            conn.execute(
+                ZONES.update()
+                .where(ZONES.c.id == zone.id)
+                .values(
+                    state=state[0],
+                    band_class=state[1],
+                    opened_ns=state[2],
+                    write_pointer=new_wp,
+                    live_bytes=ZONES.c.live_bytes + live,
+                    garbage_bytes=ZONES.c.garbage_bytes + (new_wp - wp) - live,
+                    last_write_ns=time.time_ns(),
+                )
+            )
             return moved
+
         try:
             if latch.errors:
                 raise errors.IOFailure(f"repair write failed: {latch.errors[0]}")

@@ -8,6 +8,7 @@ guards it (``lock``, rank "datapath.space"). Its operations:
 - claim / close / take / settle: zones of the lifecycle jobs (engine/lifecycle/media.py);
 - pin / unpin: a zone with pins (``ZoneMem.inflight``) is never reset;
 - reclaim_zones: reset zones that hold only garbage (invariant 6)."""
+
 from __future__ import annotations
 
 import time
@@ -44,8 +45,16 @@ def padded(length: int, granularity: int) -> int:
 
 
 class Space:
-    def __init__(self, catalog, policies: dict[str, Policy], default_class: str, reserve_zones: int,
-                 stats, *, smr_model=None):
+    def __init__(
+        self,
+        catalog,
+        policies: dict[str, Policy],
+        default_class: str,
+        reserve_zones: int,
+        stats,
+        *,
+        smr_model=None,
+    ):
         self.catalog = catalog
         self.policies = policies
         self.default_class = default_class
@@ -68,11 +77,14 @@ class Space:
     # -- drives -------------------------------------------------------------------------
     def _load_drives(self, smr_model) -> None:
         def work(conn):
-            drives = conn.execute(select(DRIVES).where(DRIVES.c.state != "removed").order_by(DRIVES.c.id)).all()
+            drives = conn.execute(
+                select(DRIVES).where(DRIVES.c.state != "removed").order_by(DRIVES.c.id)
+            ).all()
             zones = defaultdict(list)
             for row in conn.execute(select(ZONES)):
                 zones[row.drive_id].append(row)
             return drives, zones
+
         drives, zones = self.catalog.read(work)
         for row in drives:
             drive = DriveState(row, zones[row.id])
@@ -86,7 +98,9 @@ class Space:
 
     def refresh_drive_states(self) -> None:
         """Re-read Drive.state (an admin or the rebuild engine may have changed it)."""
-        rows = self.catalog.read(lambda conn: conn.execute(select(DRIVES.c.id, DRIVES.c.state)).all())
+        rows = self.catalog.read(
+            lambda conn: conn.execute(select(DRIVES.c.id, DRIVES.c.state)).all()
+        )
         for row in rows:
             drive = self.drives.get(row.id)
             if drive is not None:
@@ -98,22 +112,32 @@ class Space:
             return {d.id: len(d.empty) for d in self.drives.values() if d.writable()}
 
     def drives_with_room(self, exclude=(), reserve: int = 0) -> list[tuple[int, int]]:
-        """(empty zones, drive id) of writable drives not in ``exclude`` with more than ``reserve``."""
+        """(empty zones, drive id) of writable drives not in ``exclude``, more than ``reserve``."""
         with self.lock:
-            return [(len(d.empty), d.id) for d in self.drives.values()
-                    if d.writable() and d.id not in exclude and len(d.empty) > reserve]
+            return [
+                (len(d.empty), d.id)
+                for d in self.drives.values()
+                if d.writable() and d.id not in exclude and len(d.empty) > reserve
+            ]
 
     # -- capacity -----------------------------------------------------------------------
     def refresh_reclaimable(self) -> None:
         def work(conn):
-            return conn.execute(select(ZONES.c.drive_id, func.count()).where(
-                ZONES.c.state == "full", ZONES.c.live_bytes == 0).group_by(ZONES.c.drive_id)).all()
+            return conn.execute(
+                select(ZONES.c.drive_id, func.count())
+                .where(ZONES.c.state == "full", ZONES.c.live_bytes == 0)
+                .group_by(ZONES.c.drive_id)
+            ).all()
+
         self._reclaimable = {row[0]: row[1] for row in self.catalog.read(work)}
 
     def usable(self, policy: Policy | None = None) -> int:
         fragment = (policy or self.policies[self.default_class]).max_fragment_length
-        return sum(d.usable_bytes(self.reserve_zones, fragment, self._reclaimable.get(d.id, 0))
-                   for d in self.drives.values() if d.writable())
+        return sum(
+            d.usable_bytes(self.reserve_zones, fragment, self._reclaimable.get(d.id, 0))
+            for d in self.drives.values()
+            if d.writable()
+        )
 
     def spare(self) -> int:
         """Usable raw bytes that no buffered write has reserved."""
@@ -124,16 +148,21 @@ class Space:
         policy = self.policies[self.default_class]
         self.refresh_reclaimable()
         with self.lock:
-            raw = sum(max(d.zone_count - self.reserve_zones, 0) * d.zone_size
-                      for d in self.drives.values() if d.state not in ("failed", "removed"))
+            raw = sum(
+                max(d.zone_count - self.reserve_zones, 0) * d.zone_size
+                for d in self.drives.values()
+                if d.state not in ("failed", "removed")
+            )
             free = max(self.usable() - self._reserved, 0)
         return int(raw * policy.efficiency), int(free * policy.efficiency)
 
     @staticmethod
     def need(policy: Policy, length: int) -> int:
-        """Raw bytes to reserve for ``length`` user bytes (headers of every stripe they may start)."""
+        """Raw bytes to reserve for ``length`` user bytes (headers of every stripe they start)."""
         stripes = 2 + length // policy.stripe_size
-        return policy.width * (-(-length // policy.k) + stripes * (policy.header_size + ALIGNMENT_SLACK))
+        return policy.width * (
+            -(-length // policy.k) + stripes * (policy.header_size + ALIGNMENT_SLACK)
+        )
 
     def reserve(self, need: int, policy: Policy) -> None:
         with self.lock:
@@ -145,9 +174,12 @@ class Space:
             self.refresh_reclaimable()
             with self._reserve_lock:
                 if self._reserved + need > self.usable(policy):
-                    raise errors.NoSpace(f"no space for {need} more raw bytes: {self.usable(policy) - self._reserved}"
-                                         f" usable on {sum(d.writable() for d in self.drives.values())} writable "
-                                         "drives")
+                    raise errors.NoSpace(
+                        f"no space for {need} more raw bytes: "
+                        f"{self.usable(policy) - self._reserved}"
+                        f" usable on {sum(d.writable() for d in self.drives.values())} writable "
+                        "drives"
+                    )
                 self._reserved += need
 
     def unreserve(self, amount: int) -> None:
@@ -159,12 +191,27 @@ class Space:
         """Reset zones holding only garbage (invariant 6: no committed extent points into them)."""
         # A stripe with a few live bytes can round its fragments' live share down to zero, so
         # the counter alone must not decide: no fragment of a live stripe may sit in the zone.
-        referenced = (select(FRAGMENTS.c.id).join(STRIPES, FRAGMENTS.c.stripe_id == STRIPES.c.id)
-                      .where(FRAGMENTS.c.zone_id == ZONES.c.id, STRIPES.c.live_bytes > 0).exists())
+        referenced = (
+            select(FRAGMENTS.c.id)
+            .join(STRIPES, FRAGMENTS.c.stripe_id == STRIPES.c.id)
+            .where(FRAGMENTS.c.zone_id == ZONES.c.id, STRIPES.c.live_bytes > 0)
+            .exists()
+        )
 
         def find(conn):
-            return conn.execute(select(ZONES.c.id).where(ZONES.c.live_bytes == 0, ZONES.c.state.in_(("full", "open")),
-                                                        ZONES.c.write_pointer > 0, ~referenced)).scalars().all()
+            return (
+                conn.execute(
+                    select(ZONES.c.id).where(
+                        ZONES.c.live_bytes == 0,
+                        ZONES.c.state.in_(("full", "open")),
+                        ZONES.c.write_pointer > 0,
+                        ~referenced,
+                    )
+                )
+                .scalars()
+                .all()
+            )
+
         with self.lock:
             candidates = []
             for zone_id in self.catalog.read(find):
@@ -178,13 +225,23 @@ class Space:
             def work(conn):
                 done = []
                 for drive, zone in candidates:
-                    hit = conn.execute(ZONES.update().where(ZONES.c.id == zone.id, ZONES.c.live_bytes == 0,
-                                                            ~referenced).values(
-                        state="empty", band_class=None, write_pointer=0, live_bytes=0, garbage_bytes=0,
-                        opened_ns=None, resets=ZONES.c.resets + 1)).rowcount
+                    hit = conn.execute(
+                        ZONES.update()
+                        .where(ZONES.c.id == zone.id, ZONES.c.live_bytes == 0, ~referenced)
+                        .values(
+                            state="empty",
+                            band_class=None,
+                            write_pointer=0,
+                            live_bytes=0,
+                            garbage_bytes=0,
+                            opened_ns=None,
+                            resets=ZONES.c.resets + 1,
+                        )
+                    ).rowcount
                     if hit:
                         done.append((drive, zone))
                 return done
+
             done = self.catalog.run(work, durable=True)
             for drive, zone in done:
                 if drive.open.get(zone.band_class) is zone:
@@ -192,7 +249,13 @@ class Space:
             # through the writers' queues, behind any "finish" still queued for these zones
             self.writers.reset_zones([(drive, zone.idx) for drive, zone in done])
             for drive, zone in done:
-                zone.state, zone.band_class, zone.wp, zone.committed_wp, zone.dirty = "empty", None, 0, 0, False
+                zone.state, zone.band_class, zone.wp, zone.committed_wp, zone.dirty = (
+                    "empty",
+                    None,
+                    0,
+                    0,
+                    False,
+                )
                 drive.empty.add(zone.idx)
             return len(done)
 
@@ -208,7 +271,9 @@ class Space:
             self._rr += 1
             n = max(len(writable), 1)
             # most free first; the rotation spreads ties so equal drives share the work
-            writable.sort(key=lambda d: (-(len(d.empty) + sum(1 for _ in d.open)), (d.id + self._rr) % n))
+            writable.sort(
+                key=lambda d: (-(len(d.empty) + sum(1 for _ in d.open)), (d.id + self._rr) % n)
+            )
             for attempt in range(2):
                 chosen = []
                 for drive in writable:
@@ -221,9 +286,11 @@ class Space:
                 if len(chosen) == width or attempt or not self.reclaim_zones():
                     break
             if len(chosen) < policy.write_quorum:
-                raise errors.NoSpace(f"stripe of {len(stripe.payload)} bytes needs {width} drives (at least "
-                                     f"{policy.write_quorum}) with {length} free bytes in a {policy.name} band; "
-                                     f"{len(chosen)} have room")
+                raise errors.NoSpace(
+                    f"stripe of {len(stripe.payload)} bytes needs {width} drives (at least "
+                    f"{policy.write_quorum}) with {length} free bytes in a {policy.name} band; "
+                    f"{len(chosen)} have room"
+                )
             # fewer drives than the stripe is wide (a drive failed): write the data fragments and as
             # much parity as there are drives; the stripe is born degraded and rebuild completes it
             if len(chosen) < width:
@@ -256,7 +323,12 @@ class Space:
         idx = min(drive.empty)
         drive.empty.discard(idx)
         zone = drive.zones[idx]
-        zone.state, zone.band_class, zone.dirty, zone.opened_ns = "open", band_class, True, time.time_ns()
+        zone.state, zone.band_class, zone.dirty, zone.opened_ns = (
+            "open",
+            band_class,
+            True,
+            time.time_ns(),
+        )
         drive.open[band_class] = zone
         return zone
 
@@ -305,13 +377,20 @@ class Space:
                 self.reclaim_zones()  # zones holding only garbage: reset them and look again
                 self.refresh_reclaimable()
             if not self._may_claim(drive, band_class, use_reserve):
-                raise errors.NoSpace(f"drive {drive.id} has {len(drive.empty)} empty zones "
-                                     f"({self.reserve_zones} reserved for cleaning) and the data path's "
-                                     f"buffered writes hold the rest: no room for {purpose}")
+                raise errors.NoSpace(
+                    f"drive {drive.id} has {len(drive.empty)} empty zones "
+                    f"({self.reserve_zones} reserved for cleaning) and the data path's "
+                    f"buffered writes hold the rest: no room for {purpose}"
+                )
             idx = min(drive.empty)
             drive.empty.discard(idx)
             zone = drive.zones[idx]
-            zone.state, zone.band_class, zone.opened_ns, zone.dirty = "open", band_class, time.time_ns(), True
+            zone.state, zone.band_class, zone.opened_ns, zone.dirty = (
+                "open",
+                band_class,
+                time.time_ns(),
+                True,
+            )
             zone.inflight += 1  # pinned while the job owns it: never reset under it
             return zone
 

@@ -4,6 +4,7 @@
 turns them into a ``PendingStripe``, has it encoded (an encoder thread, or the flushing thread
 itself), places it (``Space.place``) in submission order and queues its fragments to the drive
 writers; ``Committer`` (commit.py) records it once every fragment is durable."""
+
 from __future__ import annotations
 
 import threading
@@ -26,8 +27,22 @@ INLINE_RECOUNT_S = 5.0  # over budget: count what tiering has folded meanwhile a
 class PendingStripe(WriteTicket):
     """A stripe in the pipeline; as a WriteTicket it counts its fragments' appends down."""
 
-    __slots__ = ("seq", "fb", "policy", "payload", "extents", "reserved", "fragments", "crcs", "placement",
-                 "committed", "encoding", "encoded", "flushing", "commits")
+    __slots__ = (
+        "seq",
+        "fb",
+        "policy",
+        "payload",
+        "extents",
+        "reserved",
+        "fragments",
+        "crcs",
+        "placement",
+        "committed",
+        "encoding",
+        "encoded",
+        "flushing",
+        "commits",
+    )
 
     def __init__(self, seq, fb, payload, extents, reserved, policy, commits):
         super().__init__()
@@ -43,7 +58,9 @@ class PendingStripe(WriteTicket):
         self.committed = threading.Event()
         self.encoding: Future | None = None
         self.encoded = None  # erasure.Encoded: its buffers are freed once every fragment is written
-        self.flushing = False  # a flush waits for it and commits it itself: the committer need not wake
+        self.flushing = (
+            False  # a flush waits for it and commits it itself: the committer need not wake
+        )
         self.commits = commits  # the Committer that records it
 
     def all_written(self) -> None:
@@ -57,8 +74,20 @@ class PendingStripe(WriteTicket):
 class FileBuffer:
     """Per-file write buffer: the bytes of the stripe being filled, and the stripes in flight."""
 
-    __slots__ = ("ino", "policy", "pinned", "size", "data", "extents", "reserved", "inflight", "lock", "ilock",
-                 "error", "dead")
+    __slots__ = (
+        "ino",
+        "policy",
+        "pinned",
+        "size",
+        "data",
+        "extents",
+        "reserved",
+        "inflight",
+        "lock",
+        "ilock",
+        "error",
+        "dead",
+    )
 
     def __init__(self, ino: int, policy: Policy, size: int, pinned: bool = False):
         self.ino = ino
@@ -81,7 +110,8 @@ class FileBuffer:
 def drain(lock, cv, items: deque, ready, run, *, blocking: bool, batch: int = 1) -> None:
     """Whoever holds ``lock`` runs ``run(taken)`` on the ready items at the head of ``items``, in
     order, up to ``batch`` at a time; ``cv`` guards the queue. A caller that finds the lock held
-    leaves its items to the holder and wakes nobody, so the holder looks once more after letting go."""
+    leaves its items to the holder and wakes nobody, so the holder looks once more after
+    letting go."""
     while True:
         if not lock.acquire(blocking=blocking):
             return
@@ -127,17 +157,30 @@ class InlineBudget:
             return True
 
     def _count(self) -> int:
-        return int(self.catalog.read(lambda conn: sql_one(conn, "SELECT COALESCE(SUM(length), 0) FROM inline_data",
-                                                          ()))[0])
+        return int(
+            self.catalog.read(
+                lambda conn: sql_one(conn, "SELECT COALESCE(SUM(length), 0) FROM inline_data", ())
+            )[0]
+        )
 
 
 class Dispatcher:
     """Encodes submitted stripes and places them in submission order (the dispatch lock keeps
     that order whoever places: the dispatcher thread, or a flushing caller)."""
 
-    def __init__(self, space, commits, writers: DriveWriters, policies: dict[str, Policy], inline: Policy | None,
-                 inline_budget: InlineBudget, small_write_bytes: int, max_inflight_stripes: int, encoders: int,
-                 stats):
+    def __init__(
+        self,
+        space,
+        commits,
+        writers: DriveWriters,
+        policies: dict[str, Policy],
+        inline: Policy | None,
+        inline_budget: InlineBudget,
+        small_write_bytes: int,
+        max_inflight_stripes: int,
+        encoders: int,
+        stats,
+    ):
         self.space = space
         self.commits = commits
         self.writers = writers
@@ -146,7 +189,9 @@ class Dispatcher:
         self.inline_budget = inline_budget
         self.small_write_bytes = small_write_bytes
         self.stats = stats
-        self.inflight = threading.BoundedSemaphore(max_inflight_stripes)  # stripes submitted, not committed
+        self.inflight = threading.BoundedSemaphore(
+            max_inflight_stripes
+        )  # stripes submitted, not committed
         self.queue: deque = deque()
         self.cv = condition("datapath.dispatch_queue")
         self.lock = lock("datapath.dispatch")
@@ -183,7 +228,12 @@ class Dispatcher:
         own = min(fb.reserved, space.need(policy, len(payload)))
         fb.reserved -= own
         hot = self.policies.get(HOT_CLASS)
-        if not fb.pinned and hot is not None and hot is not policy and len(payload) < self.small_write_bytes:
+        if (
+            not fb.pinned
+            and hot is not None
+            and hot is not policy
+            and len(payload) < self.small_write_bytes
+        ):
             # a few KiB cannot fill a stripe: keep them in the catalog (inline) or replicate them in
             # the hot class; tiering re-encodes both later
             if self._inline_room(len(payload)):
@@ -219,7 +269,9 @@ class Dispatcher:
                 stripe.encoding = self._encoder.submit(self._encode, stripe)
             with self.cv:
                 self.queue.append(stripe)
-                if not inline:  # an inline stripe is placed by its flush (dispatch_ready): no wake-up
+                if (
+                    not inline
+                ):  # an inline stripe is placed by its flush (dispatch_ready): no wake-up
                     self.cv.notify()
 
     def _inline_room(self, length: int) -> bool:
@@ -244,15 +296,23 @@ class Dispatcher:
                 if not self.queue:
                     return
                 head = self.queue[0]
-            futures_wait((head.encoding,))  # a failed encoding is recorded on the stripe by _dispatch
+            futures_wait(
+                (head.encoding,)
+            )  # a failed encoding is recorded on the stripe by _dispatch
             self.dispatch_ready(blocking=True)
 
     def dispatch_ready(self, *, blocking: bool) -> None:
         """Place every stripe at the head of the queue whose encoding is done. The dispatch lock
         keeps placement in submission order whoever runs it (the dispatcher, or a flushing caller,
         which wakes no dispatcher for its own stripe)."""
-        drain(self.lock, self.cv, self.queue, lambda s: s.encoding.done(),
-              lambda stripes: self._dispatch(stripes[0]), blocking=blocking)
+        drain(
+            self.lock,
+            self.cv,
+            self.queue,
+            lambda s: s.encoding.done(),
+            lambda stripes: self._dispatch(stripes[0]),
+            blocking=blocking,
+        )
 
     def _dispatch(self, stripe: PendingStripe) -> None:
         try:
@@ -260,7 +320,11 @@ class Dispatcher:
             if stripe.policy is not self.inline:  # inline bytes go to the catalog, not to drives
                 self.space.place(stripe)
         except BaseException as exc:  # noqa: BLE001 - the stripe carries it to flush()
-            stripe.fail(exc if isinstance(exc, errors.FsError) else errors.IOFailure(f"encode failed: {exc}"))
+            stripe.fail(
+                exc
+                if isinstance(exc, errors.FsError)
+                else errors.IOFailure(f"encode failed: {exc}")
+            )
         finally:
             self.space.unreserve(stripe.reserved)
             stripe.reserved = 0

@@ -9,6 +9,7 @@ for the zone before it.
 A ``WriteTicket`` is what a waiter holds: it counts down as its appends become durable and sets
 ``written`` when the last one is. The data path's stripes are tickets; the lifecycle jobs use
 plain ones (engine/lifecycle/media.py)."""
+
 from __future__ import annotations
 
 import queue
@@ -103,8 +104,9 @@ class DriveWriters:
 
     def start(self) -> None:
         for drive in self.drives.values():
-            drive.thread = threading.Thread(target=self._run, args=(drive,), daemon=True,
-                                            name=f"shingle-drive-{drive.id}")
+            drive.thread = threading.Thread(
+                target=self._run, args=(drive,), daemon=True, name=f"shingle-drive-{drive.id}"
+            )
             self.threads.append(drive.thread)
             drive.thread.start()
 
@@ -155,8 +157,12 @@ class DriveWriters:
         fsyncs itself (a lone flush pays no hand-off). A fragment counts as
         written only once it is durable."""
         synced: queue.SimpleQueue = queue.SimpleQueue()
-        syncer = threading.Thread(target=self._sync_loop, args=(drive, synced), daemon=True,
-                                  name=f"shingle-sync-{drive.id}")
+        syncer = threading.Thread(
+            target=self._sync_loop,
+            args=(drive, synced),
+            daemon=True,
+            name=f"shingle-sync-{drive.id}",
+        )
         syncer.start()
         backend, stats, pending = drive.backend, self.stats, drive.queue
         try:
@@ -168,7 +174,7 @@ class DriveWriters:
                     try:
                         started = time.perf_counter()
                         if pending.empty() and synced.empty():
-                            # nothing else to append meanwhile: no hand-off to the syncer (it would only
+                            # nothing else to append meanwhile: no hand-off to the syncer (it would
                             # add latency), and the write is durable in the same call
                             backend.append(idx, offset, data, durable=True)
                             stats["fsync_s"] += time.perf_counter() - started
@@ -184,7 +190,9 @@ class DriveWriters:
                             synced.put((idx, ticket))
                     except BaseException as exc:  # noqa: BLE001
                         drive.write_failed = True
-                        ticket.fail(errors.IOFailure(f"drive {drive.id} zone {idx}: write failed: {exc}"))
+                        ticket.fail(
+                            errors.IOFailure(f"drive {drive.id} zone {idx}: write failed: {exc}")
+                        )
                         ticket.fragment_done()
                 elif item is None:
                     return
@@ -227,7 +235,7 @@ class DriveWriters:
                 self._sync_batch(drive, batch)
 
     def _sync_batch(self, drive: DriveState, batch: list) -> None:
-        """fsync the zones of ``batch`` [(zone idx, ticket)]; then each fragment counts as written."""
+        """fsync the zones of ``batch`` [(zone idx, ticket)]; then each fragment counts."""
         started = time.perf_counter()
         error = None
         for idx in sorted({idx for idx, _ticket in batch}):
