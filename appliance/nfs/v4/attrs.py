@@ -8,9 +8,9 @@ import grp
 import pwd
 from dataclasses import dataclass
 
-from appliance.nfs import const as c
-from appliance.nfs.types4 import bitmap4, fsid4, nfs_fh4, nfstime4, settime4, specdata4, utf8str
-from appliance.nfs.xdr import Array, Bool, Packer, UHyper, UInt, XdrError
+from appliance.nfs.onc.xdr import Array, Bool, Packer, UHyper, UInt, XdrError
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4.types import bitmap4, fsid4, nfs_fh4, nfstime4, settime4, specdata4, utf8str
 
 MAX_IO = 1 << 20
 MAX_FILE_SIZE = (1 << 63) - 1

@@ -1,12 +1,11 @@
-"""NFSv4.1 XDR declarations (RFC 5662), once; codecs derive from appliance.nfs.xdr.
+"""NFSv4.1 XDR declarations (RFC 5662), once; codecs derive from appliance.nfs.onc.xdr.
 
 ``ARGS[op]`` / ``RESULTS[op]`` give each operation's argument and result types.
 Operations this server answers with NFS4ERR_NOTSUPP need no argument type:
 the COMPOUND stops at the first failing operation."""
 from __future__ import annotations
 
-from appliance.nfs import const as c
-from appliance.nfs.xdr import (
+from appliance.nfs.onc.xdr import (
     Array,
     Bool,
     FixedOpaque,
@@ -20,6 +19,7 @@ from appliance.nfs.xdr import (
     Union,
     Void,
 )
+from appliance.nfs.v4 import const as c
 
 NFS4_FHSIZE = 128
 NFS4_OPAQUE_LIMIT = 1024

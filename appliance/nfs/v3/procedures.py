@@ -1,191 +1,44 @@
-"""NFSv3 (RFC 1813) over the namespace API, sharing the NFSv4.1 server's
+"""NFSv3 (RFC 1813) procedures over the namespace API, sharing the NFSv4.1 server's
 exports, file handles (a v3 handle works in v4 and back) and write verifier.
 
 Each procedure is a handler registered with ``@procedure(NFSPROC3_X)``: it gets
 a ``Call3`` context and the arguments decoded from their declared XDR type
-(types3.ARGS3), returns the resok value, or raises ``Nfs3Error`` / an
+(types.ARGS3), returns the resok value, or raises ``Nfs3Error`` / an
 engine.errors exception, which becomes the NFS3ERR_* status with the
-procedure's resfail value. Calls run in the server's worker threads.
-``VersionDispatch`` lets program 100003 answer version 3 here and version 4
-in the existing Nfs4Program."""
+procedure's resfail value (appliance.nfs.v3.program). Calls run in the server's
+worker threads."""
 from __future__ import annotations
 
-import errno
-import logging
-import time
-from typing import NamedTuple
+from collections.abc import Callable
 
-from appliance.nfs import types3 as t
-from appliance.nfs.fh import KIND_FILE, BadHandle, StaleHandle
-from appliance.nfs.rpc import GARBAGE_ARGS, PROC_UNAVAIL, InWorker, RpcReject, accepted
-from appliance.nfs.xdr import Packer, XdrError
+from appliance.nfs import access as export_access
+from appliance.nfs.v3 import types as t
+from appliance.nfs.v3.context import (
+    COOKIEVERF,
+    FATTR3_SIZE,
+    MAX_FILE_SIZE,
+    MAX_IO,
+    NS,
+    READDIR_MAX_ENTRIES,
+    RESOK_OVERHEAD,
+    Call3,
+    Nfs3Error,
+    Node3,
+    check_name,
+    nfstime,
+)
 from engine import errors
-from engine.catalog.database import CatalogUnavailable
 from engine.catalog.models import BLK, CHR, DIR, FIFO, LNK, REG, SOCK
-from engine.namespace import R_OK, SET_TO_NOW, W_OK, X_OK, Attr, may
+from engine.namespace import R_OK, W_OK, X_OK, Attr, may
 
-log = logging.getLogger("shingle.nfs.v3")
-
-MAX_IO = 1 << 20
-MAX_FILE_SIZE = (1 << 63) - 1
-NS = 1_000_000_000
-COOKIEVERF = b"\0" * 8  # cookies are dirent ids, valid while the directory changes: no verifier needed
-READDIR_MAX_ENTRIES = 4096
-# XDR sizes used to fill READDIR(PLUS) replies up to the client's count
-FATTR3_SIZE = 84
-RESOK_OVERHEAD = 4 + 4 + FATTR3_SIZE + 8 + 4 + 4  # status, dir attrs, verifier, list end, eof
-
-ERRNO_TO_NFS3 = {
-    errno.EPERM: t.NFS3ERR_PERM, errno.ENOENT: t.NFS3ERR_NOENT, errno.EIO: t.NFS3ERR_IO,
-    errno.ENXIO: t.NFS3ERR_NXIO, errno.EACCES: t.NFS3ERR_ACCES, errno.EEXIST: t.NFS3ERR_EXIST,
-    errno.EXDEV: t.NFS3ERR_XDEV, errno.ENODEV: t.NFS3ERR_NODEV, errno.ENOTDIR: t.NFS3ERR_NOTDIR,
-    errno.EISDIR: t.NFS3ERR_ISDIR, errno.EINVAL: t.NFS3ERR_INVAL, errno.EFBIG: t.NFS3ERR_FBIG,
-    errno.ENOSPC: t.NFS3ERR_NOSPC, errno.EROFS: t.NFS3ERR_ROFS, errno.EMLINK: t.NFS3ERR_MLINK,
-    errno.ENAMETOOLONG: t.NFS3ERR_NAMETOOLONG, errno.ENOTEMPTY: t.NFS3ERR_NOTEMPTY,
-    errno.EDQUOT: t.NFS3ERR_DQUOT, errno.ESTALE: t.NFS3ERR_STALE, errno.ENODATA: t.NFS3ERR_NOENT,
-    errno.ENOTSUP: t.NFS3ERR_NOTSUPP,
-}
-
-HANDLERS3: dict = {}
+HANDLERS3: dict[int, Callable] = {}
 
 
-def procedure(proc: int):
-    def register(fn):
+def procedure(proc: int) -> Callable[[Callable], Callable]:
+    def register(fn: Callable) -> Callable:
         HANDLERS3[proc] = fn
         return fn
     return register
-
-
-class Nfs3Error(Exception):
-    def __init__(self, status: int, message: str = ""):
-        super().__init__(message or str(status))
-        self.status = status
-
-
-def status_of(exc: Exception) -> int:
-    if isinstance(exc, Nfs3Error):
-        return exc.status
-    if isinstance(exc, CatalogUnavailable):
-        return t.NFS3ERR_JUKEBOX  # the client retries later
-    if isinstance(exc, OSError):
-        return ERRNO_TO_NFS3.get(exc.errno, t.NFS3ERR_IO)
-    return t.NFS3ERR_SERVERFAULT
-
-
-class Node3(NamedTuple):
-    """A file of an export named by a v3 handle, with its attributes at decode time."""
-
-    rule: object  # appliance.nfs.exports.ExportRule
-    attr: Attr
-
-
-def _time(ns: int):
-    return t.nfstime3.cls((ns // NS) & 0xFFFFFFFF, ns % NS)
-
-
-def _client_time(how_value):
-    how, value = how_value
-    if how == t.SET_TO_CLIENT_TIME:
-        if value.nseconds >= NS:
-            raise Nfs3Error(t.NFS3ERR_INVAL, f"nseconds {value.nseconds}: expected < 10^9")
-        return value.seconds * NS + value.nseconds
-    if how == t.SET_TO_SERVER_TIME:
-        return SET_TO_NOW
-    return None
-
-
-class Call3:
-    """Per-call context: the server, the client's address and RPC credential."""
-
-    def __init__(self, server, rpc_cred, address: str):
-        self.server = server
-        self.ns = server.namespace
-        self.rpc_cred = rpc_cred
-        self.address = address
-
-    # -- identities and handles ---------------------------------------------------------
-    def cred(self, rule):
-        r = self.rpc_cred
-        return rule.cred(r.uid, r.gid, r.gids)
-
-    def node(self, fh) -> Node3:
-        try:
-            h = self.server.handles.unpack(fh)
-        except BadHandle as exc:
-            raise Nfs3Error(t.NFS3ERR_BADHANDLE, str(exc)) from None
-        except StaleHandle as exc:
-            raise Nfs3Error(t.NFS3ERR_STALE, str(exc)) from None
-        if h.kind != KIND_FILE:
-            raise Nfs3Error(t.NFS3ERR_BADHANDLE, "an NFSv4 pseudo-root handle has no meaning in NFSv3")
-        rule = self.server.exports.by_id.get(h.export_id)
-        if rule is None:
-            raise Nfs3Error(t.NFS3ERR_STALE, f"export {h.export_id} no longer exists")
-        if not rule.allows(self.address):
-            raise Nfs3Error(t.NFS3ERR_ACCES, f"export {rule.name} does not admit client {self.address}")
-        attr = self.ns.getattr(h.ino)  # a freed inode: errors.StaleHandle -> NFS3ERR_STALE
-        if attr.generation != h.generation:
-            raise Nfs3Error(t.NFS3ERR_STALE, f"inode {h.ino} generation {attr.generation}, handle {h.generation}")
-        return Node3(rule, attr)
-
-    def dir_node(self, fh) -> Node3:
-        node = self.node(fh)
-        if node.attr.type != DIR:
-            raise Nfs3Error(t.NFS3ERR_NOTDIR, f"inode {node.attr.ino} is not a directory")
-        return node
-
-    def fh(self, rule, attr: Attr) -> bytes:
-        return self.server.handles.pack(KIND_FILE, rule.id, attr.ino, attr.generation)
-
-    @staticmethod
-    def need_writable(rule) -> None:
-        if rule.read_only:
-            raise Nfs3Error(t.NFS3ERR_ROFS, f"export {rule.name} is read-only")
-
-    # -- attributes ------------------------------------------------------------------------
-    def fattr(self, rule, a: Attr):
-        fsid = (self.server.handles.fsid + rule.id) & ((1 << 64) - 1)
-        return t.fattr3.cls(a.type, a.mode & 0o7777, min(a.nlink, 0xFFFFFFFF), a.uid, a.gid, a.size,
-                            (a.size + 4095) & ~4095, t.specdata3.cls((a.rdev >> 32) & 0xFFFFFFFF, a.rdev & 0xFFFFFFFF),
-                            fsid, a.ino, _time(a.atime_ns), _time(a.mtime_ns), _time(a.ctime_ns))
-
-    def post(self, rule, ino: int):
-        """post_op_attr: the current attributes, or none when they cannot be had."""
-        try:
-            return self.fattr(rule, self.ns.getattr(ino))
-        except Exception:  # noqa: BLE001 - attributes are optional here; the status says what happened
-            return None
-
-    @staticmethod
-    def pre(a: Attr):
-        return t.wcc_attr.cls(a.size, _time(a.mtime_ns), _time(a.ctime_ns))
-
-    def wcc(self, node: Node3):
-        return t.wcc_data.cls(self.pre(node.attr), self.post(node.rule, node.attr.ino))
-
-    def apply_sattr(self, rule, ino: int, s, *, skip_mode: bool = False) -> Attr | None:
-        """namespace.setattr for a sattr3 (what the client asked to set)."""
-        kw = {}
-        if s.mode is not None and not skip_mode:
-            kw["mode"] = s.mode & 0o7777
-        if s.uid is not None:
-            kw["uid"] = s.uid
-        if s.gid is not None:
-            kw["gid"] = s.gid
-        if s.size is not None:
-            kw["size"] = s.size
-        for key, value in (("atime_ns", s.atime), ("mtime_ns", s.mtime)):
-            when = _client_time(value)
-            if when is not None:
-                kw[key] = when
-        if not kw:
-            return None
-        return self.ns.setattr(self.cred(rule), ino, **kw)
-
-
-def check_name(name: str) -> str:
-    if not name or "/" in name or "\0" in name:
-        raise Nfs3Error(t.NFS3ERR_INVAL if name else t.NFS3ERR_NOENT, f"invalid file name {name!r}")
-    return name
 
 
 # -- attributes ----------------------------------------------------------------------------------
@@ -199,7 +52,7 @@ def getattr_(cx: Call3, fh):
 def setattr_(cx: Call3, a):
     node = cx.node(a.object)
     cx.need_writable(node.rule)
-    if a.guard is not None and (a.guard.seconds, a.guard.nseconds) != tuple(_time(node.attr.ctime_ns)):
+    if a.guard is not None and (a.guard.seconds, a.guard.nseconds) != tuple(nfstime(node.attr.ctime_ns)):
         raise Nfs3Error(t.NFS3ERR_NOT_SYNC, "ctime guard does not match")
     cx.apply_sattr(node.rule, node.attr.ino, a.new_attributes)
     return cx.wcc(node)
@@ -209,15 +62,7 @@ def setattr_(cx: Call3, a):
 def access(cx: Call3, a):
     node = cx.node(a.object)
     attr = node.attr
-    bits = cx.ns.access(cx.cred(node.rule), attr.ino, R_OK | W_OK | X_OK)
-    is_dir = attr.type == DIR
-    granted = 0
-    if bits & R_OK:
-        granted |= t.ACCESS3_READ
-    if bits & X_OK:
-        granted |= t.ACCESS3_LOOKUP if is_dir else t.ACCESS3_EXECUTE
-    if bits & W_OK and not node.rule.read_only:
-        granted |= t.ACCESS3_MODIFY | t.ACCESS3_EXTEND | (t.ACCESS3_DELETE if is_dir else 0)
+    granted = export_access.granted_access(cx.ns, cx.cred(node.rule), attr, node.rule)
     return t.ACCESS3resok.cls(cx.fattr(node.rule, attr), granted & a.access)
 
 
@@ -485,82 +330,3 @@ def fsinfo(cx: Call3, fh):
 def pathconf(cx: Call3, fh):
     node = cx.node(fh)
     return t.PATHCONF3resok.cls(cx.fattr(node.rule, node.attr), 65000, 255, True, True, False, True)
-
-
-# -- dispatch -------------------------------------------------------------------------------------------------------
-def execute(server, rpc_cred, address: str, proc: int, args) -> list:
-    """Run one NFSv3 procedure; returns the reply body chunks."""
-    rtype, fail = t.RESULTS3[proc]
-    cx = Call3(server, rpc_cred, address)
-    name = t.PROC3_NAMES.get(proc, proc)
-    server.counters.op(f"v3_{str(name).lower()}")
-    try:
-        value = HANDLERS3[proc](cx, args)
-        status = t.NFS3_OK
-    except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a dead connection
-        status = status_of(exc)
-        if status == t.NFS3ERR_SERVERFAULT:
-            log.exception("NFSv3 %s failed", name)
-        else:
-            log.debug("NFSv3 %s: status %d: %s", name, status, exc)
-        value = fail
-    p = Packer()
-    try:
-        rtype.pack(p, (status, value))
-    except XdrError:
-        # a result that does not encode (a bug) still gets an answer: the client must not hang
-        log.exception("NFSv3 %s: result does not encode", name)
-        p = Packer()
-        rtype.pack(p, (t.NFS3ERR_SERVERFAULT, fail))
-    return p.result()
-
-
-def decode_args(argtype, call, record, pos):
-    """The procedure's arguments, or GARBAGE_ARGS when they do not decode exactly."""
-    try:
-        args, end = argtype.unpack(record, pos)
-    except XdrError as exc:
-        log.debug("garbage arguments for prog %d proc %d: %s", call.prog, call.proc, exc)
-        raise RpcReject(accepted(call.xid, GARBAGE_ARGS)) from None
-    if end != len(record):
-        log.debug("prog %d proc %d: %d bytes after the arguments", call.prog, call.proc, len(record) - end)
-        raise RpcReject(accepted(call.xid, GARBAGE_ARGS))
-    return args
-
-
-class Nfs3Program:
-    versions = (t.NFS_V3,)
-
-    def __init__(self, server):
-        self.server = server
-
-    def call(self, conn, call, cred, record, pos):
-        argtype = t.ARGS3.get(call.proc)
-        if argtype is None:
-            raise RpcReject(accepted(call.xid, PROC_UNAVAIL))
-        args = decode_args(argtype, call, record, pos)
-        if call.proc == t.NFSPROC3_NULL:
-            return []
-        return InWorker(execute, self.server, cred, conn.peer[0], call.proc, args)
-
-
-class VersionDispatch:
-    """One RPC program answering several versions, each by its own program object."""
-
-    def __init__(self, by_version: dict):
-        self.by_version = by_version
-        self.versions = tuple(sorted(by_version))
-
-    def call(self, conn, call, cred, record, pos):
-        started = time.perf_counter()
-        counted = conn.server.counters.call_done
-        try:
-            result = self.by_version[call.vers].call(conn, call, cred, record, pos)
-        except BaseException:
-            counted(time.perf_counter() - started)
-            raise
-        if isinstance(result, InWorker):
-            result.finished = lambda: counted(time.perf_counter() - started)  # in the worker, once done
-        else:
-            counted(time.perf_counter() - started)
-        return result

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import delete, select
 
-from appliance.nfs import const as c
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4.types import LOCK4denied, channel_attrs4, state_owner4
 from engine.catalog.models import NfsClient, Setting
 
 log = logging.getLogger("shingle.nfs.state")
@@ -52,7 +53,7 @@ class Slot:
 @dataclass
 class Session:
     id: bytes
-    client: "Client"
+    client: Client
     slots: list
     fore: object
     back: object
@@ -203,7 +204,7 @@ class StateTable:
         self.catalog.run(work)
 
     # -- persistent sessions -------------------------------------------------------------------
-    def _session_record(self, sess: "Session") -> str:
+    def _session_record(self, sess: Session) -> str:
         cl = sess.client
         return json.dumps({
             "clientid": cl.clientid, "owner": cl.owner.hex(), "verifier": cl.verifier.hex(),
@@ -211,7 +212,7 @@ class StateTable:
             "reclaim_complete": cl.reclaim_complete, "slots": len(sess.slots),
             "fore": list(sess.fore)[:-1], "back": list(sess.back)[:-1]})
 
-    def _save_session(self, sess: "Session") -> None:
+    def _save_session(self, sess: Session) -> None:
         self.catalog.set_setting(SESSION_PREFIX + sess.id.hex(), self._session_record(sess))
 
     def _drop_session_record(self, sid: bytes) -> None:
@@ -219,7 +220,6 @@ class StateTable:
         self.catalog.run(lambda conn: conn.execute(delete(SETTINGS).where(SETTINGS.c.key == key)))
 
     def _restore_sessions(self) -> None:
-        from appliance.nfs.types4 import channel_attrs4
         rows = self.catalog.read(lambda conn: conn.execute(
             select(SETTINGS.c.key, SETTINGS.c.value).where(SETTINGS.c.key.like(SESSION_PREFIX + "%"))).all())
         for row in rows:
@@ -457,7 +457,6 @@ class StateTable:
         return None
 
     def denied(self, hit):
-        from appliance.nfs.types4 import LOCK4denied, state_owner4
         lk, r0, r1, rtype = hit
         length = c.NFS4_UINT64_MAX if r1 == INF else r1 - r0
         return LOCK4denied.cls(r0, length, c.WRITE_LT if is_write(rtype) else c.READ_LT,

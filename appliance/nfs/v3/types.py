@@ -4,8 +4,21 @@ procedure to its declared argument and result type; ``MOUNT_ARGS``/
 ``MOUNT_RESULTS`` do the same for MOUNT."""
 from __future__ import annotations
 
-from appliance.nfs.xdr import (
-    Array, Bool, Enum, FixedOpaque, Int, LinkedList, Opaque, Optional, String, Struct, UHyper, UInt, Union, Void,
+from appliance.nfs.onc.xdr import (
+    Array,
+    Bool,
+    Enum,
+    FixedOpaque,
+    Int,
+    LinkedList,
+    Opaque,
+    Optional,
+    String,
+    Struct,
+    UHyper,
+    UInt,
+    Union,
+    Void,
 )
 
 NFS_PROGRAM = 100003
