@@ -106,12 +106,13 @@ class NfsServer:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="nfs-worker")
-        self.exports = await self.loop.run_in_executor(self.pool, ExportTable, self.catalog, self.namespace)
-        self.state = await self.loop.run_in_executor(
-            self.pool, lambda: StateTable(self.catalog, self.namespace, lease_seconds=self.lease_seconds,
-                                          grace_seconds=self.grace_seconds))
-        self._server = await self.loop.create_server(lambda: RpcConnection(self), self.host, self.port,
-                                                     reuse_address=True, backlog=256)
+        run = self.loop.run_in_executor
+        self.exports = await run(self.pool, ExportTable, self.catalog, self.namespace)
+        self.state = await run(self.pool, lambda: StateTable(
+            self.catalog, self.namespace, lease_seconds=self.lease_seconds,
+            grace_seconds=self.grace_seconds))
+        self._server = await self.loop.create_server(lambda: RpcConnection(self), self.host,
+                                                     self.port, reuse_address=True, backlog=256)
         self.port = self._server.sockets[0].getsockname()[1]
         self._housekeeper = asyncio.ensure_future(self._housekeeping())
         log.info("NFSv4.1 server listening on %s:%d", self.host, self.port)
@@ -187,7 +188,8 @@ class NfsServerThread:
         return self.server.stats()
 
     def is_alive(self) -> bool:
-        """True while the server's event-loop thread runs (the sd_notify watchdog pings only then)."""
+        """True while the server's event-loop thread runs (the sd_notify watchdog pings only
+        then)."""
         return self._thread is not None and self._thread.is_alive()
 
     def stop(self) -> None:

@@ -53,7 +53,8 @@ class RpcConnection(asyncio.BufferedProtocol):
         self.frags: list = []  # earlier fragments of the record being assembled
         self.frags_len = 0
         self.direct = None  # (bytearray, filled, last) while a big fragment streams in
-        self.in_flight = 0  # calls read and not yet answered (workers decrement it: under _flow_lock)
+        # calls read and not yet answered (workers decrement it: under _flow_lock)
+        self.in_flight = 0
         self.reading_paused = False
         self.writing_paused = False
         self.closed = False
@@ -131,8 +132,8 @@ class RpcConnection(asyncio.BufferedProtocol):
             last = bool(header & LAST_FRAGMENT)
             length = header & 0x7FFFFFFF
             if self.frags_len + length > self.max_record:
-                log.warning("record of %d+ bytes from %s exceeds the limit %d: closing", self.frags_len + length,
-                            self.peer[0], self.max_record)
+                log.warning("record of %d+ bytes from %s exceeds the limit %d: closing",
+                            self.frags_len + length, self.peer[0], self.max_record)
                 self.abort()
                 return
             start = self.rstart + 4
@@ -243,7 +244,8 @@ class RpcConnection(asyncio.BufferedProtocol):
                 log.debug("garbage call from %s: %s", self.peer[0], exc)
                 return [accepted(xid, GARBAGE_ARGS)]
             return None
-        log.debug("call prog %d vers %d proc %d from %s", call.prog, call.vers, call.proc, self.peer[0])
+        log.debug("call prog %d vers %d proc %d from %s", call.prog, call.vers, call.proc,
+                  self.peer[0])
         program = self.server.programs.get(call.prog)
         if program is None:
             return [accepted(call.xid, PROG_UNAVAIL)]
@@ -289,7 +291,8 @@ class RpcConnection(asyncio.BufferedProtocol):
                 self._to_transport(rest)
 
     def _to_transport(self, chunks) -> None:
-        """On the loop, under the send lock: the transport sends what it can and buffers the rest."""
+        """On the loop, under the send lock: the transport sends what it can and buffers the
+        rest."""
         if sum(len(ch) for ch in chunks) < 64 * 1024:
             self.transport.write(b"".join(chunks))
             return

@@ -31,7 +31,8 @@ call_body = Struct("call_body", ("xid", UInt), ("mtype", UInt), ("rpcvers", UInt
 authsys_parms = Struct("authsys_parms", ("stamp", UInt), ("machinename", String(255)),
                        ("uid", UInt), ("gid", UInt), ("gids", Array(UInt, 16)))
 
-_REPLY_HEAD = struct.Struct(">IIIIII")  # xid, REPLY, MSG_ACCEPTED, verf flavor, verf len, accept_stat
+# xid, REPLY, MSG_ACCEPTED, verf flavor, verf len, accept_stat
+_REPLY_HEAD = struct.Struct(">IIIIII")
 
 
 @dataclass(slots=True)
@@ -107,7 +108,8 @@ def parse_call(record):
         raise RpcReject(denied_auth(call.xid, AUTH_BADCRED)) from None
     except ValueError:
         # RPCSEC_GSS and unknown flavors: not offered by this server (yet)
-        raise RpcReject(denied_auth(call.xid, AUTH_BADCRED if call.cred.flavor != RPCSEC_GSS else AUTH_TOOWEAK)) from None
+        why = AUTH_BADCRED if call.cred.flavor != RPCSEC_GSS else AUTH_TOOWEAK
+        raise RpcReject(denied_auth(call.xid, why)) from None
     return call, cred, pos
 
 

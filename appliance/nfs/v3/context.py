@@ -15,7 +15,8 @@ from engine.namespace import SET_TO_NOW, Attr
 MAX_IO = 1 << 20
 MAX_FILE_SIZE = (1 << 63) - 1
 NS = 1_000_000_000
-COOKIEVERF = b"\0" * 8  # cookies are dirent ids, valid while the directory changes: no verifier needed
+# cookies are dirent ids, valid while the directory changes: no verifier needed
+COOKIEVERF = b"\0" * 8
 READDIR_MAX_ENTRIES = 4096
 # XDR sizes used to fill READDIR(PLUS) replies up to the client's count
 FATTR3_SIZE = 84
@@ -105,9 +106,10 @@ class Call3:
     # -- attributes ------------------------------------------------------------------------
     def fattr(self, rule, a: Attr):
         fsid = (self.server.handles.fsid + rule.id) & ((1 << 64) - 1)
-        return t.fattr3.cls(a.type, a.mode & 0o7777, min(a.nlink, 0xFFFFFFFF), a.uid, a.gid, a.size,
-                            (a.size + 4095) & ~4095, t.specdata3.cls((a.rdev >> 32) & 0xFFFFFFFF, a.rdev & 0xFFFFFFFF),
-                            fsid, a.ino, nfstime(a.atime_ns), nfstime(a.mtime_ns), nfstime(a.ctime_ns))
+        rdev = t.specdata3.cls((a.rdev >> 32) & 0xFFFFFFFF, a.rdev & 0xFFFFFFFF)
+        return t.fattr3.cls(a.type, a.mode & 0o7777, min(a.nlink, 0xFFFFFFFF), a.uid, a.gid,
+                            a.size, (a.size + 4095) & ~4095, rdev, fsid, a.ino,
+                            nfstime(a.atime_ns), nfstime(a.mtime_ns), nfstime(a.ctime_ns))
 
     def post(self, rule, ino: int):
         """post_op_attr: the current attributes, or none when they cannot be had."""

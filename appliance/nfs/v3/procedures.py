@@ -52,7 +52,8 @@ def getattr_(cx: Call3, fh):
 def setattr_(cx: Call3, a):
     node = cx.node(a.object)
     cx.need_writable(node.rule)
-    if a.guard is not None and (a.guard.seconds, a.guard.nseconds) != tuple(nfstime(node.attr.ctime_ns)):
+    guard = a.guard
+    if guard is not None and (guard.seconds, guard.nseconds) != tuple(nfstime(node.attr.ctime_ns)):
         raise Nfs3Error(t.NFS3ERR_NOT_SYNC, "ctime guard does not match")
     cx.apply_sattr(node.rule, node.attr.ino, a.new_attributes)
     return cx.wcc(node)
@@ -66,7 +67,7 @@ def access(cx: Call3, a):
     return t.ACCESS3resok.cls(cx.fattr(node.rule, attr), granted & a.access)
 
 
-# -- lookup and reading ---------------------------------------------------------------------------------
+# -- lookup and reading ----------------------------------------------------------------------------
 @procedure(t.NFSPROC3_LOOKUP)
 def lookup(cx: Call3, a):
     node = cx.dir_node(a.dir)
@@ -75,7 +76,8 @@ def lookup(cx: Call3, a):
         child = node.attr  # the export's root is the top of what this client sees
     else:
         child = cx.ns.lookup(cx.cred(node.rule), node.attr.ino, name)
-    return t.LOOKUP3resok.cls(cx.fh(node.rule, child), cx.fattr(node.rule, child), cx.post(node.rule, node.attr.ino))
+    return t.LOOKUP3resok.cls(cx.fh(node.rule, child), cx.fattr(node.rule, child),
+                              cx.post(node.rule, node.attr.ino))
 
 
 @procedure(t.NFSPROC3_READLINK)
@@ -83,7 +85,8 @@ def readlink(cx: Call3, fh):
     node = cx.node(fh)
     if node.attr.type != LNK:
         raise Nfs3Error(t.NFS3ERR_INVAL, f"inode {node.attr.ino} is not a symbolic link")
-    return t.READLINK3resok.cls(cx.fattr(node.rule, node.attr), bytes(cx.ns.readlink(node.attr.ino)))
+    return t.READLINK3resok.cls(cx.fattr(node.rule, node.attr),
+                                bytes(cx.ns.readlink(node.attr.ino)))
 
 
 def _regular(node: Node3) -> None:
@@ -108,7 +111,7 @@ def read(cx: Call3, a):
     return t.READ3resok.cls(cx.fattr(node.rule, attr), len(data), eof, data)
 
 
-# -- writing -----------------------------------------------------------------------------------------------
+# -- writing ---------------------------------------------------------------------------------------
 @procedure(t.NFSPROC3_WRITE)
 def write(cx: Call3, a):
     node = cx.node(a.file)
@@ -122,7 +125,8 @@ def write(cx: Call3, a):
     if a.count > len(a.data):
         raise Nfs3Error(t.NFS3ERR_INVAL, f"WRITE count {a.count} but {len(a.data)} bytes of data")
     if a.offset + a.count > MAX_FILE_SIZE:
-        raise Nfs3Error(t.NFS3ERR_FBIG, f"write to offset {a.offset}+{a.count} exceeds the maximum file size")
+        raise Nfs3Error(t.NFS3ERR_FBIG, f"write to offset {a.offset}+{a.count} exceeds the "
+                                        "maximum file size")
     data = a.data[:a.count]
     stable = a.stable != t.UNSTABLE
     count = cx.ns.write(attr.ino, a.offset, data, stable=stable)
@@ -139,7 +143,7 @@ def commit(cx: Call3, a):
     return t.COMMIT3resok.cls(cx.wcc(node), cx.server.write_verifier)
 
 
-# -- creating -----------------------------------------------------------------------------------------------
+# -- creating --------------------------------------------------------------------------------------
 def _verifier_ns(verf: bytes) -> int:
     """An EXCLUSIVE create's verifier kept as the file's mtime (the usual v3 trick)."""
     return int.from_bytes(verf[:4], "big") * NS + int.from_bytes(verf[4:], "big") % NS
@@ -183,7 +187,8 @@ def create(cx: Call3, a):
         child = cx.ns.lookup(cred, node.attr.ino, name)
         if child.type != REG:
             raise
-        if attrs.size is not None:  # UNCHECKED on an existing file: only the size applies (truncate)
+        # UNCHECKED on an existing file: only the size applies (truncate)
+        if attrs.size is not None:
             cx.ns.setattr(cred, child.ino, size=attrs.size)
         return _created(cx, node, child)
     cx.apply_sattr(node.rule, child.ino, attrs, skip_mode=True)
@@ -217,7 +222,8 @@ def mknod(cx: Call3, a):
     elif ftype in (t.NF3SOCK, t.NF3FIFO):
         attrs, rdev = what, 0
     else:
-        raise Nfs3Error(t.NFS3ERR_BADTYPE, f"MKNOD of type {ftype}: expected CHR, BLK, SOCK or FIFO")
+        raise Nfs3Error(t.NFS3ERR_BADTYPE,
+                        f"MKNOD of type {ftype}: expected CHR, BLK, SOCK or FIFO")
     kind = {t.NF3CHR: CHR, t.NF3BLK: BLK, t.NF3SOCK: SOCK, t.NF3FIFO: FIFO}[ftype]
     perm = attrs.mode & 0o7777 if attrs.mode is not None else 0o644
     child = cx.ns.mknod(cx.cred(node.rule), node.attr.ino, a.where.name, kind, perm, rdev)
@@ -225,7 +231,7 @@ def mknod(cx: Call3, a):
     return _created(cx, node, child)
 
 
-# -- removing and renaming ---------------------------------------------------------------------------------------
+# -- removing and renaming -------------------------------------------------------------------------
 @procedure(t.NFSPROC3_REMOVE)
 def remove(cx: Call3, a):
     node = _dir_for_change(cx, a.dir, a.name)
@@ -260,7 +266,7 @@ def link(cx: Call3, a):
     return t.LINK3res_body.cls(cx.post(node.rule, node.attr.ino), cx.wcc(dst))
 
 
-# -- directories ------------------------------------------------------------------------------------------------
+# -- directories -----------------------------------------------------------------------------------
 def _pad(n: int) -> int:
     return n + (-n) % 4
 
@@ -309,20 +315,20 @@ def readdirplus(cx: Call3, a):
     return t.READDIRPLUS3resok.cls(cx.fattr(node.rule, node.attr), COOKIEVERF, out, eof)
 
 
-# -- file system --------------------------------------------------------------------------------------------------
+# -- file system -----------------------------------------------------------------------------------
 @procedure(t.NFSPROC3_FSSTAT)
 def fsstat(cx: Call3, fh):
     node = cx.node(fh)
     s = cx.server.statfs()
-    return t.FSSTAT3resok.cls(cx.fattr(node.rule, node.attr), s.total_bytes, s.free_bytes, s.avail_bytes,
-                              s.total_files, s.free_files, s.free_files, 0)
+    return t.FSSTAT3resok.cls(cx.fattr(node.rule, node.attr), s.total_bytes, s.free_bytes,
+                              s.avail_bytes, s.total_files, s.free_files, s.free_files, 0)
 
 
 @procedure(t.NFSPROC3_FSINFO)
 def fsinfo(cx: Call3, fh):
     node = cx.node(fh)
-    return t.FSINFO3resok.cls(cx.fattr(node.rule, node.attr), MAX_IO, MAX_IO, 4096, MAX_IO, MAX_IO, 4096, 64 * 1024,
-                              MAX_FILE_SIZE, t.nfstime3.cls(0, 1),
+    return t.FSINFO3resok.cls(cx.fattr(node.rule, node.attr), MAX_IO, MAX_IO, 4096, MAX_IO,
+                              MAX_IO, 4096, 64 * 1024, MAX_FILE_SIZE, t.nfstime3.cls(0, 1),
                               t.FSF3_LINK | t.FSF3_SYMLINK | t.FSF3_HOMOGENEOUS | t.FSF3_CANSETTIME)
 
 

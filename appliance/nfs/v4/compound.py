@@ -71,7 +71,8 @@ def _reply_head(status: int, tag: bytes, count: int) -> bytearray:
     return p.buf
 
 
-def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int, *, from_cache: bool = False):
+def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int, *,
+            from_cache: bool = False):
     """Run one COMPOUND; returns the reply body chunks (after the RPC header).
 
     ``from_cache``: the event loop's attempt (see the module docstring); returns a Handoff
@@ -110,10 +111,12 @@ class _Stop(Exception):
 class _Run:
     """A COMPOUND under way: where decoding stands and what is answered so far."""
 
-    __slots__ = ("cx", "tag", "count", "index", "pos", "body_start", "p", "done", "cache", "counted")
+    __slots__ = ("cx", "tag", "count", "index", "pos", "body_start", "p", "done", "cache",
+                 "counted")
 
     def __init__(self, cx, tag, count, pos):
-        self.cx, self.tag, self.count, self.index, self.pos, self.body_start = cx, tag, count, 0, pos, pos
+        self.cx, self.tag, self.count, self.index = cx, tag, count, 0
+        self.pos = self.body_start = pos
         self.p = Packer()
         self.done = 0
         self.cache = False
@@ -180,7 +183,8 @@ def _run(run: _Run, record, from_cache: bool) -> list:
             if index == 0:
                 if opnum == c.OP_SEQUENCE:
                     try:
-                        value = _sequence(cx, args, run.count, _fingerprint(cx.rpc_cred, record, run.body_start))
+                        fingerprint = _fingerprint(cx.rpc_cred, record, run.body_start)
+                        value = _sequence(cx, args, run.count, fingerprint)
                     except Replay as replay:
                         return replay.chunks
                     except WouldBlock:
@@ -279,7 +283,8 @@ def _sequence(cx: Compound, a, count: int, fingerprint):
     with holding(state.lock, "state lock held"):
         sess = state.session(a.sessionid)
         if count > sess.max_ops:
-            raise NfsError(c.NFS4ERR_TOO_MANY_OPS, f"{count} operations, session allows {sess.max_ops}")
+            raise NfsError(c.NFS4ERR_TOO_MANY_OPS,
+                           f"{count} operations, session allows {sess.max_ops}")
         if a.slotid >= len(sess.slots):
             raise NfsError(c.NFS4ERR_BADSLOT, f"slot {a.slotid} of {len(sess.slots)}")
         slot = sess.slots[a.slotid]
@@ -298,8 +303,8 @@ def _sequence(cx: Compound, a, count: int, fingerprint):
             # RFC 8881 allows, not requires), so the request runs as a new one.
             reuse = True
         if not reuse and a.sequenceid != (slot.seqid + 1) & 0xFFFFFFFF:
-            raise NfsError(c.NFS4ERR_SEQ_MISORDERED, f"slot {a.slotid} seqid {a.sequenceid}, expected "
-                                                     f"{(slot.seqid + 1) & 0xFFFFFFFF}")
+            raise NfsError(c.NFS4ERR_SEQ_MISORDERED, f"slot {a.slotid} seqid {a.sequenceid}, "
+                                                     f"expected {(slot.seqid + 1) & 0xFFFFFFFF}")
         slot.busy = True
         slot.seqid = a.sequenceid
         slot.reply = None

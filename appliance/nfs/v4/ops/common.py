@@ -33,7 +33,8 @@ def need_dir(cx) -> Node:
     if node.pseudo is None:
         attr = cx.ns.getattr(node.ino)
         if attr.type != DIR:
-            raise NfsError(c.NFS4ERR_SYMLINK if attr.type == LNK else c.NFS4ERR_NOTDIR, "not a directory")
+            raise NfsError(c.NFS4ERR_SYMLINK if attr.type == LNK else c.NFS4ERR_NOTDIR,
+                           "not a directory")
     return node
 
 

@@ -191,7 +191,8 @@ def create(cx, a):
     elif kind == LNK:
         attr = cx.ns.symlink(cred, node.ino, name, bytes(data))
     elif kind in (BLK, CHR):
-        attr = cx.ns.mknod(cred, node.ino, name, kind, mode, (data.specdata1 << 32) | data.specdata2)
+        rdev = (data.specdata1 << 32) | data.specdata2
+        attr = cx.ns.mknod(cred, node.ino, name, kind, mode, rdev)
     elif kind in (c.NF4SOCK, c.NF4FIFO):
         attr = cx.ns.mknod(cred, node.ino, name, kind, mode)
     else:
@@ -236,7 +237,8 @@ def remove(cx, target):
 @operation(c.OP_RENAME)
 def rename(cx, a):
     if cx.saved is None:
-        raise NfsError(c.NFS4ERR_NOFILEHANDLE, "RENAME needs a saved file handle (the source directory)")
+        raise NfsError(c.NFS4ERR_NOFILEHANDLE,
+                       "RENAME needs a saved file handle (the source directory)")
     dst = _dir_for_change(cx)
     src = cx.saved
     if src.pseudo is not None or src.export.id != dst.export.id:
@@ -257,7 +259,7 @@ def readlink(cx, _):
     return cx.ns.readlink(node.ino)
 
 
-# -- directories ------------------------------------------------------------------------------------
+# -- directories -----------------------------------------------------------------------------------
 COOKIE_BASE = 3  # cookies 0, 1 and 2 are reserved by NFSv4
 ENTRY_OVERHEAD = 8 + 4 + 4 + 4  # cookie, name length, bitmap count, attr length (+ "more" bool)
 RESOK_OVERHEAD = 8 + 4 + 4 + 64
@@ -286,7 +288,10 @@ def readdir(cx, a):
         start = a.cookie - COOKIE_BASE + 1 if a.cookie else 0
         for index in range(start, len(visible)):
             name, child = visible[index]
-            sub = cx.node_for_export(child) if isinstance(child, ExportRule) else Node(None, child.ino, 0, child)
+            if isinstance(child, ExportRule):
+                sub = cx.node_for_export(child)
+            else:
+                sub = Node(None, child.ino, 0, child)
             subject = cx.subject(sub)
             if isinstance(child, ExportRule):
                 subject.mounted_on_fileid = pseudo_ino(child.parts)

@@ -63,7 +63,10 @@ def _open_create(cx, dnode: Node, name: str, how):
             done.add(c.FATTR4_MODE)
         return ns.getattr(attr.ino), True, sorted(done)
     if mode_kind in (c.EXCLUSIVE4, c.EXCLUSIVE4_1):
-        verf, values = (harg, {}) if mode_kind == c.EXCLUSIVE4 else (harg.cva_verf, fattr.decode_settable(harg.cva_attrs))
+        if mode_kind == c.EXCLUSIVE4:
+            verf, values = harg, {}
+        else:
+            verf, values = harg.cva_verf, fattr.decode_settable(harg.cva_attrs)
         if c.FATTR4_TIME_ACCESS_SET in values or c.FATTR4_TIME_MODIFY_SET in values:
             raise NfsError(c.NFS4ERR_INVAL, "times cannot be set by an exclusive create")
         atime, mtime = _verifier_times(verf)
@@ -111,7 +114,8 @@ def open_(cx, a):
         else:
             dnode = need_dir(cx)
             if dnode.pseudo is not None:
-                raise NfsError(c.NFS4ERR_ISDIR if a.openhow[0] == c.OPEN4_NOCREATE else c.NFS4ERR_ROFS,
+                nocreate = a.openhow[0] == c.OPEN4_NOCREATE
+                raise NfsError(c.NFS4ERR_ISDIR if nocreate else c.NFS4ERR_ROFS,
                                "OPEN in the pseudo-root")
             name = check_component(carg)
             before = cx.ns.getattr(dnode.ino).change
@@ -128,10 +132,12 @@ def open_(cx, a):
     if access & c.OPEN4_SHARE_ACCESS_WRITE:
         cx.need_writable(node)
     if not created and claim != c.CLAIM_PREVIOUS:
-        want = (R_OK if access & c.OPEN4_SHARE_ACCESS_READ else 0) | (W_OK if access & c.OPEN4_SHARE_ACCESS_WRITE else 0)
+        want = ((R_OK if access & c.OPEN4_SHARE_ACCESS_READ else 0)
+                | (W_OK if access & c.OPEN4_SHARE_ACCESS_WRITE else 0))
         cred = cx.cred(node)
         if cx.ns.access(cred, node.ino, want) != want and cred.uid != attr.uid:
-            raise NfsError(c.NFS4ERR_ACCESS, f"uid {cred.uid} may not open inode {node.ino} for {want}")
+            raise NfsError(c.NFS4ERR_ACCESS,
+                           f"uid {cred.uid} may not open inode {node.ino} for {want}")
     st = state.open(cl, bytes(a.owner.owner), node.ino, access, deny)
     cx.cur = node
     sid = cx.set_stateid(st)
@@ -142,7 +148,8 @@ def open_(cx, a):
         delegation = (c.OPEN_DELEGATE_NONE_EXT, (2, False))  # WND4_RESOURCE, will not signal
     else:
         delegation = (c.OPEN_DELEGATE_NONE, None)
-    return _OPEN_OK.cls(sid, change, c.OPEN4_RESULT_LOCKTYPE_POSIX, fattr.to_bitmap(attrset), delegation)
+    return _OPEN_OK.cls(sid, change, c.OPEN4_RESULT_LOCKTYPE_POSIX, fattr.to_bitmap(attrset),
+                        delegation)
 
 
 def open_state(cx, sid, node: Node | None = None):

@@ -49,7 +49,8 @@ def create_session(cx, a):
         if f.maxrequestsize < 1024 or f.maxresponsesize < 1024 or f.maxoperations < 2:
             raise NfsError(c.NFS4ERR_TOOSMALL, "fore channel limits below what any COMPOUND needs")
         fore = channel_attrs4.cls(0, min(f.maxrequestsize, limit), min(f.maxresponsesize, limit),
-                                  min(f.maxresponsesize_cached, MAX_CACHED), min(f.maxoperations, MAX_OPS),
+                                  min(f.maxresponsesize_cached, MAX_CACHED),
+                                  min(f.maxoperations, MAX_OPS),
                                   max(1, min(f.maxrequests, MAX_SLOTS)), [])
         b = a.back_chan_attrs
         back = channel_attrs4.cls(0, b.maxrequestsize, b.maxresponsesize, b.maxresponsesize_cached,
