@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.errors import ConfigError
+from engine.units import format_size  # noqa: F401  (re-exported: callers use config.format_size)
 
 SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "KB": 1000, "M": 1 << 20, "MIB": 1 << 20,
               "MB": 1000 ** 2, "G": 1 << 30, "GIB": 1 << 30, "GB": 1000 ** 3, "T": 1 << 40, "TIB": 1 << 40,
@@ -37,13 +38,6 @@ def parse_size(value: Any, key: str = "size") -> int:
     if not match or match.group(2).upper() not in SIZE_UNITS:
         raise ConfigError(key, value, "a size such as 4GiB, 16MiB or a byte count")
     return int(float(match.group(1)) * SIZE_UNITS[match.group(2).upper()])
-
-
-def format_size(n: int) -> str:
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 @dataclass(frozen=True)
