@@ -30,12 +30,14 @@ def format_duration(seconds: float) -> str:
 
 
 def format_value(key: str, value):
-    """A report field for people: ``*_bytes`` as a size, ``*_s`` as a duration, floats rounded."""
+    """A report field for people: ``*_bytes`` and ``bytes_*`` as a size, ``*_s`` as a duration
+    (``*_per_s`` is a rate and stays a number), other floats rounded."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return value
-    if key.endswith("_bytes"):
+    words = key.split("_")
+    if "bytes" in words and "per" not in words:
         return format_size(value)
-    if key.endswith("_s"):
+    if words[-1] == "s" and "per" not in words:
         return format_duration(value)
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
