@@ -105,8 +105,8 @@ def cmd_init(args) -> int:
         # Like /tmp: any client user may create its own folders; with root_squash (the default
         # export) even a root client writes, as nobody, without the admin changing anything first.
         ns.setattr(ROOT, ns.root_ino, mode=0o1777)
-        drive_ids = format_emulated(catalog, drives_dir, args.drives, args.drive_size, args.zone_size,
-                                    preallocate=args.preallocate)
+        drive_ids = format_emulated(catalog, drives_dir, args.drives, args.drive_size,
+                                    args.zone_size, preallocate=args.preallocate)
         ensure_default_export(catalog)
         password = secrets.token_urlsafe(12)
         accounts.create_admin(catalog, args.admin_user, password, actor="shingle init")
@@ -131,23 +131,23 @@ def cmd_init(args) -> int:
         print(f"  disk:     {fmt(zones_bytes)} of real disk reserved now (zone files preallocated; "
               "--no-preallocate makes them grow as written)")
     else:
-        print(f"  disk:     {fmt(_allocated_bytes(drives_dir))} of real disk now, growing as data is "
-              f"written, up to {fmt(zones_bytes)} (zone files not preallocated)")
+        print(f"  disk:     {fmt(_allocated_bytes(drives_dir))} of real disk now, growing as "
+              f"data is written, up to {fmt(zones_bytes)} (zone files not preallocated)")
     print(f"  admin:    user {args.admin_user!r}, password in {password_file}")
     print(f"  use it:   export SHINGLE_CONFIG={config_path}")
     return 0
 
 
 def _check_room(drives_dir: Path, needed: int) -> None:
-    """Preallocating more than the host disk holds fails half-way through: say so before starting."""
+    """Preallocating more than the host disk holds fails half-way: say so before starting."""
     probe = drives_dir
     while not probe.exists():
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     if needed > free:
         raise UsageError(f"the zone files need {format_size(needed)} of real disk and {probe} has "
-                         f"{format_size(free)} free: use --no-preallocate (zone files grow as written), "
-                         "fewer --drives or a smaller --drive-size")
+                         f"{format_size(free)} free: use --no-preallocate (zone files grow as "
+                         "written), fewer --drives or a smaller --drive-size")
 
 
 def _allocated_bytes(folder: Path) -> int:
@@ -237,7 +237,8 @@ def cmd_serve(args) -> int:
     config = load_config(args)
     log_mod.configure(config.get("logging.level"))
     if tune_malloc():
-        log.debug("malloc: buffers up to %d MiB are reused from the heap", MALLOC_MMAP_THRESHOLD >> 20)
+        log.debug("malloc: buffers up to %d MiB are reused from the heap",
+                  MALLOC_MMAP_THRESHOLD >> 20)
     else:
         log.debug("malloc: left as it is (no glibc mallopt)")
     stop = threading.Event()
@@ -334,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--web-port", type=int)
     p.add_argument("--admin-user", default="admin")
     p.add_argument("--no-preallocate", dest="preallocate", action="store_false",
-                   help="zone files grow as data is written instead of reserving their whole size now")
+                   help="zone files grow as data is written instead of reserving their size now")
     p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("status", help="catalog, drives and capacity")

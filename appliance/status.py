@@ -27,7 +27,8 @@ def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
             func.sum(case((ZONES.c.state == "open", 1), else_=0)).label("open"),
             func.sum(case((ZONES.c.state == "full", 1), else_=0)).label("full"),
             func.sum(ZONES.c.write_pointer).label("written"),
-            func.sum(case((ZONES.c.state == "full", ZONES.c.write_pointer), else_=0)).label("full_written"),
+            func.sum(case((ZONES.c.state == "full", ZONES.c.write_pointer), else_=0))
+            .label("full_written"),
             func.sum(ZONES.c.live_bytes).label("live"),
             func.sum(ZONES.c.garbage_bytes).label("garbage"),
         ).group_by(ZONES.c.drive_id).subquery()

@@ -2,6 +2,7 @@
 
 One helper for the CLI, the web UI and job messages, so a number reads the same everywhere.
 Machine output (``--json``, the API, /metrics) keeps plain bytes and seconds."""
+
 from __future__ import annotations
 
 SIZE_SCALES = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))

@@ -1,4 +1,5 @@
 """The version of this build: the source tree's pyproject.toml, else the installed package's."""
+
 from __future__ import annotations
 
 import functools
@@ -13,7 +14,7 @@ PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
 @functools.cache
 def version() -> str:
-    # a checkout's own file first: an editable install's metadata may name another worktree's version
+    # the checkout's own file first: an editable install may name another worktree's version
     try:
         return tomllib.loads(PYPROJECT.read_text())["project"]["version"]
     except (OSError, KeyError, tomllib.TOMLDecodeError):

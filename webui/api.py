@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from flask import Blueprint, g, jsonify, request
 
 from engine import accounts, events, jobs
-from webui import (core, dashboard, drives, exports, jobs as jobs_pages, responses, retention, settings,
-                   tiers)
+from webui import (core, dashboard, drives, exports, jobs as jobs_pages, responses, retention,
+                   settings, tiers)
 from webui.schema import Field, Schema, ValidationError
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
@@ -33,20 +33,16 @@ class Endpoint:
     query: Schema | None
     status: int
     auth: bool
-    response: str | None = None  # a webui/responses.py schema name ("Job", "Job[]")
-    described: str = "success"  # what the success response is
 
 
 ENDPOINTS: list[Endpoint] = []
 
 
 def endpoint(rule: str, method: str, summary: str, tag: str, *, body: Schema | None = None,
-             partial: bool = False, query: Schema | None = None, status: int = 200, auth: bool = True,
-             response: str | None = None, described: str = "success"):
-    """Register an API view; it receives ``body=`` / ``query=`` already validated. ``response``
-    names its body's schema (webui/responses.py) and ``described`` says what it is."""
+             partial: bool = False, query: Schema | None = None, status: int = 200, auth: bool = True):
+    """Register an API view; it receives ``body=`` / ``query=`` already validated."""
     def deco(fn):
-        spec = Endpoint(rule, method, summary, tag, body, partial, query, status, auth, response, described)
+        spec = Endpoint(rule, method, summary, tag, body, partial, query, status, auth)
         ENDPOINTS.append(spec)
 
         @functools.wraps(fn)
@@ -75,20 +71,17 @@ def endpoint(rule: str, method: str, summary: str, tag: str, *, body: Schema | N
 
 
 # -- status and drives ---------------------------------------------------------------
-@endpoint("/status", "GET", "Capacity per tier, drive states, NFS throughput of the last hour", "dashboard",
-          response="Status", described="the capacity, drive and throughput summary")
+@endpoint("/status", "GET", "Capacity per tier, drive states, NFS throughput of the last hour", "dashboard")
 def status():
     return dashboard.summary()
 
 
-@endpoint("/drives", "GET", "Every drive with state, capacity, SMART and I/O counters", "drives",
-          response="Drive[]", described="every drive")
+@endpoint("/drives", "GET", "Every drive with state, capacity, SMART and I/O counters", "drives")
 def list_drives():
     return drives.drive_rows()
 
 
-@endpoint("/drives/<int:drive_id>", "GET", "One drive, with its zones counted by state and band class", "drives",
-          response="Drive", described="the drive, with its zones by state and band class")
+@endpoint("/drives/<int:drive_id>", "GET", "One drive, with its zones counted by state and band class", "drives")
 def get_drive(drive_id: int):
     row = drives.drive_row(drive_id)
     row["bands"] = drives.band_counts(drive_id)
@@ -96,130 +89,111 @@ def get_drive(drive_id: int):
 
 
 @endpoint("/drives/<int:drive_id>/actions", "POST", "Mark failed, drain, request a rebuild or start a SMART "
-          "short self-test", "drives", body=drives.ACTION_SCHEMA,
-          response="ActionResult", described="what the action did, and the job it queued if any")
+          "short self-test", "drives", body=drives.ACTION_SCHEMA)
 def drive_action(drive_id: int, body: dict):
     message, job_id = drives.do_action(drive_id, body["action"], core.actor())
     return {"message": message, "job": job_id}
 
 
 # -- retention -------------------------------------------------------------------------------
-@endpoint("/retention/rules", "GET", "Retention rules", "retention",
-          response="RetentionRule[]", described="every retention rule")
+@endpoint("/retention/rules", "GET", "Retention rules", "retention")
 def list_rules():
     return [rule.to_dict() for rule in retention.service().list_rules()]
 
 
 @endpoint("/retention/rules", "POST", "Create a keep-last-N rule", "retention", body=retention.RULE_SCHEMA,
-          status=201,
-          response="RetentionRule", described="the new rule")
+          status=201)
 def create_rule(body: dict):
     rule_id = retention.create_rule(body, core.actor())
     return retention.service().get_rule(rule_id).to_dict()
 
 
-@endpoint("/retention/rules/<int:rule_id>", "GET", "One retention rule", "retention",
-          response="RetentionRule", described="the rule")
+@endpoint("/retention/rules/<int:rule_id>", "GET", "One retention rule", "retention")
 def get_rule(rule_id: int):
     return retention.service().get_rule(rule_id).to_dict()
 
 
 @endpoint("/retention/rules/<int:rule_id>", "PATCH", "Change fields of a retention rule", "retention",
-          body=retention.RULE_SCHEMA, partial=True,
-          response="RetentionRule", described="the rule as changed")
+          body=retention.RULE_SCHEMA, partial=True)
 def update_rule(rule_id: int, body: dict):
     return retention.service().update_rule(rule_id, actor=core.actor(), **body).to_dict()
 
 
-@endpoint("/retention/rules/<int:rule_id>", "DELETE", "Delete a retention rule", "retention",
-          response="Deleted", described="the id of the deleted rule")
+@endpoint("/retention/rules/<int:rule_id>", "DELETE", "Delete a retention rule", "retention")
 def delete_rule(rule_id: int):
     retention.service().delete_rule(rule_id, actor=core.actor())
     return {"deleted": rule_id}
 
 
 @endpoint("/retention/preview", "GET", "What a run would do now (nothing changes)", "retention",
-          query=retention.RUN_SCHEMA,
-          response="PlannedAction[]", described="what a run would do, entry by entry")
+          query=retention.RUN_SCHEMA)
 def preview(query: dict):
     return [item.to_dict() for item in retention.service().preview(query.get("rule_id"))]
 
 
 @endpoint("/retention/run", "POST", "Queue a retention job for the daemon (one rule, or every enabled rule); "
-          "follow it with GET /api/v1/jobs/{job_id}", "retention", body=retention.RUN_SCHEMA, status=202,
-          response="Job", described="the queued retention job")
+          "follow it with GET /api/v1/jobs/{job_id}", "retention", body=retention.RUN_SCHEMA, status=202)
 def run(body: dict):
     return jobs.get(core.ctx().catalog, retention.queue_run(body.get("rule_id"), core.actor())).to_dict()
 
 
 # -- jobs ---------------------------------------------------------------------------------------
-@endpoint("/jobs", "GET", "Recent jobs, newest first, with progress", "jobs",
-          response="Job[]", described="recent jobs, newest first")
+@endpoint("/jobs", "GET", "Recent jobs, newest first, with progress", "jobs")
 def list_jobs():
     return [job.to_dict() for job in jobs.recent(core.ctx().catalog, 50)]
 
 
-@endpoint("/jobs/<int:job_id>", "GET", "One job: state, progress and, once finished, its result", "jobs",
-          response="Job", described="the job")
+@endpoint("/jobs/<int:job_id>", "GET", "One job: state, progress and, once finished, its result", "jobs")
 def get_job(job_id: int):
     return jobs.get(core.ctx().catalog, job_id).to_dict()
 
 
-@endpoint("/jobs", "POST", "Queue a maintenance job for the daemon", "jobs", body=jobs_pages.QUEUE_SCHEMA, status=202,
-          response="Job", described="the queued job")
+@endpoint("/jobs", "POST", "Queue a maintenance job for the daemon", "jobs", body=jobs_pages.QUEUE_SCHEMA, status=202)
 def queue_job(body: dict):
     return jobs.get(core.ctx().catalog, jobs_pages.queue(body["kind"], {}, core.actor())).to_dict()
 
 
 # -- exports -------------------------------------------------------------------------------------
-@endpoint("/exports", "GET", "NFS exports", "exports",
-          response="Export[]", described="every export")
+@endpoint("/exports", "GET", "NFS exports", "exports")
 def list_exports():
     return exports.list_exports()
 
 
-@endpoint("/exports", "POST", "Create an NFS export", "exports", body=exports.EXPORT_SCHEMA, status=201,
-          response="Export", described="the new export")
+@endpoint("/exports", "POST", "Create an NFS export", "exports", body=exports.EXPORT_SCHEMA, status=201)
 def create_export(body: dict):
     return exports.get_export(exports.create_export(body, core.actor()))
 
 
-@endpoint("/exports/<int:export_id>", "GET", "One NFS export", "exports",
-          response="Export", described="the export")
+@endpoint("/exports/<int:export_id>", "GET", "One NFS export", "exports")
 def get_export(export_id: int):
     return exports.get_export(export_id)
 
 
 @endpoint("/exports/<int:export_id>", "PATCH", "Change fields of an NFS export", "exports",
-          body=exports.EXPORT_SCHEMA, partial=True,
-          response="Export", described="the export as changed")
+          body=exports.EXPORT_SCHEMA, partial=True)
 def update_export(export_id: int, body: dict):
     return exports.update_export(export_id, body, core.actor())
 
 
-@endpoint("/exports/<int:export_id>", "DELETE", "Delete an NFS export", "exports",
-          response="Deleted", described="the id of the deleted export")
+@endpoint("/exports/<int:export_id>", "DELETE", "Delete an NFS export", "exports")
 def delete_export(export_id: int):
     exports.delete_export(export_id, core.actor())
     return {"deleted": export_id}
 
 
 # -- tiers -----------------------------------------------------------------------------------------
-@endpoint("/tiers", "GET", "Band classes, tiering thresholds and pinned paths", "tiers",
-          response="Tiers", described="band classes, thresholds and pins")
+@endpoint("/tiers", "GET", "Band classes, tiering thresholds and pinned paths", "tiers")
 def get_tiers():
     return tiers.overview()
 
 
-@endpoint("/tiers/thresholds", "PATCH", "Change tiering thresholds", "tiers", body=tiers.THRESHOLDS, partial=True,
-          response="Thresholds", described="the thresholds as changed")
+@endpoint("/tiers/thresholds", "PATCH", "Change tiering thresholds", "tiers", body=tiers.THRESHOLDS, partial=True)
 def set_thresholds(body: dict):
     return tiers.set_thresholds(body, core.actor())
 
 
 @endpoint("/tiers/pins", "POST", "Pin a path (and everything below it) to a band class, or unpin it", "tiers",
-          body=tiers.PIN,
-          response="Pin", described="the path, its class and how many inodes changed")
+          body=tiers.PIN)
 def pin(body: dict):
     return {"path": body["path"], "band_class": body["band_class"],
             "inodes": tiers.pin(body["path"], body["band_class"], core.actor())}
@@ -234,8 +208,7 @@ EVENTS_QUERY = Schema("EventsQuery", "Which events to list, newest first.", (
 ))
 
 
-@endpoint("/events", "GET", "The audit and activity log, newest first", "events", query=EVENTS_QUERY,
-          response="Event[]", described="events, newest first")
+@endpoint("/events", "GET", "The audit and activity log, newest first", "events", query=EVENTS_QUERY)
 def list_events(query: dict):
     rows = events.recent(core.ctx().catalog, query["limit"], kind_prefix=query.get("kind") or None,
                          before_id=query.get("before"))
@@ -243,23 +216,20 @@ def list_events(query: dict):
              "message": e.message, "details": e.details} for e in rows]
 
 
-@endpoint("/tokens", "GET", "API tokens (names and use, never the secrets)", "settings",
-          response="Token[]", described="every API token, without secrets")
+@endpoint("/tokens", "GET", "API tokens (names and use, never the secrets)", "settings")
 def list_tokens():
     return settings.list_tokens()
 
 
 @endpoint("/tokens", "POST", "Create an API token; the response is the one chance to read it", "settings",
-          body=settings.TOKEN_SCHEMA, status=201,
-          response="NewToken", described="the new token's secret (shown once)")
+          body=settings.TOKEN_SCHEMA, status=201)
 def create_token(body: dict):
     token = accounts.create_token(core.ctx().catalog, settings.user_id(core.actor()), body["name"],
                                   actor=core.actor())
     return {"name": body["name"], "token": token}
 
 
-@endpoint("/tokens/<int:token_id>", "DELETE", "Revoke an API token", "settings",
-          response="Deleted", described="the id of the revoked token")
+@endpoint("/tokens/<int:token_id>", "DELETE", "Revoke an API token", "settings")
 def revoke_token(token_id: int):
     settings.revoke_token(token_id, core.actor())
     return {"deleted": token_id}
@@ -282,11 +252,11 @@ def openapi_document() -> dict:
             for f in spec.query.fields:
                 params.append({"name": f.name, "in": "query", "required": f.required and f.default is None,
                                "description": f.description, "schema": f.openapi()})
+        described, body_schema = responses.for_route(spec.method, spec.rule)
         op: dict = {"summary": spec.summary, "tags": [spec.tag], "operationId": f"{spec.method.lower()}_"
                     + re.sub(r"\W+", "_", path).strip("_"),
-                    "responses": {str(spec.status): {"description": spec.described, "content": {
-                                      "application/json": {"schema": responses.schema(spec.response)
-                                                           if spec.response else {}}}},
+                    "responses": {str(spec.status): {"description": described, "content": {
+                                      "application/json": {"schema": body_schema}}},
                                   "400": {"description": "invalid input", "content": {
                                       "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
                                   "401": {"description": "not signed in and no valid API token", "content": {
@@ -321,7 +291,6 @@ def openapi():
 
 
 @endpoint("/csrf", "GET", "The session's CSRF token, for scripts that sign in with the login form and then "
-          "send it as the X-CSRF-Token header", "settings",
-          response="Csrf", described="the session's CSRF token and the header to send it in")
+          "send it as the X-CSRF-Token header", "settings")
 def csrf():
     return {"csrf_token": core.csrf_token(), "header": core.CSRF_HEADER}

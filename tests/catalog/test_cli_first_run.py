@@ -1,4 +1,5 @@
 """A first run as a new user makes it: real disk use, finding the config, --version, help, pipes."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,14 @@ REPO = Path(__file__).resolve().parent.parent.parent
 
 
 def shingle(*args, check=True, cwd=None, env=None):
-    run = subprocess.run([sys.executable, "-m", "appliance.cli", *args], capture_output=True, text=True,
-                         cwd=cwd, env=env, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "appliance.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=120,
+    )
     if check:
         assert run.returncode == 0, run.stderr
     return run
@@ -36,8 +43,9 @@ def real_and_apparent(folder: Path) -> tuple[int, int]:
 
 def test_no_preallocate_zone_files_grow_as_written(tmp_path):
     home = tmp_path / "sparse"
-    out = shingle("init", str(home), "--drive-size", "64MiB", "--zone-size", "4MiB",
-                  "--no-preallocate").stdout
+    out = shingle(
+        "init", str(home), "--drive-size", "64MiB", "--zone-size", "4MiB", "--no-preallocate"
+    ).stdout
     assert "not preallocated" in out and "up to 640.0 MiB" in out
     assert f"export SHINGLE_CONFIG={home / 'shingle.toml'}" in out
     real, zone_files = real_and_apparent(home / "drives")
@@ -46,6 +54,7 @@ def test_no_preallocate_zone_files_grow_as_written(tmp_path):
     from appliance import config as config_mod
     from appliance.runtime import Appliance
     from engine.namespace import ROOT
+
     payload = os.urandom(3 << 20)
     with Appliance(config_mod.load(home / "shingle.toml")) as appliance:
         ns = appliance.namespace
@@ -70,20 +79,29 @@ def test_preallocated_zone_files_reserve_their_size(tmp_path):
         assert real >= 160 << 20
     except AssertionError:
         pytest.skip("this filesystem has no fallocate")
-    assert all(p.stat().st_size == 0 for p in (home / "drives").rglob("zone-*"))  # write pointers at 0
+    assert all(
+        p.stat().st_size == 0 for p in (home / "drives").rglob("zone-*")
+    )  # write pointers at 0
 
 
 def test_init_refuses_to_preallocate_more_than_the_disk_holds(tmp_path):
-    huge = shingle("init", str(tmp_path / "h"), "--drive-size", "1000TiB", "--zone-size", "256MiB",
-                   check=False)
-    assert huge.returncode == 2 and "--no-preallocate" in huge.stderr and "Traceback" not in huge.stderr
+    huge = shingle(
+        "init", str(tmp_path / "h"), "--drive-size", "1000TiB", "--zone-size", "256MiB", check=False
+    )
+    assert (
+        huge.returncode == 2
+        and "--no-preallocate" in huge.stderr
+        and "Traceback" not in huge.stderr
+    )
     assert not (tmp_path / "h").exists()
 
 
 def test_config_is_found_from_c_then_the_variable_then_var_appliance(tmp_path):
     a, b, local = tmp_path / "a", tmp_path / "b", tmp_path / "cwd" / "var" / "appliance"
     for home in (a, b, local):
-        shingle("init", str(home), "--drive-size", "16MiB", "--zone-size", "4MiB", "--no-preallocate")
+        shingle(
+            "init", str(home), "--drive-size", "16MiB", "--zone-size", "4MiB", "--no-preallocate"
+        )
     cwd = tmp_path / "cwd"
 
     def data_dir(*args, **env) -> str:
@@ -94,8 +112,9 @@ def test_config_is_found_from_c_then_the_variable_then_var_appliance(tmp_path):
     assert str(b) in data_dir(SHINGLE_CONFIG=str(b / "shingle.toml"))
     assert str(a) in data_dir("-c", str(a / "shingle.toml"), SHINGLE_CONFIG=str(b / "shingle.toml"))
     # a wrong path in the variable is reported, not replaced by another appliance's config
-    wrong = shingle("status", cwd=cwd, env=environment(SHINGLE_CONFIG=str(tmp_path / "nope.toml")),
-                    check=False)
+    wrong = shingle(
+        "status", cwd=cwd, env=environment(SHINGLE_CONFIG=str(tmp_path / "nope.toml")), check=False
+    )
     assert wrong.returncode == 2 and "nope.toml" in wrong.stderr
 
 
@@ -104,20 +123,31 @@ def test_no_config_anywhere_says_what_was_tried(tmp_path):
         pytest.skip("this host has an installed appliance")
     run = shingle("status", cwd=tmp_path, env=environment(), check=False)
     assert run.returncode == 2 and "Traceback" not in run.stderr
-    for tried in ("-c", "$SHINGLE_CONFIG", "./var/appliance/shingle.toml", "/etc/shingle/shingle.toml"):
+    for tried in (
+        "-c",
+        "$SHINGLE_CONFIG",
+        "./var/appliance/shingle.toml",
+        "/etc/shingle/shingle.toml",
+    ):
         assert tried in run.stderr
 
 
 def test_version():
     run = shingle("--version")
     import tomllib
+
     expected = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert run.stdout.strip().startswith(f"shingle {expected} (Python ")
 
 
-@pytest.mark.parametrize("command, example", [("retention", "shingle retention add '/checkpoints/"),
-                                              ("trash", "shingle trash restore 42"),
-                                              ("drives", "shingle drives fail 3")])
+@pytest.mark.parametrize(
+    "command, example",
+    [
+        ("retention", "shingle retention add '/checkpoints/"),
+        ("trash", "shingle trash restore 42"),
+        ("drives", "shingle drives fail 3"),
+    ],
+)
 def test_action_help_has_examples(command, example):
     out = shingle(command, "--help").stdout
     assert "examples:" in out and example in out and "actions:" in out
@@ -126,10 +156,13 @@ def test_action_help_has_examples(command, example):
 def test_a_closed_pipe_ends_quietly(tmp_path):
     home = tmp_path / "p"
     shingle("init", str(home), "--drive-size", "16MiB", "--zone-size", "4MiB", "--no-preallocate")
-    command = (f"{sys.executable} -m appliance.cli -c {home / 'shingle.toml'} status --json | head -1; "
-               f"{sys.executable} -m appliance.cli --help | head -1")
-    run = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120,
-                         env=environment())
+    command = (
+        f"{sys.executable} -m appliance.cli -c {home / 'shingle.toml'} status --json | head -1; "
+        f"{sys.executable} -m appliance.cli --help | head -1"
+    )
+    run = subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, timeout=120, env=environment()
+    )
     assert run.stdout.splitlines()[0] == "{" and run.stdout.splitlines()[1].startswith("usage:")
     assert "Traceback" not in run.stderr and "BrokenPipe" not in run.stderr, run.stderr
     assert run.stderr == ""
@@ -141,7 +174,9 @@ def test_units_read_as_people_write_them():
     assert format_duration(17.257074370000055) == "17.3 s" and format_duration(125) == "2 min 5 s"
     assert format_duration(7300) == "2 h 1 min" and format_duration(0.004) == "4.0 ms"
     assert format_value("elapsed_s", 17.257074370000055) == "17.3 s"
-    assert format_value("bytes_written", 5) == "5 B" and format_value("free_bytes", 2048) == "2.0 KiB"
+    assert (
+        format_value("bytes_written", 5) == "5 B" and format_value("free_bytes", 2048) == "2.0 KiB"
+    )
     assert format_value("mb_per_s", 123.456) == "123" and format_value("stripes", 4) == 4
 
 
@@ -150,6 +185,7 @@ def test_progress_lines_show_one_eta():
 
     from appliance.cli_lifecycle import ProgressLine
     from engine.lifecycle.pacing import Tracker
+
     clock = iter([0.0, 0.0, 10.0, 10.0, 10.0]).__next__
     stream = io.StringIO()
     tracker = Tracker(100 << 20, ProgressLine(stream), "rebuild", clock=clock)

@@ -32,7 +32,8 @@ def test_metrics_from_the_catalog_without_samples(app):
     assert values['shingle_capacity_bytes{kind="total"}'] == 4 * 16 * (1 << 20)
     text = response.get_data(as_text=True)
     assert "shingle_write_amplification" not in text and "shingle_nfs" not in text  # no samples: not invented
-    assert "shingle_metrics_sample_age_seconds" not in text and "shingle_drive_read_bytes" not in text
+    assert "shingle_metrics_sample_age_seconds" not in text
+    assert "shingle_drive_read_bytes" not in text
 
 
 def test_metrics_from_recorded_samples(app, appliance):
@@ -81,9 +82,10 @@ def test_space_states_add_up_to_the_total(app, appliance):
     _, catalog = appliance
     zones = Zone.__table__
     # a full zone written only to 3/4: its last quarter is stranded until the zone is reset
-    catalog.run(lambda conn: conn.execute(zones.update().where(zones.c.drive_id == 2, zones.c.idx == 0).values(
-        state="full", band_class="warm", write_pointer=3 * ZONE_SIZE // 4, live_bytes=ZONE_SIZE // 2,
-        garbage_bytes=ZONE_SIZE // 4)))
+    first_of_drive_2 = zones.update().where(zones.c.drive_id == 2, zones.c.idx == 0)
+    catalog.run(lambda conn: conn.execute(first_of_drive_2.values(
+        state="full", band_class="warm", write_pointer=3 * ZONE_SIZE // 4,
+        live_bytes=ZONE_SIZE // 2, garbage_bytes=ZONE_SIZE // 4)))
     values = parse(app.test_client().get("/metrics").get_data(as_text=True))
     total = values['shingle_capacity_bytes{kind="total"}']
     space = {k: v for k, v in values.items() if k.startswith("shingle_space_bytes")}
@@ -100,8 +102,9 @@ def test_space_states_add_up_to_the_total(app, appliance):
 
 def test_per_drive_series_build_info_and_job_successes(app, appliance):
     _, catalog = appliance
-    metrics.record_sample(catalog, drive_1_read_bytes=4096, drive_1_written_bytes=8192, drive_1_read_errors=0,
-                          drive_1_write_errors=1, drive_1_checksum_errors=2, drive_3_read_bytes=5)
+    metrics.record_sample(catalog, drive_1_read_bytes=4096, drive_1_written_bytes=8192,
+                          drive_1_read_errors=0, drive_1_write_errors=1, drive_1_checksum_errors=2,
+                          drive_3_read_bytes=5)
     job = jobs.submit(catalog, "scrub", {}, actor="test")
     jobs.claim(catalog, job)
     jobs.finish(catalog, job, ok=True, result={})
@@ -122,9 +125,11 @@ def test_per_drive_series_build_info_and_job_successes(app, appliance):
     assert values['shingle_drive_zones{drive="1",state="empty"}'] == 12
     assert values['shingle_drive_capacity_bytes{drive="4"}'] == 16 * ZONE_SIZE
     build = [k for k in values if k.startswith("shingle_build_info{")]
-    assert len(build) == 1 and 'catalog="sqlite"' in build[0] and f'version="{version()}"' in build[0]
+    assert len(build) == 1 and 'catalog="sqlite"' in build[0]
+    assert f'version="{version()}"' in build[0]
     finished = jobs.get(catalog, job).finished_ns / 1e9
-    assert values['shingle_job_last_success_timestamp_seconds{kind="scrub"}'] == pytest.approx(finished)
+    last = values['shingle_job_last_success_timestamp_seconds{kind="scrub"}']
+    assert last == pytest.approx(finished)
     assert 'kind="rebuild"' not in text  # failed: not a success
     age = values["shingle_metrics_sample_age_seconds"]
     assert 0 <= age < 60
@@ -144,8 +149,8 @@ def test_operation_histograms_and_exports_when_the_nfs_server_records_them(app, 
     metrics.record_sample(catalog, nfs_latency_read_le_1=3, nfs_latency_read_le_10=5,
                           nfs_latency_read_le_inf=6, nfs_latency_read_sum_s=0.5,
                           nfs_latency_open_le_1=1, nfs_latency_open_le_inf=1,
-                          **{f"export_{default.id}_read_bytes": 100, f"export_{default.id}_write_bytes": 7,
-                             f"export_{default.id}_ops": 9})
+                          **{f"export_{default.id}_read_bytes": 100,
+                             f"export_{default.id}_write_bytes": 7, f"export_{default.id}_ops": 9})
     text = app.test_client().get("/metrics").get_data(as_text=True)
     values = parse(text)
     assert values['shingle_nfs_operation_latency_seconds_bucket{op="read",le="0.001"}'] == 3
@@ -153,7 +158,8 @@ def test_operation_histograms_and_exports_when_the_nfs_server_records_them(app, 
     assert values['shingle_nfs_operation_latency_seconds_count{op="read"}'] == 6
     assert values['shingle_nfs_operation_latency_seconds_sum{op="read"}'] == 0.5
     assert values['shingle_nfs_operation_latency_seconds_count{op="open"}'] == 1
-    assert "shingle_nfs_latency_seconds_bucket" not in text  # the whole-call histogram had no samples
+    # the whole-call histogram had no samples
+    assert "shingle_nfs_latency_seconds_bucket" not in text
     label = f'export="{default.name}",id="{default.id}"'
     assert values[f"shingle_export_read_bytes_total{{{label}}}"] == 100
     assert values[f"shingle_export_write_bytes_total{{{label}}}"] == 7
