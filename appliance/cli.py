@@ -53,7 +53,7 @@ def find_config(explicit: str | None) -> Path:
     tried = [Path(LOCAL_CONFIG), Path(DEFAULT_CONFIG)]
     for path in tried:
         if path.is_file():
-            return path
+            return path.resolve()  # children (the web UI, gunicorn) may start in another folder
     raise UsageError("no config file found: tried -c (not given), $SHINGLE_CONFIG (not set), "
                      f"./{LOCAL_CONFIG} and {DEFAULT_CONFIG}; pass -c DIR/shingle.toml or "
                      "export SHINGLE_CONFIG=DIR/shingle.toml (`shingle init DIR` makes one)")
@@ -257,7 +257,7 @@ def cmd_serve(args) -> int:
     try:
         server.start()
         host = config.get("nfs.host")
-        log.debug("NFS server listening on %s:%d", host, server.port)  # the server logs it too
+        log.info("NFS server listening on %s:%d", host, server.port)
         print(f"NFS:    nfs://{host}:{server.port}/export?version=4.1", flush=True)
         print(f"        mount -t nfs -o vers=4.1,port={server.port},nconnect=4,rsize=1048576,wsize=1048576 "
               f"{host}:/export /mnt/shingle", flush=True)
