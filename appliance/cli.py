@@ -24,6 +24,7 @@ from engine import errors
 
 DEFAULT_CONFIG = "/etc/shingle/shingle.toml"
 EXIT_USAGE = 2
+EXIT_JOB_ABANDONED = 3  # the daemon running the job we waited for stopped
 log = logging.getLogger("shingle.cli")
 
 
@@ -347,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     except errors.FsError as exc:
         print(f"shingle: {exc.strerror}", file=sys.stderr)
         return 1
+    except errors.JobAbandoned as exc:
+        print(f"shingle: {exc}", file=sys.stderr)
+        return EXIT_JOB_ABANDONED
     except KeyboardInterrupt:
         return 130
 
