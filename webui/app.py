@@ -14,11 +14,11 @@ from pathlib import Path
 from flask import Flask, g, request, session
 
 from appliance import config as config_mod
+from engine import accounts
 from webui import core
 
 BLUEPRINTS = ("auth", "dashboard", "drives", "retention", "exports", "tiers", "jobs", "events", "settings", "api",
               "metrics")
-SESSION_HOURS = 12
 
 
 def _secret_key(path: Path) -> bytes:
@@ -57,7 +57,8 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Strict",
         SESSION_COOKIE_SECURE=tls,  # over TLS the cookie never travels in clear
-        PERMANENT_SESSION_LIFETIME=datetime.timedelta(hours=SESSION_HOURS),
+        # The cookie's lifetime; the session row (engine.accounts) decides whether it is still live.
+        PERMANENT_SESSION_LIFETIME=datetime.timedelta(seconds=accounts.SESSION_S),
         MAX_CONTENT_LENGTH=1 << 20,
         SHINGLE_TLS=tls,
     )
