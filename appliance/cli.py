@@ -67,7 +67,8 @@ def cmd_init(args) -> int:
     if args.web_port is not None:
         overrides["webui.port"] = args.web_port
     if args.tls:
-        overrides.update({"webui.tls_cert_file": "webui-tls.crt", "webui.tls_key_file": "webui-tls.key"})
+        overrides.update({"webui.tls_cert_file": "webui-tls.crt",
+                          "webui.tls_key_file": "webui-tls.key"})
     text = config_mod.render(overrides, commented_defaults=True)
     config = config_mod.from_dict(__import__("tomllib").loads(text), config_path)
     policies = config.policies()

@@ -66,7 +66,8 @@ class Maintenance(threading.Thread):
         """Jobs left running by a daemon that died (this one holds the lock, so none runs)."""
         try:
             for job in jobs.recover_interrupted(self.catalog):
-                log.warning("job %d (%s) was interrupted by a daemon stop: %s", job.id, job.kind, job.state)
+                log.warning("job %d (%s) was interrupted by a daemon stop: %s", job.id, job.kind,
+                            job.state)
         except Exception:
             log.exception("could not recover interrupted jobs")
 

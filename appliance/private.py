@@ -2,6 +2,7 @@
 
 A file created with the default umask and narrowed later is readable by every
 local user in between (and for good if the process dies there)."""
+
 from __future__ import annotations
 
 import os

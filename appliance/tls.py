@@ -3,6 +3,7 @@
 With the ``cryptography`` package in the environment it is made in process;
 otherwise by the ``openssl`` command. The key file is created 0600 before a
 byte of the key is written (appliance.private)."""
+
 from __future__ import annotations
 
 import datetime
@@ -49,18 +50,30 @@ def _with_cryptography(cert_path: Path, key_path: Path, names: list[str]) -> str
 
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
-    sans = [x509.IPAddress(ipaddress.ip_address(n)) if _is_ip(n) else x509.DNSName(n) for n in names]
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=DAYS))
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    write_private(key_path, key.private_bytes(serialization.Encoding.PEM,
-                                              serialization.PrivateFormat.PKCS8,
-                                              serialization.NoEncryption()).decode())
+    sans = [
+        x509.IPAddress(ipaddress.ip_address(n)) if _is_ip(n) else x509.DNSName(n) for n in names
+    ]
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=DAYS))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    write_private(
+        key_path,
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ).decode(),
+    )
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return "cryptography"
 
@@ -72,10 +85,31 @@ def _with_openssl(cert_path: Path, key_path: Path, names: list[str]) -> str:
     san = ",".join(f"IP:{n}" if _is_ip(n) else f"DNS:{n}" for n in names)
     create_private(key_path)  # openssl then writes into the 0600 file it finds
     try:
-        subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-                        "-nodes", "-keyout", str(key_path), "-out", str(cert_path), "-days", str(DAYS),
-                        "-subj", f"/CN={names[0]}", "-addext", f"subjectAltName={san}"],
-                       check=True, capture_output=True, text=True)
+        subprocess.run(
+            [
+                openssl,
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-keyout",
+                str(key_path),
+                "-out",
+                str(cert_path),
+                "-days",
+                str(DAYS),
+                "-subj",
+                f"/CN={names[0]}",
+                "-addext",
+                f"subjectAltName={san}",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
     except subprocess.CalledProcessError as exc:
         key_path.unlink(missing_ok=True)
         raise RuntimeError(f"openssl could not make a certificate: {exc.stderr.strip()}") from None

@@ -72,7 +72,8 @@ class JobRecord:
 def _record(row) -> JobRecord:
     return JobRecord(row.id, row.kind, json.loads(row.params) if row.params else {}, row.state, row.actor,
                      row.done, row.total, row.message, json.loads(row.result) if row.result else None,
-                     row.created_ns, row.started_ns, row.finished_ns, row.heartbeat_ns, row.attempts)
+                     row.created_ns, row.started_ns, row.finished_ns, row.heartbeat_ns,
+                     row.attempts)
 
 
 def submit(catalog: Catalog, kind: str, params: dict | None = None, *, actor: str = "system") -> int:
@@ -140,7 +141,8 @@ class Heartbeat:
     def __init__(self, catalog: Catalog, job_id: int, every_s: float = HEARTBEAT_S):
         self.catalog, self.job_id, self.every_s = catalog, job_id, every_s
         self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._beat, name=f"job-{job_id}-heartbeat", daemon=True)
+        self.thread = threading.Thread(target=self._beat, name=f"job-{job_id}-heartbeat",
+                                       daemon=True)
 
     def _beat(self) -> None:
         while not self.stopped.wait(self.every_s):
@@ -172,8 +174,8 @@ def recover_interrupted(catalog: Catalog, *, actor: str = "daemon") -> list[JobR
             again = row.kind in RESTARTABLE and row.attempts < MAX_ATTEMPTS
             if again:
                 values = dict(state="queued", started_ns=None, heartbeat_ns=None, done=0, total=0,
-                              message=f"interrupted when its daemon stopped (attempt {row.attempts}); "
-                                      "queued again")
+                              message="interrupted when its daemon stopped (attempt "
+                                      f"{row.attempts}); queued again")
             else:
                 why = ("it was tried " + str(row.attempts) + " times") if row.kind in RESTARTABLE \
                     else f"a {row.kind} job does not restart on its own"
@@ -182,8 +184,9 @@ def recover_interrupted(catalog: Catalog, *, actor: str = "daemon") -> list[JobR
                                       "and queue it again")
             conn.execute(JOBS.update().where(JOBS.c.id == row.id).values(**values))
             record_in(conn, f"job.{row.kind}.{'requeued' if again else 'interrupted'}",
-                      f"{row.kind} job {row.id} {values['message']}", severity="warning" if again else "error",
-                      actor=actor, details={"job": row.id, "attempts": row.attempts})
+                      f"{row.kind} job {row.id} {values['message']}",
+                      severity="warning" if again else "error", actor=actor,
+                      details={"job": row.id, "attempts": row.attempts})
         return [row.id for row in rows]
     return [get(catalog, job_id) for job_id in catalog.run(work, tracked=True)]
 
@@ -204,7 +207,8 @@ def finish(catalog: Catalog, job_id: int, *, ok: bool, result=None, message: str
 
 def wait(catalog: Catalog, job_id: int, *, progress: Callable[[JobRecord], None] | None = None,
          poll_s: float = 0.5, timeout_s: float | None = None,
-         daemon_gone: Callable[[], str | None] | None = None, stale_s: float = STALE_S) -> JobRecord:
+         daemon_gone: Callable[[], str | None] | None = None,
+         stale_s: float = STALE_S) -> JobRecord:
     """Block until the job finishes, calling ``progress`` with each new state.
 
     ``daemon_gone()`` returns why the daemon that should run the job is gone (None while it is
@@ -223,7 +227,8 @@ def wait(catalog: Catalog, job_id: int, *, progress: Callable[[JobRecord], None]
         gone = daemon_gone() if daemon_gone is not None else None
         if gone is None and job.state == "running" and job.heartbeat_ns is not None \
                 and time.time_ns() - job.heartbeat_ns > stale_s * 1e9:
-            gone = f"no heartbeat from the daemon for {(time.time_ns() - job.heartbeat_ns) / 1e9:.0f} s"
+            silent_s = (time.time_ns() - job.heartbeat_ns) / 1e9
+            gone = f"no heartbeat from the daemon for {silent_s:.0f} s"
         if gone is not None:
             job = get(catalog, job_id)  # it may have finished just before its daemon stopped
             if job.finished:
@@ -232,8 +237,8 @@ def wait(catalog: Catalog, job_id: int, *, progress: Callable[[JobRecord], None]
                 return job
             fate = ("it will be queued again" if job.kind in RESTARTABLE
                     else "it will be marked interrupted")
-            raise errors.JobAbandoned(f"{job.kind} job {job_id} is {job.state} but {gone}: {fate} when "
-                                      "the daemon starts again (see `shingle jobs`)")
+            raise errors.JobAbandoned(f"{job.kind} job {job_id} is {job.state} but {gone}: {fate} "
+                                      "when the daemon starts again (see `shingle jobs`)")
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"job {job_id} ({job.kind}) still {job.state} after {timeout_s} s")
         time.sleep(poll_s)

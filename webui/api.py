@@ -42,8 +42,8 @@ ENDPOINTS: list[Endpoint] = []
 
 
 def endpoint(rule: str, method: str, summary: str, tag: str, *, body: Schema | None = None,
-             partial: bool = False, query: Schema | None = None, status: int = 200, auth: bool = True,
-             scope: str | None = None):
+             partial: bool = False, query: Schema | None = None, status: int = 200,
+             auth: bool = True, scope: str | None = None):
     """Register an API view; it receives ``body=`` / ``query=`` already validated."""
     needed = scope or ("read-only" if method == "GET" else "admin")
     assert needed in accounts.SCOPES, needed
@@ -58,8 +58,8 @@ def endpoint(rule: str, method: str, summary: str, tag: str, *, body: Schema | N
                 return core.api_error("authentication required: sign in or send Authorization: Bearer "
                                       "<API token>", 401)
             if auth and not accounts.scope_allows(g.get("scope"), needed):
-                return core.api_error(f"this API token's scope is {g.get('scope')}: {method} {rule} "
-                                      f"needs a token of scope {needed} or wider", 403)
+                return core.api_error(f"this API token's scope is {g.get('scope')}: {method} "
+                                      f"{rule} needs a token of scope {needed} or wider", 403)
             try:
                 if body is not None:
                     data = request.get_json(silent=True)
@@ -142,8 +142,8 @@ def preview(query: dict):
 
 
 @endpoint("/retention/run", "POST", "Queue a retention job for the daemon (one rule, or every enabled rule); "
-          "follow it with GET /api/v1/jobs/{job_id}", "retention", body=retention.RUN_SCHEMA, status=202,
-          scope="operator")
+          "follow it with GET /api/v1/jobs/{job_id}", "retention", body=retention.RUN_SCHEMA,
+          status=202, scope="operator")
 def run(body: dict):
     return jobs.get(core.ctx().catalog, retention.queue_run(body.get("rule_id"), core.actor())).to_dict()
 
@@ -159,8 +159,8 @@ def get_job(job_id: int):
     return jobs.get(core.ctx().catalog, job_id).to_dict()
 
 
-@endpoint("/jobs", "POST", "Queue a maintenance job for the daemon", "jobs", body=jobs_pages.QUEUE_SCHEMA, status=202,
-          scope="operator")
+@endpoint("/jobs", "POST", "Queue a maintenance job for the daemon", "jobs",
+          body=jobs_pages.QUEUE_SCHEMA, status=202, scope="operator")
 def queue_job(body: dict):
     return jobs.get(core.ctx().catalog, jobs_pages.queue(body["kind"], {}, core.actor())).to_dict()
 
@@ -228,8 +228,8 @@ def list_events(query: dict):
              "message": e.message, "details": e.details} for e in rows]
 
 
-@endpoint("/tokens", "GET", "API tokens (names, scopes, expiry and use, never the secrets)", "settings",
-          scope="admin")
+@endpoint("/tokens", "GET", "API tokens (names, scopes, expiry and use, never the secrets)",
+          "settings", scope="admin")
 def list_tokens():
     return settings.list_tokens()
 

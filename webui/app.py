@@ -11,7 +11,7 @@ import os
 import secrets
 from pathlib import Path
 
-from flask import Flask, g, request, session
+from flask import Flask, g, request
 
 from appliance import config as config_mod
 from engine import accounts
@@ -81,8 +81,8 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
         if header.startswith("Bearer ") and core.is_api():
             identity = auth.token_identity(header[len("Bearer "):].strip())
             if identity is None:
-                return core.api_error("API token not recognised or expired: create one on the settings "
-                                      "page", 401)
+                return core.api_error("API token not recognised or expired: create one on the "
+                                      "settings page", 401)
             g.admin, g.via_token, g.scope = identity.username, True, identity.scope
             if identity.scope == "read-only" and request.method not in ("GET", "HEAD"):
                 return core.api_error(f"this API token is read-only: {request.method} needs an "

@@ -6,6 +6,7 @@ it for every copy of the cookie. Failed sign-ins back off per address, per
 account and per account from one address (engine.accounts.THROTTLES); a client
 inside its back-off gets 429 with Retry-After, and the right password works
 again once it has passed."""
+
 from __future__ import annotations
 
 import math
@@ -59,16 +60,27 @@ def attempt_login(username: str, password: str, address: str) -> tuple[int | Non
         return None, f"too many failed logins: try again in {seconds} s", 429, seconds
     user_id = accounts.verify_login(catalog, username, password)
     if user_id is None:
-        events.record(catalog, "auth.login.failed", f"failed login as {username[:64]!r} from {address}",
-                      severity="warning", actor=address[:64])
+        events.record(
+            catalog,
+            "auth.login.failed",
+            f"failed login as {username[:64]!r} from {address}",
+            severity="warning",
+            actor=address[:64],
+        )
         wait = accounts.login_failed(catalog, username, address, actor=address)
         if wait > 0:
             seconds = math.ceil(wait)
-            return None, f"wrong user name or password; too many failed logins: try again in " \
-                         f"{seconds} s", 429, seconds
+            return (
+                None,
+                f"wrong user name or password; too many failed logins: try again in {seconds} s",
+                429,
+                seconds,
+            )
         return None, "wrong user name or password", 401, 0
     accounts.login_succeeded(catalog, username, address)
-    events.record(catalog, "auth.login", f"admin {username} signed in from {address}", actor=username)
+    events.record(
+        catalog, "auth.login", f"admin {username} signed in from {address}", actor=username
+    )
     return user_id, "", 200, 0
 
 

@@ -23,16 +23,17 @@ TOKEN_SCHEMA = Schema("ApiToken", "A new API token for scripts (shown once).", (
     Field("scope", "string", "read-only: GET only; operator: also jobs, retention runs and drive "
           "actions; admin: also exports, admins, tokens and settings", required=False,
           default="read-only", enum=accounts.SCOPES),
-    Field("expires_days", "integer", "Days until the token stops working (0: never)", required=False,
-          default=90, minimum=0, maximum=3650),
+    Field("expires_days", "integer", "Days until the token stops working (0: never)",
+          required=False, default=90, minimum=0, maximum=3650),
 ))
 
 
 def make_token(values: dict, who: str) -> str:
     """A new token from TOKEN_SCHEMA's validated values (defaults filled in)."""
     days = values["expires_days"]
-    return accounts.create_token(core.ctx().catalog, user_id(who), values["name"], scope=values["scope"],
-                                 expires_s=days * 86400 if days else None, actor=who)
+    return accounts.create_token(core.ctx().catalog, user_id(who), values["name"],
+                                 scope=values["scope"], expires_s=days * 86400 if days else None,
+                                 actor=who)
 ADMIN_SCHEMA = Schema("AdminUser", "A new admin account.", (
     Field("username", "string", "Lower-case letters, digits, _ . - (starting with a letter or _)", min_length=1,
           max_length=64, pattern=accounts.USERNAME_RE.pattern, example="alice"),
@@ -58,8 +59,8 @@ def user_id(username: str) -> int:
 def list_tokens() -> list[dict]:
     def work(conn):
         return [dict(r._mapping) for r in conn.execute(
-            select(TOKENS.c.id, TOKENS.c.name, TOKENS.c.scope, TOKENS.c.created_ns, TOKENS.c.expires_ns,
-                   TOKENS.c.last_used_ns, USERS.c.username)
+            select(TOKENS.c.id, TOKENS.c.name, TOKENS.c.scope, TOKENS.c.created_ns,
+                   TOKENS.c.expires_ns, TOKENS.c.last_used_ns, USERS.c.username)
             .select_from(TOKENS.join(USERS, USERS.c.id == TOKENS.c.user_id)).order_by(TOKENS.c.id))]
     return core.ctx().catalog.read(work)
 
@@ -92,7 +93,8 @@ def change_password(username: str, values: dict, who: str) -> None:
 
 
 def _page(status=200, **extra):
-    return render_template("settings.html", tokens=list_tokens(), admins=list_admins(), now_ns=time.time_ns(),
+    return render_template("settings.html", tokens=list_tokens(), admins=list_admins(),
+                           now_ns=time.time_ns(),
                            new_token=extra.get("new_token"), errors=extra.get("errors", {}),
                            which=extra.get("which")), status
 

@@ -265,7 +265,8 @@ class AdminSession(Base):
 
     __tablename__ = "admin_sessions"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    user_id: Mapped[int] = mapped_column(ForeignKey("admin_users.id", ondelete="CASCADE"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("admin_users.id", ondelete="CASCADE"),
+                                         index=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     address: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_ns: Mapped[int] = mapped_column(BigInteger)
@@ -293,7 +294,8 @@ class ApiToken(Base):
     token_hash: Mapped[str] = mapped_column(String(128), unique=True)
     created_ns: Mapped[int] = mapped_column(BigInteger)
     last_used_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    scope: Mapped[str] = mapped_column(String(16), default="read-only")  # read-only | operator | admin
+    # read-only | operator | admin (engine.accounts.SCOPES)
+    scope: Mapped[str] = mapped_column(String(16), default="read-only")
     expires_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # None: never
 
 

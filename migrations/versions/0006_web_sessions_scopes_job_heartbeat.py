@@ -15,7 +15,6 @@ Create Date: 2026-12-02 10:00:00
 import sqlalchemy as sa
 from alembic import op
 
-
 revision = '0006'
 down_revision = '0005'
 branch_labels = None
@@ -33,8 +32,8 @@ def upgrade() -> None:
     sa.Column('created_ns', sa.BigInteger(), nullable=False),
     sa.Column('last_seen_ns', sa.BigInteger(), nullable=False),
     sa.Column('expires_ns', sa.BigInteger(), nullable=False),
-    sa.ForeignKeyConstraint(['user_id'], ['admin_users.id'], name=op.f('fk_admin_sessions_user_id_admin_users'),
-                            ondelete='CASCADE'),
+    sa.ForeignKeyConstraint(['user_id'], ['admin_users.id'],
+                            name=op.f('fk_admin_sessions_user_id_admin_users'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_admin_sessions')),
     sa.UniqueConstraint('token_hash', name=op.f('uq_admin_sessions_token_hash'))
     )
@@ -48,9 +47,12 @@ def upgrade() -> None:
     sa.PrimaryKeyConstraint('key', name=op.f('pk_login_throttle'))
     )
     with op.batch_alter_table('login_throttle', schema=None) as batch_op:
-        batch_op.create_index(batch_op.f('ix_login_throttle_last_failure_ns'), ['last_failure_ns'], unique=False)
+        batch_op.create_index(batch_op.f('ix_login_throttle_last_failure_ns'), ['last_failure_ns'],
+                              unique=False)
     with op.batch_alter_table('api_tokens', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('scope', sa.String(length=16), nullable=False, server_default='admin'))
+        # Tokens made before scopes existed keep the full admin scope they had.
+        batch_op.add_column(sa.Column('scope', sa.String(length=16), nullable=False,
+                                      server_default='admin'))
         batch_op.add_column(sa.Column('expires_ns', sa.BigInteger(), nullable=True))
     with op.batch_alter_table('api_tokens', schema=None) as batch_op:
         batch_op.alter_column('scope', server_default=None)

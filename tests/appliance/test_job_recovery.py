@@ -1,5 +1,6 @@
 """A daemon killed during a job: the job does not stay "running" for ever, and a CLI waiting for
 it does not hang. Real `shingle serve` processes, killed with SIGKILL."""
+
 from __future__ import annotations
 
 import json
@@ -9,31 +10,53 @@ import subprocess
 import sys
 import time
 
+from pgserver import free_port
+
 from appliance import config as config_mod
 from appliance.runtime import Appliance
 from engine import events, jobs
 from engine.catalog import Catalog
 from engine.namespace import ROOT
-from pgserver import free_port
 
 
 def shingle(*args, timeout=120):
-    run = subprocess.run([sys.executable, "-m", "appliance.cli", *args], capture_output=True, text=True,
-                         timeout=timeout)
+    run = subprocess.run(
+        [sys.executable, "-m", "appliance.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert run.returncode == 0, run.stderr
     return run
 
 
 def write_config(home, scrub_mib_s: float) -> None:
     """The config `shingle init` writes, with the scrub paced at ``scrub_mib_s``."""
-    (home / "shingle.toml").write_text(config_mod.render({
-        "appliance.data_dir": ".", "maintenance.scrub_mib_s": scrub_mib_s}, commented_defaults=True))
+    (home / "shingle.toml").write_text(
+        config_mod.render(
+            {"appliance.data_dir": ".", "maintenance.scrub_mib_s": scrub_mib_s},
+            commented_defaults=True,
+        )
+    )
 
 
 def start_daemon(home) -> subprocess.Popen:
-    daemon = subprocess.Popen([sys.executable, "-m", "appliance.cli", "-c", str(home / "shingle.toml"),
-                               "serve", "--no-web", "--nfs-port", str(free_port())],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    daemon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "appliance.cli",
+            "-c",
+            str(home / "shingle.toml"),
+            "serve",
+            "--no-web",
+            "--nfs-port",
+            str(free_port()),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     for line in daemon.stdout:
         if "nfs://" in line:
@@ -66,11 +89,19 @@ def test_kill_9_during_a_scrub_then_restart(tmp_path):
     daemon = start_daemon(home)
     waiter = None
     try:
-        waiter = subprocess.Popen([sys.executable, "-m", "appliance.cli", "-c", str(home / "shingle.toml"),
-                                   "scrub"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        job = wait_until(lambda: next((j for j in jobs.recent(catalog, 5)
-                                       if j.kind == "scrub" and j.state == "running"), None),
-                         what="the scrub job to run")
+        waiter = subprocess.Popen(
+            [sys.executable, "-m", "appliance.cli", "-c", str(home / "shingle.toml"), "scrub"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        job = wait_until(
+            lambda: next(
+                (j for j in jobs.recent(catalog, 5) if j.kind == "scrub" and j.state == "running"),
+                None,
+            ),
+            what="the scrub job to run",
+        )
         time.sleep(1.0)  # well inside the scrub
         daemon.send_signal(signal.SIGKILL)
         daemon.wait(30)

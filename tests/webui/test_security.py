@@ -1,6 +1,7 @@
 """Sign-in security through the Flask app: local redirects only, sessions that end on the server,
 a back-off that never locks the right password out, token scopes and expiry, secret file modes.
 tests/webui/test_serve.py checks the same against gunicorn with a real HTTP client."""
+
 from __future__ import annotations
 
 import re
@@ -13,9 +14,19 @@ from engine import accounts, events
 from engine.catalog.models import ApiToken, LoginThrottle
 from tests.webui.conftest import ADMIN, PASSWORD, Browserish, csrf_of
 
-OPEN_REDIRECTS = ("//evil.example/x", "/\t/evil.example", "/\n/evil.example",
-                  "/\\evil.example", "\\\\evil.example", "https://evil.example/", "/\x00/evil.example",
-                  "javascript:alert(1)", "evil.example", " //evil.example", "/\r\n/evil.example")
+OPEN_REDIRECTS = (
+    "//evil.example/x",
+    "/\t/evil.example",
+    "/\n/evil.example",
+    "/\\evil.example",
+    "\\\\evil.example",
+    "https://evil.example/",
+    "/\x00/evil.example",
+    "javascript:alert(1)",
+    "evil.example",
+    " //evil.example",
+    "/\r\n/evil.example",
+)
 
 
 def from_address(app, address: str) -> Browserish:
@@ -27,18 +38,23 @@ def from_address(app, address: str) -> Browserish:
 @pytest.mark.parametrize("target", OPEN_REDIRECTS)
 def test_next_must_be_a_path_of_this_site(app, target):
     from urllib.parse import quote
+
     browser = Browserish(app.test_client())
     browser.csrf = csrf_of(browser.get("/login").get_data(as_text=True))
-    response = browser.client.post("/login?next=" + quote(target, safe=""),
-                                   data={"username": ADMIN, "password": PASSWORD, "csrf_token": browser.csrf})
+    response = browser.client.post(
+        "/login?next=" + quote(target, safe=""),
+        data={"username": ADMIN, "password": PASSWORD, "csrf_token": browser.csrf},
+    )
     assert response.status_code == 302 and response.headers["Location"] == "/", target
 
 
 def test_next_keeps_a_local_path(app):
     browser = Browserish(app.test_client())
     browser.csrf = csrf_of(browser.get("/login").get_data(as_text=True))
-    response = browser.client.post("/login?next=%2Fdrives%3Fstate%3Dfailed",
-                                   data={"username": ADMIN, "password": PASSWORD, "csrf_token": browser.csrf})
+    response = browser.client.post(
+        "/login?next=%2Fdrives%3Fstate%3Dfailed",
+        data={"username": ADMIN, "password": PASSWORD, "csrf_token": browser.csrf},
+    )
     assert response.headers["Location"] == "/drives?state=failed"
 
 
@@ -103,7 +119,9 @@ def test_back_off_doubles_per_address_across_names(app, appliance, monkeypatch):
     assert rows["address 198.51.100.7"].failures == 4
     # Old failures are forgotten: a flood of addresses does not grow the table without bound.
     old = time.time_ns() - (accounts.THROTTLE_FORGET_S + 60) * 10**9
-    catalog.run(lambda c: c.execute(throttle.update().values(last_failure_ns=old, blocked_until_ns=0)))
+    catalog.run(
+        lambda c: c.execute(throttle.update().values(last_failure_ns=old, blocked_until_ns=0))
+    )
     accounts.login_failed(catalog, "someone", "203.0.113.1")
     keys = catalog.read(lambda c: set(c.execute(select(throttle.c.key)).scalars()))
     assert keys == {"address 203.0.113.1", "account someone", "account someone from 203.0.113.1"}
@@ -111,7 +129,8 @@ def test_back_off_doubles_per_address_across_names(app, appliance, monkeypatch):
 
 def token_for(catalog, scope: str, **kwargs) -> dict:
     uid = catalog.read(lambda c: c.execute(select(accounts.USERS.c.id)).scalar())
-    return {"Authorization": f"Bearer {accounts.create_token(catalog, uid, scope, scope=scope, **kwargs)}"}
+    token = accounts.create_token(catalog, uid, scope, scope=scope, **kwargs)
+    return {"Authorization": f"Bearer {token}"}
 
 
 def test_token_scopes_are_enforced_on_every_api_route(app, appliance):
@@ -120,26 +139,41 @@ def test_token_scopes_are_enforced_on_every_api_route(app, appliance):
     reader, operator, admin = (token_for(catalog, s) for s in accounts.SCOPES)
     export = {"name": "/open", "squash": "no_root_squash"}
     assert client.get("/api/v1/drives", headers=reader).status_code == 200
-    for method, url, body in (("POST", "/api/v1/jobs", {"kind": "scrub"}), ("POST", "/api/v1/exports", export),
-                              ("POST", "/api/v1/tokens", {"name": "x"}), ("DELETE", "/api/v1/exports/1", None),
-                              ("POST", "/api/v1/drives/1/actions", {"action": "drain"})):
+    for method, url, body in (
+        ("POST", "/api/v1/jobs", {"kind": "scrub"}),
+        ("POST", "/api/v1/exports", export),
+        ("POST", "/api/v1/tokens", {"name": "x"}),
+        ("DELETE", "/api/v1/exports/1", None),
+        ("POST", "/api/v1/drives/1/actions", {"action": "drain"}),
+    ):
         response = client.open(url, method=method, json=body, headers=reader)
         assert response.status_code == 403 and "read-only" in response.get_json()["error"], url
     assert client.post("/api/v1/jobs", json={"kind": "scrub"}, headers=operator).status_code == 202
     assert client.post("/api/v1/retention/run", json={}, headers=operator).status_code == 202
-    assert client.post("/api/v1/drives/4/actions", json={"action": "mark_failed"},
-                       headers=operator).status_code == 200
-    for method, url, body in (("POST", "/api/v1/exports", export), ("POST", "/api/v1/tokens", {"name": "x"}),
-                              ("GET", "/api/v1/tokens", None), ("PATCH", "/api/v1/tiers/thresholds",
-                                                                {"promote_reads": 2}),
-                              ("POST", "/api/v1/retention/rules", {"pattern": "/x/*", "keep": 1})):
+    assert (
+        client.post(
+            "/api/v1/drives/4/actions", json={"action": "mark_failed"}, headers=operator
+        ).status_code
+        == 200
+    )
+    for method, url, body in (
+        ("POST", "/api/v1/exports", export),
+        ("POST", "/api/v1/tokens", {"name": "x"}),
+        ("GET", "/api/v1/tokens", None),
+        ("PATCH", "/api/v1/tiers/thresholds", {"promote_reads": 2}),
+        ("POST", "/api/v1/retention/rules", {"pattern": "/x/*", "keep": 1}),
+    ):
         response = client.open(url, method=method, json=body, headers=operator)
         assert response.status_code == 403, url
-        assert "scope is operator" in response.get_json()["error"] and "needs a token of scope admin" in \
-            response.get_json()["error"]
+        assert (
+            "scope is operator" in response.get_json()["error"]
+            and "needs a token of scope admin" in response.get_json()["error"]
+        )
     created = client.post("/api/v1/exports", json=export, headers=admin)
     assert created.status_code == 201 and created.get_json()["squash"] == "no_root_squash"
-    minted = client.post("/api/v1/tokens", json={"name": "ci", "scope": "operator"}, headers=admin).get_json()
+    minted = client.post(
+        "/api/v1/tokens", json={"name": "ci", "scope": "operator"}, headers=admin
+    ).get_json()
     assert minted["scope"] == "operator" and minted["expires_days"] == 90
     listed = {t["name"]: t for t in client.get("/api/v1/tokens", headers=admin).get_json()}
     assert listed["ci"]["scope"] == "operator" and listed["read-only"]["scope"] == "read-only"
@@ -155,20 +189,29 @@ def test_expired_tokens_are_refused_and_shown_so(web, app, appliance):
     headers = token_for(catalog, "admin", expires_s=3600)
     client = app.test_client()
     assert client.get("/api/v1/drives", headers=headers).status_code == 200
-    catalog.run(lambda c: c.execute(ApiToken.__table__.update().values(expires_ns=time.time_ns() - 1)))
+    catalog.run(
+        lambda c: c.execute(ApiToken.__table__.update().values(expires_ns=time.time_ns() - 1))
+    )
     response = client.get("/api/v1/drives", headers=headers)
     assert response.status_code == 401 and "expired" in response.get_json()["error"]
     html = web.get("/settings").get_data(as_text=True)
     assert "(expired)" in html and '<td class="token-scope">admin</td>' in html
     # The token page makes a token of the chosen scope and lifetime.
-    html = web.post("/settings/tokens", {"name": "grafana", "scope": "read-only",
-                                         "expires_days": "0"}).get_data(as_text=True)
+    html = web.post(
+        "/settings/tokens", {"name": "grafana", "scope": "read-only", "expires_days": "0"}
+    ).get_data(as_text=True)
     token = re.search(r'id="new-token">(shg_[^<]+)<', html).group(1)
     bearer = {"Authorization": f"Bearer {token}"}
     assert client.get("/api/v1/drives", headers=bearer).status_code == 200
     assert client.post("/api/v1/jobs", json={"kind": "scrub"}, headers=bearer).status_code == 403
-    row = catalog.read(lambda c: c.execute(select(ApiToken.__table__).where(
-        ApiToken.__table__.c.name == "grafana")).first())
+    row = catalog.read(
+        lambda c: c.execute(
+            select(ApiToken.__table__).where(ApiToken.__table__.c.name == "grafana")
+        ).first()
+    )
     assert row.scope == "read-only" and row.expires_ns is None
     response = web.post("/settings/tokens", {"name": "x", "scope": "root"})
-    assert response.status_code == 400 and b"expected one of read-only, operator, admin" in response.data
+    assert (
+        response.status_code == 400
+        and b"expected one of read-only, operator, admin" in response.data
+    )

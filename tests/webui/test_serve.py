@@ -194,14 +194,16 @@ def stop_webui(proc: subprocess.Popen) -> str:
 def test_sign_in_security_over_real_http(template_catalog, tmp_path):
     """The web findings against gunicorn: open redirect, logout, back-off per address, scopes."""
     import shutil
+
     from engine import accounts
     from engine.catalog import Catalog
     from engine.catalog.models import ApiToken
     from tests.webui.conftest import ADMIN, PASSWORD
     shutil.copyfile(template_catalog, tmp_path / "catalog.db")
     config_path = tmp_path / "shingle.toml"
-    config_path.write_text(config_mod.render({"appliance.data_dir": ".", "catalog.url": "sqlite:///catalog.db",
-                                              "smart.smartctl": str(FAKE_SMARTCTL), "webui.workers": 2}))
+    config_path.write_text(config_mod.render({
+        "appliance.data_dir": ".", "catalog.url": "sqlite:///catalog.db",
+        "smart.smartctl": str(FAKE_SMARTCTL), "webui.workers": 2}))
     port = free_port()
     proc = start_webui(config_path, port)
     catalog = Catalog(f"sqlite:///{tmp_path}/catalog.db")
@@ -244,10 +246,13 @@ def test_sign_in_security_over_real_http(template_catalog, tmp_path):
         status, body = api("read-only", "POST", "/api/v1/jobs", {"kind": "scrub"})
         assert status == 403 and "read-only" in body["error"]
         assert api("operator", "POST", "/api/v1/jobs", {"kind": "scrub"})[0] == 202
-        assert api("operator", "POST", "/api/v1/exports", {"name": "/o", "squash": "no_root_squash"})[0] == 403
-        assert api("operator", "POST", "/api/v1/tokens", {"name": "more", "scope": "admin"})[0] == 403
+        wide_open = {"name": "/o", "squash": "no_root_squash"}
+        assert api("operator", "POST", "/api/v1/exports", wide_open)[0] == 403
+        more = {"name": "more", "scope": "admin"}
+        assert api("operator", "POST", "/api/v1/tokens", more)[0] == 403
         assert api("admin", "POST", "/api/v1/tokens", {"name": "more", "scope": "admin"})[0] == 201
-        catalog.run(lambda c: c.execute(ApiToken.__table__.update().values(expires_ns=time.time_ns() - 1)))
+        catalog.run(lambda c: c.execute(ApiToken.__table__.update()
+                                        .values(expires_ns=time.time_ns() - 1)))
         status, body = api("admin", "GET", "/api/v1/drives")
         assert status == 401 and "expired" in body["error"]
     finally:
@@ -258,10 +263,12 @@ def test_sign_in_security_over_real_http(template_catalog, tmp_path):
 
 def test_init_tls_serves_https_with_secure_cookies_and_private_files(tmp_path):
     import ssl
+
     from tests.webui.conftest import csrf_of
     home = tmp_path / "appliance"
-    run = subprocess.run([sys.executable, "-m", "appliance.cli", "init", str(home), "--tls", "--drive-size",
-                          "16MiB", "--zone-size", "1MiB"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-m", "appliance.cli", "init", str(home), "--tls",
+                          "--drive-size", "16MiB", "--zone-size", "1MiB"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "HTTPS:    self-signed certificate" in run.stdout
     for name in ("catalog.db", "initial-admin-password", "webui-secret.key", "webui-tls.key"):
