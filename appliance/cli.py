@@ -357,4 +357,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m appliance.cli` runs this file as __main__: use the appliance.cli module itself,
+    # whose UsageError the cli_*.py modules import and raise, so that main() catches it
+    from appliance.cli import main as module_main
+    sys.exit(module_main())

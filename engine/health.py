@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from dataclasses import asdict, dataclass, field
 
 import psutil
@@ -283,3 +284,47 @@ def io_counters(path_or_device: str | None) -> dict | None:
     if counters is None:
         return None
     return {"disk": name, **counters._asdict()}
+
+
+# -- SMART readings kept for a short while ------------------------------------------------------
+SMART_TTL_S = 60  # smartctl -x takes a while on real drives; pages reuse a reading this long
+SMART_PARALLEL = 8
+
+
+class SmartCache:
+    """SMART reports by device, reused for ``ttl_s``; stale ones are read in parallel (one
+    smartctl per drive: a 24-bay chassis in one smartctl's time)."""
+
+    def __init__(self, ttl_s: float = SMART_TTL_S, parallel: int = SMART_PARALLEL):
+        self.ttl_s = ttl_s
+        self.parallel = parallel
+        self._reports: dict = {}  # device -> (monotonic time, report dict)
+
+    def _fresh(self, device: str | None) -> dict | None:
+        hit = self._reports.get(device)
+        if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
+            return hit[1]
+        return None
+
+    def report(self, device: str | None, smartctl: str) -> dict:
+        """The drive's SMART report (``SmartReport.to_dict()``), from the cache when fresh."""
+        hit = self._fresh(device)
+        if hit is not None:
+            return hit
+        report = read_smart(device, smartctl).to_dict()
+        self._reports[device] = (time.monotonic(), report)
+        return report
+
+    def refresh(self, devices: list[str | None], smartctl: str) -> None:
+        """Read the stale reports of ``devices`` in parallel."""
+        stale = [d for d in set(devices) if d and self._fresh(d) is None]
+        if len(stale) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(max_workers=min(self.parallel, len(stale))) as pool:
+                list(pool.map(lambda d: self.report(d, smartctl), stale))
+
+    def start_self_test(self, device: str | None, smartctl: str, kind: str = "short") -> str:
+        """``start_self_test``, then forget the device's reading so the next view shows the test."""
+        message = start_self_test(device, smartctl, kind)
+        self._reports.pop(device, None)
+        return message

@@ -13,8 +13,12 @@ are catalog transactions with an event naming the admin; anything that moves or 
 (retention runs, drain, rebuild, scrub, cleaning, tiering) is queued as a job (engine.jobs) for
 the daemon, whose progress the job pages follow.
 
+The blueprints run no SQL: each calls an engine service (engine.exports, engine.admins,
+engine.inventory, engine.tier_settings, engine.health, engine.jobs, engine.events,
+engine.retention), the same ones the CLI and the daemon use.
+
 What it reads that others write: metric samples (engine.metrics, names documented there) for the
 throughput chart and /metrics; jobs and their results; events. What it writes that others read:
-``tiering.<TieringPolicy field>`` and ``tiering.path_rules`` settings (webui/tiers.py), the
-``exports`` table (appliance/nfs/exports.py), retention rules (engine.retention).
+``tiering.<TieringPolicy field>`` and ``tiering.path_rules`` settings (engine.tier_settings), the
+exports (engine.exports; the NFS server reloads them), retention rules (engine.retention).
 """

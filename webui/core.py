@@ -13,7 +13,7 @@ from typing import Any
 
 from flask import current_app, g, jsonify, redirect, request, session, url_for
 
-from engine import errors
+from engine import errors, health
 from webui.schema import ValidationError
 
 STATE_CHANGING = ("POST", "PUT", "PATCH", "DELETE")
@@ -27,7 +27,7 @@ class Shingle:
     catalog: Any
     namespace: Any
     smartctl: str
-    smart_cache: dict = field(default_factory=dict)  # device -> (monotonic time, report)
+    smart: health.SmartCache = field(default_factory=health.SmartCache)  # readings, kept a while
     _policies: dict | None = None
     retention: Any = None  # the RetentionService, made on first use
 

@@ -4,15 +4,12 @@ from __future__ import annotations
 import time
 
 from flask import Blueprint, render_template
-from sqlalchemy import func, select
 
 from appliance.status import gather
-from engine import events, metrics
-from engine.catalog.models import Zone
+from engine import events, inventory, metrics
 from webui import charts, core
 
 bp = Blueprint("dashboard", __name__)
-ZONES = Zone.__table__
 HOUR_NS = 3600 * 10**9
 THROUGHPUT_COUNTERS = (("read", "nfs_read_bytes"), ("write", "nfs_write_bytes"))
 
@@ -22,14 +19,8 @@ def summary() -> dict:
     shingle = core.ctx()
     config = shingle.config
     report = gather(shingle.catalog, shingle.policies, config.get("storage.reserve_zones"))
-
-    def per_class(conn):
-        rows = conn.execute(select(ZONES.c.band_class, func.sum(ZONES.c.write_pointer), func.sum(ZONES.c.live_bytes),
-                                   func.sum(ZONES.c.garbage_bytes))
-                            .where(ZONES.c.band_class.is_not(None)).group_by(ZONES.c.band_class)).all()
-        return {r[0]: {"written_bytes": int(r[1] or 0), "live_bytes": int(r[2] or 0), "garbage_bytes": int(r[3] or 0)}
-                for r in rows}
-    tiers = shingle.catalog.read(per_class)
+    tiers = {name: {key: usage[key] for key in ("written_bytes", "live_bytes", "garbage_bytes")}
+             for name, usage in inventory.usage_by_class(shingle.catalog).items()}
     states: dict[str, int] = {}
     for drive in report["drives"]:
         states[drive["state"]] = states.get(drive["state"], 0) + 1

@@ -2,23 +2,18 @@
 
 Actions change the catalog only (the web UI never opens a drive): mark failed
 and drain are drive-state changes (engine.lifecycle.drives); moving data (the
-drain itself, rebuild) is a job the daemon runs (engine.jobs); a SMART
-self-test is started through smartctl, and the drive runs it on its own."""
+drain itself, rebuild) is a job the daemon runs (engine.jobs); SMART readings
+and self-tests go through engine.health (the drive runs a test on its own);
+zone counts and band maps come from engine.inventory."""
 from __future__ import annotations
 
-import time
-
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
-from sqlalchemy import and_, case, func, select
 
-from engine import errors, events, health
-from engine.catalog.models import Drive, Zone
+from engine import errors, events, health, inventory
 from webui import charts, core
 from webui.schema import Field, Schema
 
 bp = Blueprint("drives", __name__)
-DRIVES = Drive.__table__
-ZONES = Zone.__table__
 ACTIONS = ("mark_failed", "drain", "rebuild", "smart_test")
 CONFIRM = {  # actions a stray click must not do: the page asks once more (the API does not)
     "mark_failed": "Mark drive {id} failed? It is no longer read or written; its fragments count as missing "
@@ -26,8 +21,6 @@ CONFIRM = {  # actions a stray click must not do: the page asks once more (the A
     "drain": "Drain drive {id}? No new data goes to it and a drain job moves its fragments to the other drives, "
              "after which it can be removed.",
 }
-SMART_TTL_S = 60  # smartctl -x takes a while on real drives; pages reuse a reading this long
-SMART_PARALLEL = 8
 
 ACTION_SCHEMA = Schema("DriveAction", "An admin action on one drive.", (
     Field("action", "string", "What to do: mark_failed (stop using it now), drain (move its data off, then "
@@ -36,30 +29,10 @@ ACTION_SCHEMA = Schema("DriveAction", "An admin action on one drive.", (
 ))
 
 
-def smart_of(shingle: core.Shingle, device: str | None) -> dict:
-    """The drive's SMART report, from this process's short-lived cache when fresh."""
-    hit = shingle.smart_cache.get(device)
-    if hit is not None and time.monotonic() - hit[0] < SMART_TTL_S:
-        return hit[1]
-    report = health.read_smart(device, shingle.smartctl).to_dict()
-    shingle.smart_cache[device] = (time.monotonic(), report)
-    return report
-
-
-def refresh_smart(shingle: core.Shingle, devices: list[str | None]) -> None:
-    """Read stale SMART reports in parallel: one smartctl per drive, a 24-bay chassis in one go."""
-    stale = [d for d in set(devices) if d and (shingle.smart_cache.get(d) is None
-                                               or time.monotonic() - shingle.smart_cache[d][0] >= SMART_TTL_S)]
-    if len(stale) > 1:
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(max_workers=min(SMART_PARALLEL, len(stale))) as pool:
-            list(pool.map(lambda d: smart_of(shingle, d), stale))
-
-
 def drive_rows(only: int | None = None) -> list[dict]:
     from engine.lifecycle.drives import list_drives
     shingle = core.ctx()
-    devices = dict(shingle.catalog.read(lambda c: c.execute(select(DRIVES.c.id, DRIVES.c.device)).all()))
+    devices = inventory.drive_devices(shingle.catalog)
     found = [d for d in list_drives(shingle.catalog) if only is None or d.id == only]
     out = []
     for d in found:
@@ -71,9 +44,9 @@ def drive_rows(only: int | None = None) -> list[dict]:
                # a zoned block device is its own SMART device; zone-file drives name one only if set
                "device": devices.get(d.id) or (d.path if d.backend == "zoned-block" else None)}
         out.append(row)
-    refresh_smart(shingle, [row["device"] for row in out])
+    shingle.smart.refresh([row["device"] for row in out], shingle.smartctl)
     for row in out:
-        row["smart"] = smart_of(shingle, row["device"])
+        row["smart"] = shingle.smart.report(row["device"], shingle.smartctl)
         # the device's own counters, else those of the disk holding an emulated drive's folder
         row["io"] = health.io_counters(row["device"]) or health.io_counters(row["path"])
     return out
@@ -86,39 +59,15 @@ def drive_row(drive_id: int) -> dict:
     return rows[0]
 
 
-def _kind_column():
-    """A zone's kind as the band map shows it (charts.zone_kind), computed in SQL."""
-    return case((and_(ZONES.c.state == "full", ZONES.c.garbage_bytes > ZONES.c.live_bytes), "garbage"),
-                (ZONES.c.state.in_(("empty", "open", "full")), ZONES.c.state), else_="offline")
-
-
 def band_cells(drive_id: int) -> list[dict]:
-    """The band map's cells: one per zone, or on big drives one per run of zones, grouped in SQL
-    so an 80,000-zone drive costs a few thousand rows, not 80,000."""
-    def work(conn):
-        row = conn.execute(select(DRIVES.c.zone_count, DRIVES.c.zone_size).where(DRIVES.c.id == drive_id)).first()
-        if row is None:
-            raise errors.NotFound(f"no drive with id {drive_id}")
-        if row.zone_count <= charts.MAX_CELLS:
-            return None, [dict(r._mapping) for r in conn.execute(
-                select(ZONES.c.idx, ZONES.c.state, ZONES.c.band_class, ZONES.c.write_pointer, ZONES.c.live_bytes,
-                       ZONES.c.garbage_bytes, DRIVES.c.zone_size)
-                .select_from(ZONES.join(DRIVES, DRIVES.c.id == ZONES.c.drive_id))
-                .where(ZONES.c.drive_id == drive_id).order_by(ZONES.c.idx))]
-        group = -(-row.zone_count // charts.MAX_CELLS)
-        cell = (ZONES.c.idx // group).label("cell")  # floor division: SQLAlchemy 2 makes "/" true division
-        kind = _kind_column().label("kind")
-        rows = conn.execute(select(cell, kind, ZONES.c.band_class, func.count().label("n"),
-                                   func.sum(ZONES.c.write_pointer).label("written"))
-                            .where(ZONES.c.drive_id == drive_id)
-                            .group_by(cell, kind, ZONES.c.band_class)).all()
-        return (group, row.zone_size), rows
-    grouping, rows = core.ctx().catalog.read(work)
-    if grouping is None:
-        return charts.zone_cells(rows)
-    group, zone_size = grouping
+    """The band map's cells: one per zone, or on big drives one per run of zones (grouped in
+    SQL by engine.inventory, so an 80,000-zone drive costs a few thousand rows, not 80,000)."""
+    found = inventory.band_map_rows(core.ctx().catalog, drive_id, charts.MAX_CELLS)
+    if found.group is None:
+        return charts.zone_cells(found.rows)
+    group, zone_size = found.group, found.zone_size
     per_cell: dict[int, list] = {}
-    for r in rows:
+    for r in found.rows:
         per_cell.setdefault(int(r.cell), []).append(r)
     cells = []
     for index in sorted(per_cell):
@@ -139,15 +88,7 @@ def band_cells(drive_id: int) -> list[dict]:
 
 def band_counts(drive_id: int) -> dict[str, dict[str, int]]:
     """kind (empty/open/full/garbage/offline) -> band class ("-" for none) -> zones."""
-    kind = _kind_column().label("kind")
-
-    def work(conn):
-        return conn.execute(select(kind, ZONES.c.band_class, func.count()).where(ZONES.c.drive_id == drive_id)
-                            .group_by(kind, ZONES.c.band_class)).all()
-    out: dict[str, dict[str, int]] = {}
-    for k, cls, n in core.ctx().catalog.read(work):
-        out.setdefault(k, {})[cls or "-"] = int(n)
-    return out
+    return inventory.band_counts(core.ctx().catalog, drive_id)
 
 
 def do_action(drive_id: int, action: str, who: str) -> tuple[str, int | None]:
@@ -172,17 +113,13 @@ def do_action(drive_id: int, action: str, who: str) -> tuple[str, int | None]:
         job_id = queue("rebuild", {}, who)
         return f"rebuild job {job_id} queued: it restores every stripe that lost a fragment (drive {drive_id} " \
                f"is {state})", job_id
-    device = shingle.catalog.read(lambda c: c.execute(select(DRIVES.c.device).where(DRIVES.c.id == drive_id))
-                                  .first())
-    if device is None:
-        raise errors.NotFound(f"no drive with id {drive_id}")
+    device = inventory.drive_device(shingle.catalog, drive_id)
     try:
-        message = health.start_self_test(device[0], shingle.smartctl, "short")
+        message = shingle.smart.start_self_test(device, shingle.smartctl, "short")
     except ValueError as exc:
         raise errors.InvalidArgument(f"drive {drive_id}: SMART self-test not started: {exc}") from None
-    shingle.smart_cache.pop(device[0], None)  # show the running test on the next view
     events.record(shingle.catalog, "drive.smart.test", f"SMART short self-test started on drive {drive_id} "
-                  f"({device[0]}): {message}", actor=who, details={"drive_id": drive_id})
+                  f"({device}): {message}", actor=who, details={"drive_id": drive_id})
     return f"drive {drive_id}: SMART short self-test started ({message})", None
 
 

@@ -1,134 +1,69 @@
 """NFS exports: the path clients mount, which clients (CIDRs), ro/rw and squash.
 
-The NFS server reads the ``exports`` table; a change here is one catalog
-transaction plus an event naming the admin."""
+The pages and the API go through engine.exports (checks, the change and its
+event naming the admin, in one catalog transaction); the NFS server reloads
+its table from there."""
 from __future__ import annotations
 
-import ipaddress
-import re
-
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
-from sqlalchemy import select
 
-from appliance.nfs.exports import SQUASH_MODES as SQUASH
 from engine import errors
-from engine.catalog.models import DIR, Export
-from engine.events import record_in
+from engine import exports as export_service
+from engine.exports import SQUASH_MODES as SQUASH
 from webui import core
 from webui.schema import Field, Schema
 
 bp = Blueprint("exports", __name__)
-EXPORTS = Export.__table__
-MAX_CLIENTS = 64
-
-
-def _clients(text: str) -> str:
-    """'10.0.0.0/8, 192.168.1.5' -> '10.0.0.0/8,192.168.1.5/32' (each checked)."""
-    parts = [p.strip() for p in re.split(r"[,\s]+", text) if p.strip()]
-    if not parts:
-        raise ValueError(f"{text!r}: expected at least one client address or CIDR, e.g. 10.0.0.0/8")
-    if len(parts) > MAX_CLIENTS:
-        raise ValueError(f"{len(parts)} client entries: expected at most {MAX_CLIENTS}")
-    clean = []
-    for part in parts:
-        try:
-            clean.append(str(ipaddress.ip_network(part, strict=False)))
-        except ValueError:
-            raise ValueError(f"{part!r}: expected an IP address or CIDR such as 10.0.0.0/8 or fd00::/8") from None
-    return ",".join(clean)
-
-
-def _export_name(text: str) -> str:
-    """'/data//sets/' -> '/data/sets', the form the NFS server compares."""
-    parts = [p for p in text.split("/") if p]
-    if any(p in (".", "..") for p in parts):
-        raise ValueError(f"name = {text!r}: expected no '.' or '..' components")
-    return "/" + "/".join(parts)
 
 
 def _dir_path(text: str) -> str:
-    from engine.trash import join_path, split_path
-    try:
-        parts = split_path(text, "export path")
-    except errors.InvalidArgument as exc:
-        raise ValueError(exc.strerror) from None
-    path = join_path(parts)
-    try:
-        attr = core.ctx().namespace.resolve(path)
-    except errors.FsError:
-        raise ValueError(f"{path!r}: expected an existing directory in the namespace") from None
-    if attr.type != DIR:
-        raise ValueError(f"{path!r} is not a directory: expected a directory to export")
-    return path
+    return export_service.clean_path(core.ctx().namespace, text)
 
 
 EXPORT_SCHEMA = Schema("Export", "One NFS export.", (
-    Field("name", "string", "The path clients mount, e.g. /export (a slash, then letters, digits, . _ - /)",
-          min_length=1, max_length=255, pattern=r"/[A-Za-z0-9._/-]*", example="/export", check=_export_name),
-    Field("path", "string", "The namespace directory this export shows", min_length=1, max_length=4096,
-          default="/", check=_dir_path),
+    Field("name", "string", "The path clients mount, e.g. /export (a slash, then letters, digits, "
+          ". _ - /)", min_length=1, max_length=export_service.NAME_MAX,
+          pattern=export_service.NAME_PATTERN, example="/export", check=export_service.clean_name),
+    Field("path", "string", "The namespace directory this export shows", min_length=1,
+          max_length=export_service.PATH_MAX, default="/", check=_dir_path),
     Field("clients", "string", "Clients allowed to mount: comma-separated IP addresses or CIDRs",
-          min_length=1, max_length=4096, default="0.0.0.0/0,::/0", check=_clients),
-    Field("access", "string", "rw (read-write) or ro (read-only)", enum=("rw", "ro"), default="rw"),
-    Field("squash", "string", "Identity mapping: root_squash (root becomes anon), all_squash (everyone becomes "
-          "anon) or no_root_squash", enum=SQUASH, default="root_squash"),
-    Field("anon_uid", "integer", "uid that squashed users get", minimum=0, maximum=2**32 - 1, default=65534),
-    Field("anon_gid", "integer", "gid that squashed users get", minimum=0, maximum=2**32 - 1, default=65534),
+          min_length=1, max_length=export_service.PATH_MAX, default=export_service.ANY_CLIENT,
+          check=export_service.clean_clients),
+    Field("access", "string", "rw (read-write) or ro (read-only)", enum=export_service.ACCESS_MODES,
+          default="rw"),
+    Field("squash", "string", "Identity mapping: root_squash (root becomes anon), all_squash "
+          "(everyone becomes anon) or no_root_squash", enum=SQUASH, default="root_squash"),
+    Field("anon_uid", "integer", "uid that squashed users get", minimum=0,
+          maximum=export_service.ID_MAX, default=65534),
+    Field("anon_gid", "integer", "gid that squashed users get", minimum=0,
+          maximum=export_service.ID_MAX, default=65534),
     Field("trash_days", "integer", "Days deleted entries stay in the export's trash (0: no trash)",
-          minimum=0, maximum=3650, default=7),
+          minimum=0, maximum=export_service.TRASH_DAYS_MAX, default=7),
     Field("enabled", "boolean", "Whether clients may mount it", required=False, default=True),
 ))
 
 
 def list_exports() -> list[dict]:
-    rows = core.ctx().catalog.read(lambda c: c.execute(select(EXPORTS).order_by(EXPORTS.c.name)).all())
-    return [dict(r._mapping) for r in rows]
+    return [e.to_dict() for e in export_service.list_exports(core.ctx().catalog)]
 
 
 def get_export(export_id: int) -> dict:
-    row = core.ctx().catalog.read(lambda c: c.execute(select(EXPORTS).where(EXPORTS.c.id == export_id)).first())
-    if row is None:
-        raise errors.NotFound(f"no export with id {export_id}")
-    return dict(row._mapping)
-
-
-def _describe(values: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in values.items())
+    return export_service.get(core.ctx().catalog, export_id).to_dict()
 
 
 def create_export(values: dict, who: str) -> int:
-    def work(conn):
-        if conn.execute(select(EXPORTS.c.id).where(EXPORTS.c.name == values["name"])).first():
-            raise errors.Exists(f"export {values['name']!r} exists: choose another name or edit it")
-        export_id = conn.execute(EXPORTS.insert().values(**values)).inserted_primary_key[0]
-        record_in(conn, "export.create", f"export {values['name']} created: {_describe(values)}", actor=who,
-                  details={"export_id": export_id, **values})
-        return export_id
-    return core.ctx().catalog.run(work)
+    shingle = core.ctx()
+    return export_service.create(shingle.catalog, values, actor=who, namespace=shingle.namespace).id
 
 
 def update_export(export_id: int, values: dict, who: str) -> dict:
-    def work(conn):
-        if "name" in values and conn.execute(select(EXPORTS.c.id).where(
-                EXPORTS.c.name == values["name"], EXPORTS.c.id != export_id)).first():
-            raise errors.Exists(f"export {values['name']!r} exists: choose another name")
-        if not conn.execute(EXPORTS.update().where(EXPORTS.c.id == export_id).values(**values)).rowcount:
-            raise errors.NotFound(f"no export with id {export_id}")
-        record_in(conn, "export.update", f"export {export_id} changed: {_describe(values)}", actor=who,
-                  details={"export_id": export_id, **values})
-        return dict(conn.execute(select(EXPORTS).where(EXPORTS.c.id == export_id)).one()._mapping)
-    return core.ctx().catalog.run(work)
+    shingle = core.ctx()
+    return export_service.update(shingle.catalog, export_id, values, actor=who,
+                                 namespace=shingle.namespace).to_dict()
 
 
 def delete_export(export_id: int, who: str) -> None:
-    def work(conn):
-        row = conn.execute(select(EXPORTS.c.name).where(EXPORTS.c.id == export_id)).first()
-        if row is None:
-            raise errors.NotFound(f"no export with id {export_id}")
-        conn.execute(EXPORTS.delete().where(EXPORTS.c.id == export_id))
-        record_in(conn, "export.delete", f"export {row.name} deleted", actor=who, severity="warning",
-                  details={"export_id": export_id})
-    core.ctx().catalog.run(work)
+    export_service.delete(core.ctx().catalog, export_id, actor=who)
 
 
 def _form_values() -> dict:
@@ -140,8 +75,7 @@ def _form_values() -> dict:
 @bp.route("/exports", methods=["GET", "POST"])
 @core.login_required
 def index():
-    form, errs, status = {"path": "/", "clients": "0.0.0.0/0,::/0", "access": "rw", "squash": "root_squash",
-                          "anon_uid": 65534, "anon_gid": 65534, "trash_days": 7, "enabled": True}, {}, 200
+    form, errs, status = dict(export_service.DEFAULTS), {}, 200
     if request.method == "POST":
         try:
             export_id = create_export(EXPORT_SCHEMA.from_form(request.form), core.actor())

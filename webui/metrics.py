@@ -10,15 +10,12 @@ from __future__ import annotations
 import re
 
 from flask import Blueprint, Response
-from sqlalchemy import func, select
 
+from engine import inventory
 from engine import metrics as samples
-from engine.catalog.models import Drive, Zone
 from webui import core
 
 bp = Blueprint("metrics", __name__)
-DRIVES = Drive.__table__
-ZONES = Zone.__table__
 STATES = ("online", "degraded", "failed", "draining", "removed")
 LATENCY_RE = re.compile(r"nfs_latency_le_(inf|\d+(?:_\d+)?)")
 
@@ -60,12 +57,7 @@ def render() -> str:
     for d in report["drives"]:
         states[d["state"]] = states.get(d["state"], 0) + 1
     out.family("shingle_drives", "gauge", "Drives by state.", [({"state": s}, n) for s, n in states.items()])
-
-    def bands(conn):
-        return conn.execute(select(ZONES.c.state, ZONES.c.band_class, func.count(),
-                                   func.sum(ZONES.c.live_bytes), func.sum(ZONES.c.garbage_bytes))
-                            .group_by(ZONES.c.state, ZONES.c.band_class)).all()
-    rows = shingle.catalog.read(bands)
+    rows = inventory.bands_by_state(shingle.catalog)
     out.family("shingle_bands", "gauge", "Zones (bands) by state and band class.",
                [({"state": r[0], "class": r[1] or "none"}, r[2]) for r in rows])
     out.family("shingle_band_garbage_bytes", "gauge", "Dead bytes in bands, by band class (band cleaning "

@@ -5,17 +5,12 @@ import hmac
 import time
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
-from sqlalchemy import select
 
-from engine import accounts, errors
-from engine.catalog.models import AdminUser, ApiToken
-from engine.events import record_in
+from engine import accounts, admins, errors
 from webui import core
 from webui.schema import Field, Schema
 
 bp = Blueprint("settings", __name__)
-USERS = AdminUser.__table__
-TOKENS = ApiToken.__table__
 
 TOKEN_SCHEMA = Schema("ApiToken", "A new API token for scripts (shown once).", (
     Field("name", "string", "What the token is for, e.g. grafana or backup-script", min_length=1, max_length=64,
@@ -49,37 +44,19 @@ PASSWORD_SCHEMA = Schema("PasswordChange", "Change the signed-in admin's passwor
 
 
 def user_id(username: str) -> int:
-    uid = core.ctx().catalog.read(lambda c: c.execute(select(USERS.c.id).where(USERS.c.username == username))
-                                  .scalar())
-    if uid is None:
-        raise errors.NotFound(f"no admin user {username!r}")
-    return uid
+    return admins.user_id(core.ctx().catalog, username)
 
 
 def list_tokens() -> list[dict]:
-    def work(conn):
-        return [dict(r._mapping) for r in conn.execute(
-            select(TOKENS.c.id, TOKENS.c.name, TOKENS.c.scope, TOKENS.c.created_ns,
-                   TOKENS.c.expires_ns, TOKENS.c.last_used_ns, USERS.c.username)
-            .select_from(TOKENS.join(USERS, USERS.c.id == TOKENS.c.user_id)).order_by(TOKENS.c.id))]
-    return core.ctx().catalog.read(work)
+    return admins.list_tokens(core.ctx().catalog)
 
 
 def revoke_token(token_id: int, who: str) -> None:
-    def work(conn):
-        row = conn.execute(select(TOKENS.c.name).where(TOKENS.c.id == token_id)).first()
-        if row is None:
-            raise errors.NotFound(f"no API token with id {token_id}")
-        conn.execute(TOKENS.delete().where(TOKENS.c.id == token_id))
-        record_in(conn, "admin.token.revoke", f"API token {row.name!r} revoked", actor=who,
-                  details={"token_id": token_id})
-    core.ctx().catalog.run(work)
+    admins.revoke_token(core.ctx().catalog, token_id, actor=who)
 
 
 def list_admins() -> list[dict]:
-    return core.ctx().catalog.read(lambda c: [dict(r._mapping) for r in c.execute(
-        select(USERS.c.id, USERS.c.username, USERS.c.created_ns, USERS.c.last_login_ns, USERS.c.failed_logins)
-        .order_by(USERS.c.id))])
+    return admins.list_admins(core.ctx().catalog)
 
 
 def change_password(username: str, values: dict, who: str) -> None:

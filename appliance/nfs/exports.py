@@ -1,5 +1,6 @@
-"""Exports from the catalog, client address checks, identity squashing and
-the NFSv4 pseudo-root that shows the export names as directories."""
+"""The NFS server's export table: exports loaded through engine.exports, client address
+checks, identity squashing and the NFSv4 pseudo-root that shows the export names as
+directories."""
 from __future__ import annotations
 
 import hashlib
@@ -8,16 +9,12 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
-
-from engine.catalog.models import Export
+from engine import exports as export_service
+from engine.exports import DEFAULT_NAME, EXPORTS, SQUASH_MODES  # noqa: F401 - re-exported
 from engine.namespace import Cred
 
 log = logging.getLogger("shingle.nfs.exports")
 
-EXPORTS = Export.__table__
-DEFAULT_NAME = "/export"
-SQUASH_MODES = ("root_squash", "all_squash", "no_root_squash")
 PSEUDO_ROOT_INO = 1
 
 
@@ -108,12 +105,7 @@ def default_rule() -> ExportRule:
 def ensure_default_export(catalog, name: str = DEFAULT_NAME) -> None:
     """Insert the default export (namespace root, rw, any client, root_squash)
     when the exports table is empty (``shingle init``)."""
-    def work(conn):
-        if conn.execute(select(EXPORTS.c.id).limit(1)).first() is None:
-            conn.execute(EXPORTS.insert().values(
-                name=name, path="/", clients="0.0.0.0/0,::/0", access="rw", squash="root_squash",
-                anon_uid=65534, anon_gid=65534, trash_days=7, enabled=True))
-    catalog.run(work)
+    export_service.ensure_default(catalog, name)
 
 
 class ExportTable:
@@ -130,8 +122,7 @@ class ExportTable:
         self.refresh()
 
     def refresh(self) -> None:
-        rows = self.catalog.read(lambda conn: conn.execute(
-            select(EXPORTS).where(EXPORTS.c.enabled.is_(True)).order_by(EXPORTS.c.id)).all())
+        rows = export_service.list_exports(self.catalog, enabled_only=True, order_by="id")
         rules = []
         for row in rows:
             try:

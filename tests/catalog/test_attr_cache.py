@@ -112,8 +112,8 @@ def test_setattr_that_changes_nothing_needs_no_write_but_still_checks_permission
 
 
 def test_cache_size_is_bounded(sqlite_catalog, monkeypatch):
-    import engine.namespace as namespace_module
-    monkeypatch.setattr(namespace_module, "CACHE_MAX_ENTRIES", 10)
+    import engine.namespace.cache as cache_module
+    monkeypatch.setattr(cache_module, "CACHE_MAX_ENTRIES", 10)
     ns = Namespace(sqlite_catalog)
     made = {f"f{i}": ns.create(ROOT, ns.root_ino, f"f{i}", 0o644).ino for i in range(30)}
     ns.invalidate()

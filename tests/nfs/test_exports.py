@@ -35,3 +35,16 @@ def test_rules_cidr_and_squash(stack):
     assert set(table.visible(table.root, "::1")) == {"deep"}
     with pytest.raises(ValueError, match="expected an address or CIDR"):
         parse_networks("10.0.0.0/99")
+
+
+def test_refresh_takes_in_changes_made_through_the_service(stack):
+    """How the daemon picks up a change from the web UI or `shingle exports set`: its periodic
+    refresh reads the exports through engine.exports again."""
+    from engine import exports as export_service
+    ensure_default_export(stack.catalog)
+    table = ExportTable(stack.catalog, stack.namespace)
+    (rule,) = table.by_id.values()
+    assert rule.squash == "root_squash" and rule.cred(0, 0, ()).uid == 65534
+    export_service.update(stack.catalog, rule.id, {"squash": "no_root_squash"}, actor="t")
+    table.refresh()
+    assert table.by_id[rule.id].squash == "no_root_squash" and table.by_id[rule.id].cred(0, 0, ()).uid == 0

@@ -1,0 +1,258 @@
+"""NFS exports: the one place that lists, checks and changes them.
+
+An export is a namespace directory (``path``) that clients mount under a name
+(``name``), for the clients in ``clients`` (CIDRs), read-write or read-only,
+with an identity squash. The web UI and its REST API, ``shingle exports`` and
+the NFS server's export table (appliance/nfs/exports.py) all go through this
+module. Each change is one catalog transaction with an event naming who made
+it; the running daemon reloads its table every few seconds (EXPORTS_TTL in
+appliance/nfs/server.py), so a change from any process reaches NFS clients
+without a restart.
+
+A bad value raises ``ExportValueError`` (an ``errors.InvalidArgument`` and a
+``ValueError``) naming the field, the value and what was expected."""
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from engine import errors
+from engine.catalog.database import Catalog
+from engine.catalog.models import DIR
+from engine.catalog.models import Export as ExportRow
+from engine.events import record_in
+
+EXPORTS = ExportRow.__table__
+DEFAULT_NAME = "/export"
+ANY_CLIENT = "0.0.0.0/0,::/0"
+SQUASH_MODES = ("root_squash", "all_squash", "no_root_squash")
+ACCESS_MODES = ("rw", "ro")
+MAX_CLIENTS = 64
+NAME_MAX = 255
+PATH_MAX = 4096
+ID_MAX = 2**32 - 1
+TRASH_DAYS_MAX = 3650
+NAME_PATTERN = r"/[A-Za-z0-9._/-]*"
+# what a new export gets for each field not given (the name has no default)
+DEFAULTS: dict[str, Any] = {"path": "/", "clients": ANY_CLIENT, "access": "rw",
+                            "squash": "root_squash", "anon_uid": 65534, "anon_gid": 65534,
+                            "trash_days": 7, "enabled": True}
+FIELDS = ("name", *DEFAULTS)
+
+
+class ExportValueError(errors.InvalidArgument, ValueError):
+    """A field of an export has a value it cannot take."""
+
+    def __init__(self, field: str, value: object, expected: str):
+        self.field, self.value, self.expected = field, value, expected
+        shown = repr(value)
+        if isinstance(value, str) and len(value) > 60:
+            shown = repr(value[:60]) + "..."
+        super().__init__(f"{field} = {shown}: expected {expected}")
+
+    def __str__(self) -> str:  # the message alone, as a ValueError shows it (no "[Errno 22]")
+        return self.strerror
+
+
+@dataclass(frozen=True)
+class Export:
+    id: int
+    name: str
+    path: str
+    clients: str
+    access: str
+    squash: str
+    anon_uid: int
+    anon_gid: int
+    trash_days: int
+    enabled: bool
+
+    @property
+    def read_only(self) -> bool:
+        return self.access == "ro"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _export(row) -> Export:
+    return Export(int(row.id), row.name, row.path, row.clients, row.access, row.squash,
+                  int(row.anon_uid), int(row.anon_gid), int(row.trash_days), bool(row.enabled))
+
+
+# -- checks of one field ----------------------------------------------------------------------
+def clean_name(text: str) -> str:
+    """'/data//sets/' -> '/data/sets', the form the NFS server compares."""
+    if not isinstance(text, str) or not 1 <= len(text) <= NAME_MAX:
+        raise ExportValueError("name", text, f"a path of 1-{NAME_MAX} characters, e.g. /export")
+    if not re.fullmatch(NAME_PATTERN, text):
+        raise ExportValueError("name", text, "the path clients mount, e.g. /export (a slash, "
+                                             "then letters, digits, . _ - /)")
+    parts = [p for p in text.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise ExportValueError("name", text, "no '.' or '..' components")
+    return "/" + "/".join(parts)
+
+
+def clean_clients(text: str) -> str:
+    """'10.0.0.0/8, 192.168.1.5' -> '10.0.0.0/8,192.168.1.5/32' (each checked)."""
+    if not isinstance(text, str) or len(text) > PATH_MAX:
+        raise ExportValueError("clients", text, f"a string of at most {PATH_MAX} characters")
+    parts = [p.strip() for p in re.split(r"[,\s]+", text) if p.strip()]
+    if not parts:
+        raise ExportValueError("clients", text,
+                               "at least one client address or CIDR, e.g. 10.0.0.0/8")
+    if len(parts) > MAX_CLIENTS:
+        raise ExportValueError("clients", f"{len(parts)} entries", f"at most {MAX_CLIENTS} entries")
+    clean = []
+    for part in parts:
+        try:
+            clean.append(str(ipaddress.ip_network(part, strict=False)))
+        except ValueError:
+            raise ExportValueError("clients", part, "an IP address or CIDR such as 10.0.0.0/8 or "
+                                                    "fd00::/8") from None
+    return ",".join(clean)
+
+
+def clean_path(namespace, text: str) -> str:
+    """An absolute namespace path in canonical form; with a namespace, it must be a directory."""
+    from engine.trash import join_path, split_path
+    if not isinstance(text, str) or not 1 <= len(text) <= PATH_MAX:
+        raise ExportValueError("path", text, f"an absolute path of 1-{PATH_MAX} characters")
+    try:
+        path = join_path(split_path(text, "export path"))
+    except errors.InvalidArgument:
+        raise ExportValueError("path", text, "an absolute path ('/' first) without '.', '..' "
+                                             "or NUL, each component at most 255 bytes") from None
+    if namespace is None:
+        return path
+    try:
+        attr = namespace.resolve(path)
+    except errors.FsError:
+        raise ExportValueError("path", path, "an existing directory in the namespace") from None
+    if attr.type != DIR:
+        raise ExportValueError("path", path, "a directory to export (it is not a directory)")
+    return path
+
+
+def _choice(field: str, value: object, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ExportValueError(field, value, f"one of {', '.join(allowed)}")
+    return value
+
+
+def _whole(field: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ExportValueError(field, value, f"a whole number {low}-{high}")
+    return value
+
+
+def _flag(field: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ExportValueError(field, value, "true or false")
+    return value
+
+
+def validate(values: Mapping[str, Any], namespace=None, *, partial: bool = False) -> dict:
+    """The clean values of an export (``partial``: only those given, as for an update; else the
+    defaults fill what is missing). ``namespace`` checks that ``path`` is a directory."""
+    unknown = sorted(set(values) - set(FIELDS))
+    if unknown:
+        raise ExportValueError(unknown[0], values[unknown[0]],
+                               f"a field of an export: {', '.join(FIELDS)}")
+    given = dict(values) if partial else {**DEFAULTS, **values}
+    if not partial and "name" not in given:
+        raise ExportValueError("name", None, "the path clients mount, e.g. /export")
+    if partial and not given:
+        raise ExportValueError("fields", {}, f"some of {', '.join(FIELDS)}")
+    checks = {"name": clean_name, "path": lambda v: clean_path(namespace, v),
+              "clients": clean_clients,
+              "access": lambda v: _choice("access", v, ACCESS_MODES),
+              "squash": lambda v: _choice("squash", v, SQUASH_MODES),
+              "anon_uid": lambda v: _whole("anon_uid", v, 0, ID_MAX),
+              "anon_gid": lambda v: _whole("anon_gid", v, 0, ID_MAX),
+              "trash_days": lambda v: _whole("trash_days", v, 0, TRASH_DAYS_MAX),
+              "enabled": lambda v: _flag("enabled", v)}
+    return {name: checks[name](given[name]) for name in FIELDS if name in given}
+
+
+# -- reading ----------------------------------------------------------------------------------
+def list_exports(catalog: Catalog, *, enabled_only: bool = False,
+                 order_by: str = "name") -> list[Export]:
+    """Every export (or the enabled ones), by name or by id. Rows are returned as stored, not
+    checked: the NFS server skips (and logs) one it cannot use."""
+    query = select(EXPORTS).order_by(EXPORTS.c[order_by])
+    if enabled_only:
+        query = query.where(EXPORTS.c.enabled.is_(True))
+    return [_export(row) for row in catalog.read(lambda conn: conn.execute(query).all())]
+
+
+def get(catalog: Catalog, export_id: int) -> Export:
+    query = select(EXPORTS).where(EXPORTS.c.id == export_id)
+    row = catalog.read(lambda conn: conn.execute(query).first())
+    if row is None:
+        raise errors.NotFound(f"no export with id {export_id}")
+    return _export(row)
+
+
+# -- changes --------------------------------------------------------------------------------------
+def _describe(values: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in values.items())
+
+
+def create(catalog: Catalog, values: Mapping[str, Any], *, actor: str, namespace=None) -> Export:
+    """A new export from ``values`` (defaults for what is missing); Exists if the name is taken."""
+    values = validate(values, namespace)
+
+    def work(conn):
+        if conn.execute(select(EXPORTS.c.id).where(EXPORTS.c.name == values["name"])).first():
+            raise errors.Exists(f"export {values['name']!r} exists: choose another name or edit it")
+        export_id = conn.execute(EXPORTS.insert().values(**values)).inserted_primary_key[0]
+        record_in(conn, "export.create", f"export {values['name']} created: {_describe(values)}",
+                  actor=actor, details={"export_id": export_id, **values})
+        return _export(conn.execute(select(EXPORTS).where(EXPORTS.c.id == export_id)).one())
+    return catalog.run(work)
+
+
+def update(catalog: Catalog, export_id: int, values: Mapping[str, Any], *, actor: str,
+           namespace=None) -> Export:
+    """Change the given fields of one export; returns it as it is now."""
+    values = validate(values, namespace, partial=True)
+
+    def work(conn):
+        if "name" in values and conn.execute(select(EXPORTS.c.id).where(
+                EXPORTS.c.name == values["name"], EXPORTS.c.id != export_id)).first():
+            raise errors.Exists(f"export {values['name']!r} exists: choose another name")
+        changed = conn.execute(EXPORTS.update().where(EXPORTS.c.id == export_id).values(**values))
+        if not changed.rowcount:
+            raise errors.NotFound(f"no export with id {export_id}")
+        record_in(conn, "export.update", f"export {export_id} changed: {_describe(values)}",
+                  actor=actor, details={"export_id": export_id, **values})
+        return _export(conn.execute(select(EXPORTS).where(EXPORTS.c.id == export_id)).one())
+    return catalog.run(work)
+
+
+def delete(catalog: Catalog, export_id: int, *, actor: str) -> None:
+    """Remove one export (clients can no longer mount it; the files stay)."""
+    def work(conn):
+        row = conn.execute(select(EXPORTS.c.name).where(EXPORTS.c.id == export_id)).first()
+        if row is None:
+            raise errors.NotFound(f"no export with id {export_id}")
+        conn.execute(EXPORTS.delete().where(EXPORTS.c.id == export_id))
+        record_in(conn, "export.delete", f"export {row.name} deleted", actor=actor,
+                  severity="warning", details={"export_id": export_id})
+    catalog.run(work)
+
+
+def ensure_default(catalog: Catalog, name: str = DEFAULT_NAME) -> None:
+    """Insert the default export (namespace root, rw, any client, root_squash) when there is
+    none at all (``shingle init``)."""
+    def work(conn):
+        if conn.execute(select(EXPORTS.c.id).limit(1)).first() is None:
+            conn.execute(EXPORTS.insert().values(name=name, **DEFAULTS))
+    catalog.run(work)

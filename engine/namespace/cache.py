@@ -1,0 +1,140 @@
+"""The namespace's in-process cache of attributes and names, and its write transactions."""
+from __future__ import annotations
+
+import logging
+import time
+
+from engine.catalog.database import commits_between
+from engine.catalog.database import sql_one as _one
+from engine.namespace.common import CACHE_MAX_ENTRIES, CACHE_TTL_S, Attr, _Touched
+
+log = logging.getLogger("shingle.namespace")
+
+
+class AttrCache:
+    """Part of Namespace: the cache and ``_write``; uses the attributes Namespace.__init__ sets."""
+
+    # -- cache -----------------------------------------------------------------
+    # Attributes and names are cached in process. A commit the cache cannot account for (by
+    # another process, or an untracked one of this process: Catalog.only_tracked) or
+    # CACHE_TTL_S of age clears it all; this process's tracked namespace and data-path commits
+    # evict just what they changed and keep the rest (_changed), so a write does not cost every
+    # later lookup a catalog query. PostgreSQL has no cheap signal: no cache.
+    def _cache_valid(self) -> bool:
+        """Whether the cache may be used, after clearing it if a commit it cannot account for
+        ran."""
+        epoch = self.catalog.epoch()
+        if epoch is None:
+            return False
+        if epoch != self._cache_epoch or time.monotonic() - self._cache_since > CACHE_TTL_S:
+            with self._cache_lock:
+                known = self._cache_epoch
+                if (known is None or time.monotonic() - self._cache_since > CACHE_TTL_S
+                        or not self.catalog.only_tracked(known, epoch)):
+                    self._clear_cache(epoch)
+                elif commits_between(known, epoch) > 0:  # newer (an older read changes nothing)
+                    self._cache_epoch = epoch
+        return True
+
+    def _clear_cache(self, epoch: int | None) -> None:
+        """Forget every entry (caller holds the cache lock); loads under way will not be cached."""
+        self._cache.clear()
+        self._names.clear()
+        self._cache_gen += 1
+        self._cache_epoch = epoch
+        self._cache_since = time.monotonic()
+
+    def _remember(self, gen: int, attrs=(), name=None) -> None:
+        """Cache what a load found, unless an eviction ran since it began (it may be stale)."""
+        with self._cache_lock:
+            if gen != self._cache_gen:
+                return
+            if len(self._cache) + len(self._names) > CACHE_MAX_ENTRIES:
+                # a crude bound, reached only by walks of huge trees
+                self._clear_cache(self._cache_epoch)
+                return
+            for attr in attrs:
+                self._cache[attr.ino] = attr
+            if name is not None:
+                self._names[name[0]] = name[1]
+
+    def _write(self, work, inos=(), names=()):
+        """A namespace write transaction; afterwards evict ``inos`` and ``names`` plus what the
+        work added to the ``touched`` set it receives (inodes found inside, like a victim), and
+        cache their new attributes, read at the end of the same transaction. An inode it freed
+        only in part (``_free``) is freed the rest of the way in transactions of its own."""
+        result, unfreed = self._write_once(work, inos, names)
+        if unfreed:
+            self._free_orphans(unfreed)
+        return result
+
+    def _free_orphans(self, inos) -> None:
+        """Free orphans a chunk of extents per transaction, so that other writers get the catalog
+        in between. Already committed: the name is gone, so a failure here only leaves the orphan
+        for the next start (reclaim_orphans), it is not the caller's error."""
+        todo = list(inos)
+        while todo:
+            ino = todo.pop()
+
+            def work(conn, touched, ino=ino):
+                row = _one(conn, "SELECT nlink FROM inodes WHERE ino = ?", (ino,))
+                # opened again meanwhile (by file handle): its last close frees it
+                if row is not None and row[0] == 0 and not self._open_refs.get(ino):
+                    self._free(conn, ino, touched)
+            try:
+                todo.extend(self._write_once(work, (ino,))[1])
+            except Exception as exc:  # noqa: BLE001 - see above
+                log.warning("freeing removed inode %s: %s; it is freed at the next start", ino, exc)
+
+    def _write_once(self, work, inos=(), names=()):
+        self._cache_valid()  # take in other processes' commits before ours moves the epoch
+        touched = _Touched(inos)
+        fresh: list[Attr] = []
+        gen = [None]
+
+        def run(conn):
+            fresh.clear()
+            result = work(conn, touched)
+            if self._cache_epoch is not None and touched:
+                fresh.extend(self._load_many(conn, touched))
+            # taken while this transaction holds the write lock: if no eviction runs between here
+            # and _changed, no commit of this process after ours has been seen yet
+            gen[0] = self._cache_gen
+            return result
+        try:
+            return self.catalog.run(run, tracked=True), touched.unfreed  # _changed accounts for it
+        except BaseException:
+            fresh.clear()
+            raise
+        finally:
+            self._changed(touched, names, fresh, gen[0], touched.names)
+
+    def _changed(self, inos, names=(), fresh=(), fresh_gen=None, fresh_names=()) -> None:
+        """This process changed ``inos`` and the (dir, name) entries ``names`` in a tracked commit:
+        evict them (the rest of the cache stays valid: _cache_valid adopts the commit)."""
+        with self._cache_lock:
+            current = self._cache_gen
+            self._cache_gen += 1
+            for ino in inos:
+                self._cache.pop(ino, None)
+            for key in names:
+                self._names.pop(key, None)
+            if self._cache_epoch is not None and fresh and fresh_gen == current:
+                for attr in fresh:
+                    self._cache[attr.ino] = attr
+                self._names.update(fresh_names)
+
+    def _fresh_attrs(self, conn, inos):
+        """Inside a data-path commit: the changed files' new attributes, for _data_committed."""
+        if not inos or not self._cache_valid():  # first take in whatever others committed before us
+            return None
+        # gen: taken under the write lock, as in _write
+        return self._load_many(conn, inos), self._cache_gen
+
+    def _data_committed(self, inos, found) -> None:
+        fresh, gen = found if found is not None else ((), None)
+        self._changed(inos, (), fresh, gen)
+
+    def invalidate(self) -> None:
+        with self._cache_lock:
+            self._clear_cache(None)

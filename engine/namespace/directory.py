@@ -1,0 +1,287 @@
+"""Directory changes: create, mknod, mkdir, symlink, link, unlink, rmdir, rename; freeing inodes."""
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from engine import errors
+from engine.catalog.database import sql as _sql
+from engine.catalog.database import sql_one as _one
+from engine.namespace.common import (
+    BLK,
+    CHR,
+    DIR,
+    DIRENTS,
+    FIFO,
+    FREE_CHUNK_EXTENTS,
+    LNK,
+    MAX_LINKS,
+    REG,
+    S_ISGID,
+    S_ISVTX,
+    SOCK,
+    SYMLINK_MAX,
+    SYMLINKS,
+    W_OK,
+    X_OK,
+    Attr,
+    Cred,
+    _Entry,
+    _Touched,
+    check_name,
+)
+
+
+class DirectoryOps:
+    """Part of Namespace: every change of names, each one ``_write`` transaction."""
+
+    def _dir_for_change(self, conn: Connection, cred: Cred, dir_ino: int) -> Attr:
+        parent = self._load(conn, dir_ino)
+        if parent.type != DIR:
+            raise errors.NotADirectory(f"inode {dir_ino} is not a directory")
+        if parent.nlink == 0:
+            raise errors.NotFound(f"directory {dir_ino} has been removed")
+        self._require(cred, parent, W_OK | X_OK)
+        return parent
+
+    @staticmethod
+    def _touch(conn: Connection, ino: int, *, mtime: bool = False, ctime: bool = True,
+               nlink_delta: int = 0) -> None:
+        now = time.time_ns()
+        sets, params = ["change = change + 1"], []
+        if mtime:
+            sets.append("mtime_ns = ?")
+            params.append(now)
+        if ctime:
+            sets.append("ctime_ns = ?")
+            params.append(now)
+        if nlink_delta:
+            sets.append("nlink = nlink + ?")
+            params.append(nlink_delta)
+        _sql(conn, f"UPDATE inodes SET {', '.join(sets)} WHERE ino = ?", (*params, ino))
+
+    @staticmethod
+    def _entry(conn: Connection, dir_ino: int, name: str):
+        row = _one(conn, "SELECT id, child FROM dirents WHERE parent = ? AND name = ?",
+                   (dir_ino, name))
+        return None if row is None else _Entry(*row)
+
+    @staticmethod
+    def _check_sticky(cred: Cred, parent: Attr, victim: Attr) -> None:
+        if parent.mode & S_ISVTX and cred.uid not in (0, parent.uid, victim.uid):
+            raise errors.NotPermitted(f"sticky directory {parent.ino}: uid {cred.uid} may not "
+                                      f"remove inode {victim.ino}")
+
+    def _new_inode(self, conn: Connection, cred: Cred, parent: Attr, ftype: int, mode: int,
+                   rdev: int = 0, size: int = 0) -> Attr:
+        now = time.time_ns()
+        gid = parent.gid if parent.mode & S_ISGID else cred.gid
+        mode &= 0o7777
+        if ftype == DIR and parent.mode & S_ISGID:
+            mode |= S_ISGID
+        elif mode & S_ISGID and cred.uid != 0 and not cred.in_group(gid):
+            mode &= ~S_ISGID
+        nlink = 2 if ftype == DIR else 1
+        ino = _one(conn, "INSERT INTO inodes (generation, type, mode, uid, gid, size, nlink, rdev, "
+                   "atime_ns, mtime_ns, ctime_ns, btime_ns, change) "
+                   "VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1) RETURNING ino",
+                   (ftype, mode, cred.uid, gid, size, nlink, rdev, now, now, now, now))[0]
+        return Attr(ino, 1, ftype, mode, cred.uid, gid, size, nlink, rdev, now, now, now, now, 1)
+
+    def _make(self, cred: Cred, dir_ino: int, name: str, ftype: int, mode: int, *, rdev: int = 0,
+              target: bytes | None = None, exclusive: bool = True) -> Attr:
+        check_name(name)
+
+        def work(conn, touched):
+            parent = self._dir_for_change(conn, cred, dir_ino)
+            existing = self._entry(conn, dir_ino, name)
+            if existing is not None:
+                if exclusive or ftype != REG:
+                    raise errors.Exists(f"{name!r} exists in directory {dir_ino}")
+                attr = self._load(conn, existing.child)
+                if attr.type == DIR:
+                    raise errors.IsADirectory(f"{name!r} is a directory")
+                return attr
+            if ftype == DIR and parent.nlink >= MAX_LINKS:
+                raise errors.TooManyLinks(f"directory {dir_ino} has {parent.nlink} links")
+            attr = self._new_inode(conn, cred, parent, ftype, mode, rdev,
+                                   size=len(target) if target else 0)
+            if target is not None:
+                conn.execute(SYMLINKS.insert().values(ino=attr.ino, target=target))
+            _sql(conn, "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
+                 (dir_ino, name, attr.ino))
+            self._touch(conn, dir_ino, mtime=True, nlink_delta=1 if ftype == DIR else 0)
+            if ftype == REG and self.data is not None:
+                self.data.created(conn, attr.ino)  # its first write then needs no catalog read
+            touched.add(attr.ino)
+            touched.names[(dir_ino, name)] = attr.ino
+            return attr
+        return self._write(work, (dir_ino,), ((dir_ino, name),))
+
+    def _drop_link(self, conn: Connection, ino: int, touched: _Touched) -> None:
+        """One name of ``ino`` is gone: free it when no name and no opener remain."""
+        attr = self._load(conn, ino)
+        nlink = 0 if attr.type == DIR else attr.nlink - 1
+        _sql(conn, "UPDATE inodes SET nlink = ?, ctime_ns = ?, change = change + 1 WHERE ino = ?",
+             (nlink, time.time_ns(), ino))
+        if nlink == 0 and not self._open_refs.get(ino):
+            self._free(conn, ino, touched)
+
+    def _free(self, conn: Connection, ino: int, touched: _Touched) -> None:
+        """Free an inode with no name and no opener; a big file keeps its inode row (an orphan, as
+        if open) until later transactions have freed the rest of its extents (touched.unfreed)."""
+        if self.data is not None and not self.data.release(conn, ino, FREE_CHUNK_EXTENTS):
+            touched.unfreed.append(ino)
+            return
+        _sql(conn, "DELETE FROM symlinks WHERE ino = ?", (ino,))
+        _sql(conn, "DELETE FROM xattrs WHERE ino = ?", (ino,))
+        _sql(conn, "DELETE FROM inodes WHERE ino = ?", (ino,))
+
+    # -- changes ---------------------------------------------------------------------
+    def create(self, cred: Cred, dir_ino: int, name: str, mode: int = 0o644, *,
+               exclusive: bool = True) -> Attr:
+        """A regular file; with ``exclusive=False`` an existing file is returned."""
+        return self._make(cred, dir_ino, name, REG, mode, exclusive=exclusive)
+
+    def mknod(self, cred: Cred, dir_ino: int, name: str, ftype: int, mode: int,
+              rdev: int = 0) -> Attr:
+        if ftype not in (BLK, CHR, SOCK, FIFO):
+            raise errors.InvalidArgument(f"mknod of file type {ftype}: expected a device, socket "
+                                         "or fifo")
+        if ftype in (BLK, CHR) and cred.uid != 0:
+            raise errors.NotPermitted("only root may create device nodes")
+        return self._make(cred, dir_ino, name, ftype, mode, rdev=rdev)
+
+    def mkdir(self, cred: Cred, dir_ino: int, name: str, mode: int = 0o755) -> Attr:
+        return self._make(cred, dir_ino, name, DIR, mode)
+
+    def symlink(self, cred: Cred, dir_ino: int, name: str, target: bytes | str) -> Attr:
+        if isinstance(target, str):
+            target = target.encode("utf-8", "surrogateescape")
+        if not target or len(target) > SYMLINK_MAX or b"\0" in target:
+            raise errors.InvalidArgument(f"symlink target of {len(target)} bytes: expected "
+                                         f"1-{SYMLINK_MAX}, no NUL")
+        return self._make(cred, dir_ino, name, LNK, 0o777, target=target)
+
+    def link(self, cred: Cred, ino: int, dir_ino: int, name: str) -> Attr:
+        check_name(name)
+
+        def work(conn, touched):
+            attr = self._load(conn, ino)
+            if attr.type == DIR:
+                raise errors.NotPermitted(f"hard link to directory {ino}")
+            if attr.nlink == 0:
+                raise errors.NotFound(f"inode {ino} has been removed")
+            if attr.nlink >= MAX_LINKS:
+                raise errors.TooManyLinks(f"inode {ino} has {attr.nlink} links")
+            self._dir_for_change(conn, cred, dir_ino)
+            if self._entry(conn, dir_ino, name) is not None:
+                raise errors.Exists(f"{name!r} exists in directory {dir_ino}")
+            conn.execute(DIRENTS.insert().values(parent=dir_ino, name=name, child=ino))
+            self._touch(conn, ino, nlink_delta=1)
+            self._touch(conn, dir_ino, mtime=True)
+            return self._load(conn, ino)
+        return self._write(work, (ino, dir_ino), ((dir_ino, name),))
+
+    def unlink(self, cred: Cred, dir_ino: int, name: str) -> None:
+        check_name(name)
+
+        def work(conn, touched):
+            parent = self._dir_for_change(conn, cred, dir_ino)
+            entry = self._entry(conn, dir_ino, name)
+            if entry is None:
+                raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
+            victim = self._load(conn, entry.child)
+            if victim.type == DIR:
+                raise errors.IsADirectory(f"{name!r} is a directory: use rmdir")
+            self._check_sticky(cred, parent, victim)
+            _sql(conn, "DELETE FROM dirents WHERE id = ?", (entry.id,))
+            self._touch(conn, dir_ino, mtime=True)
+            touched.add(victim.ino)
+            self._drop_link(conn, victim.ino, touched)
+        self._write(work, (dir_ino,), ((dir_ino, name),))
+
+    def rmdir(self, cred: Cred, dir_ino: int, name: str) -> None:
+        if name == ".":
+            raise errors.InvalidArgument("rmdir of '.'")
+        if name == "..":
+            raise errors.NotEmpty("rmdir of '..'")
+        check_name(name)
+
+        def work(conn, touched):
+            parent = self._dir_for_change(conn, cred, dir_ino)
+            entry = self._entry(conn, dir_ino, name)
+            if entry is None:
+                raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
+            victim = self._load(conn, entry.child)
+            if victim.type != DIR:
+                raise errors.NotADirectory(f"{name!r} is not a directory")
+            self._check_sticky(cred, parent, victim)
+            if conn.execute(select(DIRENTS.c.id).where(DIRENTS.c.parent == victim.ino)
+                            .limit(1)).first():
+                raise errors.NotEmpty(f"directory {name!r} is not empty")
+            conn.execute(DIRENTS.delete().where(DIRENTS.c.id == entry.id))
+            self._touch(conn, dir_ino, mtime=True, nlink_delta=-1)
+            touched.add(victim.ino)
+            self._drop_link(conn, victim.ino, touched)
+        self._write(work, (dir_ino,), ((dir_ino, name),))
+
+    def rename(self, cred: Cred, src_dir: int, src_name: str, dst_dir: int, dst_name: str) -> None:
+        """POSIX rename in one transaction: a reader sees the old or the new name."""
+        check_name(src_name)
+        check_name(dst_name)
+
+        def work(conn, touched):
+            src_parent = self._dir_for_change(conn, cred, src_dir)
+            dst_parent = (src_parent if dst_dir == src_dir
+                          else self._dir_for_change(conn, cred, dst_dir))
+            entry = self._entry(conn, src_dir, src_name)
+            if entry is None:
+                raise errors.NotFound(f"{src_name!r} not found in directory {src_dir}")
+            moving = self._load(conn, entry.child)
+            touched.add(moving.ino)
+            self._check_sticky(cred, src_parent, moving)
+            if moving.type == DIR and dst_dir != src_dir:
+                self._refuse_loop(conn, moving.ino, dst_dir)
+                # moving a directory rewrites its '..': needs write permission on it
+                self._require(cred, moving, W_OK)
+            target = self._entry(conn, dst_dir, dst_name)
+            if target is not None:
+                if target.child == moving.ino:
+                    return  # both names are links to the same file: POSIX says do nothing
+                victim = self._load(conn, target.child)
+                self._check_sticky(cred, dst_parent, victim)
+                if moving.type == DIR:
+                    if victim.type != DIR:
+                        raise errors.NotADirectory(f"cannot replace non-directory {dst_name!r} "
+                                                   "with a directory")
+                    if conn.execute(select(DIRENTS.c.id).where(DIRENTS.c.parent == victim.ino)
+                                    .limit(1)).first():
+                        raise errors.NotEmpty(f"directory {dst_name!r} is not empty")
+                elif victim.type == DIR:
+                    raise errors.IsADirectory(f"cannot replace directory {dst_name!r} "
+                                              "with a non-directory")
+                conn.execute(DIRENTS.delete().where(DIRENTS.c.id == target.id))
+                if victim.type == DIR:
+                    self._touch(conn, dst_dir, nlink_delta=-1)
+                touched.add(victim.ino)
+                self._drop_link(conn, victim.ino, touched)
+            _sql(conn, "UPDATE dirents SET parent = ?, name = ? WHERE id = ?",
+                 (dst_dir, dst_name, entry.id))
+            self._touch(conn, moving.ino)
+            delta = 1 if moving.type == DIR and dst_dir != src_dir else 0
+            self._touch(conn, src_dir, mtime=True, nlink_delta=-delta)
+            if dst_dir != src_dir:
+                self._touch(conn, dst_dir, mtime=True, nlink_delta=delta)
+        self._write(work, (src_dir, dst_dir), ((src_dir, src_name), (dst_dir, dst_name)))
+
+    def _refuse_loop(self, conn: Connection, moving: int, dst_dir: int) -> None:
+        current = dst_dir
+        while True:
+            if current == moving:
+                raise errors.InvalidArgument(f"cannot move directory {moving} into its own subtree")
+            if current == self.root_ino:
+                return
+            current = self._parent_of(conn, current)

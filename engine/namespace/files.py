@@ -1,0 +1,195 @@
+"""setattr (chmod, chown, truncate, utimes), file data (read, write, commit) and open references."""
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import and_, select
+
+from engine import errors
+from engine.catalog.database import sql as _sql
+from engine.namespace.common import (
+    DIR,
+    INODES,
+    REG,
+    S_ISGID,
+    S_ISUID,
+    SET_TO_NOW,
+    W_OK,
+    Attr,
+    Cred,
+    FileData,
+    may,
+)
+
+
+class FileOps:
+    """Part of Namespace: attributes changes, data through the data path, open references."""
+
+    def setattr(self, cred: Cred, ino: int, *, mode: int | None = None,
+                uid: int | None = None, gid: int | None = None, size: int | None = None,
+                atime_ns=None, mtime_ns=None) -> Attr:
+        """chmod/chown/truncate/utimes. Times are ns, or SET_TO_NOW.
+
+        A call that would change nothing (the same mode, owner or size, no times) is checked and
+        answered from the cache without a write: like ext4's truncate to the same size, it then
+        leaves ctime alone. Clients send such calls on every create (mode right after OPEN,
+        size 0 on a new file), and each write transaction costs more than the rest of the call."""
+        if size is not None and size < 0:
+            raise errors.InvalidArgument(f"size {size}: expected >= 0")
+        if mode is not None and not 0 <= mode <= 0o7777:
+            raise errors.InvalidArgument(f"mode {mode:o}: expected 0-7777 (octal)")
+        if self.data is not None and size is not None:
+            self.data.flush(ino)  # buffered writes land before the cut
+        wanted = dict(mode=mode, uid=uid, gid=gid, size=size, atime_ns=atime_ns, mtime_ns=mtime_ns)
+        if atime_ns is None and mtime_ns is None and self._cache_valid():
+            cached = self._cache.get(ino)
+            if cached is not None and not self._setattr_values(cred, cached, now=0, **wanted):
+                return self._with_pending(cached)
+
+        def work(conn, touched):
+            attr = self._load(conn, ino)
+            now = time.time_ns()
+            values = self._setattr_values(cred, attr, now=now, **wanted)
+            if "size" in values and self.data is not None:
+                self.data.truncate(conn, ino, attr.size, size)
+            values["ctime_ns"] = now
+            columns = ", ".join(f"{key} = ?" for key in values)
+            _sql(conn, f"UPDATE inodes SET {columns}, change = change + 1 "
+                       "WHERE ino = ?", (*values.values(), ino))
+            return self._load(conn, ino)
+        return self._write(work, (ino,))
+
+    @staticmethod
+    def _setattr_values(cred: Cred, attr: Attr, *, now: int, mode, uid, gid, size, atime_ns,
+                        mtime_ns) -> dict:
+        """The columns a setattr changes (ctime aside), after its permission checks."""
+        ino = attr.ino
+        owner = cred.uid in (0, attr.uid)
+        values: dict = {}
+        new_mode = attr.mode
+        if uid is not None and uid != attr.uid:
+            if cred.uid != 0:
+                raise errors.NotPermitted(f"uid {cred.uid} may not give inode {ino} to uid {uid}")
+            values["uid"] = uid
+        if gid is not None and gid != attr.gid:
+            if cred.uid != 0 and not (cred.uid == attr.uid and cred.in_group(gid)):
+                raise errors.NotPermitted(f"uid {cred.uid} may not set group {gid} on inode {ino}")
+            values["gid"] = gid
+        if values and attr.type != DIR and cred.uid != 0:
+            new_mode &= ~(S_ISUID | S_ISGID)  # chown by a user drops set-id bits
+        if mode is not None:
+            if not owner:
+                raise errors.NotPermitted(f"uid {cred.uid} does not own inode {ino}")
+            new_mode = mode
+            if cred.uid != 0 and not cred.in_group(values.get("gid", attr.gid)):
+                new_mode &= ~S_ISGID
+        if new_mode != attr.mode:
+            values["mode"] = new_mode
+        for key, wanted in (("atime_ns", atime_ns), ("mtime_ns", mtime_ns)):
+            if wanted is None:
+                continue
+            if wanted is SET_TO_NOW:
+                if not owner and not may(cred, attr, W_OK):
+                    raise errors.AccessDenied(f"uid {cred.uid} may not touch inode {ino}")
+                values[key] = now
+            else:
+                if not owner:
+                    raise errors.NotPermitted(f"uid {cred.uid} may not set times of inode {ino}")
+                values[key] = int(wanted)
+        if size is not None:
+            if attr.type == DIR:
+                raise errors.IsADirectory(f"inode {ino} is a directory")
+            if attr.type != REG:
+                raise errors.InvalidArgument(f"inode {ino} is not a regular file")
+            if not may(cred, attr, W_OK) and cred.uid != attr.uid:
+                raise errors.AccessDenied(f"uid {cred.uid} may not write inode {ino}")
+            if size != attr.size:
+                values["size"] = size
+                values.setdefault("mtime_ns", now)
+        return values
+
+    # -- file data -------------------------------------------------------------------
+    def _data(self) -> FileData:
+        if self.data is None:
+            raise errors.IOFailure("no data path attached to this namespace")
+        return self.data
+
+    def _file_in_use(self, ino: int) -> Attr:
+        """getattr for reads and writes: a file with no name and no opener is being freed (a chunk
+        of extents per transaction), so its handle is stale, as once it is gone; a read must never
+        see the holes its freed extents leave."""
+        attr = self.getattr(ino)
+        if attr.nlink == 0 and attr.type == REG and not self.is_open(ino):
+            raise errors.StaleHandle(f"inode {ino} has been removed")
+        return attr
+
+    def read(self, ino: int, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset``; short at end of file."""
+        if offset < 0 or length < 0:
+            raise errors.InvalidArgument(f"read at {offset} of {length} bytes")
+        attr = self._file_in_use(ino)
+        if attr.type == DIR:
+            raise errors.IsADirectory(f"inode {ino} is a directory")
+        if attr.type != REG:
+            raise errors.InvalidArgument(f"inode {ino} is not a regular file")
+        if offset >= attr.size or length == 0:
+            return b""
+        return self._data().read(ino, offset, min(length, attr.size - offset), attr.size)
+
+    def write(self, ino: int, offset: int, data: bytes, *, stable: bool = False) -> int:
+        """Write ``data`` at ``offset``; with ``stable`` it is durable on return."""
+        if offset < 0:
+            raise errors.InvalidArgument(f"write at offset {offset}")
+        attr = self._file_in_use(ino)
+        if attr.type == DIR:
+            raise errors.IsADirectory(f"inode {ino} is a directory")
+        if attr.type != REG:
+            raise errors.InvalidArgument(f"inode {ino} is not a regular file")
+        store = self._data()
+        store.write(ino, offset, data)
+        if stable:
+            store.flush(ino)
+        return len(data)
+
+    def commit(self, ino: int) -> None:
+        """Make every write to ``ino`` so far durable (NFS COMMIT, fsync)."""
+        if self.data is not None:
+            self.data.flush(ino)
+
+    # -- open references (files unlinked while open keep their data) ------------------
+    def open_ref(self, ino: int) -> None:
+        with self._open_lock:
+            self._open_refs[ino] = self._open_refs.get(ino, 0) + 1
+
+    def is_open(self, ino: int) -> bool:
+        """Whether some caller of this Namespace holds ``ino`` open (retention skips it)."""
+        with self._open_lock:
+            return self._open_refs.get(ino, 0) > 0
+
+    def close_ref(self, ino: int) -> None:
+        with self._open_lock:
+            left = self._open_refs.get(ino, 0) - 1
+            if left > 0:
+                self._open_refs[ino] = left
+                return
+            self._open_refs.pop(ino, None)
+        try:
+            if self.getattr(ino).nlink > 0:
+                return  # still named: nothing to free (the common close, with no write transaction)
+        except errors.StaleHandle:
+            return
+
+        def work(conn, touched):
+            row = conn.execute(select(INODES.c.nlink).where(INODES.c.ino == ino)).first()
+            if row is not None and row.nlink == 0:
+                self._free(conn, ino, touched)
+        self._write(work, (ino,))
+
+    def reclaim_orphans(self) -> int:
+        """Free inodes left with no name by a crash while they were open."""
+        orphans = self.catalog.read(lambda conn: list(conn.execute(select(INODES.c.ino).where(
+            and_(INODES.c.nlink == 0, INODES.c.ino != self.root_ino))).scalars()))
+        # each is checked again (and skipped if open) in its transaction
+        self._free_orphans(orphans)
+        self.invalidate()
+        return len(orphans)

@@ -1,0 +1,204 @@
+"""Reading the namespace: getattr, lookup, resolve, paths, readlink, access, readdir, statfs."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Connection
+
+from engine import errors
+from engine.catalog.database import in_list
+from engine.catalog.database import sql as _sql
+from engine.catalog.database import sql_one as _one
+from engine.namespace.common import (
+    _ATTR_COLUMNS,
+    _ATTR_SQL,
+    DIR,
+    DIRENTS,
+    INODES,
+    LNK,
+    R_OK,
+    REG,
+    ROOT,
+    SYMLINKS,
+    W_OK,
+    X_OK,
+    Attr,
+    Cred,
+    DirEntry,
+    StatFs,
+    _attr,
+    _bits,
+    check_name,
+    may,
+)
+
+
+class Lookup:
+    """Part of Namespace: reads, through the cache where it is valid."""
+
+    @staticmethod
+    def _load_many(conn: Connection, inos) -> list[Attr]:
+        """The attributes of those of ``inos`` that exist."""
+        ids = sorted(inos)
+        return [_attr(row) for row in _sql(conn, f"SELECT {_ATTR_SQL} FROM inodes "
+                                                 f"WHERE ino IN {in_list(ids)}",
+                                           tuple(ids))]
+
+    @staticmethod
+    def _load(conn: Connection, ino: int) -> Attr:
+        row = _one(conn, f"SELECT {_ATTR_SQL} FROM inodes WHERE ino = ?", (ino,))
+        if row is None:
+            raise errors.StaleHandle(f"inode {ino} does not exist")
+        return _attr(row)
+
+    def _with_pending(self, attr: Attr) -> Attr:
+        if self.data is not None and attr.type == REG:
+            pending = self.data.pending_size(attr.ino)
+            if pending is not None and pending != attr.size:
+                return replace(attr, size=pending)
+        return attr
+
+    def getattr(self, ino: int) -> Attr:
+        cacheable = self._cache_valid()
+        gen = self._cache_gen
+        if cacheable:
+            hit = self._cache.get(ino)
+            if hit is not None:
+                return self._with_pending(hit)
+        attr = self.catalog.read(lambda conn: self._load(conn, ino))
+        if cacheable:
+            self._remember(gen, (attr,))
+        return self._with_pending(attr)
+
+    def lookup(self, cred: Cred, dir_ino: int, name: str) -> Attr:
+        cacheable = self._cache_valid()
+        gen = self._cache_gen
+        if cacheable:
+            parent = self._cache.get(dir_ino)
+            child = self._names.get((dir_ino, name))
+            if parent is not None and child is not None:
+                self._require(cred, parent, X_OK)
+                return self.getattr(child)
+
+        def work(conn):
+            parent = self._load(conn, dir_ino)
+            if parent.type != DIR:
+                raise errors.NotADirectory(f"inode {dir_ino} is not a directory")
+            self._require(cred, parent, X_OK)
+            if name == ".":
+                return parent, parent
+            if name == "..":
+                return parent, self._load(conn, self._parent_of(conn, dir_ino))
+            check_name(name)
+            row = _one(conn, f"SELECT {_ATTR_SQL} FROM dirents "
+                             "JOIN inodes ON dirents.child = inodes.ino "
+                             "WHERE dirents.parent = ? AND dirents.name = ?", (dir_ino, name))
+            if row is None:
+                raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
+            return parent, _attr(row)
+        parent, child = self.catalog.read(work)
+        if cacheable:
+            self._remember(gen, (parent, child),
+                           None if name in (".", "..") else ((dir_ino, name), child.ino))
+        return self._with_pending(child)
+
+    def _parent_of(self, conn: Connection, dir_ino: int) -> int:
+        if dir_ino == self.root_ino:
+            return dir_ino
+        parent = conn.execute(select(DIRENTS.c.parent).where(DIRENTS.c.child == dir_ino)
+                              .limit(1)).scalar()
+        if parent is None:
+            raise errors.NotFound(f"directory {dir_ino} has no parent (removed)")
+        return parent
+
+    def parent(self, dir_ino: int) -> Attr:
+        return self.catalog.read(lambda conn: self._load(conn, self._parent_of(conn, dir_ino)))
+
+    def resolve(self, path: str, cred: Cred = ROOT, follow: bool = True) -> Attr:
+        """Walk an absolute path (for admin code: CLI, web UI, retention)."""
+        attr = self.getattr(self.root_ino)
+        parts = [p for p in path.split("/") if p]
+        for depth, part in enumerate(parts):
+            attr = self.lookup(cred, attr.ino, part)
+            last = depth == len(parts) - 1
+            if attr.type == LNK and (follow or not last):
+                target = self.readlink(attr.ino).decode("utf-8", "surrogateescape")
+                if target.startswith("/"):
+                    base = target
+                else:
+                    base = "/" + "/".join(parts[:depth] + [target])
+                rest = "/".join(parts[depth + 1:])
+                return self.resolve(base + ("/" + rest if rest else ""), cred, follow)
+        return attr
+
+    def path_of(self, ino: int) -> str:
+        """One path to ``ino`` (the first link found), for events and admin pages."""
+        def work(conn):
+            parts = []
+            current = ino
+            for _ in range(4096):
+                if current == self.root_ino:
+                    return "/" + "/".join(reversed(parts))
+                row = conn.execute(select(DIRENTS.c.parent, DIRENTS.c.name)
+                                   .where(DIRENTS.c.child == current).limit(1)).first()
+                if row is None:
+                    raise errors.NotFound(f"inode {ino} is not linked in the namespace")
+                parts.append(row.name)
+                current = row.parent
+            raise errors.IOFailure(f"path of inode {ino} is deeper than 4096 levels")
+        return self.catalog.read(work)
+
+    def readlink(self, ino: int) -> bytes:
+        def work(conn):
+            attr = self._load(conn, ino)
+            if attr.type != LNK:
+                raise errors.InvalidArgument(f"inode {ino} is not a symbolic link")
+            return conn.execute(select(SYMLINKS.c.target).where(SYMLINKS.c.ino == ino)).scalar_one()
+        return self.catalog.read(work)
+
+    def access(self, cred: Cred, ino: int, want: int) -> int:
+        """The subset of ``want`` (R_OK|W_OK|X_OK) that ``cred`` is granted."""
+        attr = self.getattr(ino)
+        return sum(bit for bit in (R_OK, W_OK, X_OK) if want & bit and may(cred, attr, bit))
+
+    def readdir(self, cred: Cred, dir_ino: int, cookie: int = 0,
+                limit: int = 1024) -> tuple[list[DirEntry], bool]:
+        """Entries after ``cookie`` in cookie order, and whether the listing is complete.
+
+        Cookies are dirent ids, which only grow: a cookie stays valid while the
+        directory changes, and no unchanged entry is skipped or repeated."""
+        def work(conn):
+            parent = self._load(conn, dir_ino)
+            if parent.type != DIR:
+                raise errors.NotADirectory(f"inode {dir_ino} is not a directory")
+            self._require(cred, parent, R_OK)
+            rows = conn.execute(
+                select(DIRENTS.c.id, DIRENTS.c.name, *_ATTR_COLUMNS)
+                .select_from(DIRENTS.join(INODES, DIRENTS.c.child == INODES.c.ino))
+                .where(DIRENTS.c.parent == dir_ino, DIRENTS.c.id > cookie)
+                .order_by(DIRENTS.c.id).limit(limit + 1)).all()
+            return rows
+        rows = self.catalog.read(work)
+        eof = len(rows) <= limit
+        entries = [DirEntry(row[0], row[1], self._with_pending(_attr(row[2:])))
+                   for row in rows[:limit]]
+        return entries, eof
+
+    def statfs(self) -> StatFs:
+        def count(conn):
+            return conn.execute(select(func.count()).select_from(INODES)).scalar_one()
+        files = self.catalog.read(count)
+        total_files = 1 << 32
+        if self.data is not None:
+            total, free = self.data.capacity()
+        else:
+            total = free = 0
+        return StatFs(total, free, free, total_files, max(total_files - files, 0))
+
+    @staticmethod
+    def _require(cred: Cred, attr: Attr, want: int) -> None:
+        if not may(cred, attr, want):
+            raise errors.AccessDenied(f"uid {cred.uid} lacks {_bits(want)} permission on inode "
+                                      f"{attr.ino} "
+                                      f"(mode {attr.mode:o}, owner {attr.uid}:{attr.gid})")
