@@ -72,6 +72,7 @@ class Namespace(AttrCache, Lookup, Xattrs, DirectoryOps, FileOps):
         self._cache_lock = threading.Lock()
         self._open_refs: dict[int, int] = {}
         self._open_lock = threading.Lock()
+        self._change_listeners: tuple = ()  # see AttrCache.add_change_listener
         root = catalog.get_setting(ROOT_INO_KEY)
         self.root_ino = int(root) if root is not None else self._make_root()
         listen = getattr(data, "add_commit_listener", None)

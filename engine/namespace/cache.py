@@ -112,6 +112,8 @@ class AttrCache:
     def _changed(self, inos, names=(), fresh=(), fresh_gen=None, fresh_names=()) -> None:
         """This process changed ``inos`` and the (dir, name) entries ``names`` in a tracked commit:
         evict them (the rest of the cache stays valid: _cache_valid adopts the commit)."""
+        for listener in self._change_listeners:
+            listener(inos, names)
         with self._cache_lock:
             current = self._cache_gen
             self._cache_gen += 1
@@ -134,6 +136,16 @@ class AttrCache:
     def _data_committed(self, inos, found) -> None:
         fresh, gen = found if found is not None else ((), None)
         self._changed(inos, (), fresh, gen)
+
+    # -- change listeners ------------------------------------------------------------------------
+    # Called after each change this process makes (namespace writes, data-path commits, buffered
+    # writes that grow a file) with the inodes and (dir, name) entries it changed, in the changing
+    # thread: a listener must only take note (the FUSE mount queues kernel cache invalidations).
+    def add_change_listener(self, listener) -> None:
+        self._change_listeners = (*self._change_listeners, listener)
+
+    def remove_change_listener(self, listener) -> None:
+        self._change_listeners = tuple(x for x in self._change_listeners if x != listener)
 
     def invalidate(self) -> None:
         with self._cache_lock:
