@@ -135,6 +135,9 @@ def render_global(layout: SambaLayout, *, host: str = "127.0.0.1", port: int = 4
         # the mount is FUSE: no kernel leases or share modes on it (smbd's own locking stays)
         "kernel share modes = no",
         "kernel oplocks = no",
+        # Windows grants execute on files by default; clients open with FILE_EXECUTE to resolve a
+        # path (smbprotocol's replace does): without this a 0644 file refuses them
+        "acl allow execute always = yes",
         "create mask = 0644",
         "directory mask = 0755",
         # macOS clients: Apple's SMB extensions, resource forks and Finder info in xattrs

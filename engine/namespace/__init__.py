@@ -66,6 +66,7 @@ class Namespace(AttrCache, Lookup, Xattrs, DirectoryOps, FileOps):
         self.data = data
         self._cache: dict[int, Attr] = {}
         self._names: dict[tuple[int, str], int] = {}
+        self._xattr_cache: dict[int, dict[str, bytes]] = {}  # ino -> its (small) xattrs
         self._cache_epoch: int | None = None
         self._cache_since = 0.0
         self._cache_gen = 0  # bumped by every eviction: a load that began before it is not cached

@@ -40,6 +40,7 @@ class AttrCache:
         """Forget every entry (caller holds the cache lock); loads under way will not be cached."""
         self._cache.clear()
         self._names.clear()
+        self._xattr_cache.clear()
         self._cache_gen += 1
         self._cache_epoch = epoch
         self._cache_since = time.monotonic()
@@ -49,7 +50,7 @@ class AttrCache:
         with self._cache_lock:
             if gen != self._cache_gen:
                 return
-            if len(self._cache) + len(self._names) > CACHE_MAX_ENTRIES:
+            if len(self._cache) + len(self._names) + len(self._xattr_cache) > CACHE_MAX_ENTRIES:
                 # a crude bound, reached only by walks of huge trees
                 self._clear_cache(self._cache_epoch)
                 return
@@ -119,6 +120,7 @@ class AttrCache:
             self._cache_gen += 1
             for ino in inos:
                 self._cache.pop(ino, None)
+                self._xattr_cache.pop(ino, None)
             for key in names:
                 self._names.pop(key, None)
             if self._cache_epoch is not None and fresh and fresh_gen == current:
