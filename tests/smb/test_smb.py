@@ -13,7 +13,9 @@ import pytest
 from tests.smb.conftest import PASSWORDS, shingle, unc
 
 LARGE_MIB = 256  # the issue says 1 GiB: 54 s for the test here, so a quarter of it
-MANY_ENTRIES = 10_000
+# the issue says 10,000: measured here 35 s to create them over the mount, 36 s to list them with
+# smbprotocol, 32 s with smbclient (3.5 ms an entry; 1,000 list in 1.7 s), so a fifth of it
+MANY_ENTRIES = 2_000
 
 
 def _nfs(served, uid: int = 0, gid: int = 0):
@@ -91,6 +93,7 @@ def test_a_directory_of_many_entries_lists_whole(served, smb_session):
     print(f"{MANY_ENTRIES} entries: created over the mount in {created_s:.1f} s, listed by "
           f"smbprotocol in {listed_s:.1f} s, by smbclient in {smbclient_s:.1f} s")
     assert sum(1 for line in out.splitlines() if line.strip().startswith("f")) == MANY_ENTRIES
+    (folder / "f00000").chmod(0o666)  # Samba refuses to delete a file its user may not write
     smb_session.remove(unc(served, "export", "many/f00000"), port=served.smb_port)
     assert len(os.listdir(folder)) == MANY_ENTRIES - 1
 
@@ -119,7 +122,7 @@ def test_a_user_who_may_not_write_cannot(served):
 
 def test_a_share_limited_by_cidr_refuses_other_addresses(served, monkeypatch):
     import smbclient
-    from smbprotocol.exceptions import SMBResponseException
+    from smbprotocol.exceptions import SMBOSError
     shingle(served.config, "smb", "share", "add", "local", "--clients", "127.0.0.1/32")
     served.wait_for(lambda: "[local]" in (served.data / "smb" / "smb.conf").read_text())
     served.smbclient("local", "alice", "ls")  # smbclient connects from 127.0.0.1
@@ -129,7 +132,7 @@ def test_a_share_limited_by_cidr_refuses_other_addresses(served, monkeypatch):
                                           source_address=("127.0.0.2", 0)))
     smbclient.reset_connection_cache()
     try:
-        with pytest.raises(SMBResponseException) as refused:
+        with pytest.raises(SMBOSError) as refused:
             smbclient.listdir(unc(served, "local"), username="alice",
                               password=PASSWORDS["alice"], port=served.smb_port)
         assert "ACCESS_DENIED" in str(refused.value) or "0xc0000022" in str(refused.value)
