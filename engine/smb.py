@@ -166,6 +166,14 @@ def _id(field: str, value: object) -> int:
     return value
 
 
+def _smb_clients(text: object) -> str:
+    try:
+        return clean_clients(text)
+    except errors.InvalidArgument as exc:  # an ExportValueError: same rules, same message
+        raise SmbValueError("clients", getattr(exc, "value", text),
+                            getattr(exc, "expected", "CIDRs")) from None
+
+
 def _smb_path(namespace, text: str) -> str:
     try:
         return clean_path(namespace, text)
@@ -187,7 +195,7 @@ def validate_share(values: Mapping[str, Any], namespace=None, *, partial: bool =
         raise SmbValueError("fields", {}, f"some of {', '.join(SHARE_FIELDS)}")
     checks = {"name": clean_share_name, "path": lambda v: _smb_path(namespace, v),
               "access": lambda v: _choice("access", v, ACCESS_MODES),
-              "clients": clean_clients,
+              "clients": _smb_clients,
               "guest": lambda v: _flag("guest", v),
               "users": lambda v: clean_user_list("users", v),
               "read_only_users": lambda v: clean_user_list("read_only_users", v),

@@ -102,7 +102,7 @@ def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
-# -- smb.conf ---------------------------------------------------------------------------------------
+# -- smb.conf --------------------------------------------------------------------------------
 def render_global(layout: SambaLayout, *, host: str = "127.0.0.1", port: int = 445) -> str:
     d = layout.dir
     lines = [
