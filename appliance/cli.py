@@ -24,6 +24,7 @@ from engine import errors
 
 DEFAULT_CONFIG = "/etc/shingle/shingle.toml"
 EXIT_USAGE = 2
+EXIT_JOB_ABANDONED = 3  # the daemon running the job we waited for stopped
 log = logging.getLogger("shingle.cli")
 
 
@@ -49,6 +50,7 @@ def cmd_init(args) -> int:
     from engine import accounts, events
     from engine.namespace import ROOT, Namespace
     from appliance.nfs.exports import ensure_default_export
+    from appliance.private import write_private
 
     root = Path(args.dir).resolve()
     config_path = root / "shingle.toml"
@@ -64,6 +66,9 @@ def cmd_init(args) -> int:
         overrides["nfs.port"] = args.nfs_port
     if args.web_port is not None:
         overrides["webui.port"] = args.web_port
+    if args.tls:
+        overrides.update({"webui.tls_cert_file": "webui-tls.crt",
+                          "webui.tls_key_file": "webui-tls.key"})
     text = config_mod.render(overrides, commented_defaults=True)
     config = config_mod.from_dict(__import__("tomllib").loads(text), config_path)
     policies = config.policies()
@@ -86,12 +91,17 @@ def cmd_init(args) -> int:
         password = secrets.token_urlsafe(12)
         accounts.create_admin(catalog, args.admin_user, password, actor="shingle init")
         password_file = root / "initial-admin-password"
-        password_file.write_text(f"{args.admin_user} {password}\n")
-        password_file.chmod(0o600)
+        password_file.unlink(missing_ok=True)  # left from an earlier catalog that was removed
+        write_private(password_file, f"{args.admin_user} {password}\n")
         secret = config.resolve("webui.secret_key_file")
         if not secret.exists():
-            secret.write_text(secrets.token_hex(32) + "\n")
-            secret.chmod(0o600)
+            write_private(secret, secrets.token_hex(32) + "\n")
+        if args.tls:
+            from appliance.tls import make_self_signed, names_for
+            cert, key = config.resolve("webui.tls_cert_file"), config.resolve("webui.tls_key_file")
+            for stale in (cert, key):
+                stale.unlink(missing_ok=True)
+            made_by = make_self_signed(cert, key, names_for(config.get("webui.host")))
         events.record(catalog, "appliance.init", f"initialized with {len(drive_ids)} emulated drives",
                       actor="shingle init")
     finally:
@@ -102,6 +112,9 @@ def cmd_init(args) -> int:
     print(f"  drives:   {len(drive_ids)} x {config_mod.format_size(args.drive_size)} "
           f"({config_mod.format_size(args.zone_size)} zones) in {config.resolve('storage.drives_dir')}")
     print(f"  admin:    user {args.admin_user!r}, password in {password_file}")
+    if args.tls:
+        print(f"  HTTPS:    self-signed certificate {config.resolve('webui.tls_cert_file')} "
+              f"(made with {made_by}; replace it with one your browsers trust)")
     return 0
 
 
@@ -299,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nfs-port", type=int)
     p.add_argument("--web-port", type=int)
     p.add_argument("--admin-user", default="admin")
+    p.add_argument("--tls", action="store_true",
+                   help="serve the web UI over HTTPS with a new self-signed certificate")
     p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("status", help="catalog, drives and capacity")
@@ -357,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     except errors.FsError as exc:
         print(f"shingle: {exc.strerror}", file=sys.stderr)
         return 1
+    except errors.JobAbandoned as exc:
+        print(f"shingle: {exc}", file=sys.stderr)
+        return EXIT_JOB_ABANDONED
     except KeyboardInterrupt:
         return 130
 

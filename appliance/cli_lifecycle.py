@@ -58,9 +58,10 @@ def run_data_job(args, kind: str, params: dict | None = None) -> jobs.JobRecord:
     if lock.acquire():
         try:
             with Appliance(config) as appliance:
+                maintenance = Maintenance(appliance)
+                maintenance.recover_interrupted()  # we own the drives: no job runs now
                 job_id = jobs.submit(appliance.catalog, kind, params, actor="cli")
                 job = jobs.claim(appliance.catalog, job_id)
-                maintenance = Maintenance(appliance)
                 runner = maintenance.runners.get(kind)
                 if runner is None:
                     jobs.finish(appliance.catalog, job_id, ok=False, message=f"this build cannot run {kind} jobs")
@@ -73,7 +74,7 @@ def run_data_job(args, kind: str, params: dict | None = None) -> jobs.JobRecord:
     try:
         job_id = jobs.submit(catalog, kind, params, actor="cli")
         print(f"the daemon (pid {lock.holder()}) owns the drives: queued job {job_id}", file=sys.stderr)
-        return jobs.wait(catalog, job_id, progress=progress.show_job)
+        return jobs.wait(catalog, job_id, progress=progress.show_job, daemon_gone=lock.holder_gone)
     finally:
         catalog.close()
 

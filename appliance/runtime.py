@@ -68,11 +68,12 @@ class Appliance:
                                      reserve_zones=config.get("storage.reserve_zones"),
                                      inline_write_bytes=config.get("storage.inline_write_bytes"),
                                      inline_budget_bytes=config.get("storage.inline_budget_bytes"))
-            report = self.datapath.recover()
-            log.info("recovery: %s", report)
-            # reads are counted per file so tiering can promote cold data that is read again
+            # the constructor ran recovery before any write: its report, not a second pass's
+            log.info("recovery: %s", self.datapath.recovery_report)
+            # reads are counted per file (the data path's read hook) so tiering can promote
+            # cold data that is read again
             self.reads = ReadTracker(self.datapath)
-        self.namespace = Namespace(self.catalog, data=self.reads)
+        self.namespace = Namespace(self.catalog, data=self.datapath)
         if with_data:
             freed = self.namespace.reclaim_orphans()
             if freed:

@@ -6,7 +6,7 @@ Predicts the aggregate sequential read rate and the time to write an 80 GB
 checkpoint, and compares them with the pilot's measured 2.6 GB/s and 68-74 s.
 
 How:
-- Placement is shingle's own code: ``DataPath._place``/``_zone_for`` (most
+- Placement is shingle's own code: ``Space.place``/``zone_for`` of engine/datapath/space.py (most
   free first, rotation among equals, one fragment per placement unit, each at
   the write pointer of that unit's open band) run unchanged on model drives.
   Level 1 places every 8+2 stripe's 10 fragments on 10 of the 12 nodes
@@ -41,8 +41,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from engine.datapath.core import DataPath  # noqa: E402
 from engine.datapath.drivestate import ZoneMem  # noqa: E402
+from engine.datapath.space import Space  # noqa: E402
+from engine.datapath.writers import DriveWriters  # noqa: E402
 from engine.drives.smr import SmrModel, SmrParams  # noqa: E402
 
 MiB = 1 << 20
@@ -55,12 +56,12 @@ MEASURED = {"read_GBps": 2.6, "ckpt80_write_s": (68.0, 74.0)}
 
 
 class _Queue(list):
-    def put(self, item):  # the drive writer's queue: "finish" markers are all the model needs to see
+    def put(self, item):  # the drive writer's queue: Finish markers are all the model needs to see
         self.append(item)
 
 
 class ModelDrive:
-    """What DataPath._place/_zone_for touch of a DriveState, without a backing folder."""
+    """What Space.place/zone_for touch of a DriveState, without a backing folder."""
 
     def __init__(self, id: int, zone_size: int, zones: int):
         self.id = id
@@ -76,31 +77,39 @@ class ModelDrive:
         return True
 
 
-def placer(drives: list[ModelDrive], reserve_zones: int = 2) -> DataPath:
-    """A DataPath with only the state its placement methods read: the real _place runs on it."""
-    from collections import defaultdict
-    dp = DataPath.__new__(DataPath)
-    dp._drives = {d.id: d for d in drives}
-    dp._space_lock = threading.Lock()
-    dp._rr = 0
-    dp.reserve_zones = reserve_zones
-    dp.stats = defaultdict(int)
-    dp._reclaim_zones = lambda: 0  # the model's bands never fill up with garbage
-    return dp
+class ModelSpace(Space):
+    """A Space with only the state its placement methods read: the real place runs on it."""
+
+    def __init__(self, drives: list[ModelDrive], reserve_zones: int):
+        from collections import defaultdict
+        self.drives = {d.id: d for d in drives}
+        self.lock = threading.RLock()
+        self._rr = 0
+        self.reserve_zones = reserve_zones
+        self.stats = defaultdict(int)
+        self.writers = DriveWriters({}, self.stats)  # queues band ends on the model drives
+
+    def reclaim_zones(self) -> int:
+        return 0  # the model's bands never fill up with garbage
+
+
+def placer(drives: list[ModelDrive], reserve_zones: int = 2) -> Space:
+    return ModelSpace(drives, reserve_zones)
 
 
 def policies(k: int, m: int, fragment_size: int):
     """The engine's own Policy objects: 8+2 across nodes, and width 1 for a node's drives."""
     from dataclasses import replace
+
     from engine.erasure import policy_from_dict
     across = policy_from_dict("warm", {"redundancy": "ec", "k": k, "m": m, "backend": "isa_l_rs_vand",
                                        "fragment_size": fragment_size})
     return across, replace(across, redundancy="replicate", k=1, m=0, copies=1)
 
 
-def place(dp: DataPath, policy, length: int) -> list[tuple]:
+def place(space: Space, policy, length: int) -> list[tuple]:
     stripe = SimpleNamespace(policy=policy, fragments=[_Len(length)], payload=b"", placement=[])
-    DataPath._place(dp, stripe)
+    space.place(stripe)
     # placement entries start (drive, zone, offset, length); newer engines append the fragment index
     return [(entry[0].id, entry[1].idx, entry[2], entry[3]) for entry in stripe.placement]
 
@@ -123,6 +132,7 @@ def measure_encode_GBps(trials: int = 8) -> tuple[float, str]:
     disturbed by other load). On a machine too busy to measure (load above its cores and a
     rate far under the idle figure) the idle reference is used and the note says so."""
     import os
+
     from engine.erasure import policy_from_dict
     policy = policy_from_dict("warm", {"redundancy": "ec", "k": 8, "m": 2, "backend": "isa_l_rs_vand",
                                        "fragment_size": MiB})
@@ -224,7 +234,7 @@ def run(quick: bool = False, gateway_cores: int = 16, params: dict | None = None
     lo, hi = MEASURED["ckpt80_write_s"]
     gw = pred["gateway"]
     lines = [
-        f"cluster model (12x8x16TB, 8+2 across nodes, 25GbE, real DataPath._place + SMR model): "
+        f"cluster model (12x8x16TB, 8+2 across nodes, 25GbE, real Space.place + SMR model): "
         f"predicted read {gw['read_GBps']} GB/s (gateway) / {pred['scale-out']['read_GBps']} GB/s (scale-out) "
         f"vs measured {MEASURED['read_GBps']} GB/s; 80 GB checkpoint {gw['ckpt80_write_s']} s (gateway, "
         f"bound by {gw['write_bottleneck']}) / {pred['scale-out']['ckpt80_write_s']} s (scale-out) "

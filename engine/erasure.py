@@ -20,10 +20,10 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
-import threading
 from dataclasses import dataclass, field
 
 from engine.errors import ConfigError
+from engine.ordered_lock import lock
 
 MiB = 1 << 20
 # Fragment sizes are bounded so a fragment always fits a zone and a stripe fits memory.
@@ -85,7 +85,7 @@ class _EcArgs(ctypes.Structure):
 
 CHKSUM_NONE = 1
 _lib = None
-_lib_lock = threading.Lock()
+_lib_lock = lock("erasure.library")
 
 
 def _liberasurecode():
@@ -229,6 +229,14 @@ class Policy:
     _native: object = field(default=None, repr=False)
     _min_parity: int = 1
 
+    def set_min_parity(self, count: int) -> None:
+        """The parity fragments the codec needs at the least (part of the write quorum)."""
+        self._min_parity = count
+
+    def use_native(self, native) -> None:
+        """Encode through ``native`` (liberasurecode by ctypes, checked against pyeclib)."""
+        self._native = native
+
     # -- geometry -------------------------------------------------------------
     @property
     def width(self) -> int:
@@ -362,7 +370,7 @@ def policy_from_dict(name: str, options: dict) -> Policy:
     # The write quorum comes from the codec: it must tolerate the m losses we promise.
     if driver.min_parity_fragments_needed() > m:
         raise ConfigError(f"{prefix}.m", m, f"at least {driver.min_parity_fragments_needed()} for {backend}")
-    policy._min_parity = driver.min_parity_fragments_needed()
+    policy.set_min_parity(driver.min_parity_fragments_needed())
     _check_systematic(policy, f"{prefix}.backend")
     return policy
 
@@ -401,7 +409,7 @@ def _attach_native(policy: Policy) -> None:
                 return
     except (OSError, KeyError, AttributeError, ValueError):
         return
-    policy._native = native
+    policy.use_native(native)
 
 
 def load_policies(config: dict | None = None) -> dict[str, Policy]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -38,6 +37,7 @@ from engine.catalog.database import Catalog
 from engine.catalog.models import DIR, REG, Inode, RetentionPolicy
 from engine.events import record, record_in
 from engine.namespace import ROOT, Attr, Namespace
+from engine.ordered_lock import lock
 from engine.trash import TRASH_DIR, Trash, iter_dir, join_path, split_path, walk_subtree
 
 RULES = RetentionPolicy.__table__
@@ -174,7 +174,7 @@ class RetentionService:
         self.trash = trash or Trash(namespace, catalog, clock=clock)
         self.settle_s = settle_s
         self.clock = clock
-        self._run_lock = threading.Lock()
+        self._run_lock = lock("retention.run")
 
     # -- rules -------------------------------------------------------------------------
     def add_rule(self, pattern: str, keep: int, action: str = "delete", order_by: str = "mtime",

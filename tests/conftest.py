@@ -10,16 +10,25 @@
 - every test's emulated drive folders (``drives/`` under its tmp_path) are
   removed when it ends: zone files are preallocated, and pytest keeps the
   last three runs' folders (21 GB per run before this).
+- the engine's locks check their order (engine/ordered_lock.py) in every test and in the
+  processes tests start: a lock taken out of RANKS order raises LockOrderError.
 """
 from __future__ import annotations
 
+import os
 import shutil
+
+os.environ.setdefault("SHINGLE_CHECK_LOCK_ORDER", "1")  # before any engine lock is made
 
 import pytest
 
 from engine.catalog import Catalog, upgrade
 from engine.namespace import Namespace
 from pgserver import PostgresServer, free_port  # noqa: F401  (free_port is for test modules)
+
+from engine import ordered_lock  # noqa: E402
+
+ordered_lock.enable(os.environ["SHINGLE_CHECK_LOCK_ORDER"] not in ("", "0"))
 
 
 @pytest.fixture(autouse=True)

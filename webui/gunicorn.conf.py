@@ -1,7 +1,9 @@
 """gunicorn settings for the admin web UI (`shingle webui` runs gunicorn with this file).
 
 The bind address, port and worker count come from shingle.toml ([webui]);
-`shingle webui` passes them as SHINGLE_WEBUI_BIND / SHINGLE_WEBUI_WORKERS.
+`shingle webui` passes them as SHINGLE_WEBUI_BIND / SHINGLE_WEBUI_WORKERS, and
+the TLS pair ([webui] tls_cert_file, tls_key_file) as SHINGLE_WEBUI_CERTFILE /
+SHINGLE_WEBUI_KEYFILE: with them gunicorn serves HTTPS only.
 Each worker opens its own catalog connection pool (no preload: SQLite and
 PostgreSQL connections must not cross a fork)."""
 import os
@@ -17,6 +19,8 @@ accesslog = "-"
 errorlog = "-"
 loglevel = os.environ.get("SHINGLE_WEBUI_LOGLEVEL", "info")
 proc_name = "shingle-webui"
+certfile = os.environ.get("SHINGLE_WEBUI_CERTFILE") or None
+keyfile = os.environ.get("SHINGLE_WEBUI_KEYFILE") or None
 forwarded_allow_ips = "127.0.0.1"
 # gunicorn >= 25.1 opens a control socket in $XDG_RUNTIME_DIR or ~/.gunicorn: two appliances on one host
 # would share it, and the systemd unit's ProtectHome makes ~ read-only. Nothing here uses it.

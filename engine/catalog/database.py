@@ -38,6 +38,7 @@ from sqlalchemy.exc import DBAPIError
 
 from engine.blocking import may_block
 from engine.catalog.models import Setting
+from engine.ordered_lock import lock
 
 T = TypeVar("T")
 
@@ -113,7 +114,7 @@ def in_list(ids) -> str:
 # finds the index unlocked truncates and rebuilds it under our connections (they die of SIGBUS).
 _wal_index_maps: dict[str, tuple[int, mmap.mmap]] = {}
 _wal_index_kept: list = []  # every map made, replaced ones included: freeing one closes its descriptor
-_wal_index_lock = threading.Lock()
+_wal_index_lock = lock("catalog.wal_index")
 
 
 def _map_wal_index(shm_path: str) -> mmap.mmap:
@@ -162,7 +163,7 @@ class _WriterQueue:
     still meet SQLite's own lock and busy handler."""
 
     def __init__(self):
-        self._mutex = threading.Lock()
+        self._mutex = lock("catalog.writer_queue")
         self._waiters: deque = deque()
         self._held = False
 
@@ -199,13 +200,13 @@ class Catalog:
         self.is_sqlite = url.startswith("sqlite")
         self._sqlite_synchronous = sqlite_synchronous.upper()
         self._watch: sqlite3.Connection | None = None  # SQLite: for the epoch (see epoch())
-        self._watch_lock = threading.Lock()
+        self._watch_lock = lock("catalog.watch")
         self._wal_index: mmap.mmap | None = None
         self._tracked: set[int] = set()  # commit numbers of this process's tracked commits
         self._tracked_order: deque = deque()
-        self._tracked_lock = threading.Lock()
+        self._tracked_lock = lock("catalog.tracked")
         self._writers = _WriterQueue()
-        self._checkpointing = threading.Lock()
+        self._checkpointing = lock("catalog.checkpoint")
         if self.is_sqlite:
             self.engine: Engine = create_engine(
                 url, pool_size=pool_size, max_overflow=32,

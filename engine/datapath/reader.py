@@ -8,7 +8,6 @@ LRU cache keyed by (stripe, fragment), as futures so that concurrent readers
 and read-ahead share one fetch."""
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -18,6 +17,7 @@ from engine import errors
 from engine.blocking import WouldBlock, blocking_forbidden
 from engine.drives import DriveMissing
 from engine.erasure import FRAGMENT_HEADER, INLINE, decoder_for
+from engine.ordered_lock import lock
 
 
 class StripeInfo:
@@ -60,7 +60,7 @@ class StripeReader:
         self.cache: OrderedDict = OrderedDict()  # (stripe, idx) -> Future[memoryview]
         self.cache_bytes = cache_bytes
         self._cached = 0
-        self._lock = threading.Lock()
+        self._lock = lock("datapath.reader_cache")
         self._decoding: dict[int, Future] = {}
         self._corrupt: set[tuple[int, int]] = set()  # (stripe, idx) that failed their checksum
         # called as repair_hook(info, indexes, good fragments) after a decode around bad checksums

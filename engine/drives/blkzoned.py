@@ -12,11 +12,11 @@ import fcntl
 import mmap
 import os
 import struct
-import threading
 from pathlib import Path
 
 from engine.drives.zoned import (CLOSED, EMPTY, EXPLICIT_OPEN, FULL, IMPLICIT_OPEN, NOT_WP, OFFLINE, READ_ONLY,
                                  DriveMissing, ZonedDrive, ZoneError, ZoneInfo)
+from engine.ordered_lock import lock
 
 SECTOR = 512
 
@@ -114,7 +114,7 @@ class ZonedBlockDrive(ZonedDrive):
         except OSError:
             self.max_open_zones = 0
         self.fd = os.open(device, os.O_RDWR | os.O_DIRECT)
-        self._lock = threading.Lock()
+        self._lock = lock("drives.zoned_block")
         self._zones = self._report_all()
         self.zone_count = len(self._zones)
 

@@ -12,8 +12,9 @@ without SMR drives. The model has no media cache: it shows the worst case
 a sustained random-write load reaches once a real drive's cache is full."""
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
+
+from engine.ordered_lock import lock
 
 MiB = 1 << 20
 
@@ -60,7 +61,7 @@ class SmrModel:
         self._bytes_per_s = self.params.sequential_MiBps * MiB
         self._position_s = (self.params.seek_ms + self.params.rotational_ms) / 1000
         self.drives: dict[object, DriveCost] = {}
-        self._lock = threading.Lock()
+        self._lock = lock("drives.smr_model")
 
     def _drive(self, key) -> DriveCost:
         cost = self.drives.get(key)

@@ -13,11 +13,11 @@ import ctypes.util
 import errno
 import json
 import os
-import threading
 from pathlib import Path
 
 from engine.drives.zoned import (CLOSED, EMPTY, EXPLICIT_OPEN, FULL, IMPLICIT_OPEN, DriveMissing, ZonedDrive,
                                  ZoneError, ZoneInfo)
+from engine.ordered_lock import rlock
 
 LABEL = "drive.json"
 FALLOC_FL_KEEP_SIZE = 1
@@ -53,7 +53,7 @@ class ZoneFileDrive(ZonedDrive):
         self._fds: dict[int, int] = {}
         self._wp: dict[int, int] = {}
         self._cond: dict[int, str] = {}
-        self._lock = threading.RLock()
+        self._lock = rlock("drives.zone_file")
         if not self.folder.is_dir():
             raise DriveMissing(f"drive folder {self.folder} does not exist")
         label = self.label() if uuid is not None or (self.folder / LABEL).exists() else {}

@@ -115,8 +115,7 @@ class Cleaner:
 
     def free_zones(self) -> dict[int, int]:
         """Empty zones per writable drive, as the data path sees them now."""
-        with self.dp._space_lock:
-            return {d.id: len(d.empty) for d in self.dp._drives.values() if d.writable()}
+        return self.dp.space.empty_zone_counts()
 
     def run(self, *, progress: Progress | None = None, actor: str = "system", max_zones: int | None = None,
             target_free_zones: int | None = None, band_class: str | None = None) -> CleaningReport:
@@ -141,21 +140,18 @@ class Cleaner:
                     continue
                 if self._pinned(victim.zone_id):
                     continue
-                zone = self.dp._zones[victim.zone_id]
-                with self.dp._space_lock:
-                    zone.inflight += 1  # pinned: not reset (and reused) while its fragments are copied
+                self.dp.space.pin(victim.zone_id)  # not reset (and reused) while its fragments are copied
                 try:
                     copied = self._clean_zone(victim, media, fixer, report, tracker)
                 finally:
-                    with self.dp._space_lock:
-                        zone.inflight -= 1
+                    self.dp.space.unpin(victim.zone_id)
                 if copied is None:
                     continue
                 report.zones_cleaned += 1
                 report.victims.append((victim.zone_id, round(victim.utilization, 3), round(victim.score, 1)))
                 # give back whatever is empty now (the victims, and any zone that died meanwhile)
                 before = self._written(victim.zone_id)
-                report.zones_reset += self.dp._reclaim_zones()
+                report.zones_reset += self.dp.space.reclaim_zones()
                 if self._written(victim.zone_id) == 0:
                     report.bytes_freed += before
         finally:
@@ -168,8 +164,7 @@ class Cleaner:
         return report
 
     def _pinned(self, zone_id: int) -> bool:
-        zone = self.dp._zones.get(zone_id)
-        return zone is None or zone.inflight > 0 or zone.state != "full"
+        return self.dp.space.busy(zone_id)
 
     def _written(self, zone_id: int) -> int:
         return self.catalog.read(lambda conn: conn.execute(

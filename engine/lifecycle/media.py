@@ -10,17 +10,13 @@ path and keeps it open while it is in use. Relocated data is older than fresh
 writes, so keeping it in separate bands also keeps cleaning cheap (the LFS habit of
 segregating cleaned data from new data).
 
-A claimed zone is pinned (``inflight`` + 1) so the data path never resets it;
-``finish`` (called by every job at its end) closes the zones and unpins them.
-
-Hook note: this module reaches into DataPath internals (``_space_lock``,
-``_drives``, ``_zones``, ``DriveState.queue/empty/writable``, ``ZoneMem``). It is the
-body of a future public ``DataPath.append_fragments``; the data path itself was
-not changed for it.
+A claimed zone is pinned (``Space.claim``) so the data path never resets it;
+``finish`` (called by every job at its end) closes the zones and unpins them. Everything here
+goes through the data path's public parts: ``dp.space`` (zones, pins, claims) and
+``dp.writers`` (the drives' queues, with a ``WriteTicket`` the appending job waits on).
 """
 from __future__ import annotations
 
-import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -30,6 +26,8 @@ from sqlalchemy import bindparam, func, select
 
 from engine import errors
 from engine.catalog.models import Fragment, Stripe, Zone
+from engine.datapath.writers import WriteTicket
+from engine.ordered_lock import lock
 
 ZONES = Zone.__table__
 FRAGMENTS = Fragment.__table__
@@ -48,73 +46,52 @@ class Placement:
     checksum: int
 
 
-class _Ticket:
-    """Stands in for a DataPath stripe in a drive writer's queue: the writer counts
-    ``remaining`` down as appends become durable, then sets ``written``.
-
-    Any other attribute the writer looks at reads as None (e.g. ``encoded``), so the
-    writer's bookkeeping of real stripes skips it."""
-
-    def __init__(self, count: int):
-        self.lock = threading.Lock()
-        self.remaining = count
-        self.written = threading.Event()
-        self.error: BaseException | None = None
-        self.fragments: list = []
-
-    def __getattr__(self, name):
-        return None
-
-    def fail(self, exc: BaseException) -> None:
-        if self.error is None:
-            self.error = exc
-
-
 class Media:
     def __init__(self, datapath):
         self.dp = datapath
-        self._lock = threading.Lock()
+        self.space = datapath.space
+        self.writers = datapath.writers
+        self._lock = lock("lifecycle.media")
         self._open: dict[tuple[int, str], object] = {}  # (drive, class) -> ZoneMem
         self._closed: set[int] = set()  # zones closed, not yet recorded as full
         # Guards _closed alone. record() runs inside the caller's catalog transaction, while
         # append() holds _lock and may wait for the catalog (_claim -> _reclaim_zones): taking
         # _lock there stalled the soak for the catalog's 120 s retry deadline.
-        self._closed_lock = threading.Lock()
+        self._closed_lock = lock("lifecycle.media_closed")
 
     # -- drives ------------------------------------------------------------------------
     def drive(self, drive_id: int):
-        drive = self.dp._drives.get(drive_id)
+        drive = self.space.drives.get(drive_id)
         if drive is None:
             raise errors.NotFound(f"drive {drive_id} is not in the data path (removed?)")
         return drive
 
     def readable(self, drive_id: int) -> bool:
-        drive = self.dp._drives.get(drive_id)
+        drive = self.space.drives.get(drive_id)
         return drive is not None and drive.readable()
 
     def writable_drives(self, exclude=(), *, use_reserve: bool = False, want: int = 1) -> list[int]:
         """Drives that can take a new fragment, those with the most empty zones first.
         With fewer than ``want`` of them, zones holding only garbage are reset first."""
         found = self._writable(exclude, use_reserve)
-        if len(found) < want and self.dp._reclaim_zones():
+        if len(found) < want and self.space.reclaim_zones():
             found = self._writable(exclude, use_reserve)
         return found
 
     def _writable(self, exclude, use_reserve: bool) -> list[int]:
         reserve = 0 if use_reserve else self.dp.reserve_zones
-        with self.dp._space_lock:
-            found = [(len(d.empty), d.id) for d in self.dp._drives.values()
-                     if d.writable() and d.id not in exclude and len(d.empty) > reserve]
+        with self.space.lock:
+            found = self.space.drives_with_room(exclude, reserve)
             # a drive whose open lifecycle zone still has room counts too
             for (drive_id, _cls), zone in self._open.items():
-                d = self.dp._drives.get(drive_id)
+                d = self.space.drives.get(drive_id)
                 if d is not None and d.writable() and drive_id not in exclude \
                         and zone.wp < d.zone_size and all(i != drive_id for _n, i in found):
                     found.append((0, drive_id))
         return [drive_id for _n, drive_id in sorted(found, key=lambda t: (-t[0], t[1]))]
 
     def empty_zones(self, drive_id: int) -> int:
-        drive = self.dp._drives.get(drive_id)
+        drive = self.space.drives.get(drive_id)
         return len(drive.empty) if drive is not None else 0
 
     def read(self, drive_id: int, zone_id: int, offset: int, length: int) -> bytes:
@@ -122,7 +99,7 @@ class Media:
         drive = self.drive(drive_id)
         if not drive.readable():
             raise errors.IOFailure(f"drive {drive_id} is {drive.state} or missing: cannot read")
-        zone = self.dp._zones[zone_id]
+        zone = self.space.zones[zone_id]
         buf = bytearray(length)
         got = drive.backend.read_into(zone.idx, offset, [buf])
         if got != length:
@@ -135,52 +112,17 @@ class Media:
         zone = self._open.get(key)
         if zone is not None and zone.wp + length <= drive.zone_size:
             return zone
-        with self.dp._space_lock:
+        with self.space.lock:
             if zone is not None:
                 self._close(key, zone, drive)
-            if not self._may_claim(drive, band_class, use_reserve):
-                self.dp._reclaim_zones()  # zones holding only garbage: reset them and look again
-                self.dp._refresh_reclaimable()
-            if not self._may_claim(drive, band_class, use_reserve):
-                raise errors.NoSpace(f"drive {drive.id} has {len(drive.empty)} empty zones "
-                                     f"({self.dp.reserve_zones} reserved for cleaning) and the data path's "
-                                     f"buffered writes hold the rest: no room for {purpose}")
-            idx = min(drive.empty)
-            drive.empty.discard(idx)
-            zone = drive.zones[idx]
-            zone.state, zone.band_class, zone.opened_ns, zone.dirty = "open", band_class, time.time_ns(), True
-            zone.inflight += 1  # pinned while we own it: never reset under us
-            self._open[key] = zone
+            zone = self._open[key] = self.space.claim(drive, band_class, purpose, use_reserve)
             return zone
-
-    def _may_claim(self, drive, band_class: str, use_reserve: bool) -> bool:
-        """Whether taking one empty zone of ``drive`` leaves the data path what it promised.
-
-        The data path reserves room for buffered writes when it accepts them and never
-        counts the last ``reserve_zones`` empty zones of a drive as room. Jobs other than
-        cleaning may only take a zone beyond those reserved ones that no buffered write
-        needs; cleaning may take any empty zone, the reserve included (that is what it is
-        for: cleaning frees more than it takes, and it must never wait on writers)."""
-        if not drive.empty:
-            return False
-        if use_reserve:
-            return True
-        policy = self.dp.policies.get(band_class) or self.dp.policies[self.dp.default_class]
-        per_zone = max(drive.zone_size - policy.max_fragment_length, 0)
-        spare = self.dp._usable() - self.dp._reserved
-        return len(drive.empty) > self.dp.reserve_zones and spare >= per_zone
 
     def _close(self, key, zone, drive) -> None:
         del self._open[key]
-        zone.inflight -= 1
-        if zone.wp == 0:  # never written: give it back as it was
-            zone.state, zone.band_class, zone.opened_ns, zone.dirty = "empty", None, None, True
-            drive.empty.add(zone.idx)
-            return
-        zone.state, zone.dirty = "full", True
-        with self._closed_lock:
-            self._closed.add(zone.id)
-        drive.queue.put(("finish", zone.idx))
+        if self.space.close_claimed(drive, zone):
+            with self._closed_lock:
+                self._closed.add(zone.id)
 
     def finish(self) -> None:
         """End of a job: record the zones it filled up as full (the open ones stay open)."""
@@ -191,9 +133,9 @@ class Media:
 
     def close_all(self) -> None:
         """Close every lifecycle zone (before the data path closes, or to test a restart)."""
-        with self._lock, self.dp._space_lock:
+        with self._lock, self.space.lock:
             for key, zone in list(self._open.items()):
-                self._close(key, zone, self.dp._drives[key[0]])
+                self._close(key, zone, self.space.drives[key[0]])
         self.finish()
 
     # -- catalog side: inside the caller's transaction ---------------------------------------
@@ -207,7 +149,7 @@ class Media:
             if closed:
                 conn.execute(ZONES.update().where(ZONES.c.id.in_(sorted(closed)), ZONES.c.state == "open")
                              .values(state="full"))
-            record_appends(conn, self.dp, placements)
+            record_appends(conn, self.space, placements)
         except BaseException:
             with self._closed_lock:
                 self._closed |= closed  # the transaction may be retried or fail: keep them
@@ -221,7 +163,7 @@ class Media:
         Returns when every byte is durable. On an error nothing is left reserved and the
         bytes that did land are garbage of their zones (``record_appends`` must still run)."""
         placements = []
-        ticket = _Ticket(len(items))
+        ticket = WriteTicket(len(items))
         failure = None
         with self._lock:
             try:
@@ -230,20 +172,15 @@ class Media:
                     if not drive.writable():
                         raise errors.IOFailure(f"drive {drive_id} cannot take writes ({drive.state})")
                     zone = self._claim(drive, band_class, purpose, len(data), use_reserve)
-                    with self.dp._space_lock:
-                        offset = zone.wp
-                        zone.wp += len(data)
-                        zone.inflight += 1
+                    offset = self.space.take(zone, len(data))
                     placements.append(Placement(drive_id, zone.id, zone.idx, offset, len(data),
                                                 crc32c.crc32c(data)))
                     # queued at once: a later item may close this zone, and its "finish" must come after
-                    drive.queue.put(("append", zone.idx, offset, data, ticket))
+                    self.writers.append(drive, zone.idx, offset, data, ticket)
             except errors.FsError as exc:
                 failure = exc
-                with ticket.lock:  # only the queued appends will report back
-                    ticket.remaining -= len(items) - len(placements)
-                    if ticket.remaining == 0:
-                        ticket.written.set()
+                # only the queued appends will report back
+                ticket.fragment_done(len(items) - len(placements))
         if failure is not None:
             ticket.written.wait(WRITE_TIMEOUT_S)
             self.settle(placements, committed=False)
@@ -257,15 +194,11 @@ class Media:
 
     def settle(self, placements: list[Placement], *, committed: bool) -> None:
         """After the catalog commit (or its failure): unpin the zones of these appends."""
-        with self.dp._space_lock:
-            for p in placements:
-                zone = self.dp._zones[p.zone_id]
-                zone.inflight -= 1
-                if committed:
-                    zone.committed_wp = max(zone.committed_wp, p.offset + p.length)
+        for p in placements:
+            self.space.settle(self.space.zones[p.zone_id], p.offset + p.length if committed else None)
 
 
-def record_appends(conn, datapath, placements: list[Placement]) -> None:
+def record_appends(conn, space, placements: list[Placement]) -> None:
     """Move the zones' write pointers over appended bytes, counted as garbage for now
     (``move_fragments`` / ``adjust_live`` turn the live share into live bytes)."""
     ends: dict[int, int] = {}
@@ -277,7 +210,7 @@ def record_appends(conn, datapath, placements: list[Placement]) -> None:
     now = time.time_ns()
     rows = []
     for zone_id, end in ends.items():
-        zone = datapath._zones[zone_id]
+        zone = space.zones[zone_id]
         wp = current.get(zone_id, 0)
         new_wp = max(wp, end)
         rows.append({"b_id": zone_id, "b_wp": new_wp, "b_garbage": new_wp - wp, "b_class": zone.band_class,
@@ -342,7 +275,7 @@ def move_fragments(conn, moves: list[tuple[int, int, int, Placement]]) -> list[i
 
 
 _SHARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_SHARED_LOCK = threading.Lock()
+_SHARED_LOCK = lock("lifecycle.media_shared")
 
 
 def media_for(datapath) -> Media:

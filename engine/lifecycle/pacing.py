@@ -6,9 +6,10 @@ just enough to keep the average at the configured rate. ``Tracker`` turns
 UI show, with an ETA from the measured rate."""
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
+
+from engine.ordered_lock import lock
 
 Progress = Callable[[int, int, str], None]
 
@@ -31,7 +32,7 @@ class RateLimiter:
         self._clock = clock
         self._sleep = sleep
         self._next = clock()  # when the budget spent so far is paid off
-        self._lock = threading.Lock()
+        self._lock = lock("lifecycle.rate_limiter")
         self.slept_s = 0.0
 
     def spend(self, nbytes: int = 0, items: int = 1) -> float:

@@ -15,7 +15,6 @@ status (how many stripes still run with reduced redundancy).
 """
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -30,6 +29,7 @@ from engine.lifecycle import drives as drive_states
 from engine.lifecycle.media import Media, media_for
 from engine.lifecycle.pacing import Progress, RateLimiter, Tracker
 from engine.lifecycle.repair import Reconstructor, load_stripes, relocate
+from engine.ordered_lock import lock
 
 FRAGMENTS = Fragment.__table__
 DRIVES = Drive.__table__
@@ -61,7 +61,7 @@ class RebuildReport:
 
 
 _STRIPE_POOL: ThreadPoolExecutor | None = None
-_STRIPE_POOL_LOCK = threading.Lock()
+_STRIPE_POOL_LOCK = lock("lifecycle.stripe_pool")
 
 
 def _stripe_pool() -> ThreadPoolExecutor:

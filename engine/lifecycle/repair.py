@@ -10,7 +10,6 @@
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,12 +21,13 @@ from engine import errors
 from engine.catalog.models import Fragment, Stripe
 from engine.datapath.accounting import chunks
 from engine.lifecycle.media import Media, move_fragments
+from engine.ordered_lock import lock
 
 FRAGMENTS = Fragment.__table__
 STRIPES = Stripe.__table__
 READ_THREADS = 12
 _POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
+_POOL_LOCK = lock("lifecycle.stripe_pool")
 
 
 def _pool() -> ThreadPoolExecutor:

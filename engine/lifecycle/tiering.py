@@ -7,8 +7,8 @@ What moves where (``TieringPolicy``):
   extents are coalesced into full stripes;
 - warm -> cold when neither changed nor read for ``warm_to_cold_after_s``;
 - cold -> warm after ``promote_reads`` reads within ``promote_window_s``.
-Reads are counted by ``ReadTracker``, a FileData wrapper the daemon puts between
-the namespace and the data path (the catalog does not record reads).
+Reads are counted by ``ReadTracker``, the data path's read hook (``DataPath.set_read_hook``;
+the catalog does not record reads); tiering's own reads are not counted.
 
 A move reads the file's bytes, writes them as new stripes of the target class
 (fragments through the data path's drive writers, on k+m distinct drives, durable
@@ -22,7 +22,6 @@ Not done: zstd compression of cold stripes (the read path does not decode it yet
 """
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -36,6 +35,7 @@ from engine.datapath.accounting import adjust_live, chunks
 from engine.events import record
 from engine.lifecycle.media import Media, media_for
 from engine.lifecycle.pacing import Progress, RateLimiter, Tracker
+from engine.ordered_lock import lock
 
 EXTENTS = Extent.__table__
 STRIPES = Stripe.__table__
@@ -71,7 +71,8 @@ class TieringPolicy:
 
 
 class ReadTracker:
-    """FileData wrapper that counts reads per file (one per burst of reads) for promotion."""
+    """Counts reads per file (one per burst of reads) for promotion: the data path calls
+    ``note`` on every read once the tracker is made (it sets itself as the read hook)."""
 
     BURST_S = 1.0
 
@@ -80,11 +81,12 @@ class ReadTracker:
         self.clock = clock
         self.started = clock()
         self._reads: dict[int, deque] = {}
-        self._lock = threading.Lock()
+        self._lock = lock("lifecycle.read_tracker")
+        data.set_read_hook(self.note)
 
-    def read(self, ino: int, offset: int, length: int, size: int) -> bytes:
-        self.note(ino)
-        return self.data.read(ino, offset, length, size)
+    def close(self) -> None:
+        """Stop counting (the data path calls no hook any more)."""
+        self.data.set_read_hook(None)
 
     def note(self, ino: int) -> None:
         now = self.clock()
@@ -106,9 +108,6 @@ class ReadTracker:
             seen = self._reads.get(ino)
             last = seen[-1] if seen else self.started
         return self.clock() - last
-
-    def __getattr__(self, name):
-        return getattr(self.data, name)  # write, flush, truncate, release, capacity, ...
 
 
 @dataclass(frozen=True)
@@ -152,7 +151,7 @@ class Tiering:
         self.reads = reads
         self.clock = clock
         self.limiter = RateLimiter(self.policy.bytes_per_s)
-        self._lock = threading.Lock()
+        self._lock = lock("lifecycle.tiering")
 
     # -- path rules -----------------------------------------------------------------------
     def apply_path_rules(self) -> int:
@@ -327,7 +326,7 @@ class Tiering:
             return 0, 0, None
         policy = self.dp.policies[target]
         # read the bytes through the extents we will replace
-        pieces = [(row, self.dp.read(ino, row.file_offset, row.length, size)) for row in todo]
+        pieces = [(row, self.dp.read(ino, row.file_offset, row.length, size, track=False)) for row in todo]
         if any(len(data) != row.length for row, data in pieces):
             return None  # truncated meanwhile
         # pack into stripes of the target class: small extents coalesce into full stripes

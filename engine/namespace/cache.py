@@ -6,7 +6,7 @@ import time
 
 from engine.catalog.database import commits_between
 from engine.catalog.database import sql_one as _one
-from engine.namespace.common import CACHE_MAX_ENTRIES, CACHE_TTL_S, Attr, _Touched
+from engine.namespace.common import CACHE_MAX_ENTRIES, CACHE_TTL_S, Attr, Touched
 
 log = logging.getLogger("shingle.namespace")
 
@@ -89,7 +89,7 @@ class AttrCache:
 
     def _write_once(self, work, inos=(), names=()):
         self._cache_valid()  # take in other processes' commits before ours moves the epoch
-        touched = _Touched(inos)
+        touched = Touched(inos)
         fresh: list[Attr] = []
         gen = [None]
 

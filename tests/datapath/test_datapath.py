@@ -230,7 +230,7 @@ def test_drive_folder_vanishing_while_running_does_not_stop_reads(sqlite_engine)
     ino = make(engine, "live", data)
     engine.data.reader.drop_cache()
     for drive_id in engine.drive_ids[:2]:
-        shutil.rmtree(engine.data._drives[drive_id].path)
+        shutil.rmtree(engine.data.space.drives[drive_id].path)
     time.sleep(0.6)  # presence is re-checked twice a second
     assert engine.ns.read(ino, 0, len(data)) == data
 
@@ -243,7 +243,7 @@ def test_invariant5_bad_checksum_is_detected_decoded_around_and_repaired(engine)
                Fragment.__table__.c.zone_offset)
         .join(Zone.__table__, Zone.__table__.c.id == Fragment.__table__.c.zone_id)
         .where(Fragment.__table__.c.idx == 1).limit(1)).first())
-    path = engine.data._drives[frag.drive_id].path
+    path = engine.data.space.drives[frag.drive_id].path
     with open(os.path.join(path, f"zone-{frag.idx:06d}"), "r+b") as f:
         f.seek(frag.zone_offset + 200)
         byte = f.read(1)

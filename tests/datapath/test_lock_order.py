@@ -14,15 +14,15 @@ def test_unreserve_inside_a_transaction_does_not_wait_for_the_space_lock(sqlite_
     dp, catalog = sqlite_engine.data, sqlite_engine.catalog
     in_transaction, space_held, b_done = threading.Event(), threading.Event(), threading.Event()
 
-    def namespace_side(conn):  # stands for Namespace._free -> DataPath.release -> _unreserve
+    def namespace_side(conn):  # stands for Namespace._free -> DataPath.release -> Space.unreserve
         in_transaction.set()
         space_held.wait(10)
-        dp._unreserve(1)
+        dp.space.unreserve(1)
         b_done.set()
 
-    def data_path_side():  # stands for write -> _reserve -> _reclaim_zones -> catalog.run
+    def data_path_side():  # stands for write -> Space.reserve -> reclaim_zones -> catalog.run
         in_transaction.wait(10)
-        with dp._space_lock:
+        with dp.space.lock:
             space_held.set()
             settings = Setting.__table__
             catalog.run(lambda conn: conn.execute(update(settings).where(settings.c.key == "none").values(value="")))
@@ -38,7 +38,7 @@ def test_unreserve_inside_a_transaction_does_not_wait_for_the_space_lock(sqlite_
 
 
 def test_a_flush_places_its_stripe_without_holding_the_file_lock(sqlite_engine):
-    """Placing may reset zones in a catalog transaction (_place -> _reclaim_zones); a namespace
+    """Placing may reset zones in a catalog transaction (Space.place -> reclaim_zones); a namespace
     transaction that frees the same file (release) waits for the file's lock. So a flush must not
     hold that lock while it places: the soak stalled 120 s on exactly this after flushes began
     placing their own stripes."""
@@ -48,7 +48,7 @@ def test_a_flush_places_its_stripe_without_holding_the_file_lock(sqlite_engine):
     ns.write(ino, 0, b"x" * 100 * 1024)  # more than an inline stripe takes: placed on drives
     released = threading.Event()
     in_time = []
-    original = dp._place
+    original = dp.space.place
 
     def place(stripe):
         if stripe.fb.ino == ino and not released.is_set():
@@ -57,7 +57,7 @@ def test_a_flush_places_its_stripe_without_holding_the_file_lock(sqlite_engine):
             t.start()
             in_time.append(released.wait(5))
         return original(stripe)
-    dp._place = place
+    dp.space.place = place
     ns.commit(ino)
     assert in_time == [True], "release waited for the file lock held by the flush that was placing"
 

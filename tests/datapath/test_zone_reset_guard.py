@@ -22,7 +22,7 @@ def test_tiny_live_remainder_keeps_its_zones(sqlite_engine):
     zero_live_but_referenced = eng.catalog.read(lambda c: c.execute(
         select(zones.c.id).where(zones.c.live_bytes == 0, zones.c.write_pointer > 0)).scalars().all())
     assert zero_live_but_referenced, "the rounding case this test guards did not arise"
-    eng.data._reclaim_zones()
+    eng.data.space.reclaim_zones()
     assert ns.read(f.ino, 0, 10) == payload[:1]
     eng.restart()
     assert eng.ns.read(f.ino, 0, 10) == payload[:1]

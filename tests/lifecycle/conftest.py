@@ -117,8 +117,8 @@ def check_accounting(catalog):
 
 def flip_bits(rig, fragment_row, at: int = 100):
     """Corrupt a fragment on the medium: flip a byte in its zone file."""
-    drive = rig.data._drives[fragment_row.drive_id]
-    zone = rig.data._zones[fragment_row.zone_id]
+    drive = rig.data.space.drives[fragment_row.drive_id]
+    zone = rig.data.space.zones[fragment_row.zone_id]
     path = os.path.join(drive.path, f"zone-{zone.idx:06d}")
     with open(path, "r+b") as fh:
         fh.seek(fragment_row.zone_offset + at)

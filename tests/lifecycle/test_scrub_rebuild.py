@@ -32,8 +32,8 @@ def test_scrub_finds_and_repairs_flipped_bits(rig):
         moved = after[victim.id]
         assert (moved.zone_id, moved.zone_offset) != (victim.zone_id, victim.zone_offset)
         assert moved.checksum == victim.checksum and moved.drive_id == victim.drive_id
-        drive = rig.data._drives[moved.drive_id]
-        raw = drive.backend.read(rig.data._zones[moved.zone_id].idx, moved.zone_offset, moved.length)
+        drive = rig.data.space.drives[moved.drive_id]
+        raw = drive.backend.read(rig.data.space.zones[moved.zone_id].idx, moved.zone_offset, moved.length)
         assert crc32c.crc32c(raw) == moved.checksum
     repairs = recent(rig.catalog, kind_prefix="scrub.repair")
     assert len(repairs) == 3 and all(e.actor == "cron" and e.severity == "warning" for e in repairs)
@@ -94,7 +94,7 @@ def test_failed_drive_is_rebuilt_then_two_more_may_fail(rig):
     # two more drives fail: every byte still reads back (4+2 and 3 copies)
     for drive_id in rig.drive_ids[1:3]:
         drive_states.fail_drive(rig.catalog, drive_id)
-        shutil.rmtree(rig.data._drives[drive_id].path)
+        shutil.rmtree(rig.data.space.drives[drive_id].path)
     rig.restart()
     for path, data in files.items():
         assert sha(rig.read_file(path)) == sha(data), path
@@ -115,7 +115,7 @@ def test_drain_moves_everything_off_and_removes_the_drive(rig):
     assert drive_states.get_drive(rig.catalog, victim).state == "removed"
     assert all(f.drive_id != victim for f in rig.fragments())
     check_accounting(rig.catalog)
-    shutil.rmtree(rig.data._drives[victim].path)  # pulled from the machine
+    shutil.rmtree(rig.data.space.drives[victim].path)  # pulled from the machine
     rig.restart()
     for path, data in files.items():
         assert sha(rig.read_file(path)) == sha(data), path
@@ -131,9 +131,9 @@ def test_rebuild_onto_a_replacement_drive(rig):
     failed = rig.drive_ids[2]
     lost = [f for f in rig.fragments() if f.drive_id == failed]
     drive_states.fail_drive(rig.catalog, failed)
-    shutil.rmtree(rig.data._drives[failed].path)
+    shutil.rmtree(rig.data.space.drives[failed].path)
     # the replacement: a new, empty drive of the same geometry
-    drive = rig.data._drives[rig.drive_ids[0]]
+    drive = rig.data.space.drives[rig.drive_ids[0]]
     [new] = format_emulated(rig.catalog, rig.root.parent / "spare", 1, drive.zone_size * drive.zone_count,
                             drive.zone_size)
     rig.restart()

@@ -98,8 +98,8 @@ def test_cold_files_read_often_come_back_to_warm(rig):
     assert classes_of(rig, "/old/ds")[0] == {"cold"}
     pin(rig, "/old/ds", None)
     clock = [1000.0]
-    reads = ReadTracker(rig.data, clock=lambda: clock[0])
-    ns = Namespace(rig.catalog, data=reads)
+    reads = ReadTracker(rig.data, clock=lambda: clock[0])  # the data path's read hook from now on
+    ns = Namespace(rig.catalog, data=rig.data)
     ino = ns.resolve("/old/ds").ino
     tiering = Tiering(ns, rig.data, rig.catalog, TieringPolicy(promote_reads=3, promote_window_s=600), reads=reads)
     for _ in range(2):
@@ -110,7 +110,9 @@ def test_cold_files_read_often_come_back_to_warm(rig):
     ns.read(ino, 0, 10)
     [move] = tiering.plan()
     assert (move.source, move.target) == ("cold", "warm") and "read 3 times" in move.reason
+    counted = reads.reads_since(ino, 600)
     assert tiering.run().moves == {"cold->warm": 1}
+    assert reads.reads_since(ino, 600) == counted, "tiering's own reads of the file were counted"
     assert classes_of(rig, "/old/ds")[0] == {"warm"}
     assert sha(ns.read(ino, 0, len(data))) == sha(data)
 
@@ -122,8 +124,8 @@ def test_a_file_changed_during_the_move_keeps_its_new_data(rig):
     real_read = rig.data.read
     patch = b"X" * 5000
 
-    def read_then_write(ino, offset, length, size):
-        out = real_read(ino, offset, length, size)
+    def read_then_write(ino, offset, length, size, **how):
+        out = real_read(ino, offset, length, size, **how)
         if offset == 0:  # a client overwrites the start while the mover copies
             rig.ns.write(made.ino, 0, patch, stable=True)
         return out
@@ -131,7 +133,7 @@ def test_a_file_changed_during_the_move_keeps_its_new_data(rig):
     try:
         moved, _written = tiering.move_file(made.ino, "warm")
     finally:
-        del rig.data.read
+        rig.data.read = real_read
     assert moved == 0
     assert rig.read_file("/f") == patch + data[len(patch):]
     check_accounting(rig.catalog)

@@ -7,9 +7,9 @@ import os
 import socket
 import struct
 
-from appliance.nfs import const as c
-from appliance.nfs import types4 as t
-from appliance.nfs.xdr import Packer, UInt
+from appliance.nfs.onc.xdr import Packer, UInt
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4 import types as t
 
 AUTH_SYS = 1
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from appliance.nfs import const as c
-from appliance.nfs import types4 as t
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4 import types as t
 from nfs4_support import add_export, nfsrs, start_server
 from nfs4_rawclient import RawClient, open_args
 

@@ -8,9 +8,9 @@ import grp
 import pwd
 from dataclasses import dataclass
 
-from appliance.nfs import const as c
-from appliance.nfs.types4 import bitmap4, fsid4, nfs_fh4, nfstime4, settime4, specdata4, utf8str
-from appliance.nfs.xdr import Array, Bool, Packer, UHyper, UInt, XdrError
+from appliance.nfs.onc.xdr import Array, Bool, Packer, UHyper, UInt, XdrError
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4.types import bitmap4, fsid4, nfs_fh4, nfstime4, settime4, specdata4, utf8str
 
 MAX_IO = 1 << 20
 MAX_FILE_SIZE = (1 << 63) - 1
@@ -53,7 +53,8 @@ def parse_owner(text: str, *, group: bool) -> int:
     except KeyError:
         if name == "nobody":
             return 65534
-        raise AttrError(c.NFS4ERR_BADOWNER, f"unknown {'group' if group else 'user'} {text!r}") from None
+        what = "group" if group else "user"
+        raise AttrError(c.NFS4ERR_BADOWNER, f"unknown {what} {text!r}") from None
 
 
 def _statfs(s: AttrSubject):
@@ -95,7 +96,8 @@ ATTRS = {
     c.FATTR4_NUMLINKS: (UInt, lambda s: s.attr.nlink, False),
     c.FATTR4_OWNER: (utf8str, lambda s: _owner(s.attr.uid), True),
     c.FATTR4_OWNER_GROUP: (utf8str, lambda s: _owner(s.attr.gid), True),
-    c.FATTR4_RAWDEV: (specdata4, lambda s: specdata4.cls(s.attr.rdev >> 32, s.attr.rdev & 0xFFFFFFFF), False),
+    c.FATTR4_RAWDEV: (specdata4, lambda s: specdata4.cls(s.attr.rdev >> 32,
+                                                         s.attr.rdev & 0xFFFFFFFF), False),
     c.FATTR4_SPACE_AVAIL: (UHyper, lambda s: _statfs(s).avail_bytes, False),
     c.FATTR4_SPACE_FREE: (UHyper, lambda s: _statfs(s).free_bytes, False),
     c.FATTR4_SPACE_TOTAL: (UHyper, lambda s: _statfs(s).total_bytes, False),
@@ -202,7 +204,8 @@ def setattr_kwargs(values: dict, now_marker) -> dict:
         kw["uid"] = parse_owner(values[c.FATTR4_OWNER], group=False)
     if c.FATTR4_OWNER_GROUP in values:
         kw["gid"] = parse_owner(values[c.FATTR4_OWNER_GROUP], group=True)
-    for bit, key in ((c.FATTR4_TIME_ACCESS_SET, "atime_ns"), (c.FATTR4_TIME_MODIFY_SET, "mtime_ns")):
+    for bit, key in ((c.FATTR4_TIME_ACCESS_SET, "atime_ns"),
+                     (c.FATTR4_TIME_MODIFY_SET, "mtime_ns")):
         if bit in values:
             how, t = values[bit]
             if how == c.SET_TO_CLIENT_TIME4:

@@ -1,14 +1,14 @@
 """SMB shares and users (engine/smb.py); passwords stay in Samba's own passdb
 
-Revision ID: 0006_smb
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-12-02 10:00:00
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0006_smb'
-down_revision = '0005'
+revision = '0007'
+down_revision = '0006'
 branch_labels = None
 depends_on = None
 

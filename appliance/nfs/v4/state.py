@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import delete, select
 
-from appliance.nfs import const as c
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4.types import LOCK4denied, channel_attrs4, state_owner4
 from engine.catalog.models import NfsClient, Setting
 
 log = logging.getLogger("shingle.nfs.state")
@@ -52,7 +53,7 @@ class Slot:
 @dataclass
 class Session:
     id: bytes
-    client: "Client"
+    client: Client
     slots: list
     fore: object
     back: object
@@ -176,7 +177,8 @@ class StateTable:
             current = {cl.owner for cl in self.clients.values()}
             gone = [o for o in stale if o not in current]
             if gone:
-                self.catalog.run(lambda conn: conn.execute(delete(CLIENTS).where(CLIENTS.c.owner.in_(gone))))
+                self.catalog.run(lambda conn: conn.execute(
+                    delete(CLIENTS).where(CLIENTS.c.owner.in_(gone))))
         log.info("grace period over")
 
     def _maybe_end_grace_early(self) -> None:
@@ -203,7 +205,7 @@ class StateTable:
         self.catalog.run(work)
 
     # -- persistent sessions -------------------------------------------------------------------
-    def _session_record(self, sess: "Session") -> str:
+    def _session_record(self, sess: Session) -> str:
         cl = sess.client
         return json.dumps({
             "clientid": cl.clientid, "owner": cl.owner.hex(), "verifier": cl.verifier.hex(),
@@ -211,7 +213,7 @@ class StateTable:
             "reclaim_complete": cl.reclaim_complete, "slots": len(sess.slots),
             "fore": list(sess.fore)[:-1], "back": list(sess.back)[:-1]})
 
-    def _save_session(self, sess: "Session") -> None:
+    def _save_session(self, sess: Session) -> None:
         self.catalog.set_setting(SESSION_PREFIX + sess.id.hex(), self._session_record(sess))
 
     def _drop_session_record(self, sid: bytes) -> None:
@@ -219,9 +221,9 @@ class StateTable:
         self.catalog.run(lambda conn: conn.execute(delete(SETTINGS).where(SETTINGS.c.key == key)))
 
     def _restore_sessions(self) -> None:
-        from appliance.nfs.types4 import channel_attrs4
         rows = self.catalog.read(lambda conn: conn.execute(
-            select(SETTINGS.c.key, SETTINGS.c.value).where(SETTINGS.c.key.like(SESSION_PREFIX + "%"))).all())
+            select(SETTINGS.c.key, SETTINGS.c.value)
+            .where(SETTINGS.c.key.like(SESSION_PREFIX + "%"))).all())
         for row in rows:
             try:
                 rec = json.loads(row.value)
@@ -231,20 +233,23 @@ class StateTable:
                 if cl is None:
                     cl = Client(int(rec["clientid"]), owner, bytes.fromhex(rec["verifier"]),
                                 tuple(rec["principal"]), rec["address"], confirmed=True,
-                                cs_sequence=int(rec["cs_sequence"]), reclaim_complete=bool(rec["reclaim_complete"]))
+                                cs_sequence=int(rec["cs_sequence"]),
+                                reclaim_complete=bool(rec["reclaim_complete"]))
                     cl.may_reclaim = True
                     self.clients[cl.clientid] = cl
                     self.by_owner[owner] = cl
                 fore = channel_attrs4.cls(*rec["fore"], [])
                 back = channel_attrs4.cls(*rec["back"], [])
-                sess = Session(sid, cl, [Slot(seqid=None) for _ in range(int(rec["slots"]))], fore, back,
-                               fore.maxoperations, fore.maxresponsesize_cached, fore.maxrequestsize,
+                slots = [Slot(seqid=None) for _ in range(int(rec["slots"]))]
+                sess = Session(sid, cl, slots, fore, back, fore.maxoperations,
+                               fore.maxresponsesize_cached, fore.maxrequestsize,
                                fore.maxresponsesize)
                 self.sessions[sid] = sess
                 cl.sessions[sid] = sess
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("session record %s unreadable (%s): dropped", row.key, exc)
-                self.catalog.run(lambda conn, k=row.key: conn.execute(delete(SETTINGS).where(SETTINGS.c.key == k)))
+                self.catalog.run(lambda conn, k=row.key: conn.execute(
+                    delete(SETTINGS).where(SETTINGS.c.key == k)))
         if rows:
             log.info("restored %d sessions of %d clients", len(self.sessions), len(self.clients))
 
@@ -359,7 +364,7 @@ class StateTable:
             sess.client.sessions.pop(sid, None)
             self._drop_session_record(sid)
 
-    # -- stateids ------------------------------------------------------------------------------------
+    # -- stateids ----------------------------------------------------------------------------------
     def find(self, stateid, cl: Client | None):
         st = self.states.get(stateid.other)
         if st is None:
@@ -370,7 +375,8 @@ class StateTable:
         if cl is not None and st.client is not cl:
             raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid of another client")
         if stateid.seqid and stateid.seqid != st.seqid:
-            raise NfsError(c.NFS4ERR_OLD_STATEID if stateid.seqid < st.seqid else c.NFS4ERR_BAD_STATEID,
+            old = stateid.seqid < st.seqid
+            raise NfsError(c.NFS4ERR_OLD_STATEID if old else c.NFS4ERR_BAD_STATEID,
                            f"stateid seqid {stateid.seqid}, current {st.seqid}")
         return st
 
@@ -391,7 +397,7 @@ class StateTable:
                 raise NfsError(c.NFS4ERR_LOCKS_HELD, "lock stateid still holds locks")
             self._drop_lock(st)
 
-    # -- opens ---------------------------------------------------------------------------------------
+    # -- opens -------------------------------------------------------------------------------------
     def open(self, cl: Client, owner: bytes, ino: int, access: int, deny: int) -> OpenState:
         with self.lock:
             key = (cl.clientid, owner, ino)
@@ -399,7 +405,8 @@ class StateTable:
                 if (other.client.clientid, other.owner) == (cl.clientid, owner):
                     continue
                 if (access & other.deny) or (deny & other.access):
-                    raise NfsError(c.NFS4ERR_SHARE_DENIED, f"share reservation conflict on inode {ino}")
+                    raise NfsError(c.NFS4ERR_SHARE_DENIED,
+                                   f"share reservation conflict on inode {ino}")
             st = self.open_by_owner_file.get(key)
             if st is None:
                 st = OpenState(self.new_other(), cl, ino, owner, seqid=1, access=access, deny=deny)
@@ -446,7 +453,7 @@ class StateTable:
         except Exception:  # noqa: BLE001 - freeing an unlinked file can fail later; never lose the state table
             log.exception("close_ref of inode %d failed", st.ino)
 
-    # -- locks ------------------------------------------------------------------------------------------
+    # -- locks -------------------------------------------------------------------------------------
     def conflict(self, cl: Client, owner: bytes, ino: int, start: int, end: int, locktype: int):
         for lk in self.locks_by_file.get(ino, ()):
             if lk.client is cl and lk.owner == owner:
@@ -457,7 +464,6 @@ class StateTable:
         return None
 
     def denied(self, hit):
-        from appliance.nfs.types4 import LOCK4denied, state_owner4
         lk, r0, r1, rtype = hit
         length = c.NFS4_UINT64_MAX if r1 == INF else r1 - r0
         return LOCK4denied.cls(r0, length, c.WRITE_LT if is_write(rtype) else c.READ_LT,

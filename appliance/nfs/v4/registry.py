@@ -1,0 +1,21 @@
+"""The NFSv4.1 operation table: operation number -> handler.
+
+The ops modules (appliance.nfs.v4.ops) register their handlers here with
+``@operation(OP_X)``; the COMPOUND executor looks each operation up in ``HANDLERS`` (one
+dict lookup) and imports nothing from the ops modules. A handler gets the COMPOUND's
+context (appliance.nfs.v4.context.Compound) and the operation's decoded arguments, and
+returns the operation's resok value or raises NfsError."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+HANDLERS: dict[int, Callable] = {}
+
+
+def operation(opnum: int) -> Callable[[Callable], Callable]:
+    def register(fn: Callable) -> Callable:
+        if opnum in HANDLERS:
+            raise ValueError(f"operation {opnum} registered twice: {HANDLERS[opnum]} and {fn}")
+        HANDLERS[opnum] = fn
+        return fn
+    return register

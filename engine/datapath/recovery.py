@@ -1,0 +1,80 @@
+"""Crash recovery: each zone's medium write pointer against the catalog's (run at start)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.catalog.models import Zone
+
+ZONES = Zone.__table__
+
+
+@dataclass
+class RecoveryReport:
+    drives: int = 0
+    missing_drives: list = field(default_factory=list)
+    zones_checked: int = 0
+    zones_with_garbage: int = 0
+    garbage_bytes: int = 0
+    short_zones: list = field(default_factory=list)  # (drive id, zone idx, catalog wp, medium wp)
+    zones_reset: int = 0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def recover(catalog, space) -> RecoveryReport:
+    """Bytes past the committed write pointer come from a flush that never committed: they
+    become garbage of the zone, never referenced, and new appends go after them. A zone shorter
+    than the catalog says is reported (and never appended to again)."""
+    report = RecoveryReport(drives=len(space.drives))
+    updates = []
+    with space.lock:
+        for drive in space.drives.values():
+            if drive.backend is None or not drive.present():
+                report.missing_drives.append(drive.id)
+                continue
+            drive.open.clear()
+            drive.empty.clear()
+            for zone in drive.zones:
+                report.zones_checked += 1
+                medium = drive.backend.write_pointer(zone.idx)
+                values = {}
+                if medium > zone.committed_wp:
+                    extra = medium - zone.committed_wp
+                    report.zones_with_garbage += 1
+                    report.garbage_bytes += extra
+                    values = {
+                        "write_pointer": medium,
+                        "garbage_bytes": ZONES.c.garbage_bytes + extra,
+                    }
+                    if zone.state == "empty":
+                        values["state"] = zone.state = "full"  # only garbage: reclaimable
+                    zone.committed_wp = medium
+                elif medium < zone.committed_wp:
+                    report.short_zones.append((drive.id, zone.idx, zone.committed_wp, medium))
+                    zone.state = "full"  # never append where the catalog believes data lives
+                    values = {"state": "full"}
+                zone.wp = max(medium, zone.committed_wp)
+                if values:
+                    updates.append((zone.id, values))
+                if zone.state == "empty" and zone.wp == 0:
+                    drive.empty.add(zone.idx)
+                elif (
+                    zone.state == "open"
+                    and zone.band_class in space.policies
+                    and zone.band_class not in drive.open
+                    and zone.wp < drive.zone_size
+                ):
+                    drive.open[zone.band_class] = zone
+                elif zone.state == "open":
+                    zone.state = "full"
+                    updates.append((zone.id, {"state": "full"}))
+
+    def work(conn):
+        for zone_id, values in updates:
+            conn.execute(ZONES.update().where(ZONES.c.id == zone_id).values(**values))
+
+    if updates:
+        catalog.run(work, durable=True)
+    return report

@@ -1,0 +1,252 @@
+"""Drive writers: the one writer thread (and its syncer) of each drive.
+
+Everything that changes a drive goes through its writer's queue, in order: appends of
+fragments (``Append``, durable before their ticket counts them), band ends (``Finish``),
+repaired fragments (``RepairWrite``) and zone resets (``Reset``). A zone therefore only ever
+sees appends at its write pointer (invariant 1), and a reset never overtakes a fragment queued
+for the zone before it.
+
+A ``WriteTicket`` is what a waiter holds: it counts down as its appends become durable and sets
+``written`` when the last one is. The data path's stripes are tickets; the lifecycle jobs use
+plain ones (engine/lifecycle/media.py)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import NamedTuple
+
+from engine import errors
+from engine.datapath.drivestate import DriveState
+from engine.ordered_lock import lock
+
+
+class WriteTicket:
+    """Appends on their way to durable media; ``written`` is set once the last one is."""
+
+    __slots__ = ("lock", "remaining", "written", "error")
+
+    def __init__(self, count: int = 0):
+        self.lock = lock("datapath.ticket")
+        self.remaining = count
+        self.written = threading.Event()
+        self.error: BaseException | None = None
+
+    def fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+
+    def fragment_done(self, count: int = 1) -> None:
+        """``count`` appends are durable (or failed: see ``error``), or will never be queued."""
+        with self.lock:
+            self.remaining -= count
+            last = self.remaining == 0
+        if last:
+            self.all_written()
+
+    def all_written(self) -> None:
+        self.written.set()
+
+
+class Latch:
+    """Counts down arrivals of queued drive operations; ``done`` is set when all arrived."""
+
+    __slots__ = ("count", "lock", "done", "errors")
+
+    def __init__(self, count: int):
+        self.count = count
+        self.lock = lock("datapath.ticket")
+        self.done = threading.Event()
+        self.errors: list = []
+        if count == 0:
+            self.done.set()
+
+    def arrive(self, exc: BaseException | None = None) -> None:
+        with self.lock:
+            if exc is not None:
+                self.errors.append(exc)
+            self.count -= 1
+            if self.count == 0:
+                self.done.set()
+
+
+class Append(NamedTuple):
+    zone_idx: int
+    offset: int
+    data: object  # bytes-like
+    ticket: WriteTicket
+
+
+class Finish(NamedTuple):
+    zone_idx: int
+
+
+class RepairWrite(NamedTuple):
+    zone_idx: int
+    offset: int
+    data: bytes
+    latch: Latch
+
+
+class Reset(NamedTuple):
+    zone_idx: int
+    latch: Latch
+
+
+class DriveWriters:
+    """Starts, feeds and stops the writer and syncer threads of every drive."""
+
+    def __init__(self, drives: dict[int, DriveState], stats):
+        self.drives = drives
+        self.stats = stats
+        self.threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for drive in self.drives.values():
+            drive.thread = threading.Thread(
+                target=self._run, args=(drive,), daemon=True, name=f"shingle-drive-{drive.id}"
+            )
+            self.threads.append(drive.thread)
+            drive.thread.start()
+
+    def stop(self) -> None:
+        for drive in self.drives.values():
+            drive.queue.put(None)
+        for drive in self.drives.values():
+            if drive.thread is not None:
+                drive.thread.join()
+            if drive.backend is not None:
+                drive.backend.close()
+
+    # -- what callers queue ---------------------------------------------------------------
+    @staticmethod
+    def append(drive: DriveState, zone_idx: int, offset: int, data, ticket: WriteTicket) -> None:
+        """Queue an append; ``ticket.fragment_done()`` runs once it is durable (or failed)."""
+        drive.queue.put(Append(zone_idx, offset, data, ticket))
+
+    @staticmethod
+    def finish(drive: DriveState, zone_idx: int) -> None:
+        """The band is done: tell the drive once every append queued for it has landed."""
+        drive.queue.put(Finish(zone_idx))
+
+    @staticmethod
+    def write_repair(drive: DriveState, zone_idx: int, offset: int, data: bytes) -> Latch:
+        """Append and fsync a repaired fragment; wait on the returned latch's ``done``."""
+        latch = Latch(1)
+        drive.queue.put(RepairWrite(zone_idx, offset, data, latch))
+        return latch
+
+    @staticmethod
+    def reset_zones(zones: list[tuple[DriveState, int]]) -> None:
+        """Reset each (drive, zone idx) through its writer's queue; wait for all of them."""
+        latch = Latch(len(zones))
+        for drive, zone_idx in zones:
+            drive.queue.put(Reset(zone_idx, latch))
+        latch.done.wait()
+        if latch.errors:
+            raise errors.IOFailure(f"zone reset failed: {latch.errors[0]}")
+
+    # -- the threads ------------------------------------------------------------------------
+    def _run(self, drive: DriveState) -> None:
+        """The one writer of a drive: appends fragments in arrival order.
+
+        fsync runs in the drive's syncer thread (group commit): while one fsync
+        is under way the writer keeps appending, and the next fsync covers
+        everything appended meanwhile. When nothing else waits, the writer
+        fsyncs itself (a lone flush pays no hand-off). A fragment counts as
+        written only once it is durable."""
+        synced: queue.SimpleQueue = queue.SimpleQueue()
+        syncer = threading.Thread(
+            target=self._sync_loop,
+            args=(drive, synced),
+            daemon=True,
+            name=f"shingle-sync-{drive.id}",
+        )
+        syncer.start()
+        backend, stats, pending = drive.backend, self.stats, drive.queue
+        try:
+            while True:
+                item = pending.get()
+                kind = type(item)
+                if kind is Append:
+                    idx, offset, data, ticket = item
+                    try:
+                        started = time.perf_counter()
+                        if pending.empty() and synced.empty():
+                            # nothing else to append meanwhile: no hand-off to the syncer (it would
+                            # add latency), and the write is durable in the same call
+                            backend.append(idx, offset, data, durable=True)
+                            stats["fsync_s"] += time.perf_counter() - started
+                            stats["fsyncs"] += 1
+                            ticket.fragment_done()
+                            continue
+                        backend.append(idx, offset, data)
+                        stats["append_s"] += time.perf_counter() - started
+                        if pending.empty() and synced.empty():
+                            self._sync_batch(drive, [(idx, ticket)])
+                        else:
+                            backend.start_writeback(idx, offset, len(data))
+                            synced.put((idx, ticket))
+                    except BaseException as exc:  # noqa: BLE001
+                        drive.write_failed = True
+                        ticket.fail(
+                            errors.IOFailure(f"drive {drive.id} zone {idx}: write failed: {exc}")
+                        )
+                        ticket.fragment_done()
+                elif item is None:
+                    return
+                elif kind is Finish:
+                    try:
+                        backend.finish_zone(item.zone_idx)
+                    except BaseException:  # noqa: BLE001 - a later append to it fails loudly anyway
+                        pass
+                elif kind is RepairWrite:
+                    try:
+                        backend.append(item.zone_idx, item.offset, item.data)
+                        backend.sync(item.zone_idx)
+                        item.latch.arrive()
+                    except BaseException as exc:  # noqa: BLE001
+                        item.latch.arrive(exc)
+                elif kind is Reset:
+                    try:
+                        backend.reset(item.zone_idx)
+                        item.latch.arrive()
+                    except BaseException as exc:  # noqa: BLE001
+                        item.latch.arrive(exc)
+        finally:
+            synced.put(None)
+            syncer.join()
+
+    def _sync_loop(self, drive: DriveState, synced: queue.SimpleQueue) -> None:
+        """fsync what the writer appended, as many fragments per fsync as arrived meanwhile."""
+        stop = False
+        while not stop:
+            batch = [synced.get()]
+            while True:
+                try:
+                    batch.append(synced.get_nowait())
+                except queue.Empty:
+                    break
+            if batch[-1] is None:
+                stop = True
+                batch.pop()
+            if batch:
+                self._sync_batch(drive, batch)
+
+    def _sync_batch(self, drive: DriveState, batch: list) -> None:
+        """fsync the zones of ``batch`` [(zone idx, ticket)]; then each fragment counts."""
+        started = time.perf_counter()
+        error = None
+        for idx in sorted({idx for idx, _ticket in batch}):
+            try:
+                drive.backend.sync(idx)
+            except BaseException as exc:  # noqa: BLE001
+                drive.write_failed = True
+                error = errors.IOFailure(f"drive {drive.id} zone {idx}: fsync failed: {exc}")
+        self.stats["fsync_s"] += time.perf_counter() - started
+        self.stats["fsyncs"] += 1
+        for _idx, ticket in batch:
+            if error is not None:
+                ticket.fail(error)
+            ticket.fragment_done()
