@@ -266,7 +266,7 @@ def cmd_serve(args) -> int:
                              max_record_size=config.get("nfs.max_record_size"),
                              lease_seconds=config.get("nfs.lease_seconds"),
                              grace_seconds=config.get("nfs.grace_seconds"))
-    web = watchdog = maintenance = None
+    web = watchdog = maintenance = smb = None
     try:
         server.start()
         host = config.get("nfs.host")
@@ -277,6 +277,7 @@ def cmd_serve(args) -> int:
         maintenance = Maintenance(appliance, counters=lambda: daemon_counters(server, appliance),
                                   sample_every_s=config.get("maintenance.metrics_interval_s"))
         maintenance.start()
+        smb = start_smb(appliance, args)
         if not args.no_web:
             web = start_webui(config, args.web_port)
         notify_ready()
@@ -284,6 +285,9 @@ def cmd_serve(args) -> int:
         while not stop.wait(1.0):
             if web is not None and web.poll() is not None:
                 log.error("web UI exited with status %s; stopping", web.returncode)
+                return 1
+            if smb is not None and not smb.healthy():
+                log.error("the local mount or the SMB supervisor stopped; stopping")
                 return 1
     finally:
         if maintenance is not None:
@@ -294,11 +298,26 @@ def cmd_serve(args) -> int:
         if web is not None and web.poll() is None:
             web.terminate()
             web.wait(30)
+        if smb is not None:
+            smb.stop()
         server.stop()
         appliance.close()
         lock.release()
         log.info("stopped")
     return 0
+
+
+def start_smb(appliance, args):
+    """The local mount (--mount) and Samba sharing it (--smb-port): appliance/smb/."""
+    if args.smb_port is None and args.mount is None:
+        return None
+    from appliance.smb import SmbService
+    smb = SmbService(appliance, port=args.smb_port, host=args.smb_host, mountpoint=args.mount)
+    smb.start()
+    print(f"mount:  {smb.mountpoint}", flush=True)
+    if args.smb_port is not None:
+        print(f"SMB:    //{args.smb_host}:{args.smb_port}/export", flush=True)
+    return smb
 
 
 def daemon_counters(server, appliance) -> dict:
@@ -374,6 +393,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nfs-port", type=int)
     p.add_argument("--web-port", type=int)
     p.add_argument("--no-web", action="store_true", help="do not start the web UI")
+    p.add_argument("--smb-port", type=int, help="also serve SMB (Samba over the local mount)")
+    p.add_argument("--smb-host", default="127.0.0.1", help="address smbd listens on")
+    p.add_argument("--mount", help="local POSIX mount of the namespace (default with SMB: "
+                   "DATA_DIR/smb/mount)")
     p.set_defaults(func=cmd_serve)
 
     for module in _command_modules():
