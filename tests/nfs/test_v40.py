@@ -8,10 +8,11 @@ import hashlib
 import os
 import time
 
+from nfs4_rawclient import RawClient, open_args
+from nfs4_support import MiB, add_export, nfsrs, start_server
+
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
-from nfs4_support import MiB, add_export, nfsrs, start_server
-from nfs4_rawclient import RawClient, open_args
 
 BOTH, READ, WRITE = c.OPEN4_SHARE_ACCESS_BOTH, c.OPEN4_SHARE_ACCESS_READ, c.OPEN4_SHARE_ACCESS_WRITE
 
