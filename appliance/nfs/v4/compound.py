@@ -52,6 +52,9 @@ NOT_SUPPORTED = frozenset({
 FROM_CACHE_OPS = frozenset({
     c.OP_SEQUENCE, c.OP_PUTFH, c.OP_PUTROOTFH, c.OP_PUTPUBFH, c.OP_GETFH, c.OP_SAVEFH,
     c.OP_RESTOREFH, c.OP_LOOKUP, c.OP_LOOKUPP, c.OP_GETATTR, c.OP_ACCESS, c.OP_READ})
+# An operation that changes the current file handle clears the current stateid (RFC 8881
+# 16.2.3.1.2), except these, which set both (RESTOREFH restores the saved stateid)
+SETS_FH_AND_STATEID = frozenset({c.OP_OPEN, c.OP_RESTOREFH})
 
 
 # minor version -> executor(server, conn_state, rpc_cred, address, tag, record, pos) -> chunks,
@@ -229,10 +232,13 @@ def _run(run: _Run, record, from_cache: bool) -> list:
                 run.done += 1
                 break
             handler = HANDLERS.get(opnum)
+            cur = cx.cur
             try:
                 if handler is None:
                     raise NfsError(c.NFS4ERR_NOTSUPP, f"{c.OP_NAMES.get(opnum)} not implemented")
                 value = handler(cx, args)
+                if cx.cur is not cur and opnum not in SETS_FH_AND_STATEID:
+                    cx.cur_stateid = None
             except WouldBlock:  # only read-only operations run from the cache: nothing to undo
                 raise _Stop() from None
             except NfsError as exc:

@@ -163,6 +163,7 @@ SEQ4_STATUS_BACKCHANNEL_FAULT = 0x400
 
 # -- security flavors ---------------------------------------------------------------------------
 AUTH_NONE, AUTH_SYS, RPCSEC_GSS = 0, 1, 6
+SECINFO_STYLE4_CURRENT_FH, SECINFO_STYLE4_PARENT = 0, 1
 
 # -- attributes (fattr4 bit numbers) -------------------------------------------------------------
 FATTR4_SUPPORTED_ATTRS = 0
