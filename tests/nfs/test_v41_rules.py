@@ -2,9 +2,10 @@
 parent, and OPEN's delegation wishes."""
 from __future__ import annotations
 
+from nfs4_rawclient import RawClient, open_args
+
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
-from nfs4_rawclient import RawClient, open_args
 
 CURRENT_STATEID = t.stateid4.cls(1, b"\0" * 12)
 
