@@ -33,5 +33,6 @@ class Nfs4Program:
         outcome = compound.execute(self.server, conn.state, cred, conn.peer[0], record, pos,
                                    from_cache=True)
         answered = not isinstance(outcome, compound.Handoff)
-        self.server.counters.attempt(answered)
+        if answered or not callable(outcome.run):  # an NFSv4.0 COMPOUND was never attempted
+            self.server.counters.attempt(answered)
         return outcome if answered else InWorker(compound.resume, outcome, record)
