@@ -1,5 +1,5 @@
 """The metadata catalog (SQLAlchemy; SQLite by default, PostgreSQL optional)."""
 from engine.catalog.database import Catalog, CatalogUnavailable
-from engine.catalog.migrate import upgrade, downgrade, current_revision
+from engine.catalog.migrate import current_revision, downgrade, upgrade
 
 __all__ = ["Catalog", "CatalogUnavailable", "upgrade", "downgrade", "current_revision"]

@@ -14,8 +14,20 @@ import os
 import struct
 from pathlib import Path
 
-from engine.drives.zoned import (CLOSED, EMPTY, EXPLICIT_OPEN, FULL, IMPLICIT_OPEN, NOT_WP, OFFLINE, READ_ONLY,
-                                 DriveMissing, ZonedDrive, ZoneError, ZoneInfo)
+from engine.drives.zoned import (
+    CLOSED,
+    EMPTY,
+    EXPLICIT_OPEN,
+    FULL,
+    IMPLICIT_OPEN,
+    NOT_WP,
+    OFFLINE,
+    READ_ONLY,
+    DriveMissing,
+    ZonedDrive,
+    ZoneError,
+    ZoneInfo,
+)
 from engine.ordered_lock import lock
 
 SECTOR = 512

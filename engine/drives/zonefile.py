@@ -15,8 +15,17 @@ import json
 import os
 from pathlib import Path
 
-from engine.drives.zoned import (CLOSED, EMPTY, EXPLICIT_OPEN, FULL, IMPLICIT_OPEN, DriveMissing, ZonedDrive,
-                                 ZoneError, ZoneInfo)
+from engine.drives.zoned import (
+    CLOSED,
+    EMPTY,
+    EXPLICIT_OPEN,
+    FULL,
+    IMPLICIT_OPEN,
+    DriveMissing,
+    ZonedDrive,
+    ZoneError,
+    ZoneInfo,
+)
 from engine.ordered_lock import rlock
 
 LABEL = "drive.json"

@@ -28,9 +28,9 @@ from engine.namespace.common import (
     DirEntry,
     StatFs,
     attr_of_row,
-    mode_bits,
     check_name,
     may,
+    mode_bits,
 )
 
 
