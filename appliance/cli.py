@@ -66,12 +66,12 @@ def load_config(args) -> config_mod.Config:
 
 # -- init ---------------------------------------------------------------------
 def cmd_init(args) -> int:
-    from engine.catalog import Catalog, upgrade
-    from engine.drives import format_emulated
-    from engine import accounts, events
-    from engine.namespace import ROOT, Namespace
     from appliance.nfs.exports import ensure_default_export
     from appliance.private import write_private
+    from engine import accounts, events
+    from engine.catalog import Catalog, upgrade
+    from engine.drives import format_emulated
+    from engine.namespace import ROOT, Namespace
 
     root = Path(args.dir).resolve()
     config_path = root / "shingle.toml"
@@ -408,6 +408,7 @@ def _command_modules():
     """Domain command modules (appliance/cli_*.py) that exist in this build."""
     import importlib
     import pkgutil
+
     import appliance
     for info in sorted(pkgutil.iter_modules(appliance.__path__), key=lambda i: i.name):
         if info.name.startswith("cli_"):

@@ -14,7 +14,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from engine.errors import ConfigError
 from engine.units import format_size  # noqa: F401  (re-exported: callers use config.format_size)

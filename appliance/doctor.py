@@ -94,6 +94,7 @@ def zoned_model(path: str | Path, sys_root: Path = Path("/sys")) -> str | None:
 
 def _drives(config: config_mod.Config) -> list[dict]:
     from sqlalchemy import select
+
     from engine.catalog import Catalog
     from engine.catalog.models import Drive
     catalog = Catalog(config.catalog_url)

@@ -212,11 +212,12 @@ def _own_catalog_files(config: config_mod.Config, on_host: bool) -> None:
 def _first_run_state(config: config_mod.Config, report: Report, on_host: bool, upgraded_from: str | None) -> None:
     """What `shingle init` also creates: root inode, default export, first admin, session key."""
     from sqlalchemy import func, select
+
+    from appliance.nfs.exports import ensure_default_export
     from engine import accounts, events
     from engine.catalog import Catalog
     from engine.catalog.models import AdminUser
     from engine.namespace import Namespace
-    from appliance.nfs.exports import ensure_default_export
 
     catalog = Catalog(config.catalog_url)
     try:
@@ -247,6 +248,7 @@ def _first_run_state(config: config_mod.Config, report: Report, on_host: bool, u
 
 def _drive_paths(config: config_mod.Config) -> list[str]:
     from sqlalchemy import select
+
     from engine.catalog import Catalog
     from engine.catalog.models import Drive
     catalog = Catalog(config.catalog_url)
@@ -329,8 +331,7 @@ def install(root: str | Path | None = None, *, launcher: str | None = None, run=
         _chown(folder, on_host)
 
     # 4. catalog: migrate (an existing install is upgraded in place), then first-run state
-    from engine.catalog.migrate import head_revision
-    from engine.catalog.migrate import current_revision
+    from engine.catalog.migrate import current_revision, head_revision
     try:
         from appliance.doctor import bounded_url
         found = current_revision(bounded_url(config.catalog_url))  # fail in 5 s, not minutes, on an unreachable host

@@ -65,7 +65,7 @@ class PseudoDir:
     parts: tuple[str, ...]
     ino: int
     children: dict = field(default_factory=dict)  # name -> PseudoDir | ExportRule
-    parent: "PseudoDir | None" = None
+    parent: PseudoDir | None = None
 
 
 def pseudo_ino(parts: tuple[str, ...]) -> int:
