@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from flask import Blueprint, g, jsonify, request
 
 from engine import accounts, events, jobs
-from webui import (core, dashboard, drives, exports, jobs as jobs_pages, responses, retention,
-                   settings, tiers)
+from webui import core, dashboard, drives, exports, responses, retention, settings, tiers
+from webui import jobs as jobs_pages
 from webui.schema import Field, Schema, ValidationError
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")

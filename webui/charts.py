@@ -84,7 +84,7 @@ def line_chart(series: dict[str, list[tuple[int, float]]], start_ns: int, end_ns
             f'<text class="axis" x="{left - 6}" y="{top + plot_h}" text-anchor="end">0</text>']
     for frac in (0, 0.5, 1):
         t = start_ns + span * frac
-        stamp = datetime.datetime.fromtimestamp(t / 1e9, datetime.timezone.utc).strftime("%H:%M")
+        stamp = datetime.datetime.fromtimestamp(t / 1e9, datetime.UTC).strftime("%H:%M")
         anchor = {0: "start", 0.5: "middle", 1: "end"}[frac]
         body.append(f'<text class="axis" x="{left + plot_w * frac:.1f}" y="{height - 6}" '
                     f'text-anchor="{anchor}">{stamp}</text>')

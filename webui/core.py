@@ -142,7 +142,7 @@ def fmt_time(ns) -> str:
     if not ns:
         return "–"
     import datetime
-    return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.datetime.fromtimestamp(ns / 1e9, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def fmt_value(key: str, value):

@@ -6,9 +6,9 @@ what was expected. HTML forms send strings, so ``from_form`` converts them
 (an unchecked checkbox is False) before the same checks run."""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-import re
 from typing import Any
 
 TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool}
