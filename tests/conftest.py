@@ -21,12 +21,11 @@ import shutil
 os.environ.setdefault("SHINGLE_CHECK_LOCK_ORDER", "1")  # before any engine lock is made
 
 import pytest
-
-from engine.catalog import Catalog, upgrade
-from engine.namespace import Namespace
 from pgserver import PostgresServer, free_port  # noqa: F401  (free_port is for test modules)
 
 from engine import ordered_lock  # noqa: E402
+from engine.catalog import Catalog, upgrade
+from engine.namespace import Namespace
 
 ordered_lock.enable(os.environ["SHINGLE_CHECK_LOCK_ORDER"] not in ("", "0"))
 

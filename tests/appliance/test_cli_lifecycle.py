@@ -9,11 +9,11 @@ import sys
 import time
 
 import pytest
+from pgserver import free_port
 
 from appliance import config as config_mod
 from appliance.runtime import Appliance
 from engine.namespace import ROOT
-from pgserver import free_port
 
 
 def shingle(*args, check=True, timeout=120):

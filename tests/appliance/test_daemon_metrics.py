@@ -8,11 +8,12 @@ import subprocess
 import sys
 import time
 
+from pgserver import free_port
+from test_cli_lifecycle import shingle
+
 from appliance import config as config_mod
 from appliance.runtime import open_catalog
 from engine import metrics
-from pgserver import free_port
-from test_cli_lifecycle import shingle
 
 
 def test_nfs_traffic_reaches_metrics(tmp_path):

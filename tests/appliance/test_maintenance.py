@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 import time
 
+from test_cli_lifecycle import shingle
+
 from appliance import config as config_mod
 from appliance.maintenance import Maintenance
 from appliance.runtime import Appliance
 from engine import jobs, metrics
-from test_cli_lifecycle import shingle
 
 
 def wait_for(predicate, timeout=60.0):

@@ -5,7 +5,6 @@ behaviour of drives, codes and reads, where a second database only costs time.""
 from __future__ import annotations
 
 import pytest
-
 from dphelpers import Engine
 
 

@@ -8,6 +8,7 @@ import time
 
 from crash_child import POLICIES, run, stream
 from dphelpers import check_accounting
+
 from engine.catalog import Catalog, upgrade
 from engine.datapath import DataPath
 from engine.drives import format_emulated

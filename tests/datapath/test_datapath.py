@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from dphelpers import Engine, KiB, MiB, check_accounting
 from sqlalchemy import event, func, select, update
 
 from engine import errors
@@ -15,7 +16,6 @@ from engine.catalog.models import Drive, Fragment, Inode, Stripe, Zone
 from engine.datapath import DataPath
 from engine.drives import ZoneFileDrive
 from engine.namespace import ROOT
-from dphelpers import KiB, MiB, Engine, check_accounting
 
 STRIPE = 8 * 64 * KiB
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 
 import pytest
@@ -145,6 +144,7 @@ def test_smr_model_drive_managed_random_write_rewrites_the_band():
 def test_datapath_writes_are_sequential_appends_on_the_smr_model(sqlite_catalog, tmp_path):
     catalog = sqlite_catalog
     from dphelpers import Engine
+
     from engine.namespace import ROOT
     model = SmrModel(band_size=MiB, drive_managed=True)
     eng = Engine(catalog, tmp_path / "drives", smr_model=model)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 
 import pytest
+from dphelpers import KiB, check_accounting
 from sqlalchemy import event, text
 
-from dphelpers import KiB, check_accounting
 from engine import errors, fsck, namespace
 from engine.namespace import ROOT
 

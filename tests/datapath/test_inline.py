@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from dphelpers import Engine, KiB, check_accounting
 from sqlalchemy import func, select, update
 
 from engine import errors
@@ -15,7 +16,6 @@ from engine.catalog.models import Drive, Extent, Fragment, InlineData, Inode, St
 from engine.lifecycle.drives import redundancy_status
 from engine.lifecycle.tiering import Tiering, TieringPolicy
 from engine.namespace import ROOT
-from dphelpers import KiB, Engine, check_accounting
 
 STRIPES, INLINE_DATA, EXTENTS = Stripe.__table__, InlineData.__table__, Extent.__table__
 
@@ -173,6 +173,7 @@ def test_the_appliance_config_sets_or_turns_off_inline_stripes(tmp_path):
     import subprocess
     import sys
     import tomllib
+
     from appliance.config import from_dict
     from appliance.runtime import Appliance
     for value, expected in ((0, None), (8192, 8192)):

@@ -174,6 +174,7 @@ def test_upgrade_waits_for_a_running_daemon(root):
     """While a daemon holds the drives (its lock), the schema is not changed under it."""
     import subprocess
     import sys
+
     from tests.install.conftest import REPO
     install.install(root, launcher=LAUNCHER)
     url = catalog_url(root)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 
 import pytest
-
 from nfs4_support import MiB, Stack, add_export, drop_nfs4fs, start_server
 
 

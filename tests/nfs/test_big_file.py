@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-
 from nfs4_support import MiB, add_export, nfsrs, start_server
 
 SIZE = 1 << 30

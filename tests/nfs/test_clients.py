@@ -7,7 +7,6 @@ import threading
 import time
 
 import pytest
-
 from nfs4_support import MiB, add_export, nfs4fs, nfsrs, start_server
 
 

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import pytest
+from nfs4_support import add_export
 from sqlalchemy import select
 
 from appliance.nfs.exports import ExportTable, ensure_default_export, parse_networks
 from engine.catalog.models import Export
-from nfs4_support import add_export
 
 
 def test_ensure_default_export_once(stack):

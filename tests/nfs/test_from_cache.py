@@ -9,10 +9,10 @@ import threading
 from contextlib import contextmanager
 
 import pytest
+from nfs4_rawclient import RawClient, open_args, stateid
 
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
-from nfs4_rawclient import RawClient, open_args, stateid
 
 GETATTR = (c.OP_GETATTR, [1 << c.FATTR4_TYPE | 1 << c.FATTR4_SIZE])
 SPACE = (c.OP_GETATTR, [0, 1 << (c.FATTR4_SPACE_AVAIL - 32)])
@@ -105,7 +105,7 @@ def _null_answered(port: int) -> bool:
     try:
         other.call_raw(0, b"")
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
     finally:
         other.close()

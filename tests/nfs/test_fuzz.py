@@ -8,11 +8,12 @@ import socket
 import struct
 import threading
 
+from nfs4_rawclient import RawClient, open_args
+from nfs4_support import add_export, nfsrs, start_server
+
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
-from nfs4_support import add_export, nfsrs, start_server
 from engine.namespace import ROOT
-from nfs4_rawclient import RawClient, open_args
 
 RECORDS = 10_000
 

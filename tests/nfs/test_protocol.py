@@ -8,12 +8,11 @@ import socket
 import struct
 import time
 
-import pytest
+from nfs4_rawclient import RawClient, open_args
+from nfs4_support import add_export, nfsrs, start_server
 
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
-from nfs4_support import add_export, nfsrs, start_server
-from nfs4_rawclient import RawClient, open_args
 
 
 def rpc_status(reply: bytes) -> tuple:

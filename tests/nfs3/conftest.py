@@ -3,7 +3,6 @@ emulated zone-file drives, the NFS server in a thread, raw RPC peers."""
 from __future__ import annotations
 
 import pytest
-
 from nfs3_helpers import Rpc3, Stack, add_export, start_server
 
 

@@ -6,7 +6,6 @@ import os
 
 import nfs_rs
 import pytest
-
 from nfs3_helpers import MiB, add_export, libnfs, nfs_url, nfsrs3, nfsrs4, start_server
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import struct
 
-from appliance.nfs.v3 import types as t
 from nfs3_helpers import GARBAGE_ARGS, Rpc3, add_export, libnfs, nfs_url, start_server
+
+from appliance.nfs.v3 import types as t
 
 NO_ATTRS = t.NO_ATTRS
 

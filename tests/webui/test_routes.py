@@ -366,6 +366,7 @@ def test_dashboard_charts_show_samples_or_say_there_are_none(web, appliance):
 
 def test_threshold_fields_are_the_tiering_policy_fields_with_its_defaults():
     from dataclasses import fields
+
     from engine.lifecycle.tiering import TieringPolicy
     from webui.tiers import THRESHOLDS
     policy = TieringPolicy()
