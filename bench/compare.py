@@ -129,7 +129,7 @@ class ShingleServer(ChildServer):
         finally:
             catalog.close()
 
-    def start(self, timeout: float = 60.0) -> "ShingleServer":
+    def start(self, timeout: float = 60.0) -> ShingleServer:
         self.init()
         out = open(self.log, "ab")
         self.proc = subprocess.Popen(self.cli("-c", str(self.config), "serve", "--nfs-port", str(self.port),
@@ -373,7 +373,7 @@ def parse_collapsed(text: str) -> dict:
     return {"samples": samples, "top_self": top(self_n), "top_total": top(total_n)}
 
 
-def profile_shingle(run: "Run", outdir: Path) -> dict:
+def profile_shingle(run: Run, outdir: Path) -> dict:
     import signal
     binary = pyspy_binary()
     server = run.servers["shingle"]

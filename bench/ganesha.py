@@ -151,7 +151,7 @@ class GaneshaServer(ChildServer):
     def url(self) -> str:
         return f"nfs://127.0.0.1:{self.port}/export?version=4.1"
 
-    def start(self, timeout: float = 30.0) -> "GaneshaServer":
+    def start(self, timeout: float = 30.0) -> GaneshaServer:
         daemon = ensure_installed()
         self.backing_dir.mkdir(parents=True, exist_ok=True)
         recovery = self.workdir / "recovery"

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
-import os
 import shutil
 import sys
 import time
@@ -109,6 +108,7 @@ class Checkpointer:
 
     def save_torch(self, sd, step: int) -> int:
         import io
+
         import torch
         buf = io.BytesIO()
         torch.save(sd, buf)  # serialized first: the timing below is the NFS part plus torch's framing
