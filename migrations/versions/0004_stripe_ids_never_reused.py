@@ -12,7 +12,6 @@ Create Date: 2026-11-30 06:45:00
 """
 from alembic import op
 
-
 revision = '0004'
 down_revision = '0003'
 branch_labels = None

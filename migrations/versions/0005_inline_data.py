@@ -12,7 +12,6 @@ Create Date: 2026-12-01 09:10:00
 import sqlalchemy as sa
 from alembic import op
 
-
 revision = '0005'
 down_revision = '0004'
 branch_labels = None
