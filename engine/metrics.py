@@ -23,6 +23,7 @@ Counter names (the daemon records what it has; charts show what exists):
 Samples older than ``KEEP_SECONDS`` are pruned as new ones arrive."""
 from __future__ import annotations
 
+import itertools
 import re
 import time
 
@@ -74,7 +75,7 @@ def rates(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
 
     A drop means the counter restarted from zero, so the new value itself is the increase."""
     out = []
-    for (t0, v0), (t1, v1) in zip(points, points[1:]):
+    for (t0, v0), (t1, v1) in itertools.pairwise(points):
         seconds = (t1 - t0) / 1e9
         if seconds <= 0:
             continue

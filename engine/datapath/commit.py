@@ -141,7 +141,7 @@ class Committer:
                         zone.committed_wp = max(zone.committed_wp, offset + length)
         inos = {s.fb.ino for s in batch}
         self.extents.invalidate(inos)
-        for (listener, _reader), value in zip(self.listeners, found):
+        for (listener, _reader), value in zip(self.listeners, found, strict=True):
             listener(inos, value)
         for s in batch:
             fb = s.fb
@@ -195,7 +195,7 @@ class Committer:
         self.reader.forget(set(ids))  # an id SQLite hands out again must not hit an old cache entry
         fragments = []
         ends: dict[int, int] = {}
-        for sid, s in zip(ids, stripes):
+        for sid, s in zip(ids, stripes, strict=True):
             for drive, zone, offset, length, i in s.placement:
                 fragments.append((sid, i, drive.id, zone.id, offset, length, s.crcs[i]))
                 ends[zone.id] = max(ends.get(zone.id, 0), offset + length)
@@ -242,7 +242,7 @@ class Committer:
         # extents, per file in write order; new stripes' bytes turn live as extents point at them
         deltas: dict[int, int] = {sid: 0 for sid in ids}
         by_ino: dict[int, list] = defaultdict(list)
-        for sid, s in zip(ids, stripes):
+        for sid, s in zip(ids, stripes, strict=True):
             by_ino[s.fb.ino].append((sid, s))
         for ino, items in by_ino.items():
             new = [(fo, length, sid, so) for sid, s in items for fo, so, length in s.extents]
@@ -266,7 +266,7 @@ class Committer:
                 deltas[sid] = deltas.get(sid, 0) + delta
         known = {
             sid: (len(s.payload), 0, [(p.zone.id, p.length) for p in s.placement])
-            for sid, s in zip(ids, stripes)
+            for sid, s in zip(ids, stripes, strict=True)
         }
         dead = adjust_live(conn, deltas, known)
         changed = set(by_ino)

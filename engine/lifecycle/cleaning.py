@@ -180,7 +180,7 @@ class Cleaner:
         for fragment in rows:
             data = fixer.fetch(fragment)
             if data is None:  # bad or unreadable here: rebuild it from the rest of its stripe
-                stripes = self.catalog.read(lambda conn: load_stripes(conn, [fragment.stripe_id]))
+                stripes = self.catalog.read(lambda conn, sid=fragment.stripe_id: load_stripes(conn, [sid]))
                 stripe = stripes.get(fragment.stripe_id)
                 if stripe is None or stripe.fragments.get(fragment.idx) != fragment:
                     continue  # died or moved meanwhile

@@ -163,7 +163,7 @@ class Rebuilder:
             except errors.IOFailure as exc:
                 return exc
         # stripes are read and decoded in parallel (each stripe's fragment reads are parallel too)
-        for n, (stripe, result) in enumerate(zip(stripes, _stripe_pool().map(prepare, stripes))):
+        for n, (stripe, result) in enumerate(zip(stripes, _stripe_pool().map(prepare, stripes), strict=True)):
             if isinstance(result, errors.IOFailure):
                 report.stripes += 1
                 report.unrecoverable.append(stripe.id)
@@ -180,7 +180,7 @@ class Rebuilder:
                 top = [d for d in candidates if media.empty_zones(d) >= most - 1]
                 shift = n % len(top)
                 candidates = top[shift:] + top[:shift] + candidates[len(top):]
-            for target, (idx, data) in zip(candidates, sorted(wanted.items())):
+            for target, (idx, data) in zip(candidates, sorted(wanted.items()), strict=False):
                 moves_by_class.setdefault(stripe.band_class, []).append(
                     (stripe.fragments[idx], data, target, idx in lost))
             report.unplaced += max(len(wanted) - len(candidates), 0)

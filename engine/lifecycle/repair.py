@@ -121,7 +121,7 @@ class Reconstructor:
         while len(good) < need and candidates:
             # fetch what is still missing in parallel (one read per drive), more only if some fail
             batch, candidates = candidates[:need - len(good)], candidates[need - len(good):]
-            for idx, data in zip(batch, _pool().map(self.fetch, [stripe.fragments[i] for i in batch])):
+            for idx, data in zip(batch, _pool().map(self.fetch, [stripe.fragments[i] for i in batch]), strict=True):
                 if data is not None:
                     good[idx] = data
         if len(good) < need:
@@ -135,7 +135,7 @@ class Reconstructor:
                 made = self._driver(stripe).reconstruct(list(good.values())[:need], list(wanted))
             except Exception as exc:  # pyeclib raises its own hierarchy
                 raise errors.IOFailure(f"stripe {stripe.id}: pyeclib reconstruct failed: {exc}") from exc
-            out = dict(zip(wanted, made))
+            out = dict(zip(wanted, made, strict=True))
         for idx, data in out.items():
             expected = stripe.fragments[idx].checksum if idx in stripe.fragments else None
             if expected is not None and crc32c.crc32c(data) != expected:
@@ -157,8 +157,8 @@ def relocate(media: Media, catalog, band_class: str, moves: list[tuple[FragmentR
     def work(conn):
         media.record(conn, placements)
         done = set(move_fragments(conn, [(f.id, f.zone_id, f.zone_offset, p)
-                                         for (f, _data, _drive), p in zip(moves, placements)]))
-        moved = [(f, p) for (f, _data, _drive), p in zip(moves, placements) if f.id in done]
+                                         for (f, _data, _drive), p in zip(moves, placements, strict=True)]))
+        moved = [(f, p) for (f, _data, _drive), p in zip(moves, placements, strict=True) if f.id in done]
         if also is not None:
             also(conn, moved)
         return moved

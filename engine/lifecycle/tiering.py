@@ -352,7 +352,7 @@ class Tiering:
                                      f"{len(drives)} have it")
             shift = n % len(drives)
             drives = (drives[shift:] + drives[:shift])[:policy.width]
-            for idx, (drive_id, fragment) in enumerate(zip(drives, fragments)):
+            for idx, (drive_id, fragment) in enumerate(zip(drives, fragments, strict=True)):
                 items.append((drive_id, fragment))
                 layout.append((n, idx))
         placements = media.append(target, items, purpose="tier")
@@ -367,7 +367,7 @@ class Tiering:
                 return None  # changed since we read it: the copy is garbage, the file keeps its data
             now = self.clock()
             stripe_ids = []
-            for payload, fragments in zip(payloads, encoded):
+            for payload, fragments in zip(payloads, encoded, strict=True):
                 stripe_ids.append(conn.execute(STRIPES.insert().values(
                     band_class=target, layout=policy.layout, k=policy.k, m=policy.m, backend=policy.backend,
                     data_length=len(payload), fragment_length=len(fragments[0]), compression=None, live_bytes=0,
@@ -377,7 +377,7 @@ class Tiering:
             conn.execute(FRAGMENTS.insert(), [
                 {"stripe_id": stripe_ids[n], "idx": idx, "drive_id": p.drive_id, "zone_id": p.zone_id,
                  "zone_offset": p.offset, "length": p.length, "checksum": p.checksum}
-                for (n, idx), p in zip(layout, placements)])
+                for (n, idx), p in zip(layout, placements, strict=True)])
             for part in chunks([e[0] for e in expected]):
                 conn.execute(EXTENTS.delete().where(EXTENTS.c.id.in_(part)))
             conn.execute(EXTENTS.insert(), [
@@ -390,7 +390,7 @@ class Tiering:
                 deltas[stripe_ids[n]] = deltas.get(stripe_ids[n], 0) + length
             known = {}
             for n, sid in enumerate(stripe_ids):
-                known[sid] = (len(payloads[n]), 0, [(p.zone_id, p.length) for (m, _i), p in zip(layout, placements)
+                known[sid] = (len(payloads[n]), 0, [(p.zone_id, p.length) for (m, _i), p in zip(layout, placements, strict=True)
                                                     if m == n])
             adjust_live(conn, deltas, known)
             return stripe_ids
