@@ -355,7 +355,7 @@ class Struct(XdrType):
             items = [getattr(value, n) for n in self._names]
         if len(items) != len(self._types):
             raise XdrError(f"{self.name}: {len(items)} values for {len(self._types)} fields")
-        for t, item in zip(self._types, items):
+        for t, item in zip(self._types, items, strict=True):
             t.pack(p, item)
 
     def unpack(self, buf, pos):
