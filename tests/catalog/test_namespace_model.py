@@ -123,9 +123,9 @@ op = st.one_of(
 )
 
 
-def outcome(call):
+def outcome(call, *args):
     try:
-        return None, call()
+        return None, call(*args)
     except errors.FsError as exc:
         return ERRNO_NAMES.get(type(exc), f"unexpected {exc!r}"), None
 
@@ -137,13 +137,17 @@ def test_namespace_matches_model(namespace, ops):
     sandbox = ns.mkdir(ROOT, ns.root_ino, f"sandbox{next(_sandbox_ids)}")
     model = Model()
     ino_of = {0: sandbox.ino}  # model node -> inode
+
+    def link_by_name(src_dir: int, src_name: str, dst_dir: int, dst_name: str):
+        return ns.link(ROOT, ns.lookup(ROOT, src_dir, src_name).ino, dst_dir, dst_name)
+
     for step in ops:
         dirs = sorted(model.kids)  # existing directories, stable order
         kind, d1 = step[0], dirs[step[1] % len(dirs)]
         name = step[2]
         if kind in ("create", "mkdir"):
             expected = model.new(d1, name, kind == "mkdir")
-            err, attr = outcome(lambda: getattr(ns, kind)(ROOT, ino_of[d1], name))
+            err, attr = outcome(getattr(ns, kind), ROOT, ino_of[d1], name)
             if isinstance(expected, int):
                 assert err is None, (step, err)
                 ino_of[expected] = attr.ino
@@ -151,17 +155,17 @@ def test_namespace_matches_model(namespace, ops):
                 assert err == expected, (step, err, expected)
         elif kind in ("unlink", "rmdir"):
             expected = getattr(model, kind)(d1, name)
-            err, _ = outcome(lambda: getattr(ns, kind)(ROOT, ino_of[d1], name))
+            err, _ = outcome(getattr(ns, kind), ROOT, ino_of[d1], name)
             assert err == expected, (step, err, expected)
         else:
             d2 = dirs[step[3] % len(dirs)]
             name2 = step[4]
             if kind == "rename":
                 expected = model.rename(d1, name, d2, name2)
-                err, _ = outcome(lambda: ns.rename(ROOT, ino_of[d1], name, ino_of[d2], name2))
+                err, _ = outcome(ns.rename, ROOT, ino_of[d1], name, ino_of[d2], name2)
             else:
                 expected = model.link(d1, name, d2, name2)
-                err, _ = outcome(lambda: ns.link(ROOT, ns.lookup(ROOT, ino_of[d1], name).ino, ino_of[d2], name2))
+                err, _ = outcome(link_by_name, ino_of[d1], name, ino_of[d2], name2)
             assert err == expected, (step, err, expected)
     for d, entries in model.kids.items():
         listing, eof = ns.readdir(ROOT, ino_of[d])

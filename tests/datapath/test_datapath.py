@@ -207,8 +207,8 @@ def test_invariant4_two_of_ten_drives_lost_every_file_reads_back(sqlite_engine, 
                                                .values(state="failed")))
     else:
         for drive_id in lost:
-            path = engine.catalog.read(lambda c: c.execute(select(Drive.__table__.c.path)
-                                                           .where(Drive.__table__.c.id == drive_id)).scalar())
+            path = engine.catalog.read(lambda c, drive_id=drive_id: c.execute(select(Drive.__table__.c.path)
+                                                                              .where(Drive.__table__.c.id == drive_id)).scalar())
             shutil.rmtree(path)
     engine.restart()
     for name, data in files.items():

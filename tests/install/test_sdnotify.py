@@ -4,6 +4,7 @@ The test is systemd's side of the protocol: a datagram socket named by
 NOTIFY_SOCKET, and WATCHDOG_USEC in the daemon's environment."""
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -107,7 +108,7 @@ def test_ready_after_nfs_accepts_and_watchdog_at_interval(appliance_dir, notify_
             data = sock.recv(4096).decode()
             if data == "WATCHDOG=1":
                 pings.append(time.monotonic())
-        gaps = [b - a for a, b in zip(pings, pings[1:])]
+        gaps = [b - a for a, b in itertools.pairwise(pings)]
         assert len(pings) >= 4, pings
         interval = WATCHDOG_USEC / 1e6 / 2
         assert interval * 0.8 <= statistics.median(gaps) <= interval * 1.5, gaps

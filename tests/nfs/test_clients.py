@@ -78,7 +78,7 @@ def test_links_modes_times_truncate_append(server):
             assert f.read() == b"0123"
         cl.unlink("f")
         assert cl.stat("hard").nlink == 1
-        with pytest.raises(Exception):
+        with pytest.raises(FileNotFoundError):
             cl.stat("f")
 
 

@@ -162,7 +162,7 @@ class Fuzzer:
         mark = len(record) | 0x80000000
         if rng.random() < 0.03:  # lying record marks: too long, not last, oversized
             mark = rng.choice([len(record) + 17, len(record), 0xFFFFFFFF, (64 << 20) | 0x80000000])
-        for attempt in range(3):
+        for _attempt in range(3):
             try:
                 self.sock.sendall(struct.pack(">I", mark) + record)
                 self.sent += 1

@@ -41,7 +41,7 @@ def seed_zones(catalog: Catalog) -> None:
         layout = [("full", "warm", ZONE_SIZE, ZONE_SIZE, 0), ("full", "cold", ZONE_SIZE, ZONE_SIZE // 4,
                   3 * ZONE_SIZE // 4), ("open", "hot", ZONE_SIZE // 2, ZONE_SIZE // 2, 0),
                   ("open", "warm", ZONE_SIZE // 3, ZONE_SIZE // 3, 0)]
-        for zone_id, (state, cls, wp, live, garbage) in zip(ids, layout):
+        for zone_id, (state, cls, wp, live, garbage) in zip(ids, layout, strict=False):
             conn.execute(zones.update().where(zones.c.id == zone_id).values(
                 state=state, band_class=cls, write_pointer=wp, live_bytes=live, garbage_bytes=garbage))
     catalog.run(work)
