@@ -1,7 +1,7 @@
 """initial catalog schema
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-30 05:50:40.125932
 """
 import sqlalchemy as sa
