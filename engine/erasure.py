@@ -50,8 +50,16 @@ HOT_CLASS = "hot"
 
 def inline_policy(band_class: str, max_bytes: int) -> Policy:
     """The policy of inline stripes of ``band_class``: one "fragment", the payload, kept in the catalog."""
-    return Policy(name=band_class, redundancy=INLINE, k=1, m=0, backend=None, fragment_size=max_bytes, copies=1,
-                  compression=None)
+    return Policy(
+        name=band_class,
+        redundancy=INLINE,
+        k=1,
+        m=0,
+        backend=None,
+        fragment_size=max_bytes,
+        copies=1,
+        compression=None,
+    )
 
 
 class DecodeError(Exception):
@@ -79,8 +87,15 @@ class Encoded:
 
 class _EcArgs(ctypes.Structure):
     # struct ec_args of liberasurecode's erasurecode.h
-    _fields_ = [("k", ctypes.c_int), ("m", ctypes.c_int), ("w", ctypes.c_int), ("hd", ctypes.c_int),
-                ("priv_args1", ctypes.c_uint64 * 4), ("priv_args2", ctypes.c_void_p), ("ct", ctypes.c_int)]
+    _fields_ = [
+        ("k", ctypes.c_int),
+        ("m", ctypes.c_int),
+        ("w", ctypes.c_int),
+        ("hd", ctypes.c_int),
+        ("priv_args1", ctypes.c_uint64 * 4),
+        ("priv_args2", ctypes.c_void_p),
+        ("ct", ctypes.c_int),
+    ]
 
 
 CHKSUM_NONE = 1
@@ -95,7 +110,10 @@ def _liberasurecode():
     with _lib_lock:
         if _lib is None:
             import pyeclib
-            folder = os.path.join(os.path.dirname(os.path.dirname(pyeclib.__file__)), "pyeclib.libs")
+
+            folder = os.path.join(
+                os.path.dirname(os.path.dirname(pyeclib.__file__)), "pyeclib.libs"
+            )
             found = sorted(glob.glob(os.path.join(folder, "liberasurecode-*.so*")))
             if not found:
                 _lib = False
@@ -110,12 +128,20 @@ def _liberasurecode():
             lib.liberasurecode_encode.restype = ctypes.c_int
             lib.liberasurecode_encode_cleanup.argtypes = [ctypes.c_int, pp, pp]
             lib.liberasurecode_encode_cleanup.restype = ctypes.c_int
-            lib.liberasurecode_decode.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
-                                                  ctypes.c_uint64, ctypes.c_int,
-                                                  ctypes.POINTER(ctypes.POINTER(ctypes.c_char)),
-                                                  ctypes.POINTER(ctypes.c_uint64)]
+            lib.liberasurecode_decode.argtypes = [
+                ctypes.c_int,
+                ctypes.POINTER(ctypes.c_void_p),
+                ctypes.c_int,
+                ctypes.c_uint64,
+                ctypes.c_int,
+                ctypes.POINTER(ctypes.POINTER(ctypes.c_char)),
+                ctypes.POINTER(ctypes.c_uint64),
+            ]
             lib.liberasurecode_decode.restype = ctypes.c_int
-            lib.liberasurecode_decode_cleanup.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char)]
+            lib.liberasurecode_decode_cleanup.argtypes = [
+                ctypes.c_int,
+                ctypes.POINTER(ctypes.c_char),
+            ]
             lib.liberasurecode_decode_cleanup.restype = ctypes.c_int
             _lib = lib
         return _lib or None
@@ -131,7 +157,9 @@ class _NativeEncoder:
         args = _EcArgs(k=k, m=m, w=0, hd=m, ct=CHKSUM_NONE)
         self.desc = self.lib.liberasurecode_instance_create(backend_id, ctypes.byref(args))
         if self.desc <= 0:
-            raise OSError(f"liberasurecode_instance_create({backend_id}, k={k}, m={m}) returned {self.desc}")
+            raise OSError(
+                f"liberasurecode_instance_create({backend_id}, k={k}, m={m}) returned {self.desc}"
+            )
         self.k, self.m = k, m
 
     def encode(self, data) -> Encoded:
@@ -150,8 +178,10 @@ class _NativeEncoder:
         if rc != 0:
             raise OSError(f"liberasurecode_encode returned {rc}")
         size = flen.value
-        fragments = [memoryview((ctypes.c_char * size).from_address(ctypes.addressof(p.contents))).cast("B")
-                     for p in [data_p[i] for i in range(self.k)] + [parity_p[i] for i in range(self.m)]]
+        fragments = [
+            memoryview((ctypes.c_char * size).from_address(ctypes.addressof(p.contents))).cast("B")
+            for p in [data_p[i] for i in range(self.k)] + [parity_p[i] for i in range(self.m)]
+        ]
         lib, desc = self.lib, self.desc
 
         def free():
@@ -165,10 +195,18 @@ class _NativeEncoder:
 
     def decode(self, fragments: list) -> bytes:
         """The data from any k fragments (bytes or bytearrays of equal length, headers included)."""
-        keep = [f if isinstance(f, bytes) else (ctypes.c_char * len(f)).from_buffer(f) for f in fragments]
-        pointers = (ctypes.c_void_p * len(keep))(*[ctypes.cast(ctypes.c_char_p(f), ctypes.c_void_p).value
-                                                   if isinstance(f, bytes) else ctypes.addressof(f)
-                                                   for f in keep])
+        keep = [
+            f if isinstance(f, bytes) else (ctypes.c_char * len(f)).from_buffer(f)
+            for f in fragments
+        ]
+        pointers = (ctypes.c_void_p * len(keep))(
+            *[
+                ctypes.cast(ctypes.c_char_p(f), ctypes.c_void_p).value
+                if isinstance(f, bytes)
+                else ctypes.addressof(f)
+                for f in keep
+            ]
+        )
         out, out_len = ctypes.POINTER(ctypes.c_char)(), ctypes.c_uint64()
         rc = self.lib.liberasurecode_decode(self.desc, pointers, len(keep), len(fragments[0]), 0,
                                             ctypes.byref(out), ctypes.byref(out_len))
@@ -339,25 +377,36 @@ def policy_from_dict(name: str, options: dict) -> Policy:
     known = {"redundancy", "k", "m", "backend", "fragment_size", "copies", "compression"}
     for key in options:
         if key not in known:
-            raise ConfigError(f"{prefix}.{key}", options[key], f"one of the options {sorted(known)}")
+            raise ConfigError(
+                f"{prefix}.{key}", options[key], f"one of the options {sorted(known)}"
+            )
     base = DEFAULTS.get(name, DEFAULTS[DEFAULT_CLASS])
     redundancy = options.get("redundancy", base["redundancy"])
     if redundancy not in REDUNDANCY:
         raise ConfigError(f"{prefix}.redundancy", redundancy, f"one of {list(REDUNDANCY)}")
-    compression = options.get("compression", base.get("compression") if redundancy == base["redundancy"] else None)
+    compression = options.get(
+        "compression", base.get("compression") if redundancy == base["redundancy"] else None
+    )
     if compression not in COMPRESSION:
         raise ConfigError(f"{prefix}.compression", compression, "none or 'zstd'")
     fallback = DEFAULTS["warm"] if redundancy == "ec" else DEFAULTS["hot"]
     if redundancy == "replicate":
         copies = _int(f"{prefix}.copies", options.get("copies", fallback["copies"]), 2, MAX_COPIES)
-        size = _int(f"{prefix}.fragment_size", options.get("fragment_size", MiB), MIN_FRAGMENT_SIZE, MAX_FRAGMENT_SIZE)
+        size = _int(
+            f"{prefix}.fragment_size",
+            options.get("fragment_size", MiB),
+            MIN_FRAGMENT_SIZE,
+            MAX_FRAGMENT_SIZE,
+        )
         return Policy(name, "replicate", 1, copies - 1, None, size, copies, compression)
     k = _int(f"{prefix}.k", options.get("k", fallback["k"]), 2, MAX_K)
     m = _int(f"{prefix}.m", options.get("m", fallback["m"]), 1, MAX_M)
     backend = options.get("backend", fallback["backend"])
     backends = available_backends()
     if backend not in backends:
-        raise ConfigError(f"{prefix}.backend", backend, f"an erasure-code backend present in pyeclib: {backends}")
+        raise ConfigError(
+            f"{prefix}.backend", backend, f"an erasure-code backend present in pyeclib: {backends}"
+        )
     size = _int(f"{prefix}.fragment_size", options.get("fragment_size", fallback["fragment_size"]),
                 MIN_FRAGMENT_SIZE, MAX_FRAGMENT_SIZE)
     if size % 4096:
@@ -366,10 +415,14 @@ def policy_from_dict(name: str, options: dict) -> Policy:
     try:
         driver = policy.driver
     except Exception as exc:
-        raise ConfigError(f"{prefix}.backend", backend, f"a backend that accepts k={k}, m={m} ({exc})") from None
+        raise ConfigError(
+            f"{prefix}.backend", backend, f"a backend that accepts k={k}, m={m} ({exc})"
+        ) from None
     # The write quorum comes from the codec: it must tolerate the m losses we promise.
     if driver.min_parity_fragments_needed() > m:
-        raise ConfigError(f"{prefix}.m", m, f"at least {driver.min_parity_fragments_needed()} for {backend}")
+        raise ConfigError(
+            f"{prefix}.m", m, f"at least {driver.min_parity_fragments_needed()} for {backend}"
+        )
     policy.set_min_parity(driver.min_parity_fragments_needed())
     _check_systematic(policy, f"{prefix}.backend")
     return policy
@@ -380,8 +433,11 @@ def _check_systematic(policy: Policy, key: str) -> None:
     even = bytes(policy.k * 4096)  # no alignment padding at this length: the rest is header
     header = len(policy.driver.encode(even)[0]) - 4096
     if header != FRAGMENT_HEADER:
-        raise ConfigError(key, policy.backend, f"a backend with {FRAGMENT_HEADER}-byte fragment headers, "
-                                               f"got {header}")
+        raise ConfigError(
+            key,
+            policy.backend,
+            f"a backend with {FRAGMENT_HEADER}-byte fragment headers, got {header}",
+        )
     sample = bytes((i * 7 + 3) & 0xFF for i in range(policy.k * 512 + 5))
     fragments = policy.driver.encode(sample)
     payload = len(fragments[0]) - header
@@ -390,7 +446,9 @@ def _check_systematic(policy: Policy, key: str) -> None:
     for i in range(policy.k):
         chunk = sample[i * payload:(i + 1) * payload]
         if fragments[i][header:header + len(chunk)] != chunk:
-            raise ConfigError(key, policy.backend, "a systematic code (data fragments hold the plain data)")
+            raise ConfigError(
+                key, policy.backend, "a systematic code (data fragments hold the plain data)"
+            )
     policy.header_size = header
     _attach_native(policy)
 

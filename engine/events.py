@@ -41,7 +41,9 @@ def record_in(conn: Connection, kind: str, message: str, *, severity: str = "inf
 
 
 def record(catalog: Catalog, kind: str, message: str, **kwargs) -> None:
-    catalog.run(lambda conn: record_in(conn, kind, message, **kwargs), tracked=True)  # events are cached nowhere
+    catalog.run(
+        lambda conn: record_in(conn, kind, message, **kwargs), tracked=True
+    )  # events are cached nowhere
 
 
 def recent(catalog: Catalog, limit: int = 100, *, kind_prefix: str | None = None,
@@ -52,6 +54,17 @@ def recent(catalog: Catalog, limit: int = 100, *, kind_prefix: str | None = None
             query = query.where(EVENTS.c.kind.startswith(kind_prefix))
         if before_id is not None:
             query = query.where(EVENTS.c.id < before_id)
-        return [EventRecord(r.id, r.time_ns, r.kind, r.severity, r.actor, r.message,
-                            json.loads(r.details) if r.details else None) for r in conn.execute(query)]
+        return [
+            EventRecord(
+                r.id,
+                r.time_ns,
+                r.kind,
+                r.severity,
+                r.actor,
+                r.message,
+                json.loads(r.details) if r.details else None,
+            )
+            for r in conn.execute(query)
+        ]
+
     return catalog.read(work)

@@ -15,7 +15,12 @@ from sqlalchemy import select
 from engine.catalog.database import Catalog
 from engine.catalog.models import DIR, Dirent, Extent, Inode, Stripe
 
-INODES, DIRENTS, EXTENTS, STRIPES = Inode.__table__, Dirent.__table__, Extent.__table__, Stripe.__table__
+INODES, DIRENTS, EXTENTS, STRIPES = (
+    Inode.__table__,
+    Dirent.__table__,
+    Extent.__table__,
+    Stripe.__table__,
+)
 
 
 @dataclass
@@ -34,12 +39,17 @@ class FsckReport:
                 "clean": self.clean, "problems": self.problems}
 
 
-def check(catalog: Catalog, root_ino: int, open_inodes: set[int] | None = None, limit: int = 1000) -> FsckReport:
+def check(
+    catalog: Catalog, root_ino: int, open_inodes: set[int] | None = None, limit: int = 1000
+) -> FsckReport:
     """All problems (up to ``limit``) in one snapshot of the catalog."""
     open_inodes = open_inodes or set()
 
     def work(conn):
-        inodes = {row.ino: row for row in conn.execute(select(INODES.c.ino, INODES.c.type, INODES.c.nlink))}
+        inodes = {
+            row.ino: row
+            for row in conn.execute(select(INODES.c.ino, INODES.c.type, INODES.c.nlink))
+        }
         dirents = conn.execute(select(DIRENTS.c.parent, DIRENTS.c.name, DIRENTS.c.child)).all()
         extents = conn.execute(select(EXTENTS.c.ino, EXTENTS.c.file_offset, EXTENTS.c.length,
                                       EXTENTS.c.stripe_id, EXTENTS.c.stripe_offset)

@@ -113,20 +113,27 @@ def parse_smart(data: dict, device: str | None = None) -> SmartReport:
             protocol = "ATA"
         elif "scsi_vendor" in data or "scsi_grown_defect_list" in data:
             protocol = "SCSI"
-    capacity = _int((data.get("user_capacity") or {}).get("bytes")) or _int(data.get("nvme_total_capacity"))
+    capacity = _int((data.get("user_capacity") or {}).get("bytes")) or _int(
+        data.get("nvme_total_capacity")
+    )
     model = data.get("model_name") or data.get("scsi_model_name")
     if not model and data.get("scsi_vendor"):
         model = f"{data.get('scsi_vendor', '')} {data.get('scsi_product', '')}".strip()
     smart_status = data.get("smart_status") or {}
     report = SmartReport(
-        available=True, device=device, protocol=protocol, model=model,
-        serial=data.get("serial_number"), firmware=data.get("firmware_version") or data.get("scsi_revision"),
+        available=True,
+        device=device,
+        protocol=protocol,
+        model=model,
+        serial=data.get("serial_number"),
+        firmware=data.get("firmware_version") or data.get("scsi_revision"),
         capacity_bytes=capacity,
         passed=smart_status["passed"] if isinstance(smart_status.get("passed"), bool) else None,
         temperature_c=_int((data.get("temperature") or {}).get("current")),
         power_on_hours=_int((data.get("power_on_time") or {}).get("hours")),
         rotation_rate=_int(data.get("rotation_rate")),
-        exit_status=exit_status, messages=messages,
+        exit_status=exit_status,
+        messages=messages,
     )
     if protocol == "ATA":
         _parse_ata(data, report)
@@ -148,10 +155,16 @@ def _parse_ata(data: dict, report: SmartReport) -> None:
         if not isinstance(row, dict) or _int(row.get("id")) is None:
             continue
         raw = row.get("raw") or {}
-        attr = SmartAttribute(id=int(row["id"]), name=str(row.get("name", "")), value=_int(row.get("value")),
-                              worst=_int(row.get("worst")), threshold=_int(row.get("thresh")),
-                              raw=_int(raw.get("value")), raw_string=str(raw.get("string", "")),
-                              failed=str(row.get("when_failed", "")))
+        attr = SmartAttribute(
+            id=int(row["id"]),
+            name=str(row.get("name", "")),
+            value=_int(row.get("value")),
+            worst=_int(row.get("worst")),
+            threshold=_int(row.get("thresh")),
+            raw=_int(raw.get("value")),
+            raw_string=str(raw.get("string", "")),
+            failed=str(row.get("when_failed", "")),
+        )
         report.attributes.append(attr)
         by_id[attr.id] = attr
     report.reallocated_sectors = by_id[ATA_REALLOCATED].raw if ATA_REALLOCATED in by_id else None
@@ -170,7 +183,10 @@ def _parse_ata(data: dict, report: SmartReport) -> None:
 def _parse_scsi(data: dict, report: SmartReport) -> None:
     report.reallocated_sectors = _int(data.get("scsi_grown_defect_list"))
     log = data.get("scsi_error_counter_log") or {}
-    uncorrected = [_int((log.get(kind) or {}).get("total_uncorrected_errors")) for kind in ("read", "write", "verify")]
+    uncorrected = [
+        _int((log.get(kind) or {}).get("total_uncorrected_errors"))
+        for kind in ("read", "write", "verify")
+    ]
     known = [n for n in uncorrected if n is not None]
     report.offline_uncorrectable = sum(known) if known else None
     tests = (data.get("scsi_self_test_0") or {}).get("result") or {}
@@ -207,7 +223,9 @@ def _run_smartctl(smartctl: str, args: list[str]) -> tuple[dict | None, str]:
     if not os.path.isfile(smartctl) or not os.access(smartctl, os.X_OK):
         return None, f"smartctl not found or not executable at {smartctl} (set [smart] smartctl)"
     try:
-        proc = subprocess.run([smartctl, *args], capture_output=True, timeout=SMARTCTL_TIMEOUT_S, check=False)
+        proc = subprocess.run(
+            [smartctl, *args], capture_output=True, timeout=SMARTCTL_TIMEOUT_S, check=False
+        )
     except subprocess.TimeoutExpired:
         return None, f"smartctl {' '.join(args)} did not answer within {SMARTCTL_TIMEOUT_S} s"
     except OSError as exc:
@@ -216,7 +234,10 @@ def _run_smartctl(smartctl: str, args: list[str]) -> tuple[dict | None, str]:
         return json.loads(proc.stdout), ""
     except ValueError:
         text = (proc.stderr or proc.stdout).decode(errors="replace").strip()[:300]
-        return None, f"smartctl exit status {proc.returncode} without JSON output: {text or 'no output'}"
+        return (
+            None,
+            f"smartctl exit status {proc.returncode} without JSON output: {text or 'no output'}",
+        )
 
 
 def read_smart(device: str | None, smartctl: str) -> SmartReport:
@@ -248,7 +269,9 @@ def start_self_test(device: str | None, smartctl: str, kind: str = "short") -> s
     if exit_status & (EXIT_CMDLINE | EXIT_OPEN_FAILED | 0x04):
         raise ValueError("; ".join(messages) or f"smartctl exit status {exit_status}")
     started = (data.get("ata_smart_data") or {}).get("self_test") or {}
-    return "; ".join(messages) or str((started.get("status") or {}).get("string") or f"{kind} self-test started")
+    return "; ".join(messages) or str(
+        (started.get("status") or {}).get("string") or f"{kind} self-test started"
+    )
 
 
 # -- I/O counters -----------------------------------------------------------------

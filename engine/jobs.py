@@ -70,13 +70,27 @@ class JobRecord:
 
 
 def _record(row) -> JobRecord:
-    return JobRecord(row.id, row.kind, json.loads(row.params) if row.params else {}, row.state, row.actor,
-                     row.done, row.total, row.message, json.loads(row.result) if row.result else None,
-                     row.created_ns, row.started_ns, row.finished_ns, row.heartbeat_ns,
-                     row.attempts)
+    return JobRecord(
+        row.id,
+        row.kind,
+        json.loads(row.params) if row.params else {},
+        row.state,
+        row.actor,
+        row.done,
+        row.total,
+        row.message,
+        json.loads(row.result) if row.result else None,
+        row.created_ns,
+        row.started_ns,
+        row.finished_ns,
+        row.heartbeat_ns,
+        row.attempts,
+    )
 
 
-def submit(catalog: Catalog, kind: str, params: dict | None = None, *, actor: str = "system") -> int:
+def submit(
+    catalog: Catalog, kind: str, params: dict | None = None, *, actor: str = "system"
+) -> int:
     if kind not in KINDS:
         raise errors.InvalidArgument(f"job kind {kind!r}: expected one of {', '.join(KINDS)}")
 
@@ -98,7 +112,9 @@ def get(catalog: Catalog, job_id: int) -> JobRecord:
 
 
 def recent(catalog: Catalog, limit: int = 50) -> list[JobRecord]:
-    rows = catalog.read(lambda conn: conn.execute(select(JOBS).order_by(JOBS.c.id.desc()).limit(limit)).all())
+    rows = catalog.read(
+        lambda conn: conn.execute(select(JOBS).order_by(JOBS.c.id.desc()).limit(limit)).all()
+    )
     return [_record(row) for row in rows]
 
 
@@ -119,7 +135,9 @@ def claim(catalog: Catalog, job_id: int) -> JobRecord | None:
     return get(catalog, job_id) if claimed else None
 
 
-def progress_writer(catalog: Catalog, job_id: int, every_s: float = 0.5) -> Callable[[int, int, str], None]:
+def progress_writer(
+    catalog: Catalog, job_id: int, every_s: float = 0.5
+) -> Callable[[int, int, str], None]:
     """A ``progress(done, total, message)`` callback that writes at most every ``every_s``."""
     last = [0.0]
 
@@ -193,15 +211,27 @@ def recover_interrupted(catalog: Catalog, *, actor: str = "daemon") -> list[JobR
 
 def finish(catalog: Catalog, job_id: int, *, ok: bool, result=None, message: str = "") -> None:
     def work(conn):
-        row = conn.execute(select(JOBS.c.kind, JOBS.c.actor, JOBS.c.total).where(JOBS.c.id == job_id)).first()
-        values = dict(state="done" if ok else "failed", finished_ns=time.time_ns(), message=message[:500],
-                      result=json.dumps(result, default=str) if result is not None else None)
+        row = conn.execute(
+            select(JOBS.c.kind, JOBS.c.actor, JOBS.c.total).where(JOBS.c.id == job_id)
+        ).first()
+        values = dict(
+            state="done" if ok else "failed",
+            finished_ns=time.time_ns(),
+            message=message[:500],
+            result=json.dumps(result, default=str) if result is not None else None,
+        )
         if ok and row.total:
             values["done"] = row.total
         conn.execute(JOBS.update().where(JOBS.c.id == job_id).values(**values))
-        record_in(conn, f"job.{row.kind}.{'done' if ok else 'failed'}",
-                  f"{row.kind} job {job_id} {'finished' if ok else 'failed'}" + (f": {message}" if message else ""),
-                  severity="info" if ok else "error", actor=row.actor, details={"job": job_id})
+        record_in(
+            conn,
+            f"job.{row.kind}.{'done' if ok else 'failed'}",
+            f"{row.kind} job {job_id} {'finished' if ok else 'failed'}"
+            + (f": {message}" if message else ""),
+            severity="info" if ok else "error",
+            actor=row.actor,
+            details={"job": job_id},
+        )
     catalog.run(work, tracked=True)
 
 

@@ -44,7 +44,9 @@ def record_sample(catalog: Catalog, *, time_ns: int | None = None, **counters: f
     rows = []
     for name, value in counters.items():
         if not NAME_RE.fullmatch(name):
-            raise ValueError(f"counter name {name!r}: expected lower-case letters, digits and _, at most 64")
+            raise ValueError(
+                f"counter name {name!r}: expected lower-case letters, digits and _, at most 64"
+            )
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"counter {name} = {value!r}: expected a number")
         rows.append({"time_ns": now, "name": name, "value": float(value)})
@@ -64,9 +66,15 @@ def record_sample(catalog: Catalog, *, time_ns: int | None = None, **counters: f
 def series(catalog: Catalog, name: str, since_ns: int) -> list[tuple[int, float]]:
     """(time_ns, value) readings of one counter since a moment, oldest first."""
     def work(conn):
-        return [(r.time_ns, r.value) for r in conn.execute(
-            select(SAMPLES.c.time_ns, SAMPLES.c.value)
-            .where(SAMPLES.c.name == name, SAMPLES.c.time_ns >= since_ns).order_by(SAMPLES.c.time_ns))]
+        return [
+            (r.time_ns, r.value)
+            for r in conn.execute(
+                select(SAMPLES.c.time_ns, SAMPLES.c.value)
+                .where(SAMPLES.c.name == name, SAMPLES.c.time_ns >= since_ns)
+                .order_by(SAMPLES.c.time_ns)
+            )
+        ]
+
     return catalog.read(work)
 
 

@@ -94,12 +94,16 @@ class PlannedAction:
 # -- validation ------------------------------------------------------------------------
 def validate_pattern(pattern) -> str:
     if not isinstance(pattern, str) or not pattern.strip():
-        raise errors.InvalidArgument(f"retention pattern {pattern!r}: expected a non-empty absolute path "
-                                     "pattern such as /checkpoints/*/step-*")
+        raise errors.InvalidArgument(
+            f"retention pattern {pattern!r}: expected a non-empty absolute path "
+            "pattern such as /checkpoints/*/step-*"
+        )
     parts = split_path(pattern.strip(), "retention pattern")
     if not parts:
-        raise errors.InvalidArgument(f"retention pattern {pattern!r} names the root itself: expected at least "
-                                     "one component below it, such as /checkpoints/*")
+        raise errors.InvalidArgument(
+            f"retention pattern {pattern!r} names the root itself: expected at least "
+            "one component below it, such as /checkpoints/*"
+        )
     return join_path(parts)
 
 
@@ -134,7 +138,9 @@ def _validate_fields(fields: dict) -> dict:
                 raise errors.InvalidArgument(f"enabled {value!r}: expected true or false")
             clean[key] = value
         else:
-            raise errors.InvalidArgument(f"retention rule field {key!r}: expected one of {', '.join(UPDATABLE)}")
+            raise errors.InvalidArgument(
+                f"retention rule field {key!r}: expected one of {', '.join(UPDATABLE)}"
+            )
     return clean
 
 
@@ -179,14 +185,28 @@ class RetentionService:
     # -- rules -------------------------------------------------------------------------
     def add_rule(self, pattern: str, keep: int, action: str = "delete", order_by: str = "mtime",
                  actor: str = "system", enabled: bool = True) -> int:
-        fields = _validate_fields({"pattern": pattern, "keep": keep, "action": action, "order_by": order_by,
-                                   "enabled": enabled})
+        fields = _validate_fields(
+            {
+                "pattern": pattern,
+                "keep": keep,
+                "action": action,
+                "order_by": order_by,
+                "enabled": enabled,
+            }
+        )
 
         def work(conn):
-            rule_id = conn.execute(RULES.insert().values(created_ns=self.clock(), **fields)).inserted_primary_key[0]
-            record_in(conn, "retention.rule.add", f"retention rule {rule_id} added: under {fields['pattern']} "
-                      f"keep {fields['keep']} by {fields['order_by']}, {fields['action']} the rest",
-                      actor=actor, details={"rule_id": rule_id, **fields})
+            rule_id = conn.execute(
+                RULES.insert().values(created_ns=self.clock(), **fields)
+            ).inserted_primary_key[0]
+            record_in(
+                conn,
+                "retention.rule.add",
+                f"retention rule {rule_id} added: under {fields['pattern']} "
+                f"keep {fields['keep']} by {fields['order_by']}, {fields['action']} the rest",
+                actor=actor,
+                details={"rule_id": rule_id, **fields},
+            )
             return rule_id
         return self.catalog.run(work)
 
@@ -211,16 +231,27 @@ class RetentionService:
             if row is None:
                 raise errors.NotFound(f"no retention rule with id {id}")
             conn.execute(RULES.delete().where(RULES.c.id == id))
-            record_in(conn, "retention.rule.delete", f"retention rule {id} deleted (was: under {row.pattern} "
-                      f"keep {row.keep}, {row.action} the rest)", actor=actor, details={"rule_id": id})
+            record_in(
+                conn,
+                "retention.rule.delete",
+                f"retention rule {id} deleted (was: under {row.pattern} "
+                f"keep {row.keep}, {row.action} the rest)",
+                actor=actor,
+                details={"rule_id": id},
+            )
+
         self.catalog.run(work)
 
     def list_rules(self) -> list[RetentionRule]:
-        rows = self.catalog.read(lambda conn: conn.execute(select(RULES).order_by(RULES.c.id)).all())
+        rows = self.catalog.read(
+            lambda conn: conn.execute(select(RULES).order_by(RULES.c.id)).all()
+        )
         return [_row_rule(row) for row in rows]
 
     def get_rule(self, id: int) -> RetentionRule:
-        row = self.catalog.read(lambda conn: conn.execute(select(RULES).where(RULES.c.id == id)).first())
+        row = self.catalog.read(
+            lambda conn: conn.execute(select(RULES).where(RULES.c.id == id)).first()
+        )
         if row is None:
             raise errors.NotFound(f"no retention rule with id {id}")
         return _row_rule(row)
@@ -279,8 +310,12 @@ class RetentionService:
             found = []
             for start in range(0, len(inos), 500):
                 chunk = inos[start:start + 500]
-                found += conn.execute(select(INODES.c.ino).where(
-                    INODES.c.ino.in_(chunk), (INODES.c.band_class.is_(None)) | (INODES.c.band_class != COLD))).scalars()
+                found += conn.execute(
+                    select(INODES.c.ino).where(
+                        INODES.c.ino.in_(chunk),
+                        (INODES.c.band_class.is_(None)) | (INODES.c.band_class != COLD),
+                    )
+                ).scalars()
             return found
         return self.catalog.read(work)
 
@@ -305,8 +340,17 @@ class RetentionService:
                     action, reason = "skip", f"{busy}; {reason}"
                 elif rule.action == "cold" and not self._not_cold(match.attr):
                     continue  # pinned to cold already: nothing would happen
-                planned.append(PlannedAction(rule.id, match.path, action, reason, match.attr.mtime_ns,
-                                             match.attr.ino, match.attr.type == DIR))
+                planned.append(
+                    PlannedAction(
+                        rule.id,
+                        match.path,
+                        action,
+                        reason,
+                        match.attr.mtime_ns,
+                        match.attr.ino,
+                        match.attr.type == DIR,
+                    )
+                )
         planned.sort(key=lambda p: natural_key(p.path))
         return planned
 
@@ -339,23 +383,44 @@ class RetentionService:
                     conn.execute(RULES.update().where(RULES.c.id.in_(ids)).values(last_run_ns=stamp))
                 counts = {}
                 for item in results:
-                    key = item.action if item.outcome == "done" else "skip" if item.outcome.startswith("skipped") \
+                    key = (
+                        item.action
+                        if item.outcome == "done"
+                        else "skip"
+                        if item.outcome.startswith("skipped")
                         else "failed"
+                    )
                     counts[key] = counts.get(key, 0) + 1
-                record_in(conn, "retention.run", f"retention ran {len(rules)} rule(s): "
-                          + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "nothing to do"),
-                          actor=actor, severity="warning" if counts.get("failed") else "info",
-                          details={"rules": ids, "counts": counts})
+                record_in(
+                    conn,
+                    "retention.run",
+                    f"retention ran {len(rules)} rule(s): "
+                    + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "nothing to do"),
+                    actor=actor,
+                    severity="warning" if counts.get("failed") else "info",
+                    details={"rules": ids, "counts": counts},
+                )
             self.catalog.run(finish)
             if progress:
                 progress(len(planned), len(planned), "retention done")
             return results
 
     def _apply(self, item: PlannedAction, actor: str) -> PlannedAction:
-        details = {"rule_id": item.rule_id, "path": item.path, "ino": item.ino, "reason": item.reason}
+        details = {
+            "rule_id": item.rule_id,
+            "path": item.path,
+            "ino": item.ino,
+            "reason": item.reason,
+        }
         if item.action == "skip":
-            record(self.catalog, "retention.skip", f"retention rule {item.rule_id} left {item.path} alone: "
-                   f"{item.reason}", actor=actor, severity="warning", details=details)
+            record(
+                self.catalog,
+                "retention.skip",
+                f"retention rule {item.rule_id} left {item.path} alone: {item.reason}",
+                actor=actor,
+                severity="warning",
+                details=details,
+            )
             return replace(item, outcome="skipped: " + item.reason)
         # The tree may have changed since planning: check the entry again right before acting.
         try:
@@ -364,22 +429,44 @@ class RetentionService:
                 raise errors.StaleHandle(f"{item.path} now names another entry")
             busy = self._busy(attr)
         except (errors.NotFound, errors.StaleHandle, errors.NotADirectory) as exc:
-            return replace(item, outcome=f"skipped: gone or replaced since planning ({exc.strerror})")
+            return replace(
+                item, outcome=f"skipped: gone or replaced since planning ({exc.strerror})"
+            )
         if busy:
-            record(self.catalog, "retention.skip", f"retention rule {item.rule_id} left {item.path} alone: {busy}",
-                   actor=actor, severity="warning", details={**details, "reason": busy})
+            record(
+                self.catalog,
+                "retention.skip",
+                f"retention rule {item.rule_id} left {item.path} alone: {busy}",
+                actor=actor,
+                severity="warning",
+                details={**details, "reason": busy},
+            )
             return replace(item, outcome="skipped: " + busy)
         try:
             if item.action == "delete":
-                self.trash.delete(item.path, actor, event_kind="retention.delete", expect_ino=item.ino,
-                                  details=details)
+                self.trash.delete(
+                    item.path,
+                    actor,
+                    event_kind="retention.delete",
+                    expect_ino=item.ino,
+                    details=details,
+                )
             elif item.action == "trash":
-                self.trash.move_to_trash(item.path, actor, event_kind="retention.trash", details=details)
+                self.trash.move_to_trash(
+                    item.path, actor, event_kind="retention.trash", details=details
+                )
             elif item.action == "cold":
                 self._pin_cold(item, attr, actor, details)
         except errors.FsError as exc:
-            record(self.catalog, "retention.failed", f"retention rule {item.rule_id} could not {item.action} "
-                   f"{item.path}: {exc.strerror}", actor=actor, severity="error", details=details)
+            record(
+                self.catalog,
+                "retention.failed",
+                f"retention rule {item.rule_id} could not {item.action} "
+                f"{item.path}: {exc.strerror}",
+                actor=actor,
+                severity="error",
+                details=details,
+            )
             return replace(item, outcome=f"failed: {exc.strerror}")
         return replace(item, outcome="done")
 
@@ -388,10 +475,19 @@ class RetentionService:
 
         def work(conn):
             for start in range(0, len(inos), 500):
-                conn.execute(INODES.update().where(INODES.c.ino.in_(inos[start:start + 500])).values(band_class=COLD))
-            record_in(conn, "retention.cold", f"retention rule {item.rule_id} pinned {item.path} to the cold class "
-                      f"({len(inos)} inodes; tiering moves the data)", actor=actor,
-                      details={**details, "inodes": len(inos)})
+                conn.execute(
+                    INODES.update()
+                    .where(INODES.c.ino.in_(inos[start : start + 500]))
+                    .values(band_class=COLD)
+                )
+            record_in(
+                conn,
+                "retention.cold",
+                f"retention rule {item.rule_id} pinned {item.path} to the cold class "
+                f"({len(inos)} inodes; tiering moves the data)",
+                actor=actor,
+                details={**details, "inodes": len(inos)},
+            )
         self.catalog.run(work)
 
 
@@ -403,6 +499,8 @@ def plan_to_text(items: list[PlannedAction]) -> str:
     for item in items:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(item.mtime_ns // 10**9))
         tail = f"  [{item.outcome}]" if item.outcome else ""
-        lines.append(f"rule {item.rule_id:<4} {item.action:<6} {when}  {item.path}  ({item.reason}){tail}")
+        lines.append(
+            f"rule {item.rule_id:<4} {item.action:<6} {when}  {item.path}  ({item.reason}){tail}"
+        )
     return "\n".join(lines)
 

@@ -47,7 +47,9 @@ def split_path(path: str, what: str = "path") -> list[str]:
     if not isinstance(path, str) or not path:
         raise errors.InvalidArgument(f"{what} {path!r}: expected a non-empty absolute path")
     if not path.startswith("/"):
-        raise errors.InvalidArgument(f"{what} {path!r}: expected an absolute path starting with '/'")
+        raise errors.InvalidArgument(
+            f"{what} {path!r}: expected an absolute path starting with '/'"
+        )
     if "\0" in path:
         raise errors.InvalidArgument(f"{what} {path!r}: contains a NUL character")
     parts = [p for p in path.split("/") if p]
@@ -55,7 +57,9 @@ def split_path(path: str, what: str = "path") -> list[str]:
         if part in (".", ".."):
             raise errors.InvalidArgument(f"{what} {path!r}: '{part}' components are not allowed")
         if len(part.encode("utf-8", "surrogateescape")) > NAME_MAX:
-            raise errors.InvalidArgument(f"{what} {path!r}: component {part[:40]!r}... exceeds {NAME_MAX} bytes")
+            raise errors.InvalidArgument(
+                f"{what} {path!r}: component {part[:40]!r}... exceeds {NAME_MAX} bytes"
+            )
     return parts
 
 
@@ -124,7 +128,10 @@ def remove_tree(namespace: Namespace, dir_ino: int, name: str) -> int:
 
 
 def _stamp(ns: int) -> str:
-    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(ns // 1_000_000_000)) + f".{ns // 1000 % 1_000_000:06d}Z"
+    return (
+        time.strftime("%Y%m%dT%H%M%S", time.gmtime(ns // 1_000_000_000))
+        + f".{ns // 1000 % 1_000_000:06d}Z"
+    )
 
 
 def _fit_name(prefix: str, name: str) -> str:
@@ -149,7 +156,9 @@ class TrashEntry:
 
     @property
     def expires_ns(self) -> int | None:
-        return None if self.deleted_ns is None else self.deleted_ns + self.trash_days * 86400 * 10**9
+        return (
+            None if self.deleted_ns is None else self.deleted_ns + self.trash_days * 86400 * 10**9
+        )
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -171,7 +180,9 @@ class _TrashHome:
 class Trash:
     """Per-export trash: move_to_trash, list, restore, purge (and delete, bypassing it)."""
 
-    def __init__(self, namespace: Namespace, catalog: Catalog, *, clock: Callable[[], int] = time.time_ns):
+    def __init__(
+        self, namespace: Namespace, catalog: Catalog, *, clock: Callable[[], int] = time.time_ns
+    ):
         self.namespace = namespace
         self.catalog = catalog
         self.clock = clock  # ns since the epoch; tests move it to expire entries
@@ -215,18 +226,25 @@ class Trash:
             except errors.Exists:
                 attr = self.namespace.lookup(ROOT, dir_ino, name)
         if attr.type != DIR:
-            raise errors.NotADirectory(f"{name!r} in directory {dir_ino} exists but is not a directory: "
-                                       "rename it so the trash can be created")
+            raise errors.NotADirectory(
+                f"{name!r} in directory {dir_ino} exists but is not a directory: "
+                "rename it so the trash can be created"
+            )
         return attr
 
     def _check_trashable(self, path: str, parts: list[str], home: _TrashHome) -> None:
         if not parts:
-            raise errors.InvalidArgument(f"cannot move {path!r} to the trash: it is the namespace root")
+            raise errors.InvalidArgument(
+                f"cannot move {path!r} to the trash: it is the namespace root"
+            )
         if tuple(parts) == home.root:
-            raise errors.InvalidArgument(f"cannot move {path!r} to the trash: it is the root of export "
-                                         f"{home.export!r}")
+            raise errors.InvalidArgument(
+                f"cannot move {path!r} to the trash: it is the root of export {home.export!r}"
+            )
         if TRASH_DIR in parts[len(home.root):len(home.root) + 1]:
-            raise errors.InvalidArgument(f"{path!r} is in the trash already: restore or purge it instead")
+            raise errors.InvalidArgument(
+                f"{path!r} is in the trash already: restore or purge it instead"
+            )
 
     # -- moving in ---------------------------------------------------------------------
     def move_to_trash(self, path: str, actor: str = "system", *, event_kind: str = "trash.move",
@@ -250,10 +268,30 @@ class Trash:
         except errors.FsError:
             self._drop_xattrs(victim.ino)
             raise
-        entry = TrashEntry(victim.ino, trash_name, join_path(home.root + (TRASH_DIR, trash_name)), path, now,
-                           actor, victim.type == DIR, victim.size, home.export, home.trash_days)
-        record(self.catalog, event_kind, f"moved {path} to the trash as {entry.trash_path}", actor=actor,
-               details={"path": path, "trash_path": entry.trash_path, "ino": victim.ino, **(details or {})})
+        entry = TrashEntry(
+            victim.ino,
+            trash_name,
+            join_path(home.root + (TRASH_DIR, trash_name)),
+            path,
+            now,
+            actor,
+            victim.type == DIR,
+            victim.size,
+            home.export,
+            home.trash_days,
+        )
+        record(
+            self.catalog,
+            event_kind,
+            f"moved {path} to the trash as {entry.trash_path}",
+            actor=actor,
+            details={
+                "path": path,
+                "trash_path": entry.trash_path,
+                "ino": victim.ino,
+                **(details or {}),
+            },
+        )
         return entry
 
     def _free_name(self, dir_ino: int, name: str) -> str:
@@ -330,7 +368,9 @@ class Trash:
         return max(matches, key=lambda e: (e.deleted_ns or 0, e.id))
 
     # -- restoring ---------------------------------------------------------------------------
-    def restore(self, entry_id_or_path: int | str, actor: str = "system", *, to: str | None = None) -> str:
+    def restore(
+        self, entry_id_or_path: int | str, actor: str = "system", *, to: str | None = None
+    ) -> str:
         """Put a trashed entry back at its original path (or ``to``); returns that path.
 
         Missing parent directories are recreated; an existing entry at the target is
@@ -338,8 +378,10 @@ class Trash:
         entry = self.find(entry_id_or_path)
         target = to if to is not None else entry.original_path
         if target is None:
-            raise errors.InvalidArgument(f"trash entry {entry.trash_path} has no recorded original path: "
-                                         "give a target path to restore it to")
+            raise errors.InvalidArgument(
+                f"trash entry {entry.trash_path} has no recorded original path: "
+                "give a target path to restore it to"
+            )
         parts = split_path(target, "restore target")
         if not parts:
             raise errors.InvalidArgument("cannot restore onto the namespace root")
@@ -351,13 +393,24 @@ class Trash:
         else:
             raise errors.Exists(f"cannot restore {entry.trash_path}: {join_path(parts)} exists; "
                                 "move it away or restore to another path")
-        trash_dir = self.namespace.resolve(join_path(split_path(entry.trash_path)[:-1]), follow=False)
+        trash_dir = self.namespace.resolve(
+            join_path(split_path(entry.trash_path)[:-1]), follow=False
+        )
         self.namespace.rename(ROOT, trash_dir.ino, entry.name, parent.ino, parts[-1])
         self._drop_xattrs(entry.id)
         restored = join_path(parts)
-        record(self.catalog, "trash.restore", f"restored {entry.trash_path} to {restored}", actor=actor,
-               details={"trash_path": entry.trash_path, "path": restored, "ino": entry.id,
-                        "created_parents": created})
+        record(
+            self.catalog,
+            "trash.restore",
+            f"restored {entry.trash_path} to {restored}",
+            actor=actor,
+            details={
+                "trash_path": entry.trash_path,
+                "path": restored,
+                "ino": entry.id,
+                "created_parents": created,
+            },
+        )
         return restored
 
     def _make_parents(self, parts: list[str]) -> tuple[Attr, list[str]]:
@@ -373,7 +426,9 @@ class Trash:
                 except errors.Exists:
                     attr = self.namespace.lookup(ROOT, attr.ino, part)
             if attr.type != DIR:
-                raise errors.NotADirectory(f"cannot restore below {join_path(parts[:depth + 1])}: not a directory")
+                raise errors.NotADirectory(
+                    f"cannot restore below {join_path(parts[: depth + 1])}: not a directory"
+                )
         return attr, created
 
     # -- removing for good ---------------------------------------------------------------------
@@ -385,14 +440,28 @@ class Trash:
         parts = split_path(path)
         home = self._home_of(parts)
         if not parts or tuple(parts) == home.root:
-            raise errors.InvalidArgument(f"cannot delete {path!r}: it is the root of the namespace or an export")
+            raise errors.InvalidArgument(
+                f"cannot delete {path!r}: it is the root of the namespace or an export"
+            )
         parent = self.namespace.resolve(join_path(parts[:-1]), follow=False)
         victim = self.namespace.lookup(ROOT, parent.ino, parts[-1])
         if expect_ino is not None and victim.ino != expect_ino:
-            raise errors.StaleHandle(f"{path} now names inode {victim.ino}, not {expect_ino}: left alone")
+            raise errors.StaleHandle(
+                f"{path} now names inode {victim.ino}, not {expect_ino}: left alone"
+            )
         removed = self._stage_and_remove(home, parent.ino, parts[-1], victim)
-        record(self.catalog, event_kind, f"deleted {join_path(parts)} ({removed} entries)", actor=actor,
-               details={"path": join_path(parts), "ino": victim.ino, "entries": removed, **(details or {})})
+        record(
+            self.catalog,
+            event_kind,
+            f"deleted {join_path(parts)} ({removed} entries)",
+            actor=actor,
+            details={
+                "path": join_path(parts),
+                "ino": victim.ino,
+                "entries": removed,
+                **(details or {}),
+            },
+        )
         return removed
 
     def _stage_and_remove(self, home: _TrashHome, dir_ino: int, name: str, victim: Attr) -> int:
@@ -418,14 +487,23 @@ class Trash:
         """Remove trashed entries for good: those older than their export's ``trash_days``,
         or, with ``older_than_s``, those deleted more than that many seconds ago
         (0 empties the trash). Returns the purged entries."""
-        if older_than_s is not None and (isinstance(older_than_s, bool) or not isinstance(older_than_s, (int, float))
-                                         or older_than_s < 0):
-            raise errors.InvalidArgument(f"older_than_s {older_than_s!r}: expected a number of seconds >= 0")
+        if older_than_s is not None and (
+            isinstance(older_than_s, bool)
+            or not isinstance(older_than_s, (int, float))
+            or older_than_s < 0
+        ):
+            raise errors.InvalidArgument(
+                f"older_than_s {older_than_s!r}: expected a number of seconds >= 0"
+            )
         leftovers = self._finish_interrupted()
         now = self.clock()
         due = []
         for entry in self.list():
-            limit_ns = int(older_than_s * 10**9) if older_than_s is not None else entry.trash_days * 86400 * 10**9
+            limit_ns = (
+                int(older_than_s * 10**9)
+                if older_than_s is not None
+                else entry.trash_days * 86400 * 10**9
+            )
             if entry.deleted_ns is None:
                 # No deletion time (put there by hand): it goes only when the trash is emptied.
                 if older_than_s == 0:
@@ -447,12 +525,27 @@ class Trash:
             except (errors.NotFound, errors.StaleHandle):
                 continue  # restored or purged by someone else meanwhile
             purged.append(entry)
-            record(self.catalog, "trash.purge", f"purged {entry.trash_path} (deleted from "
-                   f"{entry.original_path}, {removed} entries)", actor=actor,
-                   details={"trash_path": entry.trash_path, "path": entry.original_path, "ino": entry.id,
-                            "entries": removed, "older_than_s": older_than_s})
+            record(
+                self.catalog,
+                "trash.purge",
+                f"purged {entry.trash_path} (deleted from "
+                f"{entry.original_path}, {removed} entries)",
+                actor=actor,
+                details={
+                    "trash_path": entry.trash_path,
+                    "path": entry.original_path,
+                    "ino": entry.id,
+                    "entries": removed,
+                    "older_than_s": older_than_s,
+                },
+            )
         if progress:
             progress(len(due), len(due), f"purged {len(purged)} entries")
         if leftovers:
-            record(self.catalog, "trash.purge", f"finished an interrupted purge ({leftovers} entries)", actor=actor)
+            record(
+                self.catalog,
+                "trash.purge",
+                f"finished an interrupted purge ({leftovers} entries)",
+                actor=actor,
+            )
         return purged

@@ -256,9 +256,13 @@ class Catalog:
         while True:
             queued = self.is_sqlite and write
             try:
-                if queued and not self._writers.acquire(timeout=max(deadline - time.monotonic(), 0)):
-                    raise CatalogUnavailable(f"catalog busy for {RETRY_DEADLINE_S:.0f} s: this process's "
-                                             f"writers did not let go")
+                if queued and not self._writers.acquire(
+                    timeout=max(deadline - time.monotonic(), 0)
+                ):
+                    raise CatalogUnavailable(
+                        f"catalog busy for {RETRY_DEADLINE_S:.0f} s: this process's "
+                        f"writers did not let go"
+                    )
                 try:
                     with self.engine.connect() as conn:
                         if self.is_sqlite:
@@ -271,7 +275,9 @@ class Catalog:
                             else:
                                 with conn.begin():
                                     result = work(conn)
-                            number = conn.info.get(COMMIT_NUMBER)  # set by _counting: the commit went through
+                            number = conn.info.get(
+                                COMMIT_NUMBER
+                            )  # set by _counting: the commit went through
                         finally:
                             del conn.info[AFTER_COMMIT]
                             conn.info.pop(COMMIT_NUMBER, None)
@@ -285,11 +291,15 @@ class Catalog:
                 if write and self.is_sqlite:
                     self._checkpoint_if_due()
                 return result
-            except Exception as exc:  # DB-API errors arrive wrapped (SQLAlchemy) or raw (hot-path cursors)
+            except (
+                Exception
+            ) as exc:  # DB-API errors arrive wrapped (SQLAlchemy) or raw (hot-path cursors)
                 if not self._transient(exc):
                     raise
                 if time.monotonic() > deadline:
-                    raise CatalogUnavailable(f"catalog busy for {RETRY_DEADLINE_S:.0f} s: {exc}") from exc
+                    raise CatalogUnavailable(
+                        f"catalog busy for {RETRY_DEADLINE_S:.0f} s: {exc}"
+                    ) from exc
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.05)
 
@@ -303,13 +313,18 @@ class Catalog:
         by the writer that crossed the mark once its commit is done: outside the writer queue and
         after the commit's callbacks, so neither other writers nor cache evictions wait for it."""
         index = self._wal_index
-        if index is None or WAL_INDEX_U32.unpack_from(index, WAL_INDEX_FRAMES)[0] < CHECKPOINT_FRAMES:
+        if (
+            index is None
+            or WAL_INDEX_U32.unpack_from(index, WAL_INDEX_FRAMES)[0] < CHECKPOINT_FRAMES
+        ):
             return
         if not self._checkpointing.acquire(blocking=False):
             return  # another thread is checkpointing right now
         try:
             with self.engine.connect() as conn:
-                conn.connection.dbapi_connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                conn.connection.dbapi_connection.execute(
+                    "PRAGMA wal_checkpoint(PASSIVE)"
+                ).fetchall()
         except Exception as exc:  # noqa: BLE001 - busy or failed: the next commit tries again
             log.debug("catalog: checkpoint skipped: %s", exc)
         finally:
@@ -328,7 +343,9 @@ class Catalog:
         orig = exc.orig if isinstance(exc, DBAPIError) else exc
         if self.is_sqlite:
             text = str(orig).lower()
-            return isinstance(orig, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+            return isinstance(orig, sqlite3.OperationalError) and (
+                "locked" in text or "busy" in text
+            )
         return getattr(orig, "sqlstate", None) in PG_RETRY_SQLSTATES
 
     def read(self, work: Callable[[Connection], T]) -> T:
@@ -397,8 +414,12 @@ class Catalog:
             if self._watch is None:
                 path = self.engine.url.database
                 watch = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-                watch.execute("PRAGMA journal_mode=WAL").fetchone()  # the first connection may be this one
-                watch.execute("PRAGMA data_version").fetchone()  # reading maps (creates) the WAL index
+                watch.execute(
+                    "PRAGMA journal_mode=WAL"
+                ).fetchone()  # the first connection may be this one
+                watch.execute(
+                    "PRAGMA data_version"
+                ).fetchone()  # reading maps (creates) the WAL index
                 # while the watch connection is open, SQLite keeps the -shm file in place
                 try:
                     self._wal_index = _map_wal_index(path + "-shm")
@@ -412,14 +433,18 @@ class Catalog:
     # -- settings --------------------------------------------------------------
     def get_setting(self, key: str, default: str | None = None) -> str | None:
         table = Setting.__table__
-        value = self.read(lambda c: c.execute(select(table.c.value).where(table.c.key == key)).scalar())
+        value = self.read(
+            lambda c: c.execute(select(table.c.value).where(table.c.key == key)).scalar()
+        )
         return default if value is None else value
 
     def set_setting(self, key: str, value: str) -> None:
         table = Setting.__table__
 
         def work(conn):
-            done = conn.execute(table.update().where(table.c.key == key).values(value=value)).rowcount
+            done = conn.execute(
+                table.update().where(table.c.key == key).values(value=value)
+            ).rowcount
             if not done:
                 conn.execute(table.insert().values(key=key, value=value))
         self.run(work, tracked=True)  # settings are cached nowhere

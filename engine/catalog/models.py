@@ -73,8 +73,11 @@ class Dirent(Base):
     parent: Mapped[int] = mapped_column(ForeignKey("inodes.ino", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(255))
     child: Mapped[int] = mapped_column(ForeignKey("inodes.ino", ondelete="CASCADE"), index=True)
-    __table_args__ = (UniqueConstraint("parent", "name"), Index("ix_dirents_parent_id", "parent", "id"),
-                      {"sqlite_autoincrement": True})
+    __table_args__ = (
+        UniqueConstraint("parent", "name"),
+        Index("ix_dirents_parent_id", "parent", "id"),
+        {"sqlite_autoincrement": True},
+    )
 
 
 class Symlink(Base):
@@ -138,7 +141,10 @@ class Zone(Base):
     opened_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     last_write_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     resets: Mapped[int] = mapped_column(Integer, default=0)
-    __table_args__ = (UniqueConstraint("drive_id", "idx"), Index("ix_zones_state_class", "state", "band_class"))
+    __table_args__ = (
+        UniqueConstraint("drive_id", "idx"),
+        Index("ix_zones_state_class", "state", "band_class"),
+    )
 
 
 class Stripe(Base):
@@ -166,7 +172,9 @@ class InlineData(Base):
     into erasure-coded stripes like any hot data; deleting the stripe deletes them."""
 
     __tablename__ = "inline_data"
-    stripe_id: Mapped[int] = mapped_column(ForeignKey("stripes.id", ondelete="CASCADE"), primary_key=True)
+    stripe_id: Mapped[int] = mapped_column(
+        ForeignKey("stripes.id", ondelete="CASCADE"), primary_key=True
+    )
     length: Mapped[int] = mapped_column(BigInteger)
     checksum: Mapped[int] = mapped_column(BigInteger)  # crc32c of data
     data: Mapped[bytes] = mapped_column(LargeBinary)

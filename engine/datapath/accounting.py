@@ -94,11 +94,17 @@ def adjust_live(conn, deltas: dict[int, int], known: dict | None = None) -> list
         fragments[sid] = list(frags)
     for part in chunks(ids):
         marks = in_list(part)
-        for sid, data_length, live in sql_all(conn, f"SELECT id, data_length, live_bytes FROM stripes "
-                                                    f"WHERE id IN {marks}", tuple(part)):
+        for sid, data_length, live in sql_all(
+            conn,
+            f"SELECT id, data_length, live_bytes FROM stripes WHERE id IN {marks}",
+            tuple(part),
+        ):
             stripes[sid] = (data_length, live)
-        for sid, zone_id, length in sql_all(conn, f"SELECT stripe_id, zone_id, length FROM fragments "
-                                                  f"WHERE stripe_id IN {marks}", tuple(part)):
+        for sid, zone_id, length in sql_all(
+            conn,
+            f"SELECT stripe_id, zone_id, length FROM fragments WHERE stripe_id IN {marks}",
+            tuple(part),
+        ):
             fragments[sid].append((zone_id, length))
     zone_delta: dict[int, int] = defaultdict(int)
     dead, updates = [], []
@@ -109,14 +115,19 @@ def adjust_live(conn, deltas: dict[int, int], known: dict | None = None) -> list
         data_length, live = row
         new = min(max(live + delta, 0), data_length)
         for zone_id, length in fragments[sid]:
-            zone_delta[zone_id] += share(length, new, data_length) - share(length, live, data_length)
+            zone_delta[zone_id] += share(length, new, data_length) - share(
+                length, live, data_length
+            )
         if new == 0:
             dead.append(sid)
         elif new != live:
             updates.append((new, sid))
     sql_many(conn, "UPDATE stripes SET live_bytes = ? WHERE id = ?", updates)
-    sql_many(conn, "UPDATE zones SET live_bytes = live_bytes + ?, garbage_bytes = garbage_bytes - ? WHERE id = ?",
-             [(d, d, z) for z, d in zone_delta.items() if d])
+    sql_many(
+        conn,
+        "UPDATE zones SET live_bytes = live_bytes + ?, garbage_bytes = garbage_bytes - ? WHERE id = ?",
+        [(d, d, z) for z, d in zone_delta.items() if d],
+    )
     for part in chunks(dead):
         marks = in_list(part)
         sql(conn, f"DELETE FROM fragments WHERE stripe_id IN {marks}", tuple(part)).close()
@@ -124,7 +135,9 @@ def adjust_live(conn, deltas: dict[int, int], known: dict | None = None) -> list
     return dead
 
 
-def load_extents(conn, ino: int, lo: int | None = None, hi: int | None = None, max_extent: int = 0) -> list:
+def load_extents(
+    conn, ino: int, lo: int | None = None, hi: int | None = None, max_extent: int = 0
+) -> list:
     """Rows (file_offset, length, stripe_id, stripe_offset, id) of ``ino`` touching [lo, hi)."""
     query = "SELECT file_offset, length, stripe_id, stripe_offset, id FROM extents WHERE ino = ?"
     params: tuple = (ino,)
@@ -142,5 +155,8 @@ def write_map(conn, ino: int, emap: ExtentMap) -> None:
     """Store the changes of ``emap``: delete replaced rows, insert new pieces."""
     for part in chunks(sorted(emap.deleted_rows)):
         sql(conn, f"DELETE FROM extents WHERE id IN {in_list(part)}", tuple(part)).close()
-    sql_many(conn, "INSERT INTO extents (ino, file_offset, length, stripe_id, stripe_offset) VALUES (?, ?, ?, ?, ?)",
-             [(ino, e[0], e[1], e[2], e[3]) for e in emap.new_rows()])
+    sql_many(
+        conn,
+        "INSERT INTO extents (ino, file_offset, length, stripe_id, stripe_offset) VALUES (?, ?, ?, ?, ?)",
+        [(ino, e[0], e[1], e[2], e[3]) for e in emap.new_rows()],
+    )

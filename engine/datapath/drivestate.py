@@ -19,7 +19,17 @@ PRESENCE_TTL_S = 0.5
 
 
 class ZoneMem:
-    __slots__ = ("id", "idx", "state", "band_class", "wp", "committed_wp", "inflight", "dirty", "opened_ns")
+    __slots__ = (
+        "id",
+        "idx",
+        "state",
+        "band_class",
+        "wp",
+        "committed_wp",
+        "inflight",
+        "dirty",
+        "opened_ns",
+    )
 
     def __init__(self, row):
         self.id = row.id

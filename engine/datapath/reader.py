@@ -21,7 +21,16 @@ from engine.ordered_lock import lock
 
 
 class StripeInfo:
-    COLUMNS = ("id", "band_class", "layout", "k", "m", "backend", "data_length", "fragment_length")  # of stripes
+    COLUMNS = (
+        "id",
+        "band_class",
+        "layout",
+        "k",
+        "m",
+        "backend",
+        "data_length",
+        "fragment_length",
+    )  # of stripes
     __slots__ = COLUMNS + ("fragments",)
 
     def __init__(self, id, band_class, layout, k, m, backend, data_length, fragment_length):  # noqa: A002
@@ -33,7 +42,9 @@ class StripeInfo:
         self.backend = backend
         self.data_length = data_length
         self.fragment_length = fragment_length
-        self.fragments: dict[int, tuple] = {}  # idx -> (drive_id, zone_id, zone_offset, length, checksum)
+        self.fragments: dict[
+            int, tuple
+        ] = {}  # idx -> (drive_id, zone_id, zone_offset, length, checksum)
 
     @property
     def header(self) -> int:
@@ -49,8 +60,15 @@ class ChecksumError(errors.IOFailure):
 
 
 class StripeReader:
-    def __init__(self, drives: dict, zones: dict, *, threads: int = 12, cache_bytes: int = 256 << 20,
-                 load_inline=None):
+    def __init__(
+        self,
+        drives: dict,
+        zones: dict,
+        *,
+        threads: int = 12,
+        cache_bytes: int = 256 << 20,
+        load_inline=None,
+    ):
         self.drives = drives  # drive id -> DriveState
         self.zones = zones  # zone id -> ZoneMem
         self.load_inline = load_inline  # stripe id -> (data, checksum) of an inline stripe, or None
@@ -65,7 +83,12 @@ class StripeReader:
         self._corrupt: set[tuple[int, int]] = set()  # (stripe, idx) that failed their checksum
         # called as repair_hook(info, indexes, good fragments) after a decode around bad checksums
         self.repair_hook = None
-        self.stats = {"fragment_reads": 0, "inline_reads": 0, "degraded_stripes": 0, "checksum_errors": 0}
+        self.stats = {
+            "fragment_reads": 0,
+            "inline_reads": 0,
+            "degraded_stripes": 0,
+            "checksum_errors": 0,
+        }
 
     def close(self):
         self.ahead.shutdown(wait=True, cancel_futures=True)
@@ -93,11 +116,15 @@ class StripeReader:
             return self._read_inline(info, whole)
         where = info.fragments.get(idx)
         if where is None:
-            raise errors.IOFailure(f"stripe {info.id} fragment {idx} was never written (degraded stripe)")
+            raise errors.IOFailure(
+                f"stripe {info.id} fragment {idx} was never written (degraded stripe)"
+            )
         drive_id, zone_id, offset, length, checksum = where
         drive = self.drives.get(drive_id)
         if drive is None or not drive.readable():
-            raise DriveMissing(f"drive {drive_id} of stripe {info.id} fragment {idx} is unavailable")
+            raise DriveMissing(
+                f"drive {drive_id} of stripe {info.id} fragment {idx} is unavailable"
+            )
         zone = self.zones[zone_id]
         header = info.header
         if whole:
@@ -111,14 +138,18 @@ class StripeReader:
             crc = crc32c.crc32c(buf, crc32c.crc32c(head)) if header else crc32c.crc32c(buf)
         self.stats["fragment_reads"] += 1
         if got != length:
-            raise errors.IOFailure(f"short read of stripe {info.id} fragment {idx}: {got} of {length} bytes")
+            raise errors.IOFailure(
+                f"short read of stripe {info.id} fragment {idx}: {got} of {length} bytes"
+            )
         if crc != checksum:
             self.stats["checksum_errors"] += 1
             drive.backend.checksum_errors += 1
             with self._lock:
                 self._corrupt.add((info.id, idx))
-            raise ChecksumError(f"checksum mismatch in stripe {info.id} fragment {idx} on drive {drive_id} "
-                                f"zone {zone.idx} at {offset}: {crc:#010x}, expected {checksum:#010x}")
+            raise ChecksumError(
+                f"checksum mismatch in stripe {info.id} fragment {idx} on drive {drive_id} "
+                f"zone {zone.idx} at {offset}: {crc:#010x}, expected {checksum:#010x}"
+            )
         return buf if whole else memoryview(buf)
 
     def _read_inline(self, info: StripeInfo, whole: bool):
@@ -130,8 +161,10 @@ class StripeReader:
         self.stats["inline_reads"] += 1
         if len(data) != info.data_length or crc32c.crc32c(data) != checksum:
             self.stats["checksum_errors"] += 1
-            raise ChecksumError(f"inline stripe {info.id}: {len(data)} bytes with crc32c {crc32c.crc32c(data):#010x}, "
-                                f"expected {info.data_length} with {checksum:#010x}")
+            raise ChecksumError(
+                f"inline stripe {info.id}: {len(data)} bytes with crc32c {crc32c.crc32c(data):#010x}, "
+                f"expected {info.data_length} with {checksum:#010x}"
+            )
         return bytearray(data) if whole else memoryview(data)
 
     def _will_read(self, info: StripeInfo, idx: int) -> None:
@@ -181,8 +214,10 @@ class StripeReader:
                 except (OSError, errors.FsError) as exc:
                     failures.append(f"fragment {i}: {exc}")
         if len(good) < info.k:
-            raise errors.IOFailure(f"stripe {info.id} cannot be read: {len(good)} of {info.k} needed fragments "
-                                   f"good ({'; '.join(failures)})")
+            raise errors.IOFailure(
+                f"stripe {info.id} cannot be read: {len(good)} of {info.k} needed fragments "
+                f"good ({'; '.join(failures)})"
+            )
         if info.layout == "replica":
             data = next(iter(good.values()))
             result = {0: memoryview(data)}
@@ -282,7 +317,9 @@ class StripeReader:
     def read_range(self, info: StripeInfo, offset: int, length: int, out: memoryview) -> None:
         """Copy stripe data [offset, offset+length) into ``out``."""
         if offset + length > info.data_length:
-            raise errors.IOFailure(f"extent reaches past stripe {info.id}'s {info.data_length} data bytes")
+            raise errors.IOFailure(
+                f"extent reaches past stripe {info.id}'s {info.data_length} data bytes"
+            )
         p = info.payload
         first, last = offset // p, (offset + length - 1) // p
         payloads = self._fetch(info, list(range(first, last + 1)))

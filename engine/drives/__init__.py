@@ -24,19 +24,40 @@ DRIVES = Drive.__table__
 ZONES = Zone.__table__
 
 
-def format_emulated(catalog, root: Path, count: int, drive_size: int, zone_size: int,
-                    *, max_open_zones: int = 0, preallocate: bool = True, write_granularity: int = 1) -> list[int]:
+def format_emulated(
+    catalog,
+    root: Path,
+    count: int,
+    drive_size: int,
+    zone_size: int,
+    *,
+    max_open_zones: int = 0,
+    preallocate: bool = True,
+    write_granularity: int = 1,
+) -> list[int]:
     """Create ``count`` zone-file drives under ``root`` and their catalog rows; returns the drive ids.
 
     ``preallocate=False`` skips fallocate (a crowded scratch disk); zones then grow as written."""
     root = Path(root)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ConfigError("drives.count", count, "an integer >= 1")
-    if isinstance(zone_size, bool) or not isinstance(zone_size, int) or zone_size <= 0 or zone_size % SECTOR:
+    if (
+        isinstance(zone_size, bool)
+        or not isinstance(zone_size, int)
+        or zone_size <= 0
+        or zone_size % SECTOR
+    ):
         raise ConfigError("drives.zone_size", zone_size, f"a positive multiple of {SECTOR} bytes")
-    if isinstance(drive_size, bool) or not isinstance(drive_size, int) or drive_size < MIN_ZONES * zone_size:
-        raise ConfigError("drives.drive_size", drive_size,
-                          f"at least {MIN_ZONES} zones of {zone_size} bytes ({MIN_ZONES * zone_size} bytes)")
+    if (
+        isinstance(drive_size, bool)
+        or not isinstance(drive_size, int)
+        or drive_size < MIN_ZONES * zone_size
+    ):
+        raise ConfigError(
+            "drives.drive_size",
+            drive_size,
+            f"at least {MIN_ZONES} zones of {zone_size} bytes ({MIN_ZONES * zone_size} bytes)",
+        )
     if write_granularity not in (1, 512, 4096):
         raise ConfigError("drives.write_granularity", write_granularity, "1, 512 or 4096 bytes")
     zone_count = drive_size // zone_size
@@ -51,8 +72,15 @@ def format_emulated(catalog, root: Path, count: int, drive_size: int, zone_size:
     made = []
     for folder in folders:
         drive_uuid = str(uuidlib.uuid4())
-        drive = ZoneFileDrive.format(folder, zone_size, zone_count, drive_uuid, max_open_zones=max_open_zones,
-                                     preallocate_zones=preallocate, write_granularity=write_granularity)
+        drive = ZoneFileDrive.format(
+            folder,
+            zone_size,
+            zone_count,
+            drive_uuid,
+            max_open_zones=max_open_zones,
+            preallocate_zones=preallocate,
+            write_granularity=write_granularity,
+        )
         drive.close()
         made.append((folder, drive_uuid))
 
@@ -64,9 +92,22 @@ def format_emulated(catalog, root: Path, count: int, drive_size: int, zone_size:
                 uuid=drive_uuid, path=str(folder.resolve()), backend="zonefile", state="online",
                 zone_size=zone_size, zone_count=zone_count, max_open_zones=max_open_zones,
                 model="zone-file emulation", added_ns=now)).inserted_primary_key[0]
-            conn.execute(ZONES.insert(), [
-                {"drive_id": drive_id, "idx": i, "state": "empty", "band_class": None, "write_pointer": 0,
-                 "live_bytes": 0, "garbage_bytes": 0, "resets": 0} for i in range(zone_count)])
+            conn.execute(
+                ZONES.insert(),
+                [
+                    {
+                        "drive_id": drive_id,
+                        "idx": i,
+                        "state": "empty",
+                        "band_class": None,
+                        "write_pointer": 0,
+                        "live_bytes": 0,
+                        "garbage_bytes": 0,
+                        "resets": 0,
+                    }
+                    for i in range(zone_count)
+                ],
+            )
             ids.append(drive_id)
         return ids
     return catalog.run(work)
@@ -75,8 +116,13 @@ def format_emulated(catalog, root: Path, count: int, drive_size: int, zone_size:
 def open_drive(row) -> ZonedDrive:
     """The backend of a Drive row (``path``, ``backend``, ``uuid``, geometry)."""
     if row.backend == "zonefile":
-        return ZoneFileDrive(row.path, row.zone_size, row.zone_count, max_open_zones=row.max_open_zones,
-                             uuid=row.uuid)
+        return ZoneFileDrive(
+            row.path,
+            row.zone_size,
+            row.zone_count,
+            max_open_zones=row.max_open_zones,
+            uuid=row.uuid,
+        )
     if row.backend == "zoned-block":
         from engine.drives.blkzoned import ZonedBlockDrive
         return ZonedBlockDrive(row.device or row.path)

@@ -49,8 +49,12 @@ _IOC_WRITE, _IOC_READ = 1, 2
 
 
 def _ioc(direction: int, kind: int, nr: int, size: int) -> int:
-    return (direction << (_IOC_NRBITS + _IOC_TYPEBITS + _IOC_SIZEBITS)) | (size << (_IOC_NRBITS + _IOC_TYPEBITS)) \
-        | (kind << _IOC_NRBITS) | nr
+    return (
+        (direction << (_IOC_NRBITS + _IOC_TYPEBITS + _IOC_SIZEBITS))
+        | (size << (_IOC_NRBITS + _IOC_TYPEBITS))
+        | (kind << _IOC_NRBITS)
+        | nr
+    )
 
 
 BLKREPORTZONE = _ioc(_IOC_READ | _IOC_WRITE, 0x12, 130, BLK_ZONE_REPORT.size)
@@ -117,7 +121,9 @@ class ZonedBlockDrive(ZonedDrive):
         if not os.path.exists(device):
             raise DriveMissing(f"zoned block device {device} does not exist")
         if not is_host_managed(device):
-            raise ZoneError(f"{device} is not a host-managed zoned block device (sysfs queue/zoned)")
+            raise ZoneError(
+                f"{device} is not a host-managed zoned block device (sysfs queue/zoned)"
+            )
         queue = sysfs_queue(device)
         chunk = int((queue / "chunk_sectors").read_text())
         self.zone_size = chunk * SECTOR
@@ -144,8 +150,16 @@ class ZonedBlockDrive(ZonedDrive):
     def report(self) -> list[ZoneInfo]:
         with self._lock:
             self._zones = self._report_all()
-        return [ZoneInfo(i, z["start"] * SECTOR, z["capacity"] * SECTOR, (z["wp"] - z["start"]) * SECTOR,
-                         CONDITIONS.get(z["cond"], OFFLINE)) for i, z in enumerate(self._zones)]
+        return [
+            ZoneInfo(
+                i,
+                z["start"] * SECTOR,
+                z["capacity"] * SECTOR,
+                (z["wp"] - z["start"]) * SECTOR,
+                CONDITIONS.get(z["cond"], OFFLINE),
+            )
+            for i, z in enumerate(self._zones)
+        ]
 
     def write_pointer(self, idx: int) -> int:
         self._check_idx(idx)
@@ -162,7 +176,14 @@ class ZonedBlockDrive(ZonedDrive):
         with self._lock:
             z = self._zones[idx]
             wp = (z["wp"] - z["start"]) * SECTOR
-            self._check_append(idx, offset, len(data), wp, z["capacity"] * SECTOR, CONDITIONS.get(z["cond"], OFFLINE))
+            self._check_append(
+                idx,
+                offset,
+                len(data),
+                wp,
+                z["capacity"] * SECTOR,
+                CONDITIONS.get(z["cond"], OFFLINE),
+            )
             length = -(-len(data) // 4096) * 4096
             # O_DIRECT wants aligned memory and lengths: pad the tail (the zone moves by the padded length)
             buf = mmap.mmap(-1, length)

@@ -46,10 +46,17 @@ class DriveCost:
         return self.media_write_bytes / self.host_write_bytes if self.host_write_bytes else 1.0
 
     def summary(self) -> dict:
-        return {"host_write_bytes": self.host_write_bytes, "media_write_bytes": self.media_write_bytes,
-                "read_bytes": self.read_bytes, "writes": self.writes, "sequential_writes": self.sequential_writes,
-                "seeks": self.seeks, "band_rewrites": self.band_rewrites, "busy_s": round(self.busy_s, 6),
-                "write_amplification": round(self.write_amplification, 6)}
+        return {
+            "host_write_bytes": self.host_write_bytes,
+            "media_write_bytes": self.media_write_bytes,
+            "read_bytes": self.read_bytes,
+            "writes": self.writes,
+            "sequential_writes": self.sequential_writes,
+            "seeks": self.seeks,
+            "band_rewrites": self.band_rewrites,
+            "busy_s": round(self.busy_s, 6),
+            "write_amplification": round(self.write_amplification, 6),
+        }
 
 
 class SmrModel:
@@ -57,7 +64,9 @@ class SmrModel:
         base = params or SmrParams()
         self.params = SmrParams(**{**base.__dict__, **overrides})
         if self.params.band_size <= 0 or self.params.sequential_MiBps <= 0:
-            raise ValueError(f"SMR model: band_size and sequential_MiBps must be > 0, got {self.params}")
+            raise ValueError(
+                f"SMR model: band_size and sequential_MiBps must be > 0, got {self.params}"
+            )
         self._bytes_per_s = self.params.sequential_MiBps * MiB
         self._position_s = (self.params.seek_ms + self.params.rotational_ms) / 1000
         self.drives: dict[object, DriveCost] = {}
@@ -83,7 +92,9 @@ class SmrModel:
             band = self.params.band_size
             first, last = position // band, (position + length - 1) // band
             for b in range(first, last + 1):
-                cost.band_wp[b] = max(cost.band_wp.get(b, 0), min(position + length - b * band, band))
+                cost.band_wp[b] = max(
+                    cost.band_wp.get(b, 0), min(position + length - b * band, band)
+                )
 
     def on_write(self, key, position: int, length: int) -> None:
         if length <= 0:
@@ -150,11 +161,14 @@ class SmrModel:
             writes = sum(c.writes for c in self.drives.values())
             sequential = sum(c.sequential_writes for c in self.drives.values())
             return {
-                "host_write_bytes": host, "media_write_bytes": media,
+                "host_write_bytes": host,
+                "media_write_bytes": media,
                 "write_amplification": media / host if host else 1.0,
-                "max_drive_write_amplification": max((c.write_amplification for c in self.drives.values()),
-                                                     default=1.0),
-                "writes": writes, "sequential_append_share": sequential / writes if writes else 1.0,
+                "max_drive_write_amplification": max(
+                    (c.write_amplification for c in self.drives.values()), default=1.0
+                ),
+                "writes": writes,
+                "sequential_append_share": sequential / writes if writes else 1.0,
                 "seeks": sum(c.seeks for c in self.drives.values()),
                 "band_rewrites": sum(c.band_rewrites for c in self.drives.values()),
                 "busy_s": max((c.busy_s for c in self.drives.values()), default=0.0),

@@ -120,8 +120,12 @@ class ZonedDrive:
         if condition in (FULL, READ_ONLY, OFFLINE):
             raise ZoneError(f"zone {idx} is {condition}: no writes until it is reset")
         if offset != write_pointer:
-            raise ZoneError(f"write at offset {offset} of zone {idx}: expected the write pointer {write_pointer} "
-                            "(zones are append-only)")
+            raise ZoneError(
+                f"write at offset {offset} of zone {idx}: expected the write pointer {write_pointer} "
+                "(zones are append-only)"
+            )
         if offset + length > capacity:
-            raise ZoneError(f"write of {length} bytes at {offset} of zone {idx} passes its capacity {capacity}",
-                            errno.ENOSPC)
+            raise ZoneError(
+                f"write of {length} bytes at {offset} of zone {idx} passes its capacity {capacity}",
+                errno.ENOSPC,
+            )

@@ -53,8 +53,15 @@ def zone_path(folder: Path, idx: int) -> Path:
 
 
 class ZoneFileDrive(ZonedDrive):
-    def __init__(self, folder: Path | str, zone_size: int, zone_count: int, *, max_open_zones: int = 0,
-                 uuid: str | None = None):
+    def __init__(
+        self,
+        folder: Path | str,
+        zone_size: int,
+        zone_count: int,
+        *,
+        max_open_zones: int = 0,
+        uuid: str | None = None,
+    ):
         self.folder = Path(folder)
         self.zone_size = zone_size
         self.zone_count = zone_count
@@ -67,15 +74,26 @@ class ZoneFileDrive(ZonedDrive):
             raise DriveMissing(f"drive folder {self.folder} does not exist")
         label = self.label() if uuid is not None or (self.folder / LABEL).exists() else {}
         if uuid is not None and label.get("uuid") != uuid:
-            raise DriveMissing(f"drive folder {self.folder} holds drive {label.get('uuid')!r}, expected {uuid}")
+            raise DriveMissing(
+                f"drive folder {self.folder} holds drive {label.get('uuid')!r}, expected {uuid}"
+            )
         self.preallocate = label.get("preallocate", True)
         # emulate a block device's padding of appends to whole blocks (4096 on a zoned disk)
         self.write_granularity = int(label.get("write_granularity", 1))
 
     # -- set-up --------------------------------------------------------------
     @classmethod
-    def format(cls, folder: Path, zone_size: int, zone_count: int, uuid: str, *, max_open_zones: int = 0,
-               preallocate_zones: bool = True, write_granularity: int = 1):
+    def format(
+        cls,
+        folder: Path,
+        zone_size: int,
+        zone_count: int,
+        uuid: str,
+        *,
+        max_open_zones: int = 0,
+        preallocate_zones: bool = True,
+        write_granularity: int = 1,
+    ):
         folder.mkdir(parents=True, exist_ok=False)
         for idx in range(zone_count):
             fd = os.open(zone_path(folder, idx), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -84,8 +102,14 @@ class ZoneFileDrive(ZonedDrive):
                     preallocate(fd, zone_size)
             finally:
                 os.close(fd)
-        label = {"uuid": uuid, "zone_size": zone_size, "zone_count": zone_count, "max_open_zones": max_open_zones,
-                 "preallocate": preallocate_zones, "write_granularity": write_granularity}
+        label = {
+            "uuid": uuid,
+            "zone_size": zone_size,
+            "zone_count": zone_count,
+            "max_open_zones": max_open_zones,
+            "preallocate": preallocate_zones,
+            "write_granularity": write_granularity,
+        }
         tmp = folder / (LABEL + ".tmp")
         tmp.write_text(json.dumps(label))
         os.replace(tmp, folder / LABEL)
@@ -117,7 +141,9 @@ class ZoneFileDrive(ZonedDrive):
                 try:
                     fd = os.open(zone_path(self.folder, idx), os.O_RDWR)
                 except FileNotFoundError:
-                    raise DriveMissing(f"zone file {zone_path(self.folder, idx)} is missing") from None
+                    raise DriveMissing(
+                        f"zone file {zone_path(self.folder, idx)} is missing"
+                    ) from None
                 self._fds[idx] = fd
                 self._wp.setdefault(idx, os.fstat(fd).st_size)
         return fd
@@ -136,8 +162,12 @@ class ZoneFileDrive(ZonedDrive):
         return EMPTY if wp == 0 else CLOSED
 
     def report(self) -> list[ZoneInfo]:
-        return [ZoneInfo(i, i * self.zone_size, self.zone_size, self.write_pointer(i), self.condition(i))
-                for i in range(self.zone_count)]
+        return [
+            ZoneInfo(
+                i, i * self.zone_size, self.zone_size, self.write_pointer(i), self.condition(i)
+            )
+            for i in range(self.zone_count)
+        ]
 
     def _open_count(self) -> int:
         return sum(1 for c in self._cond.values() if c in (IMPLICIT_OPEN, EXPLICIT_OPEN))
@@ -151,7 +181,9 @@ class ZoneFileDrive(ZonedDrive):
         if cond == FULL:
             raise ZoneError(f"zone {idx} is full: reset it before writing")
         if self.max_open_zones and self._open_count() >= self.max_open_zones:
-            raise ZoneError(f"opening zone {idx} would exceed {self.max_open_zones} open zones", errno.EBUSY)
+            raise ZoneError(
+                f"opening zone {idx} would exceed {self.max_open_zones} open zones", errno.EBUSY
+            )
         self._cond[idx] = how
 
     # -- I/O -------------------------------------------------------------------------
@@ -194,7 +226,9 @@ class ZoneFileDrive(ZonedDrive):
         want = sum(len(b) for b in buffers)
         wp = self._wp[idx]
         if offset < 0 or offset + want > wp:
-            raise ZoneError(f"read of {want} bytes at {offset} of zone {idx} passes its write pointer {wp}")
+            raise ZoneError(
+                f"read of {want} bytes at {offset} of zone {idx} passes its write pointer {wp}"
+            )
         try:
             got = os.preadv(fd, buffers, offset)
         except OSError:

@@ -82,11 +82,25 @@ def pick_victims(catalog: Catalog, *, now_ns: int | None = None, band_class: str
     now_ns = now_ns or time.time_ns()
 
     def work(conn):
-        query = (select(ZONES.c.id, ZONES.c.drive_id, ZONES.c.idx, ZONES.c.band_class, ZONES.c.write_pointer,
-                        ZONES.c.live_bytes, ZONES.c.last_write_ns, ZONES.c.opened_ns)
-                 .select_from(ZONES.join(DRIVES, DRIVES.c.id == ZONES.c.drive_id))
-                 .where(ZONES.c.state == "full", ZONES.c.write_pointer > 0, ZONES.c.garbage_bytes > 0,
-                        DRIVES.c.state == "online"))
+        query = (
+            select(
+                ZONES.c.id,
+                ZONES.c.drive_id,
+                ZONES.c.idx,
+                ZONES.c.band_class,
+                ZONES.c.write_pointer,
+                ZONES.c.live_bytes,
+                ZONES.c.last_write_ns,
+                ZONES.c.opened_ns,
+            )
+            .select_from(ZONES.join(DRIVES, DRIVES.c.id == ZONES.c.drive_id))
+            .where(
+                ZONES.c.state == "full",
+                ZONES.c.write_pointer > 0,
+                ZONES.c.garbage_bytes > 0,
+                DRIVES.c.state == "online",
+            )
+        )
         if band_class is not None:
             query = query.where(ZONES.c.band_class == band_class)
         if drive_ids is not None:
@@ -98,8 +112,18 @@ def pick_victims(catalog: Catalog, *, now_ns: int | None = None, band_class: str
             continue
         written_ns = row.last_write_ns or row.opened_ns or now_ns
         age_s = (now_ns - written_ns) / 1e9
-        victims.append(Victim(row.id, row.drive_id, row.idx, row.band_class, row.write_pointer, row.live_bytes,
-                              age_s, cost_benefit(row.live_bytes, row.write_pointer, age_s)))
+        victims.append(
+            Victim(
+                row.id,
+                row.drive_id,
+                row.idx,
+                row.band_class,
+                row.write_pointer,
+                row.live_bytes,
+                age_s,
+                cost_benefit(row.live_bytes, row.write_pointer, age_s),
+            )
+        )
     # ties (same age) fall back to the least live zone: the cheapest to clean
     victims.sort(key=lambda v: (-v.score, v.utilization, v.zone_id))
     return victims
@@ -117,8 +141,15 @@ class Cleaner:
         """Empty zones per writable drive, as the data path sees them now."""
         return self.dp.space.empty_zone_counts()
 
-    def run(self, *, progress: Progress | None = None, actor: str = "system", max_zones: int | None = None,
-            target_free_zones: int | None = None, band_class: str | None = None) -> CleaningReport:
+    def run(
+        self,
+        *,
+        progress: Progress | None = None,
+        actor: str = "system",
+        max_zones: int | None = None,
+        target_free_zones: int | None = None,
+        band_class: str | None = None,
+    ) -> CleaningReport:
         """Clean victims in cost-benefit order: up to ``max_zones``, or until every writable drive
         has ``target_free_zones`` empty zones (both None: every victim)."""
         started = time.monotonic()
@@ -136,11 +167,16 @@ class Cleaner:
         fixer = Reconstructor(media)
         try:
             for victim in victims:
-                if target_free_zones is not None and self.free_zones().get(victim.drive_id, 0) >= target_free_zones:
+                if (
+                    target_free_zones is not None
+                    and self.free_zones().get(victim.drive_id, 0) >= target_free_zones
+                ):
                     continue
                 if self._pinned(victim.zone_id):
                     continue
-                self.dp.space.pin(victim.zone_id)  # not reset (and reused) while its fragments are copied
+                self.dp.space.pin(
+                    victim.zone_id
+                )  # not reset (and reused) while its fragments are copied
                 try:
                     copied = self._clean_zone(victim, media, fixer, report, tracker)
                 finally:
@@ -148,7 +184,9 @@ class Cleaner:
                 if copied is None:
                     continue
                 report.zones_cleaned += 1
-                report.victims.append((victim.zone_id, round(victim.utilization, 3), round(victim.score, 1)))
+                report.victims.append(
+                    (victim.zone_id, round(victim.utilization, 3), round(victim.score, 1))
+                )
                 # give back whatever is empty now (the victims, and any zone that died meanwhile)
                 before = self._written(victim.zone_id)
                 report.zones_reset += self.dp.space.reclaim_zones()
@@ -157,10 +195,17 @@ class Cleaner:
         finally:
             media.finish()
         report.elapsed_s = time.monotonic() - started
-        tracker.finish(f"cleaning: {report.zones_cleaned} zones cleaned, {report.bytes_copied} bytes copied")
-        record(self.catalog, "clean.run", f"cleaning: {report.zones_cleaned} zones cleaned, {report.zones_reset} "
-               f"reset, {report.bytes_copied / 1e6:.1f} MB copied, {report.bytes_freed / 1e6:.1f} MB freed",
-               actor=actor, details={k: v for k, v in report.to_dict().items() if k != "victims"})
+        tracker.finish(
+            f"cleaning: {report.zones_cleaned} zones cleaned, {report.bytes_copied} bytes copied"
+        )
+        record(
+            self.catalog,
+            "clean.run",
+            f"cleaning: {report.zones_cleaned} zones cleaned, {report.zones_reset} "
+            f"reset, {report.bytes_copied / 1e6:.1f} MB copied, {report.bytes_freed / 1e6:.1f} MB freed",
+            actor=actor,
+            details={k: v for k, v in report.to_dict().items() if k != "victims"},
+        )
         return report
 
     def _pinned(self, zone_id: int) -> bool:
@@ -170,17 +215,33 @@ class Cleaner:
         return self.catalog.read(lambda conn: conn.execute(
             select(ZONES.c.write_pointer).where(ZONES.c.id == zone_id)).scalar_one())
 
-    def _clean_zone(self, victim: Victim, media: Media, fixer: Reconstructor, report: CleaningReport,
-                    tracker: Tracker) -> int | None:
+    def _clean_zone(
+        self,
+        victim: Victim,
+        media: Media,
+        fixer: Reconstructor,
+        report: CleaningReport,
+        tracker: Tracker,
+    ) -> int | None:
         """Copy every fragment out of the victim; returns bytes copied, None if it could not be emptied."""
-        rows = self.catalog.read(lambda conn: [fragment_row(r) for r in conn.execute(
-            select(FRAGMENTS).where(FRAGMENTS.c.zone_id == victim.zone_id).order_by(FRAGMENTS.c.zone_offset))])
+        rows = self.catalog.read(
+            lambda conn: [
+                fragment_row(r)
+                for r in conn.execute(
+                    select(FRAGMENTS)
+                    .where(FRAGMENTS.c.zone_id == victim.zone_id)
+                    .order_by(FRAGMENTS.c.zone_offset)
+                )
+            ]
+        )
         copied = 0
         batch, batch_bytes = [], 0
         for fragment in rows:
             data = fixer.fetch(fragment)
             if data is None:  # bad or unreadable here: rebuild it from the rest of its stripe
-                stripes = self.catalog.read(lambda conn, sid=fragment.stripe_id: load_stripes(conn, [sid]))
+                stripes = self.catalog.read(
+                    lambda conn, sid=fragment.stripe_id: load_stripes(conn, [sid])
+                )
                 stripe = stripes.get(fragment.stripe_id)
                 if stripe is None or stripe.fragments.get(fragment.idx) != fragment:
                     continue  # died or moved meanwhile
@@ -195,11 +256,18 @@ class Cleaner:
                 copied += self._copy(batch, victim, media, report, tracker)
                 batch, batch_bytes = [], 0
         copied += self._copy(batch, victim, media, report, tracker)
-        left = self.catalog.read(lambda conn: conn.execute(select(func.count()).select_from(FRAGMENTS).where(
-            FRAGMENTS.c.zone_id == victim.zone_id)).scalar_one())
+        left = self.catalog.read(
+            lambda conn: conn.execute(
+                select(func.count())
+                .select_from(FRAGMENTS)
+                .where(FRAGMENTS.c.zone_id == victim.zone_id)
+            ).scalar_one()
+        )
         return copied if left == 0 else None
 
-    def _copy(self, batch, victim: Victim, media: Media, report: CleaningReport, tracker: Tracker) -> int:
+    def _copy(
+        self, batch, victim: Victim, media: Media, report: CleaningReport, tracker: Tracker
+    ) -> int:
         if not batch:
             return 0
         band_class = victim.band_class or self.dp.default_class

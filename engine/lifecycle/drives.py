@@ -108,13 +108,37 @@ def list_drives(catalog: Catalog) -> list[DriveStatus]:
             func.coalesce(func.sum(ZONES.c.garbage_bytes), 0),
         ).group_by(ZONES.c.drive_id)).all()
         zones = {row[0]: row[1:] for row in zone_rows}
-        counts = dict(conn.execute(select(FRAGMENTS.c.drive_id, func.count()).group_by(FRAGMENTS.c.drive_id)).all())
+        counts = dict(
+            conn.execute(
+                select(FRAGMENTS.c.drive_id, func.count()).group_by(FRAGMENTS.c.drive_id)
+            ).all()
+        )
         out = []
         for d in conn.execute(select(DRIVES).order_by(DRIVES.c.id)):
-            empty, open_, full, written, live, garbage = (int(v or 0) for v in zones.get(d.id, (0,) * 6))
-            out.append(DriveStatus(d.id, d.uuid, d.path, d.backend, d.state, d.zone_size, d.zone_count, empty,
-                                   open_, full, d.zone_size * d.zone_count, written, live, garbage,
-                                   int(counts.get(d.id, 0)), d.serial, d.model))
+            empty, open_, full, written, live, garbage = (
+                int(v or 0) for v in zones.get(d.id, (0,) * 6)
+            )
+            out.append(
+                DriveStatus(
+                    d.id,
+                    d.uuid,
+                    d.path,
+                    d.backend,
+                    d.state,
+                    d.zone_size,
+                    d.zone_count,
+                    empty,
+                    open_,
+                    full,
+                    d.zone_size * d.zone_count,
+                    written,
+                    live,
+                    garbage,
+                    int(counts.get(d.id, 0)),
+                    d.serial,
+                    d.model,
+                )
+            )
         return out
     return catalog.read(work)
 
@@ -135,24 +159,35 @@ def set_drive_state_in(conn: Connection, drive: int | str, state: str, *, actor:
         return old, state
     if state not in TRANSITIONS.get(old, ()):
         allowed = ", ".join(TRANSITIONS.get(old, ())) or "nothing (final state)"
-        raise errors.InvalidArgument(f"drive {drive_id} is {old}: it cannot become {state} (allowed: {allowed})")
+        raise errors.InvalidArgument(
+            f"drive {drive_id} is {old}: it cannot become {state} (allowed: {allowed})"
+        )
     if old == DRAINING and state == REMOVED:
         left = conn.execute(select(func.count()).select_from(FRAGMENTS)
                             .where(FRAGMENTS.c.drive_id == drive_id)).scalar_one()
         if left:
-            raise errors.NotEmpty(f"drive {drive_id} still holds {left} fragments: let the drain finish "
-                                  "(`shingle rebuild`) before removing it")
+            raise errors.NotEmpty(
+                f"drive {drive_id} still holds {left} fragments: let the drain finish "
+                "(`shingle rebuild`) before removing it"
+            )
     conn.execute(DRIVES.update().where(DRIVES.c.id == drive_id).values(state=state))
     severity = "error" if state == FAILED else "warning" if state in (DEGRADED, REMOVED) else "info"
-    record_in(conn, "drive.state", f"drive {drive_id}: {old} -> {state}" + (f" ({reason})" if reason else ""),
-              severity=severity, actor=actor, details={"drive_id": drive_id, "from": old, "to": state,
-                                                       "reason": reason})
+    record_in(
+        conn,
+        "drive.state",
+        f"drive {drive_id}: {old} -> {state}" + (f" ({reason})" if reason else ""),
+        severity=severity,
+        actor=actor,
+        details={"drive_id": drive_id, "from": old, "to": state, "reason": reason},
+    )
     return old, state
 
 
 def set_drive_state(catalog: Catalog, drive: int | str, state: str, *, actor: str = "system",
                     reason: str = "") -> tuple[str, str]:
-    return catalog.run(lambda conn: set_drive_state_in(conn, drive, state, actor=actor, reason=reason))
+    return catalog.run(
+        lambda conn: set_drive_state_in(conn, drive, state, actor=actor, reason=reason)
+    )
 
 
 def fail_drive(catalog: Catalog, drive: int | str, actor: str = "system",
@@ -170,13 +205,21 @@ def redundancy_status_in(conn: Connection) -> RedundancyStatus:
     readable = case((and_(DRIVES.c.state.in_(READABLE), ZONES.c.state != OFFLINE_ZONE), 1), else_=0)
     draining = case((DRIVES.c.state == DRAINING, 1), else_=0)
     per_stripe = (
-        select(STRIPES.c.id, STRIPES.c.k, STRIPES.c.m,
-               func.coalesce(func.sum(readable), 0).label("readable"),
-               func.coalesce(func.sum(draining), 0).label("draining"))
-        .select_from(STRIPES.outerjoin(FRAGMENTS, FRAGMENTS.c.stripe_id == STRIPES.c.id)
-                     .outerjoin(DRIVES, DRIVES.c.id == FRAGMENTS.c.drive_id)
-                     .outerjoin(ZONES, ZONES.c.id == FRAGMENTS.c.zone_id))
-        .where(STRIPES.c.live_bytes > 0, STRIPES.c.layout != INLINE)  # inline bytes live in the catalog
+        select(
+            STRIPES.c.id,
+            STRIPES.c.k,
+            STRIPES.c.m,
+            func.coalesce(func.sum(readable), 0).label("readable"),
+            func.coalesce(func.sum(draining), 0).label("draining"),
+        )
+        .select_from(
+            STRIPES.outerjoin(FRAGMENTS, FRAGMENTS.c.stripe_id == STRIPES.c.id)
+            .outerjoin(DRIVES, DRIVES.c.id == FRAGMENTS.c.drive_id)
+            .outerjoin(ZONES, ZONES.c.id == FRAGMENTS.c.zone_id)
+        )
+        .where(
+            STRIPES.c.live_bytes > 0, STRIPES.c.layout != INLINE
+        )  # inline bytes live in the catalog
         .group_by(STRIPES.c.id, STRIPES.c.k, STRIPES.c.m)
     ).subquery()
     width = per_stripe.c.k + per_stripe.c.m

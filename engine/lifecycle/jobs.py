@@ -43,7 +43,11 @@ def runners(namespace, datapath, catalog: Catalog, *, reads: ReadTracker | None 
             clean_bytes_per_s: float | None = None) -> dict[str, Runner]:
     def tier(params, progress, actor):
         policy = tiering_policy(catalog)
-        return Tiering(namespace, datapath, catalog, policy, reads=reads).run(progress=progress, actor=actor).to_dict()
+        return (
+            Tiering(namespace, datapath, catalog, policy, reads=reads)
+            .run(progress=progress, actor=actor)
+            .to_dict()
+        )
 
     def clean(params, progress, actor):
         report = Cleaner(datapath, catalog, bytes_per_s=clean_bytes_per_s).run(

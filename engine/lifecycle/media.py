@@ -103,7 +103,9 @@ class Media:
         buf = bytearray(length)
         got = drive.backend.read_into(zone.idx, offset, [buf])
         if got != length:
-            raise errors.IOFailure(f"short read on drive {drive_id} zone {zone.idx} at {offset}: {got} of {length}")
+            raise errors.IOFailure(
+                f"short read on drive {drive_id} zone {zone.idx} at {offset}: {got} of {length}"
+            )
         return bytes(buf)
 
     # -- zones of our own ------------------------------------------------------------------
@@ -147,8 +149,11 @@ class Media:
             closed, self._closed = self._closed, set()
         try:
             if closed:
-                conn.execute(ZONES.update().where(ZONES.c.id.in_(sorted(closed)), ZONES.c.state == "open")
-                             .values(state="full"))
+                conn.execute(
+                    ZONES.update()
+                    .where(ZONES.c.id.in_(sorted(closed)), ZONES.c.state == "open")
+                    .values(state="full")
+                )
             record_appends(conn, self.space, placements)
         except BaseException:
             with self._closed_lock:
@@ -170,7 +175,9 @@ class Media:
                 for drive_id, data in items:
                     drive = self.drive(drive_id)
                     if not drive.writable():
-                        raise errors.IOFailure(f"drive {drive_id} cannot take writes ({drive.state})")
+                        raise errors.IOFailure(
+                            f"drive {drive_id} cannot take writes ({drive.state})"
+                        )
                     zone = self._claim(drive, band_class, purpose, len(data), use_reserve)
                     offset = self.space.take(zone, len(data))
                     placements.append(Placement(drive_id, zone.id, zone.idx, offset, len(data),
@@ -195,7 +202,9 @@ class Media:
     def settle(self, placements: list[Placement], *, committed: bool) -> None:
         """After the catalog commit (or its failure): unpin the zones of these appends."""
         for p in placements:
-            self.space.settle(self.space.zones[p.zone_id], p.offset + p.length if committed else None)
+            self.space.settle(
+                self.space.zones[p.zone_id], p.offset + p.length if committed else None
+            )
 
 
 def record_appends(conn, space, placements: list[Placement]) -> None:
@@ -206,20 +215,41 @@ def record_appends(conn, space, placements: list[Placement]) -> None:
         ends[p.zone_id] = max(ends.get(p.zone_id, 0), p.offset + p.length)
     if not ends:
         return
-    current = dict(conn.execute(select(ZONES.c.id, ZONES.c.write_pointer).where(ZONES.c.id.in_(list(ends)))).all())
+    current = dict(
+        conn.execute(
+            select(ZONES.c.id, ZONES.c.write_pointer).where(ZONES.c.id.in_(list(ends)))
+        ).all()
+    )
     now = time.time_ns()
     rows = []
     for zone_id, end in ends.items():
         zone = space.zones[zone_id]
         wp = current.get(zone_id, 0)
         new_wp = max(wp, end)
-        rows.append({"b_id": zone_id, "b_wp": new_wp, "b_garbage": new_wp - wp, "b_class": zone.band_class,
-                     "b_opened": zone.opened_ns, "b_state": "full" if zone.state == "full" else "open",
-                     "b_last": now})
-    conn.execute(ZONES.update().where(ZONES.c.id == bindparam("b_id")).values(
-        write_pointer=bindparam("b_wp"), garbage_bytes=ZONES.c.garbage_bytes + bindparam("b_garbage"),
-        band_class=bindparam("b_class"), opened_ns=func.coalesce(ZONES.c.opened_ns, bindparam("b_opened")),
-        state=bindparam("b_state"), last_write_ns=bindparam("b_last")), rows)
+        rows.append(
+            {
+                "b_id": zone_id,
+                "b_wp": new_wp,
+                "b_garbage": new_wp - wp,
+                "b_class": zone.band_class,
+                "b_opened": zone.opened_ns,
+                "b_state": "full" if zone.state == "full" else "open",
+                "b_last": now,
+            }
+        )
+    conn.execute(
+        ZONES.update()
+        .where(ZONES.c.id == bindparam("b_id"))
+        .values(
+            write_pointer=bindparam("b_wp"),
+            garbage_bytes=ZONES.c.garbage_bytes + bindparam("b_garbage"),
+            band_class=bindparam("b_class"),
+            opened_ns=func.coalesce(ZONES.c.opened_ns, bindparam("b_opened")),
+            state=bindparam("b_state"),
+            last_write_ns=bindparam("b_last"),
+        ),
+        rows,
+    )
 
 
 def live_share(fragment_length: int, live: int, data_length: int) -> int:
@@ -237,9 +267,16 @@ def move_fragments(conn, moves: list[tuple[int, int, int, Placement]]) -> list[i
     ids = [m[0] for m in moves]
     rows = {}
     for part in range(0, len(ids), 400):
-        for r in conn.execute(select(FRAGMENTS.c.id, FRAGMENTS.c.zone_id, FRAGMENTS.c.zone_offset,
-                                     FRAGMENTS.c.length, FRAGMENTS.c.stripe_id, FRAGMENTS.c.checksum)
-                              .where(FRAGMENTS.c.id.in_(ids[part:part + 400]))):
+        for r in conn.execute(
+            select(
+                FRAGMENTS.c.id,
+                FRAGMENTS.c.zone_id,
+                FRAGMENTS.c.zone_offset,
+                FRAGMENTS.c.length,
+                FRAGMENTS.c.stripe_id,
+                FRAGMENTS.c.checksum,
+            ).where(FRAGMENTS.c.id.in_(ids[part : part + 400]))
+        ):
             rows[r.id] = r
     stripe_ids = sorted({r.stripe_id for r in rows.values()})
     stripes = {}
@@ -256,16 +293,31 @@ def move_fragments(conn, moves: list[tuple[int, int, int, Placement]]) -> list[i
             continue
         stripe = stripes.get(row.stripe_id)
         share = live_share(row.length, stripe.live_bytes, stripe.data_length) if stripe else 0
-        updates.append({"b_id": fragment_id, "b_drive": placement.drive_id, "b_zone": placement.zone_id,
-                        "b_offset": placement.offset, "b_crc": placement.checksum})
+        updates.append(
+            {
+                "b_id": fragment_id,
+                "b_drive": placement.drive_id,
+                "b_zone": placement.zone_id,
+                "b_offset": placement.offset,
+                "b_crc": placement.checksum,
+            }
+        )
         if share:
             zone_delta[row.zone_id] = zone_delta.get(row.zone_id, 0) - share
             zone_delta[placement.zone_id] = zone_delta.get(placement.zone_id, 0) + share
         moved.append(fragment_id)
     if updates:
-        conn.execute(FRAGMENTS.update().where(FRAGMENTS.c.id == bindparam("b_id")).values(
-            drive_id=bindparam("b_drive"), zone_id=bindparam("b_zone"), zone_offset=bindparam("b_offset"),
-            checksum=bindparam("b_crc")), updates)
+        conn.execute(
+            FRAGMENTS.update()
+            .where(FRAGMENTS.c.id == bindparam("b_id"))
+            .values(
+                drive_id=bindparam("b_drive"),
+                zone_id=bindparam("b_zone"),
+                zone_offset=bindparam("b_offset"),
+                checksum=bindparam("b_crc"),
+            ),
+            updates,
+        )
     changes = [{"b_id": z, "b_d": d} for z, d in zone_delta.items() if d]
     if changes:
         conn.execute(ZONES.update().where(ZONES.c.id == bindparam("b_id")).values(

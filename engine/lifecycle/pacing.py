@@ -25,7 +25,9 @@ class RateLimiter:
                  burst_s: float = 0.5, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep):
         for name, value in (("bytes_per_s", bytes_per_s), ("items_per_s", items_per_s)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+            ):
                 raise ValueError(f"{name} {value!r}: expected a number >= 0 (0 or None: unlimited)")
         self.bytes_per_s = bytes_per_s or 0
         self.items_per_s = items_per_s or 0

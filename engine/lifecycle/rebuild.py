@@ -104,10 +104,13 @@ class Rebuilder:
         try:
             while True:
                 def next_batch(conn):
-                    query = (select(FRAGMENTS.c.stripe_id).distinct()
-                             .select_from(FRAGMENTS.join(DRIVES, DRIVES.c.id == FRAGMENTS.c.drive_id))
-                             .where(DRIVES.c.state.in_(LOST_STATES + (drive_states.DRAINING,)))
-                             .order_by(FRAGMENTS.c.stripe_id))
+                    query = (
+                        select(FRAGMENTS.c.stripe_id)
+                        .distinct()
+                        .select_from(FRAGMENTS.join(DRIVES, DRIVES.c.id == FRAGMENTS.c.drive_id))
+                        .where(DRIVES.c.state.in_(LOST_STATES + (drive_states.DRAINING,)))
+                        .order_by(FRAGMENTS.c.stripe_id)
+                    )
                     if drive_id is not None:
                         query = query.where(FRAGMENTS.c.drive_id == drive_id)
                     if done:
@@ -125,14 +128,22 @@ class Rebuilder:
             media.finish()
         report.elapsed_s = time.monotonic() - started
         report.status = drive_states.redundancy_status(self.catalog).to_dict()
-        tracker.finish(f"rebuild: {report.fragments_rebuilt} fragments rebuilt, {report.fragments_moved} moved, "
-                       f"{report.mb_per_s:.1f} MB/s; {report.status['reduced']} stripes with reduced redundancy")
+        tracker.finish(
+            f"rebuild: {report.fragments_rebuilt} fragments rebuilt, {report.fragments_moved} moved, "
+            f"{report.mb_per_s:.1f} MB/s; {report.status['reduced']} stripes with reduced redundancy"
+        )
         severity = "error" if report.unrecoverable else "warning" if report.unplaced else "info"
-        record(self.catalog, "rebuild.run", f"rebuild: {report.stripes} stripes, {report.fragments_rebuilt} "
-               f"fragments rebuilt, {report.fragments_moved} moved, {report.bytes_written / 1e6:.1f} MB in "
-               f"{report.elapsed_s:.1f} s; {len(report.unrecoverable)} unrecoverable, {report.unplaced} unplaced; "
-               f"{report.status['reduced']} stripes still with reduced redundancy", severity=severity, actor=actor,
-               details=report.to_dict())
+        record(
+            self.catalog,
+            "rebuild.run",
+            f"rebuild: {report.stripes} stripes, {report.fragments_rebuilt} "
+            f"fragments rebuilt, {report.fragments_moved} moved, {report.bytes_written / 1e6:.1f} MB in "
+            f"{report.elapsed_s:.1f} s; {len(report.unrecoverable)} unrecoverable, {report.unplaced} unplaced; "
+            f"{report.status['reduced']} stripes still with reduced redundancy",
+            severity=severity,
+            actor=actor,
+            details=report.to_dict(),
+        )
         return report
 
     def _prepare(self, stripe, states, media: Media, fixer: Reconstructor, only_drive: int | None):
@@ -142,7 +153,9 @@ class Rebuilder:
             state = states.get(fragment.drive_id)
             if only_drive is not None and fragment.drive_id != only_drive:
                 continue
-            if state in LOST_STATES or (state == drive_states.DRAINING and not media.readable(fragment.drive_id)):
+            if state in LOST_STATES or (
+                state == drive_states.DRAINING and not media.readable(fragment.drive_id)
+            ):
                 lost.append(idx)
             elif state == drive_states.DRAINING:
                 data = fixer.fetch(fragment)
@@ -163,7 +176,9 @@ class Rebuilder:
             except errors.IOFailure as exc:
                 return exc
         # stripes are read and decoded in parallel (each stripe's fragment reads are parallel too)
-        for n, (stripe, result) in enumerate(zip(stripes, _stripe_pool().map(prepare, stripes), strict=True)):
+        for n, (stripe, result) in enumerate(
+            zip(stripes, _stripe_pool().map(prepare, stripes), strict=True)
+        ):
             if isinstance(result, errors.IOFailure):
                 report.stripes += 1
                 report.unrecoverable.append(stripe.id)
@@ -186,8 +201,13 @@ class Rebuilder:
             report.unplaced += max(len(wanted) - len(candidates), 0)
         for band_class, moves in moves_by_class.items():
             try:
-                moved = relocate(media, self.catalog, band_class, [(f, d, t) for f, d, t, _r in moves],
-                                 purpose="rebuild")
+                moved = relocate(
+                    media,
+                    self.catalog,
+                    band_class,
+                    [(f, d, t) for f, d, t, _r in moves],
+                    purpose="rebuild",
+                )
             except errors.NoSpace:
                 report.unplaced += len(moves)
                 continue
@@ -202,7 +222,11 @@ class Rebuilder:
     def _finish_drains(self, report: RebuildReport, actor: str) -> None:
         def work(conn):
             drained = []
-            draining = conn.execute(select(DRIVES.c.id).where(DRIVES.c.state == drive_states.DRAINING)).scalars().all()
+            draining = (
+                conn.execute(select(DRIVES.c.id).where(DRIVES.c.state == drive_states.DRAINING))
+                .scalars()
+                .all()
+            )
             for drive_id in draining:
                 left = conn.execute(select(func.count()).select_from(FRAGMENTS)
                                     .where(FRAGMENTS.c.drive_id == drive_id)).scalar_one()
@@ -210,8 +234,13 @@ class Rebuilder:
                     continue
                 drive_states.set_drive_state_in(conn, drive_id, drive_states.REMOVED, actor=actor,
                                                 reason="drained: no fragment left on it")
-                record_in(conn, "drive.drained", f"drive {drive_id} is drained and removed from the pool",
-                          actor=actor, details={"drive_id": drive_id})
+                record_in(
+                    conn,
+                    "drive.drained",
+                    f"drive {drive_id} is drained and removed from the pool",
+                    actor=actor,
+                    details={"drive_id": drive_id},
+                )
                 drained.append(drive_id)
             return drained
         report.drives_drained = self.catalog.run(work)

@@ -72,8 +72,16 @@ class StripeRow:
 
 
 def fragment_row(row) -> FragmentRow:
-    return FragmentRow(row.id, row.stripe_id, row.idx, row.drive_id, row.zone_id, row.zone_offset, row.length,
-                       row.checksum)
+    return FragmentRow(
+        row.id,
+        row.stripe_id,
+        row.idx,
+        row.drive_id,
+        row.zone_id,
+        row.zone_offset,
+        row.length,
+        row.checksum,
+    )
 
 
 def load_stripes(conn, stripe_ids) -> dict[int, StripeRow]:
@@ -81,8 +89,17 @@ def load_stripes(conn, stripe_ids) -> dict[int, StripeRow]:
     ids = sorted(set(stripe_ids))
     for part in chunks(ids):
         for r in conn.execute(select(STRIPES).where(STRIPES.c.id.in_(part))):
-            found[r.id] = StripeRow(r.id, r.band_class, r.layout, r.k, r.m, r.backend, r.data_length,
-                                    r.fragment_length, r.live_bytes)
+            found[r.id] = StripeRow(
+                r.id,
+                r.band_class,
+                r.layout,
+                r.k,
+                r.m,
+                r.backend,
+                r.data_length,
+                r.fragment_length,
+                r.live_bytes,
+            )
         for r in conn.execute(select(FRAGMENTS).where(FRAGMENTS.c.stripe_id.in_(part))):
             if r.stripe_id in found:
                 found[r.stripe_id].fragments[r.idx] = fragment_row(r)
@@ -107,13 +124,17 @@ class Reconstructor:
         if not self.media.readable(fragment.drive_id):
             return None
         try:
-            data = self.media.read(fragment.drive_id, fragment.zone_id, fragment.zone_offset, fragment.length)
+            data = self.media.read(
+                fragment.drive_id, fragment.zone_id, fragment.zone_offset, fragment.length
+            )
         except (OSError, errors.FsError):
             return None
         self.bytes_read += len(data)
         return data if crc32c.crc32c(data) == fragment.checksum else None
 
-    def rebuild(self, stripe: StripeRow, wanted: list[int], good: dict[int, bytes] | None = None) -> dict[int, bytes]:
+    def rebuild(
+        self, stripe: StripeRow, wanted: list[int], good: dict[int, bytes] | None = None
+    ) -> dict[int, bytes]:
         """Bytes of fragments ``wanted`` of ``stripe`` from its other good fragments."""
         good = {i: d for i, d in (good or {}).items() if i not in wanted}
         need = 1 if stripe.layout == "replica" else stripe.k
@@ -121,12 +142,16 @@ class Reconstructor:
         while len(good) < need and candidates:
             # fetch what is still missing in parallel (one read per drive), more only if some fail
             batch, candidates = candidates[:need - len(good)], candidates[need - len(good):]
-            for idx, data in zip(batch, _pool().map(self.fetch, [stripe.fragments[i] for i in batch]), strict=True):
+            for idx, data in zip(
+                batch, _pool().map(self.fetch, [stripe.fragments[i] for i in batch]), strict=True
+            ):
                 if data is not None:
                     good[idx] = data
         if len(good) < need:
-            raise errors.IOFailure(f"stripe {stripe.id} cannot be rebuilt: {len(good)} good fragments of the "
-                                   f"{need} needed (fragments {sorted(stripe.fragments)} of {stripe.width})")
+            raise errors.IOFailure(
+                f"stripe {stripe.id} cannot be rebuilt: {len(good)} good fragments of the "
+                f"{need} needed (fragments {sorted(stripe.fragments)} of {stripe.width})"
+            )
         if stripe.layout == "replica":
             copy = next(iter(good.values()))
             out = {i: copy for i in wanted}
@@ -134,13 +159,17 @@ class Reconstructor:
             try:
                 made = self._driver(stripe).reconstruct(list(good.values())[:need], list(wanted))
             except Exception as exc:  # pyeclib raises its own hierarchy
-                raise errors.IOFailure(f"stripe {stripe.id}: pyeclib reconstruct failed: {exc}") from exc
+                raise errors.IOFailure(
+                    f"stripe {stripe.id}: pyeclib reconstruct failed: {exc}"
+                ) from exc
             out = dict(zip(wanted, made, strict=True))
         for idx, data in out.items():
             expected = stripe.fragments[idx].checksum if idx in stripe.fragments else None
             if expected is not None and crc32c.crc32c(data) != expected:
-                raise errors.IOFailure(f"stripe {stripe.id} fragment {idx}: rebuilt bytes do not match the "
-                                       "recorded checksum")
+                raise errors.IOFailure(
+                    f"stripe {stripe.id} fragment {idx}: rebuilt bytes do not match the "
+                    "recorded checksum"
+                )
         return out
 
 
@@ -151,14 +180,27 @@ def relocate(media: Media, catalog, band_class: str, moves: list[tuple[FragmentR
     a fragment that changed meanwhile is left alone and its new copy is garbage."""
     if not moves:
         return 0
-    placements = media.append(band_class, [(drive_id, data) for _f, data, drive_id in moves], purpose=purpose,
-                              use_reserve=use_reserve)
+    placements = media.append(
+        band_class,
+        [(drive_id, data) for _f, data, drive_id in moves],
+        purpose=purpose,
+        use_reserve=use_reserve,
+    )
 
     def work(conn):
         media.record(conn, placements)
-        done = set(move_fragments(conn, [(f.id, f.zone_id, f.zone_offset, p)
-                                         for (f, _data, _drive), p in zip(moves, placements, strict=True)]))
-        moved = [(f, p) for (f, _data, _drive), p in zip(moves, placements, strict=True) if f.id in done]
+        done = set(
+            move_fragments(
+                conn,
+                [
+                    (f.id, f.zone_id, f.zone_offset, p)
+                    for (f, _data, _drive), p in zip(moves, placements, strict=True)
+                ],
+            )
+        )
+        moved = [
+            (f, p) for (f, _data, _drive), p in zip(moves, placements, strict=True) if f.id in done
+        ]
         if also is not None:
             also(conn, moved)
         return moved

@@ -71,7 +71,9 @@ class Scrubber:
         self.dp.refresh_drive_states()
 
         def total(conn):
-            query = select(func.count(), func.coalesce(func.sum(FRAGMENTS.c.length), 0)).select_from(FRAGMENTS)
+            query = select(
+                func.count(), func.coalesce(func.sum(FRAGMENTS.c.length), 0)
+            ).select_from(FRAGMENTS)
             if drive_id is not None:
                 query = query.where(FRAGMENTS.c.drive_id == drive_id)
             return conn.execute(query).one()
@@ -81,7 +83,12 @@ class Scrubber:
         try:
             while True:
                 def page(conn, after=after):
-                    query = select(FRAGMENTS).where(FRAGMENTS.c.id > after).order_by(FRAGMENTS.c.id).limit(BATCH)
+                    query = (
+                        select(FRAGMENTS)
+                        .where(FRAGMENTS.c.id > after)
+                        .order_by(FRAGMENTS.c.id)
+                        .limit(BATCH)
+                    )
                     if drive_id is not None:
                         query = query.where(FRAGMENTS.c.drive_id == drive_id)
                     return [fragment_row(r) for r in conn.execute(query)]
@@ -99,24 +106,36 @@ class Scrubber:
         finally:
             media.finish()
         report.elapsed_s = time.monotonic() - started
-        tracker.finish(f"scrub: {report.fragments_checked} fragments and {report.inline_checked} inline stripes "
-                       f"checked, {report.bad} bad, "
-                       f"{report.repaired} repaired, {report.unrepairable} unrepairable")
+        tracker.finish(
+            f"scrub: {report.fragments_checked} fragments and {report.inline_checked} inline stripes "
+            f"checked, {report.bad} bad, "
+            f"{report.repaired} repaired, {report.unrepairable} unrepairable"
+        )
         severity = "error" if report.unrepairable else "warning" if report.bad else "info"
-        record(self.catalog, "scrub.run", f"scrub checked {report.fragments_checked} fragments and "
-               f"{report.inline_checked} inline stripes "
-               f"({report.bytes_checked / 1e6:.1f} MB): {report.bad} bad, {report.repaired} repaired, "
-               f"{report.unrepairable} unrepairable, {report.skipped_unreadable_drive} on unreadable drives",
-               severity=severity, actor=actor, details={k: v for k, v in report.to_dict().items() if k != "problems"})
+        record(
+            self.catalog,
+            "scrub.run",
+            f"scrub checked {report.fragments_checked} fragments and "
+            f"{report.inline_checked} inline stripes "
+            f"({report.bytes_checked / 1e6:.1f} MB): {report.bad} bad, {report.repaired} repaired, "
+            f"{report.unrepairable} unrepairable, {report.skipped_unreadable_drive} on unreadable drives",
+            severity=severity,
+            actor=actor,
+            details={k: v for k, v in report.to_dict().items() if k != "problems"},
+        )
         return report
 
-    def _check(self, fragment, media: Media, fixer: Reconstructor, report: ScrubReport, actor: str) -> None:
+    def _check(
+        self, fragment, media: Media, fixer: Reconstructor, report: ScrubReport, actor: str
+    ) -> None:
         if not media.readable(fragment.drive_id):
             report.skipped_unreadable_drive += 1
             return
         report.fragments_checked += 1
         try:
-            data = media.read(fragment.drive_id, fragment.zone_id, fragment.zone_offset, fragment.length)
+            data = media.read(
+                fragment.drive_id, fragment.zone_id, fragment.zone_offset, fragment.length
+            )
             report.bytes_checked += len(data)
             if crc32c.crc32c(data) == fragment.checksum:
                 return
@@ -131,8 +150,14 @@ class Scrubber:
             return
         report.bad += 1
         report.problems.append((fragment.stripe_id, fragment.idx, what))
-        details = {"stripe_id": fragment.stripe_id, "fragment": fragment.idx, "drive_id": fragment.drive_id,
-                   "zone_id": fragment.zone_id, "zone_offset": fragment.zone_offset, "problem": what}
+        details = {
+            "stripe_id": fragment.stripe_id,
+            "fragment": fragment.idx,
+            "drive_id": fragment.drive_id,
+            "zone_id": fragment.zone_id,
+            "zone_offset": fragment.zone_offset,
+            "problem": what,
+        }
         try:
             rebuilt = fixer.rebuild(stripe, [fragment.idx])[fragment.idx]
             targets = [fragment.drive_id] if media.drive(fragment.drive_id).writable() else []
@@ -142,27 +167,47 @@ class Scrubber:
 
             def also(conn, moved):
                 if moved:
-                    record_in(conn, "scrub.repair", f"scrub repaired stripe {stripe.id} fragment {fragment.idx} "
-                              f"on drive {fragment.drive_id} ({what})", severity="warning", actor=actor,
-                              details={**details, "new_drive_id": moved[0][1].drive_id,
-                                       "new_zone_id": moved[0][1].zone_id})
+                    record_in(
+                        conn,
+                        "scrub.repair",
+                        f"scrub repaired stripe {stripe.id} fragment {fragment.idx} "
+                        f"on drive {fragment.drive_id} ({what})",
+                        severity="warning",
+                        actor=actor,
+                        details={
+                            **details,
+                            "new_drive_id": moved[0][1].drive_id,
+                            "new_zone_id": moved[0][1].zone_id,
+                        },
+                    )
             if relocate(media, self.catalog, stripe.band_class, [(fragment, rebuilt, targets[0])],
                         purpose="repair", use_reserve=True, also=also):
                 report.repaired += 1
         except (OSError, errors.FsError) as exc:
             report.unrepairable += 1
-            record(self.catalog, "scrub.unrepairable", f"scrub could not repair stripe {fragment.stripe_id} "
-                   f"fragment {fragment.idx}: {exc}", severity="error", actor=actor,
-                   details={**details, "error": str(exc)})
+            record(
+                self.catalog,
+                "scrub.unrepairable",
+                f"scrub could not repair stripe {fragment.stripe_id} "
+                f"fragment {fragment.idx}: {exc}",
+                severity="error",
+                actor=actor,
+                details={**details, "error": str(exc)},
+            )
 
 
     def _check_inline(self, report: ScrubReport, actor: str) -> None:
         """Verify inline stripes; with no second copy, a bad one can only be reported."""
         after = 0
         while True:
-            rows = self.catalog.read(lambda conn, after=after: sql_all(
-                conn, "SELECT stripe_id, length, checksum, data FROM inline_data WHERE stripe_id > ? "
-                      "ORDER BY stripe_id LIMIT ?", (after, BATCH)))
+            rows = self.catalog.read(
+                lambda conn, after=after: sql_all(
+                    conn,
+                    "SELECT stripe_id, length, checksum, data FROM inline_data WHERE stripe_id > ? "
+                    "ORDER BY stripe_id LIMIT ?",
+                    (after, BATCH),
+                )
+            )
             if not rows:
                 return
             after = rows[-1][0]
@@ -172,19 +217,28 @@ class Scrubber:
                 self.limiter.spend(len(data))
                 if len(data) == length and crc32c.crc32c(data) == checksum:
                     continue
-                what = f"inline bytes: {len(data)} of {length} with crc32c {crc32c.crc32c(data):#010x}, " \
-                       f"expected {checksum:#010x}"
+                what = (
+                    f"inline bytes: {len(data)} of {length} with crc32c {crc32c.crc32c(data):#010x}, "
+                    f"expected {checksum:#010x}"
+                )
                 report.bad += 1
                 report.unrepairable += 1
                 report.problems.append((stripe_id, 0, what))
-                record(self.catalog, "scrub.unrepairable", f"scrub found inline stripe {stripe_id} damaged ({what}); "
-                       "its bytes are kept only in the catalog, so there is nothing to repair it from",
-                       severity="error", actor=actor, details={"stripe_id": stripe_id, "problem": what})
+                record(
+                    self.catalog,
+                    "scrub.unrepairable",
+                    f"scrub found inline stripe {stripe_id} damaged ({what}); "
+                    "its bytes are kept only in the catalog, so there is nothing to repair it from",
+                    severity="error",
+                    actor=actor,
+                    details={"stripe_id": stripe_id, "problem": what},
+                )
 
 
 def scrub(datapath, catalog, *, progress: Progress | None = None, actor: str = "system",
           bytes_per_s: float | None = None, fragments_per_s: float | None = None,
           drive_id: int | None = None) -> ScrubReport:
     """Verify every fragment (of one drive, or all) and repair the bad ones."""
-    return Scrubber(datapath, catalog, bytes_per_s=bytes_per_s, fragments_per_s=fragments_per_s).run(
-        progress=progress, actor=actor, drive_id=drive_id)
+    return Scrubber(
+        datapath, catalog, bytes_per_s=bytes_per_s, fragments_per_s=fragments_per_s
+    ).run(progress=progress, actor=actor, drive_id=drive_id)

@@ -60,13 +60,21 @@ class TieringPolicy:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise errors.InvalidArgument(f"tiering {name} {value!r}: expected seconds >= 0")
-        if isinstance(self.promote_reads, bool) or not isinstance(self.promote_reads, int) or self.promote_reads < 1:
-            raise errors.InvalidArgument(f"tiering promote_reads {self.promote_reads!r}: expected an integer >= 1")
+        if (
+            isinstance(self.promote_reads, bool)
+            or not isinstance(self.promote_reads, int)
+            or self.promote_reads < 1
+        ):
+            raise errors.InvalidArgument(
+                f"tiering promote_reads {self.promote_reads!r}: expected an integer >= 1"
+            )
         for rule in self.path_rules:
             if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)
                     and rule[0].startswith("/") and rule[1] in CLASSES):
-                raise errors.InvalidArgument(f"tiering path rule {rule!r}: expected (absolute path, one of "
-                                             f"{', '.join(CLASSES)})")
+                raise errors.InvalidArgument(
+                    f"tiering path rule {rule!r}: expected (absolute path, one of "
+                    f"{', '.join(CLASSES)})"
+                )
         return self
 
 
@@ -142,8 +150,16 @@ class TieringReport:
 
 
 class Tiering:
-    def __init__(self, namespace, datapath, catalog: Catalog, policy: TieringPolicy | None = None, *,
-                 reads: ReadTracker | None = None, clock=time.time_ns):
+    def __init__(
+        self,
+        namespace,
+        datapath,
+        catalog: Catalog,
+        policy: TieringPolicy | None = None,
+        *,
+        reads: ReadTracker | None = None,
+        clock=time.time_ns,
+    ):
         self.ns = namespace
         self.dp = datapath
         self.catalog = catalog
@@ -182,13 +198,28 @@ class Tiering:
         now = self.clock()
 
         def work(conn):
-            per_class = (select(EXTENTS.c.ino, STRIPES.c.band_class, func.sum(EXTENTS.c.length).label("nbytes"))
-                         .select_from(EXTENTS.join(STRIPES, STRIPES.c.id == EXTENTS.c.stripe_id))
-                         .group_by(EXTENTS.c.ino, STRIPES.c.band_class)).subquery()
-            return conn.execute(select(per_class.c.ino, per_class.c.band_class, per_class.c.nbytes,
-                                       INODES.c.band_class.label("pinned"), INODES.c.mtime_ns, INODES.c.ctime_ns)
-                                .select_from(per_class.join(INODES, and_(INODES.c.ino == per_class.c.ino,
-                                                                          INODES.c.type == REG)))).all()
+            per_class = (
+                select(
+                    EXTENTS.c.ino, STRIPES.c.band_class, func.sum(EXTENTS.c.length).label("nbytes")
+                )
+                .select_from(EXTENTS.join(STRIPES, STRIPES.c.id == EXTENTS.c.stripe_id))
+                .group_by(EXTENTS.c.ino, STRIPES.c.band_class)
+            ).subquery()
+            return conn.execute(
+                select(
+                    per_class.c.ino,
+                    per_class.c.band_class,
+                    per_class.c.nbytes,
+                    INODES.c.band_class.label("pinned"),
+                    INODES.c.mtime_ns,
+                    INODES.c.ctime_ns,
+                ).select_from(
+                    per_class.join(
+                        INODES, and_(INODES.c.ino == per_class.c.ino, INODES.c.type == REG)
+                    )
+                )
+            ).all()
+
         files: dict[int, dict] = {}
         for row in self.catalog.read(work):
             entry = files.setdefault(row.ino, {"classes": {}, "pinned": row.pinned,
@@ -207,12 +238,25 @@ class Tiering:
                 continue
             if HOT in classes and idle_s >= p.hot_to_warm_after_s:
                 moves.append(TierMove(ino, HOT, WARM, total, f"unchanged for {idle_s:.0f} s"))
-            elif source == WARM and idle_s >= p.warm_to_cold_after_s and self._unread(ino, p.warm_to_cold_after_s):
-                moves.append(TierMove(ino, WARM, COLD, total, f"not changed or read for {idle_s:.0f} s"))
+            elif (
+                source == WARM
+                and idle_s >= p.warm_to_cold_after_s
+                and self._unread(ino, p.warm_to_cold_after_s)
+            ):
+                moves.append(
+                    TierMove(ino, WARM, COLD, total, f"not changed or read for {idle_s:.0f} s")
+                )
             elif COLD in classes and self.reads is not None \
                     and self.reads.reads_since(ino, p.promote_window_s) >= p.promote_reads:
-                moves.append(TierMove(ino, COLD, WARM, total,
-                                      f"read {self.reads.reads_since(ino, p.promote_window_s)} times"))
+                moves.append(
+                    TierMove(
+                        ino,
+                        COLD,
+                        WARM,
+                        total,
+                        f"read {self.reads.reads_since(ino, p.promote_window_s)} times",
+                    )
+                )
         return moves
 
     def _unread(self, ino: int, seconds: float) -> bool:
@@ -258,13 +302,27 @@ class Tiering:
             finally:
                 media.finish()
             report.elapsed_s = time.monotonic() - started
-            tracker.finish(f"tiering: {report.files_moved} files moved ({report.bytes_moved / 1e6:.1f} MB), "
-                           f"{report.files_skipped} skipped")
-            record(self.catalog, "tier.run", f"tiering moved {report.files_moved} files "
-                   f"({report.bytes_moved / 1e6:.1f} MB): "
-                   + (", ".join(f"{n} {k}" for k, n in sorted(report.moves.items())) or "nothing to move")
-                   + (f"; {report.files_skipped} skipped (busy or changed)" if report.files_skipped else ""),
-                   actor=actor, details=report.to_dict())
+            tracker.finish(
+                f"tiering: {report.files_moved} files moved ({report.bytes_moved / 1e6:.1f} MB), "
+                f"{report.files_skipped} skipped"
+            )
+            record(
+                self.catalog,
+                "tier.run",
+                f"tiering moved {report.files_moved} files "
+                f"({report.bytes_moved / 1e6:.1f} MB): "
+                + (
+                    ", ".join(f"{n} {k}" for k, n in sorted(report.moves.items()))
+                    or "nothing to move"
+                )
+                + (
+                    f"; {report.files_skipped} skipped (busy or changed)"
+                    if report.files_skipped
+                    else ""
+                ),
+                actor=actor,
+                details=report.to_dict(),
+            )
             return report
 
     def move_file(self, ino: int, target: str, media: Media | None = None) -> tuple[int, int]:
@@ -273,7 +331,9 @@ class Tiering:
         Returns (user bytes moved, media bytes written); (0, 0) when skipped because the
         file is being written or changed while it was copied."""
         if target not in self.dp.policies:
-            raise errors.InvalidArgument(f"band class {target!r}: expected one of {', '.join(self.dp.policies)}")
+            raise errors.InvalidArgument(
+                f"band class {target!r}: expected one of {', '.join(self.dp.policies)}"
+            )
         own_media = media is None
         media = media or media_for(self.dp)
         try:
@@ -298,11 +358,19 @@ class Tiering:
     def _snapshot(self, ino: int, target: str, start: int):
         def work(conn):
             size = conn.execute(select(INODES.c.size).where(INODES.c.ino == ino)).scalar()
-            rows = conn.execute(select(EXTENTS.c.id, EXTENTS.c.file_offset, EXTENTS.c.length, EXTENTS.c.stripe_id,
-                                       EXTENTS.c.stripe_offset, STRIPES.c.band_class)
-                                .select_from(EXTENTS.join(STRIPES, STRIPES.c.id == EXTENTS.c.stripe_id))
-                                .where(EXTENTS.c.ino == ino, EXTENTS.c.file_offset >= start)
-                                .order_by(EXTENTS.c.file_offset)).all()
+            rows = conn.execute(
+                select(
+                    EXTENTS.c.id,
+                    EXTENTS.c.file_offset,
+                    EXTENTS.c.length,
+                    EXTENTS.c.stripe_id,
+                    EXTENTS.c.stripe_offset,
+                    STRIPES.c.band_class,
+                )
+                .select_from(EXTENTS.join(STRIPES, STRIPES.c.id == EXTENTS.c.stripe_id))
+                .where(EXTENTS.c.ino == ino, EXTENTS.c.file_offset >= start)
+                .order_by(EXTENTS.c.file_offset)
+            ).all()
             return size, rows
         return self.catalog.read(work)
 
@@ -326,7 +394,9 @@ class Tiering:
             return 0, 0, None
         policy = self.dp.policies[target]
         # read the bytes through the extents we will replace
-        pieces = [(row, self.dp.read(ino, row.file_offset, row.length, size, track=False)) for row in todo]
+        pieces = [
+            (row, self.dp.read(ino, row.file_offset, row.length, size, track=False)) for row in todo
+        ]
         if any(len(data) != row.length for row, data in pieces):
             return None  # truncated meanwhile
         # pack into stripes of the target class: small extents coalesce into full stripes
@@ -340,7 +410,9 @@ class Tiering:
                     payloads.append(bytearray())
                     room = policy.stripe_size
                 take = min(room, len(data) - pos)
-                new_extents.append((row.file_offset + pos, take, len(payloads) - 1, len(payloads[-1])))
+                new_extents.append(
+                    (row.file_offset + pos, take, len(payloads) - 1, len(payloads[-1]))
+                )
                 payloads[-1] += data[pos:pos + take]
                 pos += take
         encoded = [policy.encode(bytes(p)) for p in payloads]
@@ -348,8 +420,10 @@ class Tiering:
         for n, fragments in enumerate(encoded):
             drives = media.writable_drives(want=policy.width)
             if len(drives) < policy.width:
-                raise errors.NoSpace(f"{target} stripe needs {policy.width} writable drives with room, "
-                                     f"{len(drives)} have it")
+                raise errors.NoSpace(
+                    f"{target} stripe needs {policy.width} writable drives with room, "
+                    f"{len(drives)} have it"
+                )
             shift = n % len(drives)
             drives = (drives[shift:] + drives[:shift])[:policy.width]
             for idx, (drive_id, fragment) in enumerate(zip(drives, fragments, strict=True)):
@@ -364,25 +438,60 @@ class Tiering:
                                           EXTENTS.c.stripe_id, EXTENTS.c.stripe_offset)
                                    .where(EXTENTS.c.id.in_([e[0] for e in expected]))).all()
             if sorted(tuple(r) for r in current) != sorted(expected):
-                return None  # changed since we read it: the copy is garbage, the file keeps its data
+                return (
+                    None  # changed since we read it: the copy is garbage, the file keeps its data
+                )
             now = self.clock()
             stripe_ids = []
             for payload, fragments in zip(payloads, encoded, strict=True):
-                stripe_ids.append(conn.execute(STRIPES.insert().values(
-                    band_class=target, layout=policy.layout, k=policy.k, m=policy.m, backend=policy.backend,
-                    data_length=len(payload), fragment_length=len(fragments[0]), compression=None, live_bytes=0,
-                    created_ns=now)).inserted_primary_key[0])
+                stripe_ids.append(
+                    conn.execute(
+                        STRIPES.insert().values(
+                            band_class=target,
+                            layout=policy.layout,
+                            k=policy.k,
+                            m=policy.m,
+                            backend=policy.backend,
+                            data_length=len(payload),
+                            fragment_length=len(fragments[0]),
+                            compression=None,
+                            live_bytes=0,
+                            created_ns=now,
+                        )
+                    ).inserted_primary_key[0]
+                )
             # SQLite may hand out ids of dead stripes again: no cached description may survive
             self.dp.invalidate_stripes(stripe_ids)
-            conn.execute(FRAGMENTS.insert(), [
-                {"stripe_id": stripe_ids[n], "idx": idx, "drive_id": p.drive_id, "zone_id": p.zone_id,
-                 "zone_offset": p.offset, "length": p.length, "checksum": p.checksum}
-                for (n, idx), p in zip(layout, placements, strict=True)])
+            conn.execute(
+                FRAGMENTS.insert(),
+                [
+                    {
+                        "stripe_id": stripe_ids[n],
+                        "idx": idx,
+                        "drive_id": p.drive_id,
+                        "zone_id": p.zone_id,
+                        "zone_offset": p.offset,
+                        "length": p.length,
+                        "checksum": p.checksum,
+                    }
+                    for (n, idx), p in zip(layout, placements, strict=True)
+                ],
+            )
             for part in chunks([e[0] for e in expected]):
                 conn.execute(EXTENTS.delete().where(EXTENTS.c.id.in_(part)))
-            conn.execute(EXTENTS.insert(), [
-                {"ino": ino, "file_offset": fo, "length": length, "stripe_id": stripe_ids[n], "stripe_offset": so}
-                for fo, length, n, so in new_extents])
+            conn.execute(
+                EXTENTS.insert(),
+                [
+                    {
+                        "ino": ino,
+                        "file_offset": fo,
+                        "length": length,
+                        "stripe_id": stripe_ids[n],
+                        "stripe_offset": so,
+                    }
+                    for fo, length, n, so in new_extents
+                ],
+            )
             deltas: dict[int, int] = {}
             for row in todo:
                 deltas[row.stripe_id] = deltas.get(row.stripe_id, 0) - row.length
@@ -390,8 +499,15 @@ class Tiering:
                 deltas[stripe_ids[n]] = deltas.get(stripe_ids[n], 0) + length
             known = {}
             for n, sid in enumerate(stripe_ids):
-                known[sid] = (len(payloads[n]), 0, [(p.zone_id, p.length) for (m, _i), p in zip(layout, placements, strict=True)
-                                                    if m == n])
+                known[sid] = (
+                    len(payloads[n]),
+                    0,
+                    [
+                        (p.zone_id, p.length)
+                        for (m, _i), p in zip(layout, placements, strict=True)
+                        if m == n
+                    ],
+                )
             adjust_live(conn, deltas, known)
             return stripe_ids
         try:
@@ -410,4 +526,6 @@ class Tiering:
 def tier_run(namespace, datapath, catalog: Catalog, *, policy: TieringPolicy | None = None,
              reads: ReadTracker | None = None, progress: Progress | None = None,
              actor: str = "system") -> TieringReport:
-    return Tiering(namespace, datapath, catalog, policy, reads=reads).run(progress=progress, actor=actor)
+    return Tiering(namespace, datapath, catalog, policy, reads=reads).run(
+        progress=progress, actor=actor
+    )
