@@ -93,7 +93,10 @@ def cmd_init(args) -> int:
     text = config_mod.render(overrides, commented_defaults=True)
     config = config_mod.from_dict(__import__("tomllib").loads(text), config_path)
     policies = config.policies()
-    k_m = max((p.k + p.m) if getattr(p, "redundancy", "ec") == "ec" else p.copies for p in policies.values())
+    k_m = max(
+        (p.k + p.m) if getattr(p, "redundancy", "ec") == "ec" else p.copies
+        for p in policies.values()
+    )
     if args.drives < k_m:
         raise UsageError(f"--drives {args.drives}: the band classes need at least {k_m} drives "
                          "(a stripe puts each fragment on a different drive)")
@@ -127,8 +130,12 @@ def cmd_init(args) -> int:
             for stale in (cert, key):
                 stale.unlink(missing_ok=True)
             made_by = make_self_signed(cert, key, names_for(config.get("webui.host")))
-        events.record(catalog, "appliance.init", f"initialized with {len(drive_ids)} emulated drives",
-                      actor="shingle init")
+        events.record(
+            catalog,
+            "appliance.init",
+            f"initialized with {len(drive_ids)} emulated drives",
+            actor="shingle init",
+        )
     finally:
         catalog.close()
     print(f"initialized {root}")
@@ -184,13 +191,19 @@ def cmd_status(args) -> int:
         return 0
     fmt = format_size
     cat, cap = report["catalog"], report["capacity"]
-    print(f"catalog   {cat['backend']} {cat['url']} (schema {cat['revision']}), {cat['inodes']} inodes")
-    print(f"capacity  usable {fmt(cap['usable_bytes'])}, free {fmt(cap['free_bytes'])}, "
-          f"raw {fmt(cap['raw_bytes'])}, live {fmt(cap['live_bytes'])}, garbage {fmt(cap['garbage_bytes'])}")
+    print(
+        f"catalog   {cat['backend']} {cat['url']} (schema {cat['revision']}), {cat['inodes']} inodes"
+    )
+    print(
+        f"capacity  usable {fmt(cap['usable_bytes'])}, free {fmt(cap['free_bytes'])}, "
+        f"raw {fmt(cap['raw_bytes'])}, live {fmt(cap['live_bytes'])}, garbage {fmt(cap['garbage_bytes'])}"
+    )
     print(f"drives    {len(report['drives'])}")
     for d in report["drives"]:
-        print(f"  {d['id']:>3} {d['state']:<9} {fmt(d['size_bytes']):>10}  zones {d['zones_empty']} empty / "
-              f"{d['zones_open']} open / {d['zones_full']} full  {d['path']}")
+        print(
+            f"  {d['id']:>3} {d['state']:<9} {fmt(d['size_bytes']):>10}  zones {d['zones_empty']} empty / "
+            f"{d['zones_open']} open / {d['zones_full']} full  {d['path']}"
+        )
     return 0
 
 
@@ -226,7 +239,9 @@ def cmd_bench(args) -> int:
     available = sorted(p.stem for p in BENCH_DIR.glob("*.py") if not p.stem.startswith("_")) \
         if BENCH_DIR.is_dir() else []
     if args.name not in available:
-        raise UsageError(f"benchmark {args.name!r}: expected one of {', '.join(available) or '(none: not a source checkout)'}")
+        raise UsageError(
+            f"benchmark {args.name!r}: expected one of {', '.join(available) or '(none: not a source checkout)'}"
+        )
     return subprocess.call([sys.executable, str(BENCH_DIR / f"{args.name}.py"), *args.bench_args])
 
 
@@ -262,18 +277,26 @@ def cmd_serve(args) -> int:
         raise UsageError(f"another shingle daemon (pid {lock.holder()}) serves {config.data_dir}")
     appliance = Appliance(config)
     nfs_port = args.nfs_port if args.nfs_port is not None else config.get("nfs.port")
-    server = NfsServerThread(appliance.namespace, appliance.catalog, host=config.get("nfs.host"), port=nfs_port,
-                             max_record_size=config.get("nfs.max_record_size"),
-                             lease_seconds=config.get("nfs.lease_seconds"),
-                             grace_seconds=config.get("nfs.grace_seconds"))
+    server = NfsServerThread(
+        appliance.namespace,
+        appliance.catalog,
+        host=config.get("nfs.host"),
+        port=nfs_port,
+        max_record_size=config.get("nfs.max_record_size"),
+        lease_seconds=config.get("nfs.lease_seconds"),
+        grace_seconds=config.get("nfs.grace_seconds"),
+    )
     web = watchdog = maintenance = smb = None
     try:
         server.start()
         host = config.get("nfs.host")
         log.info("NFS server listening on %s:%d", host, server.port)
         print(f"NFS:    nfs://{host}:{server.port}/export?version=4.1", flush=True)
-        print(f"        mount -t nfs -o vers=4.1,port={server.port},nconnect=4,rsize=1048576,wsize=1048576 "
-              f"{host}:/export /mnt/shingle", flush=True)
+        print(
+            f"        mount -t nfs -o vers=4.1,port={server.port},nconnect=4,rsize=1048576,wsize=1048576 "
+            f"{host}:/export /mnt/shingle",
+            flush=True,
+        )
         maintenance = Maintenance(appliance, counters=lambda: daemon_counters(server, appliance),
                                   sample_every_s=config.get("maintenance.metrics_interval_s"))
         maintenance.start()
@@ -329,7 +352,16 @@ def start_webui(config, port: int | None):
     """The web UI runs as a gunicorn child process (see webui/gunicorn.conf.py)."""
     import subprocess
     port = port if port is not None else config.get("webui.port")
-    cmd = [sys.executable, "-m", "appliance.cli", "-c", str(config.path), "webui", "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "appliance.cli",
+        "-c",
+        str(config.path),
+        "webui",
+        "--port",
+        str(port),
+    ]
     return subprocess.Popen(cmd)  # `shingle webui` prints the URL and where the first password is
 
 
@@ -350,18 +382,32 @@ def start_watchdog(server):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shingle", description="NAS appliance for AI training data on SMR drives")
+    parser = argparse.ArgumentParser(
+        prog="shingle", description="NAS appliance for AI training data on SMR drives"
+    )
     parser.add_argument("-c", "--config", help="config file (default: $SHINGLE_CONFIG, else "
                         f"./{LOCAL_CONFIG}, else {DEFAULT_CONFIG})")
     parser.add_argument("--version", action="version",
                         version=f"shingle {version()} (Python {python_version()})")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("init", help="create a config, the catalog, emulated drives and the first admin")
+    p = sub.add_parser(
+        "init", help="create a config, the catalog, emulated drives and the first admin"
+    )
     p.add_argument("dir", help="folder for the appliance's state")
     p.add_argument("--drives", type=int, default=10, help="emulated drives (default 10: 8+2)")
-    p.add_argument("--drive-size", type=size_arg, default=config_mod.parse_size("1GiB"), help="e.g. 4GiB (default 1GiB)")
-    p.add_argument("--zone-size", type=size_arg, default=config_mod.parse_size("64MiB"), help="e.g. 256MiB (default 64MiB)")
+    p.add_argument(
+        "--drive-size",
+        type=size_arg,
+        default=config_mod.parse_size("1GiB"),
+        help="e.g. 4GiB (default 1GiB)",
+    )
+    p.add_argument(
+        "--zone-size",
+        type=size_arg,
+        default=config_mod.parse_size("64MiB"),
+        help="e.g. 256MiB (default 64MiB)",
+    )
     p.add_argument("--catalog", help="catalog URL (default: SQLite in DIR)")
     p.add_argument("--nfs-port", type=int)
     p.add_argument("--web-port", type=int)
@@ -376,11 +422,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("fsck", help="check the catalog's consistency (read-only); exit 1 on problems")
+    p = sub.add_parser(
+        "fsck", help="check the catalog's consistency (read-only); exit 1 on problems"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_fsck)
 
-    p = sub.add_parser("bench", help="run a benchmark from bench/ (catalog, engine, nfs, compare, ...)")
+    p = sub.add_parser(
+        "bench", help="run a benchmark from bench/ (catalog, engine, nfs, compare, ...)"
+    )
     p.add_argument("name")
     p.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     p.set_defaults(func=cmd_bench)

@@ -12,11 +12,15 @@ def _configure_logging(root) -> None:
     from appliance import install
     level = "info"
     try:
-        level = install.load_installed_config(install.Path(root or "/").resolve()).get("logging.level")
+        level = install.load_installed_config(install.Path(root or "/").resolve()).get(
+            "logging.level"
+        )
     except Exception:  # no config yet, or a broken one that install reports itself
         pass
     log_mod.configure(level)
-    logging.getLogger("alembic.runtime.plugins").setLevel(max(logging.WARNING, logging.getLogger().level))
+    logging.getLogger("alembic.runtime.plugins").setLevel(
+        max(logging.WARNING, logging.getLogger().level)
+    )
 
 
 def cmd_install(args) -> int:
@@ -39,7 +43,9 @@ def cmd_uninstall(args) -> int:
     except install.InstallError as exc:
         print(f"shingle: uninstall: {exc}", file=sys.stderr)
         return 1
-    install.print_report(report, "purged shingle" if args.purge else "uninstalled shingle (data kept)")
+    install.print_report(
+        report, "purged shingle" if args.purge else "uninstalled shingle (data kept)"
+    )
     return 0
 
 
@@ -55,18 +61,30 @@ def cmd_doctor(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("install", help="install or upgrade the appliance on this host (or under --root)")
-    p.add_argument("--root", metavar="DIR", help="lay the tree out under DIR without touching this host")
+    p = subparsers.add_parser(
+        "install", help="install or upgrade the appliance on this host (or under --root)"
+    )
+    p.add_argument(
+        "--root", metavar="DIR", help="lay the tree out under DIR without touching this host"
+    )
     p.add_argument("--bin", metavar="PATH", help="the shingle launcher the units run "
                    "(default: the one running this command)")
     p.set_defaults(func=cmd_install)
 
-    p = subparsers.add_parser("uninstall", help="remove the units; config and data stay unless --purge")
+    p = subparsers.add_parser(
+        "uninstall", help="remove the units; config and data stay unless --purge"
+    )
     p.add_argument("--root", metavar="DIR", help="act under DIR instead of this host")
-    p.add_argument("--purge", action="store_true", help="also delete /etc/shingle and /var/lib/shingle")
+    p.add_argument(
+        "--purge", action="store_true", help="also delete /etc/shingle and /var/lib/shingle"
+    )
     p.set_defaults(func=cmd_uninstall)
 
-    p = subparsers.add_parser("doctor", help="check this host for the appliance and print what to fix")
-    p.add_argument("--root", metavar="DIR", help="check the install under DIR (its config and data)")
+    p = subparsers.add_parser(
+        "doctor", help="check this host for the appliance and print what to fix"
+    )
+    p.add_argument(
+        "--root", metavar="DIR", help="check the install under DIR (its config and data)"
+    )
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_doctor)

@@ -66,7 +66,12 @@ def run_data_job(args, kind: str, params: dict | None = None) -> jobs.JobRecord:
                 job = jobs.claim(appliance.catalog, job_id)
                 runner = maintenance.runners.get(kind)
                 if runner is None:
-                    jobs.finish(appliance.catalog, job_id, ok=False, message=f"this build cannot run {kind} jobs")
+                    jobs.finish(
+                        appliance.catalog,
+                        job_id,
+                        ok=False,
+                        message=f"this build cannot run {kind} jobs",
+                    )
                 else:
                     maintenance.run_job(job)
                 return jobs.get(appliance.catalog, job_id)
@@ -75,7 +80,10 @@ def run_data_job(args, kind: str, params: dict | None = None) -> jobs.JobRecord:
     catalog = open_catalog(config)
     try:
         job_id = jobs.submit(catalog, kind, params, actor="cli")
-        print(f"the daemon (pid {lock.holder()}) owns the drives: queued job {job_id}", file=sys.stderr)
+        print(
+            f"the daemon (pid {lock.holder()}) owns the drives: queued job {job_id}",
+            file=sys.stderr,
+        )
         return jobs.wait(catalog, job_id, progress=progress.show_job, daemon_gone=lock.holder_gone)
     finally:
         catalog.close()
@@ -85,11 +93,19 @@ def finish_job(job: jobs.JobRecord, as_json: bool) -> int:
     if as_json:
         print(json.dumps(job.to_dict(), indent=2, default=str))
     else:
-        print(f"{job.kind} job {job.id}: {job.state}" + (f" ({job.message})" if job.message else ""))
+        print(
+            f"{job.kind} job {job.id}: {job.state}" + (f" ({job.message})" if job.message else "")
+        )
         if isinstance(job.result, list):
             for item in job.result:
-                print("  " + (f"{item.get('action', '')} {item.get('path', '')} {item.get('outcome', '')}"
-                              if isinstance(item, dict) else str(item)))
+                print(
+                    "  "
+                    + (
+                        f"{item.get('action', '')} {item.get('path', '')} {item.get('outcome', '')}"
+                        if isinstance(item, dict)
+                        else str(item)
+                    )
+                )
         elif isinstance(job.result, dict):
             for key, value in job.result.items():
                 print(f"  {key}: {format_value(key, value)}")
@@ -128,7 +144,9 @@ def cmd_retention(args) -> int:
                 raise UsageError("retention add PATTERN --keep N [--action delete|cold|trash]")
             rule_id = service.add_rule(args.pattern, args.keep, action=args.rule_action,
                                        order_by=args.order_by, actor="cli")
-            print(f"rule {rule_id}: keep the newest {args.keep} of {args.pattern}, {args.rule_action} the rest")
+            print(
+                f"rule {rule_id}: keep the newest {args.keep} of {args.pattern}, {args.rule_action} the rest"
+            )
         elif args.action == "list":
             rules = service.list_rules()
             if args.json:
@@ -138,7 +156,11 @@ def cmd_retention(args) -> int:
                       f"{'enabled ' if rule.enabled else 'disabled'} {rule.pattern}")
         elif args.action == "preview":
             plan = service.preview(args.rule)
-            print(json.dumps([p.to_dict() for p in plan], indent=2) if args.json else plan_to_text(plan))
+            print(
+                json.dumps([p.to_dict() for p in plan], indent=2)
+                if args.json
+                else plan_to_text(plan)
+            )
         elif args.action == "delete":
             if args.rule is None:
                 raise UsageError("retention delete --rule ID")
@@ -153,7 +175,9 @@ def cmd_trash(args) -> int:
     from engine.trash import Trash
 
     if args.action == "purge":
-        return finish_job(run_data_job(args, "trash-purge", {"older_than_s": args.older_than}), args.json)
+        return finish_job(
+            run_data_job(args, "trash-purge", {"older_than_s": args.older_than}), args.json
+        )
 
     def work(appliance):
         trash = Trash(appliance.namespace, appliance.catalog)
@@ -179,7 +203,9 @@ def cmd_drives(args) -> int:
     if args.action == "drain":
         if args.drive is None:
             raise UsageError("drives drain ID")
-        with_catalog(args, lambda config, catalog: drives.start_drain(catalog, args.drive, actor="cli"))
+        with_catalog(
+            args, lambda config, catalog: drives.start_drain(catalog, args.drive, actor="cli")
+        )
         return finish_job(run_data_job(args, "drain", {"drive": args.drive}), args.json)
 
     def work(config, catalog):
@@ -188,8 +214,10 @@ def cmd_drives(args) -> int:
             if args.json:
                 print(json.dumps([d.to_dict() for d in found], indent=2, default=str))
             for d in [] if args.json else found:
-                print(f"{d.id:>4} {d.state:<9} {format_size(d.capacity_bytes):>10}  zones {d.zones_empty} empty / "
-                      f"{d.zones_open} open / {d.zones_full} full  live {format_size(d.live_bytes)}  {d.path}")
+                print(
+                    f"{d.id:>4} {d.state:<9} {format_size(d.capacity_bytes):>10}  zones {d.zones_empty} empty / "
+                    f"{d.zones_open} open / {d.zones_full} full  live {format_size(d.live_bytes)}  {d.path}"
+                )
         elif args.action == "fail":
             if args.drive is None:
                 raise UsageError("drives fail ID")
@@ -205,7 +233,9 @@ def cmd_jobs(args) -> int:
         if args.json:
             print(json.dumps([j.to_dict() for j in found], indent=2, default=str))
         for job in [] if args.json else found:
-            print(f"{job.id:>5} {job.kind:<12} {job.state:<8} {job.fraction:6.1%} {job.actor:<10} {job.message or ''}")
+            print(
+                f"{job.id:>5} {job.kind:<12} {job.state:<8} {job.fraction:6.1%} {job.actor:<10} {job.message or ''}"
+            )
         return 0
     return with_catalog(args, work)
 
@@ -276,8 +306,13 @@ def register(sub) -> None:
     p.add_argument("action", choices=["add", "list", "preview", "run", "delete"])
     p.add_argument("pattern", nargs="?", help="path pattern, e.g. '/checkpoints/*/step-*'")
     p.add_argument("--keep", type=int, help="how many of the newest entries to keep")
-    p.add_argument("--action", dest="rule_action", default="delete", choices=["delete", "cold", "trash"],
-                   help="what happens to the older entries (default delete)")
+    p.add_argument(
+        "--action",
+        dest="rule_action",
+        default="delete",
+        choices=["delete", "cold", "trash"],
+        help="what happens to the older entries (default delete)",
+    )
     p.add_argument("--order-by", default="mtime", choices=["mtime", "name"])
     p.add_argument("--rule", type=int, help="one rule's id (preview/run/delete)")
     p.add_argument("--json", action="store_true")
@@ -287,7 +322,9 @@ def register(sub) -> None:
                        description=TRASH_HELP, formatter_class=examples)
     p.add_argument("action", choices=["list", "restore", "purge"])
     p.add_argument("entry", nargs="?", help="restore: the entry's id or trash path")
-    p.add_argument("--older-than", type=float, help="purge: seconds since deletion (0 empties the trash)")
+    p.add_argument(
+        "--older-than", type=float, help="purge: seconds since deletion (0 empties the trash)"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_trash)
 
@@ -308,8 +345,10 @@ def register(sub) -> None:
         p = sub.add_parser(kind, help=text)
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=cmd_data_job(kind))
-    for kind, text in (("tier", "move data between hot, warm and cold bands"),
-                       ("clean", "band cleaning: copy live data out of mostly-garbage bands, reset them")):
+    for kind, text in (
+        ("tier", "move data between hot, warm and cold bands"),
+        ("clean", "band cleaning: copy live data out of mostly-garbage bands, reset them"),
+    ):
         p = sub.add_parser(kind, help=text)
         p.add_argument("action", choices=["run"])
         p.add_argument("--json", action="store_true")

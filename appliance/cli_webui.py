@@ -21,9 +21,13 @@ def cmd_webui(args) -> int:
         raise UsageError(f"--port {port}: expected a TCP port 1-65535")
     host = config.get("webui.host")
     conf = Path(__file__).resolve().parent.parent / "webui" / "gunicorn.conf.py"
-    env = dict(os.environ, SHINGLE_CONFIG=str(Path(config.path).resolve()), SHINGLE_WEBUI_BIND=f"{host}:{port}",
-               SHINGLE_WEBUI_WORKERS=str(config.get("webui.workers")),
-               SHINGLE_WEBUI_LOGLEVEL=config.get("logging.level"))
+    env = dict(
+        os.environ,
+        SHINGLE_CONFIG=str(Path(config.path).resolve()),
+        SHINGLE_WEBUI_BIND=f"{host}:{port}",
+        SHINGLE_WEBUI_WORKERS=str(config.get("webui.workers")),
+        SHINGLE_WEBUI_LOGLEVEL=config.get("logging.level"),
+    )
     scheme = "http"
     if config.get("webui.tls_cert_file"):
         for key in ("webui.tls_cert_file", "webui.tls_key_file"):
@@ -37,7 +41,9 @@ def cmd_webui(args) -> int:
     print(f"Web UI: {scheme}://{shown}:{port}/  (first admin login in "
           f"{config.data_dir / 'initial-admin-password'})", flush=True)
     argv = [sys.executable, "-m", "gunicorn", "--config", str(conf), "webui.app:create_app()"]
-    os.chdir(Path(__file__).resolve().parent.parent)  # so gunicorn imports this tree's webui package
+    os.chdir(
+        Path(__file__).resolve().parent.parent
+    )  # so gunicorn imports this tree's webui package
     os.execve(sys.executable, argv, env)
     return 0  # not reached
 

@@ -19,9 +19,22 @@ from typing import Any
 from engine.errors import ConfigError
 from engine.units import format_size  # noqa: F401  (re-exported: callers use config.format_size)
 
-SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "KB": 1000, "M": 1 << 20, "MIB": 1 << 20,
-              "MB": 1000 ** 2, "G": 1 << 30, "GIB": 1 << 30, "GB": 1000 ** 3, "T": 1 << 40, "TIB": 1 << 40,
-              "TB": 1000 ** 4}
+SIZE_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 1 << 10,
+    "KIB": 1 << 10,
+    "KB": 1000,
+    "M": 1 << 20,
+    "MIB": 1 << 20,
+    "MB": 1000**2,
+    "G": 1 << 30,
+    "GIB": 1 << 30,
+    "GB": 1000**3,
+    "T": 1 << 40,
+    "TIB": 1 << 40,
+    "TB": 1000**4,
+}
 LOG_LEVELS = ("debug", "info", "warning", "error")
 BAND_CLASSES = ("hot", "warm", "cold")
 
@@ -57,75 +70,214 @@ class Option:
 
 
 OPTIONS: list[Option] = [
-    Option("appliance", "data_dir", "str", ".",
-           "Folder for the appliance's state; relative paths below are resolved against it "
-           "(itself relative to this file's folder)."),
-    Option("catalog", "url", "str", "sqlite:///catalog.db",
-           "Catalog database: sqlite:///PATH (embedded default; relative PATH is under data_dir) "
-           "or postgresql+psycopg://USER@HOST:PORT/DB when several processes or hosts share it."),
-    Option("catalog", "sqlite_synchronous", "choice", "normal",
-           "SQLite durability for metadata commits: 'normal' (WAL; atomic after any crash, a power cut "
-           "may lose the last commits) or 'full' (fsync every commit). Data commits behind a stable "
-           "WRITE or COMMIT are always 'full'.", choices=("normal", "full")),
-    Option("storage", "drives_dir", "str", "drives",
-           "Folder holding the emulated zoned drives (one sub-folder per drive, one file per zone)."),
-    Option("storage", "reserve_zones", "int", 2,
-           "Zones per drive kept free for band cleaning, so cleaning can never deadlock on a full drive.",
-           minimum=1, maximum=64),
-    Option("storage", "inline_write_bytes", "int", 65536,
-           "Durable writes up to this many bytes that would go to the hot class keep their bytes in the "
-           "catalog's own transaction (one fsync round instead of two); tiering later folds them into "
-           "erasure-coded stripes. 0 turns this off.", minimum=0, maximum=1 << 20),
-    Option("storage", "inline_budget_bytes", "int", 256 << 20,
-           "Most bytes kept in the catalog that way at once; past it small writes get three replicas "
-           "on drives.", minimum=0),
-    Option("smr_model", "enabled", "bool", False,
-           "Attach the SMR cost model to every drive (predicts seeks, media bytes and write amplification)."),
-    Option("smr_model", "mode", "choice", "host-managed",
-           "'host-managed' (non-sequential writes refused) or 'drive-managed' (band rewrites counted).",
-           choices=("host-managed", "drive-managed")),
-    Option("smr_model", "seek_ms", "float", 8.0, "Average seek time of the modelled drive.", minimum=0),
+    Option(
+        "appliance",
+        "data_dir",
+        "str",
+        ".",
+        "Folder for the appliance's state; relative paths below are resolved against it "
+        "(itself relative to this file's folder).",
+    ),
+    Option(
+        "catalog",
+        "url",
+        "str",
+        "sqlite:///catalog.db",
+        "Catalog database: sqlite:///PATH (embedded default; relative PATH is under data_dir) "
+        "or postgresql+psycopg://USER@HOST:PORT/DB when several processes or hosts share it.",
+    ),
+    Option(
+        "catalog",
+        "sqlite_synchronous",
+        "choice",
+        "normal",
+        "SQLite durability for metadata commits: 'normal' (WAL; atomic after any crash, a power cut "
+        "may lose the last commits) or 'full' (fsync every commit). Data commits behind a stable "
+        "WRITE or COMMIT are always 'full'.",
+        choices=("normal", "full"),
+    ),
+    Option(
+        "storage",
+        "drives_dir",
+        "str",
+        "drives",
+        "Folder holding the emulated zoned drives (one sub-folder per drive, one file per zone).",
+    ),
+    Option(
+        "storage",
+        "reserve_zones",
+        "int",
+        2,
+        "Zones per drive kept free for band cleaning, so cleaning can never deadlock on a full drive.",
+        minimum=1,
+        maximum=64,
+    ),
+    Option(
+        "storage",
+        "inline_write_bytes",
+        "int",
+        65536,
+        "Durable writes up to this many bytes that would go to the hot class keep their bytes in the "
+        "catalog's own transaction (one fsync round instead of two); tiering later folds them into "
+        "erasure-coded stripes. 0 turns this off.",
+        minimum=0,
+        maximum=1 << 20,
+    ),
+    Option(
+        "storage",
+        "inline_budget_bytes",
+        "int",
+        256 << 20,
+        "Most bytes kept in the catalog that way at once; past it small writes get three replicas "
+        "on drives.",
+        minimum=0,
+    ),
+    Option(
+        "smr_model",
+        "enabled",
+        "bool",
+        False,
+        "Attach the SMR cost model to every drive (predicts seeks, media bytes and write amplification).",
+    ),
+    Option(
+        "smr_model",
+        "mode",
+        "choice",
+        "host-managed",
+        "'host-managed' (non-sequential writes refused) or 'drive-managed' (band rewrites counted).",
+        choices=("host-managed", "drive-managed"),
+    ),
+    Option(
+        "smr_model", "seek_ms", "float", 8.0, "Average seek time of the modelled drive.", minimum=0
+    ),
     Option("smr_model", "rotational_ms", "float", 4.2, "Average rotational latency.", minimum=0),
     Option("smr_model", "sequential_mib_s", "float", 235.0, "Sequential transfer rate.", minimum=1),
-    Option("nfs", "host", "host", "127.0.0.1", "Address the NFS server listens on (0.0.0.0 for all)."),
+    Option(
+        "nfs", "host", "host", "127.0.0.1", "Address the NFS server listens on (0.0.0.0 for all)."
+    ),
     Option("nfs", "port", "port", 2049, "TCP port of the NFS server (2049 is the standard port)."),
-    Option("nfs", "max_record_size", "size", "5MiB",
-           "Largest RPC record accepted; a larger one closes the connection. Must exceed 1 MiB READ/WRITE "
-           "plus headers.", minimum=1 << 20, maximum=64 << 20),
+    Option(
+        "nfs",
+        "max_record_size",
+        "size",
+        "5MiB",
+        "Largest RPC record accepted; a larger one closes the connection. Must exceed 1 MiB READ/WRITE "
+        "plus headers.",
+        minimum=1 << 20,
+        maximum=64 << 20,
+    ),
     Option("nfs", "lease_seconds", "int", 90, "NFSv4 lease time.", minimum=5, maximum=3600),
-    Option("nfs", "grace_seconds", "int", 90,
-           "Grace period after a restart during which clients reclaim their state.", minimum=0, maximum=3600),
+    Option(
+        "nfs",
+        "grace_seconds",
+        "int",
+        90,
+        "Grace period after a restart during which clients reclaim their state.",
+        minimum=0,
+        maximum=3600,
+    ),
     Option("webui", "host", "host", "127.0.0.1", "Address the admin web UI listens on."),
     Option("webui", "port", "port", 8080, "TCP port of the admin web UI."),
     Option("webui", "workers", "int", 2, "gunicorn worker processes.", minimum=1, maximum=64),
-    Option("webui", "secret_key_file", "str", "webui-secret.key",
-           "File holding the key that signs session cookies (created by shingle init)."),
-    Option("webui", "tls_cert_file", "str", "",
-           "PEM certificate (chain) for HTTPS; with tls_key_file set the web UI serves only HTTPS, "
-           "its session cookie is Secure and answers carry HSTS. Empty: plain HTTP (keep host on "
-           "127.0.0.1 then). `shingle init --tls` makes a self-signed pair."),
-    Option("webui", "tls_key_file", "str", "",
-           "PEM private key of tls_cert_file (mode 0600, readable by the web UI only)."),
-    Option("smart", "smartctl", "str", "/usr/sbin/smartctl", "smartctl executable used for drive health."),
+    Option(
+        "webui",
+        "secret_key_file",
+        "str",
+        "webui-secret.key",
+        "File holding the key that signs session cookies (created by shingle init).",
+    ),
+    Option(
+        "webui",
+        "tls_cert_file",
+        "str",
+        "",
+        "PEM certificate (chain) for HTTPS; with tls_key_file set the web UI serves only HTTPS, "
+        "its session cookie is Secure and answers carry HSTS. Empty: plain HTTP (keep host on "
+        "127.0.0.1 then). `shingle init --tls` makes a self-signed pair.",
+    ),
+    Option(
+        "webui",
+        "tls_key_file",
+        "str",
+        "",
+        "PEM private key of tls_cert_file (mode 0600, readable by the web UI only).",
+    ),
+    Option(
+        "smart",
+        "smartctl",
+        "str",
+        "/usr/sbin/smartctl",
+        "smartctl executable used for drive health.",
+    ),
     Option("logging", "level", "level", "info", "Log level: debug, info, warning or error."),
-    Option("maintenance", "retention_interval_s", "int", 3600,
-           "How often retention rules run (0 disables the schedule).", minimum=0),
-    Option("maintenance", "tier_interval_s", "int", 600, "How often tiering runs (0 disables).", minimum=0),
-    Option("maintenance", "clean_interval_s", "int", 300, "How often band cleaning runs (0 disables).", minimum=0),
-    Option("maintenance", "scrub_interval_s", "int", 604800, "How often a full scrub runs (0 disables).", minimum=0),
+    Option(
+        "maintenance",
+        "retention_interval_s",
+        "int",
+        3600,
+        "How often retention rules run (0 disables the schedule).",
+        minimum=0,
+    ),
+    Option(
+        "maintenance",
+        "tier_interval_s",
+        "int",
+        600,
+        "How often tiering runs (0 disables).",
+        minimum=0,
+    ),
+    Option(
+        "maintenance",
+        "clean_interval_s",
+        "int",
+        300,
+        "How often band cleaning runs (0 disables).",
+        minimum=0,
+    ),
+    Option(
+        "maintenance",
+        "scrub_interval_s",
+        "int",
+        604800,
+        "How often a full scrub runs (0 disables).",
+        minimum=0,
+    ),
     Option("maintenance", "scrub_mib_s", "float", 50.0, "Scrub read rate limit.", minimum=0.1),
-    Option("maintenance", "metrics_interval_s", "float", 10.0,
-           "How often the daemon records its counters (NFS operations and bytes, media bytes) for charts.",
-           minimum=0.1),
-    Option("maintenance", "trash_purge_interval_s", "int", 86400,
-           "How often trashed entries older than their export's trash_days are purged (0 disables).", minimum=0),
+    Option(
+        "maintenance",
+        "metrics_interval_s",
+        "float",
+        10.0,
+        "How often the daemon records its counters (NFS operations and bytes, media bytes) for charts.",
+        minimum=0.1,
+    ),
+    Option(
+        "maintenance",
+        "trash_purge_interval_s",
+        "int",
+        86400,
+        "How often trashed entries older than their export's trash_days are purged (0 disables).",
+        minimum=0,
+    ),
 ]
 
 BAND_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     "hot": {"redundancy": "replicate", "copies": 3, "fragment_size": "1MiB"},
-    "warm": {"redundancy": "ec", "k": 8, "m": 2, "backend": "isa_l_rs_vand", "fragment_size": "1MiB"},
-    "cold": {"redundancy": "ec", "k": 8, "m": 2, "backend": "isa_l_rs_vand", "fragment_size": "1MiB",
-             "compression": "zstd"},
+    "warm": {
+        "redundancy": "ec",
+        "k": 8,
+        "m": 2,
+        "backend": "isa_l_rs_vand",
+        "fragment_size": "1MiB",
+    },
+    "cold": {
+        "redundancy": "ec",
+        "k": 8,
+        "m": 2,
+        "backend": "isa_l_rs_vand",
+        "fragment_size": "1MiB",
+        "compression": "zstd",
+    },
 }
 BAND_CLASS_DOC = {
     "redundancy": "'ec' (erasure-coded with pyeclib) or 'replicate' (whole copies)",
@@ -221,7 +373,9 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> Config:
             option = known.get(f"{section}.{name}")
             if option is None:
                 names = ", ".join(o.name for o in OPTIONS if o.section == section)
-                raise ConfigError(f"{section}.{name}", value, f"a known option of [{section}]: {names}")
+                raise ConfigError(
+                    f"{section}.{name}", value, f"a known option of [{section}]: {names}"
+                )
             values[option.key] = _check(option, value)
     if bool(values["webui.tls_cert_file"]) != bool(values["webui.tls_key_file"]):
         key = "webui.tls_key_file" if values["webui.tls_cert_file"] else "webui.tls_cert_file"
@@ -235,11 +389,15 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> Config:
             raise ConfigError(f"band_classes.{name}", table, "a table")
         for key, value in table.items():
             if key not in BAND_CLASS_DOC:
-                raise ConfigError(f"band_classes.{name}.{key}", value, "one of " + ", ".join(BAND_CLASS_DOC))
+                raise ConfigError(
+                    f"band_classes.{name}.{key}", value, "one of " + ", ".join(BAND_CLASS_DOC)
+                )
         band_classes[name].update(table)
     for name, opts in band_classes.items():
         if "fragment_size" in opts:
-            opts["fragment_size"] = parse_size(opts["fragment_size"], f"band_classes.{name}.fragment_size")
+            opts["fragment_size"] = parse_size(
+                opts["fragment_size"], f"band_classes.{name}.fragment_size"
+            )
     return Config(values, band_classes, path)
 
 
@@ -248,7 +406,9 @@ def load(path: str | Path) -> Config:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise ConfigError("config file", str(path), "an existing file (create one with `shingle init DIR`)") from None
+        raise ConfigError(
+            "config file", str(path), "an existing file (create one with `shingle init DIR`)"
+        ) from None
     except OSError as exc:
         raise ConfigError("config file", str(path), f"a readable file ({exc.strerror})") from None
     try:
@@ -285,7 +445,9 @@ def render(overrides: dict[str, Any] | None = None, *, commented_defaults: bool 
         if opt.key in overrides:
             lines.append(f"{opt.name} = {_toml_value(overrides[opt.key])}")
         else:
-            lines.append(f"{'# ' if commented_defaults else ''}{opt.name} = {_toml_value(opt.default)}")
+            lines.append(
+                f"{'# ' if commented_defaults else ''}{opt.name} = {_toml_value(opt.default)}"
+            )
         if opt is OPTIONS[-1] or OPTIONS[OPTIONS.index(opt) + 1].section != section:
             lines.append("")
     lines.append("# Band classes: where data of each lifetime lives, and its redundancy.")

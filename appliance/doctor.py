@@ -51,8 +51,12 @@ def check_python(version=None) -> Check:
     version = tuple(version or sys.version_info[:3])
     text = ".".join(map(str, version))
     if version[:2] < MIN_PYTHON:
-        return Check("python", "fail", f"Python {text}",
-                     f"install Python >= {'.'.join(map(str, MIN_PYTHON))} (Debian 12: python3 3.11)")
+        return Check(
+            "python",
+            "fail",
+            f"Python {text}",
+            f"install Python >= {'.'.join(map(str, MIN_PYTHON))} (Debian 12: python3 3.11)",
+        )
     return Check("python", "ok", f"Python {text}")
 
 
@@ -100,19 +104,31 @@ def _drives(config: config_mod.Config) -> list[dict]:
     catalog = Catalog(config.catalog_url)
     try:
         table = Drive.__table__
-        rows = catalog.run(lambda conn: conn.execute(
-            select(table.c.id, table.c.path, table.c.backend, table.c.state, table.c.device)).all(), write=False)
+        rows = catalog.run(
+            lambda conn: conn.execute(
+                select(table.c.id, table.c.path, table.c.backend, table.c.state, table.c.device)
+            ).all(),
+            write=False,
+        )
         return [dict(r._mapping) for r in rows]
     finally:
         catalog.close()
 
 
-def check_drives(drives: list[dict], drives_dir: Path, sys_root: Path = Path("/sys")) -> list[Check]:
+def check_drives(
+    drives: list[dict], drives_dir: Path, sys_root: Path = Path("/sys")
+) -> list[Check]:
     results = []
     if not drives:
         where = "present" if drives_dir.is_dir() else "missing"
-        return [Check("drives", "warn", f"no drives in the catalog (drives_dir {drives_dir} {where})",
-                      "add drives before storing data (emulated: `shingle init DIR --drives N`)")]
+        return [
+            Check(
+                "drives",
+                "warn",
+                f"no drives in the catalog (drives_dir {drives_dir} {where})",
+                "add drives before storing data (emulated: `shingle init DIR --drives N`)",
+            )
+        ]
     for d in drives:
         name = f"drive {d['id']}"
         if d["state"] in ("failed", "removed"):
@@ -125,8 +141,14 @@ def check_drives(drives: list[dict], drives_dir: Path, sys_root: Path = Path("/s
                                  "mount the drive, or mark it failed so its stripes are rebuilt"))
             continue
         if not os.access(path, os.R_OK | os.W_OK):
-            results.append(Check(name, "fail", f"{path} is not readable and writable by uid {os.getuid()}",
-                                 f"chown it to the service user {install.SERVICE_USER!r} (or add it to group disk)"))
+            results.append(
+                Check(
+                    name,
+                    "fail",
+                    f"{path} is not readable and writable by uid {os.getuid()}",
+                    f"chown it to the service user {install.SERVICE_USER!r} (or add it to group disk)",
+                )
+            )
             continue
         probe = d.get("device") or path
         try:
@@ -134,10 +156,19 @@ def check_drives(drives: list[dict], drives_dir: Path, sys_root: Path = Path("/s
         except OSError as exc:
             results.append(Check(name, "fail", f"{probe}: {exc.strerror}", "check the device node"))
             continue
-        kind = {None: "no block device (virtual filesystem)", "none": "conventional (not zoned)"}.get(model, model)
+        kind = {
+            None: "no block device (virtual filesystem)",
+            "none": "conventional (not zoned)",
+        }.get(model, model)
         if d["backend"] == "zoned-block" and model not in ZONED_MODELS:
-            results.append(Check(name, "fail", f"{probe}: backend zoned-block but the device is {kind}",
-                                 "use a host-managed/host-aware SMR drive, or a zone-file drive on a filesystem"))
+            results.append(
+                Check(
+                    name,
+                    "fail",
+                    f"{probe}: backend zoned-block but the device is {kind}",
+                    "use a host-managed/host-aware SMR drive, or a zone-file drive on a filesystem",
+                )
+            )
         else:
             results.append(Check(name, "ok", f"{path} ({d['backend']}, {kind}, {d['state']})"))
     return results
@@ -149,7 +180,9 @@ def check_free_space(paths: dict[str, Path]) -> list[Check]:
     for label, path in paths.items():
         probe = path
         while not probe.exists() and probe != probe.parent:
-            probe = probe.parent  # before install the folder does not exist yet: its parent's filesystem counts
+            probe = (
+                probe.parent
+            )  # before install the folder does not exist yet: its parent's filesystem counts
         dev = os.stat(probe).st_dev
         if dev in seen:
             continue
@@ -157,8 +190,14 @@ def check_free_space(paths: dict[str, Path]) -> list[Check]:
         free = shutil.disk_usage(probe).free
         detail = f"{config_mod.format_size(free)} free for {label} ({path})"
         if free < FAIL_FREE_BYTES:
-            results.append(Check("free space", "fail", detail,
-                                 f"free at least {config_mod.format_size(FAIL_FREE_BYTES)} on {probe}"))
+            results.append(
+                Check(
+                    "free space",
+                    "fail",
+                    detail,
+                    f"free at least {config_mod.format_size(FAIL_FREE_BYTES)} on {probe}",
+                )
+            )
         elif free < WARN_FREE_BYTES:
             results.append(Check("free space", "warn", detail, f"free space on {probe}"))
         else:
@@ -168,8 +207,10 @@ def check_free_space(paths: dict[str, Path]) -> list[Check]:
 
 def is_shingle_process(cmdline: list[str]) -> bool:
     """The daemon or the web UI: `shingle ...`, `python -m appliance.cli ...`, or gunicorn serving webui."""
-    return any(os.path.basename(arg) == "shingle" or arg == "appliance.cli" or arg.startswith("webui.app")
-               for arg in cmdline)
+    return any(
+        os.path.basename(arg) == "shingle" or arg == "appliance.cli" or arg.startswith("webui.app")
+        for arg in cmdline
+    )
 
 
 def _listener(port: int):
@@ -203,7 +244,11 @@ def check_port(label: str, host: str, port: int) -> Check:
         except OSError as exc:
             err = exc.errno
     if err == errno.EACCES:
-        return Check(name, "ok", f"{host}:{port} is privileged; shingle-nfsd.service grants CAP_NET_BIND_SERVICE")
+        return Check(
+            name,
+            "ok",
+            f"{host}:{port} is privileged; shingle-nfsd.service grants CAP_NET_BIND_SERVICE",
+        )
     if err == errno.EADDRNOTAVAIL:
         return Check(name, "fail", f"{host} is not an address of this host",
                      f"set {label}.host in the config to an address of this host (or 0.0.0.0)")
@@ -212,8 +257,14 @@ def check_port(label: str, host: str, port: int) -> Check:
         pid, cmdline = holder
         if is_shingle_process(cmdline):
             return Check(name, "ok", f"{host}:{port} is held by shingle (pid {pid})")
-        who = f"pid {pid}: {' '.join(cmdline)[:80]}" if pid else "a process of another user or the kernel (e.g. nfsd)"
-        hint = " (the kernel NFS server: `systemctl disable --now nfs-server`)" if port == 2049 else ""
+        who = (
+            f"pid {pid}: {' '.join(cmdline)[:80]}"
+            if pid
+            else "a process of another user or the kernel (e.g. nfsd)"
+        )
+        hint = (
+            " (the kernel NFS server: `systemctl disable --now nfs-server`)" if port == 2049 else ""
+        )
         return Check(name, "fail", f"{host}:{port} is held by {who}",
                      f"stop it{hint} or set {label}.port in the config to a free port")
     return Check(name, "fail", f"{host}:{port} cannot be bound ({os.strerror(err)})",
@@ -244,7 +295,11 @@ def adjtimex_synchronized() -> bool | None:
 def check_clock(run=subprocess.run) -> Check:
     fix = "run an NTP client (apt-get install chrony, or systemd-timesyncd) so leases and mtimes are right"
     if install.systemd_running() and shutil.which("timedatectl"):
-        result = run(["timedatectl", "show", "-p", "NTPSynchronized", "--value"], capture_output=True, text=True)
+        result = run(
+            ["timedatectl", "show", "-p", "NTPSynchronized", "--value"],
+            capture_output=True,
+            text=True,
+        )
         if result.returncode == 0 and result.stdout.strip() in ("yes", "no"):
             if result.stdout.strip() == "yes":
                 return Check("clock", "ok", "synchronized (timedatectl)")
@@ -254,7 +309,9 @@ def check_clock(run=subprocess.run) -> Check:
         return Check("clock", "warn", "synchronization state unknown (adjtimex failed)", fix)
     if synced:
         return Check("clock", "ok", "synchronized (kernel adjtimex state)")
-    return Check("clock", "warn", "not synchronized (kernel adjtimex reports TIME_ERROR/STA_UNSYNC)", fix)
+    return Check(
+        "clock", "warn", "not synchronized (kernel adjtimex reports TIME_ERROR/STA_UNSYNC)", fix
+    )
 
 
 # -- config and catalog -------------------------------------------------------------
@@ -269,7 +326,12 @@ def check_catalog(config: config_mod.Config) -> Check:
     from engine.catalog.migrate import current_revision, head_revision
     url = config.catalog_url
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
-        return Check("catalog", "fail", f"{url} does not exist", "run `shingle install` (or `shingle init DIR`)")
+        return Check(
+            "catalog",
+            "fail",
+            f"{url} does not exist",
+            "run `shingle install` (or `shingle init DIR`)",
+        )
     try:
         revision = current_revision(bounded_url(url))
     except Exception as exc:  # driver errors vary by database; the message is what matters
@@ -277,8 +339,12 @@ def check_catalog(config: config_mod.Config) -> Check:
                      "start the database or fix catalog.url")
     head = head_revision()
     if revision != head:
-        return Check("catalog", "fail", f"{url} at schema revision {revision}, the code needs {head}",
-                     "run `shingle install` to migrate it (config and data are kept)")
+        return Check(
+            "catalog",
+            "fail",
+            f"{url} at schema revision {revision}, the code needs {head}",
+            "run `shingle install` to migrate it (config and data are kept)",
+        )
     return Check("catalog", "ok", f"{url} at revision {head}")
 
 
@@ -286,7 +352,12 @@ def check_units(root: Path) -> Check:
     unit_dir = install.under_root(root, install.UNIT_DIR)
     missing = [n for n in install.UNIT_NAMES if not (unit_dir / n).is_file()]
     if missing:
-        return Check("units", "warn", f"not installed in {unit_dir}: {', '.join(missing)}", "run `shingle install`")
+        return Check(
+            "units",
+            "warn",
+            f"not installed in {unit_dir}: {', '.join(missing)}",
+            "run `shingle install`",
+        )
     # The launcher an install wrote into ExecStart=, to compare each unit with what this version ships.
     exec_start = [line for line in (unit_dir / install.SERVICES[0]).read_text().splitlines()
                   if line.startswith("ExecStart=")]
@@ -294,8 +365,12 @@ def check_units(root: Path) -> Check:
     stale = [name for name in install.UNIT_NAMES if (unit_dir / name).read_text()
              != (install.UNITS_SOURCE / name).read_text().replace(install.UNIT_BIN, launcher)]
     if stale:
-        return Check("units", "warn", f"{', '.join(stale)} in {unit_dir} differ from the units of this version",
-                     "run `shingle install` (edits belong in drop-ins: systemctl edit UNIT)")
+        return Check(
+            "units",
+            "warn",
+            f"{', '.join(stale)} in {unit_dir} differ from the units of this version",
+            "run `shingle install` (edits belong in drop-ins: systemctl edit UNIT)",
+        )
     return Check("units", "ok", f"{', '.join(install.UNIT_NAMES)} in {unit_dir}")
 
 
@@ -312,21 +387,33 @@ def check_unit_paths(root: Path, config: config_mod.Config, drive_paths: list[st
     needed = [install.STATE_DIR, *install.extra_rw_paths(root, config, drive_paths)]
     hidden = [str(p) for p in needed if not any(p == g or g in p.parents for g in granted)]
     if hidden:
-        return Check("unit paths", "fail", f"{service} may not write {', '.join(hidden)} (ProtectSystem=strict)",
-                     "run `shingle install` again: it writes a ReadWritePaths= drop-in for them")
+        return Check(
+            "unit paths",
+            "fail",
+            f"{service} may not write {', '.join(hidden)} (ProtectSystem=strict)",
+            "run `shingle install` again: it writes a ReadWritePaths= drop-in for them",
+        )
     return Check("unit paths", "ok", f"{service} may write data_dir and every drive")
 
 
 def check_service_user(root: Path) -> Check:
     import pwd
     if not install.is_host_root(root):
-        return Check("service user", "ok", f"created on the target by systemd-sysusers ({install.SYSUSERS_PATH})")
+        return Check(
+            "service user",
+            "ok",
+            f"created on the target by systemd-sysusers ({install.SYSUSERS_PATH})",
+        )
     try:
         pwd.getpwnam(install.SERVICE_USER)
         return Check("service user", "ok", f"{install.SERVICE_USER} exists")
     except KeyError:
-        return Check("service user", "fail", f"user {install.SERVICE_USER!r} missing: the units cannot start",
-                     f"run `systemd-sysusers {install.SYSUSERS_PATH}` or `shingle install`")
+        return Check(
+            "service user",
+            "fail",
+            f"user {install.SERVICE_USER!r} missing: the units cannot start",
+            f"run `systemd-sysusers {install.SYSUSERS_PATH}` or `shingle install`",
+        )
 
 
 def _load_config(config_path: str | None, root: Path):
@@ -344,11 +431,19 @@ def _load_config(config_path: str | None, root: Path):
         path = config_path or install.under_root(root, install.CONFIG_PATH)
         if not Path(path).exists() and not installed and config_path is None:
             # Before the first install: vet the host against the defaults.
-            defaults = config_mod.from_dict(tomllib.loads(config_mod.render(
-                {"appliance.data_dir": str(install.STATE_DIR)})), None)
-            return defaults, Check("config", "warn", f"{path} missing: not installed yet, checking the defaults",
-                                   "run `shingle install`")
-        return None, Check("config", "fail", str(exc), f"fix {path} (`shingle config sample` shows every option)")
+            defaults = config_mod.from_dict(
+                tomllib.loads(config_mod.render({"appliance.data_dir": str(install.STATE_DIR)})),
+                None,
+            )
+            return defaults, Check(
+                "config",
+                "warn",
+                f"{path} missing: not installed yet, checking the defaults",
+                "run `shingle install`",
+            )
+        return None, Check(
+            "config", "fail", str(exc), f"fix {path} (`shingle config sample` shows every option)"
+        )
 
 
 def run_checks(config_path: str | None = None, root: str | Path | None = None,
@@ -369,7 +464,9 @@ def run_checks(config_path: str | None = None, root: str | Path | None = None,
         if catalog_check is not None and catalog_check.status == "ok":
             drives = _drives(config)
             results += check_drives(drives, config.resolve("storage.drives_dir"), sys_root)
-            if units.status == "ok" and config_path is None:  # the units serve the installed config only
+            if (
+                units.status == "ok" and config_path is None
+            ):  # the units serve the installed config only
                 results.append(check_unit_paths(root, config, [d["path"] for d in drives]))
         results += check_free_space({"data_dir": config.data_dir,
                                      "drives_dir": config.resolve("storage.drives_dir")})

@@ -11,7 +11,10 @@ class LogfmtFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         msg = record.getMessage().replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+        ts = (
+            time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z"
+        )
         line = f'ts={ts} level={record.levelname.lower()} logger={record.name} msg="{msg}"'
         if record.exc_info:
             exc = self.formatException(record.exc_info).replace("\n", "\\n").replace('"', '\\"')

@@ -34,8 +34,14 @@ LAST_RUN_KEY = "maintenance.last_queued.{kind}"
 
 
 class Maintenance(threading.Thread):
-    def __init__(self, appliance, *, counters: Callable[[], dict] | None = None, tick_s: float = 1.0,
-                 sample_every_s: float = 10.0):
+    def __init__(
+        self,
+        appliance,
+        *,
+        counters: Callable[[], dict] | None = None,
+        tick_s: float = 1.0,
+        sample_every_s: float = 10.0,
+    ):
         super().__init__(name="maintenance", daemon=True)
         self.appliance = appliance
         self.catalog = appliance.catalog
@@ -88,7 +94,9 @@ class Maintenance(threading.Thread):
     def run_job(self, job: jobs.JobRecord) -> None:
         runner = self.runners.get(job.kind)
         if runner is None:
-            jobs.finish(self.catalog, job.id, ok=False, message=f"this build cannot run {job.kind} jobs")
+            jobs.finish(
+                self.catalog, job.id, ok=False, message=f"this build cannot run {job.kind} jobs"
+            )
             return
         log.info("job %d (%s) started by %s", job.id, job.kind, job.actor)
         try:
@@ -119,7 +127,10 @@ def job_runners(appliance) -> dict[str, Callable]:
         return [item.to_dict() for item in done]
 
     def run_trash_purge(params, progress, actor):
-        return [item.to_dict() for item in trash.purge(params.get("older_than_s"), actor=actor, progress=progress)]
+        return [
+            item.to_dict()
+            for item in trash.purge(params.get("older_than_s"), actor=actor, progress=progress)
+        ]
 
     runners = {"retention": run_retention, "trash-purge": run_trash_purge}
     runners.update(lifecycle_runners(appliance))
@@ -132,5 +143,10 @@ def lifecycle_runners(appliance) -> dict[str, Callable]:
         return {}
     from engine.lifecycle.jobs import runners
     scrub_rate = appliance.config.get("maintenance.scrub_mib_s") * (1 << 20)
-    return runners(appliance.namespace, appliance.datapath, appliance.catalog, reads=appliance.reads,
-                   scrub_bytes_per_s=scrub_rate)
+    return runners(
+        appliance.namespace,
+        appliance.datapath,
+        appliance.catalog,
+        reads=appliance.reads,
+        scrub_bytes_per_s=scrub_rate,
+    )

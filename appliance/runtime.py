@@ -14,7 +14,9 @@ from engine.namespace import Namespace
 log = logging.getLogger("shingle.runtime")
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
-MALLOC_MMAP_THRESHOLD = 32 << 20  # glibc's upper limit on 64-bit; above a stripe (8 MiB) and a WRITE
+MALLOC_MMAP_THRESHOLD = (
+    32 << 20
+)  # glibc's upper limit on 64-bit; above a stripe (8 MiB) and a WRITE
 MALLOC_TRIM_THRESHOLD = 256 << 20
 
 
@@ -42,11 +44,17 @@ def open_catalog(config: Config) -> Catalog:
     try:
         revision = current_revision(url)
     except Exception as exc:  # driver errors vary by database; the message is what matters
-        raise ConfigError("catalog.url", url, f"a reachable database ({exc.__class__.__name__}: {exc})") from None
+        raise ConfigError(
+            "catalog.url", url, f"a reachable database ({exc.__class__.__name__}: {exc})"
+        ) from None
     head = head_revision()
     if revision != head:
-        raise ConfigError("catalog.url", url, f"a catalog at schema revision {head} (found {revision}); "
-                          "run `shingle init` or `shingle install` to migrate")
+        raise ConfigError(
+            "catalog.url",
+            url,
+            f"a catalog at schema revision {head} (found {revision}); "
+            "run `shingle init` or `shingle install` to migrate",
+        )
     return Catalog(url, sqlite_synchronous=config.get("catalog.sqlite_synchronous"))
 
 

@@ -32,23 +32,45 @@ def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
             func.sum(ZONES.c.live_bytes).label("live"),
             func.sum(ZONES.c.garbage_bytes).label("garbage"),
         ).group_by(ZONES.c.drive_id).subquery()
-        rows = conn.execute(select(DRIVES, zone_stats).outerjoin(
-            zone_stats, zone_stats.c.drive_id == DRIVES.c.id).order_by(DRIVES.c.id)).mappings().all()
+        rows = (
+            conn.execute(
+                select(DRIVES, zone_stats)
+                .outerjoin(zone_stats, zone_stats.c.drive_id == DRIVES.c.id)
+                .order_by(DRIVES.c.id)
+            )
+            .mappings()
+            .all()
+        )
         return inodes, rows
     inodes, rows = catalog.read(work)
     drives = []
     raw = used = live = garbage = reserve = stranded = 0
     for row in rows:
         size = row["zone_size"] * row["zone_count"]
-        present = os.path.isdir(row["path"]) if row["backend"] == "zonefile" else os.path.exists(row["path"])
+        present = (
+            os.path.isdir(row["path"])
+            if row["backend"] == "zonefile"
+            else os.path.exists(row["path"])
+        )
         state = row["state"] if present or row["state"] in ("failed", "removed") else "missing"
-        drives.append({
-            "id": row["id"], "uuid": row["uuid"], "path": row["path"], "backend": row["backend"],
-            "state": state, "size_bytes": size, "zone_size": row["zone_size"], "zones": row["zone_count"],
-            "zones_empty": int(row["empty"] or 0), "zones_open": int(row["open"] or 0),
-            "zones_full": int(row["full"] or 0), "written_bytes": int(row["written"] or 0),
-            "live_bytes": int(row["live"] or 0), "garbage_bytes": int(row["garbage"] or 0),
-        })
+        drives.append(
+            {
+                "id": row["id"],
+                "uuid": row["uuid"],
+                "path": row["path"],
+                "backend": row["backend"],
+                "state": state,
+                "size_bytes": size,
+                "zone_size": row["zone_size"],
+                "zones": row["zone_count"],
+                "zones_empty": int(row["empty"] or 0),
+                "zones_open": int(row["open"] or 0),
+                "zones_full": int(row["full"] or 0),
+                "written_bytes": int(row["written"] or 0),
+                "live_bytes": int(row["live"] or 0),
+                "garbage_bytes": int(row["garbage"] or 0),
+            }
+        )
         if state in USABLE_STATES:
             raw += size
             used += int(row["written"] or 0)
@@ -62,12 +84,24 @@ def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
     usable = int((raw - reserve) * ratio) if raw > reserve else 0
     free = max(int((raw - reserve - used) * ratio), 0)
     return {
-        "catalog": {"url": _redact(catalog.url), "revision": current_revision(catalog.url),
-                    "backend": "sqlite" if catalog.is_sqlite else "postgresql", "inodes": inodes},
+        "catalog": {
+            "url": _redact(catalog.url),
+            "revision": current_revision(catalog.url),
+            "backend": "sqlite" if catalog.is_sqlite else "postgresql",
+            "inodes": inodes,
+        },
         "drives": drives,
-        "capacity": {"raw_bytes": raw, "usable_bytes": usable, "free_bytes": free, "written_bytes": used,
-                     "live_bytes": live, "garbage_bytes": garbage, "reserve_bytes": reserve,
-                     "stranded_bytes": stranded, "data_fraction": ratio},
+        "capacity": {
+            "raw_bytes": raw,
+            "usable_bytes": usable,
+            "free_bytes": free,
+            "written_bytes": used,
+            "live_bytes": live,
+            "garbage_bytes": garbage,
+            "reserve_bytes": reserve,
+            "stranded_bytes": stranded,
+            "data_fraction": ratio,
+        },
     }
 
 

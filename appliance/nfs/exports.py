@@ -84,7 +84,9 @@ def parse_networks(text: str) -> list:
         try:
             networks.append(ipaddress.ip_network(item, strict=False))
         except ValueError as exc:
-            raise ValueError(f"export client {item!r}: expected an address or CIDR like 10.0.0.0/8") from exc
+            raise ValueError(
+                f"export client {item!r}: expected an address or CIDR like 10.0.0.0/8"
+            ) from exc
     return networks
 
 
@@ -93,13 +95,25 @@ def rule_from_row(row) -> ExportRule:
     if row.access not in ("rw", "ro"):
         raise ValueError(f"export {row.name}: access {row.access!r}: expected 'rw' or 'ro'")
     if row.squash not in SQUASH_MODES:
-        raise ValueError(f"export {row.name}: squash {row.squash!r}: expected one of {SQUASH_MODES}")
-    return ExportRule(int(row.id), name, row.path or "/", parse_networks(row.clients), row.access == "ro",
-                      row.squash, int(row.anon_uid), int(row.anon_gid))
+        raise ValueError(
+            f"export {row.name}: squash {row.squash!r}: expected one of {SQUASH_MODES}"
+        )
+    return ExportRule(
+        int(row.id),
+        name,
+        row.path or "/",
+        parse_networks(row.clients),
+        row.access == "ro",
+        row.squash,
+        int(row.anon_uid),
+        int(row.anon_gid),
+    )
 
 
 def default_rule() -> ExportRule:
-    return ExportRule(1, DEFAULT_NAME, "/", parse_networks("0.0.0.0/0,::/0"), False, "root_squash", 65534, 65534)
+    return ExportRule(
+        1, DEFAULT_NAME, "/", parse_networks("0.0.0.0/0,::/0"), False, "root_squash", 65534, 65534
+    )
 
 
 def ensure_default_export(catalog, name: str = DEFAULT_NAME) -> None:
@@ -175,5 +189,9 @@ class ExportTable:
         return out
 
     def _any_allowed(self, node: PseudoDir, address: str) -> bool:
-        return any(child.allows(address) if isinstance(child, ExportRule) else self._any_allowed(child, address)
-                   for child in node.children.values())
+        return any(
+            child.allows(address)
+            if isinstance(child, ExportRule)
+            else self._any_allowed(child, address)
+            for child in node.children.values()
+        )
