@@ -56,8 +56,10 @@ def endpoint(rule: str, method: str, summary: str, tag: str, *, body: Schema | N
         @functools.wraps(fn)
         def view(**kwargs):
             if auth and not g.get("admin"):
-                return core.api_error("authentication required: sign in or send Authorization: Bearer "
-                                      "<API token>", 401)
+                return core.api_error(
+                    "authentication required: sign in or send Authorization: Bearer <API token>",
+                    401,
+                )
             if auth and not accounts.scope_allows(g.get("scope"), needed):
                 return core.api_error(f"this API token's scope is {g.get('scope')}: {method} "
                                       f"{rule} needs a token of scope {needed} or wider", 403)
@@ -76,13 +78,21 @@ def endpoint(rule: str, method: str, summary: str, tag: str, *, body: Schema | N
             response = jsonify(result)
             response.status_code = status
             return response
-        bp.add_url_rule(rule, endpoint=f"{fn.__name__}_{method.lower()}", view_func=view, methods=[method])
+
+        bp.add_url_rule(
+            rule, endpoint=f"{fn.__name__}_{method.lower()}", view_func=view, methods=[method]
+        )
         return fn
     return deco
 
 
 # -- status and drives ---------------------------------------------------------------
-@endpoint("/status", "GET", "Capacity per tier, drive states, NFS throughput of the last hour", "dashboard")
+@endpoint(
+    "/status",
+    "GET",
+    "Capacity per tier, drive states, NFS throughput of the last hour",
+    "dashboard",
+)
 def status():
     return dashboard.summary()
 
@@ -92,15 +102,26 @@ def list_drives():
     return drives.drive_rows()
 
 
-@endpoint("/drives/<int:drive_id>", "GET", "One drive, with its zones counted by state and band class", "drives")
+@endpoint(
+    "/drives/<int:drive_id>",
+    "GET",
+    "One drive, with its zones counted by state and band class",
+    "drives",
+)
 def get_drive(drive_id: int):
     row = drives.drive_row(drive_id)
     row["bands"] = drives.band_counts(drive_id)
     return row
 
 
-@endpoint("/drives/<int:drive_id>/actions", "POST", "Mark failed, drain, request a rebuild or start a SMART "
-          "short self-test", "drives", body=drives.ACTION_SCHEMA, scope="operator")
+@endpoint(
+    "/drives/<int:drive_id>/actions",
+    "POST",
+    "Mark failed, drain, request a rebuild or start a SMART short self-test",
+    "drives",
+    body=drives.ACTION_SCHEMA,
+    scope="operator",
+)
 def drive_action(drive_id: int, body: dict):
     message, job_id = drives.do_action(drive_id, body["action"], core.actor())
     return {"message": message, "job": job_id}
@@ -112,8 +133,14 @@ def list_rules():
     return [rule.to_dict() for rule in retention.service().list_rules()]
 
 
-@endpoint("/retention/rules", "POST", "Create a keep-last-N rule", "retention", body=retention.RULE_SCHEMA,
-          status=201)
+@endpoint(
+    "/retention/rules",
+    "POST",
+    "Create a keep-last-N rule",
+    "retention",
+    body=retention.RULE_SCHEMA,
+    status=201,
+)
 def create_rule(body: dict):
     rule_id = retention.create_rule(body, core.actor())
     return retention.service().get_rule(rule_id).to_dict()
@@ -124,8 +151,14 @@ def get_rule(rule_id: int):
     return retention.service().get_rule(rule_id).to_dict()
 
 
-@endpoint("/retention/rules/<int:rule_id>", "PATCH", "Change fields of a retention rule", "retention",
-          body=retention.RULE_SCHEMA, partial=True)
+@endpoint(
+    "/retention/rules/<int:rule_id>",
+    "PATCH",
+    "Change fields of a retention rule",
+    "retention",
+    body=retention.RULE_SCHEMA,
+    partial=True,
+)
 def update_rule(rule_id: int, body: dict):
     return retention.service().update_rule(rule_id, actor=core.actor(), **body).to_dict()
 
@@ -142,11 +175,20 @@ def preview(query: dict):
     return [item.to_dict() for item in retention.service().preview(query.get("rule_id"))]
 
 
-@endpoint("/retention/run", "POST", "Queue a retention job for the daemon (one rule, or every enabled rule); "
-          "follow it with GET /api/v1/jobs/{job_id}", "retention", body=retention.RUN_SCHEMA,
-          status=202, scope="operator")
+@endpoint(
+    "/retention/run",
+    "POST",
+    "Queue a retention job for the daemon (one rule, or every enabled rule); "
+    "follow it with GET /api/v1/jobs/{job_id}",
+    "retention",
+    body=retention.RUN_SCHEMA,
+    status=202,
+    scope="operator",
+)
 def run(body: dict):
-    return jobs.get(core.ctx().catalog, retention.queue_run(body.get("rule_id"), core.actor())).to_dict()
+    return jobs.get(
+        core.ctx().catalog, retention.queue_run(body.get("rule_id"), core.actor())
+    ).to_dict()
 
 
 # -- jobs ---------------------------------------------------------------------------------------
@@ -155,7 +197,9 @@ def list_jobs():
     return [job.to_dict() for job in jobs.recent(core.ctx().catalog, 50)]
 
 
-@endpoint("/jobs/<int:job_id>", "GET", "One job: state, progress and, once finished, its result", "jobs")
+@endpoint(
+    "/jobs/<int:job_id>", "GET", "One job: state, progress and, once finished, its result", "jobs"
+)
 def get_job(job_id: int):
     return jobs.get(core.ctx().catalog, job_id).to_dict()
 
@@ -172,7 +216,9 @@ def list_exports():
     return exports.list_exports()
 
 
-@endpoint("/exports", "POST", "Create an NFS export", "exports", body=exports.EXPORT_SCHEMA, status=201)
+@endpoint(
+    "/exports", "POST", "Create an NFS export", "exports", body=exports.EXPORT_SCHEMA, status=201
+)
 def create_export(body: dict):
     return exports.get_export(exports.create_export(body, core.actor()))
 
@@ -200,33 +246,80 @@ def get_tiers():
     return tiers.overview()
 
 
-@endpoint("/tiers/thresholds", "PATCH", "Change tiering thresholds", "tiers", body=tiers.THRESHOLDS, partial=True)
+@endpoint(
+    "/tiers/thresholds",
+    "PATCH",
+    "Change tiering thresholds",
+    "tiers",
+    body=tiers.THRESHOLDS,
+    partial=True,
+)
 def set_thresholds(body: dict):
     return tiers.set_thresholds(body, core.actor())
 
 
-@endpoint("/tiers/pins", "POST", "Pin a path (and everything below it) to a band class, or unpin it", "tiers",
-          body=tiers.PIN)
+@endpoint(
+    "/tiers/pins",
+    "POST",
+    "Pin a path (and everything below it) to a band class, or unpin it",
+    "tiers",
+    body=tiers.PIN,
+)
 def pin(body: dict):
     return {"path": body["path"], "band_class": body["band_class"],
             "inodes": tiers.pin(body["path"], body["band_class"], core.actor())}
 
 
 # -- events and tokens ---------------------------------------------------------------------------------
-EVENTS_QUERY = Schema("EventsQuery", "Which events to list, newest first.", (
-    Field("limit", "integer", "How many events", required=False, minimum=1, maximum=1000, default=100),
-    Field("kind", "string", "Only kinds starting with this, e.g. retention. or drive.", required=False,
-          max_length=64),
-    Field("before", "integer", "Only events older than this id (paging)", required=False, minimum=1),
-))
+EVENTS_QUERY = Schema(
+    "EventsQuery",
+    "Which events to list, newest first.",
+    (
+        Field(
+            "limit",
+            "integer",
+            "How many events",
+            required=False,
+            minimum=1,
+            maximum=1000,
+            default=100,
+        ),
+        Field(
+            "kind",
+            "string",
+            "Only kinds starting with this, e.g. retention. or drive.",
+            required=False,
+            max_length=64,
+        ),
+        Field(
+            "before",
+            "integer",
+            "Only events older than this id (paging)",
+            required=False,
+            minimum=1,
+        ),
+    ),
+)
 
 
-@endpoint("/events", "GET", "The audit and activity log, newest first", "events", query=EVENTS_QUERY)
+@endpoint(
+    "/events", "GET", "The audit and activity log, newest first", "events", query=EVENTS_QUERY
+)
 def list_events(query: dict):
     rows = events.recent(core.ctx().catalog, query["limit"], kind_prefix=query.get("kind") or None,
                          before_id=query.get("before"))
-    return [{"id": e.id, "time_ns": e.time_ns, "kind": e.kind, "severity": e.severity, "actor": e.actor,
-             "message": e.message, "details": e.details} for e in rows]
+    return [
+        {
+            "id": e.id,
+            "time_ns": e.time_ns,
+            "kind": e.kind,
+            "severity": e.severity,
+            "actor": e.actor,
+            "message": e.message,
+            "details": e.details,
+        }
+        for e in rows
+    ]
 
 
 @endpoint("/tokens", "GET", "API tokens (names, scopes, expiry and use, never the secrets)",
@@ -235,8 +328,14 @@ def list_tokens():
     return settings.list_tokens()
 
 
-@endpoint("/tokens", "POST", "Create an API token; the response is the one chance to read it", "settings",
-          body=settings.TOKEN_SCHEMA, status=201)
+@endpoint(
+    "/tokens",
+    "POST",
+    "Create an API token; the response is the one chance to read it",
+    "settings",
+    body=settings.TOKEN_SCHEMA,
+    status=201,
+)
 def create_token(body: dict):
     token = settings.make_token(body, core.actor())
     return {"name": body["name"], "token": token, "scope": body["scope"],
@@ -260,26 +359,63 @@ def openapi_document() -> dict:
     paths: dict = {}
     for spec in ENDPOINTS:
         path = re.sub(r"<(?:int:)?(\w+)>", r"{\1}", spec.rule)
-        params = [{"name": name, "in": "path", "required": True, "description": f"{name.replace('_', ' ')}",
-                   "schema": {"type": "integer", "minimum": 1}} for name in re.findall(r"<int:(\w+)>", spec.rule)]
+        params = [
+            {
+                "name": name,
+                "in": "path",
+                "required": True,
+                "description": f"{name.replace('_', ' ')}",
+                "schema": {"type": "integer", "minimum": 1},
+            }
+            for name in re.findall(r"<int:(\w+)>", spec.rule)
+        ]
         if spec.query is not None:
             for f in spec.query.fields:
-                params.append({"name": f.name, "in": "query", "required": f.required and f.default is None,
-                               "description": f.description, "schema": f.openapi()})
+                params.append(
+                    {
+                        "name": f.name,
+                        "in": "query",
+                        "required": f.required and f.default is None,
+                        "description": f.description,
+                        "schema": f.openapi(),
+                    }
+                )
         described, body_schema = responses.for_route(spec.method, spec.rule)
-        op: dict = {"summary": spec.summary, "tags": [spec.tag], "operationId": f"{spec.method.lower()}_"
-                    + re.sub(r"\W+", "_", path).strip("_"),
-                    "responses": {str(spec.status): {"description": described, "content": {
-                                      "application/json": {"schema": body_schema}}},
-                                  "400": {"description": "invalid input", "content": {
-                                      "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
-                                  "401": {"description": "not signed in and no valid API token", "content": {
-                                      "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
-                                  "403": {"description": "the API token's scope is too narrow",
-                                          "content": {"application/json": {
-                                              "schema": {"$ref": "#/components/schemas/Error"}}}},
-                                  "404": {"description": "no such object", "content": {
-                                      "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}}}
+        op: dict = {
+            "summary": spec.summary,
+            "tags": [spec.tag],
+            "operationId": f"{spec.method.lower()}_" + re.sub(r"\W+", "_", path).strip("_"),
+            "responses": {
+                str(spec.status): {
+                    "description": described,
+                    "content": {"application/json": {"schema": body_schema}},
+                },
+                "400": {
+                    "description": "invalid input",
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                    },
+                },
+                "401": {
+                    "description": "not signed in and no valid API token",
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                    },
+                },
+                "403": {
+                    "description": "the API token's scope is too narrow",
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                    },
+                },
+                "404": {
+                    "description": "no such object",
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                    },
+                },
+            },
+        }
         op["x-required-scope"] = spec.scope
         if params:
             op["parameters"] = params
@@ -289,14 +425,19 @@ def openapi_document() -> dict:
         paths.setdefault("/api/v1" + path, {})[spec.method.lower()] = op
     return {
         "openapi": "3.1.0",
-        "info": {"title": "shingle admin API", "version": API_VERSION,
-                 "description": "Everything the admin web UI does. Authenticate with a session cookie plus the "
-                                "X-CSRF-Token header, or with Authorization: Bearer <API token> (create one on "
-                                "the settings page or with POST /api/v1/tokens)."},
+        "info": {
+            "title": "shingle admin API",
+            "version": API_VERSION,
+            "description": "Everything the admin web UI does. Authenticate with a session cookie plus the "
+            "X-CSRF-Token header, or with Authorization: Bearer <API token> (create one on "
+            "the settings page or with POST /api/v1/tokens).",
+        },
         "security": [{"bearerAuth": []}, {"cookieAuth": []}],
         "components": {
-            "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"},
-                                "cookieAuth": {"type": "apiKey", "in": "cookie", "name": "shingle_session"}},
+            "securitySchemes": {
+                "bearerAuth": {"type": "http", "scheme": "bearer"},
+                "cookieAuth": {"type": "apiKey", "in": "cookie", "name": "shingle_session"},
+            },
             "schemas": {"Error": ERROR, **responses.SCHEMAS},
         },
         "paths": paths,
@@ -308,7 +449,12 @@ def openapi():
     return jsonify(openapi_document())
 
 
-@endpoint("/csrf", "GET", "The session's CSRF token, for scripts that sign in with the login form and then "
-          "send it as the X-CSRF-Token header", "settings")
+@endpoint(
+    "/csrf",
+    "GET",
+    "The session's CSRF token, for scripts that sign in with the login form and then "
+    "send it as the X-CSRF-Token header",
+    "settings",
+)
 def csrf():
     return {"csrf_token": core.csrf_token(), "header": core.CSRF_HEADER}

@@ -17,8 +17,19 @@ from appliance import config as config_mod
 from engine import accounts
 from webui import core
 
-BLUEPRINTS = ("auth", "dashboard", "drives", "retention", "exports", "tiers", "jobs", "events", "settings", "api",
-              "metrics")
+BLUEPRINTS = (
+    "auth",
+    "dashboard",
+    "drives",
+    "retention",
+    "exports",
+    "tiers",
+    "jobs",
+    "events",
+    "settings",
+    "api",
+    "metrics",
+)
 
 
 def _secret_key(path: Path) -> bytes:
@@ -43,7 +54,9 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
     if config is None:
         path = os.environ.get("SHINGLE_CONFIG")
         if not path:
-            raise config_mod.ConfigError("SHINGLE_CONFIG", None, "the path of shingle.toml in the environment")
+            raise config_mod.ConfigError(
+                "SHINGLE_CONFIG", None, "the path of shingle.toml in the environment"
+            )
         config = config_mod.load(path)
     elif not isinstance(config, config_mod.Config):
         config = config_mod.load(config)
@@ -62,8 +75,12 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
         MAX_CONTENT_LENGTH=1 << 20,
         SHINGLE_TLS=tls,
     )
-    app.extensions["shingle"] = core.Shingle(config=config, catalog=appliance.catalog,
-                                             namespace=appliance.namespace, smartctl=config.get("smart.smartctl"))
+    app.extensions["shingle"] = core.Shingle(
+        config=config,
+        catalog=appliance.catalog,
+        namespace=appliance.namespace,
+        smartctl=config.get("smart.smartctl"),
+    )
 
     import importlib
     for name in BLUEPRINTS:
@@ -92,8 +109,10 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
         g.scope = "admin" if g.admin else None  # a signed-in admin may do everything
         if request.method in core.STATE_CHANGING:
             if core.is_api() and not g.admin:
-                return core.api_error("authentication required: sign in or send Authorization: Bearer "
-                                      "<API token>", 401)
+                return core.api_error(
+                    "authentication required: sign in or send Authorization: Bearer <API token>",
+                    401,
+                )
             if not core.csrf_ok():
                 message = ("CSRF token missing or wrong: reload the page and submit again "
                            f"(API clients with a session send the {core.CSRF_HEADER} header)")
@@ -118,7 +137,9 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
         response.headers.setdefault("Referrer-Policy", "same-origin")
         if app.config["SHINGLE_TLS"]:
             response.headers.setdefault("Strict-Transport-Security", "max-age=31536000")
-        if request.endpoint != "static":  # pages and API answers hold admin data: keep them out of caches
+        if (
+            request.endpoint != "static"
+        ):  # pages and API answers hold admin data: keep them out of caches
             response.headers.setdefault("Cache-Control", "no-store")
         response.headers.setdefault("Content-Security-Policy",
                                     "default-src 'self'; img-src 'self' data:; style-src 'self'; "
@@ -139,7 +160,9 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
 
     @app.errorhandler(413)
     def too_large(exc):
-        return core.api_error(f"request body larger than {app.config['MAX_CONTENT_LENGTH']} bytes", 413)
+        return core.api_error(
+            f"request body larger than {app.config['MAX_CONTENT_LENGTH']} bytes", 413
+        )
 
     @app.errorhandler(500)
     def internal(exc):

@@ -11,17 +11,30 @@ from markupsafe import Markup, escape
 
 def _svg(width: int, height: int, body: list[str], label: str) -> Markup:
     # Drawn at its own pixel size and only ever shrunk (CSS max-width), so text keeps its size.
-    return Markup(f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
-                  f'aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg">' + "".join(body) + "</svg>")
+    return Markup(
+        f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+        f'aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg">'
+        + "".join(body)
+        + "</svg>"
+    )
 
 
 def empty(message: str, width: int = 600, height: int = 60) -> Markup:
-    return _svg(width, height, [f'<rect class="empty-bg" x="0" y="0" width="{width}" height="{height}" rx="6"/>',
-                                f'<text class="empty-text" x="{width / 2}" y="{height / 2 + 5}" '
-                                f'text-anchor="middle">{escape(message)}</text>'], message)
+    return _svg(
+        width,
+        height,
+        [
+            f'<rect class="empty-bg" x="0" y="0" width="{width}" height="{height}" rx="6"/>',
+            f'<text class="empty-text" x="{width / 2}" y="{height / 2 + 5}" '
+            f'text-anchor="middle">{escape(message)}</text>',
+        ],
+        message,
+    )
 
 
-def stacked_bar(segments: list[tuple[str, float, str]], fmt=str, *, width: int = 600, label: str = "") -> Markup:
+def stacked_bar(
+    segments: list[tuple[str, float, str]], fmt=str, *, width: int = 600, label: str = ""
+) -> Markup:
     """One bar split into (label, value, css class) segments, with a legend below."""
     total = sum(max(v, 0) for _, v, _ in segments)
     if total <= 0:
@@ -31,8 +44,10 @@ def stacked_bar(segments: list[tuple[str, float, str]], fmt=str, *, width: int =
         if value <= 0:
             continue
         w = width * value / total
-        body.append(f'<rect class="{escape(cls)}" x="{x:.1f}" y="0" width="{w:.1f}" height="{bar_h}">'
-                    f'<title>{escape(name)}: {escape(fmt(value))}</title></rect>')
+        body.append(
+            f'<rect class="{escape(cls)}" x="{x:.1f}" y="0" width="{w:.1f}" height="{bar_h}">'
+            f"<title>{escape(name)}: {escape(fmt(value))}</title></rect>"
+        )
         x += w
     lx, ly = 0, bar_h + 22
     for name, value, cls in segments:
@@ -55,14 +70,25 @@ def bars(items: list[tuple[str, float, str, str]], *, width: int = 600, label: s
     for i, (name, value, text, cls) in enumerate(items):
         y = i * row
         w = (width - label_w - 90) * max(value, 0) / top
-        body.append(f'<text class="axis" x="0" y="{y + 16}">{escape(name)}</text>'
-                    f'<rect class="{escape(cls)}" x="{label_w}" y="{y + 4}" width="{w:.1f}" height="{row - 8}"/>'
-                    f'<text class="value" x="{label_w + w + 6:.1f}" y="{y + 16}">{escape(text)}</text>')
+        body.append(
+            f'<text class="axis" x="0" y="{y + 16}">{escape(name)}</text>'
+            f'<rect class="{escape(cls)}" x="{label_w}" y="{y + 4}" width="{w:.1f}" height="{row - 8}"/>'
+            f'<text class="value" x="{label_w + w + 6:.1f}" y="{y + 16}">{escape(text)}</text>'
+        )
     return _svg(width, row * len(items), body, label or "bars")
 
 
-def line_chart(series: dict[str, list[tuple[int, float]]], start_ns: int, end_ns: int, fmt=str, *,
-               width: int = 1000, height: int = 200, label: str = "", empty_message: str = "no data") -> Markup:
+def line_chart(
+    series: dict[str, list[tuple[int, float]]],
+    start_ns: int,
+    end_ns: int,
+    fmt=str,
+    *,
+    width: int = 1000,
+    height: int = 200,
+    label: str = "",
+    empty_message: str = "no data",
+) -> Markup:
     """Lines over a time window; ``series`` maps a name to (time_ns, value) points."""
     points = [p for pts in series.values() for p in pts if start_ns <= p[0] <= end_ns]
     if not points:
@@ -75,13 +101,15 @@ def line_chart(series: dict[str, list[tuple[int, float]]], start_ns: int, end_ns
     def xy(t, v):
         return left + plot_w * (t - start_ns) / span, top + plot_h * (1 - v / vmax)
 
-    body = [f'<line class="grid" x1="{left}" y1="{top}" x2="{left + plot_w}" y2="{top}"/>',
-            f'<line class="grid" x1="{left}" y1="{top + plot_h / 2}" x2="{left + plot_w}" y2="{top + plot_h / 2}"/>',
-            f'<line class="axis-line" x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}"/>',
-            f'<text class="axis" x="{left - 6}" y="{top + 10}" text-anchor="end">{escape(fmt(vmax))}</text>',
-            f'<text class="axis" x="{left - 6}" y="{top + plot_h / 2 + 4}" '
-            f'text-anchor="end">{escape(fmt(vmax / 2))}</text>',
-            f'<text class="axis" x="{left - 6}" y="{top + plot_h}" text-anchor="end">0</text>']
+    body = [
+        f'<line class="grid" x1="{left}" y1="{top}" x2="{left + plot_w}" y2="{top}"/>',
+        f'<line class="grid" x1="{left}" y1="{top + plot_h / 2}" x2="{left + plot_w}" y2="{top + plot_h / 2}"/>',
+        f'<line class="axis-line" x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}"/>',
+        f'<text class="axis" x="{left - 6}" y="{top + 10}" text-anchor="end">{escape(fmt(vmax))}</text>',
+        f'<text class="axis" x="{left - 6}" y="{top + plot_h / 2 + 4}" '
+        f'text-anchor="end">{escape(fmt(vmax / 2))}</text>',
+        f'<text class="axis" x="{left - 6}" y="{top + plot_h}" text-anchor="end">0</text>',
+    ]
     for frac in (0, 0.5, 1):
         t = start_ns + span * frac
         stamp = datetime.datetime.fromtimestamp(t / 1e9, datetime.UTC).strftime("%H:%M")
@@ -123,8 +151,15 @@ def zone_cells(zones: list[dict]) -> list[dict]:
     cells = []
     for i, z in enumerate(zones):
         kind = zone_kind(z)
-        cells.append({"label": f"zone {z.get('idx', i)}", "kind": kind, "band_class": z.get("band_class"),
-                      "fill": z.get("write_pointer", 0) / (z.get("zone_size") or 1), "detail": kind})
+        cells.append(
+            {
+                "label": f"zone {z.get('idx', i)}",
+                "kind": kind,
+                "band_class": z.get("band_class"),
+                "fill": z.get("write_pointer", 0) / (z.get("zone_size") or 1),
+                "detail": kind,
+            }
+        )
     return cells
 
 
@@ -141,10 +176,15 @@ def band_map(cells: list[dict], *, label: str = "band map") -> Markup:
         x, y = (i % columns) * cell, (i // columns) * cell
         cls = f"zone z-{c['kind']}" + (f" c-{c['band_class']}" if c["band_class"] else "")
         fill = min(max(c["fill"], 0.0), 1.0)
-        title = f"{c['label']}: {c['detail']}" + (f", {c['band_class']}" if c["band_class"] else "") \
+        title = (
+            f"{c['label']}: {c['detail']}"
+            + (f", {c['band_class']}" if c["band_class"] else "")
             + f", {fill * 100:.0f}% written"
-        body.append(f'<rect class="{escape(cls)}" x="{x}" y="{y}" width="{cell - gap}" height="{cell - gap}">'
-                    f'<title>{escape(title)}</title></rect>')
+        )
+        body.append(
+            f'<rect class="{escape(cls)}" x="{x}" y="{y}" width="{cell - gap}" height="{cell - gap}">'
+            f"<title>{escape(title)}</title></rect>"
+        )
         if 0 < fill < 1 and c["kind"] == "open":
             h = (cell - gap) * fill
             body.append(f'<rect class="fill c-{escape(c["band_class"] or "none")}" x="{x}" '

@@ -81,16 +81,31 @@ def login_required(view):
     def wrapper(*args, **kwargs):
         if not g.get("admin"):
             if is_api():
-                return api_error("authentication required: sign in or send Authorization: Bearer <API token>", 401)
-            return redirect(url_for("auth.login", next=request.full_path if request.query_string else request.path))
+                return api_error(
+                    "authentication required: sign in or send Authorization: Bearer <API token>",
+                    401,
+                )
+            return redirect(
+                url_for(
+                    "auth.login", next=request.full_path if request.query_string else request.path
+                )
+            )
         return view(*args, **kwargs)
     return wrapper
 
 
 STATUS_OF = {
-    errors.NotFound: 404, errors.Exists: 409, errors.NotEmpty: 409, errors.AccessDenied: 403,
-    errors.NotPermitted: 403, errors.InvalidArgument: 400, errors.NotADirectory: 400, errors.IsADirectory: 400,
-    errors.NameTooLong: 400, errors.StaleHandle: 409, errors.NoSpace: 507,
+    errors.NotFound: 404,
+    errors.Exists: 409,
+    errors.NotEmpty: 409,
+    errors.AccessDenied: 403,
+    errors.NotPermitted: 403,
+    errors.InvalidArgument: 400,
+    errors.NotADirectory: 400,
+    errors.IsADirectory: 400,
+    errors.NameTooLong: 400,
+    errors.StaleHandle: 409,
+    errors.NoSpace: 507,
 }
 
 

@@ -27,7 +27,9 @@ def summary() -> dict:
     now = time.time_ns()
     throughput = {}
     for label, name in THROUGHPUT_COUNTERS:
-        throughput[label] = metrics.rates(metrics.series(shingle.catalog, name, now - HOUR_NS - 60 * 10**9))
+        throughput[label] = metrics.rates(
+            metrics.series(shingle.catalog, name, now - HOUR_NS - 60 * 10**9)
+        )
     return {"capacity": report["capacity"], "tiers": tiers, "drive_states": states,
             "drives": len(report["drives"]), "catalog": report["catalog"],
             "throughput": {k: [[t, v] for t, v in pts] for k, pts in throughput.items()},
@@ -43,23 +45,44 @@ def rate_fmt(v: float) -> str:
 def index():
     data = summary()
     cap = data["capacity"]
-    segments = [(f"{name} live", t["live_bytes"], f"c-{name}") for name, t in sorted(data["tiers"].items())]
+    segments = [
+        (f"{name} live", t["live_bytes"], f"c-{name}") for name, t in sorted(data["tiers"].items())
+    ]
     accounted = sum(t["live_bytes"] for t in data["tiers"].values())
     if cap["live_bytes"] > accounted:
         segments.append(("other live", cap["live_bytes"] - accounted, "c-none"))
-    segments += [("garbage", cap["garbage_bytes"], "z-garbage"), ("reserve", cap["reserve_bytes"], "c-reserve"),
-                 ("free", max(cap["raw_bytes"] - cap["written_bytes"] - cap["reserve_bytes"], 0), "z-empty")]
-    capacity_svg = charts.stacked_bar(segments, core.fmt_size, width=1000, label="raw capacity by tier")
-    state_items = [(state, n, str(n), f"s-{state}") for state, n in sorted(data["drive_states"].items())]
+    segments += [
+        ("garbage", cap["garbage_bytes"], "z-garbage"),
+        ("reserve", cap["reserve_bytes"], "c-reserve"),
+        ("free", max(cap["raw_bytes"] - cap["written_bytes"] - cap["reserve_bytes"], 0), "z-empty"),
+    ]
+    capacity_svg = charts.stacked_bar(
+        segments, core.fmt_size, width=1000, label="raw capacity by tier"
+    )
+    state_items = [
+        (state, n, str(n), f"s-{state}") for state, n in sorted(data["drive_states"].items())
+    ]
     drives_svg = charts.bars(state_items, width=480, label="drives by state")
     start, end = data["window"]
     throughput_svg = charts.line_chart(
-        {label: [(t, v) for t, v in pts] for label, pts in data["throughput"].items()}, start, end, rate_fmt,
+        {label: [(t, v) for t, v in pts] for label, pts in data["throughput"].items()},
+        start,
+        end,
+        rate_fmt,
         label="NFS throughput, last hour",
-        empty_message="no throughput samples in the last hour (the daemon records them while it serves NFS)")
+        empty_message="no throughput samples in the last hour (the daemon records them while it serves NFS)",
+    )
     recent = events.recent(core.ctx().catalog, 12)
     from engine import jobs
     from engine.lifecycle.drives import redundancy_status
-    return render_template("dashboard.html", data=data, capacity_svg=capacity_svg, drives_svg=drives_svg,
-                           throughput_svg=throughput_svg, recent=recent, jobs=jobs.recent(core.ctx().catalog, 5),
-                           redundancy=redundancy_status(core.ctx().catalog))
+
+    return render_template(
+        "dashboard.html",
+        data=data,
+        capacity_svg=capacity_svg,
+        drives_svg=drives_svg,
+        throughput_svg=throughput_svg,
+        recent=recent,
+        jobs=jobs.recent(core.ctx().catalog, 5),
+        redundancy=redundancy_status(core.ctx().catalog),
+    )

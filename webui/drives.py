@@ -17,16 +17,25 @@ bp = Blueprint("drives", __name__)
 ACTIONS = ("mark_failed", "drain", "rebuild", "smart_test")
 CONFIRM = {  # actions a stray click must not do: the page asks once more (the API does not)
     "mark_failed": "Mark drive {id} failed? It is no longer read or written; its fragments count as missing "
-                   "until a rebuild restores them on the other drives.",
+    "until a rebuild restores them on the other drives.",
     "drain": "Drain drive {id}? No new data goes to it and a drain job moves its fragments to the other drives, "
-             "after which it can be removed.",
+    "after which it can be removed.",
 }
 
-ACTION_SCHEMA = Schema("DriveAction", "An admin action on one drive.", (
-    Field("action", "string", "What to do: mark_failed (stop using it now), drain (move its data off, then "
-          "remove), rebuild (restore redundancy of stripes that lost a fragment), smart_test (start a SMART "
-          "short self-test)", enum=ACTIONS),
-))
+ACTION_SCHEMA = Schema(
+    "DriveAction",
+    "An admin action on one drive.",
+    (
+        Field(
+            "action",
+            "string",
+            "What to do: mark_failed (stop using it now), drain (move its data off, then "
+            "remove), rebuild (restore redundancy of stripes that lost a fragment), smart_test (start a SMART "
+            "short self-test)",
+            enum=ACTIONS,
+        ),
+    ),
+)
 
 
 def drive_rows(only: int | None = None) -> list[dict]:
@@ -36,13 +45,27 @@ def drive_rows(only: int | None = None) -> list[dict]:
     found = [d for d in list_drives(shingle.catalog) if only is None or d.id == only]
     out = []
     for d in found:
-        row = {"id": d.id, "uuid": d.uuid, "path": d.path, "backend": d.backend, "state": d.state,
-               "zone_size": d.zone_size, "zones": d.zone_count, "zones_empty": d.zones_empty,
-               "zones_open": d.zones_open, "zones_full": d.zones_full, "size_bytes": d.capacity_bytes,
-               "written_bytes": d.written_bytes, "live_bytes": d.live_bytes, "garbage_bytes": d.garbage_bytes,
-               "fragments": d.fragments, "serial": d.serial, "model": d.model,
-               # a zoned block device is its own SMART device; zone-file drives name one only if set
-               "device": devices.get(d.id) or (d.path if d.backend == "zoned-block" else None)}
+        row = {
+            "id": d.id,
+            "uuid": d.uuid,
+            "path": d.path,
+            "backend": d.backend,
+            "state": d.state,
+            "zone_size": d.zone_size,
+            "zones": d.zone_count,
+            "zones_empty": d.zones_empty,
+            "zones_open": d.zones_open,
+            "zones_full": d.zones_full,
+            "size_bytes": d.capacity_bytes,
+            "written_bytes": d.written_bytes,
+            "live_bytes": d.live_bytes,
+            "garbage_bytes": d.garbage_bytes,
+            "fragments": d.fragments,
+            "serial": d.serial,
+            "model": d.model,
+            # a zoned block device is its own SMART device; zone-file drives name one only if set
+            "device": devices.get(d.id) or (d.path if d.backend == "zoned-block" else None),
+        }
         out.append(row)
     shingle.smart.refresh([row["device"] for row in out], shingle.smartctl)
     for row in out:
@@ -78,11 +101,17 @@ def band_cells(drive_id: int) -> list[dict]:
             kinds[r.kind] = kinds.get(r.kind, 0) + r.n
             if r.band_class:
                 classes[r.band_class] = classes.get(r.band_class, 0) + r.n
-        cells.append({"label": f"zones {index * group}-{index * group + zones - 1}",
-                      "kind": max(kinds, key=kinds.get),
-                      "band_class": max(classes, key=classes.get) if classes else None,
-                      "fill": sum(int(r.written or 0) for r in parts) / (zones * zone_size),
-                      "detail": ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))})
+        cells.append(
+            {
+                "label": f"zones {index * group}-{index * group + zones - 1}",
+                "kind": max(kinds, key=kinds.get),
+                "band_class": max(classes, key=classes.get) if classes else None,
+                "fill": sum(int(r.written or 0) for r in parts) / (zones * zone_size),
+                "detail": ", ".join(
+                    f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])
+                ),
+            }
+        )
     return cells
 
 
@@ -96,30 +125,50 @@ def do_action(drive_id: int, action: str, who: str) -> tuple[str, int | None]:
     from engine.lifecycle import drives as lifecycle
     shingle = core.ctx()
     if action not in ACTIONS:
-        raise errors.InvalidArgument(f"drive action {action!r}: expected one of {', '.join(ACTIONS)}")
+        raise errors.InvalidArgument(
+            f"drive action {action!r}: expected one of {', '.join(ACTIONS)}"
+        )
     from webui.jobs import queue
     if action == "mark_failed":
         old, new = lifecycle.fail_drive(shingle.catalog, drive_id, actor=who)
-        return f"drive {drive_id}: {old} -> {new}; a rebuild restores its fragments on the other drives", None
+        return (
+            f"drive {drive_id}: {old} -> {new}; a rebuild restores its fragments on the other drives",
+            None,
+        )
     if action == "drain":
         old, new = lifecycle.start_drain(shingle.catalog, drive_id, actor=who)
         job_id = queue("drain", {"drive": drive_id}, who)
-        return f"drive {drive_id}: {old} -> {new}; drain job {job_id} moves its fragments off", job_id
+        return (
+            f"drive {drive_id}: {old} -> {new}; drain job {job_id} moves its fragments off",
+            job_id,
+        )
     if action == "rebuild":
         state = lifecycle.get_drive(shingle.catalog, drive_id).state
         if state == lifecycle.ONLINE:
-            raise errors.InvalidArgument(f"drive {drive_id} is online: rebuild restores the fragments of failed or "
-                                         "draining drives; mark it failed or drain it first")
+            raise errors.InvalidArgument(
+                f"drive {drive_id} is online: rebuild restores the fragments of failed or "
+                "draining drives; mark it failed or drain it first"
+            )
         job_id = queue("rebuild", {}, who)
-        return f"rebuild job {job_id} queued: it restores every stripe that lost a fragment (drive {drive_id} " \
-               f"is {state})", job_id
+        return (
+            f"rebuild job {job_id} queued: it restores every stripe that lost a fragment (drive {drive_id} "
+            f"is {state})",
+            job_id,
+        )
     device = inventory.drive_device(shingle.catalog, drive_id)
     try:
         message = shingle.smart.start_self_test(device, shingle.smartctl, "short")
     except ValueError as exc:
-        raise errors.InvalidArgument(f"drive {drive_id}: SMART self-test not started: {exc}") from None
-    events.record(shingle.catalog, "drive.smart.test", f"SMART short self-test started on drive {drive_id} "
-                  f"({device}): {message}", actor=who, details={"drive_id": drive_id})
+        raise errors.InvalidArgument(
+            f"drive {drive_id}: SMART self-test not started: {exc}"
+        ) from None
+    events.record(
+        shingle.catalog,
+        "drive.smart.test",
+        f"SMART short self-test started on drive {drive_id} ({device}): {message}",
+        actor=who,
+        details={"drive_id": drive_id},
+    )
     return f"drive {drive_id}: SMART short self-test started ({message})", None
 
 
@@ -131,9 +180,13 @@ def index():
     redundancy = redundancy_status(core.ctx().catalog)
     maps = {}
     for row in rows:
-        maps[row["id"]] = {"svg": charts.band_map(band_cells(row["id"]), label=f"band map of drive {row['id']}"),
-                           "counts": band_counts(row["id"])}
-    return render_template("drives.html", drives=rows, maps=maps, redundancy=redundancy, actions=ACTIONS)
+        maps[row["id"]] = {
+            "svg": charts.band_map(band_cells(row["id"]), label=f"band map of drive {row['id']}"),
+            "counts": band_counts(row["id"]),
+        }
+    return render_template(
+        "drives.html", drives=rows, maps=maps, redundancy=redundancy, actions=ACTIONS
+    )
 
 
 @bp.route("/drives/<int:drive_id>/action", methods=["POST"])
@@ -143,10 +196,13 @@ def action(drive_id: int):
         clean = ACTION_SCHEMA.from_form({"action": request.form.get("action")})
         if clean["action"] in CONFIRM and request.form.get("confirm") != "yes":
             drive_row(drive_id)  # 404 for a drive that does not exist
-            return render_template("confirm.html", question=CONFIRM[clean["action"]].format(id=drive_id),
-                                   action=url_for("drives.action", drive_id=drive_id),
-                                   fields={"action": clean["action"], "confirm": "yes"},
-                                   cancel=url_for("drives.index") + f"#drive-{drive_id}")
+            return render_template(
+                "confirm.html",
+                question=CONFIRM[clean["action"]].format(id=drive_id),
+                action=url_for("drives.action", drive_id=drive_id),
+                fields={"action": clean["action"], "confirm": "yes"},
+                cancel=url_for("drives.index") + f"#drive-{drive_id}",
+            )
         message, job_id = do_action(drive_id, clean["action"], core.actor())
         flash(message, "ok")
         if job_id is not None:

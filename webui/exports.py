@@ -116,9 +116,14 @@ def delete(export_id: int):
             name = get_export(export_id)["name"]
         except errors.NotFound:
             abort(404)
-        return render_template("confirm.html", question=f"Delete export {name}? NFS clients can no longer mount "
-                               "it; the files stay in the namespace.", fields={"confirm": "yes"},
-                               action=url_for("exports.delete", export_id=export_id), cancel=url_for("exports.index"))
+        return render_template(
+            "confirm.html",
+            question=f"Delete export {name}? NFS clients can no longer mount "
+            "it; the files stay in the namespace.",
+            fields={"confirm": "yes"},
+            action=url_for("exports.delete", export_id=export_id),
+            cancel=url_for("exports.index"),
+        )
     try:
         delete_export(export_id, core.actor())
     except errors.NotFound:

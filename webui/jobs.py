@@ -17,10 +17,19 @@ bp = Blueprint("jobs", __name__)
 QUEUEABLE = ("scrub", "clean", "tier", "rebuild")  # whole-appliance jobs without parameters
 REFRESH_S = 2
 
-QUEUE_SCHEMA = Schema("JobRequest", "A maintenance job for the daemon to run now.", (
-    Field("kind", "string", "scrub (verify and repair every fragment), clean (band cleaning), tier (move data "
-          "between classes) or rebuild (restore redundancy after a drive failed)", enum=QUEUEABLE),
-))
+QUEUE_SCHEMA = Schema(
+    "JobRequest",
+    "A maintenance job for the daemon to run now.",
+    (
+        Field(
+            "kind",
+            "string",
+            "scrub (verify and repair every fragment), clean (band cleaning), tier (move data "
+            "between classes) or rebuild (restore redundancy after a drive failed)",
+            enum=QUEUEABLE,
+        ),
+    ),
+)
 
 
 def daemon_pid() -> int | None:
@@ -44,8 +53,12 @@ def job_dict(job: jobs.JobRecord) -> dict:
 @bp.route("/jobs")
 @core.login_required
 def index():
-    return render_template("jobs.html", jobs=jobs.recent(core.ctx().catalog, 50), daemon=daemon_pid(),
-                           queueable=QUEUEABLE)
+    return render_template(
+        "jobs.html",
+        jobs=jobs.recent(core.ctx().catalog, 50),
+        daemon=daemon_pid(),
+        queueable=QUEUEABLE,
+    )
 
 
 @bp.route("/jobs", methods=["POST"])
@@ -67,4 +80,6 @@ def detail(job_id: int):
         job = jobs.get(core.ctx().catalog, job_id)
     except errors.NotFound:
         abort(404)
-    return render_template("job.html", job=job, daemon=daemon_pid(), refresh=None if job.finished else REFRESH_S)
+    return render_template(
+        "job.html", job=job, daemon=daemon_pid(), refresh=None if job.finished else REFRESH_S
+    )

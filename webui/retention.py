@@ -24,18 +24,53 @@ def _pattern(value: str) -> str:
         raise ValueError(exc.strerror) from None
 
 
-RULE_SCHEMA = Schema("RetentionRule", "Keep the newest N entries a path pattern matches; act on the older ones.", (
-    Field("pattern", "string", "An absolute path pattern; components may hold * ? [...] wildcards, e.g. "
-          "/checkpoints/*/step-* (no '.' or '..' components)", min_length=1, max_length=1024,
-          example="/checkpoints/*/step-*", check=_pattern),
-    Field("keep", "integer", "How many of the newest matches to keep in each directory", minimum=1,
-          maximum=KEEP_MAX, example=3),
-    Field("action", "string", "What happens to older matches: delete (gone for good), trash (restorable "
-          "from the export's trash) or cold (pinned to the cold band class)", enum=ACTIONS, default="delete"),
-    Field("order_by", "string", "Which entries are newest: by modification time (mtime) or by the natural "
-          "sort of names (step-9 < step-10)", enum=ORDERS, default="mtime"),
-    Field("enabled", "boolean", "Whether the scheduled runs apply this rule", required=False, default=True),
-))
+RULE_SCHEMA = Schema(
+    "RetentionRule",
+    "Keep the newest N entries a path pattern matches; act on the older ones.",
+    (
+        Field(
+            "pattern",
+            "string",
+            "An absolute path pattern; components may hold * ? [...] wildcards, e.g. "
+            "/checkpoints/*/step-* (no '.' or '..' components)",
+            min_length=1,
+            max_length=1024,
+            example="/checkpoints/*/step-*",
+            check=_pattern,
+        ),
+        Field(
+            "keep",
+            "integer",
+            "How many of the newest matches to keep in each directory",
+            minimum=1,
+            maximum=KEEP_MAX,
+            example=3,
+        ),
+        Field(
+            "action",
+            "string",
+            "What happens to older matches: delete (gone for good), trash (restorable "
+            "from the export's trash) or cold (pinned to the cold band class)",
+            enum=ACTIONS,
+            default="delete",
+        ),
+        Field(
+            "order_by",
+            "string",
+            "Which entries are newest: by modification time (mtime) or by the natural "
+            "sort of names (step-9 < step-10)",
+            enum=ORDERS,
+            default="mtime",
+        ),
+        Field(
+            "enabled",
+            "boolean",
+            "Whether the scheduled runs apply this rule",
+            required=False,
+            default=True,
+        ),
+    ),
+)
 
 
 RUN_SCHEMA = Schema("RetentionRun", "Which rules to preview or run.", (
@@ -62,14 +97,24 @@ def queue_run(rule_id: int | None, who: str) -> int:
 
 
 def create_rule(values: dict, who: str) -> int:
-    return service().add_rule(values["pattern"], values["keep"], action=values["action"],
-                              order_by=values["order_by"], enabled=values.get("enabled", True), actor=who)
+    return service().add_rule(
+        values["pattern"],
+        values["keep"],
+        action=values["action"],
+        order_by=values["order_by"],
+        enabled=values.get("enabled", True),
+        actor=who,
+    )
 
 
 def _page(status: int = 200, **extra):
-    return render_template("retention.html", rules=service().list_rules(), schema=RULE_SCHEMA,
-                           form=extra.get("form", {"action": "delete", "order_by": "mtime", "enabled": True}),
-                           errors=extra.get("errors", {})), status
+    return render_template(
+        "retention.html",
+        rules=service().list_rules(),
+        schema=RULE_SCHEMA,
+        form=extra.get("form", {"action": "delete", "order_by": "mtime", "enabled": True}),
+        errors=extra.get("errors", {}),
+    ), status
 
 
 @bp.route("/retention")
@@ -111,7 +156,9 @@ def edit(rule_id: int):
             form = dict(request.form)
             form["enabled"] = "enabled" in request.form
             errs, status = core.form_errors(exc), 400
-    return render_template("retention_edit.html", rule=rule, form=form, errors=errs, schema=RULE_SCHEMA), status
+    return render_template(
+        "retention_edit.html", rule=rule, form=form, errors=errs, schema=RULE_SCHEMA
+    ), status
 
 
 @bp.route("/retention/rules/<int:rule_id>/delete", methods=["POST"])
@@ -131,7 +178,11 @@ def preview():
     rule_id = request.args.get("rule", type=int)
     try:
         planned = service().preview(rule_id)
-        rules = [service().get_rule(rule_id)] if rule_id else [r for r in service().list_rules() if r.enabled]
+        rules = (
+            [service().get_rule(rule_id)]
+            if rule_id
+            else [r for r in service().list_rules() if r.enabled]
+        )
     except errors.NotFound:
         abort(404)
     return render_template("retention_preview.html", planned=planned, rule_id=rule_id, rules=rules,

@@ -36,12 +36,19 @@ class Field:
     enum: tuple = ()
     pattern: str | None = None  # a full match, as in JSON Schema (anchored here)
     example: Any = None
-    check: Callable[[Any], Any] | None = None  # extra rule: returns the clean value or raises ValueError
+    check: Callable[[Any], Any] | None = (
+        None  # extra rule: returns the clean value or raises ValueError
+    )
 
     def clean(self, value: Any) -> Any:
         """The value if it fits, else ValueError naming the field, the value and what was expected."""
+
         def bad(expected: str):
-            shown = repr(value) if not isinstance(value, str) or len(value) <= 60 else repr(value[:60]) + "..."
+            shown = (
+                repr(value)
+                if not isinstance(value, str) or len(value) <= 60
+                else repr(value[:60]) + "..."
+            )
             return ValueError(f"{self.name} = {shown}: expected {expected}")
         if self.type == "boolean":
             if not isinstance(value, bool):
@@ -60,7 +67,11 @@ class Field:
         if self.maximum is not None and value > self.maximum:
             raise bad(f"at most {self.maximum:g}")
         if self.min_length is not None and len(value) < self.min_length:
-            raise bad(f"at least {self.min_length} characters" if self.min_length > 1 else "a non-empty value")
+            raise bad(
+                f"at least {self.min_length} characters"
+                if self.min_length > 1
+                else "a non-empty value"
+            )
         if self.max_length is not None and len(value) > self.max_length:
             raise bad(f"at most {self.max_length} characters")
         if self.enum and value not in self.enum:
@@ -91,9 +102,15 @@ class Field:
 
     def openapi(self) -> dict:
         out: dict[str, Any] = {"type": self.type, "description": self.description}
-        for key, value in (("minimum", self.minimum), ("maximum", self.maximum), ("minLength", self.min_length),
-                           ("maxLength", self.max_length), ("default", self.default), ("example", self.example),
-                           ("pattern", f"^(?:{self.pattern})$" if self.pattern else None)):
+        for key, value in (
+            ("minimum", self.minimum),
+            ("maximum", self.maximum),
+            ("minLength", self.min_length),
+            ("maxLength", self.max_length),
+            ("default", self.default),
+            ("example", self.example),
+            ("pattern", f"^(?:{self.pattern})$" if self.pattern else None),
+        ):
             if value is not None:
                 out[key] = value
         if self.enum:
@@ -116,7 +133,9 @@ class Schema:
         known = {f.name for f in self.fields}
         for name in data:
             if name not in known:
-                errors[name] = f"field {name!r} is unknown: expected some of {', '.join(sorted(known))}"
+                errors[name] = (
+                    f"field {name!r} is unknown: expected some of {', '.join(sorted(known))}"
+                )
         clean: dict[str, Any] = {}
         for f in self.fields:
             value = data.get(f.name)
@@ -126,14 +145,18 @@ class Schema:
                 if f.default is not None:
                     clean[f.name] = f.default
                 elif f.required:
-                    errors[f.name] = f"{f.name} is missing: expected {f.description[0].lower() + f.description[1:]}"
+                    errors[f.name] = (
+                        f"{f.name} is missing: expected {f.description[0].lower() + f.description[1:]}"
+                    )
                 continue
             try:
                 clean[f.name] = f.clean(value)
             except ValueError as exc:
                 errors[f.name] = str(exc)
         if partial and not clean and not errors:
-            errors[""] = f"no fields given: expected some of {', '.join(f.name for f in self.fields)}"
+            errors[""] = (
+                f"no fields given: expected some of {', '.join(f.name for f in self.fields)}"
+            )
         if errors:
             raise ValidationError(errors)
         return clean

@@ -12,15 +12,39 @@ from webui.schema import Field, Schema
 
 bp = Blueprint("settings", __name__)
 
-TOKEN_SCHEMA = Schema("ApiToken", "A new API token for scripts (shown once).", (
-    Field("name", "string", "What the token is for, e.g. grafana or backup-script", min_length=1, max_length=64,
-          pattern=r"[A-Za-z0-9 ._-]+", example="grafana"),
-    Field("scope", "string", "read-only: GET only; operator: also jobs, retention runs and drive "
-          "actions; admin: also exports, admins, tokens and settings", required=False,
-          default="read-only", enum=accounts.SCOPES),
-    Field("expires_days", "integer", "Days until the token stops working (0: never)",
-          required=False, default=90, minimum=0, maximum=3650),
-))
+TOKEN_SCHEMA = Schema(
+    "ApiToken",
+    "A new API token for scripts (shown once).",
+    (
+        Field(
+            "name",
+            "string",
+            "What the token is for, e.g. grafana or backup-script",
+            min_length=1,
+            max_length=64,
+            pattern=r"[A-Za-z0-9 ._-]+",
+            example="grafana",
+        ),
+        Field(
+            "scope",
+            "string",
+            "read-only: GET only; operator: also jobs, retention runs and drive "
+            "actions; admin: also exports, admins, tokens and settings",
+            required=False,
+            default="read-only",
+            enum=accounts.SCOPES,
+        ),
+        Field(
+            "expires_days",
+            "integer",
+            "Days until the token stops working (0: never)",
+            required=False,
+            default=90,
+            minimum=0,
+            maximum=3650,
+        ),
+    ),
+)
 
 
 def make_token(values: dict, who: str) -> str:
@@ -29,12 +53,28 @@ def make_token(values: dict, who: str) -> str:
     return accounts.create_token(core.ctx().catalog, user_id(who), values["name"],
                                  scope=values["scope"], expires_s=days * 86400 if days else None,
                                  actor=who)
-ADMIN_SCHEMA = Schema("AdminUser", "A new admin account.", (
-    Field("username", "string", "Lower-case letters, digits, _ . - (starting with a letter or _)", min_length=1,
-          max_length=64, pattern=accounts.USERNAME_RE.pattern, example="alice"),
-    Field("password", "string", f"At least {accounts.MIN_PASSWORD} characters", min_length=accounts.MIN_PASSWORD,
-          max_length=1024),
-))
+ADMIN_SCHEMA = Schema(
+    "AdminUser",
+    "A new admin account.",
+    (
+        Field(
+            "username",
+            "string",
+            "Lower-case letters, digits, _ . - (starting with a letter or _)",
+            min_length=1,
+            max_length=64,
+            pattern=accounts.USERNAME_RE.pattern,
+            example="alice",
+        ),
+        Field(
+            "password",
+            "string",
+            f"At least {accounts.MIN_PASSWORD} characters",
+            min_length=accounts.MIN_PASSWORD,
+            max_length=1024,
+        ),
+    ),
+)
 PASSWORD_SCHEMA = Schema("PasswordChange", "Change the signed-in admin's password.", (
     Field("current", "string", "The current password", min_length=1, max_length=1024),
     Field("new", "string", f"The new password, at least {accounts.MIN_PASSWORD} characters",
@@ -61,7 +101,9 @@ def list_admins() -> list[dict]:
 
 def change_password(username: str, values: dict, who: str) -> None:
     if not hmac.compare_digest(values["new"], values["confirm"]):
-        raise errors.InvalidArgument("the new password and its confirmation differ: type the same password twice")
+        raise errors.InvalidArgument(
+            "the new password and its confirmation differ: type the same password twice"
+        )
     if accounts.verify_login(core.ctx().catalog, username, values["current"]) is None:
         raise errors.InvalidArgument("the current password is wrong")
     from flask import session
@@ -119,7 +161,9 @@ def revoke(token_id: int):
 def create_admin():
     try:
         values = ADMIN_SCHEMA.from_form(request.form)
-        accounts.create_admin(core.ctx().catalog, values["username"], values["password"], actor=core.actor())
+        accounts.create_admin(
+            core.ctx().catalog, values["username"], values["password"], actor=core.actor()
+        )
     except core.USER_ERRORS as exc:
         return _page(400, errors=core.form_errors(exc), which="admin")
     flash(f"admin {values['username']} created", "ok")

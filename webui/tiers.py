@@ -17,21 +17,64 @@ from webui.schema import Field, Schema
 
 bp = Blueprint("tiers", __name__)
 DEFAULTS = tier_settings.THRESHOLD_DEFAULTS
-THRESHOLDS = Schema("TieringThresholds", "When the tiering engine moves data between band classes.", (
-    Field("hot_to_warm_after_s", "integer", "Seconds a hot file stays unchanged before it is erasure-coded "
-          "into warm stripes", minimum=60, maximum=30 * DAY, default=DEFAULTS["hot_to_warm_after_s"]),
-    Field("warm_to_cold_after_s", "integer", "Seconds without a change or a read before warm data moves to "
-          "cold", minimum=3600, maximum=3650 * DAY, default=DEFAULTS["warm_to_cold_after_s"]),
-    Field("promote_reads", "integer", "Reads within the promotion window that bring cold data back to warm",
-          minimum=1, maximum=1000, default=DEFAULTS["promote_reads"]),
-    Field("promote_window_s", "integer", "The promotion window in seconds", minimum=60, maximum=30 * DAY,
-          default=DEFAULTS["promote_window_s"]),
-))
-PIN = Schema("Pin", "Pin a path (and everything below it) to a band class, or unpin it.", (
-    Field("path", "string", "An absolute path in the namespace", min_length=1, max_length=4096,
-          example="/datasets/tokens-v3"),
-    Field("band_class", "string", "hot, warm or cold; 'none' removes the pin", enum=CLASSES + (tier_settings.UNPIN,)),
-))
+THRESHOLDS = Schema(
+    "TieringThresholds",
+    "When the tiering engine moves data between band classes.",
+    (
+        Field(
+            "hot_to_warm_after_s",
+            "integer",
+            "Seconds a hot file stays unchanged before it is erasure-coded into warm stripes",
+            minimum=60,
+            maximum=30 * DAY,
+            default=DEFAULTS["hot_to_warm_after_s"],
+        ),
+        Field(
+            "warm_to_cold_after_s",
+            "integer",
+            "Seconds without a change or a read before warm data moves to cold",
+            minimum=3600,
+            maximum=3650 * DAY,
+            default=DEFAULTS["warm_to_cold_after_s"],
+        ),
+        Field(
+            "promote_reads",
+            "integer",
+            "Reads within the promotion window that bring cold data back to warm",
+            minimum=1,
+            maximum=1000,
+            default=DEFAULTS["promote_reads"],
+        ),
+        Field(
+            "promote_window_s",
+            "integer",
+            "The promotion window in seconds",
+            minimum=60,
+            maximum=30 * DAY,
+            default=DEFAULTS["promote_window_s"],
+        ),
+    ),
+)
+PIN = Schema(
+    "Pin",
+    "Pin a path (and everything below it) to a band class, or unpin it.",
+    (
+        Field(
+            "path",
+            "string",
+            "An absolute path in the namespace",
+            min_length=1,
+            max_length=4096,
+            example="/datasets/tokens-v3",
+        ),
+        Field(
+            "band_class",
+            "string",
+            "hot, warm or cold; 'none' removes the pin",
+            enum=CLASSES + (tier_settings.UNPIN,),
+        ),
+    ),
+)
 
 
 def thresholds() -> dict:
@@ -52,7 +95,9 @@ def band_classes() -> list[dict]:
     out = []
     for name, opts in shingle.config.band_classes.items():
         usage = used.get(name, {"zones": 0, "live_bytes": 0})
-        out.append({"name": name, **opts, "zones": usage["zones"], "live_bytes": usage["live_bytes"]})
+        out.append(
+            {"name": name, **opts, "zones": usage["zones"], "live_bytes": usage["live_bytes"]}
+        )
     return out
 
 
@@ -76,10 +121,17 @@ def overview() -> dict:
 @bp.route("/tiers")
 @core.login_required
 def index(status: int = 200, **extra):
-    return render_template("tiers.html", data=overview(), thresholds_schema=THRESHOLDS, pin_schema=PIN,
-                           errors=extra.get("errors", {}), pin_errors=extra.get("pin_errors", {}),
-                           form=extra.get("form"), pin_form=extra.get("pin_form", {}),
-                           json=json), status
+    return render_template(
+        "tiers.html",
+        data=overview(),
+        thresholds_schema=THRESHOLDS,
+        pin_schema=PIN,
+        errors=extra.get("errors", {}),
+        pin_errors=extra.get("pin_errors", {}),
+        form=extra.get("form"),
+        pin_form=extra.get("pin_form", {}),
+        json=json,
+    ), status
 
 
 @bp.route("/tiers/thresholds", methods=["POST"])
