@@ -33,23 +33,57 @@ class PostgresServer:
 
     def start(self):
         if not (PG_BIN / "initdb").exists():
-            raise RuntimeError(f"PostgreSQL binaries not found in {PG_BIN}: run the README test command, "
-                               "which installs postgresql")
+            raise RuntimeError(
+                f"PostgreSQL binaries not found in {PG_BIN}: run the README test command, "
+                "which installs postgresql"
+            )
         pw = pwd.getpwnam("postgres")
         os.chown(self.dir, pw.pw_uid, pw.pw_gid)
         as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        subprocess.run(as_postgres + [str(PG_BIN / "initdb"), "-D", str(self.data), "-A", "trust",
-                                      "-U", "postgres", "--no-sync"], check=True, capture_output=True)
+        subprocess.run(
+            as_postgres
+            + [
+                str(PG_BIN / "initdb"),
+                "-D",
+                str(self.data),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+            ],
+            check=True,
+            capture_output=True,
+        )
         # postgres runs as our child (not daemonized by pg_ctl) so this run reaps it.
         self.proc = subprocess.Popen(
-            as_postgres + [str(PG_BIN / "postgres"), "-D", str(self.data), "-c", "listen_addresses=127.0.0.1",
-                           "-p", str(self.port), "-k", str(self.dir), "-c", "fsync=off",
-                           "-c", "max_connections=300", "-c", "synchronous_commit=off"],
-            stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
+            as_postgres
+            + [
+                str(PG_BIN / "postgres"),
+                "-D",
+                str(self.data),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-p",
+                str(self.port),
+                "-k",
+                str(self.dir),
+                "-c",
+                "fsync=off",
+                "-c",
+                "max_connections=300",
+                "-c",
+                "synchronous_commit=off",
+            ],
+            stdout=open(self.log, "ab"),
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            ready = subprocess.run([str(PG_BIN / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
-                                   capture_output=True)
+            ready = subprocess.run(
+                [str(PG_BIN / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
+                capture_output=True,
+            )
             if ready.returncode == 0:
                 return self
             if self.proc.poll() is not None:
@@ -63,7 +97,9 @@ class PostgresServer:
     def create_database(self) -> str:
         import psycopg
         name = "t_" + uuid.uuid4().hex[:12]
-        with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres", autocommit=True) as conn:
+        with psycopg.connect(
+            f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres", autocommit=True
+        ) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 

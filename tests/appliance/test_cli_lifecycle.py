@@ -17,8 +17,12 @@ from engine.namespace import ROOT
 
 
 def shingle(*args, check=True, timeout=120):
-    run = subprocess.run([sys.executable, "-m", "appliance.cli", *args], capture_output=True, text=True,
-                         timeout=timeout)
+    run = subprocess.run(
+        [sys.executable, "-m", "appliance.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check:
         assert run.returncode == 0, run.stderr
     return run
@@ -56,9 +60,21 @@ def test_retention_without_daemon(appliance_dir):
 def test_jobs_go_to_the_daemon_when_it_owns_the_drives(appliance_dir):
     cfg = ["-c", str(appliance_dir / "shingle.toml")]
     shingle(*cfg, "retention", "add", "/checkpoints/*/step-*", "--keep", "2")
-    daemon = subprocess.Popen([sys.executable, "-m", "appliance.cli", *cfg, "serve", "--no-web",
-                               "--nfs-port", str(free_port())], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
+    daemon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "appliance.cli",
+            *cfg,
+            "serve",
+            "--no-web",
+            "--nfs-port",
+            str(free_port()),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         for line in daemon.stdout:

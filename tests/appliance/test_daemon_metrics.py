@@ -21,16 +21,24 @@ def test_nfs_traffic_reaches_metrics(tmp_path):
 
     home = tmp_path / "a"
     port = free_port()
-    shingle("init", str(home), "--drive-size", "128MiB", "--zone-size", "8MiB", "--nfs-port", str(port))
+    shingle(
+        "init", str(home), "--drive-size", "128MiB", "--zone-size", "8MiB", "--nfs-port", str(port)
+    )
     path = home / "shingle.toml"
-    text, count = re.subn(r"^# metrics_interval_s = .*$", "metrics_interval_s = 0.5", path.read_text(), flags=re.M)
+    text, count = re.subn(
+        r"^# metrics_interval_s = .*$", "metrics_interval_s = 0.5", path.read_text(), flags=re.M
+    )
     assert count == 1
     # the malloc line is an internal detail, logged at debug
     text, count = re.subn(r'^# level = "info"$', 'level = "debug"', text, flags=re.M)
     assert count == 1
     path.write_text(text)
-    daemon = subprocess.Popen([sys.executable, "-m", "appliance.cli", "-c", str(path), "serve", "--no-web"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "appliance.cli", "-c", str(path), "serve", "--no-web"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         startup = []
         for line in daemon.stdout:
@@ -38,8 +46,15 @@ def test_nfs_traffic_reaches_metrics(tmp_path):
             if "nfs://" in line:
                 break
         assert any("malloc: buffers up to 32 MiB are reused" in line for line in startup), startup
-        client = nfs_rs.Client.connect(f"nfs://127.0.0.1:{port}/export?version=4.1", nfs_port=port,
-                                       noresvport=True, uid=0, gid=0, connect_timeout=20, operation_timeout=60)
+        client = nfs_rs.Client.connect(
+            f"nfs://127.0.0.1:{port}/export?version=4.1",
+            nfs_port=port,
+            noresvport=True,
+            uid=0,
+            gid=0,
+            connect_timeout=20,
+            operation_timeout=60,
+        )
         payload = bytes(range(256)) * 4096  # 1 MiB
         with client.open("/data.bin", "wb") as f:
             f.write(payload)
@@ -51,7 +66,9 @@ def test_nfs_traffic_reaches_metrics(tmp_path):
             latest = {}
             while time.monotonic() < deadline:
                 latest = metrics.latest(catalog)
-                if latest.get("nfs_read_bytes", 0) >= len(payload) and latest.get("client_bytes_written", 0):
+                if latest.get("nfs_read_bytes", 0) >= len(payload) and latest.get(
+                    "client_bytes_written", 0
+                ):
                     break
                 time.sleep(0.2)
         finally:
@@ -65,7 +82,9 @@ def test_nfs_traffic_reaches_metrics(tmp_path):
     assert latest["client_bytes_written"] >= len(payload)
     # 8+2 erasure coding: at least 10/8 media bytes per user byte
     assert latest["media_bytes_written"] >= latest["client_bytes_written"] * 10 / 8
-    assert latest["nfs_latency_le_inf"] >= latest["nfs_ops_write"] and latest["nfs_latency_sum_s"] > 0
+    assert (
+        latest["nfs_latency_le_inf"] >= latest["nfs_ops_write"] and latest["nfs_latency_sum_s"] > 0
+    )
     # each drive counts its own appends: together at least what the data path placed on media
     drive_written = [v for k, v in latest.items() if re.fullmatch(r"drive_\d+_written_bytes", k)]
     assert len(drive_written) == 10 and sum(drive_written) >= latest["media_bytes_written"]

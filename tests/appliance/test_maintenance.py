@@ -29,7 +29,9 @@ def test_scheduled_and_queued_jobs_run_and_counters_are_sampled(tmp_path):
     path = home / "shingle.toml"
     text = path.read_text()
     for key in ("retention", "tier", "clean", "scrub", "trash_purge"):
-        text, count = re.subn(rf"^# {key}_interval_s = \d+$", f"{key}_interval_s = 1", text, flags=re.M)
+        text, count = re.subn(
+            rf"^# {key}_interval_s = \d+$", f"{key}_interval_s = 1", text, flags=re.M
+        )
         assert count == 1, key
     path.write_text(text)
     config = config_mod.load(path)
@@ -46,8 +48,17 @@ def test_scheduled_and_queued_jobs_run_and_counters_are_sampled(tmp_path):
         try:
             assert wait_for(lambda: jobs.get(appliance.catalog, queued).finished)
             kinds = {"retention", "tier", "clean", "scrub", "trash-purge"}  # every scheduled kind
-            done = wait_for(lambda: {j.kind for j in jobs.recent(appliance.catalog, 50)
-                                     if j.actor == "schedule" and j.state == "done"} >= kinds and kinds)
+            done = wait_for(
+                lambda: (
+                    {
+                        j.kind
+                        for j in jobs.recent(appliance.catalog, 50)
+                        if j.actor == "schedule" and j.state == "done"
+                    }
+                    >= kinds
+                    and kinds
+                )
+            )
             assert done == kinds
             wait_for(lambda: metrics.latest(appliance.catalog).get("nfs_ops", 0) >= 2)
         finally:

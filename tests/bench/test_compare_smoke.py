@@ -45,8 +45,22 @@ def test_compare_smoke_prints_one_line_per_metric_with_both_servers(tmp_path):
     ensure_installed()
     has_torch = importlib.util.find_spec("torch") is not None
     results, run_json = tmp_path / "results", tmp_path / "run.json"
-    proc = subprocess.run([sys.executable, "bench/compare.py", "--smoke", "--report", "--results", str(results),
-                           "--json", str(run_json)], cwd=REPO, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "bench/compare.py",
+            "--smoke",
+            "--report",
+            "--results",
+            str(results),
+            "--json",
+            str(run_json),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     print(proc.stdout)
     print(proc.stderr[-4000:], file=sys.stderr)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -77,9 +91,12 @@ def test_compare_smoke_prints_one_line_per_metric_with_both_servers(tmp_path):
         if math.isnan(shingle):
             client, name = metric.split(".", 1)
             workloads = {"training"} if client == "train" else WORKLOAD_OF[name]
-            recorded = {w for s, c, w in failures if s == "shingle" and (c == client or client == "train")}
-            assert recorded & (workloads | {"start", "restart"}), \
+            recorded = {
+                w for s, c, w in failures if s == "shingle" and (c == client or client == "train")
+            }
+            assert recorded & (workloads | {"start", "restart"}), (
                 f"shingle has no number for {metric} and no recorded failure of {workloads}: {failures}"
+            )
             assert math.isnan(ratio)
         else:
             assert shingle > 0
@@ -100,11 +117,13 @@ def test_compare_smoke_prints_one_line_per_metric_with_both_servers(tmp_path):
 
 
 def test_profile_parser_ranks_busy_frames_and_drops_idle_ones():
-    text = "\n".join([
-        "process 1:\"shingle\";thread (0x1);main (cli.py:10);write (engine/datapath/core.py:400) 30",
-        "process 1:\"shingle\";thread (0x1);main (cli.py:10);encode (engine/erasure.py:130) 10",
-        "process 1:\"shingle\";thread (0x2);run_forever (asyncio/base_events.py:600);select (selectors.py:468) 60",
-    ])
+    text = "\n".join(
+        [
+            'process 1:"shingle";thread (0x1);main (cli.py:10);write (engine/datapath/core.py:400) 30',
+            'process 1:"shingle";thread (0x1);main (cli.py:10);encode (engine/erasure.py:130) 10',
+            'process 1:"shingle";thread (0x2);run_forever (asyncio/base_events.py:600);select (selectors.py:468) 60',
+        ]
+    )
     prof = compare.parse_collapsed(text)
     assert prof["samples"] == 40  # the 60 samples waiting in select are idle
     assert prof["top_self"][0] == ("write (engine/datapath/core.py)", 75.0)

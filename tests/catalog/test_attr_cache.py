@@ -41,7 +41,9 @@ def test_own_unlink_and_rename_are_seen(sqlite_catalog):
     assert ns.lookup(ROOT, d.ino, "b").ino == a.ino
     with pytest.raises(errors.NotFound):
         ns.lookup(ROOT, d.ino, "a")
-    with pytest.raises(errors.StaleHandle):  # the replaced file was freed: not served from the cache
+    with pytest.raises(
+        errors.StaleHandle
+    ):  # the replaced file was freed: not served from the cache
         ns.getattr(b.ino)
 
 
@@ -54,7 +56,9 @@ def test_other_process_commit_clears_the_cache(sqlite_catalog):
         Namespace(other).setattr(ROOT, f.ino, mode=0o640)
         # a write decision looks afresh at once: the mode is 0o640 now, so 0o644 is a change
         ns.setattr(ROOT, f.ino, mode=0o644)
-        assert Namespace(other).getattr(f.ino).mode == 0o644, "the change back was taken for a no-op"
+        assert Namespace(other).getattr(f.ino).mode == 0o644, (
+            "the change back was taken for a no-op"
+        )
         Namespace(other).setattr(ROOT, f.ino, mode=0o640)
     finally:
         other.close()
@@ -90,7 +94,9 @@ def test_load_that_raced_an_eviction_is_not_cached(sqlite_catalog):
     assert ns.getattr(f.ino).mode == 0o600  # ... but must not leave it in the cache
 
 
-def test_setattr_that_changes_nothing_needs_no_write_but_still_checks_permission(sqlite_catalog, count_reads):
+def test_setattr_that_changes_nothing_needs_no_write_but_still_checks_permission(
+    sqlite_catalog, count_reads
+):
     ns = Namespace(sqlite_catalog)
     f = ns.create(ROOT, ns.root_ino, "f", 0o644)
     writes = []
@@ -101,11 +107,16 @@ def test_setattr_that_changes_nothing_needs_no_write_but_still_checks_permission
         return original_run(work, **kw)
     sqlite_catalog.run = run
     reads = count_reads(sqlite_catalog)
-    same = ns.setattr(ROOT, f.ino, mode=0o644, size=0, uid=0)  # what clients send right after a create
+    same = ns.setattr(
+        ROOT, f.ino, mode=0o644, size=0, uid=0
+    )  # what clients send right after a create
     assert (same.mode, same.size, same.change, same.ctime_ns) == (0o644, 0, f.change, f.ctime_ns)
     assert writes == [] and reads == [], "a setattr that changes nothing opened a transaction"
     from engine.namespace import Cred
-    with pytest.raises(errors.NotPermitted):  # the same mode, but not the owner: refused all the same
+
+    with pytest.raises(
+        errors.NotPermitted
+    ):  # the same mode, but not the owner: refused all the same
         ns.setattr(Cred(1000, 1000), f.ino, mode=0o644)
     changed = ns.setattr(ROOT, f.ino, mode=0o600)
     assert changed.mode == 0o600 and changed.change > f.change and writes
@@ -119,7 +130,9 @@ def test_cache_size_is_bounded(sqlite_catalog, monkeypatch):
     ns.invalidate()
     for name, ino in made.items():
         assert ns.lookup(ROOT, ns.root_ino, name).ino == ino
-        assert len(ns._cache) + len(ns._names) <= 10 + 3  # one lookup adds two attributes and a name
+        assert (
+            len(ns._cache) + len(ns._names) <= 10 + 3
+        )  # one lookup adds two attributes and a name
 
 
 def test_tracked_commits_of_this_process_keep_the_cache(sqlite_catalog, count_reads):
@@ -146,8 +159,11 @@ def test_untracked_commit_of_this_process_clears_the_cache(sqlite_catalog):
     f = ns.create(ROOT, ns.root_ino, "f", 0o644)
     assert ns.getattr(f.ino).mode & 0o777 == 0o644
     # a write outside the namespace that changes a cached row, as maintenance code might
-    sqlite_catalog.run(lambda conn: sql(conn, "UPDATE inodes SET mode = (mode & ~511) | 384 WHERE ino = ?",
-                                        (f.ino,)).close())
+    sqlite_catalog.run(
+        lambda conn: sql(
+            conn, "UPDATE inodes SET mode = (mode & ~511) | 384 WHERE ino = ?", (f.ino,)
+        ).close()
+    )
     assert ns.getattr(f.ino).mode & 0o777 == 0o600
 
 
@@ -155,7 +171,9 @@ def test_a_tracked_transaction_that_changed_nothing_claims_no_commit(sqlite_cata
     ns = Namespace(sqlite_catalog)
     f = ns.create(ROOT, ns.root_ino, "f", 0o644)
     assert ns.getattr(f.ino).mode & 0o777 == 0o644
-    sqlite_catalog.run(lambda conn: None, tracked=True)  # commits no frames: the counter does not move
+    sqlite_catalog.run(
+        lambda conn: None, tracked=True
+    )  # commits no frames: the counter does not move
     other = Catalog(sqlite_catalog.url)  # the next commit is another process's
     try:
         Namespace(other).setattr(ROOT, f.ino, mode=0o600)

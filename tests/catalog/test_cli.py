@@ -7,7 +7,9 @@ import sys
 
 
 def shingle(*args, check=True):
-    run = subprocess.run([sys.executable, "-m", "appliance.cli", *args], capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "appliance.cli", *args], capture_output=True, text=True
+    )
     if check:
         assert run.returncode == 0, run.stderr
     return run
@@ -15,7 +17,9 @@ def shingle(*args, check=True):
 
 def test_init_then_status(tmp_path):
     home = tmp_path / "appliance"
-    out = shingle("init", str(home), "--drives", "10", "--drive-size", "64MiB", "--zone-size", "4MiB").stdout
+    out = shingle(
+        "init", str(home), "--drives", "10", "--drive-size", "64MiB", "--zone-size", "4MiB"
+    ).stdout
     assert "initialized" in out and "initial-admin-password" in out
     assert (home / "shingle.toml").exists()
     assert oct((home / "initial-admin-password").stat().st_mode & 0o777) == "0o600"
@@ -60,5 +64,7 @@ def test_fsck_of_fresh_appliance_is_clean(tmp_path):
 def test_bench_subcommand_runs_benchmarks_and_refuses_unknown(tmp_path):
     bad = shingle("bench", "no-such-benchmark", check=False)
     assert bad.returncode == 2 and "catalog" in bad.stderr
-    out = json.loads(shingle("bench", "catalog", "--files", "200", "--no-postgres", "--json").stdout)
+    out = json.loads(
+        shingle("bench", "catalog", "--files", "200", "--no-postgres", "--json").stdout
+    )
     assert out["sqlite"]["create_per_s"] > 0 and out["files"] == 200

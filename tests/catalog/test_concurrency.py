@@ -83,7 +83,10 @@ def run_workers(url: str, processes: int, threads: int, seconds: float):
     ns.mkdir(ROOT, ns.root_ino, "shared")
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker_process, args=(url, p, threads, seconds, queue)) for p in range(processes)]
+    procs = [
+        ctx.Process(target=_worker_process, args=(url, p, threads, seconds, queue))
+        for p in range(processes)
+    ]
     for proc in procs:
         proc.start()
     results = [item for _ in procs for item in queue.get(timeout=seconds + 120)]
@@ -93,7 +96,9 @@ def run_workers(url: str, processes: int, threads: int, seconds: float):
     return ns, results
 
 
-@pytest.mark.parametrize("catalog_url,seconds", [("sqlite", 10.0), ("postgresql", 4.0)], indirect=["catalog_url"])
+@pytest.mark.parametrize(
+    "catalog_url,seconds", [("sqlite", 10.0), ("postgresql", 4.0)], indirect=["catalog_url"]
+)
 def test_concurrent_writers_see_no_errors(catalog_url, seconds):
     ns, results = run_workers(catalog_url, processes=2, threads=4, seconds=seconds)
     failures = [(tag, error) for tag, _, _, error in results if error]

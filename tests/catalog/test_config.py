@@ -66,12 +66,23 @@ def test_sizes():
 
 def test_cli_reports_bad_config_in_one_line_with_exit_2(tmp_path):
     path = write(tmp_path, "[nfs]\nport = 70000\n")
-    run = subprocess.run([sys.executable, "-m", "appliance.cli", "-c", str(path), "config", "check"],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "appliance.cli", "-c", str(path), "config", "check"],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 2
     assert run.stdout == ""
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and "nfs.port" in lines[0] and "70000" in lines[0] and "Traceback" not in run.stderr
-    missing = subprocess.run([sys.executable, "-m", "appliance.cli", "-c", str(tmp_path / "nope.toml"), "status"],
-                             capture_output=True, text=True)
+    assert (
+        len(lines) == 1
+        and "nfs.port" in lines[0]
+        and "70000" in lines[0]
+        and "Traceback" not in run.stderr
+    )
+    missing = subprocess.run(
+        [sys.executable, "-m", "appliance.cli", "-c", str(tmp_path / "nope.toml"), "status"],
+        capture_output=True,
+        text=True,
+    )
     assert missing.returncode == 2 and "shingle init" in missing.stderr

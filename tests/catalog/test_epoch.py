@@ -47,7 +47,9 @@ def test_epoch_moves_with_every_commit_and_only_then(sqlite_catalog):
 
 def test_epoch_never_repeats_across_wal_restarts(sqlite_catalog):
     seen = {sqlite_catalog.epoch()}
-    checkpointer = sqlite3.connect(sqlite_catalog.url.removeprefix("sqlite:///"), isolation_level=None)
+    checkpointer = sqlite3.connect(
+        sqlite_catalog.url.removeprefix("sqlite:///"), isolation_level=None
+    )
     for i in range(300):
         sqlite_catalog.set_setting("k", "v" * (i % 7) + str(i))
         if i % 50 == 0:  # the WAL is emptied and the next commit writes it from its start again
@@ -106,12 +108,15 @@ def test_mapping_the_wal_index_keeps_sqlites_locks(sqlite_catalog):
     # Closing a descriptor of the -shm file would drop every POSIX lock this process holds on
     # it, SQLite's included; the next process to open the database would then find the index
     # unused, truncate and rebuild it under our connections (they died of SIGBUS that way).
-    sqlite_catalog.read(lambda conn: sql(conn, "SELECT COUNT(*) FROM settings").fetchall())  # opens the WAL
+    sqlite_catalog.read(
+        lambda conn: sql(conn, "SELECT COUNT(*) FROM settings").fetchall()
+    )  # opens the WAL
     shm = sqlite_catalog.url.removeprefix("sqlite:///") + "-shm"
 
     def probe():
-        return subprocess.run([sys.executable, "-c", _PROBE_DMS, shm], capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            [sys.executable, "-c", _PROBE_DMS, shm], capture_output=True, text=True, check=True
+        ).stdout.strip()
     assert probe() == "held"  # the probe itself is sound
     sqlite_catalog.epoch()  # maps the index
     other = Catalog(sqlite_catalog.url)

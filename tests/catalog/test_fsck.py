@@ -27,8 +27,11 @@ def test_clean_tree(namespace, catalog):
 
 def test_damage_is_reported(namespace, catalog):
     f = build(namespace)
-    catalog.run(lambda conn: conn.execute(update(Inode.__table__).where(Inode.__table__.c.ino == f.ino)
-                                          .values(nlink=7)))
+    catalog.run(
+        lambda conn: conn.execute(
+            update(Inode.__table__).where(Inode.__table__.c.ino == f.ino).values(nlink=7)
+        )
+    )
     report = check(catalog, namespace.root_ino)
     assert not report.clean
     assert any(f"inode {f.ino} has nlink 7, but 2" in p for p in report.problems)

@@ -209,7 +209,9 @@ def test_permissions(namespace, home):
     mine = ns.create(ALICE, private.ino, "mine", 0o600)
     assert ns.access(BOB, mine.ino, R_OK | W_OK) == 0
     assert ns.access(ALICE, mine.ino, R_OK | W_OK | X_OK) == R_OK | W_OK
-    assert ns.access(ROOT, mine.ino, R_OK | W_OK | X_OK) == R_OK | W_OK  # root: no x without an x bit
+    assert (
+        ns.access(ROOT, mine.ino, R_OK | W_OK | X_OK) == R_OK | W_OK
+    )  # root: no x without an x bit
     group_reader = Cred(1002, 50, groups=(1000,))
     ns.setattr(ALICE, mine.ino, mode=0o640)
     assert ns.access(group_reader, mine.ino, R_OK | W_OK) == R_OK
@@ -253,7 +255,9 @@ def test_setattr_rules(namespace, home):
         ns.setattr(ROOT, d.ino, size=0)
     before = ns.getattr(f.ino)
     ns.setattr(ROOT, f.ino, mode=0o600)
-    assert ns.getattr(f.ino).change > before.change and ns.getattr(f.ino).ctime_ns >= before.ctime_ns
+    assert (
+        ns.getattr(f.ino).change > before.change and ns.getattr(f.ino).ctime_ns >= before.ctime_ns
+    )
 
 
 def test_setgid_directory_inherits_group(namespace, home):

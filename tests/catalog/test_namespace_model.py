@@ -106,20 +106,40 @@ class Model:
     def links(self, node):
         if self.is_dir(node):
             return 2 + sum(1 for child in self.kids[node].values() if self.is_dir(child))
-        return sum(1 for entries in self.kids.values() for child in entries.values() if child == node)
+        return sum(
+            1 for entries in self.kids.values() for child in entries.values() if child == node
+        )
 
 
-ERRNO_NAMES = {errors.Exists: "EEXIST", errors.NotFound: "ENOENT", errors.IsADirectory: "EISDIR",
-               errors.NotADirectory: "ENOTDIR", errors.NotEmpty: "ENOTEMPTY", errors.NotPermitted: "EPERM",
-               errors.InvalidArgument: "EINVAL"}
+ERRNO_NAMES = {
+    errors.Exists: "EEXIST",
+    errors.NotFound: "ENOENT",
+    errors.IsADirectory: "EISDIR",
+    errors.NotADirectory: "ENOTDIR",
+    errors.NotEmpty: "ENOTEMPTY",
+    errors.NotPermitted: "EPERM",
+    errors.InvalidArgument: "EINVAL",
+}
 
 op = st.one_of(
     st.tuples(st.just("create"), st.integers(0, 5), st.sampled_from(NAMES)),
     st.tuples(st.just("mkdir"), st.integers(0, 5), st.sampled_from(NAMES)),
     st.tuples(st.just("unlink"), st.integers(0, 5), st.sampled_from(NAMES)),
     st.tuples(st.just("rmdir"), st.integers(0, 5), st.sampled_from(NAMES)),
-    st.tuples(st.just("rename"), st.integers(0, 5), st.sampled_from(NAMES), st.integers(0, 5), st.sampled_from(NAMES)),
-    st.tuples(st.just("link"), st.integers(0, 5), st.sampled_from(NAMES), st.integers(0, 5), st.sampled_from(NAMES)),
+    st.tuples(
+        st.just("rename"),
+        st.integers(0, 5),
+        st.sampled_from(NAMES),
+        st.integers(0, 5),
+        st.sampled_from(NAMES),
+    ),
+    st.tuples(
+        st.just("link"),
+        st.integers(0, 5),
+        st.sampled_from(NAMES),
+        st.integers(0, 5),
+        st.sampled_from(NAMES),
+    ),
 )
 
 
@@ -130,7 +150,9 @@ def outcome(call, *args):
         return ERRNO_NAMES.get(type(exc), f"unexpected {exc!r}"), None
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(ops=st.lists(op, min_size=1, max_size=30))
 def test_namespace_matches_model(namespace, ops):
     ns = namespace
@@ -174,5 +196,9 @@ def test_namespace_matches_model(namespace, ops):
         for entry in listing:
             node = entries[entry.name]
             assert entry.attr.ino == ino_of[node]
-            assert entry.attr.nlink == model.links(node), (entry.name, entry.attr.nlink, model.links(node))
+            assert entry.attr.nlink == model.links(node), (
+                entry.name,
+                entry.attr.nlink,
+                model.links(node),
+            )
     assert ns.getattr(sandbox.ino).nlink == model.links(0)

@@ -17,7 +17,11 @@ from engine.namespace import ROOT, Namespace
 
 WRITERS = 8
 STREAM = 1024 * 1024  # long enough that most kills land mid-write as the engine gets faster
-POLICIES = {"warm": {"fragment_size": 4096}, "cold": {"fragment_size": 4096}, "hot": {"fragment_size": 4096}}
+POLICIES = {
+    "warm": {"fragment_size": 4096},
+    "cold": {"fragment_size": 4096},
+    "hot": {"fragment_size": 4096},
+}
 
 
 def stream(round_no: int, writer: int) -> bytes:

@@ -19,8 +19,20 @@ SMALL = {"warm": {"fragment_size": 64 * KiB}, "cold": {"fragment_size": 64 * KiB
 class Engine:
     """A catalog + drives + DataPath + Namespace that a test can restart."""
 
-    def __init__(self, catalog, root, *, drives=10, drive_size=16 * MiB, zone_size=MiB, policies=SMALL,
-                 reserve_zones=2, smr_model=None, write_granularity=1, datapath_options=None):
+    def __init__(
+        self,
+        catalog,
+        root,
+        *,
+        drives=10,
+        drive_size=16 * MiB,
+        zone_size=MiB,
+        policies=SMALL,
+        reserve_zones=2,
+        smr_model=None,
+        write_granularity=1,
+        datapath_options=None,
+    ):
         self.catalog = catalog
         self.root = root
         self.policies = load_policies(policies)
@@ -34,8 +46,13 @@ class Engine:
         self.start()
 
     def start(self):
-        self.data = DataPath(self.catalog, self.policies, reserve_zones=self.reserve_zones, smr_model=self.smr_model,
-                             **self.datapath_options)
+        self.data = DataPath(
+            self.catalog,
+            self.policies,
+            reserve_zones=self.reserve_zones,
+            smr_model=self.smr_model,
+            **self.datapath_options,
+        )
         self.ns = Namespace(self.catalog, data=self.data)
         return self
 
@@ -54,14 +71,21 @@ def check_accounting(catalog):
     zones, stripes, extents = Zone.__table__, Stripe.__table__, Extent.__table__
 
     def work(conn):
-        bad_zones = conn.execute(select(zones.c.id, zones.c.write_pointer, zones.c.live_bytes, zones.c.garbage_bytes)
-                                 .where(zones.c.write_pointer != zones.c.live_bytes + zones.c.garbage_bytes)).all()
+        bad_zones = conn.execute(
+            select(
+                zones.c.id, zones.c.write_pointer, zones.c.live_bytes, zones.c.garbage_bytes
+            ).where(zones.c.write_pointer != zones.c.live_bytes + zones.c.garbage_bytes)
+        ).all()
         live = dict(conn.execute(select(extents.c.stripe_id, func.sum(extents.c.length))
                                  .group_by(extents.c.stripe_id)).all())
         recorded = dict(conn.execute(select(stripes.c.id, stripes.c.live_bytes)).all())
-        negative = conn.execute(select(zones.c.id).where((zones.c.live_bytes < 0) | (zones.c.garbage_bytes < 0))).all()
+        negative = conn.execute(
+            select(zones.c.id).where((zones.c.live_bytes < 0) | (zones.c.garbage_bytes < 0))
+        ).all()
         return bad_zones, live, recorded, negative
     bad_zones, live, recorded, negative = catalog.read(work)
     assert not bad_zones, f"zones whose write pointer != live + garbage: {bad_zones}"
     assert not negative, f"zones with negative accounting: {negative}"
-    assert {k: int(v) for k, v in live.items()} == recorded, "stripe live_bytes differ from their extents"
+    assert {k: int(v) for k, v in live.items()} == recorded, (
+        "stripe live_bytes differ from their extents"
+    )

@@ -15,8 +15,11 @@ INODES, EXTENTS, STRIPES = Inode.__table__, Extent.__table__, Stripe.__table__
 
 
 def catalog_attrs(catalog, ino):
-    return catalog.read(lambda c: c.execute(select(INODES.c.size, INODES.c.mtime_ns, INODES.c.change)
-                                            .where(INODES.c.ino == ino)).one())
+    return catalog.read(
+        lambda c: c.execute(
+            select(INODES.c.size, INODES.c.mtime_ns, INODES.c.change).where(INODES.c.ino == ino)
+        ).one()
+    )
 
 
 def test_a_flush_leaves_the_files_new_attributes_cached(sqlite_engine, count_reads):
@@ -46,7 +49,9 @@ def test_a_write_after_a_flush_needs_no_catalog_read(sqlite_engine, count_reads)
         data[offset:offset + 4096] = piece
         ns.write(ino, offset, piece)
         ns.commit(ino)
-    assert reads == [], "a write to a file its last flush left idle asked the catalog for size and class"
+    assert reads == [], (
+        "a write to a file its last flush left idle asked the catalog for size and class"
+    )
     engine.restart()
     assert engine.ns.read(ino, 0, len(data)) == bytes(data)
 
@@ -56,7 +61,9 @@ def test_a_commit_by_anyone_else_makes_the_next_write_read_the_catalog(engine):
     ino = ns.create(ROOT, ns.root_ino, "f").ino
     ns.write(ino, 0, b"a" * 4096, stable=True)  # settled: unpinned, 4096 bytes
     # tiering or retention pin the file to a class in a transaction of their own
-    engine.catalog.run(lambda c: c.execute(update(INODES).where(INODES.c.ino == ino).values(band_class="warm")))
+    engine.catalog.run(
+        lambda c: c.execute(update(INODES).where(INODES.c.ino == ino).values(band_class="warm"))
+    )
     ns.write(ino, 4096, b"b" * 4096, stable=True)
     layouts = engine.catalog.read(lambda c: c.execute(
         select(EXTENTS.c.file_offset, STRIPES.c.layout, STRIPES.c.band_class)
@@ -72,7 +79,9 @@ def test_the_first_write_to_a_new_file_needs_no_catalog_read(sqlite_engine, coun
     ino = ns.create(ROOT, ns.root_ino, "new").ino
     reads = count_reads(engine.catalog)
     ns.write(ino, 0, b"x" * 100)
-    assert reads == [], "the create's own transaction told the data path the new file's size and class"
+    assert reads == [], (
+        "the create's own transaction told the data path the new file's size and class"
+    )
     ns.commit(ino)
     engine.restart()
     assert engine.ns.read(ino, 0, 200) == b"x" * 100

@@ -1,4 +1,5 @@
 """SIGKILL at a random moment while 8 writers write; after each restart every committed byte is there."""
+
 from __future__ import annotations
 
 import os
@@ -71,11 +72,15 @@ def test_sigkill_at_random_moments_loses_no_committed_byte(tmp_path):
                 assert size <= len(expected)
                 got = ns.read(entry.attr.ino, 0, size)
                 # every byte is one that was written there: the file is a prefix of its stream
-                assert got == expected[:size], f"{entry.name}: {size} bytes differ from what was written"
+                assert got == expected[:size], (
+                    f"{entry.name}: {size} bytes differ from what was written"
+                )
             for name in committed:
                 ns.lookup(ROOT, ns.root_ino, name)
             check_accounting(catalog)
         finally:
             data.close()
-    assert kills_mid_write >= ROUNDS // 2, f"only {kills_mid_write} of {ROUNDS} kills landed while writers were busy"
+    assert kills_mid_write >= ROUNDS // 2, (
+        f"only {kills_mid_write} of {ROUNDS} kills landed while writers were busy"
+    )
     catalog.close()

@@ -56,8 +56,11 @@ def test_buffered_writes_are_visible_before_flush_and_size_counts_them(engine):
     assert ns.getattr(ino).size == 4010
     got = ns.read(ino, 0, 5000)
     assert got == b"a" * 1000 + bytes(3000) + b"b" * 10
-    committed = engine.catalog.read(lambda c: c.execute(select(Inode.__table__.c.size)
-                                                        .where(Inode.__table__.c.ino == ino)).scalar())
+    committed = engine.catalog.read(
+        lambda c: c.execute(
+            select(Inode.__table__.c.size).where(Inode.__table__.c.ino == ino)
+        ).scalar()
+    )
     assert committed == 0  # nothing reached the catalog before the flush
     ns.commit(ino)
     assert engine.data.pending_size(ino) is None
@@ -92,7 +95,9 @@ def test_overwrite_holes_truncate_and_garbage(engine):
     ns.commit(ino)
     expect = bytes(data) + bytes(STRIPE) + b"tail"
     assert ns.read(ino, 0, len(expect) + 10) == expect
-    garbage = engine.catalog.read(lambda c: c.execute(select(func.sum(Zone.__table__.c.garbage_bytes))).scalar())
+    garbage = engine.catalog.read(
+        lambda c: c.execute(select(func.sum(Zone.__table__.c.garbage_bytes))).scalar()
+    )
     assert garbage > 0  # the overwritten bytes are garbage now
     check_accounting(engine.catalog)
     ns.setattr(ROOT, ino, size=1500)
@@ -108,8 +113,12 @@ def test_unlink_turns_data_into_garbage_and_drops_dead_stripes(engine):
     ns = engine.ns
     make(engine, "gone", os.urandom(STRIPE * 2))
     ns.unlink(ROOT, ns.root_ino, "gone")
-    counts = engine.catalog.read(lambda c: (c.execute(select(func.count()).select_from(Stripe.__table__)).scalar(),
-                                            c.execute(select(func.sum(Zone.__table__.c.live_bytes))).scalar()))
+    counts = engine.catalog.read(
+        lambda c: (
+            c.execute(select(func.count()).select_from(Stripe.__table__)).scalar(),
+            c.execute(select(func.sum(Zone.__table__.c.live_bytes))).scalar(),
+        )
+    )
     assert counts == (0, 0)
     check_accounting(engine.catalog)
 
@@ -136,10 +145,14 @@ def test_invariant1_zone_refuses_writes_off_the_write_pointer(tmp_path):
     drive.close()
 
 
-def test_invariant2_fragments_are_durable_before_the_commit_that_references_them(sqlite_engine, monkeypatch):
+def test_invariant2_fragments_are_durable_before_the_commit_that_references_them(
+    sqlite_engine, monkeypatch
+):
     engine = sqlite_engine
     durable: dict[tuple[str, int], int] = {}  # zone -> bytes made durable by an fsync
-    durable_appends: set[tuple[str, int, int, int]] = set()  # (zone, offset, length) written durably
+    durable_appends: set[tuple[str, int, int, int]] = (
+        set()
+    )  # (zone, offset, length) written durably
     violations = []
     real_sync, real_append = ZoneFileDrive.sync, ZoneFileDrive.append
 
@@ -175,14 +188,27 @@ def test_invariant2_fragments_are_durable_before_the_commit_that_references_them
 
     def before_commit(conn):
         # every fragment this transaction inserts must lie in bytes an fsync already covered
-        rows = conn.execute(select(fragments.c.id, drives.c.path, zones.c.idx, fragments.c.zone_offset,
-                                   fragments.c.length)
-                            .select_from(fragments.join(zones, fragments.c.zone_id == zones.c.id)
-                                         .join(drives, fragments.c.drive_id == drives.c.id))
-                            .where(fragments.c.id > watermark[0])).all()
+        rows = conn.execute(
+            select(
+                fragments.c.id,
+                drives.c.path,
+                zones.c.idx,
+                fragments.c.zone_offset,
+                fragments.c.length,
+            )
+            .select_from(
+                fragments.join(zones, fragments.c.zone_id == zones.c.id).join(
+                    drives, fragments.c.drive_id == drives.c.id
+                )
+            )
+            .where(fragments.c.id > watermark[0])
+        ).all()
         for row in rows:
             synced = row.zone_offset + row.length <= durable.get((row.path, row.idx), 0)
-            if not synced and (row.path, row.idx, row.zone_offset, row.length) not in durable_appends:
+            if (
+                not synced
+                and (row.path, row.idx, row.zone_offset, row.length) not in durable_appends
+            ):
                 violations.append((row.path, row.idx, row.zone_offset))
             watermark[0] = max(watermark[0], row.id)
     event.listen(engine.catalog.engine, "commit", before_commit)
@@ -203,12 +229,18 @@ def test_invariant4_two_of_ten_drives_lost_every_file_reads_back(sqlite_engine, 
     inos = {name: make(engine, name, data) for name, data in files.items()}
     lost = engine.drive_ids[3], engine.drive_ids[7]
     if how == "failed_state":
-        engine.catalog.run(lambda c: c.execute(update(Drive.__table__).where(Drive.__table__.c.id.in_(lost))
-                                               .values(state="failed")))
+        engine.catalog.run(
+            lambda c: c.execute(
+                update(Drive.__table__).where(Drive.__table__.c.id.in_(lost)).values(state="failed")
+            )
+        )
     else:
         for drive_id in lost:
-            path = engine.catalog.read(lambda c, drive_id=drive_id: c.execute(select(Drive.__table__.c.path)
-                                                                              .where(Drive.__table__.c.id == drive_id)).scalar())
+            path = engine.catalog.read(
+                lambda c, drive_id=drive_id: c.execute(
+                    select(Drive.__table__.c.path).where(Drive.__table__.c.id == drive_id)
+                ).scalar()
+            )
             shutil.rmtree(path)
     engine.restart()
     for name, data in files.items():
@@ -216,8 +248,11 @@ def test_invariant4_two_of_ten_drives_lost_every_file_reads_back(sqlite_engine, 
     assert engine.data.reader.stats["degraded_stripes"] > 0
     # a third loss is more than 8+2 can carry: a clear EIO, not wrong bytes
     third = engine.drive_ids[0]
-    engine.catalog.run(lambda c: c.execute(update(Drive.__table__).where(Drive.__table__.c.id == third)
-                                           .values(state="failed")))
+    engine.catalog.run(
+        lambda c: c.execute(
+            update(Drive.__table__).where(Drive.__table__.c.id == third).values(state="failed")
+        )
+    )
     engine.restart()
     big = next(n for n, d in files.items() if len(d) > STRIPE)
     with pytest.raises(errors.IOFailure):  # the whole stripe: some data fragment is on a lost drive
@@ -254,15 +289,28 @@ def test_invariant5_bad_checksum_is_detected_decoded_around_and_repaired(engine)
     assert engine.data.reader.stats["checksum_errors"] == 1
     # the read repaired it: a rebuilt copy was appended elsewhere and the catalog points there
     assert engine.data.wait_repairs() == [True]
-    moved = engine.catalog.read(lambda c: c.execute(
-        select(Fragment.__table__.c.drive_id, Zone.__table__.c.idx, Fragment.__table__.c.zone_offset)
-        .join(Zone.__table__, Zone.__table__.c.id == Fragment.__table__.c.zone_id)
-        .where(Fragment.__table__.c.stripe_id == frag.stripe_id, Fragment.__table__.c.idx == 1)).first())
-    assert moved.drive_id == frag.drive_id and (moved.idx, moved.zone_offset) != (frag.idx, frag.zone_offset)
+    moved = engine.catalog.read(
+        lambda c: c.execute(
+            select(
+                Fragment.__table__.c.drive_id,
+                Zone.__table__.c.idx,
+                Fragment.__table__.c.zone_offset,
+            )
+            .join(Zone.__table__, Zone.__table__.c.id == Fragment.__table__.c.zone_id)
+            .where(Fragment.__table__.c.stripe_id == frag.stripe_id, Fragment.__table__.c.idx == 1)
+        ).first()
+    )
+    assert moved.drive_id == frag.drive_id and (moved.idx, moved.zone_offset) != (
+        frag.idx,
+        frag.zone_offset,
+    )
     check_accounting(engine.catalog)
     engine.restart()
     assert engine.ns.read(ino, 0, len(data)) == data
-    assert engine.data.reader.stats["checksum_errors"] == 0 and engine.data.reader.stats["degraded_stripes"] == 0
+    assert (
+        engine.data.reader.stats["checksum_errors"] == 0
+        and engine.data.reader.stats["degraded_stripes"] == 0
+    )
 
 
 def test_enospc_nothing_partial_then_delete_frees_space(catalog, tmp_path):
@@ -304,11 +352,18 @@ def test_recovery_counts_uncommitted_bytes_as_garbage_and_appends_after_them(eng
     data = os.urandom(STRIPE + 5)
     ino = make(engine, "r", data)
     engine.data.close()
-    zone = engine.catalog.read(lambda c: c.execute(select(Zone.__table__.c.drive_id, Zone.__table__.c.idx,
-                                                          Zone.__table__.c.write_pointer)
-                                                   .where(Zone.__table__.c.write_pointer > 0).limit(1)).first())
-    path = engine.catalog.read(lambda c: c.execute(select(Drive.__table__.c.path)
-                                                   .where(Drive.__table__.c.id == zone.drive_id)).scalar())
+    zone = engine.catalog.read(
+        lambda c: c.execute(
+            select(Zone.__table__.c.drive_id, Zone.__table__.c.idx, Zone.__table__.c.write_pointer)
+            .where(Zone.__table__.c.write_pointer > 0)
+            .limit(1)
+        ).first()
+    )
+    path = engine.catalog.read(
+        lambda c: c.execute(
+            select(Drive.__table__.c.path).where(Drive.__table__.c.id == zone.drive_id)
+        ).scalar()
+    )
     with open(os.path.join(path, f"zone-{zone.idx:06d}"), "ab") as f:
         f.write(b"torn flush" * 100)  # what a crash between fsync and commit leaves
     engine.start()
@@ -340,8 +395,15 @@ def test_backend_with_padded_fragments_reads_and_decodes(sqlite_catalog, tmp_pat
     catalog = sqlite_catalog
     # liberasurecode_rs_vand pads payloads: the reader must locate data by the real fragment length
     small = {"fragment_size": 4096}
-    eng = Engine(catalog, tmp_path / "lib", policies={"warm": {"backend": "liberasurecode_rs_vand", **small},
-                                                      "cold": small, "hot": small})
+    eng = Engine(
+        catalog,
+        tmp_path / "lib",
+        policies={
+            "warm": {"backend": "liberasurecode_rs_vand", **small},
+            "cold": small,
+            "hot": small,
+        },
+    )
     try:
         data = os.urandom(3 * 8 * 4096 + 4321)
         ino = make(eng, "padded", data, chunk=5000)
@@ -357,17 +419,31 @@ def test_backend_with_padded_fragments_reads_and_decodes(sqlite_catalog, tmp_pat
 
 def test_small_flushes_are_replicated_in_the_hot_class(sqlite_catalog, tmp_path):
     # with no room for inline stripes (tests/datapath/test_inline.py), small flushes are replicated
-    engine = Engine(sqlite_catalog, tmp_path / "drives", datapath_options={"inline_budget_bytes": 0})
+    engine = Engine(
+        sqlite_catalog, tmp_path / "drives", datapath_options={"inline_budget_bytes": 0}
+    )
     try:
         small = os.urandom(3000)
         ino_small = make(engine, "small", small)
         big = os.urandom(STRIPE + 100 * KiB)
         ino_big = make(engine, "big", big, chunk=STRIPE + 100 * KiB)
-        stripes = engine.catalog.read(lambda c: c.execute(select(Stripe.__table__.c.layout, Stripe.__table__.c.k,
-                                                                 Stripe.__table__.c.m, Stripe.__table__.c.data_length)
-                                                          .order_by(Stripe.__table__.c.id)).all())
+        stripes = engine.catalog.read(
+            lambda c: c.execute(
+                select(
+                    Stripe.__table__.c.layout,
+                    Stripe.__table__.c.k,
+                    Stripe.__table__.c.m,
+                    Stripe.__table__.c.data_length,
+                ).order_by(Stripe.__table__.c.id)
+            ).all()
+        )
         assert stripes[0] == ("replica", 1, 2, 3000)  # 3 KiB cannot fill a stripe: 3 copies
-        assert ("ec", 8, 2, STRIPE) in stripes and ("ec", 8, 2, 100 * KiB) in stripes  # >= one fragment: EC
+        assert ("ec", 8, 2, STRIPE) in stripes and (
+            "ec",
+            8,
+            2,
+            100 * KiB,
+        ) in stripes  # >= one fragment: EC
         check_accounting(engine.catalog)
         engine.catalog.run(lambda c: c.execute(update(Drive.__table__).where(
             Drive.__table__.c.id.in_(engine.drive_ids[:2])).values(state="failed")))
@@ -382,8 +458,11 @@ def test_replica_stripes_read_back_with_two_drives_lost(sqlite_engine):
     engine = sqlite_engine
     ns = engine.ns
     ino = ns.create(ROOT, ns.root_ino, "h").ino
-    engine.catalog.run(lambda c: c.execute(update(Inode.__table__).where(Inode.__table__.c.ino == ino)
-                                           .values(band_class="hot")))
+    engine.catalog.run(
+        lambda c: c.execute(
+            update(Inode.__table__).where(Inode.__table__.c.ino == ino).values(band_class="hot")
+        )
+    )
     engine.restart()
     data = os.urandom(2 * MiB + 5)
     engine.ns.write(ino, 0, data)
@@ -402,7 +481,9 @@ def test_block_padded_appends_keep_the_write_pointer_and_accounting_right(sqlite
         for i in range(3):
             data = os.urandom(STRIPE // 3 + 1001 * i)
             files[make(eng, f"b{i}", data, chunk=7000)] = data
-        offsets = eng.catalog.read(lambda c: c.execute(select(Fragment.__table__.c.zone_offset)).scalars().all())
+        offsets = eng.catalog.read(
+            lambda c: c.execute(select(Fragment.__table__.c.zone_offset)).scalars().all()
+        )
         assert offsets and all(off % 4096 == 0 for off in offsets)
         check_accounting(eng.catalog)
         eng.restart()
@@ -425,8 +506,11 @@ def test_statfs_reports_raw_times_k_over_k_plus_m_less_the_cleaning_reserve(sqli
 
 def test_writes_continue_degraded_when_a_drive_has_failed(engine):
     failed = engine.drive_ids[5]
-    engine.catalog.run(lambda c: c.execute(update(Drive.__table__).where(Drive.__table__.c.id == failed)
-                                           .values(state="failed")))
+    engine.catalog.run(
+        lambda c: c.execute(
+            update(Drive.__table__).where(Drive.__table__.c.id == failed).values(state="failed")
+        )
+    )
     engine.restart()
     data = os.urandom(2 * STRIPE + 100 * KiB)  # three erasure-coded stripes
     ino = make(engine, "during-failure", data)

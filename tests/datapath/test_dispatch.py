@@ -53,7 +53,9 @@ def test_a_stripe_queued_while_the_lock_is_being_let_go_is_still_placed(sqlite_e
         assert flushed.wait(10), "the second flush's stripe was never placed"
     finally:
         if not flushed.is_set():
-            dp.dispatcher.dispatch_ready(blocking=True)  # let the stuck flush finish before the engine closes
+            dp.dispatcher.dispatch_ready(
+                blocking=True
+            )  # let the stuck flush finish before the engine closes
         other.join(10)
     assert ns.read(second, 0, 200_000) == b"2" * 200_000
     assert ns.read(first, 0, 200_000) == b"1" * 200_000

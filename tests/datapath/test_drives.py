@@ -21,11 +21,22 @@ def test_format_emulated_makes_folders_zone_files_and_rows(catalog, tmp_path):
     folders = sorted(p.name for p in (tmp_path / "d").iterdir())
     assert folders == ["drive-000", "drive-001", "drive-002"]
     assert len(list((tmp_path / "d" / "drive-001").glob("zone-*"))) == 8
-    rows = catalog.read(lambda c: c.execute(select(func.count()).select_from(Zone.__table__)).scalar())
+    rows = catalog.read(
+        lambda c: c.execute(select(func.count()).select_from(Zone.__table__)).scalar()
+    )
     assert rows == 24
-    drive = catalog.read(lambda c: c.execute(select(Drive.__table__).where(Drive.__table__.c.id == ids[0])).first())
-    assert (drive.backend, drive.state, drive.zone_size, drive.zone_count) == ("zonefile", "online", MiB, 8)
-    more = format_emulated(catalog, tmp_path / "d", 1, 8 * MiB, MiB)  # adding drives later continues numbering
+    drive = catalog.read(
+        lambda c: c.execute(select(Drive.__table__).where(Drive.__table__.c.id == ids[0])).first()
+    )
+    assert (drive.backend, drive.state, drive.zone_size, drive.zone_count) == (
+        "zonefile",
+        "online",
+        MiB,
+        8,
+    )
+    more = format_emulated(
+        catalog, tmp_path / "d", 1, 8 * MiB, MiB
+    )  # adding drives later continues numbering
     assert (tmp_path / "d" / "drive-003").is_dir() and len(more) == 1
 
 
@@ -83,16 +94,27 @@ int main(void) {
 def test_blkzoned_packing_matches_linux_header(tmp_path):
     source = tmp_path / "layout.c"
     source.write_text(C_LAYOUT)
-    subprocess.run(["gcc", "-o", str(tmp_path / "layout"), str(source)], check=True, capture_output=True)
-    sizes, offsets, requests = (line.split() for line in
-                                subprocess.run([str(tmp_path / "layout")], check=True, capture_output=True,
-                                               text=True).stdout.splitlines())
+    subprocess.run(
+        ["gcc", "-o", str(tmp_path / "layout"), str(source)], check=True, capture_output=True
+    )
+    sizes, offsets, requests = (
+        line.split()
+        for line in subprocess.run(
+            [str(tmp_path / "layout")], check=True, capture_output=True, text=True
+        ).stdout.splitlines()
+    )
     assert [int(x) for x in sizes] == [blkzoned.BLK_ZONE.size, blkzoned.BLK_ZONE_REPORT.size,
                                        blkzoned.BLK_ZONE_RANGE.size]
     assert [int(x) for x in offsets] == [16, 24, 25, 32, 8, 12]
-    assert [int(x) for x in requests] == [blkzoned.BLKREPORTZONE, blkzoned.BLKRESETZONE, blkzoned.BLKGETZONESZ,
-                                          blkzoned.BLKGETNRZONES, blkzoned.BLKOPENZONE, blkzoned.BLKCLOSEZONE,
-                                          blkzoned.BLKFINISHZONE]
+    assert [int(x) for x in requests] == [
+        blkzoned.BLKREPORTZONE,
+        blkzoned.BLKRESETZONE,
+        blkzoned.BLKGETZONESZ,
+        blkzoned.BLKGETNRZONES,
+        blkzoned.BLKOPENZONE,
+        blkzoned.BLKCLOSEZONE,
+        blkzoned.BLKFINISHZONE,
+    ]
     # a report as the kernel fills it: two zones, capacity flag set
     buf = blkzoned.pack_report_request(0, 2)
     blkzoned.BLK_ZONE_REPORT.pack_into(buf, 0, 0, 2, blkzoned.BLK_ZONE_REP_CAPACITY)
@@ -100,7 +122,10 @@ def test_blkzoned_packing_matches_linux_header(tmp_path):
     blkzoned.BLK_ZONE.pack_into(buf, 80, 524288, 524288, 524288, 2, 0x1, 0, 0, 500000)
     flags, zones = blkzoned.unpack_report(buf)
     assert flags == 1 and zones[0]["wp"] == 1000 and zones[0]["capacity"] == 500000
-    assert blkzoned.CONDITIONS[zones[0]["cond"]] == IMPLICIT_OPEN and blkzoned.CONDITIONS[zones[1]["cond"]] == EMPTY
+    assert (
+        blkzoned.CONDITIONS[zones[0]["cond"]] == IMPLICIT_OPEN
+        and blkzoned.CONDITIONS[zones[1]["cond"]] == EMPTY
+    )
     assert blkzoned.pack_range(524288, 524288) == (524288).to_bytes(8, "little") * 2
 
 

@@ -12,7 +12,13 @@ from engine.errors import ConfigError
 def test_defaults():
     policies = load_policies()
     warm, hot, cold = policies["warm"], policies["hot"], policies["cold"]
-    assert (warm.redundancy, warm.k, warm.m, warm.backend, warm.fragment_size) == ("ec", 8, 2, "isa_l_rs_vand", 1 << 20)
+    assert (warm.redundancy, warm.k, warm.m, warm.backend, warm.fragment_size) == (
+        "ec",
+        8,
+        2,
+        "isa_l_rs_vand",
+        1 << 20,
+    )
     assert (hot.redundancy, hot.copies, hot.width) == ("replicate", 3, 3)
     assert (cold.k, cold.m, cold.compression) == (8, 2, "zstd")
     assert warm.header_size > 0 and warm.stripe_size == 8 << 20
@@ -49,7 +55,9 @@ def test_any_two_fragments_may_be_lost(backend):
     assert len({len(f) for f in fragments}) == 1
     assert len(fragments[0]) <= policy.fragment_length(len(data))
     p = len(fragments[0]) - policy.header_size
-    assert fragments[3][policy.header_size:policy.header_size + p] == data[3 * p:4 * p]  # systematic
+    assert (
+        fragments[3][policy.header_size : policy.header_size + p] == data[3 * p : 4 * p]
+    )  # systematic
     for lost in [(0, 1), (3, 9), (8, 9)]:
         kept = {i: f for i, f in enumerate(fragments) if i not in lost}
         assert policy.decode(kept, len(data)) == data
@@ -59,7 +67,9 @@ def test_any_two_fragments_may_be_lost(backend):
 
 def test_replica_policy():
     policy = policy_from_dict("hot", {})
-    assert policy.layout == "replica" and policy.k == 1 and policy.m == 2 and policy.header_size == 0
+    assert (
+        policy.layout == "replica" and policy.k == 1 and policy.m == 2 and policy.header_size == 0
+    )
     data = b"small random write"
     copies = policy.encode(data)
     assert copies == [data] * 3

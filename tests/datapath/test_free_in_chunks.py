@@ -22,8 +22,11 @@ def pieces(ns, ino, count):
 
 
 def extents_of(catalog, ino):
-    return catalog.read(lambda conn: conn.execute(text("SELECT count(*) FROM extents WHERE ino = :i"),
-                                                  {"i": ino}).scalar())
+    return catalog.read(
+        lambda conn: conn.execute(
+            text("SELECT count(*) FROM extents WHERE ino = :i"), {"i": ino}
+        ).scalar()
+    )
 
 
 def test_removing_a_big_file_frees_it_a_chunk_per_transaction(engine, monkeypatch):
@@ -37,7 +40,9 @@ def test_removing_a_big_file_frees_it_a_chunk_per_transaction(engine, monkeypatc
     left_at_commit = []
 
     def on_commit(conn):
-        left_at_commit.append(conn.execute(text("SELECT count(*) FROM extents WHERE ino = :i"), {"i": big}).scalar())
+        left_at_commit.append(
+            conn.execute(text("SELECT count(*) FROM extents WHERE ino = :i"), {"i": big}).scalar()
+        )
 
     event.listen(catalog.engine, "commit", on_commit)
     try:
@@ -46,14 +51,19 @@ def test_removing_a_big_file_frees_it_a_chunk_per_transaction(engine, monkeypatc
         event.remove(catalog.engine, "commit", on_commit)
     # the unlink's own transaction removed the name and the first chunk; each later one a chunk
     assert left_at_commit == [5 * CHUNK + 3 - CHUNK * n for n in range(1, 6)] + [0]
-    with_name = catalog.read(lambda conn: conn.execute(text("SELECT count(*) FROM inodes WHERE ino = :i"),
-                                                       {"i": big}).scalar())
+    with_name = catalog.read(
+        lambda conn: conn.execute(
+            text("SELECT count(*) FROM inodes WHERE ino = :i"), {"i": big}
+        ).scalar()
+    )
     assert with_name == 0, "the inode row goes with the last chunk"
 
     left_at_commit.clear()
     event.listen(catalog.engine, "commit", on_commit)
     try:
-        ns.unlink(ROOT, ns.root_ino, "small")  # exactly one chunk: freed in the unlink's transaction
+        ns.unlink(
+            ROOT, ns.root_ino, "small"
+        )  # exactly one chunk: freed in the unlink's transaction
     finally:
         event.remove(catalog.engine, "commit", on_commit)
     assert len(left_at_commit) == 1 and extents_of(catalog, small) == 0
@@ -74,7 +84,9 @@ def test_an_open_big_file_is_freed_in_chunks_at_its_last_close(engine, monkeypat
     left_at_commit = []
 
     def on_commit(conn):
-        left_at_commit.append(conn.execute(text("SELECT count(*) FROM extents WHERE ino = :i"), {"i": ino}).scalar())
+        left_at_commit.append(
+            conn.execute(text("SELECT count(*) FROM extents WHERE ino = :i"), {"i": ino}).scalar()
+        )
 
     event.listen(catalog.engine, "commit", on_commit)
     try:

@@ -47,7 +47,9 @@ def test_a_small_durable_write_is_kept_in_the_catalog_and_reads_back_after_resta
     ino = write(engine, "small", [(0, data)])
     assert stripes_of(engine, ino) == [("inline", "hot", 4 * KiB)]
     assert tuple(inline_bytes(engine)) == (1, 4 * KiB)
-    fragments = engine.catalog.read(lambda c: c.execute(select(func.count()).select_from(Fragment.__table__)).scalar())
+    fragments = engine.catalog.read(
+        lambda c: c.execute(select(func.count()).select_from(Fragment.__table__)).scalar()
+    )
     assert fragments == 0  # no drive was written: one fsync round (the catalog's)
     assert engine.data.stats["inline_bytes_written"] == 4 * KiB
     engine.restart()
@@ -71,7 +73,10 @@ def test_inline_bytes_read_back_with_every_parity_drive_lost(sqlite_engine):
 def test_overwritten_inline_bytes_are_deleted_with_their_stripe(engine):
     first, second = os.urandom(4 * KiB), os.urandom(4 * KiB)
     ino = write(engine, "f", [(0, first), (0, second)])
-    assert tuple(inline_bytes(engine)) == (1, 4 * KiB)  # the first stripe died and took its bytes along
+    assert tuple(inline_bytes(engine)) == (
+        1,
+        4 * KiB,
+    )  # the first stripe died and took its bytes along
     assert engine.ns.read(ino, 0, 4 * KiB) == second
     engine.ns.unlink(ROOT, engine.ns.root_ino, "f")
     assert tuple(inline_bytes(engine)) == (0, 0)
@@ -102,18 +107,28 @@ def test_large_flushes_and_pinned_files_are_never_inline(sqlite_engine):
     assert {layout for layout, _c, _n in stripes_of(engine, big)} == {"ec"}
     ns = engine.ns
     pinned = ns.create(ROOT, ns.root_ino, "pinned").ino
-    engine.catalog.run(lambda c: c.execute(update(Inode.__table__).where(Inode.__table__.c.ino == pinned)
-                                           .values(band_class="warm")))
+    engine.catalog.run(
+        lambda c: c.execute(
+            update(Inode.__table__).where(Inode.__table__.c.ino == pinned).values(band_class="warm")
+        )
+    )
     engine.restart()
     engine.ns.write(pinned, 0, b"x" * 1000, stable=True)
     assert stripes_of(engine, pinned) == [("ec", "warm", 1000)]
 
 
 def test_inline_budget_sends_the_rest_to_replicated_hot_stripes(sqlite_catalog, tmp_path):
-    engine = Engine(sqlite_catalog, tmp_path / "drives", datapath_options={"inline_budget_bytes": 8 * KiB})
+    engine = Engine(
+        sqlite_catalog, tmp_path / "drives", datapath_options={"inline_budget_bytes": 8 * KiB}
+    )
     try:
         ino = write(engine, "f", [(i * 4 * KiB, os.urandom(4 * KiB)) for i in range(4)])
-        assert [layout for layout, _c, _n in stripes_of(engine, ino)] == ["inline", "inline", "replica", "replica"]
+        assert [layout for layout, _c, _n in stripes_of(engine, ino)] == [
+            "inline",
+            "inline",
+            "replica",
+            "replica",
+        ]
         assert tuple(inline_bytes(engine)) == (2, 8 * KiB)
     finally:
         engine.close()
@@ -123,7 +138,9 @@ def test_tiering_folds_inline_stripes_into_erasure_coded_ones(engine):
     pieces = [(i * 10 * KiB, os.urandom(10 * KiB)) for i in range(12)]
     ino = write(engine, "ds", pieces)
     assert {layout for layout, _c, _n in stripes_of(engine, ino)} == {"inline"}
-    moved, _written = Tiering(engine.ns, engine.data, engine.catalog, TieringPolicy()).move_file(ino, "warm")
+    moved, _written = Tiering(engine.ns, engine.data, engine.catalog, TieringPolicy()).move_file(
+        ino, "warm"
+    )
     assert moved == 120 * KiB
     assert {(layout, band) for layout, band, _n in stripes_of(engine, ino)} == {("ec", "warm")}
     assert tuple(inline_bytes(engine)) == (0, 0)
@@ -146,7 +163,11 @@ def test_damaged_inline_bytes_fail_the_read_instead_of_returning_them(sqlite_eng
 
 
 def test_bad_inline_settings_are_refused(sqlite_catalog, tmp_path):
-    for name, value in (("inline_write_bytes", -1), ("inline_budget_bytes", "lots"), ("inline_budget_bytes", True)):
+    for name, value in (
+        ("inline_write_bytes", -1),
+        ("inline_budget_bytes", "lots"),
+        ("inline_budget_bytes", True),
+    ):
         with pytest.raises(errors.ConfigError, match=f"storage.{name}"):
             Engine(sqlite_catalog, tmp_path / f"d-{name}-{value}", datapath_options={name: value})
 
@@ -160,8 +181,13 @@ def test_scrub_verifies_inline_bytes_and_reports_damage_it_cannot_repair(sqlite_
     assert (clean.inline_checked, clean.bad) == (3, 0)
     victim = engine.catalog.read(lambda c: c.execute(
         select(EXTENTS.c.stripe_id).where(EXTENTS.c.ino == inos[1])).scalar())
-    engine.catalog.run(lambda c: c.execute(update(INLINE_DATA).where(INLINE_DATA.c.stripe_id == victim)
-                                           .values(data=b"\0" * 4 * KiB)))
+    engine.catalog.run(
+        lambda c: c.execute(
+            update(INLINE_DATA)
+            .where(INLINE_DATA.c.stripe_id == victim)
+            .values(data=b"\0" * 4 * KiB)
+        )
+    )
     report = scrub(engine.data, engine.catalog)
     assert (report.inline_checked, report.bad, report.unrepairable) == (3, 1, 1)
     assert [p[0] for p in report.problems] == [victim]
@@ -178,8 +204,23 @@ def test_the_appliance_config_sets_or_turns_off_inline_stripes(tmp_path):
     from appliance.runtime import Appliance
     for value, expected in ((0, None), (8192, 8192)):
         data_dir = tmp_path / f"inline-{value}"
-        subprocess.run([sys.executable, "-m", "appliance.cli", "init", str(data_dir), "--drives", "10",
-                        "--drive-size", "64MiB", "--zone-size", "4MiB"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "appliance.cli",
+                "init",
+                str(data_dir),
+                "--drives",
+                "10",
+                "--drive-size",
+                "64MiB",
+                "--zone-size",
+                "4MiB",
+            ],
+            check=True,
+            capture_output=True,
+        )
         path = data_dir / "shingle.toml"
         raw = tomllib.loads(path.read_text())
         raw.setdefault("storage", {})["inline_write_bytes"] = value

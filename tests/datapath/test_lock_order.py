@@ -25,13 +25,19 @@ def test_unreserve_inside_a_transaction_does_not_wait_for_the_space_lock(sqlite_
         with dp.space.lock:
             space_held.set()
             settings = Setting.__table__
-            catalog.run(lambda conn: conn.execute(update(settings).where(settings.c.key == "none").values(value="")))
+            catalog.run(
+                lambda conn: conn.execute(
+                    update(settings).where(settings.c.key == "none").values(value="")
+                )
+            )
 
     other = threading.Thread(target=data_path_side)
     other.start()
     b = threading.Thread(target=lambda: catalog.run(namespace_side))
     b.start()
-    assert b_done.wait(20), "the transaction waited for the space lock held by a thread waiting for it"
+    assert b_done.wait(20), (
+        "the transaction waited for the space lock held by a thread waiting for it"
+    )
     b.join(20)
     other.join(30)
     assert not other.is_alive() and not b.is_alive()
@@ -53,7 +59,9 @@ def test_a_flush_places_its_stripe_without_holding_the_file_lock(sqlite_engine):
     def place(stripe):
         if stripe.fb.ino == ino and not released.is_set():
             # stands for a namespace transaction freeing the file while this placement runs
-            t = threading.Thread(target=lambda: (catalog.run(lambda conn: dp.release(conn, ino)), released.set()))
+            t = threading.Thread(
+                target=lambda: (catalog.run(lambda conn: dp.release(conn, ino)), released.set())
+            )
             t.start()
             in_time.append(released.wait(5))
         return original(stripe)
@@ -82,13 +90,19 @@ def test_lifecycle_record_inside_a_transaction_does_not_wait_for_the_media_lock(
         with media._lock:
             media_held.set()
             settings = Setting.__table__
-            catalog.run(lambda conn: conn.execute(update(settings).where(settings.c.key == "none").values(value="")))
+            catalog.run(
+                lambda conn: conn.execute(
+                    update(settings).where(settings.c.key == "none").values(value="")
+                )
+            )
 
     other = threading.Thread(target=tiering_side)
     other.start()
     b = threading.Thread(target=lambda: catalog.run(cleaning_side))
     b.start()
-    assert recorded.wait(20), "record waited for the media lock held by a thread waiting for the catalog"
+    assert recorded.wait(20), (
+        "record waited for the media lock held by a thread waiting for the catalog"
+    )
     b.join(20)
     other.join(30)
     assert not other.is_alive() and not b.is_alive()

@@ -19,8 +19,13 @@ def test_tiny_live_remainder_keeps_its_zones(sqlite_engine):
     ns.write(f.ino, 0, payload, stable=True)
     ns.setattr(ROOT, f.ino, size=1)  # one live byte left in the first stripe
     zones = Zone.__table__
-    zero_live_but_referenced = eng.catalog.read(lambda c: c.execute(
-        select(zones.c.id).where(zones.c.live_bytes == 0, zones.c.write_pointer > 0)).scalars().all())
+    zero_live_but_referenced = eng.catalog.read(
+        lambda c: (
+            c.execute(select(zones.c.id).where(zones.c.live_bytes == 0, zones.c.write_pointer > 0))
+            .scalars()
+            .all()
+        )
+    )
     assert zero_live_but_referenced, "the rounding case this test guards did not arise"
     eng.data.space.reclaim_zones()
     assert ns.read(f.ino, 0, 10) == payload[:1]

@@ -16,10 +16,18 @@ LAUNCHER = "/opt/shingle/bin/shingle"
 
 def shingle(*args: str, check: bool = True, env: dict | None = None, timeout: float = 60):
     """Run the real CLI; returns the CompletedProcess (text)."""
-    result = subprocess.run([sys.executable, "-m", "appliance.cli", *args], cwd=REPO, capture_output=True,
-                            text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    result = subprocess.run(
+        [sys.executable, "-m", "appliance.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
     if check and result.returncode != 0:
-        raise AssertionError(f"shingle {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+        raise AssertionError(
+            f"shingle {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+        )
     return result
 
 
@@ -33,13 +41,19 @@ def stub_launcher(root: Path) -> Path:
 
 def systemd_analyze() -> str:
     tool = shutil.which("systemd-analyze")
-    assert tool, "systemd-analyze missing: apt-get install -y systemd (scripts/bootstrap.sh installs it)"
+    assert tool, (
+        "systemd-analyze missing: apt-get install -y systemd (scripts/bootstrap.sh installs it)"
+    )
     return tool
 
 
 def verify(root: Path, unit: str) -> subprocess.CompletedProcess:
-    return subprocess.run([systemd_analyze(), "verify", "--man=no", "--recursive-errors=no", f"--root={root}", unit],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [systemd_analyze(), "verify", "--man=no", "--recursive-errors=no", f"--root={root}", unit],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture

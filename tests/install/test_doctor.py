@@ -18,7 +18,11 @@ from tests.pgserver import free_port
 
 
 def set_ports(config: Path, nfs: int, web: int) -> None:
-    text = config.read_text().replace("# port = 2049", f"port = {nfs}").replace("# port = 8080", f"port = {web}")
+    text = (
+        config.read_text()
+        .replace("# port = 2049", f"port = {nfs}")
+        .replace("# port = 8080", f"port = {web}")
+    )
     config.write_text(text)
 
 
@@ -54,8 +58,18 @@ def test_installed_tree_is_ready(installed):
     result = shingle("doctor", "--root", str(installed), check=False)
     found = statuses(result.stdout)
     assert result.returncode == 0, result.stdout
-    for name in ("kernel", "python", "config", "units", "service user", "catalog", "unit paths", "port nfs",
-                 "port webui", "free space"):
+    for name in (
+        "kernel",
+        "python",
+        "config",
+        "units",
+        "service user",
+        "catalog",
+        "unit paths",
+        "port nfs",
+        "port webui",
+        "free space",
+    ):
         assert found[name] == "OK", (name, result.stdout)
     assert found["drives"] == "WARN"  # an install brings no drives of its own
     assert "0 to fix" in result.stdout
@@ -93,8 +107,18 @@ def test_drives_of_an_appliance_and_a_missing_one(appliance_dir, tmp_path):
     assert result.returncode == 0, result.stdout
 
     # A drive folder that vanished (unmounted disk) must be fixed.
-    results = doctor.check_drives([{"id": 4, "path": str(folder / "drives" / "gone"), "backend": "zonefile",
-                                    "state": "online", "device": None}], folder / "drives")
+    results = doctor.check_drives(
+        [
+            {
+                "id": 4,
+                "path": str(folder / "drives" / "gone"),
+                "backend": "zonefile",
+                "state": "online",
+                "device": None,
+            }
+        ],
+        folder / "drives",
+    )
     assert results[0].status == "fail" and "does not exist" in results[0].detail
 
 
@@ -125,7 +149,9 @@ s.bind(("127.0.0.1", {port})); s.listen(); print("listening", flush=True); time.
     try:
         assert holder.stdout.readline().strip() == "listening"
         config = installed / "etc/shingle/shingle.toml"
-        config.write_text(config.read_text().replace("\nport = ", f"\nport = {port}\n# was: port = ", 1))
+        config.write_text(
+            config.read_text().replace("\nport = ", f"\nport = {port}\n# was: port = ", 1)
+        )
         result = shingle("doctor", "--root", str(installed), check=False)
         assert result.returncode == 1
         assert statuses(result.stdout)["port nfs"] == "FAIL"
@@ -137,7 +163,9 @@ s.bind(("127.0.0.1", {port})); s.listen(); print("listening", flush=True); time.
 
 
 def test_shingle_processes_are_recognised():
-    assert doctor.is_shingle_process(["/opt/shingle/bin/shingle", "-c", "/etc/shingle/shingle.toml", "serve"])
+    assert doctor.is_shingle_process(
+        ["/opt/shingle/bin/shingle", "-c", "/etc/shingle/shingle.toml", "serve"]
+    )
     assert doctor.is_shingle_process(["/usr/bin/python3", "-m", "appliance.cli", "serve"])
     assert not doctor.is_shingle_process(["/usr/sbin/rpc.nfsd", "8"])
     assert not doctor.is_shingle_process(["python3", "/home/a/shingle-notes/server.py"])
@@ -156,7 +184,13 @@ def test_zone_model_comes_from_the_disk_of_a_partition(tmp_path):
     (sys_root / "dev/block").mkdir(parents=True)
     (sys_root / "dev/block" / f"{os.major(dev)}:{os.minor(dev)}").symlink_to(disk / "sdz1")
     assert doctor.zoned_model(probe, sys_root) == "host-managed"
-    drive = {"id": 1, "path": str(tmp_path), "backend": "zoned-block", "state": "online", "device": None}
+    drive = {
+        "id": 1,
+        "path": str(tmp_path),
+        "backend": "zoned-block",
+        "state": "online",
+        "device": None,
+    }
     assert doctor.check_drives([drive], tmp_path, sys_root)[0].status == "ok"
     (disk / "queue/zoned").write_text("none\n")
     result = doctor.check_drives([drive], tmp_path, sys_root)[0]
@@ -177,7 +211,9 @@ def test_clock_state_is_read_from_the_kernel():
     synced = doctor.adjtimex_synchronized()
     assert synced in (True, False)  # the syscall answered
     check = doctor.check_clock()
-    assert check.status == ("ok" if synced else "warn")  # never a hard failure: the appliance still runs
+    assert check.status == (
+        "ok" if synced else "warn"
+    )  # never a hard failure: the appliance still runs
 
 
 def test_host_before_install_is_checked_against_defaults(tmp_path):
@@ -193,7 +229,9 @@ def test_drive_hidden_by_protect_system_must_be_fixed(installed):
     """A drives_dir moved outside /var/lib/shingle is read-only to the daemon until install writes the drop-in."""
     from appliance import install
     config = installed / "etc/shingle/shingle.toml"
-    config.write_text(config.read_text().replace('# drives_dir = "drives"', 'drives_dir = "/srv/smr"'))
+    config.write_text(
+        config.read_text().replace('# drives_dir = "drives"', 'drives_dir = "/srv/smr"')
+    )
     result = shingle("doctor", "--root", str(installed), check=False)
     assert result.returncode == 1
     assert statuses(result.stdout)["unit paths"] == "FAIL"

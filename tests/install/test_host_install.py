@@ -73,12 +73,34 @@ echo "user-after-purge=$(getent passwd shingle | cut -d: -f1)"
 
 
 def test_host_install_upgrade_and_uninstall(tmp_path):
-    assert shutil.which("unshare") and shutil.which("flock"), "unshare/flock missing (Debian util-linux)"
+    assert shutil.which("unshare") and shutil.which("flock"), (
+        "unshare/flock missing (Debian util-linux)"
+    )
     assert not Path("/run/systemd/system").exists()  # this machine's PID 1 is not systemd
-    watched = (Path("/etc/shingle"), Path("/var/lib/shingle"), Path("/etc/systemd/system/shingle-nfsd.service"))
+    watched = (
+        Path("/etc/shingle"),
+        Path("/var/lib/shingle"),
+        Path("/etc/systemd/system/shingle-nfsd.service"),
+    )
     before = {p: p.exists() for p in watched}
-    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", SCRIPT, "host-install",
-                             str(tmp_path), sys.executable, str(REPO)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "bash",
+            "-c",
+            SCRIPT,
+            "host-install",
+            str(tmp_path),
+            sys.executable,
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     outputs = {p.name: p.read_text() for p in tmp_path.glob("*.out")}
     assert result.returncode == 0, (result.stdout, result.stderr, outputs)
     out = result.stdout
@@ -89,9 +111,14 @@ def test_host_install_upgrade_and_uninstall(tmp_path):
     assert "systemd is not running (no /run/systemd/system): once it is, run " \
            "`systemctl daemon-reload && systemctl enable shingle.target`" in first
     assert "user=shingle:/var/lib/shingle:/usr/sbin/nologin" in out
-    stat = {line.split()[1]: line.split()[2:] for line in out.splitlines() if line.startswith("own ")}
+    stat = {
+        line.split()[1]: line.split()[2:] for line in out.splitlines() if line.startswith("own ")
+    }
     assert stat["/etc/shingle"] == ["root:shingle", "750"]
-    assert stat["/etc/shingle/shingle.toml"] == ["root:shingle", "640"]  # the daemon reads it, others cannot
+    assert stat["/etc/shingle/shingle.toml"] == [
+        "root:shingle",
+        "640",
+    ]  # the daemon reads it, others cannot
     assert stat["/var/lib/shingle"] == ["shingle:shingle", "750"]
     assert stat["/var/lib/shingle/catalog.db"] == ["shingle:shingle", "640"]
     assert stat["/var/lib/shingle/webui-secret.key"] == ["shingle:shingle", "600"]
@@ -106,12 +133,20 @@ def test_host_install_upgrade_and_uninstall(tmp_path):
     assert "unchanged service user: shingle" in second and "kept config" in second
     assert calls["install again"].splitlines() == ["daemon-reload", "enable shingle.target"]
     # The upgrade stops the appliance, migrates under the drives lock, and starts it again.
-    assert calls["upgrade"].splitlines() == ["stop shingle.target shingle-nfsd.service shingle-webui.service",
-                                             "daemon-reload", "enable shingle.target", "start shingle.target"]
+    assert calls["upgrade"].splitlines() == [
+        "stop shingle.target shingle-nfsd.service shingle-webui.service",
+        "daemon-reload",
+        "enable shingle.target",
+        "start shingle.target",
+    ]
     third = outputs["install3.out"]
     assert "stopped shingle.target for the upgrade" in third and "upgraded (from revision" in third
     assert "restarted shingle.target after the upgrade" in third
-    stop = ["disable --now shingle.target", "stop shingle-nfsd.service shingle-webui.service", "daemon-reload"]
+    stop = [
+        "disable --now shingle.target",
+        "stop shingle-nfsd.service shingle-webui.service",
+        "daemon-reload",
+    ]
     assert calls["uninstall"].splitlines() == stop
     assert "kept=/etc/shingle/shingle.toml /var/lib/shingle/catalog.db " in out
     assert calls["purge"].splitlines() == stop
@@ -120,4 +155,6 @@ def test_host_install_upgrade_and_uninstall(tmp_path):
 
     # The machine itself saw none of it.
     assert {p: p.exists() for p in watched} == before
-    assert not any(line.startswith("shingle:") for line in Path("/etc/passwd").read_text().splitlines())
+    assert not any(
+        line.startswith("shingle:") for line in Path("/etc/passwd").read_text().splitlines()
+    )

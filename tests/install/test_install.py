@@ -1,4 +1,5 @@
 """`shingle install --root` lays out the tree, is idempotent, upgrades in place; uninstall keeps data."""
+
 from __future__ import annotations
 
 import os
@@ -33,7 +34,10 @@ def tree(root: Path) -> dict[str, tuple[bytes, int]]:
     for path in root.rglob("*"):
         if path.is_file() and not path.name.endswith(("-wal", "-shm")):
             rel = str(path.relative_to(root))
-            files[rel] = (b"" if rel.endswith(".db") else path.read_bytes(), path.stat().st_mtime_ns)
+            files[rel] = (
+                b"" if rel.endswith(".db") else path.read_bytes(),
+                path.stat().st_mtime_ns,
+            )
     return files
 
 
@@ -91,7 +95,11 @@ def test_install_twice_is_idempotent(root):
 def test_upgrade_migrates_the_catalog_and_keeps_config_and_data(root):
     install.install(root, launcher=LAUNCHER)
     config = root / "etc/shingle/shingle.toml"
-    edited = config.read_text().replace('# level = "info"', 'level = "debug"').replace("# port = 2049", "port = 20490")
+    edited = (
+        config.read_text()
+        .replace('# level = "info"', 'level = "debug"')
+        .replace("# port = 2049", "port = 20490")
+    )
     config.write_text(edited)
     (root / "var/lib/shingle/drives/zone-marker").write_bytes(b"user data")
     password_file = (root / "var/lib/shingle/initial-admin-password").read_text()
@@ -154,7 +162,9 @@ def test_uninstall_keeps_data_and_purge_removes_it(root):
     assert "purged" in purged
     left = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
     assert left == {LAUNCHER.lstrip("/")}
-    assert install.uninstall(root, purge=True).actions == ["nothing to remove: shingle is not installed"]
+    assert install.uninstall(root, purge=True).actions == [
+        "nothing to remove: shingle is not installed"
+    ]
     assert not os.path.exists(root / "var/lib/shingle")
 
 
@@ -203,12 +213,19 @@ time.sleep(60)
 
 def test_a_launcher_under_home_is_flagged(root):
     report = install.install(root, launcher="/home/alice/venv/bin/shingle")
-    assert any("ProtectHome=yes hides" in p and "/home/alice/venv/bin/shingle" in p for p in report.pending)
+    assert any(
+        "ProtectHome=yes hides" in p and "/home/alice/venv/bin/shingle" in p for p in report.pending
+    )
     assert not any("ProtectHome" in p for p in install.install(root, launcher=LAUNCHER).pending)
     # A venv launcher outside /home whose Python lives in /root (pyenv) is hidden just the same.
-    (root / LAUNCHER.lstrip("/")).write_text("#!/root/.pyenv/versions/3.11.7/bin/python3.11\nimport sys\n")
+    (root / LAUNCHER.lstrip("/")).write_text(
+        "#!/root/.pyenv/versions/3.11.7/bin/python3.11\nimport sys\n"
+    )
     pending = install.install(root, launcher=LAUNCHER).pending
-    assert any("ProtectHome=yes hides" in p and "/root/.pyenv/versions/3.11.7/bin/python3.11" in p for p in pending)
+    assert any(
+        "ProtectHome=yes hides" in p and "/root/.pyenv/versions/3.11.7/bin/python3.11" in p
+        for p in pending
+    )
 
 
 def test_install_on_a_postgresql_catalog(root, postgres_server):
@@ -216,8 +233,11 @@ def test_install_on_a_postgresql_catalog(root, postgres_server):
     url = postgres_server.create_database()
     config = root / "etc/shingle/shingle.toml"
     config.parent.mkdir(parents=True)
-    config.write_text(config_mod.render({"appliance.data_dir": "/var/lib/shingle", "catalog.url": url},
-                                        commented_defaults=True))
+    config.write_text(
+        config_mod.render(
+            {"appliance.data_dir": "/var/lib/shingle", "catalog.url": url}, commented_defaults=True
+        )
+    )
     text = config.read_text()
     out = shingle("install", "--root", str(root), "--bin", LAUNCHER).stdout
     assert "kept config" in out and f"created catalog: {url} at revision {head_revision()}" in out

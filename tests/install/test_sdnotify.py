@@ -36,7 +36,9 @@ def appliance_dir(tmp_path_factory):
 
 @pytest.fixture
 def notify_socket():
-    folder = tempfile.mkdtemp(prefix="sdn-")  # AF_UNIX paths are limited to 108 bytes: keep it short
+    folder = tempfile.mkdtemp(
+        prefix="sdn-"
+    )  # AF_UNIX paths are limited to 108 bytes: keep it short
     path = os.path.join(folder, "notify")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(path)
@@ -63,7 +65,9 @@ def receive_until_ready(sock, daemon, timeout: float = 60.0) -> list[tuple[float
             data = sock.recv(4096).decode()
         except TimeoutError:
             if daemon.poll() is not None:
-                pytest.fail(f"shingle serve exited {daemon.returncode} before READY=1:\n{daemon.stderr.read()[-3000:]}")
+                pytest.fail(
+                    f"shingle serve exited {daemon.returncode} before READY=1:\n{daemon.stderr.read()[-3000:]}"
+                )
             continue
         messages.append((time.monotonic(), data))
         if "READY=1" in data.split("\n"):
@@ -86,9 +90,24 @@ def test_ready_after_nfs_accepts_and_watchdog_at_interval(appliance_dir, notify_
 
     env = {**os.environ, "NOTIFY_SOCKET": path, "WATCHDOG_USEC": str(WATCHDOG_USEC)}
     env.pop("WATCHDOG_PID", None)
-    daemon = subprocess.Popen([sys.executable, "-m", "appliance.cli", "-c", str(folder / "shingle.toml"),
-                               "serve", "--no-web", "--nfs-port", str(nfs_port)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    daemon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "appliance.cli",
+            "-c",
+            str(folder / "shingle.toml"),
+            "serve",
+            "--no-web",
+            "--nfs-port",
+            str(nfs_port),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     prober = threading.Thread(target=probe, daemon=True)
     prober.start()
     try:
@@ -98,7 +117,9 @@ def test_ready_after_nfs_accepts_and_watchdog_at_interval(appliance_dir, notify_
         prober.join(5)
         assert first_accept and first_accept[0] <= ready_at + 0.05
         assert "STATUS=serving" in messages[-1][1].split("\n")
-        assert not any("WATCHDOG=1" in m for _, m in messages[:-1])  # no ping before the daemon is ready
+        assert not any(
+            "WATCHDOG=1" in m for _, m in messages[:-1]
+        )  # no ping before the daemon is ready
 
         # Watchdog pings, for about 2.6 s.
         sock.settimeout(WATCHDOG_USEC / 1e6 * 2)
@@ -122,8 +143,11 @@ def test_ready_after_nfs_accepts_and_watchdog_at_interval(appliance_dir, notify_
         out, err = daemon.communicate(timeout=60)
     assert daemon.returncode == 0, err
     # Structured log lines on stdout, for journald.
-    assert any(line.startswith("ts=") and " level=info logger=shingle.cli msg=\"NFS server listening" in line
-               for line in out.splitlines()), out
+    assert any(
+        line.startswith("ts=")
+        and ' level=info logger=shingle.cli msg="NFS server listening' in line
+        for line in out.splitlines()
+    ), out
 
 
 def test_watchdog_pings_only_while_healthy(notify_socket, monkeypatch, caplog):
@@ -177,9 +201,23 @@ def test_webui_is_ready_once_gunicorn_listens(appliance_dir, notify_socket):
     web_port = free_port()
     folder = appliance_dir
     env = {**os.environ, "NOTIFY_SOCKET": path}
-    web = subprocess.Popen([sys.executable, "-m", "appliance.cli", "-c", str(folder / "shingle.toml"), "webui",
-                            "--port", str(web_port)],
-                           cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    web = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "appliance.cli",
+            "-c",
+            str(folder / "shingle.toml"),
+            "webui",
+            "--port",
+            str(web_port),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         receive_until_ready(sock, web)
         ready_accepts = accepts(web_port)
@@ -187,5 +225,7 @@ def test_webui_is_ready_once_gunicorn_listens(appliance_dir, notify_socket):
     finally:
         web.send_signal(signal.SIGTERM)
         out, err = web.communicate(timeout=60)
-    assert ready_accepts, f"READY=1 sent while the web UI port does not accept connections:\n{out}\n{err[-3000:]}"
+    assert ready_accepts, (
+        f"READY=1 sent while the web UI port does not accept connections:\n{out}\n{err[-3000:]}"
+    )
     assert running and web.returncode == 0, f"exit {web.returncode}:\n{out}\n{err[-3000:]}"

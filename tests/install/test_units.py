@@ -29,7 +29,11 @@ def directives(path: Path) -> dict[tuple[str, str], list[str]]:
 
 
 def test_every_shipped_unit_is_installed():
-    shipped = sorted(p.name for p in install.UNITS_SOURCE.iterdir() if p.suffix in (".service", ".target", ".timer"))
+    shipped = sorted(
+        p.name
+        for p in install.UNITS_SOURCE.iterdir()
+        if p.suffix in (".service", ".target", ".timer")
+    )
     assert shipped == sorted(UNITS)
 
 
@@ -44,7 +48,11 @@ def test_verify_reports_a_bad_unit(root):
     """The harness can fail: an unknown key and a missing executable are both reported."""
     unit_dir = root / "etc/systemd/system"
     unit_dir.mkdir(parents=True)
-    text = (install.UNITS_SOURCE / "shingle-nfsd.service").read_text().replace("[Service]", "[Service]\nWatchdogSecs=5")
+    text = (
+        (install.UNITS_SOURCE / "shingle-nfsd.service")
+        .read_text()
+        .replace("[Service]", "[Service]\nWatchdogSecs=5")
+    )
     (unit_dir / "shingle-nfsd.service").write_text(text)
     result = verify(root, "shingle-nfsd.service")
     assert "Unknown key 'WatchdogSecs'" in result.stderr
@@ -53,7 +61,9 @@ def test_verify_reports_a_bad_unit(root):
 
 def test_units_run_the_installed_launcher(installed_root):
     for service in install.SERVICES:
-        exec_start = directives(installed_root / "etc/systemd/system" / service)[("Service", "ExecStart")]
+        exec_start = directives(installed_root / "etc/systemd/system" / service)[
+            ("Service", "ExecStart")
+        ]
         assert exec_start[0].startswith(f"{LAUNCHER} -c /etc/shingle/shingle.toml ")
 
 
@@ -94,8 +104,10 @@ def test_target_groups_the_services_and_maintenance_runs_in_the_daemon(installed
     assert sorted(d[("Unit", "Wants")][0].split()) == sorted(install.SERVICES)
     assert d[("Install", "WantedBy")] == ["multi-user.target"]
     # The decision is documented where an admin looks: in the units themselves.
-    assert re.search(r"Maintenance .*runs inside", (installed_root / "etc/systemd/system/shingle-nfsd.service")
-                     .read_text().replace("\n#", ""))
+    assert re.search(
+        r"Maintenance .*runs inside",
+        (installed_root / "etc/systemd/system/shingle-nfsd.service").read_text().replace("\n#", ""),
+    )
     assert not list((installed_root / "etc/systemd/system").glob("shingle-maintenance*"))
 
 
@@ -105,7 +117,9 @@ def test_drives_outside_the_state_dir_get_a_verified_drop_in(installed_root, tmp
     staging = tmp_path / "root"
     shutil.copytree(installed_root, staging, symlinks=True)
     config = staging / "etc/shingle/shingle.toml"
-    config.write_text(config.read_text().replace('# drives_dir = "drives"', 'drives_dir = "/srv/smr"'))
+    config.write_text(
+        config.read_text().replace('# drives_dir = "drives"', 'drives_dir = "/srv/smr"')
+    )
     out = shingle("install", "--root", str(staging), "--bin", LAUNCHER).stdout
     assert "installed drop-in" in out
     for service in install.SERVICES:
@@ -115,6 +129,8 @@ def test_drives_outside_the_state_dir_get_a_verified_drop_in(installed_root, tmp
         assert (result.returncode, result.stderr) == (0, "")
     assert (staging / "srv/smr").is_dir()
     # Back to the default: the drop-in goes away.
-    config.write_text(config.read_text().replace('drives_dir = "/srv/smr"', '# drives_dir = "drives"'))
+    config.write_text(
+        config.read_text().replace('drives_dir = "/srv/smr"', '# drives_dir = "drives"')
+    )
     shingle("install", "--root", str(staging), "--bin", LAUNCHER)
     assert not (staging / "etc/systemd/system/shingle-nfsd.service.d").exists()

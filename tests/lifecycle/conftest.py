@@ -25,7 +25,17 @@ SMALL = {"hot": {"fragment_size": 16 * KiB},
 class Rig:
     """Catalog + emulated drives + DataPath + Namespace, restartable."""
 
-    def __init__(self, catalog, root, *, drives=8, zones=24, zone_size=256 * KiB, policies=SMALL, reserve_zones=2):
+    def __init__(
+        self,
+        catalog,
+        root,
+        *,
+        drives=8,
+        zones=24,
+        zone_size=256 * KiB,
+        policies=SMALL,
+        reserve_zones=2,
+    ):
         self.catalog = catalog
         self.root = root
         self.policies = load_policies(policies)
@@ -91,7 +101,12 @@ def sha(data: bytes) -> str:
 def check_accounting(catalog):
     """Every zone: write_pointer == live + garbage, live == recount of its fragments' live shares;
     every stripe: live_bytes == the bytes its extents reference."""
-    zones, stripes, extents, fragments = Zone.__table__, Stripe.__table__, Extent.__table__, Fragment.__table__
+    zones, stripes, extents, fragments = (
+        Zone.__table__,
+        Stripe.__table__,
+        Extent.__table__,
+        Fragment.__table__,
+    )
 
     def work(conn):
         zone_rows = conn.execute(select(zones.c.id, zones.c.write_pointer, zones.c.live_bytes,
@@ -100,19 +115,32 @@ def check_accounting(catalog):
                                  .group_by(extents.c.stripe_id)).all())
         stripe_rows = {r.id: r for r in conn.execute(select(stripes.c.id, stripes.c.live_bytes,
                                                             stripes.c.data_length))}
-        frag_rows = conn.execute(select(fragments.c.stripe_id, fragments.c.zone_id, fragments.c.length)).all()
+        frag_rows = conn.execute(
+            select(fragments.c.stripe_id, fragments.c.zone_id, fragments.c.length)
+        ).all()
         return zone_rows, live, stripe_rows, frag_rows
     zone_rows, live, stripe_rows, frag_rows = catalog.read(work)
-    bad = [z for z in zone_rows if z.write_pointer != z.live_bytes + z.garbage_bytes or z.garbage_bytes < 0]
+    bad = [
+        z
+        for z in zone_rows
+        if z.write_pointer != z.live_bytes + z.garbage_bytes or z.garbage_bytes < 0
+    ]
     assert not bad, f"zones whose write pointer != live + garbage: {bad[:5]}"
-    assert {k: int(v) for k, v in live.items()} == {k: r.live_bytes for k, r in stripe_rows.items()}, \
-        "stripe live_bytes differ from their extents"
+    assert {k: int(v) for k, v in live.items()} == {
+        k: r.live_bytes for k, r in stripe_rows.items()
+    }, "stripe live_bytes differ from their extents"
     recount: dict[int, int] = {}
     for f in frag_rows:
         s = stripe_rows[f.stripe_id]
         recount[f.zone_id] = recount.get(f.zone_id, 0) + f.length * s.live_bytes // s.data_length
-    mismatched = [(z.id, z.live_bytes, recount.get(z.id, 0)) for z in zone_rows if z.live_bytes != recount.get(z.id, 0)]
-    assert not mismatched, f"zone live bytes differ from a recount (zone, recorded, recount): {mismatched[:5]}"
+    mismatched = [
+        (z.id, z.live_bytes, recount.get(z.id, 0))
+        for z in zone_rows
+        if z.live_bytes != recount.get(z.id, 0)
+    ]
+    assert not mismatched, (
+        f"zone live bytes differ from a recount (zone, recorded, recount): {mismatched[:5]}"
+    )
 
 
 def flip_bits(rig, fragment_row, at: int = 100):

@@ -24,7 +24,9 @@ def test_cost_benefit_prefers_old_and_empty_bands():
 
 def zone_states(catalog):
     table = Zone.__table__
-    return catalog.read(lambda c: c.execute(select(table.c.state, table.c.write_pointer, table.c.live_bytes)).all())
+    return catalog.read(
+        lambda c: c.execute(select(table.c.state, table.c.write_pointer, table.c.live_bytes)).all()
+    )
 
 
 def fill(rig, prefix, count, size):
@@ -53,13 +55,19 @@ def test_cleaning_frees_half_dead_zones_and_keeps_every_byte(rig):
     assert [v.score for v in victims] == sorted((v.score for v in victims), reverse=True)
     empty_before = sum(1 for z in zone_states(rig.catalog) if z.state == "empty")
     seen = []
-    report = Cleaner(rig.data, rig.catalog).run(progress=lambda d, t, m: seen.append(m), actor="cron")
+    report = Cleaner(rig.data, rig.catalog).run(
+        progress=lambda d, t, m: seen.append(m), actor="cron"
+    )
     assert report.zones_cleaned == len(victims) and report.zones_reset >= report.zones_cleaned
     assert report.bytes_copied > 0 and report.bytes_freed > report.bytes_copied
     empty_after = sum(1 for z in zone_states(rig.catalog) if z.state == "empty")
     # cleaning frees zones net of the bands it filled with the copies
     assert empty_after > empty_before
-    assert not [z for z in zone_states(rig.catalog) if z.state == "full" and z.live_bytes == 0 and z.write_pointer]
+    assert not [
+        z
+        for z in zone_states(rig.catalog)
+        if z.state == "full" and z.live_bytes == 0 and z.write_pointer
+    ]
     check_accounting(rig.catalog)
     for path, data in kept.items():
         assert sha(rig.read_file(path)) == sha(data), path

@@ -16,11 +16,21 @@ def add_drives(catalog, n, zones=4, zone_size=1 << 20):
     def work(conn):
         ids = []
         for i in range(n):
-            drive_id = conn.execute(Drive.__table__.insert().values(
-                uuid=str(uuid.uuid4()), path=f"/drives/d{i}", backend="zonefile", state="online",
-                zone_size=zone_size, zone_count=zones, added_ns=time.time_ns())).inserted_primary_key[0]
+            drive_id = conn.execute(
+                Drive.__table__.insert().values(
+                    uuid=str(uuid.uuid4()),
+                    path=f"/drives/d{i}",
+                    backend="zonefile",
+                    state="online",
+                    zone_size=zone_size,
+                    zone_count=zones,
+                    added_ns=time.time_ns(),
+                )
+            ).inserted_primary_key[0]
             for idx in range(zones):
-                conn.execute(Zone.__table__.insert().values(drive_id=drive_id, idx=idx, state="empty"))
+                conn.execute(
+                    Zone.__table__.insert().values(drive_id=drive_id, idx=idx, state="empty")
+                )
             ids.append(drive_id)
         return ids
     return catalog.run(work)
@@ -29,16 +39,43 @@ def add_drives(catalog, n, zones=4, zone_size=1 << 20):
 def add_stripe(catalog, drive_ids, k, m, live=100, zone_state="full"):
     """A stripe with one fragment on each given drive (zone 0 of that drive)."""
     def work(conn):
-        stripe_id = conn.execute(Stripe.__table__.insert().values(
-            band_class="warm", layout="ec", k=k, m=m, data_length=live, fragment_length=64, live_bytes=live,
-            created_ns=time.time_ns())).inserted_primary_key[0]
+        stripe_id = conn.execute(
+            Stripe.__table__.insert().values(
+                band_class="warm",
+                layout="ec",
+                k=k,
+                m=m,
+                data_length=live,
+                fragment_length=64,
+                live_bytes=live,
+                created_ns=time.time_ns(),
+            )
+        ).inserted_primary_key[0]
         zt = Zone.__table__
         for idx, drive_id in enumerate(drive_ids):
-            zone_id = conn.execute(zt.select().where(zt.c.drive_id == drive_id, zt.c.idx == 0)).first().id
-            conn.execute(zt.update().where(zt.c.id == zone_id).values(state=zone_state, write_pointer=zt.c.write_pointer + 64,
-                                                                      live_bytes=zt.c.live_bytes + 64))
-            conn.execute(Fragment.__table__.insert().values(stripe_id=stripe_id, idx=idx, drive_id=drive_id,
-                                                            zone_id=zone_id, zone_offset=0, length=64, checksum=0))
+            zone_id = (
+                conn.execute(zt.select().where(zt.c.drive_id == drive_id, zt.c.idx == 0)).first().id
+            )
+            conn.execute(
+                zt.update()
+                .where(zt.c.id == zone_id)
+                .values(
+                    state=zone_state,
+                    write_pointer=zt.c.write_pointer + 64,
+                    live_bytes=zt.c.live_bytes + 64,
+                )
+            )
+            conn.execute(
+                Fragment.__table__.insert().values(
+                    stripe_id=stripe_id,
+                    idx=idx,
+                    drive_id=drive_id,
+                    zone_id=zone_id,
+                    zone_offset=0,
+                    length=64,
+                    checksum=0,
+                )
+            )
         return stripe_id
     return catalog.run(work)
 
@@ -88,7 +125,13 @@ def test_redundancy_status_counts_reduced_and_lost_stripes(catalog):
     add_stripe(catalog, ids[3:6], k=1, m=2)  # three copies on drives 3-5
     add_stripe(catalog, ids[:3], k=1, m=2, live=0)  # dead stripe: not counted
     status = drive_states.redundancy_status(catalog)
-    assert status.to_dict() == {"stripes": 3, "reduced": 0, "no_redundancy": 0, "lost": 0, "on_draining": 0}
+    assert status.to_dict() == {
+        "stripes": 3,
+        "reduced": 0,
+        "no_redundancy": 0,
+        "lost": 0,
+        "on_draining": 0,
+    }
     drive_states.fail_drive(catalog, ids[0])
     assert drive_states.redundancy_status(catalog) == drive_states.RedundancyStatus(3, 2, 0, 0, 0)
     drive_states.fail_drive(catalog, ids[1])

@@ -27,8 +27,12 @@ def test_lifecycle_round_on_each_catalog(catalog, tmp_path):
         from engine.catalog.models import Inode
         table = Inode.__table__
         ino = rig.ns.resolve(pinned).ino
-        rig.catalog.run(lambda c: c.execute(table.update().where(table.c.ino == ino).values(band_class="cold")))
-        assert Tiering(rig.ns, rig.data, rig.catalog, TieringPolicy()).run().moves == {"warm->cold": 1}
+        rig.catalog.run(
+            lambda c: c.execute(table.update().where(table.c.ino == ino).values(band_class="cold"))
+        )
+        assert Tiering(rig.ns, rig.data, rig.catalog, TieringPolicy()).run().moves == {
+            "warm->cold": 1
+        }
         drive_states.fail_drive(rig.catalog, rig.drive_ids[0])
         assert rebuild(rig.data, rig.catalog).status["reduced"] == 0
         check_accounting(rig.catalog)

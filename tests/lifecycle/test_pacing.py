@@ -19,7 +19,9 @@ class FakeTime:
 
 def test_rate_limiter_keeps_the_average_rate():
     t = FakeTime()
-    limiter = RateLimiter(bytes_per_s=1000, items_per_s=None, burst_s=1, clock=t.clock, sleep=t.sleep)
+    limiter = RateLimiter(
+        bytes_per_s=1000, items_per_s=None, burst_s=1, clock=t.clock, sleep=t.sleep
+    )
     for _ in range(10):
         limiter.spend(500)
         t.now += 0.1  # the work itself took 0.1 s
@@ -43,7 +45,9 @@ def test_rate_limiter_items_and_unlimited():
 def test_tracker_reports_rate_and_eta():
     t = FakeTime()
     seen = []
-    tracker = Tracker(4_000_000, lambda d, n, m: seen.append((d, n, m)), "rebuild", every_s=0, clock=t.clock)
+    tracker = Tracker(
+        4_000_000, lambda d, n, m: seen.append((d, n, m)), "rebuild", every_s=0, clock=t.clock
+    )
     t.now += 1
     tracker.add(1_000_000)
     assert seen[-1][:2] == (1_000_000, 4_000_000)

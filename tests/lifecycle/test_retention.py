@@ -23,7 +23,11 @@ def make_path(ns, path, *, mtime_ns=None, directory=False):
         try:
             attr = ns.lookup(ROOT, attr.ino, part)
         except errors.NotFound:
-            attr = ns.mkdir(ROOT, attr.ino, part) if (directory or not last) else ns.create(ROOT, attr.ino, part)
+            attr = (
+                ns.mkdir(ROOT, attr.ino, part)
+                if (directory or not last)
+                else ns.create(ROOT, attr.ino, part)
+            )
     if mtime_ns is not None:
         attr = ns.setattr(ROOT, attr.ino, mtime_ns=mtime_ns)
     return attr
@@ -44,7 +48,9 @@ def exists(ns, path):
 
 
 def inode_count(catalog):
-    return catalog.read(lambda c: c.execute(select(func.count()).select_from(Inode.__table__)).scalar_one())
+    return catalog.read(
+        lambda c: c.execute(select(func.count()).select_from(Inode.__table__)).scalar_one()
+    )
 
 
 def test_invalid_rules_are_refused_with_clear_errors_and_nothing_stored(namespace, catalog):
@@ -115,8 +121,14 @@ def test_keep_last_n_by_mtime_per_run_deletes_whole_subtrees(namespace, catalog)
     results = service.run(actor="cron", progress=lambda d, t, m: calls.append((d, t)))
     assert [r.outcome for r in results] == ["done"] * 5
     assert calls[0] == (0, 5) and calls[-1] == (5, 5)
-    for path in ("/checkpoints/run1/step-4", "/checkpoints/run1/step-5", "/checkpoints/run2/step-2",
-                 "/checkpoints/run2/step-4", "/checkpoints/run1/notes.txt", "/checkpoints/run1/.step-0.tmp"):
+    for path in (
+        "/checkpoints/run1/step-4",
+        "/checkpoints/run1/step-5",
+        "/checkpoints/run2/step-2",
+        "/checkpoints/run2/step-4",
+        "/checkpoints/run1/notes.txt",
+        "/checkpoints/run1/.step-0.tmp",
+    ):
         assert exists(ns, path), path
     for item in preview:
         assert not exists(ns, item.path), item.path
@@ -133,10 +145,16 @@ def test_keep_last_n_by_mtime_per_run_deletes_whole_subtrees(namespace, catalog)
 
 def test_natural_sort_of_names(namespace, catalog):
     for step in (2, 9, 10, 100, 11):
-        make_path(namespace, f"/ckpt/step-{step}", mtime_ns=T0 + (200 - step) * 10**9)  # mtimes reversed
+        make_path(
+            namespace, f"/ckpt/step-{step}", mtime_ns=T0 + (200 - step) * 10**9
+        )  # mtimes reversed
     service = RetentionService(namespace, catalog)
     rule_id = service.add_rule("/ckpt/step-*", keep=2, order_by="name")
-    assert [p.path for p in service.preview(rule_id)] == ["/ckpt/step-2", "/ckpt/step-9", "/ckpt/step-10"]
+    assert [p.path for p in service.preview(rule_id)] == [
+        "/ckpt/step-2",
+        "/ckpt/step-9",
+        "/ckpt/step-10",
+    ]
     assert sorted(["step-10", "step-9", "Step-10a", "step-100"], key=natural_key) == \
         ["step-9", "step-10", "Step-10a", "step-100"]
 
@@ -232,4 +250,10 @@ def test_rule_rows_are_plain_catalog_rows(namespace, catalog):
     rule_id = service.add_rule("/x/*", keep=3, action="cold")
     table = RetentionPolicy.__table__
     row = catalog.read(lambda c: c.execute(select(table).where(table.c.id == rule_id)).one())
-    assert (row.pattern, row.keep, row.action, row.order_by, bool(row.enabled)) == ("/x/*", 3, "cold", "mtime", True)
+    assert (row.pattern, row.keep, row.action, row.order_by, bool(row.enabled)) == (
+        "/x/*",
+        3,
+        "cold",
+        "mtime",
+        True,
+    )

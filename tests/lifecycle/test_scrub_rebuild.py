@@ -22,7 +22,9 @@ def test_scrub_finds_and_repairs_flipped_bits(rig):
     for victim in victims:
         flip_bits(rig, victim)
     seen = []
-    report = Scrubber(rig.data, rig.catalog).run(progress=lambda d, t, m: seen.append((d, t, m)), actor="cron")
+    report = Scrubber(rig.data, rig.catalog).run(
+        progress=lambda d, t, m: seen.append((d, t, m)), actor="cron"
+    )
     assert report.fragments_checked == len(fragments)
     assert (report.bad, report.repaired, report.unrepairable) == (3, 3, 0)
     assert seen[-1][0] == seen[-1][1] and "3 repaired" in seen[-1][2]
@@ -33,7 +35,9 @@ def test_scrub_finds_and_repairs_flipped_bits(rig):
         assert (moved.zone_id, moved.zone_offset) != (victim.zone_id, victim.zone_offset)
         assert moved.checksum == victim.checksum and moved.drive_id == victim.drive_id
         drive = rig.data.space.drives[moved.drive_id]
-        raw = drive.backend.read(rig.data.space.zones[moved.zone_id].idx, moved.zone_offset, moved.length)
+        raw = drive.backend.read(
+            rig.data.space.zones[moved.zone_id].idx, moved.zone_offset, moved.length
+        )
         assert crc32c.crc32c(raw) == moved.checksum
     repairs = recent(rig.catalog, kind_prefix="scrub.repair")
     assert len(repairs) == 3 and all(e.actor == "cron" and e.severity == "warning" for e in repairs)
@@ -81,7 +85,9 @@ def test_failed_drive_is_rebuilt_then_two_more_may_fail(rig):
     assert status.reduced == before[0] and status.lost == 0
     seen = []
     report = rebuild(rig.data, rig.catalog, progress=lambda d, t, m: seen.append(m), actor="admin")
-    assert report.fragments_rebuilt == before[1] and not report.unrecoverable and report.unplaced == 0
+    assert (
+        report.fragments_rebuilt == before[1] and not report.unrecoverable and report.unplaced == 0
+    )
     assert report.status["reduced"] == 0 and report.bytes_written == before[2]
     assert "ETA" in "".join(seen) or len(seen) >= 1
     assert pending_work(rig.catalog, first)[1] == 0
@@ -99,7 +105,9 @@ def test_failed_drive_is_rebuilt_then_two_more_may_fail(rig):
     for path, data in files.items():
         assert sha(rig.read_file(path)) == sha(data), path
     assert drive_states.redundancy_status(rig.catalog).lost == 0
-    assert recent(rig.catalog, kind_prefix="rebuild.run")[0].details["fragments_rebuilt"] == before[1]
+    assert (
+        recent(rig.catalog, kind_prefix="rebuild.run")[0].details["fragments_rebuilt"] == before[1]
+    )
 
 
 def test_drain_moves_everything_off_and_removes_the_drive(rig):
@@ -125,7 +133,10 @@ def test_drain_moves_everything_off_and_removes_the_drive(rig):
 
 def test_rebuild_onto_a_replacement_drive(rig):
     from engine.drives import format_emulated
-    files = {f"/r/f{i}": random_bytes(300 * KiB, 300 + i) for i in range(16)}  # a few zones per drive
+
+    files = {
+        f"/r/f{i}": random_bytes(300 * KiB, 300 + i) for i in range(16)
+    }  # a few zones per drive
     for path, data in files.items():
         rig.write_file(path, data)
     failed = rig.drive_ids[2]
@@ -134,8 +145,13 @@ def test_rebuild_onto_a_replacement_drive(rig):
     shutil.rmtree(rig.data.space.drives[failed].path)
     # the replacement: a new, empty drive of the same geometry
     drive = rig.data.space.drives[rig.drive_ids[0]]
-    [new] = format_emulated(rig.catalog, rig.root.parent / "spare", 1, drive.zone_size * drive.zone_count,
-                            drive.zone_size)
+    [new] = format_emulated(
+        rig.catalog,
+        rig.root.parent / "spare",
+        1,
+        drive.zone_size * drive.zone_count,
+        drive.zone_size,
+    )
     rig.restart()
     report = rebuild(rig.data, rig.catalog)
     assert report.fragments_rebuilt == len(lost) and report.status["reduced"] == 0

@@ -63,8 +63,11 @@ class Soak:
         try:
             if band_class:
                 table = Inode.__table__
-                self.rig.catalog.run(lambda c: c.execute(table.update().where(table.c.ino == made.ino)
-                                                         .values(band_class=band_class)))
+                self.rig.catalog.run(
+                    lambda c: c.execute(
+                        table.update().where(table.c.ino == made.ino).values(band_class=band_class)
+                    )
+                )
             if made.size:
                 self.ns.setattr(ROOT, made.ino, size=0)  # a rewrite: the old tail must go
             for pos in range(0, len(data), chunk):
@@ -72,8 +75,11 @@ class Soak:
             self.ns.commit(made.ino)
             if band_class and unpin:
                 table = Inode.__table__
-                self.rig.catalog.run(lambda c: c.execute(table.update().where(table.c.ino == made.ino)
-                                                         .values(band_class=None)))
+                self.rig.catalog.run(
+                    lambda c: c.execute(
+                        table.update().where(table.c.ino == made.ino).values(band_class=None)
+                    )
+                )
         except errors.NoSpace:
             self.count("nospace")
             self.ns.close_ref(made.ino)
@@ -131,7 +137,9 @@ class Soak:
 
     def deleter(self):
         with self.lock:
-            victims = [p for p in self.expected if p.startswith("/small/") and p not in self.busy_paths]
+            victims = [
+                p for p in self.expected if p.startswith("/small/") and p not in self.busy_paths
+            ]
         if victims:
             path = random.choice(victims)
             parent, name = path.rsplit("/", 1)
@@ -184,7 +192,9 @@ def test_soak_everything_at_once(rig_factory):
     soak = Soak(rig)
     retention = RetentionService(rig.ns, rig.catalog)
     retention.add_rule("/ckpt/*/step-*", keep=3, action="delete")
-    tiering = Tiering(rig.ns, rig.data, rig.catalog, TieringPolicy(hot_to_warm_after_s=1, warm_to_cold_after_s=4))
+    tiering = Tiering(
+        rig.ns, rig.data, rig.catalog, TieringPolicy(hot_to_warm_after_s=1, warm_to_cold_after_s=4)
+    )
     cleaner = Cleaner(rig.data, rig.catalog)
     scrubber = Scrubber(rig.data, rig.catalog, bytes_per_s=20e6)
 
@@ -214,13 +224,17 @@ def test_soak_everything_at_once(rig_factory):
     def run_scrub():
         soak.count("repaired", scrubber.run().repaired)
 
-    threads = [soak.guard("ckpt0", soak.checkpoint_writer(0)), soak.guard("ckpt1", soak.checkpoint_writer(1)),
-               soak.guard("small", soak.small_writer()), soak.guard("delete", soak.deleter),
-               soak.guard("read", soak.reader),
-               soak.guard("retention", soak.every(0.5, run_retention)),
-               soak.guard("tier", soak.every(0.5, run_tiering)),
-               soak.guard("clean", soak.every(0.3, run_cleaning)),
-               soak.guard("scrub", soak.every(1.0, run_scrub))]
+    threads = [
+        soak.guard("ckpt0", soak.checkpoint_writer(0)),
+        soak.guard("ckpt1", soak.checkpoint_writer(1)),
+        soak.guard("small", soak.small_writer()),
+        soak.guard("delete", soak.deleter),
+        soak.guard("read", soak.reader),
+        soak.guard("retention", soak.every(0.5, run_retention)),
+        soak.guard("tier", soak.every(0.5, run_tiering)),
+        soak.guard("clean", soak.every(0.3, run_cleaning)),
+        soak.guard("scrub", soak.every(1.0, run_scrub)),
+    ]
     for t in threads:
         t.start()
     soak.stop.wait(SOAK_S)
@@ -235,7 +249,10 @@ def test_soak_everything_at_once(rig_factory):
     # the flipped fragments were repaired (by scrub, by cleaning, or by a read that tripped over them)
     now = {f.id: f for f in rig.fragments()}
     for victim in victims:
-        assert (now[victim.id].zone_id, now[victim.id].zone_offset) != (victim.zone_id, victim.zone_offset)
+        assert (now[victim.id].zone_id, now[victim.id].zone_offset) != (
+            victim.zone_id,
+            victim.zone_offset,
+        )
 
     # quiet now: every file reads back, accounting matches a recount, also after a restart
     rig.data.flush_all()

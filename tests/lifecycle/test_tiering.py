@@ -17,7 +17,9 @@ from .conftest import KiB, check_accounting, random_bytes, sha
 def pin(rig, path, band_class):
     ino = rig.ns.resolve(path).ino
     table = Inode.__table__
-    rig.catalog.run(lambda c: c.execute(table.update().where(table.c.ino == ino).values(band_class=band_class)))
+    rig.catalog.run(
+        lambda c: c.execute(table.update().where(table.c.ino == ino).values(band_class=band_class))
+    )
     return ino
 
 
@@ -53,7 +55,11 @@ def test_hot_to_warm_coalesces_small_writes_and_keeps_times(rig):
     assert (move.source, move.target, move.nbytes) == ("hot", "warm", len(data))
     seen = []
     report = tiering.run(progress=lambda d, t, m: seen.append((d, t)), actor="cron")
-    assert report.files_moved == 1 and report.moves == {"hot->warm": 1} and report.bytes_moved == len(data)
+    assert (
+        report.files_moved == 1
+        and report.moves == {"hot->warm": 1}
+        and report.bytes_moved == len(data)
+    )
     after_classes, after_stripes = classes_of(rig, "/ds/shard0")
     stripe_size = rig.data.policies["warm"].stripe_size
     assert after_classes == {"warm"} and after_stripes == -(-len(data) // stripe_size)
@@ -101,7 +107,9 @@ def test_cold_files_read_often_come_back_to_warm(rig):
     reads = ReadTracker(rig.data, clock=lambda: clock[0])  # the data path's read hook from now on
     ns = Namespace(rig.catalog, data=rig.data)
     ino = ns.resolve("/old/ds").ino
-    tiering = Tiering(ns, rig.data, rig.catalog, TieringPolicy(promote_reads=3, promote_window_s=600), reads=reads)
+    tiering = Tiering(
+        ns, rig.data, rig.catalog, TieringPolicy(promote_reads=3, promote_window_s=600), reads=reads
+    )
     for _ in range(2):
         assert ns.read(ino, 0, 4096) == data[:4096]
         ns.read(ino, 4096, 4096)  # same burst: counted once

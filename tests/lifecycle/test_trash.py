@@ -37,7 +37,9 @@ def exists(ns, path):
 
 def add_export(catalog, name, path, trash_days):
     table = Export.__table__
-    catalog.run(lambda c: c.execute(table.insert().values(name=name, path=path, trash_days=trash_days)))
+    catalog.run(
+        lambda c: c.execute(table.insert().values(name=name, path=path, trash_days=trash_days))
+    )
 
 
 class Clock:
@@ -137,14 +139,28 @@ def test_per_export_trash_and_purge_by_trash_days(namespace, catalog):
     clock.now += 6 * DAY  # 8 days: the root trash keeps 7
     assert [e.original_path for e in trash.purge()] == ["/elsewhere/c"]
     calls = []
-    assert [e.original_path for e in trash.purge(older_than_s=0, progress=lambda *a: calls.append(a))] == ["/slow/b"]
+    assert [
+        e.original_path for e in trash.purge(older_than_s=0, progress=lambda *a: calls.append(a))
+    ] == ["/slow/b"]
     assert calls[-1][:2] == (1, 1)
     assert trash.list() == []
     # the inodes are freed, not just unnamed
     table = Inode.__table__
     left = catalog.read(lambda c: c.execute(select(func.count()).select_from(table)).scalar_one())
-    dirs = ["/", "/fast", "/slow", "/elsewhere", "/fast/d1", "/fast/d2", "/fast/.trash", "/slow/.trash",
-            "/.trash", f"/fast/.trash/{PURGING_DIR}", f"/slow/.trash/{PURGING_DIR}", f"/.trash/{PURGING_DIR}"]
+    dirs = [
+        "/",
+        "/fast",
+        "/slow",
+        "/elsewhere",
+        "/fast/d1",
+        "/fast/d2",
+        "/fast/.trash",
+        "/slow/.trash",
+        "/.trash",
+        f"/fast/.trash/{PURGING_DIR}",
+        f"/slow/.trash/{PURGING_DIR}",
+        f"/.trash/{PURGING_DIR}",
+    ]
     assert left == len(dirs)
     assert len(recent(catalog, kind_prefix="trash.purge")) == 5
 
@@ -172,7 +188,11 @@ def test_delete_removes_subtree_for_good(namespace, catalog):
         make_file(ns, f"/tree/d{i % 3}/sub{i % 2}/f{i}")
     trash = Trash(ns, catalog)
     table = Inode.__table__
-    count = lambda: catalog.read(lambda c: c.execute(select(func.count()).select_from(table)).scalar_one())  # noqa: E731
+    def count() -> int:
+        return catalog.read(
+            lambda c: c.execute(select(func.count()).select_from(table)).scalar_one()
+        )
+
     before = count()
     removed = trash.delete("/tree", actor="admin")
     assert removed == 30 + 3 + 6 + 1

@@ -34,11 +34,15 @@ class RawClient:
         self.sock.close()
 
     # -- RPC ---------------------------------------------------------------------------
-    def call_raw(self, proc: int, body: bytes, prog=c.NFS4_PROGRAM, vers=4, flavor=AUTH_SYS, cred=None) -> bytes:
+    def call_raw(
+        self, proc: int, body: bytes, prog=c.NFS4_PROGRAM, vers=4, flavor=AUTH_SYS, cred=None
+    ) -> bytes:
         self.send_call(proc, body, prog, vers, flavor, cred)
         return self.recv_record()
 
-    def send_call(self, proc: int, body: bytes, prog=c.NFS4_PROGRAM, vers=4, flavor=AUTH_SYS, cred=None) -> None:
+    def send_call(
+        self, proc: int, body: bytes, prog=c.NFS4_PROGRAM, vers=4, flavor=AUTH_SYS, cred=None
+    ) -> None:
         """Send a call without waiting for its reply (recv_record gets it)."""
         self.xid += 1
         cred = self.cred if cred is None else cred
@@ -129,7 +133,10 @@ class RawClient:
         self.seq.setdefault(slot, 0)
         if bump:
             self.seq[slot] += 1
-        return (c.OP_SEQUENCE, t.ARGS[c.OP_SEQUENCE](self.sessionid, self.seq[slot], slot, 7, cachethis))
+        return (
+            c.OP_SEQUENCE,
+            t.ARGS[c.OP_SEQUENCE](self.sessionid, self.seq[slot], slot, 7, cachethis),
+        )
 
     def session(self, ops, slot=0, bump=True, raw_reply=False):
         return self.compound([self.sequence_op(slot, bump)] + list(ops), raw_reply=raw_reply)
@@ -161,7 +168,9 @@ class RawClient:
         return res[-1][2]
 
     def root_fh(self) -> bytes:
-        st, res = self.session([(c.OP_PUTROOTFH, None), (c.OP_LOOKUP, "export"), (c.OP_GETFH, None)])
+        st, res = self.session(
+            [(c.OP_PUTROOTFH, None), (c.OP_LOOKUP, "export"), (c.OP_GETFH, None)]
+        )
         assert st == 0, (st, res)
         return res[-1][2]
 
@@ -172,7 +181,11 @@ def stateid(seqid, other):
 
 def open_args(name: str, owner: bytes, clientid: int, access=c.OPEN4_SHARE_ACCESS_BOTH, create=True,
               seqid=0, deny=0):
-    how = (c.OPEN4_CREATE, (c.UNCHECKED4, t.fattr4.cls([], b""))) if create else (c.OPEN4_NOCREATE, None)
+    how = (
+        (c.OPEN4_CREATE, (c.UNCHECKED4, t.fattr4.cls([], b"")))
+        if create
+        else (c.OPEN4_NOCREATE, None)
+    )
     return t.ARGS[c.OP_OPEN](seqid, access, deny, t.state_owner4.cls(clientid, owner), how,
                              (c.CLAIM_NULL, name))
 

@@ -58,8 +58,17 @@ def start_server(stack, **kwargs):
 
 def nfsrs(port: int, uid: int = 0, gid: int = 0, export: str = "export", **kwargs):
     import nfs_rs
-    return nfs_rs.Client.connect(f"nfs://127.0.0.1:{port}/{export}?version=4.1", nfs_port=port, noresvport=True,
-                                 uid=uid, gid=gid, connect_timeout=20, operation_timeout=60, **kwargs)
+
+    return nfs_rs.Client.connect(
+        f"nfs://127.0.0.1:{port}/{export}?version=4.1",
+        nfs_port=port,
+        noresvport=True,
+        uid=uid,
+        gid=gid,
+        connect_timeout=20,
+        operation_timeout=60,
+        **kwargs,
+    )
 
 
 _nfs4fs_open: list = []
@@ -67,8 +76,15 @@ _nfs4fs_open: list = []
 
 def nfs4fs(port: int, root: str = "export"):
     import fsspec
-    fs = fsspec.filesystem("nfs4", host=f"127.0.0.1:{port}", root=root, auth="auth_sys", minor_version=1,
-                           skip_instance_cache=True)
+
+    fs = fsspec.filesystem(
+        "nfs4",
+        host=f"127.0.0.1:{port}",
+        root=root,
+        auth="auth_sys",
+        minor_version=1,
+        skip_instance_cache=True,
+    )
     _nfs4fs_open.append(fs)
     return fs
 

@@ -20,7 +20,14 @@ def test_ensure_default_export_once(stack):
 
 def test_rules_cidr_and_squash(stack):
     add_export(stack.catalog, name="/a", clients="127.0.0.1/32,10.0.0.0/8", squash="root_squash")
-    add_export(stack.catalog, name="/deep/b", clients="::1/128", squash="all_squash", anon_uid=7, anon_gid=8)
+    add_export(
+        stack.catalog,
+        name="/deep/b",
+        clients="::1/128",
+        squash="all_squash",
+        anon_uid=7,
+        anon_gid=8,
+    )
     add_export(stack.catalog, name="/broken", clients="not-an-address")
     table = ExportTable(stack.catalog, stack.namespace)
     rules = {r.name: r for r in table.by_id.values()}
@@ -47,4 +54,7 @@ def test_refresh_takes_in_changes_made_through_the_service(stack):
     assert rule.squash == "root_squash" and rule.cred(0, 0, ()).uid == 65534
     export_service.update(stack.catalog, rule.id, {"squash": "no_root_squash"}, actor="t")
     table.refresh()
-    assert table.by_id[rule.id].squash == "no_root_squash" and table.by_id[rule.id].cred(0, 0, ()).uid == 0
+    assert (
+        table.by_id[rule.id].squash == "no_root_squash"
+        and table.by_id[rule.id].cred(0, 0, ()).uid == 0
+    )

@@ -52,9 +52,13 @@ def every_worker_busy(server):
 
 
 def _mkdir(raw: RawClient, root: bytes, name: str) -> bytes:
-    st, res = raw.session([(c.OP_PUTFH, root), (c.OP_CREATE, t.ARGS[c.OP_CREATE]((c.NF4DIR, None), name,
-                                                                                   t.fattr4.cls([], b""))),
-                           (c.OP_GETFH, None)])
+    st, res = raw.session(
+        [
+            (c.OP_PUTFH, root),
+            (c.OP_CREATE, t.ARGS[c.OP_CREATE]((c.NF4DIR, None), name, t.fattr4.cls([], b""))),
+            (c.OP_GETFH, None),
+        ]
+    )
     assert st == 0
     return res[-1][2]
 
@@ -84,12 +88,21 @@ def test_handed_off_compound_keeps_the_reply_cache(server):
     raw = RawClient(server.port).setup()
     root = raw.root_fh()
     # SEQUENCE and PUTFH run on the event loop, OPEN (a create) and WRITE in a worker
-    st, res = raw.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args("f", b"owner-1", raw.clientid)),
-                           (c.OP_GETFH, None)], slot=2)
+    st, res = raw.session(
+        [
+            (c.OP_PUTFH, root),
+            (c.OP_OPEN, open_args("f", b"owner-1", raw.clientid)),
+            (c.OP_GETFH, None),
+        ],
+        slot=2,
+    )
     assert st == 0
     fh, sid = res[-1][2], res[2][2].stateid
-    write = [(c.OP_PUTFH, fh), (c.OP_WRITE, t.ARGS[c.OP_WRITE](stateid(sid.seqid, sid.other), 0, c.FILE_SYNC4,
-                                                                b"abc")), GETATTR]
+    write = [
+        (c.OP_PUTFH, fh),
+        (c.OP_WRITE, t.ARGS[c.OP_WRITE](stateid(sid.seqid, sid.other), 0, c.FILE_SYNC4, b"abc")),
+        GETATTR,
+    ]
     first = raw.session(write, slot=2, raw_reply=True)
     assert raw.parse(first)[0] == 0
     # a retransmit is answered from the reply cache, the WRITE does not run twice
@@ -155,12 +168,19 @@ def test_a_handed_off_compound_carries_on_where_the_event_loop_stopped(server):
                            (c.OP_LOOKUP, "absent"), GETATTR])
     after = server.server.counters.snapshot()
     assert st == c.NFS4ERR_NOENT
-    assert [(op, status) for op, status, _ in res] == [(c.OP_SEQUENCE, 0), (c.OP_PUTFH, 0), (c.OP_LOOKUP, 0),
-                                                        (c.OP_GETFH, 0), (c.OP_LOOKUP, c.NFS4ERR_NOENT)]
+    assert [(op, status) for op, status, _ in res] == [
+        (c.OP_SEQUENCE, 0),
+        (c.OP_PUTFH, 0),
+        (c.OP_LOOKUP, 0),
+        (c.OP_GETFH, 0),
+        (c.OP_LOOKUP, c.NFS4ERR_NOENT),
+    ]
     assert res[3][2] == d
     counted = {op: after.get(f"nfs_ops_{op}", 0) - before.get(f"nfs_ops_{op}", 0)
                for op in ("putfh", "lookup", "getfh", "getattr")}
-    assert counted == {"putfh": 1, "lookup": 2, "getfh": 1, "getattr": 0}, "an operation ran twice or not at all"
+    assert counted == {"putfh": 1, "lookup": 2, "getfh": 1, "getattr": 0}, (
+        "an operation ran twice or not at all"
+    )
     assert after["nfs_compounds_handed_off"] == before["nfs_compounds_handed_off"] + 1
     raw.close()
 
@@ -168,12 +188,20 @@ def test_a_handed_off_compound_carries_on_where_the_event_loop_stopped(server):
 def test_read_of_fetched_fragments_is_answered_by_the_event_loop(server):
     raw = RawClient(server.port).setup()
     root = raw.root_fh()
-    st, res = raw.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args("data", b"reader", raw.clientid)),
-                           (c.OP_GETFH, None)])
+    st, res = raw.session(
+        [
+            (c.OP_PUTFH, root),
+            (c.OP_OPEN, open_args("data", b"reader", raw.clientid)),
+            (c.OP_GETFH, None),
+        ]
+    )
     assert st == 0
     fh, sid = res[-1][2], res[2][2].stateid
     payload = os.urandom(200 << 10)  # several stripes of the test stack's 64 KiB fragments
-    write = (c.OP_WRITE, t.ARGS[c.OP_WRITE](stateid(sid.seqid, sid.other), 0, c.FILE_SYNC4, payload))
+    write = (
+        c.OP_WRITE,
+        t.ARGS[c.OP_WRITE](stateid(sid.seqid, sid.other), 0, c.FILE_SYNC4, payload),
+    )
     assert raw.session([(c.OP_PUTFH, fh), write])[0] == 0
 
     def read(offset, count):

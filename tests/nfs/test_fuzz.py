@@ -21,27 +21,81 @@ RECORDS = 10_000
 def _templates(raw: RawClient, root: bytes) -> list:
     """Makers of valid COMPOUND bodies; ``seq`` is the SEQUENCE op to lead with."""
     return [
-        lambda seq: [seq, (c.OP_PUTROOTFH, None), (c.OP_LOOKUP, "fuzz"), (c.OP_GETATTR, [0xFFFFFFFF, 0xFFFFFFFF])],
-        lambda seq: [seq, (c.OP_PUTFH, root), (c.OP_READDIR, t.ARGS[c.OP_READDIR](
-            0, b"\0" * 8, 8192, 32768, [0x0010011A, 0x00B0A23A]))],
-        lambda seq: [seq, (c.OP_PUTFH, root), (c.OP_OPEN, open_args("f", b"fuzzer", raw.clientid)),
-                     (c.OP_GETFH, None), (c.OP_WRITE, t.ARGS[c.OP_WRITE](t.stateid4.cls(1, b"\0" * 12), 0, 2, b"x" * 300)),
-                     (c.OP_LOCK, t.ARGS[c.OP_LOCK](c.WRITE_LT, False, 0, 10, (True, t.open_to_lock_owner4.cls(
-                         0, t.stateid4.cls(1, b"\0" * 12), 0, t.state_owner4.cls(raw.clientid, b"lk"))))),
-                     (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](0, t.stateid4.cls(1, b"\0" * 12)))],
-        lambda seq: [seq, (c.OP_PUTFH, root), (c.OP_CREATE, t.ARGS[c.OP_CREATE](
-            (c.NF4LNK, b"target"), "link", t.fattr4.cls([0, 2], struct.pack(">I", 0o777)))),
-                     (c.OP_SAVEFH, None), (c.OP_LOOKUPP, None), (c.OP_RENAME, t.ARGS[c.OP_RENAME]("link", "l2")),
-                     (c.OP_REMOVE, "l2"), (c.OP_SETATTR, t.ARGS[c.OP_SETATTR](
-                         t.stateid4.cls(0, b"\0" * 12), t.fattr4.cls([0, 2], struct.pack(">I", 0o755))))],
-        lambda seq: [(c.OP_EXCHANGE_ID, t.ARGS[c.OP_EXCHANGE_ID](b"v" * 8, b"fuzz-owner", 0, (c.SP4_NONE, None), []))],
+        lambda seq: [
+            seq,
+            (c.OP_PUTROOTFH, None),
+            (c.OP_LOOKUP, "fuzz"),
+            (c.OP_GETATTR, [0xFFFFFFFF, 0xFFFFFFFF]),
+        ],
+        lambda seq: [
+            seq,
+            (c.OP_PUTFH, root),
+            (
+                c.OP_READDIR,
+                t.ARGS[c.OP_READDIR](0, b"\0" * 8, 8192, 32768, [0x0010011A, 0x00B0A23A]),
+            ),
+        ],
+        lambda seq: [
+            seq,
+            (c.OP_PUTFH, root),
+            (c.OP_OPEN, open_args("f", b"fuzzer", raw.clientid)),
+            (c.OP_GETFH, None),
+            (c.OP_WRITE, t.ARGS[c.OP_WRITE](t.stateid4.cls(1, b"\0" * 12), 0, 2, b"x" * 300)),
+            (
+                c.OP_LOCK,
+                t.ARGS[c.OP_LOCK](
+                    c.WRITE_LT,
+                    False,
+                    0,
+                    10,
+                    (
+                        True,
+                        t.open_to_lock_owner4.cls(
+                            0,
+                            t.stateid4.cls(1, b"\0" * 12),
+                            0,
+                            t.state_owner4.cls(raw.clientid, b"lk"),
+                        ),
+                    ),
+                ),
+            ),
+            (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](0, t.stateid4.cls(1, b"\0" * 12))),
+        ],
+        lambda seq: [
+            seq,
+            (c.OP_PUTFH, root),
+            (
+                c.OP_CREATE,
+                t.ARGS[c.OP_CREATE](
+                    (c.NF4LNK, b"target"), "link", t.fattr4.cls([0, 2], struct.pack(">I", 0o777))
+                ),
+            ),
+            (c.OP_SAVEFH, None),
+            (c.OP_LOOKUPP, None),
+            (c.OP_RENAME, t.ARGS[c.OP_RENAME]("link", "l2")),
+            (c.OP_REMOVE, "l2"),
+            (
+                c.OP_SETATTR,
+                t.ARGS[c.OP_SETATTR](
+                    t.stateid4.cls(0, b"\0" * 12), t.fattr4.cls([0, 2], struct.pack(">I", 0o755))
+                ),
+            ),
+        ],
+        lambda seq: [
+            (
+                c.OP_EXCHANGE_ID,
+                t.ARGS[c.OP_EXCHANGE_ID](b"v" * 8, b"fuzz-owner", 0, (c.SP4_NONE, None), []),
+            )
+        ],
     ]
 
 
 def _record(raw: RawClient, ops: list) -> tuple[bytes, int]:
     """An RPC call record and the offset after its SEQUENCE (mutations start there)."""
     head = struct.pack(">IIIIII", 7, 0, 2, c.NFS4_PROGRAM, 4, 1)
-    head += struct.pack(">II", 1, len(raw.cred)) + raw.cred + b"\0" * (-len(raw.cred) % 4) + b"\0" * 8
+    head += (
+        struct.pack(">II", 1, len(raw.cred)) + raw.cred + b"\0" * (-len(raw.cred) % 4) + b"\0" * 8
+    )
     body = raw.compound_bytes(ops)
     protect = len(head) + 12 + (4 + 16 + 16 if ops[0][0] == c.OP_SEQUENCE else 0)
     return head + body, protect
@@ -75,7 +129,9 @@ def _mutate(rng: random.Random, record: bytes, protect: int) -> bytes:
 def null_answered(port: int) -> bool:
     """Whether a NULL call on a new connection from 127.0.0.2 gets its reply within 20 s."""
     call = struct.pack(">IIIIII", 0xFEED, 0, 2, c.NFS4_PROGRAM, 4, 0) + b"\0" * 16
-    with socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0), timeout=20) as sock:
+    with socket.create_connection(
+        ("127.0.0.1", port), source_address=("127.0.0.2", 0), timeout=20
+    ) as sock:
         sock.sendall(struct.pack(">I", 0x80000000 | len(call)) + call)
         reply = b""
         while len(reply) < 8:
@@ -98,7 +154,9 @@ class Fuzzer:
         self.slot_seqid: dict[int, int] = {}  # last seqid the server accepted, per slot
 
     def connect(self):
-        self.sock = socket.create_connection(("127.0.0.1", self.port), source_address=("127.0.0.2", 0))
+        self.sock = socket.create_connection(
+            ("127.0.0.1", self.port), source_address=("127.0.0.2", 0)
+        )
         threading.Thread(target=self._drain, args=(self.sock,), daemon=True).start()
 
     def _drain(self, sock):
@@ -144,8 +202,10 @@ class Fuzzer:
         except OSError:
             closed = -1
         with self.cv:
-            ok = self.cv.wait_for(lambda: struct.pack(">I", xid) in self.seen or self.closed_by_server != closed,
-                                  timeout=20)
+            ok = self.cv.wait_for(
+                lambda: struct.pack(">I", xid) in self.seen or self.closed_by_server != closed,
+                timeout=20,
+            )
             if ok and struct.pack(">I", xid) in self.seen:
                 self.synced += 1
                 return
@@ -153,8 +213,10 @@ class Fuzzer:
             # A lying record mark (not the last fragment, or longer than the record) leaves the server
             # rightly waiting for more bytes, and our NULL call became part of that record. The
             # server must still answer anyone else.
-            assert null_answered(self.port), "the server neither answered nor closed the connection, " \
-                                             "and a new connection got no answer either"
+            assert null_answered(self.port), (
+                "the server neither answered nor closed the connection, "
+                "and a new connection got no answer either"
+            )
         self.sock.close()
         self.connect()  # the fuzz got the connection closed or stuck (a lying record mark): fine
 
@@ -176,7 +238,9 @@ def test_fuzz_while_good_client_works(stack):
     add_export(stack.catalog, name="/export", path="/", clients="127.0.0.1/32")
     ns = stack.namespace
     ns.mkdir(ROOT, ns.root_ino, "fuzzdir", 0o777)
-    add_export(stack.catalog, name="/fuzz", path="/fuzzdir", clients="127.0.0.2/32", squash="all_squash")
+    add_export(
+        stack.catalog, name="/fuzz", path="/fuzzdir", clients="127.0.0.2/32", squash="all_squash"
+    )
     srv = start_server(stack)
     try:
         raw = RawClient(srv.port, source="127.0.0.2", uid=65534, gid=65534).setup()
@@ -211,7 +275,9 @@ def test_fuzz_while_good_client_works(stack):
         for i in range(RECORDS):
             k = i % 4
             fz = fuzzers[k]
-            slot = 2 * k + rng.randrange(2)  # a slot belongs to one connection: its records stay in order
+            slot = 2 * k + rng.randrange(
+                2
+            )  # a slot belongs to one connection: its records stay in order
             record, protect = _record(raw, rng.choice(templates)(raw.sequence_op(slot=slot)))
             fz.send(_mutate(rng, record, protect), rng)
             if i % 200 >= 196:

@@ -76,7 +76,12 @@ def test_oversized_record_closes_connection_cleanly(server):
     # multi-fragment records are reassembled
     raw = RawClient(server.port)
     body = struct.pack(">IIIIII", 99, 0, 2, c.NFS4_PROGRAM, 4, 0) + struct.pack(">IIII", 0, 0, 0, 0)
-    raw.sock.sendall(struct.pack(">I", 10) + body[:10] + struct.pack(">I", 0x80000000 | (len(body) - 10)) + body[10:])
+    raw.sock.sendall(
+        struct.pack(">I", 10)
+        + body[:10]
+        + struct.pack(">I", 0x80000000 | (len(body) - 10))
+        + body[10:]
+    )
     assert rpc_status(raw.recv_record()) == ("accepted", 0)
     raw.close()
 
@@ -92,11 +97,15 @@ def test_reply_cache_and_false_retry(server):
     assert again[4:] == first[4:] and raw.parse(again)[0] == 0
     # same slot and seqid but other contents: a false retry (nfs-rs after EOF reads) is not
     # answered from the cache but run as a new request
-    getfh = raw.session([(c.OP_PUTFH, root), (c.OP_GETFH, None)], slot=1, bump=False, raw_reply=True)
+    getfh = raw.session(
+        [(c.OP_PUTFH, root), (c.OP_GETFH, None)], slot=1, bump=False, raw_reply=True
+    )
     st, res = raw.parse(getfh)
     assert st == 0 and res[-1][2] == root
     # ... and that request is now the one a retransmit replays
-    again = raw.session([(c.OP_PUTFH, root), (c.OP_GETFH, None)], slot=1, bump=False, raw_reply=True)
+    again = raw.session(
+        [(c.OP_PUTFH, root), (c.OP_GETFH, None)], slot=1, bump=False, raw_reply=True
+    )
     assert again[4:] == getfh[4:]
     # skipping a seqid is misordered; the next one in order works
     raw.seq[1] += 5
@@ -128,8 +137,13 @@ def test_locks_across_clients(server):
     root = a.root_fh()
 
     def opened(cl, owner):
-        st, res = cl.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args("locked", owner, cl.clientid)),
-                              (c.OP_GETFH, None)])
+        st, res = cl.session(
+            [
+                (c.OP_PUTFH, root),
+                (c.OP_OPEN, open_args("locked", owner, cl.clientid)),
+                (c.OP_GETFH, None),
+            ]
+        )
         assert st == 0, res
         return res[2][2].stateid, res[3][2]
 
@@ -137,8 +151,16 @@ def test_locks_across_clients(server):
     sid_b, _ = opened(b, b"owner-b")
 
     def lock(cl, sid, owner, locktype, offset, length):
-        locker = (True, t.open_to_lock_owner4.cls(0, sid, 0, t.state_owner4.cls(cl.clientid, owner)))
-        return cl.session([(c.OP_PUTFH, fh), (c.OP_LOCK, t.ARGS[c.OP_LOCK](locktype, False, offset, length, locker))])
+        locker = (
+            True,
+            t.open_to_lock_owner4.cls(0, sid, 0, t.state_owner4.cls(cl.clientid, owner)),
+        )
+        return cl.session(
+            [
+                (c.OP_PUTFH, fh),
+                (c.OP_LOCK, t.ARGS[c.OP_LOCK](locktype, False, offset, length, locker)),
+            ]
+        )
 
     st, res = lock(a, sid_a, b"lock-a", c.WRITE_LT, 0, 100)
     assert st == 0
@@ -155,7 +177,9 @@ def test_locks_across_clients(server):
     st, _ = lock(b, sid_b, b"lock-b", c.WRITE_LT, 100, c.NFS4_UINT64_MAX)
     assert st == 0
     # A unlocks: B can take the range
-    st, _ = a.session([(c.OP_PUTFH, fh), (c.OP_LOCKU, t.ARGS[c.OP_LOCKU](c.WRITE_LT, 0, lock_sid, 0, 100))])
+    st, _ = a.session(
+        [(c.OP_PUTFH, fh), (c.OP_LOCKU, t.ARGS[c.OP_LOCKU](c.WRITE_LT, 0, lock_sid, 0, 100))]
+    )
     assert st == 0
     st, _ = lock(b, sid_b, b"lock-b2", c.WRITE_LT, 50, 10)
     assert st == 0
@@ -217,7 +241,9 @@ def test_restart_keeps_handles_and_session_recovers(stack):
         with cl.open("keep.bin", "wb") as f:
             f.write(b"before restart")
         fh_root = raw.root_fh()
-        st, res = raw.session([(c.OP_PUTFH, fh_root), (c.OP_LOOKUP, "keep.bin"), (c.OP_GETFH, None)])
+        st, res = raw.session(
+            [(c.OP_PUTFH, fh_root), (c.OP_LOOKUP, "keep.bin"), (c.OP_GETFH, None)]
+        )
         fh = res[-1][2]
         st, res = raw.session([(c.OP_PUTFH, fh), (c.OP_COMMIT, t.ARGS[c.OP_COMMIT](0, 0))])
         verifier_before = res[-1][2]
@@ -231,7 +257,9 @@ def test_restart_keeps_handles_and_session_recovers(stack):
             cl.mkdir("after")
             assert sorted(cl.listdir(".")) == ["after", "keep.bin"]
             raw = RawClient(port).setup()
-            st, res = raw.session([(c.OP_PUTFH, fh), (c.OP_GETATTR, [1 << c.FATTR4_TYPE, 1 << (c.FATTR4_SIZE)])])
+            st, res = raw.session(
+                [(c.OP_PUTFH, fh), (c.OP_GETATTR, [1 << c.FATTR4_TYPE, 1 << (c.FATTR4_SIZE)])]
+            )
             assert st == 0
             st, res = raw.session([(c.OP_PUTFH, fh), (c.OP_COMMIT, t.ARGS[c.OP_COMMIT](0, 0))])
             assert res[-1][2] != verifier_before  # UNSTABLE writes must be resent after a restart
@@ -244,9 +272,14 @@ def test_open_modes_stateids_and_verify(server):
     raw = RawClient(server.port).setup()
     root = raw.root_fh()
     verf = b"12345678"
-    excl = t.ARGS[c.OP_OPEN](0, c.OPEN4_SHARE_ACCESS_BOTH, 0, t.state_owner4.cls(raw.clientid, b"o"),
-                             (c.OPEN4_CREATE, (c.EXCLUSIVE4_1, t.creatverfattr.cls(verf, t.fattr4.cls([], b"")))),
-                             (c.CLAIM_NULL, "excl"))
+    excl = t.ARGS[c.OP_OPEN](
+        0,
+        c.OPEN4_SHARE_ACCESS_BOTH,
+        0,
+        t.state_owner4.cls(raw.clientid, b"o"),
+        (c.OPEN4_CREATE, (c.EXCLUSIVE4_1, t.creatverfattr.cls(verf, t.fattr4.cls([], b"")))),
+        (c.CLAIM_NULL, "excl"),
+    )
     st, res = raw.session([(c.OP_PUTFH, root), (c.OP_OPEN, excl), (c.OP_GETFH, None)])
     assert st == 0
     sid, fh = res[2][2].stateid, res[3][2]
@@ -254,7 +287,10 @@ def test_open_modes_stateids_and_verify(server):
     st, res = raw.session([(c.OP_PUTFH, root), (c.OP_OPEN, excl)])
     assert st == 0
     sid = res[2][2].stateid
-    excl.openhow = (c.OPEN4_CREATE, (c.EXCLUSIVE4_1, t.creatverfattr.cls(b"87654321", t.fattr4.cls([], b""))))
+    excl.openhow = (
+        c.OPEN4_CREATE,
+        (c.EXCLUSIVE4_1, t.creatverfattr.cls(b"87654321", t.fattr4.cls([], b""))),
+    )
     st, _ = raw.session([(c.OP_PUTFH, root), (c.OP_OPEN, excl)])
     assert st == c.NFS4ERR_EXIST
     # TEST_STATEID knows the open stateid and not a made-up one
@@ -266,7 +302,9 @@ def test_open_modes_stateids_and_verify(server):
         sid, 0, c.OPEN4_SHARE_ACCESS_READ, 0))])
     assert st == 0
     sid = res[-1][2]
-    st, _ = raw.session([(c.OP_PUTFH, fh), (c.OP_WRITE, t.ARGS[c.OP_WRITE](sid, 0, c.FILE_SYNC4, b"x"))])
+    st, _ = raw.session(
+        [(c.OP_PUTFH, fh), (c.OP_WRITE, t.ARGS[c.OP_WRITE](sid, 0, c.FILE_SYNC4, b"x"))]
+    )
     assert st == c.NFS4ERR_OPENMODE
     # VERIFY / NVERIFY compare attributes the server encodes
     size0 = t.fattr4.cls([1 << c.FATTR4_SIZE], struct.pack(">Q", 0))
@@ -291,7 +329,9 @@ def test_lease_expiry_drops_idle_client(stack):
     try:
         raw = RawClient(srv.port).setup()
         root = raw.root_fh()
-        st, _ = raw.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args("leased", b"o", raw.clientid))])
+        st, _ = raw.session(
+            [(c.OP_PUTFH, root), (c.OP_OPEN, open_args("leased", b"o", raw.clientid))]
+        )
         assert st == 0
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
@@ -317,7 +357,9 @@ def test_grace_period_reclaim_after_restart(stack):
     port = srv.port
     a = RawClient(port).setup(owner=b"client-a")
     root = a.root_fh()
-    st, res = a.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args("held", b"oa", a.clientid)), (c.OP_GETFH, None)])
+    st, res = a.session(
+        [(c.OP_PUTFH, root), (c.OP_OPEN, open_args("held", b"oa", a.clientid)), (c.OP_GETFH, None)]
+    )
     assert st == 0
     fh = res[-1][2]
     # the client drops its session (so it cannot simply carry on) and the server restarts
@@ -362,8 +404,14 @@ def test_pipelined_replies_larger_than_the_socket_buffers_arrive_whole(server, s
     ns.commit(ino)
     raw = RawClient(server.port).setup()
     raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
-    st, res = raw.session([(c.OP_PUTROOTFH, None), (c.OP_LOOKUP, "export"), (c.OP_LOOKUP, "pipelined"),
-                           (c.OP_GETFH, None)])
+    st, res = raw.session(
+        [
+            (c.OP_PUTROOTFH, None),
+            (c.OP_LOOKUP, "export"),
+            (c.OP_LOOKUP, "pipelined"),
+            (c.OP_GETFH, None),
+        ]
+    )
     assert st == 0, res
     fh = res[-1][2]
     anonymous = t.stateid4.cls(0, b"\0" * 12)
@@ -376,7 +424,12 @@ def test_pipelined_replies_larger_than_the_socket_buffers_arrive_whole(server, s
         raw.xid += 1
         asked[raw.xid] = (slot, offset)
         head = struct.pack(">IIIIII", raw.xid, 0, 2, c.NFS4_PROGRAM, 4, 1)
-        head += struct.pack(">II", 1, len(raw.cred)) + raw.cred + b"\0" * (-len(raw.cred) % 4) + b"\0" * 8
+        head += (
+            struct.pack(">II", 1, len(raw.cred))
+            + raw.cred
+            + b"\0" * (-len(raw.cred) % 4)
+            + b"\0" * 8
+        )
         raw.send_record(head + body)
     for slot in range(8):
         ask(slot, slot)

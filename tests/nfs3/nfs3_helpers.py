@@ -56,8 +56,17 @@ def start_server(stack, **kwargs) -> NfsServerThread:
 
 def nfsrs4(port: int, uid: int = 0, gid: int = 0, export: str = "export", **kwargs):
     import nfs_rs
-    return nfs_rs.Client.connect(f"nfs://127.0.0.1:{port}/{export}?version=4.1", nfs_port=port, noresvport=True,
-                                 uid=uid, gid=gid, connect_timeout=20, operation_timeout=60, **kwargs)
+
+    return nfs_rs.Client.connect(
+        f"nfs://127.0.0.1:{port}/{export}?version=4.1",
+        nfs_port=port,
+        noresvport=True,
+        uid=uid,
+        gid=gid,
+        connect_timeout=20,
+        operation_timeout=60,
+        **kwargs,
+    )
 
 
 GARBAGE_ARGS = 4
@@ -73,15 +82,23 @@ def libnfs(tool: str, *args, check: bool = True) -> subprocess.CompletedProcess:
     assert exe is not None, f"{tool} not installed: apt-get install -y libnfs-utils"
     proc = subprocess.run([exe, *args], capture_output=True, timeout=60)
     if check:
-        assert proc.returncode == 0, f"{tool} {args}: rc {proc.returncode}: {proc.stderr.decode(errors='replace')}"
+        assert proc.returncode == 0, (
+            f"{tool} {args}: rc {proc.returncode}: {proc.stderr.decode(errors='replace')}"
+        )
     return proc
 
 
 def nfsrs3(port: int, uid: int = 0, gid: int = 0, export: str = "export", **kwargs):
     import nfs_rs
-    return nfs_rs.Client.connect(f"nfs://127.0.0.1:{port}/{export}?version=3&nfsport={port}&mountport={port}",
-                                 noresvport=True, uid=uid, gid=gid, connect_timeout=20, operation_timeout=60,
-                                 **kwargs)
+    return nfs_rs.Client.connect(
+        f"nfs://127.0.0.1:{port}/{export}?version=3&nfsport={port}&mountport={port}",
+        noresvport=True,
+        uid=uid,
+        gid=gid,
+        connect_timeout=20,
+        operation_timeout=60,
+        **kwargs,
+    )
 
 
 class Rpc3:
@@ -100,7 +117,10 @@ class Rpc3:
     def call_bytes(self, prog: int, vers: int, proc: int, body: bytes) -> tuple[int, bytes]:
         """(accept_stat, result bytes) of one call."""
         self.xid += 1
-        record = struct.pack(">IIIIIIII", self.xid, 0, 2, prog, vers, proc, 1, len(self.cred)) + self.cred
+        record = (
+            struct.pack(">IIIIIIII", self.xid, 0, 2, prog, vers, proc, 1, len(self.cred))
+            + self.cred
+        )
         record += struct.pack(">II", 0, 0) + body
         self.sock.sendall(struct.pack(">I", 0x80000000 | len(record)) + record)
         reply = b""
@@ -131,6 +151,8 @@ class Rpc3:
         return t.RESULTS3[proc][0].decode(body)
 
     def mount(self, proc: int, args=None):
-        stat, body = self.call_bytes(t.MOUNT_PROGRAM, t.MOUNT_V3, proc, t.MOUNT_ARGS[proc].encode(args))
+        stat, body = self.call_bytes(
+            t.MOUNT_PROGRAM, t.MOUNT_V3, proc, t.MOUNT_ARGS[proc].encode(args)
+        )
         assert stat == 0, f"accept_stat {stat}"
         return t.MOUNT_RESULTS[proc].decode(body)

@@ -30,12 +30,18 @@ def test_libnfs_tools_and_nfsv41_share_files(server, tmp_path):
     out = tmp_path / "out.bin"
     libnfs("nfs-cp", nfs_url(port, "/export/from4/out.bin"), str(out))
     assert out.read_bytes() == back
-    assert libnfs("nfs-cat", nfs_url(port, "/export/from4/note.txt")).stdout == b"written over NFSv4.1\n"
+    assert (
+        libnfs("nfs-cat", nfs_url(port, "/export/from4/note.txt")).stdout
+        == b"written over NFSv4.1\n"
+    )
     top = libnfs("nfs-ls", nfs_url(port, "/export")).stdout.decode().splitlines()
     by_name = {line.split()[-1]: line for line in top}
     assert sorted(by_name) == ["from4", "in.bin"]
     assert by_name["from4"].startswith("d") and str(len(payload)) in by_name["in.bin"].split()
-    names = [line.split()[-1] for line in libnfs("nfs-ls", nfs_url(port, "/export/from4")).stdout.decode().splitlines()]
+    names = [
+        line.split()[-1]
+        for line in libnfs("nfs-ls", nfs_url(port, "/export/from4")).stdout.decode().splitlines()
+    ]
     assert sorted(names) == sorted(["out.bin", "note.txt"] + [f"f{i:03d}" for i in range(150)])
 
 

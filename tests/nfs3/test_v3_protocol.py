@@ -38,7 +38,9 @@ def test_malformed_calls_get_garbage_args_and_the_server_stays_up(server, rpc):
         assert (stat, rest) == (GARBAGE_ARGS, b"")
     stat, _ = peer.call_bytes(t.NFS_PROGRAM, t.NFS_V3, t.NFSPROC3_WRITE, b"\xff" * 7)
     assert stat == GARBAGE_ARGS
-    stat, _ = peer.call_bytes(t.MOUNT_PROGRAM, t.MOUNT_V3, t.MOUNTPROC3_MNT, struct.pack(">I", 5000))
+    stat, _ = peer.call_bytes(
+        t.MOUNT_PROGRAM, t.MOUNT_V3, t.MOUNTPROC3_MNT, struct.pack(">I", 5000)
+    )
     assert stat == GARBAGE_ARGS  # a path longer than MNTPATHLEN
     stat, _ = peer.call_bytes(t.NFS_PROGRAM, t.NFS_V3, 22, b"")
     assert stat == 3  # PROC_UNAVAIL
@@ -93,7 +95,9 @@ def test_missing_bad_and_stale_handles(server, rpc):
 def test_mount_subdirectories_dump_and_umount(server, rpc):
     peer = rpc()
     root = mount_root(peer)
-    status, made = peer.nfs(t.NFSPROC3_MKDIR, t.MKDIR3args.cls(t.diropargs3.cls(root, "sub"), NO_ATTRS))
+    status, made = peer.nfs(
+        t.NFSPROC3_MKDIR, t.MKDIR3args.cls(t.diropargs3.cls(root, "sub"), NO_ATTRS)
+    )
     assert status == t.NFS3_OK
     assert create(peer, made.obj, "plain")[0] == t.NFS3_OK
     assert mount_root(peer, "/export/sub/") == made.obj
@@ -102,12 +106,17 @@ def test_mount_subdirectories_dump_and_umount(server, rpc):
     # ".." stops at the export's root
     status, up = peer.nfs(t.NFSPROC3_LOOKUP, (root, ".."))
     assert status == t.NFS3_OK and up.object == root
-    assert sorted(m.ml_directory for m in peer.mount(t.MOUNTPROC3_DUMP)) == ["/export", "/export/sub"]
+    assert sorted(m.ml_directory for m in peer.mount(t.MOUNTPROC3_DUMP)) == [
+        "/export",
+        "/export/sub",
+    ]
     peer.mount(t.MOUNTPROC3_UMNT, "/export/sub")
     assert [m.ml_directory for m in peer.mount(t.MOUNTPROC3_DUMP)] == ["/export"]
     peer.mount(t.MOUNTPROC3_UMNTALL)
     assert peer.mount(t.MOUNTPROC3_DUMP) == []
-    assert [(e.ex_dir, e.ex_groups) for e in peer.mount(t.MOUNTPROC3_EXPORT)] == [("/export", ["127.0.0.1/32"])]
+    assert [(e.ex_dir, e.ex_groups) for e in peer.mount(t.MOUNTPROC3_EXPORT)] == [
+        ("/export", ["127.0.0.1/32"])
+    ]
 
 
 def test_write_stability_verifier_and_commit(server, rpc):
@@ -154,9 +163,18 @@ def test_create_modes_mknod_and_setattr_guard(server, rpc):
     peer.nfs(t.NFSPROC3_WRITE, t.WRITE3args.cls(fh, 0, 4, t.FILE_SYNC, b"data"))
     status, ok = create(peer, root, "x", (t.UNCHECKED, sattr(size=0)))
     assert status == t.NFS3_OK and ok.obj == fh and ok.obj_attributes.size == 0
-    status, ok = peer.nfs(t.NFSPROC3_MKNOD, t.MKNOD3args.cls(t.diropargs3.cls(root, "pipe"), (t.NF3FIFO, sattr(0o640))))
-    assert status == t.NFS3_OK and ok.obj_attributes.type == t.NF3FIFO and ok.obj_attributes.mode == 0o640
-    status, _ = peer.nfs(t.NFSPROC3_MKNOD, t.MKNOD3args.cls(t.diropargs3.cls(root, "reg"), (t.NF3REG, None)))
+    status, ok = peer.nfs(
+        t.NFSPROC3_MKNOD,
+        t.MKNOD3args.cls(t.diropargs3.cls(root, "pipe"), (t.NF3FIFO, sattr(0o640))),
+    )
+    assert (
+        status == t.NFS3_OK
+        and ok.obj_attributes.type == t.NF3FIFO
+        and ok.obj_attributes.mode == 0o640
+    )
+    status, _ = peer.nfs(
+        t.NFSPROC3_MKNOD, t.MKNOD3args.cls(t.diropargs3.cls(root, "reg"), (t.NF3REG, None))
+    )
     assert status == t.NFS3ERR_BADTYPE
     ctime = peer.nfs(t.NFSPROC3_GETATTR, fh)[1].ctime
     wrong = t.nfstime3.cls(ctime.seconds + 1, ctime.nseconds)
@@ -165,8 +183,15 @@ def test_create_modes_mknod_and_setattr_guard(server, rpc):
     status, wcc = peer.nfs(t.NFSPROC3_SETATTR, t.SETATTR3args.cls(fh, sattr(mode=0o600), ctime))
     assert status == t.NFS3_OK and wcc.after.mode == 0o600
     status, acc = peer.nfs(t.NFSPROC3_ACCESS, t.ACCESS3args.cls(root, 0x3F))
-    assert status == t.NFS3_OK and acc.access == t.ACCESS3_READ | t.ACCESS3_LOOKUP | t.ACCESS3_MODIFY | \
-        t.ACCESS3_EXTEND | t.ACCESS3_DELETE
+    assert (
+        status == t.NFS3_OK
+        and acc.access
+        == t.ACCESS3_READ
+        | t.ACCESS3_LOOKUP
+        | t.ACCESS3_MODIFY
+        | t.ACCESS3_EXTEND
+        | t.ACCESS3_DELETE
+    )
 
 
 def test_readdir_pages_by_count(server, rpc):
@@ -187,7 +212,9 @@ def test_readdir_pages_by_count(server, rpc):
     assert sorted(seen) == sorted(names) and pages > 3
     status, _ = peer.nfs(t.NFSPROC3_READDIR, t.READDIR3args.cls(root, 0, b"\0" * 8, 100))
     assert status == t.NFS3ERR_TOOSMALL
-    status, ok = peer.nfs(t.NFSPROC3_READDIRPLUS, t.READDIRPLUS3args.cls(root, 0, b"\0" * 8, 4096, 65536))
+    status, ok = peer.nfs(
+        t.NFSPROC3_READDIRPLUS, t.READDIRPLUS3args.cls(root, 0, b"\0" * 8, 4096, 65536)
+    )
     assert status == t.NFS3_OK and ok.entries
     for entry in ok.entries:
         status, attrs = peer.nfs(t.NFSPROC3_GETATTR, entry.name_handle)
@@ -198,17 +225,30 @@ def test_identities_are_squashed_per_export(stack):
     add_export(stack.catalog)  # no_root_squash: the administrator
     add_export(stack.catalog, name="/squashed", squash="root_squash", anon_uid=4000, anon_gid=4001)
     srv = start_server(stack)
-    admin, root_user, user = Rpc3(srv.port), Rpc3(srv.port, uid=0, gid=0), Rpc3(srv.port, uid=1000, gid=1000)
+    admin, root_user, user = (
+        Rpc3(srv.port),
+        Rpc3(srv.port, uid=0, gid=0),
+        Rpc3(srv.port, uid=1000, gid=1000),
+    )
     try:
         top = mount_root(admin)
         squashed = mount_root(root_user, "/squashed")
         # root is squashed to 4000: the root-owned 0755 directory does not let it in
         assert create(root_user, squashed, "as-root")[0] == t.NFS3ERR_ACCES
-        assert admin.nfs(t.NFSPROC3_SETATTR, t.SETATTR3args.cls(top, sattr(mode=0o1777), None))[0] == t.NFS3_OK
+        assert (
+            admin.nfs(t.NFSPROC3_SETATTR, t.SETATTR3args.cls(top, sattr(mode=0o1777), None))[0]
+            == t.NFS3_OK
+        )
         status, ok = create(root_user, squashed, "as-root")
-        assert status == t.NFS3_OK and (ok.obj_attributes.uid, ok.obj_attributes.gid) == (4000, 4001)
+        assert status == t.NFS3_OK and (ok.obj_attributes.uid, ok.obj_attributes.gid) == (
+            4000,
+            4001,
+        )
         status, ok = create(user, mount_root(user, "/squashed"), "as-user")
-        assert status == t.NFS3_OK and (ok.obj_attributes.uid, ok.obj_attributes.gid) == (1000, 1000)
+        assert status == t.NFS3_OK and (ok.obj_attributes.uid, ok.obj_attributes.gid) == (
+            1000,
+            1000,
+        )
         # the sticky directory keeps user 1000 from removing root's (squashed) file
         assert user.nfs(t.NFSPROC3_REMOVE, (squashed, "as-root"))[0] == t.NFS3ERR_PERM
         status, acc = user.nfs(t.NFSPROC3_ACCESS, t.ACCESS3args.cls(ok.obj, 0x3F))

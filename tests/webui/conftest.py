@@ -27,9 +27,15 @@ BAND_CLASSES = {"hot": {"copies": 3, "fragment_size": "16KiB"},
 
 
 def make_config(url: str, root: Path) -> config_mod.Config:
-    return config_mod.from_dict({"appliance": {"data_dir": str(root)}, "catalog": {"url": url},
-                                 "smart": {"smartctl": str(FAKE_SMARTCTL)}, "band_classes": BAND_CLASSES},
-                                root / "shingle.toml")
+    return config_mod.from_dict(
+        {
+            "appliance": {"data_dir": str(root)},
+            "catalog": {"url": url},
+            "smart": {"smartctl": str(FAKE_SMARTCTL)},
+            "band_classes": BAND_CLASSES,
+        },
+        root / "shingle.toml",
+    )
 
 
 def seed_zones(catalog: Catalog) -> None:
@@ -37,13 +43,31 @@ def seed_zones(catalog: Catalog) -> None:
     zones = Zone.__table__
 
     def work(conn):
-        ids = [r.id for r in conn.execute(select(zones.c.id).where(zones.c.drive_id == 1).order_by(zones.c.idx))]
-        layout = [("full", "warm", ZONE_SIZE, ZONE_SIZE, 0), ("full", "cold", ZONE_SIZE, ZONE_SIZE // 4,
-                  3 * ZONE_SIZE // 4), ("open", "hot", ZONE_SIZE // 2, ZONE_SIZE // 2, 0),
-                  ("open", "warm", ZONE_SIZE // 3, ZONE_SIZE // 3, 0)]
+        ids = [
+            r.id
+            for r in conn.execute(
+                select(zones.c.id).where(zones.c.drive_id == 1).order_by(zones.c.idx)
+            )
+        ]
+        layout = [
+            ("full", "warm", ZONE_SIZE, ZONE_SIZE, 0),
+            ("full", "cold", ZONE_SIZE, ZONE_SIZE // 4, 3 * ZONE_SIZE // 4),
+            ("open", "hot", ZONE_SIZE // 2, ZONE_SIZE // 2, 0),
+            ("open", "warm", ZONE_SIZE // 3, ZONE_SIZE // 3, 0),
+        ]
         for zone_id, (state, cls, wp, live, garbage) in zip(ids, layout, strict=False):
-            conn.execute(zones.update().where(zones.c.id == zone_id).values(
-                state=state, band_class=cls, write_pointer=wp, live_bytes=live, garbage_bytes=garbage))
+            conn.execute(
+                zones.update()
+                .where(zones.c.id == zone_id)
+                .values(
+                    state=state,
+                    band_class=cls,
+                    write_pointer=wp,
+                    live_bytes=live,
+                    garbage_bytes=garbage,
+                )
+            )
+
     catalog.run(work)
 
 
@@ -147,7 +171,9 @@ class Live:
         from webui.app import create_app
         self.config, catalog = make_appliance(url, root, seed=False)
         catalog.close()
-        self.lock = DaemonLock(self.config.data_dir)  # as `shingle serve` does: the web UI shows its pid
+        self.lock = DaemonLock(
+            self.config.data_dir
+        )  # as `shingle serve` does: the web UI shows its pid
         assert self.lock.acquire()
         self.daemon = Appliance(self.config)
         self.catalog, self.namespace = self.daemon.catalog, self.daemon.namespace

@@ -54,17 +54,21 @@ def test_keep_last_3_rule_in_the_browser(server, page, live, tmp_path):
     page.wait_for_url(server + "/retention")
 
     form = "#new-rule"
-    for pattern, keep, expected in (("/checkpoints/*/step-*", "0", "keep = 0: expected at least 1"),
-                                    ("/checkpoints/*/step-*", "-1", "keep = -1: expected at least 1"),
-                                    ("/checkpoints/../step-*", "3", "'..' components are not allowed"),
-                                    ("", "3", "pattern = '': expected a non-empty value")):
+    for pattern, keep, expected in (
+        ("/checkpoints/*/step-*", "0", "keep = 0: expected at least 1"),
+        ("/checkpoints/*/step-*", "-1", "keep = -1: expected at least 1"),
+        ("/checkpoints/../step-*", "3", "'..' components are not allowed"),
+        ("", "3", "pattern = '': expected a non-empty value"),
+    ):
         page.fill(f"{form} input[name=pattern]", pattern)
         page.fill(f"{form} input[name=keep]", keep)
         page.click(f"{form} button[type=submit]")
         page.wait_for_load_state()
         shown = " ".join(page.locator(f"{form} .error").all_inner_texts())
         assert expected in shown, (pattern, keep, shown)
-        assert page.locator(f"{form} input[name=pattern]").input_value() == pattern  # kept for correcting
+        assert (
+            page.locator(f"{form} input[name=pattern]").input_value() == pattern
+        )  # kept for correcting
         assert rules() == []
 
     page.fill(f"{form} input[name=pattern]", "/checkpoints/*/step-*")
@@ -80,14 +84,22 @@ def test_keep_last_3_rule_in_the_browser(server, page, live, tmp_path):
     page.wait_for_selector("#summary", timeout=30000)
     assert "2 of 2 planned actions done" in page.inner_text("#summary")
     assert page.inner_text("#job-state") == "done"
-    assert [exists(ns, f"/checkpoints/run1/step-{n}") for n in range(1, 6)] == [False, False, True, True, True]
+    assert [exists(ns, f"/checkpoints/run1/step-{n}") for n in range(1, 6)] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
     assert len(rules()) == 1
 
     page.goto(server + "/drives")
     page.wait_for_selector("svg.chart")
     assert page.locator("section.drive").count() == 4
     assert "no SMART data" in page.inner_text("#drive-4")
-    assert page.locator("#drive-1 rect.zone.z-open").count() >= 1  # bands the checkpoints were written to
+    assert (
+        page.locator("#drive-1 rect.zone.z-open").count() >= 1
+    )  # bands the checkpoints were written to
     shot = tmp_path / "drives.png"
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 20_000

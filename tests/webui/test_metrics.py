@@ -23,24 +23,41 @@ def parse(text: str) -> dict[str, float]:
 
 def test_metrics_from_the_catalog_without_samples(app):
     response = app.test_client().get("/metrics")
-    assert response.status_code == 200 and response.content_type.startswith("text/plain; version=0.0.4")
+    assert response.status_code == 200 and response.content_type.startswith(
+        "text/plain; version=0.0.4"
+    )
     values = parse(response.get_data(as_text=True))
-    assert values['shingle_drives{state="online"}'] == 4 and values['shingle_drives{state="failed"}'] == 0
+    assert (
+        values['shingle_drives{state="online"}'] == 4
+        and values['shingle_drives{state="failed"}'] == 0
+    )
     assert values['shingle_bands{state="empty",class="none"}'] == 4 * 16 - 4
     assert values['shingle_bands{state="full",class="warm"}'] == 1
     assert values['shingle_band_garbage_bytes{class="cold"}'] == 3 * (1 << 20) // 4
     assert values['shingle_capacity_bytes{kind="total"}'] == 4 * 16 * (1 << 20)
     text = response.get_data(as_text=True)
-    assert "shingle_write_amplification" not in text and "shingle_nfs" not in text  # no samples: not invented
+    assert (
+        "shingle_write_amplification" not in text and "shingle_nfs" not in text
+    )  # no samples: not invented
     assert "shingle_metrics_sample_age_seconds" not in text
     assert "shingle_drive_read_bytes" not in text
 
 
 def test_metrics_from_recorded_samples(app, appliance):
     _, catalog = appliance
-    metrics.record_sample(catalog, nfs_read_bytes=5 << 20, nfs_write_bytes=3 << 20, nfs_ops_read=40,
-                          nfs_ops_write=25, client_bytes_written=3 << 20, media_bytes_written=15 << 19,
-                          nfs_latency_le_1=30, nfs_latency_le_10=60, nfs_latency_le_inf=65, nfs_latency_sum_s=0.25)
+    metrics.record_sample(
+        catalog,
+        nfs_read_bytes=5 << 20,
+        nfs_write_bytes=3 << 20,
+        nfs_ops_read=40,
+        nfs_ops_write=25,
+        client_bytes_written=3 << 20,
+        media_bytes_written=15 << 19,
+        nfs_latency_le_1=30,
+        nfs_latency_le_10=60,
+        nfs_latency_le_inf=65,
+        nfs_latency_sum_s=0.25,
+    )
     text = app.test_client().get("/metrics").get_data(as_text=True)
     values = parse(text)
     assert values["shingle_write_amplification"] == 2.5
@@ -48,7 +65,10 @@ def test_metrics_from_recorded_samples(app, appliance):
     assert values['shingle_nfs_bytes_total{direction="write"}'] == 3 << 20
     assert values['shingle_nfs_latency_seconds_bucket{le="0.001"}'] == 30
     assert values['shingle_nfs_latency_seconds_bucket{le="+Inf"}'] == 65
-    assert values["shingle_nfs_latency_seconds_count"] == 65 and values["shingle_nfs_latency_seconds_sum"] == 0.25
+    assert (
+        values["shingle_nfs_latency_seconds_count"] == 65
+        and values["shingle_nfs_latency_seconds_sum"] == 0.25
+    )
     assert re.search(r"# TYPE shingle_nfs_latency_seconds histogram", text)
     buckets = re.findall(r'le="([^"]+)"', text)
     assert buckets == ["0.001", "0.01", "+Inf"]  # ascending, as Prometheus requires

@@ -1,4 +1,5 @@
 """Every route through Flask's test client: sign-in required, CSRF enforced, validation shown, JSON errors."""
+
 from __future__ import annotations
 
 import json
@@ -42,7 +43,10 @@ def test_every_route_requires_sign_in(app, appliance):
             assert response.status_code == 401, (method, url, response.status_code)
             assert "authentication required" in response.get_json()["error"]
         elif method == "GET":
-            assert response.status_code == 302 and "/login" in response.headers["Location"], (method, url)
+            assert response.status_code == 302 and "/login" in response.headers["Location"], (
+                method,
+                url,
+            )
         else:  # no session, so no CSRF token either: refused before anything runs
             assert response.status_code == 400 and b"CSRF" in response.data, (method, url)
         checked += 1
@@ -52,13 +56,30 @@ def test_every_route_requires_sign_in(app, appliance):
 
 
 def test_every_page_renders_signed_in(web, app):
-    pages = [concrete(rule) for rule, method in routes(app) if method == "GET" and not rule.startswith("/api/")
-             and rule not in OPEN_ROUTES and "<" not in rule.replace("<int:", "")]
+    pages = [
+        concrete(rule)
+        for rule, method in routes(app)
+        if method == "GET"
+        and not rule.startswith("/api/")
+        and rule not in OPEN_ROUTES
+        and "<" not in rule.replace("<int:", "")
+    ]
     assert len(pages) >= 9
     web.post("/retention/rules", {"pattern": "/ckpt/*", "keep": "2"})
     web.post("/jobs", {"kind": "scrub"})
-    web.post("/exports", {"name": "/data", "path": "/", "clients": "10.0.0.0/8", "access": "ro",
-                          "squash": "root_squash", "anon_uid": "65534", "anon_gid": "65534", "trash_days": "7"})
+    web.post(
+        "/exports",
+        {
+            "name": "/data",
+            "path": "/",
+            "clients": "10.0.0.0/8",
+            "access": "ro",
+            "squash": "root_squash",
+            "anon_uid": "65534",
+            "anon_gid": "65534",
+            "trash_days": "7",
+        },
+    )
     for url in pages:
         response = web.get(url)
         assert response.status_code == 200, (url, response.status_code)
@@ -83,8 +104,10 @@ def test_login_logout_cookie_flags_and_events(app, appliance):
     assert events.recent(catalog, 1, kind_prefix="auth.logout")[0].actor == ADMIN
     # open redirects are refused: only local paths after sign-in
     browser.csrf = csrf_of(browser.get("/login").get_data(as_text=True))
-    response = browser.client.post("/login?next=//evil.example/x", data={"username": ADMIN, "password": PASSWORD,
-                                                                         "csrf_token": browser.csrf})
+    response = browser.client.post(
+        "/login?next=//evil.example/x",
+        data={"username": ADMIN, "password": PASSWORD, "csrf_token": browser.csrf},
+    )
     assert response.headers["Location"] == "/"
 
 
@@ -92,7 +115,9 @@ def test_csrf_rejected_on_forms_and_session_api_calls(web, appliance):
     _, catalog = appliance
     response = web.client.post("/retention/rules", data={"pattern": "/ckpt/*", "keep": "3"})
     assert response.status_code == 400 and b"CSRF token missing or wrong" in response.data
-    response = web.client.post("/retention/rules", data={"pattern": "/ckpt/*", "keep": "3", "csrf_token": "forged"})
+    response = web.client.post(
+        "/retention/rules", data={"pattern": "/ckpt/*", "keep": "3", "csrf_token": "forged"}
+    )
     assert response.status_code == 400
     response = web.client.post("/api/v1/retention/rules", json={"pattern": "/ckpt/*", "keep": 3})
     assert response.status_code == 403 and "CSRF" in response.get_json()["error"]
@@ -109,7 +134,9 @@ def test_csrf_rejected_on_forms_and_session_api_calls(web, appliance):
     ("checkpoints/*", "3", "expected an absolute path"),
     ("/checkpoints/*", "three", "keep = 'three': expected a whole number"),
 ])
-def test_retention_form_shows_inline_errors_and_saves_nothing(web, appliance, pattern, keep, expected):
+def test_retention_form_shows_inline_errors_and_saves_nothing(
+    web, appliance, pattern, keep, expected
+):
     _, catalog = appliance
     response = web.post("/retention/rules", {"pattern": pattern, "keep": keep, "action": "delete",
                                              "order_by": "mtime", "enabled": "on"})
@@ -123,9 +150,19 @@ def test_retention_form_shows_inline_errors_and_saves_nothing(web, appliance, pa
 def test_retention_create_preview_run_edit_delete(live_web, live):
     web, catalog, ns = live_web, live.catalog, live.namespace
     make_checkpoints(ns, "/ckpt/run1", range(1, 6), size=40_000)
-    response = web.post("/retention/rules", {"pattern": "/ckpt/*/step-*", "keep": "3", "action": "delete",
-                                             "order_by": "mtime", "enabled": "on"})
-    assert response.status_code == 302 and "/retention/preview?rule=" in response.headers["Location"]
+    response = web.post(
+        "/retention/rules",
+        {
+            "pattern": "/ckpt/*/step-*",
+            "keep": "3",
+            "action": "delete",
+            "order_by": "mtime",
+            "enabled": "on",
+        },
+    )
+    assert (
+        response.status_code == 302 and "/retention/preview?rule=" in response.headers["Location"]
+    )
     rule_id = int(response.headers["Location"].rsplit("=", 1)[1])
     preview = web.get(f"/retention/preview?rule={rule_id}").get_data(as_text=True)
     listed = re.findall(r"<code>(/ckpt/run1/step-\d)</code>", preview)
@@ -139,7 +176,13 @@ def test_retention_create_preview_run_edit_delete(live_web, live):
     assert job.state == "done" and job.actor == ADMIN
     html = web.get(f"/jobs/{job_id}").get_data(as_text=True)
     assert "2 of 2 planned actions done" in html and 'http-equiv="refresh"' not in html
-    assert [exists(ns, f"/ckpt/run1/step-{n}") for n in range(1, 6)] == [False, False, True, True, True]
+    assert [exists(ns, f"/ckpt/run1/step-{n}") for n in range(1, 6)] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
     deletes = events.recent(catalog, 10, kind_prefix="retention.delete")
     assert len(deletes) == 2 and {e.actor for e in deletes} == {ADMIN}
     response = web.post(f"/retention/rules/{rule_id}", {"pattern": "/ckpt/*/step-*", "keep": "0",
@@ -178,7 +221,11 @@ def test_jobs_wait_for_the_daemon_and_say_so(web, appliance):
 
 def test_drives_page_shows_smart_band_map_and_no_smart(web):
     html = web.get("/drives").get_data(as_text=True)
-    assert "ST8000DM004-2CX188" in html and "SEAGATE ST4000NM0025" in html and "Samsung SSD 980 PRO" in html
+    assert (
+        "ST8000DM004-2CX188" in html
+        and "SEAGATE ST4000NM0025" in html
+        and "Samsung SSD 980 PRO" in html
+    )
     assert "SMART: PASSED" in html
     assert "SMART: no SMART data" in html and "emulated drive: no block device" in html
     assert "17890 h" in html and "38 °C" in html
@@ -191,17 +238,38 @@ def add_huge_drive(catalog) -> int:
     """A big SMR drive's catalog rows: 6,000 zones of 256 MiB (1.5 TB; more than one square each can
     show), the first 1,800 written: 600 mostly garbage (warm), 600 warm, 600 cold."""
     zones, zone_size = 6000, 256 << 20
-    drives, zone_table = Drive.__table__, __import__("engine.catalog.models", fromlist=["Zone"]).Zone.__table__
+    drives, zone_table = (
+        Drive.__table__,
+        __import__("engine.catalog.models", fromlist=["Zone"]).Zone.__table__,
+    )
 
     def work(conn):
-        drive_id = conn.execute(drives.insert().values(uuid="big-smr-drive", path="/dev/sdq", backend="zoned-block",
-                                                       state="online", zone_size=zone_size, zone_count=zones,
-                                                       added_ns=0)).inserted_primary_key[0]
-        conn.execute(zone_table.insert(), [
-            {"drive_id": drive_id, "idx": i, "state": "full" if i < 1800 else "empty",
-             "band_class": ("warm" if i < 1200 else "cold") if i < 1800 else None,
-             "write_pointer": zone_size if i < 1800 else 0, "live_bytes": zone_size // 4 if i < 600 else zone_size,
-             "garbage_bytes": 3 * zone_size // 4 if i < 600 else 0} for i in range(zones)])
+        drive_id = conn.execute(
+            drives.insert().values(
+                uuid="big-smr-drive",
+                path="/dev/sdq",
+                backend="zoned-block",
+                state="online",
+                zone_size=zone_size,
+                zone_count=zones,
+                added_ns=0,
+            )
+        ).inserted_primary_key[0]
+        conn.execute(
+            zone_table.insert(),
+            [
+                {
+                    "drive_id": drive_id,
+                    "idx": i,
+                    "state": "full" if i < 1800 else "empty",
+                    "band_class": ("warm" if i < 1200 else "cold") if i < 1800 else None,
+                    "write_pointer": zone_size if i < 1800 else 0,
+                    "live_bytes": zone_size // 4 if i < 600 else zone_size,
+                    "garbage_bytes": 3 * zone_size // 4 if i < 600 else 0,
+                }
+                for i in range(zones)
+            ],
+        )
         return drive_id
     return catalog.run(work)
 
@@ -218,10 +286,16 @@ def test_band_map_of_a_huge_drive_is_summarised_in_sql(web, appliance):
     assert "zones 1797-1799: 3 full, cold, 100% written" in section
     assert "zones 5997-5999: 3 empty, 0% written" in section
     bands = web.get(f"/api/v1/drives/{drive_id}").get_json()["bands"]
-    assert bands == {"garbage": {"warm": 600}, "full": {"warm": 600, "cold": 600}, "empty": {"-": 4200}}
+    assert bands == {
+        "garbage": {"warm": 600},
+        "full": {"warm": 600, "cold": 600},
+        "empty": {"-": 4200},
+    }
 
 
-def test_drive_actions_change_state_request_rebuild_and_start_self_test(web, appliance, tmp_path, monkeypatch):
+def test_drive_actions_change_state_request_rebuild_and_start_self_test(
+    web, appliance, tmp_path, monkeypatch
+):
     _, catalog = appliance
     calls = tmp_path / "smartctl-calls"
     monkeypatch.setenv("FAKE_SMARTCTL_LOG", str(calls))
@@ -229,9 +303,17 @@ def test_drive_actions_change_state_request_rebuild_and_start_self_test(web, app
                                                        .where(Drive.__table__.c.id == i)).scalar())
     web.post("/drives/2/action", {"action": "rebuild"})
     assert "is online: rebuild restores" in web.get("/drives").get_data(as_text=True)
-    response = web.post("/drives/2/action", {"action": "mark_failed"})  # a stray click: asked once more
-    assert response.status_code == 200 and b"Mark drive 2 failed?" in response.data and state(2) == "online"
-    assert web.post("/drives/2/action", {"action": "mark_failed", "confirm": "yes"}).status_code == 302
+    response = web.post(
+        "/drives/2/action", {"action": "mark_failed"}
+    )  # a stray click: asked once more
+    assert (
+        response.status_code == 200
+        and b"Mark drive 2 failed?" in response.data
+        and state(2) == "online"
+    )
+    assert (
+        web.post("/drives/2/action", {"action": "mark_failed", "confirm": "yes"}).status_code == 302
+    )
     assert state(2) == "failed"
     change = events.recent(catalog, 1, kind_prefix="drive.state")[0]
     assert change.actor == ADMIN and "online -> failed" in change.message
@@ -249,7 +331,9 @@ def test_drive_actions_change_state_request_rebuild_and_start_self_test(web, app
     web.post("/drives/4/action", {"action": "smart_test"})  # emulated: refused with the reason
     assert "no block device" in web.get("/drives").get_data(as_text=True)
     web.post("/drives/1/action", {"action": "explode"})
-    assert "expected one of mark_failed, drain, rebuild, smart_test" in web.get("/drives").get_data(as_text=True)
+    assert "expected one of mark_failed, drain, rebuild, smart_test" in web.get("/drives").get_data(
+        as_text=True
+    )
     assert state(1) == "online"
     assert web.post("/drives/99/action", {"action": "drain"}).status_code == 404
     assert web.post("/drives/99/action", {"action": "drain", "confirm": "yes"}).status_code == 404
@@ -258,8 +342,17 @@ def test_drive_actions_change_state_request_rebuild_and_start_self_test(web, app
 def test_exports_create_validate_edit_delete(web, appliance, app):
     _, catalog = appliance
     mkdirs(app.extensions["shingle"].namespace, "/datasets")
-    good = {"name": "/datasets", "path": "/datasets", "clients": "10.0.0.0/8, 192.168.1.5", "access": "ro",
-            "squash": "all_squash", "anon_uid": "1000", "anon_gid": "1000", "trash_days": "3", "enabled": "on"}
+    good = {
+        "name": "/datasets",
+        "path": "/datasets",
+        "clients": "10.0.0.0/8, 192.168.1.5",
+        "access": "ro",
+        "squash": "all_squash",
+        "anon_uid": "1000",
+        "anon_gid": "1000",
+        "trash_days": "3",
+        "enabled": "on",
+    }
     for field, value, expected in (("clients", "10.0.0.300/8", "expected an IP address or CIDR"),
                                    ("path", "/nowhere", "expected an existing directory"),
                                    ("access", "rwx", "expected one of rw, ro"),
@@ -267,12 +360,18 @@ def test_exports_create_validate_edit_delete(web, appliance, app):
                                    ("name", "datasets", "expected the path clients mount"),
                                    ("name", "/data/../etc", "expected no '.' or '..' components")):
         response = web.post("/exports", {**good, field: value})
-        assert response.status_code == 400 and expected in response.get_data(as_text=True).replace("&#39;", "'")
+        assert response.status_code == 400 and expected in response.get_data(as_text=True).replace(
+            "&#39;", "'"
+        )
     assert count_rows(catalog, Export) == 0
     assert web.post("/exports", {**good, "name": "//datasets/"}).status_code == 302
     row = catalog.read(lambda c: c.execute(select(Export.__table__)).one())
     assert row.name == "/datasets"  # the form the NFS server compares
-    assert row.clients == "10.0.0.0/8,192.168.1.5/32" and row.access == "ro" and row.squash == "all_squash"
+    assert (
+        row.clients == "10.0.0.0/8,192.168.1.5/32"
+        and row.access == "ro"
+        and row.squash == "all_squash"
+    )
     assert web.post("/exports", good).status_code == 400  # the name exists
     assert web.post(f"/exports/{row.id}", {**good, "access": "rw"}).status_code == 302
     assert catalog.read(lambda c: c.execute(select(Export.__table__.c.access)).scalar()) == "rw"
@@ -290,9 +389,19 @@ def test_tiers_thresholds_and_pins(web, appliance, app):
     _, catalog = appliance
     ns = app.extensions["shingle"].namespace
     make_checkpoints(ns, "/archive", range(1, 3))
-    response = web.post("/tiers/thresholds", {"hot_to_warm_after_s": "10", "warm_to_cold_after_s": "86400",
-                                              "promote_reads": "3", "promote_window_s": "86400"})
-    assert response.status_code == 400 and b"hot_to_warm_after_s = 10: expected at least 60" in response.data
+    response = web.post(
+        "/tiers/thresholds",
+        {
+            "hot_to_warm_after_s": "10",
+            "warm_to_cold_after_s": "86400",
+            "promote_reads": "3",
+            "promote_window_s": "86400",
+        },
+    )
+    assert (
+        response.status_code == 400
+        and b"hot_to_warm_after_s = 10: expected at least 60" in response.data
+    )
     assert catalog.get_setting("tiering.hot_to_warm_after_s") is None
     web.post("/tiers/thresholds", {"hot_to_warm_after_s": "7200", "warm_to_cold_after_s": "1209600",
                                    "promote_reads": "5", "promote_window_s": "3600"})
@@ -302,10 +411,23 @@ def test_tiers_thresholds_and_pins(web, appliance, app):
     html = web.get("/tiers").get_data(as_text=True)
     assert "<code>/archive</code></td><td>cold" in html
     ns.invalidate()
-    assert catalog.read(lambda c: c.execute(select(__import__("engine.catalog.models", fromlist=["Inode"])
-                                                   .Inode.__table__.c.band_class)
-                                            .where(__import__("engine.catalog.models", fromlist=["Inode"])
-                                                   .Inode.__table__.c.band_class == "cold")).all()).__len__() == 5
+    assert (
+        catalog.read(
+            lambda c: c.execute(
+                select(
+                    __import__(
+                        "engine.catalog.models", fromlist=["Inode"]
+                    ).Inode.__table__.c.band_class
+                ).where(
+                    __import__(
+                        "engine.catalog.models", fromlist=["Inode"]
+                    ).Inode.__table__.c.band_class
+                    == "cold"
+                )
+            ).all()
+        ).__len__()
+        == 5
+    )
     assert web.post("/tiers/pins", {"path": "/archive", "band_class": "none"}).status_code == 302
     assert json.loads(catalog.get_setting("tiering.path_rules")) == []
     response = web.post("/tiers/pins", {"path": "/missing", "band_class": "cold"})
@@ -317,7 +439,9 @@ def test_settings_password_tokens_admins(web, appliance, app):
     _, catalog = appliance
     other = Browserish(app.test_client())
     assert other.login().status_code == 302 and other.get("/drives").status_code == 200
-    response = web.post("/settings/password", {"current": PASSWORD, "new": "short", "confirm": "short"})
+    response = web.post(
+        "/settings/password", {"current": PASSWORD, "new": "short", "confirm": "short"}
+    )
     assert response.status_code == 400 and b"expected at least 10 characters" in response.data
     response = web.post("/settings/password", {"current": "nope", "new": "a new long password",
                                                "confirm": "a new long password"})
@@ -329,14 +453,43 @@ def test_settings_password_tokens_admins(web, appliance, app):
     assert other.login(password="a new long password").status_code == 302
     response = web.post("/settings/tokens", {"name": "grafana"})
     token = re.search(r'id="new-token">(shg_[^<]+)<', response.get_data(as_text=True)).group(1)
-    assert web.client.get("/api/v1/drives", headers={"Authorization": f"Bearer {token}"}).status_code == 200
-    token_id = int(re.search(r'/settings/tokens/(\d+)/revoke', web.get("/settings").get_data(as_text=True)).group(1))
+    assert (
+        web.client.get("/api/v1/drives", headers={"Authorization": f"Bearer {token}"}).status_code
+        == 200
+    )
+    token_id = int(
+        re.search(
+            r"/settings/tokens/(\d+)/revoke", web.get("/settings").get_data(as_text=True)
+        ).group(1)
+    )
     assert web.post(f"/settings/tokens/{token_id}/revoke").status_code == 302
-    assert web.client.get("/api/v1/drives", headers={"Authorization": f"Bearer {token}"}).status_code == 401
-    assert web.post("/settings/admins", {"username": "Bad Name", "password": "long enough pw"}).status_code == 400
-    assert web.post("/settings/admins", {"username": "alice", "password": "long enough pw"}).status_code == 302
-    assert Browserish(web.client.application.test_client()).login("alice", "long enough pw").status_code == 302
-    assert [e.actor for e in events.recent(catalog, 5, kind_prefix="admin.")][:3] == [ADMIN, ADMIN, ADMIN]
+    assert (
+        web.client.get("/api/v1/drives", headers={"Authorization": f"Bearer {token}"}).status_code
+        == 401
+    )
+    assert (
+        web.post(
+            "/settings/admins", {"username": "Bad Name", "password": "long enough pw"}
+        ).status_code
+        == 400
+    )
+    assert (
+        web.post(
+            "/settings/admins", {"username": "alice", "password": "long enough pw"}
+        ).status_code
+        == 302
+    )
+    assert (
+        Browserish(web.client.application.test_client())
+        .login("alice", "long enough pw")
+        .status_code
+        == 302
+    )
+    assert [e.actor for e in events.recent(catalog, 5, kind_prefix="admin.")][:3] == [
+        ADMIN,
+        ADMIN,
+        ADMIN,
+    ]
 
 
 def test_events_page_filters_and_pages(web, appliance):
@@ -357,8 +510,12 @@ def test_dashboard_charts_show_samples_or_say_there_are_none(web, appliance):
     import time
     now = time.time_ns()
     for i in range(6):
-        metrics.record_sample(catalog, time_ns=now - (6 - i) * 60 * 10**9, nfs_read_bytes=i * 600 * 2**20,
-                              nfs_write_bytes=i * 60 * 2**20)
+        metrics.record_sample(
+            catalog,
+            time_ns=now - (6 - i) * 60 * 10**9,
+            nfs_read_bytes=i * 600 * 2**20,
+            nfs_write_bytes=i * 60 * 2**20,
+        )
     html = web.get("/").get_data(as_text=True)
     assert "no throughput samples" not in html and "<polyline" in html
     assert "10.0 MiB/s" in html  # 600 MiB per 60 s: the read rate's top label
