@@ -71,13 +71,19 @@ def run_bare_sqlite(path: Path, files: int) -> float:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
-    conn.execute("CREATE TABLE inodes (ino INTEGER PRIMARY KEY AUTOINCREMENT, mode INT, size INT, mtime INT)")
-    conn.execute("CREATE TABLE dirents (id INTEGER PRIMARY KEY AUTOINCREMENT, parent INT, name TEXT, child INT, "
-                 "UNIQUE(parent, name))")
+    conn.execute(
+        "CREATE TABLE inodes (ino INTEGER PRIMARY KEY AUTOINCREMENT, mode INT, size INT, mtime INT)"
+    )
+    conn.execute(
+        "CREATE TABLE dirents (id INTEGER PRIMARY KEY AUTOINCREMENT, parent INT, name TEXT, child INT, "
+        "UNIQUE(parent, name))"
+    )
     start = time.perf_counter()
     for i in range(files):
         conn.execute("BEGIN IMMEDIATE")
-        ino = conn.execute("INSERT INTO inodes (mode, size, mtime) VALUES (420, 0, ?)", (i,)).lastrowid
+        ino = conn.execute(
+            "INSERT INTO inodes (mode, size, mtime) VALUES (420, 0, ?)", (i,)
+        ).lastrowid
         conn.execute("INSERT INTO dirents (parent, name, child) VALUES (1, ?, ?)", (f"f{i}", ino))
         conn.execute("COMMIT")
     elapsed = time.perf_counter() - start

@@ -50,8 +50,18 @@ MiB = 1 << 20
 GB = 1e9
 TB = 1e12
 
-PILOT = dict(nodes=12, drives_per_node=8, drive_bytes=16 * TB, k=8, m=2, nic_gbit=25.0, nic_efficiency=0.94,
-             zone_size=256 * MiB, fragment_size=1 * MiB, checkpoint_bytes=80 * GB)
+PILOT = dict(
+    nodes=12,
+    drives_per_node=8,
+    drive_bytes=16 * TB,
+    k=8,
+    m=2,
+    nic_gbit=25.0,
+    nic_efficiency=0.94,
+    zone_size=256 * MiB,
+    fragment_size=1 * MiB,
+    checkpoint_bytes=80 * GB,
+)
 MEASURED = {"read_GBps": 2.6, "ckpt80_write_s": (68.0, 74.0)}
 
 
@@ -66,8 +76,14 @@ class ModelDrive:
     def __init__(self, id: int, zone_size: int, zones: int):
         self.id = id
         self.zone_size = zone_size
-        self.zones = [ZoneMem(SimpleNamespace(id=i, idx=i, state="empty", band_class=None, write_pointer=0,
-                                              opened_ns=None)) for i in range(zones)]
+        self.zones = [
+            ZoneMem(
+                SimpleNamespace(
+                    id=i, idx=i, state="empty", band_class=None, write_pointer=0, opened_ns=None
+                )
+            )
+            for i in range(zones)
+        ]
         self.empty = set(range(zones))
         self.open: dict = {}
         self.queue = _Queue()
@@ -102,8 +118,17 @@ def policies(k: int, m: int, fragment_size: int):
     from dataclasses import replace
 
     from engine.erasure import policy_from_dict
-    across = policy_from_dict("warm", {"redundancy": "ec", "k": k, "m": m, "backend": "isa_l_rs_vand",
-                                       "fragment_size": fragment_size})
+
+    across = policy_from_dict(
+        "warm",
+        {
+            "redundancy": "ec",
+            "k": k,
+            "m": m,
+            "backend": "isa_l_rs_vand",
+            "fragment_size": fragment_size,
+        },
+    )
     return across, replace(across, redundancy="replicate", k=1, m=0, copies=1)
 
 
@@ -134,8 +159,11 @@ def measure_encode_GBps(trials: int = 8) -> tuple[float, str]:
     import os
 
     from engine.erasure import policy_from_dict
-    policy = policy_from_dict("warm", {"redundancy": "ec", "k": 8, "m": 2, "backend": "isa_l_rs_vand",
-                                       "fragment_size": MiB})
+
+    policy = policy_from_dict(
+        "warm",
+        {"redundancy": "ec", "k": 8, "m": 2, "backend": "isa_l_rs_vand", "fragment_size": MiB},
+    )
     data = bytes(8 * MiB)
     best = 0.0
     for _ in range(trials):
@@ -240,11 +268,18 @@ def run(quick: bool = False, gateway_cores: int = 16, params: dict | None = None
         f"bound by {gw['write_bottleneck']}) / {pred['scale-out']['ckpt80_write_s']} s (scale-out) "
         f"vs measured {lo:.0f}-{hi:.0f} s",
     ]
-    return {"params": {k: v for k, v in p.items()}, "gateway_cores": gateway_cores,
-            "encode_GBps_per_core": round(encode, 2), "encode_note": encode_note, "simulation": sim, "prediction": pred,
-            "measured": {"read_GBps": MEASURED["read_GBps"], "ckpt80_write_s": [lo, hi]},
-            "explanation": explain(pred, sim, encode, gateway_cores),
-            "model_seconds": round(time.perf_counter() - t, 2), "summary_lines": lines}
+    return {
+        "params": {k: v for k, v in p.items()},
+        "gateway_cores": gateway_cores,
+        "encode_GBps_per_core": round(encode, 2),
+        "encode_note": encode_note,
+        "simulation": sim,
+        "prediction": pred,
+        "measured": {"read_GBps": MEASURED["read_GBps"], "ckpt80_write_s": [lo, hi]},
+        "explanation": explain(pred, sim, encode, gateway_cores),
+        "model_seconds": round(time.perf_counter() - t, 2),
+        "summary_lines": lines,
+    }
 
 
 def explain(pred: dict, sim: dict, encode: float, cores: int) -> list[str]:
@@ -282,7 +317,9 @@ def explain(pred: dict, sim: dict, encode: float, cores: int) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="cluster-scale model of the pilot")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--gateway-cores", type=int, default=16, help="cores encoding on the gateway node")
+    ap.add_argument(
+        "--gateway-cores", type=int, default=16, help="cores encoding on the gateway node"
+    )
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
     result = run(args.quick, args.gateway_cores)

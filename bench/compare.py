@@ -110,10 +110,24 @@ class ShingleServer(ChildServer):
     def init(self) -> None:
         if self.config.exists():
             return
-        proc = subprocess.run(self.cli("init", str(self.workdir), "--nfs-port", str(self.port),
-                                       "--drives", str(self.drives), "--drive-size", str(self.drive_size),
-                                       "--zone-size", str(self.zone_size)),
-                              cwd=REPO, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            self.cli(
+                "init",
+                str(self.workdir),
+                "--nfs-port",
+                str(self.port),
+                "--drives",
+                str(self.drives),
+                "--drive-size",
+                str(self.drive_size),
+                "--zone-size",
+                str(self.zone_size),
+            ),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"shingle init {self.workdir} failed (exit {proc.returncode}): "
                                f"{(proc.stderr or proc.stdout).strip()[-800:]}")
@@ -132,10 +146,14 @@ class ShingleServer(ChildServer):
     def start(self, timeout: float = 60.0) -> ShingleServer:
         self.init()
         out = open(self.log, "ab")
-        self.proc = subprocess.Popen(self.cli("-c", str(self.config), "serve", "--nfs-port", str(self.port),
-                                              "--no-web"),
-                                     cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.cli("-c", str(self.config), "serve", "--nfs-port", str(self.port), "--no-web"),
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         out.close()
         try:
             wait_listening(self.port, self.proc, timeout, self.log)
@@ -151,8 +169,9 @@ class ShingleServer(ChildServer):
 
     def version(self) -> str:
         try:
-            rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                 text=True).stdout.strip()
+            rev = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+            ).stdout.strip()
         except OSError:
             rev = "?"
         return f"git {rev}"
@@ -246,10 +265,14 @@ class Run:
                                 "error": f"{type(exc).__name__}: {exc}"[:500]})
             return False
 
-    def step(self, name: str, client: str, workload: str, rep: int, metric_map: dict | None = None) -> dict | None:
+    def step(
+        self, name: str, client: str, workload: str, rep: int, metric_map: dict | None = None
+    ) -> dict | None:
         if not self.servers[name].backing_dir.is_dir():
-            raise RuntimeError(f"{self.servers[name].backing_dir} vanished during the run (removed by another "
-                               "process?): the numbers from here on would be meaningless")
+            raise RuntimeError(
+                f"{self.servers[name].backing_dir} vanished during the run (removed by another "
+                "process?): the numbers from here on would be meaningless"
+            )
         if not self.ensure_up(name):
             return None
         server = self.servers[name]
@@ -262,7 +285,9 @@ class Run:
             metric = f"{client}.{(metric_map or {}).get(key, key)}"
             self.add(name, metric, value)
             if out.get("server_cpu_s") is not None:
-                self.cpu.setdefault(metric, {s: [] for s in SERVERS})[name].append(out["server_cpu_s"])
+                self.cpu.setdefault(metric, {s: [] for s in SERVERS})[name].append(
+                    out["server_cpu_s"]
+                )
         log(f"  {name:8} {client:6} {workload:18} {metrics}  ({out['wall_s']} s, "
             f"server cpu {out.get('server_cpu_s', '?')} s)")
         return metrics
@@ -297,9 +322,19 @@ class Run:
             if not self.ensure_up(name):
                 results[name] = {"ok": False, "error": "server not running"}
                 continue
-            cmd = [sys.executable, str(REPO / "bench" / "training.py"), "--port", str(server.port),
-                   "--mode", self.args.mode, "--server", name, "--local-dir", str(workdir / f"local-{name}"),
-                   "--json"]
+            cmd = [
+                sys.executable,
+                str(REPO / "bench" / "training.py"),
+                "--port",
+                str(server.port),
+                "--mode",
+                self.args.mode,
+                "--server",
+                name,
+                "--local-dir",
+                str(workdir / f"local-{name}"),
+                "--json",
+            ]
             if name == "shingle":
                 cmd += ["--catalog-url", server.catalog_url]
             log(f"training workloads on {name}")
@@ -311,8 +346,16 @@ class Run:
                         self.add(name, f"train.{key}", value)
                 log(f"  {name}: {out['metrics']}")
             else:
-                self.errors.append({"server": name, "client": "nfs4fs", "workload": "training", "rep": 0,
-                                    "error": out.get("error", "?"), "traceback": out.get("traceback", "")})
+                self.errors.append(
+                    {
+                        "server": name,
+                        "client": "nfs4fs",
+                        "workload": "training",
+                        "rep": 0,
+                        "error": out.get("error", "?"),
+                        "traceback": out.get("traceback", ""),
+                    }
+                )
                 log(f"  {name} training FAILED: {out.get('error')}")
         return results
 
@@ -334,7 +377,12 @@ class Run:
 
 
 # -- profile: py-spy attached to the shingle daemon while one workload runs ------------------------
-PROFILED = (("nfsrs", "seq_write"), ("nfsrs", "seq_read"), ("nfsrs", "small_files"), ("nfsrs", "random_write"))
+PROFILED = (
+    ("nfsrs", "seq_write"),
+    ("nfsrs", "seq_read"),
+    ("nfsrs", "small_files"),
+    ("nfsrs", "random_write"),
+)
 
 
 def pyspy_binary() -> str | None:
@@ -343,8 +391,16 @@ def pyspy_binary() -> str | None:
     return found or (str(local) if local.exists() else None)
 
 
-IDLE_LEAVES = ("select (selectors.py)", "wait (threading.py)", "acquire (threading.py)", "_worker (concurrent/",
-               "get (queue.py)", "_wait_for_tstate_lock", "run_forever", "_run_once (asyncio/base_events.py)")
+IDLE_LEAVES = (
+    "select (selectors.py)",
+    "wait (threading.py)",
+    "acquire (threading.py)",
+    "_worker (concurrent/",
+    "get (queue.py)",
+    "_wait_for_tstate_lock",
+    "run_forever",
+    "_run_once (asyncio/base_events.py)",
+)
 
 
 def parse_collapsed(text: str) -> dict:
@@ -369,7 +425,10 @@ def parse_collapsed(text: str) -> dict:
         self_n[frames[-1]] = self_n.get(frames[-1], 0) + n
         for f in set(frames):
             total_n[f] = total_n.get(f, 0) + n
-    top = lambda d: [(f, 100.0 * c / max(samples, 1)) for f, c in sorted(d.items(), key=lambda kv: -kv[1])[:20]]  # noqa: E731
+    def top(counts: dict) -> list:
+        ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:20]
+        return [(f, 100.0 * c / max(samples, 1)) for f, c in ranked]
+
     return {"samples": samples, "top_self": top(self_n), "top_total": top(total_n)}
 
 
@@ -390,9 +449,24 @@ def profile_shingle(run: Run, outdir: Path) -> dict:
         if workload == "seq_read":  # needs its file; the write is not profiled here
             run_workload(server, client, "seq_write", run.params, run.timeout)
         raw = outdir / f"{stamp}-profile-{client}-{workload}.txt"
-        spy = subprocess.Popen([binary, "record", "--pid", str(server.proc.pid), "--rate", "200", "--format", "raw",
-                                "--output", str(raw), "--nonblocking"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        spy = subprocess.Popen(
+            [
+                binary,
+                "record",
+                "--pid",
+                str(server.proc.pid),
+                "--rate",
+                "200",
+                "--format",
+                "raw",
+                "--output",
+                str(raw),
+                "--nonblocking",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(1.0)  # attach before the load starts
         res = run_workload(server, client, workload, run.params, run.timeout)
         spy.send_signal(signal.SIGINT)
@@ -404,7 +478,9 @@ def profile_shingle(run: Run, outdir: Path) -> dict:
         if workload == "seq_read":
             run_workload(server, client, "seq_cleanup", run.params, run.timeout)
         if not raw.exists():
-            out[key] = {"error": f"py-spy wrote nothing (exit {spy.returncode}): {(err or '').strip()[-300:]}"}
+            out[key] = {
+                "error": f"py-spy wrote nothing (exit {spy.returncode}): {(err or '').strip()[-300:]}"
+            }
             continue
         prof = parse_collapsed(raw.read_text(errors="replace"))
         prof["raw"] = raw.name
@@ -439,14 +515,23 @@ def metric_order(rows: list[dict], clients, training: bool) -> list[dict]:
 def print_table(rows: list[dict]) -> None:
     print(f"{'metric':36} {'unit':10} {'shingle':>12} {'ganesha':>12} {'ratio':>7}  goal")
     for r in rows:
-        goal = "" if r["goal"] is None else (f">= {r['goal']}" + ("  ok" if r["ratio"] is not None and
-                                                                   r["ratio"] >= r["goal"] else "  MISSED"))
+        goal = (
+            ""
+            if r["goal"] is None
+            else (
+                f">= {r['goal']}"
+                + ("  ok" if r["ratio"] is not None and r["ratio"] >= r["goal"] else "  MISSED")
+            )
+        )
         print(f"{r['metric']:36} {r['unit']:10} {fmt(r['shingle']):>12} {fmt(r['ganesha']):>12} "
               f"{fmt(r['ratio'], 2):>7}  {goal}")
 
 
 def metric_lines(rows: list[dict]) -> list[str]:
-    return [f"{r['metric']} {fmt(r['shingle'], 2)} {fmt(r['ganesha'], 2)} {fmt(r['ratio'], 3)}" for r in rows]
+    return [
+        f"{r['metric']} {fmt(r['shingle'], 2)} {fmt(r['ganesha'], 2)} {fmt(r['ratio'], 3)}"
+        for r in rows
+    ]
 
 
 def torch_available() -> bool:
@@ -465,14 +550,26 @@ def parse_args(argv=None):
     ap.add_argument("--reps", type=int, help="repetitions (default 3 in full mode, 1 otherwise)")
     ap.add_argument("--clients", default=",".join(workloads.CLIENTS),
                     help="comma-separated clients (default nfsrs,nfs4fs)")
-    ap.add_argument("--no-training", action="store_true", help="skip the torch/fsspec training workloads")
+    ap.add_argument(
+        "--no-training", action="store_true", help="skip the torch/fsspec training workloads"
+    )
     ap.add_argument("--no-cluster", action="store_true", help="skip the cluster-scale model")
-    ap.add_argument("--report", action="store_true", help="write the markdown report and charts in quick mode too")
-    ap.add_argument("--profile", action="store_true", default=None,
-                    help="profile shingle with py-spy after the measured runs (default in full mode)")
+    ap.add_argument(
+        "--report",
+        action="store_true",
+        help="write the markdown report and charts in quick mode too",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        default=None,
+        help="profile shingle with py-spy after the measured runs (default in full mode)",
+    )
     ap.add_argument("--no-profile", dest="profile", action="store_false")
     ap.add_argument("--results", default=str(REPO / "bench" / "results"), help="report folder")
-    ap.add_argument("--workdir", help="where the servers keep their data (default: a temp folder, removed)")
+    ap.add_argument(
+        "--workdir", help="where the servers keep their data (default: a temp folder, removed)"
+    )
     ap.add_argument("--json", help="also write every sample and error to this JSON file")
     args = ap.parse_args(argv)
     args.clients = [c.strip() for c in args.clients.split(",") if c.strip()]
@@ -498,8 +595,11 @@ def main(argv=None) -> int:
     need = 10 * layout["drive_size"] + 4 * workloads.SIZES[args.mode]["seq_bytes"]
     free = shutil.disk_usage(workdir).free
     if free < need:
-        print(f"compare: {workdir} has {free / GiB:.1f} GiB free; the {args.mode} mode needs about "
-              f"{need / GiB:.1f} GiB (shingle's preallocated drives + Ganesha's files)", file=sys.stderr)
+        print(
+            f"compare: {workdir} has {free / GiB:.1f} GiB free; the {args.mode} mode needs about "
+            f"{need / GiB:.1f} GiB (shingle's preallocated drives + Ganesha's files)",
+            file=sys.stderr,
+        )
         return 2
     servers = {"shingle": ShingleServer(workdir / "shingle", **layout),
                "ganesha": GaneshaServer(workdir / "ganesha")}
@@ -518,8 +618,15 @@ def main(argv=None) -> int:
                                    "error": str(exc)[:800]})
             server_info[name] = {"version": server.version(), "port": server.port,
                                  "backing_dir": str(server.backing_dir)}
-        server_info["shingle"].update({"drives": 10, "drive_size": layout["drive_size"],
-                                       "zone_size": layout["zone_size"], "redundancy": "8+2 (warm class)"})
+        server_info["shingle"].update(
+            {
+                "drives": 10,
+                "drive_size": layout["drive_size"],
+                "zone_size": layout["zone_size"],
+                "redundancy": "8+2 (warm class)",
+            }
+        )
+
         def guarded(what, fn):
             # one part failing must not cost the numbers of the others
             try:
@@ -550,14 +657,28 @@ def main(argv=None) -> int:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    rows = metric_order(run.summary(), args.clients, training is not None and "skipped" not in training)
+    rows = metric_order(
+        run.summary(), args.clients, training is not None and "skipped" not in training
+    )
     result = {
-        "mode": args.mode, "reps": args.reps, "clients": args.clients,
+        "mode": args.mode,
+        "reps": args.reps,
+        "clients": args.clients,
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
         "duration_s": round(time.time() - started, 1),
-        "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
-        "cache_drop": run.cache_drop, "params": run.params, "servers": server_info,
-        "rows": rows, "errors": run.errors, "server_cpu_s": run.cpu, "training": training, "cluster": cluster,
+        "host": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "cache_drop": run.cache_drop,
+        "params": run.params,
+        "servers": server_info,
+        "rows": rows,
+        "errors": run.errors,
+        "server_cpu_s": run.cpu,
+        "training": training,
+        "cluster": cluster,
         "profile": profile,
     }
     if args.json:
@@ -570,8 +691,10 @@ def main(argv=None) -> int:
         for line in cluster["summary_lines"]:
             print(line)
     if run.cache_drop and run.cache_drop != "drop_caches":
-        print("note: /proc/sys/vm/drop_caches was not permitted: cold reads evicted the backing files "
-              "with posix_fadvise(DONTNEED)")
+        print(
+            "note: /proc/sys/vm/drop_caches was not permitted: cold reads evicted the backing files "
+            "with posix_fadvise(DONTNEED)"
+        )
     if run.errors:
         print(f"{len(run.errors)} workload error(s):")
         for e in run.errors:

@@ -166,23 +166,35 @@ def random_overwrites(ns: Namespace, model: SmrModel, size: int, count: int, zon
     ns.commit(ino)
     elapsed = time.perf_counter() - start
     ours, theirs = model.report(), baseline.report()
-    return {"random_overwrite_media_bytes": ours["media_write_bytes"],
-            "random_overwrite_baseline_media_bytes": theirs["media_write_bytes"],
-            "random_overwrite_media_ratio": theirs["media_write_bytes"] / max(ours["media_write_bytes"], 1),
-            "random_overwrite_band_rewrites": ours["band_rewrites"],
-            "random_overwrite_iops": count / elapsed}
+    return {
+        "random_overwrite_media_bytes": ours["media_write_bytes"],
+        "random_overwrite_baseline_media_bytes": theirs["media_write_bytes"],
+        "random_overwrite_media_ratio": theirs["media_write_bytes"]
+        / max(ours["media_write_bytes"], 1),
+        "random_overwrite_band_rewrites": ours["band_rewrites"],
+        "random_overwrite_iops": count / elapsed,
+    }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes, under a minute")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--dir", default=None, help="where to put the drives (default: a temp folder in /var/tmp)")
+    parser.add_argument(
+        "--dir", default=None, help="where to put the drives (default: a temp folder in /var/tmp)"
+    )
     args = parser.parse_args()
     s = sizes(args.quick)
     work = Path(tempfile.mkdtemp(prefix="shingle-bench-", dir=args.dir or "/var/tmp"))
-    result: dict = {"quick": args.quick, "shard_bytes": s["shard"], "writers": WRITERS, "drives": DRIVES,
-                    "zone_bytes": s["zone"]}
+    result: dict = {
+        "quick": args.quick,
+        "shard_bytes": s["shard"],
+        "writers": WRITERS,
+        "drives": DRIVES,
+        "zone_bytes": s["zone"],
+    }
     try:
         url = f"sqlite:///{work}/catalog.db"
         upgrade(url)
@@ -192,7 +204,9 @@ def main() -> int:
         free = shutil.disk_usage(work).free
         preallocate = free > 3 * DRIVES * s["drive"]
         result["preallocated"] = preallocate
-        ids = format_emulated(catalog, drives, DRIVES, s["drive"], s["zone"], preallocate=preallocate)
+        ids = format_emulated(
+            catalog, drives, DRIVES, s["drive"], s["zone"], preallocate=preallocate
+        )
         policies = load_policies()
         model = SmrModel(band_size=s["zone"], drive_managed=True)
         data = DataPath(catalog, policies, smr_model=model, reserve_zones=1)
@@ -224,15 +238,25 @@ def main() -> int:
         data.reader.drop_cache()
         result["read_MBps"] = read_all(ns, inos, s["shard"])
 
-        catalog.run(lambda c: c.execute(update(Drive.__table__).where(Drive.__table__.c.id.in_(ids[2:4]))
-                                        .values(state="failed")))
+        catalog.run(
+            lambda c: c.execute(
+                update(Drive.__table__)
+                .where(Drive.__table__.c.id.in_(ids[2:4]))
+                .values(state="failed")
+            )
+        )
         data.refresh_drive_states()
         drop_cache(drives)
         data.reader.drop_cache()
         result["degraded_read_MBps"] = read_all(ns, inos, s["shard"])
         result["degraded_stripes_decoded"] = data.reader.stats["degraded_stripes"]
-        catalog.run(lambda c: c.execute(update(Drive.__table__).where(Drive.__table__.c.id.in_(ids[2:4]))
-                                        .values(state="online")))
+        catalog.run(
+            lambda c: c.execute(
+                update(Drive.__table__)
+                .where(Drive.__table__.c.id.in_(ids[2:4]))
+                .values(state="online")
+            )
+        )
         data.refresh_drive_states()
 
         for i in range(WRITERS):
@@ -247,7 +271,9 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
-        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()}))
+        print(
+            json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()})
+        )
     else:
         for key, value in result.items():
             print(f"{key:40s} {value:.4g}" if isinstance(value, float) else f"{key:40s} {value}")

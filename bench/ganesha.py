@@ -81,8 +81,10 @@ def ensure_installed() -> str:
         proc = subprocess.run(["apt-get", "install", "-y", *PACKAGES], env=env,
                               capture_output=True, text=True)
         if proc.returncode != 0 or not installed():
-            raise GaneshaError(f"apt-get install -y {' '.join(PACKAGES)} failed (exit {proc.returncode}): "
-                               f"{proc.stderr.strip()[-500:]}")
+            raise GaneshaError(
+                f"apt-get install -y {' '.join(PACKAGES)} failed (exit {proc.returncode}): "
+                f"{proc.stderr.strip()[-500:]}"
+            )
     return shutil.which(DAEMON)
 
 
@@ -92,7 +94,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_listening(port: int, proc: subprocess.Popen, timeout: float, log: Path | None = None) -> None:
+def wait_listening(
+    port: int, proc: subprocess.Popen, timeout: float, log: Path | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -172,8 +176,14 @@ class GaneshaServer(ChildServer):
 
     def version(self) -> str:
         try:
-            out = subprocess.run([shutil.which(DAEMON) or DAEMON, "-v"], capture_output=True, text=True).stdout
-            return out.strip().splitlines()[0].replace("NFS-Ganesha Release = ", "") if out.strip() else "?"
+            out = subprocess.run(
+                [shutil.which(DAEMON) or DAEMON, "-v"], capture_output=True, text=True
+            ).stdout
+            return (
+                out.strip().splitlines()[0].replace("NFS-Ganesha Release = ", "")
+                if out.strip()
+                else "?"
+            )
         except OSError:
             return "?"
 

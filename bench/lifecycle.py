@@ -56,23 +56,52 @@ INODES = Inode.__table__
 
 def geometry(quick: bool) -> dict:
     if quick:
-        return {"drives": 10, "zones": 34, "zone": MiB, "fragment": 32 * KiB, "checkpoints": 20,
-                "small_files": 6, "metrics": 24 * KiB, "rebuild_bytes": 60 * MiB, "tier_bytes": 24 * MiB}
-    return {"drives": 10, "zones": 48, "zone": 2 * MiB, "fragment": 64 * KiB, "checkpoints": 20,
-            "small_files": 8, "metrics": 32 * KiB, "rebuild_bytes": 200 * MiB, "tier_bytes": 64 * MiB}
+        return {
+            "drives": 10,
+            "zones": 34,
+            "zone": MiB,
+            "fragment": 32 * KiB,
+            "checkpoints": 20,
+            "small_files": 6,
+            "metrics": 24 * KiB,
+            "rebuild_bytes": 60 * MiB,
+            "tier_bytes": 24 * MiB,
+        }
+    return {
+        "drives": 10,
+        "zones": 48,
+        "zone": 2 * MiB,
+        "fragment": 64 * KiB,
+        "checkpoints": 20,
+        "small_files": 8,
+        "metrics": 32 * KiB,
+        "rebuild_bytes": 200 * MiB,
+        "tier_bytes": 64 * MiB,
+    }
 
 
 class Volume:
-    def __init__(self, root: Path, g: dict, *, drives: int | None = None, cache_bytes: int = 256 * MiB,
-                 model: bool = True):
+    def __init__(
+        self,
+        root: Path,
+        g: dict,
+        *,
+        drives: int | None = None,
+        cache_bytes: int = 256 * MiB,
+        model: bool = True,
+    ):
         root.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{root}/catalog.db"
         upgrade(url)
         self.catalog = Catalog(url)
         frag = g["fragment"]
-        self.policies = load_policies({"hot": {"fragment_size": frag},
-                                       "warm": {"k": 8, "m": 2, "fragment_size": frag},
-                                       "cold": {"k": 8, "m": 2, "fragment_size": frag, "compression": None}})
+        self.policies = load_policies(
+            {
+                "hot": {"fragment_size": frag},
+                "warm": {"k": 8, "m": 2, "fragment_size": frag},
+                "cold": {"k": 8, "m": 2, "fragment_size": frag, "compression": None},
+            }
+        )
         self.drive_ids = format_emulated(self.catalog, root / "drives", drives or g["drives"],
                                          g["zones"] * g["zone"], g["zone"])
         self.model = SmrModel(band_size=g["zone"]) if model else None
@@ -106,7 +135,9 @@ class Volume:
         return made
 
     def unpin(self, ino: int) -> None:
-        self.catalog.run(lambda c: c.execute(INODES.update().where(INODES.c.ino == ino).values(band_class=None)))
+        self.catalog.run(
+            lambda c: c.execute(INODES.update().where(INODES.c.ino == ino).values(band_class=None))
+        )
 
     def fill_fraction(self) -> float:
         total, free = self.data.capacity()
@@ -130,12 +161,19 @@ def checkpoint_workload(root: Path, g: dict, classes: bool) -> dict:
     model_bytes = int(0.8 * total / 4) - g["small_files"] * 32 * KiB - 2 * MiB
     model_bytes -= model_bytes % MiB
     # cleaning keeps room for one more checkpoint on every drive (a writer never has to wait)
-    zones_per_checkpoint = -(-int(model_bytes * warm.width / warm.k) // (g["drives"] * g["zone"])) + 1
+    zones_per_checkpoint = (
+        -(-int(model_bytes * warm.width / warm.k) // (g["drives"] * g["zone"])) + 1
+    )
     free_target = vol.data.reserve_zones + zones_per_checkpoint
     rng = random.Random(5)
     user = 0
-    stats = {"cleaning_bytes": 0, "tiering_media_bytes": 0, "zones_reset_by_cleaning": 0, "stalls": 0,
-             "peak_fill": 0.0}
+    stats = {
+        "cleaning_bytes": 0,
+        "tiering_media_bytes": 0,
+        "zones_reset_by_cleaning": 0,
+        "stalls": 0,
+        "peak_fill": 0.0,
+    }
     chunk = bytes(rng.getrandbits(8) for _ in range(MiB))
     started = time.perf_counter()
 
@@ -193,23 +231,37 @@ def checkpoint_workload(root: Path, g: dict, classes: bool) -> dict:
     for step in range(g["checkpoints"]):
         attr = vol.ns.resolve(f"/logs/metrics-{step:03d}.json")
         if vol.ns.read(attr.ino, 0, attr.size) != chunk[:g["metrics"]]:
-            raise AssertionError(f"/logs/metrics-{step:03d}.json does not read back what was written")
+            raise AssertionError(
+                f"/logs/metrics-{step:03d}.json does not read back what was written"
+            )
     floor = user * warm.width / warm.k
-    result = {"mode": "classes" if classes else "one class", "checkpoints": g["checkpoints"],
-              "model_file_MiB": model_bytes / MiB, "user_bytes": user, "media_bytes": media,
-              "media_per_user_byte": round(media / user, 4), "cleaning_wa": round(media / floor, 4),
-              "peak_fill": round(stats["peak_fill"], 3), "cleaning_bytes": stats["cleaning_bytes"],
-              "tiering_media_bytes": stats["tiering_media_bytes"],
-              "zones_reset_by_cleaning": stats["zones_reset_by_cleaning"], "write_stalls": stats["stalls"],
-              "seconds": round(elapsed, 1)}
+    result = {
+        "mode": "classes" if classes else "one class",
+        "checkpoints": g["checkpoints"],
+        "model_file_MiB": model_bytes / MiB,
+        "user_bytes": user,
+        "media_bytes": media,
+        "media_per_user_byte": round(media / user, 4),
+        "cleaning_wa": round(media / floor, 4),
+        "peak_fill": round(stats["peak_fill"], 3),
+        "cleaning_bytes": stats["cleaning_bytes"],
+        "tiering_media_bytes": stats["tiering_media_bytes"],
+        "zones_reset_by_cleaning": stats["zones_reset_by_cleaning"],
+        "write_stalls": stats["stalls"],
+        "seconds": round(elapsed, 1),
+    }
     vol.close()
     return result
 
 
 # -- b. rebuild -------------------------------------------------------------------------------------
 def rebuild_bench(root: Path, g: dict) -> dict:
-    vol = Volume(root, {**g, "zones": max(g["zones"], 8 + g["rebuild_bytes"] // (8 * g["zone"]))}, drives=12,
-                 model=False)
+    vol = Volume(
+        root,
+        {**g, "zones": max(g["zones"], 8 + g["rebuild_bytes"] // (8 * g["zone"]))},
+        drives=12,
+        model=False,
+    )
     chunk = random.Random(9).randbytes(MiB)
     files = 8
     per_file = g["rebuild_bytes"] // files
@@ -225,16 +277,25 @@ def rebuild_bench(root: Path, g: dict) -> dict:
     report = rebuild(vol.data, vol.catalog)
     vol.close()
     write_mbps = files * per_file / 1e6 / write_s
-    return {"user_MB": round(files * per_file / 1e6, 1), "stripes_reduced_before": reduced,
-            "stripes_reduced_after": report.status["reduced"], "rebuilt_MB": round(report.bytes_written / 1e6, 1),
-            "rebuild_MBps": round(report.mb_per_s, 1), "reference_write_MBps": round(write_mbps, 1),
-            "rebuild_vs_write": round(report.mb_per_s / write_mbps, 3) if write_mbps else None}
+    return {
+        "user_MB": round(files * per_file / 1e6, 1),
+        "stripes_reduced_before": reduced,
+        "stripes_reduced_after": report.status["reduced"],
+        "rebuilt_MB": round(report.bytes_written / 1e6, 1),
+        "rebuild_MBps": round(report.mb_per_s, 1),
+        "reference_write_MBps": round(write_mbps, 1),
+        "rebuild_vs_write": round(report.mb_per_s / write_mbps, 3) if write_mbps else None,
+    }
 
 
 # -- c. tiering and a concurrent reader -----------------------------------------------------------------
 def tiering_bench(root: Path, g: dict) -> dict:
-    vol = Volume(root, {**g, "zones": max(g["zones"], 16 + 8 * g["tier_bytes"] // (g["drives"] * g["zone"]))},
-                 cache_bytes=MiB, model=False)
+    vol = Volume(
+        root,
+        {**g, "zones": max(g["zones"], 16 + 8 * g["tier_bytes"] // (g["drives"] * g["zone"]))},
+        cache_bytes=MiB,
+        model=False,
+    )
     chunk = random.Random(3).randbytes(MiB)
     reader_file = vol.create("/read/big")
     for pos in range(0, g["tier_bytes"], MiB):
@@ -283,16 +344,22 @@ def tiering_bench(root: Path, g: dict) -> dict:
         vol.unpin(made.ino)
     limited, during_limited = with_tiering(20e6)
     vol.close()
-    return {"moved_MB": round(report.bytes_moved / 1e6, 1), "tiering_MBps": round(report.mb_per_s, 1),
-            "reader_alone_MBps": round(alone, 1), "reader_during_tiering_MBps": round(during, 1),
-            "reader_ratio": round(during / alone, 3) if alone else None,
-            "tiering_limited_MBps": round(limited.mb_per_s, 1),
-            "reader_during_limited_MBps": round(during_limited, 1),
-            "reader_ratio_limited": round(during_limited / alone, 3) if alone else None}
+    return {
+        "moved_MB": round(report.bytes_moved / 1e6, 1),
+        "tiering_MBps": round(report.mb_per_s, 1),
+        "reader_alone_MBps": round(alone, 1),
+        "reader_during_tiering_MBps": round(during, 1),
+        "reader_ratio": round(during / alone, 3) if alone else None,
+        "tiering_limited_MBps": round(limited.mb_per_s, 1),
+        "reader_during_limited_MBps": round(during_limited, 1),
+        "reader_ratio_limited": round(during_limited / alone, 3) if alone else None,
+    }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="smaller volume (about a minute)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

@@ -74,12 +74,25 @@ def namespace_reference(ns: Namespace, nbytes: int) -> dict:
     r = time.perf_counter() - t
     # kept, not unlinked: freeing its stripes before the NFS runs would exercise stripe-id
     # reuse in the data path (reported separately), which is not what this bench measures
-    return {"seq_write_MBps": round(nbytes / w / 1e6, 1), "seq_read_MBps": round(nbytes / r / 1e6, 1)}
+    return {
+        "seq_write_MBps": round(nbytes / w / 1e6, 1),
+        "seq_read_MBps": round(nbytes / r / 1e6, 1),
+    }
 
 
 def workload(client: str, port: int, name: str, params: dict, timeout: float = 1800) -> dict:
-    cmd = [sys.executable, str(REPO / "bench" / "workloads.py"), "--client", client, "--port", str(port),
-           "--workload", name, "--params", json.dumps(params)]
+    cmd = [
+        sys.executable,
+        str(REPO / "bench" / "workloads.py"),
+        "--client",
+        client,
+        "--port",
+        str(port),
+        "--workload",
+        name,
+        "--params",
+        json.dumps(params),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if not lines:
@@ -109,13 +122,18 @@ def main(argv=None) -> int:
             for name, rename in steps:
                 out = workload(client, server.port, name, params)
                 if not out.get("ok"):
-                    summary["errors"].append({"client": client, "workload": name, "error": out.get("error")})
+                    summary["errors"].append(
+                        {"client": client, "workload": name, "error": out.get("error")}
+                    )
                     continue
                 for key, value in out["metrics"].items():
                     figures[rename.get(key, key)] = value
                 print(f"{client} {name}: {out['metrics']}", file=sys.stderr, flush=True)
             ref = summary["namespace_reference"]
-            for key, ref_key in (("seq_write_MBps", "seq_write_MBps"), ("seq_read_cold_MBps", "seq_read_MBps")):
+            for key, ref_key in (
+                ("seq_write_MBps", "seq_write_MBps"),
+                ("seq_read_cold_MBps", "seq_read_MBps"),
+            ):
                 if key in figures and ref[ref_key]:
                     figures[f"{key}_vs_namespace"] = round(figures[key] / ref[ref_key], 3)
             summary["clients"][client] = figures

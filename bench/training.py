@@ -52,9 +52,25 @@ KEEP = 2
 FORMATS = ("torch", "safetensors", "zarr")
 
 SIZES = {  # model bytes, steps, zarr bytes, shards x shard bytes, DataLoader workers
-    "full": dict(model_bytes=320 * MiB, steps=3, zarr_bytes=64 * MiB, shards=16, shard_bytes=32 * MiB, workers=4),
-    "quick": dict(model_bytes=32 * MiB, steps=3, zarr_bytes=16 * MiB, shards=8, shard_bytes=8 * MiB, workers=4),
-    "smoke": dict(model_bytes=1 * MiB, steps=3, zarr_bytes=256 * 1024, shards=2, shard_bytes=256 * 1024, workers=0),
+    "full": dict(
+        model_bytes=320 * MiB,
+        steps=3,
+        zarr_bytes=64 * MiB,
+        shards=16,
+        shard_bytes=32 * MiB,
+        workers=4,
+    ),
+    "quick": dict(
+        model_bytes=32 * MiB, steps=3, zarr_bytes=16 * MiB, shards=8, shard_bytes=8 * MiB, workers=4
+    ),
+    "smoke": dict(
+        model_bytes=1 * MiB,
+        steps=3,
+        zarr_bytes=256 * 1024,
+        shards=2,
+        shard_bytes=256 * 1024,
+        workers=0,
+    ),
 }
 SEQ_LEN = 2048  # tokens per sample
 BATCH = 16
@@ -63,9 +79,18 @@ BATCH = 16
 def nfs_fs(port: int, **kw):
     import fsspec
     import nfs4fs  # noqa: F401  (registers the nfs4 protocol)
-    return fsspec.filesystem("nfs4", host=f"127.0.0.1:{port}", root="export", auth="auth_sys", minor_version=1,
-                             skip_instance_cache=True, request_timeout=120.0,
-                             read_all_max_total_bytes=2 << 30, **kw)  # whole checkpoints are read at once
+
+    return fsspec.filesystem(
+        "nfs4",
+        host=f"127.0.0.1:{port}",
+        root="export",
+        auth="auth_sys",
+        minor_version=1,
+        skip_instance_cache=True,
+        request_timeout=120.0,
+        read_all_max_total_bytes=2 << 30,
+        **kw,
+    )  # whole checkpoints are read at once
 
 
 def state_dict(total_bytes: int, seed: int):
@@ -103,7 +128,9 @@ class Checkpointer:
         if expect_size is not None:
             size = self.fs.info(tmp)["size"]
             if size != expect_size:
-                raise RuntimeError(f"{tmp}: {size} bytes on the server after close, wrote {expect_size}")
+                raise RuntimeError(
+                    f"{tmp}: {size} bytes on the server after close, wrote {expect_size}"
+                )
         self.fs.mv(tmp, final)
 
     def save_torch(self, sd, step: int) -> int:
@@ -111,7 +138,9 @@ class Checkpointer:
 
         import torch
         buf = io.BytesIO()
-        torch.save(sd, buf)  # serialized first: the timing below is the NFS part plus torch's framing
+        torch.save(
+            sd, buf
+        )  # serialized first: the timing below is the NFS part plus torch's framing
         data = buf.getbuffer()
         tmp, final = f"{CKPT}/torch/.step-{step}.pt.tmp", f"{CKPT}/torch/step-{step}"
         with self.fs.open(tmp, "wb") as f:
@@ -162,16 +191,23 @@ class Checkpointer:
     def save_zarr(self, array, step: int) -> int:
         import zarr
         tmp, final = f"{CKPT}/zarr/.step-{step}.zarr.tmp", f"{CKPT}/zarr/step-{step}"
-        z = zarr.create_array(self.zarr_store(tmp), shape=array.shape, chunks=(max(1, array.shape[0] // 8),
-                                                                                array.shape[1]),
-                              dtype=array.dtype, compressors=None)
+        z = zarr.create_array(
+            self.zarr_store(tmp),
+            shape=array.shape,
+            chunks=(max(1, array.shape[0] // 8), array.shape[1]),
+            dtype=array.dtype,
+            compressors=None,
+        )
         z[:] = array
         self.fs.mv(tmp, final)  # one RENAME of the directory: readers see all of it or none
         return array.nbytes
 
     def load_zarr(self, step: int):
         import zarr
-        return zarr.open_array(self.zarr_store(f"{CKPT}/zarr/step-{step}", read_only=True), mode="r")[:]
+
+        return zarr.open_array(
+            self.zarr_store(f"{CKPT}/zarr/step-{step}", read_only=True), mode="r"
+        )[:]
 
 
 # -- keep-last-N ---------------------------------------------------------------------------
@@ -185,8 +221,13 @@ def prune_plan_shingle(catalog_url: str) -> tuple[list[str], str]:
         # settle_s: the writes came from NFS clients, whose opens this process cannot see
         service = RetentionService(Namespace(catalog), catalog, settle_s=0.0)
         rule = next((r for r in service.list_rules() if r.pattern == RULE_PATTERN), None)
-        rule_id = rule.id if rule else service.add_rule(RULE_PATTERN, KEEP, action="delete", order_by="name",
-                                                         actor="bench/training.py")
+        rule_id = (
+            rule.id
+            if rule
+            else service.add_rule(
+                RULE_PATTERN, KEEP, action="delete", order_by="name", actor="bench/training.py"
+            )
+        )
         plan = service.preview(rule_id)
     finally:
         catalog.close()
@@ -203,7 +244,9 @@ def prune_plan_client(fs) -> tuple[list[str], str]:
     doomed = []
     for d in fs.ls(CKPT, detail=False):
         d = "/" + d.split("://", 1)[-1].lstrip("/")
-        names = sorted((n.rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(d, detail=False)), key=natural_key)
+        names = sorted(
+            (n.rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(d, detail=False)), key=natural_key
+        )
         names = [n for n in names if fnmatch.fnmatchcase(n, "step-*")]
         doomed += [f"{d}/{n}" for n in names[:-KEEP]]
     return doomed, "client-side keep-last-N (engine.retention.natural_key order)"
@@ -215,7 +258,12 @@ def checkpoints(port: int, size: dict, catalog_url: str | None) -> dict:
     for fmt in FORMATS:
         fs.makedirs(f"{CKPT}/{fmt}", exist_ok=True)
     ck = Checkpointer(fs, port)
-    out = {"torch_save_MBps": [], "torch_load_MBps": [], "safetensors_save_MBps": [], "zarr_write_MBps": []}
+    out = {
+        "torch_save_MBps": [],
+        "torch_load_MBps": [],
+        "safetensors_save_MBps": [],
+        "zarr_write_MBps": [],
+    }
     sds, arrays = {}, {}
     for step in range(size["steps"]):
         sd = state_dict(size["model_bytes"], seed=step)
@@ -228,7 +276,9 @@ def checkpoints(port: int, size: dict, catalog_url: str | None) -> dict:
         back = ck.load_torch(step)
         out["torch_load_MBps"].append(n / (time.perf_counter() - t) / 1e6)
         if not same(sd, back):
-            raise RuntimeError(f"{CKPT}/torch/step-{step}: loaded tensors differ from the saved ones")
+            raise RuntimeError(
+                f"{CKPT}/torch/step-{step}: loaded tensors differ from the saved ones"
+            )
         t = time.perf_counter()
         n = ck.save_safetensors(sd, step)
         out["safetensors_save_MBps"].append(n / (time.perf_counter() - t) / 1e6)
@@ -246,10 +296,14 @@ def checkpoints(port: int, size: dict, catalog_url: str | None) -> dict:
     kept = {}
     want = [f"step-{s}" for s in range(size["steps"])][-KEEP:]
     for fmt in FORMATS:
-        names = sorted(n.rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(f"{CKPT}/{fmt}", detail=False))
+        names = sorted(
+            n.rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(f"{CKPT}/{fmt}", detail=False)
+        )
         kept[fmt] = names
         if names != want:
-            raise RuntimeError(f"{CKPT}/{fmt} holds {names} after keep-last-{KEEP}, expected {want}")
+            raise RuntimeError(
+                f"{CKPT}/{fmt} holds {names} after keep-last-{KEEP}, expected {want}"
+            )
     for step in (int(w.split("-")[1]) for w in want):  # survivors are intact
         if not same(sds[step], ck.load_safetensors(step)):
             raise RuntimeError(f"{CKPT}/safetensors/step-{step}: differs after pruning")
@@ -258,8 +312,13 @@ def checkpoints(port: int, size: dict, catalog_url: str | None) -> dict:
     fs.rm(CKPT, recursive=True)
     fs.close()
     metrics = {k: round(float(np.median(v)), 1) for k, v in out.items()}
-    return {"metrics": metrics, "model_MiB": round(model_bytes / MiB, 1), "pruned": doomed, "kept": kept,
-            "prune_method": method}
+    return {
+        "metrics": metrics,
+        "model_MiB": round(model_bytes / MiB, 1),
+        "pruned": doomed,
+        "kept": kept,
+        "prune_method": method,
+    }
 
 
 # -- dataset streaming ---------------------------------------------------------------------------
@@ -294,7 +353,9 @@ def stream(paths, port, workers: int) -> tuple[float, int, int]:
     import torch
     ds = ShardStream(paths, port)
     # spawn, not fork: a forked child inherits the parent's NFS client threads half-alive
-    extra = {"timeout": 120, "multiprocessing_context": "spawn"} if workers else {}  # smoke: in-process
+    extra = (
+        {"timeout": 120, "multiprocessing_context": "spawn"} if workers else {}
+    )  # smoke: in-process
     loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, num_workers=workers, **extra)
     samples = total = timed = 0
     t = None
@@ -317,7 +378,9 @@ def dataset(port: int, size: dict, local_dir: Path) -> dict:
     remote, local, expect = [], [], 0
     tokens_per_shard = size["shard_bytes"] // 2
     for i in range(size["shards"]):
-        tokens = np.random.default_rng(100 + i).integers(0, 50257, tokens_per_shard, dtype=np.uint16)
+        tokens = np.random.default_rng(100 + i).integers(
+            0, 50257, tokens_per_shard, dtype=np.uint16
+        )
         expect += int(tokens[: tokens_per_shard // SEQ_LEN * SEQ_LEN].astype(np.int64).sum())
         data = tokens.tobytes()
         fs.pipe_file(f"{ROOT}/data/shard-{i:04d}.bin", data)
@@ -328,7 +391,9 @@ def dataset(port: int, size: dict, local_dir: Path) -> dict:
     for name, paths, p in (("nfs", remote, port), ("local", local, None)):
         rate, samples, total = stream(paths, p, size["workers"])
         if total != expect:
-            raise RuntimeError(f"DataLoader over {name} shards summed {total} tokens, expected {expect}")
+            raise RuntimeError(
+                f"DataLoader over {name} shards summed {total} tokens, expected {expect}"
+            )
         results[name] = rate
     fs.rm(f"{ROOT}/data", recursive=True)
     fs.close()
@@ -353,12 +418,17 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--mode", choices=sorted(SIZES), default="full")
     ap.add_argument("--server", default="?", help="label for the output")
-    ap.add_argument("--local-dir", default=None, help="local copy of the corpus (default: a temp folder)")
+    ap.add_argument(
+        "--local-dir", default=None, help="local copy of the corpus (default: a temp folder)"
+    )
     ap.add_argument("--catalog-url", help="shingle's catalog: prune with its RetentionService")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = ap.parse_args(argv)
     import tempfile
-    local = Path(args.local_dir) if args.local_dir else Path(tempfile.mkdtemp(prefix="bench-corpus-"))
+
+    local = (
+        Path(args.local_dir) if args.local_dir else Path(tempfile.mkdtemp(prefix="bench-corpus-"))
+    )
     try:
         result = run(args.port, args.mode, local, args.catalog_url)
         out = {"ok": True, "server": args.server, **result}

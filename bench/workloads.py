@@ -67,9 +67,16 @@ class NfsRs:
 
     def __init__(self, port: int):
         import nfs_rs
-        self.client = nfs_rs.Client.connect(f"nfs://127.0.0.1:{port}/export?version=4.1", nfs_port=port,
-                                            noresvport=True, uid=0, gid=0, connect_timeout=20,
-                                            operation_timeout=120)
+
+        self.client = nfs_rs.Client.connect(
+            f"nfs://127.0.0.1:{port}/export?version=4.1",
+            nfs_port=port,
+            noresvport=True,
+            uid=0,
+            gid=0,
+            connect_timeout=20,
+            operation_timeout=120,
+        )
 
     def makedirs(self, path: str) -> None:
         self.client.mkdir(path, parents=True, exist_ok=True)
@@ -123,8 +130,16 @@ class Nfs4fs:
     def __init__(self, port: int):
         import fsspec
         import nfs4fs  # noqa: F401  (registers the nfs4 protocol)
-        self.fs = fsspec.filesystem("nfs4", host=f"127.0.0.1:{port}", root="export", auth="auth_sys",
-                                    minor_version=1, skip_instance_cache=True, request_timeout=120.0)
+
+        self.fs = fsspec.filesystem(
+            "nfs4",
+            host=f"127.0.0.1:{port}",
+            root="export",
+            auth="auth_sys",
+            minor_version=1,
+            skip_instance_cache=True,
+            request_timeout=120.0,
+        )
 
     @staticmethod
     def p(path: str) -> str:
@@ -174,7 +189,9 @@ class Nfs4fs:
         return f, write_at
 
     def listdir(self, path: str) -> list[str]:
-        return [name.rstrip("/").rsplit("/", 1)[-1] for name in self.fs.ls(self.p(path), detail=False)]
+        return [
+            name.rstrip("/").rsplit("/", 1)[-1] for name in self.fs.ls(self.p(path), detail=False)
+        ]
 
     def close(self) -> None:
         self.fs.close()
