@@ -14,14 +14,22 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.create_table('metric_samples',
-    sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), autoincrement=True, nullable=False),
-    sa.Column('time_ns', sa.BigInteger(), nullable=False),
-    sa.Column('name', sa.String(length=64), nullable=False),
-    sa.Column('value', sa.Float(), nullable=False),
-    sa.PrimaryKeyConstraint('id', name=op.f('pk_metric_samples'))
+    op.create_table(
+        "metric_samples",
+        sa.Column(
+            "id",
+            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            autoincrement=True,
+            nullable=False,
+        ),
+        sa.Column("time_ns", sa.BigInteger(), nullable=False),
+        sa.Column("name", sa.String(length=64), nullable=False),
+        sa.Column("value", sa.Float(), nullable=False),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_metric_samples")),
     )
-    op.create_index('ix_metric_samples_name_time', 'metric_samples', ['name', 'time_ns'], unique=False)
+    op.create_index(
+        "ix_metric_samples_name_time", "metric_samples", ["name", "time_ns"], unique=False
+    )
 
 
 def downgrade() -> None:

@@ -21,12 +21,16 @@ depends_on = None
 def upgrade() -> None:
     if op.get_bind().dialect.name != "sqlite":
         return
-    with op.batch_alter_table("stripes", recreate="always", table_kwargs={"sqlite_autoincrement": True}):
+    with op.batch_alter_table(
+        "stripes", recreate="always", table_kwargs={"sqlite_autoincrement": True}
+    ):
         pass
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name != "sqlite":
         return
-    with op.batch_alter_table("stripes", recreate="always", table_kwargs={"sqlite_autoincrement": False}):
+    with op.batch_alter_table(
+        "stripes", recreate="always", table_kwargs={"sqlite_autoincrement": False}
+    ):
         pass

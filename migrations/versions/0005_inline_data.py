@@ -19,14 +19,21 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.create_table('inline_data',
-    sa.Column('stripe_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
-    sa.Column('length', sa.BigInteger(), nullable=False),
-    sa.Column('checksum', sa.BigInteger(), nullable=False),
-    sa.Column('data', sa.LargeBinary(), nullable=False),
-    sa.ForeignKeyConstraint(['stripe_id'], ['stripes.id'], name=op.f('fk_inline_data_stripe_id_stripes'),
-                            ondelete='CASCADE'),
-    sa.PrimaryKeyConstraint('stripe_id', name=op.f('pk_inline_data'))
+    op.create_table(
+        "inline_data",
+        sa.Column(
+            "stripe_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False
+        ),
+        sa.Column("length", sa.BigInteger(), nullable=False),
+        sa.Column("checksum", sa.BigInteger(), nullable=False),
+        sa.Column("data", sa.LargeBinary(), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["stripe_id"],
+            ["stripes.id"],
+            name=op.f("fk_inline_data_stripe_id_stripes"),
+            ondelete="CASCADE",
+        ),
+        sa.PrimaryKeyConstraint("stripe_id", name=op.f("pk_inline_data")),
     )
 
 
