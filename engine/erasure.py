@@ -35,7 +35,8 @@ MAX_COPIES = 8
 FRAGMENT_HEADER = 80  # liberasurecode's fragment_header_t; the reader locates payloads with it
 ALIGNMENT_SLACK = 512  # most payload padding any backend adds (reservations count it)
 REDUNDANCY = ("ec", "replicate")  # what a band class may be configured with
-INLINE = "inline"  # redundancy and layout of stripes whose bytes the catalog holds (small durable writes)
+# redundancy and layout of stripes whose bytes the catalog holds (small durable writes)
+INLINE = "inline"
 COMPRESSION = (None, "zstd")
 
 DEFAULTS: dict[str, dict] = {
@@ -189,7 +190,8 @@ class _NativeEncoder:
                 for view in fragments:
                     view.release()
             except BufferError:
-                return  # someone still holds a view: leaking the buffers beats freeing them under it
+                # someone still holds a view: leaking the buffers beats freeing them under it
+                return
             lib.liberasurecode_encode_cleanup(desc, data_p, parity_p)
         return Encoded(fragments, free)
 

@@ -174,7 +174,8 @@ def _parse_ata(data: dict, report: SmartReport) -> None:
     if report.power_on_hours is None and ATA_POWER_ON_HOURS in by_id:
         report.power_on_hours = _leading_int(by_id[ATA_POWER_ON_HOURS].raw_string)
     if report.temperature_c is None and ATA_TEMPERATURE in by_id:
-        # The raw value packs min/max into high bytes; the string's first number is the current reading.
+        # The raw value packs min/max into high bytes; the string's first number
+        # is the current reading.
         report.temperature_c = _leading_int(by_id[ATA_TEMPERATURE].raw_string)
     test = ((data.get("ata_smart_data") or {}).get("self_test") or {}).get("status") or {}
     report.self_test = test.get("string")

@@ -57,7 +57,8 @@ def record_sample(catalog: Catalog, *, time_ns: int | None = None, **counters: f
 
     def work(conn):
         conn.execute(SAMPLES.insert(), rows)
-        # By name: the (name, time_ns) index turns the prune into short range scans, not a table scan.
+        # By name: the (name, time_ns) index turns the prune into short range
+        # scans, not a table scan.
         conn.execute(SAMPLES.delete().where(SAMPLES.c.name.in_([r["name"] for r in rows]),
                                             SAMPLES.c.time_ns < cutoff))
     catalog.run(work, tracked=True)  # samples are cached nowhere
@@ -98,8 +99,9 @@ LATEST_ROWS = 5000  # newest rows looked at by latest(): many samples' worth of 
 def latest(catalog: Catalog) -> dict[str, float]:
     """The most recent reading of every counter the daemon still records.
 
-    Reads the newest rows by id (ids grow with time, so this is an index walk from the end) instead of
-    grouping a week of samples on every /metrics scrape; a counter no longer recorded drops out."""
+    Reads the newest rows by id (ids grow with time, so this is an index walk from the
+    end) instead of grouping a week of samples on every /metrics scrape; a counter no
+    longer recorded drops out."""
     def work(conn):
         out: dict[str, float] = {}
         for name, value in conn.execute(select(SAMPLES.c.name, SAMPLES.c.value)

@@ -113,7 +113,8 @@ def in_list(ids) -> str:
 # every POSIX lock this process holds on it, SQLite's own included, and another process that then
 # finds the index unlocked truncates and rebuilds it under our connections (they die of SIGBUS).
 _wal_index_maps: dict[str, tuple[int, mmap.mmap]] = {}
-_wal_index_kept: list = []  # every map made, replaced ones included: freeing one closes its descriptor
+# every map made, replaced ones included: freeing one closes its descriptor
+_wal_index_kept: list = []
 _wal_index_lock = lock("catalog.wal_index")
 
 
@@ -237,7 +238,8 @@ class Catalog:
 
     @staticmethod
     def _sqlite_begin(conn: Connection):
-        # on the DB-API connection: a SQLAlchemy statement execution here cost ~10 us per transaction
+        # on the DB-API connection: a SQLAlchemy statement execution here
+        # cost ~10 us per transaction
         conn.connection.driver_connection.execute(conn.info.get("begin", "BEGIN"))
 
     # -- transactions --------------------------------------------------------
@@ -267,7 +269,8 @@ class Catalog:
                     with self.engine.connect() as conn:
                         if self.is_sqlite:
                             conn.info["begin"] = "BEGIN IMMEDIATE" if write else "BEGIN"
-                        # conn.info lives with the pooled DB-API connection: never let callbacks outlive this try
+                        # conn.info lives with the pooled DB-API connection: never let
+                        # callbacks outlive this try
                         conn.info[AFTER_COMMIT] = callbacks = []
                         try:
                             if self.is_sqlite and durable:
@@ -373,7 +376,8 @@ class Catalog:
 
     def only_tracked(self, old: int, new: int) -> bool:
         """Whether every commit that moved the epoch from ``old`` to ``new`` was a tracked commit of
-        this process (``run(tracked=True)``). A ``new`` older than ``old`` (read before it) is True."""
+        this process (``run(tracked=True)``). A ``new`` older than ``old``
+        (read before it) is True."""
         if old == new:
             return True
         if self._wal_index is None:

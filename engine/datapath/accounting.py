@@ -30,7 +30,8 @@ def share(fragment_length: int, live: int, data_length: int) -> int:
 
 
 class ExtentMap:
-    """A file's extents, sorted and non-overlapping: [file_offset, length, stripe_id, stripe_offset, row_id].
+    """A file's extents, sorted and non-overlapping: [file_offset, length,
+    stripe_id, stripe_offset, row_id].
 
     ``put`` and ``punch`` record, per stripe, how many live bytes were added
     or dropped, and which catalog rows must be deleted or inserted."""
@@ -78,7 +79,8 @@ class ExtentMap:
 
 
 def adjust_live(conn, deltas: dict[int, int], known: dict | None = None) -> list[int]:
-    """Apply live-byte changes to stripes and their zones; delete dead stripes. Returns the dead ids.
+    """Apply live-byte changes to stripes and their zones; delete dead
+    stripes. Returns the dead ids.
 
     ``known``: stripe id -> (data_length, live_bytes, [(zone_id, fragment length)]) for stripes
     this transaction just inserted, which need no lookup. Plain SQL: this runs in every flush

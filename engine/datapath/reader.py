@@ -73,7 +73,8 @@ class StripeReader:
         self.zones = zones  # zone id -> ZoneMem
         self.load_inline = load_inline  # stripe id -> (data, checksum) of an inline stripe, or None
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="shingle-read")
-        # read-ahead waits on fragment reads: it gets its own threads so the pool cannot starve itself
+        # read-ahead waits on fragment reads: it gets its own threads so the
+        # pool cannot starve itself
         self.ahead = ThreadPoolExecutor(2, thread_name_prefix="shingle-readahead")
         self.cache: OrderedDict = OrderedDict()  # (stripe, idx) -> Future[memoryview]
         self.cache_bytes = cache_bytes

@@ -35,7 +35,8 @@ def format_emulated(
     preallocate: bool = True,
     write_granularity: int = 1,
 ) -> list[int]:
-    """Create ``count`` zone-file drives under ``root`` and their catalog rows; returns the drive ids.
+    """Create ``count`` zone-file drives under ``root`` and their catalog
+    rows; returns the drive ids.
 
     ``preallocate=False`` skips fallocate (a crowded scratch disk); zones then grow as written."""
     root = Path(root)

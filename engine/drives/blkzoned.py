@@ -32,7 +32,8 @@ from engine.ordered_lock import lock
 
 SECTOR = 512
 
-# struct blk_zone: start, len, wp (u64); type, cond, non_seq, reset (u8); resv[4]; capacity (u64); reserved[24]
+# struct blk_zone: start, len, wp (u64); type, cond, non_seq, reset (u8); resv[4];
+# capacity (u64); reserved[24]
 BLK_ZONE = struct.Struct("=QQQBBBB4xQ24x")
 # struct blk_zone_report: sector (u64), nr_zones (u32), flags (u32), zones[]
 BLK_ZONE_REPORT = struct.Struct("=QII")
@@ -185,7 +186,8 @@ class ZonedBlockDrive(ZonedDrive):
                 CONDITIONS.get(z["cond"], OFFLINE),
             )
             length = -(-len(data) // 4096) * 4096
-            # O_DIRECT wants aligned memory and lengths: pad the tail (the zone moves by the padded length)
+            # O_DIRECT wants aligned memory and lengths: pad the tail (the zone
+            # moves by the padded length)
             buf = mmap.mmap(-1, length)
             buf[:len(data)] = bytes(data)
             try:

@@ -182,7 +182,8 @@ class Media:
                     offset = self.space.take(zone, len(data))
                     placements.append(Placement(drive_id, zone.id, zone.idx, offset, len(data),
                                                 crc32c.crc32c(data)))
-                    # queued at once: a later item may close this zone, and its "finish" must come after
+                    # queued at once: a later item may close this zone, and its
+                    # "finish" must come after
                     self.writers.append(drive, zone.idx, offset, data, ticket)
             except errors.FsError as exc:
                 failure = exc
@@ -287,7 +288,8 @@ def move_fragments(conn, moves: list[tuple[int, int, int, Placement]]) -> list[i
     updates, zone_delta, moved = [], {}, []
     for fragment_id, expect_zone, expect_offset, placement in moves:
         row = rows.get(fragment_id)
-        # ids can be handed out again (SQLite): the place and the checksum must match the copied one too
+        # ids can be handed out again (SQLite): the place and the checksum must
+        # match the copied one too
         if row is None or row.zone_id != expect_zone or row.zone_offset != expect_offset \
                 or row.length != placement.length or row.checksum != placement.checksum:
             continue

@@ -287,7 +287,8 @@ class Tiering:
                     except (errors.StaleHandle, errors.NotFound):
                         moved = written = 0  # the file was removed while it was being moved
                     except errors.NoSpace:
-                        # a full volume: cleaning must free zones first; the rest waits for a later round
+                        # a full volume: cleaning must free zones first; the rest
+                        # waits for a later round
                         report.files_skipped += len(moves) - index
                         break
                     if moved:
