@@ -358,7 +358,8 @@ def check_units(root: Path) -> Check:
             f"not installed in {unit_dir}: {', '.join(missing)}",
             "run `shingle install`",
         )
-    # The launcher an install wrote into ExecStart=, to compare each unit with what this version ships.
+    # The launcher an install wrote into ExecStart=, to compare each unit with
+    # what this version ships.
     exec_start = [line for line in (unit_dir / install.SERVICES[0]).read_text().splitlines()
                   if line.startswith("ExecStart=")]
     launcher = exec_start[0].split("=", 1)[1].split()[0] if exec_start else install.UNIT_BIN

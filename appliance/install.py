@@ -41,8 +41,9 @@ PATHS_DROPIN = "50-shingle-paths.conf"
 ADMIN_USER = "admin"
 SYSUSERS_LINE = f'u {SERVICE_USER} - "shingle NAS appliance" {STATE_DIR} /usr/sbin/nologin\n'
 TMPFILES_PATH = Path("/etc/tmpfiles.d/shingle.conf")
-# Applied at boot after systemd-sysusers: gives the daemon read access to its config in an image built
-# with --root, where the installer cannot know the user's uid. (StateDirectory= chowns /var/lib/shingle.)
+# Applied at boot after systemd-sysusers: gives the daemon read access to its config in an
+# image built with --root, where the installer cannot know the user's uid. (StateDirectory=
+# chowns /var/lib/shingle.)
 TMPFILES_TEXT = (f"z {CONFIG_PATH.parent} 0750 root {SERVICE_USER} -\n"
                  f"z {CONFIG_PATH} 0640 root {SERVICE_USER} -\n")
 
@@ -409,7 +410,8 @@ def install(
             config.catalog_url,
             f"a reachable database ({exc.__class__.__name__}: {exc})",
         ) from None
-    # Only a schema change needs the daemon out of the way; a re-run on a live appliance just refreshes units.
+    # Only a schema change needs the daemon out of the way; a re-run on a live
+    # appliance just refreshes units.
     quiet = (
         _drives_quiet(config, report, on_host, run)
         if found != head_revision()
@@ -479,9 +481,11 @@ def install(
 
 @contextlib.contextmanager
 def _drives_quiet(config: config_mod.Config, report: Report, on_host: bool, run):
-    """Hold the daemon lock while the catalog is migrated: a running daemon would meet a schema it does not know.
+    """Hold the daemon lock while the catalog is migrated: a running daemon would meet
+    a schema it does not know.
 
-    Yields True when it stopped the appliance (systemd on this host) and the caller should start it again."""
+    Yields True when it stopped the appliance (systemd on this host) and the caller
+    should start it again."""
     from appliance.daemonlock import DaemonLock
     lock = DaemonLock(config.data_dir)
     stopped = False
