@@ -1,7 +1,8 @@
 """The admin web UI: Flask, served by gunicorn (``shingle webui``; webui/gunicorn.conf.py).
 
 Layout (one module per domain, each a blueprint plus the functions the API reuses):
-- app.py: ``create_app(config=None)`` (config from $SHINGLE_CONFIG), sign-in and CSRF checks, headers
+- app.py: ``create_app(config=None)`` (config from $SHINGLE_CONFIG),
+  sign-in and CSRF checks, headers
 - core.py: the per-process handle (catalog + namespace WITHOUT a data path), login_required, errors
 - schema.py: Field/Schema, declared once: form and API validation and the OpenAPI document
 - charts.py: server-rendered SVG (stacked bar, bars, line chart, band map); no front-end build

@@ -270,7 +270,7 @@ def pin(body: dict):
             "inodes": tiers.pin(body["path"], body["band_class"], core.actor())}
 
 
-# -- events and tokens ---------------------------------------------------------------------------------
+# -- events and tokens -----------------------------------------------------------------------------
 EVENTS_QUERY = Schema(
     "EventsQuery",
     "Which events to list, newest first.",
@@ -348,7 +348,7 @@ def revoke_token(token_id: int):
     return {"deleted": token_id}
 
 
-# -- the OpenAPI document ----------------------------------------------------------------------------------
+# -- the OpenAPI document --------------------------------------------------------------------------
 ERROR = {"type": "object", "required": ["error"], "properties": {
     "error": {"type": "string", "description": "What failed, the value, and what was expected"},
     "fields": {"type": "object", "description": "Validation errors by field name",

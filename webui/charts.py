@@ -164,8 +164,8 @@ def zone_cells(zones: list[dict]) -> list[dict]:
 
 
 def band_map(cells: list[dict], *, label: str = "band map") -> Markup:
-    """One square per cell (a zone, or a run of zones on big drives): colour by state and band class,
-    an open band filled as far as it is written."""
+    """One square per cell (a zone, or a run of zones on big drives): colour by state and band
+    class, an open band filled as far as it is written."""
     if not cells:
         return empty("no zones recorded for this drive", 480)
     columns, cell = (16, 24) if len(cells) <= 128 else (64, 10)

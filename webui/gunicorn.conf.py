@@ -46,6 +46,6 @@ proc_name = "shingle-webui"
 certfile = os.environ.get("SHINGLE_WEBUI_CERTFILE") or None
 keyfile = os.environ.get("SHINGLE_WEBUI_KEYFILE") or None
 forwarded_allow_ips = "127.0.0.1"
-# gunicorn >= 25.1 opens a control socket in $XDG_RUNTIME_DIR or ~/.gunicorn: two appliances on one host
-# would share it, and the systemd unit's ProtectHome makes ~ read-only. Nothing here uses it.
+# gunicorn >= 25.1 opens a control socket in $XDG_RUNTIME_DIR or ~/.gunicorn: two appliances on one
+# host would share it, and the systemd unit's ProtectHome makes ~ read-only. Nothing here uses it.
 control_socket_disable = True

@@ -1,4 +1,5 @@
-"""Jobs: long operations (retention runs, rebuild, drain, scrub, cleaning, tiering) run by the daemon.
+"""Jobs: long operations (retention runs, rebuild, drain, scrub, cleaning,
+tiering) run by the daemon.
 
 The web UI never opens the drives, so anything that moves or frees data is
 queued in the catalog (engine.jobs) for the daemon's maintenance loop; these
