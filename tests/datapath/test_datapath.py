@@ -517,7 +517,8 @@ def test_writes_continue_degraded_when_a_drive_has_failed(engine):
     per_stripe = engine.catalog.read(lambda c: c.execute(
         select(Fragment.__table__.c.stripe_id, func.count(), func.max(Fragment.__table__.c.idx))
         .group_by(Fragment.__table__.c.stripe_id)).all())
-    # 9 drives left: data fragments plus one parity (the codec's write quorum), rebuild adds the rest
+    # 9 drives left: data fragments plus one parity (the codec's write
+    # quorum), rebuild adds the rest
     assert per_stripe and all(count == 9 and top == 8 for _sid, count, top in per_stripe)
     assert all(drive != failed for drive in engine.catalog.read(
         lambda c: c.execute(select(Fragment.__table__.c.drive_id)).scalars().all()))

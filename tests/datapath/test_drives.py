@@ -132,7 +132,8 @@ def test_blkzoned_packing_matches_linux_header(tmp_path):
 def test_host_managed_device_when_present():
     devices = blkzoned.host_managed_devices()
     if not devices:
-        # this machine has none (no zoned devices, no null_blk): the ioctl path is covered by packing above
+        # this machine has none (no zoned devices, no null_blk): the ioctl path is
+        # covered by packing above
         assert blkzoned.is_host_managed("/dev/null") is False
         return
     drive = blkzoned.ZonedBlockDrive(devices[0])

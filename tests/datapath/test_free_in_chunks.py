@@ -121,7 +121,8 @@ def test_an_interrupted_free_is_finished_at_the_next_start(sqlite_engine, monkey
     with pytest.raises(errors.NotFound):
         ns.lookup(ROOT, ns.root_ino, "big")
     assert extents_of(catalog, ino) == 3 * CHUNK  # one chunk went with the unlink, then the fault
-    # what is left is being freed: its handle is stale, it never reads as the holes freed extents left
+    # what is left is being freed: its handle is stale, it never reads as the
+    # holes freed extents left
     with pytest.raises(errors.StaleHandle):
         ns.read(ino, 0, 4 * KiB)
     with pytest.raises(errors.StaleHandle):

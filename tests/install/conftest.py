@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# Where the units find the launcher inside the staging root (stubbed there: verify checks it exists).
+# Where the units find the launcher inside the staging root (stubbed there:
+# verify checks it exists).
 LAUNCHER = "/opt/shingle/bin/shingle"
 
 

@@ -195,7 +195,8 @@ def test_zone_model_comes_from_the_disk_of_a_partition(tmp_path):
     (disk / "queue/zoned").write_text("none\n")
     result = doctor.check_drives([drive], tmp_path, sys_root)[0]
     assert result.status == "fail" and "conventional" in result.detail
-    # The real sysfs of this machine: its disks are not zoned (or the folder is on a virtual filesystem).
+    # The real sysfs of this machine: its disks are not zoned (or the folder is
+    # on a virtual filesystem).
     assert doctor.zoned_model(probe) in ("none", None)
 
 

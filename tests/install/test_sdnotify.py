@@ -1,4 +1,5 @@
-"""`shingle serve` under a Type=notify unit: READY=1 once NFS accepts connections, WATCHDOG=1 at half WatchdogSec.
+"""`shingle serve` under a Type=notify unit: READY=1 once NFS accepts connections,
+WATCHDOG=1 at half WatchdogSec.
 
 The test is systemd's side of the protocol: a datagram socket named by
 NOTIFY_SOCKET, and WATCHDOG_USEC in the daemon's environment."""
@@ -21,7 +22,8 @@ from appliance import doctor
 from tests.install.conftest import REPO, shingle
 from tests.pgserver import free_port
 
-# Pings are expected every WATCHDOG_USEC / 2 = 0.5 s; systemd would kill the daemon after 1 s without one.
+# Pings are expected every WATCHDOG_USEC / 2 = 0.5 s; systemd would kill the
+# daemon after 1 s without one.
 WATCHDOG_USEC = 1_000_000
 
 

@@ -56,7 +56,8 @@ class Rig:
         if self.data is not None:
             self.data.close()
             self.data = None
-        # zone files are preallocated: do not leave hundreds of MiB per test in pytest's kept temp dirs
+        # zone files are preallocated: do not leave hundreds of MiB per test in
+        # pytest's kept temp dirs
         shutil.rmtree(self.root, ignore_errors=True)
         shutil.rmtree(self.root.parent / "spare", ignore_errors=True)
 

@@ -246,7 +246,8 @@ def test_soak_everything_at_once(rig_factory):
     print("soak counts:", soak.counts)
     for what in ("checkpoints", "small", "deletes", "retention", "tiered", "cleaned", "reads"):
         assert soak.counts.get(what, 0) > 0, (what, soak.counts)
-    # the flipped fragments were repaired (by scrub, by cleaning, or by a read that tripped over them)
+    # the flipped fragments were repaired (by scrub, by cleaning, or by a read
+    # that tripped over them)
     now = {f.id: f for f in rig.fragments()}
     for victim in victims:
         assert (now[victim.id].zone_id, now[victim.id].zone_offset) != (

@@ -184,7 +184,8 @@ class Fuzzer:
             self.cv.notify_all()
 
     def _note_sequence(self, reply: bytes) -> None:
-        # xid, REPLY, accepted, verf(0,0), SUCCESS, status, tag(0), count, op, status, sessionid, seqid, slot
+        # xid, REPLY, accepted, verf(0,0), SUCCESS, status, tag(0), count, op,
+        # status, sessionid, seqid, slot
         if len(reply) < 84 or struct.unpack_from(">IIIIII", reply, 4) != (1, 0, 0, 0, 0, 0):
             return
         op, status = struct.unpack_from(">II", reply, 36)
@@ -210,9 +211,9 @@ class Fuzzer:
                 self.synced += 1
                 return
         if not ok:
-            # A lying record mark (not the last fragment, or longer than the record) leaves the server
-            # rightly waiting for more bytes, and our NULL call became part of that record. The
-            # server must still answer anyone else.
+            # A lying record mark (not the last fragment, or longer than the record) leaves the
+            # server rightly waiting for more bytes, and our NULL call became part of that record.
+            # The server must still answer anyone else.
             assert null_answered(self.port), (
                 "the server neither answered nor closed the connection, "
                 "and a new connection got no answer either"

@@ -1,4 +1,5 @@
-"""Fixtures for the web UI: a catalog with emulated drives and an admin, the Flask app, a signed-in client.
+"""Fixtures for the web UI: a catalog with emulated drives and an admin, the
+Flask app, a signed-in client.
 
 SMART comes from tests/fixtures/smart/fake_smartctl, which answers for /dev/sda
 (ATA SMR), /dev/sdb (SAS) and /dev/nvme0 (NVMe) with real-shaped smartctl JSON."""
@@ -91,7 +92,8 @@ def make_appliance(url: str, root: Path, *, seed: bool = True):
 @pytest.fixture(scope="session")
 def template_catalog(tmp_path_factory) -> Path:
     """One migrated and populated SQLite catalog per run; each test gets a copy (migrating and
-    formatting per test would dominate the run time). The drive folders stay in the template's folder."""
+    formatting per test would dominate the run time). The drive folders stay in
+    the template's folder."""
     root = tmp_path_factory.mktemp("webui-template")
     url = f"sqlite:///{root}/catalog.db"
     upgrade(url)

@@ -1,4 +1,5 @@
-"""The admin UI in a real browser: Debian's chromium driven by Playwright, against a real HTTP server.
+"""The admin UI in a real browser: Debian's chromium driven by Playwright,
+against a real HTTP server.
 
 Never `playwright install`: the browser is /usr/bin/chromium from Debian."""
 from __future__ import annotations
