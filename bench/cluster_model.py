@@ -227,7 +227,8 @@ def predict(p: dict, sim: dict, encode_GBps_core: float, gateway_cores: int) -> 
     # gateway: client -> gateway NIC in; 11/12 of all fragments gateway -> other nodes out
     gw_in_s = ckpt / nic
     gw_out_s = media * (nodes - 1) / nodes / nic
-    # the pipeline also pays one stripe's round trip per writer window at the start; negligible at 80 GB
+    # the pipeline also pays one stripe's round trip per writer window at the
+    # start; negligible at 80 GB
     gateway_write = {"client_to_gateway_nic_s": gw_in_s, "gateway_to_nodes_nic_s": gw_out_s,
                      "erasure_encode_s": encode_s, "drives_s": drives_write_s}
     # read: data fragments 11/12 from other nodes into the gateway, then all of it out to the client

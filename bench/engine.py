@@ -200,7 +200,8 @@ def main() -> int:
         upgrade(url)
         catalog = Catalog(url)
         drives = work / "drives"
-        # preallocating every zone is what an install does; on a crowded scratch disk zones grow as written
+        # preallocating every zone is what an install does; on a crowded scratch
+        # disk zones grow as written
         free = shutil.disk_usage(work).free
         preallocate = free > 3 * DRIVES * s["drive"]
         result["preallocated"] = preallocate

@@ -199,7 +199,8 @@ def checkpoint_workload(root: Path, g: dict, classes: bool) -> dict:
         user += model_bytes
         for n in range(g["small_files"]):
             size = rng.randint(4, 32) * KiB
-            # classes: the data path places these small flushes in hot by itself; one class: pinned warm
+            # classes: the data path places these small flushes in hot by
+            # itself; one class: pinned warm
             made = vol.create(f"{base}/state-{n}.bin", None if classes else "warm")
             pieces = list(range(0, size, 4 * KiB))
             rng.shuffle(pieces)  # out of order: the small random-write pattern
@@ -254,7 +255,7 @@ def checkpoint_workload(root: Path, g: dict, classes: bool) -> dict:
     return result
 
 
-# -- b. rebuild -------------------------------------------------------------------------------------
+# -- b. rebuild ------------------------------------------------------------------------------------
 def rebuild_bench(root: Path, g: dict) -> dict:
     vol = Volume(
         root,
@@ -288,7 +289,7 @@ def rebuild_bench(root: Path, g: dict) -> dict:
     }
 
 
-# -- c. tiering and a concurrent reader -----------------------------------------------------------------
+# -- c. tiering and a concurrent reader ------------------------------------------------------------
 def tiering_bench(root: Path, g: dict) -> dict:
     vol = Volume(
         root,
@@ -335,7 +336,8 @@ def tiering_bench(root: Path, g: dict) -> dict:
 
     alone = read_for(3.0)
     report, during = with_tiering(None)
-    # the same move again, back from warm to hot, then hot -> warm limited to 20 MB/s of media writes
+    # the same move again, back from warm to hot, then hot -> warm limited to
+    # 20 MB/s of media writes
     for made in hot:
         vol.catalog.run(lambda c, ino=made.ino: c.execute(INODES.update().where(INODES.c.ino == ino)
                                                           .values(band_class="hot")))
