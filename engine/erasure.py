@@ -50,7 +50,8 @@ HOT_CLASS = "hot"
 
 
 def inline_policy(band_class: str, max_bytes: int) -> Policy:
-    """The policy of inline stripes of ``band_class``: one "fragment", the payload, kept in the catalog."""
+    """The policy of inline stripes of ``band_class``: one "fragment", the
+    payload, kept in the catalog."""
     return Policy(
         name=band_class,
         redundancy=INLINE,
@@ -68,7 +69,8 @@ class DecodeError(Exception):
 
 
 class Encoded:
-    """The fragments of one stripe. ``release`` frees memory the C library lent (call it once written)."""
+    """The fragments of one stripe. ``release`` frees memory the C library lent
+    (call it once written)."""
 
     __slots__ = ("fragments", "_free")
 
@@ -221,7 +223,8 @@ class _NativeEncoder:
 
 
 class Decoder:
-    """Decodes stripes of one (k, m, backend): liberasurecode directly when it agrees with pyeclib."""
+    """Decodes stripes of one (k, m, backend): liberasurecode directly when
+    it agrees with pyeclib."""
 
     def __init__(self, k: int, m: int, backend: str):
         from pyeclib.ec_iface import ECDriver, PyECLib_EC_Types
@@ -333,7 +336,8 @@ class Policy:
         return self.driver.encode(data)
 
     def encode_stripe(self, data) -> Encoded:
-        """Like ``encode``, without holding the GIL where the library allows it (bytes or bytearray)."""
+        """Like ``encode``, without holding the GIL where the library allows
+        it (bytes or bytearray)."""
         if self.redundancy != "ec":
             return Encoded([data] * self.copies)
         if self._native is not None:

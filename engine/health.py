@@ -277,7 +277,8 @@ def start_self_test(device: str | None, smartctl: str, kind: str = "short") -> s
 
 # -- I/O counters -----------------------------------------------------------------
 def block_device_of(path: str) -> str | None:
-    """Kernel name of the block device under ``path`` (a device node or a folder on a disk), or None."""
+    """Kernel name of the block device under ``path`` (a device node or a
+    folder on a disk), or None."""
     try:
         st = os.stat(path)
     except OSError:

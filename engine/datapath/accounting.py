@@ -127,7 +127,8 @@ def adjust_live(conn, deltas: dict[int, int], known: dict | None = None) -> list
     sql_many(conn, "UPDATE stripes SET live_bytes = ? WHERE id = ?", updates)
     sql_many(
         conn,
-        "UPDATE zones SET live_bytes = live_bytes + ?, garbage_bytes = garbage_bytes - ? WHERE id = ?",
+        "UPDATE zones SET live_bytes = live_bytes + ?, garbage_bytes = garbage_bytes - ? WHERE id "
+        "= ?",
         [(d, d, z) for z, d in zone_delta.items() if d],
     )
     for part in chunks(dead):
@@ -159,6 +160,7 @@ def write_map(conn, ino: int, emap: ExtentMap) -> None:
         sql(conn, f"DELETE FROM extents WHERE id IN {in_list(part)}", tuple(part)).close()
     sql_many(
         conn,
-        "INSERT INTO extents (ino, file_offset, length, stripe_id, stripe_offset) VALUES (?, ?, ?, ?, ?)",
+        "INSERT INTO extents (ino, file_offset, length, stripe_id, stripe_offset) VALUES (?, ?, ?, "
+        "?, ?)",
         [(ino, e[0], e[1], e[2], e[3]) for e in emap.new_rows()],
     )

@@ -85,7 +85,8 @@ class DriveState:
         return self.state in WRITABLE_STATES and not self.write_failed and self.present()
 
     def usable_bytes(self, reserve_zones: int, max_fragment: int, reclaimable: int = 0) -> int:
-        """Bytes new fragments can surely take (each zone may waste a tail shorter than a fragment)."""
+        """Bytes new fragments can surely take (each zone may waste a tail
+        shorter than a fragment)."""
         per_zone = max(self.zone_size - max_fragment, 0)
         total = max(len(self.empty) + reclaimable - reserve_zones, 0) * per_zone
         for zone in self.open.values():

@@ -163,7 +163,8 @@ class StripeReader:
         if len(data) != info.data_length or crc32c.crc32c(data) != checksum:
             self.stats["checksum_errors"] += 1
             raise ChecksumError(
-                f"inline stripe {info.id}: {len(data)} bytes with crc32c {crc32c.crc32c(data):#010x}, "
+                f"inline stripe {info.id}: {len(data)} bytes with crc32c "
+                f"{crc32c.crc32c(data):#010x}, "
                 f"expected {info.data_length} with {checksum:#010x}"
             )
         return bytearray(data) if whole else memoryview(data)
@@ -238,7 +239,8 @@ class StripeReader:
         return result
 
     def _fetch(self, info: StripeInfo, indexes: list[int]) -> dict[int, memoryview]:
-        """Payloads of the data fragments ``indexes``, from cache or drives, decoding on any failure."""
+        """Payloads of the data fragments ``indexes``, from cache or drives,
+        decoding on any failure."""
         futures: dict[int, Future] = {}
         mine: list[tuple[int, Future]] = []
         if blocking_forbidden():  # from the cache or not at all: fetched fragments, no drive read

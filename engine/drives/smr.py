@@ -148,7 +148,8 @@ class SmrModel:
             self._move(cost, position, length)
 
     def reset(self) -> None:
-        """Zero the counters; heads and band write pointers stay (the media still hold what was written)."""
+        """Zero the counters; heads and band write pointers stay (the media still
+        hold what was written)."""
         with self._lock:
             for key, cost in list(self.drives.items()):
                 self.drives[key] = DriveCost(head=cost.head, band_wp=cost.band_wp)

@@ -20,7 +20,8 @@ OPEN_CONDITIONS = (IMPLICIT_OPEN, EXPLICIT_OPEN)
 
 
 class ZoneError(FsError):
-    """A zone operation the zoned model forbids (write off the write pointer, past capacity, ...)."""
+    """A zone operation the zoned model forbids (write off the write
+    pointer, past capacity, ...)."""
 
     errno_value = errno.EIO
 
@@ -121,7 +122,8 @@ class ZonedDrive:
             raise ZoneError(f"zone {idx} is {condition}: no writes until it is reset")
         if offset != write_pointer:
             raise ZoneError(
-                f"write at offset {offset} of zone {idx}: expected the write pointer {write_pointer} "
+                f"write at offset {offset} of zone {idx}: expected the write pointer "
+                f"{write_pointer} "
                 "(zones are append-only)"
             )
         if offset + length > capacity:

@@ -246,7 +246,8 @@ class ZoneFileDrive(ZonedDrive):
         os.posix_fadvise(self._fd(idx), offset, length, os.POSIX_FADV_WILLNEED)
 
     def start_writeback(self, idx: int, offset: int, length: int) -> None:
-        """Start writing a range to the medium without waiting, so the later fsync finds little to do."""
+        """Start writing a range to the medium without waiting, so the later
+        fsync finds little to do."""
         if _sync_file_range is not None:
             _sync_file_range(self._fd(idx), offset, length, SYNC_FILE_RANGE_WRITE)
 
@@ -272,7 +273,8 @@ class ZoneFileDrive(ZonedDrive):
                 self._cond[idx] = EMPTY if self.write_pointer(idx) == 0 else CLOSED
 
     def finish_zone(self, idx: int) -> None:
-        """No more writes until reset. The file stays short: its length is still what was written."""
+        """No more writes until reset. The file stays short: its length is
+        still what was written."""
         with self._lock:
             self._fd(idx)
             self._cond[idx] = FULL

@@ -202,7 +202,8 @@ class Cleaner:
             self.catalog,
             "clean.run",
             f"cleaning: {report.zones_cleaned} zones cleaned, {report.zones_reset} "
-            f"reset, {report.bytes_copied / 1e6:.1f} MB copied, {report.bytes_freed / 1e6:.1f} MB freed",
+            f"reset, {report.bytes_copied / 1e6:.1f} MB copied, {report.bytes_freed / 1e6:.1f} MB "
+            "freed",
             actor=actor,
             details={k: v for k, v in report.to_dict().items() if k != "victims"},
         )
@@ -223,7 +224,8 @@ class Cleaner:
         report: CleaningReport,
         tracker: Tracker,
     ) -> int | None:
-        """Copy every fragment out of the victim; returns bytes copied, None if it could not be emptied."""
+        """Copy every fragment out of the victim; returns bytes copied, None if
+        it could not be emptied."""
         rows = self.catalog.read(
             lambda conn: [
                 fragment_row(r)

@@ -129,16 +129,20 @@ class Rebuilder:
         report.elapsed_s = time.monotonic() - started
         report.status = drive_states.redundancy_status(self.catalog).to_dict()
         tracker.finish(
-            f"rebuild: {report.fragments_rebuilt} fragments rebuilt, {report.fragments_moved} moved, "
-            f"{report.mb_per_s:.1f} MB/s; {report.status['reduced']} stripes with reduced redundancy"
+            f"rebuild: {report.fragments_rebuilt} fragments rebuilt, {report.fragments_moved} "
+            "moved, "
+            f"{report.mb_per_s:.1f} MB/s; {report.status['reduced']} stripes with reduced "
+            "redundancy"
         )
         severity = "error" if report.unrecoverable else "warning" if report.unplaced else "info"
         record(
             self.catalog,
             "rebuild.run",
             f"rebuild: {report.stripes} stripes, {report.fragments_rebuilt} "
-            f"fragments rebuilt, {report.fragments_moved} moved, {report.bytes_written / 1e6:.1f} MB in "
-            f"{report.elapsed_s:.1f} s; {len(report.unrecoverable)} unrecoverable, {report.unplaced} unplaced; "
+            f"fragments rebuilt, {report.fragments_moved} moved, {report.bytes_written / 1e6:.1f} "
+            "MB in "
+            f"{report.elapsed_s:.1f} s; {len(report.unrecoverable)} unrecoverable, "
+            f"{report.unplaced} unplaced; "
             f"{report.status['reduced']} stripes still with reduced redundancy",
             severity=severity,
             actor=actor,
@@ -147,7 +151,8 @@ class Rebuilder:
         return report
 
     def _prepare(self, stripe, states, media: Media, fixer: Reconstructor, only_drive: int | None):
-        """(lost indexes, {index: bytes} to write) for one stripe; raises IOFailure if beyond repair."""
+        """(lost indexes, {index: bytes} to write) for one stripe; raises
+        IOFailure if beyond repair."""
         lost, drain = [], {}
         for idx, fragment in stripe.fragments.items():
             state = states.get(fragment.drive_id)

@@ -107,7 +107,8 @@ class Scrubber:
             media.finish()
         report.elapsed_s = time.monotonic() - started
         tracker.finish(
-            f"scrub: {report.fragments_checked} fragments and {report.inline_checked} inline stripes "
+            f"scrub: {report.fragments_checked} fragments and {report.inline_checked} inline "
+            "stripes "
             f"checked, {report.bad} bad, "
             f"{report.repaired} repaired, {report.unrepairable} unrepairable"
         )
@@ -118,7 +119,8 @@ class Scrubber:
             f"scrub checked {report.fragments_checked} fragments and "
             f"{report.inline_checked} inline stripes "
             f"({report.bytes_checked / 1e6:.1f} MB): {report.bad} bad, {report.repaired} repaired, "
-            f"{report.unrepairable} unrepairable, {report.skipped_unreadable_drive} on unreadable drives",
+            f"{report.unrepairable} unrepairable, {report.skipped_unreadable_drive} on unreadable "
+            "drives",
             severity=severity,
             actor=actor,
             details={k: v for k, v in report.to_dict().items() if k != "problems"},
@@ -218,7 +220,8 @@ class Scrubber:
                 if len(data) == length and crc32c.crc32c(data) == checksum:
                     continue
                 what = (
-                    f"inline bytes: {len(data)} of {length} with crc32c {crc32c.crc32c(data):#010x}, "
+                    f"inline bytes: {len(data)} of {length} with crc32c "
+                    f"{crc32c.crc32c(data):#010x}, "
                     f"expected {checksum:#010x}"
                 )
                 report.bad += 1
