@@ -192,16 +192,19 @@ def cmd_status(args) -> int:
     fmt = format_size
     cat, cap = report["catalog"], report["capacity"]
     print(
-        f"catalog   {cat['backend']} {cat['url']} (schema {cat['revision']}), {cat['inodes']} inodes"
+        f"catalog   {cat['backend']} {cat['url']} (schema {cat['revision']}), {cat['inodes']} "
+        "inodes"
     )
     print(
         f"capacity  usable {fmt(cap['usable_bytes'])}, free {fmt(cap['free_bytes'])}, "
-        f"raw {fmt(cap['raw_bytes'])}, live {fmt(cap['live_bytes'])}, garbage {fmt(cap['garbage_bytes'])}"
+        f"raw {fmt(cap['raw_bytes'])}, live {fmt(cap['live_bytes'])}, garbage "
+        f"{fmt(cap['garbage_bytes'])}"
     )
     print(f"drives    {len(report['drives'])}")
     for d in report["drives"]:
         print(
-            f"  {d['id']:>3} {d['state']:<9} {fmt(d['size_bytes']):>10}  zones {d['zones_empty']} empty / "
+            f"  {d['id']:>3} {d['state']:<9} {fmt(d['size_bytes']):>10}  zones {d['zones_empty']} "
+            "empty / "
             f"{d['zones_open']} open / {d['zones_full']} full  {d['path']}"
         )
     return 0
@@ -240,7 +243,8 @@ def cmd_bench(args) -> int:
         if BENCH_DIR.is_dir() else []
     if args.name not in available:
         raise UsageError(
-            f"benchmark {args.name!r}: expected one of {', '.join(available) or '(none: not a source checkout)'}"
+            f"benchmark {args.name!r}: expected one of "
+            f"{', '.join(available) or '(none: not a source checkout)'}"
         )
     return subprocess.call([sys.executable, str(BENCH_DIR / f"{args.name}.py"), *args.bench_args])
 
@@ -293,7 +297,8 @@ def cmd_serve(args) -> int:
         log.info("NFS server listening on %s:%d", host, server.port)
         print(f"NFS:    nfs://{host}:{server.port}/export?version=4.1", flush=True)
         print(
-            f"        mount -t nfs -o vers=4.1,port={server.port},nconnect=4,rsize=1048576,wsize=1048576 "
+            "        mount -t nfs -o "
+            f"vers=4.1,port={server.port},nconnect=4,rsize=1048576,wsize=1048576 "
             f"{host}:/export /mnt/shingle",
             flush=True,
         )

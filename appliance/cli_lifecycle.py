@@ -145,7 +145,8 @@ def cmd_retention(args) -> int:
             rule_id = service.add_rule(args.pattern, args.keep, action=args.rule_action,
                                        order_by=args.order_by, actor="cli")
             print(
-                f"rule {rule_id}: keep the newest {args.keep} of {args.pattern}, {args.rule_action} the rest"
+                f"rule {rule_id}: keep the newest {args.keep} of {args.pattern}, "
+                f"{args.rule_action} the rest"
             )
         elif args.action == "list":
             rules = service.list_rules()
@@ -215,8 +216,10 @@ def cmd_drives(args) -> int:
                 print(json.dumps([d.to_dict() for d in found], indent=2, default=str))
             for d in [] if args.json else found:
                 print(
-                    f"{d.id:>4} {d.state:<9} {format_size(d.capacity_bytes):>10}  zones {d.zones_empty} empty / "
-                    f"{d.zones_open} open / {d.zones_full} full  live {format_size(d.live_bytes)}  {d.path}"
+                    f"{d.id:>4} {d.state:<9} {format_size(d.capacity_bytes):>10}  zones "
+                    f"{d.zones_empty} empty / "
+                    f"{d.zones_open} open / {d.zones_full} full  live {format_size(d.live_bytes)}  "
+                    f"{d.path}"
                 )
         elif args.action == "fail":
             if args.drive is None:
@@ -234,7 +237,8 @@ def cmd_jobs(args) -> int:
             print(json.dumps([j.to_dict() for j in found], indent=2, default=str))
         for job in [] if args.json else found:
             print(
-                f"{job.id:>5} {job.kind:<12} {job.state:<8} {job.fraction:6.1%} {job.actor:<10} {job.message or ''}"
+                f"{job.id:>5} {job.kind:<12} {job.state:<8} {job.fraction:6.1%} {job.actor:<10} "
+                f"{job.message or ''}"
             )
         return 0
     return with_catalog(args, work)

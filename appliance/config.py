@@ -91,7 +91,8 @@ OPTIONS: list[Option] = [
         "sqlite_synchronous",
         "choice",
         "normal",
-        "SQLite durability for metadata commits: 'normal' (WAL; atomic after any crash, a power cut "
+        "SQLite durability for metadata commits: 'normal' (WAL; atomic after any crash, a power "
+        "cut "
         "may lose the last commits) or 'full' (fsync every commit). Data commits behind a stable "
         "WRITE or COMMIT are always 'full'.",
         choices=("normal", "full"),
@@ -108,7 +109,8 @@ OPTIONS: list[Option] = [
         "reserve_zones",
         "int",
         2,
-        "Zones per drive kept free for band cleaning, so cleaning can never deadlock on a full drive.",
+        "Zones per drive kept free for band cleaning, so cleaning can never deadlock on a full "
+        "drive.",
         minimum=1,
         maximum=64,
     ),
@@ -117,7 +119,8 @@ OPTIONS: list[Option] = [
         "inline_write_bytes",
         "int",
         65536,
-        "Durable writes up to this many bytes that would go to the hot class keep their bytes in the "
+        "Durable writes up to this many bytes that would go to the hot class keep their bytes in "
+        "the "
         "catalog's own transaction (one fsync round instead of two); tiering later folds them into "
         "erasure-coded stripes. 0 turns this off.",
         minimum=0,
@@ -137,14 +140,16 @@ OPTIONS: list[Option] = [
         "enabled",
         "bool",
         False,
-        "Attach the SMR cost model to every drive (predicts seeks, media bytes and write amplification).",
+        "Attach the SMR cost model to every drive (predicts seeks, media bytes and write "
+        "amplification).",
     ),
     Option(
         "smr_model",
         "mode",
         "choice",
         "host-managed",
-        "'host-managed' (non-sequential writes refused) or 'drive-managed' (band rewrites counted).",
+        "'host-managed' (non-sequential writes refused) or 'drive-managed' (band rewrites "
+        "counted).",
         choices=("host-managed", "drive-managed"),
     ),
     Option(
@@ -161,7 +166,8 @@ OPTIONS: list[Option] = [
         "max_record_size",
         "size",
         "5MiB",
-        "Largest RPC record accepted; a larger one closes the connection. Must exceed 1 MiB READ/WRITE "
+        "Largest RPC record accepted; a larger one closes the connection. Must exceed 1 MiB "
+        "READ/WRITE "
         "plus headers.",
         minimum=1 << 20,
         maximum=64 << 20,
@@ -248,7 +254,8 @@ OPTIONS: list[Option] = [
         "metrics_interval_s",
         "float",
         10.0,
-        "How often the daemon records its counters (NFS operations and bytes, media bytes) for charts.",
+        "How often the daemon records its counters (NFS operations and bytes, media bytes) for "
+        "charts.",
         minimum=0.1,
     ),
     Option(

@@ -146,7 +146,8 @@ def check_drives(
                     name,
                     "fail",
                     f"{path} is not readable and writable by uid {os.getuid()}",
-                    f"chown it to the service user {install.SERVICE_USER!r} (or add it to group disk)",
+                    f"chown it to the service user {install.SERVICE_USER!r} (or add it to group "
+                    "disk)",
                 )
             )
             continue
@@ -206,7 +207,8 @@ def check_free_space(paths: dict[str, Path]) -> list[Check]:
 
 
 def is_shingle_process(cmdline: list[str]) -> bool:
-    """The daemon or the web UI: `shingle ...`, `python -m appliance.cli ...`, or gunicorn serving webui."""
+    """The daemon or the web UI: `shingle ...`, `python -m appliance.cli ...`, or
+    gunicorn serving webui."""
     return any(
         os.path.basename(arg) == "shingle" or arg == "appliance.cli" or arg.startswith("webui.app")
         for arg in cmdline
@@ -376,7 +378,8 @@ def check_units(root: Path) -> Check:
 
 
 def check_unit_paths(root: Path, config: config_mod.Config, drive_paths: list[str]) -> Check:
-    """ProtectSystem=strict makes everything read-only but the unit's ReadWritePaths=: drives must be among them."""
+    """ProtectSystem=strict makes everything read-only but the unit's ReadWritePaths=:
+    drives must be among them."""
     unit_dir = install.under_root(root, install.UNIT_DIR)
     service = install.SERVICES[0]
     granted = set()
