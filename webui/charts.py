@@ -12,7 +12,8 @@ from markupsafe import Markup, escape
 def _svg(width: int, height: int, body: list[str], label: str) -> Markup:
     # Drawn at its own pixel size and only ever shrunk (CSS max-width), so text keeps its size.
     return Markup(
-        f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+        f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        'role="img" '
         f'aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg">'
         + "".join(body)
         + "</svg>"
@@ -72,7 +73,8 @@ def bars(items: list[tuple[str, float, str, str]], *, width: int = 600, label: s
         w = (width - label_w - 90) * max(value, 0) / top
         body.append(
             f'<text class="axis" x="0" y="{y + 16}">{escape(name)}</text>'
-            f'<rect class="{escape(cls)}" x="{label_w}" y="{y + 4}" width="{w:.1f}" height="{row - 8}"/>'
+            f'<rect class="{escape(cls)}" x="{label_w}" y="{y + 4}" width="{w:.1f}" '
+            f'height="{row - 8}"/>'
             f'<text class="value" x="{label_w + w + 6:.1f}" y="{y + 16}">{escape(text)}</text>'
         )
     return _svg(width, row * len(items), body, label or "bars")
@@ -103,9 +105,12 @@ def line_chart(
 
     body = [
         f'<line class="grid" x1="{left}" y1="{top}" x2="{left + plot_w}" y2="{top}"/>',
-        f'<line class="grid" x1="{left}" y1="{top + plot_h / 2}" x2="{left + plot_w}" y2="{top + plot_h / 2}"/>',
-        f'<line class="axis-line" x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}"/>',
-        f'<text class="axis" x="{left - 6}" y="{top + 10}" text-anchor="end">{escape(fmt(vmax))}</text>',
+        f'<line class="grid" x1="{left}" y1="{top + plot_h / 2}" x2="{left + plot_w}" '
+        f'y2="{top + plot_h / 2}"/>',
+        f'<line class="axis-line" x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" '
+        f'y2="{top + plot_h}"/>',
+        f'<text class="axis" x="{left - 6}" y="{top + 10}" '
+        f'text-anchor="end">{escape(fmt(vmax))}</text>',
         f'<text class="axis" x="{left - 6}" y="{top + plot_h / 2 + 4}" '
         f'text-anchor="end">{escape(fmt(vmax / 2))}</text>',
         f'<text class="axis" x="{left - 6}" y="{top + plot_h}" text-anchor="end">0</text>',
@@ -136,7 +141,8 @@ ZONE_STATES = ("empty", "open", "full", "garbage", "offline")
 
 
 def zone_kind(zone: dict) -> str:
-    """empty | open | full | garbage (a full zone mostly holding dead bytes: cleaning's next pick) | offline."""
+    """empty | open | full | garbage (a full zone mostly holding dead bytes:
+    cleaning's next pick) | offline."""
     state = zone["state"]
     if state == "full" and zone.get("garbage_bytes", 0) > zone.get("live_bytes", 0):
         return "garbage"
@@ -147,7 +153,8 @@ MAX_CELLS = 2048  # a 20 TB drive has ~80,000 zones: beyond this, one cell stand
 
 
 def zone_cells(zones: list[dict]) -> list[dict]:
-    """Per-zone rows (idx, state, band_class, write_pointer, live/garbage bytes, zone_size) -> map cells."""
+    """Per-zone rows (idx, state, band_class, write_pointer, live/garbage bytes,
+    zone_size) -> map cells."""
     cells = []
     for i, z in enumerate(zones):
         kind = zone_kind(z)
@@ -182,7 +189,8 @@ def band_map(cells: list[dict], *, label: str = "band map") -> Markup:
             + f", {fill * 100:.0f}% written"
         )
         body.append(
-            f'<rect class="{escape(cls)}" x="{x}" y="{y}" width="{cell - gap}" height="{cell - gap}">'
+            f'<rect class="{escape(cls)}" x="{x}" y="{y}" width="{cell - gap}" '
+            f'height="{cell - gap}">'
             f"<title>{escape(title)}</title></rect>"
         )
         if 0 < fill < 1 and c["kind"] == "open":

@@ -30,7 +30,8 @@ ACTION_SCHEMA = Schema(
             "action",
             "string",
             "What to do: mark_failed (stop using it now), drain (move its data off, then "
-            "remove), rebuild (restore redundancy of stripes that lost a fragment), smart_test (start a SMART "
+            "remove), rebuild (restore redundancy of stripes that lost a fragment), smart_test "
+            "(start a SMART "
             "short self-test)",
             enum=ACTIONS,
         ),
@@ -121,7 +122,8 @@ def band_counts(drive_id: int) -> dict[str, dict[str, int]]:
 
 
 def do_action(drive_id: int, action: str, who: str) -> tuple[str, int | None]:
-    """Do or queue one action; returns what happened (for a flash message or the API) and the job queued."""
+    """Do or queue one action; returns what happened (for a flash message or the
+    API) and the job queued."""
     from engine.lifecycle import drives as lifecycle
     shingle = core.ctx()
     if action not in ACTIONS:
@@ -132,7 +134,8 @@ def do_action(drive_id: int, action: str, who: str) -> tuple[str, int | None]:
     if action == "mark_failed":
         old, new = lifecycle.fail_drive(shingle.catalog, drive_id, actor=who)
         return (
-            f"drive {drive_id}: {old} -> {new}; a rebuild restores its fragments on the other drives",
+            f"drive {drive_id}: {old} -> {new}; a rebuild restores its fragments on the other "
+            "drives",
             None,
         )
     if action == "drain":
@@ -151,7 +154,8 @@ def do_action(drive_id: int, action: str, who: str) -> tuple[str, int | None]:
             )
         job_id = queue("rebuild", {}, who)
         return (
-            f"rebuild job {job_id} queued: it restores every stripe that lost a fragment (drive {drive_id} "
+            f"rebuild job {job_id} queued: it restores every stripe that lost a fragment (drive "
+            f"{drive_id} "
             f"is {state})",
             job_id,
         )

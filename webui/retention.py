@@ -90,7 +90,8 @@ def service():
 
 
 def queue_run(rule_id: int | None, who: str) -> int:
-    """Queue a retention job for the daemon (one rule, even a disabled one, or every enabled rule)."""
+    """Queue a retention job for the daemon (one rule, even a disabled one,
+    or every enabled rule)."""
     if rule_id is not None:
         service().get_rule(rule_id)  # NotFound now rather than a failed job later
     return queue("retention", {"rule_id": rule_id}, who)

@@ -41,7 +41,8 @@ class Field:
     )
 
     def clean(self, value: Any) -> Any:
-        """The value if it fits, else ValueError naming the field, the value and what was expected."""
+        """The value if it fits, else ValueError naming the field, the value
+        and what was expected."""
 
         def bad(expected: str):
             shown = (
@@ -146,7 +147,8 @@ class Schema:
                     clean[f.name] = f.default
                 elif f.required:
                     errors[f.name] = (
-                        f"{f.name} is missing: expected {f.description[0].lower() + f.description[1:]}"
+                        f"{f.name} is missing: expected "
+                        f"{f.description[0].lower() + f.description[1:]}"
                     )
                 continue
             try:
