@@ -72,7 +72,8 @@ def catalog_url(request, tmp_path):
 
 @pytest.fixture
 def sqlite_catalog(tmp_path):
-    """SQLite only: for behaviour of drives, codes and jobs, where a second database only costs time."""
+    """SQLite only: for behaviour of drives, codes and jobs, where a second
+    database only costs time."""
     url = f"sqlite:///{tmp_path}/catalog.db"
     upgrade(url)
     cat = Catalog(url)

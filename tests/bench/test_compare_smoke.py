@@ -95,7 +95,8 @@ def test_compare_smoke_prints_one_line_per_metric_with_both_servers(tmp_path):
                 w for s, c, w in failures if s == "shingle" and (c == client or client == "train")
             }
             assert recorded & (workloads | {"start", "restart"}), (
-                f"shingle has no number for {metric} and no recorded failure of {workloads}: {failures}"
+                f"shingle has no number for {metric} and no recorded failure of {workloads}: "
+                f"{failures}"
             )
             assert math.isnan(ratio)
         else:
@@ -119,9 +120,11 @@ def test_compare_smoke_prints_one_line_per_metric_with_both_servers(tmp_path):
 def test_profile_parser_ranks_busy_frames_and_drops_idle_ones():
     text = "\n".join(
         [
-            'process 1:"shingle";thread (0x1);main (cli.py:10);write (engine/datapath/core.py:400) 30',
+            'process 1:"shingle";thread (0x1);main (cli.py:10);write (engine/datapath/core.py:400) '
+            '30',
             'process 1:"shingle";thread (0x1);main (cli.py:10);encode (engine/erasure.py:130) 10',
-            'process 1:"shingle";thread (0x2);run_forever (asyncio/base_events.py:600);select (selectors.py:468) 60',
+            'process 1:"shingle";thread (0x2);run_forever (asyncio/base_events.py:600);select '
+            '(selectors.py:468) 60',
         ]
     )
     prof = compare.parse_collapsed(text)

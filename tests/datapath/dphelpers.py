@@ -67,7 +67,8 @@ class Engine:
 
 
 def check_accounting(catalog):
-    """Zone and stripe accounting: wp == live + garbage per zone; stripe live == its extents' bytes."""
+    """Zone and stripe accounting: wp == live + garbage per zone; stripe live
+    == its extents' bytes."""
     zones, stripes, extents = Zone.__table__, Stripe.__table__, Extent.__table__
 
     def work(conn):

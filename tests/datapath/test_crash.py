@@ -1,4 +1,5 @@
-"""SIGKILL at a random moment while 8 writers write; after each restart every committed byte is there."""
+"""SIGKILL at a random moment while 8 writers write; after each restart every
+committed byte is there."""
 
 from __future__ import annotations
 

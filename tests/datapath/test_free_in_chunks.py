@@ -15,7 +15,8 @@ CHUNK = 8
 
 
 def pieces(ns, ino, count):
-    """``count`` separately flushed writes: one stripe and one extent each (the holes keep them apart)."""
+    """``count`` separately flushed writes: one stripe and one extent each (the
+    holes keep them apart)."""
     for i in range(count):
         size = 4 * KiB if i % 2 else 96 * KiB  # inline stripes and stripes on drives
         ns.write(ino, i * 128 * KiB, bytes([i % 251 + 1]) * size, stable=True)

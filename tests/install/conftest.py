@@ -27,7 +27,8 @@ def shingle(*args: str, check: bool = True, env: dict | None = None, timeout: fl
     )
     if check and result.returncode != 0:
         raise AssertionError(
-            f"shingle {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+            f"shingle {' '.join(args)} exited "
+            f"{result.returncode}:\n{result.stdout}\n{result.stderr}"
         )
     return result
 

@@ -28,7 +28,8 @@ def set_ports(config: Path, nfs: int, web: int) -> None:
 
 @pytest.fixture
 def installed(installed_root, tmp_path):
-    """A private copy of one installed tree, on free ports (8080 may be taken by another test run)."""
+    """A private copy of one installed tree, on free ports (8080 may be
+    taken by another test run)."""
     root = tmp_path / "root"
     shutil.copytree(installed_root, root, symlinks=True)
     set_ports(root / "etc/shingle/shingle.toml", free_port(), free_port())
@@ -45,7 +46,8 @@ def appliance_dir(tmp_path_factory):
 
 
 def statuses(output: str) -> dict[str, str]:
-    """'OK    port nfs    127.0.0.1:...' lines -> {'port nfs': 'OK'} (columns are two spaces apart)."""
+    """'OK    port nfs    127.0.0.1:...' lines -> {'port nfs': 'OK'} (columns
+    are two spaces apart)."""
     found = {}
     for line in output.splitlines():
         columns = re.split(r"\s{2,}", line.strip())
@@ -172,7 +174,8 @@ def test_shingle_processes_are_recognised():
 
 
 def test_zone_model_comes_from_the_disk_of_a_partition(tmp_path):
-    """No zoned device exists on this machine, so its sysfs entries are laid out as the kernel does."""
+    """No zoned device exists on this machine, so its sysfs entries are laid
+    out as the kernel does."""
     probe = tmp_path / "zone-file"
     probe.write_bytes(b"x")
     dev = os.stat(probe).st_dev
@@ -227,7 +230,8 @@ def test_host_before_install_is_checked_against_defaults(tmp_path):
 
 
 def test_drive_hidden_by_protect_system_must_be_fixed(installed):
-    """A drives_dir moved outside /var/lib/shingle is read-only to the daemon until install writes the drop-in."""
+    """A drives_dir moved outside /var/lib/shingle is read-only to the daemon until
+    install writes the drop-in."""
     from appliance import install
     config = installed / "etc/shingle/shingle.toml"
     config.write_text(

@@ -1,4 +1,5 @@
-"""`shingle install --root` lays out the tree, is idempotent, upgrades in place; uninstall keeps data."""
+"""`shingle install --root` lays out the tree, is idempotent, upgrades in
+place; uninstall keeps data."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ EXPECTED_FILES = {
 
 
 def tree(root: Path) -> dict[str, tuple[bytes, int]]:
-    """Every file under root: content and mtime (the catalog by revision, since SQLite rewrites its header)."""
+    """Every file under root: content and mtime (the catalog by revision, since
+    SQLite rewrites its header)."""
     files = {}
     for path in root.rglob("*"):
         if path.is_file() and not path.name.endswith(("-wal", "-shm")):
@@ -229,7 +231,8 @@ def test_a_launcher_under_home_is_flagged(root):
 
 
 def test_install_on_a_postgresql_catalog(root, postgres_server):
-    """A config the admin wrote first (PostgreSQL catalog) is kept; that database is migrated and never dropped."""
+    """A config the admin wrote first (PostgreSQL catalog) is kept; that database is
+    migrated and never dropped."""
     url = postgres_server.create_database()
     config = root / "etc/shingle/shingle.toml"
     config.parent.mkdir(parents=True)

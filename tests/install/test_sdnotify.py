@@ -29,7 +29,8 @@ WATCHDOG_USEC = 1_000_000
 
 @pytest.fixture(scope="module")
 def appliance_dir(tmp_path_factory):
-    """One `shingle init` for the module; each test passes its own free ports on the command line."""
+    """One `shingle init` for the module; each test passes its own free
+    ports on the command line."""
     folder = tmp_path_factory.mktemp("sdnotify") / "app"
     shingle("init", str(folder), "--drives", "10", "--drive-size", "16MiB", "--zone-size", "4MiB",
             "--nfs-port", "0", "--web-port", "0")
@@ -68,7 +69,8 @@ def receive_until_ready(sock, daemon, timeout: float = 60.0) -> list[tuple[float
         except TimeoutError:
             if daemon.poll() is not None:
                 pytest.fail(
-                    f"shingle serve exited {daemon.returncode} before READY=1:\n{daemon.stderr.read()[-3000:]}"
+                    f"shingle serve exited {daemon.returncode} before "
+                    f"READY=1:\n{daemon.stderr.read()[-3000:]}"
                 )
             continue
         messages.append((time.monotonic(), data))
@@ -153,7 +155,8 @@ def test_ready_after_nfs_accepts_and_watchdog_at_interval(appliance_dir, notify_
 
 
 def test_watchdog_pings_only_while_healthy(notify_socket, monkeypatch, caplog):
-    """A server thread that died or a probe that raises stops the pings, so systemd restarts the daemon."""
+    """A server thread that died or a probe that raises stops the pings, so
+    systemd restarts the daemon."""
     from appliance.sdnotify import Watchdog, watchdog_interval
     sock, path = notify_socket
     monkeypatch.setenv("NOTIFY_SOCKET", path)
@@ -198,7 +201,8 @@ def test_watchdog_pings_only_while_healthy(notify_socket, monkeypatch, caplog):
 
 
 def test_webui_is_ready_once_gunicorn_listens(appliance_dir, notify_socket):
-    """shingle-webui.service is Type=notify: `shingle webui` must leave gunicorn as the notifying main PID."""
+    """shingle-webui.service is Type=notify: `shingle webui` must leave gunicorn as
+    the notifying main PID."""
     sock, path = notify_socket
     web_port = free_port()
     folder = appliance_dir

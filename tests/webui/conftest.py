@@ -40,7 +40,8 @@ def make_config(url: str, root: Path) -> config_mod.Config:
 
 
 def seed_zones(catalog: Catalog) -> None:
-    """Give drive 1 a few written bands, as the data path leaves them, so the band map has something to draw."""
+    """Give drive 1 a few written bands, as the data path leaves them, so the band map
+    has something to draw."""
     zones = Zone.__table__
 
     def work(conn):

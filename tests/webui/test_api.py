@@ -1,4 +1,5 @@
-"""The JSON API: tokens, 401 without credentials, JSON errors, schema-driven validation, the OpenAPI document."""
+"""The JSON API: tokens, 401 without credentials, JSON errors, schema-driven
+validation, the OpenAPI document."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Every route through Flask's test client: sign-in required, CSRF enforced, validation shown, JSON errors."""
+"""Every route through Flask's test client: sign-in required, CSRF enforced,
+validation shown, JSON errors."""
 
 from __future__ import annotations
 
