@@ -75,7 +75,8 @@ def run_bare_sqlite(path: Path, files: int) -> float:
         "CREATE TABLE inodes (ino INTEGER PRIMARY KEY AUTOINCREMENT, mode INT, size INT, mtime INT)"
     )
     conn.execute(
-        "CREATE TABLE dirents (id INTEGER PRIMARY KEY AUTOINCREMENT, parent INT, name TEXT, child INT, "
+        "CREATE TABLE dirents (id INTEGER PRIMARY KEY AUTOINCREMENT, parent INT, name TEXT, child "
+        "INT, "
         "UNIQUE(parent, name))"
     )
     start = time.perf_counter()

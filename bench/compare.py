@@ -692,7 +692,8 @@ def main(argv=None) -> int:
             print(line)
     if run.cache_drop and run.cache_drop != "drop_caches":
         print(
-            "note: /proc/sys/vm/drop_caches was not permitted: cold reads evicted the backing files "
+            "note: /proc/sys/vm/drop_caches was not permitted: cold reads evicted the backing "
+            "files "
             "with posix_fadvise(DONTNEED)"
         )
     if run.errors:

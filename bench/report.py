@@ -55,7 +55,8 @@ def chart_ratios(rows, path: Path) -> Path | None:
     ax.axvline(1.0, color="grey", ls="--", lw=0.8)
     ax.invert_yaxis()
     ax.set_xlabel(
-        "shingle / NFS-Ganesha (median; black tick = goal of issue 8; red = below goal, blue = no goal)"
+        "shingle / NFS-Ganesha (median; black tick = goal of issue 8; red = below goal, blue = no "
+        "goal)"
     )
     ax.set_title("shingle vs NFS-Ganesha, same machine, same run")
     fig.tight_layout()
@@ -171,20 +172,24 @@ def render(result: dict, charts: list[tuple[str, str]]) -> str:
     L.append("")
     s, g = result["servers"].get("shingle", {}), result["servers"].get("ganesha", {})
     L.append(
-        f"- host: {result['host']['platform']}, {result['host']['cpus']} CPUs, Python {result['host']['python']}"
+        f"- host: {result['host']['platform']}, {result['host']['cpus']} CPUs, Python "
+        f"{result['host']['python']}"
     )
     L.append(
         f"- shingle: {s.get('version', '?')}, 10 emulated zone-file drives of "
-        f"{(s.get('drive_size') or 0) / 2**30:.1f} GiB ({(s.get('zone_size') or 0) / 2**20:.0f} MiB zones), "
+        f"{(s.get('drive_size') or 0) / 2**30:.1f} GiB ({(s.get('zone_size') or 0) / 2**20:.0f} "
+        "MiB zones), "
         f"warm class 8+2 (isa_l_rs_vand), SQLite catalog; served by `shingle serve --no-web`"
         + (f"; restarted {s['restarts']} time(s) after exiting" if s.get("restarts") else "")
     )
     L.append(
-        f"- NFS-Ganesha: {g.get('version', '?')}, VFS FSAL on a local folder, NFSv4.1 only, pNFS off, "
+        f"- NFS-Ganesha: {g.get('version', '?')}, VFS FSAL on a local folder, NFSv4.1 only, pNFS "
+        "off, "
         f"No_Root_Squash"
     )
     L.append(
-        f"- clients: {', '.join(result['clients'])}; {result['reps']} repetition(s), the server order "
+        f"- clients: {', '.join(result['clients'])}; {result['reps']} repetition(s), the server "
+        "order "
         f"alternating per workload (A then B, B then A next repetition); values are medians"
     )
     cd = result.get("cache_drop")
@@ -201,11 +206,14 @@ def render(result: dict, charts: list[tuple[str, str]]) -> str:
     )
     p = result.get("params", {})
     L.append(
-        f"- sizes: sequential {p.get('seq_bytes', 0) / 2**20:.0f} MiB in {p.get('io', 0) // 1024} KiB I/O; "
+        f"- sizes: sequential {p.get('seq_bytes', 0) / 2**20:.0f} MiB in {p.get('io', 0) // 1024} "
+        "KiB I/O; "
         f"{p.get('small_files')} small files of {p.get('small_size')} B; 4 KiB random writes for "
         f"{p.get('rand_seconds')} s in a {p.get('rand_file', 0) / 2**20:.0f} MiB file; "
-        f"{p.get('ckpt_writers')} checkpoint writers x {p.get('ckpt_bytes', 0) / 2**20:.0f} MiB (temp name, "
-        f"rename); {p.get('shard_readers')} readers of one {p.get('shard_bytes', 0) / 2**20:.0f} MiB shard"
+        f"{p.get('ckpt_writers')} checkpoint writers x {p.get('ckpt_bytes', 0) / 2**20:.0f} MiB "
+        "(temp name, "
+        f"rename); {p.get('shard_readers')} readers of one {p.get('shard_bytes', 0) / 2**20:.0f} "
+        "MiB shard"
     )
     L.append(f"- duration: {result['duration_s']} s")
     L.append("")
@@ -240,7 +248,8 @@ def render(result: dict, charts: list[tuple[str, str]]) -> str:
         L.append("## Server CPU seconds per workload (median, from /proc of the server process)")
         L.append("")
         L.append(
-            "Ganesha is multi-threaded C; shingle is one Python process. CPU seconds per unit of work "
+            "Ganesha is multi-threaded C; shingle is one Python process. CPU seconds per unit of "
+            "work "
             "show where shingle spends its time when the wall-clock ratio is low."
         )
         L.append("")
@@ -290,11 +299,14 @@ def render(result: dict, charts: list[tuple[str, str]]) -> str:
                 continue
             ck, ds = t.get("checkpoints", {}), t.get("dataset", {})
             L.append(
-                f"- {name}: state dict {ck.get('model_MiB')} MiB; torch.save / safetensors / zarr each written "
+                f"- {name}: state dict {ck.get('model_MiB')} MiB; torch.save / safetensors / zarr "
+                "each written "
                 f"as `.step-N.*.tmp`, committed, renamed to `step-N`; keep-last-2 by "
                 f"{ck.get('prune_method')}: pruned {len(ck.get('pruned', []))} "
-                f"({', '.join(ck.get('pruned', []))}), kept {ck.get('kept')}; every survivor re-read and "
-                f"compared. DataLoader: {ds.get('workers')} workers, {ds.get('corpus_MiB')} MiB of uint16 "
+                f"({', '.join(ck.get('pruned', []))}), kept {ck.get('kept')}; every survivor "
+                "re-read and "
+                f"compared. DataLoader: {ds.get('workers')} workers, {ds.get('corpus_MiB')} MiB of "
+                "uint16 "
                 f"tokens, {ds.get('seq_len')}-token samples, token sum checked."
             )
     L.append("")
@@ -307,7 +319,8 @@ def render(result: dict, charts: list[tuple[str, str]]) -> str:
                 L.append(f"- {wl}: profile failed: {prof['error']}")
                 continue
             L.append(
-                f"### {wl} ({prof['samples']} samples{', flamegraph ' + prof['svg'] if prof.get('svg') else ''})"
+                f"### {wl} ({prof['samples']} "
+                f"samples{', flamegraph ' + prof['svg'] if prof.get('svg') else ''})"
             )
             L.append("")
             L.append("| self % | function |")
@@ -329,7 +342,8 @@ def render(result: dict, charts: list[tuple[str, str]]) -> str:
         pred, sim = cluster["prediction"], cluster["simulation"]
         L.append(
             "12 nodes x 8 drives x 16 TB, 8+2 across nodes, 25 GbE; placement by shingle's own "
-            "`DataPath._place` (nodes, then drives within a node), per-drive cost by engine/drives/smr.py; "
+            "`DataPath._place` (nodes, then drives within a node), per-drive cost by "
+            "engine/drives/smr.py; "
             f"erasure coding {cluster['encode_note']}, {cluster['gateway_cores']} cores."
         )
         L.append("")
@@ -341,7 +355,8 @@ def render(result: dict, charts: list[tuple[str, str]]) -> str:
                 f"{pred[name]['write_bottleneck']} ({pred[name]['write_parts_s']}) |"
             )
         L.append(
-            f"| model: drives only | {pred['drives_only']['read_GBps']} | {pred['drives_only']['ckpt80_write_s']} "
+            f"| model: drives only | {pred['drives_only']['read_GBps']} | "
+            f"{pred['drives_only']['ckpt80_write_s']} "
             f"| SMR busy time of the busiest drive |"
         )
         lo, hi = cluster["measured"]["ckpt80_write_s"]
@@ -350,8 +365,10 @@ def render(result: dict, charts: list[tuple[str, str]]) -> str:
         )
         L.append("")
         L.append(
-            f"Placement: {sim['stripes']} stripes; fragments per node {min(sim['fragments_per_node'])}-"
-            f"{max(sim['fragments_per_node'])}; write amplification {sim['write_amplification']:.2f}; "
+            f"Placement: {sim['stripes']} stripes; fragments per node "
+            f"{min(sim['fragments_per_node'])}-"
+            f"{max(sim['fragments_per_node'])}; write amplification "
+            f"{sim['write_amplification']:.2f}; "
             f"sequential-append share {sim['sequential_append_share']:.3f}."
         )
         L.append("")
@@ -374,18 +391,23 @@ PROFILE_OF = {"seq_write_MBps": "nfsrs.seq_write", "ckpt8_write_MBps": "nfsrs.se
 REMEDIES = (
     (
         ("_write_to_self", "call_soon_threadsafe", "_selectorsockettransport.write"),
-        "the hand-off of every reply from a worker thread to the asyncio loop (one self-pipe wakeup per "
-        "request) and socket writes from Python: batch replies per wakeup, send them with sendmsg of "
+        "the hand-off of every reply from a worker thread to the asyncio loop (one self-pipe "
+        "wakeup per "
+        "request) and socket writes from Python: batch replies per wakeup, send them with sendmsg "
+        "of "
         "memoryviews, or serve READ/WRITE from a thread that owns its socket",
     ),
     (
         ("_drive_writer", "zonefiledrive.sync", "fsync", "fdatasync", "_committer"),
-        "durability on every stable WRITE/COMMIT (drive writers' writes and fsyncs of 10 zone files on one "
-        "disk here): group-commit concurrent writers' stripes so one fsync round covers many WRITEs",
+        "durability on every stable WRITE/COMMIT (drive writers' writes and fsyncs of 10 zone "
+        "files on one "
+        "disk here): group-commit concurrent writers' stripes so one fsync round covers many "
+        "WRITEs",
     ),
     (
         ("do_commit", "sqlite", "catalog", "sqlalchemy", "_sql ("),
-        "catalog transactions on the request path: batch them (one transaction per COMMIT/compound, group "
+        "catalog transactions on the request path: batch them (one transaction per "
+        "COMMIT/compound, group "
         "commit across clients) and serve GETATTR/LOOKUP from the inode cache",
     ),
     (
