@@ -298,7 +298,8 @@ class RetentionService:
             if data is not None and item.type == REG and data.pending_size(item.ino) is not None:
                 return f"has buffered writes (inode {item.ino})"
             if settle_ns and now - item.mtime_ns < settle_ns:
-                return f"modified {(now - item.mtime_ns) / 1e9:.0f} s ago, within the {self.settle_s:g} s settle time"
+                return (f"modified {(now - item.mtime_ns) / 1e9:.0f} s ago, "
+                        f"within the {self.settle_s:g} s settle time")
         return None
 
     def _not_cold(self, attr: Attr) -> list[int]:
@@ -333,7 +334,8 @@ class RetentionService:
                 order = "by mtime"
             parent_path = members[0].path.rsplit("/", 1)[0] or "/"
             for rank, match in enumerate(members[rule.keep:], start=rule.keep + 1):
-                reason = f"number {rank} of {len(members)} {order} in {parent_path}; rule {rule.id} keeps {rule.keep}"
+                reason = (f"number {rank} of {len(members)} {order} in {parent_path}; "
+                          f"rule {rule.id} keeps {rule.keep}")
                 busy = self._busy(match.attr)
                 action = rule.action
                 if busy:

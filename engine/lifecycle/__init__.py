@@ -19,6 +19,7 @@ Plain functions for the CLI and the daemon (long ones take ``progress(done, tota
     scrub.scrub(datapath, catalog, progress=, actor=, bytes_per_s=),
     cleaning.clean(datapath, catalog, progress=, actor=, max_zones=, target_free_zones=),
     tiering.tier_run(namespace, datapath, catalog, policy=, reads=, progress=, actor=),
-    jobs.runners(namespace, datapath, catalog) -> {"tier"|"clean"|"scrub"|"rebuild"|"drain": runner}.
+    jobs.runners(namespace, datapath, catalog)
+        -> {"tier"|"clean"|"scrub"|"rebuild"|"drain": runner}.
 Each returns a report dataclass with ``to_dict()``.
 """
