@@ -295,7 +295,8 @@ def adjtimex_synchronized() -> bool | None:
 
 
 def check_clock(run=subprocess.run) -> Check:
-    fix = "run an NTP client (apt-get install chrony, or systemd-timesyncd) so leases and mtimes are right"
+    fix = ("run an NTP client (apt-get install chrony, or systemd-timesyncd) so leases and mtimes "
+           "are right")
     if install.systemd_running() and shutil.which("timedatectl"):
         result = run(
             ["timedatectl", "show", "-p", "NTPSynchronized", "--value"],
