@@ -428,9 +428,9 @@ def openapi_document() -> dict:
         "info": {
             "title": "shingle admin API",
             "version": API_VERSION,
-            "description": "Everything the admin web UI does. Authenticate with a session cookie plus the "
-            "X-CSRF-Token header, or with Authorization: Bearer <API token> (create one on "
-            "the settings page or with POST /api/v1/tokens).",
+            "description": "Everything the admin web UI does. Authenticate with a session cookie "
+            "plus the X-CSRF-Token header, or with Authorization: Bearer <API token> (create one "
+            "on the settings page or with POST /api/v1/tokens).",
         },
         "security": [{"bearerAuth": []}, {"cookieAuth": []}],
         "components": {

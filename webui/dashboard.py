@@ -70,7 +70,8 @@ def index():
         end,
         rate_fmt,
         label="NFS throughput, last hour",
-        empty_message="no throughput samples in the last hour (the daemon records them while it serves NFS)",
+        empty_message="no throughput samples in the last hour "
+        "(the daemon records them while it serves NFS)",
     )
     recent = events.recent(core.ctx().catalog, 12)
     from engine import jobs

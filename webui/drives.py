@@ -16,10 +16,10 @@ from webui.schema import Field, Schema
 bp = Blueprint("drives", __name__)
 ACTIONS = ("mark_failed", "drain", "rebuild", "smart_test")
 CONFIRM = {  # actions a stray click must not do: the page asks once more (the API does not)
-    "mark_failed": "Mark drive {id} failed? It is no longer read or written; its fragments count as missing "
-    "until a rebuild restores them on the other drives.",
-    "drain": "Drain drive {id}? No new data goes to it and a drain job moves its fragments to the other drives, "
-    "after which it can be removed.",
+    "mark_failed": "Mark drive {id} failed? It is no longer read or written; its fragments count "
+    "as missing until a rebuild restores them on the other drives.",
+    "drain": "Drain drive {id}? No new data goes to it and a drain job moves its fragments to the "
+    "other drives, after which it can be removed.",
 }
 
 ACTION_SCHEMA = Schema(
