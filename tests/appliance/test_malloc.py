@@ -11,8 +11,8 @@ import ctypes, json, sys
 sys.path.insert(0, {repo!r})
 class Mallinfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                 "fordblks", "keepcost")]
 libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = Mallinfo2
 tuned = None

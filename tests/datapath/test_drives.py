@@ -79,11 +79,14 @@ C_LAYOUT = r"""
 #include <stddef.h>
 #include <linux/blkzoned.h>
 int main(void) {
-    printf("%zu %zu %zu\n", sizeof(struct blk_zone), sizeof(struct blk_zone_report), sizeof(struct blk_zone_range));
-    printf("%zu %zu %zu %zu %zu %zu\n", offsetof(struct blk_zone, wp), offsetof(struct blk_zone, type),
+    printf("%zu %zu %zu\n", sizeof(struct blk_zone), sizeof(struct blk_zone_report),
+           sizeof(struct blk_zone_range));
+    printf("%zu %zu %zu %zu %zu %zu\n", offsetof(struct blk_zone, wp),
+           offsetof(struct blk_zone, type),
            offsetof(struct blk_zone, cond), offsetof(struct blk_zone, capacity),
            offsetof(struct blk_zone_report, nr_zones), offsetof(struct blk_zone_report, flags));
-    printf("%lu %lu %lu %lu %lu %lu %lu\n", (unsigned long)BLKREPORTZONE, (unsigned long)BLKRESETZONE,
+    printf("%lu %lu %lu %lu %lu %lu %lu\n", (unsigned long)BLKREPORTZONE,
+           (unsigned long)BLKRESETZONE,
            (unsigned long)BLKGETZONESZ, (unsigned long)BLKGETNRZONES, (unsigned long)BLKOPENZONE,
            (unsigned long)BLKCLOSEZONE, (unsigned long)BLKFINISHZONE);
     return 0;

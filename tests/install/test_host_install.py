@@ -28,8 +28,9 @@ getent passwd shingle >/dev/null && { echo "precondition: user shingle already e
 # 1. no systemd
 $PY -m appliance.cli install > $T/install1.out 2>&1
 echo "user=$(getent passwd shingle | cut -d: -f1,6,7)"
-stat -c 'own %n %U:%G %a' /etc/shingle /etc/shingle/shingle.toml /var/lib/shingle /var/lib/shingle/catalog.db \
-    /var/lib/shingle/webui-secret.key /var/lib/shingle/initial-admin-password
+stat -c 'own %n %U:%G %a' /etc/shingle /etc/shingle/shingle.toml /var/lib/shingle \
+    /var/lib/shingle/catalog.db /var/lib/shingle/webui-secret.key \
+    /var/lib/shingle/initial-admin-password
 for u in shingle-nfsd.service shingle-webui.service shingle.target; do
     echo "verify $u [$(systemd-analyze verify --man=no --recursive-errors=no $u 2>&1)]"
 done
@@ -67,7 +68,8 @@ $PY -m appliance.cli uninstall > $T/uninstall.out 2>&1
 echo "kept=$(ls /var/lib/shingle/catalog.db /etc/shingle/shingle.toml | tr '\n' ' ')"
 echo "--- purge" >> $T/systemctl.log
 $PY -m appliance.cli uninstall --purge > $T/purge.out 2>&1
-echo "purged=$(ls -d /var/lib/shingle /etc/shingle /etc/systemd/system/shingle-nfsd.service 2>/dev/null | wc -l)"
+echo "purged=$(ls -d /var/lib/shingle /etc/shingle /etc/systemd/system/shingle-nfsd.service \
+    2>/dev/null | wc -l)"
 echo "user-after-purge=$(getent passwd shingle | cut -d: -f1)"
 """
 
