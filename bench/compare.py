@@ -479,7 +479,8 @@ def profile_shingle(run: Run, outdir: Path) -> dict:
             run_workload(server, client, "seq_cleanup", run.params, run.timeout)
         if not raw.exists():
             out[key] = {
-                "error": f"py-spy wrote nothing (exit {spy.returncode}): {(err or '').strip()[-300:]}"
+                "error": f"py-spy wrote nothing (exit {spy.returncode}): "
+                f"{(err or '').strip()[-300:]}"
             }
             continue
         prof = parse_collapsed(raw.read_text(errors="replace"))

@@ -1,7 +1,7 @@
 """NFS-Ganesha as the reference server of the benchmarks.
 
     from bench.ganesha import GaneshaServer, ensure_installed
-    ensure_installed()                      # apt-get nfs-ganesha nfs-ganesha-vfs when missing (root)
+    ensure_installed()  # apt-get nfs-ganesha nfs-ganesha-vfs when missing (root)
     with GaneshaServer(workdir, port) as g:  # exports workdir/export over NFSv4.1 on 127.0.0.1
         g.url, g.port, g.backing_dir
 

@@ -468,7 +468,8 @@ def closing(result: dict) -> list[str]:
             med = {k: (sorted(v)[len(v) // 2] if v else None) for k, v in c.items()}
             prof = profile.get(PROFILE_OF.get(base, ""), {})
             frames = [f for f, _p in prof.get("top_self", [])[:5]]
-            why = f"cpu s shingle {_fmt(med.get('shingle'), 2)} vs Ganesha {_fmt(med.get('ganesha'), 2)}"
+            why = (f"cpu s shingle {_fmt(med.get('shingle'), 2)} "
+                   f"vs Ganesha {_fmt(med.get('ganesha'), 2)}")
             if frames:
                 why += "; top self frames: " + ", ".join(
                     f"`{f}` {p:.0f}%" for f, p in prof["top_self"][:4]
