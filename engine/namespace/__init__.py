@@ -22,7 +22,6 @@ import threading
 import time
 
 from engine.catalog.database import Catalog
-from engine.namespace.cache import AttrCache
 from engine.namespace.common import (  # noqa: F401 - the package's public names
     CACHE_MAX_ENTRIES,
     CACHE_TTL_S,
@@ -56,11 +55,11 @@ from engine.namespace.common import (  # noqa: F401 - the package's public names
 )
 from engine.namespace.directory import DirectoryOps
 from engine.namespace.files import FileOps
-from engine.namespace.lookup import Lookup
 from engine.namespace.xattrs import Xattrs
 
 
-class Namespace(AttrCache, Lookup, Xattrs, DirectoryOps, FileOps):
+# each part builds on Lookup (which builds on AttrCache), so the type checker sees what they share
+class Namespace(Xattrs, DirectoryOps, FileOps):
     def __init__(self, catalog: Catalog, data: FileData | None = None):
         self.catalog = catalog
         self.data = data

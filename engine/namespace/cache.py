@@ -2,17 +2,33 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
-from engine.catalog.database import commits_between
+from engine.catalog.database import Catalog, commits_between
 from engine.catalog.database import sql_one as _one
-from engine.namespace.common import CACHE_MAX_ENTRIES, CACHE_TTL_S, Attr, Touched
+from engine.namespace.common import CACHE_MAX_ENTRIES, CACHE_TTL_S, Attr, FileData, Touched
 
 log = logging.getLogger("shingle.namespace")
 
 
 class AttrCache:
     """Part of Namespace: the cache and ``_write``; uses the attributes Namespace.__init__ sets."""
+
+    # the state every part shares, set by Namespace.__init__
+    catalog: Catalog
+    data: FileData | None
+    root_ino: int
+    _cache: dict[int, Attr]
+    _names: dict[tuple[int, str], int]
+    _xattr_cache: dict[int, dict[str, bytes]]
+    _cache_epoch: int | None
+    _cache_since: float
+    _cache_gen: int
+    _cache_lock: threading.Lock
+    _open_refs: dict[int, int]
+    _open_lock: threading.Lock
+    _change_listeners: tuple
 
     # -- cache -----------------------------------------------------------------
     # Attributes and names are cached in process. A commit the cache cannot account for (by

@@ -32,9 +32,10 @@ from engine.namespace.common import (
     Touched,
     check_name,
 )
+from engine.namespace.lookup import Lookup
 
 
-class DirectoryOps:
+class DirectoryOps(Lookup):
     """Part of Namespace: every change of names, each one ``_write`` transaction."""
 
     def _dir_for_change(self, conn: Connection, cred: Cred, dir_ino: int) -> Attr:

@@ -20,9 +20,10 @@ from engine.namespace.common import (
     FileData,
     may,
 )
+from engine.namespace.lookup import Lookup
 
 
-class FileOps:
+class FileOps(Lookup):
     """Part of Namespace: attributes changes, data through the data path, open references."""
 
     def setattr(self, cred: Cred, ino: int, *, mode: int | None = None,

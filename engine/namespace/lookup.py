@@ -10,6 +10,7 @@ from engine import errors
 from engine.catalog.database import in_list
 from engine.catalog.database import sql as _sql
 from engine.catalog.database import sql_one as _one
+from engine.namespace.cache import AttrCache
 from engine.namespace.common import (
     ATTR_COLUMNS,
     ATTR_SQL,
@@ -34,7 +35,7 @@ from engine.namespace.common import (
 )
 
 
-class Lookup:
+class Lookup(AttrCache):
     """Part of Namespace: reads, through the cache where it is valid."""
 
     @staticmethod

@@ -6,11 +6,12 @@ from sqlalchemy import select
 from engine import errors
 from engine.catalog.database import sql as _sql
 from engine.namespace.common import R_OK, W_OK, XATTR_NAME_MAX, XATTR_VALUE_MAX, XATTRS, Cred
+from engine.namespace.lookup import Lookup
 
 XATTR_CACHE_BYTES = 4096  # larger maps (streams, big values) are read each time
 
 
-class Xattrs:
+class Xattrs(Lookup):
     """Part of Namespace: getxattr, listxattr, setxattr, removexattr."""
 
     # -- extended attributes ------------------------------------------------------
