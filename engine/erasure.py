@@ -167,12 +167,14 @@ class _NativeEncoder:
 
     def encode(self, data) -> Encoded:
         length = len(data)
+        keep: bytes | ctypes.Array[ctypes.c_char]
         if isinstance(data, bytes):
             source = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p)
             keep = data
         else:
-            keep = (ctypes.c_char * length).from_buffer(data)
-            source = ctypes.cast(keep, ctypes.c_void_p)
+            view = (ctypes.c_char * length).from_buffer(data)
+            source = ctypes.cast(view, ctypes.c_void_p)
+            keep = view
         pp = ctypes.POINTER(ctypes.POINTER(ctypes.c_char))
         data_p, parity_p, flen = pp(), pp(), ctypes.c_uint64()
         rc = self.lib.liberasurecode_encode(self.desc, source, length, ctypes.byref(data_p),
@@ -269,7 +271,7 @@ class Policy:
     compression: str | None
     header_size: int = 0  # bytes pyeclib puts before each fragment's payload
     _driver: object = field(default=None, repr=False)
-    _native: object = field(default=None, repr=False)
+    _native: _NativeEncoder | None = field(default=None, repr=False)
     _min_parity: int = 1
 
     def set_min_parity(self, count: int) -> None:
@@ -462,6 +464,8 @@ def _check_systematic(policy: Policy, key: str) -> None:
 def _attach_native(policy: Policy) -> None:
     """Use liberasurecode directly when it produces exactly pyeclib's fragments."""
     from pyeclib.ec_iface import PyECLib_EC_Types
+    if policy.backend is None:  # replicated and inline policies have no codec
+        return
     try:
         native = _NativeEncoder(PyECLib_EC_Types[policy.backend].value, policy.k, policy.m)
         for length in (policy.k * 4096, policy.k * 512 + 5, 1):

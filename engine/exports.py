@@ -56,7 +56,7 @@ class ExportValueError(errors.InvalidArgument, ValueError):
         super().__init__(f"{field} = {shown}: expected {expected}")
 
     def __str__(self) -> str:  # the message alone, as a ValueError shows it (no "[Errno 22]")
-        return self.strerror
+        return self.strerror or ""
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def clean_name(text: str) -> str:
     return "/" + "/".join(parts)
 
 
-def clean_clients(text: str) -> str:
+def clean_clients(text: object) -> str:
     """'10.0.0.0/8, 192.168.1.5' -> '10.0.0.0/8,192.168.1.5/32' (each checked)."""
     if not isinstance(text, str) or len(text) > PATH_MAX:
         raise ExportValueError("clients", text, f"a string of at most {PATH_MAX} characters")

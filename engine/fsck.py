@@ -61,8 +61,8 @@ def check(
     report = FsckReport(len(inodes), len(dirents), len(extents))
     problem = report.problems.append
 
-    names = Counter()
-    subdirs = Counter()
+    names: Counter[tuple[int, str]] = Counter()
+    subdirs: Counter[int] = Counter()
     parents: dict[int, list[int]] = defaultdict(list)
     for parent, name, child in dirents:
         if parent not in inodes:

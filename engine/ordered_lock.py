@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import cast
 
 # name -> rank; lower ranks are taken first (outermost)
 RANKS: dict[str, int] = {
@@ -67,7 +68,7 @@ def checking() -> bool:
     return _checking
 
 
-def lock(name: str) -> threading.Lock:
+def lock(name: str) -> threading.Lock | CheckedLock:
     """A mutex of rank ``RANKS[name]``."""
     rank = RANKS[name]
     return (
@@ -77,7 +78,7 @@ def lock(name: str) -> threading.Lock:
     )
 
 
-def rlock(name: str) -> threading.RLock:
+def rlock(name: str) -> threading.RLock | CheckedLock:
     """A re-entrant mutex of rank ``RANKS[name]`` (taking it again while held is no order error)."""
     rank = RANKS[name]
     return (
@@ -89,7 +90,8 @@ def rlock(name: str) -> threading.RLock:
 
 def condition(name: str) -> threading.Condition:
     """A condition variable over a (non-re-entrant) mutex of rank ``RANKS[name]``."""
-    return threading.Condition(lock(name))
+    # CheckedLock has the acquire/release/locked Condition uses
+    return threading.Condition(cast(threading.Lock, lock(name)))
 
 
 def _stack() -> list:

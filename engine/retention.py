@@ -123,7 +123,7 @@ def validate_choice(what: str, value, choices: tuple[str, ...]) -> str:
 
 
 def _validate_fields(fields: dict) -> dict:
-    clean = {}
+    clean: dict[str, object] = {}
     for key, value in fields.items():
         if key == "pattern":
             clean[key] = validate_pattern(value)

@@ -57,7 +57,7 @@ class SmbValueError(errors.InvalidArgument, ValueError):
         super().__init__(f"{field} = {shown}: expected {expected}")
 
     def __str__(self) -> str:
-        return self.strerror
+        return self.strerror or ""
 
 
 class Passdb(Protocol):

@@ -14,6 +14,7 @@ Paths under no export use the trash at the namespace root with DEFAULT_TRASH_DAY
 """
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -191,7 +192,7 @@ class Trash:
     def _homes(self) -> list[_TrashHome]:
         rows = self.catalog.read(lambda conn: conn.execute(
             select(EXPORTS.c.name, EXPORTS.c.path, EXPORTS.c.trash_days)).all())
-        homes = {(): _TrashHome(None, (), DEFAULT_TRASH_DAYS)}
+        homes: dict[tuple[str, ...], _TrashHome] = {(): _TrashHome(None, (), DEFAULT_TRASH_DAYS)}
         for row in rows:
             try:
                 root = tuple(split_path(row.path or "/", "export path"))
@@ -214,6 +215,20 @@ class Trash:
         if base.type != DIR:
             return None
         return self._subdir(base.ino, TRASH_DIR, create)
+
+    def _made_trash_dir(self, home: _TrashHome) -> Attr:
+        """The trash folder of ``home``, created if missing."""
+        trash_dir = self._trash_dir(home, create=True)
+        if trash_dir is None:
+            raise errors.NotADirectory(
+                f"export root {join_path(home.root)} is not a directory: it has no trash"
+            )
+        return trash_dir
+
+    def _made_subdir(self, dir_ino: int, name: str) -> Attr:
+        attr = self._subdir(dir_ino, name, create=True)
+        assert attr is not None  # only a lookup without create finds nothing
+        return attr
 
     def _subdir(self, dir_ino: int, name: str, create: bool) -> Attr | None:
         try:
@@ -257,7 +272,7 @@ class Trash:
         parent = self.namespace.resolve(join_path(parts[:-1]), follow=False)
         name = parts[-1]
         victim = self.namespace.lookup(ROOT, parent.ino, name)
-        trash_dir = self._trash_dir(home, create=True)
+        trash_dir = self._made_trash_dir(home)
         now = self.clock()
         # The xattrs go on the inode first: should the rename fail, the entry is still in place.
         for key, value in ((XATTR_ORIGIN, path), (XATTR_DELETED, str(now)), (XATTR_ACTOR, actor)):
@@ -413,7 +428,7 @@ class Trash:
         )
         return restored
 
-    def _make_parents(self, parts: list[str]) -> tuple[Attr, list[str]]:
+    def _make_parents(self, parts: builtins.list[str]) -> tuple[Attr, builtins.list[str]]:
         attr = self.namespace.getattr(self.namespace.root_ino)
         created = []
         for depth, part in enumerate(parts):
@@ -465,8 +480,8 @@ class Trash:
         return removed
 
     def _stage_and_remove(self, home: _TrashHome, dir_ino: int, name: str, victim: Attr) -> int:
-        trash_dir = self._trash_dir(home, create=True)
-        purging = self._subdir(trash_dir.ino, PURGING_DIR, create=True)
+        trash_dir = self._made_trash_dir(home)
+        purging = self._made_subdir(trash_dir.ino, PURGING_DIR)
         staged = self._free_name(purging.ino, f"{victim.ino}-{self.clock()}")
         self.namespace.rename(ROOT, dir_ino, name, purging.ino, staged)
         return remove_tree(self.namespace, purging.ino, staged)
@@ -483,7 +498,7 @@ class Trash:
         return removed
 
     def purge(self, older_than_s: float | None = None, actor: str = "system", *,
-              progress: Progress | None = None) -> list[TrashEntry]:
+              progress: Progress | None = None) -> builtins.list[TrashEntry]:
         """Remove trashed entries for good: those older than their export's ``trash_days``,
         or, with ``older_than_s``, those deleted more than that many seconds ago
         (0 empties the trash). Returns the purged entries."""
@@ -517,6 +532,8 @@ class Trash:
                 progress(done, len(due), f"purging {entry.trash_path}")
             home = homes.get(entry.export) or self._home_of(split_path(entry.trash_path))
             trash_dir = self._trash_dir(home, create=False)
+            if trash_dir is None:
+                continue  # the trash folder itself went meanwhile, and the entry with it
             try:
                 victim = self.namespace.lookup(ROOT, trash_dir.ino, entry.name)
                 if victim.ino != entry.id:

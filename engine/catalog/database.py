@@ -76,7 +76,8 @@ def sql(conn: Connection, text: str, params: tuple = ()):
     """Plain SQL with ? placeholders on the DB-API cursor of the transaction's
     connection, for the hot paths: building SQLAlchemy statements and results
     costs several times what SQLite needs to run them. Returns the cursor."""
-    cursor = conn.connection.driver_connection.cursor()
+    # a connection inside a transaction always has its DB-API connection
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     cursor.execute(_dialect_sql(conn, text), params)
     return cursor
 
@@ -99,7 +100,7 @@ def sql_all(conn: Connection, text: str, params: tuple = ()) -> list:
 def sql_many(conn: Connection, text: str, rows: list) -> None:
     """``executemany`` of one statement over ``rows`` (tuples)."""
     if rows:
-        cursor = conn.connection.driver_connection.cursor()
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]  # as above
         cursor.executemany(_dialect_sql(conn, text), rows)
         cursor.close()
 
@@ -240,7 +241,9 @@ class Catalog:
     def _sqlite_begin(conn: Connection):
         # on the DB-API connection: a SQLAlchemy statement execution here
         # cost ~10 us per transaction
-        conn.connection.driver_connection.execute(conn.info.get("begin", "BEGIN"))
+        # (a connection being begun always has its DB-API connection)
+        conn.connection.driver_connection.execute(  # type: ignore[union-attr]
+            conn.info.get("begin", "BEGIN"))
 
     # -- transactions --------------------------------------------------------
     def run(self, work: Callable[[Connection], T], *, write: bool = True, durable: bool = False,
@@ -271,7 +274,8 @@ class Catalog:
                             conn.info["begin"] = "BEGIN IMMEDIATE" if write else "BEGIN"
                         # conn.info lives with the pooled DB-API connection: never let
                         # callbacks outlive this try
-                        conn.info[AFTER_COMMIT] = callbacks = []
+                        callbacks: list[Callable[[], object]] = []
+                        conn.info[AFTER_COMMIT] = callbacks
                         try:
                             if self.is_sqlite and durable:
                                 result = self._run_sqlite_durable(conn, work)
@@ -325,7 +329,9 @@ class Catalog:
             return  # another thread is checkpointing right now
         try:
             with self.engine.connect() as conn:
-                conn.connection.dbapi_connection.execute(
+                raw = conn.connection.dbapi_connection
+                assert raw is not None  # an open connection has its DB-API connection
+                raw.execute(
                     "PRAGMA wal_checkpoint(PASSIVE)"
                 ).fetchall()
         except Exception as exc:  # noqa: BLE001 - busy or failed: the next commit tries again
@@ -335,6 +341,7 @@ class Catalog:
 
     def _run_sqlite_durable(self, conn: Connection, work):
         raw = conn.connection.dbapi_connection
+        assert raw is not None  # an open connection has its DB-API connection
         raw.execute("PRAGMA synchronous=FULL")
         try:
             with conn.begin():
@@ -372,7 +379,9 @@ class Catalog:
             return _change_counter(index)
         may_block("catalog epoch query")
         with self._watch_lock:
-            return self._watch.execute("PRAGMA data_version").fetchone()[0]
+            watch = self._watch
+            assert watch is not None  # _open_watch opened it
+            return watch.execute("PRAGMA data_version").fetchone()[0]
 
     def only_tracked(self, old: int, new: int) -> bool:
         """Whether every commit that moved the epoch from ``old`` to ``new`` was a tracked commit of

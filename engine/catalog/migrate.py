@@ -56,4 +56,7 @@ def current_revision(url: str) -> str | None:
 
 def head_revision() -> str:
     from alembic.script import ScriptDirectory
-    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    if head is None:
+        raise RuntimeError("no schema migrations found in migrations/versions")
+    return head

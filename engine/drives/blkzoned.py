@@ -138,7 +138,8 @@ class ZonedBlockDrive(ZonedDrive):
         self.zone_count = len(self._zones)
 
     def _report_all(self) -> list[dict]:
-        zones, sector = [], 0
+        zones: list[dict] = []
+        sector = 0
         while True:
             buf = pack_report_request(sector, 256)
             fcntl.ioctl(self.fd, BLKREPORTZONE, buf, True)

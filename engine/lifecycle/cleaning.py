@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 from sqlalchemy import func, select
 
@@ -241,9 +242,7 @@ class Cleaner:
         for fragment in rows:
             data = fixer.fetch(fragment)
             if data is None:  # bad or unreadable here: rebuild it from the rest of its stripe
-                stripes = self.catalog.read(
-                    lambda conn, sid=fragment.stripe_id: load_stripes(conn, [sid])
-                )
+                stripes = self.catalog.read(partial(load_stripes, stripe_ids=[fragment.stripe_id]))
                 stripe = stripes.get(fragment.stripe_id)
                 if stripe is None or stripe.fragments.get(fragment.idx) != fragment:
                     continue  # died or moved meanwhile

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import fields
+from typing import Any
 
 from engine.catalog.database import Catalog
 from engine.lifecycle.cleaning import Cleaner
@@ -24,7 +25,7 @@ Runner = Callable[[dict, Callable, str], object]
 
 def tiering_policy(catalog: Catalog) -> TieringPolicy:
     """The TieringPolicy the settings describe (defaults for anything unset)."""
-    values = {}
+    values: dict[str, Any] = {}
     for f in fields(TieringPolicy):
         raw = catalog.get_setting(SETTING_PREFIX + f.name)
         if raw is None:

@@ -26,6 +26,7 @@ from sqlalchemy import bindparam, func, select
 
 from engine import errors
 from engine.catalog.models import Fragment, Stripe, Zone
+from engine.datapath.drivestate import ZoneMem
 from engine.datapath.writers import WriteTicket
 from engine.ordered_lock import lock
 
@@ -52,7 +53,7 @@ class Media:
         self.space = datapath.space
         self.writers = datapath.writers
         self._lock = lock("lifecycle.media")
-        self._open: dict[tuple[int, str], object] = {}  # (drive, class) -> ZoneMem
+        self._open: dict[tuple[int, str], ZoneMem] = {}  # (drive, class) -> its open zone
         self._closed: set[int] = set()  # zones closed, not yet recorded as full
         # Guards _closed alone. record() runs inside the caller's catalog transaction, while
         # append() holds _lock and may wait for the catalog (_claim -> _reclaim_zones): taking
@@ -285,7 +286,8 @@ def move_fragments(conn, moves: list[tuple[int, int, int, Placement]]) -> list[i
         for r in conn.execute(select(STRIPES.c.id, STRIPES.c.live_bytes, STRIPES.c.data_length)
                               .where(STRIPES.c.id.in_(stripe_ids[part:part + 400]))):
             stripes[r.id] = r
-    updates, zone_delta, moved = [], {}, []
+    updates, moved = [], []
+    zone_delta: dict[int, int] = {}
     for fragment_id, expect_zone, expect_offset, placement in moves:
         row = rows.get(fragment_id)
         # ids can be handed out again (SQLite): the place and the checksum must
