@@ -38,7 +38,8 @@ class Committer:
         self.inline = inline
         self.max_extent = max_extent
         self.stats = stats
-        self.inflight = None  # the dispatcher's semaphore of stripes in flight, released at commit
+        # the dispatcher's semaphore of stripes in flight, released at commit
+        self.inflight: threading.BoundedSemaphore | None = None
         self.lock = lock("datapath.commit")
         self.cv = condition("datapath.commit_queue")
         self.queue: deque = deque()
@@ -153,6 +154,7 @@ class Committer:
             s.payload = b""
             s.fragments = []
             s.committed.set()
+            assert self.inflight is not None  # set before the first stripe is dispatched
             self.inflight.release()
         self.stats["stripes_committed"] += len(good)
         self.stats["client_bytes_written"] += sum(
@@ -208,7 +210,7 @@ class Committer:
         )
         # zones: the write pointer moves over the new fragments; everything below it that is not
         # live is garbage (gaps left by failed flushes included)
-        current = {}
+        current: dict[int, int] = {}
         for part in chunks(list(zone_state)):
             current.update(
                 sql_all(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Iterable
 
 from engine import errors
 from engine.blocking import may_block
@@ -33,14 +34,16 @@ class ExtentCache:
         self._generation = (
             0  # bumped by invalidate_stripes: loads that began before it are not cached
         )
-        self.on_invalidate = None  # fn(inos): also forget what else is cached of these files
+        # fn(inos): also forget what else is cached of these files
+        self.on_invalidate: Callable[[Iterable[int]], None] | None = None
 
     def invalidate(self, inos) -> None:
         with self._lock:
             for ino in inos:
                 self._map_version[ino] += 1
                 self._maps.pop(ino, None)
-        self.on_invalidate(inos)
+        if self.on_invalidate is not None:
+            self.on_invalidate(inos)
 
     def invalidate_stripes(self, stripe_ids) -> None:
         """Forget cached descriptions and data of stripes (rebuild, cleaning: fragments moved)."""
@@ -97,7 +100,7 @@ class ExtentCache:
 
         rows, infos = self.catalog.read(work)
         items = [tuple(r) for r in rows]
-        entry = ([i[0] for i in items], items, {})
+        entry: tuple[list, list, dict] = ([i[0] for i in items], items, {})
         with self._lock:
             fresh = self._generation == generation
             if fresh:
@@ -117,7 +120,8 @@ class Reads:
         self.files = files  # ino -> stripes.FileBuffer (the buffers' own dict, read without a lock)
         self.extents = extents
         self.reader = reader
-        self.hook = None  # fn(ino), called on every read that asks to be tracked
+        # fn(ino), called on every read that asks to be tracked
+        self.hook: Callable[[int], None] | None = None
         self._last_read_end: dict[int, int] = {}
 
     def read(

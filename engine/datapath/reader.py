@@ -9,7 +9,9 @@ and read-ahead share one fetch."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import crc32c
 
@@ -19,6 +21,11 @@ from engine.drives import DriveMissing
 from engine.erasure import FRAGMENT_HEADER, INLINE, decoder_for
 from engine.ordered_lock import lock
 
+
+class FragmentFuture(Future):
+    """A fragment's payload to come, and its size once known (for the cache's byte budget)."""
+
+    nbytes = 0
 
 class StripeInfo:
     COLUMNS = (
@@ -76,14 +83,14 @@ class StripeReader:
         # read-ahead waits on fragment reads: it gets its own threads so the
         # pool cannot starve itself
         self.ahead = ThreadPoolExecutor(2, thread_name_prefix="shingle-readahead")
-        self.cache: OrderedDict = OrderedDict()  # (stripe, idx) -> Future[memoryview]
+        self.cache: OrderedDict[tuple[int, int], FragmentFuture] = OrderedDict()
         self.cache_bytes = cache_bytes
         self._cached = 0
         self._lock = lock("datapath.reader_cache")
         self._decoding: dict[int, Future] = {}
         self._corrupt: set[tuple[int, int]] = set()  # (stripe, idx) that failed their checksum
         # called as repair_hook(info, indexes, good fragments) after a decode around bad checksums
-        self.repair_hook = None
+        self.repair_hook: Callable[[StripeInfo, set[int], dict], None] | None = None
         self.stats = {
             "fragment_reads": 0,
             "inline_reads": 0,
@@ -171,7 +178,9 @@ class StripeReader:
 
     def _will_read(self, info: StripeInfo, idx: int) -> None:
         where = info.fragments.get(idx)
-        drive = self.drives.get(where[0]) if where is not None else None
+        if where is None:
+            return
+        drive = self.drives.get(where[0])
         if drive is None or drive.backend is None or not drive.readable():
             return
         try:
@@ -182,12 +191,12 @@ class StripeReader:
     def _decode(self, info: StripeInfo, bad: set[int]) -> dict[int, memoryview]:
         """One decode per stripe at a time: concurrent readers of the stripe share it."""
         with self._lock:
-            fut = self._decoding.get(info.id)
-            mine = fut is None
-            if mine:
-                fut = self._decoding[info.id] = Future()
-        if not mine:
-            return fut.result()
+            waiting = self._decoding.get(info.id)
+            if waiting is None:
+                fut: Future[dict[int, memoryview]] = Future()
+                self._decoding[info.id] = fut
+        if waiting is not None:
+            return waiting.result()
         try:
             result = self._decode_now(info, bad)
             fut.set_result(result)
@@ -241,8 +250,8 @@ class StripeReader:
     def _fetch(self, info: StripeInfo, indexes: list[int]) -> dict[int, memoryview]:
         """Payloads of the data fragments ``indexes``, from cache or drives,
         decoding on any failure."""
-        futures: dict[int, Future] = {}
-        mine: list[tuple[int, Future]] = []
+        futures: dict[int, FragmentFuture] = {}
+        mine: list[tuple[int, FragmentFuture]] = []
         if blocking_forbidden():  # from the cache or not at all: fetched fragments, no drive read
             with self._lock:
                 hits = [self.cache.get((info.id, i)) for i in indexes]
@@ -253,7 +262,7 @@ class StripeReader:
                 key = (info.id, i)
                 fut = self.cache.get(key)
                 if fut is None:
-                    fut = Future()
+                    fut = FragmentFuture()
                     fut.set_running_or_notify_cancel()
                     self.cache[key] = fut
                     mine.append((i, fut))
@@ -266,15 +275,15 @@ class StripeReader:
         if len(mine) > 1:
             for i, _fut in mine:
                 self._will_read(info, i)
-        jobs = []
+        jobs: list[tuple[int, FragmentFuture, Any, Exception | None]] = []
         for i, fut in mine:
             try:
                 jobs.append((i, fut, self._read_fragment(info, i, False), None))
             except (OSError, errors.FsError) as exc:
                 jobs.append((i, fut, None, exc))
-        bad = set()
-        for i, fut, payload, exc in jobs:
-            if exc is not None:
+        bad: set[int] = set()
+        for i, fut, payload, failure in jobs:
+            if failure is not None:
                 bad.add(i)
                 continue
             fut.nbytes = len(payload)
@@ -301,7 +310,7 @@ class StripeReader:
                 with self._lock:
                     if (info.id, i) in self.cache:
                         continue
-                    fut = Future()
+                    fut = FragmentFuture()
                     fut.set_running_or_notify_cancel()
                     fut.nbytes = len(payload)
                     fut.set_result(payload)
@@ -309,7 +318,7 @@ class StripeReader:
                 self._account(fut)
         return {i: f.result() for i, f in futures.items()}
 
-    def _account(self, fut: Future) -> None:
+    def _account(self, fut: FragmentFuture) -> None:
         with self._lock:
             self._cached += fut.nbytes
             while self._cached > self.cache_bytes and len(self.cache) > 1:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from sqlalchemy import func, select
 
@@ -22,6 +22,9 @@ from engine.catalog.models import Drive, Fragment, Stripe, Zone
 from engine.datapath.drivestate import DriveState, ZoneMem
 from engine.erasure import ALIGNMENT_SLACK, Policy
 from engine.ordered_lock import lock, rlock
+
+if TYPE_CHECKING:
+    from engine.datapath.writers import DriveWriters
 
 DRIVES = Drive.__table__
 ZONES = Zone.__table__
@@ -60,7 +63,7 @@ class Space:
         self.default_class = default_class
         self.reserve_zones = reserve_zones
         self.stats = stats
-        self.writers = None  # engine.datapath.writers.DriveWriters, set once they exist
+        self.writers: DriveWriters | None = None  # set once they exist, before any write
         self.lock = rlock("datapath.space")  # drives' open/empty zones, zone positions and pins
         self.drives: dict[int, DriveState] = {}
         self.zones: dict[int, ZoneMem] = {}
@@ -247,6 +250,7 @@ class Space:
                 if drive.open.get(zone.band_class) is zone:
                     del drive.open[zone.band_class]
             # through the writers' queues, behind any "finish" still queued for these zones
+            assert self.writers is not None  # zones are written (so reset) only once they exist
             self.writers.reset_zones([(drive, zone.idx) for drive, zone in done])
             for drive, zone in done:
                 zone.state, zone.band_class, zone.wp, zone.committed_wp, zone.dirty = (
@@ -317,6 +321,7 @@ class Space:
             zone.state, zone.dirty = "full", True
             del drive.open[band_class]
             # through the writer's queue: fragments queued for this zone must land first
+            assert self.writers is not None  # zones are written (so finished) only once they exist
             self.writers.finish(drive, zone.idx)
         if len(drive.empty) <= self.reserve_zones:
             return None
@@ -413,5 +418,6 @@ class Space:
                 drive.empty.add(zone.idx)
                 return False
             zone.state, zone.dirty = "full", True
+            assert self.writers is not None  # zones are written (so finished) only once they exist
             self.writers.finish(drive, zone.idx)
             return True

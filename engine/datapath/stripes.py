@@ -118,7 +118,7 @@ def drain(lock, cv, items: deque, ready, run, *, blocking: bool, batch: int = 1)
         try:
             while True:
                 with cv:
-                    taken = []
+                    taken: list = []
                     while items and ready(items[0]) and len(taken) < batch:
                         taken.append(items.popleft())
                 if not taken:
@@ -236,7 +236,7 @@ class Dispatcher:
         ):
             # a few KiB cannot fill a stripe: keep them in the catalog (inline) or replicate them in
             # the hot class; tiering re-encodes both later
-            if self._inline_room(len(payload)):
+            if self.inline is not None and self._inline_room(len(payload)):
                 policy = self.inline  # needs no drive space: ``own`` is released at dispatch
             else:
                 extra = space.need(hot, len(payload)) - own
@@ -259,7 +259,8 @@ class Dispatcher:
             with fb.ilock:
                 fb.inflight.append(stripe)
             if inline:
-                stripe.encoding = done = Future()
+                done: Future[None] = Future()
+                stripe.encoding = done
                 try:
                     self._encode(stripe)
                     done.set_result(None)
@@ -316,6 +317,7 @@ class Dispatcher:
 
     def _dispatch(self, stripe: PendingStripe) -> None:
         try:
+            assert stripe.encoding is not None  # set when the stripe was cut
             stripe.encoding.result()
             if stripe.policy is not self.inline:  # inline bytes go to the catalog, not to drives
                 self.space.place(stripe)
