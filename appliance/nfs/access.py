@@ -95,9 +95,9 @@ def need_writable(rule: ExportRule, codes: Codes) -> None:
 def status_of(exc: Exception, codes: Codes) -> int:
     """The protocol status for an exception an operation raised."""
     if isinstance(exc, OSError):  # engine.errors.FsError carries its errno
-        return codes.errno_map.get(exc.errno, codes.io)
+        return codes.errno_map.get(exc.errno, codes.io) if exc.errno is not None else codes.io
     if isinstance(exc, codes.carries_status):
-        return exc.status
+        return exc.status  # type: ignore[attr-defined]  # what carries_status lists has .status
     if isinstance(exc, CatalogUnavailable):
         return codes.delay
     return codes.serverfault

@@ -79,10 +79,11 @@ class NfsServer:
             MOUNT_PROGRAM: MountProgram(self)}
         self.connections: set = set()
         self.counters = NfsStats()
-        self.loop = None
-        self.pool = None
-        self._server = None
-        self._housekeeper = None
+        # set by start()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.pool: ThreadPoolExecutor | None = None
+        self._server: asyncio.Server | None = None
+        self._housekeeper: asyncio.Future[None] | None = None
         self._statfs = None
         self._statfs_at = 0.0
         self._statfs_lock = threading.Lock()
@@ -104,26 +105,29 @@ class NfsServer:
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="nfs-worker")
-        run = self.loop.run_in_executor
-        self.exports = await run(self.pool, ExportTable, self.catalog, self.namespace)
-        self.state = await run(self.pool, lambda: StateTable(
+        loop = self.loop = asyncio.get_running_loop()
+        pool = self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="nfs-worker")
+        run = loop.run_in_executor
+        self.exports = await run(pool, ExportTable, self.catalog, self.namespace)
+        self.state = await run(pool, lambda: StateTable(
             self.catalog, self.namespace, lease_seconds=self.lease_seconds,
             grace_seconds=self.grace_seconds))
-        self._server = await self.loop.create_server(lambda: RpcConnection(self), self.host,
-                                                     self.port, reuse_address=True, backlog=256)
-        self.port = self._server.sockets[0].getsockname()[1]
+        server = self._server = await loop.create_server(lambda: RpcConnection(self), self.host,
+                                                         self.port, reuse_address=True,
+                                                         backlog=256)
+        self.port = server.sockets[0].getsockname()[1]
         self._housekeeper = asyncio.ensure_future(self._housekeeping())
         log.info("NFSv4.1 server listening on %s:%d", self.host, self.port)
 
     async def _housekeeping(self) -> None:
         period = max(1.0, min(EXPORTS_TTL, self.lease_seconds / 4))
+        loop, state, exports = self.loop, self.state, self.exports
+        assert loop is not None and state is not None and exports is not None  # start() ran
         while True:
             await asyncio.sleep(period)
             try:
-                await self.loop.run_in_executor(self.pool, self.state.expire_idle)
-                await self.loop.run_in_executor(self.pool, self.exports.refresh)
+                await loop.run_in_executor(self.pool, state.expire_idle)
+                await loop.run_in_executor(self.pool, exports.refresh)
             except Exception:  # noqa: BLE001 - housekeeping retries next period
                 log.exception("NFS housekeeping failed")
 
@@ -141,7 +145,8 @@ class NfsServer:
             conn.abort()
         await self._server.wait_closed()
         self._server = None
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 class NfsServerThread:

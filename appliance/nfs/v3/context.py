@@ -4,13 +4,16 @@ from namespace attributes; the NFSv3 errors and status codes."""
 from __future__ import annotations
 
 import errno
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from appliance.nfs import access
 from appliance.nfs.fh import KIND_FILE
 from appliance.nfs.v3 import types as t
 from engine.catalog.models import DIR
 from engine.namespace import SET_TO_NOW, Attr
+
+if TYPE_CHECKING:
+    from appliance.nfs.exports import ExportRule
 
 MAX_IO = 1 << 20
 MAX_FILE_SIZE = (1 << 63) - 1
@@ -53,7 +56,7 @@ def status_of(exc: Exception) -> int:
 class Node3(NamedTuple):
     """A file of an export named by a v3 handle, with its attributes at decode time."""
 
-    rule: object  # appliance.nfs.exports.ExportRule
+    rule: ExportRule
     attr: Attr
 
 
@@ -88,6 +91,7 @@ class Call3:
 
     def node(self, fh) -> Node3:
         _, rule, attr = access.resolve(self.server, fh, self.address, CODES)
+        assert rule is not None and isinstance(attr, Attr)  # v3 has no pseudo-root handles
         return Node3(rule, attr)
 
     def dir_node(self, fh) -> Node3:

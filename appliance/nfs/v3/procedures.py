@@ -277,7 +277,7 @@ def _listing(cx: Call3, node: Node3, cookie: int, dircount: int, maxcount: int, 
     per_entry_min = 24 + (4 + FATTR3_SIZE + 4 + 4 + 48 if plus else 0)
     limit = max(1, min(READDIR_MAX_ENTRIES, budget // (per_entry_min + 8) + 1))
     entries, eof = cx.ns.readdir(cx.cred(node.rule), node.attr.ino, cookie, limit)
-    out = []
+    out: list = []
     used = dir_used = 0
     for entry in entries:
         name_len = _pad(len(entry.name.encode("utf-8", "surrogateescape")))

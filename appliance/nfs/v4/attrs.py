@@ -7,10 +7,14 @@ from __future__ import annotations
 import grp
 import pwd
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from appliance.nfs.onc.xdr import Array, Bool, Packer, UHyper, UInt, XdrError
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.types import bitmap4, fsid4, nfs_fh4, nfstime4, settime4, specdata4, utf8str
+
+if TYPE_CHECKING:
+    from appliance.nfs.server import NfsServer
 
 MAX_IO = 1 << 20
 MAX_FILE_SIZE = (1 << 63) - 1
@@ -31,7 +35,7 @@ class AttrSubject:
     fh: bytes
     fsid: tuple[int, int]
     mounted_on_fileid: int
-    server: object  # NfsServer: lease time, statfs
+    server: NfsServer  # lease time, statfs
     rdattr_error: int = 0
     minor: int = 1  # NFSv4.0 has no attribute past mounted_on_fileid
 
@@ -63,7 +67,7 @@ def _statfs(s: AttrSubject):
 
 
 # bit -> (xdr type, getter(subject) or None when only settable, settable)
-ATTRS = {
+ATTRS: dict[int, tuple] = {
     c.FATTR4_SUPPORTED_ATTRS: (bitmap4, lambda s: SUPPORTED_BITMAP if s.minor else
                                SUPPORTED_BITMAP_40, False),
     c.FATTR4_TYPE: (UInt, lambda s: s.attr.type, False),
@@ -139,10 +143,11 @@ def from_bitmap(words) -> list[int]:
 
 
 SUPPORTED = sorted(ATTRS)
-SUPPORTED_BITMAP = to_bitmap(SUPPORTED)
-SUPPORTED_BITMAP_40 = to_bitmap(b for b in SUPPORTED if b <= c.LAST_FATTR4_40)
+SUPPORTED_BITMAP: list[int] = to_bitmap(SUPPORTED)
+SUPPORTED_BITMAP_40: list[int] = to_bitmap(b for b in SUPPORTED if b <= c.LAST_FATTR4_40)
 SETTABLE = frozenset(b for b, (_, _, settable) in ATTRS.items() if settable)
-EXCLCREAT_BITMAP = to_bitmap([c.FATTR4_SIZE, c.FATTR4_MODE, c.FATTR4_OWNER, c.FATTR4_OWNER_GROUP])
+EXCLCREAT_BITMAP: list[int] = to_bitmap(
+    [c.FATTR4_SIZE, c.FATTR4_MODE, c.FATTR4_OWNER, c.FATTR4_OWNER_GROUP])
 _plans: dict[tuple, tuple] = {}
 
 
@@ -184,7 +189,7 @@ def check_supported(words) -> None:
             raise AttrError(c.NFS4ERR_ATTRNOTSUPP, f"attribute {bit} is not supported")
 
 
-def decode_settable(fattr) -> dict[int, object]:
+def decode_settable(fattr) -> dict[int, Any]:
     """The values of a client-sent fattr4 (SETATTR, CREATE, OPEN), by bit."""
     values = {}
     buf = fattr.attr_vals

@@ -176,6 +176,7 @@ def _seq_open(cx: Compound40, a):
     name = bytes(a.owner.owner)
     with state.lock:
         owner = state40.owner_for(cl, state40.OPEN_OWNER, name)
+    assert owner is not None  # owner_for creates it
     if (not owner.confirmed and owner.seqid is not None
             and not (a.seqid == owner.seqid and owner.reply is not None)):
         state40.drop_unconfirmed_owner(state, cl, owner)

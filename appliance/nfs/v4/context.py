@@ -9,7 +9,7 @@ from appliance.nfs.exports import ExportRule, PseudoDir, pseudo_ino
 from appliance.nfs.fh import KIND_FILE, KIND_PSEUDO
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.attrs import AttrError, AttrSubject
-from appliance.nfs.v4.state import NfsError
+from appliance.nfs.v4.state import Client, NfsError
 from appliance.nfs.v4.types import stateid4
 from engine.catalog.models import DIR
 from engine.namespace import Cred
@@ -66,7 +66,7 @@ class Compound:
         self.saved_stateid = None
         self.session = None
         self.slot = None
-        self.client = None
+        self.client: Client | None = None
         self._creds: dict = {}
 
     # -- identities ---------------------------------------------------------------
@@ -102,6 +102,7 @@ class Compound:
     def need_writable(self, node: Node) -> None:
         if node.pseudo is not None:
             raise NfsError(c.NFS4ERR_ROFS, "the pseudo-root is read-only")
+        assert node.export is not None  # a node outside the pseudo-root is in an export
         access.need_writable(node.export, CODES)
 
     def fh_of(self, node: Node) -> bytes:
@@ -110,6 +111,7 @@ class Compound:
             if node.pseudo is not None:
                 node.fh = codec.pack(KIND_PSEUDO, 0, node.pseudo.ino, 0)
             else:
+                assert node.export is not None  # a node outside the pseudo-root is in an export
                 node.fh = codec.pack(KIND_FILE, node.export.id, node.ino, node.generation)
         return node.fh
 
@@ -126,6 +128,7 @@ class Compound:
     def node_from_fh(self, data) -> Node:
         fh, rule, found = access.resolve(self.server, data, self.address, CODES)
         if rule is None:
+            assert isinstance(found, PseudoDir)  # no export: a pseudo-root directory
             return Node(None, found.ino, 0, pseudo=found, fh=bytes(data))
         return Node(rule, fh.ino, fh.generation, fh=bytes(data))
 
@@ -138,6 +141,7 @@ class Compound:
                                server, minor=self.minor)
         if attr is None:
             attr = self.ns.getattr(node.ino)
+        assert node.export is not None  # a node outside the pseudo-root is in an export
         mounted_on = attr.ino
         if attr.ino == node.export.root_ino:
             mounted_on = pseudo_ino(node.export.parts)

@@ -17,6 +17,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import delete, select
 
@@ -59,8 +60,8 @@ class Session:
     id: bytes
     client: Client
     slots: list
-    fore: object
-    back: object
+    fore: Any  # channel_attrs4
+    back: Any
     max_ops: int
     max_cached: int
     max_request: int
@@ -86,7 +87,7 @@ class Client:
     # NFSv4.0 only: SETCLIENTID's confirm verifier and callback (recorded, never called: no
     # delegations are granted), and the open/lock-owners by (kind, owner) (state40.Owner)
     confirm_verifier: bytes = b""
-    callback: object = None
+    callback: Any = None  # cb_client4
     owners: dict = field(default_factory=dict)
 
 
@@ -331,11 +332,10 @@ class StateTable:
         cl.sessions.clear()
         for other in list(cl.states):
             st = self.states.get(other)
-            if st is not None:
-                if st.kind == "open":
-                    self._drop_open(st)
-                else:
-                    self._drop_lock(st)
+            if isinstance(st, OpenState):
+                self._drop_open(st)
+            elif st is not None:
+                self._drop_lock(st)
         self.clients.pop(cl.clientid, None)
         if self.by_owner.get(cl.owner) is cl:
             del self.by_owner[cl.owner]
@@ -460,7 +460,7 @@ class StateTable:
             return
         for other in list(st.locks):
             lk = self.states.get(other)
-            if lk is not None:
+            if isinstance(lk, LockState):  # what an open's locks name is a lock stateid
                 self._drop_lock(lk)
         opens = self.opens_by_file.get(st.ino, [])
         if st in opens:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from appliance.nfs.v4 import const as c
-from appliance.nfs.v4.state import Client, NfsError, StateTable
+from appliance.nfs.v4.state import Client, LockState, NfsError, OpenState, StateTable
 from appliance.nfs.v4.types import clientaddr4, stateid4
 
 # An NFSv4.0 client id string and an NFSv4.1 client owner are separate name spaces (a Linux
@@ -61,7 +61,7 @@ def setclientid(state: StateTable, ident: bytes, verifier: bytes, principal: tup
             if old.owner == owner:
                 del state.unconfirmed40[clientid]
         same = conf is not None and conf.verifier == verifier and conf.principal == principal
-        clientid = conf.clientid if same else state.new_clientid()
+        clientid = conf.clientid if same and conf is not None else state.new_clientid()
         cl = Client(clientid, owner, verifier, principal, address, minor=c.MINOR_VERSION_40,
                     confirm_verifier=os.urandom(8), callback=callback)
         cl.may_reclaim = owner in state.reclaimable
@@ -194,7 +194,7 @@ def drop_unconfirmed_owner(state: StateTable, cl: Client, owner: Owner) -> None:
     with state.lock:
         for other in list(cl.states):
             st = state.states.get(other)
-            if st is not None and st.kind == "open" and st.owner == owner.owner:
+            if isinstance(st, OpenState) and st.owner == owner.owner:
                 state.close(st)
         cl.owners.pop((OPEN_OWNER, owner.owner), None)
 
@@ -203,9 +203,8 @@ def release_lockowner(state: StateTable, cl: Client, owner: bytes) -> None:
     """RELEASE_LOCKOWNER: the lock-owner's lock stateids and its sequence go, unless it still
     holds locks."""
     with state.lock:
-        mine = [state.states[o] for o in cl.states
-                if o in state.states and state.states[o].kind == "lock"
-                and state.states[o].owner == owner]
+        mine = [st for st in (state.states.get(o) for o in cl.states)
+                if isinstance(st, LockState) and st.owner == owner]
         if any(lk.ranges for lk in mine):
             raise NfsError(c.NFS4ERR_LOCKS_HELD, "the lock-owner still holds locks")
         for lk in mine:

@@ -179,7 +179,7 @@ open_delegation4 = Union("open_delegation4", UInt, {
     c.OPEN_DELEGATE_NONE: Void, c.OPEN_DELEGATE_NONE_EXT: open_none_delegation4})
 
 
-def result(resok=Void, name: str = "result", **other_arms):
+def result(resok=Void, name: str = "result", /, **other_arms):
     """union switch (nfsstat4 status) { case NFS4_OK: resok; default: void; }"""
     arms = {c.NFS4_OK: resok}
     arms.update({int(k[1:]): v for k, v in other_arms.items()})

@@ -72,6 +72,7 @@ def _parent(cx, node: Node) -> Node:
             raise NfsError(c.NFS4ERR_NOENT, "the pseudo-root has no parent")
         parent = node.pseudo.parent
         return Node(None, parent.ino, 0, pseudo=parent)
+    assert node.export is not None  # a node outside the pseudo-root is in an export
     if node.ino == node.export.root_ino:
         if not node.export.parts:
             raise NfsError(c.NFS4ERR_NOENT, "the root has no parent")
@@ -335,5 +336,6 @@ def readdir(cx, a):
 
 def _light_subject(cx, node: Node, attr):
     server = cx.server
+    assert node.export is not None  # a node outside the pseudo-root is in an export
     return AttrSubject(attr, b"", (server.handles.fsid, node.export.id), attr.ino, server,
                        minor=cx.minor)
