@@ -111,7 +111,7 @@ class StatFs:
 class FileData(Protocol):
     """The seam to the data path (engine.datapath implements it)."""
 
-    def read(self, ino: int, offset: int, length: int, size: int) -> bytes: ...  # or a bytearray
+    def read(self, ino: int, offset: int, length: int, size: int) -> bytes | bytearray: ...
     def write(self, ino: int, offset: int, data: bytes) -> int: ...  # returns new pending size
     def flush(self, ino: int) -> None: ...  # durable and committed on return
     def pending_size(self, ino: int) -> int | None: ...  # size counting buffered writes

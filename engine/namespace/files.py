@@ -124,7 +124,7 @@ class FileOps(Lookup):
             raise errors.StaleHandle(f"inode {ino} has been removed")
         return attr
 
-    def read(self, ino: int, offset: int, length: int) -> bytes:
+    def read(self, ino: int, offset: int, length: int) -> bytes | bytearray:
         """Up to ``length`` bytes at ``offset``; short at end of file."""
         if offset < 0 or length < 0:
             raise errors.InvalidArgument(f"read at {offset} of {length} bytes")
