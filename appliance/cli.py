@@ -219,7 +219,9 @@ def cmd_fsck(args) -> int:
     config = load_config(args)
     catalog = open_catalog(config)
     try:
-        report = check(catalog, int(catalog.get_setting(ROOT_INO_KEY, "1")))
+        root_ino = catalog.get_setting(ROOT_INO_KEY, "1")
+        assert root_ino is not None  # the default
+        report = check(catalog, int(root_ino))
     finally:
         catalog.close()
     if args.json:

@@ -64,6 +64,7 @@ def run_data_job(args, kind: str, params: dict | None = None) -> jobs.JobRecord:
                 maintenance.recover_interrupted()  # we own the drives: no job runs now
                 job_id = jobs.submit(appliance.catalog, kind, params, actor="cli")
                 job = jobs.claim(appliance.catalog, job_id)
+                assert job is not None  # just submitted, and we hold the daemon lock
                 runner = maintenance.runners.get(kind)
                 if runner is None:
                     jobs.finish(

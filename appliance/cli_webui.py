@@ -21,6 +21,7 @@ def cmd_webui(args) -> int:
         raise UsageError(f"--port {port}: expected a TCP port 1-65535")
     host = config.get("webui.host")
     conf = Path(__file__).resolve().parent.parent / "webui" / "gunicorn.conf.py"
+    assert config.path is not None  # load_config read it from a file
     env = dict(
         os.environ,
         SHINGLE_CONFIG=str(Path(config.path).resolve()),

@@ -10,6 +10,7 @@ turns that into one line and exit code 2.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import tomllib
 from dataclasses import dataclass
@@ -408,7 +409,7 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> Config:
     return Config(values, band_classes, path)
 
 
-def load(path: str | Path) -> Config:
+def load(path: str | os.PathLike[str]) -> Config:
     path = Path(path)
     try:
         text = path.read_text()

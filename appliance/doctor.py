@@ -269,7 +269,8 @@ def check_port(label: str, host: str, port: int) -> Check:
         )
         return Check(name, "fail", f"{host}:{port} is held by {who}",
                      f"stop it{hint} or set {label}.port in the config to a free port")
-    return Check(name, "fail", f"{host}:{port} cannot be bound ({os.strerror(err)})",
+    reason = os.strerror(err) if err is not None else "no errno"
+    return Check(name, "fail", f"{host}:{port} cannot be bound ({reason})",
                  f"free the port or set {label}.port to another one")
 
 

@@ -110,6 +110,7 @@ class _RootedConfig(config_mod.Config):
     def __init__(self, config: config_mod.Config, root: Path):
         super().__init__(config.values, config.band_classes, config.path)
         self.root = root
+        assert config.path is not None  # read from a file in the staging root
         data_dir = Path(os.path.normpath(config.path.parent / config.get("appliance.data_dir")))
         self.data_dir = (
             under_root(root, data_dir)

@@ -80,7 +80,7 @@ def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
             # a full zone takes no more writes until it is reset: the tail past its write pointer
             stranded += int(row["full"] or 0) * row["zone_size"] - int(row["full_written"] or 0)
     warm = policies.get("warm")
-    ratio = warm.k / (warm.k + warm.m) if warm is not None and getattr(warm, "m", 0) else 1.0
+    ratio = warm.k / (warm.k + warm.m) if warm is not None and warm.m else 1.0
     usable = int((raw - reserve) * ratio) if raw > reserve else 0
     free = max(int((raw - reserve - used) * ratio), 0)
     return {

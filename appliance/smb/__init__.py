@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from appliance.smb.mount import FuseMount
+    from appliance.smb.samba import SmbdSupervisor
 
 log = logging.getLogger("shingle.smb")
 
@@ -21,25 +26,26 @@ class SmbService:
         self.layout = SambaLayout.for_data_dir(appliance.config.data_dir)
         self.port, self.host = port, host
         self.mountpoint = Path(mountpoint) if mountpoint else self.layout.mount
-        self.mount = self.supervisor = None
+        self.mount: FuseMount | None = None
+        self.supervisor: SmbdSupervisor | None = None
 
     def start(self) -> None:
         from appliance.smb.mount import FuseMount
         from appliance.smb.samba import SmbdSupervisor
         from engine import smb as smb_service
         self.layout.create()
-        self.mount = FuseMount(self.appliance.namespace, self.mountpoint)
-        self.mount.start()
+        mount = self.mount = FuseMount(self.appliance.namespace, self.mountpoint)
+        mount.start()
         if self.port is None:
             return
         smb_service.ensure_default_share(self.appliance.catalog, self._default_export_path())
-        self.supervisor = SmbdSupervisor(self.appliance.catalog, self.layout,
-                                         mount=self.mountpoint, host=self.host, port=self.port,
-                                         mount_alive=self.mount.alive)
-        self.supervisor.start()
-        if not self.supervisor.started_ok.wait(30):
+        supervisor = self.supervisor = SmbdSupervisor(
+            self.appliance.catalog, self.layout, mount=self.mountpoint, host=self.host,
+            port=self.port, mount_alive=mount.alive)
+        supervisor.start()
+        if not supervisor.started_ok.wait(30):
             log.error("smbd is not accepting connections on %s:%d yet (see %s)", self.host,
-                      self.port, self.supervisor.layout.log_file)
+                      self.port, supervisor.layout.log_file)
 
     def _default_export_path(self) -> str:
         from engine import exports as export_service

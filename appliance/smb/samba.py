@@ -180,12 +180,12 @@ def render_nss(users) -> tuple[str, str]:
     """passwd and group files for nss_wrapper: root, nobody and every SMB user."""
     passwd = ["root:x:0:0:root:/root:/bin/false",
               f"nobody:x:{NOBODY_UID}:{NOGROUP_GID}:nobody:/nonexistent:/usr/sbin/nologin"]
-    groups = {0: ["root", []], NOGROUP_GID: ["nogroup", []]}
+    groups: dict[int, tuple[str, list[str]]] = {0: ("root", []), NOGROUP_GID: ("nogroup", [])}
     for user in users:
         passwd.append(f"{user.name}:x:{user.uid}:{user.gid}:SMB user:/nonexistent:"
                       "/usr/sbin/nologin")
         if user.gid not in groups:
-            groups[user.gid] = [user.name if user.gid == user.uid else f"g{user.gid}", []]
+            groups[user.gid] = (user.name if user.gid == user.uid else f"g{user.gid}", [])
         groups[user.gid][1].append(user.name)
     group = [f"{name}:x:{gid}:{','.join(members)}" for gid, (name, members) in groups.items()]
     return "\n".join(passwd) + "\n", "\n".join(group) + "\n"
@@ -339,12 +339,14 @@ class SmbdSupervisor(threading.Thread):
                     self._backoff = min(self._backoff * 2, RESTART_MAX_S)
                 if self.proc is None and time.monotonic() >= self._next_start:
                     self._start_smbd()
+                    proc = self.proc
+                    assert proc is not None  # _start_smbd started it
                     started = time.monotonic()
                     while time.monotonic() - started < 10 and not self._stopping.is_set():
-                        if self.proc.poll() is not None or self.listening():
+                        if proc.poll() is not None or self.listening():
                             break
                         time.sleep(0.05)
-                    if self.proc.poll() is None:
+                    if proc.poll() is None:
                         self.started_ok.set()
                         self._backoff = RESTART_MIN_S
                 elif changed and self.proc is not None:
