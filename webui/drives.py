@@ -7,6 +7,8 @@ and self-tests go through engine.health (the drive runs a test on its own);
 zone counts and band maps come from engine.inventory."""
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
 from engine import errors, events, health, inventory
@@ -46,7 +48,7 @@ def drive_rows(only: int | None = None) -> list[dict]:
     found = [d for d in list_drives(shingle.catalog) if only is None or d.id == only]
     out = []
     for d in found:
-        row = {
+        row: dict[str, Any] = {
             "id": d.id,
             "uuid": d.uuid,
             "path": d.path,
@@ -97,7 +99,8 @@ def band_cells(drive_id: int) -> list[dict]:
     for index in sorted(per_cell):
         parts = per_cell[index]
         zones = sum(r.n for r in parts)
-        kinds, classes = {}, {}
+        kinds: dict[str, int] = {}
+        classes: dict[str, int] = {}
         for r in parts:
             kinds[r.kind] = kinds.get(r.kind, 0) + r.n
             if r.band_class:
@@ -105,8 +108,8 @@ def band_cells(drive_id: int) -> list[dict]:
         cells.append(
             {
                 "label": f"zones {index * group}-{index * group + zones - 1}",
-                "kind": max(kinds, key=kinds.get),
-                "band_class": max(classes, key=classes.get) if classes else None,
+                "kind": max(kinds, key=kinds.__getitem__),
+                "band_class": max(classes, key=classes.__getitem__) if classes else None,
                 "fill": sum(int(r.written or 0) for r in parts) / (zones * zone_size),
                 "detail": ", ".join(
                     f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])

@@ -67,7 +67,7 @@ def delete_export(export_id: int, who: str) -> None:
 
 
 def _form_values() -> dict:
-    form = dict(request.form)
+    form: dict[str, object] = dict(request.form)
     form["enabled"] = "enabled" in request.form
     return form
 

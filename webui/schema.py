@@ -163,7 +163,7 @@ class Schema:
             raise ValidationError(errors)
         return clean
 
-    def from_form(self, form: Mapping[str, str], *, partial: bool = False) -> dict:
+    def from_form(self, form: Mapping[str, str | None], *, partial: bool = False) -> dict:
         raw: dict[str, Any] = {}
         errors: dict[str, str] = {}
         for f in self.fields:
