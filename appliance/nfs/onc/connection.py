@@ -92,6 +92,7 @@ class RpcConnection(asyncio.BufferedProtocol):
         self.fd = -1
         self.last_active = time.monotonic()
         self.record_since: float | None = None  # when the unfinished record began
+        self.writing_paused_since = 0.0  # replies past the high-water mark since then
         # Replies go straight to the socket from whichever thread made them, unless bytes are
         # already waiting in the transport (or on their way to it): then behind those, in order.
         self._send_lock = threading.Lock()
@@ -141,6 +142,7 @@ class RpcConnection(asyncio.BufferedProtocol):
 
     def pause_writing(self):
         self.writing_paused = True
+        self.writing_paused_since = time.monotonic()
         self._update_reading()
 
     def resume_writing(self):
@@ -281,12 +283,13 @@ class RpcConnection(asyncio.BufferedProtocol):
         """The fragment's buffer is full and more is announced: grow it to what has arrived,
         at least doubling it (a copy of what it holds)."""
         buf, filled, length, last = self.direct
-        size = min(length, max(2 * len(buf), filled + self._queued()))
-        if at_least:
-            size = max(size, filled + at_least)
+        if at_least:  # reading resumed while starved: a little, whatever the budgets say
+            size = filled + at_least
             self.budget.take(size - len(buf))
-        elif not self._allow(size - len(buf)):
-            return
+        else:
+            size = min(length, max(2 * len(buf), filled + self._queued()))
+            if not self._allow(size - len(buf)):
+                return
         grown = bytearray(size)
         grown[:filled] = buf
         self.held_buffers += size - len(buf)
@@ -411,11 +414,17 @@ class RpcConnection(asyncio.BufferedProtocol):
         if self.closed:
             return
         limits = self.limits
+        if self.writing_paused and now - self.writing_paused_since > limits.record_timeout:
+            _record_timeout_log.warning(
+                "%s has not read its replies for %g s (nfs.record_timeout_seconds): closing the "
+                "connection", self.peer[0], limits.record_timeout)
+            self.abort()
+            return
         if self.record_since is not None:
             held_by_server = self.reading_paused and not (self.writing_paused or self.starved)
             if not held_by_server and now - self.record_since > limits.record_timeout:
                 _record_timeout_log.warning(
-                    "a record from %s was not complete after %g s (nfs.record_timeout): "
+                    "a record from %s was not complete after %g s (nfs.record_timeout_seconds): "
                     "closing the connection", self.peer[0], limits.record_timeout)
                 self.abort()
             return
