@@ -14,6 +14,7 @@ qemu user-mode only: the guest reaches the host's 127.0.0.1 as 10.0.2.2.
 The kernel, its modules and the decompressed vmlinux are cached in
 ``$SHINGLE_KERNEL_CACHE`` (default ``~/.cache/shingle-kernel-rig``) and reused.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -36,8 +37,23 @@ QEMU = "qemu-system-x86_64"
 BUSYBOX = Path("/bin/busybox")  # Debian busybox-static
 # What the NFS client rig needs; load order comes from each module's depends=.
 NFS_CLIENT_MODULES = (
-    "virtio_pci", "virtio_net", "virtio_rng", "9p", "9pnet", "9pnet_virtio", "netfs", "fscache",
-    "overlay", "sunrpc", "grace", "auth_rpcgss", "lockd", "nfs_acl", "nfs", "nfsv3", "nfsv4",
+    "virtio_pci",
+    "virtio_net",
+    "virtio_rng",
+    "9p",
+    "9pnet",
+    "9pnet_virtio",
+    "netfs",
+    "fscache",
+    "overlay",
+    "sunrpc",
+    "grace",
+    "auth_rpcgss",
+    "lockd",
+    "nfs_acl",
+    "nfs",
+    "nfsv3",
+    "nfsv4",
     "dns_resolver",
 )
 # Lines the guest program writes on ttyS1 that the host acts on.
@@ -62,16 +78,25 @@ def cache_dir() -> Path:
 # -- the kernel ---------------------------------------------------------------------------
 def kernel_package() -> str:
     """The linux-image-6.1.0-N-amd64 package that Debian's linux-image-amd64 points at now."""
-    out = subprocess.run(["apt-cache", "depends", "linux-image-amd64"], capture_output=True,
-                         text=True, timeout=60).stdout
+    out = subprocess.run(
+        ["apt-cache", "depends", "linux-image-amd64"], capture_output=True, text=True, timeout=60
+    ).stdout
     found = re.findall(r"Depends: (linux-image-6\.1\.0-\d+-amd64)\b", out)
     if found:
         return found[0]
-    out = subprocess.run(["apt-cache", "search", "--names-only", r"^linux-image-6\.1\.0-[0-9]+-amd64$"],
-                         capture_output=True, text=True, timeout=60).stdout
-    names = sorted(re.findall(r"^(linux-image-6\.1\.0-(\d+)-amd64) ", out, re.M), key=lambda n: int(n[1]))
+    out = subprocess.run(
+        ["apt-cache", "search", "--names-only", r"^linux-image-6\.1\.0-[0-9]+-amd64$"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    names = sorted(
+        re.findall(r"^(linux-image-6\.1\.0-(\d+)-amd64) ", out, re.M), key=lambda n: int(n[1])
+    )
     if not names:
-        raise RuntimeError("apt-cache knows no linux-image-6.1.0-N-amd64 package (run apt-get update)")
+        raise RuntimeError(
+            "apt-cache knows no linux-image-6.1.0-N-amd64 package (run apt-get update)"
+        )
     return names[-1][0]
 
 
@@ -110,18 +135,21 @@ def _zstd_decompress(data: bytes) -> bytes:
 
 def modinfo(ko: bytes) -> dict[str, list[str]]:
     """The key=value strings of a module's .modinfo ELF section (64-bit little-endian)."""
-    shoff, = struct.unpack_from("<Q", ko, 0x28)
+    (shoff,) = struct.unpack_from("<Q", ko, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", ko, 0x3A)
 
     def section(i: int) -> tuple[int, int, int]:
-        name, _type, _flags, _addr, offset, size = struct.unpack_from("<IIQQQQ", ko, shoff + i * shentsize)
+        name, _type, _flags, _addr, offset, size = struct.unpack_from(
+            "<IIQQQQ", ko, shoff + i * shentsize
+        )
         return name, offset, size
+
     _, names_off, _ = section(shstrndx)
     for i in range(shnum):
         name, offset, size = section(i)
-        if ko[names_off + name:ko.index(b"\0", names_off + name)] == b".modinfo":
+        if ko[names_off + name : ko.index(b"\0", names_off + name)] == b".modinfo":
             info: dict[str, list[str]] = {}
-            for item in ko[offset:offset + size].split(b"\0"):
+            for item in ko[offset : offset + size].split(b"\0"):
                 key, sep, value = item.decode(errors="replace").partition("=")
                 if sep:
                     info.setdefault(key, []).append(value)
@@ -136,7 +164,9 @@ class Kernel:
     modules: list[Path]  # uncompressed .ko files in load order
 
 
-def prepare_kernel(wanted: tuple[str, ...] = NFS_CLIENT_MODULES, log: Callable[[str], None] = print) -> Kernel:
+def prepare_kernel(
+    wanted: tuple[str, ...] = NFS_CLIENT_MODULES, log: Callable[[str], None] = print
+) -> Kernel:
     """Download Debian's kernel once into the cache; return it with the ``wanted`` modules
     and their dependencies (uncompressed, in load order; modules built into the kernel are
     left out). The .deb stays in the cache: modules asked for later come out of it."""
@@ -159,13 +189,17 @@ def prepare_kernel(wanted: tuple[str, ...] = NFS_CLIENT_MODULES, log: Callable[[
         for dep in index[key]["depends"]:
             visit(dep, path + (key,))
         order.append(key)
+
     for name in wanted:
         visit(name, ())
     missing = [key for key in order if not (home / "modules" / f"{key}.ko").exists()]
     if missing:
         _unpack_modules(home, {key: index[key]["path"] for key in missing})
-    return Kernel((home / "version").read_text().strip(), home / "vmlinux",
-                  [home / "modules" / f"{key}.ko" for key in order])
+    return Kernel(
+        (home / "version").read_text().strip(),
+        home / "vmlinux",
+        [home / "modules" / f"{key}.ko" for key in order],
+    )
 
 
 def _cached_package(cache: Path) -> str | None:
@@ -183,20 +217,30 @@ def _fetch(package: str, home: Path, log: Callable[[str], None]) -> None:
     with tempfile.TemporaryDirectory(dir=home.parent) as tmp:
         staged = Path(tmp) / "staged"
         (staged / "modules").mkdir(parents=True)
-        subprocess.run(["apt-get", "download", package], cwd=staged, check=True, capture_output=True,
-                       timeout=900)
-        deb, = staged.glob("*.deb")
+        subprocess.run(
+            ["apt-get", "download", package],
+            cwd=staged,
+            check=True,
+            capture_output=True,
+            timeout=900,
+        )
+        (deb,) = staged.glob("*.deb")
         deb.rename(staged / "kernel.deb")
         root = Path(tmp) / "root"
-        subprocess.run(["dpkg-deb", "-x", str(staged / "kernel.deb"), str(root)], check=True, timeout=600)
-        vmlinuz, = (root / "boot").glob("vmlinuz-*")
+        subprocess.run(
+            ["dpkg-deb", "-x", str(staged / "kernel.deb"), str(root)], check=True, timeout=600
+        )
+        (vmlinuz,) = (root / "boot").glob("vmlinuz-*")
         version = vmlinuz.name.removeprefix("vmlinuz-")
         (staged / "vmlinux").write_bytes(extract_vmlinux(vmlinuz.read_bytes()))
         index = {}
         for ko in (root / "lib" / "modules" / version / "kernel").rglob("*.ko*"):
             key = ko.name.split(".ko")[0].replace("-", "_")
             depends = modinfo(_module_bytes(ko)).get("depends", [""])[0]
-            index[key] = {"path": str(ko.relative_to(root)), "depends": [d for d in depends.split(",") if d]}
+            index[key] = {
+                "path": str(ko.relative_to(root)),
+                "depends": [d for d in depends.split(",") if d],
+            }
         (staged / "modules.json").write_text(json.dumps(index, indent=0, sort_keys=True))
         (staged / "version").write_text(version + "\n")
         shutil.rmtree(home, ignore_errors=True)
@@ -216,9 +260,15 @@ def _module_bytes(ko: Path) -> bytes:
 
 def _unpack_modules(home: Path, paths: dict[str, str]) -> None:
     with tempfile.TemporaryDirectory(dir=home) as tmp:
-        tar = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(home / "kernel.deb")], stdout=subprocess.PIPE)
-        subprocess.run(["tar", "-x", "-C", tmp, *[f"./{p}" for p in paths.values()]], stdin=tar.stdout,
-                       check=True, timeout=600)
+        tar = subprocess.Popen(
+            ["dpkg-deb", "--fsys-tarfile", str(home / "kernel.deb")], stdout=subprocess.PIPE
+        )
+        subprocess.run(
+            ["tar", "-x", "-C", tmp, *[f"./{p}" for p in paths.values()]],
+            stdin=tar.stdout,
+            check=True,
+            timeout=600,
+        )
         tar.stdout.close()
         tar.wait()
         for key, path in paths.items():
@@ -254,7 +304,7 @@ exec switch_root /newroot /bin/sh -c '
   echo "@@SHINGLE-VM EXIT $?" >/dev/ttyS1
   sync
   echo o > /proc/sysrq-trigger
-  sleep 60'
+  while :; do :; done'
 """
 
 
@@ -272,7 +322,8 @@ def cpio_newc(entries: list[tuple[str, int, bytes]]) -> bytes:
 
 def build_initramfs(kernel: Kernel, dest: Path) -> Path:
     entries: list[tuple[str, int, bytes]] = [
-        ("bin", 0o40755, b""), ("modules", 0o40755, b""),
+        ("bin", 0o40755, b""),
+        ("modules", 0o40755, b""),
         ("bin/busybox", 0o100755, BUSYBOX.read_bytes()),
         ("init", 0o100755, INIT.encode()),
         ("modules/order", 0o100644, "".join(f"{ko.name}\n" for ko in kernel.modules).encode()),
@@ -296,7 +347,9 @@ def accelerator() -> list[str]:
 
 def check_qemu() -> None:
     if shutil.which(QEMU) is None:
-        raise VmUnavailable(f"{QEMU} not found (Debian package qemu-system-x86; ./run-tests installs it)")
+        raise VmUnavailable(
+            f"{QEMU} not found (Debian package qemu-system-x86; ./run-tests installs it)"
+        )
     if not BUSYBOX.exists():
         raise VmUnavailable(f"{BUSYBOX} not found (Debian package busybox-static)")
     run = subprocess.run([QEMU, "-accel", "help"], capture_output=True, text=True, timeout=60)
@@ -314,9 +367,18 @@ class VmResult:
     extra: dict = field(default_factory=dict)
 
 
-def run_vm(program: Path, *, kernel: Kernel, workdir: Path, hostname: str | None = None,
-           requests: Callable[[str], str] | None = None, timeout: float = 900,
-           memory_mib: int = 1024, cpus: int = 2, on_line: Callable[[str], None] | None = None) -> VmResult:
+def run_vm(
+    program: Path,
+    *,
+    kernel: Kernel,
+    workdir: Path,
+    hostname: str | None = None,
+    requests: Callable[[str], str] | None = None,
+    timeout: float = 900,
+    memory_mib: int = 1024,
+    cpus: int = 2,
+    on_line: Callable[[str], None] | None = None,
+) -> VmResult:
     """Boot a VM that runs ``program`` (a host path, seen through the shared root) as root
     and powers off. Each ``@@SHINGLE-VM REQUEST text`` line it prints calls ``requests(text)``
     and the answer goes back as a ``@@SHINGLE-VM REPLY answer`` line on its ttyS1."""
@@ -325,18 +387,47 @@ def run_vm(program: Path, *, kernel: Kernel, workdir: Path, hostname: str | None
     initrd = build_initramfs(kernel, workdir / "initramfs.cpio")
     console_log = workdir / "console.log"
     hostname = hostname or f"shingle-vm-{uuid.uuid4().hex[:8]}"
-    append = (f"console=ttyS0 panic=-1 loglevel=4 rdinit=/init shingle_hostname={hostname} "
-              f"shingle_program={program}")
-    cmd = [QEMU, *accelerator(), "-m", str(memory_mib), "-smp", str(cpus),
-           "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-           "-kernel", str(kernel.vmlinux), "-initrd", str(initrd), "-append", append,
-           "-serial", f"file:{console_log}", "-chardev", "stdio,id=results,signal=off",
-           "-serial", "chardev:results",
-           "-netdev", "user,id=net0,ipv6=off", "-device", "virtio-net-pci,netdev=net0",
-           "-device", "virtio-rng-pci",
-           "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"]
+    append = (
+        f"console=ttyS0 panic=-1 loglevel=6 rdinit=/init shingle_hostname={hostname} "
+        f"shingle_program={program}"
+    )
+    cmd = [
+        QEMU,
+        *accelerator(),
+        "-m",
+        str(memory_mib),
+        "-smp",
+        str(cpus),
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-no-reboot",
+        "-kernel",
+        str(kernel.vmlinux),
+        "-initrd",
+        str(initrd),
+        "-append",
+        append,
+        "-serial",
+        f"file:{console_log}",
+        "-chardev",
+        "stdio,id=results,signal=off",
+        "-serial",
+        "chardev:results",
+        "-netdev",
+        "user,id=net0,ipv6=off",
+        "-device",
+        "virtio-net-pci,netdev=net0",
+        "-device",
+        "virtio-rng-pci",
+        "-virtfs",
+        "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+    ]
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     lines: list[str] = []
     status = None
     began = timed_out = False
@@ -366,7 +457,9 @@ def run_vm(program: Path, *, kernel: Kernel, workdir: Path, hostname: str | None
                 elif line.startswith(EXIT_MARKER):
                     status = int(line.split()[-1])
                 elif line.startswith(REQUEST_MARKER):
-                    answer = requests(line[len(REQUEST_MARKER):].strip()) if requests else "no handler"
+                    answer = (
+                        requests(line[len(REQUEST_MARKER) :].strip()) if requests else "no handler"
+                    )
                     proc.stdin.write(f"{REPLY_MARKER} {answer}\n".encode())
                     proc.stdin.flush()
                 elif began:
@@ -389,4 +482,3 @@ def run_vm(program: Path, *, kernel: Kernel, workdir: Path, hostname: str | None
     if stderr.strip():
         console += "\n--- qemu stderr ---\n" + stderr
     return VmResult(status, lines, console, time.monotonic() - started, timed_out)
-
