@@ -78,6 +78,23 @@ def cache_dir() -> Path:
 # -- the kernel ---------------------------------------------------------------------------
 def kernel_package() -> str:
     """The linux-image-6.1.0-N-amd64 package that Debian's linux-image-amd64 points at now."""
+    try:
+        return _kernel_package()
+    except RuntimeError:
+        _apt_update()  # a fresh machine may have no package lists yet
+        return _kernel_package()
+
+
+def _apt_update() -> None:
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    subprocess.run(
+        [*sudo, "apt-get", "-o", "DPkg::Lock::Timeout=600", "update", "-qq"],
+        capture_output=True,
+        timeout=900,
+    )
+
+
+def _kernel_package() -> str:
     out = subprocess.run(
         ["apt-cache", "depends", "linux-image-amd64"], capture_output=True, text=True, timeout=60
     ).stdout
@@ -217,13 +234,12 @@ def _fetch(package: str, home: Path, log: Callable[[str], None]) -> None:
     with tempfile.TemporaryDirectory(dir=home.parent) as tmp:
         staged = Path(tmp) / "staged"
         (staged / "modules").mkdir(parents=True)
-        subprocess.run(
-            ["apt-get", "download", package],
-            cwd=staged,
-            check=True,
-            capture_output=True,
-            timeout=900,
-        )
+        download = ["apt-get", "download", package]
+        if subprocess.run(download, cwd=staged, capture_output=True, timeout=900).returncode:
+            _apt_update()  # lists older than the mirror: the package file is gone from it
+            run = subprocess.run(download, cwd=staged, capture_output=True, text=True, timeout=900)
+            if run.returncode:
+                raise RuntimeError(f"apt-get download {package} failed: {run.stderr.strip()}")
         (deb,) = staged.glob("*.deb")
         deb.rename(staged / "kernel.deb")
         root = Path(tmp) / "root"
