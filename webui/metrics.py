@@ -16,7 +16,7 @@ from engine import metrics as samples
 from webui import core
 
 bp = Blueprint("metrics", __name__)
-STATES = ("online", "degraded", "failed", "draining", "removed")
+STATES = ("online", "degraded", "failed", "draining", "missing", "removed")
 LATENCY_RE = re.compile(r"nfs_latency_le_(inf|\d+(?:_\d+)?)")
 
 
