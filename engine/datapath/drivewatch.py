@@ -194,6 +194,13 @@ class DriveWatch:
         except (DriveMissing, ConfigError, OSError) as exc:
             self._refuse(drive, f"its folder {drive.path} is back but cannot be used: {exc}")
             return None
+        try:
+            for zone in drive.zones:  # every zone there and readable, before anything changes
+                backend.write_pointer(zone.idx)
+        except OSError as exc:
+            backend.close()
+            self._refuse(drive, f"its folder {drive.path} is back but cannot be used: {exc}")
+            return None
         with self.space.lock:
             if any(zone.inflight for zone in drive.zones):
                 backend.close()  # fragments still on their way to the old files: next round

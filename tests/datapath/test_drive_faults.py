@@ -221,3 +221,18 @@ def test_a_write_error_makes_the_drive_degraded_and_writes_move_on(sqlite_engine
     for item in attempts:
         if item is not None:
             assert engine.ns.read(item[0], 0, len(item[1])) == item[1]
+
+
+def test_a_folder_back_without_one_of_its_zone_files_stays_missing(sqlite_engine):
+    engine = sqlite_engine
+    drive_id = engine.drive_ids[5]
+    path, away = hide(engine, drive_id)
+    engine.data.check_drives()
+    os.rename(os.path.join(away, "zone-000003"), os.path.join(away, "zone-000003.lost"))
+    os.rename(away, path)
+    engine.data.check_drives()
+    assert state_of(engine, drive_id) == "missing"
+    assert "zone-000003" in drive_events(engine, drive_id, "drive.refused")[0].message
+    os.rename(os.path.join(path, "zone-000003.lost"), os.path.join(path, "zone-000003"))
+    engine.data.check_drives()
+    assert state_of(engine, drive_id) == "online"
