@@ -1,6 +1,7 @@
-"""The NFSv4.1 server: an asyncio TCP listener, the NFS program (NULL and
-COMPOUND), worker threads for blocking work, periodic lease and export
-housekeeping, and a thread runner for tests and ``shingle serve``."""
+"""The NFS server: an asyncio TCP listener whose connections (appliance.nfs.onc)
+dispatch to program 100003 (NFSv4.1 and NFSv3 on one port) and 100005 (MOUNT v3),
+worker threads for blocking work, periodic lease and export housekeeping, and a
+thread runner for tests and ``shingle serve``."""
 from __future__ import annotations
 
 import asyncio
@@ -10,16 +11,17 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from appliance.nfs import compound
-from appliance.nfs import const as c
 from appliance.nfs.exports import ExportTable
 from appliance.nfs.fh import HandleCodec
-from appliance.nfs.mount import MountProgram
-from appliance.nfs.rpc import PROC_UNAVAIL, InWorker, RpcConnection, RpcReject, accepted
-from appliance.nfs.state import StateTable
+from appliance.nfs.onc.connection import RpcConnection
+from appliance.nfs.onc.rpc import InWorker
 from appliance.nfs.stats import NfsStats
-from appliance.nfs.types3 import MOUNT_PROGRAM
-from appliance.nfs.v3 import Nfs3Program, VersionDispatch
+from appliance.nfs.v3.mount import MountProgram
+from appliance.nfs.v3.program import Nfs3Program
+from appliance.nfs.v3.types import MOUNT_PROGRAM, NFS_PROGRAM, NFS_V3
+from appliance.nfs.v4.const import NFS_V4
+from appliance.nfs.v4.program import Nfs4Program
+from appliance.nfs.v4.state import StateTable
 from engine.blocking import may_block
 
 log = logging.getLogger("shingle.nfs")
@@ -27,28 +29,29 @@ log = logging.getLogger("shingle.nfs")
 DEFAULT_MAX_RECORD = (4 << 20) + (64 << 10)
 STATFS_TTL = 2.0
 EXPORTS_TTL = 5.0
-# COMPOUNDs the event loop tries from the caches first (compound.FROM_CACHE_OPS) are this small:
-# a bigger one is a WRITE or a SETATTR-laden OPEN, which would only pay for the attempt
-FROM_CACHE_MAX_BYTES = 2048
 
 
-class Nfs4Program:
-    versions = (c.NFS_V4,)
+class VersionDispatch:
+    """One RPC program answering several versions, each by its own program object."""
 
-    def __init__(self, server: "NfsServer"):
-        self.server = server
+    def __init__(self, by_version: dict):
+        self.by_version = by_version
+        self.versions = tuple(sorted(by_version))
 
-    def call(self, conn: RpcConnection, call, cred, record, pos):
-        if call.proc == 0:
-            return []
-        if call.proc != 1:
-            raise RpcReject(accepted(call.xid, PROC_UNAVAIL))
-        if len(record) - pos > FROM_CACHE_MAX_BYTES:
-            return InWorker(compound.execute, self.server, conn.state, cred, conn.peer[0], record, pos)
-        outcome = compound.execute(self.server, conn.state, cred, conn.peer[0], record, pos, from_cache=True)
-        answered = not isinstance(outcome, compound.Handoff)
-        self.server.counters.attempt(answered)
-        return outcome if answered else InWorker(compound.resume, outcome, record)
+    def call(self, conn, call, cred, record, pos):
+        started = time.perf_counter()
+        counted = conn.server.counters.call_done
+        try:
+            result = self.by_version[call.vers].call(conn, call, cred, record, pos)
+        except BaseException:
+            counted(time.perf_counter() - started)
+            raise
+        if isinstance(result, InWorker):
+            # in the worker, once done
+            result.finished = lambda: counted(time.perf_counter() - started)
+        else:
+            counted(time.perf_counter() - started)
+        return result
 
 
 class NfsServer:
@@ -71,8 +74,9 @@ class NfsServer:
         self.exports_generation = 1
         self.exports: ExportTable | None = None
         self.state: StateTable | None = None
-        self.programs = {c.NFS4_PROGRAM: VersionDispatch({3: Nfs3Program(self), 4: Nfs4Program(self)}),
-                         MOUNT_PROGRAM: MountProgram(self)}
+        self.programs = {
+            NFS_PROGRAM: VersionDispatch({NFS_V3: Nfs3Program(self), NFS_V4: Nfs4Program(self)}),
+            MOUNT_PROGRAM: MountProgram(self)}
         self.connections: set = set()
         self.counters = NfsStats()
         self.loop = None
@@ -102,12 +106,13 @@ class NfsServer:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="nfs-worker")
-        self.exports = await self.loop.run_in_executor(self.pool, ExportTable, self.catalog, self.namespace)
-        self.state = await self.loop.run_in_executor(
-            self.pool, lambda: StateTable(self.catalog, self.namespace, lease_seconds=self.lease_seconds,
-                                          grace_seconds=self.grace_seconds))
-        self._server = await self.loop.create_server(lambda: RpcConnection(self), self.host, self.port,
-                                                     reuse_address=True, backlog=256)
+        run = self.loop.run_in_executor
+        self.exports = await run(self.pool, ExportTable, self.catalog, self.namespace)
+        self.state = await run(self.pool, lambda: StateTable(
+            self.catalog, self.namespace, lease_seconds=self.lease_seconds,
+            grace_seconds=self.grace_seconds))
+        self._server = await self.loop.create_server(lambda: RpcConnection(self), self.host,
+                                                     self.port, reuse_address=True, backlog=256)
         self.port = self._server.sockets[0].getsockname()[1]
         self._housekeeper = asyncio.ensure_future(self._housekeeping())
         log.info("NFSv4.1 server listening on %s:%d", self.host, self.port)
@@ -153,7 +158,7 @@ class NfsServerThread:
     def port(self) -> int:
         return self.server.port
 
-    def start(self) -> "NfsServerThread":
+    def start(self) -> NfsServerThread:
         self._thread = threading.Thread(target=self._run, name="nfs-server", daemon=True)
         self._thread.start()
         self._ready.wait(60)
@@ -183,7 +188,8 @@ class NfsServerThread:
         return self.server.stats()
 
     def is_alive(self) -> bool:
-        """True while the server's event-loop thread runs (the sd_notify watchdog pings only then)."""
+        """True while the server's event-loop thread runs (the sd_notify watchdog pings only
+        then)."""
         return self._thread is not None and self._thread.is_alive()
 
     def stop(self) -> None:

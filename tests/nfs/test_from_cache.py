@@ -10,8 +10,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from appliance.nfs import const as c
-from appliance.nfs import types4 as t
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4 import types as t
 from nfs4_rawclient import RawClient, open_args, stateid
 
 GETATTR = (c.OP_GETATTR, [1 << c.FATTR4_TYPE | 1 << c.FATTR4_SIZE])

@@ -1,17 +1,12 @@
-"""ONC RPC (RFC 5531) over TCP: record marking, call decoding, AUTH_SYS /
-AUTH_NONE, accepted/denied replies, and one asyncio protocol per connection.
+"""One asyncio protocol per TCP connection: ONC RPC record marking (RFC 5531
+section 11), calls handed to the server's programs, replies written scatter-gather.
 
-A ``Program`` object handles calls on the event loop: ``program.call(conn,
-call, cred, record, pos)`` returns the reply body chunks (a list of
-bytes-like), or ``InWorker(fn, *args)`` when the answer needs blocking work
-(``fn`` then runs in a worker thread and returns the chunks), or raises
-``RpcReject``. A worker sends its reply itself, straight to the socket when
-nothing is queued before it: handing it back to the event loop cost about
-40 us per call (waking the loop and passing the GIL), more than the rest of
-a cached GETATTR. Records larger than ``max_record_size`` close the
-connection; any record that does not decode as a call is answered
-GARBAGE_ARGS when its xid is readable, or dropped otherwise (invariant 7:
-bad bytes never crash the server)."""
+A worker sends its reply itself, straight to the socket when nothing is queued
+before it: handing it back to the event loop cost about 40 us per call (waking
+the loop and passing the GIL), more than the rest of a cached GETATTR. Records
+larger than ``max_record_size`` close the connection; any record that does not
+decode as a call is answered GARBAGE_ARGS when its xid is readable, or dropped
+otherwise (invariant 7: bad bytes never crash the server)."""
 from __future__ import annotations
 
 import asyncio
@@ -20,107 +15,24 @@ import os
 import socket
 import struct
 import threading
-from dataclasses import dataclass
 
-from appliance.nfs.xdr import Array, Opaque, String, Struct, UInt, XdrError
+from appliance.nfs.onc.rpc import (
+    GARBAGE_ARGS,
+    PROG_UNAVAIL,
+    REPLY,
+    InWorker,
+    RpcReject,
+    accepted,
+    parse_call,
+    prog_mismatch,
+    success_head,
+)
+from appliance.nfs.onc.xdr import XdrError
 
 log = logging.getLogger("shingle.nfs.rpc")
 
-RPC_VERSION = 2
-CALL, REPLY = 0, 1
-MSG_ACCEPTED, MSG_DENIED = 0, 1
-SUCCESS, PROG_UNAVAIL, PROG_MISMATCH, PROC_UNAVAIL, GARBAGE_ARGS, SYSTEM_ERR = range(6)
-RPC_MISMATCH, AUTH_ERROR = 0, 1
-AUTH_OK, AUTH_BADCRED, AUTH_REJECTEDCRED, AUTH_BADVERF, AUTH_REJECTEDVERF, AUTH_TOOWEAK = range(6)
-AUTH_NONE, AUTH_SYS, RPCSEC_GSS = 0, 1, 6
 LAST_FRAGMENT = 0x80000000
-
-opaque_auth = Struct("opaque_auth", ("flavor", UInt), ("body", Opaque(400)))
-call_body = Struct("call_body", ("xid", UInt), ("mtype", UInt), ("rpcvers", UInt), ("prog", UInt),
-                   ("vers", UInt), ("proc", UInt), ("cred", opaque_auth), ("verf", opaque_auth))
-authsys_parms = Struct("authsys_parms", ("stamp", UInt), ("machinename", String(255)),
-                       ("uid", UInt), ("gid", UInt), ("gids", Array(UInt, 16)))
-
 _HDR = struct.Struct(">I")
-_REPLY_HEAD = struct.Struct(">IIIIII")  # xid, REPLY, MSG_ACCEPTED, verf flavor, verf len, accept_stat
-_NO_CALL = object()
-
-
-@dataclass(slots=True)
-class Credential:
-    flavor: int
-    uid: int
-    gid: int
-    gids: tuple[int, ...]
-    machine: str = ""
-
-
-ANONYMOUS = Credential(AUTH_NONE, 65534, 65534, ())
-
-
-class InWorker:
-    """A program's answer that needs blocking work: ``fn(*args)`` runs in a worker thread and
-    returns the reply body chunks (or raises RpcReject); ``finished`` runs after it, there."""
-
-    __slots__ = ("fn", "args", "finished")
-
-    def __init__(self, fn, *args):
-        self.fn, self.args, self.finished = fn, args, None
-
-
-class RpcReject(Exception):
-    """A call answered with a non-SUCCESS accept_stat or a denial."""
-
-    def __init__(self, body: bytes):
-        super().__init__("rpc reject")
-        self.body = body
-
-
-def accepted(xid: int, stat: int, extra: bytes = b"") -> bytes:
-    return _REPLY_HEAD.pack(xid, REPLY, MSG_ACCEPTED, AUTH_NONE, 0, stat) + extra
-
-
-def prog_mismatch(xid: int, low: int, high: int) -> bytes:
-    return accepted(xid, PROG_MISMATCH, struct.pack(">II", low, high))
-
-
-def denied_auth(xid: int, why: int) -> bytes:
-    return struct.pack(">IIIII", xid, REPLY, MSG_DENIED, AUTH_ERROR, why)
-
-
-def denied_rpc_version(xid: int) -> bytes:
-    return struct.pack(">IIIIII", xid, REPLY, MSG_DENIED, RPC_MISMATCH, RPC_VERSION, RPC_VERSION)
-
-
-def success_head(xid: int) -> bytes:
-    return _REPLY_HEAD.pack(xid, REPLY, MSG_ACCEPTED, AUTH_NONE, 0, SUCCESS)
-
-
-def decode_credential(cred) -> Credential:
-    if cred.flavor == AUTH_SYS:
-        p = authsys_parms.decode(cred.body)
-        return Credential(AUTH_SYS, p.uid, p.gid, tuple(p.gids), p.machinename)
-    if cred.flavor == AUTH_NONE:
-        return ANONYMOUS
-    raise ValueError(cred.flavor)
-
-
-def parse_call(record):
-    """(call header, credential, offset of the procedure arguments) or an
-    RpcReject carrying the reply; XdrError when even the header is garbage."""
-    call, pos = call_body.unpack(record, 0)
-    if call.mtype != CALL:
-        raise XdrError(f"message type {call.mtype}: expected CALL (0)")
-    if call.rpcvers != RPC_VERSION:
-        raise RpcReject(denied_rpc_version(call.xid))
-    try:
-        cred = decode_credential(call.cred)
-    except XdrError:
-        raise RpcReject(denied_auth(call.xid, AUTH_BADCRED)) from None
-    except ValueError:
-        # RPCSEC_GSS and unknown flavors: not offered by this server (yet)
-        raise RpcReject(denied_auth(call.xid, AUTH_BADCRED if call.cred.flavor != RPCSEC_GSS else AUTH_TOOWEAK)) from None
-    return call, cred, pos
 
 
 class RpcConnection(asyncio.BufferedProtocol):
@@ -141,7 +53,8 @@ class RpcConnection(asyncio.BufferedProtocol):
         self.frags: list = []  # earlier fragments of the record being assembled
         self.frags_len = 0
         self.direct = None  # (bytearray, filled, last) while a big fragment streams in
-        self.in_flight = 0  # calls read and not yet answered (workers decrement it: under _flow_lock)
+        # calls read and not yet answered (workers decrement it: under _flow_lock)
+        self.in_flight = 0
         self.reading_paused = False
         self.writing_paused = False
         self.closed = False
@@ -219,8 +132,8 @@ class RpcConnection(asyncio.BufferedProtocol):
             last = bool(header & LAST_FRAGMENT)
             length = header & 0x7FFFFFFF
             if self.frags_len + length > self.max_record:
-                log.warning("record of %d+ bytes from %s exceeds the limit %d: closing", self.frags_len + length,
-                            self.peer[0], self.max_record)
+                log.warning("record of %d+ bytes from %s exceeds the limit %d: closing",
+                            self.frags_len + length, self.peer[0], self.max_record)
                 self.abort()
                 return
             start = self.rstart + 4
@@ -331,7 +244,8 @@ class RpcConnection(asyncio.BufferedProtocol):
                 log.debug("garbage call from %s: %s", self.peer[0], exc)
                 return [accepted(xid, GARBAGE_ARGS)]
             return None
-        log.debug("call prog %d vers %d proc %d from %s", call.prog, call.vers, call.proc, self.peer[0])
+        log.debug("call prog %d vers %d proc %d from %s", call.prog, call.vers, call.proc,
+                  self.peer[0])
         program = self.server.programs.get(call.prog)
         if program is None:
             return [accepted(call.xid, PROG_UNAVAIL)]
@@ -377,7 +291,8 @@ class RpcConnection(asyncio.BufferedProtocol):
                 self._to_transport(rest)
 
     def _to_transport(self, chunks) -> None:
-        """On the loop, under the send lock: the transport sends what it can and buffers the rest."""
+        """On the loop, under the send lock: the transport sends what it can and buffers the
+        rest."""
         if sum(len(ch) for ch in chunks) < 64 * 1024:
             self.transport.write(b"".join(chunks))
             return

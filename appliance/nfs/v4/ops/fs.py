@@ -3,42 +3,19 @@ SAVEFH, RESTOREFH, LOOKUP, LOOKUPP, GETATTR, SETATTR, VERIFY, NVERIFY, ACCESS,
 CREATE, LINK, REMOVE, RENAME, READDIR, READLINK."""
 from __future__ import annotations
 
-from appliance.nfs import attrs as fattr
-from appliance.nfs import const as c
-from appliance.nfs.compound import Node, operation
-from appliance.nfs.exports import ExportRule, PseudoDir
-from appliance.nfs.state import NfsError
-from appliance.nfs.types4 import RESULTS, change_info4, entry4
-from engine import errors
-from engine.catalog.models import BLK, CHR, DIR, LNK, REG
-from engine.namespace import R_OK, SET_TO_NOW, W_OK, X_OK, check_name
+from appliance.nfs import access as export_access
+from appliance.nfs.exports import ExportRule, PseudoDir, pseudo_ino
+from appliance.nfs.v4 import attrs as fattr
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4.attrs import AttrSubject
+from appliance.nfs.v4.context import Node
+from appliance.nfs.v4.ops.common import apply_attrs, check_component, cinfo, need_dir, resok
+from appliance.nfs.v4.registry import operation
+from appliance.nfs.v4.state import NfsError
+from appliance.nfs.v4.types import entry4
+from engine.catalog.models import BLK, CHR, DIR, LNK
 
 READDIR_BATCH = 512
-
-
-def _resok(op):
-    return RESULTS[op].arms[c.NFS4_OK]
-
-
-def check_component(name: str) -> str:
-    if not name:
-        raise NfsError(c.NFS4ERR_INVAL, "empty name")
-    try:
-        check_name(name)
-    except errors.NameTooLong as exc:
-        raise NfsError(c.NFS4ERR_NAMETOOLONG, str(exc)) from None
-    except errors.InvalidArgument as exc:
-        raise NfsError(c.NFS4ERR_BADNAME, str(exc)) from None
-    return name
-
-
-def need_dir(cx) -> Node:
-    node = cx.need_fh()
-    if node.pseudo is None:
-        attr = cx.ns.getattr(node.ino)
-        if attr.type != DIR:
-            raise NfsError(c.NFS4ERR_SYMLINK if attr.type == LNK else c.NFS4ERR_NOTDIR, "not a directory")
-    return node
 
 
 # -- file handles ------------------------------------------------------------------------
@@ -148,16 +125,6 @@ def _check_size_stateid(cx, node, sid):
             raise NfsError(c.NFS4ERR_OPENMODE, "file not open for writing")
 
 
-def apply_attrs(cx, node: Node, values: dict, *, skip=()) -> list[int]:
-    """namespace.setattr for decoded fattr4 values; returns the bits set."""
-    values = {bit: v for bit, v in values.items() if bit not in skip}
-    if not values:
-        return []
-    kw = fattr.setattr_kwargs(values, SET_TO_NOW)
-    cx.ns.setattr(cx.cred(node), node.ino, **kw)
-    return sorted(values)
-
-
 @operation(c.OP_SETATTR)
 def setattr_(cx, a):
     node = cx.need_file()
@@ -193,21 +160,14 @@ def access(cx, want):
     node = cx.need_fh()
     if node.pseudo is not None:
         granted = want & (c.ACCESS4_READ | c.ACCESS4_LOOKUP)
-        return _resok(c.OP_ACCESS).cls(want & c.ACCESS4_ALL, granted)
+        return resok(c.OP_ACCESS).cls(want & c.ACCESS4_ALL, granted)
     attr = cx.ns.getattr(node.ino)
-    bits = cx.ns.access(cx.cred(node), node.ino, R_OK | W_OK | X_OK)
+    granted = export_access.granted_access(cx.ns, cx.cred(node), attr, node.export)
     is_dir = attr.type == DIR
-    granted = 0
-    if bits & R_OK:
-        granted |= c.ACCESS4_READ
-    if bits & X_OK:
-        granted |= c.ACCESS4_LOOKUP if is_dir else c.ACCESS4_EXECUTE
-    if bits & W_OK and not node.export.read_only:
-        granted |= c.ACCESS4_MODIFY | c.ACCESS4_EXTEND | (c.ACCESS4_DELETE if is_dir else 0)
     supported = c.ACCESS4_READ | c.ACCESS4_MODIFY | c.ACCESS4_EXTEND
     supported |= (c.ACCESS4_LOOKUP | c.ACCESS4_DELETE) if is_dir else c.ACCESS4_EXECUTE
     supported &= want
-    return _resok(c.OP_ACCESS).cls(supported, granted & supported)
+    return resok(c.OP_ACCESS).cls(supported, granted & supported)
 
 
 # -- changes ---------------------------------------------------------------------------------------
@@ -215,10 +175,6 @@ def _dir_for_change(cx) -> Node:
     node = need_dir(cx)
     cx.need_writable(node)
     return node
-
-
-def cinfo(before, after):
-    return change_info4.cls(False, before, after)
 
 
 @operation(c.OP_CREATE)
@@ -235,7 +191,8 @@ def create(cx, a):
     elif kind == LNK:
         attr = cx.ns.symlink(cred, node.ino, name, bytes(data))
     elif kind in (BLK, CHR):
-        attr = cx.ns.mknod(cred, node.ino, name, kind, mode, (data.specdata1 << 32) | data.specdata2)
+        rdev = (data.specdata1 << 32) | data.specdata2
+        attr = cx.ns.mknod(cred, node.ino, name, kind, mode, rdev)
     elif kind in (c.NF4SOCK, c.NF4FIFO):
         attr = cx.ns.mknod(cred, node.ino, name, kind, mode)
     else:
@@ -246,7 +203,7 @@ def create(cx, a):
     if c.FATTR4_MODE in values and kind != LNK:
         done = sorted(set(done) | {c.FATTR4_MODE})
     cx.cur = child
-    return _resok(c.OP_CREATE).cls(cinfo(before, after), fattr.to_bitmap(done))
+    return resok(c.OP_CREATE).cls(cinfo(before, after), fattr.to_bitmap(done))
 
 
 @operation(c.OP_LINK)
@@ -280,7 +237,8 @@ def remove(cx, target):
 @operation(c.OP_RENAME)
 def rename(cx, a):
     if cx.saved is None:
-        raise NfsError(c.NFS4ERR_NOFILEHANDLE, "RENAME needs a saved file handle (the source directory)")
+        raise NfsError(c.NFS4ERR_NOFILEHANDLE,
+                       "RENAME needs a saved file handle (the source directory)")
     dst = _dir_for_change(cx)
     src = cx.saved
     if src.pseudo is not None or src.export.id != dst.export.id:
@@ -289,7 +247,7 @@ def rename(cx, a):
     sb, db = cx.ns.getattr(src.ino).change, cx.ns.getattr(dst.ino).change
     cx.ns.rename(cx.cred(dst), src.ino, old, dst.ino, new)
     sa, da = cx.ns.getattr(src.ino).change, cx.ns.getattr(dst.ino).change
-    return _resok(c.OP_RENAME).cls(cinfo(sb, sa), cinfo(db, da))
+    return resok(c.OP_RENAME).cls(cinfo(sb, sa), cinfo(db, da))
 
 
 @operation(c.OP_READLINK)
@@ -301,7 +259,7 @@ def readlink(cx, _):
     return cx.ns.readlink(node.ino)
 
 
-# -- directories ------------------------------------------------------------------------------------
+# -- directories -----------------------------------------------------------------------------------
 COOKIE_BASE = 3  # cookies 0, 1 and 2 are reserved by NFSv4
 ENTRY_OVERHEAD = 8 + 4 + 4 + 4  # cookie, name length, bitmap count, attr length (+ "more" bool)
 RESOK_OVERHEAD = 8 + 4 + 4 + 64
@@ -330,10 +288,12 @@ def readdir(cx, a):
         start = a.cookie - COOKIE_BASE + 1 if a.cookie else 0
         for index in range(start, len(visible)):
             name, child = visible[index]
-            sub = cx.node_for_export(child) if isinstance(child, ExportRule) else Node(None, child.ino, 0, child)
+            if isinstance(child, ExportRule):
+                sub = cx.node_for_export(child)
+            else:
+                sub = Node(None, child.ino, 0, child)
             subject = cx.subject(sub)
             if isinstance(child, ExportRule):
-                from appliance.nfs.exports import pseudo_ino
                 subject.mounted_on_fileid = pseudo_ino(child.parts)
             fa = fattr.encode(want, subject)
             size = _entry_size(len(name.encode()), fa)
@@ -370,14 +330,10 @@ def readdir(cx, a):
                 break
     if not entries and not eof:
         raise NfsError(c.NFS4ERR_TOOSMALL, f"maxcount {a.maxcount} cannot hold one entry")
-    return _resok(c.OP_READDIR).cls(b"\0" * 8, entries, eof)
+    return resok(c.OP_READDIR).cls(b"\0" * 8, entries, eof)
 
 
 def _light_subject(cx, node: Node, attr):
-    from appliance.nfs.attrs import AttrSubject
     server = cx.server
-    return AttrSubject(attr, b"", (server.handles.fsid, node.export.id), attr.ino, server)
-
-
-# fattr.encode and REG are used by the state module through this one
-__all__ = ["need_dir", "check_component", "apply_attrs", "cinfo", "REG"]
+    return AttrSubject(attr, b"", (server.handles.fsid, node.export.id), attr.ino, server,
+                       minor=cx.minor)

@@ -10,24 +10,31 @@ import errno
 import logging
 import threading
 
-from appliance.nfs import types3 as t
+from appliance.nfs import access
 from appliance.nfs.fh import KIND_FILE
-from appliance.nfs.rpc import PROC_UNAVAIL, InWorker, RpcReject, accepted
-from appliance.nfs.v3 import decode_args
-from appliance.nfs.xdr import Packer
-from engine import errors
+from appliance.nfs.onc.rpc import PROC_UNAVAIL, InWorker, RpcReject, accepted, decode_args
+from appliance.nfs.onc.xdr import Packer
+from appliance.nfs.v3 import types as t
 from engine.catalog.models import DIR
 
 log = logging.getLogger("shingle.nfs.mount")
 
-ERRNO_TO_MNT3 = {errno.ENOENT: t.MNT3ERR_NOENT, errno.EACCES: t.MNT3ERR_ACCES, errno.ENOTDIR: t.MNT3ERR_NOTDIR,
-                 errno.EINVAL: t.MNT3ERR_INVAL, errno.ENAMETOOLONG: t.MNT3ERR_NAMETOOLONG, errno.EPERM: t.MNT3ERR_PERM}
+ERRNO_TO_MNT3 = {errno.ENOENT: t.MNT3ERR_NOENT, errno.EACCES: t.MNT3ERR_ACCES,
+                 errno.ENOTDIR: t.MNT3ERR_NOTDIR, errno.EINVAL: t.MNT3ERR_INVAL,
+                 errno.ENAMETOOLONG: t.MNT3ERR_NAMETOOLONG, errno.EPERM: t.MNT3ERR_PERM}
 
 
 class MountError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
+
+
+# MOUNT has no status for "try later" and none for a bad handle (it takes none)
+CODES = access.Codes(MountError, badhandle=t.MNT3ERR_SERVERFAULT, stale=t.MNT3ERR_SERVERFAULT,
+                     access=t.MNT3ERR_ACCES, rofs=t.MNT3ERR_SERVERFAULT, io=t.MNT3ERR_IO,
+                     delay=t.MNT3ERR_SERVERFAULT, serverfault=t.MNT3ERR_SERVERFAULT,
+                     errno_map=ERRNO_TO_MNT3, carries_status=(MountError,))
 
 
 def split_path(path: str) -> tuple[str, ...]:
@@ -82,15 +89,13 @@ class MountProgram:
     def mnt(self, cred, address: str, path: str):
         try:
             fh = self.root_handle(cred, address, path)
-        except MountError as exc:
-            log.info("MNT %r from %s refused: %s", path, address, exc)
-            return (exc.status, None)
-        except errors.FsError as exc:
-            log.info("MNT %r from %s refused: %s", path, address, exc)
-            return (ERRNO_TO_MNT3.get(exc.errno, t.MNT3ERR_IO), None)
-        except Exception:  # noqa: BLE001 - a failed mount is a status, not a dead connection
-            log.exception("MNT %r from %s failed", path, address)
-            return (t.MNT3ERR_SERVERFAULT, None)
+        except Exception as exc:  # noqa: BLE001 - a failed mount is a status, not a dead connection
+            status = access.status_of(exc, CODES)
+            if status == t.MNT3ERR_SERVERFAULT:
+                log.exception("MNT %r from %s failed", path, address)
+            else:
+                log.info("MNT %r from %s refused: %s", path, address, exc)
+            return (status, None)
         with self._lock:
             self.mounts.add((address, "/" + "/".join(split_path(path))))
         return (t.MNT3_OK, t.mountres3_ok.cls(fh, [t.AUTH_SYS, t.AUTH_NONE]))
@@ -105,10 +110,8 @@ class MountProgram:
                 best = rule
         if best is None:
             raise MountError(t.MNT3ERR_NOENT, f"{path!r} is not exported")
-        if not best.allows(address):
-            raise MountError(t.MNT3ERR_ACCES, f"export {best.name} does not admit client {address}")
+        attr = access.enter_export(self.server, best, address, CODES)
         ns = self.server.namespace
-        attr = ns.getattr(best.root_ino)
         ucred = best.cred(cred.uid, cred.gid, cred.gids)
         for part in parts[len(best.parts):]:
             attr = ns.lookup(ucred, attr.ino, part)

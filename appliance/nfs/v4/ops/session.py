@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import logging
 
-from appliance.nfs import const as c
-from appliance.nfs.compound import operation
-from appliance.nfs.state import NfsError
-from appliance.nfs.types4 import RESULTS, channel_attrs4, nfs_impl_id4, nfstime4
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4.ops.common import need_dir, resok
+from appliance.nfs.v4.ops.fs import lookup
+from appliance.nfs.v4.registry import operation
+from appliance.nfs.v4.state import NfsError
+from appliance.nfs.v4.types import channel_attrs4, nfs_impl_id4, nfstime4
 
 log = logging.getLogger("shingle.nfs")
 MAX_CACHED = 64 * 1024
 MAX_SLOTS = 64
 MAX_OPS = 64
-
-
-def _resok(op):
-    return RESULTS[op].arms[c.NFS4_OK]
 
 
 @operation(c.OP_EXCHANGE_ID)
@@ -31,7 +29,7 @@ def exchange_id(cx, a):
     flags = c.EXCHGID4_FLAG_USE_NON_PNFS | (c.EXCHGID4_FLAG_CONFIRMED_R if cl.confirmed else 0)
     server = cx.server
     impl = nfs_impl_id4.cls("shingle", "shingle NFSv4.1 server", nfstime4.cls(0, 0))
-    return _resok(c.OP_EXCHANGE_ID).cls(cl.clientid, cl.cs_sequence, flags, (c.SP4_NONE, None), 0,
+    return resok(c.OP_EXCHANGE_ID).cls(cl.clientid, cl.cs_sequence, flags, (c.SP4_NONE, None), 0,
                                         server.owner_major, server.owner_major, [impl])
 
 
@@ -51,7 +49,8 @@ def create_session(cx, a):
         if f.maxrequestsize < 1024 or f.maxresponsesize < 1024 or f.maxoperations < 2:
             raise NfsError(c.NFS4ERR_TOOSMALL, "fore channel limits below what any COMPOUND needs")
         fore = channel_attrs4.cls(0, min(f.maxrequestsize, limit), min(f.maxresponsesize, limit),
-                                  min(f.maxresponsesize_cached, MAX_CACHED), min(f.maxoperations, MAX_OPS),
+                                  min(f.maxresponsesize_cached, MAX_CACHED),
+                                  min(f.maxoperations, MAX_OPS),
                                   max(1, min(f.maxrequests, MAX_SLOTS)), [])
         b = a.back_chan_attrs
         back = channel_attrs4.cls(0, b.maxrequestsize, b.maxresponsesize, b.maxresponsesize_cached,
@@ -62,7 +61,7 @@ def create_session(cx, a):
         # no persistent reply cache and no RDMA; the connection is accepted as the back
         # channel when asked (nfs-rs insists), though this server never needs to call back
         flags = a.flags & c.CREATE_SESSION4_FLAG_CONN_BACK_CHAN
-        res = _resok(c.OP_CREATE_SESSION).cls(sess.id, a.sequence, flags, fore, back)
+        res = resok(c.OP_CREATE_SESSION).cls(sess.id, a.sequence, flags, fore, back)
         cl.cs_reply = res
         cx.conn_state.setdefault("sessions", set()).add(sess.id)
         return res
@@ -78,7 +77,7 @@ def bind_conn_to_session(cx, a):
     cx.state.session(a.sessid)
     cx.conn_state.setdefault("sessions", set()).add(a.sessid)
     direction = {c.CDFC4_FORE: c.CDFS4_FORE, c.CDFC4_BACK: c.CDFS4_BACK}.get(a.dir, c.CDFS4_BOTH)
-    return _resok(c.OP_BIND_CONN_TO_SESSION).cls(a.sessid, direction, False)
+    return resok(c.OP_BIND_CONN_TO_SESSION).cls(a.sessid, direction, False)
 
 
 @operation(c.OP_DESTROY_CLIENTID)
@@ -118,13 +117,18 @@ def _secinfo(cx):
 
 @operation(c.OP_SECINFO)
 def secinfo(cx, name):
-    from appliance.nfs.ops_fs import lookup
     lookup(cx, name)
     return _secinfo(cx)
 
 
 @operation(c.OP_SECINFO_NO_NAME)
 def secinfo_no_name(cx, style):
-    if style not in (0, 1):
+    if style not in (c.SECINFO_STYLE4_CURRENT_FH, c.SECINFO_STYLE4_PARENT):
         raise NfsError(c.NFS4ERR_INVAL, f"secinfo style {style}: expected 0 or 1")
+    if style == c.SECINFO_STYLE4_PARENT:
+        node = need_dir(cx)
+        at_root = (node.pseudo.parent is None if node.pseudo is not None
+                   else node.ino == node.export.root_ino)
+        if at_root:  # RFC 8881 18.45.3: nothing above where the client entered
+            raise NfsError(c.NFS4ERR_NOENT, "SECINFO_STYLE4_PARENT at the root of the export")
     return _secinfo(cx)

@@ -1,14 +1,14 @@
-"""Stateful file operations: OPEN, OPEN_DOWNGRADE, CLOSE, READ, WRITE, COMMIT,
-LOCK, LOCKT, LOCKU, DELEGRETURN."""
+"""Opened files and their I/O: OPEN, OPEN_DOWNGRADE, CLOSE, READ, WRITE, COMMIT."""
 from __future__ import annotations
 
-from appliance.nfs import attrs as fattr
-from appliance.nfs import const as c
-from appliance.nfs.attrs import MAX_IO, NS
-from appliance.nfs.compound import Node, operation
-from appliance.nfs.ops_fs import apply_attrs, check_component, cinfo, need_dir
-from appliance.nfs.state import NfsError, is_write, lock_range
-from appliance.nfs.types4 import RESULTS
+from appliance.nfs.v4 import attrs as fattr
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4.attrs import MAX_IO, NS
+from appliance.nfs.v4.context import Node
+from appliance.nfs.v4.ops.common import apply_attrs, check_component, cinfo, need_dir
+from appliance.nfs.v4.registry import operation
+from appliance.nfs.v4.state import NfsError
+from appliance.nfs.v4.types import RESULTS
 from engine import errors
 from engine.blocking import holding
 from engine.catalog.models import DIR, LNK, REG
@@ -63,7 +63,10 @@ def _open_create(cx, dnode: Node, name: str, how):
             done.add(c.FATTR4_MODE)
         return ns.getattr(attr.ino), True, sorted(done)
     if mode_kind in (c.EXCLUSIVE4, c.EXCLUSIVE4_1):
-        verf, values = (harg, {}) if mode_kind == c.EXCLUSIVE4 else (harg.cva_verf, fattr.decode_settable(harg.cva_attrs))
+        if mode_kind == c.EXCLUSIVE4:
+            verf, values = harg, {}
+        else:
+            verf, values = harg.cva_verf, fattr.decode_settable(harg.cva_attrs)
         if c.FATTR4_TIME_ACCESS_SET in values or c.FATTR4_TIME_MODIFY_SET in values:
             raise NfsError(c.NFS4ERR_INVAL, "times cannot be set by an exclusive create")
         atime, mtime = _verifier_times(verf)
@@ -111,7 +114,8 @@ def open_(cx, a):
         else:
             dnode = need_dir(cx)
             if dnode.pseudo is not None:
-                raise NfsError(c.NFS4ERR_ISDIR if a.openhow[0] == c.OPEN4_NOCREATE else c.NFS4ERR_ROFS,
+                nocreate = a.openhow[0] == c.OPEN4_NOCREATE
+                raise NfsError(c.NFS4ERR_ISDIR if nocreate else c.NFS4ERR_ROFS,
                                "OPEN in the pseudo-root")
             name = check_component(carg)
             before = cx.ns.getattr(dnode.ino).change
@@ -128,24 +132,31 @@ def open_(cx, a):
     if access & c.OPEN4_SHARE_ACCESS_WRITE:
         cx.need_writable(node)
     if not created and claim != c.CLAIM_PREVIOUS:
-        want = (R_OK if access & c.OPEN4_SHARE_ACCESS_READ else 0) | (W_OK if access & c.OPEN4_SHARE_ACCESS_WRITE else 0)
+        want = ((R_OK if access & c.OPEN4_SHARE_ACCESS_READ else 0)
+                | (W_OK if access & c.OPEN4_SHARE_ACCESS_WRITE else 0))
         cred = cx.cred(node)
         if cx.ns.access(cred, node.ino, want) != want and cred.uid != attr.uid:
-            raise NfsError(c.NFS4ERR_ACCESS, f"uid {cred.uid} may not open inode {node.ino} for {want}")
+            raise NfsError(c.NFS4ERR_ACCESS,
+                           f"uid {cred.uid} may not open inode {node.ino} for {want}")
     st = state.open(cl, bytes(a.owner.owner), node.ino, access, deny)
     cx.cur = node
     sid = cx.set_stateid(st)
     if change is None:
         now = cx.ns.getattr(node.ino).change
         change = cinfo(now, now)
-    if a.share_access & 0xFF00:
-        delegation = (c.OPEN_DELEGATE_NONE_EXT, (2, False))  # WND4_RESOURCE, will not signal
+    want = a.share_access & c.OPEN4_SHARE_ACCESS_WANT_DELEG_MASK
+    if want == c.OPEN4_SHARE_ACCESS_WANT_NO_DELEG:
+        delegation = (c.OPEN_DELEGATE_NONE_EXT, (c.WND4_NOT_WANTED, None))
+    elif want:  # no delegations here: WND4_RESOURCE, and the server will not signal one later
+        delegation = (c.OPEN_DELEGATE_NONE_EXT, (c.WND4_RESOURCE, False))
     else:
         delegation = (c.OPEN_DELEGATE_NONE, None)
-    return _OPEN_OK.cls(sid, change, c.OPEN4_RESULT_LOCKTYPE_POSIX, fattr.to_bitmap(attrset), delegation)
+    return _OPEN_OK.cls(sid, change, c.OPEN4_RESULT_LOCKTYPE_POSIX, fattr.to_bitmap(attrset),
+                        delegation)
 
 
-def _open_state(cx, sid, node: Node | None = None):
+def open_state(cx, sid, node: Node | None = None):
+    """The open state a stateid names (of ``node``'s file, when given); under the state lock."""
     st = cx.state.find(cx.stateid(sid), cx.need_client())
     if st.kind != "open":
         raise NfsError(c.NFS4ERR_BAD_STATEID, "not an open stateid")
@@ -158,7 +169,7 @@ def _open_state(cx, sid, node: Node | None = None):
 def open_downgrade(cx, a):
     node = cx.need_file()
     with cx.state.lock:
-        st = _open_state(cx, a.open_stateid, node)
+        st = open_state(cx, a.open_stateid, node)
         cx.state.downgrade(st, a.share_access & 0xFF, a.share_deny)
         return cx.set_stateid(st)
 
@@ -167,7 +178,7 @@ def open_downgrade(cx, a):
 def close(cx, a):
     node = cx.need_file()
     with cx.state.lock:
-        st = _open_state(cx, a.open_stateid, node)
+        st = open_state(cx, a.open_stateid, node)
         cx.state.close(st)
         return cx.set_stateid(st)
 
@@ -228,66 +239,3 @@ def commit(cx, a):
     node = cx.need_file()
     cx.ns.commit(node.ino)
     return cx.server.write_verifier
-
-
-# -- byte-range locks ----------------------------------------------------------------------------
-@operation(c.OP_LOCK)
-def lock(cx, a):
-    node = cx.need_file()
-    cl = cx.need_client()
-    state = cx.state
-    start, end = lock_range(a.offset, a.length)
-    if a.locktype not in (c.READ_LT, c.WRITE_LT, c.READW_LT, c.WRITEW_LT):
-        raise NfsError(c.NFS4ERR_INVAL, f"lock type {a.locktype}")
-    grace = state.in_grace()
-    if a.reclaim:
-        if not grace:
-            raise NfsError(c.NFS4ERR_NO_GRACE, "lock reclaim outside the grace period")
-        if not cl.may_reclaim or cl.reclaim_complete:
-            raise NfsError(c.NFS4ERR_RECLAIM_BAD, "this client has nothing to reclaim")
-    elif grace:
-        raise NfsError(c.NFS4ERR_GRACE, "server in grace period")
-    with state.lock:
-        new, arg = a.locker
-        if new:
-            open_st = _open_state(cx, arg.open_stateid, node)
-            lk = state.lock_state_for(cl, open_st, bytes(arg.lock_owner.owner))
-        else:
-            lk = state.find(cx.stateid(arg.lock_stateid), cl)
-            if lk.kind != "lock" or lk.ino != node.ino:
-                raise NfsError(c.NFS4ERR_BAD_STATEID, "not a lock stateid of this file")
-        if is_write(a.locktype) and not lk.open.access & c.OPEN4_SHARE_ACCESS_WRITE:
-            raise NfsError(c.NFS4ERR_OPENMODE, "write lock on a file not open for writing")
-        state.add_lock(lk, start, end, a.locktype)
-        return cx.set_stateid(lk)
-
-
-@operation(c.OP_LOCKT)
-def lockt(cx, a):
-    node = cx.need_file()
-    cl = cx.need_client()
-    start, end = lock_range(a.offset, a.length)
-    if cx.state.in_grace():
-        raise NfsError(c.NFS4ERR_GRACE, "server in grace period")
-    with cx.state.lock:
-        hit = cx.state.conflict(cl, bytes(a.owner.owner), node.ino, start, end, a.locktype)
-        if hit is not None:
-            raise NfsError(c.NFS4ERR_DENIED, "lock conflict", cx.state.denied(hit))
-
-
-@operation(c.OP_LOCKU)
-def locku(cx, a):
-    node = cx.need_file()
-    start, end = lock_range(a.offset, a.length)
-    with cx.state.lock:
-        lk = cx.state.find(cx.stateid(a.lock_stateid), cx.need_client())
-        if lk.kind != "lock" or lk.ino != node.ino:
-            raise NfsError(c.NFS4ERR_BAD_STATEID, "not a lock stateid of this file")
-        cx.state.unlock(lk, start, end)
-        return cx.set_stateid(lk)
-
-
-@operation(c.OP_DELEGRETURN)
-def delegreturn(cx, sid):
-    cx.need_file()
-    raise NfsError(c.NFS4ERR_BAD_STATEID, "this server grants no delegations")

@@ -8,9 +8,9 @@ import grp
 import pwd
 from dataclasses import dataclass
 
-from appliance.nfs import const as c
-from appliance.nfs.types4 import bitmap4, fsid4, nfs_fh4, nfstime4, settime4, specdata4, utf8str
-from appliance.nfs.xdr import Array, Bool, Packer, UHyper, UInt, XdrError
+from appliance.nfs.onc.xdr import Array, Bool, Packer, UHyper, UInt, XdrError
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4.types import bitmap4, fsid4, nfs_fh4, nfstime4, settime4, specdata4, utf8str
 
 MAX_IO = 1 << 20
 MAX_FILE_SIZE = (1 << 63) - 1
@@ -33,6 +33,7 @@ class AttrSubject:
     mounted_on_fileid: int
     server: object  # NfsServer: lease time, statfs
     rdattr_error: int = 0
+    minor: int = 1  # NFSv4.0 has no attribute past mounted_on_fileid
 
 
 def _time(ns: int):
@@ -53,7 +54,8 @@ def parse_owner(text: str, *, group: bool) -> int:
     except KeyError:
         if name == "nobody":
             return 65534
-        raise AttrError(c.NFS4ERR_BADOWNER, f"unknown {'group' if group else 'user'} {text!r}") from None
+        what = "group" if group else "user"
+        raise AttrError(c.NFS4ERR_BADOWNER, f"unknown {what} {text!r}") from None
 
 
 def _statfs(s: AttrSubject):
@@ -62,7 +64,8 @@ def _statfs(s: AttrSubject):
 
 # bit -> (xdr type, getter(subject) or None when only settable, settable)
 ATTRS = {
-    c.FATTR4_SUPPORTED_ATTRS: (bitmap4, lambda s: SUPPORTED_BITMAP, False),
+    c.FATTR4_SUPPORTED_ATTRS: (bitmap4, lambda s: SUPPORTED_BITMAP if s.minor else
+                               SUPPORTED_BITMAP_40, False),
     c.FATTR4_TYPE: (UInt, lambda s: s.attr.type, False),
     c.FATTR4_FH_EXPIRE_TYPE: (UInt, lambda s: c.FH4_PERSISTENT, False),
     c.FATTR4_CHANGE: (UHyper, lambda s: s.attr.change, False),
@@ -95,7 +98,8 @@ ATTRS = {
     c.FATTR4_NUMLINKS: (UInt, lambda s: s.attr.nlink, False),
     c.FATTR4_OWNER: (utf8str, lambda s: _owner(s.attr.uid), True),
     c.FATTR4_OWNER_GROUP: (utf8str, lambda s: _owner(s.attr.gid), True),
-    c.FATTR4_RAWDEV: (specdata4, lambda s: specdata4.cls(s.attr.rdev >> 32, s.attr.rdev & 0xFFFFFFFF), False),
+    c.FATTR4_RAWDEV: (specdata4, lambda s: specdata4.cls(s.attr.rdev >> 32,
+                                                         s.attr.rdev & 0xFFFFFFFF), False),
     c.FATTR4_SPACE_AVAIL: (UHyper, lambda s: _statfs(s).avail_bytes, False),
     c.FATTR4_SPACE_FREE: (UHyper, lambda s: _statfs(s).free_bytes, False),
     c.FATTR4_SPACE_TOTAL: (UHyper, lambda s: _statfs(s).total_bytes, False),
@@ -136,6 +140,7 @@ def from_bitmap(words) -> list[int]:
 
 SUPPORTED = sorted(ATTRS)
 SUPPORTED_BITMAP = to_bitmap(SUPPORTED)
+SUPPORTED_BITMAP_40 = to_bitmap(b for b in SUPPORTED if b <= c.LAST_FATTR4_40)
 SETTABLE = frozenset(b for b, (_, _, settable) in ATTRS.items() if settable)
 EXCLCREAT_BITMAP = to_bitmap([c.FATTR4_SIZE, c.FATTR4_MODE, c.FATTR4_OWNER, c.FATTR4_OWNER_GROUP])
 _plans: dict[tuple, tuple] = {}
@@ -163,6 +168,14 @@ def encode(words, subject: AttrSubject):
 
 def encode_values(words, subject: AttrSubject) -> bytes:
     return encode(words, subject)[1]
+
+
+def only_40(words) -> list[int]:
+    """A requested bitmap without NFSv4.1's attributes (an NFSv4.0 server has none of them)."""
+    words = list(words[:2])
+    if len(words) == 2:
+        words[1] &= (1 << (c.LAST_FATTR4_40 - 31)) - 1
+    return words
 
 
 def check_supported(words) -> None:
@@ -202,7 +215,8 @@ def setattr_kwargs(values: dict, now_marker) -> dict:
         kw["uid"] = parse_owner(values[c.FATTR4_OWNER], group=False)
     if c.FATTR4_OWNER_GROUP in values:
         kw["gid"] = parse_owner(values[c.FATTR4_OWNER_GROUP], group=True)
-    for bit, key in ((c.FATTR4_TIME_ACCESS_SET, "atime_ns"), (c.FATTR4_TIME_MODIFY_SET, "mtime_ns")):
+    for bit, key in ((c.FATTR4_TIME_ACCESS_SET, "atime_ns"),
+                     (c.FATTR4_TIME_MODIFY_SET, "mtime_ns")):
         if bit in values:
             how, t = values[bit]
             if how == c.SET_TO_CLIENT_TIME4:

@@ -1,6 +1,8 @@
-"""NFSv4.1 state: clients, sessions and their slot tables (the reply cache),
+"""NFSv4 state: clients, sessions and their slot tables (the reply cache),
 open and lock stateids, share reservations, byte-range locks, leases and the
-grace period after a restart.
+grace period after a restart. NFSv4.0 and NFSv4.1 clients share this one table, so their
+share reservations and locks conflict; what only NFSv4.0 has (client records confirmed by
+SETCLIENTID_CONFIRM, open- and lock-owner sequence ids) is in appliance.nfs.v4.state40.
 
 All of it lives behind one lock (``StateTable.lock``): state operations are
 short, and one lock keeps conflicts across clients simple to reason about.
@@ -18,7 +20,8 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import delete, select
 
-from appliance.nfs import const as c
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4.types import LOCK4denied, channel_attrs4, state_owner4
 from engine.catalog.models import NfsClient, Setting
 
 log = logging.getLogger("shingle.nfs.state")
@@ -29,7 +32,9 @@ SETTINGS = Setting.__table__
 SESSION_PREFIX = "nfs_session_"
 INF = 1 << 64  # end of a lock "to end of file"
 SLOTS_MAX = 64
-_OTHER = struct.Struct(">IQ")
+# a stateid's "other": server instance, the low half of its client's id, a counter (NFSv4.0
+# tells a stateid of an expired client from a bad one by the client id)
+_OTHER = struct.Struct(">III")
 
 
 class NfsError(Exception):
@@ -52,7 +57,7 @@ class Slot:
 @dataclass
 class Session:
     id: bytes
-    client: "Client"
+    client: Client
     slots: list
     fore: object
     back: object
@@ -77,6 +82,12 @@ class Client:
     may_reclaim: bool = False
     reclaim_complete: bool = False
     states: set = field(default_factory=set)  # stateid "other" values
+    minor: int = 1
+    # NFSv4.0 only: SETCLIENTID's confirm verifier and callback (recorded, never called: no
+    # delegations are granted), and the open/lock-owners by (kind, owner) (state40.Owner)
+    confirm_verifier: bytes = b""
+    callback: object = None
+    owners: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -142,6 +153,8 @@ class StateTable:
         self.locks_by_file: dict[int, list[LockState]] = {}
         self.open_by_owner_file: dict[tuple, OpenState] = {}
         self.lock_by_owner_file: dict[tuple, LockState] = {}
+        # NFSv4.0 SETCLIENTID records not yet confirmed, by client id (appliance.nfs.v4.state40)
+        self.unconfirmed40: dict[int, Client] = {}
         # restart: clients recorded by the previous instance may reclaim
         self.reclaimable: set[bytes] = set(self._load_previous_clients())
         self._restore_sessions()
@@ -159,8 +172,13 @@ class StateTable:
     def new_clientid(self) -> int:
         return (self.boot << 32) | self._next()
 
-    def new_other(self) -> bytes:
-        return _OTHER.pack(self.boot, self._next())
+    def new_other(self, cl: Client) -> bytes:
+        return _OTHER.pack(self.boot, cl.clientid & 0xFFFFFFFF, self._next() & 0xFFFFFFFF)
+
+    def other_parts(self, other: bytes) -> tuple[int, int]:
+        """(server instance, client id) a stateid's "other" was made for."""
+        boot, client_low, _ = _OTHER.unpack(other)
+        return boot, (boot << 32) | client_low
 
     # -- grace ---------------------------------------------------------------------------
     def in_grace(self) -> bool:
@@ -176,7 +194,8 @@ class StateTable:
             current = {cl.owner for cl in self.clients.values()}
             gone = [o for o in stale if o not in current]
             if gone:
-                self.catalog.run(lambda conn: conn.execute(delete(CLIENTS).where(CLIENTS.c.owner.in_(gone))))
+                self.catalog.run(lambda conn: conn.execute(
+                    delete(CLIENTS).where(CLIENTS.c.owner.in_(gone))))
         log.info("grace period over")
 
     def _maybe_end_grace_early(self) -> None:
@@ -198,12 +217,12 @@ class StateTable:
             conn.execute(delete(CLIENTS).where(CLIENTS.c.owner == cl.owner))
             conn.execute(CLIENTS.insert().values(
                 clientid=cl.clientid & ((1 << 63) - 1), owner=cl.owner, verifier=cl.verifier,
-                address=cl.address[:64], minor_version=1, confirmed=True,
+                address=cl.address[:64], minor_version=cl.minor, confirmed=True,
                 reclaim_complete=cl.reclaim_complete, created_ns=now, last_seen_ns=now))
         self.catalog.run(work)
 
     # -- persistent sessions -------------------------------------------------------------------
-    def _session_record(self, sess: "Session") -> str:
+    def _session_record(self, sess: Session) -> str:
         cl = sess.client
         return json.dumps({
             "clientid": cl.clientid, "owner": cl.owner.hex(), "verifier": cl.verifier.hex(),
@@ -211,7 +230,7 @@ class StateTable:
             "reclaim_complete": cl.reclaim_complete, "slots": len(sess.slots),
             "fore": list(sess.fore)[:-1], "back": list(sess.back)[:-1]})
 
-    def _save_session(self, sess: "Session") -> None:
+    def _save_session(self, sess: Session) -> None:
         self.catalog.set_setting(SESSION_PREFIX + sess.id.hex(), self._session_record(sess))
 
     def _drop_session_record(self, sid: bytes) -> None:
@@ -219,9 +238,9 @@ class StateTable:
         self.catalog.run(lambda conn: conn.execute(delete(SETTINGS).where(SETTINGS.c.key == key)))
 
     def _restore_sessions(self) -> None:
-        from appliance.nfs.types4 import channel_attrs4
         rows = self.catalog.read(lambda conn: conn.execute(
-            select(SETTINGS.c.key, SETTINGS.c.value).where(SETTINGS.c.key.like(SESSION_PREFIX + "%"))).all())
+            select(SETTINGS.c.key, SETTINGS.c.value)
+            .where(SETTINGS.c.key.like(SESSION_PREFIX + "%"))).all())
         for row in rows:
             try:
                 rec = json.loads(row.value)
@@ -231,20 +250,23 @@ class StateTable:
                 if cl is None:
                     cl = Client(int(rec["clientid"]), owner, bytes.fromhex(rec["verifier"]),
                                 tuple(rec["principal"]), rec["address"], confirmed=True,
-                                cs_sequence=int(rec["cs_sequence"]), reclaim_complete=bool(rec["reclaim_complete"]))
+                                cs_sequence=int(rec["cs_sequence"]),
+                                reclaim_complete=bool(rec["reclaim_complete"]))
                     cl.may_reclaim = True
                     self.clients[cl.clientid] = cl
                     self.by_owner[owner] = cl
                 fore = channel_attrs4.cls(*rec["fore"], [])
                 back = channel_attrs4.cls(*rec["back"], [])
-                sess = Session(sid, cl, [Slot(seqid=None) for _ in range(int(rec["slots"]))], fore, back,
-                               fore.maxoperations, fore.maxresponsesize_cached, fore.maxrequestsize,
+                slots = [Slot(seqid=None) for _ in range(int(rec["slots"]))]
+                sess = Session(sid, cl, slots, fore, back, fore.maxoperations,
+                               fore.maxresponsesize_cached, fore.maxrequestsize,
                                fore.maxresponsesize)
                 self.sessions[sid] = sess
                 cl.sessions[sid] = sess
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("session record %s unreadable (%s): dropped", row.key, exc)
-                self.catalog.run(lambda conn, k=row.key: conn.execute(delete(SETTINGS).where(SETTINGS.c.key == k)))
+                self.catalog.run(lambda conn, k=row.key: conn.execute(
+                    delete(SETTINGS).where(SETTINGS.c.key == k)))
         if rows:
             log.info("restored %d sessions of %d clients", len(self.sessions), len(self.clients))
 
@@ -262,7 +284,7 @@ class StateTable:
                 return cl
             if cl is not None and cl.confirmed:
                 # the client rebooted (new verifier): its old state goes
-                self._expire(cl)
+                self.expire_client(cl)
             elif cl is not None:
                 self.clients.pop(cl.clientid, None)
             cl = Client(self.new_clientid(), owner, verifier, principal, address)
@@ -287,7 +309,7 @@ class StateTable:
             cl = self.client(clientid)
             if cl.sessions:
                 raise NfsError(c.NFS4ERR_CLIENTID_BUSY, "client still has sessions")
-            self._expire(cl)
+            self.expire_client(cl)
 
     def reclaim_complete(self, cl: Client) -> None:
         with self.lock:
@@ -298,7 +320,8 @@ class StateTable:
                 self._save_session(sess)
             self._maybe_end_grace_early()
 
-    def _expire(self, cl: Client) -> None:
+    def expire_client(self, cl: Client) -> None:
+        """Drop a client with its sessions and state (and its catalog record)."""
         for sid in list(cl.sessions):
             self.sessions.pop(sid, None)
             try:
@@ -331,7 +354,10 @@ class StateTable:
                     and not any(s.busy for sess in cl.sessions.values() for s in sess.slots)]
             for cl in idle:
                 log.info("lease of client %x expired", cl.clientid)
-                self._expire(cl)
+                self.expire_client(cl)
+            for clientid, cl in list(self.unconfirmed40.items()):
+                if now - cl.last_renew > self.lease_seconds:
+                    del self.unconfirmed40[clientid]
             self.in_grace()
             return len(idle)
 
@@ -359,18 +385,18 @@ class StateTable:
             sess.client.sessions.pop(sid, None)
             self._drop_session_record(sid)
 
-    # -- stateids ------------------------------------------------------------------------------------
+    # -- stateids ----------------------------------------------------------------------------------
     def find(self, stateid, cl: Client | None):
         st = self.states.get(stateid.other)
         if st is None:
-            boot = _OTHER.unpack(stateid.other)[0]
-            if boot != self.boot:
+            if self.other_parts(stateid.other)[0] != self.boot:
                 raise NfsError(c.NFS4ERR_STALE_STATEID, "stateid from an earlier server instance")
             raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid unknown")
         if cl is not None and st.client is not cl:
             raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid of another client")
         if stateid.seqid and stateid.seqid != st.seqid:
-            raise NfsError(c.NFS4ERR_OLD_STATEID if stateid.seqid < st.seqid else c.NFS4ERR_BAD_STATEID,
+            old = stateid.seqid < st.seqid
+            raise NfsError(c.NFS4ERR_OLD_STATEID if old else c.NFS4ERR_BAD_STATEID,
                            f"stateid seqid {stateid.seqid}, current {st.seqid}")
         return st
 
@@ -391,7 +417,7 @@ class StateTable:
                 raise NfsError(c.NFS4ERR_LOCKS_HELD, "lock stateid still holds locks")
             self._drop_lock(st)
 
-    # -- opens ---------------------------------------------------------------------------------------
+    # -- opens -------------------------------------------------------------------------------------
     def open(self, cl: Client, owner: bytes, ino: int, access: int, deny: int) -> OpenState:
         with self.lock:
             key = (cl.clientid, owner, ino)
@@ -399,10 +425,12 @@ class StateTable:
                 if (other.client.clientid, other.owner) == (cl.clientid, owner):
                     continue
                 if (access & other.deny) or (deny & other.access):
-                    raise NfsError(c.NFS4ERR_SHARE_DENIED, f"share reservation conflict on inode {ino}")
+                    raise NfsError(c.NFS4ERR_SHARE_DENIED,
+                                   f"share reservation conflict on inode {ino}")
             st = self.open_by_owner_file.get(key)
             if st is None:
-                st = OpenState(self.new_other(), cl, ino, owner, seqid=1, access=access, deny=deny)
+                st = OpenState(self.new_other(cl), cl, ino, owner, seqid=1, access=access,
+                               deny=deny)
                 self.states[st.other] = st
                 self.opens_by_file.setdefault(ino, []).append(st)
                 self.open_by_owner_file[key] = st
@@ -446,7 +474,7 @@ class StateTable:
         except Exception:  # noqa: BLE001 - freeing an unlinked file can fail later; never lose the state table
             log.exception("close_ref of inode %d failed", st.ino)
 
-    # -- locks ------------------------------------------------------------------------------------------
+    # -- locks -------------------------------------------------------------------------------------
     def conflict(self, cl: Client, owner: bytes, ino: int, start: int, end: int, locktype: int):
         for lk in self.locks_by_file.get(ino, ()):
             if lk.client is cl and lk.owner == owner:
@@ -457,7 +485,6 @@ class StateTable:
         return None
 
     def denied(self, hit):
-        from appliance.nfs.types4 import LOCK4denied, state_owner4
         lk, r0, r1, rtype = hit
         length = c.NFS4_UINT64_MAX if r1 == INF else r1 - r0
         return LOCK4denied.cls(r0, length, c.WRITE_LT if is_write(rtype) else c.READ_LT,
@@ -467,7 +494,7 @@ class StateTable:
         key = (cl.clientid, owner, open_st.ino)
         lk = self.lock_by_owner_file.get(key)
         if lk is None:
-            lk = LockState(self.new_other(), cl, open_st.ino, owner, open_st, seqid=0)
+            lk = LockState(self.new_other(cl), cl, open_st.ino, owner, open_st, seqid=0)
             self.states[lk.other] = lk
             self.lock_by_owner_file[key] = lk
             self.locks_by_file.setdefault(open_st.ino, []).append(lk)
