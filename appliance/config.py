@@ -142,6 +142,10 @@ OPTIONS: list[Option] = [
            minimum=0.1),
     Option("maintenance", "trash_purge_interval_s", "int", 86400,
            "How often trashed entries older than their export's trash_days are purged (0 disables).", minimum=0),
+    Option("maintenance", "drive_check_interval_s", "float", 10.0,
+           "How often each drive's folder or device is looked at: gone makes it missing, back "
+           "online again (0 disables; I/O errors are noticed at once).",
+           minimum=0),
 ]
 
 BAND_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
