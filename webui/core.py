@@ -91,6 +91,7 @@ STATUS_OF = {
     errors.NotFound: 404, errors.Exists: 409, errors.NotEmpty: 409, errors.AccessDenied: 403,
     errors.NotPermitted: 403, errors.InvalidArgument: 400, errors.NotADirectory: 400, errors.IsADirectory: 400,
     errors.NameTooLong: 400, errors.StaleHandle: 409, errors.NoSpace: 507,
+    errors.NoRedundancy: 503,  # too few drives take writes: may pass when one returns
 }
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import guest_nfs
 
 HERE = Path(__file__).resolve().parent
-# NFSv4.0 and 4.2 are not implemented yet: their checks run (the same as 4.1) and are
-# expected to fail; test_kernel_nfs.py marks them xfail(strict) by label.
+# NFSv4.2 is not implemented yet: its checks run (the same as 4.1) and are expected to
+# fail; test_kernel_nfs.py marks them xfail(strict) by label.
 NFS_VERSIONS = [
     {"label": "v4.1", "options": "vers=4.1"},
     # NLM is not implemented yet: dropping ",nolock" is the one change that tests it
@@ -22,7 +22,6 @@ NFS_VERSIONS = [
     {"label": "v4.2", "options": "vers=4.2"},
 ]
 NOT_IMPLEMENTED = {
-    "v4.0": "NFSv4.0 is not implemented yet",
     "v4.2": "NFSv4.2 is not implemented yet",
 }
 # Checks that fail today for a known reason; xfail(strict) so that a fix shows up as a failure
