@@ -265,6 +265,7 @@ def cmd_config(args) -> int:
 def cmd_serve(args) -> int:
     from appliance.daemonlock import DaemonLock
     from appliance.maintenance import Maintenance
+    from appliance.nfs.onc.limits import NetLimits
     from appliance.nfs.server import NfsServerThread
     from appliance.runtime import MALLOC_MMAP_THRESHOLD, Appliance, tune_malloc
 
@@ -288,7 +289,7 @@ def cmd_serve(args) -> int:
         appliance.catalog,
         host=config.get("nfs.host"),
         port=nfs_port,
-        max_record_size=config.get("nfs.max_record_size"),
+        limits=NetLimits.from_config(config),
         lease_seconds=config.get("nfs.lease_seconds"),
         grace_seconds=config.get("nfs.grace_seconds"),
     )

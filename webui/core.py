@@ -106,6 +106,7 @@ STATUS_OF = {
     errors.NameTooLong: 400,
     errors.StaleHandle: 409,
     errors.NoSpace: 507,
+    errors.NoRedundancy: 503,  # too few drives take writes: may pass when one returns
 }
 
 

@@ -5,8 +5,10 @@ thread runner for tests and ``shingle serve``."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
+import resource
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from appliance.nfs.exports import ExportTable
 from appliance.nfs.fh import HandleCodec
 from appliance.nfs.onc.connection import RpcConnection
+from appliance.nfs.onc.limits import NetLimits, RequestBudget
 from appliance.nfs.onc.rpc import InWorker
 from appliance.nfs.stats import NfsStats
 from appliance.nfs.v3.mount import MountProgram
@@ -26,7 +29,8 @@ from engine.blocking import may_block
 
 log = logging.getLogger("shingle.nfs")
 
-DEFAULT_MAX_RECORD = (4 << 20) + (64 << 10)
+DEFAULT_MAX_RECORD = NetLimits.max_record_size
+FD_RESERVE = 256  # descriptors kept for drives, the catalog and logs beside the connections
 STATFS_TTL = 2.0
 EXPORTS_TTL = 5.0
 
@@ -57,12 +61,19 @@ class VersionDispatch:
 class NfsServer:
     def __init__(self, namespace, catalog, *, host: str = "127.0.0.1", port: int = 2049,
                  max_record_size: int = DEFAULT_MAX_RECORD, lease_seconds: int = 90,
-                 grace_seconds: int | None = None, workers: int = 32):
+                 grace_seconds: int | None = None, workers: int = 32,
+                 limits: NetLimits | None = None):
+        if limits is None:
+            limits = NetLimits(max_record_size=max_record_size,
+                               connection_budget=max(NetLimits.connection_budget,
+                                                     max_record_size + (1 << 20)))
+        self.limits = limits
+        self.budget = RequestBudget(limits.total_budget)
         self.namespace = namespace
         self.catalog = catalog
         self.host = host
         self.port = port
-        self.max_record_size = max_record_size
+        self.max_record_size = limits.max_record_size  # also the ceiling CREATE_SESSION offers
         self.lease_seconds = lease_seconds
         self.grace_seconds = grace_seconds
         self.workers = workers
@@ -84,6 +95,7 @@ class NfsServer:
         self.pool: ThreadPoolExecutor | None = None
         self._server: asyncio.Server | None = None
         self._housekeeper: asyncio.Future[None] | None = None
+        self._sweeper: asyncio.Future[None] | None = None
         self._statfs = None
         self._statfs_at = 0.0
         self._statfs_lock = threading.Lock()
@@ -103,9 +115,51 @@ class NfsServer:
                     self._statfs_at = now
         return self._statfs
 
+    def holds_state(self, conn) -> bool:
+        """A connection holds state when an NFSv4.1 session that still exists is bound to it
+        (CREATE_SESSION or BIND_CONN_TO_SESSION on it): it may idle up to
+        ``session_idle_timeout``. Anything else (NFSv3, MOUNT, NFSv4 before or without a
+        session) can reconnect at no cost and gets ``idle_timeout``."""
+        sessions = conn.state.get("sessions")
+        if not sessions or self.state is None:
+            return False
+        live = self.state.sessions
+        return any(sid in live for sid in sessions)
+
+    def _fit_fd_limit(self) -> None:
+        """Raise the soft descriptor limit so that max_connections fit, or lower the limit to
+        what the hard one allows (a full table would fail accept() for everyone)."""
+        want = self.limits.max_connections + FD_RESERVE
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            new_soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (new_soft, hard))
+                soft = new_soft
+            except (ValueError, OSError):
+                pass
+        if soft != resource.RLIM_INFINITY and soft < want:
+            fit = max(1, soft - FD_RESERVE)
+            log.warning("nfs.max_connections = %d does not fit the descriptor limit %d: "
+                        "serving at most %d connections", self.limits.max_connections, soft, fit)
+            self.limits = dataclasses.replace(self.limits, max_connections=fit)
+
+    async def _sweep(self) -> None:
+        """Idle and unfinished-record timeouts, checked for every connection a few times per
+        timeout."""
+        while True:
+            await asyncio.sleep(self.limits.sweep_period)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                try:
+                    conn.check_timeouts(now)
+                except Exception:  # noqa: BLE001 - one connection must not stop the sweep
+                    log.exception("connection sweep failed for %s", conn.peer[0])
+
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         loop = self.loop = asyncio.get_running_loop()
+        self._fit_fd_limit()
         pool = self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="nfs-worker")
         run = loop.run_in_executor
         self.exports = await run(pool, ExportTable, self.catalog, self.namespace)
@@ -117,6 +171,7 @@ class NfsServer:
                                                          backlog=256)
         self.port = server.sockets[0].getsockname()[1]
         self._housekeeper = asyncio.ensure_future(self._housekeeping())
+        self._sweeper = asyncio.ensure_future(self._sweep())
         log.info("NFSv4.1 server listening on %s:%d", self.host, self.port)
 
     async def _housekeeping(self) -> None:
@@ -136,8 +191,9 @@ class NfsServer:
         if self._server is None:
             return
         self._server.close()
-        if self._housekeeper is not None:
-            self._housekeeper.cancel()
+        for task in (self._housekeeper, self._sweeper):
+            if task is not None:
+                task.cancel()
         deadline = time.monotonic() + 10
         while any(conn.in_flight for conn in self.connections) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)

@@ -58,9 +58,8 @@ class NfsStats:
                    "nfs_compounds_handed_off": self.handed_off}
             out.update({f"nfs_ops_{name}": count for name, count in self._ops.items()})
             running = 0
-            for bound, count in zip(
-                LATENCY_BUCKETS_MS, self._buckets, strict=False
-            ):  # + overflow bucket
+            # _buckets has one more (the overflow bucket), counted below
+            for bound, count in zip(LATENCY_BUCKETS_MS, self._buckets, strict=False):
                 running += count
                 out[f"nfs_latency_le_{bound}"] = running
             out["nfs_latency_le_inf"] = running + self._buckets[-1]

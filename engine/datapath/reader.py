@@ -27,6 +27,7 @@ class FragmentFuture(Future):
 
     nbytes = 0
 
+
 class StripeInfo:
     COLUMNS = (
         "id",
@@ -49,9 +50,8 @@ class StripeInfo:
         self.backend = backend
         self.data_length = data_length
         self.fragment_length = fragment_length
-        self.fragments: dict[
-            int, tuple
-        ] = {}  # idx -> (drive_id, zone_id, zone_offset, length, checksum)
+        # idx -> (drive_id, zone_id, zone_offset, length, checksum)
+        self.fragments: dict[int, tuple] = {}
 
     @property
     def header(self) -> int:
@@ -91,6 +91,8 @@ class StripeReader:
         self._corrupt: set[tuple[int, int]] = set()  # (stripe, idx) that failed their checksum
         # called as repair_hook(info, indexes, good fragments) after a decode around bad checksums
         self.repair_hook: Callable[[StripeInfo, set[int], dict], None] | None = None
+        # on_io_error(drive, exc, "read"): a drive read failed (the drive watch listens)
+        self.on_io_error = None
         self.stats = {
             "fragment_reads": 0,
             "inline_reads": 0,
@@ -135,15 +137,20 @@ class StripeReader:
             )
         zone = self.zones[zone_id]
         header = info.header
-        if whole:
-            buf = bytearray(length)
-            got = drive.backend.read_into(zone.idx, offset, [buf])
-            crc = crc32c.crc32c(buf)
-        else:
-            head = bytearray(header)
-            buf = bytearray(length - header)
-            got = drive.backend.read_into(zone.idx, offset, [head, buf] if header else [buf])
-            crc = crc32c.crc32c(buf, crc32c.crc32c(head)) if header else crc32c.crc32c(buf)
+        try:
+            if whole:
+                buf = bytearray(length)
+                got = drive.backend.read_into(zone.idx, offset, [buf])
+                crc = crc32c.crc32c(buf)
+            else:
+                head = bytearray(header)
+                buf = bytearray(length - header)
+                got = drive.backend.read_into(zone.idx, offset, [head, buf] if header else [buf])
+                crc = crc32c.crc32c(buf, crc32c.crc32c(head)) if header else crc32c.crc32c(buf)
+        except OSError as exc:
+            if self.on_io_error is not None:
+                self.on_io_error(drive, exc, "read")
+            raise
         self.stats["fragment_reads"] += 1
         if got != length:
             raise errors.IOFailure(

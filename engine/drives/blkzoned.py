@@ -137,6 +137,9 @@ class ZonedBlockDrive(ZonedDrive):
         self._zones = self._report_all()
         self.zone_count = len(self._zones)
 
+    def present(self) -> bool:
+        return os.path.exists(self.device)
+
     def _report_all(self) -> list[dict]:
         zones: list[dict] = []
         sector = 0
