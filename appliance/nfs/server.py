@@ -1,18 +1,26 @@
 """The NFS server: an asyncio TCP listener whose connections (appliance.nfs.onc)
-dispatch to program 100003 (NFSv4.1 and NFSv3 on one port) and 100005 (MOUNT v3),
-worker threads for blocking work, periodic lease and export housekeeping, and a
-thread runner for tests and ``shingle serve``."""
+dispatch to program 100003 (NFSv4.1 and NFSv3 on one port), 100005 (MOUNT v3), 100021
+and 100024 (NLM v4 and NSM, locks of NFSv3 clients) and 100000 (the port mapper, also on
+a port of its own or registered with a system rpcbind), worker threads for blocking work,
+periodic lease, export and lock housekeeping, and a thread runner for tests and
+``shingle serve``."""
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from appliance.nfs import portmap as pmap
 from appliance.nfs.exports import ExportTable
 from appliance.nfs.fh import HandleCodec
+from appliance.nfs.nlm import types as nlm_types
+from appliance.nfs.nlm.manager import NlmManager
+from appliance.nfs.nlm.nsm import NsmMonitor, NsmProgram
+from appliance.nfs.nlm.program import NlmProgram
 from appliance.nfs.onc.connection import RpcConnection
 from appliance.nfs.onc.rpc import InWorker
 from appliance.nfs.stats import NfsStats
@@ -29,6 +37,8 @@ log = logging.getLogger("shingle.nfs")
 DEFAULT_MAX_RECORD = (4 << 20) + (64 << 10)
 STATFS_TTL = 2.0
 EXPORTS_TTL = 5.0
+NLM_TICK = 1.0  # blocked NLM locks see an NFSv4 unlock within this
+PORTMAP_MODES = ("auto", "serve", "register", "off")
 
 
 class VersionDispatch:
@@ -57,7 +67,16 @@ class VersionDispatch:
 class NfsServer:
     def __init__(self, namespace, catalog, *, host: str = "127.0.0.1", port: int = 2049,
                  max_record_size: int = DEFAULT_MAX_RECORD, lease_seconds: int = 90,
-                 grace_seconds: int | None = None, workers: int = 32):
+                 grace_seconds: int | None = None, workers: int = 32, portmap: str = "off",
+                 portmap_port: int = 111, nsm_name: str = "", client_rpcbind_port: int = 111):
+        """``portmap``: "serve" answers PMAP on ``portmap_port`` (0: any free port),
+        "register" registers NFS, MOUNT, NLM and NSM with the rpcbind there, "auto" does the
+        one that fits (register when an rpcbind answers), "off" only answers PMAP on ``port``.
+        ``nsm_name``: this server's name in SM_NOTIFY (default: ``host``, or the host name
+        when listening on all addresses). ``client_rpcbind_port``: where clients' port mappers
+        are asked for their NLM and NSM services (callbacks)."""
+        if portmap not in PORTMAP_MODES:
+            raise ValueError(f"portmap mode {portmap!r}: expected one of {PORTMAP_MODES}")
         self.namespace = namespace
         self.catalog = catalog
         self.host = host
@@ -66,6 +85,12 @@ class NfsServer:
         self.lease_seconds = lease_seconds
         self.grace_seconds = grace_seconds
         self.workers = workers
+        self.portmap_mode = portmap
+        self.portmap_port = portmap_port
+        self.nsm_name = nsm_name or (socket.gethostname() if host in ("0.0.0.0", "::", "")
+                                     else host)
+        self.client_rpcbind_port = client_rpcbind_port
+        self.registered: dict = {}  # what a system rpcbind holds for us
         self.handles = HandleCodec(catalog)
         self.owner_major = f"shingle-{self.handles.fsid:016x}".encode()
         # changes every start: clients must re-send UNSTABLE writes after a restart
@@ -74,15 +99,20 @@ class NfsServer:
         self.exports_generation = 1
         self.exports: ExportTable | None = None
         self.state: StateTable | None = None
+        self.nlm: NlmManager | None = None
         self.programs = {
             NFS_PROGRAM: VersionDispatch({NFS_V3: Nfs3Program(self), NFS_V4: Nfs4Program(self)}),
-            MOUNT_PROGRAM: MountProgram(self)}
+            MOUNT_PROGRAM: MountProgram(self),
+            nlm_types.NLM_PROGRAM: NlmProgram(self), nlm_types.NSM_PROGRAM: NsmProgram(self),
+            pmap.PMAP_PROGRAM: pmap.PortmapProgram(self.portmap_table)}
         self.connections: set = set()
         self.counters = NfsStats()
         self.loop = None
         self.pool = None
         self._server = None
         self._housekeeper = None
+        self._nlm_ticker = None
+        self._portmap_server = None
         self._statfs = None
         self._statfs_at = 0.0
         self._statfs_lock = threading.Lock()
@@ -102,6 +132,16 @@ class NfsServer:
                     self._statfs_at = now
         return self._statfs
 
+    def portmap_table(self) -> dict[tuple[int, int, int], int]:
+        """(program, version, protocol) -> port of what this server answers, for PMAP."""
+        tcp = pmap.IPPROTO_TCP
+        table = {(prog, vers, tcp): self.port for prog, program in self.programs.items()
+                 if prog != pmap.PMAP_PROGRAM for vers in program.versions}
+        pmap_port = self.portmap_port if self._portmap_server is not None else self.port
+        for vers in pmap.PortmapProgram.versions:
+            table[(pmap.PMAP_PROGRAM, vers, tcp)] = pmap_port
+        return table
+
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -111,10 +151,19 @@ class NfsServer:
         self.state = await run(self.pool, lambda: StateTable(
             self.catalog, self.namespace, lease_seconds=self.lease_seconds,
             grace_seconds=self.grace_seconds))
+        monitor = await run(self.pool, lambda: NsmMonitor(
+            self.catalog, my_name=self.nsm_name, client_rpcbind_port=self.client_rpcbind_port))
+        grace = self.lease_seconds if self.grace_seconds is None else self.grace_seconds
+        self.nlm = NlmManager(self, monitor, grace_seconds=grace,
+                              client_rpcbind_port=self.client_rpcbind_port)
         self._server = await self.loop.create_server(lambda: RpcConnection(self), self.host,
                                                      self.port, reuse_address=True, backlog=256)
         self.port = self._server.sockets[0].getsockname()[1]
+        await self._start_portmap()
         self._housekeeper = asyncio.ensure_future(self._housekeeping())
+        self._nlm_ticker = asyncio.ensure_future(self._nlm_ticks())
+        if monitor.previous:  # tell the previous instance's lock clients to reclaim
+            self.pool.submit(monitor.notify_previous)
         log.info("NFSv4.1 server listening on %s:%d", self.host, self.port)
 
     async def _housekeeping(self) -> None:
@@ -127,13 +176,55 @@ class NfsServer:
             except Exception:  # noqa: BLE001 - housekeeping retries next period
                 log.exception("NFS housekeeping failed")
 
+    async def _start_portmap(self) -> None:
+        mode = self.portmap_mode
+        if mode == "off":
+            return
+        run = self.loop.run_in_executor
+        if mode == "auto":
+            answers = self.portmap_port and await run(
+                self.pool, pmap.rpcbind_answers, "127.0.0.1", self.portmap_port)
+            mode = "register" if answers else "serve"
+        if mode == "register":
+            entries = {k: v for k, v in self.portmap_table().items()
+                       if k[0] != pmap.PMAP_PROGRAM}
+            done = await run(self.pool, pmap.register, "127.0.0.1", self.portmap_port, entries)
+            self.registered = entries
+            log.info("registered %d of %d programs with the rpcbind on port %d", done,
+                     len(entries), self.portmap_port)
+            return
+        try:
+            self._portmap_server = await self.loop.create_server(
+                lambda: RpcConnection(self), self.host, self.portmap_port, reuse_address=True)
+        except OSError as exc:
+            log.warning("port mapper not served on port %d (%s): NFSv3 clients then need "
+                        "nolock", self.portmap_port, exc)
+            return
+        self.portmap_port = self._portmap_server.sockets[0].getsockname()[1]
+        log.info("port mapper listening on %s:%d", self.host, self.portmap_port)
+
+    async def _nlm_ticks(self) -> None:
+        while True:
+            await asyncio.sleep(NLM_TICK)
+            try:
+                await self.loop.run_in_executor(self.pool, self.nlm.tick)
+            except Exception:  # noqa: BLE001 - retried next tick
+                log.exception("NLM housekeeping failed")
+
     async def stop(self) -> None:
         """Stop accepting, let calls in progress finish, close connections."""
         if self._server is None:
             return
         self._server.close()
-        if self._housekeeper is not None:
-            self._housekeeper.cancel()
+        if self._portmap_server is not None:
+            self._portmap_server.close()
+        for task in (self._housekeeper, self._nlm_ticker):
+            if task is not None:
+                task.cancel()
+        if self.registered:
+            await self.loop.run_in_executor(self.pool, lambda: pmap.register(
+                "127.0.0.1", self.portmap_port, self.registered, unset=True))
+            self.registered = {}
         deadline = time.monotonic() + 10
         while any(conn.in_flight for conn in self.connections) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -141,6 +232,9 @@ class NfsServer:
             conn.abort()
         await self._server.wait_closed()
         self._server = None
+        if self._portmap_server is not None:
+            await self._portmap_server.wait_closed()
+            self._portmap_server = None
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 

@@ -143,6 +143,7 @@ class StateTable:
         self.locks_by_file: dict[int, list[LockState]] = {}
         self.open_by_owner_file: dict[tuple, OpenState] = {}
         self.lock_by_owner_file: dict[tuple, LockState] = {}
+        self.nlm_hosts: dict[str, Client] = {}  # NFSv3 lock clients (see "NLM locks")
         # restart: clients recorded by the previous instance may reclaim
         self.reclaimable: set[bytes] = set(self._load_previous_clients())
         self._restore_sessions()
@@ -505,6 +506,73 @@ class StateTable:
         self.lock_by_owner_file.pop((lk.client.clientid, lk.owner, lk.ino), None)
         lk.open.locks.discard(lk.other)
         lk.client.states.discard(lk.other)
+
+
+    # -- NLM locks (NFSv3 clients, appliance.nfs.nlm) ------------------------------------------
+    # An NLM host (its caller_name) is a client of its own, kept out of ``clients``: it has no
+    # lease and no v4 operation reaches it. Each NLM owner (svid + oh) is one of its lock
+    # owners, so NLM and NFSv4 locks on a file meet in the same ``conflict`` check.
+    def nlm_host(self, name: str, address: str) -> Client:
+        with self.lock:
+            host = self.nlm_hosts.get(name)
+            if host is None:
+                host = Client(self.new_clientid(), b"nlm:" + name.encode("utf-8", "replace"),
+                              b"", (), address, confirmed=True)
+                self.nlm_hosts[name] = host
+            host.address = address
+            return host
+
+    def nlm_test(self, host: Client, owner: bytes, ino: int, start: int, end: int,
+                 exclusive: bool):
+        """The conflicting lock (as ``conflict`` returns it) or None."""
+        with self.lock:
+            return self.conflict(host, owner, ino, start, end,
+                                 c.WRITE_LT if exclusive else c.READ_LT)
+
+    def nlm_lock(self, host: Client, owner: bytes, ino: int, start: int, end: int,
+                 exclusive: bool):
+        """Take the range for ``owner``; the conflicting lock (nothing taken) or None."""
+        locktype = c.WRITE_LT if exclusive else c.READ_LT
+        with self.lock:
+            hit = self.conflict(host, owner, ino, start, end, locktype)
+            if hit is not None:
+                return hit
+            key = (host.clientid, owner, ino)
+            lk = self.lock_by_owner_file.get(key)
+            if lk is None:
+                # an open of its own, registered nowhere: NLM has no opens (no share checks)
+                pseudo_open = OpenState(b"", host, ino, b"nlm", access=c.OPEN4_SHARE_ACCESS_BOTH)
+                lk = LockState(self.new_other(), host, ino, owner, pseudo_open, seqid=0)
+                self.states[lk.other] = lk
+                self.lock_by_owner_file[key] = lk
+                self.locks_by_file.setdefault(ino, []).append(lk)
+                host.states.add(lk.other)
+            self.add_lock(lk, start, end, locktype)
+            return None
+
+    def nlm_unlock(self, host: Client, owner: bytes, ino: int, start: int, end: int) -> None:
+        with self.lock:
+            lk = self.lock_by_owner_file.get((host.clientid, owner, ino))
+            if lk is None:
+                return
+            self.unlock(lk, start, end)
+            if not lk.ranges:
+                self._drop_lock(lk)
+
+    def nlm_free_host(self, name: str) -> int:
+        """Drop every lock of the NLM host ``name`` (it rebooted); how many lock owners held
+        some."""
+        with self.lock:
+            host = self.nlm_hosts.pop(name, None)
+            if host is None:
+                return 0
+            dropped = 0
+            for other in list(host.states):
+                lk = self.states.get(other)
+                if lk is not None:
+                    self._drop_lock(lk)
+                    dropped += 1
+            return dropped
 
 
 def _cut(ranges: list, start: int, end: int) -> list:
