@@ -214,7 +214,10 @@ def cmd_serve(args) -> int:
     server = NfsServerThread(appliance.namespace, appliance.catalog, host=config.get("nfs.host"), port=nfs_port,
                              max_record_size=config.get("nfs.max_record_size"),
                              lease_seconds=config.get("nfs.lease_seconds"),
-                             grace_seconds=config.get("nfs.grace_seconds"))
+                             grace_seconds=config.get("nfs.grace_seconds"),
+                             portmap=config.get("nfs.portmap"), portmap_port=config.get("nfs.portmap_port"),
+                             nsm_name=config.get("nfs.nsm_name"),
+                             client_rpcbind_port=config.get("nfs.client_rpcbind_port"))
     web = watchdog = maintenance = None
     try:
         server.start()
@@ -223,6 +226,9 @@ def cmd_serve(args) -> int:
         print(f"NFS:    nfs://{host}:{server.port}/export?version=4.1", flush=True)
         print(f"        mount -t nfs -o vers=4.1,port={server.port},nconnect=4,rsize=1048576,wsize=1048576 "
               f"{host}:/export /mnt/shingle", flush=True)
+        print(f"        mount -t nfs -o vers=3,port={server.port},mountport={server.port},mountproto=tcp "
+              f"{host}:/export /mnt/shingle   (locks: NLM via the port mapper on port "
+              f"{server.server.portmap_port})", flush=True)
         maintenance = Maintenance(appliance, counters=lambda: daemon_counters(server, appliance),
                                   sample_every_s=config.get("maintenance.metrics_interval_s"))
         maintenance.start()

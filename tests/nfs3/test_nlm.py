@@ -6,8 +6,10 @@ callbacks the server makes."""
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import socket
 import struct
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -420,3 +422,68 @@ def test_port_mapper_answers_getport_getaddr_and_dump(nlm_server):
             assert (stat, body) == (0, b"\0\0\0\0")
         finally:
             peer.close()
+
+
+def _port_111_free() -> bool:
+    try:
+        with socket.create_server(("127.0.0.1", 111)):
+            return True
+    except OSError:
+        return False
+
+
+def _need_port_111_and(tool: str) -> str:
+    exe = shutil.which(tool) or (f"/usr/sbin/{tool}" if Path(f"/usr/sbin/{tool}").exists()
+                                 else None)
+    if exe is None:
+        pytest.skip(f"{tool} not installed (Debian: rpcbind)")
+    if not _port_111_free():
+        pytest.skip("port 111 is taken (a system rpcbind runs): it is the port these tests need")
+    return exe
+
+
+def test_rpcinfo_lists_and_pings_nlm_through_our_port_mapper(stack):
+    """rpcinfo (rpcbind's own client) asks our port mapper on port 111, as the Linux lock
+    manager does, and reaches NLM and NSM on the NFS port."""
+    rpcinfo = _need_port_111_and("rpcinfo")
+    add_export(stack.catalog)
+    srv = start_server(stack, portmap="serve", portmap_port=111)
+    try:
+        out = subprocess.run([rpcinfo, "-p", "127.0.0.1"], capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+        rows = {tuple(line.split()[:4]) for line in out.splitlines()[1:]}
+        port = str(srv.port)
+        assert {("100021", "4", "tcp", port), ("100024", "1", "tcp", port),
+                ("100003", "3", "tcp", port), ("100000", "2", "tcp", "111")} <= rows
+        for prog, vers in (("nlockmgr", "4"), ("status", "1")):  # rpcbind v4 GETADDR, NULL
+            proc = subprocess.run([rpcinfo, "-T", "tcp", "127.0.0.1", prog, vers],
+                                  capture_output=True, text=True, timeout=30)
+            assert "ready and waiting" in proc.stdout, proc
+    finally:
+        srv.stop()
+
+
+def test_programs_are_registered_with_a_running_rpcbind(stack):
+    rpcbind = _need_port_111_and("rpcbind")
+    rpcinfo = _need_port_111_and("rpcinfo")
+    daemon = subprocess.Popen([rpcbind, "-f"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not pm.rpcbind_answers("127.0.0.1", 111) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        add_export(stack.catalog)
+        srv = start_server(stack, portmap="auto", portmap_port=111)
+        try:
+            assert srv.server.registered
+            out = subprocess.run([rpcinfo, "-p", "127.0.0.1"], capture_output=True, text=True,
+                                 timeout=30, check=True).stdout
+            assert f"100021    4   tcp  {srv.port}" in out
+        finally:
+            srv.stop()
+        out = subprocess.run([rpcinfo, "-p", "127.0.0.1"], capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+        assert "100021" not in out  # unregistered at stop
+    finally:
+        daemon.terminate()
+        daemon.wait(10)
