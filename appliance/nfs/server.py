@@ -142,6 +142,14 @@ class NfsServer:
             table[(pmap.PMAP_PROGRAM, vers, tcp)] = pmap_port
         return table
 
+    def callback_reaches_self(self, address: str) -> bool:
+        """True when a callback to ``address`` would ask this server's own port mapper (a
+        client behind NAT on this host, such as a VM on user-mode networking): it would
+        call this server back instead of the client."""
+        local = address.startswith("127.") or address in ("::1", self.host)
+        return local and self._portmap_server is not None and \
+            self.client_rpcbind_port == self.portmap_port
+
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -152,7 +160,8 @@ class NfsServer:
             self.catalog, self.namespace, lease_seconds=self.lease_seconds,
             grace_seconds=self.grace_seconds))
         monitor = await run(self.pool, lambda: NsmMonitor(
-            self.catalog, my_name=self.nsm_name, client_rpcbind_port=self.client_rpcbind_port))
+            self.catalog, my_name=self.nsm_name, client_rpcbind_port=self.client_rpcbind_port,
+            unreachable=self.callback_reaches_self))
         grace = self.lease_seconds if self.grace_seconds is None else self.grace_seconds
         self.nlm = NlmManager(self, monitor, grace_seconds=grace,
                               client_rpcbind_port=self.client_rpcbind_port)

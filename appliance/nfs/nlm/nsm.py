@@ -29,8 +29,10 @@ NOTIFY_TIMEOUT = 5.0
 class NsmMonitor:
     """Monitored hosts (caller name -> address) and this server's NSM state, persisted."""
 
-    def __init__(self, catalog, *, my_name: str, client_rpcbind_port: int = 111):
+    def __init__(self, catalog, *, my_name: str, client_rpcbind_port: int = 111,
+                 unreachable=lambda address: False):
         self.catalog = catalog
+        self.unreachable = unreachable  # address -> True when a callback cannot reach it
         self.my_name = my_name
         self.client_rpcbind_port = client_rpcbind_port
         self.lock = threading.Lock()
@@ -72,6 +74,10 @@ class NsmMonitor:
         own retries (Linux lockd retries a lock refused with DENIED_GRACE_PERIOD)."""
         reached = 0
         for name, address in sorted(self.previous.items()):
+            if self.unreachable(address):
+                log.info("SM_NOTIFY to %s (%s) skipped: it would reach this server's own "
+                         "port mapper", name, address)
+                continue
             for attempt in range(NOTIFY_ATTEMPTS):
                 try:
                     self.notify(name, address)
