@@ -274,13 +274,13 @@ class NlmManager:
                 w.granted_at = now
                 granted.append(w)
         for w in granted:
-            self._submit(self._call_granted, w)
+            self.submit(self._call_granted, w)
 
     def _release_grant(self, w: Waiter) -> None:
         self.state.nlm_unlock(self._host(w.lock, w.address), owner_of(w.lock), w.ino,
                               w.start, w.end)
 
-    def _submit(self, fn, *args) -> None:
+    def submit(self, fn, *args) -> None:
         pool = self.server.pool
         try:
             pool.submit(fn, *args)

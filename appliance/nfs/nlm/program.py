@@ -38,7 +38,7 @@ class NlmProgram:
             if proc == t.NLMPROC4_GRANTED_MSG:
                 return []  # this server takes no locks from clients: nothing was blocked
             body = self.execute(t.MSG_TO_SYNC[proc], args, address)
-            nlm._submit(nlm.notify_to_res, address, t.MSG_TO_RES[proc], body)
+            nlm.submit(nlm.notify_to_res, address, t.MSG_TO_RES[proc], body)
             return []
         if proc == t.NLMPROC4_GRANTED_RES:
             nlm.granted_reply(bytes(args.cookie), args.stat)
