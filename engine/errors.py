@@ -84,6 +84,12 @@ class IOFailure(FsError):
     errno_value = _errno.EIO
 
 
+class NoRedundancy(IOFailure):
+    """A write cannot be placed with its band class's minimum redundancy: too few drives are
+    available (missing, failed or degraded), however much space is free. An I/O error (EIO),
+    not ENOSPC: freeing space does not help, bringing the drives back does."""
+
+
 class ReadOnly(FsError):
     errno_value = _errno.EROFS
 

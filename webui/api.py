@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from flask import Blueprint, g, jsonify, request
 
 from engine import accounts, events, jobs
-from webui import core, dashboard, drives, exports, jobs as jobs_pages, retention, settings, tiers
+from webui import (core, dashboard, drives, exports, jobs as jobs_pages, responses, retention,
+                   settings, tiers)
 from webui.schema import Field, Schema, ValidationError
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
@@ -265,10 +266,11 @@ def openapi_document() -> dict:
             for f in spec.query.fields:
                 params.append({"name": f.name, "in": "query", "required": f.required and f.default is None,
                                "description": f.description, "schema": f.openapi()})
+        described, body_schema = responses.for_route(spec.method, spec.rule)
         op: dict = {"summary": spec.summary, "tags": [spec.tag], "operationId": f"{spec.method.lower()}_"
                     + re.sub(r"\W+", "_", path).strip("_"),
-                    "responses": {str(spec.status): {"description": "success",
-                                                     "content": {"application/json": {"schema": {}}}},
+                    "responses": {str(spec.status): {"description": described, "content": {
+                                      "application/json": {"schema": body_schema}}},
                                   "400": {"description": "invalid input", "content": {
                                       "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
                                   "401": {"description": "not signed in and no valid API token", "content": {
@@ -295,7 +297,7 @@ def openapi_document() -> dict:
         "components": {
             "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"},
                                 "cookieAuth": {"type": "apiKey", "in": "cookie", "name": "shingle_session"}},
-            "schemas": {"Error": ERROR},
+            "schemas": {"Error": ERROR, **responses.SCHEMAS},
         },
         "paths": paths,
     }

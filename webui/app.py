@@ -103,7 +103,9 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
         return None
 
     # Globals (not a context processor) so that imported macros (_forms.html) see them too.
-    app.jinja_env.globals.update(csrf_token=core.csrf_token, fmt_size=core.fmt_size, fmt_time=core.fmt_time)
+    app.jinja_env.globals.update(csrf_token=core.csrf_token, fmt_size=core.fmt_size,
+                                 fmt_time=core.fmt_time,
+                                 fmt_duration=core.fmt_duration, fmt_value=core.fmt_value)
 
     @app.context_processor
     def signed_in_admin():

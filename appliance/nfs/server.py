@@ -7,8 +7,10 @@ periodic lease, export and lock housekeeping, and a thread runner for tests and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
+import resource
 import socket
 import threading
 import time
@@ -22,6 +24,7 @@ from appliance.nfs.nlm.manager import NlmManager
 from appliance.nfs.nlm.nsm import NsmMonitor, NsmProgram
 from appliance.nfs.nlm.program import NlmProgram
 from appliance.nfs.onc.connection import RpcConnection
+from appliance.nfs.onc.limits import NetLimits, RequestBudget
 from appliance.nfs.onc.rpc import InWorker
 from appliance.nfs.stats import NfsStats
 from appliance.nfs.v3.mount import MountProgram
@@ -34,7 +37,8 @@ from engine.blocking import may_block
 
 log = logging.getLogger("shingle.nfs")
 
-DEFAULT_MAX_RECORD = (4 << 20) + (64 << 10)
+DEFAULT_MAX_RECORD = NetLimits.max_record_size
+FD_RESERVE = 256  # descriptors kept for drives, the catalog and logs beside the connections
 STATFS_TTL = 2.0
 EXPORTS_TTL = 5.0
 NLM_TICK = 1.0  # blocked NLM locks see an NFSv4 unlock within this
@@ -67,7 +71,8 @@ class VersionDispatch:
 class NfsServer:
     def __init__(self, namespace, catalog, *, host: str = "127.0.0.1", port: int = 2049,
                  max_record_size: int = DEFAULT_MAX_RECORD, lease_seconds: int = 90,
-                 grace_seconds: int | None = None, workers: int = 32, portmap: str = "off",
+                 grace_seconds: int | None = None, workers: int = 32,
+                 limits: NetLimits | None = None, portmap: str = "off",
                  portmap_port: int = 111, nsm_name: str = "", client_rpcbind_port: int = 111):
         """``portmap``: "serve" answers PMAP on ``portmap_port`` (0: any free port),
         "register" registers NFS, MOUNT, NLM and NSM with the rpcbind there, "auto" does the
@@ -77,11 +82,17 @@ class NfsServer:
         are asked for their NLM and NSM services (callbacks)."""
         if portmap not in PORTMAP_MODES:
             raise ValueError(f"portmap mode {portmap!r}: expected one of {PORTMAP_MODES}")
+        if limits is None:
+            limits = NetLimits(max_record_size=max_record_size,
+                               connection_budget=max(NetLimits.connection_budget,
+                                                     max_record_size + (1 << 20)))
+        self.limits = limits
+        self.budget = RequestBudget(limits.total_budget)
         self.namespace = namespace
         self.catalog = catalog
         self.host = host
         self.port = port
-        self.max_record_size = max_record_size
+        self.max_record_size = limits.max_record_size  # also the ceiling CREATE_SESSION offers
         self.lease_seconds = lease_seconds
         self.grace_seconds = grace_seconds
         self.workers = workers
@@ -113,6 +124,7 @@ class NfsServer:
         self._housekeeper = None
         self._nlm_ticker = None
         self._portmap_server = None
+        self._sweeper = None
         self._statfs = None
         self._statfs_at = 0.0
         self._statfs_lock = threading.Lock()
@@ -150,9 +162,51 @@ class NfsServer:
         return local and self._portmap_server is not None and \
             self.client_rpcbind_port == self.portmap_port
 
+    def holds_state(self, conn) -> bool:
+        """A connection holds state when an NFSv4.1 session that still exists is bound to it
+        (CREATE_SESSION or BIND_CONN_TO_SESSION on it): it may idle up to
+        ``session_idle_timeout``. Anything else (NFSv3, MOUNT, NFSv4 before or without a
+        session) can reconnect at no cost and gets ``idle_timeout``."""
+        sessions = conn.state.get("sessions")
+        if not sessions or self.state is None:
+            return False
+        live = self.state.sessions
+        return any(sid in live for sid in sessions)
+
+    def _fit_fd_limit(self) -> None:
+        """Raise the soft descriptor limit so that max_connections fit, or lower the limit to
+        what the hard one allows (a full table would fail accept() for everyone)."""
+        want = self.limits.max_connections + FD_RESERVE
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            new_soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (new_soft, hard))
+                soft = new_soft
+            except (ValueError, OSError):
+                pass
+        if soft != resource.RLIM_INFINITY and soft < want:
+            fit = max(1, soft - FD_RESERVE)
+            log.warning("nfs.max_connections = %d does not fit the descriptor limit %d: "
+                        "serving at most %d connections", self.limits.max_connections, soft, fit)
+            self.limits = dataclasses.replace(self.limits, max_connections=fit)
+
+    async def _sweep(self) -> None:
+        """Idle and unfinished-record timeouts, checked for every connection a few times per
+        timeout."""
+        while True:
+            await asyncio.sleep(self.limits.sweep_period)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                try:
+                    conn.check_timeouts(now)
+                except Exception:  # noqa: BLE001 - one connection must not stop the sweep
+                    log.exception("connection sweep failed for %s", conn.peer[0])
+
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self._fit_fd_limit()
         self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="nfs-worker")
         run = self.loop.run_in_executor
         self.exports = await run(self.pool, ExportTable, self.catalog, self.namespace)
@@ -173,6 +227,7 @@ class NfsServer:
         self._nlm_ticker = asyncio.ensure_future(self._nlm_ticks())
         if monitor.previous:  # tell the previous instance's lock clients to reclaim
             self.pool.submit(monitor.notify_previous)
+        self._sweeper = asyncio.ensure_future(self._sweep())
         log.info("NFSv4.1 server listening on %s:%d", self.host, self.port)
 
     async def _housekeeping(self) -> None:
@@ -227,7 +282,7 @@ class NfsServer:
         self._server.close()
         if self._portmap_server is not None:
             self._portmap_server.close()
-        for task in (self._housekeeper, self._nlm_ticker):
+        for task in (self._housekeeper, self._nlm_ticker, self._sweeper):
             if task is not None:
                 task.cancel()
         if self.registered:

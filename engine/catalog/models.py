@@ -212,6 +212,30 @@ class Export(Base):
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
 
 
+class SmbShare(Base):
+    """An SMB share (engine/smb.py): a namespace directory that Samba serves over the mount."""
+    __tablename__ = "smb_shares"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(80), unique=True)  # clients connect to //server/NAME
+    path: Mapped[str] = mapped_column(Text, default="/")  # directory in the namespace
+    access: Mapped[str] = mapped_column(String(2), default="rw")  # "rw" | "ro"
+    clients: Mapped[str] = mapped_column(Text, default="0.0.0.0/0,::/0")  # comma-separated CIDRs
+    guest: Mapped[bool] = mapped_column(Boolean, default=False)  # connect without a password
+    users: Mapped[str] = mapped_column(Text, default="")  # who may connect; "" = every SMB user
+    read_only_users: Mapped[str] = mapped_column(Text, default="")  # may connect, not write
+    case_insensitive: Mapped[bool] = mapped_column(Boolean, default=False)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class SmbUser(Base):
+    """An SMB user: the name and the uid/gid its files get; the password is in Samba's passdb."""
+    __tablename__ = "smb_users"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    uid: Mapped[int] = mapped_column(BigInteger)
+    gid: Mapped[int] = mapped_column(BigInteger)
+
+
 class RetentionPolicy(Base):
     __tablename__ = "retention_policies"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,6 +35,9 @@ def fetch(url: str, method: str = "GET", body: bytes | None = None):
             return response.status, response.headers, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.headers, exc.read()
+
+
+LOGFMT = re.compile(r'ts=\S+Z level=(debug|info|warning|error|critical) logger=\S+ msg=".*"$')
 
 
 def test_shingle_webui_runs_gunicorn_in_the_foreground(template_catalog, tmp_path):
@@ -76,6 +80,10 @@ def test_shingle_webui_runs_gunicorn_in_the_foreground(template_catalog, tmp_pat
             out, _ = proc.communicate()
     assert proc.returncode == 0, out
     assert "Booting worker" in out
+    # gunicorn logs in the daemon's format (appliance/log.py): one format in the journal
+    logged = [line for line in out.splitlines()[1:] if line]
+    assert logged and all(LOGFMT.match(line) for line in logged), logged
+    assert any("logger=gunicorn.access" in line and "/metrics" in line for line in logged)
 
 
 def test_shingle_webui_refuses_a_bad_port_or_catalog(tmp_path):
