@@ -563,7 +563,7 @@ class StateTable:
             if lk is None:
                 # an open of its own, registered nowhere: NLM has no opens (no share checks)
                 pseudo_open = OpenState(b"", host, ino, b"nlm", access=c.OPEN4_SHARE_ACCESS_BOTH)
-                lk = LockState(self.new_other(), host, ino, owner, pseudo_open, seqid=0)
+                lk = LockState(self.new_other(host), host, ino, owner, pseudo_open, seqid=0)
                 self.states[lk.other] = lk
                 self.lock_by_owner_file[key] = lk
                 self.locks_by_file.setdefault(ino, []).append(lk)
