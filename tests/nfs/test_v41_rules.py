@@ -233,7 +233,8 @@ def test_a_changed_principal_without_state_gets_a_new_client_id(server):
     st, eid = _exchange_id(intruder, b"shared-owner", b"any-verf")  # case 3 ignores it
     assert st == 0 and eid.clientid != raw.clientid
     root = raw.root_fh()
-    assert raw.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args("s", b"o", raw.clientid))])[0] == 0
+    opened = [(c.OP_PUTFH, root), (c.OP_OPEN, open_args("s", b"o", raw.clientid))]
+    assert raw.session(opened)[0] == 0
     assert _exchange_id(intruder, b"shared-owner", b"whatever")[0] == c.NFS4ERR_CLID_INUSE
     raw.close()
     intruder.close()
