@@ -30,6 +30,7 @@ from appliance.nfs.stats import NfsStats
 from appliance.nfs.v3.mount import MountProgram
 from appliance.nfs.v3.program import Nfs3Program
 from appliance.nfs.v3.types import MOUNT_PROGRAM, NFS_PROGRAM, NFS_V3
+from appliance.nfs.v4 import clients
 from appliance.nfs.v4.const import NFS_V4
 from appliance.nfs.v4.program import Nfs4Program
 from appliance.nfs.v4.state import StateTable
@@ -235,7 +236,7 @@ class NfsServer:
         while True:
             await asyncio.sleep(period)
             try:
-                await self.loop.run_in_executor(self.pool, self.state.expire_idle)
+                await self.loop.run_in_executor(self.pool, clients.expire_idle, self.state)
                 await self.loop.run_in_executor(self.pool, self.exports.refresh)
             except Exception:  # noqa: BLE001 - housekeeping retries next period
                 log.exception("NFS housekeeping failed")

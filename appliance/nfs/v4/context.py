@@ -67,6 +67,9 @@ class Compound:
         self.session = None
         self.slot = None
         self.client = None
+        # the size the results may reach (set by SEQUENCE) and the error past it
+        self.reply_limit = 1 << 62
+        self.reply_too_big = c.NFS4ERR_REP_TOO_BIG
         self._creds: dict = {}
 
     # -- identities ---------------------------------------------------------------

@@ -146,7 +146,9 @@ class StateTable:
         self.boot = int.from_bytes(os.urandom(4), "big")
         self.counter = 0
         self.clients: dict[int, Client] = {}
-        self.by_owner: dict[bytes, Client] = {}
+        self.by_owner: dict[bytes, Client] = {}  # confirmed records
+        # NFSv4.1 EXCHANGE_ID records not yet confirmed by CREATE_SESSION, by owner (clients.py)
+        self.unconfirmed41: dict[bytes, Client] = {}
         self.sessions: dict[bytes, Session] = {}
         self.states: dict[bytes, OpenState | LockState] = {}
         self.opens_by_file: dict[int, list[OpenState]] = {}
@@ -275,25 +277,6 @@ class StateTable:
         self.catalog.run(lambda conn: conn.execute(delete(CLIENTS).where(CLIENTS.c.owner == owner)))
 
     # -- clients ---------------------------------------------------------------------------------
-    def exchange_id(self, owner: bytes, verifier: bytes, principal: tuple, address: str) -> Client:
-        with self.lock:
-            cl = self.by_owner.get(owner)
-            if cl is not None and cl.verifier == verifier:
-                if cl.confirmed and cl.principal != principal and cl.states:
-                    raise NfsError(c.NFS4ERR_CLID_INUSE, "client owner in use by another principal")
-                cl.last_renew = time.monotonic()
-                return cl
-            if cl is not None and cl.confirmed:
-                # the client rebooted (new verifier): its old state goes
-                self.expire_client(cl)
-            elif cl is not None:
-                self.clients.pop(cl.clientid, None)
-            cl = Client(self.new_clientid(), owner, verifier, principal, address)
-            cl.may_reclaim = owner in self.reclaimable
-            self.clients[cl.clientid] = cl
-            self.by_owner[owner] = cl
-            return cl
-
     def client(self, clientid: int) -> Client:
         cl = self.clients.get(clientid)
         if cl is None:
@@ -338,6 +321,8 @@ class StateTable:
                 else:
                     self._drop_lock(st)
         self.clients.pop(cl.clientid, None)
+        if self.unconfirmed41.get(cl.owner) is cl:
+            del self.unconfirmed41[cl.owner]
         if self.by_owner.get(cl.owner) is cl:
             del self.by_owner[cl.owner]
             if cl.confirmed:
@@ -346,21 +331,20 @@ class StateTable:
                 except Exception:  # noqa: BLE001 - the catalog may be down; the record only costs a grace period
                     log.exception("could not forget client record")
 
-    def expire_idle(self) -> int:
-        """Drop clients whose lease ran out (called periodically)."""
-        now = time.monotonic()
-        with self.lock:
-            idle = [cl for cl in self.clients.values()
-                    if now - cl.last_renew > self.lease_seconds * 1.5
-                    and not any(s.busy for sess in cl.sessions.values() for s in sess.slots)]
-            for cl in idle:
-                log.info("lease of client %x expired", cl.clientid)
-                self.expire_client(cl)
-            for clientid, cl in list(self.unconfirmed40.items()):
-                if now - cl.last_renew > self.lease_seconds:
-                    del self.unconfirmed40[clientid]
-            self.in_grace()
-            return len(idle)
+    # -- leases (the rules are in appliance.nfs.v4.clients) -------------------------------------
+    def busy(self, cl: Client) -> bool:
+        """Whether a request of ``cl`` is running (a client waiting for its reply renews)."""
+        return any(s.busy for sess in cl.sessions.values() for s in sess.slots)
+
+    def evict_if_expired(self, cl: Client) -> bool:
+        """A request conflicts with ``cl``'s state: if ``cl``'s lease ran out, the courtesy
+        ends and the client goes with its state (RFC 8881 8.3); True when it went."""
+        if time.monotonic() - cl.last_renew <= self.lease_seconds or self.busy(cl):
+            return False
+        log.info("lease of client %x expired: its state goes for a conflicting request",
+                 cl.clientid)
+        self.expire_client(cl)
+        return True
 
     # -- sessions ---------------------------------------------------------------------------------
     def add_session(self, cl: Client, fore, back) -> Session:
@@ -422,10 +406,12 @@ class StateTable:
     def open(self, cl: Client, owner: bytes, ino: int, access: int, deny: int) -> OpenState:
         with self.lock:
             key = (cl.clientid, owner, ino)
-            for other in self.opens_by_file.get(ino, ()):
+            for other in list(self.opens_by_file.get(ino, ())):
                 if (other.client.clientid, other.owner) == (cl.clientid, owner):
                     continue
-                if (access & other.deny) or (deny & other.access):
+                if ((access & other.deny) or (deny & other.access)) and (
+                        other.other in self.states
+                        and not self.evict_if_expired(other.client)):
                     raise NfsError(c.NFS4ERR_SHARE_DENIED,
                                    f"share reservation conflict on inode {ino}")
             st = self.open_by_owner_file.get(key)
@@ -477,11 +463,13 @@ class StateTable:
 
     # -- locks -------------------------------------------------------------------------------------
     def conflict(self, cl: Client, owner: bytes, ino: int, start: int, end: int, locktype: int):
-        for lk in self.locks_by_file.get(ino, ()):
-            if lk.client is cl and lk.owner == owner:
+        for lk in list(self.locks_by_file.get(ino, ())):
+            if (lk.client is cl and lk.owner == owner) or lk.other not in self.states:
                 continue
             for r0, r1, rtype in lk.ranges:
                 if overlaps(start, end, r0, r1) and (is_write(locktype) or is_write(rtype)):
+                    if self.evict_if_expired(lk.client):
+                        break  # its locks went with it
                     return lk, r0, r1, rtype
         return None
 
