@@ -317,6 +317,29 @@ def test_nlm_and_nfsv41_locks_conflict(nlm_server):
         v4.close()
 
 
+def test_an_nlm_lock_outlives_the_nfsv4_lease(stack, fake_host):
+    # NLM hosts hold no lease (NSM reports their restarts): an NFSv4 request that conflicts
+    # with an NLM lock older than a lease must not take the lock away as from an expired client
+    add_export(stack.catalog)
+    srv = start_server(stack, portmap="serve", portmap_port=0, grace_seconds=0, lease_seconds=5,
+                       client_rpcbind_port=fake_host.port)
+    nlm = Nlm(srv.port, "host-old")
+    v4 = None
+    try:
+        fh3 = v3_file(srv.port, "old-lock")
+        assert nlm.lock(fh3, 3, 0, 10) == n.NLM4_GRANTED
+        time.sleep(5 * 1.2)
+        v4, open_sid, fh4 = _v4_client(srv.port, "old-lock")
+        st, _ = _v4_lock(v4, fh4, open_sid, 0, 1)
+        assert st == c.NFS4ERR_DENIED
+        assert nlm.test(fh3, 4, 0, 1)[0] == n.NLM4_DENIED
+    finally:
+        nlm.close()
+        if v4 is not None:
+            v4.close()
+        srv.stop()
+
+
 def test_restart_grace_period_reclaim_and_sm_notify(stack, fake_host):
     add_export(stack.catalog)
     kwargs = dict(grace_seconds=GRACE, client_rpcbind_port=fake_host.port, nsm_name="server-x")

@@ -88,6 +88,8 @@ class Client:
     confirm_verifier: bytes = b""
     callback: object = None
     owners: dict = field(default_factory=dict)
+    # an NFSv3 lock host (NLM) holds no lease: NSM tells when it restarted
+    leased: bool = True
 
 
 @dataclass
@@ -339,7 +341,8 @@ class StateTable:
     def evict_if_expired(self, cl: Client) -> bool:
         """A request conflicts with ``cl``'s state: if ``cl``'s lease ran out, the courtesy
         ends and the client goes with its state (RFC 8881 8.3); True when it went."""
-        if time.monotonic() - cl.last_renew <= self.lease_seconds or self.busy(cl):
+        if not cl.leased or time.monotonic() - cl.last_renew <= self.lease_seconds \
+                or self.busy(cl):
             return False
         log.info("lease of client %x expired: its state goes for a conflicting request",
                  cl.clientid)
@@ -526,7 +529,7 @@ class StateTable:
             host = self.nlm_hosts.get(name)
             if host is None:
                 host = Client(self.new_clientid(), b"nlm:" + name.encode("utf-8", "replace"),
-                              b"", (), address, confirmed=True)
+                              b"", (), address, confirmed=True, leased=False)
                 self.nlm_hosts[name] = host
             host.address = address
             return host
