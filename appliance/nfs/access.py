@@ -9,8 +9,9 @@ Every file handle a client sends goes through ``resolve``:
     -> inode, generation        not freed, not reused (STALE)
 
 and every entry into an export at its root (MNT, PUTROOTFH, LOOKUP from the pseudo-root)
-goes through ``enter_export``. A check that the object lies inside the export's subtree
-belongs in these two functions, at the marked lines, and nowhere else.
+goes through ``enter_export``. ``need_inside`` refuses an object outside the export's
+subtree (ACCESS): ``resolve`` calls it for every handle, and the walks upwards (NFSv4
+LOOKUPP, LOOKUP "..", NFSv3 LOOKUP "..") for the parent they reach.
 
 Each protocol passes its ``Codes``: its status numbers and its error class, so that the
 checks raise the protocol's own error and the success path pays nothing for being shared.
@@ -76,8 +77,16 @@ def resolve(server, data, address: str, codes: Codes) -> tuple[FileHandle, Expor
     if attr.generation != fh.generation:
         raise codes.error(codes.stale, f"inode {fh.ino} generation {attr.generation}, "
                                        f"handle {fh.generation}")
-    # here: the check that the inode lies inside rule's subtree (rule.root_ino)
+    need_inside(server, rule, attr, codes)
     return fh, rule, attr
+
+
+def need_inside(server, rule: ExportRule, attr: Attr, codes: Codes) -> None:
+    """Refuse an object outside the export's subtree (a handle kept from before a rename moved
+    it out, or a parent above the export's root). Cached per (root, inode) in the namespace:
+    inside no_blocking() a miss raises WouldBlock, and a worker asks the catalog."""
+    if not server.namespace.is_inside(rule.root_ino, attr.ino, attr.nlink):
+        raise codes.error(codes.access, f"inode {attr.ino} lies outside export {rule.name}")
 
 
 def enter_export(server, rule: ExportRule, address: str, codes: Codes) -> Attr:
