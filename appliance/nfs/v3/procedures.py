@@ -192,6 +192,9 @@ def create(cx: Call3, a):
             raise
         # UNCHECKED on an existing file: only the size applies (truncate)
         if attrs.size is not None:
+            if attrs.size > MAX_FILE_SIZE:
+                raise Nfs3Error(t.NFS3ERR_FBIG,
+                                f"size {attrs.size}: at most {MAX_FILE_SIZE}") from None
             cx.ns.setattr(cred, child.ino, size=attrs.size)
         return _created(cx, node, child)
     cx.apply_sattr(node.rule, child.ino, attrs, skip_mode=True)
