@@ -11,6 +11,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from appliance.log import Throttled
 from appliance.nfs.exports import ExportTable
 from appliance.nfs.fh import HandleCodec
 from appliance.nfs.onc.connection import RpcConnection
@@ -23,6 +24,7 @@ from appliance.nfs.v4.const import NFS_V4
 from appliance.nfs.v4.program import Nfs4Program
 from appliance.nfs.v4.state import StateTable
 from engine.blocking import may_block
+from engine.catalog import CatalogUnavailable
 
 log = logging.getLogger("shingle.nfs")
 
@@ -83,6 +85,7 @@ class NfsServer:
         self.pool = None
         self._server = None
         self._housekeeper = None
+        self._housekeeping_failures = Throttled(log)
         self._statfs = None
         self._statfs_at = 0.0
         self._statfs_lock = threading.Lock()
@@ -124,8 +127,11 @@ class NfsServer:
             try:
                 await self.loop.run_in_executor(self.pool, self.state.expire_idle)
                 await self.loop.run_in_executor(self.pool, self.exports.refresh)
-            except Exception:  # noqa: BLE001 - housekeeping retries next period
-                log.exception("NFS housekeeping failed")
+            except Exception as exc:  # noqa: BLE001 - housekeeping retries next period
+                # a catalog outage fails every period: one line per interval, and no traceback
+                self._housekeeping_failures.log(
+                    logging.ERROR, type(exc), "NFS housekeeping failed: %s", exc,
+                    exc_info=not isinstance(exc, CatalogUnavailable))
 
     async def stop(self) -> None:
         """Stop accepting, let calls in progress finish, close connections."""
