@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.errors import ConfigError
+from engine.units import format_size  # noqa: F401  (re-exported: callers use config.format_size)
 
 SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "KB": 1000, "M": 1 << 20, "MIB": 1 << 20,
               "MB": 1000 ** 2, "G": 1 << 30, "GIB": 1 << 30, "GB": 1000 ** 3, "T": 1 << 40, "TIB": 1 << 40,
@@ -37,13 +38,6 @@ def parse_size(value: Any, key: str = "size") -> int:
     if not match or match.group(2).upper() not in SIZE_UNITS:
         raise ConfigError(key, value, "a size such as 4GiB, 16MiB or a byte count")
     return int(float(match.group(1)) * SIZE_UNITS[match.group(2).upper()])
-
-
-def format_size(n: int) -> str:
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 @dataclass(frozen=True)
@@ -106,6 +100,12 @@ OPTIONS: list[Option] = [
     Option("webui", "workers", "int", 2, "gunicorn worker processes.", minimum=1, maximum=64),
     Option("webui", "secret_key_file", "str", "webui-secret.key",
            "File holding the key that signs session cookies (created by shingle init)."),
+    Option("webui", "tls_cert_file", "str", "",
+           "PEM certificate (chain) for HTTPS; with tls_key_file set the web UI serves only HTTPS, "
+           "its session cookie is Secure and answers carry HSTS. Empty: plain HTTP (keep host on "
+           "127.0.0.1 then). `shingle init --tls` makes a self-signed pair."),
+    Option("webui", "tls_key_file", "str", "",
+           "PEM private key of tls_cert_file (mode 0600, readable by the web UI only)."),
     Option("smart", "smartctl", "str", "/usr/sbin/smartctl", "smartctl executable used for drive health."),
     Option("logging", "level", "level", "info", "Log level: debug, info, warning or error."),
     Option("maintenance", "retention_interval_s", "int", 3600,
@@ -223,6 +223,10 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> Config:
                 names = ", ".join(o.name for o in OPTIONS if o.section == section)
                 raise ConfigError(f"{section}.{name}", value, f"a known option of [{section}]: {names}")
             values[option.key] = _check(option, value)
+    if bool(values["webui.tls_cert_file"]) != bool(values["webui.tls_key_file"]):
+        key = "webui.tls_key_file" if values["webui.tls_cert_file"] else "webui.tls_cert_file"
+        raise ConfigError(key, values[key], "set together with the other of tls_cert_file and "
+                          "tls_key_file (both for HTTPS, neither for HTTP)")
     band_classes = {name: dict(opts) for name, opts in BAND_CLASS_DEFAULTS.items()}
     for name, table in raw.get("band_classes", {}).items():
         if name not in BAND_CLASSES:

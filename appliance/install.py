@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from appliance import config as config_mod
+from appliance.private import write_private
 from engine.errors import ConfigError
 
 log = logging.getLogger("shingle.install")
@@ -208,13 +209,6 @@ def _own_catalog_files(config: config_mod.Config, on_host: bool) -> None:
             _chown(path, on_host)
 
 
-def _write_private(path: Path, text: str) -> None:
-    """A new file readable by its owner only, from the first byte on."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-
-
 def _first_run_state(config: config_mod.Config, report: Report, on_host: bool, upgraded_from: str | None) -> None:
     """What `shingle init` also creates: root inode, default export, first admin, session key."""
     from sqlalchemy import func, select
@@ -235,7 +229,7 @@ def _first_run_state(config: config_mod.Config, report: Report, on_host: bool, u
             password = secrets.token_urlsafe(12)
             accounts.create_admin(catalog, ADMIN_USER, password, actor="shingle install")
             password_file.unlink(missing_ok=True)  # left from an earlier catalog that was removed
-            _write_private(password_file, f"{ADMIN_USER} {password}\n")
+            write_private(password_file, f"{ADMIN_USER} {password}\n")
             _chown(password_file, on_host)
             events.record(catalog, "appliance.install", "installed", actor="shingle install")
             report.did(f"created admin user {ADMIN_USER!r}: password in {password_file}")
@@ -246,7 +240,7 @@ def _first_run_state(config: config_mod.Config, report: Report, on_host: bool, u
         catalog.close()
     secret = config.resolve("webui.secret_key_file")
     if not secret.exists():
-        _write_private(secret, secrets.token_hex(32) + "\n")
+        write_private(secret, secrets.token_hex(32) + "\n")
         _chown(secret, on_host)
         report.did(f"created web UI session key: {secret}")
 

@@ -5,7 +5,9 @@ scrub and rebuild move data, and only the daemon owns the drives (its write
 scheduler, open bands and extent caches). A second process touching zones
 would race it. So the daemon runs one maintenance thread that
 - queues the scheduled jobs when their interval (config [maintenance]) is due,
-- runs queued jobs one at a time (admins queue them from the CLI or web UI),
+- runs queued jobs one at a time (admins queue them from the CLI or web UI), with a
+  heartbeat while each runs; at start, jobs a dead daemon left running are queued
+  again or marked interrupted (engine.jobs.recover_interrupted),
 - records the counters of the NFS server and the data path every few seconds
   for the web UI's charts.
 """
@@ -45,6 +47,7 @@ class Maintenance(threading.Thread):
 
     def run(self) -> None:
         last_sample = 0.0
+        self.recover_interrupted()
         while not self.stopped.is_set():
             try:
                 self.queue_due_jobs()
@@ -58,6 +61,15 @@ class Maintenance(threading.Thread):
             except Exception:  # the loop must survive anything one round does
                 log.exception("maintenance round failed")
             self.stopped.wait(self.tick_s)
+
+    def recover_interrupted(self) -> None:
+        """Jobs left running by a daemon that died (this one holds the lock, so none runs)."""
+        try:
+            for job in jobs.recover_interrupted(self.catalog):
+                log.warning("job %d (%s) was interrupted by a daemon stop: %s", job.id, job.kind,
+                            job.state)
+        except Exception:
+            log.exception("could not recover interrupted jobs")
 
     def queue_due_jobs(self) -> None:
         now = time.time()
@@ -80,7 +92,8 @@ class Maintenance(threading.Thread):
             return
         log.info("job %d (%s) started by %s", job.id, job.kind, job.actor)
         try:
-            result = runner(job.params, jobs.progress_writer(self.catalog, job.id), job.actor)
+            with jobs.Heartbeat(self.catalog, job.id):
+                result = runner(job.params, jobs.progress_writer(self.catalog, job.id), job.actor)
         except Exception as exc:
             log.exception("job %d (%s) failed", job.id, job.kind)
             jobs.finish(self.catalog, job.id, ok=False, message=f"{exc.__class__.__name__}: {exc}")

@@ -94,3 +94,7 @@ class ConfigError(Exception):
     def __init__(self, key: str, value: object, expected: str):
         self.key, self.value, self.expected = key, value, expected
         super().__init__(f"config error: {key} = {value!r}: expected {expected}")
+
+
+class JobAbandoned(Exception):
+    """A job someone waits for will not finish: the daemon running it (or meant to) is gone."""

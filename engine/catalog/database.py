@@ -423,7 +423,8 @@ class Catalog:
                 try:
                     self._wal_index = _map_wal_index(path + "-shm")
                 except (OSError, ValueError) as exc:
-                    log.info("catalog: no WAL index to map (%s); cache checks query PRAGMA data_version", exc)
+                    log.debug("catalog: no WAL index to map (%s); cache checks query PRAGMA "
+                              "data_version", exc)
                     self._wal_index = None
                 self._watch = watch
         return self._wal_index

@@ -208,10 +208,15 @@ class DataPath:
 
     def counters(self) -> dict[str, float]:
         """Cumulative counters for the web UI's charts (names: engine/metrics.py)."""
-        return {
+        out = {
             "client_bytes_written": self.stats["client_bytes_written"],
             "media_bytes_written": self.stats["media_bytes_written"],
         }
+        for drive in self.space.drives.values():  # each drive's own I/O: drive_<id>_<counter>
+            if drive.backend is not None:
+                counters = drive.backend.io_counters()
+                out.update({f"drive_{drive.id}_{k}": v for k, v in counters.items()})
+        return out
 
     def close(self) -> None:
         if self._closed:

@@ -114,6 +114,7 @@ class StripeReader:
             raise errors.IOFailure(f"short read of stripe {info.id} fragment {idx}: {got} of {length} bytes")
         if crc != checksum:
             self.stats["checksum_errors"] += 1
+            drive.backend.checksum_errors += 1
             with self._lock:
                 self._corrupt.add((info.id, idx))
             raise ChecksumError(f"checksum mismatch in stripe {info.id} fragment {idx} on drive {drive_id} "

@@ -69,12 +69,14 @@ class Namespace(Ancestry, AttrCache, Lookup, Xattrs, DirectoryOps, FileOps):
         self.data = data
         self._cache: dict[int, Attr] = {}
         self._names: dict[tuple[int, str], int] = {}
+        self._xattr_cache: dict[int, dict[str, bytes]] = {}  # ino -> its (small) xattrs
         self._cache_epoch: int | None = None
         self._cache_since = 0.0
         self._cache_gen = 0  # bumped by every eviction: a load that began before it is not cached
         self._cache_lock = threading.Lock()
         self._open_refs: dict[int, int] = {}
         self._open_lock = threading.Lock()
+        self._change_listeners: tuple = ()  # see AttrCache.add_change_listener
         self._init_ancestry()
         root = catalog.get_setting(ROOT_INO_KEY)
         self.root_ino = int(root) if root is not None else self._make_root()

@@ -33,6 +33,7 @@ class AttrSubject:
     mounted_on_fileid: int
     server: object  # NfsServer: lease time, statfs
     rdattr_error: int = 0
+    minor: int = 1  # NFSv4.0 has no attribute past mounted_on_fileid
 
 
 def _time(ns: int):
@@ -63,7 +64,8 @@ def _statfs(s: AttrSubject):
 
 # bit -> (xdr type, getter(subject) or None when only settable, settable)
 ATTRS = {
-    c.FATTR4_SUPPORTED_ATTRS: (bitmap4, lambda s: SUPPORTED_BITMAP, False),
+    c.FATTR4_SUPPORTED_ATTRS: (bitmap4, lambda s: SUPPORTED_BITMAP if s.minor else
+                               SUPPORTED_BITMAP_40, False),
     c.FATTR4_TYPE: (UInt, lambda s: s.attr.type, False),
     c.FATTR4_FH_EXPIRE_TYPE: (UInt, lambda s: c.FH4_PERSISTENT, False),
     c.FATTR4_CHANGE: (UHyper, lambda s: s.attr.change, False),
@@ -138,6 +140,7 @@ def from_bitmap(words) -> list[int]:
 
 SUPPORTED = sorted(ATTRS)
 SUPPORTED_BITMAP = to_bitmap(SUPPORTED)
+SUPPORTED_BITMAP_40 = to_bitmap(b for b in SUPPORTED if b <= c.LAST_FATTR4_40)
 SETTABLE = frozenset(b for b, (_, _, settable) in ATTRS.items() if settable)
 EXCLCREAT_BITMAP = to_bitmap([c.FATTR4_SIZE, c.FATTR4_MODE, c.FATTR4_OWNER, c.FATTR4_OWNER_GROUP])
 _plans: dict[tuple, tuple] = {}
@@ -165,6 +168,14 @@ def encode(words, subject: AttrSubject):
 
 def encode_values(words, subject: AttrSubject) -> bytes:
     return encode(words, subject)[1]
+
+
+def only_40(words) -> list[int]:
+    """A requested bitmap without NFSv4.1's attributes (an NFSv4.0 server has none of them)."""
+    words = list(words[:2])
+    if len(words) == 2:
+        words[1] &= (1 << (c.LAST_FATTR4_40 - 31)) - 1
+    return words
 
 
 def check_supported(words) -> None:

@@ -9,9 +9,13 @@ read-only operations only (FROM_CACHE_OPS), inside engine.blocking's
 no_blocking(). At the first operation that would need more, it stops and
 returns a Handoff; the worker carries the COMPOUND on from that operation,
 with the slot its SEQUENCE took and the results so far. A stat costs one thread
-hand-off less (in process, nfs-rs: 0.356 -> 0.277 ms for LOOKUP+GETATTR and GETATTR)."""
+hand-off less (in process, nfs-rs: 0.356 -> 0.277 ms for LOOKUP+GETATTR and GETATTR).
+
+A COMPOUND of another minor version goes to the executor registered for it in
+``MINOR_EXECUTORS`` (NFSv4.0: appliance.nfs.v4.compound40), always in a worker."""
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 import time
@@ -48,6 +52,14 @@ NOT_SUPPORTED = frozenset({
 FROM_CACHE_OPS = frozenset({
     c.OP_SEQUENCE, c.OP_PUTFH, c.OP_PUTROOTFH, c.OP_PUTPUBFH, c.OP_GETFH, c.OP_SAVEFH,
     c.OP_RESTOREFH, c.OP_LOOKUP, c.OP_LOOKUPP, c.OP_GETATTR, c.OP_ACCESS, c.OP_READ})
+# An operation that changes the current file handle clears the current stateid (RFC 8881
+# 16.2.3.1.2), except these, which set both (RESTOREFH restores the saved stateid)
+SETS_FH_AND_STATEID = frozenset({c.OP_OPEN, c.OP_RESTOREFH})
+
+
+# minor version -> executor(server, conn_state, rpc_cred, address, tag, record, pos) -> chunks,
+# pos just after the minor version; registered by the module that implements it
+MINOR_EXECUTORS: dict = {}
 
 
 class Replay(Exception):
@@ -63,7 +75,8 @@ def _fingerprint(cred, record, pos) -> tuple:
     return (cred.uid, cred.gid, n, zlib.crc32(memoryview(record)[pos:pos + 4096]))
 
 
-def _reply_head(status: int, tag: bytes, count: int) -> bytearray:
+def reply_head(status: int, tag: bytes, count: int) -> bytearray:
+    """The COMPOUND4res head: status, tag, the number of results that follow."""
     p = Packer()
     p.buf += _U32.pack(status)
     _tag.pack(p, tag)
@@ -79,6 +92,8 @@ def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int, 
     instead of blocking, for ``resume``."""
     run = _start(server, conn_state, rpc_cred, address, record, pos)
     if not isinstance(run, _Run):
+        if callable(run):  # another minor version's COMPOUND: in a worker
+            return Handoff(run) if from_cache else run()
         return run  # an error in the COMPOUND's header: the reply
     if not from_cache:
         return _run(run, record, False)
@@ -91,12 +106,15 @@ def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int, 
 
 def resume(handoff: Handoff, record) -> list:
     """In a worker: carry a handed-off COMPOUND on from the operation where the attempt stopped."""
+    if not isinstance(handoff.run, _Run):
+        return handoff.run()
     return _run(handoff.run, record, False)
 
 
 class Handoff:
     """What a from-cache attempt returns when a worker must finish the COMPOUND: the run so far
-    (its SEQUENCE holds the slot, the operations before the one that stopped are answered)."""
+    (its SEQUENCE holds the slot, the operations before the one that stopped are answered), or
+    the call that runs a COMPOUND of another minor version."""
 
     __slots__ = ("run",)
 
@@ -128,16 +146,19 @@ def _start(server, conn_state, rpc_cred, address, record, pos):
     try:
         (tag, minor), pos = _head(record, pos)
     except XdrError:
-        return [bytes(_reply_head(c.NFS4ERR_BADXDR, b"", 0))]
+        return [bytes(reply_head(c.NFS4ERR_BADXDR, b"", 0))]
     tag = bytes(tag)
     if minor != c.MINOR_VERSION:
-        return [bytes(_reply_head(c.NFS4ERR_MINOR_VERS_MISMATCH, tag, 0))]
+        other = MINOR_EXECUTORS.get(minor)
+        if other is None:
+            return [bytes(reply_head(c.NFS4ERR_MINOR_VERS_MISMATCH, tag, 0))]
+        return functools.partial(other, server, conn_state, rpc_cred, address, tag, record, pos)
     try:
         count, pos = UInt.unpack(record, pos)
     except XdrError:
-        return [bytes(_reply_head(c.NFS4ERR_BADXDR, tag, 0))]
+        return [bytes(reply_head(c.NFS4ERR_BADXDR, tag, 0))]
     if count > (len(record) - pos) // 4:
-        return [bytes(_reply_head(c.NFS4ERR_BADXDR, tag, 0))]
+        return [bytes(reply_head(c.NFS4ERR_BADXDR, tag, 0))]
     return _Run(Compound(server, conn_state, rpc_cred, address), tag, count, pos)
 
 
@@ -156,14 +177,14 @@ def _run(run: _Run, record, from_cache: bool) -> list:
                     log.debug("op %s", c.OP_NAMES.get(opnum, opnum))
             except XdrError:
                 opnum, status = c.OP_ILLEGAL, c.NFS4ERR_BADXDR
-                _emit(p, c.OP_ILLEGAL, status, None)
+                emit_result(p, c.OP_ILLEGAL, status, None)
                 run.done += 1
                 break
             if from_cache and opnum not in FROM_CACHE_OPS:
                 raise _Stop()
             if opnum not in ARGS and opnum not in NOT_SUPPORTED:
                 status = c.NFS4ERR_OP_ILLEGAL
-                _emit(p, c.OP_ILLEGAL, status, None)
+                emit_result(p, c.OP_ILLEGAL, status, None)
                 run.done += 1
                 break
             if opnum in NOT_SUPPORTED:
@@ -176,7 +197,7 @@ def _run(run: _Run, record, from_cache: bool) -> list:
                     status = c.NFS4ERR_BADXDR
                     args = None
             if status != c.NFS4_OK:
-                _emit(p, opnum, status, None)
+                emit_result(p, opnum, status, None)
                 run.done += 1
                 break
             # session rules (RFC 8881 2.10.6 and 18.46)
@@ -192,11 +213,11 @@ def _run(run: _Run, record, from_cache: bool) -> list:
                     except NfsError as exc:
                         status = exc.status
                         log.debug("SEQUENCE: status %d: %s", status, exc)
-                        _emit(p, opnum, status, None)
+                        emit_result(p, opnum, status, None)
                         run.done += 1
                         break
                     run.cache = True
-                    _emit(p, opnum, c.NFS4_OK, value)
+                    emit_result(p, opnum, c.NFS4_OK, value)
                     run.done += 1
                     run.index, run.pos = index + 1, pos
                     continue
@@ -207,32 +228,35 @@ def _run(run: _Run, record, from_cache: bool) -> list:
             elif opnum == c.OP_SEQUENCE:
                 status = c.NFS4ERR_SEQUENCE_POS
             if status != c.NFS4_OK:
-                _emit(p, opnum, status, None)
+                emit_result(p, opnum, status, None)
                 run.done += 1
                 break
             handler = HANDLERS.get(opnum)
+            cur = cx.cur
             try:
                 if handler is None:
                     raise NfsError(c.NFS4ERR_NOTSUPP, f"{c.OP_NAMES.get(opnum)} not implemented")
                 value = handler(cx, args)
+                if cx.cur is not cur and opnum not in SETS_FH_AND_STATEID:
+                    cx.cur_stateid = None
             except WouldBlock:  # only read-only operations run from the cache: nothing to undo
                 raise _Stop() from None
             except NfsError as exc:
-                run.counted.append(_OP_METRIC[opnum])
+                run.counted.append(OP_METRIC[opnum])
                 status = exc.status
                 log.debug("%s: status %d: %s", c.OP_NAMES.get(opnum), status, exc)
-                _emit(p, opnum, status, exc.payload)
+                emit_result(p, opnum, status, exc.payload)
                 run.done += 1
                 break
             except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a dead connection
-                run.counted.append(_OP_METRIC[opnum])
+                run.counted.append(OP_METRIC[opnum])
                 status = status_of(exc, CODES)
                 log_failure(CODES, status, c.OP_NAMES.get(opnum, "?"), cx.address, exc)
-                _emit(p, opnum, status, None)
+                emit_result(p, opnum, status, None)
                 run.done += 1
                 break
-            run.counted.append(_OP_METRIC[opnum])
-            _emit(p, opnum, c.NFS4_OK, value)
+            run.counted.append(OP_METRIC[opnum])
+            emit_result(p, opnum, c.NFS4_OK, value)
             run.done += 1
             run.index, run.pos = index + 1, pos
     except _Stop:
@@ -245,7 +269,7 @@ def _run(run: _Run, record, from_cache: bool) -> list:
             counters = cx.server.counters
             for metric in run.counted:
                 counters.op(metric)
-            chunks = [bytes(_reply_head(status, run.tag, run.done)), *p.result()]
+            chunks = [bytes(reply_head(status, run.tag, run.done)), *p.result()]
             if cx.slot is not None:
                 slot = cx.slot
                 slot.reply = chunks if run.cache and p.size <= CACHE_LIMIT else None
@@ -253,7 +277,7 @@ def _run(run: _Run, record, from_cache: bool) -> list:
     return chunks
 
 
-_OP_METRIC = {opnum: name.lower() for opnum, name in c.OP_NAMES.items()}
+OP_METRIC = {opnum: name.lower() for opnum, name in c.OP_NAMES.items()}
 
 
 def _head(record, pos):
@@ -263,7 +287,8 @@ def _head(record, pos):
 
 
 
-def _emit(p: Packer, opnum: int, status: int, value) -> None:
+def emit_result(p: Packer, opnum: int, status: int, value) -> None:
+    """One operation's result (nfs_resop4) into ``p``."""
     p.buf += _U32.pack(opnum)
     rtype = RESULTS.get(opnum, STATUS_ONLY)
     if opnum == c.OP_SETATTR:

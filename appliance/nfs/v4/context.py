@@ -52,6 +52,8 @@ class PseudoAttr:
 class Compound:
     """Per-COMPOUND context handed to every operation handler."""
 
+    minor = c.MINOR_VERSION  # compound40.Compound40 is NFSv4.0's
+
     def __init__(self, server, conn_state: dict, rpc_cred, address: str):
         self.server = server
         self.ns = server.namespace
@@ -134,14 +136,14 @@ class Compound:
         if node.pseudo is not None:
             attr = PseudoAttr(node.pseudo, server.boot_ns, server.exports_generation)
             return AttrSubject(attr, self.fh_of(node), (server.handles.fsid, 0), attr.ino,
-                               server)
+                               server, minor=self.minor)
         if attr is None:
             attr = self.ns.getattr(node.ino)
         mounted_on = attr.ino
         if attr.ino == node.export.root_ino:
             mounted_on = pseudo_ino(node.export.parts)
         return AttrSubject(attr, self.fh_of(node), (server.handles.fsid, node.export.id),
-                           mounted_on, server)
+                           mounted_on, server, minor=self.minor)
 
     # -- stateids ---------------------------------------------------------------------
     def stateid(self, sid):

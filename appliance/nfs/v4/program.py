@@ -1,10 +1,12 @@
-"""Program 100003 version 4: NULL and COMPOUND. Small COMPOUNDs are first tried on the
-event loop from the caches (appliance.nfs.v4.compound); the rest run in a worker."""
+"""Program 100003 version 4: NULL and COMPOUND, minor versions 1 and 0. Small NFSv4.1
+COMPOUNDs are first tried on the event loop from the caches (appliance.nfs.v4.compound); the
+rest, and every NFSv4.0 COMPOUND (appliance.nfs.v4.compound40), run in a worker."""
 from __future__ import annotations
 
 from appliance.nfs.onc.rpc import PROC_UNAVAIL, InWorker, RpcReject, accepted
 from appliance.nfs.v4 import (
     compound,
+    compound40,  # noqa: F401 - registers the NFSv4.0 executor
     ops,  # noqa: F401 - the operations register on import
 )
 from appliance.nfs.v4 import const as c
@@ -31,5 +33,6 @@ class Nfs4Program:
         outcome = compound.execute(self.server, conn.state, cred, conn.peer[0], record, pos,
                                    from_cache=True)
         answered = not isinstance(outcome, compound.Handoff)
-        self.server.counters.attempt(answered)
+        if answered or not callable(outcome.run):  # an NFSv4.0 COMPOUND was never attempted
+            self.server.counters.attempt(answered)
         return outcome if answered else InWorker(compound.resume, outcome, record)

@@ -1,6 +1,8 @@
-"""NFSv4.1 state: clients, sessions and their slot tables (the reply cache),
+"""NFSv4 state: clients, sessions and their slot tables (the reply cache),
 open and lock stateids, share reservations, byte-range locks, leases and the
-grace period after a restart.
+grace period after a restart. NFSv4.0 and NFSv4.1 clients share this one table, so their
+share reservations and locks conflict; what only NFSv4.0 has (client records confirmed by
+SETCLIENTID_CONFIRM, open- and lock-owner sequence ids) is in appliance.nfs.v4.state40.
 
 All of it lives behind one lock (``StateTable.lock``): state operations are
 short, and one lock keeps conflicts across clients simple to reason about.
@@ -30,7 +32,9 @@ SETTINGS = Setting.__table__
 SESSION_PREFIX = "nfs_session_"
 INF = 1 << 64  # end of a lock "to end of file"
 SLOTS_MAX = 64
-_OTHER = struct.Struct(">IQ")
+# a stateid's "other": server instance, the low half of its client's id, a counter (NFSv4.0
+# tells a stateid of an expired client from a bad one by the client id)
+_OTHER = struct.Struct(">III")
 
 
 class NfsError(Exception):
@@ -78,6 +82,12 @@ class Client:
     may_reclaim: bool = False
     reclaim_complete: bool = False
     states: set = field(default_factory=set)  # stateid "other" values
+    minor: int = 1
+    # NFSv4.0 only: SETCLIENTID's confirm verifier and callback (recorded, never called: no
+    # delegations are granted), and the open/lock-owners by (kind, owner) (state40.Owner)
+    confirm_verifier: bytes = b""
+    callback: object = None
+    owners: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -143,6 +153,8 @@ class StateTable:
         self.locks_by_file: dict[int, list[LockState]] = {}
         self.open_by_owner_file: dict[tuple, OpenState] = {}
         self.lock_by_owner_file: dict[tuple, LockState] = {}
+        # NFSv4.0 SETCLIENTID records not yet confirmed, by client id (appliance.nfs.v4.state40)
+        self.unconfirmed40: dict[int, Client] = {}
         # restart: clients recorded by the previous instance may reclaim
         self.reclaimable: set[bytes] = set(self._load_previous_clients())
         self._restore_sessions()
@@ -160,8 +172,13 @@ class StateTable:
     def new_clientid(self) -> int:
         return (self.boot << 32) | self._next()
 
-    def new_other(self) -> bytes:
-        return _OTHER.pack(self.boot, self._next())
+    def new_other(self, cl: Client) -> bytes:
+        return _OTHER.pack(self.boot, cl.clientid & 0xFFFFFFFF, self._next() & 0xFFFFFFFF)
+
+    def other_parts(self, other: bytes) -> tuple[int, int]:
+        """(server instance, client id) a stateid's "other" was made for."""
+        boot, client_low, _ = _OTHER.unpack(other)
+        return boot, (boot << 32) | client_low
 
     # -- grace ---------------------------------------------------------------------------
     def in_grace(self) -> bool:
@@ -200,7 +217,7 @@ class StateTable:
             conn.execute(delete(CLIENTS).where(CLIENTS.c.owner == cl.owner))
             conn.execute(CLIENTS.insert().values(
                 clientid=cl.clientid & ((1 << 63) - 1), owner=cl.owner, verifier=cl.verifier,
-                address=cl.address[:64], minor_version=1, confirmed=True,
+                address=cl.address[:64], minor_version=cl.minor, confirmed=True,
                 reclaim_complete=cl.reclaim_complete, created_ns=now, last_seen_ns=now))
         self.catalog.run(work)
 
@@ -267,7 +284,7 @@ class StateTable:
                 return cl
             if cl is not None and cl.confirmed:
                 # the client rebooted (new verifier): its old state goes
-                self._expire(cl)
+                self.expire_client(cl)
             elif cl is not None:
                 self.clients.pop(cl.clientid, None)
             cl = Client(self.new_clientid(), owner, verifier, principal, address)
@@ -292,7 +309,7 @@ class StateTable:
             cl = self.client(clientid)
             if cl.sessions:
                 raise NfsError(c.NFS4ERR_CLIENTID_BUSY, "client still has sessions")
-            self._expire(cl)
+            self.expire_client(cl)
 
     def reclaim_complete(self, cl: Client) -> None:
         with self.lock:
@@ -303,7 +320,8 @@ class StateTable:
                 self._save_session(sess)
             self._maybe_end_grace_early()
 
-    def _expire(self, cl: Client) -> None:
+    def expire_client(self, cl: Client) -> None:
+        """Drop a client with its sessions and state (and its catalog record)."""
         for sid in list(cl.sessions):
             self.sessions.pop(sid, None)
             try:
@@ -336,7 +354,10 @@ class StateTable:
                     and not any(s.busy for sess in cl.sessions.values() for s in sess.slots)]
             for cl in idle:
                 log.info("lease of client %x expired", cl.clientid)
-                self._expire(cl)
+                self.expire_client(cl)
+            for clientid, cl in list(self.unconfirmed40.items()):
+                if now - cl.last_renew > self.lease_seconds:
+                    del self.unconfirmed40[clientid]
             self.in_grace()
             return len(idle)
 
@@ -368,8 +389,7 @@ class StateTable:
     def find(self, stateid, cl: Client | None):
         st = self.states.get(stateid.other)
         if st is None:
-            boot = _OTHER.unpack(stateid.other)[0]
-            if boot != self.boot:
+            if self.other_parts(stateid.other)[0] != self.boot:
                 raise NfsError(c.NFS4ERR_STALE_STATEID, "stateid from an earlier server instance")
             raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid unknown")
         if cl is not None and st.client is not cl:
@@ -409,7 +429,8 @@ class StateTable:
                                    f"share reservation conflict on inode {ino}")
             st = self.open_by_owner_file.get(key)
             if st is None:
-                st = OpenState(self.new_other(), cl, ino, owner, seqid=1, access=access, deny=deny)
+                st = OpenState(self.new_other(cl), cl, ino, owner, seqid=1, access=access,
+                               deny=deny)
                 self.states[st.other] = st
                 self.opens_by_file.setdefault(ino, []).append(st)
                 self.open_by_owner_file[key] = st
@@ -473,7 +494,7 @@ class StateTable:
         key = (cl.clientid, owner, open_st.ino)
         lk = self.lock_by_owner_file.get(key)
         if lk is None:
-            lk = LockState(self.new_other(), cl, open_st.ino, owner, open_st, seqid=0)
+            lk = LockState(self.new_other(cl), cl, open_st.ino, owner, open_st, seqid=0)
             self.states[lk.other] = lk
             self.lock_by_owner_file[key] = lk
             self.locks_by_file.setdefault(open_st.ino, []).append(lk)

@@ -1,4 +1,5 @@
-"""NFSv4.1 XDR declarations (RFC 5662), once; codecs derive from appliance.nfs.onc.xdr.
+"""NFSv4.1 XDR declarations (RFC 5662) and NFSv4.0's own (RFC 7531), once; codecs derive
+from appliance.nfs.onc.xdr.
 
 ``ARGS[op]`` / ``RESULTS[op]`` give each operation's argument and result types.
 Operations this server answers with NFS4ERR_NOTSUPP need no argument type:
@@ -88,6 +89,13 @@ open_claim4 = Union("open_claim4", UInt, {
     c.CLAIM_DELEGATE_PREV: component4, c.CLAIM_FH: Void, c.CLAIM_DELEG_CUR_FH: stateid4,
     c.CLAIM_DELEG_PREV_FH: Void})
 
+# -- NFSv4.0 client records (RFC 7530 16.33) ---------------------------------------------
+clientaddr4 = Struct("clientaddr4", ("netid", String(NFS4_OPAQUE_LIMIT)),
+                     ("addr", String(NFS4_OPAQUE_LIMIT)))
+cb_client4 = Struct("cb_client4", ("cb_program", UInt), ("cb_location", clientaddr4))
+nfs_client_id4 = Struct("nfs_client_id4", ("verifier", verifier4),
+                        ("id", Opaque(NFS4_OPAQUE_LIMIT)))
+
 ARGS = {
     c.OP_ACCESS: UInt,
     c.OP_CLOSE: Struct("CLOSE4args", ("seqid", UInt), ("open_stateid", stateid4)),
@@ -148,6 +156,14 @@ ARGS = {
     c.OP_TEST_STATEID: Array(stateid4, 1024),
     c.OP_DESTROY_CLIENTID: UHyper,
     c.OP_RECLAIM_COMPLETE: Bool,
+    # NFSv4.0 only (NFSv4.1 answers them NFS4ERR_NOTSUPP before decoding)
+    c.OP_OPEN_CONFIRM: Struct("OPEN_CONFIRM4args", ("open_stateid", stateid4), ("seqid", UInt)),
+    c.OP_RENEW: UHyper,
+    c.OP_SETCLIENTID: Struct("SETCLIENTID4args", ("client", nfs_client_id4),
+                             ("callback", cb_client4), ("callback_ident", UInt)),
+    c.OP_SETCLIENTID_CONFIRM: Struct("SETCLIENTID_CONFIRM4args", ("clientid", UHyper),
+                                     ("setclientid_confirm", verifier4)),
+    c.OP_RELEASE_LOCKOWNER: state_owner4,
 }
 
 # -- operation results ----------------------------------------------------------------------------
@@ -215,6 +231,10 @@ RESULTS = {
                                  ("slotid", UInt), ("highest_slotid", UInt),
                                  ("target_highest_slotid", UInt), ("status_flags", UInt))),
     c.OP_TEST_STATEID: result(Array(nfsstat4)),
+    c.OP_OPEN_CONFIRM: result(stateid4),
+    c.OP_SETCLIENTID: result(Struct("SETCLIENTID4resok", ("clientid", UHyper),
+                                    ("setclientid_confirm", verifier4)),
+                             **{f"_{c.NFS4ERR_CLID_INUSE}": clientaddr4}),
 }
 
 # The COMPOUND envelope (the op array is decoded one op at a time by the executor).

@@ -336,4 +336,5 @@ def readdir(cx, a):
 
 def _light_subject(cx, node: Node, attr):
     server = cx.server
-    return AttrSubject(attr, b"", (server.handles.fsid, node.export.id), attr.ino, server)
+    return AttrSubject(attr, b"", (server.handles.fsid, node.export.id), attr.ino, server,
+                       minor=cx.minor)

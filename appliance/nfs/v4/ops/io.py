@@ -144,8 +144,11 @@ def open_(cx, a):
     if change is None:
         now = cx.ns.getattr(node.ino).change
         change = cinfo(now, now)
-    if a.share_access & 0xFF00:
-        delegation = (c.OPEN_DELEGATE_NONE_EXT, (2, False))  # WND4_RESOURCE, will not signal
+    want = a.share_access & c.OPEN4_SHARE_ACCESS_WANT_DELEG_MASK
+    if want == c.OPEN4_SHARE_ACCESS_WANT_NO_DELEG:
+        delegation = (c.OPEN_DELEGATE_NONE_EXT, (c.WND4_NOT_WANTED, None))
+    elif want:  # no delegations here: WND4_RESOURCE, and the server will not signal one later
+        delegation = (c.OPEN_DELEGATE_NONE_EXT, (c.WND4_RESOURCE, False))
     else:
         delegation = (c.OPEN_DELEGATE_NONE, None)
     return _OPEN_OK.cls(sid, change, c.OPEN4_RESULT_LOCKTYPE_POSIX, fattr.to_bitmap(attrset),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from appliance.nfs.v4 import const as c
-from appliance.nfs.v4.ops.common import resok
+from appliance.nfs.v4.ops.common import need_dir, resok
 from appliance.nfs.v4.ops.fs import lookup
 from appliance.nfs.v4.registry import operation
 from appliance.nfs.v4.state import NfsError
@@ -123,6 +123,12 @@ def secinfo(cx, name):
 
 @operation(c.OP_SECINFO_NO_NAME)
 def secinfo_no_name(cx, style):
-    if style not in (0, 1):
+    if style not in (c.SECINFO_STYLE4_CURRENT_FH, c.SECINFO_STYLE4_PARENT):
         raise NfsError(c.NFS4ERR_INVAL, f"secinfo style {style}: expected 0 or 1")
+    if style == c.SECINFO_STYLE4_PARENT:
+        node = need_dir(cx)
+        at_root = (node.pseudo.parent is None if node.pseudo is not None
+                   else node.ino == node.export.root_ino)
+        if at_root:  # RFC 8881 18.45.3: nothing above where the client entered
+            raise NfsError(c.NFS4ERR_NOENT, "SECINFO_STYLE4_PARENT at the root of the export")
     return _secinfo(cx)
