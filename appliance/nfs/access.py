@@ -91,7 +91,7 @@ def need_inside(server, rule: ExportRule, attr: Attr, codes: Codes) -> None:
     """Refuse an object outside the export's subtree (a handle kept from before a rename moved
     it out, or a parent above the export's root). Cached per (root, inode) in the namespace:
     inside no_blocking() a miss raises WouldBlock, and a worker asks the catalog."""
-    if not server.namespace.is_inside(rule.root_ino, attr.ino, attr.nlink):
+    if not server.namespace.is_inside(rule.root_ino, attr):
         raise codes.error(codes.access, f"inode {attr.ino} lies outside export {rule.name}")
 
 

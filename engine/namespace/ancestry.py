@@ -4,12 +4,15 @@ the files under its root, made on every file handle a client presents.
 A directory has one parent, a file one per link: an inode is inside ``top`` when one of
 its paths up to the namespace root passes through ``top`` (one recursive query). Answers
 are cached per (top, inode) while the attribute cache is valid (SQLite; PostgreSQL has no
-cheap change signal, so there every check queries). What can change an answer:
+cheap change signal, so there every check queries). What can change an answer, seen by a
+change listener of the namespace after each commit of this process:
 
 - a rename from one directory to another (a directory moved takes its whole subtree
-  along): the cache is emptied, after the commit;
-- a link added or removed (link, unlink, rename over a name): that inode is forgotten;
-- a commit of another process (the attribute cache clears itself: so does this one).
+  along): the cache is emptied;
+- a link added or removed (link, unlink, rename over a name): the files it touched are
+  forgotten (a directory's answer changes only when it moves to another directory);
+- a commit of another process, or the cache's age: the attribute cache clears itself
+  (``_cache_since`` moves), and this cache follows.
 
 A check that began before such a change is not cached (the generation moved), so a stale
 "inside" can only be answered to a request that overlapped the rename."""
@@ -18,6 +21,7 @@ from __future__ import annotations
 import threading
 
 from engine.catalog.database import sql_one
+from engine.namespace.common import DIR, Attr
 
 _INSIDE_SQL = (
     "WITH RECURSIVE up(ino) AS ("
@@ -29,69 +33,62 @@ ANCESTRY_MAX_ENTRIES = 100_000
 
 
 class Ancestry:
-    """Part of Namespace (first in its bases: it wraps the changes that move names)."""
+    """Part of Namespace: ``is_inside`` and its cache."""
 
-    _ancestry: dict[int, dict[int, bool]]  # inode -> {top: inside}
+    _dir_ancestry: dict[int, dict[int, bool]]  # directory inode -> {top: inside}
+    _file_ancestry: dict[int, dict[int, bool]]  # other inodes
     _ancestry_gen: int
+    _ancestry_since: float
     _ancestry_lock: threading.Lock
 
     def _init_ancestry(self) -> None:
-        self._ancestry = {}
+        self._dir_ancestry, self._file_ancestry = {}, {}
         self._ancestry_gen = 0
+        self._ancestry_since = self._cache_since
         self._ancestry_lock = threading.Lock()
+        self.add_change_listener(self._ancestry_changed)
 
-    def is_inside(self, top: int, ino: int, nlink: int = 1) -> bool:
-        """Whether ``ino`` is ``top`` or lies in its subtree. ``nlink`` 0: an unlinked file
-        still open (only a handle from before its unlink names it) counts as inside."""
-        if ino == top or top == self.root_ino or nlink == 0:
+    def is_inside(self, top: int, attr: Attr) -> bool:
+        """Whether ``attr``'s inode is ``top`` or lies in its subtree. An unlinked file still
+        open (nlink 0: only a handle from before its unlink names it) counts as inside."""
+        ino = attr.ino
+        if ino == top or top == self.root_ino or attr.nlink == 0:
             return True
         cacheable = self._cache_valid()
-        if cacheable:
-            hit = self._ancestry.get(ino)
-            if hit is not None:
-                known = hit.get(top)
-                if known is not None:
-                    return known
-        gen = self._ancestry_gen
+        table = self._dir_ancestry if attr.type == DIR else self._file_ancestry
+        with self._ancestry_lock:
+            if self._ancestry_since != self._cache_since:  # the attribute cache was cleared
+                self._forget_all()
+            gen = self._ancestry_gen
+            known = table.get(ino, {}).get(top) if cacheable else None
+        if known is not None:
+            return known
         inside = self.catalog.read(
             lambda conn: sql_one(conn, _INSIDE_SQL, (ino, top, top)) is not None)
         if cacheable:
             with self._ancestry_lock:
                 if gen == self._ancestry_gen:
-                    if len(self._ancestry) > ANCESTRY_MAX_ENTRIES:
-                        self._ancestry.clear()
-                    self._ancestry.setdefault(ino, {})[top] = inside
+                    if len(table) > ANCESTRY_MAX_ENTRIES:
+                        table.clear()
+                    table.setdefault(ino, {})[top] = inside
         return inside
 
-    def _forget_ancestry(self, ino: int | None = None) -> None:
-        """After a commit that changed the links of ``ino`` (None: moved a subtree)."""
+    def _forget_all(self) -> None:
+        """(Holding the lock.)"""
+        self._dir_ancestry.clear()
+        self._file_ancestry.clear()
+        self._ancestry_gen += 1
+        self._ancestry_since = self._cache_since
+
+    def _ancestry_changed(self, inos, names) -> None:
+        """After a commit of this process that changed ``inos`` and the (dir, name) entries
+        ``names`` (a data-path commit names none: it changes no link)."""
+        if not names:
+            return
         with self._ancestry_lock:
+            if len({parent for parent, _ in names}) > 1:  # a rename to another directory
+                self._forget_all()
+                return
             self._ancestry_gen += 1
-            if ino is None:
-                self._ancestry.clear()
-            else:
-                self._ancestry.pop(ino, None)
-
-    # -- the changes that move names (the wrapped calls commit before they return) -----------
-    def rename(self, cred, src_dir: int, src_name: str, dst_dir: int, dst_name: str) -> None:
-        try:
-            super().rename(cred, src_dir, src_name, dst_dir, dst_name)
-        finally:
-            if src_dir != dst_dir:  # within one directory no path changes (but a replaced
-                self._forget_ancestry()  # file's: _drop_link)
-
-    def link(self, cred, ino: int, dir_ino: int, name: str):
-        try:
-            return super().link(cred, ino, dir_ino, name)
-        finally:
-            self._forget_ancestry(ino)
-
-    def _drop_link(self, conn, ino: int, touched) -> None:
-        # inside the transaction of unlink, rmdir or a rename over a name: forget the inode
-        # once that commits (a file with another link may now lie only outside)
-        super()._drop_link(conn, ino, touched)
-        self.catalog.after_commit(conn, lambda: self._forget_ancestry(ino))
-
-    def _clear_cache(self, epoch) -> None:
-        super()._clear_cache(epoch)
-        self._forget_ancestry()
+            for ino in inos:
+                self._file_ancestry.pop(ino, None)
