@@ -16,6 +16,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from appliance.log import Throttled
 from appliance.nfs import portmap as pmap
 from appliance.nfs.exports import ExportTable
 from appliance.nfs.fh import HandleCodec
@@ -35,6 +36,7 @@ from appliance.nfs.v4.const import NFS_V4
 from appliance.nfs.v4.program import Nfs4Program
 from appliance.nfs.v4.state import StateTable
 from engine.blocking import may_block
+from engine.catalog import CatalogUnavailable
 
 log = logging.getLogger("shingle.nfs")
 
@@ -126,6 +128,7 @@ class NfsServer:
         self._nlm_ticker = None
         self._portmap_server = None
         self._sweeper = None
+        self._housekeeping_failures = Throttled(log)
         self._statfs = None
         self._statfs_at = 0.0
         self._statfs_lock = threading.Lock()
@@ -238,8 +241,11 @@ class NfsServer:
             try:
                 await self.loop.run_in_executor(self.pool, clients.expire_idle, self.state)
                 await self.loop.run_in_executor(self.pool, self.exports.refresh)
-            except Exception:  # noqa: BLE001 - housekeeping retries next period
-                log.exception("NFS housekeeping failed")
+            except Exception as exc:  # noqa: BLE001 - housekeeping retries next period
+                # a catalog outage fails every period: one line per interval, and no traceback
+                self._housekeeping_failures.log(
+                    logging.ERROR, type(exc), "NFS housekeeping failed: %s", exc,
+                    exc_info=not isinstance(exc, CatalogUnavailable))
 
     async def _start_portmap(self) -> None:
         mode = self.portmap_mode

@@ -21,7 +21,7 @@ import struct
 import time
 import zlib
 
-from appliance.nfs.access import status_of
+from appliance.nfs.access import log_failure, status_of
 from appliance.nfs.onc.xdr import Opaque, Packer, String, UInt, XdrError
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.context import CODES, Compound
@@ -253,10 +253,7 @@ def _run(run: _Run, record, from_cache: bool) -> list:
             except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a dead connection
                 run.counted.append(OP_METRIC[opnum])
                 status = status_of(exc, CODES)
-                if status == c.NFS4ERR_SERVERFAULT:
-                    log.exception("%s failed", c.OP_NAMES.get(opnum))
-                else:
-                    log.debug("%s: %s", c.OP_NAMES.get(opnum), exc)
+                log_failure(CODES, status, c.OP_NAMES.get(opnum, "?"), cx.address, exc)
                 emit_result(p, opnum, status, None)
                 run.done += 1
                 break
