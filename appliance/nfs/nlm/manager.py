@@ -40,6 +40,7 @@ class NlmError(Exception):
 CODES = access.Codes(NlmError, badhandle=t.NLM4_STALE_FH, stale=t.NLM4_STALE_FH,
                      access=t.NLM4_FAILED, rofs=t.NLM4_ROFS, io=t.NLM4_FAILED,
                      delay=t.NLM4_DENIED_NOLOCKS, serverfault=t.NLM4_FAILED,
+                     inval=t.NLM4_FAILED, fbig=t.NLM4_FBIG,
                      errno_map={errno.ESTALE: t.NLM4_STALE_FH, errno.ENOENT: t.NLM4_STALE_FH},
                      carries_status=(NlmError,))
 
