@@ -370,4 +370,8 @@ def _sequence(cx: Compound, a, count: int, fingerprint, size: int, tag_len: int)
         cx.reply_limit, cx.reply_too_big = limit, too_big
         sess.client.last_renew = time.monotonic()
         highest = len(sess.slots) - 1
-        return _SEQUENCE_OK.cls(sess.id, a.sequenceid, a.slotid, highest, highest, 0)
+        cl = sess.client
+        # a session that outlived a restart: the client must reclaim its opens and locks
+        # (RFC 8881 section 18.46.3) until its RECLAIM_COMPLETE
+        flags = c.SEQ4_STATUS_RESTART_RECLAIM_NEEDED if cl.may_reclaim and not cl.reclaim_complete else 0
+        return _SEQUENCE_OK.cls(sess.id, a.sequenceid, a.slotid, highest, highest, flags)

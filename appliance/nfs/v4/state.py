@@ -253,10 +253,11 @@ class StateTable:
                 owner = bytes.fromhex(rec["owner"])
                 cl = self.by_owner.get(owner)
                 if cl is None:
+                    # opens and locks died with the previous instance: the client must
+                    # reclaim them (SEQUENCE tells it so) before its RECLAIM_COMPLETE
                     cl = Client(int(rec["clientid"]), owner, bytes.fromhex(rec["verifier"]),
                                 tuple(rec["principal"]), rec["address"], confirmed=True,
-                                cs_sequence=int(rec["cs_sequence"]),
-                                reclaim_complete=bool(rec["reclaim_complete"]))
+                                cs_sequence=int(rec["cs_sequence"]), reclaim_complete=False)
                     cl.may_reclaim = True
                     self.clients[cl.clientid] = cl
                     self.by_owner[owner] = cl
