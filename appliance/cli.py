@@ -292,6 +292,10 @@ def cmd_serve(args) -> int:
         limits=NetLimits.from_config(config),
         lease_seconds=config.get("nfs.lease_seconds"),
         grace_seconds=config.get("nfs.grace_seconds"),
+        portmap=config.get("nfs.portmap"),
+        portmap_port=config.get("nfs.portmap_port"),
+        nsm_name=config.get("nfs.nsm_name"),
+        client_rpcbind_port=config.get("nfs.client_rpcbind_port"),
     )
     web = watchdog = maintenance = smb = None
     try:
@@ -303,6 +307,13 @@ def cmd_serve(args) -> int:
             "        mount -t nfs -o "
             f"vers=4.1,port={server.port},nconnect=4,rsize=1048576,wsize=1048576 "
             f"{host}:/export /mnt/shingle",
+            flush=True,
+        )
+        print(
+            "        mount -t nfs -o "
+            f"vers=3,port={server.port},mountport={server.port},mountproto=tcp "
+            f"{host}:/export /mnt/shingle   (locks: NLM via the port mapper on port "
+            f"{server.server.portmap_port})",
             flush=True,
         )
         maintenance = Maintenance(appliance, counters=lambda: daemon_counters(server, appliance),

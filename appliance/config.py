@@ -183,6 +183,40 @@ OPTIONS: list[Option] = [
         minimum=0,
         maximum=3600,
     ),
+    Option(
+        "nfs",
+        "portmap",
+        "choice",
+        "auto",
+        "Port mapper for NFSv3 locking (clients find NLM through it): 'serve' answers it on "
+        "portmap_port, 'register' registers NFS, MOUNT, NLM and NSM with the system rpcbind there, "
+        "'auto' registers when an rpcbind answers and serves otherwise, 'off' answers it only on "
+        "the NFS port (v3 clients then mount with nolock).",
+        choices=("auto", "serve", "register", "off"),
+    ),
+    Option(
+        "nfs",
+        "portmap_port",
+        "port",
+        111,
+        "Port of the port mapper: 111, where the Linux client looks for the server's lock manager.",
+    ),
+    Option(
+        "nfs",
+        "nsm_name",
+        "str",
+        "",
+        "Name of this server in SM_NOTIFY after a restart (the name v3 clients mounted it by); "
+        "empty: nfs.host, or the host name when listening on all addresses.",
+    ),
+    Option(
+        "nfs",
+        "client_rpcbind_port",
+        "port",
+        111,
+        "Port of the clients' port mappers, asked for their NLM and NSM services (NLM_GRANTED of a "
+        "blocked lock, SM_NOTIFY after a restart).",
+    ),
     # network limits against hostile or broken clients (appliance/nfs/onc/limits.py)
     Option(
         "nfs",

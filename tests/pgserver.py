@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -55,6 +56,12 @@ class PostgresServer:
             check=True,
             capture_output=True,
         )
+        return self.resume()
+
+    def resume(self):
+        """Start the server (again, after ``halt``) on its data and port;
+        returns when it is ready."""
+        as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         # postgres runs as our child (not daemonized by pg_ctl) so this run reaps it.
         self.proc = subprocess.Popen(
             as_postgres
@@ -102,6 +109,14 @@ class PostgresServer:
         ) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
+
+    def halt(self):
+        """An outage: a fast shutdown (SIGINT: open sessions are cut, as ``pg_ctl stop`` does),
+        keeping the data for ``resume``."""
+        # to the postmaster itself: runuser passes SIGTERM on, not SIGINT
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGINT)
+        self.proc.wait(30)
 
     def stop(self):
         if self.proc and self.proc.poll() is None:

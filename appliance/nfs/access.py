@@ -9,8 +9,9 @@ Every file handle a client sends goes through ``resolve``:
     -> inode, generation        not freed, not reused (STALE)
 
 and every entry into an export at its root (MNT, PUTROOTFH, LOOKUP from the pseudo-root)
-goes through ``enter_export``. A check that the object lies inside the export's subtree
-belongs in these two functions, at the marked lines, and nowhere else.
+goes through ``enter_export``. ``need_inside`` refuses an object outside the export's
+subtree (ACCESS): ``resolve`` calls it for every handle, and the walks upwards (NFSv4
+LOOKUPP, LOOKUP "..", NFSv3 LOOKUP "..") for the parent they reach.
 
 Each protocol passes its ``Codes``: its status numbers and its error class, so that the
 checks raise the protocol's own error and the success path pays nothing for being shared.
@@ -19,14 +20,18 @@ permission bits to the ACCESS bits, which NFSv3 and NFSv4 number alike (RFC 1813
 RFC 8881 18.1)."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from appliance.log import Throttled
 from appliance.nfs.exports import ExportRule, PseudoDir
 from appliance.nfs.fh import KIND_FILE, BadHandle, FileHandle, StaleHandle
 from engine.catalog.database import CatalogUnavailable
 from engine.catalog.models import DIR
 from engine.namespace import R_OK, W_OK, X_OK, Attr
+
+log = logging.getLogger("shingle.nfs")
 
 ACCESS_READ, ACCESS_LOOKUP, ACCESS_MODIFY = 0x01, 0x02, 0x04
 ACCESS_EXTEND, ACCESS_DELETE, ACCESS_EXECUTE = 0x08, 0x10, 0x20
@@ -42,8 +47,10 @@ class Codes:
     access: int
     rofs: int
     io: int
-    delay: int  # the catalog is busy: the client should retry later
+    delay: int  # the catalog is busy or unreachable: the client should retry later
     serverfault: int
+    inval: int  # a name that is not UTF-8, a number the catalog cannot hold
+    fbig: int
     errno_map: Mapping[int, int]  # errno of an engine FsError (or OSError) -> status
     carries_status: tuple[type, ...] = ()  # exceptions that name their status (``.status``)
     pseudo_handles: bool = False  # NFSv4's pseudo-root directories have handles
@@ -76,8 +83,16 @@ def resolve(server, data, address: str, codes: Codes) -> tuple[FileHandle, Expor
     if attr.generation != fh.generation:
         raise codes.error(codes.stale, f"inode {fh.ino} generation {attr.generation}, "
                                        f"handle {fh.generation}")
-    # here: the check that the inode lies inside rule's subtree (rule.root_ino)
+    need_inside(server, rule, attr, codes)
     return fh, rule, attr
+
+
+def need_inside(server, rule: ExportRule, attr: Attr, codes: Codes) -> None:
+    """Refuse an object outside the export's subtree (a handle kept from before a rename moved
+    it out, or a parent above the export's root). Cached per (root, inode) in the namespace:
+    inside no_blocking() a miss raises WouldBlock, and a worker asks the catalog."""
+    if not server.namespace.is_inside(rule.root_ino, attr):
+        raise codes.error(codes.access, f"inode {attr.ino} lies outside export {rule.name}")
 
 
 def enter_export(server, rule: ExportRule, address: str, codes: Codes) -> Attr:
@@ -93,14 +108,44 @@ def need_writable(rule: ExportRule, codes: Codes) -> None:
 
 
 def status_of(exc: Exception, codes: Codes) -> int:
-    """The protocol status for an exception an operation raised."""
+    """The protocol status for an exception an operation raised: SERVERFAULT only for what no
+    request should be able to cause (a bug)."""
     if isinstance(exc, OSError):  # engine.errors.FsError carries its errno
         return codes.errno_map.get(exc.errno, codes.io) if exc.errno is not None else codes.io
     if isinstance(exc, codes.carries_status):
         return exc.status  # type: ignore[attr-defined]  # what carries_status lists has .status
     if isinstance(exc, CatalogUnavailable):
         return codes.delay
+    # a client's bytes reaching the catalog: a name that is not UTF-8 (kept as surrogates by
+    # the XDR decoder), a number beyond SQLite's 64-bit integers
+    if isinstance(exc, (UnicodeError, OverflowError)):
+        return codes.inval
+    orig = getattr(exc, "orig", exc)  # SQLAlchemy wraps DB-API errors; hot paths raise them raw
+    if str(getattr(orig, "sqlstate", None) or "").startswith("22"):  # PostgreSQL: data exception
+        return codes.inval
     return codes.serverfault
+
+
+_throttled = Throttled(logging.getLogger("shingle.nfs"))
+
+
+def log_failure(codes: Codes, status: int, what: str, address: str, exc: Exception) -> None:
+    """The log line for an operation that failed with ``status``, at a bounded rate: any
+    client can send failing requests as fast as it likes. A bug (SERVERFAULT) logs its
+    traceback once per interval, an outage of the catalog one warning per interval; the
+    statuses of requests that are malformed or out of range one line per interval and
+    operation; every other status (NOENT, ACCESS, ...) only at debug level."""
+    if status == codes.serverfault:
+        _throttled.log(logging.ERROR, (what, type(exc).__name__), "%s from %s failed: %s",
+                       what, address, exc, exc_info=True)
+    elif status == codes.delay and isinstance(exc, CatalogUnavailable):
+        _throttled.log(logging.WARNING, CatalogUnavailable, "%s from %s answered with a "
+                       "retry-later status: %s", what, address, exc)
+    elif status in (codes.inval, codes.fbig, codes.badhandle):
+        _throttled.log(logging.INFO, (what, status), "%s from %s refused (status %d): %s",
+                       what, address, status, exc)
+    else:
+        log.debug("%s from %s: status %d: %s", what, address, status, exc)
 
 
 def granted_access(namespace, cred, attr: Attr, rule: ExportRule) -> int:

@@ -15,6 +15,8 @@ Package layout (one class ``Namespace`` made of parts; each part is a mixin over
 - lookup.py: Lookup, getattr/lookup/resolve/path_of/readlink/access/readdir/statfs
 - xattrs.py: Xattrs; directory.py: DirectoryOps (create ... rename, freeing inodes)
 - files.py: FileOps, setattr, read/write/commit, open references, orphans
+- ancestry.py: Ancestry, ``is_inside`` (an inode within a directory's subtree: export
+  confinement), its cache forgotten by the renames and links it wraps
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import threading
 import time
 
 from engine.catalog.database import Catalog
+from engine.namespace.ancestry import Ancestry
 from engine.namespace.common import (  # noqa: F401 - the package's public names
     CACHE_MAX_ENTRIES,
     CACHE_TTL_S,
@@ -58,8 +61,8 @@ from engine.namespace.files import FileOps
 from engine.namespace.xattrs import Xattrs
 
 
-# each part builds on Lookup (which builds on AttrCache), so the type checker sees what they share
-class Namespace(Xattrs, DirectoryOps, FileOps):
+# each part builds on AttrCache (most through Lookup), so the type checker sees what they share
+class Namespace(Ancestry, Xattrs, DirectoryOps, FileOps):
     def __init__(self, catalog: Catalog, data: FileData | None = None):
         self.catalog = catalog
         self.data = data
@@ -73,6 +76,7 @@ class Namespace(Xattrs, DirectoryOps, FileOps):
         self._open_refs: dict[int, int] = {}
         self._open_lock = threading.Lock()
         self._change_listeners: tuple = ()  # see AttrCache.add_change_listener
+        self._init_ancestry()
         root = catalog.get_setting(ROOT_INO_KEY)
         self.root_ino = int(root) if root is not None else self._make_root()
         listen = getattr(data, "add_commit_listener", None)

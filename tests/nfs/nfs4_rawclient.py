@@ -119,7 +119,7 @@ class RawClient:
         assert st == 0, st
         eid = res[0][2]
         self.clientid = eid.clientid
-        chan = t.channel_attrs4.cls(0, 1 << 21, 1 << 21, 65536, 16, 8, [])
+        chan = t.channel_attrs4.cls(0, 1 << 21, 1 << 21, 1 << 20, 16, 8, [])
         st, res = self.compound([(c.OP_CREATE_SESSION, t.ARGS[c.OP_CREATE_SESSION](
             eid.clientid, eid.sequenceid, 0, chan, chan, 0x40000000, [(0, None)]))])
         assert st == 0, st

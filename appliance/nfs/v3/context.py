@@ -46,6 +46,7 @@ class Nfs3Error(Exception):
 CODES = access.Codes(Nfs3Error, badhandle=t.NFS3ERR_BADHANDLE, stale=t.NFS3ERR_STALE,
                      access=t.NFS3ERR_ACCES, rofs=t.NFS3ERR_ROFS, io=t.NFS3ERR_IO,
                      delay=t.NFS3ERR_JUKEBOX, serverfault=t.NFS3ERR_SERVERFAULT,
+                     inval=t.NFS3ERR_INVAL, fbig=t.NFS3ERR_FBIG,
                      errno_map=ERRNO_TO_NFS3, carries_status=(Nfs3Error,))
 
 
@@ -139,6 +140,8 @@ class Call3:
         if s.gid is not None:
             kw["gid"] = s.gid
         if s.size is not None:
+            if s.size > MAX_FILE_SIZE:
+                raise Nfs3Error(t.NFS3ERR_FBIG, f"size {s.size}: at most {MAX_FILE_SIZE}")
             kw["size"] = s.size
         for key, value in (("atime_ns", s.atime), ("mtime_ns", s.mtime)):
             when = _client_time(value)
@@ -152,6 +155,11 @@ class Call3:
 def check_name(name: str) -> str:
     if not name or "/" in name or "\0" in name:
         raise Nfs3Error(t.NFS3ERR_INVAL if name else t.NFS3ERR_NOENT, f"invalid file name {name!r}")
+    if not name.isascii():
+        try:
+            name.encode("utf-8")  # the XDR decoder keeps bytes that are not UTF-8 as surrogates
+        except UnicodeEncodeError:
+            raise Nfs3Error(t.NFS3ERR_INVAL, "file name is not UTF-8") from None
     return name
 
 

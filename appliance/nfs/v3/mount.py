@@ -10,6 +10,7 @@ import errno
 import logging
 import threading
 
+from appliance.log import Throttled
 from appliance.nfs import access
 from appliance.nfs.fh import KIND_FILE
 from appliance.nfs.onc.rpc import PROC_UNAVAIL, InWorker, RpcReject, accepted, decode_args
@@ -18,6 +19,7 @@ from appliance.nfs.v3 import types as t
 from engine.catalog.models import DIR
 
 log = logging.getLogger("shingle.nfs.mount")
+_refusals = Throttled(log)
 
 ERRNO_TO_MNT3 = {errno.ENOENT: t.MNT3ERR_NOENT, errno.EACCES: t.MNT3ERR_ACCES,
                  errno.ENOTDIR: t.MNT3ERR_NOTDIR, errno.EINVAL: t.MNT3ERR_INVAL,
@@ -34,6 +36,7 @@ class MountError(Exception):
 CODES = access.Codes(MountError, badhandle=t.MNT3ERR_SERVERFAULT, stale=t.MNT3ERR_SERVERFAULT,
                      access=t.MNT3ERR_ACCES, rofs=t.MNT3ERR_SERVERFAULT, io=t.MNT3ERR_IO,
                      delay=t.MNT3ERR_SERVERFAULT, serverfault=t.MNT3ERR_SERVERFAULT,
+                     inval=t.MNT3ERR_INVAL, fbig=t.MNT3ERR_INVAL,
                      errno_map=ERRNO_TO_MNT3, carries_status=(MountError,))
 
 
@@ -92,9 +95,10 @@ class MountProgram:
         except Exception as exc:  # noqa: BLE001 - a failed mount is a status, not a dead connection
             status = access.status_of(exc, CODES)
             if status == t.MNT3ERR_SERVERFAULT:
-                log.exception("MNT %r from %s failed", path, address)
-            else:
-                log.info("MNT %r from %s refused: %s", path, address, exc)
+                access.log_failure(CODES, status, "MNT", address, exc)
+            else:  # one line per interval and status: any client may ask as fast as it likes
+                _refusals.log(logging.INFO, status, "MNT %r from %s refused: %s", path,
+                              address, exc)
             return (status, None)
         with self._lock:
             self.mounts.add((address, "/" + "/".join(split_path(path))))

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from appliance.nfs import access as export_access
 from appliance.nfs.v3 import types as t
 from appliance.nfs.v3.context import (
+    CODES,
     COOKIEVERF,
     FATTR3_SIZE,
     MAX_FILE_SIZE,
@@ -76,6 +77,8 @@ def lookup(cx: Call3, a):
         child = node.attr  # the export's root is the top of what this client sees
     else:
         child = cx.ns.lookup(cx.cred(node.rule), node.attr.ino, name)
+        if name == "..":  # the directory was moved out of the export since it was inside
+            export_access.need_inside(cx.server, node.rule, child, CODES)
     return t.LOOKUP3resok.cls(cx.fh(node.rule, child), cx.fattr(node.rule, child),
                               cx.post(node.rule, node.attr.ino))
 
@@ -189,6 +192,9 @@ def create(cx: Call3, a):
             raise
         # UNCHECKED on an existing file: only the size applies (truncate)
         if attrs.size is not None:
+            if attrs.size > MAX_FILE_SIZE:
+                raise Nfs3Error(t.NFS3ERR_FBIG,
+                                f"size {attrs.size}: at most {MAX_FILE_SIZE}") from None
             cx.ns.setattr(cred, child.ino, size=attrs.size)
         return _created(cx, node, child)
     cx.apply_sattr(node.rule, child.ino, attrs, skip_mode=True)

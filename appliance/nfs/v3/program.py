@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 
+from appliance.nfs.access import log_failure
 from appliance.nfs.onc.rpc import PROC_UNAVAIL, InWorker, RpcReject, accepted, decode_args
 from appliance.nfs.onc.xdr import Packer, XdrError
 from appliance.nfs.v3 import types as t
-from appliance.nfs.v3.context import Call3, status_of
+from appliance.nfs.v3.context import CODES, Call3, status_of
 from appliance.nfs.v3.procedures import HANDLERS3
 
 log = logging.getLogger("shingle.nfs.v3")
@@ -24,17 +25,14 @@ def execute(server, rpc_cred, address: str, proc: int, args) -> list:
         status = t.NFS3_OK
     except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a dead connection
         status = status_of(exc)
-        if status == t.NFS3ERR_SERVERFAULT:
-            log.exception("NFSv3 %s failed", name)
-        else:
-            log.debug("NFSv3 %s: status %d: %s", name, status, exc)
+        log_failure(CODES, status, f"NFSv3 {name}", address, exc)
         value = fail
     p = Packer()
     try:
         rtype.pack(p, (status, value))
-    except XdrError:
+    except XdrError as exc:
         # a result that does not encode (a bug) still gets an answer: the client must not hang
-        log.exception("NFSv3 %s: result does not encode", name)
+        log_failure(CODES, t.NFS3ERR_SERVERFAULT, f"NFSv3 {name} (its result)", address, exc)
         p = Packer()
         rtype.pack(p, (t.NFS3ERR_SERVERFAULT, fail))
     return p.result()

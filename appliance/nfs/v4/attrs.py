@@ -216,6 +216,8 @@ def setattr_kwargs(values: dict, now_marker) -> dict:
         kw["mode"] = values[c.FATTR4_MODE] & 0o7777
     if c.FATTR4_SIZE in values:
         kw["size"] = values[c.FATTR4_SIZE]
+        if kw["size"] > MAX_FILE_SIZE:
+            raise AttrError(c.NFS4ERR_FBIG, f"size {kw['size']}: at most {MAX_FILE_SIZE}")
     if c.FATTR4_OWNER in values:
         kw["uid"] = parse_owner(values[c.FATTR4_OWNER], group=False)
     if c.FATTR4_OWNER_GROUP in values:
@@ -228,6 +230,8 @@ def setattr_kwargs(values: dict, now_marker) -> dict:
                 if t.nseconds >= NS:
                     raise AttrError(c.NFS4ERR_INVAL, f"nseconds {t.nseconds}: expected < 10^9")
                 kw[key] = t.seconds * NS + t.nseconds
+                if not -(1 << 63) <= kw[key] < 1 << 63:  # nanoseconds in 64 bits: year 2262
+                    raise AttrError(c.NFS4ERR_INVAL, f"time {t.seconds} s out of range")
             else:
                 kw[key] = now_marker
     return kw

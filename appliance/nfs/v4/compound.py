@@ -21,7 +21,7 @@ import struct
 import time
 import zlib
 
-from appliance.nfs.access import status_of
+from appliance.nfs.access import log_failure, status_of
 from appliance.nfs.onc.xdr import Opaque, Packer, String, UInt, XdrError
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.context import CODES, Compound
@@ -205,7 +205,8 @@ def _run(run: _Run, record, from_cache: bool) -> list:
                 if opnum == c.OP_SEQUENCE:
                     try:
                         fingerprint = _fingerprint(cx.rpc_cred, record, run.body_start)
-                        value = _sequence(cx, args, run.count, fingerprint)
+                        value = _sequence(cx, args, run.count, fingerprint, len(record),
+                                          len(run.tag))
                     except Replay as replay:
                         return replay.chunks
                     except WouldBlock:
@@ -233,6 +234,7 @@ def _run(run: _Run, record, from_cache: bool) -> list:
                 break
             handler = HANDLERS.get(opnum)
             cur = cx.cur
+            mark = (len(p.chunks), len(p.buf), p.size)  # to take a reply too big back
             try:
                 if handler is None:
                     raise NfsError(c.NFS4ERR_NOTSUPP, f"{c.OP_NAMES.get(opnum)} not implemented")
@@ -251,16 +253,18 @@ def _run(run: _Run, record, from_cache: bool) -> list:
             except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a dead connection
                 run.counted.append(OP_METRIC[opnum])
                 status = status_of(exc, CODES)
-                if status == c.NFS4ERR_SERVERFAULT:
-                    log.exception("%s failed", c.OP_NAMES.get(opnum))
-                else:
-                    log.debug("%s: %s", c.OP_NAMES.get(opnum), exc)
+                log_failure(CODES, status, c.OP_NAMES.get(opnum, "?"), cx.address, exc)
                 emit_result(p, opnum, status, None)
                 run.done += 1
                 break
             run.counted.append(OP_METRIC[opnum])
             emit_result(p, opnum, c.NFS4_OK, value)
             run.done += 1
+            if len(p) > cx.reply_limit:  # the session's ca_maxresponsesize(_cached)
+                _take_back(p, mark)
+                status = cx.reply_too_big
+                emit_result(p, opnum, status, None)
+                break
             run.index, run.pos = index + 1, pos
     except _Stop:
         handed_off = True
@@ -278,6 +282,18 @@ def _run(run: _Run, record, from_cache: bool) -> list:
                 slot.reply = chunks if run.cache and p.size <= CACHE_LIMIT else None
                 slot.busy = False
     return chunks
+
+
+def _take_back(p: Packer, mark: tuple) -> None:
+    """Undo what was packed into ``p`` since ``mark`` (a READ's data went in as a chunk of its
+    own, and the bytes before it were flushed into one)."""
+    nchunks, nbuf, size = mark
+    if len(p.chunks) > nchunks:
+        p.buf = bytearray(p.chunks[nchunks][:nbuf])
+        del p.chunks[nchunks:]
+    else:
+        del p.buf[nbuf:]
+    p.size = size
 
 
 OP_METRIC = {opnum: name.lower() for opnum, name in c.OP_NAMES.items()}
@@ -302,7 +318,12 @@ def emit_result(p: Packer, opnum: int, status: int, value) -> None:
         p.buf += _U32.pack(status)
 
 
-def _sequence(cx: Compound, a, count: int, fingerprint):
+# RPC reply header (AUTH_NONE verifier) and COMPOUND4res head without the tag, before the results
+_REPLY_OVERHEAD = 24 + 12
+_SEQUENCE_REPLY = 44
+
+
+def _sequence(cx: Compound, a, count: int, fingerprint, size: int, tag_len: int):
     state = cx.state
     # the event loop must not wait for a worker that holds the state lock across catalog work
     with holding(state.lock, "state lock held"):
@@ -310,6 +331,17 @@ def _sequence(cx: Compound, a, count: int, fingerprint):
         if count > sess.max_ops:
             raise NfsError(c.NFS4ERR_TOO_MANY_OPS,
                            f"{count} operations, session allows {sess.max_ops}")
+        if size > sess.max_request:
+            raise NfsError(c.NFS4ERR_REQ_TOO_BIG,
+                           f"request of {size} bytes, session allows {sess.max_request}")
+        # what the results may take (RFC 8881 2.10.6.4): sa_cachethis asks for a cached reply
+        if a.cachethis:
+            limit, too_big = sess.max_cached, c.NFS4ERR_REP_TOO_BIG_TO_CACHE
+        else:
+            limit, too_big = sess.max_response, c.NFS4ERR_REP_TOO_BIG
+        limit -= _REPLY_OVERHEAD + tag_len + (-tag_len & 3)
+        if limit < _SEQUENCE_REPLY:
+            raise NfsError(too_big, f"a reply of at most {limit} bytes holds no SEQUENCE")
         if a.slotid >= len(sess.slots):
             raise NfsError(c.NFS4ERR_BADSLOT, f"slot {a.slotid} of {len(sess.slots)}")
         slot = sess.slots[a.slotid]
@@ -335,6 +367,15 @@ def _sequence(cx: Compound, a, count: int, fingerprint):
         slot.reply = None
         slot.fingerprint = fingerprint
         cx.session, cx.slot, cx.client = sess, slot, sess.client
+        cx.reply_limit, cx.reply_too_big = limit, too_big
         sess.client.last_renew = time.monotonic()
         highest = len(sess.slots) - 1
-        return _SEQUENCE_OK.cls(sess.id, a.sequenceid, a.slotid, highest, highest, 0)
+        cl = sess.client
+        # a session that outlived a restart: the client must reclaim its opens and locks
+        # (RFC 8881 section 18.46.3) until its RECLAIM_COMPLETE
+        flags = (
+            c.SEQ4_STATUS_RESTART_RECLAIM_NEEDED
+            if cl.may_reclaim and not cl.reclaim_complete
+            else 0
+        )
+        return _SEQUENCE_OK.cls(sess.id, a.sequenceid, a.slotid, highest, highest, flags)

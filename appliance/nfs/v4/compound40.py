@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 
-from appliance.nfs.access import status_of
+from appliance.nfs.access import log_failure, status_of
 from appliance.nfs.onc.xdr import Packer, UInt, XdrError
 from appliance.nfs.v4 import compound, state40
 from appliance.nfs.v4 import const as c
@@ -142,10 +142,7 @@ def _call(cx: Compound40, opnum: int, args, p: Packer) -> int:
         return exc.status
     except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a dead connection
         status = status_of(exc, CODES)
-        if status == c.NFS4ERR_SERVERFAULT:
-            log.exception("%s failed", c.OP_NAMES.get(opnum))
-        else:
-            log.debug("%s: %s", c.OP_NAMES.get(opnum), exc)
+        log_failure(CODES, status, c.OP_NAMES.get(opnum, "?"), cx.address, exc)
         compound.emit_result(p, opnum, status, None)
         return status
     compound.emit_result(p, opnum, c.NFS4_OK, value)

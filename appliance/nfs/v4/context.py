@@ -17,6 +17,7 @@ from engine.namespace import Cred
 CODES = access.Codes(NfsError, badhandle=c.NFS4ERR_BADHANDLE, stale=c.NFS4ERR_STALE,
                      access=c.NFS4ERR_ACCESS, rofs=c.NFS4ERR_ROFS, io=c.NFS4ERR_IO,
                      delay=c.NFS4ERR_DELAY, serverfault=c.NFS4ERR_SERVERFAULT,
+                     inval=c.NFS4ERR_INVAL, fbig=c.NFS4ERR_FBIG,
                      errno_map=c.ERRNO_TO_NFS4, carries_status=(NfsError, AttrError),
                      pseudo_handles=True)
 ANONYMOUS_OTHER = b"\0" * 12
@@ -67,6 +68,9 @@ class Compound:
         self.session = None
         self.slot = None
         self.client: Client | None = None
+        # the size the results may reach (set by SEQUENCE) and the error past it
+        self.reply_limit = 1 << 62
+        self.reply_too_big = c.NFS4ERR_REP_TOO_BIG
         self._creds: dict = {}
 
     # -- identities ---------------------------------------------------------------

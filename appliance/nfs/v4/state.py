@@ -89,6 +89,8 @@ class Client:
     confirm_verifier: bytes = b""
     callback: Any = None  # cb_client4
     owners: dict = field(default_factory=dict)
+    # an NFSv3 lock host (NLM) holds no lease: NSM tells when it restarted
+    leased: bool = True
 
 
 @dataclass
@@ -147,13 +149,16 @@ class StateTable:
         self.boot = int.from_bytes(os.urandom(4), "big")
         self.counter = 0
         self.clients: dict[int, Client] = {}
-        self.by_owner: dict[bytes, Client] = {}
+        self.by_owner: dict[bytes, Client] = {}  # confirmed records
+        # NFSv4.1 EXCHANGE_ID records not yet confirmed by CREATE_SESSION, by owner (clients.py)
+        self.unconfirmed41: dict[bytes, Client] = {}
         self.sessions: dict[bytes, Session] = {}
         self.states: dict[bytes, OpenState | LockState] = {}
         self.opens_by_file: dict[int, list[OpenState]] = {}
         self.locks_by_file: dict[int, list[LockState]] = {}
         self.open_by_owner_file: dict[tuple, OpenState] = {}
         self.lock_by_owner_file: dict[tuple, LockState] = {}
+        self.nlm_hosts: dict[str, Client] = {}  # NFSv3 lock clients (see "NLM locks")
         # NFSv4.0 SETCLIENTID records not yet confirmed, by client id (appliance.nfs.v4.state40)
         self.unconfirmed40: dict[int, Client] = {}
         # restart: clients recorded by the previous instance may reclaim
@@ -249,10 +254,11 @@ class StateTable:
                 owner = bytes.fromhex(rec["owner"])
                 cl = self.by_owner.get(owner)
                 if cl is None:
+                    # opens and locks died with the previous instance: the client must
+                    # reclaim them (SEQUENCE tells it so) before its RECLAIM_COMPLETE
                     cl = Client(int(rec["clientid"]), owner, bytes.fromhex(rec["verifier"]),
                                 tuple(rec["principal"]), rec["address"], confirmed=True,
-                                cs_sequence=int(rec["cs_sequence"]),
-                                reclaim_complete=bool(rec["reclaim_complete"]))
+                                cs_sequence=int(rec["cs_sequence"]), reclaim_complete=False)
                     cl.may_reclaim = True
                     self.clients[cl.clientid] = cl
                     self.by_owner[owner] = cl
@@ -275,25 +281,6 @@ class StateTable:
         self.catalog.run(lambda conn: conn.execute(delete(CLIENTS).where(CLIENTS.c.owner == owner)))
 
     # -- clients ---------------------------------------------------------------------------------
-    def exchange_id(self, owner: bytes, verifier: bytes, principal: tuple, address: str) -> Client:
-        with self.lock:
-            cl = self.by_owner.get(owner)
-            if cl is not None and cl.verifier == verifier:
-                if cl.confirmed and cl.principal != principal and cl.states:
-                    raise NfsError(c.NFS4ERR_CLID_INUSE, "client owner in use by another principal")
-                cl.last_renew = time.monotonic()
-                return cl
-            if cl is not None and cl.confirmed:
-                # the client rebooted (new verifier): its old state goes
-                self.expire_client(cl)
-            elif cl is not None:
-                self.clients.pop(cl.clientid, None)
-            cl = Client(self.new_clientid(), owner, verifier, principal, address)
-            cl.may_reclaim = owner in self.reclaimable
-            self.clients[cl.clientid] = cl
-            self.by_owner[owner] = cl
-            return cl
-
     def client(self, clientid: int) -> Client:
         cl = self.clients.get(clientid)
         if cl is None:
@@ -337,6 +324,8 @@ class StateTable:
             elif st is not None:
                 self._drop_lock(st)
         self.clients.pop(cl.clientid, None)
+        if self.unconfirmed41.get(cl.owner) is cl:
+            del self.unconfirmed41[cl.owner]
         if self.by_owner.get(cl.owner) is cl:
             del self.by_owner[cl.owner]
             if cl.confirmed:
@@ -345,21 +334,21 @@ class StateTable:
                 except Exception:  # noqa: BLE001 - the catalog may be down; the record only costs a grace period
                     log.exception("could not forget client record")
 
-    def expire_idle(self) -> int:
-        """Drop clients whose lease ran out (called periodically)."""
-        now = time.monotonic()
-        with self.lock:
-            idle = [cl for cl in self.clients.values()
-                    if now - cl.last_renew > self.lease_seconds * 1.5
-                    and not any(s.busy for sess in cl.sessions.values() for s in sess.slots)]
-            for cl in idle:
-                log.info("lease of client %x expired", cl.clientid)
-                self.expire_client(cl)
-            for clientid, cl in list(self.unconfirmed40.items()):
-                if now - cl.last_renew > self.lease_seconds:
-                    del self.unconfirmed40[clientid]
-            self.in_grace()
-            return len(idle)
+    # -- leases (the rules are in appliance.nfs.v4.clients) -------------------------------------
+    def busy(self, cl: Client) -> bool:
+        """Whether a request of ``cl`` is running (a client waiting for its reply renews)."""
+        return any(s.busy for sess in cl.sessions.values() for s in sess.slots)
+
+    def evict_if_expired(self, cl: Client) -> bool:
+        """A request conflicts with ``cl``'s state: if ``cl``'s lease ran out, the courtesy
+        ends and the client goes with its state (RFC 8881 8.3); True when it went."""
+        if not cl.leased or time.monotonic() - cl.last_renew <= self.lease_seconds \
+                or self.busy(cl):
+            return False
+        log.info("lease of client %x expired: its state goes for a conflicting request",
+                 cl.clientid)
+        self.expire_client(cl)
+        return True
 
     # -- sessions ---------------------------------------------------------------------------------
     def add_session(self, cl: Client, fore, back) -> Session:
@@ -421,10 +410,12 @@ class StateTable:
     def open(self, cl: Client, owner: bytes, ino: int, access: int, deny: int) -> OpenState:
         with self.lock:
             key = (cl.clientid, owner, ino)
-            for other in self.opens_by_file.get(ino, ()):
+            for other in list(self.opens_by_file.get(ino, ())):
                 if (other.client.clientid, other.owner) == (cl.clientid, owner):
                     continue
-                if (access & other.deny) or (deny & other.access):
+                if ((access & other.deny) or (deny & other.access)) and (
+                        other.other in self.states
+                        and not self.evict_if_expired(other.client)):
                     raise NfsError(c.NFS4ERR_SHARE_DENIED,
                                    f"share reservation conflict on inode {ino}")
             st = self.open_by_owner_file.get(key)
@@ -476,11 +467,13 @@ class StateTable:
 
     # -- locks -------------------------------------------------------------------------------------
     def conflict(self, cl: Client, owner: bytes, ino: int, start: int, end: int, locktype: int):
-        for lk in self.locks_by_file.get(ino, ()):
-            if lk.client is cl and lk.owner == owner:
+        for lk in list(self.locks_by_file.get(ino, ())):
+            if (lk.client is cl and lk.owner == owner) or lk.other not in self.states:
                 continue
             for r0, r1, rtype in lk.ranges:
                 if overlaps(start, end, r0, r1) and (is_write(locktype) or is_write(rtype)):
+                    if self.evict_if_expired(lk.client):
+                        break  # its locks went with it
                     return lk, r0, r1, rtype
         return None
 
@@ -526,6 +519,73 @@ class StateTable:
         self.lock_by_owner_file.pop((lk.client.clientid, lk.owner, lk.ino), None)
         lk.open.locks.discard(lk.other)
         lk.client.states.discard(lk.other)
+
+
+    # -- NLM locks (NFSv3 clients, appliance.nfs.nlm) ------------------------------------------
+    # An NLM host (its caller_name) is a client of its own, kept out of ``clients``: it has no
+    # lease and no v4 operation reaches it. Each NLM owner (svid + oh) is one of its lock
+    # owners, so NLM and NFSv4 locks on a file meet in the same ``conflict`` check.
+    def nlm_host(self, name: str, address: str) -> Client:
+        with self.lock:
+            host = self.nlm_hosts.get(name)
+            if host is None:
+                host = Client(self.new_clientid(), b"nlm:" + name.encode("utf-8", "replace"),
+                              b"", (), address, confirmed=True, leased=False)
+                self.nlm_hosts[name] = host
+            host.address = address
+            return host
+
+    def nlm_test(self, host: Client, owner: bytes, ino: int, start: int, end: int,
+                 exclusive: bool):
+        """The conflicting lock (as ``conflict`` returns it) or None."""
+        with self.lock:
+            return self.conflict(host, owner, ino, start, end,
+                                 c.WRITE_LT if exclusive else c.READ_LT)
+
+    def nlm_lock(self, host: Client, owner: bytes, ino: int, start: int, end: int,
+                 exclusive: bool):
+        """Take the range for ``owner``; the conflicting lock (nothing taken) or None."""
+        locktype = c.WRITE_LT if exclusive else c.READ_LT
+        with self.lock:
+            hit = self.conflict(host, owner, ino, start, end, locktype)
+            if hit is not None:
+                return hit
+            key = (host.clientid, owner, ino)
+            lk = self.lock_by_owner_file.get(key)
+            if lk is None:
+                # an open of its own, registered nowhere: NLM has no opens (no share checks)
+                pseudo_open = OpenState(b"", host, ino, b"nlm", access=c.OPEN4_SHARE_ACCESS_BOTH)
+                lk = LockState(self.new_other(host), host, ino, owner, pseudo_open, seqid=0)
+                self.states[lk.other] = lk
+                self.lock_by_owner_file[key] = lk
+                self.locks_by_file.setdefault(ino, []).append(lk)
+                host.states.add(lk.other)
+            self.add_lock(lk, start, end, locktype)
+            return None
+
+    def nlm_unlock(self, host: Client, owner: bytes, ino: int, start: int, end: int) -> None:
+        with self.lock:
+            lk = self.lock_by_owner_file.get((host.clientid, owner, ino))
+            if lk is None:
+                return
+            self.unlock(lk, start, end)
+            if not lk.ranges:
+                self._drop_lock(lk)
+
+    def nlm_free_host(self, name: str) -> int:
+        """Drop every lock of the NLM host ``name`` (it rebooted); how many lock owners held
+        some."""
+        with self.lock:
+            host = self.nlm_hosts.pop(name, None)
+            if host is None:
+                return 0
+            dropped = 0
+            for other in list(host.states):
+                lk = self.states.get(other)
+                if isinstance(lk, LockState):  # an NLM host holds lock stateids only
+                    self._drop_lock(lk)
+                    dropped += 1
+            return dropped
 
 
 def _cut(ranges: list, start: int, end: int) -> list:

@@ -16,9 +16,20 @@ def resok(op: int):
     return RESULTS[op].arms[c.NFS4_OK]
 
 
+def is_utf8(text: str) -> bool:
+    """Whether decoded XDR text was UTF-8: the decoder keeps other bytes as surrogates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_component(name: str) -> str:
     if not name:
         raise NfsError(c.NFS4ERR_INVAL, "empty name")
+    if not name.isascii() and not is_utf8(name):
+        raise NfsError(c.NFS4ERR_INVAL, "name is not UTF-8")  # RFC 8881 14.3
     try:
         check_name(name)
     except errors.NameTooLong as exc:

@@ -8,7 +8,7 @@ from appliance.nfs.exports import ExportRule, PseudoDir, pseudo_ino
 from appliance.nfs.v4 import attrs as fattr
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.attrs import AttrSubject
-from appliance.nfs.v4.context import Node
+from appliance.nfs.v4.context import CODES, Node
 from appliance.nfs.v4.ops.common import apply_attrs, check_component, cinfo, need_dir, resok
 from appliance.nfs.v4.registry import operation
 from appliance.nfs.v4.state import NfsError
@@ -79,6 +79,7 @@ def _parent(cx, node: Node) -> Node:
         parent = exports.pseudo_parent_of(node.export)
         return Node(None, parent.ino, 0, pseudo=parent)
     attr = cx.ns.parent(node.ino)
+    export_access.need_inside(cx.server, node.export, attr, CODES)  # moved out meanwhile
     return Node(node.export, attr.ino, attr.generation)
 
 

@@ -85,6 +85,15 @@ def _open_create(cx, dnode: Node, name: str, how):
     raise NfsError(c.NFS4ERR_INVAL, f"create mode {mode_kind}")
 
 
+def check_new_lock(cl, grace: bool) -> None:
+    """A non-reclaim OPEN or LOCK waits for the grace period to end and, from an NFSv4.1
+    client, for its own RECLAIM_COMPLETE (RFC 8881 8.4.2.1 and 18.51.3)."""
+    if grace:
+        raise NfsError(c.NFS4ERR_GRACE, "server in grace period")
+    if cl.minor != c.MINOR_VERSION_40 and not cl.reclaim_complete:
+        raise NfsError(c.NFS4ERR_GRACE, "no RECLAIM_COMPLETE from this client yet")
+
+
 @operation(c.OP_OPEN)
 def open_(cx, a):
     cl = cx.need_client()
@@ -106,8 +115,7 @@ def open_(cx, a):
         node = cx.need_file()
         attr = cx.ns.getattr(node.ino)
     elif claim in (c.CLAIM_NULL, c.CLAIM_FH):
-        if grace:
-            raise NfsError(c.NFS4ERR_GRACE, "server in grace period")
+        check_new_lock(cl, grace)
         if claim == c.CLAIM_FH:
             node = cx.need_file()
             attr = cx.ns.getattr(node.ino)

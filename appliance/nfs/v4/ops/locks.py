@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from appliance.nfs.v4 import const as c
-from appliance.nfs.v4.ops.io import open_state
+from appliance.nfs.v4.ops.io import check_new_lock, open_state
 from appliance.nfs.v4.registry import operation
 from appliance.nfs.v4.state import NfsError, is_write, lock_range
 
@@ -22,8 +22,8 @@ def lock(cx, a):
             raise NfsError(c.NFS4ERR_NO_GRACE, "lock reclaim outside the grace period")
         if not cl.may_reclaim or cl.reclaim_complete:
             raise NfsError(c.NFS4ERR_RECLAIM_BAD, "this client has nothing to reclaim")
-    elif grace:
-        raise NfsError(c.NFS4ERR_GRACE, "server in grace period")
+    else:
+        check_new_lock(cl, grace)
     with state.lock:
         new, arg = a.locker
         if new:

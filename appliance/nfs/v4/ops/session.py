@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 
+from appliance.nfs.v4 import clients
 from appliance.nfs.v4 import const as c
+from appliance.nfs.v4.compound import CACHE_LIMIT
 from appliance.nfs.v4.ops.common import need_dir, resok
 from appliance.nfs.v4.ops.fs import lookup
 from appliance.nfs.v4.registry import operation
@@ -13,9 +15,29 @@ from appliance.nfs.v4.state import NfsError
 from appliance.nfs.v4.types import channel_attrs4, nfs_impl_id4, nfstime4
 
 log = logging.getLogger("shingle.nfs")
-MAX_CACHED = 64 * 1024
+MAX_CACHED = CACHE_LIMIT  # the ca_maxresponsesize_cached offered: what a slot keeps
 MAX_SLOTS = 64
 MAX_OPS = 64
+CREATE_SESSION_FLAGS = (c.CREATE_SESSION4_FLAG_PERSIST | c.CREATE_SESSION4_FLAG_CONN_BACK_CHAN
+                        | c.CREATE_SESSION4_FLAG_CONN_RDMA)
+# The least a channel must carry (RFC 8881 18.36.3, sizes with the RPC headers): a COMPOUND of
+# SEQUENCE and one operation, its request and reply with AUTH_NONE headers (88 and 80 bytes);
+# on the back channel a CB_COMPOUND of CB_SEQUENCE (96 and 76 bytes) and one operation
+FORE_MIN = (88, 80, 2)
+BACK_MIN = (96, 76, 2)
+
+
+def _principal(cx) -> tuple:
+    return (cx.rpc_cred.flavor, cx.rpc_cred.uid)
+
+
+def _check_channel(attrs, least, name: str) -> None:
+    min_request, min_response, min_ops = least
+    if (attrs.maxrequestsize < min_request or attrs.maxresponsesize < min_response
+            or attrs.maxoperations < min_ops):
+        raise NfsError(c.NFS4ERR_TOOSMALL, f"{name} channel {attrs} below requests of "
+                                           f"{min_request}, replies of {min_response} bytes, "
+                                           f"{min_ops} operations")
 
 
 @operation(c.OP_EXCHANGE_ID)
@@ -24,8 +46,9 @@ def exchange_id(cx, a):
         raise NfsError(c.NFS4ERR_NOTSUPP, "only SP4_NONE state protection is offered")
     if a.flags & ~c.EXCHGID4_FLAG_MASK_A:
         raise NfsError(c.NFS4ERR_INVAL, f"EXCHANGE_ID flags {a.flags:#x} outside the defined mask")
-    principal = (cx.rpc_cred.flavor, cx.rpc_cred.uid)
-    cl = cx.state.exchange_id(bytes(a.ownerid), a.verifier, principal, cx.address)
+    update = bool(a.flags & c.EXCHGID4_FLAG_UPD_CONFIRMED_REC_A)
+    cl = clients.exchange_id(cx.state, bytes(a.ownerid), a.verifier, _principal(cx),
+                             cx.address, update)
     flags = c.EXCHGID4_FLAG_USE_NON_PNFS | (c.EXCHGID4_FLAG_CONFIRMED_R if cl.confirmed else 0)
     server = cx.server
     impl = nfs_impl_id4.cls("shingle", "shingle NFSv4.1 server", nfstime4.cls(0, 0))
@@ -37,26 +60,27 @@ def exchange_id(cx, a):
 def create_session(cx, a):
     state = cx.state
     with state.lock:
-        cl = state.client(a.clientid)
+        cl = clients.unconfirmed_client(state, a.clientid, _principal(cx))
         if a.sequence == (cl.cs_sequence - 1) & 0xFFFFFFFF and cl.cs_reply is not None:
             return cl.cs_reply  # a retransmitted CREATE_SESSION
         if a.sequence != cl.cs_sequence:
             raise NfsError(c.NFS4ERR_SEQ_MISORDERED, f"CREATE_SESSION sequence {a.sequence}, "
                                                      f"expected {cl.cs_sequence}")
+        if a.flags & ~CREATE_SESSION_FLAGS:
+            raise NfsError(c.NFS4ERR_INVAL, f"CREATE_SESSION flags {a.flags:#x}")
         limit = cx.server.max_record_size
         log.debug("CREATE_SESSION fore %r back %r", a.fore_chan_attrs, a.back_chan_attrs)
-        f = a.fore_chan_attrs
-        if f.maxrequestsize < 1024 or f.maxresponsesize < 1024 or f.maxoperations < 2:
-            raise NfsError(c.NFS4ERR_TOOSMALL, "fore channel limits below what any COMPOUND needs")
+        f, b = a.fore_chan_attrs, a.back_chan_attrs
+        _check_channel(f, FORE_MIN, "fore")
+        _check_channel(b, BACK_MIN, "back")
         fore = channel_attrs4.cls(0, min(f.maxrequestsize, limit), min(f.maxresponsesize, limit),
                                   min(f.maxresponsesize_cached, MAX_CACHED),
                                   min(f.maxoperations, MAX_OPS),
                                   max(1, min(f.maxrequests, MAX_SLOTS)), [])
-        b = a.back_chan_attrs
         back = channel_attrs4.cls(0, b.maxrequestsize, b.maxresponsesize, b.maxresponsesize_cached,
                                   b.maxoperations, max(1, min(b.maxrequests, 16)), [])
         sess = state.add_session(cl, fore, back)
-        state.confirm(cl)
+        clients.confirm(state, cl)
         cl.cs_sequence = (cl.cs_sequence + 1) & 0xFFFFFFFF
         # no persistent reply cache and no RDMA; the connection is accepted as the back
         # channel when asked (nfs-rs insists), though this server never needs to call back
