@@ -203,9 +203,8 @@ class Committer:
                 ends[zone.id] = max(ends.get(zone.id, 0), offset + length)
         sql_many(
             conn,
-            "INSERT INTO fragments "
-            "(stripe_id, idx, drive_id, zone_id, zone_offset, length, checksum) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO fragments (stripe_id, idx, drive_id, zone_id, zone_offset, length, "
+            "checksum) VALUES (?, ?, ?, ?, ?, ?, ?)",
             fragments,
         )
         # zones: the write pointer moves over the new fragments; everything below it that is not

@@ -178,8 +178,7 @@ class StripeReader:
             self.stats["checksum_errors"] += 1
             raise ChecksumError(
                 f"inline stripe {info.id}: {len(data)} bytes with crc32c "
-                f"{crc32c.crc32c(data):#010x}, "
-                f"expected {info.data_length} with {checksum:#010x}"
+                f"{crc32c.crc32c(data):#010x}, expected {info.data_length} with {checksum:#010x}"
             )
         return bytearray(data) if whole else memoryview(data)
 

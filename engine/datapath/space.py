@@ -205,9 +205,8 @@ class Space:
                 if self._reserved + need > self.usable(policy):
                     raise errors.NoSpace(
                         f"no space for {need} more raw bytes: "
-                        f"{self.usable(policy) - self._reserved}"
-                        f" usable on {sum(d.writable() for d in self.drives.values())} writable "
-                        "drives"
+                        f"{self.usable(policy) - self._reserved} usable on "
+                        f"{sum(d.writable() for d in self.drives.values())} writable drives"
                     )
                 self._reserved += need
 

@@ -123,8 +123,7 @@ class ZonedDrive:
         if offset != write_pointer:
             raise ZoneError(
                 f"write at offset {offset} of zone {idx}: expected the write pointer "
-                f"{write_pointer} "
-                "(zones are append-only)"
+                f"{write_pointer} (zones are append-only)"
             )
         if offset + length > capacity:
             raise ZoneError(

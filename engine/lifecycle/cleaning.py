@@ -202,9 +202,8 @@ class Cleaner:
         record(
             self.catalog,
             "clean.run",
-            f"cleaning: {report.zones_cleaned} zones cleaned, {report.zones_reset} "
-            f"reset, {report.bytes_copied / 1e6:.1f} MB copied, {report.bytes_freed / 1e6:.1f} MB "
-            "freed",
+            f"cleaning: {report.zones_cleaned} zones cleaned, {report.zones_reset} reset, "
+            f"{report.bytes_copied / 1e6:.1f} MB copied, {report.bytes_freed / 1e6:.1f} MB freed",
             actor=actor,
             details={k: v for k, v in report.to_dict().items() if k != "victims"},
         )

@@ -130,20 +130,18 @@ class Rebuilder:
         report.status = drive_states.redundancy_status(self.catalog).to_dict()
         tracker.finish(
             f"rebuild: {report.fragments_rebuilt} fragments rebuilt, {report.fragments_moved} "
-            "moved, "
-            f"{report.mb_per_s:.1f} MB/s; {report.status['reduced']} stripes with reduced "
+            f"moved, {report.mb_per_s:.1f} MB/s; {report.status['reduced']} stripes with reduced "
             "redundancy"
         )
         severity = "error" if report.unrecoverable else "warning" if report.unplaced else "info"
         record(
             self.catalog,
             "rebuild.run",
-            f"rebuild: {report.stripes} stripes, {report.fragments_rebuilt} "
-            f"fragments rebuilt, {report.fragments_moved} moved, {report.bytes_written / 1e6:.1f} "
-            "MB in "
+            f"rebuild: {report.stripes} stripes, {report.fragments_rebuilt} fragments rebuilt, "
+            f"{report.fragments_moved} moved, {report.bytes_written / 1e6:.1f} MB in "
             f"{report.elapsed_s:.1f} s; {len(report.unrecoverable)} unrecoverable, "
-            f"{report.unplaced} unplaced; "
-            f"{report.status['reduced']} stripes still with reduced redundancy",
+            f"{report.unplaced} unplaced; {report.status['reduced']} stripes still with reduced "
+            "redundancy",
             severity=severity,
             actor=actor,
             details=report.to_dict(),

@@ -108,19 +108,17 @@ class Scrubber:
         report.elapsed_s = time.monotonic() - started
         tracker.finish(
             f"scrub: {report.fragments_checked} fragments and {report.inline_checked} inline "
-            "stripes "
-            f"checked, {report.bad} bad, "
-            f"{report.repaired} repaired, {report.unrepairable} unrepairable"
+            f"stripes checked, {report.bad} bad, {report.repaired} repaired, {report.unrepairable} "
+            "unrepairable"
         )
         severity = "error" if report.unrepairable else "warning" if report.bad else "info"
         record(
             self.catalog,
             "scrub.run",
-            f"scrub checked {report.fragments_checked} fragments and "
-            f"{report.inline_checked} inline stripes "
-            f"({report.bytes_checked / 1e6:.1f} MB): {report.bad} bad, {report.repaired} repaired, "
-            f"{report.unrepairable} unrepairable, {report.skipped_unreadable_drive} on unreadable "
-            "drives",
+            f"scrub checked {report.fragments_checked} fragments and {report.inline_checked} "
+            f"inline stripes ({report.bytes_checked / 1e6:.1f} MB): {report.bad} bad, "
+            f"{report.repaired} repaired, {report.unrepairable} unrepairable, "
+            f"{report.skipped_unreadable_drive} on unreadable drives",
             severity=severity,
             actor=actor,
             details={k: v for k, v in report.to_dict().items() if k != "problems"},
@@ -221,8 +219,7 @@ class Scrubber:
                     continue
                 what = (
                     f"inline bytes: {len(data)} of {length} with crc32c "
-                    f"{crc32c.crc32c(data):#010x}, "
-                    f"expected {checksum:#010x}"
+                    f"{crc32c.crc32c(data):#010x}, expected {checksum:#010x}"
                 )
                 report.bad += 1
                 report.unrepairable += 1

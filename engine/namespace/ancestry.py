@@ -25,11 +25,9 @@ from engine.namespace.cache import AttrCache
 from engine.namespace.common import DIR, Attr
 
 _INSIDE_SQL = (
-    "WITH RECURSIVE up(ino) AS ("
-    " SELECT parent FROM dirents WHERE child = ?"
-    " UNION"
-    " SELECT dirents.parent FROM dirents JOIN up ON dirents.child = up.ino WHERE up.ino <> ?"
-    ") SELECT 1 FROM up WHERE ino = ? LIMIT 1")
+    "WITH RECURSIVE up(ino) AS ( SELECT parent FROM dirents WHERE child = ? UNION SELECT "
+    "dirents.parent FROM dirents JOIN up ON dirents.child = up.ino WHERE up.ino <> ?) SELECT 1 "
+    "FROM up WHERE ino = ? LIMIT 1")
 ANCESTRY_MAX_ENTRIES = 100_000
 
 
