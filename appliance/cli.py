@@ -204,8 +204,7 @@ def cmd_status(args) -> int:
     for d in report["drives"]:
         print(
             f"  {d['id']:>3} {d['state']:<9} {fmt(d['size_bytes']):>10}  zones {d['zones_empty']} "
-            "empty / "
-            f"{d['zones_open']} open / {d['zones_full']} full  {d['path']}"
+            f"empty / {d['zones_open']} open / {d['zones_full']} full  {d['path']}"
         )
     return 0
 
@@ -311,9 +310,8 @@ def cmd_serve(args) -> int:
         )
         print(
             "        mount -t nfs -o "
-            f"vers=3,port={server.port},mountport={server.port},mountproto=tcp "
-            f"{host}:/export /mnt/shingle   (locks: NLM via the port mapper on port "
-            f"{server.server.portmap_port})",
+            f"vers=3,port={server.port},mountport={server.port},mountproto=tcp {host}:/export "
+            f"/mnt/shingle   (locks: NLM via the port mapper on port {server.server.portmap_port})",
             flush=True,
         )
         maintenance = Maintenance(appliance, counters=lambda: daemon_counters(server, appliance),

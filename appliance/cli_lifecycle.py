@@ -218,9 +218,8 @@ def cmd_drives(args) -> int:
             for d in [] if args.json else found:
                 print(
                     f"{d.id:>4} {d.state:<9} {format_size(d.capacity_bytes):>10}  zones "
-                    f"{d.zones_empty} empty / "
-                    f"{d.zones_open} open / {d.zones_full} full  live {format_size(d.live_bytes)}  "
-                    f"{d.path}"
+                    f"{d.zones_empty} empty / {d.zones_open} open / {d.zones_full} full  live "
+                    f"{format_size(d.live_bytes)}  {d.path}"
                 )
         elif args.action == "fail":
             if args.drive is None:

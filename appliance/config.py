@@ -93,9 +93,8 @@ OPTIONS: list[Option] = [
         "choice",
         "normal",
         "SQLite durability for metadata commits: 'normal' (WAL; atomic after any crash, a power "
-        "cut "
-        "may lose the last commits) or 'full' (fsync every commit). Data commits behind a stable "
-        "WRITE or COMMIT are always 'full'.",
+        "cut may lose the last commits) or 'full' (fsync every commit). Data commits behind a "
+        "stable WRITE or COMMIT are always 'full'.",
         choices=("normal", "full"),
     ),
     Option(
@@ -121,9 +120,8 @@ OPTIONS: list[Option] = [
         "int",
         65536,
         "Durable writes up to this many bytes that would go to the hot class keep their bytes in "
-        "the "
-        "catalog's own transaction (one fsync round instead of two); tiering later folds them into "
-        "erasure-coded stripes. 0 turns this off.",
+        "the catalog's own transaction (one fsync round instead of two); tiering later folds them "
+        "into erasure-coded stripes. 0 turns this off.",
         minimum=0,
         maximum=1 << 20,
     ),
@@ -168,8 +166,7 @@ OPTIONS: list[Option] = [
         "size",
         "5MiB",
         "Largest RPC record accepted; a larger one closes the connection. Must exceed 1 MiB "
-        "READ/WRITE "
-        "plus headers.",
+        "READ/WRITE plus headers.",
         minimum=1 << 20,
         maximum=64 << 20,
     ),

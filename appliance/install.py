@@ -476,9 +476,8 @@ def install(
         f"{config.get('nfs.port')})",
         f"check the host: shingle -c {CONFIG_PATH} doctor",
         f"start: systemctl start {TARGET}   (logs: journalctl -u 'shingle-*' -f)",
-        f"web UI: http://{config.get('webui.host')}:{config.get('webui.port')}/  "
-        "(first admin login in "
-        f"{_target_path(root, password_file) if not on_host else password_file})",
+        f"web UI: http://{config.get('webui.host')}:{config.get('webui.port')}/  (first admin "
+        f"login in {_target_path(root, password_file) if not on_host else password_file})",
     ]
     if restart:
         _systemctl(run, "start", TARGET)
@@ -571,9 +570,8 @@ def uninstall(root: str | Path | None = None, *, purge: bool = False, run=subpro
     state = under_root(root, STATE_DIR)
     if not purge:
         report.next_steps.append(
-            f"kept config {under_root(root, CONFIG_PATH).parent} and data {state}: "
-            "`shingle install` brings the appliance back; `shingle uninstall --purge` "
-            "deletes them"
+            f"kept config {under_root(root, CONFIG_PATH).parent} and data {state}: `shingle "
+            "install` brings the appliance back; `shingle uninstall --purge` deletes them"
         )
         if not report.actions:
             report.did("nothing to remove: no shingle units installed")
