@@ -13,8 +13,7 @@ def _svg(width: int, height: int, body: list[str], label: str) -> Markup:
     # Drawn at its own pixel size and only ever shrunk (CSS max-width), so text keeps its size.
     return Markup(
         f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-        'role="img" '
-        f'aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg">'
+        f'role="img" aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg">'
         + "".join(body)
         + "</svg>"
     )

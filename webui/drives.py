@@ -31,10 +31,9 @@ ACTION_SCHEMA = Schema(
         Field(
             "action",
             "string",
-            "What to do: mark_failed (stop using it now), drain (move its data off, then "
-            "remove), rebuild (restore redundancy of stripes that lost a fragment), smart_test "
-            "(start a SMART "
-            "short self-test)",
+            "What to do: mark_failed (stop using it now), drain (move its data off, then remove), "
+            "rebuild (restore redundancy of stripes that lost a fragment), smart_test (start a "
+            "SMART short self-test)",
             enum=ACTIONS,
         ),
     ),
@@ -158,8 +157,7 @@ def do_action(drive_id: int, action: str, who: str) -> tuple[str, int | None]:
         job_id = queue("rebuild", {}, who)
         return (
             f"rebuild job {job_id} queued: it restores every stripe that lost a fragment (drive "
-            f"{drive_id} "
-            f"is {state})",
+            f"{drive_id} is {state})",
             job_id,
         )
     device = inventory.drive_device(shingle.catalog, drive_id)
