@@ -76,8 +76,7 @@ def run_bare_sqlite(path: Path, files: int) -> float:
     )
     conn.execute(
         "CREATE TABLE dirents (id INTEGER PRIMARY KEY AUTOINCREMENT, parent INT, name TEXT, child "
-        "INT, "
-        "UNIQUE(parent, name))"
+        "INT, UNIQUE(parent, name))"
     )
     start = time.perf_counter()
     for i in range(files):

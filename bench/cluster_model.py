@@ -263,13 +263,11 @@ def run(quick: bool = False, gateway_cores: int = 16, params: dict | None = None
     lo, hi = MEASURED["ckpt80_write_s"]
     gw = pred["gateway"]
     lines = [
-        f"cluster model (12x8x16TB, 8+2 across nodes, 25GbE, real Space.place + SMR model): "
+        "cluster model (12x8x16TB, 8+2 across nodes, 25GbE, real Space.place + SMR model): "
         f"predicted read {gw['read_GBps']} GB/s (gateway) / {pred['scale-out']['read_GBps']} GB/s "
-        "(scale-out) "
-        f"vs measured {MEASURED['read_GBps']} GB/s; 80 GB checkpoint {gw['ckpt80_write_s']} s "
-        "(gateway, "
-        f"bound by {gw['write_bottleneck']}) / {pred['scale-out']['ckpt80_write_s']} s (scale-out) "
-        f"vs measured {lo:.0f}-{hi:.0f} s",
+        f"(scale-out) vs measured {MEASURED['read_GBps']} GB/s; 80 GB checkpoint "
+        f"{gw['ckpt80_write_s']} s (gateway, bound by {gw['write_bottleneck']}) / "
+        f"{pred['scale-out']['ckpt80_write_s']} s (scale-out) vs measured {lo:.0f}-{hi:.0f} s",
     ]
     return {
         "params": {k: v for k, v in p.items()},
@@ -292,39 +290,29 @@ def explain(pred: dict, sim: dict, encode: float, cores: int) -> list[str]:
     notes = [
         f"Drives are never the limit: the real placement spreads {sim['stripes']} stripes evenly "
         f"(fragments per node {min(sim['fragments_per_node'])}-{max(sim['fragments_per_node'])}), "
-        "every "
-        "fragment lands at its band's write pointer (sequential share "
-        f"{sim['sequential_append_share']:.3f}, "
-        f"write amplification {sim['write_amplification']:.2f}), so the 96 drives alone would read "
-        "the "
-        f"checkpoint at {pred['drives_only']['read_GBps']} GB/s and write it in "
+        "every fragment lands at its band's write pointer (sequential share "
+        f"{sim['sequential_append_share']:.3f}, write amplification "
+        f"{sim['write_amplification']:.2f}), so the 96 drives alone would read the checkpoint at "
+        f"{pred['drives_only']['read_GBps']} GB/s and write it in "
         f"{pred['drives_only']['ckpt80_write_s']} s.",
         f"Read: the measured {MEASURED['read_GBps']} GB/s is "
-        f"{MEASURED['read_GBps'] / gw['read_GBps']:.0%} of the "
-        f"gateway prediction ({gw['read_GBps']} GB/s, one 25 GbE port at 94 % payload): the pilot "
-        "reads "
-        "through one node's NIC, and the rest is RPC framing and per-READ software overhead. A "
-        "scale-out "
+        f"{MEASURED['read_GBps'] / gw['read_GBps']:.0%} of the gateway prediction "
+        f"({gw['read_GBps']} GB/s, one 25 GbE port at 94 % payload): the pilot reads through one "
+        "node's NIC, and the rest is RPC framing and per-READ software overhead. A scale-out "
         f"deployment would allow {so['read_GBps']} GB/s.",
         f"Write: the hardware bound is {gw['ckpt80_write_s']} s (bound by "
-        f"{gw['write_bottleneck']}; "
-        f"{gw['write_parts_s']['gateway_to_nodes_nic_s']} s for 11/12 of the 100 GB of fragments "
-        "to leave "
-        f"the gateway through its one port); the measured {lo:.0f}-{hi:.0f} s is "
-        f"{mid / gw['ckpt80_write_s']:.1f}x that. Erasure coding is not the gap "
-        f"({gw['write_parts_s']['erasure_encode_s']} s at {encode:.2f} GB/s/core x {cores} cores). "
-        "The gap is software the model does not contain: per-stripe commit (fsync of the 10 zones "
-        "on 10 "
-        "nodes, then one catalog transaction) on the COMMIT path, one process handling every "
-        "WRITE RPC, and "
-        f"the client's own COMMIT waits; i.e. the pilot ran at "
+        f"{gw['write_bottleneck']}; {gw['write_parts_s']['gateway_to_nodes_nic_s']} s for 11/12 of "
+        "the 100 GB of fragments to leave the gateway through its one port); the measured "
+        f"{lo:.0f}-{hi:.0f} s is {mid / gw['ckpt80_write_s']:.1f}x that. Erasure coding is not the "
+        f"gap ({gw['write_parts_s']['erasure_encode_s']} s at {encode:.2f} GB/s/core x {cores} "
+        "cores). The gap is software the model does not contain: per-stripe commit (fsync of the "
+        "10 zones on 10 nodes, then one catalog transaction) on the COMMIT path, one process "
+        "handling every WRITE RPC, and the client's own COMMIT waits; i.e. the pilot ran at "
         f"{80 / mid:.2f} GB/s of client data where the gateway's port allows "
         f"{80 / gw['ckpt80_write_s']:.2f} GB/s.",
         "What would close it: overlap commits with the next stripes (group commit across "
-        "writers), keep "
-        "WRITE handling off the event loop in more processes, and serve NFS from every node "
-        "(scale-out: "
-        f"{so['ckpt80_write_s']} s, {so['read_GBps']} GB/s).",
+        "writers), keep WRITE handling off the event loop in more processes, and serve NFS from "
+        f"every node (scale-out: {so['ckpt80_write_s']} s, {so['read_GBps']} GB/s).",
     ]
     return notes
 

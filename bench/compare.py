@@ -694,8 +694,7 @@ def main(argv=None) -> int:
     if run.cache_drop and run.cache_drop != "drop_caches":
         print(
             "note: /proc/sys/vm/drop_caches was not permitted: cold reads evicted the backing "
-            "files "
-            "with posix_fadvise(DONTNEED)"
+            "files with posix_fadvise(DONTNEED)"
         )
     if run.errors:
         print(f"{len(run.errors)} workload error(s):")

@@ -184,13 +184,11 @@ def render(result: dict, charts: list[tuple[str, str]]) -> str:
     )
     L.append(
         f"- NFS-Ganesha: {g.get('version', '?')}, VFS FSAL on a local folder, NFSv4.1 only, pNFS "
-        "off, "
-        f"No_Root_Squash"
+        "off, No_Root_Squash"
     )
     L.append(
         f"- clients: {', '.join(result['clients'])}; {result['reps']} repetition(s), the server "
-        "order "
-        f"alternating per workload (A then B, B then A next repetition); values are medians"
+        "order alternating per workload (A then B, B then A next repetition); values are medians"
     )
     cd = result.get("cache_drop")
     L.append(
@@ -207,13 +205,11 @@ def render(result: dict, charts: list[tuple[str, str]]) -> str:
     p = result.get("params", {})
     L.append(
         f"- sizes: sequential {p.get('seq_bytes', 0) / 2**20:.0f} MiB in {p.get('io', 0) // 1024} "
-        "KiB I/O; "
-        f"{p.get('small_files')} small files of {p.get('small_size')} B; 4 KiB random writes for "
-        f"{p.get('rand_seconds')} s in a {p.get('rand_file', 0) / 2**20:.0f} MiB file; "
+        f"KiB I/O; {p.get('small_files')} small files of {p.get('small_size')} B; 4 KiB random "
+        f"writes for {p.get('rand_seconds')} s in a {p.get('rand_file', 0) / 2**20:.0f} MiB file; "
         f"{p.get('ckpt_writers')} checkpoint writers x {p.get('ckpt_bytes', 0) / 2**20:.0f} MiB "
-        "(temp name, "
-        f"rename); {p.get('shard_readers')} readers of one {p.get('shard_bytes', 0) / 2**20:.0f} "
-        "MiB shard"
+        f"(temp name, rename); {p.get('shard_readers')} readers of one "
+        f"{p.get('shard_bytes', 0) / 2**20:.0f} MiB shard"
     )
     L.append(f"- duration: {result['duration_s']} s")
     L.append("")
@@ -249,8 +245,7 @@ def render(result: dict, charts: list[tuple[str, str]]) -> str:
         L.append("")
         L.append(
             "Ganesha is multi-threaded C; shingle is one Python process. CPU seconds per unit of "
-            "work "
-            "show where shingle spends its time when the wall-clock ratio is low."
+            "work show where shingle spends its time when the wall-clock ratio is low."
         )
         L.append("")
         L.append("| metric | shingle cpu s | Ganesha cpu s |")
@@ -300,14 +295,12 @@ def render(result: dict, charts: list[tuple[str, str]]) -> str:
             ck, ds = t.get("checkpoints", {}), t.get("dataset", {})
             L.append(
                 f"- {name}: state dict {ck.get('model_MiB')} MiB; torch.save / safetensors / zarr "
-                "each written "
-                f"as `.step-N.*.tmp`, committed, renamed to `step-N`; keep-last-2 by "
+                "each written as `.step-N.*.tmp`, committed, renamed to `step-N`; keep-last-2 by "
                 f"{ck.get('prune_method')}: pruned {len(ck.get('pruned', []))} "
                 f"({', '.join(ck.get('pruned', []))}), kept {ck.get('kept')}; every survivor "
-                "re-read and "
-                f"compared. DataLoader: {ds.get('workers')} workers, {ds.get('corpus_MiB')} MiB of "
-                "uint16 "
-                f"tokens, {ds.get('seq_len')}-token samples, token sum checked."
+                f"re-read and compared. DataLoader: {ds.get('workers')} workers, "
+                f"{ds.get('corpus_MiB')} MiB of uint16 tokens, {ds.get('seq_len')}-token samples, "
+                "token sum checked."
             )
     L.append("")
     profile = result.get("profile")
@@ -392,17 +385,14 @@ REMEDIES = (
     (
         ("_write_to_self", "call_soon_threadsafe", "_selectorsockettransport.write"),
         "the hand-off of every reply from a worker thread to the asyncio loop (one self-pipe "
-        "wakeup per "
-        "request) and socket writes from Python: batch replies per wakeup, send them with sendmsg "
-        "of "
-        "memoryviews, or serve READ/WRITE from a thread that owns its socket",
+        "wakeup per request) and socket writes from Python: batch replies per wakeup, send them "
+        "with sendmsg of memoryviews, or serve READ/WRITE from a thread that owns its socket",
     ),
     (
         ("_drive_writer", "zonefiledrive.sync", "fsync", "fdatasync", "_committer"),
         "durability on every stable WRITE/COMMIT (drive writers' writes and fsyncs of 10 zone "
-        "files on one "
-        "disk here): group-commit concurrent writers' stripes so one fsync round covers many "
-        "WRITEs",
+        "files on one disk here): group-commit concurrent writers' stripes so one fsync round "
+        "covers many WRITEs",
     ),
     (
         ("do_commit", "sqlite", "catalog", "sqlalchemy", "_sql ("),
