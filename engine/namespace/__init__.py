@@ -15,6 +15,8 @@ Package layout (one class ``Namespace`` made of parts; each part is a mixin over
 - lookup.py: Lookup, getattr/lookup/resolve/path_of/readlink/access/readdir/statfs
 - xattrs.py: Xattrs; directory.py: DirectoryOps (create ... rename, freeing inodes)
 - files.py: FileOps, setattr, read/write/commit, open references, orphans
+- ranges.py: RangeOps, clone_range/copy_range/seek_data/seek_hole/allocate/deallocate
+- readonly.py: ReadOnlyInodes, snapshot views (``DIR/.snapshots/NAME``) refuse changes (EROFS)
 """
 from __future__ import annotations
 
@@ -57,10 +59,12 @@ from engine.namespace.common import (  # noqa: F401 - the package's public names
 from engine.namespace.directory import DirectoryOps
 from engine.namespace.files import FileOps
 from engine.namespace.lookup import Lookup
+from engine.namespace.ranges import RangeOps
+from engine.namespace.readonly import ReadOnlyInodes
 from engine.namespace.xattrs import Xattrs
 
 
-class Namespace(AttrCache, Lookup, Xattrs, DirectoryOps, FileOps):
+class Namespace(AttrCache, Lookup, Xattrs, DirectoryOps, FileOps, RangeOps, ReadOnlyInodes):
     def __init__(self, catalog: Catalog, data: FileData | None = None):
         self.catalog = catalog
         self.data = data
@@ -72,6 +76,7 @@ class Namespace(AttrCache, Lookup, Xattrs, DirectoryOps, FileOps):
         self._cache_lock = threading.Lock()
         self._open_refs: dict[int, int] = {}
         self._open_lock = threading.Lock()
+        self._readonly = None  # (epoch, lows, highs, .snapshots dirs): see readonly.py
         root = catalog.get_setting(ROOT_INO_KEY)
         self.root_ino = int(root) if root is not None else self._make_root()
         listen = getattr(data, "add_commit_listener", None)

@@ -93,6 +93,7 @@ class DirectoryOps:
     def _make(self, cred: Cred, dir_ino: int, name: str, ftype: int, mode: int, *, rdev: int = 0,
               target: bytes | None = None, exclusive: bool = True) -> Attr:
         check_name(name)
+        self._check_writable(dir_ino)
 
         def work(conn, touched):
             parent = self._dir_for_change(conn, cred, dir_ino)
@@ -167,6 +168,7 @@ class DirectoryOps:
 
     def link(self, cred: Cred, ino: int, dir_ino: int, name: str) -> Attr:
         check_name(name)
+        self._check_writable(ino, dir_ino)
 
         def work(conn, touched):
             attr = self._load(conn, ino)
@@ -187,6 +189,7 @@ class DirectoryOps:
 
     def unlink(self, cred: Cred, dir_ino: int, name: str) -> None:
         check_name(name)
+        self._check_writable(dir_ino)
 
         def work(conn, touched):
             parent = self._dir_for_change(conn, cred, dir_ino)
@@ -209,6 +212,8 @@ class DirectoryOps:
         if name == "..":
             raise errors.NotEmpty("rmdir of '..'")
         check_name(name)
+        self._check_writable(dir_ino)
+        snapshot_dirs = self.snapshot_dirs()
 
         def work(conn, touched):
             parent = self._dir_for_change(conn, cred, dir_ino)
@@ -216,6 +221,8 @@ class DirectoryOps:
             if entry is None:
                 raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
             victim = self._load(conn, entry.child)
+            if victim.ino in snapshot_dirs:
+                raise errors.ReadOnly(f"{name!r} holds snapshots: delete them instead")
             if victim.type != DIR:
                 raise errors.NotADirectory(f"{name!r} is not a directory")
             self._check_sticky(cred, parent, victim)
@@ -232,6 +239,8 @@ class DirectoryOps:
         """POSIX rename in one transaction: a reader sees the old or the new name."""
         check_name(src_name)
         check_name(dst_name)
+        self._check_writable(src_dir, dst_dir)
+        snapshot_dirs = self.snapshot_dirs()
 
         def work(conn, touched):
             src_parent = self._dir_for_change(conn, cred, src_dir)
@@ -241,6 +250,8 @@ class DirectoryOps:
             if entry is None:
                 raise errors.NotFound(f"{src_name!r} not found in directory {src_dir}")
             moving = self._load(conn, entry.child)
+            if moving.ino in snapshot_dirs:
+                raise errors.ReadOnly(f"{src_name!r} holds snapshots and cannot move")
             touched.add(moving.ino)
             self._check_sticky(cred, src_parent, moving)
             if moving.type == DIR and dst_dir != src_dir:
@@ -252,6 +263,8 @@ class DirectoryOps:
                 if target.child == moving.ino:
                     return  # both names are links to the same file: POSIX says do nothing
                 victim = self._load(conn, target.child)
+                if victim.ino in snapshot_dirs:
+                    raise errors.ReadOnly(f"{dst_name!r} holds snapshots and cannot be replaced")
                 self._check_sticky(cred, dst_parent, victim)
                 if moving.type == DIR:
                     if victim.type != DIR:

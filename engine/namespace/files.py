@@ -38,6 +38,7 @@ class FileOps:
             raise errors.InvalidArgument(f"size {size}: expected >= 0")
         if mode is not None and not 0 <= mode <= 0o7777:
             raise errors.InvalidArgument(f"mode {mode:o}: expected 0-7777 (octal)")
+        self._check_writable(ino)
         if self.data is not None and size is not None:
             self.data.flush(ino)  # buffered writes land before the cut
         wanted = dict(mode=mode, uid=uid, gid=gid, size=size, atime_ns=atime_ns, mtime_ns=mtime_ns)
@@ -140,6 +141,7 @@ class FileOps:
         """Write ``data`` at ``offset``; with ``stable`` it is durable on return."""
         if offset < 0:
             raise errors.InvalidArgument(f"write at offset {offset}")
+        self._check_writable(ino)
         attr = self._file_in_use(ino)
         if attr.type == DIR:
             raise errors.IsADirectory(f"inode {ino} is a directory")

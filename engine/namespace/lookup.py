@@ -181,8 +181,9 @@ class Lookup:
             return rows
         rows = self.catalog.read(work)
         eof = len(rows) <= limit
+        hidden = self.snapshot_dirs()  # DIR/.snapshots is reached by name only, as ZFS's snapdir
         entries = [DirEntry(row[0], row[1], self._with_pending(_attr(row[2:])))
-                   for row in rows[:limit]]
+                   for row in rows[:limit] if not (hidden and row[2] in hidden)]
         return entries, eof
 
     def statfs(self) -> StatFs:

@@ -37,6 +37,8 @@ class Xattrs:
             raise errors.InvalidArgument(f"extended attribute value of {len(value)} bytes exceeds "
                                          f"{XATTR_VALUE_MAX}")
 
+        self._check_writable(ino)
+
         def work(conn, touched):
             attr = self._load(conn, ino)
             self._require(cred, attr, W_OK)
@@ -55,6 +57,8 @@ class Xattrs:
         self._write(work, (ino,))
 
     def removexattr(self, cred: Cred, ino: int, name: str) -> None:
+        self._check_writable(ino)
+
         def work(conn, touched):
             self._require(cred, self._load(conn, ino), W_OK)
             removed = conn.execute(XATTRS.delete()
