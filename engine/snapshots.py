@@ -211,9 +211,10 @@ class Snapshots:
                 (snapdir, name, root)).close()
             self._touch(conn, snapdir, nlink_delta=1)
             now = time.time_ns()
-            snapshot_id = sql_one(conn, "INSERT INTO snapshots (name, source_ino, root_ino, ino_lo, "
-                                        "ino_hi, created_ns) VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
-                                  (name, dataset, root, lo, hi, now))[0]
+            snapshot_id = sql_one(
+                conn, "INSERT INTO snapshots (name, source_ino, root_ino, ino_lo, ino_hi, "
+                      "created_ns) VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+                (name, dataset, root, lo, hi, now))[0]
             return snapshot_id, now, count
         snapshot_id, created, count = self._run(work)
         return SnapshotInfo(name, created, *self._space(snapshot_id), files=count, id=snapshot_id)
@@ -263,10 +264,11 @@ class Snapshots:
                               (dataset,))[0]
             sql(conn, "DELETE FROM dirents WHERE parent = ? AND child = ?", (snapdir, root)).close()
             self._touch(conn, snapdir, nlink_delta=-1)
-            dead = adjust_live(conn, {s: -n for s, n in referenced_by(conn, lo, hi).items()})
+            deltas = {s: -n for s, n in referenced_by(conn, lo, hi).items()}
             sql(conn, "DELETE FROM snapshots WHERE id = ?", (sid,)).close()
             for table in ("extents", "symlinks", "xattrs"):
                 sql(conn, f"DELETE FROM {table} WHERE ino BETWEEN ? AND ?", (lo, hi)).close()
+            dead = adjust_live(conn, deltas)  # after the extents: they point at the stripes
             sql(conn, "DELETE FROM dirents WHERE parent BETWEEN ? AND ?", (lo, hi)).close()
             sql(conn, "DELETE FROM inodes WHERE ino BETWEEN ? AND ?", (lo, hi)).close()
             return dead

@@ -93,9 +93,9 @@ class DirectoryOps:
     def _make(self, cred: Cred, dir_ino: int, name: str, ftype: int, mode: int, *, rdev: int = 0,
               target: bytes | None = None, exclusive: bool = True) -> Attr:
         check_name(name)
-        self._check_writable(dir_ino)
 
         def work(conn, touched):
+            self._check_writable(dir_ino, conn=conn)
             parent = self._dir_for_change(conn, cred, dir_ino)
             existing = self._entry(conn, dir_ino, name)
             if existing is not None:
@@ -168,9 +168,9 @@ class DirectoryOps:
 
     def link(self, cred: Cred, ino: int, dir_ino: int, name: str) -> Attr:
         check_name(name)
-        self._check_writable(ino, dir_ino)
 
         def work(conn, touched):
+            self._check_writable(ino, dir_ino, conn=conn)
             attr = self._load(conn, ino)
             if attr.type == DIR:
                 raise errors.NotPermitted(f"hard link to directory {ino}")
@@ -189,9 +189,9 @@ class DirectoryOps:
 
     def unlink(self, cred: Cred, dir_ino: int, name: str) -> None:
         check_name(name)
-        self._check_writable(dir_ino)
 
         def work(conn, touched):
+            self._check_writable(dir_ino, conn=conn)
             parent = self._dir_for_change(conn, cred, dir_ino)
             entry = self._entry(conn, dir_ino, name)
             if entry is None:
@@ -212,10 +212,10 @@ class DirectoryOps:
         if name == "..":
             raise errors.NotEmpty("rmdir of '..'")
         check_name(name)
-        self._check_writable(dir_ino)
-        snapshot_dirs = self.snapshot_dirs()
 
         def work(conn, touched):
+            self._check_writable(dir_ino, conn=conn)
+            snapshot_dirs = self.snapshot_dirs(conn)
             parent = self._dir_for_change(conn, cred, dir_ino)
             entry = self._entry(conn, dir_ino, name)
             if entry is None:
@@ -239,10 +239,10 @@ class DirectoryOps:
         """POSIX rename in one transaction: a reader sees the old or the new name."""
         check_name(src_name)
         check_name(dst_name)
-        self._check_writable(src_dir, dst_dir)
-        snapshot_dirs = self.snapshot_dirs()
 
         def work(conn, touched):
+            self._check_writable(src_dir, dst_dir, conn=conn)
+            snapshot_dirs = self.snapshot_dirs(conn)
             src_parent = self._dir_for_change(conn, cred, src_dir)
             dst_parent = (src_parent if dst_dir == src_dir
                           else self._dir_for_change(conn, cred, dst_dir))

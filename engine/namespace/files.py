@@ -38,16 +38,17 @@ class FileOps:
             raise errors.InvalidArgument(f"size {size}: expected >= 0")
         if mode is not None and not 0 <= mode <= 0o7777:
             raise errors.InvalidArgument(f"mode {mode:o}: expected 0-7777 (octal)")
-        self._check_writable(ino)
         if self.data is not None and size is not None:
             self.data.flush(ino)  # buffered writes land before the cut
         wanted = dict(mode=mode, uid=uid, gid=gid, size=size, atime_ns=atime_ns, mtime_ns=mtime_ns)
         if atime_ns is None and mtime_ns is None and self._cache_valid():
             cached = self._cache.get(ino)
             if cached is not None and not self._setattr_values(cred, cached, now=0, **wanted):
+                self._check_writable(ino)
                 return self._with_pending(cached)
 
         def work(conn, touched):
+            self._check_writable(ino, conn=conn)
             attr = self._load(conn, ino)
             now = time.time_ns()
             values = self._setattr_values(cred, attr, now=now, **wanted)

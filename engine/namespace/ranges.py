@@ -41,12 +41,12 @@ class RangeOps:
         destination grows to cover the range. Returns the destination's new attributes."""
         self._check_range(src_off, length)
         self._check_range(dst_off, 0)
-        self._check_writable(dst_ino)
         data = self._data()
         data.flush(src_ino)  # buffered bytes are part of what is cloned, and must not land later
         data.flush(dst_ino)
 
         def work(conn, touched):
+            self._check_writable(dst_ino, conn=conn)
             src = self._regular(conn, cred, src_ino)
             self._require(cred, src, R_OK)
             dst = self._regular(conn, cred, dst_ino, W_OK)
@@ -137,11 +137,11 @@ class RangeOps:
         """Punch a hole (fallocate PUNCH_HOLE, NFS DEALLOCATE): the range reads as zeros, the size
         stays, and extents that no other file, clone or snapshot references are freed."""
         self._check_range(offset, length)
-        self._check_writable(ino)
         data = self._data()
         data.flush(ino)
 
         def work(conn, touched):
+            self._check_writable(ino, conn=conn)
             attr = self._regular(conn, cred, ino, W_OK)
             end = min(offset + length, attr.size)
             if end > offset:

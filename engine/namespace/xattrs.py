@@ -37,9 +37,8 @@ class Xattrs:
             raise errors.InvalidArgument(f"extended attribute value of {len(value)} bytes exceeds "
                                          f"{XATTR_VALUE_MAX}")
 
-        self._check_writable(ino)
-
         def work(conn, touched):
+            self._check_writable(ino, conn=conn)
             attr = self._load(conn, ino)
             self._require(cred, attr, W_OK)
             exists = conn.execute(select(XATTRS.c.name)
@@ -57,9 +56,8 @@ class Xattrs:
         self._write(work, (ino,))
 
     def removexattr(self, cred: Cred, ino: int, name: str) -> None:
-        self._check_writable(ino)
-
         def work(conn, touched):
+            self._check_writable(ino, conn=conn)
             self._require(cred, self._load(conn, ino), W_OK)
             removed = conn.execute(XATTRS.delete()
                                    .where(XATTRS.c.ino == ino, XATTRS.c.name == name))
