@@ -67,11 +67,17 @@ def _fill_tree(conn, root: int, *, with_root: bool) -> None:
     else:
         sql(conn, "CREATE TEMP TABLE IF NOT EXISTS snapshot_tree (ino BIGINT PRIMARY KEY)").close()
     sql(conn, "DELETE FROM snapshot_tree").close()
-    sql(conn, "WITH RECURSIVE t(ino) AS (SELECT CAST(? AS BIGINT) UNION "
+    # the recursion walks directories only (a step per directory, not per file); their other
+    # children come in one indexed statement (a file with several names there comes once)
+    sql(conn, "WITH RECURSIVE t(ino) AS (SELECT CAST(? AS BIGINT) UNION ALL "
               "SELECT d.child FROM dirents d JOIN t ON d.parent = t.ino "
-              "WHERE d.child NOT IN (SELECT dir_ino FROM snapshot_dirs)) "
+              "JOIN inodes i ON i.ino = d.child WHERE i.type = ? "
+              "AND d.child NOT IN (SELECT dir_ino FROM snapshot_dirs)) "
               "INSERT INTO snapshot_tree (ino) SELECT ino FROM t",
-        (root,)).close()
+        (root, DIR)).close()
+    sql(conn, "INSERT INTO snapshot_tree (ino) SELECT DISTINCT d.child FROM dirents d "
+              "JOIN inodes i ON i.ino = d.child WHERE i.type <> ? "
+              "AND d.parent IN (SELECT ino FROM snapshot_tree)", (DIR,)).close()
     if not with_root:
         sql(conn, "DELETE FROM snapshot_tree WHERE ino = ?", (root,)).close()
 
