@@ -1,8 +1,8 @@
 """Benchmark of versioned datasets (engine only, no NFS), for docs/ARCHITECTURE.md.
 
 a. Snapshot create and delete of a dataset of N files (100,000 by default) in 100 folders, each
-   file one 4 KiB extent (real inode, name and extent rows; the extents share one stripe, as
-   files cloned from one source would: the snapshot copies rows and never reads data).
+   file 4 KiB in an inline stripe of its own (the rows durable 4 KiB writes leave; a snapshot
+   copies rows and never reads data, so bytes per file do not matter, rows do).
 b. Live create, stat (getattr from the catalog: the cache is cleared first) and 4 KiB durable
    write rates in another folder of the same catalog, before any snapshot and with 3 snapshots
    of the big dataset held.
@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import crc32c
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.catalog import Catalog, upgrade  # noqa: E402
@@ -37,12 +39,12 @@ LIVE_FILES = 1000
 
 
 def build_dataset(ns: Namespace, catalog: Catalog, files: int) -> int:
-    """/ds with ``files`` files of one 4 KiB extent each, sharing one real stripe."""
+    """/ds with ``files`` files of 4 KiB in FOLDERS folders, each file one extent of its own
+    inline stripe: the rows a durable 4 KiB write of each would leave (written as rows here, a
+    write each would take minutes)."""
     ds = ns.mkdir(ROOT, ns.root_ino, "ds").ino
-    seed = ns.create(ROOT, ds, "seed")
-    ns.write(seed.ino, 0, b"s" * 4096, stable=True)
-    stripe = catalog.read(lambda c: sql(c, "SELECT stripe_id FROM extents WHERE ino = ?",
-                                        (seed.ino,)).fetchone()[0])
+    block = b"s" * 4096
+    checksum = crc32c.crc32c(block)
     per_folder = files // FOLDERS
     now = time.time_ns()
     for f in range(FOLDERS):
@@ -55,13 +57,17 @@ def build_dataset(ns: Namespace, catalog: Catalog, files: int) -> int:
                                 "nlink, rdev, atime_ns, mtime_ns, ctime_ns, btime_ns, change) "
                                 "VALUES (1, 1, 420, 0, 0, 4096, 1, 0, ?, ?, ?, ?, 1) "
                                 "RETURNING ino", (now, now, now, now)).fetchone()[0]
-                rows.append((folder, f"f{i:05d}", ino))
-            sql_many(conn, "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)", rows)
+                stripe = sql(conn, "INSERT INTO stripes (band_class, layout, k, m, backend, "
+                                   "data_length, fragment_length, compression, live_bytes, "
+                                   "created_ns) VALUES ('hot', 'inline', 1, 0, NULL, 4096, 4096, "
+                                   "NULL, 4096, ?) RETURNING id", (now,)).fetchone()[0]
+                rows.append((folder, f"f{i:05d}", ino, stripe))
+            sql_many(conn, "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
+                     [r[:3] for r in rows])
+            sql_many(conn, "INSERT INTO inline_data (stripe_id, length, checksum, data) "
+                           "VALUES (?, 4096, ?, ?)", [(r[3], checksum, block) for r in rows])
             sql_many(conn, "INSERT INTO extents (ino, file_offset, length, stripe_id, "
-                           "stripe_offset) VALUES (?, 0, 4096, ?, 0)",
-                     [(ino, stripe) for _p, _n, ino in rows])
-            sql(conn, "UPDATE stripes SET live_bytes = live_bytes + ? WHERE id = ?",
-                (4096 * len(rows), stripe))
+                           "stripe_offset) VALUES (?, 0, 4096, ?, 0)", [r[2:] for r in rows])
         catalog.run(work)
     ns.invalidate()
     return ds

@@ -24,7 +24,7 @@ from engine import errors
 from engine.catalog.database import sql, sql_all, sql_one
 from engine.catalog.models import DIR
 from engine.datapath.accounting import adjust_live
-from engine.datapath.sharing import referenced_by
+from engine.datapath.sharing import add_references, drop_references
 from engine.namespace.common import ROOT, check_name
 from engine.namespace.readonly import SNAPSHOT_DIR_NAME
 
@@ -126,7 +126,7 @@ def _copy_tree(conn, root: int, *, with_root: bool, parent_map: tuple[int, int] 
               "SELECT ino + ?, file_offset, length, stripe_id, stripe_offset FROM extents "
               f"WHERE ino IN {tree}", (delta,)).close()
     lo, hi = lo_old + delta, hi_old + delta
-    adjust_live(conn, referenced_by(conn, lo, hi))
+    add_references(conn, lo, hi)
     # a file with links outside the tree has fewer names in the copy, and a dataset's copy has
     # no .snapshots directory
     sql(conn, "UPDATE inodes SET nlink = (SELECT COUNT(*) FROM dirents WHERE child = inodes.ino) "
@@ -270,11 +270,11 @@ class Snapshots:
                               (dataset,))[0]
             sql(conn, "DELETE FROM dirents WHERE parent = ? AND child = ?", (snapdir, root)).close()
             self._touch(conn, snapdir, nlink_delta=-1)
-            deltas = {s: -n for s, n in referenced_by(conn, lo, hi).items()}
             sql(conn, "DELETE FROM snapshots WHERE id = ?", (sid,)).close()
-            for table in ("extents", "symlinks", "xattrs"):
+            dead = drop_references(conn, lo, hi, lambda conn: sql(
+                conn, "DELETE FROM extents WHERE ino BETWEEN ? AND ?", (lo, hi)).close())
+            for table in ("symlinks", "xattrs"):
                 sql(conn, f"DELETE FROM {table} WHERE ino BETWEEN ? AND ?", (lo, hi)).close()
-            dead = adjust_live(conn, deltas)  # after the extents: they point at the stripes
             sql(conn, "DELETE FROM dirents WHERE parent BETWEEN ? AND ?", (lo, hi)).close()
             sql(conn, "DELETE FROM inodes WHERE ino BETWEEN ? AND ?", (lo, hi)).close()
             return dead

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from engine import errors
-from engine.catalog.database import sql_all
+from engine.catalog.database import sql, sql_all
 from engine.datapath.accounting import ExtentMap, adjust_live, load_extents, write_map
 
 
@@ -100,3 +100,44 @@ def referenced_by(conn, ino_lo: int, ino_hi: int) -> dict[int, int]:
     ):
         refs[sid] += int(total)
     return refs
+
+
+_REFS_IN_RANGE = ("SELECT r.stripe_id, r.refs, s.live_bytes, s.data_length FROM (SELECT stripe_id, "
+                  "SUM(length) AS refs FROM extents WHERE ino BETWEEN ? AND ? GROUP BY stripe_id) r "
+                  "JOIN stripes s ON s.id = r.stripe_id")
+# one statement for the stripes whose zone shares cannot change (they stay fully referenced)
+_ADD_FULL = ("UPDATE stripes SET live_bytes = live_bytes + (SELECT SUM(e.length) FROM extents e "
+             "WHERE e.stripe_id = stripes.id AND e.ino BETWEEN ? AND ?) WHERE id IN "
+             "(SELECT stripe_id FROM extents WHERE ino BETWEEN ? AND ?) AND live_bytes {cond}")
+
+
+def add_references(conn, ino_lo: int, ino_hi: int) -> None:
+    """The extents of inodes [ino_lo, ino_hi] were just copied (a snapshot, a clone of one):
+    count them in their stripes. Stripes already fully referenced keep their zone shares, so
+    they take one set statement; only the others go through ``adjust_live``."""
+    partial = {sid: int(refs) for sid, refs, live, length in
+               sql_all(conn, _REFS_IN_RANGE, (ino_lo, ino_hi)) if live < length}
+    sql(conn, _ADD_FULL.format(cond=">= data_length"),
+        (ino_lo, ino_hi, ino_lo, ino_hi)).close()
+    adjust_live(conn, partial)
+
+
+def drop_references(conn, ino_lo: int, ino_hi: int, delete_extents) -> list[int]:
+    """The extents of inodes [ino_lo, ino_hi] go (``delete_extents(conn)`` removes them):
+    take them off their stripes' counts; returns the stripes that died. Stripes that stay
+    fully referenced take one set statement, the rest ``adjust_live`` once the rows are gone
+    (a dead stripe can only be deleted after the extents naming it)."""
+    others = {}
+    full = 0
+    for sid, refs, live, length in sql_all(conn, _REFS_IN_RANGE, (ino_lo, ino_hi)):
+        if live - refs >= length:
+            full += 1
+        else:
+            others[sid] = -int(refs)
+    if full:
+        sql(conn, _ADD_FULL.replace("live_bytes + (", "live_bytes - (").format(
+            cond="- (SELECT SUM(e.length) FROM extents e WHERE e.stripe_id = stripes.id AND "
+                 "e.ino BETWEEN ? AND ?) >= data_length"),
+            (ino_lo, ino_hi, ino_lo, ino_hi, ino_lo, ino_hi)).close()
+    delete_extents(conn)
+    return adjust_live(conn, others)

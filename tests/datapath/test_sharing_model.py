@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from dphelpers import Engine, check_accounting
 from engine import fsck
 from engine.catalog import Catalog, upgrade
+from engine.catalog.database import sql_all
+from engine.datapath.accounting import share
 from engine.namespace import ROOT
 from engine.snapshots import Snapshots
 
@@ -97,6 +99,20 @@ def _apply(ns, snaps, ds, model, snapshots, counter, op) -> None:
         del snapshots[label]
 
 
+def _check_zone_shares(catalog) -> None:
+    """Every zone's live bytes are the recount of its fragments' shares (accounting.share)."""
+    def work(conn):
+        zones = dict(sql_all(conn, "SELECT id, live_bytes FROM zones"))
+        rows = sql_all(conn, "SELECT f.zone_id, f.length, s.live_bytes, s.data_length "
+                             "FROM fragments f JOIN stripes s ON s.id = f.stripe_id")
+        return zones, rows
+    zones, rows = catalog.read(work)
+    recount = dict.fromkeys(zones, 0)
+    for zone, length, live, data_length in rows:
+        recount[zone] += share(length, live, data_length)
+    assert recount == zones
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(step, min_size=1, max_size=25))
 def test_shared_extents_match_the_model(tmp_path_factory, steps):
@@ -127,6 +143,7 @@ def test_shared_extents_match_the_model(tmp_path_factory, steps):
                 assert ns.read(f.ino, 0, SIZE) == data, (label, n)
         engine.data.flush_all()
         check_accounting(catalog)
+        _check_zone_shares(catalog)
         report = fsck.check(catalog, ns.root_ino)
         assert report.clean, report.problems
     finally:
