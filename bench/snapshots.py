@@ -143,7 +143,8 @@ def main() -> None:
         out["big_write_MBps"] = round(args.clone_mib * MiB / 1e6 / (time.perf_counter() - start), 1)
         extents = catalog.read(lambda c: sql(c, "SELECT COUNT(*) FROM extents WHERE ino = ?",
                                              (big,)).fetchone()[0])
-        stripes_before = catalog.read(lambda c: sql(c, "SELECT COUNT(*) FROM stripes").fetchone()[0])
+        stripes_before = catalog.read(
+            lambda c: sql(c, "SELECT COUNT(*) FROM stripes").fetchone()[0])
         target = ns.create(ROOT, ns.root_ino, "big-clone").ino
         start = time.perf_counter()
         ns.clone_range(ROOT, big, 0, target, 0, 0)

@@ -178,8 +178,7 @@ class Snapshots:
         sql(conn, "UPDATE inodes SET nlink = nlink + ?, mtime_ns = ?, ctime_ns = ?, "
                   "change = change + 1 WHERE ino = ?", (nlink_delta, now, now, ino)).close()
 
-    @staticmethod
-    def _snapshot_dir(conn, dataset: int) -> int:
+    def _snapshot_dir(self, conn, dataset: int) -> int:
         row = sql_one(conn, "SELECT dir_ino FROM snapshot_dirs WHERE dataset_ino = ?", (dataset,))
         if row is not None:
             return row[0]
@@ -197,7 +196,7 @@ class Snapshots:
             (dataset, SNAPSHOT_DIR_NAME, dir_ino)).close()
         sql(conn, "INSERT INTO snapshot_dirs (dataset_ino, dir_ino) VALUES (?, ?)",
             (dataset, dir_ino)).close()
-        Snapshots._touch(conn, dataset, nlink_delta=1)
+        self._touch(conn, dataset, nlink_delta=1)
         return dir_ino
 
     # -- the operations ----------------------------------------------------------------

@@ -102,9 +102,9 @@ def referenced_by(conn, ino_lo: int, ino_hi: int) -> dict[int, int]:
     return refs
 
 
-_REFS_IN_RANGE = ("SELECT r.stripe_id, r.refs, s.live_bytes, s.data_length FROM (SELECT stripe_id, "
-                  "SUM(length) AS refs FROM extents WHERE ino BETWEEN ? AND ? GROUP BY stripe_id) r "
-                  "JOIN stripes s ON s.id = r.stripe_id")
+_REFS_IN_RANGE = ("SELECT r.stripe_id, r.refs, s.live_bytes, s.data_length FROM "
+                  "(SELECT stripe_id, SUM(length) AS refs FROM extents WHERE ino BETWEEN ? AND ? "
+                  "GROUP BY stripe_id) r JOIN stripes s ON s.id = r.stripe_id")
 # one statement for the stripes whose zone shares cannot change (they stay fully referenced)
 _ADD_FULL = ("UPDATE stripes SET live_bytes = live_bytes + (SELECT SUM(e.length) FROM extents e "
              "WHERE e.stripe_id = stripes.id AND e.ino BETWEEN ? AND ?) WHERE id IN "

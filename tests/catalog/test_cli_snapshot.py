@@ -1,4 +1,5 @@
-"""`shingle snapshot ...` as an admin runs it: create, list --json, diff, clone, rollback, delete."""
+"""`shingle snapshot ...` as an admin runs it: create, list --json, diff, clone, rollback,
+delete."""
 from __future__ import annotations
 
 import json
