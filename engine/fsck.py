@@ -53,8 +53,19 @@ def check(catalog: Catalog, root_ino: int, open_inodes: set[int] | None = None, 
         live = dict(conn.execute(select(STRIPES.c.id, STRIPES.c.live_bytes)).all())
         snapshots = conn.execute(select(SNAPSHOTS.c.name, SNAPSHOTS.c.source_ino,
                                         SNAPSHOTS.c.root_ino, SNAPSHOTS.c.ino_lo,
-                                        SNAPSHOTS.c.ino_hi)).all()
+                                        SNAPSHOTS.c.ino_hi)
+                                 .where(SNAPSHOTS.c.deleting.is_(False))).all()
         snapdirs = dict(conn.execute(select(SNAPDIRS.c.dataset_ino, SNAPDIRS.c.dir_ino)).all())
+        # a snapshot being deleted a chunk per transaction: its inodes are on their way out
+        freeing = {ino for lo, hi in conn.execute(select(SNAPSHOTS.c.ino_lo, SNAPSHOTS.c.ino_hi)
+                                                  .where(SNAPSHOTS.c.deleting.is_(True)))
+                   for ino in inodes if lo <= ino <= hi}
+        # their names and link counts are half gone; their extents still count in the stripes
+        dirents = [d for d in dirents if d.parent not in freeing and d.child not in freeing]
+        for ino in freeing:
+            del inodes[ino]
+        extents = [e for e in extents if e.ino not in freeing] + [
+            (None, *e[1:]) for e in extents if e.ino in freeing]
         return inodes, dirents, extents, stripes, live, snapshots, snapdirs
 
     inodes, dirents, extents, stripes, live, snapshots, snapdirs = catalog.read(work)
@@ -107,6 +118,8 @@ def check(catalog: Catalog, root_ino: int, open_inodes: set[int] | None = None, 
 
     last_end: dict[int, int] = {}
     for ino, offset, length, stripe_id, stripe_offset in extents:
+        if ino is None:  # of a snapshot being deleted: counted in its stripe, nothing else
+            continue
         if ino not in inodes:
             problem(f"extent at {offset} belongs to missing inode {ino}")
         if length <= 0:

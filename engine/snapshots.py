@@ -35,6 +35,9 @@ _SIGNATURE = "type, size, mode, uid, gid, mtime_ns, ctime_ns, change"
 # a PostgreSQL sequence is moved past a copied range; creates racing the move get numbers
 # below this margin, never inside the range
 _PG_SEQUENCE_MARGIN = 1000
+# inode numbers of a snapshot freed per transaction: deleting 100,000 files in one held the
+# catalog's write lock for seconds, and every other client's COMMIT waited behind it
+DELETE_CHUNK_INODES = 4096
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,7 @@ class Snapshots:
 
     # -- helpers ---------------------------------------------------------------------
     def _dataset(self, path: str) -> int:
+        self.finish_deletions()
         attr = self.ns.resolve(path, ROOT)
         if attr.type != DIR:
             raise errors.NotADirectory(f"{path}: a dataset is a directory")
@@ -153,9 +157,9 @@ class Snapshots:
             raise errors.ReadOnly(f"{path} is inside a snapshot")
         return attr.ino
 
-    def _run(self, work):
+    def _run(self, work, *, flush: bool = True):
         data = self.ns.data
-        if data is not None:
+        if data is not None and flush:
             data.flush_all()  # buffered writes belong to the state being captured or replaced
         try:
             # not tracked: every cache of every process reads the catalog again
@@ -167,7 +171,8 @@ class Snapshots:
     @staticmethod
     def _snapshot_row(conn, dataset: int, name: str):
         row = sql_one(conn, "SELECT id, root_ino, ino_lo, ino_hi, created_ns FROM snapshots "
-                            "WHERE source_ino = ? AND name = ?", (dataset, name))
+                            "WHERE source_ino = ? AND name = ? AND deleting = ?",
+                      (dataset, name, False))
         if row is None:
             raise errors.NotFound(f"no snapshot {name!r} of dataset inode {dataset}")
         return row
@@ -218,8 +223,8 @@ class Snapshots:
             now = time.time_ns()
             snapshot_id = sql_one(
                 conn, "INSERT INTO snapshots (name, source_ino, root_ino, ino_lo, ino_hi, "
-                      "created_ns) VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
-                (name, dataset, root, lo, hi, now))[0]
+                      "created_ns, deleting) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (name, dataset, root, lo, hi, now, False))[0]
             return snapshot_id, now, count
         snapshot_id, created, count = self._run(work)
         return SnapshotInfo(name, created, *self._space(snapshot_id), files=count, id=snapshot_id)
@@ -231,7 +236,8 @@ class Snapshots:
             out = []
             for sid, name, lo, hi, created in sql_all(
                     conn, "SELECT id, name, ino_lo, ino_hi, created_ns FROM snapshots "
-                          "WHERE source_ino = ? ORDER BY created_ns, id", (dataset,)):
+                          "WHERE source_ino = ? AND deleting = ? ORDER BY created_ns, id",
+                    (dataset, False)):
                 referenced, unique = self._space_in(conn, lo, hi)
                 files = sql_one(conn, "SELECT COUNT(*) FROM inodes WHERE ino BETWEEN ? AND ?",
                                 (lo, hi))[0]
@@ -260,26 +266,55 @@ class Snapshots:
         return int(referenced), int(unique)
 
     def delete(self, path: str, name: str) -> int:
-        """Remove a snapshot; returns the stripes freed (those nothing else references)."""
+        """Remove a snapshot; returns the stripes freed (those nothing else references).
+
+        The first transaction takes its name away (it is gone for every reader from then on);
+        its rows then go DELETE_CHUNK_INODES inode numbers per transaction, so other writers
+        get the catalog in between. A crash meanwhile leaves it marked ``deleting``: the next
+        snapshot call of this or any process finishes it (``finish_deletions``)."""
         dataset = self._dataset(path)
 
         def work(conn):
-            sid, root, lo, hi, _created = self._snapshot_row(conn, dataset, name)
+            sid, root, _lo, _hi, _created = self._snapshot_row(conn, dataset, name)
             snapdir = sql_one(conn, "SELECT dir_ino FROM snapshot_dirs WHERE dataset_ino = ?",
                               (dataset,))[0]
             sql(conn, "DELETE FROM dirents WHERE parent = ? AND child = ?", (snapdir, root)).close()
             self._touch(conn, snapdir, nlink_delta=-1)
-            sql(conn, "DELETE FROM snapshots WHERE id = ?", (sid,)).close()
-            dead = drop_references(conn, lo, hi, lambda conn: sql(
-                conn, "DELETE FROM extents WHERE ino BETWEEN ? AND ?", (lo, hi)).close())
-            for table in ("symlinks", "xattrs"):
-                sql(conn, f"DELETE FROM {table} WHERE ino BETWEEN ? AND ?", (lo, hi)).close()
-            sql(conn, "DELETE FROM dirents WHERE parent BETWEEN ? AND ?", (lo, hi)).close()
-            sql(conn, "DELETE FROM inodes WHERE ino BETWEEN ? AND ?", (lo, hi)).close()
-            return dead
-        dead = self._run(work)
-        self._forget_stripes(dead)
-        return len(dead)
+            # "/" cannot be in a name: the name is free at once for a new snapshot
+            sql(conn, "UPDATE snapshots SET deleting = ?, name = ?, root_ino = source_ino "
+                      "WHERE id = ?", (True, f"{name}/{sid}", sid)).close()
+            return sid
+        return self._purge(self._run(work))
+
+    def finish_deletions(self) -> int:
+        """Finish deletions a crash interrupted; returns the stripes freed."""
+        ids = self.catalog.read(lambda conn: [row[0] for row in sql_all(
+            conn, "SELECT id FROM snapshots WHERE deleting = ?", (True,))])
+        return sum(self._purge(sid) for sid in ids)
+
+    def _purge(self, snapshot_id: int) -> int:
+        lo, hi = self.catalog.read(lambda conn: sql_one(
+            conn, "SELECT ino_lo, ino_hi FROM snapshots WHERE id = ?", (snapshot_id,)))
+        freed = 0
+        for start in range(lo, hi + 1, DELETE_CHUNK_INODES):
+            end = min(start + DELETE_CHUNK_INODES - 1, hi)
+            dead = self._run(lambda conn, a=start, b=end: self._purge_range(conn, a, b),
+                             flush=False)
+            self._forget_stripes(dead)
+            freed += len(dead)
+        self._run(lambda conn: sql(conn, "DELETE FROM snapshots WHERE id = ?",
+                                   (snapshot_id,)).close(), flush=False)
+        return freed
+
+    @staticmethod
+    def _purge_range(conn, lo: int, hi: int) -> list[int]:
+        dead = drop_references(conn, lo, hi, lambda conn: sql(
+            conn, "DELETE FROM extents WHERE ino BETWEEN ? AND ?", (lo, hi)).close())
+        for table in ("symlinks", "xattrs"):
+            sql(conn, f"DELETE FROM {table} WHERE ino BETWEEN ? AND ?", (lo, hi)).close()
+        sql(conn, "DELETE FROM dirents WHERE parent BETWEEN ? AND ?", (lo, hi)).close()
+        sql(conn, "DELETE FROM inodes WHERE ino BETWEEN ? AND ?", (lo, hi)).close()
+        return dead
 
     def _forget_stripes(self, dead) -> None:
         data = self.ns.data

@@ -238,6 +238,9 @@ class Snapshot(Base):
     ino_lo: Mapped[int] = mapped_column(BigInteger)
     ino_hi: Mapped[int] = mapped_column(BigInteger)
     created_ns: Mapped[int] = mapped_column(BigInteger)
+    # being deleted a chunk of inodes per transaction: hidden, named "NAME/ID", root_ino then
+    # points at the dataset (its own root may already be gone)
+    deleting: Mapped[bool] = mapped_column(Boolean, default=False)
     __table_args__ = (UniqueConstraint("source_ino", "name"),)
 
 

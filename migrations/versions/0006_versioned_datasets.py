@@ -28,7 +28,8 @@ def _old_snapshots(with_range: bool) -> None:
     ]
     if with_range:
         columns += [sa.Column('ino_lo', sa.BigInteger(), nullable=False),
-                    sa.Column('ino_hi', sa.BigInteger(), nullable=False)]
+                    sa.Column('ino_hi', sa.BigInteger(), nullable=False),
+                    sa.Column('deleting', sa.Boolean(), nullable=False)]
     op.create_table(
         'snapshots', *columns,
         sa.Column('created_ns', sa.BigInteger(), nullable=False),
