@@ -1,4 +1,5 @@
-"""Extent sharing against a model: random create, write, clone, punch, truncate, snapshot, delete.
+"""Extent sharing against a model: random create, write, clone, punch, truncate, delete and
+snapshot create, delete and rollback.
 
 After every sequence: fsck is clean, every stripe's live bytes are exactly what its extents
 reference, and every live file and every snapshot view reads what the model says."""
@@ -29,6 +30,7 @@ step = st.one_of(
     st.tuples(st.just("delete"), name),
     st.tuples(st.just("snapshot"),),
     st.tuples(st.just("drop_snapshot"), st.integers(0, 3)),
+    st.tuples(st.just("rollback"), st.integers(0, 3)),
 )
 
 
@@ -93,6 +95,11 @@ def _apply(ns, snaps, ds, model, snapshots, counter, op) -> None:
         label = f"s{counter[0]}"
         snaps.create("/ds", label)
         snapshots[label] = {n: bytes(d) for n, d in model.items()}
+    elif kind == "rollback" and snapshots:
+        label = sorted(snapshots)[op[1] % len(snapshots)]
+        snaps.rollback("/ds", label)
+        model.clear()
+        model.update({n: bytearray(d) for n, d in snapshots[label].items()})
     elif kind == "drop_snapshot" and snapshots:
         label = sorted(snapshots)[op[1] % len(snapshots)]
         snaps.delete("/ds", label)
