@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import sys
 import threading
@@ -21,9 +22,13 @@ from pathlib import Path
 from appliance import config as config_mod
 from appliance import log as log_mod
 from engine import errors
+from engine.units import format_size
+from engine.version import python_version, version
 
 DEFAULT_CONFIG = "/etc/shingle/shingle.toml"
+LOCAL_CONFIG = "var/appliance/shingle.toml"  # what ./run-appliance makes, relative to the checkout
 EXIT_USAGE = 2
+EXIT_JOB_ABANDONED = 3  # the daemon running the job we waited for stopped
 log = logging.getLogger("shingle.cli")
 
 
@@ -38,8 +43,25 @@ def size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r}: expected {exc.expected}") from None
 
 
+def find_config(explicit: str | None) -> Path:
+    """The config file: -c, then $SHINGLE_CONFIG, then ./var/appliance (./run-appliance's), then
+    /etc/shingle (an installed appliance). A path given by -c or the variable is used as it is, so a
+    typo there is reported instead of silently falling through to another appliance."""
+    if explicit:
+        return Path(explicit)
+    if os.environ.get("SHINGLE_CONFIG"):
+        return Path(os.environ["SHINGLE_CONFIG"])
+    tried = [Path(LOCAL_CONFIG), Path(DEFAULT_CONFIG)]
+    for path in tried:
+        if path.is_file():
+            return path.resolve()  # children (the web UI, gunicorn) may start in another folder
+    raise UsageError("no config file found: tried -c (not given), $SHINGLE_CONFIG (not set), "
+                     f"./{LOCAL_CONFIG} and {DEFAULT_CONFIG}; pass -c DIR/shingle.toml or "
+                     "export SHINGLE_CONFIG=DIR/shingle.toml (`shingle init DIR` makes one)")
+
+
 def load_config(args) -> config_mod.Config:
-    return config_mod.load(args.config or os.environ.get("SHINGLE_CONFIG") or DEFAULT_CONFIG)
+    return config_mod.load(find_config(args.config))
 
 
 # -- init ---------------------------------------------------------------------
@@ -49,6 +71,7 @@ def cmd_init(args) -> int:
     from engine import accounts, events
     from engine.namespace import ROOT, Namespace
     from appliance.nfs.exports import ensure_default_export
+    from appliance.private import write_private
 
     root = Path(args.dir).resolve()
     config_path = root / "shingle.toml"
@@ -64,6 +87,9 @@ def cmd_init(args) -> int:
         overrides["nfs.port"] = args.nfs_port
     if args.web_port is not None:
         overrides["webui.port"] = args.web_port
+    if args.tls:
+        overrides.update({"webui.tls_cert_file": "webui-tls.crt",
+                          "webui.tls_key_file": "webui-tls.key"})
     text = config_mod.render(overrides, commented_defaults=True)
     config = config_mod.from_dict(__import__("tomllib").loads(text), config_path)
     policies = config.policies()
@@ -71,6 +97,10 @@ def cmd_init(args) -> int:
     if args.drives < k_m:
         raise UsageError(f"--drives {args.drives}: the band classes need at least {k_m} drives "
                          "(a stripe puts each fragment on a different drive)")
+    drives_dir = config.resolve("storage.drives_dir")
+    zones_bytes = args.drives * (args.drive_size // args.zone_size) * args.zone_size
+    if args.preallocate:
+        _check_room(drives_dir, zones_bytes)
     root.mkdir(parents=True, exist_ok=True)
     upgrade(config.catalog_url)
     config_path.write_text(text)
@@ -80,18 +110,23 @@ def cmd_init(args) -> int:
         # Like /tmp: any client user may create its own folders; with root_squash (the default
         # export) even a root client writes, as nobody, without the admin changing anything first.
         ns.setattr(ROOT, ns.root_ino, mode=0o1777)
-        drive_ids = format_emulated(catalog, config.resolve("storage.drives_dir"), args.drives,
-                                    args.drive_size, args.zone_size)
+        drive_ids = format_emulated(catalog, drives_dir, args.drives, args.drive_size,
+                                    args.zone_size, preallocate=args.preallocate)
         ensure_default_export(catalog)
         password = secrets.token_urlsafe(12)
         accounts.create_admin(catalog, args.admin_user, password, actor="shingle init")
         password_file = root / "initial-admin-password"
-        password_file.write_text(f"{args.admin_user} {password}\n")
-        password_file.chmod(0o600)
+        password_file.unlink(missing_ok=True)  # left from an earlier catalog that was removed
+        write_private(password_file, f"{args.admin_user} {password}\n")
         secret = config.resolve("webui.secret_key_file")
         if not secret.exists():
-            secret.write_text(secrets.token_hex(32) + "\n")
-            secret.chmod(0o600)
+            write_private(secret, secrets.token_hex(32) + "\n")
+        if args.tls:
+            from appliance.tls import make_self_signed, names_for
+            cert, key = config.resolve("webui.tls_cert_file"), config.resolve("webui.tls_key_file")
+            for stale in (cert, key):
+                stale.unlink(missing_ok=True)
+            made_by = make_self_signed(cert, key, names_for(config.get("webui.host")))
         events.record(catalog, "appliance.init", f"initialized with {len(drive_ids)} emulated drives",
                       actor="shingle init")
     finally:
@@ -99,10 +134,38 @@ def cmd_init(args) -> int:
     print(f"initialized {root}")
     print(f"  config:   {config_path}")
     print(f"  catalog:  {config.catalog_url}")
-    print(f"  drives:   {len(drive_ids)} x {config_mod.format_size(args.drive_size)} "
-          f"({config_mod.format_size(args.zone_size)} zones) in {config.resolve('storage.drives_dir')}")
+    fmt = format_size
+    print(f"  drives:   {len(drive_ids)} x {fmt(args.drive_size)} ({fmt(args.zone_size)} zones) "
+          f"in {drives_dir}")
+    if args.preallocate:
+        print(f"  disk:     {fmt(zones_bytes)} of real disk reserved now (zone files preallocated; "
+              "--no-preallocate makes them grow as written)")
+    else:
+        print(f"  disk:     {fmt(_allocated_bytes(drives_dir))} of real disk now, growing as "
+              f"data is written, up to {fmt(zones_bytes)} (zone files not preallocated)")
     print(f"  admin:    user {args.admin_user!r}, password in {password_file}")
+    print(f"  use it:   export SHINGLE_CONFIG={config_path}")
+    if args.tls:
+        print(f"  HTTPS:    self-signed certificate {config.resolve('webui.tls_cert_file')} "
+              f"(made with {made_by}; replace it with one your browsers trust)")
     return 0
+
+
+def _check_room(drives_dir: Path, needed: int) -> None:
+    """Preallocating more than the host disk holds fails half-way: say so before starting."""
+    probe = drives_dir
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if needed > free:
+        raise UsageError(f"the zone files need {format_size(needed)} of real disk and {probe} has "
+                         f"{format_size(free)} free: use --no-preallocate (zone files grow as "
+                         "written), fewer --drives or a smaller --drive-size")
+
+
+def _allocated_bytes(folder: Path) -> int:
+    """Real disk used by the files under ``folder`` (st_blocks, not their apparent length)."""
+    return sum(p.lstat().st_blocks * 512 for p in folder.rglob("*") if p.is_file())
 
 
 # -- status --------------------------------------------------------------------
@@ -119,7 +182,7 @@ def cmd_status(args) -> int:
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
         return 0
-    fmt = config_mod.format_size
+    fmt = format_size
     cat, cap = report["catalog"], report["capacity"]
     print(f"catalog   {cat['backend']} {cat['url']} (schema {cat['revision']}), {cat['inodes']} inodes")
     print(f"capacity  usable {fmt(cap['usable_bytes'])}, free {fmt(cap['free_bytes'])}, "
@@ -181,15 +244,17 @@ def cmd_config(args) -> int:
 def cmd_serve(args) -> int:
     from appliance.daemonlock import DaemonLock
     from appliance.maintenance import Maintenance
+    from appliance.nfs.onc.limits import NetLimits
     from appliance.nfs.server import NfsServerThread
     from appliance.runtime import MALLOC_MMAP_THRESHOLD, Appliance, tune_malloc
 
     config = load_config(args)
     log_mod.configure(config.get("logging.level"))
     if tune_malloc():
-        log.info("malloc: buffers up to %d MiB are reused from the heap", MALLOC_MMAP_THRESHOLD >> 20)
+        log.debug("malloc: buffers up to %d MiB are reused from the heap",
+                  MALLOC_MMAP_THRESHOLD >> 20)
     else:
-        log.info("malloc: left as it is (no glibc mallopt)")
+        log.debug("malloc: left as it is (no glibc mallopt)")
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -199,10 +264,13 @@ def cmd_serve(args) -> int:
     appliance = Appliance(config)
     nfs_port = args.nfs_port if args.nfs_port is not None else config.get("nfs.port")
     server = NfsServerThread(appliance.namespace, appliance.catalog, host=config.get("nfs.host"), port=nfs_port,
-                             max_record_size=config.get("nfs.max_record_size"),
+                             limits=NetLimits.from_config(config),
                              lease_seconds=config.get("nfs.lease_seconds"),
-                             grace_seconds=config.get("nfs.grace_seconds"))
-    web = watchdog = maintenance = None
+                             grace_seconds=config.get("nfs.grace_seconds"),
+                             portmap=config.get("nfs.portmap"), portmap_port=config.get("nfs.portmap_port"),
+                             nsm_name=config.get("nfs.nsm_name"),
+                             client_rpcbind_port=config.get("nfs.client_rpcbind_port"))
+    web = watchdog = maintenance = smb = None
     try:
         server.start()
         host = config.get("nfs.host")
@@ -210,9 +278,13 @@ def cmd_serve(args) -> int:
         print(f"NFS:    nfs://{host}:{server.port}/export?version=4.1", flush=True)
         print(f"        mount -t nfs -o vers=4.1,port={server.port},nconnect=4,rsize=1048576,wsize=1048576 "
               f"{host}:/export /mnt/shingle", flush=True)
+        print(f"        mount -t nfs -o vers=3,port={server.port},mountport={server.port},mountproto=tcp "
+              f"{host}:/export /mnt/shingle   (locks: NLM via the port mapper on port "
+              f"{server.server.portmap_port})", flush=True)
         maintenance = Maintenance(appliance, counters=lambda: daemon_counters(server, appliance),
                                   sample_every_s=config.get("maintenance.metrics_interval_s"))
         maintenance.start()
+        smb = start_smb(appliance, args)
         if not args.no_web:
             web = start_webui(config, args.web_port)
         notify_ready()
@@ -220,6 +292,9 @@ def cmd_serve(args) -> int:
         while not stop.wait(1.0):
             if web is not None and web.poll() is not None:
                 log.error("web UI exited with status %s; stopping", web.returncode)
+                return 1
+            if smb is not None and not smb.healthy():
+                log.error("the local mount or the SMB supervisor stopped; stopping")
                 return 1
     finally:
         if maintenance is not None:
@@ -230,11 +305,26 @@ def cmd_serve(args) -> int:
         if web is not None and web.poll() is None:
             web.terminate()
             web.wait(30)
+        if smb is not None:
+            smb.stop()
         server.stop()
         appliance.close()
         lock.release()
         log.info("stopped")
     return 0
+
+
+def start_smb(appliance, args):
+    """The local mount (--mount) and Samba sharing it (--smb-port): appliance/smb/."""
+    if args.smb_port is None and args.mount is None:
+        return None
+    from appliance.smb import SmbService
+    smb = SmbService(appliance, port=args.smb_port, host=args.smb_host, mountpoint=args.mount)
+    smb.start()
+    print(f"mount:  {smb.mountpoint}", flush=True)
+    if args.smb_port is not None:
+        print(f"SMB:    //{args.smb_host}:{args.smb_port}/export", flush=True)
+    return smb
 
 
 def daemon_counters(server, appliance) -> dict:
@@ -268,7 +358,10 @@ def start_watchdog(server):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shingle", description="NAS appliance for AI training data on SMR drives")
-    parser.add_argument("-c", "--config", help=f"config file (default $SHINGLE_CONFIG or {DEFAULT_CONFIG})")
+    parser.add_argument("-c", "--config", help="config file (default: $SHINGLE_CONFIG, else "
+                        f"./{LOCAL_CONFIG}, else {DEFAULT_CONFIG})")
+    parser.add_argument("--version", action="version",
+                        version=f"shingle {version()} (Python {python_version()})")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("init", help="create a config, the catalog, emulated drives and the first admin")
@@ -280,6 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nfs-port", type=int)
     p.add_argument("--web-port", type=int)
     p.add_argument("--admin-user", default="admin")
+    p.add_argument("--no-preallocate", dest="preallocate", action="store_false",
+                   help="zone files grow as data is written instead of reserving their size now")
+    p.add_argument("--tls", action="store_true",
+                   help="serve the web UI over HTTPS with a new self-signed certificate")
     p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("status", help="catalog, drives and capacity")
@@ -303,6 +400,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nfs-port", type=int)
     p.add_argument("--web-port", type=int)
     p.add_argument("--no-web", action="store_true", help="do not start the web UI")
+    p.add_argument("--smb-port", type=int, help="also serve SMB (Samba over the local mount)")
+    p.add_argument("--smb-host", default="127.0.0.1", help="address smbd listens on")
+    p.add_argument("--mount", help="local POSIX mount of the namespace (default with SMB: "
+                   "DATA_DIR/smb/mount)")
     p.set_defaults(func=cmd_serve)
 
     for module in _command_modules():
@@ -322,9 +423,16 @@ def _command_modules():
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return args.func(args) or 0
+        args = parser.parse_args(argv)  # inside: `shingle --help | head -1` closes the pipe too
+        code = args.func(args) or 0
+        sys.stdout.flush()  # a reader that left shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        # `shingle status | head`: the reader left, which is not an error of this command. Point
+        # stdout at /dev/null so the interpreter's final flush does not fail a second time.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a shell reports a process ended by SIGPIPE (128 + 13)
     except errors.ConfigError as exc:
         print(f"shingle: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -334,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     except errors.FsError as exc:
         print(f"shingle: {exc.strerror}", file=sys.stderr)
         return 1
+    except errors.JobAbandoned as exc:
+        print(f"shingle: {exc}", file=sys.stderr)
+        return EXIT_JOB_ABANDONED
     except KeyboardInterrupt:
         return 130
 

@@ -11,10 +11,10 @@ import sys
 import time
 
 from appliance.cli import UsageError, load_config
-from appliance.config import format_size
 from appliance.daemonlock import DaemonLock
 from appliance.runtime import Appliance, open_catalog
 from engine import jobs
+from engine.units import format_duration, format_size, format_value
 
 
 class ProgressLine:
@@ -33,9 +33,11 @@ class ProgressLine:
         self.last = now
         fraction = done / total if total else 0.0
         elapsed = now - self.started
-        eta = f", ETA {elapsed / fraction - elapsed:.0f} s" if 0 < fraction < 1 else ""
+        # a job's own message (engine.lifecycle.pacing.Tracker) may carry its ETA already
+        own_eta = 0 < fraction < 1 and "ETA" not in message
+        eta = f", ETA {format_duration(elapsed / fraction - elapsed)}" if own_eta else ""
         bar = "#" * int(fraction * 30)
-        line = f"[{bar:<30}] {fraction:6.1%} {message[:60]}{eta}"
+        line = f"[{bar:<30}] {fraction:6.1%} {message[:90]}{eta}"
         if self.tty:
             self.stream.write("\r\x1b[K" + line)
             if total and done >= total:
@@ -58,9 +60,10 @@ def run_data_job(args, kind: str, params: dict | None = None) -> jobs.JobRecord:
     if lock.acquire():
         try:
             with Appliance(config) as appliance:
+                maintenance = Maintenance(appliance)
+                maintenance.recover_interrupted()  # we own the drives: no job runs now
                 job_id = jobs.submit(appliance.catalog, kind, params, actor="cli")
                 job = jobs.claim(appliance.catalog, job_id)
-                maintenance = Maintenance(appliance)
                 runner = maintenance.runners.get(kind)
                 if runner is None:
                     jobs.finish(appliance.catalog, job_id, ok=False, message=f"this build cannot run {kind} jobs")
@@ -73,7 +76,7 @@ def run_data_job(args, kind: str, params: dict | None = None) -> jobs.JobRecord:
     try:
         job_id = jobs.submit(catalog, kind, params, actor="cli")
         print(f"the daemon (pid {lock.holder()}) owns the drives: queued job {job_id}", file=sys.stderr)
-        return jobs.wait(catalog, job_id, progress=progress.show_job)
+        return jobs.wait(catalog, job_id, progress=progress.show_job, daemon_gone=lock.holder_gone)
     finally:
         catalog.close()
 
@@ -89,7 +92,7 @@ def finish_job(job: jobs.JobRecord, as_json: bool) -> int:
                               if isinstance(item, dict) else str(item)))
         elif isinstance(job.result, dict):
             for key, value in job.result.items():
-                print(f"  {key}: {value}")
+                print(f"  {key}: {format_value(key, value)}")
     return 0 if job.state == "done" else 1
 
 
@@ -213,8 +216,63 @@ def cmd_data_job(kind: str):
     return run
 
 
+RETENTION_HELP = """\
+Keep the newest N entries matching a path pattern in each parent folder, and delete,
+move to the trash or send to cold storage the older ones. A preview shows exactly
+what a run would do; entries open or changed in the last minutes are skipped.
+
+actions:
+  add PATTERN --keep N   a new rule (--action delete|cold|trash, --order-by mtime|name)
+  list                   the rules
+  preview [--rule ID]    what a run would do now, changing nothing
+  run [--rule ID]        apply the rules (in the daemon when it runs)
+  delete --rule ID       remove a rule
+
+examples:
+  shingle retention add '/checkpoints/*/step-*' --keep 3 --action trash
+  shingle retention preview --rule 1
+  shingle retention run --rule 1
+  shingle retention list --json
+
+"trash" keeps the bytes until the trash is purged; "delete" frees them at once."""
+
+TRASH_HELP = """\
+Entries moved to the trash (by retention rules with --action trash) wait in their
+export's .trash folder, still taking space, until they are purged: by the daemon after
+the export's trash_days, or now with purge.
+
+actions:
+  list                       entries with their trash path and original path
+  restore ID|PATH            put one back where it was
+  purge [--older-than S]     free the space of entries deleted S seconds ago or more
+                             (without it: those past their export's trash_days;
+                             --older-than 0 empties the trash)
+
+examples:
+  shingle trash list
+  shingle trash restore 42
+  shingle trash purge --older-than 604800     # a week"""
+
+DRIVES_HELP = """\
+The drives and their states (online, degraded, failed, draining, removed).
+
+actions:
+  list          every drive with its zones and live bytes
+  fail ID       mark a drive failed (its data is then read from redundancy);
+                run `shingle rebuild` to restore full redundancy
+  drain ID      move a drive's data to the others, then retire it
+
+examples:
+  shingle drives list
+  shingle drives fail 3 && shingle rebuild
+  shingle drives drain 7 --json"""
+
+
 def register(sub) -> None:
-    p = sub.add_parser("retention", help="keep-last-N rules: add, list, preview, run, delete")
+    import argparse
+    examples = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("retention", help="keep-last-N rules: add, list, preview, run, delete",
+                       description=RETENTION_HELP, formatter_class=examples)
     p.add_argument("action", choices=["add", "list", "preview", "run", "delete"])
     p.add_argument("pattern", nargs="?", help="path pattern, e.g. '/checkpoints/*/step-*'")
     p.add_argument("--keep", type=int, help="how many of the newest entries to keep")
@@ -225,14 +283,16 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_retention)
 
-    p = sub.add_parser("trash", help="list, restore or purge deleted entries")
+    p = sub.add_parser("trash", help="list, restore or purge deleted entries",
+                       description=TRASH_HELP, formatter_class=examples)
     p.add_argument("action", choices=["list", "restore", "purge"])
     p.add_argument("entry", nargs="?", help="restore: the entry's id or trash path")
     p.add_argument("--older-than", type=float, help="purge: seconds since deletion (0 empties the trash)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_trash)
 
-    p = sub.add_parser("drives", help="list drives, mark one failed, drain one")
+    p = sub.add_parser("drives", help="list drives, mark one failed, drain one",
+                       description=DRIVES_HELP, formatter_class=examples)
     p.add_argument("action", choices=["list", "fail", "drain"])
     p.add_argument("drive", nargs="?", help="drive id")
     p.add_argument("--json", action="store_true")

@@ -24,9 +24,18 @@ def cmd_webui(args) -> int:
     env = dict(os.environ, SHINGLE_CONFIG=str(Path(config.path).resolve()), SHINGLE_WEBUI_BIND=f"{host}:{port}",
                SHINGLE_WEBUI_WORKERS=str(config.get("webui.workers")),
                SHINGLE_WEBUI_LOGLEVEL=config.get("logging.level"))
+    scheme = "http"
+    if config.get("webui.tls_cert_file"):
+        for key in ("webui.tls_cert_file", "webui.tls_key_file"):
+            if not os.access(config.resolve(key), os.R_OK):
+                from appliance.config import ConfigError
+                raise ConfigError(key, str(config.resolve(key)), "a readable PEM file")
+        env.update(SHINGLE_WEBUI_CERTFILE=str(config.resolve("webui.tls_cert_file")),
+                   SHINGLE_WEBUI_KEYFILE=str(config.resolve("webui.tls_key_file")))
+        scheme = "https"
     shown = f"[{host}]" if ":" in host else host
-    print(f"Web UI: http://{shown}:{port}/  (first admin login in {config.data_dir / 'initial-admin-password'})",
-          flush=True)
+    print(f"Web UI: {scheme}://{shown}:{port}/  (first admin login in "
+          f"{config.data_dir / 'initial-admin-password'})", flush=True)
     argv = [sys.executable, "-m", "gunicorn", "--config", str(conf), "webui.app:create_app()"]
     os.chdir(Path(__file__).resolve().parent.parent)  # so gunicorn imports this tree's webui package
     os.execve(sys.executable, argv, env)

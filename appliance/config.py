@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.errors import ConfigError
+from engine.units import format_size  # noqa: F401  (re-exported: callers use config.format_size)
 
 SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "KB": 1000, "M": 1 << 20, "MIB": 1 << 20,
               "MB": 1000 ** 2, "G": 1 << 30, "GIB": 1 << 30, "GB": 1000 ** 3, "T": 1 << 40, "TIB": 1 << 40,
@@ -37,13 +38,6 @@ def parse_size(value: Any, key: str = "size") -> int:
     if not match or match.group(2).upper() not in SIZE_UNITS:
         raise ConfigError(key, value, "a size such as 4GiB, 16MiB or a byte count")
     return int(float(match.group(1)) * SIZE_UNITS[match.group(2).upper()])
-
-
-def format_size(n: int) -> str:
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 @dataclass(frozen=True)
@@ -101,11 +95,54 @@ OPTIONS: list[Option] = [
     Option("nfs", "lease_seconds", "int", 90, "NFSv4 lease time.", minimum=5, maximum=3600),
     Option("nfs", "grace_seconds", "int", 90,
            "Grace period after a restart during which clients reclaim their state.", minimum=0, maximum=3600),
+    Option("nfs", "portmap", "choice", "auto",
+           "Port mapper for NFSv3 locking (clients find NLM through it): 'serve' answers it on "
+           "portmap_port, 'register' registers NFS, MOUNT, NLM and NSM with the system rpcbind there, "
+           "'auto' registers when an rpcbind answers and serves otherwise, 'off' answers it only on "
+           "the NFS port (v3 clients then mount with nolock).",
+           choices=("auto", "serve", "register", "off")),
+    Option("nfs", "portmap_port", "port", 111,
+           "Port of the port mapper: 111, where the Linux client looks for the server's lock manager."),
+    Option("nfs", "nsm_name", "str", "",
+           "Name of this server in SM_NOTIFY after a restart (the name v3 clients mounted it by); "
+           "empty: nfs.host, or the host name when listening on all addresses."),
+    Option("nfs", "client_rpcbind_port", "port", 111,
+           "Port of the clients' port mappers, asked for their NLM and NSM services (NLM_GRANTED of a "
+           "blocked lock, SM_NOTIFY after a restart)."),
+    # network limits against hostile or broken clients (appliance/nfs/onc/limits.py)
+    Option("nfs", "max_connections", "int", 4096,
+           "Most client connections at once; past it new connections are closed at once and one "
+           "warning a minute is logged. The open-file limit is raised to fit.",
+           minimum=1, maximum=1_000_000),
+    Option("nfs", "initial_buffer", "size", "16KiB",
+           "Receive buffer each connection starts with; it grows only as bytes really arrive "
+           "(a record's announced length allocates nothing).", minimum=1 << 10, maximum=256 << 10),
+    Option("nfs", "connection_budget", "size", "64MiB",
+           "Request bytes one connection may hold (records arriving plus calls not yet answered); "
+           "past it the connection stops reading, so TCP slows the client. At least "
+           "max_record_size + 256KiB.", minimum=2 << 20),
+    Option("nfs", "total_budget", "size", "1GiB",
+           "Request bytes all connections together may hold; past it connections that need more "
+           "wait until calls are answered. At least connection_budget.", minimum=2 << 20),
+    Option("nfs", "idle_timeout_seconds", "float", 300.0,
+           "A connection with no NFSv4.1 session bound, no call outstanding and no record "
+           "arriving is closed after this long without a byte (clients reconnect).", minimum=0.1),
+    Option("nfs", "session_idle_timeout_seconds", "float", 3600.0,
+           "The same for a connection an NFSv4.1 session is bound to.", minimum=0.1),
+    Option("nfs", "record_timeout_seconds", "float", 30.0,
+           "A record (RPC call) begun and not complete after this long closes its connection, "
+           "whatever its byte rate (slow-sending clients hold memory).", minimum=0.1),
     Option("webui", "host", "host", "127.0.0.1", "Address the admin web UI listens on."),
     Option("webui", "port", "port", 8080, "TCP port of the admin web UI."),
     Option("webui", "workers", "int", 2, "gunicorn worker processes.", minimum=1, maximum=64),
     Option("webui", "secret_key_file", "str", "webui-secret.key",
            "File holding the key that signs session cookies (created by shingle init)."),
+    Option("webui", "tls_cert_file", "str", "",
+           "PEM certificate (chain) for HTTPS; with tls_key_file set the web UI serves only HTTPS, "
+           "its session cookie is Secure and answers carry HSTS. Empty: plain HTTP (keep host on "
+           "127.0.0.1 then). `shingle init --tls` makes a self-signed pair."),
+    Option("webui", "tls_key_file", "str", "",
+           "PEM private key of tls_cert_file (mode 0600, readable by the web UI only)."),
     Option("smart", "smartctl", "str", "/usr/sbin/smartctl", "smartctl executable used for drive health."),
     Option("logging", "level", "level", "info", "Log level: debug, info, warning or error."),
     Option("maintenance", "retention_interval_s", "int", 3600,
@@ -119,6 +156,10 @@ OPTIONS: list[Option] = [
            minimum=0.1),
     Option("maintenance", "trash_purge_interval_s", "int", 86400,
            "How often trashed entries older than their export's trash_days are purged (0 disables).", minimum=0),
+    Option("maintenance", "drive_check_interval_s", "float", 10.0,
+           "How often each drive's folder or device is looked at: gone makes it missing, back "
+           "online again (0 disables; I/O errors are noticed at once).",
+           minimum=0),
 ]
 
 BAND_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -136,6 +177,17 @@ BAND_CLASS_DOC = {
     "fragment_size": "bytes per fragment; a full stripe is k x fragment_size",
     "compression": "optional 'zstd' for data of this class",
 }
+
+
+def _check_nfs_limits(values: dict[str, Any]) -> None:
+    """Limits that depend on each other (the NFS server's NetLimits checks the same)."""
+    record, per_conn = values["nfs.max_record_size"], values["nfs.connection_budget"]
+    if per_conn < record + (256 << 10):
+        raise ConfigError("nfs.connection_budget", per_conn,
+                          f"at least max_record_size + 256KiB ({record + (256 << 10)})")
+    if values["nfs.total_budget"] < per_conn:
+        raise ConfigError("nfs.total_budget", values["nfs.total_budget"],
+                          f"at least connection_budget ({per_conn})")
 
 
 def _check(option: Option, value: Any) -> Any:
@@ -223,6 +275,11 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> Config:
                 names = ", ".join(o.name for o in OPTIONS if o.section == section)
                 raise ConfigError(f"{section}.{name}", value, f"a known option of [{section}]: {names}")
             values[option.key] = _check(option, value)
+    _check_nfs_limits(values)
+    if bool(values["webui.tls_cert_file"]) != bool(values["webui.tls_key_file"]):
+        key = "webui.tls_key_file" if values["webui.tls_cert_file"] else "webui.tls_cert_file"
+        raise ConfigError(key, values[key], "set together with the other of tls_cert_file and "
+                          "tls_key_file (both for HTTPS, neither for HTTP)")
     band_classes = {name: dict(opts) for name, opts in BAND_CLASS_DEFAULTS.items()}
     for name, table in raw.get("band_classes", {}).items():
         if name not in BAND_CLASSES:

@@ -37,6 +37,24 @@ class DaemonLock:
         except OSError:
             return "unknown"
 
+    def holder_pid(self) -> int | None:
+        try:
+            return int(self.path.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def holder_gone(self) -> str | None:
+        """Why the process named in the lock file no longer runs (None: it runs, or no pid yet).
+
+        Read-only on purpose: probing with flock could make a daemon that starts at that moment
+        think the drives are taken."""
+        pid = self.holder_pid()
+        if pid is None:
+            return None
+        if not process_alive(pid):
+            return f"the daemon (pid {pid}) has stopped"
+        return None
+
     def release(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
@@ -49,3 +67,18 @@ class DaemonLock:
 
     def __exit__(self, *exc):
         self.release()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists under another user
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: kill(0) is all we know
+    return stat[stat.rindex(")") + 2:].split()[0] not in ("Z", "X")

@@ -257,7 +257,7 @@ def check_clock(run=subprocess.run) -> Check:
 
 
 # -- config and catalog -------------------------------------------------------------
-def _bounded(url: str) -> str:
+def bounded_url(url: str) -> str:
     """A PostgreSQL URL that gives up after 5 s: a doctor must not hang on an unreachable host."""
     if url.startswith("postgresql") and "connect_timeout=" not in url:
         return url + ("&" if "?" in url else "?") + "connect_timeout=5"
@@ -270,7 +270,7 @@ def check_catalog(config: config_mod.Config) -> Check:
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         return Check("catalog", "fail", f"{url} does not exist", "run `shingle install` (or `shingle init DIR`)")
     try:
-        revision = current_revision(_bounded(url))
+        revision = current_revision(bounded_url(url))
     except Exception as exc:  # driver errors vary by database; the message is what matters
         return Check("catalog", "fail", f"{url} unreachable ({exc.__class__.__name__}: {exc})",
                      "start the database or fix catalog.url")
@@ -282,7 +282,7 @@ def check_catalog(config: config_mod.Config) -> Check:
 
 
 def check_units(root: Path) -> Check:
-    unit_dir = install._under(root, install.UNIT_DIR)
+    unit_dir = install.under_root(root, install.UNIT_DIR)
     missing = [n for n in install.UNIT_NAMES if not (unit_dir / n).is_file()]
     if missing:
         return Check("units", "warn", f"not installed in {unit_dir}: {', '.join(missing)}", "run `shingle install`")
@@ -300,7 +300,7 @@ def check_units(root: Path) -> Check:
 
 def check_unit_paths(root: Path, config: config_mod.Config, drive_paths: list[str]) -> Check:
     """ProtectSystem=strict makes everything read-only but the unit's ReadWritePaths=: drives must be among them."""
-    unit_dir = install._under(root, install.UNIT_DIR)
+    unit_dir = install.under_root(root, install.UNIT_DIR)
     service = install.SERVICES[0]
     granted = set()
     for path in [unit_dir / service, *sorted((unit_dir / f"{service}.d").glob("*.conf"))]:
@@ -308,7 +308,7 @@ def check_unit_paths(root: Path, config: config_mod.Config, drive_paths: list[st
             for line in path.read_text().splitlines():
                 if line.startswith("ReadWritePaths="):
                     granted |= {Path(p.lstrip("-+")) for p in line.split("=", 1)[1].split()}
-    needed = [install.STATE_DIR, *install._extra_rw_paths(root, config, drive_paths)]
+    needed = [install.STATE_DIR, *install.extra_rw_paths(root, config, drive_paths)]
     hidden = [str(p) for p in needed if not any(p == g or g in p.parents for g in granted)]
     if hidden:
         return Check("unit paths", "fail", f"{service} may not write {', '.join(hidden)} (ProtectSystem=strict)",
@@ -318,7 +318,7 @@ def check_unit_paths(root: Path, config: config_mod.Config, drive_paths: list[st
 
 def check_service_user(root: Path) -> Check:
     import pwd
-    if not install._on_host(root):
+    if not install.is_host_root(root):
         return Check("service user", "ok", f"created on the target by systemd-sysusers ({install.SYSUSERS_PATH})")
     try:
         pwd.getpwnam(install.SERVICE_USER)
@@ -332,7 +332,7 @@ def _load_config(config_path: str | None, root: Path):
     """(config, Check) for the config the checks use; config is None when it cannot load."""
     if config_path is None and os.environ.get("SHINGLE_CONFIG"):
         config_path = os.environ["SHINGLE_CONFIG"]
-    installed = install._under(root, install.UNIT_DIR / install.SERVICES[0]).is_file()
+    installed = install.under_root(root, install.UNIT_DIR / install.SERVICES[0]).is_file()
     try:
         if config_path is None:
             config = install.load_installed_config(root)
@@ -340,7 +340,7 @@ def _load_config(config_path: str | None, root: Path):
             config = config_mod.load(config_path)
         return config, Check("config", "ok", f"{config.path} is valid")
     except ConfigError as exc:
-        path = config_path or install._under(root, install.CONFIG_PATH)
+        path = config_path or install.under_root(root, install.CONFIG_PATH)
         if not Path(path).exists() and not installed and config_path is None:
             # Before the first install: vet the host against the defaults.
             defaults = config_mod.from_dict(tomllib.loads(config_mod.render(

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from appliance import config as config_mod
+from appliance.private import write_private
 from engine.errors import ConfigError
 
 log = logging.getLogger("shingle.install")
@@ -77,12 +78,12 @@ def default_launcher() -> str:
     return shutil.which("shingle") or UNIT_BIN
 
 
-def _under(root: Path, path: Path) -> Path:
+def under_root(root: Path, path: Path) -> Path:
     """``path`` (absolute, as the target host sees it) inside ``root``."""
     return root / path.relative_to("/")
 
 
-def _on_host(root: Path) -> bool:
+def is_host_root(root: Path) -> bool:
     return root.resolve() == Path("/")
 
 
@@ -107,37 +108,37 @@ class _RootedConfig(config_mod.Config):
         super().__init__(config.values, config.band_classes, config.path)
         self.root = root
         data_dir = Path(os.path.normpath(config.path.parent / config.get("appliance.data_dir")))
-        self.data_dir = _under(root, data_dir) if Path(config.get("appliance.data_dir")).is_absolute() else data_dir
+        self.data_dir = under_root(root, data_dir) if Path(config.get("appliance.data_dir")).is_absolute() else data_dir
 
     def resolve(self, key: str) -> Path:
         value = Path(self.values[key])
-        return _under(self.root, Path(os.path.normpath(value))) if value.is_absolute() else self.data_dir / value
+        return under_root(self.root, Path(os.path.normpath(value))) if value.is_absolute() else self.data_dir / value
 
 
 def load_installed_config(root: Path) -> config_mod.Config:
     """The installed config, with its paths seen from this host (inside ``root``)."""
-    config = config_mod.load(_under(root, CONFIG_PATH))
-    return config if _on_host(root) else _RootedConfig(config, root)
+    config = config_mod.load(under_root(root, CONFIG_PATH))
+    return config if is_host_root(root) else _RootedConfig(config, root)
 
 
 def _target_path(root: Path, path: Path) -> Path:
     """A path under ``root`` as the target host will see it."""
-    if _on_host(root):
+    if is_host_root(root):
         return path
     return Path("/") / path.resolve().relative_to(root.resolve())
 
 
-def _extra_rw_paths(root: Path, config: config_mod.Config, drive_paths: list[str]) -> list[Path]:
+def extra_rw_paths(root: Path, config: config_mod.Config, drive_paths: list[str]) -> list[Path]:
     """Writable paths the units need beyond /var/lib/shingle (ProtectSystem=strict hides the rest)."""
     wanted = [config.data_dir, config.resolve("storage.drives_dir")]
-    wanted += [_under(root, Path(p)) if not _on_host(root) else Path(p) for p in drive_paths]
-    state = _under(root, STATE_DIR).resolve()
+    wanted += [under_root(root, Path(p)) if not is_host_root(root) else Path(p) for p in drive_paths]
+    state = under_root(root, STATE_DIR).resolve()
     extra: list[Path] = []
     for path in wanted:
         resolved = path.resolve()
         if resolved == state or state in resolved.parents:
             continue
-        target = _target_path(root, resolved) if not _on_host(root) else resolved
+        target = _target_path(root, resolved) if not is_host_root(root) else resolved
         if not any(target == p or p in target.parents for p in extra):
             extra.append(target)
     return extra
@@ -208,13 +209,6 @@ def _own_catalog_files(config: config_mod.Config, on_host: bool) -> None:
             _chown(path, on_host)
 
 
-def _write_private(path: Path, text: str) -> None:
-    """A new file readable by its owner only, from the first byte on."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-
-
 def _first_run_state(config: config_mod.Config, report: Report, on_host: bool, upgraded_from: str | None) -> None:
     """What `shingle init` also creates: root inode, default export, first admin, session key."""
     from sqlalchemy import func, select
@@ -235,7 +229,7 @@ def _first_run_state(config: config_mod.Config, report: Report, on_host: bool, u
             password = secrets.token_urlsafe(12)
             accounts.create_admin(catalog, ADMIN_USER, password, actor="shingle install")
             password_file.unlink(missing_ok=True)  # left from an earlier catalog that was removed
-            _write_private(password_file, f"{ADMIN_USER} {password}\n")
+            write_private(password_file, f"{ADMIN_USER} {password}\n")
             _chown(password_file, on_host)
             events.record(catalog, "appliance.install", "installed", actor="shingle install")
             report.did(f"created admin user {ADMIN_USER!r}: password in {password_file}")
@@ -246,7 +240,7 @@ def _first_run_state(config: config_mod.Config, report: Report, on_host: bool, u
         catalog.close()
     secret = config.resolve("webui.secret_key_file")
     if not secret.exists():
-        _write_private(secret, secrets.token_hex(32) + "\n")
+        write_private(secret, secrets.token_hex(32) + "\n")
         _chown(secret, on_host)
         report.did(f"created web UI session key: {secret}")
 
@@ -267,7 +261,7 @@ def _launcher_chain(path: Path, root: Path) -> list[Path]:
     chain, seen = [], set()
     while path not in seen:
         seen.add(path)
-        chain.append(Path("/") / path.relative_to(root) if not _on_host(root) and path.is_relative_to(root) else path)
+        chain.append(Path("/") / path.relative_to(root) if not is_host_root(root) and path.is_relative_to(root) else path)
         real = Path(os.path.realpath(path))
         if real != path:
             path = real
@@ -282,7 +276,7 @@ def _launcher_chain(path: Path, root: Path) -> list[Path]:
         interpreter = first[2:].split()[0].decode(errors="replace") if first[2:].split() else ""
         if not interpreter.startswith("/"):
             break
-        path = _under(root, Path(interpreter)) if not _on_host(root) else Path(interpreter)
+        path = under_root(root, Path(interpreter)) if not is_host_root(root) else Path(interpreter)
     return chain
 
 
@@ -295,7 +289,7 @@ def _require_root_user(on_host: bool, what: str) -> None:
 def install(root: str | Path | None = None, *, launcher: str | None = None, run=subprocess.run) -> Report:
     """Install or upgrade. ``root`` None or "/" means this host."""
     root = Path(root or "/").resolve()
-    on_host = _on_host(root)
+    on_host = is_host_root(root)
     _require_root_user(on_host, "shingle install")
     report = Report(root)
     launcher = launcher or default_launcher()
@@ -307,12 +301,12 @@ def install(root: str | Path | None = None, *, launcher: str | None = None, run=
         raise ConfigError("systemd units", ", ".join(missing), "the unit files shipped in systemd/ of the source tree")
 
     # 1. the service user (declared for systemd-sysusers; created now only on this host)
-    _write_if_changed(_under(root, SYSUSERS_PATH), SYSUSERS_LINE, 0o644, report, "service user declaration")
+    _write_if_changed(under_root(root, SYSUSERS_PATH), SYSUSERS_LINE, 0o644, report, "service user declaration")
     _ensure_user(report, on_host, run)
-    _write_if_changed(_under(root, TMPFILES_PATH), TMPFILES_TEXT, 0o644, report, "config permissions (tmpfiles.d)")
+    _write_if_changed(under_root(root, TMPFILES_PATH), TMPFILES_TEXT, 0o644, report, "config permissions (tmpfiles.d)")
 
     # 2. the config: written once, never overwritten (an admin's edits survive every upgrade)
-    config_path = _under(root, CONFIG_PATH)
+    config_path = under_root(root, CONFIG_PATH)
     if config_path.exists():
         load_installed_config(root)  # a broken config stops the upgrade before anything changes
         report.did(f"kept config: {config_path}")
@@ -326,7 +320,7 @@ def install(root: str | Path | None = None, *, launcher: str | None = None, run=
     config = load_installed_config(root)
 
     # 3. state folders
-    for folder in dict.fromkeys((_under(root, STATE_DIR), config.data_dir, config.resolve("storage.drives_dir"))):
+    for folder in dict.fromkeys((under_root(root, STATE_DIR), config.data_dir, config.resolve("storage.drives_dir"))):
         if folder.is_dir():
             report.did(f"kept data folder: {folder}")
         else:
@@ -338,8 +332,8 @@ def install(root: str | Path | None = None, *, launcher: str | None = None, run=
     from engine.catalog.migrate import head_revision
     from engine.catalog.migrate import current_revision
     try:
-        from appliance.doctor import _bounded
-        found = current_revision(_bounded(config.catalog_url))  # fail in 5 s, not minutes, on an unreachable host
+        from appliance.doctor import bounded_url
+        found = current_revision(bounded_url(config.catalog_url))  # fail in 5 s, not minutes, on an unreachable host
     except Exception as exc:  # driver errors vary by database; the message is what matters
         raise ConfigError("catalog.url", config.catalog_url,
                           f"a reachable database ({exc.__class__.__name__}: {exc})") from None
@@ -351,12 +345,12 @@ def install(root: str | Path | None = None, *, launcher: str | None = None, run=
         _own_catalog_files(config, on_host)
 
     # 5. units, with this install's launcher and a drop-in for paths outside /var/lib/shingle
-    unit_dir = _under(root, UNIT_DIR)
+    unit_dir = under_root(root, UNIT_DIR)
     changed = False
     for name, source in sources.items():
         text = source.read_text().replace(UNIT_BIN, launcher)
         changed |= _write_if_changed(unit_dir / name, text, 0o644, report, "unit")
-    extra = _extra_rw_paths(root, config, _drive_paths(config))
+    extra = extra_rw_paths(root, config, _drive_paths(config))
     for service in SERVICES:
         dropin = unit_dir / f"{service}.d" / PATHS_DROPIN
         if extra:
@@ -367,7 +361,7 @@ def install(root: str | Path | None = None, *, launcher: str | None = None, run=
             report.did(f"removed drop-in: {dropin}")
             changed = True
 
-    hidden = [p for p in _launcher_chain(_under(root, Path(launcher)), root)
+    hidden = [p for p in _launcher_chain(under_root(root, Path(launcher)), root)
               if any(p.is_relative_to(home) for home in ("/home", "/root", "/run/user"))]
     if hidden:
         report.pending.append(f"the units run {hidden[0]}, which ProtectHome=yes hides from them: install shingle "
@@ -444,11 +438,11 @@ def _systemctl(run, *args: str, check: bool = True) -> None:
 def uninstall(root: str | Path | None = None, *, purge: bool = False, run=subprocess.run) -> Report:
     """Remove the units (and with ``purge`` the config and /var/lib/shingle). Data stays unless purged."""
     root = Path(root or "/").resolve()
-    on_host = _on_host(root)
+    on_host = is_host_root(root)
     _require_root_user(on_host, "shingle uninstall")
     report = Report(root)
     config = None
-    if purge and _under(root, CONFIG_PATH).exists():
+    if purge and under_root(root, CONFIG_PATH).exists():
         try:
             config = load_installed_config(root)
         except ConfigError as exc:
@@ -458,7 +452,7 @@ def uninstall(root: str | Path | None = None, *, purge: bool = False, run=subpro
         _systemctl(run, "disable", "--now", TARGET, check=False)
         _systemctl(run, "stop", *SERVICES, check=False)
         report.did(f"stopped and disabled {TARGET}")
-    unit_dir = _under(root, UNIT_DIR)
+    unit_dir = under_root(root, UNIT_DIR)
     for name in UNIT_NAMES:
         path = unit_dir / name
         if path.exists():
@@ -472,21 +466,21 @@ def uninstall(root: str | Path | None = None, *, purge: bool = False, run=subpro
     if on_host and systemd_running():
         _systemctl(run, "daemon-reload", check=False)
 
-    state = _under(root, STATE_DIR)
+    state = under_root(root, STATE_DIR)
     if not purge:
-        report.next_steps.append(f"kept config {_under(root, CONFIG_PATH).parent} and data {state}: "
+        report.next_steps.append(f"kept config {under_root(root, CONFIG_PATH).parent} and data {state}: "
                                  "`shingle install` brings the appliance back; `shingle uninstall --purge` "
                                  "deletes them")
         if not report.actions:
             report.did("nothing to remove: no shingle units installed")
         return report
 
-    for path in (_under(root, CONFIG_PATH).parent, state):
+    for path in (under_root(root, CONFIG_PATH).parent, state):
         if path.exists():
             shutil.rmtree(path)
             report.did(f"purged: {path}")
-    for path, what in ((_under(root, SYSUSERS_PATH), "service user declaration"),
-                       (_under(root, TMPFILES_PATH), "config permissions (tmpfiles.d)")):
+    for path, what in ((under_root(root, SYSUSERS_PATH), "service user declaration"),
+                       (under_root(root, TMPFILES_PATH), "config permissions (tmpfiles.d)")):
         if path.exists():
             path.unlink()
             report.did(f"removed {what}: {path}")

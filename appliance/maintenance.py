@@ -5,9 +5,14 @@ scrub and rebuild move data, and only the daemon owns the drives (its write
 scheduler, open bands and extent caches). A second process touching zones
 would race it. So the daemon runs one maintenance thread that
 - queues the scheduled jobs when their interval (config [maintenance]) is due,
-- runs queued jobs one at a time (admins queue them from the CLI or web UI),
+- runs queued jobs one at a time (admins queue them from the CLI or web UI), with a
+  heartbeat while each runs; at start, jobs a dead daemon left running are queued
+  again or marked interrupted (engine.jobs.recover_interrupted),
 - records the counters of the NFS server and the data path every few seconds
-  for the web UI's charts.
+  for the web UI's charts,
+- looks at every drive (``maintenance.drive_check_interval_s``): a folder or device gone
+  makes the drive ``missing``, one that came back is taken back (engine/datapath/drivewatch.py;
+  I/O errors are noticed at once by the data path itself, even while a long job runs here).
 """
 from __future__ import annotations
 
@@ -44,9 +49,13 @@ class Maintenance(threading.Thread):
         self.runners = job_runners(appliance)
 
     def run(self) -> None:
-        last_sample = 0.0
+        last_sample = last_drive_check = 0.0
+        self.recover_interrupted()
         while not self.stopped.is_set():
             try:
+                if self.drive_check_due(last_drive_check):
+                    last_drive_check = time.monotonic()
+                    self.appliance.datapath.check_drives()
                 self.queue_due_jobs()
                 job = jobs.claim_next(self.catalog)
                 if job is not None:
@@ -58,6 +67,21 @@ class Maintenance(threading.Thread):
             except Exception:  # the loop must survive anything one round does
                 log.exception("maintenance round failed")
             self.stopped.wait(self.tick_s)
+
+    def drive_check_due(self, last: float) -> bool:
+        interval = self.appliance.config.get("maintenance.drive_check_interval_s")
+        if not interval or getattr(self.appliance, "datapath", None) is None:
+            return False
+        return time.monotonic() - last >= interval
+
+    def recover_interrupted(self) -> None:
+        """Jobs left running by a daemon that died (this one holds the lock, so none runs)."""
+        try:
+            for job in jobs.recover_interrupted(self.catalog):
+                log.warning("job %d (%s) was interrupted by a daemon stop: %s", job.id, job.kind,
+                            job.state)
+        except Exception:
+            log.exception("could not recover interrupted jobs")
 
     def queue_due_jobs(self) -> None:
         now = time.time()
@@ -80,7 +104,8 @@ class Maintenance(threading.Thread):
             return
         log.info("job %d (%s) started by %s", job.id, job.kind, job.actor)
         try:
-            result = runner(job.params, jobs.progress_writer(self.catalog, job.id), job.actor)
+            with jobs.Heartbeat(self.catalog, job.id):
+                result = runner(job.params, jobs.progress_writer(self.catalog, job.id), job.actor)
         except Exception as exc:
             log.exception("job %d (%s) failed", job.id, job.kind)
             jobs.finish(self.catalog, job.id, ok=False, message=f"{exc.__class__.__name__}: {exc}")

@@ -69,7 +69,7 @@ class Appliance:
                                      inline_write_bytes=config.get("storage.inline_write_bytes"),
                                      inline_budget_bytes=config.get("storage.inline_budget_bytes"))
             # the constructor ran recovery before any write: its report, not a second pass's
-            log.info("recovery: %s", self.datapath.recovery_report)
+            log.debug("recovery: %s", self.datapath.recovery_report)
             # reads are counted per file (the data path's read hook) so tiering can promote
             # cold data that is read again
             self.reads = ReadTracker(self.datapath)

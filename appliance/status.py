@@ -27,6 +27,8 @@ def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
             func.sum(case((ZONES.c.state == "open", 1), else_=0)).label("open"),
             func.sum(case((ZONES.c.state == "full", 1), else_=0)).label("full"),
             func.sum(ZONES.c.write_pointer).label("written"),
+            func.sum(case((ZONES.c.state == "full", ZONES.c.write_pointer), else_=0))
+            .label("full_written"),
             func.sum(ZONES.c.live_bytes).label("live"),
             func.sum(ZONES.c.garbage_bytes).label("garbage"),
         ).group_by(ZONES.c.drive_id).subquery()
@@ -35,7 +37,7 @@ def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
         return inodes, rows
     inodes, rows = catalog.read(work)
     drives = []
-    raw = used = live = garbage = reserve = 0
+    raw = used = live = garbage = reserve = stranded = 0
     for row in rows:
         size = row["zone_size"] * row["zone_count"]
         present = os.path.isdir(row["path"]) if row["backend"] == "zonefile" else os.path.exists(row["path"])
@@ -53,6 +55,8 @@ def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
             live += int(row["live"] or 0)
             garbage += int(row["garbage"] or 0)
             reserve += reserve_zones * row["zone_size"]
+            # a full zone takes no more writes until it is reset: the tail past its write pointer
+            stranded += int(row["full"] or 0) * row["zone_size"] - int(row["full_written"] or 0)
     warm = policies.get("warm")
     ratio = warm.k / (warm.k + warm.m) if warm is not None and getattr(warm, "m", 0) else 1.0
     usable = int((raw - reserve) * ratio) if raw > reserve else 0
@@ -63,8 +67,25 @@ def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
         "drives": drives,
         "capacity": {"raw_bytes": raw, "usable_bytes": usable, "free_bytes": free, "written_bytes": used,
                      "live_bytes": live, "garbage_bytes": garbage, "reserve_bytes": reserve,
-                     "data_fraction": ratio},
+                     "stranded_bytes": stranded, "data_fraction": ratio},
     }
+
+
+SPACE_STATES = ("live", "garbage", "reserve", "free", "stranded")
+
+
+def space_by_state(capacity: dict) -> dict[str, int]:
+    """Raw bytes of the usable drives split into parts that add up to ``raw_bytes``:
+    live (data stripes reference), garbage (written and not live: dead data, padding; band
+    cleaning reclaims it), stranded (tails of full zones, writable again after a reset), reserve
+    (empty space kept for band cleaning) and free (the rest of the writable space)."""
+    raw, written = capacity["raw_bytes"], capacity["written_bytes"]
+    live = min(capacity["live_bytes"], written)
+    stranded = min(capacity["stranded_bytes"], raw - written)
+    writable = raw - written - stranded
+    reserve = min(capacity["reserve_bytes"], writable)
+    return {"live": live, "garbage": written - live, "reserve": reserve, "free": writable - reserve,
+            "stranded": stranded}
 
 
 def _redact(url: str) -> str:

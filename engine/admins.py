@@ -31,9 +31,10 @@ def list_admins(catalog: Catalog) -> list[dict]:
 
 
 def list_tokens(catalog: Catalog) -> list[dict]:
-    """id, name, created_ns, last_used_ns and the owner's username of every API token."""
-    query = (select(TOKENS.c.id, TOKENS.c.name, TOKENS.c.created_ns, TOKENS.c.last_used_ns,
-                    USERS.c.username)
+    """id, name, scope, created_ns, expires_ns, last_used_ns and the owner's username of every
+    API token."""
+    query = (select(TOKENS.c.id, TOKENS.c.name, TOKENS.c.scope, TOKENS.c.created_ns,
+                    TOKENS.c.expires_ns, TOKENS.c.last_used_ns, USERS.c.username)
              .select_from(TOKENS.join(USERS, USERS.c.id == TOKENS.c.user_id)).order_by(TOKENS.c.id))
     return catalog.read(lambda c: [dict(r._mapping) for r in c.execute(query)])
 

@@ -1,7 +1,7 @@
 """Refusing to block: for callers that must not wait on disk or the catalog.
 
 The NFS event loop first tries a COMPOUND of read-only operations from the
-in-memory caches (appliance/nfs/compound.py). Inside ``no_blocking()``, every
+in-memory caches (appliance/nfs/v4/compound.py). Inside ``no_blocking()``, every
 call that would wait (a catalog transaction, a lock held across one, a
 statfs, a fragment read from a drive) raises ``WouldBlock`` instead, and the
 loop hands the call to a worker thread, as it does every other call."""

@@ -84,6 +84,12 @@ class IOFailure(FsError):
     errno_value = _errno.EIO
 
 
+class NoRedundancy(IOFailure):
+    """A write cannot be placed with its band class's minimum redundancy: too few drives are
+    available (missing, failed or degraded), however much space is free. An I/O error (EIO),
+    not ENOSPC: freeing space does not help, bringing the drives back does."""
+
+
 class ReadOnly(FsError):
     errno_value = _errno.EROFS
 
@@ -100,3 +106,7 @@ class ConfigError(Exception):
     def __init__(self, key: str, value: object, expected: str):
         self.key, self.value, self.expected = key, value, expected
         super().__init__(f"config error: {key} = {value!r}: expected {expected}")
+
+
+class JobAbandoned(Exception):
+    """A job someone waits for will not finish: the daemon running it (or meant to) is gone."""

@@ -4,10 +4,18 @@ Only the daemon opens the drives, so an admin's "scrub now" from the CLI or
 the web UI becomes a queued job; the daemon's maintenance loop claims it,
 runs it with a progress callback that writes ``done/total/message`` here,
 and records the result. Anyone can watch: `shingle` prints a progress line,
-the web UI a progress bar."""
+the web UI a progress bar.
+
+While a job runs, its daemon writes a heartbeat (``Heartbeat``, every
+``HEARTBEAT_S``). A daemon killed mid-job leaves it "running"; the next daemon
+start (``recover_interrupted``) queues it again if its kind can restart from
+the beginning (``RESTARTABLE``), else marks it "interrupted". A waiter
+(``wait``) gives up with ``JobAbandoned`` when the daemon is gone or the
+heartbeat is older than ``STALE_S``."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -21,7 +29,13 @@ from engine.events import record_in
 
 JOBS = Job.__table__
 KINDS = ("retention", "tier", "clean", "scrub", "rebuild", "drain", "trash-purge")
-FINISHED = ("done", "failed")
+FINISHED = ("done", "failed", "interrupted")
+# Kinds that only read, or whose every step is its own transaction, so a second run from the
+# start is safe and finishes the work: scrub, tiering, band cleaning, rebuild.
+RESTARTABLE = ("scrub", "tier", "clean", "rebuild")
+MAX_ATTEMPTS = 3  # a job that kills its daemon every time must not do so forever
+HEARTBEAT_S = 5.0
+STALE_S = 60.0  # no heartbeat for this long: its daemon is gone
 
 
 @dataclass(frozen=True)
@@ -38,6 +52,8 @@ class JobRecord:
     created_ns: int
     started_ns: int | None
     finished_ns: int | None
+    heartbeat_ns: int | None = None
+    attempts: int = 0
 
     @property
     def finished(self) -> bool:
@@ -56,7 +72,8 @@ class JobRecord:
 def _record(row) -> JobRecord:
     return JobRecord(row.id, row.kind, json.loads(row.params) if row.params else {}, row.state, row.actor,
                      row.done, row.total, row.message, json.loads(row.result) if row.result else None,
-                     row.created_ns, row.started_ns, row.finished_ns)
+                     row.created_ns, row.started_ns, row.finished_ns, row.heartbeat_ns,
+                     row.attempts)
 
 
 def submit(catalog: Catalog, kind: str, params: dict | None = None, *, actor: str = "system") -> int:
@@ -66,7 +83,7 @@ def submit(catalog: Catalog, kind: str, params: dict | None = None, *, actor: st
     def work(conn):
         job_id = conn.execute(JOBS.insert().values(
             kind=kind, params=json.dumps(params or {}, sort_keys=True), state="queued", actor=actor,
-            done=0, total=0, created_ns=time.time_ns())).inserted_primary_key[0]
+            done=0, total=0, created_ns=time.time_ns(), attempts=0)).inserted_primary_key[0]
         record_in(conn, f"job.{kind}.queued", f"{kind} job {job_id} queued", actor=actor,
                   details={"job": job_id, "params": params or {}})
         return job_id
@@ -94,9 +111,11 @@ def claim_next(catalog: Catalog) -> JobRecord | None:
 
 def claim(catalog: Catalog, job_id: int) -> JobRecord | None:
     """Mark one queued job running; None if someone else claimed it first."""
+    now = time.time_ns()
     claimed = catalog.run(lambda conn: conn.execute(
         JOBS.update().where(JOBS.c.id == job_id, JOBS.c.state == "queued")
-        .values(state="running", started_ns=time.time_ns())).rowcount, tracked=True)
+        .values(state="running", started_ns=now, heartbeat_ns=now, attempts=JOBS.c.attempts + 1))
+        .rowcount, tracked=True)
     return get(catalog, job_id) if claimed else None
 
 
@@ -110,8 +129,66 @@ def progress_writer(catalog: Catalog, job_id: int, every_s: float = 0.5) -> Call
             return
         last[0] = now
         catalog.run(lambda conn: conn.execute(JOBS.update().where(JOBS.c.id == job_id).values(
-            done=int(done), total=int(total), message=message[:500])), tracked=True)
+            done=int(done), total=int(total), message=message[:500], heartbeat_ns=time.time_ns())),
+            tracked=True)
     return progress
+
+
+class Heartbeat:
+    """``with Heartbeat(catalog, job_id):`` writes the job's heartbeat every ``every_s`` from a
+    thread, so a job between progress calls (a paced scrub, one long step) still looks alive."""
+
+    def __init__(self, catalog: Catalog, job_id: int, every_s: float = HEARTBEAT_S):
+        self.catalog, self.job_id, self.every_s = catalog, job_id, every_s
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name=f"job-{job_id}-heartbeat",
+                                       daemon=True)
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(self.every_s):
+            try:
+                self.catalog.run(lambda conn: conn.execute(JOBS.update().where(
+                    JOBS.c.id == self.job_id, JOBS.c.state == "running")
+                    .values(heartbeat_ns=time.time_ns())), tracked=True)
+            except Exception:  # a missed beat is retried at the next; the job goes on
+                pass
+
+    def __enter__(self) -> Heartbeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+
+def recover_interrupted(catalog: Catalog, *, actor: str = "daemon") -> list[JobRecord]:
+    """Jobs a dead daemon left running: queued again if they can restart, else interrupted.
+
+    Only the owner of the drives (the daemon lock) may call this: then no job is really running."""
+    now = time.time_ns()
+
+    def work(conn):
+        rows = conn.execute(select(JOBS).where(JOBS.c.state == "running").order_by(JOBS.c.id)).all()
+        for row in rows:
+            again = row.kind in RESTARTABLE and row.attempts < MAX_ATTEMPTS
+            if again:
+                values = dict(state="queued", started_ns=None, heartbeat_ns=None, done=0, total=0,
+                              message="interrupted when its daemon stopped (attempt "
+                                      f"{row.attempts}); queued again")
+            else:
+                why = ("it was tried " + str(row.attempts) + " times") if row.kind in RESTARTABLE \
+                    else f"a {row.kind} job does not restart on its own"
+                values = dict(state="interrupted", finished_ns=now,
+                              message=f"interrupted when its daemon stopped; {why}: check its work "
+                                      "and queue it again")
+            conn.execute(JOBS.update().where(JOBS.c.id == row.id).values(**values))
+            record_in(conn, f"job.{row.kind}.{'requeued' if again else 'interrupted'}",
+                      f"{row.kind} job {row.id} {values['message']}",
+                      severity="warning" if again else "error", actor=actor,
+                      details={"job": row.id, "attempts": row.attempts})
+        return [row.id for row in rows]
+    return [get(catalog, job_id) for job_id in catalog.run(work, tracked=True)]
 
 
 def finish(catalog: Catalog, job_id: int, *, ok: bool, result=None, message: str = "") -> None:
@@ -129,8 +206,14 @@ def finish(catalog: Catalog, job_id: int, *, ok: bool, result=None, message: str
 
 
 def wait(catalog: Catalog, job_id: int, *, progress: Callable[[JobRecord], None] | None = None,
-         poll_s: float = 0.5, timeout_s: float | None = None) -> JobRecord:
-    """Block until the job finishes, calling ``progress`` with each new state."""
+         poll_s: float = 0.5, timeout_s: float | None = None,
+         daemon_gone: Callable[[], str | None] | None = None,
+         stale_s: float = STALE_S) -> JobRecord:
+    """Block until the job finishes, calling ``progress`` with each new state.
+
+    ``daemon_gone()`` returns why the daemon that should run the job is gone (None while it is
+    there); then, or when a running job's heartbeat is older than ``stale_s``, this raises
+    ``errors.JobAbandoned`` instead of waiting for ever."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     seen = None
     while True:
@@ -141,6 +224,21 @@ def wait(catalog: Catalog, job_id: int, *, progress: Callable[[JobRecord], None]
             seen = key
         if job.finished:
             return job
+        gone = daemon_gone() if daemon_gone is not None else None
+        if gone is None and job.state == "running" and job.heartbeat_ns is not None \
+                and time.time_ns() - job.heartbeat_ns > stale_s * 1e9:
+            silent_s = (time.time_ns() - job.heartbeat_ns) / 1e9
+            gone = f"no heartbeat from the daemon for {silent_s:.0f} s"
+        if gone is not None:
+            job = get(catalog, job_id)  # it may have finished just before its daemon stopped
+            if job.finished:
+                if progress:
+                    progress(job)
+                return job
+            fate = ("it will be queued again" if job.kind in RESTARTABLE
+                    else "it will be marked interrupted")
+            raise errors.JobAbandoned(f"{job.kind} job {job_id} is {job.state} but {gone}: {fate} "
+                                      "when the daemon starts again (see `shingle jobs`)")
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"job {job_id} ({job.kind}) still {job.state} after {timeout_s} s")
         time.sleep(poll_s)

@@ -13,18 +13,26 @@ Counter names (the daemon records what it has; charts show what exists):
   (a histogram bucket; ``nfs_latency_le_inf`` = all), ``nfs_latency_sum_s``
 - ``nfs_compounds_from_cache``, ``nfs_compounds_handed_off``: COMPOUNDs the event loop
   answered from the caches, and those it tried and passed to a worker thread
+- ``nfs_latency_<op>_le_<ms>``, ``nfs_latency_<op>_sum_s``: the histogram per operation, when the
+  NFS server records one (``<op>`` as in nfs_ops_<op>)
+- ``export_<id>_read_bytes``, ``export_<id>_write_bytes``, ``export_<id>_ops``: per export, when
+  the NFS server records them
+- ``drive_<id>_read_bytes``, ``drive_<id>_written_bytes``, ``drive_<id>_read_errors``,
+  ``drive_<id>_write_errors``, ``drive_<id>_checksum_errors``: each drive's own I/O
+  (engine.drives.ZonedDrive.io_counters)
 Samples older than ``KEEP_SECONDS`` are pruned as new ones arrive."""
 from __future__ import annotations
 
 import re
 import time
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from engine.catalog.database import Catalog
-from engine.catalog.models import MetricSample
+from engine.catalog.models import Job, MetricSample
 
 SAMPLES = MetricSample.__table__
+JOBS = Job.__table__
 KEEP_SECONDS = 7 * 24 * 3600
 NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
@@ -89,4 +97,19 @@ def latest(catalog: Catalog) -> dict[str, float]:
                                         .order_by(SAMPLES.c.id.desc()).limit(LATEST_ROWS)):
             out.setdefault(name, value)
         return out
+    return catalog.read(work)
+
+
+def newest_sample_ns(catalog: Catalog) -> int | None:
+    """When the daemon last recorded a sample (None: never); /metrics reports the age."""
+    return catalog.read(lambda conn: conn.execute(
+        select(SAMPLES.c.time_ns).order_by(SAMPLES.c.id.desc()).limit(1)).scalar())
+
+
+def last_job_success(catalog: Catalog) -> dict[str, int]:
+    """Job kind -> finish time (ns) of its newest job that ended done."""
+    def work(conn):
+        return {kind: finished for kind, finished in conn.execute(
+            select(JOBS.c.kind, func.max(JOBS.c.finished_ns)).where(JOBS.c.state == "done")
+            .group_by(JOBS.c.kind)) if finished is not None}
     return catalog.read(work)

@@ -27,6 +27,7 @@ RANKS: dict[str, int] = {
     "datapath.file_inflight": 26,
     "datapath.dispatch_queue": 28,
     "datapath.commit_queue": 30,
+    "datapath.drive_watch": 34,
     "datapath.space": 40,
     "datapath.reserve": 42,
     "lifecycle.media_closed": 44,
@@ -47,6 +48,7 @@ RANKS: dict[str, int] = {
     "catalog.tracked": 92,
     "catalog.checkpoint": 93,
     "catalog.writer_queue": 95,
+    "log.rate_limit": 98,
 }
 
 _checking = os.environ.get("SHINGLE_CHECK_LOCK_ORDER", "") not in ("", "0")

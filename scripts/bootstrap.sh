@@ -8,8 +8,15 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 # postgresql: catalog tests on a real server; chromium: web UI tests through Playwright;
 # libnfs-utils: a third NFS client (NFSv3); systemd: systemd-analyze verifies the units;
-# nfs-ganesha(-vfs): the reference server of bench/compare.py, whose smoke test runs in the suite.
-apt_packages=${SHINGLE_APT_PACKAGES:-"postgresql chromium libnfs-utils systemd smartmontools nfs-ganesha nfs-ganesha-vfs"}
+# nfs-ganesha(-vfs): the reference server of bench/compare.py, whose smoke test runs in the suite;
+# samba, smbclient: the SMB server the daemon supervises and a client for its tests;
+# libnss-wrapper: SMB users get their uids from a passwd file of shingle's, not /etc/passwd;
+# fuse3, libfuse3-dev, pkg-config: pyfuse3 builds against libfuse3 (the mount Samba shares);
+# qemu-system-x86 busybox-static nfs-common keyutils fio: the kernel NFS client rig (tests/kernel),
+# a VM that shares this host's userland (mount.nfs, request-key for NFSv4 owners, fio).
+apt_packages=${SHINGLE_APT_PACKAGES:-"postgresql chromium libnfs-utils systemd smartmontools nfs-ganesha nfs-ganesha-vfs
+  samba smbclient libnss-wrapper fuse3 libfuse3-dev pkg-config
+  qemu-system-x86 busybox-static nfs-common keyutils fio"}
 missing=()
 for pkg in $apt_packages; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -40,6 +41,11 @@ class PostgresServer:
         as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         subprocess.run(as_postgres + [str(PG_BIN / "initdb"), "-D", str(self.data), "-A", "trust",
                                       "-U", "postgres", "--no-sync"], check=True, capture_output=True)
+        return self.resume()
+
+    def resume(self):
+        """Start the server (again, after ``halt``) on its data and port; returns when it is ready."""
+        as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         # postgres runs as our child (not daemonized by pg_ctl) so this run reaps it.
         self.proc = subprocess.Popen(
             as_postgres + [str(PG_BIN / "postgres"), "-D", str(self.data), "-c", "listen_addresses=127.0.0.1",
@@ -66,6 +72,14 @@ class PostgresServer:
         with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres", autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
+
+    def halt(self):
+        """An outage: a fast shutdown (SIGINT: open sessions are cut, as ``pg_ctl stop`` does),
+        keeping the data for ``resume``."""
+        # to the postmaster itself: runuser passes SIGTERM on, not SIGINT
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGINT)
+        self.proc.wait(30)
 
     def stop(self):
         if self.proc and self.proc.poll() is None:

@@ -3,8 +3,11 @@
 Each endpoint is declared once with ``endpoint(...)``: its schema validates the
 request and the same declaration becomes its entry in /api/v1/openapi.json.
 Authentication: the session cookie (state-changing calls then need the
-X-CSRF-Token header) or ``Authorization: Bearer <API token>``. Errors are JSON
-{"error": message} (with "fields" for validation errors)."""
+X-CSRF-Token header) or ``Authorization: Bearer <API token>``. Every endpoint
+names the token scope it needs (``scope=``: GETs read-only unless said, other
+methods admin unless said; operator for jobs, retention runs and drive actions);
+a signed-in admin has every scope. Errors are JSON {"error": message} (with
+"fields" for validation errors)."""
 from __future__ import annotations
 
 import functools
@@ -14,7 +17,8 @@ from dataclasses import dataclass
 from flask import Blueprint, g, jsonify, request
 
 from engine import accounts, events, jobs
-from webui import core, dashboard, drives, exports, jobs as jobs_pages, retention, settings, tiers
+from webui import (core, dashboard, drives, exports, jobs as jobs_pages, responses, retention,
+                   settings, tiers)
 from webui.schema import Field, Schema, ValidationError
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
@@ -32,16 +36,21 @@ class Endpoint:
     query: Schema | None
     status: int
     auth: bool
+    scope: str  # the least API token scope (engine.accounts.SCOPES) that may call it
 
 
 ENDPOINTS: list[Endpoint] = []
 
 
 def endpoint(rule: str, method: str, summary: str, tag: str, *, body: Schema | None = None,
-             partial: bool = False, query: Schema | None = None, status: int = 200, auth: bool = True):
+             partial: bool = False, query: Schema | None = None, status: int = 200,
+             auth: bool = True, scope: str | None = None):
     """Register an API view; it receives ``body=`` / ``query=`` already validated."""
+    needed = scope or ("read-only" if method == "GET" else "admin")
+    assert needed in accounts.SCOPES, needed
+
     def deco(fn):
-        spec = Endpoint(rule, method, summary, tag, body, partial, query, status, auth)
+        spec = Endpoint(rule, method, summary, tag, body, partial, query, status, auth, needed)
         ENDPOINTS.append(spec)
 
         @functools.wraps(fn)
@@ -49,6 +58,9 @@ def endpoint(rule: str, method: str, summary: str, tag: str, *, body: Schema | N
             if auth and not g.get("admin"):
                 return core.api_error("authentication required: sign in or send Authorization: Bearer "
                                       "<API token>", 401)
+            if auth and not accounts.scope_allows(g.get("scope"), needed):
+                return core.api_error(f"this API token's scope is {g.get('scope')}: {method} "
+                                      f"{rule} needs a token of scope {needed} or wider", 403)
             try:
                 if body is not None:
                     data = request.get_json(silent=True)
@@ -88,7 +100,7 @@ def get_drive(drive_id: int):
 
 
 @endpoint("/drives/<int:drive_id>/actions", "POST", "Mark failed, drain, request a rebuild or start a SMART "
-          "short self-test", "drives", body=drives.ACTION_SCHEMA)
+          "short self-test", "drives", body=drives.ACTION_SCHEMA, scope="operator")
 def drive_action(drive_id: int, body: dict):
     message, job_id = drives.do_action(drive_id, body["action"], core.actor())
     return {"message": message, "job": job_id}
@@ -131,7 +143,8 @@ def preview(query: dict):
 
 
 @endpoint("/retention/run", "POST", "Queue a retention job for the daemon (one rule, or every enabled rule); "
-          "follow it with GET /api/v1/jobs/{job_id}", "retention", body=retention.RUN_SCHEMA, status=202)
+          "follow it with GET /api/v1/jobs/{job_id}", "retention", body=retention.RUN_SCHEMA,
+          status=202, scope="operator")
 def run(body: dict):
     return jobs.get(core.ctx().catalog, retention.queue_run(body.get("rule_id"), core.actor())).to_dict()
 
@@ -147,7 +160,8 @@ def get_job(job_id: int):
     return jobs.get(core.ctx().catalog, job_id).to_dict()
 
 
-@endpoint("/jobs", "POST", "Queue a maintenance job for the daemon", "jobs", body=jobs_pages.QUEUE_SCHEMA, status=202)
+@endpoint("/jobs", "POST", "Queue a maintenance job for the daemon", "jobs",
+          body=jobs_pages.QUEUE_SCHEMA, status=202, scope="operator")
 def queue_job(body: dict):
     return jobs.get(core.ctx().catalog, jobs_pages.queue(body["kind"], {}, core.actor())).to_dict()
 
@@ -215,7 +229,8 @@ def list_events(query: dict):
              "message": e.message, "details": e.details} for e in rows]
 
 
-@endpoint("/tokens", "GET", "API tokens (names and use, never the secrets)", "settings")
+@endpoint("/tokens", "GET", "API tokens (names, scopes, expiry and use, never the secrets)",
+          "settings", scope="admin")
 def list_tokens():
     return settings.list_tokens()
 
@@ -223,9 +238,9 @@ def list_tokens():
 @endpoint("/tokens", "POST", "Create an API token; the response is the one chance to read it", "settings",
           body=settings.TOKEN_SCHEMA, status=201)
 def create_token(body: dict):
-    token = accounts.create_token(core.ctx().catalog, settings.user_id(core.actor()), body["name"],
-                                  actor=core.actor())
-    return {"name": body["name"], "token": token}
+    token = settings.make_token(body, core.actor())
+    return {"name": body["name"], "token": token, "scope": body["scope"],
+            "expires_days": body["expires_days"] or None}
 
 
 @endpoint("/tokens/<int:token_id>", "DELETE", "Revoke an API token", "settings")
@@ -251,16 +266,21 @@ def openapi_document() -> dict:
             for f in spec.query.fields:
                 params.append({"name": f.name, "in": "query", "required": f.required and f.default is None,
                                "description": f.description, "schema": f.openapi()})
+        described, body_schema = responses.for_route(spec.method, spec.rule)
         op: dict = {"summary": spec.summary, "tags": [spec.tag], "operationId": f"{spec.method.lower()}_"
                     + re.sub(r"\W+", "_", path).strip("_"),
-                    "responses": {str(spec.status): {"description": "success",
-                                                     "content": {"application/json": {"schema": {}}}},
+                    "responses": {str(spec.status): {"description": described, "content": {
+                                      "application/json": {"schema": body_schema}}},
                                   "400": {"description": "invalid input", "content": {
                                       "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
                                   "401": {"description": "not signed in and no valid API token", "content": {
                                       "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+                                  "403": {"description": "the API token's scope is too narrow",
+                                          "content": {"application/json": {
+                                              "schema": {"$ref": "#/components/schemas/Error"}}}},
                                   "404": {"description": "no such object", "content": {
                                       "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}}}
+        op["x-required-scope"] = spec.scope
         if params:
             op["parameters"] = params
         if spec.body is not None:
@@ -277,7 +297,7 @@ def openapi_document() -> dict:
         "components": {
             "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"},
                                 "cookieAuth": {"type": "apiKey", "in": "cookie", "name": "shingle_session"}},
-            "schemas": {"Error": ERROR},
+            "schemas": {"Error": ERROR, **responses.SCHEMAS},
         },
         "paths": paths,
     }

@@ -11,14 +11,14 @@ import os
 import secrets
 from pathlib import Path
 
-from flask import Flask, g, request, session
+from flask import Flask, g, request
 
 from appliance import config as config_mod
+from engine import accounts
 from webui import core
 
 BLUEPRINTS = ("auth", "dashboard", "drives", "retention", "exports", "tiers", "jobs", "events", "settings", "api",
               "metrics")
-SESSION_HOURS = 12
 
 
 def _secret_key(path: Path) -> bytes:
@@ -50,13 +50,17 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
     appliance = Appliance(config, with_data=False)
 
     app = Flask(__name__)
+    tls = bool(config.get("webui.tls_cert_file"))
     app.config.update(
         SECRET_KEY=_secret_key(config.resolve("webui.secret_key_file")),
         SESSION_COOKIE_NAME="shingle_session",
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Strict",
-        PERMANENT_SESSION_LIFETIME=datetime.timedelta(hours=SESSION_HOURS),
+        SESSION_COOKIE_SECURE=tls,  # over TLS the cookie never travels in clear
+        # The cookie's lifetime; the session row (engine.accounts) decides whether it is still live.
+        PERMANENT_SESSION_LIFETIME=datetime.timedelta(seconds=accounts.SESSION_S),
         MAX_CONTENT_LENGTH=1 << 20,
+        SHINGLE_TLS=tls,
     )
     app.extensions["shingle"] = core.Shingle(config=config, catalog=appliance.catalog,
                                              namespace=appliance.namespace, smartctl=config.get("smart.smartctl"))
@@ -72,17 +76,20 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
     def identify_and_check_csrf():
         g.admin = None
         g.via_token = False
+        g.scope = None
         header = request.headers.get("Authorization", "")
         if header.startswith("Bearer ") and core.is_api():
-            who = auth.admin_for_token(header[len("Bearer "):].strip())
-            if who is None:
-                return core.api_error("API token not recognised: create one on the settings page", 401)
-            g.admin, g.via_token = who, True
+            identity = auth.token_identity(header[len("Bearer "):].strip())
+            if identity is None:
+                return core.api_error("API token not recognised or expired: create one on the "
+                                      "settings page", 401)
+            g.admin, g.via_token, g.scope = identity.username, True, identity.scope
+            if identity.scope == "read-only" and request.method not in ("GET", "HEAD"):
+                return core.api_error(f"this API token is read-only: {request.method} needs an "
+                                      "operator or admin token", 403)
             return None  # a bearer token is not sent by browsers on their own, so no CSRF risk
-        g.admin = session.get("admin")
-        if g.admin and session.get("v") != auth.fingerprint(g.admin):
-            session.clear()  # password changed or account gone since this session signed in
-            g.admin = None
+        g.admin = auth.session_admin()
+        g.scope = "admin" if g.admin else None  # a signed-in admin may do everything
         if request.method in core.STATE_CHANGING:
             if core.is_api() and not g.admin:
                 return core.api_error("authentication required: sign in or send Authorization: Bearer "
@@ -96,7 +103,9 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
         return None
 
     # Globals (not a context processor) so that imported macros (_forms.html) see them too.
-    app.jinja_env.globals.update(csrf_token=core.csrf_token, fmt_size=core.fmt_size, fmt_time=core.fmt_time)
+    app.jinja_env.globals.update(csrf_token=core.csrf_token, fmt_size=core.fmt_size,
+                                 fmt_time=core.fmt_time,
+                                 fmt_duration=core.fmt_duration, fmt_value=core.fmt_value)
 
     @app.context_processor
     def signed_in_admin():
@@ -107,6 +116,8 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("X-Frame-Options", "DENY")
         response.headers.setdefault("Referrer-Policy", "same-origin")
+        if app.config["SHINGLE_TLS"]:
+            response.headers.setdefault("Strict-Transport-Security", "max-age=31536000")
         if request.endpoint != "static":  # pages and API answers hold admin data: keep them out of caches
             response.headers.setdefault("Cache-Control", "no-store")
         response.headers.setdefault("Content-Security-Policy",

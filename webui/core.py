@@ -13,7 +13,7 @@ from typing import Any
 
 from flask import current_app, g, jsonify, redirect, request, session, url_for
 
-from engine import errors, health
+from engine import errors, health, units
 from webui.schema import ValidationError
 
 STATE_CHANGING = ("POST", "PUT", "PATCH", "DELETE")
@@ -91,6 +91,7 @@ STATUS_OF = {
     errors.NotFound: 404, errors.Exists: 409, errors.NotEmpty: 409, errors.AccessDenied: 403,
     errors.NotPermitted: 403, errors.InvalidArgument: 400, errors.NotADirectory: 400, errors.IsADirectory: 400,
     errors.NameTooLong: 400, errors.StaleHandle: 409, errors.NoSpace: 507,
+    errors.NoRedundancy: 503,  # too few drives take writes: may pass when one returns
 }
 
 
@@ -129,8 +130,13 @@ def form_errors(exc: Exception) -> dict[str, str]:
 def fmt_size(n) -> str:
     if n is None:
         return "–"
-    from appliance.config import format_size
-    return format_size(int(n))
+    return units.format_size(int(n))
+
+
+def fmt_duration(seconds) -> str:
+    if seconds is None:
+        return "–"
+    return units.format_duration(float(seconds))
 
 
 def fmt_time(ns) -> str:
@@ -138,3 +144,8 @@ def fmt_time(ns) -> str:
         return "–"
     import datetime
     return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def fmt_value(key: str, value):
+    """A job result's field: sizes and durations in human units (engine.units.format_value)."""
+    return units.format_value(key, value)

@@ -1,23 +1,38 @@
 """/metrics in the Prometheus text format (version 0.0.4).
 
-Gauges come from the catalog (capacity, drive states, band counts); NFS
-counters, write amplification and the latency histogram come from the newest
-samples the daemon recorded (engine.metrics). A metric with no data is left
-out rather than reported as zero. Read-only and without secrets, so it needs
-no sign-in (Prometheus scrapes it); bind the web UI to a trusted address."""
+Gauges come from the catalog (capacity, drive states and zones, band counts, the last
+successful job of each kind); counters of the NFS server and of each drive, write
+amplification and the latency histograms come from the newest samples the daemon recorded
+(engine.metrics), with ``shingle_metrics_sample_age_seconds`` saying how old they are. A
+metric with no data is left out rather than reported as zero. Capacity is split so that sums
+mean something: ``shingle_space_bytes{state}`` adds up to ``shingle_capacity_bytes{kind="total"}``.
+Read-only and without secrets, so it needs no sign-in (Prometheus scrapes it); bind the web
+UI to a trusted address. docs/grafana/ and docs/prometheus/ hold a dashboard and alert rules
+over these names."""
+
 from __future__ import annotations
 
 import re
+import time
 
 from flask import Blueprint, Response
 
+from engine import exports as export_service
 from engine import inventory
 from engine import metrics as samples
+from engine.version import python_version, version
 from webui import core
 
 bp = Blueprint("metrics", __name__)
-STATES = ("online", "degraded", "failed", "draining", "removed")
-LATENCY_RE = re.compile(r"nfs_latency_le_(inf|\d+(?:_\d+)?)")
+STATES = ("online", "degraded", "failed", "draining", "removed", "missing")
+LATENCY_RE = re.compile(r"nfs_latency_(?:(?P<op>[a-z0-9_]+?)_)?le_(?P<le>inf|\d+(?:_\d+)?)")
+OP_LATENCY_SUM_RE = re.compile(r"nfs_latency_(?P<op>[a-z0-9_]+)_sum_s")
+DRIVE_RE = re.compile(
+    r"drive_(?P<id>\d+)_(?P<what>read_bytes|written_bytes|read_errors|write_errors"
+    r"|checksum_errors)"
+)
+EXPORT_RE = re.compile(r"export_(?P<id>\d+)_(?P<what>read_bytes|write_bytes|ops)")
+JOB_KINDS = ("scrub", "rebuild", "retention", "drain", "tier", "clean", "trash-purge")
 
 
 def _label(value: str) -> str:
@@ -28,12 +43,29 @@ class Exposition:
     def __init__(self):
         self.lines: list[str] = []
 
-    def family(self, name: str, kind: str, help_text: str, samples_: list[tuple[dict, float]]) -> None:
+    def family(
+        self, name: str, kind: str, help_text: str, samples_: list[tuple[dict, float]]
+    ) -> None:
         if not samples_:
             return
         self.lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
         for labels, value in samples_:
             self.sample(name, labels, value)
+
+    def histogram(self, name: str, help_text: str, series: dict[tuple, dict]) -> None:
+        """``series``: labels (as sorted items) -> {"buckets": [(le, count)], "sum": s or None}."""
+        if not series:
+            return
+        self.lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+        for labels, data in sorted(series.items()):
+            buckets = sorted(data["buckets"])
+            for bound, count in buckets:
+                le = "+Inf" if bound == float("inf") else repr(bound)
+                self.sample(f"{name}_bucket", {**dict(labels), "le": le}, count)
+            if buckets and buckets[-1][0] == float("inf"):
+                self.sample(f"{name}_count", dict(labels), buckets[-1][1])
+            if data.get("sum") is not None:
+                self.sample(f"{name}_sum", dict(labels), data["sum"])
 
     def sample(self, name: str, labels: dict, value: float) -> None:
         text = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
@@ -45,54 +77,275 @@ class Exposition:
 
 
 def render() -> str:
-    shingle = core.ctx()
-    config = shingle.config
-    from appliance.status import gather
-    report = gather(shingle.catalog, shingle.policies, config.get("storage.reserve_zones"))
-    out = Exposition()
-    cap = report["capacity"]
-    out.family("shingle_capacity_bytes", "gauge", "Capacity by kind (raw, usable, free, written, live, garbage, "
-               "reserve).", [({"kind": k[:-6]}, v) for k, v in cap.items() if k.endswith("_bytes")])
-    states = {s: 0 for s in STATES}
-    for d in report["drives"]:
-        states[d["state"]] = states.get(d["state"], 0) + 1
-    out.family("shingle_drives", "gauge", "Drives by state.", [({"state": s}, n) for s, n in states.items()])
-    rows = inventory.bands_by_state(shingle.catalog)
-    out.family("shingle_bands", "gauge", "Zones (bands) by state and band class.",
-               [({"state": r[0], "class": r[1] or "none"}, r[2]) for r in rows])
-    out.family("shingle_band_garbage_bytes", "gauge", "Dead bytes in bands, by band class (band cleaning "
-               "reclaims them).", _sum_by_class(rows, 4))
-    out.family("shingle_band_live_bytes", "gauge", "Live bytes in bands, by band class.", _sum_by_class(rows, 3))
+    from appliance.status import space_by_state
 
-    latest = samples.latest(shingle.catalog)
+    shingle = core.ctx()
+    catalog = shingle.catalog
+    report = _status(shingle)
+    out = Exposition()
+    out.family(
+        "shingle_build_info",
+        "gauge",
+        "This build: version, Python and catalog dialect (always 1).",
+        [
+            (
+                {
+                    "version": version(),
+                    "python": python_version(),
+                    "catalog": report["catalog"]["backend"],
+                },
+                1,
+            )
+        ],
+    )
+    cap = report["capacity"]
+    out.family(
+        "shingle_capacity_bytes",
+        "gauge",
+        "Raw capacity of the usable drives (online, degraded, "
+        "draining); shingle_space_bytes splits it.",
+        [({"kind": "total"}, cap["raw_bytes"])],
+    )
+    out.family(
+        "shingle_space_bytes",
+        "gauge",
+        'Raw bytes by state; the states add up to shingle_capacity_bytes{kind="total"}.',
+        [({"state": state}, n) for state, n in space_by_state(cap).items()],
+    )
+    out.family(
+        "shingle_usable_capacity_bytes",
+        "gauge",
+        "User data the usable drives hold when full (after parity and the cleaning reserve).",
+        [({}, cap["usable_bytes"])],
+    )
+    out.family(
+        "shingle_usable_free_bytes",
+        "gauge",
+        "User data that still fits (after parity).",
+        [({}, cap["free_bytes"])],
+    )
+    _drives(out, report)
+    rows = inventory.bands_by_state(catalog)
+    out.family(
+        "shingle_bands",
+        "gauge",
+        "Zones (bands) by state and band class.",
+        [({"state": r[0], "class": r[1] or "none"}, r[2]) for r in rows],
+    )
+    out.family(
+        "shingle_band_garbage_bytes",
+        "gauge",
+        "Dead bytes in bands, by band class (band cleaning reclaims them).",
+        _sum_by_class(rows, 4),
+    )
+    out.family(
+        "shingle_band_live_bytes",
+        "gauge",
+        "Live bytes in bands, by band class.",
+        _sum_by_class(rows, 3),
+    )
+
+    finished = samples.last_job_success(catalog)
+    out.family(
+        "shingle_job_last_success_timestamp_seconds",
+        "gauge",
+        "When the newest job of each kind that ended done finished (Unix time).",
+        [({"kind": k}, finished[k] / 1e9) for k in JOB_KINDS if k in finished],
+    )
+
+    latest = samples.latest(catalog)
+    newest = samples.newest_sample_ns(catalog)
+    if newest is not None:
+        out.family(
+            "shingle_metrics_sample_age_seconds",
+            "gauge",
+            "Age of the newest sample the daemon "
+            "recorded; counters below are that old (the daemon samples every "
+            "maintenance.metrics_interval_s).",
+            [({}, max(time.time_ns() - newest, 0) / 1e9)],
+        )
     client, media = latest.get("client_bytes_written"), latest.get("media_bytes_written")
     if client and media is not None:
-        out.family("shingle_write_amplification", "gauge", "Bytes written to media per byte clients wrote "
-                   "(parity, replicas and band cleaning included).", [({}, media / client)])
-    out.family("shingle_nfs_operations_total", "counter", "NFS operations served, by operation.",
-               [({"op": name[len("nfs_ops_"):]}, v) for name, v in sorted(latest.items())
-                if name.startswith("nfs_ops_")] or ([({"op": "all"}, latest["nfs_ops"])] if "nfs_ops" in latest
-                                                    else []))
-    out.family("shingle_nfs_bytes_total", "counter", "NFS payload bytes, by direction.",
-               [({"direction": d}, latest[f"nfs_{d}_bytes"]) for d in ("read", "write")
-                if f"nfs_{d}_bytes" in latest])
-    buckets = []
+        out.family(
+            "shingle_write_amplification",
+            "gauge",
+            "Bytes written to media per byte clients wrote "
+            "(parity, replicas and band cleaning included).",
+            [({}, media / client)],
+        )
+    _drive_counters(out, latest)
+    _nfs(out, latest)
+    _exports(out, latest, catalog)
+    return out.text()
+
+
+def _status(shingle) -> dict:
+    from appliance.status import gather
+
+    return gather(shingle.catalog, shingle.policies, shingle.config.get("storage.reserve_zones"))
+
+
+def _drives(out: Exposition, report: dict) -> None:
+    drives = report["drives"]
+    states = {s: 0 for s in STATES}
+    for d in drives:
+        states[d["state"]] = states.get(d["state"], 0) + 1
+    out.family(
+        "shingle_drives",
+        "gauge",
+        "Drives by state.",
+        [({"state": s}, n) for s, n in states.items()],
+    )
+    out.family(
+        "shingle_drive_info",
+        "gauge",
+        "One per drive: its path, backend and uuid (always 1).",
+        [
+            (
+                {
+                    "drive": str(d["id"]),
+                    "path": d["path"],
+                    "backend": d["backend"],
+                    "uuid": d["uuid"],
+                },
+                1,
+            )
+            for d in drives
+        ],
+    )
+    out.family(
+        "shingle_drive_state",
+        "gauge",
+        "1 for the state each drive is in, 0 for the others.",
+        [
+            ({"drive": str(d["id"]), "state": s}, int(d["state"] == s))
+            for d in drives
+            for s in STATES
+        ],
+    )
+    out.family(
+        "shingle_drive_capacity_bytes",
+        "gauge",
+        "Each drive's zones times zone size.",
+        [({"drive": str(d["id"])}, d["size_bytes"]) for d in drives],
+    )
+    out.family(
+        "shingle_drive_zones",
+        "gauge",
+        "Each drive's zones by state (empty zones are free).",
+        [
+            ({"drive": str(d["id"]), "state": s}, d[f"zones_{s}"])
+            for d in drives
+            for s in ("empty", "open", "full")
+        ],
+    )
+
+
+def _drive_counters(out: Exposition, latest: dict) -> None:
+    found: dict[str, list] = {}
+    for name, value in latest.items():
+        m = DRIVE_RE.fullmatch(name)
+        if m:
+            found.setdefault(m["what"], []).append(({"drive": m["id"]}, value))
+    for key in found:
+        found[key].sort(key=lambda item: int(item[0]["drive"]))
+    out.family(
+        "shingle_drive_read_bytes_total",
+        "counter",
+        "Bytes read from each drive (its own counter, since the daemon started).",
+        found.get("read_bytes", []),
+    )
+    out.family(
+        "shingle_drive_written_bytes_total",
+        "counter",
+        "Bytes written to each drive (its own counter, since the daemon started).",
+        found.get("written_bytes", []),
+    )
+    errors = [
+        ({**labels, "kind": kind}, v)
+        for kind in ("read", "write", "checksum")
+        for labels, v in found.get(f"{kind}_errors", [])
+    ]
+    out.family(
+        "shingle_drive_errors_total",
+        "counter",
+        "I/O errors and checksum mismatches, per drive.",
+        sorted(errors, key=lambda item: (int(item[0]["drive"]), item[0]["kind"])),
+    )
+
+
+def _nfs(out: Exposition, latest: dict) -> None:
+    out.family(
+        "shingle_nfs_operations_total",
+        "counter",
+        "NFS operations served, by operation.",
+        [
+            ({"op": name[len("nfs_ops_") :]}, v)
+            for name, v in sorted(latest.items())
+            if name.startswith("nfs_ops_")
+        ]
+        or ([({"op": "all"}, latest["nfs_ops"])] if "nfs_ops" in latest else []),
+    )
+    out.family(
+        "shingle_nfs_bytes_total",
+        "counter",
+        "NFS payload bytes, by direction.",
+        [
+            ({"direction": d}, latest[f"nfs_{d}_bytes"])
+            for d in ("read", "write")
+            if f"nfs_{d}_bytes" in latest
+        ],
+    )
+    whole: dict[tuple, dict] = {}
+    per_op: dict[tuple, dict] = {}
     for name, value in latest.items():
         m = LATENCY_RE.fullmatch(name)
         if m:
-            le = "+Inf" if m.group(1) == "inf" else repr(float(m.group(1).replace("_", ".")) / 1000)
-            buckets.append((float("inf") if le == "+Inf" else float(le), le, value))
-    if buckets:
-        buckets.sort()
-        out.lines += ["# HELP shingle_nfs_latency_seconds NFS operation latency.",
-                      "# TYPE shingle_nfs_latency_seconds histogram"]
-        for _, le, value in buckets:
-            out.sample("shingle_nfs_latency_seconds_bucket", {"le": le}, value)
-        if buckets[-1][1] == "+Inf":
-            out.sample("shingle_nfs_latency_seconds_count", {}, buckets[-1][2])
-        if "nfs_latency_sum_s" in latest:
-            out.sample("shingle_nfs_latency_seconds_sum", {}, latest["nfs_latency_sum_s"])
-    return out.text()
+            bound = float("inf") if m["le"] == "inf" else float(m["le"].replace("_", ".")) / 1000
+            target = (
+                whole.setdefault((), {"buckets": [], "sum": latest.get("nfs_latency_sum_s")})
+                if m["op"] is None
+                else per_op.setdefault(
+                    (("op", m["op"]),),
+                    {"buckets": [], "sum": latest.get(f"nfs_latency_{m['op']}_sum_s")},
+                )
+            )
+            target["buckets"].append((bound, value))
+    out.histogram("shingle_nfs_latency_seconds", "NFS call latency (whole RPC calls).", whole)
+    out.histogram("shingle_nfs_operation_latency_seconds", "NFS latency by operation.", per_op)
+
+
+def _exports(out: Exposition, latest: dict, catalog) -> None:
+    found: dict[str, list] = {}
+    for name, value in latest.items():
+        m = EXPORT_RE.fullmatch(name)
+        if m:
+            found.setdefault(m["what"], []).append((int(m["id"]), value))
+    if not found:
+        return
+    names = {e.id: e.name for e in export_service.list_exports(catalog)}
+
+    def series(what: str) -> list[tuple[dict, float]]:
+        return [
+            ({"export": names.get(i, str(i)), "id": str(i)}, v)
+            for i, v in sorted(found.get(what, []))
+        ]
+
+    out.family(
+        "shingle_export_read_bytes_total",
+        "counter",
+        "NFS bytes read, per export.",
+        series("read_bytes"),
+    )
+    out.family(
+        "shingle_export_write_bytes_total",
+        "counter",
+        "NFS bytes written, per export.",
+        series("write_bytes"),
+    )
+    out.family(
+        "shingle_export_operations_total", "counter", "NFS operations, per export.", series("ops")
+    )
 
 
 def _sum_by_class(rows, column: int) -> list[tuple[dict, float]]:

@@ -1,12 +1,16 @@
-"""shingle's userspace NFSv4.1 server.
+"""shingle's userspace NFS server: NFSv4.1, NFSv3 and MOUNT v3 on one port.
 
 Entry points: ``appliance.nfs.server.NfsServer`` (asyncio) and
 ``appliance.nfs.server.NfsServerThread`` (its own thread and loop, for tests
 and ``shingle serve``); ``appliance.nfs.exports.ensure_default_export``.
 
-Modules: xdr (declarative XDR codecs), types4 (the NFSv4.1 declarations),
-const (protocol numbers), rpc (ONC RPC over TCP), compound (the COMPOUND
-executor), ops_session / ops_fs / ops_state (operations by area), state
-(clients, sessions, stateids, locks, leases, grace), attrs (fattr4), fh
-(persistent signed file handles), exports (catalog exports, pseudo-root).
+Layers, each importing only the ones below it:
+  onc/      ONC RPC over TCP: XDR (xdr), RPC messages (rpc), record marking (connection)
+  fh, exports, access, stats
+            shared by every version: signed file handles, the exports table and
+            pseudo-root, handle -> export -> access -> generation checks and the
+            status maps (access), counters
+  v4/       NFSv4.1: const, types, attrs, state, registry, context, compound, ops/, program
+  v3/       NFSv3 and MOUNT: types, context, procedures, program, mount
+  server    wiring: the listener, the programs by number, workers, housekeeping
 """

@@ -49,7 +49,8 @@ VERIFIED_CACHE = 65536
 class HandleCodec:
     def __init__(self, catalog):
         self.key = load_or_create_secret(catalog, KEY_SETTING, 32)
-        self.fsid = int.from_bytes(load_or_create_secret(catalog, FSID_SETTING, 8), "big") & ((1 << 63) - 1)
+        fsid = load_or_create_secret(catalog, FSID_SETTING, 8)
+        self.fsid = int.from_bytes(fsid, "big") & ((1 << 63) - 1)
         # handles already verified or issued: a PUTFH need not recompute the HMAC
         self._known: dict[bytes, FileHandle] = {}
         self._issued: dict[FileHandle, bytes] = {}
@@ -85,7 +86,8 @@ class HandleCodec:
             raise BadHandle("file handle signature does not match: forged or corrupted")
         version, kind, _, export_id, fsid, ino, generation = _BODY.unpack(body)
         if version != FH_VERSION or kind not in (KIND_PSEUDO, KIND_FILE):
-            raise BadHandle(f"file handle version {version} kind {kind}: expected {FH_VERSION} and 0/1")
+            raise BadHandle(f"file handle version {version} kind {kind}: "
+                            f"expected {FH_VERSION} and 0/1")
         if fsid != self.fsid:
             raise StaleHandle(f"file handle of filesystem {fsid:x}, this is {self.fsid:x}")
         fh = FileHandle(kind, export_id, ino, generation)

@@ -1,68 +1,110 @@
-"""The NFSv4.1 server: an asyncio TCP listener, the NFS program (NULL and
-COMPOUND), worker threads for blocking work, periodic lease and export
-housekeeping, and a thread runner for tests and ``shingle serve``."""
+"""The NFS server: an asyncio TCP listener whose connections (appliance.nfs.onc)
+dispatch to program 100003 (NFSv4.1 and NFSv3 on one port), 100005 (MOUNT v3), 100021
+and 100024 (NLM v4 and NSM, locks of NFSv3 clients) and 100000 (the port mapper, also on
+a port of its own or registered with a system rpcbind), worker threads for blocking work,
+periodic lease, export and lock housekeeping, and a thread runner for tests and
+``shingle serve``."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
+import resource
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from appliance.nfs import compound
-from appliance.nfs import const as c
+from appliance.log import Throttled
+from appliance.nfs import portmap as pmap
 from appliance.nfs.exports import ExportTable
 from appliance.nfs.fh import HandleCodec
-from appliance.nfs.mount import MountProgram
-from appliance.nfs.rpc import PROC_UNAVAIL, InWorker, RpcConnection, RpcReject, accepted
-from appliance.nfs.state import StateTable
+from appliance.nfs.nlm import types as nlm_types
+from appliance.nfs.nlm.manager import NlmManager
+from appliance.nfs.nlm.nsm import NsmMonitor, NsmProgram
+from appliance.nfs.nlm.program import NlmProgram
+from appliance.nfs.onc.connection import RpcConnection
+from appliance.nfs.onc.limits import NetLimits, RequestBudget
+from appliance.nfs.onc.rpc import InWorker
 from appliance.nfs.stats import NfsStats
-from appliance.nfs.types3 import MOUNT_PROGRAM
-from appliance.nfs.v3 import Nfs3Program, VersionDispatch
+from appliance.nfs.v3.mount import MountProgram
+from appliance.nfs.v3.program import Nfs3Program
+from appliance.nfs.v3.types import MOUNT_PROGRAM, NFS_PROGRAM, NFS_V3
+from appliance.nfs.v4 import clients
+from appliance.nfs.v4.const import NFS_V4
+from appliance.nfs.v4.program import Nfs4Program
+from appliance.nfs.v4.state import StateTable
 from engine.blocking import may_block
+from engine.catalog import CatalogUnavailable
 
 log = logging.getLogger("shingle.nfs")
 
-DEFAULT_MAX_RECORD = (4 << 20) + (64 << 10)
+DEFAULT_MAX_RECORD = NetLimits.max_record_size
+FD_RESERVE = 256  # descriptors kept for drives, the catalog and logs beside the connections
 STATFS_TTL = 2.0
 EXPORTS_TTL = 5.0
-# COMPOUNDs the event loop tries from the caches first (compound.FROM_CACHE_OPS) are this small:
-# a bigger one is a WRITE or a SETATTR-laden OPEN, which would only pay for the attempt
-FROM_CACHE_MAX_BYTES = 2048
+NLM_TICK = 1.0  # blocked NLM locks see an NFSv4 unlock within this
+PORTMAP_MODES = ("auto", "serve", "register", "off")
 
 
-class Nfs4Program:
-    versions = (c.NFS_V4,)
+class VersionDispatch:
+    """One RPC program answering several versions, each by its own program object."""
 
-    def __init__(self, server: "NfsServer"):
-        self.server = server
+    def __init__(self, by_version: dict):
+        self.by_version = by_version
+        self.versions = tuple(sorted(by_version))
 
-    def call(self, conn: RpcConnection, call, cred, record, pos):
-        if call.proc == 0:
-            return []
-        if call.proc != 1:
-            raise RpcReject(accepted(call.xid, PROC_UNAVAIL))
-        if len(record) - pos > FROM_CACHE_MAX_BYTES:
-            return InWorker(compound.execute, self.server, conn.state, cred, conn.peer[0], record, pos)
-        outcome = compound.execute(self.server, conn.state, cred, conn.peer[0], record, pos, from_cache=True)
-        answered = not isinstance(outcome, compound.Handoff)
-        self.server.counters.attempt(answered)
-        return outcome if answered else InWorker(compound.resume, outcome, record)
+    def call(self, conn, call, cred, record, pos):
+        started = time.perf_counter()
+        counted = conn.server.counters.call_done
+        try:
+            result = self.by_version[call.vers].call(conn, call, cred, record, pos)
+        except BaseException:
+            counted(time.perf_counter() - started)
+            raise
+        if isinstance(result, InWorker):
+            # in the worker, once done
+            result.finished = lambda: counted(time.perf_counter() - started)
+        else:
+            counted(time.perf_counter() - started)
+        return result
 
 
 class NfsServer:
     def __init__(self, namespace, catalog, *, host: str = "127.0.0.1", port: int = 2049,
                  max_record_size: int = DEFAULT_MAX_RECORD, lease_seconds: int = 90,
-                 grace_seconds: int | None = None, workers: int = 32):
+                 grace_seconds: int | None = None, workers: int = 32,
+                 limits: NetLimits | None = None, portmap: str = "off",
+                 portmap_port: int = 111, nsm_name: str = "", client_rpcbind_port: int = 111):
+        """``portmap``: "serve" answers PMAP on ``portmap_port`` (0: any free port),
+        "register" registers NFS, MOUNT, NLM and NSM with the rpcbind there, "auto" does the
+        one that fits (register when an rpcbind answers), "off" only answers PMAP on ``port``.
+        ``nsm_name``: this server's name in SM_NOTIFY (default: ``host``, or the host name
+        when listening on all addresses). ``client_rpcbind_port``: where clients' port mappers
+        are asked for their NLM and NSM services (callbacks)."""
+        if portmap not in PORTMAP_MODES:
+            raise ValueError(f"portmap mode {portmap!r}: expected one of {PORTMAP_MODES}")
+        if limits is None:
+            limits = NetLimits(max_record_size=max_record_size,
+                               connection_budget=max(NetLimits.connection_budget,
+                                                     max_record_size + (1 << 20)))
+        self.limits = limits
+        self.budget = RequestBudget(limits.total_budget)
         self.namespace = namespace
         self.catalog = catalog
         self.host = host
         self.port = port
-        self.max_record_size = max_record_size
+        self.max_record_size = limits.max_record_size  # also the ceiling CREATE_SESSION offers
         self.lease_seconds = lease_seconds
         self.grace_seconds = grace_seconds
         self.workers = workers
+        self.portmap_mode = portmap
+        self.portmap_port = portmap_port
+        self.nsm_name = nsm_name or (socket.gethostname() if host in ("0.0.0.0", "::", "")
+                                     else host)
+        self.client_rpcbind_port = client_rpcbind_port
+        self.registered: dict = {}  # what a system rpcbind holds for us
         self.handles = HandleCodec(catalog)
         self.owner_major = f"shingle-{self.handles.fsid:016x}".encode()
         # changes every start: clients must re-send UNSTABLE writes after a restart
@@ -71,14 +113,22 @@ class NfsServer:
         self.exports_generation = 1
         self.exports: ExportTable | None = None
         self.state: StateTable | None = None
-        self.programs = {c.NFS4_PROGRAM: VersionDispatch({3: Nfs3Program(self), 4: Nfs4Program(self)}),
-                         MOUNT_PROGRAM: MountProgram(self)}
+        self.nlm: NlmManager | None = None
+        self.programs = {
+            NFS_PROGRAM: VersionDispatch({NFS_V3: Nfs3Program(self), NFS_V4: Nfs4Program(self)}),
+            MOUNT_PROGRAM: MountProgram(self),
+            nlm_types.NLM_PROGRAM: NlmProgram(self), nlm_types.NSM_PROGRAM: NsmProgram(self),
+            pmap.PMAP_PROGRAM: pmap.PortmapProgram(self.portmap_table)}
         self.connections: set = set()
         self.counters = NfsStats()
         self.loop = None
         self.pool = None
         self._server = None
         self._housekeeper = None
+        self._nlm_ticker = None
+        self._portmap_server = None
+        self._sweeper = None
+        self._housekeeping_failures = Throttled(log)
         self._statfs = None
         self._statfs_at = 0.0
         self._statfs_lock = threading.Lock()
@@ -98,18 +148,90 @@ class NfsServer:
                     self._statfs_at = now
         return self._statfs
 
+    def portmap_table(self) -> dict[tuple[int, int, int], int]:
+        """(program, version, protocol) -> port of what this server answers, for PMAP."""
+        tcp = pmap.IPPROTO_TCP
+        table = {(prog, vers, tcp): self.port for prog, program in self.programs.items()
+                 if prog != pmap.PMAP_PROGRAM for vers in program.versions}
+        pmap_port = self.portmap_port if self._portmap_server is not None else self.port
+        for vers in pmap.PortmapProgram.versions:
+            table[(pmap.PMAP_PROGRAM, vers, tcp)] = pmap_port
+        return table
+
+    def callback_reaches_self(self, address: str) -> bool:
+        """True when a callback to ``address`` would ask this server's own port mapper (a
+        client behind NAT on this host, such as a VM on user-mode networking): it would
+        call this server back instead of the client."""
+        local = address.startswith("127.") or address in ("::1", self.host)
+        return local and self._portmap_server is not None and \
+            self.client_rpcbind_port == self.portmap_port
+
+    def holds_state(self, conn) -> bool:
+        """A connection holds state when an NFSv4.1 session that still exists is bound to it
+        (CREATE_SESSION or BIND_CONN_TO_SESSION on it): it may idle up to
+        ``session_idle_timeout``. Anything else (NFSv3, MOUNT, NFSv4 before or without a
+        session) can reconnect at no cost and gets ``idle_timeout``."""
+        sessions = conn.state.get("sessions")
+        if not sessions or self.state is None:
+            return False
+        live = self.state.sessions
+        return any(sid in live for sid in sessions)
+
+    def _fit_fd_limit(self) -> None:
+        """Raise the soft descriptor limit so that max_connections fit, or lower the limit to
+        what the hard one allows (a full table would fail accept() for everyone)."""
+        want = self.limits.max_connections + FD_RESERVE
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            new_soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (new_soft, hard))
+                soft = new_soft
+            except (ValueError, OSError):
+                pass
+        if soft != resource.RLIM_INFINITY and soft < want:
+            fit = max(1, soft - FD_RESERVE)
+            log.warning("nfs.max_connections = %d does not fit the descriptor limit %d: "
+                        "serving at most %d connections", self.limits.max_connections, soft, fit)
+            self.limits = dataclasses.replace(self.limits, max_connections=fit)
+
+    async def _sweep(self) -> None:
+        """Idle and unfinished-record timeouts, checked for every connection a few times per
+        timeout."""
+        while True:
+            await asyncio.sleep(self.limits.sweep_period)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                try:
+                    conn.check_timeouts(now)
+                except Exception:  # noqa: BLE001 - one connection must not stop the sweep
+                    log.exception("connection sweep failed for %s", conn.peer[0])
+
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self._fit_fd_limit()
         self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="nfs-worker")
-        self.exports = await self.loop.run_in_executor(self.pool, ExportTable, self.catalog, self.namespace)
-        self.state = await self.loop.run_in_executor(
-            self.pool, lambda: StateTable(self.catalog, self.namespace, lease_seconds=self.lease_seconds,
-                                          grace_seconds=self.grace_seconds))
-        self._server = await self.loop.create_server(lambda: RpcConnection(self), self.host, self.port,
-                                                     reuse_address=True, backlog=256)
+        run = self.loop.run_in_executor
+        self.exports = await run(self.pool, ExportTable, self.catalog, self.namespace)
+        self.state = await run(self.pool, lambda: StateTable(
+            self.catalog, self.namespace, lease_seconds=self.lease_seconds,
+            grace_seconds=self.grace_seconds))
+        monitor = await run(self.pool, lambda: NsmMonitor(
+            self.catalog, my_name=self.nsm_name, client_rpcbind_port=self.client_rpcbind_port,
+            unreachable=self.callback_reaches_self))
+        grace = self.lease_seconds if self.grace_seconds is None else self.grace_seconds
+        self.nlm = NlmManager(self, monitor, grace_seconds=grace,
+                              client_rpcbind_port=self.client_rpcbind_port)
+        self._server = await self.loop.create_server(lambda: RpcConnection(self), self.host,
+                                                     self.port, reuse_address=True, backlog=256)
         self.port = self._server.sockets[0].getsockname()[1]
+        await self._start_portmap()
         self._housekeeper = asyncio.ensure_future(self._housekeeping())
+        self._nlm_ticker = asyncio.ensure_future(self._nlm_ticks())
+        if monitor.previous:  # tell the previous instance's lock clients to reclaim
+            self.pool.submit(monitor.notify_previous)
+        self._sweeper = asyncio.ensure_future(self._sweep())
         log.info("NFSv4.1 server listening on %s:%d", self.host, self.port)
 
     async def _housekeeping(self) -> None:
@@ -117,18 +239,63 @@ class NfsServer:
         while True:
             await asyncio.sleep(period)
             try:
-                await self.loop.run_in_executor(self.pool, self.state.expire_idle)
+                await self.loop.run_in_executor(self.pool, clients.expire_idle, self.state)
                 await self.loop.run_in_executor(self.pool, self.exports.refresh)
-            except Exception:  # noqa: BLE001 - housekeeping retries next period
-                log.exception("NFS housekeeping failed")
+            except Exception as exc:  # noqa: BLE001 - housekeeping retries next period
+                # a catalog outage fails every period: one line per interval, and no traceback
+                self._housekeeping_failures.log(
+                    logging.ERROR, type(exc), "NFS housekeeping failed: %s", exc,
+                    exc_info=not isinstance(exc, CatalogUnavailable))
+
+    async def _start_portmap(self) -> None:
+        mode = self.portmap_mode
+        if mode == "off":
+            return
+        run = self.loop.run_in_executor
+        if mode == "auto":
+            answers = self.portmap_port and await run(
+                self.pool, pmap.rpcbind_answers, "127.0.0.1", self.portmap_port)
+            mode = "register" if answers else "serve"
+        if mode == "register":
+            entries = {k: v for k, v in self.portmap_table().items()
+                       if k[0] != pmap.PMAP_PROGRAM}
+            done = await run(self.pool, pmap.register, "127.0.0.1", self.portmap_port, entries)
+            self.registered = entries
+            log.info("registered %d of %d programs with the rpcbind on port %d", done,
+                     len(entries), self.portmap_port)
+            return
+        try:
+            self._portmap_server = await self.loop.create_server(
+                lambda: RpcConnection(self), self.host, self.portmap_port, reuse_address=True)
+        except OSError as exc:
+            log.warning("port mapper not served on port %d (%s): NFSv3 clients then need "
+                        "nolock", self.portmap_port, exc)
+            return
+        self.portmap_port = self._portmap_server.sockets[0].getsockname()[1]
+        log.info("port mapper listening on %s:%d", self.host, self.portmap_port)
+
+    async def _nlm_ticks(self) -> None:
+        while True:
+            await asyncio.sleep(NLM_TICK)
+            try:
+                await self.loop.run_in_executor(self.pool, self.nlm.tick)
+            except Exception:  # noqa: BLE001 - retried next tick
+                log.exception("NLM housekeeping failed")
 
     async def stop(self) -> None:
         """Stop accepting, let calls in progress finish, close connections."""
         if self._server is None:
             return
         self._server.close()
-        if self._housekeeper is not None:
-            self._housekeeper.cancel()
+        if self._portmap_server is not None:
+            self._portmap_server.close()
+        for task in (self._housekeeper, self._nlm_ticker, self._sweeper):
+            if task is not None:
+                task.cancel()
+        if self.registered:
+            await self.loop.run_in_executor(self.pool, lambda: pmap.register(
+                "127.0.0.1", self.portmap_port, self.registered, unset=True))
+            self.registered = {}
         deadline = time.monotonic() + 10
         while any(conn.in_flight for conn in self.connections) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -136,6 +303,9 @@ class NfsServer:
             conn.abort()
         await self._server.wait_closed()
         self._server = None
+        if self._portmap_server is not None:
+            await self._portmap_server.wait_closed()
+            self._portmap_server = None
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -153,7 +323,7 @@ class NfsServerThread:
     def port(self) -> int:
         return self.server.port
 
-    def start(self) -> "NfsServerThread":
+    def start(self) -> NfsServerThread:
         self._thread = threading.Thread(target=self._run, name="nfs-server", daemon=True)
         self._thread.start()
         self._ready.wait(60)
@@ -183,7 +353,8 @@ class NfsServerThread:
         return self.server.stats()
 
     def is_alive(self) -> bool:
-        """True while the server's event-loop thread runs (the sd_notify watchdog pings only then)."""
+        """True while the server's event-loop thread runs (the sd_notify watchdog pings only
+        then)."""
         return self._thread is not None and self._thread.is_alive()
 
     def stop(self) -> None:

@@ -54,7 +54,8 @@ class NfsStats:
         with self._lock:
             out = {"nfs_ops": sum(self._ops.values()), "nfs_read_bytes": self.read_bytes,
                    "nfs_write_bytes": self.write_bytes, "nfs_latency_sum_s": self.latency_sum_s,
-                   "nfs_compounds_from_cache": self.from_cache, "nfs_compounds_handed_off": self.handed_off}
+                   "nfs_compounds_from_cache": self.from_cache,
+                   "nfs_compounds_handed_off": self.handed_off}
             out.update({f"nfs_ops_{name}": count for name, count in self._ops.items()})
             running = 0
             for bound, count in zip(LATENCY_BUCKETS_MS, self._buckets):

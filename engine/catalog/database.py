@@ -35,6 +35,9 @@ from typing import TypeVar
 from sqlalchemy import create_engine, event, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import InterfaceError as SqlInterfaceError
+from sqlalchemy.exc import OperationalError as SqlOperationalError
+from sqlalchemy.exc import TimeoutError as SqlTimeout
 
 from engine.blocking import may_block
 from engine.catalog.models import Setting
@@ -287,6 +290,8 @@ class Catalog:
                 return result
             except Exception as exc:  # DB-API errors arrive wrapped (SQLAlchemy) or raw (hot-path cursors)
                 if not self._transient(exc):
+                    if self._unreachable(exc):  # not retried here: the commit may have happened
+                        raise CatalogUnavailable(f"catalog unreachable: {exc}") from exc
                     raise
                 if time.monotonic() > deadline:
                     raise CatalogUnavailable(f"catalog busy for {RETRY_DEADLINE_S:.0f} s: {exc}") from exc
@@ -330,6 +335,21 @@ class Catalog:
             text = str(orig).lower()
             return isinstance(orig, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
         return getattr(orig, "sqlstate", None) in PG_RETRY_SQLSTATES
+
+    def _unreachable(self, exc: Exception) -> bool:
+        """PostgreSQL is down, restarting or cut off (a connection refused or lost, the pool out
+        of connections): callers may retry later, once the pool has reconnected."""
+        if self.is_sqlite:
+            return False
+        if isinstance(exc, SqlTimeout) or (isinstance(exc, DBAPIError)
+                                           and exc.connection_invalidated):
+            return True
+        orig = exc.orig if isinstance(exc, DBAPIError) else exc
+        try:
+            import psycopg
+        except ImportError:  # another driver: SQLAlchemy's classes of the same errors
+            return isinstance(exc, (SqlOperationalError, SqlInterfaceError))
+        return isinstance(orig, (psycopg.OperationalError, psycopg.InterfaceError))
 
     def read(self, work: Callable[[Connection], T]) -> T:
         return self.run(work, write=False)
@@ -403,7 +423,8 @@ class Catalog:
                 try:
                     self._wal_index = _map_wal_index(path + "-shm")
                 except (OSError, ValueError) as exc:
-                    log.info("catalog: no WAL index to map (%s); cache checks query PRAGMA data_version", exc)
+                    log.debug("catalog: no WAL index to map (%s); cache checks query PRAGMA "
+                              "data_version", exc)
                     self._wal_index = None
                 self._watch = watch
         return self._wal_index

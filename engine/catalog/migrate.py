@@ -1,12 +1,13 @@
 """Alembic, driven from code: ``shingle init`` and tests upgrade with these."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, make_url
 
 import migrations
 
@@ -19,7 +20,24 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
+def create_private_sqlite(url: str) -> None:
+    """Create a new SQLite catalog file owner-only before SQLite opens it (SQLite would create it
+    with the umask's 0644, and its -wal and -shm files copy the database file's mode): it holds
+    inline file data, the file-handle key and the admins' password hashes."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return
+    path = Path(parsed.database)
+    if path.exists():
+        return
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass  # another process made it first; its mode is its creator's business
+
+
 def upgrade(url: str, revision: str = "head") -> None:
+    create_private_sqlite(url)
     command.upgrade(alembic_config(url), revision)
 
 

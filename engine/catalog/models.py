@@ -212,6 +212,30 @@ class Export(Base):
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
 
 
+class SmbShare(Base):
+    """An SMB share (engine/smb.py): a namespace directory that Samba serves over the mount."""
+    __tablename__ = "smb_shares"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(80), unique=True)  # clients connect to //server/NAME
+    path: Mapped[str] = mapped_column(Text, default="/")  # directory in the namespace
+    access: Mapped[str] = mapped_column(String(2), default="rw")  # "rw" | "ro"
+    clients: Mapped[str] = mapped_column(Text, default="0.0.0.0/0,::/0")  # comma-separated CIDRs
+    guest: Mapped[bool] = mapped_column(Boolean, default=False)  # connect without a password
+    users: Mapped[str] = mapped_column(Text, default="")  # who may connect; "" = every SMB user
+    read_only_users: Mapped[str] = mapped_column(Text, default="")  # may connect, not write
+    case_insensitive: Mapped[bool] = mapped_column(Boolean, default=False)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class SmbUser(Base):
+    """An SMB user: the name and the uid/gid its files get; the password is in Samba's passdb."""
+    __tablename__ = "smb_users"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    uid: Mapped[int] = mapped_column(BigInteger)
+    gid: Mapped[int] = mapped_column(BigInteger)
+
+
 class RetentionPolicy(Base):
     __tablename__ = "retention_policies"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -276,7 +300,33 @@ class AdminUser(Base):
     created_ns: Mapped[int] = mapped_column(BigInteger)
     last_login_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     failed_logins: Mapped[int] = mapped_column(Integer, default=0)
-    locked_until_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class AdminSession(Base):
+    """A signed-in browser: the cookie carries a random id whose digest is kept here, so that
+    signing out, a password change or removing the admin ends the session on the server."""
+
+    __tablename__ = "admin_sessions"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("admin_users.id", ondelete="CASCADE"),
+                                         index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    address: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    last_seen_ns: Mapped[int] = mapped_column(BigInteger)
+    expires_ns: Mapped[int] = mapped_column(BigInteger)
+
+
+class LoginThrottle(Base):
+    """Failed sign-ins counted per source address, per account and per account from one
+    address; shared by every web UI worker. A key past its allowance backs off until
+    ``blocked_until_ns``; nothing is locked for good."""
+
+    __tablename__ = "login_throttle"
+    key: Mapped[str] = mapped_column(String(160), primary_key=True)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    last_failure_ns: Mapped[int] = mapped_column(BigInteger, index=True)
+    blocked_until_ns: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class ApiToken(Base):
@@ -287,6 +337,9 @@ class ApiToken(Base):
     token_hash: Mapped[str] = mapped_column(String(128), unique=True)
     created_ns: Mapped[int] = mapped_column(BigInteger)
     last_used_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # read-only | operator | admin (engine.accounts.SCOPES)
+    scope: Mapped[str] = mapped_column(String(16), default="read-only")
+    expires_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # None: never
 
 
 class Event(Base):
@@ -330,7 +383,7 @@ class Job(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     kind: Mapped[str] = mapped_column(String(32))
     params: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
-    # queued | running | done | failed
+    # queued | running | done | failed | interrupted (its daemon died and it cannot restart)
     state: Mapped[str] = mapped_column(String(16), default="queued")
     actor: Mapped[str] = mapped_column(String(64), default="system")
     done: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -340,4 +393,7 @@ class Job(Base):
     created_ns: Mapped[int] = mapped_column(BigInteger)
     started_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     finished_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # Written by the daemon every few seconds while the job runs: a stale one means it died.
+    heartbeat_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # claims so far (re-queues count)
     __table_args__ = (Index("ix_jobs_state_id", "state", "id"),)

@@ -7,7 +7,8 @@ A facade over the parts, each with its own lock and a public interface:
 ``commits`` (commit.Committer: the durable batch transaction),
 ``buffers`` (buffers.FileBuffers: write, flush, truncate, release),
 ``extents`` (extents.ExtentCache) and ``reads`` (extents.Reads), ``repairs`` (repair.Repairer),
-``sharing`` (sharing.Sharing: clone_range, punch, data_ranges over shared extents).
+``sharing`` (sharing.Sharing: clone_range, punch, data_ranges over shared extents),
+``drive_watch`` (drivewatch.DriveWatch: drives gone or failing become drive states).
 The hot calls (write, flush, read) are the parts' own bound methods, set on the instance, so
 the facade adds no call of its own to them."""
 
@@ -21,6 +22,7 @@ from engine.catalog.database import sql_one
 from engine.catalog.models import BandClass
 from engine.datapath.buffers import FileBuffers
 from engine.datapath.commit import Committer
+from engine.datapath.drivewatch import DriveWatch
 from engine.datapath.extents import ExtentCache, Reads
 from engine.datapath.reader import StripeReader
 from engine.datapath.recovery import RecoveryReport, recover
@@ -150,6 +152,7 @@ class DataPath:
         self.repairs = Repairer(catalog, self.space, self.writers, self.extents)
         self.sharing = Sharing(self.buffers, self.extents, self.reader, max_extent=self.max_extent)
         self.reader.repair_hook = self.repairs.queue
+        self.drive_watch = DriveWatch(catalog, self.space, self.writers, self.reader)
         self._closed = False
 
         # the FileData calls, bound straight to the parts (no facade call on the hot paths)
@@ -168,8 +171,10 @@ class DataPath:
         self.refresh_drive_states = self.space.refresh_drive_states
         self.invalidate_stripes = self.extents.invalidate_stripes
         self.wait_repairs = self.repairs.wait
+        self.check_drives = self.drive_watch.check
 
         self.recovery_report = recover(catalog, self.space)
+        self.drive_watch.start()
         self.writers.start()
         self.dispatcher.start()
         self.commits.start(self.dispatcher)
@@ -214,10 +219,15 @@ class DataPath:
 
     def counters(self) -> dict[str, float]:
         """Cumulative counters for the web UI's charts (names: engine/metrics.py)."""
-        return {
+        out = {
             "client_bytes_written": self.stats["client_bytes_written"],
             "media_bytes_written": self.stats["media_bytes_written"],
         }
+        for drive in self.space.drives.values():  # each drive's own I/O: drive_<id>_<counter>
+            if drive.backend is not None:
+                counters = drive.backend.io_counters()
+                out.update({f"drive_{drive.id}_{k}": v for k, v in counters.items()})
+        return out
 
     def close(self) -> None:
         if self._closed:
@@ -229,6 +239,7 @@ class DataPath:
             self._closed = self.buffers.closed = self.repairs.closed = True
             self.dispatcher.stop()
             self.commits.stop()
+            self.drive_watch.stop()
             self.writers.stop()
             self.dispatcher.close_encoders()
             self.reader.close()

@@ -3,13 +3,14 @@
 The catalog's Zone rows are the committed truth; this mirror adds what only
 the running process knows: the on-disk append position of each zone, the
 fragments written but not yet committed (``inflight``), the open band of each
-class, and whether the drive's folder is still there."""
+class, and whether the drive's folder is still there (``present``: a folder seen gone calls
+``on_gone``, which the drive watch, drivewatch.py, turns into the state "missing")."""
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 from engine.drives import DriveMissing, open_drive
 
@@ -55,24 +56,49 @@ class DriveState:
         self.granularity = getattr(self.backend, "write_granularity", 1) or 1
         self._present = self.backend is not None
         self._present_at = time.monotonic()
+        self.on_gone: Callable[[DriveState], None] | None = None
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
 
     def present(self) -> bool:
         if self.backend is None:
             return False
-        now = time.monotonic()
-        if now - self._present_at > PRESENCE_TTL_S:
-            # open file descriptors survive an rm -rf: look at the folder itself
-            self._present = os.path.isdir(self.path)
-            self._present_at = now
+        if time.monotonic() - self._present_at > PRESENCE_TTL_S:
+            self.check_presence()
         return self._present
+
+    def check_presence(self) -> bool:
+        """Look now whether the drive's folder (or device) is there; ``on_gone`` is called when
+        it was there at the last look and is not any more."""
+        was = self._present
+        # open file descriptors survive an rm -rf or a rename: look at the folder itself
+        self._present = self.backend is not None and self.backend.present()
+        self._present_at = time.monotonic()
+        if was and not self._present and self.on_gone is not None:
+            self.on_gone(self)
+        return self._present
+
+    def adopt_backend(self, backend) -> object:
+        """Use ``backend`` (a reopened drive) from now on; returns the one it replaces."""
+        old, self.backend = self.backend, backend
+        self.granularity = getattr(backend, "write_granularity", 1) or 1
+        self.open_error = None
+        self._present, self._present_at = True, time.monotonic()
+        return old
 
     def readable(self) -> bool:
         return self.state in READABLE_STATES and self.present()
 
     def writable(self) -> bool:
         return self.state in WRITABLE_STATES and not self.write_failed and self.present()
+
+    def condition(self) -> str:
+        """Why the drive takes writes or not, in a word or three (for error messages)."""
+        if self.backend is None or not self.present():
+            return "missing"
+        if self.write_failed:
+            return "failed a write"
+        return self.state
 
     def usable_bytes(self, reserve_zones: int, max_fragment: int, reclaimable: int = 0) -> int:
         """Bytes new fragments can surely take (each zone may waste a tail shorter than a fragment)."""

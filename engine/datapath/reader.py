@@ -65,6 +65,8 @@ class StripeReader:
         self._corrupt: set[tuple[int, int]] = set()  # (stripe, idx) that failed their checksum
         # called as repair_hook(info, indexes, good fragments) after a decode around bad checksums
         self.repair_hook = None
+        # on_io_error(drive, exc, "read"): a drive read failed (the drive watch listens)
+        self.on_io_error = None
         self.stats = {"fragment_reads": 0, "inline_reads": 0, "degraded_stripes": 0, "checksum_errors": 0}
 
     def close(self):
@@ -100,20 +102,26 @@ class StripeReader:
             raise DriveMissing(f"drive {drive_id} of stripe {info.id} fragment {idx} is unavailable")
         zone = self.zones[zone_id]
         header = info.header
-        if whole:
-            buf = bytearray(length)
-            got = drive.backend.read_into(zone.idx, offset, [buf])
-            crc = crc32c.crc32c(buf)
-        else:
-            head = bytearray(header)
-            buf = bytearray(length - header)
-            got = drive.backend.read_into(zone.idx, offset, [head, buf] if header else [buf])
-            crc = crc32c.crc32c(buf, crc32c.crc32c(head)) if header else crc32c.crc32c(buf)
+        try:
+            if whole:
+                buf = bytearray(length)
+                got = drive.backend.read_into(zone.idx, offset, [buf])
+                crc = crc32c.crc32c(buf)
+            else:
+                head = bytearray(header)
+                buf = bytearray(length - header)
+                got = drive.backend.read_into(zone.idx, offset, [head, buf] if header else [buf])
+                crc = crc32c.crc32c(buf, crc32c.crc32c(head)) if header else crc32c.crc32c(buf)
+        except OSError as exc:
+            if self.on_io_error is not None:
+                self.on_io_error(drive, exc, "read")
+            raise
         self.stats["fragment_reads"] += 1
         if got != length:
             raise errors.IOFailure(f"short read of stripe {info.id} fragment {idx}: {got} of {length} bytes")
         if crc != checksum:
             self.stats["checksum_errors"] += 1
+            drive.backend.checksum_errors += 1
             with self._lock:
                 self._corrupt.add((info.id, idx))
             raise ChecksumError(f"checksum mismatch in stripe {info.id} fragment {idx} on drive {drive_id} "

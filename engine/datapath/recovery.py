@@ -34,47 +34,59 @@ def recover(catalog, space) -> RecoveryReport:
             if drive.backend is None or not drive.present():
                 report.missing_drives.append(drive.id)
                 continue
-            drive.open.clear()
-            drive.empty.clear()
-            for zone in drive.zones:
-                report.zones_checked += 1
-                medium = drive.backend.write_pointer(zone.idx)
-                values = {}
-                if medium > zone.committed_wp:
-                    extra = medium - zone.committed_wp
-                    report.zones_with_garbage += 1
-                    report.garbage_bytes += extra
-                    values = {
-                        "write_pointer": medium,
-                        "garbage_bytes": ZONES.c.garbage_bytes + extra,
-                    }
-                    if zone.state == "empty":
-                        values["state"] = zone.state = "full"  # only garbage: reclaimable
-                    zone.committed_wp = medium
-                elif medium < zone.committed_wp:
-                    report.short_zones.append((drive.id, zone.idx, zone.committed_wp, medium))
-                    zone.state = "full"  # never append where the catalog believes data lives
-                    values = {"state": "full"}
-                zone.wp = max(medium, zone.committed_wp)
-                if values:
-                    updates.append((zone.id, values))
-                if zone.state == "empty" and zone.wp == 0:
-                    drive.empty.add(zone.idx)
-                elif (
-                    zone.state == "open"
-                    and zone.band_class in space.policies
-                    and zone.band_class not in drive.open
-                    and zone.wp < drive.zone_size
-                ):
-                    drive.open[zone.band_class] = zone
-                elif zone.state == "open":
-                    zone.state = "full"
-                    updates.append((zone.id, {"state": "full"}))
+            updates += recover_drive(space, drive, report)
+    record_updates(catalog, updates)
+    return report
 
+
+def recover_drive(space, drive, report: RecoveryReport) -> list[tuple[int, dict]]:
+    """Compare one drive's zones with the catalog (caller holds ``space.lock``; the drive takes
+    no writes meanwhile): at start, and when a missing drive comes back (drivewatch.py).
+    Returns the zone rows to update (``record_updates``)."""
+    updates = []
+    drive.open.clear()
+    drive.empty.clear()
+    for zone in drive.zones:
+        report.zones_checked += 1
+        medium = drive.backend.write_pointer(zone.idx)
+        values = {}
+        if medium > zone.committed_wp:
+            extra = medium - zone.committed_wp
+            report.zones_with_garbage += 1
+            report.garbage_bytes += extra
+            values = {
+                "write_pointer": medium,
+                "garbage_bytes": ZONES.c.garbage_bytes + extra,
+            }
+            if zone.state == "empty":
+                values["state"] = zone.state = "full"  # only garbage: reclaimable
+            zone.committed_wp = medium
+        elif medium < zone.committed_wp:
+            report.short_zones.append((drive.id, zone.idx, zone.committed_wp, medium))
+            zone.state = "full"  # never append where the catalog believes data lives
+            values = {"state": "full"}
+        zone.wp = max(medium, zone.committed_wp)
+        if values:
+            updates.append((zone.id, values))
+        if zone.state == "empty" and zone.wp == 0:
+            drive.empty.add(zone.idx)
+        elif (
+            zone.state == "open"
+            and zone.band_class in space.policies
+            and zone.band_class not in drive.open
+            and zone.wp < drive.zone_size
+        ):
+            drive.open[zone.band_class] = zone
+        elif zone.state == "open":
+            zone.state = "full"
+            updates.append((zone.id, {"state": "full"}))
+    return updates
+
+
+def record_updates(catalog, updates: list[tuple[int, dict]]) -> None:
     def work(conn):
         for zone_id, values in updates:
             conn.execute(ZONES.update().where(ZONES.c.id == zone_id).values(**values))
 
     if updates:
         catalog.run(work, durable=True)
-    return report

@@ -3,7 +3,8 @@
 ``Space`` owns the in-memory mirror of drives and zones (drivestate.py) and the one lock that
 guards it (``lock``, rank "datapath.space"). Its operations:
 - reserve / unreserve: raw bytes promised to buffered writes (checked at write time, so a
-  write that cannot be placed fails with ENOSPC before anything is buffered);
+  write that cannot be placed fails with ENOSPC before anything is buffered; with fewer
+  writable drives than the band class's write quorum it fails with NoRedundancy, an EIO);
 - place: choose the zones of a stripe's k+m fragments and move their append positions;
 - claim / close / take / settle: zones of the lifecycle jobs (engine/lifecycle/media.py);
 - pin / unpin: a zone with pins (``ZoneMem.inflight``) is never reset;
@@ -11,6 +12,7 @@ guards it (``lock``, rank "datapath.space"). Its operations:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from typing import NamedTuple
@@ -22,11 +24,14 @@ from engine.catalog.models import Drive, Fragment, Stripe, Zone
 from engine.datapath.drivestate import DriveState, ZoneMem
 from engine.erasure import ALIGNMENT_SLACK, Policy
 from engine.ordered_lock import lock, rlock
+from engine.ratelog import RateLimitedLog
 
 DRIVES = Drive.__table__
 ZONES = Zone.__table__
 STRIPES = Stripe.__table__
 FRAGMENTS = Fragment.__table__
+
+log = logging.getLogger("shingle.datapath")
 
 
 class PlacedFragment(NamedTuple):
@@ -72,6 +77,7 @@ class Space:
         self._reserved = 0
         self._reclaimable: dict[int, int] = {}
         self._rr = 0
+        self._warn = RateLimitedLog(log)
         self._load_drives(smr_model)
 
     # -- drives -------------------------------------------------------------------------
@@ -151,7 +157,7 @@ class Space:
             raw = sum(
                 max(d.zone_count - self.reserve_zones, 0) * d.zone_size
                 for d in self.drives.values()
-                if d.state not in ("failed", "removed")
+                if d.state not in ("failed", "missing", "removed")
             )
             free = max(self.usable() - self._reserved, 0)
         return int(raw * policy.efficiency), int(free * policy.efficiency)
@@ -164,7 +170,27 @@ class Space:
             -(-length // policy.k) + stripes * (policy.header_size + ALIGNMENT_SLACK)
         )
 
+    def check_redundancy(self, policy: Policy, writable: int | None = None) -> None:
+        """Raise NoRedundancy when fewer drives take writes than ``policy``'s write quorum: no
+        stripe of it can be placed, however much space is free (logged once a minute)."""
+        drives = self.drives.values()
+        if writable is None:
+            writable = sum(1 for d in drives if d.writable())
+        if writable >= policy.write_quorum:
+            return
+        unavailable = ", ".join(
+            f"drive {d.id} {d.condition()}" for d in drives if not d.writable()
+        )
+        message = (
+            f"a {policy.name} stripe needs {policy.width} drives (at least "
+            f"{policy.write_quorum}) and only {writable} of {len(self.drives)} take writes "
+            f"({unavailable}): writes of this band class are refused until drives come back"
+        )
+        self._warn.error(message, "%s", message)
+        raise errors.NoRedundancy(message)
+
     def reserve(self, need: int, policy: Policy) -> None:
+        self.check_redundancy(policy)
         with self.lock:
             with self._reserve_lock:
                 if self._reserved + need <= self.usable(policy):
@@ -286,6 +312,7 @@ class Space:
                 if len(chosen) == width or attempt or not self.reclaim_zones():
                     break
             if len(chosen) < policy.write_quorum:
+                self.check_redundancy(policy, len(writable))
                 raise errors.NoSpace(
                     f"stripe of {len(stripe.payload)} bytes needs {width} drives (at least "
                     f"{policy.write_quorum}) with {length} free bytes in a {policy.name} band; "

@@ -245,7 +245,7 @@ class Dispatcher:
                         space.reserve(extra, hot)
                         own += extra
                     policy = hot
-                except errors.NoSpace:
+                except (errors.NoSpace, errors.NoRedundancy):
                     pass  # the erasure-coded stripe is already reserved
         fb.data = bytearray()
         extents, fb.extents = fb.extents, []

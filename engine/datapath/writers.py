@@ -15,6 +15,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 from engine import errors
@@ -94,6 +95,10 @@ class Reset(NamedTuple):
     latch: Latch
 
 
+class Retire(NamedTuple):
+    backend: object  # a drive's backend replaced by a reopened one: closed behind earlier items
+
+
 class DriveWriters:
     """Starts, feeds and stops the writer and syncer threads of every drive."""
 
@@ -101,6 +106,8 @@ class DriveWriters:
         self.drives = drives
         self.stats = stats
         self.threads: list[threading.Thread] = []
+        # on_io_error(drive, exc, during): an append or fsync failed (the drive watch listens)
+        self.on_io_error: Callable[[DriveState, BaseException, str], None] | None = None
 
     def start(self) -> None:
         for drive in self.drives.values():
@@ -138,6 +145,12 @@ class DriveWriters:
         return latch
 
     @staticmethod
+    def retire(drive: DriveState, backend) -> None:
+        """Close a backend the drive no longer uses, once everything queued before is done."""
+        if backend is not None:
+            drive.queue.put(Retire(backend))
+
+    @staticmethod
     def reset_zones(zones: list[tuple[DriveState, int]]) -> None:
         """Reset each (drive, zone idx) through its writer's queue; wait for all of them."""
         latch = Latch(len(zones))
@@ -164,11 +177,12 @@ class DriveWriters:
             name=f"shingle-sync-{drive.id}",
         )
         syncer.start()
-        backend, stats, pending = drive.backend, self.stats, drive.queue
+        stats, pending = self.stats, drive.queue
         try:
             while True:
                 item = pending.get()
                 kind = type(item)
+                backend = drive.backend  # a drive that came back has a reopened backend
                 if kind is Append:
                     idx, offset, data, ticket = item
                     try:
@@ -194,6 +208,7 @@ class DriveWriters:
                             errors.IOFailure(f"drive {drive.id} zone {idx}: write failed: {exc}")
                         )
                         ticket.fragment_done()
+                        self._io_error(drive, exc, "write")
                 elif item is None:
                     return
                 elif kind is Finish:
@@ -214,6 +229,11 @@ class DriveWriters:
                         item.latch.arrive()
                     except BaseException as exc:  # noqa: BLE001
                         item.latch.arrive(exc)
+                elif kind is Retire:
+                    try:
+                        item.backend.close()
+                    except OSError:
+                        pass  # its files may be gone with the folder it named
         finally:
             synced.put(None)
             syncer.join()
@@ -244,9 +264,14 @@ class DriveWriters:
             except BaseException as exc:  # noqa: BLE001
                 drive.write_failed = True
                 error = errors.IOFailure(f"drive {drive.id} zone {idx}: fsync failed: {exc}")
+                self._io_error(drive, exc, "fsync")
         self.stats["fsync_s"] += time.perf_counter() - started
         self.stats["fsyncs"] += 1
         for _idx, ticket in batch:
             if error is not None:
                 ticket.fail(error)
             ticket.fragment_done()
+
+    def _io_error(self, drive: DriveState, exc: BaseException, during: str) -> None:
+        if self.on_io_error is not None and isinstance(exc, OSError):
+            self.on_io_error(drive, exc, during)

@@ -118,6 +118,9 @@ class ZonedBlockDrive(ZonedDrive):
         self._zones = self._report_all()
         self.zone_count = len(self._zones)
 
+    def present(self) -> bool:
+        return os.path.exists(self.device)
+
     def _report_all(self) -> list[dict]:
         zones, sector = [], 0
         while True:
@@ -155,8 +158,13 @@ class ZonedBlockDrive(ZonedDrive):
             # O_DIRECT wants aligned memory and lengths: pad the tail (the zone moves by the padded length)
             buf = mmap.mmap(-1, length)
             buf[:len(data)] = bytes(data)
-            os.pwrite(self.fd, buf, z["start"] * SECTOR + offset)
+            try:
+                os.pwrite(self.fd, buf, z["start"] * SECTOR + offset)
+            except OSError:
+                self.write_errors += 1
+                raise
             z["wp"] += length // SECTOR
+            self.bytes_written += length
         if durable:
             self.sync(idx)
         if self.model is not None:
@@ -165,8 +173,13 @@ class ZonedBlockDrive(ZonedDrive):
     def read_into(self, idx: int, offset: int, buffers: list) -> int:
         z = self._zones[idx]
         want = sum(len(b) for b in buffers)
-        with open(self.device, "rb", buffering=0) as raw:
-            got = os.preadv(raw.fileno(), buffers, z["start"] * SECTOR + offset)
+        try:
+            with open(self.device, "rb", buffering=0) as raw:
+                got = os.preadv(raw.fileno(), buffers, z["start"] * SECTOR + offset)
+        except OSError:
+            self.read_errors += 1
+            raise
+        self.bytes_read += min(got, want)
         if self.model is not None:
             self.model.on_read(self.model_key, z["start"] * SECTOR + offset, got)
         return min(got, want)

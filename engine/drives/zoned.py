@@ -49,6 +49,19 @@ class ZonedDrive:
     write_granularity: int = 1  # appends move the write pointer in multiples of this
     model = None  # SmrModel or None
     model_key = None  # how this drive is named in the model's report
+    # This drive's own I/O, cumulative since it was opened (for /metrics). Plain int increments, no
+    # lock on the hot path: one writer thread per drive appends; concurrent readers may, rarely,
+    # lose an increment of bytes_read, which monitoring tolerates (no accounting reads these).
+    bytes_read = 0
+    bytes_written = 0
+    read_errors = 0
+    write_errors = 0
+    checksum_errors = 0  # fragments whose crc32c did not match, counted by the data path's reader
+
+    def io_counters(self) -> dict[str, int]:
+        return {"read_bytes": self.bytes_read, "written_bytes": self.bytes_written,
+                "read_errors": self.read_errors, "write_errors": self.write_errors,
+                "checksum_errors": self.checksum_errors}
 
     def report(self) -> list[ZoneInfo]:
         raise NotImplementedError

@@ -171,10 +171,12 @@ class ZoneFileDrive(ZonedDrive):
             if durable and not _RWF_DSYNC:
                 os.fdatasync(fd)
         except OSError:
+            self.write_errors += 1
             with self._lock:
                 # the zone's real length is now unknown: believe the file
                 self._wp[idx] = os.fstat(fd).st_size
             raise
+        self.bytes_written += length
         if self.model is not None:
             self.model.on_write(self.model_key, idx * self.zone_size + offset, length)
 
@@ -184,7 +186,12 @@ class ZoneFileDrive(ZonedDrive):
         wp = self._wp[idx]
         if offset < 0 or offset + want > wp:
             raise ZoneError(f"read of {want} bytes at {offset} of zone {idx} passes its write pointer {wp}")
-        got = os.preadv(fd, buffers, offset)
+        try:
+            got = os.preadv(fd, buffers, offset)
+        except OSError:
+            self.read_errors += 1
+            raise
+        self.bytes_read += got
         if self.model is not None:
             self.model.on_read(self.model_key, idx * self.zone_size + offset, got)
         return got

@@ -4,13 +4,17 @@ States and what they mean for data:
 - ``online``: read and written.
 - ``degraded``: still read (it reported errors), no new fragments are placed on it.
 - ``draining``: still read; rebuild moves every fragment off it, then it may be removed.
+- ``missing``: its folder or device is gone (set by the data path's drive watch,
+  engine/datapath/drivewatch.py): neither read nor written; it returns to the state it had
+  when its folder comes back, or an admin fails it.
 - ``failed``: never read; its fragments count as missing until rebuild replaces them.
 - ``removed``: out of the pool for good (a failed drive pulled, or a drained one).
 
 Allowed changes (anything else is refused with InvalidArgument naming both states):
-online -> degraded | draining | failed; degraded -> online | draining | failed;
-draining -> online (cancel) | degraded | failed | removed (only once empty);
-failed -> removed. A replaced drive comes back as a new drive, never as the old id.
+online -> degraded | draining | failed | missing; degraded -> online | draining | failed |
+missing; draining -> online (cancel) | degraded | failed | missing | removed (only once empty);
+missing -> online | degraded | draining | failed; failed -> removed. A replaced drive comes
+back as a new drive, never as the old id.
 Every change is an event (``drive.state``) in the same transaction.
 """
 from __future__ import annotations
@@ -32,13 +36,15 @@ FRAGMENTS = Fragment.__table__
 STRIPES = Stripe.__table__
 
 ONLINE, DEGRADED, FAILED, DRAINING, REMOVED = "online", "degraded", "failed", "draining", "removed"
-STATES = (ONLINE, DEGRADED, FAILED, DRAINING, REMOVED)
+MISSING = "missing"
+STATES = (ONLINE, DEGRADED, FAILED, DRAINING, MISSING, REMOVED)
 READABLE = (ONLINE, DEGRADED, DRAINING)  # fragments on these drives can serve reads
 PLACEABLE = (ONLINE,)  # new fragments (writes, rebuild, cleaning) go only here
 TRANSITIONS = {
-    ONLINE: (DEGRADED, DRAINING, FAILED),
-    DEGRADED: (ONLINE, DRAINING, FAILED),
-    DRAINING: (ONLINE, DEGRADED, FAILED, REMOVED),
+    ONLINE: (DEGRADED, DRAINING, FAILED, MISSING),
+    DEGRADED: (ONLINE, DRAINING, FAILED, MISSING),
+    DRAINING: (ONLINE, DEGRADED, FAILED, MISSING, REMOVED),
+    MISSING: (ONLINE, DEGRADED, DRAINING, FAILED),
     FAILED: (REMOVED,),
     REMOVED: (),
 }
@@ -143,7 +149,8 @@ def set_drive_state_in(conn: Connection, drive: int | str, state: str, *, actor:
             raise errors.NotEmpty(f"drive {drive_id} still holds {left} fragments: let the drain finish "
                                   "(`shingle rebuild`) before removing it")
     conn.execute(DRIVES.update().where(DRIVES.c.id == drive_id).values(state=state))
-    severity = "error" if state == FAILED else "warning" if state in (DEGRADED, REMOVED) else "info"
+    severity = ("error" if state in (FAILED, MISSING)
+                else "warning" if state in (DEGRADED, REMOVED) else "info")
     record_in(conn, "drive.state", f"drive {drive_id}: {old} -> {state}" + (f" ({reason})" if reason else ""),
               severity=severity, actor=actor, details={"drive_id": drive_id, "from": old, "to": state,
                                                        "reason": reason})

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from engine.ordered_lock import lock
+from engine.units import format_duration, format_size
 
 Progress = Callable[[int, int, str], None]
 
@@ -85,12 +86,14 @@ class Tracker:
         return max(self.total - self.done, 0) / self.rate
 
     def message(self) -> str:
-        text = f"{self.what}: {self.done}/{self.total} {self.unit}"
         if self.unit == "bytes":
-            text += f", {self.rate / 1e6:.1f} MB/s"
+            text = (f"{self.what}: {format_size(self.done)} of {format_size(self.total)}, "
+                    f"{self.rate / 1e6:.1f} MB/s")
+        else:
+            text = f"{self.what}: {self.done}/{self.total} {self.unit}"
         eta = self.eta_s
         if eta is not None and self.done < self.total:
-            text += f", ETA {eta:.0f} s"
+            text += f", ETA {format_duration(eta)}"
         return text
 
     def add(self, amount: int, force: bool = False) -> None:

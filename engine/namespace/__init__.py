@@ -17,6 +17,8 @@ Package layout (one class ``Namespace`` made of parts; each part is a mixin over
 - files.py: FileOps, setattr, read/write/commit, open references, orphans
 - ranges.py: RangeOps, clone_range/copy_range/seek_data/seek_hole/allocate/deallocate
 - readonly.py: ReadOnlyInodes, snapshot views (``DIR/.snapshots/NAME``) refuse changes (EROFS)
+- ancestry.py: Ancestry, ``is_inside`` (an inode within a directory's subtree: export
+  confinement), its cache forgotten by the renames and links it wraps
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import threading
 import time
 
 from engine.catalog.database import Catalog
+from engine.namespace.ancestry import Ancestry
 from engine.namespace.cache import AttrCache
 from engine.namespace.common import (  # noqa: F401 - the package's public names
     CACHE_MAX_ENTRIES,
@@ -64,12 +67,14 @@ from engine.namespace.readonly import ReadOnlyInodes
 from engine.namespace.xattrs import Xattrs
 
 
-class Namespace(AttrCache, Lookup, Xattrs, DirectoryOps, FileOps, RangeOps, ReadOnlyInodes):
+class Namespace(Ancestry, AttrCache, Lookup, Xattrs, DirectoryOps, FileOps, RangeOps,
+                ReadOnlyInodes):
     def __init__(self, catalog: Catalog, data: FileData | None = None):
         self.catalog = catalog
         self.data = data
         self._cache: dict[int, Attr] = {}
         self._names: dict[tuple[int, str], int] = {}
+        self._xattr_cache: dict[int, dict[str, bytes]] = {}  # ino -> its (small) xattrs
         self._cache_epoch: int | None = None
         self._cache_since = 0.0
         self._cache_gen = 0  # bumped by every eviction: a load that began before it is not cached
@@ -77,6 +82,8 @@ class Namespace(AttrCache, Lookup, Xattrs, DirectoryOps, FileOps, RangeOps, Read
         self._open_refs: dict[int, int] = {}
         self._open_lock = threading.Lock()
         self._readonly = None  # (epoch, lows, highs, .snapshots dirs): see readonly.py
+        self._change_listeners: tuple = ()  # see AttrCache.add_change_listener
+        self._init_ancestry()
         root = catalog.get_setting(ROOT_INO_KEY)
         self.root_ino = int(root) if root is not None else self._make_root()
         listen = getattr(data, "add_commit_listener", None)

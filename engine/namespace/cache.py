@@ -6,7 +6,7 @@ import time
 
 from engine.catalog.database import commits_between
 from engine.catalog.database import sql_one as _one
-from engine.namespace.common import CACHE_MAX_ENTRIES, CACHE_TTL_S, Attr, _Touched
+from engine.namespace.common import CACHE_MAX_ENTRIES, CACHE_TTL_S, Attr, Touched
 
 log = logging.getLogger("shingle.namespace")
 
@@ -40,6 +40,7 @@ class AttrCache:
         """Forget every entry (caller holds the cache lock); loads under way will not be cached."""
         self._cache.clear()
         self._names.clear()
+        self._xattr_cache.clear()
         self._cache_gen += 1
         self._cache_epoch = epoch
         self._cache_since = time.monotonic()
@@ -49,7 +50,7 @@ class AttrCache:
         with self._cache_lock:
             if gen != self._cache_gen:
                 return
-            if len(self._cache) + len(self._names) > CACHE_MAX_ENTRIES:
+            if len(self._cache) + len(self._names) + len(self._xattr_cache) > CACHE_MAX_ENTRIES:
                 # a crude bound, reached only by walks of huge trees
                 self._clear_cache(self._cache_epoch)
                 return
@@ -88,7 +89,7 @@ class AttrCache:
 
     def _write_once(self, work, inos=(), names=()):
         self._cache_valid()  # take in other processes' commits before ours moves the epoch
-        touched = _Touched(inos)
+        touched = Touched(inos)
         fresh: list[Attr] = []
         gen = [None]
 
@@ -112,11 +113,14 @@ class AttrCache:
     def _changed(self, inos, names=(), fresh=(), fresh_gen=None, fresh_names=()) -> None:
         """This process changed ``inos`` and the (dir, name) entries ``names`` in a tracked commit:
         evict them (the rest of the cache stays valid: _cache_valid adopts the commit)."""
+        for listener in self._change_listeners:
+            listener(inos, names)
         with self._cache_lock:
             current = self._cache_gen
             self._cache_gen += 1
             for ino in inos:
                 self._cache.pop(ino, None)
+                self._xattr_cache.pop(ino, None)
             for key in names:
                 self._names.pop(key, None)
             if self._cache_epoch is not None and fresh and fresh_gen == current:
@@ -134,6 +138,16 @@ class AttrCache:
     def _data_committed(self, inos, found) -> None:
         fresh, gen = found if found is not None else ((), None)
         self._changed(inos, (), fresh, gen)
+
+    # -- change listeners ------------------------------------------------------------------------
+    # Called after each change this process makes (namespace writes, data-path commits, buffered
+    # writes that grow a file) with the inodes and (dir, name) entries it changed, in the changing
+    # thread: a listener must only take note (the FUSE mount queues kernel cache invalidations).
+    def add_change_listener(self, listener) -> None:
+        self._change_listeners = (*self._change_listeners, listener)
+
+    def remove_change_listener(self, listener) -> None:
+        self._change_listeners = tuple(x for x in self._change_listeners if x != listener)
 
     def invalidate(self) -> None:
         with self._cache_lock:

@@ -123,11 +123,11 @@ class FileData(Protocol):
     def capacity(self) -> tuple[int, int]: ...  # usable (total, free) bytes
 
 
-_ATTR_COLUMNS = [INODES.c[name] for name in Attr.__slots__]
-_ATTR_SQL = ", ".join(f"inodes.{name}" for name in Attr.__slots__)
+ATTR_COLUMNS = [INODES.c[name] for name in Attr.__slots__]
+ATTR_SQL = ", ".join(f"inodes.{name}" for name in Attr.__slots__)
 
 
-class _Touched(set):
+class Touched(set):
     """Inodes a write transaction changed, and the names it created ((dir, name) -> ino)."""
 
     def __init__(self, inos=()):
@@ -136,12 +136,12 @@ class _Touched(set):
         self.unfreed: list[int] = []  # orphans with extents left to free after this commit
 
 
-class _Entry(NamedTuple):
+class Entry(NamedTuple):
     id: int
     child: int
 
 
-def _attr(row) -> Attr:
+def attr_of_row(row) -> Attr:
     return Attr(*row)
 
 
@@ -167,5 +167,5 @@ def may(cred: Cred, attr: Attr, want: int) -> bool:
     return bits & want == want
 
 
-def _bits(want: int) -> str:
+def mode_bits(want: int) -> str:
     return "".join(ch for bit, ch in ((R_OK, "r"), (W_OK, "w"), (X_OK, "x")) if want & bit)

@@ -28,8 +28,8 @@ from engine.namespace.common import (
     X_OK,
     Attr,
     Cred,
-    _Entry,
-    _Touched,
+    Entry,
+    Touched,
     check_name,
 )
 
@@ -66,7 +66,7 @@ class DirectoryOps:
     def _entry(conn: Connection, dir_ino: int, name: str):
         row = _one(conn, "SELECT id, child FROM dirents WHERE parent = ? AND name = ?",
                    (dir_ino, name))
-        return None if row is None else _Entry(*row)
+        return None if row is None else Entry(*row)
 
     @staticmethod
     def _check_sticky(cred: Cred, parent: Attr, victim: Attr) -> None:
@@ -121,7 +121,7 @@ class DirectoryOps:
             return attr
         return self._write(work, (dir_ino,), ((dir_ino, name),))
 
-    def _drop_link(self, conn: Connection, ino: int, touched: _Touched) -> None:
+    def _drop_link(self, conn: Connection, ino: int, touched: Touched) -> None:
         """One name of ``ino`` is gone: free it when no name and no opener remain."""
         attr = self._load(conn, ino)
         nlink = 0 if attr.type == DIR else attr.nlink - 1
@@ -130,7 +130,7 @@ class DirectoryOps:
         if nlink == 0 and not self._open_refs.get(ino):
             self._free(conn, ino, touched)
 
-    def _free(self, conn: Connection, ino: int, touched: _Touched) -> None:
+    def _free(self, conn: Connection, ino: int, touched: Touched) -> None:
         """Free an inode with no name and no opener; a big file keeps its inode row (an orphan, as
         if open) until later transactions have freed the rest of its extents (touched.unfreed)."""
         if self.data is not None and not self.data.release(conn, ino, FREE_CHUNK_EXTENTS):

@@ -152,6 +152,8 @@ class FileOps:
         store.write(ino, offset, data)
         if stable:
             store.flush(ino)
+        for listener in self._change_listeners:  # the size and data other views cache
+            listener((ino,), ())
         return len(data)
 
     def commit(self, ino: int) -> None:

@@ -12,8 +12,8 @@ from engine.catalog.database import sql as _sql
 from engine.catalog.database import sql_one as _one
 from engine.namespace.readonly import SNAPSHOT_DIR_NAME
 from engine.namespace.common import (
-    _ATTR_COLUMNS,
-    _ATTR_SQL,
+    ATTR_COLUMNS,
+    ATTR_SQL,
     DIR,
     DIRENTS,
     INODES,
@@ -28,8 +28,8 @@ from engine.namespace.common import (
     Cred,
     DirEntry,
     StatFs,
-    _attr,
-    _bits,
+    attr_of_row,
+    mode_bits,
     check_name,
     may,
 )
@@ -42,16 +42,16 @@ class Lookup:
     def _load_many(conn: Connection, inos) -> list[Attr]:
         """The attributes of those of ``inos`` that exist."""
         ids = sorted(inos)
-        return [_attr(row) for row in _sql(conn, f"SELECT {_ATTR_SQL} FROM inodes "
+        return [attr_of_row(row) for row in _sql(conn, f"SELECT {ATTR_SQL} FROM inodes "
                                                  f"WHERE ino IN {in_list(ids)}",
                                            tuple(ids))]
 
     @staticmethod
     def _load(conn: Connection, ino: int) -> Attr:
-        row = _one(conn, f"SELECT {_ATTR_SQL} FROM inodes WHERE ino = ?", (ino,))
+        row = _one(conn, f"SELECT {ATTR_SQL} FROM inodes WHERE ino = ?", (ino,))
         if row is None:
             raise errors.StaleHandle(f"inode {ino} does not exist")
-        return _attr(row)
+        return attr_of_row(row)
 
     def _with_pending(self, attr: Attr) -> Attr:
         if self.data is not None and attr.type == REG:
@@ -92,12 +92,12 @@ class Lookup:
             if name == "..":
                 return parent, self._load(conn, self._parent_of(conn, dir_ino))
             check_name(name)
-            row = _one(conn, f"SELECT {_ATTR_SQL} FROM dirents "
+            row = _one(conn, f"SELECT {ATTR_SQL} FROM dirents "
                              "JOIN inodes ON dirents.child = inodes.ino "
                              "WHERE dirents.parent = ? AND dirents.name = ?", (dir_ino, name))
             if row is None:
                 raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
-            return parent, _attr(row)
+            return parent, attr_of_row(row)
         parent, child = self.catalog.read(work)
         if cacheable:
             self._remember(gen, (parent, child),
@@ -175,7 +175,7 @@ class Lookup:
                 raise errors.NotADirectory(f"inode {dir_ino} is not a directory")
             self._require(cred, parent, R_OK)
             rows = conn.execute(
-                select(DIRENTS.c.id, DIRENTS.c.name, *_ATTR_COLUMNS)
+                select(DIRENTS.c.id, DIRENTS.c.name, *ATTR_COLUMNS)
                 .select_from(DIRENTS.join(INODES, DIRENTS.c.child == INODES.c.ino))
                 .where(DIRENTS.c.parent == dir_ino, DIRENTS.c.id > cookie)
                 .order_by(DIRENTS.c.id).limit(limit + 1)).all()
@@ -185,7 +185,7 @@ class Lookup:
         hidden: set[int] = set()  # DIR/.snapshots is reached by name only, as ZFS's snapdir
         rows = self.catalog.read(work)
         eof = len(rows) <= limit
-        entries = [DirEntry(row[0], row[1], self._with_pending(_attr(row[2:])))
+        entries = [DirEntry(row[0], row[1], self._with_pending(attr_of_row(row[2:])))
                    for row in rows[:limit] if not (hidden and row[2] in hidden)]
         return entries, eof
 
@@ -203,6 +203,6 @@ class Lookup:
     @staticmethod
     def _require(cred: Cred, attr: Attr, want: int) -> None:
         if not may(cred, attr, want):
-            raise errors.AccessDenied(f"uid {cred.uid} lacks {_bits(want)} permission on inode "
+            raise errors.AccessDenied(f"uid {cred.uid} lacks {mode_bits(want)} permission on inode "
                                       f"{attr.ino} "
                                       f"(mode {attr.mode:o}, owner {attr.uid}:{attr.gid})")

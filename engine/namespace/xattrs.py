@@ -4,29 +4,50 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from engine import errors
+from engine.catalog.database import sql as _sql
 from engine.namespace.common import R_OK, W_OK, XATTR_NAME_MAX, XATTR_VALUE_MAX, XATTRS, Cred
+
+XATTR_CACHE_BYTES = 4096  # larger maps (streams, big values) are read each time
 
 
 class Xattrs:
     """Part of Namespace: getxattr, listxattr, setxattr, removexattr."""
 
     # -- extended attributes ------------------------------------------------------
-    def getxattr(self, cred: Cred, ino: int, name: str) -> bytes:
+    def _xattr_map(self, cred: Cred, ino: int) -> dict[str, bytes]:
+        """Every extended attribute of ``ino`` after a read-permission check, through the cache:
+        Samba asks for several (DOS attributes, streams) of every entry it lists, and most files
+        have none. Small maps are cached like attributes and evicted by the same changes."""
+        cacheable = self._cache_valid()
+        gen = self._cache_gen
+        if cacheable:
+            hit = self._xattr_cache.get(ino)
+            attr = self._cache.get(ino)
+            if hit is not None and attr is not None:
+                self._require(cred, attr, R_OK)
+                return hit
+
         def work(conn):
-            self._require(cred, self._load(conn, ino), R_OK)
-            value = conn.execute(select(XATTRS.c.value)
-                                 .where(XATTRS.c.ino == ino, XATTRS.c.name == name)).scalar()
-            if value is None:
-                raise errors.NoData(f"no extended attribute {name!r} on inode {ino}")
-            return value
-        return self.catalog.read(work)
+            attr = self._load(conn, ino)
+            self._require(cred, attr, R_OK)
+            rows = _sql(conn, "SELECT name, value FROM xattrs WHERE ino = ?", (ino,))
+            return attr, {name: bytes(value) for name, value in rows}
+        attr, found = self.catalog.read(work)
+        if cacheable and sum(len(v) for v in found.values()) <= XATTR_CACHE_BYTES:
+            with self._cache_lock:
+                if gen == self._cache_gen:
+                    self._cache[ino] = attr
+                    self._xattr_cache[ino] = found
+        return found
+
+    def getxattr(self, cred: Cred, ino: int, name: str) -> bytes:
+        value = self._xattr_map(cred, ino).get(name)
+        if value is None:
+            raise errors.NoData(f"no extended attribute {name!r} on inode {ino}")
+        return value
 
     def listxattr(self, cred: Cred, ino: int) -> list[str]:
-        def work(conn):
-            self._require(cred, self._load(conn, ino), R_OK)
-            return list(conn.execute(select(XATTRS.c.name).where(XATTRS.c.ino == ino)
-                                     .order_by(XATTRS.c.name)).scalars())
-        return self.catalog.read(work)
+        return sorted(self._xattr_map(cred, ino))
 
     def setxattr(self, cred: Cred, ino: int, name: str, value: bytes, *, create: bool = False,
                  replace_only: bool = False) -> None:

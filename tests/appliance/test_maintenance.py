@@ -2,6 +2,7 @@
 counters are sampled for the charts."""
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -55,3 +56,32 @@ def test_scheduled_and_queued_jobs_run_and_counters_are_sampled(tmp_path):
         assert jobs.get(appliance.catalog, queued).state == "done"
         failed = [j for j in jobs.recent(appliance.catalog, 50) if j.state == "failed"]
         assert not failed, [(j.kind, j.message) for j in failed]
+
+
+def test_the_loop_notices_a_drive_folder_gone_and_back_without_any_io(tmp_path):
+    from engine.events import recent
+    from engine.lifecycle.drives import get_drive
+
+    home = tmp_path / "d"
+    shingle("init", str(home), "--drive-size", "128MiB", "--zone-size", "8MiB")
+    path = home / "shingle.toml"
+    text, count = re.subn(r"^# drive_check_interval_s = [\d.]+$", "drive_check_interval_s = 0.2",
+                          path.read_text(), flags=re.M)
+    assert count == 1
+    path.write_text(text)
+    config = config_mod.load(path)
+    with Appliance(config) as appliance:
+        drive = next(iter(appliance.datapath.space.drives.values()))
+        loop = Maintenance(appliance, tick_s=0.05)
+        loop.start()
+        try:
+            os.rename(drive.path, drive.path + ".away")
+            wait_for(lambda: get_drive(appliance.catalog, drive.id).state == "missing")
+            os.rename(drive.path + ".away", drive.path)
+            wait_for(lambda: get_drive(appliance.catalog, drive.id).state == "online")
+        finally:
+            loop.stop()
+            loop.join(30)
+        moves = [(e.details["from"], e.details["to"]) for e in recent(appliance.catalog, 20)
+                 if e.kind == "drive.state" and e.details["drive_id"] == drive.id]
+        assert moves == [("missing", "online"), ("online", "missing")]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -46,3 +47,45 @@ def test_wait_reports_progress_until_done(catalog):
 def test_unknown_kind_refused(catalog):
     with pytest.raises(errors.InvalidArgument, match="job kind"):
         jobs.submit(catalog, "defrag")
+
+
+def test_jobs_left_running_by_a_dead_daemon_are_requeued_or_interrupted(catalog):
+    scrub = jobs.submit(catalog, "scrub")
+    retention = jobs.submit(catalog, "retention", {"rule_id": 1})
+    done = jobs.submit(catalog, "tier")
+    for _ in range(3):
+        jobs.claim_next(catalog)
+    jobs.finish(catalog, done, ok=True)
+    recovered = {job.id: job for job in jobs.recover_interrupted(catalog)}
+    assert set(recovered) == {scrub, retention}  # a finished job is nobody's business here
+    assert recovered[scrub].state == "queued" and "queued again" in recovered[scrub].message
+    assert recovered[retention].state == "interrupted" and recovered[retention].finished
+    assert "does not restart on its own" in recovered[retention].message
+    kinds = [e.kind for e in recent(catalog, 10)]
+    assert "job.scrub.requeued" in kinds and "job.retention.interrupted" in kinds
+    # A job that kills its daemon every time is given up after MAX_ATTEMPTS claims.
+    for attempt in range(2, jobs.MAX_ATTEMPTS + 1):
+        assert jobs.claim_next(catalog).attempts == attempt
+        state = jobs.recover_interrupted(catalog)[0].state
+        assert state == ("queued" if attempt < jobs.MAX_ATTEMPTS else "interrupted")
+    assert jobs.get(catalog, scrub).state == "interrupted"
+
+
+def test_wait_gives_up_when_the_daemon_is_gone_or_its_heartbeat_stale(catalog):
+    queued = jobs.submit(catalog, "scrub")
+    expected = r"scrub job \d+ is queued but the daemon \(pid 7\) has stopped: it will be queued"
+    with pytest.raises(errors.JobAbandoned, match=expected):
+        jobs.wait(catalog, queued, poll_s=0.01,
+                  daemon_gone=lambda: "the daemon (pid 7) has stopped")
+    running = jobs.claim_next(catalog)
+    with jobs.Heartbeat(catalog, running.id, every_s=0.05):
+        time.sleep(0.3)
+        fresh = jobs.get(catalog, running.id).heartbeat_ns
+        assert fresh > running.heartbeat_ns
+        with pytest.raises(TimeoutError):  # beating: still waited for
+            jobs.wait(catalog, running.id, poll_s=0.05, timeout_s=0.5, stale_s=0.5)
+    time.sleep(0.3)
+    with pytest.raises(errors.JobAbandoned, match="no heartbeat from the daemon for"):
+        jobs.wait(catalog, running.id, poll_s=0.05, timeout_s=10, stale_s=0.2)
+    jobs.finish(catalog, running.id, ok=True)  # finished before the daemon went: that is an answer
+    assert jobs.wait(catalog, running.id, daemon_gone=lambda: "gone").state == "done"

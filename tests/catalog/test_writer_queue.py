@@ -37,18 +37,20 @@ def test_a_writer_gets_its_turn_between_another_threads_transactions(sqlite_cata
     thread.start()
     try:
         time.sleep(0.05)
-        waits = []
+        passed_by = []
         for i in range(10):
-            started = time.perf_counter()
+            before = len(streamed)
             catalog.run(lambda conn, i=i: _note(conn, f"w{i}"))
-            waits.append(time.perf_counter() - started)
+            passed_by.append(len(streamed) - before)
     finally:
         stop.set()
         thread.join()
     assert len(streamed) > 10, "the stream kept writing meanwhile"
-    # a turn is at most one 10 ms transaction away; SQLite's busy handler, polling at 1, 3, 8,
-    # 18, 33, ... ms, mostly found the stream's next transaction already begun
-    assert max(waits) < 0.04, f"waits behind the stream (s): {sorted(waits)}"
+    # counted in the stream's transactions, not in seconds (a loaded machine stretches those):
+    # first come, first served means at most the one in progress and one that queued just
+    # before us finish while we wait; SQLite's busy handler, polling at 1, 3, 8, 18, 33, ... ms,
+    # mostly found the stream's next transaction already begun, so it let several pass
+    assert max(passed_by) <= 2, f"stream transactions that went first: {passed_by}"
 
 
 def test_the_wal_is_checkpointed_outside_the_writers_turn(sqlite_catalog):

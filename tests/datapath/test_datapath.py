@@ -1,6 +1,7 @@
 """The data path through the namespace, on SQLite and PostgreSQL catalogs."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
@@ -444,6 +445,8 @@ def test_writes_continue_degraded_when_a_drive_has_failed(engine):
         Drive.__table__.c.id == engine.drive_ids[0]).values(state="failed")))
     engine.restart()
     assert engine.ns.read(ino, 0, len(data)) == data
-    # below the write quorum an erasure-coded stripe is refused, nothing half-written
-    with pytest.raises(errors.NoSpace):
+    # below the write quorum an erasure-coded stripe is refused, nothing half-written: an I/O
+    # error naming the drives, not ENOSPC (freeing space would not help)
+    with pytest.raises(errors.NoRedundancy, match="at least 9") as refused:
         make(engine, "refused", os.urandom(STRIPE))
+    assert not isinstance(refused.value, errors.NoSpace) and refused.value.errno == errno.EIO

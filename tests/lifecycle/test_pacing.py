@@ -47,7 +47,7 @@ def test_tracker_reports_rate_and_eta():
     t.now += 1
     tracker.add(1_000_000)
     assert seen[-1][:2] == (1_000_000, 4_000_000)
-    assert "1.0 MB/s" in seen[-1][2] and "ETA 3 s" in seen[-1][2]
+    assert "1.0 MB/s" in seen[-1][2] and "ETA 3.0 s" in seen[-1][2]
     t.now += 3
     tracker.add(3_000_000)
     assert "ETA" not in seen[-1][2]

@@ -1,4 +1,4 @@
-"""A minimal NFSv4.1 protocol client for tests of what the real clients do not
+"""A minimal NFSv4.1 and NFSv4.0 protocol client for tests of what the real clients do not
 expose (byte-range locks, the reply cache, bad handles). It encodes with the
 server's own XDR declarations but is an independent peer on a TCP socket."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ import os
 import socket
 import struct
 
-from appliance.nfs import const as c
-from appliance.nfs import types4 as t
-from appliance.nfs.xdr import Packer, UInt
+from appliance.nfs.onc.xdr import Packer, UInt
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4 import types as t
 
 AUTH_SYS = 1
 
@@ -115,7 +115,7 @@ class RawClient:
         assert st == 0, st
         eid = res[0][2]
         self.clientid = eid.clientid
-        chan = t.channel_attrs4.cls(0, 1 << 21, 1 << 21, 65536, 16, 8, [])
+        chan = t.channel_attrs4.cls(0, 1 << 21, 1 << 21, 1 << 20, 16, 8, [])
         st, res = self.compound([(c.OP_CREATE_SESSION, t.ARGS[c.OP_CREATE_SESSION](
             eid.clientid, eid.sequenceid, 0, chan, chan, 0x40000000, [(0, None)]))])
         assert st == 0, st
@@ -134,6 +134,32 @@ class RawClient:
     def session(self, ops, slot=0, bump=True, raw_reply=False):
         return self.compound([self.sequence_op(slot, bump)] + list(ops), raw_reply=raw_reply)
 
+    # -- NFSv4.0 (minor version 0: no session; client id by SETCLIENTID) --------------------
+    def v40(self, ops, raw_reply=False):
+        return self.compound(ops, minor=0, raw_reply=raw_reply)
+
+    def setclientid(self, ident: bytes, verifier: bytes):
+        """SETCLIENTID alone: (status, resok or the CLID_INUSE address)."""
+        st, res = self.v40([(c.OP_SETCLIENTID, setclientid_args(ident, verifier))])
+        return st, res[0][2]
+
+    def confirm(self, clientid: int, verifier: bytes) -> int:
+        return self.v40([(c.OP_SETCLIENTID_CONFIRM, t.ARGS[c.OP_SETCLIENTID_CONFIRM](
+            clientid, verifier))])[0]
+
+    def setup40(self, ident: bytes | None = None, verifier: bytes | None = None):
+        self.ident = ident or os.urandom(8)
+        st, ok = self.setclientid(self.ident, verifier or os.urandom(8))
+        assert st == 0, st
+        assert self.confirm(ok.clientid, ok.setclientid_confirm) == 0
+        self.clientid = ok.clientid
+        return self
+
+    def root_fh40(self) -> bytes:
+        st, res = self.v40([(c.OP_PUTROOTFH, None), (c.OP_LOOKUP, "export"), (c.OP_GETFH, None)])
+        assert st == 0, (st, res)
+        return res[-1][2]
+
     def root_fh(self) -> bytes:
         st, res = self.session([(c.OP_PUTROOTFH, None), (c.OP_LOOKUP, "export"), (c.OP_GETFH, None)])
         assert st == 0, (st, res)
@@ -144,6 +170,14 @@ def stateid(seqid, other):
     return t.stateid4.cls(seqid, other)
 
 
-def open_args(name: str, owner: bytes, clientid: int, access=c.OPEN4_SHARE_ACCESS_BOTH, create=True):
+def open_args(name: str, owner: bytes, clientid: int, access=c.OPEN4_SHARE_ACCESS_BOTH, create=True,
+              seqid=0, deny=0):
     how = (c.OPEN4_CREATE, (c.UNCHECKED4, t.fattr4.cls([], b""))) if create else (c.OPEN4_NOCREATE, None)
-    return t.ARGS[c.OP_OPEN](0, access, 0, t.state_owner4.cls(clientid, owner), how, (c.CLAIM_NULL, name))
+    return t.ARGS[c.OP_OPEN](seqid, access, deny, t.state_owner4.cls(clientid, owner), how,
+                             (c.CLAIM_NULL, name))
+
+
+def setclientid_args(ident: bytes, verifier: bytes, netid="tcp", addr="127.0.0.1.3.4"):
+    # the callback address is never called (no delegations), as a VM's client address may be
+    callback = t.cb_client4.cls(0x40000000, t.clientaddr4.cls(netid, addr))
+    return t.ARGS[c.OP_SETCLIENTID](t.nfs_client_id4.cls(verifier, ident), callback, 1)

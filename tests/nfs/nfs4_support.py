@@ -3,6 +3,9 @@ emulated zone-file drives, the NFS server in a thread, and real clients
 (nfs-rs and nfs4fs) connected over 127.0.0.1."""
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
+
 from appliance.nfs.server import NfsServerThread
 from engine.catalog import Catalog, upgrade
 from engine.catalog.models import Export
@@ -82,3 +85,23 @@ def drop_nfs4fs():
             fs._client._abandon_after_fork()
         except Exception:  # noqa: BLE001 - best effort: the slow path still works
             pass
+
+
+@contextmanager
+def every_worker_busy(server):
+    """Every NFS worker thread of ``server`` waits until the block ends (a real saturated pool)."""
+    nfs = server.server
+    release = threading.Event()
+    started = threading.Barrier(nfs.workers + 1)
+
+    def hold():
+        started.wait(10)
+        release.wait(30)
+    held = [nfs.pool.submit(hold) for _ in range(nfs.workers)]
+    try:
+        started.wait(10)
+        yield
+    finally:
+        release.set()
+        for fut in held:
+            fut.result(10)

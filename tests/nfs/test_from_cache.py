@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from contextlib import contextmanager
 
 import pytest
 
-from appliance.nfs import const as c
-from appliance.nfs import types4 as t
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4 import types as t
 from nfs4_rawclient import RawClient, open_args, stateid
+from nfs4_support import every_worker_busy
 
 GETATTR = (c.OP_GETATTR, [1 << c.FATTR4_TYPE | 1 << c.FATTR4_SIZE])
 SPACE = (c.OP_GETATTR, [0, 1 << (c.FATTR4_SPACE_AVAIL - 32)])
@@ -29,26 +29,6 @@ def _reply(raw: RawClient, timeout: float):
         return raw.parse(raw.recv_record())
     finally:
         raw.sock.settimeout(20)
-
-
-@contextmanager
-def every_worker_busy(server):
-    """Every NFS worker thread of ``server`` waits until the block ends (a real saturated pool)."""
-    nfs = server.server
-    release = threading.Event()
-    started = threading.Barrier(nfs.workers + 1)
-
-    def hold():
-        started.wait(10)
-        release.wait(30)
-    held = [nfs.pool.submit(hold) for _ in range(nfs.workers)]
-    try:
-        started.wait(10)
-        yield
-    finally:
-        release.set()
-        for fut in held:
-            fut.result(10)
 
 
 def _mkdir(raw: RawClient, root: bytes, name: str) -> bytes:

@@ -8,8 +8,8 @@ import socket
 import struct
 import threading
 
-from appliance.nfs import const as c
-from appliance.nfs import types4 as t
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4 import types as t
 from nfs4_support import add_export, nfsrs, start_server
 from engine.namespace import ROOT
 from nfs4_rawclient import RawClient, open_args

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from appliance.nfs import const as c
-from appliance.nfs import types4 as t
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4 import types as t
 from nfs4_support import add_export, nfsrs, start_server
 from nfs4_rawclient import RawClient, open_args
 
@@ -42,9 +42,11 @@ def test_rpc_level_errors(server):
 
 def test_minor_versions_and_unknown_ops(server):
     raw = RawClient(server.port)
-    for minor in (0, 2):
-        st, res = raw.compound([(c.OP_PUTROOTFH, None)], minor=minor)
-        assert st == c.NFS4ERR_MINOR_VERS_MISMATCH and res == []
+    st, res = raw.compound([(c.OP_PUTROOTFH, None)], minor=2)
+    assert st == c.NFS4ERR_MINOR_VERS_MISMATCH and res == []
+    # minor version 0 is served (tests/nfs/test_v40.py): no SEQUENCE needed
+    st, res = raw.compound([(c.OP_PUTROOTFH, None)], minor=0)
+    assert st == 0 and res == [(c.OP_PUTROOTFH, 0, None)]
     raw.setup()
     st, res = raw.session([(c.OP_PUTROOTFH, None)])
     assert st == 0
@@ -370,7 +372,8 @@ def test_pipelined_replies_larger_than_the_socket_buffers_arrive_whole(server, s
 
     def ask(slot, n):
         offset = (n % 4) << 20
-        body = raw.compound_bytes([raw.sequence_op(slot), (c.OP_PUTFH, fh),
+        # READ is idempotent: no cached reply asked (1 MiB is past ca_maxresponsesize_cached)
+        body = raw.compound_bytes([raw.sequence_op(slot, cachethis=False), (c.OP_PUTFH, fh),
                                    (c.OP_READ, t.ARGS[c.OP_READ](anonymous, offset, 1 << 20))])
         raw.xid += 1
         asked[raw.xid] = (slot, offset)
@@ -395,3 +398,35 @@ def test_pipelined_replies_larger_than_the_socket_buffers_arrive_whole(server, s
             ask(slot, answered)  # made while the transport still drains the earlier replies
     assert not asked
     raw.close()
+
+
+def test_a_session_that_outlives_a_restart_is_told_to_reclaim(stack):
+    # the Linux client kept writing into a restarted server forever: its session was restored,
+    # its open stateid was not, and nothing in SEQUENCE said that it had to reclaim
+    add_export(stack.catalog)
+    srv = start_server(stack, grace_seconds=30)
+    port = srv.port
+    a = RawClient(port).setup(owner=b"keeper")
+    st, res = a.session([(c.OP_PUTFH, a.root_fh()), (c.OP_OPEN, open_args("kept", b"ok", a.clientid)),
+                         (c.OP_GETFH, None)])
+    assert st == 0
+    fh = res[-1][2]
+    assert a.session([])[1][0][2].status_flags == 0
+    a.close()
+    srv.stop()
+    srv = start_server(stack, port=port, grace_seconds=30)
+    try:
+        again = RawClient(port)
+        again.sessionid, again.seq, again.clientid = a.sessionid, a.seq, a.clientid
+        st, res = again.session([])
+        assert st == 0
+        assert res[0][2].status_flags & c.SEQ4_STATUS_RESTART_RECLAIM_NEEDED
+        reclaim = open_args("kept", b"ok", a.clientid, create=False)
+        reclaim.claim = (c.CLAIM_PREVIOUS, c.OPEN_DELEGATE_NONE)
+        assert again.session([(c.OP_PUTFH, fh), (c.OP_OPEN, reclaim)])[0] == 0
+        assert again.session([(c.OP_RECLAIM_COMPLETE, False)])[0] == 0
+        st, res = again.session([])
+        assert st == 0 and res[0][2].status_flags == 0
+        again.close()
+    finally:
+        srv.stop()

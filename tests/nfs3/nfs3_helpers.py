@@ -10,9 +10,9 @@ import socket
 import struct
 import subprocess
 
-from appliance.nfs import types3 as t
-from appliance.nfs.rpc import authsys_parms
+from appliance.nfs.onc.rpc import authsys_parms
 from appliance.nfs.server import NfsServerThread
+from appliance.nfs.v3 import types as t
 from engine.catalog import Catalog, upgrade
 from engine.catalog.models import Export
 from engine.datapath import DataPath

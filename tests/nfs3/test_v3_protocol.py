@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import struct
 
-from appliance.nfs import types3 as t
+from appliance.nfs.v3 import types as t
 from nfs3_helpers import GARBAGE_ARGS, Rpc3, add_export, libnfs, nfs_url, start_server
 
 NO_ATTRS = t.NO_ATTRS

@@ -89,9 +89,7 @@ def appliance(template_catalog, tmp_path):
 
 @pytest.fixture
 def app(appliance):
-    from webui import auth
     from webui.app import create_app
-    auth._ip_failures.clear()
     application = create_app(appliance[0])
     application.config["TESTING"] = True
     yield application
@@ -168,8 +166,6 @@ class Live:
 
 @pytest.fixture
 def live(tmp_path):
-    from webui import auth
-    auth._ip_failures.clear()
     url = f"sqlite:///{tmp_path}/catalog.db"
     upgrade(url)
     appliance = Live(url, tmp_path)

@@ -14,7 +14,7 @@ from tests.webui.helpers import exists, make_checkpoints
 def token(appliance):
     _, catalog = appliance
     uid = catalog.read(lambda c: c.execute(select(accounts.USERS.c.id)).scalar())
-    return accounts.create_token(catalog, uid, "tests", actor=ADMIN)
+    return accounts.create_token(catalog, uid, "tests", scope="admin", actor=ADMIN)
 
 
 @pytest.fixture
@@ -41,7 +41,8 @@ def test_state_changing_calls_without_credentials_get_401(app):
 def test_retention_through_the_api(live):
     catalog, ns = live.catalog, live.namespace
     uid = catalog.read(lambda c: c.execute(select(accounts.USERS.c.id)).scalar())
-    headers = {"Authorization": f"Bearer {accounts.create_token(catalog, uid, 'ci', actor=ADMIN)}"}
+    token = accounts.create_token(catalog, uid, "ci", scope="admin", actor=ADMIN)
+    headers = {"Authorization": f"Bearer {token}"}
     client = live.app.test_client()
 
     def api(method, url, json=None):

@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
-from engine import metrics
+from engine import exports, jobs, metrics
+from engine.catalog.models import Zone
+from engine.version import version
+from tests.webui.conftest import ZONE_SIZE
 
 
 def parse(text: str) -> dict[str, float]:
@@ -25,9 +29,11 @@ def test_metrics_from_the_catalog_without_samples(app):
     assert values['shingle_bands{state="empty",class="none"}'] == 4 * 16 - 4
     assert values['shingle_bands{state="full",class="warm"}'] == 1
     assert values['shingle_band_garbage_bytes{class="cold"}'] == 3 * (1 << 20) // 4
-    assert values['shingle_capacity_bytes{kind="raw"}'] == 4 * 16 * (1 << 20)
+    assert values['shingle_capacity_bytes{kind="total"}'] == 4 * 16 * (1 << 20)
     text = response.get_data(as_text=True)
     assert "shingle_write_amplification" not in text and "shingle_nfs" not in text  # no samples: not invented
+    assert "shingle_metrics_sample_age_seconds" not in text
+    assert "shingle_drive_read_bytes" not in text
 
 
 def test_metrics_from_recorded_samples(app, appliance):
@@ -70,3 +76,91 @@ def test_samples_older_than_the_keep_window_are_pruned(appliance):
     metrics.record_sample(catalog, time_ns=2 * 10**9 + week, nfs_read_bytes=3)
     assert [v for _, v in metrics.series(catalog, "nfs_read_bytes", 0)] == [2.0, 3.0]
     assert metrics.series(catalog, "nfs_ops", 0) == [(10**9, 1.0)]  # not recorded since: left alone
+
+
+def test_space_states_add_up_to_the_total(app, appliance):
+    _, catalog = appliance
+    zones = Zone.__table__
+    # a full zone written only to 3/4: its last quarter is stranded until the zone is reset
+    first_of_drive_2 = zones.update().where(zones.c.drive_id == 2, zones.c.idx == 0)
+    catalog.run(lambda conn: conn.execute(first_of_drive_2.values(
+        state="full", band_class="warm", write_pointer=3 * ZONE_SIZE // 4,
+        live_bytes=ZONE_SIZE // 2, garbage_bytes=ZONE_SIZE // 4)))
+    values = parse(app.test_client().get("/metrics").get_data(as_text=True))
+    total = values['shingle_capacity_bytes{kind="total"}']
+    space = {k: v for k, v in values.items() if k.startswith("shingle_space_bytes")}
+    assert set(space) == {f'shingle_space_bytes{{state="{s}"}}' for s in
+                          ("live", "garbage", "reserve", "free", "stranded")}
+    assert sum(space.values()) == total == 4 * 16 * ZONE_SIZE
+    assert space['shingle_space_bytes{state="stranded"}'] == ZONE_SIZE // 4
+    # seeded: live 1 + 1/4 + 1/2 + 1/3 zones on drive 1, 1/2 on drive 2
+    live = ZONE_SIZE + ZONE_SIZE // 4 + ZONE_SIZE // 2 + ZONE_SIZE // 3 + ZONE_SIZE // 2
+    assert space['shingle_space_bytes{state="live"}'] == live
+    assert space['shingle_space_bytes{state="garbage"}'] == 3 * ZONE_SIZE // 4 + ZONE_SIZE // 4
+    assert sum(v for k, v in values.items() if k.startswith("shingle_capacity_bytes")) == total
+
+
+def test_per_drive_series_build_info_and_job_successes(app, appliance):
+    _, catalog = appliance
+    metrics.record_sample(catalog, drive_1_read_bytes=4096, drive_1_written_bytes=8192,
+                          drive_1_read_errors=0, drive_1_write_errors=1, drive_1_checksum_errors=2,
+                          drive_3_read_bytes=5)
+    job = jobs.submit(catalog, "scrub", {}, actor="test")
+    jobs.claim(catalog, job)
+    jobs.finish(catalog, job, ok=True, result={})
+    failed = jobs.submit(catalog, "rebuild", {}, actor="test")
+    jobs.claim(catalog, failed)
+    jobs.finish(catalog, failed, ok=False, message="no")
+    text = app.test_client().get("/metrics").get_data(as_text=True)
+    values = parse(text)
+    assert values['shingle_drive_read_bytes_total{drive="1"}'] == 4096
+    assert values['shingle_drive_written_bytes_total{drive="1"}'] == 8192
+    assert values['shingle_drive_errors_total{drive="1",kind="checksum"}'] == 2
+    assert values['shingle_drive_errors_total{drive="1",kind="write"}'] == 1
+    assert values['shingle_drive_read_bytes_total{drive="3"}'] == 5
+    assert values['shingle_drive_state{drive="1",state="online"}'] == 1
+    assert values['shingle_drive_state{drive="1",state="failed"}'] == 0
+    assert values['shingle_drive_zones{drive="1",state="full"}'] == 2
+    assert values['shingle_drive_zones{drive="1",state="open"}'] == 2
+    assert values['shingle_drive_zones{drive="1",state="empty"}'] == 12
+    assert values['shingle_drive_capacity_bytes{drive="4"}'] == 16 * ZONE_SIZE
+    build = [k for k in values if k.startswith("shingle_build_info{")]
+    assert len(build) == 1 and 'catalog="sqlite"' in build[0]
+    assert f'version="{version()}"' in build[0]
+    finished = jobs.get(catalog, job).finished_ns / 1e9
+    last = values['shingle_job_last_success_timestamp_seconds{kind="scrub"}']
+    assert last == pytest.approx(finished)
+    assert 'kind="rebuild"' not in text  # failed: not a success
+    age = values["shingle_metrics_sample_age_seconds"]
+    assert 0 <= age < 60
+
+
+def test_staleness_grows_with_the_newest_sample(app, appliance):
+    _, catalog = appliance
+    metrics.record_sample(catalog, time_ns=time.time_ns() - 600 * 10**9, nfs_ops=1)
+    values = parse(app.test_client().get("/metrics").get_data(as_text=True))
+    assert 600 <= values["shingle_metrics_sample_age_seconds"] < 660
+
+
+def test_operation_histograms_and_exports_when_the_nfs_server_records_them(app, appliance):
+    _, catalog = appliance
+    exports.ensure_default(catalog)
+    default = exports.list_exports(catalog)[0]
+    metrics.record_sample(catalog, nfs_latency_read_le_1=3, nfs_latency_read_le_10=5,
+                          nfs_latency_read_le_inf=6, nfs_latency_read_sum_s=0.5,
+                          nfs_latency_open_le_1=1, nfs_latency_open_le_inf=1,
+                          **{f"export_{default.id}_read_bytes": 100,
+                             f"export_{default.id}_write_bytes": 7, f"export_{default.id}_ops": 9})
+    text = app.test_client().get("/metrics").get_data(as_text=True)
+    values = parse(text)
+    assert values['shingle_nfs_operation_latency_seconds_bucket{op="read",le="0.001"}'] == 3
+    assert values['shingle_nfs_operation_latency_seconds_bucket{op="read",le="+Inf"}'] == 6
+    assert values['shingle_nfs_operation_latency_seconds_count{op="read"}'] == 6
+    assert values['shingle_nfs_operation_latency_seconds_sum{op="read"}'] == 0.5
+    assert values['shingle_nfs_operation_latency_seconds_count{op="open"}'] == 1
+    # the whole-call histogram had no samples
+    assert "shingle_nfs_latency_seconds_bucket" not in text
+    label = f'export="{default.name}",id="{default.id}"'
+    assert values[f"shingle_export_read_bytes_total{{{label}}}"] == 100
+    assert values[f"shingle_export_write_bytes_total{{{label}}}"] == 7
+    assert values[f"shingle_export_operations_total{{{label}}}"] == 9

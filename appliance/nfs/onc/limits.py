@@ -1,0 +1,113 @@
+"""Limits that keep hostile or broken clients from holding the server's memory and
+connections: the record size, buffered request bytes per connection and in all,
+the number of connections, and the timeouts the connection sweep applies.
+
+A record mark is a promise, not an allocation: a connection's buffers grow with
+the bytes that have arrived (in its buffer or in the kernel's receive queue),
+and every byte it holds for requests, from the first byte of a record until
+its call is answered, is counted against its own budget and the server's.
+Past either budget the connection stops reading, so TCP pushes back on the
+client; it reads again as its calls are answered."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+SCAN_BUFFER_MAX = 256 * KiB  # a connection's scan buffer grows up to this (connection.py)
+
+
+@dataclass(frozen=True)
+class NetLimits:
+    """The network limits of one server (``[nfs]`` in the config file)."""
+
+    max_record_size: int = 4 * MiB + 64 * KiB  # longer records close the connection
+    max_connections: int = 4096  # past it, new connections are closed at once
+    initial_buffer: int = 16 * KiB  # each connection's receive buffer to start with
+    connection_budget: int = 64 * MiB  # request bytes one connection may hold
+    total_budget: int = 1 * GiB  # request bytes all connections together may hold
+    idle_timeout: float = 300.0  # a connection holding no state, silent that long, closes
+    session_idle_timeout: float = 3600.0  # the same for one with an NFSv4.1 session bound
+    record_timeout: float = 30.0  # a record begun and not complete that long closes
+
+    def __post_init__(self) -> None:
+        if self.connection_budget < self.max_record_size + SCAN_BUFFER_MAX:
+            raise ValueError(f"connection budget {self.connection_budget} is below the record "
+                             f"size {self.max_record_size} + {SCAN_BUFFER_MAX}: a whole record "
+                             "could never arrive")
+        if self.total_budget < self.connection_budget:
+            raise ValueError(f"total budget {self.total_budget} is below one connection's "
+                             f"budget {self.connection_budget}")
+        if self.initial_buffer < 1024:
+            raise ValueError(f"initial buffer {self.initial_buffer}: at least 1024 bytes")
+
+    @classmethod
+    def from_config(cls, config) -> NetLimits:
+        """The ``[nfs]`` limits of a loaded appliance.config.Config."""
+        get = config.get
+        return cls(max_record_size=get("nfs.max_record_size"),
+                   max_connections=get("nfs.max_connections"),
+                   initial_buffer=get("nfs.initial_buffer"),
+                   connection_budget=get("nfs.connection_budget"),
+                   total_budget=get("nfs.total_budget"),
+                   idle_timeout=get("nfs.idle_timeout_seconds"),
+                   session_idle_timeout=get("nfs.session_idle_timeout_seconds"),
+                   record_timeout=get("nfs.record_timeout_seconds"))
+
+    @property
+    def sweep_period(self) -> float:
+        """How often the sweep looks at every connection: a timeout is exceeded by at most
+        this much."""
+        return max(0.05, min(1.0, self.idle_timeout / 4, self.record_timeout / 4))
+
+
+class RequestBudget:
+    """Request bytes held by all connections (taken on the event loop, given back there
+    or by worker threads), and the connections waiting for some to be given back."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held = 0
+        self._lock = threading.Lock()
+        self.waiting: set = set()  # connections paused until the total drops
+
+    def try_take(self, n: int) -> bool:
+        with self._lock:
+            if self.held + n > self.limit:
+                return False
+            self.held += n
+            return True
+
+    def take(self, n: int) -> None:
+        """Bytes that are already in memory (copied out of a receive buffer)."""
+        with self._lock:
+            self.held += n
+
+    def give(self, n: int) -> bool:
+        """True when connections wait for bytes and this brought the total under the limit."""
+        with self._lock:
+            self.held -= n
+            return bool(self.waiting) and self.held < self.limit
+
+
+class RateLimitedLog:
+    """One log line per ``interval`` seconds for an event that may repeat per connection,
+    with the count of events since the last line."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 60.0):
+        self.logger = logger
+        self.interval = interval
+        self._last = -interval
+        self._suppressed = 0
+
+    def warning(self, msg: str, *args) -> None:
+        now = time.monotonic()
+        if now - self._last < self.interval:
+            self._suppressed += 1
+            return
+        if self._suppressed:
+            msg += f" ({self._suppressed} more since the last report)"
+        self._last, self._suppressed = now, 0
+        self.logger.warning(msg, *args)

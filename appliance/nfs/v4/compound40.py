@@ -1,0 +1,236 @@
+"""The NFSv4.0 COMPOUND (RFC 7530), beside NFSv4.1's (compound.py) on the same port and state.
+
+Minor version 0 has no SEQUENCE and no sessions: operations past RELEASE_LOCKOWNER are
+NFS4ERR_OP_ILLEGAL. The operations that carry an open- or lock-owner sequence id (OPEN,
+OPEN_CONFIRM, OPEN_DOWNGRADE, CLOSE, LOCK, LOCKU) are checked against the owner's last one
+(appliance.nfs.v4.state40): the next one runs, the same one again gets the owner's cached
+reply, any other NFS4ERR_BAD_SEQID. That per-owner cache is NFSv4.0's reply cache.
+
+Handlers are NFSv4.1's (registry.HANDLERS) unless NFSv4.0 has its own
+(registry.HANDLERS_40, appliance.nfs.v4.ops.v40). A COMPOUND of minor version 0 always runs
+in a worker thread: the event loop's from-cache path is NFSv4.1's alone."""
+from __future__ import annotations
+
+import logging
+import time
+
+from appliance.nfs.access import log_failure, status_of
+from appliance.nfs.onc.xdr import Packer, UInt, XdrError
+from appliance.nfs.v4 import compound, state40
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4.context import CODES, Compound
+from appliance.nfs.v4.registry import HANDLERS, HANDLERS_40
+from appliance.nfs.v4.state import NfsError
+from appliance.nfs.v4.types import ARGS
+
+log = logging.getLogger("shingle.nfs")
+
+# RFC 7530 operations this server does not offer (no named attributes, no delegations)
+NOT_SUPPORTED_40 = frozenset({c.OP_OPENATTR, c.OP_DELEGPURGE})
+
+
+class Compound40(Compound):
+    """The context of an NFSv4.0 COMPOUND: no session; the client is the one an operation
+    names (a client id in its arguments, or its stateid's client)."""
+
+    minor = c.MINOR_VERSION_40
+
+    def __init__(self, server, conn_state: dict, rpc_cred, address: str):
+        super().__init__(server, conn_state, rpc_cred, address)
+        self.sequenced: state40.Owner | None = None  # the owner of the running seqid operation
+
+    def need_client(self):
+        return self.client  # None: the stateid an operation names identifies its client
+
+    def stateid(self, sid):
+        # NFSv4.0 has no "current stateid"; checking here gives every operation the 4.0
+        # errors (STALE_STATEID, EXPIRED, OLD_STATEID, unconfirmed opens) and renews the lease
+        if not self.is_special(sid):
+            state40.lookup(self.state, sid)
+        return sid
+
+
+def execute(server, conn_state: dict, rpc_cred, address: str, tag: bytes, record,
+            pos: int) -> list:
+    """Run an NFSv4.0 COMPOUND whose header was read up to ``pos`` (after minorversion)."""
+    try:
+        count, pos = UInt.unpack(record, pos)
+    except XdrError:
+        count = -1
+    if count < 0 or count > (len(record) - pos) // 4:
+        return [bytes(compound.reply_head(c.NFS4ERR_BADXDR, tag, 0))]
+    cx = Compound40(server, conn_state, rpc_cred, address)
+    p = Packer()
+    status = c.NFS4_OK
+    done = 0
+    counters = server.counters
+    for _ in range(count):
+        done += 1
+        try:
+            opnum, pos = UInt.unpack(record, pos)
+        except XdrError:
+            status = c.NFS4ERR_BADXDR
+            compound.emit_result(p, c.OP_ILLEGAL, status, None)
+            break
+        if not c.OP_ACCESS <= opnum <= c.LAST_OP_40:
+            status = c.NFS4ERR_OP_ILLEGAL
+            compound.emit_result(p, c.OP_ILLEGAL, status, None)
+            break
+        if opnum in NOT_SUPPORTED_40:
+            status = c.NFS4ERR_NOTSUPP
+            compound.emit_result(p, opnum, status, None)
+            break
+        try:
+            args, pos = ARGS[opnum].unpack(record, pos)
+        except XdrError as exc:
+            log.debug("BADXDR in %s: %s", c.OP_NAMES.get(opnum), exc)
+            status = c.NFS4ERR_BADXDR
+            compound.emit_result(p, opnum, status, None)
+            break
+        counters.op(compound.OP_METRIC[opnum])
+        status = _operation(cx, opnum, args, p)
+        if status != c.NFS4_OK:
+            break
+    return [bytes(compound.reply_head(status, tag, done)), *p.result()]
+
+
+def _operation(cx: Compound40, opnum: int, args, p: Packer) -> int:
+    """One operation into ``p``, its sequence id checked first when it carries one."""
+    sequencer = SEQUENCERS.get(opnum)
+    if sequencer is None:
+        return _call(cx, opnum, args, p)
+    try:
+        owner, seqid, also = sequencer(cx, args)
+    except NfsError as exc:
+        compound.emit_result(p, opnum, exc.status, None)
+        return exc.status
+    with owner.lock:  # one request of an owner at a time: a retransmit waits, then replays
+        try:
+            if state40.is_replay(owner, seqid):
+                log.debug("%s: replay of seqid %d", c.OP_NAMES.get(opnum), seqid)
+                p.buf += owner.reply
+                if owner.reply_fh is not None:
+                    cx.cur = owner.reply_fh
+                return owner.reply_status
+            if also is not None:
+                state40.check_next(*also)
+        except NfsError as exc:
+            compound.emit_result(p, opnum, exc.status, None)
+            return exc.status
+        cx.sequenced = owner
+        q = Packer()
+        status = _call(cx, opnum, args, q)
+        reply = q.getvalue()
+        p.buf += reply
+        if status not in state40.NOT_SEQUENCED:
+            for who, number in ((owner, seqid), also or (None, 0)):
+                if who is not None:
+                    who.seqid, who.reply, who.reply_status = number, reply, status
+                    who.reply_fh = cx.cur if opnum == c.OP_OPEN else None
+        return status
+
+
+def _call(cx: Compound40, opnum: int, args, p: Packer) -> int:
+    handler = HANDLERS_40.get(opnum) or HANDLERS.get(opnum)
+    try:
+        if handler is None:
+            raise NfsError(c.NFS4ERR_NOTSUPP, f"{c.OP_NAMES.get(opnum)} not implemented")
+        value = handler(cx, args)
+    except NfsError as exc:
+        log.debug("%s: status %d: %s", c.OP_NAMES.get(opnum), exc.status, exc)
+        compound.emit_result(p, opnum, exc.status, exc.payload)
+        return exc.status
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a dead connection
+        status = status_of(exc, CODES)
+        log_failure(CODES, status, c.OP_NAMES.get(opnum, "?"), cx.address, exc)
+        compound.emit_result(p, opnum, status, None)
+        return status
+    compound.emit_result(p, opnum, c.NFS4_OK, value)
+    return c.NFS4_OK
+
+
+# -- which owner an operation's sequence id belongs to -------------------------------------------
+def _open_owner_by_stateid(cx: Compound40, sid, seqid: int):
+    """(open-owner, open state or None) of a stateid; None for the stateid a CLOSE ended, when
+    this is that CLOSE again."""
+    state = cx.state
+    with state.lock:
+        st = state.states.get(sid.other)
+        if st is None:
+            owner = state40.closed_owner(state, sid.other)
+            if owner is None or owner.seqid != seqid:
+                raise state40.missing(state, sid.other)
+            return owner, None
+        if st.kind != "open" or st.client.minor != c.MINOR_VERSION_40:
+            raise NfsError(c.NFS4ERR_BAD_STATEID, "not an open stateid of an NFSv4.0 client")
+        st.client.last_renew = time.monotonic()
+        return state40.owner_for(st.client, state40.OPEN_OWNER, st.owner), st
+
+
+def _seq_open(cx: Compound40, a):
+    state = cx.state
+    cl = cx.client = state40.client40(state, a.owner.clientid)
+    name = bytes(a.owner.owner)
+    with state.lock:
+        owner = state40.owner_for(cl, state40.OPEN_OWNER, name)
+    if (not owner.confirmed and owner.seqid is not None
+            and not (a.seqid == owner.seqid and owner.reply is not None)):
+        state40.drop_unconfirmed_owner(state, cl, owner)
+        with state.lock:
+            owner = state40.owner_for(cl, state40.OPEN_OWNER, name)
+    return owner, a.seqid, None
+
+
+def _seq_by_open_stateid(cx: Compound40, a):
+    owner, st = _open_owner_by_stateid(cx, a.open_stateid, a.seqid)
+    if st is not None:
+        cx.client = st.client
+    return owner, a.seqid, None
+
+
+def _seq_lock(cx: Compound40, a):
+    new, arg = a.locker
+    state = cx.state
+    if new:
+        owner, st = _open_owner_by_stateid(cx, arg.open_stateid, arg.open_seqid)
+        if st is None:
+            return owner, arg.open_seqid, None  # a replay: the reply is cached
+        if arg.lock_owner.clientid != st.client.clientid:
+            raise NfsError(c.NFS4ERR_BAD_STATEID, "lock-owner of another client than the open")
+        cx.client = st.client
+        with state.lock:
+            lock_owner = state40.owner_for(st.client, state40.LOCK_OWNER,
+                                           bytes(arg.lock_owner.owner))
+        return owner, arg.open_seqid, (lock_owner, arg.lock_seqid)
+    with state.lock:
+        lk = state.states.get(arg.lock_stateid.other)
+        if lk is None:
+            raise state40.missing(state, arg.lock_stateid.other)
+        if lk.kind != "lock" or lk.client.minor != c.MINOR_VERSION_40:
+            raise NfsError(c.NFS4ERR_BAD_STATEID, "not a lock stateid of an NFSv4.0 client")
+        cx.client = lk.client
+        return state40.owner_for(lk.client, state40.LOCK_OWNER, lk.owner), arg.lock_seqid, None
+
+
+def _seq_locku(cx: Compound40, a):
+    state = cx.state
+    with state.lock:
+        lk = state.states.get(a.lock_stateid.other)
+        if lk is None:
+            raise state40.missing(state, a.lock_stateid.other)
+        if lk.kind != "lock" or lk.client.minor != c.MINOR_VERSION_40:
+            raise NfsError(c.NFS4ERR_BAD_STATEID, "not a lock stateid of an NFSv4.0 client")
+        return state40.owner_for(lk.client, state40.LOCK_OWNER, lk.owner), a.seqid, None
+
+
+# opnum -> sequencer(cx, args) -> (owner, seqid, (second owner, its seqid) or None)
+SEQUENCERS = {
+    c.OP_OPEN: _seq_open,
+    c.OP_OPEN_CONFIRM: _seq_by_open_stateid,
+    c.OP_OPEN_DOWNGRADE: _seq_by_open_stateid,
+    c.OP_CLOSE: _seq_by_open_stateid,
+    c.OP_LOCK: _seq_lock,
+    c.OP_LOCKU: _seq_locku,
+}
+
+compound.MINOR_EXECUTORS[c.MINOR_VERSION_40] = execute

@@ -1,0 +1,70 @@
+"""Byte-range locks and delegations: LOCK, LOCKT, LOCKU, DELEGRETURN."""
+from __future__ import annotations
+
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4.ops.io import check_new_lock, open_state
+from appliance.nfs.v4.registry import operation
+from appliance.nfs.v4.state import NfsError, is_write, lock_range
+
+
+# -- byte-range locks ----------------------------------------------------------------------------
+@operation(c.OP_LOCK)
+def lock(cx, a):
+    node = cx.need_file()
+    cl = cx.need_client()
+    state = cx.state
+    start, end = lock_range(a.offset, a.length)
+    if a.locktype not in (c.READ_LT, c.WRITE_LT, c.READW_LT, c.WRITEW_LT):
+        raise NfsError(c.NFS4ERR_INVAL, f"lock type {a.locktype}")
+    grace = state.in_grace()
+    if a.reclaim:
+        if not grace:
+            raise NfsError(c.NFS4ERR_NO_GRACE, "lock reclaim outside the grace period")
+        if not cl.may_reclaim or cl.reclaim_complete:
+            raise NfsError(c.NFS4ERR_RECLAIM_BAD, "this client has nothing to reclaim")
+    else:
+        check_new_lock(cl, grace)
+    with state.lock:
+        new, arg = a.locker
+        if new:
+            open_st = open_state(cx, arg.open_stateid, node)
+            lk = state.lock_state_for(cl, open_st, bytes(arg.lock_owner.owner))
+        else:
+            lk = state.find(cx.stateid(arg.lock_stateid), cl)
+            if lk.kind != "lock" or lk.ino != node.ino:
+                raise NfsError(c.NFS4ERR_BAD_STATEID, "not a lock stateid of this file")
+        if is_write(a.locktype) and not lk.open.access & c.OPEN4_SHARE_ACCESS_WRITE:
+            raise NfsError(c.NFS4ERR_OPENMODE, "write lock on a file not open for writing")
+        state.add_lock(lk, start, end, a.locktype)
+        return cx.set_stateid(lk)
+
+
+@operation(c.OP_LOCKT)
+def lockt(cx, a):
+    node = cx.need_file()
+    cl = cx.need_client()
+    start, end = lock_range(a.offset, a.length)
+    if cx.state.in_grace():
+        raise NfsError(c.NFS4ERR_GRACE, "server in grace period")
+    with cx.state.lock:
+        hit = cx.state.conflict(cl, bytes(a.owner.owner), node.ino, start, end, a.locktype)
+        if hit is not None:
+            raise NfsError(c.NFS4ERR_DENIED, "lock conflict", cx.state.denied(hit))
+
+
+@operation(c.OP_LOCKU)
+def locku(cx, a):
+    node = cx.need_file()
+    start, end = lock_range(a.offset, a.length)
+    with cx.state.lock:
+        lk = cx.state.find(cx.stateid(a.lock_stateid), cx.need_client())
+        if lk.kind != "lock" or lk.ino != node.ino:
+            raise NfsError(c.NFS4ERR_BAD_STATEID, "not a lock stateid of this file")
+        cx.state.unlock(lk, start, end)
+        return cx.set_stateid(lk)
+
+
+@operation(c.OP_DELEGRETURN)
+def delegreturn(cx, sid):
+    cx.need_file()
+    raise NfsError(c.NFS4ERR_BAD_STATEID, "this server grants no delegations")

@@ -1,0 +1,158 @@
+"""Client and session operations: EXCHANGE_ID, CREATE_SESSION, DESTROY_SESSION,
+BIND_CONN_TO_SESSION, DESTROY_CLIENTID, RECLAIM_COMPLETE, BACKCHANNEL_CTL,
+TEST_STATEID, FREE_STATEID, SECINFO, SECINFO_NO_NAME."""
+from __future__ import annotations
+
+import logging
+
+from appliance.nfs.v4 import clients
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4.compound import CACHE_LIMIT
+from appliance.nfs.v4.ops.common import need_dir, resok
+from appliance.nfs.v4.ops.fs import lookup
+from appliance.nfs.v4.registry import operation
+from appliance.nfs.v4.state import NfsError
+from appliance.nfs.v4.types import channel_attrs4, nfs_impl_id4, nfstime4
+
+log = logging.getLogger("shingle.nfs")
+MAX_CACHED = CACHE_LIMIT  # the ca_maxresponsesize_cached offered: what a slot keeps
+MAX_SLOTS = 64
+MAX_OPS = 64
+CREATE_SESSION_FLAGS = (c.CREATE_SESSION4_FLAG_PERSIST | c.CREATE_SESSION4_FLAG_CONN_BACK_CHAN
+                        | c.CREATE_SESSION4_FLAG_CONN_RDMA)
+# The least a channel must carry (RFC 8881 18.36.3, sizes with the RPC headers): a COMPOUND of
+# SEQUENCE and one operation, its request and reply with AUTH_NONE headers (88 and 80 bytes);
+# on the back channel a CB_COMPOUND of CB_SEQUENCE (96 and 76 bytes) and one operation
+FORE_MIN = (88, 80, 2)
+BACK_MIN = (96, 76, 2)
+
+
+def _principal(cx) -> tuple:
+    return (cx.rpc_cred.flavor, cx.rpc_cred.uid)
+
+
+def _check_channel(attrs, least, name: str) -> None:
+    min_request, min_response, min_ops = least
+    if (attrs.maxrequestsize < min_request or attrs.maxresponsesize < min_response
+            or attrs.maxoperations < min_ops):
+        raise NfsError(c.NFS4ERR_TOOSMALL, f"{name} channel {attrs} below requests of "
+                                           f"{min_request}, replies of {min_response} bytes, "
+                                           f"{min_ops} operations")
+
+
+@operation(c.OP_EXCHANGE_ID)
+def exchange_id(cx, a):
+    if a.state_protect[0] != c.SP4_NONE:
+        raise NfsError(c.NFS4ERR_NOTSUPP, "only SP4_NONE state protection is offered")
+    if a.flags & ~c.EXCHGID4_FLAG_MASK_A:
+        raise NfsError(c.NFS4ERR_INVAL, f"EXCHANGE_ID flags {a.flags:#x} outside the defined mask")
+    update = bool(a.flags & c.EXCHGID4_FLAG_UPD_CONFIRMED_REC_A)
+    cl = clients.exchange_id(cx.state, bytes(a.ownerid), a.verifier, _principal(cx),
+                             cx.address, update)
+    flags = c.EXCHGID4_FLAG_USE_NON_PNFS | (c.EXCHGID4_FLAG_CONFIRMED_R if cl.confirmed else 0)
+    server = cx.server
+    impl = nfs_impl_id4.cls("shingle", "shingle NFSv4.1 server", nfstime4.cls(0, 0))
+    return resok(c.OP_EXCHANGE_ID).cls(cl.clientid, cl.cs_sequence, flags, (c.SP4_NONE, None), 0,
+                                        server.owner_major, server.owner_major, [impl])
+
+
+@operation(c.OP_CREATE_SESSION)
+def create_session(cx, a):
+    state = cx.state
+    with state.lock:
+        cl = clients.unconfirmed_client(state, a.clientid, _principal(cx))
+        if a.sequence == (cl.cs_sequence - 1) & 0xFFFFFFFF and cl.cs_reply is not None:
+            return cl.cs_reply  # a retransmitted CREATE_SESSION
+        if a.sequence != cl.cs_sequence:
+            raise NfsError(c.NFS4ERR_SEQ_MISORDERED, f"CREATE_SESSION sequence {a.sequence}, "
+                                                     f"expected {cl.cs_sequence}")
+        if a.flags & ~CREATE_SESSION_FLAGS:
+            raise NfsError(c.NFS4ERR_INVAL, f"CREATE_SESSION flags {a.flags:#x}")
+        limit = cx.server.max_record_size
+        log.debug("CREATE_SESSION fore %r back %r", a.fore_chan_attrs, a.back_chan_attrs)
+        f, b = a.fore_chan_attrs, a.back_chan_attrs
+        _check_channel(f, FORE_MIN, "fore")
+        _check_channel(b, BACK_MIN, "back")
+        fore = channel_attrs4.cls(0, min(f.maxrequestsize, limit), min(f.maxresponsesize, limit),
+                                  min(f.maxresponsesize_cached, MAX_CACHED),
+                                  min(f.maxoperations, MAX_OPS),
+                                  max(1, min(f.maxrequests, MAX_SLOTS)), [])
+        back = channel_attrs4.cls(0, b.maxrequestsize, b.maxresponsesize, b.maxresponsesize_cached,
+                                  b.maxoperations, max(1, min(b.maxrequests, 16)), [])
+        sess = state.add_session(cl, fore, back)
+        clients.confirm(state, cl)
+        cl.cs_sequence = (cl.cs_sequence + 1) & 0xFFFFFFFF
+        # no persistent reply cache and no RDMA; the connection is accepted as the back
+        # channel when asked (nfs-rs insists), though this server never needs to call back
+        flags = a.flags & c.CREATE_SESSION4_FLAG_CONN_BACK_CHAN
+        res = resok(c.OP_CREATE_SESSION).cls(sess.id, a.sequence, flags, fore, back)
+        cl.cs_reply = res
+        cx.conn_state.setdefault("sessions", set()).add(sess.id)
+        return res
+
+
+@operation(c.OP_DESTROY_SESSION)
+def destroy_session(cx, sessionid):
+    cx.state.destroy_session(sessionid)
+
+
+@operation(c.OP_BIND_CONN_TO_SESSION)
+def bind_conn_to_session(cx, a):
+    cx.state.session(a.sessid)
+    cx.conn_state.setdefault("sessions", set()).add(a.sessid)
+    direction = {c.CDFC4_FORE: c.CDFS4_FORE, c.CDFC4_BACK: c.CDFS4_BACK}.get(a.dir, c.CDFS4_BOTH)
+    return resok(c.OP_BIND_CONN_TO_SESSION).cls(a.sessid, direction, False)
+
+
+@operation(c.OP_DESTROY_CLIENTID)
+def destroy_clientid(cx, clientid):
+    cx.state.destroy_client(clientid)
+
+
+@operation(c.OP_RECLAIM_COMPLETE)
+def reclaim_complete(cx, one_fs):
+    cl = cx.need_client()
+    if one_fs:
+        return None  # per-filesystem reclaim: nothing migrates here
+    cx.state.reclaim_complete(cl)
+
+
+@operation(c.OP_BACKCHANNEL_CTL)
+def backchannel_ctl(cx, a):
+    cx.need_client()
+
+
+@operation(c.OP_TEST_STATEID)
+def test_stateid(cx, stateids):
+    cl = cx.need_client()
+    return [cx.state.test_stateid(sid, cl) for sid in stateids]
+
+
+@operation(c.OP_FREE_STATEID)
+def free_stateid(cx, sid):
+    cx.state.free_stateid(cx.stateid(sid), cx.need_client())
+
+
+def _secinfo(cx):
+    cx.need_fh()
+    cx.cur = None  # SECINFO consumes the current file handle (RFC 8881 2.6.3.1.1.8)
+    return [(c.AUTH_SYS, None), (c.AUTH_NONE, None)]
+
+
+@operation(c.OP_SECINFO)
+def secinfo(cx, name):
+    lookup(cx, name)
+    return _secinfo(cx)
+
+
+@operation(c.OP_SECINFO_NO_NAME)
+def secinfo_no_name(cx, style):
+    if style not in (c.SECINFO_STYLE4_CURRENT_FH, c.SECINFO_STYLE4_PARENT):
+        raise NfsError(c.NFS4ERR_INVAL, f"secinfo style {style}: expected 0 or 1")
+    if style == c.SECINFO_STYLE4_PARENT:
+        node = need_dir(cx)
+        at_root = (node.pseudo.parent is None if node.pseudo is not None
+                   else node.ino == node.export.root_ino)
+        if at_root:  # RFC 8881 18.45.3: nothing above where the client entered
+            raise NfsError(c.NFS4ERR_NOENT, "SECINFO_STYLE4_PARENT at the root of the export")
+    return _secinfo(cx)

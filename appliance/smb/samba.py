@@ -1,0 +1,372 @@
+"""Samba for shingle: the generated smb.conf, SMB passwords, and smbd supervised by the daemon.
+
+Everything Samba keeps lives under ``DATA_DIR/smb/`` (``SambaLayout``): its private dir (the
+tdbsam passdb), lock, state, cache, pid and ncalrpc dirs and its log, so an appliance's state
+stays in one folder and two appliances on one host never share a database. SMB users are not
+host accounts: Samba (smbd, smbpasswd, pdbedit, smbstatus) runs with libnss_wrapper preloaded
+and a passwd/group file written from the catalog's ``smb_users``, so each SMB user has the
+uid/gid the catalog gives it without touching /etc/passwd.
+
+``SmbdSupervisor`` (a thread of ``shingle serve``) renders smb.conf from engine.smb's shares
+every ``RELOAD_S`` seconds, writes it when it changed and sends smbd SIGHUP (smbd re-reads its
+config), and restarts smbd when it exits (backoff up to ``RESTART_MAX_S``). smbd runs
+``--foreground --debug-stdout`` as a child of the daemon; never ``--no-process-group``: then
+SIGTERM makes smbd kill its whole process group, the daemon's included."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine import errors
+from engine import smb as smb_service
+from engine.exports import ANY_CLIENT
+
+log = logging.getLogger("shingle.smb")
+
+RELOAD_S = 2.0  # how soon a share or user change reaches smbd
+RESTART_MIN_S, RESTART_MAX_S = 1.0, 30.0
+STOP_WAIT_S = 15.0
+NSS_WRAPPER = "libnss_wrapper.so"
+NOBODY_UID = NOGROUP_GID = 65534
+TOOL_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class SambaLayout:
+    """Where Samba's files live for one appliance (all under ``DATA_DIR/smb``)."""
+
+    root: Path
+
+    @classmethod
+    def for_data_dir(cls, data_dir: Path | str) -> SambaLayout:
+        return cls(Path(data_dir).resolve() / "smb")
+
+    @property
+    def conf(self) -> Path:  # what smbd runs with (written by the daemon)
+        return self.root / "smb.conf"
+
+    @property
+    def tools_conf(self) -> Path:  # for smbpasswd/pdbedit/smbstatus from any process
+        return self.root / "tools.conf"
+
+    @property
+    def mount(self) -> Path:  # the FUSE mount Samba shares (the default)
+        return self.root / "mount"
+
+    @property
+    def log_file(self) -> Path:
+        return self.dir("log") / "smbd.log"
+
+    @property
+    def passwd(self) -> Path:
+        return self.dir("nss") / "passwd"
+
+    @property
+    def group(self) -> Path:
+        return self.dir("nss") / "group"
+
+    def dir(self, name: str) -> Path:
+        return self.root / name
+
+    DIRS = ("private", "state", "lock", "cache", "pid", "ncalrpc", "binddns", "log", "nss")
+
+    def create(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        for name in self.DIRS:
+            self.dir(name).mkdir(exist_ok=True)
+        self.dir("private").chmod(0o700)
+        if not self.tools_conf.exists():
+            _write_atomic(self.tools_conf, render_global(self))
+
+    def env(self) -> dict[str, str]:
+        """The environment of every Samba program: SMB users from shingle's passwd file."""
+        env = dict(os.environ)
+        env.update(LD_PRELOAD=NSS_WRAPPER, NSS_WRAPPER_PASSWD=str(self.passwd),
+                   NSS_WRAPPER_GROUP=str(self.group))
+        return env
+
+
+def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    os.replace(tmp, path)
+
+
+# -- smb.conf --------------------------------------------------------------------------------
+def render_global(layout: SambaLayout, *, host: str = "127.0.0.1", port: int = 445) -> str:
+    d = layout.dir
+    lines = [
+        "# Written by shingle (appliance/smb/samba.py) from the catalog: edits are overwritten.",
+        "[global]",
+        "server role = standalone server",
+        "security = user",
+        f"passdb backend = tdbsam:{d('private') / 'passdb.tdb'}",
+        f"private dir = {d('private')}",
+        f"lock directory = {d('lock')}",
+        f"state directory = {d('state')}",
+        f"cache directory = {d('cache')}",
+        f"pid directory = {d('pid')}",
+        f"ncalrpc dir = {d('ncalrpc')}",
+        f"binddns dir = {d('binddns')}",
+        f"log file = {layout.log_file}",
+        "log level = 1",
+        f"interfaces = {host}",
+        "bind interfaces only = yes",
+        f"smb ports = {port}",
+        "disable netbios = yes",
+        "server min protocol = SMB2_02",
+        "load printers = no",
+        "printing = bsd",
+        "printcap name = /dev/null",
+        "disable spoolss = yes",
+        "usershare max shares = 0",
+        "map to guest = Bad User",
+        "guest account = nobody",
+        # the mount is FUSE: no kernel leases or share modes on it (smbd's own locking stays)
+        "kernel share modes = no",
+        "kernel oplocks = no",
+        # Windows grants execute on files by default; clients open with FILE_EXECUTE to resolve a
+        # path (smbprotocol's replace does): without this a 0644 file refuses them
+        "acl allow execute always = yes",
+        "create mask = 0644",
+        "directory mask = 0755",
+        # macOS clients: Apple's SMB extensions, resource forks and Finder info in xattrs
+        "vfs objects = catia fruit streams_xattr",
+        "fruit:aapl = yes",
+        "fruit:metadata = stream",
+        "fruit:nfs_aces = no",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _users(text: str) -> str:
+    return " ".join(n for n in text.split(",") if n)
+
+
+def render_share(share: smb_service.Share, mount: Path) -> str:
+    path = mount / share.path.lstrip("/") if share.path != "/" else mount
+    lines = [f"[{share.name}]", f"path = {path}",
+             f"read only = {'yes' if share.read_only else 'no'}",
+             f"guest ok = {'yes' if share.guest else 'no'}",
+             f"case sensitive = {'no' if share.case_insensitive else 'yes'}",
+             "preserve case = yes", "short preserve case = yes"]
+    if share.clients != ANY_CLIENT:
+        lines.append(f"hosts allow = {' '.join(share.clients.split(','))}")
+    if share.users:
+        lines.append(f"valid users = {_users(share.users)}")
+    if share.read_only_users:
+        lines.append(f"read list = {_users(share.read_only_users)}")
+    return "\n".join(lines) + "\n"
+
+
+def render_conf(layout: SambaLayout, shares, *, mount: Path, host: str, port: int) -> str:
+    """smb.conf: the global section and one section per enabled share."""
+    parts = [render_global(layout, host=host, port=port)]
+    parts += [render_share(share, mount) for share in shares if share.enabled]
+    return "\n".join(parts)
+
+
+def render_nss(users) -> tuple[str, str]:
+    """passwd and group files for nss_wrapper: root, nobody and every SMB user."""
+    passwd = ["root:x:0:0:root:/root:/bin/false",
+              f"nobody:x:{NOBODY_UID}:{NOGROUP_GID}:nobody:/nonexistent:/usr/sbin/nologin"]
+    groups = {0: ["root", []], NOGROUP_GID: ["nogroup", []]}
+    for user in users:
+        passwd.append(f"{user.name}:x:{user.uid}:{user.gid}:SMB user:/nonexistent:"
+                      "/usr/sbin/nologin")
+        if user.gid not in groups:
+            groups[user.gid] = [user.name if user.gid == user.uid else f"g{user.gid}", []]
+        groups[user.gid][1].append(user.name)
+    group = [f"{name}:x:{gid}:{','.join(members)}" for gid, (name, members) in groups.items()]
+    return "\n".join(passwd) + "\n", "\n".join(group) + "\n"
+
+
+def write_nss(layout: SambaLayout, users) -> None:
+    passwd, group = render_nss(users)
+    _write_atomic(layout.passwd, passwd)
+    _write_atomic(layout.group, group)
+
+
+def _run_tool(layout: SambaLayout, argv: list[str], stdin: str = "") -> subprocess.CompletedProcess:
+    if shutil.which(argv[0]) is None:
+        raise errors.IOFailure(f"{argv[0]} not found: install Debian's samba package")
+    return subprocess.run(argv, input=stdin, capture_output=True, text=True, env=layout.env(),
+                          timeout=TOOL_TIMEOUT_S)
+
+
+class SambaPassdb:
+    """engine.smb.Passdb over Samba's tdbsam in the layout's private dir (smbpasswd, pdbedit)."""
+
+    def __init__(self, layout: SambaLayout, catalog=None):
+        self.layout = layout
+        self.catalog = catalog
+        layout.create()
+
+    def _known_users(self, extra: smb_service.SmbUser | None = None):
+        users = {u.name: u for u in (smb_service.list_users(self.catalog)
+                                     if self.catalog is not None else [])}
+        if extra is not None:
+            users[extra.name] = extra
+        return list(users.values())
+
+    def set_password(self, user: smb_service.SmbUser, password: str) -> None:
+        # the user must exist for Samba before smbpasswd adds it (the row is not committed yet)
+        write_nss(self.layout, self._known_users(user))
+        done = _run_tool(self.layout, ["smbpasswd", "-c", str(self.layout.tools_conf), "-s",
+                                       "-a", user.name], f"{password}\n{password}\n")
+        if done.returncode != 0:
+            raise errors.IOFailure(f"smbpasswd -a {user.name} failed: "
+                                   f"{(done.stderr or done.stdout).strip()}")
+
+    def remove(self, name: str) -> None:
+        done = _run_tool(self.layout, ["pdbedit", "-s", str(self.layout.tools_conf), "-x",
+                                       "-u", name])
+        if done.returncode != 0 and "not find" not in (done.stderr + done.stdout).lower():
+            log.warning("pdbedit -x %s: %s", name, (done.stderr or done.stdout).strip())
+
+    def names(self) -> list[str]:
+        """The users Samba's passdb holds (pdbedit -L)."""
+        done = _run_tool(self.layout, ["pdbedit", "-s", str(self.layout.tools_conf), "-L"])
+        return sorted(line.split(":", 1)[0] for line in done.stdout.splitlines() if ":" in line)
+
+
+def smb_status(layout: SambaLayout) -> dict:
+    """smbd's health and sessions: {running, pid, sessions: [{user, machine, protocol}], error}."""
+    report: dict = {"running": False, "pid": None, "sessions": [], "error": None}
+    pid_file = layout.dir("pid") / "smbd.pid"
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 0)
+        report.update(running=True, pid=pid)
+    except (OSError, ValueError):
+        return report
+    if not layout.conf.exists():
+        return report
+    try:
+        done = _run_tool(layout, ["smbstatus", "-s", str(layout.conf), "--json", "-b"])
+        data = json.loads(done.stdout or "{}")
+    except (errors.FsError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+        report["error"] = str(exc)
+        return report
+    for session in (data.get("sessions") or {}).values():
+        report["sessions"].append({"user": session.get("username"),
+                                   "machine": session.get("remote_machine"),
+                                   "protocol": session.get("session_dialect")})
+    return report
+
+
+class SmbdSupervisor(threading.Thread):
+    """Keeps smbd running with a smb.conf that follows the catalog's shares and users."""
+
+    def __init__(self, catalog, layout: SambaLayout, *, mount: Path, host: str, port: int,
+                 mount_alive=lambda: True):
+        super().__init__(name="smbd-supervisor", daemon=True)
+        self.catalog, self.layout, self.mount = catalog, layout, Path(mount)
+        self.host, self.port = host, port
+        self.mount_alive = mount_alive  # smbd must never share the empty folder under the mount
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self._conf_text = ""
+        self._nss = ("", "")
+        self._backoff = RESTART_MIN_S
+        self._next_start = 0.0
+        self.started_ok = threading.Event()  # set once smbd accepts connections
+
+    # -- configuration --------------------------------------------------------------------------
+    def refresh(self) -> bool:
+        """Write smb.conf and the nss files from the catalog; whether anything changed."""
+        users = smb_service.list_users(self.catalog)
+        shares = smb_service.list_shares(self.catalog, enabled_only=True)
+        text = render_conf(self.layout, shares, mount=self.mount, host=self.host, port=self.port)
+        nss = render_nss(users)
+        changed = False
+        if nss != self._nss:
+            write_nss(self.layout, users)
+            self._nss, changed = nss, True
+        if text != self._conf_text:
+            _write_atomic(self.layout.conf, text)
+            self._conf_text, changed = text, True
+        return changed
+
+    # -- smbd -------------------------------------------------------------------------------------
+    def _start_smbd(self) -> None:
+        out = open(self.layout.log_file, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                ["smbd", "--foreground", "--debug-stdout", "-s", str(self.layout.conf)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env=self.layout.env())
+        finally:
+            out.close()
+        log.info("smbd started (pid %d) on %s:%d", self.proc.pid, self.host, self.port)
+
+    def listening(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=1.0):
+                return True
+        except OSError:
+            return False
+
+    def healthy(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and self.listening()
+
+    def run(self) -> None:
+        self.layout.create()
+        while not self._stopping.is_set():
+            try:
+                if not self.mount_alive():
+                    log.error("the namespace mount is gone: stopping smbd")
+                    self._stop_smbd()
+                    return
+                changed = self.refresh()
+                if self.proc is not None and self.proc.poll() is not None:
+                    log.error("smbd exited with status %s; restarting in %.0f s",
+                              self.proc.returncode, self._backoff)
+                    self.proc = None
+                    self.restarts += 1
+                    self._next_start = time.monotonic() + self._backoff
+                    self._backoff = min(self._backoff * 2, RESTART_MAX_S)
+                if self.proc is None and time.monotonic() >= self._next_start:
+                    self._start_smbd()
+                    started = time.monotonic()
+                    while time.monotonic() - started < 10 and not self._stopping.is_set():
+                        if self.proc.poll() is not None or self.listening():
+                            break
+                        time.sleep(0.05)
+                    if self.proc.poll() is None:
+                        self.started_ok.set()
+                        self._backoff = RESTART_MIN_S
+                elif changed and self.proc is not None:
+                    self.proc.send_signal(signal.SIGHUP)  # smbd re-reads smb.conf
+            except Exception:  # noqa: BLE001 - the supervisor must outlive one bad round
+                log.exception("SMB supervisor")
+            self._stopping.wait(RELOAD_S)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self.is_alive():
+            self.join(STOP_WAIT_S)
+        self._stop_smbd()
+
+    def _stop_smbd(self) -> None:
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()  # smbd ends its children (its own process group) and exits
+            try:
+                proc.wait(STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("smbd did not stop in %.0f s; killing it", STOP_WAIT_S)
+                proc.kill()
+                proc.wait(STOP_WAIT_S)
+        self.proc = None

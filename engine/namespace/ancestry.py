@@ -1,0 +1,94 @@
+"""Whether an inode lies inside a directory's subtree: the check that confines an export to
+the files under its root, made on every file handle a client presents.
+
+A directory has one parent, a file one per link: an inode is inside ``top`` when one of
+its paths up to the namespace root passes through ``top`` (one recursive query). Answers
+are cached per (top, inode) while the attribute cache is valid (SQLite; PostgreSQL has no
+cheap change signal, so there every check queries). What can change an answer, seen by a
+change listener of the namespace after each commit of this process:
+
+- a rename from one directory to another (a directory moved takes its whole subtree
+  along): the cache is emptied;
+- a link added or removed (link, unlink, rename over a name): the files it touched are
+  forgotten (a directory's answer changes only when it moves to another directory);
+- a commit of another process, or the cache's age: the attribute cache clears itself
+  (``_cache_since`` moves), and this cache follows.
+
+A check that began before such a change is not cached (the generation moved), so a stale
+"inside" can only be answered to a request that overlapped the rename."""
+from __future__ import annotations
+
+import threading
+
+from engine.catalog.database import sql_one
+from engine.namespace.common import DIR, Attr
+
+_INSIDE_SQL = (
+    "WITH RECURSIVE up(ino) AS ("
+    " SELECT parent FROM dirents WHERE child = ?"
+    " UNION"
+    " SELECT dirents.parent FROM dirents JOIN up ON dirents.child = up.ino WHERE up.ino <> ?"
+    ") SELECT 1 FROM up WHERE ino = ? LIMIT 1")
+ANCESTRY_MAX_ENTRIES = 100_000
+
+
+class Ancestry:
+    """Part of Namespace: ``is_inside`` and its cache."""
+
+    _dir_ancestry: dict[int, dict[int, bool]]  # directory inode -> {top: inside}
+    _file_ancestry: dict[int, dict[int, bool]]  # other inodes
+    _ancestry_gen: int
+    _ancestry_since: float
+    _ancestry_lock: threading.Lock
+
+    def _init_ancestry(self) -> None:
+        self._dir_ancestry, self._file_ancestry = {}, {}
+        self._ancestry_gen = 0
+        self._ancestry_since = self._cache_since
+        self._ancestry_lock = threading.Lock()
+        self.add_change_listener(self._ancestry_changed)
+
+    def is_inside(self, top: int, attr: Attr) -> bool:
+        """Whether ``attr``'s inode is ``top`` or lies in its subtree. An unlinked file still
+        open (nlink 0: only a handle from before its unlink names it) counts as inside."""
+        ino = attr.ino
+        if ino == top or top == self.root_ino or attr.nlink == 0:
+            return True
+        cacheable = self._cache_valid()
+        table = self._dir_ancestry if attr.type == DIR else self._file_ancestry
+        with self._ancestry_lock:
+            if self._ancestry_since != self._cache_since:  # the attribute cache was cleared
+                self._forget_all()
+            gen = self._ancestry_gen
+            known = table.get(ino, {}).get(top) if cacheable else None
+        if known is not None:
+            return known
+        inside = self.catalog.read(
+            lambda conn: sql_one(conn, _INSIDE_SQL, (ino, top, top)) is not None)
+        if cacheable:
+            with self._ancestry_lock:
+                if gen == self._ancestry_gen:
+                    if len(table) > ANCESTRY_MAX_ENTRIES:
+                        table.clear()
+                    table.setdefault(ino, {})[top] = inside
+        return inside
+
+    def _forget_all(self) -> None:
+        """(Holding the lock.)"""
+        self._dir_ancestry.clear()
+        self._file_ancestry.clear()
+        self._ancestry_gen += 1
+        self._ancestry_since = self._cache_since
+
+    def _ancestry_changed(self, inos, names) -> None:
+        """After a commit of this process that changed ``inos`` and the (dir, name) entries
+        ``names`` (a data-path commit names none: it changes no link)."""
+        if not names:
+            return
+        with self._ancestry_lock:
+            if len({parent for parent, _ in names}) > 1:  # a rename to another directory
+                self._forget_all()
+                return
+            self._ancestry_gen += 1
+            for ino in inos:
+                self._file_ancestry.pop(ino, None)

@@ -1,0 +1,355 @@
+"""SMB shares and SMB users: the one place that lists, checks and changes them.
+
+A share is a namespace directory (``path``, the root or a subtree) that Samba serves under a name
+(``name``) for the clients in ``clients`` (CIDRs, Samba's ``hosts allow``), read-write or
+read-only, to guests (no password, files owned by nobody) and/or named SMB users (``users``:
+who may connect, empty for every SMB user; ``read_only_users``: who may connect but not write).
+An SMB user is a name with the uid/gid its files get in the namespace (the same numbers NFS
+clients send, so both protocols share one permission model); the password is not kept here but
+handed to Samba's own passdb through a ``Passdb`` (appliance/smb/samba.py implements it).
+
+The web UI and its REST API, ``shingle smb`` and the daemon's Samba supervisor
+(appliance/smb/samba.py, which renders smb.conf from these rows every few seconds) all go
+through this module. Each change is one catalog transaction with an event naming who made it.
+A bad value raises ``SmbValueError`` (an ``errors.InvalidArgument`` and a ``ValueError``) naming
+the field, the value and what was expected."""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from sqlalchemy import func, select
+
+from engine import errors
+from engine.catalog.database import Catalog
+from engine.catalog.models import SmbShare as ShareRow
+from engine.catalog.models import SmbUser as UserRow
+from engine.events import record_in
+from engine.exports import ANY_CLIENT, ID_MAX, clean_clients, clean_path
+
+SHARES = ShareRow.__table__
+USERS = UserRow.__table__
+DEFAULT_SHARE = "export"
+ACCESS_MODES = ("rw", "ro")
+# Samba share names: no []\/:;|=,+*?<>" and at most 80 characters; keep to a portable subset
+SHARE_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}"
+USER_PATTERN = r"[a-z_][a-z0-9_.-]{0,31}"  # a POSIX user name, as Samba needs one
+RESERVED_SHARES = ("global", "homes", "printers", "ipc$")
+RESERVED_USERS = ("root", "nobody")
+FIRST_UID = 20000  # SMB users get uids from here unless one is given
+PASSWORD_MAX = 256
+SHARE_DEFAULTS: dict[str, Any] = {"path": "/", "access": "rw", "clients": ANY_CLIENT,
+                                  "guest": False, "users": "", "read_only_users": "",
+                                  "case_insensitive": False, "enabled": True}
+SHARE_FIELDS = ("name", *SHARE_DEFAULTS)
+
+
+class SmbValueError(errors.InvalidArgument, ValueError):
+    """A field of a share or user has a value it cannot take."""
+
+    def __init__(self, field: str, value: object, expected: str):
+        self.field, self.value, self.expected = field, value, expected
+        shown = repr(value)
+        if isinstance(value, str) and len(value) > 60:
+            shown = repr(value[:60]) + "..."
+        super().__init__(f"{field} = {shown}: expected {expected}")
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+class Passdb(Protocol):
+    """Where SMB passwords live (Samba's passdb); changes happen inside the catalog transaction,
+    so that a failure there leaves no user without a password."""
+
+    def set_password(self, user: SmbUser, password: str) -> None: ...
+    def remove(self, name: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Share:
+    id: int
+    name: str
+    path: str
+    access: str
+    clients: str
+    guest: bool
+    users: str
+    read_only_users: str
+    case_insensitive: bool
+    enabled: bool
+
+    @property
+    def read_only(self) -> bool:
+        return self.access == "ro"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SmbUser:
+    id: int
+    name: str
+    uid: int
+    gid: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _share(row) -> Share:
+    return Share(int(row.id), row.name, row.path, row.access, row.clients, bool(row.guest),
+                 row.users, row.read_only_users, bool(row.case_insensitive), bool(row.enabled))
+
+
+def _user(row) -> SmbUser:
+    return SmbUser(int(row.id), row.name, int(row.uid), int(row.gid))
+
+
+# -- checks of one field ----------------------------------------------------------------------
+def clean_share_name(text: object) -> str:
+    if not isinstance(text, str) or not re.fullmatch(SHARE_PATTERN, text):
+        raise SmbValueError("name", text, "1-80 letters, digits, . _ - (a letter or digit "
+                                          "first), e.g. export")
+    if text.lower() in RESERVED_SHARES:
+        raise SmbValueError("name", text, f"a name other than {', '.join(RESERVED_SHARES)}")
+    return text
+
+
+def clean_user_name(text: object) -> str:
+    if not isinstance(text, str) or not re.fullmatch(USER_PATTERN, text):
+        raise SmbValueError("name", text, "a user name of 1-32 lower-case letters, digits, "
+                                          "_ . - (a letter or _ first)")
+    if text in RESERVED_USERS:
+        raise SmbValueError("name", text, f"a name other than {', '.join(RESERVED_USERS)}")
+    return text
+
+
+def clean_user_list(field: str, text: object) -> str:
+    """'alice, bob' -> 'alice,bob' (each a valid user name; empty stays empty)."""
+    if not isinstance(text, str) or len(text) > 4096:
+        raise SmbValueError(field, text, "comma-separated user names")
+    names = [n.strip() for n in re.split(r"[,\s]+", text) if n.strip()]
+    for name in names:
+        try:
+            clean_user_name(name)
+        except SmbValueError:
+            raise SmbValueError(field, name, "comma-separated SMB user names") from None
+    return ",".join(dict.fromkeys(names))
+
+
+def clean_password(password: object) -> str:
+    if (not isinstance(password, str) or not 1 <= len(password) <= PASSWORD_MAX
+            or "\n" in password or "\0" in password):
+        raise SmbValueError("password", "(hidden)", f"1-{PASSWORD_MAX} characters, no newline")
+    return password
+
+
+def _choice(field: str, value: object, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise SmbValueError(field, value, f"one of {', '.join(allowed)}")
+    return value
+
+
+def _flag(field: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise SmbValueError(field, value, "true or false")
+    return value
+
+
+def _id(field: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= ID_MAX:
+        raise SmbValueError(field, value, f"a whole number 1-{ID_MAX}")
+    return value
+
+
+def _smb_clients(text: object) -> str:
+    try:
+        return clean_clients(text)
+    except errors.InvalidArgument as exc:  # an ExportValueError: same rules, same message
+        raise SmbValueError("clients", getattr(exc, "value", text),
+                            getattr(exc, "expected", "CIDRs")) from None
+
+
+def _smb_path(namespace, text: str) -> str:
+    try:
+        return clean_path(namespace, text)
+    except errors.InvalidArgument as exc:  # an ExportValueError: same rules, same message
+        raise SmbValueError("path", getattr(exc, "value", text),
+                            getattr(exc, "expected", "a namespace directory")) from None
+
+
+def validate_share(values: Mapping[str, Any], namespace=None, *, partial: bool = False) -> dict:
+    """The clean values of a share (``partial``: only those given, as for an update)."""
+    unknown = sorted(set(values) - set(SHARE_FIELDS))
+    if unknown:
+        raise SmbValueError(unknown[0], values[unknown[0]],
+                            f"a field of a share: {', '.join(SHARE_FIELDS)}")
+    given = dict(values) if partial else {**SHARE_DEFAULTS, **values}
+    if not partial and "name" not in given:
+        raise SmbValueError("name", None, "the share's name, e.g. export")
+    if partial and not given:
+        raise SmbValueError("fields", {}, f"some of {', '.join(SHARE_FIELDS)}")
+    checks = {"name": clean_share_name, "path": lambda v: _smb_path(namespace, v),
+              "access": lambda v: _choice("access", v, ACCESS_MODES),
+              "clients": _smb_clients,
+              "guest": lambda v: _flag("guest", v),
+              "users": lambda v: clean_user_list("users", v),
+              "read_only_users": lambda v: clean_user_list("read_only_users", v),
+              "case_insensitive": lambda v: _flag("case_insensitive", v),
+              "enabled": lambda v: _flag("enabled", v)}
+    return {name: checks[name](given[name]) for name in SHARE_FIELDS if name in given}
+
+
+def _describe(values: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in values.items())
+
+
+# -- shares -------------------------------------------------------------------------------------
+def list_shares(catalog: Catalog, *, enabled_only: bool = False) -> list[Share]:
+    query = select(SHARES).order_by(SHARES.c.name)
+    if enabled_only:
+        query = query.where(SHARES.c.enabled.is_(True))
+    return [_share(row) for row in catalog.read(lambda conn: conn.execute(query).all())]
+
+
+def _share_id(conn, ref: int | str) -> int:
+    """A share by id or by name."""
+    column = SHARES.c.id if isinstance(ref, int) else SHARES.c.name
+    found = conn.execute(select(SHARES.c.id).where(column == ref)).scalar()
+    if found is None:
+        raise errors.NotFound(f"no SMB share {ref!r}")
+    return int(found)
+
+
+def get_share(catalog: Catalog, ref: int | str) -> Share:
+    def work(conn):
+        share_id = _share_id(conn, ref)
+        return _share(conn.execute(select(SHARES).where(SHARES.c.id == share_id)).one())
+    return catalog.read(work)
+
+
+def create_share(catalog: Catalog, values: Mapping[str, Any], *, actor: str,
+                 namespace=None) -> Share:
+    values = validate_share(values, namespace)
+
+    def work(conn):
+        taken = conn.execute(select(SHARES.c.id).where(
+            func.lower(SHARES.c.name) == values["name"].lower())).first()
+        if taken:  # Samba compares share names without case
+            raise errors.Exists(f"SMB share {values['name']!r} exists: choose another name")
+        share_id = conn.execute(SHARES.insert().values(**values)).inserted_primary_key[0]
+        record_in(conn, "smb.share.create", f"SMB share {values['name']} created: "
+                  f"{_describe(values)}", actor=actor, details={"share_id": share_id, **values})
+        return _share(conn.execute(select(SHARES).where(SHARES.c.id == share_id)).one())
+    return catalog.run(work)
+
+
+def update_share(catalog: Catalog, ref: int | str, values: Mapping[str, Any], *, actor: str,
+                 namespace=None) -> Share:
+    values = validate_share(values, namespace, partial=True)
+
+    def work(conn):
+        share_id = _share_id(conn, ref)
+        if "name" in values and conn.execute(select(SHARES.c.id).where(
+                func.lower(SHARES.c.name) == values["name"].lower(),
+                SHARES.c.id != share_id)).first():
+            raise errors.Exists(f"SMB share {values['name']!r} exists: choose another name")
+        conn.execute(SHARES.update().where(SHARES.c.id == share_id).values(**values))
+        record_in(conn, "smb.share.update", f"SMB share {share_id} changed: {_describe(values)}",
+                  actor=actor, details={"share_id": share_id, **values})
+        return _share(conn.execute(select(SHARES).where(SHARES.c.id == share_id)).one())
+    return catalog.run(work)
+
+
+def delete_share(catalog: Catalog, ref: int | str, *, actor: str) -> None:
+    def work(conn):
+        share_id = _share_id(conn, ref)
+        name = conn.execute(select(SHARES.c.name).where(SHARES.c.id == share_id)).scalar()
+        conn.execute(SHARES.delete().where(SHARES.c.id == share_id))
+        record_in(conn, "smb.share.delete", f"SMB share {name} deleted", actor=actor,
+                  severity="warning", details={"share_id": share_id})
+    catalog.run(work)
+
+
+def ensure_default_share(catalog: Catalog, path: str = "/") -> None:
+    """The share ``export`` (the default export's directory, read-write, every SMB user, any
+    client) when there is no share at all, as ``shingle init`` makes the default NFS export."""
+    def work(conn):
+        if conn.execute(select(SHARES.c.id).limit(1)).first() is None:
+            conn.execute(SHARES.insert().values(name=DEFAULT_SHARE,
+                                                **{**SHARE_DEFAULTS, "path": path}))
+    catalog.run(work)
+
+
+# -- users ----------------------------------------------------------------------------------------
+def list_users(catalog: Catalog) -> list[SmbUser]:
+    query = select(USERS).order_by(USERS.c.name)
+    return [_user(row) for row in catalog.read(lambda conn: conn.execute(query).all())]
+
+
+def get_user(catalog: Catalog, name: str) -> SmbUser:
+    row = catalog.read(lambda conn: conn.execute(select(USERS).where(USERS.c.name == name))
+                       .first())
+    if row is None:
+        raise errors.NotFound(f"no SMB user {name!r}")
+    return _user(row)
+
+
+def create_user(catalog: Catalog, name: str, password: str, *, passdb: Passdb, actor: str,
+                uid: int | None = None, gid: int | None = None) -> SmbUser:
+    """A new SMB user with its password in ``passdb``; uid from FIRST_UID up unless given, gid
+    the uid unless given. Exists if the name is taken."""
+    name = clean_user_name(name)
+    password = clean_password(password)
+    if uid is not None:
+        _id("uid", uid)
+    if gid is not None:
+        _id("gid", gid)
+
+    def work(conn):
+        if conn.execute(select(USERS.c.id).where(USERS.c.name == name)).first():
+            raise errors.Exists(f"SMB user {name!r} exists: remove it first or set its password")
+        new_uid = uid
+        if new_uid is None:
+            top = conn.execute(select(func.max(USERS.c.uid))).scalar()
+            new_uid = max(FIRST_UID, (top or 0) + 1)
+        new_gid = gid if gid is not None else new_uid
+        user_id = conn.execute(USERS.insert().values(name=name, uid=new_uid, gid=new_gid)
+                               ).inserted_primary_key[0]
+        user = SmbUser(int(user_id), name, new_uid, new_gid)
+        passdb.set_password(user, password)  # a failure rolls the row back
+        record_in(conn, "smb.user.create", f"SMB user {name} created (uid {new_uid}, gid "
+                  f"{new_gid})", actor=actor, details=user.to_dict())
+        return user
+    return catalog.run(work)
+
+
+def set_password(catalog: Catalog, name: str, password: str, *, passdb: Passdb,
+                 actor: str) -> None:
+    password = clean_password(password)
+
+    def work(conn):
+        row = conn.execute(select(USERS).where(USERS.c.name == name)).first()
+        if row is None:
+            raise errors.NotFound(f"no SMB user {name!r}")
+        passdb.set_password(_user(row), password)
+        record_in(conn, "smb.user.password", f"SMB user {name}: password changed", actor=actor,
+                  details={"name": name})
+    catalog.run(work)
+
+
+def delete_user(catalog: Catalog, name: str, *, passdb: Passdb, actor: str) -> None:
+    """Remove an SMB user (its files keep their uid); shares that name it keep the name until
+    edited (Samba then refuses it: no such user)."""
+    def work(conn):
+        removed = conn.execute(USERS.delete().where(USERS.c.name == name))
+        if not removed.rowcount:
+            raise errors.NotFound(f"no SMB user {name!r}")
+        passdb.remove(name)
+        record_in(conn, "smb.user.delete", f"SMB user {name} deleted", actor=actor,
+                  severity="warning", details={"name": name})
+    catalog.run(work)

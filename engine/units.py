@@ -1,0 +1,45 @@
+"""Human units for what people read: sizes in KiB/MiB/GiB/TiB, durations as "17.3 s" or "2 min 5 s".
+
+One helper for the CLI, the web UI and job messages, so a number reads the same everywhere.
+Machine output (``--json``, the API, /metrics) keeps plain bytes and seconds."""
+
+from __future__ import annotations
+
+SIZE_SCALES = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+
+
+def format_size(n: int | float) -> str:
+    """``1536`` -> ``"1.5 KiB"``; below 1 KiB the byte count itself."""
+    for unit, scale in SIZE_SCALES:
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def format_duration(seconds: float) -> str:
+    """``17.257`` -> ``"17.3 s"``, ``125`` -> ``"2 min 5 s"``, ``7300`` -> ``"2 h 1 min"``."""
+    if seconds < 0:
+        return "-" + format_duration(-seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s" if seconds >= 0.1 or seconds == 0 else f"{seconds * 1000:.1f} ms"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    if whole < 86400:
+        return f"{whole // 3600} h {whole % 3600 // 60} min"
+    return f"{whole // 86400} d {whole % 86400 // 3600} h"
+
+
+def format_value(key: str, value):
+    """A report field for people: ``*_bytes`` and ``bytes_*`` as a size, ``*_s`` as a duration
+    (``*_per_s`` is a rate and stays a number), other floats rounded."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    words = key.split("_")
+    if "bytes" in words and "per" not in words:
+        return format_size(value)
+    if words[-1] == "s" and "per" not in words:
+        return format_duration(value)
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return value

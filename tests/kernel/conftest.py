@@ -1,0 +1,115 @@
+"""The kernel NFS client rig: one VM boot per test session runs every check of
+guest_nfs.py against `shingle serve`; each check is then its own test (test_kernel_nfs.py).
+
+- ``shingle_daemon``: `shingle init` with ten small emulated drives, the export limited to
+  127.0.0.1 (where qemu's user-mode network delivers the VM's traffic) without root
+  squashing, then `shingle serve --no-web` in a subprocess; ``restart()`` stops and starts it
+  on the same port (the guest asks for that over the serial line).
+- ``kernel_nfs_results``: boots the VM once (vm.py) and returns {check name: (passed, details)}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from pgserver import free_port
+
+import guest_nfs
+import vm
+from nfs_rig import HERE, VM_TIMEOUT_S, ShingleDaemon, plan_for
+
+
+@pytest.fixture(scope="session")
+def vm_kernel() -> vm.Kernel:
+    try:
+        vm.check_qemu()
+    except vm.VmUnavailable as exc:
+        print(f"kernel rig skipped: {exc}", file=sys.stderr)
+        pytest.skip(f"kernel rig: {exc}")
+    return vm.prepare_kernel(log=lambda text: print(text, file=sys.stderr, flush=True))
+
+
+@pytest.fixture(scope="session")
+def kernel_rig_dir():
+    # world-readable (pytest's tmp_path is not): the guest's unprivileged user runs from it
+    folder = Path(tempfile.mkdtemp(prefix="shingle-kernel-rig-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def shingle_daemon(kernel_rig_dir):
+    daemon = ShingleDaemon(kernel_rig_dir / "appliance", free_port()).init()
+    daemon.start()
+    yield daemon
+    daemon.stop()
+    shutil.rmtree(daemon.home / "drives", ignore_errors=True)
+
+
+class RigRun:
+    def __init__(self, result: vm.VmResult, checks: dict[str, tuple[bool, str]], server_log: str):
+        self.result, self.checks, self.server_log = result, checks, server_log
+
+    def outcome(self, name: str) -> tuple[bool, str]:
+        if name in self.checks:
+            return self.checks[name]
+        why = (
+            "the VM timed out"
+            if self.result.timed_out
+            else f"guest exit status {self.result.exit_status}"
+        )
+        tail = "\n".join(self.result.lines[-20:])
+        return (
+            False,
+            f"no result ({why}); guest output tail:\n{tail}\n"
+            f"console tail:\n{self.result.console[-3000:]}",
+        )
+
+
+@pytest.fixture(scope="session")
+def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon) -> RigRun:
+    guest = kernel_rig_dir / "guest"
+    guest.mkdir()
+    shutil.copy(HERE / "guest_nfs.py", guest / "guest_nfs.py")
+    plan = guest / "plan.json"
+    plan.write_text(json.dumps(plan_for(shingle_daemon.port)))
+    program = guest / "run.sh"
+    program.write_text(f"#!/bin/sh\nexec /usr/bin/python3 {guest / 'guest_nfs.py'} {plan}\n")
+    for path in guest.iterdir():
+        path.chmod(0o755)
+    verbose = os.environ.get("SHINGLE_KERNEL_RIG_VERBOSE")
+
+    def on_request(text: str) -> str:
+        if text != "restart-server":
+            return f"unknown request {text!r}"
+        try:
+            return shingle_daemon.restart()
+        except Exception as exc:  # noqa: BLE001 - the guest reports it as the restart check's failure
+            return f"restart failed: {exc}"
+
+    result = vm.run_vm(
+        program,
+        kernel=vm_kernel,
+        workdir=kernel_rig_dir / "vm",
+        requests=on_request,
+        timeout=VM_TIMEOUT_S,
+        on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None,
+    )
+    checks = {}
+    for line in result.lines:
+        if line.startswith(guest_nfs.CHECK_MARKER):
+            _, verdict, name, *details = line.split(" ", 3)
+            checks[name] = (verdict == "PASS", details[0] if details else "")
+    print(
+        f"kernel rig: VM ran {result.seconds:.0f} s, {len(checks)} checks, "
+        f"{sum(ok for ok, _ in checks.values())} passed",
+        file=sys.stderr,
+    )
+    return RigRun(result, checks, shingle_daemon.log())

@@ -1,0 +1,770 @@
+"""Runs inside the VM (the host's /usr/bin/python3, standard library only): mounts the
+shingle server with the kernel NFS client and prints one marker line per check.
+
+    @@CHECK PASS|FAIL NAME details
+
+The host imports this module too, for the check names (``planned_checks``), so that each
+check is its own pytest test. As root, ``main(plan)`` mounts each NFS version, runs the
+per-user checks in a worker process per uid (``--worker``, under setpriv for uid != 0),
+then the root-only checks; ``vmchannel_request`` asks the host to act (restart the server).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import random
+import stat
+import subprocess
+import sys
+import time
+import traceback
+
+CHECK_MARKER = "@@CHECK"
+REQUEST, REPLY = "@@SHINGLE-VM REQUEST", "@@SHINGLE-VM REPLY"
+SERVER = "10.0.2.2"  # the host's 127.0.0.1 under qemu user-mode networking
+UNPRIVILEGED = 1000
+
+# checks every user runs in its own folder on each mount
+USER_CHECKS = (
+    "data-verify",
+    "cp-a-diff",
+    "rename-over",
+    "hardlink",
+    "symlink",
+    "chmod",
+    "chown",
+    "utimes-ns",
+    "truncate",
+    "append",
+    "o-excl",
+    "unlink-open",
+    "mkfifo",
+    "name-255",
+    "lockf",
+    "flock",
+    "checkpoint",
+)
+# checks run once per version, as root
+VERSION_CHECKS = ("mount", "reread-after-drop-caches", "umount", "nconnect-4", "dmesg-clean")
+RESTART_CHECKS = (
+    "restart/io-continues",
+    "restart/lock-kept",
+    "restart/new-files",
+    "restart/dmesg-clean",
+)
+
+
+def planned_checks(plan: dict) -> list[str]:
+    names = []
+    for version in plan["versions"]:
+        label = version["label"]
+        names.append(f"{label}/mount")
+        names += [
+            f"{label}/{user_label(uid)}/{check}" for uid in plan["uids"] for check in USER_CHECKS
+        ]
+        names += [f"{label}/{check}" for check in VERSION_CHECKS[1:]]
+    if plan.get("restart_version"):
+        names += [f"{plan['restart_version']}/{check}" for check in RESTART_CHECKS]
+    return names
+
+
+def user_label(uid: int) -> str:
+    return "root" if uid == 0 else f"uid{uid}"
+
+
+def report(name: str, ok: bool, details: str = "") -> None:
+    details = " | ".join(line for line in details.strip().splitlines() if line.strip())
+    print(f"{CHECK_MARKER} {'PASS' if ok else 'FAIL'} {name} {details[:3000]}", flush=True)
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise CheckFailed(message)
+
+
+def sh(
+    *cmd: str, ok_codes: tuple[int, ...] = (0,), timeout: float = 300, env: dict | None = None
+) -> str:
+    run = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
+    if run.returncode not in ok_codes:
+        raise CheckFailed(
+            f"{' '.join(cmd)} -> {run.returncode}: {(run.stderr or run.stdout).strip()[-1500:]}"
+        )
+    return run.stdout
+
+
+def sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_file(path: str, data: bytes, mode: int = 0o644) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+# -- per-user checks (in the worker; cwd is the user's folder on the mount) -------------------
+def check_data_verify(manifest: list[str]) -> str:
+    if subprocess.run(["sh", "-c", "command -v fio"], capture_output=True).returncode == 0:
+        out = sh(
+            "fio",
+            "--name=crc",
+            "--directory=.",
+            "--filename=fio.dat",
+            "--size=2M",
+            "--bs=64k",
+            "--rw=write",
+            "--ioengine=psync",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--end_fsync=1",
+            "--minimal",
+        )
+        fields = out.strip().split(";")
+        expect(fields[4] == "0", f"fio error {fields[4]}: {out[-500:]}")
+        manifest.append("fio.dat")
+        return f"fio write+verify crc32c 2 MiB, status {fields[4]}"
+    sh("dd", "if=/dev/urandom", "of=/tmp/dd.src", "bs=64k", "count=32", "status=none")
+    sh("dd", "if=/tmp/dd.src", "of=dd.dat", "bs=64k", "conv=fsync", "status=none")
+    expect(sha256("/tmp/dd.src") == sha256("dd.dat"), "dd copy differs")
+    manifest.append("dd.dat")
+    return "no fio: dd 2 MiB + sha256"
+
+
+def make_tree(root: str, files: int = 300) -> None:
+    rng = random.Random(42)
+    for i in range(files):
+        folder = os.path.join(root, f"d{i % 12:02d}", f"sub{i % 3}")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"f{i:04d}.bin")
+        write_file(path, rng.randbytes(rng.randrange(0, 4000)))
+        os.chmod(path, rng.choice([0o644, 0o600, 0o755, 0o640]))
+        os.utime(path, ns=(1_600_000_000_123_456_789 + i, 1_600_000_000_987_654_321 + i * 1000))
+    os.symlink("d00/sub0/f0000.bin", os.path.join(root, "link"))
+
+
+def tree_listing(root: str) -> str:
+    # what cp -a must keep besides contents: type, mode, size, mtime to the ns, link targets
+    return "\n".join(
+        sorted(
+            sh(
+                "find",
+                root,
+                "-mindepth",
+                "1",
+                "-not",
+                "-type",
+                "d",
+                "-printf",
+                "%P %y %m %s %T@ %l\n",
+            ).splitlines()
+        )
+    )
+
+
+def check_cp_a_diff(manifest: list[str]) -> str:
+    src = f"/tmp/tree-{os.getuid()}"
+    if not os.path.exists(src):
+        make_tree(src)
+    started = time.monotonic()
+    sh("cp", "-a", src, "tree")
+    copied = time.monotonic() - started
+    sh("diff", "-r", "--no-dereference", src, "tree")
+    want, got = tree_listing(src), tree_listing("tree")
+    pairs = zip(want.splitlines(), got.splitlines(), strict=False)
+    first_difference = next(
+        (f"{a!r} != {b!r}" for a, b in pairs if a != b),
+        f"{len(want.splitlines())} != {len(got.splitlines())} entries",
+    )
+    expect(want == got, f"metadata differs: {first_difference}")
+    manifest += [f"tree/{line.split()[0]}" for line in got.splitlines() if line.split()[1] == "f"][
+        :50
+    ]
+    return f"300 files + symlink, cp -a {copied:.1f} s, diff -r and mode/size/mtime-ns equal"
+
+
+def check_rename_over(_m) -> str:
+    write_file("ren.a", b"new contents")
+    write_file("ren.b", b"old contents that are longer")
+    os.rename("ren.a", "ren.b")
+    expect(not os.path.exists("ren.a"), "source still there after rename")
+    expect(read_file("ren.b") == b"new contents", "target does not hold the source's bytes")
+    return "rename onto an existing file replaced it"
+
+
+def check_hardlink(_m) -> str:
+    write_file("hl.a", b"linked")
+    os.link("hl.a", "hl.b")
+    a, b = os.stat("hl.a"), os.stat("hl.b")
+    expect(
+        a.st_ino == b.st_ino and a.st_nlink == b.st_nlink == 2,
+        f"ino {a.st_ino}/{b.st_ino} nlink {a.st_nlink}/{b.st_nlink}",
+    )
+    os.unlink("hl.a")
+    expect(
+        os.stat("hl.b").st_nlink == 1 and read_file("hl.b") == b"linked", "after unlink of one name"
+    )
+    return "link: same inode, nlink 2 then 1"
+
+
+def check_symlink(_m) -> str:
+    os.mkdir("sl.dir")
+    write_file("sl.dir/target", b"through the link")
+    os.symlink("sl.dir/target", "sl.link")
+    expect(os.readlink("sl.link") == "sl.dir/target", f"readlink {os.readlink('sl.link')!r}")
+    expect(stat.S_ISLNK(os.lstat("sl.link").st_mode), "lstat is not a symlink")
+    expect(read_file("sl.link") == b"through the link", "read through the link")
+    os.symlink("x" * 1000, "sl.long")
+    expect(os.readlink("sl.long") == "x" * 1000, "1000-byte link target")
+    return "symlink, readlink, lstat, open through it, 1000-byte target"
+
+
+def check_chmod(_m) -> str:
+    write_file("mode", b"")
+    for mode in (0o640, 0o755, 0o4750, 0o2711, 0o1777, 0o000):
+        os.chmod("mode", mode)
+        got = stat.S_IMODE(os.stat("mode").st_mode)
+        expect(got == mode, f"chmod {mode:o} -> {got:o}")
+    os.chmod("mode", 0o644)
+    return "modes 640 755 4750 2711 1777 000 read back"
+
+
+def check_chown(_m) -> str:
+    write_file("owner", b"")
+    uid, gid = os.getuid(), os.getgid()
+    if uid == 0:
+        os.chown("owner", 1234, 5678)
+        st = os.stat("owner")
+        expect(
+            (st.st_uid, st.st_gid) == (1234, 5678), f"chown 1234:5678 -> {st.st_uid}:{st.st_gid}"
+        )
+        out = sh("stat", "-c", "%u:%g", "owner").strip()
+        expect(out == "1234:5678", f"stat -c %u:%g -> {out}")
+        return "root chown 1234:5678 read back (owner mapping works)"
+    st = os.stat("owner")
+    expect(
+        (st.st_uid, st.st_gid) == (uid, gid),
+        f"new file owned by {st.st_uid}:{st.st_gid}, expected {uid}:{gid}",
+    )
+    os.chown("owner", uid, gid)
+    try:
+        os.chown("owner", 0, 0)
+    except PermissionError:
+        return f"owned by {uid}:{gid}; chown to self works, to root is EPERM"
+    raise CheckFailed("an unprivileged user gave a file to root")
+
+
+def check_utimes_ns(_m) -> str:
+    write_file("times", b"")
+    env = {"TZ": "UTC"}
+    sh("touch", "-m", "-d", "2021-03-04 05:06:07.123456789 +0000", "times", env=env)
+    sh("touch", "-a", "-d", "2020-01-02 03:04:05.987654321 +0000", "times", env=env)
+    mtime = sh("stat", "-c", "%y", "times", env=env).strip()
+    atime = sh("stat", "-c", "%x", "times", env=env).strip()
+    expect(mtime == "2021-03-04 05:06:07.123456789 +0000", f"mtime {mtime}")
+    expect(atime == "2020-01-02 03:04:05.987654321 +0000", f"atime {atime}")
+    os.utime("times", ns=(1, 2_000_000_001))
+    st = os.stat("times")
+    expect(
+        (st.st_atime_ns, st.st_mtime_ns) == (1, 2_000_000_001),
+        f"utimensat -> {st.st_atime_ns} {st.st_mtime_ns}",
+    )
+    return f"mtime {mtime}, atime {atime}"
+
+
+def check_truncate(_m) -> str:
+    data = random.randbytes(10000)
+    write_file("trunc", data)
+    os.truncate("trunc", 1234)
+    expect(read_file("trunc") == data[:1234], "shrink")
+    with open("trunc", "r+b") as f:
+        f.truncate(50000)
+    got = read_file("trunc")
+    expect(len(got) == 50000 and got[:1234] == data[:1234] and got[1234:] == bytes(48766), "grow")
+    sh("truncate", "-s", "0", "trunc")
+    expect(os.stat("trunc").st_size == 0, "truncate -s 0")
+    return "10000 -> 1234 -> 50000 (zeros) -> 0"
+
+
+def check_append(_m) -> str:
+    write_file("app", b"head\n")
+    first = os.open("app", os.O_WRONLY | os.O_APPEND)
+    second = os.open("app", os.O_WRONLY | os.O_APPEND)
+    for i in range(20):
+        os.write(first if i % 2 else second, f"line {i}\n".encode())
+    os.close(first)
+    os.close(second)
+    sh("sh", "-c", "echo tail >> app")
+    want = b"head\n" + b"".join(f"line {i}\n".encode() for i in range(20)) + b"tail\n"
+    expect(read_file("app") == want, f"got {read_file('app')[:200]!r}")
+    return "O_APPEND from two descriptors and the shell, in order"
+
+
+def check_o_excl(_m) -> str:
+    fd = os.open("excl", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.close(fd)
+    try:
+        os.open("excl", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        raise CheckFailed("second O_EXCL create succeeded")
+    except FileExistsError:
+        pass
+    run = subprocess.run(["bash", "-c", "set -C; echo x > excl"], capture_output=True, text=True)
+    expect(run.returncode != 0, "set -C overwrote an existing file")
+    expect(read_file("excl") == b"", "contents changed")
+    return "O_CREAT|O_EXCL and set -C refuse an existing file"
+
+
+def check_unlink_open(_m) -> str:
+    with open("gone", "w+b") as f:
+        f.write(b"still readable")
+        f.flush()
+        os.unlink("gone")
+        expect(not os.path.exists("gone"), "name still there")
+        f.seek(0)
+        expect(f.read() == b"still readable", "read after unlink")
+        f.write(b" and writable")
+        f.seek(0)
+        expect(f.read() == b"still readable and writable", "write after unlink")
+    leftovers = [n for n in os.listdir(".") if n.startswith(".nfs")]
+    # the client removes its silly-renamed .nfsXXXX file on close; give it a moment
+    for _ in range(50):
+        if not leftovers:
+            break
+        time.sleep(0.1)
+        leftovers = [n for n in os.listdir(".") if n.startswith(".nfs")]
+    expect(not leftovers, f"left behind: {leftovers}")
+    return "read and write after unlink; no .nfs file left after close"
+
+
+def check_mkfifo(_m) -> str:
+    os.mkfifo("fifo", 0o640)
+    st = os.lstat("fifo")
+    expect(stat.S_ISFIFO(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o640, f"mode {st.st_mode:o}")
+    out = sh("stat", "-c", "%F", "fifo").strip()
+    expect(out == "fifo", f"stat says {out}")
+    return "mkfifo: a fifo, mode 640"
+
+
+def check_name_255(_m) -> str:
+    name = ("n" * 250) + ".data"
+    write_file(name, b"long name")
+    expect(len(name) == 255 and name in os.listdir("."), "not listed")
+    expect(read_file(name) == b"long name", "read back")
+    os.rename(name, name[:-1] + "e")
+    os.unlink(name[:-1] + "e")
+    try:
+        write_file("m" * 256, b"")
+        raise CheckFailed("a 256-byte name was created")
+    except OSError as exc:
+        expect(exc.errno == errno.ENAMETOOLONG, f"256 bytes: {exc}")
+    return "255-byte name created, listed, renamed, removed; 256 is ENAMETOOLONG"
+
+
+LOCKER = r"""
+import fcntl, os, sys
+kind, path = sys.argv[1], sys.argv[2]
+fd = os.open(path, os.O_RDWR)
+lock = fcntl.lockf if kind == "lockf" else fcntl.flock
+try:
+    lock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print("got")
+except OSError as exc:
+    print("busy" if exc.errno in (11, 13) else f"error {exc}")
+"""
+
+
+def lock_check(kind: str) -> str:
+    write_file(f"{kind}.lock", b"0" * 100)
+    fd = os.open(f"{kind}.lock", os.O_RDWR)
+    lock = fcntl.lockf if kind == "lockf" else fcntl.flock
+    lock(fd, fcntl.LOCK_EX)
+    try:
+        other = sh(sys.executable, "-c", LOCKER, kind, f"{kind}.lock").strip()
+        expect(other == "busy", f"second process while held: {other}")
+    finally:
+        lock(fd, fcntl.LOCK_UN)
+    other = sh(sys.executable, "-c", LOCKER, kind, f"{kind}.lock").strip()
+    os.close(fd)
+    expect(other == "got", f"second process after unlock: {other}")
+    if kind == "lockf":  # byte ranges: a lock on bytes 0-9 leaves bytes 50-59 free
+        fd = os.open("lockf.lock", os.O_RDWR)
+        fcntl.lockf(fd, fcntl.LOCK_EX, 10, 0)
+        ranged = sh(
+            sys.executable,
+            "-c",
+            "import fcntl,os,sys; fd=os.open(sys.argv[1], os.O_RDWR); "
+            "fcntl.lockf(fd, fcntl.LOCK_EX|fcntl.LOCK_NB, 10, 50); print('got')",
+            "lockf.lock",
+        )
+        os.close(fd)
+        expect(ranged.strip() == "got", "a non-overlapping range was refused")
+    return f"{kind}: second process gets EAGAIN while held, the lock after release"
+
+
+def check_lockf(_m) -> str:
+    return lock_check("lockf")
+
+
+def check_flock(_m) -> str:
+    return lock_check("flock")
+
+
+def check_checkpoint(manifest: list[str]) -> str:
+    payload = random.randbytes(1 << 20)
+    for step in range(3):
+        tmp, final = f"ckpt-{step}.pt.tmp", f"ckpt-{step}.pt"
+        with open(tmp, "wb") as f:
+            f.write(payload[step:] + payload[:step])
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, final)
+        dfd = os.open(".", os.O_RDONLY)
+        os.fsync(dfd)
+        os.close(dfd)
+        expect(sha256(final) == hashlib.sha256(payload[step:] + payload[:step]).hexdigest(), final)
+        manifest.append(final)
+    expect(not [n for n in os.listdir(".") if n.endswith(".tmp")], "a .tmp left behind")
+    return "3 x 1 MiB: write .tmp, fsync, rename, fsync dir, sha256 read back"
+
+
+def run_worker(folder: str, label: str) -> None:
+    os.makedirs(folder, exist_ok=True)
+    os.chdir(folder)
+    manifest: list[str] = []
+    for check in USER_CHECKS:
+        name = f"{label}/{check}"
+        started = time.monotonic()
+        try:
+            details = globals()["check_" + check.replace("-", "_")](manifest)
+            report(name, True, f"{details} ({time.monotonic() - started:.1f} s)")
+        except CheckFailed as exc:
+            report(name, False, str(exc))
+        except Exception:  # noqa: BLE001 - any error is this check's failure, the next ones still run
+            report(name, False, traceback.format_exc(limit=3))
+    with open("manifest.sha256", "w") as f:
+        f.writelines(f"{sha256(path)}  {path}\n" for path in manifest if os.path.exists(path))
+
+
+# -- as root: mounts, workers, version-wide checks ------------------------------------------
+def vmchannel_request(text: str) -> str:
+    """Ask the host to do something (e.g. restart the server); returns its answer."""
+    with open("/dev/ttyS1", "wb", buffering=0) as tty:
+        tty.write(f"{REQUEST} {text}\n".encode())
+    with open("/dev/ttyS1", "rb", buffering=0) as tty:
+        line = b""
+        while True:
+            ch = tty.read(1)
+            if ch in (b"\n", b"\r"):
+                if line.startswith(REPLY.encode()):
+                    return line[len(REPLY) :].decode().strip()
+                line = b""
+            else:
+                line += ch
+
+
+def mount(options: str, port: int, target: str) -> subprocess.CompletedProcess:
+    os.makedirs(target, exist_ok=True)
+    return subprocess.run(
+        [
+            "timeout",
+            "120",
+            "mount",
+            "-t",
+            "nfs",
+            "-o",
+            f"{options},port={port}",
+            f"{SERVER}:/export",
+            target,
+        ],
+        capture_output=True,
+        text=True,
+    )
+
+
+def run_check(name: str, work) -> None:
+    started = time.monotonic()
+    try:
+        report(name, True, f"{work()} ({time.monotonic() - started:.1f} s)")
+    except CheckFailed as exc:
+        report(name, False, str(exc))
+    except Exception:  # noqa: BLE001 - reported as this check's failure
+        report(name, False, traceback.format_exc(limit=3))
+
+
+def run_bounded(cmd: list[str], timeout: float, expected: list[str]) -> None:
+    """Run a child that reports checks, forward its reports, and report every expected check
+    it did not reach. A child stuck in an uninterruptible NFS wait cannot be killed: it is
+    left behind rather than waited for."""
+    out_path = f"/tmp/child-{time.monotonic_ns()}.out"
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd="/")
+    try:
+        status = proc.wait(timeout)
+        why = f"exited with status {status}"
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        why = f"still running after {timeout:.0f} s (a hung NFS call?)"
+    seen, other = set(), []
+    with open(out_path) as out:
+        for line in out:
+            if line.startswith(CHECK_MARKER):
+                print(line.rstrip("\n"), flush=True)
+                seen.add(line.split()[2])
+            else:
+                other.append(line)
+    tail = "".join(other[-15:])
+    for name in expected:
+        if name not in seen:
+            report(name, False, f"not reached: the child {why}; its output: {tail}")
+
+
+def run_workers(plan: dict, label: str, mountpoint: str) -> None:
+    for uid in plan["uids"]:
+        who = user_label(uid)
+        folder = os.path.join(mountpoint, f"{label}-{who}")
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", folder, f"{label}/{who}"]
+        if uid != 0:
+            cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *cmd]
+        run_bounded(
+            cmd, plan["worker_timeout"], [f"{label}/{who}/{check}" for check in USER_CHECKS]
+        )
+
+
+def dmesg_lines() -> list[str]:
+    return subprocess.run(["dmesg"], capture_output=True, text=True).stdout.splitlines()
+
+
+def nfs_errors(lines: list[str]) -> list[str]:
+    words = ("nfs", "rpc", "lockd", "sunrpc")
+    bad = (
+        "error",
+        "fail",
+        "not responding",
+        "bad",
+        "warn",
+        "unhandled",
+        "invalid",
+        "bug",
+        "oops",
+        "call trace",
+        "lost",
+    )
+    return [
+        line
+        for line in lines
+        if any(w in line.lower() for w in words) and any(b in line.lower() for b in bad)
+    ]
+
+
+def nfs_connections(port: int) -> int:
+    # /proc/net/tcp: remote address 10.0.2.2 is 0202000A in host-order hex; state 01 = ESTABLISHED
+    want = f"0202000A:{port:04X}"
+    with open("/proc/net/tcp") as f:
+        return sum(
+            1 for line in f.readlines()[1:] if line.split()[2] == want and line.split()[3] == "01"
+        )
+
+
+def run_version(plan: dict, version: dict) -> None:
+    label, port = version["label"], plan["port"]
+    mountpoint = f"/mnt/{label}"
+    dmesg_before = len(dmesg_lines())
+    mounted = mount(version["options"], port, mountpoint)
+    if mounted.returncode != 0:
+        why = (
+            f"mount -o {version['options']} failed ({mounted.returncode}): {mounted.stderr.strip()}"
+        )
+        report(
+            f"{label}/mount",
+            False,
+            why + " | dmesg: " + " | ".join(dmesg_lines()[dmesg_before:][-5:]),
+        )
+        for name in planned_checks({**plan, "versions": [version], "restart_version": None})[1:]:
+            report(name, False, "not run: the mount failed")
+        return
+    report(
+        f"{label}/mount",
+        True,
+        subprocess.run(["grep", mountpoint, "/proc/mounts"], capture_output=True, text=True).stdout,
+    )
+    run_workers(plan, label, mountpoint)
+
+    def reread() -> str:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        checked = 0
+        for uid in plan["uids"]:
+            folder = os.path.join(mountpoint, f"{label}-{user_label(uid)}")
+            out = subprocess.run(
+                ["sha256sum", "--quiet", "-c", "manifest.sha256"],
+                cwd=folder,
+                capture_output=True,
+                text=True,
+            )
+            expect(out.returncode == 0, f"{folder}: {out.stdout[-800:]} {out.stderr[-800:]}")
+            with open(os.path.join(folder, "manifest.sha256")) as f:
+                checked += len(f.readlines())
+        expect(checked > 0, "nothing to check: the workers wrote no manifest")
+        return f"{checked} files read back from the server after drop_caches"
+
+    run_check(f"{label}/reread-after-drop-caches", reread)
+
+    def umount() -> str:
+        sh("timeout", "120", "umount", mountpoint)
+        return "umount returned 0"
+
+    run_check(f"{label}/umount", umount)
+
+    def nconnect() -> str:
+        target = f"/mnt/{label}-nconnect"
+        out = mount(version["options"] + ",nconnect=4", port, target)
+        expect(out.returncode == 0, f"mount nconnect=4: {out.stderr.strip()}")
+        try:
+            data = random.randbytes(4 << 20)
+            path = os.path.join(target, f"{label}-root", "nconnect.dat")
+            with open(path, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+            expect(sha256(path) == hashlib.sha256(data).hexdigest(), "4 MiB read back differs")
+            names = len(os.listdir(os.path.join(target, f"{label}-root", "tree")))
+            connections = nfs_connections(port)
+            expect(connections == 4, f"{connections} TCP connections to the server, expected 4")
+        finally:
+            subprocess.run(["timeout", "120", "umount", target], capture_output=True)
+        return f"4 TCP connections; 4 MiB written, read back after drop_caches; tree lists {names}"
+
+    run_check(f"{label}/nconnect-4", nconnect)
+
+    def dmesg_clean() -> str:
+        errors = nfs_errors(dmesg_lines()[dmesg_before:])
+        expect(not errors, "\n".join(errors[-10:]))
+        return "no NFS/RPC errors in dmesg"
+
+    run_check(f"{label}/dmesg-clean", dmesg_clean)
+
+
+def restart_scenario(folder: str, label: str) -> None:
+    """In a child process (the parent bounds its time): state that must survive a server
+    restart, the restart itself (asked of the host), then the client carrying on."""
+    os.makedirs(folder, exist_ok=True)
+    names = [f"{label}/{c}" for c in RESTART_CHECKS]
+    first, second = random.randbytes(1 << 20), random.randbytes(1 << 20)
+    path = os.path.join(folder, "across.dat")
+    lock_path = os.path.join(folder, "held.lock")
+    write_file(lock_path, b"lock")
+    lock_fd = os.open(lock_path, os.O_RDWR)
+    fcntl.lockf(lock_fd, fcntl.LOCK_EX)
+    f = open(path, "wb")
+    f.write(first)
+    f.flush()
+    os.fsync(f.fileno())
+    answer = vmchannel_request("restart-server")
+
+    def io_continues() -> str:
+        expect(answer.startswith("restarted"), f"host: {answer}")
+        started = time.monotonic()
+        f.write(second)
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+        with open("/proc/sys/vm/drop_caches", "w") as dc:
+            dc.write("3\n")
+        expect(
+            sha256(path) == hashlib.sha256(first + second).hexdigest(), "file differs after restart"
+        )
+        return (
+            f"host {answer}; the open file took 1 MiB more {time.monotonic() - started:.1f} s later"
+        )
+
+    run_check(names[0], io_continues)
+
+    def lock_kept() -> str:
+        other = sh(sys.executable, "-c", LOCKER, "lockf", lock_path).strip()
+        expect(other == "busy", f"another process got the lock held across the restart: {other}")
+        fcntl.lockf(lock_fd, fcntl.LOCK_UN)
+        os.close(lock_fd)
+        other = sh(sys.executable, "-c", LOCKER, "lockf", lock_path).strip()
+        expect(other == "got", f"after unlock: {other}")
+        return "the lock held across the restart still excludes another process"
+
+    run_check(names[1], lock_kept)
+
+    def new_files() -> str:
+        for i in range(20):
+            write_file(os.path.join(folder, f"after-{i}"), b"x" * i)
+        expect(len([n for n in os.listdir(folder) if n.startswith("after-")]) == 20, "listing")
+        return "20 new files after the restart"
+
+    run_check(names[2], new_files)
+
+
+def run_restart(plan: dict, version: dict) -> None:
+    """The server restarts under a mounted client, which carries on: an open file keeps
+    being written, a held lock still holds, new files can be made."""
+    label = version["label"]
+    mountpoint = f"/mnt/{label}-restart"
+    names = [f"{label}/{c}" for c in RESTART_CHECKS[:-1]]
+    dmesg_before = len(dmesg_lines())
+    out = mount(version["options"], plan["port"], mountpoint)
+    if out.returncode != 0:
+        for check in RESTART_CHECKS:
+            report(f"{label}/{check}", False, f"mount failed: {out.stderr.strip()}")
+        return
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--restart",
+        os.path.join(mountpoint, f"{label}-restart"),
+        label,
+    ]
+    run_bounded(cmd, plan["restart_timeout"], names)
+    errors = nfs_errors(dmesg_lines()[dmesg_before:])
+    report(
+        f"{label}/restart/dmesg-clean",
+        not errors,
+        " | ".join(errors[-8:]) or "no NFS/RPC errors in dmesg",
+    )
+    subprocess.run(["timeout", "60", "umount", "-f", "-l", mountpoint], capture_output=True)
+
+
+def main(plan: dict) -> int:
+    print("@@SHINGLE-VM BEGIN", flush=True)
+    print(f"guest: {os.uname().nodename} kernel {os.uname().release}", flush=True)
+    for version in plan["versions"]:
+        run_version(plan, version)
+    if plan.get("restart_version"):
+        run_restart(
+            plan, next(v for v in plan["versions"] if v["label"] == plan["restart_version"])
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--worker":
+        run_worker(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "--restart":
+        restart_scenario(sys.argv[2], sys.argv[3])
+    else:
+        with open(sys.argv[1]) as plan_file:
+            sys.exit(main(json.load(plan_file)))

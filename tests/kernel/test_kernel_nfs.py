@@ -1,0 +1,24 @@
+"""The Linux kernel NFS client against `shingle serve`: each check the guest ran in the
+session's VM (conftest.kernel_nfs_results) is one test, named VERSION/USER/CHECK."""
+
+from __future__ import annotations
+
+import pytest
+
+from guest_nfs import planned_checks
+from nfs_rig import KNOWN_FAILURES, NOT_IMPLEMENTED, plan_for
+
+
+def _params() -> list:
+    params = []
+    for name in planned_checks(plan_for(0)):
+        reason = NOT_IMPLEMENTED.get(name.split("/")[0]) or KNOWN_FAILURES.get(name)
+        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+        params.append(pytest.param(name, id=name, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("check", _params())
+def test_kernel_client(kernel_nfs_results, check):
+    passed, details = kernel_nfs_results.outcome(check)
+    assert passed, f"{check}: {details}"

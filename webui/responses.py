@@ -1,0 +1,275 @@
+"""Response bodies of the REST API, as OpenAPI schemas (components/schemas of /api/v1/openapi.json).
+
+Declared once here, with ``ROUTES`` naming each API route's (webui/api.py) response; a test
+checks real responses against them (tests/webui/test_api_responses.py), so they cannot drift."""
+
+from __future__ import annotations
+
+
+def prop(kind: str | list, description: str, **extra) -> dict:
+    return {"type": kind, "description": description, **extra}
+
+
+def obj(description: str, required: tuple[str, ...] = (), **properties: dict) -> dict:
+    out = {"type": "object", "description": description, "properties": properties}
+    if required:
+        out["required"] = list(required)
+    return out
+
+
+def ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def array_of(name: str, description: str) -> dict:
+    return {"type": "array", "description": description, "items": ref(name)}
+
+
+NS = "nanoseconds since the Unix epoch"
+SCHEMAS: dict[str, dict] = {
+    "Capacity": obj(
+        "Capacity of the usable drives (online, degraded, draining), in bytes",
+        ("raw_bytes", "usable_bytes", "free_bytes"),
+        raw_bytes=prop("integer", "Zones times zone size"),
+        usable_bytes=prop(
+            "integer", "User data that fits when full (after parity and the cleaning reserve)"
+        ),
+        free_bytes=prop("integer", "User data that still fits"),
+        written_bytes=prop("integer", "Bytes below the zones' write pointers"),
+        live_bytes=prop("integer", "Bytes of live fragments"),
+        garbage_bytes=prop("integer", "Dead bytes band cleaning can reclaim"),
+        reserve_bytes=prop("integer", "Empty space kept for band cleaning"),
+        stranded_bytes=prop("integer", "Tails of full zones, writable again after a reset"),
+        data_fraction=prop("number", "Share of raw bytes that carry data (k / (k + m) of warm)"),
+    ),
+    "Status": obj(
+        "The dashboard's summary",
+        ("capacity", "drives"),
+        capacity=ref("Capacity"),
+        catalog=obj(
+            "The catalog",
+            backend=prop("string", "sqlite or postgresql"),
+            url=prop("string", "Catalog URL, password hidden"),
+            revision=prop("string", "Schema revision"),
+            inodes=prop("integer", "Files and folders"),
+        ),
+        tiers=prop("object", "Per band class: zones and live bytes"),
+        drive_states=prop("object", "Drive count by state"),
+        drives=prop("integer", "How many drives"),
+        throughput=prop(
+            "object", "NFS bytes/s over the window: read and write lists of [time_ns, rate]"
+        ),
+        window=prop("array", "The window's [start, end] in " + NS),
+    ),
+    "Drive": obj(
+        "One drive",
+        ("id", "state", "path"),
+        id=prop("integer", "Drive id"),
+        uuid=prop("string", "Label written on the drive"),
+        path=prop("string", "Folder (zone files) or device"),
+        backend=prop("string", "zonefile or zoned-block"),
+        device=prop(["string", "null"], "Block device for SMART"),
+        model=prop(["string", "null"], "Model"),
+        serial=prop(["string", "null"], "Serial number"),
+        state=prop("string", "online, degraded, failed, draining, removed or missing"),
+        size_bytes=prop("integer", "Capacity"),
+        zone_size=prop("integer", "Bytes per zone"),
+        zones=prop("integer", "Zone count"),
+        zones_empty=prop("integer", "Empty zones"),
+        zones_open=prop("integer", "Open zones"),
+        zones_full=prop("integer", "Full zones"),
+        written_bytes=prop("integer", "Bytes below write pointers"),
+        live_bytes=prop("integer", "Live bytes"),
+        garbage_bytes=prop("integer", "Dead bytes"),
+        fragments=prop("integer", "Fragments stored"),
+        smart=prop(["object", "null"], "SMART reading (smartctl), or why there is none"),
+        io=prop(["object", "null"], "Host disk I/O counters of the disk holding the drive"),
+        bands=prop("object", "Only GET /drives/{id}: zones by state and band class"),
+    ),
+    "ActionResult": obj(
+        "What an action did",
+        ("message",),
+        message=prop("string", "What happened"),
+        job=prop(["integer", "null"], "The queued job's id, if the action queued one"),
+    ),
+    "RetentionRule": obj(
+        "A keep-last-N rule",
+        ("id", "pattern", "keep", "action"),
+        id=prop("integer", "Rule id"),
+        pattern=prop("string", "Path pattern"),
+        keep=prop("integer", "Newest entries kept per parent folder"),
+        action=prop("string", "delete, cold or trash"),
+        order_by=prop("string", "mtime or name"),
+        enabled=prop("boolean", "Whether scheduled runs apply it"),
+        created_ns=prop("integer", "Created, " + NS),
+        last_run_ns=prop(["integer", "null"], "Last run, " + NS),
+    ),
+    "PlannedAction": obj(
+        "One thing a rule would do (preview) or did (run)",
+        ("rule_id", "path", "action"),
+        rule_id=prop("integer", "Rule id"),
+        path=prop("string", "Entry"),
+        action=prop("string", "delete, cold, trash, or skip"),
+        reason=prop("string", "Why"),
+        mtime_ns=prop("integer", "Entry's mtime, " + NS),
+        mtime=prop("string", "Entry's mtime, ISO 8601"),
+        ino=prop("integer", "Inode"),
+        is_dir=prop("boolean", "A folder"),
+        outcome=prop(["string", "null"], "After a run: done, skipped: ... or failed: ..."),
+    ),
+    "Job": obj(
+        "A maintenance job and its progress",
+        ("id", "kind", "state"),
+        id=prop("integer", "Job id"),
+        kind=prop("string", "retention, scrub, rebuild, drain, tier, clean, ..."),
+        state=prop("string", "queued, running, done, failed or interrupted"),
+        actor=prop("string", "Who queued it"),
+        params=prop("object", "Parameters"),
+        done=prop("integer", "Work done"),
+        total=prop("integer", "Work"),
+        fraction=prop("number", "done / total, 0-1"),
+        message=prop(["string", "null"], "Progress or outcome"),
+        result=prop(["object", "array", "null"], "Once finished: the job's report"),
+        created_ns=prop("integer", "Queued, " + NS),
+        started_ns=prop(["integer", "null"], "Started, " + NS),
+        finished_ns=prop(["integer", "null"], "Finished, " + NS),
+        heartbeat_ns=prop(["integer", "null"], "Last sign of life of the daemon running it, " + NS),
+        attempts=prop("integer", "Times it was started (a job a dead daemon left is re-queued)"),
+    ),
+    "Export": obj(
+        "An NFS export",
+        ("id", "name", "path"),
+        id=prop("integer", "Export id"),
+        name=prop("string", "Path clients mount, e.g. /export"),
+        path=prop("string", "Folder in the namespace"),
+        clients=prop("string", "Allowed client CIDRs"),
+        access=prop("string", "rw or ro"),
+        squash=prop("string", "root_squash, no_root_squash or all_squash"),
+        anon_uid=prop("integer", "uid of squashed users"),
+        anon_gid=prop("integer", "gid of squashed users"),
+        trash_days=prop("integer", "Days trashed entries are kept"),
+        enabled=prop("boolean", "Served"),
+    ),
+    "Tiers": obj(
+        "Band classes and tiering settings",
+        ("band_classes",),
+        band_classes=prop(
+            "array", "Each class: name, redundancy, fragment size, zones, live bytes"
+        ),
+        thresholds=ref("Thresholds"),
+        path_rules=prop("array", "[path prefix, class] pins"),
+        pinned=prop("array", "Pinned paths"),
+    ),
+    "Thresholds": obj(
+        "Tiering thresholds",
+        hot_to_warm_after_s=prop("number", "Seconds idle before hot data goes warm"),
+        warm_to_cold_after_s=prop("number", "Seconds idle before warm data goes cold"),
+        promote_reads=prop("integer", "Reads within the window that bring data back"),
+        promote_window_s=prop("number", "The promotion window, seconds"),
+    ),
+    "Pin": obj(
+        "A pinned path",
+        ("path", "band_class"),
+        path=prop("string", "Path"),
+        band_class=prop(["string", "null"], "Class, or null when unpinned"),
+        inodes=prop("integer", "Inodes changed"),
+    ),
+    "Event": obj(
+        "An audit or activity event",
+        ("id", "time_ns", "kind", "message"),
+        id=prop("integer", "Event id"),
+        time_ns=prop("integer", "When, " + NS),
+        kind=prop("string", "e.g. retention.run, drive.state"),
+        severity=prop("string", "info, warning or error"),
+        actor=prop("string", "Who"),
+        message=prop("string", "What happened"),
+        details=prop(["object", "null"], "Details"),
+    ),
+    "Token": obj(
+        "An API token (never its secret)",
+        ("id", "name"),
+        id=prop("integer", "Token id"),
+        name=prop("string", "Name"),
+        username=prop("string", "Owner"),
+        created_ns=prop("integer", "Created, " + NS),
+        last_used_ns=prop(["integer", "null"], "Last used, " + NS),
+        scope=prop("string", "read-only, operator or admin"),
+        expires_ns=prop(["integer", "null"], "Expires, " + NS + " (null: never)"),
+    ),
+    "NewToken": obj(
+        "A new API token: the only time its secret is shown",
+        ("name", "token"),
+        name=prop("string", "Name"),
+        token=prop("string", "Send as Authorization: Bearer <token>"),
+        scope=prop("string", "read-only, operator or admin"),
+        expires_days=prop(["integer", "null"], "Days until it stops working (null: never)"),
+    ),
+    "Deleted": obj("What was deleted", ("deleted",), deleted=prop("integer", "The id")),
+    "Csrf": obj(
+        "The session's CSRF token",
+        ("csrf_token", "header"),
+        csrf_token=prop("string", "Token"),
+        header=prop("string", "Header to send it in"),
+    ),
+}
+
+
+ROUTES: dict[tuple[str, str], tuple[str, str]] = {  # (method, rule) -> (schema, what it is)
+    ("GET", "/status"): ("Status", "the capacity, drive and throughput summary"),
+    ("GET", "/drives"): ("Drive[]", "every drive"),
+    ("GET", "/drives/<int:drive_id>"): (
+        "Drive",
+        "the drive, with its zones by state and band class",
+    ),
+    ("POST", "/drives/<int:drive_id>/actions"): (
+        "ActionResult",
+        "what the action did, and the job it queued if any",
+    ),
+    ("GET", "/retention/rules"): ("RetentionRule[]", "every retention rule"),
+    ("POST", "/retention/rules"): ("RetentionRule", "the new rule"),
+    ("GET", "/retention/rules/<int:rule_id>"): ("RetentionRule", "the rule"),
+    ("PATCH", "/retention/rules/<int:rule_id>"): ("RetentionRule", "the rule as changed"),
+    ("DELETE", "/retention/rules/<int:rule_id>"): ("Deleted", "the id of the deleted rule"),
+    ("GET", "/retention/preview"): ("PlannedAction[]", "what a run would do, entry by entry"),
+    ("POST", "/retention/run"): ("Job", "the queued retention job"),
+    ("GET", "/jobs"): ("Job[]", "recent jobs, newest first"),
+    ("GET", "/jobs/<int:job_id>"): ("Job", "the job"),
+    ("POST", "/jobs"): ("Job", "the queued job"),
+    ("GET", "/exports"): ("Export[]", "every export"),
+    ("POST", "/exports"): ("Export", "the new export"),
+    ("GET", "/exports/<int:export_id>"): ("Export", "the export"),
+    ("PATCH", "/exports/<int:export_id>"): ("Export", "the export as changed"),
+    ("DELETE", "/exports/<int:export_id>"): ("Deleted", "the id of the deleted export"),
+    ("GET", "/tiers"): ("Tiers", "band classes, thresholds and pins"),
+    ("PATCH", "/tiers/thresholds"): ("Thresholds", "the thresholds as changed"),
+    ("POST", "/tiers/pins"): ("Pin", "the path, its class and how many inodes changed"),
+    ("GET", "/events"): ("Event[]", "events, newest first"),
+    ("GET", "/tokens"): ("Token[]", "every API token, without secrets"),
+    ("POST", "/tokens"): ("NewToken", "the new token's secret (shown once)"),
+    ("DELETE", "/tokens/<int:token_id>"): ("Deleted", "the id of the revoked token"),
+    ("GET", "/csrf"): ("Csrf", "the session's CSRF token and the header to send it in"),
+}
+
+
+def for_route(method: str, rule: str) -> tuple[str, dict]:
+    """(description, schema) of a route's success response; a route missing from ROUTES is
+    documented as undescribed (tests/webui/test_api_responses.py fails on it)."""
+    found = ROUTES.get((method, rule))
+    if found is None:
+        return "undescribed: add the route to webui/responses.py ROUTES", {}
+    name, described = found
+    return described, schema(name)
+
+
+def schema(name: str) -> dict:
+    """A response schema by name: ``Job``, or ``Job[]`` for a list of them."""
+    if name.endswith("[]"):
+        base = name[:-2]
+        if base not in SCHEMAS:
+            raise KeyError(
+                f"response schema {base!r}: expected one of {', '.join(sorted(SCHEMAS))}"
+            )
+        return array_of(base, f"A list of {base}")
+    if name not in SCHEMAS:
+        raise KeyError(f"response schema {name!r}: expected one of {', '.join(sorted(SCHEMAS))}")
+    return ref(name)
