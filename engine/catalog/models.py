@@ -249,13 +249,32 @@ class RetentionPolicy(Base):
 
 
 class Snapshot(Base):
+    """A read-only frozen copy of a directory tree (a dataset), seen at DIR/.snapshots/NAME.
+
+    Its inodes are numbered [ino_lo, ino_hi] (old number + a delta, so the copy is a few
+    INSERT ... SELECT statements) and their extents share the live files' stripes."""
+
     __tablename__ = "snapshots"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(255))
     source_ino: Mapped[int] = mapped_column(ForeignKey("inodes.ino", ondelete="CASCADE"))
     root_ino: Mapped[int] = mapped_column(ForeignKey("inodes.ino"))  # frozen copy of the tree
+    ino_lo: Mapped[int] = mapped_column(BigInteger)
+    ino_hi: Mapped[int] = mapped_column(BigInteger)
     created_ns: Mapped[int] = mapped_column(BigInteger)
+    # being deleted a chunk of inodes per transaction: hidden, named "NAME/ID", root_ino then
+    # points at the dataset (its own root may already be gone)
+    deleting: Mapped[bool] = mapped_column(Boolean, default=False)
     __table_args__ = (UniqueConstraint("source_ino", "name"),)
+
+
+class SnapshotDir(Base):
+    """The ``.snapshots`` directory of a dataset (hidden from its listing, reached by name)."""
+
+    __tablename__ = "snapshot_dirs"
+    dataset_ino: Mapped[int] = mapped_column(
+        ForeignKey("inodes.ino", ondelete="CASCADE"), primary_key=True)
+    dir_ino: Mapped[int] = mapped_column(ForeignKey("inodes.ino"), unique=True)
 
 
 class NfsClient(Base):
