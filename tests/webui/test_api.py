@@ -147,9 +147,10 @@ def test_openapi_document_declares_every_endpoint_with_bounds(app):
     import re
 
     def rule_of(path: str, op: dict) -> str:  # {id} -> <int:id>, {name} (a string) -> <name>
-        kinds = {p["name"]: p["schema"]["type"] for p in op.get("parameters", ()) if p["in"] == "path"}
-        return re.sub(r"\{(\w+)\}", lambda m: f"<int:{m.group(1)}>" if kinds[m.group(1)] == "integer"
-                      else f"<{m.group(1)}>", path)
+        kinds = {p["name"]: p["schema"]["type"] for p in op.get("parameters", ())
+                 if p["in"] == "path"}
+        return re.sub(r"\{(\w+)\}", lambda m: f"<int:{m.group(1)}>"
+                      if kinds[m.group(1)] == "integer" else f"<{m.group(1)}>", path)
     documented = {(rule_of(path, op), method.upper()) for path, ops in doc["paths"].items()
                   for method, op in ops.items()}
     assert documented == api_rules
