@@ -279,10 +279,10 @@ def main(argv=None) -> int:
     results: dict[str, dict[str, float]] = {}
     errors: dict[str, str] = {}
     notes: list[str] = []
-    servers = [ShingleSmb(root, args.size_mib), ReferenceSmb(root)]
-    log(f"{args.size_mib} MiB sequential, {args.files} small files; shingle's drives "
-        f"{servers[0].drive_mib} MiB x 10; reference folder {servers[1].folder}")
     try:
+        servers = [ShingleSmb(root, args.size_mib), ReferenceSmb(root)]
+        log(f"{args.size_mib} MiB sequential, {args.files} small files; shingle's drives "
+            f"{servers[0].drive_mib} MiB x 10; reference folder {servers[1].folder}")
         for server in servers:
             try:
                 server.start()
