@@ -171,12 +171,13 @@ def _allocated_bytes(folder: Path) -> int:
 # -- status --------------------------------------------------------------------
 def cmd_status(args) -> int:
     from appliance.runtime import open_catalog
-    from appliance.status import gather
+    from appliance.status import gather, smb_line, smb_report
 
     config = load_config(args)
     catalog = open_catalog(config)
     try:
         report = gather(catalog, config.policies(), config.get("storage.reserve_zones"))
+        report["smb"] = smb_report(config.data_dir, catalog)
     finally:
         catalog.close()
     if args.json:
@@ -191,6 +192,7 @@ def cmd_status(args) -> int:
     for d in report["drives"]:
         print(f"  {d['id']:>3} {d['state']:<9} {fmt(d['size_bytes']):>10}  zones {d['zones_empty']} empty / "
               f"{d['zones_open']} open / {d['zones_full']} full  {d['path']}")
+    print(f"smb       {smb_line(report['smb'])}")
     return 0
 
 

@@ -88,6 +88,34 @@ def space_by_state(capacity: dict) -> dict[str, int]:
             "stranded": stranded}
 
 
+def smb_report(data_dir, catalog: Catalog) -> dict:
+    """smbd's health and sessions (smbstatus over the daemon's smb.conf) and the catalog's SMB
+    shares and users; ``enabled`` is false where the daemon never served SMB."""
+    from appliance.smb.samba import SambaLayout, smb_status
+    from engine import smb as smb_service
+
+    report = smb_status(SambaLayout.for_data_dir(data_dir))
+    shares = smb_service.list_shares(catalog)
+    report.update(shares=len(shares), shares_enabled=sum(s.enabled for s in shares),
+                  users=len(smb_service.list_users(catalog)))
+    return report
+
+
+def smb_line(report: dict) -> str:
+    """The ``smb`` line of `shingle status`."""
+    counted = (f"{report['shares_enabled']} of {report['shares']} shares enabled, "
+               f"{report['users']} users")
+    if not report["enabled"]:
+        return f"not enabled (serve --smb-port PORT serves it); {counted}"
+    if not report["running"]:
+        return f"smbd not running; {counted}"
+    sessions = report["sessions"]
+    who = ", ".join(f"{s['user']}@{s['machine']}" for s in sessions[:5])
+    line = (f"smbd running (pid {report['pid']}, port {report['port']}), {len(sessions)} "
+            f"session{'' if len(sessions) == 1 else 's'}{': ' + who if who else ''}; {counted}")
+    return line + (f"; smbstatus: {report['error']}" if report["error"] else "")
+
+
 def _redact(url: str) -> str:
     """Hide a password in a database URL."""
     if "://" in url and "@" in url:

@@ -18,7 +18,7 @@ from flask import Blueprint, g, jsonify, request
 
 from engine import accounts, events, jobs
 from webui import (core, dashboard, drives, exports, jobs as jobs_pages, responses, retention,
-                   settings, tiers)
+                   settings, smb, tiers)
 from webui.schema import Field, Schema, ValidationError
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
@@ -194,6 +194,71 @@ def delete_export(export_id: int):
     return {"deleted": export_id}
 
 
+# -- SMB -----------------------------------------------------------------------------------------
+@endpoint("/smb/status", "GET", "smbd's health and connected sessions (smbstatus), shares and "
+          "users counted", "smb")
+def smb_status():
+    return smb.status()
+
+
+@endpoint("/smb/shares", "GET", "SMB shares", "smb")
+def list_smb_shares():
+    return smb.list_shares()
+
+
+@endpoint("/smb/shares", "POST", "Create an SMB share (smbd serves it within 2 s)", "smb",
+          body=smb.SHARE_SCHEMA, status=201)
+def create_smb_share(body: dict):
+    return smb.create_share(body, core.actor())
+
+
+@endpoint("/smb/shares/<int:share_id>", "GET", "One SMB share", "smb")
+def get_smb_share(share_id: int):
+    return smb.get_share(share_id)
+
+
+@endpoint("/smb/shares/<int:share_id>", "PATCH", "Change fields of an SMB share", "smb",
+          body=smb.SHARE_SCHEMA, partial=True)
+def update_smb_share(share_id: int, body: dict):
+    return smb.update_share(share_id, body, core.actor())
+
+
+@endpoint("/smb/shares/<int:share_id>", "DELETE", "Delete an SMB share (the files stay)", "smb")
+def delete_smb_share(share_id: int):
+    smb.delete_share(share_id, core.actor())
+    return {"deleted": share_id}
+
+
+@endpoint("/smb/users", "GET", "SMB users and the uid/gid their files get", "smb")
+def list_smb_users():
+    return smb.list_users()
+
+
+@endpoint("/smb/users", "POST", "Create an SMB user; the password goes to Samba's passdb only",
+          "smb", body=smb.USER_SCHEMA, status=201)
+def create_smb_user(body: dict):
+    return smb.create_user(body, core.actor())
+
+
+@endpoint("/smb/users/<name>", "GET", "One SMB user", "smb")
+def get_smb_user(name: str):
+    return smb.get_user(name)
+
+
+@endpoint("/smb/users/<name>/password", "PUT", "Set an SMB user's password", "smb",
+          body=smb.PASSWORD_SCHEMA)
+def set_smb_password(name: str, body: dict):
+    smb.set_password(name, body["password"], core.actor())
+    return {"name": name, "message": f"SMB user {name}: password changed"}
+
+
+@endpoint("/smb/users/<name>", "DELETE", "Remove an SMB user (their files keep their owner)",
+          "smb")
+def delete_smb_user(name: str):
+    smb.delete_user(name, core.actor())
+    return {"deleted": name}
+
+
 # -- tiers -----------------------------------------------------------------------------------------
 @endpoint("/tiers", "GET", "Band classes, tiering thresholds and pinned paths", "tiers")
 def get_tiers():
@@ -260,8 +325,10 @@ def openapi_document() -> dict:
     paths: dict = {}
     for spec in ENDPOINTS:
         path = re.sub(r"<(?:int:)?(\w+)>", r"{\1}", spec.rule)
-        params = [{"name": name, "in": "path", "required": True, "description": f"{name.replace('_', ' ')}",
-                   "schema": {"type": "integer", "minimum": 1}} for name in re.findall(r"<int:(\w+)>", spec.rule)]
+        params = [{"name": name, "in": "path", "required": True,
+                   "description": f"{name.replace('_', ' ')}",
+                   "schema": {"type": "integer", "minimum": 1} if kind else {"type": "string"}}
+                  for kind, name in re.findall(r"<(int:)?(\w+)>", spec.rule)]
         if spec.query is not None:
             for f in spec.query.fields:
                 params.append({"name": f.name, "in": "query", "required": f.required and f.default is None,

@@ -176,7 +176,23 @@ def render() -> str:
     _drive_counters(out, latest)
     _nfs(out, latest)
     _exports(out, latest, catalog)
+    _smb(out, shingle)
     return out.text()
+
+
+def _smb(out: Exposition, shingle) -> None:
+    """smbd's health and sessions, read now (smbstatus), once the daemon has served SMB here;
+    nothing at all on an appliance that never did."""
+    from appliance.smb.samba import SambaLayout, smb_status
+
+    report = smb_status(SambaLayout.for_data_dir(shingle.config.data_dir))
+    if not report["enabled"]:
+        return
+    out.family("shingle_smb_up", "gauge", "1 while smbd runs (the daemon serves SMB), else 0.",
+               [({}, int(report["running"]))])
+    if report["running"] and report["error"] is None:
+        out.family("shingle_smb_sessions", "gauge", "SMB sessions connected to smbd now.",
+                   [({}, len(report["sessions"]))])
 
 
 def _status(shingle) -> dict:

@@ -67,12 +67,27 @@ def test_real_responses_match_their_schemas(web, appliance):
         ),
         ("post", "/api/v1/tokens"): web.api("POST", "/api/v1/tokens", json={"name": "ci"}),
         ("post", "/api/v1/jobs"): web.api("POST", "/api/v1/jobs", json={"kind": "scrub"}),
+        # a real Samba passdb under the appliance's data folder (pdbedit; no smbd needed)
+        ("post", "/api/v1/smb/users"): web.api(
+            "POST", "/api/v1/smb/users", json={"name": "alice", "password": "pw-1"}
+        ),
+        ("post", "/api/v1/smb/shares"): web.api(
+            "POST", "/api/v1/smb/shares", json={"name": "data", "users": "alice"}
+        ),
     }
+    share_id = made[("post", "/api/v1/smb/shares")].get_json()["id"]
+    made[("put", "/api/v1/smb/users/{name}/password")] = web.api(
+        "PUT", "/api/v1/smb/users/alice/password", json={"password": "pw-2"}
+    )
+    made[("patch", "/api/v1/smb/shares/{share_id}")] = web.api(
+        "PATCH", f"/api/v1/smb/shares/{share_id}", json={"access": "ro"}
+    )
     doc = web.get("/api/v1/openapi.json").get_json()
     components = doc["components"]["schemas"]
     rule_id = made[("post", "/api/v1/retention/rules")].get_json()["id"]
     export_id = exports.list_exports(catalog)[0].id
-    ids = {"drive_id": 1, "rule_id": rule_id, "job_id": 1, "export_id": export_id}
+    ids = {"drive_id": 1, "rule_id": rule_id, "job_id": 1, "export_id": export_id,
+           "share_id": share_id, "name": "alice"}
     checked = 0
     for path, ops in doc["paths"].items():
         for method, op in ops.items():
@@ -98,3 +113,9 @@ def test_real_responses_match_their_schemas(web, appliance):
                 )
             checked += 1
     assert checked >= 15
+    for rule in ("/api/v1/smb/shares/{share_id}", "/api/v1/smb/users/{name}"):
+        response = web.api("DELETE", rule.format(**ids))
+        op = doc["paths"][rule]["delete"]
+        assert response.status_code == 200, response.get_data(as_text=True)
+        check(response.get_json(), op["responses"]["200"]["content"]["application/json"]["schema"],
+              components, f"DELETE {rule}")

@@ -59,6 +59,8 @@ def test_every_page_renders_signed_in(web, app):
     web.post("/jobs", {"kind": "scrub"})
     web.post("/exports", {"name": "/data", "path": "/", "clients": "10.0.0.0/8", "access": "ro",
                           "squash": "root_squash", "anon_uid": "65534", "anon_gid": "65534", "trash_days": "7"})
+    assert web.post("/smb/shares", {"name": "data", "path": "/", "access": "rw",
+                                    "clients": "10.0.0.0/8", "guest": "on"}).status_code == 302
     for url in pages:
         response = web.get(url)
         assert response.status_code == 200, (url, response.status_code)
