@@ -110,8 +110,12 @@ class Maintenance(threading.Thread):
             log.exception("job %d (%s) failed", job.id, job.kind)
             jobs.finish(self.catalog, job.id, ok=False, message=f"{exc.__class__.__name__}: {exc}")
             return
-        jobs.finish(self.catalog, job.id, ok=True, result=result)
-        log.info("job %d (%s) done", job.id, job.kind)
+        warnings = result.get("warnings") if isinstance(result, dict) else None
+        jobs.finish(self.catalog, job.id, ok=True, result=result, warnings=warnings)
+        if warnings:
+            log.warning("job %d (%s) done with warnings: %s", job.id, job.kind, "; ".join(warnings))
+        else:
+            log.info("job %d (%s) done", job.id, job.kind)
 
     def stop(self) -> None:
         self.stopped.set()

@@ -125,6 +125,19 @@ def render() -> str:
         [({}, cap["free_bytes"])],
     )
     _drives(out, report)
+    red = report["redundancy"]
+    out.family(
+        "shingle_stripes_under_protected",
+        "gauge",
+        "Live stripes missing at least one fragment (rebuild or add drives to restore them).",
+        [({}, red["under_protected"])],
+    )
+    out.family(
+        "shingle_stripes_lost",
+        "gauge",
+        "Live stripes with fewer readable fragments than they need (data loss).",
+        [({}, red["lost"])],
+    )
     rows = inventory.bands_by_state(catalog)
     out.family(
         "shingle_bands",

@@ -60,6 +60,16 @@ SCHEMAS: dict[str, dict] = {
             "object", "NFS bytes/s over the window: read and write lists of [time_ns, rate]"
         ),
         window=prop("array", "The window's [start, end] in " + NS),
+        redundancy=ref("Redundancy"),
+    ),
+    "Redundancy": obj(
+        "Redundancy of the live stripes on drives",
+        ("stripes", "under_protected"),
+        stripes=prop("integer", "Live stripes on drives (inline stripes live in the catalog)"),
+        under_protected=prop("integer", "Stripes missing at least one fragment"),
+        no_redundancy=prop("integer", "Stripes one more loss away from losing data"),
+        lost=prop("integer", "Stripes with fewer readable fragments than they need"),
+        on_draining=prop("integer", "Stripes with a fragment on a draining drive"),
     ),
     "Drive": obj(
         "One drive",
