@@ -18,7 +18,7 @@ from engine import accounts
 from webui import core
 
 BLUEPRINTS = ("auth", "dashboard", "drives", "retention", "exports", "tiers", "jobs", "events", "settings", "api",
-              "metrics")
+              "metrics", "alerts")
 
 
 def _secret_key(path: Path) -> bytes:
