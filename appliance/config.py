@@ -148,8 +148,8 @@ OPTIONS: list[Option] = [
            minimum=0),
     # alerts (engine/alerts.py) and their delivery (engine/notify.py)
     Option("alerts", "interval_s", "float", 60.0,
-           "How often the daemon evaluates alert sources (each also has its own minimum interval: "
-           "drives 10 s, SMART 10 min, certificate 1 h); 0 disables alerts.", minimum=0),
+           "How often the daemon evaluates the alert sources (SMART at most every 10 min, the "
+           "certificate every hour); 0 disables alerts.", minimum=0),
     Option("alerts", "capacity_warn_percent", "float", 80.0,
            "Pool fill (share of usable space written) that raises a warning alert.",
            minimum=1, maximum=100),

@@ -102,7 +102,7 @@ class AlertSettings:
 
 class AlertSource:
     kind = ""
-    interval_s = 60.0
+    interval_s = 0.0  # at least this long between evaluations (0: at every tick of the monitor)
 
     def find(self, catalog: Catalog, settings: AlertSettings) -> list[Finding]:
         raise NotImplementedError
@@ -111,7 +111,6 @@ class AlertSource:
 class DriveFailed(AlertSource):
     """A drive failed (by an admin or a rebuild) or missing (its folder or device is gone)."""
     kind = "drive_failed"
-    interval_s = 10.0
 
     def find(self, catalog, settings):
         rows = catalog.read(lambda c: c.execute(select(DRIVES.c.id, DRIVES.c.state, DRIVES.c.path)
@@ -125,7 +124,6 @@ class DriveFailed(AlertSource):
 class DriveDegraded(AlertSource):
     """A drive reported I/O errors: still read, no longer written."""
     kind = "drive_io_errors"
-    interval_s = 10.0
 
     def find(self, catalog, settings):
         rows = catalog.read(lambda c: c.execute(select(DRIVES.c.id, DRIVES.c.path)
@@ -176,7 +174,6 @@ class SmartHealth(AlertSource):
 class RedundancyReduced(AlertSource):
     """Stripes missing fragments: one or more further losses from losing data."""
     kind = "redundancy_reduced"
-    interval_s = 60.0
 
     def find(self, catalog, settings):
         from engine.lifecycle.drives import redundancy_status
@@ -193,7 +190,6 @@ class RedundancyReduced(AlertSource):
 class Capacity(AlertSource):
     """The pool fills: one alert at the warning share, another at the critical one."""
     kind = "capacity"
-    interval_s = 60.0
 
     def find(self, catalog, settings):
         from engine.lifecycle.drives import list_drives
@@ -223,7 +219,6 @@ class Capacity(AlertSource):
 class ScrubUnrepairable(AlertSource):
     """The newest scrub found data it could not repair from redundancy."""
     kind = "scrub_unrepairable"
-    interval_s = 60.0
 
     def find(self, catalog, settings):
         row = catalog.read(lambda c: c.execute(
@@ -244,7 +239,6 @@ class ScrubUnrepairable(AlertSource):
 class JobFailed(AlertSource):
     """A job failed or was interrupted, and no later job of its kind ended well."""
     kind = "job_failed"
-    interval_s = 15.0
 
     def find(self, catalog, settings):
         rows = catalog.read(lambda c: c.execute(
