@@ -132,6 +132,14 @@ def render() -> str:
         "Live stripes missing at least one fragment (rebuild or add drives to restore them).",
         [({}, red["under_protected"])],
     )
+    from engine.alerts import AlertService
+    active = AlertService(catalog).count_active()
+    out.family(
+        "shingle_alerts_active",
+        "gauge",
+        "Active (raised, not acknowledged) alerts by severity; the Alerts page lists them.",
+        [({"severity": sev}, active.get(sev, 0)) for sev in ("warning", "critical")],
+    )
     out.family(
         "shingle_stripes_lost",
         "gauge",
