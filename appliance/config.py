@@ -301,7 +301,8 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> Config:
     if values["alerts.capacity_critical_percent"] < values["alerts.capacity_warn_percent"]:
         raise ConfigError("alerts.capacity_critical_percent",
                           values["alerts.capacity_critical_percent"],
-                          f"at least capacity_warn_percent ({values['alerts.capacity_warn_percent']:g})")
+                          "at least capacity_warn_percent "
+                          f"({values['alerts.capacity_warn_percent']:g})")
     if bool(values["webui.tls_cert_file"]) != bool(values["webui.tls_key_file"]):
         key = "webui.tls_key_file" if values["webui.tls_cert_file"] else "webui.tls_cert_file"
         raise ConfigError(key, values[key], "set together with the other of tls_cert_file and "

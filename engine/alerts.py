@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import select, text
@@ -211,7 +211,8 @@ class Capacity(AlertSource):
             if used >= level:
                 return [Finding(f"{level:g}%", severity, f"the pool is {used:.0f} % full (alert "
                                 f"at {level:g} %): free space or add drives",
-                                {"used_percent": round(used, 1), "usable_bytes": int(usable * ratio),
+                                {"used_percent": round(used, 1),
+                                 "usable_bytes": int(usable * ratio),
                                  "free_bytes": int(free * ratio)})]
         return []
 
@@ -268,7 +269,7 @@ class CertificateExpiry(AlertSource):
         if not path.is_file():
             return [Finding(str(path), WARNING, f"TLS certificate {path} is missing")]
         expires = certificate_not_after(path)
-        days = (expires - datetime.now(timezone.utc)).total_seconds() / 86400
+        days = (expires - datetime.now(UTC)).total_seconds() / 86400
         if days > settings.cert_warn_days:
             return []
         state = "expired" if days <= 0 else f"expires in {days:.0f} days"
@@ -291,7 +292,7 @@ def certificate_not_after(path: Path) -> datetime:
     out = subprocess.run([openssl, "x509", "-enddate", "-noout", "-in", str(path)],
                          capture_output=True, text=True, timeout=10, check=True).stdout
     stamp = out.strip().split("=", 1)[1]  # notAfter=Jan  1 00:00:00 2027 GMT
-    return datetime.strptime(stamp, "%b %d %H:%M:%S %Y %Z").replace(tzinfo=timezone.utc)
+    return datetime.strptime(stamp, "%b %d %H:%M:%S %Y %Z").replace(tzinfo=UTC)
 
 
 def default_sources(smart_cache=None) -> list[AlertSource]:

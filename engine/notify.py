@@ -113,12 +113,12 @@ class Notifier:
         self._queues = [queue.Queue(QUEUE_SIZE) for _ in sinks]
         self._threads = [threading.Thread(target=self._run, args=(sink, q), daemon=True,
                                           name=f"shingle-notify-{sink.name}")
-                         for sink, q in zip(sinks, self._queues)]
+                         for sink, q in zip(sinks, self._queues, strict=True)]
         for thread in self._threads:
             thread.start()
 
     def deliver(self, notice) -> None:
-        for sink, q in zip(self.sinks, self._queues):
+        for sink, q in zip(self.sinks, self._queues, strict=True):
             try:
                 q.put_nowait(notice)
             except queue.Full:
@@ -165,7 +165,8 @@ def sinks_from_config(get: Callable[[str], object], resolve: Callable[[str], Pat
     if get("alerts.mail_host"):
         password_file = get("alerts.mail_password_file")
         sinks.append(MailSink(
-            str(get("alerts.mail_host")), int(get("alerts.mail_port")), str(get("alerts.mail_from")),
+            str(get("alerts.mail_host")), int(get("alerts.mail_port")),
+            str(get("alerts.mail_from")),
             [a.strip() for a in str(get("alerts.mail_to")).split(",") if a.strip()],
             username=str(get("alerts.mail_username")),
             password_file=str(resolve("alerts.mail_password_file")) if password_file else "",

@@ -108,8 +108,8 @@ def drive_action(drive_id: int, body: dict):
 
 
 # -- drive lifecycle: add and replace (jobs the daemon runs) ---------------------------------
-@endpoint("/drives", "POST", "Add a drive (a new folder becomes an emulated drive, or a zoned block "
-          "device) and rebuild onto it; a job the daemon runs", "drives",
+@endpoint("/drives", "POST", "Add a drive (a new folder becomes an emulated drive, or a zoned "
+          "block device) and rebuild onto it; a job the daemon runs", "drives",
           body=drives.NEW_DRIVE_SCHEMA, status=202, scope="admin")
 def add_drive(body: dict):
     return jobs.get(core.ctx().catalog, drives.queue_new_drive(body, core.actor())).to_dict()
@@ -229,14 +229,15 @@ def pin(body: dict):
             "inodes": tiers.pin(body["path"], body["band_class"], core.actor())}
 
 
-# -- alerts --------------------------------------------------------------------------------------------
-@endpoint("/alerts", "GET", "Alerts, open ones (active, acknowledged) first, then cleared ones", "alerts")
+# -- alerts ----------------------------------------------------------------------------------
+@endpoint("/alerts", "GET", "Alerts, open ones (active, acknowledged) first, then cleared ones",
+          "alerts")
 def list_alerts():
     return [a.to_dict() for a in alerts.service().list()]
 
 
-@endpoint("/alerts/<int:alert_id>/ack", "POST", "Acknowledge an active alert (it stays open until its "
-          "condition is gone)", "alerts", scope="operator")
+@endpoint("/alerts/<int:alert_id>/ack", "POST", "Acknowledge an active alert (it stays open "
+          "until its condition is gone)", "alerts", scope="operator")
 def ack_alert(alert_id: int):
     return alerts.acknowledge(alert_id, core.actor())
 

@@ -29,15 +29,17 @@ ACTION_SCHEMA = Schema("DriveAction", "An admin action on one drive.", (
 ))
 
 
-NEW_DRIVE_SCHEMA = Schema("NewDrive", "A drive to add: a new folder (an emulated drive of zone files) "
-                          "or a zoned block device, as the daemon sees it.", (
-    Field("path", "string", "Absolute path: a folder that does not exist yet, or a zoned block device",
+NEW_DRIVE_SCHEMA = Schema("NewDrive", "A drive to add: a new folder (an emulated drive of zone "
+                          "files) or a zoned block device, as the daemon sees it.", (
+    Field("path", "string",
+          "Absolute path: a folder that does not exist yet, or a zoned block device",
           min_length=2, max_length=4096, pattern=r"/.*", example="/srv/shingle/drives/drive-010"),
     Field("size", "integer", "Emulated drive size in bytes (default: that of the drives in use)",
           required=False, minimum=1 << 20),
     Field("zone_size", "integer", "Zone size in bytes (default: that of the drives in use)",
           required=False, minimum=4096),
-    Field("preallocate", "boolean", "Reserve the zone files' size now (false: they grow as written)",
+    Field("preallocate", "boolean",
+          "Reserve the zone files' size now (false: they grow as written)",
           required=False, default=False),
 ))
 

@@ -16,7 +16,8 @@ from engine.drives.zonefile import ZoneFileDrive
 from engine.errors import ConfigError
 
 __all__ = ["format_emulated", "add_emulated", "add_zoned_block", "open_drive", "ZonedDrive",
-           "ZoneFileDrive", "ZoneInfo", "ZoneError", "DriveMissing", "SmrModel", "SmrParams", "MIN_ZONES", "SECTOR"]
+           "ZoneFileDrive", "ZoneInfo", "ZoneError", "DriveMissing", "SmrModel", "SmrParams",
+           "MIN_ZONES", "SECTOR"]
 
 SECTOR = 4096
 MIN_ZONES = 4  # a drive needs room for open bands plus the cleaning reserve

@@ -4,7 +4,8 @@
 result``: "tier", "clean", "scrub", "rebuild", "drain" (params {"drive": id or
 uuid}), "drive-add" (params {"path", "size", "zone_size", "preallocate"}) and "drive-replace"
 (the same and "old"). Rebuild, drain and the drive jobs return ``warnings`` when stripes stay
-under-protected (engine/lifecycle/replace.py); the job then ends "done with warnings". The tiering policy is read from the catalog settings at each run
+under-protected (engine/lifecycle/replace.py); the job then ends "done with warnings".
+The tiering policy is read from the catalog settings at each run
 (``tiering.<TieringPolicy field>`` and ``tiering.path_rules``, which the web UI
 edits), so a change applies at the next round without a restart.
 """

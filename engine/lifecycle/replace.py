@@ -26,7 +26,7 @@ from engine.catalog.models import Drive, Fragment
 from engine.drives import add_emulated, add_zoned_block
 from engine.events import record
 from engine.lifecycle import drives as drive_states
-from engine.lifecycle.rebuild import RebuildReport, Rebuilder
+from engine.lifecycle.rebuild import Rebuilder, RebuildReport
 
 DRIVES = Drive.__table__
 FRAGMENTS = Fragment.__table__

@@ -11,17 +11,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from pgserver import free_port
 from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
 
 from engine import jobs
-from engine.alerts import (AlertMonitor, AlertService, AlertSettings, Capacity,
-                           CertificateExpiry, DriveFailed, JobFailed, SmartHealth)
+from engine.alerts import (
+    AlertMonitor,
+    AlertService,
+    AlertSettings,
+    Capacity,
+    CertificateExpiry,
+    DriveFailed,
+    JobFailed,
+    SmartHealth,
+)
 from engine.catalog.models import Drive, Zone
 from engine.drives import format_emulated
 from engine.lifecycle import drives as drive_states
 from engine.notify import MailSink, Notifier, WebhookSink
-from pgserver import free_port
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "smart"
 
@@ -115,7 +123,8 @@ def test_a_certificate_near_expiry(sqlite_catalog, tmp_path):
                     "-out", str(cert), "-days", "5", "-subj", "/CN=127.0.0.1"], check=True,
                    capture_output=True)
     settings = AlertSettings(cert_file=str(cert), cert_warn_days=21)
-    [notice] = AlertMonitor(sqlite_catalog, settings, sources=[CertificateExpiry()]).tick(force=True)
+    monitor = AlertMonitor(sqlite_catalog, settings, sources=[CertificateExpiry()])
+    [notice] = monitor.tick(force=True)
     assert notice.alert.kind == "cert_expiry" and "expires in" in notice.alert.message
     settings.cert_warn_days = 2
     [cleared] = AlertMonitor(sqlite_catalog, settings, sources=[CertificateExpiry()]).tick(

@@ -10,12 +10,12 @@ import subprocess
 import sys
 import time
 
+from pgserver import free_port
+
 from appliance import config as config_mod
 from appliance.runtime import Appliance
 from engine.lifecycle.scrub import Scrubber
 from engine.namespace import ROOT
-from pgserver import free_port
-
 
 
 def shingle(*args, check=True, timeout=180):

@@ -7,12 +7,12 @@ from tests.webui.conftest import ADMIN, PASSWORD
 from tests.webui.test_browser import page, server  # noqa: F401  (fixtures)
 
 
-def sign_in(page, server, where):
-    page.goto(server + where)
-    page.fill("input[name=username]", ADMIN)
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(server + where)
+def sign_in(tab, base, where):
+    tab.goto(base + where)
+    tab.fill("input[name=username]", ADMIN)
+    tab.fill("input[name=password]", PASSWORD)
+    tab.click("button[type=submit]")
+    tab.wait_for_url(base + where)
 
 
 def test_banner_list_acknowledge_and_clear(server, page, live):  # noqa: F811
