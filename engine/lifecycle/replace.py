@@ -45,8 +45,10 @@ def default_geometry(catalog: Catalog) -> tuple[int, int]:
 
 
 def make_drive(catalog: Catalog, path: str, *, size: int | None = None,
-               zone_size: int | None = None, preallocate: bool = True) -> int:
-    """A new drive in the catalog from PATH: a block device, or a new folder of zone files."""
+               zone_size: int | None = None, preallocate: bool = True,
+               min_zone_size: int = 0) -> int:
+    """A new drive in the catalog from PATH: a block device, or a new folder of zone files.
+    ``min_zone_size``: the largest fragment of the band classes (each must fit a zone)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -58,6 +60,9 @@ def make_drive(catalog: Catalog, path: str, *, size: int | None = None,
     if taken is not None:
         raise errors.InvalidArgument(f"{path} is already drive {taken}")
     default_size, default_zone = (None, None) if size and zone_size else default_geometry(catalog)
+    if (zone_size or default_zone) < min_zone_size:
+        raise errors.InvalidArgument(f"zone size {zone_size or default_zone}: expected at least "
+                                     f"{min_zone_size} bytes (the largest fragment)")
     return add_emulated(catalog, Path(path), size or default_size, zone_size or default_zone,
                         preallocate=preallocate)
 
@@ -96,7 +101,8 @@ def rebuild_report(datapath, report: RebuildReport, **extra) -> dict:
 def add_drive(datapath, catalog: Catalog, path: str, *, size: int | None = None,
               zone_size: int | None = None, preallocate: bool = True, progress=None,
               actor: str = "system", bytes_per_s: float | None = None) -> dict:
-    drive_id = make_drive(catalog, path, size=size, zone_size=zone_size, preallocate=preallocate)
+    drive_id = make_drive(catalog, path, size=size, zone_size=zone_size, preallocate=preallocate,
+                          min_zone_size=datapath.max_fragment)
     datapath.add_drive(drive_id)
     record(catalog, "drive.added", f"drive {drive_id} added ({path})", actor=actor,
            details={"drive_id": drive_id, "path": path})
@@ -122,7 +128,8 @@ def replace_drive(datapath, catalog: Catalog, old: int | str, path: str, *,
                   bytes_per_s: float | None = None) -> dict:
     current = drive_states.get_drive(catalog, old)
     target = retire_state(current.state)  # refuse before making anything
-    drive_id = make_drive(catalog, path, size=size, zone_size=zone_size, preallocate=preallocate)
+    drive_id = make_drive(catalog, path, size=size, zone_size=zone_size, preallocate=preallocate,
+                          min_zone_size=datapath.max_fragment)
     datapath.add_drive(drive_id)
     if target is not None:
         drive_states.set_drive_state(catalog, current.id, target, actor=actor,
