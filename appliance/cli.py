@@ -188,6 +188,13 @@ def cmd_status(args) -> int:
     print(f"catalog   {cat['backend']} {cat['url']} (schema {cat['revision']}), {cat['inodes']} inodes")
     print(f"capacity  usable {fmt(cap['usable_bytes'])}, free {fmt(cap['free_bytes'])}, "
           f"raw {fmt(cap['raw_bytes'])}, live {fmt(cap['live_bytes'])}, garbage {fmt(cap['garbage_bytes'])}")
+    red = report["redundancy"]
+    if red["under_protected"] or red["lost"]:
+        print(f"redundancy REDUCED: {red['under_protected']} of {red['stripes']} stripes "
+              f"under-protected, {red['no_redundancy']} with no redundancy left, {red['lost']} "
+              "lost; `shingle drives add PATH` / `drives replace OLD PATH`, then `shingle rebuild`")
+    else:
+        print(f"redundancy full: {red['stripes']} stripes, none under-protected")
     print(f"drives    {len(report['drives'])}")
     for d in report["drives"]:
         print(f"  {d['id']:>3} {d['state']:<9} {fmt(d['size_bytes']):>10}  zones {d['zones_empty']} empty / "

@@ -10,6 +10,7 @@ from sqlalchemy import case, func, select
 from engine.catalog.database import Catalog
 from engine.catalog.migrate import current_revision
 from engine.catalog.models import Drive, Inode, Zone
+from engine.lifecycle.drives import redundancy_status_in
 
 DRIVES = Drive.__table__
 ZONES = Zone.__table__
@@ -34,8 +35,8 @@ def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
         ).group_by(ZONES.c.drive_id).subquery()
         rows = conn.execute(select(DRIVES, zone_stats).outerjoin(
             zone_stats, zone_stats.c.drive_id == DRIVES.c.id).order_by(DRIVES.c.id)).mappings().all()
-        return inodes, rows
-    inodes, rows = catalog.read(work)
+        return inodes, rows, redundancy_status_in(conn)
+    inodes, rows, redundancy = catalog.read(work)
     drives = []
     raw = used = live = garbage = reserve = stranded = 0
     for row in rows:
@@ -68,6 +69,10 @@ def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
         "capacity": {"raw_bytes": raw, "usable_bytes": usable, "free_bytes": free, "written_bytes": used,
                      "live_bytes": live, "garbage_bytes": garbage, "reserve_bytes": reserve,
                      "stranded_bytes": stranded, "data_fraction": ratio},
+        # stripes missing a fragment (reduced), one loss from data loss, and beyond repair
+        "redundancy": {"stripes": redundancy.stripes, "under_protected": redundancy.reduced,
+                       "no_redundancy": redundancy.no_redundancy, "lost": redundancy.lost,
+                       "on_draining": redundancy.on_draining},
     }
 
 

@@ -19,6 +19,7 @@ from flask import Blueprint, g, jsonify, request
 from engine import accounts, events, jobs
 from webui import (core, dashboard, drives, exports, jobs as jobs_pages, responses, retention,
                    settings, smb, tiers)
+from webui import alerts
 from webui.schema import Field, Schema, ValidationError
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
@@ -104,6 +105,22 @@ def get_drive(drive_id: int):
 def drive_action(drive_id: int, body: dict):
     message, job_id = drives.do_action(drive_id, body["action"], core.actor())
     return {"message": message, "job": job_id}
+
+
+# -- drive lifecycle: add and replace (jobs the daemon runs) ---------------------------------
+@endpoint("/drives", "POST", "Add a drive (a new folder becomes an emulated drive, or a zoned "
+          "block device) and rebuild onto it; a job the daemon runs", "drives",
+          body=drives.NEW_DRIVE_SCHEMA, status=202, scope="admin")
+def add_drive(body: dict):
+    return jobs.get(core.ctx().catalog, drives.queue_new_drive(body, core.actor())).to_dict()
+
+
+@endpoint("/drives/<int:drive_id>/replace", "POST", "Replace a drive by a new one: the old one is "
+          "drained (or rebuilt from redundancy) and removed; a job the daemon runs", "drives",
+          body=drives.NEW_DRIVE_SCHEMA, status=202, scope="admin")
+def replace_drive(drive_id: int, body: dict):
+    job_id = drives.queue_new_drive(body, core.actor(), replaces=drive_id)
+    return jobs.get(core.ctx().catalog, job_id).to_dict()
 
 
 # -- retention -------------------------------------------------------------------------------
@@ -275,6 +292,19 @@ def set_thresholds(body: dict):
 def pin(body: dict):
     return {"path": body["path"], "band_class": body["band_class"],
             "inodes": tiers.pin(body["path"], body["band_class"], core.actor())}
+
+
+# -- alerts ----------------------------------------------------------------------------------
+@endpoint("/alerts", "GET", "Alerts, open ones (active, acknowledged) first, then cleared ones",
+          "alerts")
+def list_alerts():
+    return [a.to_dict() for a in alerts.service().list()]
+
+
+@endpoint("/alerts/<int:alert_id>/ack", "POST", "Acknowledge an active alert (it stays open "
+          "until its condition is gone)", "alerts", scope="operator")
+def ack_alert(alert_id: int):
+    return alerts.acknowledge(alert_id, core.actor())
 
 
 # -- events and tokens ---------------------------------------------------------------------------------

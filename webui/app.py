@@ -18,7 +18,7 @@ from engine import accounts
 from webui import core
 
 BLUEPRINTS = ("auth", "dashboard", "drives", "retention", "exports", "smb", "tiers", "jobs",
-              "events", "settings", "api", "metrics")
+              "events", "settings", "api", "metrics", "alerts")
 
 
 def _secret_key(path: Path) -> bytes:

@@ -30,6 +30,7 @@ def summary() -> dict:
         throughput[label] = metrics.rates(metrics.series(shingle.catalog, name, now - HOUR_NS - 60 * 10**9))
     return {"capacity": report["capacity"], "tiers": tiers, "drive_states": states,
             "drives": len(report["drives"]), "catalog": report["catalog"],
+            "redundancy": report["redundancy"],
             "throughput": {k: [[t, v] for t, v in pts] for k, pts in throughput.items()},
             "window": [now - HOUR_NS, now]}
 

@@ -125,6 +125,27 @@ def render() -> str:
         [({}, cap["free_bytes"])],
     )
     _drives(out, report)
+    red = report["redundancy"]
+    out.family(
+        "shingle_stripes_under_protected",
+        "gauge",
+        "Live stripes missing at least one fragment (rebuild or add drives to restore them).",
+        [({}, red["under_protected"])],
+    )
+    from engine.alerts import AlertService
+    active = AlertService(catalog).count_active()
+    out.family(
+        "shingle_alerts_active",
+        "gauge",
+        "Active (raised, not acknowledged) alerts by severity; the Alerts page lists them.",
+        [({"severity": sev}, active.get(sev, 0)) for sev in ("warning", "critical")],
+    )
+    out.family(
+        "shingle_stripes_lost",
+        "gauge",
+        "Live stripes with fewer readable fragments than they need (data loss).",
+        [({}, red["lost"])],
+    )
     rows = inventory.bands_by_state(catalog)
     out.family(
         "shingle_bands",

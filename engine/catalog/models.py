@@ -397,3 +397,24 @@ class Job(Base):
     heartbeat_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)  # claims so far (re-queues count)
     __table_args__ = (Index("ix_jobs_state_id", "state", "id"),)
+
+
+class Alert(Base):
+    """A condition an admin must hear about (engine/alerts.py): a drive failed, capacity at 90 %,
+    a job failed, ... One row per occurrence of (kind, key): active until acknowledged or until
+    its condition is gone (cleared); a condition that comes back after clearing is a new row."""
+
+    __tablename__ = "alerts"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(32))  # engine.alerts source kind, e.g. drive_failed
+    key: Mapped[str] = mapped_column(String(128))  # which one, e.g. "drive:3" ("" for one per kind)
+    severity: Mapped[str] = mapped_column(String(8))  # warning | critical
+    state: Mapped[str] = mapped_column(String(16))  # active | acknowledged | cleared
+    message: Mapped[str] = mapped_column(Text)
+    details: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
+    first_ns: Mapped[int] = mapped_column(BigInteger)  # raised
+    last_ns: Mapped[int] = mapped_column(BigInteger)  # last seen true
+    acknowledged_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    acknowledged_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    cleared_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    __table_args__ = (Index("ix_alerts_state_kind_key", "state", "kind", "key"),)

@@ -179,6 +179,15 @@ class DataPath:
         self.dispatcher.start()
         self.commits.start(self.dispatcher)
 
+    def add_drive(self, drive_id: int) -> None:
+        """Start using a drive that was added to the catalog while running (``drives add``,
+        engine/lifecycle/drives.py): placement, reads, its writer thread and the drive watch."""
+        if drive_id in self.space.drives:
+            return
+        drive = self.space.add_drive(drive_id, self.smr_model)
+        drive.on_gone = self.drive_watch.note_gone
+        self.writers.start_drive(drive)
+
     def _write_band_classes(self) -> None:
         def work(conn):
             for policy in self.policies.values():

@@ -61,7 +61,14 @@ def test_real_responses_match_their_schemas(web, appliance):
     _, catalog = appliance
     exports.ensure_default(catalog)
     jobs.submit(catalog, "scrub", {}, actor="test")
+    from engine.alerts import AlertService, Finding
+    [raised] = AlertService(catalog).apply("drive_failed", [Finding("drive:1", "critical", "drive 1")])
+    alert_id = raised.alert.id
     made = {
+        ("post", "/api/v1/alerts/{alert_id}/ack"): web.api("POST", f"/api/v1/alerts/{alert_id}/ack"),
+        ("post", "/api/v1/drives"): web.api("POST", "/api/v1/drives", json={"path": "/srv/d-new"}),
+        ("post", "/api/v1/drives/{drive_id}/replace"): web.api(
+            "POST", "/api/v1/drives/1/replace", json={"path": "/srv/d-new2", "preallocate": True}),
         ("post", "/api/v1/retention/rules"): web.api(
             "POST", "/api/v1/retention/rules", json={"pattern": "/x/*", "keep": 2}
         ),
@@ -87,7 +94,8 @@ def test_real_responses_match_their_schemas(web, appliance):
     rule_id = made[("post", "/api/v1/retention/rules")].get_json()["id"]
     export_id = exports.list_exports(catalog)[0].id
     ids = {"drive_id": 1, "rule_id": rule_id, "job_id": 1, "export_id": export_id,
-           "share_id": share_id, "name": "alice"}
+           "share_id": share_id, "name": "alice",
+           "alert_id": alert_id}
     checked = 0
     for path, ops in doc["paths"].items():
         for method, op in ops.items():
