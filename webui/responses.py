@@ -258,6 +258,7 @@ SCHEMAS: dict[str, dict] = {
         shares=prop("integer", "SMB shares in the catalog"),
         shares_enabled=prop("integer", "Of them enabled"),
         users=prop("integer", "SMB users"),
+    ),
     "Alert": obj(
         "An alert (engine/alerts.py)",
         ("id", "kind", "state", "message"),
