@@ -373,5 +373,5 @@ def _sequence(cx: Compound, a, count: int, fingerprint, size: int, tag_len: int)
         cl = sess.client
         # a session that outlived a restart: the client must reclaim its opens and locks
         # (RFC 8881 section 18.46.3) until its RECLAIM_COMPLETE
-        flags = c.SEQ4_STATUS_RESTART_RECLAIM_NEEDED if cl.may_reclaim and not cl.reclaim_complete else 0
+        flags = c.SEQ4_STATUS_RESTART_RECLAIM_NEEDED if cl.reclaim_needed else 0
         return _SEQUENCE_OK.cls(sess.id, a.sequenceid, a.slotid, highest, highest, flags)

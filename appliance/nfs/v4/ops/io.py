@@ -110,7 +110,7 @@ def open_(cx, a):
     if claim == c.CLAIM_PREVIOUS:
         if not grace:
             raise NfsError(c.NFS4ERR_NO_GRACE, "reclaim outside the grace period")
-        if not cl.may_reclaim or cl.reclaim_complete:
+        if not cl.may_reclaim or (cl.reclaim_complete and not cl.reclaim_needed):
             raise NfsError(c.NFS4ERR_RECLAIM_BAD, "this client has nothing to reclaim")
         node = cx.need_file()
         attr = cx.ns.getattr(node.ino)
