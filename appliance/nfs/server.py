@@ -16,7 +16,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from appliance.log import Throttled
 from appliance.nfs import portmap as pmap
 from appliance.nfs.exports import ExportTable
 from appliance.nfs.fh import HandleCodec
@@ -37,6 +36,7 @@ from appliance.nfs.v4.program import Nfs4Program
 from appliance.nfs.v4.state import StateTable
 from engine.blocking import may_block
 from engine.catalog import CatalogUnavailable
+from engine.ratelog import RateLimitedLog
 
 log = logging.getLogger("shingle.nfs")
 
@@ -128,7 +128,7 @@ class NfsServer:
         self._nlm_ticker = None
         self._portmap_server = None
         self._sweeper = None
-        self._housekeeping_failures = Throttled(log)
+        self._housekeeping_failures = RateLimitedLog(log)
         self._statfs = None
         self._statfs_at = 0.0
         self._statfs_lock = threading.Lock()
