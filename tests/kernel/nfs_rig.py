@@ -12,8 +12,9 @@ from pathlib import Path
 import guest_nfs
 
 HERE = Path(__file__).resolve().parent
-# NFSv4.2 is not implemented yet: its checks run (the same as 4.1) and are expected to
-# fail; test_kernel_nfs.py marks them xfail(strict) by label.
+# NFSv4.2 runs the same checks as 4.1, on a mount where the client uses 4.2's operations
+# (READ_PLUS, SEEK, ALLOCATE, COPY ...). A version listed in NOT_IMPLEMENTED has its checks
+# expected to fail (test_kernel_nfs.py marks them xfail(strict) by label).
 NFS_VERSIONS = [
     {"label": "v4.1", "options": "vers=4.1"},
     # NLM is not implemented yet: dropping ",nolock" is the one change that tests it
@@ -21,9 +22,7 @@ NFS_VERSIONS = [
     {"label": "v4.0", "options": "vers=4.0"},
     {"label": "v4.2", "options": "vers=4.2"},
 ]
-NOT_IMPLEMENTED = {
-    "v4.2": "NFSv4.2 is not implemented yet",
-}
+NOT_IMPLEMENTED: dict[str, str] = {}
 # Checks that fail today for a known reason; xfail(strict) so that a fix shows up as a failure
 # that asks for the entry to be removed.
 _V3_ATIME = (
