@@ -41,7 +41,10 @@ def kernel_rig_dir():
     folder = Path(tempfile.mkdtemp(prefix="shingle-kernel-rig-"))
     folder.chmod(0o755)
     yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+    if os.environ.get("SHINGLE_KERNEL_RIG_KEEP"):
+        print(f"kernel rig: kept {folder} (console.log, serve-*.log)", file=sys.stderr)
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -30,16 +30,9 @@ _V3_ATIME = (
     "atime set to 1 ns after the epoch (utimensat) reads back 0 over NFSv3 from the Linux "
     "client, while nfs-rs over NFSv3 keeps it: client or server side not yet known"
 )
-_RESTART = (
-    "the restarted server restores the 4.1 session but answers the open stateid with "
-    "NFS4ERR_STALE_STATEID; the client, seeing its session alive, resends WRITE forever"
-)
 KNOWN_FAILURES = {
     "v3/root/utimes-ns": _V3_ATIME,
     "v3/uid1000/utimes-ns": _V3_ATIME,
-    "v4.1/restart/io-continues": _RESTART,
-    "v4.1/restart/lock-kept": _RESTART,
-    "v4.1/restart/new-files": _RESTART,
 }
 UIDS = [0, guest_nfs.UNPRIVILEGED]
 RESTART_VERSION = "v4.1"
