@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -144,9 +145,9 @@ class ShingleDaemon:
         )
         log.close()
         deadline = time.monotonic() + timeout
-        while "nfs://" not in self.log():
+        while "nfs://" not in self.current_log():  # this start's log, not an earlier one's
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"shingle serve did not start: {self.log()[-2000:]}")
+                raise RuntimeError(f"shingle serve did not start: {self.current_log()[-2000:]}")
             time.sleep(0.2)
 
     def stop(self) -> int | None:
@@ -170,14 +171,17 @@ class ShingleDaemon:
     def portmap_problem(self) -> str:
         """Why the running daemon does not serve the port mapper on PORTMAP_PORT ("" if it
         does): the port is taken on the host."""
-        text = (self.home / f"serve-{self.starts}.log").read_text(errors="replace")
+        text = self.current_log()
         if f"port mapper listening on 127.0.0.1:{PORTMAP_PORT}" in text:
             return ""
-        warning = next((line for line in text.splitlines() if "port mapper" in line), "")
+        warning = re.search(r'msg="(port mapper not served[^"]*)"', text)
         return (
             f"the port mapper cannot be served on the host's port {PORTMAP_PORT}, so the guest "
-            f"cannot find NLM: mounted with nolock ({warning.strip() or 'no port mapper line'})"
+            f"cannot find NLM: mounted with nolock ({warning[1] if warning else 'no log line'})"
         )
+
+    def current_log(self) -> str:
+        return (self.home / f"serve-{self.starts}.log").read_text(errors="replace")
 
     def log(self) -> str:
         return "\n".join(
