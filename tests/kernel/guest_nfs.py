@@ -766,9 +766,9 @@ def run_version(plan: dict, version: dict) -> None:
     root_folder = os.path.join(mountpoint, f"{label}-root")
     run_lock_check(version, "lock-wait", lambda: check_lock_wait(root_folder))
     if version.get("lock_peer"):
-        peer = next(v for v in plan["versions"] if v["label"] == version["lock_peer"])
 
         def lock_vs_peer() -> str:
+            peer = next(v for v in plan["versions"] if v["label"] == version["lock_peer"])
             target = f"/mnt/{label}-{peer['label']}"
             out = mount(peer["options"], port, target)
             expect(out.returncode == 0, f"mount {peer['options']}: {out.stderr.strip()}")
@@ -778,7 +778,7 @@ def run_version(plan: dict, version: dict) -> None:
             finally:
                 subprocess.run(["timeout", "120", "umount", target], capture_output=True)
 
-        run_lock_check(version, f"lock-vs-{peer['label']}", lock_vs_peer)
+        run_lock_check(version, f"lock-vs-{version['lock_peer']}", lock_vs_peer)
 
     def umount() -> str:
         sh("timeout", "120", "umount", mountpoint)
