@@ -178,12 +178,13 @@ def _allocated_bytes(folder: Path) -> int:
 # -- status --------------------------------------------------------------------
 def cmd_status(args) -> int:
     from appliance.runtime import open_catalog
-    from appliance.status import gather
+    from appliance.status import gather, smb_line, smb_report
 
     config = load_config(args)
     catalog = open_catalog(config)
     try:
         report = gather(catalog, config.policies(), config.get("storage.reserve_zones"))
+        report["smb"] = smb_report(config.data_dir, catalog)
     finally:
         catalog.close()
     if args.json:
@@ -200,12 +201,20 @@ def cmd_status(args) -> int:
         f"raw {fmt(cap['raw_bytes'])}, live {fmt(cap['live_bytes'])}, garbage "
         f"{fmt(cap['garbage_bytes'])}"
     )
+    red = report["redundancy"]
+    if red["under_protected"] or red["lost"]:
+        print(f"redundancy REDUCED: {red['under_protected']} of {red['stripes']} stripes "
+              f"under-protected, {red['no_redundancy']} with no redundancy left, {red['lost']} "
+              "lost; `shingle drives add PATH` / `drives replace OLD PATH`, then `shingle rebuild`")
+    else:
+        print(f"redundancy full: {red['stripes']} stripes, none under-protected")
     print(f"drives    {len(report['drives'])}")
     for d in report["drives"]:
         print(
             f"  {d['id']:>3} {d['state']:<9} {fmt(d['size_bytes']):>10}  zones {d['zones_empty']} "
             f"empty / {d['zones_open']} open / {d['zones_full']} full  {d['path']}"
         )
+    print(f"smb       {smb_line(report['smb'])}")
     return 0
 
 

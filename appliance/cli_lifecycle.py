@@ -10,11 +10,13 @@ import json
 import sys
 import time
 
-from appliance.cli import UsageError, load_config
+from appliance.cli import UsageError, load_config, size_arg
 from appliance.daemonlock import DaemonLock
 from appliance.runtime import Appliance, open_catalog
 from engine import jobs
 from engine.units import format_duration, format_size, format_value
+
+EXIT_WARNINGS = 4  # the job ran but ended "done with warnings" (e.g. stripes still under-protected)
 
 
 class ProgressLine:
@@ -95,7 +97,8 @@ def finish_job(job: jobs.JobRecord, as_json: bool) -> int:
         print(json.dumps(job.to_dict(), indent=2, default=str))
     else:
         print(
-            f"{job.kind} job {job.id}: {job.state}" + (f" ({job.message})" if job.message else "")
+            f"{job.kind} job {job.id}: {job.state_label}"
+            + (f" ({job.message})" if job.message else "")
         )
         if isinstance(job.result, list):
             for item in job.result:
@@ -110,7 +113,7 @@ def finish_job(job: jobs.JobRecord, as_json: bool) -> int:
         elif isinstance(job.result, dict):
             for key, value in job.result.items():
                 print(f"  {key}: {format_value(key, value)}")
-    return 0 if job.state == "done" else 1
+    return 0 if job.state == "done" else EXIT_WARNINGS if job.state == jobs.WARNINGS else 1
 
 
 def with_catalog(args, work):
@@ -210,6 +213,10 @@ def cmd_drives(args) -> int:
         )
         return finish_job(run_data_job(args, "drain", {"drive": args.drive}), args.json)
 
+    if args.action in ("add", "replace"):
+        return finish_job(run_data_job(args, f"drive-{args.action}", drive_job_params(args)),
+                          args.json)
+
     def work(config, catalog):
         if args.action == "list":
             found = drives.list_drives(catalog)
@@ -230,6 +237,23 @@ def cmd_drives(args) -> int:
     return with_catalog(args, work)
 
 
+def drive_job_params(args) -> dict:
+    """Params of a drive-add or drive-replace job: the new drive's path made absolute (the
+    daemon runs elsewhere), its geometry (default: that of the drives in use)."""
+    import os
+    if args.action == "add":
+        if not args.drive:
+            raise UsageError("drives add PATH|DEVICE")
+        path, params = args.drive, {}
+    else:
+        if not args.drive or not args.target:
+            raise UsageError("drives replace OLD_ID PATH|DEVICE")
+        path, params = args.target, {"old": args.drive}
+    params.update(path=os.path.abspath(path), size=args.size, zone_size=args.zone_size,
+                  preallocate=args.preallocate)
+    return params
+
+
 def cmd_jobs(args) -> int:
     def work(config, catalog):
         found = jobs.recent(catalog, args.limit)
@@ -237,8 +261,8 @@ def cmd_jobs(args) -> int:
             print(json.dumps([j.to_dict() for j in found], indent=2, default=str))
         for job in [] if args.json else found:
             print(
-                f"{job.id:>5} {job.kind:<12} {job.state:<8} {job.fraction:6.1%} {job.actor:<10} "
-                f"{job.message or ''}"
+                f"{job.id:>5} {job.kind:<13} {job.state_label:<8} {job.fraction:6.1%} "
+                f"{job.actor:<10} {job.message or ''}"
             )
         return 0
     return with_catalog(args, work)
@@ -295,11 +319,22 @@ actions:
   fail ID       mark a drive failed (its data is then read from redundancy);
                 run `shingle rebuild` to restore full redundancy
   drain ID      move a drive's data to the others, then retire it
+  add PATH      a new drive: PATH a new folder (an emulated drive of zone files, the size
+                of the drives in use unless --size/--zone-size; --no-preallocate) or a
+                zoned block device; then rebuild onto it
+  replace OLD PATH
+                add PATH as above and retire drive OLD (drained if readable, rebuilt from
+                redundancy if not), until no stripe is under-protected
+
+Adding and replacing run in the daemon when it runs (it owns the drives). A job that ends
+with stripes still under-protected ends "done with warnings" (exit code 4), saying why.
 
 examples:
   shingle drives list
   shingle drives fail 3 && shingle rebuild
-  shingle drives drain 7 --json"""
+  shingle drives drain 7 --json
+  shingle drives add /srv/shingle/drives/drive-010 --no-preallocate
+  shingle drives replace 3 /dev/sdk"""
 
 
 def register(sub) -> None:
@@ -332,10 +367,15 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_trash)
 
-    p = sub.add_parser("drives", help="list drives, mark one failed, drain one",
+    p = sub.add_parser("drives", help="list, add, replace, fail or drain drives",
                        description=DRIVES_HELP, formatter_class=examples)
-    p.add_argument("action", choices=["list", "fail", "drain"])
-    p.add_argument("drive", nargs="?", help="drive id")
+    p.add_argument("action", choices=["list", "fail", "drain", "add", "replace"])
+    p.add_argument("drive", nargs="?", help="drive id (add: the new drive's folder or device)")
+    p.add_argument("target", nargs="?", help="replace: the new drive's folder or device")
+    p.add_argument("--size", type=size_arg, help="add/replace: emulated drive size, e.g. 1GiB")
+    p.add_argument("--zone-size", type=size_arg, help="add/replace: zone size, e.g. 64MiB")
+    p.add_argument("--no-preallocate", dest="preallocate", action="store_false",
+                   help="add/replace: zone files grow as written")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_drives)
 

@@ -373,6 +373,102 @@ OPTIONS: list[Option] = [
         "online again (0 disables; I/O errors are noticed at once).",
         minimum=0,
     ),
+    # alerts (engine/alerts.py) and their delivery (engine/notify.py)
+    Option(
+        "alerts",
+        "interval_s",
+        "float",
+        60.0,
+        "How often the daemon evaluates the alert sources (SMART at most every 10 min, the "
+        "certificate every hour); 0 disables alerts.",
+        minimum=0,
+    ),
+    Option(
+        "alerts",
+        "capacity_warn_percent",
+        "float",
+        80.0,
+        "Pool fill (share of usable space written) that raises a warning alert.",
+        minimum=1,
+        maximum=100,
+    ),
+    Option(
+        "alerts",
+        "capacity_critical_percent",
+        "float",
+        90.0,
+        "Pool fill that raises a critical alert (at least capacity_warn_percent).",
+        minimum=1,
+        maximum=100,
+    ),
+    Option(
+        "alerts",
+        "temperature_c",
+        "float",
+        55.0,
+        "Drive temperature (SMART) that raises an alert.",
+        minimum=20,
+        maximum=100,
+    ),
+    Option(
+        "alerts",
+        "cert_warn_days",
+        "float",
+        21.0,
+        "Alert when the web UI's TLS certificate (webui.tls_cert_file) expires within this "
+        "many days.",
+        minimum=0,
+    ),
+    Option("alerts", "mail_host", "str", "", "SMTP server for alert mail; empty: no mail."),
+    Option("alerts", "mail_port", "port", 587, "SMTP port (587: submission with STARTTLS)."),
+    Option("alerts", "mail_from", "str", "", "Sender address of alert mail."),
+    Option("alerts", "mail_to", "str", "", "Recipients of alert mail, comma-separated."),
+    Option("alerts", "mail_username", "str", "", "SMTP AUTH user; empty: no AUTH."),
+    Option(
+        "alerts",
+        "mail_password_file",
+        "str",
+        "",
+        "File holding the SMTP AUTH password (mode 0600; relative to data_dir).",
+    ),
+    Option(
+        "alerts",
+        "mail_starttls",
+        "bool",
+        True,
+        "Upgrade the SMTP connection with STARTTLS before AUTH and sending (a server that does "
+        "not offer it fails the delivery).",
+    ),
+    Option(
+        "alerts", "mail_timeout_s", "float", 10.0, "Timeout of each SMTP network step.", minimum=0.5
+    ),
+    Option(
+        "alerts",
+        "webhook_url",
+        "str",
+        "",
+        "URL that receives each alert as a JSON POST; empty: no webhook.",
+    ),
+    Option(
+        "alerts", "webhook_timeout_s", "float", 5.0, "Timeout of each webhook POST.", minimum=0.5
+    ),
+    Option(
+        "alerts",
+        "webhook_retries",
+        "int",
+        4,
+        "Further attempts after a failed POST.",
+        minimum=0,
+        maximum=20,
+    ),
+    Option(
+        "alerts",
+        "webhook_backoff_s",
+        "float",
+        2.0,
+        "Wait before the first retry, doubled for each further one.",
+        minimum=0,
+    ),
 ]
 
 BAND_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -503,6 +599,11 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> Config:
                 )
             values[option.key] = _check(option, value)
     _check_nfs_limits(values)
+    if values["alerts.capacity_critical_percent"] < values["alerts.capacity_warn_percent"]:
+        raise ConfigError("alerts.capacity_critical_percent",
+                          values["alerts.capacity_critical_percent"],
+                          "at least capacity_warn_percent "
+                          f"({values['alerts.capacity_warn_percent']:g})")
     if bool(values["webui.tls_cert_file"]) != bool(values["webui.tls_key_file"]):
         key = "webui.tls_key_file" if values["webui.tls_cert_file"] else "webui.tls_cert_file"
         raise ConfigError(key, values[key], "set together with the other of tls_cert_file and "

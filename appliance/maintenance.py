@@ -12,7 +12,9 @@ would race it. So the daemon runs one maintenance thread that
   for the web UI's charts,
 - looks at every drive (``maintenance.drive_check_interval_s``): a folder or device gone
   makes the drive ``missing``, one that came back is taken back (engine/datapath/drivewatch.py;
-  I/O errors are noticed at once by the data path itself, even while a long job runs here).
+  I/O errors are noticed at once by the data path itself, even while a long job runs here),
+- evaluates the alert sources (engine/alerts.py) every ``alerts.interval_s`` and hands raised
+  and cleared alerts to the delivery threads (engine/notify.py: queued, never waited for).
 """
 from __future__ import annotations
 
@@ -53,15 +55,19 @@ class Maintenance(threading.Thread):
         self.sample_every_s = sample_every_s
         self.stopped = threading.Event()
         self.runners = job_runners(appliance)
+        self.alerts, self.notifier = alert_monitor(appliance.config, self.catalog)
 
     def run(self) -> None:
-        last_sample = last_drive_check = 0.0
+        last_sample = last_drive_check = last_alerts = 0.0
         self.recover_interrupted()
         while not self.stopped.is_set():
             try:
                 if self.drive_check_due(last_drive_check):
                     last_drive_check = time.monotonic()
                     self.appliance.datapath.check_drives()
+                if self.alerts is not None and self.alerts_due(last_alerts):
+                    last_alerts = time.monotonic()
+                    self.alerts.tick()
                 self.queue_due_jobs()
                 job = jobs.claim_next(self.catalog)
                 if job is not None:
@@ -73,6 +79,9 @@ class Maintenance(threading.Thread):
             except Exception:  # the loop must survive anything one round does
                 log.exception("maintenance round failed")
             self.stopped.wait(self.tick_s)
+
+    def alerts_due(self, last: float) -> bool:
+        return time.monotonic() - last >= self.appliance.config.get("alerts.interval_s")
 
     def drive_check_due(self, last: float) -> bool:
         interval = self.appliance.config.get("maintenance.drive_check_interval_s")
@@ -118,11 +127,44 @@ class Maintenance(threading.Thread):
             log.exception("job %d (%s) failed", job.id, job.kind)
             jobs.finish(self.catalog, job.id, ok=False, message=f"{exc.__class__.__name__}: {exc}")
             return
-        jobs.finish(self.catalog, job.id, ok=True, result=result)
-        log.info("job %d (%s) done", job.id, job.kind)
+        warnings = result.get("warnings") if isinstance(result, dict) else None
+        jobs.finish(self.catalog, job.id, ok=True, result=result, warnings=warnings)
+        if warnings:
+            log.warning("job %d (%s) done with warnings: %s", job.id, job.kind, "; ".join(warnings))
+        else:
+            log.info("job %d (%s) done", job.id, job.kind)
 
     def stop(self) -> None:
         self.stopped.set()
+        if self.notifier is not None:
+            self.notifier.stop()
+
+
+def alert_settings(config, catalog=None):
+    """The engine's AlertSettings from ``[alerts]`` and the web UI's certificate."""
+    from engine.alerts import AlertSettings
+    cert = config.get("webui.tls_cert_file")
+    return AlertSettings(
+        capacity_warn_percent=config.get("alerts.capacity_warn_percent"),
+        capacity_critical_percent=config.get("alerts.capacity_critical_percent"),
+        temperature_c=config.get("alerts.temperature_c"),
+        cert_file=str(config.resolve("webui.tls_cert_file")) if cert else "",
+        cert_warn_days=config.get("alerts.cert_warn_days"),
+        smartctl=config.get("smart.smartctl"), policies=config.policies(),
+        reserve_zones=config.get("storage.reserve_zones"))
+
+
+def alert_monitor(config, catalog):
+    """(AlertMonitor, Notifier or None), or (None, None) when alerts.interval_s is 0."""
+    from engine.alerts import AlertMonitor
+    from engine.notify import Notifier, sinks_from_config
+    if not config.get("alerts.interval_s"):
+        return None, None
+    sinks = sinks_from_config(config.get, config.resolve)
+    notifier = Notifier(sinks) if sinks else None
+    monitor = AlertMonitor(catalog, alert_settings(config),
+                           deliver=notifier.deliver if notifier else None)
+    return monitor, notifier
 
 
 def job_runners(appliance) -> dict[str, Callable]:

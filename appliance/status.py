@@ -10,6 +10,7 @@ from sqlalchemy import case, func, select
 from engine.catalog.database import Catalog
 from engine.catalog.migrate import current_revision
 from engine.catalog.models import Drive, Inode, Zone
+from engine.lifecycle.drives import redundancy_status_in
 
 DRIVES = Drive.__table__
 ZONES = Zone.__table__
@@ -41,8 +42,8 @@ def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
             .mappings()
             .all()
         )
-        return inodes, rows
-    inodes, rows = catalog.read(work)
+        return inodes, rows, redundancy_status_in(conn)
+    inodes, rows, redundancy = catalog.read(work)
     drives = []
     raw = used = live = garbage = reserve = stranded = 0
     for row in rows:
@@ -102,6 +103,14 @@ def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
             "stranded_bytes": stranded,
             "data_fraction": ratio,
         },
+        # stripes missing a fragment (reduced), one loss from data loss, and beyond repair
+        "redundancy": {
+            "stripes": redundancy.stripes,
+            "under_protected": redundancy.reduced,
+            "no_redundancy": redundancy.no_redundancy,
+            "lost": redundancy.lost,
+            "on_draining": redundancy.on_draining,
+        },
     }
 
 
@@ -120,6 +129,34 @@ def space_by_state(capacity: dict) -> dict[str, int]:
     reserve = min(capacity["reserve_bytes"], writable)
     return {"live": live, "garbage": written - live, "reserve": reserve, "free": writable - reserve,
             "stranded": stranded}
+
+
+def smb_report(data_dir, catalog: Catalog) -> dict:
+    """smbd's health and sessions (smbstatus over the daemon's smb.conf) and the catalog's SMB
+    shares and users; ``enabled`` is false where the daemon never served SMB."""
+    from appliance.smb.samba import SambaLayout, smb_status
+    from engine import smb as smb_service
+
+    report = smb_status(SambaLayout.for_data_dir(data_dir))
+    shares = smb_service.list_shares(catalog)
+    report.update(shares=len(shares), shares_enabled=sum(s.enabled for s in shares),
+                  users=len(smb_service.list_users(catalog)))
+    return report
+
+
+def smb_line(report: dict) -> str:
+    """The ``smb`` line of `shingle status`."""
+    counted = (f"{report['shares_enabled']} of {report['shares']} shares enabled, "
+               f"{report['users']} users")
+    if not report["enabled"]:
+        return f"not enabled (serve --smb-port PORT serves it); {counted}"
+    if not report["running"]:
+        return f"smbd not running; {counted}"
+    sessions = report["sessions"]
+    who = ", ".join(f"{s['user']}@{s['machine']}" for s in sessions[:5])
+    line = (f"smbd running (pid {report['pid']}, port {report['port']}), {len(sessions)} "
+            f"session{'' if len(sessions) == 1 else 's'}{': ' + who if who else ''}; {counted}")
+    return line + (f"; smbstatus: {report['error']}" if report["error"] else "")
 
 
 def _redact(url: str) -> str:

@@ -94,6 +94,12 @@ class ReadOnly(FsError):
     errno_value = _errno.EROFS
 
 
+class NoSuchOffset(FsError):
+    """SEEK_DATA past the last data, SEEK_HOLE past the end (ENXIO, what lseek returns)."""
+
+    errno_value = _errno.ENXIO
+
+
 class ConfigError(Exception):
     """A configuration value is wrong: names the key, the value and what is expected."""
 

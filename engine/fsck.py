@@ -3,8 +3,12 @@
 Checks that the namespace graph is what the namespace API maintains:
 link counts match directory entries, every entry names an existing inode,
 every directory has exactly one parent and is reachable from the root, a
-file's extents never overlap, and every extent points at an existing stripe
-whose data covers it."""
+file's extents never overlap, every extent points at an existing stripe
+whose data covers it, and every stripe's live bytes are exactly the bytes its
+extents reference, over every file, clone and snapshot that shares it (a stripe
+nothing references should have been freed: invariant 9). Snapshot views: each
+snapshot's frozen root lies in its inode range and is named in its dataset's
+.snapshots directory."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
@@ -13,7 +17,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 
 from engine.catalog.database import Catalog
-from engine.catalog.models import DIR, Dirent, Extent, Inode, Stripe
+from engine.catalog.models import DIR, Dirent, Extent, Inode, Snapshot, SnapshotDir, Stripe
 
 INODES, DIRENTS, EXTENTS, STRIPES = (
     Inode.__table__,
@@ -21,6 +25,7 @@ INODES, DIRENTS, EXTENTS, STRIPES = (
     Extent.__table__,
     Stripe.__table__,
 )
+SNAPSHOTS, SNAPDIRS = Snapshot.__table__, SnapshotDir.__table__
 
 
 @dataclass
@@ -55,9 +60,25 @@ def check(
                                       EXTENTS.c.stripe_id, EXTENTS.c.stripe_offset)
                                .order_by(EXTENTS.c.ino, EXTENTS.c.file_offset)).all()
         stripes = dict(conn.execute(select(STRIPES.c.id, STRIPES.c.data_length)).all())
-        return inodes, dirents, extents, stripes
+        live = dict(conn.execute(select(STRIPES.c.id, STRIPES.c.live_bytes)).all())
+        snapshots = conn.execute(select(SNAPSHOTS.c.name, SNAPSHOTS.c.source_ino,
+                                        SNAPSHOTS.c.root_ino, SNAPSHOTS.c.ino_lo,
+                                        SNAPSHOTS.c.ino_hi)
+                                 .where(SNAPSHOTS.c.deleting.is_(False))).all()
+        snapdirs = dict(conn.execute(select(SNAPDIRS.c.dataset_ino, SNAPDIRS.c.dir_ino)).all())
+        # a snapshot being deleted a chunk per transaction: its inodes are on their way out
+        freeing = {ino for lo, hi in conn.execute(select(SNAPSHOTS.c.ino_lo, SNAPSHOTS.c.ino_hi)
+                                                  .where(SNAPSHOTS.c.deleting.is_(True)))
+                   for ino in inodes if lo <= ino <= hi}
+        # their names and link counts are half gone; their extents still count in the stripes
+        dirents = [d for d in dirents if d.parent not in freeing and d.child not in freeing]
+        for ino in freeing:
+            del inodes[ino]
+        extents = [e for e in extents if e.ino not in freeing] + [
+            (None, *e[1:]) for e in extents if e.ino in freeing]
+        return inodes, dirents, extents, stripes, live, snapshots, snapdirs
 
-    inodes, dirents, extents, stripes = catalog.read(work)
+    inodes, dirents, extents, stripes, live, snapshots, snapdirs = catalog.read(work)
     report = FsckReport(len(inodes), len(dirents), len(extents))
     problem = report.problems.append
 
@@ -107,6 +128,8 @@ def check(
 
     last_end: dict[int, int] = {}
     for ino, offset, length, stripe_id, stripe_offset in extents:
+        if ino is None:  # of a snapshot being deleted: counted in its stripe, nothing else
+            continue
         if ino not in inodes:
             problem(f"extent at {offset} belongs to missing inode {ino}")
         if length <= 0:
@@ -121,5 +144,22 @@ def check(
             problem(f"extent of inode {ino} at {offset} reads past the end of stripe {stripe_id}")
         if len(report.problems) >= limit:
             break
+    referenced: Counter = Counter()
+    for _ino, _offset, length, stripe_id, _so in extents:
+        referenced[stripe_id] += length
+    for stripe_id, live_bytes in live.items():
+        if len(report.problems) >= limit:
+            break
+        if referenced[stripe_id] == 0:
+            problem(f"stripe {stripe_id} is referenced by no extent but was not freed")
+        elif live_bytes != referenced[stripe_id]:
+            problem(f"stripe {stripe_id} counts {live_bytes} live bytes, its extents reference "
+                    f"{referenced[stripe_id]}")
+    named = {(parent, child) for parent, _name, child in dirents}
+    for name, source, root, lo, hi in snapshots:
+        if not lo <= root <= hi:
+            problem(f"snapshot {name!r} of inode {source}: root {root} outside [{lo}, {hi}]")
+        if (snapdirs.get(source), root) not in named:
+            problem(f"snapshot {name!r} of inode {source} is not named in its .snapshots")
     del report.problems[limit:]
     return report

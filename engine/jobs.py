@@ -28,8 +28,13 @@ from engine.catalog.models import Job
 from engine.events import record_in
 
 JOBS = Job.__table__
-KINDS = ("retention", "tier", "clean", "scrub", "rebuild", "drain", "trash-purge")
-FINISHED = ("done", "failed", "interrupted")
+KINDS = ("retention", "tier", "clean", "scrub", "rebuild", "drain", "trash-purge", "drive-add",
+         "drive-replace")
+# "warnings": done with warnings (the work ran, but its result is short of what was asked, e.g.
+# stripes still under-protected after a rebuild); the message says how many and why.
+WARNINGS = "warnings"
+FINISHED = ("done", WARNINGS, "failed", "interrupted")
+STATE_LABELS = {WARNINGS: "done with warnings"}
 # Kinds that only read, or whose every step is its own transaction, so a second run from the
 # start is safe and finishes the work: scrub, tiering, band cleaning, rebuild.
 RESTARTABLE = ("scrub", "tier", "clean", "rebuild")
@@ -62,6 +67,11 @@ class JobRecord:
     @property
     def fraction(self) -> float:
         return self.done / self.total if self.total else (1.0 if self.finished else 0.0)
+
+    @property
+    def state_label(self) -> str:
+        """The state in words: "done with warnings" for ``WARNINGS``."""
+        return STATE_LABELS.get(self.state, self.state)
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -209,29 +219,28 @@ def recover_interrupted(catalog: Catalog, *, actor: str = "daemon") -> list[JobR
     return [get(catalog, job_id) for job_id in catalog.run(work, tracked=True)]
 
 
-def finish(catalog: Catalog, job_id: int, *, ok: bool, result=None, message: str = "") -> None:
+def finish(catalog: Catalog, job_id: int, *, ok: bool, result=None, message: str = "",
+           warnings: list[str] | None = None) -> None:
+    """Record a job's end: done, done with ``warnings`` (their text becomes the message), or
+    failed."""
+    state = ("done" if not warnings else WARNINGS) if ok else "failed"
+    if ok and warnings:
+        message = "; ".join(warnings)
+
     def work(conn):
         row = conn.execute(
             select(JOBS.c.kind, JOBS.c.actor, JOBS.c.total).where(JOBS.c.id == job_id)
         ).first()
-        values = dict(
-            state="done" if ok else "failed",
-            finished_ns=time.time_ns(),
-            message=message[:500],
-            result=json.dumps(result, default=str) if result is not None else None,
-        )
+        values = dict(state=state, finished_ns=time.time_ns(), message=message[:500],
+                      result=json.dumps(result, default=str) if result is not None else None)
         if ok and row.total:
             values["done"] = row.total
         conn.execute(JOBS.update().where(JOBS.c.id == job_id).values(**values))
-        record_in(
-            conn,
-            f"job.{row.kind}.{'done' if ok else 'failed'}",
-            f"{row.kind} job {job_id} {'finished' if ok else 'failed'}"
-            + (f": {message}" if message else ""),
-            severity="info" if ok else "error",
-            actor=row.actor,
-            details={"job": job_id},
-        )
+        ended = {"done": "finished", WARNINGS: "finished with warnings"}.get(state, "failed")
+        record_in(conn, f"job.{row.kind}.{state if ok else 'failed'}",
+                  f"{row.kind} job {job_id} {ended}" + (f": {message}" if message else ""),
+                  severity={"done": "info", WARNINGS: "warning"}.get(state, "error"),
+                  actor=row.actor, details={"job": job_id})
     catalog.run(work, tracked=True)
 
 

@@ -17,7 +17,18 @@ from dataclasses import dataclass
 from flask import Blueprint, g, jsonify, request
 
 from engine import accounts, events, jobs
-from webui import core, dashboard, drives, exports, responses, retention, settings, tiers
+from webui import (
+    alerts,
+    core,
+    dashboard,
+    drives,
+    exports,
+    responses,
+    retention,
+    settings,
+    smb,
+    tiers,
+)
 from webui import jobs as jobs_pages
 from webui.schema import Field, Schema, ValidationError
 
@@ -125,6 +136,22 @@ def get_drive(drive_id: int):
 def drive_action(drive_id: int, body: dict):
     message, job_id = drives.do_action(drive_id, body["action"], core.actor())
     return {"message": message, "job": job_id}
+
+
+# -- drive lifecycle: add and replace (jobs the daemon runs) ---------------------------------
+@endpoint("/drives", "POST", "Add a drive (a new folder becomes an emulated drive, or a zoned "
+          "block device) and rebuild onto it; a job the daemon runs", "drives",
+          body=drives.NEW_DRIVE_SCHEMA, status=202, scope="admin")
+def add_drive(body: dict):
+    return jobs.get(core.ctx().catalog, drives.queue_new_drive(body, core.actor())).to_dict()
+
+
+@endpoint("/drives/<int:drive_id>/replace", "POST", "Replace a drive by a new one: the old one is "
+          "drained (or rebuilt from redundancy) and removed; a job the daemon runs", "drives",
+          body=drives.NEW_DRIVE_SCHEMA, status=202, scope="admin")
+def replace_drive(drive_id: int, body: dict):
+    job_id = drives.queue_new_drive(body, core.actor(), replaces=drive_id)
+    return jobs.get(core.ctx().catalog, job_id).to_dict()
 
 
 # -- retention -------------------------------------------------------------------------------
@@ -240,6 +267,71 @@ def delete_export(export_id: int):
     return {"deleted": export_id}
 
 
+# -- SMB -----------------------------------------------------------------------------------------
+@endpoint("/smb/status", "GET", "smbd's health and connected sessions (smbstatus), shares and "
+          "users counted", "smb")
+def smb_status():
+    return smb.status()
+
+
+@endpoint("/smb/shares", "GET", "SMB shares", "smb")
+def list_smb_shares():
+    return smb.list_shares()
+
+
+@endpoint("/smb/shares", "POST", "Create an SMB share (smbd serves it within 2 s)", "smb",
+          body=smb.SHARE_SCHEMA, status=201)
+def create_smb_share(body: dict):
+    return smb.create_share(body, core.actor())
+
+
+@endpoint("/smb/shares/<int:share_id>", "GET", "One SMB share", "smb")
+def get_smb_share(share_id: int):
+    return smb.get_share(share_id)
+
+
+@endpoint("/smb/shares/<int:share_id>", "PATCH", "Change fields of an SMB share", "smb",
+          body=smb.SHARE_SCHEMA, partial=True)
+def update_smb_share(share_id: int, body: dict):
+    return smb.update_share(share_id, body, core.actor())
+
+
+@endpoint("/smb/shares/<int:share_id>", "DELETE", "Delete an SMB share (the files stay)", "smb")
+def delete_smb_share(share_id: int):
+    smb.delete_share(share_id, core.actor())
+    return {"deleted": share_id}
+
+
+@endpoint("/smb/users", "GET", "SMB users and the uid/gid their files get", "smb")
+def list_smb_users():
+    return smb.list_users()
+
+
+@endpoint("/smb/users", "POST", "Create an SMB user; the password goes to Samba's passdb only",
+          "smb", body=smb.USER_SCHEMA, status=201)
+def create_smb_user(body: dict):
+    return smb.create_user(body, core.actor())
+
+
+@endpoint("/smb/users/<name>", "GET", "One SMB user", "smb")
+def get_smb_user(name: str):
+    return smb.get_user(name)
+
+
+@endpoint("/smb/users/<name>/password", "PUT", "Set an SMB user's password", "smb",
+          body=smb.PASSWORD_SCHEMA)
+def set_smb_password(name: str, body: dict):
+    smb.set_password(name, body["password"], core.actor())
+    return {"name": name, "message": f"SMB user {name}: password changed"}
+
+
+@endpoint("/smb/users/<name>", "DELETE", "Remove an SMB user (their files keep their owner)",
+          "smb")
+def delete_smb_user(name: str):
+    smb.delete_user(name, core.actor())
+    return {"deleted": name}
+
+
 # -- tiers -----------------------------------------------------------------------------------------
 @endpoint("/tiers", "GET", "Band classes, tiering thresholds and pinned paths", "tiers")
 def get_tiers():
@@ -268,6 +360,19 @@ def set_thresholds(body: dict):
 def pin(body: dict):
     return {"path": body["path"], "band_class": body["band_class"],
             "inodes": tiers.pin(body["path"], body["band_class"], core.actor())}
+
+
+# -- alerts ----------------------------------------------------------------------------------
+@endpoint("/alerts", "GET", "Alerts, open ones (active, acknowledged) first, then cleared ones",
+          "alerts")
+def list_alerts():
+    return [a.to_dict() for a in alerts.service().list()]
+
+
+@endpoint("/alerts/<int:alert_id>/ack", "POST", "Acknowledge an active alert (it stays open "
+          "until its condition is gone)", "alerts", scope="operator")
+def ack_alert(alert_id: int):
+    return alerts.acknowledge(alert_id, core.actor())
 
 
 # -- events and tokens -----------------------------------------------------------------------------
@@ -359,16 +464,10 @@ def openapi_document() -> dict:
     paths: dict = {}
     for spec in ENDPOINTS:
         path = re.sub(r"<(?:int:)?(\w+)>", r"{\1}", spec.rule)
-        params = [
-            {
-                "name": name,
-                "in": "path",
-                "required": True,
-                "description": f"{name.replace('_', ' ')}",
-                "schema": {"type": "integer", "minimum": 1},
-            }
-            for name in re.findall(r"<int:(\w+)>", spec.rule)
-        ]
+        params = [{"name": name, "in": "path", "required": True,
+                   "description": f"{name.replace('_', ' ')}",
+                   "schema": {"type": "integer", "minimum": 1} if kind else {"type": "string"}}
+                  for kind, name in re.findall(r"<(int:)?(\w+)>", spec.rule)]
         if spec.query is not None:
             for f in spec.query.fields:
                 params.append(

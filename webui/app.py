@@ -17,19 +17,8 @@ from appliance import config as config_mod
 from engine import accounts
 from webui import core
 
-BLUEPRINTS = (
-    "auth",
-    "dashboard",
-    "drives",
-    "retention",
-    "exports",
-    "tiers",
-    "jobs",
-    "events",
-    "settings",
-    "api",
-    "metrics",
-)
+BLUEPRINTS = ("auth", "dashboard", "drives", "retention", "exports", "smb", "tiers", "jobs",
+              "events", "settings", "api", "metrics", "alerts")
 
 
 def _secret_key(path: Path) -> bytes:

@@ -32,6 +32,7 @@ def summary() -> dict:
         )
     return {"capacity": report["capacity"], "tiers": tiers, "drive_states": states,
             "drives": len(report["drives"]), "catalog": report["catalog"],
+            "redundancy": report["redundancy"],
             "throughput": {k: [[t, v] for t, v in pts] for k, pts in throughput.items()},
             "window": [now - HOUR_NS, now]}
 

@@ -40,6 +40,33 @@ ACTION_SCHEMA = Schema(
 )
 
 
+NEW_DRIVE_SCHEMA = Schema("NewDrive", "A drive to add: a new folder (an emulated drive of zone "
+                          "files) or a zoned block device, as the daemon sees it.", (
+    Field("path", "string",
+          "Absolute path: a folder that does not exist yet, or a zoned block device",
+          min_length=2, max_length=4096, pattern=r"/.*", example="/srv/shingle/drives/drive-010"),
+    Field("size", "integer", "Emulated drive size in bytes (default: that of the drives in use)",
+          required=False, minimum=1 << 20),
+    Field("zone_size", "integer", "Zone size in bytes (default: that of the drives in use)",
+          required=False, minimum=4096),
+    Field("preallocate", "boolean",
+          "Reserve the zone files' size now (false: they grow as written)",
+          required=False, default=False),
+))
+
+
+def queue_new_drive(body: dict, who: str, replaces: int | None = None) -> int:
+    """Queue a drive-add (or drive-replace of ``replaces``) job: only the daemon opens drives."""
+    from engine.lifecycle.drives import get_drive
+    from webui.jobs import queue
+    params = {"path": body["path"], "size": body.get("size"), "zone_size": body.get("zone_size"),
+              "preallocate": bool(body.get("preallocate"))}
+    if replaces is None:
+        return queue("drive-add", params, who)
+    get_drive(core.ctx().catalog, replaces)  # NotFound now, not in the job
+    return queue("drive-replace", {**params, "old": replaces}, who)
+
+
 def drive_rows(only: int | None = None) -> list[dict]:
     from engine.lifecycle.drives import list_drives
     shingle = core.ctx()
@@ -217,3 +244,18 @@ def action(drive_id: int):
             abort(404)
         flash(str(core.form_errors(exc).popitem()[1]), "error")
     return redirect(url_for("drives.index") + f"#drive-{drive_id}")
+
+
+@bp.route("/drives/add", methods=["POST"])
+@core.login_required
+def add():
+    """Add a drive, or replace one (``replaces``): a job the daemon runs, then its page."""
+    replaces = request.form.get("replaces") or None
+    try:
+        body = NEW_DRIVE_SCHEMA.from_form(request.form)
+        job_id = queue_new_drive(body, core.actor(), int(replaces) if replaces else None)
+    except core.USER_ERRORS as exc:
+        flash(str(core.form_errors(exc).popitem()[1]), "error")
+        return redirect(url_for("drives.index") + "#add-drive")
+    flash(f"job {job_id} queued: the daemon adds {body['path']} and rebuilds onto it", "ok")
+    return redirect(url_for("jobs.detail", job_id=job_id))

@@ -125,6 +125,27 @@ def render() -> str:
         [({}, cap["free_bytes"])],
     )
     _drives(out, report)
+    red = report["redundancy"]
+    out.family(
+        "shingle_stripes_under_protected",
+        "gauge",
+        "Live stripes missing at least one fragment (rebuild or add drives to restore them).",
+        [({}, red["under_protected"])],
+    )
+    from engine.alerts import AlertService
+    active = AlertService(catalog).count_active()
+    out.family(
+        "shingle_alerts_active",
+        "gauge",
+        "Active (raised, not acknowledged) alerts by severity; the Alerts page lists them.",
+        [({"severity": sev}, active.get(sev, 0)) for sev in ("warning", "critical")],
+    )
+    out.family(
+        "shingle_stripes_lost",
+        "gauge",
+        "Live stripes with fewer readable fragments than they need (data loss).",
+        [({}, red["lost"])],
+    )
     rows = inventory.bands_by_state(catalog)
     out.family(
         "shingle_bands",
@@ -176,7 +197,23 @@ def render() -> str:
     _drive_counters(out, latest)
     _nfs(out, latest)
     _exports(out, latest, catalog)
+    _smb(out, shingle)
     return out.text()
+
+
+def _smb(out: Exposition, shingle) -> None:
+    """smbd's health and sessions, read now (smbstatus), once the daemon has served SMB here;
+    nothing at all on an appliance that never did."""
+    from appliance.smb.samba import SambaLayout, smb_status
+
+    report = smb_status(SambaLayout.for_data_dir(shingle.config.data_dir))
+    if not report["enabled"]:
+        return
+    out.family("shingle_smb_up", "gauge", "1 while smbd runs (the daemon serves SMB), else 0.",
+               [({}, int(report["running"]))])
+    if report["running"] and report["error"] is None:
+        out.family("shingle_smb_sessions", "gauge", "SMB sessions connected to smbd now.",
+                   [({}, len(report["sessions"]))])
 
 
 def _status(shingle) -> dict:

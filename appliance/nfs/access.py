@@ -24,12 +24,12 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from appliance.log import Throttled
 from appliance.nfs.exports import ExportRule, PseudoDir
 from appliance.nfs.fh import KIND_FILE, BadHandle, FileHandle, StaleHandle
 from engine.catalog.database import CatalogUnavailable
 from engine.catalog.models import DIR
 from engine.namespace import R_OK, W_OK, X_OK, Attr
+from engine.ratelog import RateLimitedLog
 
 log = logging.getLogger("shingle.nfs")
 
@@ -126,7 +126,7 @@ def status_of(exc: Exception, codes: Codes) -> int:
     return codes.serverfault
 
 
-_throttled = Throttled(logging.getLogger("shingle.nfs"))
+_throttled = RateLimitedLog(logging.getLogger("shingle.nfs"))
 
 
 def log_failure(codes: Codes, status: int, what: str, address: str, exc: Exception) -> None:

@@ -17,7 +17,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from appliance.log import Throttled
 from appliance.nfs import portmap as pmap
 from appliance.nfs.exports import ExportTable
 from appliance.nfs.fh import HandleCodec
@@ -38,6 +37,7 @@ from appliance.nfs.v4.program import Nfs4Program
 from appliance.nfs.v4.state import StateTable
 from engine.blocking import may_block
 from engine.catalog import CatalogUnavailable
+from engine.ratelog import RateLimitedLog
 
 log = logging.getLogger("shingle.nfs")
 
@@ -130,7 +130,7 @@ class NfsServer:
         self._nlm_ticker: asyncio.Future[None] | None = None
         self._portmap_server: asyncio.Server | None = None
         self._sweeper: asyncio.Future[None] | None = None
-        self._housekeeping_failures = Throttled(log)
+        self._housekeeping_failures = RateLimitedLog(log)
         self._statfs = None
         self._statfs_at = 0.0
         self._statfs_lock = threading.Lock()

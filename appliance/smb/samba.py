@@ -3,7 +3,7 @@
 Everything Samba keeps lives under ``DATA_DIR/smb/`` (``SambaLayout``): its private dir (the
 tdbsam passdb), lock, state, cache, pid and ncalrpc dirs and its log, so an appliance's state
 stays in one folder and two appliances on one host never share a database. SMB users are not
-host accounts: Samba (smbd, smbpasswd, pdbedit, smbstatus) runs with libnss_wrapper preloaded
+host accounts: Samba (smbd, pdbedit, smbstatus) runs with libnss_wrapper preloaded
 and a passwd/group file written from the catalog's ``smb_users``, so each SMB user has the
 uid/gid the catalog gives it without touching /etc/passwd.
 
@@ -55,7 +55,7 @@ class SambaLayout:
         return self.root / "smb.conf"
 
     @property
-    def tools_conf(self) -> Path:  # for smbpasswd/pdbedit/smbstatus from any process
+    def tools_conf(self) -> Path:  # for pdbedit/smbstatus from any process
         return self.root / "tools.conf"
 
     @property
@@ -96,7 +96,8 @@ class SambaLayout:
 
 
 def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    # the daemon and the web UI both write the nss files: each process its own temp name
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(text)
     tmp.chmod(mode)
     os.replace(tmp, path)
@@ -205,7 +206,7 @@ def _run_tool(layout: SambaLayout, argv: list[str], stdin: str = "") -> subproce
 
 
 class SambaPassdb:
-    """engine.smb.Passdb over Samba's tdbsam in the layout's private dir (smbpasswd, pdbedit)."""
+    """engine.smb.Passdb over Samba's tdbsam in the layout's private dir (pdbedit)."""
 
     def __init__(self, layout: SambaLayout, catalog=None):
         self.layout = layout
@@ -220,12 +221,15 @@ class SambaPassdb:
         return list(users.values())
 
     def set_password(self, user: smb_service.SmbUser, password: str) -> None:
-        # the user must exist for Samba before smbpasswd adds it (the row is not committed yet)
+        # the user must exist for Samba before its passdb entry (the row is not committed yet)
         write_nss(self.layout, self._known_users(user))
-        done = _run_tool(self.layout, ["smbpasswd", "-c", str(self.layout.tools_conf), "-s",
-                                       "-a", user.name], f"{password}\n{password}\n")
+        # pdbedit, not smbpasswd: smbpasswd -a refuses anyone but root, and the web UI (and the
+        # daemon under systemd) run as the service user owning DATA_DIR/smb; -a on an existing
+        # entry sets its password
+        done = _run_tool(self.layout, ["pdbedit", "-s", str(self.layout.tools_conf), "-a", "-t",
+                                       "-u", user.name], f"{password}\n{password}\n")
         if done.returncode != 0:
-            raise errors.IOFailure(f"smbpasswd -a {user.name} failed: "
+            raise errors.IOFailure(f"pdbedit -a {user.name} failed: "
                                    f"{(done.stderr or done.stdout).strip()}")
 
     def remove(self, name: str) -> None:
@@ -240,9 +244,26 @@ class SambaPassdb:
         return sorted(line.split(":", 1)[0] for line in done.stdout.splitlines() if ":" in line)
 
 
+def _conf_port(conf: Path) -> int | None:
+    for line in conf.read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "smb ports" and value.strip().isdigit():
+            return int(value.strip())
+    return None
+
+
 def smb_status(layout: SambaLayout) -> dict:
-    """smbd's health and sessions: {running, pid, sessions: [{user, machine, protocol}], error}."""
-    report: dict = {"running": False, "pid": None, "sessions": [], "error": None}
+    """smbd's health and sessions, from any process of the appliance (the web UI's too):
+    {enabled, running, pid, port, sessions: [{user, machine, protocol}], error}. ``enabled``:
+    the daemon has served SMB here (it wrote smb.conf); smbstatus reads the same lock folder."""
+    report: dict = {"enabled": layout.conf.exists(), "running": False, "pid": None,
+                    "port": None, "sessions": [], "error": None}
+    if not report["enabled"]:
+        return report
+    try:
+        report["port"] = _conf_port(layout.conf)
+    except OSError:
+        pass
     pid_file = layout.dir("pid") / "smbd.pid"
     try:
         pid = int(pid_file.read_text().strip())
@@ -250,14 +271,14 @@ def smb_status(layout: SambaLayout) -> dict:
         report.update(running=True, pid=pid)
     except (OSError, ValueError):
         return report
-    if not layout.conf.exists():
-        return report
     try:
         done = _run_tool(layout, ["smbstatus", "-s", str(layout.conf), "--json", "-b"])
         data = json.loads(done.stdout or "{}")
     except (errors.FsError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
         report["error"] = str(exc)
         return report
+    if done.returncode != 0:
+        report["error"] = f"smbstatus: {(done.stderr or done.stdout).strip()[:300]}"
     for session in (data.get("sessions") or {}).values():
         report["sessions"].append({"user": session.get("username"),
                                    "machine": session.get("remote_machine"),

@@ -262,13 +262,32 @@ class RetentionPolicy(Base):
 
 
 class Snapshot(Base):
+    """A read-only frozen copy of a directory tree (a dataset), seen at DIR/.snapshots/NAME.
+
+    Its inodes are numbered [ino_lo, ino_hi] (old number + a delta, so the copy is a few
+    INSERT ... SELECT statements) and their extents share the live files' stripes."""
+
     __tablename__ = "snapshots"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(255))
     source_ino: Mapped[int] = mapped_column(ForeignKey("inodes.ino", ondelete="CASCADE"))
     root_ino: Mapped[int] = mapped_column(ForeignKey("inodes.ino"))  # frozen copy of the tree
+    ino_lo: Mapped[int] = mapped_column(BigInteger)
+    ino_hi: Mapped[int] = mapped_column(BigInteger)
     created_ns: Mapped[int] = mapped_column(BigInteger)
+    # being deleted a chunk of inodes per transaction: hidden, named "NAME/ID", root_ino then
+    # points at the dataset (its own root may already be gone)
+    deleting: Mapped[bool] = mapped_column(Boolean, default=False)
     __table_args__ = (UniqueConstraint("source_ino", "name"),)
+
+
+class SnapshotDir(Base):
+    """The ``.snapshots`` directory of a dataset (hidden from its listing, reached by name)."""
+
+    __tablename__ = "snapshot_dirs"
+    dataset_ino: Mapped[int] = mapped_column(
+        ForeignKey("inodes.ino", ondelete="CASCADE"), primary_key=True)
+    dir_ino: Mapped[int] = mapped_column(ForeignKey("inodes.ino"), unique=True)
 
 
 class NfsClient(Base):
@@ -391,3 +410,24 @@ class Job(Base):
     heartbeat_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)  # claims so far (re-queues count)
     __table_args__ = (Index("ix_jobs_state_id", "state", "id"),)
+
+
+class Alert(Base):
+    """A condition an admin must hear about (engine/alerts.py): a drive failed, capacity at 90 %,
+    a job failed, ... One row per occurrence of (kind, key): active until acknowledged or until
+    its condition is gone (cleared); a condition that comes back after clearing is a new row."""
+
+    __tablename__ = "alerts"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(32))  # engine.alerts source kind, e.g. drive_failed
+    key: Mapped[str] = mapped_column(String(128))  # which one, e.g. "drive:3" ("" for one per kind)
+    severity: Mapped[str] = mapped_column(String(8))  # warning | critical
+    state: Mapped[str] = mapped_column(String(16))  # active | acknowledged | cleared
+    message: Mapped[str] = mapped_column(Text)
+    details: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
+    first_ns: Mapped[int] = mapped_column(BigInteger)  # raised
+    last_ns: Mapped[int] = mapped_column(BigInteger)  # last seen true
+    acknowledged_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    acknowledged_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    cleared_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    __table_args__ = (Index("ix_alerts_state_kind_key", "state", "kind", "key"),)

@@ -1,10 +1,14 @@
 """Extent-map arithmetic and live/garbage accounting in the catalog.
 
 Accounting rules (others build cleaning, tiering and rebuild on them):
-- ``Stripe.live_bytes`` = user bytes of the stripe still referenced by extents.
-- A fragment's live share = ``fragment.length * stripe.live_bytes // stripe.data_length``
-  (integer, recomputed from the new and old live value, so repeated changes
-  never drift and a dead stripe contributes exactly 0).
+- ``Stripe.live_bytes`` = the bytes of every extent that references the stripe, summed over all
+  of them: a byte shared by a file, its clones and snapshots counts once per reference, so the
+  count is a reference count in bytes (invariant 9: a stripe is freed only when it reaches 0).
+- A fragment's live share = ``fragment.length * min(stripe.live_bytes, data_length) //
+  stripe.data_length`` (integer, recomputed from the new and old live value, so repeated
+  changes never drift and a dead stripe contributes exactly 0). Under sharing the share
+  over-counts a stripe whose references overlap (cleaning then sees it fuller than it is),
+  never under-counts it.
 - ``Zone.live_bytes`` = sum of the live shares of the zone's fragments;
   ``Zone.garbage_bytes`` = every other byte below the write pointer, so
   ``write_pointer == live_bytes + garbage_bytes`` for every zone.
@@ -26,7 +30,8 @@ def chunks(items: list, size: int = CHUNK):
 
 
 def share(fragment_length: int, live: int, data_length: int) -> int:
-    return fragment_length * live // data_length if data_length else 0
+    """A fragment's live bytes in its zone: references beyond the stripe's size count as full."""
+    return fragment_length * min(live, data_length) // data_length if data_length else 0
 
 
 class ExtentMap:
@@ -115,7 +120,7 @@ def adjust_live(conn, deltas: dict[int, int], known: dict | None = None) -> list
         if row is None:
             continue
         data_length, live = row
-        new = min(max(live + delta, 0), data_length)
+        new = max(live + delta, 0)  # a reference count in bytes: may pass data_length
         for zone_id, length in fragments[sid]:
             zone_delta[zone_id] += share(length, new, data_length) - share(
                 length, live, data_length

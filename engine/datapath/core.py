@@ -7,6 +7,7 @@ A facade over the parts, each with its own lock and a public interface:
 ``commits`` (commit.Committer: the durable batch transaction),
 ``buffers`` (buffers.FileBuffers: write, flush, truncate, release),
 ``extents`` (extents.ExtentCache) and ``reads`` (extents.Reads), ``repairs`` (repair.Repairer),
+``sharing`` (sharing.Sharing: clone_range, punch, data_ranges over shared extents),
 ``drive_watch`` (drivewatch.DriveWatch: drives gone or failing become drive states).
 The hot calls (write, flush, read) are the parts' own bound methods, set on the instance, so
 the facade adds no call of its own to them."""
@@ -26,6 +27,7 @@ from engine.datapath.extents import ExtentCache, Reads
 from engine.datapath.reader import StripeReader
 from engine.datapath.recovery import RecoveryReport, recover
 from engine.datapath.repair import Repairer
+from engine.datapath.sharing import Sharing
 from engine.datapath.space import Space
 from engine.datapath.stripes import Dispatcher, InlineBudget
 from engine.datapath.writers import DriveWriters
@@ -148,6 +150,7 @@ class DataPath:
         self.extents.on_invalidate = self.buffers.forget_settled
         self.reads = Reads(self.buffers.files, self.extents, self.reader)
         self.repairs = Repairer(catalog, self.space, self.writers, self.extents)
+        self.sharing = Sharing(self.buffers, self.extents, self.reader, max_extent=self.max_extent)
         self.reader.repair_hook = self.repairs.queue
         self.drive_watch = DriveWatch(catalog, self.space, self.writers, self.reader)
         self._closed = False
@@ -160,6 +163,9 @@ class DataPath:
         self.created = self.buffers.created
         self.truncate = self.buffers.truncate
         self.release = self.buffers.release
+        self.clone_range = self.sharing.clone_range
+        self.punch = self.sharing.punch
+        self.data_ranges = self.sharing.data_ranges
         self.read = self.reads.read
         self.capacity = self.space.capacity
         self.refresh_drive_states = self.space.refresh_drive_states
@@ -172,6 +178,15 @@ class DataPath:
         self.writers.start()
         self.dispatcher.start()
         self.commits.start(self.dispatcher)
+
+    def add_drive(self, drive_id: int) -> None:
+        """Start using a drive that was added to the catalog while running (``drives add``,
+        engine/lifecycle/drives.py): placement, reads, its writer thread and the drive watch."""
+        if drive_id in self.space.drives:
+            return
+        drive = self.space.add_drive(drive_id, self.smr_model)
+        drive.on_gone = self.drive_watch.note_gone
+        self.writers.start_drive(drive)
 
     def _write_band_classes(self) -> None:
         def work(conn):

@@ -107,6 +107,10 @@ class DriveWatch:
             self._faults.put((drive.id, DEGRADED, f"{during} failed: {exc}"))
         self._wake.set()
 
+    def note_gone(self, drive: DriveState) -> None:
+        """``DriveState.on_gone``: the drive's folder or device went away."""
+        self._gone(drive)
+
     def _gone(self, drive: DriveState) -> None:
         self._faults.put((drive.id, MISSING, f"its folder {drive.path} is gone"))
         self._wake.set()

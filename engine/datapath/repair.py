@@ -12,6 +12,7 @@ from sqlalchemy import select
 
 from engine import errors
 from engine.catalog.models import Fragment, Stripe, Zone
+from engine.datapath.accounting import share
 from engine.datapath.reader import StripeInfo
 from engine.datapath.space import padded
 
@@ -102,7 +103,7 @@ class Repairer:
                 ).rowcount
                 == 1
             )
-            live = length * row.live_bytes // row.data_length if moved and row.data_length else 0
+            live = share(length, row.live_bytes, row.data_length) if moved else 0
             if live:
                 conn.execute(
                     ZONES.update()

@@ -105,6 +105,30 @@ class Space:
                 self.zones[zone.id] = zone
                 self.zone_drive[zone.id] = drive
 
+    def add_drive(self, drive_id: int, smr_model=None) -> DriveState:
+        """Take a drive added to the catalog while the data path runs (``drives add``): its
+        in-memory state joins the shared maps under the space lock, empty zones included."""
+        def work(conn):
+            row = conn.execute(select(DRIVES).where(DRIVES.c.id == drive_id)).one()
+            return row, conn.execute(select(ZONES).where(ZONES.c.drive_id == drive_id)).all()
+
+        row, zone_rows = self.catalog.read(work)
+        drive = DriveState(row, zone_rows)
+        if drive.backend is None:
+            raise errors.IOFailure(f"drive {drive_id} ({row.path}) cannot be opened: "
+                                   f"{drive.open_error}")
+        if smr_model is not None:
+            drive.backend.model = smr_model
+            drive.backend.model_key = drive.id
+        with self.lock:
+            for zone in drive.zones:
+                if zone.state == "empty" and zone.wp == 0:
+                    drive.empty.add(zone.idx)
+                self.zones[zone.id] = zone
+                self.zone_drive[zone.id] = drive
+            self.drives[drive.id] = drive
+        return drive
+
     def refresh_drive_states(self) -> None:
         """Re-read Drive.state (an admin or the rebuild engine may have changed it)."""
         rows = self.catalog.read(

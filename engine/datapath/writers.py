@@ -111,11 +111,15 @@ class DriveWriters:
 
     def start(self) -> None:
         for drive in self.drives.values():
-            drive.thread = threading.Thread(
-                target=self._run, args=(drive,), daemon=True, name=f"shingle-drive-{drive.id}"
-            )
-            self.threads.append(drive.thread)
-            drive.thread.start()
+            self.start_drive(drive)
+
+    def start_drive(self, drive: DriveState) -> None:
+        """Start one drive's writer thread (at start, and for a drive added while running)."""
+        drive.thread = threading.Thread(
+            target=self._run, args=(drive,), daemon=True, name=f"shingle-drive-{drive.id}"
+        )
+        self.threads.append(drive.thread)
+        drive.thread.start()
 
     def stop(self) -> None:
         for drive in self.drives.values():

@@ -1,8 +1,11 @@
 """The lifecycle jobs as runners for the daemon's job queue (appliance.maintenance).
 
 ``runners(...)`` maps a job kind to ``runner(params, progress, actor) -> JSON-able
-result``: "tier", "clean", "scrub", "rebuild" and "drain" (params {"drive": id or
-uuid}). The tiering policy is read from the catalog settings at each run
+result``: "tier", "clean", "scrub", "rebuild", "drain" (params {"drive": id or
+uuid}), "drive-add" (params {"path", "size", "zone_size", "preallocate"}) and "drive-replace"
+(the same and "old"). Rebuild, drain and the drive jobs return ``warnings`` when stripes stay
+under-protected (engine/lifecycle/replace.py); the job then ends "done with warnings".
+The tiering policy is read from the catalog settings at each run
 (``tiering.<TieringPolicy field>`` and ``tiering.path_rules``, which the web UI
 edits), so a change applies at the next round without a restart.
 """
@@ -14,6 +17,7 @@ from dataclasses import fields
 from typing import Any
 
 from engine.catalog.database import Catalog
+from engine.lifecycle import replace
 from engine.lifecycle.cleaning import Cleaner
 from engine.lifecycle.rebuild import Rebuilder, drain_drive
 from engine.lifecycle.scrub import Scrubber
@@ -62,11 +66,27 @@ def runners(namespace, datapath, catalog: Catalog, *, reads: ReadTracker | None 
         return report.to_dict()
 
     def rebuild(params, progress, actor):
-        return Rebuilder(datapath, catalog, bytes_per_s=rebuild_bytes_per_s).run(
-            progress=progress, actor=actor).to_dict()
+        report = Rebuilder(datapath, catalog, bytes_per_s=rebuild_bytes_per_s).run(
+            progress=progress, actor=actor)
+        return replace.rebuild_report(datapath, report)
 
     def drain(params, progress, actor):
-        return drain_drive(datapath, catalog, params["drive"], progress=progress, actor=actor,
-                           bytes_per_s=rebuild_bytes_per_s).to_dict()
+        report = drain_drive(datapath, catalog, params["drive"], progress=progress, actor=actor,
+                             bytes_per_s=rebuild_bytes_per_s)
+        return replace.rebuild_report(datapath, report)
 
-    return {"tier": tier, "clean": clean, "scrub": scrub, "rebuild": rebuild, "drain": drain}
+    def drive_options(params) -> dict:
+        return {"size": params.get("size"), "zone_size": params.get("zone_size"),
+                "preallocate": params.get("preallocate", True)}
+
+    def drive_add(params, progress, actor):
+        return replace.add_drive(datapath, catalog, params["path"], **drive_options(params),
+                                 progress=progress, actor=actor, bytes_per_s=rebuild_bytes_per_s)
+
+    def drive_replace(params, progress, actor):
+        return replace.replace_drive(datapath, catalog, params["old"], params["path"],
+                                     **drive_options(params), progress=progress, actor=actor,
+                                     bytes_per_s=rebuild_bytes_per_s)
+
+    return {"tier": tier, "clean": clean, "scrub": scrub, "rebuild": rebuild, "drain": drain,
+            "drive-add": drive_add, "drive-replace": drive_replace}

@@ -26,6 +26,7 @@ from sqlalchemy import bindparam, func, select
 
 from engine import errors
 from engine.catalog.models import Fragment, Stripe, Zone
+from engine.datapath.accounting import share
 from engine.datapath.drivestate import ZoneMem
 from engine.datapath.writers import WriteTicket
 from engine.ordered_lock import lock
@@ -256,7 +257,7 @@ def record_appends(conn, space, placements: list[Placement]) -> None:
 
 def live_share(fragment_length: int, live: int, data_length: int) -> int:
     """The accounting rule of engine.datapath.accounting: a fragment's live bytes."""
-    return fragment_length * live // data_length if data_length else 0
+    return share(fragment_length, live, data_length)
 
 
 def move_fragments(conn, moves: list[tuple[int, int, int, Placement]]) -> list[int]:

@@ -15,6 +15,8 @@ Package layout (one class ``Namespace`` made of parts; each part is a mixin over
 - lookup.py: Lookup, getattr/lookup/resolve/path_of/readlink/access/readdir/statfs
 - xattrs.py: Xattrs; directory.py: DirectoryOps (create ... rename, freeing inodes)
 - files.py: FileOps, setattr, read/write/commit, open references, orphans
+- ranges.py: RangeOps, clone_range/copy_range/seek_data/seek_hole/allocate/deallocate
+- readonly.py: ReadOnlyInodes, snapshot views (``DIR/.snapshots/NAME``) refuse changes (EROFS)
 - ancestry.py: Ancestry, ``is_inside`` (an inode within a directory's subtree: export
   confinement), its cache forgotten by the renames and links it wraps
 """
@@ -57,12 +59,13 @@ from engine.namespace.common import (  # noqa: F401 - the package's public names
     may,
 )
 from engine.namespace.directory import DirectoryOps
-from engine.namespace.files import FileOps
+from engine.namespace.ranges import RangeOps
 from engine.namespace.xattrs import Xattrs
 
 
-# each part builds on AttrCache (most through Lookup), so the type checker sees what they share
-class Namespace(Ancestry, Xattrs, DirectoryOps, FileOps):
+# each part builds on AttrCache (most through Lookup <- ReadOnlyInodes), so the type checker
+# sees what they share
+class Namespace(Ancestry, Xattrs, DirectoryOps, RangeOps):
     def __init__(self, catalog: Catalog, data: FileData | None = None):
         self.catalog = catalog
         self.data = data
@@ -75,6 +78,7 @@ class Namespace(Ancestry, Xattrs, DirectoryOps, FileOps):
         self._cache_lock = threading.Lock()
         self._open_refs: dict[int, int] = {}
         self._open_lock = threading.Lock()
+        self._readonly = None  # (epoch, lows, highs, .snapshots dirs): see readonly.py
         self._change_listeners: tuple = ()  # see AttrCache.add_change_listener
         self._init_ancestry()
         root = catalog.get_setting(ROOT_INO_KEY)

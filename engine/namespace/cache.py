@@ -29,6 +29,7 @@ class AttrCache:
     _open_refs: dict[int, int]
     _open_lock: threading.Lock
     _change_listeners: tuple
+    _readonly: tuple | None  # see readonly.py
 
     # -- cache -----------------------------------------------------------------
     # Attributes and names are cached in process. A commit the cache cannot account for (by

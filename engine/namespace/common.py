@@ -112,7 +112,8 @@ class FileData(Protocol):
     """The seam to the data path (engine.datapath implements it)."""
 
     def read(self, ino: int, offset: int, length: int, size: int) -> bytes | bytearray: ...
-    def write(self, ino: int, offset: int, data: bytes) -> int: ...  # returns new pending size
+    # returns the new pending size
+    def write(self, ino: int, offset: int, data: bytes | bytearray) -> int: ...
     def flush(self, ino: int) -> None: ...  # durable and committed on return
     def pending_size(self, ino: int) -> int | None: ...  # size counting buffered writes
     def truncate(self, conn: Connection, ino: int, old_size: int, new_size: int) -> None: ...
@@ -121,6 +122,8 @@ class FileData(Protocol):
     # inode freed: its extents become garbage
     def release(self, conn: Connection, ino: int, limit: int | None = None) -> bool: ...
     def capacity(self) -> tuple[int, int]: ...  # usable (total, free) bytes
+    # the file's data as sorted, merged [start, end) ranges
+    def data_ranges(self, conn: Connection, ino: int) -> list[tuple[int, int]]: ...
 
 
 ATTR_COLUMNS = [INODES.c[name] for name in Attr.__slots__]

@@ -96,6 +96,7 @@ class DirectoryOps(Lookup):
         check_name(name)
 
         def work(conn, touched):
+            self._check_writable(dir_ino, conn=conn)
             parent = self._dir_for_change(conn, cred, dir_ino)
             existing = self._entry(conn, dir_ino, name)
             if existing is not None:
@@ -170,6 +171,7 @@ class DirectoryOps(Lookup):
         check_name(name)
 
         def work(conn, touched):
+            self._check_writable(ino, dir_ino, conn=conn)
             attr = self._load(conn, ino)
             if attr.type == DIR:
                 raise errors.NotPermitted(f"hard link to directory {ino}")
@@ -190,6 +192,7 @@ class DirectoryOps(Lookup):
         check_name(name)
 
         def work(conn, touched):
+            self._check_writable(dir_ino, conn=conn)
             parent = self._dir_for_change(conn, cred, dir_ino)
             entry = self._entry(conn, dir_ino, name)
             if entry is None:
@@ -212,11 +215,15 @@ class DirectoryOps(Lookup):
         check_name(name)
 
         def work(conn, touched):
+            self._check_writable(dir_ino, conn=conn)
+            snapshot_dirs = self.snapshot_dirs(conn)
             parent = self._dir_for_change(conn, cred, dir_ino)
             entry = self._entry(conn, dir_ino, name)
             if entry is None:
                 raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
             victim = self._load(conn, entry.child)
+            if victim.ino in snapshot_dirs:
+                raise errors.ReadOnly(f"{name!r} holds snapshots: delete them instead")
             if victim.type != DIR:
                 raise errors.NotADirectory(f"{name!r} is not a directory")
             self._check_sticky(cred, parent, victim)
@@ -235,6 +242,8 @@ class DirectoryOps(Lookup):
         check_name(dst_name)
 
         def work(conn, touched):
+            self._check_writable(src_dir, dst_dir, conn=conn)
+            snapshot_dirs = self.snapshot_dirs(conn)
             src_parent = self._dir_for_change(conn, cred, src_dir)
             dst_parent = (src_parent if dst_dir == src_dir
                           else self._dir_for_change(conn, cred, dst_dir))
@@ -242,6 +251,8 @@ class DirectoryOps(Lookup):
             if entry is None:
                 raise errors.NotFound(f"{src_name!r} not found in directory {src_dir}")
             moving = self._load(conn, entry.child)
+            if moving.ino in snapshot_dirs:
+                raise errors.ReadOnly(f"{src_name!r} holds snapshots and cannot move")
             touched.add(moving.ino)
             self._check_sticky(cred, src_parent, moving)
             if moving.type == DIR and dst_dir != src_dir:
@@ -253,6 +264,8 @@ class DirectoryOps(Lookup):
                 if target.child == moving.ino:
                     return  # both names are links to the same file: POSIX says do nothing
                 victim = self._load(conn, target.child)
+                if victim.ino in snapshot_dirs:
+                    raise errors.ReadOnly(f"{dst_name!r} holds snapshots and cannot be replaced")
                 self._check_sticky(cred, dst_parent, victim)
                 if moving.type == DIR:
                     if victim.type != DIR:

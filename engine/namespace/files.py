@@ -45,9 +45,11 @@ class FileOps(Lookup):
         if atime_ns is None and mtime_ns is None and self._cache_valid():
             cached = self._cache.get(ino)
             if cached is not None and not self._setattr_values(cred, cached, now=0, **wanted):
+                self._check_writable(ino)
                 return self._with_pending(cached)
 
         def work(conn, touched):
+            self._check_writable(ino, conn=conn)
             attr = self._load(conn, ino)
             now = time.time_ns()
             values = self._setattr_values(cred, attr, now=now, **wanted)
@@ -137,10 +139,11 @@ class FileOps(Lookup):
             return b""
         return self._data().read(ino, offset, min(length, attr.size - offset), attr.size)
 
-    def write(self, ino: int, offset: int, data: bytes, *, stable: bool = False) -> int:
+    def write(self, ino: int, offset: int, data: bytes | bytearray, *, stable: bool = False) -> int:
         """Write ``data`` at ``offset``; with ``stable`` it is durable on return."""
         if offset < 0:
             raise errors.InvalidArgument(f"write at offset {offset}")
+        self._check_writable(ino)
         attr = self._file_in_use(ino)
         if attr.type == DIR:
             raise errors.IsADirectory(f"inode {ino} is a directory")

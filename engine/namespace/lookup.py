@@ -10,7 +10,6 @@ from engine import errors
 from engine.catalog.database import in_list
 from engine.catalog.database import sql as _sql
 from engine.catalog.database import sql_one as _one
-from engine.namespace.cache import AttrCache
 from engine.namespace.common import (
     ATTR_COLUMNS,
     ATTR_SQL,
@@ -33,9 +32,10 @@ from engine.namespace.common import (
     may,
     mode_bits,
 )
+from engine.namespace.readonly import SNAPSHOT_DIR_NAME, ReadOnlyInodes
 
 
-class Lookup(AttrCache):
+class Lookup(ReadOnlyInodes):
     """Part of Namespace: reads, through the cache where it is valid."""
 
     @staticmethod
@@ -179,11 +179,14 @@ class Lookup(AttrCache):
                 .select_from(DIRENTS.join(INODES, DIRENTS.c.child == INODES.c.ino))
                 .where(DIRENTS.c.parent == dir_ino, DIRENTS.c.id > cookie)
                 .order_by(DIRENTS.c.id).limit(limit + 1)).all()
+            if any(row[1] == SNAPSHOT_DIR_NAME for row in rows):
+                hidden.update(self.snapshot_dirs(conn))
             return rows
+        hidden: set[int] = set()  # DIR/.snapshots is reached by name only, as ZFS's snapdir
         rows = self.catalog.read(work)
         eof = len(rows) <= limit
         entries = [DirEntry(row[0], row[1], self._with_pending(attr_of_row(row[2:])))
-                   for row in rows[:limit]]
+                   for row in rows[:limit] if not (hidden and row[2] in hidden)]
         return entries, eof
 
     def statfs(self) -> StatFs:

@@ -60,6 +60,7 @@ class Xattrs(Lookup):
                                          f"{XATTR_VALUE_MAX}")
 
         def work(conn, touched):
+            self._check_writable(ino, conn=conn)
             attr = self._load(conn, ino)
             self._require(cred, attr, W_OK)
             exists = conn.execute(select(XATTRS.c.name)
@@ -78,6 +79,7 @@ class Xattrs(Lookup):
 
     def removexattr(self, cred: Cred, ino: int, name: str) -> None:
         def work(conn, touched):
+            self._check_writable(ino, conn=conn)
             self._require(cred, self._load(conn, ino), W_OK)
             removed = conn.execute(XATTRS.delete()
                                    .where(XATTRS.c.ino == ino, XATTRS.c.name == name))

@@ -1,7 +1,7 @@
 """Runs inside the VM (the host's /usr/bin/python3, standard library only): mounts the
 shingle server with the kernel NFS client and prints one marker line per check.
 
-    @@CHECK PASS|FAIL NAME details
+    @@CHECK PASS|FAIL|SKIP NAME details
 
 The host imports this module too, for the check names (``planned_checks``), so that each
 check is its own pytest test. As root, ``main(plan)`` mounts each NFS version, runs the
@@ -17,6 +17,8 @@ import hashlib
 import json
 import os
 import random
+import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -49,7 +51,19 @@ USER_CHECKS = (
     "checkpoint",
 )
 # checks run once per version, as root
-VERSION_CHECKS = ("mount", "reread-after-drop-caches", "umount", "nconnect-4", "dmesg-clean")
+VERSION_CHECKS = (
+    "mount",
+    "reread-after-drop-caches",
+    "lock-wait",
+    "umount",
+    "nconnect-4",
+    "dmesg-clean",
+)
+# checks that take locks: skipped on a version whose plan entry has "skip_locks" (why)
+LOCK_CHECKS = ("lockf", "flock", "lock-wait", "lock-vs-")
+# a blocked NLM lock is granted by the client's retry every 30 s (the server's NLM_GRANTED
+# callback cannot reach a guest behind user-mode networking); NFSv4 clients poll sooner
+LOCK_WAIT_LIMIT_S = 50
 RESTART_CHECKS = (
     "restart/io-continues",
     "restart/lock-kept",
@@ -66,7 +80,10 @@ def planned_checks(plan: dict) -> list[str]:
         names += [
             f"{label}/{user_label(uid)}/{check}" for uid in plan["uids"] for check in USER_CHECKS
         ]
-        names += [f"{label}/{check}" for check in VERSION_CHECKS[1:]]
+        names += [f"{label}/{check}" for check in VERSION_CHECKS[1:3]]
+        if version.get("lock_peer"):
+            names.append(f"{label}/lock-vs-{version['lock_peer']}")
+        names += [f"{label}/{check}" for check in VERSION_CHECKS[3:]]
     if plan.get("restart_version"):
         names += [f"{plan['restart_version']}/{check}" for check in RESTART_CHECKS]
     return names
@@ -76,9 +93,15 @@ def user_label(uid: int) -> str:
     return "root" if uid == 0 else f"uid{uid}"
 
 
-def report(name: str, ok: bool, details: str = "") -> None:
+def report(name: str, ok: bool | None, details: str = "") -> None:
+    """``ok`` None: the check was skipped (``details`` says why)."""
     details = " | ".join(line for line in details.strip().splitlines() if line.strip())
-    print(f"{CHECK_MARKER} {'PASS' if ok else 'FAIL'} {name} {details[:3000]}", flush=True)
+    verdict = "SKIP" if ok is None else "PASS" if ok else "FAIL"
+    print(f"{CHECK_MARKER} {verdict} {name} {details[:3000]}", flush=True)
+
+
+def takes_locks(check: str) -> bool:
+    return any(check.startswith(prefix) for prefix in LOCK_CHECKS)
 
 
 class CheckFailed(Exception):
@@ -419,6 +442,80 @@ def lock_check(kind: str) -> str:
     return f"{kind}: second process gets EAGAIN while held, the lock after release"
 
 
+WAITER = r"""
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+print("waiting", flush=True)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+print("got", flush=True)
+"""
+
+
+def lock_wait(held: str, waited: str) -> float:
+    """Hold a lock on ``held`` while another process waits (F_SETLKW) for one on ``waited``
+    (the same file, maybe through another mount); the seconds from the release to its grant,
+    at most LOCK_WAIT_LIMIT_S: a waiter left blocked is killed, not waited for."""
+    fd = os.open(held, os.O_RDWR)
+    waiter = None
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        waiter = subprocess.Popen(
+            [sys.executable, "-c", WAITER, waited], stdout=subprocess.PIPE, text=True
+        )
+        expect(waiter.stdout.readline().strip() == "waiting", "the waiter did not start")
+        time.sleep(2)
+        expect(waiter.poll() is None, f"the waiter got the lock while it was held: {waiter.poll()}")
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+        released = time.monotonic()
+        try:
+            out, _ = waiter.communicate(timeout=LOCK_WAIT_LIMIT_S)
+        except subprocess.TimeoutExpired:
+            raise CheckFailed(
+                f"the blocked lock was not granted within {LOCK_WAIT_LIMIT_S} s of the release"
+            ) from None
+        expect(out.strip() == "got", f"waiter: {out.strip()} (exit {waiter.returncode})")
+        return time.monotonic() - released
+    finally:
+        if waiter is not None and waiter.poll() is None:
+            waiter.kill()  # not waited for: it may be stuck in the kernel
+        os.close(fd)
+
+
+def check_lock_wait(folder: str) -> str:
+    # two processes on one mount: the client makes the waiter wait for the local holder,
+    # then asks the server, which grants at once (the cross-version check waits at the server)
+    path = os.path.join(folder, "wait.lock")
+    write_file(path, b"0" * 100)
+    waited = lock_wait(path, path)
+    return f"F_SETLKW blocked while held, granted {waited:.1f} s after the release"
+
+
+def check_lock_vs_peer(folder: str, peer_folder: str, label: str, peer: str) -> str:
+    """The same file through two mounts of different NFS versions (two superblocks, so the
+    client cannot decide locally): each version's lock excludes the other's, at the server,
+    and a waiter of one version gets the lock after the other's release (an NLM waiter
+    through its client's 30 s retry)."""
+    mine, theirs = os.path.join(folder, "cross.lock"), os.path.join(peer_folder, "cross.lock")
+    write_file(mine, b"0" * 100)
+    waits = []
+    for held, tried, holder, tester in ((mine, theirs, label, peer), (theirs, mine, peer, label)):
+        fd = os.open(held, os.O_RDWR)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            other = sh(sys.executable, "-c", LOCKER, "lockf", tried, timeout=60).strip()
+            expect(other == "busy", f"a {tester} lock while a {holder} one is held: {other}")
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+            other = sh(sys.executable, "-c", LOCKER, "lockf", tried, timeout=60).strip()
+            expect(other == "got", f"a {tester} lock after the {holder} unlock: {other}")
+        finally:
+            os.close(fd)
+        waits.append(f"{tester} waiter granted {lock_wait(held, tried):.1f} s after the release")
+    return (
+        f"a {label} lock excludes a {peer} one on the same file, and the other way round; "
+        + "; ".join(waits)
+    )
+
+
 def check_lockf(_m) -> str:
     return lock_check("lockf")
 
@@ -445,12 +542,15 @@ def check_checkpoint(manifest: list[str]) -> str:
     return "3 x 1 MiB: write .tmp, fsync, rename, fsync dir, sha256 read back"
 
 
-def run_worker(folder: str, label: str) -> None:
+def run_worker(folder: str, label: str, skip_locks: str = "") -> None:
     os.makedirs(folder, exist_ok=True)
     os.chdir(folder)
     manifest: list[str] = []
     for check in USER_CHECKS:
         name = f"{label}/{check}"
+        if skip_locks and takes_locks(check):
+            report(name, None, skip_locks)
+            continue
         started = time.monotonic()
         try:
             details = globals()["check_" + check.replace("-", "_")](manifest)
@@ -482,6 +582,8 @@ def vmchannel_request(text: str) -> str:
 
 def mount(options: str, port: int, target: str) -> subprocess.CompletedProcess:
     os.makedirs(target, exist_ok=True)
+    if not re.search(r"(^|,)port=", options):
+        options += f",port={port}"
     return subprocess.run(
         [
             "timeout",
@@ -490,7 +592,7 @@ def mount(options: str, port: int, target: str) -> subprocess.CompletedProcess:
             "-t",
             "nfs",
             "-o",
-            f"{options},port={port}",
+            options,
             f"{SERVER}:/export",
             target,
         ],
@@ -507,6 +609,14 @@ def run_check(name: str, work) -> None:
         report(name, False, str(exc))
     except Exception:  # noqa: BLE001 - reported as this check's failure
         report(name, False, traceback.format_exc(limit=3))
+
+
+def run_lock_check(version: dict, check: str, work) -> None:
+    name = f"{version['label']}/{check}"
+    if version.get("skip_locks"):
+        report(name, None, version["skip_locks"])
+    else:
+        run_check(name, work)
 
 
 def run_bounded(cmd: list[str], timeout: float, expected: list[str]) -> None:
@@ -536,11 +646,13 @@ def run_bounded(cmd: list[str], timeout: float, expected: list[str]) -> None:
             report(name, False, f"not reached: the child {why}; its output: {tail}")
 
 
-def run_workers(plan: dict, label: str, mountpoint: str) -> None:
+def run_workers(plan: dict, version: dict, mountpoint: str) -> None:
+    label = version["label"]
     for uid in plan["uids"]:
         who = user_label(uid)
         folder = os.path.join(mountpoint, f"{label}-{who}")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", folder, f"{label}/{who}"]
+        cmd += [version.get("skip_locks", "")]
         if uid != 0:
             cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *cmd]
         run_bounded(
@@ -583,11 +695,35 @@ def nfs_connections(port: int) -> int:
         )
 
 
+LOCK_DAEMONS: list[str] = []  # what start_lock_daemons started, once per boot
+
+
+def start_lock_daemons() -> str:
+    """rpcbind and rpc.statd, which a locking NFSv3 mount needs: mount.nfs refuses one
+    without statd, the kernel's lockd registers with the local rpcbind and asks statd to
+    monitor the server. --no-notify: this guest has no previous boot to tell servers of."""
+    if not LOCK_DAEMONS:
+        os.makedirs("/run/rpcbind", exist_ok=True)  # /run is a fresh tmpfs
+        shutil.chown("/run/rpcbind", "_rpc")  # Debian's rpcbind runs as _rpc
+        sh("rpcbind", timeout=60)
+        sh("rpc.statd", "--no-notify", timeout=60)
+        LOCK_DAEMONS.append("rpcbind, rpc.statd --no-notify")
+    services = sh("rpcinfo", "-p", "127.0.0.1", timeout=60)
+    expect(" status" in services, f"rpc.statd is not registered: {services}")
+    return f"{LOCK_DAEMONS[0]} running"
+
+
 def run_version(plan: dict, version: dict) -> None:
     label, port = version["label"], plan["port"]
     mountpoint = f"/mnt/{label}"
     dmesg_before = len(dmesg_lines())
-    mounted = mount(version["options"], port, mountpoint)
+    lock_daemons = ""
+    try:
+        if version.get("nlm") and not version.get("skip_locks"):
+            lock_daemons = f"; {start_lock_daemons()}"
+        mounted = mount(version["options"], port, mountpoint)
+    except CheckFailed as exc:
+        mounted = subprocess.CompletedProcess([], 1, "", f"locking daemons: {exc}")
     if mounted.returncode != 0:
         why = (
             f"mount -o {version['options']} failed ({mounted.returncode}): {mounted.stderr.strip()}"
@@ -603,9 +739,10 @@ def run_version(plan: dict, version: dict) -> None:
     report(
         f"{label}/mount",
         True,
-        subprocess.run(["grep", mountpoint, "/proc/mounts"], capture_output=True, text=True).stdout,
+        subprocess.run(["grep", mountpoint, "/proc/mounts"], capture_output=True, text=True).stdout
+        + lock_daemons,
     )
-    run_workers(plan, label, mountpoint)
+    run_workers(plan, version, mountpoint)
 
     def reread() -> str:
         with open("/proc/sys/vm/drop_caches", "w") as f:
@@ -626,6 +763,22 @@ def run_version(plan: dict, version: dict) -> None:
         return f"{checked} files read back from the server after drop_caches"
 
     run_check(f"{label}/reread-after-drop-caches", reread)
+    root_folder = os.path.join(mountpoint, f"{label}-root")
+    run_lock_check(version, "lock-wait", lambda: check_lock_wait(root_folder))
+    if version.get("lock_peer"):
+
+        def lock_vs_peer() -> str:
+            peer = next(v for v in plan["versions"] if v["label"] == version["lock_peer"])
+            target = f"/mnt/{label}-{peer['label']}"
+            out = mount(peer["options"], port, target)
+            expect(out.returncode == 0, f"mount {peer['options']}: {out.stderr.strip()}")
+            try:
+                peer_folder = os.path.join(target, f"{label}-root")
+                return check_lock_vs_peer(root_folder, peer_folder, label, peer["label"])
+            finally:
+                subprocess.run(["timeout", "120", "umount", target], capture_output=True)
+
+        run_lock_check(version, f"lock-vs-{version['lock_peer']}", lock_vs_peer)
 
     def umount() -> str:
         sh("timeout", "120", "umount", mountpoint)
@@ -762,7 +915,7 @@ def main(plan: dict) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--worker":
-        run_worker(sys.argv[2], sys.argv[3])
+        run_worker(*sys.argv[2:5])
     elif sys.argv[1] == "--restart":
         restart_scenario(sys.argv[2], sys.argv[3])
     else:

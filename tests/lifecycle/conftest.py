@@ -133,7 +133,9 @@ def check_accounting(catalog):
     recount: dict[int, int] = {}
     for f in frag_rows:
         s = stripe_rows[f.stripe_id]
-        recount[f.zone_id] = recount.get(f.zone_id, 0) + f.length * s.live_bytes // s.data_length
+        # shared extents: references past the stripe's size count it as full (accounting.share)
+        live_share = f.length * min(s.live_bytes, s.data_length) // s.data_length
+        recount[f.zone_id] = recount.get(f.zone_id, 0) + live_share
     mismatched = [
         (z.id, z.live_bytes, recount.get(z.id, 0))
         for z in zone_rows

@@ -21,7 +21,7 @@ def test_runners_do_each_job_and_return_json(rig):
     policy = tiering_policy(rig.catalog)
     assert policy.path_rules == [("/archive", "cold")] and policy.hot_to_warm_after_s == 0.0
     jobs = runners(rig.ns, rig.data, rig.catalog)
-    assert set(jobs) == {"tier", "clean", "scrub", "rebuild", "drain"}
+    assert set(jobs) == {"tier", "clean", "scrub", "rebuild", "drain", "drive-add", "drive-replace"}
     seen = []
     progress = lambda d, t, m: seen.append(m)  # noqa: E731
     result = jobs["tier"]({}, progress, "cli")

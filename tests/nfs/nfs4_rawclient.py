@@ -21,7 +21,9 @@ def auth_sys(uid=0, gid=0, machine="raw") -> bytes:
 
 
 class RawClient:
-    def __init__(self, port: int, host: str = "127.0.0.1", source: str | None = None, uid=0, gid=0):
+    def __init__(self, port: int, host: str = "127.0.0.1", source: str | None = None, uid=0, gid=0,
+                 minor: int = 1):
+        self.minor = minor  # of the COMPOUNDs that name none (2: NFSv4.2)
         self.sock = socket.create_connection((host, port), timeout=20,
                                              source_address=(source, 0) if source else None)
         self.xid = 1
@@ -73,7 +75,8 @@ class RawClient:
         return buf
 
     # -- COMPOUND -------------------------------------------------------------------------
-    def compound_bytes(self, ops, minor=1, tag=b"") -> bytes:
+    def compound_bytes(self, ops, minor=None, tag=b"") -> bytes:
+        minor = self.minor if minor is None else minor
         p = Packer()
         t.COMPOUND4args_head.pack(p, (tag, minor))
         UInt.pack(p, len(ops))
@@ -82,7 +85,7 @@ class RawClient:
             t.ARGS[opnum].pack(p, args)
         return p.getvalue()
 
-    def compound(self, ops, minor=1, raw_reply=False):
+    def compound(self, ops, minor=None, raw_reply=False):
         reply = self.call_raw(1, self.compound_bytes(ops, minor))
         if raw_reply:
             return reply
@@ -138,8 +141,9 @@ class RawClient:
             t.ARGS[c.OP_SEQUENCE](self.sessionid, self.seq[slot], slot, 7, cachethis),
         )
 
-    def session(self, ops, slot=0, bump=True, raw_reply=False):
-        return self.compound([self.sequence_op(slot, bump)] + list(ops), raw_reply=raw_reply)
+    def session(self, ops, slot=0, bump=True, raw_reply=False, minor=None):
+        return self.compound([self.sequence_op(slot, bump)] + list(ops), minor=minor,
+                             raw_reply=raw_reply)
 
     # -- NFSv4.0 (minor version 0: no session; client id by SETCLIENTID) --------------------
     def v40(self, ops, raw_reply=False):

@@ -1,4 +1,5 @@
-"""Well-formed COMPOUNDs of every NFSv4.1 operation with hypothesis-drawn arguments (random
+"""Well-formed COMPOUNDs of every NFSv4.1 and NFSv4.2 operation (minor version 1 or 2, drawn:
+4.2's operations in a minor 1 COMPOUND meet OP_ILLEGAL) with hypothesis-drawn arguments (random
 names and bytes, huge offsets, lengths and sizes, handles valid, mutated, of another export or
 moved out of this one, stateids real and made up, random bitmaps and attributes), inside a
 real session: no reply is SERVERFAULT, every reply decodes, and a good client keeps working
@@ -106,7 +107,7 @@ def test_every_operation_with_drawn_arguments(stack, capsys):
             current, current,
             st.lists(st.sampled_from(in_session).flatmap(op), min_size=1, max_size=3))
         alone = st.sampled_from(SESSIONLESS).flatmap(op).map(lambda one: (None, None, [one]))
-        compound = st.one_of(*[in_a_session] * 9, alone)
+        compound = st.tuples(st.one_of(*[in_a_session] * 9, alone), st.sampled_from([1, 2]))
 
         sent = [0]
         faults = []
@@ -132,12 +133,13 @@ def test_every_operation_with_drawn_arguments(stack, capsys):
                   suppress_health_check=list(HealthCheck))
         @given(compound)
         def one(drawn):
-            current, saved, ops = drawn
+            (current, saved, ops), minor = drawn
             if current is None:  # a session-less operation alone
-                body = raw.compound_bytes(ops)
+                body = raw.compound_bytes(ops, minor)
             else:
                 body = raw.compound_bytes([raw.sequence_op(), (c.OP_PUTFH, saved),
-                                           (c.OP_SAVEFH, None), (c.OP_PUTFH, current), *ops])
+                                           (c.OP_SAVEFH, None), (c.OP_PUTFH, current), *ops],
+                                          minor)
             reply = raw.call_raw(1, body)
             sent[0] += 1
             status, results = raw.parse(reply)
@@ -153,7 +155,7 @@ def test_every_operation_with_drawn_arguments(stack, capsys):
             stop.set()
             worker.join(60)
         with capsys.disabled():
-            print(f"\nNFSv4.1 operation fuzz: {sent[0]} COMPOUNDs, no SERVERFAULT; "
+            print(f"\nNFSv4.1/4.2 operation fuzz: {sent[0]} COMPOUNDs, no SERVERFAULT; "
                   f"the good client did {good_rounds[0]} rounds")
         assert not faults
         assert not good_errors, good_errors[:3]

@@ -41,8 +41,11 @@ def test_rpc_level_errors(server):
 
 def test_minor_versions_and_unknown_ops(server):
     raw = RawClient(server.port)
-    st, res = raw.compound([(c.OP_PUTROOTFH, None)], minor=2)
+    st, res = raw.compound([(c.OP_PUTROOTFH, None)], minor=3)
     assert st == c.NFS4ERR_MINOR_VERS_MISMATCH and res == []
+    # minor version 2 is served (tests/nfs/test_v42.py) with 4.1's session rules
+    st, res = raw.compound([(c.OP_PUTROOTFH, None)], minor=2)
+    assert st == c.NFS4ERR_OP_NOT_IN_SESSION
     # minor version 0 is served (tests/nfs/test_v40.py): no SEQUENCE needed
     st, res = raw.compound([(c.OP_PUTROOTFH, None)], minor=0)
     assert st == 0 and res == [(c.OP_PUTROOTFH, 0, None)]

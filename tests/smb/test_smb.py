@@ -161,6 +161,11 @@ def test_a_file_written_over_nfs_reads_over_smb_at_once_and_back(served, smb_ses
     # renamed over NFS: the old name is gone over SMB at once
     nfs.rename("/coherent.txt", "/coherent-2.txt")
     assert "coherent.txt" not in smb.listdir(unc(served, "export"), port=port)
+    # the mount's kernel caches are dropped by the invalidation thread, not inside the NFS
+    # call: on a loaded machine that can take a moment (bounded by the 1 s entry timeout)
+    deadline = time.monotonic() + 2.0
+    while (served.mount / "coherent.txt").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not (served.mount / "coherent.txt").exists()
     # and the other way round
     with smb.open_file(unc(served, "export", "coherent-2.txt"), mode="wb", port=port) as f:

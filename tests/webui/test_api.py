@@ -192,8 +192,14 @@ def test_openapi_document_declares_every_endpoint_with_bounds(app):
     api_rules = {(r.rule, m) for r in app.url_map.iter_rules() if r.rule.startswith("/api/v1/")
                  and r.rule != "/api/v1/openapi.json" for m in r.methods - {"HEAD", "OPTIONS"}}
     import re
-    documented = {(re.sub(r"\{(\w+)\}", lambda m: f"<int:{m.group(1)}>", path), method.upper())
-                  for path, ops in doc["paths"].items() for method in ops}
+
+    def rule_of(path: str, op: dict) -> str:  # {id} -> <int:id>, {name} (a string) -> <name>
+        kinds = {p["name"]: p["schema"]["type"] for p in op.get("parameters", ())
+                 if p["in"] == "path"}
+        return re.sub(r"\{(\w+)\}", lambda m: f"<int:{m.group(1)}>"
+                      if kinds[m.group(1)] == "integer" else f"<{m.group(1)}>", path)
+    documented = {(rule_of(path, op), method.upper()) for path, ops in doc["paths"].items()
+                  for method, op in ops.items()}
     assert documented == api_rules
     rule = doc["paths"]["/api/v1/retention/rules"]["post"]["requestBody"]["content"][
         "application/json"

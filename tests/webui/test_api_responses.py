@@ -61,18 +61,47 @@ def test_real_responses_match_their_schemas(web, appliance):
     _, catalog = appliance
     exports.ensure_default(catalog)
     jobs.submit(catalog, "scrub", {}, actor="test")
+    from engine.alerts import AlertService, Finding
+
+    [raised] = AlertService(catalog).apply(
+        "drive_failed", [Finding("drive:1", "critical", "drive 1")]
+    )
+    alert_id = raised.alert.id
     made = {
+        ("post", "/api/v1/alerts/{alert_id}/ack"): web.api(
+            "POST", f"/api/v1/alerts/{alert_id}/ack"
+        ),
+        ("post", "/api/v1/drives"): web.api("POST", "/api/v1/drives", json={"path": "/srv/d-new"}),
+        ("post", "/api/v1/drives/{drive_id}/replace"): web.api(
+            "POST", "/api/v1/drives/1/replace", json={"path": "/srv/d-new2", "preallocate": True}
+        ),
         ("post", "/api/v1/retention/rules"): web.api(
             "POST", "/api/v1/retention/rules", json={"pattern": "/x/*", "keep": 2}
         ),
         ("post", "/api/v1/tokens"): web.api("POST", "/api/v1/tokens", json={"name": "ci"}),
         ("post", "/api/v1/jobs"): web.api("POST", "/api/v1/jobs", json={"kind": "scrub"}),
+        # a real Samba passdb under the appliance's data folder (pdbedit; no smbd needed)
+        ("post", "/api/v1/smb/users"): web.api(
+            "POST", "/api/v1/smb/users", json={"name": "alice", "password": "pw-1"}
+        ),
+        ("post", "/api/v1/smb/shares"): web.api(
+            "POST", "/api/v1/smb/shares", json={"name": "data", "users": "alice"}
+        ),
     }
+    share_id = made[("post", "/api/v1/smb/shares")].get_json()["id"]
+    made[("put", "/api/v1/smb/users/{name}/password")] = web.api(
+        "PUT", "/api/v1/smb/users/alice/password", json={"password": "pw-2"}
+    )
+    made[("patch", "/api/v1/smb/shares/{share_id}")] = web.api(
+        "PATCH", f"/api/v1/smb/shares/{share_id}", json={"access": "ro"}
+    )
     doc = web.get("/api/v1/openapi.json").get_json()
     components = doc["components"]["schemas"]
     rule_id = made[("post", "/api/v1/retention/rules")].get_json()["id"]
     export_id = exports.list_exports(catalog)[0].id
-    ids = {"drive_id": 1, "rule_id": rule_id, "job_id": 1, "export_id": export_id}
+    ids = {"drive_id": 1, "rule_id": rule_id, "job_id": 1, "export_id": export_id,
+           "share_id": share_id, "name": "alice",
+           "alert_id": alert_id}
     checked = 0
     for path, ops in doc["paths"].items():
         for method, op in ops.items():
@@ -98,3 +127,9 @@ def test_real_responses_match_their_schemas(web, appliance):
                 )
             checked += 1
     assert checked >= 15
+    for rule in ("/api/v1/smb/shares/{share_id}", "/api/v1/smb/users/{name}"):
+        response = web.api("DELETE", rule.format(**ids))
+        op = doc["paths"][rule]["delete"]
+        assert response.status_code == 200, response.get_data(as_text=True)
+        check(response.get_json(), op["responses"]["200"]["content"]["application/json"]["schema"],
+              components, f"DELETE {rule}")

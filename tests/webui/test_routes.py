@@ -81,6 +81,8 @@ def test_every_page_renders_signed_in(web, app):
             "trash_days": "7",
         },
     )
+    assert web.post("/smb/shares", {"name": "data", "path": "/", "access": "rw",
+                                    "clients": "10.0.0.0/8", "guest": "on"}).status_code == 302
     for url in pages:
         response = web.get(url)
         assert response.status_code == 200, (url, response.status_code)

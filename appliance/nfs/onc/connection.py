@@ -30,7 +30,7 @@ import termios
 import threading
 import time
 
-from appliance.nfs.onc.limits import SCAN_BUFFER_MAX, RateLimitedLog
+from appliance.nfs.onc.limits import SCAN_BUFFER_MAX
 from appliance.nfs.onc.rpc import (
     GARBAGE_ARGS,
     PROG_UNAVAIL,
@@ -43,15 +43,14 @@ from appliance.nfs.onc.rpc import (
     success_head,
 )
 from appliance.nfs.onc.xdr import XdrError
+from engine.ratelog import RateLimitedLog
 
 log = logging.getLogger("shingle.nfs.rpc")
 
 LAST_FRAGMENT = 0x80000000
 _HDR = struct.Struct(">I")
 # one line a minute for events a hostile client can repeat per connection
-_limit_log = RateLimitedLog(log)
-_oversize_log = RateLimitedLog(log)
-_record_timeout_log = RateLimitedLog(log)
+_limits_log = RateLimitedLog(log)  # one line a minute per limit, whatever the clients do
 
 
 class RpcConnection(asyncio.BufferedProtocol):
@@ -107,8 +106,9 @@ class RpcConnection(asyncio.BufferedProtocol):
         self.peer = (peer[0], peer[1]) if peer else ("?", 0)
         limit = self.limits.max_connections
         if len(self.server.connections) >= limit:
-            _limit_log.warning("connection limit reached (nfs.max_connections = %d): closing "
-                               "new connections, the latest from %s", limit, self.peer[0])
+            _limits_log.warning(
+                "max_connections", "connection limit reached (nfs.max_connections = %d): "
+                "closing new connections, the latest from %s", limit, self.peer[0])
             self.closed = True
             transport.abort()
             return
@@ -246,9 +246,10 @@ class RpcConnection(asyncio.BufferedProtocol):
             last = bool(header & LAST_FRAGMENT)
             length = header & 0x7FFFFFFF
             if self.frags_len + length > self.max_record:
-                _oversize_log.warning("record of %d+ bytes from %s exceeds nfs.max_record_size "
-                                      "(%d): closing the connection", self.frags_len + length,
-                                      self.peer[0], self.max_record)
+                _limits_log.warning(
+                    "max_record_size", "record of %d+ bytes from %s exceeds nfs.max_record_size "
+                    "(%d): closing the connection", self.frags_len + length, self.peer[0],
+                    self.max_record)
                 self.abort()
                 return
             start = self.rstart + 4
@@ -296,7 +297,7 @@ class RpcConnection(asyncio.BufferedProtocol):
         self.held_buffers += size - len(buf)
         self.direct = [grown, filled, length, last]
 
-    def _retry_starved(self) -> None:
+    def retry_starved(self) -> None:
         """On the loop, once bytes were given back: retry the buffer this connection waits
         for."""
         if not self.starved or self.closed:
@@ -378,7 +379,7 @@ class RpcConnection(asyncio.BufferedProtocol):
 
     def _wake(self) -> None:
         if self.starved:
-            self._retry_starved()
+            self.retry_starved()
         else:
             self._update_reading()
 
@@ -416,7 +417,8 @@ class RpcConnection(asyncio.BufferedProtocol):
             return
         limits = self.limits
         if self.writing_paused and now - self.writing_paused_since > limits.record_timeout:
-            _record_timeout_log.warning(
+            _limits_log.warning(
+                "record_timeout",
                 "%s has not read its replies for %g s (nfs.record_timeout_seconds): closing the "
                 "connection", self.peer[0], limits.record_timeout)
             self.abort()
@@ -424,9 +426,13 @@ class RpcConnection(asyncio.BufferedProtocol):
         if self.record_since is not None:
             held_by_server = self.reading_paused and not (self.writing_paused or self.starved)
             if not held_by_server and now - self.record_since > limits.record_timeout:
-                _record_timeout_log.warning(
+                _limits_log.warning(
+                    "record_incomplete",
                     "a record from %s was not complete after %g s (nfs.record_timeout_seconds): "
-                    "closing the connection", self.peer[0], limits.record_timeout)
+                    "closing the connection",
+                    self.peer[0],
+                    limits.record_timeout,
+                )
                 self.abort()
             return
         if self.in_flight or self.transport.get_write_buffer_size() or self._to_loop:
@@ -535,4 +541,4 @@ def wake_starved(budget) -> None:
     for conn in list(budget.waiting):
         if budget.held >= budget.limit:
             return
-        conn._retry_starved()
+        conn.retry_starved()

@@ -10,9 +10,7 @@ Past either budget the connection stops reading, so TCP pushes back on the
 client; it reads again as its calls are answered."""
 from __future__ import annotations
 
-import logging
 import threading
-import time
 from dataclasses import dataclass
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -90,24 +88,3 @@ class RequestBudget:
         with self._lock:
             self.held -= n
             return bool(self.waiting) and self.held < self.limit
-
-
-class RateLimitedLog:
-    """One log line per ``interval`` seconds for an event that may repeat per connection,
-    with the count of events since the last line."""
-
-    def __init__(self, logger: logging.Logger, interval: float = 60.0):
-        self.logger = logger
-        self.interval = interval
-        self._last = -interval
-        self._suppressed = 0
-
-    def warning(self, msg: str, *args) -> None:
-        now = time.monotonic()
-        if now - self._last < self.interval:
-            self._suppressed += 1
-            return
-        if self._suppressed:
-            msg += f" ({self._suppressed} more since the last report)"
-        self._last, self._suppressed = now, 0
-        self.logger.warning(msg, *args)

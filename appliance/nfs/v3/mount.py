@@ -10,16 +10,22 @@ import errno
 import logging
 import threading
 
-from appliance.log import Throttled
 from appliance.nfs import access
 from appliance.nfs.fh import KIND_FILE
-from appliance.nfs.onc.rpc import PROC_UNAVAIL, InWorker, RpcReject, accepted, decode_args
+from appliance.nfs.onc.rpc import (
+    PROC_UNAVAIL,
+    InWorker,
+    RpcReject,
+    accepted,
+    decode_args,
+)
 from appliance.nfs.onc.xdr import Packer
 from appliance.nfs.v3 import types as t
 from engine.catalog.models import DIR
+from engine.ratelog import RateLimitedLog
 
 log = logging.getLogger("shingle.nfs.mount")
-_refusals = Throttled(log)
+_refusals = RateLimitedLog(log)
 
 ERRNO_TO_MNT3 = {errno.ENOENT: t.MNT3ERR_NOENT, errno.EACCES: t.MNT3ERR_ACCES,
                  errno.ENOTDIR: t.MNT3ERR_NOTDIR, errno.EINVAL: t.MNT3ERR_INVAL,

@@ -67,9 +67,8 @@ def _statfs(s: AttrSubject):
 
 
 # bit -> (xdr type, getter(subject) or None when only settable, settable)
-ATTRS: dict[int, tuple] = {
-    c.FATTR4_SUPPORTED_ATTRS: (bitmap4, lambda s: SUPPORTED_BITMAP if s.minor else
-                               SUPPORTED_BITMAP_40, False),
+ATTRS = {
+    c.FATTR4_SUPPORTED_ATTRS: (bitmap4, lambda s: SUPPORTED_BY_MINOR[s.minor], False),
     c.FATTR4_TYPE: (UInt, lambda s: s.attr.type, False),
     c.FATTR4_FH_EXPIRE_TYPE: (UInt, lambda s: c.FH4_PERSISTENT, False),
     c.FATTR4_CHANGE: (UHyper, lambda s: s.attr.change, False),
@@ -118,6 +117,13 @@ ATTRS: dict[int, tuple] = {
     c.FATTR4_MOUNTED_ON_FILEID: (UHyper, lambda s: s.mounted_on_fileid, False),
     c.FATTR4_FS_LAYOUT_TYPES: (Array(UInt), lambda s: [], False),
     c.FATTR4_SUPPATTR_EXCLCREAT: (bitmap4, lambda s: EXCLCREAT_BITMAP, False),
+    # NFSv4.2 (RFC 7862 12.2, RFC 8276 8.2): extents are shared at byte granularity, so CLONE
+    # needs no alignment; space_freed counts shared extents too (an upper bound); change is a
+    # counter that only grows
+    c.FATTR4_CLONE_BLKSIZE: (UInt, lambda s: 1, False),
+    c.FATTR4_SPACE_FREED: (UHyper, lambda s: (s.attr.size + 4095) & ~4095, False),
+    c.FATTR4_CHANGE_ATTR_TYPE: (UInt, lambda s: c.NFS4_CHANGE_TYPE_IS_MONOTONIC_INCR, False),
+    c.FATTR4_XATTR_SUPPORT: (Bool, lambda s: True, False),
 }
 
 
@@ -143,8 +149,12 @@ def from_bitmap(words) -> list[int]:
 
 
 SUPPORTED = sorted(ATTRS)
-SUPPORTED_BITMAP: list[int] = to_bitmap(SUPPORTED)
-SUPPORTED_BITMAP_40: list[int] = to_bitmap(b for b in SUPPORTED if b <= c.LAST_FATTR4_40)
+SUPPORTED_BITMAP = to_bitmap(SUPPORTED)
+SUPPORTED_BITMAP_40 = to_bitmap(b for b in SUPPORTED if b <= c.LAST_FATTR4_40)
+SUPPORTED_BITMAP_41 = to_bitmap(b for b in SUPPORTED if b <= c.LAST_FATTR4_41)
+SUPPORTED_BY_MINOR: dict[int, list[int]] = {
+    0: SUPPORTED_BITMAP_40, 1: SUPPORTED_BITMAP_41, 2: SUPPORTED_BITMAP}
+_WORD2_41 = (1 << (c.LAST_FATTR4_41 - 63)) - 1  # word 2's bits an NFSv4.1 server has
 SETTABLE = frozenset(b for b, (_, _, settable) in ATTRS.items() if settable)
 EXCLCREAT_BITMAP: list[int] = to_bitmap(
     [c.FATTR4_SIZE, c.FATTR4_MODE, c.FATTR4_OWNER, c.FATTR4_OWNER_GROUP])
@@ -163,7 +173,10 @@ def _plan(words) -> tuple:
 
 
 def encode(words, subject: AttrSubject):
-    """fattr4 for the requested bitmap: unsupported bits are left out."""
+    """fattr4 for the requested bitmap: unsupported bits (and NFSv4.2's, asked in an NFSv4.1
+    COMPOUND) are left out."""
+    if len(words) > 2 and words[2] & ~_WORD2_41 and subject.minor < c.MINOR_VERSION_42:
+        words = [*words[:2], words[2] & _WORD2_41]
     mask, steps = _plan(words)
     p = Packer()
     for pack, get in steps:

@@ -11,8 +11,10 @@ returns a Handoff; the worker carries the COMPOUND on from that operation,
 with the slot its SEQUENCE took and the results so far. A stat costs one thread
 hand-off less (in process, nfs-rs: 0.356 -> 0.277 ms for LOOKUP+GETATTR and GETATTR).
 
-A COMPOUND of another minor version goes to the executor registered for it in
-``MINOR_EXECUTORS`` (NFSv4.0: appliance.nfs.v4.compound40), always in a worker."""
+NFSv4.2 (RFC 7862) is NFSv4.1 plus operations and attributes: this executor runs minor versions
+1 and 2 under the same session rules, and a minor 1 COMPOUND gets NFS4ERR_OP_ILLEGAL for an
+operation only 4.2 defines. A COMPOUND of another minor version goes to the executor registered
+for it in ``MINOR_EXECUTORS`` (NFSv4.0: appliance.nfs.v4.compound40), always in a worker."""
 from __future__ import annotations
 
 import functools
@@ -45,7 +47,11 @@ NOT_SUPPORTED = frozenset({
     c.OP_OPEN_CONFIRM, c.OP_RENEW, c.OP_SETCLIENTID, c.OP_SETCLIENTID_CONFIRM,
     c.OP_RELEASE_LOCKOWNER, c.OP_OPENATTR, c.OP_DELEGPURGE, c.OP_GET_DIR_DELEGATION,
     c.OP_GETDEVICEINFO, c.OP_GETDEVICELIST, c.OP_LAYOUTCOMMIT, c.OP_LAYOUTGET,
-    c.OP_LAYOUTRETURN, c.OP_SET_SSV, c.OP_WANT_DELEGATION})
+    c.OP_LAYOUTRETURN, c.OP_SET_SSV, c.OP_WANT_DELEGATION,
+    # NFSv4.2: no pNFS, no asynchronous COPY (no callback channel), no inter-server COPY
+    c.OP_COPY_NOTIFY, c.OP_IO_ADVISE, c.OP_LAYOUTERROR, c.OP_LAYOUTSTATS, c.OP_OFFLOAD_CANCEL,
+    c.OP_OFFLOAD_STATUS, c.OP_WRITE_SAME})
+MINOR_VERSIONS = (c.MINOR_VERSION, c.MINOR_VERSION_42)
 # What the event loop may run from the caches (READ from fragments already read): nothing here
 # changes state but the SEQUENCE slot (not VERIFY/NVERIFY: decoding an owner name may read
 # /etc/passwd)
@@ -148,7 +154,7 @@ def _start(server, conn_state, rpc_cred, address, record, pos):
     except XdrError:
         return [bytes(reply_head(c.NFS4ERR_BADXDR, b"", 0))]
     tag = bytes(tag)
-    if minor != c.MINOR_VERSION:
+    if minor not in MINOR_VERSIONS:
         other = MINOR_EXECUTORS.get(minor)
         if other is None:
             return [bytes(reply_head(c.NFS4ERR_MINOR_VERS_MISMATCH, tag, 0))]
@@ -159,7 +165,9 @@ def _start(server, conn_state, rpc_cred, address, record, pos):
         return [bytes(reply_head(c.NFS4ERR_BADXDR, tag, 0))]
     if count > (len(record) - pos) // 4:
         return [bytes(reply_head(c.NFS4ERR_BADXDR, tag, 0))]
-    return _Run(Compound(server, conn_state, rpc_cred, address), tag, count, pos)
+    cx = Compound(server, conn_state, rpc_cred, address)
+    cx.minor = minor
+    return _Run(cx, tag, count, pos)
 
 
 def _run(run: _Run, record, from_cache: bool) -> list:
@@ -182,7 +190,8 @@ def _run(run: _Run, record, from_cache: bool) -> list:
                 break
             if from_cache and opnum not in FROM_CACHE_OPS:
                 raise _Stop()
-            if opnum not in ARGS and opnum not in NOT_SUPPORTED:
+            if (opnum not in ARGS and opnum not in NOT_SUPPORTED
+                    or opnum > c.LAST_OP_41 and cx.minor < c.MINOR_VERSION_42):
                 status = c.NFS4ERR_OP_ILLEGAL
                 emit_result(p, c.OP_ILLEGAL, status, None)
                 run.done += 1
@@ -373,9 +382,5 @@ def _sequence(cx: Compound, a, count: int, fingerprint, size: int, tag_len: int)
         cl = sess.client
         # a session that outlived a restart: the client must reclaim its opens and locks
         # (RFC 8881 section 18.46.3) until its RECLAIM_COMPLETE
-        flags = (
-            c.SEQ4_STATUS_RESTART_RECLAIM_NEEDED
-            if cl.may_reclaim and not cl.reclaim_complete
-            else 0
-        )
+        flags = c.SEQ4_STATUS_RESTART_RECLAIM_NEEDED if cl.reclaim_needed else 0
         return _SEQUENCE_OK.cls(sess.id, a.sequenceid, a.slotid, highest, highest, flags)

@@ -82,6 +82,9 @@ class Client:
     last_renew: float = field(default_factory=time.monotonic)
     may_reclaim: bool = False
     reclaim_complete: bool = False
+    # a session restored after a restart: its opens and locks died with the previous
+    # instance; SEQUENCE asks the client to reclaim them until its next RECLAIM_COMPLETE
+    reclaim_needed: bool = False
     states: set = field(default_factory=set)  # stateid "other" values
     minor: int = 1
     # NFSv4.0 only: SETCLIENTID's confirm verifier and callback (recorded, never called: no
@@ -206,7 +209,8 @@ class StateTable:
 
     def _maybe_end_grace_early(self) -> None:
         # every previous client has reclaimed: no reason to hold new ones back
-        done = {cl.owner for cl in self.clients.values() if cl.reclaim_complete}
+        done = {cl.owner for cl in self.clients.values()
+                if cl.reclaim_complete and not cl.reclaim_needed}
         if self.grace_end and self.reclaimable <= done:
             self._end_grace()
 
@@ -254,12 +258,13 @@ class StateTable:
                 owner = bytes.fromhex(rec["owner"])
                 cl = self.by_owner.get(owner)
                 if cl is None:
-                    # opens and locks died with the previous instance: the client must
-                    # reclaim them (SEQUENCE tells it so) before its RECLAIM_COMPLETE
                     cl = Client(int(rec["clientid"]), owner, bytes.fromhex(rec["verifier"]),
                                 tuple(rec["principal"]), rec["address"], confirmed=True,
-                                cs_sequence=int(rec["cs_sequence"]), reclaim_complete=False)
-                    cl.may_reclaim = True
+                                cs_sequence=int(rec["cs_sequence"]),
+                                reclaim_complete=bool(rec["reclaim_complete"]))
+                    # a client that ignores SEQUENCE's flag (nfs-rs) still opens once the
+                    # grace period is over; the Linux client reclaims
+                    cl.may_reclaim = cl.reclaim_needed = True
                     self.clients[cl.clientid] = cl
                     self.by_owner[owner] = cl
                 fore = channel_attrs4.cls(*rec["fore"], [])
@@ -301,9 +306,9 @@ class StateTable:
 
     def reclaim_complete(self, cl: Client) -> None:
         with self.lock:
-            if cl.reclaim_complete:
+            if cl.reclaim_complete and not cl.reclaim_needed:
                 raise NfsError(c.NFS4ERR_COMPLETE_ALREADY, "RECLAIM_COMPLETE already done")
-            cl.reclaim_complete = True
+            cl.reclaim_complete, cl.reclaim_needed = True, False
             for sess in cl.sessions.values():
                 self._save_session(sess)
             self._maybe_end_grace_early()

@@ -1,5 +1,5 @@
-"""NFSv4.1 XDR declarations (RFC 5662) and NFSv4.0's own (RFC 7531), once; codecs derive
-from appliance.nfs.onc.xdr.
+"""NFSv4.1 XDR declarations (RFC 5662), NFSv4.0's own (RFC 7531) and NFSv4.2's additions
+(RFC 7863, extended attributes RFC 8276), once; codecs derive from appliance.nfs.onc.xdr.
 
 ``ARGS[op]`` / ``RESULTS[op]`` give each operation's argument and result types.
 Operations this server answers with NFS4ERR_NOTSUPP need no argument type:
@@ -166,6 +166,34 @@ ARGS = {
     c.OP_RELEASE_LOCKOWNER: state_owner4,
 }
 
+# -- NFSv4.2 (RFC 7863) ------------------------------------------------------------------
+netaddr4 = Struct("netaddr4", ("netid", String(NFS4_OPAQUE_LIMIT)),
+                  ("addr", String(NFS4_OPAQUE_LIMIT)))
+netloc4 = Union("netloc4", UInt, {c.NL4_NAME: utf8str, c.NL4_URL: utf8str,
+                                  c.NL4_NETADDR: netaddr4})
+xattrkey4 = component4  # RFC 8276: the name without its "user." prefix
+xattrvalue4 = Opaque(None, "xattrvalue4")
+range_args = (("stateid", stateid4), ("offset", UHyper), ("length", UHyper))
+ARGS_42 = {
+    c.OP_ALLOCATE: Struct("ALLOCATE4args", *range_args),
+    c.OP_DEALLOCATE: Struct("DEALLOCATE4args", *range_args),
+    c.OP_COPY: Struct("COPY4args", ("src_stateid", stateid4), ("dst_stateid", stateid4),
+                      ("src_offset", UHyper), ("dst_offset", UHyper), ("count", UHyper),
+                      ("consecutive", Bool), ("synchronous", Bool),
+                      ("source_server", Array(netloc4))),
+    c.OP_CLONE: Struct("CLONE4args", ("src_stateid", stateid4), ("dst_stateid", stateid4),
+                       ("src_offset", UHyper), ("dst_offset", UHyper), ("count", UHyper)),
+    c.OP_READ_PLUS: Struct("READ_PLUS4args", ("stateid", stateid4), ("offset", UHyper),
+                           ("count", UInt)),
+    c.OP_SEEK: Struct("SEEK4args", ("stateid", stateid4), ("offset", UHyper), ("what", UInt)),
+    c.OP_GETXATTR: xattrkey4,
+    c.OP_SETXATTR: Struct("SETXATTR4args", ("option", UInt), ("key", xattrkey4),
+                          ("value", xattrvalue4)),
+    c.OP_LISTXATTRS: Struct("LISTXATTRS4args", ("cookie", UHyper), ("maxcount", UInt)),
+    c.OP_REMOVEXATTR: xattrkey4,
+}
+ARGS.update(ARGS_42)
+
 # -- operation results ----------------------------------------------------------------------------
 LOCK4denied = Struct("LOCK4denied", ("offset", UHyper), ("length", UHyper), ("locktype", UInt),
                      ("owner", state_owner4))
@@ -236,6 +264,26 @@ RESULTS = {
                                     ("setclientid_confirm", verifier4)),
                              **{f"_{c.NFS4ERR_CLID_INUSE}": clientaddr4}),
 }
+
+copy_requirements4 = Struct("copy_requirements4", ("consecutive", Bool), ("synchronous", Bool))
+write_response4 = Struct("write_response4", ("callback_id", Array(stateid4, 1)),
+                         ("count", UHyper), ("committed", UInt), ("writeverf", verifier4))
+read_plus_content = Union("read_plus_content", UInt, {
+    c.NFS4_CONTENT_DATA: Struct("data4", ("offset", UHyper), ("data", Opaque())),
+    c.NFS4_CONTENT_HOLE: Struct("data_info4", ("offset", UHyper), ("length", UHyper))}, Void)
+RESULTS.update({
+    c.OP_COPY: result(Struct("COPY4resok", ("response", write_response4),
+                             ("requirements", copy_requirements4)),
+                      **{f"_{c.NFS4ERR_OFFLOAD_NO_REQS}": copy_requirements4}),
+    c.OP_READ_PLUS: result(Struct("read_plus_res4", ("eof", Bool),
+                                  ("contents", Array(read_plus_content)))),
+    c.OP_SEEK: result(Struct("seek_res4", ("eof", Bool), ("offset", UHyper))),
+    c.OP_GETXATTR: result(xattrvalue4),
+    c.OP_SETXATTR: result(change_info4),
+    c.OP_LISTXATTRS: result(Struct("LISTXATTRS4resok", ("cookie", UHyper),
+                                   ("names", Array(xattrkey4)), ("eof", Bool))),
+    c.OP_REMOVEXATTR: result(change_info4),
+})
 
 # The COMPOUND envelope (the op array is decoded one op at a time by the executor).
 COMPOUND4args_head = Struct("COMPOUND4args_head", ("tag", Opaque(NFS4_OPAQUE_LIMIT)),

@@ -168,6 +168,12 @@ def access(cx, want):
     is_dir = attr.type == DIR
     supported = c.ACCESS4_READ | c.ACCESS4_MODIFY | c.ACCESS4_EXTEND
     supported |= (c.ACCESS4_LOOKUP | c.ACCESS4_DELETE) if is_dir else c.ACCESS4_EXECUTE
+    if cx.minor >= c.MINOR_VERSION_42:  # RFC 8276 8.4.1.3: reading and listing go with READ
+        supported |= c.ACCESS4_XAREAD | c.ACCESS4_XAWRITE | c.ACCESS4_XALIST
+        if granted & c.ACCESS4_READ:
+            granted |= c.ACCESS4_XAREAD | c.ACCESS4_XALIST
+        if granted & c.ACCESS4_MODIFY:
+            granted |= c.ACCESS4_XAWRITE
     supported &= want
     return resok(c.OP_ACCESS).cls(supported, granted & supported)
 

@@ -110,7 +110,7 @@ def open_(cx, a):
     if claim == c.CLAIM_PREVIOUS:
         if not grace:
             raise NfsError(c.NFS4ERR_NO_GRACE, "reclaim outside the grace period")
-        if not cl.may_reclaim or cl.reclaim_complete:
+        if not cl.may_reclaim or (cl.reclaim_complete and not cl.reclaim_needed):
             raise NfsError(c.NFS4ERR_RECLAIM_BAD, "this client has nothing to reclaim")
         node = cx.need_file()
         attr = cx.ns.getattr(node.ino)
@@ -191,7 +191,7 @@ def close(cx, a):
         return cx.set_stateid(st)
 
 
-def _io_state(cx, node: Node, sid, want: int):
+def check_io_stateid(cx, node: Node, sid, want: int):
     """Check the stateid of a READ or WRITE; special stateids need permission."""
     sid = cx.stateid(sid)
     if cx.is_special(sid):
@@ -212,7 +212,7 @@ def _io_state(cx, node: Node, sid, want: int):
 @operation(c.OP_READ)
 def read(cx, a):
     node = cx.need_file()
-    _io_state(cx, node, a.stateid, c.OPEN4_SHARE_ACCESS_READ)
+    check_io_stateid(cx, node, a.stateid, c.OPEN4_SHARE_ACCESS_READ)
     # up to what the session's replies can carry: nfs4fs asks 2 MiB while maxread says 1 MiB,
     # and a short read would cost it a second round trip
     limit = cx.session.max_response - 1024 if cx.session is not None else MAX_IO
@@ -231,7 +231,7 @@ def read(cx, a):
 def write(cx, a):
     node = cx.need_file()
     cx.need_writable(node)
-    _io_state(cx, node, a.stateid, c.OPEN4_SHARE_ACCESS_WRITE)
+    check_io_stateid(cx, node, a.stateid, c.OPEN4_SHARE_ACCESS_WRITE)
     if a.stable > c.FILE_SYNC4:
         raise NfsError(c.NFS4ERR_INVAL, f"stable_how {a.stable}")
     if a.offset + len(a.data) > fattr.MAX_FILE_SIZE:

@@ -20,7 +20,7 @@ def lock(cx, a):
     if a.reclaim:
         if not grace:
             raise NfsError(c.NFS4ERR_NO_GRACE, "lock reclaim outside the grace period")
-        if not cl.may_reclaim or cl.reclaim_complete:
+        if not cl.may_reclaim or (cl.reclaim_complete and not cl.reclaim_needed):
             raise NfsError(c.NFS4ERR_RECLAIM_BAD, "this client has nothing to reclaim")
     else:
         check_new_lock(cl, grace)

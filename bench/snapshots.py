@@ -1,0 +1,165 @@
+"""Benchmark of versioned datasets (engine only, no NFS), for docs/ARCHITECTURE.md.
+
+a. Snapshot create and delete of a dataset of N files (100,000 by default) in 100 folders, each
+   file 4 KiB in an inline stripe of its own (the rows durable 4 KiB writes leave; a snapshot
+   copies rows and never reads data, so bytes per file do not matter, rows do).
+b. Live create, stat (getattr from the catalog: the cache is cleared first) and 4 KiB durable
+   write rates in another folder of the same catalog, before any snapshot and with 3 snapshots
+   of the big dataset held.
+c. CLONE of a large file written in 1 MiB commits (one extent per MiB): the time per extent,
+   and the stripes written (none).
+
+    .venv/bin/python bench/snapshots.py [--files N] [--clone-mib M] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import crc32c
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.catalog import Catalog, upgrade  # noqa: E402
+from engine.catalog.database import sql, sql_many  # noqa: E402
+from engine.datapath import DataPath  # noqa: E402
+from engine.drives import format_emulated  # noqa: E402
+from engine.erasure import load_policies  # noqa: E402
+from engine.namespace import ROOT, Namespace  # noqa: E402
+from engine.snapshots import Snapshots  # noqa: E402
+
+MiB = 1 << 20
+FOLDERS = 100
+LIVE_FILES = 1000
+
+
+def build_dataset(ns: Namespace, catalog: Catalog, files: int) -> int:
+    """/ds with ``files`` files of 4 KiB in FOLDERS folders, each file one extent of its own
+    inline stripe: the rows a durable 4 KiB write of each would leave (written as rows here, a
+    write each would take minutes)."""
+    ds = ns.mkdir(ROOT, ns.root_ino, "ds").ino
+    block = b"s" * 4096
+    checksum = crc32c.crc32c(block)
+    per_folder = files // FOLDERS
+    now = time.time_ns()
+    for f in range(FOLDERS):
+        folder = ns.mkdir(ROOT, ds, f"d{f:03d}").ino
+
+        def work(conn, folder=folder):
+            rows = []
+            for i in range(per_folder):
+                ino = sql(conn, "INSERT INTO inodes (generation, type, mode, uid, gid, size, "
+                                "nlink, rdev, atime_ns, mtime_ns, ctime_ns, btime_ns, change) "
+                                "VALUES (1, 1, 420, 0, 0, 4096, 1, 0, ?, ?, ?, ?, 1) "
+                                "RETURNING ino", (now, now, now, now)).fetchone()[0]
+                stripe = sql(conn, "INSERT INTO stripes (band_class, layout, k, m, backend, "
+                                   "data_length, fragment_length, compression, live_bytes, "
+                                   "created_ns) VALUES ('hot', 'inline', 1, 0, NULL, 4096, 4096, "
+                                   "NULL, 4096, ?) RETURNING id", (now,)).fetchone()[0]
+                rows.append((folder, f"f{i:05d}", ino, stripe))
+            sql_many(conn, "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
+                     [r[:3] for r in rows])
+            sql_many(conn, "INSERT INTO inline_data (stripe_id, length, checksum, data) "
+                           "VALUES (?, 4096, ?, ?)", [(r[3], checksum, block) for r in rows])
+            sql_many(conn, "INSERT INTO extents (ino, file_offset, length, stripe_id, "
+                           "stripe_offset) VALUES (?, 0, 4096, ?, 0)", [r[2:] for r in rows])
+        catalog.run(work)
+    ns.invalidate()
+    return ds
+
+
+def live_rates(ns: Namespace, label: str) -> dict:
+    folder = ns.mkdir(ROOT, ns.root_ino, f"live-{label}").ino
+    start = time.perf_counter()
+    inos = [ns.create(ROOT, folder, f"f{i}").ino for i in range(LIVE_FILES)]
+    create = LIVE_FILES / (time.perf_counter() - start)
+    ns.invalidate()
+    start = time.perf_counter()
+    for ino in inos:
+        ns.invalidate()
+        ns.getattr(ino)
+    stat = LIVE_FILES / (time.perf_counter() - start)
+    block = b"w" * 4096
+    start = time.perf_counter()
+    for ino in inos[:300]:
+        ns.write(ino, 0, block, stable=True)
+    write = 300 / (time.perf_counter() - start)
+    return {"create_per_s": round(create), "stat_per_s": round(stat),
+            "write_4k_stable_per_s": round(write)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=100_000)
+    parser.add_argument("--clone-mib", type=int, default=512)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="shingle-bench-snap-"))
+    try:
+        url = f"sqlite:///{folder}/catalog.db"
+        upgrade(url)
+        catalog = Catalog(url)
+        format_emulated(catalog, folder / "drives", 10, 4 * args.clone_mib * MiB // 10 + 512 * MiB,
+                        64 * MiB)
+        data = DataPath(catalog, load_policies({}), reserve_zones=1)
+        ns = Namespace(catalog, data=data)
+        snaps = Snapshots(ns)
+        out: dict = {"files": args.files}
+        start = time.perf_counter()
+        build_dataset(ns, catalog, args.files)
+        out["build_s"] = round(time.perf_counter() - start, 2)
+        out["live_before"] = live_rates(ns, "before")
+        times = []
+        for i in range(3):
+            start = time.perf_counter()
+            snaps.create("/ds", f"s{i}")
+            times.append(time.perf_counter() - start)
+        out["snapshot_create_s"] = [round(t, 3) for t in times]
+        out["live_with_3_snapshots"] = live_rates(ns, "after")
+        start = time.perf_counter()
+        listed = snaps.list("/ds")
+        out["list_s"] = round(time.perf_counter() - start, 3)
+        out["referenced_bytes"] = listed[0].referenced_bytes
+        start = time.perf_counter()
+        snaps.diff("/ds", "s0")
+        out["diff_vs_live_s"] = round(time.perf_counter() - start, 3)
+        times = []
+        for i in range(3):
+            start = time.perf_counter()
+            snaps.delete("/ds", f"s{i}")
+            times.append(time.perf_counter() - start)
+        out["snapshot_delete_s"] = [round(t, 3) for t in times]
+
+        big = ns.create(ROOT, ns.root_ino, "big").ino
+        chunk = b"b" * MiB
+        start = time.perf_counter()
+        for i in range(args.clone_mib):
+            ns.write(big, i * MiB, chunk, stable=True)
+        out["big_write_MBps"] = round(args.clone_mib * MiB / 1e6 / (time.perf_counter() - start), 1)
+        extents = catalog.read(lambda c: sql(c, "SELECT COUNT(*) FROM extents WHERE ino = ?",
+                                             (big,)).fetchone()[0])
+        stripes_before = catalog.read(
+            lambda c: sql(c, "SELECT COUNT(*) FROM stripes").fetchone()[0])
+        target = ns.create(ROOT, ns.root_ino, "big-clone").ino
+        start = time.perf_counter()
+        ns.clone_range(ROOT, big, 0, target, 0, 0)
+        clone_s = time.perf_counter() - start
+        stripes_after = catalog.read(lambda c: sql(c, "SELECT COUNT(*) FROM stripes").fetchone()[0])
+        out["clone"] = {"mib": args.clone_mib, "extents": extents, "seconds": round(clone_s, 4),
+                        "us_per_extent": round(clone_s / extents * 1e6, 1),
+                        "stripes_written": stripes_after - stripes_before,
+                        "extrapolated_10GiB_1MiB_extents_s": round(clone_s / extents * 10240, 3)}
+        data.close()
+        catalog.close()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    print(json.dumps(out, indent=None if args.json else 2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""`shingle snapshot ...` as an admin runs it: create, list --json, diff, clone, rollback,
+delete."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from appliance import config as config_mod
+from appliance.runtime import Appliance
+from engine.namespace import ROOT
+
+
+def shingle(*args, check=True):
+    run = subprocess.run([sys.executable, "-m", "appliance.cli", *args], capture_output=True,
+                         text=True)
+    if check:
+        assert run.returncode == 0, run.stderr
+    return run
+
+
+def _write(appliance, path: str, data: bytes) -> None:
+    ns = appliance.namespace
+    parent, name = path.rsplit("/", 1)
+    attr = ns.create(ROOT, ns.resolve(parent).ino, name, exclusive=False)
+    ns.setattr(ROOT, attr.ino, size=0)
+    ns.write(attr.ino, 0, data, stable=True)
+
+
+def _read(appliance, path: str) -> bytes:
+    ns = appliance.namespace
+    attr = ns.resolve(path)
+    return bytes(ns.read(attr.ino, 0, attr.size))
+
+
+def test_snapshot_commands(tmp_path):
+    home = tmp_path / "a"
+    shingle("init", str(home), "--drives", "10", "--drive-size", "64MiB", "--zone-size", "4MiB")
+    conf = str(home / "shingle.toml")
+    config = config_mod.load(conf)
+    with Appliance(config) as appliance:
+        ns = appliance.namespace
+        web = ns.mkdir(ROOT, ns.mkdir(ROOT, ns.root_ino, "datasets").ino, "web")
+        ns.mkdir(ROOT, web.ino, "img")
+        _write(appliance, "/datasets/web/index.html", b"<h1>v1</h1>")
+        _write(appliance, "/datasets/web/img/logo", b"L" * 100_000)
+
+    out = shingle("-c", conf, "snapshot", "create", "/datasets/web", "monday").stdout
+    assert "monday" in out
+    listed = json.loads(shingle("-c", conf, "snapshot", "list", "/datasets/web", "--json").stdout)
+    assert [s["name"] for s in listed] == ["monday"]
+    assert {"name", "created", "referenced_bytes", "unique_bytes"} <= set(listed[0])
+    assert listed[0]["referenced_bytes"] == 100_000 + len(b"<h1>v1</h1>")
+    assert listed[0]["unique_bytes"] == 0
+
+    with Appliance(config) as appliance:
+        _write(appliance, "/datasets/web/index.html", b"<h1>v2</h1>")
+        _write(appliance, "/datasets/web/new", b"n")
+        assert _read(appliance, "/datasets/web/.snapshots/monday/index.html") == b"<h1>v1</h1>"
+    diff = shingle("-c", conf, "snapshot", "diff", "/datasets/web", "monday").stdout.split("\n")
+    assert "M index.html" in diff and "+ new" in diff
+    as_json = json.loads(shingle("-c", conf, "snapshot", "diff", "/datasets/web", "monday",
+                                 "--json").stdout)
+    assert {"change": "added", "path": "new"} in as_json
+
+    shingle("-c", conf, "snapshot", "clone", "/datasets/web", "monday", "/datasets/web-monday")
+    shingle("-c", conf, "snapshot", "rollback", "/datasets/web", "monday")
+    with Appliance(config) as appliance:
+        assert _read(appliance, "/datasets/web/index.html") == b"<h1>v1</h1>"
+        assert _read(appliance, "/datasets/web-monday/img/logo") == b"L" * 100_000
+        _write(appliance, "/datasets/web-monday/index.html", b"clone's own")
+        assert _read(appliance, "/datasets/web/index.html") == b"<h1>v1</h1>"
+    assert shingle("-c", conf, "snapshot", "diff", "/datasets/web", "monday").stdout == ""
+
+    again = shingle("-c", conf, "snapshot", "create", "/datasets/web", "monday", check=False)
+    assert again.returncode == 1 and "exists" in again.stderr and "Traceback" not in again.stderr
+    shingle("-c", conf, "snapshot", "delete", "/datasets/web", "monday")
+    assert json.loads(shingle("-c", conf, "snapshot", "list", "/datasets/web",
+                              "--json").stdout) == []
+    missing = shingle("-c", conf, "snapshot", "delete", "/datasets/web", "monday", check=False)
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    report = json.loads(shingle("-c", conf, "fsck", "--json").stdout)
+    assert report["clean"], report["problems"]

@@ -1,0 +1,113 @@
+"""SIGKILL during snapshot create and delete and during clones: each is all or nothing.
+
+A forked child loops over: snapshot the dataset, clone its big file into a new file, delete the
+previous snapshot; it is killed at a random moment. After each kill, every snapshot listed holds
+the whole dataset, every clone is empty or whole, and fsck and the accounting are clean."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+from dphelpers import check_accounting
+
+from engine import fsck
+from engine import snapshots as snapshots_module
+from engine.catalog import Catalog, upgrade
+from engine.datapath import DataPath
+from engine.drives import format_emulated
+from engine.erasure import load_policies
+from engine.namespace import ROOT, Namespace
+from engine.snapshots import Snapshots
+
+ROUNDS = 8
+FILES = 150
+POLICIES = {"warm": {"fragment_size": 16384}, "cold": {"fragment_size": 16384},
+            "hot": {"fragment_size": 16384}}
+RNG = random.Random(77)
+
+
+def small(i: int) -> bytes:
+    return random.Random(i).randbytes(100 + i * 37)
+
+
+BIG = random.Random("big").randbytes(3 << 20)
+
+
+def open_engine(url: str):
+    catalog = Catalog(url)
+    data = DataPath(catalog, load_policies(POLICIES), reserve_zones=1)
+    return catalog, data, Namespace(catalog, data=data)
+
+
+def child(url: str, round_no: int, out: int) -> None:
+    snapshots_module.DELETE_CHUNK_INODES = 16  # kills land between a deletion's chunks too
+    catalog, data, ns = open_engine(url)
+    snaps = Snapshots(ns)
+    clones = ns.resolve("/clones").ino
+    big = ns.resolve("/ds/big").ino
+    os.write(out, b"READY\n")
+    i = 0
+    while True:
+        label = f"r{round_no}-{i}"
+        snaps.create("/ds", label)
+        target = ns.create(ROOT, clones, f"c-{label}").ino
+        ns.clone_range(ROOT, big, 0, target, 0, 0)
+        for old in snaps.list("/ds")[:-2]:
+            snaps.delete("/ds", old.name)
+        i += 1
+
+
+def test_kill_during_snapshot_and_clone_is_all_or_nothing(tmp_path):
+    url = f"sqlite:///{tmp_path}/catalog.db"
+    upgrade(url)
+    catalog = Catalog(url)
+    format_emulated(catalog, tmp_path / "drives", 10, 64 << 20, 1 << 20)
+    _, data, ns = open_engine(url)
+    ds = ns.mkdir(ROOT, ns.root_ino, "ds").ino
+    ns.mkdir(ROOT, ns.root_ino, "clones")
+    for i in range(FILES):
+        ns.write(ns.create(ROOT, ds, f"f{i:03d}").ino, 0, small(i))
+    ns.write(ns.create(ROOT, ds, "big").ino, 0, BIG)
+    data.close()
+    for round_no in range(ROUNDS):
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(read_end)
+                child(url, round_no, write_end)
+            finally:
+                os._exit(1)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as reader:
+            assert reader.readline().strip() == b"READY"
+            time.sleep(RNG.uniform(0.05, 0.6))
+            os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status), status
+        _, data, ns = open_engine(url)
+        try:
+            report = fsck.check(catalog, ns.root_ino)  # a deletion cut short is no problem
+            assert report.clean, report.problems
+            snaps = Snapshots(ns)
+            for info in snaps.list("/ds"):  # finishes a deletion cut short first
+                view = ns.resolve(f"/ds/.snapshots/{info.name}").ino
+                entries, _ = ns.readdir(ROOT, view, limit=10_000)
+                assert len(entries) == FILES + 1, info.name
+                for i in RNG.sample(range(FILES), 10):
+                    f = ns.lookup(ROOT, view, f"f{i:03d}")
+                    assert ns.read(f.ino, 0, f.size) == small(i)
+                assert info.referenced_bytes == len(BIG) + sum(len(small(i)) for i in range(FILES))
+            for entry in ns.readdir(ROOT, ns.resolve("/clones").ino, limit=10_000)[0]:
+                size = entry.attr.size
+                assert size in (0, len(BIG)), entry.name
+                if size:
+                    assert ns.read(entry.attr.ino, 0, size) == BIG, entry.name
+            check_accounting(catalog)
+            report = fsck.check(catalog, ns.root_ino)
+            assert report.clean, report.problems
+        finally:
+            data.close()
+    catalog.close()

@@ -1,0 +1,209 @@
+"""Snapshots of a dataset through the engine: views, read-only, space, delete, rollback, clone,
+diff.
+
+On SQLite and PostgreSQL (the ``engine`` fixture)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from dphelpers import KiB, check_accounting
+from sqlalchemy import func, select
+
+from engine import errors, fsck
+from engine.catalog.models import Stripe
+from engine.namespace import ROOT, Namespace
+from engine.snapshots import Snapshots
+
+STRIPES = Stripe.__table__
+
+
+def _write(ns, path: str, data: bytes):
+    parent, name = path.rsplit("/", 1)
+    dir_ino = ns.resolve(parent or "/").ino
+    attr = ns.create(ROOT, dir_ino, name, exclusive=False)
+    ns.setattr(ROOT, attr.ino, size=0)
+    ns.write(attr.ino, 0, data, stable=True)
+    return attr
+
+
+def _read(ns, path: str) -> bytes:
+    attr = ns.resolve(path)
+    return bytes(ns.read(attr.ino, 0, attr.size))
+
+
+def _check(engine):
+    check_accounting(engine.catalog)
+    report = fsck.check(engine.catalog, engine.ns.root_ino)
+    assert report.clean, report.problems
+
+
+def _stripes(catalog) -> int:
+    return catalog.read(lambda c: c.execute(select(func.count()).select_from(STRIPES)).scalar())
+
+
+@pytest.fixture
+def dataset(engine):
+    ns = engine.ns
+    ds = ns.mkdir(ROOT, ns.root_ino, "ds")
+    sub = ns.mkdir(ROOT, ds.ino, "sub")
+    files = {"/ds/a": random.Random(1).randbytes(300 * KiB), "/ds/sub/b": b"bee" * 1000,
+             "/ds/sub/c": random.Random(2).randbytes(1500 * KiB)}
+    for path, data in files.items():
+        _write(ns, path, data)
+    ns.symlink(ROOT, sub.ino, "link", "../a")
+    ns.setxattr(ROOT, ns.resolve("/ds/a").ino, "user.k", b"v")
+    ns.link(ROOT, ns.resolve("/ds/a").ino, sub.ino, "hard-a")
+    return files
+
+
+def test_snapshot_view_is_readable_read_only_and_hidden(engine, dataset):
+    ns, snaps = engine.ns, Snapshots(engine.ns)
+    stripes = _stripes(engine.catalog)
+    info = snaps.create("/ds", "s1")
+    assert info.name == "s1" and info.files == 6  # ds, sub, a, b, c, link (hard-a is a)
+    assert _stripes(engine.catalog) == stripes, "a snapshot writes no data"
+    for path in dataset:
+        _write(ns, path, b"changed")
+    for path, data in dataset.items():
+        assert _read(ns, path.replace("/ds/", "/ds/.snapshots/s1/")) == data
+    view = ns.resolve("/ds/.snapshots/s1")
+    assert ns.readlink(ns.resolve("/ds/.snapshots/s1/sub/link", follow=False).ino) == b"../a"
+    assert ns.getxattr(ROOT, ns.resolve("/ds/.snapshots/s1/a").ino, "user.k") == b"v"
+    assert ns.resolve("/ds/.snapshots/s1/sub/hard-a").ino == ns.resolve("/ds/.snapshots/s1/a").ino
+    assert ns.parent(view.ino).ino == ns.resolve("/ds/.snapshots").ino
+    names = [e.name for e in ns.readdir(ROOT, ns.resolve("/ds").ino)[0]]
+    assert ".snapshots" not in names and sorted(names) == ["a", "sub"]
+    assert [e.name for e in ns.readdir(ROOT, ns.resolve("/ds/.snapshots").ino)[0]] == ["s1"]
+    frozen = ns.resolve("/ds/.snapshots/s1/a")
+    attempts = [
+        lambda: ns.write(frozen.ino, 0, b"x"),
+        lambda: ns.setattr(ROOT, frozen.ino, size=0),
+        lambda: ns.setattr(ROOT, frozen.ino, mode=0o600),
+        lambda: ns.setxattr(ROOT, frozen.ino, "user.k", b"w"),
+        lambda: ns.removexattr(ROOT, frozen.ino, "user.k"),
+        lambda: ns.create(ROOT, view.ino, "new"),
+        lambda: ns.mkdir(ROOT, view.ino, "new"),
+        lambda: ns.unlink(ROOT, view.ino, "a"),
+        lambda: ns.rename(ROOT, view.ino, "a", ns.resolve("/ds").ino, "stolen"),
+        lambda: ns.link(ROOT, frozen.ino, ns.resolve("/ds").ino, "linked"),
+        lambda: ns.rmdir(ROOT, ns.resolve("/ds/.snapshots").ino, "s1"),
+        lambda: ns.rmdir(ROOT, ns.resolve("/ds").ino, ".snapshots"),
+        lambda: ns.rename(ROOT, ns.resolve("/ds").ino, ".snapshots", ns.root_ino, "x"),
+        lambda: ns.clone_range(ROOT, ns.resolve("/ds/a").ino, 0, frozen.ino, 0, 0),
+        lambda: ns.deallocate(ROOT, frozen.ino, 0, 10),
+    ]
+    for attempt in attempts:
+        with pytest.raises(errors.ReadOnly):
+            attempt()
+    with pytest.raises(errors.Exists):
+        ns.mkdir(ROOT, ns.resolve("/ds").ino, ".snapshots")
+    _check(engine)
+
+
+def test_a_second_namespace_sees_a_snapshot_taken_by_another(engine, dataset):
+    """What the CLI does with a daemon running: the daemon's caches follow the catalog."""
+    ns = engine.ns
+    frozen_path = "/ds/.snapshots/s1/a"
+    assert not ns.is_read_only(ns.resolve("/ds/a").ino)
+    with pytest.raises(errors.NotFound):
+        ns.resolve(frozen_path)
+    Snapshots(Namespace(engine.catalog)).create("/ds", "s1")  # another namespace, no data path
+    frozen = ns.resolve(frozen_path)
+    with pytest.raises(errors.ReadOnly):
+        ns.write(frozen.ino, 0, b"x")
+    assert ".snapshots" not in [e.name for e in ns.readdir(ROOT, ns.resolve("/ds").ino)[0]]
+
+
+def test_space_referenced_and_unique(engine, dataset):
+    ns, snaps = engine.ns, Snapshots(engine.ns)
+    total = sum(len(d) for d in dataset.values())  # hard-a is the inode of a: counted once
+    snaps.create("/ds", "s1")
+    [s1] = snaps.list("/ds")
+    assert s1.referenced_bytes == total and s1.unique_bytes == 0, "all shared with the live tree"
+    _write(ns, "/ds/sub/c", b"new")  # the old bytes of c are now the snapshot's alone
+    [s1] = snaps.list("/ds")
+    assert s1.unique_bytes == len(dataset["/ds/sub/c"])
+    snaps.create("/ds", "s2")
+    assert [s.name for s in snaps.list("/ds")] == ["s1", "s2"]
+    before = _stripes(engine.catalog)
+    assert snaps.delete("/ds", "s1") >= 1, "deleting it frees what only it referenced"
+    assert _stripes(engine.catalog) < before
+    assert [s.name for s in snaps.list("/ds")] == ["s2"]
+    with pytest.raises(errors.NotFound):
+        ns.resolve("/ds/.snapshots/s1")
+    with pytest.raises(errors.NotFound):
+        snaps.delete("/ds", "s1")
+    with pytest.raises(errors.Exists):
+        snaps.create("/ds", "s2")
+    _check(engine)
+
+
+def test_rollback_restores_the_tree_and_keeps_other_snapshots(engine, dataset):
+    ns, snaps = engine.ns, Snapshots(engine.ns)
+    snaps.create("/ds", "s1")
+    _write(ns, "/ds/a", b"A2")
+    _write(ns, "/ds/new", b"N")
+    ns.unlink(ROOT, ns.resolve("/ds/sub").ino, "b")
+    ns.setattr(ROOT, ns.resolve("/ds").ino, mode=0o700)
+    snaps.create("/ds", "s2")
+    assert sorted((e.change, e.path) for e in snaps.diff("/ds", "s1")) == [
+        ("added", "new"), ("changed", "a"), ("changed", "sub"), ("changed", "sub/hard-a"),
+        ("removed", "sub/b")]
+    snaps.rollback("/ds", "s1")
+    for path, data in dataset.items():
+        assert _read(ns, path) == data
+    assert ns.resolve("/ds/sub/hard-a").ino == ns.resolve("/ds/a").ino
+    with pytest.raises(errors.NotFound):
+        ns.resolve("/ds/new")
+    assert snaps.diff("/ds", "s1") == []
+    assert _read(ns, "/ds/.snapshots/s2/a") == b"A2", "later snapshots stay"
+    # the rolled-back files are writable, and their writes leave the snapshot alone
+    _write(ns, "/ds/a", b"A3")
+    assert _read(ns, "/ds/.snapshots/s1/a") == dataset["/ds/a"]
+    _check(engine)
+    for name in ("s1", "s2"):
+        snaps.delete("/ds", name)
+    _check(engine)
+
+
+def test_clone_is_writable_and_shares_stripes(engine, dataset):
+    ns, snaps = engine.ns, Snapshots(engine.ns)
+    snaps.create("/ds", "s1")
+    stripes = _stripes(engine.catalog)
+    snaps.clone("/ds", "s1", "/copy")
+    assert _stripes(engine.catalog) == stripes
+    for path, data in dataset.items():
+        assert _read(ns, path.replace("/ds/", "/copy/")) == data
+    _write(ns, "/copy/a", b"mine")
+    assert _read(ns, "/ds/.snapshots/s1/a") == dataset["/ds/a"]
+    assert _read(ns, "/ds/a") == dataset["/ds/a"]
+    with pytest.raises(errors.Exists):
+        snaps.clone("/ds", "s1", "/copy")
+    snaps.delete("/ds", "s1")
+    assert _read(ns, "/copy/sub/c") == dataset["/ds/sub/c"]
+    _check(engine)
+
+
+def test_diff_between_two_snapshots(engine, dataset):
+    ns, snaps = engine.ns, Snapshots(engine.ns)
+    snaps.create("/ds", "s1")
+    _write(ns, "/ds/sub/b", b"bee2")
+    snaps.create("/ds", "s2")
+    assert [(e.change, e.path) for e in snaps.diff("/ds", "s1", "s2")] == [
+        ("changed", "sub/b")]
+    assert snaps.diff("/ds", "s2") == []
+
+
+def test_snapshot_of_a_tree_holding_a_dataset_leaves_its_snapshots_out(engine, dataset):
+    ns, snaps = engine.ns, Snapshots(engine.ns)
+    snaps.create("/ds/sub", "inner")
+    snaps.create("/ds", "outer")
+    with pytest.raises(errors.NotFound):
+        ns.resolve("/ds/.snapshots/outer/sub/.snapshots")
+    assert _read(ns, "/ds/.snapshots/outer/sub/b") == dataset["/ds/sub/b"]
+    with pytest.raises(errors.NotEmpty):
+        snaps.rollback("/ds", "outer")  # it would drop /ds/sub's snapshots
+    with pytest.raises(errors.ReadOnly):
+        snaps.create("/ds/.snapshots/outer", "x")
+    _check(engine)
