@@ -6,6 +6,7 @@ themselves through their ``register(subparsers)``. Errors a user can fix
 (bad config, bad arguments, catalog out of date) print one line and exit 2;
 no traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,9 +56,11 @@ def find_config(explicit: str | None) -> Path:
     for path in tried:
         if path.is_file():
             return path.resolve()  # children (the web UI, gunicorn) may start in another folder
-    raise UsageError("no config file found: tried -c (not given), $SHINGLE_CONFIG (not set), "
-                     f"./{LOCAL_CONFIG} and {DEFAULT_CONFIG}; pass -c DIR/shingle.toml or "
-                     "export SHINGLE_CONFIG=DIR/shingle.toml (`shingle init DIR` makes one)")
+    raise UsageError(
+        "no config file found: tried -c (not given), $SHINGLE_CONFIG (not set), "
+        f"./{LOCAL_CONFIG} and {DEFAULT_CONFIG}; pass -c DIR/shingle.toml or "
+        "export SHINGLE_CONFIG=DIR/shingle.toml (`shingle init DIR` makes one)"
+    )
 
 
 def load_config(args) -> config_mod.Config:
@@ -76,8 +79,10 @@ def cmd_init(args) -> int:
     root = Path(args.dir).resolve()
     config_path = root / "shingle.toml"
     if config_path.exists():
-        raise UsageError(f"{config_path} exists: this folder is already initialized "
-                         "(remove it or choose another folder)")
+        raise UsageError(
+            f"{config_path} exists: this folder is already initialized "
+            "(remove it or choose another folder)"
+        )
     if args.drives < 1:
         raise UsageError(f"--drives {args.drives}: expected at least 1")
     overrides = {"appliance.data_dir": "."}
@@ -88,8 +93,9 @@ def cmd_init(args) -> int:
     if args.web_port is not None:
         overrides["webui.port"] = args.web_port
     if args.tls:
-        overrides.update({"webui.tls_cert_file": "webui-tls.crt",
-                          "webui.tls_key_file": "webui-tls.key"})
+        overrides.update(
+            {"webui.tls_cert_file": "webui-tls.crt", "webui.tls_key_file": "webui-tls.key"}
+        )
     text = config_mod.render(overrides, commented_defaults=True)
     config = config_mod.from_dict(__import__("tomllib").loads(text), config_path)
     policies = config.policies()
@@ -98,8 +104,10 @@ def cmd_init(args) -> int:
         for p in policies.values()
     )
     if args.drives < k_m:
-        raise UsageError(f"--drives {args.drives}: the band classes need at least {k_m} drives "
-                         "(a stripe puts each fragment on a different drive)")
+        raise UsageError(
+            f"--drives {args.drives}: the band classes need at least {k_m} drives "
+            "(a stripe puts each fragment on a different drive)"
+        )
     drives_dir = config.resolve("storage.drives_dir")
     zones_bytes = args.drives * (args.drive_size // args.zone_size) * args.zone_size
     if args.preallocate:
@@ -113,8 +121,14 @@ def cmd_init(args) -> int:
         # Like /tmp: any client user may create its own folders; with root_squash (the default
         # export) even a root client writes, as nobody, without the admin changing anything first.
         ns.setattr(ROOT, ns.root_ino, mode=0o1777)
-        drive_ids = format_emulated(catalog, drives_dir, args.drives, args.drive_size,
-                                    args.zone_size, preallocate=args.preallocate)
+        drive_ids = format_emulated(
+            catalog,
+            drives_dir,
+            args.drives,
+            args.drive_size,
+            args.zone_size,
+            preallocate=args.preallocate,
+        )
         ensure_default_export(catalog)
         password = secrets.token_urlsafe(12)
         accounts.create_admin(catalog, args.admin_user, password, actor="shingle init")
@@ -126,6 +140,7 @@ def cmd_init(args) -> int:
             write_private(secret, secrets.token_hex(32) + "\n")
         if args.tls:
             from appliance.tls import make_self_signed, names_for
+
             cert, key = config.resolve("webui.tls_cert_file"), config.resolve("webui.tls_key_file")
             for stale in (cert, key):
                 stale.unlink(missing_ok=True)
@@ -142,19 +157,27 @@ def cmd_init(args) -> int:
     print(f"  config:   {config_path}")
     print(f"  catalog:  {config.catalog_url}")
     fmt = format_size
-    print(f"  drives:   {len(drive_ids)} x {fmt(args.drive_size)} ({fmt(args.zone_size)} zones) "
-          f"in {drives_dir}")
+    print(
+        f"  drives:   {len(drive_ids)} x {fmt(args.drive_size)} ({fmt(args.zone_size)} zones) "
+        f"in {drives_dir}"
+    )
     if args.preallocate:
-        print(f"  disk:     {fmt(zones_bytes)} of real disk reserved now (zone files preallocated; "
-              "--no-preallocate makes them grow as written)")
+        print(
+            f"  disk:     {fmt(zones_bytes)} of real disk reserved now (zone files preallocated; "
+            "--no-preallocate makes them grow as written)"
+        )
     else:
-        print(f"  disk:     {fmt(_allocated_bytes(drives_dir))} of real disk now, growing as "
-              f"data is written, up to {fmt(zones_bytes)} (zone files not preallocated)")
+        print(
+            f"  disk:     {fmt(_allocated_bytes(drives_dir))} of real disk now, growing as "
+            f"data is written, up to {fmt(zones_bytes)} (zone files not preallocated)"
+        )
     print(f"  admin:    user {args.admin_user!r}, password in {password_file}")
     print(f"  use it:   export SHINGLE_CONFIG={config_path}")
     if args.tls:
-        print(f"  HTTPS:    self-signed certificate {config.resolve('webui.tls_cert_file')} "
-              f"(made with {made_by}; replace it with one your browsers trust)")
+        print(
+            f"  HTTPS:    self-signed certificate {config.resolve('webui.tls_cert_file')} "
+            f"(made with {made_by}; replace it with one your browsers trust)"
+        )
     return 0
 
 
@@ -165,9 +188,11 @@ def _check_room(drives_dir: Path, needed: int) -> None:
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     if needed > free:
-        raise UsageError(f"the zone files need {format_size(needed)} of real disk and {probe} has "
-                         f"{format_size(free)} free: use --no-preallocate (zone files grow as "
-                         "written), fewer --drives or a smaller --drive-size")
+        raise UsageError(
+            f"the zone files need {format_size(needed)} of real disk and {probe} has "
+            f"{format_size(free)} free: use --no-preallocate (zone files grow as "
+            "written), fewer --drives or a smaller --drive-size"
+        )
 
 
 def _allocated_bytes(folder: Path) -> int:
@@ -203,9 +228,11 @@ def cmd_status(args) -> int:
     )
     red = report["redundancy"]
     if red["under_protected"] or red["lost"]:
-        print(f"redundancy REDUCED: {red['under_protected']} of {red['stripes']} stripes "
-              f"under-protected, {red['no_redundancy']} with no redundancy left, {red['lost']} "
-              "lost; `shingle drives add PATH` / `drives replace OLD PATH`, then `shingle rebuild`")
+        print(
+            f"redundancy REDUCED: {red['under_protected']} of {red['stripes']} stripes "
+            f"under-protected, {red['no_redundancy']} with no redundancy left, {red['lost']} "
+            "lost; `shingle drives add PATH` / `drives replace OLD PATH`, then `shingle rebuild`"
+        )
     else:
         print(f"redundancy full: {red['stripes']} stripes, none under-protected")
     print(f"drives    {len(report['drives'])}")
@@ -235,8 +262,10 @@ def cmd_fsck(args) -> int:
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
-        print(f"{report.inodes} inodes, {report.dirents} entries, {report.extents} extents: "
-              f"{'clean' if report.clean else f'{len(report.problems)} problems'}")
+        print(
+            f"{report.inodes} inodes, {report.dirents} entries, {report.extents} extents: "
+            f"{'clean' if report.clean else f'{len(report.problems)} problems'}"
+        )
         for problem in report.problems:
             print(f"  {problem}")
     return 0 if report.clean else 1
@@ -249,8 +278,12 @@ BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
 def cmd_bench(args) -> int:
     """Benchmarks live in the source tree's bench/ (they are not installed)."""
     import subprocess
-    available = sorted(p.stem for p in BENCH_DIR.glob("*.py") if not p.stem.startswith("_")) \
-        if BENCH_DIR.is_dir() else []
+
+    available = (
+        sorted(p.stem for p in BENCH_DIR.glob("*.py") if not p.stem.startswith("_"))
+        if BENCH_DIR.is_dir()
+        else []
+    )
     if args.name not in available:
         raise UsageError(
             f"benchmark {args.name!r}: expected one of "
@@ -280,8 +313,9 @@ def cmd_serve(args) -> int:
     config = load_config(args)
     log_mod.configure(config.get("logging.level"))
     if tune_malloc():
-        log.debug("malloc: buffers up to %d MiB are reused from the heap",
-                  MALLOC_MMAP_THRESHOLD >> 20)
+        log.debug(
+            "malloc: buffers up to %d MiB are reused from the heap", MALLOC_MMAP_THRESHOLD >> 20
+        )
     else:
         log.debug("malloc: left as it is (no glibc mallopt)")
     stop = threading.Event()
@@ -323,8 +357,11 @@ def cmd_serve(args) -> int:
             f"/mnt/shingle   (locks: NLM via the port mapper on port {server.server.portmap_port})",
             flush=True,
         )
-        maintenance = Maintenance(appliance, counters=lambda: daemon_counters(server, appliance),
-                                  sample_every_s=config.get("maintenance.metrics_interval_s"))
+        maintenance = Maintenance(
+            appliance,
+            counters=lambda: daemon_counters(server, appliance),
+            sample_every_s=config.get("maintenance.metrics_interval_s"),
+        )
         maintenance.start()
         smb = start_smb(appliance, args)
         if not args.no_web:
@@ -361,6 +398,7 @@ def start_smb(appliance, args):
     if args.smb_port is None and args.mount is None:
         return None
     from appliance.smb import SmbService
+
     smb = SmbService(appliance, port=args.smb_port, host=args.smb_host, mountpoint=args.mount)
     smb.start()
     print(f"mount:  {smb.mountpoint}", flush=True)
@@ -377,6 +415,7 @@ def daemon_counters(server, appliance) -> dict:
 def start_webui(config, port: int | None):
     """The web UI runs as a gunicorn child process (see webui/gunicorn.conf.py)."""
     import subprocess
+
     port = port if port is not None else config.get("webui.port")
     cmd = [
         sys.executable,
@@ -394,11 +433,13 @@ def start_webui(config, port: int | None):
 def notify_ready() -> None:
     """Tell systemd (Type=notify) that the daemon serves; no-op without NOTIFY_SOCKET."""
     from appliance.sdnotify import notify
+
     notify("READY=1\nSTATUS=serving")
 
 
 def start_watchdog(server):
     from appliance.sdnotify import Watchdog, watchdog_interval
+
     interval = watchdog_interval()
     if interval is None:
         return None
@@ -411,10 +452,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shingle", description="NAS appliance for AI training data on SMR drives"
     )
-    parser.add_argument("-c", "--config", help="config file (default: $SHINGLE_CONFIG, else "
-                        f"./{LOCAL_CONFIG}, else {DEFAULT_CONFIG})")
-    parser.add_argument("--version", action="version",
-                        version=f"shingle {version()} (Python {python_version()})")
+    parser.add_argument(
+        "-c",
+        "--config",
+        help="config file (default: $SHINGLE_CONFIG, else "
+        f"./{LOCAL_CONFIG}, else {DEFAULT_CONFIG})",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"shingle {version()} (Python {python_version()})"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
@@ -438,10 +484,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nfs-port", type=int)
     p.add_argument("--web-port", type=int)
     p.add_argument("--admin-user", default="admin")
-    p.add_argument("--no-preallocate", dest="preallocate", action="store_false",
-                   help="zone files grow as data is written instead of reserving their size now")
-    p.add_argument("--tls", action="store_true",
-                   help="serve the web UI over HTTPS with a new self-signed certificate")
+    p.add_argument(
+        "--no-preallocate",
+        dest="preallocate",
+        action="store_false",
+        help="zone files grow as data is written instead of reserving their size now",
+    )
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="serve the web UI over HTTPS with a new self-signed certificate",
+    )
     p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("status", help="catalog, drives and capacity")
@@ -471,8 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-web", action="store_true", help="do not start the web UI")
     p.add_argument("--smb-port", type=int, help="also serve SMB (Samba over the local mount)")
     p.add_argument("--smb-host", default="127.0.0.1", help="address smbd listens on")
-    p.add_argument("--mount", help="local POSIX mount of the namespace (default with SMB: "
-                   "DATA_DIR/smb/mount)")
+    p.add_argument(
+        "--mount", help="local POSIX mount of the namespace (default with SMB: DATA_DIR/smb/mount)"
+    )
     p.set_defaults(func=cmd_serve)
 
     for module in _command_modules():
@@ -486,6 +540,7 @@ def _command_modules():
     import pkgutil
 
     import appliance
+
     for info in sorted(pkgutil.iter_modules(appliance.__path__), key=lambda i: i.name):
         if info.name.startswith("cli_"):
             yield importlib.import_module(f"appliance.{info.name}")
@@ -523,4 +578,5 @@ if __name__ == "__main__":
     # `python -m appliance.cli` runs this file as __main__: use the appliance.cli module itself,
     # whose UsageError the cli_*.py modules import and raise, so that main() catches it
     from appliance.cli import main as module_main
+
     sys.exit(module_main())

@@ -3,6 +3,7 @@
 Listing and acknowledging are catalog changes, done directly (the daemon need not run);
 ``check`` evaluates every source once now, as the daemon does on its schedule, and delivers
 what changed (mail, webhook) before it returns."""
+
 from __future__ import annotations
 
 import json
@@ -29,6 +30,7 @@ examples:
 
 def cmd_alerts(args) -> int:
     from engine.alerts import OPEN, AlertService
+
     config = load_config(args)
     catalog = open_catalog(config)
     try:
@@ -38,9 +40,11 @@ def cmd_alerts(args) -> int:
             if args.json:
                 print(json.dumps([a.to_dict() for a in found], indent=2, default=str))
             for a in [] if args.json else found:
-                print(f"{a.id:>5} {a.state:<12} {a.severity:<8} {a.kind:<19} "
-                      f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(a.first_ns / 1e9))}  "
-                      f"{a.message}")
+                print(
+                    f"{a.id:>5} {a.state:<12} {a.severity:<8} {a.kind:<19} "
+                    f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(a.first_ns / 1e9))}  "
+                    f"{a.message}"
+                )
             if not found and not args.json:
                 print("no alerts")
         elif args.action == "ack":
@@ -50,6 +54,7 @@ def cmd_alerts(args) -> int:
             print(f"alert {alert.id} acknowledged: {alert.message}")
         else:
             from appliance.maintenance import alert_monitor
+
             monitor, notifier = alert_monitor(config, catalog)
             if monitor is None:
                 raise UsageError("alerts are off (alerts.interval_s = 0)")
@@ -68,8 +73,13 @@ def cmd_alerts(args) -> int:
 
 def register(sub) -> None:
     import argparse
-    p = sub.add_parser("alerts", help="list or acknowledge alerts", description=ALERTS_HELP,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    p = sub.add_parser(
+        "alerts",
+        help="list or acknowledge alerts",
+        description=ALERTS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("action", choices=["list", "ack", "check"])
     p.add_argument("alert", nargs="?", type=int, help="ack: the alert's id")
     p.add_argument("--open", action="store_true", help="list: only active and acknowledged")

@@ -3,6 +3,7 @@
 Changes go through engine.exports, as the web UI's do: one catalog transaction
 with an event (actor "cli"). The running daemon reloads its export table every
 few seconds, so clients see a change without a restart."""
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,10 @@ def _values(args) -> dict:
 
 def _show(export: export_service.Export) -> str:
     state = "" if export.enabled else "  (disabled)"
-    return (f"{export.id:>3}  {export.name:<20} {export.path:<20} {export.access}  "
-            f"{export.squash:<14} {export.clients}{state}")
+    return (
+        f"{export.id:>3}  {export.name:<20} {export.path:<20} {export.access}  "
+        f"{export.squash:<14} {export.clients}{state}"
+    )
 
 
 def cmd_exports(args) -> int:
@@ -65,10 +68,13 @@ def cmd_exports(args) -> int:
             else:
                 values = _values(args)
                 if not values:
-                    raise UsageError("exports set: nothing to change: give --squash, --clients, "
-                                     "--read-only, ... (see `shingle exports set --help`)")
-                export = export_service.update(catalog, args.id, values, actor=ACTOR,
-                                               namespace=namespace)
+                    raise UsageError(
+                        "exports set: nothing to change: give --squash, --clients, "
+                        "--read-only, ... (see `shingle exports set --help`)"
+                    )
+                export = export_service.update(
+                    catalog, args.id, values, actor=ACTOR, namespace=namespace
+                )
         except export_service.ExportValueError as exc:
             raise UsageError(str(exc)) from None
         print(_show(export))
@@ -79,10 +85,17 @@ def cmd_exports(args) -> int:
 
 def _change_options(p, *, new: bool) -> None:
     p.add_argument("--name", help="the path clients mount" + (" (default: PATH)" if new else ""))
-    p.add_argument("--clients", nargs="+", metavar="CIDR",
-                   help="addresses or CIDRs allowed to mount" + (" (default: any)" if new else ""))
-    p.add_argument("--squash", choices=export_service.SQUASH_MODES,
-                   help="identity mapping" + (" (default: root_squash)" if new else ""))
+    p.add_argument(
+        "--clients",
+        nargs="+",
+        metavar="CIDR",
+        help="addresses or CIDRs allowed to mount" + (" (default: any)" if new else ""),
+    )
+    p.add_argument(
+        "--squash",
+        choices=export_service.SQUASH_MODES,
+        help="identity mapping" + (" (default: root_squash)" if new else ""),
+    )
     access = p.add_mutually_exclusive_group()
     access.add_argument("--read-only", dest="access", action="store_const", const="ro")
     access.add_argument("--read-write", dest="access", action="store_const", const="rw")
@@ -91,8 +104,13 @@ def _change_options(p, *, new: bool) -> None:
     p.add_argument("--trash-days", type=int, help="days deleted entries stay in the trash")
     enabled = p.add_mutually_exclusive_group()
     enabled.add_argument("--enable", dest="enabled", action="store_const", const=True)
-    enabled.add_argument("--disable", dest="enabled", action="store_const", const=False,
-                         help="clients may not mount it")
+    enabled.add_argument(
+        "--disable",
+        dest="enabled",
+        action="store_const",
+        const=False,
+        help="clients may not mount it",
+    )
 
 
 def register(subparsers) -> None:

@@ -1,4 +1,5 @@
 """`shingle install`, `shingle uninstall` and `shingle doctor`: putting the appliance on a host."""
+
 from __future__ import annotations
 
 import logging
@@ -10,6 +11,7 @@ from appliance import log as log_mod
 def _configure_logging(root) -> None:
     """Structured lines (Alembic's migration steps among them) at the installed config's level."""
     from appliance import install
+
     level = "info"
     try:
         level = install.load_installed_config(install.Path(root or "/").resolve()).get(
@@ -25,6 +27,7 @@ def _configure_logging(root) -> None:
 
 def cmd_install(args) -> int:
     from appliance import install
+
     _configure_logging(args.root)
     try:
         report = install.install(args.root, launcher=args.bin)
@@ -37,6 +40,7 @@ def cmd_install(args) -> int:
 
 def cmd_uninstall(args) -> int:
     from appliance import install
+
     _configure_logging(args.root)
     try:
         report = install.uninstall(args.root, purge=args.purge)
@@ -51,9 +55,11 @@ def cmd_uninstall(args) -> int:
 
 def cmd_doctor(args) -> int:
     from appliance import doctor
+
     results = doctor.run_checks(config_path=args.config, root=args.root)
     if args.json:
         import json
+
         print(json.dumps([r.as_dict() for r in results], indent=2))
     else:
         doctor.print_results(results, sys.stdout)
@@ -67,8 +73,11 @@ def register(subparsers) -> None:
     p.add_argument(
         "--root", metavar="DIR", help="lay the tree out under DIR without touching this host"
     )
-    p.add_argument("--bin", metavar="PATH", help="the shingle launcher the units run "
-                   "(default: the one running this command)")
+    p.add_argument(
+        "--bin",
+        metavar="PATH",
+        help="the shingle launcher the units run (default: the one running this command)",
+    )
     p.set_defaults(func=cmd_install)
 
     p = subparsers.add_parser(

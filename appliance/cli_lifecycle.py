@@ -4,6 +4,7 @@ Rules, listings and drive states are catalog changes, done directly. Work
 that moves data runs where the drives are owned: in this process when no
 daemon runs (it takes the daemon lock), else as a job the daemon runs while
 this command shows its progress."""
+
 from __future__ import annotations
 
 import json
@@ -146,8 +147,13 @@ def cmd_retention(args) -> int:
         if args.action == "add":
             if not args.pattern or args.keep is None:
                 raise UsageError("retention add PATTERN --keep N [--action delete|cold|trash]")
-            rule_id = service.add_rule(args.pattern, args.keep, action=args.rule_action,
-                                       order_by=args.order_by, actor="cli")
+            rule_id = service.add_rule(
+                args.pattern,
+                args.keep,
+                action=args.rule_action,
+                order_by=args.order_by,
+                actor="cli",
+            )
             print(
                 f"rule {rule_id}: keep the newest {args.keep} of {args.pattern}, "
                 f"{args.rule_action} the rest"
@@ -157,8 +163,10 @@ def cmd_retention(args) -> int:
             if args.json:
                 print(json.dumps([r.to_dict() for r in rules], indent=2))
             for rule in [] if args.json else rules:
-                print(f"{rule.id:>4} keep {rule.keep:<4} {rule.action:<7} by {rule.order_by:<5} "
-                      f"{'enabled ' if rule.enabled else 'disabled'} {rule.pattern}")
+                print(
+                    f"{rule.id:>4} keep {rule.keep:<4} {rule.action:<7} by {rule.order_by:<5} "
+                    f"{'enabled ' if rule.enabled else 'disabled'} {rule.pattern}"
+                )
         elif args.action == "preview":
             plan = service.preview(args.rule)
             print(
@@ -172,6 +180,7 @@ def cmd_retention(args) -> int:
             service.delete_rule(args.rule, actor="cli")
             print(f"rule {args.rule} deleted")
         return 0
+
     return with_namespace(args, work)
 
 
@@ -198,6 +207,7 @@ def cmd_trash(args) -> int:
             target = args.entry if not args.entry.isdigit() else int(args.entry)
             print(f"restored to {trash.restore(target, actor='cli')}")
         return 0
+
     return with_namespace(args, work)
 
 
@@ -214,8 +224,9 @@ def cmd_drives(args) -> int:
         return finish_job(run_data_job(args, "drain", {"drive": args.drive}), args.json)
 
     if args.action in ("add", "replace"):
-        return finish_job(run_data_job(args, f"drive-{args.action}", drive_job_params(args)),
-                          args.json)
+        return finish_job(
+            run_data_job(args, f"drive-{args.action}", drive_job_params(args)), args.json
+        )
 
     def work(config, catalog):
         if args.action == "list":
@@ -234,6 +245,7 @@ def cmd_drives(args) -> int:
             drives.fail_drive(catalog, args.drive, actor="cli")
             print(f"drive {args.drive} marked failed; run `shingle rebuild` to restore redundancy")
         return 0
+
     return with_catalog(args, work)
 
 
@@ -241,6 +253,7 @@ def drive_job_params(args) -> dict:
     """Params of a drive-add or drive-replace job: the new drive's path made absolute (the
     daemon runs elsewhere), its geometry (default: that of the drives in use)."""
     import os
+
     if args.action == "add":
         if not args.drive:
             raise UsageError("drives add PATH|DEVICE")
@@ -249,8 +262,12 @@ def drive_job_params(args) -> dict:
         if not args.drive or not args.target:
             raise UsageError("drives replace OLD_ID PATH|DEVICE")
         path, params = args.target, {"old": args.drive}
-    params.update(path=os.path.abspath(path), size=args.size, zone_size=args.zone_size,
-                  preallocate=args.preallocate)
+    params.update(
+        path=os.path.abspath(path),
+        size=args.size,
+        zone_size=args.zone_size,
+        preallocate=args.preallocate,
+    )
     return params
 
 
@@ -265,12 +282,14 @@ def cmd_jobs(args) -> int:
                 f"{job.actor:<10} {job.message or ''}"
             )
         return 0
+
     return with_catalog(args, work)
 
 
 def cmd_data_job(kind: str):
     def run(args) -> int:
         return finish_job(run_data_job(args, kind, {}), args.json)
+
     return run
 
 
@@ -339,9 +358,14 @@ examples:
 
 def register(sub) -> None:
     import argparse
+
     examples = argparse.RawDescriptionHelpFormatter
-    p = sub.add_parser("retention", help="keep-last-N rules: add, list, preview, run, delete",
-                       description=RETENTION_HELP, formatter_class=examples)
+    p = sub.add_parser(
+        "retention",
+        help="keep-last-N rules: add, list, preview, run, delete",
+        description=RETENTION_HELP,
+        formatter_class=examples,
+    )
     p.add_argument("action", choices=["add", "list", "preview", "run", "delete"])
     p.add_argument("pattern", nargs="?", help="path pattern, e.g. '/checkpoints/*/step-*'")
     p.add_argument("--keep", type=int, help="how many of the newest entries to keep")
@@ -357,8 +381,12 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_retention)
 
-    p = sub.add_parser("trash", help="list, restore or purge deleted entries",
-                       description=TRASH_HELP, formatter_class=examples)
+    p = sub.add_parser(
+        "trash",
+        help="list, restore or purge deleted entries",
+        description=TRASH_HELP,
+        formatter_class=examples,
+    )
     p.add_argument("action", choices=["list", "restore", "purge"])
     p.add_argument("entry", nargs="?", help="restore: the entry's id or trash path")
     p.add_argument(
@@ -367,15 +395,23 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_trash)
 
-    p = sub.add_parser("drives", help="list, add, replace, fail or drain drives",
-                       description=DRIVES_HELP, formatter_class=examples)
+    p = sub.add_parser(
+        "drives",
+        help="list, add, replace, fail or drain drives",
+        description=DRIVES_HELP,
+        formatter_class=examples,
+    )
     p.add_argument("action", choices=["list", "fail", "drain", "add", "replace"])
     p.add_argument("drive", nargs="?", help="drive id (add: the new drive's folder or device)")
     p.add_argument("target", nargs="?", help="replace: the new drive's folder or device")
     p.add_argument("--size", type=size_arg, help="add/replace: emulated drive size, e.g. 1GiB")
     p.add_argument("--zone-size", type=size_arg, help="add/replace: zone size, e.g. 64MiB")
-    p.add_argument("--no-preallocate", dest="preallocate", action="store_false",
-                   help="add/replace: zone files grow as written")
+    p.add_argument(
+        "--no-preallocate",
+        dest="preallocate",
+        action="store_false",
+        help="add/replace: zone files grow as written",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_drives)
 
@@ -384,8 +420,10 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_jobs)
 
-    for kind, text in (("rebuild", "restore full redundancy after a drive failed"),
-                       ("scrub", "verify every fragment's checksum and repair from redundancy")):
+    for kind, text in (
+        ("rebuild", "restore full redundancy after a drive failed"),
+        ("scrub", "verify every fragment's checksum and repair from redundancy"),
+    ):
         p = sub.add_parser(kind, help=text)
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=cmd_data_job(kind))

@@ -4,6 +4,7 @@ Changes go through engine.smb, as the web UI's do: one catalog transaction with 
 "cli"); passwords go to Samba's passdb in DATA_DIR/smb (appliance/smb/samba.py). The running
 daemon rewrites smb.conf from the catalog every few seconds, so a change reaches smbd without a
 restart."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,6 +21,7 @@ ACTOR = "cli"
 
 def _passdb(config, catalog):
     from appliance.smb.samba import SambaLayout, SambaPassdb
+
     return SambaPassdb(SambaLayout.for_data_dir(config.data_dir), catalog)
 
 
@@ -55,8 +57,10 @@ def _show_share(share: smb_service.Share) -> str:
         extra.append("case-insensitive")
     if not share.enabled:
         extra.append("disabled")
-    return (f"{share.id:>3}  {share.name:<16} {share.path:<20} {share.access}  {share.clients}  "
-            f"{who}" + (f"  ({'; '.join(extra)})" if extra else ""))
+    return (
+        f"{share.id:>3}  {share.name:<16} {share.path:<20} {share.access}  {share.clients}  "
+        f"{who}" + (f"  ({'; '.join(extra)})" if extra else "")
+    )
 
 
 def cmd_smb(args) -> int:
@@ -80,12 +84,20 @@ def _users(args, config, catalog) -> int:
         return 0
     passdb = _passdb(config, catalog)
     if args.action == "add":
-        user = smb_service.create_user(catalog, args.name, _read_password(args), passdb=passdb,
-                                       actor=ACTOR, uid=args.uid, gid=args.gid)
+        user = smb_service.create_user(
+            catalog,
+            args.name,
+            _read_password(args),
+            passdb=passdb,
+            actor=ACTOR,
+            uid=args.uid,
+            gid=args.gid,
+        )
         print(f"SMB user {user.name} added (uid {user.uid}, gid {user.gid})")
     elif args.action == "passwd":
-        smb_service.set_password(catalog, args.name, _read_password(args), passdb=passdb,
-                                 actor=ACTOR)
+        smb_service.set_password(
+            catalog, args.name, _read_password(args), passdb=passdb, actor=ACTOR
+        )
         print(f"SMB user {args.name}: password changed")
     else:
         smb_service.delete_user(catalog, args.name, passdb=passdb, actor=ACTOR)
@@ -116,8 +128,9 @@ def _shares(args, catalog) -> int:
     else:
         if not values:
             raise UsageError("smb share set: give at least one field to change")
-        share = smb_service.update_share(catalog, _ref(args.share), values, actor=ACTOR,
-                                         namespace=namespace)
+        share = smb_service.update_share(
+            catalog, _ref(args.share), values, actor=ACTOR, namespace=namespace
+        )
     print(_show_share(share))
     return 0
 
@@ -127,14 +140,30 @@ def _share_options(p: argparse.ArgumentParser, *, adding: bool) -> None:
     p.add_argument("--access", choices=smb_service.ACCESS_MODES)
     p.add_argument("--read-only", dest="access", action="store_const", const="ro")
     p.add_argument("--clients", nargs="+", metavar="CIDR", help="clients allowed (hosts allow)")
-    p.add_argument("--users", nargs="*", metavar="USER",
-                   help="SMB users who may connect (none given: every SMB user)")
-    p.add_argument("--read-only-users", nargs="*", metavar="USER",
-                   help="SMB users who may connect but not write")
-    p.add_argument("--guest", action=argparse.BooleanOptionalAction, default=None,
-                   help="allow connections without a password (as nobody)")
-    p.add_argument("--case-insensitive", action=argparse.BooleanOptionalAction, default=None,
-                   help="names compared without case (a miss then scans the directory)")
+    p.add_argument(
+        "--users",
+        nargs="*",
+        metavar="USER",
+        help="SMB users who may connect (none given: every SMB user)",
+    )
+    p.add_argument(
+        "--read-only-users",
+        nargs="*",
+        metavar="USER",
+        help="SMB users who may connect but not write",
+    )
+    p.add_argument(
+        "--guest",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="allow connections without a password (as nobody)",
+    )
+    p.add_argument(
+        "--case-insensitive",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="names compared without case (a miss then scans the directory)",
+    )
     p.add_argument("--enabled", action=argparse.BooleanOptionalAction, default=None)
 
 
@@ -149,8 +178,9 @@ def register(sub) -> None:
     q = actions.add_parser("add", help="a new SMB user; the password is read from stdin")
     q.add_argument("name")
     q.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
-    q.add_argument("--uid", type=int, help=f"uid its files get (default: from "
-                                           f"{smb_service.FIRST_UID} up)")
+    q.add_argument(
+        "--uid", type=int, help=f"uid its files get (default: from {smb_service.FIRST_UID} up)"
+    )
     q.add_argument("--gid", type=int, help="gid its files get (default: the uid)")
     q = actions.add_parser("passwd", help="set an SMB user's password (from stdin)")
     q.add_argument("name")

@@ -5,6 +5,7 @@ stripes leave their zones to the data path's reclaim), so these commands work on
 directly, whether or not a daemon runs: their transactions are not tracked ones, so the
 daemon's caches (attributes, names, read-only ranges, settled sizes) read the catalog again at
 their next use. A snapshot holds what was committed when it was taken."""
+
 from __future__ import annotations
 
 import json
@@ -32,17 +33,21 @@ def cmd_snapshot(args) -> int:
     action = args.action
     if action == "create":
         info = _with_snapshots(args, lambda s: s.create(args.path, args.name))
-        print(f"snapshot {info.name} of {args.path}: {info.files} inodes, "
-              f"{format_size(info.referenced_bytes)} referenced")
+        print(
+            f"snapshot {info.name} of {args.path}: {info.files} inodes, "
+            f"{format_size(info.referenced_bytes)} referenced"
+        )
     elif action == "list":
         snapshots = _with_snapshots(args, lambda s: s.list(args.path))
         if args.json:
             print(json.dumps([s.to_dict() for s in snapshots], indent=2))
         else:
             for s in snapshots:
-                print(f"{s.name:<24} {_when(s.created)}  referenced "
-                      f"{format_size(s.referenced_bytes):>10}  unique "
-                      f"{format_size(s.unique_bytes):>10}  {s.files} inodes")
+                print(
+                    f"{s.name:<24} {_when(s.created)}  referenced "
+                    f"{format_size(s.referenced_bytes):>10}  unique "
+                    f"{format_size(s.unique_bytes):>10}  {s.files} inodes"
+                )
     elif action == "delete":
         freed = _with_snapshots(args, lambda s: s.delete(args.path, args.name))
         print(f"deleted snapshot {args.name} of {args.path} ({freed} stripes freed)")

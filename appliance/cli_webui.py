@@ -2,6 +2,7 @@
 
 It execs gunicorn with webui/gunicorn.conf.py and ``webui.app:create_app()``,
 so signals (systemd's SIGTERM, Ctrl-C) reach gunicorn directly."""
+
 from __future__ import annotations
 
 import os
@@ -18,6 +19,7 @@ def cmd_webui(args) -> int:
     port = args.port if args.port is not None else config.get("webui.port")
     if not 0 < port < 65536:
         from appliance.cli import UsageError
+
         raise UsageError(f"--port {port}: expected a TCP port 1-65535")
     host = config.get("webui.host")
     conf = Path(__file__).resolve().parent.parent / "webui" / "gunicorn.conf.py"
@@ -34,13 +36,19 @@ def cmd_webui(args) -> int:
         for key in ("webui.tls_cert_file", "webui.tls_key_file"):
             if not os.access(config.resolve(key), os.R_OK):
                 from appliance.config import ConfigError
+
                 raise ConfigError(key, str(config.resolve(key)), "a readable PEM file")
-        env.update(SHINGLE_WEBUI_CERTFILE=str(config.resolve("webui.tls_cert_file")),
-                   SHINGLE_WEBUI_KEYFILE=str(config.resolve("webui.tls_key_file")))
+        env.update(
+            SHINGLE_WEBUI_CERTFILE=str(config.resolve("webui.tls_cert_file")),
+            SHINGLE_WEBUI_KEYFILE=str(config.resolve("webui.tls_key_file")),
+        )
         scheme = "https"
     shown = f"[{host}]" if ":" in host else host
-    print(f"Web UI: {scheme}://{shown}:{port}/  (first admin login in "
-          f"{config.data_dir / 'initial-admin-password'})", flush=True)
+    print(
+        f"Web UI: {scheme}://{shown}:{port}/  (first admin login in "
+        f"{config.data_dir / 'initial-admin-password'})",
+        flush=True,
+    )
     argv = [sys.executable, "-m", "gunicorn", "--config", str(conf), "webui.app:create_app()"]
     os.chdir(
         Path(__file__).resolve().parent.parent

@@ -7,6 +7,7 @@ documentation cannot drift from the code. A bad value raises
 ``ConfigError`` naming the key, the value and what was expected; the CLI
 turns that into one line and exit code 2.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -504,11 +505,17 @@ def _check_nfs_limits(values: dict[str, Any]) -> None:
     """Limits that depend on each other (the NFS server's NetLimits checks the same)."""
     record, per_conn = values["nfs.max_record_size"], values["nfs.connection_budget"]
     if per_conn < record + (256 << 10):
-        raise ConfigError("nfs.connection_budget", per_conn,
-                          f"at least max_record_size + 256KiB ({record + (256 << 10)})")
+        raise ConfigError(
+            "nfs.connection_budget",
+            per_conn,
+            f"at least max_record_size + 256KiB ({record + (256 << 10)})",
+        )
     if values["nfs.total_budget"] < per_conn:
-        raise ConfigError("nfs.total_budget", values["nfs.total_budget"],
-                          f"at least connection_budget ({per_conn})")
+        raise ConfigError(
+            "nfs.total_budget",
+            values["nfs.total_budget"],
+            f"at least connection_budget ({per_conn})",
+        )
 
 
 def _check(option: Option, value: Any) -> Any:
@@ -569,12 +576,13 @@ class Config:
         url = self.values["catalog.url"]
         prefix = "sqlite:///"
         if url.startswith(prefix) and not url.startswith(prefix + "/"):
-            return prefix + str(self.data_dir / url[len(prefix):])
+            return prefix + str(self.data_dir / url[len(prefix) :])
         return url
 
     def policies(self) -> dict:
         """Band-class policies, validated by the engine (pyeclib backend present, k/m in range)."""
         from engine.erasure import policy_from_dict
+
         return {name: policy_from_dict(name, opts) for name, opts in self.band_classes.items()}
 
 
@@ -584,8 +592,11 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> Config:
     values = {opt.key: _check(opt, opt.default) for opt in OPTIONS}
     for section, table in raw.items():
         if section not in sections:
-            raise ConfigError(section, table if not isinstance(table, dict) else "[...]",
-                              "a known section: " + ", ".join(sorted(sections)))
+            raise ConfigError(
+                section,
+                table if not isinstance(table, dict) else "[...]",
+                "a known section: " + ", ".join(sorted(sections)),
+            )
         if not isinstance(table, dict):
             raise ConfigError(section, table, "a table [" + section + "]")
         if section == "band_classes":
@@ -600,14 +611,19 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> Config:
             values[option.key] = _check(option, value)
     _check_nfs_limits(values)
     if values["alerts.capacity_critical_percent"] < values["alerts.capacity_warn_percent"]:
-        raise ConfigError("alerts.capacity_critical_percent",
-                          values["alerts.capacity_critical_percent"],
-                          "at least capacity_warn_percent "
-                          f"({values['alerts.capacity_warn_percent']:g})")
+        raise ConfigError(
+            "alerts.capacity_critical_percent",
+            values["alerts.capacity_critical_percent"],
+            f"at least capacity_warn_percent ({values['alerts.capacity_warn_percent']:g})",
+        )
     if bool(values["webui.tls_cert_file"]) != bool(values["webui.tls_key_file"]):
         key = "webui.tls_key_file" if values["webui.tls_cert_file"] else "webui.tls_cert_file"
-        raise ConfigError(key, values[key], "set together with the other of tls_cert_file and "
-                          "tls_key_file (both for HTTPS, neither for HTTP)")
+        raise ConfigError(
+            key,
+            values[key],
+            "set together with the other of tls_cert_file and "
+            "tls_key_file (both for HTTPS, neither for HTTP)",
+        )
     band_classes = {name: dict(opts) for name, opts in BAND_CLASS_DEFAULTS.items()}
     for name, table in raw.get("band_classes", {}).items():
         if name not in BAND_CLASSES:
@@ -661,8 +677,11 @@ def render(overrides: dict[str, Any] | None = None, *, commented_defaults: bool 
     ``overrides`` (key -> value) are written as set values; with
     ``commented_defaults`` the other options appear commented out."""
     overrides = overrides or {}
-    lines = ["# shingle configuration. Every option is listed with its default.",
-             "# Sizes accept units: 4GiB, 16MiB, 1048576.", ""]
+    lines = [
+        "# shingle configuration. Every option is listed with its default.",
+        "# Sizes accept units: 4GiB, 16MiB, 1048576.",
+        "",
+    ]
     section = None
     for opt in OPTIONS:
         if opt.section != section:

@@ -2,6 +2,7 @@
 
 Admin commands that move data take the same lock to run in-process when no
 daemon runs, and otherwise queue a job for the daemon (engine.jobs)."""
+
 from __future__ import annotations
 
 import fcntl
@@ -81,4 +82,4 @@ def process_alive(pid: int) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return True  # no /proc: kill(0) is all we know
-    return stat[stat.rindex(")") + 2:].split()[0] not in ("Z", "X")
+    return stat[stat.rindex(")") + 2 :].split()[0] not in ("Z", "X")

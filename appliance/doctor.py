@@ -4,6 +4,7 @@ Every check returns ok, warn (works, but worth a look) or fail (must be
 fixed: the command exits non-zero). Before an install the checks run with
 the default config, so a host can be vetted first.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -71,8 +72,12 @@ def parse_kernel_release(release: str) -> tuple[int, int]:
 def check_kernel(release: str | None = None) -> Check:
     release = release or os.uname().release
     if parse_kernel_release(release) < MIN_KERNEL:
-        return Check("kernel", "fail", f"Linux {release}",
-                     f"boot Linux >= {MIN_KERNEL[0]}.{MIN_KERNEL[1]} (zoned block device ioctls)")
+        return Check(
+            "kernel",
+            "fail",
+            f"Linux {release}",
+            f"boot Linux >= {MIN_KERNEL[0]}.{MIN_KERNEL[1]} (zoned block device ioctls)",
+        )
     return Check("kernel", "ok", f"Linux {release}")
 
 
@@ -101,6 +106,7 @@ def _drives(config: config_mod.Config) -> list[dict]:
 
     from engine.catalog import Catalog
     from engine.catalog.models import Drive
+
     catalog = Catalog(config.catalog_url)
     try:
         table = Drive.__table__
@@ -132,13 +138,25 @@ def check_drives(
     for d in drives:
         name = f"drive {d['id']}"
         if d["state"] in ("failed", "removed"):
-            results.append(Check(name, "warn", f"{d['path']} is {d['state']}",
-                                 "replace it and run `shingle rebuild`"))
+            results.append(
+                Check(
+                    name,
+                    "warn",
+                    f"{d['path']} is {d['state']}",
+                    "replace it and run `shingle rebuild`",
+                )
+            )
             continue
         path = Path(d["path"])
         if not path.exists():
-            results.append(Check(name, "fail", f"{path} does not exist (state {d['state']})",
-                                 "mount the drive, or mark it failed so its stripes are rebuilt"))
+            results.append(
+                Check(
+                    name,
+                    "fail",
+                    f"{path} does not exist (state {d['state']})",
+                    "mount the drive, or mark it failed so its stripes are rebuilt",
+                )
+            )
             continue
         if not os.access(path, os.R_OK | os.W_OK):
             results.append(
@@ -218,6 +236,7 @@ def is_shingle_process(cmdline: list[str]) -> bool:
 def _listener(port: int):
     """(pid, command line) of the process listening on TCP ``port``, or None."""
     import psutil
+
     try:
         conns = psutil.net_connections(kind="tcp")
     except psutil.AccessDenied:
@@ -252,8 +271,12 @@ def check_port(label: str, host: str, port: int) -> Check:
             f"{host}:{port} is privileged; shingle-nfsd.service grants CAP_NET_BIND_SERVICE",
         )
     if err == errno.EADDRNOTAVAIL:
-        return Check(name, "fail", f"{host} is not an address of this host",
-                     f"set {label}.host in the config to an address of this host (or 0.0.0.0)")
+        return Check(
+            name,
+            "fail",
+            f"{host} is not an address of this host",
+            f"set {label}.host in the config to an address of this host (or 0.0.0.0)",
+        )
     holder = _listener(port)
     if holder is not None:
         pid, cmdline = holder
@@ -267,18 +290,32 @@ def check_port(label: str, host: str, port: int) -> Check:
         hint = (
             " (the kernel NFS server: `systemctl disable --now nfs-server`)" if port == 2049 else ""
         )
-        return Check(name, "fail", f"{host}:{port} is held by {who}",
-                     f"stop it{hint} or set {label}.port in the config to a free port")
+        return Check(
+            name,
+            "fail",
+            f"{host}:{port} is held by {who}",
+            f"stop it{hint} or set {label}.port in the config to a free port",
+        )
     reason = os.strerror(err) if err is not None else "no errno"
-    return Check(name, "fail", f"{host}:{port} cannot be bound ({reason})",
-                 f"free the port or set {label}.port to another one")
+    return Check(
+        name,
+        "fail",
+        f"{host}:{port} cannot be bound ({reason})",
+        f"free the port or set {label}.port to another one",
+    )
 
 
 class _Timex(ctypes.Structure):
     # struct timex (linux/timex.h) up to `status`; the kernel fills a buffer sized by _pad.
-    _fields_ = [("modes", ctypes.c_uint), ("offset", ctypes.c_long), ("freq", ctypes.c_long),
-                ("maxerror", ctypes.c_long), ("esterror", ctypes.c_long), ("status", ctypes.c_int),
-                ("_pad", ctypes.c_byte * 256)]
+    _fields_ = [
+        ("modes", ctypes.c_uint),
+        ("offset", ctypes.c_long),
+        ("freq", ctypes.c_long),
+        ("maxerror", ctypes.c_long),
+        ("esterror", ctypes.c_long),
+        ("status", ctypes.c_int),
+        ("_pad", ctypes.c_byte * 256),
+    ]
 
 
 TIME_ERROR = 5
@@ -296,8 +333,10 @@ def adjtimex_synchronized() -> bool | None:
 
 
 def check_clock(run=subprocess.run) -> Check:
-    fix = ("run an NTP client (apt-get install chrony, or systemd-timesyncd) so leases and mtimes "
-           "are right")
+    fix = (
+        "run an NTP client (apt-get install chrony, or systemd-timesyncd) so leases and mtimes "
+        "are right"
+    )
     if install.systemd_running() and shutil.which("timedatectl"):
         result = run(
             ["timedatectl", "show", "-p", "NTPSynchronized", "--value"],
@@ -328,8 +367,9 @@ def bounded_url(url: str) -> str:
 
 def check_catalog(config: config_mod.Config) -> Check:
     from engine.catalog.migrate import current_revision, head_revision
+
     url = config.catalog_url
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
         return Check(
             "catalog",
             "fail",
@@ -339,8 +379,12 @@ def check_catalog(config: config_mod.Config) -> Check:
     try:
         revision = current_revision(bounded_url(url))
     except Exception as exc:  # driver errors vary by database; the message is what matters
-        return Check("catalog", "fail", f"{url} unreachable ({exc.__class__.__name__}: {exc})",
-                     "start the database or fix catalog.url")
+        return Check(
+            "catalog",
+            "fail",
+            f"{url} unreachable ({exc.__class__.__name__}: {exc})",
+            "start the database or fix catalog.url",
+        )
     head = head_revision()
     if revision != head:
         return Check(
@@ -364,11 +408,18 @@ def check_units(root: Path) -> Check:
         )
     # The launcher an install wrote into ExecStart=, to compare each unit with
     # what this version ships.
-    exec_start = [line for line in (unit_dir / install.SERVICES[0]).read_text().splitlines()
-                  if line.startswith("ExecStart=")]
+    exec_start = [
+        line
+        for line in (unit_dir / install.SERVICES[0]).read_text().splitlines()
+        if line.startswith("ExecStart=")
+    ]
     launcher = exec_start[0].split("=", 1)[1].split()[0] if exec_start else install.UNIT_BIN
-    stale = [name for name in install.UNIT_NAMES if (unit_dir / name).read_text()
-             != (install.UNITS_SOURCE / name).read_text().replace(install.UNIT_BIN, launcher)]
+    stale = [
+        name
+        for name in install.UNIT_NAMES
+        if (unit_dir / name).read_text()
+        != (install.UNITS_SOURCE / name).read_text().replace(install.UNIT_BIN, launcher)
+    ]
     if stale:
         return Check(
             "units",
@@ -404,6 +455,7 @@ def check_unit_paths(root: Path, config: config_mod.Config, drive_paths: list[st
 
 def check_service_user(root: Path) -> Check:
     import pwd
+
     if not install.is_host_root(root):
         return Check(
             "service user",
@@ -452,8 +504,9 @@ def _load_config(config_path: str | None, root: Path):
         )
 
 
-def run_checks(config_path: str | None = None, root: str | Path | None = None,
-               sys_root: Path = Path("/sys")) -> list[Check]:
+def run_checks(
+    config_path: str | None = None, root: str | Path | None = None, sys_root: Path = Path("/sys")
+) -> list[Check]:
     root = Path(root or "/").resolve()
     results = [check_kernel(), check_python()]
     config, config_check = _load_config(config_path, root)
@@ -474,8 +527,9 @@ def run_checks(config_path: str | None = None, root: str | Path | None = None,
                 units.status == "ok" and config_path is None
             ):  # the units serve the installed config only
                 results.append(check_unit_paths(root, config, [d["path"] for d in drives]))
-        results += check_free_space({"data_dir": config.data_dir,
-                                     "drives_dir": config.resolve("storage.drives_dir")})
+        results += check_free_space(
+            {"data_dir": config.data_dir, "drives_dir": config.resolve("storage.drives_dir")}
+        )
         results.append(check_port("nfs", config.get("nfs.host"), config.get("nfs.port")))
         results.append(check_port("webui", config.get("webui.host"), config.get("webui.port")))
     results.append(check_clock())

@@ -7,6 +7,7 @@ below that folder (an image being built, a test) and lists what is left for
 the target host in ``report.pending``: the host's users, /etc and systemd
 are not touched.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,8 +45,10 @@ TMPFILES_PATH = Path("/etc/tmpfiles.d/shingle.conf")
 # Applied at boot after systemd-sysusers: gives the daemon read access to its config in an
 # image built with --root, where the installer cannot know the user's uid. (StateDirectory=
 # chowns /var/lib/shingle.)
-TMPFILES_TEXT = (f"z {CONFIG_PATH.parent} 0750 root {SERVICE_USER} -\n"
-                 f"z {CONFIG_PATH} 0640 root {SERVICE_USER} -\n")
+TMPFILES_TEXT = (
+    f"z {CONFIG_PATH.parent} 0750 root {SERVICE_USER} -\n"
+    f"z {CONFIG_PATH} 0640 root {SERVICE_USER} -\n"
+)
 
 
 class InstallError(Exception):
@@ -206,8 +209,10 @@ def _ensure_user(report: Report, on_host: bool, run) -> None:
         ]
     result = run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
-        raise InstallError(f"creating user {SERVICE_USER!r} with {' '.join(cmd)} failed "
-                           f"(exit {result.returncode}): {result.stderr.strip()}")
+        raise InstallError(
+            f"creating user {SERVICE_USER!r} with {' '.join(cmd)} failed "
+            f"(exit {result.returncode}): {result.stderr.strip()}"
+        )
     report.did(f"created service user: {SERVICE_USER}")
 
 
@@ -215,6 +220,7 @@ def _migrate_catalog(config: config_mod.Config, report: Report, on_host: bool) -
     """Upgrade to head; returns the revision found before (None: a new catalog),
     or head when unchanged."""
     from engine.catalog.migrate import current_revision, head_revision, upgrade
+
     url = config.catalog_url
     head = head_revision()
     try:
@@ -238,7 +244,7 @@ def _own_catalog_files(config: config_mod.Config, on_host: bool) -> None:
     """An SQLite catalog (and a WAL left behind) belongs to the service user, which writes it."""
     url = config.catalog_url
     if url.startswith("sqlite:///"):
-        db = Path(url[len("sqlite:///"):])
+        db = Path(url[len("sqlite:///") :])
         for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
             if path.exists():
                 path.chmod(0o640)  # password hashes and token digests: not for every local user
@@ -297,6 +303,7 @@ def _drive_paths(config: config_mod.Config) -> list[str]:
 
     from engine.catalog import Catalog
     from engine.catalog.models import Drive
+
     catalog = Catalog(config.catalog_url)
     try:
         return catalog.run(
@@ -405,6 +412,7 @@ def install(
 
     # 4. catalog: migrate (an existing install is upgraded in place), then first-run state
     from engine.catalog.migrate import current_revision, head_revision
+
     try:
         from appliance.doctor import bounded_url
 
@@ -448,8 +456,11 @@ def install(
             report.did(f"removed drop-in: {dropin}")
             changed = True
 
-    hidden = [p for p in _launcher_chain(under_root(root, Path(launcher)), root)
-              if any(p.is_relative_to(home) for home in ("/home", "/root", "/run/user"))]
+    hidden = [
+        p
+        for p in _launcher_chain(under_root(root, Path(launcher)), root)
+        if any(p.is_relative_to(home) for home in ("/home", "/root", "/run/user"))
+    ]
     if hidden:
         report.pending.append(
             f"the units run {hidden[0]}, which ProtectHome=yes hides from them: install shingle "
@@ -463,8 +474,10 @@ def install(
         _systemctl(run, "enable", TARGET)
         report.did(f"enabled {TARGET} (systemctl daemon-reload; systemctl enable {TARGET})")
     elif on_host:
-        report.pending.append(f"systemd is not running (no /run/systemd/system): once it is, run "
-                              f"`systemctl daemon-reload && systemctl enable {TARGET}`")
+        report.pending.append(
+            f"systemd is not running (no /run/systemd/system): once it is, run "
+            f"`systemctl daemon-reload && systemctl enable {TARGET}`"
+        )
     else:
         report.pending.append(
             f"enable the appliance in the image: `systemctl --root={root} enable {TARGET}`"
@@ -495,6 +508,7 @@ def _drives_quiet(config: config_mod.Config, report: Report, on_host: bool, run)
     Yields True when it stopped the appliance (systemd on this host) and the caller
     should start it again."""
     from appliance.daemonlock import DaemonLock
+
     lock = DaemonLock(config.data_dir)
     stopped = False
     if not lock.acquire():
@@ -529,8 +543,9 @@ def _rmdir_if_empty(path: Path) -> None:
 def _systemctl(run, *args: str, check: bool = True) -> None:
     result = run(["systemctl", *args], capture_output=True, text=True)
     if check and result.returncode != 0:
-        raise InstallError(f"systemctl {' '.join(args)} failed (exit {result.returncode}): "
-                           f"{result.stderr.strip()}")
+        raise InstallError(
+            f"systemctl {' '.join(args)} failed (exit {result.returncode}): {result.stderr.strip()}"
+        )
 
 
 def uninstall(root: str | Path | None = None, *, purge: bool = False, run=subprocess.run) -> Report:
@@ -581,8 +596,10 @@ def uninstall(root: str | Path | None = None, *, purge: bool = False, run=subpro
         if path.exists():
             shutil.rmtree(path)
             report.did(f"purged: {path}")
-    for path, what in ((under_root(root, SYSUSERS_PATH), "service user declaration"),
-                       (under_root(root, TMPFILES_PATH), "config permissions (tmpfiles.d)")):
+    for path, what in (
+        (under_root(root, SYSUSERS_PATH), "service user declaration"),
+        (under_root(root, TMPFILES_PATH), "config permissions (tmpfiles.d)"),
+    ):
         if path.exists():
             path.unlink()
             report.did(f"removed {what}: {path}")

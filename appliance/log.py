@@ -1,4 +1,5 @@
 """Structured log lines on stdout (journald keeps them when run by systemd)."""
+
 from __future__ import annotations
 
 import logging
@@ -30,4 +31,3 @@ def configure(level: str = "info") -> None:
     root.setLevel(level.upper())
     # Alembic announces its context on every revision check; only its problems matter here.
     logging.getLogger("alembic").setLevel(max(logging.WARNING, root.level))
-

@@ -16,6 +16,7 @@ would race it. So the daemon runs one maintenance thread that
 - evaluates the alert sources (engine/alerts.py) every ``alerts.interval_s`` and hands raised
   and cleared alerts to the delivery threads (engine/notify.py: queued, never waited for).
 """
+
 from __future__ import annotations
 
 import logging
@@ -93,8 +94,9 @@ class Maintenance(threading.Thread):
         """Jobs left running by a daemon that died (this one holds the lock, so none runs)."""
         try:
             for job in jobs.recover_interrupted(self.catalog):
-                log.warning("job %d (%s) was interrupted by a daemon stop: %s", job.id, job.kind,
-                            job.state)
+                log.warning(
+                    "job %d (%s) was interrupted by a daemon stop: %s", job.id, job.kind, job.state
+                )
         except Exception:
             log.exception("could not recover interrupted jobs")
 
@@ -143,6 +145,7 @@ class Maintenance(threading.Thread):
 def alert_settings(config, catalog=None):
     """The engine's AlertSettings from ``[alerts]`` and the web UI's certificate."""
     from engine.alerts import AlertSettings
+
     cert = config.get("webui.tls_cert_file")
     return AlertSettings(
         capacity_warn_percent=config.get("alerts.capacity_warn_percent"),
@@ -150,20 +153,24 @@ def alert_settings(config, catalog=None):
         temperature_c=config.get("alerts.temperature_c"),
         cert_file=str(config.resolve("webui.tls_cert_file")) if cert else "",
         cert_warn_days=config.get("alerts.cert_warn_days"),
-        smartctl=config.get("smart.smartctl"), policies=config.policies(),
-        reserve_zones=config.get("storage.reserve_zones"))
+        smartctl=config.get("smart.smartctl"),
+        policies=config.policies(),
+        reserve_zones=config.get("storage.reserve_zones"),
+    )
 
 
 def alert_monitor(config, catalog):
     """(AlertMonitor, Notifier or None), or (None, None) when alerts.interval_s is 0."""
     from engine.alerts import AlertMonitor
     from engine.notify import Notifier, sinks_from_config
+
     if not config.get("alerts.interval_s"):
         return None, None
     sinks = sinks_from_config(config.get, config.resolve)
     notifier = Notifier(sinks) if sinks else None
-    monitor = AlertMonitor(catalog, alert_settings(config),
-                           deliver=notifier.deliver if notifier else None)
+    monitor = AlertMonitor(
+        catalog, alert_settings(config), deliver=notifier.deliver if notifier else None
+    )
     return monitor, notifier
 
 
@@ -196,6 +203,7 @@ def lifecycle_runners(appliance) -> dict[str, Callable]:
     if appliance.datapath is None:
         return {}
     from engine.lifecycle.jobs import runners
+
     scrub_rate = appliance.config.get("maintenance.scrub_mib_s") * (1 << 20)
     return runners(
         appliance.namespace,

@@ -1,4 +1,5 @@
 """Wiring: from a validated config to an open catalog, data path and namespace."""
+
 from __future__ import annotations
 
 import ctypes
@@ -35,7 +36,8 @@ def tune_malloc() -> bool:
         return False  # not glibc (musl has no mallopt): nothing to tune
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)) and bool(
-        mallopt(M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD))
+        mallopt(M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD)
+    )
 
 
 def open_catalog(config: Config) -> Catalog:
@@ -72,10 +74,14 @@ class Appliance:
         if with_data:
             from engine.datapath import DataPath
             from engine.lifecycle.tiering import ReadTracker
-            self.datapath = DataPath(self.catalog, config.policies(),
-                                     reserve_zones=config.get("storage.reserve_zones"),
-                                     inline_write_bytes=config.get("storage.inline_write_bytes"),
-                                     inline_budget_bytes=config.get("storage.inline_budget_bytes"))
+
+            self.datapath = DataPath(
+                self.catalog,
+                config.policies(),
+                reserve_zones=config.get("storage.reserve_zones"),
+                inline_write_bytes=config.get("storage.inline_write_bytes"),
+                inline_budget_bytes=config.get("storage.inline_budget_bytes"),
+            )
             # the constructor ran recovery before any write: its report, not a second pass's
             log.debug("recovery: %s", self.datapath.recovery_report)
             # reads are counted per file (the data path's read hook) so tiering can promote

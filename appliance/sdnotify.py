@@ -1,4 +1,5 @@
 """sd_notify without libsystemd: READY/STATUS/WATCHDOG datagrams to $NOTIFY_SOCKET."""
+
 from __future__ import annotations
 
 import logging

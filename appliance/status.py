@@ -1,6 +1,7 @@
 """What `shingle status` reports: catalog, drives and capacity, from the catalog alone.
 
 It never opens the drives, so it is safe while the daemon runs."""
+
 from __future__ import annotations
 
 import os
@@ -21,18 +22,23 @@ USABLE_STATES = ("online", "degraded", "draining")
 def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
     def work(conn):
         inodes = conn.execute(select(func.count()).select_from(INODES)).scalar_one()
-        zone_stats = select(
-            ZONES.c.drive_id,
-            func.count().label("zones"),
-            func.sum(case((ZONES.c.state == "empty", 1), else_=0)).label("empty"),
-            func.sum(case((ZONES.c.state == "open", 1), else_=0)).label("open"),
-            func.sum(case((ZONES.c.state == "full", 1), else_=0)).label("full"),
-            func.sum(ZONES.c.write_pointer).label("written"),
-            func.sum(case((ZONES.c.state == "full", ZONES.c.write_pointer), else_=0))
-            .label("full_written"),
-            func.sum(ZONES.c.live_bytes).label("live"),
-            func.sum(ZONES.c.garbage_bytes).label("garbage"),
-        ).group_by(ZONES.c.drive_id).subquery()
+        zone_stats = (
+            select(
+                ZONES.c.drive_id,
+                func.count().label("zones"),
+                func.sum(case((ZONES.c.state == "empty", 1), else_=0)).label("empty"),
+                func.sum(case((ZONES.c.state == "open", 1), else_=0)).label("open"),
+                func.sum(case((ZONES.c.state == "full", 1), else_=0)).label("full"),
+                func.sum(ZONES.c.write_pointer).label("written"),
+                func.sum(case((ZONES.c.state == "full", ZONES.c.write_pointer), else_=0)).label(
+                    "full_written"
+                ),
+                func.sum(ZONES.c.live_bytes).label("live"),
+                func.sum(ZONES.c.garbage_bytes).label("garbage"),
+            )
+            .group_by(ZONES.c.drive_id)
+            .subquery()
+        )
         rows = (
             conn.execute(
                 select(DRIVES, zone_stats)
@@ -43,6 +49,7 @@ def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
             .all()
         )
         return inodes, rows, redundancy_status_in(conn)
+
     inodes, rows, redundancy = catalog.read(work)
     drives = []
     raw = used = live = garbage = reserve = stranded = 0
@@ -127,8 +134,13 @@ def space_by_state(capacity: dict) -> dict[str, int]:
     stranded = min(capacity["stranded_bytes"], raw - written)
     writable = raw - written - stranded
     reserve = min(capacity["reserve_bytes"], writable)
-    return {"live": live, "garbage": written - live, "reserve": reserve, "free": writable - reserve,
-            "stranded": stranded}
+    return {
+        "live": live,
+        "garbage": written - live,
+        "reserve": reserve,
+        "free": writable - reserve,
+        "stranded": stranded,
+    }
 
 
 def smb_report(data_dir, catalog: Catalog) -> dict:
@@ -139,23 +151,29 @@ def smb_report(data_dir, catalog: Catalog) -> dict:
 
     report = smb_status(SambaLayout.for_data_dir(data_dir))
     shares = smb_service.list_shares(catalog)
-    report.update(shares=len(shares), shares_enabled=sum(s.enabled for s in shares),
-                  users=len(smb_service.list_users(catalog)))
+    report.update(
+        shares=len(shares),
+        shares_enabled=sum(s.enabled for s in shares),
+        users=len(smb_service.list_users(catalog)),
+    )
     return report
 
 
 def smb_line(report: dict) -> str:
     """The ``smb`` line of `shingle status`."""
-    counted = (f"{report['shares_enabled']} of {report['shares']} shares enabled, "
-               f"{report['users']} users")
+    counted = (
+        f"{report['shares_enabled']} of {report['shares']} shares enabled, {report['users']} users"
+    )
     if not report["enabled"]:
         return f"not enabled (serve --smb-port PORT serves it); {counted}"
     if not report["running"]:
         return f"smbd not running; {counted}"
     sessions = report["sessions"]
     who = ", ".join(f"{s['user']}@{s['machine']}" for s in sessions[:5])
-    line = (f"smbd running (pid {report['pid']}, port {report['port']}), {len(sessions)} "
-            f"session{'' if len(sessions) == 1 else 's'}{': ' + who if who else ''}; {counted}")
+    line = (
+        f"smbd running (pid {report['pid']}, port {report['port']}), {len(sessions)} "
+        f"session{'' if len(sessions) == 1 else 's'}{': ' + who if who else ''}; {counted}"
+    )
     return line + (f"; smbstatus: {report['error']}" if report["error"] else "")
 
 

@@ -11,6 +11,7 @@ that. Targets (issue 2): >= 5,000 creates/s and >= 20,000 getattrs/s on
 SQLite, so the catalog leaves room under NFS-Ganesha's 600-1,600 creates/s
 and 3,000-5,000 getattrs/s through NFS.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,6 +61,7 @@ def run_namespace(url: str, files: int) -> dict:
             if eof:
                 return
             cookie = page[-1].cookie
+
     result["readdir_entries_per_s"] = rate(files * 3, timed(list_all, range(3)))
     result["rename_per_s"] = rate(files, timed(lambda n: ns.rename(ROOT, d, n, d, n + ".r"), names))
     result["unlink_per_s"] = rate(files, timed(lambda n: ns.unlink(ROOT, d, n + ".r"), names))
@@ -102,9 +104,11 @@ def main() -> int:
         report["bare_sqlite_create_per_s"] = run_bare_sqlite(Path(tmp) / "bare.db", args.files)
         report["sqlite"] = run_namespace(f"sqlite:///{tmp}/catalog.db", args.files)
         report["sqlite"]["create_vs_bare_sqlite"] = round(
-            report["sqlite"]["create_per_s"] / report["bare_sqlite_create_per_s"], 3)
+            report["sqlite"]["create_per_s"] / report["bare_sqlite_create_per_s"], 3
+        )
         if not args.no_postgres:
             from pgserver import PostgresServer
+
             server = PostgresServer().start()
             try:
                 report["postgresql"] = run_namespace(server.create_database(), args.files)

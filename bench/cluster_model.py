@@ -27,6 +27,7 @@ Two deployments are computed; the report says which matches the measurement:
 - ``scale-out``: clients spread evenly over all 12 nodes, each node serving
   NFS for its share (the target design).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -98,6 +99,7 @@ class ModelSpace(Space):
 
     def __init__(self, drives: list[ModelDrive], reserve_zones: int):
         from collections import defaultdict
+
         self.drives = {d.id: d for d in drives}
         self.lock = threading.RLock()
         self._rr = 0
@@ -172,9 +174,11 @@ def measure_encode_GBps(trials: int = 8) -> tuple[float, str]:
         best = max(best, len(data) / (time.perf_counter() - t) / GB)
     load = os.getloadavg()[0]
     if best < REFERENCE_ENCODE_GBps / 2 and load > (os.cpu_count() or 1):
-        return REFERENCE_ENCODE_GBps, (f"measured {best:.2f} GB/s/core under load {load:.1f} on "
-                                       f"{os.cpu_count()} cores: used the idle reference "
-                                       f"{REFERENCE_ENCODE_GBps} GB/s (ENVIRONMENT.md)")
+        return REFERENCE_ENCODE_GBps, (
+            f"measured {best:.2f} GB/s/core under load {load:.1f} on "
+            f"{os.cpu_count()} cores: used the idle reference "
+            f"{REFERENCE_ENCODE_GBps} GB/s (ENVIRONMENT.md)"
+        )
     return best, f"measured now: {best:.2f} GB/s/core (best of {trials})"
 
 
@@ -186,8 +190,10 @@ def simulate(p: dict) -> dict:
     node_zones = int(per_node_frags * frag / zone) + 8  # enough bands for this write, plus reserve
     drive_zones = node_zones // p["drives_per_node"] + 8
     nodes = placer([ModelDrive(i, zone, node_zones) for i in range(p["nodes"])])
-    inner = {n: placer([ModelDrive(d, zone, drive_zones) for d in range(p["drives_per_node"])])
-             for n in range(p["nodes"])}
+    inner = {
+        n: placer([ModelDrive(d, zone, drive_zones) for d in range(p["drives_per_node"])])
+        for n in range(p["nodes"])
+    }
     smr = SmrModel(SmrParams(band_size=zone))
     across, single = policies(k, m, frag)
     data_frags: list[tuple] = []  # (node, drive, position) of data fragments, for the read
@@ -195,7 +201,7 @@ def simulate(p: dict) -> dict:
     for _ in range(stripes):
         for idx, (node, _zone, _off, n) in enumerate(place(nodes, across, frag)):
             node_frags[node] += 1
-            (drive, dz, doff, dn), = place(inner[node], single, n)
+            ((drive, dz, doff, dn),) = place(inner[node], single, n)
             smr.on_write((node, drive), dz * zone + doff, dn)
             if idx < k:
                 data_frags.append((node, drive, dz * zone + doff, dn))
@@ -206,14 +212,18 @@ def simulate(p: dict) -> dict:
         smr.on_read((node, drive), pos, n)
     read = smr.report()
     per_drive_read = {key: c.busy_s for key, c in smr.drives.items()}
-    return {"stripes": stripes, "fragments_per_node": node_frags,
-            "drives_used": len(per_drive_write),
-            "drive_write_busy_s_max": max(per_drive_write.values()),
-            "drive_write_busy_s_mean": sum(per_drive_write.values()) / len(per_drive_write),
-            "drive_read_busy_s_max": max(per_drive_read.values()),
-            "write_amplification": write["write_amplification"],
-            "sequential_append_share": write["sequential_append_share"],
-            "write_seeks": write["seeks"], "read_seeks": read["seeks"]}
+    return {
+        "stripes": stripes,
+        "fragments_per_node": node_frags,
+        "drives_used": len(per_drive_write),
+        "drive_write_busy_s_max": max(per_drive_write.values()),
+        "drive_write_busy_s_mean": sum(per_drive_write.values()) / len(per_drive_write),
+        "drive_read_busy_s_max": max(per_drive_read.values()),
+        "write_amplification": write["write_amplification"],
+        "sequential_append_share": write["sequential_append_share"],
+        "write_seeks": write["seeks"],
+        "read_seeks": read["seeks"],
+    }
 
 
 def predict(p: dict, sim: dict, encode_GBps_core: float, gateway_cores: int) -> dict:
@@ -229,28 +239,40 @@ def predict(p: dict, sim: dict, encode_GBps_core: float, gateway_cores: int) -> 
     gw_out_s = media * (nodes - 1) / nodes / nic
     # the pipeline also pays one stripe's round trip per writer window at the
     # start; negligible at 80 GB
-    gateway_write = {"client_to_gateway_nic_s": gw_in_s, "gateway_to_nodes_nic_s": gw_out_s,
-                     "erasure_encode_s": encode_s, "drives_s": drives_write_s}
+    gateway_write = {
+        "client_to_gateway_nic_s": gw_in_s,
+        "gateway_to_nodes_nic_s": gw_out_s,
+        "erasure_encode_s": encode_s,
+        "drives_s": drives_write_s,
+    }
     # read: data fragments 11/12 from other nodes into the gateway, then all of it out to the client
     gateway_read_s = max(ckpt * (nodes - 1) / nodes / nic, ckpt / nic, drives_read_s)
     # scale-out: each node takes 1/12 of the client bytes and sends 11/12 of its fragments away
     so_in_s = (ckpt / nodes + media / nodes * (nodes - 1) / nodes) / nic
     so_out_s = (media / nodes * (nodes - 1) / nodes) / nic
-    scale_write = {"node_nic_in_s": so_in_s, "node_nic_out_s": so_out_s,
-                   "erasure_encode_s": ckpt / (encode_GBps_core * GB * gateway_cores * nodes),
-                   "drives_s": drives_write_s}
-    scale_read_s = max(ckpt / nodes / nic, drives_read_s,
-                       ckpt * (nodes - 1) / nodes / nodes / nic)
+    scale_write = {
+        "node_nic_in_s": so_in_s,
+        "node_nic_out_s": so_out_s,
+        "erasure_encode_s": ckpt / (encode_GBps_core * GB * gateway_cores * nodes),
+        "drives_s": drives_write_s,
+    }
+    scale_read_s = max(ckpt / nodes / nic, drives_read_s, ckpt * (nodes - 1) / nodes / nodes / nic)
     out = {}
-    for name, parts, read_s in (("gateway", gateway_write, gateway_read_s),
-                                ("scale-out", scale_write, scale_read_s)):
+    for name, parts, read_s in (
+        ("gateway", gateway_write, gateway_read_s),
+        ("scale-out", scale_write, scale_read_s),
+    ):
         bottleneck = max(parts, key=parts.get)
-        out[name] = {"write_parts_s": {k2: round(v, 2) for k2, v in parts.items()},
-                     "write_bottleneck": bottleneck,
-                     "ckpt80_write_s": round(parts[bottleneck], 1),
-                     "read_GBps": round(ckpt / read_s / GB, 2)}
-    out["drives_only"] = {"read_GBps": round(ckpt / drives_read_s / GB, 2),
-                          "ckpt80_write_s": round(drives_write_s, 1)}
+        out[name] = {
+            "write_parts_s": {k2: round(v, 2) for k2, v in parts.items()},
+            "write_bottleneck": bottleneck,
+            "ckpt80_write_s": round(parts[bottleneck], 1),
+            "read_GBps": round(ckpt / read_s / GB, 2),
+        }
+    out["drives_only"] = {
+        "read_GBps": round(ckpt / drives_read_s / GB, 2),
+        "ckpt80_write_s": round(drives_write_s, 1),
+    }
     return out
 
 

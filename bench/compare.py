@@ -21,6 +21,7 @@ bench/results/ (full mode; ``--report`` forces one in quick mode), and as the
 last lines one line per metric: ``metric shingle_value ganesha_value ratio``
 (``nan`` where a server failed the workload).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -89,8 +90,15 @@ class ShingleServer(ChildServer):
     name = "shingle"
     stop_timeout_s = 30  # a graceful stop flushes and closes the data path
 
-    def __init__(self, workdir: Path, port: int | None = None, *, drive_size: int, zone_size: int,
-                 drives: int = 10):
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        *,
+        drive_size: int,
+        zone_size: int,
+        drives: int = 10,
+    ):
         self.workdir = Path(workdir).resolve()
         self.port = port or free_port()
         self.drive_size, self.zone_size, self.drives = drive_size, zone_size, drives
@@ -129,17 +137,23 @@ class ShingleServer(ChildServer):
             timeout=300,
         )
         if proc.returncode != 0:
-            raise RuntimeError(f"shingle init {self.workdir} failed (exit {proc.returncode}): "
-                               f"{(proc.stderr or proc.stdout).strip()[-800:]}")
+            raise RuntimeError(
+                f"shingle init {self.workdir} failed (exit {proc.returncode}): "
+                f"{(proc.stderr or proc.stdout).strip()[-800:]}"
+            )
         # Same export semantics as the Ganesha side (No_Root_Squash, this host only):
         # the benchmark connects as root, as the Ganesha export allows.
         from engine.catalog import Catalog
         from engine.catalog.models import Export
+
         catalog = Catalog(self.catalog_url)
         try:
             table = Export.__table__
-            catalog.run(lambda conn: conn.execute(table.update().values(squash="no_root_squash",
-                                                                         clients="127.0.0.1/32")))
+            catalog.run(
+                lambda conn: conn.execute(
+                    table.update().values(squash="no_root_squash", clients="127.0.0.1/32")
+                )
+            )
         finally:
             catalog.close()
 
@@ -186,6 +200,7 @@ def cpu_seconds(pid: int | None) -> float | None:
         return None
     try:
         import psutil
+
         t = psutil.Process(pid).cpu_times()
         return t.user + t.system
     except Exception:  # noqa: BLE001 (a server gone is reported elsewhere)
@@ -210,8 +225,18 @@ def run_child(cmd: list[str], timeout: float) -> dict:
 
 
 def run_workload(server, client: str, workload: str, params: dict, timeout: float) -> dict:
-    cmd = [sys.executable, str(REPO / "bench" / "workloads.py"), "--client", client, "--port",
-           str(server.port), "--workload", workload, "--params", json.dumps(params)]
+    cmd = [
+        sys.executable,
+        str(REPO / "bench" / "workloads.py"),
+        "--client",
+        client,
+        "--port",
+        str(server.port),
+        "--workload",
+        workload,
+        "--params",
+        json.dumps(params),
+    ]
     pid = server_pid(server)
     cpu0 = cpu_seconds(pid)
     t = time.perf_counter()
@@ -241,8 +266,13 @@ class Run:
         self.samples.setdefault(metric, {s: [] for s in SERVERS})[server].append(value)
 
     def error(self, server: str, client: str, workload: str, rep: int, out: dict) -> None:
-        entry = {"server": server, "client": client, "workload": workload, "rep": rep,
-                 "error": out.get("error", "?")}
+        entry = {
+            "server": server,
+            "client": client,
+            "workload": workload,
+            "rep": rep,
+            "error": out.get("error", "?"),
+        }
         if out.get("traceback"):
             entry["traceback"] = out["traceback"]
         self.errors.append(entry)
@@ -261,8 +291,15 @@ class Run:
                 server.start()
             return True
         except Exception as exc:  # noqa: BLE001 (recorded; the other server goes on)
-            self.errors.append({"server": name, "client": "-", "workload": "restart", "rep": -1,
-                                "error": f"{type(exc).__name__}: {exc}"[:500]})
+            self.errors.append(
+                {
+                    "server": name,
+                    "client": "-",
+                    "workload": "restart",
+                    "rep": -1,
+                    "error": f"{type(exc).__name__}: {exc}"[:500],
+                }
+            )
             return False
 
     def step(
@@ -288,8 +325,10 @@ class Run:
                 self.cpu.setdefault(metric, {s: [] for s in SERVERS})[name].append(
                     out["server_cpu_s"]
                 )
-        log(f"  {name:8} {client:6} {workload:18} {metrics}  ({out['wall_s']} s, "
-            f"server cpu {out.get('server_cpu_s', '?')} s)")
+        log(
+            f"  {name:8} {client:6} {workload:18} {metrics}  ({out['wall_s']} s, "
+            f"server cpu {out.get('server_cpu_s', '?')} s)"
+        )
         return metrics
 
     def sequential(self, name: str, client: str, rep: int) -> None:
@@ -306,8 +345,13 @@ class Run:
             order = list(SERVERS) if rep % 2 == 0 else list(reversed(SERVERS))
             log(f"repetition {rep + 1}/{self.args.reps}: order {' then '.join(order)}")
             for client in self.args.clients:
-                for workload in ("sequential", "small_files", "random_write", "checkpoint_writers",
-                                 "shard_readers"):
+                for workload in (
+                    "sequential",
+                    "small_files",
+                    "random_write",
+                    "checkpoint_writers",
+                    "shard_readers",
+                ):
                     for name in order:
                         if workload == "sequential":
                             self.sequential(name, client, rep)
@@ -369,9 +413,18 @@ class Run:
             s = median(per["shingle"])
             g = median(per["ganesha"])
             ratio = s / g if s is not None and g else None
-            rows.append({"metric": metric, "unit": unit, "shingle": s, "ganesha": g, "ratio": ratio,
-                         "goal": goal, "n": {k: len(v) for k, v in per.items()},
-                         "samples": per})
+            rows.append(
+                {
+                    "metric": metric,
+                    "unit": unit,
+                    "shingle": s,
+                    "ganesha": g,
+                    "ratio": ratio,
+                    "goal": goal,
+                    "n": {k: len(v) for k, v in per.items()},
+                    "samples": per,
+                }
+            )
         # metrics where one server produced nothing still get a line
         return rows
 
@@ -407,6 +460,7 @@ def parse_collapsed(text: str) -> dict:
     """py-spy raw (collapsed) stacks -> top functions by self and inclusive share of the busy
     samples (stacks whose leaf is a thread waiting - selector, condition, pool queue - are idle)."""
     import re
+
     self_n: dict[str, int] = {}
     total_n: dict[str, int] = {}
     samples = 0
@@ -417,14 +471,18 @@ def parse_collapsed(text: str) -> dict:
             continue
         n = int(count)
         samples += n
-        frames = [strip_line.sub(")", f.strip()) for f in stack.split(";")
-                  if f.strip() and not f.startswith(("process ", "thread "))]
+        frames = [
+            strip_line.sub(")", f.strip())
+            for f in stack.split(";")
+            if f.strip() and not f.startswith(("process ", "thread "))
+        ]
         if not frames or any(idle in frames[-1] for idle in IDLE_LEAVES):
             samples -= n
             continue
         self_n[frames[-1]] = self_n.get(frames[-1], 0) + n
         for f in set(frames):
             total_n[f] = total_n.get(f, 0) + n
+
     def top(counts: dict) -> list:
         ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:20]
         return [(f, 100.0 * c / max(samples, 1)) for f, c in ranked]
@@ -434,6 +492,7 @@ def parse_collapsed(text: str) -> dict:
 
 def profile_shingle(run: Run, outdir: Path) -> dict:
     import signal
+
     binary = pyspy_binary()
     server = run.servers["shingle"]
     out = {}
@@ -487,8 +546,10 @@ def profile_shingle(run: Run, outdir: Path) -> dict:
         prof["raw"] = raw.name
         prof["workload_result"] = res.get("metrics") or res.get("error")
         out[key] = prof
-        log(f"  profiled shingle {key}: {prof['samples']} samples; top self "
-            f"{', '.join(f'{f} {p:.0f}%' for f, p in prof['top_self'][:3])}")
+        log(
+            f"  profiled shingle {key}: {prof['samples']} samples; top self "
+            f"{', '.join(f'{f} {p:.0f}%' for f, p in prof['top_self'][:3])}"
+        )
     return out
 
 
@@ -507,9 +568,21 @@ def metric_order(rows: list[dict], clients, training: bool) -> list[dict]:
     if training:
         want += [f"train.{m}" for m, _u in TRAINING_METRICS]
     by = {r["metric"]: r for r in rows}
-    ordered = [by.pop(m) if m in by else {"metric": m, "unit": "", "shingle": None, "ganesha": None,
-                                           "ratio": None, "goal": None, "n": {}, "samples": {}}
-               for m in want]
+    ordered = [
+        by.pop(m)
+        if m in by
+        else {
+            "metric": m,
+            "unit": "",
+            "shingle": None,
+            "ganesha": None,
+            "ratio": None,
+            "goal": None,
+            "n": {},
+            "samples": {},
+        }
+        for m in want
+    ]
     return ordered + sorted(by.values(), key=lambda r: r["metric"])
 
 
@@ -524,8 +597,10 @@ def print_table(rows: list[dict]) -> None:
                 + ("  ok" if r["ratio"] is not None and r["ratio"] >= r["goal"] else "  MISSED")
             )
         )
-        print(f"{r['metric']:36} {r['unit']:10} {fmt(r['shingle']):>12} {fmt(r['ganesha']):>12} "
-              f"{fmt(r['ratio'], 2):>7}  {goal}")
+        print(
+            f"{r['metric']:36} {r['unit']:10} {fmt(r['shingle']):>12} {fmt(r['ganesha']):>12} "
+            f"{fmt(r['ratio'], 2):>7}  {goal}"
+        )
 
 
 def metric_lines(rows: list[dict]) -> list[str]:
@@ -537,20 +612,34 @@ def metric_lines(rows: list[dict]) -> list[str]:
 
 def torch_available() -> bool:
     import importlib.util
+
     return importlib.util.find_spec("torch") is not None
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description="shingle vs NFS-Ganesha A/B benchmark")
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
-                      help="every workload once, reduced sizes (a few minutes)")
-    mode.add_argument("--smoke", dest="mode", action="store_const", const="smoke",
-                      help="tiny sizes, for the test suite")
+    mode.add_argument(
+        "--quick",
+        dest="mode",
+        action="store_const",
+        const="quick",
+        help="every workload once, reduced sizes (a few minutes)",
+    )
+    mode.add_argument(
+        "--smoke",
+        dest="mode",
+        action="store_const",
+        const="smoke",
+        help="tiny sizes, for the test suite",
+    )
     ap.set_defaults(mode="full")
     ap.add_argument("--reps", type=int, help="repetitions (default 3 in full mode, 1 otherwise)")
-    ap.add_argument("--clients", default=",".join(workloads.CLIENTS),
-                    help="comma-separated clients (default nfsrs,nfs4fs)")
+    ap.add_argument(
+        "--clients",
+        default=",".join(workloads.CLIENTS),
+        help="comma-separated clients (default nfsrs,nfs4fs)",
+    )
     ap.add_argument(
         "--no-training", action="store_true", help="skip the torch/fsspec training workloads"
     )
@@ -602,8 +691,10 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
-    servers = {"shingle": ShingleServer(workdir / "shingle", **layout),
-               "ganesha": GaneshaServer(workdir / "ganesha")}
+    servers = {
+        "shingle": ShingleServer(workdir / "shingle", **layout),
+        "ganesha": GaneshaServer(workdir / "ganesha"),
+    }
     run = Run(args, servers)
     training = cluster = profile = None
     server_info = {}
@@ -615,10 +706,20 @@ def main(argv=None) -> int:
                 log(f"{name} listening on 127.0.0.1:{server.port} ({server.version()})")
             except (GaneshaError, RuntimeError, OSError) as exc:
                 log(f"{name} did not start: {exc}")
-                run.errors.append({"server": name, "client": "-", "workload": "start", "rep": -1,
-                                   "error": str(exc)[:800]})
-            server_info[name] = {"version": server.version(), "port": server.port,
-                                 "backing_dir": str(server.backing_dir)}
+                run.errors.append(
+                    {
+                        "server": name,
+                        "client": "-",
+                        "workload": "start",
+                        "rep": -1,
+                        "error": str(exc)[:800],
+                    }
+                )
+            server_info[name] = {
+                "version": server.version(),
+                "port": server.port,
+                "backing_dir": str(server.backing_dir),
+            }
         server_info["shingle"].update(
             {
                 "drives": 10,
@@ -634,9 +735,17 @@ def main(argv=None) -> int:
                 return fn()
             except Exception as exc:  # noqa: BLE001 (recorded and reported)
                 log(f"{what} failed: {type(exc).__name__}: {exc}")
-                run.errors.append({"server": "-", "client": "-", "workload": what, "rep": -1,
-                                   "error": f"{type(exc).__name__}: {exc}"[:500]})
+                run.errors.append(
+                    {
+                        "server": "-",
+                        "client": "-",
+                        "workload": what,
+                        "rep": -1,
+                        "error": f"{type(exc).__name__}: {exc}"[:500],
+                    }
+                )
                 return None
+
         guarded("workloads", run.run)
         if args.profile:
             log("profiling shingle (py-spy)")
@@ -649,6 +758,7 @@ def main(argv=None) -> int:
                 print("training workloads skipped: torch is not installed", flush=True)
         if not args.no_cluster:
             from bench import cluster_model
+
             cluster = guarded("cluster model", lambda: cluster_model.run(quick=args.mode != "full"))
     finally:
         for server in servers.values():
@@ -686,6 +796,7 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps(result, indent=2, default=str))
     if args.mode == "full" or args.report:
         from bench import report
+
         path = report.write(result, Path(args.results))
         print(f"report: {path}")
     if cluster and cluster.get("summary_lines"):

@@ -15,6 +15,7 @@ the same bytes on the same filesystem, and pyeclib encode speed on one core.
 
     .venv/bin/python bench/engine.py [--quick] [--json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,11 +47,21 @@ DRIVES = 10
 
 def sizes(quick: bool) -> dict:
     if quick:
-        return {"shard": 48 * MiB, "zone": 64 * MiB, "drive": 512 * MiB, "random_file": 64 * MiB,
-                "overwrites": 4096}
+        return {
+            "shard": 48 * MiB,
+            "zone": 64 * MiB,
+            "drive": 512 * MiB,
+            "random_file": 64 * MiB,
+            "overwrites": 4096,
+        }
     # 10 x 1 GiB drives (one zone kept for cleaning) hold the 4 GiB checkpoint, 5 GiB with parity
-    return {"shard": 512 * MiB, "zone": 256 * MiB, "drive": 1024 * MiB, "random_file": 1024 * MiB,
-            "overwrites": 32768}
+    return {
+        "shard": 512 * MiB,
+        "zone": 256 * MiB,
+        "drive": 1024 * MiB,
+        "random_file": 1024 * MiB,
+        "overwrites": 32768,
+    }
 
 
 def drop_cache(root: Path) -> None:
@@ -104,6 +115,7 @@ def checkpoint(ns: Namespace, data: DataPath, shard: int) -> tuple[list[int], fl
             ns.commit(ino)
         except Exception as exc:  # noqa: BLE001 - reported below
             failures.append(exc)
+
     threads = [threading.Thread(target=writer, args=(ino,)) for ino in inos]
     for t in threads:
         t.start()
@@ -133,6 +145,7 @@ def read_all(ns: Namespace, inos: list[int], size: int, readers: int = 4) -> flo
                 got = ns.read(ino, off, MiB)
                 with lock:
                     total[0] += len(got)
+
     start = time.perf_counter()
     threads = [threading.Thread(target=reader) for _ in range(readers)]
     for t in threads:
@@ -218,22 +231,24 @@ def main() -> int:
         cpu = time.process_time() - cpu
         user = WRITERS * s["shard"]
         report = model.report()
-        result.update({
-            "write_MBps": user / elapsed / 1e6,
-            "write_seconds": elapsed,
-            "write_amplification": report["max_drive_write_amplification"],
-            "write_amplification_mean": report["write_amplification"],
-            "erasure_overhead": report["host_write_bytes"] / user,
-            "sequential_append_share": report["sequential_append_share"],
-            "smr_predicted_busy_s": report["busy_s"],
-            "pyeclib_cpu_seconds": data.stats["encode_cpu_s"],
-            "process_cpu_seconds": cpu,
-            # CPU time inside the erasure coder over all CPU time the process spent writing
-            "pyeclib_share_of_write_time": data.stats["encode_cpu_s"] / cpu if cpu else 0.0,
-            "commit_batches": data.stats["batches"],
-            "fsyncs": data.stats["fsyncs"],
-            "fsync_seconds_all_drives": data.stats["fsync_s"],
-        })
+        result.update(
+            {
+                "write_MBps": user / elapsed / 1e6,
+                "write_seconds": elapsed,
+                "write_amplification": report["max_drive_write_amplification"],
+                "write_amplification_mean": report["write_amplification"],
+                "erasure_overhead": report["host_write_bytes"] / user,
+                "sequential_append_share": report["sequential_append_share"],
+                "smr_predicted_busy_s": report["busy_s"],
+                "pyeclib_cpu_seconds": data.stats["encode_cpu_s"],
+                "process_cpu_seconds": cpu,
+                # CPU time inside the erasure coder over all CPU time the process spent writing
+                "pyeclib_share_of_write_time": data.stats["encode_cpu_s"] / cpu if cpu else 0.0,
+                "commit_batches": data.stats["batches"],
+                "fsyncs": data.stats["fsyncs"],
+                "fsync_seconds_all_drives": data.stats["fsync_s"],
+            }
+        )
 
         drop_cache(drives)
         data.reader.drop_cache()

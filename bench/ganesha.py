@@ -11,6 +11,7 @@ machine does not reap orphans, so the harness must own and wait for it.
 pNFS is off (no pNFS FSAL configured), grace is skipped (Graceless), only
 NFSv4.1 over TCP is served and no rpcbind registration is needed.
 """
+
 from __future__ import annotations
 
 import os
@@ -75,11 +76,14 @@ def ensure_installed() -> str:
     """Path of ganesha.nfsd; installs the Debian packages when missing (needs root)."""
     if not installed():
         if os.geteuid() != 0:
-            raise GaneshaError(f"{DAEMON} or its VFS FSAL is missing and this is not root: "
-                               f"install the Debian packages {' '.join(PACKAGES)}")
+            raise GaneshaError(
+                f"{DAEMON} or its VFS FSAL is missing and this is not root: "
+                f"install the Debian packages {' '.join(PACKAGES)}"
+            )
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        proc = subprocess.run(["apt-get", "install", "-y", *PACKAGES], env=env,
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            ["apt-get", "install", "-y", *PACKAGES], env=env, capture_output=True, text=True
+        )
         if proc.returncode != 0 or not installed():
             raise GaneshaError(
                 f"apt-get install -y {' '.join(PACKAGES)} failed (exit {proc.returncode}): "
@@ -101,8 +105,10 @@ def wait_listening(
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log.read_text(errors="replace")[-1500:] if log and log.exists() else ""
-            raise GaneshaError(f"server exited with status {proc.returncode} before listening on "
-                               f"127.0.0.1:{port}\n{tail}")
+            raise GaneshaError(
+                f"server exited with status {proc.returncode} before listening on "
+                f"127.0.0.1:{port}\n{tail}"
+            )
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return
@@ -161,12 +167,31 @@ class GaneshaServer(ChildServer):
         recovery = self.workdir / "recovery"
         recovery.mkdir(exist_ok=True)
         conf = self.workdir / "ganesha.conf"
-        conf.write_text(CONFIG.format(port=self.port, plugins=plugins_dir(), recovery=recovery,
-                                      export=self.backing_dir, pseudo=PSEUDO))
-        self.proc = subprocess.Popen([daemon, "-F", "-L", str(self.log), "-f", str(conf),
-                                      "-p", str(self.workdir / "ganesha.pid")],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        conf.write_text(
+            CONFIG.format(
+                port=self.port,
+                plugins=plugins_dir(),
+                recovery=recovery,
+                export=self.backing_dir,
+                pseudo=PSEUDO,
+            )
+        )
+        self.proc = subprocess.Popen(
+            [
+                daemon,
+                "-F",
+                "-L",
+                str(self.log),
+                "-f",
+                str(conf),
+                "-p",
+                str(self.workdir / "ganesha.pid"),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             wait_listening(self.port, self.proc, timeout, self.log)
         except BaseException:
@@ -186,4 +211,3 @@ class GaneshaServer(ChildServer):
             )
         except OSError:
             return "?"
-

@@ -20,6 +20,7 @@ c. Tiering: hot -> warm MB/s, and a concurrent sequential reader's MB/s (read
 
     .venv/bin/python bench/lifecycle.py [--quick] [--json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -102,11 +103,17 @@ class Volume:
                 "cold": {"k": 8, "m": 2, "fragment_size": frag, "compression": None},
             }
         )
-        self.drive_ids = format_emulated(self.catalog, root / "drives", drives or g["drives"],
-                                         g["zones"] * g["zone"], g["zone"])
+        self.drive_ids = format_emulated(
+            self.catalog, root / "drives", drives or g["drives"], g["zones"] * g["zone"], g["zone"]
+        )
         self.model = SmrModel(band_size=g["zone"]) if model else None
-        self.data = DataPath(self.catalog, self.policies, reserve_zones=2, smr_model=self.model,
-                             cache_bytes=cache_bytes)
+        self.data = DataPath(
+            self.catalog,
+            self.policies,
+            reserve_zones=2,
+            smr_model=self.model,
+            cache_bytes=cache_bytes,
+        )
         self.ns = Namespace(self.catalog, data=self.data)
 
     def media_bytes(self) -> int:
@@ -130,8 +137,11 @@ class Volume:
             pass
         made = self.ns.create(ROOT, folder.ino, name)
         if band_class:
-            self.catalog.run(lambda c: c.execute(INODES.update().where(INODES.c.ino == made.ino)
-                                                 .values(band_class=band_class)))
+            self.catalog.run(
+                lambda c: c.execute(
+                    INODES.update().where(INODES.c.ino == made.ino).values(band_class=band_class)
+                )
+            )
         return made
 
     def unpin(self, ino: int) -> None:
@@ -205,11 +215,11 @@ def checkpoint_workload(root: Path, g: dict, classes: bool) -> dict:
             pieces = list(range(0, size, 4 * KiB))
             rng.shuffle(pieces)  # out of order: the small random-write pattern
             for pos in pieces:
-                throttled(vol.ns.write, made.ino, pos, chunk[pos:pos + 4 * KiB], stable=True)
+                throttled(vol.ns.write, made.ino, pos, chunk[pos : pos + 4 * KiB], stable=True)
             user += size
         made = vol.create(f"/logs/metrics-{step:03d}.json", None if classes else "warm")
         for pos in range(0, g["metrics"], 4 * KiB):
-            throttled(vol.ns.write, made.ino, pos, chunk[pos:pos + 4 * KiB], stable=True)
+            throttled(vol.ns.write, made.ino, pos, chunk[pos : pos + 4 * KiB], stable=True)
         user += g["metrics"]
         stats["peak_fill"] = max(stats["peak_fill"], vol.fill_fraction())
         retention.run()
@@ -222,8 +232,9 @@ def checkpoint_workload(root: Path, g: dict, classes: bool) -> dict:
     elapsed = time.perf_counter() - started
     media = vol.media_bytes()
     # every byte the workload kept must read back
-    model_sum = hashlib.sha256(b"".join(chunk[: min(MiB, model_bytes - pos)]
-                                        for pos in range(0, model_bytes, MiB))).hexdigest()
+    model_sum = hashlib.sha256(
+        b"".join(chunk[: min(MiB, model_bytes - pos)] for pos in range(0, model_bytes, MiB))
+    ).hexdigest()
     kept = [e.name for e in vol.ns.readdir(ROOT, vol.ns.resolve("/ckpt").ino)[0]]
     for name in kept:
         attr = vol.ns.resolve(f"/ckpt/{name}/model.pt")
@@ -231,7 +242,7 @@ def checkpoint_workload(root: Path, g: dict, classes: bool) -> dict:
             raise AssertionError(f"/ckpt/{name}/model.pt does not read back what was written")
     for step in range(g["checkpoints"]):
         attr = vol.ns.resolve(f"/logs/metrics-{step:03d}.json")
-        if vol.ns.read(attr.ino, 0, attr.size) != chunk[:g["metrics"]]:
+        if vol.ns.read(attr.ino, 0, attr.size) != chunk[: g["metrics"]]:
             raise AssertionError(
                 f"/logs/metrics-{step:03d}.json does not read back what was written"
             )
@@ -328,6 +339,7 @@ def tiering_bench(root: Path, g: dict) -> dict:
             policy = TieringPolicy(hot_to_warm_after_s=0, bytes_per_s=limit)
             result["report"] = Tiering(vol.ns, vol.data, vol.catalog, policy).run()
             stop.set()
+
         mover = threading.Thread(target=tier)
         mover.start()
         during = read_for(300.0, stop)
@@ -339,8 +351,11 @@ def tiering_bench(root: Path, g: dict) -> dict:
     # the same move again, back from warm to hot, then hot -> warm limited to
     # 20 MB/s of media writes
     for made in hot:
-        vol.catalog.run(lambda c, ino=made.ino: c.execute(INODES.update().where(INODES.c.ino == ino)
-                                                          .values(band_class="hot")))
+        vol.catalog.run(
+            lambda c, ino=made.ino: c.execute(
+                INODES.update().where(INODES.c.ino == ino).values(band_class="hot")
+            )
+        )
     Tiering(vol.ns, vol.data, vol.catalog, TieringPolicy()).run()
     for made in hot:
         vol.unpin(made.ino)

@@ -12,6 +12,7 @@ data path without NFS): ``*_vs_namespace`` ratios say what the protocol
 layer costs. Prints one JSON summary on the last line; bench/compare.py
 compares shingle with NFS-Ganesha on the same workloads.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,9 +51,21 @@ def build(workdir: Path, seq_bytes: int):
     need = seq_bytes * 2 * 10 // 8 // 10 + seq_bytes // 8 + 256 * MiB
     drive_size = -(-need // zone) * zone
     format_emulated(catalog, workdir / "drives", 10, drive_size, zone)
-    catalog.run(lambda conn: conn.execute(Export.__table__.insert().values(
-        name="/export", path="/", clients="127.0.0.1/32", access="rw", squash="no_root_squash",
-        anon_uid=65534, anon_gid=65534, trash_days=7, enabled=True)))
+    catalog.run(
+        lambda conn: conn.execute(
+            Export.__table__.insert().values(
+                name="/export",
+                path="/",
+                clients="127.0.0.1/32",
+                access="rw",
+                squash="no_root_squash",
+                anon_uid=65534,
+                anon_gid=65534,
+                trash_days=7,
+                enabled=True,
+            )
+        )
+    )
     data = DataPath(catalog, {"warm": policy_from_dict("warm", {})}, reserve_zones=2)
     return catalog, data, Namespace(catalog, data)
 
@@ -116,9 +129,14 @@ def main(argv=None) -> int:
     try:
         for client in args.clients.split(","):
             figures: dict = {}
-            steps = [("seq_write", {}), ("seq_read", {"seq_read_MBps": "seq_read_cold_MBps"}),
-                     ("seq_read", {"seq_read_MBps": "seq_read_warm_MBps"}), ("seq_cleanup", {}),
-                     ("small_files", {}), ("random_write", {})]
+            steps = [
+                ("seq_write", {}),
+                ("seq_read", {"seq_read_MBps": "seq_read_cold_MBps"}),
+                ("seq_read", {"seq_read_MBps": "seq_read_warm_MBps"}),
+                ("seq_cleanup", {}),
+                ("small_files", {}),
+                ("random_write", {}),
+            ]
             for name, rename in steps:
                 out = workload(client, server.port, name, params)
                 if not out.get("ok"):

@@ -5,6 +5,7 @@
 
 Writes ``report-<stamp>.md`` plus ``<stamp>-*.png`` and a copy as ``latest.md``.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,10 @@ def _fmt(v, digits=1) -> str:
 
 def _plt():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -121,10 +124,17 @@ def chart_cluster(cluster: dict, path: Path) -> Path | None:
     )
     a1.set_ylabel("GB/s")
     a1.set_title("aggregate sequential read")
-    a2.bar(labels, [pred["gateway"]["ckpt80_write_s"], pred["scale-out"]["ckpt80_write_s"],
-                    pred["drives_only"]["ckpt80_write_s"], (lo + hi) / 2],
-           yerr=[[0, 0, 0, (hi - lo) / 2], [0, 0, 0, (hi - lo) / 2]],
-           color=["#337ab7", "#5bc0de", "#aaaaaa", "#d9534f"])
+    a2.bar(
+        labels,
+        [
+            pred["gateway"]["ckpt80_write_s"],
+            pred["scale-out"]["ckpt80_write_s"],
+            pred["drives_only"]["ckpt80_write_s"],
+            (lo + hi) / 2,
+        ],
+        yerr=[[0, 0, 0, (hi - lo) / 2], [0, 0, 0, (hi - lo) / 2]],
+        color=["#337ab7", "#5bc0de", "#aaaaaa", "#d9534f"],
+    )
     a2.set_ylabel("seconds")
     a2.set_title("80 GB checkpoint write")
     fig.suptitle("pilot 12 nodes x 8 x 16 TB, 8+2 across nodes, 25 GbE: model vs measured")
@@ -233,8 +243,10 @@ def render(result: dict, charts: list[tuple[str, str]]) -> str:
         samples = r.get("samples") or {}
         ss = ", ".join(_fmt(v) for v in samples.get("shingle", [])) or "failed"
         gs = ", ".join(_fmt(v) for v in samples.get("ganesha", [])) or "failed"
-        L.append(f"| {r['metric']} | {r['unit']} | {_fmt(r['shingle'])} | {_fmt(r['ganesha'])} | "
-                 f"{_fmt(r['ratio'], 2)} | {goal} | {ss} / {gs} |")
+        L.append(
+            f"| {r['metric']} | {r['unit']} | {_fmt(r['shingle'])} | {_fmt(r['ganesha'])} | "
+            f"{_fmt(r['ratio'], 2)} | {goal} | {ss} / {gs} |"
+        )
     L.append("")
     for name, fname in charts:
         L.append(f"![{name}]({fname})")
@@ -262,14 +274,18 @@ def render(result: dict, charts: list[tuple[str, str]]) -> str:
     if not errors:
         L.append("None: every workload produced numbers on both servers.")
     else:
-        L.append("A workload that failed on a server is recorded here and left out of its medians "
-                 "(the harness goes on).")
+        L.append(
+            "A workload that failed on a server is recorded here and left out of its medians "
+            "(the harness goes on)."
+        )
         L.append("")
         L.append("| server | client | workload | rep | error |")
         L.append("|---|---|---|---:|---|")
         for e in errors:
-            L.append(f"| {e['server']} | {e['client']} | {e['workload']} | {e['rep']} | "
-                     f"{str(e['error']).replace('|', '/')} |")
+            L.append(
+                f"| {e['server']} | {e['client']} | {e['workload']} | {e['rep']} | "
+                f"{str(e['error']).replace('|', '/')} |"
+            )
         tb = next((e.get("traceback") for e in errors if e.get("traceback")), None)
         if tb:
             L.append("")
@@ -375,11 +391,17 @@ def render(result: dict, charts: list[tuple[str, str]]) -> str:
     return "\n".join(L)
 
 
-PROFILE_OF = {"seq_write_MBps": "nfsrs.seq_write", "ckpt8_write_MBps": "nfsrs.seq_write",
-              "seq_read_cold_MBps": "nfsrs.seq_read", "seq_read_warm_MBps": "nfsrs.seq_read",
-              "shard16_read_MBps": "nfsrs.seq_read", "create_per_s": "nfsrs.small_files",
-              "stat_per_s": "nfsrs.small_files", "remove_per_s": "nfsrs.small_files",
-              "randwrite_iops": "nfsrs.random_write"}
+PROFILE_OF = {
+    "seq_write_MBps": "nfsrs.seq_write",
+    "ckpt8_write_MBps": "nfsrs.seq_write",
+    "seq_read_cold_MBps": "nfsrs.seq_read",
+    "seq_read_warm_MBps": "nfsrs.seq_read",
+    "shard16_read_MBps": "nfsrs.seq_read",
+    "create_per_s": "nfsrs.small_files",
+    "stat_per_s": "nfsrs.small_files",
+    "remove_per_s": "nfsrs.small_files",
+    "randwrite_iops": "nfsrs.random_write",
+}
 # where the profile's time goes -> what would close the gap (matched on frame text)
 REMEDIES = (
     (
@@ -458,8 +480,10 @@ def closing(result: dict) -> list[str]:
             med = {k: (sorted(v)[len(v) // 2] if v else None) for k, v in c.items()}
             prof = profile.get(PROFILE_OF.get(base, ""), {})
             frames = [f for f, _p in prof.get("top_self", [])[:5]]
-            why = (f"cpu s shingle {_fmt(med.get('shingle'), 2)} "
-                   f"vs Ganesha {_fmt(med.get('ganesha'), 2)}")
+            why = (
+                f"cpu s shingle {_fmt(med.get('shingle'), 2)} "
+                f"vs Ganesha {_fmt(med.get('ganesha'), 2)}"
+            )
             if frames:
                 why += "; top self frames: " + ", ".join(
                     f"`{f}` {p:.0f}%" for f, p in prof["top_self"][:4]

@@ -19,6 +19,7 @@ per MiB or per file.
 The last lines are one per metric: ``smb.METRIC SHINGLE REFERENCE RATIO`` (ratio = shingle /
 reference; for the *_cpu_* metrics lower is better; ``nan`` where a server failed, or for a
 CPU ratio when the reference used less than a clock tick)."""
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,14 @@ USER, PASSWORD = "bench", "bench-password-1"
 SHARE = "export"
 BLOCK = 4 * MiB
 SMALL_FILE = 1024
-METRICS = ("seq_write_MBps", "seq_read_MBps", "create_per_s", "seq_write_cpu_ms_per_MiB",
-           "seq_read_cpu_ms_per_MiB", "create_cpu_ms_per_file")
+METRICS = (
+    "seq_write_MBps",
+    "seq_read_MBps",
+    "create_per_s",
+    "seq_write_cpu_ms_per_MiB",
+    "seq_read_cpu_ms_per_MiB",
+    "create_cpu_ms_per_file",
+)
 
 
 def log(message: str) -> None:
@@ -73,6 +80,7 @@ def wait_listening(port: int, proc: subprocess.Popen, timeout: float, what: str)
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) of a process and every descendant alive now."""
     import psutil
+
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -113,25 +121,57 @@ class ShingleSmb:
         self.proc: subprocess.Popen | None = None
 
     def cli(self, *args: str, stdin: str | None = None) -> None:
-        done = subprocess.run([sys.executable, "-m", "appliance.cli", *args], cwd=REPO,
-                              input=stdin, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, "-m", "appliance.cli", *args],
+            cwd=REPO,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if done.returncode != 0:
-            raise RuntimeError(f"shingle {' '.join(args[:3])} failed: "
-                               f"{(done.stderr or done.stdout).strip()[-800:]}")
+            raise RuntimeError(
+                f"shingle {' '.join(args[:3])} failed: "
+                f"{(done.stderr or done.stdout).strip()[-800:]}"
+            )
 
     def start(self) -> None:
-        self.cli("init", str(self.root), "--drives", "10", "--drive-size", f"{self.drive_mib}MiB",
-                 "--zone-size", "16MiB", "--nfs-port", str(free_port()))
+        self.cli(
+            "init",
+            str(self.root),
+            "--drives",
+            "10",
+            "--drive-size",
+            f"{self.drive_mib}MiB",
+            "--zone-size",
+            "16MiB",
+            "--nfs-port",
+            str(free_port()),
+        )
         config = str(self.root / "shingle.toml")
         out = open(self.root / "serve.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", "-c", config, "serve",
-                                      "--no-web", "--smb-port", str(self.port)], cwd=REPO,
-                                     stdin=subprocess.DEVNULL, stdout=out,
-                                     stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "appliance.cli",
+                "-c",
+                config,
+                "serve",
+                "--no-web",
+                "--smb-port",
+                str(self.port),
+            ],
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
         out.close()
         wait_listening(self.port, self.proc, 120, "shingle serve --smb-port")
-        self.cli("-c", config, "smb", "user", "add", USER, "--password-stdin",
-                 stdin=PASSWORD + "\n")
+        self.cli(
+            "-c", config, "smb", "user", "add", USER, "--password-stdin", stdin=PASSWORD + "\n"
+        )
 
     @property
     def pid(self) -> int:
@@ -152,6 +192,7 @@ class ReferenceSmb:
 
     def __init__(self, root: Path):
         from appliance.smb.samba import SambaLayout
+
         self.root = root / "reference"
         self.layout = SambaLayout(self.root / "smb")
         self.folder = self.root / "share"
@@ -161,23 +202,30 @@ class ReferenceSmb:
     def start(self) -> None:
         from appliance.smb import samba
         from engine import smb as smb_service
+
         self.folder.mkdir(parents=True)
         self.folder.chmod(0o777)
         self.layout.create()
         user = smb_service.SmbUser(1, USER, smb_service.FIRST_UID, smb_service.FIRST_UID)
         samba.write_nss(self.layout, [user])
         samba.SambaPassdb(self.layout).set_password(user, PASSWORD)
-        share = smb_service.Share(1, SHARE, "/", "rw", smb_service.ANY_CLIENT, False, "", "",
-                                  False, True)
-        conf = samba.render_conf(self.layout, [share], mount=self.folder, host="127.0.0.1",
-                                 port=self.port)
+        share = smb_service.Share(
+            1, SHARE, "/", "rw", smb_service.ANY_CLIENT, False, "", "", False, True
+        )
+        conf = samba.render_conf(
+            self.layout, [share], mount=self.folder, host="127.0.0.1", port=self.port
+        )
         # the very settings shingle's smbd runs with (kernel share modes and oplocks off too:
         # with them on, smbd as root holding a lease refused the user's second open)
         self.layout.conf.write_text(conf)
         out = open(self.layout.log_file, "ab")
-        self.proc = subprocess.Popen(["smbd", "--foreground", "--debug-stdout", "-s",
-                                      str(self.layout.conf)], stdin=subprocess.DEVNULL,
-                                     stdout=out, stderr=subprocess.STDOUT, env=self.layout.env())
+        self.proc = subprocess.Popen(
+            ["smbd", "--foreground", "--debug-stdout", "-s", str(self.layout.conf)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=self.layout.env(),
+        )
         out.close()
         wait_listening(self.port, self.proc, 60, "reference smbd")
 
@@ -204,9 +252,11 @@ def unc(port_server, path: str = "") -> str:
 
 def run_workloads(server, size_mib: int, files: int, notes: list[str]) -> dict[str, float]:
     import smbclient
+
     out: dict[str, float] = {}
-    smbclient.register_session("127.0.0.1", username=USER, password=PASSWORD, port=server.port,
-                               encrypt=False)
+    smbclient.register_session(
+        "127.0.0.1", username=USER, password=PASSWORD, port=server.port, encrypt=False
+    )
     try:
         block = os.urandom(BLOCK)
         total = size_mib * MiB
@@ -227,8 +277,9 @@ def run_workloads(server, size_mib: int, files: int, notes: list[str]) -> dict[s
             notes.append("warm reads: page cache not dropped (not permitted)")
         cpu0, t0 = tree_cpu_s(server.pid), time.perf_counter()
         got = 0
-        with smbclient.open_file(unc(server, "big.bin"), mode="rb", port=server.port,
-                                 buffering=BLOCK) as f:
+        with smbclient.open_file(
+            unc(server, "big.bin"), mode="rb", port=server.port, buffering=BLOCK
+        ) as f:
             while chunk := f.read(BLOCK):
                 got += len(chunk)
         elapsed, cpu = time.perf_counter() - t0, tree_cpu_s(server.pid) - cpu0
@@ -243,8 +294,9 @@ def run_workloads(server, size_mib: int, files: int, notes: list[str]) -> dict[s
         payload = os.urandom(SMALL_FILE)
         cpu0, t0 = tree_cpu_s(server.pid), time.perf_counter()
         for i in range(files):
-            with smbclient.open_file(unc(server, f"small\\f{i:05d}"), mode="wb",
-                                     port=server.port) as f:
+            with smbclient.open_file(
+                unc(server, f"small\\f{i:05d}"), mode="wb", port=server.port
+            ) as f:
                 f.write(payload)
         elapsed, cpu = time.perf_counter() - t0, tree_cpu_s(server.pid) - cpu0
         out["create_per_s"] = files / elapsed
@@ -281,8 +333,10 @@ def main(argv=None) -> int:
     notes: list[str] = []
     try:
         servers = [ShingleSmb(root, args.size_mib), ReferenceSmb(root)]
-        log(f"{args.size_mib} MiB sequential, {args.files} small files; shingle's drives "
-            f"{servers[0].drive_mib} MiB x 10; reference folder {servers[1].folder}")
+        log(
+            f"{args.size_mib} MiB sequential, {args.files} small files; shingle's drives "
+            f"{servers[0].drive_mib} MiB x 10; reference folder {servers[1].folder}"
+        )
         for server in servers:
             try:
                 server.start()
@@ -303,15 +357,26 @@ def main(argv=None) -> int:
         ratio = ours / ref if ref and not math.isnan(ours) and not math.isnan(ref) else nan
         lines.append(f"smb.{metric} {fmt(ours)} {fmt(ref)} {fmt(ratio)}")
     if args.json:
-        args.json.write_text(json.dumps({"size_mib": args.size_mib, "files": args.files,
-                                         "results": results, "errors": errors, "notes": notes},
-                                        indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "size_mib": args.size_mib,
+                    "files": args.files,
+                    "results": results,
+                    "errors": errors,
+                    "notes": notes,
+                },
+                indent=2,
+            )
+        )
     for note in notes:
         print(f"# note: {note}")
     for name, error in errors.items():
         print(f"# error: {name}: {error}")
-    print(f"# {len(lines)} metrics: smb.METRIC shingle reference ratio (shingle / reference; "
-          "cpu: lower is better)")
+    print(
+        f"# {len(lines)} metrics: smb.METRIC shingle reference ratio (shingle / reference; "
+        "cpu: lower is better)"
+    )
     print("\n".join(lines))
     return 0 if not errors else 1
 

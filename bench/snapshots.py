@@ -11,6 +11,7 @@ c. CLONE of a large file written in 1 MiB commits (one extent per MiB): the time
 
     .venv/bin/python bench/snapshots.py [--files N] [--clone-mib M] [--json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,21 +54,41 @@ def build_dataset(ns: Namespace, catalog: Catalog, files: int) -> int:
         def work(conn, folder=folder):
             rows = []
             for i in range(per_folder):
-                ino = sql(conn, "INSERT INTO inodes (generation, type, mode, uid, gid, size, "
-                                "nlink, rdev, atime_ns, mtime_ns, ctime_ns, btime_ns, change) "
-                                "VALUES (1, 1, 420, 0, 0, 4096, 1, 0, ?, ?, ?, ?, 1) "
-                                "RETURNING ino", (now, now, now, now)).fetchone()[0]
-                stripe = sql(conn, "INSERT INTO stripes (band_class, layout, k, m, backend, "
-                                   "data_length, fragment_length, compression, live_bytes, "
-                                   "created_ns) VALUES ('hot', 'inline', 1, 0, NULL, 4096, 4096, "
-                                   "NULL, 4096, ?) RETURNING id", (now,)).fetchone()[0]
+                ino = sql(
+                    conn,
+                    "INSERT INTO inodes (generation, type, mode, uid, gid, size, "
+                    "nlink, rdev, atime_ns, mtime_ns, ctime_ns, btime_ns, change) "
+                    "VALUES (1, 1, 420, 0, 0, 4096, 1, 0, ?, ?, ?, ?, 1) "
+                    "RETURNING ino",
+                    (now, now, now, now),
+                ).fetchone()[0]
+                stripe = sql(
+                    conn,
+                    "INSERT INTO stripes (band_class, layout, k, m, backend, "
+                    "data_length, fragment_length, compression, live_bytes, "
+                    "created_ns) VALUES ('hot', 'inline', 1, 0, NULL, 4096, 4096, "
+                    "NULL, 4096, ?) RETURNING id",
+                    (now,),
+                ).fetchone()[0]
                 rows.append((folder, f"f{i:05d}", ino, stripe))
-            sql_many(conn, "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
-                     [r[:3] for r in rows])
-            sql_many(conn, "INSERT INTO inline_data (stripe_id, length, checksum, data) "
-                           "VALUES (?, 4096, ?, ?)", [(r[3], checksum, block) for r in rows])
-            sql_many(conn, "INSERT INTO extents (ino, file_offset, length, stripe_id, "
-                           "stripe_offset) VALUES (?, 0, 4096, ?, 0)", [r[2:] for r in rows])
+            sql_many(
+                conn,
+                "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
+                [r[:3] for r in rows],
+            )
+            sql_many(
+                conn,
+                "INSERT INTO inline_data (stripe_id, length, checksum, data) "
+                "VALUES (?, 4096, ?, ?)",
+                [(r[3], checksum, block) for r in rows],
+            )
+            sql_many(
+                conn,
+                "INSERT INTO extents (ino, file_offset, length, stripe_id, "
+                "stripe_offset) VALUES (?, 0, 4096, ?, 0)",
+                [r[2:] for r in rows],
+            )
+
         catalog.run(work)
     ns.invalidate()
     return ds
@@ -89,8 +110,11 @@ def live_rates(ns: Namespace, label: str) -> dict:
     for ino in inos[:300]:
         ns.write(ino, 0, block, stable=True)
     write = 300 / (time.perf_counter() - start)
-    return {"create_per_s": round(create), "stat_per_s": round(stat),
-            "write_4k_stable_per_s": round(write)}
+    return {
+        "create_per_s": round(create),
+        "stat_per_s": round(stat),
+        "write_4k_stable_per_s": round(write),
+    }
 
 
 def main() -> None:
@@ -104,8 +128,9 @@ def main() -> None:
         url = f"sqlite:///{folder}/catalog.db"
         upgrade(url)
         catalog = Catalog(url)
-        format_emulated(catalog, folder / "drives", 10, 4 * args.clone_mib * MiB // 10 + 512 * MiB,
-                        64 * MiB)
+        format_emulated(
+            catalog, folder / "drives", 10, 4 * args.clone_mib * MiB // 10 + 512 * MiB, 64 * MiB
+        )
         data = DataPath(catalog, load_policies({}), reserve_zones=1)
         ns = Namespace(catalog, data=data)
         snaps = Snapshots(ns)
@@ -141,19 +166,25 @@ def main() -> None:
         for i in range(args.clone_mib):
             ns.write(big, i * MiB, chunk, stable=True)
         out["big_write_MBps"] = round(args.clone_mib * MiB / 1e6 / (time.perf_counter() - start), 1)
-        extents = catalog.read(lambda c: sql(c, "SELECT COUNT(*) FROM extents WHERE ino = ?",
-                                             (big,)).fetchone()[0])
+        extents = catalog.read(
+            lambda c: sql(c, "SELECT COUNT(*) FROM extents WHERE ino = ?", (big,)).fetchone()[0]
+        )
         stripes_before = catalog.read(
-            lambda c: sql(c, "SELECT COUNT(*) FROM stripes").fetchone()[0])
+            lambda c: sql(c, "SELECT COUNT(*) FROM stripes").fetchone()[0]
+        )
         target = ns.create(ROOT, ns.root_ino, "big-clone").ino
         start = time.perf_counter()
         ns.clone_range(ROOT, big, 0, target, 0, 0)
         clone_s = time.perf_counter() - start
         stripes_after = catalog.read(lambda c: sql(c, "SELECT COUNT(*) FROM stripes").fetchone()[0])
-        out["clone"] = {"mib": args.clone_mib, "extents": extents, "seconds": round(clone_s, 4),
-                        "us_per_extent": round(clone_s / extents * 1e6, 1),
-                        "stripes_written": stripes_after - stripes_before,
-                        "extrapolated_10GiB_1MiB_extents_s": round(clone_s / extents * 10240, 3)}
+        out["clone"] = {
+            "mib": args.clone_mib,
+            "extents": extents,
+            "seconds": round(clone_s, 4),
+            "us_per_extent": round(clone_s / extents * 1e6, 1),
+            "stripes_written": stripes_after - stripes_before,
+            "extrapolated_10GiB_1MiB_extents_s": round(clone_s / extents * 10240, 3),
+        }
         data.close()
         catalog.close()
     finally:

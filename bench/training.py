@@ -23,6 +23,7 @@ samples/s is reported. The sum of all tokens is checked on both sides.
 
 Needs the ``bench`` extra (torch, safetensors, zarr): pip install -e '.[bench]'.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,6 +97,7 @@ def nfs_fs(port: int, **kw):
 def state_dict(total_bytes: int, seed: int):
     """A transformer-shaped state dict of float32 tensors adding up to about total_bytes."""
     import torch
+
     g = torch.Generator().manual_seed(seed)
     width = 1024 if total_bytes >= 64 * MiB else 128
     layer = 4 * width * width * 4  # qkv+o in float32
@@ -114,6 +116,7 @@ def sd_bytes(sd) -> int:
 
 def same(a, b) -> bool:
     import torch
+
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -137,6 +140,7 @@ class Checkpointer:
         import io
 
         import torch
+
         buf = io.BytesIO()
         torch.save(
             sd, buf
@@ -145,13 +149,14 @@ class Checkpointer:
         tmp, final = f"{CKPT}/torch/.step-{step}.pt.tmp", f"{CKPT}/torch/step-{step}"
         with self.fs.open(tmp, "wb") as f:
             for off in range(0, len(data), 8 * MiB):
-                f.write(data[off:off + 8 * MiB])
+                f.write(data[off : off + 8 * MiB])
         self.commit_rename(tmp, final, len(data))
         return len(data)
 
     def save_torch_direct(self, sd, step: int) -> int:
         """torch.save straight into the NFS file object (what training code does)."""
         import torch
+
         tmp, final = f"{CKPT}/torch/.step-{step}.pt.tmp", f"{CKPT}/torch/step-{step}"
         # torch.save issues many small writes: buffer them into 8 MiB WRITEs as a
         # training job would (nfs4fs otherwise sends each as its own FILE_SYNC WRITE)
@@ -163,11 +168,13 @@ class Checkpointer:
 
     def load_torch(self, step: int):
         import torch
+
         with self.fs.open(f"{CKPT}/torch/step-{step}", "rb") as f:
             return torch.load(f, weights_only=True)
 
     def save_safetensors(self, sd, step: int) -> int:
         from safetensors.torch import save
+
         data = save(sd)
         tmp, final = f"{CKPT}/safetensors/.step-{step}.st.tmp", f"{CKPT}/safetensors/step-{step}"
         with self.fs.open(tmp, "wb") as f:
@@ -177,12 +184,14 @@ class Checkpointer:
 
     def load_safetensors(self, step: int):
         from safetensors.torch import load
+
         with self.fs.open(f"{CKPT}/safetensors/step-{step}", "rb") as f:  # cat_file caps at 16 MiB
             return load(f.read())
 
     def zarr_store(self, path: str, read_only: bool = False):
         from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
         from zarr.storage import FsspecStore
+
         if self.zfs is None:
             # zarr writes chunk files under directories it does not create itself
             self.zfs = AsyncFileSystemWrapper(nfs_fs(self.port, auto_mkdir=True))
@@ -190,6 +199,7 @@ class Checkpointer:
 
     def save_zarr(self, array, step: int) -> int:
         import zarr
+
         tmp, final = f"{CKPT}/zarr/.step-{step}.zarr.tmp", f"{CKPT}/zarr/step-{step}"
         z = zarr.create_array(
             self.zarr_store(tmp),
@@ -216,6 +226,7 @@ def prune_plan_shingle(catalog_url: str) -> tuple[list[str], str]:
     from engine.catalog import Catalog
     from engine.namespace import Namespace
     from engine.retention import RetentionService
+
     catalog = Catalog(catalog_url)
     try:
         # settle_s: the writes came from NFS clients, whose opens this process cannot see
@@ -234,13 +245,15 @@ def prune_plan_shingle(catalog_url: str) -> tuple[list[str], str]:
     skipped = [p for p in plan if p.action == "skip"]
     if skipped:
         raise RuntimeError(f"retention skipped {[(p.path, p.reason) for p in skipped]}")
-    return [p.path for p in plan if p.action == "delete"], \
-        f"shingle engine.retention.RetentionService rule {rule_id} (preview), deletions over NFS"
+    return [
+        p.path for p in plan if p.action == "delete"
+    ], f"shingle engine.retention.RetentionService rule {rule_id} (preview), deletions over NFS"
 
 
 def prune_plan_client(fs) -> tuple[list[str], str]:
     """The same rule evaluated by the client (servers without shingle's engine)."""
     from engine.retention import natural_key
+
     doomed = []
     for d in fs.ls(CKPT, detail=False):
         d = "/" + d.split("://", 1)[-1].lstrip("/")
@@ -254,6 +267,7 @@ def prune_plan_client(fs) -> tuple[list[str], str]:
 
 def checkpoints(port: int, size: dict, catalog_url: str | None) -> dict:
     import numpy as np
+
     fs = nfs_fs(port)
     for fmt in FORMATS:
         fs.makedirs(f"{CKPT}/{fmt}", exist_ok=True)
@@ -268,7 +282,8 @@ def checkpoints(port: int, size: dict, catalog_url: str | None) -> dict:
     for step in range(size["steps"]):
         sd = state_dict(size["model_bytes"], seed=step)
         arr = np.random.default_rng(step).standard_normal(
-            (max(8, size["zarr_bytes"] // (4 * 4096)), 4096), dtype=np.float32)
+            (max(8, size["zarr_bytes"] // (4 * 4096)), 4096), dtype=np.float32
+        )
         t = time.perf_counter()
         n = ck.save_torch_direct(sd, step)
         out["torch_save_MBps"].append(n / (time.perf_counter() - t) / 1e6)
@@ -331,6 +346,7 @@ class ShardStream(IterableDataset):
     def __iter__(self):
         import numpy as np
         import torch
+
         info = torch.utils.data.get_worker_info()
         wid, nw = (info.id, info.num_workers) if info else (0, 1)
         fs = nfs_fs(self.port) if self.port else None  # one connection per worker, made after fork
@@ -351,6 +367,7 @@ class ShardStream(IterableDataset):
 
 def stream(paths, port, workers: int) -> tuple[float, int, int]:
     import torch
+
     ds = ShardStream(paths, port)
     # spawn, not fork: a forked child inherits the parent's NFS client threads half-alive
     extra = (
@@ -372,6 +389,7 @@ def stream(paths, port, workers: int) -> tuple[float, int, int]:
 
 def dataset(port: int, size: dict, local_dir: Path) -> dict:
     import numpy as np
+
     fs = nfs_fs(port)
     fs.makedirs(f"{ROOT}/data", exist_ok=True)
     local_dir.mkdir(parents=True, exist_ok=True)
@@ -398,11 +416,17 @@ def dataset(port: int, size: dict, local_dir: Path) -> dict:
     fs.rm(f"{ROOT}/data", recursive=True)
     fs.close()
     shutil.rmtree(local_dir, ignore_errors=True)
-    return {"metrics": {"dataloader_samples_per_s": round(results["nfs"], 1),
-                        "dataloader_local_samples_per_s": round(results["local"], 1),
-                        "dataloader_vs_local": round(results["nfs"] / results["local"], 3)},
-            "samples": samples, "workers": size["workers"], "seq_len": SEQ_LEN,
-            "corpus_MiB": round(size["shards"] * size["shard_bytes"] / MiB, 1)}
+    return {
+        "metrics": {
+            "dataloader_samples_per_s": round(results["nfs"], 1),
+            "dataloader_local_samples_per_s": round(results["local"], 1),
+            "dataloader_vs_local": round(results["nfs"] / results["local"], 3),
+        },
+        "samples": samples,
+        "workers": size["workers"],
+        "seq_len": SEQ_LEN,
+        "corpus_MiB": round(size["shards"] * size["shard_bytes"] / MiB, 1),
+    }
 
 
 def run(port: int, mode: str, local_dir: Path, catalog_url: str | None = None) -> dict:

@@ -17,6 +17,7 @@ with LOOKUP ".", which NFS-Ganesha refuses.
 Written data carries the block index in its first 8 bytes, so reads are
 checked block by block and no server can dedupe or compress the stream.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,15 +37,42 @@ BASE = "bench"
 # Sizes per mode: "full" is the issue's spec, "quick" runs every workload once in
 # a few minutes, "smoke" only proves the harness works (tests).
 SIZES = {
-    "full": dict(seq_bytes=2048 * MiB, io=MiB, small_files=2000, small_size=4096, rand_seconds=10.0,
-                 rand_file=256 * MiB, ckpt_writers=8, ckpt_bytes=256 * MiB, shard_readers=16,
-                 shard_bytes=256 * MiB),
-    "quick": dict(seq_bytes=512 * MiB, io=MiB, small_files=500, small_size=4096, rand_seconds=3.0,
-                  rand_file=32 * MiB, ckpt_writers=8, ckpt_bytes=32 * MiB, shard_readers=16,
-                  shard_bytes=64 * MiB),
-    "smoke": dict(seq_bytes=8 * MiB, io=MiB, small_files=30, small_size=4096, rand_seconds=0.5,
-                  rand_file=2 * MiB, ckpt_writers=8, ckpt_bytes=2 * MiB, shard_readers=16,
-                  shard_bytes=4 * MiB),
+    "full": dict(
+        seq_bytes=2048 * MiB,
+        io=MiB,
+        small_files=2000,
+        small_size=4096,
+        rand_seconds=10.0,
+        rand_file=256 * MiB,
+        ckpt_writers=8,
+        ckpt_bytes=256 * MiB,
+        shard_readers=16,
+        shard_bytes=256 * MiB,
+    ),
+    "quick": dict(
+        seq_bytes=512 * MiB,
+        io=MiB,
+        small_files=500,
+        small_size=4096,
+        rand_seconds=3.0,
+        rand_file=32 * MiB,
+        ckpt_writers=8,
+        ckpt_bytes=32 * MiB,
+        shard_readers=16,
+        shard_bytes=64 * MiB,
+    ),
+    "smoke": dict(
+        seq_bytes=8 * MiB,
+        io=MiB,
+        small_files=30,
+        small_size=4096,
+        rand_seconds=0.5,
+        rand_file=2 * MiB,
+        ckpt_writers=8,
+        ckpt_bytes=2 * MiB,
+        shard_readers=16,
+        shard_bytes=4 * MiB,
+    ),
 }
 
 
@@ -186,6 +214,7 @@ class Nfs4fs:
         def write_at(data, off):
             f.seek(off)
             f.write(data)
+
         return f, write_at
 
     def listdir(self, path: str) -> list[str]:
@@ -210,8 +239,10 @@ def check_block(path: str, buf, offset: int, io_size: int) -> None:
     if offset % io_size == 0:
         index = struct.unpack_from("<Q", buf, 0)[0]
         if index != offset // io_size:
-            raise WorkloadError(f"{path}: block at offset {offset} holds index {index}, "
-                                f"expected {offset // io_size} (wrong data returned)")
+            raise WorkloadError(
+                f"{path}: block at offset {offset} holds index {index}, "
+                f"expected {offset // io_size} (wrong data returned)"
+            )
 
 
 def check_size(path: str, done: int, expect: int) -> int:
@@ -268,8 +299,11 @@ def small_files(a, p: dict) -> dict:
     if left:
         raise WorkloadError(f"{d}: {len(left)} entries left after removing all (e.g. {left[:3]})")
     n = len(names)
-    return {"create_per_s": round(n / t_create, 1), "stat_per_s": round(n / t_stat, 1),
-            "remove_per_s": round(n / t_remove, 1)}
+    return {
+        "create_per_s": round(n / t_create, 1),
+        "stat_per_s": round(n / t_stat, 1),
+        "remove_per_s": round(n / t_remove, 1),
+    }
 
 
 def random_write(a, p: dict) -> dict:
@@ -332,9 +366,11 @@ def checkpoint_writers(a, p: dict) -> dict:
     n, size = p["ckpt_writers"], p["ckpt_bytes"]
     conns = [connect(a.kind, a.port) for _ in range(n)]
     try:
+
         def write(i):
             conns[i].write_file(f"{d}/.rank{i}.tmp", size, p["io"])
             conns[i].rename(f"{d}/.rank{i}.tmp", f"{d}/rank{i}.pt")
+
         elapsed = run_threads(write, n)
     finally:
         for c in conns:

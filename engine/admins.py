@@ -2,6 +2,7 @@
 
 Creating accounts and tokens, passwords and sign-in checks are engine.accounts;
 this module only reads them (never a secret or a hash) and removes tokens."""
+
 from __future__ import annotations
 
 from sqlalchemy import select
@@ -25,17 +26,32 @@ def user_id(catalog: Catalog, username: str) -> int:
 
 def list_admins(catalog: Catalog) -> list[dict]:
     """id, username, created_ns, last_login_ns, failed_logins of every admin, by id."""
-    query = select(USERS.c.id, USERS.c.username, USERS.c.created_ns, USERS.c.last_login_ns,
-                   USERS.c.failed_logins).order_by(USERS.c.id)
+    query = select(
+        USERS.c.id,
+        USERS.c.username,
+        USERS.c.created_ns,
+        USERS.c.last_login_ns,
+        USERS.c.failed_logins,
+    ).order_by(USERS.c.id)
     return catalog.read(lambda c: [dict(r._mapping) for r in c.execute(query)])
 
 
 def list_tokens(catalog: Catalog) -> list[dict]:
     """id, name, scope, created_ns, expires_ns, last_used_ns and the owner's username of every
     API token."""
-    query = (select(TOKENS.c.id, TOKENS.c.name, TOKENS.c.scope, TOKENS.c.created_ns,
-                    TOKENS.c.expires_ns, TOKENS.c.last_used_ns, USERS.c.username)
-             .select_from(TOKENS.join(USERS, USERS.c.id == TOKENS.c.user_id)).order_by(TOKENS.c.id))
+    query = (
+        select(
+            TOKENS.c.id,
+            TOKENS.c.name,
+            TOKENS.c.scope,
+            TOKENS.c.created_ns,
+            TOKENS.c.expires_ns,
+            TOKENS.c.last_used_ns,
+            USERS.c.username,
+        )
+        .select_from(TOKENS.join(USERS, USERS.c.id == TOKENS.c.user_id))
+        .order_by(TOKENS.c.id)
+    )
     return catalog.read(lambda c: [dict(r._mapping) for r in c.execute(query)])
 
 
@@ -45,6 +61,12 @@ def revoke_token(catalog: Catalog, token_id: int, *, actor: str) -> None:
         if row is None:
             raise errors.NotFound(f"no API token with id {token_id}")
         conn.execute(TOKENS.delete().where(TOKENS.c.id == token_id))
-        record_in(conn, "admin.token.revoke", f"API token {row.name!r} revoked", actor=actor,
-                  details={"token_id": token_id})
+        record_in(
+            conn,
+            "admin.token.revoke",
+            f"API token {row.name!r} revoked",
+            actor=actor,
+            details={"token_id": token_id},
+        )
+
     catalog.run(work)

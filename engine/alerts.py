@@ -12,6 +12,7 @@ Raised and cleared alerts are returned as ``Notice``s for delivery (engine/notif
 maintenance loop runs ``AlertMonitor.tick`` (appliance/maintenance.py), each source at its own
 interval. ``catalog_unreachable`` cannot be stored while the catalog is away: the monitor sends
 it at once and records it, already cleared, once the catalog answers again."""
+
 from __future__ import annotations
 
 import json
@@ -69,6 +70,7 @@ class AlertRecord:
 @dataclass(frozen=True)
 class Notice:
     """What delivery sends: an alert that was raised ("active") or "cleared"."""
+
     alert: AlertRecord
     change: str  # "active" | "cleared"
 
@@ -82,9 +84,20 @@ class Notice:
 
 
 def _record(row) -> AlertRecord:
-    return AlertRecord(row.id, row.kind, row.key, row.severity, row.state, row.message,
-                       json.loads(row.details) if row.details else {}, row.first_ns, row.last_ns,
-                       row.acknowledged_ns, row.acknowledged_by, row.cleared_ns)
+    return AlertRecord(
+        row.id,
+        row.kind,
+        row.key,
+        row.severity,
+        row.state,
+        row.message,
+        json.loads(row.details) if row.details else {},
+        row.first_ns,
+        row.last_ns,
+        row.acknowledged_ns,
+        row.acknowledged_by,
+        row.cleared_ns,
+    )
 
 
 # -- settings the sources read -----------------------------------------------------------------
@@ -110,44 +123,71 @@ class AlertSource:
 
 class DriveFailed(AlertSource):
     """A drive failed (by an admin or a rebuild) or missing (its folder or device is gone)."""
+
     kind = "drive_failed"
 
     def find(self, catalog, settings):
-        rows = catalog.read(lambda c: c.execute(select(DRIVES.c.id, DRIVES.c.state, DRIVES.c.path)
-                            .where(DRIVES.c.state.in_(("failed", "missing")))).all())
-        return [Finding(f"drive:{r.id}", CRITICAL, f"drive {r.id} is {r.state} ({r.path}): "
-                        "replace it (`shingle drives replace`)", {"drive_id": r.id,
-                                                                  "state": r.state})
-                for r in rows]
+        rows = catalog.read(
+            lambda c: c.execute(
+                select(DRIVES.c.id, DRIVES.c.state, DRIVES.c.path).where(
+                    DRIVES.c.state.in_(("failed", "missing"))
+                )
+            ).all()
+        )
+        return [
+            Finding(
+                f"drive:{r.id}",
+                CRITICAL,
+                f"drive {r.id} is {r.state} ({r.path}): replace it (`shingle drives replace`)",
+                {"drive_id": r.id, "state": r.state},
+            )
+            for r in rows
+        ]
 
 
 class DriveDegraded(AlertSource):
     """A drive reported I/O errors: still read, no longer written."""
+
     kind = "drive_io_errors"
 
     def find(self, catalog, settings):
-        rows = catalog.read(lambda c: c.execute(select(DRIVES.c.id, DRIVES.c.path)
-                            .where(DRIVES.c.state == "degraded")).all())
-        return [Finding(f"drive:{r.id}", WARNING, f"drive {r.id} is degraded after I/O errors "
-                        f"({r.path}): read only; plan to replace it", {"drive_id": r.id})
-                for r in rows]
+        rows = catalog.read(
+            lambda c: c.execute(
+                select(DRIVES.c.id, DRIVES.c.path).where(DRIVES.c.state == "degraded")
+            ).all()
+        )
+        return [
+            Finding(
+                f"drive:{r.id}",
+                WARNING,
+                f"drive {r.id} is degraded after I/O errors "
+                f"({r.path}): read only; plan to replace it",
+                {"drive_id": r.id},
+            )
+            for r in rows
+        ]
 
 
 class SmartHealth(AlertSource):
     """SMART pre-fail (overall assessment failed, an attribute failing now) and temperature."""
+
     kind = "smart"
     interval_s = 600.0
 
     def __init__(self, cache=None):
         from engine.health import SmartCache
+
         self.cache = cache or SmartCache()
 
     def find(self, catalog, settings):
-        rows = catalog.read(lambda c: c.execute(
-            select(DRIVES.c.id, DRIVES.c.device, DRIVES.c.path, DRIVES.c.backend)
-            .where(DRIVES.c.state != "removed")).all())
-        devices = {r.id: r.device or (r.path if r.backend == "zoned-block" else None)
-                   for r in rows}
+        rows = catalog.read(
+            lambda c: c.execute(
+                select(DRIVES.c.id, DRIVES.c.device, DRIVES.c.path, DRIVES.c.backend).where(
+                    DRIVES.c.state != "removed"
+                )
+            ).all()
+        )
+        devices = {r.id: r.device or (r.path if r.backend == "zoned-block" else None) for r in rows}
         devices = {k: v for k, v in devices.items() if v}
         self.cache.refresh(list(devices.values()), settings.smartctl)
         found = []
@@ -157,45 +197,71 @@ class SmartHealth(AlertSource):
                 continue
             failing = [a["name"] for a in report.get("attributes", []) if a.get("failed") == "now"]
             if report.get("passed") is False or failing:
-                why = "SMART overall assessment FAILED" if report.get("passed") is False \
+                why = (
+                    "SMART overall assessment FAILED"
+                    if report.get("passed") is False
                     else "SMART attributes failing now: " + ", ".join(failing)
-                found.append(Finding(f"prefail:drive:{drive_id}", CRITICAL,
-                                     f"drive {drive_id} ({device}): {why}; replace it",
-                                     {"drive_id": drive_id, "device": device}))
+                )
+                found.append(
+                    Finding(
+                        f"prefail:drive:{drive_id}",
+                        CRITICAL,
+                        f"drive {drive_id} ({device}): {why}; replace it",
+                        {"drive_id": drive_id, "device": device},
+                    )
+                )
             temp = report.get("temperature_c")
             if temp is not None and temp >= settings.temperature_c:
-                found.append(Finding(f"temperature:drive:{drive_id}", WARNING,
-                                     f"drive {drive_id} ({device}) is at {temp} °C (alert at "
-                                     f"{settings.temperature_c:g} °C)",
-                                     {"drive_id": drive_id, "temperature_c": temp}))
+                found.append(
+                    Finding(
+                        f"temperature:drive:{drive_id}",
+                        WARNING,
+                        f"drive {drive_id} ({device}) is at {temp} °C (alert at "
+                        f"{settings.temperature_c:g} °C)",
+                        {"drive_id": drive_id, "temperature_c": temp},
+                    )
+                )
         return found
 
 
 class RedundancyReduced(AlertSource):
     """Stripes missing fragments: one or more further losses from losing data."""
+
     kind = "redundancy_reduced"
 
     def find(self, catalog, settings):
         from engine.lifecycle.drives import redundancy_status
+
         status = redundancy_status(catalog)
         if not status.reduced and not status.lost:
             return []
         severity = CRITICAL if status.lost or status.no_redundancy else WARNING
-        return [Finding("", severity, f"{status.reduced} of {status.stripes} stripes are "
-                        f"under-protected ({status.no_redundancy} with no redundancy left, "
-                        f"{status.lost} lost): add or replace drives, then rebuild",
-                        status.to_dict())]
+        return [
+            Finding(
+                "",
+                severity,
+                f"{status.reduced} of {status.stripes} stripes are "
+                f"under-protected ({status.no_redundancy} with no redundancy left, "
+                f"{status.lost} lost): add or replace drives, then rebuild",
+                status.to_dict(),
+            )
+        ]
 
 
 class Capacity(AlertSource):
     """The pool fills: one alert at the warning share, another at the critical one."""
+
     kind = "capacity"
 
     def find(self, catalog, settings):
         from engine.lifecycle.drives import list_drives
+
         usable = free = 0
-        ratio_of = [p.k / p.width for p in settings.policies.values()
-                    if getattr(p, "m", 0) and p.name == "warm"]
+        ratio_of = [
+            p.k / p.width
+            for p in settings.policies.values()
+            if getattr(p, "m", 0) and p.name == "warm"
+        ]
         ratio = ratio_of[0] if ratio_of else 1.0
         for d in list_drives(catalog):
             if d.state not in ("online", "degraded", "draining"):
@@ -206,59 +272,92 @@ class Capacity(AlertSource):
         if not usable:
             return []
         used = 100.0 * (1 - free / usable)
-        for level, severity in ((settings.capacity_critical_percent, CRITICAL),
-                                (settings.capacity_warn_percent, WARNING)):
+        for level, severity in (
+            (settings.capacity_critical_percent, CRITICAL),
+            (settings.capacity_warn_percent, WARNING),
+        ):
             if used >= level:
-                return [Finding(f"{level:g}%", severity, f"the pool is {used:.0f} % full (alert "
-                                f"at {level:g} %): free space or add drives",
-                                {"used_percent": round(used, 1),
-                                 "usable_bytes": int(usable * ratio),
-                                 "free_bytes": int(free * ratio)})]
+                return [
+                    Finding(
+                        f"{level:g}%",
+                        severity,
+                        f"the pool is {used:.0f} % full (alert "
+                        f"at {level:g} %): free space or add drives",
+                        {
+                            "used_percent": round(used, 1),
+                            "usable_bytes": int(usable * ratio),
+                            "free_bytes": int(free * ratio),
+                        },
+                    )
+                ]
         return []
 
 
 class ScrubUnrepairable(AlertSource):
     """The newest scrub found data it could not repair from redundancy."""
+
     kind = "scrub_unrepairable"
 
     def find(self, catalog, settings):
-        row = catalog.read(lambda c: c.execute(
-            select(JOBS.c.id, JOBS.c.result).where(JOBS.c.kind == "scrub",
-                                                   JOBS.c.state.in_(("done", "warnings")))
-            .order_by(JOBS.c.id.desc()).limit(1)).first())
+        row = catalog.read(
+            lambda c: c.execute(
+                select(JOBS.c.id, JOBS.c.result)
+                .where(JOBS.c.kind == "scrub", JOBS.c.state.in_(("done", "warnings")))
+                .order_by(JOBS.c.id.desc())
+                .limit(1)
+            ).first()
+        )
         if row is None or not row.result:
             return []
         result = json.loads(row.result)
         bad = int(result.get("unrepairable", 0)) if isinstance(result, dict) else 0
         if not bad:
             return []
-        return [Finding(f"job:{row.id}", CRITICAL, f"scrub job {row.id} found {bad} fragments it "
-                        "could not repair: those files have lost data (see events scrub.)",
-                        {"job": row.id, "unrepairable": bad})]
+        return [
+            Finding(
+                f"job:{row.id}",
+                CRITICAL,
+                f"scrub job {row.id} found {bad} fragments it "
+                "could not repair: those files have lost data (see events scrub.)",
+                {"job": row.id, "unrepairable": bad},
+            )
+        ]
 
 
 class JobFailed(AlertSource):
     """A job failed or was interrupted, and no later job of its kind ended well."""
+
     kind = "job_failed"
 
     def find(self, catalog, settings):
-        rows = catalog.read(lambda c: c.execute(
-            select(JOBS.c.id, JOBS.c.kind, JOBS.c.state, JOBS.c.message)
-            .where(JOBS.c.state.in_(("done", "warnings", "failed", "interrupted")))
-            .order_by(JOBS.c.id.desc()).limit(200)).all())
+        rows = catalog.read(
+            lambda c: c.execute(
+                select(JOBS.c.id, JOBS.c.kind, JOBS.c.state, JOBS.c.message)
+                .where(JOBS.c.state.in_(("done", "warnings", "failed", "interrupted")))
+                .order_by(JOBS.c.id.desc())
+                .limit(200)
+            ).all()
+        )
         good_since: set[str] = set()  # kinds with a good run newer than the row being looked at
         found = []
         for r in rows:  # newest first
             if r.state in ("done", "warnings"):
                 good_since.add(r.kind)
             elif r.kind not in good_since:
-                found.append(Finding(f"job:{r.id}", WARNING, f"{r.kind} job {r.id} {r.state}: "
-                                     f"{(r.message or '')[:200]}", {"job": r.id, "state": r.state}))
+                found.append(
+                    Finding(
+                        f"job:{r.id}",
+                        WARNING,
+                        f"{r.kind} job {r.id} {r.state}: {(r.message or '')[:200]}",
+                        {"job": r.id, "state": r.state},
+                    )
+                )
         return found
 
 
 class CertificateExpiry(AlertSource):
     """The web UI's TLS certificate expires soon (or has)."""
+
     kind = "cert_expiry"
     interval_s = 3600.0
 
@@ -273,15 +372,21 @@ class CertificateExpiry(AlertSource):
         if days > settings.cert_warn_days:
             return []
         state = "expired" if days <= 0 else f"expires in {days:.0f} days"
-        return [Finding(str(path), CRITICAL if days <= 3 else WARNING,
-                        f"the web UI's TLS certificate {state} ({expires:%Y-%m-%d}): renew {path}",
-                        {"not_after": expires.isoformat(), "days_left": round(days, 1)})]
+        return [
+            Finding(
+                str(path),
+                CRITICAL if days <= 3 else WARNING,
+                f"the web UI's TLS certificate {state} ({expires:%Y-%m-%d}): renew {path}",
+                {"not_after": expires.isoformat(), "days_left": round(days, 1)},
+            )
+        ]
 
 
 def certificate_not_after(path: Path) -> datetime:
     """A PEM certificate's notAfter (cryptography if installed, else the openssl command)."""
     try:
         from cryptography import x509
+
         cert = x509.load_pem_x509_certificate(path.read_bytes())
         return cert.not_valid_after_utc
     except ImportError:
@@ -289,15 +394,28 @@ def certificate_not_after(path: Path) -> datetime:
     openssl = shutil.which("openssl")
     if openssl is None:
         raise RuntimeError("cannot read certificates: no cryptography package, no openssl")
-    out = subprocess.run([openssl, "x509", "-enddate", "-noout", "-in", str(path)],
-                         capture_output=True, text=True, timeout=10, check=True).stdout
+    out = subprocess.run(
+        [openssl, "x509", "-enddate", "-noout", "-in", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    ).stdout
     stamp = out.strip().split("=", 1)[1]  # notAfter=Jan  1 00:00:00 2027 GMT
     return datetime.strptime(stamp, "%b %d %H:%M:%S %Y %Z").replace(tzinfo=UTC)
 
 
 def default_sources(smart_cache=None) -> list[AlertSource]:
-    return [DriveFailed(), DriveDegraded(), SmartHealth(smart_cache), RedundancyReduced(),
-            Capacity(), ScrubUnrepairable(), JobFailed(), CertificateExpiry()]
+    return [
+        DriveFailed(),
+        DriveDegraded(),
+        SmartHealth(smart_cache),
+        RedundancyReduced(),
+        Capacity(),
+        ScrubUnrepairable(),
+        JobFailed(),
+        CertificateExpiry(),
+    ]
 
 
 KINDS = tuple(s.kind for s in default_sources()) + ("catalog_unreachable",)
@@ -308,40 +426,74 @@ class AlertService:
     def __init__(self, catalog: Catalog):
         self.catalog = catalog
 
-    def apply(self, kind: str, findings: list[Finding], now_ns: int | None = None,
-              actor: str = "alerts") -> list[Notice]:
+    def apply(
+        self, kind: str, findings: list[Finding], now_ns: int | None = None, actor: str = "alerts"
+    ) -> list[Notice]:
         """One evaluation of ``kind``: raise new alerts, refresh open ones, clear the gone."""
         now = now_ns or time.time_ns()
         wanted = {f.key: f for f in findings}
 
         def work(conn):
-            open_rows = {r.key: r for r in conn.execute(select(ALERTS).where(
-                ALERTS.c.kind == kind, ALERTS.c.state.in_(OPEN)))}
+            open_rows = {
+                r.key: r
+                for r in conn.execute(
+                    select(ALERTS).where(ALERTS.c.kind == kind, ALERTS.c.state.in_(OPEN))
+                )
+            }
             changed = []
             for key, row in open_rows.items():
                 finding = wanted.get(key)
                 if finding is None:
-                    conn.execute(ALERTS.update().where(ALERTS.c.id == row.id)
-                                 .values(state=CLEARED, cleared_ns=now))
-                    record_in(conn, "alert.cleared", f"alert {row.id} cleared: {row.message}",
-                              actor=actor, details={"alert": row.id, "kind": kind})
+                    conn.execute(
+                        ALERTS.update()
+                        .where(ALERTS.c.id == row.id)
+                        .values(state=CLEARED, cleared_ns=now)
+                    )
+                    record_in(
+                        conn,
+                        "alert.cleared",
+                        f"alert {row.id} cleared: {row.message}",
+                        actor=actor,
+                        details={"alert": row.id, "kind": kind},
+                    )
                     changed.append((row.id, CLEARED))
                 else:
-                    conn.execute(ALERTS.update().where(ALERTS.c.id == row.id).values(
-                        last_ns=now, message=finding.message, severity=finding.severity,
-                        details=json.dumps(finding.details, default=str)))
+                    conn.execute(
+                        ALERTS.update()
+                        .where(ALERTS.c.id == row.id)
+                        .values(
+                            last_ns=now,
+                            message=finding.message,
+                            severity=finding.severity,
+                            details=json.dumps(finding.details, default=str),
+                        )
+                    )
             for key, finding in wanted.items():
                 if key in open_rows:
                     continue
-                alert_id = conn.execute(ALERTS.insert().values(
-                    kind=kind, key=key, severity=finding.severity, state=ACTIVE,
-                    message=finding.message, details=json.dumps(finding.details, default=str),
-                    first_ns=now, last_ns=now)).inserted_primary_key[0]
-                record_in(conn, "alert.raised", f"alert {alert_id}: {finding.message}",
-                          severity="error" if finding.severity == CRITICAL else "warning",
-                          actor=actor, details={"alert": alert_id, "kind": kind, "key": key})
+                alert_id = conn.execute(
+                    ALERTS.insert().values(
+                        kind=kind,
+                        key=key,
+                        severity=finding.severity,
+                        state=ACTIVE,
+                        message=finding.message,
+                        details=json.dumps(finding.details, default=str),
+                        first_ns=now,
+                        last_ns=now,
+                    )
+                ).inserted_primary_key[0]
+                record_in(
+                    conn,
+                    "alert.raised",
+                    f"alert {alert_id}: {finding.message}",
+                    severity="error" if finding.severity == CRITICAL else "warning",
+                    actor=actor,
+                    details={"alert": alert_id, "kind": kind, "key": key},
+                )
                 changed.append((alert_id, ACTIVE))
             return changed
+
         changed = self.catalog.run(work, tracked=True)
         return [Notice(self.get(alert_id), change) for alert_id, change in changed]
 
@@ -350,13 +502,28 @@ class AlertService:
         now = time.time_ns()
 
         def work(conn):
-            alert_id = conn.execute(ALERTS.insert().values(
-                kind=kind, key=finding.key, severity=finding.severity, state=CLEARED,
-                message=finding.message, details=json.dumps(finding.details, default=str),
-                first_ns=first_ns, last_ns=now, cleared_ns=now)).inserted_primary_key[0]
-            record_in(conn, "alert.cleared", f"alert {alert_id} cleared: {finding.message}",
-                      actor="alerts", details={"alert": alert_id, "kind": kind})
+            alert_id = conn.execute(
+                ALERTS.insert().values(
+                    kind=kind,
+                    key=finding.key,
+                    severity=finding.severity,
+                    state=CLEARED,
+                    message=finding.message,
+                    details=json.dumps(finding.details, default=str),
+                    first_ns=first_ns,
+                    last_ns=now,
+                    cleared_ns=now,
+                )
+            ).inserted_primary_key[0]
+            record_in(
+                conn,
+                "alert.cleared",
+                f"alert {alert_id} cleared: {finding.message}",
+                actor="alerts",
+                details={"alert": alert_id, "kind": kind},
+            )
             return alert_id
+
         return Notice(self.get(self.catalog.run(work, tracked=True)), CLEARED)
 
     def acknowledge(self, alert_id: int, actor: str) -> AlertRecord:
@@ -367,18 +534,29 @@ class AlertService:
             if row is None:
                 raise errors.NotFound(f"no alert {alert_id}: see `shingle alerts list`")
             if row.state != ACTIVE:
-                raise errors.InvalidArgument(f"alert {alert_id} is {row.state}: only an active "
-                                             "alert can be acknowledged")
-            conn.execute(ALERTS.update().where(ALERTS.c.id == alert_id).values(
-                state=ACKNOWLEDGED, acknowledged_ns=now, acknowledged_by=actor[:64]))
-            record_in(conn, "alert.acknowledged", f"alert {alert_id} acknowledged: {row.message}",
-                      actor=actor, details={"alert": alert_id})
+                raise errors.InvalidArgument(
+                    f"alert {alert_id} is {row.state}: only an active alert can be acknowledged"
+                )
+            conn.execute(
+                ALERTS.update()
+                .where(ALERTS.c.id == alert_id)
+                .values(state=ACKNOWLEDGED, acknowledged_ns=now, acknowledged_by=actor[:64])
+            )
+            record_in(
+                conn,
+                "alert.acknowledged",
+                f"alert {alert_id} acknowledged: {row.message}",
+                actor=actor,
+                details={"alert": alert_id},
+            )
+
         self.catalog.run(work, tracked=True)
         return self.get(alert_id)
 
     def get(self, alert_id: int) -> AlertRecord:
-        row = self.catalog.read(lambda c: c.execute(
-            select(ALERTS).where(ALERTS.c.id == alert_id)).first())
+        row = self.catalog.read(
+            lambda c: c.execute(select(ALERTS).where(ALERTS.c.id == alert_id)).first()
+        )
         if row is None:
             raise errors.NotFound(f"no alert {alert_id}: see `shingle alerts list`")
         return _record(row)
@@ -388,17 +566,23 @@ class AlertService:
         query = select(ALERTS)
         if states:
             query = query.where(ALERTS.c.state.in_(states))
-        rows = self.catalog.read(lambda c: c.execute(
-            query.order_by(ALERTS.c.id.desc()).limit(limit)).all())
+        rows = self.catalog.read(
+            lambda c: c.execute(query.order_by(ALERTS.c.id.desc()).limit(limit)).all()
+        )
         records = [_record(r) for r in rows]
         return sorted(records, key=lambda a: (a.state == CLEARED, -a.id))
 
     def count_active(self) -> dict[str, int]:
         """severity -> active alerts (the web UI's banner)."""
         from sqlalchemy import func
-        rows = self.catalog.read(lambda c: c.execute(
-            select(ALERTS.c.severity, func.count()).where(ALERTS.c.state == ACTIVE)
-            .group_by(ALERTS.c.severity)).all())
+
+        rows = self.catalog.read(
+            lambda c: c.execute(
+                select(ALERTS.c.severity, func.count())
+                .where(ALERTS.c.state == ACTIVE)
+                .group_by(ALERTS.c.severity)
+            ).all()
+        )
         return {r[0]: int(r[1]) for r in rows}
 
 
@@ -407,8 +591,15 @@ class AlertMonitor:
     """Runs each source when its interval is due and hands raised and cleared alerts to
     ``deliver`` (engine.notify.Notifier.deliver: it queues, never blocks)."""
 
-    def __init__(self, catalog: Catalog, settings: AlertSettings, *, deliver=None,
-                 sources: list[AlertSource] | None = None, interval_scale: float = 1.0):
+    def __init__(
+        self,
+        catalog: Catalog,
+        settings: AlertSettings,
+        *,
+        deliver=None,
+        sources: list[AlertSource] | None = None,
+        interval_scale: float = 1.0,
+    ):
         self.catalog = catalog
         self.settings = settings
         self.service = AlertService(catalog)
@@ -447,9 +638,25 @@ class AlertMonitor:
                 finding = Finding("", CRITICAL, f"the catalog is unreachable: {exc}"[:300])
                 self._catalog_down = (time.time_ns(), finding)
                 now = time.time_ns()
-                self.deliver(Notice(AlertRecord(0, "catalog_unreachable", "", CRITICAL, ACTIVE,
-                                                finding.message, {}, now, now, None, None, None),
-                                    ACTIVE))
+                self.deliver(
+                    Notice(
+                        AlertRecord(
+                            0,
+                            "catalog_unreachable",
+                            "",
+                            CRITICAL,
+                            ACTIVE,
+                            finding.message,
+                            {},
+                            now,
+                            now,
+                            None,
+                            None,
+                            None,
+                        ),
+                        ACTIVE,
+                    )
+                )
                 log.error("alert: %s", finding.message)
             return False
         if self._catalog_down is not None:

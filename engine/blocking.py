@@ -5,6 +5,7 @@ in-memory caches (appliance/nfs/v4/compound.py). Inside ``no_blocking()``, every
 call that would wait (a catalog transaction, a lock held across one, a
 statfs, a fragment read from a drive) raises ``WouldBlock`` instead, and the
 loop hands the call to a worker thread, as it does every other call."""
+
 from __future__ import annotations
 
 import threading

@@ -15,6 +15,7 @@ Both layouts share one model so the data path has a single code path:
 - ``replicate``: a stripe is ``copies`` identical fragments with no header
   (k=1, m=copies-1); any good copy serves a read.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -42,8 +43,14 @@ COMPRESSION = (None, "zstd")
 DEFAULTS: dict[str, dict] = {
     "hot": {"redundancy": "replicate", "copies": 3},
     "warm": {"redundancy": "ec", "k": 8, "m": 2, "backend": "isa_l_rs_vand", "fragment_size": MiB},
-    "cold": {"redundancy": "ec", "k": 8, "m": 2, "backend": "isa_l_rs_vand", "fragment_size": MiB,
-             "compression": "zstd"},
+    "cold": {
+        "redundancy": "ec",
+        "k": 8,
+        "m": 2,
+        "backend": "isa_l_rs_vand",
+        "fragment_size": MiB,
+        "compression": "zstd",
+    },
 }
 DEFAULT_CLASS = "warm"
 HOT_CLASS = "hot"
@@ -125,9 +132,14 @@ def _liberasurecode():
             lib.liberasurecode_instance_create.argtypes = [ctypes.c_int, ctypes.POINTER(_EcArgs)]
             lib.liberasurecode_instance_create.restype = ctypes.c_int
             pp = ctypes.POINTER(ctypes.POINTER(ctypes.c_char))
-            lib.liberasurecode_encode.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64,
-                                                  ctypes.POINTER(pp), ctypes.POINTER(pp),
-                                                  ctypes.POINTER(ctypes.c_uint64)]
+            lib.liberasurecode_encode.argtypes = [
+                ctypes.c_int,
+                ctypes.c_void_p,
+                ctypes.c_uint64,
+                ctypes.POINTER(pp),
+                ctypes.POINTER(pp),
+                ctypes.POINTER(ctypes.c_uint64),
+            ]
             lib.liberasurecode_encode.restype = ctypes.c_int
             lib.liberasurecode_encode_cleanup.argtypes = [ctypes.c_int, pp, pp]
             lib.liberasurecode_encode_cleanup.restype = ctypes.c_int
@@ -177,8 +189,14 @@ class _NativeEncoder:
             keep = view
         pp = ctypes.POINTER(ctypes.POINTER(ctypes.c_char))
         data_p, parity_p, flen = pp(), pp(), ctypes.c_uint64()
-        rc = self.lib.liberasurecode_encode(self.desc, source, length, ctypes.byref(data_p),
-                                            ctypes.byref(parity_p), ctypes.byref(flen))
+        rc = self.lib.liberasurecode_encode(
+            self.desc,
+            source,
+            length,
+            ctypes.byref(data_p),
+            ctypes.byref(parity_p),
+            ctypes.byref(flen),
+        )
         del keep
         if rc != 0:
             raise OSError(f"liberasurecode_encode returned {rc}")
@@ -197,6 +215,7 @@ class _NativeEncoder:
                 # someone still holds a view: leaking the buffers beats freeing them under it
                 return
             lib.liberasurecode_encode_cleanup(desc, data_p, parity_p)
+
         return Encoded(fragments, free)
 
     def decode(self, fragments: list) -> bytes:
@@ -214,8 +233,15 @@ class _NativeEncoder:
             ]
         )
         out, out_len = ctypes.POINTER(ctypes.c_char)(), ctypes.c_uint64()
-        rc = self.lib.liberasurecode_decode(self.desc, pointers, len(keep), len(fragments[0]), 0,
-                                            ctypes.byref(out), ctypes.byref(out_len))
+        rc = self.lib.liberasurecode_decode(
+            self.desc,
+            pointers,
+            len(keep),
+            len(fragments[0]),
+            0,
+            ctypes.byref(out),
+            ctypes.byref(out_len),
+        )
         if rc != 0:
             raise DecodeError(f"liberasurecode_decode returned {rc}")
         try:
@@ -230,6 +256,7 @@ class Decoder:
 
     def __init__(self, k: int, m: int, backend: str):
         from pyeclib.ec_iface import ECDriver, PyECLib_EC_Types
+
         self.k, self.m, self.backend = k, m, backend
         self.driver = ECDriver(k=k, m=m, ec_type=backend)
         self.native = None
@@ -328,6 +355,7 @@ class Policy:
     def driver(self):
         if self._driver is None and self.redundancy == "ec":
             from pyeclib.ec_iface import ECDriver
+
             self._driver = ECDriver(k=self.k, m=self.m, ec_type=self.backend)
         return self._driver
 
@@ -359,11 +387,16 @@ class Policy:
 
     def as_row(self) -> dict:
         """Values of the band_classes catalog row."""
-        return {"name": self.name, "redundancy": self.redundancy, "copies": self.copies,
-                "ec_k": self.k if self.redundancy == "ec" else 1,
-                "ec_m": self.m if self.redundancy == "ec" else self.copies - 1,
-                "ec_backend": self.backend or "", "fragment_size": self.fragment_size,
-                "compression": self.compression}
+        return {
+            "name": self.name,
+            "redundancy": self.redundancy,
+            "copies": self.copies,
+            "ec_k": self.k if self.redundancy == "ec" else 1,
+            "ec_m": self.m if self.redundancy == "ec" else self.copies - 1,
+            "ec_backend": self.backend or "",
+            "fragment_size": self.fragment_size,
+            "compression": self.compression,
+        }
 
 
 def _int(key: str, value, low: int, high: int) -> int:
@@ -374,6 +407,7 @@ def _int(key: str, value, low: int, high: int) -> int:
 
 def available_backends() -> list[str]:
     from pyeclib.ec_iface import VALID_EC_TYPES
+
     return list(VALID_EC_TYPES)
 
 
@@ -415,8 +449,12 @@ def policy_from_dict(name: str, options: dict) -> Policy:
         raise ConfigError(
             f"{prefix}.backend", backend, f"an erasure-code backend present in pyeclib: {backends}"
         )
-    size = _int(f"{prefix}.fragment_size", options.get("fragment_size", fallback["fragment_size"]),
-                MIN_FRAGMENT_SIZE, MAX_FRAGMENT_SIZE)
+    size = _int(
+        f"{prefix}.fragment_size",
+        options.get("fragment_size", fallback["fragment_size"]),
+        MIN_FRAGMENT_SIZE,
+        MAX_FRAGMENT_SIZE,
+    )
     if size % 4096:
         raise ConfigError(f"{prefix}.fragment_size", size, "a multiple of 4096 bytes")
     policy = Policy(name, "ec", k, m, backend, size, 1, compression)
@@ -452,8 +490,8 @@ def _check_systematic(policy: Policy, key: str) -> None:
     if payload * policy.k < len(sample) or any(len(f) != len(fragments[0]) for f in fragments):
         raise ConfigError(key, policy.backend, "a backend whose fragments are all the same length")
     for i in range(policy.k):
-        chunk = sample[i * payload:(i + 1) * payload]
-        if fragments[i][header:header + len(chunk)] != chunk:
+        chunk = sample[i * payload : (i + 1) * payload]
+        if fragments[i][header : header + len(chunk)] != chunk:
             raise ConfigError(
                 key, policy.backend, "a systematic code (data fragments hold the plain data)"
             )
@@ -464,6 +502,7 @@ def _check_systematic(policy: Policy, key: str) -> None:
 def _attach_native(policy: Policy) -> None:
     """Use liberasurecode directly when it produces exactly pyeclib's fragments."""
     from pyeclib.ec_iface import PyECLib_EC_Types
+
     if policy.backend is None:  # replicated and inline policies have no codec
         return
     try:

@@ -2,6 +2,7 @@
 
 Protocol layers map ``FsError.errno`` to their own status codes, so the
 engine never needs to know about NFS4ERR_* or HTTP statuses."""
+
 from __future__ import annotations
 
 import errno as _errno

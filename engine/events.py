@@ -3,6 +3,7 @@
 Every admin change (who did what), every retention action, drive state
 change, scrub repair or rebuild is one row, shown on the web UI's events
 page and available to scripts."""
+
 from __future__ import annotations
 
 import json
@@ -30,14 +31,28 @@ class EventRecord:
     details: dict | None
 
 
-def record_in(conn: Connection, kind: str, message: str, *, severity: str = "info",
-              actor: str = "system", details: dict | None = None) -> None:
+def record_in(
+    conn: Connection,
+    kind: str,
+    message: str,
+    *,
+    severity: str = "info",
+    actor: str = "system",
+    details: dict | None = None,
+) -> None:
     """Record an event inside the caller's transaction (it commits with the change)."""
     if severity not in SEVERITIES:
         raise ValueError(f"event severity {severity!r}: expected one of {SEVERITIES}")
-    conn.execute(EVENTS.insert().values(
-        time_ns=time.time_ns(), kind=kind, severity=severity, actor=actor, message=message,
-        details=json.dumps(details, sort_keys=True) if details is not None else None))
+    conn.execute(
+        EVENTS.insert().values(
+            time_ns=time.time_ns(),
+            kind=kind,
+            severity=severity,
+            actor=actor,
+            message=message,
+            details=json.dumps(details, sort_keys=True) if details is not None else None,
+        )
+    )
 
 
 def record(catalog: Catalog, kind: str, message: str, **kwargs) -> None:
@@ -46,8 +61,13 @@ def record(catalog: Catalog, kind: str, message: str, **kwargs) -> None:
     )  # events are cached nowhere
 
 
-def recent(catalog: Catalog, limit: int = 100, *, kind_prefix: str | None = None,
-           before_id: int | None = None) -> list[EventRecord]:
+def recent(
+    catalog: Catalog,
+    limit: int = 100,
+    *,
+    kind_prefix: str | None = None,
+    before_id: int | None = None,
+) -> list[EventRecord]:
     def work(conn):
         query = select(EVENTS).order_by(EVENTS.c.id.desc()).limit(limit)
         if kind_prefix:

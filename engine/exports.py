@@ -11,6 +11,7 @@ without a restart.
 
 A bad value raises ``ExportValueError`` (an ``errors.InvalidArgument`` and a
 ``ValueError``) naming the field, the value and what was expected."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -39,9 +40,16 @@ ID_MAX = 2**32 - 1
 TRASH_DAYS_MAX = 3650
 NAME_PATTERN = r"/[A-Za-z0-9._/-]*"
 # what a new export gets for each field not given (the name has no default)
-DEFAULTS: dict[str, Any] = {"path": "/", "clients": ANY_CLIENT, "access": "rw",
-                            "squash": "root_squash", "anon_uid": 65534, "anon_gid": 65534,
-                            "trash_days": 7, "enabled": True}
+DEFAULTS: dict[str, Any] = {
+    "path": "/",
+    "clients": ANY_CLIENT,
+    "access": "rw",
+    "squash": "root_squash",
+    "anon_uid": 65534,
+    "anon_gid": 65534,
+    "trash_days": 7,
+    "enabled": True,
+}
 FIELDS = ("name", *DEFAULTS)
 
 
@@ -81,8 +89,18 @@ class Export:
 
 
 def _export(row) -> Export:
-    return Export(int(row.id), row.name, row.path, row.clients, row.access, row.squash,
-                  int(row.anon_uid), int(row.anon_gid), int(row.trash_days), bool(row.enabled))
+    return Export(
+        int(row.id),
+        row.name,
+        row.path,
+        row.clients,
+        row.access,
+        row.squash,
+        int(row.anon_uid),
+        int(row.anon_gid),
+        int(row.trash_days),
+        bool(row.enabled),
+    )
 
 
 # -- checks of one field ----------------------------------------------------------------------
@@ -91,8 +109,11 @@ def clean_name(text: str) -> str:
     if not isinstance(text, str) or not 1 <= len(text) <= NAME_MAX:
         raise ExportValueError("name", text, f"a path of 1-{NAME_MAX} characters, e.g. /export")
     if not re.fullmatch(NAME_PATTERN, text):
-        raise ExportValueError("name", text, "the path clients mount, e.g. /export (a slash, "
-                                             "then letters, digits, . _ - /)")
+        raise ExportValueError(
+            "name",
+            text,
+            "the path clients mount, e.g. /export (a slash, then letters, digits, . _ - /)",
+        )
     parts = [p for p in text.split("/") if p]
     if any(p in (".", "..") for p in parts):
         raise ExportValueError("name", text, "no '.' or '..' components")
@@ -105,8 +126,9 @@ def clean_clients(text: object) -> str:
         raise ExportValueError("clients", text, f"a string of at most {PATH_MAX} characters")
     parts = [p.strip() for p in re.split(r"[,\s]+", text) if p.strip()]
     if not parts:
-        raise ExportValueError("clients", text,
-                               "at least one client address or CIDR, e.g. 10.0.0.0/8")
+        raise ExportValueError(
+            "clients", text, "at least one client address or CIDR, e.g. 10.0.0.0/8"
+        )
     if len(parts) > MAX_CLIENTS:
         raise ExportValueError("clients", f"{len(parts)} entries", f"at most {MAX_CLIENTS} entries")
     clean = []
@@ -114,21 +136,27 @@ def clean_clients(text: object) -> str:
         try:
             clean.append(str(ipaddress.ip_network(part, strict=False)))
         except ValueError:
-            raise ExportValueError("clients", part, "an IP address or CIDR such as 10.0.0.0/8 or "
-                                                    "fd00::/8") from None
+            raise ExportValueError(
+                "clients", part, "an IP address or CIDR such as 10.0.0.0/8 or fd00::/8"
+            ) from None
     return ",".join(clean)
 
 
 def clean_path(namespace, text: str) -> str:
     """An absolute namespace path in canonical form; with a namespace, it must be a directory."""
     from engine.trash import join_path, split_path
+
     if not isinstance(text, str) or not 1 <= len(text) <= PATH_MAX:
         raise ExportValueError("path", text, f"an absolute path of 1-{PATH_MAX} characters")
     try:
         path = join_path(split_path(text, "export path"))
     except errors.InvalidArgument:
-        raise ExportValueError("path", text, "an absolute path ('/' first) without '.', '..' "
-                                             "or NUL, each component at most 255 bytes") from None
+        raise ExportValueError(
+            "path",
+            text,
+            "an absolute path ('/' first) without '.', '..' "
+            "or NUL, each component at most 255 bytes",
+        ) from None
     if namespace is None:
         return path
     try:
@@ -163,27 +191,32 @@ def validate(values: Mapping[str, Any], namespace=None, *, partial: bool = False
     defaults fill what is missing). ``namespace`` checks that ``path`` is a directory."""
     unknown = sorted(set(values) - set(FIELDS))
     if unknown:
-        raise ExportValueError(unknown[0], values[unknown[0]],
-                               f"a field of an export: {', '.join(FIELDS)}")
+        raise ExportValueError(
+            unknown[0], values[unknown[0]], f"a field of an export: {', '.join(FIELDS)}"
+        )
     given = dict(values) if partial else {**DEFAULTS, **values}
     if not partial and "name" not in given:
         raise ExportValueError("name", None, "the path clients mount, e.g. /export")
     if partial and not given:
         raise ExportValueError("fields", {}, f"some of {', '.join(FIELDS)}")
-    checks = {"name": clean_name, "path": lambda v: clean_path(namespace, v),
-              "clients": clean_clients,
-              "access": lambda v: _choice("access", v, ACCESS_MODES),
-              "squash": lambda v: _choice("squash", v, SQUASH_MODES),
-              "anon_uid": lambda v: _whole("anon_uid", v, 0, ID_MAX),
-              "anon_gid": lambda v: _whole("anon_gid", v, 0, ID_MAX),
-              "trash_days": lambda v: _whole("trash_days", v, 0, TRASH_DAYS_MAX),
-              "enabled": lambda v: _flag("enabled", v)}
+    checks = {
+        "name": clean_name,
+        "path": lambda v: clean_path(namespace, v),
+        "clients": clean_clients,
+        "access": lambda v: _choice("access", v, ACCESS_MODES),
+        "squash": lambda v: _choice("squash", v, SQUASH_MODES),
+        "anon_uid": lambda v: _whole("anon_uid", v, 0, ID_MAX),
+        "anon_gid": lambda v: _whole("anon_gid", v, 0, ID_MAX),
+        "trash_days": lambda v: _whole("trash_days", v, 0, TRASH_DAYS_MAX),
+        "enabled": lambda v: _flag("enabled", v),
+    }
     return {name: checks[name](given[name]) for name in FIELDS if name in given}
 
 
 # -- reading ----------------------------------------------------------------------------------
-def list_exports(catalog: Catalog, *, enabled_only: bool = False,
-                 order_by: str = "name") -> list[Export]:
+def list_exports(
+    catalog: Catalog, *, enabled_only: bool = False, order_by: str = "name"
+) -> list[Export]:
     """Every export (or the enabled ones), by name or by id. Rows are returned as stored, not
     checked: the NFS server skips (and logs) one it cannot use."""
     query = select(EXPORTS).order_by(EXPORTS.c[order_by])
@@ -213,46 +246,75 @@ def create(catalog: Catalog, values: Mapping[str, Any], *, actor: str, namespace
         if conn.execute(select(EXPORTS.c.id).where(EXPORTS.c.name == values["name"])).first():
             raise errors.Exists(f"export {values['name']!r} exists: choose another name or edit it")
         export_id = conn.execute(EXPORTS.insert().values(**values)).inserted_primary_key[0]
-        record_in(conn, "export.create", f"export {values['name']} created: {_describe(values)}",
-                  actor=actor, details={"export_id": export_id, **values})
+        record_in(
+            conn,
+            "export.create",
+            f"export {values['name']} created: {_describe(values)}",
+            actor=actor,
+            details={"export_id": export_id, **values},
+        )
         return _export(conn.execute(select(EXPORTS).where(EXPORTS.c.id == export_id)).one())
+
     return catalog.run(work)
 
 
-def update(catalog: Catalog, export_id: int, values: Mapping[str, Any], *, actor: str,
-           namespace=None) -> Export:
+def update(
+    catalog: Catalog, export_id: int, values: Mapping[str, Any], *, actor: str, namespace=None
+) -> Export:
     """Change the given fields of one export; returns it as it is now."""
     values = validate(values, namespace, partial=True)
 
     def work(conn):
-        if "name" in values and conn.execute(select(EXPORTS.c.id).where(
-                EXPORTS.c.name == values["name"], EXPORTS.c.id != export_id)).first():
+        if (
+            "name" in values
+            and conn.execute(
+                select(EXPORTS.c.id).where(
+                    EXPORTS.c.name == values["name"], EXPORTS.c.id != export_id
+                )
+            ).first()
+        ):
             raise errors.Exists(f"export {values['name']!r} exists: choose another name")
         changed = conn.execute(EXPORTS.update().where(EXPORTS.c.id == export_id).values(**values))
         if not changed.rowcount:
             raise errors.NotFound(f"no export with id {export_id}")
-        record_in(conn, "export.update", f"export {export_id} changed: {_describe(values)}",
-                  actor=actor, details={"export_id": export_id, **values})
+        record_in(
+            conn,
+            "export.update",
+            f"export {export_id} changed: {_describe(values)}",
+            actor=actor,
+            details={"export_id": export_id, **values},
+        )
         return _export(conn.execute(select(EXPORTS).where(EXPORTS.c.id == export_id)).one())
+
     return catalog.run(work)
 
 
 def delete(catalog: Catalog, export_id: int, *, actor: str) -> None:
     """Remove one export (clients can no longer mount it; the files stay)."""
+
     def work(conn):
         row = conn.execute(select(EXPORTS.c.name).where(EXPORTS.c.id == export_id)).first()
         if row is None:
             raise errors.NotFound(f"no export with id {export_id}")
         conn.execute(EXPORTS.delete().where(EXPORTS.c.id == export_id))
-        record_in(conn, "export.delete", f"export {row.name} deleted", actor=actor,
-                  severity="warning", details={"export_id": export_id})
+        record_in(
+            conn,
+            "export.delete",
+            f"export {row.name} deleted",
+            actor=actor,
+            severity="warning",
+            details={"export_id": export_id},
+        )
+
     catalog.run(work)
 
 
 def ensure_default(catalog: Catalog, name: str = DEFAULT_NAME) -> None:
     """Insert the default export (namespace root, rw, any client, root_squash) when there is
     none at all (``shingle init``)."""
+
     def work(conn):
         if conn.execute(select(EXPORTS.c.id).limit(1)).first() is None:
             conn.execute(EXPORTS.insert().values(name=name, **DEFAULTS))
+
     catalog.run(work)

@@ -9,6 +9,7 @@ extents reference, over every file, clone and snapshot that shares it (a stripe
 nothing references should have been freed: invariant 9). Snapshot views: each
 snapshot's frozen root lies in its inode range and is named in its dataset's
 .snapshots directory."""
+
 from __future__ import annotations
 
 from collections import Counter, defaultdict
@@ -40,8 +41,13 @@ class FsckReport:
         return not self.problems
 
     def as_dict(self) -> dict:
-        return {"inodes": self.inodes, "dirents": self.dirents, "extents": self.extents,
-                "clean": self.clean, "problems": self.problems}
+        return {
+            "inodes": self.inodes,
+            "dirents": self.dirents,
+            "extents": self.extents,
+            "clean": self.clean,
+            "problems": self.problems,
+        }
 
 
 def check(
@@ -56,26 +62,43 @@ def check(
             for row in conn.execute(select(INODES.c.ino, INODES.c.type, INODES.c.nlink))
         }
         dirents = conn.execute(select(DIRENTS.c.parent, DIRENTS.c.name, DIRENTS.c.child)).all()
-        extents = conn.execute(select(EXTENTS.c.ino, EXTENTS.c.file_offset, EXTENTS.c.length,
-                                      EXTENTS.c.stripe_id, EXTENTS.c.stripe_offset)
-                               .order_by(EXTENTS.c.ino, EXTENTS.c.file_offset)).all()
+        extents = conn.execute(
+            select(
+                EXTENTS.c.ino,
+                EXTENTS.c.file_offset,
+                EXTENTS.c.length,
+                EXTENTS.c.stripe_id,
+                EXTENTS.c.stripe_offset,
+            ).order_by(EXTENTS.c.ino, EXTENTS.c.file_offset)
+        ).all()
         stripes = dict(conn.execute(select(STRIPES.c.id, STRIPES.c.data_length)).all())
         live = dict(conn.execute(select(STRIPES.c.id, STRIPES.c.live_bytes)).all())
-        snapshots = conn.execute(select(SNAPSHOTS.c.name, SNAPSHOTS.c.source_ino,
-                                        SNAPSHOTS.c.root_ino, SNAPSHOTS.c.ino_lo,
-                                        SNAPSHOTS.c.ino_hi)
-                                 .where(SNAPSHOTS.c.deleting.is_(False))).all()
+        snapshots = conn.execute(
+            select(
+                SNAPSHOTS.c.name,
+                SNAPSHOTS.c.source_ino,
+                SNAPSHOTS.c.root_ino,
+                SNAPSHOTS.c.ino_lo,
+                SNAPSHOTS.c.ino_hi,
+            ).where(SNAPSHOTS.c.deleting.is_(False))
+        ).all()
         snapdirs = dict(conn.execute(select(SNAPDIRS.c.dataset_ino, SNAPDIRS.c.dir_ino)).all())
         # a snapshot being deleted a chunk per transaction: its inodes are on their way out
-        freeing = {ino for lo, hi in conn.execute(select(SNAPSHOTS.c.ino_lo, SNAPSHOTS.c.ino_hi)
-                                                  .where(SNAPSHOTS.c.deleting.is_(True)))
-                   for ino in inodes if lo <= ino <= hi}
+        freeing = {
+            ino
+            for lo, hi in conn.execute(
+                select(SNAPSHOTS.c.ino_lo, SNAPSHOTS.c.ino_hi).where(SNAPSHOTS.c.deleting.is_(True))
+            )
+            for ino in inodes
+            if lo <= ino <= hi
+        }
         # their names and link counts are half gone; their extents still count in the stripes
         dirents = [d for d in dirents if d.parent not in freeing and d.child not in freeing]
         for ino in freeing:
             del inodes[ino]
         extents = [e for e in extents if e.ino not in freeing] + [
-            (None, *e[1:]) for e in extents if e.ino in freeing]
+            (None, *e[1:]) for e in extents if e.ino in freeing
+        ]
         return inodes, dirents, extents, stripes, live, snapshots, snapdirs
 
     inodes, dirents, extents, stripes, live, snapshots, snapdirs = catalog.read(work)
@@ -153,8 +176,10 @@ def check(
         if referenced[stripe_id] == 0:
             problem(f"stripe {stripe_id} is referenced by no extent but was not freed")
         elif live_bytes != referenced[stripe_id]:
-            problem(f"stripe {stripe_id} counts {live_bytes} live bytes, its extents reference "
-                    f"{referenced[stripe_id]}")
+            problem(
+                f"stripe {stripe_id} counts {live_bytes} live bytes, its extents reference "
+                f"{referenced[stripe_id]}"
+            )
     named = {(parent, child) for parent, _name, child in dirents}
     for name, source, root, lo, hi in snapshots:
         if not lo <= root <= hi:

@@ -6,6 +6,7 @@ log). ``parse_smart`` maps each onto one ``SmartReport`` so pages and alerts
 need not know the protocol. Drives without SMART (emulated drives, a missing
 smartctl, a device that cannot be opened) give a report with
 ``available=False`` and a reason, never an exception."""
+
 from __future__ import annotations
 
 import json
@@ -98,13 +99,18 @@ def parse_smart(data: dict, device: str | None = None) -> SmartReport:
         return no_smart(device, f"smartctl output is not a JSON object (got {type(data).__name__})")
     info = data.get("device") or {}
     device = info.get("name") or device
-    status = (data.get("smartctl") or {})
+    status = data.get("smartctl") or {}
     exit_status = _int(status.get("exit_status"))
     messages = [m.get("string", "") for m in status.get("messages", []) if isinstance(m, dict)]
     if exit_status is not None and exit_status & (EXIT_CMDLINE | EXIT_OPEN_FAILED):
         reason = "; ".join(messages) or f"smartctl exit status {exit_status}"
-        return SmartReport(available=False, device=device, reason=reason, exit_status=exit_status,
-                           messages=messages)
+        return SmartReport(
+            available=False,
+            device=device,
+            reason=reason,
+            exit_status=exit_status,
+            messages=messages,
+        )
     protocol = info.get("protocol")
     if protocol is None:
         if "nvme_smart_health_information_log" in data:
@@ -284,6 +290,7 @@ def block_device_of(path: str) -> str | None:
     except OSError:
         return None
     import stat as stat_mod
+
     dev = st.st_rdev if stat_mod.S_ISBLK(st.st_mode) else st.st_dev
     major, minor = os.major(dev), os.minor(dev)
     if major == 0:  # overlay, tmpfs and other virtual filesystems have no block device
@@ -345,6 +352,7 @@ class SmartCache:
         stale = [d for d in set(devices) if d and self._fresh(d) is None]
         if len(stale) > 1:
             from concurrent.futures import ThreadPoolExecutor
+
             with ThreadPoolExecutor(max_workers=min(self.parallel, len(stale))) as pool:
                 list(pool.map(lambda d: self.report(d, smartctl), stale))
 

@@ -12,6 +12,7 @@ start (``recover_interrupted``) queues it again if its kind can restart from
 the beginning (``RESTARTABLE``), else marks it "interrupted". A waiter
 (``wait``) gives up with ``JobAbandoned`` when the daemon is gone or the
 heartbeat is older than ``STALE_S``."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,17 @@ from engine.catalog.models import Job
 from engine.events import record_in
 
 JOBS = Job.__table__
-KINDS = ("retention", "tier", "clean", "scrub", "rebuild", "drain", "trash-purge", "drive-add",
-         "drive-replace")
+KINDS = (
+    "retention",
+    "tier",
+    "clean",
+    "scrub",
+    "rebuild",
+    "drain",
+    "trash-purge",
+    "drive-add",
+    "drive-replace",
+)
 # "warnings": done with warnings (the work ran, but its result is short of what was asked, e.g.
 # stripes still under-protected after a rebuild); the message says how many and why.
 WARNINGS = "warnings"
@@ -105,12 +115,27 @@ def submit(
         raise errors.InvalidArgument(f"job kind {kind!r}: expected one of {', '.join(KINDS)}")
 
     def work(conn):
-        job_id = conn.execute(JOBS.insert().values(
-            kind=kind, params=json.dumps(params or {}, sort_keys=True), state="queued", actor=actor,
-            done=0, total=0, created_ns=time.time_ns(), attempts=0)).inserted_primary_key[0]
-        record_in(conn, f"job.{kind}.queued", f"{kind} job {job_id} queued", actor=actor,
-                  details={"job": job_id, "params": params or {}})
+        job_id = conn.execute(
+            JOBS.insert().values(
+                kind=kind,
+                params=json.dumps(params or {}, sort_keys=True),
+                state="queued",
+                actor=actor,
+                done=0,
+                total=0,
+                created_ns=time.time_ns(),
+                attempts=0,
+            )
+        ).inserted_primary_key[0]
+        record_in(
+            conn,
+            f"job.{kind}.queued",
+            f"{kind} job {job_id} queued",
+            actor=actor,
+            details={"job": job_id, "params": params or {}},
+        )
         return job_id
+
     return catalog.run(work, tracked=True)  # jobs and events are cached nowhere
 
 
@@ -130,18 +155,29 @@ def recent(catalog: Catalog, limit: int = 50) -> list[JobRecord]:
 
 def claim_next(catalog: Catalog) -> JobRecord | None:
     """The oldest queued job, now marked running (for the daemon's maintenance loop)."""
-    job_id = catalog.read(lambda conn: conn.execute(
-        select(JOBS.c.id).where(JOBS.c.state == "queued").order_by(JOBS.c.id).limit(1)).scalar())
+    job_id = catalog.read(
+        lambda conn: conn.execute(
+            select(JOBS.c.id).where(JOBS.c.state == "queued").order_by(JOBS.c.id).limit(1)
+        ).scalar()
+    )
     return None if job_id is None else claim(catalog, job_id)
 
 
 def claim(catalog: Catalog, job_id: int) -> JobRecord | None:
     """Mark one queued job running; None if someone else claimed it first."""
     now = time.time_ns()
-    claimed = catalog.run(lambda conn: conn.execute(
-        JOBS.update().where(JOBS.c.id == job_id, JOBS.c.state == "queued")
-        .values(state="running", started_ns=now, heartbeat_ns=now, attempts=JOBS.c.attempts + 1))
-        .rowcount, tracked=True)
+    claimed = catalog.run(
+        lambda conn: (
+            conn.execute(
+                JOBS.update()
+                .where(JOBS.c.id == job_id, JOBS.c.state == "queued")
+                .values(
+                    state="running", started_ns=now, heartbeat_ns=now, attempts=JOBS.c.attempts + 1
+                )
+            ).rowcount
+        ),
+        tracked=True,
+    )
     return get(catalog, job_id) if claimed else None
 
 
@@ -156,9 +192,20 @@ def progress_writer(
         if now - last[0] < every_s and done < total:
             return
         last[0] = now
-        catalog.run(lambda conn: conn.execute(JOBS.update().where(JOBS.c.id == job_id).values(
-            done=int(done), total=int(total), message=message[:500], heartbeat_ns=time.time_ns())),
-            tracked=True)
+        catalog.run(
+            lambda conn: conn.execute(
+                JOBS.update()
+                .where(JOBS.c.id == job_id)
+                .values(
+                    done=int(done),
+                    total=int(total),
+                    message=message[:500],
+                    heartbeat_ns=time.time_ns(),
+                )
+            ),
+            tracked=True,
+        )
+
     return progress
 
 
@@ -169,15 +216,21 @@ class Heartbeat:
     def __init__(self, catalog: Catalog, job_id: int, every_s: float = HEARTBEAT_S):
         self.catalog, self.job_id, self.every_s = catalog, job_id, every_s
         self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._beat, name=f"job-{job_id}-heartbeat",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self._beat, name=f"job-{job_id}-heartbeat", daemon=True
+        )
 
     def _beat(self) -> None:
         while not self.stopped.wait(self.every_s):
             try:
-                self.catalog.run(lambda conn: conn.execute(JOBS.update().where(
-                    JOBS.c.id == self.job_id, JOBS.c.state == "running")
-                    .values(heartbeat_ns=time.time_ns())), tracked=True)
+                self.catalog.run(
+                    lambda conn: conn.execute(
+                        JOBS.update()
+                        .where(JOBS.c.id == self.job_id, JOBS.c.state == "running")
+                        .values(heartbeat_ns=time.time_ns())
+                    ),
+                    tracked=True,
+                )
             except Exception:  # a missed beat is retried at the next; the job goes on
                 pass
 
@@ -201,26 +254,50 @@ def recover_interrupted(catalog: Catalog, *, actor: str = "daemon") -> list[JobR
         for row in rows:
             again = row.kind in RESTARTABLE and row.attempts < MAX_ATTEMPTS
             if again:
-                values = dict(state="queued", started_ns=None, heartbeat_ns=None, done=0, total=0,
-                              message="interrupted when its daemon stopped (attempt "
-                                      f"{row.attempts}); queued again")
+                values = dict(
+                    state="queued",
+                    started_ns=None,
+                    heartbeat_ns=None,
+                    done=0,
+                    total=0,
+                    message="interrupted when its daemon stopped (attempt "
+                    f"{row.attempts}); queued again",
+                )
             else:
-                why = ("it was tried " + str(row.attempts) + " times") if row.kind in RESTARTABLE \
+                why = (
+                    ("it was tried " + str(row.attempts) + " times")
+                    if row.kind in RESTARTABLE
                     else f"a {row.kind} job does not restart on its own"
-                values = dict(state="interrupted", finished_ns=now,
-                              message=f"interrupted when its daemon stopped; {why}: check its work "
-                                      "and queue it again")
+                )
+                values = dict(
+                    state="interrupted",
+                    finished_ns=now,
+                    message=f"interrupted when its daemon stopped; {why}: check its work "
+                    "and queue it again",
+                )
             conn.execute(JOBS.update().where(JOBS.c.id == row.id).values(**values))
-            record_in(conn, f"job.{row.kind}.{'requeued' if again else 'interrupted'}",
-                      f"{row.kind} job {row.id} {values['message']}",
-                      severity="warning" if again else "error", actor=actor,
-                      details={"job": row.id, "attempts": row.attempts})
+            record_in(
+                conn,
+                f"job.{row.kind}.{'requeued' if again else 'interrupted'}",
+                f"{row.kind} job {row.id} {values['message']}",
+                severity="warning" if again else "error",
+                actor=actor,
+                details={"job": row.id, "attempts": row.attempts},
+            )
         return [row.id for row in rows]
+
     return [get(catalog, job_id) for job_id in catalog.run(work, tracked=True)]
 
 
-def finish(catalog: Catalog, job_id: int, *, ok: bool, result=None, message: str = "",
-           warnings: list[str] | None = None) -> None:
+def finish(
+    catalog: Catalog,
+    job_id: int,
+    *,
+    ok: bool,
+    result=None,
+    message: str = "",
+    warnings: list[str] | None = None,
+) -> None:
     """Record a job's end: done, done with ``warnings`` (their text becomes the message), or
     failed."""
     state = ("done" if not warnings else WARNINGS) if ok else "failed"
@@ -231,23 +308,38 @@ def finish(catalog: Catalog, job_id: int, *, ok: bool, result=None, message: str
         row = conn.execute(
             select(JOBS.c.kind, JOBS.c.actor, JOBS.c.total).where(JOBS.c.id == job_id)
         ).first()
-        values = dict(state=state, finished_ns=time.time_ns(), message=message[:500],
-                      result=json.dumps(result, default=str) if result is not None else None)
+        values = dict(
+            state=state,
+            finished_ns=time.time_ns(),
+            message=message[:500],
+            result=json.dumps(result, default=str) if result is not None else None,
+        )
         if ok and row.total:
             values["done"] = row.total
         conn.execute(JOBS.update().where(JOBS.c.id == job_id).values(**values))
         ended = {"done": "finished", WARNINGS: "finished with warnings"}.get(state, "failed")
-        record_in(conn, f"job.{row.kind}.{state if ok else 'failed'}",
-                  f"{row.kind} job {job_id} {ended}" + (f": {message}" if message else ""),
-                  severity={"done": "info", WARNINGS: "warning"}.get(state, "error"),
-                  actor=row.actor, details={"job": job_id})
+        record_in(
+            conn,
+            f"job.{row.kind}.{state if ok else 'failed'}",
+            f"{row.kind} job {job_id} {ended}" + (f": {message}" if message else ""),
+            severity={"done": "info", WARNINGS: "warning"}.get(state, "error"),
+            actor=row.actor,
+            details={"job": job_id},
+        )
+
     catalog.run(work, tracked=True)
 
 
-def wait(catalog: Catalog, job_id: int, *, progress: Callable[[JobRecord], None] | None = None,
-         poll_s: float = 0.5, timeout_s: float | None = None,
-         daemon_gone: Callable[[], str | None] | None = None,
-         stale_s: float = STALE_S) -> JobRecord:
+def wait(
+    catalog: Catalog,
+    job_id: int,
+    *,
+    progress: Callable[[JobRecord], None] | None = None,
+    poll_s: float = 0.5,
+    timeout_s: float | None = None,
+    daemon_gone: Callable[[], str | None] | None = None,
+    stale_s: float = STALE_S,
+) -> JobRecord:
     """Block until the job finishes, calling ``progress`` with each new state.
 
     ``daemon_gone()`` returns why the daemon that should run the job is gone (None while it is
@@ -264,8 +356,12 @@ def wait(catalog: Catalog, job_id: int, *, progress: Callable[[JobRecord], None]
         if job.finished:
             return job
         gone = daemon_gone() if daemon_gone is not None else None
-        if gone is None and job.state == "running" and job.heartbeat_ns is not None \
-                and time.time_ns() - job.heartbeat_ns > stale_s * 1e9:
+        if (
+            gone is None
+            and job.state == "running"
+            and job.heartbeat_ns is not None
+            and time.time_ns() - job.heartbeat_ns > stale_s * 1e9
+        ):
             silent_s = (time.time_ns() - job.heartbeat_ns) / 1e9
             gone = f"no heartbeat from the daemon for {silent_s:.0f} s"
         if gone is not None:
@@ -274,10 +370,15 @@ def wait(catalog: Catalog, job_id: int, *, progress: Callable[[JobRecord], None]
                 if progress:
                     progress(job)
                 return job
-            fate = ("it will be queued again" if job.kind in RESTARTABLE
-                    else "it will be marked interrupted")
-            raise errors.JobAbandoned(f"{job.kind} job {job_id} is {job.state} but {gone}: {fate} "
-                                      "when the daemon starts again (see `shingle jobs`)")
+            fate = (
+                "it will be queued again"
+                if job.kind in RESTARTABLE
+                else "it will be marked interrupted"
+            )
+            raise errors.JobAbandoned(
+                f"{job.kind} job {job_id} is {job.state} but {gone}: {fate} "
+                "when the daemon starts again (see `shingle jobs`)"
+            )
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"job {job_id} ({job.kind}) still {job.state} after {timeout_s} s")
         time.sleep(poll_s)

@@ -21,6 +21,7 @@ Counter names (the daemon records what it has; charts show what exists):
   ``drive_<id>_write_errors``, ``drive_<id>_checksum_errors``: each drive's own I/O
   (engine.drives.ZonedDrive.io_counters)
 Samples older than ``KEEP_SECONDS`` are pruned as new ones arrive."""
+
 from __future__ import annotations
 
 import itertools
@@ -59,13 +60,18 @@ def record_sample(catalog: Catalog, *, time_ns: int | None = None, **counters: f
         conn.execute(SAMPLES.insert(), rows)
         # By name: the (name, time_ns) index turns the prune into short range
         # scans, not a table scan.
-        conn.execute(SAMPLES.delete().where(SAMPLES.c.name.in_([r["name"] for r in rows]),
-                                            SAMPLES.c.time_ns < cutoff))
+        conn.execute(
+            SAMPLES.delete().where(
+                SAMPLES.c.name.in_([r["name"] for r in rows]), SAMPLES.c.time_ns < cutoff
+            )
+        )
+
     catalog.run(work, tracked=True)  # samples are cached nowhere
 
 
 def series(catalog: Catalog, name: str, since_ns: int) -> list[tuple[int, float]]:
     """(time_ns, value) readings of one counter since a moment, oldest first."""
+
     def work(conn):
         return [
             (r.time_ns, r.value)
@@ -102,25 +108,39 @@ def latest(catalog: Catalog) -> dict[str, float]:
     Reads the newest rows by id (ids grow with time, so this is an index walk from the
     end) instead of grouping a week of samples on every /metrics scrape; a counter no
     longer recorded drops out."""
+
     def work(conn):
         out: dict[str, float] = {}
-        for name, value in conn.execute(select(SAMPLES.c.name, SAMPLES.c.value)
-                                        .order_by(SAMPLES.c.id.desc()).limit(LATEST_ROWS)):
+        for name, value in conn.execute(
+            select(SAMPLES.c.name, SAMPLES.c.value).order_by(SAMPLES.c.id.desc()).limit(LATEST_ROWS)
+        ):
             out.setdefault(name, value)
         return out
+
     return catalog.read(work)
 
 
 def newest_sample_ns(catalog: Catalog) -> int | None:
     """When the daemon last recorded a sample (None: never); /metrics reports the age."""
-    return catalog.read(lambda conn: conn.execute(
-        select(SAMPLES.c.time_ns).order_by(SAMPLES.c.id.desc()).limit(1)).scalar())
+    return catalog.read(
+        lambda conn: conn.execute(
+            select(SAMPLES.c.time_ns).order_by(SAMPLES.c.id.desc()).limit(1)
+        ).scalar()
+    )
 
 
 def last_job_success(catalog: Catalog) -> dict[str, int]:
     """Job kind -> finish time (ns) of its newest job that ended done."""
+
     def work(conn):
-        return {kind: finished for kind, finished in conn.execute(
-            select(JOBS.c.kind, func.max(JOBS.c.finished_ns)).where(JOBS.c.state == "done")
-            .group_by(JOBS.c.kind)) if finished is not None}
+        return {
+            kind: finished
+            for kind, finished in conn.execute(
+                select(JOBS.c.kind, func.max(JOBS.c.finished_ns))
+                .where(JOBS.c.state == "done")
+                .group_by(JOBS.c.kind)
+            )
+            if finished is not None
+        }
+
     return catalog.read(work)

@@ -8,6 +8,7 @@ that sends in order, with a timeout on every network call:
 - ``WebhookSink``: a JSON POST; a failure (connection error, timeout, a status >= 300) is
   retried after ``backoff_s``, doubled each time, up to ``retries`` more attempts.
 A notice that still fails is logged and dropped; so is one that finds its queue full."""
+
 from __future__ import annotations
 
 import json
@@ -37,9 +38,19 @@ class Sink:
 class MailSink(Sink):
     name = "mail"
 
-    def __init__(self, host: str, port: int, sender: str, recipients: list[str], *,
-                 username: str = "", password_file: str = "", starttls: bool = True,
-                 timeout_s: float = 10.0, tls_context: ssl.SSLContext | None = None):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        sender: str,
+        recipients: list[str],
+        *,
+        username: str = "",
+        password_file: str = "",
+        starttls: bool = True,
+        timeout_s: float = 10.0,
+        tls_context: ssl.SSLContext | None = None,
+    ):
         if not sender or not recipients:
             raise ValueError("mail alerts need alerts.mail_from and alerts.mail_to")
         self.host, self.port, self.sender, self.recipients = host, port, sender, recipients
@@ -53,8 +64,14 @@ class MailSink(Sink):
         msg["From"] = self.sender
         msg["To"] = ", ".join(self.recipients)
         alert = notice.alert
-        lines = [alert.message, "", f"kind: {alert.kind}", f"severity: {alert.severity}",
-                 f"state: {notice.change}", f"alert id: {alert.id}"]
+        lines = [
+            alert.message,
+            "",
+            f"kind: {alert.kind}",
+            f"severity: {alert.severity}",
+            f"state: {notice.change}",
+            f"alert id: {alert.id}",
+        ]
         if alert.details:
             lines.append("details: " + json.dumps(alert.details, sort_keys=True, default=str))
         msg.set_content("\n".join(lines) + "\n")
@@ -67,8 +84,9 @@ class MailSink(Sink):
                 smtp.starttls(context=self.tls_context)  # SMTPNotSupportedError if not offered
                 smtp.ehlo()
             if self.username:
-                password = Path(self.password_file).read_text().strip() if self.password_file \
-                    else ""
+                password = (
+                    Path(self.password_file).read_text().strip() if self.password_file else ""
+                )
                 smtp.login(self.username, password)
             smtp.send_message(self.message(notice))
 
@@ -76,20 +94,32 @@ class MailSink(Sink):
 class WebhookSink(Sink):
     name = "webhook"
 
-    def __init__(self, url: str, *, timeout_s: float = 5.0, retries: int = 4,
-                 backoff_s: float = 1.0, sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 5.0,
+        retries: int = 4,
+        backoff_s: float = 1.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"alerts.webhook_url = {url!r}: expected an http:// or https:// URL")
         self.url, self.timeout_s, self.retries, self.backoff_s = url, timeout_s, retries, backoff_s
         self.sleep = sleep
 
     def send(self, notice) -> None:
-        body = json.dumps({"source": "shingle", "subject": notice.subject, **notice.to_dict()},
-                          default=str).encode()
+        body = json.dumps(
+            {"source": "shingle", "subject": notice.subject, **notice.to_dict()}, default=str
+        ).encode()
         delay = self.backoff_s
         for attempt in range(self.retries + 1):
-            request = urllib.request.Request(self.url, data=body, method="POST", headers={
-                "Content-Type": "application/json", "User-Agent": "shingle-alerts"})
+            request = urllib.request.Request(
+                self.url,
+                data=body,
+                method="POST",
+                headers={"Content-Type": "application/json", "User-Agent": "shingle-alerts"},
+            )
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                     if response.status < 300:
@@ -112,9 +142,12 @@ class Notifier:
         self.sent: dict[str, int] = {s.name: 0 for s in sinks}
         self.failed: dict[str, int] = {s.name: 0 for s in sinks}
         self._queues: list[queue.Queue] = [queue.Queue(QUEUE_SIZE) for _ in sinks]
-        self._threads = [threading.Thread(target=self._run, args=(sink, q), daemon=True,
-                                          name=f"shingle-notify-{sink.name}")
-                         for sink, q in zip(sinks, self._queues, strict=True)]
+        self._threads = [
+            threading.Thread(
+                target=self._run, args=(sink, q), daemon=True, name=f"shingle-notify-{sink.name}"
+            )
+            for sink, q in zip(sinks, self._queues, strict=True)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -165,17 +198,25 @@ def sinks_from_config(get: Callable[[str], Any], resolve: Callable[[str], Path])
     sinks: list[Sink] = []
     if get("alerts.mail_host"):
         password_file = get("alerts.mail_password_file")
-        sinks.append(MailSink(
-            str(get("alerts.mail_host")), int(get("alerts.mail_port")),
-            str(get("alerts.mail_from")),
-            [a.strip() for a in str(get("alerts.mail_to")).split(",") if a.strip()],
-            username=str(get("alerts.mail_username")),
-            password_file=str(resolve("alerts.mail_password_file")) if password_file else "",
-            starttls=bool(get("alerts.mail_starttls")),
-            timeout_s=float(get("alerts.mail_timeout_s"))))
+        sinks.append(
+            MailSink(
+                str(get("alerts.mail_host")),
+                int(get("alerts.mail_port")),
+                str(get("alerts.mail_from")),
+                [a.strip() for a in str(get("alerts.mail_to")).split(",") if a.strip()],
+                username=str(get("alerts.mail_username")),
+                password_file=str(resolve("alerts.mail_password_file")) if password_file else "",
+                starttls=bool(get("alerts.mail_starttls")),
+                timeout_s=float(get("alerts.mail_timeout_s")),
+            )
+        )
     if get("alerts.webhook_url"):
-        sinks.append(WebhookSink(str(get("alerts.webhook_url")),
-                                 timeout_s=float(get("alerts.webhook_timeout_s")),
-                                 retries=int(get("alerts.webhook_retries")),
-                                 backoff_s=float(get("alerts.webhook_backoff_s"))))
+        sinks.append(
+            WebhookSink(
+                str(get("alerts.webhook_url")),
+                timeout_s=float(get("alerts.webhook_timeout_s")),
+                retries=int(get("alerts.webhook_retries")),
+                backoff_s=float(get("alerts.webhook_backoff_s")),
+            )
+        )
     return sinks

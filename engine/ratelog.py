@@ -27,8 +27,9 @@ class RateLimitedLog:
         # key -> (last logged at, repeats held back)
         self._seen: dict[object, tuple[float, int]] = {}
 
-    def log(self, level: int, key: object, message: str, *args: object,
-            exc_info: bool = False) -> bool:
+    def log(
+        self, level: int, key: object, message: str, *args: object, exc_info: bool = False
+    ) -> bool:
         """Log ``message % args`` unless ``key`` was logged less than ``interval_s`` ago;
         True when it was logged."""
         if not self.logger.isEnabledFor(level):

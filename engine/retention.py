@@ -22,6 +22,7 @@ check sees the opens of this process's Namespace only: run rules in the daemon t
 serves NFS, or give ``settle_s`` when running them from another process.
 Every action, skip and rule change is an event.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -111,8 +112,10 @@ def validate_keep(keep) -> int:
     if isinstance(keep, str) and keep.strip().isdigit():
         keep = int(keep.strip())
     if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= KEEP_MAX:
-        raise errors.InvalidArgument(f"keep {keep!r}: expected a whole number from 1 to {KEEP_MAX} "
-                                     "(how many of the newest entries to keep)")
+        raise errors.InvalidArgument(
+            f"keep {keep!r}: expected a whole number from 1 to {KEEP_MAX} "
+            "(how many of the newest entries to keep)"
+        )
     return keep
 
 
@@ -168,13 +171,28 @@ class _Match:
 
 
 def _row_rule(row) -> RetentionRule:
-    return RetentionRule(row.id, row.pattern, row.keep, row.order_by, row.action, bool(row.enabled),
-                         row.created_ns, row.last_run_ns)
+    return RetentionRule(
+        row.id,
+        row.pattern,
+        row.keep,
+        row.order_by,
+        row.action,
+        bool(row.enabled),
+        row.created_ns,
+        row.last_run_ns,
+    )
 
 
 class RetentionService:
-    def __init__(self, namespace: Namespace, catalog: Catalog, *, trash: Trash | None = None,
-                 settle_s: float = 0.0, clock: Callable[[], int] = time.time_ns):
+    def __init__(
+        self,
+        namespace: Namespace,
+        catalog: Catalog,
+        *,
+        trash: Trash | None = None,
+        settle_s: float = 0.0,
+        clock: Callable[[], int] = time.time_ns,
+    ):
         self.namespace = namespace
         self.catalog = catalog
         self.trash = trash or Trash(namespace, catalog, clock=clock)
@@ -183,8 +201,15 @@ class RetentionService:
         self._run_lock = lock("retention.run")
 
     # -- rules -------------------------------------------------------------------------
-    def add_rule(self, pattern: str, keep: int, action: str = "delete", order_by: str = "mtime",
-                 actor: str = "system", enabled: bool = True) -> int:
+    def add_rule(
+        self,
+        pattern: str,
+        keep: int,
+        action: str = "delete",
+        order_by: str = "mtime",
+        actor: str = "system",
+        enabled: bool = True,
+    ) -> int:
         fields = _validate_fields(
             {
                 "pattern": pattern,
@@ -208,21 +233,29 @@ class RetentionService:
                 details={"rule_id": rule_id, **fields},
             )
             return rule_id
+
         return self.catalog.run(work)
 
     def update_rule(self, id: int, actor: str = "system", **fields) -> RetentionRule:
         if not fields:
-            raise errors.InvalidArgument(f"update of retention rule {id}: no fields given "
-                                         f"(expected some of {', '.join(UPDATABLE)})")
+            raise errors.InvalidArgument(
+                f"update of retention rule {id}: no fields given "
+                f"(expected some of {', '.join(UPDATABLE)})"
+            )
         clean = _validate_fields(fields)
 
         def work(conn):
             if not conn.execute(RULES.update().where(RULES.c.id == id).values(**clean)).rowcount:
                 raise errors.NotFound(f"no retention rule with id {id}")
-            record_in(conn, "retention.rule.update", f"retention rule {id} changed: "
-                      + ", ".join(f"{k}={v}" for k, v in clean.items()), actor=actor,
-                      details={"rule_id": id, **clean})
+            record_in(
+                conn,
+                "retention.rule.update",
+                f"retention rule {id} changed: " + ", ".join(f"{k}={v}" for k, v in clean.items()),
+                actor=actor,
+                details={"rule_id": id, **clean},
+            )
             return _row_rule(conn.execute(select(RULES).where(RULES.c.id == id)).one())
+
         return self.catalog.run(work)
 
     def delete_rule(self, id: int, actor: str = "system") -> None:
@@ -273,8 +306,11 @@ class RetentionService:
                 if attr.type != DIR:
                     continue
                 if MAGIC.search(component):
-                    children = [(e.name, e.attr) for e in iter_dir(self.namespace, attr.ino)
-                                if _matches(component, e.name)]
+                    children = [
+                        (e.name, e.attr)
+                        for e in iter_dir(self.namespace, attr.ino)
+                        if _matches(component, e.name)
+                    ]
                 else:
                     try:
                         children = [(component, self.namespace.lookup(ROOT, attr.ino, component))]
@@ -298,8 +334,10 @@ class RetentionService:
             if data is not None and item.type == REG and data.pending_size(item.ino) is not None:
                 return f"has buffered writes (inode {item.ino})"
             if settle_ns and now - item.mtime_ns < settle_ns:
-                return (f"modified {(now - item.mtime_ns) / 1e9:.0f} s ago, "
-                        f"within the {self.settle_s:g} s settle time")
+                return (
+                    f"modified {(now - item.mtime_ns) / 1e9:.0f} s ago, "
+                    f"within the {self.settle_s:g} s settle time"
+                )
         return None
 
     def _not_cold(self, attr: Attr) -> list[int]:
@@ -310,7 +348,7 @@ class RetentionService:
         def work(conn):
             found = []
             for start in range(0, len(inos), 500):
-                chunk = inos[start:start + 500]
+                chunk = inos[start : start + 500]
                 found += conn.execute(
                     select(INODES.c.ino).where(
                         INODES.c.ino.in_(chunk),
@@ -318,6 +356,7 @@ class RetentionService:
                     )
                 ).scalars()
             return found
+
         return self.catalog.read(work)
 
     def _plan_rule(self, rule: RetentionRule) -> list[PlannedAction]:
@@ -333,9 +372,11 @@ class RetentionService:
                 members.sort(key=lambda m: (m.attr.mtime_ns, natural_key(m.name)), reverse=True)
                 order = "by mtime"
             parent_path = members[0].path.rsplit("/", 1)[0] or "/"
-            for rank, match in enumerate(members[rule.keep:], start=rule.keep + 1):
-                reason = (f"number {rank} of {len(members)} {order} in {parent_path}; "
-                          f"rule {rule.id} keeps {rule.keep}")
+            for rank, match in enumerate(members[rule.keep :], start=rule.keep + 1):
+                reason = (
+                    f"number {rank} of {len(members)} {order} in {parent_path}; "
+                    f"rule {rule.id} keeps {rule.keep}"
+                )
                 busy = self._busy(match.attr)
                 action = rule.action
                 if busy:
@@ -364,8 +405,9 @@ class RetentionService:
         return planned
 
     # -- running -----------------------------------------------------------------------------
-    def run(self, rule_id: int | None = None, actor: str = "system",
-            progress: Progress | None = None) -> list[PlannedAction]:
+    def run(
+        self, rule_id: int | None = None, actor: str = "system", progress: Progress | None = None
+    ) -> list[PlannedAction]:
         """Apply the rules (one, or every enabled one); returns each action with its outcome."""
         with self._run_lock:
             rules = self._rules(rule_id)
@@ -382,7 +424,9 @@ class RetentionService:
 
             def finish(conn):
                 if ids:
-                    conn.execute(RULES.update().where(RULES.c.id.in_(ids)).values(last_run_ns=stamp))
+                    conn.execute(
+                        RULES.update().where(RULES.c.id.in_(ids)).values(last_run_ns=stamp)
+                    )
                 counts = {}
                 for item in results:
                     key = (
@@ -402,6 +446,7 @@ class RetentionService:
                     severity="warning" if counts.get("failed") else "info",
                     details={"rules": ids, "counts": counts},
                 )
+
             self.catalog.run(finish)
             if progress:
                 progress(len(planned), len(planned), "retention done")
@@ -490,6 +535,7 @@ class RetentionService:
                 actor=actor,
                 details={**details, "inodes": len(inos)},
             )
+
         self.catalog.run(work)
 
 
@@ -505,4 +551,3 @@ def plan_to_text(items: list[PlannedAction]) -> str:
             f"rule {item.rule_id:<4} {item.action:<6} {when}  {item.path}  ({item.reason}){tail}"
         )
     return "\n".join(lines)
-

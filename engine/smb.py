@@ -13,6 +13,7 @@ The web UI and its REST API, ``shingle smb`` and the daemon's Samba supervisor
 through this module. Each change is one catalog transaction with an event naming who made it.
 A bad value raises ``SmbValueError`` (an ``errors.InvalidArgument`` and a ``ValueError``) naming
 the field, the value and what was expected."""
+
 from __future__ import annotations
 
 import re
@@ -40,9 +41,16 @@ RESERVED_SHARES = ("global", "homes", "printers", "ipc$")
 RESERVED_USERS = ("root", "nobody")
 FIRST_UID = 20000  # SMB users get uids from here unless one is given
 PASSWORD_MAX = 256
-SHARE_DEFAULTS: dict[str, Any] = {"path": "/", "access": "rw", "clients": ANY_CLIENT,
-                                  "guest": False, "users": "", "read_only_users": "",
-                                  "case_insensitive": False, "enabled": True}
+SHARE_DEFAULTS: dict[str, Any] = {
+    "path": "/",
+    "access": "rw",
+    "clients": ANY_CLIENT,
+    "guest": False,
+    "users": "",
+    "read_only_users": "",
+    "case_insensitive": False,
+    "enabled": True,
+}
 SHARE_FIELDS = ("name", *SHARE_DEFAULTS)
 
 
@@ -101,8 +109,18 @@ class SmbUser:
 
 
 def _share(row) -> Share:
-    return Share(int(row.id), row.name, row.path, row.access, row.clients, bool(row.guest),
-                 row.users, row.read_only_users, bool(row.case_insensitive), bool(row.enabled))
+    return Share(
+        int(row.id),
+        row.name,
+        row.path,
+        row.access,
+        row.clients,
+        bool(row.guest),
+        row.users,
+        row.read_only_users,
+        bool(row.case_insensitive),
+        bool(row.enabled),
+    )
 
 
 def _user(row) -> SmbUser:
@@ -112,8 +130,9 @@ def _user(row) -> SmbUser:
 # -- checks of one field ----------------------------------------------------------------------
 def clean_share_name(text: object) -> str:
     if not isinstance(text, str) or not re.fullmatch(SHARE_PATTERN, text):
-        raise SmbValueError("name", text, "1-80 letters, digits, . _ - (a letter or digit "
-                                          "first), e.g. export")
+        raise SmbValueError(
+            "name", text, "1-80 letters, digits, . _ - (a letter or digit first), e.g. export"
+        )
     if text.lower() in RESERVED_SHARES:
         raise SmbValueError("name", text, f"a name other than {', '.join(RESERVED_SHARES)}")
     return text
@@ -121,8 +140,11 @@ def clean_share_name(text: object) -> str:
 
 def clean_user_name(text: object) -> str:
     if not isinstance(text, str) or not re.fullmatch(USER_PATTERN, text):
-        raise SmbValueError("name", text, "a user name of 1-32 lower-case letters, digits, "
-                                          "_ . - (a letter or _ first)")
+        raise SmbValueError(
+            "name",
+            text,
+            "a user name of 1-32 lower-case letters, digits, _ . - (a letter or _ first)",
+        )
     if text in RESERVED_USERS:
         raise SmbValueError("name", text, f"a name other than {', '.join(RESERVED_USERS)}")
     return text
@@ -142,8 +164,12 @@ def clean_user_list(field: str, text: object) -> str:
 
 
 def clean_password(password: object) -> str:
-    if (not isinstance(password, str) or not 1 <= len(password) <= PASSWORD_MAX
-            or "\n" in password or "\0" in password):
+    if (
+        not isinstance(password, str)
+        or not 1 <= len(password) <= PASSWORD_MAX
+        or "\n" in password
+        or "\0" in password
+    ):
         raise SmbValueError("password", "(hidden)", f"1-{PASSWORD_MAX} characters, no newline")
     return password
 
@@ -170,37 +196,43 @@ def _smb_clients(text: object) -> str:
     try:
         return clean_clients(text)
     except errors.InvalidArgument as exc:  # an ExportValueError: same rules, same message
-        raise SmbValueError("clients", getattr(exc, "value", text),
-                            getattr(exc, "expected", "CIDRs")) from None
+        raise SmbValueError(
+            "clients", getattr(exc, "value", text), getattr(exc, "expected", "CIDRs")
+        ) from None
 
 
 def _smb_path(namespace, text: str) -> str:
     try:
         return clean_path(namespace, text)
     except errors.InvalidArgument as exc:  # an ExportValueError: same rules, same message
-        raise SmbValueError("path", getattr(exc, "value", text),
-                            getattr(exc, "expected", "a namespace directory")) from None
+        raise SmbValueError(
+            "path", getattr(exc, "value", text), getattr(exc, "expected", "a namespace directory")
+        ) from None
 
 
 def validate_share(values: Mapping[str, Any], namespace=None, *, partial: bool = False) -> dict:
     """The clean values of a share (``partial``: only those given, as for an update)."""
     unknown = sorted(set(values) - set(SHARE_FIELDS))
     if unknown:
-        raise SmbValueError(unknown[0], values[unknown[0]],
-                            f"a field of a share: {', '.join(SHARE_FIELDS)}")
+        raise SmbValueError(
+            unknown[0], values[unknown[0]], f"a field of a share: {', '.join(SHARE_FIELDS)}"
+        )
     given = dict(values) if partial else {**SHARE_DEFAULTS, **values}
     if not partial and "name" not in given:
         raise SmbValueError("name", None, "the share's name, e.g. export")
     if partial and not given:
         raise SmbValueError("fields", {}, f"some of {', '.join(SHARE_FIELDS)}")
-    checks = {"name": clean_share_name, "path": lambda v: _smb_path(namespace, v),
-              "access": lambda v: _choice("access", v, ACCESS_MODES),
-              "clients": _smb_clients,
-              "guest": lambda v: _flag("guest", v),
-              "users": lambda v: clean_user_list("users", v),
-              "read_only_users": lambda v: clean_user_list("read_only_users", v),
-              "case_insensitive": lambda v: _flag("case_insensitive", v),
-              "enabled": lambda v: _flag("enabled", v)}
+    checks = {
+        "name": clean_share_name,
+        "path": lambda v: _smb_path(namespace, v),
+        "access": lambda v: _choice("access", v, ACCESS_MODES),
+        "clients": _smb_clients,
+        "guest": lambda v: _flag("guest", v),
+        "users": lambda v: clean_user_list("users", v),
+        "read_only_users": lambda v: clean_user_list("read_only_users", v),
+        "case_insensitive": lambda v: _flag("case_insensitive", v),
+        "enabled": lambda v: _flag("enabled", v),
+    }
     return {name: checks[name](given[name]) for name in SHARE_FIELDS if name in given}
 
 
@@ -229,39 +261,60 @@ def get_share(catalog: Catalog, ref: int | str) -> Share:
     def work(conn):
         share_id = _share_id(conn, ref)
         return _share(conn.execute(select(SHARES).where(SHARES.c.id == share_id)).one())
+
     return catalog.read(work)
 
 
-def create_share(catalog: Catalog, values: Mapping[str, Any], *, actor: str,
-                 namespace=None) -> Share:
+def create_share(
+    catalog: Catalog, values: Mapping[str, Any], *, actor: str, namespace=None
+) -> Share:
     values = validate_share(values, namespace)
 
     def work(conn):
-        taken = conn.execute(select(SHARES.c.id).where(
-            func.lower(SHARES.c.name) == values["name"].lower())).first()
+        taken = conn.execute(
+            select(SHARES.c.id).where(func.lower(SHARES.c.name) == values["name"].lower())
+        ).first()
         if taken:  # Samba compares share names without case
             raise errors.Exists(f"SMB share {values['name']!r} exists: choose another name")
         share_id = conn.execute(SHARES.insert().values(**values)).inserted_primary_key[0]
-        record_in(conn, "smb.share.create", f"SMB share {values['name']} created: "
-                  f"{_describe(values)}", actor=actor, details={"share_id": share_id, **values})
+        record_in(
+            conn,
+            "smb.share.create",
+            f"SMB share {values['name']} created: {_describe(values)}",
+            actor=actor,
+            details={"share_id": share_id, **values},
+        )
         return _share(conn.execute(select(SHARES).where(SHARES.c.id == share_id)).one())
+
     return catalog.run(work)
 
 
-def update_share(catalog: Catalog, ref: int | str, values: Mapping[str, Any], *, actor: str,
-                 namespace=None) -> Share:
+def update_share(
+    catalog: Catalog, ref: int | str, values: Mapping[str, Any], *, actor: str, namespace=None
+) -> Share:
     values = validate_share(values, namespace, partial=True)
 
     def work(conn):
         share_id = _share_id(conn, ref)
-        if "name" in values and conn.execute(select(SHARES.c.id).where(
-                func.lower(SHARES.c.name) == values["name"].lower(),
-                SHARES.c.id != share_id)).first():
+        if (
+            "name" in values
+            and conn.execute(
+                select(SHARES.c.id).where(
+                    func.lower(SHARES.c.name) == values["name"].lower(), SHARES.c.id != share_id
+                )
+            ).first()
+        ):
             raise errors.Exists(f"SMB share {values['name']!r} exists: choose another name")
         conn.execute(SHARES.update().where(SHARES.c.id == share_id).values(**values))
-        record_in(conn, "smb.share.update", f"SMB share {share_id} changed: {_describe(values)}",
-                  actor=actor, details={"share_id": share_id, **values})
+        record_in(
+            conn,
+            "smb.share.update",
+            f"SMB share {share_id} changed: {_describe(values)}",
+            actor=actor,
+            details={"share_id": share_id, **values},
+        )
         return _share(conn.execute(select(SHARES).where(SHARES.c.id == share_id)).one())
+
     return catalog.run(work)
 
 
@@ -270,18 +323,28 @@ def delete_share(catalog: Catalog, ref: int | str, *, actor: str) -> None:
         share_id = _share_id(conn, ref)
         name = conn.execute(select(SHARES.c.name).where(SHARES.c.id == share_id)).scalar()
         conn.execute(SHARES.delete().where(SHARES.c.id == share_id))
-        record_in(conn, "smb.share.delete", f"SMB share {name} deleted", actor=actor,
-                  severity="warning", details={"share_id": share_id})
+        record_in(
+            conn,
+            "smb.share.delete",
+            f"SMB share {name} deleted",
+            actor=actor,
+            severity="warning",
+            details={"share_id": share_id},
+        )
+
     catalog.run(work)
 
 
 def ensure_default_share(catalog: Catalog, path: str = "/") -> None:
     """The share ``export`` (the default export's directory, read-write, every SMB user, any
     client) when there is no share at all, as ``shingle init`` makes the default NFS export."""
+
     def work(conn):
         if conn.execute(select(SHARES.c.id).limit(1)).first() is None:
-            conn.execute(SHARES.insert().values(name=DEFAULT_SHARE,
-                                                **{**SHARE_DEFAULTS, "path": path}))
+            conn.execute(
+                SHARES.insert().values(name=DEFAULT_SHARE, **{**SHARE_DEFAULTS, "path": path})
+            )
+
     catalog.run(work)
 
 
@@ -292,15 +355,22 @@ def list_users(catalog: Catalog) -> list[SmbUser]:
 
 
 def get_user(catalog: Catalog, name: str) -> SmbUser:
-    row = catalog.read(lambda conn: conn.execute(select(USERS).where(USERS.c.name == name))
-                       .first())
+    row = catalog.read(lambda conn: conn.execute(select(USERS).where(USERS.c.name == name)).first())
     if row is None:
         raise errors.NotFound(f"no SMB user {name!r}")
     return _user(row)
 
 
-def create_user(catalog: Catalog, name: str, password: str, *, passdb: Passdb, actor: str,
-                uid: int | None = None, gid: int | None = None) -> SmbUser:
+def create_user(
+    catalog: Catalog,
+    name: str,
+    password: str,
+    *,
+    passdb: Passdb,
+    actor: str,
+    uid: int | None = None,
+    gid: int | None = None,
+) -> SmbUser:
     """A new SMB user with its password in ``passdb``; uid from FIRST_UID up unless given, gid
     the uid unless given. Exists if the name is taken."""
     name = clean_user_name(name)
@@ -318,18 +388,24 @@ def create_user(catalog: Catalog, name: str, password: str, *, passdb: Passdb, a
             top = conn.execute(select(func.max(USERS.c.uid))).scalar()
             new_uid = max(FIRST_UID, (top or 0) + 1)
         new_gid = gid if gid is not None else new_uid
-        user_id = conn.execute(USERS.insert().values(name=name, uid=new_uid, gid=new_gid)
-                               ).inserted_primary_key[0]
+        user_id = conn.execute(
+            USERS.insert().values(name=name, uid=new_uid, gid=new_gid)
+        ).inserted_primary_key[0]
         user = SmbUser(int(user_id), name, new_uid, new_gid)
         passdb.set_password(user, password)  # a failure rolls the row back
-        record_in(conn, "smb.user.create", f"SMB user {name} created (uid {new_uid}, gid "
-                  f"{new_gid})", actor=actor, details=user.to_dict())
+        record_in(
+            conn,
+            "smb.user.create",
+            f"SMB user {name} created (uid {new_uid}, gid {new_gid})",
+            actor=actor,
+            details=user.to_dict(),
+        )
         return user
+
     return catalog.run(work)
 
 
-def set_password(catalog: Catalog, name: str, password: str, *, passdb: Passdb,
-                 actor: str) -> None:
+def set_password(catalog: Catalog, name: str, password: str, *, passdb: Passdb, actor: str) -> None:
     password = clean_password(password)
 
     def work(conn):
@@ -337,19 +413,33 @@ def set_password(catalog: Catalog, name: str, password: str, *, passdb: Passdb,
         if row is None:
             raise errors.NotFound(f"no SMB user {name!r}")
         passdb.set_password(_user(row), password)
-        record_in(conn, "smb.user.password", f"SMB user {name}: password changed", actor=actor,
-                  details={"name": name})
+        record_in(
+            conn,
+            "smb.user.password",
+            f"SMB user {name}: password changed",
+            actor=actor,
+            details={"name": name},
+        )
+
     catalog.run(work)
 
 
 def delete_user(catalog: Catalog, name: str, *, passdb: Passdb, actor: str) -> None:
     """Remove an SMB user (its files keep their uid); shares that name it keep the name until
     edited (Samba then refuses it: no such user)."""
+
     def work(conn):
         removed = conn.execute(USERS.delete().where(USERS.c.name == name))
         if not removed.rowcount:
             raise errors.NotFound(f"no SMB user {name!r}")
         passdb.remove(name)
-        record_in(conn, "smb.user.delete", f"SMB user {name} deleted", actor=actor,
-                  severity="warning", details={"name": name})
+        record_in(
+            conn,
+            "smb.user.delete",
+            f"SMB user {name} deleted",
+            actor=actor,
+            severity="warning",
+            details={"name": name},
+        )
+
     catalog.run(work)

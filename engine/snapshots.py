@@ -15,6 +15,7 @@ Every change here is one catalog transaction that is not tracked, so every cache
 process (namespace attributes and names, the read-only ranges, the data path's settled sizes)
 reads the catalog again. A snapshot holds what was committed when it was taken; in a process
 with a data path, buffered writes are flushed first."""
+
 from __future__ import annotations
 
 import builtins
@@ -29,8 +30,10 @@ from engine.datapath.sharing import add_references, drop_references
 from engine.namespace.common import ROOT, check_name
 from engine.namespace.readonly import SNAPSHOT_DIR_NAME
 
-_INODE_COLUMNS = ("generation, type, mode, uid, gid, size, nlink, rdev, atime_ns, mtime_ns, "
-                  "ctime_ns, btime_ns, change, band_class")
+_INODE_COLUMNS = (
+    "generation, type, mode, uid, gid, size, nlink, rdev, atime_ns, mtime_ns, "
+    "ctime_ns, btime_ns, change, band_class"
+)
 # what a path must keep to count as unchanged in a diff
 _SIGNATURE = "type, size, mode, uid, gid, mtime_ns, ctime_ns, change"
 # a PostgreSQL sequence is moved past a copied range; creates racing the move get numbers
@@ -73,15 +76,22 @@ def _fill_tree(conn, root: int, *, with_root: bool) -> None:
     sql(conn, "DELETE FROM snapshot_tree").close()
     # the recursion walks directories only (a step per directory, not per file); their other
     # children come in one indexed statement (a file with several names there comes once)
-    sql(conn, "WITH RECURSIVE t(ino) AS (SELECT CAST(? AS BIGINT) UNION ALL "
-              "SELECT d.child FROM dirents d JOIN t ON d.parent = t.ino "
-              "JOIN inodes i ON i.ino = d.child WHERE i.type = ? "
-              "AND d.child NOT IN (SELECT dir_ino FROM snapshot_dirs)) "
-              "INSERT INTO snapshot_tree (ino) SELECT ino FROM t",
-        (root, DIR)).close()
-    sql(conn, "INSERT INTO snapshot_tree (ino) SELECT DISTINCT d.child FROM dirents d "
-              "JOIN inodes i ON i.ino = d.child WHERE i.type <> ? "
-              "AND d.parent IN (SELECT ino FROM snapshot_tree)", (DIR,)).close()
+    sql(
+        conn,
+        "WITH RECURSIVE t(ino) AS (SELECT CAST(? AS BIGINT) UNION ALL "
+        "SELECT d.child FROM dirents d JOIN t ON d.parent = t.ino "
+        "JOIN inodes i ON i.ino = d.child WHERE i.type = ? "
+        "AND d.child NOT IN (SELECT dir_ino FROM snapshot_dirs)) "
+        "INSERT INTO snapshot_tree (ino) SELECT ino FROM t",
+        (root, DIR),
+    ).close()
+    sql(
+        conn,
+        "INSERT INTO snapshot_tree (ino) SELECT DISTINCT d.child FROM dirents d "
+        "JOIN inodes i ON i.ino = d.child WHERE i.type <> ? "
+        "AND d.parent IN (SELECT ino FROM snapshot_tree)",
+        (DIR,),
+    ).close()
     if not with_root:
         sql(conn, "DELETE FROM snapshot_tree WHERE ino = ?", (root,)).close()
 
@@ -89,9 +99,10 @@ def _fill_tree(conn, root: int, *, with_root: bool) -> None:
 def _reserve_inodes(conn, lo_old: int, hi_old: int) -> int:
     """A delta such that [lo_old + delta, hi_old + delta] holds no inode and never will."""
     if conn.dialect.name == "sqlite":
-        top = max(sql_one(conn, "SELECT COALESCE(MAX(ino), 0) FROM inodes")[0],
-                  (sql_one(conn, "SELECT seq FROM sqlite_sequence WHERE name = 'inodes'")
-                   or (0,))[0])
+        top = max(
+            sql_one(conn, "SELECT COALESCE(MAX(ino), 0) FROM inodes")[0],
+            (sql_one(conn, "SELECT seq FROM sqlite_sequence WHERE name = 'inodes'") or (0,))[0],
+        )
         # AUTOINCREMENT remembers the largest number inserted, explicit ones included
         return top + 1 - lo_old
     seq = sql_one(conn, "SELECT pg_get_serial_sequence('inodes', 'ino')")[0]
@@ -112,31 +123,58 @@ def _copy_tree(conn, root: int, *, with_root: bool, parent_map: tuple[int, int] 
         return None
     delta = _reserve_inodes(conn, lo_old, hi_old)
     tree = "(SELECT ino FROM snapshot_tree)"
-    sql(conn, f"INSERT INTO inodes (ino, {_INODE_COLUMNS}) SELECT ino + ?, {_INODE_COLUMNS} "
-              f"FROM inodes WHERE ino IN {tree}", (delta,)).close()
+    sql(
+        conn,
+        f"INSERT INTO inodes (ino, {_INODE_COLUMNS}) SELECT ino + ?, {_INODE_COLUMNS} "
+        f"FROM inodes WHERE ino IN {tree}",
+        (delta,),
+    ).close()
     old_parent, new_parent = parent_map or (None, None)
     parents = tree
     if parent_map is not None:
         parents = f"(SELECT ino FROM snapshot_tree UNION SELECT {int(parent_map[0])})"
-    sql(conn, "INSERT INTO dirents (parent, name, child) "
-              "SELECT CASE WHEN parent = ? THEN ? ELSE parent + ? END, name, child + ? "
-              f"FROM dirents WHERE parent IN {parents} AND child IN {tree}",
-        (old_parent if old_parent is not None else -1, new_parent or -1, delta, delta)).close()
-    sql(conn, "INSERT INTO symlinks (ino, target) SELECT ino + ?, target FROM symlinks "
-              f"WHERE ino IN {tree}", (delta,)).close()
-    sql(conn, "INSERT INTO xattrs (ino, name, value) SELECT ino + ?, name, value FROM xattrs "
-              f"WHERE ino IN {tree}", (delta,)).close()
-    sql(conn, "INSERT INTO extents (ino, file_offset, length, stripe_id, stripe_offset) "
-              "SELECT ino + ?, file_offset, length, stripe_id, stripe_offset FROM extents "
-              f"WHERE ino IN {tree}", (delta,)).close()
+    sql(
+        conn,
+        "INSERT INTO dirents (parent, name, child) "
+        "SELECT CASE WHEN parent = ? THEN ? ELSE parent + ? END, name, child + ? "
+        f"FROM dirents WHERE parent IN {parents} AND child IN {tree}",
+        (old_parent if old_parent is not None else -1, new_parent or -1, delta, delta),
+    ).close()
+    sql(
+        conn,
+        "INSERT INTO symlinks (ino, target) SELECT ino + ?, target FROM symlinks "
+        f"WHERE ino IN {tree}",
+        (delta,),
+    ).close()
+    sql(
+        conn,
+        "INSERT INTO xattrs (ino, name, value) SELECT ino + ?, name, value FROM xattrs "
+        f"WHERE ino IN {tree}",
+        (delta,),
+    ).close()
+    sql(
+        conn,
+        "INSERT INTO extents (ino, file_offset, length, stripe_id, stripe_offset) "
+        "SELECT ino + ?, file_offset, length, stripe_id, stripe_offset FROM extents "
+        f"WHERE ino IN {tree}",
+        (delta,),
+    ).close()
     lo, hi = lo_old + delta, hi_old + delta
     add_references(conn, lo, hi)
     # a file with links outside the tree has fewer names in the copy, and a dataset's copy has
     # no .snapshots directory
-    sql(conn, "UPDATE inodes SET nlink = (SELECT COUNT(*) FROM dirents WHERE child = inodes.ino) "
-              "WHERE ino BETWEEN ? AND ? AND type <> ? AND nlink > 1", (lo, hi, DIR)).close()
-    sql(conn, "UPDATE inodes SET nlink = nlink - 1 WHERE ino BETWEEN ? AND ? "
-              "AND ino - ? IN (SELECT dataset_ino FROM snapshot_dirs)", (lo, hi, delta)).close()
+    sql(
+        conn,
+        "UPDATE inodes SET nlink = (SELECT COUNT(*) FROM dirents WHERE child = inodes.ino) "
+        "WHERE ino BETWEEN ? AND ? AND type <> ? AND nlink > 1",
+        (lo, hi, DIR),
+    ).close()
+    sql(
+        conn,
+        "UPDATE inodes SET nlink = nlink - 1 WHERE ino BETWEEN ? AND ? "
+        "AND ino - ? IN (SELECT dataset_ino FROM snapshot_dirs)",
+        (lo, hi, delta),
+    ).close()
     sql(conn, "DELETE FROM snapshot_tree").close()
     return delta, lo, hi, count
 
@@ -171,9 +209,12 @@ class Snapshots:
 
     @staticmethod
     def _snapshot_row(conn, dataset: int, name: str):
-        row = sql_one(conn, "SELECT id, root_ino, ino_lo, ino_hi, created_ns FROM snapshots "
-                            "WHERE source_ino = ? AND name = ? AND deleting = ?",
-                      (dataset, name, False))
+        row = sql_one(
+            conn,
+            "SELECT id, root_ino, ino_lo, ino_hi, created_ns FROM snapshots "
+            "WHERE source_ino = ? AND name = ? AND deleting = ?",
+            (dataset, name, False),
+        )
         if row is None:
             raise errors.NotFound(f"no snapshot {name!r} of dataset inode {dataset}")
         return row
@@ -181,27 +222,48 @@ class Snapshots:
     @staticmethod
     def _touch(conn, ino: int, nlink_delta: int = 0) -> None:
         now = time.time_ns()
-        sql(conn, "UPDATE inodes SET nlink = nlink + ?, mtime_ns = ?, ctime_ns = ?, "
-                  "change = change + 1 WHERE ino = ?", (nlink_delta, now, now, ino)).close()
+        sql(
+            conn,
+            "UPDATE inodes SET nlink = nlink + ?, mtime_ns = ?, ctime_ns = ?, "
+            "change = change + 1 WHERE ino = ?",
+            (nlink_delta, now, now, ino),
+        ).close()
 
     def _snapshot_dir(self, conn, dataset: int) -> int:
         row = sql_one(conn, "SELECT dir_ino FROM snapshot_dirs WHERE dataset_ino = ?", (dataset,))
         if row is not None:
             return row[0]
-        if sql_one(conn, "SELECT id FROM dirents WHERE parent = ? AND name = ?",
-                   (dataset, SNAPSHOT_DIR_NAME)) is not None:
-            raise errors.Exists(f"{SNAPSHOT_DIR_NAME!r} exists in dataset inode {dataset}: "
-                                "rename it before taking a snapshot")
+        if (
+            sql_one(
+                conn,
+                "SELECT id FROM dirents WHERE parent = ? AND name = ?",
+                (dataset, SNAPSHOT_DIR_NAME),
+            )
+            is not None
+        ):
+            raise errors.Exists(
+                f"{SNAPSHOT_DIR_NAME!r} exists in dataset inode {dataset}: "
+                "rename it before taking a snapshot"
+            )
         uid, gid = sql_one(conn, "SELECT uid, gid FROM inodes WHERE ino = ?", (dataset,))
         now = time.time_ns()
-        dir_ino = sql_one(conn, "INSERT INTO inodes (generation, type, mode, uid, gid, size, "
-                                "nlink, rdev, atime_ns, mtime_ns, ctime_ns, btime_ns, change) "
-                                "VALUES (1, ?, ?, ?, ?, 0, 2, 0, ?, ?, ?, ?, 1) RETURNING ino",
-                          (DIR, 0o555, uid, gid, now, now, now, now))[0]
-        sql(conn, "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
-            (dataset, SNAPSHOT_DIR_NAME, dir_ino)).close()
-        sql(conn, "INSERT INTO snapshot_dirs (dataset_ino, dir_ino) VALUES (?, ?)",
-            (dataset, dir_ino)).close()
+        dir_ino = sql_one(
+            conn,
+            "INSERT INTO inodes (generation, type, mode, uid, gid, size, "
+            "nlink, rdev, atime_ns, mtime_ns, ctime_ns, btime_ns, change) "
+            "VALUES (1, ?, ?, ?, ?, 0, 2, 0, ?, ?, ?, ?, 1) RETURNING ino",
+            (DIR, 0o555, uid, gid, now, now, now, now),
+        )[0]
+        sql(
+            conn,
+            "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
+            (dataset, SNAPSHOT_DIR_NAME, dir_ino),
+        ).close()
+        sql(
+            conn,
+            "INSERT INTO snapshot_dirs (dataset_ino, dir_ino) VALUES (?, ?)",
+            (dataset, dir_ino),
+        ).close()
         self._touch(conn, dataset, nlink_delta=1)
         return dir_ino
 
@@ -213,20 +275,32 @@ class Snapshots:
 
         def work(conn):
             snapdir = self._snapshot_dir(conn, dataset)
-            if sql_one(conn, "SELECT id FROM snapshots WHERE source_ino = ? AND name = ?",
-                       (dataset, name)) is not None:
+            if (
+                sql_one(
+                    conn,
+                    "SELECT id FROM snapshots WHERE source_ino = ? AND name = ?",
+                    (dataset, name),
+                )
+                is not None
+            ):
                 raise errors.Exists(f"snapshot {name!r} of {path} exists")
             delta, lo, hi, count = _copy_tree(conn, dataset, with_root=True)
             root = dataset + delta
-            sql(conn, "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
-                (snapdir, name, root)).close()
+            sql(
+                conn,
+                "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
+                (snapdir, name, root),
+            ).close()
             self._touch(conn, snapdir, nlink_delta=1)
             now = time.time_ns()
             snapshot_id = sql_one(
-                conn, "INSERT INTO snapshots (name, source_ino, root_ino, ino_lo, ino_hi, "
-                      "created_ns, deleting) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                (name, dataset, root, lo, hi, now, False))[0]
+                conn,
+                "INSERT INTO snapshots (name, source_ino, root_ino, ino_lo, ino_hi, "
+                "created_ns, deleting) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (name, dataset, root, lo, hi, now, False),
+            )[0]
             return snapshot_id, now, count
+
         snapshot_id, created, count = self._run(work)
         return SnapshotInfo(name, created, *self._space(snapshot_id), files=count, id=snapshot_id)
 
@@ -236,21 +310,27 @@ class Snapshots:
         def work(conn):
             out = []
             for sid, name, lo, hi, created in sql_all(
-                    conn, "SELECT id, name, ino_lo, ino_hi, created_ns FROM snapshots "
-                          "WHERE source_ino = ? AND deleting = ? ORDER BY created_ns, id",
-                    (dataset, False)):
+                conn,
+                "SELECT id, name, ino_lo, ino_hi, created_ns FROM snapshots "
+                "WHERE source_ino = ? AND deleting = ? ORDER BY created_ns, id",
+                (dataset, False),
+            ):
                 referenced, unique = self._space_in(conn, lo, hi)
-                files = sql_one(conn, "SELECT COUNT(*) FROM inodes WHERE ino BETWEEN ? AND ?",
-                                (lo, hi))[0]
+                files = sql_one(
+                    conn, "SELECT COUNT(*) FROM inodes WHERE ino BETWEEN ? AND ?", (lo, hi)
+                )[0]
                 out.append(SnapshotInfo(name, created, referenced, unique, files, sid))
             return out
+
         return self.catalog.read(work)
 
     def _space(self, snapshot_id: int) -> tuple[int, int]:
         def work(conn):
-            lo, hi = sql_one(conn, "SELECT ino_lo, ino_hi FROM snapshots WHERE id = ?",
-                             (snapshot_id,))
+            lo, hi = sql_one(
+                conn, "SELECT ino_lo, ino_hi FROM snapshots WHERE id = ?", (snapshot_id,)
+            )
             return self._space_in(conn, lo, hi)
+
         return self.catalog.read(work)
 
     @staticmethod
@@ -263,7 +343,8 @@ class Snapshots:
             "(CASE WHEN s.live_bytes < s.data_length THEN s.live_bytes ELSE s.data_length END) "
             "ELSE 0 END), 0) FROM (SELECT stripe_id, SUM(length) AS refs FROM extents "
             "WHERE ino BETWEEN ? AND ? GROUP BY stripe_id) r JOIN stripes s ON s.id = r.stripe_id",
-            (lo, hi))
+            (lo, hi),
+        )
         return int(referenced), int(unique)
 
     def delete(self, path: str, name: str) -> int:
@@ -277,40 +358,61 @@ class Snapshots:
 
         def work(conn):
             sid, root, _lo, _hi, _created = self._snapshot_row(conn, dataset, name)
-            snapdir = sql_one(conn, "SELECT dir_ino FROM snapshot_dirs WHERE dataset_ino = ?",
-                              (dataset,))[0]
+            snapdir = sql_one(
+                conn, "SELECT dir_ino FROM snapshot_dirs WHERE dataset_ino = ?", (dataset,)
+            )[0]
             sql(conn, "DELETE FROM dirents WHERE parent = ? AND child = ?", (snapdir, root)).close()
             self._touch(conn, snapdir, nlink_delta=-1)
             # "/" cannot be in a name: the name is free at once for a new snapshot
-            sql(conn, "UPDATE snapshots SET deleting = ?, name = ?, root_ino = source_ino "
-                      "WHERE id = ?", (True, f"{name}/{sid}", sid)).close()
+            sql(
+                conn,
+                "UPDATE snapshots SET deleting = ?, name = ?, root_ino = source_ino WHERE id = ?",
+                (True, f"{name}/{sid}", sid),
+            ).close()
             return sid
+
         return self._purge(self._run(work))
 
     def finish_deletions(self) -> int:
         """Finish deletions a crash interrupted; returns the stripes freed."""
-        ids = self.catalog.read(lambda conn: [row[0] for row in sql_all(
-            conn, "SELECT id FROM snapshots WHERE deleting = ?", (True,))])
+        ids = self.catalog.read(
+            lambda conn: [
+                row[0]
+                for row in sql_all(conn, "SELECT id FROM snapshots WHERE deleting = ?", (True,))
+            ]
+        )
         return sum(self._purge(sid) for sid in ids)
 
     def _purge(self, snapshot_id: int) -> int:
-        lo, hi = self.catalog.read(lambda conn: sql_one(
-            conn, "SELECT ino_lo, ino_hi FROM snapshots WHERE id = ?", (snapshot_id,)))
+        lo, hi = self.catalog.read(
+            lambda conn: sql_one(
+                conn, "SELECT ino_lo, ino_hi FROM snapshots WHERE id = ?", (snapshot_id,)
+            )
+        )
         freed = 0
         for start in range(lo, hi + 1, DELETE_CHUNK_INODES):
             end = min(start + DELETE_CHUNK_INODES - 1, hi)
-            dead = self._run(lambda conn, a=start, b=end: self._purge_range(conn, a, b),
-                             flush=False)
+            dead = self._run(
+                lambda conn, a=start, b=end: self._purge_range(conn, a, b), flush=False
+            )
             self._forget_stripes(dead)
             freed += len(dead)
-        self._run(lambda conn: sql(conn, "DELETE FROM snapshots WHERE id = ?",
-                                   (snapshot_id,)).close(), flush=False)
+        self._run(
+            lambda conn: sql(conn, "DELETE FROM snapshots WHERE id = ?", (snapshot_id,)).close(),
+            flush=False,
+        )
         return freed
 
     @staticmethod
     def _purge_range(conn, lo: int, hi: int) -> builtins.list[int]:
-        dead = drop_references(conn, lo, hi, lambda conn: sql(
-            conn, "DELETE FROM extents WHERE ino BETWEEN ? AND ?", (lo, hi)).close())
+        dead = drop_references(
+            conn,
+            lo,
+            hi,
+            lambda conn: sql(
+                conn, "DELETE FROM extents WHERE ino BETWEEN ? AND ?", (lo, hi)
+            ).close(),
+        )
         for table in ("symlinks", "xattrs"):
             sql(conn, f"DELETE FROM {table} WHERE ino BETWEEN ? AND ?", (lo, hi)).close()
         sql(conn, "DELETE FROM dirents WHERE parent BETWEEN ? AND ?", (lo, hi)).close()
@@ -330,40 +432,67 @@ class Snapshots:
 
         def work(conn):
             _sid, root, _lo, _hi, _created = self._snapshot_row(conn, dataset, name)
-            snapdir = sql_one(conn, "SELECT dir_ino FROM snapshot_dirs WHERE dataset_ino = ?",
-                              (dataset,))[0]
+            snapdir = sql_one(
+                conn, "SELECT dir_ino FROM snapshot_dirs WHERE dataset_ino = ?", (dataset,)
+            )[0]
             dead = self._free_contents(conn, dataset, snapdir)
             _copy_tree(conn, root, with_root=False, parent_map=(root, dataset))
-            mode, uid, gid, mtime = sql_one(conn, "SELECT mode, uid, gid, mtime_ns FROM inodes "
-                                                  "WHERE ino = ?", (root,))
-            subdirs = sql_one(conn, "SELECT COUNT(*) FROM dirents d JOIN inodes i ON i.ino = "
-                                    "d.child WHERE d.parent = ? AND i.type = ?", (dataset, DIR))[0]
-            sql(conn, "UPDATE inodes SET mode = ?, uid = ?, gid = ?, mtime_ns = ?, ctime_ns = ?, "
-                      "nlink = ?, change = change + 1 WHERE ino = ?",
-                (mode, uid, gid, mtime, time.time_ns(), 2 + subdirs, dataset)).close()
+            mode, uid, gid, mtime = sql_one(
+                conn, "SELECT mode, uid, gid, mtime_ns FROM inodes WHERE ino = ?", (root,)
+            )
+            subdirs = sql_one(
+                conn,
+                "SELECT COUNT(*) FROM dirents d JOIN inodes i ON i.ino = "
+                "d.child WHERE d.parent = ? AND i.type = ?",
+                (dataset, DIR),
+            )[0]
+            sql(
+                conn,
+                "UPDATE inodes SET mode = ?, uid = ?, gid = ?, mtime_ns = ?, ctime_ns = ?, "
+                "nlink = ?, change = change + 1 WHERE ino = ?",
+                (mode, uid, gid, mtime, time.time_ns(), 2 + subdirs, dataset),
+            ).close()
             return dead
+
         self._forget_stripes(self._run(work))
 
     @staticmethod
     def _free_contents(conn, dataset: int, snapdir: int) -> builtins.list[int]:
         """Remove everything under ``dataset`` but its .snapshots; returns the dead stripes."""
         _fill_tree(conn, dataset, with_root=False)
-        nested = sql_one(conn, "SELECT COUNT(*) FROM snapshot_dirs WHERE dataset_ino IN "
-                               "(SELECT ino FROM snapshot_tree)")[0]
+        nested = sql_one(
+            conn,
+            "SELECT COUNT(*) FROM snapshot_dirs WHERE dataset_ino IN "
+            "(SELECT ino FROM snapshot_tree)",
+        )[0]
         if nested:
-            raise errors.NotEmpty(f"dataset inode {dataset} holds {nested} datasets with "
-                                  "snapshots: delete those first")
+            raise errors.NotEmpty(
+                f"dataset inode {dataset} holds {nested} datasets with "
+                "snapshots: delete those first"
+            )
         tree = "(SELECT ino FROM snapshot_tree)"
-        sql(conn, f"DELETE FROM dirents WHERE (parent IN {tree} OR parent = ?) AND child <> ?",
-            (dataset, snapdir)).close()
+        sql(
+            conn,
+            f"DELETE FROM dirents WHERE (parent IN {tree} OR parent = ?) AND child <> ?",
+            (dataset, snapdir),
+        ).close()
         # files also named outside the dataset keep those names
-        sql(conn, f"UPDATE inodes SET nlink = (SELECT COUNT(*) FROM dirents WHERE "
-                  f"child = inodes.ino) WHERE ino IN {tree} AND type <> ? AND ino IN "
-                  "(SELECT child FROM dirents)", (DIR,)).close()
+        sql(
+            conn,
+            f"UPDATE inodes SET nlink = (SELECT COUNT(*) FROM dirents WHERE "
+            f"child = inodes.ino) WHERE ino IN {tree} AND type <> ? AND ino IN "
+            "(SELECT child FROM dirents)",
+            (DIR,),
+        ).close()
         sql(conn, "DELETE FROM snapshot_tree WHERE ino IN (SELECT child FROM dirents)").close()
-        deltas = {sid: -int(n) for sid, n in sql_all(
-            conn, f"SELECT stripe_id, SUM(length) FROM extents WHERE ino IN {tree} "
-                  "GROUP BY stripe_id")}
+        deltas = {
+            sid: -int(n)
+            for sid, n in sql_all(
+                conn,
+                f"SELECT stripe_id, SUM(length) FROM extents WHERE ino IN {tree} "
+                "GROUP BY stripe_id",
+            )
+        }
         for table in ("extents", "symlinks", "xattrs"):
             sql(conn, f"DELETE FROM {table} WHERE ino IN {tree}").close()
         sql(conn, f"DELETE FROM inodes WHERE ino IN {tree}").close()
@@ -380,14 +509,22 @@ class Snapshots:
 
         def work(conn):
             _sid, root, _lo, _hi, _created = self._snapshot_row(conn, dataset, name)
-            if sql_one(conn, "SELECT id FROM dirents WHERE parent = ? AND name = ?",
-                       (parent, new_name)) is not None:
+            if (
+                sql_one(
+                    conn, "SELECT id FROM dirents WHERE parent = ? AND name = ?", (parent, new_name)
+                )
+                is not None
+            ):
                 raise errors.Exists(f"{new_path} exists")
             delta, _lo2, _hi2, _count = _copy_tree(conn, root, with_root=True)
-            sql(conn, "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
-                (parent, new_name, root + delta)).close()
+            sql(
+                conn,
+                "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
+                (parent, new_name, root + delta),
+            ).close()
             self._touch(conn, parent, nlink_delta=1)
             return root + delta
+
         return self._run(work)
 
     def diff(self, path: str, a: str, b: str | None = None) -> builtins.list[DiffEntry]:
@@ -397,9 +534,11 @@ class Snapshots:
 
         def work(conn):
             old = self._paths(conn, self._snapshot_row(conn, dataset, a)[1])
-            new = self._paths(conn, dataset if b is None
-                              else self._snapshot_row(conn, dataset, b)[1])
+            new = self._paths(
+                conn, dataset if b is None else self._snapshot_row(conn, dataset, b)[1]
+            )
             return old, new
+
         old, new = self.catalog.read(work)
         out = [DiffEntry("removed", p) for p in old.keys() - new.keys()]
         out += [DiffEntry("added", p) for p in new.keys() - old.keys()]
@@ -410,12 +549,16 @@ class Snapshots:
     def _paths(conn, root: int) -> dict[str, tuple]:
         """Relative path -> signature of every name under ``root`` (one read: no temp table)."""
         columns = ", ".join("i." + c for c in _SIGNATURE.split(", "))
-        rows = sql_all(conn, "WITH RECURSIVE t(ino) AS (SELECT CAST(? AS BIGINT) UNION "
-                             "SELECT d.child FROM dirents d JOIN t ON d.parent = t.ino "
-                             "WHERE d.child NOT IN (SELECT dir_ino FROM snapshot_dirs)) "
-                             f"SELECT d.parent, d.name, d.child, {columns} FROM dirents d "
-                             "JOIN t ON d.parent = t.ino JOIN inodes i ON i.ino = d.child "
-                             "WHERE d.child NOT IN (SELECT dir_ino FROM snapshot_dirs)", (root,))
+        rows = sql_all(
+            conn,
+            "WITH RECURSIVE t(ino) AS (SELECT CAST(? AS BIGINT) UNION "
+            "SELECT d.child FROM dirents d JOIN t ON d.parent = t.ino "
+            "WHERE d.child NOT IN (SELECT dir_ino FROM snapshot_dirs)) "
+            f"SELECT d.parent, d.name, d.child, {columns} FROM dirents d "
+            "JOIN t ON d.parent = t.ino JOIN inodes i ON i.ino = d.child "
+            "WHERE d.child NOT IN (SELECT dir_ino FROM snapshot_dirs)",
+            (root,),
+        )
         names = {child: (parent, name) for parent, name, child, *_ in rows}
         out = {}
         for parent, name, _child, *signature in rows:

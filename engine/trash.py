@@ -12,6 +12,7 @@ at once) and only then removes its subtree file by file through the namespace AP
 A crash in the middle leaves the rest in ``.purging``; the next purge finishes it.
 Paths under no export use the trash at the namespace root with DEFAULT_TRASH_DAYS.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -190,8 +191,11 @@ class Trash:
 
     # -- where an entry's trash is --------------------------------------------------
     def _homes(self) -> list[_TrashHome]:
-        rows = self.catalog.read(lambda conn: conn.execute(
-            select(EXPORTS.c.name, EXPORTS.c.path, EXPORTS.c.trash_days)).all())
+        rows = self.catalog.read(
+            lambda conn: conn.execute(
+                select(EXPORTS.c.name, EXPORTS.c.path, EXPORTS.c.trash_days)
+            ).all()
+        )
         homes: dict[tuple[str, ...], _TrashHome] = {(): _TrashHome(None, (), DEFAULT_TRASH_DAYS)}
         for row in rows:
             try:
@@ -203,7 +207,7 @@ class Trash:
 
     def _home_of(self, parts: list[str]) -> _TrashHome:
         for home in self._homes():  # longest export path first
-            if tuple(parts[:len(home.root)]) == home.root:
+            if tuple(parts[: len(home.root)]) == home.root:
                 return home
         raise AssertionError("the root trash home matches every path")
 
@@ -256,14 +260,20 @@ class Trash:
             raise errors.InvalidArgument(
                 f"cannot move {path!r} to the trash: it is the root of export {home.export!r}"
             )
-        if TRASH_DIR in parts[len(home.root):len(home.root) + 1]:
+        if TRASH_DIR in parts[len(home.root) : len(home.root) + 1]:
             raise errors.InvalidArgument(
                 f"{path!r} is in the trash already: restore or purge it instead"
             )
 
     # -- moving in ---------------------------------------------------------------------
-    def move_to_trash(self, path: str, actor: str = "system", *, event_kind: str = "trash.move",
-                      details: dict | None = None) -> TrashEntry:
+    def move_to_trash(
+        self,
+        path: str,
+        actor: str = "system",
+        *,
+        event_kind: str = "trash.move",
+        details: dict | None = None,
+    ) -> TrashEntry:
         """Move ``path`` (a file or a whole directory) into its export's trash."""
         parts = split_path(path)
         home = self._home_of(parts)
@@ -339,12 +349,20 @@ class Trash:
             if item.name == PURGING_DIR:
                 continue
             deleted = self._xattr(item.attr.ino, XATTR_DELETED)
-            found.append(TrashEntry(
-                item.attr.ino, item.name, join_path(home.root + (TRASH_DIR, item.name)),
-                self._xattr(item.attr.ino, XATTR_ORIGIN),
-                int(deleted) if deleted and deleted.isdigit() else None,
-                self._xattr(item.attr.ino, XATTR_ACTOR), item.attr.type == DIR, item.attr.size,
-                home.export, home.trash_days))
+            found.append(
+                TrashEntry(
+                    item.attr.ino,
+                    item.name,
+                    join_path(home.root + (TRASH_DIR, item.name)),
+                    self._xattr(item.attr.ino, XATTR_ORIGIN),
+                    int(deleted) if deleted and deleted.isdigit() else None,
+                    self._xattr(item.attr.ino, XATTR_ACTOR),
+                    item.attr.type == DIR,
+                    item.attr.size,
+                    home.export,
+                    home.trash_days,
+                )
+            )
         return found
 
     def list(self) -> list[TrashEntry]:
@@ -406,8 +424,10 @@ class Trash:
         except errors.NotFound:
             pass
         else:
-            raise errors.Exists(f"cannot restore {entry.trash_path}: {join_path(parts)} exists; "
-                                "move it away or restore to another path")
+            raise errors.Exists(
+                f"cannot restore {entry.trash_path}: {join_path(parts)} exists; "
+                "move it away or restore to another path"
+            )
         trash_dir = self.namespace.resolve(
             join_path(split_path(entry.trash_path)[:-1]), follow=False
         )
@@ -437,7 +457,7 @@ class Trash:
             except errors.NotFound:
                 try:
                     attr = self.namespace.mkdir(ROOT, attr.ino, part, 0o755)
-                    created.append(join_path(parts[:depth + 1]))
+                    created.append(join_path(parts[: depth + 1]))
                 except errors.Exists:
                     attr = self.namespace.lookup(ROOT, attr.ino, part)
             if attr.type != DIR:
@@ -447,8 +467,15 @@ class Trash:
         return attr, created
 
     # -- removing for good ---------------------------------------------------------------------
-    def delete(self, path: str, actor: str = "system", *, event_kind: str = "trash.delete",
-               details: dict | None = None, expect_ino: int | None = None) -> int:
+    def delete(
+        self,
+        path: str,
+        actor: str = "system",
+        *,
+        event_kind: str = "trash.delete",
+        details: dict | None = None,
+        expect_ino: int | None = None,
+    ) -> int:
         """Remove ``path`` and its subtree for good, bypassing the trash. Returns entries removed.
 
         The entry leaves its directory in one transaction (a rename into ``.purging``)."""
@@ -497,8 +524,13 @@ class Trash:
                 removed += remove_tree(self.namespace, purging.ino, item.name)
         return removed
 
-    def purge(self, older_than_s: float | None = None, actor: str = "system", *,
-              progress: Progress | None = None) -> builtins.list[TrashEntry]:
+    def purge(
+        self,
+        older_than_s: float | None = None,
+        actor: str = "system",
+        *,
+        progress: Progress | None = None,
+    ) -> builtins.list[TrashEntry]:
         """Remove trashed entries for good: those older than their export's ``trash_days``,
         or, with ``older_than_s``, those deleted more than that many seconds ago
         (0 empties the trash). Returns the purged entries."""

@@ -1,4 +1,5 @@
 """Alembic environment: migrates the URL given by engine.catalog.migrate."""
+
 from alembic import context
 from sqlalchemy import create_engine, pool
 
@@ -9,8 +10,12 @@ target_metadata = Base.metadata
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=config.get_main_option("sqlalchemy.url"), target_metadata=target_metadata,
-                      literal_binds=True, render_as_batch=True)
+    context.configure(
+        url=config.get_main_option("sqlalchemy.url"),
+        target_metadata=target_metadata,
+        literal_binds=True,
+        render_as_batch=True,
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -19,8 +24,12 @@ def run_migrations_online() -> None:
     url = config.get_main_option("sqlalchemy.url")
     engine = create_engine(url, poolclass=pool.NullPool)
     with engine.connect() as connection:
-        context.configure(connection=connection, target_metadata=target_metadata,
-                          render_as_batch=url.startswith("sqlite"), compare_type=True)
+        context.configure(
+            connection=connection,
+            target_metadata=target_metadata,
+            render_as_batch=url.startswith("sqlite"),
+            compare_type=True,
+        )
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

@@ -13,6 +13,7 @@
 - the engine's locks check their order (engine/ordered_lock.py) in every test and in the
   processes tests start: a lock taken out of RANKS order raises LockOrderError.
 """
+
 from __future__ import annotations
 
 import os
@@ -48,8 +49,10 @@ def count_reads(monkeypatch):
         def read(work):
             calls.append(1)
             return original(work)
+
         monkeypatch.setattr(catalog, "read", read)
         return calls
+
     return wrap
 
 

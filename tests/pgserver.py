@@ -2,6 +2,7 @@
 
 initdb refuses root, so it runs as the postgres user; socket and data live in
 a temp folder, and the server is our child process so the run reaps it."""
+
 from __future__ import annotations
 
 import os
@@ -103,6 +104,7 @@ class PostgresServer:
 
     def create_database(self) -> str:
         import psycopg
+
         name = "t_" + uuid.uuid4().hex[:12]
         with psycopg.connect(
             f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres", autocommit=True
@@ -127,5 +129,3 @@ class PostgresServer:
                 self.proc.kill()
                 self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
-
-

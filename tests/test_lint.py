@@ -1,5 +1,7 @@
-"""The code base stays ruff-clean (lint rules in pyproject.toml) and type-checks with mypy
-(files and options in pyproject.toml), so `./run-tests` fails on either."""
+"""The code base stays ruff-clean (lint rules and formatting in pyproject.toml) and
+type-checks with mypy (files and options in pyproject.toml), so `./run-tests` fails on
+either."""
+
 from __future__ import annotations
 
 import hashlib
@@ -11,13 +13,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_ruff_check_is_clean():
     # no cache: a run must not write .ruff_cache into the checkout (ruff takes ~1 s anyway)
     result = run("ruff", "check", "--no-cache", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_format_is_applied():
+    result = run("ruff", "format", "--check", "--no-cache", ".")
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -1,5 +1,6 @@
 """Alerts: the list (open first), acknowledge, and the banner every page shows while any alert
 is active (engine/alerts.py; the daemon evaluates the sources and delivers mail and webhooks)."""
+
 from __future__ import annotations
 
 from flask import Blueprint, flash, g, redirect, render_template, url_for

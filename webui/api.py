@@ -8,6 +8,7 @@ names the token scope it needs (``scope=``: GETs read-only unless said, other
 methods admin unless said; operator for jobs, retention runs and drive actions);
 a signed-in admin has every scope. Errors are JSON {"error": message} (with
 "fields" for validation errors)."""
+
 from __future__ import annotations
 
 import functools
@@ -53,9 +54,19 @@ class Endpoint:
 ENDPOINTS: list[Endpoint] = []
 
 
-def endpoint(rule: str, method: str, summary: str, tag: str, *, body: Schema | None = None,
-             partial: bool = False, query: Schema | None = None, status: int = 200,
-             auth: bool = True, scope: str | None = None):
+def endpoint(
+    rule: str,
+    method: str,
+    summary: str,
+    tag: str,
+    *,
+    body: Schema | None = None,
+    partial: bool = False,
+    query: Schema | None = None,
+    status: int = 200,
+    auth: bool = True,
+    scope: str | None = None,
+):
     """Register an API view; it receives ``body=`` / ``query=`` already validated."""
     needed = scope or ("read-only" if method == "GET" else "admin")
     assert needed in accounts.SCOPES, needed
@@ -72,14 +83,21 @@ def endpoint(rule: str, method: str, summary: str, tag: str, *, body: Schema | N
                     401,
                 )
             if auth and not accounts.scope_allows(g.get("scope"), needed):
-                return core.api_error(f"this API token's scope is {g.get('scope')}: {method} "
-                                      f"{rule} needs a token of scope {needed} or wider", 403)
+                return core.api_error(
+                    f"this API token's scope is {g.get('scope')}: {method} "
+                    f"{rule} needs a token of scope {needed} or wider",
+                    403,
+                )
             try:
                 if body is not None:
                     data = request.get_json(silent=True)
                     if data is None:
-                        raise ValidationError({"": "request body: expected a JSON object "
-                                                   "(Content-Type: application/json)"})
+                        raise ValidationError(
+                            {
+                                "": "request body: expected a JSON object "
+                                "(Content-Type: application/json)"
+                            }
+                        )
                     kwargs["body"] = body.validate(data, partial=partial)
                 if query is not None:
                     kwargs["query"] = query.from_form(request.args)
@@ -94,6 +112,7 @@ def endpoint(rule: str, method: str, summary: str, tag: str, *, body: Schema | N
             rule, endpoint=f"{fn.__name__}_{method.lower()}", view_func=view, methods=[method]
         )
         return fn
+
     return deco
 
 
@@ -139,16 +158,30 @@ def drive_action(drive_id: int, body: dict):
 
 
 # -- drive lifecycle: add and replace (jobs the daemon runs) ---------------------------------
-@endpoint("/drives", "POST", "Add a drive (a new folder becomes an emulated drive, or a zoned "
-          "block device) and rebuild onto it; a job the daemon runs", "drives",
-          body=drives.NEW_DRIVE_SCHEMA, status=202, scope="admin")
+@endpoint(
+    "/drives",
+    "POST",
+    "Add a drive (a new folder becomes an emulated drive, or a zoned "
+    "block device) and rebuild onto it; a job the daemon runs",
+    "drives",
+    body=drives.NEW_DRIVE_SCHEMA,
+    status=202,
+    scope="admin",
+)
 def add_drive(body: dict):
     return jobs.get(core.ctx().catalog, drives.queue_new_drive(body, core.actor())).to_dict()
 
 
-@endpoint("/drives/<int:drive_id>/replace", "POST", "Replace a drive by a new one: the old one is "
-          "drained (or rebuilt from redundancy) and removed; a job the daemon runs", "drives",
-          body=drives.NEW_DRIVE_SCHEMA, status=202, scope="admin")
+@endpoint(
+    "/drives/<int:drive_id>/replace",
+    "POST",
+    "Replace a drive by a new one: the old one is "
+    "drained (or rebuilt from redundancy) and removed; a job the daemon runs",
+    "drives",
+    body=drives.NEW_DRIVE_SCHEMA,
+    status=202,
+    scope="admin",
+)
 def replace_drive(drive_id: int, body: dict):
     job_id = drives.queue_new_drive(body, core.actor(), replaces=drive_id)
     return jobs.get(core.ctx().catalog, job_id).to_dict()
@@ -196,8 +229,13 @@ def delete_rule(rule_id: int):
     return {"deleted": rule_id}
 
 
-@endpoint("/retention/preview", "GET", "What a run would do now (nothing changes)", "retention",
-          query=retention.RUN_SCHEMA)
+@endpoint(
+    "/retention/preview",
+    "GET",
+    "What a run would do now (nothing changes)",
+    "retention",
+    query=retention.RUN_SCHEMA,
+)
 def preview(query: dict):
     return [item.to_dict() for item in retention.service().preview(query.get("rule_id"))]
 
@@ -231,8 +269,15 @@ def get_job(job_id: int):
     return jobs.get(core.ctx().catalog, job_id).to_dict()
 
 
-@endpoint("/jobs", "POST", "Queue a maintenance job for the daemon", "jobs",
-          body=jobs_pages.QUEUE_SCHEMA, status=202, scope="operator")
+@endpoint(
+    "/jobs",
+    "POST",
+    "Queue a maintenance job for the daemon",
+    "jobs",
+    body=jobs_pages.QUEUE_SCHEMA,
+    status=202,
+    scope="operator",
+)
 def queue_job(body: dict):
     return jobs.get(core.ctx().catalog, jobs_pages.queue(body["kind"], {}, core.actor())).to_dict()
 
@@ -255,8 +300,14 @@ def get_export(export_id: int):
     return exports.get_export(export_id)
 
 
-@endpoint("/exports/<int:export_id>", "PATCH", "Change fields of an NFS export", "exports",
-          body=exports.EXPORT_SCHEMA, partial=True)
+@endpoint(
+    "/exports/<int:export_id>",
+    "PATCH",
+    "Change fields of an NFS export",
+    "exports",
+    body=exports.EXPORT_SCHEMA,
+    partial=True,
+)
 def update_export(export_id: int, body: dict):
     return exports.update_export(export_id, body, core.actor())
 
@@ -268,8 +319,12 @@ def delete_export(export_id: int):
 
 
 # -- SMB -----------------------------------------------------------------------------------------
-@endpoint("/smb/status", "GET", "smbd's health and connected sessions (smbstatus), shares and "
-          "users counted", "smb")
+@endpoint(
+    "/smb/status",
+    "GET",
+    "smbd's health and connected sessions (smbstatus), shares and users counted",
+    "smb",
+)
 def smb_status():
     return smb.status()
 
@@ -279,8 +334,14 @@ def list_smb_shares():
     return smb.list_shares()
 
 
-@endpoint("/smb/shares", "POST", "Create an SMB share (smbd serves it within 2 s)", "smb",
-          body=smb.SHARE_SCHEMA, status=201)
+@endpoint(
+    "/smb/shares",
+    "POST",
+    "Create an SMB share (smbd serves it within 2 s)",
+    "smb",
+    body=smb.SHARE_SCHEMA,
+    status=201,
+)
 def create_smb_share(body: dict):
     return smb.create_share(body, core.actor())
 
@@ -290,8 +351,14 @@ def get_smb_share(share_id: int):
     return smb.get_share(share_id)
 
 
-@endpoint("/smb/shares/<int:share_id>", "PATCH", "Change fields of an SMB share", "smb",
-          body=smb.SHARE_SCHEMA, partial=True)
+@endpoint(
+    "/smb/shares/<int:share_id>",
+    "PATCH",
+    "Change fields of an SMB share",
+    "smb",
+    body=smb.SHARE_SCHEMA,
+    partial=True,
+)
 def update_smb_share(share_id: int, body: dict):
     return smb.update_share(share_id, body, core.actor())
 
@@ -307,8 +374,14 @@ def list_smb_users():
     return smb.list_users()
 
 
-@endpoint("/smb/users", "POST", "Create an SMB user; the password goes to Samba's passdb only",
-          "smb", body=smb.USER_SCHEMA, status=201)
+@endpoint(
+    "/smb/users",
+    "POST",
+    "Create an SMB user; the password goes to Samba's passdb only",
+    "smb",
+    body=smb.USER_SCHEMA,
+    status=201,
+)
 def create_smb_user(body: dict):
     return smb.create_user(body, core.actor())
 
@@ -318,15 +391,19 @@ def get_smb_user(name: str):
     return smb.get_user(name)
 
 
-@endpoint("/smb/users/<name>/password", "PUT", "Set an SMB user's password", "smb",
-          body=smb.PASSWORD_SCHEMA)
+@endpoint(
+    "/smb/users/<name>/password",
+    "PUT",
+    "Set an SMB user's password",
+    "smb",
+    body=smb.PASSWORD_SCHEMA,
+)
 def set_smb_password(name: str, body: dict):
     smb.set_password(name, body["password"], core.actor())
     return {"name": name, "message": f"SMB user {name}: password changed"}
 
 
-@endpoint("/smb/users/<name>", "DELETE", "Remove an SMB user (their files keep their owner)",
-          "smb")
+@endpoint("/smb/users/<name>", "DELETE", "Remove an SMB user (their files keep their owner)", "smb")
 def delete_smb_user(name: str):
     smb.delete_user(name, core.actor())
     return {"deleted": name}
@@ -358,19 +435,28 @@ def set_thresholds(body: dict):
     body=tiers.PIN,
 )
 def pin(body: dict):
-    return {"path": body["path"], "band_class": body["band_class"],
-            "inodes": tiers.pin(body["path"], body["band_class"], core.actor())}
+    return {
+        "path": body["path"],
+        "band_class": body["band_class"],
+        "inodes": tiers.pin(body["path"], body["band_class"], core.actor()),
+    }
 
 
 # -- alerts ----------------------------------------------------------------------------------
-@endpoint("/alerts", "GET", "Alerts, open ones (active, acknowledged) first, then cleared ones",
-          "alerts")
+@endpoint(
+    "/alerts", "GET", "Alerts, open ones (active, acknowledged) first, then cleared ones", "alerts"
+)
 def list_alerts():
     return [a.to_dict() for a in alerts.service().list()]
 
 
-@endpoint("/alerts/<int:alert_id>/ack", "POST", "Acknowledge an active alert (it stays open "
-          "until its condition is gone)", "alerts", scope="operator")
+@endpoint(
+    "/alerts/<int:alert_id>/ack",
+    "POST",
+    "Acknowledge an active alert (it stays open until its condition is gone)",
+    "alerts",
+    scope="operator",
+)
 def ack_alert(alert_id: int):
     return alerts.acknowledge(alert_id, core.actor())
 
@@ -411,8 +497,12 @@ EVENTS_QUERY = Schema(
     "/events", "GET", "The audit and activity log, newest first", "events", query=EVENTS_QUERY
 )
 def list_events(query: dict):
-    rows = events.recent(core.ctx().catalog, query["limit"], kind_prefix=query.get("kind") or None,
-                         before_id=query.get("before"))
+    rows = events.recent(
+        core.ctx().catalog,
+        query["limit"],
+        kind_prefix=query.get("kind") or None,
+        before_id=query.get("before"),
+    )
     return [
         {
             "id": e.id,
@@ -427,8 +517,13 @@ def list_events(query: dict):
     ]
 
 
-@endpoint("/tokens", "GET", "API tokens (names, scopes, expiry and use, never the secrets)",
-          "settings", scope="admin")
+@endpoint(
+    "/tokens",
+    "GET",
+    "API tokens (names, scopes, expiry and use, never the secrets)",
+    "settings",
+    scope="admin",
+)
 def list_tokens():
     return settings.list_tokens()
 
@@ -443,8 +538,12 @@ def list_tokens():
 )
 def create_token(body: dict):
     token = settings.make_token(body, core.actor())
-    return {"name": body["name"], "token": token, "scope": body["scope"],
-            "expires_days": body["expires_days"] or None}
+    return {
+        "name": body["name"],
+        "token": token,
+        "scope": body["scope"],
+        "expires_days": body["expires_days"] or None,
+    }
 
 
 @endpoint("/tokens/<int:token_id>", "DELETE", "Revoke an API token", "settings")
@@ -454,20 +553,34 @@ def revoke_token(token_id: int):
 
 
 # -- the OpenAPI document --------------------------------------------------------------------------
-ERROR = {"type": "object", "required": ["error"], "properties": {
-    "error": {"type": "string", "description": "What failed, the value, and what was expected"},
-    "fields": {"type": "object", "description": "Validation errors by field name",
-               "additionalProperties": {"type": "string"}}}}
+ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {"type": "string", "description": "What failed, the value, and what was expected"},
+        "fields": {
+            "type": "object",
+            "description": "Validation errors by field name",
+            "additionalProperties": {"type": "string"},
+        },
+    },
+}
 
 
 def openapi_document() -> dict:
     paths: dict = {}
     for spec in ENDPOINTS:
         path = re.sub(r"<(?:int:)?(\w+)>", r"{\1}", spec.rule)
-        params = [{"name": name, "in": "path", "required": True,
-                   "description": f"{name.replace('_', ' ')}",
-                   "schema": {"type": "integer", "minimum": 1} if kind else {"type": "string"}}
-                  for kind, name in re.findall(r"<(int:)?(\w+)>", spec.rule)]
+        params = [
+            {
+                "name": name,
+                "in": "path",
+                "required": True,
+                "description": f"{name.replace('_', ' ')}",
+                "schema": {"type": "integer", "minimum": 1} if kind else {"type": "string"},
+            }
+            for kind, name in re.findall(r"<(int:)?(\w+)>", spec.rule)
+        ]
         if spec.query is not None:
             for f in spec.query.fields:
                 params.append(
@@ -519,8 +632,12 @@ def openapi_document() -> dict:
         if params:
             op["parameters"] = params
         if spec.body is not None:
-            op["requestBody"] = {"required": True, "content": {"application/json": {
-                "schema": spec.body.openapi(partial=spec.partial)}}}
+            op["requestBody"] = {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": spec.body.openapi(partial=spec.partial)}
+                },
+            }
         paths.setdefault("/api/v1" + path, {})[spec.method.lower()] = op
     return {
         "openapi": "3.1.0",

@@ -4,6 +4,7 @@
 ``webui.app:create_app()``); tests pass a loaded Config. The app opens the
 catalog and a namespace WITHOUT a data path: the web UI changes metadata and
 asks the daemon (through the catalog) for anything that touches drives."""
+
 from __future__ import annotations
 
 import datetime
@@ -17,8 +18,21 @@ from appliance import config as config_mod
 from engine import accounts
 from webui import core
 
-BLUEPRINTS = ("auth", "dashboard", "drives", "retention", "exports", "smb", "tiers", "jobs",
-              "events", "settings", "api", "metrics", "alerts")
+BLUEPRINTS = (
+    "auth",
+    "dashboard",
+    "drives",
+    "retention",
+    "exports",
+    "smb",
+    "tiers",
+    "jobs",
+    "events",
+    "settings",
+    "api",
+    "metrics",
+    "alerts",
+)
 
 
 def _secret_key(path: Path) -> bytes:
@@ -72,6 +86,7 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
     )
 
     import importlib
+
     for name in BLUEPRINTS:
         module = importlib.import_module(f"webui.{name}")
         app.register_blueprint(module.bp)
@@ -85,14 +100,18 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
         g.scope = None
         header = request.headers.get("Authorization", "")
         if header.startswith("Bearer ") and core.is_api():
-            identity = auth.token_identity(header[len("Bearer "):].strip())
+            identity = auth.token_identity(header[len("Bearer ") :].strip())
             if identity is None:
-                return core.api_error("API token not recognised or expired: create one on the "
-                                      "settings page", 401)
+                return core.api_error(
+                    "API token not recognised or expired: create one on the settings page", 401
+                )
             g.admin, g.via_token, g.scope = identity.username, True, identity.scope
             if identity.scope == "read-only" and request.method not in ("GET", "HEAD"):
-                return core.api_error(f"this API token is read-only: {request.method} needs an "
-                                      "operator or admin token", 403)
+                return core.api_error(
+                    f"this API token is read-only: {request.method} needs an "
+                    "operator or admin token",
+                    403,
+                )
             return None  # a bearer token is not sent by browsers on their own, so no CSRF risk
         g.admin = auth.session_admin()
         g.scope = "admin" if g.admin else None  # a signed-in admin may do everything
@@ -103,17 +122,23 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
                     401,
                 )
             if not core.csrf_ok():
-                message = ("CSRF token missing or wrong: reload the page and submit again "
-                           f"(API clients with a session send the {core.CSRF_HEADER} header)")
+                message = (
+                    "CSRF token missing or wrong: reload the page and submit again "
+                    f"(API clients with a session send the {core.CSRF_HEADER} header)"
+                )
                 if core.is_api():
                     return core.api_error(message, 403)
                 return message, 400
         return None
 
     # Globals (not a context processor) so that imported macros (_forms.html) see them too.
-    app.jinja_env.globals.update(csrf_token=core.csrf_token, fmt_size=core.fmt_size,
-                                 fmt_time=core.fmt_time,
-                                 fmt_duration=core.fmt_duration, fmt_value=core.fmt_value)
+    app.jinja_env.globals.update(
+        csrf_token=core.csrf_token,
+        fmt_size=core.fmt_size,
+        fmt_time=core.fmt_time,
+        fmt_duration=core.fmt_duration,
+        fmt_value=core.fmt_value,
+    )
 
     @app.context_processor
     def signed_in_admin():
@@ -130,9 +155,11 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
             request.endpoint != "static"
         ):  # pages and API answers hold admin data: keep them out of caches
             response.headers.setdefault("Cache-Control", "no-store")
-        response.headers.setdefault("Content-Security-Policy",
-                                    "default-src 'self'; img-src 'self' data:; style-src 'self'; "
-                                    "script-src 'self'; form-action 'self'; frame-ancestors 'none'")
+        response.headers.setdefault(
+            "Content-Security-Policy",
+            "default-src 'self'; img-src 'self' data:; style-src 'self'; "
+            "script-src 'self'; form-action 'self'; frame-ancestors 'none'",
+        )
         return response
 
     @app.errorhandler(404)

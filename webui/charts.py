@@ -2,6 +2,7 @@
 
 Colours come from CSS classes in static/style.css, so the charts follow the
 page's theme. Every chart given no data says so instead of drawing zeros."""
+
 from __future__ import annotations
 
 import datetime
@@ -52,8 +53,10 @@ def stacked_bar(
     lx, ly = 0, bar_h + 22
     for name, value, cls in segments:
         text = f"{name} {fmt(value)}"
-        body.append(f'<rect class="{escape(cls)}" x="{lx}" y="{ly - 10}" width="10" height="10"/>'
-                    f'<text class="legend" x="{lx + 14}" y="{ly}">{escape(text)}</text>')
+        body.append(
+            f'<rect class="{escape(cls)}" x="{lx}" y="{ly - 10}" width="10" height="10"/>'
+            f'<text class="legend" x="{lx + 14}" y="{ly}">{escape(text)}</text>'
+        )
         lx += 24 + 7 * len(text)
         if lx > width - 120:
             lx, ly = 0, ly + 18
@@ -118,8 +121,10 @@ def line_chart(
         t = start_ns + span * frac
         stamp = datetime.datetime.fromtimestamp(t / 1e9, datetime.UTC).strftime("%H:%M")
         anchor = {0: "start", 0.5: "middle", 1: "end"}[frac]
-        body.append(f'<text class="axis" x="{left + plot_w * frac:.1f}" y="{height - 6}" '
-                    f'text-anchor="{anchor}">{stamp}</text>')
+        body.append(
+            f'<text class="axis" x="{left + plot_w * frac:.1f}" y="{height - 6}" '
+            f'text-anchor="{anchor}">{stamp}</text>'
+        )
     legend_x = left + 8
     for i, (name, pts) in enumerate(series.items()):
         pts = [p for p in pts if start_ns <= p[0] <= end_ns]
@@ -130,8 +135,10 @@ def line_chart(
         elif pts:
             coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(t, v) for t, v in pts))
             body.append(f'<polyline class="line {cls}" points="{coords}"/>')
-        body.append(f'<rect class="{cls}" x="{legend_x}" y="4" width="10" height="10"/>'
-                    f'<text class="legend" x="{legend_x + 14}" y="13">{escape(name)}</text>')
+        body.append(
+            f'<rect class="{cls}" x="{legend_x}" y="4" width="10" height="10"/>'
+            f'<text class="legend" x="{legend_x + 14}" y="13">{escape(name)}</text>'
+        )
         legend_x += 30 + 7 * len(name)
     return _svg(width, height, body, label or "line chart")
 
@@ -194,6 +201,8 @@ def band_map(cells: list[dict], *, label: str = "band map") -> Markup:
         )
         if 0 < fill < 1 and c["kind"] == "open":
             h = (cell - gap) * fill
-            body.append(f'<rect class="fill c-{escape(c["band_class"] or "none")}" x="{x}" '
-                        f'y="{y + cell - gap - h:.1f}" width="{cell - gap}" height="{h:.1f}"/>')
+            body.append(
+                f'<rect class="fill c-{escape(c["band_class"] or "none")}" x="{x}" '
+                f'y="{y + cell - gap - h:.1f}" width="{cell - gap}" height="{h:.1f}"/>'
+            )
     return _svg(columns * cell, rows * cell, body, label)

@@ -3,6 +3,7 @@
 ``ctx()`` is the per-process handle (config, catalog, namespace without a data
 path: the web UI never touches drives). ``g.admin`` is the signed-in admin's
 name, from the session cookie or an API token (``Authorization: Bearer``)."""
+
 from __future__ import annotations
 
 import functools
@@ -77,6 +78,7 @@ def api_error(message: str, status: int, **extra):
 
 def login_required(view):
     """Pages: a signed-in admin or a redirect to /login; API: a session or token, else 401."""
+
     @functools.wraps(view)
     def wrapper(*args, **kwargs):
         if not g.get("admin"):
@@ -91,6 +93,7 @@ def login_required(view):
                 )
             )
         return view(*args, **kwargs)
+
     return wrapper
 
 
@@ -158,6 +161,7 @@ def fmt_time(ns) -> str:
     if not ns:
         return "–"
     import datetime
+
     return datetime.datetime.fromtimestamp(ns / 1e9, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 

@@ -1,4 +1,5 @@
 """Dashboard: capacity per tier, drive states, NFS throughput over the last hour, recent events."""
+
 from __future__ import annotations
 
 import time
@@ -19,8 +20,10 @@ def summary() -> dict:
     shingle = core.ctx()
     config = shingle.config
     report = gather(shingle.catalog, shingle.policies, config.get("storage.reserve_zones"))
-    tiers = {name: {key: usage[key] for key in ("written_bytes", "live_bytes", "garbage_bytes")}
-             for name, usage in inventory.usage_by_class(shingle.catalog).items()}
+    tiers = {
+        name: {key: usage[key] for key in ("written_bytes", "live_bytes", "garbage_bytes")}
+        for name, usage in inventory.usage_by_class(shingle.catalog).items()
+    }
     states: dict[str, int] = {}
     for drive in report["drives"]:
         states[drive["state"]] = states.get(drive["state"], 0) + 1
@@ -30,11 +33,16 @@ def summary() -> dict:
         throughput[label] = metrics.rates(
             metrics.series(shingle.catalog, name, now - HOUR_NS - 60 * 10**9)
         )
-    return {"capacity": report["capacity"], "tiers": tiers, "drive_states": states,
-            "drives": len(report["drives"]), "catalog": report["catalog"],
-            "redundancy": report["redundancy"],
-            "throughput": {k: [[t, v] for t, v in pts] for k, pts in throughput.items()},
-            "window": [now - HOUR_NS, now]}
+    return {
+        "capacity": report["capacity"],
+        "tiers": tiers,
+        "drive_states": states,
+        "drives": len(report["drives"]),
+        "catalog": report["catalog"],
+        "redundancy": report["redundancy"],
+        "throughput": {k: [[t, v] for t, v in pts] for k, pts in throughput.items()},
+        "window": [now - HOUR_NS, now],
+    }
 
 
 def rate_fmt(v: float) -> str:

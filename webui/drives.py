@@ -5,6 +5,7 @@ and drain are drive-state changes (engine.lifecycle.drives); moving data (the
 drain itself, rebuild) is a job the daemon runs (engine.jobs); SMART readings
 and self-tests go through engine.health (the drive runs a test on its own);
 zone counts and band maps come from engine.inventory."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -40,27 +41,56 @@ ACTION_SCHEMA = Schema(
 )
 
 
-NEW_DRIVE_SCHEMA = Schema("NewDrive", "A drive to add: a new folder (an emulated drive of zone "
-                          "files) or a zoned block device, as the daemon sees it.", (
-    Field("path", "string",
-          "Absolute path: a folder that does not exist yet, or a zoned block device",
-          min_length=2, max_length=4096, pattern=r"/.*", example="/srv/shingle/drives/drive-010"),
-    Field("size", "integer", "Emulated drive size in bytes (default: that of the drives in use)",
-          required=False, minimum=1 << 20),
-    Field("zone_size", "integer", "Zone size in bytes (default: that of the drives in use)",
-          required=False, minimum=4096),
-    Field("preallocate", "boolean",
-          "Reserve the zone files' size now (false: they grow as written)",
-          required=False, default=False),
-))
+NEW_DRIVE_SCHEMA = Schema(
+    "NewDrive",
+    "A drive to add: a new folder (an emulated drive of zone "
+    "files) or a zoned block device, as the daemon sees it.",
+    (
+        Field(
+            "path",
+            "string",
+            "Absolute path: a folder that does not exist yet, or a zoned block device",
+            min_length=2,
+            max_length=4096,
+            pattern=r"/.*",
+            example="/srv/shingle/drives/drive-010",
+        ),
+        Field(
+            "size",
+            "integer",
+            "Emulated drive size in bytes (default: that of the drives in use)",
+            required=False,
+            minimum=1 << 20,
+        ),
+        Field(
+            "zone_size",
+            "integer",
+            "Zone size in bytes (default: that of the drives in use)",
+            required=False,
+            minimum=4096,
+        ),
+        Field(
+            "preallocate",
+            "boolean",
+            "Reserve the zone files' size now (false: they grow as written)",
+            required=False,
+            default=False,
+        ),
+    ),
+)
 
 
 def queue_new_drive(body: dict, who: str, replaces: int | None = None) -> int:
     """Queue a drive-add (or drive-replace of ``replaces``) job: only the daemon opens drives."""
     from engine.lifecycle.drives import get_drive
     from webui.jobs import queue
-    params = {"path": body["path"], "size": body.get("size"), "zone_size": body.get("zone_size"),
-              "preallocate": bool(body.get("preallocate"))}
+
+    params = {
+        "path": body["path"],
+        "size": body.get("size"),
+        "zone_size": body.get("zone_size"),
+        "preallocate": bool(body.get("preallocate")),
+    }
     if replaces is None:
         return queue("drive-add", params, who)
     get_drive(core.ctx().catalog, replaces)  # NotFound now, not in the job
@@ -69,6 +99,7 @@ def queue_new_drive(body: dict, who: str, replaces: int | None = None) -> int:
 
 def drive_rows(only: int | None = None) -> list[dict]:
     from engine.lifecycle.drives import list_drives
+
     shingle = core.ctx()
     devices = inventory.drive_devices(shingle.catalog)
     found = [d for d in list_drives(shingle.catalog) if only is None or d.id == only]
@@ -154,12 +185,14 @@ def do_action(drive_id: int, action: str, who: str) -> tuple[str, int | None]:
     """Do or queue one action; returns what happened (for a flash message or the
     API) and the job queued."""
     from engine.lifecycle import drives as lifecycle
+
     shingle = core.ctx()
     if action not in ACTIONS:
         raise errors.InvalidArgument(
             f"drive action {action!r}: expected one of {', '.join(ACTIONS)}"
         )
     from webui.jobs import queue
+
     if action == "mark_failed":
         old, new = lifecycle.fail_drive(shingle.catalog, drive_id, actor=who)
         return (
@@ -209,6 +242,7 @@ def do_action(drive_id: int, action: str, who: str) -> tuple[str, int | None]:
 def index():
     rows = drive_rows()
     from engine.lifecycle.drives import redundancy_status
+
     redundancy = redundancy_status(core.ctx().catalog)
     maps = {}
     for row in rows:

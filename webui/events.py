@@ -1,4 +1,5 @@
 """Events: the audit and activity log (who changed what, drive states, retention, repairs)."""
+
 from __future__ import annotations
 
 from flask import Blueprint, render_template, request

@@ -3,6 +3,7 @@
 The pages and the API go through engine.exports (checks, the change and its
 event naming the admin, in one catalog transaction); the NFS server reloads
 its table from there."""
+
 from __future__ import annotations
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
@@ -20,27 +21,80 @@ def _dir_path(text: str) -> str:
     return export_service.clean_path(core.ctx().namespace, text)
 
 
-EXPORT_SCHEMA = Schema("Export", "One NFS export.", (
-    Field("name", "string", "The path clients mount, e.g. /export (a slash, then letters, digits, "
-          ". _ - /)", min_length=1, max_length=export_service.NAME_MAX,
-          pattern=export_service.NAME_PATTERN, example="/export", check=export_service.clean_name),
-    Field("path", "string", "The namespace directory this export shows", min_length=1,
-          max_length=export_service.PATH_MAX, default="/", check=_dir_path),
-    Field("clients", "string", "Clients allowed to mount: comma-separated IP addresses or CIDRs",
-          min_length=1, max_length=export_service.PATH_MAX, default=export_service.ANY_CLIENT,
-          check=export_service.clean_clients),
-    Field("access", "string", "rw (read-write) or ro (read-only)", enum=export_service.ACCESS_MODES,
-          default="rw"),
-    Field("squash", "string", "Identity mapping: root_squash (root becomes anon), all_squash "
-          "(everyone becomes anon) or no_root_squash", enum=SQUASH, default="root_squash"),
-    Field("anon_uid", "integer", "uid that squashed users get", minimum=0,
-          maximum=export_service.ID_MAX, default=65534),
-    Field("anon_gid", "integer", "gid that squashed users get", minimum=0,
-          maximum=export_service.ID_MAX, default=65534),
-    Field("trash_days", "integer", "Days deleted entries stay in the export's trash (0: no trash)",
-          minimum=0, maximum=export_service.TRASH_DAYS_MAX, default=7),
-    Field("enabled", "boolean", "Whether clients may mount it", required=False, default=True),
-))
+EXPORT_SCHEMA = Schema(
+    "Export",
+    "One NFS export.",
+    (
+        Field(
+            "name",
+            "string",
+            "The path clients mount, e.g. /export (a slash, then letters, digits, . _ - /)",
+            min_length=1,
+            max_length=export_service.NAME_MAX,
+            pattern=export_service.NAME_PATTERN,
+            example="/export",
+            check=export_service.clean_name,
+        ),
+        Field(
+            "path",
+            "string",
+            "The namespace directory this export shows",
+            min_length=1,
+            max_length=export_service.PATH_MAX,
+            default="/",
+            check=_dir_path,
+        ),
+        Field(
+            "clients",
+            "string",
+            "Clients allowed to mount: comma-separated IP addresses or CIDRs",
+            min_length=1,
+            max_length=export_service.PATH_MAX,
+            default=export_service.ANY_CLIENT,
+            check=export_service.clean_clients,
+        ),
+        Field(
+            "access",
+            "string",
+            "rw (read-write) or ro (read-only)",
+            enum=export_service.ACCESS_MODES,
+            default="rw",
+        ),
+        Field(
+            "squash",
+            "string",
+            "Identity mapping: root_squash (root becomes anon), all_squash "
+            "(everyone becomes anon) or no_root_squash",
+            enum=SQUASH,
+            default="root_squash",
+        ),
+        Field(
+            "anon_uid",
+            "integer",
+            "uid that squashed users get",
+            minimum=0,
+            maximum=export_service.ID_MAX,
+            default=65534,
+        ),
+        Field(
+            "anon_gid",
+            "integer",
+            "gid that squashed users get",
+            minimum=0,
+            maximum=export_service.ID_MAX,
+            default=65534,
+        ),
+        Field(
+            "trash_days",
+            "integer",
+            "Days deleted entries stay in the export's trash (0: no trash)",
+            minimum=0,
+            maximum=export_service.TRASH_DAYS_MAX,
+            default=7,
+        ),
+        Field("enabled", "boolean", "Whether clients may mount it", required=False, default=True),
+    ),
+)
 
 
 def list_exports() -> list[dict]:
@@ -58,8 +112,9 @@ def create_export(values: dict, who: str) -> int:
 
 def update_export(export_id: int, values: dict, who: str) -> dict:
     shingle = core.ctx()
-    return export_service.update(shingle.catalog, export_id, values, actor=who,
-                                 namespace=shingle.namespace).to_dict()
+    return export_service.update(
+        shingle.catalog, export_id, values, actor=who, namespace=shingle.namespace
+    ).to_dict()
 
 
 def delete_export(export_id: int, who: str) -> None:
@@ -84,9 +139,16 @@ def index():
         except core.USER_ERRORS as exc:
             form, errs, status = _form_values(), core.form_errors(exc), 400
     config = core.ctx().config
-    return render_template("exports.html", exports=list_exports(), form=form, errors=errs,
-                           schema=EXPORT_SCHEMA, squash=SQUASH, nfs_host=config.get("nfs.host"),
-                           nfs_port=config.get("nfs.port")), status
+    return render_template(
+        "exports.html",
+        exports=list_exports(),
+        form=form,
+        errors=errs,
+        schema=EXPORT_SCHEMA,
+        squash=SQUASH,
+        nfs_host=config.get("nfs.host"),
+        nfs_port=config.get("nfs.port"),
+    ), status
 
 
 @bp.route("/exports/<int:export_id>", methods=["GET", "POST"])
@@ -104,8 +166,14 @@ def edit(export_id: int):
             return redirect(url_for("exports.index"))
         except core.USER_ERRORS as exc:
             form, errs, status = _form_values(), core.form_errors(exc), 400
-    return render_template("export_edit.html", export_id=export_id, form=form, errors=errs,
-                           schema=EXPORT_SCHEMA, squash=SQUASH), status
+    return render_template(
+        "export_edit.html",
+        export_id=export_id,
+        form=form,
+        errors=errs,
+        schema=EXPORT_SCHEMA,
+        squash=SQUASH,
+    ), status
 
 
 @bp.route("/exports/<int:export_id>/delete", methods=["POST"])

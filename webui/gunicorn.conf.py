@@ -6,6 +6,7 @@ the TLS pair ([webui] tls_cert_file, tls_key_file) as SHINGLE_WEBUI_CERTFILE /
 SHINGLE_WEBUI_KEYFILE: with them gunicorn serves HTTPS only.
 Each worker opens its own catalog connection pool (no preload: SQLite and
 PostgreSQL connections must not cross a fork)."""
+
 import logging
 import os
 import sys
@@ -24,7 +25,7 @@ preload_app = False
 accesslog = "-"
 errorlog = "-"
 loglevel = os.environ.get("SHINGLE_WEBUI_LOGLEVEL", "info")
-access_log_format = '%(h)s %(m)s %(U)s%(q)s %(s)s %(B)s bytes %(M)s ms'
+access_log_format = "%(h)s %(m)s %(U)s%(q)s %(s)s %(B)s bytes %(M)s ms"
 
 
 class LogfmtLogger(Logger):

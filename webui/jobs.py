@@ -4,6 +4,7 @@ tiering) run by the daemon.
 The web UI never opens the drives, so anything that moves or frees data is
 queued in the catalog (engine.jobs) for the daemon's maintenance loop; these
 pages show the queue and each job's progress, refreshing until it finishes."""
+
 from __future__ import annotations
 
 import os

@@ -133,6 +133,7 @@ def render() -> str:
         [({}, red["under_protected"])],
     )
     from engine.alerts import AlertService
+
     active = AlertService(catalog).count_active()
     out.family(
         "shingle_alerts_active",
@@ -209,11 +210,19 @@ def _smb(out: Exposition, shingle) -> None:
     report = smb_status(SambaLayout.for_data_dir(shingle.config.data_dir))
     if not report["enabled"]:
         return
-    out.family("shingle_smb_up", "gauge", "1 while smbd runs (the daemon serves SMB), else 0.",
-               [({}, int(report["running"]))])
+    out.family(
+        "shingle_smb_up",
+        "gauge",
+        "1 while smbd runs (the daemon serves SMB), else 0.",
+        [({}, int(report["running"]))],
+    )
     if report["running"] and report["error"] is None:
-        out.family("shingle_smb_sessions", "gauge", "SMB sessions connected to smbd now.",
-                   [({}, len(report["sessions"]))])
+        out.family(
+            "shingle_smb_sessions",
+            "gauge",
+            "SMB sessions connected to smbd now.",
+            [({}, len(report["sessions"]))],
+        )
 
 
 def _status(shingle) -> dict:

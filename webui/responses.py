@@ -132,8 +132,11 @@ SCHEMAS: dict[str, dict] = {
         ("id", "kind", "state"),
         id=prop("integer", "Job id"),
         kind=prop("string", "retention, scrub, rebuild, drain, tier, clean, ..."),
-        state=prop("string", "queued, running, done, warnings (done with warnings: see message), "
-                   "failed or interrupted"),
+        state=prop(
+            "string",
+            "queued, running, done, warnings (done with warnings: see message), "
+            "failed or interrupted",
+        ),
         actor=prop("string", "Who queued it"),
         params=prop("object", "Parameters"),
         done=prop("integer", "Work done"),
@@ -250,10 +253,16 @@ SCHEMAS: dict[str, dict] = {
         running=prop("boolean", "smbd is running"),
         pid=prop(["integer", "null"], "smbd's main process"),
         port=prop(["integer", "null"], "The SMB port smbd listens on"),
-        sessions=prop("array", "Connected sessions: user, machine (client address), protocol",
-                      items=obj("A session", user=prop(["string", "null"], "SMB user"),
-                                machine=prop(["string", "null"], "Client address"),
-                                protocol=prop(["string", "null"], "SMB dialect"))),
+        sessions=prop(
+            "array",
+            "Connected sessions: user, machine (client address), protocol",
+            items=obj(
+                "A session",
+                user=prop(["string", "null"], "SMB user"),
+                machine=prop(["string", "null"], "Client address"),
+                protocol=prop(["string", "null"], "SMB dialect"),
+            ),
+        ),
         error=prop(["string", "null"], "Why smbstatus gave no answer"),
         shares=prop("integer", "SMB shares in the catalog"),
         shares_enabled=prop("integer", "Of them enabled"),
@@ -263,8 +272,11 @@ SCHEMAS: dict[str, dict] = {
         "An alert (engine/alerts.py)",
         ("id", "kind", "state", "message"),
         id=prop("integer", "Alert id"),
-        kind=prop("string", "Source: drive_failed, drive_io_errors, smart, redundancy_reduced, "
-                  "capacity, scrub_unrepairable, job_failed, catalog_unreachable, cert_expiry"),
+        kind=prop(
+            "string",
+            "Source: drive_failed, drive_io_errors, smart, redundancy_reduced, "
+            "capacity, scrub_unrepairable, job_failed, catalog_unreachable, cert_expiry",
+        ),
         key=prop("string", "Which instance of the kind, e.g. drive:3 (empty: one per kind)"),
         severity=prop("string", "warning or critical"),
         state=prop("string", "active, acknowledged or cleared"),

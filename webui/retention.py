@@ -4,6 +4,7 @@ Rules and previews are catalog reads and writes, done here. Running a rule
 frees file data, which only the daemon may do (it owns the drives, and it
 alone sees which files NFS clients hold open), so "run now" queues a
 retention job (engine.jobs) and the job page follows it to its result."""
+
 from __future__ import annotations
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
@@ -73,10 +74,19 @@ RULE_SCHEMA = Schema(
 )
 
 
-RUN_SCHEMA = Schema("RetentionRun", "Which rules to preview or run.", (
-    Field("rule_id", "integer", "One rule (even a disabled one); without it every enabled rule",
-          required=False, minimum=1),
-))
+RUN_SCHEMA = Schema(
+    "RetentionRun",
+    "Which rules to preview or run.",
+    (
+        Field(
+            "rule_id",
+            "integer",
+            "One rule (even a disabled one); without it every enabled rule",
+            required=False,
+            minimum=1,
+        ),
+    ),
+)
 
 
 def service():
@@ -186,8 +196,9 @@ def preview():
         )
     except errors.NotFound:
         abort(404)
-    return render_template("retention_preview.html", planned=planned, rule_id=rule_id, rules=rules,
-                           daemon=daemon_pid())
+    return render_template(
+        "retention_preview.html", planned=planned, rule_id=rule_id, rules=rules, daemon=daemon_pid()
+    )
 
 
 @bp.route("/retention/run", methods=["POST"])

@@ -4,6 +4,7 @@ Each field carries its type, bounds and a description (the TrueNAS habit); a
 value outside them is refused with a message naming the field, the value and
 what was expected. HTML forms send strings, so ``from_form`` converts them
 (an unchecked checkbox is False) before the same checks run."""
+
 from __future__ import annotations
 
 import re
@@ -51,6 +52,7 @@ class Field:
                 else repr(value[:60]) + "..."
             )
             return ValueError(f"{self.name} = {shown}: expected {expected}")
+
         if self.type == "boolean":
             if not isinstance(value, bool):
                 raise bad("true or false")
@@ -128,8 +130,12 @@ class Schema:
     def validate(self, data: Any, *, partial: bool = False) -> dict:
         """Clean values of known fields; ``partial`` (PATCH) requires none and fills no defaults."""
         if not isinstance(data, Mapping):
-            raise ValidationError({"": f"request body: expected a JSON object with fields "
-                                       f"{', '.join(f.name for f in self.fields)}"})
+            raise ValidationError(
+                {
+                    "": f"request body: expected a JSON object with fields "
+                    f"{', '.join(f.name for f in self.fields)}"
+                }
+            )
         errors: dict[str, str] = {}
         known = {f.name for f in self.fields}
         for name in data:
@@ -186,8 +192,12 @@ class Schema:
         return clean
 
     def openapi(self, *, partial: bool = False) -> dict:
-        out = {"type": "object", "description": self.description, "additionalProperties": False,
-               "properties": {f.name: f.openapi() for f in self.fields}}
+        out = {
+            "type": "object",
+            "description": self.description,
+            "additionalProperties": False,
+            "properties": {f.name: f.openapi() for f in self.fields},
+        }
         required = [f.name for f in self.fields if f.required and f.default is None]
         if required and not partial:
             out["required"] = required

@@ -1,4 +1,5 @@
 """Settings: the admin's password, other admin accounts, and API tokens for scripts."""
+
 from __future__ import annotations
 
 import hmac
@@ -50,9 +51,16 @@ TOKEN_SCHEMA = Schema(
 def make_token(values: dict, who: str) -> str:
     """A new token from TOKEN_SCHEMA's validated values (defaults filled in)."""
     days = values["expires_days"]
-    return accounts.create_token(core.ctx().catalog, user_id(who), values["name"],
-                                 scope=values["scope"], expires_s=days * 86400 if days else None,
-                                 actor=who)
+    return accounts.create_token(
+        core.ctx().catalog,
+        user_id(who),
+        values["name"],
+        scope=values["scope"],
+        expires_s=days * 86400 if days else None,
+        actor=who,
+    )
+
+
 ADMIN_SCHEMA = Schema(
     "AdminUser",
     "A new admin account.",
@@ -75,12 +83,21 @@ ADMIN_SCHEMA = Schema(
         ),
     ),
 )
-PASSWORD_SCHEMA = Schema("PasswordChange", "Change the signed-in admin's password.", (
-    Field("current", "string", "The current password", min_length=1, max_length=1024),
-    Field("new", "string", f"The new password, at least {accounts.MIN_PASSWORD} characters",
-          min_length=accounts.MIN_PASSWORD, max_length=1024),
-    Field("confirm", "string", "The new password again", min_length=1, max_length=1024),
-))
+PASSWORD_SCHEMA = Schema(
+    "PasswordChange",
+    "Change the signed-in admin's password.",
+    (
+        Field("current", "string", "The current password", min_length=1, max_length=1024),
+        Field(
+            "new",
+            "string",
+            f"The new password, at least {accounts.MIN_PASSWORD} characters",
+            min_length=accounts.MIN_PASSWORD,
+            max_length=1024,
+        ),
+        Field("confirm", "string", "The new password again", min_length=1, max_length=1024),
+    ),
+)
 
 
 def user_id(username: str) -> int:
@@ -107,15 +124,22 @@ def change_password(username: str, values: dict, who: str) -> None:
     if accounts.verify_login(core.ctx().catalog, username, values["current"]) is None:
         raise errors.InvalidArgument("the current password is wrong")
     from flask import session
-    accounts.set_password(core.ctx().catalog, username, values["new"], actor=who,
-                          keep_session=session.get("sid"))
+
+    accounts.set_password(
+        core.ctx().catalog, username, values["new"], actor=who, keep_session=session.get("sid")
+    )
 
 
 def _page(status=200, **extra):
-    return render_template("settings.html", tokens=list_tokens(), admins=list_admins(),
-                           now_ns=time.time_ns(),
-                           new_token=extra.get("new_token"), errors=extra.get("errors", {}),
-                           which=extra.get("which")), status
+    return render_template(
+        "settings.html",
+        tokens=list_tokens(),
+        admins=list_admins(),
+        now_ns=time.time_ns(),
+        new_token=extra.get("new_token"),
+        errors=extra.get("errors", {}),
+        which=extra.get("which"),
+    ), status
 
 
 @bp.route("/settings")

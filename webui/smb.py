@@ -6,6 +6,7 @@ admin, in one catalog transaction); the daemon rewrites smb.conf from there ever
 Samba's passdb under DATA_DIR/smb with pdbedit, from this process: it runs as the same user as
 the daemon and finds the same folder through the config's data_dir. smbd's health and sessions
 come from smbstatus over the daemon's smb.conf."""
+
 from __future__ import annotations
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
@@ -25,46 +26,138 @@ def _dir_path(text: str) -> str:
     return smb_service.validate_share({"path": text}, core.ctx().namespace, partial=True)["path"]
 
 
-SHARE_SCHEMA = Schema("SmbShareInput", "One SMB share.", (
-    Field("name", "string", "The share's name, //server/NAME (1-80 letters, digits, . _ -, a "
-          "letter or digit first)", min_length=1, max_length=80,
-          pattern=smb_service.SHARE_PATTERN, example="export", check=smb_service.clean_share_name),
-    Field("path", "string", "The namespace directory this share shows", min_length=1,
-          max_length=export_service.PATH_MAX, default="/", check=_dir_path),
-    Field("access", "string", "rw (read-write) or ro (read-only)", enum=smb_service.ACCESS_MODES,
-          default="rw"),
-    Field("clients", "string", "Clients allowed to connect: comma-separated IP addresses or CIDRs",
-          min_length=1, max_length=export_service.PATH_MAX, default=export_service.ANY_CLIENT,
-          check=export_service.clean_clients),
-    Field("users", "string", "SMB users who may connect, comma-separated (empty: every SMB user)",
-          required=False, max_length=4096, default="",
-          check=lambda v: smb_service.clean_user_list("users", v)),
-    Field("read_only_users", "string", "SMB users who may connect but not write, comma-separated",
-          required=False, max_length=4096, default="",
-          check=lambda v: smb_service.clean_user_list("read_only_users", v)),
-    Field("guest", "boolean", "Guests may connect without a password (their files are nobody's)",
-          required=False, default=False),
-    Field("case_insensitive", "boolean", "Names compared without case, as Windows does (a name "
-          "not found then makes Samba scan the folder)", required=False, default=False),
-    Field("enabled", "boolean", "Whether smbd serves it", required=False, default=True),
-))
+SHARE_SCHEMA = Schema(
+    "SmbShareInput",
+    "One SMB share.",
+    (
+        Field(
+            "name",
+            "string",
+            "The share's name, //server/NAME (1-80 letters, digits, . _ -, a "
+            "letter or digit first)",
+            min_length=1,
+            max_length=80,
+            pattern=smb_service.SHARE_PATTERN,
+            example="export",
+            check=smb_service.clean_share_name,
+        ),
+        Field(
+            "path",
+            "string",
+            "The namespace directory this share shows",
+            min_length=1,
+            max_length=export_service.PATH_MAX,
+            default="/",
+            check=_dir_path,
+        ),
+        Field(
+            "access",
+            "string",
+            "rw (read-write) or ro (read-only)",
+            enum=smb_service.ACCESS_MODES,
+            default="rw",
+        ),
+        Field(
+            "clients",
+            "string",
+            "Clients allowed to connect: comma-separated IP addresses or CIDRs",
+            min_length=1,
+            max_length=export_service.PATH_MAX,
+            default=export_service.ANY_CLIENT,
+            check=export_service.clean_clients,
+        ),
+        Field(
+            "users",
+            "string",
+            "SMB users who may connect, comma-separated (empty: every SMB user)",
+            required=False,
+            max_length=4096,
+            default="",
+            check=lambda v: smb_service.clean_user_list("users", v),
+        ),
+        Field(
+            "read_only_users",
+            "string",
+            "SMB users who may connect but not write, comma-separated",
+            required=False,
+            max_length=4096,
+            default="",
+            check=lambda v: smb_service.clean_user_list("read_only_users", v),
+        ),
+        Field(
+            "guest",
+            "boolean",
+            "Guests may connect without a password (their files are nobody's)",
+            required=False,
+            default=False,
+        ),
+        Field(
+            "case_insensitive",
+            "boolean",
+            "Names compared without case, as Windows does (a name "
+            "not found then makes Samba scan the folder)",
+            required=False,
+            default=False,
+        ),
+        Field("enabled", "boolean", "Whether smbd serves it", required=False, default=True),
+    ),
+)
 
-USER_SCHEMA = Schema("SmbUserInput", "A new SMB user.", (
-    Field("name", "string", "A user name of 1-32 lower-case letters, digits, _ . - (a letter or _ "
-          "first)", min_length=1, max_length=32, pattern=smb_service.USER_PATTERN,
-          example="alice", check=smb_service.clean_user_name),
-    Field("password", "string", "The SMB password (kept only in Samba's passdb)", min_length=1,
-          max_length=smb_service.PASSWORD_MAX, check=smb_service.clean_password),
-    Field("uid", "integer", f"uid its files get (empty: the next from {smb_service.FIRST_UID})",
-          required=False, minimum=1, maximum=export_service.ID_MAX),
-    Field("gid", "integer", "gid its files get (empty: the uid)", required=False, minimum=1,
-          maximum=export_service.ID_MAX),
-))
+USER_SCHEMA = Schema(
+    "SmbUserInput",
+    "A new SMB user.",
+    (
+        Field(
+            "name",
+            "string",
+            "A user name of 1-32 lower-case letters, digits, _ . - (a letter or _ first)",
+            min_length=1,
+            max_length=32,
+            pattern=smb_service.USER_PATTERN,
+            example="alice",
+            check=smb_service.clean_user_name,
+        ),
+        Field(
+            "password",
+            "string",
+            "The SMB password (kept only in Samba's passdb)",
+            min_length=1,
+            max_length=smb_service.PASSWORD_MAX,
+            check=smb_service.clean_password,
+        ),
+        Field(
+            "uid",
+            "integer",
+            f"uid its files get (empty: the next from {smb_service.FIRST_UID})",
+            required=False,
+            minimum=1,
+            maximum=export_service.ID_MAX,
+        ),
+        Field(
+            "gid",
+            "integer",
+            "gid its files get (empty: the uid)",
+            required=False,
+            minimum=1,
+            maximum=export_service.ID_MAX,
+        ),
+    ),
+)
 
-PASSWORD_SCHEMA = Schema("SmbPasswordInput", "An SMB user's new password.", (
-    Field("password", "string", "The new SMB password", min_length=1,
-          max_length=smb_service.PASSWORD_MAX, check=smb_service.clean_password),
-))
+PASSWORD_SCHEMA = Schema(
+    "SmbPasswordInput",
+    "An SMB user's new password.",
+    (
+        Field(
+            "password",
+            "string",
+            "The new SMB password",
+            min_length=1,
+            max_length=smb_service.PASSWORD_MAX,
+            check=smb_service.clean_password,
+        ),
+    ),
+)
 
 
 def layout() -> SambaLayout:
@@ -86,14 +179,16 @@ def get_share(share_id: int) -> dict:
 
 def create_share(values: dict, who: str) -> dict:
     shingle = core.ctx()
-    return smb_service.create_share(shingle.catalog, values, actor=who,
-                                    namespace=shingle.namespace).to_dict()
+    return smb_service.create_share(
+        shingle.catalog, values, actor=who, namespace=shingle.namespace
+    ).to_dict()
 
 
 def update_share(share_id: int, values: dict, who: str) -> dict:
     shingle = core.ctx()
-    return smb_service.update_share(shingle.catalog, share_id, values, actor=who,
-                                    namespace=shingle.namespace).to_dict()
+    return smb_service.update_share(
+        shingle.catalog, share_id, values, actor=who, namespace=shingle.namespace
+    ).to_dict()
 
 
 def delete_share(share_id: int, who: str) -> None:
@@ -109,9 +204,15 @@ def get_user(name: str) -> dict:
 
 
 def create_user(values: dict, who: str) -> dict:
-    return smb_service.create_user(core.ctx().catalog, values["name"], values["password"],
-                                   passdb=passdb(), actor=who, uid=values.get("uid"),
-                                   gid=values.get("gid")).to_dict()
+    return smb_service.create_user(
+        core.ctx().catalog,
+        values["name"],
+        values["password"],
+        passdb=passdb(),
+        actor=who,
+        uid=values.get("uid"),
+        gid=values.get("gid"),
+    ).to_dict()
 
 
 def set_password(name: str, password: str, who: str) -> None:
@@ -139,11 +240,17 @@ def _share_form() -> dict:
 
 def _page(share_form=None, share_errors=None, user_form=None, user_errors=None, status_code=200):
     return render_template(
-        "smb.html", shares=list_shares(), users=list_users(), smb=status(),
+        "smb.html",
+        shares=list_shares(),
+        users=list_users(),
+        smb=status(),
         share_form=share_form if share_form is not None else dict(smb_service.SHARE_DEFAULTS),
-        share_errors=share_errors or {}, user_form=user_form or {},
-        user_errors=user_errors or {}, share_schema=SHARE_SCHEMA,
-        user_schema=USER_SCHEMA), status_code
+        share_errors=share_errors or {},
+        user_form=user_form or {},
+        user_errors=user_errors or {},
+        share_schema=SHARE_SCHEMA,
+        user_schema=USER_SCHEMA,
+    ), status_code
 
 
 @bp.route("/smb", methods=["GET"])
@@ -158,8 +265,7 @@ def add_share():
     try:
         share = create_share(SHARE_SCHEMA.from_form(request.form), core.actor())
     except core.USER_ERRORS as exc:
-        return _page(share_form=_share_form(), share_errors=core.form_errors(exc),
-                     status_code=400)
+        return _page(share_form=_share_form(), share_errors=core.form_errors(exc), status_code=400)
     flash(f"SMB share {share['name']} created", "ok")
     return redirect(url_for("smb.index"))
 
@@ -179,8 +285,9 @@ def edit_share(share_id: int):
             return redirect(url_for("smb.index"))
         except core.USER_ERRORS as exc:
             form, errs, status_code = _share_form(), core.form_errors(exc), 400
-    return render_template("smb_share_edit.html", share_id=share_id, form=form, errors=errs,
-                           schema=SHARE_SCHEMA), status_code
+    return render_template(
+        "smb_share_edit.html", share_id=share_id, form=form, errors=errs, schema=SHARE_SCHEMA
+    ), status_code
 
 
 @bp.route("/smb/shares/<int:share_id>/delete", methods=["POST"])
@@ -192,10 +299,13 @@ def remove_share(share_id: int):
         abort(404)
     if request.form.get("confirm") != "yes":  # connected clients lose the share: ask once more
         return render_template(
-            "confirm.html", question=f"Delete SMB share {name}? Clients can no longer connect "
-            "to it; the files stay in the namespace.", fields={"confirm": "yes"},
+            "confirm.html",
+            question=f"Delete SMB share {name}? Clients can no longer connect "
+            "to it; the files stay in the namespace.",
+            fields={"confirm": "yes"},
             action=url_for("smb.remove_share", share_id=share_id),
-            cancel=url_for("smb.index"))
+            cancel=url_for("smb.index"),
+        )
     delete_share(share_id, core.actor())
     flash(f"SMB share {name} deleted", "ok")
     return redirect(url_for("smb.index"))
@@ -238,9 +348,13 @@ def remove_user(name: str):
         abort(404)
     if request.form.get("confirm") != "yes":
         return render_template(
-            "confirm.html", question=f"Remove SMB user {name}? They can no longer connect; "
-            "their files keep their owner.", fields={"confirm": "yes"},
-            action=url_for("smb.remove_user", name=name), cancel=url_for("smb.index"))
+            "confirm.html",
+            question=f"Remove SMB user {name}? They can no longer connect; "
+            "their files keep their owner.",
+            fields={"confirm": "yes"},
+            action=url_for("smb.remove_user", name=name),
+            cancel=url_for("smb.index"),
+        )
     delete_user(name, core.actor())
     flash(f"SMB user {name} removed", "ok")
     return redirect(url_for("smb.index"))

@@ -4,6 +4,7 @@ Band-class geometry comes from shingle.toml (validated at load; changing k/m
 under existing stripes is a config change, not a click). Thresholds and pins
 are engine.tier_settings (catalog settings the daemon's tiering job reads);
 zone usage by class is engine.inventory."""
+
 from __future__ import annotations
 
 import json
@@ -114,8 +115,12 @@ def pin(path: str, band_class: str, who: str) -> int:
 
 
 def overview() -> dict:
-    return {"band_classes": band_classes(), "thresholds": thresholds(), "path_rules": path_rules(),
-            "pinned": pinned()}
+    return {
+        "band_classes": band_classes(),
+        "thresholds": thresholds(),
+        "path_rules": path_rules(),
+        "pinned": pinned(),
+    }
 
 
 @bp.route("/tiers")
@@ -153,6 +158,9 @@ def save_pin():
         count = pin(values["path"], values["band_class"], core.actor())
     except core.USER_ERRORS as exc:
         return index(400, pin_errors=core.form_errors(exc), pin_form=dict(request.form))
-    flash(f"{values['path']}: {count} inodes " + ("unpinned" if values["band_class"] == "none"
-                                                  else f"pinned to {values['band_class']}"), "ok")
+    flash(
+        f"{values['path']}: {count} inodes "
+        + ("unpinned" if values["band_class"] == "none" else f"pinned to {values['band_class']}"),
+        "ok",
+    )
     return redirect(url_for("tiers.index"))

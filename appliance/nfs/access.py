@@ -18,6 +18,7 @@ checks raise the protocol's own error and the success path pays nothing for bein
 ``status_of`` maps what the engine raises to a protocol's status; ``granted_access`` maps
 permission bits to the ACCESS bits, which NFSv3 and NFSv4 number alike (RFC 1813 3.3.4,
 RFC 8881 18.1)."""
+
 from __future__ import annotations
 
 import logging
@@ -56,8 +57,9 @@ class Codes:
     pseudo_handles: bool = False  # NFSv4's pseudo-root directories have handles
 
 
-def resolve(server, data, address: str, codes: Codes) -> tuple[FileHandle, ExportRule | None,
-                                                                 Attr | PseudoDir]:
+def resolve(
+    server, data, address: str, codes: Codes
+) -> tuple[FileHandle, ExportRule | None, Attr | PseudoDir]:
     """(handle, export, attributes) of a file handle; (handle, None, directory) for a
     pseudo-root directory when ``codes.pseudo_handles``. Raises ``codes.error``."""
     try:
@@ -68,8 +70,9 @@ def resolve(server, data, address: str, codes: Codes) -> tuple[FileHandle, Expor
         raise codes.error(codes.stale, str(exc)) from None
     if fh.kind != KIND_FILE:
         if not codes.pseudo_handles:
-            raise codes.error(codes.badhandle, "an NFSv4 pseudo-root handle has no meaning "
-                                                  "in NFSv3")
+            raise codes.error(
+                codes.badhandle, "an NFSv4 pseudo-root handle has no meaning in NFSv3"
+            )
         node = server.exports.pseudo_by_ino.get(fh.ino)
         if node is None:
             raise codes.error(codes.stale, "pseudo directory no longer exported")
@@ -81,8 +84,9 @@ def resolve(server, data, address: str, codes: Codes) -> tuple[FileHandle, Expor
         raise codes.error(codes.access, f"export {rule.name} does not admit client {address}")
     attr = server.namespace.getattr(fh.ino)  # a freed inode: errors.StaleHandle -> stale
     if attr.generation != fh.generation:
-        raise codes.error(codes.stale, f"inode {fh.ino} generation {attr.generation}, "
-                                       f"handle {fh.generation}")
+        raise codes.error(
+            codes.stale, f"inode {fh.ino} generation {attr.generation}, handle {fh.generation}"
+        )
     need_inside(server, rule, attr, codes)
     return fh, rule, attr
 
@@ -136,14 +140,34 @@ def log_failure(codes: Codes, status: int, what: str, address: str, exc: Excepti
     statuses of requests that are malformed or out of range one line per interval and
     operation; every other status (NOENT, ACCESS, ...) only at debug level."""
     if status == codes.serverfault:
-        _throttled.log(logging.ERROR, (what, type(exc).__name__), "%s from %s failed: %s",
-                       what, address, exc, exc_info=True)
+        _throttled.log(
+            logging.ERROR,
+            (what, type(exc).__name__),
+            "%s from %s failed: %s",
+            what,
+            address,
+            exc,
+            exc_info=True,
+        )
     elif status == codes.delay and isinstance(exc, CatalogUnavailable):
-        _throttled.log(logging.WARNING, CatalogUnavailable, "%s from %s answered with a "
-                       "retry-later status: %s", what, address, exc)
+        _throttled.log(
+            logging.WARNING,
+            CatalogUnavailable,
+            "%s from %s answered with a retry-later status: %s",
+            what,
+            address,
+            exc,
+        )
     elif status in (codes.inval, codes.fbig, codes.badhandle):
-        _throttled.log(logging.INFO, (what, status), "%s from %s refused (status %d): %s",
-                       what, address, status, exc)
+        _throttled.log(
+            logging.INFO,
+            (what, status),
+            "%s from %s refused (status %d): %s",
+            what,
+            address,
+            status,
+            exc,
+        )
     else:
         log.debug("%s from %s: status %d: %s", what, address, status, exc)
 

@@ -1,6 +1,7 @@
 """The NFS server's export table: exports loaded through engine.exports, client address
 checks, identity squashing and the NFSv4 pseudo-root that shows the export names as
 directories."""
+
 from __future__ import annotations
 
 import hashlib
@@ -162,7 +163,9 @@ class ExportTable:
             for depth, part in enumerate(parts[:-1]):
                 child = node.children.get(part)
                 if not isinstance(child, PseudoDir):
-                    child = PseudoDir(parts[:depth + 1], pseudo_ino(parts[:depth + 1]), parent=node)
+                    child = PseudoDir(
+                        parts[: depth + 1], pseudo_ino(parts[: depth + 1]), parent=node
+                    )
                     node.children[part] = child
                     pseudo[child.ino] = child
                 node = child

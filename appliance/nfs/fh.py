@@ -4,6 +4,7 @@ A handle is (version, kind, export id, fsid, inode, generation) followed by a
 truncated HMAC-SHA256 under a key kept in the catalog settings table, so the
 same file has the same handle after a restart (no "stale file handle") and a
 client cannot make up a handle for a file it was never given."""
+
 from __future__ import annotations
 
 import hmac
@@ -81,13 +82,14 @@ class HandleCodec:
             return known
         if len(data) != HANDLE_LEN:
             raise BadHandle(f"file handle of {len(data)} bytes: expected {HANDLE_LEN}")
-        body, mac = data[:_BODY.size], data[_BODY.size:]
+        body, mac = data[: _BODY.size], data[_BODY.size :]
         if not hmac.compare_digest(mac, self._mac(body)):
             raise BadHandle("file handle signature does not match: forged or corrupted")
         version, kind, _, export_id, fsid, ino, generation = _BODY.unpack(body)
         if version != FH_VERSION or kind not in (KIND_PSEUDO, KIND_FILE):
-            raise BadHandle(f"file handle version {version} kind {kind}: "
-                            f"expected {FH_VERSION} and 0/1")
+            raise BadHandle(
+                f"file handle version {version} kind {kind}: expected {FH_VERSION} and 0/1"
+            )
         if fsid != self.fsid:
             raise StaleHandle(f"file handle of filesystem {fsid:x}, this is {self.fsid:x}")
         fh = FileHandle(kind, export_id, ino, generation)

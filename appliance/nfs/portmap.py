@@ -7,6 +7,7 @@ Clients find NLM through the server host's port mapper on port 111 (the kernel's
 option ``port=`` covers only NFS), so when no system rpcbind runs the server answers PMAP
 itself on ``nfs.portmap_port``; when one runs, the server registers its programs there
 (PMAPPROC_SET) instead. PMAP is also answered on the NFS port itself."""
+
 from __future__ import annotations
 
 import logging
@@ -28,13 +29,30 @@ RPCBPROC_GETADDR, RPCBPROC_DUMP, RPCBPROC_GETTIME, RPCBPROC_GETVERSADDR = 3, 4, 
 NETIDS = {IPPROTO_TCP: "tcp", IPPROTO_UDP: "udp"}
 
 mapping = Struct("mapping", ("prog", UInt), ("vers", UInt), ("prot", UInt), ("port", UInt))
-rpcb = Struct("rpcb", ("r_prog", UInt), ("r_vers", UInt), ("r_netid", String(64)),
-              ("r_addr", String(128)), ("r_owner", String(255)))
-PMAP_ARGS = {PMAPPROC_NULL: Void, PMAPPROC_SET: mapping, PMAPPROC_UNSET: mapping,
-             PMAPPROC_GETPORT: mapping, PMAPPROC_DUMP: Void}
-RPCB_ARGS = {PMAPPROC_NULL: Void, PMAPPROC_SET: rpcb, PMAPPROC_UNSET: rpcb,
-             RPCBPROC_GETADDR: rpcb, RPCBPROC_DUMP: Void, RPCBPROC_GETTIME: Void,
-             RPCBPROC_GETVERSADDR: rpcb}
+rpcb = Struct(
+    "rpcb",
+    ("r_prog", UInt),
+    ("r_vers", UInt),
+    ("r_netid", String(64)),
+    ("r_addr", String(128)),
+    ("r_owner", String(255)),
+)
+PMAP_ARGS = {
+    PMAPPROC_NULL: Void,
+    PMAPPROC_SET: mapping,
+    PMAPPROC_UNSET: mapping,
+    PMAPPROC_GETPORT: mapping,
+    PMAPPROC_DUMP: Void,
+}
+RPCB_ARGS = {
+    PMAPPROC_NULL: Void,
+    PMAPPROC_SET: rpcb,
+    PMAPPROC_UNSET: rpcb,
+    RPCBPROC_GETADDR: rpcb,
+    RPCBPROC_DUMP: Void,
+    RPCBPROC_GETTIME: Void,
+    RPCBPROC_GETVERSADDR: rpcb,
+}
 
 
 def universal_address(host: str, port: int) -> str:
@@ -66,15 +84,24 @@ class PortmapProgram:
         elif call.vers == PMAP_V2 and proc == PMAPPROC_GETPORT:
             UInt.pack(p, self.table().get((args.prog, args.vers, args.prot), 0))
         elif call.vers == PMAP_V2:  # DUMP
-            LinkedList(mapping).pack(p, [mapping.cls(prog, vers, proto, port) for
-                                         (prog, vers, proto), port in sorted(self.table().items())])
+            LinkedList(mapping).pack(
+                p,
+                [
+                    mapping.cls(prog, vers, proto, port)
+                    for (prog, vers, proto), port in sorted(self.table().items())
+                ],
+            )
         elif proc == RPCBPROC_GETTIME:
             UInt.pack(p, int(time.time()) & 0xFFFFFFFF)
         elif proc == RPCBPROC_DUMP:
             host = _local_host(conn)
-            LinkedList(rpcb).pack(p, [
-                rpcb.cls(prog, vers, NETIDS[proto], universal_address(host, port), "shingle")
-                for (prog, vers, proto), port in sorted(self.table().items())])
+            LinkedList(rpcb).pack(
+                p,
+                [
+                    rpcb.cls(prog, vers, NETIDS[proto], universal_address(host, port), "shingle")
+                    for (prog, vers, proto), port in sorted(self.table().items())
+                ],
+            )
         else:  # GETADDR, GETVERSADDR: "" when not served
             String().pack(p, self._address(conn, args))
         return p.result()
@@ -86,8 +113,14 @@ class PortmapProgram:
         table = self.table()
         port = table.get((args.r_prog, args.r_vers, proto))
         if port is None and args.r_vers == 0:
-            port = next((p for (prog, _v, pr), p in sorted(table.items())
-                         if prog == args.r_prog and pr == proto), None)
+            port = next(
+                (
+                    p
+                    for (prog, _v, pr), p in sorted(table.items())
+                    if prog == args.r_prog and pr == proto
+                ),
+                None,
+            )
         return "" if port is None else universal_address(_local_host(conn), port)
 
 
@@ -106,15 +139,24 @@ class RpcCallError(Exception):
     """A call to another host's RPC service failed (no answer, refused, or not SUCCESS)."""
 
 
-def rpc_call(host: str, port: int, prog: int, vers: int, proc: int, args: bytes = b"", *,
-             timeout: float = 5.0, source_port: int | None = None) -> bytes:
+def rpc_call(
+    host: str,
+    port: int,
+    prog: int,
+    vers: int,
+    proc: int,
+    args: bytes = b"",
+    *,
+    timeout: float = 5.0,
+    source_port: int | None = None,
+) -> bytes:
     """One call over TCP with AUTH_NONE; the result bytes of an accepted SUCCESS reply."""
     xid = int.from_bytes(os.urandom(4), "big")
     record = struct.pack(">IIIIIIIIII", xid, 0, 2, prog, vers, proc, 0, 0, 0, 0) + args
     try:
-        with socket.create_connection((host, port), timeout=timeout,
-                                      source_address=("", source_port) if source_port else None
-                                      ) as sock:
+        with socket.create_connection(
+            (host, port), timeout=timeout, source_address=("", source_port) if source_port else None
+        ) as sock:
             sock.sendall(struct.pack(">I", 0x80000000 | len(record)) + record)
             reply = _read_record(sock)
     except OSError as exc:
@@ -128,9 +170,10 @@ def rpc_call(host: str, port: int, prog: int, vers: int, proc: int, args: bytes 
     pos = 20 + vlen + (-vlen % 4)
     stat = struct.unpack_from(">I", reply, pos)[0]
     if stat != 0:
-        raise RpcCallError(f"prog {prog} vers {vers} proc {proc} at {host}:{port}: "
-                           f"accept_stat {stat}")
-    return reply[pos + 4:]
+        raise RpcCallError(
+            f"prog {prog} vers {vers} proc {proc} at {host}:{port}: accept_stat {stat}"
+        )
+    return reply[pos + 4 :]
 
 
 def _read_record(sock: socket.socket, limit: int = 1 << 20) -> bytes:
@@ -155,11 +198,17 @@ def _exact(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
-def getport(host: str, prog: int, vers: int, *, pmap_port: int = 111,
-            timeout: float = 5.0) -> int:
+def getport(host: str, prog: int, vers: int, *, pmap_port: int = 111, timeout: float = 5.0) -> int:
     """The TCP port of ``prog``/``vers`` at ``host`` from its port mapper (PMAP v2)."""
-    body = rpc_call(host, pmap_port, PMAP_PROGRAM, PMAP_V2, PMAPPROC_GETPORT,
-                    mapping.encode((prog, vers, IPPROTO_TCP, 0)), timeout=timeout)
+    body = rpc_call(
+        host,
+        pmap_port,
+        PMAP_PROGRAM,
+        PMAP_V2,
+        PMAPPROC_GETPORT,
+        mapping.encode((prog, vers, IPPROTO_TCP, 0)),
+        timeout=timeout,
+    )
     port = UInt.decode(body)
     if not port:
         raise RpcCallError(f"prog {prog} vers {vers} is not registered at {host}:{pmap_port}")
@@ -182,14 +231,31 @@ def register(host: str, pmap_port: int, entries: dict, *, unset: bool = False) -
     done = 0
     for (prog, vers, proto), port in sorted(entries.items()):
         try:
-            body = rpc_call(host, pmap_port, PMAP_PROGRAM, PMAP_V2, PMAPPROC_UNSET,
-                            mapping.encode((prog, vers, proto, 0)))
+            body = rpc_call(
+                host,
+                pmap_port,
+                PMAP_PROGRAM,
+                PMAP_V2,
+                PMAPPROC_UNSET,
+                mapping.encode((prog, vers, proto, 0)),
+            )
             if not unset:
-                body = rpc_call(host, pmap_port, PMAP_PROGRAM, PMAP_V2, PMAPPROC_SET,
-                                mapping.encode((prog, vers, proto, port)))
+                body = rpc_call(
+                    host,
+                    pmap_port,
+                    PMAP_PROGRAM,
+                    PMAP_V2,
+                    PMAPPROC_SET,
+                    mapping.encode((prog, vers, proto, port)),
+                )
         except RpcCallError as exc:
-            log.warning("rpcbind %s of program %d v%d failed: %s",
-                        "UNSET" if unset else "SET", prog, vers, exc)
+            log.warning(
+                "rpcbind %s of program %d v%d failed: %s",
+                "UNSET" if unset else "SET",
+                prog,
+                vers,
+                exc,
+            )
             continue
         done += bool(Bool.decode(body))
     return done

@@ -4,6 +4,7 @@ and 100024 (NLM v4 and NSM, locks of NFSv3 clients) and 100000 (the port mapper,
 a port of its own or registered with a system rpcbind), worker threads for blocking work,
 periodic lease, export and lock housekeeping, and a thread runner for tests and
 ``shingle serve``."""
+
 from __future__ import annotations
 
 import asyncio
@@ -73,11 +74,23 @@ class VersionDispatch:
 
 
 class NfsServer:
-    def __init__(self, namespace, catalog, *, host: str = "127.0.0.1", port: int = 2049,
-                 max_record_size: int = DEFAULT_MAX_RECORD, lease_seconds: int = 90,
-                 grace_seconds: int | None = None, workers: int = 32,
-                 limits: NetLimits | None = None, portmap: str = "off",
-                 portmap_port: int = 111, nsm_name: str = "", client_rpcbind_port: int = 111):
+    def __init__(
+        self,
+        namespace,
+        catalog,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 2049,
+        max_record_size: int = DEFAULT_MAX_RECORD,
+        lease_seconds: int = 90,
+        grace_seconds: int | None = None,
+        workers: int = 32,
+        limits: NetLimits | None = None,
+        portmap: str = "off",
+        portmap_port: int = 111,
+        nsm_name: str = "",
+        client_rpcbind_port: int = 111,
+    ):
         """``portmap``: "serve" answers PMAP on ``portmap_port`` (0: any free port),
         "register" registers NFS, MOUNT, NLM and NSM with the rpcbind there, "auto" does the
         one that fits (register when an rpcbind answers), "off" only answers PMAP on ``port``.
@@ -87,9 +100,10 @@ class NfsServer:
         if portmap not in PORTMAP_MODES:
             raise ValueError(f"portmap mode {portmap!r}: expected one of {PORTMAP_MODES}")
         if limits is None:
-            limits = NetLimits(max_record_size=max_record_size,
-                               connection_budget=max(NetLimits.connection_budget,
-                                                     max_record_size + (1 << 20)))
+            limits = NetLimits(
+                max_record_size=max_record_size,
+                connection_budget=max(NetLimits.connection_budget, max_record_size + (1 << 20)),
+            )
         self.limits = limits
         self.budget = RequestBudget(limits.total_budget)
         self.namespace = namespace
@@ -102,8 +116,9 @@ class NfsServer:
         self.workers = workers
         self.portmap_mode = portmap
         self.portmap_port = portmap_port
-        self.nsm_name = nsm_name or (socket.gethostname() if host in ("0.0.0.0", "::", "")
-                                     else host)
+        self.nsm_name = nsm_name or (
+            socket.gethostname() if host in ("0.0.0.0", "::", "") else host
+        )
         self.client_rpcbind_port = client_rpcbind_port
         self.registered: dict = {}  # what a system rpcbind holds for us
         self.handles = HandleCodec(catalog)
@@ -118,8 +133,10 @@ class NfsServer:
         self.programs: dict[int, Any] = {
             NFS_PROGRAM: VersionDispatch({NFS_V3: Nfs3Program(self), NFS_V4: Nfs4Program(self)}),
             MOUNT_PROGRAM: MountProgram(self),
-            nlm_types.NLM_PROGRAM: NlmProgram(self), nlm_types.NSM_PROGRAM: NsmProgram(self),
-            pmap.PMAP_PROGRAM: pmap.PortmapProgram(self.portmap_table)}
+            nlm_types.NLM_PROGRAM: NlmProgram(self),
+            nlm_types.NSM_PROGRAM: NsmProgram(self),
+            pmap.PMAP_PROGRAM: pmap.PortmapProgram(self.portmap_table),
+        }
         self.connections: set = set()
         self.counters = NfsStats()
         # set by start()
@@ -153,8 +170,12 @@ class NfsServer:
     def portmap_table(self) -> dict[tuple[int, int, int], int]:
         """(program, version, protocol) -> port of what this server answers, for PMAP."""
         tcp = pmap.IPPROTO_TCP
-        table = {(prog, vers, tcp): self.port for prog, program in self.programs.items()
-                 if prog != pmap.PMAP_PROGRAM for vers in program.versions}
+        table = {
+            (prog, vers, tcp): self.port
+            for prog, program in self.programs.items()
+            if prog != pmap.PMAP_PROGRAM
+            for vers in program.versions
+        }
         pmap_port = self.portmap_port if self._portmap_server is not None else self.port
         for vers in pmap.PortmapProgram.versions:
             table[(pmap.PMAP_PROGRAM, vers, tcp)] = pmap_port
@@ -165,8 +186,11 @@ class NfsServer:
         client behind NAT on this host, such as a VM on user-mode networking): it would
         call this server back instead of the client."""
         local = address.startswith("127.") or address in ("::1", self.host)
-        return local and self._portmap_server is not None and \
-            self.client_rpcbind_port == self.portmap_port
+        return (
+            local
+            and self._portmap_server is not None
+            and self.client_rpcbind_port == self.portmap_port
+        )
 
     def holds_state(self, conn) -> bool:
         """A connection holds state when an NFSv4.1 session that still exists is bound to it
@@ -193,8 +217,13 @@ class NfsServer:
                 pass
         if soft != resource.RLIM_INFINITY and soft < want:
             fit = max(1, soft - FD_RESERVE)
-            log.warning("nfs.max_connections = %d does not fit the descriptor limit %d: "
-                        "serving at most %d connections", self.limits.max_connections, soft, fit)
+            log.warning(
+                "nfs.max_connections = %d does not fit the descriptor limit %d: "
+                "serving at most %d connections",
+                self.limits.max_connections,
+                soft,
+                fit,
+            )
             self.limits = dataclasses.replace(self.limits, max_connections=fit)
 
     async def _sweep(self) -> None:
@@ -216,18 +245,31 @@ class NfsServer:
         pool = self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="nfs-worker")
         run = loop.run_in_executor
         self.exports = await run(pool, ExportTable, self.catalog, self.namespace)
-        self.state = await run(pool, lambda: StateTable(
-            self.catalog, self.namespace, lease_seconds=self.lease_seconds,
-            grace_seconds=self.grace_seconds))
-        monitor = await run(pool, lambda: NsmMonitor(
-            self.catalog, my_name=self.nsm_name, client_rpcbind_port=self.client_rpcbind_port,
-            unreachable=self.callback_reaches_self))
+        self.state = await run(
+            pool,
+            lambda: StateTable(
+                self.catalog,
+                self.namespace,
+                lease_seconds=self.lease_seconds,
+                grace_seconds=self.grace_seconds,
+            ),
+        )
+        monitor = await run(
+            pool,
+            lambda: NsmMonitor(
+                self.catalog,
+                my_name=self.nsm_name,
+                client_rpcbind_port=self.client_rpcbind_port,
+                unreachable=self.callback_reaches_self,
+            ),
+        )
         grace = self.lease_seconds if self.grace_seconds is None else self.grace_seconds
-        self.nlm = NlmManager(self, monitor, grace_seconds=grace,
-                              client_rpcbind_port=self.client_rpcbind_port)
-        server = self._server = await loop.create_server(lambda: RpcConnection(self), self.host,
-                                                         self.port, reuse_address=True,
-                                                         backlog=256)
+        self.nlm = NlmManager(
+            self, monitor, grace_seconds=grace, client_rpcbind_port=self.client_rpcbind_port
+        )
+        server = self._server = await loop.create_server(
+            lambda: RpcConnection(self), self.host, self.port, reuse_address=True, backlog=256
+        )
         self.port = server.sockets[0].getsockname()[1]
         await self._start_portmap()
         self._housekeeper = asyncio.ensure_future(self._housekeeping())
@@ -249,8 +291,12 @@ class NfsServer:
             except Exception as exc:  # noqa: BLE001 - housekeeping retries next period
                 # a catalog outage fails every period: one line per interval, and no traceback
                 self._housekeeping_failures.log(
-                    logging.ERROR, type(exc), "NFS housekeeping failed: %s", exc,
-                    exc_info=not isinstance(exc, CatalogUnavailable))
+                    logging.ERROR,
+                    type(exc),
+                    "NFS housekeeping failed: %s",
+                    exc,
+                    exc_info=not isinstance(exc, CatalogUnavailable),
+                )
 
     async def _start_portmap(self) -> None:
         mode = self.portmap_mode
@@ -261,22 +307,30 @@ class NfsServer:
         run = loop.run_in_executor
         if mode == "auto":
             answers = self.portmap_port and await run(
-                self.pool, pmap.rpcbind_answers, "127.0.0.1", self.portmap_port)
+                self.pool, pmap.rpcbind_answers, "127.0.0.1", self.portmap_port
+            )
             mode = "register" if answers else "serve"
         if mode == "register":
-            entries = {k: v for k, v in self.portmap_table().items()
-                       if k[0] != pmap.PMAP_PROGRAM}
+            entries = {k: v for k, v in self.portmap_table().items() if k[0] != pmap.PMAP_PROGRAM}
             done = await run(self.pool, pmap.register, "127.0.0.1", self.portmap_port, entries)
             self.registered = entries
-            log.info("registered %d of %d programs with the rpcbind on port %d", done,
-                     len(entries), self.portmap_port)
+            log.info(
+                "registered %d of %d programs with the rpcbind on port %d",
+                done,
+                len(entries),
+                self.portmap_port,
+            )
             return
         try:
             portmap_server = self._portmap_server = await loop.create_server(
-                lambda: RpcConnection(self), self.host, self.portmap_port, reuse_address=True)
+                lambda: RpcConnection(self), self.host, self.portmap_port, reuse_address=True
+            )
         except OSError as exc:
-            log.warning("port mapper not served on port %d (%s): NFSv3 clients then need "
-                        "nolock", self.portmap_port, exc)
+            log.warning(
+                "port mapper not served on port %d (%s): NFSv3 clients then need nolock",
+                self.portmap_port,
+                exc,
+            )
             return
         self.portmap_port = portmap_server.sockets[0].getsockname()[1]
         log.info("port mapper listening on %s:%d", self.host, self.portmap_port)
@@ -302,8 +356,10 @@ class NfsServer:
             if task is not None:
                 task.cancel()
         if self.registered and self.loop is not None:
-            await self.loop.run_in_executor(self.pool, lambda: pmap.register(
-                "127.0.0.1", self.portmap_port, self.registered, unset=True))
+            await self.loop.run_in_executor(
+                self.pool,
+                lambda: pmap.register("127.0.0.1", self.portmap_port, self.registered, unset=True),
+            )
             self.registered = {}
         deadline = time.monotonic() + 10
         while any(conn.in_flight for conn in self.connections) and time.monotonic() < deadline:

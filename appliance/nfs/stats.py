@@ -4,6 +4,7 @@ Names follow engine/metrics.py: nfs_ops, nfs_ops_<op>, nfs_read_bytes,
 nfs_write_bytes, nfs_latency_le_<ms> (cumulative histogram buckets of whole
 RPC calls), nfs_latency_le_inf and nfs_latency_sum_s, nfs_compounds_from_cache and
 nfs_compounds_handed_off (the event loop's attempts: answered, passed to a worker)."""
+
 from __future__ import annotations
 
 import bisect
@@ -52,10 +53,14 @@ class NfsStats:
 
     def snapshot(self) -> dict[str, float]:
         with self._lock:
-            out = {"nfs_ops": sum(self._ops.values()), "nfs_read_bytes": self.read_bytes,
-                   "nfs_write_bytes": self.write_bytes, "nfs_latency_sum_s": self.latency_sum_s,
-                   "nfs_compounds_from_cache": self.from_cache,
-                   "nfs_compounds_handed_off": self.handed_off}
+            out = {
+                "nfs_ops": sum(self._ops.values()),
+                "nfs_read_bytes": self.read_bytes,
+                "nfs_write_bytes": self.write_bytes,
+                "nfs_latency_sum_s": self.latency_sum_s,
+                "nfs_compounds_from_cache": self.from_cache,
+                "nfs_compounds_handed_off": self.handed_off,
+            }
             out.update({f"nfs_ops_{name}": count for name, count in self._ops.items()})
             running = 0
             # _buckets has one more (the overflow bucket), counted below

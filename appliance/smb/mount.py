@@ -19,6 +19,7 @@ drop its cached attributes, pages and names (notify_inval_inode / notify_inval_e
 the mount made itself are skipped (the kernel already knows them). Other processes' commits
 (the web UI) carry no inode list: for those the kernel's caches expire after
 ``CACHE_TIMEOUT_S``, and file data is re-read at every open (no keep_cache)."""
+
 from __future__ import annotations
 
 import errno
@@ -42,14 +43,22 @@ log = logging.getLogger("shingle.fuse")
 CACHE_TIMEOUT_S = 1.0  # kernel attribute and name caches: bounds staleness of untracked changes
 WORKER_THREADS = 8
 READDIR_PAGE = 512
-_TYPE_BITS = {REG: stat.S_IFREG, DIR: stat.S_IFDIR, LNK: stat.S_IFLNK, BLK: stat.S_IFBLK,
-              CHR: stat.S_IFCHR, FIFO: stat.S_IFIFO, SOCK: stat.S_IFSOCK}
+_TYPE_BITS = {
+    REG: stat.S_IFREG,
+    DIR: stat.S_IFDIR,
+    LNK: stat.S_IFLNK,
+    BLK: stat.S_IFBLK,
+    CHR: stat.S_IFCHR,
+    FIFO: stat.S_IFIFO,
+    SOCK: stat.S_IFSOCK,
+}
 _FILE_TYPES = {bits: ftype for ftype, bits in _TYPE_BITS.items()}
 _origin = threading.local()  # set in the mount's worker threads: their changes need no notice
 
 
 def _handler(method):
     """Run a handler; every failure becomes a FUSEError (else pyfuse3 ends the mount)."""
+
     async def wrapped(self, *args):
         try:
             return await method(self, *args)
@@ -62,6 +71,7 @@ def _handler(method):
         except Exception:  # noqa: BLE001 - see the docstring
             log.exception("%s%r", method.__name__, args[:2])
             raise pyfuse3.FUSEError(errno.EIO) from None
+
     wrapped.__name__ = method.__name__
     return wrapped
 
@@ -103,6 +113,7 @@ class ShingleFs(pyfuse3.Operations):
         def run():
             _origin.fuse = True
             return fn(*args, **kwargs)
+
         return await trio.to_thread.run_sync(run, limiter=self._limiter)
 
     @staticmethod
@@ -134,8 +145,9 @@ class ShingleFs(pyfuse3.Operations):
     # -- names ----------------------------------------------------------------------------------
     @_handler
     async def lookup(self, parent_inode, name, ctx):
-        attr = await self._call(self.ns.lookup, self._cred(ctx), self._ino(parent_inode),
-                                _name(name))
+        attr = await self._call(
+            self.ns.lookup, self._cred(ctx), self._ino(parent_inode), _name(name)
+        )
         return self._entry(attr)
 
     @_handler
@@ -169,8 +181,7 @@ class ShingleFs(pyfuse3.Operations):
             times = {k for k in changes if k.endswith("time_ns")}
             if not times or set(changes) != times:
                 raise
-            new = await self._call(self.ns.setattr, cred, ino,
-                                   **{k: SET_TO_NOW for k in times})
+            new = await self._call(self.ns.setattr, cred, ino, **{k: SET_TO_NOW for k in times})
         return self._entry(new)
 
     @_handler
@@ -183,31 +194,38 @@ class ShingleFs(pyfuse3.Operations):
         cred = self._cred(ctx)
         parent = self._ino(parent_inode)
         if ftype == REG:
-            attr = await self._call(self.ns.create, cred, parent, _name(name),
-                                    stat.S_IMODE(mode))
+            attr = await self._call(self.ns.create, cred, parent, _name(name), stat.S_IMODE(mode))
         elif ftype in (BLK, CHR, SOCK, FIFO):
-            attr = await self._call(self.ns.mknod, cred, parent, _name(name), ftype,
-                                    stat.S_IMODE(mode), rdev)
+            attr = await self._call(
+                self.ns.mknod, cred, parent, _name(name), ftype, stat.S_IMODE(mode), rdev
+            )
         else:
             raise pyfuse3.FUSEError(errno.EINVAL)
         return self._entry(attr)
 
     @_handler
     async def mkdir(self, parent_inode, name, mode, ctx):
-        attr = await self._call(self.ns.mkdir, self._cred(ctx), self._ino(parent_inode),
-                                _name(name), stat.S_IMODE(mode))
+        attr = await self._call(
+            self.ns.mkdir, self._cred(ctx), self._ino(parent_inode), _name(name), stat.S_IMODE(mode)
+        )
         return self._entry(attr)
 
     @_handler
     async def symlink(self, parent_inode, name, target, ctx):
-        attr = await self._call(self.ns.symlink, self._cred(ctx), self._ino(parent_inode),
-                                _name(name), bytes(target))
+        attr = await self._call(
+            self.ns.symlink, self._cred(ctx), self._ino(parent_inode), _name(name), bytes(target)
+        )
         return self._entry(attr)
 
     @_handler
     async def link(self, inode, new_parent_inode, new_name, ctx):
-        attr = await self._call(self.ns.link, self._cred(ctx), self._ino(inode),
-                                self._ino(new_parent_inode), _name(new_name))
+        attr = await self._call(
+            self.ns.link,
+            self._cred(ctx),
+            self._ino(inode),
+            self._ino(new_parent_inode),
+            _name(new_name),
+        )
         return self._entry(attr)
 
     @_handler
@@ -251,8 +269,9 @@ class ShingleFs(pyfuse3.Operations):
         while True:
             entries, eof = await self._call(self.ns.readdir, cred, ino, cookie, READDIR_PAGE)
             for entry in entries:
-                if not pyfuse3.readdir_reply(token, os.fsencode(entry.name),
-                                             self._entry(entry.attr), entry.cookie):
+                if not pyfuse3.readdir_reply(
+                    token, os.fsencode(entry.name), self._entry(entry.attr), entry.cookie
+                ):
                     return  # the kernel's buffer is full: it asks again from the last cookie
                 cookie = entry.cookie
             if eof or not entries:
@@ -302,9 +321,14 @@ class ShingleFs(pyfuse3.Operations):
 
     @_handler
     async def create(self, parent_inode, name, mode, flags, ctx):
-        attr = await self._call(self.ns.create, self._cred(ctx), self._ino(parent_inode),
-                                _name(name), stat.S_IMODE(mode),
-                                exclusive=bool(flags & os.O_EXCL))
+        attr = await self._call(
+            self.ns.create,
+            self._cred(ctx),
+            self._ino(parent_inode),
+            _name(name),
+            stat.S_IMODE(mode),
+            exclusive=bool(flags & os.O_EXCL),
+        )
         return self._opened(attr.ino), self._entry(attr)
 
     @_handler
@@ -332,8 +356,9 @@ class ShingleFs(pyfuse3.Operations):
     @_handler
     async def getxattr(self, inode, name, ctx):
         try:
-            return await self._call(self.ns.getxattr, self._cred(ctx), self._ino(inode),
-                                    _name(name))
+            return await self._call(
+                self.ns.getxattr, self._cred(ctx), self._ino(inode), _name(name)
+            )
         except errors.NoData:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR) from None
 
@@ -344,8 +369,9 @@ class ShingleFs(pyfuse3.Operations):
 
     @_handler
     async def setxattr(self, inode, name, value, ctx):
-        await self._call(self.ns.setxattr, self._cred(ctx), self._ino(inode), _name(name),
-                         bytes(value))
+        await self._call(
+            self.ns.setxattr, self._cred(ctx), self._ino(inode), _name(name), bytes(value)
+        )
 
     @_handler
     async def removexattr(self, inode, name, ctx):
@@ -391,8 +417,7 @@ class Invalidator(threading.Thread):
             for ino in inos:
                 self._notify(pyfuse3.invalidate_inode, self.fs.fuse_ino(ino))
             for parent, name in names:
-                self._notify(pyfuse3.invalidate_entry, self.fs.fuse_ino(parent),
-                             os.fsencode(name))
+                self._notify(pyfuse3.invalidate_entry, self.fs.fuse_ino(parent), os.fsencode(name))
 
     def _notify(self, fn, *args) -> None:
         try:
@@ -414,16 +439,16 @@ def unmount_stale(mountpoint: Path) -> None:
         os.stat(mountpoint)
     except OSError as exc:
         if exc.errno == errno.ENOTCONN:
-            subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False,
-                           capture_output=True)
+            subprocess.run(
+                ["fusermount3", "-u", "-z", str(mountpoint)], check=False, capture_output=True
+            )
 
 
 class FuseMount:
     """The mount, served by a thread running pyfuse3's trio loop (one per process: pyfuse3
     keeps its session in module state)."""
 
-    def __init__(self, namespace: Namespace, mountpoint: Path | str, *,
-                 allow_other: bool = True):
+    def __init__(self, namespace: Namespace, mountpoint: Path | str, *, allow_other: bool = True):
         self.namespace = namespace
         self.mountpoint = Path(mountpoint)
         self.fs = ShingleFs(namespace)
@@ -458,6 +483,7 @@ class FuseMount:
             self._token = trio.lowlevel.current_trio_token()
             self._ready.set()
             await pyfuse3.main(min_tasks=4, max_tasks=64)
+
         try:
             trio.run(main)
         except BaseException as exc:  # noqa: BLE001 - reported by start()/logged
@@ -484,5 +510,6 @@ class FuseMount:
             self._thread.join(timeout)
         self._thread = None
         if os.path.ismount(self.mountpoint):  # busy (an open file): detach it now, gone later
-            subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], check=False,
-                           capture_output=True)
+            subprocess.run(
+                ["fusermount3", "-u", "-z", str(self.mountpoint)], check=False, capture_output=True
+            )

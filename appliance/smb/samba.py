@@ -12,6 +12,7 @@ every ``RELOAD_S`` seconds, writes it when it changed and sends smbd SIGHUP (smb
 config), and restarts smbd when it exits (backoff up to ``RESTART_MAX_S``). smbd runs
 ``--foreground --debug-stdout`` as a child of the daemon; never ``--no-process-group``: then
 SIGTERM makes smbd kill its whole process group, the daemon's included."""
+
 from __future__ import annotations
 
 import json
@@ -90,8 +91,11 @@ class SambaLayout:
     def env(self) -> dict[str, str]:
         """The environment of every Samba program: SMB users from shingle's passwd file."""
         env = dict(os.environ)
-        env.update(LD_PRELOAD=NSS_WRAPPER, NSS_WRAPPER_PASSWD=str(self.passwd),
-                   NSS_WRAPPER_GROUP=str(self.group))
+        env.update(
+            LD_PRELOAD=NSS_WRAPPER,
+            NSS_WRAPPER_PASSWD=str(self.passwd),
+            NSS_WRAPPER_GROUP=str(self.group),
+        )
         return env
 
 
@@ -156,11 +160,15 @@ def _users(text: str) -> str:
 
 def render_share(share: smb_service.Share, mount: Path) -> str:
     path = mount / share.path.lstrip("/") if share.path != "/" else mount
-    lines = [f"[{share.name}]", f"path = {path}",
-             f"read only = {'yes' if share.read_only else 'no'}",
-             f"guest ok = {'yes' if share.guest else 'no'}",
-             f"case sensitive = {'no' if share.case_insensitive else 'yes'}",
-             "preserve case = yes", "short preserve case = yes"]
+    lines = [
+        f"[{share.name}]",
+        f"path = {path}",
+        f"read only = {'yes' if share.read_only else 'no'}",
+        f"guest ok = {'yes' if share.guest else 'no'}",
+        f"case sensitive = {'no' if share.case_insensitive else 'yes'}",
+        "preserve case = yes",
+        "short preserve case = yes",
+    ]
     if share.clients != ANY_CLIENT:
         lines.append(f"hosts allow = {' '.join(share.clients.split(','))}")
     if share.users:
@@ -179,12 +187,15 @@ def render_conf(layout: SambaLayout, shares, *, mount: Path, host: str, port: in
 
 def render_nss(users) -> tuple[str, str]:
     """passwd and group files for nss_wrapper: root, nobody and every SMB user."""
-    passwd = ["root:x:0:0:root:/root:/bin/false",
-              f"nobody:x:{NOBODY_UID}:{NOGROUP_GID}:nobody:/nonexistent:/usr/sbin/nologin"]
+    passwd = [
+        "root:x:0:0:root:/root:/bin/false",
+        f"nobody:x:{NOBODY_UID}:{NOGROUP_GID}:nobody:/nonexistent:/usr/sbin/nologin",
+    ]
     groups: dict[int, tuple[str, list[str]]] = {0: ("root", []), NOGROUP_GID: ("nogroup", [])}
     for user in users:
-        passwd.append(f"{user.name}:x:{user.uid}:{user.gid}:SMB user:/nonexistent:"
-                      "/usr/sbin/nologin")
+        passwd.append(
+            f"{user.name}:x:{user.uid}:{user.gid}:SMB user:/nonexistent:/usr/sbin/nologin"
+        )
         if user.gid not in groups:
             groups[user.gid] = (user.name if user.gid == user.uid else f"g{user.gid}", [])
         groups[user.gid][1].append(user.name)
@@ -201,8 +212,9 @@ def write_nss(layout: SambaLayout, users) -> None:
 def _run_tool(layout: SambaLayout, argv: list[str], stdin: str = "") -> subprocess.CompletedProcess:
     if shutil.which(argv[0]) is None:
         raise errors.IOFailure(f"{argv[0]} not found: install Debian's samba package")
-    return subprocess.run(argv, input=stdin, capture_output=True, text=True, env=layout.env(),
-                          timeout=TOOL_TIMEOUT_S)
+    return subprocess.run(
+        argv, input=stdin, capture_output=True, text=True, env=layout.env(), timeout=TOOL_TIMEOUT_S
+    )
 
 
 class SambaPassdb:
@@ -214,8 +226,10 @@ class SambaPassdb:
         layout.create()
 
     def _known_users(self, extra: smb_service.SmbUser | None = None):
-        users = {u.name: u for u in (smb_service.list_users(self.catalog)
-                                     if self.catalog is not None else [])}
+        users = {
+            u.name: u
+            for u in (smb_service.list_users(self.catalog) if self.catalog is not None else [])
+        }
         if extra is not None:
             users[extra.name] = extra
         return list(users.values())
@@ -226,15 +240,20 @@ class SambaPassdb:
         # pdbedit, not smbpasswd: smbpasswd -a refuses anyone but root, and the web UI (and the
         # daemon under systemd) run as the service user owning DATA_DIR/smb; -a on an existing
         # entry sets its password
-        done = _run_tool(self.layout, ["pdbedit", "-s", str(self.layout.tools_conf), "-a", "-t",
-                                       "-u", user.name], f"{password}\n{password}\n")
+        done = _run_tool(
+            self.layout,
+            ["pdbedit", "-s", str(self.layout.tools_conf), "-a", "-t", "-u", user.name],
+            f"{password}\n{password}\n",
+        )
         if done.returncode != 0:
-            raise errors.IOFailure(f"pdbedit -a {user.name} failed: "
-                                   f"{(done.stderr or done.stdout).strip()}")
+            raise errors.IOFailure(
+                f"pdbedit -a {user.name} failed: {(done.stderr or done.stdout).strip()}"
+            )
 
     def remove(self, name: str) -> None:
-        done = _run_tool(self.layout, ["pdbedit", "-s", str(self.layout.tools_conf), "-x",
-                                       "-u", name])
+        done = _run_tool(
+            self.layout, ["pdbedit", "-s", str(self.layout.tools_conf), "-x", "-u", name]
+        )
         if done.returncode != 0 and "not find" not in (done.stderr + done.stdout).lower():
             log.warning("pdbedit -x %s: %s", name, (done.stderr or done.stdout).strip())
 
@@ -256,8 +275,14 @@ def smb_status(layout: SambaLayout) -> dict:
     """smbd's health and sessions, from any process of the appliance (the web UI's too):
     {enabled, running, pid, port, sessions: [{user, machine, protocol}], error}. ``enabled``:
     the daemon has served SMB here (it wrote smb.conf); smbstatus reads the same lock folder."""
-    report: dict = {"enabled": layout.conf.exists(), "running": False, "pid": None,
-                    "port": None, "sessions": [], "error": None}
+    report: dict = {
+        "enabled": layout.conf.exists(),
+        "running": False,
+        "pid": None,
+        "port": None,
+        "sessions": [],
+        "error": None,
+    }
     if not report["enabled"]:
         return report
     try:
@@ -280,17 +305,29 @@ def smb_status(layout: SambaLayout) -> dict:
     if done.returncode != 0:
         report["error"] = f"smbstatus: {(done.stderr or done.stdout).strip()[:300]}"
     for session in (data.get("sessions") or {}).values():
-        report["sessions"].append({"user": session.get("username"),
-                                   "machine": session.get("remote_machine"),
-                                   "protocol": session.get("session_dialect")})
+        report["sessions"].append(
+            {
+                "user": session.get("username"),
+                "machine": session.get("remote_machine"),
+                "protocol": session.get("session_dialect"),
+            }
+        )
     return report
 
 
 class SmbdSupervisor(threading.Thread):
     """Keeps smbd running with a smb.conf that follows the catalog's shares and users."""
 
-    def __init__(self, catalog, layout: SambaLayout, *, mount: Path, host: str, port: int,
-                 mount_alive=lambda: True):
+    def __init__(
+        self,
+        catalog,
+        layout: SambaLayout,
+        *,
+        mount: Path,
+        host: str,
+        port: int,
+        mount_alive=lambda: True,
+    ):
         super().__init__(name="smbd-supervisor", daemon=True)
         self.catalog, self.layout, self.mount = catalog, layout, Path(mount)
         self.host, self.port = host, port
@@ -326,8 +363,11 @@ class SmbdSupervisor(threading.Thread):
         try:
             self.proc = subprocess.Popen(
                 ["smbd", "--foreground", "--debug-stdout", "-s", str(self.layout.conf)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=self.layout.env())
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.layout.env(),
+            )
         finally:
             out.close()
         log.info("smbd started (pid %d) on %s:%d", self.proc.pid, self.host, self.port)
@@ -352,8 +392,11 @@ class SmbdSupervisor(threading.Thread):
                     return
                 changed = self.refresh()
                 if self.proc is not None and self.proc.poll() is not None:
-                    log.error("smbd exited with status %s; restarting in %.0f s",
-                              self.proc.returncode, self._backoff)
+                    log.error(
+                        "smbd exited with status %s; restarting in %.0f s",
+                        self.proc.returncode,
+                        self._backoff,
+                    )
                     self.proc = None
                     self.restarts += 1
                     self._next_start = time.monotonic() + self._backoff

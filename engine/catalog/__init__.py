@@ -1,4 +1,5 @@
 """The metadata catalog (SQLAlchemy; SQLite by default, PostgreSQL optional)."""
+
 from engine.catalog.database import Catalog, CatalogUnavailable
 from engine.catalog.migrate import current_revision, downgrade, upgrade
 

@@ -18,6 +18,7 @@ SQLite settings, and why:
   that must be durable before a reply (``durable=True``: data flushes behind
   a stable WRITE or a COMMIT, invariant 2).
 """
+
 from __future__ import annotations
 
 import logging
@@ -109,7 +110,7 @@ def sql_many(conn: Connection, text: str, rows: list) -> None:
 
 
 def in_list(ids) -> str:
-    """"(?, ?, ...)" for an IN clause of len(ids) parameters (chunk big lists)."""
+    """ "(?, ?, ...)" for an IN clause of len(ids) parameters (chunk big lists)."""
     return "(" + ", ".join("?" * len(ids)) + ")"
 
 
@@ -146,7 +147,7 @@ def _change_counter(index: mmap.mmap) -> int:
     """The commit counter of a WAL index header, read until both copies agree."""
     tries = 0
     while True:
-        header = index[:WAL_INDEX_HEADER * 2]
+        header = index[: WAL_INDEX_HEADER * 2]
         if header[:WAL_INDEX_HEADER] == header[WAL_INDEX_HEADER:] and header[WAL_INDEX_INIT]:
             return WAL_INDEX_U32.unpack_from(header, WAL_INDEX_CHANGE)[0]
         tries += 1  # a commit is rewriting the header right now (nanoseconds): read again
@@ -214,14 +215,19 @@ class Catalog:
         self._checkpointing = lock("catalog.checkpoint")
         if self.is_sqlite:
             self.engine: Engine = create_engine(
-                url, pool_size=pool_size, max_overflow=32,
+                url,
+                pool_size=pool_size,
+                max_overflow=32,
                 connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
             )
             event.listen(self.engine, "connect", self._sqlite_connect)
             event.listen(self.engine, "begin", self._sqlite_begin)
         else:
             self.engine = create_engine(
-                url, pool_size=pool_size, max_overflow=32, pool_pre_ping=True,
+                url,
+                pool_size=pool_size,
+                max_overflow=32,
+                pool_pre_ping=True,
                 isolation_level="SERIALIZABLE",
             )
 
@@ -246,11 +252,18 @@ class Catalog:
         # cost ~10 us per transaction
         # (a connection being begun always has its DB-API connection)
         conn.connection.driver_connection.execute(  # type: ignore[union-attr]
-            conn.info.get("begin", "BEGIN"))
+            conn.info.get("begin", "BEGIN")
+        )
 
     # -- transactions --------------------------------------------------------
-    def run(self, work: Callable[[Connection], T], *, write: bool = True, durable: bool = False,
-            tracked: bool = False) -> T:
+    def run(
+        self,
+        work: Callable[[Connection], T],
+        *,
+        write: bool = True,
+        durable: bool = False,
+        tracked: bool = False,
+    ) -> T:
         """Run ``work(conn)`` in one transaction, retrying transient conflicts.
 
         ``durable``: the commit is on stable storage when this returns. ``tracked``: this process
@@ -336,9 +349,7 @@ class Catalog:
             with self.engine.connect() as conn:
                 raw = conn.connection.dbapi_connection
                 assert raw is not None  # an open connection has its DB-API connection
-                raw.execute(
-                    "PRAGMA wal_checkpoint(PASSIVE)"
-                ).fetchall()
+                raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         except Exception as exc:  # noqa: BLE001 - busy or failed: the next commit tries again
             log.debug("catalog: checkpoint skipped: %s", exc)
         finally:
@@ -368,8 +379,9 @@ class Catalog:
         of connections): callers may retry later, once the pool has reconnected."""
         if self.is_sqlite:
             return False
-        if isinstance(exc, SqlTimeout) or (isinstance(exc, DBAPIError)
-                                           and exc.connection_invalidated):
+        if isinstance(exc, SqlTimeout) or (
+            isinstance(exc, DBAPIError) and exc.connection_invalidated
+        ):
             return True
         orig = exc.orig if isinstance(exc, DBAPIError) else exc
         try:
@@ -432,6 +444,7 @@ class Catalog:
             if raw.total_changes != before:
                 conn.info[COMMIT_NUMBER] = (_change_counter(index) + 1) & 0xFFFFFFFF
             return result
+
         return counted
 
     def _tracked_commit(self, number: int) -> None:
@@ -457,8 +470,10 @@ class Catalog:
                 try:
                     self._wal_index = _map_wal_index(path + "-shm")
                 except (OSError, ValueError) as exc:
-                    log.debug("catalog: no WAL index to map (%s); cache checks query PRAGMA "
-                              "data_version", exc)
+                    log.debug(
+                        "catalog: no WAL index to map (%s); cache checks query PRAGMA data_version",
+                        exc,
+                    )
                     self._wal_index = None
                 self._watch = watch
         return self._wal_index
@@ -480,6 +495,7 @@ class Catalog:
             ).rowcount
             if not done:
                 conn.execute(table.insert().values(key=key, value=value))
+
         self.run(work, tracked=True)  # settings are cached nowhere
 
     def close(self) -> None:

@@ -1,4 +1,5 @@
 """Alembic, driven from code: ``shingle init`` and tests upgrade with these."""
+
 from __future__ import annotations
 
 import os
@@ -56,6 +57,7 @@ def current_revision(url: str) -> str | None:
 
 def head_revision() -> str:
     from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
     if head is None:
         raise RuntimeError("no schema migrations found in migrations/versions")

@@ -4,6 +4,7 @@ Alembic (migrations/) owns the schema in databases; these models are what
 it is compared against. Hot paths use the tables through SQLAlchemy Core
 (``Model.__table__``) for speed; the ORM classes are for admin code.
 Times are integers in nanoseconds since the epoch (UTC)."""
+
 from __future__ import annotations
 
 from typing import ClassVar
@@ -227,6 +228,7 @@ class Export(Base):
 
 class SmbShare(Base):
     """An SMB share (engine/smb.py): a namespace directory that Samba serves over the mount."""
+
     __tablename__ = "smb_shares"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(80), unique=True)  # clients connect to //server/NAME
@@ -242,6 +244,7 @@ class SmbShare(Base):
 
 class SmbUser(Base):
     """An SMB user: the name and the uid/gid its files get; the password is in Samba's passdb."""
+
     __tablename__ = "smb_users"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
@@ -286,7 +289,8 @@ class SnapshotDir(Base):
 
     __tablename__ = "snapshot_dirs"
     dataset_ino: Mapped[int] = mapped_column(
-        ForeignKey("inodes.ino", ondelete="CASCADE"), primary_key=True)
+        ForeignKey("inodes.ino", ondelete="CASCADE"), primary_key=True
+    )
     dir_ino: Mapped[int] = mapped_column(ForeignKey("inodes.ino"), unique=True)
 
 
@@ -321,8 +325,9 @@ class AdminSession(Base):
 
     __tablename__ = "admin_sessions"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    user_id: Mapped[int] = mapped_column(ForeignKey("admin_users.id", ondelete="CASCADE"),
-                                         index=True)
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("admin_users.id", ondelete="CASCADE"), index=True
+    )
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     address: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_ns: Mapped[int] = mapped_column(BigInteger)

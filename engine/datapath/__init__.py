@@ -68,6 +68,7 @@ Crash recovery (``recover``, run at start)
     Bytes on a zone beyond its committed write pointer are from a flush that
     never committed: counted as garbage, never referenced, and the next
     append goes after them."""
+
 from engine.datapath.core import DataPath, RecoveryReport
 
 __all__ = ["DataPath", "RecoveryReport"]

@@ -14,6 +14,7 @@ Accounting rules (others build cleaning, tiering and rebuild on them):
   ``write_pointer == live_bytes + garbage_bytes`` for every zone.
 - A stripe whose live bytes reach 0 is deleted with its fragments.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -26,7 +27,7 @@ CHUNK = 400  # ids per IN (...) list: far below SQLite's parameter limit
 
 def chunks(items: list, size: int = CHUNK):
     for i in range(0, len(items), size):
-        yield items[i:i + size]
+        yield items[i : i + size]
 
 
 def share(fragment_length: int, live: int, data_length: int) -> int:

@@ -5,6 +5,7 @@ the running process knows: the on-disk append position of each zone, the
 fragments written but not yet committed (``inflight``), the open band of each
 class, and whether the drive's folder is still there (``present``: a folder seen gone calls
 ``on_gone``, which the drive watch, drivewatch.py, turns into the state "missing")."""
+
 from __future__ import annotations
 
 import queue

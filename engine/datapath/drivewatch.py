@@ -240,19 +240,28 @@ class DriveWatch:
             return
         self._refused[drive.id] = why
         log.error("drive %d stays missing: %s", drive.id, why)
-        record(self.catalog, "drive.refused", f"drive {drive.id} stays missing: {why}",
-               severity="error", details={"drive_id": drive.id, "reason": why})
+        record(
+            self.catalog,
+            "drive.refused",
+            f"drive {drive.id} stays missing: {why}",
+            severity="error",
+            details={"drive_id": drive.id, "reason": why},
+        )
 
     def _state_before_missing(self, drive_id: int) -> str:
         """The state a missing drive had (from its drive.state events; online if none says)."""
 
         def work(conn):
-            return conn.execute(
-                select(EVENTS.c.details)
-                .where(EVENTS.c.kind == "drive.state")
-                .order_by(EVENTS.c.id.desc())
-                .limit(RECENT_STATE_EVENTS)
-            ).scalars().all()
+            return (
+                conn.execute(
+                    select(EVENTS.c.details)
+                    .where(EVENTS.c.kind == "drive.state")
+                    .order_by(EVENTS.c.id.desc())
+                    .limit(RECENT_STATE_EVENTS)
+                )
+                .scalars()
+                .all()
+            )
 
         for text in self.catalog.read(work):
             details = json.loads(text) if text else {}

@@ -6,6 +6,7 @@ drive, a failed read or a bad checksum makes the stripe decode from any k
 good fragments (parity included). Fetched payloads live in a byte-bounded
 LRU cache keyed by (stripe, fragment), as futures so that concurrent readers
 and read-ahead share one fetch."""
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -223,7 +224,7 @@ class StripeReader:
         # fetch k at a time in parallel, more only when some fail
         pending = list(order)
         while len(good) < info.k and pending:
-            batch, pending = pending[:info.k - len(good)], pending[info.k - len(good):]
+            batch, pending = pending[: info.k - len(good)], pending[info.k - len(good) :]
             futures = {i: self.pool.submit(self._read_fragment, info, i, True) for i in batch}
             for i, fut in futures.items():
                 try:
@@ -245,7 +246,7 @@ class StripeReader:
                 raise errors.IOFailure(f"stripe {info.id}: decode failed: {exc}") from exc
             p = info.payload
             view = memoryview(data)
-            result = {i: view[i * p:(i + 1) * p] for i in range(info.k)}
+            result = {i: view[i * p : (i + 1) * p] for i in range(info.k)}
         with self._lock:
             corrupt = {i for sid, i in self._corrupt if sid == info.id}
             self._corrupt -= {(info.id, i) for i in corrupt}
@@ -345,7 +346,7 @@ class StripeReader:
         for i in range(first, last + 1):
             a = max(offset, i * p) - i * p
             b = min(offset + length, (i + 1) * p) - i * p
-            out[pos:pos + b - a] = payloads[i][a:b]
+            out[pos : pos + b - a] = payloads[i][a:b]
             pos += b - a
 
     def prefetch(self, info: StripeInfo) -> None:

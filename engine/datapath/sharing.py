@@ -31,9 +31,7 @@ class Sharing:
         self.extents.invalidate(inos)
         self.buffers.catalog.after_commit(conn, lambda: self.extents.invalidate(inos))
 
-    def clone_range(
-        self, conn, src: int, src_off: int, dst: int, dst_off: int, length: int
-    ) -> int:
+    def clone_range(self, conn, src: int, src_off: int, dst: int, dst_off: int, length: int) -> int:
         """Make [dst_off, dst_off + length) of ``dst`` reference the stripes that hold
         [src_off, src_off + length) of ``src`` (holes stay holes). Cost: the extents of the
         range, no data copied. Returns the number of extents shared."""
@@ -50,9 +48,7 @@ class Sharing:
             a, b = max(fo, lo), min(fo + elen, hi)
             if a < b:
                 pieces.append((a - lo + dst_off, b - a, sid, so + (a - fo)))
-        emap = ExtentMap(
-            load_extents(conn, dst, dst_off, dst_off + length, self.max_extent)
-        )
+        emap = ExtentMap(load_extents(conn, dst, dst_off, dst_off + length, self.max_extent))
         emap.punch(dst_off, dst_off + length)
         for fo, plen, sid, so in pieces:
             emap.put(fo, plen, sid, so)
@@ -102,23 +98,29 @@ def referenced_by(conn, ino_lo: int, ino_hi: int) -> dict[int, int]:
     return refs
 
 
-_REFS_IN_RANGE = ("SELECT r.stripe_id, r.refs, s.live_bytes, s.data_length FROM "
-                  "(SELECT stripe_id, SUM(length) AS refs FROM extents WHERE ino BETWEEN ? AND ? "
-                  "GROUP BY stripe_id) r JOIN stripes s ON s.id = r.stripe_id")
+_REFS_IN_RANGE = (
+    "SELECT r.stripe_id, r.refs, s.live_bytes, s.data_length FROM "
+    "(SELECT stripe_id, SUM(length) AS refs FROM extents WHERE ino BETWEEN ? AND ? "
+    "GROUP BY stripe_id) r JOIN stripes s ON s.id = r.stripe_id"
+)
 # one statement for the stripes whose zone shares cannot change (they stay fully referenced)
-_ADD_FULL = ("UPDATE stripes SET live_bytes = live_bytes + (SELECT SUM(e.length) FROM extents e "
-             "WHERE e.stripe_id = stripes.id AND e.ino BETWEEN ? AND ?) WHERE id IN "
-             "(SELECT stripe_id FROM extents WHERE ino BETWEEN ? AND ?) AND live_bytes {cond}")
+_ADD_FULL = (
+    "UPDATE stripes SET live_bytes = live_bytes + (SELECT SUM(e.length) FROM extents e "
+    "WHERE e.stripe_id = stripes.id AND e.ino BETWEEN ? AND ?) WHERE id IN "
+    "(SELECT stripe_id FROM extents WHERE ino BETWEEN ? AND ?) AND live_bytes {cond}"
+)
 
 
 def add_references(conn, ino_lo: int, ino_hi: int) -> None:
     """The extents of inodes [ino_lo, ino_hi] were just copied (a snapshot, a clone of one):
     count them in their stripes. Stripes already fully referenced keep their zone shares, so
     they take one set statement; only the others go through ``adjust_live``."""
-    partial = {sid: int(refs) for sid, refs, live, length in
-               sql_all(conn, _REFS_IN_RANGE, (ino_lo, ino_hi)) if live < length}
-    sql(conn, _ADD_FULL.format(cond=">= data_length"),
-        (ino_lo, ino_hi, ino_lo, ino_hi)).close()
+    partial = {
+        sid: int(refs)
+        for sid, refs, live, length in sql_all(conn, _REFS_IN_RANGE, (ino_lo, ino_hi))
+        if live < length
+    }
+    sql(conn, _ADD_FULL.format(cond=">= data_length"), (ino_lo, ino_hi, ino_lo, ino_hi)).close()
     adjust_live(conn, partial)
 
 
@@ -135,9 +137,13 @@ def drop_references(conn, ino_lo: int, ino_hi: int, delete_extents) -> list[int]
         else:
             others[sid] = -int(refs)
     if full:
-        sql(conn, _ADD_FULL.replace("live_bytes + (", "live_bytes - (").format(
-            cond="- (SELECT SUM(e.length) FROM extents e WHERE e.stripe_id = stripes.id AND "
-                 "e.ino BETWEEN ? AND ?) >= data_length"),
-            (ino_lo, ino_hi, ino_lo, ino_hi, ino_lo, ino_hi)).close()
+        sql(
+            conn,
+            _ADD_FULL.replace("live_bytes + (", "live_bytes - (").format(
+                cond="- (SELECT SUM(e.length) FROM extents e WHERE e.stripe_id = stripes.id AND "
+                "e.ino BETWEEN ? AND ?) >= data_length"
+            ),
+            (ino_lo, ino_hi, ino_lo, ino_hi, ino_lo, ino_hi),
+        ).close()
     delete_extents(conn)
     return adjust_live(conn, others)

@@ -108,6 +108,7 @@ class Space:
     def add_drive(self, drive_id: int, smr_model=None) -> DriveState:
         """Take a drive added to the catalog while the data path runs (``drives add``): its
         in-memory state joins the shared maps under the space lock, empty zones included."""
+
         def work(conn):
             row = conn.execute(select(DRIVES).where(DRIVES.c.id == drive_id)).one()
             return row, conn.execute(select(ZONES).where(ZONES.c.drive_id == drive_id)).all()
@@ -115,8 +116,9 @@ class Space:
         row, zone_rows = self.catalog.read(work)
         drive = DriveState(row, zone_rows)
         if drive.backend is None:
-            raise errors.IOFailure(f"drive {drive_id} ({row.path}) cannot be opened: "
-                                   f"{drive.open_error}")
+            raise errors.IOFailure(
+                f"drive {drive_id} ({row.path}) cannot be opened: {drive.open_error}"
+            )
         if smr_model is not None:
             drive.backend.model = smr_model
             drive.backend.model_key = drive.id
@@ -205,9 +207,7 @@ class Space:
             writable = sum(1 for d in drives if d.writable())
         if writable >= policy.write_quorum:
             return
-        unavailable = ", ".join(
-            f"drive {d.id} {d.condition()}" for d in drives if not d.writable()
-        )
+        unavailable = ", ".join(f"drive {d.id} {d.condition()}" for d in drives if not d.writable())
         message = (
             f"a {policy.name} stripe needs {policy.width} drives (at least "
             f"{policy.write_quorum}) and only {writable} of {len(self.drives)} take writes "

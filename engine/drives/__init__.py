@@ -3,6 +3,7 @@
 ``format_emulated`` makes drives as folders of zone files (tests, the default
 install, and drive-managed SMR / CMR disks with XFS or ext4);
 ``open_drive`` opens the backend named by a Drive catalog row."""
+
 from __future__ import annotations
 
 import time
@@ -15,9 +16,21 @@ from engine.drives.zoned import DriveMissing, ZonedDrive, ZoneError, ZoneInfo
 from engine.drives.zonefile import ZoneFileDrive
 from engine.errors import ConfigError
 
-__all__ = ["format_emulated", "add_emulated", "add_zoned_block", "open_drive", "ZonedDrive",
-           "ZoneFileDrive", "ZoneInfo", "ZoneError", "DriveMissing", "SmrModel", "SmrParams",
-           "MIN_ZONES", "SECTOR"]
+__all__ = [
+    "format_emulated",
+    "add_emulated",
+    "add_zoned_block",
+    "open_drive",
+    "ZonedDrive",
+    "ZoneFileDrive",
+    "ZoneInfo",
+    "ZoneError",
+    "DriveMissing",
+    "SmrModel",
+    "SmrParams",
+    "MIN_ZONES",
+    "SECTOR",
+]
 
 SECTOR = 4096
 MIN_ZONES = 4  # a drive needs room for open bands plus the cleaning reserve
@@ -87,62 +100,136 @@ def format_emulated(
         made.append((folder, drive_uuid))
 
     def work(conn):
-        return [_insert_drive(conn, drive_uuid, str(folder.resolve()), "zonefile", zone_size,
-                              zone_count, max_open_zones, "zone-file emulation")
-                for folder, drive_uuid in made]
+        return [
+            _insert_drive(
+                conn,
+                drive_uuid,
+                str(folder.resolve()),
+                "zonefile",
+                zone_size,
+                zone_count,
+                max_open_zones,
+                "zone-file emulation",
+            )
+            for folder, drive_uuid in made
+        ]
+
     return catalog.run(work)
 
 
-def _insert_drive(conn, drive_uuid: str, path: str, backend: str, zone_size: int, zone_count: int,
-                  max_open_zones: int, model: str | None, serial: str | None = None) -> int:
+def _insert_drive(
+    conn,
+    drive_uuid: str,
+    path: str,
+    backend: str,
+    zone_size: int,
+    zone_count: int,
+    max_open_zones: int,
+    model: str | None,
+    serial: str | None = None,
+) -> int:
     """A Drive row and its empty Zone rows, inside the caller's transaction; returns its id."""
-    drive_id = conn.execute(DRIVES.insert().values(
-        uuid=drive_uuid, path=path, backend=backend, state="online", zone_size=zone_size,
-        zone_count=zone_count, max_open_zones=max_open_zones, model=model, serial=serial,
-        added_ns=time.time_ns())).inserted_primary_key[0]
-    conn.execute(ZONES.insert(), [
-        {"drive_id": drive_id, "idx": i, "state": "empty", "band_class": None, "write_pointer": 0,
-         "live_bytes": 0, "garbage_bytes": 0, "resets": 0} for i in range(zone_count)])
+    drive_id = conn.execute(
+        DRIVES.insert().values(
+            uuid=drive_uuid,
+            path=path,
+            backend=backend,
+            state="online",
+            zone_size=zone_size,
+            zone_count=zone_count,
+            max_open_zones=max_open_zones,
+            model=model,
+            serial=serial,
+            added_ns=time.time_ns(),
+        )
+    ).inserted_primary_key[0]
+    conn.execute(
+        ZONES.insert(),
+        [
+            {
+                "drive_id": drive_id,
+                "idx": i,
+                "state": "empty",
+                "band_class": None,
+                "write_pointer": 0,
+                "live_bytes": 0,
+                "garbage_bytes": 0,
+                "resets": 0,
+            }
+            for i in range(zone_count)
+        ],
+    )
     return drive_id
 
 
-def add_emulated(catalog, folder: Path, drive_size: int, zone_size: int, *,
-                 preallocate: bool = True, max_open_zones: int = 0) -> int:
+def add_emulated(
+    catalog,
+    folder: Path,
+    drive_size: int,
+    zone_size: int,
+    *,
+    preallocate: bool = True,
+    max_open_zones: int = 0,
+) -> int:
     """One new zone-file drive in ``folder`` (which must not exist, or be empty) and its catalog
     rows, as ``shingle init`` makes them; returns the drive id. The running data path takes it
     with ``DataPath.add_drive``."""
     folder = Path(folder)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise ConfigError("drives add", str(folder), "a new or empty folder (it becomes the drive)")
-    if isinstance(zone_size, bool) or not isinstance(zone_size, int) or zone_size <= 0 \
-            or zone_size % SECTOR:
+    if (
+        isinstance(zone_size, bool)
+        or not isinstance(zone_size, int)
+        or zone_size <= 0
+        or zone_size % SECTOR
+    ):
         raise ConfigError("drives.zone_size", zone_size, f"a positive multiple of {SECTOR} bytes")
     if drive_size < MIN_ZONES * zone_size:
-        raise ConfigError("drives.drive_size", drive_size,
-                          f"at least {MIN_ZONES} zones of {zone_size} bytes")
+        raise ConfigError(
+            "drives.drive_size", drive_size, f"at least {MIN_ZONES} zones of {zone_size} bytes"
+        )
     if folder.exists():
         folder.rmdir()  # ZoneFileDrive.format makes the folder itself
     zone_count = drive_size // zone_size
     drive_uuid = str(uuidlib.uuid4())
-    drive = ZoneFileDrive.format(folder, zone_size, zone_count, drive_uuid,
-                                 max_open_zones=max_open_zones, preallocate_zones=preallocate)
+    drive = ZoneFileDrive.format(
+        folder,
+        zone_size,
+        zone_count,
+        drive_uuid,
+        max_open_zones=max_open_zones,
+        preallocate_zones=preallocate,
+    )
     drive.close()
-    return catalog.run(lambda conn: _insert_drive(
-        conn, drive_uuid, str(folder.resolve()), "zonefile", zone_size, zone_count,
-        max_open_zones, "zone-file emulation"))
+    return catalog.run(
+        lambda conn: _insert_drive(
+            conn,
+            drive_uuid,
+            str(folder.resolve()),
+            "zonefile",
+            zone_size,
+            zone_count,
+            max_open_zones,
+            "zone-file emulation",
+        )
+    )
 
 
 def add_zoned_block(catalog, device: str) -> int:
     """A host-managed zoned block device as a new drive (its zone report gives the geometry)."""
     from engine.drives.blkzoned import ZonedBlockDrive
+
     drive = ZonedBlockDrive(device)
     try:
         geometry = (drive.zone_size, drive.zone_count)
         label = getattr(drive, "uuid", None) or str(uuidlib.uuid4())
     finally:
         drive.close()
-    return catalog.run(lambda conn: _insert_drive(
-        conn, label, device, "zoned-block", geometry[0], geometry[1], 0, "zoned block device"))
+    return catalog.run(
+        lambda conn: _insert_drive(
+            conn, label, device, "zoned-block", geometry[0], geometry[1], 0, "zoned block device"
+        )
+    )
 
 
 def open_drive(row) -> ZonedDrive:
@@ -157,5 +244,6 @@ def open_drive(row) -> ZonedDrive:
         )
     if row.backend == "zoned-block":
         from engine.drives.blkzoned import ZonedBlockDrive
+
         return ZonedBlockDrive(row.device or row.path)
     raise ConfigError(f"drives.{row.id}.backend", row.backend, "'zonefile' or 'zoned-block'")

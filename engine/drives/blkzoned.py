@@ -6,6 +6,7 @@ followed by the zone array), ``struct blk_zone_range`` (16 bytes). Sizes on
 the wire are 512-byte sectors; this module speaks bytes to its callers.
 Geometry comes from sysfs (queue/zoned, queue/chunk_sectors,
 queue/max_open_zones). Writes go through O_DIRECT at the write pointer."""
+
 from __future__ import annotations
 
 import fcntl
@@ -42,8 +43,16 @@ BLK_ZONE_RANGE = struct.Struct("=QQ")
 
 BLK_ZONE_TYPE_CONVENTIONAL, BLK_ZONE_TYPE_SEQWRITE_REQ, BLK_ZONE_TYPE_SEQWRITE_PREF = 0x1, 0x2, 0x3
 BLK_ZONE_REP_CAPACITY = 1 << 0
-CONDITIONS = {0x0: NOT_WP, 0x1: EMPTY, 0x2: IMPLICIT_OPEN, 0x3: EXPLICIT_OPEN, 0x4: CLOSED,
-              0xD: READ_ONLY, 0xE: FULL, 0xF: OFFLINE}
+CONDITIONS = {
+    0x0: NOT_WP,
+    0x1: EMPTY,
+    0x2: IMPLICIT_OPEN,
+    0x3: EXPLICIT_OPEN,
+    0x4: CLOSED,
+    0xD: READ_ONLY,
+    0xE: FULL,
+    0xF: OFFLINE,
+}
 
 _IOC_NRBITS, _IOC_TYPEBITS, _IOC_SIZEBITS = 8, 8, 14
 _IOC_WRITE, _IOC_READ = 1, 2
@@ -80,10 +89,20 @@ def unpack_report(buf) -> tuple[int, list[dict]]:
     zones = []
     for i in range(count):
         start, length, wp, ztype, cond, non_seq, reset, capacity = BLK_ZONE.unpack_from(
-            buf, BLK_ZONE_REPORT.size + i * BLK_ZONE.size)
-        zones.append({"start": start, "len": length, "wp": wp, "type": ztype, "cond": cond,
-                      "non_seq": non_seq, "reset": reset,
-                      "capacity": capacity if flags & BLK_ZONE_REP_CAPACITY else length})
+            buf, BLK_ZONE_REPORT.size + i * BLK_ZONE.size
+        )
+        zones.append(
+            {
+                "start": start,
+                "len": length,
+                "wp": wp,
+                "type": ztype,
+                "cond": cond,
+                "non_seq": non_seq,
+                "reset": reset,
+                "capacity": capacity if flags & BLK_ZONE_REP_CAPACITY else length,
+            }
+        )
     return flags, zones
 
 
@@ -193,7 +212,7 @@ class ZonedBlockDrive(ZonedDrive):
             # O_DIRECT wants aligned memory and lengths: pad the tail (the zone
             # moves by the padded length)
             buf = mmap.mmap(-1, length)
-            buf[:len(data)] = bytes(data)
+            buf[: len(data)] = bytes(data)
             try:
                 os.pwrite(self.fd, buf, z["start"] * SECTOR + offset)
             except OSError:

@@ -10,6 +10,7 @@ bytes, write amplification, seeks, band rewrites and predicted busy time,
 per drive and in total. This is how the scheduler is judged on machines
 without SMR drives. The model has no media cache: it shows the worst case
 a sustained random-write load reaches once a real drive's cache is full."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

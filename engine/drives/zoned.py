@@ -6,6 +6,7 @@ only below it; a zone is reset as a whole (invariant 1 of ARCHITECTURE.md).
 Backends: ``ZoneFileDrive`` (a directory of zone files) and
 ``ZonedBlockDrive`` (a host-managed device through the kernel's ioctls).
 An ``SmrModel`` attached as ``drive.model`` sees every I/O."""
+
 from __future__ import annotations
 
 import errno
@@ -15,7 +16,15 @@ from engine.errors import FsError
 
 # Conditions, named as in linux/blkzoned.h.
 EMPTY, IMPLICIT_OPEN, EXPLICIT_OPEN, CLOSED, FULL, READ_ONLY, OFFLINE, NOT_WP = (
-    "empty", "implicit_open", "explicit_open", "closed", "full", "read_only", "offline", "not_wp")
+    "empty",
+    "implicit_open",
+    "explicit_open",
+    "closed",
+    "full",
+    "read_only",
+    "offline",
+    "not_wp",
+)
 OPEN_CONDITIONS = (IMPLICIT_OPEN, EXPLICIT_OPEN)
 
 
@@ -60,9 +69,13 @@ class ZonedDrive:
     checksum_errors = 0  # fragments whose crc32c did not match, counted by the data path's reader
 
     def io_counters(self) -> dict[str, int]:
-        return {"read_bytes": self.bytes_read, "written_bytes": self.bytes_written,
-                "read_errors": self.read_errors, "write_errors": self.write_errors,
-                "checksum_errors": self.checksum_errors}
+        return {
+            "read_bytes": self.bytes_read,
+            "written_bytes": self.bytes_written,
+            "read_errors": self.read_errors,
+            "write_errors": self.write_errors,
+            "checksum_errors": self.checksum_errors,
+        }
 
     def report(self) -> list[ZoneInfo]:
         raise NotImplementedError
@@ -116,8 +129,9 @@ class ZonedDrive:
         if not 0 <= idx < self.zone_count:
             raise ZoneError(f"zone {idx}: expected 0-{self.zone_count - 1}", errno.EINVAL)
 
-    def _check_append(self, idx: int, offset: int, length: int, write_pointer: int, capacity: int,
-                      condition: str) -> None:
+    def _check_append(
+        self, idx: int, offset: int, length: int, write_pointer: int, capacity: int, condition: str
+    ) -> None:
         if condition in (FULL, READ_ONLY, OFFLINE):
             raise ZoneError(f"zone {idx} is {condition}: no writes until it is reset")
         if offset != write_pointer:

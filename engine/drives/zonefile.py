@@ -6,6 +6,7 @@ filesystem lays the zone out contiguously while its length still says how
 much was written. The same backend runs shingle on drive-managed SMR or CMR
 disks formatted with XFS/ext4. A ``drive.json`` label names the drive so a
 folder is never mistaken for another drive."""
+
 from __future__ import annotations
 
 import ctypes

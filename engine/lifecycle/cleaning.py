@@ -14,6 +14,7 @@ points into it (invariant 6), through the data path's reclaim. Cleaning may use
 the zones reserved for it (``DataPath.reserve_zones``), so it cannot deadlock on a
 full drive: it needs at most one empty zone per drive to make progress.
 """
+
 from __future__ import annotations
 
 import time
@@ -77,8 +78,14 @@ class CleaningReport:
         return asdict(self)
 
 
-def pick_victims(catalog: Catalog, *, now_ns: int | None = None, band_class: str | None = None,
-                 drive_ids=None, max_utilization: float = MAX_UTILIZATION) -> list[Victim]:
+def pick_victims(
+    catalog: Catalog,
+    *,
+    now_ns: int | None = None,
+    band_class: str | None = None,
+    drive_ids=None,
+    max_utilization: float = MAX_UTILIZATION,
+) -> list[Victim]:
     """Full zones on online drives with garbage in them, best cost-benefit first."""
     now_ns = now_ns or time.time_ns()
 
@@ -107,6 +114,7 @@ def pick_victims(catalog: Catalog, *, now_ns: int | None = None, band_class: str
         if drive_ids is not None:
             query = query.where(ZONES.c.drive_id.in_(list(drive_ids)))
         return conn.execute(query).all()
+
     victims = []
     for row in catalog.read(work):
         if row.live_bytes > max_utilization * row.write_pointer:
@@ -131,8 +139,14 @@ def pick_victims(catalog: Catalog, *, now_ns: int | None = None, band_class: str
 
 
 class Cleaner:
-    def __init__(self, datapath, catalog: Catalog, *, bytes_per_s: float | None = None,
-                 max_utilization: float = MAX_UTILIZATION):
+    def __init__(
+        self,
+        datapath,
+        catalog: Catalog,
+        *,
+        bytes_per_s: float | None = None,
+        max_utilization: float = MAX_UTILIZATION,
+    ):
         self.dp = datapath
         self.catalog = catalog
         self.limiter = RateLimiter(bytes_per_s)
@@ -159,8 +173,12 @@ class Cleaner:
         drive_filter = None
         if target_free_zones is not None:
             drive_filter = [d for d, n in self.free_zones().items() if n < target_free_zones]
-        victims = pick_victims(self.catalog, band_class=band_class, drive_ids=drive_filter,
-                               max_utilization=self.max_utilization)
+        victims = pick_victims(
+            self.catalog,
+            band_class=band_class,
+            drive_ids=drive_filter,
+            max_utilization=self.max_utilization,
+        )
         if max_zones is not None:
             victims = victims[:max_zones]
         tracker = Tracker(sum(v.live_bytes for v in victims), progress, "cleaning")
@@ -213,8 +231,11 @@ class Cleaner:
         return self.dp.space.busy(zone_id)
 
     def _written(self, zone_id: int) -> int:
-        return self.catalog.read(lambda conn: conn.execute(
-            select(ZONES.c.write_pointer).where(ZONES.c.id == zone_id)).scalar_one())
+        return self.catalog.read(
+            lambda conn: conn.execute(
+                select(ZONES.c.write_pointer).where(ZONES.c.id == zone_id)
+            ).scalar_one()
+        )
 
     def _clean_zone(
         self,
@@ -287,8 +308,16 @@ def fragment_and_data(fragment, data: bytes, victim: Victim):
     return (fragment, data, victim.drive_id)
 
 
-def clean(datapath, catalog: Catalog, *, progress: Progress | None = None, actor: str = "system",
-          max_zones: int | None = None, target_free_zones: int | None = None,
-          bytes_per_s: float | None = None) -> CleaningReport:
+def clean(
+    datapath,
+    catalog: Catalog,
+    *,
+    progress: Progress | None = None,
+    actor: str = "system",
+    max_zones: int | None = None,
+    target_free_zones: int | None = None,
+    bytes_per_s: float | None = None,
+) -> CleaningReport:
     return Cleaner(datapath, catalog, bytes_per_s=bytes_per_s).run(
-        progress=progress, actor=actor, max_zones=max_zones, target_free_zones=target_free_zones)
+        progress=progress, actor=actor, max_zones=max_zones, target_free_zones=target_free_zones
+    )

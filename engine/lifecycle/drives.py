@@ -17,6 +17,7 @@ missing -> online | degraded | draining | failed; failed -> removed. A replaced 
 back as a new drive, never as the old id.
 Every change is an event (``drive.state``) in the same transaction.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -104,15 +105,17 @@ def resolve_drive_id(conn: Connection, drive: int | str) -> int:
 
 def list_drives(catalog: Catalog) -> list[DriveStatus]:
     def work(conn):
-        zone_rows = conn.execute(select(
-            ZONES.c.drive_id,
-            func.sum(case((ZONES.c.state == "empty", 1), else_=0)),
-            func.sum(case((ZONES.c.state == "open", 1), else_=0)),
-            func.sum(case((ZONES.c.state == "full", 1), else_=0)),
-            func.coalesce(func.sum(ZONES.c.write_pointer), 0),
-            func.coalesce(func.sum(ZONES.c.live_bytes), 0),
-            func.coalesce(func.sum(ZONES.c.garbage_bytes), 0),
-        ).group_by(ZONES.c.drive_id)).all()
+        zone_rows = conn.execute(
+            select(
+                ZONES.c.drive_id,
+                func.sum(case((ZONES.c.state == "empty", 1), else_=0)),
+                func.sum(case((ZONES.c.state == "open", 1), else_=0)),
+                func.sum(case((ZONES.c.state == "full", 1), else_=0)),
+                func.coalesce(func.sum(ZONES.c.write_pointer), 0),
+                func.coalesce(func.sum(ZONES.c.live_bytes), 0),
+                func.coalesce(func.sum(ZONES.c.garbage_bytes), 0),
+            ).group_by(ZONES.c.drive_id)
+        ).all()
         zones = {row[0]: row[1:] for row in zone_rows}
         counts = dict(
             conn.execute(
@@ -146,6 +149,7 @@ def list_drives(catalog: Catalog) -> list[DriveStatus]:
                 )
             )
         return out
+
     return catalog.read(work)
 
 
@@ -154,8 +158,9 @@ def get_drive(catalog: Catalog, drive: int | str) -> DriveStatus:
     return next(d for d in list_drives(catalog) if d.id == drive_id)
 
 
-def set_drive_state_in(conn: Connection, drive: int | str, state: str, *, actor: str = "system",
-                       reason: str = "") -> tuple[str, str]:
+def set_drive_state_in(
+    conn: Connection, drive: int | str, state: str, *, actor: str = "system", reason: str = ""
+) -> tuple[str, str]:
     """Change a drive's state inside the caller's transaction; returns (old, new)."""
     if state not in STATES:
         raise errors.InvalidArgument(f"drive state {state!r}: expected one of {', '.join(STATES)}")
@@ -169,16 +174,22 @@ def set_drive_state_in(conn: Connection, drive: int | str, state: str, *, actor:
             f"drive {drive_id} is {old}: it cannot become {state} (allowed: {allowed})"
         )
     if old == DRAINING and state == REMOVED:
-        left = conn.execute(select(func.count()).select_from(FRAGMENTS)
-                            .where(FRAGMENTS.c.drive_id == drive_id)).scalar_one()
+        left = conn.execute(
+            select(func.count()).select_from(FRAGMENTS).where(FRAGMENTS.c.drive_id == drive_id)
+        ).scalar_one()
         if left:
             raise errors.NotEmpty(
                 f"drive {drive_id} still holds {left} fragments: let the drain finish "
                 "(`shingle rebuild`) before removing it"
             )
     conn.execute(DRIVES.update().where(DRIVES.c.id == drive_id).values(state=state))
-    severity = ("error" if state in (FAILED, MISSING)
-                else "warning" if state in (DEGRADED, REMOVED) else "info")
+    severity = (
+        "error"
+        if state in (FAILED, MISSING)
+        else "warning"
+        if state in (DEGRADED, REMOVED)
+        else "info"
+    )
     record_in(
         conn,
         "drive.state",
@@ -190,15 +201,20 @@ def set_drive_state_in(conn: Connection, drive: int | str, state: str, *, actor:
     return old, state
 
 
-def set_drive_state(catalog: Catalog, drive: int | str, state: str, *, actor: str = "system",
-                    reason: str = "") -> tuple[str, str]:
+def set_drive_state(
+    catalog: Catalog, drive: int | str, state: str, *, actor: str = "system", reason: str = ""
+) -> tuple[str, str]:
     return catalog.run(
         lambda conn: set_drive_state_in(conn, drive, state, actor=actor, reason=reason)
     )
 
 
-def fail_drive(catalog: Catalog, drive: int | str, actor: str = "system",
-               reason: str = "marked failed by an admin") -> tuple[str, str]:
+def fail_drive(
+    catalog: Catalog,
+    drive: int | str,
+    actor: str = "system",
+    reason: str = "marked failed by an admin",
+) -> tuple[str, str]:
     """Stop using a drive now: its fragments count as missing until rebuild replaces them."""
     return set_drive_state(catalog, drive, FAILED, actor=actor, reason=reason)
 
@@ -230,13 +246,15 @@ def redundancy_status_in(conn: Connection) -> RedundancyStatus:
         .group_by(STRIPES.c.id, STRIPES.c.k, STRIPES.c.m)
     ).subquery()
     width = per_stripe.c.k + per_stripe.c.m
-    row = conn.execute(select(
-        func.count(),
-        func.coalesce(func.sum(case((per_stripe.c.readable < width, 1), else_=0)), 0),
-        func.coalesce(func.sum(case((per_stripe.c.readable == per_stripe.c.k, 1), else_=0)), 0),
-        func.coalesce(func.sum(case((per_stripe.c.readable < per_stripe.c.k, 1), else_=0)), 0),
-        func.coalesce(func.sum(case((per_stripe.c.draining > 0, 1), else_=0)), 0),
-    ).select_from(per_stripe)).one()
+    row = conn.execute(
+        select(
+            func.count(),
+            func.coalesce(func.sum(case((per_stripe.c.readable < width, 1), else_=0)), 0),
+            func.coalesce(func.sum(case((per_stripe.c.readable == per_stripe.c.k, 1), else_=0)), 0),
+            func.coalesce(func.sum(case((per_stripe.c.readable < per_stripe.c.k, 1), else_=0)), 0),
+            func.coalesce(func.sum(case((per_stripe.c.draining > 0, 1), else_=0)), 0),
+        ).select_from(per_stripe)
+    ).one()
     return RedundancyStatus(*(int(v) for v in row))
 
 

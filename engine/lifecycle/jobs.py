@@ -9,6 +9,7 @@ The tiering policy is read from the catalog settings at each run
 (``tiering.<TieringPolicy field>`` and ``tiering.path_rules``, which the web UI
 edits), so a change applies at the next round without a restart.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,9 +44,16 @@ def tiering_policy(catalog: Catalog) -> TieringPolicy:
     return TieringPolicy(**values).validate()
 
 
-def runners(namespace, datapath, catalog: Catalog, *, reads: ReadTracker | None = None,
-            scrub_bytes_per_s: float | None = None, rebuild_bytes_per_s: float | None = None,
-            clean_bytes_per_s: float | None = None) -> dict[str, Runner]:
+def runners(
+    namespace,
+    datapath,
+    catalog: Catalog,
+    *,
+    reads: ReadTracker | None = None,
+    scrub_bytes_per_s: float | None = None,
+    rebuild_bytes_per_s: float | None = None,
+    clean_bytes_per_s: float | None = None,
+) -> dict[str, Runner]:
     def tier(params, progress, actor):
         policy = tiering_policy(catalog)
         return (
@@ -56,37 +64,72 @@ def runners(namespace, datapath, catalog: Catalog, *, reads: ReadTracker | None 
 
     def clean(params, progress, actor):
         report = Cleaner(datapath, catalog, bytes_per_s=clean_bytes_per_s).run(
-            progress=progress, actor=actor, max_zones=params.get("max_zones"),
-            target_free_zones=params.get("target_free_zones"))
+            progress=progress,
+            actor=actor,
+            max_zones=params.get("max_zones"),
+            target_free_zones=params.get("target_free_zones"),
+        )
         return report.to_dict()
 
     def scrub(params, progress, actor):
         report = Scrubber(datapath, catalog, bytes_per_s=scrub_bytes_per_s).run(
-            progress=progress, actor=actor, drive_id=params.get("drive"))
+            progress=progress, actor=actor, drive_id=params.get("drive")
+        )
         return report.to_dict()
 
     def rebuild(params, progress, actor):
         report = Rebuilder(datapath, catalog, bytes_per_s=rebuild_bytes_per_s).run(
-            progress=progress, actor=actor)
+            progress=progress, actor=actor
+        )
         return replace.rebuild_report(datapath, report)
 
     def drain(params, progress, actor):
-        report = drain_drive(datapath, catalog, params["drive"], progress=progress, actor=actor,
-                             bytes_per_s=rebuild_bytes_per_s)
+        report = drain_drive(
+            datapath,
+            catalog,
+            params["drive"],
+            progress=progress,
+            actor=actor,
+            bytes_per_s=rebuild_bytes_per_s,
+        )
         return replace.rebuild_report(datapath, report)
 
     def drive_options(params) -> dict:
-        return {"size": params.get("size"), "zone_size": params.get("zone_size"),
-                "preallocate": params.get("preallocate", True)}
+        return {
+            "size": params.get("size"),
+            "zone_size": params.get("zone_size"),
+            "preallocate": params.get("preallocate", True),
+        }
 
     def drive_add(params, progress, actor):
-        return replace.add_drive(datapath, catalog, params["path"], **drive_options(params),
-                                 progress=progress, actor=actor, bytes_per_s=rebuild_bytes_per_s)
+        return replace.add_drive(
+            datapath,
+            catalog,
+            params["path"],
+            **drive_options(params),
+            progress=progress,
+            actor=actor,
+            bytes_per_s=rebuild_bytes_per_s,
+        )
 
     def drive_replace(params, progress, actor):
-        return replace.replace_drive(datapath, catalog, params["old"], params["path"],
-                                     **drive_options(params), progress=progress, actor=actor,
-                                     bytes_per_s=rebuild_bytes_per_s)
+        return replace.replace_drive(
+            datapath,
+            catalog,
+            params["old"],
+            params["path"],
+            **drive_options(params),
+            progress=progress,
+            actor=actor,
+            bytes_per_s=rebuild_bytes_per_s,
+        )
 
-    return {"tier": tier, "clean": clean, "scrub": scrub, "rebuild": rebuild, "drain": drain,
-            "drive-add": drive_add, "drive-replace": drive_replace}
+    return {
+        "tier": tier,
+        "clean": clean,
+        "scrub": scrub,
+        "rebuild": rebuild,
+        "drain": drain,
+        "drive-add": drive_add,
+        "drive-replace": drive_replace,
+    }

@@ -15,6 +15,7 @@ A claimed zone is pinned (``Space.claim``) so the data path never resets it;
 goes through the data path's public parts: ``dp.space`` (zones, pins, claims) and
 ``dp.writers`` (the drives' queues, with a ``WriteTicket`` the appending job waits on).
 """
+
 from __future__ import annotations
 
 import time
@@ -87,8 +88,13 @@ class Media:
             # a drive whose open lifecycle zone still has room counts too
             for (drive_id, _cls), zone in self._open.items():
                 d = self.space.drives.get(drive_id)
-                if d is not None and d.writable() and drive_id not in exclude \
-                        and zone.wp < d.zone_size and all(i != drive_id for _n, i in found):
+                if (
+                    d is not None
+                    and d.writable()
+                    and drive_id not in exclude
+                    and zone.wp < d.zone_size
+                    and all(i != drive_id for _n, i in found)
+                ):
                     found.append((0, drive_id))
         return [drive_id for _n, drive_id in sorted(found, key=lambda t: (-t[0], t[1]))]
 
@@ -163,8 +169,14 @@ class Media:
             raise
 
     # -- appends ----------------------------------------------------------------------------
-    def append(self, band_class: str, items: list[tuple[int, bytes]], *, purpose: str = "relocate",
-               use_reserve: bool = False) -> list[Placement]:
+    def append(
+        self,
+        band_class: str,
+        items: list[tuple[int, bytes]],
+        *,
+        purpose: str = "relocate",
+        use_reserve: bool = False,
+    ) -> list[Placement]:
         """Append each (drive id, fragment bytes) to our open zone of that drive and class.
 
         Returns when every byte is durable. On an error nothing is left reserved and the
@@ -182,8 +194,11 @@ class Media:
                         )
                     zone = self._claim(drive, band_class, purpose, len(data), use_reserve)
                     offset = self.space.take(zone, len(data))
-                    placements.append(Placement(drive_id, zone.id, zone.idx, offset, len(data),
-                                                crc32c.crc32c(data)))
+                    placements.append(
+                        Placement(
+                            drive_id, zone.id, zone.idx, offset, len(data), crc32c.crc32c(data)
+                        )
+                    )
                     # queued at once: a later item may close this zone, and its
                     # "finish" must come after
                     self.writers.append(drive, zone.idx, offset, data, ticket)
@@ -284,8 +299,11 @@ def move_fragments(conn, moves: list[tuple[int, int, int, Placement]]) -> list[i
     stripe_ids = sorted({r.stripe_id for r in rows.values()})
     stripes = {}
     for part in range(0, len(stripe_ids), 400):
-        for r in conn.execute(select(STRIPES.c.id, STRIPES.c.live_bytes, STRIPES.c.data_length)
-                              .where(STRIPES.c.id.in_(stripe_ids[part:part + 400]))):
+        for r in conn.execute(
+            select(STRIPES.c.id, STRIPES.c.live_bytes, STRIPES.c.data_length).where(
+                STRIPES.c.id.in_(stripe_ids[part : part + 400])
+            )
+        ):
             stripes[r.id] = r
     updates, moved = [], []
     zone_delta: dict[int, int] = {}
@@ -293,8 +311,13 @@ def move_fragments(conn, moves: list[tuple[int, int, int, Placement]]) -> list[i
         row = rows.get(fragment_id)
         # ids can be handed out again (SQLite): the place and the checksum must
         # match the copied one too
-        if row is None or row.zone_id != expect_zone or row.zone_offset != expect_offset \
-                or row.length != placement.length or row.checksum != placement.checksum:
+        if (
+            row is None
+            or row.zone_id != expect_zone
+            or row.zone_offset != expect_offset
+            or row.length != placement.length
+            or row.checksum != placement.checksum
+        ):
             continue
         stripe = stripes.get(row.stripe_id)
         share = live_share(row.length, stripe.live_bytes, stripe.data_length) if stripe else 0
@@ -325,9 +348,15 @@ def move_fragments(conn, moves: list[tuple[int, int, int, Placement]]) -> list[i
         )
     changes = [{"b_id": z, "b_d": d} for z, d in zone_delta.items() if d]
     if changes:
-        conn.execute(ZONES.update().where(ZONES.c.id == bindparam("b_id")).values(
-            live_bytes=ZONES.c.live_bytes + bindparam("b_d"),
-            garbage_bytes=ZONES.c.garbage_bytes - bindparam("b_d")), changes)
+        conn.execute(
+            ZONES.update()
+            .where(ZONES.c.id == bindparam("b_id"))
+            .values(
+                live_bytes=ZONES.c.live_bytes + bindparam("b_d"),
+                garbage_bytes=ZONES.c.garbage_bytes - bindparam("b_d"),
+            ),
+            changes,
+        )
     return moved
 
 

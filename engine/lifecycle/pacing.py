@@ -4,6 +4,7 @@ A job calls ``limiter.spend(nbytes)`` after each unit of work; the limiter sleep
 just enough to keep the average at the configured rate. ``Tracker`` turns
 (done, total) into the ``progress(done, total, message)`` callbacks the CLI and web
 UI show, with an ETA from the measured rate."""
+
 from __future__ import annotations
 
 import time
@@ -21,9 +22,15 @@ class RateLimiter:
     A rate of 0 or None means unlimited. ``burst_s`` lets a job run ahead by that much
     time after an idle spell, and no more."""
 
-    def __init__(self, bytes_per_s: float | None = None, items_per_s: float | None = None, *,
-                 burst_s: float = 0.5, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        bytes_per_s: float | None = None,
+        items_per_s: float | None = None,
+        *,
+        burst_s: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         for name, value in (("bytes_per_s", bytes_per_s), ("items_per_s", items_per_s)):
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
@@ -61,8 +68,16 @@ class RateLimiter:
 class Tracker:
     """Counts done work against a total and reports it with throughput and ETA."""
 
-    def __init__(self, total: int, progress: Progress | None, what: str, *, unit: str = "bytes",
-                 every_s: float = 0.5, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        total: int,
+        progress: Progress | None,
+        what: str,
+        *,
+        unit: str = "bytes",
+        every_s: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.total = total
         self.done = 0
         self.progress = progress
@@ -89,8 +104,10 @@ class Tracker:
 
     def message(self) -> str:
         if self.unit == "bytes":
-            text = (f"{self.what}: {format_size(self.done)} of {format_size(self.total)}, "
-                    f"{self.rate / 1e6:.1f} MB/s")
+            text = (
+                f"{self.what}: {format_size(self.done)} of {format_size(self.total)}, "
+                f"{self.rate / 1e6:.1f} MB/s"
+            )
         else:
             text = f"{self.what}: {self.done}/{self.total} {self.unit}"
         eta = self.eta_s

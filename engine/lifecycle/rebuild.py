@@ -13,6 +13,7 @@ Stripes are processed in batches: the batch's fragments are written in parallel
 limited (bytes/s), reports progress with an ETA, and ends with the redundancy
 status (how many stripes still run with reduced redundancy).
 """
+
 from __future__ import annotations
 
 import time
@@ -74,14 +75,21 @@ def _stripe_pool() -> ThreadPoolExecutor:
 
 def pending_work(catalog: Catalog, drive_id: int | None = None) -> tuple[int, int, int]:
     """(stripes, fragments, bytes) waiting on failed, removed or draining drives."""
+
     def work(conn):
-        query = (select(func.count(func.distinct(FRAGMENTS.c.stripe_id)), func.count(),
-                        func.coalesce(func.sum(FRAGMENTS.c.length), 0))
-                 .select_from(FRAGMENTS.join(DRIVES, DRIVES.c.id == FRAGMENTS.c.drive_id))
-                 .where(DRIVES.c.state.in_(LOST_STATES + (drive_states.DRAINING,))))
+        query = (
+            select(
+                func.count(func.distinct(FRAGMENTS.c.stripe_id)),
+                func.count(),
+                func.coalesce(func.sum(FRAGMENTS.c.length), 0),
+            )
+            .select_from(FRAGMENTS.join(DRIVES, DRIVES.c.id == FRAGMENTS.c.drive_id))
+            .where(DRIVES.c.state.in_(LOST_STATES + (drive_states.DRAINING,)))
+        )
         if drive_id is not None:
             query = query.where(FRAGMENTS.c.drive_id == drive_id)
         return tuple(int(v) for v in conn.execute(query).one())
+
     return catalog.read(work)
 
 
@@ -91,8 +99,13 @@ class Rebuilder:
         self.catalog = catalog
         self.limiter = RateLimiter(bytes_per_s)
 
-    def run(self, *, progress: Progress | None = None, actor: str = "system",
-            drive_id: int | None = None) -> RebuildReport:
+    def run(
+        self,
+        *,
+        progress: Progress | None = None,
+        actor: str = "system",
+        drive_id: int | None = None,
+    ) -> RebuildReport:
         started = time.monotonic()
         self.dp.refresh_drive_states()
         report = RebuildReport()
@@ -103,6 +116,7 @@ class Rebuilder:
         done: set[int] = set()  # stripes already handled (or given up) in this run
         try:
             while True:
+
                 def next_batch(conn):
                     query = (
                         select(FRAGMENTS.c.stripe_id)
@@ -118,6 +132,7 @@ class Rebuilder:
                     ids = list(conn.execute(query.limit(STRIPES_PER_BATCH)).scalars())
                     states = dict(conn.execute(select(DRIVES.c.id, DRIVES.c.state)).all())
                     return load_stripes(conn, ids), states
+
                 stripes, states = self.catalog.read(next_batch)
                 if not stripes:
                     break
@@ -169,8 +184,16 @@ class Rebuilder:
         rebuilt = fixer.rebuild(stripe, lost, good=drain) if lost else {}
         return lost, {**drain, **rebuilt}
 
-    def _batch(self, stripes, states, media: Media, fixer: Reconstructor, report: RebuildReport,
-               tracker: Tracker, only_drive: int | None) -> None:
+    def _batch(
+        self,
+        stripes,
+        states,
+        media: Media,
+        fixer: Reconstructor,
+        report: RebuildReport,
+        tracker: Tracker,
+        only_drive: int | None,
+    ) -> None:
         moves_by_class: dict[str, list] = {}
 
         def prepare(stripe):
@@ -178,6 +201,7 @@ class Rebuilder:
                 return self._prepare(stripe, states, media, fixer, only_drive)
             except errors.IOFailure as exc:
                 return exc
+
         # stripes are read and decoded in parallel (each stripe's fragment reads are parallel too)
         for n, (stripe, result) in enumerate(
             zip(stripes, _stripe_pool().map(prepare, stripes), strict=True)
@@ -197,10 +221,11 @@ class Rebuilder:
                 most = media.empty_zones(candidates[0])
                 top = [d for d in candidates if media.empty_zones(d) >= most - 1]
                 shift = n % len(top)
-                candidates = top[shift:] + top[:shift] + candidates[len(top):]
+                candidates = top[shift:] + top[:shift] + candidates[len(top) :]
             for target, (idx, data) in zip(candidates, sorted(wanted.items()), strict=False):
                 moves_by_class.setdefault(stripe.band_class, []).append(
-                    (stripe.fragments[idx], data, target, idx in lost))
+                    (stripe.fragments[idx], data, target, idx in lost)
+                )
             report.unplaced += max(len(wanted) - len(candidates), 0)
         for band_class, moves in moves_by_class.items():
             try:
@@ -231,12 +256,20 @@ class Rebuilder:
                 .all()
             )
             for drive_id in draining:
-                left = conn.execute(select(func.count()).select_from(FRAGMENTS)
-                                    .where(FRAGMENTS.c.drive_id == drive_id)).scalar_one()
+                left = conn.execute(
+                    select(func.count())
+                    .select_from(FRAGMENTS)
+                    .where(FRAGMENTS.c.drive_id == drive_id)
+                ).scalar_one()
                 if left:
                     continue
-                drive_states.set_drive_state_in(conn, drive_id, drive_states.REMOVED, actor=actor,
-                                                reason="drained: no fragment left on it")
+                drive_states.set_drive_state_in(
+                    conn,
+                    drive_id,
+                    drive_states.REMOVED,
+                    actor=actor,
+                    reason="drained: no fragment left on it",
+                )
                 record_in(
                     conn,
                     "drive.drained",
@@ -246,22 +279,37 @@ class Rebuilder:
                 )
                 drained.append(drive_id)
             return drained
+
         report.drives_drained = self.catalog.run(work)
         if report.drives_drained:
             self.dp.refresh_drive_states()
 
 
-def rebuild(datapath, catalog: Catalog, *, progress: Progress | None = None, actor: str = "system",
-            bytes_per_s: float | None = None) -> RebuildReport:
+def rebuild(
+    datapath,
+    catalog: Catalog,
+    *,
+    progress: Progress | None = None,
+    actor: str = "system",
+    bytes_per_s: float | None = None,
+) -> RebuildReport:
     """Rebuild every fragment on failed/removed drives and move everything off draining ones."""
     return Rebuilder(datapath, catalog, bytes_per_s=bytes_per_s).run(progress=progress, actor=actor)
 
 
-def drain_drive(datapath, catalog: Catalog, drive: int | str, *, progress: Progress | None = None,
-                actor: str = "system", bytes_per_s: float | None = None) -> RebuildReport:
+def drain_drive(
+    datapath,
+    catalog: Catalog,
+    drive: int | str,
+    *,
+    progress: Progress | None = None,
+    actor: str = "system",
+    bytes_per_s: float | None = None,
+) -> RebuildReport:
     """Mark a drive draining and move every fragment off it; it ends ``removed`` when empty."""
     old, _new = drive_states.start_drain(catalog, drive, actor=actor)
     drive_id = drive_states.get_drive(catalog, drive).id
     datapath.refresh_drive_states()
-    return Rebuilder(datapath, catalog, bytes_per_s=bytes_per_s).run(progress=progress, actor=actor,
-                                                                     drive_id=drive_id)
+    return Rebuilder(datapath, catalog, bytes_per_s=bytes_per_s).run(
+        progress=progress, actor=actor, drive_id=drive_id
+    )

@@ -8,6 +8,7 @@
 - ``relocate``: write fragment bytes to new places and repoint the fragments in one
   durable catalog transaction, moving their live share between zones.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -116,6 +117,7 @@ class Reconstructor:
         key = (stripe.k, stripe.m, stripe.backend)
         if key not in self._drivers:
             from pyeclib.ec_iface import ECDriver
+
             self._drivers[key] = ECDriver(k=stripe.k, m=stripe.m, ec_type=stripe.backend)
         return self._drivers[key]
 
@@ -141,7 +143,7 @@ class Reconstructor:
         candidates = [i for i in sorted(stripe.fragments) if i not in wanted and i not in good]
         while len(good) < need and candidates:
             # fetch what is still missing in parallel (one read per drive), more only if some fail
-            batch, candidates = candidates[:need - len(good)], candidates[need - len(good):]
+            batch, candidates = candidates[: need - len(good)], candidates[need - len(good) :]
             for idx, data in zip(
                 batch, _pool().map(self.fetch, [stripe.fragments[i] for i in batch]), strict=True
             ):
@@ -173,8 +175,16 @@ class Reconstructor:
         return out
 
 
-def relocate(media: Media, catalog, band_class: str, moves: list[tuple[FragmentRow, bytes, int]], *,
-             purpose: str, use_reserve: bool = False, also: Callable | None = None) -> int:
+def relocate(
+    media: Media,
+    catalog,
+    band_class: str,
+    moves: list[tuple[FragmentRow, bytes, int]],
+    *,
+    purpose: str,
+    use_reserve: bool = False,
+    also: Callable | None = None,
+) -> int:
     """Write each (fragment, bytes, target drive) and repoint the fragments in one durable
     transaction (``also(conn, moved)`` runs in it too). Returns how many were repointed;
     a fragment that changed meanwhile is left alone and its new copy is garbage."""
@@ -204,6 +214,7 @@ def relocate(media: Media, catalog, band_class: str, moves: list[tuple[FragmentR
         if also is not None:
             also(conn, moved)
         return moved
+
     try:
         moved = catalog.run(work, durable=True)
     except BaseException:

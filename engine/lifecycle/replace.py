@@ -11,6 +11,7 @@ fragment it becomes ``removed``.
 Both end with the redundancy status. Stripes still under-protected afterwards (too few drives
 for a stripe's width, no room, fewer than k fragments left) are reported as ``warnings``, and
 the job that ran this ends "done with warnings" (engine/jobs.py), saying how many and why."""
+
 from __future__ import annotations
 
 import os
@@ -34,19 +35,30 @@ FRAGMENTS = Fragment.__table__
 
 def default_geometry(catalog: Catalog) -> tuple[int, int]:
     """(drive size, zone size) of the drives in use: a new emulated drive matches them."""
-    rows = catalog.read(lambda conn: conn.execute(
-        select(DRIVES.c.zone_size, DRIVES.c.zone_count)
-        .where(DRIVES.c.state != drive_states.REMOVED)).all())
+    rows = catalog.read(
+        lambda conn: conn.execute(
+            select(DRIVES.c.zone_size, DRIVES.c.zone_count).where(
+                DRIVES.c.state != drive_states.REMOVED
+            )
+        ).all()
+    )
     if not rows:
-        raise errors.InvalidArgument("no drive to copy the geometry of: give --size and "
-                                     "--zone-size")
+        raise errors.InvalidArgument(
+            "no drive to copy the geometry of: give --size and --zone-size"
+        )
     zone_size, zone_count = Counter((r.zone_size, r.zone_count) for r in rows).most_common(1)[0][0]
     return zone_size * zone_count, zone_size
 
 
-def make_drive(catalog: Catalog, path: str, *, size: int | None = None,
-               zone_size: int | None = None, preallocate: bool = True,
-               min_zone_size: int = 0) -> int:
+def make_drive(
+    catalog: Catalog,
+    path: str,
+    *,
+    size: int | None = None,
+    zone_size: int | None = None,
+    preallocate: bool = True,
+    min_zone_size: int = 0,
+) -> int:
     """A new drive in the catalog from PATH: a block device, or a new folder of zone files.
     ``min_zone_size``: the largest fragment of the band classes (each must fit a zone)."""
     try:
@@ -55,8 +67,11 @@ def make_drive(catalog: Catalog, path: str, *, size: int | None = None,
         mode = None
     if mode is not None and stat.S_ISBLK(mode):
         return add_zoned_block(catalog, path)
-    taken = catalog.read(lambda conn: conn.execute(
-        select(DRIVES.c.id).where(DRIVES.c.path == str(Path(path).resolve()))).scalar())
+    taken = catalog.read(
+        lambda conn: conn.execute(
+            select(DRIVES.c.id).where(DRIVES.c.path == str(Path(path).resolve()))
+        ).scalar()
+    )
     if taken is not None:
         raise errors.InvalidArgument(f"{path} is already drive {taken}")
     if size and zone_size:
@@ -65,8 +80,9 @@ def make_drive(catalog: Catalog, path: str, *, size: int | None = None,
         default_size, default_zone = default_geometry(catalog)
         drive_size, zone = size or default_size, zone_size or default_zone
     if zone < min_zone_size:
-        raise errors.InvalidArgument(f"zone size {zone}: expected at least "
-                                     f"{min_zone_size} bytes (the largest fragment)")
+        raise errors.InvalidArgument(
+            f"zone size {zone}: expected at least {min_zone_size} bytes (the largest fragment)"
+        )
     return add_emulated(catalog, Path(path), drive_size, zone, preallocate=preallocate)
 
 
@@ -80,17 +96,24 @@ def under_protection_warnings(datapath, report: RebuildReport) -> list[str]:
     widest = max(p.width for p in datapath.policies.values())
     why = []
     if writable < widest:
-        why.append(f"only {writable} drives take writes and the widest stripe needs {widest} "
-                   "different drives: add drives (`shingle drives add PATH`)")
+        why.append(
+            f"only {writable} drives take writes and the widest stripe needs {widest} "
+            "different drives: add drives (`shingle drives add PATH`)"
+        )
     if report.unplaced and writable >= widest:
-        why.append(f"{report.unplaced} fragments found no drive with room: free space or add "
-                   "drives")
+        why.append(
+            f"{report.unplaced} fragments found no drive with room: free space or add drives"
+        )
     if report.unrecoverable:
-        why.append(f"{len(report.unrecoverable)} stripes have fewer readable fragments than they "
-                   "need and cannot be rebuilt")
+        why.append(
+            f"{len(report.unrecoverable)} stripes have fewer readable fragments than they "
+            "need and cannot be rebuilt"
+        )
     if not why:
-        why.append("their fragments' drives are missing or degraded (not rebuilt until failed: "
-                   "`shingle drives fail ID` or `drives replace`)")
+        why.append(
+            "their fragments' drives are missing or degraded (not rebuilt until failed: "
+            "`shingle drives fail ID` or `drives replace`)"
+        )
     return [f"{reduced} stripes still under-protected: " + "; ".join(why)]
 
 
@@ -101,16 +124,37 @@ def rebuild_report(datapath, report: RebuildReport, **extra) -> dict:
     return out
 
 
-def add_drive(datapath, catalog: Catalog, path: str, *, size: int | None = None,
-              zone_size: int | None = None, preallocate: bool = True, progress=None,
-              actor: str = "system", bytes_per_s: float | None = None) -> dict:
-    drive_id = make_drive(catalog, path, size=size, zone_size=zone_size, preallocate=preallocate,
-                          min_zone_size=datapath.max_fragment)
+def add_drive(
+    datapath,
+    catalog: Catalog,
+    path: str,
+    *,
+    size: int | None = None,
+    zone_size: int | None = None,
+    preallocate: bool = True,
+    progress=None,
+    actor: str = "system",
+    bytes_per_s: float | None = None,
+) -> dict:
+    drive_id = make_drive(
+        catalog,
+        path,
+        size=size,
+        zone_size=zone_size,
+        preallocate=preallocate,
+        min_zone_size=datapath.max_fragment,
+    )
     datapath.add_drive(drive_id)
-    record(catalog, "drive.added", f"drive {drive_id} added ({path})", actor=actor,
-           details={"drive_id": drive_id, "path": path})
-    report = Rebuilder(datapath, catalog, bytes_per_s=bytes_per_s).run(progress=progress,
-                                                                       actor=actor)
+    record(
+        catalog,
+        "drive.added",
+        f"drive {drive_id} added ({path})",
+        actor=actor,
+        details={"drive_id": drive_id, "path": path},
+    )
+    report = Rebuilder(datapath, catalog, bytes_per_s=bytes_per_s).run(
+        progress=progress, actor=actor
+    )
     return rebuild_report(datapath, report, drive=drive_id)
 
 
@@ -125,34 +169,64 @@ def retire_state(state: str) -> str | None:
     raise errors.InvalidArgument(f"drive is {state}: there is nothing left to replace")
 
 
-def replace_drive(datapath, catalog: Catalog, old: int | str, path: str, *,
-                  size: int | None = None, zone_size: int | None = None, preallocate: bool = True,
-                  progress=None, actor: str = "system",
-                  bytes_per_s: float | None = None) -> dict:
+def replace_drive(
+    datapath,
+    catalog: Catalog,
+    old: int | str,
+    path: str,
+    *,
+    size: int | None = None,
+    zone_size: int | None = None,
+    preallocate: bool = True,
+    progress=None,
+    actor: str = "system",
+    bytes_per_s: float | None = None,
+) -> dict:
     current = drive_states.get_drive(catalog, old)
     target = retire_state(current.state)  # refuse before making anything
-    drive_id = make_drive(catalog, path, size=size, zone_size=zone_size, preallocate=preallocate,
-                          min_zone_size=datapath.max_fragment)
+    drive_id = make_drive(
+        catalog,
+        path,
+        size=size,
+        zone_size=zone_size,
+        preallocate=preallocate,
+        min_zone_size=datapath.max_fragment,
+    )
     datapath.add_drive(drive_id)
     if target is not None:
-        drive_states.set_drive_state(catalog, current.id, target, actor=actor,
-                                     reason=f"replaced by drive {drive_id}")
+        drive_states.set_drive_state(
+            catalog, current.id, target, actor=actor, reason=f"replaced by drive {drive_id}"
+        )
     datapath.refresh_drive_states()
-    record(catalog, "drive.replace", f"drive {current.id} is being replaced by drive {drive_id} "
-           f"({path})", actor=actor, details={"old": current.id, "new": drive_id, "path": path})
-    report = Rebuilder(datapath, catalog, bytes_per_s=bytes_per_s).run(progress=progress,
-                                                                       actor=actor)
+    record(
+        catalog,
+        "drive.replace",
+        f"drive {current.id} is being replaced by drive {drive_id} ({path})",
+        actor=actor,
+        details={"old": current.id, "new": drive_id, "path": path},
+    )
+    report = Rebuilder(datapath, catalog, bytes_per_s=bytes_per_s).run(
+        progress=progress, actor=actor
+    )
 
     def retire(conn):
         state = conn.execute(select(DRIVES.c.state).where(DRIVES.c.id == current.id)).scalar_one()
-        left = conn.execute(select(func.count()).select_from(FRAGMENTS)
-                            .where(FRAGMENTS.c.drive_id == current.id)).scalar_one()
+        left = conn.execute(
+            select(func.count()).select_from(FRAGMENTS).where(FRAGMENTS.c.drive_id == current.id)
+        ).scalar_one()
         if state == drive_states.FAILED and not left:
-            drive_states.set_drive_state_in(conn, current.id, drive_states.REMOVED, actor=actor,
-                                            reason=f"replaced by drive {drive_id}")
+            drive_states.set_drive_state_in(
+                conn,
+                current.id,
+                drive_states.REMOVED,
+                actor=actor,
+                reason=f"replaced by drive {drive_id}",
+            )
             return drive_states.REMOVED
         return state
+
     old_state = catalog.run(retire)
     datapath.refresh_drive_states()
-    return rebuild_report(datapath, report, drive=drive_id, replaced=current.id,
-                          replaced_state=old_state)
+    return rebuild_report(
+        datapath, report, drive=drive_id, replaced=current.id, replaced_state=old_state
+    )

@@ -12,6 +12,7 @@ bytes become garbage for cleaning. Fragments on drives that are failed or missin
 are rebuild's work and only counted here. Like Swift's auditor the scrub is rate
 limited in bytes/s and fragments/s, and every repair or loss is an event.
 """
+
 from __future__ import annotations
 
 import time
@@ -55,14 +56,25 @@ class ScrubReport:
 
 
 class Scrubber:
-    def __init__(self, datapath, catalog, *, bytes_per_s: float | None = None,
-                 fragments_per_s: float | None = None):
+    def __init__(
+        self,
+        datapath,
+        catalog,
+        *,
+        bytes_per_s: float | None = None,
+        fragments_per_s: float | None = None,
+    ):
         self.dp = datapath
         self.catalog = catalog
         self.limiter = RateLimiter(bytes_per_s, fragments_per_s)
 
-    def run(self, *, progress: Progress | None = None, actor: str = "system",
-            drive_id: int | None = None) -> ScrubReport:
+    def run(
+        self,
+        *,
+        progress: Progress | None = None,
+        actor: str = "system",
+        drive_id: int | None = None,
+    ) -> ScrubReport:
         """Verify every fragment (of one drive, or all); returns what was found and done."""
         started = time.monotonic()
         report = ScrubReport()
@@ -77,11 +89,13 @@ class Scrubber:
             if drive_id is not None:
                 query = query.where(FRAGMENTS.c.drive_id == drive_id)
             return conn.execute(query).one()
+
         count, nbytes = self.catalog.read(total)
         tracker = Tracker(int(nbytes), progress, "scrub")
         after = 0
         try:
             while True:
+
                 def page(conn, after=after):
                     query = (
                         select(FRAGMENTS)
@@ -92,6 +106,7 @@ class Scrubber:
                     if drive_id is not None:
                         query = query.where(FRAGMENTS.c.drive_id == drive_id)
                     return [fragment_row(r) for r in conn.execute(query)]
+
                 batch = self.catalog.read(page)
                 if not batch:
                     break
@@ -180,8 +195,16 @@ class Scrubber:
                             "new_zone_id": moved[0][1].zone_id,
                         },
                     )
-            if relocate(media, self.catalog, stripe.band_class, [(fragment, rebuilt, targets[0])],
-                        purpose="repair", use_reserve=True, also=also):
+
+            if relocate(
+                media,
+                self.catalog,
+                stripe.band_class,
+                [(fragment, rebuilt, targets[0])],
+                purpose="repair",
+                use_reserve=True,
+                also=also,
+            ):
                 report.repaired += 1
         except (OSError, errors.FsError) as exc:
             report.unrepairable += 1
@@ -194,7 +217,6 @@ class Scrubber:
                 actor=actor,
                 details={**details, "error": str(exc)},
             )
-
 
     def _check_inline(self, report: ScrubReport, actor: str) -> None:
         """Verify inline stripes; with no second copy, a bad one can only be reported."""
@@ -235,9 +257,16 @@ class Scrubber:
                 )
 
 
-def scrub(datapath, catalog, *, progress: Progress | None = None, actor: str = "system",
-          bytes_per_s: float | None = None, fragments_per_s: float | None = None,
-          drive_id: int | None = None) -> ScrubReport:
+def scrub(
+    datapath,
+    catalog,
+    *,
+    progress: Progress | None = None,
+    actor: str = "system",
+    bytes_per_s: float | None = None,
+    fragments_per_s: float | None = None,
+    drive_id: int | None = None,
+) -> ScrubReport:
     """Verify every fragment (of one drive, or all) and repair the bad ones."""
     return Scrubber(
         datapath, catalog, bytes_per_s=bytes_per_s, fragments_per_s=fragments_per_s

@@ -20,6 +20,7 @@ data did not. Moves are rate limited (bytes/s) and report progress.
 
 Not done: zstd compression of cold stripes (the read path does not decode it yet).
 """
+
 from __future__ import annotations
 
 import time
@@ -69,8 +70,13 @@ class TieringPolicy:
                 f"tiering promote_reads {self.promote_reads!r}: expected an integer >= 1"
             )
         for rule in self.path_rules:
-            if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)
-                    and rule[0].startswith("/") and rule[1] in CLASSES):
+            if not (
+                isinstance(rule, (tuple, list))
+                and len(rule) == 2
+                and isinstance(rule[0], str)
+                and rule[0].startswith("/")
+                and rule[1] in CLASSES
+            ):
                 raise errors.InvalidArgument(
                     f"tiering path rule {rule!r}: expected (absolute path, one of "
                     f"{', '.join(CLASSES)})"
@@ -174,6 +180,7 @@ class Tiering:
         """Pin every file and directory under each rule's path to its class;
         returns inodes changed."""
         from engine.trash import walk_subtree
+
         changed = 0
         for prefix, band_class in self.policy.path_rules:
             try:
@@ -185,11 +192,16 @@ class Tiering:
             def work(conn, inos=inos, band_class=band_class):
                 n = 0
                 for part in chunks(inos):
-                    n += conn.execute(INODES.update().where(
-                        INODES.c.ino.in_(part),
-                        (INODES.c.band_class.is_(None)) | (INODES.c.band_class != band_class))
-                        .values(band_class=band_class)).rowcount
+                    n += conn.execute(
+                        INODES.update()
+                        .where(
+                            INODES.c.ino.in_(part),
+                            (INODES.c.band_class.is_(None)) | (INODES.c.band_class != band_class),
+                        )
+                        .values(band_class=band_class)
+                    ).rowcount
                 return n
+
             changed += self.catalog.run(work)
         return changed
 
@@ -223,8 +235,14 @@ class Tiering:
 
         files: dict[int, dict] = {}
         for row in self.catalog.read(work):
-            entry = files.setdefault(row.ino, {"classes": {}, "pinned": row.pinned,
-                                                "changed_ns": max(row.mtime_ns, row.ctime_ns)})
+            entry = files.setdefault(
+                row.ino,
+                {
+                    "classes": {},
+                    "pinned": row.pinned,
+                    "changed_ns": max(row.mtime_ns, row.ctime_ns),
+                },
+            )
             entry["classes"][row.band_class] = int(row.nbytes)
         p = self.policy
         moves = []
@@ -247,8 +265,11 @@ class Tiering:
                 moves.append(
                     TierMove(ino, WARM, COLD, total, f"not changed or read for {idle_s:.0f} s")
                 )
-            elif COLD in classes and self.reads is not None \
-                    and self.reads.reads_since(ino, p.promote_window_s) >= p.promote_reads:
+            elif (
+                COLD in classes
+                and self.reads is not None
+                and self.reads.reads_since(ino, p.promote_window_s) >= p.promote_reads
+            ):
                 moves.append(
                     TierMove(
                         ino,
@@ -264,8 +285,13 @@ class Tiering:
         return self.reads is None or self.reads.idle_for(ino) >= seconds
 
     # -- running --------------------------------------------------------------------------------
-    def run(self, *, progress: Progress | None = None, actor: str = "system",
-            max_bytes: int | None = None) -> TieringReport:
+    def run(
+        self,
+        *,
+        progress: Progress | None = None,
+        actor: str = "system",
+        max_bytes: int | None = None,
+    ) -> TieringReport:
         with self._lock:
             started = time.monotonic()
             report = TieringReport()
@@ -374,6 +400,7 @@ class Tiering:
                 .order_by(EXTENTS.c.file_offset)
             ).all()
             return size, rows
+
         return self.catalog.read(work)
 
     def _move_step(self, ino: int, target: str, media: Media, start: int):
@@ -415,7 +442,7 @@ class Tiering:
                 new_extents.append(
                     (row.file_offset + pos, take, len(payloads) - 1, len(payloads[-1]))
                 )
-                payloads[-1] += data[pos:pos + take]
+                payloads[-1] += data[pos : pos + take]
                 pos += take
         encoded = [policy.encode(bytes(p)) for p in payloads]
         items, layout = [], []
@@ -427,7 +454,7 @@ class Tiering:
                     f"{len(drives)} have it"
                 )
             shift = n % len(drives)
-            drives = (drives[shift:] + drives[:shift])[:policy.width]
+            drives = (drives[shift:] + drives[:shift])[: policy.width]
             for idx, (drive_id, fragment) in enumerate(zip(drives, fragments, strict=True)):
                 items.append((drive_id, fragment))
                 layout.append((n, idx))
@@ -436,9 +463,15 @@ class Tiering:
 
         def work(conn):
             media.record(conn, placements)
-            current = conn.execute(select(EXTENTS.c.id, EXTENTS.c.file_offset, EXTENTS.c.length,
-                                          EXTENTS.c.stripe_id, EXTENTS.c.stripe_offset)
-                                   .where(EXTENTS.c.id.in_([e[0] for e in expected]))).all()
+            current = conn.execute(
+                select(
+                    EXTENTS.c.id,
+                    EXTENTS.c.file_offset,
+                    EXTENTS.c.length,
+                    EXTENTS.c.stripe_id,
+                    EXTENTS.c.stripe_offset,
+                ).where(EXTENTS.c.id.in_([e[0] for e in expected]))
+            ).all()
             if sorted(tuple(r) for r in current) != sorted(expected):
                 return (
                     None  # changed since we read it: the copy is garbage, the file keeps its data
@@ -512,6 +545,7 @@ class Tiering:
                 )
             adjust_live(conn, deltas, known)
             return stripe_ids
+
         try:
             new_ids = self.catalog.run(work, durable=True)
         except BaseException:
@@ -525,9 +559,16 @@ class Tiering:
         return total, sum(p.length for p in placements), next_start
 
 
-def tier_run(namespace, datapath, catalog: Catalog, *, policy: TieringPolicy | None = None,
-             reads: ReadTracker | None = None, progress: Progress | None = None,
-             actor: str = "system") -> TieringReport:
+def tier_run(
+    namespace,
+    datapath,
+    catalog: Catalog,
+    *,
+    policy: TieringPolicy | None = None,
+    reads: ReadTracker | None = None,
+    progress: Progress | None = None,
+    actor: str = "system",
+) -> TieringReport:
     return Tiering(namespace, datapath, catalog, policy, reads=reads).run(
         progress=progress, actor=actor
     )

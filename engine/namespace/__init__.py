@@ -20,6 +20,7 @@ Package layout (one class ``Namespace`` made of parts; each part is a mixin over
 - ancestry.py: Ancestry, ``is_inside`` (an inode within a directory's subtree: export
   confinement), its cache forgotten by the renames and links it wraps
 """
+
 from __future__ import annotations
 
 import threading
@@ -92,11 +93,25 @@ class Namespace(Ancestry, Xattrs, DirectoryOps, RangeOps):
     def _make_root(self) -> int:
         def work(conn):
             now = time.time_ns()
-            ino = conn.execute(INODES.insert().values(
-                type=DIR, mode=0o755, uid=0, gid=0, size=0, nlink=2, rdev=0, generation=1,
-                atime_ns=now, mtime_ns=now, ctime_ns=now, btime_ns=now, change=1,
-            )).inserted_primary_key[0]
+            ino = conn.execute(
+                INODES.insert().values(
+                    type=DIR,
+                    mode=0o755,
+                    uid=0,
+                    gid=0,
+                    size=0,
+                    nlink=2,
+                    rdev=0,
+                    generation=1,
+                    atime_ns=now,
+                    mtime_ns=now,
+                    ctime_ns=now,
+                    btime_ns=now,
+                    change=1,
+                )
+            ).inserted_primary_key[0]
             return ino
+
         ino = self.catalog.run(work)
         self.catalog.set_setting(ROOT_INO_KEY, str(ino))
         return ino

@@ -16,6 +16,7 @@ change listener of the namespace after each commit of this process:
 
 A check that began before such a change is not cached (the generation moved), so a stale
 "inside" can only be answered to a request that overlapped the rename."""
+
 from __future__ import annotations
 
 import threading
@@ -27,7 +28,8 @@ from engine.namespace.common import DIR, Attr
 _INSIDE_SQL = (
     "WITH RECURSIVE up(ino) AS ( SELECT parent FROM dirents WHERE child = ? UNION SELECT "
     "dirents.parent FROM dirents JOIN up ON dirents.child = up.ino WHERE up.ino <> ?) SELECT 1 "
-    "FROM up WHERE ino = ? LIMIT 1")
+    "FROM up WHERE ino = ? LIMIT 1"
+)
 ANCESTRY_MAX_ENTRIES = 100_000
 
 
@@ -63,7 +65,8 @@ class Ancestry(AttrCache):
         if known is not None:
             return known
         inside = self.catalog.read(
-            lambda conn: sql_one(conn, _INSIDE_SQL, (ino, top, top)) is not None)
+            lambda conn: sql_one(conn, _INSIDE_SQL, (ino, top, top)) is not None
+        )
         if cacheable:
             with self._ancestry_lock:
                 if gen == self._ancestry_gen:

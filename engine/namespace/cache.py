@@ -1,4 +1,5 @@
 """The namespace's in-process cache of attributes and names, and its write transactions."""
+
 from __future__ import annotations
 
 import logging
@@ -46,8 +47,11 @@ class AttrCache:
         if epoch != self._cache_epoch or time.monotonic() - self._cache_since > CACHE_TTL_S:
             with self._cache_lock:
                 known = self._cache_epoch
-                if (known is None or time.monotonic() - self._cache_since > CACHE_TTL_S
-                        or not self.catalog.only_tracked(known, epoch)):
+                if (
+                    known is None
+                    or time.monotonic() - self._cache_since > CACHE_TTL_S
+                    or not self.catalog.only_tracked(known, epoch)
+                ):
                     self._clear_cache(epoch)
                 elif commits_between(known, epoch) > 0:  # newer (an older read changes nothing)
                     self._cache_epoch = epoch
@@ -99,6 +103,7 @@ class AttrCache:
                 # opened again meanwhile (by file handle): its last close frees it
                 if row is not None and row[0] == 0 and not self._open_refs.get(ino):
                     self._free(conn, ino, touched)
+
             try:
                 todo.extend(self._write_once(work, (ino,))[1])
             except Exception as exc:  # noqa: BLE001 - see above
@@ -119,6 +124,7 @@ class AttrCache:
             # and _changed, no commit of this process after ours has been seen yet
             gen[0] = self._cache_gen
             return result
+
         try:
             return self.catalog.run(run, tracked=True), touched.unfreed  # _changed accounts for it
         except BaseException:

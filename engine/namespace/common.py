@@ -1,6 +1,7 @@
 """What every part of the namespace shares: credentials, attributes, limits, permission checks.
 
 Also the seam to the data path (``FileData``) and the tables' names."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """Directory changes: create, mknod, mkdir, symlink, link, unlink, rmdir, rename; freeing inodes."""
+
 from __future__ import annotations
 
 import time
@@ -48,8 +49,9 @@ class DirectoryOps(Lookup):
         return parent
 
     @staticmethod
-    def _touch(conn: Connection, ino: int, *, mtime: bool = False, ctime: bool = True,
-               nlink_delta: int = 0) -> None:
+    def _touch(
+        conn: Connection, ino: int, *, mtime: bool = False, ctime: bool = True, nlink_delta: int = 0
+    ) -> None:
         now = time.time_ns()
         sets, params = ["change = change + 1"], []
         if mtime:
@@ -65,18 +67,28 @@ class DirectoryOps(Lookup):
 
     @staticmethod
     def _entry(conn: Connection, dir_ino: int, name: str):
-        row = _one(conn, "SELECT id, child FROM dirents WHERE parent = ? AND name = ?",
-                   (dir_ino, name))
+        row = _one(
+            conn, "SELECT id, child FROM dirents WHERE parent = ? AND name = ?", (dir_ino, name)
+        )
         return None if row is None else Entry(*row)
 
     @staticmethod
     def _check_sticky(cred: Cred, parent: Attr, victim: Attr) -> None:
         if parent.mode & S_ISVTX and cred.uid not in (0, parent.uid, victim.uid):
-            raise errors.NotPermitted(f"sticky directory {parent.ino}: uid {cred.uid} may not "
-                                      f"remove inode {victim.ino}")
+            raise errors.NotPermitted(
+                f"sticky directory {parent.ino}: uid {cred.uid} may not remove inode {victim.ino}"
+            )
 
-    def _new_inode(self, conn: Connection, cred: Cred, parent: Attr, ftype: int, mode: int,
-                   rdev: int = 0, size: int = 0) -> Attr:
+    def _new_inode(
+        self,
+        conn: Connection,
+        cred: Cred,
+        parent: Attr,
+        ftype: int,
+        mode: int,
+        rdev: int = 0,
+        size: int = 0,
+    ) -> Attr:
         now = time.time_ns()
         gid = parent.gid if parent.mode & S_ISGID else cred.gid
         mode &= 0o7777
@@ -85,14 +97,27 @@ class DirectoryOps(Lookup):
         elif mode & S_ISGID and cred.uid != 0 and not cred.in_group(gid):
             mode &= ~S_ISGID
         nlink = 2 if ftype == DIR else 1
-        ino = _one(conn, "INSERT INTO inodes (generation, type, mode, uid, gid, size, nlink, rdev, "
-                   "atime_ns, mtime_ns, ctime_ns, btime_ns, change) "
-                   "VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1) RETURNING ino",
-                   (ftype, mode, cred.uid, gid, size, nlink, rdev, now, now, now, now))[0]
+        ino = _one(
+            conn,
+            "INSERT INTO inodes (generation, type, mode, uid, gid, size, nlink, rdev, "
+            "atime_ns, mtime_ns, ctime_ns, btime_ns, change) "
+            "VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1) RETURNING ino",
+            (ftype, mode, cred.uid, gid, size, nlink, rdev, now, now, now, now),
+        )[0]
         return Attr(ino, 1, ftype, mode, cred.uid, gid, size, nlink, rdev, now, now, now, now, 1)
 
-    def _make(self, cred: Cred, dir_ino: int, name: str, ftype: int, mode: int, *, rdev: int = 0,
-              target: bytes | None = None, exclusive: bool = True) -> Attr:
+    def _make(
+        self,
+        cred: Cred,
+        dir_ino: int,
+        name: str,
+        ftype: int,
+        mode: int,
+        *,
+        rdev: int = 0,
+        target: bytes | None = None,
+        exclusive: bool = True,
+    ) -> Attr:
         check_name(name)
 
         def work(conn, touched):
@@ -108,26 +133,34 @@ class DirectoryOps(Lookup):
                 return attr
             if ftype == DIR and parent.nlink >= MAX_LINKS:
                 raise errors.TooManyLinks(f"directory {dir_ino} has {parent.nlink} links")
-            attr = self._new_inode(conn, cred, parent, ftype, mode, rdev,
-                                   size=len(target) if target else 0)
+            attr = self._new_inode(
+                conn, cred, parent, ftype, mode, rdev, size=len(target) if target else 0
+            )
             if target is not None:
                 conn.execute(SYMLINKS.insert().values(ino=attr.ino, target=target))
-            _sql(conn, "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
-                 (dir_ino, name, attr.ino))
+            _sql(
+                conn,
+                "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
+                (dir_ino, name, attr.ino),
+            )
             self._touch(conn, dir_ino, mtime=True, nlink_delta=1 if ftype == DIR else 0)
             if ftype == REG and self.data is not None:
                 self.data.created(conn, attr.ino)  # its first write then needs no catalog read
             touched.add(attr.ino)
             touched.names[(dir_ino, name)] = attr.ino
             return attr
+
         return self._write(work, (dir_ino,), ((dir_ino, name),))
 
     def _drop_link(self, conn: Connection, ino: int, touched: Touched) -> None:
         """One name of ``ino`` is gone: free it when no name and no opener remain."""
         attr = self._load(conn, ino)
         nlink = 0 if attr.type == DIR else attr.nlink - 1
-        _sql(conn, "UPDATE inodes SET nlink = ?, ctime_ns = ?, change = change + 1 WHERE ino = ?",
-             (nlink, time.time_ns(), ino))
+        _sql(
+            conn,
+            "UPDATE inodes SET nlink = ?, ctime_ns = ?, change = change + 1 WHERE ino = ?",
+            (nlink, time.time_ns(), ino),
+        )
         if nlink == 0 and not self._open_refs.get(ino):
             self._free(conn, ino, touched)
 
@@ -142,16 +175,19 @@ class DirectoryOps(Lookup):
         _sql(conn, "DELETE FROM inodes WHERE ino = ?", (ino,))
 
     # -- changes ---------------------------------------------------------------------
-    def create(self, cred: Cred, dir_ino: int, name: str, mode: int = 0o644, *,
-               exclusive: bool = True) -> Attr:
+    def create(
+        self, cred: Cred, dir_ino: int, name: str, mode: int = 0o644, *, exclusive: bool = True
+    ) -> Attr:
         """A regular file; with ``exclusive=False`` an existing file is returned."""
         return self._make(cred, dir_ino, name, REG, mode, exclusive=exclusive)
 
-    def mknod(self, cred: Cred, dir_ino: int, name: str, ftype: int, mode: int,
-              rdev: int = 0) -> Attr:
+    def mknod(
+        self, cred: Cred, dir_ino: int, name: str, ftype: int, mode: int, rdev: int = 0
+    ) -> Attr:
         if ftype not in (BLK, CHR, SOCK, FIFO):
-            raise errors.InvalidArgument(f"mknod of file type {ftype}: expected a device, socket "
-                                         "or fifo")
+            raise errors.InvalidArgument(
+                f"mknod of file type {ftype}: expected a device, socket or fifo"
+            )
         if ftype in (BLK, CHR) and cred.uid != 0:
             raise errors.NotPermitted("only root may create device nodes")
         return self._make(cred, dir_ino, name, ftype, mode, rdev=rdev)
@@ -163,8 +199,9 @@ class DirectoryOps(Lookup):
         if isinstance(target, str):
             target = target.encode("utf-8", "surrogateescape")
         if not target or len(target) > SYMLINK_MAX or b"\0" in target:
-            raise errors.InvalidArgument(f"symlink target of {len(target)} bytes: expected "
-                                         f"1-{SYMLINK_MAX}, no NUL")
+            raise errors.InvalidArgument(
+                f"symlink target of {len(target)} bytes: expected 1-{SYMLINK_MAX}, no NUL"
+            )
         return self._make(cred, dir_ino, name, LNK, 0o777, target=target)
 
     def link(self, cred: Cred, ino: int, dir_ino: int, name: str) -> Attr:
@@ -186,6 +223,7 @@ class DirectoryOps(Lookup):
             self._touch(conn, ino, nlink_delta=1)
             self._touch(conn, dir_ino, mtime=True)
             return self._load(conn, ino)
+
         return self._write(work, (ino, dir_ino), ((dir_ino, name),))
 
     def unlink(self, cred: Cred, dir_ino: int, name: str) -> None:
@@ -205,6 +243,7 @@ class DirectoryOps(Lookup):
             self._touch(conn, dir_ino, mtime=True)
             touched.add(victim.ino)
             self._drop_link(conn, victim.ino, touched)
+
         self._write(work, (dir_ino,), ((dir_ino, name),))
 
     def rmdir(self, cred: Cred, dir_ino: int, name: str) -> None:
@@ -227,13 +266,15 @@ class DirectoryOps(Lookup):
             if victim.type != DIR:
                 raise errors.NotADirectory(f"{name!r} is not a directory")
             self._check_sticky(cred, parent, victim)
-            if conn.execute(select(DIRENTS.c.id).where(DIRENTS.c.parent == victim.ino)
-                            .limit(1)).first():
+            if conn.execute(
+                select(DIRENTS.c.id).where(DIRENTS.c.parent == victim.ino).limit(1)
+            ).first():
                 raise errors.NotEmpty(f"directory {name!r} is not empty")
             conn.execute(DIRENTS.delete().where(DIRENTS.c.id == entry.id))
             self._touch(conn, dir_ino, mtime=True, nlink_delta=-1)
             touched.add(victim.ino)
             self._drop_link(conn, victim.ino, touched)
+
         self._write(work, (dir_ino,), ((dir_ino, name),))
 
     def rename(self, cred: Cred, src_dir: int, src_name: str, dst_dir: int, dst_name: str) -> None:
@@ -245,8 +286,9 @@ class DirectoryOps(Lookup):
             self._check_writable(src_dir, dst_dir, conn=conn)
             snapshot_dirs = self.snapshot_dirs(conn)
             src_parent = self._dir_for_change(conn, cred, src_dir)
-            dst_parent = (src_parent if dst_dir == src_dir
-                          else self._dir_for_change(conn, cred, dst_dir))
+            dst_parent = (
+                src_parent if dst_dir == src_dir else self._dir_for_change(conn, cred, dst_dir)
+            )
             entry = self._entry(conn, src_dir, src_name)
             if entry is None:
                 raise errors.NotFound(f"{src_name!r} not found in directory {src_dir}")
@@ -269,26 +311,33 @@ class DirectoryOps(Lookup):
                 self._check_sticky(cred, dst_parent, victim)
                 if moving.type == DIR:
                     if victim.type != DIR:
-                        raise errors.NotADirectory(f"cannot replace non-directory {dst_name!r} "
-                                                   "with a directory")
-                    if conn.execute(select(DIRENTS.c.id).where(DIRENTS.c.parent == victim.ino)
-                                    .limit(1)).first():
+                        raise errors.NotADirectory(
+                            f"cannot replace non-directory {dst_name!r} with a directory"
+                        )
+                    if conn.execute(
+                        select(DIRENTS.c.id).where(DIRENTS.c.parent == victim.ino).limit(1)
+                    ).first():
                         raise errors.NotEmpty(f"directory {dst_name!r} is not empty")
                 elif victim.type == DIR:
-                    raise errors.IsADirectory(f"cannot replace directory {dst_name!r} "
-                                              "with a non-directory")
+                    raise errors.IsADirectory(
+                        f"cannot replace directory {dst_name!r} with a non-directory"
+                    )
                 conn.execute(DIRENTS.delete().where(DIRENTS.c.id == target.id))
                 if victim.type == DIR:
                     self._touch(conn, dst_dir, nlink_delta=-1)
                 touched.add(victim.ino)
                 self._drop_link(conn, victim.ino, touched)
-            _sql(conn, "UPDATE dirents SET parent = ?, name = ? WHERE id = ?",
-                 (dst_dir, dst_name, entry.id))
+            _sql(
+                conn,
+                "UPDATE dirents SET parent = ?, name = ? WHERE id = ?",
+                (dst_dir, dst_name, entry.id),
+            )
             self._touch(conn, moving.ino)
             delta = 1 if moving.type == DIR and dst_dir != src_dir else 0
             self._touch(conn, src_dir, mtime=True, nlink_delta=-delta)
             if dst_dir != src_dir:
                 self._touch(conn, dst_dir, mtime=True, nlink_delta=delta)
+
         self._write(work, (src_dir, dst_dir), ((src_dir, src_name), (dst_dir, dst_name)))
 
     def _refuse_loop(self, conn: Connection, moving: int, dst_dir: int) -> None:

@@ -1,4 +1,5 @@
 """setattr (chmod, chown, truncate, utimes), file data (read, write, commit) and open references."""
+
 from __future__ import annotations
 
 import time
@@ -26,9 +27,18 @@ from engine.namespace.lookup import Lookup
 class FileOps(Lookup):
     """Part of Namespace: attributes changes, data through the data path, open references."""
 
-    def setattr(self, cred: Cred, ino: int, *, mode: int | None = None,
-                uid: int | None = None, gid: int | None = None, size: int | None = None,
-                atime_ns=None, mtime_ns=None) -> Attr:
+    def setattr(
+        self,
+        cred: Cred,
+        ino: int,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        size: int | None = None,
+        atime_ns=None,
+        mtime_ns=None,
+    ) -> Attr:
         """chmod/chown/truncate/utimes. Times are ns, or SET_TO_NOW.
 
         A call that would change nothing (the same mode, owner or size, no times) is checked and
@@ -57,14 +67,19 @@ class FileOps(Lookup):
                 self.data.truncate(conn, ino, attr.size, size)
             values["ctime_ns"] = now
             columns = ", ".join(f"{key} = ?" for key in values)
-            _sql(conn, f"UPDATE inodes SET {columns}, change = change + 1 "
-                       "WHERE ino = ?", (*values.values(), ino))
+            _sql(
+                conn,
+                f"UPDATE inodes SET {columns}, change = change + 1 WHERE ino = ?",
+                (*values.values(), ino),
+            )
             return self._load(conn, ino)
+
         return self._write(work, (ino,))
 
     @staticmethod
-    def _setattr_values(cred: Cred, attr: Attr, *, now: int, mode, uid, gid, size, atime_ns,
-                        mtime_ns) -> dict:
+    def _setattr_values(
+        cred: Cred, attr: Attr, *, now: int, mode, uid, gid, size, atime_ns, mtime_ns
+    ) -> dict:
         """The columns a setattr changes (ctime aside), after its permission checks."""
         ino = attr.ino
         owner = cred.uid in (0, attr.uid)
@@ -189,12 +204,20 @@ class FileOps(Lookup):
             row = conn.execute(select(INODES.c.nlink).where(INODES.c.ino == ino)).first()
             if row is not None and row.nlink == 0:
                 self._free(conn, ino, touched)
+
         self._write(work, (ino,))
 
     def reclaim_orphans(self) -> int:
         """Free inodes left with no name by a crash while they were open."""
-        orphans = self.catalog.read(lambda conn: list(conn.execute(select(INODES.c.ino).where(
-            and_(INODES.c.nlink == 0, INODES.c.ino != self.root_ino))).scalars()))
+        orphans = self.catalog.read(
+            lambda conn: list(
+                conn.execute(
+                    select(INODES.c.ino).where(
+                        and_(INODES.c.nlink == 0, INODES.c.ino != self.root_ino)
+                    )
+                ).scalars()
+            )
+        )
         # each is checked again (and skipped if open) in its transaction
         self._free_orphans(orphans)
         self.invalidate()

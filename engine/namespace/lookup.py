@@ -1,4 +1,5 @@
 """Reading the namespace: getattr, lookup, resolve, paths, readlink, access, readdir, statfs."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -42,9 +43,12 @@ class Lookup(ReadOnlyInodes):
     def _load_many(conn: Connection, inos) -> list[Attr]:
         """The attributes of those of ``inos`` that exist."""
         ids = sorted(inos)
-        return [attr_of_row(row) for row in _sql(conn, f"SELECT {ATTR_SQL} FROM inodes "
-                                                 f"WHERE ino IN {in_list(ids)}",
-                                           tuple(ids))]
+        return [
+            attr_of_row(row)
+            for row in _sql(
+                conn, f"SELECT {ATTR_SQL} FROM inodes WHERE ino IN {in_list(ids)}", tuple(ids)
+            )
+        ]
 
     @staticmethod
     def _load(conn: Connection, ino: int) -> Attr:
@@ -92,23 +96,30 @@ class Lookup(ReadOnlyInodes):
             if name == "..":
                 return parent, self._load(conn, self._parent_of(conn, dir_ino))
             check_name(name)
-            row = _one(conn, f"SELECT {ATTR_SQL} FROM dirents "
-                             "JOIN inodes ON dirents.child = inodes.ino "
-                             "WHERE dirents.parent = ? AND dirents.name = ?", (dir_ino, name))
+            row = _one(
+                conn,
+                f"SELECT {ATTR_SQL} FROM dirents "
+                "JOIN inodes ON dirents.child = inodes.ino "
+                "WHERE dirents.parent = ? AND dirents.name = ?",
+                (dir_ino, name),
+            )
             if row is None:
                 raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
             return parent, attr_of_row(row)
+
         parent, child = self.catalog.read(work)
         if cacheable:
-            self._remember(gen, (parent, child),
-                           None if name in (".", "..") else ((dir_ino, name), child.ino))
+            self._remember(
+                gen, (parent, child), None if name in (".", "..") else ((dir_ino, name), child.ino)
+            )
         return self._with_pending(child)
 
     def _parent_of(self, conn: Connection, dir_ino: int) -> int:
         if dir_ino == self.root_ino:
             return dir_ino
-        parent = conn.execute(select(DIRENTS.c.parent).where(DIRENTS.c.child == dir_ino)
-                              .limit(1)).scalar()
+        parent = conn.execute(
+            select(DIRENTS.c.parent).where(DIRENTS.c.child == dir_ino).limit(1)
+        ).scalar()
         if parent is None:
             raise errors.NotFound(f"directory {dir_ino} has no parent (removed)")
         return parent
@@ -129,25 +140,30 @@ class Lookup(ReadOnlyInodes):
                     base = target
                 else:
                     base = "/" + "/".join(parts[:depth] + [target])
-                rest = "/".join(parts[depth + 1:])
+                rest = "/".join(parts[depth + 1 :])
                 return self.resolve(base + ("/" + rest if rest else ""), cred, follow)
         return attr
 
     def path_of(self, ino: int) -> str:
         """One path to ``ino`` (the first link found), for events and admin pages."""
+
         def work(conn):
             parts = []
             current = ino
             for _ in range(4096):
                 if current == self.root_ino:
                     return "/" + "/".join(reversed(parts))
-                row = conn.execute(select(DIRENTS.c.parent, DIRENTS.c.name)
-                                   .where(DIRENTS.c.child == current).limit(1)).first()
+                row = conn.execute(
+                    select(DIRENTS.c.parent, DIRENTS.c.name)
+                    .where(DIRENTS.c.child == current)
+                    .limit(1)
+                ).first()
                 if row is None:
                     raise errors.NotFound(f"inode {ino} is not linked in the namespace")
                 parts.append(row.name)
                 current = row.parent
             raise errors.IOFailure(f"path of inode {ino} is deeper than 4096 levels")
+
         return self.catalog.read(work)
 
     def readlink(self, ino: int) -> bytes:
@@ -156,6 +172,7 @@ class Lookup(ReadOnlyInodes):
             if attr.type != LNK:
                 raise errors.InvalidArgument(f"inode {ino} is not a symbolic link")
             return conn.execute(select(SYMLINKS.c.target).where(SYMLINKS.c.ino == ino)).scalar_one()
+
         return self.catalog.read(work)
 
     def access(self, cred: Cred, ino: int, want: int) -> int:
@@ -163,12 +180,14 @@ class Lookup(ReadOnlyInodes):
         attr = self.getattr(ino)
         return sum(bit for bit in (R_OK, W_OK, X_OK) if want & bit and may(cred, attr, bit))
 
-    def readdir(self, cred: Cred, dir_ino: int, cookie: int = 0,
-                limit: int = 1024) -> tuple[list[DirEntry], bool]:
+    def readdir(
+        self, cred: Cred, dir_ino: int, cookie: int = 0, limit: int = 1024
+    ) -> tuple[list[DirEntry], bool]:
         """Entries after ``cookie`` in cookie order, and whether the listing is complete.
 
         Cookies are dirent ids, which only grow: a cookie stays valid while the
         directory changes, and no unchanged entry is skipped or repeated."""
+
         def work(conn):
             parent = self._load(conn, dir_ino)
             if parent.type != DIR:
@@ -178,20 +197,27 @@ class Lookup(ReadOnlyInodes):
                 select(DIRENTS.c.id, DIRENTS.c.name, *ATTR_COLUMNS)
                 .select_from(DIRENTS.join(INODES, DIRENTS.c.child == INODES.c.ino))
                 .where(DIRENTS.c.parent == dir_ino, DIRENTS.c.id > cookie)
-                .order_by(DIRENTS.c.id).limit(limit + 1)).all()
+                .order_by(DIRENTS.c.id)
+                .limit(limit + 1)
+            ).all()
             if any(row[1] == SNAPSHOT_DIR_NAME for row in rows):
                 hidden.update(self.snapshot_dirs(conn))
             return rows
+
         hidden: set[int] = set()  # DIR/.snapshots is reached by name only, as ZFS's snapdir
         rows = self.catalog.read(work)
         eof = len(rows) <= limit
-        entries = [DirEntry(row[0], row[1], self._with_pending(attr_of_row(row[2:])))
-                   for row in rows[:limit] if not (hidden and row[2] in hidden)]
+        entries = [
+            DirEntry(row[0], row[1], self._with_pending(attr_of_row(row[2:])))
+            for row in rows[:limit]
+            if not (hidden and row[2] in hidden)
+        ]
         return entries, eof
 
     def statfs(self) -> StatFs:
         def count(conn):
             return conn.execute(select(func.count()).select_from(INODES)).scalar_one()
+
         files = self.catalog.read(count)
         total_files = 1 << 32
         if self.data is not None:
@@ -203,6 +229,8 @@ class Lookup(ReadOnlyInodes):
     @staticmethod
     def _require(cred: Cred, attr: Attr, want: int) -> None:
         if not may(cred, attr, want):
-            raise errors.AccessDenied(f"uid {cred.uid} lacks {mode_bits(want)} permission on inode "
-                                      f"{attr.ino} "
-                                      f"(mode {attr.mode:o}, owner {attr.uid}:{attr.gid})")
+            raise errors.AccessDenied(
+                f"uid {cred.uid} lacks {mode_bits(want)} permission on inode "
+                f"{attr.ino} "
+                f"(mode {attr.mode:o}, owner {attr.uid}:{attr.gid})"
+            )

@@ -3,6 +3,7 @@
 These are what NFSv4.2's CLONE, COPY, SEEK, ALLOCATE and DEALLOCATE need (RFC 7862). A clone
 shares the source's stripes (the data path's ``clone_range``): it costs catalog rows per extent
 and writes no data. Each call is one namespace transaction."""
+
 from __future__ import annotations
 
 import time
@@ -35,8 +36,9 @@ class RangeOps(FileOps):
         if offset < 0 or length < 0:
             raise errors.InvalidArgument(f"range at {offset} of {length} bytes: expected >= 0")
 
-    def clone_range(self, cred: Cred, src_ino: int, src_off: int, dst_ino: int, dst_off: int,
-                    length: int) -> Attr:
+    def clone_range(
+        self, cred: Cred, src_ino: int, src_off: int, dst_ino: int, dst_off: int, length: int
+    ) -> Attr:
         """Make [dst_off, dst_off + length) of ``dst_ino`` share the bytes of
         [src_off, src_off + length) of ``src_ino``; ``length`` 0 means to the source's end. The
         destination grows to cover the range. Returns the destination's new attributes."""
@@ -55,18 +57,24 @@ class RangeOps(FileOps):
             if src_off + count > src.size:
                 raise errors.InvalidArgument(
                     f"clone of {count} bytes at {src_off}: source inode {src_ino} has "
-                    f"{src.size} bytes")
+                    f"{src.size} bytes"
+                )
             data.clone_range(conn, src_ino, src_off, dst_ino, dst_off, count)
             now = time.time_ns()
             end = dst_off + count
-            _sql(conn, "UPDATE inodes SET size = CASE WHEN size < ? THEN ? ELSE size END, "
-                       "mtime_ns = ?, ctime_ns = ?, change = change + 1 WHERE ino = ?",
-                 (end, end, now, now, dst.ino))
+            _sql(
+                conn,
+                "UPDATE inodes SET size = CASE WHEN size < ? THEN ? ELSE size END, "
+                "mtime_ns = ?, ctime_ns = ?, change = change + 1 WHERE ino = ?",
+                (end, end, now, now, dst.ino),
+            )
             return self._load(conn, dst_ino)
+
         return self._write(work, (dst_ino,))
 
-    def copy_range(self, cred: Cred, src_ino: int, src_off: int, dst_ino: int, dst_off: int,
-                   length: int) -> int:
+    def copy_range(
+        self, cred: Cred, src_ino: int, src_off: int, dst_ino: int, dst_off: int, length: int
+    ) -> int:
         """Copy inside the server: shared where the range is large enough to be worth a stripe
         (COPY_SHARE_MIN), read and written otherwise. Short at the source's end (like
         copy_file_range); returns the bytes copied."""
@@ -148,7 +156,12 @@ class RangeOps(FileOps):
             if end > offset:
                 data.punch(conn, ino, offset, end - offset)
                 now = time.time_ns()
-                _sql(conn, "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, change = change + 1 "
-                           "WHERE ino = ?", (now, now, ino))
+                _sql(
+                    conn,
+                    "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, change = change + 1 "
+                    "WHERE ino = ?",
+                    (now, now, ino),
+                )
             return self._load(conn, ino)
+
         return self._write(work, (ino,))

@@ -6,6 +6,7 @@ range), and each dataset has one ``.snapshots`` directory inode. Every change of
 or of a name in such a directory, fails with EROFS. The ranges are kept in memory and read again
 after any commit this process cannot account for (snapshot changes are never tracked commits),
 so the check on a write costs a memory read of the catalog's epoch and a bisect."""
+
 from __future__ import annotations
 
 import bisect
@@ -35,6 +36,7 @@ class ReadOnlyInodes(AttrCache):
             ranges = sorted(sql_all(conn, "SELECT ino_lo, ino_hi FROM snapshots"))
             dirs = frozenset(row[0] for row in sql_all(conn, "SELECT dir_ino FROM snapshot_dirs"))
             return ranges, dirs
+
         ranges, dirs = work(conn) if conn is not None else self.catalog.read(work)
         lows = [int(lo) for lo, _hi in ranges]
         highs = [int(hi) for _lo, hi in ranges]

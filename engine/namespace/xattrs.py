@@ -1,4 +1,5 @@
 """Extended attributes of inodes."""
+
 from __future__ import annotations
 
 from sqlalchemy import select
@@ -33,6 +34,7 @@ class Xattrs(Lookup):
             self._require(cred, attr, R_OK)
             rows = _sql(conn, "SELECT name, value FROM xattrs WHERE ino = ?", (ino,))
             return attr, {name: bytes(value) for name, value in rows}
+
         attr, found = self.catalog.read(work)
         if cacheable and sum(len(v) for v in found.values()) <= XATTR_CACHE_BYTES:
             with self._cache_lock:
@@ -50,40 +52,57 @@ class Xattrs(Lookup):
     def listxattr(self, cred: Cred, ino: int) -> list[str]:
         return sorted(self._xattr_map(cred, ino))
 
-    def setxattr(self, cred: Cred, ino: int, name: str, value: bytes, *, create: bool = False,
-                 replace_only: bool = False) -> None:
+    def setxattr(
+        self,
+        cred: Cred,
+        ino: int,
+        name: str,
+        value: bytes,
+        *,
+        create: bool = False,
+        replace_only: bool = False,
+    ) -> None:
         if not name or len(name.encode()) > XATTR_NAME_MAX:
-            raise errors.InvalidArgument(f"extended attribute name {name!r}: expected "
-                                         f"1-{XATTR_NAME_MAX} bytes")
+            raise errors.InvalidArgument(
+                f"extended attribute name {name!r}: expected 1-{XATTR_NAME_MAX} bytes"
+            )
         if len(value) > XATTR_VALUE_MAX:
-            raise errors.InvalidArgument(f"extended attribute value of {len(value)} bytes exceeds "
-                                         f"{XATTR_VALUE_MAX}")
+            raise errors.InvalidArgument(
+                f"extended attribute value of {len(value)} bytes exceeds {XATTR_VALUE_MAX}"
+            )
 
         def work(conn, touched):
             self._check_writable(ino, conn=conn)
             attr = self._load(conn, ino)
             self._require(cred, attr, W_OK)
-            exists = conn.execute(select(XATTRS.c.name)
-                                  .where(XATTRS.c.ino == ino, XATTRS.c.name == name)).first()
+            exists = conn.execute(
+                select(XATTRS.c.name).where(XATTRS.c.ino == ino, XATTRS.c.name == name)
+            ).first()
             if exists and create:
                 raise errors.Exists(f"extended attribute {name!r} exists")
             if not exists and replace_only:
                 raise errors.NoData(f"no extended attribute {name!r} on inode {ino}")
             if exists:
-                conn.execute(XATTRS.update().where(XATTRS.c.ino == ino, XATTRS.c.name == name)
-                             .values(value=value))
+                conn.execute(
+                    XATTRS.update()
+                    .where(XATTRS.c.ino == ino, XATTRS.c.name == name)
+                    .values(value=value)
+                )
             else:
                 conn.execute(XATTRS.insert().values(ino=ino, name=name, value=value))
             self._touch(conn, ino, ctime=True)
+
         self._write(work, (ino,))
 
     def removexattr(self, cred: Cred, ino: int, name: str) -> None:
         def work(conn, touched):
             self._check_writable(ino, conn=conn)
             self._require(cred, self._load(conn, ino), W_OK)
-            removed = conn.execute(XATTRS.delete()
-                                   .where(XATTRS.c.ino == ino, XATTRS.c.name == name))
+            removed = conn.execute(
+                XATTRS.delete().where(XATTRS.c.ino == ino, XATTRS.c.name == name)
+            )
             if not removed.rowcount:
                 raise errors.NoData(f"no extended attribute {name!r} on inode {ino}")
             self._touch(conn, ino, ctime=True)
+
         self._write(work, (ino,))

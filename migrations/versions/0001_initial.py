@@ -4,10 +4,11 @@ Revision ID: 0001
 Revises:
 Create Date: 2026-11-30 05:50:40.125932
 """
+
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0001'
+revision = "0001"
 down_revision = None
 branch_labels = None
 depends_on = None
@@ -31,16 +32,17 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_admin_users")),
         sa.UniqueConstraint("username", name=op.f("uq_admin_users_username")),
     )
-    op.create_table('band_classes',
-    sa.Column('name', sa.String(length=16), nullable=False),
-    sa.Column('redundancy', sa.String(length=16), nullable=False),
-    sa.Column('copies', sa.Integer(), nullable=False),
-    sa.Column('ec_k', sa.Integer(), nullable=False),
-    sa.Column('ec_m', sa.Integer(), nullable=False),
-    sa.Column('ec_backend', sa.String(length=64), nullable=False),
-    sa.Column('fragment_size', sa.BigInteger(), nullable=False),
-    sa.Column('compression', sa.String(length=16), nullable=True),
-    sa.PrimaryKeyConstraint('name', name=op.f('pk_band_classes'))
+    op.create_table(
+        "band_classes",
+        sa.Column("name", sa.String(length=16), nullable=False),
+        sa.Column("redundancy", sa.String(length=16), nullable=False),
+        sa.Column("copies", sa.Integer(), nullable=False),
+        sa.Column("ec_k", sa.Integer(), nullable=False),
+        sa.Column("ec_m", sa.Integer(), nullable=False),
+        sa.Column("ec_backend", sa.String(length=64), nullable=False),
+        sa.Column("fragment_size", sa.BigInteger(), nullable=False),
+        sa.Column("compression", sa.String(length=16), nullable=True),
+        sa.PrimaryKeyConstraint("name", name=op.f("pk_band_classes")),
     )
     op.create_table(
         "drives",
@@ -80,8 +82,8 @@ def upgrade() -> None:
         sa.Column("details", sa.Text(), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_events")),
     )
-    with op.batch_alter_table('events', schema=None) as batch_op:
-        batch_op.create_index(batch_op.f('ix_events_time_ns'), ['time_ns'], unique=False)
+    with op.batch_alter_table("events", schema=None) as batch_op:
+        batch_op.create_index(batch_op.f("ix_events_time_ns"), ["time_ns"], unique=False)
 
     op.create_table(
         "exports",
@@ -128,17 +130,18 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("ino", name=op.f("pk_inodes")),
         sqlite_autoincrement=True,
     )
-    op.create_table('nfs_clients',
-    sa.Column('clientid', sa.BigInteger(), autoincrement=False, nullable=False),
-    sa.Column('owner', sa.LargeBinary(), nullable=False),
-    sa.Column('verifier', sa.LargeBinary(), nullable=False),
-    sa.Column('address', sa.String(length=64), nullable=True),
-    sa.Column('minor_version', sa.Integer(), nullable=False),
-    sa.Column('confirmed', sa.Boolean(), nullable=False),
-    sa.Column('reclaim_complete', sa.Boolean(), nullable=False),
-    sa.Column('created_ns', sa.BigInteger(), nullable=False),
-    sa.Column('last_seen_ns', sa.BigInteger(), nullable=False),
-    sa.PrimaryKeyConstraint('clientid', name=op.f('pk_nfs_clients'))
+    op.create_table(
+        "nfs_clients",
+        sa.Column("clientid", sa.BigInteger(), autoincrement=False, nullable=False),
+        sa.Column("owner", sa.LargeBinary(), nullable=False),
+        sa.Column("verifier", sa.LargeBinary(), nullable=False),
+        sa.Column("address", sa.String(length=64), nullable=True),
+        sa.Column("minor_version", sa.Integer(), nullable=False),
+        sa.Column("confirmed", sa.Boolean(), nullable=False),
+        sa.Column("reclaim_complete", sa.Boolean(), nullable=False),
+        sa.Column("created_ns", sa.BigInteger(), nullable=False),
+        sa.Column("last_seen_ns", sa.BigInteger(), nullable=False),
+        sa.PrimaryKeyConstraint("clientid", name=op.f("pk_nfs_clients")),
     )
     op.create_table(
         "retention_policies",
@@ -157,10 +160,11 @@ def upgrade() -> None:
         sa.Column("last_run_ns", sa.BigInteger(), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_retention_policies")),
     )
-    op.create_table('settings',
-    sa.Column('key', sa.String(length=64), nullable=False),
-    sa.Column('value', sa.Text(), nullable=False),
-    sa.PrimaryKeyConstraint('key', name=op.f('pk_settings'))
+    op.create_table(
+        "settings",
+        sa.Column("key", sa.String(length=64), nullable=False),
+        sa.Column("value", sa.Text(), nullable=False),
+        sa.PrimaryKeyConstraint("key", name=op.f("pk_settings")),
     )
     op.create_table(
         "stripes",
@@ -225,9 +229,9 @@ def upgrade() -> None:
         sa.UniqueConstraint("parent", "name", name=op.f("uq_dirents_parent_name")),
         sqlite_autoincrement=True,
     )
-    with op.batch_alter_table('dirents', schema=None) as batch_op:
-        batch_op.create_index(batch_op.f('ix_dirents_child'), ['child'], unique=False)
-        batch_op.create_index('ix_dirents_parent_id', ['parent', 'id'], unique=False)
+    with op.batch_alter_table("dirents", schema=None) as batch_op:
+        batch_op.create_index(batch_op.f("ix_dirents_child"), ["child"], unique=False)
+        batch_op.create_index("ix_dirents_parent_id", ["parent", "id"], unique=False)
 
     op.create_table(
         "extents",
@@ -252,9 +256,9 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_extents")),
     )
-    with op.batch_alter_table('extents', schema=None) as batch_op:
-        batch_op.create_index('ix_extents_ino_offset', ['ino', 'file_offset'], unique=False)
-        batch_op.create_index(batch_op.f('ix_extents_stripe_id'), ['stripe_id'], unique=False)
+    with op.batch_alter_table("extents", schema=None) as batch_op:
+        batch_op.create_index("ix_extents_ino_offset", ["ino", "file_offset"], unique=False)
+        batch_op.create_index(batch_op.f("ix_extents_stripe_id"), ["stripe_id"], unique=False)
 
     op.create_table(
         "snapshots",
@@ -325,8 +329,8 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_zones")),
         sa.UniqueConstraint("drive_id", "idx", name=op.f("uq_zones_drive_id_idx")),
     )
-    with op.batch_alter_table('zones', schema=None) as batch_op:
-        batch_op.create_index('ix_zones_state_class', ['state', 'band_class'], unique=False)
+    with op.batch_alter_table("zones", schema=None) as batch_op:
+        batch_op.create_index("ix_zones_state_class", ["state", "band_class"], unique=False)
 
     op.create_table(
         "fragments",
@@ -358,44 +362,43 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_fragments")),
         sa.UniqueConstraint("stripe_id", "idx", name=op.f("uq_fragments_stripe_id_idx")),
     )
-    with op.batch_alter_table('fragments', schema=None) as batch_op:
-        batch_op.create_index(batch_op.f('ix_fragments_zone_id'), ['zone_id'], unique=False)
-
+    with op.batch_alter_table("fragments", schema=None) as batch_op:
+        batch_op.create_index(batch_op.f("ix_fragments_zone_id"), ["zone_id"], unique=False)
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('fragments', schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f('ix_fragments_zone_id'))
+    with op.batch_alter_table("fragments", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_fragments_zone_id"))
 
-    op.drop_table('fragments')
-    with op.batch_alter_table('zones', schema=None) as batch_op:
-        batch_op.drop_index('ix_zones_state_class')
+    op.drop_table("fragments")
+    with op.batch_alter_table("zones", schema=None) as batch_op:
+        batch_op.drop_index("ix_zones_state_class")
 
-    op.drop_table('zones')
-    op.drop_table('xattrs')
-    op.drop_table('symlinks')
-    op.drop_table('snapshots')
-    with op.batch_alter_table('extents', schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f('ix_extents_stripe_id'))
-        batch_op.drop_index('ix_extents_ino_offset')
+    op.drop_table("zones")
+    op.drop_table("xattrs")
+    op.drop_table("symlinks")
+    op.drop_table("snapshots")
+    with op.batch_alter_table("extents", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_extents_stripe_id"))
+        batch_op.drop_index("ix_extents_ino_offset")
 
-    op.drop_table('extents')
-    with op.batch_alter_table('dirents', schema=None) as batch_op:
-        batch_op.drop_index('ix_dirents_parent_id')
-        batch_op.drop_index(batch_op.f('ix_dirents_child'))
+    op.drop_table("extents")
+    with op.batch_alter_table("dirents", schema=None) as batch_op:
+        batch_op.drop_index("ix_dirents_parent_id")
+        batch_op.drop_index(batch_op.f("ix_dirents_child"))
 
-    op.drop_table('dirents')
-    op.drop_table('api_tokens')
-    op.drop_table('stripes')
-    op.drop_table('settings')
-    op.drop_table('retention_policies')
-    op.drop_table('nfs_clients')
-    op.drop_table('inodes')
-    op.drop_table('exports')
-    with op.batch_alter_table('events', schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f('ix_events_time_ns'))
+    op.drop_table("dirents")
+    op.drop_table("api_tokens")
+    op.drop_table("stripes")
+    op.drop_table("settings")
+    op.drop_table("retention_policies")
+    op.drop_table("nfs_clients")
+    op.drop_table("inodes")
+    op.drop_table("exports")
+    with op.batch_alter_table("events", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_events_time_ns"))
 
-    op.drop_table('events')
-    op.drop_table('drives')
-    op.drop_table('band_classes')
-    op.drop_table('admin_users')
+    op.drop_table("events")
+    op.drop_table("drives")
+    op.drop_table("band_classes")
+    op.drop_table("admin_users")

@@ -4,11 +4,12 @@ Revision ID: 0002
 Revises: 0001
 Create Date: 2026-11-30 06:00:00
 """
+
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0002'
-down_revision = '0001'
+revision = "0002"
+down_revision = "0001"
 branch_labels = None
 depends_on = None
 
@@ -33,5 +34,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_index('ix_metric_samples_name_time', table_name='metric_samples')
-    op.drop_table('metric_samples')
+    op.drop_index("ix_metric_samples_name_time", table_name="metric_samples")
+    op.drop_table("metric_samples")

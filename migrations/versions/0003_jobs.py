@@ -4,11 +4,12 @@ Revision ID: 0003
 Revises: 0002
 Create Date: 2026-11-30 06:03:39.677005
 """
+
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0003'
-down_revision = '0002'
+revision = "0003"
+down_revision = "0002"
 branch_labels = None
 depends_on = None
 
@@ -35,13 +36,12 @@ def upgrade() -> None:
         sa.Column("finished_ns", sa.BigInteger(), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_jobs")),
     )
-    with op.batch_alter_table('jobs', schema=None) as batch_op:
-        batch_op.create_index('ix_jobs_state_id', ['state', 'id'], unique=False)
-
+    with op.batch_alter_table("jobs", schema=None) as batch_op:
+        batch_op.create_index("ix_jobs_state_id", ["state", "id"], unique=False)
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('jobs', schema=None) as batch_op:
-        batch_op.drop_index('ix_jobs_state_id')
+    with op.batch_alter_table("jobs", schema=None) as batch_op:
+        batch_op.drop_index("ix_jobs_state_id")
 
-    op.drop_table('jobs')
+    op.drop_table("jobs")

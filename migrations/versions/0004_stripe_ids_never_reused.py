@@ -10,10 +10,11 @@ Revision ID: 0004
 Revises: 0003
 Create Date: 2026-11-30 06:45:00
 """
+
 from alembic import op
 
-revision = '0004'
-down_revision = '0003'
+revision = "0004"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 

@@ -9,11 +9,12 @@ Revision ID: 0005
 Revises: 0004
 Create Date: 2026-12-01 09:10:00
 """
+
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0005'
-down_revision = '0004'
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
@@ -38,4 +39,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_table('inline_data')
+    op.drop_table("inline_data")

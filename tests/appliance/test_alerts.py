@@ -1,5 +1,6 @@
 """Alerts end to end: sources over a real catalog, states, and delivery to a real SMTP server
 (aiosmtpd, with STARTTLS and AUTH) and a real HTTP receiver that fails the first attempt."""
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,9 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "smart"
 
 @pytest.fixture
 def drives(sqlite_catalog, tmp_path):
-    ids = format_emulated(sqlite_catalog, tmp_path / "drives", 3, 8 * 65536, 65536,
-                          preallocate=False)
+    ids = format_emulated(
+        sqlite_catalog, tmp_path / "drives", 3, 8 * 65536, 65536, preallocate=False
+    )
     yield ids
     shutil.rmtree(tmp_path / "drives", ignore_errors=True)
 
@@ -48,8 +50,9 @@ def states(catalog, kind):
 
 def test_a_failed_drive_is_raised_acknowledged_and_cleared(sqlite_catalog, drives):
     seen = []
-    monitor = AlertMonitor(sqlite_catalog, AlertSettings(), deliver=seen.append,
-                           sources=[DriveFailed()])
+    monitor = AlertMonitor(
+        sqlite_catalog, AlertSettings(), deliver=seen.append, sources=[DriveFailed()]
+    )
     assert monitor.tick(force=True) == []
     drive_states.fail_drive(sqlite_catalog, drives[1], actor="admin")
     [raised] = monitor.tick(force=True)
@@ -68,14 +71,17 @@ def test_a_failed_drive_is_raised_acknowledged_and_cleared(sqlite_catalog, drive
 
 
 def test_capacity_thresholds_and_failed_jobs(sqlite_catalog, drives):
-    settings = AlertSettings(capacity_warn_percent=80, capacity_critical_percent=90,
-                             reserve_zones=0)
+    settings = AlertSettings(
+        capacity_warn_percent=80, capacity_critical_percent=90, reserve_zones=0
+    )
     monitor = AlertMonitor(sqlite_catalog, settings, sources=[Capacity(), JobFailed()])
 
     def fill(share):
         zones = Zone.__table__
-        sqlite_catalog.run(lambda c: c.execute(update(zones).values(
-            write_pointer=int(65536 * share))))
+        sqlite_catalog.run(
+            lambda c: c.execute(update(zones).values(write_pointer=int(65536 * share)))
+        )
+
     fill(0.85)
     monitor.tick(force=True)
     assert states(sqlite_catalog, "capacity") == [("80%", "active")]
@@ -107,8 +113,9 @@ def test_smart_prefail_and_temperature(sqlite_catalog, drives, tmp_path, monkeyp
     (fixtures / "sda.json").write_text(json.dumps(report))
     monkeypatch.setenv("FAKE_SMARTCTL_DIR", str(fixtures))
     table = Drive.__table__
-    sqlite_catalog.run(lambda c: c.execute(update(table).where(table.c.id == drives[0])
-                                           .values(device="/dev/sda")))
+    sqlite_catalog.run(
+        lambda c: c.execute(update(table).where(table.c.id == drives[0]).values(device="/dev/sda"))
+    )
     settings = AlertSettings(temperature_c=55, smartctl=str(FIXTURES / "fake_smartctl"))
     AlertMonitor(sqlite_catalog, settings, sources=[SmartHealth()]).tick(force=True)
     found = {a.key: a for a in AlertService(sqlite_catalog).list()}
@@ -119,16 +126,34 @@ def test_smart_prefail_and_temperature(sqlite_catalog, drives, tmp_path, monkeyp
 
 def test_a_certificate_near_expiry(sqlite_catalog, tmp_path):
     cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-                    "-out", str(cert), "-days", "5", "-subj", "/CN=127.0.0.1"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "5",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     settings = AlertSettings(cert_file=str(cert), cert_warn_days=21)
     monitor = AlertMonitor(sqlite_catalog, settings, sources=[CertificateExpiry()])
     [notice] = monitor.tick(force=True)
     assert notice.alert.kind == "cert_expiry" and "expires in" in notice.alert.message
     settings.cert_warn_days = 2
     [cleared] = AlertMonitor(sqlite_catalog, settings, sources=[CertificateExpiry()]).tick(
-        force=True)
+        force=True
+    )
     assert cleared.change == "cleared"
 
 
@@ -169,6 +194,7 @@ def smtp_server(tmp_path):
     from aiosmtpd.smtp import AuthResult
 
     from appliance.tls import make_self_signed
+
     cert, key = tmp_path / "smtp.crt", tmp_path / "smtp.key"
     make_self_signed(cert, key, ["127.0.0.1", "localhost"])
     server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -180,8 +206,14 @@ def smtp_server(tmp_path):
             self.got = threading.Event()
 
         async def handle_DATA(self, server, session, envelope):
-            self.messages.append((session.authenticated, envelope.mail_from,
-                                  envelope.rcpt_tos, envelope.content.decode()))
+            self.messages.append(
+                (
+                    session.authenticated,
+                    envelope.mail_from,
+                    envelope.rcpt_tos,
+                    envelope.content.decode(),
+                )
+            )
             self.got.set()
             return "250 OK"
 
@@ -190,9 +222,16 @@ def smtp_server(tmp_path):
         return AuthResult(success=auth_data.login == b"alerts" and auth_data.password == b"s3cret")
 
     inbox = Inbox()
-    controller = Controller(inbox, hostname="127.0.0.1", port=free_port(), tls_context=server_tls,
-                            require_starttls=True, auth_required=True, auth_require_tls=True,
-                            authenticator=authenticator)
+    controller = Controller(
+        inbox,
+        hostname="127.0.0.1",
+        port=free_port(),
+        tls_context=server_tls,
+        require_starttls=True,
+        auth_required=True,
+        auth_require_tls=True,
+        authenticator=authenticator,
+    )
     controller.start()
     password = tmp_path / "smtp-password"
     password.write_text("s3cret\n")
@@ -232,18 +271,27 @@ def webhook():
     server.server_close()
 
 
-def test_alerts_reach_a_real_smtp_server_and_a_webhook(sqlite_catalog, drives, smtp_server,
-                                                       webhook):
+def test_alerts_reach_a_real_smtp_server_and_a_webhook(
+    sqlite_catalog, drives, smtp_server, webhook
+):
     controller, inbox, client_tls, password = smtp_server
     url, receiver = webhook
-    mail = MailSink("127.0.0.1", controller.port, "shingle@example.test",
-                    ["ops@example.test", "oncall@example.test"], username="alerts",
-                    password_file=str(password), starttls=True, timeout_s=5,
-                    tls_context=client_tls)
+    mail = MailSink(
+        "127.0.0.1",
+        controller.port,
+        "shingle@example.test",
+        ["ops@example.test", "oncall@example.test"],
+        username="alerts",
+        password_file=str(password),
+        starttls=True,
+        timeout_s=5,
+        tls_context=client_tls,
+    )
     hook = WebhookSink(url, timeout_s=5, retries=3, backoff_s=0.05)
     notifier = Notifier([mail, hook])
-    monitor = AlertMonitor(sqlite_catalog, AlertSettings(), deliver=notifier.deliver,
-                           sources=[DriveFailed()])
+    monitor = AlertMonitor(
+        sqlite_catalog, AlertSettings(), deliver=notifier.deliver, sources=[DriveFailed()]
+    )
     try:
         drive_states.fail_drive(sqlite_catalog, drives[2], actor="admin")
         [raised] = monitor.tick(force=True)
@@ -257,14 +305,18 @@ def test_alerts_reach_a_real_smtp_server_and_a_webhook(sqlite_catalog, drives, s
     assert [m[0] for m in inbox.messages] == [True, True]  # sent after AUTH, hence after STARTTLS
     assert inbox.logins and all(login == b"alerts" for _m, login in inbox.logins)
     first, second = inbox.messages
-    assert first[1] == "shingle@example.test" and first[2] == ["ops@example.test",
-                                                               "oncall@example.test"]
+    assert first[1] == "shingle@example.test" and first[2] == [
+        "ops@example.test",
+        "oncall@example.test",
+    ]
     assert f"[shingle CRITICAL] drive {drives[2]} is failed" in first[3]
     assert "[shingle CLEARED]" in second[3] and "state: cleared" in second[3]
     # the receiver refused the first POST: the sink retried, and both notices arrived in order
     assert receiver.attempts == 3
     assert [(b["change"], b["id"], b["kind"]) for b in receiver.bodies] == [
-        ("active", raised.alert.id, "drive_failed"), ("cleared", raised.alert.id, "drive_failed")]
+        ("active", raised.alert.id, "drive_failed"),
+        ("cleared", raised.alert.id, "drive_failed"),
+    ]
     assert receiver.bodies[0]["state"] == "active" and receiver.bodies[1]["cleared_ns"]
 
 
@@ -277,15 +329,27 @@ def test_mail_without_starttls_on_offer_is_refused_not_sent_in_clear(sqlite_cata
         async def handle_DATA(self, server, session, envelope):
             self.messages.append(envelope)
             return "250 OK"
+
     controller = Controller(Inbox(), hostname="127.0.0.1", port=free_port())
     controller.start()
     try:
-        mail = MailSink("127.0.0.1", controller.port, "a@example.test", ["b@example.test"],
-                        starttls=True, timeout_s=5)
+        mail = MailSink(
+            "127.0.0.1",
+            controller.port,
+            "a@example.test",
+            ["b@example.test"],
+            starttls=True,
+            timeout_s=5,
+        )
         notifier = Notifier([mail])
         from engine.alerts import AlertRecord, Notice
-        notice = Notice(AlertRecord(1, "capacity", "80%", "warning", "active", "full", {}, 1, 1,
-                                    None, None, None), "active")
+
+        notice = Notice(
+            AlertRecord(
+                1, "capacity", "80%", "warning", "active", "full", {}, 1, 1, None, None, None
+            ),
+            "active",
+        )
         notifier.deliver(notice)
         assert notifier.wait_idle(20)
         notifier.stop()
@@ -296,14 +360,23 @@ def test_mail_without_starttls_on_offer_is_refused_not_sent_in_clear(sqlite_cata
 
 def test_a_dead_webhook_does_not_hold_up_the_caller(sqlite_catalog):
     import time
-    hook = WebhookSink(f"http://127.0.0.1:{free_port()}/gone", timeout_s=1, retries=2,
-                       backoff_s=0.2)
+
+    hook = WebhookSink(
+        f"http://127.0.0.1:{free_port()}/gone", timeout_s=1, retries=2, backoff_s=0.2
+    )
     notifier = Notifier([hook])
     from engine.alerts import AlertRecord, Notice
+
     started = time.monotonic()
     for n in range(5):
-        notifier.deliver(Notice(AlertRecord(n, "capacity", "", "warning", "active", "x", {}, 1, 1,
-                                            None, None, None), "active"))
+        notifier.deliver(
+            Notice(
+                AlertRecord(
+                    n, "capacity", "", "warning", "active", "x", {}, 1, 1, None, None, None
+                ),
+                "active",
+            )
+        )
     assert time.monotonic() - started < 0.2
     assert notifier.wait_idle(30)
     notifier.stop()

@@ -1,6 +1,7 @@
 """The drive lifecycle as an admin runs it against `shingle serve`: fail a drive, see the
 rebuild end with warnings (too few drives), add a drive the daemon picks up, reach full
 redundancy with every byte checked; the alerts raised and cleared on the way."""
+
 from __future__ import annotations
 
 import hashlib
@@ -19,8 +20,12 @@ from engine.namespace import ROOT
 
 
 def shingle(*args, check=True, timeout=180):
-    run = subprocess.run([sys.executable, "-m", "appliance.cli", *args], capture_output=True,
-                         text=True, timeout=timeout)
+    run = subprocess.run(
+        [sys.executable, "-m", "appliance.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check:
         assert run.returncode == 0, run.stderr
     return run
@@ -28,8 +33,17 @@ def shingle(*args, check=True, timeout=180):
 
 def test_fail_add_rebuild_through_the_daemon(tmp_path):
     home = tmp_path / "appliance"
-    shingle("init", str(home), "--drives", "10", "--drive-size", "48MiB", "--zone-size", "4MiB",
-            "--no-preallocate")
+    shingle(
+        "init",
+        str(home),
+        "--drives",
+        "10",
+        "--drive-size",
+        "48MiB",
+        "--zone-size",
+        "4MiB",
+        "--no-preallocate",
+    )
     conf = home / "shingle.toml"
     # alerts every second, so the test need not wait
     conf.write_text(conf.read_text().replace("[alerts]\n", "[alerts]\ninterval_s = 1.0\n", 1))
@@ -44,9 +58,21 @@ def test_fail_add_rebuild_through_the_daemon(tmp_path):
             ns.write(made.ino, 0, data, stable=True)
             files[f"/data/f{n}"] = hashlib.sha256(data).hexdigest()
     cfg = ["-c", str(conf)]
-    daemon = subprocess.Popen([sys.executable, "-m", "appliance.cli", *cfg, "serve", "--no-web",
-                               "--nfs-port", str(free_port())], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    daemon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "appliance.cli",
+            *cfg,
+            "serve",
+            "--no-web",
+            "--nfs-port",
+            str(free_port()),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         for line in daemon.stdout:
             if "nfs://" in line:
@@ -63,6 +89,7 @@ def test_fail_add_rebuild_through_the_daemon(tmp_path):
 
         def alerts():
             return json.loads(shingle(*cfg, "alerts", "list", "--json").stdout)
+
         deadline = time.monotonic() + 30
         while {"drive_failed", "redundancy_reduced"} - {a["kind"] for a in alerts()}:
             assert time.monotonic() < deadline, alerts()
@@ -81,8 +108,7 @@ def test_fail_add_rebuild_through_the_daemon(tmp_path):
         assert status["redundancy"]["under_protected"] == 0
         assert any(d["path"] == str(new) and d["state"] == "online" for d in status["drives"])
         deadline = time.monotonic() + 30
-        while any(a["state"] != "cleared" for a in alerts()
-                  if a["kind"] == "redundancy_reduced"):
+        while any(a["state"] != "cleared" for a in alerts() if a["kind"] == "redundancy_reduced"):
             assert time.monotonic() < deadline, alerts()
             time.sleep(0.5)
     finally:

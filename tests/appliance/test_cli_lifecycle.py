@@ -1,5 +1,6 @@
 """Lifecycle commands as an admin runs them: in-process without a daemon, as a
 daemon job while `shingle serve` owns the drives."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """End to end: a real client works against `shingle serve`, the daemon samples its
 counters, and the web UI's /metrics reports them."""
+
 from __future__ import annotations
 
 import re
@@ -91,6 +92,7 @@ def test_nfs_traffic_reaches_metrics(tmp_path):
     assert sum(1 for v in drive_written if v > 0) == 10  # an 8+2 stripe touches every drive
 
     from webui.app import create_app
+
     app = create_app(config_mod.load(path))
     body = app.test_client().get("/metrics").get_data(as_text=True)
     assert "shingle_nfs_latency_seconds_bucket" in body

@@ -1,5 +1,6 @@
 """The daemon's maintenance loop: scheduled jobs come due and run, queued jobs run,
 counters are sampled for the charts."""
+
 from __future__ import annotations
 
 import os
@@ -77,8 +78,12 @@ def test_the_loop_notices_a_drive_folder_gone_and_back_without_any_io(tmp_path):
     home = tmp_path / "d"
     shingle("init", str(home), "--drive-size", "128MiB", "--zone-size", "8MiB")
     path = home / "shingle.toml"
-    text, count = re.subn(r"^# drive_check_interval_s = [\d.]+$", "drive_check_interval_s = 0.2",
-                          path.read_text(), flags=re.M)
+    text, count = re.subn(
+        r"^# drive_check_interval_s = [\d.]+$",
+        "drive_check_interval_s = 0.2",
+        path.read_text(),
+        flags=re.M,
+    )
     assert count == 1
     path.write_text(text)
     config = config_mod.load(path)
@@ -94,6 +99,9 @@ def test_the_loop_notices_a_drive_folder_gone_and_back_without_any_io(tmp_path):
         finally:
             loop.stop()
             loop.join(30)
-        moves = [(e.details["from"], e.details["to"]) for e in recent(appliance.catalog, 20)
-                 if e.kind == "drive.state" and e.details["drive_id"] == drive.id]
+        moves = [
+            (e.details["from"], e.details["to"])
+            for e in recent(appliance.catalog, 20)
+            if e.kind == "drive.state" and e.details["drive_id"] == drive.id
+        ]
         assert moves == [("missing", "online"), ("online", "missing")]

@@ -1,4 +1,5 @@
 """The daemon keeps stripe-sized buffers in the heap (appliance.runtime.tune_malloc)."""
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,14 @@ print(json.dumps({{"tuned": tuned, "mapped": mapped}}))
 
 def probe(tune: bool) -> dict:
     from pathlib import Path
+
     repo = str(Path(__file__).resolve().parents[2])
-    out = subprocess.run([sys.executable, "-c", PROBE.format(repo=repo, tune=tune)], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE.format(repo=repo, tune=tune)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return json.loads(out)
 
 

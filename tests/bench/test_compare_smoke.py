@@ -8,6 +8,7 @@ output contract other checks rely on, not speed: the last lines are
 ``metric shingle_value ganesha_value ratio``, NFS-Ganesha produced a number
 for every metric, shingle produced numbers, and every metric shingle has no
 number for is explained by a recorded failure."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,7 +30,9 @@ WORKLOAD_OF = {
     "seq_write_MBps": {"seq_write"},
     "seq_read_cold_MBps": {"seq_write", "seq_read"},
     "seq_read_warm_MBps": {"seq_write", "seq_read"},
-    "create_per_s": {"small_files"}, "stat_per_s": {"small_files"}, "remove_per_s": {"small_files"},
+    "create_per_s": {"small_files"},
+    "stat_per_s": {"small_files"},
+    "remove_per_s": {"small_files"},
     "randwrite_iops": {"random_write"},
     "ckpt8_write_MBps": {"checkpoint_writers"},
     "shard16_read_MBps": {"shard_readers"},
@@ -66,10 +69,14 @@ def test_compare_smoke_prints_one_line_per_metric_with_both_servers(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout.strip().splitlines()
 
-    marker = next(i for i, line in enumerate(out) if line.startswith("# ") and
-                  line.endswith("metrics: metric shingle_value ganesha_value ratio"))
+    marker = next(
+        i
+        for i, line in enumerate(out)
+        if line.startswith("# ")
+        and line.endswith("metrics: metric shingle_value ganesha_value ratio")
+    )
     declared = int(out[marker].split()[1])
-    tail = out[marker + 1:]
+    tail = out[marker + 1 :]
     assert len(tail) == declared, tail
     expected = {f"{c}.{m}" for c in ("nfsrs", "nfs4fs") for m, _u, _g in compare.METRICS}
     if has_torch:
@@ -105,8 +112,9 @@ def test_compare_smoke_prints_one_line_per_metric_with_both_servers(tmp_path):
             slack = (shingle / ganesha) * (0.006 / shingle + 0.006 / ganesha) + 0.0015
             assert abs(ratio - shingle / ganesha) <= slack, (metric, shingle, ganesha, ratio)
     for client in ("nfsrs", "nfs4fs"):
-        assert any(not math.isnan(v[0]) for k, v in rows.items() if k.startswith(client + ".")), \
+        assert any(not math.isnan(v[0]) for k, v in rows.items() if k.startswith(client + ".")), (
             f"shingle produced no number at all with {client}"
+        )
 
     report = (results / "latest.md").read_text()
     assert "## Results (median; ratio = shingle / NFS-Ganesha)" in report
@@ -121,10 +129,10 @@ def test_profile_parser_ranks_busy_frames_and_drops_idle_ones():
     text = "\n".join(
         [
             'process 1:"shingle";thread (0x1);main (cli.py:10);write (engine/datapath/core.py:400) '
-            '30',
+            "30",
             'process 1:"shingle";thread (0x1);main (cli.py:10);encode (engine/erasure.py:130) 10',
             'process 1:"shingle";thread (0x2);run_forever (asyncio/base_events.py:600);select '
-            '(selectors.py:468) 60',
+            "(selectors.py:468) 60",
         ]
     )
     prof = compare.parse_collapsed(text)

@@ -2,6 +2,7 @@
 (shingle's smbd over its FUSE mount, a reference smbd over a plain folder) start, every workload
 gives a number for both, and the last lines keep the contract other checks rely on:
 ``smb.METRIC SHINGLE REFERENCE RATIO``. Speed is not checked."""
+
 from __future__ import annotations
 
 import json
@@ -20,15 +21,23 @@ LINE = re.compile(r"^smb\.(\S+) (\d+\.\d+) (\d+\.\d+) (nan|\d+\.\d+)$")
 
 def test_smb_smoke_prints_one_line_per_metric_for_both_servers(tmp_path):
     run_json = tmp_path / "run.json"
-    proc = subprocess.run([sys.executable, "bench/smb.py", "--smoke", "--json", str(run_json)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "bench/smb.py", "--smoke", "--json", str(run_json)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     print(proc.stdout)
     print(proc.stderr[-4000:], file=sys.stderr)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout.strip().splitlines()
-    marker = next(i for i, line in enumerate(out) if line.startswith("# ") and
-                  "metrics: smb.METRIC shingle reference ratio" in line)
-    tail = out[marker + 1:]
+    marker = next(
+        i
+        for i, line in enumerate(out)
+        if line.startswith("# ") and "metrics: smb.METRIC shingle reference ratio" in line
+    )
+    tail = out[marker + 1 :]
     assert len(tail) == int(out[marker].split()[1]) == len(smb_bench.METRICS)
     rows = {}
     for line in tail:
@@ -47,5 +56,6 @@ def test_smb_smoke_prints_one_line_per_metric_for_both_servers(tmp_path):
         assert cpu or (ours > 0 and ref > 0), metric
         exact = result["results"]["shingle"][metric] / reference
         assert abs(ratio - exact) <= 0.006 + exact * 0.01, (metric, ours, ref, ratio)
-    assert not list(Path("/tmp").glob("shingle-smb-bench-*/shingle/smb/mount")), \
+    assert not list(Path("/tmp").glob("shingle-smb-bench-*/shingle/smb/mount")), (
         "the benchmark left a folder (and maybe a mount) behind"
+    )

@@ -1,6 +1,7 @@
 """Namespace.is_inside, the check behind export confinement, on both catalogs: right after
 every change that moves an inode in or out of a subtree (a rename to another directory, a
 link added or removed, a commit of another process), and answered from its cache otherwise."""
+
 from __future__ import annotations
 
 from engine.catalog import Catalog
@@ -17,6 +18,7 @@ def test_is_inside_follows_renames_links_and_other_processes(namespace, catalog_
 
     def inside(attr) -> bool:
         return ns.is_inside(top.ino, ns.getattr(attr.ino))
+
     assert inside(top) and inside(d) and inside(deep) and inside(f)
     assert not inside(archive)
     assert ns.is_inside(ns.root_ino, archive)  # everything is inside the root

@@ -1,6 +1,7 @@
 """The namespace's attribute and name cache (SQLite): this process's own writes
 keep it warm and exact, another process's commits clear it, and a load that
 raced an eviction is never cached."""
+
 from __future__ import annotations
 
 import threading
@@ -80,6 +81,7 @@ def test_load_that_raced_an_eviction_is_not_cached(sqlite_catalog):
         loaded.set()
         go_on.wait(10)
         return result
+
     sqlite_catalog.read = slow_read
     seen = []
     reader = threading.Thread(target=lambda: seen.append(ns.getattr(f.ino)))
@@ -105,6 +107,7 @@ def test_setattr_that_changes_nothing_needs_no_write_but_still_checks_permission
     def run(work, **kw):
         writes.append(kw)
         return original_run(work, **kw)
+
     sqlite_catalog.run = run
     reads = count_reads(sqlite_catalog)
     same = ns.setattr(
@@ -124,6 +127,7 @@ def test_setattr_that_changes_nothing_needs_no_write_but_still_checks_permission
 
 def test_cache_size_is_bounded(sqlite_catalog, monkeypatch):
     import engine.namespace.cache as cache_module
+
     monkeypatch.setattr(cache_module, "CACHE_MAX_ENTRIES", 10)
     ns = Namespace(sqlite_catalog)
     made = {f"f{i}": ns.create(ROOT, ns.root_ino, f"f{i}", 0o644).ino for i in range(30)}
@@ -141,6 +145,7 @@ def test_tracked_commits_of_this_process_keep_the_cache(sqlite_catalog, count_re
     query each when the daemon's metrics sampler committed in between)."""
     from engine import jobs
     from engine.metrics import record_sample
+
     ns = Namespace(sqlite_catalog)
     f = ns.create(ROOT, ns.root_ino, "f", 0o644)
     ns.lookup(ROOT, ns.root_ino, "f")
@@ -155,6 +160,7 @@ def test_tracked_commits_of_this_process_keep_the_cache(sqlite_catalog, count_re
 
 def test_untracked_commit_of_this_process_clears_the_cache(sqlite_catalog):
     from engine.catalog.database import sql
+
     ns = Namespace(sqlite_catalog)
     f = ns.create(ROOT, ns.root_ino, "f", 0o644)
     assert ns.getattr(f.ino).mode & 0o777 == 0o644

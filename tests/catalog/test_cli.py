@@ -1,4 +1,5 @@
 """`shingle init` and `shingle status` as an admin runs them."""
+
 from __future__ import annotations
 
 import json

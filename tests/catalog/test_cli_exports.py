@@ -1,4 +1,5 @@
 """`shingle exports` as an admin runs it: list, add, set, remove, and errors as one line."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,9 @@ from engine import events
 
 
 def shingle(*args, check=True):
-    run = subprocess.run([sys.executable, "-m", "appliance.cli", *args], capture_output=True,
-                         text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "appliance.cli", *args], capture_output=True, text=True
+    )
     if check:
         assert run.returncode == 0, run.stderr
     return run
@@ -36,15 +38,28 @@ def test_list_add_set_remove(home):
     conf = str(home / "shingle.toml")
     listed = exports_json(conf)
     assert [(e["name"], e["path"], e["squash"]) for e in listed] == [
-        ("/export", "/", "root_squash")]
+        ("/export", "/", "root_squash")
+    ]
     assert "/export" in shingle("-c", conf, "exports", "list").stdout
 
     config = config_mod.load(conf)
     with Appliance(config, with_data=False) as appliance:  # a directory to export
         from engine.namespace import ROOT
+
         appliance.namespace.mkdir(ROOT, appliance.namespace.root_ino, "datasets")
-    out = shingle("-c", conf, "exports", "add", "/datasets", "--clients", "10.0.0.0/8",
-                  "192.168.1.5", "--squash", "all_squash", "--read-only").stdout
+    out = shingle(
+        "-c",
+        conf,
+        "exports",
+        "add",
+        "/datasets",
+        "--clients",
+        "10.0.0.0/8",
+        "192.168.1.5",
+        "--squash",
+        "all_squash",
+        "--read-only",
+    ).stdout
     assert "/datasets" in out
     added = next(e for e in exports_json(conf) if e["name"] == "/datasets")
     assert added["clients"] == "10.0.0.0/8,192.168.1.5/32" and added["access"] == "ro"
@@ -71,8 +86,18 @@ def test_errors_are_one_line(home):
     bad = shingle("-c", conf, "exports", "add", "/nowhere", check=False)
     assert bad.returncode == 2 and "path = '/nowhere': expected an existing directory" in bad.stderr
     assert "Traceback" not in bad.stderr
-    cidr = shingle("-c", conf, "exports", "add", "/", "--name", "/all", "--clients", "10.0.0.300/8",
-                   check=False)
+    cidr = shingle(
+        "-c",
+        conf,
+        "exports",
+        "add",
+        "/",
+        "--name",
+        "/all",
+        "--clients",
+        "10.0.0.300/8",
+        check=False,
+    )
     assert cidr.returncode == 2
     assert "clients = '10.0.0.300/8': expected an IP address" in cidr.stderr
     squash = shingle("-c", conf, "exports", "set", "1", "--squash", "everyone", check=False)

@@ -1,5 +1,6 @@
 """`shingle snapshot ...` as an admin runs it: create, list --json, diff, clone, rollback,
 delete."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,9 @@ from engine.namespace import ROOT
 
 
 def shingle(*args, check=True):
-    run = subprocess.run([sys.executable, "-m", "appliance.cli", *args], capture_output=True,
-                         text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "appliance.cli", *args], capture_output=True, text=True
+    )
     if check:
         assert run.returncode == 0, run.stderr
     return run
@@ -59,8 +61,9 @@ def test_snapshot_commands(tmp_path):
         assert _read(appliance, "/datasets/web/.snapshots/monday/index.html") == b"<h1>v1</h1>"
     diff = shingle("-c", conf, "snapshot", "diff", "/datasets/web", "monday").stdout.split("\n")
     assert "M index.html" in diff and "+ new" in diff
-    as_json = json.loads(shingle("-c", conf, "snapshot", "diff", "/datasets/web", "monday",
-                                 "--json").stdout)
+    as_json = json.loads(
+        shingle("-c", conf, "snapshot", "diff", "/datasets/web", "monday", "--json").stdout
+    )
     assert {"change": "added", "path": "new"} in as_json
 
     shingle("-c", conf, "snapshot", "clone", "/datasets/web", "monday", "/datasets/web-monday")
@@ -75,8 +78,9 @@ def test_snapshot_commands(tmp_path):
     again = shingle("-c", conf, "snapshot", "create", "/datasets/web", "monday", check=False)
     assert again.returncode == 1 and "exists" in again.stderr and "Traceback" not in again.stderr
     shingle("-c", conf, "snapshot", "delete", "/datasets/web", "monday")
-    assert json.loads(shingle("-c", conf, "snapshot", "list", "/datasets/web",
-                              "--json").stdout) == []
+    assert (
+        json.loads(shingle("-c", conf, "snapshot", "list", "/datasets/web", "--json").stdout) == []
+    )
     missing = shingle("-c", conf, "snapshot", "delete", "/datasets/web", "monday", check=False)
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     report = json.loads(shingle("-c", conf, "fsck", "--json").stdout)

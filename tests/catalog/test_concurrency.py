@@ -4,6 +4,7 @@ Metadata engines on SQLite are known to fail here with "database is locked"
 (JuiceFS #4956, #2645). 2 processes x 4 threads run mixed operations in one
 shared directory and in their own; each records what it expects to exist,
 and the final tree must be exactly the union."""
+
 from __future__ import annotations
 
 import multiprocessing
@@ -129,5 +130,6 @@ def test_changes_from_another_process_are_seen(catalog_url):
     assert second.lookup(ROOT, second.root_ino, "e").mode == 0o700
     assert second.getattr(d.ino).mode == 0o700
     import engine.errors as errors
+
     with pytest.raises(errors.NotFound):
         second.lookup(ROOT, second.root_ino, "d")

@@ -1,4 +1,5 @@
 """The config file: validated at load, one clear line and exit code 2 when wrong."""
+
 from __future__ import annotations
 
 import subprocess
@@ -34,21 +35,24 @@ def test_defaults_and_relative_paths(tmp_path):
     assert set(cfg.policies()) == {"hot", "warm", "cold"}
 
 
-@pytest.mark.parametrize("text,key,fragment", [
-    ("[nfs]\nport = 70000\n", "nfs.port", "0-65535"),
-    ("[nfs]\nport = \"x\"\n", "nfs.port", "whole number"),
-    ("[nfs]\nprot = 1\n", "nfs.prot", "known option"),
-    ("[nsf]\nport = 1\n", "nsf", "known section"),
-    ("[logging]\nlevel = \"loud\"\n", "logging.level", "debug, info"),
-    ("[nfs]\nmax_record_size = \"12 parsecs\"\n", "nfs.max_record_size", "size"),
-    ("[storage]\nreserve_zones = 0\n", "storage.reserve_zones", "at least 1"),
-    ("[storage]\ninline_write_bytes = 4194304\n", "storage.inline_write_bytes", ""),
-    ("[storage]\ninline_budget_bytes = -1\n", "storage.inline_budget_bytes", ""),
-    ("[band_classes.warm]\nk = 0\n", "band_classes.warm.k", ""),
-    ("[band_classes.warm]\nbackend = \"no_such_backend\"\n", "band_classes.warm.backend", ""),
-    ("[band_classes.lukewarm]\nk = 4\n", "band_classes.lukewarm", "hot, warm, cold"),
-    ("not toml = = =\n", "config file", "valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text,key,fragment",
+    [
+        ("[nfs]\nport = 70000\n", "nfs.port", "0-65535"),
+        ('[nfs]\nport = "x"\n', "nfs.port", "whole number"),
+        ("[nfs]\nprot = 1\n", "nfs.prot", "known option"),
+        ("[nsf]\nport = 1\n", "nsf", "known section"),
+        ('[logging]\nlevel = "loud"\n', "logging.level", "debug, info"),
+        ('[nfs]\nmax_record_size = "12 parsecs"\n', "nfs.max_record_size", "size"),
+        ("[storage]\nreserve_zones = 0\n", "storage.reserve_zones", "at least 1"),
+        ("[storage]\ninline_write_bytes = 4194304\n", "storage.inline_write_bytes", ""),
+        ("[storage]\ninline_budget_bytes = -1\n", "storage.inline_budget_bytes", ""),
+        ("[band_classes.warm]\nk = 0\n", "band_classes.warm.k", ""),
+        ('[band_classes.warm]\nbackend = "no_such_backend"\n', "band_classes.warm.backend", ""),
+        ("[band_classes.lukewarm]\nk = 4\n", "band_classes.lukewarm", "hot, warm, cold"),
+        ("not toml = = =\n", "config file", "valid TOML"),
+    ],
+)
 def test_bad_values_name_key_value_and_expectation(tmp_path, text, key, fragment):
     with pytest.raises(ConfigError) as exc:
         config.load(write(tmp_path, text))

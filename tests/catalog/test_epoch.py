@@ -1,6 +1,7 @@
 """Catalog.epoch, the change signal behind every in-process cache (SQLite): it moves
 with every commit of any connection or process, stays put otherwise, and never
 blocks, so the NFS event loop may use it inside no_blocking()."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -17,9 +18,11 @@ from engine.catalog.database import sql
 def _commit_elsewhere(url: str) -> None:
     """A commit by another process, through the sqlite3 module alone."""
     path = url.removeprefix("sqlite:///")
-    code = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
-            "c.execute(\"INSERT INTO settings (key, value) VALUES ('epoch-test', 'x') "
-            "ON CONFLICT(key) DO UPDATE SET value = value || 'x'\"); c.commit()")
+    code = (
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+        "c.execute(\"INSERT INTO settings (key, value) VALUES ('epoch-test', 'x') "
+        "ON CONFLICT(key) DO UPDATE SET value = value || 'x'\"); c.commit()"
+    )
     subprocess.run([sys.executable, "-c", code, path], check=True)
 
 
@@ -92,7 +95,6 @@ def test_postgresql_has_no_epoch(catalog):
     assert catalog.epoch() is None
 
 
-
 _PROBE_DMS = """
 import fcntl, os, sys
 fd = os.open(sys.argv[1], os.O_RDWR)
@@ -117,6 +119,7 @@ def test_mapping_the_wal_index_keeps_sqlites_locks(sqlite_catalog):
         return subprocess.run(
             [sys.executable, "-c", _PROBE_DMS, shm], capture_output=True, text=True, check=True
         ).stdout.strip()
+
     assert probe() == "held"  # the probe itself is sound
     sqlite_catalog.epoch()  # maps the index
     other = Catalog(sqlite_catalog.url)

@@ -1,4 +1,5 @@
 """fsck finds nothing on a tree built through the namespace, and finds real damage."""
+
 from __future__ import annotations
 
 from sqlalchemy import update

@@ -1,4 +1,5 @@
 """Jobs queue in the catalog: submitted by admins, claimed once, progress visible, finished."""
+
 from __future__ import annotations
 
 import threading
@@ -36,6 +37,7 @@ def test_wait_reports_progress_until_done(catalog):
         job = jobs.claim_next(catalog)
         jobs.progress_writer(catalog, job.id, every_s=0)(1, 2, "one of two")
         jobs.finish(catalog, job.id, ok=False, message="drive 4 missing")
+
     worker = threading.Timer(0.2, daemon)
     worker.start()
     final = jobs.wait(catalog, job_id, progress=seen.append, poll_s=0.05, timeout_s=30)
@@ -75,8 +77,9 @@ def test_wait_gives_up_when_the_daemon_is_gone_or_its_heartbeat_stale(catalog):
     queued = jobs.submit(catalog, "scrub")
     expected = r"scrub job \d+ is queued but the daemon \(pid 7\) has stopped: it will be queued"
     with pytest.raises(errors.JobAbandoned, match=expected):
-        jobs.wait(catalog, queued, poll_s=0.01,
-                  daemon_gone=lambda: "the daemon (pid 7) has stopped")
+        jobs.wait(
+            catalog, queued, poll_s=0.01, daemon_gone=lambda: "the daemon (pid 7) has stopped"
+        )
     running = jobs.claim_next(catalog)
     with jobs.Heartbeat(catalog, running.id, every_s=0.05):
         time.sleep(0.3)

@@ -1,4 +1,5 @@
 """Alembic owns the schema: head matches the models, and upgrade/downgrade round-trip."""
+
 from __future__ import annotations
 
 import pytest

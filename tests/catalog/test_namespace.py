@@ -1,4 +1,5 @@
 """The namespace API on SQLite and on PostgreSQL (every test runs on both)."""
+
 from __future__ import annotations
 
 import errno

@@ -3,6 +3,7 @@
 Each example works in a fresh sandbox directory; after every operation the
 outcome (success or errno) must match the model, and at the end every
 listing and every link count must match too."""
+
 from __future__ import annotations
 
 import itertools

@@ -1,5 +1,6 @@
 """This process's SQLite writers take turns first come, first served, and checkpoints run outside
 the turn: a writer never waits in SQLite's busy handler behind a stream of short transactions."""
+
 from __future__ import annotations
 
 import os
@@ -30,6 +31,7 @@ def test_a_writer_gets_its_turn_between_another_threads_transactions(sqlite_cata
             def work(conn, i=i):
                 _note(conn, f"s{i}")
                 time.sleep(0.01)
+
             catalog.run(work)
             streamed.append(i)
 

@@ -2,6 +2,7 @@
 
 ``engine`` runs on SQLite and PostgreSQL (catalog behaviour matters); ``sqlite_engine`` is for
 behaviour of drives, codes and reads, where a second database only costs time."""
+
 from __future__ import annotations
 
 import pytest

@@ -3,6 +3,7 @@
 ``run`` writes ``C <name> <length>`` lines to a file descriptor after every committed flush, then
 keeps the process alive until it is killed. The crash test forks into it (imports already done);
 ``python crash_child.py CATALOG_URL ROUND`` runs it by hand with stdout."""
+
 from __future__ import annotations
 
 import os
@@ -45,7 +46,7 @@ def run(url: str, round_no: int, out: int) -> None:
         pos = 0
         while pos < len(content):
             n = min(rng.randint(1, 40_000), len(content) - pos)
-            ns.write(ino, pos, content[pos:pos + n], stable=rng.random() < 0.2)
+            ns.write(ino, pos, content[pos : pos + n], stable=rng.random() < 0.2)
             pos += n
             if rng.random() < 0.3:
                 ns.commit(ino)

@@ -12,8 +12,11 @@ from engine.namespace import Namespace
 
 KiB, MiB = 1 << 10, 1 << 20
 # small geometry keeps tests fast: 8+2 stripes of 8 x 64 KiB, zones of 1 MiB
-SMALL = {"warm": {"fragment_size": 64 * KiB}, "cold": {"fragment_size": 64 * KiB},
-         "hot": {"fragment_size": 64 * KiB}}
+SMALL = {
+    "warm": {"fragment_size": 64 * KiB},
+    "cold": {"fragment_size": 64 * KiB},
+    "hot": {"fragment_size": 64 * KiB},
+}
 
 
 class Engine:
@@ -39,8 +42,9 @@ class Engine:
         self.reserve_zones = reserve_zones
         self.smr_model = smr_model
         self.datapath_options = dict(datapath_options or {})  # more DataPath keyword arguments
-        self.drive_ids = format_emulated(catalog, root, drives, drive_size, zone_size,
-                                         write_granularity=write_granularity)
+        self.drive_ids = format_emulated(
+            catalog, root, drives, drive_size, zone_size, write_granularity=write_granularity
+        )
         self.data = None
         self.ns = None
         self.start()
@@ -77,13 +81,19 @@ def check_accounting(catalog):
                 zones.c.id, zones.c.write_pointer, zones.c.live_bytes, zones.c.garbage_bytes
             ).where(zones.c.write_pointer != zones.c.live_bytes + zones.c.garbage_bytes)
         ).all()
-        live = dict(conn.execute(select(extents.c.stripe_id, func.sum(extents.c.length))
-                                 .group_by(extents.c.stripe_id)).all())
+        live = dict(
+            conn.execute(
+                select(extents.c.stripe_id, func.sum(extents.c.length)).group_by(
+                    extents.c.stripe_id
+                )
+            ).all()
+        )
         recorded = dict(conn.execute(select(stripes.c.id, stripes.c.live_bytes)).all())
         negative = conn.execute(
             select(zones.c.id).where((zones.c.live_bytes < 0) | (zones.c.garbage_bytes < 0))
         ).all()
         return bad_zones, live, recorded, negative
+
     bad_zones, live, recorded, negative = catalog.read(work)
     assert not bad_zones, f"zones whose write pointer != live + garbage: {bad_zones}"
     assert not negative, f"zones with negative accounting: {negative}"

@@ -2,6 +2,7 @@
 must not be trusted: the namespace caches the attributes read inside the flush's own
 transaction; the data path remembers an idle file's size and class until a commit it cannot
 account for (another process's, or an untracked one of this process)."""
+
 from __future__ import annotations
 
 import os
@@ -46,7 +47,7 @@ def test_a_write_after_a_flush_needs_no_catalog_read(sqlite_engine, count_reads)
     reads = count_reads(engine.catalog)
     for offset in (4096, 40960, 8192):
         piece = os.urandom(4096)
-        data[offset:offset + 4096] = piece
+        data[offset : offset + 4096] = piece
         ns.write(ino, offset, piece)
         ns.commit(ino)
     assert reads == [], (
@@ -65,10 +66,14 @@ def test_a_commit_by_anyone_else_makes_the_next_write_read_the_catalog(engine):
         lambda c: c.execute(update(INODES).where(INODES.c.ino == ino).values(band_class="warm"))
     )
     ns.write(ino, 4096, b"b" * 4096, stable=True)
-    layouts = engine.catalog.read(lambda c: c.execute(
-        select(EXTENTS.c.file_offset, STRIPES.c.layout, STRIPES.c.band_class)
-        .select_from(EXTENTS.join(STRIPES, STRIPES.c.id == EXTENTS.c.stripe_id))
-        .where(EXTENTS.c.ino == ino).order_by(EXTENTS.c.file_offset)).all())
+    layouts = engine.catalog.read(
+        lambda c: c.execute(
+            select(EXTENTS.c.file_offset, STRIPES.c.layout, STRIPES.c.band_class)
+            .select_from(EXTENTS.join(STRIPES, STRIPES.c.id == EXTENTS.c.stripe_id))
+            .where(EXTENTS.c.ino == ino)
+            .order_by(EXTENTS.c.file_offset)
+        ).all()
+    )
     assert [tuple(r) for r in layouts] == [(0, "inline", "hot"), (4096, "ec", "warm")]
     assert ns.read(ino, 0, 8192) == b"a" * 4096 + b"b" * 4096
 

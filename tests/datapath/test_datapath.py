@@ -1,4 +1,5 @@
 """The data path through the namespace, on SQLite and PostgreSQL catalogs."""
+
 from __future__ import annotations
 
 import errno
@@ -25,7 +26,7 @@ def make(engine, name, data, chunk=100 * KiB):
     ns = engine.ns
     ino = ns.create(ROOT, ns.root_ino, name).ino
     for off in range(0, len(data), chunk):
-        ns.write(ino, off, data[off:off + chunk])
+        ns.write(ino, off, data[off : off + chunk])
     ns.commit(ino)
     return ino
 
@@ -40,7 +41,7 @@ def test_write_flush_read_round_trip(engine):
     ns = engine.ns
     assert ns.getattr(ino).size == len(data)
     assert ns.read(ino, 0, len(data)) == data
-    assert ns.read(ino, STRIPE - 100, 300) == data[STRIPE - 100:STRIPE + 200]
+    assert ns.read(ino, STRIPE - 100, 300) == data[STRIPE - 100 : STRIPE + 200]
     # past EOF: short, then empty
     assert ns.read(ino, len(data) - 10, 100) == data[-10:]
     assert ns.read(ino, len(data) + 5, 100) == b""
@@ -212,6 +213,7 @@ def test_invariant2_fragments_are_durable_before_the_commit_that_references_them
             ):
                 violations.append((row.path, row.idx, row.zone_offset))
             watermark[0] = max(watermark[0], row.id)
+
     event.listen(engine.catalog.engine, "commit", before_commit)
     try:
         for i in range(4):
@@ -274,11 +276,19 @@ def test_drive_folder_vanishing_while_running_does_not_stop_reads(sqlite_engine)
 def test_invariant5_bad_checksum_is_detected_decoded_around_and_repaired(engine):
     data = os.urandom(2 * STRIPE)
     ino = make(engine, "c", data)
-    frag = engine.catalog.read(lambda c: c.execute(
-        select(Fragment.__table__.c.stripe_id, Fragment.__table__.c.drive_id, Zone.__table__.c.idx,
-               Fragment.__table__.c.zone_offset)
-        .join(Zone.__table__, Zone.__table__.c.id == Fragment.__table__.c.zone_id)
-        .where(Fragment.__table__.c.idx == 1).limit(1)).first())
+    frag = engine.catalog.read(
+        lambda c: c.execute(
+            select(
+                Fragment.__table__.c.stripe_id,
+                Fragment.__table__.c.drive_id,
+                Zone.__table__.c.idx,
+                Fragment.__table__.c.zone_offset,
+            )
+            .join(Zone.__table__, Zone.__table__.c.id == Fragment.__table__.c.zone_id)
+            .where(Fragment.__table__.c.idx == 1)
+            .limit(1)
+        ).first()
+    )
     path = engine.data.space.drives[frag.drive_id].path
     with open(os.path.join(path, f"zone-{frag.idx:06d}"), "r+b") as f:
         f.seek(frag.zone_offset + 200)
@@ -409,8 +419,13 @@ def test_backend_with_padded_fragments_reads_and_decodes(sqlite_catalog, tmp_pat
         data = os.urandom(3 * 8 * 4096 + 4321)
         ino = make(eng, "padded", data, chunk=5000)
         assert eng.ns.read(ino, 0, len(data)) == data
-        eng.catalog.run(lambda c: c.execute(update(Drive.__table__).where(
-            Drive.__table__.c.id.in_(eng.drive_ids[:2])).values(state="failed")))
+        eng.catalog.run(
+            lambda c: c.execute(
+                update(Drive.__table__)
+                .where(Drive.__table__.c.id.in_(eng.drive_ids[:2]))
+                .values(state="failed")
+            )
+        )
         eng.restart()
         assert eng.ns.read(ino, 0, len(data)) == data
         assert eng.data.reader.stats["degraded_stripes"] > 0
@@ -446,8 +461,13 @@ def test_small_flushes_are_replicated_in_the_hot_class(sqlite_catalog, tmp_path)
             100 * KiB,
         ) in stripes  # >= one fragment: EC
         check_accounting(engine.catalog)
-        engine.catalog.run(lambda c: c.execute(update(Drive.__table__).where(
-            Drive.__table__.c.id.in_(engine.drive_ids[:2])).values(state="failed")))
+        engine.catalog.run(
+            lambda c: c.execute(
+                update(Drive.__table__)
+                .where(Drive.__table__.c.id.in_(engine.drive_ids[:2]))
+                .values(state="failed")
+            )
+        )
         engine.restart()
         assert engine.ns.read(ino_small, 0, 5000) == small
         assert engine.ns.read(ino_big, 0, len(big)) == big
@@ -468,8 +488,13 @@ def test_replica_stripes_read_back_with_two_drives_lost(sqlite_engine):
     data = os.urandom(2 * MiB + 5)
     engine.ns.write(ino, 0, data)
     engine.ns.commit(ino)
-    engine.catalog.run(lambda c: c.execute(update(Drive.__table__).where(
-        Drive.__table__.c.id.in_(engine.drive_ids[4:6])).values(state="failed")))
+    engine.catalog.run(
+        lambda c: c.execute(
+            update(Drive.__table__)
+            .where(Drive.__table__.c.id.in_(engine.drive_ids[4:6]))
+            .values(state="failed")
+        )
+    )
     engine.restart()
     assert engine.ns.read(ino, 0, len(data)) == data
 
@@ -515,19 +540,32 @@ def test_writes_continue_degraded_when_a_drive_has_failed(engine):
     engine.restart()
     data = os.urandom(2 * STRIPE + 100 * KiB)  # three erasure-coded stripes
     ino = make(engine, "during-failure", data)
-    per_stripe = engine.catalog.read(lambda c: c.execute(
-        select(Fragment.__table__.c.stripe_id, func.count(), func.max(Fragment.__table__.c.idx))
-        .group_by(Fragment.__table__.c.stripe_id)).all())
+    per_stripe = engine.catalog.read(
+        lambda c: c.execute(
+            select(
+                Fragment.__table__.c.stripe_id, func.count(), func.max(Fragment.__table__.c.idx)
+            ).group_by(Fragment.__table__.c.stripe_id)
+        ).all()
+    )
     # 9 drives left: data fragments plus one parity (the codec's write
     # quorum), rebuild adds the rest
     assert per_stripe and all(count == 9 and top == 8 for _sid, count, top in per_stripe)
-    assert all(drive != failed for drive in engine.catalog.read(
-        lambda c: c.execute(select(Fragment.__table__.c.drive_id)).scalars().all()))
+    assert all(
+        drive != failed
+        for drive in engine.catalog.read(
+            lambda c: c.execute(select(Fragment.__table__.c.drive_id)).scalars().all()
+        )
+    )
     assert engine.ns.read(ino, 0, len(data)) == data
     check_accounting(engine.catalog)
     # one more drive lost: 8 fragments remain, exactly k, and every byte still reads back
-    engine.catalog.run(lambda c: c.execute(update(Drive.__table__).where(
-        Drive.__table__.c.id == engine.drive_ids[0]).values(state="failed")))
+    engine.catalog.run(
+        lambda c: c.execute(
+            update(Drive.__table__)
+            .where(Drive.__table__.c.id == engine.drive_ids[0])
+            .values(state="failed")
+        )
+    )
     engine.restart()
     assert engine.ns.read(ino, 0, len(data)) == data
     # below the write quorum an erasure-coded stripe is refused, nothing half-written: an I/O

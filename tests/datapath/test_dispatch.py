@@ -1,5 +1,6 @@
 """A flush places its own stripe (it wakes no dispatcher thread), so whoever holds the dispatch lock
 must look at the queue again after letting go: a stripe queued just before that is not stranded."""
+
 from __future__ import annotations
 
 import threading

@@ -44,8 +44,11 @@ def state_of(engine, drive_id: int) -> str:
 
 
 def drive_events(engine, drive_id: int, kind: str = "drive.state") -> list:
-    return [e for e in recent(engine.catalog, 200, kind_prefix=kind)
-            if (e.details or {}).get("drive_id") == drive_id]
+    return [
+        e
+        for e in recent(engine.catalog, 200, kind_prefix=kind)
+        if (e.details or {}).get("drive_id") == drive_id
+    ]
 
 
 def hide(engine, drive_id: int) -> tuple[str, str]:
@@ -88,7 +91,8 @@ def test_a_folder_renamed_away_under_a_writer_becomes_missing_state_and_event(sq
     assert all(t < detected_at for t, _exc in failures), failures
     events = drive_events(engine, gone)
     assert [(e.details["from"], e.details["to"], e.severity) for e in events] == [
-        ("online", "missing", "error")]
+        ("online", "missing", "error")
+    ]
     assert engine.data.space.drives[gone].state == "missing"
     # what `shingle status`, /metrics and the web UI drives page read
     report = gather(engine.catalog, engine.policies, engine.reserve_zones)
@@ -162,8 +166,9 @@ def test_a_folder_back_with_a_shorter_zone_comes_back_degraded(sqlite_engine):
     engine = sqlite_engine
     data = os.urandom(4 * STRIPE)
     ino = make(engine, "short", data)
-    drive = next(d for d in engine.data.space.drives.values()
-                 if any(z.committed_wp for z in d.zones))
+    drive = next(
+        d for d in engine.data.space.drives.values() if any(z.committed_wp for z in d.zones)
+    )
     zone = next(z for z in drive.zones if z.committed_wp)
     path, away = hide(engine, drive.id)
     engine.data.check_drives()

@@ -1,4 +1,5 @@
 """Zoned drives: emulated formatting, the blkzoned ioctl structures, the SMR cost model."""
+
 from __future__ import annotations
 
 import os
@@ -40,12 +41,15 @@ def test_format_emulated_makes_folders_zone_files_and_rows(catalog, tmp_path):
     assert (tmp_path / "d" / "drive-003").is_dir() and len(more) == 1
 
 
-@pytest.mark.parametrize("count, drive_size, zone_size, key", [
-    (0, 8 * MiB, MiB, "drives.count"),
-    (2, 8 * MiB, MiB + 1, "drives.zone_size"),
-    (2, 8 * MiB, 0, "drives.zone_size"),
-    (2, 3 * MiB, MiB, "drives.drive_size"),
-])
+@pytest.mark.parametrize(
+    "count, drive_size, zone_size, key",
+    [
+        (0, 8 * MiB, MiB, "drives.count"),
+        (2, 8 * MiB, MiB + 1, "drives.zone_size"),
+        (2, 8 * MiB, 0, "drives.zone_size"),
+        (2, 3 * MiB, MiB, "drives.drive_size"),
+    ],
+)
 def test_format_emulated_refuses_bad_geometry(tmp_path, count, drive_size, zone_size, key):
     with pytest.raises(ConfigError) as info:
         format_emulated(None, tmp_path / "d", count, drive_size, zone_size)
@@ -106,8 +110,11 @@ def test_blkzoned_packing_matches_linux_header(tmp_path):
             [str(tmp_path / "layout")], check=True, capture_output=True, text=True
         ).stdout.splitlines()
     )
-    assert [int(x) for x in sizes] == [blkzoned.BLK_ZONE.size, blkzoned.BLK_ZONE_REPORT.size,
-                                       blkzoned.BLK_ZONE_RANGE.size]
+    assert [int(x) for x in sizes] == [
+        blkzoned.BLK_ZONE.size,
+        blkzoned.BLK_ZONE_REPORT.size,
+        blkzoned.BLK_ZONE_RANGE.size,
+    ]
     assert [int(x) for x in offsets] == [16, 24, 25, 32, 8, 12]
     assert [int(x) for x in requests] == [
         blkzoned.BLKREPORTZONE,
@@ -175,6 +182,7 @@ def test_datapath_writes_are_sequential_appends_on_the_smr_model(sqlite_catalog,
     from dphelpers import Engine
 
     from engine.namespace import ROOT
+
     model = SmrModel(band_size=MiB, drive_managed=True)
     eng = Engine(catalog, tmp_path / "drives", smr_model=model)
     try:

@@ -1,4 +1,5 @@
 """Band-class policies are validated when they load (as Swift does) and code systematically."""
+
 from __future__ import annotations
 
 import os
@@ -24,20 +25,23 @@ def test_defaults():
     assert warm.header_size > 0 and warm.stripe_size == 8 << 20
 
 
-@pytest.mark.parametrize("options, key, fragment", [
-    ({"backend": "jerasure_rs_vand"}, "band_classes.warm.backend", "present in pyeclib"),
-    ({"backend": "no_such_backend"}, "band_classes.warm.backend", "present in pyeclib"),
-    ({"k": 1}, "band_classes.warm.k", "from 2 to 32"),
-    ({"k": 33}, "band_classes.warm.k", "from 2 to 32"),
-    ({"k": "8"}, "band_classes.warm.k", "integer"),
-    ({"m": 0}, "band_classes.warm.m", "from 1 to 8"),
-    ({"fragment_size": 1000}, "band_classes.warm.fragment_size", "from 4096"),
-    ({"fragment_size": 4097}, "band_classes.warm.fragment_size", "multiple of 4096"),
-    ({"redundancy": "raid5"}, "band_classes.warm.redundancy", "one of"),
-    ({"compression": "lz4"}, "band_classes.warm.compression", "zstd"),
-    ({"kk": 3}, "band_classes.warm.kk", "one of the options"),
-    ({"redundancy": "replicate", "copies": 1}, "band_classes.warm.copies", "from 2"),
-])
+@pytest.mark.parametrize(
+    "options, key, fragment",
+    [
+        ({"backend": "jerasure_rs_vand"}, "band_classes.warm.backend", "present in pyeclib"),
+        ({"backend": "no_such_backend"}, "band_classes.warm.backend", "present in pyeclib"),
+        ({"k": 1}, "band_classes.warm.k", "from 2 to 32"),
+        ({"k": 33}, "band_classes.warm.k", "from 2 to 32"),
+        ({"k": "8"}, "band_classes.warm.k", "integer"),
+        ({"m": 0}, "band_classes.warm.m", "from 1 to 8"),
+        ({"fragment_size": 1000}, "band_classes.warm.fragment_size", "from 4096"),
+        ({"fragment_size": 4097}, "band_classes.warm.fragment_size", "multiple of 4096"),
+        ({"redundancy": "raid5"}, "band_classes.warm.redundancy", "one of"),
+        ({"compression": "lz4"}, "band_classes.warm.compression", "zstd"),
+        ({"kk": 3}, "band_classes.warm.kk", "one of the options"),
+        ({"redundancy": "replicate", "copies": 1}, "band_classes.warm.copies", "from 2"),
+    ],
+)
 def test_bad_policies_are_refused_at_load_with_key_value_and_expectation(options, key, fragment):
     with pytest.raises(ConfigError) as info:
         policy_from_dict("warm", options)

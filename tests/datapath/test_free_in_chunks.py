@@ -1,5 +1,6 @@
 """Removing a big file frees its extents a chunk per transaction, so the catalog's write lock is
 never held for the whole file (a 100 GB checkpoint written in 1 MiB commits has 100,000 extents)."""
+
 from __future__ import annotations
 
 import logging

@@ -3,6 +3,7 @@
 They must read back after a restart and with drives lost (they are on no drive), die with the
 extents that name them, be folded into erasure-coded stripes by tiering, stay within their
 budget, and never return bytes that fail their checksum."""
+
 from __future__ import annotations
 
 import os
@@ -31,15 +32,22 @@ def write(engine, name, pieces):
 
 def stripes_of(engine, ino):
     """(layout, band class, data length) of the stripes the file's extents name, in file order."""
-    return engine.catalog.read(lambda c: c.execute(
-        select(STRIPES.c.layout, STRIPES.c.band_class, STRIPES.c.data_length)
-        .select_from(EXTENTS.join(STRIPES, STRIPES.c.id == EXTENTS.c.stripe_id))
-        .where(EXTENTS.c.ino == ino).order_by(EXTENTS.c.file_offset)).all())
+    return engine.catalog.read(
+        lambda c: c.execute(
+            select(STRIPES.c.layout, STRIPES.c.band_class, STRIPES.c.data_length)
+            .select_from(EXTENTS.join(STRIPES, STRIPES.c.id == EXTENTS.c.stripe_id))
+            .where(EXTENTS.c.ino == ino)
+            .order_by(EXTENTS.c.file_offset)
+        ).all()
+    )
 
 
 def inline_bytes(engine):
-    return engine.catalog.read(lambda c: c.execute(
-        select(func.count(), func.coalesce(func.sum(INLINE_DATA.c.length), 0))).one())
+    return engine.catalog.read(
+        lambda c: c.execute(
+            select(func.count(), func.coalesce(func.sum(INLINE_DATA.c.length), 0))
+        ).one()
+    )
 
 
 def test_a_small_durable_write_is_kept_in_the_catalog_and_reads_back_after_restart(engine):
@@ -62,8 +70,13 @@ def test_inline_bytes_read_back_with_every_parity_drive_lost(sqlite_engine):
     engine = sqlite_engine
     data = os.urandom(3000)
     ino = write(engine, "f", [(0, data)])
-    engine.catalog.run(lambda c: c.execute(update(Drive.__table__).where(
-        Drive.__table__.c.id.in_(engine.drive_ids[:5])).values(state="failed")))
+    engine.catalog.run(
+        lambda c: c.execute(
+            update(Drive.__table__)
+            .where(Drive.__table__.c.id.in_(engine.drive_ids[:5]))
+            .values(state="failed")
+        )
+    )
     engine.restart()
     assert engine.ns.read(ino, 0, len(data)) == data
     status = redundancy_status(engine.catalog)
@@ -93,7 +106,7 @@ def test_random_small_writes_into_a_big_file_read_back_exactly(sqlite_engine):
     pieces = [((i * 37 % 256) * 4 * KiB, os.urandom(4 * KiB)) for i in range(40)]
     for offset, data in pieces:
         ns.write(ino, offset, data, stable=True)
-        base[offset:offset + len(data)] = data
+        base[offset : offset + len(data)] = data
     layouts = {layout for layout, _c, _n in stripes_of(engine, ino)}
     assert layouts == {"ec", "inline"}
     engine.restart()
@@ -175,12 +188,14 @@ def test_bad_inline_settings_are_refused(sqlite_catalog, tmp_path):
 def test_scrub_verifies_inline_bytes_and_reports_damage_it_cannot_repair(sqlite_engine):
     from engine.events import recent
     from engine.lifecycle.scrub import scrub
+
     engine = sqlite_engine
     inos = [write(engine, f"f{i}", [(0, os.urandom(4 * KiB))]) for i in range(3)]
     clean = scrub(engine.data, engine.catalog)
     assert (clean.inline_checked, clean.bad) == (3, 0)
-    victim = engine.catalog.read(lambda c: c.execute(
-        select(EXTENTS.c.stripe_id).where(EXTENTS.c.ino == inos[1])).scalar())
+    victim = engine.catalog.read(
+        lambda c: c.execute(select(EXTENTS.c.stripe_id).where(EXTENTS.c.ino == inos[1])).scalar()
+    )
     engine.catalog.run(
         lambda c: c.execute(
             update(INLINE_DATA)
@@ -191,8 +206,10 @@ def test_scrub_verifies_inline_bytes_and_reports_damage_it_cannot_repair(sqlite_
     report = scrub(engine.data, engine.catalog)
     assert (report.inline_checked, report.bad, report.unrepairable) == (3, 1, 1)
     assert [p[0] for p in report.problems] == [victim]
-    assert any(e.severity == "error" and e.details["stripe_id"] == victim
-               for e in recent(engine.catalog, 20, kind_prefix="scrub.unrepairable"))
+    assert any(
+        e.severity == "error" and e.details["stripe_id"] == victim
+        for e in recent(engine.catalog, 20, kind_prefix="scrub.unrepairable")
+    )
 
 
 def test_the_appliance_config_sets_or_turns_off_inline_stripes(tmp_path):
@@ -202,6 +219,7 @@ def test_the_appliance_config_sets_or_turns_off_inline_stripes(tmp_path):
 
     from appliance.config import from_dict
     from appliance.runtime import Appliance
+
     for value, expected in ((0, None), (8192, 8192)):
         data_dir = tmp_path / f"inline-{value}"
         subprocess.run(

@@ -1,6 +1,7 @@
 """A namespace transaction that frees a file must never wait for a lock that a data-path
 thread holds while it waits for the catalog: that deadlock stalled writers for the
 catalog's whole retry deadline (120 s) in the soak."""
+
 from __future__ import annotations
 
 import threading
@@ -49,6 +50,7 @@ def test_a_flush_places_its_stripe_without_holding_the_file_lock(sqlite_engine):
     hold that lock while it places: the soak stalled 120 s on exactly this after flushes began
     placing their own stripes."""
     from engine.namespace import ROOT
+
     dp, catalog, ns = sqlite_engine.data, sqlite_engine.catalog, sqlite_engine.ns
     ino = ns.create(ROOT, ns.root_ino, "f", 0o644).ino
     ns.write(ino, 0, b"x" * 100 * 1024)  # more than an inline stripe takes: placed on drives
@@ -65,6 +67,7 @@ def test_a_flush_places_its_stripe_without_holding_the_file_lock(sqlite_engine):
             t.start()
             in_time.append(released.wait(5))
         return original(stripe)
+
     dp.space.place = place
     ns.commit(ino)
     assert in_time == [True], "release waited for the file lock held by the flush that was placing"
@@ -75,6 +78,7 @@ def test_lifecycle_record_inside_a_transaction_does_not_wait_for_the_media_lock(
     _reclaim_zones); Media.record runs inside a catalog transaction (cleaning's relocate), so
     it must not take that lock: the soak stalled 120 s on this, cleaning against tiering."""
     from engine.lifecycle.media import Media
+
     dp, catalog = sqlite_engine.data, sqlite_engine.catalog
     media = Media(dp)
     in_transaction, media_held, recorded = threading.Event(), threading.Event(), threading.Event()

@@ -1,5 +1,6 @@
 """The lock order check (engine/ordered_lock.py) is on in the tests: two ranked locks taken
 out of order raise at once, in the thread that does it, instead of deadlocking one day."""
+
 from __future__ import annotations
 
 import threading
@@ -30,6 +31,7 @@ def test_the_data_path_space_lock_after_a_file_lock_of_the_data_path_is_refused(
     """The order the engine's own objects use: a zone transaction under the space lock must
     not then wait for a file's buffer (the namespace's release does it the other way round)."""
     from engine.namespace import ROOT
+
     ns, dp = sqlite_engine.ns, sqlite_engine.data
     ino = ns.create(ROOT, ns.root_ino, "f").ino
     ns.write(ino, 0, b"x" * 1000)
@@ -56,6 +58,7 @@ def test_a_re_entrant_lock_may_be_taken_again_and_conditions_wait():
     def waiter():
         with cv:
             cv.wait_for(lambda: woken, timeout=10)
+
     t = threading.Thread(target=waiter)
     t.start()
     with cv:
@@ -76,6 +79,7 @@ def test_off_the_factories_return_plain_threading_locks():
 
 def test_every_rank_is_in_the_architecture_table():
     from pathlib import Path
+
     doc = (Path(__file__).parents[2] / "docs" / "ARCHITECTURE.md").read_text()
     missing = [name for name in ordered_lock.RANKS if f"`{name}`" not in doc]
     assert not missing, f"docs/ARCHITECTURE.md's lock table lacks {missing}"

@@ -1,4 +1,5 @@
 """A file freed under a reader reads as gone (ESTALE), never as zeros."""
+
 from __future__ import annotations
 
 import pytest

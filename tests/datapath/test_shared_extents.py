@@ -2,6 +2,7 @@
 
 Each test ends with the accounting check (a stripe's live bytes are exactly what its extents
 reference, over every file sharing it) and fsck."""
+
 from __future__ import annotations
 
 import random
@@ -63,7 +64,7 @@ def test_unaligned_clone_splits_extents(engine):
     dst = _file(ns, "dst", b"d" * (MiB // 2))
     ns.clone_range(ROOT, src.ino, 12345, dst.ino, 1000, 700_001)
     want = bytearray(b"d" * (MiB // 2))
-    want[1000:1000 + 700_001] = data[12345:12345 + 700_001]
+    want[1000 : 1000 + 700_001] = data[12345 : 12345 + 700_001]
     assert ns.getattr(dst.ino).size == len(want)
     assert ns.read(dst.ino, 0, 2 * MiB) == bytes(want)
     # a clone into the middle of a file leaves the bytes around it

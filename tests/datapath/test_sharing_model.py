@@ -3,6 +3,7 @@ snapshot create, delete and rollback.
 
 After every sequence: fsck is clean, every stripe's live bytes are exactly what its extents
 reference, and every live file and every snapshot view reads what the model says."""
+
 from __future__ import annotations
 
 from dphelpers import Engine, check_accounting
@@ -28,7 +29,9 @@ step = st.one_of(
     st.tuples(st.just("punch"), name, offsets, lengths),
     st.tuples(st.just("truncate"), name, offsets),
     st.tuples(st.just("delete"), name),
-    st.tuples(st.just("snapshot"),),
+    st.tuples(
+        st.just("snapshot"),
+    ),
     st.tuples(st.just("drop_snapshot"), st.integers(0, 3)),
     st.tuples(st.just("rollback"), st.integers(0, 3)),
 )
@@ -53,7 +56,7 @@ def _apply(ns, snaps, ds, model, snapshots, counter, op) -> None:
         data = model[n]
         if len(data) < off + length:
             data.extend(bytes(off + length - len(data)))
-        data[off:off + length] = bytes([byte]) * length
+        data[off : off + length] = bytes([byte]) * length
     elif kind == "clone":
         _, src, src_off, dst, dst_off, length = op
         if src not in model or src_off >= len(model[src]):
@@ -61,12 +64,12 @@ def _apply(ns, snaps, ds, model, snapshots, counter, op) -> None:
         length = min(length, len(model[src]) - src_off, SIZE - dst_off)
         if src == dst and src_off < dst_off + length and dst_off < src_off + length:
             return
-        piece = bytes(model[src][src_off:src_off + length])
+        piece = bytes(model[src][src_off : src_off + length])
         ns.clone_range(ROOT, ino(src), src_off, ino(dst), dst_off, length)
         data = model[dst]
         if len(data) < dst_off + length:
             data.extend(bytes(dst_off + length - len(data)))
-        data[dst_off:dst_off + length] = piece
+        data[dst_off : dst_off + length] = piece
     elif kind == "punch":
         _, n, off, length = op
         f = ino(n, create=False)
@@ -108,11 +111,16 @@ def _apply(ns, snaps, ds, model, snapshots, counter, op) -> None:
 
 def _check_zone_shares(catalog) -> None:
     """Every zone's live bytes are the recount of its fragments' shares (accounting.share)."""
+
     def work(conn):
         zones = dict(sql_all(conn, "SELECT id, live_bytes FROM zones"))
-        rows = sql_all(conn, "SELECT f.zone_id, f.length, s.live_bytes, s.data_length "
-                             "FROM fragments f JOIN stripes s ON s.id = f.stripe_id")
+        rows = sql_all(
+            conn,
+            "SELECT f.zone_id, f.length, s.live_bytes, s.data_length "
+            "FROM fragments f JOIN stripes s ON s.id = f.stripe_id",
+        )
         return zones, rows
+
     zones, rows = catalog.read(work)
     recount = dict.fromkeys(zones, 0)
     for zone, length, live, data_length in rows:

@@ -3,6 +3,7 @@
 A forked child loops over: snapshot the dataset, clone its big file into a new file, delete the
 previous snapshot; it is killed at a random moment. After each kill, every snapshot listed holds
 the whole dataset, every clone is empty or whole, and fsck and the accounting are clean."""
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,11 @@ from engine.snapshots import Snapshots
 
 ROUNDS = 8
 FILES = 150
-POLICIES = {"warm": {"fragment_size": 16384}, "cold": {"fragment_size": 16384},
-            "hot": {"fragment_size": 16384}}
+POLICIES = {
+    "warm": {"fragment_size": 16384},
+    "cold": {"fragment_size": 16384},
+    "hot": {"fragment_size": 16384},
+}
 RNG = random.Random(77)
 
 

@@ -2,6 +2,7 @@
 diff.
 
 On SQLite and PostgreSQL (the ``engine`` fixture)."""
+
 from __future__ import annotations
 
 import random
@@ -47,8 +48,11 @@ def dataset(engine):
     ns = engine.ns
     ds = ns.mkdir(ROOT, ns.root_ino, "ds")
     sub = ns.mkdir(ROOT, ds.ino, "sub")
-    files = {"/ds/a": random.Random(1).randbytes(300 * KiB), "/ds/sub/b": b"bee" * 1000,
-             "/ds/sub/c": random.Random(2).randbytes(1500 * KiB)}
+    files = {
+        "/ds/a": random.Random(1).randbytes(300 * KiB),
+        "/ds/sub/b": b"bee" * 1000,
+        "/ds/sub/c": random.Random(2).randbytes(1500 * KiB),
+    }
     for path, data in files.items():
         _write(ns, path, data)
     ns.symlink(ROOT, sub.ino, "link", "../a")
@@ -148,8 +152,12 @@ def test_rollback_restores_the_tree_and_keeps_other_snapshots(engine, dataset):
     ns.setattr(ROOT, ns.resolve("/ds").ino, mode=0o700)
     snaps.create("/ds", "s2")
     assert sorted((e.change, e.path) for e in snaps.diff("/ds", "s1")) == [
-        ("added", "new"), ("changed", "a"), ("changed", "sub"), ("changed", "sub/hard-a"),
-        ("removed", "sub/b")]
+        ("added", "new"),
+        ("changed", "a"),
+        ("changed", "sub"),
+        ("changed", "sub/hard-a"),
+        ("removed", "sub/b"),
+    ]
     snaps.rollback("/ds", "s1")
     for path, data in dataset.items():
         assert _read(ns, path) == data
@@ -190,8 +198,7 @@ def test_diff_between_two_snapshots(engine, dataset):
     snaps.create("/ds", "s1")
     _write(ns, "/ds/sub/b", b"bee2")
     snaps.create("/ds", "s2")
-    assert [(e.change, e.path) for e in snaps.diff("/ds", "s1", "s2")] == [
-        ("changed", "sub/b")]
+    assert [(e.change, e.path) for e in snaps.diff("/ds", "s1", "s2")] == [("changed", "sub/b")]
     assert snaps.diff("/ds", "s2") == []
 
 

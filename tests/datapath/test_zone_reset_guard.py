@@ -2,6 +2,7 @@
 
 A stripe whose live bytes are few can round its fragments' live share down to
 zero, so a zone's live_bytes counter alone must not decide a reset."""
+
 from __future__ import annotations
 
 from dphelpers import MiB

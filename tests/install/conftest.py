@@ -1,4 +1,5 @@
 """Helpers for the install tests: the real `shingle` CLI run in a subprocess, a staging root."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """`shingle doctor`: names what must be fixed and exits non-zero exactly then."""
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,20 @@ def installed(installed_root, tmp_path):
 def appliance_dir(tmp_path_factory):
     """A folder made by `shingle init`: a catalog with 10 emulated drives."""
     folder = tmp_path_factory.mktemp("doctor") / "app"
-    shingle("init", str(folder), "--drives", "10", "--drive-size", "16MiB", "--zone-size", "4MiB",
-            "--nfs-port", str(free_port()), "--web-port", str(free_port()))
+    shingle(
+        "init",
+        str(folder),
+        "--drives",
+        "10",
+        "--drive-size",
+        "16MiB",
+        "--zone-size",
+        "4MiB",
+        "--nfs-port",
+        str(free_port()),
+        "--web-port",
+        str(free_port()),
+    )
     return folder
 
 
@@ -129,10 +142,13 @@ def test_missing_drive_fails_the_command(appliance_dir, tmp_path):
     shutil.copytree(appliance_dir, folder)
     # The catalog names absolute drive paths: point them at the copy, then lose one.
     from sqlalchemy import create_engine, text
+
     engine = create_engine(f"sqlite:///{folder}/catalog.db")
     with engine.begin() as conn:
-        conn.execute(text("UPDATE drives SET path = replace(path, :old, :new)"),
-                     {"old": str(appliance_dir), "new": str(folder)})
+        conn.execute(
+            text("UPDATE drives SET path = replace(path, :old, :new)"),
+            {"old": str(appliance_dir), "new": str(folder)},
+        )
     engine.dispose()
     shutil.rmtree(folder / "drives" / "drive-003")
     result = shingle("-c", str(folder / "shingle.toml"), "doctor", check=False)
@@ -143,11 +159,19 @@ def test_missing_drive_fails_the_command(appliance_dir, tmp_path):
 
 def test_port_held_by_another_program_must_be_fixed(installed):
     port = free_port()
-    holder = subprocess.Popen([sys.executable, "-c", f"""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import socket, sys, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("127.0.0.1", {port})); s.listen(); print("listening", flush=True); time.sleep(60)
-"""], stdout=subprocess.PIPE, text=True)
+""",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "listening"
         config = installed / "etc/shingle/shingle.toml"
@@ -233,6 +257,7 @@ def test_drive_hidden_by_protect_system_must_be_fixed(installed):
     """A drives_dir moved outside /var/lib/shingle is read-only to the daemon until
     install writes the drop-in."""
     from appliance import install
+
     config = installed / "etc/shingle/shingle.toml"
     config.write_text(
         config.read_text().replace('# drives_dir = "drives"', 'drives_dir = "/srv/smr"')
@@ -253,5 +278,6 @@ def test_units_edited_or_left_from_an_older_version_are_flagged(installed):
     by_name = {c.name: c for c in doctor.run_checks(root=installed)}
     assert by_name["units"].status == "warn" and "shingle-nfsd.service" in by_name["units"].detail
     from appliance import install
+
     install.install(installed, launcher="/opt/shingle/bin/shingle")
     assert {c.name: c for c in doctor.run_checks(root=installed)}["units"].status == "ok"

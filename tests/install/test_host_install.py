@@ -7,6 +7,7 @@ cannot be PID 1 here: for the steps that need it, /run/systemd/system is
 made on a private /run and `systemctl` is a stand-in on PATH that logs its
 arguments and, for `stop`, ends the process holding the drives lock as
 systemd would."""
+
 from __future__ import annotations
 
 import shutil
@@ -110,8 +111,10 @@ def test_host_install_upgrade_and_uninstall(tmp_path):
     # 1. without systemd: the real user, ownership and modes; enabling is left for later
     first = outputs["install1.out"]
     assert "created service user: shingle" in first
-    assert "systemd is not running (no /run/systemd/system): once it is, run " \
-           "`systemctl daemon-reload && systemctl enable shingle.target`" in first
+    assert (
+        "systemd is not running (no /run/systemd/system): once it is, run "
+        "`systemctl daemon-reload && systemctl enable shingle.target`" in first
+    )
     assert "user=shingle:/var/lib/shingle:/usr/sbin/nologin" in out
     stat = {
         line.split()[1]: line.split()[2:] for line in out.splitlines() if line.startswith("own ")
@@ -129,8 +132,9 @@ def test_host_install_upgrade_and_uninstall(tmp_path):
         assert f"verify {unit} []" in out, out  # verified in place: the real launcher path resolves
 
     # 2. with systemd: a re-run changes nothing on disk and enables the target
-    calls = dict(block.split("\n", 1) for block in
-                 (tmp_path / "systemctl.log").read_text().split("--- ")[1:])
+    calls = dict(
+        block.split("\n", 1) for block in (tmp_path / "systemctl.log").read_text().split("--- ")[1:]
+    )
     second = outputs["install2.out"]
     assert "unchanged service user: shingle" in second and "kept config" in second
     assert calls["install again"].splitlines() == ["daemon-reload", "enable shingle.target"]

@@ -86,7 +86,7 @@ def test_install_twice_is_idempotent(root):
     before = tree(root)
     out = shingle("install", "--root", str(root), "--bin", LAUNCHER).stdout
     assert tree(root) == before  # not one file rewritten
-    report = out[out.index("installed shingle (root"):].split("left for the target host:")[0]
+    report = out[out.index("installed shingle (root") :].split("left for the target host:")[0]
     actions = [line.strip() for line in report.splitlines()[1:]]
     assert actions and all(a.startswith(("unchanged", "kept")) for a in actions), actions
     for unit in install.UNIT_NAMES:
@@ -173,10 +173,13 @@ def test_uninstall_keeps_data_and_purge_removes_it(root):
 def test_host_install_refuses_a_non_root_user_before_touching_anything(monkeypatch):
     """Running as an ordinary user is not possible in this root-only sandbox: the uid is faked."""
     import pytest
+
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     calls = []
-    for action in (lambda: install.install(None, launcher=LAUNCHER, run=calls.append),
-                   lambda: install.uninstall(None, purge=True, run=calls.append)):
+    for action in (
+        lambda: install.install(None, launcher=LAUNCHER, run=calls.append),
+        lambda: install.uninstall(None, purge=True, run=calls.append),
+    ):
         with pytest.raises(install.InstallError, match="needs root .* --root DIR"):
             action()
     assert calls == []
@@ -188,18 +191,28 @@ def test_upgrade_waits_for_a_running_daemon(root):
     import sys
 
     from tests.install.conftest import REPO
+
     install.install(root, launcher=LAUNCHER)
     url = catalog_url(root)
     downgrade(url, "-1")
     old = current_revision(url)
-    holder = subprocess.Popen([sys.executable, "-c", f"""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import sys, time
 from appliance.daemonlock import DaemonLock
 lock = DaemonLock({str(root / "var/lib/shingle")!r})
 assert lock.acquire()
 print("held", flush=True)
 time.sleep(60)
-"""], cwd=REPO, stdout=subprocess.PIPE, text=True)
+""",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         result = shingle("install", "--root", str(root), "--bin", LAUNCHER, check=False)

@@ -3,6 +3,7 @@ WATCHDOG=1 at half WatchdogSec.
 
 The test is systemd's side of the protocol: a datagram socket named by
 NOTIFY_SOCKET, and WATCHDOG_USEC in the daemon's environment."""
+
 from __future__ import annotations
 
 import itertools
@@ -32,8 +33,20 @@ def appliance_dir(tmp_path_factory):
     """One `shingle init` for the module; each test passes its own free
     ports on the command line."""
     folder = tmp_path_factory.mktemp("sdnotify") / "app"
-    shingle("init", str(folder), "--drives", "10", "--drive-size", "16MiB", "--zone-size", "4MiB",
-            "--nfs-port", "0", "--web-port", "0")
+    shingle(
+        "init",
+        str(folder),
+        "--drives",
+        "10",
+        "--drive-size",
+        "16MiB",
+        "--zone-size",
+        "4MiB",
+        "--nfs-port",
+        "0",
+        "--web-port",
+        "0",
+    )
     return folder
 
 
@@ -158,6 +171,7 @@ def test_watchdog_pings_only_while_healthy(notify_socket, monkeypatch, caplog):
     """A server thread that died or a probe that raises stops the pings, so
     systemd restarts the daemon."""
     from appliance.sdnotify import Watchdog, watchdog_interval
+
     sock, path = notify_socket
     monkeypatch.setenv("NOTIFY_SOCKET", path)
     monkeypatch.setenv("WATCHDOG_USEC", "100000")

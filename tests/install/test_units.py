@@ -1,4 +1,5 @@
 """The shipped units, as installed, pass `systemd-analyze verify` without a single message."""
+
 from __future__ import annotations
 
 import re
@@ -114,6 +115,7 @@ def test_target_groups_the_services_and_maintenance_runs_in_the_daemon(installed
 def test_drives_outside_the_state_dir_get_a_verified_drop_in(installed_root, tmp_path):
     """A drive on its own mount must stay writable under ProtectSystem=strict."""
     from tests.install.conftest import shingle
+
     staging = tmp_path / "root"
     shutil.copytree(installed_root, staging, symlinks=True)
     config = staging / "etc/shingle/shingle.toml"

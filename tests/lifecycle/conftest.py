@@ -1,4 +1,5 @@
 """Fixtures for lifecycle tests on real emulated zoned drives (folders of zone files)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -17,9 +18,11 @@ from engine.namespace import ROOT, Namespace
 
 KiB, MiB = 1 << 10, 1 << 20
 # small geometry: warm/cold 4+2 stripes of 4 x 16 KiB, hot 3 copies, zones of 256 KiB
-SMALL = {"hot": {"fragment_size": 16 * KiB},
-         "warm": {"k": 4, "m": 2, "fragment_size": 16 * KiB},
-         "cold": {"k": 4, "m": 2, "fragment_size": 16 * KiB, "compression": None}}
+SMALL = {
+    "hot": {"fragment_size": 16 * KiB},
+    "warm": {"k": 4, "m": 2, "fragment_size": 16 * KiB},
+    "cold": {"k": 4, "m": 2, "fragment_size": 16 * KiB, "compression": None},
+}
 
 
 class Rig:
@@ -72,7 +75,7 @@ class Rig:
                 attr = self.ns.mkdir(ROOT, attr.ino, part)
         made = self.ns.create(ROOT, attr.ino, parts[-1], exclusive=False)
         for pos in range(0, len(data), chunk):
-            self.ns.write(made.ino, pos, data[pos:pos + chunk])
+            self.ns.write(made.ino, pos, data[pos : pos + chunk])
         self.ns.commit(made.ino)
         return made
 
@@ -110,16 +113,25 @@ def check_accounting(catalog):
     )
 
     def work(conn):
-        zone_rows = conn.execute(select(zones.c.id, zones.c.write_pointer, zones.c.live_bytes,
-                                        zones.c.garbage_bytes)).all()
-        live = dict(conn.execute(select(extents.c.stripe_id, func.sum(extents.c.length))
-                                 .group_by(extents.c.stripe_id)).all())
-        stripe_rows = {r.id: r for r in conn.execute(select(stripes.c.id, stripes.c.live_bytes,
-                                                            stripes.c.data_length))}
+        zone_rows = conn.execute(
+            select(zones.c.id, zones.c.write_pointer, zones.c.live_bytes, zones.c.garbage_bytes)
+        ).all()
+        live = dict(
+            conn.execute(
+                select(extents.c.stripe_id, func.sum(extents.c.length)).group_by(
+                    extents.c.stripe_id
+                )
+            ).all()
+        )
+        stripe_rows = {
+            r.id: r
+            for r in conn.execute(select(stripes.c.id, stripes.c.live_bytes, stripes.c.data_length))
+        }
         frag_rows = conn.execute(
             select(fragments.c.stripe_id, fragments.c.zone_id, fragments.c.length)
         ).all()
         return zone_rows, live, stripe_rows, frag_rows
+
     zone_rows, live, stripe_rows, frag_rows = catalog.read(work)
     bad = [
         z
@@ -174,6 +186,7 @@ def rig_factory(sqlite_catalog, tmp_path):
         r = Rig(sqlite_catalog, tmp_path / f"drives{len(made)}", **kwargs)
         made.append(r)
         return r
+
     yield make
     for r in made:
         r.close()

@@ -1,4 +1,5 @@
 """Band cleaning end to end on emulated zoned drives."""
+
 from __future__ import annotations
 
 import pytest

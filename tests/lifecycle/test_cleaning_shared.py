@@ -1,4 +1,5 @@
 """Band cleaning under shared extents: a stripe shared by a file and its clones moves once."""
+
 from __future__ import annotations
 
 from sqlalchemy import func, select

@@ -1,4 +1,5 @@
 """Adding and replacing drives on a running data path, then rebuilding onto them."""
+
 from __future__ import annotations
 
 from engine.lifecycle import drives as drive_states
@@ -32,8 +33,9 @@ def test_too_few_drives_warn_then_an_added_drive_restores_full_redundancy(rig_fa
     assert "only 5 drives take writes" in warning and "needs 6" in warning
 
     # the running data path takes the new drive (no restart) and rebuilds onto it
-    added = jobs["drive-add"]({"path": str(tmp_path / "new-drive"), "preallocate": False},
-                              lambda *a: None, "admin")
+    added = jobs["drive-add"](
+        {"path": str(tmp_path / "new-drive"), "preallocate": False}, lambda *a: None, "admin"
+    )
     assert added["warnings"] == [] and added["status"]["reduced"] == 0
     new = added["drive"]
     assert new in rig.data.space.drives and drive_states.get_drive(rig.catalog, new).fragments > 0
@@ -51,8 +53,9 @@ def test_replace_drains_a_readable_drive_and_removes_it(rig, tmp_path):
     old = rig.drive_ids[3]
     held = len([f for f in rig.fragments() if f.drive_id == old])
     assert held > 0
-    result = jobs["drive-replace"]({"old": old, "path": str(tmp_path / "spare-3")},
-                                   lambda *a: None, "admin")
+    result = jobs["drive-replace"](
+        {"old": old, "path": str(tmp_path / "spare-3")}, lambda *a: None, "admin"
+    )
     assert result["warnings"] == [] and result["replaced"] == old
     assert result["fragments_moved"] == held and result["replaced_state"] == "removed"
     assert drive_states.get_drive(rig.catalog, old).state == "removed"
@@ -62,6 +65,7 @@ def test_replace_drains_a_readable_drive_and_removes_it(rig, tmp_path):
 
 def test_replace_a_missing_drive_rebuilds_it_from_redundancy(rig, tmp_path):
     import shutil
+
     jobs = runners(rig.ns, rig.data, rig.catalog)
     files = {f"/m/f{i}": random_bytes(150 * KiB + i, 90 + i) for i in range(5)}
     for path, data in files.items():
@@ -70,8 +74,9 @@ def test_replace_a_missing_drive_rebuilds_it_from_redundancy(rig, tmp_path):
     shutil.rmtree(rig.data.space.drives[old].path)
     rig.data.check_drives()
     assert drive_states.get_drive(rig.catalog, old).state == "missing"
-    result = jobs["drive-replace"]({"old": str(old), "path": str(tmp_path / "spare-0")},
-                                   lambda *a: None, "admin")
+    result = jobs["drive-replace"](
+        {"old": str(old), "path": str(tmp_path / "spare-0")}, lambda *a: None, "admin"
+    )
     assert result["warnings"] == [] and result["fragments_rebuilt"] > 0
     assert drive_states.get_drive(rig.catalog, old).state == "removed"
     every_byte_checked(rig, files)

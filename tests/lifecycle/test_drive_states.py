@@ -1,4 +1,5 @@
 """Drive states and the redundancy status on real catalogs (rows as the data path writes them)."""
+
 from __future__ import annotations
 
 import time
@@ -33,11 +34,13 @@ def add_drives(catalog, n, zones=4, zone_size=1 << 20):
                 )
             ids.append(drive_id)
         return ids
+
     return catalog.run(work)
 
 
 def add_stripe(catalog, drive_ids, k, m, live=100, zone_state="full"):
     """A stripe with one fragment on each given drive (zone 0 of that drive)."""
+
     def work(conn):
         stripe_id = conn.execute(
             Stripe.__table__.insert().values(
@@ -77,6 +80,7 @@ def add_stripe(catalog, drive_ids, k, m, live=100, zone_state="full"):
                 )
             )
         return stripe_id
+
     return catalog.run(work)
 
 
@@ -101,7 +105,10 @@ def test_state_machine_refuses_bad_changes_and_records_events(catalog):
     assert drive_states.get_drive(catalog, b).state == "draining"
     events = recent(catalog, kind_prefix="drive.state")
     assert [(e.details["from"], e.details["to"]) for e in reversed(events)] == [
-        ("online", "failed"), ("failed", "removed"), ("online", "draining")]
+        ("online", "failed"),
+        ("failed", "removed"),
+        ("online", "draining"),
+    ]
     assert events[-1].severity == "error" and events[-1].actor == "admin"
 
 

@@ -1,4 +1,5 @@
 """The lifecycle job runners the daemon's queue calls, with the policy from catalog settings."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Scrub, rebuild, cleaning and tiering once more on both catalogs (SQLite and PostgreSQL)."""
+
 from __future__ import annotations
 
 from engine.lifecycle import drives as drive_states
@@ -25,6 +26,7 @@ def test_lifecycle_round_on_each_catalog(catalog, tmp_path):
         assert Cleaner(rig.data, rig.catalog).run().zones_cleaned > 0
         pinned = sorted(files)[0]
         from engine.catalog.models import Inode
+
         table = Inode.__table__
         ino = rig.ns.resolve(pinned).ino
         rig.catalog.run(

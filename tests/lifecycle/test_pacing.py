@@ -1,4 +1,5 @@
 """Rate limiter and progress tracker of the background jobs."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Retention rules end to end on real catalogs (SQLite and PostgreSQL)."""
+
 from __future__ import annotations
 
 import pytest
@@ -75,8 +76,14 @@ def test_invalid_rules_are_refused_with_clear_errors_and_nothing_stored(namespac
     assert service.list_rules() == []
     rule_id = service.add_rule("/ckpt/*/", "4", action="trash", order_by="name")
     rule = service.list_rules()[0]
-    assert (rule.id, rule.pattern, rule.keep, rule.action, rule.order_by, rule.enabled) == \
-        (rule_id, "/ckpt/*", 4, "trash", "name", True)
+    assert (rule.id, rule.pattern, rule.keep, rule.action, rule.order_by, rule.enabled) == (
+        rule_id,
+        "/ckpt/*",
+        4,
+        "trash",
+        "name",
+        True,
+    )
     with pytest.raises(errors.InvalidArgument, match="keep 0"):
         service.update_rule(rule_id, keep=0)
     with pytest.raises(errors.InvalidArgument, match="'colour'"):
@@ -89,8 +96,11 @@ def test_invalid_rules_are_refused_with_clear_errors_and_nothing_stored(namespac
     with pytest.raises(errors.NotFound):
         service.delete_rule(rule_id)
     kinds = [(e.kind, e.actor) for e in recent(catalog, kind_prefix="retention.rule")]
-    assert kinds == [("retention.rule.delete", "alice"), ("retention.rule.update", "alice"),
-                     ("retention.rule.add", "system")]
+    assert kinds == [
+        ("retention.rule.delete", "alice"),
+        ("retention.rule.update", "alice"),
+        ("retention.rule.add", "system"),
+    ]
 
 
 def test_keep_last_n_by_mtime_per_run_deletes_whole_subtrees(namespace, catalog):
@@ -155,8 +165,12 @@ def test_natural_sort_of_names(namespace, catalog):
         "/ckpt/step-9",
         "/ckpt/step-10",
     ]
-    assert sorted(["step-10", "step-9", "Step-10a", "step-100"], key=natural_key) == \
-        ["step-9", "step-10", "Step-10a", "step-100"]
+    assert sorted(["step-10", "step-9", "Step-10a", "step-100"], key=natural_key) == [
+        "step-9",
+        "step-10",
+        "Step-10a",
+        "step-100",
+    ]
 
 
 def test_entries_open_for_writing_are_never_touched(namespace, catalog):

@@ -1,4 +1,5 @@
 """Scrub, rebuild and drain end to end on emulated zoned drives."""
+
 from __future__ import annotations
 
 import shutil

@@ -2,6 +2,7 @@
 
 Runs SHINGLE_SOAK_S seconds (60 by default), then checks every surviving file's
 sha256 (also after a restart) and that each zone's live bytes match a recount."""
+
 from __future__ import annotations
 
 import os
@@ -50,8 +51,15 @@ class Soak:
                     attr = self.ns.lookup(ROOT, attr.ino, part)
         return attr
 
-    def write(self, path: str, data: bytes, *, chunk: int = 64 * KiB, band_class: str | None = None,
-              unpin: bool = True) -> bool:
+    def write(
+        self,
+        path: str,
+        data: bytes,
+        *,
+        chunk: int = 64 * KiB,
+        band_class: str | None = None,
+        unpin: bool = True,
+    ) -> bool:
         parent, name = path.rsplit("/", 1)
         with self.lock:
             if path in self.busy_paths:
@@ -71,7 +79,7 @@ class Soak:
             if made.size:
                 self.ns.setattr(ROOT, made.ino, size=0)  # a rewrite: the old tail must go
             for pos in range(0, len(data), chunk):
-                self.ns.write(made.ino, pos, data[pos:pos + chunk])
+                self.ns.write(made.ino, pos, data[pos : pos + chunk])
             self.ns.commit(made.ino)
             if band_class and unpin:
                 table = Inode.__table__
@@ -110,8 +118,10 @@ class Soak:
                     fn()
             except Exception as exc:  # noqa: BLE001 - reported by the test
                 import traceback
+
                 self.failures.append(f"{name}: {exc!r}\n{traceback.format_exc()}")
                 self.stop.set()
+
         return threading.Thread(target=loop, name=f"soak-{name}", daemon=True)
 
     def checkpoint_writer(self, run: int):
@@ -120,9 +130,12 @@ class Soak:
         def once():
             state["step"] += 1
             size = random.randint(60, 260) * KiB
-            if self.write(f"/ckpt/run{run}/step-{state['step']}/model.pt",
-                          random_bytes(size, run * 100000 + state["step"])):
+            if self.write(
+                f"/ckpt/run{run}/step-{state['step']}/model.pt",
+                random_bytes(size, run * 100000 + state["step"]),
+            ):
                 self.count("checkpoints")
+
         return once
 
     def small_writer(self):
@@ -133,6 +146,7 @@ class Soak:
             data = random_bytes(random.randint(1, 40) * KiB, 500000 + state["n"])
             if self.write(f"/small/f{state['n'] % 40}", data, chunk=8 * KiB, band_class="hot"):
                 self.count("small")
+
         return once
 
     def deleter(self):
@@ -184,6 +198,7 @@ class Soak:
         def once():
             fn()
             self.stop.wait(seconds)
+
         return once
 
 
@@ -269,8 +284,10 @@ def test_soak_everything_at_once(rig_factory):
     run_retention()
     for run in (0, 1):
         steps = [e.name for e in rig.ns.readdir(ROOT, rig.ns.resolve(f"/ckpt/run{run}").ino)[0]]
-        newest = sorted((p for p in soak.expected if p.startswith(f"/ckpt/run{run}/")),
-                        key=lambda p: int(p.split("step-")[1].split("/")[0]))[-3:]
+        newest = sorted(
+            (p for p in soak.expected if p.startswith(f"/ckpt/run{run}/")),
+            key=lambda p: int(p.split("step-")[1].split("/")[0]),
+        )[-3:]
         assert sorted(steps) == sorted(p.split("/")[3] for p in newest)
     for path, digest in soak.expected.items():
         assert sha(rig.read_file(path)) == digest, path

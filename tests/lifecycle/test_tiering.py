@@ -1,4 +1,5 @@
 """Tiering between hot, warm and cold classes end to end on emulated zoned drives."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,9 +27,13 @@ def pin(rig, path, band_class):
 def classes_of(rig, path):
     ino = rig.ns.resolve(path).ino
     ext, st = Extent.__table__, Stripe.__table__
-    rows = rig.catalog.read(lambda c: c.execute(
-        select(st.c.id, st.c.band_class).select_from(ext.join(st, st.c.id == ext.c.stripe_id))
-        .where(ext.c.ino == ino)).all())
+    rows = rig.catalog.read(
+        lambda c: c.execute(
+            select(st.c.id, st.c.band_class)
+            .select_from(ext.join(st, st.c.id == ext.c.stripe_id))
+            .where(ext.c.ino == ino)
+        ).all()
+    )
     return {r.band_class for r in rows}, len({r.id for r in rows})
 
 
@@ -37,7 +42,7 @@ def write_hot(rig, path, data, chunk):
     made = rig.write_file(path, b"")
     pin(rig, path, "hot")
     for pos in range(0, len(data), chunk):
-        rig.ns.write(made.ino, pos, data[pos:pos + chunk], stable=True)
+        rig.ns.write(made.ino, pos, data[pos : pos + chunk], stable=True)
     pin(rig, path, None)
     return made
 
@@ -137,20 +142,20 @@ def test_a_file_changed_during_the_move_keeps_its_new_data(rig):
         if offset == 0:  # a client overwrites the start while the mover copies
             rig.ns.write(made.ino, 0, patch, stable=True)
         return out
+
     rig.data.read = read_then_write
     try:
         moved, _written = tiering.move_file(made.ino, "warm")
     finally:
         rig.data.read = real_read
     assert moved == 0
-    assert rig.read_file("/f") == patch + data[len(patch):]
+    assert rig.read_file("/f") == patch + data[len(patch) :]
     check_accounting(rig.catalog)
     # next round it moves
     assert tiering.run().files_moved == 1
-    assert rig.read_file("/f") == patch + data[len(patch):]
+    assert rig.read_file("/f") == patch + data[len(patch) :]
     assert classes_of(rig, "/f")[0] == {"warm"}
     check_accounting(rig.catalog)
-
 
 
 def test_full_volume_ends_the_round_instead_of_failing(rig_factory):

@@ -1,4 +1,5 @@
 """Per-export trash end to end on real catalogs (SQLite and PostgreSQL)."""
+
 from __future__ import annotations
 
 import pytest
@@ -100,8 +101,12 @@ def test_bad_trash_requests_are_refused(namespace, catalog):
     add_export(catalog, "/data", "/data", 3)
     make_file(ns, "/data/x")
     trash = Trash(ns, catalog)
-    for path, text in (("/", "namespace root"), ("/data", "root of export"), ("data/x", "absolute"),
-                       ("/data/../x", "'..'")):
+    for path, text in (
+        ("/", "namespace root"),
+        ("/data", "root of export"),
+        ("data/x", "absolute"),
+        ("/data/../x", "'..'"),
+    ):
         with pytest.raises(errors.InvalidArgument, match=text):
             trash.move_to_trash(path)
     entry = trash.move_to_trash("/data/x")
@@ -123,8 +128,13 @@ def test_per_export_trash_and_purge_by_trash_days(namespace, catalog):
     make_file(ns, "/slow/b")
     make_file(ns, "/elsewhere/c")
     same_name = [make_file(ns, "/fast/d1/same"), make_file(ns, "/fast/d2/same")]
-    entries = {e.original_path: e for e in (trash.move_to_trash(p) for p in (
-        "/fast/a", "/slow/b", "/elsewhere/c", "/fast/d1/same", "/fast/d2/same"))}
+    entries = {
+        e.original_path: e
+        for e in (
+            trash.move_to_trash(p)
+            for p in ("/fast/a", "/slow/b", "/elsewhere/c", "/fast/d1/same", "/fast/d2/same")
+        )
+    }
     assert entries["/fast/a"].trash_path.startswith("/fast/.trash/")
     assert entries["/slow/b"].trash_path.startswith("/slow/.trash/")
     assert entries["/elsewhere/c"].trash_path.startswith("/.trash/")
@@ -188,6 +198,7 @@ def test_delete_removes_subtree_for_good(namespace, catalog):
         make_file(ns, f"/tree/d{i % 3}/sub{i % 2}/f{i}")
     trash = Trash(ns, catalog)
     table = Inode.__table__
+
     def count() -> int:
         return catalog.read(
             lambda c: c.execute(select(func.count()).select_from(table)).scalar_one()

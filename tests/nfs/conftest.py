@@ -1,5 +1,6 @@
 """Fixtures for NFS tests: a real catalog (SQLite), a real data path on 10
 emulated zone-file drives, the NFS server in a thread; helpers in nfs4_support."""
+
 from __future__ import annotations
 
 import shutil

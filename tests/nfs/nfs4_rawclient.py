@@ -1,6 +1,7 @@
 """A minimal NFSv4.1 and NFSv4.0 protocol client for tests of what the real clients do not
 expose (byte-range locks, the reply cache, bad handles). It encodes with the
 server's own XDR declarations but is an independent peer on a TCP socket."""
+
 from __future__ import annotations
 
 import os
@@ -21,11 +22,19 @@ def auth_sys(uid=0, gid=0, machine="raw") -> bytes:
 
 
 class RawClient:
-    def __init__(self, port: int, host: str = "127.0.0.1", source: str | None = None, uid=0, gid=0,
-                 minor: int = 1):
+    def __init__(
+        self,
+        port: int,
+        host: str = "127.0.0.1",
+        source: str | None = None,
+        uid=0,
+        gid=0,
+        minor: int = 1,
+    ):
         self.minor = minor  # of the COMPOUNDs that name none (2: NFSv4.2)
-        self.sock = socket.create_connection((host, port), timeout=20,
-                                             source_address=(source, 0) if source else None)
+        self.sock = socket.create_connection(
+            (host, port), timeout=20, source_address=(source, 0) if source else None
+        )
         self.xid = 1
         self.cred = auth_sys(uid, gid)
         self.sessionid = None
@@ -117,14 +126,28 @@ class RawClient:
 
     def setup(self, owner: bytes | None = None, reclaim_complete: bool = True):
         owner = owner or os.urandom(8)
-        st, res = self.compound([(c.OP_EXCHANGE_ID, t.ARGS[c.OP_EXCHANGE_ID](
-            os.urandom(8), owner, 0, (c.SP4_NONE, None), []))])
+        st, res = self.compound(
+            [
+                (
+                    c.OP_EXCHANGE_ID,
+                    t.ARGS[c.OP_EXCHANGE_ID](os.urandom(8), owner, 0, (c.SP4_NONE, None), []),
+                )
+            ]
+        )
         assert st == 0, st
         eid = res[0][2]
         self.clientid = eid.clientid
         chan = t.channel_attrs4.cls(0, 1 << 21, 1 << 21, 1 << 20, 16, 8, [])
-        st, res = self.compound([(c.OP_CREATE_SESSION, t.ARGS[c.OP_CREATE_SESSION](
-            eid.clientid, eid.sequenceid, 0, chan, chan, 0x40000000, [(0, None)]))])
+        st, res = self.compound(
+            [
+                (
+                    c.OP_CREATE_SESSION,
+                    t.ARGS[c.OP_CREATE_SESSION](
+                        eid.clientid, eid.sequenceid, 0, chan, chan, 0x40000000, [(0, None)]
+                    ),
+                )
+            ]
+        )
         assert st == 0, st
         self.sessionid = res[0][2].sessionid
         self.seq = {i: 0 for i in range(8)}
@@ -142,8 +165,9 @@ class RawClient:
         )
 
     def session(self, ops, slot=0, bump=True, raw_reply=False, minor=None):
-        return self.compound([self.sequence_op(slot, bump)] + list(ops), minor=minor,
-                             raw_reply=raw_reply)
+        return self.compound(
+            [self.sequence_op(slot, bump)] + list(ops), minor=minor, raw_reply=raw_reply
+        )
 
     # -- NFSv4.0 (minor version 0: no session; client id by SETCLIENTID) --------------------
     def v40(self, ops, raw_reply=False):
@@ -155,8 +179,9 @@ class RawClient:
         return st, res[0][2]
 
     def confirm(self, clientid: int, verifier: bytes) -> int:
-        return self.v40([(c.OP_SETCLIENTID_CONFIRM, t.ARGS[c.OP_SETCLIENTID_CONFIRM](
-            clientid, verifier))])[0]
+        return self.v40(
+            [(c.OP_SETCLIENTID_CONFIRM, t.ARGS[c.OP_SETCLIENTID_CONFIRM](clientid, verifier))]
+        )[0]
 
     def setup40(self, ident: bytes | None = None, verifier: bytes | None = None):
         self.ident = ident or os.urandom(8)
@@ -183,15 +208,23 @@ def stateid(seqid, other):
     return t.stateid4.cls(seqid, other)
 
 
-def open_args(name: str, owner: bytes, clientid: int, access=c.OPEN4_SHARE_ACCESS_BOTH, create=True,
-              seqid=0, deny=0):
+def open_args(
+    name: str,
+    owner: bytes,
+    clientid: int,
+    access=c.OPEN4_SHARE_ACCESS_BOTH,
+    create=True,
+    seqid=0,
+    deny=0,
+):
     how = (
         (c.OPEN4_CREATE, (c.UNCHECKED4, t.fattr4.cls([], b"")))
         if create
         else (c.OPEN4_NOCREATE, None)
     )
-    return t.ARGS[c.OP_OPEN](seqid, access, deny, t.state_owner4.cls(clientid, owner), how,
-                             (c.CLAIM_NULL, name))
+    return t.ARGS[c.OP_OPEN](
+        seqid, access, deny, t.state_owner4.cls(clientid, owner), how, (c.CLAIM_NULL, name)
+    )
 
 
 def setclientid_args(ident: bytes, verifier: bytes, netid="tcp", addr="127.0.0.1.3.4"):

@@ -1,6 +1,7 @@
 """Helpers for NFS tests: a real catalog (SQLite), a real data path on 10
 emulated zone-file drives, the NFS server in a thread, and real clients
 (nfs-rs and nfs4fs) connected over 127.0.0.1."""
+
 from __future__ import annotations
 
 import threading
@@ -17,11 +18,31 @@ from engine.namespace import Namespace
 MiB = 1 << 20
 
 
-def add_export(catalog, name="/export", path="/", clients="127.0.0.1/32", access="rw",
-               squash="no_root_squash", anon_uid=65534, anon_gid=65534):
-    catalog.run(lambda conn: conn.execute(Export.__table__.insert().values(
-        name=name, path=path, clients=clients, access=access, squash=squash,
-        anon_uid=anon_uid, anon_gid=anon_gid, trash_days=7, enabled=True)))
+def add_export(
+    catalog,
+    name="/export",
+    path="/",
+    clients="127.0.0.1/32",
+    access="rw",
+    squash="no_root_squash",
+    anon_uid=65534,
+    anon_gid=65534,
+):
+    catalog.run(
+        lambda conn: conn.execute(
+            Export.__table__.insert().values(
+                name=name,
+                path=path,
+                clients=clients,
+                access=access,
+                squash=squash,
+                anon_uid=anon_uid,
+                anon_gid=anon_gid,
+                trash_days=7,
+                enabled=True,
+            )
+        )
+    )
 
 
 class Stack:
@@ -113,6 +134,7 @@ def every_worker_busy(server):
     def hold():
         started.wait(10)
         release.wait(30)
+
     held = [nfs.pool.submit(hold) for _ in range(nfs.workers)]
     try:
         started.wait(10)

@@ -1,6 +1,7 @@
 """No SERVERFAULT from what a client sends (NFSv4.1): names that are not UTF-8 get
 NFS4ERR_INVAL (RFC 8881 14.3), a size past the largest file NFS4ERR_FBIG, and a flood of
 them leaves a few log lines with a count, not a traceback per request."""
+
 from __future__ import annotations
 
 import logging
@@ -23,16 +24,29 @@ def _size_attr(size: int):
 def test_names_that_are_not_utf8_get_inval_and_no_traceback(server, caplog):
     raw = RawClient(server.port).setup()
     root = raw.root_fh()
-    assert raw.session([(c.OP_PUTFH, root), (c.OP_CREATE, t.ARGS[c.OP_CREATE](
-        (c.NF4DIR, None), "ok", t.fattr4.cls([], b"")))])[0] == 0
+    assert (
+        raw.session(
+            [
+                (c.OP_PUTFH, root),
+                (c.OP_CREATE, t.ARGS[c.OP_CREATE]((c.NF4DIR, None), "ok", t.fattr4.cls([], b""))),
+            ]
+        )[0]
+        == 0
+    )
     mkdir = t.ARGS[c.OP_CREATE]((c.NF4DIR, None), NOT_UTF8, t.fattr4.cls([], b""))
     cases = {
         "LOOKUP": [(c.OP_PUTFH, root), (c.OP_LOOKUP, NOT_UTF8)],
         "CREATE": [(c.OP_PUTFH, root), (c.OP_CREATE, mkdir)],
-        "RENAME from": [(c.OP_PUTFH, root), (c.OP_SAVEFH, None),
-                        (c.OP_RENAME, t.ARGS[c.OP_RENAME](NOT_UTF8, "x"))],
-        "RENAME to": [(c.OP_PUTFH, root), (c.OP_SAVEFH, None),
-                      (c.OP_RENAME, t.ARGS[c.OP_RENAME]("ok", NOT_UTF8))],
+        "RENAME from": [
+            (c.OP_PUTFH, root),
+            (c.OP_SAVEFH, None),
+            (c.OP_RENAME, t.ARGS[c.OP_RENAME](NOT_UTF8, "x")),
+        ],
+        "RENAME to": [
+            (c.OP_PUTFH, root),
+            (c.OP_SAVEFH, None),
+            (c.OP_RENAME, t.ARGS[c.OP_RENAME]("ok", NOT_UTF8)),
+        ],
         "REMOVE": [(c.OP_PUTFH, root), (c.OP_REMOVE, NOT_UTF8)],
         "OPEN": [(c.OP_PUTFH, root), (c.OP_OPEN, open_args(NOT_UTF8, b"o", raw.clientid))],
     }
@@ -52,14 +66,16 @@ def test_names_that_are_not_utf8_get_inval_and_no_traceback(server, caplog):
 def test_sizes_past_the_largest_file_get_fbig(server):
     raw = RawClient(server.port).setup()
     root = raw.root_fh()
-    st, res = raw.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args("f", b"o", raw.clientid)),
-                           (c.OP_GETFH, None)])
+    st, res = raw.session(
+        [(c.OP_PUTFH, root), (c.OP_OPEN, open_args("f", b"o", raw.clientid)), (c.OP_GETFH, None)]
+    )
     assert st == 0
     fh, sid = res[-1][2], res[2][2].stateid
     open_sid = stateid(sid.seqid, sid.other)
     for size in ((1 << 64) - 1, 1 << 63):
-        st, _ = raw.session([(c.OP_PUTFH, fh), (c.OP_SETATTR, t.ARGS[c.OP_SETATTR](
-            open_sid, _size_attr(size)))])
+        st, _ = raw.session(
+            [(c.OP_PUTFH, fh), (c.OP_SETATTR, t.ARGS[c.OP_SETATTR](open_sid, _size_attr(size)))]
+        )
         assert st == c.NFS4ERR_FBIG, (size, st)
     write = t.ARGS[c.OP_WRITE](open_sid, (1 << 64) - 2, c.FILE_SYNC4, b"xy")
     assert raw.session([(c.OP_PUTFH, fh), (c.OP_WRITE, write)])[0] == c.NFS4ERR_FBIG
@@ -67,11 +83,14 @@ def test_sizes_past_the_largest_file_get_fbig(server):
     st, res = raw.session([(c.OP_PUTFH, fh), (c.OP_READ, read)])
     assert st == 0 and res[-1][2].eof and res[-1][2].data == b""
     # a time past what 64-bit nanoseconds hold
-    far = t.fattr4.cls([0, 1 << (c.FATTR4_TIME_MODIFY_SET - 32)],
-                       struct.pack(">Iqi", c.SET_TO_CLIENT_TIME4, (1 << 62), 0))
+    far = t.fattr4.cls(
+        [0, 1 << (c.FATTR4_TIME_MODIFY_SET - 32)],
+        struct.pack(">Iqi", c.SET_TO_CLIENT_TIME4, (1 << 62), 0),
+    )
     st, _ = raw.session([(c.OP_PUTFH, fh), (c.OP_SETATTR, t.ARGS[c.OP_SETATTR](open_sid, far))])
     assert st == c.NFS4ERR_INVAL
-    st, _ = raw.session([(c.OP_PUTFH, fh), (c.OP_SETATTR, t.ARGS[c.OP_SETATTR](
-        open_sid, _size_attr(5)))])
+    st, _ = raw.session(
+        [(c.OP_PUTFH, fh), (c.OP_SETATTR, t.ARGS[c.OP_SETATTR](open_sid, _size_attr(5)))]
+    )
     assert st == 0
     raw.close()

@@ -1,5 +1,6 @@
 """A file of 1 GiB written and read back sha256-identical through nfs-rs,
 erasure-coded 8+2 on ten emulated drives."""
+
 from __future__ import annotations
 
 import hashlib

@@ -2,6 +2,7 @@
 does): NFSv4.1 clients get NFS4ERR_DELAY and NFSv3 clients NFS3ERR_JUKEBOX, never SERVERFAULT,
 the log holds a few lines and no traceback per request, and once PostgreSQL is back the
 same requests succeed without a restart of the NFS server."""
+
 from __future__ import annotations
 
 import logging
@@ -58,12 +59,13 @@ def _v3_call(raw: RawClient, prog: int, proc: int, args_type, args) -> bytes:
     verf_len = struct.unpack_from(">I", reply, 16)[0]
     pos = 20 + verf_len + (-verf_len % 4)
     assert struct.unpack_from(">I", reply, pos)[0] == 0
-    return reply[pos + 4:]
+    return reply[pos + 4 :]
 
 
 def _v3_mount(raw: RawClient) -> bytes:
-    body = _v3_call(raw, t3.MOUNT_PROGRAM, t3.MOUNTPROC3_MNT, t3.MOUNT_ARGS[t3.MOUNTPROC3_MNT],
-                    "/export")
+    body = _v3_call(
+        raw, t3.MOUNT_PROGRAM, t3.MOUNTPROC3_MNT, t3.MOUNT_ARGS[t3.MOUNTPROC3_MNT], "/export"
+    )
     status, ok = t3.MOUNT_RESULTS[t3.MOUNTPROC3_MNT].decode(body)
     assert status == t3.MNT3_OK
     return ok.fhandle
@@ -99,8 +101,11 @@ def test_postgresql_outage_gives_delay_and_clients_carry_on(pg, tmp_path, caplog
             try:
                 while not stop.is_set():
                     n += 1
-                    ops = [(c.OP_PUTFH, root), _mkdir_op(f"w{k}-{n}"),
-                           (c.OP_GETATTR, [1 << c.FATTR4_TYPE])]
+                    ops = [
+                        (c.OP_PUTFH, root),
+                        _mkdir_op(f"w{k}-{n}"),
+                        (c.OP_GETATTR, [1 << c.FATTR4_TYPE]),
+                    ]
                     while True:
                         status, _ = raw.session(ops)
                         with lock:
@@ -117,6 +122,7 @@ def test_postgresql_outage_gives_delay_and_clients_carry_on(pg, tmp_path, caplog
                         done[0] += 1
             except Exception as exc:  # noqa: BLE001 - reported by the test
                 failures.append((k, n, repr(exc)))
+
         threads = [threading.Thread(target=worker, args=(k,)) for k in range(WORKERS)]
         for thread in threads:
             thread.start()

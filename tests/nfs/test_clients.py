@@ -1,4 +1,5 @@
 """Real third-party NFSv4.1 clients (nfs-rs, nfs4fs) against the server."""
+
 from __future__ import annotations
 
 import hashlib
@@ -95,6 +96,7 @@ def test_many_small_files_and_big_directory(server):
     # 10,000 entries, created through the namespace (fast) and listed over NFS by both clients
     ns = server.server.namespace
     from engine.namespace import ROOT
+
     d = ns.mkdir(ROOT, ns.root_ino, "big")
     for i in range(10_000):
         ns.create(ROOT, d.ino, f"entry-{i:05d}")
@@ -128,6 +130,7 @@ def test_rename_over_existing_while_reader_polls(server):
                 bad.append(body[:20])
             seen.add(body[:1])
             reads[0] += 1
+
     th = threading.Thread(target=reader)
     th.start()
     try:
@@ -158,6 +161,7 @@ def test_parallel_writers_and_readers(server):
                     f.write(blobs[i])
         except Exception as exc:  # noqa: BLE001
             failures.append(exc)
+
     threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
     [th.start() for th in threads]
     [th.join(120) for th in threads]
@@ -172,6 +176,7 @@ def test_parallel_writers_and_readers(server):
                     digests.append(hashlib.sha256(f.read()).hexdigest())
         except Exception as exc:  # noqa: BLE001
             failures.append(exc)
+
     threads = [threading.Thread(target=read) for _ in range(16)]
     [th.start() for th in threads]
     [th.join(120) for th in threads]
@@ -188,6 +193,7 @@ def test_default_export_squashes_root(stack):
     srv = start_server(stack)
     try:
         import nfs_rs
+
         with nfsrs(srv.port, uid=0, gid=0) as cl:
             assert cl.listdir(".") == []
             with pytest.raises(nfs_rs.NfsPermissionError):
@@ -201,6 +207,7 @@ def test_read_only_export(stack):
     srv = start_server(stack)
     try:
         import nfs_rs
+
         with nfsrs(srv.port) as cl:
             with pytest.raises(nfs_rs.NfsError):
                 cl.mkdir("nope")

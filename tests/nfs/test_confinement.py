@@ -2,6 +2,7 @@
 export's subtree (invariant 8), however it got there: a handle kept from before an admin
 moved its directory out (PUTFH), a walk upwards (LOOKUPP, LOOKUP ".."), READDIR, RENAME and
 LINK with such a handle. The check is cached, and the event loop answers it from the cache."""
+
 from __future__ import annotations
 
 import pytest
@@ -49,8 +50,14 @@ def _fh(raw: RawClient, *path: str) -> bytes:
 
 def _admin_moves_d_out(admin: RawClient) -> None:
     scratch, archive = _fh(admin, "export", "scratch"), _fh(admin, "export", "archive")
-    st, res = admin.session([(c.OP_PUTFH, scratch), (c.OP_SAVEFH, None), (c.OP_PUTFH, archive),
-                             (c.OP_RENAME, t.ARGS[c.OP_RENAME]("D", "D"))])
+    st, res = admin.session(
+        [
+            (c.OP_PUTFH, scratch),
+            (c.OP_SAVEFH, None),
+            (c.OP_PUTFH, archive),
+            (c.OP_RENAME, t.ARGS[c.OP_RENAME]("D", "D")),
+        ]
+    )
     assert st == 0, res
 
 
@@ -68,11 +75,18 @@ def test_handle_moved_out_of_the_export_is_refused(two_exports):
     assert st == 0 and res[-1][2].data == b"inside"
     _admin_moves_d_out(admin)
     # the walk of the finding: PUTFH(D), LOOKUPP, LOOKUPP, LOOKUP secret.txt, READ
-    st, statuses = _status_of(client, [(c.OP_PUTFH, d), (c.OP_LOOKUPP, None), (c.OP_LOOKUPP, None),
-                                       (c.OP_LOOKUP, "secret.txt"), read])
+    st, statuses = _status_of(
+        client,
+        [
+            (c.OP_PUTFH, d),
+            (c.OP_LOOKUPP, None),
+            (c.OP_LOOKUPP, None),
+            (c.OP_LOOKUP, "secret.txt"),
+            read,
+        ],
+    )
     assert st == c.NFS4ERR_ACCESS and statuses == [0, c.NFS4ERR_ACCESS]
-    st, _ = _status_of(client, [(c.OP_PUTFH, d), (c.OP_LOOKUP, ".."),
-                                (c.OP_LOOKUP, "secret.txt")])
+    st, _ = _status_of(client, [(c.OP_PUTFH, d), (c.OP_LOOKUP, ".."), (c.OP_LOOKUP, "secret.txt")])
     assert st == c.NFS4ERR_ACCESS
     mkdir = (c.OP_CREATE, t.ARGS[c.OP_CREATE]((c.NF4DIR, None), "planted", t.fattr4.cls([], b"")))
     st, _ = _status_of(client, [(c.OP_PUTFH, d), (c.OP_LOOKUPP, None), mkdir])
@@ -84,22 +98,43 @@ def test_handle_moved_out_of_the_export_is_refused(two_exports):
     root = _fh(client, "scratch")
     readdir = (c.OP_READDIR, t.ARGS[c.OP_READDIR](0, b"\0" * 8, 8192, 32768, [1 << c.FATTR4_TYPE]))
     assert _status_of(client, [(c.OP_PUTFH, d), readdir])[0] == c.NFS4ERR_ACCESS
-    st, _ = _status_of(client, [(c.OP_PUTFH, d), (c.OP_SAVEFH, None), (c.OP_PUTFH, root),
-                                (c.OP_RENAME, t.ARGS[c.OP_RENAME]("f", "stolen"))])
+    st, _ = _status_of(
+        client,
+        [
+            (c.OP_PUTFH, d),
+            (c.OP_SAVEFH, None),
+            (c.OP_PUTFH, root),
+            (c.OP_RENAME, t.ARGS[c.OP_RENAME]("f", "stolen")),
+        ],
+    )
     assert st == c.NFS4ERR_ACCESS
-    st, _ = _status_of(client, [(c.OP_PUTFH, f), (c.OP_SAVEFH, None), (c.OP_PUTFH, root),
-                                (c.OP_LINK, "stolen")])
+    st, _ = _status_of(
+        client, [(c.OP_PUTFH, f), (c.OP_SAVEFH, None), (c.OP_PUTFH, root), (c.OP_LINK, "stolen")]
+    )
     assert st == c.NFS4ERR_ACCESS
     # what stayed inside still works, and the admin's export sees everything
-    up_to_the_pseudo_root = [(c.OP_PUTFH, root), (c.OP_LOOKUP, "E"), (c.OP_LOOKUPP, None),
-                             (c.OP_LOOKUPP, None)]
+    up_to_the_pseudo_root = [
+        (c.OP_PUTFH, root),
+        (c.OP_LOOKUP, "E"),
+        (c.OP_LOOKUPP, None),
+        (c.OP_LOOKUPP, None),
+    ]
     assert _status_of(client, up_to_the_pseudo_root)[0] == 0
     moved_f = _fh(admin, "export", "archive", "D", "f")
     assert _status_of(admin, [(c.OP_PUTFH, moved_f), read])[0] == 0
     # moved back in: the same handle works again
     archive, scratch = _fh(admin, "export", "archive"), _fh(admin, "export", "scratch")
-    assert admin.session([(c.OP_PUTFH, archive), (c.OP_SAVEFH, None), (c.OP_PUTFH, scratch),
-                          (c.OP_RENAME, t.ARGS[c.OP_RENAME]("D", "D"))])[0] == 0
+    assert (
+        admin.session(
+            [
+                (c.OP_PUTFH, archive),
+                (c.OP_SAVEFH, None),
+                (c.OP_PUTFH, scratch),
+                (c.OP_RENAME, t.ARGS[c.OP_RENAME]("D", "D")),
+            ]
+        )[0]
+        == 0
+    )
     assert _status_of(client, [(c.OP_PUTFH, f), read])[0] == 0
 
 

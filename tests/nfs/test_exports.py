@@ -1,4 +1,5 @@
 """Export rules: the default export, CIDR checks, squashing, bad rows."""
+
 from __future__ import annotations
 
 import pytest
@@ -48,6 +49,7 @@ def test_refresh_takes_in_changes_made_through_the_service(stack):
     """How the daemon picks up a change from the web UI or `shingle exports set`: its periodic
     refresh reads the exports through engine.exports again."""
     from engine import exports as export_service
+
     ensure_default_export(stack.catalog)
     table = ExportTable(stack.catalog, stack.namespace)
     (rule,) = table.by_id.values()

@@ -1,6 +1,7 @@
 """The event loop answers read-only COMPOUNDs from the caches, and never waits:
 when the caches do not suffice, or a lock it needs is held, the COMPOUND goes
 to a worker thread like every other one, keeping the slot its SEQUENCE took."""
+
 from __future__ import annotations
 
 import os
@@ -121,6 +122,7 @@ def test_event_loop_never_waits_for_a_held_lock(server, held):
         with lock:
             holding.set()
             let_go.wait(30)
+
     thread = threading.Thread(target=holder)
     thread.start()
     try:
@@ -144,8 +146,15 @@ def test_a_handed_off_compound_carries_on_where_the_event_loop_stopped(server):
     assert raw.session([(c.OP_PUTFH, root), (c.OP_LOOKUP, "d"), GETATTR])[0] == 0  # cached now
     before = server.server.counters.snapshot()
     # the loop answers PUTFH, LOOKUP d and GETFH from the caches, then a name they lack stops it
-    st, res = raw.session([(c.OP_PUTFH, root), (c.OP_LOOKUP, "d"), (c.OP_GETFH, None),
-                           (c.OP_LOOKUP, "absent"), GETATTR])
+    st, res = raw.session(
+        [
+            (c.OP_PUTFH, root),
+            (c.OP_LOOKUP, "d"),
+            (c.OP_GETFH, None),
+            (c.OP_LOOKUP, "absent"),
+            GETATTR,
+        ]
+    )
     after = server.server.counters.snapshot()
     assert st == c.NFS4ERR_NOENT
     assert [(op, status) for op, status, _ in res] == [
@@ -156,8 +165,10 @@ def test_a_handed_off_compound_carries_on_where_the_event_loop_stopped(server):
         (c.OP_LOOKUP, c.NFS4ERR_NOENT),
     ]
     assert res[3][2] == d
-    counted = {op: after.get(f"nfs_ops_{op}", 0) - before.get(f"nfs_ops_{op}", 0)
-               for op in ("putfh", "lookup", "getfh", "getattr")}
+    counted = {
+        op: after.get(f"nfs_ops_{op}", 0) - before.get(f"nfs_ops_{op}", 0)
+        for op in ("putfh", "lookup", "getfh", "getattr")
+    }
     assert counted == {"putfh": 1, "lookup": 2, "getfh": 1, "getattr": 0}, (
         "an operation ran twice or not at all"
     )
@@ -186,6 +197,7 @@ def test_read_of_fetched_fragments_is_answered_by_the_event_loop(server):
 
     def read(offset, count):
         return (c.OP_READ, t.ARGS[c.OP_READ](stateid(sid.seqid, sid.other), offset, count))
+
     assert raw.session([(c.OP_PUTFH, fh), read(0, 10)])[0] == 0  # the extent map is cached now
     server.server.namespace.data.reader.drop_cache()  # but the next READ must go to the drives
     with every_worker_busy(server):
@@ -193,7 +205,7 @@ def test_read_of_fetched_fragments_is_answered_by_the_event_loop(server):
         with pytest.raises(socket.timeout):
             _reply(raw, 0.5)
     st, res = raw.parse(raw.recv_record())
-    assert st == 0 and bytes(res[-1][2].data) == payload[:64 << 10]
+    assert st == 0 and bytes(res[-1][2].data) == payload[: 64 << 10]
     # now its fragments are in the reader's cache: with every worker busy again, the loop answers
     with every_worker_busy(server):
         _send(raw, [(c.OP_PUTFH, fh), read(1000, 30000)])

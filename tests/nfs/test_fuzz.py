@@ -1,5 +1,6 @@
 """10,000 malformed or mutated RPC records while a well-behaved client works:
 the server stays up and the good client sees no error (invariant 7)."""
+
 from __future__ import annotations
 
 import os
@@ -110,7 +111,7 @@ def _mutate(rng: random.Random, record: bytes, protect: int) -> bytes:
         for _ in range(rng.randint(1, 8)):
             data[rng.randrange(protect, len(data))] = rng.randrange(256)
     elif kind == 1:  # truncate
-        data = data[:rng.randrange(protect, len(data))]
+        data = data[: rng.randrange(protect, len(data))]
     elif kind == 2:  # a huge or odd length/count somewhere
         at = rng.randrange(protect, len(data) - 4) & ~3
         struct.pack_into(">I", data, at, rng.choice([0xFFFFFFFF, 0x7FFFFFFF, 1 << 20, 3, 0]))
@@ -171,8 +172,8 @@ class Fuzzer:
                     n = struct.unpack_from(">I", pending)[0] & 0x7FFFFFFF
                     if len(pending) < 4 + n:
                         break
-                    self._note_sequence(bytes(pending[4:4 + n]))
-                    del pending[:4 + n]
+                    self._note_sequence(bytes(pending[4 : 4 + n]))
+                    del pending[: 4 + n]
                 with self.cv:
                     self.seen += data
                     del self.seen[:-65536]

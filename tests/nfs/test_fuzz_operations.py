@@ -4,6 +4,7 @@ names and bytes, huge offsets, lengths and sizes, handles valid, mutated, of ano
 moved out of this one, stateids real and made up, random bitmaps and attributes), inside a
 real session: no reply is SERVERFAULT, every reply decodes, and a good client keeps working
 meanwhile. Where test_fuzz.py mutates bytes (the decoder's side), this reaches the handlers."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,13 @@ from engine.namespace import ROOT
 
 EXAMPLES = 2500
 # the operations that must be alone in a COMPOUND without SEQUENCE; the rest follow one
-SESSIONLESS = (c.OP_EXCHANGE_ID, c.OP_CREATE_SESSION, c.OP_DESTROY_SESSION,
-               c.OP_BIND_CONN_TO_SESSION, c.OP_DESTROY_CLIENTID)
+SESSIONLESS = (
+    c.OP_EXCHANGE_ID,
+    c.OP_CREATE_SESSION,
+    c.OP_DESTROY_SESSION,
+    c.OP_BIND_CONN_TO_SESSION,
+    c.OP_DESTROY_CLIENTID,
+)
 
 
 def _fattr_values(bits_values) -> tuple:
@@ -38,7 +44,8 @@ def _fattr_strategy(overrides) -> st.SearchStrategy:
     random mask and bytes are also drawn, and meet the decoder)."""
     settable = sorted(bit for bit, spec in fattr.ATTRS.items() if spec[2])
     one = st.sampled_from(settable).flatmap(
-        lambda bit: st.tuples(st.just(bit), strategy(fattr.ATTRS[bit][0], overrides)))
+        lambda bit: st.tuples(st.just(bit), strategy(fattr.ATTRS[bit][0], overrides))
+    )
     valid = st.lists(one, max_size=4).map(_fattr_values)
     anything = st.tuples(st.lists(integers(0, 0xFFFFFFFF), max_size=3), st.binary(max_size=64))
     return st.one_of(valid, valid, anything)
@@ -65,13 +72,19 @@ def test_every_operation_with_drawn_arguments(stack, capsys):
     raw = RawClient(srv.port, source="127.0.0.2").setup()
     admin = RawClient(srv.port).setup()
     try:
+
         def fh(client, *path):
             ops = [(c.OP_PUTROOTFH, None)] + [(c.OP_LOOKUP, p) for p in path] + [(c.OP_GETFH, None)]
             st_, res = client.session(ops)
             assert st_ == 0, (path, res)
             return res[-1][2]
-        root, d, f, link = (fh(raw, "fuzz"), fh(raw, "fuzz", "d"), fh(raw, "fuzz", "f"),
-                            fh(raw, "fuzz", "link"))
+
+        root, d, f, link = (
+            fh(raw, "fuzz"),
+            fh(raw, "fuzz", "d"),
+            fh(raw, "fuzz", "f"),
+            fh(raw, "fuzz", "link"),
+        )
         moved = fh(raw, "fuzz", "d", "moved")
         ns.rename(ROOT, sub.ino, "moved", ns.resolve("/elsewhere").ino, "moved")  # now outside
         foreign = fh(admin, "export", "elsewhere")  # an export this client may not use
@@ -82,15 +95,27 @@ def test_every_operation_with_drawn_arguments(stack, capsys):
         inside, outside = [root, d, f, link], [moved, foreign]
         handles = inside + outside
         stateids = st.one_of(
-            st.sampled_from([t.stateid4.cls(sid.seqid, sid.other), t.stateid4.cls(0, sid.other),
-                             t.stateid4.cls(0, b"\0" * 12), t.stateid4.cls(1, b"\0" * 12),
-                             t.stateid4.cls(0xFFFFFFFF, b"\xff" * 12)]),
+            st.sampled_from(
+                [
+                    t.stateid4.cls(sid.seqid, sid.other),
+                    t.stateid4.cls(0, sid.other),
+                    t.stateid4.cls(0, b"\0" * 12),
+                    t.stateid4.cls(1, b"\0" * 12),
+                    t.stateid4.cls(0xFFFFFFFF, b"\xff" * 12),
+                ]
+            ),
             st.tuples(integers(0, 0xFFFFFFFF), st.binary(min_size=12, max_size=12)),
-            st.tuples(integers(0, 0xFFFFFFFF), mutated([bytes(sid.other)]).filter(
-                lambda b: len(b) == 12)))
+            st.tuples(
+                integers(0, 0xFFFFFFFF), mutated([bytes(sid.other)]).filter(lambda b: len(b) == 12)
+            ),
+        )
         overrides = {
-            "nfs_fh4": st.one_of(*[st.sampled_from(inside)] * 6, st.sampled_from(outside),
-                                 mutated(handles), st.binary(max_size=128)),
+            "nfs_fh4": st.one_of(
+                *[st.sampled_from(inside)] * 6,
+                st.sampled_from(outside),
+                mutated(handles),
+                st.binary(max_size=128),
+            ),
             "component4": names,
             "stateid4": stateids,
             "sessionid4": st.binary(min_size=16, max_size=16),  # never destroys its own
@@ -100,12 +125,15 @@ def test_every_operation_with_drawn_arguments(stack, capsys):
 
         def op(opnum):
             return st.tuples(st.just(opnum), strategy(t.ARGS[opnum], overrides))
+
         # the current and saved handles set (mostly to ones this client may use), then one to
         # three operations; one in ten COMPOUNDs is a session-less operation alone
         current = st.one_of(*[st.sampled_from(inside)] * 8, st.sampled_from(outside))
         in_a_session = st.tuples(
-            current, current,
-            st.lists(st.sampled_from(in_session).flatmap(op), min_size=1, max_size=3))
+            current,
+            current,
+            st.lists(st.sampled_from(in_session).flatmap(op), min_size=1, max_size=3),
+        )
         alone = st.sampled_from(SESSIONLESS).flatmap(op).map(lambda one: (None, None, [one]))
         compound = st.tuples(st.one_of(*[in_a_session] * 9, alone), st.sampled_from([1, 2]))
 
@@ -126,20 +154,32 @@ def test_every_operation_with_drawn_arguments(stack, capsys):
                         good_rounds[0] += 1
             except Exception as exc:  # noqa: BLE001 - any error of the good client fails the test
                 good_errors.append(repr(exc))
+
         worker = threading.Thread(target=good_client)
         worker.start()
 
-        @settings(max_examples=EXAMPLES, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(compound)
         def one(drawn):
             (current, saved, ops), minor = drawn
             if current is None:  # a session-less operation alone
                 body = raw.compound_bytes(ops, minor)
             else:
-                body = raw.compound_bytes([raw.sequence_op(), (c.OP_PUTFH, saved),
-                                           (c.OP_SAVEFH, None), (c.OP_PUTFH, current), *ops],
-                                          minor)
+                body = raw.compound_bytes(
+                    [
+                        raw.sequence_op(),
+                        (c.OP_PUTFH, saved),
+                        (c.OP_SAVEFH, None),
+                        (c.OP_PUTFH, current),
+                        *ops,
+                    ],
+                    minor,
+                )
             reply = raw.call_raw(1, body)
             sent[0] += 1
             status, results = raw.parse(reply)
@@ -149,14 +189,17 @@ def test_every_operation_with_drawn_arguments(stack, capsys):
                 if op_status == c.NFS4ERR_SERVERFAULT:
                     faults.append((c.OP_NAMES.get(opnum), ops))
             assert status != c.NFS4ERR_SERVERFAULT, faults[-1]
+
         try:
             one()
         finally:
             stop.set()
             worker.join(60)
         with capsys.disabled():
-            print(f"\nNFSv4.1/4.2 operation fuzz: {sent[0]} COMPOUNDs, no SERVERFAULT; "
-                  f"the good client did {good_rounds[0]} rounds")
+            print(
+                f"\nNFSv4.1/4.2 operation fuzz: {sent[0]} COMPOUNDs, no SERVERFAULT; "
+                f"the good client did {good_rounds[0]} rounds"
+            )
         assert not faults
         assert not good_errors, good_errors[:3]
         assert good_rounds[0] >= 1
@@ -169,4 +212,3 @@ def test_every_operation_with_drawn_arguments(stack, capsys):
         raw.close()
         admin.close()
         srv.stop()
-

@@ -2,6 +2,7 @@
 that its RSS is the server's alone): record marks that announce 5 MiB and send nothing,
 a thousand idle connections, a slowloris, more connections than the limit, a record
 longer than the limit. A good nfs-rs client keeps working throughout."""
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,16 @@ class Daemon:
     def __init__(self, home, **nfs_options):
         self.home = home
         self.port = free_port()
-        self._run("init", str(home), "--drive-size", "48MiB", "--zone-size", "4MiB",
-                  "--nfs-port", str(self.port))
+        self._run(
+            "init",
+            str(home),
+            "--drive-size",
+            "48MiB",
+            "--zone-size",
+            "4MiB",
+            "--nfs-port",
+            str(self.port),
+        )
         path = home / "shingle.toml"
         text = path.read_text()
         for key, value in nfs_options.items():
@@ -44,7 +53,9 @@ class Daemon:
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "appliance.cli", "-c", str(path), "serve", "--no-web"],
-            stdout=self._log, stderr=subprocess.STDOUT)
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 60
         while "nfs://" not in self.log():
             assert self.proc.poll() is None, self.log()
@@ -54,8 +65,12 @@ class Daemon:
 
     @staticmethod
     def _run(*args):
-        run = subprocess.run([sys.executable, "-m", "appliance.cli", *args], capture_output=True,
-                             text=True, timeout=120)
+        run = subprocess.run(
+            [sys.executable, "-m", "appliance.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert run.returncode == 0, run.stderr
 
     def log(self) -> str:
@@ -109,8 +124,11 @@ def connect_many(port: int, n: int) -> list[socket.socket]:
 
 
 def server_connections(daemon) -> int:
-    return sum(1 for c in daemon.ps.net_connections(kind="tcp")
-               if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == daemon.port)
+    return sum(
+        1
+        for c in daemon.ps.net_connections(kind="tcp")
+        if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == daemon.port
+    )
 
 
 def wait_closed(socks: list[socket.socket], timeout: float) -> dict[socket.socket, float]:
@@ -158,8 +176,9 @@ def test_marks_announcing_5_mib_allocate_nothing_and_time_out(daemon_factory):
         assert len(closed) == MANY
         first = min(closed.values()) - sent_at
         last = max(closed.values()) - sent_at
-        print(f"closed {first:.1f}-{last:.1f} s after the marks "
-              f"(record timeout {record_timeout} s)")
+        print(
+            f"closed {first:.1f}-{last:.1f} s after the marks (record timeout {record_timeout} s)"
+        )
         assert record_timeout - 1 < first and last < record_timeout + 3
         for sock in socks:
             sock.close()
@@ -262,8 +281,12 @@ def test_request_bytes_past_the_budget_wait_for_tcp(daemon_factory):
     at most its total budget of them; the rest waits in TCP, and the good client gets through
     once the record timeout has closed the hogs (small calls need no budget meanwhile)."""
     record_timeout = 5.0
-    daemon = daemon_factory(max_record_size="2MiB", connection_budget="3MiB",
-                            total_budget="8MiB", record_timeout_seconds=record_timeout)
+    daemon = daemon_factory(
+        max_record_size="2MiB",
+        connection_budget="3MiB",
+        total_budget="8MiB",
+        record_timeout_seconds=record_timeout,
+    )
     hogs = 60
     with nfsrs(daemon.port) as client:
         good_client_works(client, "warm.bin")
@@ -279,8 +302,10 @@ def test_request_bytes_past_the_budget_wait_for_tcp(daemon_factory):
                 pass
         time.sleep(1.5)
         growth = daemon.rss() - before
-        print(f"RSS growth with {hogs} connections holding 1.5 MiB of 2 MiB records: "
-              f"{growth / MiB:.1f} MiB (total budget 8 MiB)")
+        print(
+            f"RSS growth with {hogs} connections holding 1.5 MiB of 2 MiB records: "
+            f"{growth / MiB:.1f} MiB (total budget 8 MiB)"
+        )
         assert growth < 32 * MiB, f"{growth / MiB:.1f} MiB"
         assert client.stat("warm.bin").size == MiB  # a small call needs no budget
         good_client_works(client, "during.bin")  # waits for budget, at most the record timeout

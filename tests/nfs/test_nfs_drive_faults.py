@@ -1,5 +1,6 @@
 """Drives missing under the NFS server: a write that cannot get its band class's redundancy is
 answered NFS4ERR_IO (not NFS4ERR_NOSPC, space is plenty), reads keep working."""
+
 from __future__ import annotations
 
 import os
@@ -11,6 +12,7 @@ from nfs4_support import MiB, nfsrs
 
 def test_write_below_the_write_quorum_is_an_io_error_not_nospc(stack, server):
     import nfs_rs
+
     kept = os.urandom(2 * MiB + 5)
     with nfsrs(server.port) as cl:
         with cl.open("kept.bin", "wb") as f:

@@ -1,6 +1,7 @@
 """Protocol conformance at the RPC and COMPOUND level, with a raw peer:
 RPC errors, record limits, sessions and the reply cache, locks across
 clients, bad handles, exports refusing a foreign address."""
+
 from __future__ import annotations
 
 import os
@@ -125,8 +126,12 @@ def test_reply_cache_and_false_retry(server):
 def test_tampered_handles(server):
     raw = RawClient(server.port).setup()
     root = raw.root_fh()
-    for bad in (root[:-1] + bytes([root[-1] ^ 1]), root[:10], b"\0" * len(root),
-                bytes([root[0]]) + root[1:20] + bytes([root[20] ^ 0x80]) + root[21:]):
+    for bad in (
+        root[:-1] + bytes([root[-1] ^ 1]),
+        root[:10],
+        b"\0" * len(root),
+        bytes([root[0]]) + root[1:20] + bytes([root[20] ^ 0x80]) + root[21:],
+    ):
         st, res = raw.session([(c.OP_PUTFH, bad), (c.OP_GETATTR, [1 << c.FATTR4_TYPE])])
         assert st in (c.NFS4ERR_BADHANDLE, c.NFS4ERR_STALE), st
     st, _ = raw.session([(c.OP_PUTFH, root), (c.OP_GETATTR, [1 << c.FATTR4_TYPE])])
@@ -174,8 +179,15 @@ def test_locks_across_clients(server):
     assert (denied.offset, denied.length, denied.locktype) == (0, 100, c.WRITE_LT)
     assert denied.owner.owner == b"lock-a"
     # LOCKT from B sees the conflict; a range past A's lock is free
-    st, _ = b.session([(c.OP_PUTFH, fh), (c.OP_LOCKT, t.ARGS[c.OP_LOCKT](
-        c.READ_LT, 99, 1, t.state_owner4.cls(b.clientid, b"lock-b")))])
+    st, _ = b.session(
+        [
+            (c.OP_PUTFH, fh),
+            (
+                c.OP_LOCKT,
+                t.ARGS[c.OP_LOCKT](c.READ_LT, 99, 1, t.state_owner4.cls(b.clientid, b"lock-b")),
+            ),
+        ]
+    )
     assert st == c.NFS4ERR_DENIED
     st, _ = lock(b, sid_b, b"lock-b", c.WRITE_LT, 100, c.NFS4_UINT64_MAX)
     assert st == 0
@@ -206,8 +218,17 @@ def test_share_reservation_deny(server):
     assert st == 0
     st, _ = b.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args("shared", b"ob", b.clientid))])
     assert st == c.NFS4ERR_SHARE_DENIED
-    st, _ = b.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args(
-        "shared", b"ob", b.clientid, access=c.OPEN4_SHARE_ACCESS_READ, create=False))])
+    st, _ = b.session(
+        [
+            (c.OP_PUTFH, root),
+            (
+                c.OP_OPEN,
+                open_args(
+                    "shared", b"ob", b.clientid, access=c.OPEN4_SHARE_ACCESS_READ, create=False
+                ),
+            ),
+        ]
+    )
     assert st == 0
 
 
@@ -219,8 +240,15 @@ def test_export_refuses_foreign_address(stack):
         st, res = foreign.session([(c.OP_PUTROOTFH, None), (c.OP_LOOKUP, "export")])
         assert st == c.NFS4ERR_ACCESS
         # the pseudo-root does not even list it
-        st, res = foreign.session([(c.OP_PUTROOTFH, None), (c.OP_READDIR, t.ARGS[c.OP_READDIR](
-            0, b"\0" * 8, 4096, 8192, [1 << c.FATTR4_TYPE]))])
+        st, res = foreign.session(
+            [
+                (c.OP_PUTROOTFH, None),
+                (
+                    c.OP_READDIR,
+                    t.ARGS[c.OP_READDIR](0, b"\0" * 8, 4096, 8192, [1 << c.FATTR4_TYPE]),
+                ),
+            ]
+        )
         assert st == 0 and res[-1][2].entries == []
         local = RawClient(srv.port).setup()
         fh = local.root_fh()
@@ -301,8 +329,15 @@ def test_open_modes_stateids_and_verify(server):
     st, res = raw.session([(c.OP_TEST_STATEID, [sid, bogus])])
     assert st == 0 and res[-1][2] == [0, c.NFS4ERR_BAD_STATEID]
     # OPEN_DOWNGRADE to read-only: a WRITE with it is refused
-    st, res = raw.session([(c.OP_PUTFH, fh), (c.OP_OPEN_DOWNGRADE, t.ARGS[c.OP_OPEN_DOWNGRADE](
-        sid, 0, c.OPEN4_SHARE_ACCESS_READ, 0))])
+    st, res = raw.session(
+        [
+            (c.OP_PUTFH, fh),
+            (
+                c.OP_OPEN_DOWNGRADE,
+                t.ARGS[c.OP_OPEN_DOWNGRADE](sid, 0, c.OPEN4_SHARE_ACCESS_READ, 0),
+            ),
+        ]
+    )
     assert st == 0
     sid = res[-1][2]
     st, _ = raw.session(
@@ -400,6 +435,7 @@ def test_pipelined_replies_larger_than_the_socket_buffers_arrive_whole(server, s
     slots, each slot asked again as soon as its reply is read, replies read only once the
     first eight were made: every record must arrive intact with the right bytes."""
     from engine.namespace import ROOT
+
     ns = stack.namespace
     data = os.urandom(4 << 20)
     ino = ns.create(ROOT, ns.root_ino, "pipelined").ino
@@ -423,8 +459,13 @@ def test_pipelined_replies_larger_than_the_socket_buffers_arrive_whole(server, s
     def ask(slot, n):
         offset = (n % 4) << 20
         # READ is idempotent: no cached reply asked (1 MiB is past ca_maxresponsesize_cached)
-        body = raw.compound_bytes([raw.sequence_op(slot, cachethis=False), (c.OP_PUTFH, fh),
-                                   (c.OP_READ, t.ARGS[c.OP_READ](anonymous, offset, 1 << 20))])
+        body = raw.compound_bytes(
+            [
+                raw.sequence_op(slot, cachethis=False),
+                (c.OP_PUTFH, fh),
+                (c.OP_READ, t.ARGS[c.OP_READ](anonymous, offset, 1 << 20)),
+            ]
+        )
         raw.xid += 1
         asked[raw.xid] = (slot, offset)
         head = struct.pack(">IIIIII", raw.xid, 0, 2, c.NFS4_PROGRAM, 4, 1)
@@ -435,6 +476,7 @@ def test_pipelined_replies_larger_than_the_socket_buffers_arrive_whole(server, s
             + b"\0" * 8
         )
         raw.send_record(head + body)
+
     for slot in range(8):
         ask(slot, slot)
     deadline = time.monotonic() + 10
@@ -447,7 +489,7 @@ def test_pipelined_replies_larger_than_the_socket_buffers_arrive_whole(server, s
         st, res = raw.parse(reply)
         assert st == 0 and res[-1][0] == c.OP_READ, res
         slot, offset = asked.pop(xid)
-        assert res[-1][2].data == data[offset:offset + (1 << 20)], f"xid {xid}: wrong bytes"
+        assert res[-1][2].data == data[offset : offset + (1 << 20)], f"xid {xid}: wrong bytes"
         answered += 1
         if answered + len(asked) < total:
             ask(slot, answered)  # made while the transport still drains the earlier replies

@@ -2,6 +2,7 @@
 client ids (SETCLIENTID/CONFIRM, RENEW, leases), OPEN_CONFIRM, owner sequence ids and their
 replay, RELEASE_LOCKOWNER, restarts (STALE_CLIENTID, STALE_STATEID, reclaim in the grace
 period), and opens and locks conflicting across the two minor versions."""
+
 from __future__ import annotations
 
 import hashlib
@@ -29,8 +30,9 @@ def open_confirmed(raw, dir_fh, name, owner, *, access=BOTH, deny=0):
     st, ok, fh = open40(raw, dir_fh, name, owner, 1, access=access, deny=deny)
     assert st == 0, st
     assert ok.rflags & c.OPEN4_RESULT_CONFIRM
-    st, res = raw.v40([(c.OP_PUTFH, fh), (c.OP_OPEN_CONFIRM, t.ARGS[c.OP_OPEN_CONFIRM](
-        ok.stateid, 2))])
+    st, res = raw.v40(
+        [(c.OP_PUTFH, fh), (c.OP_OPEN_CONFIRM, t.ARGS[c.OP_OPEN_CONFIRM](ok.stateid, 2))]
+    )
     assert st == 0, st
     sid = res[-1][2]
     assert (sid.seqid, sid.other) == (ok.stateid.seqid + 1, ok.stateid.other)
@@ -42,23 +44,48 @@ def read(raw, fh, sid, minor=0):
     return raw.v40(ops)[0] if minor == 0 else raw.session(ops)[0]
 
 
-def lock40(raw, fh, locktype, offset, length, *, open_sid=None, open_seqid=0, lock_sid=None,
-           lock_seqid=0, owner=b"lock-owner", raw_reply=False):
+def lock40(
+    raw,
+    fh,
+    locktype,
+    offset,
+    length,
+    *,
+    open_sid=None,
+    open_seqid=0,
+    lock_sid=None,
+    lock_seqid=0,
+    owner=b"lock-owner",
+    raw_reply=False,
+):
     if lock_sid is None:
-        locker = (True, t.open_to_lock_owner4.cls(open_seqid, open_sid, lock_seqid,
-                                                  t.state_owner4.cls(raw.clientid, owner)))
+        locker = (
+            True,
+            t.open_to_lock_owner4.cls(
+                open_seqid, open_sid, lock_seqid, t.state_owner4.cls(raw.clientid, owner)
+            ),
+        )
     else:
         locker = (False, t.exist_lock_owner4.cls(lock_sid, lock_seqid))
-    ops = [(c.OP_PUTFH, fh), (c.OP_LOCK, t.ARGS[c.OP_LOCK](locktype, False, offset, length,
-                                                            locker))]
+    ops = [
+        (c.OP_PUTFH, fh),
+        (c.OP_LOCK, t.ARGS[c.OP_LOCK](locktype, False, offset, length, locker)),
+    ]
     return raw.v40(ops, raw_reply=raw_reply)
 
 
 def nfsrs40(port: int):
     import nfs_rs
-    return nfs_rs.Client.connect(f"nfs://127.0.0.1:{port}/export?version=4.0", nfs_port=port,
-                                 noresvport=True, uid=0, gid=0, connect_timeout=20,
-                                 operation_timeout=60)
+
+    return nfs_rs.Client.connect(
+        f"nfs://127.0.0.1:{port}/export?version=4.0",
+        nfs_port=port,
+        noresvport=True,
+        uid=0,
+        gid=0,
+        connect_timeout=20,
+        operation_timeout=60,
+    )
 
 
 # -- a real client ---------------------------------------------------------------------------------
@@ -94,15 +121,19 @@ def test_minor_version_rules(server):
     raw = RawClient(server.port).setup40()
     root = raw.root_fh40()
     # NFSv4.1's operations are illegal in minor version 0 (RFC 7530 has no such numbers) ...
-    for op, args in ((c.OP_SEQUENCE, t.ARGS[c.OP_SEQUENCE](b"\0" * 16, 1, 0, 0, False)),
-                     (c.OP_RECLAIM_COMPLETE, False)):
+    for op, args in (
+        (c.OP_SEQUENCE, t.ARGS[c.OP_SEQUENCE](b"\0" * 16, 1, 0, 0, False)),
+        (c.OP_RECLAIM_COMPLETE, False),
+    ):
         st, res = raw.v40([(c.OP_PUTFH, root), (op, args)])
         assert st == c.NFS4ERR_OP_ILLEGAL and res[-1][:2] == (c.OP_ILLEGAL, c.NFS4ERR_OP_ILLEGAL)
     # ... and NFSv4.0's own are NOTSUPP in minor version 1 (RFC 8881 section 18)
     v41 = RawClient(server.port).setup()
-    for op, args in ((c.OP_RENEW, v41.clientid),
-                     (c.OP_SETCLIENTID, raw_setclientid_args()),
-                     (c.OP_RELEASE_LOCKOWNER, t.state_owner4.cls(v41.clientid, b"x"))):
+    for op, args in (
+        (c.OP_RENEW, v41.clientid),
+        (c.OP_SETCLIENTID, raw_setclientid_args()),
+        (c.OP_RELEASE_LOCKOWNER, t.state_owner4.cls(v41.clientid, b"x")),
+    ):
         st, res = v41.session([(op, args)])
         assert st == c.NFS4ERR_NOTSUPP and res[-1][:2] == (op, c.NFS4ERR_NOTSUPP)
     # the attributes of NFSv4.1 (suppattr_exclcreat, fs_layout_types) do not exist in 4.0
@@ -124,6 +155,7 @@ def test_minor_version_rules(server):
 
 def raw_setclientid_args():
     from nfs4_rawclient import setclientid_args
+
     return setclientid_args(b"id", b"verifier")
 
 
@@ -229,8 +261,12 @@ def test_seqid_replay_and_bad_seqid(server):
     base.seqid = 5
     assert raw.v40([(c.OP_PUTFH, root), (c.OP_OPEN, base)])[0] == 0
     # CLOSE and its retransmit (the stateid is gone, the reply is not)
-    st, res = raw.v40([(c.OP_PUTFH, root), (c.OP_OPEN, open_args(
-        "base", b"owner", raw.clientid, seqid=6, create=False))])
+    st, res = raw.v40(
+        [
+            (c.OP_PUTFH, root),
+            (c.OP_OPEN, open_args("base", b"owner", raw.clientid, seqid=6, create=False)),
+        ]
+    )
     assert st == 0
     current = res[-1][2].stateid
     close = (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](7, current))
@@ -247,13 +283,15 @@ def test_lock_seqids_locku_release_lockowner(server):
     root = raw.root_fh40()
     sid, fh = open_confirmed(raw, root, "locked", b"owner")
     # a new lock-owner from the open (open seqid 3, lock seqid 0); its retransmit is replayed
-    first = lock40(raw, fh, c.WRITE_LT, 0, 100, open_sid=sid, open_seqid=3, lock_seqid=0,
-                   raw_reply=True)
+    first = lock40(
+        raw, fh, c.WRITE_LT, 0, 100, open_sid=sid, open_seqid=3, lock_seqid=0, raw_reply=True
+    )
     st, res = raw.parse(first)
     assert st == 0
     lock_sid = res[-1][2]
-    again = lock40(raw, fh, c.WRITE_LT, 0, 100, open_sid=sid, open_seqid=3, lock_seqid=0,
-                   raw_reply=True)
+    again = lock40(
+        raw, fh, c.WRITE_LT, 0, 100, open_sid=sid, open_seqid=3, lock_seqid=0, raw_reply=True
+    )
     assert again[4:] == first[4:]
     # the lock-owner's own sequence goes on from 0
     st, res = lock40(raw, fh, c.WRITE_LT, 200, 10, lock_sid=lock_sid, lock_seqid=2)
@@ -265,8 +303,12 @@ def test_lock_seqids_locku_release_lockowner(server):
     release = (c.OP_RELEASE_LOCKOWNER, t.state_owner4.cls(raw.clientid, b"lock-owner"))
     assert raw.v40([release])[0] == c.NFS4ERR_LOCKS_HELD
     for seqid, (offset, length) in ((2, (0, 100)), (3, (200, 10))):
-        st, res = raw.v40([(c.OP_PUTFH, fh), (c.OP_LOCKU, t.ARGS[c.OP_LOCKU](
-            c.WRITE_LT, seqid, lock_sid, offset, length))])
+        st, res = raw.v40(
+            [
+                (c.OP_PUTFH, fh),
+                (c.OP_LOCKU, t.ARGS[c.OP_LOCKU](c.WRITE_LT, seqid, lock_sid, offset, length)),
+            ]
+        )
         assert st == 0
         lock_sid = res[-1][2]
     assert raw.v40([release])[0] == 0
@@ -330,10 +372,13 @@ def test_restart_stale_ids_and_reclaim(stack):
         assert st == 0 and not res[-1][2].rflags & c.OPEN4_RESULT_CONFIRM
         new_sid = res[-1][2].stateid
         assert read(raw, fh, new_sid) == 0
-        locker = (True, t.open_to_lock_owner4.cls(2, new_sid, 0,
-                                                  t.state_owner4.cls(raw.clientid, b"lk")))
-        st, _ = raw.v40([(c.OP_PUTFH, fh), (c.OP_LOCK, t.ARGS[c.OP_LOCK](
-            c.WRITE_LT, True, 0, 10, locker))])
+        locker = (
+            True,
+            t.open_to_lock_owner4.cls(2, new_sid, 0, t.state_owner4.cls(raw.clientid, b"lk")),
+        )
+        st, _ = raw.v40(
+            [(c.OP_PUTFH, fh), (c.OP_LOCK, t.ARGS[c.OP_LOCK](c.WRITE_LT, True, 0, 10, locker))]
+        )
         assert st == 0
         time.sleep(3.2)
         # after the grace period: no more reclaims, new opens go
@@ -350,8 +395,13 @@ def test_share_reservations_and_locks_conflict_across_versions(server):
     v41 = RawClient(server.port).setup()
     root = v40.root_fh40()
     # 4.1 opens denying writes: a 4.0 open for writing is refused, for reading it goes
-    st, res = v41.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args(
-        "shared", b"o41", v41.clientid, deny=c.OPEN4_SHARE_DENY_WRITE)), (c.OP_GETFH, None)])
+    st, res = v41.session(
+        [
+            (c.OP_PUTFH, root),
+            (c.OP_OPEN, open_args("shared", b"o41", v41.clientid, deny=c.OPEN4_SHARE_DENY_WRITE)),
+            (c.OP_GETFH, None),
+        ]
+    )
     assert st == 0
     sid41, fh = res[2][2].stateid, res[3][2]
     st, _, _ = open40(v40, root, "shared", b"o40", 1, access=WRITE, create=False)
@@ -359,26 +409,43 @@ def test_share_reservations_and_locks_conflict_across_versions(server):
     sid40, _ = open_confirmed(v40, root, "shared", b"o40r", access=READ)
     # ... and the other way round: 4.0 denies reads, a 4.1 open for reading is refused
     sid40w, _ = open_confirmed(v40, root, "exclusive", b"o40w", deny=c.OPEN4_SHARE_DENY_READ)
-    st, _ = v41.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args(
-        "exclusive", b"o41b", v41.clientid, access=READ, create=False))])
+    st, _ = v41.session(
+        [
+            (c.OP_PUTFH, root),
+            (c.OP_OPEN, open_args("exclusive", b"o41b", v41.clientid, access=READ, create=False)),
+        ]
+    )
     assert st == c.NFS4ERR_SHARE_DENIED
     # byte-range locks: 4.1 holds [0, 100) for writing (open for writing: BOTH)
-    locker = (True, t.open_to_lock_owner4.cls(0, sid41, 0,
-                                              t.state_owner4.cls(v41.clientid, b"l41")))
-    st, res = v41.session([(c.OP_PUTFH, fh), (c.OP_LOCK, t.ARGS[c.OP_LOCK](
-        c.WRITE_LT, False, 0, 100, locker))])
+    locker = (
+        True,
+        t.open_to_lock_owner4.cls(0, sid41, 0, t.state_owner4.cls(v41.clientid, b"l41")),
+    )
+    st, res = v41.session(
+        [(c.OP_PUTFH, fh), (c.OP_LOCK, t.ARGS[c.OP_LOCK](c.WRITE_LT, False, 0, 100, locker))]
+    )
     assert st == 0
     lock41 = res[-1][2]
     st, res = lock40(v40, fh, c.READ_LT, 50, 10, open_sid=sid40, open_seqid=3, owner=b"l40")
     assert st == c.NFS4ERR_DENIED and res[-1][2].owner.owner == b"l41"
     lockt = t.ARGS[c.OP_LOCKT](c.READ_LT, 99, 1, t.state_owner4.cls(v40.clientid, b"l40"))
     assert v40.v40([(c.OP_PUTFH, fh), (c.OP_LOCKT, lockt)])[0] == c.NFS4ERR_DENIED
-    st, res = lock40(v40, fh, c.READ_LT, 100, 10, open_sid=sid40, open_seqid=4, lock_seqid=1,
-                     owner=b"l40")
+    st, res = lock40(
+        v40, fh, c.READ_LT, 100, 10, open_sid=sid40, open_seqid=4, lock_seqid=1, owner=b"l40"
+    )
     assert st == 0
     # 4.0 holds a read lock on [100, 110): 4.1's write lock there is refused
-    st, res = v41.session([(c.OP_PUTFH, fh), (c.OP_LOCK, t.ARGS[c.OP_LOCK](
-        c.WRITE_LT, False, 105, 1, (False, t.exist_lock_owner4.cls(lock41, 0))))])
+    st, res = v41.session(
+        [
+            (c.OP_PUTFH, fh),
+            (
+                c.OP_LOCK,
+                t.ARGS[c.OP_LOCK](
+                    c.WRITE_LT, False, 105, 1, (False, t.exist_lock_owner4.cls(lock41, 0))
+                ),
+            ),
+        ]
+    )
     assert st == c.NFS4ERR_DENIED and res[-1][2].owner.clientid == v40.clientid
     # stateids do not cross minor versions
     assert read(v40, fh, sid41) == c.NFS4ERR_BAD_STATEID

@@ -1,6 +1,7 @@
 """RFC 8881 rules checked with raw NFSv4.1 requests: the current stateid, SECINFO_NO_NAME of the
 parent, OPEN's delegation wishes, leases, EXCHANGE_ID's cases, CREATE_SESSION's checks and
 channel limits, and no new locks before RECLAIM_COMPLETE."""
+
 from __future__ import annotations
 
 import time
@@ -18,8 +19,11 @@ def test_changing_the_current_filehandle_clears_the_current_stateid(server):
     """RFC 8881 16.2.3.1.2."""
     raw = RawClient(server.port).setup()
     root = raw.root_fh()
-    opened = [(c.OP_PUTFH, root), (c.OP_OPEN, open_args("f", b"owner", raw.clientid)),
-              (c.OP_GETFH, None)]
+    opened = [
+        (c.OP_PUTFH, root),
+        (c.OP_OPEN, open_args("f", b"owner", raw.clientid)),
+        (c.OP_GETFH, None),
+    ]
     st, res = raw.session(opened)
     assert st == 0
     fh = res[-1][2]
@@ -31,8 +35,9 @@ def test_changing_the_current_filehandle_clears_the_current_stateid(server):
         st, res = raw.session(opened + between + [read])
         assert st == c.NFS4ERR_BAD_STATEID and res[-1][0] == c.OP_READ
     # SAVEFH/RESTOREFH carry the stateid with the handle
-    st, _ = raw.session(opened + [(c.OP_SAVEFH, None), (c.OP_PUTFH, root),
-                                  (c.OP_RESTOREFH, None), read])
+    st, _ = raw.session(
+        opened + [(c.OP_SAVEFH, None), (c.OP_PUTFH, root), (c.OP_RESTOREFH, None), read]
+    )
     assert st == 0
     raw.close()
 
@@ -43,12 +48,12 @@ def test_secinfo_no_name_parent_at_the_export_root(server):
     root = raw.root_fh()
     st, res = raw.session([(c.OP_PUTFH, root), (c.OP_SECINFO_NO_NAME, c.SECINFO_STYLE4_PARENT)])
     assert st == c.NFS4ERR_NOENT
-    st, _ = raw.session([(c.OP_PUTFH, root), (c.OP_SECINFO_NO_NAME,
-                                              c.SECINFO_STYLE4_CURRENT_FH)])
+    st, _ = raw.session([(c.OP_PUTFH, root), (c.OP_SECINFO_NO_NAME, c.SECINFO_STYLE4_CURRENT_FH)])
     assert st == 0
     mkdir = (c.OP_CREATE, t.ARGS[c.OP_CREATE]((c.NF4DIR, None), "sub", t.fattr4.cls([], b"")))
-    st, _ = raw.session([(c.OP_PUTFH, root), mkdir,
-                         (c.OP_SECINFO_NO_NAME, c.SECINFO_STYLE4_PARENT)])
+    st, _ = raw.session(
+        [(c.OP_PUTFH, root), mkdir, (c.OP_SECINFO_NO_NAME, c.SECINFO_STYLE4_PARENT)]
+    )
     assert st == 0  # below the root there is a parent
     raw.close()
 
@@ -57,14 +62,19 @@ def test_open_want_no_deleg_is_answered_not_wanted(server):
     """RFC 8881 18.16.3: OPEN4_SHARE_ACCESS_WANT_NO_DELEG gets WND4_NOT_WANTED."""
     raw = RawClient(server.port).setup()
     root = raw.root_fh()
-    args = open_args("nodeleg", b"owner", raw.clientid,
-                     access=c.OPEN4_SHARE_ACCESS_READ | c.OPEN4_SHARE_ACCESS_WANT_NO_DELEG)
+    args = open_args(
+        "nodeleg",
+        b"owner",
+        raw.clientid,
+        access=c.OPEN4_SHARE_ACCESS_READ | c.OPEN4_SHARE_ACCESS_WANT_NO_DELEG,
+    )
     st, res = raw.session([(c.OP_PUTFH, root), (c.OP_OPEN, args)])
     assert st == 0
     assert res[-1][2].delegation == (c.OPEN_DELEGATE_NONE_EXT, (c.WND4_NOT_WANTED, None))
     # a wish for a delegation is declined for lack of them, not as unwanted
-    args = open_args("nodeleg", b"owner", raw.clientid, create=False,
-                     access=c.OPEN4_SHARE_ACCESS_READ | 0x0100)  # WANT_READ_DELEG
+    args = open_args(
+        "nodeleg", b"owner", raw.clientid, create=False, access=c.OPEN4_SHARE_ACCESS_READ | 0x0100
+    )  # WANT_READ_DELEG
     st, res = raw.session([(c.OP_PUTFH, root), (c.OP_OPEN, args)])
     assert st == 0
     assert res[-1][2].delegation == (c.OPEN_DELEGATE_NONE_EXT, (c.WND4_RESOURCE, False))
@@ -76,16 +86,35 @@ LEASE = 2  # seconds: short, so that expiry is seen in a few seconds
 
 
 def _exchange_id(raw, owner, verifier, flags=0):
-    st, res = raw.compound([(c.OP_EXCHANGE_ID, t.ARGS[c.OP_EXCHANGE_ID](
-        verifier, owner, flags, (c.SP4_NONE, None), []))])
+    st, res = raw.compound(
+        [
+            (
+                c.OP_EXCHANGE_ID,
+                t.ARGS[c.OP_EXCHANGE_ID](verifier, owner, flags, (c.SP4_NONE, None), []),
+            )
+        ]
+    )
     return st, (res[0][2] if st == 0 else None)
 
 
 def _create_session(raw, eid, flags=0, fore=None, back=None):
     chan = t.channel_attrs4.cls(0, 1 << 20, 1 << 20, 1 << 16, 16, 8, [])
-    st, res = raw.compound([(c.OP_CREATE_SESSION, t.ARGS[c.OP_CREATE_SESSION](
-        eid.clientid, eid.sequenceid, flags, fore or chan, back or chan, 0x40000000,
-        [(0, None)]))])
+    st, res = raw.compound(
+        [
+            (
+                c.OP_CREATE_SESSION,
+                t.ARGS[c.OP_CREATE_SESSION](
+                    eid.clientid,
+                    eid.sequenceid,
+                    flags,
+                    fore or chan,
+                    back or chan,
+                    0x40000000,
+                    [(0, None)],
+                ),
+            )
+        ]
+    )
     return st, (res[0][2] if st == 0 else None)
 
 
@@ -104,29 +133,43 @@ def test_a_conflict_with_an_expired_client_wins(stack):
     try:
         a, b, idle = (RawClient(srv.port).setup() for _ in range(3))
         root = a.root_fh()
-        st, res = a.session([(c.OP_PUTFH, root), (c.OP_OPEN, _deny_both("held", b"oa", a.clientid)),
-                             (c.OP_GETFH, None)])
+        st, res = a.session(
+            [
+                (c.OP_PUTFH, root),
+                (c.OP_OPEN, _deny_both("held", b"oa", a.clientid)),
+                (c.OP_GETFH, None),
+            ]
+        )
         assert st == 0
         sid, fh = res[2][2].stateid, res[-1][2]
         locker = (True, t.open_to_lock_owner4.cls(0, sid, 0, t.state_owner4.cls(a.clientid, b"la")))
-        assert a.session([(c.OP_PUTFH, fh), (c.OP_LOCK, t.ARGS[c.OP_LOCK](
-            c.WRITE_LT, False, 0, 100, locker))])[0] == 0
+        assert (
+            a.session(
+                [
+                    (c.OP_PUTFH, fh),
+                    (c.OP_LOCK, t.ARGS[c.OP_LOCK](c.WRITE_LT, False, 0, 100, locker)),
+                ]
+            )[0]
+            == 0
+        )
         renewed = time.monotonic()
         # within the lease: refused
         st, _ = b.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args("held", b"ob", b.clientid))])
         assert st == c.NFS4ERR_SHARE_DENIED
-        lockt = (c.OP_LOCKT, t.ARGS[c.OP_LOCKT](c.WRITE_LT, 0, 10,
-                                                 t.state_owner4.cls(b.clientid, b"lb")))
+        lockt = (
+            c.OP_LOCKT,
+            t.ARGS[c.OP_LOCKT](c.WRITE_LT, 0, 10, t.state_owner4.cls(b.clientid, b"lb")),
+        )
         assert b.session([(c.OP_PUTFH, fh), lockt])[0] == c.NFS4ERR_DENIED
         # "idle" has an open nobody conflicts with, and renews no more either
-        st, _ = idle.session([(c.OP_PUTFH, root), (c.OP_OPEN, open_args("own", b"oi",
-                                                                         idle.clientid))])
+        st, _ = idle.session(
+            [(c.OP_PUTFH, root), (c.OP_OPEN, open_args("own", b"oi", idle.clientid))]
+        )
         assert st == 0
         # past one lease (and before the reaper's 1.5): the conflicting requests win
         time.sleep(max(0.0, renewed + LEASE + 0.3 - time.monotonic()))
         assert b.session([(c.OP_PUTFH, fh), lockt])[0] == 0
-        st, _ = b.session([(c.OP_PUTFH, root), (c.OP_OPEN, _deny_both("held", b"ob",
-                                                                      b.clientid))])
+        st, _ = b.session([(c.OP_PUTFH, root), (c.OP_OPEN, _deny_both("held", b"ob", b.clientid))])
         assert st == 0
         assert a.session([(c.OP_PUTROOTFH, None)])[0] == c.NFS4ERR_BADSESSION
         # the expired client without a conflict renews and carries on
@@ -142,6 +185,7 @@ def test_an_expired_nfsv40_client_loses_to_a_conflict(stack):
     """NFSv4.0 clients share the table and the rule: the 4.0 client's lock goes, and its
     client id is then expired."""
     from test_v40 import lock40, open_confirmed
+
     add_export(stack.catalog)
     srv = start_server(stack, lease_seconds=LEASE)
     try:
@@ -152,8 +196,10 @@ def test_an_expired_nfsv40_client_loses_to_a_conflict(stack):
         assert st == 0
         renewed = time.monotonic()
         v41 = RawClient(srv.port).setup()
-        lockt = (c.OP_LOCKT, t.ARGS[c.OP_LOCKT](c.WRITE_LT, 0, 10,
-                                                 t.state_owner4.cls(v41.clientid, b"l")))
+        lockt = (
+            c.OP_LOCKT,
+            t.ARGS[c.OP_LOCKT](c.WRITE_LT, 0, 10, t.state_owner4.cls(v41.clientid, b"l")),
+        )
         assert v41.session([(c.OP_PUTFH, fh), lockt])[0] == c.NFS4ERR_DENIED
         time.sleep(max(0.0, renewed + LEASE + 0.3 - time.monotonic()))
         assert v41.session([(c.OP_PUTFH, fh), lockt])[0] == 0
@@ -270,8 +316,11 @@ def test_create_session_checks(server):
     assert st == 0
     st, res = raw.compound([raw.sequence_op(cachethis=True)] + getattr_ * 4)
     assert st == c.NFS4ERR_REP_TOO_BIG_TO_CACHE and res[-1][0] == c.OP_GETATTR
-    everything = [(c.OP_PUTROOTFH, None), (c.OP_LOOKUP, "export"),
-                  (c.OP_GETATTR, [0xFFFFFFFF, 0xFFFFFFFF, 0])]
+    everything = [
+        (c.OP_PUTROOTFH, None),
+        (c.OP_LOOKUP, "export"),
+        (c.OP_GETATTR, [0xFFFFFFFF, 0xFFFFFFFF, 0]),
+    ]
     st, res = raw.compound([raw.sequence_op(cachethis=False)] + everything * 3)
     assert st == c.NFS4ERR_REP_TOO_BIG and res[-1][0] == c.OP_GETATTR
     # the same COMPOUND in a session that allows the reply

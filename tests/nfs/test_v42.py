@@ -1,6 +1,7 @@
 """NFSv4.2 (RFC 7862, extended attributes RFC 8276) with raw minor version 2 COMPOUNDs: SEEK,
 ALLOCATE, DEALLOCATE, READ_PLUS, CLONE, COPY, the xattr operations, what is NOTSUPP, the 4.2
 attributes, and 4.2's operations refused in a minor version 1 COMPOUND."""
+
 from __future__ import annotations
 
 import os
@@ -29,9 +30,13 @@ def raw(server):
 
 def _open(raw, name: str, data: bytes = b""):
     """(file handle, open stateid) of a new file holding ``data``."""
-    st, res = raw.session([(c.OP_PUTFH, raw.root_fh()),
-                           (c.OP_OPEN, open_args(name, name.encode(), raw.clientid)),
-                           (c.OP_GETFH, None)])
+    st, res = raw.session(
+        [
+            (c.OP_PUTFH, raw.root_fh()),
+            (c.OP_OPEN, open_args(name, name.encode(), raw.clientid)),
+            (c.OP_GETFH, None),
+        ]
+    )
     assert st == 0, res
     fh, sid = res[-1][2], res[2][2].stateid
     if data:
@@ -74,8 +79,7 @@ def test_seek_finds_the_hole_deallocate_punched(server, raw):
     st, found = _one(raw, fh, c.OP_SEEK, seek(sid, 64 * KiB, c.NFS4_CONTENT_DATA))
     assert (st, found.offset) == (0, 128 * KiB)
     # past the end: NXIO; in the trailing hole of a grown file, no data: eof
-    assert _one(raw, fh, c.OP_SEEK, seek(sid, 256 * KiB, c.NFS4_CONTENT_DATA))[0] == \
-        c.NFS4ERR_NXIO
+    assert _one(raw, fh, c.OP_SEEK, seek(sid, 256 * KiB, c.NFS4_CONTENT_DATA))[0] == c.NFS4ERR_NXIO
     assert _one(raw, fh, c.OP_ALLOCATE, A[c.OP_ALLOCATE](sid, 0, 300 * KiB))[0] == 0
     st, found = _one(raw, fh, c.OP_SEEK, seek(sid, 256 * KiB, c.NFS4_CONTENT_DATA))
     assert (st, found.eof, found.offset) == (0, True, 300 * KiB)
@@ -92,8 +96,9 @@ def test_allocate_grows_the_file_and_keeps_its_bytes(server, raw):
     assert bytes(back.data) == data + bytes(95_000)
     # inside the file: nothing changes
     assert _one(raw, fh, c.OP_ALLOCATE, A[c.OP_ALLOCATE](sid, 0, 10))[0] == 0
-    assert _one(raw, fh, c.OP_GETATTR, [1 << c.FATTR4_SIZE])[1].attr_vals == \
-        (105_000).to_bytes(8, "big")
+    assert _one(raw, fh, c.OP_GETATTR, [1 << c.FATTR4_SIZE])[1].attr_vals == (105_000).to_bytes(
+        8, "big"
+    )
     assert _one(raw, fh, c.OP_ALLOCATE, A[c.OP_ALLOCATE](sid, 1 << 63, 1))[0] == c.NFS4ERR_FBIG
 
 
@@ -104,17 +109,22 @@ def test_read_plus_returns_hole_and_data_segments(server, raw):
     st, got = _one(raw, fh, c.OP_READ_PLUS, A[c.OP_READ_PLUS](sid, 0, 1 << 20))
     assert st == 0 and got.eof
     kinds = [(kind, seg.offset) for kind, seg in got.contents]
-    assert kinds == [(c.NFS4_CONTENT_DATA, 0), (c.NFS4_CONTENT_HOLE, 64 * KiB),
-                     (c.NFS4_CONTENT_DATA, 128 * KiB)]
+    assert kinds == [
+        (c.NFS4_CONTENT_DATA, 0),
+        (c.NFS4_CONTENT_HOLE, 64 * KiB),
+        (c.NFS4_CONTENT_DATA, 128 * KiB),
+    ]
     assert got.contents[1][1].length == 64 * KiB
-    assert bytes(got.contents[0][1].data) == data[:64 * KiB]
-    assert bytes(got.contents[2][1].data) == data[128 * KiB:]
+    assert bytes(got.contents[0][1].data) == data[: 64 * KiB]
+    assert bytes(got.contents[2][1].data) == data[128 * KiB :]
     # a window starting inside the hole, ending before the file's end
     st, got = _one(raw, fh, c.OP_READ_PLUS, A[c.OP_READ_PLUS](sid, 100 * KiB, 50 * KiB))
     assert st == 0 and not got.eof
-    assert [(k, s.offset) for k, s in got.contents] == [(c.NFS4_CONTENT_HOLE, 100 * KiB),
-                                                       (c.NFS4_CONTENT_DATA, 128 * KiB)]
-    assert bytes(got.contents[1][1].data) == data[128 * KiB:150 * KiB]
+    assert [(k, s.offset) for k, s in got.contents] == [
+        (c.NFS4_CONTENT_HOLE, 100 * KiB),
+        (c.NFS4_CONTENT_DATA, 128 * KiB),
+    ]
+    assert bytes(got.contents[1][1].data) == data[128 * KiB : 150 * KiB]
     st, got = _one(raw, fh, c.OP_READ_PLUS, A[c.OP_READ_PLUS](sid, 1 << 30, 10))
     assert st == 0 and got.eof and got.contents == []
 
@@ -125,8 +135,14 @@ def test_clone_shares_extents(server, raw, stack):
     dst, dst_sid = _open(raw, "clone")
     assert _one(raw, src, c.OP_COMMIT, A[c.OP_COMMIT](0, 0))[0] == 0
     before = _stripes(stack)
-    st, res = raw.session([(c.OP_PUTFH, src), (c.OP_SAVEFH, None), (c.OP_PUTFH, dst),
-                           (c.OP_CLONE, A[c.OP_CLONE](src_sid, dst_sid, 0, 0, 0))])
+    st, res = raw.session(
+        [
+            (c.OP_PUTFH, src),
+            (c.OP_SAVEFH, None),
+            (c.OP_PUTFH, dst),
+            (c.OP_CLONE, A[c.OP_CLONE](src_sid, dst_sid, 0, 0, 0)),
+        ]
+    )
     assert st == 0, res
     assert _stripes(stack) == before  # catalog rows only: no stripe written
     assert _read(raw, dst, dst_sid, 1 << 20) == data
@@ -135,11 +151,16 @@ def test_clone_shares_extents(server, raw, stack):
     assert bytes(_one(raw, src, c.OP_READ, A[c.OP_READ](src_sid, 0, 100))[1].data) == data[:100]
     assert fsck.check(stack.catalog, stack.namespace.root_ino).clean
     # past the source's end: INVAL; no saved handle: NOFILEHANDLE
-    st, _ = raw.session([(c.OP_PUTFH, src), (c.OP_SAVEFH, None), (c.OP_PUTFH, dst),
-                         (c.OP_CLONE, A[c.OP_CLONE](src_sid, dst_sid, 1 << 20, 0, 10))])
+    st, _ = raw.session(
+        [
+            (c.OP_PUTFH, src),
+            (c.OP_SAVEFH, None),
+            (c.OP_PUTFH, dst),
+            (c.OP_CLONE, A[c.OP_CLONE](src_sid, dst_sid, 1 << 20, 0, 10)),
+        ]
+    )
     assert st == c.NFS4ERR_INVAL
-    st, _ = raw.session([(c.OP_PUTFH, dst),
-                         (c.OP_CLONE, A[c.OP_CLONE](src_sid, dst_sid, 0, 0, 0))])
+    st, _ = raw.session([(c.OP_PUTFH, dst), (c.OP_CLONE, A[c.OP_CLONE](src_sid, dst_sid, 0, 0, 0))])
     assert st == c.NFS4ERR_NOFILEHANDLE
 
 
@@ -148,9 +169,17 @@ def test_copy_inside_the_server_is_synchronous(server, raw):
     src, src_sid = _open(raw, "from", data)
     dst, dst_sid = _open(raw, "to")
     for synchronous, (src_off, dst_off, count) in ((True, (0, 0, 0)), (False, (1000, 5, 10))):
-        st, res = raw.session([(c.OP_PUTFH, src), (c.OP_SAVEFH, None), (c.OP_PUTFH, dst),
-                               (c.OP_COPY, A[c.OP_COPY](src_sid, dst_sid, src_off, dst_off,
-                                                        count, False, synchronous, []))])
+        st, res = raw.session(
+            [
+                (c.OP_PUTFH, src),
+                (c.OP_SAVEFH, None),
+                (c.OP_PUTFH, dst),
+                (
+                    c.OP_COPY,
+                    A[c.OP_COPY](src_sid, dst_sid, src_off, dst_off, count, False, synchronous, []),
+                ),
+            ]
+        )
         assert st == 0, res
         ok = res[-1][2]
         assert ok.response.callback_id == [] and ok.response.committed == c.FILE_SYNC4
@@ -158,9 +187,17 @@ def test_copy_inside_the_server_is_synchronous(server, raw):
         assert ok.response.count == (count or len(data))
     assert _read(raw, dst, dst_sid, 1 << 20) == data[:5] + data[1000:1010] + data[15:]
     # an inter-server copy is not offered
-    st, _ = raw.session([(c.OP_PUTFH, src), (c.OP_SAVEFH, None), (c.OP_PUTFH, dst),
-                         (c.OP_COPY, A[c.OP_COPY](src_sid, dst_sid, 0, 0, 0, True, True,
-                                                  [(c.NL4_NAME, "elsewhere")]))])
+    st, _ = raw.session(
+        [
+            (c.OP_PUTFH, src),
+            (c.OP_SAVEFH, None),
+            (c.OP_PUTFH, dst),
+            (
+                c.OP_COPY,
+                A[c.OP_COPY](src_sid, dst_sid, 0, 0, 0, True, True, [(c.NL4_NAME, "elsewhere")]),
+            ),
+        ]
+    )
     assert st == c.NFS4ERR_NOTSUPP
 
 
@@ -171,13 +208,15 @@ def test_xattrs_round_trip(server, raw, stack):
     st, info = _one(raw, fh, c.OP_SETXATTR, setx(c.SETXATTR4_CREATE, "colour", b"blue"))
     assert st == 0 and info.after > info.before
     assert _one(raw, fh, c.OP_GETXATTR, "colour") == (0, b"blue")
-    assert _one(raw, fh, c.OP_SETXATTR, setx(c.SETXATTR4_CREATE, "colour", b"x"))[0] == \
-        c.NFS4ERR_EXIST
-    assert _one(raw, fh, c.OP_SETXATTR, setx(c.SETXATTR4_REPLACE, "size", b"x"))[0] == \
-        c.NFS4ERR_NOXATTR
+    assert (
+        _one(raw, fh, c.OP_SETXATTR, setx(c.SETXATTR4_CREATE, "colour", b"x"))[0] == c.NFS4ERR_EXIST
+    )
+    assert (
+        _one(raw, fh, c.OP_SETXATTR, setx(c.SETXATTR4_REPLACE, "size", b"x"))[0]
+        == c.NFS4ERR_NOXATTR
+    )
     assert _one(raw, fh, c.OP_SETXATTR, setx(c.SETXATTR4_EITHER, "size", b"L"))[0] == 0
-    assert _one(raw, fh, c.OP_SETXATTR, setx(0, "big", bytes(65 * KiB)))[0] == \
-        c.NFS4ERR_XATTR2BIG
+    assert _one(raw, fh, c.OP_SETXATTR, setx(0, "big", bytes(65 * KiB)))[0] == c.NFS4ERR_XATTR2BIG
     # stored in the user namespace; other namespaces are not listed
     ino = stack.namespace.resolve("/tagged").ino
     assert stack.namespace.getxattr(ROOT, ino, "user.colour") == b"blue"
@@ -200,9 +239,19 @@ def test_xattrs_round_trip(server, raw, stack):
     assert st == 0 and acc.supported == want and acc.access == want
 
 
-@pytest.mark.parametrize("op", [c.OP_LAYOUTGET, c.OP_LAYOUTERROR, c.OP_LAYOUTSTATS,
-                                c.OP_IO_ADVISE, c.OP_WRITE_SAME, c.OP_COPY_NOTIFY,
-                                c.OP_OFFLOAD_STATUS, c.OP_OFFLOAD_CANCEL])
+@pytest.mark.parametrize(
+    "op",
+    [
+        c.OP_LAYOUTGET,
+        c.OP_LAYOUTERROR,
+        c.OP_LAYOUTSTATS,
+        c.OP_IO_ADVISE,
+        c.OP_WRITE_SAME,
+        c.OP_COPY_NOTIFY,
+        c.OP_OFFLOAD_STATUS,
+        c.OP_OFFLOAD_CANCEL,
+    ],
+)
 def test_layout_and_offload_operations_are_not_supported(raw, op):
     body = raw.compound_bytes([raw.sequence_op(), (c.OP_PUTROOTFH, None)])
     # a third operation with arguments that are never decoded; the count follows tag and minor
@@ -213,8 +262,11 @@ def test_layout_and_offload_operations_are_not_supported(raw, op):
 
 def test_v42_operations_are_illegal_in_minor_version_1(server, raw):
     fh, sid = _open(raw, "v41")
-    for op, args in ((c.OP_SEEK, A[c.OP_SEEK](sid, 0, c.NFS4_CONTENT_DATA)),
-                     (c.OP_GETXATTR, "x"), (c.OP_ALLOCATE, A[c.OP_ALLOCATE](sid, 0, 1))):
+    for op, args in (
+        (c.OP_SEEK, A[c.OP_SEEK](sid, 0, c.NFS4_CONTENT_DATA)),
+        (c.OP_GETXATTR, "x"),
+        (c.OP_ALLOCATE, A[c.OP_ALLOCATE](sid, 0, 1)),
+    ):
         st, res = raw.session([(c.OP_PUTFH, fh), (op, args)], minor=1)
         assert st == c.NFS4ERR_OP_ILLEGAL and res[-1][0] == c.OP_ILLEGAL
     assert _one(raw, fh, c.OP_GETXATTR, "x", minor=2)[0] == c.NFS4ERR_NOXATTR
@@ -222,23 +274,34 @@ def test_v42_operations_are_illegal_in_minor_version_1(server, raw):
 
 def test_v42_attributes_only_in_minor_version_2(server, raw):
     fh, _ = _open(raw, "attrs", b"abc")
-    asked = fattr.to_bitmap([c.FATTR4_SUPPORTED_ATTRS, c.FATTR4_CLONE_BLKSIZE,
-                             c.FATTR4_CHANGE_ATTR_TYPE, c.FATTR4_XATTR_SUPPORT])
+    asked = fattr.to_bitmap(
+        [
+            c.FATTR4_SUPPORTED_ATTRS,
+            c.FATTR4_CLONE_BLKSIZE,
+            c.FATTR4_CHANGE_ATTR_TYPE,
+            c.FATTR4_XATTR_SUPPORT,
+        ]
+    )
     for minor in (1, 2):
         st, got = _one(raw, fh, c.OP_GETATTR, asked, minor=minor)
         assert st == 0
         supported, pos = t.bitmap4.unpack(got.attr_vals, 0)
         bits = set(fattr.from_bitmap(supported))
-        v42 = {c.FATTR4_CLONE_BLKSIZE, c.FATTR4_SPACE_FREED, c.FATTR4_CHANGE_ATTR_TYPE,
-               c.FATTR4_XATTR_SUPPORT}
+        v42 = {
+            c.FATTR4_CLONE_BLKSIZE,
+            c.FATTR4_SPACE_FREED,
+            c.FATTR4_CHANGE_ATTR_TYPE,
+            c.FATTR4_XATTR_SUPPORT,
+        }
         if minor == 1:
             assert not bits & v42 and fattr.from_bitmap(got.attrmask) == [0]
         else:
             assert v42 <= bits and c.FATTR4_SEC_LABEL not in bits
             assert fattr.from_bitmap(got.attrmask) == fattr.from_bitmap(asked)
             rest = got.attr_vals[pos:]
-            assert rest == (1).to_bytes(4, "big") + (0).to_bytes(4, "big") + \
-                (1).to_bytes(4, "big")  # clone_blksize 1, MONOTONIC_INCR, xattr_support
+            assert rest == (1).to_bytes(4, "big") + (0).to_bytes(4, "big") + (1).to_bytes(
+                4, "big"
+            )  # clone_blksize 1, MONOTONIC_INCR, xattr_support
 
 
 def test_v41_clients_still_work(server):

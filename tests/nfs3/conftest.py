@@ -1,5 +1,6 @@
 """Fixtures for NFSv3 tests: a real catalog (SQLite), a real data path on 10
 emulated zone-file drives, the NFS server in a thread, raw RPC peers."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,6 +29,7 @@ def rpc(server):
     def connect(**kwargs) -> Rpc3:
         peers.append(Rpc3(server.port, **kwargs))
         return peers[-1]
+
     yield connect
     for peer in peers:
         peer.close()

@@ -3,6 +3,7 @@ path on emulated zone-file drives, server thread), libnfs-utils commands,
 nfs-rs in NFSv3 mode, and a minimal raw RPC peer for what clients hide.
 (A module of its own name: "from conftest import" would find whichever
 conftest.py pytest loaded last.)"""
+
 from __future__ import annotations
 
 import shutil
@@ -23,19 +24,45 @@ from engine.namespace import Namespace
 MiB = 1 << 20
 
 
-def add_export(catalog, name="/export", path="/", clients="127.0.0.1/32", access="rw",
-               squash="no_root_squash", anon_uid=65534, anon_gid=65534):
-    catalog.run(lambda conn: conn.execute(Export.__table__.insert().values(
-        name=name, path=path, clients=clients, access=access, squash=squash,
-        anon_uid=anon_uid, anon_gid=anon_gid, trash_days=7, enabled=True)))
+def add_export(
+    catalog,
+    name="/export",
+    path="/",
+    clients="127.0.0.1/32",
+    access="rw",
+    squash="no_root_squash",
+    anon_uid=65534,
+    anon_gid=65534,
+):
+    catalog.run(
+        lambda conn: conn.execute(
+            Export.__table__.insert().values(
+                name=name,
+                path=path,
+                clients=clients,
+                access=access,
+                squash=squash,
+                anon_uid=anon_uid,
+                anon_gid=anon_gid,
+                trash_days=7,
+                enabled=True,
+            )
+        )
+    )
 
 
 class Stack:
     """Catalog (SQLite) + data path on 10 emulated zone-file drives + namespace
     (the setup of tests/nfs, copied: that directory's helpers are its own)."""
 
-    def __init__(self, tmp_path, *, drive_size: int = 64 * MiB, zone_size: int = 4 * MiB,
-                 fragment_size: int = 64 * 1024):
+    def __init__(
+        self,
+        tmp_path,
+        *,
+        drive_size: int = 64 * MiB,
+        zone_size: int = 4 * MiB,
+        fragment_size: int = 64 * 1024,
+    ):
         self.url = f"sqlite:///{tmp_path}/catalog.db"
         upgrade(self.url)
         self.catalog = Catalog(self.url)
@@ -90,6 +117,7 @@ def libnfs(tool: str, *args, check: bool = True) -> subprocess.CompletedProcess:
 
 def nfsrs3(port: int, uid: int = 0, gid: int = 0, export: str = "export", **kwargs):
     import nfs_rs
+
     return nfs_rs.Client.connect(
         f"nfs://127.0.0.1:{port}/{export}?version=3&nfsport={port}&mountport={port}",
         noresvport=True,
@@ -106,8 +134,9 @@ class Rpc3:
     and decoding results with the declared types of types3."""
 
     def __init__(self, port: int, source: str | None = None, uid: int = 0, gid: int = 0):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=20,
-                                             source_address=(source, 0) if source else None)
+        self.sock = socket.create_connection(
+            ("127.0.0.1", port), timeout=20, source_address=(source, 0) if source else None
+        )
         self.xid = 100
         self.cred = authsys_parms.encode((0, "raw", uid, gid, []))
 
@@ -133,7 +162,7 @@ class Rpc3:
         assert (xid, mtype, stat) == (self.xid, 1, 0), f"reply {xid} type {mtype} stat {stat}"
         vlen = struct.unpack_from(">I", reply, 16)[0]
         pos = 20 + vlen + (-vlen % 4)
-        return struct.unpack_from(">I", reply, pos)[0], reply[pos + 4:]
+        return struct.unpack_from(">I", reply, pos)[0], reply[pos + 4 :]
 
     def _exact(self, n: int) -> bytes:
         buf = b""

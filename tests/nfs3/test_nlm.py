@@ -3,6 +3,7 @@ locks and their NLM_GRANTED callback, NLM locks against NFSv4.1 locks on the sam
 grace period and SM_NOTIFY after a restart, FREE_ALL, DOS shares, PMAP/rpcbind answers.
 A small fake "client host" (port mapper + NLM + NSM on one TCP port) receives the
 callbacks the server makes."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -120,8 +121,13 @@ def fake_host():
 @pytest.fixture
 def nlm_server(stack, fake_host):
     add_export(stack.catalog)
-    srv = start_server(stack, portmap="serve", portmap_port=0, grace_seconds=GRACE,
-                       client_rpcbind_port=fake_host.port)
+    srv = start_server(
+        stack,
+        portmap="serve",
+        portmap_port=0,
+        grace_seconds=GRACE,
+        client_rpcbind_port=fake_host.port,
+    )
     yield srv
     srv.stop()
 
@@ -138,32 +144,45 @@ class Nlm:
         self.rpc.close()
 
     def alock(self, fh, svid, offset, length, oh=None):
-        return n.nlm4_lock.cls(self.caller, fh, oh or f"{svid}@{self.caller}".encode(), svid,
-                               offset, length)
+        return n.nlm4_lock.cls(
+            self.caller, fh, oh or f"{svid}@{self.caller}".encode(), svid, offset, length
+        )
 
     def call(self, proc: int, args):
         self.cookie += 1
-        stat, body = self.rpc.call_bytes(n.NLM_PROGRAM, n.NLM_V4, proc,
-                                         n.NLM_ARGS[proc].encode(args))
+        stat, body = self.rpc.call_bytes(
+            n.NLM_PROGRAM, n.NLM_V4, proc, n.NLM_ARGS[proc].encode(args)
+        )
         assert stat == 0, f"accept_stat {stat}"
         return n.NLM_RESULTS[proc].decode(body)
 
     def lock(self, fh, svid, offset, length, *, exclusive=True, block=False, reclaim=False):
-        return self.call(n.NLMPROC4_LOCK, n.nlm4_lockargs.cls(
-            self._cookie(), block, exclusive, self.alock(fh, svid, offset, length), reclaim,
-            3)).stat
+        return self.call(
+            n.NLMPROC4_LOCK,
+            n.nlm4_lockargs.cls(
+                self._cookie(), block, exclusive, self.alock(fh, svid, offset, length), reclaim, 3
+            ),
+        ).stat
 
     def test(self, fh, svid, offset, length, *, exclusive=True):
-        return self.call(n.NLMPROC4_TEST, n.nlm4_testargs.cls(
-            self._cookie(), exclusive, self.alock(fh, svid, offset, length))).stat
+        return self.call(
+            n.NLMPROC4_TEST,
+            n.nlm4_testargs.cls(self._cookie(), exclusive, self.alock(fh, svid, offset, length)),
+        ).stat
 
     def unlock(self, fh, svid, offset, length):
-        return self.call(n.NLMPROC4_UNLOCK, n.nlm4_unlockargs.cls(
-            self._cookie(), self.alock(fh, svid, offset, length))).stat
+        return self.call(
+            n.NLMPROC4_UNLOCK,
+            n.nlm4_unlockargs.cls(self._cookie(), self.alock(fh, svid, offset, length)),
+        ).stat
 
     def cancel(self, fh, svid, offset, length, *, exclusive=True):
-        return self.call(n.NLMPROC4_CANCEL, n.nlm4_cancargs.cls(
-            self._cookie(), True, exclusive, self.alock(fh, svid, offset, length))).stat
+        return self.call(
+            n.NLMPROC4_CANCEL,
+            n.nlm4_cancargs.cls(
+                self._cookie(), True, exclusive, self.alock(fh, svid, offset, length)
+            ),
+        ).stat
 
     def _cookie(self) -> bytes:
         return struct.pack(">I", self.cookie)
@@ -178,8 +197,10 @@ def v3_file(port: int, name: str) -> bytes:
         status, res = peer.nfs(t.NFSPROC3_LOOKUP, t.diropargs3.cls(ok.fhandle, name))
         if status == t.NFS3_OK:
             return res.object
-        status, res = peer.nfs(t.NFSPROC3_CREATE, t.CREATE3args.cls(
-            t.diropargs3.cls(ok.fhandle, name), (t.UNCHECKED, t.NO_ATTRS)))
+        status, res = peer.nfs(
+            t.NFSPROC3_CREATE,
+            t.CREATE3args.cls(t.diropargs3.cls(ok.fhandle, name), (t.UNCHECKED, t.NO_ATTRS)),
+        )
         assert status == t.NFS3_OK, status
         return res.obj
     finally:
@@ -276,10 +297,16 @@ def _v4_client(port: int, name: str):
 
 
 def _v4_lock(cl, fh, open_sid, offset, length, owner=b"v4-lock-owner"):
-    locker = (True, t4.open_to_lock_owner4.cls(0, open_sid, 0,
-                                               t4.state_owner4.cls(cl.clientid, owner)))
-    return cl.session([(c.OP_PUTFH, fh), (c.OP_LOCK, t4.ARGS[c.OP_LOCK](
-        c.WRITE_LT, False, offset, length, locker))])
+    locker = (
+        True,
+        t4.open_to_lock_owner4.cls(0, open_sid, 0, t4.state_owner4.cls(cl.clientid, owner)),
+    )
+    return cl.session(
+        [
+            (c.OP_PUTFH, fh),
+            (c.OP_LOCK, t4.ARGS[c.OP_LOCK](c.WRITE_LT, False, offset, length, locker)),
+        ]
+    )
 
 
 def test_nlm_and_nfsv41_locks_conflict(nlm_server):
@@ -292,8 +319,12 @@ def test_nlm_and_nfsv41_locks_conflict(nlm_server):
         lock_sid = res[-1][2]
         status, holder = nlm.test(fh3, 7, 50, 1)
         assert status == n.NLM4_DENIED
-        assert (holder.svid, holder.oh, holder.l_offset, holder.l_len) == (0, b"v4-lock-owner",
-                                                                           0, 100)
+        assert (holder.svid, holder.oh, holder.l_offset, holder.l_len) == (
+            0,
+            b"v4-lock-owner",
+            0,
+            100,
+        )
         assert nlm.lock(fh3, 7, 99, 10) == n.NLM4_DENIED
         assert nlm.lock(fh3, 7, 100, 10) == n.NLM4_GRANTED
         # the NLM lock denies the NFSv4.1 client, naming the NLM owner
@@ -304,8 +335,9 @@ def test_nlm_and_nfsv41_locks_conflict(nlm_server):
         assert denied.owner.owner == struct.pack(">I", 7) + b"7@host-a"
         # a blocked NLM lock gets the range once the NFSv4.1 client unlocks (next tick)
         assert nlm.lock(fh3, 8, 0, 10, block=True) == n.NLM4_BLOCKED
-        st, _ = v4.session([(c.OP_PUTFH, fh4), (c.OP_LOCKU, t4.ARGS[c.OP_LOCKU](
-            c.WRITE_LT, 0, lock_sid, 0, 100))])
+        st, _ = v4.session(
+            [(c.OP_PUTFH, fh4), (c.OP_LOCKU, t4.ARGS[c.OP_LOCKU](c.WRITE_LT, 0, lock_sid, 0, 100))]
+        )
         assert st == 0
         deadline = time.monotonic() + 10
         while nlm.test(fh3, 9, 0, 1)[0] == n.NLM4_GRANTED and time.monotonic() < deadline:
@@ -321,8 +353,14 @@ def test_an_nlm_lock_outlives_the_nfsv4_lease(stack, fake_host):
     # NLM hosts hold no lease (NSM reports their restarts): an NFSv4 request that conflicts
     # with an NLM lock older than a lease must not take the lock away as from an expired client
     add_export(stack.catalog)
-    srv = start_server(stack, portmap="serve", portmap_port=0, grace_seconds=0, lease_seconds=5,
-                       client_rpcbind_port=fake_host.port)
+    srv = start_server(
+        stack,
+        portmap="serve",
+        portmap_port=0,
+        grace_seconds=0,
+        lease_seconds=5,
+        client_rpcbind_port=fake_host.port,
+    )
     nlm = Nlm(srv.port, "host-old")
     v4 = None
     try:
@@ -363,8 +401,9 @@ def test_restart_grace_period_reclaim_and_sm_notify(stack, fake_host):
         assert a.lock(fh, 1, 0, 10, reclaim=True) == n.NLM4_GRANTED
         assert b.lock(fh, 2, 5, 1, reclaim=True) == n.NLM4_DENIED  # a reclaim still conflicts
         # SM_STAT reports the server's new state
-        stat, body = a.rpc.call_bytes(n.NSM_PROGRAM, n.NSM_V1, n.SM_STAT,
-                                      n.sm_name.encode(("host-a",)))
+        stat, body = a.rpc.call_bytes(
+            n.NSM_PROGRAM, n.NSM_V1, n.SM_STAT, n.sm_name.encode(("host-a",))
+        )
         res = n.sm_stat_res.decode(body)
         assert (stat, res.res_stat, res.state) == (0, n.STAT_SUCC, notify.state)
     finally:
@@ -381,8 +420,9 @@ def test_free_all_sm_notify_and_shares(nlm_server):
         b.call(n.NLMPROC4_FREE_ALL, n.nlm4_notify.cls("host-a", 5))
         assert b.lock(fh, 2, 0, 10) == n.NLM4_GRANTED
         # host-b reboots: its status monitor tells ours
-        stat, _ = a.rpc.call_bytes(n.NSM_PROGRAM, n.NSM_V1, n.SM_NOTIFY,
-                                   n.stat_chge.encode(("host-b", 7)))
+        stat, _ = a.rpc.call_bytes(
+            n.NSM_PROGRAM, n.NSM_V1, n.SM_NOTIFY, n.stat_chge.encode(("host-b", 7))
+        )
         assert stat == 0
         assert a.lock(fh, 1, 0, 10) == n.NLM4_GRANTED
         # DOS shares: read access denying writers, then a writer is refused
@@ -390,11 +430,14 @@ def test_free_all_sm_notify_and_shares(nlm_server):
         res = a.call(n.NLMPROC4_SHARE, n.nlm4_shareargs.cls(b"1", share, False))
         assert res.stat == n.NLM4_GRANTED
         other = n.nlm4_share.cls("host-b", fh, b"share-b", n.FSM_DN, n.FSA_W)
-        assert b.call(n.NLMPROC4_SHARE, n.nlm4_shareargs.cls(b"2", other, False)).stat == \
-            n.NLM4_DENIED
+        assert (
+            b.call(n.NLMPROC4_SHARE, n.nlm4_shareargs.cls(b"2", other, False)).stat == n.NLM4_DENIED
+        )
         a.call(n.NLMPROC4_UNSHARE, n.nlm4_shareargs.cls(b"3", share, False))
-        assert b.call(n.NLMPROC4_SHARE, n.nlm4_shareargs.cls(b"4", other, False)).stat == \
-            n.NLM4_GRANTED
+        assert (
+            b.call(n.NLMPROC4_SHARE, n.nlm4_shareargs.cls(b"4", other, False)).stat
+            == n.NLM4_GRANTED
+        )
     finally:
         a.close()
         b.close()
@@ -418,11 +461,17 @@ def test_port_mapper_answers_getport_getaddr_and_dump(nlm_server):
     for where in (nlm_server.server.portmap_port, port):
         peer = Rpc3(where)
         try:
+
             def getport(prog, vers, proto=6, peer=peer):
-                stat, body = peer.call_bytes(pm.PMAP_PROGRAM, 2, pm.PMAPPROC_GETPORT,
-                                             pm.mapping.encode((prog, vers, proto, 0)))
+                stat, body = peer.call_bytes(
+                    pm.PMAP_PROGRAM,
+                    2,
+                    pm.PMAPPROC_GETPORT,
+                    pm.mapping.encode((prog, vers, proto, 0)),
+                )
                 assert stat == 0
                 return UInt.decode(body)
+
             assert getport(n.NLM_PROGRAM, 4) == port
             assert getport(n.NSM_PROGRAM, 1) == port
             assert getport(t.NFS_PROGRAM, 3) == port
@@ -430,18 +479,24 @@ def test_port_mapper_answers_getport_getaddr_and_dump(nlm_server):
             assert getport(pm.PMAP_PROGRAM, 2) == nlm_server.server.portmap_port
             assert getport(n.NLM_PROGRAM, 1) == 0  # only NLM v4 is served
             assert getport(n.NLM_PROGRAM, 4, proto=17) == 0  # no UDP
-            stat, body = peer.call_bytes(pm.PMAP_PROGRAM, 4, pm.RPCBPROC_GETADDR, pm.rpcb.encode(
-                (n.NLM_PROGRAM, 4, "tcp", "", "")))
+            stat, body = peer.call_bytes(
+                pm.PMAP_PROGRAM,
+                4,
+                pm.RPCBPROC_GETADDR,
+                pm.rpcb.encode((n.NLM_PROGRAM, 4, "tcp", "", "")),
+            )
             assert (stat, String().decode(body)) == (0, f"127.0.0.1.{port >> 8}.{port & 255}")
-            stat, body = peer.call_bytes(pm.PMAP_PROGRAM, 3, pm.RPCBPROC_GETADDR, pm.rpcb.encode(
-                (999999, 1, "tcp", "", "")))
+            stat, body = peer.call_bytes(
+                pm.PMAP_PROGRAM, 3, pm.RPCBPROC_GETADDR, pm.rpcb.encode((999999, 1, "tcp", "", ""))
+            )
             assert (stat, String().decode(body)) == (0, "")
             stat, body = peer.call_bytes(pm.PMAP_PROGRAM, 2, pm.PMAPPROC_DUMP, b"")
             entries = LinkedList(pm.mapping).decode(body)
             assert (n.NLM_PROGRAM, 4, 6, port) in [tuple(e) for e in entries]
             # SET from others is refused: this is not a general rpcbind
-            stat, body = peer.call_bytes(pm.PMAP_PROGRAM, 2, pm.PMAPPROC_SET,
-                                         pm.mapping.encode((300000, 1, 6, 1234)))
+            stat, body = peer.call_bytes(
+                pm.PMAP_PROGRAM, 2, pm.PMAPPROC_SET, pm.mapping.encode((300000, 1, 6, 1234))
+            )
             assert (stat, body) == (0, b"\0\0\0\0")
         finally:
             peer.close()
@@ -456,8 +511,9 @@ def _port_111_free() -> bool:
 
 
 def _need_port_111_and(tool: str) -> str:
-    exe = shutil.which(tool) or (f"/usr/sbin/{tool}" if Path(f"/usr/sbin/{tool}").exists()
-                                 else None)
+    exe = shutil.which(tool) or (
+        f"/usr/sbin/{tool}" if Path(f"/usr/sbin/{tool}").exists() else None
+    )
     if exe is None:
         pytest.skip(f"{tool} not installed (Debian: rpcbind)")
     if not _port_111_free():
@@ -472,15 +528,24 @@ def test_rpcinfo_lists_and_pings_nlm_through_our_port_mapper(stack):
     add_export(stack.catalog)
     srv = start_server(stack, portmap="serve", portmap_port=111)
     try:
-        out = subprocess.run([rpcinfo, "-p", "127.0.0.1"], capture_output=True, text=True,
-                             timeout=30, check=True).stdout
+        out = subprocess.run(
+            [rpcinfo, "-p", "127.0.0.1"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
         rows = {tuple(line.split()[:4]) for line in out.splitlines()[1:]}
         port = str(srv.port)
-        assert {("100021", "4", "tcp", port), ("100024", "1", "tcp", port),
-                ("100003", "3", "tcp", port), ("100000", "2", "tcp", "111")} <= rows
+        assert {
+            ("100021", "4", "tcp", port),
+            ("100024", "1", "tcp", port),
+            ("100003", "3", "tcp", port),
+            ("100000", "2", "tcp", "111"),
+        } <= rows
         for prog, vers in (("nlockmgr", "4"), ("status", "1")):  # rpcbind v4 GETADDR, NULL
-            proc = subprocess.run([rpcinfo, "-T", "tcp", "127.0.0.1", prog, vers],
-                                  capture_output=True, text=True, timeout=30)
+            proc = subprocess.run(
+                [rpcinfo, "-T", "tcp", "127.0.0.1", prog, vers],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             assert "ready and waiting" in proc.stdout, proc
         # clients behind NAT on this host (VMs on user-mode networking) come from 127.0.0.1:
         # a callback there would reach our own port mapper; the grant waits for the retry
@@ -503,8 +568,7 @@ def test_rpcinfo_lists_and_pings_nlm_through_our_port_mapper(stack):
 def test_programs_are_registered_with_a_running_rpcbind(stack):
     rpcbind = _need_port_111_and("rpcbind")
     rpcinfo = _need_port_111_and("rpcinfo")
-    daemon = subprocess.Popen([rpcbind, "-f"], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    daemon = subprocess.Popen([rpcbind, "-f"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
         while not pm.rpcbind_answers("127.0.0.1", 111) and time.monotonic() < deadline:
@@ -513,13 +577,15 @@ def test_programs_are_registered_with_a_running_rpcbind(stack):
         srv = start_server(stack, portmap="auto", portmap_port=111)
         try:
             assert srv.server.registered
-            out = subprocess.run([rpcinfo, "-p", "127.0.0.1"], capture_output=True, text=True,
-                                 timeout=30, check=True).stdout
+            out = subprocess.run(
+                [rpcinfo, "-p", "127.0.0.1"], capture_output=True, text=True, timeout=30, check=True
+            ).stdout
             assert f"100021    4   tcp  {srv.port}" in out
         finally:
             srv.stop()
-        out = subprocess.run([rpcinfo, "-p", "127.0.0.1"], capture_output=True, text=True,
-                             timeout=30, check=True).stdout
+        out = subprocess.run(
+            [rpcinfo, "-p", "127.0.0.1"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
         assert "100021" not in out  # unregistered at stop
     finally:
         daemon.terminate()

@@ -1,6 +1,7 @@
 """No SERVERFAULT from what a client sends (NFSv3): names that are not UTF-8 get
 NFS3ERR_INVAL, a size past the largest file NFS3ERR_FBIG, and a flood of them leaves a few
 log lines, not a traceback per request."""
+
 from __future__ import annotations
 
 import logging
@@ -53,8 +54,9 @@ def test_names_that_are_not_utf8_get_inval_and_no_traceback(rpc, caplog):
 def test_sizes_past_the_largest_file_get_fbig(rpc):
     peer = rpc()
     root = _root(peer)
-    status, made = peer.nfs(t.NFSPROC3_CREATE, t.CREATE3args.cls(
-        t.diropargs3.cls(root, "f"), (t.UNCHECKED, _sattr())))
+    status, made = peer.nfs(
+        t.NFSPROC3_CREATE, t.CREATE3args.cls(t.diropargs3.cls(root, "f"), (t.UNCHECKED, _sattr()))
+    )
     assert status == t.NFS3_OK
     for size in ((1 << 64) - 1, 1 << 63):
         setattr_ = t.SETATTR3args.cls(made.obj, _sattr(size), None)

@@ -1,5 +1,6 @@
 """Real NFSv3 clients (Debian's libnfs-utils: nfs-cp, nfs-ls, nfs-cat; nfs-rs
 with version=3) against the server, with the bytes checked through NFSv4.1."""
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """Export confinement over NFSv3 (invariant 8): a handle of an export whose object an admin
 moved out of the export's subtree gets NFS3ERR_ACCES, whichever procedure names it (LOOKUP
 "..", READ, READDIR, RENAME, LINK, CREATE), and what stays inside keeps working."""
+
 from __future__ import annotations
 
 from nfs3_helpers import Rpc3, add_export, start_server

@@ -1,5 +1,6 @@
 """NFSv3: a write below its band class's write quorum (drives missing) is NFS3ERR_IO, not
 NFS3ERR_NOSPC."""
+
 from __future__ import annotations
 
 import os
@@ -11,6 +12,7 @@ from nfs3_helpers import MiB, nfsrs3
 
 def test_v3_write_below_the_write_quorum_is_an_io_error_not_nospc(stack, server):
     import nfs_rs
+
     drives = list(stack.data.space.drives.values())[:2]
     for drive in drives:
         os.rename(drive.path, drive.path + ".away")

@@ -2,6 +2,7 @@
 huge offsets, counts and sizes, handles valid, mutated, of another export or moved out of
 this one, random sattr3): no reply is SERVERFAULT, every reply decodes, and a good client
 keeps working meanwhile."""
+
 from __future__ import annotations
 
 import os
@@ -54,19 +55,31 @@ def test_every_procedure_with_drawn_arguments(stack, capsys):
         foreign = _lookup(admin, _mount(admin, "/export"), "elsewhere")
         inside, outside = [root, d, f_fh, link], [moved, foreign]
         overrides = {
-            "nfs_fh3": st.one_of(*[st.sampled_from(inside)] * 6, st.sampled_from(outside),
-                                 mutated(inside + outside), st.binary(max_size=64)),
+            "nfs_fh3": st.one_of(
+                *[st.sampled_from(inside)] * 6,
+                st.sampled_from(outside),
+                mutated(inside + outside),
+                st.binary(max_size=64),
+            ),
             "filename3": names,
             "nfspath3": st.one_of(names, st.sampled_from(["f", "/etc/passwd", "../.."])),
             "dirpath": st.one_of(st.sampled_from(MOUNT_PATHS), names),
         }
         calls = st.one_of(
-            *[st.sampled_from(sorted(t.ARGS3)).flatmap(
-                lambda proc: st.tuples(st.just(t.NFS_PROGRAM), st.just(proc),
-                                       strategy(t.ARGS3[proc], overrides)))] * 9,
+            *[
+                st.sampled_from(sorted(t.ARGS3)).flatmap(
+                    lambda proc: st.tuples(
+                        st.just(t.NFS_PROGRAM), st.just(proc), strategy(t.ARGS3[proc], overrides)
+                    )
+                )
+            ]
+            * 9,
             st.sampled_from(sorted(t.MOUNT_ARGS)).flatmap(
-                lambda proc: st.tuples(st.just(t.MOUNT_PROGRAM), st.just(proc),
-                                       strategy(t.MOUNT_ARGS[proc], overrides))))
+                lambda proc: st.tuples(
+                    st.just(t.MOUNT_PROGRAM), st.just(proc), strategy(t.MOUNT_ARGS[proc], overrides)
+                )
+            ),
+        )
 
         sent, faults = [0], []
         good_errors, good_rounds, stop = [], [0], threading.Event()
@@ -84,11 +97,16 @@ def test_every_procedure_with_drawn_arguments(stack, capsys):
                         good_rounds[0] += 1
             except Exception as exc:  # noqa: BLE001 - any error of the good client fails the test
                 good_errors.append(repr(exc))
+
         worker = threading.Thread(target=good_client)
         worker.start()
 
-        @settings(max_examples=EXAMPLES, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(calls)
         def one(call):
             prog, proc, args = call
@@ -109,14 +127,17 @@ def test_every_procedure_with_drawn_arguments(stack, capsys):
             if fault:
                 faults.append((prog, proc, args))
             assert not fault, (t.PROC3_NAMES.get(proc, proc), args)
+
         try:
             one()
         finally:
             stop.set()
             worker.join(60)
         with capsys.disabled():
-            print(f"\nNFSv3 and MOUNT procedure fuzz: {sent[0]} calls, no SERVERFAULT; "
-                  f"the good client did {good_rounds[0]} rounds")
+            print(
+                f"\nNFSv3 and MOUNT procedure fuzz: {sent[0]} calls, no SERVERFAULT; "
+                f"the good client did {good_rounds[0]} rounds"
+            )
         assert not faults
         assert not good_errors, good_errors[:3]
         assert good_rounds[0] >= 1

@@ -1,6 +1,7 @@
 """NFSv3 and MOUNT protocol behaviour the real clients do not expose:
 malformed calls, foreign clients, bad handles, write stability and the
 write verifier, CREATE modes, READDIR sizing, FSINFO limits."""
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,11 @@ def test_malformed_calls_get_garbage_args_and_the_server_stays_up(server, rpc):
     root = mount_root(peer)
     good = t.ARGS3[t.NFSPROC3_LOOKUP].encode((root, "x"))
     # a handle longer than NFS3_FHSIZE, a body cut short, bytes after the arguments
-    for body in (struct.pack(">I", 200) + b"\0" * 200 + struct.pack(">I", 1) + b"x\0\0\0",
-                 good[:-6], good + b"\0\0\0\0"):
+    for body in (
+        struct.pack(">I", 200) + b"\0" * 200 + struct.pack(">I", 1) + b"x\0\0\0",
+        good[:-6],
+        good + b"\0\0\0\0",
+    ):
         stat, rest = peer.call_bytes(t.NFS_PROGRAM, t.NFS_V3, t.NFSPROC3_LOOKUP, body)
         assert (stat, rest) == (GARBAGE_ARGS, b"")
     stat, _ = peer.call_bytes(t.NFS_PROGRAM, t.NFS_V3, t.NFSPROC3_WRITE, b"\xff" * 7)

@@ -1,5 +1,6 @@
 """The engine services behind the web UI's settings, drives, tiers, metrics and dashboard pages,
 on both catalogs: engine.admins, engine.inventory, engine.tier_settings, health.SmartCache."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,27 +37,52 @@ def test_inventory_counts_zones_by_kind_and_class(catalog, tmp_path):
     zones = Zone.__table__
 
     def seed(conn):
-        first = [r.id for r in conn.execute(select(zones.c.id).where(zones.c.drive_id == ids[0])
-                                            .order_by(zones.c.idx))]
-        layout = [("full", "warm", MiB, 0), ("full", "cold", MiB // 4, 3 * MiB // 4),
-                  ("open", "hot", MiB // 2, 0)]
+        first = [
+            r.id
+            for r in conn.execute(
+                select(zones.c.id).where(zones.c.drive_id == ids[0]).order_by(zones.c.idx)
+            )
+        ]
+        layout = [
+            ("full", "warm", MiB, 0),
+            ("full", "cold", MiB // 4, 3 * MiB // 4),
+            ("open", "hot", MiB // 2, 0),
+        ]
         for zone_id, (state, cls, live, garbage) in zip(first[:3], layout, strict=True):
-            conn.execute(zones.update().where(zones.c.id == zone_id).values(
-                state=state, band_class=cls, write_pointer=live + garbage, live_bytes=live,
-                garbage_bytes=garbage))
+            conn.execute(
+                zones.update()
+                .where(zones.c.id == zone_id)
+                .values(
+                    state=state,
+                    band_class=cls,
+                    write_pointer=live + garbage,
+                    live_bytes=live,
+                    garbage_bytes=garbage,
+                )
+            )
+
     catalog.run(seed)
     assert inventory.drive_devices(catalog) == {ids[0]: None, ids[1]: None}
     assert inventory.drive_device(catalog, ids[0]) is None
     with pytest.raises(errors.NotFound, match="no drive with id 999"):
         inventory.drive_device(catalog, 999)
-    assert inventory.band_counts(catalog, ids[0]) == {"full": {"warm": 1}, "garbage": {"cold": 1},
-                                                      "open": {"hot": 1}, "empty": {"-": 5}}
+    assert inventory.band_counts(catalog, ids[0]) == {
+        "full": {"warm": 1},
+        "garbage": {"cold": 1},
+        "open": {"hot": 1},
+        "empty": {"-": 5},
+    }
     usage = inventory.usage_by_class(catalog)
-    assert usage["cold"] == {"zones": 1, "written_bytes": MiB, "live_bytes": MiB // 4,
-                             "garbage_bytes": 3 * MiB // 4}
+    assert usage["cold"] == {
+        "zones": 1,
+        "written_bytes": MiB,
+        "live_bytes": MiB // 4,
+        "garbage_bytes": 3 * MiB // 4,
+    }
     assert set(usage) == {"hot", "warm", "cold"}
-    by_state = {(s, c): (n, live, garbage)
-                for s, c, n, live, garbage in inventory.bands_by_state(catalog)}
+    by_state = {
+        (s, c): (n, live, garbage) for s, c, n, live, garbage in inventory.bands_by_state(catalog)
+    }
     assert by_state[("empty", None)] == (13, 0, 0) and by_state[("full", "cold")][2] == 3 * MiB // 4
     each = inventory.band_map_rows(catalog, ids[0], max_cells=100)
     assert each.group is None and [r["idx"] for r in each.rows] == list(range(8))
@@ -77,8 +103,9 @@ def test_tier_thresholds_and_pins(catalog, namespace):
     namespace.create(ROOT, top.ino, "a")
     assert tier_settings.pin(catalog, namespace, "/sets/", "cold", actor="alice") == 2
     assert tier_settings.path_rules(catalog) == [["/sets", "cold"]]
-    assert tier_settings.pinned(catalog, namespace) == [{"ino": top.ino, "path": "/sets",
-                                                         "band_class": "cold"}]
+    assert tier_settings.pinned(catalog, namespace) == [
+        {"ino": top.ino, "path": "/sets", "band_class": "cold"}
+    ]
     assert tier_settings.pin(catalog, namespace, "/sets", "none", actor="alice") == 2
     assert tier_settings.path_rules(catalog) == []
     assert tier_settings.pinned(catalog, namespace) == []

@@ -1,5 +1,6 @@
 """A real `shingle serve --smb-port P` (NFS, the FUSE mount, smbd) with small drives, shared by the
 tests of a module; SMB users are added through the CLI as an admin would."""
+
 from __future__ import annotations
 
 import os
@@ -25,10 +26,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def shingle(config: Path, *args: str, stdin: str | None = None,
-            check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "appliance.cli", "-c", str(config), *args],
-                          cwd=REPO, input=stdin, capture_output=True, text=True, timeout=60)
+def shingle(
+    config: Path, *args: str, stdin: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, "-m", "appliance.cli", "-c", str(config), *args],
+        cwd=REPO,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if check:
         assert done.returncode == 0, done.stderr + done.stdout
     return done
@@ -50,16 +58,30 @@ class Served:
     def data(self) -> Path:
         return self.root / "a"
 
-    def smbclient(self, share: str, user: str | None, commands: str,
-                  check: bool = True) -> subprocess.CompletedProcess:
+    def smbclient(
+        self, share: str, user: str | None, commands: str, check: bool = True
+    ) -> subprocess.CompletedProcess:
         auth = ["-N"] if user is None else ["-U", f"{user}%{PASSWORDS[user]}"]
-        done = subprocess.run(["smbclient", f"//127.0.0.1/{share}", "-p", str(self.smb_port),
-                               *auth, "--timeout", "300", "-c", commands],
-                              capture_output=True, text=True,
-                              timeout=600)
+        done = subprocess.run(
+            [
+                "smbclient",
+                f"//127.0.0.1/{share}",
+                "-p",
+                str(self.smb_port),
+                *auth,
+                "--timeout",
+                "300",
+                "-c",
+                commands,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if check:
-            assert done.returncode == 0 and "NT_STATUS" not in done.stdout, \
+            assert done.returncode == 0 and "NT_STATUS" not in done.stdout, (
                 done.stdout + done.stderr
+            )
         return done
 
     def wait_for(self, predicate, timeout: float = 20.0, what: str = "condition") -> None:
@@ -88,14 +110,45 @@ def start_served(drive_size: str = "256MiB") -> Served:
     root = Path(tempfile.mkdtemp(prefix="shingle-smb-"))
     root.chmod(0o755)
     nfs_port, smb_port = free_port(), free_port()
-    subprocess.run([sys.executable, "-m", "appliance.cli", "init", str(root / "a"), "--drives",
-                    "10", "--drive-size", drive_size, "--zone-size", "16MiB", "--nfs-port",
-                    str(nfs_port)], cwd=REPO, check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "appliance.cli",
+            "init",
+            str(root / "a"),
+            "--drives",
+            "10",
+            "--drive-size",
+            drive_size,
+            "--zone-size",
+            "16MiB",
+            "--nfs-port",
+            str(nfs_port),
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     config = root / "a" / "shingle.toml"
     log = open(root / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", "-c", str(config), "serve",
-                             "--no-web", "--smb-port", str(smb_port)], cwd=REPO, stdout=log,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "appliance.cli",
+            "-c",
+            str(config),
+            "serve",
+            "--no-web",
+            "--smb-port",
+            str(smb_port),
+        ],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     log.close()
     served = Served(root, config, nfs_port, smb_port, proc)
     served.wait_for(lambda: "SMB:" in (root / "serve.log").read_text(), 30, "shingle serve")
@@ -127,8 +180,9 @@ def served():
     served = start_served()
     try:
         for name, password in PASSWORDS.items():
-            shingle(served.config, "smb", "user", "add", name, "--password-stdin",
-                    stdin=password + "\n")
+            shingle(
+                served.config, "smb", "user", "add", name, "--password-stdin", stdin=password + "\n"
+            )
         yield served
     finally:
         stop_served(served)
@@ -138,8 +192,14 @@ def served():
 def smb_session(served):
     """smbprotocol's high-level client logged in as alice."""
     import smbclient
-    smbclient.register_session("127.0.0.1", username="alice", password=PASSWORDS["alice"],
-                               port=served.smb_port, encrypt=False)
+
+    smbclient.register_session(
+        "127.0.0.1",
+        username="alice",
+        password=PASSWORDS["alice"],
+        port=served.smb_port,
+        encrypt=False,
+    )
     yield smbclient
     smbclient.reset_connection_cache()
 

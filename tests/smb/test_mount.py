@@ -1,4 +1,5 @@
 """The FUSE mount itself: the POSIX operations of the kernel rig, where they apply."""
+
 from __future__ import annotations
 
 import os
@@ -8,8 +9,12 @@ import pytest
 
 
 def as_user(uid: int, script: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                           "/bin/sh", "-c", script], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/bin/sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_posix_operations_on_the_mount(served):

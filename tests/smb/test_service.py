@@ -1,4 +1,5 @@
 """engine.smb on both catalogs, with Samba's real passdb (smbpasswd/pdbedit need no smbd)."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,10 +16,12 @@ def test_shares_and_users_are_checked_changed_and_rendered(catalog, namespace, t
     with pytest.raises(smb_service.SmbValueError, match="clients"):
         smb_service.create_share(catalog, {"name": "x", "clients": "nope"}, actor="t")
     with pytest.raises(smb_service.SmbValueError, match="path"):
-        smb_service.create_share(catalog, {"name": "x", "path": "/missing"}, actor="t",
-                                 namespace=namespace)
-    share = smb_service.create_share(catalog, {"name": "data", "clients": "10.0.0.0/8",
-                                               "read_only_users": "bob, bob"}, actor="t")
+        smb_service.create_share(
+            catalog, {"name": "x", "path": "/missing"}, actor="t", namespace=namespace
+        )
+    share = smb_service.create_share(
+        catalog, {"name": "data", "clients": "10.0.0.0/8", "read_only_users": "bob, bob"}, actor="t"
+    )
     assert share.read_only_users == "bob" and not share.read_only
     with pytest.raises(errors.Exists):
         smb_service.create_share(catalog, {"name": "DATA"}, actor="t")
@@ -30,12 +33,18 @@ def test_shares_and_users_are_checked_changed_and_rendered(catalog, namespace, t
     assert passdb.names() == ["alice", "bob"]
     with pytest.raises(errors.Exists):
         smb_service.create_user(catalog, "alice", "x", passdb=passdb, actor="t")
-    conf = render_conf(passdb.layout, smb_service.list_shares(catalog), mount=tmp_path / "m",
-                       host="127.0.0.1", port=4450)
+    conf = render_conf(
+        passdb.layout,
+        smb_service.list_shares(catalog),
+        mount=tmp_path / "m",
+        host="127.0.0.1",
+        port=4450,
+    )
     assert "[data]" in conf and "hosts allow = 10.0.0.0/8" in conf and "read list = bob" in conf
     assert "read only = yes" in conf and "smb ports = 4450" in conf
     smb_service.delete_user(catalog, "bob", passdb=passdb, actor="t")
     assert passdb.names() == ["alice"] and [u.name for u in smb_service.list_users(catalog)] == [
-        "alice"]
+        "alice"
+    ]
     smb_service.delete_share(catalog, share.id, actor="t")
     assert smb_service.list_shares(catalog) == []

@@ -1,4 +1,5 @@
 """SMB through Samba over the FUSE mount, with real clients: smbclient (Samba's) and smbprotocol."""
+
 from __future__ import annotations
 
 import functools
@@ -20,9 +21,16 @@ MANY_ENTRIES = 2_000
 
 def _nfs(served, uid: int = 0, gid: int = 0):
     import nfs_rs
-    return nfs_rs.Client.connect(f"nfs://127.0.0.1:{served.nfs_port}/export?version=4.1",
-                                 nfs_port=served.nfs_port, noresvport=True, uid=uid, gid=gid,
-                                 connect_timeout=20, operation_timeout=60)
+
+    return nfs_rs.Client.connect(
+        f"nfs://127.0.0.1:{served.nfs_port}/export?version=4.1",
+        nfs_port=served.nfs_port,
+        noresvport=True,
+        uid=uid,
+        gid=gid,
+        connect_timeout=20,
+        operation_timeout=60,
+    )
 
 
 def _sha256_file(path, chunk: int = 8 << 20) -> str:
@@ -65,8 +73,7 @@ def test_mkdir_rename_and_delete_with_smbprotocol(served, smb_session):
     # rename over an existing file replaces it
     with smb.open_file(unc(served, "export", "work/c.txt"), mode="wb", port=port) as f:
         f.write(b"second")
-    smb.replace(unc(served, "export", "work/c.txt"), unc(served, "export", "work/b.txt"),
-                port=port)
+    smb.replace(unc(served, "export", "work/c.txt"), unc(served, "export", "work/b.txt"), port=port)
     with smb.open_file(unc(served, "export", "work/b.txt"), mode="rb", port=port) as f:
         assert f.read() == b"second"
     smb.remove(unc(served, "export", "work/b.txt"), port=port)
@@ -83,15 +90,18 @@ def test_a_directory_of_many_entries_lists_whole(served, smb_session):
         (folder / f"f{i:05d}").write_bytes(b"")
     created_s = time.monotonic() - started
     started = time.monotonic()
-    names = {e.name for e in smb_session.scandir(unc(served, "export", "many"),
-                                                  port=served.smb_port)}
+    names = {
+        e.name for e in smb_session.scandir(unc(served, "export", "many"), port=served.smb_port)
+    }
     listed_s = time.monotonic() - started
     assert names == {f"f{i:05d}" for i in range(MANY_ENTRIES)}, (created_s, listed_s)
     started = time.monotonic()
     out = served.smbclient("export", "alice", "cd many; ls").stdout
     smbclient_s = time.monotonic() - started
-    print(f"{MANY_ENTRIES} entries: created over the mount in {created_s:.1f} s, listed by "
-          f"smbprotocol in {listed_s:.1f} s, by smbclient in {smbclient_s:.1f} s")
+    print(
+        f"{MANY_ENTRIES} entries: created over the mount in {created_s:.1f} s, listed by "
+        f"smbprotocol in {listed_s:.1f} s, by smbclient in {smbclient_s:.1f} s"
+    )
     assert sum(1 for line in out.splitlines() if line.strip().startswith("f")) == MANY_ENTRIES
     (folder / "f00000").chmod(0o666)  # Samba refuses to delete a file its user may not write
     smb_session.remove(unc(served, "export", "many/f00000"), port=served.smb_port)
@@ -123,22 +133,33 @@ def test_a_user_who_may_not_write_cannot(served):
 def test_a_share_limited_by_cidr_refuses_other_addresses(served, monkeypatch):
     import smbclient
     from smbprotocol.exceptions import SMBOSError
+
     shingle(served.config, "smb", "share", "add", "local", "--clients", "127.0.0.1/32")
     served.wait_for(lambda: "[local]" in (served.data / "smb" / "smb.conf").read_text())
     served.smbclient("local", "alice", "ls")  # smbclient connects from 127.0.0.1
     # smbprotocol connects with socket.create_connection: give it 127.0.0.2 as source address
-    monkeypatch.setattr(socket, "create_connection",
-                        functools.partial(socket.create_connection,
-                                          source_address=("127.0.0.2", 0)))
+    monkeypatch.setattr(
+        socket,
+        "create_connection",
+        functools.partial(socket.create_connection, source_address=("127.0.0.2", 0)),
+    )
     smbclient.reset_connection_cache()
     try:
         with pytest.raises(SMBOSError) as refused:
-            smbclient.listdir(unc(served, "local"), username="alice",
-                              password=PASSWORDS["alice"], port=served.smb_port)
+            smbclient.listdir(
+                unc(served, "local"),
+                username="alice",
+                password=PASSWORDS["alice"],
+                port=served.smb_port,
+            )
         assert "ACCESS_DENIED" in str(refused.value) or "0xc0000022" in str(refused.value)
         # the same client from the same address may use the unrestricted share
-        smbclient.listdir(unc(served, "export"), username="alice", password=PASSWORDS["alice"],
-                          port=served.smb_port)
+        smbclient.listdir(
+            unc(served, "export"),
+            username="alice",
+            password=PASSWORDS["alice"],
+            port=served.smb_port,
+        )
     finally:
         smbclient.reset_connection_cache()
 
@@ -179,8 +200,17 @@ def test_a_file_written_over_nfs_reads_over_smb_at_once_and_back(served, smb_ses
 def test_guest_share_and_case_insensitive_names(served):
     (served.mount / "public").mkdir()
     (served.mount / "public").chmod(0o777)
-    shingle(served.config, "smb", "share", "add", "public", "--path", "/public", "--guest",
-            "--case-insensitive")
+    shingle(
+        served.config,
+        "smb",
+        "share",
+        "add",
+        "public",
+        "--path",
+        "/public",
+        "--guest",
+        "--case-insensitive",
+    )
     served.wait_for(lambda: "[public]" in (served.data / "smb" / "smb.conf").read_text())
     served.smbclient("public", None, "put /etc/hostname Mixed.TXT")
     assert (served.mount / "public" / "Mixed.TXT").stat().st_uid == 65534  # nobody
@@ -191,12 +221,16 @@ def test_guest_share_and_case_insensitive_names(served):
 
 
 def test_smbd_is_restarted_when_it_dies(served):
-    parents = [pid for pid in served.smbd_pids() if os.getppid() != pid
-               and _ppid(pid) == served.proc.pid]
+    parents = [
+        pid for pid in served.smbd_pids() if os.getppid() != pid and _ppid(pid) == served.proc.pid
+    ]
     assert len(parents) == 1, parents
     os.kill(parents[0], signal.SIGKILL)
-    served.wait_for(lambda: [p for p in served.smbd_pids() if _ppid(p) == served.proc.pid
-                             and p != parents[0]], 30, "a new smbd")
+    served.wait_for(
+        lambda: [p for p in served.smbd_pids() if _ppid(p) == served.proc.pid and p != parents[0]],
+        30,
+        "a new smbd",
+    )
     deadline = time.monotonic() + 20
     while served.smbclient("export", "alice", "ls", check=False).returncode != 0:
         assert time.monotonic() < deadline, "smbd did not come back"

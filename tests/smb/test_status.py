@@ -1,6 +1,7 @@
 """smbd's status from outside the daemon, with a real `shingle serve --smb-port`: `shingle
 status`, the web UI's API and page, and /metrics (each its own process or app, as in production:
 smbstatus over the daemon's smb.conf) show a session while an smbprotocol client is connected."""
+
 from __future__ import annotations
 
 import json
@@ -17,6 +18,7 @@ def _status(served) -> dict:
 def _web(served):
     from appliance.runtime import open_catalog
     from webui.app import create_app
+
     config = config_mod.load(served.config)
     catalog = open_catalog(config)
     try:
@@ -30,6 +32,7 @@ def _web(served):
 
 def test_a_connected_client_shows_as_a_session_everywhere(served):
     import smbclient
+
     before = _status(served)
     assert before["enabled"] and before["running"] and before["error"] is None, before
     assert before["port"] == served.smb_port and before["shares"] >= 1
@@ -39,11 +42,19 @@ def test_a_connected_client_shows_as_a_session_everywhere(served):
     app, reader = _web(served)
     client = app.test_client()
     try:
-        smbclient.register_session("127.0.0.1", username="alice", password=PASSWORDS["alice"],
-                                   port=served.smb_port, encrypt=False)
+        smbclient.register_session(
+            "127.0.0.1",
+            username="alice",
+            password=PASSWORDS["alice"],
+            port=served.smb_port,
+            encrypt=False,
+        )
         try:
-            served.wait_for(lambda: any(s["user"] == "alice" for s in _status(served)["sessions"]),
-                            20, "alice's session in shingle status")
+            served.wait_for(
+                lambda: any(s["user"] == "alice" for s in _status(served)["sessions"]),
+                20,
+                "alice's session in shingle status",
+            )
             text = shingle(served.config, "status").stdout
             line = next(x for x in text.splitlines() if x.startswith("smb "))
             assert f"smbd running (pid {before['pid']}, port {served.smb_port})" in line
@@ -55,13 +66,18 @@ def test_a_connected_client_shows_as_a_session_everywhere(served):
             assert any(s["user"] == "alice" and s["protocol"] for s in sessions), sessions
             metrics = client.get("/metrics").get_data(as_text=True)
             assert "shingle_smb_up 1" in metrics
-            count = next(int(x.split()[1]) for x in metrics.splitlines()
-                         if x.startswith("shingle_smb_sessions "))
+            count = next(
+                int(x.split()[1])
+                for x in metrics.splitlines()
+                if x.startswith("shingle_smb_sessions ")
+            )
             assert count >= 1
         finally:
             smbclient.reset_connection_cache()
-        served.wait_for(lambda: not any(s["user"] == "alice"
-                                        for s in _status(served)["sessions"]),
-                        20, "alice's session to end")
+        served.wait_for(
+            lambda: not any(s["user"] == "alice" for s in _status(served)["sessions"]),
+            20,
+            "alice's session to end",
+        )
     finally:
         app.extensions["shingle"].close()

@@ -3,6 +3,7 @@ Flask app, a signed-in client.
 
 SMART comes from tests/fixtures/smart/fake_smartctl, which answers for /dev/sda
 (ATA SMR), /dev/sdb (SAS) and /dev/nvme0 (NVMe) with real-shaped smartctl JSON."""
+
 from __future__ import annotations
 
 import re
@@ -22,9 +23,11 @@ ADMIN, PASSWORD = "admin", "correct horse battery"
 ZONE_SIZE = 1 << 20
 DEVICES = {1: "/dev/sda", 2: "/dev/sdb", 3: "/dev/nvme0"}  # drive 4 stays emulated: no SMART
 # Small stripes so that 4 emulated drives hold every class (2+2 EC, 3 copies).
-BAND_CLASSES = {"hot": {"copies": 3, "fragment_size": "16KiB"},
-                "warm": {"k": 2, "m": 2, "fragment_size": "16KiB"},
-                "cold": {"k": 2, "m": 2, "fragment_size": "16KiB"}}
+BAND_CLASSES = {
+    "hot": {"copies": 3, "fragment_size": "16KiB"},
+    "warm": {"k": 2, "m": 2, "fragment_size": "16KiB"},
+    "cold": {"k": 2, "m": 2, "fragment_size": "16KiB"},
+}
 
 
 def make_config(url: str, root: Path) -> config_mod.Config:
@@ -79,11 +82,16 @@ def make_appliance(url: str, root: Path, *, seed: bool = True):
     ``seed`` writes band states straight into the catalog for pages that only read it; an appliance
     whose daemon runs (``live``) gets real bands from real writes instead."""
     from engine.drives import format_emulated
+
     catalog = Catalog(url)
     format_emulated(catalog, root / "drives", 4, 16 * ZONE_SIZE, ZONE_SIZE)
     drives = Drive.__table__
-    catalog.run(lambda conn: [conn.execute(drives.update().where(drives.c.id == i).values(device=d))
-                              for i, d in DEVICES.items()])
+    catalog.run(
+        lambda conn: [
+            conn.execute(drives.update().where(drives.c.id == i).values(device=d))
+            for i, d in DEVICES.items()
+        ]
+    )
     if seed:
         seed_zones(catalog)
     accounts.create_admin(catalog, ADMIN, PASSWORD, actor="test")
@@ -106,6 +114,7 @@ def template_catalog(tmp_path_factory) -> Path:
 @pytest.fixture
 def appliance(template_catalog, tmp_path):
     import shutil
+
     shutil.copyfile(template_catalog, tmp_path / "catalog.db")
     url = f"sqlite:///{tmp_path}/catalog.db"
     config = make_config(url, tmp_path)
@@ -117,6 +126,7 @@ def appliance(template_catalog, tmp_path):
 @pytest.fixture
 def app(appliance):
     from webui.app import create_app
+
     application = create_app(appliance[0])
     application.config["TESTING"] = True
     yield application
@@ -138,8 +148,9 @@ class Browserish:
 
     def login(self, username=ADMIN, password=PASSWORD):
         self.csrf = csrf_of(self.client.get("/login").get_data(as_text=True))
-        return self.client.post("/login", data={"username": username, "password": password,
-                                                "csrf_token": self.csrf})
+        return self.client.post(
+            "/login", data={"username": username, "password": password, "csrf_token": self.csrf}
+        )
 
     def get(self, *args, **kwargs):
         return self.client.get(*args, **kwargs)
@@ -172,6 +183,7 @@ class Live:
         from appliance.maintenance import Maintenance
         from appliance.runtime import Appliance
         from webui.app import create_app
+
         self.config, catalog = make_appliance(url, root, seed=False)
         catalog.close()
         self.lock = DaemonLock(

@@ -1,4 +1,5 @@
 """Namespace set-up shared by the web UI tests."""
+
 from __future__ import annotations
 
 import time

@@ -1,4 +1,5 @@
 """The alerts page and banner in Debian's chromium (Playwright; never a downloaded browser)."""
+
 from __future__ import annotations
 
 from engine.alerts import AlertMonitor, AlertService, AlertSettings, DriveFailed
@@ -48,6 +49,7 @@ def test_banner_list_acknowledge_and_clear(server, page, live):  # noqa: F811
     [cleared] = monitor.tick(force=True)
     assert cleared.change == "cleared"
     page.reload()
-    assert page.locator(f"tr[data-alert='{raised.alert.id}']").get_attribute(
-        "data-state") == "cleared"
+    assert (
+        page.locator(f"tr[data-alert='{raised.alert.id}']").get_attribute("data-state") == "cleared"
+    )
     assert page.locator(f"tr[data-alert='{raised.alert.id}'] button").count() == 0

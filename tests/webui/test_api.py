@@ -33,12 +33,20 @@ def api(app, token):
 
 def test_state_changing_calls_without_credentials_get_401(app):
     client = app.test_client()
-    for method, url in (("POST", "/api/v1/retention/rules"), ("PATCH", "/api/v1/retention/rules/1"),
-                        ("DELETE", "/api/v1/exports/1"), ("POST", "/api/v1/drives/1/actions"),
-                        ("POST", "/api/v1/retention/run"), ("POST", "/api/v1/tokens")):
+    for method, url in (
+        ("POST", "/api/v1/retention/rules"),
+        ("PATCH", "/api/v1/retention/rules/1"),
+        ("DELETE", "/api/v1/exports/1"),
+        ("POST", "/api/v1/drives/1/actions"),
+        ("POST", "/api/v1/retention/run"),
+        ("POST", "/api/v1/tokens"),
+    ):
         response = client.open(url, method=method, json={"x": 1})
-        assert response.status_code == 401 and response.is_json and "authentication required" in \
-            response.get_json()["error"]
+        assert (
+            response.status_code == 401
+            and response.is_json
+            and "authentication required" in response.get_json()["error"]
+        )
     response = client.get("/api/v1/drives", headers={"Authorization": "Bearer shg_not-a-token"})
     assert response.status_code == 401 and "not recognised" in response.get_json()["error"]
 
@@ -52,6 +60,7 @@ def test_retention_through_the_api(live):
 
     def api(method, url, json=None):
         return client.open(url, method=method, json=json, headers=headers)
+
     make_checkpoints(ns, "/checkpoints/run-a", range(10, 15), size=20_000)
     response = api(
         "POST", "/api/v1/retention/rules", {"pattern": "/checkpoints/*/step-*", "keep": 3}
@@ -189,17 +198,31 @@ def test_drives_exports_tiers_events_tokens(api, appliance):
 def test_openapi_document_declares_every_endpoint_with_bounds(app):
     doc = app.test_client().get("/api/v1/openapi.json").get_json()
     assert doc["openapi"].startswith("3.") and "bearerAuth" in doc["components"]["securitySchemes"]
-    api_rules = {(r.rule, m) for r in app.url_map.iter_rules() if r.rule.startswith("/api/v1/")
-                 and r.rule != "/api/v1/openapi.json" for m in r.methods - {"HEAD", "OPTIONS"}}
+    api_rules = {
+        (r.rule, m)
+        for r in app.url_map.iter_rules()
+        if r.rule.startswith("/api/v1/") and r.rule != "/api/v1/openapi.json"
+        for m in r.methods - {"HEAD", "OPTIONS"}
+    }
     import re
 
     def rule_of(path: str, op: dict) -> str:  # {id} -> <int:id>, {name} (a string) -> <name>
-        kinds = {p["name"]: p["schema"]["type"] for p in op.get("parameters", ())
-                 if p["in"] == "path"}
-        return re.sub(r"\{(\w+)\}", lambda m: f"<int:{m.group(1)}>"
-                      if kinds[m.group(1)] == "integer" else f"<{m.group(1)}>", path)
-    documented = {(rule_of(path, op), method.upper()) for path, ops in doc["paths"].items()
-                  for method, op in ops.items()}
+        kinds = {
+            p["name"]: p["schema"]["type"] for p in op.get("parameters", ()) if p["in"] == "path"
+        }
+        return re.sub(
+            r"\{(\w+)\}",
+            lambda m: (
+                f"<int:{m.group(1)}>" if kinds[m.group(1)] == "integer" else f"<{m.group(1)}>"
+            ),
+            path,
+        )
+
+    documented = {
+        (rule_of(path, op), method.upper())
+        for path, ops in doc["paths"].items()
+        for method, op in ops.items()
+    }
     assert documented == api_rules
     rule = doc["paths"]["/api/v1/retention/rules"]["post"]["requestBody"]["content"][
         "application/json"

@@ -99,9 +99,15 @@ def test_real_responses_match_their_schemas(web, appliance):
     components = doc["components"]["schemas"]
     rule_id = made[("post", "/api/v1/retention/rules")].get_json()["id"]
     export_id = exports.list_exports(catalog)[0].id
-    ids = {"drive_id": 1, "rule_id": rule_id, "job_id": 1, "export_id": export_id,
-           "share_id": share_id, "name": "alice",
-           "alert_id": alert_id}
+    ids = {
+        "drive_id": 1,
+        "rule_id": rule_id,
+        "job_id": 1,
+        "export_id": export_id,
+        "share_id": share_id,
+        "name": "alice",
+        "alert_id": alert_id,
+    }
     checked = 0
     for path, ops in doc["paths"].items():
         for method, op in ops.items():
@@ -131,5 +137,9 @@ def test_real_responses_match_their_schemas(web, appliance):
         response = web.api("DELETE", rule.format(**ids))
         op = doc["paths"][rule]["delete"]
         assert response.status_code == 200, response.get_data(as_text=True)
-        check(response.get_json(), op["responses"]["200"]["content"]["application/json"]["schema"],
-              components, f"DELETE {rule}")
+        check(
+            response.get_json(),
+            op["responses"]["200"]["content"]["application/json"]["schema"],
+            components,
+            f"DELETE {rule}",
+        )

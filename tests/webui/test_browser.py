@@ -2,6 +2,7 @@
 against a real HTTP server.
 
 Never `playwright install`: the browser is /usr/bin/chromium from Debian."""
+
 from __future__ import annotations
 
 import threading
@@ -15,8 +16,16 @@ from tests.webui.conftest import ADMIN, PASSWORD
 from tests.webui.helpers import exists, make_checkpoints
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.fixture
@@ -32,6 +41,7 @@ def server(live):
 @pytest.fixture
 def page():
     from playwright.sync_api import sync_playwright
+
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:

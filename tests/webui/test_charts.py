@@ -1,4 +1,5 @@
 """Server-rendered SVG charts: data drawn, labels escaped, no data said plainly."""
+
 from __future__ import annotations
 
 from webui import charts

@@ -1,5 +1,6 @@
 """Adding and replacing a drive from the drives page queues the daemon's job; the token scope
 and bad input are refused."""
+
 from __future__ import annotations
 
 from engine import jobs
@@ -12,8 +13,11 @@ def test_add_and_replace_from_the_drives_page(web, appliance):
     response = web.post("/drives/add", {"path": "/srv/shingle/new-1"})
     assert response.status_code == 302 and "/jobs/" in response.headers["Location"]
     [job] = [j for j in jobs.recent(catalog) if j.kind == "drive-add"]
-    assert job.params == {"path": "/srv/shingle/new-1", "size": None, "zone_size": None,
-                          "preallocate": False} and job.state == "queued"
+    assert (
+        job.params
+        == {"path": "/srv/shingle/new-1", "size": None, "zone_size": None, "preallocate": False}
+        and job.state == "queued"
+    )
     web.post("/drives/add", {"path": "/srv/shingle/new-2", "replaces": "2", "preallocate": "on"})
     [job] = [j for j in jobs.recent(catalog) if j.kind == "drive-replace"]
     assert job.params["old"] == 2 and job.params["preallocate"] is True
@@ -29,8 +33,13 @@ def test_a_finished_job_with_warnings_is_shown_as_such(web, appliance):
     _, catalog = appliance
     job_id = jobs.submit(catalog, "rebuild", {})
     jobs.claim(catalog, job_id)
-    jobs.finish(catalog, job_id, ok=True, result={"warnings": ["3 stripes still under-protected"]},
-                warnings=["3 stripes still under-protected: only 9 drives take writes"])
+    jobs.finish(
+        catalog,
+        job_id,
+        ok=True,
+        result={"warnings": ["3 stripes still under-protected"]},
+        warnings=["3 stripes still under-protected: only 9 drives take writes"],
+    )
     job = jobs.get(catalog, job_id)
     assert job.state == "warnings" and job.finished and job.message.startswith("3 stripes")
     page = web.get(f"/jobs/{job_id}").get_data(as_text=True)

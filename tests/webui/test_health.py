@@ -1,4 +1,5 @@
 """SMART parsing of the three smartctl shapes, through the fake smartctl executable."""
+
 from __future__ import annotations
 
 import json
@@ -135,10 +136,13 @@ def test_the_drives_page_reads_smart_in_parallel_and_caches_it(app, tmp_path, mo
     second view within the cache time runs none."""
     log = tmp_path / "runs"
     slow = tmp_path / "slow_smartctl"
-    slow.write_text(f"#!/bin/sh\necho start $$ >> {log}\nsleep 0.8\necho end $$ >> {log}\n"
-                    f"exec {FAKE_SMARTCTL} \"$@\"\n")
+    slow.write_text(
+        f"#!/bin/sh\necho start $$ >> {log}\nsleep 0.8\necho end $$ >> {log}\n"
+        f'exec {FAKE_SMARTCTL} "$@"\n'
+    )
     slow.chmod(0o755)
     from webui import drives
+
     monkeypatch.setattr(app.extensions["shingle"], "smartctl", str(slow))
     with app.app_context():
         rows = drives.drive_rows()

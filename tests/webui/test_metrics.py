@@ -1,4 +1,5 @@
 """/metrics in the Prometheus text format, and the samples behind the charts."""
+
 from __future__ import annotations
 
 import re
@@ -103,14 +104,24 @@ def test_space_states_add_up_to_the_total(app, appliance):
     zones = Zone.__table__
     # a full zone written only to 3/4: its last quarter is stranded until the zone is reset
     first_of_drive_2 = zones.update().where(zones.c.drive_id == 2, zones.c.idx == 0)
-    catalog.run(lambda conn: conn.execute(first_of_drive_2.values(
-        state="full", band_class="warm", write_pointer=3 * ZONE_SIZE // 4,
-        live_bytes=ZONE_SIZE // 2, garbage_bytes=ZONE_SIZE // 4)))
+    catalog.run(
+        lambda conn: conn.execute(
+            first_of_drive_2.values(
+                state="full",
+                band_class="warm",
+                write_pointer=3 * ZONE_SIZE // 4,
+                live_bytes=ZONE_SIZE // 2,
+                garbage_bytes=ZONE_SIZE // 4,
+            )
+        )
+    )
     values = parse(app.test_client().get("/metrics").get_data(as_text=True))
     total = values['shingle_capacity_bytes{kind="total"}']
     space = {k: v for k, v in values.items() if k.startswith("shingle_space_bytes")}
-    assert set(space) == {f'shingle_space_bytes{{state="{s}"}}' for s in
-                          ("live", "garbage", "reserve", "free", "stranded")}
+    assert set(space) == {
+        f'shingle_space_bytes{{state="{s}"}}'
+        for s in ("live", "garbage", "reserve", "free", "stranded")
+    }
     assert sum(space.values()) == total == 4 * 16 * ZONE_SIZE
     assert space['shingle_space_bytes{state="stranded"}'] == ZONE_SIZE // 4
     # seeded: live 1 + 1/4 + 1/2 + 1/3 zones on drive 1, 1/2 on drive 2
@@ -122,9 +133,15 @@ def test_space_states_add_up_to_the_total(app, appliance):
 
 def test_per_drive_series_build_info_and_job_successes(app, appliance):
     _, catalog = appliance
-    metrics.record_sample(catalog, drive_1_read_bytes=4096, drive_1_written_bytes=8192,
-                          drive_1_read_errors=0, drive_1_write_errors=1, drive_1_checksum_errors=2,
-                          drive_3_read_bytes=5)
+    metrics.record_sample(
+        catalog,
+        drive_1_read_bytes=4096,
+        drive_1_written_bytes=8192,
+        drive_1_read_errors=0,
+        drive_1_write_errors=1,
+        drive_1_checksum_errors=2,
+        drive_3_read_bytes=5,
+    )
     job = jobs.submit(catalog, "scrub", {}, actor="test")
     jobs.claim(catalog, job)
     jobs.finish(catalog, job, ok=True, result={})
@@ -166,11 +183,20 @@ def test_operation_histograms_and_exports_when_the_nfs_server_records_them(app, 
     _, catalog = appliance
     exports.ensure_default(catalog)
     default = exports.list_exports(catalog)[0]
-    metrics.record_sample(catalog, nfs_latency_read_le_1=3, nfs_latency_read_le_10=5,
-                          nfs_latency_read_le_inf=6, nfs_latency_read_sum_s=0.5,
-                          nfs_latency_open_le_1=1, nfs_latency_open_le_inf=1,
-                          **{f"export_{default.id}_read_bytes": 100,
-                             f"export_{default.id}_write_bytes": 7, f"export_{default.id}_ops": 9})
+    metrics.record_sample(
+        catalog,
+        nfs_latency_read_le_1=3,
+        nfs_latency_read_le_10=5,
+        nfs_latency_read_le_inf=6,
+        nfs_latency_read_sum_s=0.5,
+        nfs_latency_open_le_1=1,
+        nfs_latency_open_le_inf=1,
+        **{
+            f"export_{default.id}_read_bytes": 100,
+            f"export_{default.id}_write_bytes": 7,
+            f"export_{default.id}_ops": 9,
+        },
+    )
     text = app.test_client().get("/metrics").get_data(as_text=True)
     values = parse(text)
     assert values['shingle_nfs_operation_latency_seconds_bucket{op="read",le="0.001"}'] == 3

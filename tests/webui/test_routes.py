@@ -81,8 +81,13 @@ def test_every_page_renders_signed_in(web, app):
             "trash_days": "7",
         },
     )
-    assert web.post("/smb/shares", {"name": "data", "path": "/", "access": "rw",
-                                    "clients": "10.0.0.0/8", "guest": "on"}).status_code == 302
+    assert (
+        web.post(
+            "/smb/shares",
+            {"name": "data", "path": "/", "access": "rw", "clients": "10.0.0.0/8", "guest": "on"},
+        ).status_code
+        == 302
+    )
     for url in pages:
         response = web.get(url)
         assert response.status_code == 200, (url, response.status_code)
@@ -97,8 +102,11 @@ def test_login_logout_cookie_flags_and_events(app, appliance):
     cookie = response.headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
     page = browser.get("/drives")
-    assert page.headers["Cache-Control"] == "no-store" and "frame-ancestors 'none'" in \
-        page.headers["Content-Security-Policy"] and page.headers["X-Frame-Options"] == "DENY"
+    assert (
+        page.headers["Cache-Control"] == "no-store"
+        and "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
+        and page.headers["X-Frame-Options"] == "DENY"
+    )
     logins = events.recent(catalog, 5, kind_prefix="auth.login")
     assert logins[0].actor == ADMIN and "signed in" in logins[0].message
     response = browser.post("/logout")
@@ -129,20 +137,31 @@ def test_csrf_rejected_on_forms_and_session_api_calls(web, appliance):
     assert response.status_code == 201 and response.get_json()["keep"] == 3
 
 
-@pytest.mark.parametrize("pattern, keep, expected", [
-    ("/checkpoints/*/step-*", "0", "keep = 0: expected at least 1"),
-    ("/checkpoints/*/step-*", "-1", "keep = -1: expected at least 1"),
-    ("/checkpoints/../etc/*", "3", "'..' components are not allowed"),
-    ("", "3", "pattern = '': expected a non-empty value"),
-    ("checkpoints/*", "3", "expected an absolute path"),
-    ("/checkpoints/*", "three", "keep = 'three': expected a whole number"),
-])
+@pytest.mark.parametrize(
+    "pattern, keep, expected",
+    [
+        ("/checkpoints/*/step-*", "0", "keep = 0: expected at least 1"),
+        ("/checkpoints/*/step-*", "-1", "keep = -1: expected at least 1"),
+        ("/checkpoints/../etc/*", "3", "'..' components are not allowed"),
+        ("", "3", "pattern = '': expected a non-empty value"),
+        ("checkpoints/*", "3", "expected an absolute path"),
+        ("/checkpoints/*", "three", "keep = 'three': expected a whole number"),
+    ],
+)
 def test_retention_form_shows_inline_errors_and_saves_nothing(
     web, appliance, pattern, keep, expected
 ):
     _, catalog = appliance
-    response = web.post("/retention/rules", {"pattern": pattern, "keep": keep, "action": "delete",
-                                             "order_by": "mtime", "enabled": "on"})
+    response = web.post(
+        "/retention/rules",
+        {
+            "pattern": pattern,
+            "keep": keep,
+            "action": "delete",
+            "order_by": "mtime",
+            "enabled": "on",
+        },
+    )
     html = response.get_data(as_text=True).replace("&#39;", "'")
     assert response.status_code == 400
     assert expected in html and 'role="alert"' in html
@@ -188,11 +207,15 @@ def test_retention_create_preview_run_edit_delete(live_web, live):
     ]
     deletes = events.recent(catalog, 10, kind_prefix="retention.delete")
     assert len(deletes) == 2 and {e.actor for e in deletes} == {ADMIN}
-    response = web.post(f"/retention/rules/{rule_id}", {"pattern": "/ckpt/*/step-*", "keep": "0",
-                                                        "action": "delete", "order_by": "mtime"})
+    response = web.post(
+        f"/retention/rules/{rule_id}",
+        {"pattern": "/ckpt/*/step-*", "keep": "0", "action": "delete", "order_by": "mtime"},
+    )
     assert response.status_code == 400 and b"expected at least 1" in response.data
-    response = web.post(f"/retention/rules/{rule_id}", {"pattern": "/ckpt/*/step-*", "keep": "2",
-                                                        "action": "trash", "order_by": "name"})
+    response = web.post(
+        f"/retention/rules/{rule_id}",
+        {"pattern": "/ckpt/*/step-*", "keep": "2", "action": "trash", "order_by": "name"},
+    )
     assert response.status_code == 302
     rule = catalog.read(lambda c: c.execute(select(RetentionPolicy.__table__)).one())
     assert (rule.keep, rule.action, rule.order_by, rule.enabled) == (2, "trash", "name", False)
@@ -274,6 +297,7 @@ def add_huge_drive(catalog) -> int:
             ],
         )
         return drive_id
+
     return catalog.run(work)
 
 
@@ -282,7 +306,7 @@ def test_band_map_of_a_huge_drive_is_summarised_in_sql(web, appliance):
     _, catalog = appliance
     drive_id = add_huge_drive(catalog)
     html = web.get("/drives").get_data(as_text=True)
-    section = html[html.index(f'id="drive-{drive_id}"'):]
+    section = html[html.index(f'id="drive-{drive_id}"') :]
     cells = section.count('<rect class="zone')
     assert 1000 < cells <= 2048
     assert "zones 0-2: 3 garbage, warm, 100% written" in section
@@ -302,8 +326,14 @@ def test_drive_actions_change_state_request_rebuild_and_start_self_test(
     _, catalog = appliance
     calls = tmp_path / "smartctl-calls"
     monkeypatch.setenv("FAKE_SMARTCTL_LOG", str(calls))
-    state = lambda i: catalog.read(lambda c: c.execute(select(Drive.__table__.c.state)  # noqa: E731
-                                                       .where(Drive.__table__.c.id == i)).scalar())
+
+    def state(i):
+        return catalog.read(
+            lambda c: c.execute(
+                select(Drive.__table__.c.state).where(Drive.__table__.c.id == i)
+            ).scalar()
+        )
+
     web.post("/drives/2/action", {"action": "rebuild"})
     assert "is online: rebuild restores" in web.get("/drives").get_data(as_text=True)
     response = web.post(
@@ -356,12 +386,14 @@ def test_exports_create_validate_edit_delete(web, appliance, app):
         "trash_days": "3",
         "enabled": "on",
     }
-    for field, value, expected in (("clients", "10.0.0.300/8", "expected an IP address or CIDR"),
-                                   ("path", "/nowhere", "expected an existing directory"),
-                                   ("access", "rwx", "expected one of rw, ro"),
-                                   ("anon_uid", "-5", "expected at least 0"),
-                                   ("name", "datasets", "expected the path clients mount"),
-                                   ("name", "/data/../etc", "expected no '.' or '..' components")):
+    for field, value, expected in (
+        ("clients", "10.0.0.300/8", "expected an IP address or CIDR"),
+        ("path", "/nowhere", "expected an existing directory"),
+        ("access", "rwx", "expected one of rw, ro"),
+        ("anon_uid", "-5", "expected at least 0"),
+        ("name", "datasets", "expected the path clients mount"),
+        ("name", "/data/../etc", "expected no '.' or '..' components"),
+    ):
         response = web.post("/exports", {**good, field: value})
         assert response.status_code == 400 and expected in response.get_data(as_text=True).replace(
             "&#39;", "'"
@@ -406,8 +438,15 @@ def test_tiers_thresholds_and_pins(web, appliance, app):
         and b"hot_to_warm_after_s = 10: expected at least 60" in response.data
     )
     assert catalog.get_setting("tiering.hot_to_warm_after_s") is None
-    web.post("/tiers/thresholds", {"hot_to_warm_after_s": "7200", "warm_to_cold_after_s": "1209600",
-                                   "promote_reads": "5", "promote_window_s": "3600"})
+    web.post(
+        "/tiers/thresholds",
+        {
+            "hot_to_warm_after_s": "7200",
+            "warm_to_cold_after_s": "1209600",
+            "promote_reads": "5",
+            "promote_window_s": "3600",
+        },
+    )
     assert catalog.get_setting("tiering.warm_to_cold_after_s") == "1209600"
     assert web.post("/tiers/pins", {"path": "/archive", "band_class": "cold"}).status_code == 302
     assert json.loads(catalog.get_setting("tiering.path_rules")) == [["/archive", "cold"]]
@@ -446,11 +485,18 @@ def test_settings_password_tokens_admins(web, appliance, app):
         "/settings/password", {"current": PASSWORD, "new": "short", "confirm": "short"}
     )
     assert response.status_code == 400 and b"expected at least 10 characters" in response.data
-    response = web.post("/settings/password", {"current": "nope", "new": "a new long password",
-                                               "confirm": "a new long password"})
+    response = web.post(
+        "/settings/password",
+        {"current": "nope", "new": "a new long password", "confirm": "a new long password"},
+    )
     assert response.status_code == 400 and b"current password is wrong" in response.data
-    assert web.post("/settings/password", {"current": PASSWORD, "new": "a new long password",
-                                           "confirm": "a new long password"}).status_code == 302
+    assert (
+        web.post(
+            "/settings/password",
+            {"current": PASSWORD, "new": "a new long password", "confirm": "a new long password"},
+        ).status_code
+        == 302
+    )
     assert web.get("/drives").status_code == 200  # the session that changed it stays signed in
     assert other.get("/drives").status_code == 302  # every other session of this admin ends
     assert other.login(password="a new long password").status_code == 302
@@ -511,6 +557,7 @@ def test_dashboard_charts_show_samples_or_say_there_are_none(web, appliance):
     assert "no throughput samples in the last hour" in html
     assert "warm live" in html and "drives by state" in html
     import time
+
     now = time.time_ns()
     for i in range(6):
         metrics.record_sample(
@@ -529,6 +576,7 @@ def test_threshold_fields_are_the_tiering_policy_fields_with_its_defaults():
 
     from engine.lifecycle.tiering import TieringPolicy
     from webui.tiers import THRESHOLDS
+
     policy = TieringPolicy()
     known = {f.name for f in fields(TieringPolicy)}
     for f in THRESHOLDS.fields:

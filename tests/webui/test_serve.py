@@ -1,4 +1,5 @@
 """The web UI as admins run it: `shingle webui` under gunicorn, and on a PostgreSQL catalog."""
+
 from __future__ import annotations
 
 import json
@@ -22,14 +23,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 def free_port() -> int:
     import socket
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
 def fetch(url: str, method: str = "GET", body: bytes | None = None):
-    request = urllib.request.Request(url, data=body, method=method,
-                                     headers={"Content-Type": "application/json"} if body else {})
+    request = urllib.request.Request(
+        url, data=body, method=method, headers={"Content-Type": "application/json"} if body else {}
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.headers, response.read()
@@ -42,6 +45,7 @@ LOGFMT = re.compile(r'ts=\S+Z level=(debug|info|warning|error|critical) logger=\
 
 def test_shingle_webui_runs_gunicorn_in_the_foreground(template_catalog, tmp_path):
     import shutil
+
     shutil.copyfile(template_catalog, tmp_path / "catalog.db")
     port = free_port()
     config_path = tmp_path / "shingle.toml"
@@ -114,7 +118,9 @@ def test_shingle_webui_runs_gunicorn_in_the_foreground(template_catalog, tmp_pat
 
 def test_shingle_webui_refuses_a_bad_port_or_catalog(tmp_path):
     config_path = tmp_path / "shingle.toml"
-    config_path.write_text(config_mod.render({"appliance.data_dir": ".", "catalog.url": "sqlite:///missing.db"}))
+    config_path.write_text(
+        config_mod.render({"appliance.data_dir": ".", "catalog.url": "sqlite:///missing.db"})
+    )
     result = subprocess.run(
         [sys.executable, "-m", "appliance.cli", "-c", str(config_path), "webui"],
         cwd=REPO,
@@ -128,6 +134,7 @@ def test_shingle_webui_refuses_a_bad_port_or_catalog(tmp_path):
 def test_web_ui_on_a_postgresql_catalog(postgres_server, tmp_path):
     from engine import jobs, metrics
     from tests.webui.conftest import Live
+
     url = postgres_server.create_database()
     upgrade(url)
     live = Live(url, tmp_path)
@@ -162,6 +169,7 @@ def test_web_ui_on_a_postgresql_catalog(postgres_server, tmp_path):
         assert b'shingle_nfs_operations_total{op="read"} 3' in web.get("/metrics").data
         assert b'shingle_bands{state="open",class="warm"}' in web.get("/metrics").data
         from tests.webui.test_routes import add_huge_drive
+
         drive_id = add_huge_drive(live.catalog)
         bands = web.get(f"/api/v1/drives/{drive_id}").get_json()["bands"]
         assert bands == {
@@ -186,16 +194,29 @@ class HttpClient:
         self.cookie: str | None = None
         self.csrf: str | None = None
 
-    def request(self, method: str, path: str, form: dict | None = None, json_body=None,
-                headers: dict | None = None):
+    def request(
+        self,
+        method: str,
+        path: str,
+        form: dict | None = None,
+        json_body=None,
+        headers: dict | None = None,
+    ):
         import http.client
         from urllib.parse import urlencode
+
         if self.tls is None:
-            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10,
-                                              source_address=(self.source, 0))
+            conn = http.client.HTTPConnection(
+                "127.0.0.1", self.port, timeout=10, source_address=(self.source, 0)
+            )
         else:
-            conn = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=10,
-                                               source_address=(self.source, 0), context=self.tls)
+            conn = http.client.HTTPSConnection(
+                "127.0.0.1",
+                self.port,
+                timeout=10,
+                source_address=(self.source, 0),
+                context=self.tls,
+            )
         headers = dict(headers or {})
         body = None
         if form is not None:
@@ -219,17 +240,32 @@ class HttpClient:
 
     def login(self, username: str, password: str, next_path: str | None = None):
         from tests.webui.conftest import csrf_of
+
         _, _, page = self.request("GET", "/login")
         self.csrf = csrf_of(page.decode())
         path = "/login" + (f"?next={next_path}" if next_path else "")
-        return self.request("POST", path, form={"username": username, "password": password,
-                                                "csrf_token": self.csrf})
+        return self.request(
+            "POST", path, form={"username": username, "password": password, "csrf_token": self.csrf}
+        )
 
 
 def start_webui(config_path: Path, port: int, tls=None) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", "-c", str(config_path), "webui",
-                             "--port", str(port)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "appliance.cli",
+            "-c",
+            str(config_path),
+            "webui",
+            "--port",
+            str(port),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -258,11 +294,19 @@ def test_sign_in_security_over_real_http(template_catalog, tmp_path):
     from engine.catalog import Catalog
     from engine.catalog.models import ApiToken
     from tests.webui.conftest import ADMIN, PASSWORD
+
     shutil.copyfile(template_catalog, tmp_path / "catalog.db")
     config_path = tmp_path / "shingle.toml"
-    config_path.write_text(config_mod.render({
-        "appliance.data_dir": ".", "catalog.url": "sqlite:///catalog.db",
-        "smart.smartctl": str(FAKE_SMARTCTL), "webui.workers": 2}))
+    config_path.write_text(
+        config_mod.render(
+            {
+                "appliance.data_dir": ".",
+                "catalog.url": "sqlite:///catalog.db",
+                "smart.smartctl": str(FAKE_SMARTCTL),
+                "webui.workers": 2,
+            }
+        )
+    )
     port = free_port()
     proc = start_webui(config_path, port)
     catalog = Catalog(f"sqlite:///{tmp_path}/catalog.db")
@@ -293,14 +337,18 @@ def test_sign_in_security_over_real_http(template_catalog, tmp_path):
         assert attacker.login(ADMIN, PASSWORD)[0] == 302
 
         uid = catalog.read(lambda c: c.execute(accounts.USERS.select()).first().id)
-        tokens = {scope: accounts.create_token(catalog, uid, scope, scope=scope, expires_s=3600)
-                  for scope in accounts.SCOPES}
+        tokens = {
+            scope: accounts.create_token(catalog, uid, scope, scope=scope, expires_s=3600)
+            for scope in accounts.SCOPES
+        }
         script = HttpClient(port)
 
         def api(scope, method, path, body=None):
-            status, _, data = script.request(method, path, json_body=body,
-                                             headers={"Authorization": f"Bearer {tokens[scope]}"})
+            status, _, data = script.request(
+                method, path, json_body=body, headers={"Authorization": f"Bearer {tokens[scope]}"}
+            )
             return status, json.loads(data)
+
         assert api("read-only", "GET", "/api/v1/drives")[0] == 200
         status, body = api("read-only", "POST", "/api/v1/jobs", {"kind": "scrub"})
         assert status == 403 and "read-only" in body["error"]
@@ -310,8 +358,9 @@ def test_sign_in_security_over_real_http(template_catalog, tmp_path):
         more = {"name": "more", "scope": "admin"}
         assert api("operator", "POST", "/api/v1/tokens", more)[0] == 403
         assert api("admin", "POST", "/api/v1/tokens", {"name": "more", "scope": "admin"})[0] == 201
-        catalog.run(lambda c: c.execute(ApiToken.__table__.update()
-                                        .values(expires_ns=time.time_ns() - 1)))
+        catalog.run(
+            lambda c: c.execute(ApiToken.__table__.update().values(expires_ns=time.time_ns() - 1))
+        )
         status, body = api("admin", "GET", "/api/v1/drives")
         assert status == 401 and "expired" in body["error"]
     finally:
@@ -324,10 +373,26 @@ def test_init_tls_serves_https_with_secure_cookies_and_private_files(tmp_path):
     import ssl
 
     from tests.webui.conftest import csrf_of
+
     home = tmp_path / "appliance"
-    run = subprocess.run([sys.executable, "-m", "appliance.cli", "init", str(home), "--tls",
-                          "--drive-size", "16MiB", "--zone-size", "1MiB"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "appliance.cli",
+            "init",
+            str(home),
+            "--tls",
+            "--drive-size",
+            "16MiB",
+            "--zone-size",
+            "1MiB",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     assert "HTTPS:    self-signed certificate" in run.stdout
     for name in ("catalog.db", "initial-admin-password", "webui-secret.key", "webui-tls.key"):

@@ -1,6 +1,7 @@
 """SMB in the web UI and the API: shares and users through engine.smb, passwords in Samba's real
 passdb under the appliance's data folder (pdbedit; no smbd needed), token scopes, events naming
 the admin, confirmations before deletes, and smbd's status when SMB is not enabled."""
+
 from __future__ import annotations
 
 from sqlalchemy import select
@@ -27,10 +28,12 @@ def test_api_scopes_users_and_shares(app, appliance):
     user = {"name": "alice", "password": "s3cret pw"}
     share = {"name": "data", "path": "/", "users": "alice", "clients": "10.0.0.0/8"}
     for headers in (reader, operator):
-        for method, url, body in (("POST", "/api/v1/smb/users", user),
-                                  ("POST", "/api/v1/smb/shares", share),
-                                  ("PUT", "/api/v1/smb/users/alice/password", {"password": "x"}),
-                                  ("DELETE", "/api/v1/smb/users/alice", None)):
+        for method, url, body in (
+            ("POST", "/api/v1/smb/users", user),
+            ("POST", "/api/v1/smb/shares", share),
+            ("PUT", "/api/v1/smb/users/alice/password", {"password": "x"}),
+            ("DELETE", "/api/v1/smb/users/alice", None),
+        ):
             response = client.open(url, method=method, json=body, headers=headers)
             assert response.status_code == 403, (url, headers, response.get_json())
     assert smb_service.list_users(catalog) == [] and _passdb_names(config) == []
@@ -51,37 +54,59 @@ def test_api_scopes_users_and_shares(app, appliance):
     assert made.get_json()["access"] == "rw" and made.get_json()["guest"] is False
     listed = client.get("/api/v1/smb/shares", headers=reader)
     assert listed.status_code == 200 and [s["name"] for s in listed.get_json()] == ["data"]
-    for body, field in (({"path": "/no/such"}, "path"), ({"clients": "300.1.1.1"}, "clients"),
-                        ({"users": "Bad Name"}, "users"), ({"name": "homes"}, "name")):
+    for body, field in (
+        ({"path": "/no/such"}, "path"),
+        ({"clients": "300.1.1.1"}, "clients"),
+        ({"users": "Bad Name"}, "users"),
+        ({"name": "homes"}, "name"),
+    ):
         response = client.patch(f"/api/v1/smb/shares/{share_id}", json=body, headers=admin)
         assert response.status_code == 400 and field in response.get_json()["error"], body
-    changed = client.patch(f"/api/v1/smb/shares/{share_id}",
-                           json={"access": "ro", "case_insensitive": True}, headers=admin)
+    changed = client.patch(
+        f"/api/v1/smb/shares/{share_id}",
+        json={"access": "ro", "case_insensitive": True},
+        headers=admin,
+    )
     assert changed.status_code == 200
     assert changed.get_json()["access"] == "ro" and changed.get_json()["case_insensitive"]
 
-    put = client.put("/api/v1/smb/users/alice/password", json={"password": "new pw"},
-                     headers=admin)
+    put = client.put("/api/v1/smb/users/alice/password", json={"password": "new pw"}, headers=admin)
     assert put.status_code == 200 and put.get_json()["name"] == "alice"
-    missing = client.put("/api/v1/smb/users/nobody2/password", json={"password": "pw"},
-                         headers=admin)
+    missing = client.put(
+        "/api/v1/smb/users/nobody2/password", json={"password": "pw"}, headers=admin
+    )
     assert missing.status_code == 404
-    assert client.delete(f"/api/v1/smb/shares/{share_id}", headers=admin).get_json() == \
-        {"deleted": share_id}
-    assert client.delete("/api/v1/smb/users/alice", headers=admin).get_json() == \
-        {"deleted": "alice"}
+    assert client.delete(f"/api/v1/smb/shares/{share_id}", headers=admin).get_json() == {
+        "deleted": share_id
+    }
+    assert client.delete("/api/v1/smb/users/alice", headers=admin).get_json() == {
+        "deleted": "alice"
+    }
     assert _passdb_names(config) == []
     kinds = [e.kind for e in events.recent(catalog, 20) if e.kind.startswith("smb.")]
-    assert kinds == ["smb.user.delete", "smb.share.delete", "smb.user.password",
-                     "smb.share.update", "smb.share.create", "smb.user.create"]
+    assert kinds == [
+        "smb.user.delete",
+        "smb.share.delete",
+        "smb.user.password",
+        "smb.share.update",
+        "smb.share.create",
+        "smb.user.create",
+    ]
     assert {e.actor for e in events.recent(catalog, 20) if e.kind.startswith("smb.")} == {"admin"}
 
     doc = client.get("/api/v1/openapi.json").get_json()
     assert doc["paths"]["/api/v1/smb/shares"]["get"]["x-required-scope"] == "read-only"
     assert doc["paths"]["/api/v1/smb/users"]["post"]["x-required-scope"] == "admin"
     params = doc["paths"]["/api/v1/smb/users/{name}/password"]["put"]["parameters"]
-    assert params == [{"name": "name", "in": "path", "required": True, "description": "name",
-                       "schema": {"type": "string"}}]
+    assert params == [
+        {
+            "name": "name",
+            "in": "path",
+            "required": True,
+            "description": "name",
+            "schema": {"type": "string"},
+        }
+    ]
 
 
 def test_status_and_metrics_when_smb_is_not_enabled(app, appliance):
@@ -103,13 +128,26 @@ def test_pages_confirm_deletes_and_name_the_admin(web, appliance):
     assert web.post("/smb/users", {"name": "carol", "password": "pw one"}).status_code == 302
     assert _passdb_names(config) == ["carol"]
     assert web.post("/smb/users/carol/password", {"password": "pw two"}).status_code == 302
-    assert web.post("/smb/shares", {"name": "Team", "path": "/", "access": "rw",
-                                    "clients": "0.0.0.0/0", "users": "carol",
-                                    "case_insensitive": "on"}).status_code == 302
+    assert (
+        web.post(
+            "/smb/shares",
+            {
+                "name": "Team",
+                "path": "/",
+                "access": "rw",
+                "clients": "0.0.0.0/0",
+                "users": "carol",
+                "case_insensitive": "on",
+            },
+        ).status_code
+        == 302
+    )
     share = smb_service.get_share(catalog, "Team")
     assert share.users == "carol" and share.case_insensitive and not share.guest
-    edit = web.post(f"/smb/shares/{share.id}", {"name": "Team", "path": "/", "access": "ro",
-                                                 "clients": "0.0.0.0/0", "users": "carol"})
+    edit = web.post(
+        f"/smb/shares/{share.id}",
+        {"name": "Team", "path": "/", "access": "ro", "clients": "0.0.0.0/0", "users": "carol"},
+    )
     assert edit.status_code == 302
     assert smb_service.get_share(catalog, share.id).read_only
     assert not smb_service.get_share(catalog, share.id).case_insensitive  # unticked box

@@ -1,5 +1,6 @@
 """The SMB page in Debian's chromium (Playwright): add a user with a password, add a share for
 them, edit it, change the password, delete both after the confirmation page."""
+
 from __future__ import annotations
 
 from appliance.smb.samba import SambaLayout, SambaPassdb
@@ -51,8 +52,13 @@ def test_smb_shares_and_users_in_the_browser(server, page, live):  # noqa: F811
     page.click(f"{form} button[type=submit]")
     page.wait_for_selector("#smb-shares tr[data-share=team]")
     share = smb_service.get_share(catalog, "team")
-    assert (share.path, share.users, share.clients, share.case_insensitive, share.access) == \
-        ("/projects/team", "dana", "127.0.0.1/32,10.0.0.0/8", True, "rw")
+    assert (share.path, share.users, share.clients, share.case_insensitive, share.access) == (
+        "/projects/team",
+        "dana",
+        "127.0.0.1/32,10.0.0.0/8",
+        True,
+        "rw",
+    )
 
     page.click("#smb-shares tr[data-share=team] a:has-text('Edit')")
     page.wait_for_selector("#edit-share")
@@ -83,6 +89,12 @@ def test_smb_shares_and_users_in_the_browser(server, page, live):  # noqa: F811
     assert "No SMB users" in page.inner_text("main")
     assert smb_service.list_users(catalog) == [] and passdb.names() == []
     done = [e for e in events.recent(catalog, 20) if e.kind.startswith("smb.")]
-    assert [e.kind for e in done] == ["smb.user.delete", "smb.share.delete", "smb.user.password",
-                                      "smb.share.update", "smb.share.create", "smb.user.create"]
+    assert [e.kind for e in done] == [
+        "smb.user.delete",
+        "smb.share.delete",
+        "smb.user.password",
+        "smb.share.update",
+        "smb.share.create",
+        "smb.user.create",
+    ]
     assert {e.actor for e in done} == {ADMIN}

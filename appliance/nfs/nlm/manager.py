@@ -10,6 +10,7 @@ service, found through the port mapper of the client's host. When that callback 
 made (no route back, no rpcbind on the client) the lock stays taken for the waiter: Linux
 lockd re-sends the blocked NLM_LOCK every 30 s and gets NLM4_GRANTED; a grant nobody picks
 up within ``GRANT_PICKUP_SECONDS`` is released."""
+
 from __future__ import annotations
 
 import errno
@@ -38,12 +39,20 @@ class NlmError(Exception):
         self.status = status
 
 
-CODES = access.Codes(NlmError, badhandle=t.NLM4_STALE_FH, stale=t.NLM4_STALE_FH,
-                     access=t.NLM4_FAILED, rofs=t.NLM4_ROFS, io=t.NLM4_FAILED,
-                     delay=t.NLM4_DENIED_NOLOCKS, serverfault=t.NLM4_FAILED,
-                     inval=t.NLM4_FAILED, fbig=t.NLM4_FBIG,
-                     errno_map={errno.ESTALE: t.NLM4_STALE_FH, errno.ENOENT: t.NLM4_STALE_FH},
-                     carries_status=(NlmError,))
+CODES = access.Codes(
+    NlmError,
+    badhandle=t.NLM4_STALE_FH,
+    stale=t.NLM4_STALE_FH,
+    access=t.NLM4_FAILED,
+    rofs=t.NLM4_ROFS,
+    io=t.NLM4_FAILED,
+    delay=t.NLM4_DENIED_NOLOCKS,
+    serverfault=t.NLM4_FAILED,
+    inval=t.NLM4_FAILED,
+    fbig=t.NLM4_FBIG,
+    errno_map={errno.ESTALE: t.NLM4_STALE_FH, errno.ENOENT: t.NLM4_STALE_FH},
+    carries_status=(NlmError,),
+)
 
 
 def nlm_range(offset: int, length: int) -> tuple[int, int]:
@@ -100,11 +109,15 @@ class NlmManager:
         self.waiters: dict[tuple, Waiter] = {}
         self.shares: dict[int, list[Share]] = {}
         self.idle_since: dict[str, float] = {}
-        self.grace_end = (time.monotonic() + grace_seconds
-                          if monitor.previous and grace_seconds > 0 else 0.0)
+        self.grace_end = (
+            time.monotonic() + grace_seconds if monitor.previous and grace_seconds > 0 else 0.0
+        )
         if self.grace_end:
-            log.info("NLM grace period of %d s for %d previous hosts", grace_seconds,
-                     len(monitor.previous))
+            log.info(
+                "NLM grace period of %d s for %d previous hosts",
+                grace_seconds,
+                len(monitor.previous),
+            )
 
     @property
     def state(self):
@@ -142,8 +155,9 @@ class NlmManager:
         ino = self._file(lock.fh, address)
         start, end = nlm_range(lock.l_offset, lock.l_len)
         self._check_grace(False)
-        hit = self.state.nlm_test(self._host(lock, address), owner_of(lock), ino, start, end,
-                                  args.exclusive)
+        hit = self.state.nlm_test(
+            self._host(lock, address), owner_of(lock), ino, start, end, args.exclusive
+        )
         if hit is None:
             return t.NLM4_GRANTED, None
         return t.NLM4_DENIED, self.holder(hit)
@@ -156,7 +170,7 @@ class NlmManager:
             svid = int.from_bytes(lk.owner[:4], "big", signed=True)
             oh = lk.owner[4:]
         else:  # an NFSv4 lock owner
-            svid, oh = 0, lk.owner[:t.MAXNETOBJ_SZ]
+            svid, oh = 0, lk.owner[: t.MAXNETOBJ_SZ]
         return t.nlm4_holder.cls(is_write(rtype), svid, oh, r0, 0 if r1 == INF else r1 - r0)
 
     def lock(self, address: str, args, *, monitored: bool = True) -> int:
@@ -220,8 +234,11 @@ class NlmManager:
         if not unshare:
             self._check_grace(args.reclaim)
         with self._mutex:
-            mine = [s for s in self.shares.get(ino, [])
-                    if not (s.host == sh.caller_name and s.oh == bytes(sh.oh))]
+            mine = [
+                s
+                for s in self.shares.get(ino, [])
+                if not (s.host == sh.caller_name and s.oh == bytes(sh.oh))
+            ]
             if unshare:
                 status = t.NLM4_GRANTED
             elif any((sh.access & s.mode) or (sh.mode & s.access) for s in mine):
@@ -272,16 +289,19 @@ class NlmManager:
                     self._release_grant(w)
                 continue
             host = self._host(w.lock, w.address)
-            if self.state.nlm_lock(host, owner_of(w.lock), w.ino, w.start, w.end,
-                                   w.exclusive) is None:
+            if (
+                self.state.nlm_lock(host, owner_of(w.lock), w.ino, w.start, w.end, w.exclusive)
+                is None
+            ):
                 w.granted_at = now
                 granted.append(w)
         for w in granted:
             self.submit(self._call_granted, w)
 
     def _release_grant(self, w: Waiter) -> None:
-        self.state.nlm_unlock(self._host(w.lock, w.address), owner_of(w.lock), w.ino,
-                              w.start, w.end)
+        self.state.nlm_unlock(
+            self._host(w.lock, w.address), owner_of(w.lock), w.ino, w.start, w.end
+        )
 
     def submit(self, fn, *args) -> None:
         pool = self.server.pool
@@ -295,10 +315,22 @@ class NlmManager:
             return  # the client's retry picks the grant up
         args = t.nlm4_testargs.encode((w.cookie, w.exclusive, w.lock))
         try:
-            port = getport(w.address, t.NLM_PROGRAM, t.NLM_V4,
-                           pmap_port=self.client_rpcbind_port, timeout=CALLBACK_TIMEOUT)
-            body = rpc_call(w.address, port, t.NLM_PROGRAM, t.NLM_V4, t.NLMPROC4_GRANTED, args,
-                            timeout=CALLBACK_TIMEOUT)
+            port = getport(
+                w.address,
+                t.NLM_PROGRAM,
+                t.NLM_V4,
+                pmap_port=self.client_rpcbind_port,
+                timeout=CALLBACK_TIMEOUT,
+            )
+            body = rpc_call(
+                w.address,
+                port,
+                t.NLM_PROGRAM,
+                t.NLM_V4,
+                t.NLMPROC4_GRANTED,
+                args,
+                timeout=CALLBACK_TIMEOUT,
+            )
             res = t.nlm4_res.decode(body)
         except (RpcCallError, ValueError) as exc:
             # the client polls: its next blocked NLM_LOCK picks the grant up
@@ -309,14 +341,21 @@ class NlmManager:
     def notify_to_res(self, address: str, proc: int, body: bytes) -> None:
         """The answer to an asynchronous _MSG request, sent back as its _RES procedure."""
         if self.server.callback_reaches_self(address):
-            log.info("NLM reply %s to %s not sent: it would reach this server",
-                     t.NLM_PROC_NAMES.get(proc), address)
+            log.info(
+                "NLM reply %s to %s not sent: it would reach this server",
+                t.NLM_PROC_NAMES.get(proc),
+                address,
+            )
             return
         try:
-            port = getport(address, t.NLM_PROGRAM, t.NLM_V4,
-                           pmap_port=self.client_rpcbind_port, timeout=CALLBACK_TIMEOUT)
-            rpc_call(address, port, t.NLM_PROGRAM, t.NLM_V4, proc, body,
-                     timeout=CALLBACK_TIMEOUT)
+            port = getport(
+                address,
+                t.NLM_PROGRAM,
+                t.NLM_V4,
+                pmap_port=self.client_rpcbind_port,
+                timeout=CALLBACK_TIMEOUT,
+            )
+            rpc_call(address, port, t.NLM_PROGRAM, t.NLM_V4, proc, body, timeout=CALLBACK_TIMEOUT)
         except RpcCallError as exc:
             log.info("NLM reply %s to %s failed: %s", t.NLM_PROC_NAMES.get(proc), address, exc)
 

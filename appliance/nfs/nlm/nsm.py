@@ -6,6 +6,7 @@ at every start). After a restart it sends SM_NOTIFY to every host recorded by th
 instance, through that host's port mapper, so that their lock managers reclaim during the
 grace period. ``NsmProgram`` answers SM_STAT/SM_MON/SM_UNMON and takes SM_NOTIFY from a
 rebooted client: that host's locks are freed."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,14 @@ NOTIFY_TIMEOUT = 5.0
 class NsmMonitor:
     """Monitored hosts (caller name -> address) and this server's NSM state, persisted."""
 
-    def __init__(self, catalog, *, my_name: str, client_rpcbind_port: int = 111,
-                 unreachable=lambda address: False):
+    def __init__(
+        self,
+        catalog,
+        *,
+        my_name: str,
+        client_rpcbind_port: int = 111,
+        unreachable=lambda address: False,
+    ):
         self.catalog = catalog
         self.unreachable = unreachable  # address -> True when a callback cannot reach it
         self.my_name = my_name
@@ -75,8 +82,11 @@ class NsmMonitor:
         reached = 0
         for name, address in sorted(self.previous.items()):
             if self.unreachable(address):
-                log.info("SM_NOTIFY to %s (%s) skipped: it would reach this server's own "
-                         "port mapper", name, address)
+                log.info(
+                    "SM_NOTIFY to %s (%s) skipped: it would reach this server's own port mapper",
+                    name,
+                    address,
+                )
                 continue
             for attempt in range(NOTIFY_ATTEMPTS):
                 try:
@@ -84,16 +94,33 @@ class NsmMonitor:
                     reached += 1
                     break
                 except RpcCallError as exc:
-                    log.info("SM_NOTIFY to %s (%s) attempt %d failed: %s", name, address,
-                             attempt + 1, exc)
+                    log.info(
+                        "SM_NOTIFY to %s (%s) attempt %d failed: %s",
+                        name,
+                        address,
+                        attempt + 1,
+                        exc,
+                    )
                     time.sleep(1.0)
         return reached
 
     def notify(self, name: str, address: str) -> None:
-        port = getport(address, t.NSM_PROGRAM, t.NSM_V1, pmap_port=self.client_rpcbind_port,
-                       timeout=NOTIFY_TIMEOUT)
-        rpc_call(address, port, t.NSM_PROGRAM, t.NSM_V1, t.SM_NOTIFY,
-                 t.stat_chge.encode((self.my_name, self.state)), timeout=NOTIFY_TIMEOUT)
+        port = getport(
+            address,
+            t.NSM_PROGRAM,
+            t.NSM_V1,
+            pmap_port=self.client_rpcbind_port,
+            timeout=NOTIFY_TIMEOUT,
+        )
+        rpc_call(
+            address,
+            port,
+            t.NSM_PROGRAM,
+            t.NSM_V1,
+            t.SM_NOTIFY,
+            t.stat_chge.encode((self.my_name, self.state)),
+            timeout=NOTIFY_TIMEOUT,
+        )
         self.notified[name] = True
         log.info("SM_NOTIFY sent to %s (%s): state %d", name, address, self.state)
 
@@ -122,8 +149,13 @@ class NsmProgram:
         if proc == t.SM_NOTIFY:
             self.server.counters.op("nsm_notify")
             freed = nlm.host_rebooted(args.mon_name)
-            log.info("SM_NOTIFY from %s (%s), state %d: %d lock owners freed", args.mon_name,
-                     address, args.state, freed)
+            log.info(
+                "SM_NOTIFY from %s (%s), state %d: %d lock owners freed",
+                args.mon_name,
+                address,
+                args.state,
+                freed,
+            )
             value = None
         elif proc == t.SM_STAT:
             value = t.sm_stat_res.cls(t.STAT_SUCC, state)

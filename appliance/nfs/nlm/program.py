@@ -2,6 +2,7 @@
 (appliance.nfs.nlm.manager) in a worker thread and encodes the result; a failure becomes
 the procedure's nlm4_stats. The asynchronous _MSG requests are answered with void at once
 and their result is sent back to the client's NLM service as the matching _RES call."""
+
 from __future__ import annotations
 
 import logging
@@ -47,8 +48,7 @@ class NlmProgram:
             return []  # answers to calls this server never makes
         if proc == t.NLMPROC4_FREE_ALL:
             freed = nlm.host_rebooted(args.name)
-            log.info("NLM FREE_ALL from %s for %s: %d lock owners freed", address, args.name,
-                     freed)
+            log.info("NLM FREE_ALL from %s for %s: %d lock owners freed", address, args.name, freed)
             return []
         return [self.execute(proc, args, address)]
 

@@ -17,6 +17,7 @@ that has arrived is received in one buffer with no extra copy, and one that
 trickles in grows that buffer geometrically. The connection sweep
 (``check_timeouts``) closes connections that sit idle or leave a record
 unfinished for too long."""
+
 from __future__ import annotations
 
 import array
@@ -107,8 +108,12 @@ class RpcConnection(asyncio.BufferedProtocol):
         limit = self.limits.max_connections
         if len(self.server.connections) >= limit:
             _limits_log.warning(
-                "max_connections", "connection limit reached (nfs.max_connections = %d): "
-                "closing new connections, the latest from %s", limit, self.peer[0])
+                "max_connections",
+                "connection limit reached (nfs.max_connections = %d): "
+                "closing new connections, the latest from %s",
+                limit,
+                self.peer[0],
+            )
             self.closed = True
             transport.abort()
             return
@@ -162,7 +167,7 @@ class RpcConnection(asyncio.BufferedProtocol):
             self._grow_scan()
         if self.rend == len(self.rbuf):
             self._compact()
-        return memoryview(self.rbuf)[self.rend:]
+        return memoryview(self.rbuf)[self.rend :]
 
     def buffer_updated(self, nbytes):
         self.last_active = time.monotonic()
@@ -192,7 +197,7 @@ class RpcConnection(asyncio.BufferedProtocol):
     def _compact(self):
         left = self.rend - self.rstart
         if self.rstart:
-            self.rbuf[:left] = self.rbuf[self.rstart:self.rend]
+            self.rbuf[:left] = self.rbuf[self.rstart : self.rend]
         self.rstart, self.rend = 0, left
 
     def _grow_scan(self) -> None:
@@ -204,7 +209,7 @@ class RpcConnection(asyncio.BufferedProtocol):
             return
         left = self.rend - self.rstart
         self.rbuf = bytearray(size)
-        self.rbuf[:left] = memoryview(old)[self.rstart:self.rend]
+        self.rbuf[:left] = memoryview(old)[self.rstart : self.rend]
         self.rstart, self.rend = 0, left
         self.held_buffers += size - len(old)
 
@@ -230,8 +235,10 @@ class RpcConnection(asyncio.BufferedProtocol):
     def _allow(self, n: int) -> bool:
         """Take n more request bytes from both budgets, or mark the connection starved (it
         stops reading until calls are answered or other connections give bytes back)."""
-        if (self.held_buffers + self.held_in_flight + n <= self.limits.connection_budget
-                and self.budget.try_take(n)):
+        if (
+            self.held_buffers + self.held_in_flight + n <= self.limits.connection_budget
+            and self.budget.try_take(n)
+        ):
             return True
         if not self.starved:
             self.starved = True
@@ -247,9 +254,13 @@ class RpcConnection(asyncio.BufferedProtocol):
             length = header & 0x7FFFFFFF
             if self.frags_len + length > self.max_record:
                 _limits_log.warning(
-                    "max_record_size", "record of %d+ bytes from %s exceeds nfs.max_record_size "
-                    "(%d): closing the connection", self.frags_len + length, self.peer[0],
-                    self.max_record)
+                    "max_record_size",
+                    "record of %d+ bytes from %s exceeds nfs.max_record_size "
+                    "(%d): closing the connection",
+                    self.frags_len + length,
+                    self.peer[0],
+                    self.max_record,
+                )
                 self.abort()
                 return
             start = self.rstart + 4
@@ -258,7 +269,7 @@ class RpcConnection(asyncio.BufferedProtocol):
                 self.rstart = start + length
                 self.held_buffers += length
                 self.budget.take(length)
-                self._fragment_done(bytes(rbuf[start:start + length]), last)
+                self._fragment_done(bytes(rbuf[start : start + length]), last)
                 continue
             if 4 + length <= len(rbuf):
                 break  # it fits in the scan buffer: wait for the rest there
@@ -270,7 +281,7 @@ class RpcConnection(asyncio.BufferedProtocol):
             if not self._allow(size):
                 return
             buf = bytearray(size)
-            buf[:have] = memoryview(rbuf)[start:self.rend]
+            buf[:have] = memoryview(rbuf)[start : self.rend]
             self.held_buffers += size
             self.rstart = self.rend = 0
             self.direct = [buf, have, length, last]
@@ -396,10 +407,12 @@ class RpcConnection(asyncio.BufferedProtocol):
         if self.transport is None or self.closed:
             return
         with self._flow_lock:
-            want_pause = (self.writing_paused or self.starved
-                          or self.in_flight >= self.MAX_IN_FLIGHT
-                          or self.held_buffers + self.held_in_flight
-                          > self.limits.connection_budget)
+            want_pause = (
+                self.writing_paused
+                or self.starved
+                or self.in_flight >= self.MAX_IN_FLIGHT
+                or self.held_buffers + self.held_in_flight > self.limits.connection_budget
+            )
         if want_pause and not self.reading_paused:
             self.reading_paused = True
             self.transport.pause_reading()
@@ -420,7 +433,10 @@ class RpcConnection(asyncio.BufferedProtocol):
             _limits_log.warning(
                 "record_timeout",
                 "%s has not read its replies for %g s (nfs.record_timeout_seconds): closing the "
-                "connection", self.peer[0], limits.record_timeout)
+                "connection",
+                self.peer[0],
+                limits.record_timeout,
+            )
             self.abort()
             return
         if self.record_since is not None:
@@ -440,12 +456,12 @@ class RpcConnection(asyncio.BufferedProtocol):
         quiet = now - self.last_active
         if quiet > 1.0:
             self.shrink_scan()
-        timeout = (limits.session_idle_timeout if self.server.holds_state(self)
-                   else limits.idle_timeout)
+        timeout = (
+            limits.session_idle_timeout if self.server.holds_state(self) else limits.idle_timeout
+        )
         if quiet > timeout:
             log.debug("connection from %s:%d idle for %.0f s: closing", *self.peer, quiet)
             self.abort()
-
 
     # -- calls ------------------------------------------------------------------------------
     def _dispatch(self, record):
@@ -462,8 +478,9 @@ class RpcConnection(asyncio.BufferedProtocol):
                 log.debug("garbage call from %s: %s", self.peer[0], exc)
                 return [accepted(xid, GARBAGE_ARGS)]
             return None
-        log.debug("call prog %d vers %d proc %d from %s", call.prog, call.vers, call.proc,
-                  self.peer[0])
+        log.debug(
+            "call prog %d vers %d proc %d from %s", call.prog, call.vers, call.proc, self.peer[0]
+        )
         program = self.server.programs.get(call.prog)
         if program is None:
             return [accepted(call.xid, PROG_UNAVAIL)]

@@ -8,6 +8,7 @@ and every byte it holds for requests, from the first byte of a record until
 its call is answered, is counted against its own budget and the server's.
 Past either budget the connection stops reading, so TCP pushes back on the
 client; it reads again as its calls are answered."""
+
 from __future__ import annotations
 
 import threading
@@ -32,12 +33,16 @@ class NetLimits:
 
     def __post_init__(self) -> None:
         if self.connection_budget < self.max_record_size + SCAN_BUFFER_MAX:
-            raise ValueError(f"connection budget {self.connection_budget} is below the record "
-                             f"size {self.max_record_size} + {SCAN_BUFFER_MAX}: a whole record "
-                             "could never arrive")
+            raise ValueError(
+                f"connection budget {self.connection_budget} is below the record "
+                f"size {self.max_record_size} + {SCAN_BUFFER_MAX}: a whole record "
+                "could never arrive"
+            )
         if self.total_budget < self.connection_budget:
-            raise ValueError(f"total budget {self.total_budget} is below one connection's "
-                             f"budget {self.connection_budget}")
+            raise ValueError(
+                f"total budget {self.total_budget} is below one connection's "
+                f"budget {self.connection_budget}"
+            )
         if self.initial_buffer < 1024:
             raise ValueError(f"initial buffer {self.initial_buffer}: at least 1024 bytes")
 
@@ -45,14 +50,16 @@ class NetLimits:
     def from_config(cls, config) -> NetLimits:
         """The ``[nfs]`` limits of a loaded appliance.config.Config."""
         get = config.get
-        return cls(max_record_size=get("nfs.max_record_size"),
-                   max_connections=get("nfs.max_connections"),
-                   initial_buffer=get("nfs.initial_buffer"),
-                   connection_budget=get("nfs.connection_budget"),
-                   total_budget=get("nfs.total_budget"),
-                   idle_timeout=get("nfs.idle_timeout_seconds"),
-                   session_idle_timeout=get("nfs.session_idle_timeout_seconds"),
-                   record_timeout=get("nfs.record_timeout_seconds"))
+        return cls(
+            max_record_size=get("nfs.max_record_size"),
+            max_connections=get("nfs.max_connections"),
+            initial_buffer=get("nfs.initial_buffer"),
+            connection_budget=get("nfs.connection_budget"),
+            total_budget=get("nfs.total_budget"),
+            idle_timeout=get("nfs.idle_timeout_seconds"),
+            session_idle_timeout=get("nfs.session_idle_timeout_seconds"),
+            record_timeout=get("nfs.record_timeout_seconds"),
+        )
 
     @property
     def sweep_period(self) -> float:

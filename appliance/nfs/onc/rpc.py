@@ -7,6 +7,7 @@ bytes-like), or ``InWorker(fn, *args)`` when the answer needs blocking work
 (``fn`` then runs in a worker thread and returns the chunks), or raises
 ``RpcReject``. The connection (record marking, replies) is in
 ``appliance.nfs.onc.connection``."""
+
 from __future__ import annotations
 
 import logging
@@ -26,10 +27,25 @@ AUTH_OK, AUTH_BADCRED, AUTH_REJECTEDCRED, AUTH_BADVERF, AUTH_REJECTEDVERF, AUTH_
 AUTH_NONE, AUTH_SYS, RPCSEC_GSS = 0, 1, 6
 
 opaque_auth = Struct("opaque_auth", ("flavor", UInt), ("body", Opaque(400)))
-call_body = Struct("call_body", ("xid", UInt), ("mtype", UInt), ("rpcvers", UInt), ("prog", UInt),
-                   ("vers", UInt), ("proc", UInt), ("cred", opaque_auth), ("verf", opaque_auth))
-authsys_parms = Struct("authsys_parms", ("stamp", UInt), ("machinename", String(255)),
-                       ("uid", UInt), ("gid", UInt), ("gids", Array(UInt, 16)))
+call_body = Struct(
+    "call_body",
+    ("xid", UInt),
+    ("mtype", UInt),
+    ("rpcvers", UInt),
+    ("prog", UInt),
+    ("vers", UInt),
+    ("proc", UInt),
+    ("cred", opaque_auth),
+    ("verf", opaque_auth),
+)
+authsys_parms = Struct(
+    "authsys_parms",
+    ("stamp", UInt),
+    ("machinename", String(255)),
+    ("uid", UInt),
+    ("gid", UInt),
+    ("gids", Array(UInt, 16)),
+)
 
 # xid, REPLY, MSG_ACCEPTED, verf flavor, verf len, accept_stat
 _REPLY_HEAD = struct.Struct(">IIIIII")
@@ -121,7 +137,8 @@ def decode_args(argtype, call, record, pos):
         log.debug("garbage arguments for prog %d proc %d: %s", call.prog, call.proc, exc)
         raise RpcReject(accepted(call.xid, GARBAGE_ARGS)) from None
     if end != len(record):
-        log.debug("prog %d proc %d: %d bytes after the arguments", call.prog, call.proc,
-                  len(record) - end)
+        log.debug(
+            "prog %d proc %d: %d bytes after the arguments", call.prog, call.proc, len(record) - end
+        )
         raise RpcReject(accepted(call.xid, GARBAGE_ARGS))
     return args

@@ -11,6 +11,7 @@ surrogateescape so any bytes round-trip), arrays are ``list``, optionals are
 the value or ``None``, structs are instances of a generated slotted class
 (also accepting tuples on encode), unions are ``(discriminant, arm value)``.
 """
+
 from __future__ import annotations
 
 import struct
@@ -99,14 +100,16 @@ class _Fixed(XdrType):
         try:
             p.buf += self._pack(value)
         except struct.error as exc:
-            raise XdrError(f"{self.name}: cannot encode {value!r}: "
-                           f"expected {self.lo}..{self.hi}") from exc
+            raise XdrError(
+                f"{self.name}: cannot encode {value!r}: expected {self.lo}..{self.hi}"
+            ) from exc
 
     def unpack(self, buf, pos):
         end = pos + self.size
         if end > len(buf):
-            raise XdrError(f"{self.name}: needs {self.size} bytes at offset {pos}, "
-                           f"{len(buf) - pos} left")
+            raise XdrError(
+                f"{self.name}: needs {self.size} bytes at offset {pos}, {len(buf) - pos} left"
+            )
         return self._unpack(buf, pos)[0], end
 
 
@@ -179,8 +182,9 @@ class FixedOpaque(XdrType):
     def unpack(self, buf, pos):
         end = pos + self.size
         if pos + self.padded > len(buf):
-            raise XdrError(f"{self.name}: needs {self.padded} bytes at offset {pos}, "
-                           f"{len(buf) - pos} left")
+            raise XdrError(
+                f"{self.name}: needs {self.padded} bytes at offset {pos}, {len(buf) - pos} left"
+            )
         return bytes(buf[pos:end]), pos + self.padded
 
 
@@ -212,8 +216,10 @@ class Opaque(XdrType):
         start = pos + 4
         end = start + n
         if end + (-n) % 4 > len(buf):
-            raise XdrError(f"{self.name}: length {n} at offset {pos} runs past the end "
-                           f"({len(buf) - start} left)")
+            raise XdrError(
+                f"{self.name}: length {n} at offset {pos} runs past the end "
+                f"({len(buf) - start} left)"
+            )
         if n >= BIG_CHUNK:
             value = memoryview(buf)[start:end]
         else:
@@ -259,8 +265,9 @@ class Array(XdrType):
         n = _U32.unpack_from(buf, pos)[0]
         # every XDR item takes at least 4 bytes: a count beyond that is a lie
         if (self.maximum is not None and n > self.maximum) or n > (len(buf) - pos - 4) // 4:
-            raise XdrError(f"{self.name}: count {n} at offset {pos} exceeds the maximum or the "
-                           "bytes left")
+            raise XdrError(
+                f"{self.name}: count {n} at offset {pos} exceeds the maximum or the bytes left"
+            )
         pos += 4
         unpack = self.of.unpack
         items = []

@@ -1,6 +1,7 @@
 """The context of an NFSv3 call (``Call3``): the file a handle names (through
 appliance.nfs.access, the checks NFSv4 shares), identities, and fattr3/wcc_data built
 from namespace attributes; the NFSv3 errors and status codes."""
+
 from __future__ import annotations
 
 import errno
@@ -26,13 +27,26 @@ FATTR3_SIZE = 84
 RESOK_OVERHEAD = 4 + 4 + FATTR3_SIZE + 8 + 4 + 4  # status, dir attrs, verifier, list end, eof
 
 ERRNO_TO_NFS3 = {
-    errno.EPERM: t.NFS3ERR_PERM, errno.ENOENT: t.NFS3ERR_NOENT, errno.EIO: t.NFS3ERR_IO,
-    errno.ENXIO: t.NFS3ERR_NXIO, errno.EACCES: t.NFS3ERR_ACCES, errno.EEXIST: t.NFS3ERR_EXIST,
-    errno.EXDEV: t.NFS3ERR_XDEV, errno.ENODEV: t.NFS3ERR_NODEV, errno.ENOTDIR: t.NFS3ERR_NOTDIR,
-    errno.EISDIR: t.NFS3ERR_ISDIR, errno.EINVAL: t.NFS3ERR_INVAL, errno.EFBIG: t.NFS3ERR_FBIG,
-    errno.ENOSPC: t.NFS3ERR_NOSPC, errno.EROFS: t.NFS3ERR_ROFS, errno.EMLINK: t.NFS3ERR_MLINK,
-    errno.ENAMETOOLONG: t.NFS3ERR_NAMETOOLONG, errno.ENOTEMPTY: t.NFS3ERR_NOTEMPTY,
-    errno.EDQUOT: t.NFS3ERR_DQUOT, errno.ESTALE: t.NFS3ERR_STALE, errno.ENODATA: t.NFS3ERR_NOENT,
+    errno.EPERM: t.NFS3ERR_PERM,
+    errno.ENOENT: t.NFS3ERR_NOENT,
+    errno.EIO: t.NFS3ERR_IO,
+    errno.ENXIO: t.NFS3ERR_NXIO,
+    errno.EACCES: t.NFS3ERR_ACCES,
+    errno.EEXIST: t.NFS3ERR_EXIST,
+    errno.EXDEV: t.NFS3ERR_XDEV,
+    errno.ENODEV: t.NFS3ERR_NODEV,
+    errno.ENOTDIR: t.NFS3ERR_NOTDIR,
+    errno.EISDIR: t.NFS3ERR_ISDIR,
+    errno.EINVAL: t.NFS3ERR_INVAL,
+    errno.EFBIG: t.NFS3ERR_FBIG,
+    errno.ENOSPC: t.NFS3ERR_NOSPC,
+    errno.EROFS: t.NFS3ERR_ROFS,
+    errno.EMLINK: t.NFS3ERR_MLINK,
+    errno.ENAMETOOLONG: t.NFS3ERR_NAMETOOLONG,
+    errno.ENOTEMPTY: t.NFS3ERR_NOTEMPTY,
+    errno.EDQUOT: t.NFS3ERR_DQUOT,
+    errno.ESTALE: t.NFS3ERR_STALE,
+    errno.ENODATA: t.NFS3ERR_NOENT,
     errno.ENOTSUP: t.NFS3ERR_NOTSUPP,
 }
 
@@ -43,11 +57,20 @@ class Nfs3Error(Exception):
         self.status = status
 
 
-CODES = access.Codes(Nfs3Error, badhandle=t.NFS3ERR_BADHANDLE, stale=t.NFS3ERR_STALE,
-                     access=t.NFS3ERR_ACCES, rofs=t.NFS3ERR_ROFS, io=t.NFS3ERR_IO,
-                     delay=t.NFS3ERR_JUKEBOX, serverfault=t.NFS3ERR_SERVERFAULT,
-                     inval=t.NFS3ERR_INVAL, fbig=t.NFS3ERR_FBIG,
-                     errno_map=ERRNO_TO_NFS3, carries_status=(Nfs3Error,))
+CODES = access.Codes(
+    Nfs3Error,
+    badhandle=t.NFS3ERR_BADHANDLE,
+    stale=t.NFS3ERR_STALE,
+    access=t.NFS3ERR_ACCES,
+    rofs=t.NFS3ERR_ROFS,
+    io=t.NFS3ERR_IO,
+    delay=t.NFS3ERR_JUKEBOX,
+    serverfault=t.NFS3ERR_SERVERFAULT,
+    inval=t.NFS3ERR_INVAL,
+    fbig=t.NFS3ERR_FBIG,
+    errno_map=ERRNO_TO_NFS3,
+    carries_status=(Nfs3Error,),
+)
 
 
 def status_of(exc: Exception) -> int:
@@ -112,9 +135,21 @@ class Call3:
     def fattr(self, rule, a: Attr):
         fsid = (self.server.handles.fsid + rule.id) & ((1 << 64) - 1)
         rdev = t.specdata3.cls((a.rdev >> 32) & 0xFFFFFFFF, a.rdev & 0xFFFFFFFF)
-        return t.fattr3.cls(a.type, a.mode & 0o7777, min(a.nlink, 0xFFFFFFFF), a.uid, a.gid,
-                            a.size, (a.size + 4095) & ~4095, rdev, fsid, a.ino,
-                            nfstime(a.atime_ns), nfstime(a.mtime_ns), nfstime(a.ctime_ns))
+        return t.fattr3.cls(
+            a.type,
+            a.mode & 0o7777,
+            min(a.nlink, 0xFFFFFFFF),
+            a.uid,
+            a.gid,
+            a.size,
+            (a.size + 4095) & ~4095,
+            rdev,
+            fsid,
+            a.ino,
+            nfstime(a.atime_ns),
+            nfstime(a.mtime_ns),
+            nfstime(a.ctime_ns),
+        )
 
     def post(self, rule, ino: int):
         """post_op_attr: the current attributes, or none when they cannot be had."""
@@ -161,5 +196,3 @@ def check_name(name: str) -> str:
         except UnicodeEncodeError:
             raise Nfs3Error(t.NFS3ERR_INVAL, "file name is not UTF-8") from None
     return name
-
-

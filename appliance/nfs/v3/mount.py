@@ -4,6 +4,7 @@ handle for NFSv3 clients, on the NFS server's own TCP port.
 MNT refuses clients outside the export's networks with MNT3ERR_ACCES; a
 path below an export name mounts that subdirectory. The mount list (DUMP)
 is advisory, kept in memory as RFC 1813 allows."""
+
 from __future__ import annotations
 
 import errno
@@ -27,9 +28,14 @@ from engine.ratelog import RateLimitedLog
 log = logging.getLogger("shingle.nfs.mount")
 _refusals = RateLimitedLog(log)
 
-ERRNO_TO_MNT3 = {errno.ENOENT: t.MNT3ERR_NOENT, errno.EACCES: t.MNT3ERR_ACCES,
-                 errno.ENOTDIR: t.MNT3ERR_NOTDIR, errno.EINVAL: t.MNT3ERR_INVAL,
-                 errno.ENAMETOOLONG: t.MNT3ERR_NAMETOOLONG, errno.EPERM: t.MNT3ERR_PERM}
+ERRNO_TO_MNT3 = {
+    errno.ENOENT: t.MNT3ERR_NOENT,
+    errno.EACCES: t.MNT3ERR_ACCES,
+    errno.ENOTDIR: t.MNT3ERR_NOTDIR,
+    errno.EINVAL: t.MNT3ERR_INVAL,
+    errno.ENAMETOOLONG: t.MNT3ERR_NAMETOOLONG,
+    errno.EPERM: t.MNT3ERR_PERM,
+}
 
 
 class MountError(Exception):
@@ -39,11 +45,20 @@ class MountError(Exception):
 
 
 # MOUNT has no status for "try later" and none for a bad handle (it takes none)
-CODES = access.Codes(MountError, badhandle=t.MNT3ERR_SERVERFAULT, stale=t.MNT3ERR_SERVERFAULT,
-                     access=t.MNT3ERR_ACCES, rofs=t.MNT3ERR_SERVERFAULT, io=t.MNT3ERR_IO,
-                     delay=t.MNT3ERR_SERVERFAULT, serverfault=t.MNT3ERR_SERVERFAULT,
-                     inval=t.MNT3ERR_INVAL, fbig=t.MNT3ERR_INVAL,
-                     errno_map=ERRNO_TO_MNT3, carries_status=(MountError,))
+CODES = access.Codes(
+    MountError,
+    badhandle=t.MNT3ERR_SERVERFAULT,
+    stale=t.MNT3ERR_SERVERFAULT,
+    access=t.MNT3ERR_ACCES,
+    rofs=t.MNT3ERR_SERVERFAULT,
+    io=t.MNT3ERR_IO,
+    delay=t.MNT3ERR_SERVERFAULT,
+    serverfault=t.MNT3ERR_SERVERFAULT,
+    inval=t.MNT3ERR_INVAL,
+    fbig=t.MNT3ERR_INVAL,
+    errno_map=ERRNO_TO_MNT3,
+    carries_status=(MountError,),
+)
 
 
 def split_path(path: str) -> tuple[str, ...]:
@@ -103,8 +118,9 @@ class MountProgram:
             if status == t.MNT3ERR_SERVERFAULT:
                 access.log_failure(CODES, status, "MNT", address, exc)
             else:  # one line per interval and status: any client may ask as fast as it likes
-                _refusals.log(logging.INFO, status, "MNT %r from %s refused: %s", path,
-                              address, exc)
+                _refusals.log(
+                    logging.INFO, status, "MNT %r from %s refused: %s", path, address, exc
+                )
             return (status, None)
         with self._lock:
             self.mounts.add((address, "/" + "/".join(split_path(path))))
@@ -123,7 +139,7 @@ class MountProgram:
         attr = access.enter_export(self.server, best, address, CODES)
         ns = self.server.namespace
         ucred = best.cred(cred.uid, cred.gid, cred.gids)
-        for part in parts[len(best.parts):]:
+        for part in parts[len(best.parts) :]:
             attr = ns.lookup(ucred, attr.ino, part)
         if attr.type != DIR:
             raise MountError(t.MNT3ERR_NOTDIR, f"{path!r} is not a directory")

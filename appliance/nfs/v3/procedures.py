@@ -7,6 +7,7 @@ a ``Call3`` context and the arguments decoded from their declared XDR type
 engine.errors exception, which becomes the NFS3ERR_* status with the
 procedure's resfail value (appliance.nfs.v3.program). Calls run in the server's
 worker threads."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -39,6 +40,7 @@ def procedure(proc: int) -> Callable[[Callable], Callable]:
     def register(fn: Callable) -> Callable:
         HANDLERS3[proc] = fn
         return fn
+
     return register
 
 
@@ -79,8 +81,9 @@ def lookup(cx: Call3, a):
         child = cx.ns.lookup(cx.cred(node.rule), node.attr.ino, name)
         if name == "..":  # the directory was moved out of the export since it was inside
             export_access.need_inside(cx.server, node.rule, child, CODES)
-    return t.LOOKUP3resok.cls(cx.fh(node.rule, child), cx.fattr(node.rule, child),
-                              cx.post(node.rule, node.attr.ino))
+    return t.LOOKUP3resok.cls(
+        cx.fh(node.rule, child), cx.fattr(node.rule, child), cx.post(node.rule, node.attr.ino)
+    )
 
 
 @procedure(t.NFSPROC3_READLINK)
@@ -88,8 +91,9 @@ def readlink(cx: Call3, fh):
     node = cx.node(fh)
     if node.attr.type != LNK:
         raise Nfs3Error(t.NFS3ERR_INVAL, f"inode {node.attr.ino} is not a symbolic link")
-    return t.READLINK3resok.cls(cx.fattr(node.rule, node.attr),
-                                bytes(cx.ns.readlink(node.attr.ino)))
+    return t.READLINK3resok.cls(
+        cx.fattr(node.rule, node.attr), bytes(cx.ns.readlink(node.attr.ino))
+    )
 
 
 def _regular(node: Node3) -> None:
@@ -128,14 +132,16 @@ def write(cx: Call3, a):
     if a.count > len(a.data):
         raise Nfs3Error(t.NFS3ERR_INVAL, f"WRITE count {a.count} but {len(a.data)} bytes of data")
     if a.offset + a.count > MAX_FILE_SIZE:
-        raise Nfs3Error(t.NFS3ERR_FBIG, f"write to offset {a.offset}+{a.count} exceeds the "
-                                        "maximum file size")
-    data = a.data[:a.count]
+        raise Nfs3Error(
+            t.NFS3ERR_FBIG, f"write to offset {a.offset}+{a.count} exceeds the maximum file size"
+        )
+    data = a.data[: a.count]
     stable = a.stable != t.UNSTABLE
     count = cx.ns.write(attr.ino, a.offset, data, stable=stable)
     cx.server.counters.write(count)
-    return t.WRITE3resok.cls(cx.wcc(node), count, t.FILE_SYNC if stable else t.UNSTABLE,
-                             cx.server.write_verifier)
+    return t.WRITE3resok.cls(
+        cx.wcc(node), count, t.FILE_SYNC if stable else t.UNSTABLE, cx.server.write_verifier
+    )
 
 
 @procedure(t.NFSPROC3_COMMIT)
@@ -193,8 +199,9 @@ def create(cx: Call3, a):
         # UNCHECKED on an existing file: only the size applies (truncate)
         if attrs.size is not None:
             if attrs.size > MAX_FILE_SIZE:
-                raise Nfs3Error(t.NFS3ERR_FBIG,
-                                f"size {attrs.size}: at most {MAX_FILE_SIZE}") from None
+                raise Nfs3Error(
+                    t.NFS3ERR_FBIG, f"size {attrs.size}: at most {MAX_FILE_SIZE}"
+                ) from None
             cx.ns.setattr(cred, child.ino, size=attrs.size)
         return _created(cx, node, child)
     cx.apply_sattr(node.rule, child.ino, attrs, skip_mode=True)
@@ -228,8 +235,9 @@ def mknod(cx: Call3, a):
     elif ftype in (t.NF3SOCK, t.NF3FIFO):
         attrs, rdev = what, 0
     else:
-        raise Nfs3Error(t.NFS3ERR_BADTYPE,
-                        f"MKNOD of type {ftype}: expected CHR, BLK, SOCK or FIFO")
+        raise Nfs3Error(
+            t.NFS3ERR_BADTYPE, f"MKNOD of type {ftype}: expected CHR, BLK, SOCK or FIFO"
+        )
     kind = {t.NF3CHR: CHR, t.NF3BLK: BLK, t.NF3SOCK: SOCK, t.NF3FIFO: FIFO}[ftype]
     perm = attrs.mode & 0o7777 if attrs.mode is not None else 0o644
     child = cx.ns.mknod(cx.cred(node.rule), node.attr.ino, a.where.name, kind, perm, rdev)
@@ -298,8 +306,11 @@ def _listing(cx: Call3, node: Node3, cookie: int, dircount: int, maxcount: int, 
         used += size
         dir_used += base
         if plus:
-            out.append(t.entryplus3.cls(entry.attr.ino, entry.name, entry.cookie,
-                                        cx.fattr(node.rule, entry.attr), fh))
+            out.append(
+                t.entryplus3.cls(
+                    entry.attr.ino, entry.name, entry.cookie, cx.fattr(node.rule, entry.attr), fh
+                )
+            )
         else:
             out.append(t.entry3.cls(entry.attr.ino, entry.name, entry.cookie))
     if entries and not out:
@@ -326,16 +337,34 @@ def readdirplus(cx: Call3, a):
 def fsstat(cx: Call3, fh):
     node = cx.node(fh)
     s = cx.server.statfs()
-    return t.FSSTAT3resok.cls(cx.fattr(node.rule, node.attr), s.total_bytes, s.free_bytes,
-                              s.avail_bytes, s.total_files, s.free_files, s.free_files, 0)
+    return t.FSSTAT3resok.cls(
+        cx.fattr(node.rule, node.attr),
+        s.total_bytes,
+        s.free_bytes,
+        s.avail_bytes,
+        s.total_files,
+        s.free_files,
+        s.free_files,
+        0,
+    )
 
 
 @procedure(t.NFSPROC3_FSINFO)
 def fsinfo(cx: Call3, fh):
     node = cx.node(fh)
-    return t.FSINFO3resok.cls(cx.fattr(node.rule, node.attr), MAX_IO, MAX_IO, 4096, MAX_IO,
-                              MAX_IO, 4096, 64 * 1024, MAX_FILE_SIZE, t.nfstime3.cls(0, 1),
-                              t.FSF3_LINK | t.FSF3_SYMLINK | t.FSF3_HOMOGENEOUS | t.FSF3_CANSETTIME)
+    return t.FSINFO3resok.cls(
+        cx.fattr(node.rule, node.attr),
+        MAX_IO,
+        MAX_IO,
+        4096,
+        MAX_IO,
+        MAX_IO,
+        4096,
+        64 * 1024,
+        MAX_FILE_SIZE,
+        t.nfstime3.cls(0, 1),
+        t.FSF3_LINK | t.FSF3_SYMLINK | t.FSF3_HOMOGENEOUS | t.FSF3_CANSETTIME,
+    )
 
 
 @procedure(t.NFSPROC3_PATHCONF)

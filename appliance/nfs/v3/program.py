@@ -1,5 +1,6 @@
 """Program 100003 version 3: decodes a call's arguments, runs its procedure in a worker
 thread and encodes the result, a failure becoming the procedure's NFS3ERR_* status."""
+
 from __future__ import annotations
 
 import logging

@@ -2,6 +2,7 @@
 read from a namespace ``Attr`` and how settable ones are decoded.
 
 ``ATTRS`` declares each attribute once: bit, XDR type, getter, settable."""
+
 from __future__ import annotations
 
 import grp
@@ -101,8 +102,11 @@ ATTRS = {
     c.FATTR4_NUMLINKS: (UInt, lambda s: s.attr.nlink, False),
     c.FATTR4_OWNER: (utf8str, lambda s: _owner(s.attr.uid), True),
     c.FATTR4_OWNER_GROUP: (utf8str, lambda s: _owner(s.attr.gid), True),
-    c.FATTR4_RAWDEV: (specdata4, lambda s: specdata4.cls(s.attr.rdev >> 32,
-                                                         s.attr.rdev & 0xFFFFFFFF), False),
+    c.FATTR4_RAWDEV: (
+        specdata4,
+        lambda s: specdata4.cls(s.attr.rdev >> 32, s.attr.rdev & 0xFFFFFFFF),
+        False,
+    ),
     c.FATTR4_SPACE_AVAIL: (UHyper, lambda s: _statfs(s).avail_bytes, False),
     c.FATTR4_SPACE_FREE: (UHyper, lambda s: _statfs(s).free_bytes, False),
     c.FATTR4_SPACE_TOTAL: (UHyper, lambda s: _statfs(s).total_bytes, False),
@@ -153,11 +157,15 @@ SUPPORTED_BITMAP = to_bitmap(SUPPORTED)
 SUPPORTED_BITMAP_40 = to_bitmap(b for b in SUPPORTED if b <= c.LAST_FATTR4_40)
 SUPPORTED_BITMAP_41 = to_bitmap(b for b in SUPPORTED if b <= c.LAST_FATTR4_41)
 SUPPORTED_BY_MINOR: dict[int, list[int]] = {
-    0: SUPPORTED_BITMAP_40, 1: SUPPORTED_BITMAP_41, 2: SUPPORTED_BITMAP}
+    0: SUPPORTED_BITMAP_40,
+    1: SUPPORTED_BITMAP_41,
+    2: SUPPORTED_BITMAP,
+}
 _WORD2_41 = (1 << (c.LAST_FATTR4_41 - 63)) - 1  # word 2's bits an NFSv4.1 server has
 SETTABLE = frozenset(b for b, (_, _, settable) in ATTRS.items() if settable)
 EXCLCREAT_BITMAP: list[int] = to_bitmap(
-    [c.FATTR4_SIZE, c.FATTR4_MODE, c.FATTR4_OWNER, c.FATTR4_OWNER_GROUP])
+    [c.FATTR4_SIZE, c.FATTR4_MODE, c.FATTR4_OWNER, c.FATTR4_OWNER_GROUP]
+)
 _plans: dict[tuple, tuple] = {}
 
 
@@ -235,8 +243,10 @@ def setattr_kwargs(values: dict, now_marker) -> dict:
         kw["uid"] = parse_owner(values[c.FATTR4_OWNER], group=False)
     if c.FATTR4_OWNER_GROUP in values:
         kw["gid"] = parse_owner(values[c.FATTR4_OWNER_GROUP], group=True)
-    for bit, key in ((c.FATTR4_TIME_ACCESS_SET, "atime_ns"),
-                     (c.FATTR4_TIME_MODIFY_SET, "mtime_ns")):
+    for bit, key in (
+        (c.FATTR4_TIME_ACCESS_SET, "atime_ns"),
+        (c.FATTR4_TIME_MODIFY_SET, "mtime_ns"),
+    ):
         if bit in values:
             how, t = values[bit]
             if how == c.SET_TO_CLIENT_TIME4:

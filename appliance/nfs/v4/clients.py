@@ -12,6 +12,7 @@ Leases: a client that has not renewed for one lease is expired. This server is c
 (StateTable.evict_if_expired drops the expired client then, and the request goes on) or the
 housekeeping reaps it after COURTESY_LEASES leases. Unconfirmed records go after one lease.
 NFSv4.0 clients (appliance.nfs.v4.state40) share the table and these rules."""
+
 from __future__ import annotations
 
 import logging
@@ -26,8 +27,9 @@ log = logging.getLogger("shingle.nfs.state")
 COURTESY_LEASES = 1.5
 
 
-def exchange_id(state: StateTable, owner: bytes, verifier: bytes, principal: tuple,
-                address: str, update: bool) -> Client:
+def exchange_id(
+    state: StateTable, owner: bytes, verifier: bytes, principal: tuple, address: str, update: bool
+) -> Client:
     """The record EXCHANGE_ID answers with, by the cases of RFC 8881 18.35.5 (``update``:
     EXCHGID4_FLAG_UPD_CONFIRMED_REC_A)."""
     with state.lock:
@@ -44,8 +46,7 @@ def exchange_id(state: StateTable, owner: bytes, verifier: bytes, principal: tup
         if conf is not None:
             if conf.principal != principal:  # case 3: a collision of two clients
                 if conf.states and not state.evict_if_expired(conf):
-                    raise NfsError(c.NFS4ERR_CLID_INUSE,
-                                   "client owner in use by another principal")
+                    raise NfsError(c.NFS4ERR_CLID_INUSE, "client owner in use by another principal")
             elif conf.verifier == verifier:  # case 2: the same client again
                 conf.last_renew = time.monotonic()
                 return conf
@@ -82,11 +83,13 @@ def unconfirmed_client(state: StateTable, clientid: int, principal: tuple) -> Cl
         return cl
     if time.monotonic() - cl.last_renew > state.lease_seconds:
         drop_unconfirmed(state, cl)
-        raise NfsError(c.NFS4ERR_STALE_CLIENTID, f"client id {clientid:x} was not confirmed "
-                                                 "within a lease")
+        raise NfsError(
+            c.NFS4ERR_STALE_CLIENTID, f"client id {clientid:x} was not confirmed within a lease"
+        )
     if cl.principal != principal:
-        raise NfsError(c.NFS4ERR_CLID_INUSE, "CREATE_SESSION by another principal than "
-                                             "EXCHANGE_ID's")
+        raise NfsError(
+            c.NFS4ERR_CLID_INUSE, "CREATE_SESSION by another principal than EXCHANGE_ID's"
+        )
     return cl
 
 
@@ -102,9 +105,11 @@ def expire_idle(state: StateTable) -> int:
     now = time.monotonic()
     lease = state.lease_seconds
     with state.lock:
-        idle = [cl for cl in state.clients.values()
-                if cl.confirmed and now - cl.last_renew > lease * COURTESY_LEASES
-                and not state.busy(cl)]
+        idle = [
+            cl
+            for cl in state.clients.values()
+            if cl.confirmed and now - cl.last_renew > lease * COURTESY_LEASES and not state.busy(cl)
+        ]
         for cl in idle:
             log.info("lease of client %x expired", cl.clientid)
             state.expire_client(cl)

@@ -15,6 +15,7 @@ NFSv4.2 (RFC 7862) is NFSv4.1 plus operations and attributes: this executor runs
 1 and 2 under the same session rules, and a minor 1 COMPOUND gets NFS4ERR_OP_ILLEGAL for an
 operation only 4.2 defines. A COMPOUND of another minor version goes to the executor registered
 for it in ``MINOR_EXECUTORS`` (NFSv4.0: appliance.nfs.v4.compound40), always in a worker."""
+
 from __future__ import annotations
 
 import functools
@@ -40,24 +41,63 @@ _tag_opaque = Opaque(1024, "utf8str_cs tag")
 _SEQUENCE_OK = RESULTS[c.OP_SEQUENCE].arms[c.NFS4_OK]
 MAX_OPS = 128
 CACHE_LIMIT = 256 * 1024
-SESSIONLESS = frozenset({c.OP_EXCHANGE_ID, c.OP_CREATE_SESSION, c.OP_DESTROY_SESSION,
-                         c.OP_BIND_CONN_TO_SESSION, c.OP_DESTROY_CLIENTID})
+SESSIONLESS = frozenset(
+    {
+        c.OP_EXCHANGE_ID,
+        c.OP_CREATE_SESSION,
+        c.OP_DESTROY_SESSION,
+        c.OP_BIND_CONN_TO_SESSION,
+        c.OP_DESTROY_CLIENTID,
+    }
+)
 # Operations of NFSv4.0 only, or of features this server does not offer (pNFS, SSV, ...)
-NOT_SUPPORTED = frozenset({
-    c.OP_OPEN_CONFIRM, c.OP_RENEW, c.OP_SETCLIENTID, c.OP_SETCLIENTID_CONFIRM,
-    c.OP_RELEASE_LOCKOWNER, c.OP_OPENATTR, c.OP_DELEGPURGE, c.OP_GET_DIR_DELEGATION,
-    c.OP_GETDEVICEINFO, c.OP_GETDEVICELIST, c.OP_LAYOUTCOMMIT, c.OP_LAYOUTGET,
-    c.OP_LAYOUTRETURN, c.OP_SET_SSV, c.OP_WANT_DELEGATION,
-    # NFSv4.2: no pNFS, no asynchronous COPY (no callback channel), no inter-server COPY
-    c.OP_COPY_NOTIFY, c.OP_IO_ADVISE, c.OP_LAYOUTERROR, c.OP_LAYOUTSTATS, c.OP_OFFLOAD_CANCEL,
-    c.OP_OFFLOAD_STATUS, c.OP_WRITE_SAME})
+NOT_SUPPORTED = frozenset(
+    {
+        c.OP_OPEN_CONFIRM,
+        c.OP_RENEW,
+        c.OP_SETCLIENTID,
+        c.OP_SETCLIENTID_CONFIRM,
+        c.OP_RELEASE_LOCKOWNER,
+        c.OP_OPENATTR,
+        c.OP_DELEGPURGE,
+        c.OP_GET_DIR_DELEGATION,
+        c.OP_GETDEVICEINFO,
+        c.OP_GETDEVICELIST,
+        c.OP_LAYOUTCOMMIT,
+        c.OP_LAYOUTGET,
+        c.OP_LAYOUTRETURN,
+        c.OP_SET_SSV,
+        c.OP_WANT_DELEGATION,
+        # NFSv4.2: no pNFS, no asynchronous COPY (no callback channel), no inter-server COPY
+        c.OP_COPY_NOTIFY,
+        c.OP_IO_ADVISE,
+        c.OP_LAYOUTERROR,
+        c.OP_LAYOUTSTATS,
+        c.OP_OFFLOAD_CANCEL,
+        c.OP_OFFLOAD_STATUS,
+        c.OP_WRITE_SAME,
+    }
+)
 MINOR_VERSIONS = (c.MINOR_VERSION, c.MINOR_VERSION_42)
 # What the event loop may run from the caches (READ from fragments already read): nothing here
 # changes state but the SEQUENCE slot (not VERIFY/NVERIFY: decoding an owner name may read
 # /etc/passwd)
-FROM_CACHE_OPS = frozenset({
-    c.OP_SEQUENCE, c.OP_PUTFH, c.OP_PUTROOTFH, c.OP_PUTPUBFH, c.OP_GETFH, c.OP_SAVEFH,
-    c.OP_RESTOREFH, c.OP_LOOKUP, c.OP_LOOKUPP, c.OP_GETATTR, c.OP_ACCESS, c.OP_READ})
+FROM_CACHE_OPS = frozenset(
+    {
+        c.OP_SEQUENCE,
+        c.OP_PUTFH,
+        c.OP_PUTROOTFH,
+        c.OP_PUTPUBFH,
+        c.OP_GETFH,
+        c.OP_SAVEFH,
+        c.OP_RESTOREFH,
+        c.OP_LOOKUP,
+        c.OP_LOOKUPP,
+        c.OP_GETATTR,
+        c.OP_ACCESS,
+        c.OP_READ,
+    }
+)
 # An operation that changes the current file handle clears the current stateid (RFC 8881
 # 16.2.3.1.2), except these, which set both (RESTOREFH restores the saved stateid)
 SETS_FH_AND_STATEID = frozenset({c.OP_OPEN, c.OP_RESTOREFH})
@@ -78,7 +118,7 @@ def _fingerprint(cred, record, pos) -> tuple:
     n = len(record) - pos
     if n <= 65536:
         return (cred.uid, cred.gid, n, zlib.crc32(memoryview(record)[pos:]))
-    return (cred.uid, cred.gid, n, zlib.crc32(memoryview(record)[pos:pos + 4096]))
+    return (cred.uid, cred.gid, n, zlib.crc32(memoryview(record)[pos : pos + 4096]))
 
 
 def reply_head(status: int, tag: bytes, count: int) -> bytearray:
@@ -90,8 +130,9 @@ def reply_head(status: int, tag: bytes, count: int) -> bytearray:
     return p.buf
 
 
-def execute(server, conn_state: dict, rpc_cred, address: str, record, pos: int, *,
-            from_cache: bool = False):
+def execute(
+    server, conn_state: dict, rpc_cred, address: str, record, pos: int, *, from_cache: bool = False
+):
     """Run one COMPOUND; returns the reply body chunks (after the RPC header).
 
     ``from_cache``: the event loop's attempt (see the module docstring); returns a Handoff
@@ -135,8 +176,18 @@ class _Stop(Exception):
 class _Run:
     """A COMPOUND under way: where decoding stands and what is answered so far."""
 
-    __slots__ = ("cx", "tag", "count", "index", "pos", "body_start", "p", "done", "cache",
-                 "counted")
+    __slots__ = (
+        "cx",
+        "tag",
+        "count",
+        "index",
+        "pos",
+        "body_start",
+        "p",
+        "done",
+        "cache",
+        "counted",
+    )
 
     def __init__(self, cx, tag, count, pos):
         self.cx, self.tag, self.count, self.index = cx, tag, count, 0
@@ -190,8 +241,12 @@ def _run(run: _Run, record, from_cache: bool) -> list:
                 break
             if from_cache and opnum not in FROM_CACHE_OPS:
                 raise _Stop()
-            if (opnum not in ARGS and opnum not in NOT_SUPPORTED
-                    or opnum > c.LAST_OP_41 and cx.minor < c.MINOR_VERSION_42):
+            if (
+                opnum not in ARGS
+                and opnum not in NOT_SUPPORTED
+                or opnum > c.LAST_OP_41
+                and cx.minor < c.MINOR_VERSION_42
+            ):
                 status = c.NFS4ERR_OP_ILLEGAL
                 emit_result(p, c.OP_ILLEGAL, status, None)
                 run.done += 1
@@ -214,8 +269,9 @@ def _run(run: _Run, record, from_cache: bool) -> list:
                 if opnum == c.OP_SEQUENCE:
                     try:
                         fingerprint = _fingerprint(cx.rpc_cred, record, run.body_start)
-                        value = _sequence(cx, args, run.count, fingerprint, len(record),
-                                          len(run.tag))
+                        value = _sequence(
+                            cx, args, run.count, fingerprint, len(record), len(run.tag)
+                        )
                     except Replay as replay:
                         return replay.chunks
                     except WouldBlock:
@@ -314,7 +370,6 @@ def _head(record, pos):
     return (tag, minor), pos
 
 
-
 def emit_result(p: Packer, opnum: int, status: int, value) -> None:
     """One operation's result (nfs_resop4) into ``p``."""
     p.buf += _U32.pack(opnum)
@@ -338,11 +393,13 @@ def _sequence(cx: Compound, a, count: int, fingerprint, size: int, tag_len: int)
     with holding(state.lock, "state lock held"):
         sess = state.session(a.sessionid)
         if count > sess.max_ops:
-            raise NfsError(c.NFS4ERR_TOO_MANY_OPS,
-                           f"{count} operations, session allows {sess.max_ops}")
+            raise NfsError(
+                c.NFS4ERR_TOO_MANY_OPS, f"{count} operations, session allows {sess.max_ops}"
+            )
         if size > sess.max_request:
-            raise NfsError(c.NFS4ERR_REQ_TOO_BIG,
-                           f"request of {size} bytes, session allows {sess.max_request}")
+            raise NfsError(
+                c.NFS4ERR_REQ_TOO_BIG, f"request of {size} bytes, session allows {sess.max_request}"
+            )
         # what the results may take (RFC 8881 2.10.6.4): sa_cachethis asks for a cached reply
         if a.cachethis:
             limit, too_big = sess.max_cached, c.NFS4ERR_REP_TOO_BIG_TO_CACHE
@@ -369,8 +426,10 @@ def _sequence(cx: Compound, a, count: int, fingerprint, size: int, tag_len: int)
             # RFC 8881 allows, not requires), so the request runs as a new one.
             reuse = True
         if not reuse and a.sequenceid != (slot.seqid + 1) & 0xFFFFFFFF:
-            raise NfsError(c.NFS4ERR_SEQ_MISORDERED, f"slot {a.slotid} seqid {a.sequenceid}, "
-                                                     f"expected {(slot.seqid + 1) & 0xFFFFFFFF}")
+            raise NfsError(
+                c.NFS4ERR_SEQ_MISORDERED,
+                f"slot {a.slotid} seqid {a.sequenceid}, expected {(slot.seqid + 1) & 0xFFFFFFFF}",
+            )
         slot.busy = True
         slot.seqid = a.sequenceid
         slot.reply = None

@@ -9,6 +9,7 @@ reply, any other NFS4ERR_BAD_SEQID. That per-owner cache is NFSv4.0's reply cach
 Handlers are NFSv4.1's (registry.HANDLERS) unless NFSv4.0 has its own
 (registry.HANDLERS_40, appliance.nfs.v4.ops.v40). A COMPOUND of minor version 0 always runs
 in a worker thread: the event loop's from-cache path is NFSv4.1's alone."""
+
 from __future__ import annotations
 
 import logging
@@ -50,8 +51,7 @@ class Compound40(Compound):
         return sid
 
 
-def execute(server, conn_state: dict, rpc_cred, address: str, tag: bytes, record,
-            pos: int) -> list:
+def execute(server, conn_state: dict, rpc_cred, address: str, tag: bytes, record, pos: int) -> list:
     """Run an NFSv4.0 COMPOUND whose header was read up to ``pos`` (after minorversion)."""
     try:
         count, pos = UInt.unpack(record, pos)
@@ -174,8 +174,11 @@ def _seq_open(cx: Compound40, a):
     with state.lock:
         owner = state40.owner_for(cl, state40.OPEN_OWNER, name)
     assert owner is not None  # owner_for creates it
-    if (not owner.confirmed and owner.seqid is not None
-            and not (a.seqid == owner.seqid and owner.reply is not None)):
+    if (
+        not owner.confirmed
+        and owner.seqid is not None
+        and not (a.seqid == owner.seqid and owner.reply is not None)
+    ):
         state40.drop_unconfirmed_owner(state, cl, owner)
         with state.lock:
             owner = state40.owner_for(cl, state40.OPEN_OWNER, name)
@@ -200,8 +203,9 @@ def _seq_lock(cx: Compound40, a):
             raise NfsError(c.NFS4ERR_BAD_STATEID, "lock-owner of another client than the open")
         cx.client = st.client
         with state.lock:
-            lock_owner = state40.owner_for(st.client, state40.LOCK_OWNER,
-                                           bytes(arg.lock_owner.owner))
+            lock_owner = state40.owner_for(
+                st.client, state40.LOCK_OWNER, bytes(arg.lock_owner.owner)
+            )
         return owner, arg.open_seqid, (lock_owner, arg.lock_seqid)
     with state.lock:
         lk = state.states.get(arg.lock_stateid.other)

@@ -2,6 +2,7 @@
 and saved file handle, stateids, session, identities) and the nodes file handles name.
 
 File handles resolve through appliance.nfs.access, the checks NFSv3 shares."""
+
 from __future__ import annotations
 
 from appliance.nfs import access
@@ -14,12 +15,21 @@ from appliance.nfs.v4.types import stateid4
 from engine.catalog.models import DIR
 from engine.namespace import Cred
 
-CODES = access.Codes(NfsError, badhandle=c.NFS4ERR_BADHANDLE, stale=c.NFS4ERR_STALE,
-                     access=c.NFS4ERR_ACCESS, rofs=c.NFS4ERR_ROFS, io=c.NFS4ERR_IO,
-                     delay=c.NFS4ERR_DELAY, serverfault=c.NFS4ERR_SERVERFAULT,
-                     inval=c.NFS4ERR_INVAL, fbig=c.NFS4ERR_FBIG,
-                     errno_map=c.ERRNO_TO_NFS4, carries_status=(NfsError, AttrError),
-                     pseudo_handles=True)
+CODES = access.Codes(
+    NfsError,
+    badhandle=c.NFS4ERR_BADHANDLE,
+    stale=c.NFS4ERR_STALE,
+    access=c.NFS4ERR_ACCESS,
+    rofs=c.NFS4ERR_ROFS,
+    io=c.NFS4ERR_IO,
+    delay=c.NFS4ERR_DELAY,
+    serverfault=c.NFS4ERR_SERVERFAULT,
+    inval=c.NFS4ERR_INVAL,
+    fbig=c.NFS4ERR_FBIG,
+    errno_map=c.ERRNO_TO_NFS4,
+    carries_status=(NfsError, AttrError),
+    pseudo_handles=True,
+)
 ANONYMOUS_OTHER = b"\0" * 12
 BYPASS_OTHER = b"\xff" * 12
 PSEUDO_CRED = Cred(65534, 65534)
@@ -30,8 +40,14 @@ class Node:
 
     __slots__ = ("export", "ino", "generation", "pseudo", "fh")
 
-    def __init__(self, export: ExportRule | None, ino: int, generation: int = 1,
-                 pseudo: PseudoDir | None = None, fh: bytes | None = None):
+    def __init__(
+        self,
+        export: ExportRule | None,
+        ino: int,
+        generation: int = 1,
+        pseudo: PseudoDir | None = None,
+        fh: bytes | None = None,
+    ):
         self.export, self.ino, self.generation = export, ino, generation
         self.pseudo, self.fh = pseudo, fh  # fh: the handle's bytes, once known
 
@@ -39,8 +55,21 @@ class Node:
 class PseudoAttr:
     """Attributes of a pseudo-root directory (read-only, owned by root)."""
 
-    __slots__ = ("ino", "type", "mode", "uid", "gid", "size", "nlink", "rdev",
-                 "atime_ns", "mtime_ns", "ctime_ns", "btime_ns", "change")
+    __slots__ = (
+        "ino",
+        "type",
+        "mode",
+        "uid",
+        "gid",
+        "size",
+        "nlink",
+        "rdev",
+        "atime_ns",
+        "mtime_ns",
+        "ctime_ns",
+        "btime_ns",
+        "change",
+    )
 
     def __init__(self, node: PseudoDir, boot_ns: int, generation: int):
         self.ino, self.type, self.mode, self.uid, self.gid = node.ino, DIR, 0o555, 0, 0
@@ -141,16 +170,23 @@ class Compound:
         server = self.server
         if node.pseudo is not None:
             attr = PseudoAttr(node.pseudo, server.boot_ns, server.exports_generation)
-            return AttrSubject(attr, self.fh_of(node), (server.handles.fsid, 0), attr.ino,
-                               server, minor=self.minor)
+            return AttrSubject(
+                attr, self.fh_of(node), (server.handles.fsid, 0), attr.ino, server, minor=self.minor
+            )
         if attr is None:
             attr = self.ns.getattr(node.ino)
         assert node.export is not None  # a node outside the pseudo-root is in an export
         mounted_on = attr.ino
         if attr.ino == node.export.root_ino:
             mounted_on = pseudo_ino(node.export.parts)
-        return AttrSubject(attr, self.fh_of(node), (server.handles.fsid, node.export.id),
-                           mounted_on, server, minor=self.minor)
+        return AttrSubject(
+            attr,
+            self.fh_of(node),
+            (server.handles.fsid, node.export.id),
+            mounted_on,
+            server,
+            minor=self.minor,
+        )
 
     # -- stateids ---------------------------------------------------------------------
     def stateid(self, sid):

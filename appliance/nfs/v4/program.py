@@ -1,6 +1,7 @@
 """Program 100003 version 4: NULL and COMPOUND, minor versions 1 and 0. Small NFSv4.1
 COMPOUNDs are first tried on the event loop from the caches (appliance.nfs.v4.compound); the
 rest, and every NFSv4.0 COMPOUND (appliance.nfs.v4.compound40), run in a worker."""
+
 from __future__ import annotations
 
 from appliance.nfs.onc.rpc import PROC_UNAVAIL, InWorker, RpcReject, accepted
@@ -28,10 +29,12 @@ class Nfs4Program:
         if call.proc != 1:
             raise RpcReject(accepted(call.xid, PROC_UNAVAIL))
         if len(record) - pos > FROM_CACHE_MAX_BYTES:
-            return InWorker(compound.execute, self.server, conn.state, cred, conn.peer[0], record,
-                            pos)
-        outcome = compound.execute(self.server, conn.state, cred, conn.peer[0], record, pos,
-                                   from_cache=True)
+            return InWorker(
+                compound.execute, self.server, conn.state, cred, conn.peer[0], record, pos
+            )
+        outcome = compound.execute(
+            self.server, conn.state, cred, conn.peer[0], record, pos, from_cache=True
+        )
         answered = not isinstance(outcome, compound.Handoff)
         if answered or not callable(outcome.run):  # an NFSv4.0 COMPOUND was never attempted
             self.server.counters.attempt(answered)

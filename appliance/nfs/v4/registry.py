@@ -8,6 +8,7 @@ returns the operation's resok value or raises NfsError.
 
 ``HANDLERS_40`` holds NFSv4.0's own version of an operation where RFC 7530 differs
 (``@operation40(OP_X)``); the NFSv4.0 executor (compound40) tries it before ``HANDLERS``."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -22,6 +23,7 @@ def operation(opnum: int) -> Callable[[Callable], Callable]:
             raise ValueError(f"operation {opnum} registered twice: {HANDLERS[opnum]} and {fn}")
         HANDLERS[opnum] = fn
         return fn
+
     return register
 
 
@@ -31,4 +33,5 @@ def operation40(opnum: int) -> Callable[[Callable], Callable]:
             raise ValueError(f"NFSv4.0 operation {opnum} registered twice")
         HANDLERS_40[opnum] = fn
         return fn
+
     return register

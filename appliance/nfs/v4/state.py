@@ -8,6 +8,7 @@ All of it lives behind one lock (``StateTable.lock``): state operations are
 short, and one lock keeps conflicts across clients simple to reason about.
 Client records are also kept in the catalog (nfs_clients) so that a
 restarted server knows who may reclaim during its grace period."""
+
 from __future__ import annotations
 
 import json
@@ -203,21 +204,28 @@ class StateTable:
             current = {cl.owner for cl in self.clients.values()}
             gone = [o for o in stale if o not in current]
             if gone:
-                self.catalog.run(lambda conn: conn.execute(
-                    delete(CLIENTS).where(CLIENTS.c.owner.in_(gone))))
+                self.catalog.run(
+                    lambda conn: conn.execute(delete(CLIENTS).where(CLIENTS.c.owner.in_(gone)))
+                )
         log.info("grace period over")
 
     def _maybe_end_grace_early(self) -> None:
         # every previous client has reclaimed: no reason to hold new ones back
-        done = {cl.owner for cl in self.clients.values()
-                if cl.reclaim_complete and not cl.reclaim_needed}
+        done = {
+            cl.owner
+            for cl in self.clients.values()
+            if cl.reclaim_complete and not cl.reclaim_needed
+        }
         if self.grace_end and self.reclaimable <= done:
             self._end_grace()
 
     # -- catalog records -------------------------------------------------------------------
     def _load_previous_clients(self) -> list[bytes]:
-        rows = self.catalog.read(lambda conn: conn.execute(
-            select(CLIENTS.c.owner).where(CLIENTS.c.confirmed.is_(True))).all())
+        rows = self.catalog.read(
+            lambda conn: conn.execute(
+                select(CLIENTS.c.owner).where(CLIENTS.c.confirmed.is_(True))
+            ).all()
+        )
         return [bytes(r.owner) for r in rows]
 
     def _record_client(self, cl: Client) -> None:
@@ -225,20 +233,39 @@ class StateTable:
 
         def work(conn):
             conn.execute(delete(CLIENTS).where(CLIENTS.c.owner == cl.owner))
-            conn.execute(CLIENTS.insert().values(
-                clientid=cl.clientid & ((1 << 63) - 1), owner=cl.owner, verifier=cl.verifier,
-                address=cl.address[:64], minor_version=cl.minor, confirmed=True,
-                reclaim_complete=cl.reclaim_complete, created_ns=now, last_seen_ns=now))
+            conn.execute(
+                CLIENTS.insert().values(
+                    clientid=cl.clientid & ((1 << 63) - 1),
+                    owner=cl.owner,
+                    verifier=cl.verifier,
+                    address=cl.address[:64],
+                    minor_version=cl.minor,
+                    confirmed=True,
+                    reclaim_complete=cl.reclaim_complete,
+                    created_ns=now,
+                    last_seen_ns=now,
+                )
+            )
+
         self.catalog.run(work)
 
     # -- persistent sessions -------------------------------------------------------------------
     def _session_record(self, sess: Session) -> str:
         cl = sess.client
-        return json.dumps({
-            "clientid": cl.clientid, "owner": cl.owner.hex(), "verifier": cl.verifier.hex(),
-            "principal": list(cl.principal), "address": cl.address, "cs_sequence": cl.cs_sequence,
-            "reclaim_complete": cl.reclaim_complete, "slots": len(sess.slots),
-            "fore": list(sess.fore)[:-1], "back": list(sess.back)[:-1]})
+        return json.dumps(
+            {
+                "clientid": cl.clientid,
+                "owner": cl.owner.hex(),
+                "verifier": cl.verifier.hex(),
+                "principal": list(cl.principal),
+                "address": cl.address,
+                "cs_sequence": cl.cs_sequence,
+                "reclaim_complete": cl.reclaim_complete,
+                "slots": len(sess.slots),
+                "fore": list(sess.fore)[:-1],
+                "back": list(sess.back)[:-1],
+            }
+        )
 
     def _save_session(self, sess: Session) -> None:
         self.catalog.set_setting(SESSION_PREFIX + sess.id.hex(), self._session_record(sess))
@@ -248,20 +275,30 @@ class StateTable:
         self.catalog.run(lambda conn: conn.execute(delete(SETTINGS).where(SETTINGS.c.key == key)))
 
     def _restore_sessions(self) -> None:
-        rows = self.catalog.read(lambda conn: conn.execute(
-            select(SETTINGS.c.key, SETTINGS.c.value)
-            .where(SETTINGS.c.key.like(SESSION_PREFIX + "%"))).all())
+        rows = self.catalog.read(
+            lambda conn: conn.execute(
+                select(SETTINGS.c.key, SETTINGS.c.value).where(
+                    SETTINGS.c.key.like(SESSION_PREFIX + "%")
+                )
+            ).all()
+        )
         for row in rows:
             try:
                 rec = json.loads(row.value)
-                sid = bytes.fromhex(row.key[len(SESSION_PREFIX):])
+                sid = bytes.fromhex(row.key[len(SESSION_PREFIX) :])
                 owner = bytes.fromhex(rec["owner"])
                 cl = self.by_owner.get(owner)
                 if cl is None:
-                    cl = Client(int(rec["clientid"]), owner, bytes.fromhex(rec["verifier"]),
-                                tuple(rec["principal"]), rec["address"], confirmed=True,
-                                cs_sequence=int(rec["cs_sequence"]),
-                                reclaim_complete=bool(rec["reclaim_complete"]))
+                    cl = Client(
+                        int(rec["clientid"]),
+                        owner,
+                        bytes.fromhex(rec["verifier"]),
+                        tuple(rec["principal"]),
+                        rec["address"],
+                        confirmed=True,
+                        cs_sequence=int(rec["cs_sequence"]),
+                        reclaim_complete=bool(rec["reclaim_complete"]),
+                    )
                     # a client that ignores SEQUENCE's flag (nfs-rs) still opens once the
                     # grace period is over; the Linux client reclaims
                     cl.may_reclaim = cl.reclaim_needed = True
@@ -270,15 +307,26 @@ class StateTable:
                 fore = channel_attrs4.cls(*rec["fore"], [])
                 back = channel_attrs4.cls(*rec["back"], [])
                 slots = [Slot(seqid=None) for _ in range(int(rec["slots"]))]
-                sess = Session(sid, cl, slots, fore, back, fore.maxoperations,
-                               fore.maxresponsesize_cached, fore.maxrequestsize,
-                               fore.maxresponsesize)
+                sess = Session(
+                    sid,
+                    cl,
+                    slots,
+                    fore,
+                    back,
+                    fore.maxoperations,
+                    fore.maxresponsesize_cached,
+                    fore.maxrequestsize,
+                    fore.maxresponsesize,
+                )
                 self.sessions[sid] = sess
                 cl.sessions[sid] = sess
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("session record %s unreadable (%s): dropped", row.key, exc)
-                self.catalog.run(lambda conn, k=row.key: conn.execute(
-                    delete(SETTINGS).where(SETTINGS.c.key == k)))
+                self.catalog.run(
+                    lambda conn, k=row.key: conn.execute(
+                        delete(SETTINGS).where(SETTINGS.c.key == k)
+                    )
+                )
         if rows:
             log.info("restored %d sessions of %d clients", len(self.sessions), len(self.clients))
 
@@ -347,11 +395,11 @@ class StateTable:
     def evict_if_expired(self, cl: Client) -> bool:
         """A request conflicts with ``cl``'s state: if ``cl``'s lease ran out, the courtesy
         ends and the client goes with its state (RFC 8881 8.3); True when it went."""
-        if not cl.leased or time.monotonic() - cl.last_renew <= self.lease_seconds \
-                or self.busy(cl):
+        if not cl.leased or time.monotonic() - cl.last_renew <= self.lease_seconds or self.busy(cl):
             return False
-        log.info("lease of client %x expired: its state goes for a conflicting request",
-                 cl.clientid)
+        log.info(
+            "lease of client %x expired: its state goes for a conflicting request", cl.clientid
+        )
         self.expire_client(cl)
         return True
 
@@ -359,8 +407,17 @@ class StateTable:
     def add_session(self, cl: Client, fore, back) -> Session:
         nslots = max(1, min(fore.maxrequests, SLOTS_MAX))
         sid = os.urandom(16)
-        sess = Session(sid, cl, [Slot() for _ in range(nslots)], fore, back, fore.maxoperations,
-                       fore.maxresponsesize_cached, fore.maxrequestsize, fore.maxresponsesize)
+        sess = Session(
+            sid,
+            cl,
+            [Slot() for _ in range(nslots)],
+            fore,
+            back,
+            fore.maxoperations,
+            fore.maxresponsesize_cached,
+            fore.maxrequestsize,
+            fore.maxresponsesize,
+        )
         self.sessions[sid] = sess
         cl.sessions[sid] = sess
         self._save_session(sess)
@@ -390,8 +447,10 @@ class StateTable:
             raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid of another client")
         if stateid.seqid and stateid.seqid != st.seqid:
             old = stateid.seqid < st.seqid
-            raise NfsError(c.NFS4ERR_OLD_STATEID if old else c.NFS4ERR_BAD_STATEID,
-                           f"stateid seqid {stateid.seqid}, current {st.seqid}")
+            raise NfsError(
+                c.NFS4ERR_OLD_STATEID if old else c.NFS4ERR_BAD_STATEID,
+                f"stateid seqid {stateid.seqid}, current {st.seqid}",
+            )
         return st
 
     def test_stateid(self, stateid, cl: Client) -> int:
@@ -419,14 +478,16 @@ class StateTable:
                 if (other.client.clientid, other.owner) == (cl.clientid, owner):
                     continue
                 if ((access & other.deny) or (deny & other.access)) and (
-                        other.other in self.states
-                        and not self.evict_if_expired(other.client)):
-                    raise NfsError(c.NFS4ERR_SHARE_DENIED,
-                                   f"share reservation conflict on inode {ino}")
+                    other.other in self.states and not self.evict_if_expired(other.client)
+                ):
+                    raise NfsError(
+                        c.NFS4ERR_SHARE_DENIED, f"share reservation conflict on inode {ino}"
+                    )
             st = self.open_by_owner_file.get(key)
             if st is None:
-                st = OpenState(self.new_other(cl), cl, ino, owner, seqid=1, access=access,
-                               deny=deny)
+                st = OpenState(
+                    self.new_other(cl), cl, ino, owner, seqid=1, access=access, deny=deny
+                )
                 self.states[st.other] = st
                 self.opens_by_file.setdefault(ino, []).append(st)
                 self.open_by_owner_file[key] = st
@@ -441,8 +502,10 @@ class StateTable:
     def downgrade(self, st: OpenState, access: int, deny: int) -> None:
         with self.lock:
             if access & ~st.access or deny & ~st.deny or not access:
-                raise NfsError(c.NFS4ERR_INVAL, f"downgrade to access {access} deny {deny} from "
-                                                f"{st.access}/{st.deny}")
+                raise NfsError(
+                    c.NFS4ERR_INVAL,
+                    f"downgrade to access {access} deny {deny} from {st.access}/{st.deny}",
+                )
             st.access, st.deny = access, deny
             st.seqid += 1
 
@@ -485,8 +548,12 @@ class StateTable:
     def denied(self, hit):
         lk, r0, r1, rtype = hit
         length = c.NFS4_UINT64_MAX if r1 == INF else r1 - r0
-        return LOCK4denied.cls(r0, length, c.WRITE_LT if is_write(rtype) else c.READ_LT,
-                               state_owner4.cls(lk.client.clientid, lk.owner))
+        return LOCK4denied.cls(
+            r0,
+            length,
+            c.WRITE_LT if is_write(rtype) else c.READ_LT,
+            state_owner4.cls(lk.client.clientid, lk.owner),
+        )
 
     def lock_state_for(self, cl: Client, open_st: OpenState, owner: bytes) -> LockState:
         key = (cl.clientid, owner, open_st.ino)
@@ -525,7 +592,6 @@ class StateTable:
         lk.open.locks.discard(lk.other)
         lk.client.states.discard(lk.other)
 
-
     # -- NLM locks (NFSv3 clients, appliance.nfs.nlm) ------------------------------------------
     # An NLM host (its caller_name) is a client of its own, kept out of ``clients``: it has no
     # lease and no v4 operation reaches it. Each NLM owner (svid + oh) is one of its lock
@@ -534,21 +600,27 @@ class StateTable:
         with self.lock:
             host = self.nlm_hosts.get(name)
             if host is None:
-                host = Client(self.new_clientid(), b"nlm:" + name.encode("utf-8", "replace"),
-                              b"", (), address, confirmed=True, leased=False)
+                host = Client(
+                    self.new_clientid(),
+                    b"nlm:" + name.encode("utf-8", "replace"),
+                    b"",
+                    (),
+                    address,
+                    confirmed=True,
+                    leased=False,
+                )
                 self.nlm_hosts[name] = host
             host.address = address
             return host
 
-    def nlm_test(self, host: Client, owner: bytes, ino: int, start: int, end: int,
-                 exclusive: bool):
+    def nlm_test(self, host: Client, owner: bytes, ino: int, start: int, end: int, exclusive: bool):
         """The conflicting lock (as ``conflict`` returns it) or None."""
         with self.lock:
-            return self.conflict(host, owner, ino, start, end,
-                                 c.WRITE_LT if exclusive else c.READ_LT)
+            return self.conflict(
+                host, owner, ino, start, end, c.WRITE_LT if exclusive else c.READ_LT
+            )
 
-    def nlm_lock(self, host: Client, owner: bytes, ino: int, start: int, end: int,
-                 exclusive: bool):
+    def nlm_lock(self, host: Client, owner: bytes, ino: int, start: int, end: int, exclusive: bool):
         """Take the range for ``owner``; the conflicting lock (nothing taken) or None."""
         locktype = c.WRITE_LT if exclusive else c.READ_LT
         with self.lock:

@@ -6,6 +6,7 @@ cache does.
 
 The records live in the one StateTable (appliance.nfs.v4.state), so opens and locks of
 NFSv4.0 and NFSv4.1 clients conflict with each other."""
+
 from __future__ import annotations
 
 import os
@@ -22,10 +23,18 @@ from appliance.nfs.v4.types import clientaddr4, stateid4
 OWNER_PREFIX = b"nfs4.0:"
 SEQID_MASK = 0xFFFFFFFF
 # Errors after which the owner's sequence id does not advance (RFC 7530 section 9.1)
-NOT_SEQUENCED = frozenset({
-    c.NFS4ERR_STALE_CLIENTID, c.NFS4ERR_STALE_STATEID, c.NFS4ERR_BAD_STATEID,
-    c.NFS4ERR_BAD_SEQID, c.NFS4ERR_BADXDR, c.NFS4ERR_RESOURCE, c.NFS4ERR_NOFILEHANDLE,
-    c.NFS4ERR_MOVED})
+NOT_SEQUENCED = frozenset(
+    {
+        c.NFS4ERR_STALE_CLIENTID,
+        c.NFS4ERR_STALE_STATEID,
+        c.NFS4ERR_BAD_STATEID,
+        c.NFS4ERR_BAD_SEQID,
+        c.NFS4ERR_BADXDR,
+        c.NFS4ERR_RESOURCE,
+        c.NFS4ERR_NOFILEHANDLE,
+        c.NFS4ERR_MOVED,
+    }
+)
 OPEN_OWNER, LOCK_OWNER = "open", "lock"
 
 
@@ -46,8 +55,9 @@ class Owner:
 
 
 # -- client records ----------------------------------------------------------------------------
-def setclientid(state: StateTable, ident: bytes, verifier: bytes, principal: tuple,
-                address: str, callback) -> Client:
+def setclientid(
+    state: StateTable, ident: bytes, verifier: bytes, principal: tuple, address: str, callback
+) -> Client:
     """An unconfirmed record for SETCLIENTID (RFC 7530 16.33.5): the same client id when a
     confirmed client only updates its callback, a new one otherwise."""
     owner = OWNER_PREFIX + ident
@@ -55,22 +65,34 @@ def setclientid(state: StateTable, ident: bytes, verifier: bytes, principal: tup
         conf = state.by_owner.get(owner)
         if conf is not None and conf.principal != principal and conf.states:
             cb = conf.callback.cb_location if conf.callback is not None else None
-            raise NfsError(c.NFS4ERR_CLID_INUSE, "client id in use by another principal",
-                           cb or clientaddr4.cls("", ""))
+            raise NfsError(
+                c.NFS4ERR_CLID_INUSE,
+                "client id in use by another principal",
+                cb or clientaddr4.cls("", ""),
+            )
         for clientid, old in list(state.unconfirmed40.items()):
             if old.owner == owner:
                 del state.unconfirmed40[clientid]
         same = conf is not None and conf.verifier == verifier and conf.principal == principal
         clientid = conf.clientid if same and conf is not None else state.new_clientid()
-        cl = Client(clientid, owner, verifier, principal, address, minor=c.MINOR_VERSION_40,
-                    confirm_verifier=os.urandom(8), callback=callback)
+        cl = Client(
+            clientid,
+            owner,
+            verifier,
+            principal,
+            address,
+            minor=c.MINOR_VERSION_40,
+            confirm_verifier=os.urandom(8),
+            callback=callback,
+        )
         cl.may_reclaim = owner in state.reclaimable
         state.unconfirmed40[clientid] = cl
         return cl
 
 
-def setclientid_confirm(state: StateTable, clientid: int, verifier: bytes,
-                        principal: tuple) -> Client:
+def setclientid_confirm(
+    state: StateTable, clientid: int, verifier: bytes, principal: tuple
+) -> Client:
     with state.lock:
         new = state.unconfirmed40.get(clientid)
         if new is not None and new.confirm_verifier == verifier:
@@ -90,12 +112,16 @@ def setclientid_confirm(state: StateTable, clientid: int, verifier: bytes,
             state.confirm(new)
             return new
         conf = state.clients.get(clientid)
-        if (conf is not None and conf.minor == c.MINOR_VERSION_40
-                and conf.confirm_verifier == verifier):
+        if (
+            conf is not None
+            and conf.minor == c.MINOR_VERSION_40
+            and conf.confirm_verifier == verifier
+        ):
             conf.last_renew = time.monotonic()
             return conf  # a retransmitted SETCLIENTID_CONFIRM
-        raise NfsError(c.NFS4ERR_STALE_CLIENTID,
-                       f"no SETCLIENTID of client id {clientid:x} with this verifier")
+        raise NfsError(
+            c.NFS4ERR_STALE_CLIENTID, f"no SETCLIENTID of client id {clientid:x} with this verifier"
+        )
 
 
 def client40(state: StateTable, clientid: int) -> Client:
@@ -137,8 +163,10 @@ def lookup(state: StateTable, sid, *, confirmed: bool = True):
             raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid of an NFSv4.1 client")
         if sid.seqid != st.seqid:
             old = (st.seqid - sid.seqid) & SEQID_MASK < 1 << 31
-            raise NfsError(c.NFS4ERR_OLD_STATEID if old else c.NFS4ERR_BAD_STATEID,
-                           f"stateid seqid {sid.seqid}, current {st.seqid}")
+            raise NfsError(
+                c.NFS4ERR_OLD_STATEID if old else c.NFS4ERR_BAD_STATEID,
+                f"stateid seqid {sid.seqid}, current {st.seqid}",
+            )
         if confirmed:
             owner = open_owner_of(st)
             if owner is not None and not owner.confirmed:
@@ -175,8 +203,10 @@ def is_replay(owner: Owner, seqid: int) -> bool:
     if seqid == owner.seqid and owner.reply is not None:
         return True
     if seqid != (owner.seqid + 1) & SEQID_MASK:
-        raise NfsError(c.NFS4ERR_BAD_SEQID, f"{owner.kind}-owner seqid {seqid}, expected "
-                                            f"{(owner.seqid + 1) & SEQID_MASK}")
+        raise NfsError(
+            c.NFS4ERR_BAD_SEQID,
+            f"{owner.kind}-owner seqid {seqid}, expected {(owner.seqid + 1) & SEQID_MASK}",
+        )
     return False
 
 
@@ -184,8 +214,10 @@ def check_next(owner: Owner, seqid: int) -> None:
     """A second owner of one request (the lock-owner of a LOCK that starts it from an open)
     must be at its next sequence id."""
     if owner.seqid is not None and seqid != (owner.seqid + 1) & SEQID_MASK:
-        raise NfsError(c.NFS4ERR_BAD_SEQID, f"{owner.kind}-owner seqid {seqid}, expected "
-                                            f"{(owner.seqid + 1) & SEQID_MASK}")
+        raise NfsError(
+            c.NFS4ERR_BAD_SEQID,
+            f"{owner.kind}-owner seqid {seqid}, expected {(owner.seqid + 1) & SEQID_MASK}",
+        )
 
 
 def drop_unconfirmed_owner(state: StateTable, cl: Client, owner: Owner) -> None:
@@ -203,8 +235,11 @@ def release_lockowner(state: StateTable, cl: Client, owner: bytes) -> None:
     """RELEASE_LOCKOWNER: the lock-owner's lock stateids and its sequence go, unless it still
     holds locks."""
     with state.lock:
-        mine = [st for st in (state.states.get(o) for o in cl.states)
-                if isinstance(st, LockState) and st.owner == owner]
+        mine = [
+            st
+            for st in (state.states.get(o) for o in cl.states)
+            if isinstance(st, LockState) and st.owner == owner
+        ]
         if any(lk.ranges for lk in mine):
             raise NfsError(c.NFS4ERR_LOCKS_HELD, "the lock-owner still holds locks")
         for lk in mine:

@@ -1,4 +1,5 @@
 """Helpers the NFSv4.1 operations of several areas share."""
+
 from __future__ import annotations
 
 from appliance.nfs.v4 import attrs as fattr
@@ -44,8 +45,9 @@ def need_dir(cx) -> Node:
     if node.pseudo is None:
         attr = cx.ns.getattr(node.ino)
         if attr.type != DIR:
-            raise NfsError(c.NFS4ERR_SYMLINK if attr.type == LNK else c.NFS4ERR_NOTDIR,
-                           "not a directory")
+            raise NfsError(
+                c.NFS4ERR_SYMLINK if attr.type == LNK else c.NFS4ERR_NOTDIR, "not a directory"
+            )
     return node
 
 

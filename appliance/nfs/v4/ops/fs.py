@@ -1,6 +1,7 @@
 """File handle and metadata operations: PUTFH, PUTROOTFH, PUTPUBFH, GETFH,
 SAVEFH, RESTOREFH, LOOKUP, LOOKUPP, GETATTR, SETATTR, VERIFY, NVERIFY, ACCESS,
 CREATE, LINK, REMOVE, RENAME, READDIR, READLINK."""
+
 from __future__ import annotations
 
 from appliance.nfs import access as export_access
@@ -245,8 +246,9 @@ def remove(cx, target):
 @operation(c.OP_RENAME)
 def rename(cx, a):
     if cx.saved is None:
-        raise NfsError(c.NFS4ERR_NOFILEHANDLE,
-                       "RENAME needs a saved file handle (the source directory)")
+        raise NfsError(
+            c.NFS4ERR_NOFILEHANDLE, "RENAME needs a saved file handle (the source directory)"
+        )
     dst = _dir_for_change(cx)
     src = cx.saved
     if src.pseudo is not None or src.export.id != dst.export.id:
@@ -344,5 +346,6 @@ def readdir(cx, a):
 def _light_subject(cx, node: Node, attr):
     server = cx.server
     assert node.export is not None  # a node outside the pseudo-root is in an export
-    return AttrSubject(attr, b"", (server.handles.fsid, node.export.id), attr.ino, server,
-                       minor=cx.minor)
+    return AttrSubject(
+        attr, b"", (server.handles.fsid, node.export.id), attr.ino, server, minor=cx.minor
+    )

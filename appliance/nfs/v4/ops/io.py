@@ -1,4 +1,5 @@
 """Opened files and their I/O: OPEN, OPEN_DOWNGRADE, CLOSE, READ, WRITE, COMMIT."""
+
 from __future__ import annotations
 
 from appliance.nfs.v4 import attrs as fattr
@@ -123,8 +124,9 @@ def open_(cx, a):
             dnode = need_dir(cx)
             if dnode.pseudo is not None:
                 nocreate = a.openhow[0] == c.OPEN4_NOCREATE
-                raise NfsError(c.NFS4ERR_ISDIR if nocreate else c.NFS4ERR_ROFS,
-                               "OPEN in the pseudo-root")
+                raise NfsError(
+                    c.NFS4ERR_ISDIR if nocreate else c.NFS4ERR_ROFS, "OPEN in the pseudo-root"
+                )
             name = check_component(carg)
             before = cx.ns.getattr(dnode.ino).change
             if a.openhow[0] == c.OPEN4_CREATE:
@@ -140,12 +142,14 @@ def open_(cx, a):
     if access & c.OPEN4_SHARE_ACCESS_WRITE:
         cx.need_writable(node)
     if not created and claim != c.CLAIM_PREVIOUS:
-        want = ((R_OK if access & c.OPEN4_SHARE_ACCESS_READ else 0)
-                | (W_OK if access & c.OPEN4_SHARE_ACCESS_WRITE else 0))
+        want = (R_OK if access & c.OPEN4_SHARE_ACCESS_READ else 0) | (
+            W_OK if access & c.OPEN4_SHARE_ACCESS_WRITE else 0
+        )
         cred = cx.cred(node)
         if cx.ns.access(cred, node.ino, want) != want and cred.uid != attr.uid:
-            raise NfsError(c.NFS4ERR_ACCESS,
-                           f"uid {cred.uid} may not open inode {node.ino} for {want}")
+            raise NfsError(
+                c.NFS4ERR_ACCESS, f"uid {cred.uid} may not open inode {node.ino} for {want}"
+            )
     st = state.open(cl, bytes(a.owner.owner), node.ino, access, deny)
     cx.cur = node
     sid = cx.set_stateid(st)
@@ -159,8 +163,9 @@ def open_(cx, a):
         delegation = (c.OPEN_DELEGATE_NONE_EXT, (c.WND4_RESOURCE, False))
     else:
         delegation = (c.OPEN_DELEGATE_NONE, None)
-    return _OPEN_OK.cls(sid, change, c.OPEN4_RESULT_LOCKTYPE_POSIX, fattr.to_bitmap(attrset),
-                        delegation)
+    return _OPEN_OK.cls(
+        sid, change, c.OPEN4_RESULT_LOCKTYPE_POSIX, fattr.to_bitmap(attrset), delegation
+    )
 
 
 def open_state(cx, sid, node: Node | None = None):

@@ -1,4 +1,5 @@
 """Byte-range locks and delegations: LOCK, LOCKT, LOCKU, DELEGRETURN."""
+
 from __future__ import annotations
 
 from appliance.nfs.v4 import const as c

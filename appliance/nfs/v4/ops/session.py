@@ -1,6 +1,7 @@
 """Client and session operations: EXCHANGE_ID, CREATE_SESSION, DESTROY_SESSION,
 BIND_CONN_TO_SESSION, DESTROY_CLIENTID, RECLAIM_COMPLETE, BACKCHANNEL_CTL,
 TEST_STATEID, FREE_STATEID, SECINFO, SECINFO_NO_NAME."""
+
 from __future__ import annotations
 
 import logging
@@ -18,8 +19,11 @@ log = logging.getLogger("shingle.nfs")
 MAX_CACHED = CACHE_LIMIT  # the ca_maxresponsesize_cached offered: what a slot keeps
 MAX_SLOTS = 64
 MAX_OPS = 64
-CREATE_SESSION_FLAGS = (c.CREATE_SESSION4_FLAG_PERSIST | c.CREATE_SESSION4_FLAG_CONN_BACK_CHAN
-                        | c.CREATE_SESSION4_FLAG_CONN_RDMA)
+CREATE_SESSION_FLAGS = (
+    c.CREATE_SESSION4_FLAG_PERSIST
+    | c.CREATE_SESSION4_FLAG_CONN_BACK_CHAN
+    | c.CREATE_SESSION4_FLAG_CONN_RDMA
+)
 # The least a channel must carry (RFC 8881 18.36.3, sizes with the RPC headers): a COMPOUND of
 # SEQUENCE and one operation, its request and reply with AUTH_NONE headers (88 and 80 bytes);
 # on the back channel a CB_COMPOUND of CB_SEQUENCE (96 and 76 bytes) and one operation
@@ -33,11 +37,17 @@ def _principal(cx) -> tuple:
 
 def _check_channel(attrs, least, name: str) -> None:
     min_request, min_response, min_ops = least
-    if (attrs.maxrequestsize < min_request or attrs.maxresponsesize < min_response
-            or attrs.maxoperations < min_ops):
-        raise NfsError(c.NFS4ERR_TOOSMALL, f"{name} channel {attrs} below requests of "
-                                           f"{min_request}, replies of {min_response} bytes, "
-                                           f"{min_ops} operations")
+    if (
+        attrs.maxrequestsize < min_request
+        or attrs.maxresponsesize < min_response
+        or attrs.maxoperations < min_ops
+    ):
+        raise NfsError(
+            c.NFS4ERR_TOOSMALL,
+            f"{name} channel {attrs} below requests of "
+            f"{min_request}, replies of {min_response} bytes, "
+            f"{min_ops} operations",
+        )
 
 
 @operation(c.OP_EXCHANGE_ID)
@@ -47,13 +57,22 @@ def exchange_id(cx, a):
     if a.flags & ~c.EXCHGID4_FLAG_MASK_A:
         raise NfsError(c.NFS4ERR_INVAL, f"EXCHANGE_ID flags {a.flags:#x} outside the defined mask")
     update = bool(a.flags & c.EXCHGID4_FLAG_UPD_CONFIRMED_REC_A)
-    cl = clients.exchange_id(cx.state, bytes(a.ownerid), a.verifier, _principal(cx),
-                             cx.address, update)
+    cl = clients.exchange_id(
+        cx.state, bytes(a.ownerid), a.verifier, _principal(cx), cx.address, update
+    )
     flags = c.EXCHGID4_FLAG_USE_NON_PNFS | (c.EXCHGID4_FLAG_CONFIRMED_R if cl.confirmed else 0)
     server = cx.server
     impl = nfs_impl_id4.cls("shingle", "shingle NFSv4.1 server", nfstime4.cls(0, 0))
-    return resok(c.OP_EXCHANGE_ID).cls(cl.clientid, cl.cs_sequence, flags, (c.SP4_NONE, None), 0,
-                                        server.owner_major, server.owner_major, [impl])
+    return resok(c.OP_EXCHANGE_ID).cls(
+        cl.clientid,
+        cl.cs_sequence,
+        flags,
+        (c.SP4_NONE, None),
+        0,
+        server.owner_major,
+        server.owner_major,
+        [impl],
+    )
 
 
 @operation(c.OP_CREATE_SESSION)
@@ -64,8 +83,10 @@ def create_session(cx, a):
         if a.sequence == (cl.cs_sequence - 1) & 0xFFFFFFFF and cl.cs_reply is not None:
             return cl.cs_reply  # a retransmitted CREATE_SESSION
         if a.sequence != cl.cs_sequence:
-            raise NfsError(c.NFS4ERR_SEQ_MISORDERED, f"CREATE_SESSION sequence {a.sequence}, "
-                                                     f"expected {cl.cs_sequence}")
+            raise NfsError(
+                c.NFS4ERR_SEQ_MISORDERED,
+                f"CREATE_SESSION sequence {a.sequence}, expected {cl.cs_sequence}",
+            )
         if a.flags & ~CREATE_SESSION_FLAGS:
             raise NfsError(c.NFS4ERR_INVAL, f"CREATE_SESSION flags {a.flags:#x}")
         limit = cx.server.max_record_size
@@ -73,12 +94,24 @@ def create_session(cx, a):
         f, b = a.fore_chan_attrs, a.back_chan_attrs
         _check_channel(f, FORE_MIN, "fore")
         _check_channel(b, BACK_MIN, "back")
-        fore = channel_attrs4.cls(0, min(f.maxrequestsize, limit), min(f.maxresponsesize, limit),
-                                  min(f.maxresponsesize_cached, MAX_CACHED),
-                                  min(f.maxoperations, MAX_OPS),
-                                  max(1, min(f.maxrequests, MAX_SLOTS)), [])
-        back = channel_attrs4.cls(0, b.maxrequestsize, b.maxresponsesize, b.maxresponsesize_cached,
-                                  b.maxoperations, max(1, min(b.maxrequests, 16)), [])
+        fore = channel_attrs4.cls(
+            0,
+            min(f.maxrequestsize, limit),
+            min(f.maxresponsesize, limit),
+            min(f.maxresponsesize_cached, MAX_CACHED),
+            min(f.maxoperations, MAX_OPS),
+            max(1, min(f.maxrequests, MAX_SLOTS)),
+            [],
+        )
+        back = channel_attrs4.cls(
+            0,
+            b.maxrequestsize,
+            b.maxresponsesize,
+            b.maxresponsesize_cached,
+            b.maxoperations,
+            max(1, min(b.maxrequests, 16)),
+            [],
+        )
         sess = state.add_session(cl, fore, back)
         clients.confirm(state, cl)
         cl.cs_sequence = (cl.cs_sequence + 1) & 0xFFFFFFFF
@@ -151,8 +184,11 @@ def secinfo_no_name(cx, style):
         raise NfsError(c.NFS4ERR_INVAL, f"secinfo style {style}: expected 0 or 1")
     if style == c.SECINFO_STYLE4_PARENT:
         node = need_dir(cx)
-        at_root = (node.pseudo.parent is None if node.pseudo is not None
-                   else node.ino == node.export.root_ino)
+        at_root = (
+            node.pseudo.parent is None
+            if node.pseudo is not None
+            else node.ino == node.export.root_ino
+        )
         if at_root:  # RFC 8881 18.45.3: nothing above where the client entered
             raise NfsError(c.NFS4ERR_NOENT, "SECINFO_STYLE4_PARENT at the root of the export")
     return _secinfo(cx)

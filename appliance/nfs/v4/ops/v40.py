@@ -7,6 +7,7 @@
   RELEASE_LOCKOWNER;
 - NFSv4.0 differences: no NFSv4.1 attributes, no OPEN arms of NFSv4.1, SECINFO keeps the
   current file handle (RFC 8881 changed that)."""
+
 from __future__ import annotations
 
 from appliance.nfs.v4 import attrs as fattr
@@ -27,8 +28,9 @@ def _principal(cx) -> tuple:
 @operation40(c.OP_SETCLIENTID)
 def setclientid(cx, a):
     # the callback is recorded, never used: no delegations are granted, so nothing to recall
-    cl = state40.setclientid(cx.state, bytes(a.client.id), a.client.verifier, _principal(cx),
-                             cx.address, a.callback)
+    cl = state40.setclientid(
+        cx.state, bytes(a.client.id), a.client.verifier, _principal(cx), cx.address, a.callback
+    )
     return resok(c.OP_SETCLIENTID).cls(cl.clientid, cl.confirm_verifier)
 
 
@@ -46,11 +48,13 @@ def renew(cx, clientid):
 @operation40(c.OP_OPEN)
 def open40(cx, a):
     if a.share_access & ~c.OPEN4_SHARE_ACCESS_BOTH:
-        raise NfsError(c.NFS4ERR_INVAL, f"share access {a.share_access:#x}: NFSv4.0 has no "
-                                        "delegation wishes")
+        raise NfsError(
+            c.NFS4ERR_INVAL, f"share access {a.share_access:#x}: NFSv4.0 has no delegation wishes"
+        )
     claim = a.claim[0]
-    if claim > c.CLAIM_DELEGATE_PREV or (a.openhow[0] == c.OPEN4_CREATE
-                                         and a.openhow[1][0] == c.EXCLUSIVE4_1):
+    if claim > c.CLAIM_DELEGATE_PREV or (
+        a.openhow[0] == c.OPEN4_CREATE and a.openhow[1][0] == c.EXCLUSIVE4_1
+    ):
         raise NfsError(c.NFS4ERR_BADXDR, "an OPEN arm of NFSv4.1")
     res = io.open_(cx, a)
     owner = cx.sequenced

@@ -2,6 +2,7 @@
 READ_PLUS, CLONE and a synchronous COPY inside the server; and the extended attributes of
 RFC 8276 (GETXATTR, SETXATTR, LISTXATTRS, REMOVEXATTR) over the namespace's xattrs, in their
 "user." namespace. The executor answers these only in minor version 2 COMPOUNDs."""
+
 from __future__ import annotations
 
 from appliance.nfs.onc.xdr import Packer
@@ -20,8 +21,10 @@ from engine.namespace import XATTR_NAME_MAX, XATTR_VALUE_MAX
 
 READ, WRITE = c.OPEN4_SHARE_ACCESS_READ, c.OPEN4_SHARE_ACCESS_WRITE
 USER_PREFIX = "user."  # RFC 8276 3: the protocol carries user-namespace names without it
-_data4, _hole4 = (read_plus_content.arms[c.NFS4_CONTENT_DATA],
-                  read_plus_content.arms[c.NFS4_CONTENT_HOLE])
+_data4, _hole4 = (
+    read_plus_content.arms[c.NFS4_CONTENT_DATA],
+    read_plus_content.arms[c.NFS4_CONTENT_HOLE],
+)
 _copy_requirements = resok(c.OP_COPY).fields[1][1]
 
 
@@ -144,8 +147,11 @@ def clone(cx, a):
     src, dst = _source_and_destination(cx, a.src_stateid, a.dst_stateid)
     _end(a.src_offset, a.count)
     _end(a.dst_offset, a.count)
-    if src.ino == dst.ino and a.count and (a.src_offset < a.dst_offset + a.count
-                                           and a.dst_offset < a.src_offset + a.count):
+    if (
+        src.ino == dst.ino
+        and a.count
+        and (a.src_offset < a.dst_offset + a.count and a.dst_offset < a.src_offset + a.count)
+    ):
         raise NfsError(c.NFS4ERR_INVAL, "overlapping ranges of one file")
     cx.ns.clone_range(cx.cred(dst), src.ino, a.src_offset, dst.ino, a.dst_offset, a.count)
 
@@ -161,13 +167,17 @@ def copy(cx, a):
     size = cx.ns.getattr(src.ino).size
     if a.src_offset > size:
         raise NfsError(c.NFS4ERR_INVAL, f"source offset {a.src_offset} past its {size} bytes")
-    if src.ino == dst.ino and a.src_offset < a.dst_offset + max(a.count, 1) \
-            and a.dst_offset < a.src_offset + (a.count or size):
+    if (
+        src.ino == dst.ino
+        and a.src_offset < a.dst_offset + max(a.count, 1)
+        and a.dst_offset < a.src_offset + (a.count or size)
+    ):
         raise NfsError(c.NFS4ERR_INVAL, "overlapping ranges of one file")
     count = 0
     if a.src_offset < size:
-        count = cx.ns.copy_range(cx.cred(dst), src.ino, a.src_offset, dst.ino, a.dst_offset,
-                                 a.count)
+        count = cx.ns.copy_range(
+            cx.cred(dst), src.ino, a.src_offset, dst.ino, a.dst_offset, a.count
+        )
     cx.server.counters.write(count)
     response = write_response4.cls([], count, c.FILE_SYNC4, cx.server.write_verifier)
     return resok(c.OP_COPY).cls(response, _copy_requirements.cls(True, True))
@@ -211,13 +221,19 @@ def setxattr(cx, a):
     if a.option > c.SETXATTR4_REPLACE:
         raise NfsError(c.NFS4ERR_INVAL, f"setxattr option {a.option}")
     if len(a.value) > XATTR_VALUE_MAX:
-        raise NfsError(c.NFS4ERR_XATTR2BIG, f"value of {len(a.value)} bytes, at most "
-                                            f"{XATTR_VALUE_MAX}")
+        raise NfsError(
+            c.NFS4ERR_XATTR2BIG, f"value of {len(a.value)} bytes, at most {XATTR_VALUE_MAX}"
+        )
     before = cx.ns.getattr(node.ino).change
     try:
-        cx.ns.setxattr(cx.cred(node), node.ino, name, bytes(a.value),
-                       create=a.option == c.SETXATTR4_CREATE,
-                       replace_only=a.option == c.SETXATTR4_REPLACE)
+        cx.ns.setxattr(
+            cx.cred(node),
+            node.ino,
+            name,
+            bytes(a.value),
+            create=a.option == c.SETXATTR4_CREATE,
+            replace_only=a.option == c.SETXATTR4_REPLACE,
+        )
     except errors.NoData as exc:
         raise NfsError(c.NFS4ERR_NOXATTR, str(exc)) from None
     return cinfo(before, cx.ns.getattr(node.ino).change)
@@ -242,13 +258,19 @@ _LIST_FIXED = 8 + 4 + 4  # lxr_cookie, the names' count, lxr_eof
 def listxattrs(cx, a):
     """The cookie is the index of the next name in the sorted list."""
     node = cx.need_fh()
-    names = [] if node.pseudo is not None else [
-        n[len(USER_PREFIX):] for n in cx.ns.listxattr(cx.cred(node), node.ino)
-        if n.startswith(USER_PREFIX) and len(n) > len(USER_PREFIX)]
+    names = (
+        []
+        if node.pseudo is not None
+        else [
+            n[len(USER_PREFIX) :]
+            for n in cx.ns.listxattr(cx.cred(node), node.ino)
+            if n.startswith(USER_PREFIX) and len(n) > len(USER_PREFIX)
+        ]
+    )
     if a.cookie > len(names):
         raise NfsError(c.NFS4ERR_BAD_COOKIE, f"cookie {a.cookie} of {len(names)} names")
     out, used, index = [], _LIST_FIXED, a.cookie
-    for name in names[a.cookie:]:
+    for name in names[a.cookie :]:
         p = Packer()
         xattrkey4.pack(p, name)
         if used + len(p) > a.maxcount:
