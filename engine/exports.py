@@ -234,7 +234,8 @@ def get(catalog: Catalog, export_id: int) -> Export:
 
 
 # -- changes --------------------------------------------------------------------------------------
-def _describe(values: dict) -> str:
+def describe(values: Mapping[str, Any]) -> str:
+    """An event's "key=value, ..." text of the fields a change set."""
     return ", ".join(f"{k}={v}" for k, v in values.items())
 
 
@@ -249,7 +250,7 @@ def create(catalog: Catalog, values: Mapping[str, Any], *, actor: str, namespace
         record_in(
             conn,
             "export.create",
-            f"export {values['name']} created: {_describe(values)}",
+            f"export {values['name']} created: {describe(values)}",
             actor=actor,
             details={"export_id": export_id, **values},
         )
@@ -280,7 +281,7 @@ def update(
         record_in(
             conn,
             "export.update",
-            f"export {export_id} changed: {_describe(values)}",
+            f"export {export_id} changed: {describe(values)}",
             actor=actor,
             details={"export_id": export_id, **values},
         )

@@ -28,7 +28,7 @@ from engine.catalog.database import Catalog
 from engine.catalog.models import SmbShare as ShareRow
 from engine.catalog.models import SmbUser as UserRow
 from engine.events import record_in
-from engine.exports import ANY_CLIENT, ID_MAX, clean_clients, clean_path
+from engine.exports import ANY_CLIENT, ID_MAX, clean_clients, clean_path, describe
 
 SHARES = ShareRow.__table__
 USERS = UserRow.__table__
@@ -236,10 +236,6 @@ def validate_share(values: Mapping[str, Any], namespace=None, *, partial: bool =
     return {name: checks[name](given[name]) for name in SHARE_FIELDS if name in given}
 
 
-def _describe(values: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in values.items())
-
-
 # -- shares -------------------------------------------------------------------------------------
 def list_shares(catalog: Catalog, *, enabled_only: bool = False) -> list[Share]:
     query = select(SHARES).order_by(SHARES.c.name)
@@ -280,7 +276,7 @@ def create_share(
         record_in(
             conn,
             "smb.share.create",
-            f"SMB share {values['name']} created: {_describe(values)}",
+            f"SMB share {values['name']} created: {describe(values)}",
             actor=actor,
             details={"share_id": share_id, **values},
         )
@@ -309,7 +305,7 @@ def update_share(
         record_in(
             conn,
             "smb.share.update",
-            f"SMB share {share_id} changed: {_describe(values)}",
+            f"SMB share {share_id} changed: {describe(values)}",
             actor=actor,
             details={"share_id": share_id, **values},
         )
