@@ -59,6 +59,7 @@ TIMEOUT_S = {"full": 900, "quick": 300, "smoke": 60}
 # (metric, unit, goal of issue 8 for the ratio shingle/Ganesha or None)
 METRICS = [
     ("seq_write_MBps", "MB/s", 1.0),
+    ("seq_write_linux_MBps", "MB/s", 1.0),
     ("seq_read_cold_MBps", "MB/s", 1.0),
     ("seq_read_warm_MBps", "MB/s", 1.0),
     ("create_per_s", "ops/s", 0.7),
@@ -81,6 +82,16 @@ TRAINING_METRICS = [
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+WORKLOAD_ORDER = (
+    "sequential",
+    "linux_write",
+    "small_files",
+    "random_write",
+    "checkpoint_writers",
+    "shard_readers",
+)
 
 
 # -- shingle as a child process --------------------------------------------------------
@@ -244,7 +255,7 @@ def run_workload(server, client: str, workload: str, params: dict, timeout: floa
     out["wall_s"] = round(time.perf_counter() - t, 2)
     cpu1 = cpu_seconds(pid)
     if cpu0 is not None and cpu1 is not None:
-        out["server_cpu_s"] = round(cpu1 - cpu0, 2)
+        out["server_cpu_s"] = round(cpu1 - cpu0, 3)
     if not out.get("ok") and not server.alive():
         out["error"] = f"{out.get('error')} (server process exited: see {server.log})"
     return out
@@ -260,6 +271,9 @@ class Run:
         self.samples: dict[str, dict[str, list[float]]] = {}
         self.errors: list[dict] = []
         self.cpu: dict[str, dict[str, list[float]]] = {}
+        # CLIENT.WORKLOAD -> server -> CPU seconds per unit of work, and the unit
+        self.cpu_per_work: dict[str, dict[str, list[float]]] = {}
+        self.work_unit: dict[str, str] = {}
         self.cache_drop = None
 
     def add(self, server: str, metric: str, value: float) -> None:
@@ -303,7 +317,13 @@ class Run:
             return False
 
     def step(
-        self, name: str, client: str, workload: str, rep: int, metric_map: dict | None = None
+        self,
+        name: str,
+        client: str,
+        workload: str,
+        rep: int,
+        metric_map: dict | None = None,
+        label: str | None = None,
     ) -> dict | None:
         if not self.servers[name].backing_dir.is_dir():
             raise RuntimeError(
@@ -318,6 +338,12 @@ class Run:
             self.error(name, client, workload, rep, out)
             return None
         metrics = out["metrics"]
+        work, cpu = out.get("work"), out.get("server_cpu_s")
+        if work and cpu is not None and work[0] > 0:
+            key = f"{client}.{label or workload}"
+            self.work_unit[key] = work[1]
+            per = self.cpu_per_work.setdefault(key, {s: [] for s in SERVERS})
+            per[name].append(cpu / work[0])
         for key, value in metrics.items():
             metric = f"{client}.{(metric_map or {}).get(key, key)}"
             self.add(name, metric, value)
@@ -335,8 +361,12 @@ class Run:
         if self.step(name, client, "seq_write", rep) is None:
             return
         self.cache_drop = workloads.evict_page_cache([s.backing_dir for s in self.servers.values()])
-        self.step(name, client, "seq_read", rep, {"seq_read_MBps": "seq_read_cold_MBps"})
-        self.step(name, client, "seq_read", rep, {"seq_read_MBps": "seq_read_warm_MBps"})
+        self.step(
+            name, client, "seq_read", rep, {"seq_read_MBps": "seq_read_cold_MBps"}, "seq_read_cold"
+        )
+        self.step(
+            name, client, "seq_read", rep, {"seq_read_MBps": "seq_read_warm_MBps"}, "seq_read_warm"
+        )
         if self.ensure_up(name):
             run_workload(self.servers[name], client, "seq_cleanup", self.params, self.timeout)
 
@@ -345,13 +375,9 @@ class Run:
             order = list(SERVERS) if rep % 2 == 0 else list(reversed(SERVERS))
             log(f"repetition {rep + 1}/{self.args.reps}: order {' then '.join(order)}")
             for client in self.args.clients:
-                for workload in (
-                    "sequential",
-                    "small_files",
-                    "random_write",
-                    "checkpoint_writers",
-                    "shard_readers",
-                ):
+                for workload in WORKLOAD_ORDER:
+                    if self.args.workloads and workload not in self.args.workloads:
+                        continue
                     for name in order:
                         if workload == "sequential":
                             self.sequential(name, client, rep)
@@ -610,6 +636,32 @@ def metric_lines(rows: list[dict]) -> list[str]:
     ]
 
 
+def cpu_per_work_rows(run: Run) -> list[dict]:
+    """Per CLIENT.WORKLOAD: the servers' median CPU seconds per unit of work, and the ratio."""
+    rows = []
+    for key, per in run.cpu_per_work.items():
+        s, g = median(per["shingle"]), median(per["ganesha"])
+        rows.append(
+            {
+                "workload": key,
+                "unit": f"cpu s/{run.work_unit[key]}",
+                "shingle": s,
+                "ganesha": g,
+                "ratio": s / g if s is not None and g else None,
+                "samples": per,
+            }
+        )
+    return rows
+
+
+def cpu_per_work_lines(rows: list[dict]) -> list[str]:
+    return [
+        f"{r['workload']}.cpu_per_work {fmt(r['shingle'], 5)} {fmt(r['ganesha'], 5)} "
+        f"{fmt(r['ratio'], 3)}"
+        for r in rows
+    ]
+
+
 def torch_available() -> bool:
     import importlib.util
 
@@ -661,7 +713,15 @@ def parse_args(argv=None):
         "--workdir", help="where the servers keep their data (default: a temp folder, removed)"
     )
     ap.add_argument("--json", help="also write every sample and error to this JSON file")
+    ap.add_argument(
+        "--workloads",
+        help=f"comma-separated subset of {','.join(WORKLOAD_ORDER)} (default: all)",
+    )
     args = ap.parse_args(argv)
+    args.workloads = [w.strip() for w in (args.workloads or "").split(",") if w.strip()]
+    for w in args.workloads:
+        if w not in WORKLOAD_ORDER:
+            ap.error(f"--workloads: {w!r} is not one of {', '.join(WORKLOAD_ORDER)}")
     args.clients = [c.strip() for c in args.clients.split(",") if c.strip()]
     for c in args.clients:
         if c not in workloads.CLIENTS:
@@ -771,6 +831,7 @@ def main(argv=None) -> int:
     rows = metric_order(
         run.summary(), args.clients, training is not None and "skipped" not in training
     )
+    cpu_rows = cpu_per_work_rows(run)
     result = {
         "mode": args.mode,
         "reps": args.reps,
@@ -788,6 +849,7 @@ def main(argv=None) -> int:
         "rows": rows,
         "errors": run.errors,
         "server_cpu_s": run.cpu,
+        "cpu_per_work": cpu_rows,
         "training": training,
         "cluster": cluster,
         "profile": profile,
@@ -814,6 +876,13 @@ def main(argv=None) -> int:
     print_table(rows)
     print(f"# {len(rows)} metrics: metric shingle_value ganesha_value ratio", flush=True)
     for line in metric_lines(rows):
+        print(line)
+    print(
+        f"# {len(cpu_rows)} workloads: CLIENT.WORKLOAD.cpu_per_work shingle ganesha ratio "
+        "(server CPU s per MiB moved, or per 1,000 operations: kop)",
+        flush=True,
+    )
+    for line in cpu_per_work_lines(cpu_rows):
         print(line)
     return 0
 

@@ -14,9 +14,11 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # fuse3, libfuse3-dev, pkg-config: pyfuse3 builds against libfuse3 (the mount Samba shares);
 # qemu-system-x86 busybox-static nfs-common keyutils fio: the kernel NFS client rig (tests/kernel),
 # a VM that shares this host's userland (mount.nfs, request-key for NFSv4 owners, fio).
+# gcc: builds the compiled hot path (engine/native/*.pyx) at install; strace: a test reads the
+# compiled drive writers' system calls.
 apt_packages=${SHINGLE_APT_PACKAGES:-"postgresql chromium libnfs-utils systemd smartmontools nfs-ganesha nfs-ganesha-vfs
   samba smbclient libnss-wrapper fuse3 libfuse3-dev pkg-config
-  qemu-system-x86 busybox-static nfs-common keyutils fio"}
+  qemu-system-x86 busybox-static nfs-common keyutils fio gcc strace"}
 missing=()
 for pkg in $apt_packages; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -34,11 +36,14 @@ if [ ! -x "$repo/.venv/bin/python" ]; then
   "$python" -m venv "$repo/.venv"
 fi
 stamp="$repo/.venv/.bootstrap-stamp"
-want=$(sha256sum "$repo/pyproject.toml" | cut -d' ' -f1)
+# a changed .pyx must be compiled again, so its hash is part of the stamp
+want=$(cat "$repo/pyproject.toml" "$repo/setup.py" "$repo"/engine/native/*.pyx | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing shingle and its Python dependencies into .venv"
   "$repo/.venv/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v -i warning || true
   "$repo/.venv/bin/python" -m pip install -q -e "$repo[test]" 2>&1 | grep -v -i "warning\|location" || true
-  "$repo/.venv/bin/python" -c "import engine, appliance, webui, sqlalchemy, pyeclib" 
+  "$repo/.venv/bin/python" -c "import engine, appliance, webui, sqlalchemy, pyeclib"
+  "$repo/.venv/bin/python" -c "import engine.native._driveio" 2>/dev/null ||
+    echo "bootstrap: the compiled drive writers were not built (no gcc?): the engine runs its Python fallback"
   echo "$want" > "$stamp"
 fi

@@ -70,6 +70,7 @@ class DriveState:
         self.on_gone: Callable[[DriveState], None] | None = None
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
+        self.native = None  # the compiled writer (engine.native.driveio.DriveQueue), if used
 
     def present(self) -> bool:
         if self.backend is None:

@@ -8,35 +8,40 @@ for the zone before it.
 
 A ``WriteTicket`` is what a waiter holds: it counts down as its appends become durable and sets
 ``written`` when the last one is. The data path's stripes are tickets; the lifecycle jobs use
-plain ones (engine/lifecycle/media.py)."""
+plain ones (engine/lifecycle/media.py).
+
+Two implementations of the writer, one behaviour: where the compiled module is built
+(engine/native/_driveio.pyx) and the drive's backend can hand out a file descriptor for an
+append (``claim_append``: zone files), a drive's appends and fdatasyncs run in a C thread that
+takes the GIL only to finish a ticket, report an error or run a queued call (Finish, Reset,
+RepairWrite, Retire run as such calls, in queue order, after every earlier append is durable).
+Elsewhere (no compiler at install time, ``SHINGLE_NATIVE=0``, other backends) a Python writer
+thread and its syncer do the same work."""
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from engine import errors
 from engine.datapath.drivestate import DriveState
+from engine.native import driveio
 from engine.ordered_lock import lock
 
 
-class WriteTicket:
-    """Appends on their way to durable media; ``written`` is set once the last one is."""
+class PyCountdown:
+    """The count of a ticket where the compiled module is not built (its ``Ticket`` is the
+    same count behind a C mutex, so the C writer threads can count without the GIL)."""
 
-    __slots__ = ("lock", "remaining", "written", "error")
+    __slots__ = ("lock", "remaining")
 
-    def __init__(self, count: int = 0):
+    def __init__(self, *args, **kwargs):
         self.lock = lock("datapath.ticket")
-        self.remaining = count
-        self.written = threading.Event()
-        self.error: BaseException | None = None
-
-    def fail(self, exc: BaseException) -> None:
-        if self.error is None:
-            self.error = exc
+        self.remaining = 0
 
     def fragment_done(self, count: int = 1) -> None:
         """``count`` appends are durable (or failed: see ``error``), or will never be queued."""
@@ -45,6 +50,31 @@ class WriteTicket:
             last = self.remaining == 0
         if last:
             self.all_written()
+
+    def all_written(self) -> None:
+        pass
+
+
+if TYPE_CHECKING or driveio is None:
+    Countdown = PyCountdown
+else:
+    Countdown = driveio.Ticket
+
+
+class WriteTicket(Countdown):
+    """Appends on their way to durable media; ``written`` is set once the last one is."""
+
+    __slots__ = ("written", "error")
+
+    def __init__(self, count: int = 0):
+        super().__init__()
+        self.remaining = count
+        self.written = threading.Event()
+        self.error: BaseException | None = None
+
+    def fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
 
     def all_written(self) -> None:
         self.written.set()
@@ -115,6 +145,13 @@ class DriveWriters:
 
     def start_drive(self, drive: DriveState) -> None:
         """Start one drive's writer thread (at start, and for a drive added while running)."""
+        if driveio is not None and hasattr(drive.backend, "claim_append"):
+            drive.native = driveio.DriveQueue(
+                lambda ticket, idx, err, during: self._native_failed(
+                    drive, ticket, idx, err, during
+                )
+            )
+            return
         drive.thread = threading.Thread(
             target=self._run, args=(drive,), daemon=True, name=f"shingle-drive-{drive.id}"
         )
@@ -123,46 +160,90 @@ class DriveWriters:
 
     def stop(self) -> None:
         for drive in self.drives.values():
-            drive.queue.put(None)
+            if drive.native is None:
+                drive.queue.put(None)
         for drive in self.drives.values():
-            if drive.thread is not None:
+            if drive.native is not None:
+                drive.native.stop()
+            elif drive.thread is not None:
                 drive.thread.join()
             if drive.backend is not None:
                 drive.backend.close()
 
     # -- what callers queue ---------------------------------------------------------------
-    @staticmethod
-    def append(drive: DriveState, zone_idx: int, offset: int, data, ticket: WriteTicket) -> None:
+    def append(
+        self, drive: DriveState, zone_idx: int, offset: int, data, ticket: WriteTicket
+    ) -> None:
         """Queue an append; ``ticket.fragment_done()`` runs once it is durable (or failed)."""
-        drive.queue.put(Append(zone_idx, offset, data, ticket))
+        native = drive.native
+        if native is None:
+            drive.queue.put(Append(zone_idx, offset, data, ticket))
+            return
+        claimed = False
+        try:
+            # the range is claimed here, in queue order (callers queue a zone's appends in
+            # offset order): the C thread then only writes
+            fd, data = drive.backend.claim_append(zone_idx, offset, data)
+            claimed = True
+            native.append(fd, offset, data, ticket, zone_idx)
+        except BaseException as exc:  # noqa: BLE001 - the ticket carries it, as in _run
+            if claimed:
+                drive.backend.append_failed(zone_idx)
+            drive.write_failed = True
+            ticket.fail(errors.IOFailure(f"drive {drive.id} zone {zone_idx}: write failed: {exc}"))
+            ticket.fragment_done()
+            self._io_error(drive, exc, "write")
 
-    @staticmethod
-    def finish(drive: DriveState, zone_idx: int) -> None:
+    def _native_failed(
+        self, drive: DriveState, ticket: WriteTicket, zone_idx: int, err: int, during: str
+    ) -> None:
+        """In the C writer thread, with the GIL: an append or its fdatasync failed."""
+        exc = OSError(err, os.strerror(err))
+        drive.write_failed = True
+        if during == "write" and drive.backend is not None:
+            drive.backend.append_failed(zone_idx)
+        ticket.fail(errors.IOFailure(f"drive {drive.id} zone {zone_idx}: {during} failed: {exc}"))
+        self._io_error(drive, exc, during)
+
+    def _queue_item(self, drive: DriveState, item) -> None:
+        """Queue a Finish, RepairWrite, Reset or Retire behind the drive's earlier appends."""
+        if drive.native is None:
+            drive.queue.put(item)
+        else:
+            drive.native.call(lambda: self._do_item(drive, item))
+
+    def finish(self, drive: DriveState, zone_idx: int) -> None:
         """The band is done: tell the drive once every append queued for it has landed."""
-        drive.queue.put(Finish(zone_idx))
+        self._queue_item(drive, Finish(zone_idx))
 
-    @staticmethod
-    def write_repair(drive: DriveState, zone_idx: int, offset: int, data: bytes) -> Latch:
+    def write_repair(self, drive: DriveState, zone_idx: int, offset: int, data: bytes) -> Latch:
         """Append and fsync a repaired fragment; wait on the returned latch's ``done``."""
         latch = Latch(1)
-        drive.queue.put(RepairWrite(zone_idx, offset, data, latch))
+        self._queue_item(drive, RepairWrite(zone_idx, offset, data, latch))
         return latch
 
-    @staticmethod
-    def retire(drive: DriveState, backend) -> None:
+    def retire(self, drive: DriveState, backend) -> None:
         """Close a backend the drive no longer uses, once everything queued before is done."""
         if backend is not None:
-            drive.queue.put(Retire(backend))
+            self._queue_item(drive, Retire(backend))
 
-    @staticmethod
-    def reset_zones(zones: list[tuple[DriveState, int]]) -> None:
+    def reset_zones(self, zones: list[tuple[DriveState, int]]) -> None:
         """Reset each (drive, zone idx) through its writer's queue; wait for all of them."""
         latch = Latch(len(zones))
         for drive, zone_idx in zones:
-            drive.queue.put(Reset(zone_idx, latch))
+            self._queue_item(drive, Reset(zone_idx, latch))
         latch.done.wait()
         if latch.errors:
             raise errors.IOFailure(f"zone reset failed: {latch.errors[0]}")
+
+    def counters(self) -> dict[str, float]:
+        """The compiled writers' totals (appends, bytes, syncs, batches, write_s, sync_s)."""
+        out: dict[str, float] = {}
+        for drive in self.drives.values():
+            if drive.native is not None:
+                for key, value in drive.native.counters().items():
+                    out[key] = out.get(key, 0) + value
+        return out
 
     # -- the threads ------------------------------------------------------------------------
     def _run(self, drive: DriveState) -> None:
@@ -215,32 +296,40 @@ class DriveWriters:
                         self._io_error(drive, exc, "write")
                 elif item is None:
                     return
-                elif kind is Finish:
-                    try:
-                        backend.finish_zone(item.zone_idx)
-                    except BaseException:  # noqa: BLE001 - a later append to it fails loudly anyway
-                        pass
-                elif kind is RepairWrite:
-                    try:
-                        backend.append(item.zone_idx, item.offset, item.data)
-                        backend.sync(item.zone_idx)
-                        item.latch.arrive()
-                    except BaseException as exc:  # noqa: BLE001
-                        item.latch.arrive(exc)
-                elif kind is Reset:
-                    try:
-                        backend.reset(item.zone_idx)
-                        item.latch.arrive()
-                    except BaseException as exc:  # noqa: BLE001
-                        item.latch.arrive(exc)
-                elif kind is Retire:
-                    try:
-                        item.backend.close()
-                    except OSError:
-                        pass  # its files may be gone with the folder it named
+                else:
+                    self._do_item(drive, item)
         finally:
             synced.put(None)
             syncer.join()
+
+    @staticmethod
+    def _do_item(drive: DriveState, item) -> None:
+        """In the drive's writer thread, in queue order: a Finish, RepairWrite, Reset or Retire."""
+        backend = drive.backend  # a drive that came back has a reopened backend
+        kind = type(item)
+        if kind is Finish:
+            try:
+                backend.finish_zone(item.zone_idx)
+            except BaseException:  # noqa: BLE001 - a later append to it fails loudly anyway
+                pass
+        elif kind is RepairWrite:
+            try:
+                backend.append(item.zone_idx, item.offset, item.data)
+                backend.sync(item.zone_idx)
+                item.latch.arrive()
+            except BaseException as exc:  # noqa: BLE001
+                item.latch.arrive(exc)
+        elif kind is Reset:
+            try:
+                backend.reset(item.zone_idx)
+                item.latch.arrive()
+            except BaseException as exc:  # noqa: BLE001
+                item.latch.arrive(exc)
+        elif kind is Retire:
+            try:
+                item.backend.close()
+            except OSError:
+                pass  # its files may be gone with the folder it named
 
     def _sync_loop(self, drive: DriveState, synced: queue.SimpleQueue) -> None:
         """fsync what the writer appended, as many fragments per fsync as arrived meanwhile."""

@@ -188,7 +188,11 @@ class ZoneFileDrive(ZonedDrive):
         self._cond[idx] = how
 
     # -- I/O -------------------------------------------------------------------------
-    def append(self, idx: int, offset: int, data, durable: bool = False) -> None:
+    def claim_append(self, idx: int, offset: int, data) -> tuple[int, object]:
+        """Check an append at ``offset`` and reserve its range; returns the zone file's fd and
+        the bytes to write there (padded to the write granularity). The caller writes them at
+        ``offset`` of that fd and calls ``append_failed`` if that fails (the compiled drive
+        writers do the write without the GIL)."""
         fd = self._fd(idx)
         length = len(data)
         pad = -length % self.write_granularity
@@ -201,9 +205,23 @@ class ZoneFileDrive(ZonedDrive):
             self._make_open(idx, IMPLICIT_OPEN)
             # reserve the range first so two writers can never interleave in one zone
             self._wp[idx] = wp + length
+        self.bytes_written += length
+        if self.model is not None:
+            self.model.on_write(self.model_key, idx * self.zone_size + offset, length)
+        return fd, data
+
+    def append_failed(self, idx: int) -> None:
+        """A claimed append failed: the zone's real length is now unknown, so believe the file."""
+        self.write_errors += 1
+        with self._lock:
+            self._wp[idx] = os.fstat(self._fd(idx)).st_size
+
+    def append(self, idx: int, offset: int, data, durable: bool = False) -> None:
+        fd, data = self.claim_append(idx, offset, data)
+        length = len(data)  # type: ignore[arg-type]
         try:
             done = 0
-            view = memoryview(data)
+            view = memoryview(data)  # type: ignore[arg-type]
             while done < length:
                 if durable and _RWF_DSYNC:
                     # write and fdatasync in one call: one hand-back of the GIL instead of two
@@ -213,14 +231,8 @@ class ZoneFileDrive(ZonedDrive):
             if durable and not _RWF_DSYNC:
                 os.fdatasync(fd)
         except OSError:
-            self.write_errors += 1
-            with self._lock:
-                # the zone's real length is now unknown: believe the file
-                self._wp[idx] = os.fstat(fd).st_size
+            self.append_failed(idx)
             raise
-        self.bytes_written += length
-        if self.model is not None:
-            self.model.on_write(self.model_key, idx * self.zone_size + offset, length)
 
     def read_into(self, idx: int, offset: int, buffers: list) -> int:
         fd = self._fd(idx)

@@ -28,6 +28,7 @@ from bench.ganesha import ensure_installed  # noqa: E402
 # metric suffix -> the workloads whose failure leaves it without a number
 WORKLOAD_OF = {
     "seq_write_MBps": {"seq_write"},
+    "seq_write_linux_MBps": {"linux_write"},
     "seq_read_cold_MBps": {"seq_write", "seq_read"},
     "seq_read_warm_MBps": {"seq_write", "seq_read"},
     "create_per_s": {"small_files"},
@@ -42,6 +43,11 @@ LINE = re.compile(r"^(\S+) (nan|\d+\.\d+) (nan|\d+\.\d+) (nan|\d+\.\d+)$")
 
 def number(text: str) -> float:
     return float(text)
+
+
+def failures_of(run_json: Path) -> set:
+    result = json.loads(run_json.read_text())
+    return {(e["server"], e["client"], e["workload"]) for e in result["errors"]}
 
 
 def test_compare_smoke_prints_one_line_per_metric_with_both_servers(tmp_path):
@@ -76,8 +82,15 @@ def test_compare_smoke_prints_one_line_per_metric_with_both_servers(tmp_path):
         and line.endswith("metrics: metric shingle_value ganesha_value ratio")
     )
     declared = int(out[marker].split()[1])
-    tail = out[marker + 1 :]
-    assert len(tail) == declared, tail
+    cpu_marker = next(
+        i
+        for i, line in enumerate(out)
+        if line.startswith("# ") and "workloads: CLIENT.WORKLOAD.cpu_per_work" in line
+    )
+    assert cpu_marker == marker + 1 + declared, out[marker:]
+    tail = out[marker + 1 : cpu_marker]
+    cpu_tail = out[cpu_marker + 1 :]
+    assert len(cpu_tail) == int(out[cpu_marker].split()[1]), cpu_tail
     expected = {f"{c}.{m}" for c in ("nfsrs", "nfs4fs") for m, _u, _g in compare.METRICS}
     if has_torch:
         expected |= {f"train.{m}" for m, _u in compare.TRAINING_METRICS}
@@ -89,6 +102,30 @@ def test_compare_smoke_prints_one_line_per_metric_with_both_servers(tmp_path):
         assert m, f"not 'metric shingle_value ganesha_value ratio': {line!r}"
         rows[m.group(1)] = tuple(number(x) for x in m.group(2, 3, 4))
     assert set(rows) == expected
+
+    # one CPU-per-work line per client and workload, both servers measured (psutil)
+    cpu_rows = {}
+    for line in cpu_tail:
+        m = LINE.match(line)
+        assert m and m.group(1).endswith(".cpu_per_work"), line
+        cpu_rows[m.group(1)] = tuple(number(x) for x in m.group(2, 3, 4))
+    per_client = {
+        "seq_write",
+        "seq_read_cold",
+        "seq_read_warm",
+        "linux_write",
+        "small_files",
+        "random_write",
+        "checkpoint_writers",
+        "shard_readers",
+    }
+    assert set(cpu_rows) == {
+        f"{c}.{w}.cpu_per_work" for c in ("nfsrs", "nfs4fs") for w in per_client
+    } - {f"{c}.{w}.cpu_per_work" for s, c, w in failures_of(run_json) if s == "shingle"}
+    for key, (shingle, ganesha, _ratio) in cpu_rows.items():
+        # smoke sizes: a few ms of CPU, below psutil's clock tick for Ganesha now and then
+        assert ganesha >= 0 and shingle >= 0, key
+    assert any(s > 0 for s, _g, _r in cpu_rows.values()), cpu_rows
 
     result = json.loads(run_json.read_text())
     failures = {(e["server"], e["client"], e["workload"]) for e in result["errors"]}

@@ -148,9 +148,15 @@ def test_invariant1_zone_refuses_writes_off_the_write_pointer(tmp_path):
 
 
 def test_invariant2_fragments_are_durable_before_the_commit_that_references_them(
-    sqlite_engine, monkeypatch
+    sqlite_catalog, tmp_path, monkeypatch
 ):
-    engine = sqlite_engine
+    # the Python writers: their system calls can be watched from here; the compiled writers
+    # make the same calls in C (test_native_writers.py checks their order with strace)
+    from engine.datapath import writers
+
+    monkeypatch.setattr(writers, "driveio", None)
+    engine = Engine(sqlite_catalog, tmp_path / "drives")
+    request_close = engine.close
     durable: dict[tuple[str, int], int] = {}  # zone -> bytes made durable by an fsync
     durable_appends: set[tuple[str, int, int, int]] = (
         set()
@@ -220,6 +226,7 @@ def test_invariant2_fragments_are_durable_before_the_commit_that_references_them
             make(engine, f"d{i}", os.urandom(STRIPE + 777 * i))
     finally:
         event.remove(engine.catalog.engine, "commit", before_commit)
+    request_close()
     assert watermark[0] > 0
     assert durable_appends, "a lone flush writes its fragments durably in one call"
     assert not violations, f"fragments committed before an fsync covered them: {violations[:3]}"

@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from dphelpers import MiB
+from dphelpers import Engine, MiB
 
 from appliance.status import gather
 from engine import errors
@@ -202,14 +202,28 @@ def test_another_drives_folder_at_the_path_is_refused_once(sqlite_engine):
     assert state_of(engine, first) == "online"
 
 
-def test_a_write_error_makes_the_drive_degraded_and_writes_move_on(sqlite_engine, monkeypatch):
-    engine = sqlite_engine
+def test_a_write_error_makes_the_drive_degraded_and_writes_move_on(
+    drive_writers, sqlite_catalog, tmp_path, monkeypatch
+):
+    engine = Engine(sqlite_catalog, tmp_path / "drives")
     bad = engine.data.space.drives[engine.drive_ids[3]]
+    if drive_writers == "python":
 
-    def failing_append(*args, **kwargs):  # a medium error: nothing here can cause a real EIO
-        raise OSError(errno.EIO, "Input/output error")
+        def failing_append(*args, **kwargs):  # a medium error: nothing here can cause a real EIO
+            raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(bad.backend, "append", failing_append)
+        monkeypatch.setattr(bad.backend, "append", failing_append)
+    else:
+        # the C writer's pwrite fails for real: the claimed descriptor is one opened read-only
+        real_claim = bad.backend.claim_append
+        read_only: list[int] = []
+
+        def claim_read_only(idx, offset, data):
+            fd, data = real_claim(idx, offset, data)
+            read_only.append(os.open(f"/proc/self/fd/{fd}", os.O_RDONLY))
+            return read_only[-1], data
+
+        monkeypatch.setattr(bad.backend, "claim_append", claim_read_only)
     attempts = []
     for n in range(6):
         data = os.urandom(STRIPE)
@@ -225,6 +239,11 @@ def test_a_write_error_makes_the_drive_degraded_and_writes_move_on(sqlite_engine
     for item in attempts:
         if item is not None:
             assert engine.ns.read(item[0], 0, len(item[1])) == item[1]
+    engine.close()
+    if drive_writers == "native":
+        assert read_only, "the bad drive was written to"
+        for fd in read_only:
+            os.close(fd)
 
 
 def test_a_folder_back_without_one_of_its_zone_files_stays_missing(sqlite_engine):

@@ -1,0 +1,25 @@
+"""Builds the compiled hot path (engine/native/*.pyx) during `pip install -e .`; the rest of
+the project is declared in pyproject.toml. The extension is optional: without a compiler the
+install still succeeds and the engine runs its pure-Python fallback."""
+
+from setuptools import Extension, setup
+
+try:
+    from Cython.Build import cythonize
+except ImportError:  # no Cython in the build environment: pure-Python install
+    extensions = []
+else:
+    extensions = cythonize(
+        [
+            Extension(
+                "engine.native._driveio",
+                ["engine/native/_driveio.pyx"],
+                extra_compile_args=["-O2"],
+                optional=True,
+            )
+        ],
+        compiler_directives={"language_level": "3"},
+        quiet=True,
+    )
+
+setup(ext_modules=extensions)
