@@ -46,6 +46,11 @@ SCHEMAS: dict[str, dict] = {
         "The dashboard's summary",
         ("capacity", "drives"),
         capacity=ref("Capacity"),
+        space=prop(
+            "object",
+            "Raw bytes of the usable drives by state (live, garbage, reserve, free, stranded), "
+            "adding up to capacity.raw_bytes",
+        ),
         catalog=obj(
             "The catalog",
             backend=prop("string", "sqlite or postgresql"),
