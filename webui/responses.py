@@ -98,7 +98,12 @@ SCHEMAS: dict[str, dict] = {
         garbage_bytes=prop("integer", "Dead bytes"),
         fragments=prop("integer", "Fragments stored"),
         smart=prop(["object", "null"], "SMART reading (smartctl), or why there is none"),
-        io=prop(["object", "null"], "Host disk I/O counters of the disk holding the drive"),
+        io=prop(
+            ["object", "null"],
+            "This drive's own I/O counters as the daemon last sampled them (read_bytes, "
+            "written_bytes, read_errors, write_errors, checksum_errors, errors: their sum), "
+            "null before its first sample",
+        ),
         bands=prop("object", "Only GET /drives/{id}: zones by state and band class"),
     ),
     "ActionResult": obj(
