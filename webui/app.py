@@ -23,6 +23,7 @@ BLUEPRINTS = (
     "dashboard",
     "drives",
     "retention",
+    "trash",
     "exports",
     "smb",
     "tiers",
