@@ -119,9 +119,9 @@ class NfsStats:
             out["nfs_latency_le_inf"] = running + self._buckets[-1]
             for name, row in self._op_latency.items():
                 running = 0
-                for bound, count in zip(OP_LATENCY_BUCKETS_MS, row, strict=False):
+                for ms, count in zip(OP_LATENCY_BUCKETS_MS, row, strict=False):
                     running += count
-                    out[f"nfs_latency_{name}_le_{bound_name(bound)}"] = running
+                    out[f"nfs_latency_{name}_le_{bound_name(ms)}"] = running
                 out[f"nfs_latency_{name}_le_inf"] = running + row[-2]
                 out[f"nfs_latency_{name}_sum_s"] = row[-1]
             for export_id, (ops, read, written) in self._exports.items():
