@@ -188,6 +188,16 @@ def job_runners(appliance) -> dict[str, Callable]:
         return [item.to_dict() for item in done]
 
     def run_trash_purge(params, progress, actor):
+        if params.get("entry") is not None:  # one entry (the web UI's trash page), now
+            entry = trash.find(int(params["entry"]))
+            trash.delete(
+                entry.trash_path,
+                actor,
+                event_kind="trash.purge",
+                details={"original_path": entry.original_path},
+                expect_ino=entry.id,
+            )
+            return [entry.to_dict()]
         return [
             item.to_dict()
             for item in trash.purge(params.get("older_than_s"), actor=actor, progress=progress)

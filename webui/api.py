@@ -29,6 +29,7 @@ from webui import (
     settings,
     smb,
     tiers,
+    trash,
 )
 from webui import jobs as jobs_pages
 from webui.schema import Field, Schema, ValidationError
@@ -254,6 +255,56 @@ def run(body: dict):
     return jobs.get(
         core.ctx().catalog, retention.queue_run(body.get("rule_id"), core.actor())
     ).to_dict()
+
+
+# -- trash --------------------------------------------------------------------------------------
+TRASH_PURGE_SCHEMA = Schema(
+    "TrashPurge",
+    "What to purge: one entry, or the entries deleted at least older_than_s ago (0: all); "
+    "with neither, those past their export's trash days.",
+    (
+        Field("entry", "integer", "A trash entry's id", required=False, minimum=1),
+        Field(
+            "older_than_s",
+            "number",
+            "Seconds since deletion (0 empties the trash)",
+            required=False,
+            minimum=0,
+        ),
+    ),
+)
+
+
+@endpoint("/trash", "GET", "Every trash entry, with the bytes purging it frees", "trash")
+def list_trash():
+    return trash.entries()
+
+
+@endpoint(
+    "/trash/<int:entry_id>/restore",
+    "POST",
+    "Put a trash entry back where it was deleted from",
+    "trash",
+    scope="operator",
+)
+def restore_trash(entry_id: int):
+    return {"restored": entry_id, "path": trash.restore(entry_id, core.actor())}
+
+
+@endpoint(
+    "/trash/purge",
+    "POST",
+    "Queue a trash-purge job for the daemon; follow it with GET /api/v1/jobs/{job_id}",
+    "trash",
+    body=TRASH_PURGE_SCHEMA,
+    status=202,
+    scope="operator",
+)
+def purge_trash(body: dict):
+    job_id = trash.queue_purge(
+        core.actor(), entry=body.get("entry"), older_than_s=body.get("older_than_s")
+    )
+    return jobs.get(core.ctx().catalog, job_id).to_dict()
 
 
 # -- jobs ---------------------------------------------------------------------------------------

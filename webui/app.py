@@ -23,6 +23,7 @@ BLUEPRINTS = (
     "dashboard",
     "drives",
     "retention",
+    "trash",
     "exports",
     "smb",
     "tiers",
@@ -137,6 +138,7 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
         fmt_size=core.fmt_size,
         fmt_time=core.fmt_time,
         fmt_duration=core.fmt_duration,
+        fmt_duration_field=core.fmt_duration_field,
         fmt_value=core.fmt_value,
     )
 

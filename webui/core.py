@@ -157,6 +157,20 @@ def fmt_duration(seconds) -> str:
     return units.format_duration(float(seconds))
 
 
+def fmt_duration_field(value) -> str:
+    """A duration form field's value: seconds as "30 d" when that reads back exactly, else
+    "<n> s"; text (a rejected entry shown again) as it was typed."""
+    if value is None or value == "":
+        return ""
+    if isinstance(value, str):
+        return value
+    shown = units.format_duration(value)
+    try:
+        return shown if units.parse_duration(shown) == value else f"{value:g} s"
+    except ValueError:
+        return f"{value:g} s"
+
+
 def fmt_time(ns) -> str:
     if not ns:
         return "–"

@@ -6,7 +6,7 @@ import time
 
 from flask import Blueprint, render_template
 
-from appliance.status import gather
+from appliance.status import SPACE_STATES, gather, space_by_state
 from engine import events, inventory, metrics
 from webui import charts, core
 
@@ -35,6 +35,7 @@ def summary() -> dict:
         )
     return {
         "capacity": report["capacity"],
+        "space": space_by_state(report["capacity"]),
         "tiers": tiers,
         "drive_states": states,
         "drives": len(report["drives"]),
@@ -45,6 +46,30 @@ def summary() -> dict:
     }
 
 
+SPACE_CLASSES = {  # the bar's css classes (webui/static/style.css)
+    "garbage": "z-garbage",
+    "reserve": "c-reserve",
+    "free": "z-empty",
+    "stranded": "c-stranded",
+}
+
+
+def live_by_class(live: int, tiers: dict) -> list[tuple[str, float, str]]:
+    """The live bytes of the usable drives split by band class for the capacity bar. Zone usage
+    by class also counts failed and missing drives: past the usable drives' total, the classes
+    are scaled down to it, so that the bar's parts add up to the figures above it."""
+    by_class = {name: t["live_bytes"] for name, t in sorted(tiers.items()) if t["live_bytes"]}
+    counted = sum(by_class.values())
+    scale = live / counted if counted > live else 1
+    out: list[tuple[str, float, str]] = [
+        (f"{name} live", round(n * scale), f"c-{name}") for name, n in by_class.items()
+    ]
+    rest = live - sum(n for _, n, _ in out)
+    if rest > 0 or not out:
+        out.append(("other live" if out else "live", rest, "c-none"))
+    return out
+
+
 def rate_fmt(v: float) -> str:
     return core.fmt_size(v) + "/s"
 
@@ -53,20 +78,12 @@ def rate_fmt(v: float) -> str:
 @core.login_required
 def index():
     data = summary()
-    cap = data["capacity"]
-    segments = [
-        (f"{name} live", t["live_bytes"], f"c-{name}") for name, t in sorted(data["tiers"].items())
-    ]
-    accounted = sum(t["live_bytes"] for t in data["tiers"].values())
-    if cap["live_bytes"] > accounted:
-        segments.append(("other live", cap["live_bytes"] - accounted, "c-none"))
-    segments += [
-        ("garbage", cap["garbage_bytes"], "z-garbage"),
-        ("reserve", cap["reserve_bytes"], "c-reserve"),
-        ("free", max(cap["raw_bytes"] - cap["written_bytes"] - cap["reserve_bytes"], 0), "z-empty"),
-    ]
+    # one set of figures for the header and the bar: the raw space of the usable drives by state
+    space = data["space"]
+    segments = live_by_class(space["live"], data["tiers"])
+    segments += [(state, space[state], SPACE_CLASSES[state]) for state in SPACE_STATES[1:]]
     capacity_svg = charts.stacked_bar(
-        segments, core.fmt_size, width=1000, label="raw capacity by tier"
+        segments, core.fmt_size, width=1000, label="raw capacity by state"
     )
     state_items = [
         (state, n, str(n), f"s-{state}") for state, n in sorted(data["drive_states"].items())

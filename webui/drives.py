@@ -1,4 +1,6 @@
-"""Drives: state, capacity, band map, SMART and I/O counters; admin actions.
+"""Drives: a table of every drive (state, capacity, zones, its own I/O counters, SMART), band
+maps and SMART details per drive; admin actions, confirmed on a page of their own when they
+take a drive out of use (mark failed, drain, replace).
 
 Actions change the catalog only (the web UI never opens a drive): mark failed
 and drain are drive-state changes (engine.lifecycle.drives); moving data (the
@@ -12,7 +14,7 @@ from typing import Any
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
-from engine import errors, events, health, inventory
+from engine import errors, events, inventory, metrics
 from webui import charts, core
 from webui.schema import Field, Schema
 
@@ -97,11 +99,30 @@ def queue_new_drive(body: dict, who: str, replaces: int | None = None) -> int:
     return queue("drive-replace", {**params, "old": replaces}, who)
 
 
+# each drive's own counters (engine.drives.ZonedDrive.io_counters), sampled by the daemon
+IO_COUNTERS = ("read_bytes", "written_bytes", "read_errors", "write_errors", "checksum_errors")
+
+
+def drive_io(latest: dict[str, float], drive_id: int) -> dict[str, int] | None:
+    """The drive's I/O counters from the daemon's newest sample (``drive_<id>_<counter>``), with
+    ``errors`` their sum; None before the daemon recorded any for it."""
+    found = {
+        name: int(latest[f"drive_{drive_id}_{name}"])
+        for name in IO_COUNTERS
+        if f"drive_{drive_id}_{name}" in latest
+    }
+    if not found:
+        return None
+    found["errors"] = sum(v for k, v in found.items() if k.endswith("_errors"))
+    return found
+
+
 def drive_rows(only: int | None = None) -> list[dict]:
     from engine.lifecycle.drives import list_drives
 
     shingle = core.ctx()
     devices = inventory.drive_devices(shingle.catalog)
+    latest = metrics.latest(shingle.catalog)
     found = [d for d in list_drives(shingle.catalog) if only is None or d.id == only]
     out = []
     for d in found:
@@ -130,8 +151,7 @@ def drive_rows(only: int | None = None) -> list[dict]:
     shingle.smart.refresh([row["device"] for row in out], shingle.smartctl)
     for row in out:
         row["smart"] = shingle.smart.report(row["device"], shingle.smartctl)
-        # the device's own counters, else those of the disk holding an emulated drive's folder
-        row["io"] = health.io_counters(row["device"]) or health.io_counters(row["path"])
+        row["io"] = drive_io(latest, row["id"])
     return out
 
 
@@ -287,6 +307,20 @@ def add():
     replaces = request.form.get("replaces") or None
     try:
         body = NEW_DRIVE_SCHEMA.from_form(request.form)
+        if replaces and request.form.get("confirm") != "yes":
+            old = drive_row(int(replaces))
+            return render_template(
+                "confirm.html",
+                question=f"Replace drive {old['id']} ({old['state']}, {old['path']}) with "
+                f"{body['path']}? Drive {old['id']} is taken out of use and its fragments are "
+                "rebuilt onto the new drive.",
+                action=url_for("drives.add"),
+                fields={
+                    **{k: v for k, v in request.form.items() if k != "csrf_token"},
+                    "confirm": "yes",
+                },
+                cancel=url_for("drives.index") + "#add-drive",
+            )
         job_id = queue_new_drive(body, core.actor(), int(replaces) if replaces else None)
     except core.USER_ERRORS as exc:
         flash(str(core.form_errors(exc).popitem()[1]), "error")

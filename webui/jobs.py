@@ -18,6 +18,7 @@ from webui.schema import Field, Schema
 bp = Blueprint("jobs", __name__)
 QUEUEABLE = ("scrub", "clean", "tier", "rebuild")  # whole-appliance jobs without parameters
 REFRESH_S = 2
+LIST_REFRESH_MS = 2000  # the job list polls GET /api/v1/jobs this often (static/jobs.js)
 
 QUEUE_SCHEMA = Schema(
     "JobRequest",
@@ -60,6 +61,8 @@ def index():
         jobs=jobs.recent(core.ctx().catalog, 50),
         daemon=daemon_pid(),
         queueable=QUEUEABLE,
+        state_labels=jobs.STATE_LABELS,
+        refresh_ms=LIST_REFRESH_MS,
     )
 
 

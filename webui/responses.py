@@ -46,6 +46,11 @@ SCHEMAS: dict[str, dict] = {
         "The dashboard's summary",
         ("capacity", "drives"),
         capacity=ref("Capacity"),
+        space=prop(
+            "object",
+            "Raw bytes of the usable drives by state (live, garbage, reserve, free, stranded), "
+            "adding up to capacity.raw_bytes",
+        ),
         catalog=obj(
             "The catalog",
             backend=prop("string", "sqlite or postgresql"),
@@ -93,7 +98,12 @@ SCHEMAS: dict[str, dict] = {
         garbage_bytes=prop("integer", "Dead bytes"),
         fragments=prop("integer", "Fragments stored"),
         smart=prop(["object", "null"], "SMART reading (smartctl), or why there is none"),
-        io=prop(["object", "null"], "Host disk I/O counters of the disk holding the drive"),
+        io=prop(
+            ["object", "null"],
+            "This drive's own I/O counters as the daemon last sampled them (read_bytes, "
+            "written_bytes, read_errors, write_errors, checksum_errors, errors: their sum), "
+            "null before its first sample",
+        ),
         bands=prop("object", "Only GET /drives/{id}: zones by state and band class"),
     ),
     "ActionResult": obj(
@@ -288,6 +298,29 @@ SCHEMAS: dict[str, dict] = {
         acknowledged_by=prop(["string", "null"], "Who acknowledged it"),
         cleared_ns=prop(["integer", "null"], "Cleared, " + NS),
     ),
+    "TrashEntry": obj(
+        "An entry in an export's trash",
+        ("id", "trash_path", "bytes"),
+        id=prop("integer", "Entry id (its inode number)"),
+        name=prop("string", "Its name in the trash folder"),
+        trash_path=prop("string", "Where it is now"),
+        original_path=prop(["string", "null"], "Where it was deleted from"),
+        deleted_ns=prop(["integer", "null"], "Deleted, " + NS),
+        actor=prop(["string", "null"], "Who deleted it"),
+        is_dir=prop("boolean", "A folder"),
+        size=prop("integer", "The entry's own size attribute"),
+        export=prop(["string", "null"], "Its export, null for the namespace root's trash"),
+        trash_days=prop("integer", "Days entries stay in this trash"),
+        expires_ns=prop(["integer", "null"], "When the daemon purges it, " + NS),
+        bytes=prop("integer", "Bytes purging it frees (its files without another name)"),
+        sizes_complete=prop("boolean", "False when the size walk stopped early (bytes: at least)"),
+    ),
+    "Restored": obj(
+        "A restored trash entry",
+        ("restored", "path"),
+        restored=prop("integer", "The entry's id"),
+        path=prop("string", "Where it is now"),
+    ),
     "Deleted": obj("What was deleted", ("deleted",), deleted=prop("integer", "The id")),
     "DeletedName": obj("What was deleted", ("deleted",), deleted=prop("string", "The name")),
     "Csrf": obj(
@@ -319,6 +352,9 @@ ROUTES: dict[tuple[str, str], tuple[str, str]] = {  # (method, rule) -> (schema,
     ("DELETE", "/retention/rules/<int:rule_id>"): ("Deleted", "the id of the deleted rule"),
     ("GET", "/retention/preview"): ("PlannedAction[]", "what a run would do, entry by entry"),
     ("POST", "/retention/run"): ("Job", "the queued retention job"),
+    ("GET", "/trash"): ("TrashEntry[]", "every trash entry, oldest deletion first"),
+    ("POST", "/trash/<int:entry_id>/restore"): ("Restored", "the entry and where it is now"),
+    ("POST", "/trash/purge"): ("Job", "the queued trash-purge job"),
     ("GET", "/jobs"): ("Job[]", "recent jobs, newest first"),
     ("GET", "/jobs/<int:job_id>"): ("Job", "the job"),
     ("POST", "/jobs"): ("Job", "the queued job"),

@@ -10,12 +10,15 @@ from __future__ import annotations
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
 from engine import errors
+from engine.catalog.models import REG
 from engine.retention import ACTIONS, KEEP_MAX, ORDERS, RetentionService, validate_pattern
 from webui import core
 from webui.jobs import daemon_pid, queue
 from webui.schema import Field, Schema
 
 bp = Blueprint("retention", __name__)
+FORM_DEFAULTS = {"action": "trash", "order_by": "mtime", "enabled": True}  # trash: restorable
+PREVIEW_WALK_LIMIT = 100_000  # entries a preview looks at for sizes; past it, sizes are "at least"
 
 
 def _pattern(value: str) -> str:
@@ -50,8 +53,9 @@ RULE_SCHEMA = Schema(
         Field(
             "action",
             "string",
-            "What happens to older matches: delete (gone for good), trash (restorable "
-            "from the export's trash) or cold (pinned to the cold band class)",
+            "What happens to older matches: delete (gone for good, space freed now), trash "
+            "(restorable from the export's trash; frees no space until the trash is purged) or "
+            "cold (pinned to the cold band class)",
             enum=ACTIONS,
             default="delete",
         ),
@@ -123,7 +127,7 @@ def _page(status: int = 200, **extra):
         "retention.html",
         rules=service().list_rules(),
         schema=RULE_SCHEMA,
-        form=extra.get("form", {"action": "delete", "order_by": "mtime", "enabled": True}),
+        form=extra.get("form", FORM_DEFAULTS),
         errors=extra.get("errors", {}),
     ), status
 
@@ -176,6 +180,16 @@ def edit(rule_id: int):
 @core.login_required
 def delete(rule_id: int):
     try:
+        if request.form.get("confirm") != "yes":  # a stray click must not drop a rule
+            rule = service().get_rule(rule_id)
+            return render_template(
+                "confirm.html",
+                question=f"Delete retention rule {rule_id} (under {rule.pattern} keep the newest "
+                f"{rule.keep}, {rule.action} the rest)? Scheduled runs stop applying it.",
+                action=url_for("retention.delete", rule_id=rule_id),
+                fields={"confirm": "yes"},
+                cancel=url_for("retention.index"),
+            )
         service().delete_rule(rule_id, actor=core.actor())
     except errors.NotFound:
         abort(404)
@@ -196,9 +210,50 @@ def preview():
         )
     except errors.NotFound:
         abort(404)
-    return render_template(
-        "retention_preview.html", planned=planned, rule_id=rule_id, rules=rules, daemon=daemon_pid()
+    sizes, complete = tree_sizes(
+        service().namespace, [item.ino for item in planned if item.action != "skip"]
     )
+    totals = {action: 0 for action in ACTIONS}
+    for item in planned:
+        if item.action in totals:
+            totals[item.action] += sizes.get(item.ino, 0)
+    return render_template(
+        "retention_preview.html",
+        planned=planned,
+        rule_id=rule_id,
+        rules=rules,
+        daemon=daemon_pid(),
+        sizes=sizes,
+        totals=totals,
+        sizes_complete=complete,
+        walk_limit=PREVIEW_WALK_LIMIT,
+    )
+
+
+def tree_sizes(ns, inos) -> tuple[dict[int, int], bool]:
+    """inode -> bytes its removal frees (the regular files of its subtree that have no other
+    name), and whether every subtree was walked (False past PREVIEW_WALK_LIMIT entries: the
+    rest count 0). For the retention preview and the trash page."""
+    from engine.trash import walk_subtree
+
+    sizes: dict[int, int] = {}
+    budget = PREVIEW_WALK_LIMIT
+    for ino in inos:
+        if ino in sizes:
+            continue
+        total = 0
+        if budget > 0:
+            try:
+                for attr in walk_subtree(ns, ns.getattr(ino)):
+                    budget -= 1
+                    if attr.type == REG and attr.nlink <= 1:
+                        total += attr.size
+                    if budget <= 0:
+                        break
+            except errors.FsError:
+                pass  # gone since it was listed: it frees nothing
+        sizes[ino] = total
+    return sizes, budget > 0
 
 
 @bp.route("/retention/run", methods=["POST"])

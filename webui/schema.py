@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.units import format_duration, parse_duration
+
 TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool}
 
 
@@ -40,6 +42,8 @@ class Field:
     check: Callable[[Any], Any] | None = (
         None  # extra rule: returns the clean value or raises ValueError
     )
+    # "duration": an integer of seconds that forms show and take as "30 d" (engine.units)
+    unit: str | None = None
 
     def clean(self, value: Any) -> Any:
         """The value if it fits, else ValueError naming the field, the value
@@ -66,9 +70,9 @@ class Field:
             if not isinstance(value, str):
                 raise bad("a string")
         if self.minimum is not None and value < self.minimum:
-            raise bad(f"at least {self.minimum:g}")
+            raise bad(f"at least {self.bound(self.minimum)}")
         if self.maximum is not None and value > self.maximum:
-            raise bad(f"at most {self.maximum:g}")
+            raise bad(f"at most {self.bound(self.maximum)}")
         if self.min_length is not None and len(value) < self.min_length:
             raise bad(
                 f"at least {self.min_length} characters"
@@ -85,12 +89,22 @@ class Field:
             value = self.check(value)  # its ValueError already names what failed
         return value
 
+    def bound(self, limit: float) -> str:
+        if self.unit == "duration":
+            return f"{limit:g} s ({format_duration(limit)})"
+        return f"{limit:g}"
+
     def from_form(self, text: str | None) -> Any:
         """An HTML form's string -> this field's type (None when absent or empty)."""
         if self.type == "boolean":
             return text is not None and text.lower() in ("on", "true", "1", "yes")
         if text is None or (text.strip() == "" and self.type != "string"):
             return None
+        if self.unit == "duration":
+            try:
+                return round(parse_duration(text))
+            except ValueError as exc:
+                raise ValueError(f"{self.name} = {exc}") from None
         if self.type == "integer":
             try:
                 return int(text.strip())
@@ -118,6 +132,8 @@ class Field:
                 out[key] = value
         if self.enum:
             out["enum"] = list(self.enum)
+        if self.unit == "duration":
+            out["format"] = "seconds"  # the API takes seconds; the web forms take "30 d"
         return out
 
 

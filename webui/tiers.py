@@ -25,18 +25,22 @@ THRESHOLDS = Schema(
         Field(
             "hot_to_warm_after_s",
             "integer",
-            "Seconds a hot file stays unchanged before it is erasure-coded into warm stripes",
+            "How long a hot file stays unchanged before it is erasure-coded into warm stripes "
+            "(API: seconds; forms: 30 d, 12 h, 90 min)",
             minimum=60,
             maximum=30 * DAY,
             default=DEFAULTS["hot_to_warm_after_s"],
+            unit="duration",
         ),
         Field(
             "warm_to_cold_after_s",
             "integer",
-            "Seconds without a change or a read before warm data moves to cold",
+            "How long warm data goes without a change or a read before it moves to cold "
+            "(API: seconds; forms: 30 d, 12 h, 90 min)",
             minimum=3600,
             maximum=3650 * DAY,
             default=DEFAULTS["warm_to_cold_after_s"],
+            unit="duration",
         ),
         Field(
             "promote_reads",
@@ -49,10 +53,11 @@ THRESHOLDS = Schema(
         Field(
             "promote_window_s",
             "integer",
-            "The promotion window in seconds",
+            "The promotion window (API: seconds; forms: 30 d, 12 h, 90 min)",
             minimum=60,
             maximum=30 * DAY,
             default=DEFAULTS["promote_window_s"],
+            unit="duration",
         ),
     ),
 )

@@ -98,3 +98,17 @@ def test_nfs_traffic_reaches_metrics(tmp_path):
     assert "shingle_nfs_latency_seconds_bucket" in body
     assert re.search(r'op="write"', body)
     assert re.search(r'shingle_drive_written_bytes_total\{drive="1"\} [1-9]', body)
+    # per operation (op label) and per export, recorded by the NFS server itself
+    counts = [
+        float(v)
+        for v in re.findall(
+            r'^shingle_nfs_operation_latency_seconds_bucket\{op="write",le="[^"]+"\} (\S+)$',
+            body,
+            flags=re.M,
+        )
+    ]
+    assert len(counts) > 2 and counts == sorted(counts) and counts[-1] >= 1, counts
+    assert re.search(r'^shingle_nfs_operation_latency_seconds_count\{op="read"\} [1-9]', body, re.M)
+    assert re.search(
+        r'^shingle_export_read_bytes_total\{export="/export",id="\d+"\} (\d{7,})', body, re.M
+    )

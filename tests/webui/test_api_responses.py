@@ -67,7 +67,17 @@ def test_real_responses_match_their_schemas(web, appliance):
         "drive_failed", [Finding("drive:1", "critical", "drive 1")]
     )
     alert_id = raised.alert.id
+    from engine.trash import Trash
+    from tests.webui.helpers import mkdirs
+
+    ns = web.client.application.extensions["shingle"].namespace
+    mkdirs(ns, "/old/run-1")
+    trashed = Trash(ns, catalog).move_to_trash("/old/run-1", actor="test")
     made = {
+        ("post", "/api/v1/trash/{entry_id}/restore"): web.api(
+            "POST", f"/api/v1/trash/{trashed.id}/restore"
+        ),
+        ("post", "/api/v1/trash/purge"): web.api("POST", "/api/v1/trash/purge", json={}),
         ("post", "/api/v1/alerts/{alert_id}/ack"): web.api(
             "POST", f"/api/v1/alerts/{alert_id}/ack"
         ),
@@ -88,6 +98,8 @@ def test_real_responses_match_their_schemas(web, appliance):
             "POST", "/api/v1/smb/shares", json={"name": "data", "users": "alice"}
         ),
     }
+    mkdirs(ns, "/old/run-2")  # run-1 was restored: GET /trash lists this one
+    Trash(ns, catalog).move_to_trash("/old/run-2", actor="test")
     share_id = made[("post", "/api/v1/smb/shares")].get_json()["id"]
     made[("put", "/api/v1/smb/users/{name}/password")] = web.api(
         "PUT", "/api/v1/smb/users/alice/password", json={"password": "pw-2"}
@@ -107,6 +119,7 @@ def test_real_responses_match_their_schemas(web, appliance):
         "share_id": share_id,
         "name": "alice",
         "alert_id": alert_id,
+        "entry_id": trashed.id,
     }
     checked = 0
     for path, ops in doc["paths"].items():

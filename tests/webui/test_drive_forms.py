@@ -18,7 +18,11 @@ def test_add_and_replace_from_the_drives_page(web, appliance):
         == {"path": "/srv/shingle/new-1", "size": None, "zone_size": None, "preallocate": False}
         and job.state == "queued"
     )
-    web.post("/drives/add", {"path": "/srv/shingle/new-2", "replaces": "2", "preallocate": "on"})
+    form = {"path": "/srv/shingle/new-2", "replaces": "2", "preallocate": "on"}
+    asked = web.post("/drives/add", form).get_data(as_text=True)  # a replace asks once more
+    assert 'id="confirm"' in asked and "Replace drive 2" in asked
+    assert not [j for j in jobs.recent(catalog) if j.kind == "drive-replace"]
+    web.post("/drives/add", {**form, "confirm": "yes"})
     [job] = [j for j in jobs.recent(catalog) if j.kind == "drive-replace"]
     assert job.params["old"] == 2 and job.params["preallocate"] is True
 

@@ -220,7 +220,11 @@ def test_retention_create_preview_run_edit_delete(live_web, live):
     rule = catalog.read(lambda c: c.execute(select(RetentionPolicy.__table__)).one())
     assert (rule.keep, rule.action, rule.order_by, rule.enabled) == (2, "trash", "name", False)
     assert events.recent(catalog, 1, kind_prefix="retention.rule.update")[0].actor == ADMIN
-    assert web.post(f"/retention/rules/{rule_id}/delete").status_code == 302
+    asked = web.post(f"/retention/rules/{rule_id}/delete")  # the page asks once more first
+    assert asked.status_code == 200 and b'id="confirm"' in asked.data
+    assert count_rows(catalog, RetentionPolicy) == 1
+    confirmed = web.post(f"/retention/rules/{rule_id}/delete", {"confirm": "yes"})
+    assert confirmed.status_code == 302
     assert count_rows(catalog, RetentionPolicy) == 0
     assert web.post(f"/retention/rules/{rule_id}/delete").status_code == 404
     assert web.post("/retention/run", {"rule_id": str(rule_id)}).status_code == 404

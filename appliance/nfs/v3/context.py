@@ -107,6 +107,7 @@ class Call3:
         self.ns = server.namespace
         self.rpc_cred = rpc_cred
         self.address = address
+        self.export_id: int | None = None  # of the last handle resolved, for per-export counters
 
     # -- identities and handles ---------------------------------------------------------
     def cred(self, rule):
@@ -116,6 +117,7 @@ class Call3:
     def node(self, fh) -> Node3:
         _, rule, attr = access.resolve(self.server, fh, self.address, CODES)
         assert rule is not None and isinstance(attr, Attr)  # v3 has no pseudo-root handles
+        self.export_id = rule.id
         return Node3(rule, attr)
 
     def dir_node(self, fh) -> Node3:

@@ -113,7 +113,7 @@ def read(cx: Call3, a):
     if cred.uid != attr.uid and not may(cred, attr, R_OK) and not may(cred, attr, X_OK):
         raise Nfs3Error(t.NFS3ERR_ACCES, f"uid {cred.uid} may not read inode {attr.ino}")
     data = cx.ns.read(attr.ino, a.offset, min(a.count, MAX_IO))
-    cx.server.counters.read(len(data))
+    cx.server.counters.read(len(data), node.rule.id)
     eof = a.offset + len(data) >= attr.size
     return t.READ3resok.cls(cx.fattr(node.rule, attr), len(data), eof, data)
 
@@ -138,7 +138,7 @@ def write(cx: Call3, a):
     data = a.data[: a.count]
     stable = a.stable != t.UNSTABLE
     count = cx.ns.write(attr.ino, a.offset, data, stable=stable)
-    cx.server.counters.write(count)
+    cx.server.counters.write(count, node.rule.id)
     return t.WRITE3resok.cls(
         cx.wcc(node), count, t.FILE_SYNC if stable else t.UNSTABLE, cx.server.write_verifier
     )

@@ -4,6 +4,7 @@ thread and encodes the result, a failure becoming the procedure's NFS3ERR_* stat
 from __future__ import annotations
 
 import logging
+import time
 
 from appliance.nfs.access import log_failure
 from appliance.nfs.onc.rpc import PROC_UNAVAIL, InWorker, RpcReject, accepted, decode_args
@@ -20,7 +21,7 @@ def execute(server, rpc_cred, address: str, proc: int, args) -> list:
     rtype, fail = t.RESULTS3[proc]
     cx = Call3(server, rpc_cred, address)
     name = t.PROC3_NAMES.get(proc, proc)
-    server.counters.op(f"v3_{str(name).lower()}")
+    started = time.perf_counter()
     try:
         value = HANDLERS3[proc](cx, args)
         status = t.NFS3_OK
@@ -28,6 +29,8 @@ def execute(server, rpc_cred, address: str, proc: int, args) -> list:
         status = status_of(exc)
         log_failure(CODES, status, f"NFSv3 {name}", address, exc)
         value = fail
+    elapsed = time.perf_counter() - started
+    server.counters.op_done(f"v3_{str(name).lower()}", elapsed, cx.export_id)
     p = Packer()
     try:
         rtype.pack(p, (status, value))

@@ -195,7 +195,7 @@ class _Run:
         self.p = Packer()
         self.done = 0
         self.cache = False
-        self.counted = []  # op metrics, added once the COMPOUND is answered
+        self.counted = []  # (op metric, seconds, file handle), added once the COMPOUND is answered
 
 
 def _start(server, conn_state, rpc_cred, address, record, pos):
@@ -300,6 +300,7 @@ def _run(run: _Run, record, from_cache: bool) -> list:
             handler = HANDLERS.get(opnum)
             cur = cx.cur
             mark = (len(p.chunks), len(p.buf), p.size)  # to take a reply too big back
+            started = time.perf_counter()
             try:
                 if handler is None:
                     raise NfsError(c.NFS4ERR_NOTSUPP, f"{c.OP_NAMES.get(opnum)} not implemented")
@@ -309,20 +310,20 @@ def _run(run: _Run, record, from_cache: bool) -> list:
             except WouldBlock:  # only read-only operations run from the cache: nothing to undo
                 raise _Stop() from None
             except NfsError as exc:
-                run.counted.append(OP_METRIC[opnum])
+                run.counted.append((OP_METRIC[opnum], time.perf_counter() - started, cx.cur))
                 status = exc.status
                 log.debug("%s: status %d: %s", c.OP_NAMES.get(opnum), status, exc)
                 emit_result(p, opnum, status, exc.payload)
                 run.done += 1
                 break
             except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a dead connection
-                run.counted.append(OP_METRIC[opnum])
+                run.counted.append((OP_METRIC[opnum], time.perf_counter() - started, cx.cur))
                 status = status_of(exc, CODES)
                 log_failure(CODES, status, c.OP_NAMES.get(opnum, "?"), cx.address, exc)
                 emit_result(p, opnum, status, None)
                 run.done += 1
                 break
-            run.counted.append(OP_METRIC[opnum])
+            run.counted.append((OP_METRIC[opnum], time.perf_counter() - started, cx.cur))
             emit_result(p, opnum, c.NFS4_OK, value)
             run.done += 1
             if len(p) > cx.reply_limit:  # the session's ca_maxresponsesize(_cached)
@@ -338,9 +339,7 @@ def _run(run: _Run, record, from_cache: bool) -> list:
         if not handed_off:  # a handed-off COMPOUND keeps its slot busy for the worker
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("COMPOUND of %d ops, %d done, status %d", run.count, run.done, status)
-            counters = cx.server.counters
-            for metric in run.counted:
-                counters.op(metric)
+            cx.server.counters.ops_done(run.counted)
             chunks = [bytes(reply_head(status, run.tag, run.done)), *p.result()]
             if cx.slot is not None:
                 slot = cx.slot

@@ -87,8 +87,12 @@ def execute(server, conn_state: dict, rpc_cred, address: str, tag: bytes, record
             status = c.NFS4ERR_BADXDR
             compound.emit_result(p, opnum, status, None)
             break
-        counters.op(compound.OP_METRIC[opnum])
+        started = time.perf_counter()
         status = _operation(cx, opnum, args, p)
+        export = cx.cur.export if cx.cur is not None else None
+        counters.op_done(
+            compound.OP_METRIC[opnum], time.perf_counter() - started, export and export.id
+        )
         if status != c.NFS4_OK:
             break
     return [bytes(compound.reply_head(status, tag, done)), *p.result()]

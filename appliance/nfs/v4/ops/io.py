@@ -228,7 +228,7 @@ def read(cx, a):
     if a.offset >= attr.size or count == 0:
         return _READ_OK.cls(a.offset >= attr.size, b"")
     data = ns.read(node.ino, a.offset, count)
-    cx.server.counters.read(len(data))
+    cx.server.counters.read(len(data), node.export.id)
     return _READ_OK.cls(a.offset + len(data) >= attr.size, data)
 
 
@@ -243,7 +243,7 @@ def write(cx, a):
         raise NfsError(c.NFS4ERR_FBIG, f"write past {fattr.MAX_FILE_SIZE}")
     stable = a.stable != c.UNSTABLE4
     count = cx.ns.write(node.ino, a.offset, a.data, stable=stable) if len(a.data) else 0
-    cx.server.counters.write(count)
+    cx.server.counters.write(count, node.export.id)
     return _WRITE_OK.cls(count, c.FILE_SYNC4 if stable else c.UNSTABLE4, cx.server.write_verifier)
 
 

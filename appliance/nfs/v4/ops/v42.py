@@ -120,7 +120,7 @@ def read_plus(cx, a):
             contents.append((c.NFS4_CONTENT_HOLE, _hole4.cls(start, stop - start)))
         else:
             data = cx.ns.read(node.ino, start, stop - start)
-            cx.server.counters.read(len(data))
+            cx.server.counters.read(len(data), node.export.id)
             contents.append((c.NFS4_CONTENT_DATA, _data4.cls(start, data)))
     return resok(c.OP_READ_PLUS).cls(end >= size, contents)
 
@@ -178,7 +178,7 @@ def copy(cx, a):
         count = cx.ns.copy_range(
             cx.cred(dst), src.ino, a.src_offset, dst.ino, a.dst_offset, a.count
         )
-    cx.server.counters.write(count)
+    cx.server.counters.write(count, dst.export.id)
     response = write_response4.cls([], count, c.FILE_SYNC4, cx.server.write_verifier)
     return resok(c.OP_COPY).cls(response, _copy_requirements.cls(True, True))
 
