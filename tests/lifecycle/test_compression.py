@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import select, update
 
 from engine import compression, errors
+from engine.blocking import WouldBlock, no_blocking
 from engine.catalog.models import Extent, Stripe
 from engine.erasure import load_policies
 from engine.fsck import check
@@ -170,6 +171,38 @@ def test_sequential_reads_decompress_each_stripe_once(zrig):
     assert out == text
     assert stats["stripes_decompressed"] == len(compressed)
     assert stats["decompressed_bytes"] == len(text)
+
+
+def test_a_read_decodes_around_a_bad_fragment_of_a_compressed_stripe_and_repairs_it(zrig):
+    text = text_bytes(200 * KiB, 6)
+    zrig.write_file("/logs/r.jsonl", text)
+    to_cold(zrig)
+    packed = next(s for s in stripes_of(zrig, "/logs/r.jsonl") if s.compression)
+    first = next(f for f in zrig.fragments() if f.stripe_id == packed.id and f.idx == 0)
+    flip_bits(zrig, first, at=85)  # inside the frame's first bytes
+    assert sha(zrig.read_file("/logs/r.jsonl")) == sha(text)
+    assert zrig.data.reader.stats["checksum_errors"] == 1
+    assert zrig.data.repairs.wait() == [True]
+    moved = next(f for f in zrig.fragments() if f.id == first.id)
+    assert (moved.zone_id, moved.zone_offset) != (first.zone_id, first.zone_offset)
+    assert moved.checksum == first.checksum
+    zrig.restart()
+    assert sha(zrig.read_file("/logs/r.jsonl")) == sha(text)
+
+
+def test_the_event_loop_reads_a_compressed_stripe_only_from_the_cache(zrig):
+    text = text_bytes(100 * KiB, 8)
+    zrig.write_file("/logs/e.jsonl", text)
+    to_cold(zrig)
+    zrig.restart()
+    ino = zrig.ns.resolve("/logs/e.jsonl").ino
+    zrig.ns.read(ino, 0, 1)  # the extent map and the first stripe, in a worker as the loop would
+    zrig.data.reader.drop_cache()
+    with no_blocking(), pytest.raises(WouldBlock, match="decompression"):
+        zrig.data.read(ino, 0, 4096, len(text))
+    assert zrig.data.read(ino, 0, 4096, len(text)) == text[:4096]
+    with no_blocking():
+        assert zrig.data.read(ino, 100, 4096, len(text)) == text[100:4196]
 
 
 def test_scrub_and_rebuild_after_a_failed_drive_keep_compressed_stripes_whole(zrig):
