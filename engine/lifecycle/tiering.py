@@ -177,7 +177,8 @@ class TieringReport:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["mb_per_s"] = self.mb_per_s
-        data["compression_ratio"] = self.compression_ratio
+        if self.compression_ratio is not None:  # only runs that wrote into compressing classes
+            data["compression_ratio"] = self.compression_ratio
         return data
 
 
