@@ -488,6 +488,7 @@ BAND_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
         "backend": "isa_l_rs_vand",
         "fragment_size": "1MiB",
         "compression": "zstd",
+        "compression_level": 3,
     },
 }
 BAND_CLASS_DOC = {
@@ -497,7 +498,9 @@ BAND_CLASS_DOC = {
     "backend": "pyeclib backend (ec), e.g. isa_l_rs_vand",
     "copies": "number of copies on different drives (replicate)",
     "fragment_size": "bytes per fragment; a full stripe is k x fragment_size",
-    "compression": "optional 'zstd' for data of this class",
+    "compression": "optional 'zstd': tiering compresses each stripe it writes into this class "
+    "(stored raw when that saves under 1/16)",
+    "compression_level": "zstd level 1-19 of that compression: higher packs tighter for more CPU",
 }
 
 

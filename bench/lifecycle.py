@@ -17,8 +17,15 @@ b. Rebuild: a drive fails under ~200 MB of data; rebuild MB/s (fragment bytes
    written), against the data path's own write MB/s for the same data in this run.
 c. Tiering: hot -> warm MB/s, and a concurrent sequential reader's MB/s (read
    cache 1 MiB, so it reads the drives) with and without tiering running.
+d. Cold compression: a realistic mix (token shards of uint16 and uint32 ids, Adam
+   optimizer states as float32 with zeros and bf16-precision mantissas, JSON
+   lines) tiered warm -> cold into 8+2 stripes with zstd and, on a second volume,
+   without; per kind the ratio (user bytes per stored byte), media bytes, the
+   tiering CPU seconds per MiB spent compressing, and a cold sequential read's
+   MB/s and CPU seconds per MiB (1 MiB reads, the read cache emptied first) of
+   the compressed data against the same data stored raw.
 
-    .venv/bin/python bench/lifecycle.py [--quick] [--json]
+    .venv/bin/python bench/lifecycle.py [--quick] [--json] [--only a,b,c,d]
 """
 
 from __future__ import annotations
@@ -373,22 +380,178 @@ def tiering_bench(root: Path, g: dict) -> dict:
     }
 
 
+# -- d. cold compression ---------------------------------------------------------------------
+READ_REPEATS = 3
+
+
+def data_mix(each: int, seed: int = 7) -> dict[str, bytes]:
+    """``each`` bytes of every kind a training cluster keeps in cold storage."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    tokens16 = rng.integers(0, 50257, each // 2, dtype=np.uint16)  # a GPT-2 vocabulary
+    tokens32 = rng.integers(0, 128256, each // 4, dtype=np.uint32)  # a Llama-3 vocabulary
+    # Adam moments of a model trained in bf16: fp32 copies of bf16 values (the low 16 mantissa
+    # bits zero), and a quarter of the rows never updated (embeddings of unseen tokens: zeros)
+    rows = each // 4 // 1024
+    exp_avg = (rng.standard_normal((rows, 1024)) * 1e-3).astype(np.float32)
+    exp_avg[rng.random(rows) < 0.25] = 0.0
+    exp_avg_sq = np.square(exp_avg)
+    state = np.concatenate([exp_avg.ravel()[: rows * 512], exp_avg_sq.ravel()[: rows * 512]])
+    state = (state.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+    lines, size, step = [], 0, 0
+    while size < each:
+        lines.append(
+            json.dumps(
+                {
+                    "step": step,
+                    "loss": round(float(2.0 + rng.random()), 6),
+                    "lr": 3e-4,
+                    "grad_norm": round(float(rng.random()), 4),
+                    "tokens_seen": step * 4_194_304,
+                    "rank": step % 64,
+                }
+            )
+            + "\n"
+        )
+        size += len(lines[-1])
+        step += 1
+    return {
+        "tokens_uint16": tokens16.tobytes()[:each],
+        "tokens_uint32": tokens32.tobytes()[:each],
+        "optimizer_fp32": state.tobytes()[:each],
+        "jsonl": "".join(lines).encode()[:each],
+    }
+
+
+def cold_volume(root: Path, fragment: int, zone: int, zones: int, compression: str | None):
+    root.mkdir(parents=True, exist_ok=True)
+    url = f"sqlite:///{root}/catalog.db"
+    upgrade(url)
+    catalog = Catalog(url)
+    policies = load_policies(
+        {
+            "hot": {"fragment_size": fragment},
+            "warm": {"k": 8, "m": 2, "fragment_size": fragment},
+            "cold": {"k": 8, "m": 2, "fragment_size": fragment, "compression": compression},
+        }
+    )
+    format_emulated(catalog, root / "drives", 10, zones * zone, zone, preallocate=False)
+    data = DataPath(catalog, policies, reserve_zones=2)
+    return catalog, data, Namespace(catalog, data=data)
+
+
+def compression_bench(root: Path, quick: bool) -> dict:
+    from sqlalchemy import func, select
+
+    from engine.catalog.models import Extent, Fragment, Stripe
+
+    each = 16 * MiB if quick else 64 * MiB
+    fragment = 256 * KiB if quick else MiB  # cold's default: 1 MiB fragments, 8 MiB stripes
+    zone = 4 * fragment + 64 * KiB
+    mix = data_mix(each)
+    # user bytes in warm then cold, each 10/8 on media, plus room to spare
+    zones = 8 + int(2.5 * len(mix) * each * 10 / 8 / 10 / zone)
+    st, fr, ex = Stripe.__table__, Fragment.__table__, Extent.__table__
+    out: dict[str, dict] = {}
+    for label, codec in (("zstd", "zstd"), ("raw", None)):
+        catalog, data, ns = cold_volume(root / label, fragment, zone, zones, codec)
+        tiering = Tiering(ns, data, catalog, TieringPolicy())
+        try:
+            for kind, payload in mix.items():
+                made = ns.create(ROOT, ns.root_ino, kind)
+                for pos in range(0, len(payload), MiB):
+                    ns.write(made.ino, pos, payload[pos : pos + MiB])
+                ns.commit(made.ino)
+                tiering.packing = packing = type(tiering.packing)()
+                move_started = time.perf_counter()
+                tiering.move_file(made.ino, "cold")
+                move_s = time.perf_counter() - move_started
+
+                def sizes(conn, ino=made.ino):
+                    ids = select(ex.c.stripe_id).where(ex.c.ino == ino)
+                    stored = func.coalesce(st.c.stored_length, st.c.data_length)
+                    row = conn.execute(
+                        select(func.sum(st.c.data_length), func.sum(stored)).where(st.c.id.in_(ids))
+                    ).one()
+                    media = conn.execute(
+                        select(func.sum(fr.c.length)).where(fr.c.stripe_id.in_(ids))
+                    ).scalar()
+                    return int(row[0]), int(row[1]), int(media)
+
+                user, stored, media = catalog.read(sizes)
+                before = dict(data.reader.stats)
+                walls, cpus = [], []
+                for _repeat in range(READ_REPEATS):  # the median of a few: the machine is shared
+                    data.reader.drop_cache()
+                    cpu0, wall0 = time.process_time(), time.perf_counter()
+                    got = bytearray()
+                    for pos in range(0, len(payload), MiB):
+                        got += ns.read(made.ino, pos, MiB)
+                    walls.append(time.perf_counter() - wall0)
+                    cpus.append(time.process_time() - cpu0)
+                    if got != payload:
+                        raise AssertionError(f"{kind} ({label}) does not read back as written")
+                wall, cpu = sorted(walls)[len(walls) // 2], sorted(cpus)[len(cpus) // 2]
+                mib = len(payload) / MiB
+                out.setdefault(kind, {}).update(
+                    {
+                        f"{label}_ratio": round(user / stored, 3),
+                        f"{label}_media_MiB": round(media / MiB, 2),
+                        f"{label}_tier_s": round(move_s, 2),
+                        f"{label}_read_MBps": round(len(payload) / 1e6 / wall, 1),
+                        f"{label}_read_cpu_ms_per_MiB": round(1000 * cpu / mib, 2),
+                    }
+                )
+                if codec is not None:
+                    out[kind]["zstd_stripes_compressed"] = packing.stripes_compressed
+                    out[kind]["zstd_stripes_raw"] = packing.stripes_stored_raw
+                    out[kind]["zstd_compress_cpu_ms_per_MiB"] = round(
+                        1000 * packing.compress_cpu_s / mib, 2
+                    )
+                    spent = data.reader.stats["decompress_s"] - before["decompress_s"]
+                    out[kind]["zstd_decompress_cpu_ms_per_MiB"] = round(
+                        1000 * spent / READ_REPEATS / mib, 2
+                    )
+        finally:
+            data.close()
+            catalog.close()
+            shutil.rmtree(root / label, ignore_errors=True)
+    total_user = sum(len(p) for p in mix.values())
+    out["all"] = {
+        "user_MiB": round(total_user / MiB, 1),
+        "zstd_media_MiB": round(sum(v["zstd_media_MiB"] for v in out.values()), 2),
+        "raw_media_MiB": round(sum(v["raw_media_MiB"] for k, v in out.items() if k != "all"), 2),
+        "os_load_1m": round(os.getloadavg()[0], 2),
+    }
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="smaller volume (about a minute)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--only", default="a,b,c,d", help="parts to run, comma separated (default a,b,c,d)"
+    )
     args = parser.parse_args()
     g = geometry(args.quick)
+    parts = set(args.only.split(","))
     tmp = Path(tempfile.mkdtemp(prefix="shingle-bench-lifecycle-"))
+    results: dict[str, dict] = {}
     try:
-        results = {
-            "checkpoint_classes": checkpoint_workload(tmp / "a1", g, classes=True),
-            "checkpoint_one_class": checkpoint_workload(tmp / "a2", g, classes=False),
-            "rebuild": rebuild_bench(tmp / "b", g),
-            "tiering": tiering_bench(tmp / "c", g),
-        }
+        if "a" in parts:
+            results["checkpoint_classes"] = checkpoint_workload(tmp / "a1", g, classes=True)
+            results["checkpoint_one_class"] = checkpoint_workload(tmp / "a2", g, classes=False)
+        if "b" in parts:
+            results["rebuild"] = rebuild_bench(tmp / "b", g)
+        if "c" in parts:
+            results["tiering"] = tiering_bench(tmp / "c", g)
+        if "d" in parts:
+            for kind, values in compression_bench(tmp / "d", args.quick).items():
+                results[f"cold_compression_{kind}"] = values
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:

@@ -23,6 +23,7 @@ import glob
 import os
 from dataclasses import dataclass, field
 
+from engine.compression import DEFAULT_LEVEL, check_level
 from engine.errors import ConfigError
 from engine.ordered_lock import lock
 
@@ -38,7 +39,7 @@ ALIGNMENT_SLACK = 512  # most payload padding any backend adds (reservations cou
 REDUNDANCY = ("ec", "replicate")  # what a band class may be configured with
 # redundancy and layout of stripes whose bytes the catalog holds (small durable writes)
 INLINE = "inline"
-COMPRESSION = (None, "zstd")
+COMPRESSION = (None, "zstd")  # engine/compression.py
 
 DEFAULTS: dict[str, dict] = {
     "hot": {"redundancy": "replicate", "copies": 3},
@@ -296,6 +297,7 @@ class Policy:
     fragment_size: int  # payload bytes per fragment of a full stripe
     copies: int
     compression: str | None
+    compression_level: int = DEFAULT_LEVEL  # zstd level of stripes tiering writes into the class
     header_size: int = 0  # bytes pyeclib puts before each fragment's payload
     _driver: object = field(default=None, repr=False)
     _native: _NativeEncoder | None = field(default=None, repr=False)
@@ -416,7 +418,16 @@ def policy_from_dict(name: str, options: dict) -> Policy:
     prefix = f"band_classes.{name}"
     if not isinstance(options, dict):
         raise ConfigError(prefix, options, "a table of options")
-    known = {"redundancy", "k", "m", "backend", "fragment_size", "copies", "compression"}
+    known = {
+        "redundancy",
+        "k",
+        "m",
+        "backend",
+        "fragment_size",
+        "copies",
+        "compression",
+        "compression_level",
+    }
     for key in options:
         if key not in known:
             raise ConfigError(
@@ -431,6 +442,9 @@ def policy_from_dict(name: str, options: dict) -> Policy:
     )
     if compression not in COMPRESSION:
         raise ConfigError(f"{prefix}.compression", compression, "none or 'zstd'")
+    level = check_level(
+        f"{prefix}.compression_level", options.get("compression_level", DEFAULT_LEVEL)
+    )
     fallback = DEFAULTS["warm"] if redundancy == "ec" else DEFAULTS["hot"]
     if redundancy == "replicate":
         copies = _int(f"{prefix}.copies", options.get("copies", fallback["copies"]), 2, MAX_COPIES)
@@ -440,7 +454,7 @@ def policy_from_dict(name: str, options: dict) -> Policy:
             MIN_FRAGMENT_SIZE,
             MAX_FRAGMENT_SIZE,
         )
-        return Policy(name, "replicate", 1, copies - 1, None, size, copies, compression)
+        return Policy(name, "replicate", 1, copies - 1, None, size, copies, compression, level)
     k = _int(f"{prefix}.k", options.get("k", fallback["k"]), 2, MAX_K)
     m = _int(f"{prefix}.m", options.get("m", fallback["m"]), 1, MAX_M)
     backend = options.get("backend", fallback["backend"])
@@ -457,7 +471,7 @@ def policy_from_dict(name: str, options: dict) -> Policy:
     )
     if size % 4096:
         raise ConfigError(f"{prefix}.fragment_size", size, "a multiple of 4096 bytes")
-    policy = Policy(name, "ec", k, m, backend, size, 1, compression)
+    policy = Policy(name, "ec", k, m, backend, size, 1, compression, level)
     try:
         driver = policy.driver
     except Exception as exc:

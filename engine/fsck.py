@@ -6,7 +6,9 @@ every directory has exactly one parent and is reachable from the root, a
 file's extents never overlap, every extent points at an existing stripe
 whose data covers it, and every stripe's live bytes are exactly the bytes its
 extents reference, over every file, clone and snapshot that shares it (a stripe
-nothing references should have been freed: invariant 9). Snapshot views: each
+nothing references should have been freed: invariant 9). A compressed stripe
+names a known codec and a stored length below its data length, which its fragments can hold
+(engine/compression.py); a raw stripe has no stored length. Snapshot views: each
 snapshot's frozen root lies in its inode range and is named in its dataset's
 .snapshots directory."""
 
@@ -19,6 +21,8 @@ from sqlalchemy import select
 
 from engine.catalog.database import Catalog
 from engine.catalog.models import DIR, Dirent, Extent, Inode, Snapshot, SnapshotDir, Stripe
+from engine.compression import CODECS
+from engine.erasure import FRAGMENT_HEADER
 
 INODES, DIRENTS, EXTENTS, STRIPES = (
     Inode.__table__,
@@ -73,6 +77,17 @@ def check(
         ).all()
         stripes = dict(conn.execute(select(STRIPES.c.id, STRIPES.c.data_length)).all())
         live = dict(conn.execute(select(STRIPES.c.id, STRIPES.c.live_bytes)).all())
+        packed = conn.execute(
+            select(
+                STRIPES.c.id,
+                STRIPES.c.layout,
+                STRIPES.c.k,
+                STRIPES.c.data_length,
+                STRIPES.c.fragment_length,
+                STRIPES.c.compression,
+                STRIPES.c.stored_length,
+            ).where(STRIPES.c.compression.is_not(None) | STRIPES.c.stored_length.is_not(None))
+        ).all()
         snapshots = conn.execute(
             select(
                 SNAPSHOTS.c.name,
@@ -99,11 +114,14 @@ def check(
         extents = [e for e in extents if e.ino not in freeing] + [
             (None, *e[1:]) for e in extents if e.ino in freeing
         ]
-        return inodes, dirents, extents, stripes, live, snapshots, snapdirs
+        return inodes, dirents, extents, stripes, live, packed, snapshots, snapdirs
 
-    inodes, dirents, extents, stripes, live, snapshots, snapdirs = catalog.read(work)
+    inodes, dirents, extents, stripes, live, packed, snapshots, snapdirs = catalog.read(work)
     report = FsckReport(len(inodes), len(dirents), len(extents))
     problem = report.problems.append
+    for row in packed:
+        for text in compressed_stripe_problems(row):
+            problem(f"stripe {row.id}: {text}")
 
     names: Counter[tuple[int, str]] = Counter()
     subdirs: Counter[int] = Counter()
@@ -188,3 +206,24 @@ def check(
             problem(f"snapshot {name!r} of inode {source} is not named in its .snapshots")
     del report.problems[limit:]
     return report
+
+
+def compressed_stripe_problems(row) -> list[str]:
+    """What is wrong with a stripe row's compression columns (codec, stored length)."""
+    if row.compression is None:
+        return [f"stored length {row.stored_length} recorded for a raw stripe"]
+    if row.compression not in CODECS:
+        return [f"unknown compression {row.compression!r}, expected one of {CODECS}"]
+    if row.stored_length is None or not 0 < row.stored_length < row.data_length:
+        return [
+            f"compressed ({row.compression}) with stored length {row.stored_length}, expected "
+            f"1 to {row.data_length - 1} (below its {row.data_length} data bytes)"
+        ]
+    header = FRAGMENT_HEADER if row.layout == "ec" else 0
+    holds = (row.fragment_length - header) * (row.k if row.layout == "ec" else 1)
+    if holds < row.stored_length:
+        return [
+            f"its fragments hold {holds} bytes, fewer than the {row.stored_length} compressed "
+            "bytes recorded"
+        ]
+    return []

@@ -13,10 +13,11 @@ from sqlalchemy import and_, case, func, select
 
 from engine import errors
 from engine.catalog.database import Catalog
-from engine.catalog.models import Drive, Zone
+from engine.catalog.models import Drive, Stripe, Zone
 
 DRIVES = Drive.__table__
 ZONES = Zone.__table__
+STRIPES = Stripe.__table__
 ZONE_KINDS = ("empty", "open", "full", "garbage", "offline")
 
 
@@ -164,3 +165,33 @@ def bands_by_state(catalog: Catalog) -> list[tuple[str, str | None, int, int, in
         ).all()
 
     return [(r[0], r[1], int(r[2]), int(r[3] or 0), int(r[4] or 0)) for r in catalog.read(work)]
+
+
+def compression_by_class(catalog: Catalog) -> dict[str, dict]:
+    """band class -> stripes, compressed (how many are), data_bytes (user bytes they hold),
+    stored_bytes (what their fragments encode: compressed frames and raw stripes) and ratio
+    (data per stored byte, 1.0 where nothing is compressed), over the stripes that exist."""
+    stored = func.coalesce(STRIPES.c.stored_length, STRIPES.c.data_length)
+
+    def work(conn):
+        return conn.execute(
+            select(
+                STRIPES.c.band_class,
+                func.count(),
+                func.sum(case((STRIPES.c.compression.is_not(None), 1), else_=0)),
+                func.sum(STRIPES.c.data_length),
+                func.sum(stored),
+            ).group_by(STRIPES.c.band_class)
+        ).all()
+
+    out = {}
+    for band_class, count, compressed, data, kept in catalog.read(work):
+        data, kept = int(data or 0), int(kept or 0)
+        out[band_class] = {
+            "stripes": int(count),
+            "compressed": int(compressed or 0),
+            "data_bytes": data,
+            "stored_bytes": kept,
+            "ratio": data / kept if kept else 1.0,
+        }
+    return out

@@ -9,6 +9,8 @@ Counter names (the daemon records what it has; charts show what exists):
 - ``nfs_read_bytes``, ``nfs_write_bytes``: payload bytes served / accepted
 - ``nfs_ops``: all NFS operations; ``nfs_ops_<op>`` per operation (e.g. nfs_ops_read)
 - ``client_bytes_written``, ``media_bytes_written``: for write amplification
+- ``stripes_decompressed``, ``decompressed_bytes``, ``decompress_s``: compressed (cold) stripes
+  the read path decompressed, their user bytes, and the CPU seconds it took
 - ``nfs_latency_le_<ms>``: cumulative count of operations at most <ms> milliseconds
   (a histogram bucket; ``nfs_latency_le_inf`` = all), ``nfs_latency_sum_s``
 - ``nfs_compounds_from_cache``, ``nfs_compounds_handed_off``: COMPOUNDs the event loop

@@ -166,6 +166,7 @@ def render() -> str:
         "Live bytes in bands, by band class.",
         _sum_by_class(rows, 3),
     )
+    _compression(out, inventory.compression_by_class(catalog))
 
     finished = samples.last_job_success(catalog)
     out.family(
@@ -196,6 +197,7 @@ def render() -> str:
             [({}, media / client)],
         )
     _drive_counters(out, latest)
+    _decompression(out, latest)
     _nfs(out, latest)
     _exports(out, latest, catalog)
     _smb(out, shingle)
@@ -223,6 +225,55 @@ def _smb(out: Exposition, shingle) -> None:
             "SMB sessions connected to smbd now.",
             [({}, len(report["sessions"]))],
         )
+
+
+def _compression(out: Exposition, by_class: dict[str, dict]) -> None:
+    """Per band class from the catalog's stripes: data per stored byte, and the two sums."""
+    classes = sorted(by_class.items())
+    out.family(
+        "shingle_compression_ratio",
+        "gauge",
+        "User bytes per stored byte of the stripes of each band class (1: nothing compressed; "
+        "tiering compresses stripes it writes into classes with zstd, such as cold).",
+        [({"class": name}, c["ratio"]) for name, c in classes],
+    )
+    out.family(
+        "shingle_stripe_data_bytes",
+        "gauge",
+        "User bytes the stripes of each band class hold.",
+        [({"class": name}, c["data_bytes"]) for name, c in classes],
+    )
+    out.family(
+        "shingle_stripe_stored_bytes",
+        "gauge",
+        "Bytes the stripes of each band class encode (compressed frames, raw stripes as they "
+        "are), before erasure coding.",
+        [({"class": name}, c["stored_bytes"]) for name, c in classes],
+    )
+    out.family(
+        "shingle_stripes_compressed",
+        "gauge",
+        "Stripes stored compressed, by band class.",
+        [({"class": name}, c["compressed"]) for name, c in classes],
+    )
+
+
+def _decompression(out: Exposition, latest: dict[str, float]) -> None:
+    for name, sample, help_text in (
+        ("shingle_stripes_decompressed_total", "stripes_decompressed", "Compressed stripes read"),
+        (
+            "shingle_decompressed_bytes_total",
+            "decompressed_bytes",
+            "User bytes of the compressed stripes read",
+        ),
+        (
+            "shingle_decompress_seconds_total",
+            "decompress_s",
+            "CPU seconds the read path spent decompressing",
+        ),
+    ):
+        if sample in latest:
+            out.family(name, "counter", help_text + ".", [({}, latest[sample])])
 
 
 def _status(shingle) -> dict:

@@ -178,7 +178,9 @@ SCHEMAS: dict[str, dict] = {
         "Band classes and tiering settings",
         ("band_classes",),
         band_classes=prop(
-            "array", "Each class: name, redundancy, fragment size, zones, live bytes"
+            "array",
+            "Each class: name, redundancy, fragment size, compression and its level, zones, live "
+            "bytes, compression_ratio (user bytes per stored byte), stripes, stripes_compressed",
         ),
         thresholds=ref("Thresholds"),
         path_rules=prop("array", "[path prefix, class] pins"),

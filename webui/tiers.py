@@ -3,7 +3,7 @@
 Band-class geometry comes from shingle.toml (validated at load; changing k/m
 under existing stripes is a config change, not a click). Thresholds and pins
 are engine.tier_settings (catalog settings the daemon's tiering job reads);
-zone usage by class is engine.inventory."""
+zone usage and the compression ratio by class are engine.inventory."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import json
 from flask import Blueprint, flash, redirect, render_template, request, url_for
 
 from engine import inventory, tier_settings
+from engine.compression import DEFAULT_LEVEL
 from engine.tier_settings import CLASSES, DAY, PATH_RULES_KEY, PIN_LIST_LIMIT  # noqa: F401
 from webui import core
 from webui.schema import Field, Schema
@@ -98,11 +99,23 @@ def path_rules() -> list[list[str]]:
 def band_classes() -> list[dict]:
     shingle = core.ctx()
     used = inventory.usage_by_class(shingle.catalog)
+    packed = inventory.compression_by_class(shingle.catalog)
     out = []
     for name, opts in shingle.config.band_classes.items():
         usage = used.get(name, {"zones": 0, "live_bytes": 0})
+        stripes = packed.get(name, {"stripes": 0, "compressed": 0, "ratio": 1.0})
         out.append(
-            {"name": name, **opts, "zones": usage["zones"], "live_bytes": usage["live_bytes"]}
+            {
+                "name": name,
+                "compression_level": DEFAULT_LEVEL,
+                **opts,
+                "zones": usage["zones"],
+                "live_bytes": usage["live_bytes"],
+                # user bytes per stored byte over the class's stripes, and how many are compressed
+                "compression_ratio": stripes["ratio"],
+                "stripes": stripes["stripes"],
+                "stripes_compressed": stripes["compressed"],
+            }
         )
     return out
 

@@ -165,7 +165,10 @@ class Stripe(Base):
     backend: Mapped[str | None] = mapped_column(String(64), nullable=True)
     data_length: Mapped[int] = mapped_column(BigInteger)  # user bytes held
     fragment_length: Mapped[int] = mapped_column(BigInteger)  # bytes per fragment on disk
+    # codec of a compressed stripe (engine/compression.py), and the bytes its fragments encode
+    # (the compressed frame); both NULL for a raw stripe
     compression: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    stored_length: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     live_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     created_ns: Mapped[int] = mapped_column(BigInteger)
     # AUTOINCREMENT: a dead stripe's id must never name a new stripe (caches are keyed by it)

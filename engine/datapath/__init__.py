@@ -39,7 +39,10 @@ Catalog layout (engine/catalog/models.py)
       "inline" (k=1, m=0, no fragments: the bytes and their crc32c are the
       stripe's ``inline_data`` row, deleted with it).
       ``data_length`` user bytes, ``fragment_length`` bytes per fragment on
-      disk, ``live_bytes`` user bytes still referenced by extents.
+      disk, ``live_bytes`` user bytes still referenced by extents. A stripe
+      tiering compressed (engine/compression.py) has ``compression`` "zstd"
+      and ``stored_length`` the frame's length: the fragments encode the frame,
+      every other column still counts user bytes.
     - Fragment: (stripe, idx) -> (drive, zone, zone_offset, length, crc32c
       of the bytes on disk). Data fragment i holds stripe bytes
       [i*payload, (i+1)*payload) after its header.
@@ -56,7 +59,8 @@ Read path
     Extent maps are cached per file; the data fragments covering a range are
     read by the asking thread after a ``will_read`` hint to each drive (so
     the drives fetch in parallel) and checked against their crc32c; inline
-    stripes are read from the catalog; a missing drive
+    stripes are read from the catalog; a compressed stripe is read whole,
+    decompressed once and its user bytes cached for the next READs; a missing drive
     (failed state, or its folder gone), a read error or a bad checksum makes
     the stripe decode from any k good fragments. Sequential readers get
     read-ahead of whole stripes. Holes read as zeros. A fragment that failed

@@ -232,6 +232,8 @@ class DataPath:
             "client_bytes_written": self.stats["client_bytes_written"],
             "media_bytes_written": self.stats["media_bytes_written"],
         }
+        for name in ("stripes_decompressed", "decompressed_bytes", "decompress_s"):
+            out[name] = self.reader.stats[name]
         for drive in self.space.drives.values():  # each drive's own I/O: drive_<id>_<counter>
             if drive.backend is not None:
                 counters = drive.backend.io_counters()

@@ -5,10 +5,17 @@ A healthy read fetches only the data fragments that cover the asked range
 drive, a failed read or a bad checksum makes the stripe decode from any k
 good fragments (parity included). Fetched payloads live in a byte-bounded
 LRU cache keyed by (stripe, fragment), as futures so that concurrent readers
-and read-ahead share one fetch."""
+and read-ahead share one fetch.
+
+A compressed stripe (``compression`` set: tiering wrote it into a class with zstd) is read
+whole: the data fragments that hold its frame are fetched as above (decoding around bad ones),
+the frame is decompressed once, and the stripe's user bytes are cached under (stripe,
+UNPACKED) in place of those fragments, so a sequential reader decompresses each stripe once,
+not once per READ call, and read-ahead decompresses the next stripes in the background."""
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -16,7 +23,7 @@ from typing import Any
 
 import crc32c
 
-from engine import errors
+from engine import compression, errors
 from engine.blocking import WouldBlock, blocking_forbidden
 from engine.drives import DriveMissing
 from engine.erasure import FRAGMENT_HEADER, INLINE, decoder_for
@@ -39,10 +46,24 @@ class StripeInfo:
         "backend",
         "data_length",
         "fragment_length",
+        "compression",
+        "stored_length",
     )  # of stripes
     __slots__ = COLUMNS + ("fragments",)
 
-    def __init__(self, id, band_class, layout, k, m, backend, data_length, fragment_length):  # noqa: A002
+    def __init__(
+        self,
+        id,  # noqa: A002
+        band_class,
+        layout,
+        k,
+        m,
+        backend,
+        data_length,
+        fragment_length,
+        compression=None,
+        stored_length=None,
+    ):
         self.id = id
         self.band_class = band_class
         self.layout = layout
@@ -51,6 +72,8 @@ class StripeInfo:
         self.backend = backend
         self.data_length = data_length
         self.fragment_length = fragment_length
+        self.compression = compression  # codec of the bytes the fragments encode, or None
+        self.stored_length = stored_length  # their length when compressed
         # idx -> (drive_id, zone_id, zone_offset, length, checksum)
         self.fragments: dict[int, tuple] = {}
 
@@ -61,6 +84,14 @@ class StripeInfo:
     @property
     def payload(self) -> int:
         return self.fragment_length - self.header
+
+    @property
+    def encoded_length(self) -> int:
+        """Bytes the fragments encode: the zstd frame of a compressed stripe, else the data."""
+        return self.stored_length if self.compression is not None else self.data_length
+
+
+UNPACKED = -1  # cache key (stripe, UNPACKED): a compressed stripe's user bytes
 
 
 class ChecksumError(errors.IOFailure):
@@ -99,6 +130,9 @@ class StripeReader:
             "inline_reads": 0,
             "degraded_stripes": 0,
             "checksum_errors": 0,
+            "stripes_decompressed": 0,
+            "decompressed_bytes": 0,
+            "decompress_s": 0.0,  # thread CPU seconds
         }
 
     def close(self):
@@ -332,6 +366,60 @@ class StripeReader:
                 _, old = self.cache.popitem(last=False)
                 self._cached -= self._size(old)
 
+    # -- compressed stripes ---------------------------------------------------------------
+    def _unpacked(self, info: StripeInfo) -> memoryview:
+        """The user bytes of a compressed stripe: decompressed once, then from the cache."""
+        key = (info.id, UNPACKED)
+        with self._lock:
+            fut = self.cache.get(key)
+            if fut is None and not blocking_forbidden():
+                fut = self.cache[key] = FragmentFuture()
+                fut.set_running_or_notify_cancel()
+                mine = True
+            else:
+                mine = False
+                if fut is not None:
+                    self.cache.move_to_end(key)
+        if fut is None or (not mine and blocking_forbidden() and not fut.done()):
+            raise WouldBlock("stripe decompression")  # from the cache or not at all
+        if not mine:
+            return fut.result()
+        try:
+            data = self._decompress(info)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            with self._lock:
+                if self.cache.get(key) is fut:
+                    del self.cache[key]
+            raise
+        fut.nbytes = len(data)
+        fut.set_result(data)
+        with self._lock:  # the frame's fragments are not needed while the bytes are cached
+            for i in range(self._data_fragments(info)):
+                old = self.cache.get((info.id, i))
+                if old is not None and old.done():
+                    del self.cache[(info.id, i)]
+                    self._cached -= self._size(old)
+        self._account(fut)
+        return data
+
+    def _decompress(self, info: StripeInfo) -> memoryview:
+        count = self._data_fragments(info)
+        payloads = self._fetch(info, list(range(count)))
+        frame = b"".join(payloads[i] for i in range(count))[: info.stored_length]
+        started = time.thread_time()
+        data = compression.unpack(frame, info.compression, info.data_length, stripe_id=info.id)
+        self.stats["decompress_s"] += time.thread_time() - started
+        self.stats["stripes_decompressed"] += 1
+        self.stats["decompressed_bytes"] += len(data)
+        return memoryview(data)
+
+    @staticmethod
+    def _data_fragments(info: StripeInfo) -> int:
+        """Data fragments that hold the bytes the stripe encodes."""
+        p = info.payload
+        return -(-info.encoded_length // p) if p else 0
+
     # -- ranges ----------------------------------------------------------------------
     def read_range(self, info: StripeInfo, offset: int, length: int, out: memoryview) -> None:
         """Copy stripe data [offset, offset+length) into ``out``."""
@@ -339,6 +427,9 @@ class StripeReader:
             raise errors.IOFailure(
                 f"extent reaches past stripe {info.id}'s {info.data_length} data bytes"
             )
+        if info.compression is not None:
+            out[:length] = self._unpacked(info)[offset : offset + length]
+            return
         p = info.payload
         first, last = offset // p, (offset + length - 1) // p
         payloads = self._fetch(info, list(range(first, last + 1)))
@@ -351,8 +442,13 @@ class StripeReader:
 
     def prefetch(self, info: StripeInfo) -> None:
         """Start fetching all data fragments of a stripe (read-ahead), without waiting."""
-        p = info.payload
-        count = -(-info.data_length // p) if p else 0
+        if info.compression is not None:
+            with self._lock:
+                if (info.id, UNPACKED) in self.cache:
+                    return
+            self.ahead.submit(self._quiet_unpack, info)
+            return
+        count = self._data_fragments(info)
         with self._lock:
             if all((info.id, i) in self.cache for i in range(count)):
                 return
@@ -361,5 +457,11 @@ class StripeReader:
     def _quiet_fetch(self, info, indexes):
         try:
             self._fetch(info, indexes)
+        except Exception:
+            pass  # the reader that needs these bytes reports the error
+
+    def _quiet_unpack(self, info):
+        try:
+            self._unpacked(info)
         except Exception:
             pass  # the reader that needs these bytes reports the error
