@@ -101,7 +101,9 @@ cdef struct Op:
     int failed_sync    # the error came from fdatasync, not from the write
     int zero           # this append brought its ticket to zero
     off_t offset
-    Py_buffer view     # APPEND: the bytes (held until released with the GIL)
+    const char *buf   # APPEND: the bytes, valid while ``owner`` lives and the ticket is open
+    size_t length
+    PyObject *owner    # APPEND: the object the bytes belong to (a reference)
     PyObject *ticket   # APPEND: the Ticket (a reference), CALL: the callable
     TicketState *tstate
     Op *next
@@ -192,8 +194,8 @@ cdef void release_ops(Op *op):
     cdef Op *nxt
     while op != NULL:
         nxt = op.next
-        if op.kind == OP_APPEND:
-            PyBuffer_Release(&op.view)
+        if op.owner != NULL:
+            Py_DECREF(<object>op.owner)
         if op.ticket != NULL:
             Py_DECREF(<object>op.ticket)
         free(op)
@@ -248,12 +250,12 @@ cdef void write_run(QueueState *q, Op *first, Op *stop_at) noexcept nogil:
     cdef Op *op = first
     cdef uint64_t t0 = now_ns()
     while op != stop_at:
-        op.err = write_all(op.fd, <const char *>op.view.buf, <size_t>op.view.len, op.offset)
+        op.err = write_all(op.fd, op.buf, op.length, op.offset)
         if op.err == 0:
             # start writing it out now, so the syncer's fdatasync finds little left to do
-            sync_file_range(op.fd, op.offset, <off_t>op.view.len, SYNC_FILE_RANGE_WRITE)
+            sync_file_range(op.fd, op.offset, <off_t>op.length, SYNC_FILE_RANGE_WRITE)
         q.appends += 1
-        q.bytes += <uint64_t>op.view.len
+        q.bytes += <uint64_t>op.length
         op = op.next
     q.write_ns += now_ns() - t0
 
@@ -446,13 +448,13 @@ cdef void *writer_main(void *arg) noexcept nogil:
                 if alone:
                     run_start.err = write_durable(
                         run_start.fd,
-                        <const char *>run_start.view.buf,
-                        <size_t>run_start.view.len,
+                        run_start.buf,
+                        run_start.length,
                         run_start.offset,
                     )
                     q.appends += 1
                     q.syncs += 1
-                    q.bytes += <uint64_t>run_start.view.len
+                    q.bytes += <uint64_t>run_start.length
                     run_last.next = NULL
                     complete_appends(q, run_start, NULL)
                     to_garbage(q, run_start, run_last)
@@ -524,15 +526,24 @@ cdef class DriveQueue:
 
     def append(self, int fd, off_t offset, data, Ticket ticket, int zone_idx):
         """Queue ``data`` for pwrite at ``offset`` of ``fd``; ``ticket`` counts it once durable.
-        ``data`` must not change until then (bytes, or a buffer nobody writes)."""
+        ``data`` must stay as it is until then: neither changed, resized nor released (bytes,
+        or the fragments of a stripe, which the data path frees after the commit)."""
         if self.stopped:
             raise RuntimeError("the drive's writer has stopped")
         cdef Op *op = <Op *>calloc(1, sizeof(Op))
         if op == NULL:
             raise MemoryError()
-        if PyObject_GetBuffer(data, &op.view, PyBUF_SIMPLE) != 0:
+        cdef Py_buffer view
+        if PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) != 0:
             free(op)
             raise TypeError("expected a bytes-like object")
+        # no buffer export is held past this call: the owner of memory such as an encoder's
+        # fragments frees it after the ticket completes, and a held export would stop that
+        op.buf = <const char *>view.buf
+        op.length = <size_t>view.len
+        PyBuffer_Release(&view)
+        Py_INCREF(data)
+        op.owner = <PyObject *>data
         op.kind = OP_APPEND
         op.fd = fd
         op.offset = offset
