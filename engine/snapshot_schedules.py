@@ -10,8 +10,8 @@ by time; the snapshots whose names match that pattern are the schedule's (two sc
 dataset need different prefixes). A daemon that was down takes one snapshot, for the latest
 missed slot, not one per missed slot; a new schedule's first snapshot is at its next slot.
 
-Retention: with ``keep_last`` N the newest N stay, with ``keep_for_s`` those younger than it
-stay; with both a snapshot stays when either keeps it, with neither all stay. Snapshots the
+Retention: with ``keep_last`` N the newest N stay, with ``keep_for_s`` those whose slot (the
+time in the name) is younger than it stay; with both a snapshot stays when either keeps it, with neither all stay. Snapshots the
 schedule does not name are never touched.
 
 ``preview()`` says exactly what ``run()`` would do now (the due snapshots, the deletions, each
@@ -21,6 +21,7 @@ daemon's maintenance queues a ``snapshot-schedule`` job when a schedule is due; 
 
 from __future__ import annotations
 
+import calendar
 import re
 import time
 from collections.abc import Callable
@@ -112,6 +113,12 @@ def latest_slot(frequency: str, interval_s: int, offset_s: int, now_s: float) ->
 
 def snapshot_name(prefix: str, slot_s: int) -> str:
     return f"{prefix}-{time.strftime(NAME_TIME, time.gmtime(slot_s))}"
+
+
+def slot_of(name: str) -> int:
+    """The slot time (seconds since the epoch) a schedule's snapshot name carries."""
+    stamp = name.rsplit("-", 3)[-3:]
+    return calendar.timegm(time.strptime("-".join(stamp), NAME_TIME))
 
 
 def name_pattern(prefix: str) -> re.Pattern:
@@ -460,8 +467,9 @@ class SnapshotScheduler:
                 )
             ], max(slot, schedule.last_slot_s)  # a failed slot is not retried until the next
         actions = []
-        # (name, created, unique bytes) newest first, with the snapshot a run takes now
-        candidates = [(s.name, s.created, s.unique_bytes) for s in taken]
+        # (name, slot time, unique bytes), with the snapshot a run takes now; ages count from
+        # the slot a name carries, so they do not depend on when a late daemon took it
+        candidates = [(s.name, slot_of(s.name) * 10**9, s.unique_bytes) for s in taken]
         if slot > schedule.last_slot_s:
             name = snapshot_name(schedule.prefix, slot)
             if name not in {s.name for s in taken}:
@@ -477,7 +485,7 @@ class SnapshotScheduler:
                         0,
                     )
                 )
-                candidates.append((name, now_ns, 0))
+                candidates.append((name, slot * 10**9, 0))
         else:
             slot = schedule.last_slot_s
         candidates.sort(key=lambda c: c[0], reverse=True)
