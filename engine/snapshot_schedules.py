@@ -11,8 +11,8 @@ dataset need different prefixes). A daemon that was down takes one snapshot, for
 missed slot, not one per missed slot; a new schedule's first snapshot is at its next slot.
 
 Retention: with ``keep_last`` N the newest N stay, with ``keep_for_s`` those whose slot (the
-time in the name) is younger than it stay; with both a snapshot stays when either keeps it, with neither all stay. Snapshots the
-schedule does not name are never touched.
+time in the name) is younger than it stay; with both a snapshot stays when either keeps it,
+with neither all stay. Snapshots the schedule does not name are never touched.
 
 ``preview()`` says exactly what ``run()`` would do now (the due snapshots, the deletions, each
 with its reason) and changes nothing, as file retention's preview (engine/retention.py). The
