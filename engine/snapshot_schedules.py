@@ -175,7 +175,7 @@ class Schedule:
         data = asdict(self)
         data["at"] = self.at
         data["next_ns"] = self.next_slot_s(time.time() if now_s is None else now_s) * 10**9
-        data["description"] = self.describe()
+        data["summary"] = self.describe()
         return data
 
 

@@ -23,6 +23,7 @@ BLUEPRINTS = (
     "dashboard",
     "drives",
     "retention",
+    "datasets",
     "exports",
     "smb",
     "tiers",
