@@ -491,13 +491,14 @@ class SnapshotScheduler:
         candidates.sort(key=lambda c: c[0], reverse=True)
         if schedule.keep_last is None and schedule.keep_for_s is None:
             return actions, slot
+        deletions = []
         for rank, (name, created, unique) in enumerate(candidates, start=1):
             age_s = (now_ns - created) / 1e9
             by_count = schedule.keep_last is not None and rank <= schedule.keep_last
             by_age = schedule.keep_for_s is not None and age_s < schedule.keep_for_s
             if by_count or by_age:
                 continue
-            actions.append(
+            deletions.append(
                 PlannedSnapshotAction(
                     schedule.id,
                     schedule.path,
@@ -510,7 +511,7 @@ class SnapshotScheduler:
                     unique,
                 )
             )
-        return actions, slot
+        return actions + sorted(deletions, key=lambda d: d.name), slot  # oldest first
 
     def preview(self, schedule_id: int | None = None) -> list[PlannedSnapshotAction]:
         """Exactly what ``run`` would do now, changing nothing."""
