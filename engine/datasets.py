@@ -178,7 +178,8 @@ def _preview_create(namespace, snapshots: Snapshots, path: str, name: str) -> Sn
             size += attr.size
     counted = "at least " if files and n >= CREATE_WALK_LIMIT else ""
     summary = (
-        f"Snapshot {name} of {path} will hold {counted}{files} files ({format_size(size)}) as "
+        f"Snapshot {name} of {path} will hold {counted}{files} file{'' if files == 1 else 's'} "
+        f"({format_size(size)}) as "
         f"they are now, read-only at {path}/.snapshots/{name}. No data is copied: it takes "
         "space only as the live files change."
     )
