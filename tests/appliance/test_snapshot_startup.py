@@ -79,5 +79,16 @@ def test_daemon_start_finishes_an_interrupted_snapshot_deletion(tmp_path):
             check_accounting(catalog)
             assert fsck.check(catalog, daemon.namespace.root_ino).clean
             assert Snapshots(daemon.namespace).list("/ds") == []
+            assert not daemon.namespace.snapshots_visible  # the default: hidden
     finally:
         catalog.close()
+    visible = config_mod.from_dict(
+        {
+            "appliance": {"data_dir": str(home)},
+            "catalog": {"url": config.catalog_url},
+            "snapshots": {"visible": True},
+        },
+        home / "shingle.toml",
+    )
+    with Appliance(visible, with_data=False) as admin:
+        assert admin.namespace.snapshots_visible
