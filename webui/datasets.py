@@ -279,7 +279,7 @@ def _dataset_page(path: str, status: int = 200, **extra):
         snapshot_errors=extra.get("snapshot_errors", {}),
         schedule_schema=SCHEDULE_SCHEMA,
         schedule_form=extra.get(
-            "schedule_form", {"path": path, "frequency": "daily", "enabled": True}
+            "schedule_form", {"path": path, "frequency": "daily", "prefix": "auto", "enabled": True}
         ),
         schedule_errors=extra.get("schedule_errors", {}),
         daemon=daemon_pid(),
@@ -341,10 +341,21 @@ def create():
     return _back(made["path"])
 
 
+def _snapshot_form() -> dict | None:
+    """The path and name a snapshot button posts; None (and a message) if they are bad."""
+    try:
+        return SNAPSHOT_SCHEMA.from_form(request.form)
+    except core.USER_ERRORS as exc:
+        flash(core.error_message(exc), "error")
+        return None
+
+
 @bp.route("/datasets/snapshots/delete", methods=["POST"])
 @core.login_required
 def delete():
-    values = SNAPSHOT_SCHEMA.from_form(request.form)
+    values = _snapshot_form()
+    if values is None:
+        return redirect(url_for("datasets.index"))
     try:
         if request.form.get("confirm") != "yes":
             return _confirm("delete", values, "datasets.delete", "Delete the snapshot")
@@ -358,7 +369,9 @@ def delete():
 @bp.route("/datasets/snapshots/rollback", methods=["POST"])
 @core.login_required
 def rollback():
-    values = SNAPSHOT_SCHEMA.from_form(request.form)
+    values = _snapshot_form()
+    if values is None:
+        return redirect(url_for("datasets.index"))
     try:
         if request.form.get("confirm") != "yes":
             return _confirm("rollback", values, "datasets.rollback", "Roll back")
@@ -375,7 +388,9 @@ def rollback():
 @bp.route("/datasets/snapshots/archive", methods=["POST"])
 @core.login_required
 def archive():
-    values = SNAPSHOT_SCHEMA.from_form(request.form)
+    values = _snapshot_form()
+    if values is None:
+        return redirect(url_for("datasets.index"))
     try:
         job_id = queue_archive(values["path"], values["name"], core.actor())
     except errors.NotFound:
