@@ -35,7 +35,7 @@ from engine.events import record_in
 from engine.ordered_lock import lock
 from engine.snapshots import SnapshotInfo, Snapshots
 from engine.trash import join_path, split_path
-from engine.units import format_duration, format_size
+from engine.units import format_duration, format_size, parse_duration
 
 SCHEDULES = SnapshotSchedule.__table__
 FREQUENCIES = ("hourly", "daily", "weekly", "interval")
@@ -264,7 +264,7 @@ class SnapshotScheduler:
                 + ", ".join(UPDATABLE)
             )
         merged: dict = {} if current is None else current.to_dict()
-        merged.update({k: v for k, v in fields.items()})
+        merged.update(fields)
         frequency = merged.get("frequency")
         if frequency not in FREQUENCIES:
             raise errors.InvalidArgument(
@@ -290,8 +290,6 @@ class SnapshotScheduler:
         keep_for = merged.get("keep_for_s")
         if isinstance(keep_for, str) and keep_for.strip():
             try:
-                from engine.units import parse_duration
-
                 keep_for = parse_duration(keep_for)
             except ValueError as exc:
                 raise errors.InvalidArgument(f"keep_for_s: {exc}") from None
