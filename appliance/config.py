@@ -374,6 +374,15 @@ OPTIONS: list[Option] = [
         "online again (0 disables; I/O errors are noticed at once).",
         minimum=0,
     ),
+    Option(
+        "snapshots",
+        "visible",
+        "bool",
+        False,
+        "List DIR/.snapshots in DIR's directory listing (like ZFS snapdir=visible). Hidden by "
+        "default: it is reached by name either way, and tools that walk a tree (rsync, du, "
+        "rm -r) then do not descend into every snapshot.",
+    ),
     # alerts (engine/alerts.py) and their delivery (engine/notify.py)
     Option(
         "alerts",

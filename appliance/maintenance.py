@@ -13,6 +13,8 @@ would race it. So the daemon runs one maintenance thread that
 - looks at every drive (``maintenance.drive_check_interval_s``): a folder or device gone
   makes the drive ``missing``, one that came back is taken back (engine/datapath/drivewatch.py;
   I/O errors are noticed at once by the data path itself, even while a long job runs here),
+- queues a ``snapshot-schedule`` job when a snapshot schedule's slot has come
+  (engine/snapshot_schedules.py; one at a time, the job takes every due snapshot),
 - evaluates the alert sources (engine/alerts.py) every ``alerts.interval_s`` and hands raised
   and cleared alerts to the delivery threads (engine/notify.py: queued, never waited for).
 """
@@ -26,6 +28,7 @@ from collections.abc import Callable
 
 from engine import jobs
 from engine.metrics import record_sample
+from engine.snapshot_schedules import SnapshotScheduler
 
 log = logging.getLogger("shingle.maintenance")
 
@@ -56,6 +59,7 @@ class Maintenance(threading.Thread):
         self.sample_every_s = sample_every_s
         self.stopped = threading.Event()
         self.runners = job_runners(appliance)
+        self.snapshot_scheduler = SnapshotScheduler(appliance.namespace)
         self.alerts, self.notifier = alert_monitor(appliance.config, self.catalog)
 
     def run(self) -> None:
@@ -70,6 +74,7 @@ class Maintenance(threading.Thread):
                     last_alerts = time.monotonic()
                     self.alerts.tick()
                 self.queue_due_jobs()
+                self.queue_due_snapshots()
                 job = jobs.claim_next(self.catalog)
                 if job is not None:
                     self.run_job(job)
@@ -113,6 +118,13 @@ class Maintenance(threading.Thread):
             elif now - float(last) >= interval:
                 self.catalog.set_setting(setting, str(now))
                 jobs.submit(self.catalog, kind, {"scheduled": True}, actor="schedule")
+
+    def queue_due_snapshots(self) -> None:
+        """A snapshot-schedule job when a schedule is due and none is queued or running."""
+        if not self.snapshot_scheduler.due():
+            return
+        if not jobs.pending(self.catalog, "snapshot-schedule"):
+            jobs.submit(self.catalog, "snapshot-schedule", {"scheduled": True}, actor="schedule")
 
     def run_job(self, job: jobs.JobRecord) -> None:
         runner = self.runners.get(job.kind)
@@ -204,7 +216,42 @@ def job_runners(appliance) -> dict[str, Callable]:
         ]
 
     runners = {"retention": run_retention, "trash-purge": run_trash_purge}
+    runners.update(snapshot_runners(appliance))
     runners.update(lifecycle_runners(appliance))
+    return runners
+
+
+def snapshot_runners(appliance) -> dict[str, Callable]:
+    """Scheduled snapshots and their retention; archiving a snapshot (with a data path)."""
+    from engine.snapshot_archive import archive_snapshot
+
+    ns = appliance.namespace
+    scheduler = SnapshotScheduler(ns)
+
+    def run_schedules(params, progress, actor):
+        done = scheduler.run(params.get("schedule_id"), actor=actor, progress=progress)
+        failed = [
+            f"{d.path}@{d.name}: {d.outcome}"
+            for d in done
+            if d.outcome and d.outcome.startswith("failed")
+        ]
+        return {"actions": [d.to_dict() for d in done], "warnings": failed}
+
+    runners: dict[str, Callable] = {"snapshot-schedule": run_schedules}
+    if appliance.datapath is not None:
+
+        def run_archive(params, progress, actor):
+            report = archive_snapshot(
+                ns,
+                appliance.datapath,
+                params["path"],
+                params["name"],
+                progress=progress,
+                actor=actor,
+            )
+            return report.to_dict()
+
+        runners["snapshot-archive"] = run_archive
     return runners
 
 

@@ -87,11 +87,26 @@ class Appliance:
             # reads are counted per file (the data path's read hook) so tiering can promote
             # cold data that is read again
             self.reads = ReadTracker(self.datapath)
-        self.namespace = Namespace(self.catalog, data=self.datapath)
+        self.namespace = Namespace(
+            self.catalog,
+            data=self.datapath,
+            snapshots_visible=config.get("snapshots.visible"),
+        )
         if with_data:
             freed = self.namespace.reclaim_orphans()
             if freed:
                 log.info("freed %d orphaned inodes", freed)
+            self.finish_snapshot_deletions()
+
+    def finish_snapshot_deletions(self) -> int:
+        """Finish snapshot deletions a crash cut short (the owner of the drives, at start), so
+        their space comes back now rather than at the next snapshot call."""
+        from engine.snapshots import Snapshots
+
+        freed = Snapshots(self.namespace).finish_deletions()
+        if freed:
+            log.info("finished interrupted snapshot deletions: %d stripes freed", freed)
+        return freed
 
     def close(self) -> None:
         if self.datapath is not None:

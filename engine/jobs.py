@@ -39,6 +39,8 @@ KINDS = (
     "trash-purge",
     "drive-add",
     "drive-replace",
+    "snapshot-schedule",
+    "snapshot-archive",
 )
 # "warnings": done with warnings (the work ran, but its result is short of what was asked, e.g.
 # stripes still under-protected after a rebuild); the message says how many and why.
@@ -46,8 +48,10 @@ WARNINGS = "warnings"
 FINISHED = ("done", WARNINGS, "failed", "interrupted")
 STATE_LABELS = {WARNINGS: "done with warnings"}
 # Kinds that only read, or whose every step is its own transaction, so a second run from the
-# start is safe and finishes the work: scrub, tiering, band cleaning, rebuild.
-RESTARTABLE = ("scrub", "tier", "clean", "rebuild")
+# start is safe and finishes the work: scrub, tiering, band cleaning, rebuild; a snapshot
+# schedule run (a due slot is taken once, by name) and a snapshot's archive (moved stripes are
+# cold and are not moved again).
+RESTARTABLE = ("scrub", "tier", "clean", "rebuild", "snapshot-schedule", "snapshot-archive")
 MAX_ATTEMPTS = 3  # a job that kills its daemon every time must not do so forever
 HEARTBEAT_S = 5.0
 STALE_S = 60.0  # no heartbeat for this long: its daemon is gone
@@ -151,6 +155,20 @@ def recent(catalog: Catalog, limit: int = 50) -> list[JobRecord]:
         lambda conn: conn.execute(select(JOBS).order_by(JOBS.c.id.desc()).limit(limit)).all()
     )
     return [_record(row) for row in rows]
+
+
+def pending(catalog: Catalog, kind: str) -> bool:
+    """Whether a job of ``kind`` is queued or running (a schedule queues no second one)."""
+    return (
+        catalog.read(
+            lambda conn: conn.execute(
+                select(JOBS.c.id)
+                .where(JOBS.c.kind == kind, JOBS.c.state.in_(("queued", "running")))
+                .limit(1)
+            ).scalar()
+        )
+        is not None
+    )
 
 
 def claim_next(catalog: Catalog) -> JobRecord | None:

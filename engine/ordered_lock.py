@@ -17,6 +17,7 @@ from typing import cast
 
 # name -> rank; lower ranks are taken first (outermost)
 RANKS: dict[str, int] = {
+    "snapshot_schedules.run": 9,
     "retention.run": 10,
     "lifecycle.tiering": 11,
     "lifecycle.media": 12,

@@ -70,10 +70,11 @@ def join_path(parts: list[str] | tuple[str, ...]) -> str:
 
 
 def iter_dir(namespace: Namespace, dir_ino: int) -> Iterator[DirEntry]:
-    """Every entry of a directory, page by page (cookies stay valid while it changes)."""
+    """Every entry of a directory, page by page (cookies stay valid while it changes); never
+    a dataset's .snapshots, even when listings show it: walks stay out of frozen trees."""
     cookie = 0
     while True:
-        entries, eof = namespace.readdir(ROOT, dir_ino, cookie)
+        entries, eof = namespace.readdir(ROOT, dir_ino, cookie, show_snapshots=False)
         yield from entries
         if eof or not entries:
             return

@@ -84,3 +84,34 @@ def format_value(key: str, value):
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
     return value
+
+
+DURATION_UNITS = {
+    "": 1,
+    "s": 1,
+    "sec": 1,
+    "m": 60,
+    "min": 60,
+    "h": 3600,
+    "d": 86400,
+    "w": 7 * 86400,
+}
+
+
+def parse_duration(text: str | int | float) -> int:
+    """``"7d"`` -> ``604800``: a whole number of seconds from a number with an optional unit
+    (s, min or m, h, d, w); raises ValueError saying what was expected."""
+    import re
+
+    if isinstance(text, bool):
+        raise ValueError(f"duration {text!r}: expected seconds or a number with s, min, h, d or w")
+    if isinstance(text, (int, float)):
+        if text < 0:
+            raise ValueError(f"duration {text!r}: expected a duration >= 0")
+        return int(text)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not match or match.group(2).lower() not in DURATION_UNITS:
+        raise ValueError(
+            f"duration {text!r}: expected seconds or a number with s, min, h, d or w (e.g. 7d)"
+        )
+    return int(float(match.group(1)) * DURATION_UNITS[match.group(2).lower()])

@@ -22,6 +22,7 @@ from webui import (
     alerts,
     core,
     dashboard,
+    datasets,
     drives,
     exports,
     responses,
@@ -257,6 +258,7 @@ def run(body: dict):
     ).to_dict()
 
 
+<<<<<<< HEAD
 # -- trash --------------------------------------------------------------------------------------
 TRASH_PURGE_SCHEMA = Schema(
     "TrashPurge",
@@ -304,6 +306,163 @@ def purge_trash(body: dict):
     job_id = trash.queue_purge(
         core.actor(), entry=body.get("entry"), older_than_s=body.get("older_than_s")
     )
+=======
+# -- datasets: snapshots and their schedules ---------------------------------------------------
+@endpoint("/datasets", "GET", "Datasets: directories with snapshots or a schedule", "datasets")
+def list_datasets():
+    return [
+        d.to_dict()
+        for d in datasets.dataset_service.datasets(
+            core.ctx().namespace, datasets.scheduler(), datasets.snapshots()
+        )
+    ]
+
+
+@endpoint(
+    "/snapshots",
+    "GET",
+    "Snapshots with their space (one dataset, or every one)",
+    "datasets",
+    query=datasets.LIST_SCHEMA,
+)
+def list_snapshots(query: dict):
+    return datasets.list_snapshots(query.get("path"))
+
+
+@endpoint(
+    "/snapshots/preview",
+    "GET",
+    "What creating, deleting or rolling back a snapshot would do (nothing changes)",
+    "datasets",
+    query=datasets.PREVIEW_SCHEMA,
+)
+def preview_snapshot(query: dict):
+    return datasets.preview(query["action"], query["path"], query["name"]).to_dict()
+
+
+@endpoint(
+    "/snapshots",
+    "POST",
+    "Take a snapshot of a dataset (instant; no data is copied)",
+    "datasets",
+    body=datasets.SNAPSHOT_SCHEMA,
+    status=201,
+    scope="operator",
+)
+def create_snapshot(body: dict):
+    return datasets.create_snapshot(body["path"], body["name"])
+
+
+@endpoint(
+    "/snapshots/delete",
+    "POST",
+    "Delete a snapshot (frees its unique bytes); preview it first",
+    "datasets",
+    body=datasets.SNAPSHOT_SCHEMA,
+)
+def delete_snapshot(body: dict):
+    return datasets.delete_snapshot(body["path"], body["name"])
+
+
+@endpoint(
+    "/snapshots/rollback",
+    "POST",
+    "Make the dataset what the snapshot holds; preview it first",
+    "datasets",
+    body=datasets.SNAPSHOT_SCHEMA,
+)
+def rollback_snapshot(body: dict):
+    return datasets.rollback_snapshot(body["path"], body["name"])
+
+
+@endpoint(
+    "/snapshots/archive",
+    "POST",
+    "Queue a job that moves the stripes only this snapshot references to the cold tier",
+    "datasets",
+    body=datasets.SNAPSHOT_SCHEMA,
+    status=202,
+    scope="operator",
+)
+def archive_snapshot(body: dict):
+    job_id = datasets.queue_archive(body["path"], body["name"], core.actor())
+    return jobs.get(core.ctx().catalog, job_id).to_dict()
+
+
+@endpoint("/snapshot-schedules", "GET", "Snapshot schedules", "datasets")
+def list_schedules():
+    return [s.to_dict() for s in datasets.scheduler().list_schedules()]
+
+
+@endpoint(
+    "/snapshot-schedules",
+    "POST",
+    "Create a snapshot schedule (its first snapshot is at its next slot)",
+    "datasets",
+    body=datasets.SCHEDULE_SCHEMA,
+    status=201,
+)
+def create_schedule(body: dict):
+    values = datasets.engine_fields(body)
+    made = datasets.scheduler().add(
+        values.pop("path"), values.pop("frequency"), actor=core.actor(), **values
+    )
+    return made.to_dict()
+
+
+@endpoint("/snapshot-schedules/<int:schedule_id>", "GET", "One snapshot schedule", "datasets")
+def get_schedule(schedule_id: int):
+    return datasets.scheduler().get(schedule_id).to_dict()
+
+
+@endpoint(
+    "/snapshot-schedules/<int:schedule_id>",
+    "PATCH",
+    "Change fields of a snapshot schedule",
+    "datasets",
+    body=datasets.SCHEDULE_SCHEMA,
+    partial=True,
+)
+def update_schedule(schedule_id: int, body: dict):
+    values = datasets.engine_fields(body, partial=True)
+    return datasets.scheduler().update(schedule_id, actor=core.actor(), **values).to_dict()
+
+
+@endpoint(
+    "/snapshot-schedules/<int:schedule_id>",
+    "DELETE",
+    "Delete a snapshot schedule (its snapshots stay)",
+    "datasets",
+)
+def delete_schedule(schedule_id: int):
+    datasets.scheduler().delete(schedule_id, actor=core.actor())
+    return {"deleted": schedule_id}
+
+
+@endpoint(
+    "/snapshot-schedules/preview",
+    "GET",
+    "What a schedule run would do now: due snapshots and deletions (nothing changes)",
+    "datasets",
+    query=datasets.RUN_SCHEMA,
+)
+def preview_schedules(query: dict):
+    return [p.to_dict() for p in datasets.scheduler().preview(query.get("schedule_id"))]
+
+
+@endpoint(
+    "/snapshot-schedules/run",
+    "POST",
+    "Queue a snapshot-schedule job for the daemon (one schedule, or every enabled one); "
+    "follow it with GET /api/v1/jobs/{job_id}",
+    "datasets",
+    body=datasets.RUN_SCHEMA,
+    status=202,
+    scope="operator",
+)
+def run_schedules(body: dict):
+    job_id = datasets.queue_run(body.get("schedule_id"), core.actor())
+>>>>>>> snapsched
     return jobs.get(core.ctx().catalog, job_id).to_dict()
 
 

@@ -23,7 +23,11 @@ BLUEPRINTS = (
     "dashboard",
     "drives",
     "retention",
+<<<<<<< HEAD
     "trash",
+=======
+    "datasets",
+>>>>>>> snapsched
     "exports",
     "smb",
     "tiers",

@@ -297,6 +297,28 @@ class SnapshotDir(Base):
     dir_ino: Mapped[int] = mapped_column(ForeignKey("inodes.ino"), unique=True)
 
 
+class SnapshotSchedule(Base):
+    """Periodic snapshots of a dataset named PREFIX-YYYY-MM-DDTHHMMZ (engine/snapshot_schedules.py),
+    pruned by keep-last-N and keep-for-a-duration."""
+
+    __tablename__ = "snapshot_schedules"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    path: Mapped[str] = mapped_column(Text)  # the dataset, a namespace path
+    frequency: Mapped[str] = mapped_column(String(16))  # hourly | daily | weekly | interval
+    interval_s: Mapped[int] = mapped_column(BigInteger)
+    offset_s: Mapped[int] = mapped_column(BigInteger)  # the slot's place within its period
+    prefix: Mapped[str] = mapped_column(String(64))
+    keep_last: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    keep_for_s: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    # the newest slot taken (or the slot current when the schedule was made), seconds
+    last_slot_s: Mapped[int] = mapped_column(BigInteger)
+    last_run_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    __table_args__ = (UniqueConstraint("path", "prefix"),)
+
+
 class NfsClient(Base):
     """NFSv4 client records, kept so that a restarted server can grant a grace period."""
 

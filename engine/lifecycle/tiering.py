@@ -389,8 +389,16 @@ class Tiering:
             )
             return report
 
-    def move_file(self, ino: int, target: str, media: Media | None = None) -> tuple[int, int]:
-        """Rewrite the file's extents that are not in ``target`` into ``target`` stripes.
+    def move_file(
+        self,
+        ino: int,
+        target: str,
+        media: Media | None = None,
+        *,
+        only_stripes: set[int] | None = None,
+    ) -> tuple[int, int]:
+        """Rewrite the file's extents that are not in ``target`` into ``target`` stripes (only
+        those in ``only_stripes`` if given: a snapshot's archive leaves shared stripes alone).
 
         Returns (user bytes moved, media bytes written); (0, 0) when skipped because the
         file is being written or changed while it was copied."""
@@ -406,7 +414,7 @@ class Tiering:
             moved = written = 0
             offset = 0
             while True:
-                step = self._move_step(ino, target, media, offset)
+                step = self._move_step(ino, target, media, offset, only_stripes)
                 if step is None:
                     return moved, written  # a change was seen: what moved so far stays moved
                 done_bytes, media_bytes, next_offset = step
@@ -439,7 +447,9 @@ class Tiering:
 
         return self.catalog.read(work)
 
-    def _move_step(self, ino: int, target: str, media: Media, start: int):
+    def _move_step(
+        self, ino: int, target: str, media: Media, start: int, only_stripes: set[int] | None = None
+    ):
         """Move up to MOVE_BATCH_BYTES of extents at or after ``start``.
         Returns (bytes moved, media bytes, next start or None), or None if the file changed."""
         size, rows = self._snapshot(ino, target, start)
@@ -449,6 +459,8 @@ class Tiering:
         next_start = None
         for row in rows:
             if row.band_class == target:
+                continue
+            if only_stripes is not None and row.stripe_id not in only_stripes:
                 continue
             if total and total + row.length > MOVE_BATCH_BYTES:
                 next_start = row.file_offset

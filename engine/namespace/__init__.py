@@ -67,9 +67,13 @@ from engine.namespace.xattrs import Xattrs
 # each part builds on AttrCache (most through Lookup <- ReadOnlyInodes), so the type checker
 # sees what they share
 class Namespace(Ancestry, Xattrs, DirectoryOps, RangeOps):
-    def __init__(self, catalog: Catalog, data: FileData | None = None):
+    def __init__(
+        self, catalog: Catalog, data: FileData | None = None, *, snapshots_visible: bool = False
+    ):
         self.catalog = catalog
         self.data = data
+        # DIR/.snapshots listed in DIR's readdir (config snapshots.visible; ZFS's snapdir)
+        self.snapshots_visible = snapshots_visible
         self._cache: dict[int, Attr] = {}
         self._names: dict[tuple[int, str], int] = {}
         self._xattr_cache: dict[int, dict[str, bytes]] = {}  # ino -> its (small) xattrs

@@ -39,6 +39,8 @@ from engine.namespace.readonly import SNAPSHOT_DIR_NAME, ReadOnlyInodes
 class Lookup(ReadOnlyInodes):
     """Part of Namespace: reads, through the cache where it is valid."""
 
+    snapshots_visible = False  # set by Namespace (config snapshots.visible)
+
     @staticmethod
     def _load_many(conn: Connection, inos) -> list[Attr]:
         """The attributes of those of ``inos`` that exist."""
@@ -181,12 +183,22 @@ class Lookup(ReadOnlyInodes):
         return sum(bit for bit in (R_OK, W_OK, X_OK) if want & bit and may(cred, attr, bit))
 
     def readdir(
-        self, cred: Cred, dir_ino: int, cookie: int = 0, limit: int = 1024
+        self,
+        cred: Cred,
+        dir_ino: int,
+        cookie: int = 0,
+        limit: int = 1024,
+        *,
+        show_snapshots: bool | None = None,
     ) -> tuple[list[DirEntry], bool]:
         """Entries after ``cookie`` in cookie order, and whether the listing is complete.
 
         Cookies are dirent ids, which only grow: a cookie stays valid while the
-        directory changes, and no unchanged entry is skipped or repeated."""
+        directory changes, and no unchanged entry is skipped or repeated. ``DIR/.snapshots``
+        is listed when ``show_snapshots`` is true (None: the namespace's ``snapshots_visible``);
+        it is reached by name either way."""
+        if show_snapshots is None:
+            show_snapshots = self.snapshots_visible
 
         def work(conn):
             parent = self._load(conn, dir_ino)
@@ -200,7 +212,7 @@ class Lookup(ReadOnlyInodes):
                 .order_by(DIRENTS.c.id)
                 .limit(limit + 1)
             ).all()
-            if any(row[1] == SNAPSHOT_DIR_NAME for row in rows):
+            if not show_snapshots and any(row[1] == SNAPSHOT_DIR_NAME for row in rows):
                 hidden.update(self.snapshot_dirs(conn))
             return rows
 

@@ -85,3 +85,73 @@ def test_snapshot_commands(tmp_path):
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     report = json.loads(shingle("-c", conf, "fsck", "--json").stdout)
     assert report["clean"], report["problems"]
+
+
+def test_snapshot_schedule_prune_and_archive_commands(tmp_path):
+    home = tmp_path / "a"
+    shingle("init", str(home), "--drives", "10", "--drive-size", "64MiB", "--zone-size", "4MiB")
+    conf = str(home / "shingle.toml")
+    config = config_mod.load(conf)
+    with Appliance(config) as appliance:
+        ns = appliance.namespace
+        ns.mkdir(ROOT, ns.mkdir(ROOT, ns.root_ino, "datasets").ino, "web")
+        _write(appliance, "/datasets/web/model", b"M" * 200_000)
+    # four snapshots named as a daily schedule names them, the newest last
+    names = [f"auto-2026-11-{day}T0300Z" for day in (26, 27, 28, 29)]
+    for n, name in enumerate(names):
+        with Appliance(config) as appliance:
+            _write(appliance, "/datasets/web/model", bytes([n]) * 200_000)
+        shingle("-c", conf, "snapshot", "create", "/datasets/web", name)
+    shingle("-c", conf, "snapshot", "create", "/datasets/web", "by-hand")
+
+    out = shingle(
+        "-c", conf, "snapshot", "schedule", "add", "/datasets/web", "daily", "--at", "03:00",
+        "--keep-last", "2",
+    ).stdout  # fmt: skip
+    assert "daily at 03:00 UTC, keeping the newest 2" in out
+    [listed] = json.loads(shingle("-c", conf, "snapshot", "schedule", "list", "--json").stdout)
+    assert (listed["path"], listed["prefix"], listed["at"]) == ("/datasets/web", "auto", "03:00")
+    assert listed["next_ns"] % (86400 * 10**9) == 3 * 3600 * 10**9
+
+    def snapshot_names():
+        listing = shingle("-c", conf, "snapshot", "list", "/datasets/web", "--json").stdout
+        return [s["name"] for s in json.loads(listing)]
+
+    dry = shingle("-c", conf, "snapshot", "prune", "--dry-run").stdout
+    assert "delete" in dry and names[0] in dry and names[1] in dry and names[2] not in dry
+    assert "frees 195.3 KiB" in dry  # each held its own bytes
+    assert snapshot_names() == [*names, "by-hand"]  # the dry run changed nothing
+    run = shingle("-c", conf, "snapshot", "prune").stdout
+    assert "snapshot-schedule job" in run and "done" in run
+    assert snapshot_names() == [names[2], names[3], "by-hand"]
+
+    taken = shingle(
+        "-c", conf, "snapshot", "schedule", "add", "/datasets/web", "hourly", check=False
+    )
+    assert taken.returncode == 1 and "another prefix" in taken.stderr
+    assert "Traceback" not in taken.stderr
+    missing = shingle("-c", conf, "snapshot", "schedule", "add", "/nowhere", "daily", check=False)
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    sid = str(listed["id"])
+    out = shingle(
+        "-c", conf, "snapshot", "schedule", "set", sid, "--keep-last", "none", "--keep-for", "7d"
+    ).stdout
+    assert "keeping those younger than 7 d 0 h" in out
+
+    archived = json.loads(
+        shingle("-c", conf, "snapshot", "archive", "/datasets/web", names[2], "--json").stdout
+    )
+    assert archived["state"] == "done", archived
+    assert archived["result"]["bytes_moved"] == 200_000
+    with Appliance(config) as appliance:
+        assert (
+            _read(appliance, f"/datasets/web/.snapshots/{names[2]}/model") == bytes([2]) * 200_000
+        )
+    bad = shingle("-c", conf, "snapshot", "archive", "/datasets/web", "nope", check=False)
+    assert bad.returncode == 1 and "no snapshot" in bad.stderr
+
+    shingle("-c", conf, "snapshot", "schedule", "remove", sid)
+    assert json.loads(shingle("-c", conf, "snapshot", "schedule", "list", "--json").stdout) == []
+    assert snapshot_names() == [names[2], names[3], "by-hand"]  # its snapshots stay
+    report = json.loads(shingle("-c", conf, "fsck", "--json").stdout)
+    assert report["clean"], report["problems"]

@@ -55,11 +55,14 @@ def test_every_endpoint_describes_its_response(app):
                 assert field.get("description") or "$ref" in field, (name, field)
 
 
-def test_real_responses_match_their_schemas(web, appliance):
+def test_real_responses_match_their_schemas(web, appliance, app):
     from engine import exports, jobs
+    from engine.namespace import ROOT
 
     _, catalog = appliance
     exports.ensure_default(catalog)
+    ns = app.extensions["shingle"].namespace
+    ns.mkdir(ROOT, ns.root_ino, "ds")  # a dataset for the snapshot routes
     jobs.submit(catalog, "scrub", {}, actor="test")
     from engine.alerts import AlertService, Finding
 
@@ -90,6 +93,20 @@ def test_real_responses_match_their_schemas(web, appliance):
         ),
         ("post", "/api/v1/tokens"): web.api("POST", "/api/v1/tokens", json={"name": "ci"}),
         ("post", "/api/v1/jobs"): web.api("POST", "/api/v1/jobs", json={"kind": "scrub"}),
+        ("post", "/api/v1/snapshots"): web.api(
+            "POST", "/api/v1/snapshots", json={"path": "/ds", "name": "s1"}
+        ),
+        ("post", "/api/v1/snapshot-schedules"): web.api(
+            "POST",
+            "/api/v1/snapshot-schedules",
+            json={"path": "/ds", "frequency": "daily", "at": "03:00", "keep_last": 3},
+        ),
+        ("post", "/api/v1/snapshots/archive"): web.api(
+            "POST", "/api/v1/snapshots/archive", json={"path": "/ds", "name": "s1"}
+        ),
+        ("post", "/api/v1/snapshot-schedules/run"): web.api(
+            "POST", "/api/v1/snapshot-schedules/run", json={}
+        ),
         # a real Samba passdb under the appliance's data folder (pdbedit; no smbd needed)
         ("post", "/api/v1/smb/users"): web.api(
             "POST", "/api/v1/smb/users", json={"name": "alice", "password": "pw-1"}
@@ -107,6 +124,11 @@ def test_real_responses_match_their_schemas(web, appliance):
     made[("patch", "/api/v1/smb/shares/{share_id}")] = web.api(
         "PATCH", f"/api/v1/smb/shares/{share_id}", json={"access": "ro"}
     )
+    schedule_id = made[("post", "/api/v1/snapshot-schedules")].get_json()["id"]
+    made[("patch", "/api/v1/snapshot-schedules/{schedule_id}")] = web.api(
+        "PATCH", f"/api/v1/snapshot-schedules/{schedule_id}", json={"keep_for": "7d"}
+    )
+    queries = {"/api/v1/snapshots/preview": "?path=/ds&name=s1&action=rollback"}
     doc = web.get("/api/v1/openapi.json").get_json()
     components = doc["components"]["schemas"]
     rule_id = made[("post", "/api/v1/retention/rules")].get_json()["id"]
@@ -119,13 +141,17 @@ def test_real_responses_match_their_schemas(web, appliance):
         "share_id": share_id,
         "name": "alice",
         "alert_id": alert_id,
+<<<<<<< HEAD
         "entry_id": trashed.id,
+=======
+        "schedule_id": schedule_id,
+>>>>>>> snapsched
     }
     checked = 0
     for path, ops in doc["paths"].items():
         for method, op in ops.items():
             if method == "get":
-                url = path.format(**ids)
+                url = path.format(**ids) + queries.get(path, "")
                 response = web.get(url)
             elif (method, path) in made:
                 response = made[(method, path)]
@@ -146,7 +172,21 @@ def test_real_responses_match_their_schemas(web, appliance):
                 )
             checked += 1
     assert checked >= 15
-    for rule in ("/api/v1/smb/shares/{share_id}", "/api/v1/smb/users/{name}"):
+    for rule in ("/api/v1/snapshots/rollback", "/api/v1/snapshots/delete"):
+        response = web.api("POST", rule, json={"path": "/ds", "name": "s1"})
+        op = doc["paths"][rule]["post"]
+        assert response.status_code == 200, response.get_data(as_text=True)
+        check(
+            response.get_json(),
+            op["responses"]["200"]["content"]["application/json"]["schema"],
+            components,
+            f"POST {rule}",
+        )
+    for rule in (
+        "/api/v1/smb/shares/{share_id}",
+        "/api/v1/smb/users/{name}",
+        "/api/v1/snapshot-schedules/{schedule_id}",
+    ):
         response = web.api("DELETE", rule.format(**ids))
         op = doc["paths"][rule]["delete"]
         assert response.status_code == 200, response.get_data(as_text=True)

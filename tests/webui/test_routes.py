@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from engine import events, jobs, metrics
 from engine.catalog.models import Drive, Export, RetentionPolicy
+from engine.namespace import ROOT
 from tests.webui.conftest import ADMIN, PASSWORD, Browserish, csrf_of
 from tests.webui.helpers import exists, make_checkpoints, mkdirs
 
@@ -85,6 +86,15 @@ def test_every_page_renders_signed_in(web, app):
         web.post(
             "/smb/shares",
             {"name": "data", "path": "/", "access": "rw", "clients": "10.0.0.0/8", "guest": "on"},
+        ).status_code
+        == 302
+    )
+    ns = app.extensions["shingle"].namespace
+    ns.mkdir(ROOT, ns.root_ino, "ds")
+    assert (
+        web.post(
+            "/datasets/schedules",
+            {"path": "/ds", "frequency": "daily", "keep_last": "3", "enabled": "on"},
         ).status_code
         == 302
     )

@@ -1,0 +1,94 @@
+"""A snapshot deletion cut short by a crash is finished when the daemon's runtime opens (the
+owner of the drives), not only at the next snapshot call; the web UI's and CLI's catalog-only
+opening leaves it to the daemon."""
+
+from __future__ import annotations
+
+import os
+
+from sqlalchemy import select
+
+from appliance import config as config_mod
+from appliance.runtime import Appliance
+from engine import fsck
+from engine import snapshots as snapshots_module
+from engine.catalog import Catalog
+from engine.catalog.models import Snapshot, Stripe
+from engine.namespace import ROOT
+from engine.snapshots import Snapshots
+from tests.appliance.test_job_recovery import shingle
+from tests.lifecycle.conftest import check_accounting
+
+SNAPSHOTS, STRIPES = Snapshot.__table__, Stripe.__table__
+
+
+def _rows(catalog):
+    return catalog.read(
+        lambda c: [tuple(r) for r in c.execute(select(SNAPSHOTS.c.name, SNAPSHOTS.c.deleting))]
+    )
+
+
+def _stripes(catalog) -> int:
+    return len(catalog.read(lambda c: c.execute(select(STRIPES.c.id)).all()))
+
+
+def _delete_and_die(config) -> None:
+    """In a child: delete the snapshot and die (os._exit, as kill -9 would) right after the
+    first chunk of its rows is freed."""
+    snapshots_module.DELETE_CHUNK_INODES = 4
+    appliance = Appliance(config)
+    snaps = Snapshots(appliance.namespace)
+    snaps._forget_stripes = lambda dead: os._exit(0)  # the crash, after a committed chunk
+    snaps.delete("/ds", "s1")
+    os._exit(1)  # not reached: the deletion has more than one chunk
+
+
+def test_daemon_start_finishes_an_interrupted_snapshot_deletion(tmp_path):
+    home = tmp_path / "appliance"
+    shingle("init", str(home), "--drive-size", "64MiB", "--zone-size", "4MiB", "--no-preallocate")
+    config = config_mod.load(home / "shingle.toml")
+    with Appliance(config) as appliance:
+        ns = appliance.namespace
+        ds = ns.mkdir(ROOT, ns.root_ino, "ds")
+        for n in range(20):
+            f = ns.create(ROOT, ds.ino, f"f{n}")
+            ns.write(f.ino, 0, os.urandom(40_000 + n), stable=True)
+        Snapshots(ns).create("/ds", "s1")
+        for n in range(20):  # the snapshot's stripes become its own
+            ns.unlink(ROOT, ds.ino, f"f{n}")
+    catalog = Catalog(config.catalog_url)
+    try:
+        held = _stripes(catalog)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _delete_and_die(config)
+            finally:
+                os._exit(2)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        [(name, deleting)] = _rows(catalog)
+        assert deleting and name.startswith("s1/")  # cut short: hidden, half freed
+        with Appliance(config, with_data=False) as admin:  # the web UI's, the CLI's opening
+            assert fsck.check(catalog, admin.namespace.root_ino).clean
+        assert _rows(catalog) == [(name, deleting)]  # left to the daemon
+
+        with Appliance(config) as daemon:  # as `shingle serve` opens it
+            assert _rows(catalog) == []
+            assert _stripes(catalog) < held - 10
+            check_accounting(catalog)
+            assert fsck.check(catalog, daemon.namespace.root_ino).clean
+            assert Snapshots(daemon.namespace).list("/ds") == []
+            assert not daemon.namespace.snapshots_visible  # the default: hidden
+    finally:
+        catalog.close()
+    visible = config_mod.from_dict(
+        {
+            "appliance": {"data_dir": str(home)},
+            "catalog": {"url": config.catalog_url},
+            "snapshots": {"visible": True},
+        },
+        home / "shingle.toml",
+    )
+    with Appliance(visible, with_data=False) as admin:
+        assert admin.namespace.snapshots_visible

@@ -1,0 +1,501 @@
+"""Datasets: snapshots with the space each holds, schedules, and snapshot changes previewed.
+
+Snapshot create, delete and rollback change catalog rows only (engine/snapshots.py), so they
+are done here, as the CLI does them, each after a page that shows what it will do (engine/
+datasets.py ``preview``) and asks for a confirmation. Schedules are catalog rows; running
+them now and archiving a snapshot to the cold tier are jobs for the daemon (engine.jobs)."""
+
+from __future__ import annotations
+
+from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
+
+from engine import datasets as dataset_service
+from engine import errors
+from engine.snapshot_schedules import (
+    FREQUENCIES,
+    KEEP_MAX,
+    MIN_INTERVAL_S,
+    PREFIX_PATTERN,
+    SnapshotScheduler,
+)
+from engine.snapshots import Snapshots
+from engine.units import parse_duration
+from webui import core
+from webui.jobs import daemon_pid, queue
+from webui.schema import Field, Schema
+
+bp = Blueprint("datasets", __name__)
+PATH_MAX = 4096
+
+
+def _duration(text: str) -> int:
+    if not text.strip():
+        return 0
+    return parse_duration(text)  # its ValueError names the value and what was expected
+
+
+def _filled(form) -> dict:
+    """A form's fields without the empty ones (an empty optional field is not given)."""
+    return {k: v for k, v in form.items() if v.strip() != ""}
+
+
+PATH_FIELD = Field(
+    "path",
+    "string",
+    "The dataset: a directory of the namespace, e.g. /datasets/web",
+    min_length=1,
+    max_length=PATH_MAX,
+    example="/datasets/web",
+)
+NAME_FIELD = Field(
+    "name",
+    "string",
+    "The snapshot's name (no '/'; seen at PATH/.snapshots/NAME)",
+    min_length=1,
+    max_length=255,
+    example="before-upgrade",
+)
+
+SNAPSHOT_SCHEMA = Schema("SnapshotInput", "One snapshot of a dataset.", (PATH_FIELD, NAME_FIELD))
+PREVIEW_SCHEMA = Schema(
+    "SnapshotPreviewQuery",
+    "Which snapshot change to preview.",
+    (
+        PATH_FIELD,
+        NAME_FIELD,
+        Field(
+            "action",
+            "string",
+            "create, delete or rollback",
+            enum=dataset_service.ACTIONS,
+        ),
+    ),
+)
+LIST_SCHEMA = Schema(
+    "SnapshotListQuery",
+    "Whose snapshots.",
+    (
+        Field(
+            "path",
+            "string",
+            "One dataset; without it the snapshots of every dataset",
+            required=False,
+            max_length=PATH_MAX,
+        ),
+    ),
+)
+SCHEDULE_SCHEMA = Schema(
+    "SnapshotScheduleInput",
+    "Periodic snapshots of a dataset, named PREFIX-YYYY-MM-DDTHHMMZ after their slot (UTC), "
+    "deleted once no keep rule keeps them",
+    (
+        PATH_FIELD,
+        Field(
+            "frequency",
+            "string",
+            "hourly, daily, weekly, or interval (every interval_s seconds)",
+            enum=FREQUENCIES,
+            default="daily",
+        ),
+        Field(
+            "at",
+            "string",
+            "When in the period, UTC: hourly the minute (:15), daily HH:MM, weekly 'Mon HH:MM' "
+            "(empty: the period's start)",
+            required=False,
+            max_length=32,
+            example="03:00",
+        ),
+        Field(
+            "interval_s",
+            "integer",
+            f"Seconds between snapshots of an interval schedule ({MIN_INTERVAL_S} or more)",
+            required=False,
+            minimum=MIN_INTERVAL_S,
+        ),
+        Field(
+            "prefix",
+            "string",
+            "Names start with it (1-32 letters, digits, _ . -); two schedules of a dataset need "
+            "different ones",
+            required=False,
+            max_length=32,
+            pattern=PREFIX_PATTERN,
+            default="auto",
+        ),
+        Field(
+            "keep_last",
+            "integer",
+            "Keep the newest N (0 or empty: no count rule)",
+            required=False,
+            minimum=0,
+            maximum=KEEP_MAX,
+            example=24,
+        ),
+        Field(
+            "keep_for",
+            "string",
+            "Keep those younger than this: seconds or a duration such as 36h or 30d "
+            "(0 or empty: no age rule)",
+            required=False,
+            max_length=32,
+            example="30d",
+            check=_duration,
+        ),
+        Field("enabled", "boolean", "Whether the daemon takes it", required=False, default=True),
+    ),
+)
+RUN_SCHEMA = Schema(
+    "SnapshotScheduleRun",
+    "Which schedules to preview or run.",
+    (
+        Field(
+            "schedule_id",
+            "integer",
+            "One schedule (even a disabled one); without it every enabled one",
+            required=False,
+            minimum=1,
+        ),
+    ),
+)
+
+
+# -- services ---------------------------------------------------------------------------------
+def snapshots() -> Snapshots:
+    return Snapshots(core.ctx().namespace)
+
+
+def scheduler() -> SnapshotScheduler:
+    return SnapshotScheduler(core.ctx().namespace)
+
+
+def engine_fields(values: dict, *, partial: bool = False) -> dict:
+    """Form or API values -> SnapshotScheduler fields (keep 0 or empty: no such rule)."""
+    out = dict(values)
+    if "keep_for" in out:
+        out["keep_for_s"] = out.pop("keep_for") or None
+    elif not partial:
+        out["keep_for_s"] = None
+    if "keep_last" in out:
+        out["keep_last"] = out["keep_last"] or None
+    elif not partial:
+        out["keep_last"] = None
+    if not partial and not out.get("at"):
+        out.pop("at", None)
+    return out
+
+
+def snapshot_dict(path: str, info) -> dict:
+    return {"path": path, **info.to_dict()}
+
+
+def list_snapshots(path: str | None = None) -> list[dict]:
+    snaps = snapshots()
+    paths = [dataset_service.clean_path(path)] if path else None
+    if paths is None:
+        paths = dataset_service.dataset_paths(core.ctx().namespace, scheduler())
+    out = []
+    for each in paths:
+        try:
+            out += [snapshot_dict(each, info) for info in snaps.list(each)]
+        except errors.FsError:
+            if path:
+                raise
+    return out
+
+
+def create_snapshot(path: str, name: str) -> dict:
+    path = dataset_service.clean_path(path)
+    return snapshot_dict(path, snapshots().create(path, name))
+
+
+def delete_snapshot(path: str, name: str) -> dict:
+    path = dataset_service.clean_path(path)
+    return {"path": path, "name": name, "stripes_freed": snapshots().delete(path, name)}
+
+
+def rollback_snapshot(path: str, name: str) -> dict:
+    path = dataset_service.clean_path(path)
+    snaps = snapshots()
+    before = dataset_service.preview(
+        core.ctx().namespace, snaps, scheduler(), "rollback", path, name
+    )
+    snaps.rollback(path, name)
+    return {
+        "path": path,
+        "name": name,
+        "removed": len(before.removed),
+        "restored": len(before.restored),
+        "reverted": len(before.reverted),
+    }
+
+
+def preview(action: str, path: str, name: str):
+    return dataset_service.preview(
+        core.ctx().namespace, snapshots(), scheduler(), action, path, name
+    )
+
+
+def queue_archive(path: str, name: str, who: str) -> int:
+    path = dataset_service.clean_path(path)
+    dataset_service.find(snapshots(), path, name)  # NotFound now rather than a failed job
+    return queue("snapshot-archive", {"path": path, "name": name}, who)
+
+
+def queue_run(schedule_id: int | None, who: str) -> int:
+    if schedule_id is not None:
+        scheduler().get(schedule_id)
+    return queue("snapshot-schedule", {"schedule_id": schedule_id}, who)
+
+
+# -- pages --------------------------------------------------------------------------------------
+def _index(status: int = 200, **extra):
+    ns = core.ctx().namespace
+    sched = scheduler()
+    return render_template(
+        "datasets.html",
+        datasets=dataset_service.datasets(ns, sched, snapshots()),
+        snapshot_schema=SNAPSHOT_SCHEMA,
+        snapshot_form=extra.get("snapshot_form", {}),
+        snapshot_errors=extra.get("snapshot_errors", {}),
+    ), status
+
+
+def _dataset_page(path: str, status: int = 200, **extra):
+    sched = scheduler()
+    try:
+        held = snapshots().list(path)
+        problem = None
+    except errors.FsError as exc:
+        held, problem = [], core.error_message(exc)
+    return render_template(
+        "dataset.html",
+        path=path,
+        snapshots=held,
+        problem=problem,
+        schedules=sched.list_schedules(path),
+        snapshot_schema=SNAPSHOT_SCHEMA,
+        snapshot_form=extra.get("snapshot_form", {"path": path}),
+        snapshot_errors=extra.get("snapshot_errors", {}),
+        schedule_schema=SCHEDULE_SCHEMA,
+        schedule_form=extra.get(
+            "schedule_form", {"path": path, "frequency": "daily", "prefix": "auto", "enabled": True}
+        ),
+        schedule_errors=extra.get("schedule_errors", {}),
+        daemon=daemon_pid(),
+    ), status
+
+
+@bp.route("/datasets")
+@core.login_required
+def index():
+    path = request.args.get("path")
+    if path:
+        try:
+            return _dataset_page(dataset_service.clean_path(path))
+        except errors.FsError:
+            abort(404)
+    return _index()
+
+
+def _back(path: str):
+    return redirect(url_for("datasets.index", path=path))
+
+
+def _confirm(action: str, values: dict, endpoint: str, button: str):
+    """The preview page of a change, whose form posts it again with confirm=yes."""
+    shown = preview(action, values["path"], values["name"])
+    return render_template(
+        "dataset_confirm.html",
+        preview=shown,
+        fields={"path": shown.path, "name": shown.name, "confirm": "yes"},
+        action=url_for(endpoint),
+        button=button,
+        cancel=url_for("datasets.index", path=shown.path),
+    )
+
+
+@bp.route("/datasets/snapshots", methods=["POST"])
+@core.login_required
+def create():
+    try:
+        values = SNAPSHOT_SCHEMA.from_form(request.form)
+        if request.form.get("confirm") != "yes":
+            return _confirm("create", values, "datasets.create", "Take the snapshot")
+        made = create_snapshot(values["path"], values["name"])
+    except core.USER_ERRORS as exc:
+        form = dict(request.form)
+        page_path = form.get("path") or ""
+        if request.form.get("from") == "index" or not page_path:
+            return _index(400, snapshot_form=form, snapshot_errors=core.form_errors(exc))
+        try:
+            return _dataset_page(
+                dataset_service.clean_path(page_path),
+                400,
+                snapshot_form=form,
+                snapshot_errors=core.form_errors(exc),
+            )
+        except errors.FsError:
+            return _index(400, snapshot_form=form, snapshot_errors=core.form_errors(exc))
+    flash(f"snapshot {made['name']} of {made['path']} taken ({made['files']} inodes)", "ok")
+    return _back(made["path"])
+
+
+def _snapshot_form() -> dict | None:
+    """The path and name a snapshot button posts; None (and a message) if they are bad."""
+    try:
+        return SNAPSHOT_SCHEMA.from_form(request.form)
+    except core.USER_ERRORS as exc:
+        flash(core.error_message(exc), "error")
+        return None
+
+
+@bp.route("/datasets/snapshots/delete", methods=["POST"])
+@core.login_required
+def delete():
+    values = _snapshot_form()
+    if values is None:
+        return redirect(url_for("datasets.index"))
+    try:
+        if request.form.get("confirm") != "yes":
+            return _confirm("delete", values, "datasets.delete", "Delete the snapshot")
+        done = delete_snapshot(values["path"], values["name"])
+    except errors.NotFound:
+        abort(404)
+    flash(f"snapshot {done['name']} of {done['path']} deleted", "ok")
+    return _back(done["path"])
+
+
+@bp.route("/datasets/snapshots/rollback", methods=["POST"])
+@core.login_required
+def rollback():
+    values = _snapshot_form()
+    if values is None:
+        return redirect(url_for("datasets.index"))
+    try:
+        if request.form.get("confirm") != "yes":
+            return _confirm("rollback", values, "datasets.rollback", "Roll back")
+        done = rollback_snapshot(values["path"], values["name"])
+    except errors.NotFound:
+        abort(404)
+    except core.USER_ERRORS as exc:
+        flash(f"rollback of {values['path']}: {core.error_message(exc)}", "error")
+        return _back(values["path"])
+    flash(f"{done['path']} rolled back to snapshot {done['name']}", "ok")
+    return _back(done["path"])
+
+
+@bp.route("/datasets/snapshots/archive", methods=["POST"])
+@core.login_required
+def archive():
+    values = _snapshot_form()
+    if values is None:
+        return redirect(url_for("datasets.index"))
+    try:
+        job_id = queue_archive(values["path"], values["name"], core.actor())
+    except errors.NotFound:
+        abort(404)
+    flash(f"archive job {job_id} queued", "ok")
+    return redirect(url_for("jobs.detail", job_id=job_id))
+
+
+@bp.route("/datasets/schedules", methods=["POST"])
+@core.login_required
+def add_schedule():
+    form = dict(request.form)
+    form["enabled"] = "enabled" in request.form
+    try:
+        values = engine_fields(SCHEDULE_SCHEMA.from_form(_filled(request.form)))
+        made = scheduler().add(
+            values.pop("path"), values.pop("frequency"), actor=core.actor(), **values
+        )
+    except core.USER_ERRORS as exc:
+        try:
+            return _dataset_page(
+                dataset_service.clean_path(form.get("path") or "/"),
+                400,
+                schedule_form=form,
+                schedule_errors=core.form_errors(exc),
+            )
+        except errors.FsError:
+            return _index(400)
+    flash(f"snapshot schedule {made.id} created: {made.describe()}", "ok")
+    return _back(made.path)
+
+
+@bp.route("/datasets/schedules/<int:schedule_id>", methods=["GET", "POST"])
+@core.login_required
+def edit_schedule(schedule_id: int):
+    sched = scheduler()
+    try:
+        current = sched.get(schedule_id)
+    except errors.NotFound:
+        abort(404)
+    form = current.to_dict()
+    form["keep_for"] = current.keep_for_s or ""
+    errs, status = {}, 200
+    if request.method == "POST":
+        form = dict(request.form)
+        form["enabled"] = "enabled" in request.form
+        try:
+            values = engine_fields(SCHEDULE_SCHEMA.from_form(_filled(request.form)))
+            made = sched.update(schedule_id, actor=core.actor(), **values)
+            flash(f"snapshot schedule {schedule_id} saved: {made.describe()}", "ok")
+            return _back(made.path)
+        except core.USER_ERRORS as exc:
+            errs, status = core.form_errors(exc), 400
+    return render_template(
+        "dataset_schedule.html", schedule=current, form=form, errors=errs, schema=SCHEDULE_SCHEMA
+    ), status
+
+
+@bp.route("/datasets/schedules/<int:schedule_id>/delete", methods=["POST"])
+@core.login_required
+def delete_schedule(schedule_id: int):
+    sched = scheduler()
+    try:
+        current = sched.get(schedule_id)
+    except errors.NotFound:
+        abort(404)
+    if request.form.get("confirm") != "yes":
+        return render_template(
+            "confirm.html",
+            question=f"Delete snapshot schedule {schedule_id} of {current.path} "
+            f"({current.describe()})? No more snapshots are taken or pruned by it; the "
+            "snapshots it took stay.",
+            fields={"confirm": "yes"},
+            action=url_for("datasets.delete_schedule", schedule_id=schedule_id),
+            cancel=url_for("datasets.index", path=current.path),
+        )
+    sched.delete(schedule_id, actor=core.actor())
+    flash(f"snapshot schedule {schedule_id} deleted", "ok")
+    return _back(current.path)
+
+
+@bp.route("/datasets/schedules/preview")
+@core.login_required
+def schedule_preview():
+    schedule_id = request.args.get("schedule", type=int)
+    try:
+        planned = scheduler().preview(schedule_id)
+    except errors.NotFound:
+        abort(404)
+    return render_template(
+        "dataset_schedule_preview.html",
+        planned=planned,
+        schedule_id=schedule_id,
+        path=request.args.get("path"),
+        daemon=daemon_pid(),
+    )
+
+
+@bp.route("/datasets/schedules/run", methods=["POST"])
+@core.login_required
+def schedule_run():
+    try:
+        clean = RUN_SCHEMA.from_form(request.form)
+        job_id = queue_run(clean.get("schedule_id"), core.actor())
+    except errors.NotFound:
+        abort(404)
+    flash(f"snapshot schedule job {job_id} queued", "ok")
+    return redirect(url_for("jobs.detail", job_id=job_id))
