@@ -49,7 +49,7 @@ def _with_scheduler(args, work):
 
 def _duration(text: str) -> int:
     try:
-        return parse_duration(text)
+        return round(parse_duration(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

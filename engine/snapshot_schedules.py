@@ -290,7 +290,7 @@ class SnapshotScheduler:
         keep_for = merged.get("keep_for_s")
         if isinstance(keep_for, str) and keep_for.strip():
             try:
-                keep_for = parse_duration(keep_for)
+                keep_for = round(parse_duration(keep_for))
             except ValueError as exc:
                 raise errors.InvalidArgument(f"keep_for_s: {exc}") from None
         enabled = merged.get("enabled", True)

@@ -51,10 +51,16 @@ DURATION_UNITS = {
 _DURATION_PART = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*")
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str | int | float) -> float:
     """What people type for a duration -> seconds: ``"30 d"``, ``"2 h 30 min"``, ``"90s"``,
-    ``"1.5 h"``; a bare number is seconds. Reads everything ``format_duration`` writes.
-    ValueError says what was expected."""
+    ``"1.5 h"``; a bare number (or a number given as one) is seconds. Reads everything
+    ``format_duration`` writes. ValueError says what was expected."""
+    if isinstance(text, bool):
+        raise ValueError(f"{text!r}: expected a duration such as 30 d, 12 h, 90 min or 45 s")
+    if isinstance(text, (int, float)):
+        if text < 0:
+            raise ValueError(f"{text!r}: expected a duration >= 0")
+        return float(text)
     cleaned = text.strip().lower()
     total, pos = 0.0, 0
     while pos < len(cleaned):
@@ -84,34 +90,3 @@ def format_value(key: str, value):
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
     return value
-
-
-DURATION_UNITS = {
-    "": 1,
-    "s": 1,
-    "sec": 1,
-    "m": 60,
-    "min": 60,
-    "h": 3600,
-    "d": 86400,
-    "w": 7 * 86400,
-}
-
-
-def parse_duration(text: str | int | float) -> int:
-    """``"7d"`` -> ``604800``: a whole number of seconds from a number with an optional unit
-    (s, min or m, h, d, w); raises ValueError saying what was expected."""
-    import re
-
-    if isinstance(text, bool):
-        raise ValueError(f"duration {text!r}: expected seconds or a number with s, min, h, d or w")
-    if isinstance(text, (int, float)):
-        if text < 0:
-            raise ValueError(f"duration {text!r}: expected a duration >= 0")
-        return int(text)
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if not match or match.group(2).lower() not in DURATION_UNITS:
-        raise ValueError(
-            f"duration {text!r}: expected seconds or a number with s, min, h, d or w (e.g. 7d)"
-        )
-    return int(float(match.group(1)) * DURATION_UNITS[match.group(2).lower()])

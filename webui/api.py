@@ -258,7 +258,6 @@ def run(body: dict):
     ).to_dict()
 
 
-<<<<<<< HEAD
 # -- trash --------------------------------------------------------------------------------------
 TRASH_PURGE_SCHEMA = Schema(
     "TrashPurge",
@@ -306,7 +305,9 @@ def purge_trash(body: dict):
     job_id = trash.queue_purge(
         core.actor(), entry=body.get("entry"), older_than_s=body.get("older_than_s")
     )
-=======
+    return jobs.get(core.ctx().catalog, job_id).to_dict()
+
+
 # -- datasets: snapshots and their schedules ---------------------------------------------------
 @endpoint("/datasets", "GET", "Datasets: directories with snapshots or a schedule", "datasets")
 def list_datasets():
@@ -462,7 +463,6 @@ def preview_schedules(query: dict):
 )
 def run_schedules(body: dict):
     job_id = datasets.queue_run(body.get("schedule_id"), core.actor())
->>>>>>> snapsched
     return jobs.get(core.ctx().catalog, job_id).to_dict()
 
 

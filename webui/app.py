@@ -23,11 +23,8 @@ BLUEPRINTS = (
     "dashboard",
     "drives",
     "retention",
-<<<<<<< HEAD
     "trash",
-=======
     "datasets",
->>>>>>> snapsched
     "exports",
     "smb",
     "tiers",

@@ -31,7 +31,7 @@ PATH_MAX = 4096
 def _duration(text: str) -> int:
     if not text.strip():
         return 0
-    return parse_duration(text)  # its ValueError names the value and what was expected
+    return round(parse_duration(text))  # its ValueError names the value and what was expected
 
 
 def _filled(form) -> dict:

@@ -300,7 +300,6 @@ SCHEMAS: dict[str, dict] = {
         acknowledged_by=prop(["string", "null"], "Who acknowledged it"),
         cleared_ns=prop(["integer", "null"], "Cleared, " + NS),
     ),
-<<<<<<< HEAD
     "TrashEntry": obj(
         "An entry in an export's trash",
         ("id", "trash_path", "bytes"),
@@ -323,7 +322,7 @@ SCHEMAS: dict[str, dict] = {
         ("restored", "path"),
         restored=prop("integer", "The entry's id"),
         path=prop("string", "Where it is now"),
-=======
+    ),
     "Dataset": obj(
         "A directory with snapshots or a snapshot schedule",
         ("path", "snapshots", "schedules"),
@@ -407,7 +406,6 @@ SCHEMAS: dict[str, dict] = {
         created_ns=prop("integer", "Taken (create: its slot), " + NS),
         unique_bytes=prop("integer", "What deleting it frees"),
         outcome=prop(["string", "null"], "After a run: done, skipped: ... or failed: ..."),
->>>>>>> snapsched
     ),
     "Deleted": obj("What was deleted", ("deleted",), deleted=prop("integer", "The id")),
     "DeletedName": obj("What was deleted", ("deleted",), deleted=prop("string", "The name")),
@@ -440,11 +438,9 @@ ROUTES: dict[tuple[str, str], tuple[str, str]] = {  # (method, rule) -> (schema,
     ("DELETE", "/retention/rules/<int:rule_id>"): ("Deleted", "the id of the deleted rule"),
     ("GET", "/retention/preview"): ("PlannedAction[]", "what a run would do, entry by entry"),
     ("POST", "/retention/run"): ("Job", "the queued retention job"),
-<<<<<<< HEAD
     ("GET", "/trash"): ("TrashEntry[]", "every trash entry, oldest deletion first"),
     ("POST", "/trash/<int:entry_id>/restore"): ("Restored", "the entry and where it is now"),
     ("POST", "/trash/purge"): ("Job", "the queued trash-purge job"),
-=======
     ("GET", "/datasets"): ("Dataset[]", "every dataset"),
     ("GET", "/snapshots"): ("Snapshot[]", "the snapshots, oldest first per dataset"),
     ("GET", "/snapshots/preview"): ("SnapshotPreview", "what the change would do"),
@@ -468,7 +464,6 @@ ROUTES: dict[tuple[str, str], tuple[str, str]] = {  # (method, rule) -> (schema,
         "what a run would do, snapshot by snapshot",
     ),
     ("POST", "/snapshot-schedules/run"): ("Job", "the queued snapshot-schedule job"),
->>>>>>> snapsched
     ("GET", "/jobs"): ("Job[]", "recent jobs, newest first"),
     ("GET", "/jobs/<int:job_id>"): ("Job", "the job"),
     ("POST", "/jobs"): ("Job", "the queued job"),

@@ -141,11 +141,8 @@ def test_real_responses_match_their_schemas(web, appliance, app):
         "share_id": share_id,
         "name": "alice",
         "alert_id": alert_id,
-<<<<<<< HEAD
         "entry_id": trashed.id,
-=======
         "schedule_id": schedule_id,
->>>>>>> snapsched
     }
     checked = 0
     for path, ops in doc["paths"].items():
