@@ -29,6 +29,7 @@ import sqlite3
 import struct
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
@@ -41,6 +42,7 @@ from sqlalchemy.exc import OperationalError as SqlOperationalError
 from sqlalchemy.exc import TimeoutError as SqlTimeout
 
 from engine.blocking import may_block
+from engine.catalog.changes import CHANNEL, WRITER_SETTING, ChangeWatch
 from engine.catalog.models import Setting
 from engine.ordered_lock import lock
 
@@ -213,6 +215,10 @@ class Catalog:
         self._tracked_lock = lock("catalog.tracked")
         self._writers = _WriterQueue()
         self._checkpointing = lock("catalog.checkpoint")
+        # PostgreSQL: the change watch (engine/catalog/changes.py), started by the first epoch()
+        self._changes: ChangeWatch | None = None
+        self._changes_lock = lock("catalog.changes")
+        self._writer_token = uuid.uuid4().hex
         if self.is_sqlite:
             self.engine: Engine = create_engine(
                 url,
@@ -229,6 +235,8 @@ class Catalog:
                 max_overflow=32,
                 pool_pre_ping=True,
                 isolation_level="SERIALIZABLE",
+                # the change triggers name this Catalog as the writer (engine/catalog/changes.py)
+                connect_args={"options": f"-c {WRITER_SETTING}={self._writer_token}"},
             )
 
     # -- SQLite connection set-up ------------------------------------------
@@ -309,6 +317,8 @@ class Catalog:
                         self._writers.release()
                 if number is not None:
                     self._tracked_commit(number)
+                elif write and not tracked and self._changes is not None:
+                    self._changes.moved()  # our own notification is ignored: move it here
                 for callback in callbacks:
                     callback()
                 if write and self.is_sqlite:
@@ -405,7 +415,8 @@ class Catalog:
         NFS event loop may call it. PRAGMA data_version on a watch connection is the fallback
         where the index cannot be mapped (2 us alone, about 70 us on a busy server)."""
         if not self.is_sqlite:
-            return None
+            changes = self._changes if self._changes is not None else self._start_changes()
+            return changes.epoch()
         index = self._wal_index if self._watch is not None else self._open_watch()
         if index is not None:
             return _change_counter(index)
@@ -414,6 +425,33 @@ class Catalog:
             watch = self._watch
             assert watch is not None  # _open_watch opened it
             return watch.execute("PRAGMA data_version").fetchone()[0]
+
+    def _start_changes(self) -> ChangeWatch:
+        with self._changes_lock:
+            if self._changes is None:
+                conninfo = self.engine.url.set(drivername="postgresql")
+                self._changes = ChangeWatch(
+                    conninfo.render_as_string(hide_password=False),
+                    self._writer_token,
+                    self._send_ping,
+                )
+            return self._changes
+
+    def _send_ping(self, payload: str) -> None:
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+            conn.commit()
+
+    def catch_up(self, timeout: float = 5.0) -> bool:
+        """Return once ``epoch`` reflects every commit that finished before this call: at once
+        on SQLite; on PostgreSQL after a round trip through the change watch (False: it is down
+        or slow, and ``epoch`` says None meanwhile)."""
+        if self.is_sqlite:
+            return True
+        changes = self._changes if self._changes is not None else self._start_changes()
+        if not changes.wait_ready(timeout):
+            return False
+        return changes.catch_up(timeout)
 
     def only_tracked(self, old: int, new: int) -> bool:
         """Whether every commit that moved the epoch from ``old`` to ``new`` was a tracked commit of
@@ -503,4 +541,7 @@ class Catalog:
             self._wal_index = None  # the map itself stays open (_map_wal_index)
             self._watch.close()
             self._watch = None
+        if self._changes is not None:
+            self._changes.close()
+            self._changes = None
         self.engine.dispose()
