@@ -86,9 +86,10 @@ class ChangeWatch:
             log.debug("catalog: catch-up ping failed: %s", exc)
             return False
         with self._cond:
-            return self._cond.wait_for(
-                lambda: self._synced_at >= sent or not self._connected, timeout
-            ) and self._synced_at >= sent
+            return (
+                self._cond.wait_for(lambda: self._synced_at >= sent or not self._connected, timeout)
+                and self._synced_at >= sent
+            )
 
     def wait_ready(self, timeout: float) -> bool:
         """Wait until ``epoch`` is not None (tests, start-up)."""

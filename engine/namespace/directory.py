@@ -11,6 +11,7 @@ from engine import errors
 from engine.catalog.database import sql as _sql
 from engine.catalog.database import sql_one as _one
 from engine.namespace.common import (
+    ATTR_SQL,
     BLK,
     CHR,
     DIR,
@@ -31,6 +32,7 @@ from engine.namespace.common import (
     Cred,
     Entry,
     Touched,
+    attr_of_row,
     check_name,
 )
 from engine.namespace.lookup import Lookup
@@ -40,7 +42,25 @@ class DirectoryOps(Lookup):
     """Part of Namespace: every change of names, each one ``_write`` transaction."""
 
     def _dir_for_change(self, conn: Connection, cred: Cred, dir_ino: int) -> Attr:
-        parent = self._load(conn, dir_ino)
+        return self._check_dir_for_change(cred, dir_ino, self._load(conn, dir_ino))
+
+    def _dir_and_entry(
+        self, conn: Connection, cred: Cred, dir_ino: int, name: str
+    ) -> tuple[Attr, Entry | None]:
+        """``_dir_for_change`` and ``_entry`` in one query (on PostgreSQL each is a round trip)."""
+        row = _one(
+            conn,
+            f"SELECT {ATTR_SQL}, dirents.id, dirents.child FROM inodes "
+            "LEFT JOIN dirents ON dirents.parent = inodes.ino AND dirents.name = ? "
+            "WHERE inodes.ino = ?",
+            (name, dir_ino),
+        )
+        if row is None:
+            raise errors.StaleHandle(f"inode {dir_ino} does not exist")
+        parent = self._check_dir_for_change(cred, dir_ino, attr_of_row(row[:-2]))
+        return parent, None if row[-2] is None else Entry(row[-2], row[-1])
+
+    def _check_dir_for_change(self, cred: Cred, dir_ino: int, parent: Attr) -> Attr:
         if parent.type != DIR:
             raise errors.NotADirectory(f"inode {dir_ino} is not a directory")
         if parent.nlink == 0:
@@ -122,8 +142,7 @@ class DirectoryOps(Lookup):
 
         def work(conn, touched):
             self._check_writable(dir_ino, conn=conn)
-            parent = self._dir_for_change(conn, cred, dir_ino)
-            existing = self._entry(conn, dir_ino, name)
+            parent, existing = self._dir_and_entry(conn, cred, dir_ino, name)
             if existing is not None:
                 if exclusive or ftype != REG:
                     raise errors.Exists(f"{name!r} exists in directory {dir_ino}")
@@ -216,8 +235,7 @@ class DirectoryOps(Lookup):
                 raise errors.NotFound(f"inode {ino} has been removed")
             if attr.nlink >= MAX_LINKS:
                 raise errors.TooManyLinks(f"inode {ino} has {attr.nlink} links")
-            self._dir_for_change(conn, cred, dir_ino)
-            if self._entry(conn, dir_ino, name) is not None:
+            if self._dir_and_entry(conn, cred, dir_ino, name)[1] is not None:
                 raise errors.Exists(f"{name!r} exists in directory {dir_ino}")
             conn.execute(DIRENTS.insert().values(parent=dir_ino, name=name, child=ino))
             self._touch(conn, ino, nlink_delta=1)
@@ -231,8 +249,7 @@ class DirectoryOps(Lookup):
 
         def work(conn, touched):
             self._check_writable(dir_ino, conn=conn)
-            parent = self._dir_for_change(conn, cred, dir_ino)
-            entry = self._entry(conn, dir_ino, name)
+            parent, entry = self._dir_and_entry(conn, cred, dir_ino, name)
             if entry is None:
                 raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
             victim = self._load(conn, entry.child)
@@ -256,8 +273,7 @@ class DirectoryOps(Lookup):
         def work(conn, touched):
             self._check_writable(dir_ino, conn=conn)
             snapshot_dirs = self.snapshot_dirs(conn)
-            parent = self._dir_for_change(conn, cred, dir_ino)
-            entry = self._entry(conn, dir_ino, name)
+            parent, entry = self._dir_and_entry(conn, cred, dir_ino, name)
             if entry is None:
                 raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
             victim = self._load(conn, entry.child)
