@@ -57,6 +57,7 @@ class ChangeWatch:
         self._connected = False
         self._pending: dict[int, float] = {}  # ping number -> monotonic send time
         self._seq = 0
+        self.backend_pid: int | None = None  # of the LISTEN connection (tests kill it)
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="catalog-change-watch", daemon=True)
@@ -127,6 +128,7 @@ class ChangeWatch:
                 delay = min(delay * 2, RECONNECT_MAX_S)
                 continue
             delay = 0.05
+            self.backend_pid = conn.info.backend_pid
             try:
                 conn.execute(f"LISTEN {CHANNEL}")
                 self._connected = True
