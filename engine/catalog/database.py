@@ -427,8 +427,12 @@ class Catalog:
 
     # -- cache validation ------------------------------------------------------
     def epoch(self) -> int | None:
-        """A number that moves whenever any connection, of any process, commits; None when the
-        database cannot tell cheaply (PostgreSQL: then callers must not cache).
+        """A number that moves whenever any connection, of any process, commits; None while it
+        cannot be told cheaply (then callers must not cache).
+
+        PostgreSQL: the change watch's counter (engine/catalog/changes.py), moved by other
+        writers' notifications and this process's untracked commits, never by its tracked ones;
+        None while the watch is down or has not proved within 1 s that it is caught up.
 
         SQLite: the change counter in the header of the WAL index (the -shm file every
         connection maps). Each commit adds one to it and rewrites the header, second copy first,

@@ -37,7 +37,8 @@ class AttrCache:
     # another process, or an untracked one of this process: Catalog.only_tracked) or
     # CACHE_TTL_S of age clears it all; this process's tracked namespace and data-path commits
     # evict just what they changed and keep the rest (_changed), so a write does not cost every
-    # later lookup a catalog query. PostgreSQL has no cheap signal: no cache.
+    # later lookup a catalog query. While Catalog.epoch is None (PostgreSQL's change watch not
+    # caught up or down) nothing is cached or served from the cache.
     def _cache_valid(self) -> bool:
         """Whether the cache may be used, after clearing it if a commit it cannot account for
         ran."""

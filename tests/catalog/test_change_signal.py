@@ -15,7 +15,7 @@ from sqlalchemy import make_url
 
 from engine import errors
 from engine.catalog import Catalog
-from engine.catalog.changes import STALE_AFTER_S, WATCH_APPLICATION
+from engine.catalog.changes import STALE_AFTER_S
 from engine.catalog.models import Base
 from engine.namespace import ROOT, Namespace
 
