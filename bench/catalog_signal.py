@@ -1,6 +1,6 @@
 """What PostgreSQL's change signal costs writers: creates/s of several writer processes.
 
-    .venv/bin/python bench/catalog_signal.py [--writers 1,4] [--files 500] [--json]
+    .venv/bin/python bench/catalog_signal.py [--writers 1,4] [--files 500] [--durable] [--json]
 
 Each writer is a process with its own Catalog and Namespace creating ``--files`` files in a
 directory of its own (SERIALIZABLE, as the catalog always runs), on a throw-away PostgreSQL 15.
@@ -9,6 +9,9 @@ Signals compared on the same server:
 - ``notify``: what shingle ships, a statement trigger NOTIFYing with the writer's token;
 - ``counter``: the same triggers bumping one counter row instead (a reader that sees the counter
   unchanged knows nothing changed): every two overlapping writers conflict on that row.
+NOTIFY takes a cluster-wide lock from just before commit until the commit is done, so the
+commits of notifying transactions do not overlap: ``--durable`` (fsync and synchronous_commit
+on; the test server has them off) shows what that costs when each commit waits for a flush.
 ``rollbacks`` is PostgreSQL's count of rolled-back transactions in the run (serialization
 failures that Catalog.run retried).
 """
@@ -126,11 +129,15 @@ def main() -> int:
     parser.add_argument("--writers", default="1,4")
     parser.add_argument("--files", type=int, default=500)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--durable", action="store_true", help="fsync and synchronous_commit on (off by default)"
+    )
     args = parser.parse_args()
     from pgserver import PostgresServer
 
-    server = PostgresServer().start()
-    report: dict = {"files_per_writer": args.files}
+    durable = {"fsync": "on", "synchronous_commit": "on"} if args.durable else {}
+    server = PostgresServer(durable).start()
+    report: dict = {"files_per_writer": args.files, "durable": args.durable}
     try:
         url = server.create_database()
         upgrade(url)

@@ -118,9 +118,14 @@ class AttrCache:
 
         def run(conn):
             fresh.clear()
+            touched.known.clear()  # a retried work must not cache what a rolled-back try made
             result = work(conn, touched)
             if self._cache_epoch is not None and touched:
-                fresh.extend(self._load_many(conn, touched))
+                known = touched.known
+                unknown = [ino for ino in touched if ino not in known]
+                if unknown:
+                    fresh.extend(self._load_many(conn, unknown))
+                fresh.extend(attr for ino, attr in known.items() if ino in touched)
             # taken while this transaction holds the write lock: if no eviction runs between here
             # and _changed, no commit of this process after ours has been seen yet
             gen[0] = self._cache_gen

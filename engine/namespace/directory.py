@@ -11,6 +11,7 @@ from engine import errors
 from engine.catalog.database import sql as _sql
 from engine.catalog.database import sql_one as _one
 from engine.namespace.common import (
+    ATTR_RETURNING,
     ATTR_SQL,
     BLK,
     CHR,
@@ -70,8 +71,15 @@ class DirectoryOps(Lookup):
 
     @staticmethod
     def _touch(
-        conn: Connection, ino: int, *, mtime: bool = False, ctime: bool = True, nlink_delta: int = 0
-    ) -> None:
+        conn: Connection,
+        ino: int,
+        *,
+        mtime: bool = False,
+        ctime: bool = True,
+        nlink_delta: int = 0,
+        returning: bool = False,
+    ) -> Attr | None:
+        """Bump ``ino``'s change counter and times; ``returning``: its attributes afterwards."""
         now = time.time_ns()
         sets, params = ["change = change + 1"], []
         if mtime:
@@ -83,7 +91,12 @@ class DirectoryOps(Lookup):
         if nlink_delta:
             sets.append("nlink = nlink + ?")
             params.append(nlink_delta)
-        _sql(conn, f"UPDATE inodes SET {', '.join(sets)} WHERE ino = ?", (*params, ino))
+        text = f"UPDATE inodes SET {', '.join(sets)} WHERE ino = ?"
+        if not returning:
+            _sql(conn, text, (*params, ino))
+            return None
+        row = _one(conn, f"{text} RETURNING {ATTR_RETURNING}", (*params, ino))
+        return None if row is None else attr_of_row(row)
 
     @staticmethod
     def _entry(conn: Connection, dir_ino: int, name: str):
@@ -162,11 +175,17 @@ class DirectoryOps(Lookup):
                 "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
                 (dir_ino, name, attr.ino),
             )
-            self._touch(conn, dir_ino, mtime=True, nlink_delta=1 if ftype == DIR else 0)
+            parent_now = self._touch(
+                conn, dir_ino, mtime=True, nlink_delta=1 if ftype == DIR else 0, returning=True
+            )
             if ftype == REG and self.data is not None:
                 self.data.created(conn, attr.ino)  # its first write then needs no catalog read
             touched.add(attr.ino)
             touched.names[(dir_ino, name)] = attr.ino
+            # nothing below changes either row: _write caches them without reading them again
+            touched.known[attr.ino] = attr
+            if parent_now is not None:
+                touched.known[dir_ino] = parent_now
             return attr
 
         return self._write(work, (dir_ino,), ((dir_ino, name),))

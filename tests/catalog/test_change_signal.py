@@ -16,7 +16,7 @@ from sqlalchemy import make_url
 from engine import errors
 from engine.catalog import Catalog
 from engine.catalog.changes import STALE_AFTER_S
-from engine.catalog.models import Base
+from engine.catalog.models import FIFO, Base
 from engine.namespace import ROOT, Namespace
 
 
@@ -68,6 +68,23 @@ def test_a_change_is_seen_by_the_next_request_after_catch_up(two, count_reads):
     assert ns.catalog.catch_up()
     with pytest.raises(errors.StaleHandle):
         ns.getattr(f.ino)
+
+
+def test_own_creates_cache_exactly_what_was_committed(two, count_reads):
+    """A create caches its new inode and the directory's new attributes without reading them
+    back (Touched.known): they must be what the database holds."""
+    ns, other = two
+    d = ns.mkdir(ROOT, ns.root_ino, "d", 0o2775)
+    made = [
+        ns.create(ROOT, d.ino, "f", 0o640),
+        ns.mkdir(ROOT, d.ino, "sub", 0o750),
+        ns.symlink(ROOT, d.ino, "ln", b"f"),
+        ns.mknod(ROOT, d.ino, "fifo", FIFO, 0o600),
+    ]
+    reads = count_reads(ns.catalog)
+    cached = [ns.getattr(a.ino) for a in made] + [ns.getattr(d.ino)]
+    assert reads == [], "the create did not cache what it made"
+    assert cached == [other.getattr(a.ino) for a in made] + [other.getattr(d.ino)]
 
 
 def test_no_stale_negative_lookup(two):
