@@ -277,6 +277,8 @@ class Catalog:
 
     @staticmethod
     def _pg_checkout(dbapi_conn, record, _proxy) -> None:
+        if dbapi_conn.closed or dbapi_conn.broken:  # psycopg saw it die: no ping needed
+            raise DisconnectionError("catalog connection was lost")
         if time.monotonic() - record.info.get(IDLE_SINCE, 0.0) <= PG_PING_IDLE_S:
             return
         try:
