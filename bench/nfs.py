@@ -1,6 +1,7 @@
 """NFSv4.1 server benchmark: the issue's workloads through real clients.
 
     .venv/bin/python bench/nfs.py [--mode full|quick|smoke] [--clients nfsrs,nfs4fs] [--dir DIR]
+                                  [--catalog sqlite|postgres|URL] [--workloads small_files,...]
 
 Starts shingle's NFS server in this process on a fresh catalog and ten
 emulated zone-file drives (8+2 erasure coding, 1 MiB fragments), then runs
@@ -11,6 +12,11 @@ reference in the same run is the namespace API driven in-process (the same
 data path without NFS): ``*_vs_namespace`` ratios say what the protocol
 layer costs. Prints one JSON summary on the last line; bench/compare.py
 compares shingle with NFS-Ganesha on the same workloads.
+
+``--catalog postgres`` puts the catalog on a throw-away PostgreSQL 15 (tests/pgserver.py),
+``--catalog URL`` on that database (upgraded to head first); SQLite in the work folder by
+default. ``--workloads`` runs only those steps (seq_write, seq_read, seq_cleanup, small_files,
+random_write; seq_read needs seq_write).
 """
 
 from __future__ import annotations
@@ -41,8 +47,8 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
-def build(workdir: Path, seq_bytes: int):
-    url = f"sqlite:///{workdir}/catalog.db"
+def build(workdir: Path, seq_bytes: int, url: str | None = None):
+    url = url or f"sqlite:///{workdir}/catalog.db"
     upgrade(url)
     catalog = Catalog(url)
     # room for two clients' sequential files (8+2: 1.25x over ten drives), the reference
@@ -118,13 +124,34 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", choices=sorted(SIZES), default="full")
     ap.add_argument("--clients", default="nfsrs,nfs4fs")
     ap.add_argument("--dir", default=None, help="work directory (default: a temp dir on /var/tmp)")
+    ap.add_argument("--catalog", default="sqlite", help="sqlite, postgres or a database URL")
+    ap.add_argument("--workloads", default=None, help="comma-separated steps (default: all)")
     args = ap.parse_args(argv)
     params = dict(SIZES[args.mode])
     workdir = Path(args.dir or tempfile.mkdtemp(prefix="shingle-bench-nfs-", dir="/var/tmp"))
     workdir.mkdir(parents=True, exist_ok=True)
-    catalog, data, ns = build(workdir, params["seq_bytes"])
-    summary: dict = {"mode": args.mode, "params": params, "clients": {}, "errors": []}
-    summary["namespace_reference"] = namespace_reference(ns, min(params["seq_bytes"], 512 * MiB))
+    pg_server = None
+    url = None if args.catalog == "sqlite" else args.catalog
+    if args.catalog == "postgres":
+        sys.path.insert(0, str(REPO / "tests"))
+        from pgserver import PostgresServer
+
+        pg_server = PostgresServer().start()
+        url = pg_server.create_database()
+    catalog, data, ns = build(workdir, params["seq_bytes"], url)
+    only = set(args.workloads.split(",")) if args.workloads else None
+    summary: dict = {
+        "mode": args.mode,
+        "catalog": args.catalog.split("://")[0],
+        "params": params,
+        "clients": {},
+        "errors": [],
+    }
+    summary["namespace_reference"] = (
+        namespace_reference(ns, min(params["seq_bytes"], 512 * MiB))
+        if only is None or "seq_write" in only or "seq_read" in only
+        else {}
+    )
     server = NfsServerThread(ns, catalog, port=0).start()
     try:
         for client in args.clients.split(","):
@@ -138,6 +165,8 @@ def main(argv=None) -> int:
                 ("random_write", {}),
             ]
             for name, rename in steps:
+                if only is not None and name not in only:
+                    continue
                 out = workload(client, server.port, name, params)
                 if not out.get("ok"):
                     summary["errors"].append(
@@ -152,7 +181,7 @@ def main(argv=None) -> int:
                 ("seq_write_MBps", "seq_write_MBps"),
                 ("seq_read_cold_MBps", "seq_read_MBps"),
             ):
-                if key in figures and ref[ref_key]:
+                if key in figures and ref.get(ref_key):
                     figures[f"{key}_vs_namespace"] = round(figures[key] / ref[ref_key], 3)
             summary["clients"][client] = figures
     finally:
@@ -161,6 +190,8 @@ def main(argv=None) -> int:
                 step()
             except Exception as exc:  # noqa: BLE001 - the figures are printed whatever teardown does
                 summary["errors"].append({"teardown": step.__qualname__, "error": repr(exc)[:300]})
+        if pg_server is not None:
+            pg_server.stop()
         if not args.dir:
             shutil.rmtree(workdir, ignore_errors=True)
         print(json.dumps(summary), flush=True)

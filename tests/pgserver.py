@@ -26,7 +26,10 @@ def free_port() -> int:
 
 
 class PostgresServer:
-    def __init__(self):
+    def __init__(self, settings: dict[str, str] | None = None):
+        """``settings`` override the server's (fsync and synchronous_commit are off by default:
+        a benchmark of durable commits turns them on)."""
+        self.settings = {"fsync": "off", "synchronous_commit": "off", **(settings or {})}
         self.dir = Path(tempfile.mkdtemp(prefix="shingle-pg-"))
         self.port = free_port()
         self.data = self.dir / "data"
@@ -77,12 +80,9 @@ class PostgresServer:
                 "-k",
                 str(self.dir),
                 "-c",
-                "fsync=off",
-                "-c",
                 "max_connections=300",
-                "-c",
-                "synchronous_commit=off",
-            ],
+            ]
+            + [arg for key, value in self.settings.items() for arg in ("-c", f"{key}={value}")],
             stdout=open(self.log, "ab"),
             stderr=subprocess.STDOUT,
         )

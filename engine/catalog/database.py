@@ -29,18 +29,20 @@ import sqlite3
 import struct
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
 
 from sqlalchemy import create_engine, event, select
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.exc import InterfaceError as SqlInterfaceError
 from sqlalchemy.exc import OperationalError as SqlOperationalError
 from sqlalchemy.exc import TimeoutError as SqlTimeout
 
 from engine.blocking import may_block
+from engine.catalog.changes import CHANNEL, WRITER_SETTING, ChangeWatch
 from engine.catalog.models import Setting
 from engine.ordered_lock import lock
 
@@ -59,6 +61,8 @@ WAL_INDEX_FRAMES = 16  # offset of mxFrame: frames in the WAL
 CHECKPOINT_FRAMES = 1000  # SQLite's own wal_autocheckpoint default
 TRACKED_KEEP = 4096  # tracked commit numbers remembered; a longer gap clears the caches
 COMMIT_NUMBER = "shingle.commit_number"
+IDLE_SINCE = "shingle.idle_since"
+PG_PING_IDLE_S = 1.0  # a pooled PostgreSQL connection idle this long is pinged before use
 
 log = logging.getLogger("shingle.catalog")
 
@@ -213,6 +217,10 @@ class Catalog:
         self._tracked_lock = lock("catalog.tracked")
         self._writers = _WriterQueue()
         self._checkpointing = lock("catalog.checkpoint")
+        # PostgreSQL: the change watch (engine/catalog/changes.py), started by the first epoch()
+        self._changes: ChangeWatch | None = None
+        self._changes_lock = lock("catalog.changes")
+        self._writer_token = uuid.uuid4().hex
         if self.is_sqlite:
             self.engine: Engine = create_engine(
                 url,
@@ -227,9 +235,12 @@ class Catalog:
                 url,
                 pool_size=pool_size,
                 max_overflow=32,
-                pool_pre_ping=True,
                 isolation_level="SERIALIZABLE",
+                # the change triggers name this Catalog as the writer (engine/catalog/changes.py)
+                connect_args={"options": f"-c {WRITER_SETTING}={self._writer_token}"},
             )
+            event.listen(self.engine, "checkin", self._pg_checkin)
+            event.listen(self.engine, "checkout", self._pg_checkout)
 
     # -- SQLite connection set-up ------------------------------------------
     def _sqlite_connect(self, dbapi_conn, _record):
@@ -254,6 +265,27 @@ class Catalog:
         conn.connection.driver_connection.execute(  # type: ignore[union-attr]
             conn.info.get("begin", "BEGIN")
         )
+
+    # -- PostgreSQL connection checks --------------------------------------
+    # SQLAlchemy's pre-ping costs a round trip per transaction (a read was 4 trips, 3 without it).
+    # A connection in steady use needs none: if the server went away, the next statement fails,
+    # run() says CatalogUnavailable and SQLAlchemy renews the whole pool. So only a connection
+    # idle for PG_PING_IDLE_S (PostgreSQL may have restarted meanwhile) is pinged at checkout.
+    @staticmethod
+    def _pg_checkin(_dbapi_conn, record) -> None:
+        record.info[IDLE_SINCE] = time.monotonic()
+
+    @staticmethod
+    def _pg_checkout(dbapi_conn, record, _proxy) -> None:
+        if dbapi_conn.closed or dbapi_conn.broken:  # psycopg saw it die: no ping needed
+            raise DisconnectionError("catalog connection was lost")
+        if time.monotonic() - record.info.get(IDLE_SINCE, 0.0) <= PG_PING_IDLE_S:
+            return
+        try:
+            dbapi_conn.cursor().execute("SELECT 1")
+            dbapi_conn.rollback()
+        except Exception as exc:  # noqa: BLE001 - any failure: the pool opens a new connection
+            raise DisconnectionError(f"catalog connection lost while idle: {exc}") from exc
 
     # -- transactions --------------------------------------------------------
     def run(
@@ -309,6 +341,8 @@ class Catalog:
                         self._writers.release()
                 if number is not None:
                     self._tracked_commit(number)
+                elif write and not tracked and self._changes is not None:
+                    self._changes.moved()  # our own notification is ignored: move it here
                 for callback in callbacks:
                     callback()
                 if write and self.is_sqlite:
@@ -395,8 +429,12 @@ class Catalog:
 
     # -- cache validation ------------------------------------------------------
     def epoch(self) -> int | None:
-        """A number that moves whenever any connection, of any process, commits; None when the
-        database cannot tell cheaply (PostgreSQL: then callers must not cache).
+        """A number that moves whenever any connection, of any process, commits; None while it
+        cannot be told cheaply (then callers must not cache).
+
+        PostgreSQL: the change watch's counter (engine/catalog/changes.py), moved by other
+        writers' notifications and this process's untracked commits, never by its tracked ones;
+        None while the watch is down or has not proved within 1 s that it is caught up.
 
         SQLite: the change counter in the header of the WAL index (the -shm file every
         connection maps). Each commit adds one to it and rewrites the header, second copy first,
@@ -405,7 +443,8 @@ class Catalog:
         NFS event loop may call it. PRAGMA data_version on a watch connection is the fallback
         where the index cannot be mapped (2 us alone, about 70 us on a busy server)."""
         if not self.is_sqlite:
-            return None
+            changes = self._changes if self._changes is not None else self._start_changes()
+            return changes.epoch()
         index = self._wal_index if self._watch is not None else self._open_watch()
         if index is not None:
             return _change_counter(index)
@@ -414,6 +453,33 @@ class Catalog:
             watch = self._watch
             assert watch is not None  # _open_watch opened it
             return watch.execute("PRAGMA data_version").fetchone()[0]
+
+    def _start_changes(self) -> ChangeWatch:
+        with self._changes_lock:
+            if self._changes is None:
+                conninfo = self.engine.url.set(drivername="postgresql")
+                self._changes = ChangeWatch(
+                    conninfo.render_as_string(hide_password=False),
+                    self._writer_token,
+                    self._send_ping,
+                )
+            return self._changes
+
+    def _send_ping(self, payload: str) -> None:
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+            conn.commit()
+
+    def catch_up(self, timeout: float = 5.0) -> bool:
+        """Return once ``epoch`` reflects every commit that finished before this call: at once
+        on SQLite; on PostgreSQL after a round trip through the change watch (False: it is down
+        or slow, and ``epoch`` says None meanwhile)."""
+        if self.is_sqlite:
+            return True
+        changes = self._changes if self._changes is not None else self._start_changes()
+        if not changes.wait_ready(timeout):
+            return False
+        return changes.catch_up(timeout)
 
     def only_tracked(self, old: int, new: int) -> bool:
         """Whether every commit that moved the epoch from ``old`` to ``new`` was a tracked commit of
@@ -503,4 +569,7 @@ class Catalog:
             self._wal_index = None  # the map itself stays open (_map_wal_index)
             self._watch.close()
             self._watch = None
+        if self._changes is not None:
+            self._changes.close()
+            self._changes = None
         self.engine.dispose()

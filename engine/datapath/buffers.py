@@ -52,7 +52,7 @@ class FileBuffers:
         self._files_lock = lock("datapath.files")
         # ino -> (size, policy, pinned, catalog epoch) of files whose last flush left them idle: the
         # next write to them (a random-write or append loop) needs no catalog read while no commit
-        # by anyone has happened since (Catalog.epoch). None on PostgreSQL: there it always reads.
+        # by anyone has happened since (Catalog.epoch). None: the catalog cannot vouch, it reads.
         self._settled: OrderedDict = OrderedDict()
 
     def policy_for(self, band_class: str | None) -> Policy:
@@ -203,7 +203,7 @@ class FileBuffers:
     def _settle(self, ino: int, size: int, policy: Policy, pinned: bool, epoch: int | None) -> None:
         """Remember an idle file's size and class as of ``epoch`` (caller holds _files_lock)."""
         if epoch is None:
-            return  # PostgreSQL: no cheap epoch, _buffer always reads
+            return  # no epoch (PostgreSQL's change watch down): _buffer reads
         self._settled[ino] = (size, policy, pinned, epoch)
         while len(self._settled) > EXTENT_CACHE_FILES:
             self._settled.popitem(last=False)

@@ -3,8 +3,8 @@ the files under its root, made on every file handle a client presents.
 
 A directory has one parent, a file one per link: an inode is inside ``top`` when one of
 its paths up to the namespace root passes through ``top`` (one recursive query). Answers
-are cached per (top, inode) while the attribute cache is valid (SQLite; PostgreSQL has no
-cheap change signal, so there every check queries). What can change an answer, seen by a
+are cached per (top, inode) while the attribute cache is valid (``Catalog.epoch``, on either
+database). What can change an answer, seen by a
 change listener of the namespace after each commit of this process:
 
 - a rename from one directory to another (a directory moved takes its whole subtree

@@ -37,7 +37,8 @@ class AttrCache:
     # another process, or an untracked one of this process: Catalog.only_tracked) or
     # CACHE_TTL_S of age clears it all; this process's tracked namespace and data-path commits
     # evict just what they changed and keep the rest (_changed), so a write does not cost every
-    # later lookup a catalog query. PostgreSQL has no cheap signal: no cache.
+    # later lookup a catalog query. While Catalog.epoch is None (PostgreSQL's change watch not
+    # caught up or down) nothing is cached or served from the cache.
     def _cache_valid(self) -> bool:
         """Whether the cache may be used, after clearing it if a commit it cannot account for
         ran."""
@@ -117,9 +118,14 @@ class AttrCache:
 
         def run(conn):
             fresh.clear()
+            touched.known.clear()  # a retried work must not cache what a rolled-back try made
             result = work(conn, touched)
             if self._cache_epoch is not None and touched:
-                fresh.extend(self._load_many(conn, touched))
+                known = touched.known
+                unknown = [ino for ino in touched if ino not in known]
+                if unknown:
+                    fresh.extend(self._load_many(conn, unknown))
+                fresh.extend(attr for ino, attr in known.items() if ino in touched)
             # taken while this transaction holds the write lock: if no eviction runs between here
             # and _changed, no commit of this process after ours has been seen yet
             gen[0] = self._cache_gen

@@ -129,6 +129,7 @@ class FileData(Protocol):
 
 ATTR_COLUMNS = [INODES.c[name] for name in Attr.__slots__]
 ATTR_SQL = ", ".join(f"inodes.{name}" for name in Attr.__slots__)
+ATTR_RETURNING = ", ".join(Attr.__slots__)  # RETURNING takes no table-qualified names
 
 
 class Touched(set):
@@ -138,6 +139,9 @@ class Touched(set):
         super().__init__(inos)
         self.names: dict[tuple[int, str], int] = {}
         self.unfreed: list[int] = []  # orphans with extents left to free after this commit
+        # inodes whose attributes at commit the work already has (no statement after it changes
+        # them): _write caches these instead of reading them again (a round trip on PostgreSQL)
+        self.known: dict[int, Attr] = {}
 
 
 class Entry(NamedTuple):

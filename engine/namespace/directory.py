@@ -11,6 +11,8 @@ from engine import errors
 from engine.catalog.database import sql as _sql
 from engine.catalog.database import sql_one as _one
 from engine.namespace.common import (
+    ATTR_RETURNING,
+    ATTR_SQL,
     BLK,
     CHR,
     DIR,
@@ -31,6 +33,7 @@ from engine.namespace.common import (
     Cred,
     Entry,
     Touched,
+    attr_of_row,
     check_name,
 )
 from engine.namespace.lookup import Lookup
@@ -40,7 +43,25 @@ class DirectoryOps(Lookup):
     """Part of Namespace: every change of names, each one ``_write`` transaction."""
 
     def _dir_for_change(self, conn: Connection, cred: Cred, dir_ino: int) -> Attr:
-        parent = self._load(conn, dir_ino)
+        return self._check_dir_for_change(cred, dir_ino, self._load(conn, dir_ino))
+
+    def _dir_and_entry(
+        self, conn: Connection, cred: Cred, dir_ino: int, name: str
+    ) -> tuple[Attr, Entry | None]:
+        """``_dir_for_change`` and ``_entry`` in one query (on PostgreSQL each is a round trip)."""
+        row = _one(
+            conn,
+            f"SELECT {ATTR_SQL}, dirents.id, dirents.child FROM inodes "
+            "LEFT JOIN dirents ON dirents.parent = inodes.ino AND dirents.name = ? "
+            "WHERE inodes.ino = ?",
+            (name, dir_ino),
+        )
+        if row is None:
+            raise errors.StaleHandle(f"inode {dir_ino} does not exist")
+        parent = self._check_dir_for_change(cred, dir_ino, attr_of_row(row[:-2]))
+        return parent, None if row[-2] is None else Entry(row[-2], row[-1])
+
+    def _check_dir_for_change(self, cred: Cred, dir_ino: int, parent: Attr) -> Attr:
         if parent.type != DIR:
             raise errors.NotADirectory(f"inode {dir_ino} is not a directory")
         if parent.nlink == 0:
@@ -50,8 +71,15 @@ class DirectoryOps(Lookup):
 
     @staticmethod
     def _touch(
-        conn: Connection, ino: int, *, mtime: bool = False, ctime: bool = True, nlink_delta: int = 0
-    ) -> None:
+        conn: Connection,
+        ino: int,
+        *,
+        mtime: bool = False,
+        ctime: bool = True,
+        nlink_delta: int = 0,
+        returning: bool = False,
+    ) -> Attr | None:
+        """Bump ``ino``'s change counter and times; ``returning``: its attributes afterwards."""
         now = time.time_ns()
         sets, params = ["change = change + 1"], []
         if mtime:
@@ -63,7 +91,12 @@ class DirectoryOps(Lookup):
         if nlink_delta:
             sets.append("nlink = nlink + ?")
             params.append(nlink_delta)
-        _sql(conn, f"UPDATE inodes SET {', '.join(sets)} WHERE ino = ?", (*params, ino))
+        text = f"UPDATE inodes SET {', '.join(sets)} WHERE ino = ?"
+        if not returning:
+            _sql(conn, text, (*params, ino))
+            return None
+        row = _one(conn, f"{text} RETURNING {ATTR_RETURNING}", (*params, ino))
+        return None if row is None else attr_of_row(row)
 
     @staticmethod
     def _entry(conn: Connection, dir_ino: int, name: str):
@@ -122,8 +155,7 @@ class DirectoryOps(Lookup):
 
         def work(conn, touched):
             self._check_writable(dir_ino, conn=conn)
-            parent = self._dir_for_change(conn, cred, dir_ino)
-            existing = self._entry(conn, dir_ino, name)
+            parent, existing = self._dir_and_entry(conn, cred, dir_ino, name)
             if existing is not None:
                 if exclusive or ftype != REG:
                     raise errors.Exists(f"{name!r} exists in directory {dir_ino}")
@@ -143,11 +175,17 @@ class DirectoryOps(Lookup):
                 "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
                 (dir_ino, name, attr.ino),
             )
-            self._touch(conn, dir_ino, mtime=True, nlink_delta=1 if ftype == DIR else 0)
+            parent_now = self._touch(
+                conn, dir_ino, mtime=True, nlink_delta=1 if ftype == DIR else 0, returning=True
+            )
             if ftype == REG and self.data is not None:
                 self.data.created(conn, attr.ino)  # its first write then needs no catalog read
             touched.add(attr.ino)
             touched.names[(dir_ino, name)] = attr.ino
+            # nothing below changes either row: _write caches them without reading them again
+            touched.known[attr.ino] = attr
+            if parent_now is not None:
+                touched.known[dir_ino] = parent_now
             return attr
 
         return self._write(work, (dir_ino,), ((dir_ino, name),))
@@ -216,8 +254,7 @@ class DirectoryOps(Lookup):
                 raise errors.NotFound(f"inode {ino} has been removed")
             if attr.nlink >= MAX_LINKS:
                 raise errors.TooManyLinks(f"inode {ino} has {attr.nlink} links")
-            self._dir_for_change(conn, cred, dir_ino)
-            if self._entry(conn, dir_ino, name) is not None:
+            if self._dir_and_entry(conn, cred, dir_ino, name)[1] is not None:
                 raise errors.Exists(f"{name!r} exists in directory {dir_ino}")
             conn.execute(DIRENTS.insert().values(parent=dir_ino, name=name, child=ino))
             self._touch(conn, ino, nlink_delta=1)
@@ -231,8 +268,7 @@ class DirectoryOps(Lookup):
 
         def work(conn, touched):
             self._check_writable(dir_ino, conn=conn)
-            parent = self._dir_for_change(conn, cred, dir_ino)
-            entry = self._entry(conn, dir_ino, name)
+            parent, entry = self._dir_and_entry(conn, cred, dir_ino, name)
             if entry is None:
                 raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
             victim = self._load(conn, entry.child)
@@ -256,8 +292,7 @@ class DirectoryOps(Lookup):
         def work(conn, touched):
             self._check_writable(dir_ino, conn=conn)
             snapshot_dirs = self.snapshot_dirs(conn)
-            parent = self._dir_for_change(conn, cred, dir_ino)
-            entry = self._entry(conn, dir_ino, name)
+            parent, entry = self._dir_and_entry(conn, cred, dir_ino, name)
             if entry is None:
                 raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
             victim = self._load(conn, entry.child)

@@ -23,7 +23,7 @@ class ReadOnlyInodes(AttrCache):
 
     def _readonly_state(self, conn=None) -> tuple[list[int], list[int], frozenset[int]]:
         """(lows, highs, .snapshots dirs); read through ``conn`` (the caller's transaction) when
-        the memory copy is not known valid (PostgreSQL: always, it has no cheap epoch)."""
+        the memory copy is not known valid (Catalog.epoch moved, or is None)."""
         epoch = self.catalog.epoch()
         state = self._readonly
         if state is not None and epoch is not None and state[0] is not None:

@@ -1,0 +1,192 @@
+"""PostgreSQL's change signal: LISTEN/NOTIFY, so that in-process caches stay valid across
+processes and hosts sharing one catalog.
+
+Every table has a statement trigger (migration 0010) that runs ``pg_notify`` on the channel
+``shingle_catalog`` with the writer's token (the ``shingle.writer`` setting each Catalog gives
+its connections; '' for any other writer, psql or a migration). A notification is
+transactional: it is delivered only if its transaction commits, in commit order, and the same
+payload is sent once per transaction however many statements fired it. So nothing a writer
+does can skip the signal, and it costs writers no round trip.
+
+``ChangeWatch`` keeps one connection of its own LISTENing, in a thread. Each notification
+from another writer moves ``epoch``; this process's own commits it ignores (Catalog.run moves
+the epoch itself for the untracked ones). Notifications arrive asynchronously, so the watch
+also proves, every ``SYNC_INTERVAL_S``, that it has caught up: it NOTIFYs a ping of its own, and
+when the ping comes back every commit that finished before the ping was sent has been
+delivered (the queue is read in order). ``epoch`` is None (callers must not cache) while the
+last ping echoed was sent more than ``STALE_AFTER_S`` ago or the connection is lost; a lost
+connection moves the epoch too, since notifications sent meanwhile are gone for good.
+
+The guarantee: a change another process committed is seen by every request this process
+starts after its notification arrived (well under a millisecond on one host), and by every
+request starting ``STALE_AFTER_S`` after the commit at the latest; ``catch_up()`` makes it
+immediate for one caller, at the cost of a round trip."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+
+CHANNEL = "shingle_catalog"
+WRITER_SETTING = "shingle.writer"  # the GUC the trigger reads: which Catalog wrote
+PING = "ping:"  # payloads of pings; any other payload is a writer's token
+WATCH_APPLICATION = "shingle-change-watch"  # application_name of the LISTEN connection
+SYNC_INTERVAL_S = 0.1
+STALE_AFTER_S = 1.0
+DEAD_AFTER_S = 5.0  # a ping not back by then: the connection is taken for dead
+RECONNECT_MAX_S = 1.0
+# a silently cut connection (a host or network gone) is noticed by TCP within about this
+KEEPALIVE = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
+             "keepalives_count": 3, "tcp_user_timeout": 10_000}  # fmt: skip
+
+log = logging.getLogger("shingle.catalog")
+
+
+class ChangeWatch:
+    """One LISTEN connection and its thread; see the module docstring."""
+
+    def __init__(self, conninfo: str, token: str, send_ping: Callable[[str], None]):
+        self.token = token
+        self._conninfo = conninfo
+        self._send_ping = send_ping  # NOTIFY through the catalog's pool (for catch_up)
+        self._epoch = 0
+        self._synced_at = -math.inf  # send time of the latest ping that came back
+        self._connected = False
+        self._pending: dict[int, float] = {}  # ping number -> monotonic send time
+        self._seq = 0
+        self.backend_pid: int | None = None  # of the LISTEN connection (tests kill it)
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="catalog-change-watch", daemon=True)
+        self._thread.start()
+
+    # -- what callers use ------------------------------------------------------------------------
+    def epoch(self) -> int | None:
+        """The change counter, or None while the watch cannot vouch for it (a memory read)."""
+        if time.monotonic() - self._synced_at > STALE_AFTER_S:
+            return None
+        return self._epoch
+
+    def moved(self) -> None:
+        """This process committed a change its caches do not account for."""
+        with self._cond:
+            self._epoch += 1
+
+    def catch_up(self, timeout: float = DEAD_AFTER_S) -> bool:
+        """Return once every commit that finished before this call has moved the epoch (True),
+        or False if the watch is down or did not catch up within ``timeout``."""
+        if not self._connected:
+            return False
+        number, sent = self._new_ping()
+        try:
+            self._send_ping(f"{PING}{self.token}:{number}")
+        except Exception as exc:  # noqa: BLE001 - the catalog is unreachable: no guarantee
+            log.debug("catalog: catch-up ping failed: %s", exc)
+            return False
+        with self._cond:
+            return (
+                self._cond.wait_for(lambda: self._synced_at >= sent or not self._connected, timeout)
+                and self._synced_at >= sent
+            )
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until ``epoch`` is not None (tests, start-up)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.epoch() is not None, timeout)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=DEAD_AFTER_S)
+
+    # -- the thread ------------------------------------------------------------------------------
+    def _new_ping(self) -> tuple[int, float]:
+        with self._cond:
+            self._seq += 1
+            sent = time.monotonic()
+            self._pending[self._seq] = sent
+            return self._seq, sent
+
+    def _loop(self) -> None:
+        import psycopg
+
+        delay = 0.05
+        while not self._stop.is_set():
+            try:
+                conn = psycopg.connect(
+                    self._conninfo,
+                    autocommit=True,
+                    application_name=WATCH_APPLICATION,
+                    connect_timeout=5,
+                    **KEEPALIVE,  # type: ignore[arg-type]
+                )
+            except psycopg.Error as exc:
+                log.debug("catalog: change watch cannot connect: %s", exc)
+                self._stop.wait(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+                continue
+            delay = 0.05
+            self.backend_pid = conn.info.backend_pid
+            try:
+                conn.execute(f"LISTEN {CHANNEL}")
+                self._connected = True
+                self._listen(conn)
+            except psycopg.Error as exc:
+                if not self._stop.is_set():
+                    log.warning(
+                        "catalog: change notifications lost (%s); nothing is cached until "
+                        "they are back",
+                        exc,
+                    )
+            finally:
+                self._lost()
+                conn.close()
+
+    def _listen(self, conn) -> None:
+        last_ping = -math.inf
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now - last_ping >= SYNC_INTERVAL_S:
+                number, _sent = self._new_ping()
+                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{PING}{self.token}:{number}"))
+                last_ping = now
+            for notice in conn.notifies(timeout=max(last_ping + SYNC_INTERVAL_S - now, 0.001)):
+                self._received(notice.payload)
+            with self._cond:
+                oldest = min(self._pending.values(), default=math.inf)
+            if time.monotonic() - oldest > DEAD_AFTER_S:
+                raise psycopg_error(f"no ping came back within {DEAD_AFTER_S:.0f} s")
+
+    def _received(self, payload: str) -> None:
+        if payload.startswith(PING):
+            token, _, number = payload[len(PING) :].rpartition(":")
+            if token != self.token:
+                return  # another process's ping: no change
+            with self._cond:
+                sent = self._pending.get(int(number))
+                if sent is None:
+                    return  # already covered by a later ping
+                for key in [key for key, at in self._pending.items() if at <= sent]:
+                    del self._pending[key]  # sent before it: caught up as far
+                if sent > self._synced_at:
+                    self._synced_at = sent
+                self._cond.notify_all()
+        elif payload != self.token:
+            with self._cond:
+                self._epoch += 1
+
+    def _lost(self) -> None:
+        with self._cond:
+            self._connected = False
+            self._synced_at = -math.inf
+            self._epoch += 1  # what was committed until LISTEN is back will never be delivered
+            self._pending.clear()
+            self._cond.notify_all()
+
+
+def psycopg_error(message: str) -> Exception:
+    import psycopg
+
+    return psycopg.OperationalError(message)
