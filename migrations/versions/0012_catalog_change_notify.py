@@ -1,16 +1,16 @@
 """PostgreSQL: every table NOTIFYs the channel shingle_catalog when a statement changes it (the
 change signal behind in-process caches: engine/catalog/changes.py); nothing on SQLite
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0012
+Revises: 0011
 Create Date: 2026-12-02 01:30:00
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0010"
-down_revision = "0009"
+revision = "0012"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
