@@ -7,9 +7,12 @@ b. Live create, stat (getattr from the catalog: the cache is cleared first) and 
    write rates in another folder of the same catalog, before any snapshot and with 3 snapshots
    of the big dataset held.
 c. CLONE of a large file written in 1 MiB commits (one extent per MiB): the time per extent,
-   and the stripes written (none).
+   and the stripes written (none); then CLONE of a file of --clone-extents 1 MiB extents
+   (10,240: a 10 GiB file), built as rows copied from the written file's stripes and fragments
+   (every stripe fully referenced, as a 1 MiB commit leaves it), into a new file and again over
+   that clone (which first frees the range it replaces).
 
-    .venv/bin/python bench/snapshots.py [--files N] [--clone-mib M] [--json]
+    .venv/bin/python bench/snapshots.py [--files N] [--clone-mib M] [--clone-extents E] [--json]
 """
 
 from __future__ import annotations
@@ -94,6 +97,47 @@ def build_dataset(ns: Namespace, catalog: Catalog, files: int) -> int:
     return ds
 
 
+def build_big_file(ns: Namespace, catalog: Catalog, model: int, extents: int) -> int:
+    """/huge: ``extents`` extents of 1 MiB, each its own stripe, copied as rows from the stripes
+    and fragments of file ``model`` (zone counters are not updated: a clone never reads them)."""
+    huge = ns.create(ROOT, ns.root_ino, "huge").ino
+
+    def work(conn):
+        models = sql(
+            conn, "SELECT stripe_id FROM extents WHERE ino = ? AND length = ?", (model, MiB)
+        ).fetchall()
+        rows = []
+        for i in range(extents):
+            source = models[i % len(models)][0]
+            stripe = sql(
+                conn,
+                "INSERT INTO stripes (band_class, layout, k, m, backend, data_length, "
+                "fragment_length, compression, live_bytes, created_ns) SELECT band_class, "
+                "layout, k, m, backend, data_length, fragment_length, compression, live_bytes, "
+                "created_ns FROM stripes WHERE id = ? RETURNING id",
+                (source,),
+            ).fetchone()[0]
+            sql(
+                conn,
+                "INSERT INTO fragments (stripe_id, idx, drive_id, zone_id, zone_offset, length, "
+                "checksum) SELECT ?, idx, drive_id, zone_id, zone_offset, length, checksum "
+                "FROM fragments WHERE stripe_id = ?",
+                (stripe, source),
+            )
+            rows.append((huge, i * MiB, MiB, stripe, 0))
+        sql_many(
+            conn,
+            "INSERT INTO extents (ino, file_offset, length, stripe_id, stripe_offset) "
+            "VALUES (?, ?, ?, ?, ?)",
+            rows,
+        )
+        sql(conn, "UPDATE inodes SET size = ? WHERE ino = ?", (extents * MiB, huge))
+
+    catalog.run(work)
+    ns.invalidate()
+    return huge
+
+
 def live_rates(ns: Namespace, label: str) -> dict:
     folder = ns.mkdir(ROOT, ns.root_ino, f"live-{label}").ino
     start = time.perf_counter()
@@ -121,6 +165,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=100_000)
     parser.add_argument("--clone-mib", type=int, default=512)
+    parser.add_argument("--clone-extents", type=int, default=10_240)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="shingle-bench-snap-"))
@@ -184,6 +229,20 @@ def main() -> None:
             "us_per_extent": round(clone_s / extents * 1e6, 1),
             "stripes_written": stripes_after - stripes_before,
             "extrapolated_10GiB_1MiB_extents_s": round(clone_s / extents * 10240, 3),
+        }
+        huge = build_big_file(ns, catalog, big, args.clone_extents)
+        copy = ns.create(ROOT, ns.root_ino, "huge-clone").ino
+        times = []
+        for _ in range(2):  # into an empty file, then over that clone
+            start = time.perf_counter()
+            ns.clone_range(ROOT, huge, 0, copy, 0, 0)
+            times.append(time.perf_counter() - start)
+        stripes_end = catalog.read(lambda c: sql(c, "SELECT COUNT(*) FROM stripes").fetchone()[0])
+        out["clone_rows"] = {
+            "extents": args.clone_extents,
+            "into_empty_s": round(times[0], 4),
+            "over_clone_s": round(times[1], 4),
+            "stripes_written": stripes_end - stripes_after - args.clone_extents,
         }
         data.close()
         catalog.close()
