@@ -23,9 +23,9 @@ import time
 from dataclasses import asdict, dataclass
 
 from engine import errors
-from engine.catalog.database import sql, sql_all, sql_one
+from engine.catalog.database import in_list, sql, sql_all, sql_one
 from engine.catalog.models import DIR
-from engine.datapath.accounting import adjust_live
+from engine.datapath.accounting import adjust_live, chunks
 from engine.datapath.sharing import add_references, drop_references
 from engine.namespace.common import ROOT, check_name
 from engine.namespace.readonly import SNAPSHOT_DIR_NAME
@@ -196,13 +196,13 @@ class Snapshots:
             raise errors.ReadOnly(f"{path} is inside a snapshot")
         return attr.ino
 
-    def _run(self, work, *, flush: bool = True):
+    def _run(self, work, *, flush: bool = True, foreign_keys: bool = True):
         data = self.ns.data
         if data is not None and flush:
             data.flush_all()  # buffered writes belong to the state being captured or replaced
         try:
             # not tracked: every cache of every process reads the catalog again
-            return self.catalog.run(work, durable=True)
+            return self.catalog.run(work, durable=True, foreign_keys=foreign_keys)
         finally:
             self.ns.forget_read_only()
             self.ns.invalidate()
@@ -393,7 +393,9 @@ class Snapshots:
         for start in range(lo, hi + 1, DELETE_CHUNK_INODES):
             end = min(start + DELETE_CHUNK_INODES - 1, hi)
             dead = self._run(
-                lambda conn, a=start, b=end: self._purge_range(conn, a, b), flush=False
+                lambda conn, a=start, b=end: self._purge_range(conn, a, b),
+                flush=False,
+                foreign_keys=False,
             )
             self._forget_stripes(dead)
             freed += len(dead)
@@ -405,6 +407,12 @@ class Snapshots:
 
     @staticmethod
     def _purge_range(conn, lo: int, hi: int) -> builtins.list[int]:
+        """Delete the rows of inodes [lo, hi], every row that references them first: it runs
+        without SQLite's foreign-key checks, whose lookups and cascades for each deleted inode
+        cost more than the deletes (0.7 of 1.2 s at 100,000 files). Nothing outside the range
+        references a frozen inode once its snapshot's name is gone (its root's name and the
+        snapshot row's ``root_ino`` went in the first transaction); a dead stripe's fragments
+        go with it in ``adjust_live``, its inline data here."""
         dead = drop_references(
             conn,
             lo,
@@ -413,9 +421,14 @@ class Snapshots:
                 conn, "DELETE FROM extents WHERE ino BETWEEN ? AND ?", (lo, hi)
             ).close(),
         )
+        for part in chunks(dead):  # what the cascade from a dead stripe would delete
+            sql(
+                conn, f"DELETE FROM inline_data WHERE stripe_id IN {in_list(part)}", tuple(part)
+            ).close()
         for table in ("symlinks", "xattrs"):
             sql(conn, f"DELETE FROM {table} WHERE ino BETWEEN ? AND ?", (lo, hi)).close()
-        sql(conn, "DELETE FROM dirents WHERE parent BETWEEN ? AND ?", (lo, hi)).close()
+        for column in ("parent", "child"):
+            sql(conn, f"DELETE FROM dirents WHERE {column} BETWEEN ? AND ?", (lo, hi)).close()
         sql(conn, "DELETE FROM inodes WHERE ino BETWEEN ? AND ?", (lo, hi)).close()
         return dead
 
