@@ -9,8 +9,9 @@ none of them ever reaches a namespace caller.
 SQLite settings, and why:
 - journal_mode=WAL: readers never block the writer and vice versa.
 - foreign_keys=ON: the schema's cascades and references are enforced (a transaction
-  run with ``foreign_keys=False`` skips them: bulk deletes that remove every referencing row
-  first, where the checks of each deleted row cost more than the deletes).
+  run with ``foreign_keys=False`` skips them: bulk copies of rows that hold onto rows inserted
+  first, and bulk deletes that remove every referencing row first, where the lookups of each
+  row cost more than the rows).
 - busy_timeout: a writer waits for the lock instead of failing at once.
 - Write transactions start with BEGIN IMMEDIATE, so the write lock is taken
   up front; a deferred transaction that upgrades later can fail with
@@ -272,9 +273,10 @@ class Catalog:
         ``durable``: the commit is on stable storage when this returns. ``tracked``: this process
         accounts for the commit in its caches itself (it evicts what it changed, or it changes
         nothing that is cached), so ``only_tracked`` may let caches keep their entries.
-        ``foreign_keys=False`` (SQLite; PostgreSQL always checks): the work deletes the rows
-        that reference what it deletes itself, so SQLite's per-row checks and cascades are
-        skipped."""
+        ``foreign_keys=False`` (SQLite; PostgreSQL always checks): SQLite's per-row checks and
+        cascades are skipped, for work that keeps the references whole itself (it inserts rows
+        copied from valid ones onto rows it inserted first, or deletes every referencing row
+        before what they reference)."""
         may_block("catalog transaction")
         deadline = time.monotonic() + RETRY_DEADLINE_S
         delay = 0.001

@@ -60,7 +60,7 @@ class Sharing:
         )
         shared = len(pieces) + max(cursor.rowcount, 0)
         cursor.close()
-        dead += add_counts(conn, _IN_RANGE, (dst, dst_off, dst_hi))
+        add_counts(conn, _IN_RANGE, (dst, dst_off, dst_hi))
         self._changed(conn, {dst}, dead)
         return shared
 
@@ -145,21 +145,23 @@ def _punch_rows(conn, ino: int, lo: int, hi: int, max_extent: int) -> list[int]:
     return dead + adjust_live(conn, dict(emap.delta))
 
 
-def add_counts(conn, where: str, params: tuple) -> list[int]:
+def add_counts(conn, where: str, params: tuple) -> int:
     """The extents matching ``where`` (over the extents table, with ``params``) were just
-    inserted: count them in their stripes. Stripes already fully referenced keep their zone
-    shares, so they take one set statement; only the others go through ``adjust_live``."""
+    inserted: count them in their stripes; returns the bytes they reference. Stripes already
+    fully referenced keep their zone shares, so they take one set statement; only the others
+    go through ``adjust_live`` (adding references kills no stripe)."""
     rows = sql_all(conn, _REFS.format(where=where), params)
     partial = {sid: int(refs) for sid, refs, live, length in rows if live < length}
     if len(partial) < len(rows):
         sql(conn, _CHANGE_FULL.format(sign="+", where=where, held="0"), params).close()
-    return adjust_live(conn, partial)
+    adjust_live(conn, partial)
+    return sum(int(refs) for _sid, refs, _live, _length in rows)
 
 
-def add_references(conn, ino_lo: int, ino_hi: int) -> None:
+def add_references(conn, ino_lo: int, ino_hi: int) -> int:
     """The extents of inodes [ino_lo, ino_hi] were just copied (a snapshot, a clone of one):
-    count them in their stripes (``add_counts``)."""
-    add_counts(conn, _IN_INODES, (ino_lo, ino_hi))
+    count them in their stripes (``add_counts``); returns the bytes they reference."""
+    return add_counts(conn, _IN_INODES, (ino_lo, ino_hi))
 
 
 def drop_counts(conn, where: str, params: tuple, delete_extents) -> list[int]:
