@@ -12,7 +12,10 @@ c. CLONE of a large file written in 1 MiB commits (one extent per MiB): the time
    (every stripe fully referenced, as a 1 MiB commit leaves it), into a new file and again over
    that clone (which first frees the range it replaces).
 
-    .venv/bin/python bench/snapshots.py [--files N] [--clone-mib M] [--clone-extents E] [--json]
+    .venv/bin/python bench/snapshots.py [--files N] [--clone-mib M] [--clone-extents E]
+        [--postgres] [--json]
+
+--postgres runs on a throwaway PostgreSQL server (tests/pgserver.py) instead of SQLite.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 import crc32c
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from engine.catalog import Catalog, upgrade  # noqa: E402
 from engine.catalog.database import sql, sql_many  # noqa: E402
@@ -167,11 +171,18 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=100_000)
     parser.add_argument("--clone-mib", type=int, default=512)
     parser.add_argument("--clone-extents", type=int, default=10_240)
+    parser.add_argument("--postgres", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="shingle-bench-snap-"))
+    server = None
     try:
         url = f"sqlite:///{folder}/catalog.db"
+        if args.postgres:
+            from pgserver import PostgresServer
+
+            server = PostgresServer().start()
+            url = server.create_database()
         upgrade(url)
         catalog = Catalog(url)
         format_emulated(
@@ -180,7 +191,7 @@ def main() -> None:
         data = DataPath(catalog, load_policies({}), reserve_zones=1)
         ns = Namespace(catalog, data=data)
         snaps = Snapshots(ns)
-        out: dict = {"files": args.files}
+        out: dict = {"files": args.files, "catalog": "postgresql" if args.postgres else "sqlite"}
         start = time.perf_counter()
         build_dataset(ns, catalog, args.files)
         out["build_s"] = round(time.perf_counter() - start, 2)
@@ -254,6 +265,8 @@ def main() -> None:
         data.close()
         catalog.close()
     finally:
+        if server is not None:
+            server.stop()
         shutil.rmtree(folder, ignore_errors=True)
     print(json.dumps(out, indent=None if args.json else 2))
 
