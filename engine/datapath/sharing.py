@@ -4,7 +4,10 @@ An extent is (file offset, length) -> (stripe, offset in the stripe), so any sub
 stripe can be referenced by several files (clones, copies, snapshots) without copying a byte.
 ``Stripe.live_bytes`` counts the referenced bytes over every extent (accounting.py), so a
 stripe dies only when no file, clone or snapshot references it (invariant 9); every change
-here is one ``adjust_live`` in the caller's transaction, like truncate and release.
+here is in the caller's transaction: set statements over the extents of a range (a range is
+thousands of extents for a large file), one grouped UPDATE of the counts of stripes that stay
+fully referenced (their zone shares cannot change), and ``adjust_live`` for the rest, as in
+truncate and release.
 
 The calls run inside the namespace's catalog transaction. The namespace flushes the files'
 buffered writes first: a stripe still buffered must not land over a range cloned after it."""
