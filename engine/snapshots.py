@@ -23,9 +23,9 @@ import time
 from dataclasses import asdict, dataclass
 
 from engine import errors
-from engine.catalog.database import sql, sql_all, sql_one
+from engine.catalog.database import in_list, sql, sql_all, sql_one
 from engine.catalog.models import DIR
-from engine.datapath.accounting import adjust_live
+from engine.datapath.accounting import adjust_live, chunks
 from engine.datapath.sharing import add_references, drop_references
 from engine.namespace.common import ROOT, check_name
 from engine.namespace.readonly import SNAPSHOT_DIR_NAME
@@ -75,7 +75,8 @@ def _fill_tree(conn, root: int, *, with_root: bool) -> None:
         sql(conn, "CREATE TEMP TABLE IF NOT EXISTS snapshot_tree (ino BIGINT PRIMARY KEY)").close()
     sql(conn, "DELETE FROM snapshot_tree").close()
     # the recursion walks directories only (a step per directory, not per file); their other
-    # children come in one indexed statement (a file with several names there comes once)
+    # children come in one indexed statement (directories, and a file with several names there,
+    # are in the table once: no join on inodes for the type)
     sql(
         conn,
         "WITH RECURSIVE t(ino) AS (SELECT CAST(? AS BIGINT) UNION ALL "
@@ -87,10 +88,9 @@ def _fill_tree(conn, root: int, *, with_root: bool) -> None:
     ).close()
     sql(
         conn,
-        "INSERT INTO snapshot_tree (ino) SELECT DISTINCT d.child FROM dirents d "
-        "JOIN inodes i ON i.ino = d.child WHERE i.type <> ? "
-        "AND d.parent IN (SELECT ino FROM snapshot_tree)",
-        (DIR,),
+        "INSERT INTO snapshot_tree (ino) SELECT child FROM dirents "
+        "WHERE parent IN (SELECT ino FROM snapshot_tree) "
+        "AND child NOT IN (SELECT dir_ino FROM snapshot_dirs) ON CONFLICT DO NOTHING",
     ).close()
     if not with_root:
         sql(conn, "DELETE FROM snapshot_tree WHERE ino = ?", (root,)).close()
@@ -116,7 +116,8 @@ def _copy_tree(conn, root: int, *, with_root: bool, parent_map: tuple[int, int] 
     """Copy the inodes of ``snapshot_tree`` (filled from ``root``) as ``ino + delta``, with their
     names, symlinks, xattrs and extents (sharing the stripes). ``parent_map`` (old, new): names
     in directory ``old`` go to directory ``new`` (rollback keeps the dataset's own inode).
-    Returns (delta, lo, hi, count) of the new inodes, or None if nothing was copied."""
+    Returns (delta, lo, hi, count, referenced bytes) of the new inodes, or None if nothing was
+    copied."""
     _fill_tree(conn, root, with_root=with_root)
     lo_old, hi_old, count = sql_one(conn, "SELECT MIN(ino), MAX(ino), COUNT(*) FROM snapshot_tree")
     if not count:
@@ -160,7 +161,7 @@ def _copy_tree(conn, root: int, *, with_root: bool, parent_map: tuple[int, int] 
         (delta,),
     ).close()
     lo, hi = lo_old + delta, hi_old + delta
-    add_references(conn, lo, hi)
+    referenced = add_references(conn, lo, hi)
     # a file with links outside the tree has fewer names in the copy, and a dataset's copy has
     # no .snapshots directory
     sql(
@@ -176,7 +177,7 @@ def _copy_tree(conn, root: int, *, with_root: bool, parent_map: tuple[int, int] 
         (lo, hi, delta),
     ).close()
     sql(conn, "DELETE FROM snapshot_tree").close()
-    return delta, lo, hi, count
+    return delta, lo, hi, count, referenced
 
 
 class Snapshots:
@@ -196,13 +197,13 @@ class Snapshots:
             raise errors.ReadOnly(f"{path} is inside a snapshot")
         return attr.ino
 
-    def _run(self, work, *, flush: bool = True):
+    def _run(self, work, *, flush: bool = True, foreign_keys: bool = True):
         data = self.ns.data
         if data is not None and flush:
             data.flush_all()  # buffered writes belong to the state being captured or replaced
         try:
             # not tracked: every cache of every process reads the catalog again
-            return self.catalog.run(work, durable=True)
+            return self.catalog.run(work, durable=True, foreign_keys=foreign_keys)
         finally:
             self.ns.forget_read_only()
             self.ns.invalidate()
@@ -284,7 +285,7 @@ class Snapshots:
                 is not None
             ):
                 raise errors.Exists(f"snapshot {name!r} of {path} exists")
-            delta, lo, hi, count = _copy_tree(conn, dataset, with_root=True)
+            delta, lo, hi, count, referenced = _copy_tree(conn, dataset, with_root=True)
             root = dataset + delta
             sql(
                 conn,
@@ -299,10 +300,13 @@ class Snapshots:
                 "created_ns, deleting) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
                 (name, dataset, root, lo, hi, now, False),
             )[0]
-            return snapshot_id, now, count
+            return snapshot_id, now, count, referenced
 
-        snapshot_id, created, count = self._run(work)
-        return SnapshotInfo(name, created, *self._space(snapshot_id), files=count, id=snapshot_id)
+        # inserts only (rows copied from rows that hold, onto inodes inserted first): SQLite's
+        # foreign-key lookups of each copied row are skipped (_copy_tree)
+        snapshot_id, created, count, referenced = self._run(work, foreign_keys=False)
+        # nothing is unique yet: the live tree references every stripe the copy does
+        return SnapshotInfo(name, created, referenced, 0, files=count, id=snapshot_id)
 
     def list(self, path: str) -> list[SnapshotInfo]:
         dataset = self._dataset(path)
@@ -321,15 +325,6 @@ class Snapshots:
                 )[0]
                 out.append(SnapshotInfo(name, created, referenced, unique, files, sid))
             return out
-
-        return self.catalog.read(work)
-
-    def _space(self, snapshot_id: int) -> tuple[int, int]:
-        def work(conn):
-            lo, hi = sql_one(
-                conn, "SELECT ino_lo, ino_hi FROM snapshots WHERE id = ?", (snapshot_id,)
-            )
-            return self._space_in(conn, lo, hi)
 
         return self.catalog.read(work)
 
@@ -393,7 +388,9 @@ class Snapshots:
         for start in range(lo, hi + 1, DELETE_CHUNK_INODES):
             end = min(start + DELETE_CHUNK_INODES - 1, hi)
             dead = self._run(
-                lambda conn, a=start, b=end: self._purge_range(conn, a, b), flush=False
+                lambda conn, a=start, b=end: self._purge_range(conn, a, b),
+                flush=False,
+                foreign_keys=False,
             )
             self._forget_stripes(dead)
             freed += len(dead)
@@ -405,6 +402,12 @@ class Snapshots:
 
     @staticmethod
     def _purge_range(conn, lo: int, hi: int) -> builtins.list[int]:
+        """Delete the rows of inodes [lo, hi], every row that references them first: it runs
+        without SQLite's foreign-key checks, whose lookups and cascades for each deleted inode
+        cost more than the deletes (0.7 of 1.2 s at 100,000 files). Nothing outside the range
+        references a frozen inode once its snapshot's name is gone (its root's name and the
+        snapshot row's ``root_ino`` went in the first transaction); a dead stripe's fragments
+        go with it in ``adjust_live``, its inline data here."""
         dead = drop_references(
             conn,
             lo,
@@ -413,9 +416,14 @@ class Snapshots:
                 conn, "DELETE FROM extents WHERE ino BETWEEN ? AND ?", (lo, hi)
             ).close(),
         )
+        for part in chunks(dead):  # what the cascade from a dead stripe would delete
+            sql(
+                conn, f"DELETE FROM inline_data WHERE stripe_id IN {in_list(part)}", tuple(part)
+            ).close()
         for table in ("symlinks", "xattrs"):
             sql(conn, f"DELETE FROM {table} WHERE ino BETWEEN ? AND ?", (lo, hi)).close()
-        sql(conn, "DELETE FROM dirents WHERE parent BETWEEN ? AND ?", (lo, hi)).close()
+        for column in ("parent", "child"):
+            sql(conn, f"DELETE FROM dirents WHERE {column} BETWEEN ? AND ?", (lo, hi)).close()
         sql(conn, "DELETE FROM inodes WHERE ino BETWEEN ? AND ?", (lo, hi)).close()
         return dead
 
@@ -516,7 +524,7 @@ class Snapshots:
                 is not None
             ):
                 raise errors.Exists(f"{new_path} exists")
-            delta, _lo2, _hi2, _count = _copy_tree(conn, root, with_root=True)
+            delta, _lo2, _hi2, _count, _referenced = _copy_tree(conn, root, with_root=True)
             sql(
                 conn,
                 "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
@@ -525,7 +533,7 @@ class Snapshots:
             self._touch(conn, parent, nlink_delta=1)
             return root + delta
 
-        return self._run(work)
+        return self._run(work, foreign_keys=False)  # inserts only, as in create
 
     def diff(self, path: str, a: str, b: str | None = None) -> builtins.list[DiffEntry]:
         """Paths added, changed or removed from snapshot ``a`` to snapshot ``b`` (or the live

@@ -8,7 +8,10 @@ none of them ever reaches a namespace caller.
 
 SQLite settings, and why:
 - journal_mode=WAL: readers never block the writer and vice versa.
-- foreign_keys=ON: the schema's cascades and references are enforced.
+- foreign_keys=ON: the schema's cascades and references are enforced (a transaction
+  run with ``foreign_keys=False`` skips them: bulk copies of rows that hold onto rows inserted
+  first, and bulk deletes that remove every referencing row first, where the lookups of each
+  row cost more than the rows).
 - busy_timeout: a writer waits for the lock instead of failing at once.
 - Write transactions start with BEGIN IMMEDIATE, so the write lock is taken
   up front; a deferred transaction that upgrades later can fail with
@@ -295,12 +298,17 @@ class Catalog:
         write: bool = True,
         durable: bool = False,
         tracked: bool = False,
+        foreign_keys: bool = True,
     ) -> T:
         """Run ``work(conn)`` in one transaction, retrying transient conflicts.
 
         ``durable``: the commit is on stable storage when this returns. ``tracked``: this process
         accounts for the commit in its caches itself (it evicts what it changed, or it changes
-        nothing that is cached), so ``only_tracked`` may let caches keep their entries."""
+        nothing that is cached), so ``only_tracked`` may let caches keep their entries.
+        ``foreign_keys=False`` (SQLite; PostgreSQL always checks): SQLite's per-row checks and
+        cascades are skipped, for work that keeps the references whole itself (it inserts rows
+        copied from valid ones onto rows it inserted first, or deletes every referencing row
+        before what they reference)."""
         may_block("catalog transaction")
         deadline = time.monotonic() + RETRY_DEADLINE_S
         delay = 0.001
@@ -325,8 +333,10 @@ class Catalog:
                         callbacks: list[Callable[[], object]] = []
                         conn.info[AFTER_COMMIT] = callbacks
                         try:
-                            if self.is_sqlite and durable:
-                                result = self._run_sqlite_durable(conn, work)
+                            if self.is_sqlite and (durable or not foreign_keys):
+                                result = self._run_sqlite_pragmas(
+                                    conn, work, durable=durable, foreign_keys=foreign_keys
+                                )
                             else:
                                 with conn.begin():
                                     result = work(conn)
@@ -389,15 +399,23 @@ class Catalog:
         finally:
             self._checkpointing.release()
 
-    def _run_sqlite_durable(self, conn: Connection, work):
+    def _run_sqlite_pragmas(self, conn: Connection, work, *, durable: bool, foreign_keys: bool):
+        """``work`` with synchronous=FULL and/or foreign_keys=OFF; both are set outside the
+        transaction (SQLite ignores foreign_keys inside one) and put back after it."""
         raw = conn.connection.dbapi_connection
         assert raw is not None  # an open connection has its DB-API connection
-        raw.execute("PRAGMA synchronous=FULL")
+        if durable:
+            raw.execute("PRAGMA synchronous=FULL")
+        if not foreign_keys:
+            raw.execute("PRAGMA foreign_keys=OFF")
         try:
             with conn.begin():
                 return work(conn)
         finally:
-            raw.execute(f"PRAGMA synchronous={self._sqlite_synchronous}")
+            if durable:
+                raw.execute(f"PRAGMA synchronous={self._sqlite_synchronous}")
+            if not foreign_keys:
+                raw.execute("PRAGMA foreign_keys=ON")
 
     def _transient(self, exc: Exception) -> bool:
         orig = exc.orig if isinstance(exc, DBAPIError) else exc

@@ -143,6 +143,29 @@ def test_space_referenced_and_unique(engine, dataset):
     _check(engine)
 
 
+def test_deleting_a_snapshot_frees_the_inline_data_only_it_held(engine, dataset):
+    """The chunks of a deletion run without SQLite's foreign-key cascades: a small file's
+    inline stripe that only the snapshot held must go with its bytes."""
+    ns, snaps = engine.ns, Snapshots(engine.ns)
+
+    def inline_rows() -> tuple[int, int]:
+        return engine.catalog.read(
+            lambda c: c.exec_driver_sql(
+                "SELECT COUNT(*), COUNT(*) - COUNT(s.id) FROM inline_data i "
+                "LEFT JOIN stripes s ON s.id = i.stripe_id"
+            ).one()
+        )
+
+    held, orphans = inline_rows()
+    assert held >= 1 and orphans == 0, "/ds/sub/b is a small durable write: inline"
+    snaps.create("/ds", "s1")
+    ns.unlink(ROOT, ns.resolve("/ds/sub").ino, "b")
+    assert inline_rows() == (held, 0), "the snapshot still references it"
+    snaps.delete("/ds", "s1")
+    assert inline_rows() == (held - 1, 0)
+    _check(engine)
+
+
 def test_rollback_restores_the_tree_and_keeps_other_snapshots(engine, dataset):
     ns, snaps = engine.ns, Snapshots(engine.ns)
     snaps.create("/ds", "s1")
