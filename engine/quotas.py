@@ -321,12 +321,13 @@ class QuotaService:
 
     def set(self, path: str, *, actor: str = "cli", **limits: int | None) -> QuotaInfo:
         """Create the quota of directory ``path`` (counting its tree once) or change the limits
-        given; 0 removes a limit. A limit below what is used already is allowed: the tree then
+        given (None leaves one as it is, 0 removes it). A limit below what is used already is allowed: the tree then
         only shrinks."""
         unknown = set(limits) - set(self.FIELDS)
         if unknown:
             raise errors.InvalidArgument(f"unknown quota fields {sorted(unknown)}")
-        values = {k: _limit(k, v) for k, v in limits.items()}
+        # None: leave that limit as it is
+        values = {k: _limit(k, v) for k, v in limits.items() if v is not None}
         ino = self._dir(path)
 
         def work(conn):
