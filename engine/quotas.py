@@ -304,8 +304,23 @@ class QuotaService:
         self.ns = namespace
         self.catalog: Catalog = namespace.catalog
 
+    def _resolve(self, path: str):
+        """A namespace path, or a path under an export's name (``/export/team`` with the default
+        export, whose directory is the namespace's root)."""
+        try:
+            return self.ns.resolve(path)
+        except errors.NotFound:
+            from engine.exports import list_exports
+
+            for export in sorted(list_exports(self.catalog), key=lambda e: -len(e.name)):
+                name = export.name.rstrip("/")
+                if path == name or path.startswith(name + "/"):
+                    rest = path[len(name) :].strip("/")
+                    return self.ns.resolve(export.path.rstrip("/") + "/" + rest)
+            raise
+
     def _dir(self, path: str) -> int:
-        attr = self.ns.resolve(path)
+        attr = self._resolve(path)
         if attr.type != DIR:
             raise errors.NotADirectory(f"{path}: a quota applies to a directory")
         if self.ns.is_read_only(attr.ino):
@@ -337,10 +352,10 @@ class QuotaService:
                 full = {k: values.get(k) for k in self.FIELDS}
                 sql(
                     conn,
-                    "INSERT INTO quotas (root_ino, bytes_limit, files_limit, soft_bytes, "
+                    "INSERT INTO quotas (root_ino, path, bytes_limit, files_limit, soft_bytes, "
                     "soft_files, used_bytes, used_files, created_ns) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (ino, *full.values(), used_bytes, used_files, time.time_ns()),
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (ino, path, *full.values(), used_bytes, used_files, time.time_ns()),
                 ).close()
             elif values:
                 columns = ", ".join(f"{k} = ?" for k in values)
@@ -355,7 +370,7 @@ class QuotaService:
         return self.get(path)
 
     def remove(self, path: str, *, actor: str = "cli") -> None:
-        ino = self.ns.resolve(path).ino
+        ino = self._resolve(path).ino
 
         def work(conn):
             row = sql_one(conn, "SELECT id FROM quotas WHERE root_ino = ?", (ino,))
@@ -370,23 +385,33 @@ class QuotaService:
         return sql_all(
             conn,
             "SELECT id, root_ino, bytes_limit, files_limit, soft_bytes, soft_files, used_bytes, "
-            f"used_files FROM quotas {where} ORDER BY id",
+            f"used_files, path FROM quotas {where} ORDER BY id",
             params,
         )
 
-    def _info(self, row) -> QuotaInfo:
-        qid, root, *rest = row
+    def _path(self, root: int, given: str | None = None) -> str:
+        """The path the quota was set with while it still names its directory (it may be an
+        export's), else the directory's namespace path now (it was renamed)."""
+        if given is not None:
+            try:
+                if self._resolve(given).ino == root:
+                    return given
+            except errors.FsError:
+                pass
         try:
-            path = self.ns.path_of(root)
+            return self.ns.path_of(root)
         except errors.FsError:
-            path = f"(inode {root})"
-        return QuotaInfo(qid, path, root, *rest)
+            return f"(inode {root})"
+
+    def _info(self, row) -> QuotaInfo:
+        qid, root, *rest, given = row
+        return QuotaInfo(qid, self._path(root, given), root, *rest)
 
     def list(self) -> list[QuotaInfo]:
         return [self._info(row) for row in self.catalog.read(self._rows)]
 
     def get(self, path: str) -> QuotaInfo:
-        ino = self.ns.resolve(path).ino
+        ino = self._resolve(path).ino
         rows = self.catalog.read(lambda conn: self._rows(conn, "WHERE root_ino = ?", (ino,)))
         if not rows:
             raise errors.NotFound(f"no quota on {path}")
@@ -404,10 +429,12 @@ class QuotaService:
 
         def work(conn):
             found = []
-            for qid, root, *_limits, used_bytes, used_files in self._rows(conn):
+            for qid, root, *_limits, used_bytes, used_files, given in self._rows(conn):
                 counted_bytes, counted_files = usage_below(conn, root)
                 if (counted_bytes, counted_files) != (used_bytes, used_files):
-                    found.append((qid, root, counted_bytes, counted_files, used_bytes, used_files))
+                    found.append(
+                        (qid, root, given, counted_bytes, counted_files, used_bytes, used_files)
+                    )
                     if fix:
                         sql(
                             conn,
@@ -420,13 +447,7 @@ class QuotaService:
 
         rows = self._run(work) if fix else self.catalog.read(work)
         out = []
-        for qid, root, *numbers in rows:
-            try:
-                path = self.ns.path_of(root)
-            except errors.FsError:
-                path = f"(inode {root})"
-            out.append(Mismatch(qid, path, *numbers))
-        return out
+        return [Mismatch(qid, self._path(root, given), *n) for qid, root, given, *n in rows]
 
 
 def recount_around(conn, ino: int) -> None:

@@ -21,6 +21,7 @@ def upgrade() -> None:
         "quotas",
         sa.Column("id", _ID, autoincrement=True, nullable=False),
         sa.Column("root_ino", _ID, nullable=False),
+        sa.Column("path", sa.Text(), nullable=False),
         sa.Column("bytes_limit", sa.BigInteger(), nullable=True),
         sa.Column("files_limit", sa.BigInteger(), nullable=True),
         sa.Column("soft_bytes", sa.BigInteger(), nullable=True),
