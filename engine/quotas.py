@@ -37,7 +37,8 @@ QUOTAS = QuotaRow.__table__
 _ROOTS_SQL = (
     "WITH RECURSIVE up(ino) AS (SELECT CAST(? AS BIGINT) UNION SELECT d.parent FROM dirents d "
     "JOIN up ON d.child = up.ino WHERE up.ino <> ?) SELECT q.id, q.root_ino, q.bytes_limit, "
-    "q.files_limit, q.used_bytes, q.used_files FROM quotas q JOIN up ON q.root_ino = up.ino"
+    "q.files_limit, q.used_bytes, q.used_files, q.soft_bytes FROM quotas q JOIN up ON "
+    "q.root_ino = up.ino"
 )
 # the live tree below ``?`` (snapshot views left out; a file with two names in it counts once)
 _TREE_SQL = (
@@ -59,6 +60,17 @@ class QuotaRoot:
     files_limit: int | None
     used_bytes: int
     used_files: int
+    soft_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaSpace:
+    """What NFSv4's quota attributes say of one inode (bytes): room before the hard limit and
+    before the soft one, and the usage of the tree whose limit binds first."""
+
+    avail_hard: int
+    avail_soft: int
+    used: int
 
 
 @dataclass(frozen=True)
@@ -183,6 +195,26 @@ class QuotaTracker:
     def forget(self) -> None:
         """Read the quotas again (after this process changed them)."""
         self._known = None
+
+    def space(self, ino: int, free: int) -> QuotaSpace | None:
+        """The room the byte limits of ``ino``'s trees leave (at most ``free``, the pool's);
+        None when no tree of it has a byte limit."""
+        if not self.active():
+            return None
+        roots = self.catalog.read(lambda conn: roots_of(conn, ino, self.root_ino))
+        limited = [r for r in roots if r.bytes_limit is not None or r.soft_bytes is not None]
+        if not limited:
+            return None
+
+        def room(limit: int | None, used: int) -> int:
+            return free if limit is None else max(min(limit - used, free), 0)
+
+        binding = min(limited, key=lambda r: (room(r.bytes_limit, r.used_bytes), r.id))
+        return QuotaSpace(
+            min(room(r.bytes_limit, r.used_bytes) for r in limited),
+            min(room(r.soft_bytes, r.used_bytes) for r in limited),
+            binding.used_bytes,
+        )
 
     def roots(self, conn, ino: int, *, include_self: bool = True) -> list[QuotaRoot]:
         if not self.active(conn):

@@ -67,6 +67,17 @@ def _statfs(s: AttrSubject):
     return s.server.statfs()
 
 
+def _quota(s: AttrSubject) -> tuple[int, int, int]:
+    """(quota_avail_hard, quota_avail_soft, quota_used) in bytes: the quotas of the inode's
+    directory trees (engine/quotas.py); with none, the pool's free space and the file's use."""
+    free = _statfs(s).avail_bytes
+    quotas = getattr(s.server.namespace, "quotas", None)
+    found = quotas.space(s.attr.ino, free) if quotas is not None else None
+    if found is None:
+        return free, free, (s.attr.size + 4095) & ~4095
+    return found.avail_hard, found.avail_soft, found.used
+
+
 # bit -> (xdr type, getter(subject) or None when only settable, settable)
 ATTRS = {
     c.FATTR4_SUPPORTED_ATTRS: (bitmap4, lambda s: SUPPORTED_BY_MINOR[s.minor], False),
@@ -107,6 +118,9 @@ ATTRS = {
         lambda s: specdata4.cls(s.attr.rdev >> 32, s.attr.rdev & 0xFFFFFFFF),
         False,
     ),
+    c.FATTR4_QUOTA_AVAIL_HARD: (UHyper, lambda s: _quota(s)[0], False),
+    c.FATTR4_QUOTA_AVAIL_SOFT: (UHyper, lambda s: _quota(s)[1], False),
+    c.FATTR4_QUOTA_USED: (UHyper, lambda s: _quota(s)[2], False),
     c.FATTR4_SPACE_AVAIL: (UHyper, lambda s: _statfs(s).avail_bytes, False),
     c.FATTR4_SPACE_FREE: (UHyper, lambda s: _statfs(s).free_bytes, False),
     c.FATTR4_SPACE_TOTAL: (UHyper, lambda s: _statfs(s).total_bytes, False),
