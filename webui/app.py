@@ -24,6 +24,7 @@ BLUEPRINTS = (
     "drives",
     "retention",
     "exports",
+    "quotas",
     "smb",
     "tiers",
     "jobs",
