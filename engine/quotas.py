@@ -21,6 +21,7 @@ fixes)."""
 
 from __future__ import annotations
 
+import builtins
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -368,8 +369,8 @@ class QuotaService:
 
     def set(self, path: str, *, actor: str = "cli", **limits: int | None) -> QuotaInfo:
         """Create the quota of directory ``path`` (counting its tree once) or change the limits
-        given (None leaves one as it is, 0 removes it). A limit below what is used already is allowed: the tree then
-        only shrinks."""
+        given (None leaves one as it is, 0 removes it). A limit below what is used already is
+        allowed: the tree then only shrinks."""
         unknown = set(limits) - set(self.FIELDS)
         if unknown:
             raise errors.InvalidArgument(f"unknown quota fields {sorted(unknown)}")
@@ -455,7 +456,7 @@ class QuotaService:
             raise errors.NotFound(f"no quota {quota_id}")
         return self._info(rows[0])
 
-    def recount(self, *, fix: bool = True) -> list[Mismatch]:
+    def recount(self, *, fix: bool = True) -> builtins.list[Mismatch]:
         """Count every quota's tree again in one transaction; with ``fix`` the counters take
         the counted values. Returns the counters that were wrong."""
 
@@ -478,7 +479,6 @@ class QuotaService:
             return found
 
         rows = self._run(work) if fix else self.catalog.read(work)
-        out = []
         return [Mismatch(qid, self._path(root, given), *n) for qid, root, given, *n in rows]
 
 

@@ -233,9 +233,7 @@ class Quota(Base):
 
     __tablename__ = "quotas"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    root_ino: Mapped[int] = mapped_column(
-        ForeignKey("inodes.ino", ondelete="CASCADE"), unique=True
-    )
+    root_ino: Mapped[int] = mapped_column(ForeignKey("inodes.ino", ondelete="CASCADE"), unique=True)
     path: Mapped[str] = mapped_column(Text)  # as the admin gave it (namespace or export path)
     bytes_limit: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     files_limit: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

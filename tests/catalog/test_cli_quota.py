@@ -27,7 +27,17 @@ def shingle(*args, check=True):
 @pytest.fixture(scope="module")
 def conf(tmp_path_factory):
     root = tmp_path_factory.mktemp("quota-cli") / "a"
-    shingle("init", str(root), "--drives", "10", "--drive-size", "64MiB", "--zone-size", "4MiB", "--no-preallocate")
+    shingle(
+        "init",
+        str(root),
+        "--drives",
+        "10",
+        "--drive-size",
+        "64MiB",
+        "--zone-size",
+        "4MiB",
+        "--no-preallocate",
+    )
     path = str(root / "shingle.toml")
     with Appliance(config_mod.load(path)) as appliance:
         ns = appliance.namespace

@@ -80,9 +80,7 @@ def test_quota_attributes_over_nfsv4(server, stack, quota):
         root = raw.root_fh()
         st, res = raw.session([(c.OP_PUTFH, root), (c.OP_LOOKUP, "team"), (c.OP_GETFH, None)])
         team = res[-1][2]
-        st, res = raw.session(
-            [(c.OP_PUTFH, team), (c.OP_LOOKUP, "data"), (c.OP_GETFH, None)]
-        )
+        st, res = raw.session([(c.OP_PUTFH, team), (c.OP_LOOKUP, "data"), (c.OP_GETFH, None)])
         data = res[-1][2]
         for fh in (team, data):
             assert _getattr_quota(raw, fh) == (

@@ -71,10 +71,11 @@ def _quota(s: AttrSubject) -> tuple[int, int, int]:
     """(quota_avail_hard, quota_avail_soft, quota_used) in bytes: the quotas of the inode's
     directory trees (engine/quotas.py); with none, the pool's free space and the file's use."""
     free = _statfs(s).avail_bytes
+    attr: Any = s.attr
     quotas = getattr(s.server.namespace, "quotas", None)
-    found = quotas.space(s.attr.ino, free) if quotas is not None else None
+    found = quotas.space(attr.ino, free) if quotas is not None else None
     if found is None:
-        return free, free, (s.attr.size + 4095) & ~4095
+        return free, free, (attr.size + 4095) & ~4095
     return found.avail_hard, found.avail_soft, found.used
 
 
