@@ -24,10 +24,10 @@ from __future__ import annotations
 import builtins
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from engine import errors
-from engine.catalog.database import Catalog, in_list, sql, sql_all, sql_one
+from engine.catalog.database import Catalog, commits_between, in_list, sql, sql_all, sql_one
 from engine.catalog.models import DIR, REG
 from engine.catalog.models import Quota as QuotaRow
 from engine.events import record_in
@@ -153,6 +153,9 @@ def check(roots, add_bytes: int, add_files: int, reserved: dict[int, int] | None
             raise _exceeded(root, "files", root.used_files, add_files, limit)
 
 
+ADMITTED_MAX = 10_000  # files remembered with nothing reserved (their committed size)
+
+
 @dataclass(slots=True)
 class _Admitted:
     """Bytes of a file's buffered writes admitted against its quotas, not committed yet."""
@@ -167,9 +170,16 @@ class _Admitted:
 
 
 class QuotaTracker:
-    """A namespace's view of the quotas: whether any exist (cached while every commit is one
-    this process accounts for, as readonly.py does), the hard-limit checks, the buffered bytes
-    admitted per file, and the data path's size watch that moves the counters in its commits."""
+    """A namespace's view of the quotas: whether any exist, the hard-limit checks, the bytes of
+    buffered writes admitted per file, and the data path's size watch that moves the counters in
+    its commits.
+
+    The write path's check (``admit``) reads no catalog on an append that grows a file already
+    admitted: the quota ids of each file's trees and each quota's row are kept in memory while
+    every commit since they were read is a tracked one of this process (as readonly.py does;
+    PostgreSQL has no cheap epoch: there every check reads), and this process's own charges
+    reach the copy once they commit (``charge``). Creates, truncates and renames check inside
+    their transaction against the catalog's rows."""
 
     def __init__(self, catalog: Catalog, root_ino: int):
         self.catalog = catalog
@@ -177,6 +187,11 @@ class QuotaTracker:
         self._known: tuple[int, bool] | None = None  # (catalog epoch, any quota exists)
         self._lock = threading.Lock()
         self._admitted: dict[int, _Admitted] = {}
+        # the memory copy (under _lock): valid as of _epoch while only tracked commits followed
+        self._epoch: int | None = None
+        self._rows: dict[int, QuotaRoot] = {}  # quota id -> row, with this process's charges
+        self._trees: dict[int, tuple[int, ...]] = {}  # file -> quota ids of its trees
+        self._gen = 0  # bumped by every charge applied and every forget: a racing load is dropped
 
     # -- whether any quota exists ------------------------------------------------------------
     def active(self, conn=None) -> bool:
@@ -196,6 +211,8 @@ class QuotaTracker:
     def forget(self) -> None:
         """Read the quotas again (after this process changed them)."""
         self._known = None
+        with self._lock:
+            self._drop_copy()
 
     def space(self, ino: int, free: int) -> QuotaSpace | None:
         """The room the byte limits of ``ino``'s trees leave (at most ``free``, the pool's);
@@ -217,49 +234,118 @@ class QuotaTracker:
             binding.used_bytes,
         )
 
+    def names_changed(self, inos, names) -> None:
+        """A namespace change listener: a rename to another directory may move whole trees into
+        other quotas; a link or unlink changes the trees of the files it touched."""
+        if not names:
+            return
+        with self._lock:
+            if len({parent for parent, _ in names}) > 1:
+                self._trees.clear()
+            for ino in inos:
+                self._trees.pop(ino, None)
+            self._gen += 1
+
     def roots(self, conn, ino: int, *, include_self: bool = True) -> list[QuotaRoot]:
         if not self.active(conn):
             return []
         return roots_of(conn, ino, self.root_ino, include_self=include_self)
 
+    def charge(self, conn, roots, add_bytes: int, add_files: int) -> None:
+        """``charge`` inside the caller's transaction; the memory copy follows once it commits."""
+        charge(conn, roots, add_bytes, add_files)
+        ids = {r.id for r in roots}
+        if ids and (add_bytes or add_files):
+            self.catalog.after_commit(conn, lambda: self._charged(ids, add_bytes, add_files))
+
+    def _charged(self, ids, add_bytes: int, add_files: int) -> None:
+        with self._lock:
+            for qid in ids:
+                row = self._rows.get(qid)
+                if row is not None:
+                    self._rows[qid] = replace(
+                        row,
+                        used_bytes=row.used_bytes + add_bytes,
+                        used_files=row.used_files + add_files,
+                    )
+            self._gen += 1
+
+    # -- the memory copy (callers hold _lock) ------------------------------------------------
+    def _drop_copy(self) -> None:
+        self._epoch = None
+        self._rows.clear()
+        self._trees.clear()
+        self._gen += 1
+
+    def _copy_valid(self) -> bool:
+        epoch = self.catalog.epoch()
+        if (
+            epoch is None
+            or self._epoch is None
+            or not self.catalog.only_tracked(self._epoch, epoch)
+        ):
+            self._drop_copy()
+            return False
+        if commits_between(self._epoch, epoch) > 0:
+            self._epoch = epoch  # newer: only_tracked keeps a bounded history
+        return True
+
+    def _load(self, ino: int) -> tuple[list[QuotaRoot], int]:
+        """(the quotas of ``ino``'s trees, its committed size) from the catalog; remembered
+        unless a charge or a change of names ran meanwhile."""
+        epoch, gen = self.catalog.epoch(), self._gen
+
+        def work(conn):
+            roots = self.roots(conn, ino, include_self=False)
+            size = sql_one(conn, "SELECT size FROM inodes WHERE ino = ?", (ino,))
+            return roots, int(size[0]) if size is not None else 0
+
+        roots, committed = self.catalog.read(work)
+        if epoch is not None and gen == self._gen:
+            if self._epoch is None:
+                self._epoch = epoch
+            if self._epoch == epoch or self._copy_valid():
+                self._trees[ino] = tuple(r.id for r in roots)
+                self._rows.update((r.id, r) for r in roots)
+        return roots, committed
+
     # -- buffered writes -----------------------------------------------------------------------
     def reserved(self, exclude: int | None = None) -> dict[int, int]:
         """Quota id -> bytes admitted into buffers and not committed (``exclude``: one file's)."""
-        out: dict[int, int] = {}
         with self._lock:
-            for ino, entry in self._admitted.items():
-                if ino == exclude:
-                    continue
-                for qid in entry.quota_ids:
-                    out[qid] = out.get(qid, 0) + entry.reserved
+            return self._reserved(exclude)
+
+    def _reserved(self, exclude: int | None) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for ino, entry in self._admitted.items():
+            if ino == exclude:
+                continue
+            for qid in entry.quota_ids:
+                out[qid] = out.get(qid, 0) + entry.reserved
         return out
 
     def admit(self, ino: int, end: int) -> None:
         """A write to ``ino`` ending at ``end`` grows it: refuse it (EDQUOT) before any byte is
         buffered if that would pass a hard limit of its trees, else count it as admitted."""
+        # the check and the bookkeeping hold the lock, so two writers of one tree cannot both
+        # take the last bytes (a catalog read at most; no commit waits for this lock)
         with self._lock:
             entry = self._admitted.get(ino)
             if entry is not None and end <= entry.end:
                 return
-
-            def work(conn):
-                roots = self.roots(conn, ino, include_self=False)
-                if not roots:
-                    return roots, 0
-                return roots, sql_one(conn, "SELECT size FROM inodes WHERE ino = ?", (ino,))[0]
-
-            # the check and the bookkeeping hold the lock: two writers of one tree cannot both
-            # take the last bytes (the read is short; no commit waits for this lock)
-            roots, committed = self.catalog.read(work)
+            ids = self._trees.get(ino) if self._copy_valid() else None
+            rows = [self._rows.get(qid) for qid in ids] if ids is not None else None
+            if entry is not None and rows is not None and None not in rows:
+                roots = [r for r in rows if r is not None]
+                committed = entry.committed
+            else:
+                roots, committed = self._load(ino)
+                if entry is not None:
+                    committed = max(committed, entry.committed)
             if not roots:
                 self._admitted.pop(ino, None)
                 return
-            reserved: dict[int, int] = {}
-            for other, item in self._admitted.items():
-                if other != ino:
-                    for qid in item.quota_ids:
-                        reserved[qid] = reserved.get(qid, 0) + item.reserved
-            check(roots, max(end - committed, 0), 0, reserved)
+            check(roots, max(end - committed, 0), 0, self._reserved(exclude=ino))
             self._admitted[ino] = _Admitted(tuple(r.id for r in roots), end, committed)
 
     def committed(self, inos) -> None:
@@ -285,9 +371,11 @@ class QuotaTracker:
                 if ino not in sizes:
                     self._admitted.pop(ino, None)
                     continue
+                # kept with nothing reserved: the next append knows the committed size
                 entry.committed = max(entry.committed, int(sizes[ino]))
-                if entry.end <= entry.committed:
-                    self._admitted.pop(ino, None)
+            if len(self._admitted) > ADMITTED_MAX:
+                for ino in [i for i, e in self._admitted.items() if not e.reserved]:
+                    del self._admitted[ino]
 
     def drop(self, ino: int) -> None:
         """The file was truncated (its buffer flushed first) or left the tree."""
@@ -315,7 +403,7 @@ class QuotaTracker:
         for ino, old in before.items():
             delta = int(after.get(ino, old)) - int(old)
             if delta:
-                charge(conn, roots_of(conn, ino, self.root_ino, include_self=False), delta, 0)
+                self.charge(conn, roots_of(conn, ino, self.root_ino, include_self=False), delta, 0)
 
 
 # -- admin: set, remove, list, recount ---------------------------------------------------------

@@ -86,6 +86,7 @@ class Namespace(Ancestry, Xattrs, DirectoryOps, RangeOps):
         root = catalog.get_setting(ROOT_INO_KEY)
         self.root_ino = int(root) if root is not None else self._make_root()
         self.quotas = QuotaTracker(catalog, self.root_ino)
+        self.add_change_listener(self.quotas.names_changed)
         listen = getattr(data, "add_commit_listener", None)
         if listen is not None:
             # data-path commits change sizes and times

@@ -146,7 +146,7 @@ class DirectoryOps(Lookup):
                 (dir_ino, name, attr.ino),
             )
             self._touch(conn, dir_ino, mtime=True, nlink_delta=1 if ftype == DIR else 0)
-            quotas.charge(conn, roots, 0, 1)
+            self.quotas.charge(conn, roots, 0, 1)
             if ftype == REG and self.data is not None:
                 self.data.created(conn, attr.ino)  # its first write then needs no catalog read
             touched.add(attr.ino)
@@ -163,7 +163,7 @@ class DirectoryOps(Lookup):
         nlink = 0 if attr.type == DIR else attr.nlink - 1
         if nlink == 0 and self.quotas.active(conn):
             size = attr.size if attr.type == REG else 0
-            quotas.charge(conn, self.quotas.roots(conn, dir_ino), -size, -1)
+            self.quotas.charge(conn, self.quotas.roots(conn, dir_ino), -size, -1)
             if attr.type == DIR:
                 _sql(conn, "DELETE FROM quotas WHERE root_ino = ?", (ino,))
             self.quotas.drop(ino)
@@ -382,8 +382,8 @@ class DirectoryOps(Lookup):
                 )
             size, files = (moving.size if moving.type == REG else 0), 1
         quotas.check(entering, size, files, self.quotas.reserved())
-        quotas.charge(conn, leaving, -size, -files)
-        quotas.charge(conn, entering, size, files)
+        self.quotas.charge(conn, leaving, -size, -files)
+        self.quotas.charge(conn, entering, size, files)
 
     def _refuse_loop(self, conn: Connection, moving: int, dst_dir: int) -> None:
         current = dst_dir

@@ -90,7 +90,7 @@ class FileOps(Lookup):
         roots = self.quotas.roots(conn, ino, include_self=False)
         if roots:
             quotas.check(roots, delta, 0, self.quotas.reserved(exclude=ino))
-            quotas.charge(conn, roots, delta, 0)
+            self.quotas.charge(conn, roots, delta, 0)
 
     @staticmethod
     def _setattr_values(

@@ -7,6 +7,7 @@ import errno
 import os
 import random
 import signal
+import threading
 import time
 
 import pytest
@@ -105,6 +106,42 @@ def test_a_write_past_the_hard_limit_fails_whole(engine):
     assert usage(service, "/team") == (41 * KiB, 2)
     service.set("/team", bytes_limit=0)  # 0: no limit
     ns.write(a, 41 * KiB, b"6" * (100 * KiB), stable=True)
+    assert_recount_agrees(service)
+
+
+def test_concurrent_appenders_never_pass_the_limit(sqlite_engine):
+    ns = sqlite_engine.ns
+    service = QuotaService(ns)
+    (team,) = mkdirs(ns, "team")
+    limit = 300 * KiB
+    service.set("/team", bytes_limit=limit)
+    files = [ns.create(ROOT, team, f"w{i}").ino for i in range(4)]
+    refused = []
+
+    def append(ino):
+        rng = random.Random(ino)
+        size = 0
+        while True:
+            try:
+                ns.write(ino, size, b"w" * rng.randint(1, 12 * KiB), stable=rng.random() < 0.3)
+            except errors.QuotaExceeded:
+                refused.append(ino)
+                return
+            size = ns.getattr(ino).size
+            if rng.random() < 0.2:
+                ns.commit(ino)
+
+    threads = [threading.Thread(target=append, args=(ino,)) for ino in files]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for ino in files:
+        ns.commit(ino)
+    total = sum(ns.getattr(ino).size for ino in files)
+    assert sorted(refused) == sorted(files)
+    assert total <= limit and total > limit - 4 * 12 * KiB
+    assert usage(service, "/team") == (total, 4)
     assert_recount_agrees(service)
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from appliance.nfs.onc.xdr import Array, Bool, Packer, UHyper, UInt, XdrError
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.types import bitmap4, fsid4, nfs_fh4, nfstime4, settime4, specdata4, utf8str
+from engine.quotas import QuotaTracker
 
 if TYPE_CHECKING:
     from appliance.nfs.server import NfsServer
@@ -72,8 +73,11 @@ def _quota(s: AttrSubject) -> tuple[int, int, int]:
     directory trees (engine/quotas.py); with none, the pool's free space and the file's use."""
     free = _statfs(s).avail_bytes
     attr: Any = s.attr
-    quotas = getattr(s.server.namespace, "quotas", None)
-    found = quotas.space(attr.ino, free) if quotas is not None else None
+    quotas: QuotaTracker | None = getattr(s.server.namespace, "quotas", None)
+    # a pseudo directory's stand-in has no generation: it is in no quota tree
+    found = None
+    if quotas is not None and hasattr(attr, "generation"):
+        found = quotas.space(attr.ino, free)
     if found is None:
         return free, free, (attr.size + 4095) & ~4095
     return found.avail_hard, found.avail_soft, found.used
