@@ -311,13 +311,14 @@ class QuotaTracker:
 
     # -- buffered writes -----------------------------------------------------------------------
     def reserved(self, exclude: int | None = None) -> dict[int, int]:
-        """Quota id -> bytes admitted into buffers and not committed (``exclude``: one file's)."""
-        with self._lock:
-            return self._reserved(exclude)
+        """Quota id -> bytes admitted into buffers and not committed (``exclude``: one file's).
+        Takes no lock: it runs inside write transactions, and ``admit`` holds the lock across a
+        catalog read (a transaction waiting for it could starve that read of a connection)."""
+        return self._reserved(exclude)
 
     def _reserved(self, exclude: int | None) -> dict[int, int]:
         out: dict[int, int] = {}
-        for ino, entry in self._admitted.items():
+        for ino, entry in list(self._admitted.items()):  # a copy, made under the GIL
             if ino == exclude:
                 continue
             for qid in entry.quota_ids:
@@ -375,12 +376,12 @@ class QuotaTracker:
                 entry.committed = max(entry.committed, int(sizes[ino]))
             if len(self._admitted) > ADMITTED_MAX:
                 for ino in [i for i, e in self._admitted.items() if not e.reserved]:
-                    del self._admitted[ino]
+                    self._admitted.pop(ino, None)
 
     def drop(self, ino: int) -> None:
-        """The file was truncated (its buffer flushed first) or left the tree."""
-        with self._lock:
-            self._admitted.pop(ino, None)
+        """The file was truncated (its buffer flushed first) or left the tree. No lock (see
+        ``reserved``): one dict operation."""
+        self._admitted.pop(ino, None)
 
     # -- the data path's size watch (inside its commit transaction) ---------------------------
     def before(self, conn, inos) -> dict[int, int] | None:
