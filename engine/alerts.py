@@ -293,6 +293,46 @@ class Capacity(AlertSource):
         return []
 
 
+class QuotaLimit(AlertSource):
+    """A quota's tree passed its soft limit (a warning) or reached its hard limit (critical:
+    writes there fail with EDQUOT), for bytes or files; one alert per quota and measure."""
+
+    kind = "quota"
+
+    def find(self, catalog, settings):
+        from engine.catalog.database import sql_all
+
+        rows = catalog.read(
+            lambda c: sql_all(
+                c,
+                "SELECT id, root_ino, bytes_limit, files_limit, soft_bytes, soft_files, "
+                "used_bytes, used_files FROM quotas ORDER BY id",
+            )
+        )
+        found = []
+        for qid, root, hard_b, hard_f, soft_b, soft_f, used_b, used_f in rows:
+            for measure, used, hard, soft in (
+                ("bytes", used_b, hard_b, soft_b),
+                ("files", used_f, hard_f, soft_f),
+            ):
+                if hard is not None and used >= hard:
+                    severity, level, which = CRITICAL, hard, "hard"
+                elif soft is not None and used > soft:
+                    severity, level, which = WARNING, soft, "soft"
+                else:
+                    continue
+                found.append(
+                    Finding(
+                        f"quota:{qid}:{measure}",
+                        severity,
+                        f"quota {qid} (directory inode {root}) uses {used} {measure}, past its "
+                        f"{which} limit of {level}",
+                        {"quota_id": qid, "root_ino": root, "used": used, "limit": level},
+                    )
+                )
+        return found
+
+
 class ScrubUnrepairable(AlertSource):
     """The newest scrub found data it could not repair from redundancy."""
 
@@ -412,6 +452,7 @@ def default_sources(smart_cache=None) -> list[AlertSource]:
         SmartHealth(smart_cache),
         RedundancyReduced(),
         Capacity(),
+        QuotaLimit(),
         ScrubUnrepairable(),
         JobFailed(),
         CertificateExpiry(),

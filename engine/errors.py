@@ -59,6 +59,12 @@ class NoSpace(FsError):
     errno_value = _errno.ENOSPC
 
 
+class QuotaExceeded(FsError):
+    """A hard quota of a directory tree would be passed (EDQUOT: NFS4ERR_DQUOT, NFS3ERR_DQUOT)."""
+
+    errno_value = _errno.EDQUOT
+
+
 class CrossDevice(FsError):
     errno_value = _errno.EXDEV
 

@@ -10,7 +10,8 @@ nothing references should have been freed: invariant 9). A compressed stripe
 names a known codec and a stored length below its data length, which its fragments can hold
 (engine/compression.py); a raw stripe has no stored length. Snapshot views: each
 snapshot's frozen root lies in its inode range and is named in its dataset's
-.snapshots directory."""
+.snapshots directory. Quotas: each quota's usage counters equal a recount of its tree
+(``shingle quota recount`` corrects them)."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from engine.catalog.database import Catalog
+from engine.catalog.database import Catalog, sql_all
 from engine.catalog.models import DIR, Dirent, Extent, Inode, Snapshot, SnapshotDir, Stripe
 from engine.compression import CODECS
 from engine.erasure import FRAGMENT_HEADER
+from engine.quotas import usage_below
 
 INODES, DIRENTS, EXTENTS, STRIPES = (
     Inode.__table__,
@@ -114,9 +116,15 @@ def check(
         extents = [e for e in extents if e.ino not in freeing] + [
             (None, *e[1:]) for e in extents if e.ino in freeing
         ]
-        return inodes, dirents, extents, stripes, live, packed, snapshots, snapdirs
+        quota_counts = [
+            (qid, root, (used_bytes, used_files), usage_below(conn, root))
+            for qid, root, used_bytes, used_files in sql_all(
+                conn, "SELECT id, root_ino, used_bytes, used_files FROM quotas ORDER BY id"
+            )
+        ]
+        return inodes, dirents, extents, stripes, live, packed, snapshots, snapdirs, quota_counts
 
-    inodes, dirents, extents, stripes, live, packed, snapshots, snapdirs = catalog.read(work)
+    inodes, dirents, extents, stripes, live, packed, snapshots, snapdirs, quota_counts = catalog.read(work)
     report = FsckReport(len(inodes), len(dirents), len(extents))
     problem = report.problems.append
     for row in packed:
@@ -204,6 +212,12 @@ def check(
             problem(f"snapshot {name!r} of inode {source}: root {root} outside [{lo}, {hi}]")
         if (snapdirs.get(source), root) not in named:
             problem(f"snapshot {name!r} of inode {source} is not named in its .snapshots")
+    for qid, root, recorded, counted in quota_counts:
+        if recorded != counted:
+            problem(
+                f"quota {qid} of directory {root} counts {recorded[0]} bytes and {recorded[1]} "
+                f"files, its tree holds {counted[0]} bytes and {counted[1]} files"
+            )
     del report.problems[limit:]
     return report
 

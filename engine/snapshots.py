@@ -29,6 +29,7 @@ from engine.datapath.accounting import adjust_live, chunks
 from engine.datapath.sharing import add_references, drop_references
 from engine.namespace.common import ROOT, check_name
 from engine.namespace.readonly import SNAPSHOT_DIR_NAME
+from engine.quotas import recount_around
 
 _INODE_COLUMNS = (
     "generation, type, mode, uid, gid, size, nlink, rdev, atime_ns, mtime_ns, "
@@ -460,6 +461,7 @@ class Snapshots:
                 "nlink = ?, change = change + 1 WHERE ino = ?",
                 (mode, uid, gid, mtime, time.time_ns(), 2 + subdirs, dataset),
             ).close()
+            recount_around(conn, dataset)  # the dataset's files were replaced wholesale
             return dead
 
         self._forget_stripes(self._run(work))
@@ -531,6 +533,7 @@ class Snapshots:
                 (parent, new_name, root + delta),
             ).close()
             self._touch(conn, parent, nlink_delta=1)
+            recount_around(conn, root + delta)  # the clone counts at its files' logical sizes
             return root + delta
 
         return self._run(work, foreign_keys=False)  # inserts only, as in create

@@ -25,6 +25,7 @@ from webui import (
     datasets,
     drives,
     exports,
+    quotas,
     responses,
     retention,
     settings,
@@ -526,6 +527,58 @@ def update_export(export_id: int, body: dict):
 def delete_export(export_id: int):
     exports.delete_export(export_id, core.actor())
     return {"deleted": export_id}
+
+
+# -- quotas --------------------------------------------------------------------------------------
+@endpoint("/quotas", "GET", "Quotas of directory trees, with their usage", "quotas")
+def list_quotas():
+    return quotas.list_quotas()
+
+
+@endpoint(
+    "/quotas",
+    "POST",
+    "Set the quota of a directory (made if new, else the limits given change)",
+    "quotas",
+    body=quotas.QUOTA_SCHEMA,
+    status=201,
+)
+def set_quota(body: dict):
+    return quotas.set_quota(body, core.actor())
+
+
+@endpoint("/quotas/<int:quota_id>", "GET", "One quota", "quotas")
+def get_quota(quota_id: int):
+    return quotas.get_quota(quota_id)
+
+
+@endpoint(
+    "/quotas/<int:quota_id>",
+    "PATCH",
+    "Change limits of a quota (0 removes one)",
+    "quotas",
+    body=quotas.LIMITS_SCHEMA,
+    partial=True,
+)
+def update_quota(quota_id: int, body: dict):
+    return quotas.update_quota(quota_id, body, core.actor())
+
+
+@endpoint("/quotas/<int:quota_id>", "DELETE", "Remove a quota (the files stay)", "quotas")
+def delete_quota(quota_id: int):
+    quotas.delete_quota(quota_id, core.actor())
+    return {"deleted": quota_id}
+
+
+@endpoint(
+    "/quotas/recount",
+    "POST",
+    "Count every quota's tree again and correct the counters",
+    "quotas",
+    scope="operator",
+)
+def recount_quotas():
+    return quotas.recount(core.actor())
 
 
 # -- SMB -----------------------------------------------------------------------------------------

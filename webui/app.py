@@ -26,6 +26,7 @@ BLUEPRINTS = (
     "trash",
     "datasets",
     "exports",
+    "quotas",
     "smb",
     "tiers",
     "jobs",

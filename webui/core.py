@@ -109,6 +109,7 @@ STATUS_OF = {
     errors.NameTooLong: 400,
     errors.StaleHandle: 409,
     errors.NoSpace: 507,
+    errors.QuotaExceeded: 507,  # a hard quota of the tree
     errors.NoRedundancy: 503,  # too few drives take writes: may pass when one returns
 }
 

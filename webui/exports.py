@@ -139,9 +139,12 @@ def index():
         except core.USER_ERRORS as exc:
             form, errs, status = _form_values(), core.form_errors(exc), 400
     config = core.ctx().config
+    from webui.quotas import list_quotas
+
     return render_template(
         "exports.html",
         exports=list_exports(),
+        quotas=list_quotas(),
         form=form,
         errors=errs,
         schema=EXPORT_SCHEMA,

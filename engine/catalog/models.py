@@ -229,6 +229,24 @@ class Export(Base):
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
 
 
+class Quota(Base):
+    """Limits on a directory tree (engine/quotas.py): bytes (regular files' logical sizes) and
+    files (inodes below the root), hard (refused with EDQUOT) and soft (an alert). ``used_*`` are
+    counters kept in the same transactions that change sizes and names; a NULL limit is none."""
+
+    __tablename__ = "quotas"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    root_ino: Mapped[int] = mapped_column(ForeignKey("inodes.ino", ondelete="CASCADE"), unique=True)
+    path: Mapped[str] = mapped_column(Text)  # as the admin gave it (namespace or export path)
+    bytes_limit: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    files_limit: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    soft_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    soft_files: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    used_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    used_files: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+
+
 class SmbShare(Base):
     """An SMB share (engine/smb.py): a namespace directory that Samba serves over the mount."""
 

@@ -44,6 +44,7 @@ class Committer:
         self.cv = condition("datapath.commit_queue")
         self.queue: deque = deque()
         self.listeners: list = []
+        self.size_watches: list = []  # see DataPath.add_size_watch
         self._stopping = False
         self._dispatch_idle = lambda: True
         self.thread = threading.Thread(target=self._run, daemon=True, name="shingle-commit")
@@ -245,6 +246,7 @@ class Committer:
         by_ino: dict[int, list] = defaultdict(list)
         for sid, s in zip(ids, stripes, strict=True):
             by_ino[s.fb.ino].append((sid, s))
+        watched = [(watch, watch.before(conn, by_ino)) for watch in self.size_watches]
         for ino, items in by_ino.items():
             new = [(fo, length, sid, so) for sid, s in items for fo, so, length in s.extents]
             lo = min(fo for fo, *_ in new)
@@ -265,6 +267,8 @@ class Committer:
             write_map(conn, ino, emap)
             for sid, delta in emap.delta.items():
                 deltas[sid] = deltas.get(sid, 0) + delta
+        for watch, state in watched:
+            watch.after(conn, state)
         known = {
             sid: (len(s.payload), 0, [(p.zone.id, p.length) for p in s.placement])
             for sid, s in zip(ids, stripes, strict=True)

@@ -226,6 +226,11 @@ class DataPath:
         its own."""
         self.commits.add_listener(listener, reader)
 
+    def add_size_watch(self, watch) -> None:
+        """``watch.before(conn, inos)`` and ``watch.after(conn, state)`` run inside each commit
+        batch's transaction, around its size changes (engine.quotas.QuotaTracker)."""
+        self.commits.size_watches.append(watch)
+
     def counters(self) -> dict[str, float]:
         """Cumulative counters for the web UI's charts (names: engine/metrics.py)."""
         out = {

@@ -62,6 +62,7 @@ from engine.namespace.common import (  # noqa: F401 - the package's public names
 from engine.namespace.directory import DirectoryOps
 from engine.namespace.ranges import RangeOps
 from engine.namespace.xattrs import Xattrs
+from engine.quotas import QuotaTracker
 
 
 # each part builds on AttrCache (most through Lookup <- ReadOnlyInodes), so the type checker
@@ -88,10 +89,15 @@ class Namespace(Ancestry, Xattrs, DirectoryOps, RangeOps):
         self._init_ancestry()
         root = catalog.get_setting(ROOT_INO_KEY)
         self.root_ino = int(root) if root is not None else self._make_root()
+        self.quotas = QuotaTracker(catalog, self.root_ino)
+        self.add_change_listener(self.quotas.names_changed)
         listen = getattr(data, "add_commit_listener", None)
         if listen is not None:
             # data-path commits change sizes and times
             listen(self._data_committed, self._fresh_attrs)
+        watch = getattr(data, "add_size_watch", None)
+        if watch is not None:
+            watch(self.quotas)  # and move the quota counters in their own transaction
 
     # -- set-up --------------------------------------------------------------
     def _make_root(self) -> int:

@@ -9,6 +9,7 @@ import time
 from engine.catalog.database import Catalog, commits_between
 from engine.catalog.database import sql_one as _one
 from engine.namespace.common import CACHE_MAX_ENTRIES, CACHE_TTL_S, Attr, FileData, Touched
+from engine.quotas import QuotaTracker
 
 log = logging.getLogger("shingle.namespace")
 
@@ -31,6 +32,7 @@ class AttrCache:
     _open_lock: threading.Lock
     _change_listeners: tuple
     _readonly: tuple | None  # see readonly.py
+    quotas: QuotaTracker  # engine/quotas.py: hard-limit checks and counters
 
     # -- cache -----------------------------------------------------------------
     # Attributes and names are cached in process. A commit the cache cannot account for (by
@@ -167,6 +169,7 @@ class AttrCache:
     def _data_committed(self, inos, found) -> None:
         fresh, gen = found if found is not None else ((), None)
         self._changed(inos, (), fresh, gen)
+        self.quotas.committed(inos)
 
     # -- change listeners ------------------------------------------------------------------------
     # Called after each change this process makes (namespace writes, data-path commits, buffered

@@ -7,7 +7,7 @@ import time
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from engine import errors
+from engine import errors, quotas
 from engine.catalog.database import sql as _sql
 from engine.catalog.database import sql_one as _one
 from engine.namespace.common import (
@@ -165,6 +165,8 @@ class DirectoryOps(Lookup):
                 return attr
             if ftype == DIR and parent.nlink >= MAX_LINKS:
                 raise errors.TooManyLinks(f"directory {dir_ino} has {parent.nlink} links")
+            roots = self.quotas.roots(conn, dir_ino)
+            quotas.check(roots, 0, 1)
             attr = self._new_inode(
                 conn, cred, parent, ftype, mode, rdev, size=len(target) if target else 0
             )
@@ -178,6 +180,7 @@ class DirectoryOps(Lookup):
             parent_now = self._touch(
                 conn, dir_ino, mtime=True, nlink_delta=1 if ftype == DIR else 0, returning=True
             )
+            self.quotas.charge(conn, roots, 0, 1)
             if ftype == REG and self.data is not None:
                 self.data.created(conn, attr.ino)  # its first write then needs no catalog read
             touched.add(attr.ino)
@@ -190,10 +193,18 @@ class DirectoryOps(Lookup):
 
         return self._write(work, (dir_ino,), ((dir_ino, name),))
 
-    def _drop_link(self, conn: Connection, ino: int, touched: Touched) -> None:
-        """One name of ``ino`` is gone: free it when no name and no opener remain."""
+    def _drop_link(self, conn: Connection, ino: int, touched: Touched, dir_ino: int) -> None:
+        """One name of ``ino`` (in ``dir_ino``) is gone: free it when no name and no opener
+        remain. With its last name it leaves the quota trees of ``dir_ino`` (an open file's
+        later writes count nowhere)."""
         attr = self._load(conn, ino)
         nlink = 0 if attr.type == DIR else attr.nlink - 1
+        if nlink == 0 and self.quotas.active(conn):
+            size = attr.size if attr.type == REG else 0
+            self.quotas.charge(conn, self.quotas.roots(conn, dir_ino), -size, -1)
+            if attr.type == DIR:
+                _sql(conn, "DELETE FROM quotas WHERE root_ino = ?", (ino,))
+            self.quotas.drop(ino)
         _sql(
             conn,
             "UPDATE inodes SET nlink = ?, ctime_ns = ?, change = change + 1 WHERE ino = ?",
@@ -256,6 +267,11 @@ class DirectoryOps(Lookup):
                 raise errors.TooManyLinks(f"inode {ino} has {attr.nlink} links")
             if self._dir_and_entry(conn, cred, dir_ino, name)[1] is not None:
                 raise errors.Exists(f"{name!r} exists in directory {dir_ino}")
+            if self.quotas.active(conn) and self._quota_ids(conn, dir_ino) != self._quota_ids(
+                conn, ino, include_self=False
+            ):
+                # one inode counted in two sets of trees could not be uncounted right
+                raise errors.CrossDevice(f"a link of inode {ino} into another quota tree")
             conn.execute(DIRENTS.insert().values(parent=dir_ino, name=name, child=ino))
             self._touch(conn, ino, nlink_delta=1)
             self._touch(conn, dir_ino, mtime=True)
@@ -278,7 +294,7 @@ class DirectoryOps(Lookup):
             _sql(conn, "DELETE FROM dirents WHERE id = ?", (entry.id,))
             self._touch(conn, dir_ino, mtime=True)
             touched.add(victim.ino)
-            self._drop_link(conn, victim.ino, touched)
+            self._drop_link(conn, victim.ino, touched, dir_ino)
 
         self._write(work, (dir_ino,), ((dir_ino, name),))
 
@@ -308,7 +324,7 @@ class DirectoryOps(Lookup):
             conn.execute(DIRENTS.delete().where(DIRENTS.c.id == entry.id))
             self._touch(conn, dir_ino, mtime=True, nlink_delta=-1)
             touched.add(victim.ino)
-            self._drop_link(conn, victim.ino, touched)
+            self._drop_link(conn, victim.ino, touched, dir_ino)
 
         self._write(work, (dir_ino,), ((dir_ino, name),))
 
@@ -361,7 +377,9 @@ class DirectoryOps(Lookup):
                 if victim.type == DIR:
                     self._touch(conn, dst_dir, nlink_delta=-1)
                 touched.add(victim.ino)
-                self._drop_link(conn, victim.ino, touched)
+                self._drop_link(conn, victim.ino, touched, dst_dir)
+            if dst_dir != src_dir and self.quotas.active(conn):
+                self._move_usage(conn, moving, src_dir, dst_dir)
             _sql(
                 conn,
                 "UPDATE dirents SET parent = ?, name = ? WHERE id = ?",
@@ -374,6 +392,33 @@ class DirectoryOps(Lookup):
                 self._touch(conn, dst_dir, mtime=True, nlink_delta=delta)
 
         self._write(work, (src_dir, dst_dir), ((src_dir, src_name), (dst_dir, dst_name)))
+
+    def _quota_ids(self, conn: Connection, ino: int, *, include_self: bool = True) -> set[int]:
+        return {r.id for r in self.quotas.roots(conn, ino, include_self=include_self)}
+
+    def _move_usage(self, conn: Connection, moving: Attr, src_dir: int, dst_dir: int) -> None:
+        """A rename to another directory: the moved file or tree leaves the quota trees only the
+        source is in and enters those only the destination is in (a directory's usage is
+        counted here, once per such move; EDQUOT when the destination has no room)."""
+        src = self.quotas.roots(conn, src_dir)
+        dst = self.quotas.roots(conn, dst_dir)
+        src_ids, dst_ids = {r.id for r in src}, {r.id for r in dst}
+        leaving = [r for r in src if r.id not in dst_ids]
+        entering = [r for r in dst if r.id not in src_ids]
+        if not leaving and not entering:
+            return
+        if moving.type == DIR:
+            size, files = quotas.usage_below(conn, moving.ino)
+            files += 1
+        else:
+            if moving.nlink > 1:
+                raise errors.CrossDevice(
+                    f"inode {moving.ino} has other links: it cannot move to another quota tree"
+                )
+            size, files = (moving.size if moving.type == REG else 0), 1
+        quotas.check(entering, size, files, self.quotas.reserved())
+        self.quotas.charge(conn, leaving, -size, -files)
+        self.quotas.charge(conn, entering, size, files)
 
     def _refuse_loop(self, conn: Connection, moving: int, dst_dir: int) -> None:
         current = dst_dir

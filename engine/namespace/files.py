@@ -6,7 +6,7 @@ import time
 
 from sqlalchemy import and_, select
 
-from engine import errors
+from engine import errors, quotas
 from engine.catalog.database import sql as _sql
 from engine.namespace.common import (
     DIR,
@@ -63,6 +63,8 @@ class FileOps(Lookup):
             attr = self._load(conn, ino)
             now = time.time_ns()
             values = self._setattr_values(cred, attr, now=now, **wanted)
+            if "size" in values:
+                self._charge_size(conn, ino, values["size"] - attr.size)
             if "size" in values and self.data is not None:
                 self.data.truncate(conn, ino, attr.size, size)
             values["ctime_ns"] = now
@@ -74,7 +76,21 @@ class FileOps(Lookup):
             )
             return self._load(conn, ino)
 
-        return self._write(work, (ino,))
+        try:
+            return self._write(work, (ino,))
+        finally:
+            if size is not None:
+                self.quotas.drop(ino)  # flushed above: nothing buffered is admitted any more
+
+    def _charge_size(self, conn, ino: int, delta: int) -> None:
+        """A regular file's committed size moves by ``delta`` in this transaction: its quota
+        trees' counters move with it (EDQUOT when growing would pass a hard limit)."""
+        if not delta:
+            return
+        roots = self.quotas.roots(conn, ino, include_self=False)
+        if roots:
+            quotas.check(roots, delta, 0, self.quotas.reserved(exclude=ino))
+            self.quotas.charge(conn, roots, delta, 0)
 
     @staticmethod
     def _setattr_values(
@@ -165,6 +181,9 @@ class FileOps(Lookup):
         if attr.type != REG:
             raise errors.InvalidArgument(f"inode {ino} is not a regular file")
         store = self._data()
+        end = offset + len(data)
+        if end > attr.size and data and self.quotas.active():
+            self.quotas.admit(ino, end)  # EDQUOT before any byte is buffered
         store.write(ino, offset, data)
         if stable:
             store.flush(ino)

@@ -59,9 +59,10 @@ class RangeOps(FileOps):
                     f"clone of {count} bytes at {src_off}: source inode {src_ino} has "
                     f"{src.size} bytes"
                 )
+            end = dst_off + count
+            self._charge_size(conn, dst_ino, max(end - dst.size, 0))
             data.clone_range(conn, src_ino, src_off, dst_ino, dst_off, count)
             now = time.time_ns()
-            end = dst_off + count
             _sql(
                 conn,
                 "UPDATE inodes SET size = CASE WHEN size < ? THEN ? ELSE size END, "

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 
 import pytest
+
+from tests.smb.conftest import shingle
 
 
 def as_user(uid: int, script: str) -> subprocess.CompletedProcess:
@@ -70,3 +73,23 @@ def test_the_mount_applies_the_namespace_permissions(served):
     done = as_user(4321, f"echo y > '{served.mount}/mine.txt'")
     assert done.returncode == 0, done.stderr  # the root is 1777, as over NFS
     assert os.stat(served.mount / "mine.txt").st_uid == 4321
+
+
+def test_a_hard_quota_fails_a_write_on_the_mount_with_edquot(served):
+    tree = served.mount / "quota-tree"
+    tree.mkdir()
+    (tree / "kept").write_bytes(b"k" * 40_000)
+    shingle(served.config, "quota", "set", "/quota-tree", "--bytes", "64KiB")
+    path = tree / "refused"
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        with pytest.raises(OSError) as raised:
+            os.write(fd, b"r" * 40_000)  # 80,000 bytes would pass 65,536
+        assert raised.value.errno == errno.EDQUOT
+        assert os.write(fd, b"r" * 20_000) == 20_000  # what fits is taken
+    finally:
+        os.close(fd)
+    assert os.stat(path).st_size == 20_000
+    listed = shingle(served.config, "quota", "list", "--json").stdout
+    assert '"used_bytes": 60000' in listed
+    shingle(served.config, "quota", "remove", "/quota-tree")

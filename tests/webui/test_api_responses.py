@@ -114,9 +114,17 @@ def test_real_responses_match_their_schemas(web, appliance, app):
         ("post", "/api/v1/smb/shares"): web.api(
             "POST", "/api/v1/smb/shares", json={"name": "data", "users": "alice"}
         ),
+        ("post", "/api/v1/quotas"): web.api(
+            "POST", "/api/v1/quotas", json={"path": "/", "bytes_limit": 1 << 30}
+        ),
+        ("post", "/api/v1/quotas/recount"): web.api("POST", "/api/v1/quotas/recount"),
     }
     mkdirs(ns, "/old/run-2")  # run-1 was restored: GET /trash lists this one
     Trash(ns, catalog).move_to_trash("/old/run-2", actor="test")
+    quota_id = made[("post", "/api/v1/quotas")].get_json()["id"]
+    made[("patch", "/api/v1/quotas/{quota_id}")] = web.api(
+        "PATCH", f"/api/v1/quotas/{quota_id}", json={"soft_files": 10}
+    )
     share_id = made[("post", "/api/v1/smb/shares")].get_json()["id"]
     made[("put", "/api/v1/smb/users/{name}/password")] = web.api(
         "PUT", "/api/v1/smb/users/alice/password", json={"password": "pw-2"}
@@ -143,6 +151,7 @@ def test_real_responses_match_their_schemas(web, appliance, app):
         "alert_id": alert_id,
         "entry_id": trashed.id,
         "schedule_id": schedule_id,
+        "quota_id": quota_id,
     }
     checked = 0
     for path, ops in doc["paths"].items():

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from appliance.nfs.onc.xdr import Array, Bool, Packer, UHyper, UInt, XdrError
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.types import bitmap4, fsid4, nfs_fh4, nfstime4, settime4, specdata4, utf8str
+from engine.quotas import QuotaTracker
 
 if TYPE_CHECKING:
     from appliance.nfs.server import NfsServer
@@ -67,6 +68,21 @@ def _statfs(s: AttrSubject):
     return s.server.statfs()
 
 
+def _quota(s: AttrSubject) -> tuple[int, int, int]:
+    """(quota_avail_hard, quota_avail_soft, quota_used) in bytes: the quotas of the inode's
+    directory trees (engine/quotas.py); with none, the pool's free space and the file's use."""
+    free = _statfs(s).avail_bytes
+    attr: Any = s.attr
+    quotas: QuotaTracker | None = getattr(s.server.namespace, "quotas", None)
+    # a pseudo directory's stand-in has no generation: it is in no quota tree
+    found = None
+    if quotas is not None and hasattr(attr, "generation"):
+        found = quotas.space(attr.ino, free)
+    if found is None:
+        return free, free, (attr.size + 4095) & ~4095
+    return found.avail_hard, found.avail_soft, found.used
+
+
 # bit -> (xdr type, getter(subject) or None when only settable, settable)
 ATTRS = {
     c.FATTR4_SUPPORTED_ATTRS: (bitmap4, lambda s: SUPPORTED_BY_MINOR[s.minor], False),
@@ -107,6 +123,9 @@ ATTRS = {
         lambda s: specdata4.cls(s.attr.rdev >> 32, s.attr.rdev & 0xFFFFFFFF),
         False,
     ),
+    c.FATTR4_QUOTA_AVAIL_HARD: (UHyper, lambda s: _quota(s)[0], False),
+    c.FATTR4_QUOTA_AVAIL_SOFT: (UHyper, lambda s: _quota(s)[1], False),
+    c.FATTR4_QUOTA_USED: (UHyper, lambda s: _quota(s)[2], False),
     c.FATTR4_SPACE_AVAIL: (UHyper, lambda s: _statfs(s).avail_bytes, False),
     c.FATTR4_SPACE_FREE: (UHyper, lambda s: _statfs(s).free_bytes, False),
     c.FATTR4_SPACE_TOTAL: (UHyper, lambda s: _statfs(s).total_bytes, False),

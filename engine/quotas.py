@@ -1,0 +1,593 @@
+"""Quotas: limits on the bytes and the files of a directory tree (an export's root or any
+directory below it), hard (refused with EDQUOT) and soft (an alert, engine/alerts.py).
+
+What counts (docs/ARCHITECTURE.md, "Quotas", says why):
+- bytes: the logical size of every regular file in the tree (what ``ls -l`` shows), not the
+  media its stripes take: parity, replicas, tiering and shared extents would make one file's
+  cost change while nobody touches it;
+- files: every inode below the root (files, directories, symlinks, ...), the root itself not;
+- a snapshot's frozen files and the ``.snapshots`` directory do not count; a clone or a
+  rollback counts the files it makes at their logical size (snapshots.py recounts after them).
+
+Counters (``quotas.used_bytes``, ``used_files``) move in the same catalog transaction as the
+change: creates and removals in the namespace's transaction, size changes in the truncate's
+or the data path's commit transaction (``QuotaTracker.before``/``after``, a size watch of the
+data path). Nothing scans the catalog on a write. A write is checked when it is accepted into
+the data path's buffer, before any byte is kept: the limit is compared with the committed
+counter plus what buffered writes of the tree have been admitted and not committed yet
+(``QuotaTracker.admit``), so a WRITE that would pass the limit fails whole.
+``QuotaService.recount`` counts the trees again (fsck compares, ``shingle quota recount``
+fixes)."""
+
+from __future__ import annotations
+
+import builtins
+import threading
+import time
+from dataclasses import asdict, dataclass, replace
+
+from engine import errors
+from engine.catalog.database import Catalog, commits_between, in_list, sql, sql_all, sql_one
+from engine.catalog.models import DIR, REG
+from engine.catalog.models import Quota as QuotaRow
+from engine.events import record_in
+
+QUOTAS = QuotaRow.__table__
+
+# the quotas whose root is ``?`` or one of its ancestors (a file has one parent per link)
+_ROOTS_SQL = (
+    "WITH RECURSIVE up(ino) AS (SELECT CAST(? AS BIGINT) UNION SELECT d.parent FROM dirents d "
+    "JOIN up ON d.child = up.ino WHERE up.ino <> ?) SELECT q.id, q.root_ino, q.bytes_limit, "
+    "q.files_limit, q.used_bytes, q.used_files, q.soft_bytes FROM quotas q JOIN up ON "
+    "q.root_ino = up.ino"
+)
+# the live tree below ``?`` (snapshot views left out; a file with two names in it counts once)
+_TREE_SQL = (
+    "WITH RECURSIVE t(ino) AS (SELECT d.child FROM dirents d WHERE d.parent = ? AND d.child NOT "
+    "IN (SELECT dir_ino FROM snapshot_dirs) UNION SELECT d.child FROM dirents d JOIN t ON "
+    "d.parent = t.ino WHERE d.child NOT IN (SELECT dir_ino FROM snapshot_dirs)) "
+    f"SELECT COUNT(*), COALESCE(SUM(CASE WHEN i.type = {REG} THEN i.size ELSE 0 END), 0) "
+    "FROM t JOIN inodes i ON i.ino = t.ino"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRoot:
+    """A quota over some inode, as one transaction saw it."""
+
+    id: int
+    root_ino: int
+    bytes_limit: int | None
+    files_limit: int | None
+    used_bytes: int
+    used_files: int
+    soft_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaSpace:
+    """What NFSv4's quota attributes say of one inode (bytes): room before the hard limit and
+    before the soft one, and the usage of the tree whose limit binds first."""
+
+    avail_hard: int
+    avail_soft: int
+    used: int
+
+
+@dataclass(frozen=True)
+class QuotaInfo:
+    id: int
+    path: str
+    root_ino: int
+    bytes_limit: int | None
+    files_limit: int | None
+    soft_bytes: int | None
+    soft_files: int | None
+    used_bytes: int
+    used_files: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A counter that differs from a recount."""
+
+    id: int
+    path: str
+    counted_bytes: int
+    counted_files: int
+    recorded_bytes: int
+    recorded_files: int
+
+    def __str__(self) -> str:
+        return (
+            f"quota {self.id} ({self.path}): counters say {self.recorded_bytes} bytes, "
+            f"{self.recorded_files} files; the tree holds {self.counted_bytes} bytes, "
+            f"{self.counted_files} files"
+        )
+
+
+def roots_of(conn, ino: int, root_ino: int, *, include_self: bool = True) -> list[QuotaRoot]:
+    """The quotas whose tree holds ``ino`` (with ``include_self``, also a quota on ``ino``)."""
+    rows = sql_all(conn, _ROOTS_SQL, (ino, root_ino))
+    return [QuotaRoot(*row) for row in rows if include_self or row[1] != ino]
+
+
+def usage_below(conn, ino: int) -> tuple[int, int]:
+    """(bytes, files) of the live tree below directory ``ino``, counted."""
+    files, size = sql_one(conn, _TREE_SQL, (ino,))
+    return int(size), int(files)
+
+
+def charge(conn, roots, add_bytes: int, add_files: int) -> None:
+    """Move the counters of ``roots`` (inside the transaction of the change)."""
+    ids = sorted({r.id for r in roots})
+    if not ids or not (add_bytes or add_files):
+        return
+    sql(
+        conn,
+        "UPDATE quotas SET used_bytes = used_bytes + ?, used_files = used_files + ? "
+        f"WHERE id IN {in_list(ids)}",
+        (add_bytes, add_files, *ids),
+    ).close()
+
+
+def _exceeded(root: QuotaRoot, what: str, used: int, add: int, limit: int) -> errors.QuotaExceeded:
+    return errors.QuotaExceeded(
+        f"quota {root.id} (directory inode {root.root_ino}): {what} {used} + {add} would pass "
+        f"the hard limit of {limit}"
+    )
+
+
+def check(roots, add_bytes: int, add_files: int, reserved: dict[int, int] | None = None) -> None:
+    """EDQUOT when adding would pass a hard limit of ``roots``; ``reserved``: quota id -> bytes
+    admitted into buffers and not committed yet. Growth only: shrinking is always allowed."""
+    for root in roots:
+        used = root.used_bytes + (reserved or {}).get(root.id, 0)
+        if add_bytes > 0 and root.bytes_limit is not None and used + add_bytes > root.bytes_limit:
+            raise _exceeded(root, "bytes", used, add_bytes, root.bytes_limit)
+        limit = root.files_limit
+        if add_files > 0 and limit is not None and root.used_files + add_files > limit:
+            raise _exceeded(root, "files", root.used_files, add_files, limit)
+
+
+ADMITTED_MAX = 10_000  # files remembered with nothing reserved (their committed size)
+
+
+@dataclass(slots=True)
+class _Admitted:
+    """Bytes of a file's buffered writes admitted against its quotas, not committed yet."""
+
+    quota_ids: tuple[int, ...]
+    end: int  # the highest end of a write admitted
+    committed: int  # the file's committed size, as last seen
+
+    @property
+    def reserved(self) -> int:
+        return max(self.end - self.committed, 0)
+
+
+class QuotaTracker:
+    """A namespace's view of the quotas: whether any exist, the hard-limit checks, the bytes of
+    buffered writes admitted per file, and the data path's size watch that moves the counters in
+    its commits.
+
+    The write path's check (``admit``) reads no catalog on an append that grows a file already
+    admitted: the quota ids of each file's trees and each quota's row are kept in memory while
+    every commit since they were read is a tracked one of this process (as readonly.py does;
+    PostgreSQL has no cheap epoch: there every check reads), and this process's own charges
+    reach the copy once they commit (``charge``). Creates, truncates and renames check inside
+    their transaction against the catalog's rows."""
+
+    def __init__(self, catalog: Catalog, root_ino: int):
+        self.catalog = catalog
+        self.root_ino = root_ino
+        self._known: tuple[int, bool] | None = None  # (catalog epoch, any quota exists)
+        self._lock = threading.Lock()
+        self._admitted: dict[int, _Admitted] = {}
+        # the memory copy (under _lock): valid as of _epoch while only tracked commits followed
+        self._epoch: int | None = None
+        self._rows: dict[int, QuotaRoot] = {}  # quota id -> row, with this process's charges
+        self._trees: dict[int, tuple[int, ...]] = {}  # file -> quota ids of its trees
+        self._gen = 0  # bumped by every charge applied and every forget: a racing load is dropped
+
+    # -- whether any quota exists ------------------------------------------------------------
+    def active(self, conn=None) -> bool:
+        epoch = self.catalog.epoch()
+        known = self._known
+        if known is not None and epoch is not None and self.catalog.only_tracked(known[0], epoch):
+            return known[1]
+
+        def work(c):
+            return sql_one(c, "SELECT 1 FROM quotas LIMIT 1") is not None
+
+        found = work(conn) if conn is not None else self.catalog.read(work)
+        if epoch is not None:
+            self._known = (epoch, found)
+        return found
+
+    def forget(self) -> None:
+        """Read the quotas again (after this process changed them)."""
+        self._known = None
+        with self._lock:
+            self._drop_copy()
+
+    def space(self, ino: int, free: int) -> QuotaSpace | None:
+        """The room the byte limits of ``ino``'s trees leave (at most ``free``, the pool's);
+        None when no tree of it has a byte limit."""
+        if not self.active():
+            return None
+        roots = self.catalog.read(lambda conn: roots_of(conn, ino, self.root_ino))
+        limited = [r for r in roots if r.bytes_limit is not None or r.soft_bytes is not None]
+        if not limited:
+            return None
+
+        def room(limit: int | None, used: int) -> int:
+            return free if limit is None else max(min(limit - used, free), 0)
+
+        binding = min(limited, key=lambda r: (room(r.bytes_limit, r.used_bytes), r.id))
+        return QuotaSpace(
+            min(room(r.bytes_limit, r.used_bytes) for r in limited),
+            min(room(r.soft_bytes, r.used_bytes) for r in limited),
+            binding.used_bytes,
+        )
+
+    def names_changed(self, inos, names) -> None:
+        """A namespace change listener: a rename to another directory may move whole trees into
+        other quotas; a link or unlink changes the trees of the files it touched."""
+        if not names:
+            return
+        with self._lock:
+            if len({parent for parent, _ in names}) > 1:
+                self._trees.clear()
+            for ino in inos:
+                self._trees.pop(ino, None)
+            self._gen += 1
+
+    def roots(self, conn, ino: int, *, include_self: bool = True) -> list[QuotaRoot]:
+        if not self.active(conn):
+            return []
+        return roots_of(conn, ino, self.root_ino, include_self=include_self)
+
+    def charge(self, conn, roots, add_bytes: int, add_files: int) -> None:
+        """``charge`` inside the caller's transaction; the memory copy follows once it commits."""
+        charge(conn, roots, add_bytes, add_files)
+        ids = {r.id for r in roots}
+        if ids and (add_bytes or add_files):
+            self.catalog.after_commit(conn, lambda: self._charged(ids, add_bytes, add_files))
+
+    def _charged(self, ids, add_bytes: int, add_files: int) -> None:
+        with self._lock:
+            for qid in ids:
+                row = self._rows.get(qid)
+                if row is not None:
+                    self._rows[qid] = replace(
+                        row,
+                        used_bytes=row.used_bytes + add_bytes,
+                        used_files=row.used_files + add_files,
+                    )
+            self._gen += 1
+
+    # -- the memory copy (callers hold _lock) ------------------------------------------------
+    def _drop_copy(self) -> None:
+        self._epoch = None
+        self._rows.clear()
+        self._trees.clear()
+        self._gen += 1
+
+    def _copy_valid(self) -> bool:
+        epoch = self.catalog.epoch()
+        if (
+            epoch is None
+            or self._epoch is None
+            or not self.catalog.only_tracked(self._epoch, epoch)
+        ):
+            self._drop_copy()
+            return False
+        if commits_between(self._epoch, epoch) > 0:
+            self._epoch = epoch  # newer: only_tracked keeps a bounded history
+        return True
+
+    def _load(self, ino: int) -> tuple[list[QuotaRoot], int]:
+        """(the quotas of ``ino``'s trees, its committed size) from the catalog; remembered
+        unless a charge or a change of names ran meanwhile."""
+        epoch, gen = self.catalog.epoch(), self._gen
+
+        def work(conn):
+            roots = self.roots(conn, ino, include_self=False)
+            size = sql_one(conn, "SELECT size FROM inodes WHERE ino = ?", (ino,))
+            return roots, int(size[0]) if size is not None else 0
+
+        roots, committed = self.catalog.read(work)
+        if epoch is not None and gen == self._gen:
+            if self._epoch is None:
+                self._epoch = epoch
+            if self._epoch == epoch or self._copy_valid():
+                self._trees[ino] = tuple(r.id for r in roots)
+                self._rows.update((r.id, r) for r in roots)
+        return roots, committed
+
+    # -- buffered writes -----------------------------------------------------------------------
+    def reserved(self, exclude: int | None = None) -> dict[int, int]:
+        """Quota id -> bytes admitted into buffers and not committed (``exclude``: one file's).
+        Takes no lock: it runs inside write transactions, and ``admit`` holds the lock across a
+        catalog read (a transaction waiting for it could starve that read of a connection)."""
+        return self._reserved(exclude)
+
+    def _reserved(self, exclude: int | None) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for ino, entry in list(self._admitted.items()):  # a copy, made under the GIL
+            if ino == exclude:
+                continue
+            for qid in entry.quota_ids:
+                out[qid] = out.get(qid, 0) + entry.reserved
+        return out
+
+    def admit(self, ino: int, end: int) -> None:
+        """A write to ``ino`` ending at ``end`` grows it: refuse it (EDQUOT) before any byte is
+        buffered if that would pass a hard limit of its trees, else count it as admitted."""
+        # the check and the bookkeeping hold the lock, so two writers of one tree cannot both
+        # take the last bytes (a catalog read at most; no commit waits for this lock)
+        with self._lock:
+            entry = self._admitted.get(ino)
+            if entry is not None and end <= entry.end:
+                return
+            ids = self._trees.get(ino) if self._copy_valid() else None
+            rows = [self._rows.get(qid) for qid in ids] if ids is not None else None
+            if entry is not None and rows is not None and None not in rows:
+                roots = [r for r in rows if r is not None]
+                committed = entry.committed
+            else:
+                roots, committed = self._load(ino)
+                if entry is not None:
+                    committed = max(committed, entry.committed)
+            if not roots:
+                self._admitted.pop(ino, None)
+                return
+            check(roots, max(end - committed, 0), 0, self._reserved(exclude=ino))
+            self._admitted[ino] = _Admitted(tuple(r.id for r in roots), end, committed)
+
+    def committed(self, inos) -> None:
+        """After a data-path commit: those files' committed sizes moved; drop what is covered."""
+        with self._lock:
+            watched = [ino for ino in inos if ino in self._admitted]
+        if not watched:
+            return
+        sizes = dict(
+            self.catalog.read(
+                lambda conn: sql_all(
+                    conn,
+                    f"SELECT ino, size FROM inodes WHERE ino IN {in_list(watched)}",
+                    tuple(watched),
+                )
+            )
+        )
+        with self._lock:
+            for ino in watched:
+                entry = self._admitted.get(ino)
+                if entry is None:
+                    continue
+                if ino not in sizes:
+                    self._admitted.pop(ino, None)
+                    continue
+                # kept with nothing reserved: the next append knows the committed size
+                entry.committed = max(entry.committed, int(sizes[ino]))
+            if len(self._admitted) > ADMITTED_MAX:
+                for ino in [i for i, e in self._admitted.items() if not e.reserved]:
+                    self._admitted.pop(ino, None)
+
+    def drop(self, ino: int) -> None:
+        """The file was truncated (its buffer flushed first) or left the tree. No lock (see
+        ``reserved``): one dict operation."""
+        self._admitted.pop(ino, None)
+
+    # -- the data path's size watch (inside its commit transaction) ---------------------------
+    def before(self, conn, inos) -> dict[int, int] | None:
+        if not self.active(conn):
+            return None
+        ids = sorted(inos)
+        if not ids:
+            return None
+        return dict(
+            sql_all(conn, f"SELECT ino, size FROM inodes WHERE ino IN {in_list(ids)}", tuple(ids))
+        )
+
+    def after(self, conn, before: dict[int, int] | None) -> None:
+        if not before:
+            return
+        ids = sorted(before)
+        after = dict(
+            sql_all(conn, f"SELECT ino, size FROM inodes WHERE ino IN {in_list(ids)}", tuple(ids))
+        )
+        for ino, old in before.items():
+            delta = int(after.get(ino, old)) - int(old)
+            if delta:
+                self.charge(conn, roots_of(conn, ino, self.root_ino, include_self=False), delta, 0)
+
+
+# -- admin: set, remove, list, recount ---------------------------------------------------------
+def _limit(name: str, value: int | None) -> int | None:
+    """0 or None: no limit."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise errors.InvalidArgument(f"quota {name} = {value!r}: expected an integer >= 0")
+    return value or None
+
+
+class QuotaService:
+    """Quotas through a Namespace (which resolves paths and shares its tracker)."""
+
+    FIELDS = ("bytes_limit", "files_limit", "soft_bytes", "soft_files")
+
+    def __init__(self, namespace):
+        self.ns = namespace
+        self.catalog: Catalog = namespace.catalog
+
+    def _resolve(self, path: str):
+        """A namespace path, or a path under an export's name (``/export/team`` with the default
+        export, whose directory is the namespace's root)."""
+        try:
+            return self.ns.resolve(path)
+        except errors.NotFound:
+            from engine.exports import list_exports
+
+            for export in sorted(list_exports(self.catalog), key=lambda e: -len(e.name)):
+                name = export.name.rstrip("/")
+                if path == name or path.startswith(name + "/"):
+                    rest = path[len(name) :].strip("/")
+                    return self.ns.resolve(export.path.rstrip("/") + "/" + rest)
+            raise
+
+    def _dir(self, path: str) -> int:
+        attr = self._resolve(path)
+        if attr.type != DIR:
+            raise errors.NotADirectory(f"{path}: a quota applies to a directory")
+        if self.ns.is_read_only(attr.ino):
+            raise errors.ReadOnly(f"{path} is inside a snapshot")
+        return attr.ino
+
+    def _run(self, work):
+        try:
+            # not tracked: every process reads the quotas again
+            return self.catalog.run(work)
+        finally:
+            self.ns.quotas.forget()
+
+    def set(self, path: str, *, actor: str = "cli", **limits: int | None) -> QuotaInfo:
+        """Create the quota of directory ``path`` (counting its tree once) or change the limits
+        given (None leaves one as it is, 0 removes it). A limit below what is used already is
+        allowed: the tree then only shrinks."""
+        unknown = set(limits) - set(self.FIELDS)
+        if unknown:
+            raise errors.InvalidArgument(f"unknown quota fields {sorted(unknown)}")
+        # None: leave that limit as it is
+        values = {k: _limit(k, v) for k, v in limits.items() if v is not None}
+        ino = self._dir(path)
+
+        def work(conn):
+            row = sql_one(conn, "SELECT id FROM quotas WHERE root_ino = ?", (ino,))
+            if row is None:
+                used_bytes, used_files = usage_below(conn, ino)
+                full = {k: values.get(k) for k in self.FIELDS}
+                sql(
+                    conn,
+                    "INSERT INTO quotas (root_ino, path, bytes_limit, files_limit, soft_bytes, "
+                    "soft_files, used_bytes, used_files, created_ns) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (ino, path, *full.values(), used_bytes, used_files, time.time_ns()),
+                ).close()
+            elif values:
+                columns = ", ".join(f"{k} = ?" for k in values)
+                sql(
+                    conn,
+                    f"UPDATE quotas SET {columns} WHERE id = ?",
+                    (*values.values(), row[0]),
+                ).close()
+            record_in(conn, "quota.set", f"quota on {path} set: {values}", actor=actor)
+
+        self._run(work)
+        return self.get(path)
+
+    def remove(self, path: str, *, actor: str = "cli") -> None:
+        ino = self._resolve(path).ino
+
+        def work(conn):
+            row = sql_one(conn, "SELECT id FROM quotas WHERE root_ino = ?", (ino,))
+            if row is None:
+                raise errors.NotFound(f"no quota on {path}")
+            sql(conn, "DELETE FROM quotas WHERE id = ?", (row[0],)).close()
+            record_in(conn, "quota.remove", f"quota on {path} removed", actor=actor)
+
+        self._run(work)
+
+    def _rows(self, conn, where: str = "", params: tuple = ()):
+        return sql_all(
+            conn,
+            "SELECT id, root_ino, bytes_limit, files_limit, soft_bytes, soft_files, used_bytes, "
+            f"used_files, path FROM quotas {where} ORDER BY id",
+            params,
+        )
+
+    def _path(self, root: int, given: str | None = None) -> str:
+        """The path the quota was set with while it still names its directory (it may be an
+        export's), else the directory's namespace path now (it was renamed)."""
+        if given is not None:
+            try:
+                if self._resolve(given).ino == root:
+                    return given
+            except errors.FsError:
+                pass
+        try:
+            return self.ns.path_of(root)
+        except errors.FsError:
+            return f"(inode {root})"
+
+    def _info(self, row) -> QuotaInfo:
+        qid, root, *rest, given = row
+        return QuotaInfo(qid, self._path(root, given), root, *rest)
+
+    def list(self) -> list[QuotaInfo]:
+        return [self._info(row) for row in self.catalog.read(self._rows)]
+
+    def get(self, path: str) -> QuotaInfo:
+        ino = self._resolve(path).ino
+        rows = self.catalog.read(lambda conn: self._rows(conn, "WHERE root_ino = ?", (ino,)))
+        if not rows:
+            raise errors.NotFound(f"no quota on {path}")
+        return self._info(rows[0])
+
+    def get_by_id(self, quota_id: int) -> QuotaInfo:
+        rows = self.catalog.read(lambda conn: self._rows(conn, "WHERE id = ?", (quota_id,)))
+        if not rows:
+            raise errors.NotFound(f"no quota {quota_id}")
+        return self._info(rows[0])
+
+    def recount(self, *, fix: bool = True) -> builtins.list[Mismatch]:
+        """Count every quota's tree again in one transaction; with ``fix`` the counters take
+        the counted values. Returns the counters that were wrong."""
+
+        def work(conn):
+            found = []
+            for qid, root, *_limits, used_bytes, used_files, given in self._rows(conn):
+                counted_bytes, counted_files = usage_below(conn, root)
+                if (counted_bytes, counted_files) != (used_bytes, used_files):
+                    found.append(
+                        (qid, root, given, counted_bytes, counted_files, used_bytes, used_files)
+                    )
+                    if fix:
+                        sql(
+                            conn,
+                            "UPDATE quotas SET used_bytes = ?, used_files = ? WHERE id = ?",
+                            (counted_bytes, counted_files, qid),
+                        ).close()
+            if fix and found:
+                record_in(conn, "quota.recount", f"{len(found)} quota counters corrected")
+            return found
+
+        rows = self._run(work) if fix else self.catalog.read(work)
+        return [Mismatch(qid, self._path(root, given), *n) for qid, root, given, *n in rows]
+
+
+def recount_around(conn, ino: int) -> None:
+    """Count again, in the caller's transaction, every quota whose tree holds ``ino`` or lies
+    below it: after a change that rewrote a tree without the namespace (snapshot rollback,
+    clone)."""
+    rows = sql_all(
+        conn,
+        "WITH RECURSIVE below(ino) AS (SELECT CAST(? AS BIGINT) UNION SELECT d.child FROM "
+        "dirents d JOIN below ON d.parent = below.ino) SELECT q.id, q.root_ino FROM quotas q "
+        "JOIN below ON q.root_ino = below.ino",
+        (ino,),
+    )
+    root = sql_one(conn, "SELECT value FROM settings WHERE key = 'root_ino'")
+    above = roots_of(conn, ino, int(root[0]) if root else ino)
+    for qid, quota_root in {*rows, *((r.id, r.root_ino) for r in above)}:
+        used_bytes, used_files = usage_below(conn, quota_root)
+        sql(
+            conn,
+            "UPDATE quotas SET used_bytes = ?, used_files = ? WHERE id = ?",
+            (used_bytes, used_files, qid),
+        ).close()
