@@ -124,7 +124,9 @@ def check(
         ]
         return inodes, dirents, extents, stripes, live, packed, snapshots, snapdirs, quota_counts
 
-    inodes, dirents, extents, stripes, live, packed, snapshots, snapdirs, quota_counts = catalog.read(work)
+    inodes, dirents, extents, stripes, live, packed, snapshots, snapdirs, quota_counts = (
+        catalog.read(work)
+    )
     report = FsckReport(len(inodes), len(dirents), len(extents))
     problem = report.problems.append
     for row in packed:

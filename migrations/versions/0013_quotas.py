@@ -41,7 +41,7 @@ def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         # every table signals its changes (0012): a table made after it needs the trigger too
         op.execute(
-            'CREATE TRIGGER shingle_catalog_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE '
+            "CREATE TRIGGER shingle_catalog_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE "
             'ON "quotas" FOR EACH STATEMENT EXECUTE FUNCTION shingle_catalog_changed()'
         )
 
