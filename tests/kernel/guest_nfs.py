@@ -980,7 +980,9 @@ def run_version(plan: dict, version: dict) -> None:
             False,
             why + " | dmesg: " + " | ".join(dmesg_lines()[dmesg_before:][-5:]),
         )
-        for name in planned_checks({**plan, "versions": [version], "restart_version": None})[1:]:
+        for name in planned_checks(
+            {**plan, "versions": [version], "restart_version": None, "docs": None}
+        )[1:]:
             report(name, False, "not run: the mount failed")
         return
     report(
@@ -1180,30 +1182,61 @@ def run_doc_mount(code: str, mounted: list[str]) -> str:
     return "; ".join(seen)
 
 
-def run_doc_python(name: str, code: str, python: str) -> str:
-    path = f"/tmp/doc-{name}.py"  # a file: DataLoader workers may import the example from it
-    with open(path, "w") as f:
-        f.write(code)
-    out = sh(python, path, timeout=900)
-    lines = out.strip().splitlines()
-    expect(bool(lines), "the example printed nothing")
-    return lines[-1]
+def run_doc_python(blocks: list[dict]) -> None:
+    """Run by the project's venv Python (docs["python"]): each example as a script of its own
+    (``runpy.run_path`` as ``__main__``, from a file that DataLoader workers could import) in
+    this one process, so torch is imported once (minutes under TCG), not once per example."""
+    import contextlib
+    import io
+    import runpy
+
+    for block in blocks:
+        path = f"/tmp/doc-{block['name']}.py"
+        with open(path, "w") as f:
+            f.write(block["code"])
+
+        def work(path=path) -> str:
+            out = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(out):
+                    runpy.run_path(path, run_name="__main__")
+            except Exception:  # noqa: BLE001 - the example's own frames say what failed
+                raise CheckFailed(traceback.format_exc(limit=-4)) from None
+            finally:
+                printed = out.getvalue().strip().splitlines()
+            expect(bool(printed), "the example printed nothing")
+            return printed[-1]
+
+        run_check(f"docs/{block['name']}", work)
 
 
 def run_docs(docs_path: str) -> None:
     with open(docs_path) as f:
         docs = json.load(f)
+    if not os.path.ismount("/dev/shm"):  # multiprocessing's locks (DataLoader workers) need it
+        os.makedirs("/dev/shm", exist_ok=True)
+        sh("mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/dev/shm")
     mounted: list[str] = []
+    python_blocks: list[dict] = []
+
+    def flush_python() -> None:
+        if python_blocks:
+            group = f"/tmp/docs-{python_blocks[0]['name']}.json"
+            with open(group, "w") as f:
+                json.dump(python_blocks, f)
+            cmd = [docs["python"], os.path.abspath(__file__), "--doc-python", group]
+            run_bounded(cmd, docs["timeout"], [f"docs/{b['name']}" for b in python_blocks])
+            python_blocks.clear()
+
     try:
         for block in docs["blocks"]:
-            name, code = block["name"], block["code"]
-            if block["lang"] == "sh":
-                run_check(f"docs/{name}", lambda code=code: run_doc_mount(code, mounted))
-            else:
-                run_check(
-                    f"docs/{name}",
-                    lambda name=name, code=code: run_doc_python(name, code, docs["python"]),
-                )
+            if block["lang"] == "python":
+                python_blocks.append(block)
+                continue
+            flush_python()
+            code = block["code"]
+            run_check(f"docs/{block['name']}", lambda code=code: run_doc_mount(code, mounted))
+        flush_python()
     finally:
         for target in reversed(mounted):
             subprocess.run(["timeout", "120", "umount", target], capture_output=True)
@@ -1220,7 +1253,7 @@ def main(plan: dict) -> int:
             json.dump(plan["docs"], f)
         run_bounded(
             [sys.executable, os.path.abspath(__file__), "--docs", docs_path],
-            plan["docs_timeout"],
+            plan["docs"]["timeout"] + 300,
             [f"docs/{block['name']}" for block in plan["docs"]["blocks"]],
         )
     if plan.get("restart_version"):
@@ -1235,6 +1268,9 @@ if __name__ == "__main__":
         run_worker(*sys.argv[2:5])
     elif sys.argv[1] == "--docs":
         run_docs(sys.argv[2])
+    elif sys.argv[1] == "--doc-python":
+        with open(sys.argv[2]) as blocks_file:
+            run_doc_python(json.load(blocks_file))
     elif sys.argv[1] == "--v42":
         run_v42(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "--restart":
