@@ -43,10 +43,11 @@ class AttrSubject:
 
 
 def _space_used(s: AttrSubject) -> int:
+    attr: Any = s.attr
     # a pseudo directory's stand-in is no namespace inode: its size, as for every directory
-    if getattr(s.attr, "type", None) == REG:
-        return s.server.namespace.space_used(s.attr)
-    return (s.attr.size + 4095) & ~4095
+    if attr.type == REG:
+        return s.server.namespace.space_used(attr)
+    return (attr.size + 4095) & ~4095
 
 
 def _time(ns: int):
