@@ -113,7 +113,8 @@ class RangeOps(FileOps):
         nothing) take none; while it has bytes not yet flushed, its size. In 4 KiB units.
         Remembered per (inode, change, size): one catalog read per version of a file."""
         data = self.data
-        if attr.type != REG or data is None or data.pending_size(attr.ino) is not None:
+        empty = attr.type != REG or attr.size == 0
+        if empty or data is None or data.pending_size(attr.ino) is not None:
             return _blocks(attr.size)
         key = (attr.change, attr.size)
         remembered = self._space_used.get(attr.ino)
