@@ -111,12 +111,13 @@ class RangeOps(FileOps):
         """Bytes a file's data takes (NFS space_used, st_blocks): for a regular file its data
         ranges within its size, so holes (sparse writes, punched ranges, fallocate, which reserves
         nothing) take none; while it has bytes not yet flushed, its size. In 4 KiB units.
-        Remembered per (inode, change, size): one catalog read per version of a file."""
+        Remembered per (inode, generation, change, size): one catalog read per version of a
+        file."""
         data = self.data
-        empty = attr.type != REG or attr.size == 0
-        if empty or data is None or data.pending_size(attr.ino) is not None:
+        nothing_to_count = attr.type != REG or attr.size == 0
+        if nothing_to_count or data is None or data.pending_size(attr.ino) is not None:
             return _blocks(attr.size)
-        key = (attr.change, attr.size)
+        key = (attr.generation, attr.change, attr.size)
         remembered = self._space_used.get(attr.ino)
         if remembered is not None and remembered[0] == key:
             return remembered[1]
