@@ -173,8 +173,8 @@ def log_failure(codes: Codes, status: int, what: str, address: str, exc: Excepti
 
 
 def granted_access(namespace, cred, attr: Attr, rule: ExportRule) -> int:
-    """The ACCESS bits ``cred`` holds on ``attr`` through ``rule`` (a read-only export, or a
-    snapshot view, grants no modify, extend or delete)."""
+    """The ACCESS bits ``cred`` holds on ``attr`` through ``rule`` (a read-only export grants
+    no modify, extend or delete)."""
     bits = namespace.access(cred, attr.ino, R_OK | W_OK | X_OK)
     is_dir = attr.type == DIR
     granted = 0
@@ -182,6 +182,6 @@ def granted_access(namespace, cred, attr: Attr, rule: ExportRule) -> int:
         granted |= ACCESS_READ
     if bits & X_OK:
         granted |= ACCESS_LOOKUP if is_dir else ACCESS_EXECUTE
-    if bits & W_OK and not rule.read_only and not namespace.is_read_only(attr.ino):
+    if bits & W_OK and not rule.read_only:
         granted |= ACCESS_MODIFY | ACCESS_EXTEND | (ACCESS_DELETE if is_dir else 0)
     return granted
