@@ -12,13 +12,14 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # samba, smbclient: the SMB server the daemon supervises and a client for its tests;
 # libnss-wrapper: SMB users get their uids from a passwd file of shingle's, not /etc/passwd;
 # fuse3, libfuse3-dev, pkg-config: pyfuse3 builds against libfuse3 (the mount Samba shares);
-# qemu-system-x86 busybox-static nfs-common keyutils fio: the kernel NFS client rig (tests/kernel),
-# a VM that shares this host's userland (mount.nfs, request-key for NFSv4 owners, fio).
+# qemu-system-x86 busybox-static nfs-common keyutils fio attr: the kernel NFS client rig
+# (tests/kernel), a VM that shares this host's userland (mount.nfs, request-key for NFSv4 owners,
+# fio, setfattr/getfattr for the NFSv4.2 xattr check).
 # gcc: builds the compiled hot path (engine/native/*.pyx) at install; strace: a test reads the
 # compiled drive writers' system calls.
 apt_packages=${SHINGLE_APT_PACKAGES:-"postgresql chromium libnfs-utils systemd smartmontools nfs-ganesha nfs-ganesha-vfs
   samba smbclient libnss-wrapper fuse3 libfuse3-dev pkg-config
-  qemu-system-x86 busybox-static nfs-common keyutils fio gcc strace"}
+  qemu-system-x86 busybox-static nfs-common keyutils fio attr gcc strace"}
 missing=()
 for pkg in $apt_packages; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -78,6 +78,7 @@ class Namespace(Ancestry, Xattrs, DirectoryOps, RangeOps):
         self._cache: dict[int, Attr] = {}
         self._names: dict[tuple[int, str], int] = {}
         self._xattr_cache: dict[int, dict[str, bytes]] = {}  # ino -> its (small) xattrs
+        self._space_used: dict[int, tuple[tuple[int, int, int], int]] = {}  # RangeOps.space_used
         self._cache_epoch: int | None = None
         self._cache_since = 0.0
         self._cache_gen = 0  # bumped by every eviction: a load that began before it is not cached

@@ -24,6 +24,7 @@ class AttrCache:
     _cache: dict[int, Attr]
     _names: dict[tuple[int, str], int]
     _xattr_cache: dict[int, dict[str, bytes]]
+    _space_used: dict[int, tuple[tuple[int, int, int], int]]  # see ranges.py
     _cache_epoch: int | None
     _cache_since: float
     _cache_gen: int

@@ -16,6 +16,13 @@ from engine.namespace.files import FileOps
 # copy_range copies ranges shorter than this through read and write instead of sharing them:
 # a small piece shared keeps a whole stripe (up to 8 MiB) alive after the source changes
 COPY_SHARE_MIN = 64 << 10
+# files whose space used (st_blocks) is remembered, keyed by their change counter and size
+SPACE_USED_CACHE = 16384
+BLOCK = 4096  # the unit space used is counted in
+
+
+def _blocks(length: int) -> int:
+    return (length + BLOCK - 1) // BLOCK * BLOCK
 
 
 class RangeOps(FileOps):
@@ -100,6 +107,28 @@ class RangeOps(FileOps):
         if attr.type != REG:
             raise errors.InvalidArgument(f"inode {ino} is not a regular file")
         return attr, self.catalog.read(lambda conn: data.data_ranges(conn, ino))
+
+    def space_used(self, attr: Attr) -> int:
+        """Bytes a file's data takes (NFS space_used, st_blocks): for a regular file its data
+        ranges within its size, so holes (sparse writes, punched ranges, fallocate, which reserves
+        nothing) take none; while it has bytes not yet flushed, its size. In 4 KiB units.
+        Remembered per (inode, generation, change, size): one catalog read per version of a
+        file."""
+        data = self.data
+        nothing_to_count = attr.type != REG or attr.size == 0
+        if nothing_to_count or data is None or data.pending_size(attr.ino) is not None:
+            return _blocks(attr.size)
+        key = (attr.generation, attr.change, attr.size)
+        remembered = self._space_used.get(attr.ino)
+        if remembered is not None and remembered[0] == key:
+            return remembered[1]
+        ranges = self.catalog.read(lambda conn: data.data_ranges(conn, attr.ino))
+        size = attr.size
+        used = sum(_blocks(min(end, size) - start) for start, end in ranges if start < size)
+        if len(self._space_used) >= SPACE_USED_CACHE:
+            self._space_used.clear()
+        self._space_used[attr.ino] = (key, used)
+        return used
 
     def seek_data(self, ino: int, offset: int) -> int:
         """The first offset >= ``offset`` holding data (SEEK_DATA); ENXIO past the last data."""

@@ -94,12 +94,16 @@ def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon) -> RigRun:
     verbose = os.environ.get("SHINGLE_KERNEL_RIG_VERBOSE")
 
     def on_request(text: str) -> str:
-        if text != "restart-server":
-            return f"unknown request {text!r}"
+        # "restart-server", or "snapshot-create PATH NAME" (PATH in the namespace)
+        action, *args = text.split()
         try:
-            return shingle_daemon.restart()
-        except Exception as exc:  # noqa: BLE001 - the guest reports it as the restart check's failure
-            return f"restart failed: {exc}"
+            if action == "restart-server" and not args:
+                return shingle_daemon.restart()
+            if action == "snapshot-create" and len(args) == 2:
+                return shingle_daemon.snapshot_create(*args)
+        except Exception as exc:  # noqa: BLE001 - the guest reports it as its check's failure
+            return f"{action} failed: {exc}"
+        return f"unknown request {text!r}"
 
     result = vm.run_vm(
         program,

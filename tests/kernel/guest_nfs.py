@@ -64,6 +64,17 @@ LOCK_CHECKS = ("lockf", "flock", "lock-wait", "lock-vs-")
 # a blocked NLM lock is granted by the client's retry every 30 s (the server's NLM_GRANTED
 # callback cannot reach a guest behind user-mode networking); NFSv4 clients poll sooner
 LOCK_WAIT_LIMIT_S = 50
+# checks run once per version as root where the plan entry has "v42" (NFSv4.2's operations:
+# CLONE, ALLOCATE, DEALLOCATE, SEEK, the xattr operations) and snapshot views, which the host
+# creates on request
+V42_CHECKS = (
+    "reflink",
+    "fallocate",
+    "punch-hole",
+    "seek-data-hole",
+    "xattr",
+    "snapshot-read",
+)
 RESTART_CHECKS = (
     "restart/io-continues",
     "restart/lock-kept",
@@ -80,12 +91,17 @@ def planned_checks(plan: dict) -> list[str]:
         names += [
             f"{label}/{user_label(uid)}/{check}" for uid in plan["uids"] for check in USER_CHECKS
         ]
-        names += [f"{label}/{check}" for check in VERSION_CHECKS[1:3]]
+        names += [f"{label}/{check}" for check in VERSION_CHECKS[1:2]]
+        if version.get("v42"):
+            names += [f"{label}/{check}" for check in V42_CHECKS]
+        names += [f"{label}/{check}" for check in VERSION_CHECKS[2:3]]
         if version.get("lock_peer"):
             names.append(f"{label}/lock-vs-{version['lock_peer']}")
         names += [f"{label}/{check}" for check in VERSION_CHECKS[3:]]
     if plan.get("restart_version"):
         names += [f"{plan['restart_version']}/{check}" for check in RESTART_CHECKS]
+    if plan.get("docs"):
+        names += [f"docs/{block['name']}" for block in plan["docs"]["blocks"]]
     return names
 
 
@@ -542,6 +558,237 @@ def check_checkpoint(manifest: list[str]) -> str:
     return "3 x 1 MiB: write .tmp, fsync, rename, fsync dir, sha256 read back"
 
 
+# -- NFSv4.2 checks (as root, in a child; cwd is the version's root folder) -------------------
+def drop_caches() -> None:
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def write_synced(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def op_counts(mountpoint: str) -> dict[str, int]:
+    """How many of each NFS operation the mount at ``mountpoint`` has sent so far (the first
+    field of its per-op statistics in /proc/self/mountstats)."""
+    counts: dict[str, int] = {}
+    mine = False
+    with open("/proc/self/mountstats") as f:
+        for line in f:
+            if line.startswith("device "):
+                mine = f" mounted on {mountpoint} with " in line
+            elif mine and re.match(r"\s+[A-Z_]+: \d", line):
+                name, _, numbers = line.strip().partition(": ")
+                counts[name] = int(numbers.split()[0])
+    return counts
+
+
+class SentOps:
+    """``with SentOps(mountpoint, "CLONE") as sent: ...`` then ``sent.expect()``: the block made
+    the client send each named operation at least once (it did not fall back to others)."""
+
+    def __init__(self, mountpoint: str, *ops: str):
+        self.mountpoint, self.ops = mountpoint, ops
+
+    def __enter__(self) -> SentOps:
+        self.before = op_counts(self.mountpoint)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        after = op_counts(self.mountpoint)
+        self.sent = {op: after.get(op, 0) - self.before.get(op, 0) for op in self.ops}
+
+    def expect(self) -> str:
+        missing = [op for op, n in self.sent.items() if n < 1]
+        expect(not missing, f"the client sent no {'/'.join(missing)}: {self.sent}")
+        return ", ".join(f"{op} x{n}" for op, n in self.sent.items())
+
+
+def check_reflink(mountpoint: str, _ns_folder: str) -> str:
+    data = random.randbytes(3 << 20)
+    write_synced("clone.src", data)
+    with SentOps(mountpoint, "CLONE") as sent:
+        sh("cp", "--reflink=always", "clone.src", "clone.dst")
+    drop_caches()
+    expect(sha256("clone.dst") == hashlib.sha256(data).hexdigest(), "the clone's bytes differ")
+    # a clone shares the source's extents until one of them is written
+    with open("clone.dst", "r+b") as f:
+        f.seek(1 << 20)
+        f.write(b"x" * 4096)
+        f.flush()
+        os.fsync(f.fileno())
+    drop_caches()
+    expect(read_file("clone.src") == data, "a write into the clone changed the source")
+    changed = data[: 1 << 20] + b"x" * 4096 + data[(1 << 20) + 4096 :]
+    expect(read_file("clone.dst") == changed, "the clone after a 4 KiB write into it")
+    return f"cp --reflink=always of 3 MiB ({sent.expect()}), bytes equal, copies independent"
+
+
+def check_fallocate(mountpoint: str, _ns_folder: str) -> str:
+    with SentOps(mountpoint, "ALLOCATE") as sent:
+        sh("fallocate", "-l", "8M", "falloc.new")
+        head = random.randbytes(1 << 20)
+        write_synced("falloc.grow", head)
+        sh("fallocate", "-l", "4M", "falloc.grow")
+    drop_caches()
+    size = os.stat("falloc.new").st_size
+    expect(size == 8 << 20, f"fallocate -l 8M on a new file: size {size}")
+    expect(read_file("falloc.new") == bytes(8 << 20), "an allocated range does not read as zeros")
+    grown = read_file("falloc.grow")
+    expect(grown == head + bytes(3 << 20), f"1 MiB file after fallocate -l 4M: {len(grown)} bytes")
+    return f"fallocate -l 8M (new) and 4M (over 1 MiB of data) ({sent.expect()}), zeros beyond"
+
+
+def check_punch_hole(mountpoint: str, _ns_folder: str) -> str:
+    data = random.randbytes(8 << 20)
+    write_synced("punch.dat", data)
+    drop_caches()
+    before = os.stat("punch.dat").st_blocks * 512
+    with SentOps(mountpoint, "DEALLOCATE") as sent:
+        sh("fallocate", "-p", "-o", "2M", "-l", "4M", "punch.dat")
+    drop_caches()
+    st = os.stat("punch.dat")
+    after = st.st_blocks * 512
+    expect(st.st_size == 8 << 20, f"size {st.st_size} after the punch, expected 8 MiB kept")
+    want = data[: 2 << 20] + bytes(4 << 20) + data[6 << 20 :]
+    expect(read_file("punch.dat") == want, "the punched range is not zeros, or the rest changed")
+    expect(
+        after <= before - (4 << 20),
+        f"stat blocks {before // 512} before, {after // 512} after punching 4 MiB",
+    )
+    return (
+        f"fallocate -p 4 MiB of 8 MiB ({sent.expect()}): zeros, size kept, "
+        f"st_blocks {before // 512} -> {after // 512}"
+    )
+
+
+def check_seek_data_hole(mountpoint: str, _ns_folder: str) -> str:
+    kib64, mib4, mib6 = 64 << 10, 4 << 20, 6 << 20
+    first, second = random.randbytes(kib64), random.randbytes(kib64)
+    fd = os.open("sparse.dat", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.pwrite(fd, first, 0)
+        os.pwrite(fd, second, mib4)
+        os.ftruncate(fd, mib6)
+        os.fsync(fd)
+        with SentOps(mountpoint, "SEEK") as sent:
+            found = {
+                "data@0": os.lseek(fd, 0, os.SEEK_DATA),
+                "hole@0": os.lseek(fd, 0, os.SEEK_HOLE),
+                "data@64K": os.lseek(fd, kib64, os.SEEK_DATA),
+                "hole@4M": os.lseek(fd, mib4, os.SEEK_HOLE),
+                "hole@5M": os.lseek(fd, 5 << 20, os.SEEK_HOLE),
+            }
+            past = []
+            for offset in (mib4 + kib64, mib6):
+                try:
+                    past.append(os.lseek(fd, offset, os.SEEK_DATA))
+                except OSError as exc:
+                    past.append(errno.errorcode.get(exc.errno, exc.errno))
+        want = {
+            "data@0": 0,
+            "hole@0": kib64,
+            "data@64K": mib4,
+            "hole@4M": mib4 + kib64,
+            "hole@5M": 5 << 20,
+        }
+        expect(found == want, f"lseek found {found}, expected {want}")
+        expect(past == ["ENXIO", "ENXIO"], f"SEEK_DATA past the last data: {past}")
+    finally:
+        os.close(fd)
+    drop_caches()
+    got = read_file("sparse.dat")
+    expect(got == first + bytes(mib4 - kib64) + second + bytes(mib6 - mib4 - kib64), "bytes")
+    return f"SEEK_DATA/SEEK_HOLE at 0, 64K, 4M, 5M and past the data ({sent.expect()})"
+
+
+def check_xattr(mountpoint: str, _ns_folder: str) -> str:
+    write_file("xattr.dat", b"labelled")
+    blob = random.randbytes(4000)
+    with SentOps(mountpoint, "SETXATTR", "GETXATTR", "LISTXATTRS", "REMOVEXATTR") as sent:
+        sh("setfattr", "-n", "user.dataset", "-v", "imagenet-v2", "xattr.dat")
+        os.setxattr("xattr.dat", "user.blob", blob)
+        os.setxattr(".", "user.owner-team", b"vision")
+        drop_caches()  # what follows reads the server's copy, not the client's xattr cache
+        value = sh("getfattr", "--only-values", "-n", "user.dataset", "xattr.dat")
+        expect(value == "imagenet-v2", f"getfattr -n user.dataset: {value!r}")
+        expect(os.getxattr("xattr.dat", "user.blob") == blob, "4000-byte value read back")
+        expect(os.getxattr(".", "user.owner-team") == b"vision", "a directory's xattr")
+        dump = sh("getfattr", "-d", "xattr.dat")
+        expect('user.dataset="imagenet-v2"' in dump, f"getfattr -d: {dump[:300]!r}")
+        names = sorted(os.listxattr("xattr.dat"))
+        expect(names == ["user.blob", "user.dataset"], f"listxattr {names}")
+        sh("setfattr", "-x", "user.dataset", "xattr.dat")
+        drop_caches()
+        gone = subprocess.run(
+            ["getfattr", "-n", "user.dataset", "xattr.dat"], capture_output=True, text=True
+        )
+        expect(
+            gone.returncode != 0 and "No such attribute" in gone.stderr,
+            f"after setfattr -x: {gone.returncode} {gone.stderr.strip()}",
+        )
+        expect(os.listxattr("xattr.dat") == ["user.blob"], f"after -x: {os.listxattr('xattr.dat')}")
+    return f"setfattr/getfattr -n/-d/-x, 4000-byte and directory values ({sent.expect()})"
+
+
+def check_snapshot_read(_mountpoint: str, ns_folder: str) -> str:
+    files = {
+        "dataset/a.bin": random.randbytes(300_000),
+        "dataset/sub/b.bin": random.randbytes(1 << 20),
+        "dataset/c.txt": b"version 1\n",
+    }
+    os.makedirs("dataset/sub")
+    for path, data in files.items():
+        write_synced(path, data)
+    answer = vmchannel_request(f"snapshot-create {ns_folder}/dataset s1")
+    expect(answer.startswith("snapshot s1"), f"host: {answer}")
+    # the live tree moves on; the snapshot keeps what it held
+    write_synced("dataset/c.txt", b"version 2\n")
+    os.unlink("dataset/a.bin")
+    write_synced("dataset/new.bin", b"after the snapshot")
+    drop_caches()
+    view = "dataset/.snapshots/s1"
+    expect(".snapshots" not in os.listdir("dataset"), "DIR lists .snapshots")
+    expect(sorted(os.listdir(view)) == ["a.bin", "c.txt", "sub"], f"view: {os.listdir(view)}")
+    for path, data in files.items():
+        frozen = os.path.join(view, os.path.relpath(path, "dataset"))
+        expect(read_file(frozen) == data, f"{frozen} does not hold the bytes of the snapshot")
+    expect(read_file("dataset/c.txt") == b"version 2\n", "the live file")
+    refused = []
+    attempts = {
+        "open for write": lambda: os.close(os.open(f"{view}/c.txt", os.O_WRONLY)),
+        "create": lambda: write_file(f"{view}/made.bin", b"x"),
+        "unlink": lambda: os.unlink(f"{view}/a.bin"),
+        "mkdir": lambda: os.mkdir(f"{view}/newdir"),
+        "rename": lambda: os.rename(f"{view}/c.txt", f"{view}/d.txt"),
+        "chmod": lambda: os.chmod(f"{view}/c.txt", 0o600),
+        "truncate": lambda: os.truncate(f"{view}/sub/b.bin", 0),
+    }
+    for what, attempt in attempts.items():
+        try:
+            attempt()
+            refused.append(f"{what}: allowed")
+        except OSError as exc:
+            if exc.errno != errno.EROFS:
+                refused.append(f"{what}: {errno.errorcode.get(exc.errno, exc.errno)}")
+    expect(not refused, f"changes in the snapshot view not refused with EROFS: {refused}")
+    expect(read_file(f"{view}/sub/b.bin") == files["dataset/sub/b.bin"], "after the attempts")
+    return f"host {answer}; 3 files read back through .snapshots/s1; {len(attempts)} changes EROFS"
+
+
+def run_v42(mountpoint: str, folder: str) -> None:
+    """In a child (the parent bounds its time): the V42_CHECKS in ``folder`` on ``mountpoint``."""
+    label = os.path.basename(mountpoint)
+    ns_folder = "/" + os.path.relpath(folder, mountpoint)  # the export is the namespace's root
+    os.chdir(folder)
+    for check in V42_CHECKS:
+        work = globals()["check_" + check.replace("-", "_")]
+        run_check(f"{label}/{check}", lambda work=work: work(mountpoint, ns_folder))
+
+
 def run_worker(folder: str, label: str, skip_locks: str = "") -> None:
     os.makedirs(folder, exist_ok=True)
     os.chdir(folder)
@@ -733,7 +980,9 @@ def run_version(plan: dict, version: dict) -> None:
             False,
             why + " | dmesg: " + " | ".join(dmesg_lines()[dmesg_before:][-5:]),
         )
-        for name in planned_checks({**plan, "versions": [version], "restart_version": None})[1:]:
+        for name in planned_checks(
+            {**plan, "versions": [version], "restart_version": None, "docs": None}
+        )[1:]:
             report(name, False, "not run: the mount failed")
         return
     report(
@@ -764,6 +1013,12 @@ def run_version(plan: dict, version: dict) -> None:
 
     run_check(f"{label}/reread-after-drop-caches", reread)
     root_folder = os.path.join(mountpoint, f"{label}-root")
+    if version.get("v42"):
+        run_bounded(
+            [sys.executable, os.path.abspath(__file__), "--v42", mountpoint, root_folder],
+            plan["worker_timeout"],
+            [f"{label}/{check}" for check in V42_CHECKS],
+        )
     run_lock_check(version, "lock-wait", lambda: check_lock_wait(root_folder))
     if version.get("lock_peer"):
 
@@ -901,11 +1156,106 @@ def run_restart(plan: dict, version: dict) -> None:
     subprocess.run(["timeout", "60", "umount", "-f", "-l", mountpoint], capture_output=True)
 
 
+# -- docs/clients.md's examples (runs=vm), in a child, as root --------------------------------
+DOC_MOUNT = re.compile(r"^mount -t nfs -o (?P<options>\S+) (?P<source>\S+) (?P<target>\S+)$", re.M)
+# what /proc/mounts shows for a mount option that it does not show as given
+SHOWN_AS = {"actimeo": "acregmin={0},acregmax={0},acdirmin={0},acdirmax={0}"}
+
+
+def run_doc_mount(code: str, mounted: list[str]) -> str:
+    """A shell example that mounts: it runs, then /proc/mounts must show each option it gave."""
+    sh("sh", "-e", "-c", code, timeout=180)
+    seen = []
+    for line in DOC_MOUNT.finditer(code):
+        target = line["target"]
+        mounted.append(target)
+        with open("/proc/mounts") as f:
+            entry = next((e.split() for e in f if e.split()[1] == target), None)
+        expect(entry is not None, f"{target} is not in /proc/mounts")
+        shown = set(entry[3].split(","))
+        for option in line["options"].split(","):
+            key, _, value = option.partition("=")
+            want = SHOWN_AS[key].format(value) if key in SHOWN_AS else option
+            expect(set(want.split(",")) <= shown, f"{target}: {want} not in {entry[3]}")
+        seen.append(f"{line['source']} on {target} ({entry[3][:120]})")
+    expect(bool(seen), "the example mounts nothing")
+    return "; ".join(seen)
+
+
+def run_doc_python(blocks: list[dict]) -> None:
+    """Run by the project's venv Python (docs["python"]): each example as a script of its own
+    (``runpy.run_path`` as ``__main__``, from a file that DataLoader workers could import) in
+    this one process, so torch is imported once (minutes under TCG), not once per example."""
+    import contextlib
+    import io
+    import runpy
+
+    for block in blocks:
+        path = f"/tmp/doc-{block['name']}.py"
+        with open(path, "w") as f:
+            f.write(block["code"])
+
+        def work(path=path) -> str:
+            out = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(out):
+                    runpy.run_path(path, run_name="__main__")
+            except Exception:  # noqa: BLE001 - the example's own frames say what failed
+                raise CheckFailed(traceback.format_exc(limit=-4)) from None
+            finally:
+                printed = out.getvalue().strip().splitlines()
+            expect(bool(printed), "the example printed nothing")
+            return printed[-1]
+
+        run_check(f"docs/{block['name']}", work)
+
+
+def run_docs(docs_path: str) -> None:
+    with open(docs_path) as f:
+        docs = json.load(f)
+    if not os.path.ismount("/dev/shm"):  # multiprocessing's locks (DataLoader workers) need it
+        os.makedirs("/dev/shm", exist_ok=True)
+        sh("mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/dev/shm")
+    mounted: list[str] = []
+    python_blocks: list[dict] = []
+
+    def flush_python() -> None:
+        if python_blocks:
+            group = f"/tmp/docs-{python_blocks[0]['name']}.json"
+            with open(group, "w") as f:
+                json.dump(python_blocks, f)
+            cmd = [docs["python"], os.path.abspath(__file__), "--doc-python", group]
+            run_bounded(cmd, docs["timeout"], [f"docs/{b['name']}" for b in python_blocks])
+            python_blocks.clear()
+
+    try:
+        for block in docs["blocks"]:
+            if block["lang"] == "python":
+                python_blocks.append(block)
+                continue
+            flush_python()
+            code = block["code"]
+            run_check(f"docs/{block['name']}", lambda code=code: run_doc_mount(code, mounted))
+        flush_python()
+    finally:
+        for target in reversed(mounted):
+            subprocess.run(["timeout", "120", "umount", target], capture_output=True)
+
+
 def main(plan: dict) -> int:
     print("@@SHINGLE-VM BEGIN", flush=True)
     print(f"guest: {os.uname().nodename} kernel {os.uname().release}", flush=True)
     for version in plan["versions"]:
         run_version(plan, version)
+    if plan.get("docs"):
+        docs_path = "/tmp/docs.json"
+        with open(docs_path, "w") as f:
+            json.dump(plan["docs"], f)
+        run_bounded(
+            [sys.executable, os.path.abspath(__file__), "--docs", docs_path],
+            plan["docs"]["timeout"] + 300,
+            [f"docs/{block['name']}" for block in plan["docs"]["blocks"]],
+        )
     if plan.get("restart_version"):
         run_restart(
             plan, next(v for v in plan["versions"] if v["label"] == plan["restart_version"])
@@ -916,6 +1266,13 @@ def main(plan: dict) -> int:
 if __name__ == "__main__":
     if sys.argv[1] == "--worker":
         run_worker(*sys.argv[2:5])
+    elif sys.argv[1] == "--docs":
+        run_docs(sys.argv[2])
+    elif sys.argv[1] == "--doc-python":
+        with open(sys.argv[2]) as blocks_file:
+            run_doc_python(json.load(blocks_file))
+    elif sys.argv[1] == "--v42":
+        run_v42(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "--restart":
         restart_scenario(sys.argv[2], sys.argv[3])
     else:

@@ -11,11 +11,14 @@ import time
 from pathlib import Path
 
 import guest_nfs
+from doc_blocks import doc_blocks
 
 HERE = Path(__file__).resolve().parent
 # NFSv4.2 runs the same checks as 4.1, on a mount where the client uses 4.2's operations
-# (READ_PLUS, SEEK, ALLOCATE, COPY ...). A version listed in NOT_IMPLEMENTED has its checks
-# expected to fail (test_kernel_nfs.py marks them xfail(strict) by label).
+# (READ_PLUS, SEEK, ALLOCATE, COPY ...), and with "v42" the checks of guest_nfs.V42_CHECKS
+# (cp --reflink, fallocate, punch hole, SEEK_DATA/SEEK_HOLE, xattrs, snapshot views). A version
+# listed in NOT_IMPLEMENTED has its checks expected to fail (test_kernel_nfs.py marks them
+# xfail(strict) by label).
 # "nlm": the version locks through NLM, which the guest finds through the server's port
 # mapper on 10.0.2.2:111 (the daemon serves it on the host's 127.0.0.1:111); "lock_peer": a
 # mount of that version in the same guest must see this version's locks.
@@ -28,7 +31,7 @@ NFS_VERSIONS = [
         "lock_peer": "v4.1",
     },
     {"label": "v4.0", "options": "vers=4.0"},
-    {"label": "v4.2", "options": "vers=4.2"},
+    {"label": "v4.2", "options": "vers=4.2", "v42": True},
 ]
 NOT_IMPLEMENTED: dict[str, str] = {}
 # Checks that fail today for a known reason; xfail(strict) so that a fix shows up as a failure
@@ -43,7 +46,9 @@ KNOWN_FAILURES = {
 }
 UIDS = [0, guest_nfs.UNPRIVILEGED]
 RESTART_VERSION = "v4.1"
-VM_TIMEOUT_S = 1200
+VM_TIMEOUT_S = 2400
+# docs/clients.md's examples: importing torch takes minutes under TCG on a loaded machine
+DOCS_TIMEOUT_S = 1200
 
 
 PORTMAP_PORT = 111  # where the Linux client asks for the server's NLM port
@@ -66,6 +71,16 @@ def plan_for(port: int, skip_locks: str = "") -> dict:
         "worker_timeout": 420,
         "restart_timeout": 60,
         "restart_version": RESTART_VERSION,
+        # docs/clients.md's runs=vm examples, with the guest's view of the server
+        "docs": {
+            "python": sys.executable,  # the project's venv, seen through the shared root
+            "blocks": [
+                {"name": b.name, "lang": b.lang, "code": b.for_server(guest_nfs.SERVER, port)}
+                for b in doc_blocks()
+                if b.where == "vm"
+            ],
+            "timeout": DOCS_TIMEOUT_S,
+        },
     }
 
 
@@ -166,6 +181,20 @@ class ShingleDaemon:
         status = self.stop()
         self.start()
         return f"restarted (old daemon exit {status}) in {time.monotonic() - started:.1f} s"
+
+    def snapshot_create(self, path: str, name: str) -> str:
+        """`shingle -c CONF snapshot create PATH NAME` beside the running daemon (snapshots are
+        catalog rows: the CLI works while the daemon serves); its output, or why it failed."""
+        run = subprocess.run(
+            [sys.executable, "-m", "appliance.cli", "-c", str(self.config)]
+            + ["snapshot", "create", path, name],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if run.returncode:
+            return f"snapshot create failed ({run.returncode}): {run.stderr.strip()[-500:]}"
+        return run.stdout.strip()
 
     def portmap_problem(self) -> str:
         """Why the running daemon does not serve the port mapper on PORTMAP_PORT ("" if it

@@ -1,5 +1,6 @@
 """The Linux kernel NFS client against `shingle serve`: each check the guest ran in the
-session's VM (conftest.kernel_nfs_results) is one test, named VERSION/USER/CHECK."""
+session's VM (conftest.kernel_nfs_results) is one test, named VERSION/USER/CHECK,
+VERSION/CHECK, or docs/EXAMPLE for an example of docs/clients.md run over the mount."""
 
 from __future__ import annotations
 

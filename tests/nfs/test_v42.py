@@ -102,6 +102,26 @@ def test_allocate_grows_the_file_and_keeps_its_bytes(server, raw):
     assert _one(raw, fh, c.OP_ALLOCATE, A[c.OP_ALLOCATE](sid, 1 << 63, 1))[0] == c.NFS4ERR_FBIG
 
 
+def _space_used(raw, fh) -> int:
+    st, got = _one(raw, fh, c.OP_GETATTR, [0, 1 << (c.FATTR4_SPACE_USED - 32)])
+    assert st == 0, st
+    return int.from_bytes(got.attr_vals, "big")
+
+
+def test_space_used_counts_data_not_holes(server, raw):
+    """st_blocks (space_used) drops when a hole is punched; a range ALLOCATE added or a sparse
+    write skipped takes none (a log-structured layout reserves nothing)."""
+    fh, sid = _open(raw, "blocks", os.urandom(256 * KiB))
+    assert _space_used(raw, fh) == 256 * KiB
+    assert _one(raw, fh, c.OP_DEALLOCATE, A[c.OP_DEALLOCATE](sid, 64 * KiB, 128 * KiB))[0] == 0
+    assert _space_used(raw, fh) == 128 * KiB
+    assert _one(raw, fh, c.OP_ALLOCATE, A[c.OP_ALLOCATE](sid, 0, 1024 * KiB))[0] == 0
+    assert _space_used(raw, fh) == 128 * KiB
+    write = A[c.OP_WRITE](sid, 2048 * KiB, 2, b"x" * 10)
+    assert raw.session([(c.OP_PUTFH, fh), (c.OP_WRITE, write), (c.OP_COMMIT, (0, 0))])[0] == 0
+    assert _space_used(raw, fh) == 128 * KiB + 4 * KiB  # whole 4 KiB units
+
+
 def test_read_plus_returns_hole_and_data_segments(server, raw):
     data = os.urandom(192 * KiB)
     fh, sid = _open(raw, "plus", data)

@@ -144,7 +144,7 @@ class Call3:
             a.uid,
             a.gid,
             a.size,
-            (a.size + 4095) & ~4095,
+            self.server.namespace.space_used(a),
             rdev,
             fsid,
             a.ino,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from appliance.nfs.onc.xdr import Array, Bool, Packer, UHyper, UInt, XdrError
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.types import bitmap4, fsid4, nfs_fh4, nfstime4, settime4, specdata4, utf8str
+from engine.catalog.models import REG
 from engine.quotas import QuotaTracker
 
 if TYPE_CHECKING:
@@ -40,6 +41,14 @@ class AttrSubject:
     server: NfsServer  # lease time, statfs
     rdattr_error: int = 0
     minor: int = 1  # NFSv4.0 has no attribute past mounted_on_fileid
+
+
+def _space_used(s: AttrSubject) -> int:
+    attr: Any = s.attr
+    # a pseudo directory's stand-in is no namespace inode: its size, as for every directory
+    if attr.type == REG:
+        return s.server.namespace.space_used(attr)
+    return (attr.size + 4095) & ~4095
 
 
 def _time(ns: int):
@@ -129,7 +138,7 @@ ATTRS = {
     c.FATTR4_SPACE_AVAIL: (UHyper, lambda s: _statfs(s).avail_bytes, False),
     c.FATTR4_SPACE_FREE: (UHyper, lambda s: _statfs(s).free_bytes, False),
     c.FATTR4_SPACE_TOTAL: (UHyper, lambda s: _statfs(s).total_bytes, False),
-    c.FATTR4_SPACE_USED: (UHyper, lambda s: (s.attr.size + 4095) & ~4095, False),
+    c.FATTR4_SPACE_USED: (UHyper, lambda s: _space_used(s), False),
     c.FATTR4_TIME_ACCESS: (nfstime4, lambda s: _time(s.attr.atime_ns), False),
     c.FATTR4_TIME_ACCESS_SET: (settime4, None, True),
     c.FATTR4_TIME_CREATE: (nfstime4, lambda s: _time(s.attr.btime_ns), False),

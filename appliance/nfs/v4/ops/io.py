@@ -141,6 +141,9 @@ def open_(cx, a):
     _check_type(attr)
     if access & c.OPEN4_SHARE_ACCESS_WRITE:
         cx.need_writable(node)
+        # a snapshot view: the open fails here (the Linux client's open(O_WRONLY) sends no WRITE)
+        if cx.ns.is_read_only(node.ino):
+            raise NfsError(c.NFS4ERR_ROFS, f"inode {node.ino} is in a snapshot: read-only")
     if not created and claim != c.CLAIM_PREVIOUS:
         want = (R_OK if access & c.OPEN4_SHARE_ACCESS_READ else 0) | (
             W_OK if access & c.OPEN4_SHARE_ACCESS_WRITE else 0
