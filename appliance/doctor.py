@@ -433,14 +433,8 @@ def check_units(root: Path) -> Check:
 def check_unit_paths(root: Path, config: config_mod.Config, drive_paths: list[str]) -> Check:
     """ProtectSystem=strict makes everything read-only but the unit's ReadWritePaths=:
     drives must be among them."""
-    unit_dir = install.under_root(root, install.UNIT_DIR)
     service = install.SERVICES[0]
-    granted = set()
-    for path in [unit_dir / service, *sorted((unit_dir / f"{service}.d").glob("*.conf"))]:
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                if line.startswith("ReadWritePaths="):
-                    granted |= {Path(p.lstrip("-+")) for p in line.split("=", 1)[1].split()}
+    granted = set(install.unit_writable_paths(root) or [])
     needed = [install.STATE_DIR, *install.extra_rw_paths(root, config, drive_paths)]
     hidden = [str(p) for p in needed if not any(p == g or g in p.parents for g in granted)]
     if hidden:

@@ -204,3 +204,18 @@ def _venv_home(config: Path) -> Path | None:
     if values.get("home"):
         return Path(values["home"]) / "python3"
     return None
+
+
+def may_read_folder(identity: Identity, folder: Path) -> bool:
+    """Whether ``identity`` may enter every folder down to ``folder`` and list it."""
+    current = Path("/")
+    for part in (*folder.parts[1:], None):
+        try:
+            st = os.stat(current)
+        except OSError:
+            return False
+        if not identity.may(st, EXEC if part is not None else EXEC | READ):
+            return False
+        if part is not None:
+            current = current / part
+    return True

@@ -39,6 +39,13 @@ echo "venv-doctor=$(cd / && /opt/shingle/bin/shingle doctor --json | \
 stat -c 'own %n %U:%G %a' /etc/shingle /etc/shingle/shingle.toml /var/lib/shingle \
     /var/lib/shingle/catalog.db /var/lib/shingle/webui-secret.key \
     /var/lib/shingle/initial-admin-password
+# root adds a drive to the installed appliance: it is made as the service user
+$PY -m appliance.cli -c /etc/shingle/shingle.toml drives add /var/lib/shingle/drives/added \
+    --size 16MiB --zone-size 4MiB --no-preallocate > $T/drives.out 2>&1 || echo "drives-exit=$?"
+stat -c 'own %n %U:%G %a' /var/lib/shingle/drives/added /var/lib/shingle/drives/added/* \
+    /var/lib/shingle/catalog.db* | sort -u -k3,4 | head -20
+echo "drives=$($PY -m appliance.cli -c /etc/shingle/shingle.toml drives list --json | \
+    $PY -c 'import json,sys; print([d["path"] for d in json.load(sys.stdin)])')"
 for u in shingle-nfsd.service shingle-webui.service shingle.target; do
     echo "verify $u [$(systemd-analyze verify --man=no --recursive-errors=no $u 2>&1)]"
 done
@@ -140,6 +147,16 @@ def test_host_install_upgrade_and_uninstall(tmp_path):
     assert stat["/var/lib/shingle/catalog.db"] == ["shingle:shingle", "640"]
     assert stat["/var/lib/shingle/webui-secret.key"] == ["shingle:shingle", "600"]
     assert stat["/var/lib/shingle/initial-admin-password"] == ["shingle:shingle", "600"]
+    # the drive root added (and every file of it) belongs to the daemon's user, and so do
+    # the catalog's files it wrote
+    assert "drives=['/var/lib/shingle/drives/added']" in out, (out, outputs.get("drives.out"))
+    assert "drives-exit" not in out, outputs["drives.out"]
+    owners = {
+        line.split()[1]: line.split()[2] for line in out.splitlines() if line.startswith("own ")
+    }
+    added = [p for p in owners if p.startswith("/var/lib/shingle/drives/added")]
+    assert added and all(owners[p] == "shingle:shingle" for p in added), owners
+    assert all(owners[p] == "shingle:shingle" for p in owners if "catalog.db" in p), owners
     for unit in ("shingle-nfsd.service", "shingle-webui.service", "shingle.target"):
         assert f"verify {unit} []" in out, out  # verified in place: the real launcher path resolves
 
