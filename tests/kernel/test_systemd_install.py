@@ -1,0 +1,87 @@
+"""The appliance under a real systemd: the kernel rig's VM boots systemd as PID 1
+(vm.run_vm(systemd=True)) and guest_systemd.py takes the admin's path in it, from
+`shingle install` to `systemctl stop`; each step is one test."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import guest_systemd
+import pytest
+import vm
+
+HERE = Path(__file__).resolve().parent
+CHECKOUT = HERE.parents[1]
+# boot to multi-user.target is about 65 s under TCG; the install (a venv built offline) and
+# the daemon's starts are most of the rest
+VM_TIMEOUT_S = 900
+
+
+@pytest.fixture(scope="module")
+def systemd_run(vm_kernel):
+    # world-readable (pytest's tmp_path is not): the guest's service user reads nothing here,
+    # but root in the guest runs the program from it
+    folder = Path(tempfile.mkdtemp(prefix="shingle-systemd-rig-"))
+    folder.chmod(0o755)
+    try:
+        shutil.copy(HERE / "guest_systemd.py", folder / "guest_systemd.py")
+        plan = folder / "plan.json"
+        plan.write_text(
+            json.dumps(
+                {"checkout": str(CHECKOUT), "python": sys.executable, "venv": "/opt/shingle"}
+            )
+        )
+        program = folder / "run.sh"
+        program.write_text(
+            f"#!/bin/sh\nexec /usr/bin/python3 {folder / 'guest_systemd.py'} {plan}\n"
+        )
+        for path in folder.iterdir():
+            path.chmod(0o755)
+        verbose = os.environ.get("SHINGLE_KERNEL_RIG_VERBOSE")
+        result = vm.run_vm(
+            program,
+            kernel=vm_kernel,
+            workdir=folder / "vm",
+            timeout=VM_TIMEOUT_S,
+            memory_mib=2048,
+            systemd=True,
+            on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None,
+        )
+        checks = {}
+        for line in result.lines:
+            if line.startswith(guest_systemd.CHECK_MARKER):
+                _, verdict, name, *details = line.split(" ", 3)
+                checks[name] = (verdict, details[0] if details else "")
+        print(
+            f"systemd rig: VM ran {result.seconds:.0f} s, "
+            f"{sum(v == 'PASS' for v, _ in checks.values())}/{len(checks)} steps passed",
+            file=sys.stderr,
+        )
+        yield result, checks
+    finally:
+        if os.environ.get("SHINGLE_KERNEL_RIG_KEEP"):
+            print(f"systemd rig: kept {folder} (vm/console.log, vm/results)", file=sys.stderr)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.timeout(VM_TIMEOUT_S + 300)
+@pytest.mark.parametrize("step", guest_systemd.CHECKS)
+def test_appliance_under_systemd(systemd_run, step):
+    result, checks = systemd_run
+    if step not in checks:
+        why = "the VM timed out" if result.timed_out else f"guest exit {result.exit_status}"
+        tail = "\n".join(result.lines[-60:])
+        pytest.fail(
+            f"{step}: no result ({why}); guest output tail:\n{tail}\n"
+            f"console tail:\n{result.console[-3000:]}"
+        )
+    verdict, details = checks[step]
+    if verdict != "PASS":
+        journal = "\n".join(result.lines[-80:])
+        pytest.fail(f"{step}: {details}\nguest output tail:\n{journal}")
