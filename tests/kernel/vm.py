@@ -334,14 +334,19 @@ exec switch_root /newroot /bin/sh -c '
 
 # run_vm(systemd=True): the guest boots the host's systemd as PID 1 on the overlay root. The
 # host's own units stay out of it (no enablement symlinks, no fstab: the VM would start the
-# host's servers), gettys are masked by the kernel command line (one on the console would cut
-# the program's output off), and the program runs as a oneshot unit after multi-user.target:
-# its output goes to ttyS1 as without systemd, and to /mnt/results/program.log, a writable 9p
-# share of a host folder, should the serial line lose it.
+# host's servers), the gettys are masked (one on the console would cut the program's output
+# off), and the program runs as a oneshot unit after multi-user.target: its output goes to
+# ttyS1 as without systemd, and to /mnt/results/program.log, a writable 9p share of a host
+# folder, should the serial line lose it. All of it is files on the overlay, not systemd.*
+# kernel options: the host root of a container machine has /.dockerenv, so systemd detects
+# "docker" and ignores the kernel command line.
 SYSTEMD_SETUP = r"""
 R=$1
 rm -rf $R/etc/systemd/system/*.wants $R/etc/systemd/system/*.d
 : > $R/etc/fstab
+# no "D /tmp" at boot: it would walk the host's /tmp over 9p for minutes and hide the
+# program (the rigs keep their folders there)
+mkdir -p $R/etc/tmpfiles.d && : > $R/etc/tmpfiles.d/tmp.conf
 cat /proc/sys/kernel/random/uuid | tr -d - > $R/etc/machine-id  # set: not a first boot
 cat > $R/etc/systemd/system/shingle-vm-program.service <<UNIT
 [Unit]
@@ -354,6 +359,12 @@ ExecStart=/bin/sh /shingle-vm-program $shingle_program
 StandardOutput=journal
 TimeoutStartSec=infinity
 UNIT
+mkdir -p $R/etc/systemd/system/multi-user.target.wants
+ln -s ../shingle-vm-program.service $R/etc/systemd/system/multi-user.target.wants/
+for unit in serial-getty@ttyS0.service console-getty.service getty.target \
+    systemd-firstboot.service; do
+  ln -sf /dev/null $R/etc/systemd/system/$unit
+done
 cat > $R/shingle-vm-program <<'PROGRAM'
 stty -F /dev/ttyS1 raw -echo 2>/dev/null
 { "$1"; echo "@@SHINGLE-VM EXIT $?"; } </dev/null 2>&1 | tee /mnt/results/program.log >/dev/ttyS1
@@ -361,11 +372,6 @@ sync
 echo o > /proc/sysrq-trigger
 PROGRAM
 """
-SYSTEMD_CMDLINE = (
-    "shingle_init=systemd systemd.wants=shingle-vm-program.service "
-    "systemd.mask=serial-getty@ttyS0.service systemd.mask=console-getty.service "
-    "systemd.mask=getty.target systemd.mask=systemd-firstboot.service systemd.show_status=0"
-)
 
 
 def cpio_newc(entries: list[tuple[str, int, bytes]]) -> bytes:
@@ -462,7 +468,7 @@ def run_vm(
     extra: list[str] = []
     if systemd:
         results.mkdir(exist_ok=True)
-        append += f" shingle_results=1 {SYSTEMD_CMDLINE}"
+        append += " shingle_results=1 shingle_init=systemd"
         extra = [
             "-virtfs",
             f"local,path={results},mount_tag=results,security_model=none,multidevs=remap",
