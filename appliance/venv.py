@@ -264,16 +264,24 @@ def build(
             progress(f"refreshing venv {venv}")
         with tempfile.TemporaryDirectory(prefix="shingle-wheels-") as tmp:
             wheels = Path(tmp)
-            dists = [] if index else dependency_closure()
+            present = installed_in(venv)
+            dists = [
+                d
+                for d in ([] if index else dependency_closure())
+                if present.get(_canonical(d.metadata["Name"])) != d.version
+            ]
             for i, dist in enumerate(dists, 1):
                 progress(f"wheel {i}/{len(dists)}: {dist.metadata['Name']} {dist.version}")
                 repack(dist, wheels)
             progress(f"building {DISTRIBUTION} from {checkout}")
             wheel = build_checkout_wheel(checkout, wheels, run)
-            progress(f"pip install into {venv} ({len(dists) + 1} wheels)")
             source = ["--find-links", str(wheels)] + ([] if index else ["--no-index"])
+            if dists or index or not present:
+                progress(f"pip install into {venv} ({len(dists) + 1} wheels)")
+                _pip(run, str(venv / "bin" / "python"), "install", *source, str(wheel))
+            else:
+                progress(f"pip install into {venv}: every dependency is there already")
             # the checkout's code always replaces the venv's: same version number, new code
-            _pip(run, str(venv / "bin" / "python"), "install", *source, str(wheel))
             _pip(
                 run,
                 str(venv / "bin" / "python"),
@@ -290,6 +298,16 @@ def build(
         raise VenvError(f"pip installed {DISTRIBUTION} but {launcher} is missing")
     progress(f"venv ready: {launcher}")
     return launcher
+
+
+def installed_in(venv: Path) -> dict[str, str]:
+    """{canonical name: version} of the distributions in a venv's site-packages."""
+    found = {}
+    for info in venv.glob("lib/python*/site-packages/*.dist-info"):
+        name, _, version = info.name.removesuffix(".dist-info").rpartition("-")
+        if name:
+            found[_canonical(name)] = version
+    return found
 
 
 def keep_units(venv: Path, sources: dict[str, Path]) -> None:

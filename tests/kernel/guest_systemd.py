@@ -82,6 +82,28 @@ def ok(*cmd: str, timeout: float = 300, env: dict | None = None) -> str:
     return result.stdout + result.stderr
 
 
+def streamed(*cmd: str, env: dict) -> str:
+    """Run a long command with each line of its output shown as it comes (a step that
+    hangs then shows where); its whole output if it exits 0."""
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **env},
+        cwd="/",
+    )
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        print(f"  | {line.rstrip()}", flush=True)
+    status = proc.wait()
+    out = "".join(lines)
+    expect(status == 0, f"{' '.join(cmd)} -> {status}: {out.strip()[-1500:]}")
+    return out
+
+
 def show(unit: str) -> dict[str, str]:
     out = ok("systemctl", "show", unit, "--no-pager")
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
@@ -117,14 +139,25 @@ class Run:
 
     # -- the steps ------------------------------------------------------------------------
     def install(self) -> str:
-        out = ok(
+        if self.plan.get("seed"):
+            # the host built the venv (test_systemd_install.seed_venv): a writable layer over
+            # it, so that this install refreshes it in place as an upgrade would
+            venv, layer = self.plan["venv"], "/run/shingle-seed"
+            os.makedirs(venv, exist_ok=True)
+            os.makedirs(layer, exist_ok=True)
+            ok("mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", layer)
+            os.makedirs(f"{layer}/upper", mode=0o755)
+            os.makedirs(f"{layer}/work")
+            options = f"lowerdir={self.plan['seed']},upperdir={layer}/upper,workdir={layer}/work"
+            ok("mount", "-t", "overlay", "overlay", "-o", options, venv)
+        started = time.monotonic()
+        out = streamed(
             self.plan["python"],
             "-m",
             "appliance.cli",
             "install",
             "--venv",
             self.plan["venv"],
-            timeout=1200,
             env={"PYTHONPATH": self.plan["checkout"]},
         )
         expect(f"installed shingle and its dependencies: {self.plan['venv']}" in out, out[-1500:])
@@ -142,7 +175,10 @@ class Run:
         with open(CONFIG, "w") as f:
             f.write(text)
         progress = [line for line in out.splitlines() if line.startswith("[")]
-        return f"{len(progress)} progress lines, last: {progress[-1] if progress else '-'}"
+        return (
+            f"install took {time.monotonic() - started:.0f} s, {len(progress)} progress lines: "
+            + " / ".join(progress)
+        )
 
     def doctor(self) -> str:
         result = run(self.shingle, "doctor", "--json", timeout=300)
