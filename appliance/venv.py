@@ -262,14 +262,13 @@ def build(
                 )
         else:
             progress(f"refreshing venv {venv}")
+        if not index and not missing_dependencies(venv) and current(venv, checkout):
+            progress(f"venv {venv} holds this checkout's shingle and every dependency already")
+            return venv / "bin" / "shingle"
         with tempfile.TemporaryDirectory(prefix="shingle-wheels-") as tmp:
             wheels = Path(tmp)
             present = installed_in(venv)
-            dists = [
-                d
-                for d in ([] if index else dependency_closure())
-                if present.get(_canonical(d.metadata["Name"])) != d.version
-            ]
+            dists = [] if index else missing_dependencies(venv)
             for i, dist in enumerate(dists, 1):
                 progress(f"wheel {i}/{len(dists)}: {dist.metadata['Name']} {dist.version}")
                 repack(dist, wheels)
@@ -298,6 +297,42 @@ def build(
         raise VenvError(f"pip installed {DISTRIBUTION} but {launcher} is missing")
     progress(f"venv ready: {launcher}")
     return launcher
+
+
+def missing_dependencies(venv: Path) -> list[metadata.Distribution]:
+    """The distributions of shingle's closure that the venv lacks at this environment's
+    version."""
+    present = installed_in(venv)
+    return [
+        d for d in dependency_closure() if present.get(_canonical(d.metadata["Name"])) != d.version
+    ]
+
+
+def current(venv: Path, checkout: Path) -> bool:
+    """Whether the venv's shingle is this checkout's: every file its RECORD lists from the
+    checkout's packages has the same bytes, and no source file of theirs is new."""
+    records = list(venv.glob(f"lib/python*/site-packages/{_wheel_name()}-*.dist-info/RECORD"))
+    if len(records) != 1:
+        return False
+    packages = [name for name in BUILD_FILES if (checkout / name).is_dir()]
+    listed = {}
+    for row in csv.reader(records[0].read_text().splitlines()):
+        if len(row) >= 2 and row[1] and row[0].split("/", 1)[0] in packages:
+            listed[row[0]] = row[1]
+    for rel, digest in listed.items():
+        source = checkout / rel
+        if not source.is_file() or _record_hash(source.read_bytes()) != digest:
+            return False
+    for package in packages:
+        for source in (checkout / package).rglob("*.py"):
+            if "__pycache__" not in source.parts:
+                if source.relative_to(checkout).as_posix() not in listed:
+                    return False
+    return bool(listed)
+
+
+def _wheel_name() -> str:
+    return DISTRIBUTION.replace("-", "_")
 
 
 def installed_in(venv: Path) -> dict[str, str]:
