@@ -397,14 +397,19 @@ def install(
             )
         built = under_root(root, venv_path)
         try:
-            venv_mod.build(built, CHECKOUT, python=python, index=index, progress=progress, run=run)
+            venv_changed = venv_mod.build(
+                built, CHECKOUT, python=python, index=index, progress=progress, run=run
+            )
         except venv_mod.VenvError as exc:
             raise InstallError(str(exc)) from None
         if not on_host:
             venv_mod.relocate(built, venv_path)
         venv_mod.keep_units(built, sources)
         launcher = str(venv_path / "bin" / "shingle")
-        report.did(f"installed shingle and its dependencies: {venv_path} (from {CHECKOUT})")
+        report.did(
+            f"{'installed' if venv_changed else 'unchanged'} shingle and its dependencies: "
+            f"{venv_path} (from {CHECKOUT})"
+        )
 
     # 1. the service user (declared for systemd-sysusers; created now only on this host)
     _write_if_changed(

@@ -140,6 +140,8 @@ def exec_problems(
             interpreter = _shebang(host)
             if interpreter is not None:
                 pending.append((interpreter, EXEC))
+                continue
+            # a binary: a venv's copied python runs the base interpreter's library
             config = host.parent.parent / "pyvenv.cfg"
             if host.parent.name == "bin" and config.is_file():
                 base = _venv_home(config)

@@ -239,10 +239,10 @@ def build(
     index: bool = False,
     progress: Progress = lambda text: None,
     run=subprocess.run,
-) -> Path:
-    """Create or refresh the venv at ``venv`` with shingle from ``checkout``; returns the
-    path of its ``shingle`` launcher. An existing venv keeps what still fits and gets this
-    checkout's shingle (an upgrade)."""
+) -> bool:
+    """Create or refresh the venv at ``venv`` with shingle from ``checkout``; False when it
+    held this checkout's shingle and every dependency already (nothing changed). An existing
+    venv keeps what still fits and gets this checkout's shingle (an upgrade)."""
     interpreter = choose_python(python)
     old_umask = os.umask(0o022)  # the service user reads and executes all of it
     try:
@@ -264,7 +264,7 @@ def build(
             progress(f"refreshing venv {venv}")
         if not index and not missing_dependencies(venv) and current(venv, checkout):
             progress(f"venv {venv} holds this checkout's shingle and every dependency already")
-            return venv / "bin" / "shingle"
+            return False
         with tempfile.TemporaryDirectory(prefix="shingle-wheels-") as tmp:
             wheels = Path(tmp)
             present = installed_in(venv)
@@ -296,7 +296,7 @@ def build(
     if not launcher.is_file():
         raise VenvError(f"pip installed {DISTRIBUTION} but {launcher} is missing")
     progress(f"venv ready: {launcher}")
-    return launcher
+    return True
 
 
 def missing_dependencies(venv: Path) -> list[metadata.Distribution]:

@@ -160,7 +160,7 @@ class Run:
             self.plan["venv"],
             env={"PYTHONPATH": self.plan["checkout"]},
         )
-        expect(f"installed shingle and its dependencies: {self.plan['venv']}" in out, out[-1500:])
+        expect(f"shingle and its dependencies: {self.plan['venv']}" in out, out[-1500:])
         expect("enabled shingle.target" in out, f"target not enabled: {out[-1500:]}")
         unit = open(f"/etc/systemd/system/{NFSD}").read()
         expect(f"ExecStart={self.shingle} " in unit, "ExecStart does not run the venv")
