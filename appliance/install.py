@@ -265,7 +265,11 @@ def _own_catalog_files(config: config_mod.Config, on_host: bool) -> None:
 
 
 def _first_run_state(
-    config: config_mod.Config, report: Report, on_host: bool, upgraded_from: str | None
+    config: config_mod.Config,
+    report: Report,
+    on_host: bool,
+    upgraded_from: str | None,
+    new_catalog: bool = False,
 ) -> None:
     """What `shingle init` also creates: root inode, default export, first admin, session key."""
     from sqlalchemy import func, select
@@ -278,7 +282,12 @@ def _first_run_state(
 
     catalog = Catalog(config.catalog_url)
     try:
-        Namespace(catalog)
+        ns = Namespace(catalog)
+        if new_catalog:
+            # as `shingle init` does: like /tmp, so that a squashed root client writes too
+            from engine.namespace import ROOT
+
+            ns.setattr(ROOT, ns.root_ino, mode=0o1777)
         ensure_default_export(catalog)
         admins = catalog.run(
             lambda conn: conn.execute(
@@ -473,7 +482,13 @@ def install(
     )
     with quiet as restart:
         before = _migrate_catalog(config, report, on_host)
-        _first_run_state(config, report, on_host, None if before == head_revision() else before)
+        _first_run_state(
+            config,
+            report,
+            on_host,
+            None if before == head_revision() else before,
+            new_catalog=before is None,
+        )
         _own_catalog_files(config, on_host)
 
     assert launcher is not None

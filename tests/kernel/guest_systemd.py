@@ -328,14 +328,20 @@ class Run:
         return f"pid {old} killed, pid {props['MainPID']} active (NRestarts=1)"
 
     def stop_clean(self) -> str:
+        started = time.monotonic()
         ok("systemctl", "stop", TARGET, timeout=300)
+        # the target is ordered after its services, so its stop job ends first and
+        # systemctl returns while they are still stopping (TimeoutStopSec bounds that)
         found = []
         for unit in (NFSD, WEBUI):
-            props = show(unit)
+            deadline = time.monotonic() + 150
+            while (props := show(unit))["ActiveState"] in ("active", "deactivating"):
+                expect(time.monotonic() < deadline, f"{unit} still {props['ActiveState']}")
+                time.sleep(1)
             expect(props["ActiveState"] == "inactive", f"{unit} {props['ActiveState']}")
             expect(props["Result"] == "success", f"{unit} Result={props['Result']}")
             found.append(f"{unit} inactive, exit {props['ExecMainStatus']}")
-        return "; ".join(found)
+        return f"{'; '.join(found)}, after {time.monotonic() - started:.0f} s"
 
 
 def report(name: str, passed: bool, details: str = "") -> None:
