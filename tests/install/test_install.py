@@ -67,6 +67,11 @@ def test_install_lays_out_the_tree(root):
     catalog = Catalog(catalog_url(root))
     try:
         assert accounts.verify_login(catalog, user, password) is not None
+        # the export root is like /tmp, as `shingle init` makes it: a squashed root writes
+        from engine.namespace import Namespace
+
+        ns = Namespace(catalog)
+        assert ns.getattr(ns.root_ino).mode & 0o7777 == 0o1777
     finally:
         catalog.close()
     # --root leaves the host's users and systemd alone, and says what the target must still do.
