@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 
 from appliance import log as log_mod
 
@@ -29,8 +30,20 @@ def cmd_install(args) -> int:
     from appliance import install
 
     _configure_logging(args.root)
+    started = time.monotonic()
+
+    def progress(text: str) -> None:  # building the venv takes a while: say what happens
+        print(f"[{time.monotonic() - started:5.1f} s] {text}", file=sys.stderr, flush=True)
+
     try:
-        report = install.install(args.root, launcher=args.bin)
+        report = install.install(
+            args.root,
+            launcher=args.bin,
+            venv=args.venv,
+            python=args.python,
+            index=args.index,
+            progress=progress,
+        )
     except install.InstallError as exc:
         print(f"shingle: install: {exc}", file=sys.stderr)
         return 1
@@ -74,9 +87,27 @@ def register(subparsers) -> None:
         "--root", metavar="DIR", help="lay the tree out under DIR without touching this host"
     )
     p.add_argument(
+        "--venv",
+        metavar="DIR",
+        help="the venv the units run shingle from, built or refreshed from this checkout "
+        "(default /opt/shingle; under --root as the target host sees it)",
+    )
+    p.add_argument(
+        "--python",
+        metavar="PATH",
+        help="the interpreter of that venv (default: this one's base, else /usr/bin/python3; "
+        "never one under /home or /root, which the units cannot see)",
+    )
+    p.add_argument(
+        "--index",
+        action="store_true",
+        help="let pip fetch from the package index (default: offline, every dependency "
+        "repacked from this environment)",
+    )
+    p.add_argument(
         "--bin",
         metavar="PATH",
-        help="the shingle launcher the units run (default: the one running this command)",
+        help="run an existing shingle launcher instead of building a venv",
     )
     p.set_defaults(func=cmd_install)
 

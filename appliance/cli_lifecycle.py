@@ -53,11 +53,21 @@ class ProgressLine:
         self(job.done, job.total, job.message or job.state)
 
 
+def load_config_as_owner(args):
+    """The config, with this process running as the owner of its data from here on (root
+    acting on an installed appliance: runtime.become_data_owner)."""
+    from appliance.runtime import become_data_owner
+
+    config = load_config(args)
+    become_data_owner(config)
+    return config
+
+
 def run_data_job(args, kind: str, params: dict | None = None) -> jobs.JobRecord:
     """Run a data-moving job here if no daemon owns the drives, else through the daemon."""
     from appliance.maintenance import Maintenance
 
-    config = load_config(args)
+    config = load_config_as_owner(args)
     lock = DaemonLock(config.data_dir)
     progress = ProgressLine()
     if lock.acquire():
@@ -118,7 +128,7 @@ def finish_job(job: jobs.JobRecord, as_json: bool) -> int:
 
 
 def with_catalog(args, work):
-    config = load_config(args)
+    config = load_config_as_owner(args)
     catalog = open_catalog(config)
     try:
         return work(config, catalog)
@@ -127,7 +137,7 @@ def with_catalog(args, work):
 
 
 def with_namespace(args, work):
-    config = load_config(args)
+    config = load_config_as_owner(args)
     appliance = Appliance(config, with_data=False)
     try:
         return work(appliance)
@@ -224,9 +234,17 @@ def cmd_drives(args) -> int:
         return finish_job(run_data_job(args, "drain", {"drive": args.drive}), args.json)
 
     if args.action in ("add", "replace"):
-        return finish_job(
-            run_data_job(args, f"drive-{args.action}", drive_job_params(args)), args.json
-        )
+        params = drive_job_params(args)
+        outside = _outside_the_daemons_sandbox(args, params["path"])
+        code = finish_job(run_data_job(args, f"drive-{args.action}", params), args.json)
+        if outside and code != 1:
+            print(
+                f"{params['path']} lies outside the paths shingle-nfsd.service may write: run "
+                "`shingle install` again (it adds a ReadWritePaths= drop-in for every drive), "
+                "then `systemctl start shingle.target`",
+                file=sys.stderr,
+            )
+        return code
 
     def work(config, catalog):
         if args.action == "list":
@@ -247,6 +265,36 @@ def cmd_drives(args) -> int:
         return 0
 
     return with_catalog(args, work)
+
+
+def _outside_the_daemons_sandbox(args, path: str) -> bool:
+    """Whether the installed daemon's unit may not write ``path`` (ProtectSystem=strict
+    leaves only its ReadWritePaths= writable). With that daemon running the drive cannot be
+    made: refuse before queueing a job it would fail."""
+    from pathlib import Path
+
+    from appliance import install
+
+    config = load_config(args)
+    if config.path is None or Path(config.path).resolve() != install.CONFIG_PATH:
+        return False  # not the config the units serve
+    granted = install.unit_writable_paths(Path("/"))
+    if granted is None:
+        return False  # no units installed
+    target = Path(path).resolve()
+    if any(target == g or g in target.parents for g in granted):
+        return False
+    from appliance.daemonlock import process_alive
+
+    holder = DaemonLock(config.data_dir).holder_pid()
+    if holder is not None and process_alive(holder):
+        raise UsageError(
+            f"{path}: the running daemon (pid {holder}) may write only "
+            f"{', '.join(map(str, granted))} (its unit's ReadWritePaths=); add a drive under "
+            f"{config.resolve('storage.drives_dir')}, or stop the appliance, add it, run "
+            "`shingle install` again and start it"
+        )
+    return True
 
 
 def drive_job_params(args) -> dict:

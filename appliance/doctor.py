@@ -433,14 +433,8 @@ def check_units(root: Path) -> Check:
 def check_unit_paths(root: Path, config: config_mod.Config, drive_paths: list[str]) -> Check:
     """ProtectSystem=strict makes everything read-only but the unit's ReadWritePaths=:
     drives must be among them."""
-    unit_dir = install.under_root(root, install.UNIT_DIR)
     service = install.SERVICES[0]
-    granted = set()
-    for path in [unit_dir / service, *sorted((unit_dir / f"{service}.d").glob("*.conf"))]:
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                if line.startswith("ReadWritePaths="):
-                    granted |= {Path(p.lstrip("-+")) for p in line.split("=", 1)[1].split()}
+    granted = set(install.unit_writable_paths(root) or [])
     needed = [install.STATE_DIR, *install.extra_rw_paths(root, config, drive_paths)]
     hidden = [str(p) for p in needed if not any(p == g or g in p.parents for g in granted)]
     if hidden:
@@ -451,6 +445,43 @@ def check_unit_paths(root: Path, config: config_mod.Config, drive_paths: list[st
             "run `shingle install` again: it writes a ReadWritePaths= drop-in for them",
         )
     return Check("unit paths", "ok", f"{service} may write data_dir and every drive")
+
+
+def check_unit_exec(root: Path) -> list[Check]:
+    """Each service's ExecStart= as its User= meets it inside its sandbox (ProtectHome,
+    PrivateTmp): every file of the chain reachable and executable, or 203/EXEC at start."""
+    from appliance import unitexec
+
+    unit_dir = install.under_root(root, install.UNIT_DIR)
+    results = []
+    for service in install.SERVICES:
+        unit = unit_dir / service
+        if not unit.is_file():
+            continue
+        dropins = sorted((unit_dir / f"{service}.d").glob("*.conf"))
+        sandbox = unitexec.read_service([p.read_text() for p in [unit, *dropins]])
+        chain, problems = unitexec.exec_problems(sandbox, root)
+        name = f"exec {service}"
+        if problems:
+            results.append(
+                Check(
+                    name,
+                    "fail",
+                    f"{sandbox.user or 'root'} cannot start {' '.join(sandbox.exec_start[:1])}: "
+                    + "; ".join(problems),
+                    "run `shingle install` from the checkout (it builds a venv in /opt/shingle "
+                    "that the service user can execute)",
+                )
+            )
+        else:
+            results.append(
+                Check(
+                    name,
+                    "ok",
+                    f"{sandbox.user or 'root'} may execute {' -> '.join(map(str, chain))}",
+                )
+            )
+    return results
 
 
 def check_service_user(root: Path) -> Check:
@@ -515,6 +546,7 @@ def run_checks(
     results.append(units)
     if units.status == "ok":
         results.append(check_service_user(root))
+    results += check_unit_exec(root)
     if config is not None:
         catalog_check = None
         if config.path is not None:

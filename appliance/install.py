@@ -18,6 +18,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +33,13 @@ CONFIG_PATH = Path("/etc/shingle/shingle.toml")
 STATE_DIR = Path("/var/lib/shingle")
 UNIT_DIR = Path("/etc/systemd/system")
 SYSUSERS_PATH = Path("/etc/sysusers.d/shingle.conf")
-UNITS_SOURCE = Path(__file__).resolve().parent.parent / "systemd"
+# The checkout's units; an installed venv keeps a copy (appliance/venv.py UNITS_SHARE).
+CHECKOUT = Path(__file__).resolve().parent.parent
+UNITS_SOURCE = (
+    CHECKOUT / "systemd"
+    if (CHECKOUT / "systemd" / "shingle.target").is_file()
+    else Path(sys.prefix) / "share" / "shingle" / "systemd"
+)
 TARGET = "shingle.target"
 SERVICES = ("shingle-nfsd.service", "shingle-webui.service")
 UNIT_NAMES = SERVICES + (TARGET,)
@@ -73,15 +80,6 @@ class Report:
 def systemd_running() -> bool:
     """True when PID 1 is systemd (the test sd_booted() makes)."""
     return Path("/run/systemd/system").is_dir()
-
-
-def default_launcher() -> str:
-    """The `shingle` executable beside the running interpreter (a venv's
-    bin/), else the one on PATH."""
-    beside = Path(sys.executable).parent / "shingle"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which("shingle") or UNIT_BIN
 
 
 def under_root(root: Path, path: Path) -> Path:
@@ -160,6 +158,21 @@ def extra_rw_paths(root: Path, config: config_mod.Config, drive_paths: list[str]
         if not any(target == p or p in target.parents for p in extra):
             extra.append(target)
     return extra
+
+
+def unit_writable_paths(root: Path) -> list[Path] | None:
+    """The ReadWritePaths= of the installed shingle-nfsd.service and its drop-ins, as the
+    target host sees them (None: the unit is not installed)."""
+    unit_dir = under_root(root, UNIT_DIR)
+    service = SERVICES[0]
+    if not (unit_dir / service).is_file():
+        return None
+    granted: list[Path] = []
+    for path in [unit_dir / service, *sorted((unit_dir / f"{service}.d").glob("*.conf"))]:
+        for line in path.read_text().splitlines():
+            if line.startswith("ReadWritePaths="):
+                granted += [Path(p.lstrip("-+")) for p in line.split("=", 1)[1].split()]
+    return granted
 
 
 def _paths_dropin(extra: list[Path], unit: str) -> str:
@@ -252,7 +265,11 @@ def _own_catalog_files(config: config_mod.Config, on_host: bool) -> None:
 
 
 def _first_run_state(
-    config: config_mod.Config, report: Report, on_host: bool, upgraded_from: str | None
+    config: config_mod.Config,
+    report: Report,
+    on_host: bool,
+    upgraded_from: str | None,
+    new_catalog: bool = False,
 ) -> None:
     """What `shingle init` also creates: root inode, default export, first admin, session key."""
     from sqlalchemy import func, select
@@ -265,7 +282,12 @@ def _first_run_state(
 
     catalog = Catalog(config.catalog_url)
     try:
-        Namespace(catalog)
+        ns = Namespace(catalog)
+        if new_catalog:
+            # as `shingle init` does: like /tmp, so that a squashed root client writes too
+            from engine.namespace import ROOT
+
+            ns.setattr(ROOT, ns.root_ino, mode=0o1777)
         ensure_default_export(catalog)
         admins = catalog.run(
             lambda conn: conn.execute(
@@ -313,33 +335,20 @@ def _drive_paths(config: config_mod.Config) -> list[str]:
         catalog.close()
 
 
-def _launcher_chain(path: Path, root: Path) -> list[Path]:
-    """The launcher and the interpreter of its #! line, symlinks resolved, as the
-    target host sees them."""
-    chain, seen = [], set()
-    while path not in seen:
-        seen.add(path)
-        chain.append(
-            Path("/") / path.relative_to(root)
-            if not is_host_root(root) and path.is_relative_to(root)
-            else path
-        )
-        real = Path(os.path.realpath(path))
-        if real != path:
-            path = real
-            continue
-        try:
-            with open(path, "rb") as f:
-                first = f.readline(256)
-        except OSError:
-            break
-        if not first.startswith(b"#!"):
-            break
-        interpreter = first[2:].split()[0].decode(errors="replace") if first[2:].split() else ""
-        if not interpreter.startswith("/"):
-            break
-        path = under_root(root, Path(interpreter)) if not is_host_root(root) else Path(interpreter)
-    return chain
+def _require_executable(root: Path, texts: dict[str, str], on_host: bool) -> None:
+    """Refuse units whose service user cannot execute their ExecStart= in their sandbox
+    (systemd would fail them with 203/EXEC and restart them until it gives up)."""
+    from appliance import unitexec
+
+    for name in SERVICES:
+        sandbox = unitexec.read_service([texts[name]])
+        _, problems = unitexec.exec_problems(sandbox, root)
+        if problems:
+            raise InstallError(
+                f"{name} could not start: {'; '.join(problems)}. Install shingle and its "
+                "Python outside /home, /root and /tmp (`shingle install` without --bin builds "
+                "a venv in /opt/shingle); nothing was enabled"
+            )
 
 
 def _require_root_user(on_host: bool, what: str) -> None:
@@ -351,18 +360,33 @@ def _require_root_user(on_host: bool, what: str) -> None:
 
 
 def install(
-    root: str | Path | None = None, *, launcher: str | None = None, run=subprocess.run
+    root: str | Path | None = None,
+    *,
+    launcher: str | None = None,
+    venv: str | Path | None = None,
+    python: str | None = None,
+    index: bool = False,
+    progress: Callable[[str], None] = lambda text: None,
+    run=subprocess.run,
 ) -> Report:
-    """Install or upgrade. ``root`` None or "/" means this host."""
+    """Install or upgrade. ``root`` None or "/" means this host.
+
+    Without ``launcher`` the units run shingle from a venv of its own (``venv``, default
+    /opt/shingle, as the target host sees it), built or refreshed from this checkout
+    (appliance/venv.py); ``launcher`` names an existing `shingle` instead."""
+    from appliance import venv as venv_mod
+
     root = Path(root or "/").resolve()
     on_host = is_host_root(root)
     _require_root_user(on_host, "shingle install")
     report = Report(root)
-    launcher = launcher or default_launcher()
-    if not Path(launcher).is_absolute():
+    if launcher is not None and not Path(launcher).is_absolute():
         raise ConfigError(
             "--bin", launcher, "an absolute path (systemd runs ExecStart= without a PATH search)"
         )
+    venv_path = Path(venv or venv_mod.DEFAULT_VENV) if launcher is None else None
+    if venv_path is not None and not venv_path.is_absolute():
+        raise ConfigError("--venv", str(venv_path), "an absolute path")
     sources = {name: UNITS_SOURCE / name for name in UNIT_NAMES}
     missing = [str(p) for p in sources.values() if not p.is_file()]
     if missing:
@@ -370,6 +394,30 @@ def install(
             "systemd units",
             ", ".join(missing),
             "the unit files shipped in systemd/ of the source tree",
+        )
+
+    # 0. shingle itself, where the units' sandbox lets the service user execute it (first:
+    #    a failed build changes nothing else)
+    if venv_path is not None:
+        if not (CHECKOUT / "pyproject.toml").is_file():
+            raise InstallError(
+                f"no checkout at {CHECKOUT} to build {venv_path} from: run `shingle install` "
+                "from the source tree, or pass --bin PATH"
+            )
+        built = under_root(root, venv_path)
+        try:
+            venv_changed = venv_mod.build(
+                built, CHECKOUT, python=python, index=index, progress=progress, run=run
+            )
+        except venv_mod.VenvError as exc:
+            raise InstallError(str(exc)) from None
+        if not on_host:
+            venv_mod.relocate(built, venv_path)
+        venv_mod.keep_units(built, sources)
+        launcher = str(venv_path / "bin" / "shingle")
+        report.did(
+            f"{'installed' if venv_changed else 'unchanged'} shingle and its dependencies: "
+            f"{venv_path} (from {CHECKOUT})"
         )
 
     # 1. the service user (declared for systemd-sysusers; created now only on this host)
@@ -434,14 +482,25 @@ def install(
     )
     with quiet as restart:
         before = _migrate_catalog(config, report, on_host)
-        _first_run_state(config, report, on_host, None if before == head_revision() else before)
+        _first_run_state(
+            config,
+            report,
+            on_host,
+            None if before == head_revision() else before,
+            new_catalog=before is None,
+        )
         _own_catalog_files(config, on_host)
+
+    assert launcher is not None
+    texts = {
+        name: source.read_text().replace(UNIT_BIN, launcher) for name, source in sources.items()
+    }
+    _require_executable(root, texts, on_host)
 
     # 5. units, with this install's launcher and a drop-in for paths outside /var/lib/shingle
     unit_dir = under_root(root, UNIT_DIR)
     changed = False
-    for name, source in sources.items():
-        text = source.read_text().replace(UNIT_BIN, launcher)
+    for name, text in texts.items():
         changed |= _write_if_changed(unit_dir / name, text, 0o644, report, "unit")
     extra = extra_rw_paths(root, config, _drive_paths(config))
     for service in SERVICES:
@@ -455,18 +514,6 @@ def install(
             _rmdir_if_empty(dropin.parent)
             report.did(f"removed drop-in: {dropin}")
             changed = True
-
-    hidden = [
-        p
-        for p in _launcher_chain(under_root(root, Path(launcher)), root)
-        if any(p.is_relative_to(home) for home in ("/home", "/root", "/run/user"))
-    ]
-    if hidden:
-        report.pending.append(
-            f"the units run {hidden[0]}, which ProtectHome=yes hides from them: install shingle "
-            "and its Python outside /home and /root (e.g. a venv in /opt/shingle), then install "
-            "again"
-        )
 
     # 6. systemd
     if on_host and systemd_running():

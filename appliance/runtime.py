@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import grp
 import logging
+import os
+import pwd
+import sys
+from pathlib import Path
 
 from appliance.config import Config
 from engine.catalog import Catalog
@@ -19,6 +24,70 @@ MALLOC_MMAP_THRESHOLD = (
     32 << 20
 )  # glibc's upper limit on 64-bit; above a stripe (8 MiB) and a WRITE
 MALLOC_TRIM_THRESHOLD = 256 << 20
+
+
+def become_data_owner(config: Config) -> str | None:
+    """Run on as the owner of ``config``'s data_dir when root acts on another user's data
+    (`sudo shingle drives add ...` on an installed appliance, whose daemon runs as the
+    service user): new drives, zone files and catalog files then belong to that user, not
+    to root, and the daemon can write them. Returns the user's name, None when nothing
+    changed (not root, or the data belongs to root).
+
+    When that user cannot read this interpreter or this code (a pyenv Python under /root),
+    the command runs again from the installed launcher (the units' ExecStart=) as the user."""
+    from appliance import unitexec
+
+    if os.geteuid() != 0:
+        return None
+    try:
+        owner = os.stat(config.data_dir).st_uid
+        entry = pwd.getpwuid(owner)
+    except (OSError, KeyError):
+        return None  # a folder not made yet, or a uid without a name: stay as we are
+    if owner == 0:
+        return None
+    groups = set(os.getgrouplist(entry.pw_name, entry.pw_gid))
+    try:
+        groups.add(grp.getgrnam("disk").gr_gid)  # zoned block devices, as the unit grants
+    except KeyError:
+        pass
+    identity = unitexec.Identity(entry.pw_name, entry.pw_uid, frozenset(groups))
+    code = Path(__file__).resolve().parent
+    unreadable = [
+        d
+        for d in (Path(os.path.realpath(os.path.dirname(os.__file__))), code)
+        if not unitexec.may_read_folder(identity, d)
+    ]
+    relaunch = None
+    if unreadable:
+        relaunch = _installed_launcher()
+        if relaunch is None or not unitexec.may_read_folder(identity, relaunch.parent):
+            log.warning(
+                "staying root: %s cannot read %s and no installed launcher runs as it",
+                entry.pw_name,
+                unreadable[0],
+            )
+            return None
+    os.setgroups(sorted(groups))
+    os.setgid(entry.pw_gid)
+    os.setuid(entry.pw_uid)
+    os.umask(0o027)  # the units' UMask=
+    if relaunch is not None:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        os.execve(relaunch, [str(relaunch), *sys.argv[1:]], env)
+    log.debug("running as %s, the owner of %s", entry.pw_name, config.data_dir)
+    return entry.pw_name
+
+
+def _installed_launcher() -> Path | None:
+    """The `shingle` the installed shingle-nfsd.service runs."""
+    from appliance import install, unitexec
+
+    unit = install.UNIT_DIR / install.SERVICES[0]
+    if not unit.is_file():
+        return None
+    argv = unitexec.read_service([unit.read_text()]).exec_start
+    return Path(argv[0]) if argv and os.access(argv[0], os.X_OK) else None
 
 
 def tune_malloc() -> bool:

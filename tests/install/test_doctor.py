@@ -79,6 +79,8 @@ def test_installed_tree_is_ready(installed):
         "config",
         "units",
         "service user",
+        "exec shingle-nfsd.service",
+        "exec shingle-webui.service",
         "catalog",
         "unit paths",
         "port nfs",
@@ -281,3 +283,43 @@ def test_units_edited_or_left_from_an_older_version_are_flagged(installed):
 
     install.install(installed, launcher="/opt/shingle/bin/shingle")
     assert {c.name: c for c in doctor.run_checks(root=installed)}["units"].status == "ok"
+
+
+def test_exec_start_the_sandbox_hides_must_be_fixed(installed):
+    """What systemd would fail with 203/EXEC: a launcher under /root (ProtectHome=yes), a
+    venv whose base Python is under /root, a folder on the way the user may not enter."""
+    result = shingle("doctor", "--root", str(installed), check=False)
+    assert statuses(result.stdout)["exec shingle-nfsd.service"] == "OK", result.stdout
+    dropin = installed / "etc/systemd/system/shingle-webui.service.d/60-local.conf"
+    dropin.parent.mkdir(parents=True, exist_ok=True)
+    dropin.write_text("[Service]\nExecStart=\nExecStart=/root/venv/bin/shingle webui\n")
+    result = shingle("doctor", "--root", str(installed), check=False)
+    assert result.returncode == 1
+    assert statuses(result.stdout)["exec shingle-webui.service"] == "FAIL"
+    assert "/root/venv/bin/shingle is under /root, which the unit's sandbox hides" in result.stdout
+    assert re.search(r"[1-9]\d* to fix", result.stdout)
+    dropin.unlink()
+
+    # a venv in /opt whose python links to a pyenv build in /root
+    venv = installed / "opt/shingle"
+    (venv / "bin/shingle").write_text("#!/opt/shingle/bin/python\nimport sys\n")
+    (venv / "bin/python").symlink_to("/root/.pyenv/versions/3.11.7/bin/python3.11")
+    result = shingle("doctor", "--root", str(installed), check=False)
+    assert result.returncode == 1
+    assert "/root/.pyenv/versions/3.11.7/bin/python3.11 is under /root" in result.stdout
+    (venv / "bin/python").unlink()
+    (venv / "pyvenv.cfg").write_text("home = /root/.pyenv/versions/3.11.7/bin\n")
+    (venv / "bin/python").write_text("")  # stands in for a copied interpreter
+    (venv / "bin/python").chmod(0o755)
+    result = shingle("doctor", "--root", str(installed), check=False)
+    assert "/root/.pyenv/versions/3.11.7/bin/python3 is under /root" in result.stdout
+
+    # a folder on the way that the service user may not search
+    (venv / "pyvenv.cfg").unlink()
+    (venv / "bin").chmod(0o700)
+    try:
+        result = shingle("doctor", "--root", str(installed), check=False)
+    finally:
+        (venv / "bin").chmod(0o755)
+    assert result.returncode == 1
+    assert "shingle may not enter /opt/shingle/bin (mode drwx------" in result.stdout

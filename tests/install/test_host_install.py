@@ -1,8 +1,9 @@
 """`shingle install` without --root, for real, in a private mount namespace.
 
-/etc and /var/lib are overlays whose upper layers live in a temp folder, so
-the installer creates the real service user, chowns and writes the real
-paths while the machine's own /etc and /var/lib stay untouched. systemd
+/etc, /var/lib and /opt are overlays whose upper layers live in a temp folder,
+so the installer creates the real service user, builds the real venv in
+/opt/shingle, chowns and writes the real paths while the machine's own /etc,
+/var/lib and /opt stay untouched. systemd
 cannot be PID 1 here: for the steps that need it, /run/systemd/system is
 made on a private /run and `systemctl` is a stand-in on PATH that logs its
 arguments and, for `stop`, ends the process holding the drives lock as
@@ -20,18 +21,31 @@ from tests.install.conftest import REPO
 SCRIPT = r"""
 set -eu
 T=$1; PY=$2
-mkdir -p $T/eu $T/ew $T/vu $T/vw $T/bin
+mkdir -p $T/eu $T/ew $T/vu $T/vw $T/ou $T/ow $T/bin
 mount -t overlay overlay -o lowerdir=/etc,upperdir=$T/eu,workdir=$T/ew /etc
 mount -t overlay overlay -o lowerdir=/var/lib,upperdir=$T/vu,workdir=$T/vw /var/lib
+mount -t overlay overlay -o lowerdir=/opt,upperdir=$T/ou,workdir=$T/ow /opt
 cd "$3"
 getent passwd shingle >/dev/null && { echo "precondition: user shingle already exists"; exit 3; }
 
 # 1. no systemd
 $PY -m appliance.cli install > $T/install1.out 2>&1
 echo "user=$(getent passwd shingle | cut -d: -f1,6,7)"
+echo "venv-version=$(cd / && setpriv --reuid=shingle --regid=shingle --clear-groups \
+    /opt/shingle/bin/shingle --version)"
+echo "venv-doctor=$(cd / && /opt/shingle/bin/shingle doctor --json | \
+    $PY -c 'import json,sys; print([c["status"] for c in json.load(sys.stdin)
+        if c["name"].startswith("exec ")])')"
 stat -c 'own %n %U:%G %a' /etc/shingle /etc/shingle/shingle.toml /var/lib/shingle \
     /var/lib/shingle/catalog.db /var/lib/shingle/webui-secret.key \
     /var/lib/shingle/initial-admin-password
+# root adds a drive to the installed appliance: it is made as the service user
+$PY -m appliance.cli -c /etc/shingle/shingle.toml drives add /var/lib/shingle/drives/added \
+    --size 16MiB --zone-size 4MiB --no-preallocate > $T/drives.out 2>&1 || echo "drives-exit=$?"
+stat -c 'own %n %U:%G %a' /var/lib/shingle/drives/added /var/lib/shingle/drives/added/* \
+    /var/lib/shingle/catalog.db* | sort -u -k3,4 | head -20
+echo "drives=$($PY -m appliance.cli -c /etc/shingle/shingle.toml drives list --json | \
+    $PY -c 'import json,sys; print([d["path"] for d in json.load(sys.stdin)])')"
 for u in shingle-nfsd.service shingle-webui.service shingle.target; do
     echo "verify $u [$(systemd-analyze verify --man=no --recursive-errors=no $u 2>&1)]"
 done
@@ -62,7 +76,7 @@ assert DaemonLock('/var/lib/shingle').acquire()
 open('$T/daemon.pid', 'w').write(str(os.getpid()))
 time.sleep(60)" &
 until [ -s $T/daemon.pid ]; do sleep 0.05; done
-$PY -m appliance.cli install > $T/install3.out 2>&1
+$PY -m appliance.cli install --bin /opt/shingle/bin/shingle > $T/install3.out 2>&1
 
 echo "--- uninstall" >> $T/systemctl.log
 $PY -m appliance.cli uninstall > $T/uninstall.out 2>&1
@@ -81,6 +95,7 @@ def test_host_install_upgrade_and_uninstall(tmp_path):
     )
     assert not Path("/run/systemd/system").exists()  # this machine's PID 1 is not systemd
     watched = (
+        Path("/opt/shingle"),
         Path("/etc/shingle"),
         Path("/var/lib/shingle"),
         Path("/etc/systemd/system/shingle-nfsd.service"),
@@ -102,7 +117,7 @@ def test_host_install_upgrade_and_uninstall(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,  # two venv builds from this checkout, ~10 s each on an idle machine
     )
     outputs = {p.name: p.read_text() for p in tmp_path.glob("*.out")}
     assert result.returncode == 0, (result.stdout, result.stderr, outputs)
@@ -116,6 +131,10 @@ def test_host_install_upgrade_and_uninstall(tmp_path):
         "`systemctl daemon-reload && systemctl enable shingle.target`" in first
     )
     assert "user=shingle:/var/lib/shingle:/usr/sbin/nologin" in out
+    # shingle runs from its own venv, which the service user can execute; its doctor agrees
+    assert "installed shingle and its dependencies: /opt/shingle" in first
+    assert "venv-version=shingle " in out
+    assert "venv-doctor=['ok', 'ok']" in out, out
     stat = {
         line.split()[1]: line.split()[2:] for line in out.splitlines() if line.startswith("own ")
     }
@@ -128,6 +147,16 @@ def test_host_install_upgrade_and_uninstall(tmp_path):
     assert stat["/var/lib/shingle/catalog.db"] == ["shingle:shingle", "640"]
     assert stat["/var/lib/shingle/webui-secret.key"] == ["shingle:shingle", "600"]
     assert stat["/var/lib/shingle/initial-admin-password"] == ["shingle:shingle", "600"]
+    # the drive root added (and every file of it) belongs to the daemon's user, and so do
+    # the catalog's files it wrote
+    assert "drives=['/var/lib/shingle/drives/added']" in out, (out, outputs.get("drives.out"))
+    assert "drives-exit" not in out, outputs["drives.out"]
+    owners = {
+        line.split()[1]: line.split()[2] for line in out.splitlines() if line.startswith("own ")
+    }
+    added = [p for p in owners if p.startswith("/var/lib/shingle/drives/added")]
+    assert added and all(owners[p] == "shingle:shingle" for p in added), owners
+    assert all(owners[p] == "shingle:shingle" for p in owners if "catalog.db" in p), owners
     for unit in ("shingle-nfsd.service", "shingle-webui.service", "shingle.target"):
         assert f"verify {unit} []" in out, out  # verified in place: the real launcher path resolves
 

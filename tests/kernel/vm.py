@@ -313,6 +313,14 @@ mount -t tmpfs -o mode=0755 tmpfs /newroot/run
 mount -t devpts devpts /newroot/dev/pts 2>/dev/null
 hostname "$shingle_hostname"
 echo "$shingle_hostname" > /newroot/etc/hostname
+if [ -n "$shingle_results" ]; then
+  mkdir -p /newroot/mnt/results
+  mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 results /newroot/mnt/results
+fi
+if [ "$shingle_init" = systemd ]; then
+  /bin/busybox sh /systemd-setup /newroot
+  exec switch_root /newroot /lib/systemd/systemd
+fi
 exec switch_root /newroot /bin/sh -c '
   export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
   stty -F /dev/ttyS1 raw -echo 2>/dev/null
@@ -321,6 +329,48 @@ exec switch_root /newroot /bin/sh -c '
   sync
   echo o > /proc/sysrq-trigger
   while :; do :; done'
+"""
+
+
+# run_vm(systemd=True): the guest boots the host's systemd as PID 1 on the overlay root. The
+# host's own units stay out of it (no enablement symlinks, no fstab: the VM would start the
+# host's servers), the gettys are masked (one on the console would cut the program's output
+# off), and the program runs as a oneshot unit after multi-user.target: its output goes to
+# ttyS1 as without systemd, and to /mnt/results/program.log, a writable 9p share of a host
+# folder, should the serial line lose it. All of it is files on the overlay, not systemd.*
+# kernel options: the host root of a container machine has /.dockerenv, so systemd detects
+# "docker" and ignores the kernel command line.
+SYSTEMD_SETUP = r"""
+R=$1
+rm -rf $R/etc/systemd/system/*.wants $R/etc/systemd/system/*.d
+: > $R/etc/fstab
+# no "D /tmp" at boot: it would walk the host's /tmp over 9p for minutes and hide the
+# program (the rigs keep their folders there)
+mkdir -p $R/etc/tmpfiles.d && : > $R/etc/tmpfiles.d/tmp.conf
+cat /proc/sys/kernel/random/uuid | tr -d - > $R/etc/machine-id  # set: not a first boot
+cat > $R/etc/systemd/system/shingle-vm-program.service <<UNIT
+[Unit]
+Description=the VM's test program
+After=multi-user.target
+[Service]
+Type=oneshot
+Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
+ExecStart=/bin/sh /shingle-vm-program $shingle_program
+StandardOutput=journal
+TimeoutStartSec=infinity
+UNIT
+mkdir -p $R/etc/systemd/system/multi-user.target.wants
+ln -s ../shingle-vm-program.service $R/etc/systemd/system/multi-user.target.wants/
+for unit in serial-getty@ttyS0.service console-getty.service getty.target \
+    systemd-firstboot.service; do
+  ln -sf /dev/null $R/etc/systemd/system/$unit
+done
+cat > $R/shingle-vm-program <<'PROGRAM'
+stty -F /dev/ttyS1 raw -echo 2>/dev/null
+{ "$1"; echo "@@SHINGLE-VM EXIT $?"; } </dev/null 2>&1 | tee /mnt/results/program.log >/dev/ttyS1
+sync
+echo o > /proc/sysrq-trigger
+PROGRAM
 """
 
 
@@ -342,6 +392,7 @@ def build_initramfs(kernel: Kernel, dest: Path) -> Path:
         ("modules", 0o40755, b""),
         ("bin/busybox", 0o100755, BUSYBOX.read_bytes()),
         ("init", 0o100755, INIT.encode()),
+        ("systemd-setup", 0o100644, SYSTEMD_SETUP.encode()),
         ("modules/order", 0o100644, "".join(f"{ko.name}\n" for ko in kernel.modules).encode()),
     ]
     entries += [(f"modules/{ko.name}", 0o100644, ko.read_bytes()) for ko in kernel.modules]
@@ -394,10 +445,16 @@ def run_vm(
     memory_mib: int = 1024,
     cpus: int = 2,
     on_line: Callable[[str], None] | None = None,
+    systemd: bool = False,
 ) -> VmResult:
     """Boot a VM that runs ``program`` (a host path, seen through the shared root) as root
     and powers off. Each ``@@SHINGLE-VM REQUEST text`` line it prints calls ``requests(text)``
-    and the answer goes back as a ``@@SHINGLE-VM REPLY answer`` line on its ttyS1."""
+    and the answer goes back as a ``@@SHINGLE-VM REPLY answer`` line on its ttyS1.
+
+    ``systemd``: boot the host's systemd as PID 1 and run ``program`` as a oneshot unit
+    after multi-user.target (SYSTEMD_SETUP); ``workdir/results`` is the guest's writable
+    /mnt/results, and the program's output comes from its program.log when the serial line
+    lost it."""
     check_qemu()
     workdir.mkdir(parents=True, exist_ok=True)
     initrd = build_initramfs(kernel, workdir / "initramfs.cpio")
@@ -407,6 +464,16 @@ def run_vm(
         f"console=ttyS0 panic=-1 loglevel=6 rdinit=/init shingle_hostname={hostname} "
         f"shingle_program={program}"
     )
+    results = workdir / "results"
+    extra: list[str] = []
+    if systemd:
+        results.mkdir(exist_ok=True)
+        # no_timer_check: a starved TCG guest failed the IO-APIC timer check and panicked
+        append += " shingle_results=1 shingle_init=systemd no_timer_check"
+        extra = [
+            "-virtfs",
+            f"local,path={results},mount_tag=results,security_model=none,multidevs=remap",
+        ]
     cmd = [
         QEMU,
         *accelerator(),
@@ -439,6 +506,7 @@ def run_vm(
         "virtio-rng-pci",
         "-virtfs",
         "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+        *extra,
     ]
     started = time.monotonic()
     proc = subprocess.Popen(
@@ -497,4 +565,19 @@ def run_vm(
     console = console_log.read_text(errors="replace") if console_log.exists() else ""
     if stderr.strip():
         console += "\n--- qemu stderr ---\n" + stderr
+    if systemd and status is None and (results / "program.log").exists():
+        status, lines = _program_log(results / "program.log")
     return VmResult(status, lines, console, time.monotonic() - started, timed_out)
+
+
+def _program_log(path: Path) -> tuple[int | None, list[str]]:
+    """(exit status, lines after the begin marker) of a program's log file."""
+    status, lines, began = None, [], False
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith(BEGIN_MARKER):
+            began = True
+        elif line.startswith(EXIT_MARKER):
+            status = int(line.split()[-1])
+        elif began:
+            lines.append(line)
+    return status, lines
