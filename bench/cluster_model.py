@@ -88,6 +88,7 @@ class ModelDrive:
         self.empty = set(range(zones))
         self.open: dict = {}
         self.queue = _Queue()
+        self.native = None  # no compiled writer: band ends go to the queue above
         self.granularity = 4096  # host-managed SMR drives take appends in 4 KiB units
 
     def writable(self) -> bool:
