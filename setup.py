@@ -12,8 +12,8 @@ else:
     extensions = cythonize(
         [
             Extension(
-                "engine.native._driveio",
-                ["engine/native/_driveio.pyx"],
+                "engine.native.drivewriters",
+                ["engine/native/drivewriters.pyx"],
                 extra_compile_args=["-O2"],
                 optional=True,
             )

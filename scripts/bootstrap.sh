@@ -44,7 +44,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$repo/.venv/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v -i warning || true
   "$repo/.venv/bin/python" -m pip install -q -e "$repo[test]" 2>&1 | grep -v -i "warning\|location" || true
   "$repo/.venv/bin/python" -c "import engine, appliance, webui, sqlalchemy, pyeclib"
-  "$repo/.venv/bin/python" -c "import engine.native._driveio" 2>/dev/null ||
+  "$repo/.venv/bin/python" -c "import engine.native.drivewriters" 2>/dev/null ||
     echo "bootstrap: the compiled drive writers were not built (no gcc?): the engine runs its Python fallback"
   echo "$want" > "$stamp"
 fi

@@ -11,7 +11,7 @@ A ``WriteTicket`` is what a waiter holds: it counts down as its appends become d
 plain ones (engine/lifecycle/media.py).
 
 Two implementations of the writer, one behaviour: where the compiled module is built
-(engine/native/_driveio.pyx) and the drive's backend can hand out a file descriptor for an
+(engine/native/drivewriters.pyx) and the drive's backend can hand out a file descriptor for an
 append (``claim_append``: zone files), a drive's appends and fdatasyncs run in a C thread that
 takes the GIL only to finish a ticket, report an error or run a queued call (Finish, Reset,
 RepairWrite, Retire run as such calls, in queue order, after every earlier append is durable).

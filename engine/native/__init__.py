@@ -14,10 +14,10 @@ def _load() -> ModuleType | None:
     if os.environ.get("SHINGLE_NATIVE", "1") == "0":
         return None
     try:
-        from engine.native import _driveio
+        from engine.native import drivewriters
     except ImportError:
         return None
-    return _driveio
+    return drivewriters
 
 
 driveio = _load()

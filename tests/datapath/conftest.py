@@ -26,13 +26,13 @@ def sqlite_engine(sqlite_catalog, tmp_path):
 @pytest.fixture(params=["native", "python"])
 def drive_writers(request, monkeypatch):
     """Runs a test with each implementation of the drives' writer threads: the compiled one
-    (engine/native/_driveio.pyx, where it is built) and the pure-Python fallback."""
+    (engine/native/drivewriters.pyx, where it is built) and the pure-Python fallback."""
     from engine.datapath import writers
     from engine.native import driveio
 
     if request.param == "native":
         if driveio is None:
-            pytest.fail("engine.native._driveio is not built: run `pip install -e .`")
+            pytest.fail("engine.native.drivewriters is not built: run `pip install -e .`")
     else:
         monkeypatch.setattr(writers, "driveio", None)
     return request.param

@@ -1,4 +1,4 @@
-"""The compiled drive writers (engine/native/_driveio.pyx): invariant 2 seen in the system
+"""The compiled drive writers (engine/native/drivewriters.pyx): invariant 2 seen in the system
 calls, queue order of calls behind appends, and a clean stop.
 
 Their writes are made in C threads, so no Python patch can see them: the ordering test runs a
@@ -22,7 +22,7 @@ from engine.native import driveio
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(
-    driveio is None, reason="engine.native._driveio is not built (pip install -e .)"
+    driveio is None, reason="engine.native.drivewriters is not built (pip install -e .)"
 )
 
 WORKLOAD = textwrap.dedent(
