@@ -24,7 +24,6 @@ from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
 from libc.errno cimport EINTR, EINVAL, ENOSYS, EOPNOTSUPP, errno
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport calloc, free
-from libc.string cimport memset
 from posix.types cimport off_t
 from posix.unistd cimport fdatasync, pwrite
 
