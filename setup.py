@@ -1,6 +1,7 @@
-"""Builds the compiled hot path (engine/native/*.pyx) during `pip install -e .`; the rest of
-the project is declared in pyproject.toml. The extension is optional: without a compiler the
-install still succeeds and the engine runs its pure-Python fallback."""
+"""Builds the compiled hot paths (engine/native/*.pyx, appliance/nfs/onc/xdrcodec.pyx) during
+`pip install -e .`; the rest of the project is declared in pyproject.toml. The extensions are
+optional: without a compiler the install still succeeds and the engine and the NFS server run
+their pure-Python fallbacks."""
 
 from setuptools import Extension, setup
 
@@ -16,7 +17,13 @@ else:
                 ["engine/native/drivewriters.pyx"],
                 extra_compile_args=["-O2"],
                 optional=True,
-            )
+            ),
+            Extension(
+                "appliance.nfs.onc.xdrcodec",
+                ["appliance/nfs/onc/xdrcodec.pyx"],
+                extra_compile_args=["-O2"],
+                optional=True,
+            ),
         ],
         compiler_directives={"language_level": "3"},
         quiet=True,

@@ -10,24 +10,56 @@ large payloads on decode, zero-copy), strings are ``str`` (UTF-8,
 surrogateescape so any bytes round-trip), arrays are ``list``, optionals are
 the value or ``None``, structs are instances of a generated slotted class
 (also accepting tuples on encode), unions are ``(discriminant, arm value)``.
+
+Two implementations, one behaviour: this module's Python classes, and the same classes
+compiled from appliance/nfs/onc/xdrcodec.pyx (built by setup.py; about 20 % of the server's
+GIL-held time on small operations was this codec). The public names below are bound to the
+compiled classes when that module is built, unless ``SHINGLE_NATIVE=0`` (every compiled part
+off) or ``SHINGLE_NATIVE_XDR=0`` (this codec only) is set; ``IMPLEMENTATION`` says which
+("compiled" or "python") and ``PYTHON`` always holds the Python classes. The choice is made
+once, at import, in ``_bind_compiled``: declare types after importing this module, never mix
+the two sets. ``XdrError``, ``StructValue`` and ``BIG_CHUNK`` come from
+appliance.nfs.onc.xdrcommon and are the same objects for both.
 """
 
 from __future__ import annotations
 
+import os
 import struct
+from types import ModuleType, SimpleNamespace
+
+from appliance.nfs.onc.xdrcommon import BIG_CHUNK, StructValue, XdrError, struct_class
+
+__all__ = [
+    "BIG_CHUNK",
+    "IMPLEMENTATION",
+    "PYTHON",
+    "Array",
+    "Bool",
+    "Enum",
+    "FixedOpaque",
+    "Hyper",
+    "Int",
+    "LinkedList",
+    "Opaque",
+    "Optional",
+    "Packer",
+    "String",
+    "Struct",
+    "StructValue",
+    "UHyper",
+    "UInt",
+    "Union",
+    "Void",
+    "XdrError",
+    "XdrType",
+]
 
 _U32 = struct.Struct(">I")
 _I32 = struct.Struct(">i")
 _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
 _PAD = (b"", b"\0\0\0", b"\0\0", b"\0")
-
-# Opaques at least this big are sent as their own chunk (scatter-gather).
-BIG_CHUNK = 4096
-
-
-class XdrError(ValueError):
-    """Bytes that do not decode as the declared type."""
 
 
 class Packer:
@@ -64,6 +96,9 @@ class Packer:
         return self.size + len(self.buf)
 
 
+_PyPacker = Packer
+
+
 class XdrType:
     name = "?"
 
@@ -74,7 +109,7 @@ class XdrType:
         raise NotImplementedError
 
     def encode(self, value) -> bytes:
-        p = Packer()
+        p = _PyPacker()
         self.pack(p, value)
         return p.getvalue()
 
@@ -117,6 +152,7 @@ Int = _Fixed("int", _I32, -(1 << 31), (1 << 31) - 1)
 UInt = _Fixed("unsigned int", _U32, 0, (1 << 32) - 1)
 Hyper = _Fixed("hyper", _I64, -(1 << 63), (1 << 63) - 1)
 UHyper = _Fixed("unsigned hyper", _U64, 0, (1 << 64) - 1)
+_PY_INT = Int
 
 
 class _Bool(XdrType):
@@ -135,6 +171,7 @@ class _Bool(XdrType):
 
 
 Bool = _Bool()
+_PY_BOOL = Bool
 
 
 class _Void(XdrType):
@@ -158,10 +195,10 @@ class Enum(XdrType):
         self.values = frozenset(values) if values is not None else None
 
     def pack(self, p, value):
-        Int.pack(p, value)
+        _PY_INT.pack(p, value)
 
     def unpack(self, buf, pos):
-        value, pos = Int.unpack(buf, pos)
+        value, pos = _PY_INT.unpack(buf, pos)
         if self.values is not None and value not in self.values:
             raise XdrError(f"{self.name}: value {value} is not one of {sorted(self.values)}")
         return value, pos
@@ -292,7 +329,7 @@ class Optional(XdrType):
             self.of.pack(p, value)
 
     def unpack(self, buf, pos):
-        present, pos = Bool.unpack(buf, pos)
+        present, pos = _PY_BOOL.unpack(buf, pos)
         if not present:
             return None, pos
         return self.of.unpack(buf, pos)
@@ -316,25 +353,11 @@ class LinkedList(XdrType):
     def unpack(self, buf, pos):
         items = []
         while True:
-            more, pos = Bool.unpack(buf, pos)
+            more, pos = _PY_BOOL.unpack(buf, pos)
             if not more:
                 return items, pos
             item, pos = self.of.unpack(buf, pos)
             items.append(item)
-
-
-class StructValue:
-    __slots__ = ()
-
-    def __iter__(self):
-        return (getattr(self, name) for name in self.__slots__)
-
-    def __eq__(self, other):
-        return type(other) is type(self) and tuple(self) == tuple(other)
-
-    def __repr__(self):
-        inner = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
-        return f"{type(self).__name__}({inner})"
 
 
 class Struct(XdrType):
@@ -344,11 +367,7 @@ class Struct(XdrType):
         self.name = name
         self.fields = fields
         names = tuple(f for f, _ in fields)
-        args = ", ".join(names)
-        body = "".join(f"    self.{f} = {f}\n" for f in names) or "    pass\n"
-        ns: dict = {}
-        exec(f"def __init__(self, {args}):\n{body}", ns)  # a plain positional constructor
-        self.cls = type(name, (StructValue,), {"__slots__": names, "__init__": ns["__init__"]})
+        self.cls = struct_class(name, names)
         self._types = tuple(t for _, t in fields)
         self._names = names
 
@@ -394,3 +413,48 @@ class Union(XdrType):
         d, pos = self.disc.unpack(buf, pos)
         v, pos = self.arm(d).unpack(buf, pos)
         return (d, v), pos
+
+
+# the names bound to the compiled classes when they are used (xdrcodec calls _Fixed "Fixed")
+_NAMES = {
+    "Packer": "Packer",
+    "XdrType": "XdrType",
+    "_Fixed": "Fixed",
+    "Int": "Int",
+    "UInt": "UInt",
+    "Hyper": "Hyper",
+    "UHyper": "UHyper",
+    "Bool": "Bool",
+    "Void": "Void",
+    "Enum": "Enum",
+    "FixedOpaque": "FixedOpaque",
+    "Opaque": "Opaque",
+    "String": "String",
+    "Array": "Array",
+    "Optional": "Optional",
+    "LinkedList": "LinkedList",
+    "Struct": "Struct",
+    "Union": "Union",
+}
+PYTHON = SimpleNamespace(**{name: globals()[name] for name in _NAMES})
+
+
+def _compiled_codec() -> ModuleType | None:
+    if "0" in (os.environ.get("SHINGLE_NATIVE", "1"), os.environ.get("SHINGLE_NATIVE_XDR", "1")):
+        return None
+    try:
+        from appliance.nfs.onc import xdrcodec
+    except ImportError:  # not built (no compiler at install time)
+        return None
+    return xdrcodec
+
+
+def _bind_compiled() -> str:
+    codec = _compiled_codec()
+    if codec is None:
+        return "python"
+    globals().update({name: getattr(codec, compiled) for name, compiled in _NAMES.items()})
+    return "compiled"
+
+
+IMPLEMENTATION = _bind_compiled()
