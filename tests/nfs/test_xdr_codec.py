@@ -37,7 +37,15 @@ except ImportError:  # not built: only the Python implementation is tested
 IMPLS: dict[str, SimpleNamespace | ModuleType] = {"python": xdr.PYTHON}
 if xdrcodec is not None:
     IMPLS["compiled"] = xdrcodec
-needs_both = pytest.mark.skipif(xdrcodec is None, reason="the compiled codec is not built")
+
+
+@pytest.fixture(scope="module")
+def _compiled_built():
+    if xdrcodec is None:
+        pytest.fail("appliance.nfs.onc.xdrcodec is not built: run `pip install -e .`")
+
+
+needs_both = pytest.mark.usefixtures("_compiled_built")
 SINGLETONS = ("Int", "UInt", "Hyper", "UHyper", "Bool", "Void")
 # subclasses before their bases
 KINDS = ("String", "Opaque", "FixedOpaque", "Enum", "Array", "Optional", "LinkedList", "Struct")
