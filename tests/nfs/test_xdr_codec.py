@@ -456,6 +456,21 @@ def test_python_subclasses_nested_in_declared_types(impl):
         n.encode(b"abcde")
 
 
+@needs_both
+def test_a_python_unpack_cannot_move_the_compiled_cursor_outside_the_record():
+    class Backwards(xdrcodec.XdrType):
+        name = "backwards"
+
+        def unpack(self, buf, pos):
+            return None, -8
+
+    pair = xdrcodec.Struct("pair", ("a", xdrcodec.UInt), ("b", Backwards()))
+    with pytest.raises(
+        xdr.XdrError, match=r"^backwards: unpack returned offset -8 outside 4\.\.8$"
+    ):
+        pair.decode(_u32(1, 2))
+
+
 def test_packer_can_be_rewound(impl):
     """compound.py takes a too-big reply back by editing the Packer's fields."""
     p = impl.Packer()

@@ -172,9 +172,12 @@ cdef inline int write(XdrType t, Packer p, object value) except -1:
 
 
 cdef inline object read(XdrType t, Cursor *c, object buf):
+    cdef Py_ssize_t end
     if t.python_methods:
-        value, pos = t.unpack(buf, c.pos)
-        c.pos = pos
+        value, end = t.unpack(buf, c.pos)
+        if end < c.pos or end > c.n:  # the cursor reads raw memory: never outside the record
+            raise XdrError(f"{t.name}: unpack returned offset {end} outside {c.pos}..{c.n}")
+        c.pos = end
         return value
     return t._get(c, buf)
 
