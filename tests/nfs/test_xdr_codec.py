@@ -471,6 +471,23 @@ def test_a_python_unpack_cannot_move_the_compiled_cursor_outside_the_record():
         pair.decode(_u32(1, 2))
 
 
+@needs_both
+def test_a_subclass_that_skips_its_bases_init_fails_cleanly():
+    class Lazy(xdrcodec.Struct):
+        def __init__(self):
+            pass
+
+    class Hollow(xdrcodec.Array):
+        def __init__(self):
+            pass
+
+    for t in (Lazy(), Hollow()):
+        with pytest.raises(TypeError, match="base class's __init__"):
+            t.decode(_u32(1, 2))
+    with pytest.raises(TypeError, match="base class's __init__"):
+        Hollow().encode([1])
+
+
 def test_packer_can_be_rewound(impl):
     """compound.py takes a too-big reply back by editing the Packer's fields."""
     p = impl.Packer()

@@ -165,6 +165,8 @@ cdef inline int put_pad(Packer p, Py_ssize_t n) except -1:
 
 # -- nested dispatch ---------------------------------------------------------------------------
 cdef inline int write(XdrType t, Packer p, object value) except -1:
+    if t is None:
+        raise unset_type()
     if t.python_methods:
         t.pack(p, value)
         return 0
@@ -173,6 +175,8 @@ cdef inline int write(XdrType t, Packer p, object value) except -1:
 
 cdef inline object read(XdrType t, Cursor *c, object buf):
     cdef Py_ssize_t end
+    if t is None:
+        raise unset_type()
     if t.python_methods:
         value, end = t.unpack(buf, c.pos)
         if end < c.pos or end > c.n:  # the cursor reads raw memory: never outside the record
@@ -180,6 +184,11 @@ cdef inline object read(XdrType t, Cursor *c, object buf):
         c.pos = end
         return value
     return t._get(c, buf)
+
+
+cdef object unset_type():
+    # a subclass's __init__ that did not call its base's leaves its parts None
+    return TypeError("an XDR type's part is None: was the base class's __init__ called?")
 
 
 # the classes of this module (cdef classes exist before the module's code runs)
@@ -423,6 +432,9 @@ cdef class Opaque(XdrType):
     cdef readonly object maximum
     cdef Py_ssize_t limit  # the maximum, or -1 for none
 
+    def __cinit__(self, *args, **kwargs):
+        self.limit = -1
+
     def __init__(self, maximum: int | None = None, name: str | None = None):
         self.maximum = maximum
         self.limit = -1 if maximum is None else maximum
@@ -510,7 +522,10 @@ cdef class Array(XdrType):
 
     cdef readonly XdrType of
     cdef readonly object maximum
-    cdef Py_ssize_t limit
+    cdef Py_ssize_t limit  # the maximum, or -1 for none
+
+    def __cinit__(self, *args, **kwargs):
+        self.limit = -1
 
     def __init__(self, XdrType of, maximum: int | None = None, name: str | None = None):
         self.of, self.maximum = of, maximum
@@ -651,6 +666,8 @@ cdef class Struct(XdrType):
 
     cdef object _get(self, Cursor *c, object buf):
         cdef Py_ssize_t i
+        if self.cls is None:
+            raise unset_type()
         value = xdrc_new_instance(self.cls)
         for i in range(self.count):
             xdrc_set_slot(
