@@ -17,8 +17,9 @@ GIL-held time on small operations was this codec). The public names below are bo
 compiled classes when that module is built, unless ``SHINGLE_NATIVE=0`` (every compiled part
 off) or ``SHINGLE_NATIVE_XDR=0`` (this codec only) is set; ``IMPLEMENTATION`` says which
 ("compiled" or "python") and ``PYTHON`` always holds the Python classes. The choice is made
-once, at import, in ``_bind_compiled``: declare types after importing this module, never mix
-the two sets. ``XdrError``, ``StructValue`` and ``BIG_CHUNK`` come from
+once, at import, in ``_bind_compiled``; the two sets do not mix (a compiled type nests
+compiled types and packs into a compiled Packer), which holds as long as types are declared
+with the names imported from here. ``XdrError``, ``StructValue`` and ``BIG_CHUNK`` come from
 appliance.nfs.onc.xdrcommon and are the same objects for both.
 """
 
@@ -96,6 +97,8 @@ class Packer:
         return self.size + len(self.buf)
 
 
+# The Python classes use one another through these aliases (_PyPacker, _PY_INT, _PY_BOOL):
+# the public names may be rebound to the compiled classes at the end of the module.
 _PyPacker = Packer
 
 
