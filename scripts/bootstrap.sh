@@ -37,8 +37,10 @@ if [ ! -x "$repo/.venv/bin/python" ]; then
   "$python" -m venv "$repo/.venv"
 fi
 stamp="$repo/.venv/.bootstrap-stamp"
-# a changed .pyx must be compiled again, so its hash is part of the stamp
-want=$(cat "$repo/pyproject.toml" "$repo/setup.py" "$repo"/engine/native/*.pyx | sha256sum | cut -d' ' -f1)
+# a changed .pyx (engine/native, appliance/nfs/onc) must be compiled again: its hash is in the stamp
+pyx=$(find "$repo/engine" "$repo/appliance" -name '*.pyx' | sort)
+# shellcheck disable=SC2086  # one path per word
+want=$(cat "$repo/pyproject.toml" "$repo/setup.py" $pyx | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing shingle and its Python dependencies into .venv"
   "$repo/.venv/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v -i warning || true
