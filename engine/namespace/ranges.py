@@ -18,11 +18,19 @@ from engine.namespace.files import FileOps
 COPY_SHARE_MIN = 64 << 10
 # files whose space used (st_blocks) is remembered, keyed by their change counter and size
 SPACE_USED_CACHE = 16384
+# a data-path commit counts the space used of the files it changed up to this size (a few extent
+# rows each), so the GETATTR after a COMMIT reads no catalog; bigger files count on demand
+SPACE_USED_AT_COMMIT = 16 << 20
 BLOCK = 4096  # the unit space used is counted in
 
 
 def _blocks(length: int) -> int:
     return (length + BLOCK - 1) // BLOCK * BLOCK
+
+
+def _used_within(size: int, ranges) -> int:
+    """The 4 KiB blocks of data ``ranges`` (sorted, merged) within a file of ``size`` bytes."""
+    return sum(_blocks(min(end, size) - start) for start, end in ranges if start < size)
 
 
 class RangeOps(FileOps):
@@ -123,12 +131,39 @@ class RangeOps(FileOps):
         if remembered is not None and remembered[0] == key:
             return remembered[1]
         ranges = self.catalog.read(lambda conn: data.data_ranges(conn, attr.ino))
-        size = attr.size
-        used = sum(_blocks(min(end, size) - start) for start, end in ranges if start < size)
+        used = _used_within(attr.size, ranges)
+        self._remember_space_used(attr, used)
+        return used
+
+    def _remember_space_used(self, attr: Attr, used: int) -> None:
         if len(self._space_used) >= SPACE_USED_CACHE:
             self._space_used.clear()
-        self._space_used[attr.ino] = (key, used)
-        return used
+        self._space_used[attr.ino] = ((attr.generation, attr.change, attr.size), used)
+
+    # the data path's commit listener (AttrCache): the new attributes, and the space used of
+    # the small files among them, read in the commit's own transaction
+    def _fresh_attrs(self, conn, inos):
+        found = super()._fresh_attrs(conn, inos)
+        data = self.data
+        if found is None or data is None:
+            return found
+        attrs, gen = found
+        used = {
+            a.ino: _used_within(a.size, data.data_ranges(conn, a.ino))
+            for a in attrs
+            if a.type == REG and 0 < a.size <= SPACE_USED_AT_COMMIT
+        }
+        return attrs, gen, used
+
+    def _data_committed(self, inos, found) -> None:
+        if found is None:
+            super()._data_committed(inos, None)
+            return
+        attrs, gen, used = found
+        super()._data_committed(inos, (attrs, gen))
+        for attr in attrs:
+            if attr.ino in used:
+                self._remember_space_used(attr, used[attr.ino])
 
     def seek_data(self, ino: int, offset: int) -> int:
         """The first offset >= ``offset`` holding data (SEEK_DATA); ENXIO past the last data."""
