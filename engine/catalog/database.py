@@ -39,7 +39,6 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from sqlalchemy import create_engine, event, select
-from sqlalchemy.pool import NullPool
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.exc import InterfaceError as SqlInterfaceError
@@ -213,11 +212,11 @@ class _ThreadConnections:
     """SQLite: one connection per thread, kept open for every transaction that thread runs.
 
     A pool checkout, a new SQLAlchemy Connection and the pool's reset on return cost about 60 us
-    of CPU per transaction, more than SQLite needs for a small one. The connections come from an
-    engine without a pool (``NullPool``), so the main pool's size limits nothing here; a
-    transaction run inside another one of the same thread (nested ``run``) gets a pooled
-    connection as before. Connections of threads that ended are closed when the next thread
-    opens one, and all of them by ``close()``."""
+    of CPU per transaction, more than SQLite needs for a small one. Each thread's connection is
+    checked out of the catalog's pool once and kept (so the engine's events see it as any
+    other); a transaction run inside another one of the same thread (nested ``run``) checks out
+    a second one for its length. Connections of threads that ended go back to the pool when the
+    next thread takes one, and all of them at ``close()``."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -274,6 +273,7 @@ class _ThreadConnections:
         return conn
 
     def close(self) -> None:
+        """Every thread's connection back to the pool (the catalog disposes of the pool next)."""
         self.closed = True
         with self._lock:
             conns = [c for _thread, c in self._open.values()]
@@ -283,7 +283,6 @@ class _ThreadConnections:
                 conn.close()
             except Exception as exc:  # noqa: BLE001 - closing anyway
                 log.debug("catalog: closing a thread's connection: %s", exc)
-        self.engine.dispose()
 
 
 class Catalog:
@@ -307,19 +306,13 @@ class Catalog:
             self.engine: Engine = create_engine(
                 url,
                 pool_size=pool_size,
-                max_overflow=32,
+                # each thread keeps one checked out (_ThreadConnections): no limit but the threads
+                max_overflow=-1,
                 connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
             )
             event.listen(self.engine, "connect", self._sqlite_connect)
             event.listen(self.engine, "begin", self._sqlite_begin)
-            per_thread = create_engine(
-                url,
-                poolclass=NullPool,
-                connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
-            )
-            event.listen(per_thread, "connect", self._sqlite_connect)
-            event.listen(per_thread, "begin", self._sqlite_begin)
-            self._threads: _ThreadConnections | None = _ThreadConnections(per_thread)
+            self._threads: _ThreadConnections | None = _ThreadConnections(self.engine)
         else:
             self.engine = create_engine(
                 url,
