@@ -18,9 +18,9 @@ from engine.namespace.files import FileOps
 COPY_SHARE_MIN = 64 << 10
 # files whose space used (st_blocks) is remembered, keyed by their change counter and size
 SPACE_USED_CACHE = 16384
-# a data-path commit counts the space used of the files it changed up to this size (a few extent
-# rows each), so the GETATTR after a COMMIT reads no catalog; bigger files count on demand
-SPACE_USED_AT_COMMIT = 16 << 20
+# a data-path commit counts the space used of the files it changed that have at most this many
+# extents, so the GETATTR after a COMMIT reads no catalog; the others count on demand
+SPACE_USED_AT_COMMIT_EXTENTS = 64
 BLOCK = 4096  # the unit space used is counted in
 
 
@@ -148,11 +148,12 @@ class RangeOps(FileOps):
         if found is None or data is None:
             return found
         attrs, gen = found
-        used = {
-            a.ino: _used_within(a.size, data.data_ranges(conn, a.ino))
-            for a in attrs
-            if a.type == REG and 0 < a.size <= SPACE_USED_AT_COMMIT
-        }
+        used = {}
+        for a in attrs:
+            if a.type == REG and a.size > 0:
+                ranges = data.few_data_ranges(conn, a.ino, SPACE_USED_AT_COMMIT_EXTENTS)
+                if ranges is not None:
+                    used[a.ino] = _used_within(a.size, ranges)
         return attrs, gen, used
 
     def _data_committed(self, inos, found) -> None:
