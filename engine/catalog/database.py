@@ -229,11 +229,11 @@ class _ThreadConnections:
     def take(self) -> Connection | None:
         """This thread's connection, or None when it is busy (a nested transaction), closed, or
         inherited from the parent of a fork (never used there: SQLite forbids it)."""
+        if self.closed or os.getpid() != self._pid:
+            return None
         local = self._local
         conn = getattr(local, "conn", None)
         if conn is None:
-            if self.closed or os.getpid() != self._pid:
-                return None
             conn = self._connect()
             local.conn, local.busy = conn, False
         elif local.busy:

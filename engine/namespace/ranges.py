@@ -140,31 +140,19 @@ class RangeOps(FileOps):
             self._space_used.clear()
         self._space_used[attr.ino] = ((attr.generation, attr.change, attr.size), used)
 
-    # the data path's commit listener (AttrCache): the new attributes, and the space used of
-    # the small files among them, read in the commit's own transaction
-    def _fresh_attrs(self, conn, inos):
-        found = super()._fresh_attrs(conn, inos)
+    def _space_used_at_commit(self, conn, attrs) -> dict[int, int]:
+        """Inside a data-path commit (AttrCache._fresh_attrs): the space used of the changed
+        files with few extents, read in the commit's own transaction."""
         data = self.data
-        if found is None or data is None:
-            return found
-        attrs, gen = found
-        used = {}
+        used: dict[int, int] = {}
+        if data is None:
+            return used
         for a in attrs:
             if a.type == REG and a.size > 0:
                 ranges = data.few_data_ranges(conn, a.ino, SPACE_USED_AT_COMMIT_EXTENTS)
                 if ranges is not None:
                     used[a.ino] = _used_within(a.size, ranges)
-        return attrs, gen, used
-
-    def _data_committed(self, inos, found) -> None:
-        if found is None:
-            super()._data_committed(inos, None)
-            return
-        attrs, gen, used = found
-        super()._data_committed(inos, (attrs, gen))
-        for attr in attrs:
-            if attr.ino in used:
-                self._remember_space_used(attr, used[attr.ino])
+        return used
 
     def seek_data(self, ino: int, offset: int) -> int:
         """The first offset >= ``offset`` holding data (SEEK_DATA); ENXIO past the last data."""
