@@ -3,7 +3,8 @@
     .venv/bin/python bench/catalog.py [--files N] [--json] [--no-postgres]
 
 For each database: create, lookup, getattr (warm cache), rename, readdir
-(entries/s) and unlink, through the namespace API. The reference in the
+(entries/s) and unlink, through the namespace API, and the CPU of one catalog
+transaction (read, write, durable write of one row: ``txn_*_cpu_us``). The reference in the
 same run is the bare minimum a create costs on SQLite: one transaction
 inserting an inode row and a directory entry with the sqlite3 module and no
 checks at all; ``create_vs_bare_sqlite`` is namespace creates/s divided by
@@ -27,6 +28,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 from engine.catalog import Catalog, upgrade  # noqa: E402
+from engine.catalog.database import sql, sql_one  # noqa: E402
 from engine.namespace import ROOT, Namespace  # noqa: E402
 
 
@@ -39,6 +41,32 @@ def timed(fn, items) -> float:
     for item in items:
         fn(item)
     return time.perf_counter() - start
+
+
+def transaction_cpu_us(catalog: Catalog, count: int = 2000) -> dict:
+    """CPU microseconds of one ``Catalog.run`` in one thread: a read of one row, a write of one
+    row, the same write made durable. What the catalog layer adds to the SQL shows here."""
+
+    def read(conn):
+        return sql_one(conn, "SELECT value FROM settings WHERE key = ?", ("bench.txn",))
+
+    def write(conn):
+        sql(conn, "DELETE FROM settings WHERE key = ?", ("bench.txn",)).close()
+        sql(conn, "INSERT INTO settings (key, value) VALUES (?, ?)", ("bench.txn", "1")).close()
+
+    runs = {
+        "txn_read_cpu_us": lambda: catalog.read(read),
+        "txn_write_cpu_us": lambda: catalog.run(write, tracked=True),
+        "txn_durable_cpu_us": lambda: catalog.run(write, durable=True, tracked=True),
+    }
+    out = {}
+    for key, once in runs.items():
+        once()
+        start = time.process_time()
+        for _ in range(count):
+            once()
+        out[key] = round((time.process_time() - start) / count * 1e6, 1)
+    return out
 
 
 def run_namespace(url: str, files: int) -> dict:
@@ -65,6 +93,7 @@ def run_namespace(url: str, files: int) -> dict:
     result["readdir_entries_per_s"] = rate(files * 3, timed(list_all, range(3)))
     result["rename_per_s"] = rate(files, timed(lambda n: ns.rename(ROOT, d, n, d, n + ".r"), names))
     result["unlink_per_s"] = rate(files, timed(lambda n: ns.unlink(ROOT, d, n + ".r"), names))
+    result.update(transaction_cpu_us(catalog))
     catalog.close()
     return result
 

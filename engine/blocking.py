@@ -9,7 +9,6 @@ loop hands the call to a worker thread, as it does every other call."""
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
 
 _state = threading.local()
 
@@ -19,15 +18,23 @@ class WouldBlock(BaseException):
     it into an error reply: it must reach the caller that forbade blocking."""
 
 
-@contextmanager
-def no_blocking():
+class _NoBlocking:
+    """The context of ``no_blocking()``: a class, not a generator (the event loop enters one per
+    COMPOUND it tries; contextlib's costs several times as much)."""
+
+    __slots__ = ("previous",)
+
+    def __enter__(self) -> None:
+        self.previous = getattr(_state, "forbidden", False)
+        _state.forbidden = True
+
+    def __exit__(self, *exc) -> None:
+        _state.forbidden = self.previous
+
+
+def no_blocking() -> _NoBlocking:
     """Within this block (in this thread), ``may_block`` raises WouldBlock."""
-    previous = getattr(_state, "forbidden", False)
-    _state.forbidden = True
-    try:
-        yield
-    finally:
-        _state.forbidden = previous
+    return _NoBlocking()
 
 
 def may_block(what: str) -> None:
@@ -40,13 +47,18 @@ def blocking_forbidden() -> bool:
     return getattr(_state, "forbidden", False)
 
 
-@contextmanager
-def holding(lock, what: str):
+class holding:  # noqa: N801 - used as a function: ``with holding(lock, what):``
     """``with lock``, except that inside ``no_blocking()`` a lock someone holds raises WouldBlock
     (its holder may be in the middle of catalog work)."""
-    if not lock.acquire(blocking=not blocking_forbidden()):
-        raise WouldBlock(what)
-    try:
-        yield
-    finally:
-        lock.release()
+
+    __slots__ = ("lock", "what")
+
+    def __init__(self, lock, what: str):
+        self.lock, self.what = lock, what
+
+    def __enter__(self) -> None:
+        if not self.lock.acquire(blocking=not getattr(_state, "forbidden", False)):
+            raise WouldBlock(self.what)
+
+    def __exit__(self, *exc) -> None:
+        self.lock.release()

@@ -198,6 +198,8 @@ class QuotaTracker:
         epoch = self.catalog.epoch()
         known = self._known
         if known is not None and epoch is not None and self.catalog.only_tracked(known[0], epoch):
+            if commits_between(known[0], epoch) > 0:  # only_tracked walks every commit since
+                self._known = (epoch, known[1])
             return known[1]
 
         def work(c):

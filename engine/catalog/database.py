@@ -33,6 +33,7 @@ import struct
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
@@ -207,6 +208,83 @@ class _WriterQueue:
                 self._held = False
 
 
+class _ThreadConnections:
+    """SQLite: one connection per thread, kept open for every transaction that thread runs.
+
+    A pool checkout, a new SQLAlchemy Connection and the pool's reset on return cost about 60 us
+    of CPU per transaction, more than SQLite needs for a small one. Each thread's connection is
+    checked out of the catalog's pool once and kept (so the engine's events see it as any
+    other); a transaction run inside another one of the same thread (nested ``run``) checks out
+    a second one for its length. Connections of threads that ended go back to the pool when the
+    next thread takes one, and all of them at ``close()``."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._local = threading.local()
+        self._open: dict[int, tuple[weakref.ref, Connection]] = {}  # id -> (thread, connection)
+        self._lock = lock("catalog.thread_connections")
+        self._pid = os.getpid()
+        self.closed = False
+
+    def take(self) -> Connection | None:
+        """This thread's connection, or None when it is busy (a nested transaction), closed, or
+        inherited from the parent of a fork (never used there: SQLite forbids it)."""
+        if self.closed or os.getpid() != self._pid:
+            return None
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if conn is None:
+            conn = self._connect()
+            local.conn, local.busy = conn, False
+        elif local.busy:
+            return None
+        local.busy = True
+        return conn
+
+    def give_back(self, conn: Connection) -> None:
+        local = self._local
+        local.busy = False
+        if conn.invalidated or conn.closed:
+            self._forget(conn)
+        elif conn.in_transaction():  # a failed COMMIT SQLAlchemy could not roll back
+            try:
+                conn.rollback()
+            except Exception:  # noqa: BLE001 - the connection is unusable: a new one next time
+                self._forget(conn)
+
+    def _forget(self, conn: Connection) -> None:
+        self._local.conn = None
+        with self._lock:
+            self._open.pop(id(conn), None)
+        try:
+            conn.close()
+        except Exception as exc:  # noqa: BLE001 - it is dropped either way
+            log.debug("catalog: closing a broken connection: %s", exc)
+
+    def _connect(self) -> Connection:
+        conn = self.engine.connect()
+        with self._lock:
+            ended = [(key, c) for key, (thread, c) in self._open.items() if thread() is None]
+            for key, _c in ended:
+                del self._open[key]
+            self._open[id(conn)] = (weakref.ref(threading.current_thread()), conn)
+        for _key, old in ended:  # their threads are gone: nobody uses them
+            old.close()
+        return conn
+
+    def close(self) -> None:
+        """Every thread's connection back to the pool (the catalog disposes of the pool next)."""
+        self.closed = True
+        with self._lock:
+            conns = [c for _thread, c in self._open.values()]
+            self._open.clear()
+        for conn in conns:
+            try:
+                conn.close()
+            except Exception as exc:  # noqa: BLE001 - closing anyway
+                log.debug("catalog: closing a thread's connection: %s", exc)
+
+
 class Catalog:
     def __init__(self, url: str, *, sqlite_synchronous: str = "normal", pool_size: int = 8):
         self.url = url
@@ -228,11 +306,13 @@ class Catalog:
             self.engine: Engine = create_engine(
                 url,
                 pool_size=pool_size,
-                max_overflow=32,
+                # each thread keeps one checked out (_ThreadConnections): no limit but the threads
+                max_overflow=-1,
                 connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
             )
             event.listen(self.engine, "connect", self._sqlite_connect)
             event.listen(self.engine, "begin", self._sqlite_begin)
+            self._threads: _ThreadConnections | None = _ThreadConnections(self.engine)
         else:
             self.engine = create_engine(
                 url,
@@ -244,6 +324,7 @@ class Catalog:
             )
             event.listen(self.engine, "checkin", self._pg_checkin)
             event.listen(self.engine, "checkout", self._pg_checkout)
+            self._threads = None
 
     # -- SQLite connection set-up ------------------------------------------
     def _sqlite_connect(self, dbapi_conn, _record):
@@ -325,13 +406,17 @@ class Catalog:
                         f"writers did not let go"
                     )
                 try:
-                    with self.engine.connect() as conn:
+                    threads = self._threads
+                    pinned = threads.take() if threads is not None else None
+                    conn = pinned if pinned is not None else self.engine.connect()
+                    try:
+                        info = conn.info
                         if self.is_sqlite:
-                            conn.info["begin"] = "BEGIN IMMEDIATE" if write else "BEGIN"
-                        # conn.info lives with the pooled DB-API connection: never let
-                        # callbacks outlive this try
+                            info["begin"] = "BEGIN IMMEDIATE" if write else "BEGIN"
+                        # conn.info lives with the DB-API connection: never let callbacks
+                        # outlive this try
                         callbacks: list[Callable[[], object]] = []
-                        conn.info[AFTER_COMMIT] = callbacks
+                        info[AFTER_COMMIT] = callbacks
                         try:
                             if self.is_sqlite and (durable or not foreign_keys):
                                 result = self._run_sqlite_pragmas(
@@ -340,12 +425,16 @@ class Catalog:
                             else:
                                 with conn.begin():
                                     result = work(conn)
-                            number = conn.info.get(
-                                COMMIT_NUMBER
-                            )  # set by _counting: the commit went through
+                            # set by _counting: the commit went through
+                            number = info.get(COMMIT_NUMBER)
                         finally:
-                            del conn.info[AFTER_COMMIT]
-                            conn.info.pop(COMMIT_NUMBER, None)
+                            del info[AFTER_COMMIT]
+                            info.pop(COMMIT_NUMBER, None)
+                    finally:
+                        if pinned is not None:
+                            threads.give_back(pinned)  # type: ignore[union-attr]
+                        else:
+                            conn.close()
                 finally:
                     if queued:
                         self._writers.release()
@@ -387,17 +476,26 @@ class Catalog:
             or WAL_INDEX_U32.unpack_from(index, WAL_INDEX_FRAMES)[0] < CHECKPOINT_FRAMES
         ):
             return
-        if not self._checkpointing.acquire(blocking=False):
-            return  # another thread is checkpointing right now
+        # the connection first: opening one takes catalog.watch, ranked below catalog.checkpoint
+        threads = self._threads
+        pinned = threads.take() if threads is not None else None
+        conn = pinned if pinned is not None else self.engine.connect()
         try:
-            with self.engine.connect() as conn:
+            if not self._checkpointing.acquire(blocking=False):
+                return  # another thread is checkpointing right now
+            try:
                 raw = conn.connection.dbapi_connection
                 assert raw is not None  # an open connection has its DB-API connection
                 raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-        except Exception as exc:  # noqa: BLE001 - busy or failed: the next commit tries again
-            log.debug("catalog: checkpoint skipped: %s", exc)
+            except Exception as exc:  # noqa: BLE001 - busy or failed: the next commit tries again
+                log.debug("catalog: checkpoint skipped: %s", exc)
+            finally:
+                self._checkpointing.release()
         finally:
-            self._checkpointing.release()
+            if pinned is not None:
+                threads.give_back(pinned)  # type: ignore[union-attr]
+            else:
+                conn.close()
 
     def _run_sqlite_pragmas(self, conn: Connection, work, *, durable: bool, foreign_keys: bool):
         """``work`` with synchronous=FULL and/or foreign_keys=OFF; both are set outside the
@@ -590,4 +688,6 @@ class Catalog:
         if self._changes is not None:
             self._changes.close()
             self._changes = None
+        if self._threads is not None:
+            self._threads.close()
         self.engine.dispose()

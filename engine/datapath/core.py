@@ -166,6 +166,7 @@ class DataPath:
         self.clone_range = self.sharing.clone_range
         self.punch = self.sharing.punch
         self.data_ranges = self.sharing.data_ranges
+        self.few_data_ranges = self.sharing.few_data_ranges
         self.read = self.reads.read
         self.capacity = self.space.capacity
         self.refresh_drive_states = self.space.refresh_drive_states

@@ -85,17 +85,34 @@ class Sharing:
     @staticmethod
     def data_ranges(conn, ino: int) -> list[tuple[int, int]]:
         """The file's data as sorted, merged [start, end) ranges (holes are what lies between)."""
-        merged: list[list[int]] = []
-        for fo, elen in sql_all(
+        return _merged(
+            sql_all(
+                conn,
+                "SELECT file_offset, length FROM extents WHERE ino = ? ORDER BY file_offset",
+                (ino,),
+            )
+        )
+
+    @staticmethod
+    def few_data_ranges(conn, ino: int, most: int) -> list[tuple[int, int]] | None:
+        """``data_ranges`` of a file with at most ``most`` extents; None for one with more."""
+        rows = sql_all(
             conn,
-            "SELECT file_offset, length FROM extents WHERE ino = ? ORDER BY file_offset",
-            (ino,),
-        ):
-            if merged and merged[-1][1] == fo:
-                merged[-1][1] = fo + elen
-            else:
-                merged.append([fo, fo + elen])
-        return [(a, b) for a, b in merged]
+            "SELECT file_offset, length FROM extents WHERE ino = ? ORDER BY file_offset LIMIT ?",
+            (ino, most + 1),
+        )
+        return _merged(rows) if len(rows) <= most else None
+
+
+def _merged(rows) -> list[tuple[int, int]]:
+    """(file offset, length) rows sorted by offset as merged [start, end) ranges."""
+    merged: list[list[int]] = []
+    for fo, elen in rows:
+        if merged and merged[-1][1] == fo:
+            merged[-1][1] = fo + elen
+        else:
+            merged.append([fo, fo + elen])
+    return [(a, b) for a, b in merged]
 
 
 _INSERT_EXTENT = (

@@ -161,16 +161,28 @@ class AttrCache:
                 self._names.update(fresh_names)
 
     def _fresh_attrs(self, conn, inos):
-        """Inside a data-path commit: the changed files' new attributes, for _data_committed."""
+        """Inside a data-path commit: the changed files' new attributes and the space used of
+        the small ones, for _data_committed."""
         if not inos or not self._cache_valid():  # first take in whatever others committed before us
             return None
+        attrs = self._load_many(conn, inos)
         # gen: taken under the write lock, as in _write
-        return self._load_many(conn, inos), self._cache_gen
+        return attrs, self._cache_gen, self._space_used_at_commit(conn, attrs)
 
     def _data_committed(self, inos, found) -> None:
-        fresh, gen = found if found is not None else ((), None)
+        fresh, gen, used = found if found is not None else ((), None, {})
         self._changed(inos, (), fresh, gen)
+        for attr in fresh:
+            if attr.ino in used:
+                self._remember_space_used(attr, used[attr.ino])
         self.quotas.committed(inos)
+
+    # defined by RangeOps, which owns space used (NFS space_used, st_blocks)
+    def _space_used_at_commit(self, conn, attrs) -> dict[int, int]:
+        raise NotImplementedError
+
+    def _remember_space_used(self, attr: Attr, used: int) -> None:
+        raise NotImplementedError
 
     # -- change listeners ------------------------------------------------------------------------
     # Called after each change this process makes (namespace writes, data-path commits, buffered

@@ -125,6 +125,10 @@ class FileData(Protocol):
     def capacity(self) -> tuple[int, int]: ...  # usable (total, free) bytes
     # the file's data as sorted, merged [start, end) ranges
     def data_ranges(self, conn: Connection, ino: int) -> list[tuple[int, int]]: ...
+    # the same, or None when the file has more than ``most`` extents
+    def few_data_ranges(
+        self, conn: Connection, ino: int, most: int
+    ) -> list[tuple[int, int]] | None: ...
 
 
 ATTR_COLUMNS = [INODES.c[name] for name in Attr.__slots__]

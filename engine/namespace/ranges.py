@@ -18,11 +18,19 @@ from engine.namespace.files import FileOps
 COPY_SHARE_MIN = 64 << 10
 # files whose space used (st_blocks) is remembered, keyed by their change counter and size
 SPACE_USED_CACHE = 16384
+# a data-path commit counts the space used of the files it changed that have at most this many
+# extents, so the GETATTR after a COMMIT reads no catalog; the others count on demand
+SPACE_USED_AT_COMMIT_EXTENTS = 64
 BLOCK = 4096  # the unit space used is counted in
 
 
 def _blocks(length: int) -> int:
     return (length + BLOCK - 1) // BLOCK * BLOCK
+
+
+def _used_within(size: int, ranges) -> int:
+    """The 4 KiB blocks of data ``ranges`` (sorted, merged) within a file of ``size`` bytes."""
+    return sum(_blocks(min(end, size) - start) for start, end in ranges if start < size)
 
 
 class RangeOps(FileOps):
@@ -123,11 +131,27 @@ class RangeOps(FileOps):
         if remembered is not None and remembered[0] == key:
             return remembered[1]
         ranges = self.catalog.read(lambda conn: data.data_ranges(conn, attr.ino))
-        size = attr.size
-        used = sum(_blocks(min(end, size) - start) for start, end in ranges if start < size)
+        used = _used_within(attr.size, ranges)
+        self._remember_space_used(attr, used)
+        return used
+
+    def _remember_space_used(self, attr: Attr, used: int) -> None:
         if len(self._space_used) >= SPACE_USED_CACHE:
             self._space_used.clear()
-        self._space_used[attr.ino] = (key, used)
+        self._space_used[attr.ino] = ((attr.generation, attr.change, attr.size), used)
+
+    def _space_used_at_commit(self, conn, attrs) -> dict[int, int]:
+        """Inside a data-path commit (AttrCache._fresh_attrs): the space used of the changed
+        files with few extents, read in the commit's own transaction."""
+        data = self.data
+        used: dict[int, int] = {}
+        if data is None:
+            return used
+        for a in attrs:
+            if a.type == REG and a.size > 0:
+                ranges = data.few_data_ranges(conn, a.ino, SPACE_USED_AT_COMMIT_EXTENTS)
+                if ranges is not None:
+                    used[a.ino] = _used_within(a.size, ranges)
         return used
 
     def seek_data(self, ino: int, offset: int) -> int:

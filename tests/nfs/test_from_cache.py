@@ -212,3 +212,35 @@ def test_read_of_fetched_fragments_is_answered_by_the_event_loop(server):
         st, res = _reply(raw, 5)
         assert st == 0 and bytes(res[-1][2].data) == payload[1000:31000]
     raw.close()
+
+
+def test_space_used_after_a_commit_is_answered_from_the_cache(server):
+    """The data-path commit counts a small file's space used in its own transaction: the
+    GETATTR a client sends after COMMIT (st_blocks) needs no worker and no catalog read."""
+    raw = RawClient(server.port).setup()
+    root = raw.root_fh()
+    st, res = raw.session(
+        [
+            (c.OP_PUTFH, root),
+            (c.OP_OPEN, open_args("small", b"owner-1", raw.clientid)),
+            (c.OP_GETFH, None),
+        ]
+    )
+    assert st == 0
+    fh, sid = res[-1][2], res[2][2].stateid
+    data = b"s" * 5000  # two 4 KiB blocks
+    st, _ = raw.session(
+        [
+            (c.OP_PUTFH, fh),
+            (c.OP_WRITE, t.ARGS[c.OP_WRITE](stateid(sid.seqid, sid.other), 0, c.UNSTABLE4, data)),
+            (c.OP_COMMIT, t.ARGS[c.OP_COMMIT](0, 0)),
+        ]
+    )
+    assert st == 0
+    space_used = (c.OP_GETATTR, [0, 1 << (c.FATTR4_SPACE_USED - 32)])
+    with every_worker_busy(server):
+        _send(raw, [(c.OP_PUTFH, fh), space_used])
+        st, res = _reply(raw, 5)
+    assert st == 0
+    assert int.from_bytes(res[-1][2].attr_vals, "big") == 8192
+    raw.close()

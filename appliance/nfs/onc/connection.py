@@ -348,7 +348,7 @@ class RpcConnection(asyncio.BufferedProtocol):
         del record  # the call holds it while it needs it; the count is given back at the end
         if isinstance(outcome, tuple):  # (xid, InWorker)
             try:
-                self.server.pool.submit(self._run, *outcome, size)
+                self.server.pool.call_soon(self._run, *outcome, size)
                 return
             except RuntimeError:  # the pool shut down: the server is stopping, no answer
                 outcome = None
