@@ -31,9 +31,12 @@ from engine.ordered_lock import lock
 
 
 class FragmentFuture(Future):
-    """A fragment's payload to come, and its size once known (for the cache's byte budget)."""
+    """A fragment's payload to come, and its size once known (for the cache's byte budget).
+    ``in_memory``: read by a caller that must not block, from the page cache (no read-ahead
+    brought it)."""
 
     nbytes = 0
+    in_memory = False
 
 
 class StripeInfo:
@@ -288,16 +291,15 @@ class StripeReader:
             self.repair_hook(info, corrupt, good)
         return result
 
-    def _fetch(self, info: StripeInfo, indexes: list[int]) -> dict[int, memoryview]:
+    def _fetch(
+        self, info: StripeInfo, indexes: list[int], probe: bool = False
+    ) -> dict[int, memoryview]:
         """Payloads of the data fragments ``indexes``, from cache or drives,
-        decoding on any failure."""
+        decoding on any failure. ``probe``: take them from the page cache while it has them."""
+        if blocking_forbidden():
+            return self._fetch_in_memory(info, indexes)[0]
         futures: dict[int, FragmentFuture] = {}
         mine: list[tuple[int, FragmentFuture]] = []
-        if blocking_forbidden():  # from the cache or not at all: fetched fragments, no drive read
-            with self._lock:
-                hits = [self.cache.get((info.id, i)) for i in indexes]
-            if not all(fut is not None and fut.done() for fut in hits):
-                raise WouldBlock("fragment read")
         with self._lock:
             for i in indexes:
                 key = (info.id, i)
@@ -310,14 +312,24 @@ class StripeReader:
                 else:
                     self.cache.move_to_end(key)
                 futures[i] = fut
-        # Read in this thread, after asking the kernel for every range first: the drives fetch in
-        # parallel all the same, and a thread hand-off per fragment cost more CPU than the copy
-        # (two cores serve the whole appliance on the reference machine).
-        if len(mine) > 1:
-            for i, _fut in mine:
-                self._will_read(info, i)
+        # Read-ahead takes what the page cache holds first, while it holds it (marked in_memory:
+        # the event loop then reads the next stripes itself, and read-ahead stops). The rest is
+        # read in this thread, after asking the kernel for every range first: the drives fetch
+        # in parallel all the same, and a thread hand-off per fragment cost more CPU than the
+        # copy (two cores serve the whole appliance on the reference machine).
         jobs: list[tuple[int, FragmentFuture, Any, Exception | None]] = []
+        cold = []
         for i, fut in mine:
+            payload = self._read_in_memory(info, i) if probe and not cold else None
+            if payload is None:
+                cold.append((i, fut))
+            else:
+                fut.in_memory = True
+                jobs.append((i, fut, payload, None))
+        if len(cold) > 1:
+            for i, _fut in cold:
+                self._will_read(info, i)
+        for i, fut in cold:
             try:
                 jobs.append((i, fut, self._read_fragment(info, i, False), None))
             except (OSError, errors.FsError) as exc:
@@ -358,6 +370,72 @@ class StripeReader:
                     self.cache[(info.id, i)] = fut
                 self._account(fut)
         return {i: f.result() for i, f in futures.items()}
+
+    def _fetch_in_memory(
+        self, info: StripeInfo, indexes: list[int], from_drives: bool = True
+    ) -> tuple[dict[int, memoryview], bool]:
+        """For a caller that must not block (the NFS event loop): payloads from the cache, or
+        (``from_drives``) read where the drive has them in memory (the page cache), checked
+        against their crc32c and cached. WouldBlock where a drive would wait, a read-ahead is
+        still on its way, or a read fails or mismatches: the blocking path then reads again,
+        reports and decodes. Also returns whether every payload came from such in-memory reads
+        (the file is warm: read-ahead threads would only compete with the loop)."""
+        with self._lock:
+            hits = []
+            for i in indexes:
+                fut = self.cache.get((info.id, i))
+                if fut is not None:
+                    self.cache.move_to_end((info.id, i))
+                hits.append(fut)
+        payloads: dict[int, memoryview] = {}
+        in_memory = True
+        for i, fut in zip(indexes, hits, strict=True):
+            if fut is None:
+                payload = self._read_in_memory(info, i) if from_drives else None
+                if payload is None:
+                    raise WouldBlock("fragment read")
+                fut = self._cache_in_memory(info.id, i, payload)
+            elif not fut.done() or fut.exception() is not None:
+                raise WouldBlock("fragment read")
+            payloads[i] = fut.result()
+            in_memory = in_memory and fut.in_memory
+        return payloads, in_memory
+
+    def _read_in_memory(self, info: StripeInfo, idx: int) -> memoryview | None:
+        """Payload of fragment ``idx`` if its drive has it in memory and its checksum matches,
+        else None (the blocking read then counts any error)."""
+        where = info.fragments.get(idx)
+        if info.layout == INLINE or where is None:  # inline bytes are a catalog read
+            return None
+        drive_id, zone_id, offset, length, checksum = where
+        drive = self.drives.get(drive_id)
+        zone = self.zones.get(zone_id)
+        if drive is None or zone is None or not drive.readable():
+            return None
+        buf = bytearray(length)
+        if drive.backend.read_cached_into(zone.idx, offset, [buf]) is None:
+            return None
+        # keep the GIL (release mode 0): on the loop, letting go of it only hands it around
+        if crc32c.crc32c(buf, 0, 0) != checksum:
+            return None
+        self.stats["fragment_reads"] += 1
+        return memoryview(buf)[info.header :]
+
+    def _cache_in_memory(self, stripe_id: int, idx: int, payload: memoryview) -> FragmentFuture:
+        fut = FragmentFuture()
+        fut.set_running_or_notify_cancel()
+        fut.nbytes = len(payload)
+        fut.in_memory = True
+        fut.set_result(payload)
+        with self._lock:
+            old = self.cache.get((stripe_id, idx))
+            if old is not None and old.done() and old.exception() is None:
+                return old  # another thread finished the same fragment meanwhile
+            if old is not None:
+                return fut  # another read of it is on its way: this payload serves this read only
+            self.cache[(stripe_id, idx)] = fut
+        self._account(fut)
+        return fut
 
     def _account(self, fut: FragmentFuture) -> None:
         with self._lock:
@@ -421,24 +499,35 @@ class StripeReader:
         return -(-info.encoded_length // p) if p else 0
 
     # -- ranges ----------------------------------------------------------------------
-    def read_range(self, info: StripeInfo, offset: int, length: int, out: memoryview) -> None:
-        """Copy stripe data [offset, offset+length) into ``out``."""
+    def read_range(
+        self, info: StripeInfo, offset: int, length: int, out: memoryview, from_drives: bool = True
+    ) -> bool:
+        """Copy stripe data [offset, offset+length) into ``out``. True when a caller that must
+        not block got every byte from in-memory drive reads (no read-ahead needed); such a
+        caller reads drives only with ``from_drives`` (else only the cache)."""
         if offset + length > info.data_length:
             raise errors.IOFailure(
                 f"extent reaches past stripe {info.id}'s {info.data_length} data bytes"
             )
         if info.compression is not None:
             out[:length] = self._unpacked(info)[offset : offset + length]
-            return
+            return False
         p = info.payload
         first, last = offset // p, (offset + length - 1) // p
-        payloads = self._fetch(info, list(range(first, last + 1)))
+        in_memory = False
+        if blocking_forbidden():
+            payloads, in_memory = self._fetch_in_memory(
+                info, list(range(first, last + 1)), from_drives
+            )
+        else:
+            payloads = self._fetch(info, list(range(first, last + 1)))
         pos = 0
         for i in range(first, last + 1):
             a = max(offset, i * p) - i * p
             b = min(offset + length, (i + 1) * p) - i * p
             out[pos : pos + b - a] = payloads[i][a:b]
             pos += b - a
+        return in_memory
 
     def prefetch(self, info: StripeInfo) -> None:
         """Start fetching all data fragments of a stripe (read-ahead), without waiting."""
@@ -456,7 +545,7 @@ class StripeReader:
 
     def _quiet_fetch(self, info, indexes):
         try:
-            self._fetch(info, indexes)
+            self._fetch(info, indexes, probe=True)
         except Exception:
             pass  # the reader that needs these bytes reports the error
 

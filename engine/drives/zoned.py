@@ -92,6 +92,12 @@ class ZonedDrive:
         """Scatter-read below the write pointer; returns bytes read."""
         raise NotImplementedError
 
+    def read_cached_into(self, idx: int, offset: int, buffers: list) -> int | None:
+        """``read_into`` only if the bytes are in memory already (the page cache): bytes read,
+        or None where it would wait for the medium (or the backend cannot tell). For a caller
+        that must not block, such as the NFS event loop."""
+        return None
+
     def read(self, idx: int, offset: int, length: int) -> bytes:
         buf = bytearray(length)
         got = self.read_into(idx, offset, [buf])
