@@ -12,10 +12,10 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
 
 from engine import errors
-from engine.blocking import WouldBlock, may_block
+from engine.blocking import may_block
 from engine.catalog.database import in_list, sql_all, sql_one
 from engine.datapath.accounting import chunks
-from engine.datapath.reader import StripeInfo, StripeReader
+from engine.datapath.reader import NotInMemory, StripeInfo, StripeReader
 from engine.ordered_lock import lock
 
 EXTENT_CACHE_FILES = 4096
@@ -177,7 +177,7 @@ class Reads:
                     in_memory = self.reader.read_range(
                         info, so + (a - fo), b - a, view[a - offset : b - offset], from_drives
                     )
-                except WouldBlock:
+                except NotInMemory:
                     # the page cache did not have it: from the cache only (read-ahead) until a
                     # read-ahead finds the file in memory again
                     if len(self._cold) < EXTENT_CACHE_FILES:

@@ -101,6 +101,11 @@ class ChecksumError(errors.IOFailure):
     pass
 
 
+class NotInMemory(WouldBlock):
+    """A caller that must not block needs a fragment that is neither cached nor in the page
+    cache (or a read-ahead of it is still on its way)."""
+
+
 class StripeReader:
     def __init__(
         self,
@@ -220,18 +225,6 @@ class StripeReader:
             )
         return bytearray(data) if whole else memoryview(data)
 
-    def _will_read(self, info: StripeInfo, idx: int) -> None:
-        where = info.fragments.get(idx)
-        if where is None:
-            return
-        drive = self.drives.get(where[0])
-        if drive is None or drive.backend is None or not drive.readable():
-            return
-        try:
-            drive.backend.will_read(self.zones[where[1]].idx, where[2], where[3])
-        except OSError:
-            pass  # a hint: the read itself reports what is wrong
-
     def _decode(self, info: StripeInfo, bad: set[int]) -> dict[int, memoryview]:
         """One decode per stripe at a time: concurrent readers of the stripe share it."""
         with self._lock:
@@ -291,11 +284,15 @@ class StripeReader:
             self.repair_hook(info, corrupt, good)
         return result
 
-    def _fetch(
-        self, info: StripeInfo, indexes: list[int], probe: bool = False
-    ) -> dict[int, memoryview]:
+    def _fetch(self, info: StripeInfo, indexes: list[int]) -> dict[int, memoryview]:
         """Payloads of the data fragments ``indexes``, from cache or drives,
-        decoding on any failure. ``probe``: take them from the page cache while it has them."""
+        decoding on any failure."""
+        return self._fetch_flagged(info, indexes)[0]
+
+    def _fetch_flagged(
+        self, info: StripeInfo, indexes: list[int]
+    ) -> tuple[dict[int, memoryview], bool]:
+        """``_fetch``, and whether every payload was read from memory without waiting."""
         if blocking_forbidden():
             return self._fetch_in_memory(info, indexes)[0]
         futures: dict[int, FragmentFuture] = {}
@@ -312,23 +309,22 @@ class StripeReader:
                 else:
                     self.cache.move_to_end(key)
                 futures[i] = fut
-        # Read-ahead takes what the page cache holds first, while it holds it (marked in_memory:
-        # the event loop then reads the next stripes itself, and read-ahead stops). The rest is
-        # read in this thread, after asking the kernel for every range first: the drives fetch
-        # in parallel all the same, and a thread hand-off per fragment cost more CPU than the
-        # copy (two cores serve the whole appliance on the reference machine).
+        # What the page cache holds is taken first, without waiting (marked in_memory: a file
+        # read wholly so wants no read-ahead, the event loop reads it itself). Each such read that
+        # finds its range out of memory has started the kernel's readahead of it, so the drives
+        # fetch in parallel while this thread then reads the rest one after another: no hint
+        # (posix_fadvise WILLNEED of each fragment cut the kernel's sequential readahead to
+        # exactly that range: 4x slower cold reads here), and no thread hand-off per fragment
+        # (which cost more CPU than the copy on two cores).
         jobs: list[tuple[int, FragmentFuture, Any, Exception | None]] = []
         cold = []
         for i, fut in mine:
-            payload = self._read_in_memory(info, i) if probe and not cold else None
+            payload = self._read_in_memory(info, i)
             if payload is None:
                 cold.append((i, fut))
             else:
                 fut.in_memory = True
                 jobs.append((i, fut, payload, None))
-        if len(cold) > 1:
-            for i, _fut in cold:
-                self._will_read(info, i)
         for i, fut in cold:
             try:
                 jobs.append((i, fut, self._read_fragment(info, i, False), None))
@@ -369,7 +365,8 @@ class StripeReader:
                     fut.set_result(payload)
                     self.cache[(info.id, i)] = fut
                 self._account(fut)
-        return {i: f.result() for i, f in futures.items()}
+        payloads = {i: f.result() for i, f in futures.items()}
+        return payloads, all(f.in_memory for f in futures.values())
 
     def _fetch_in_memory(
         self, info: StripeInfo, indexes: list[int], from_drives: bool = True
@@ -391,12 +388,14 @@ class StripeReader:
         in_memory = True
         for i, fut in zip(indexes, hits, strict=True):
             if fut is None:
+                if info.layout == INLINE:
+                    raise WouldBlock("inline stripe read")  # a catalog read
                 payload = self._read_in_memory(info, i) if from_drives else None
                 if payload is None:
-                    raise WouldBlock("fragment read")
+                    raise NotInMemory("fragment read")
                 fut = self._cache_in_memory(info.id, i, payload)
             elif not fut.done() or fut.exception() is not None:
-                raise WouldBlock("fragment read")
+                raise NotInMemory("fragment read")
             payloads[i] = fut.result()
             in_memory = in_memory and fut.in_memory
         return payloads, in_memory
@@ -502,9 +501,10 @@ class StripeReader:
     def read_range(
         self, info: StripeInfo, offset: int, length: int, out: memoryview, from_drives: bool = True
     ) -> bool:
-        """Copy stripe data [offset, offset+length) into ``out``. True when a caller that must
-        not block got every byte from in-memory drive reads (no read-ahead needed); such a
-        caller reads drives only with ``from_drives`` (else only the cache)."""
+        """Copy stripe data [offset, offset+length) into ``out``. True when every byte came
+        from drive reads that found it in memory (the page cache: no read-ahead needed). A
+        caller that must not block reads drives only with ``from_drives`` (else only the
+        cache)."""
         if offset + length > info.data_length:
             raise errors.IOFailure(
                 f"extent reaches past stripe {info.id}'s {info.data_length} data bytes"
@@ -514,13 +514,12 @@ class StripeReader:
             return False
         p = info.payload
         first, last = offset // p, (offset + length - 1) // p
-        in_memory = False
         if blocking_forbidden():
             payloads, in_memory = self._fetch_in_memory(
                 info, list(range(first, last + 1)), from_drives
             )
         else:
-            payloads = self._fetch(info, list(range(first, last + 1)))
+            payloads, in_memory = self._fetch_flagged(info, list(range(first, last + 1)))
         pos = 0
         for i in range(first, last + 1):
             a = max(offset, i * p) - i * p
@@ -545,7 +544,7 @@ class StripeReader:
 
     def _quiet_fetch(self, info, indexes):
         try:
-            self._fetch(info, indexes, probe=True)
+            self._fetch(info, indexes)
         except Exception:
             pass  # the reader that needs these bytes reports the error
 
