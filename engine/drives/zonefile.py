@@ -147,6 +147,10 @@ class ZoneFileDrive(ZonedDrive):
                     raise DriveMissing(
                         f"zone file {zone_path(self.folder, idx)} is missing"
                     ) from None
+                # no kernel readahead: a zone file interleaves the data fragments a sequential
+                # reader wants with parity it skips, and the data path reads ahead whole stripes
+                # of data fragments itself (with a WILLNEED hint per fragment)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 self._fds[idx] = fd
                 self._wp.setdefault(idx, os.fstat(fd).st_size)
         return fd
