@@ -39,6 +39,27 @@ class FragmentFuture(Future):
     in_memory = False
 
 
+class ReadyFragment:
+    """A cache entry whose payload was in hand when it was made (an in-memory read): what a
+    FragmentFuture answers, without a Future's condition variable and its locks."""
+
+    __slots__ = ("payload", "nbytes", "in_memory")
+
+    def __init__(self, payload: memoryview):
+        self.payload = payload
+        self.nbytes = len(payload)
+        self.in_memory = True
+
+    def done(self) -> bool:
+        return True
+
+    def exception(self) -> None:
+        return None
+
+    def result(self) -> memoryview:
+        return self.payload
+
+
 class StripeInfo:
     COLUMNS = (
         "id",
@@ -123,7 +144,7 @@ class StripeReader:
         # read-ahead waits on fragment reads: it gets its own threads so the
         # pool cannot starve itself
         self.ahead = ThreadPoolExecutor(2, thread_name_prefix="shingle-readahead")
-        self.cache: OrderedDict[tuple[int, int], FragmentFuture] = OrderedDict()
+        self.cache: OrderedDict[tuple[int, int], FragmentFuture | ReadyFragment] = OrderedDict()
         self.cache_bytes = cache_bytes
         self._cached = 0
         self._lock = lock("datapath.reader_cache")
@@ -159,7 +180,7 @@ class StripeReader:
                 self._cached -= self._size(fut)
 
     @staticmethod
-    def _size(fut: Future) -> int:
+    def _size(fut: FragmentFuture | ReadyFragment) -> int:
         return getattr(fut, "nbytes", 0)
 
     # -- fragment fetches -----------------------------------------------------------
@@ -306,8 +327,8 @@ class StripeReader:
     ) -> tuple[dict[int, memoryview], bool]:
         """``_fetch``, and whether every payload was read from memory without waiting."""
         if blocking_forbidden():
-            return self._fetch_in_memory(info, indexes)[0]
-        futures: dict[int, FragmentFuture] = {}
+            return self._fetch_in_memory(info, indexes)
+        futures: dict[int, FragmentFuture | ReadyFragment] = {}
         mine: list[tuple[int, FragmentFuture]] = []
         with self._lock:
             for i in indexes:
@@ -390,14 +411,14 @@ class StripeReader:
         still on its way, or a read fails or mismatches: the blocking path then reads again,
         reports and decodes. Also returns whether every payload came from such in-memory reads
         (the file is warm: read-ahead threads would only compete with the loop)."""
+        sid, cache = info.id, self.cache
         with self._lock:
-            hits = []
-            for i in indexes:
-                fut = self.cache.get((info.id, i))
+            hits = [cache.get((sid, i)) for i in indexes]
+            for i, fut in zip(indexes, hits, strict=True):
                 if fut is not None:
-                    self.cache.move_to_end((info.id, i))
-                hits.append(fut)
+                    cache.move_to_end((sid, i))
         payloads: dict[int, memoryview] = {}
+        fresh: list[tuple[int, ReadyFragment]] = []
         in_memory = True
         for i, fut in zip(indexes, hits, strict=True):
             if fut is None:
@@ -405,12 +426,17 @@ class StripeReader:
                     raise WouldBlock("inline stripe read")  # a catalog read
                 payload = self._read_in_memory(info, i) if from_drives else None
                 if payload is None:
+                    self._cache_ready(sid, fresh)  # what was read stays read
                     raise NotInMemory("fragment read")
-                fut = self._cache_in_memory(info.id, i, payload)
+                fresh.append((i, ReadyFragment(payload)))
+                payloads[i] = payload
             elif not fut.done() or fut.exception() is not None:
+                self._cache_ready(sid, fresh)
                 raise NotInMemory("fragment read")
-            payloads[i] = fut.result()
-            in_memory = in_memory and fut.in_memory
+            else:
+                payloads[i] = fut.result()
+                in_memory = in_memory and fut.in_memory
+        self._cache_ready(sid, fresh)
         return payloads, in_memory
 
     def _read_in_memory(self, info: StripeInfo, idx: int) -> memoryview | None:
@@ -433,23 +459,22 @@ class StripeReader:
         self.stats["fragment_reads"] += 1
         return memoryview(buf)[info.header :]
 
-    def _cache_in_memory(self, stripe_id: int, idx: int, payload: memoryview) -> FragmentFuture:
-        fut = FragmentFuture()
-        fut.set_running_or_notify_cancel()
-        fut.nbytes = len(payload)
-        fut.in_memory = True
-        fut.set_result(payload)
+    def _cache_ready(self, stripe_id: int, entries: list[tuple[int, ReadyFragment]]) -> None:
+        """Cache fragments read in memory, in one go (one taking of the lock for a stripe). A
+        fragment another thread cached or is reading meanwhile keeps that entry."""
+        if not entries:
+            return
+        cache = self.cache
         with self._lock:
-            old = self.cache.get((stripe_id, idx))
-            if old is not None and old.done() and old.exception() is None:
-                return old  # another thread finished the same fragment meanwhile
-            if old is not None:
-                return fut  # another read of it is on its way: this payload serves this read only
-            self.cache[(stripe_id, idx)] = fut
-        self._account(fut)
-        return fut
+            for i, entry in entries:
+                if (stripe_id, i) not in cache:
+                    cache[(stripe_id, i)] = entry
+                    self._cached += entry.nbytes
+            while self._cached > self.cache_bytes and len(cache) > 1:
+                _, old = cache.popitem(last=False)
+                self._cached -= self._size(old)
 
-    def _account(self, fut: FragmentFuture) -> None:
+    def _account(self, fut: FragmentFuture | ReadyFragment) -> None:
         with self._lock:
             self._cached += fut.nbytes
             while self._cached > self.cache_bytes and len(self.cache) > 1:
@@ -461,19 +486,19 @@ class StripeReader:
         """The user bytes of a compressed stripe: decompressed once, then from the cache."""
         key = (info.id, UNPACKED)
         with self._lock:
-            fut = self.cache.get(key)
-            if fut is None and not blocking_forbidden():
-                fut = self.cache[key] = FragmentFuture()
+            cached = self.cache.get(key)
+            if cached is None and not blocking_forbidden():
+                fut = FragmentFuture()
+                self.cache[key] = fut
                 fut.set_running_or_notify_cancel()
-                mine = True
-            else:
-                mine = False
-                if fut is not None:
-                    self.cache.move_to_end(key)
-        if fut is None or (not mine and blocking_forbidden() and not fut.done()):
-            raise WouldBlock("stripe decompression")  # from the cache or not at all
-        if not mine:
-            return fut.result()
+            elif cached is not None:
+                self.cache.move_to_end(key)
+        if cached is not None:
+            if blocking_forbidden() and not cached.done():
+                raise WouldBlock("stripe decompression")  # from the cache or not at all
+            return cached.result()
+        if blocking_forbidden():
+            raise WouldBlock("stripe decompression")
         try:
             data = self._decompress(info)
         except BaseException as exc:
