@@ -16,6 +16,7 @@ from engine.blocking import may_block
 from engine.catalog.database import in_list, sql_all, sql_one
 from engine.datapath.accounting import chunks
 from engine.datapath.reader import NotInMemory, StripeInfo, StripeReader
+from engine.native import empty_bytearray
 from engine.ordered_lock import lock
 
 EXTENT_CACHE_FILES = 4096
@@ -157,8 +158,9 @@ class Reads:
                         overlay.append((s.payload, s.extents))
                 if fb.data:
                     overlay.append((bytes(fb.data), [list(e) for e in fb.extents]))
-        out = bytearray(end - offset)
+        out = empty_bytearray(end - offset)  # not zeroed: the holes are, below
         view = memoryview(out)
+        filled = offset  # out is written up to here
         extents = self.extents
         starts, items, loaded = extents.extent_map(ino)
         i = max(bisect.bisect_right(starts, offset) - 1, 0)
@@ -169,6 +171,9 @@ class Reads:
             fo, elen, sid, so = items[i]
             a, b = max(fo, offset), min(fo + elen, end)
             if a < b:
+                if a > filled:  # a hole reads as zeros
+                    view[filled - offset : a - offset] = bytes(a - filled)
+                filled = b
                 info = loaded.get(sid) or extents.stripe(sid)
                 if info is None:
                     extents.invalidate({ino})
@@ -192,6 +197,8 @@ class Reads:
                 stripe_ends.append((i, info))
                 warm = warm and in_memory
             i += 1
+        if filled < end:
+            view[filled - offset :] = bytes(end - filled)
         for payload, pending in overlay:
             if not payload:
                 continue

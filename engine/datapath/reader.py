@@ -27,6 +27,7 @@ from engine import compression, errors
 from engine.blocking import WouldBlock, blocking_forbidden
 from engine.drives import DriveMissing
 from engine.erasure import FRAGMENT_HEADER, INLINE, decoder_for
+from engine.native import empty_bytearray
 from engine.ordered_lock import lock
 
 
@@ -203,12 +204,12 @@ class StripeReader:
         header = info.header
         try:
             if whole:
-                buf = bytearray(length)
+                buf = empty_bytearray(length)  # a short read is an error below
                 got = drive.backend.read_into(zone.idx, offset, [buf])
                 crc = crc32c.crc32c(buf)
             else:
                 head = bytearray(header)
-                buf = bytearray(length - header)
+                buf = empty_bytearray(length - header)
                 got = drive.backend.read_into(zone.idx, offset, [head, buf] if header else [buf])
                 crc = crc32c.crc32c(buf, crc32c.crc32c(head)) if header else crc32c.crc32c(buf)
         except OSError as exc:
@@ -450,8 +451,8 @@ class StripeReader:
         zone = self.zones.get(zone_id)
         if drive is None or zone is None or not drive.readable():
             return None
-        buf = bytearray(length)
-        if drive.backend.read_cached_into(zone.idx, offset, [buf]) is None:
+        buf = drive.backend.read_cached(zone.idx, offset, length)
+        if buf is None:
             return None
         # keep the GIL (release mode 0): on the loop, letting go of it only hands it around
         if crc32c.crc32c(buf, 0, 0) != checksum:

@@ -92,10 +92,10 @@ class ZonedDrive:
         """Scatter-read below the write pointer; returns bytes read."""
         raise NotImplementedError
 
-    def read_cached_into(self, idx: int, offset: int, buffers: list) -> int | None:
-        """``read_into`` only if the bytes are in memory already (the page cache): bytes read,
-        or None where it would wait for the medium (or the backend cannot tell). For a caller
-        that must not block, such as the NFS event loop."""
+    def read_cached(self, idx: int, offset: int, length: int) -> bytearray | None:
+        """The ``length`` bytes at ``offset`` only if they are in memory already (the page
+        cache), else None: where it would wait for the medium, or the backend cannot tell. For
+        a caller that must not block, such as the NFS event loop."""
         return None
 
     def read(self, idx: int, offset: int, length: int) -> bytes:

@@ -27,6 +27,7 @@ from engine.drives.zoned import (
     ZoneError,
     ZoneInfo,
 )
+from engine.native import fragmentio
 from engine.ordered_lock import rlock
 
 LABEL = "drive.json"
@@ -258,23 +259,26 @@ class ZoneFileDrive(ZonedDrive):
             self.model.on_read(self.model_key, idx * self.zone_size + offset, got)
         return got
 
-    def read_cached_into(self, idx: int, offset: int, buffers: list) -> int | None:
+    def read_cached(self, idx: int, offset: int, length: int) -> bytearray | None:
         fd = self._fds.get(idx)  # opening a zone file is left to a thread that may block
-        want = sum(len(b) for b in buffers)
-        if fd is None or _RWF_NOWAIT is None or offset < 0 or offset + want > self._wp[idx]:
+        if fd is None or _RWF_NOWAIT is None or offset < 0 or offset + length > self._wp[idx]:
             return None
-        try:
-            got = os.preadv(fd, buffers, offset, _RWF_NOWAIT)
-        except BlockingIOError:
+        if fragmentio is not None:
+            buf = fragmentio.read_cached(fd, offset, length)
+        else:
+            buf = bytearray(length)
+            try:
+                got = os.preadv(fd, [buf], offset, _RWF_NOWAIT)
+            except OSError:  # EAGAIN, or an error the blocking read meets and reports
+                return None
+            if got != length:  # partly in memory: the rest would wait
+                return None
+        if buf is None:
             return None
-        except OSError:
-            return None  # the blocking read meets the same error and reports it
-        if got != want:  # partly in memory: the rest would wait
-            return None
-        self.bytes_read += got
+        self.bytes_read += length
         if self.model is not None:
-            self.model.on_read(self.model_key, idx * self.zone_size + offset, got)
-        return got
+            self.model.on_read(self.model_key, idx * self.zone_size + offset, length)
+        return buf
 
     def sync(self, idx: int) -> None:
         os.fdatasync(self._fd(idx))
