@@ -404,14 +404,21 @@ class StripeReader:
         return payloads, all(f.in_memory for f in futures.values())
 
     def _fetch_in_memory(
-        self, info: StripeInfo, indexes: list[int], from_drives: bool = True
+        self,
+        info: StripeInfo,
+        indexes: list[int],
+        from_drives: bool = True,
+        direct: dict[int, memoryview] | None = None,
     ) -> tuple[dict[int, memoryview], bool]:
         """For a caller that must not block (the NFS event loop): payloads from the cache, or
         (``from_drives``) read where the drive has them in memory (the page cache), checked
-        against their crc32c and cached. WouldBlock where a drive would wait, a read-ahead is
-        still on its way, or a read fails or mismatches: the blocking path then reads again,
-        reports and decodes. Also returns whether every payload came from such in-memory reads
-        (the file is warm: read-ahead threads would only compete with the loop)."""
+        against their crc32c and cached. A fragment of ``direct`` that is not cached is read
+        straight into its buffer there instead (the READ's reply: no buffer of its own, no
+        copy, not cached) and has no entry in the payloads returned. WouldBlock where a drive
+        would wait, a read-ahead is still on its way, or a read fails or mismatches: the
+        blocking path then reads again, reports and decodes. Also returns whether every
+        payload came from such in-memory reads (the file is warm: read-ahead threads would only
+        compete with the loop)."""
         sid, cache = info.id, self.cache
         with self._lock:
             hits = [cache.get((sid, i)) for i in indexes]
@@ -425,6 +432,11 @@ class StripeReader:
             if fut is None:
                 if info.layout == INLINE:
                     raise WouldBlock("inline stripe read")  # a catalog read
+                if direct is not None and i in direct and from_drives:
+                    if not self._read_in_memory_into(info, i, direct[i]):
+                        self._cache_ready(sid, fresh)
+                        raise NotInMemory("fragment read")
+                    continue
                 payload = self._read_in_memory(info, i) if from_drives else None
                 if payload is None:
                     self._cache_ready(sid, fresh)  # what was read stays read
@@ -459,6 +471,28 @@ class StripeReader:
             return None
         self.stats["fragment_reads"] += 1
         return memoryview(buf)[info.header :]
+
+    def _read_in_memory_into(self, info: StripeInfo, idx: int, target: memoryview) -> bool:
+        """``_read_in_memory`` of a whole fragment's payload into ``target``."""
+        where = info.fragments.get(idx)
+        if where is None:
+            return False
+        drive_id, zone_id, offset, length, checksum = where
+        drive = self.drives.get(drive_id)
+        zone = self.zones.get(zone_id)
+        header = info.header
+        if drive is None or zone is None or length != header + len(target) or not drive.readable():
+            return False
+        head = bytearray(header)
+        if not drive.backend.read_cached_into(
+            zone.idx, offset, [head, target] if header else [target]
+        ):
+            return False
+        crc = crc32c.crc32c(head, 0, 0) if header else 0
+        if crc32c.crc32c(target, crc, 0) != checksum:
+            return False
+        self.stats["fragment_reads"] += 1
+        return True
 
     def _cache_ready(self, stripe_id: int, entries: list[tuple[int, ReadyFragment]]) -> None:
         """Cache fragments read in memory, in one go (one taking of the lock for a stripe). A
@@ -554,8 +588,15 @@ class StripeReader:
         p = info.payload
         first, last = offset // p, (offset + length - 1) // p
         if blocking_forbidden():
+            # fragments the range covers whole go straight into ``out`` where not cached
+            end = offset + length
+            direct = {
+                i: out[i * p - offset : (i + 1) * p - offset]
+                for i in range(first, last + 1)
+                if i * p >= offset and (i + 1) * p <= end
+            }
             payloads, in_memory = self._fetch_in_memory(
-                info, list(range(first, last + 1)), from_drives
+                info, list(range(first, last + 1)), from_drives, direct
             )
         else:
             payloads, in_memory = self._fetch_flagged(info, list(range(first, last + 1)))
@@ -563,7 +604,9 @@ class StripeReader:
         for i in range(first, last + 1):
             a = max(offset, i * p) - i * p
             b = min(offset + length, (i + 1) * p) - i * p
-            out[pos : pos + b - a] = payloads[i][a:b]
+            payload = payloads.get(i)
+            if payload is not None:  # else read into out already
+                out[pos : pos + b - a] = payload[a:b]
             pos += b - a
         return in_memory
 

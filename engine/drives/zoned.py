@@ -98,6 +98,12 @@ class ZonedDrive:
         a caller that must not block, such as the NFS event loop."""
         return None
 
+    def read_cached_into(self, idx: int, offset: int, buffers: list) -> bool:
+        """``read_into`` only if every byte is in memory already: True, else False (the
+        buffers' contents are then undefined). As ``read_cached``, for a caller that must not
+        block."""
+        return False
+
     def read(self, idx: int, offset: int, length: int) -> bytes:
         buf = bytearray(length)
         got = self.read_into(idx, offset, [buf])

@@ -280,6 +280,25 @@ class ZoneFileDrive(ZonedDrive):
             self.model.on_read(self.model_key, idx * self.zone_size + offset, length)
         return buf
 
+    def read_cached_into(self, idx: int, offset: int, buffers: list) -> bool:
+        fd = self._fds.get(idx)
+        length = sum(len(b) for b in buffers)
+        if fd is None or _RWF_NOWAIT is None or offset < 0 or offset + length > self._wp[idx]:
+            return False
+        if fragmentio is not None:
+            if not fragmentio.read_cached_into(fd, offset, buffers):
+                return False
+        else:
+            try:
+                if os.preadv(fd, buffers, offset, _RWF_NOWAIT) != length:
+                    return False
+            except OSError:
+                return False
+        self.bytes_read += length
+        if self.model is not None:
+            self.model.on_read(self.model_key, idx * self.zone_size + offset, length)
+        return True
+
     def sync(self, idx: int) -> None:
         os.fdatasync(self._fd(idx))
 

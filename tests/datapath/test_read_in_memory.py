@@ -209,3 +209,14 @@ def test_read_cached_refuses_what_is_not_in_memory(tmp_path, fragment_io):
     with open(tmp_path / "d" / "zone-000000", "rb") as f:
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     assert drive.read_cached(0, 128 * KiB, 64 * KiB) is None
+    drive.read_into(0, 0, [bytearray(256 * KiB)])  # in memory again
+    head, out = bytearray(16), bytearray(b"\xee" * (128 * KiB))
+    view = memoryview(out)
+    assert drive.read_cached_into(0, 16 * KiB, [head, view[KiB : KiB + 64 * KiB]])
+    assert head == data[16 * KiB : 16 * KiB + 16]
+    assert out[KiB : KiB + 64 * KiB] == data[16 * KiB + 16 : 80 * KiB + 16]
+    assert out[:KiB] == b"\xee" * KiB and out[65 * KiB :] == b"\xee" * (63 * KiB)
+    assert not drive.read_cached_into(0, 200 * KiB, [view[: 64 * KiB]])  # past the pointer
+    with open(tmp_path / "d" / "zone-000000", "rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    assert not drive.read_cached_into(0, 0, [view[: 64 * KiB]])
