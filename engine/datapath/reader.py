@@ -7,6 +7,15 @@ good fragments (parity included). Fetched payloads live in a byte-bounded
 LRU cache keyed by (stripe, fragment), as futures so that concurrent readers
 and read-ahead share one fetch.
 
+A caller that must not block (the NFS event loop, inside engine.blocking's no_blocking) reads
+what the drives hold in memory itself: preadv2(RWF_NOWAIT) from the page cache, checked
+against the fragment's crc32c like any drive read, fragments the range covers whole straight
+into the caller's buffer (a READ's reply), the others into the cache. Anything else (not in
+memory, a read-ahead on its way, a bad checksum, a missing drive, an inline stripe) raises
+WouldBlock, and the blocking read in a worker reads, reports, decodes and repairs. Such reads
+of a warm file start no read-ahead (``read_range`` says so): threads reading ahead would only
+take turns at the GIL with the loop.
+
 A compressed stripe (``compression`` set: tiering wrote it into a class with zstd) is read
 whole: the data fragments that hold its frame are fetched as above (decoding around bad ones),
 the frame is decompressed once, and the stripe's user bytes are cached under (stripe,
@@ -33,8 +42,7 @@ from engine.ordered_lock import lock
 
 class FragmentFuture(Future):
     """A fragment's payload to come, and its size once known (for the cache's byte budget).
-    ``in_memory``: read by a caller that must not block, from the page cache (no read-ahead
-    brought it)."""
+    ``in_memory``: read from the page cache without waiting (its file is warm)."""
 
     nbytes = 0
     in_memory = False
