@@ -167,6 +167,9 @@ class Reads:
         stripe_ends = []
         warm = True  # every stripe served from in-memory drive reads: no read-ahead wanted
         from_drives = ino not in self._cold
+        # one reader streaming the file: what it reads is not cached for others (16 readers of
+        # one shard interleave, and share the fragments through the cache)
+        into_out = self._last_read_end.get(ino) == offset
         while i < len(items) and items[i][0] < end:
             fo, elen, sid, so = items[i]
             a, b = max(fo, offset), min(fo + elen, end)
@@ -180,7 +183,12 @@ class Reads:
                     return self.read(ino, offset, length, size, track=False)
                 try:
                     in_memory = self.reader.read_range(
-                        info, so + (a - fo), b - a, view[a - offset : b - offset], from_drives
+                        info,
+                        so + (a - fo),
+                        b - a,
+                        view[a - offset : b - offset],
+                        from_drives,
+                        into_out,
                     )
                 except NotInMemory:
                     # the page cache did not have it: from the cache only (read-ahead) until a

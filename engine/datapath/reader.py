@@ -580,12 +580,19 @@ class StripeReader:
 
     # -- ranges ----------------------------------------------------------------------
     def read_range(
-        self, info: StripeInfo, offset: int, length: int, out: memoryview, from_drives: bool = True
+        self,
+        info: StripeInfo,
+        offset: int,
+        length: int,
+        out: memoryview,
+        from_drives: bool = True,
+        into_out: bool = False,
     ) -> bool:
         """Copy stripe data [offset, offset+length) into ``out``. True when every byte came
         from drive reads that found it in memory (the page cache: no read-ahead needed). A
         caller that must not block reads drives only with ``from_drives`` (else only the
-        cache)."""
+        cache), and with ``into_out`` (one reader streams the file: nobody will ask for these
+        bytes again soon) the fragments the range covers whole straight into ``out``."""
         if offset + length > info.data_length:
             raise errors.IOFailure(
                 f"extent reaches past stripe {info.id}'s {info.data_length} data bytes"
@@ -598,11 +605,15 @@ class StripeReader:
         if blocking_forbidden():
             # fragments the range covers whole go straight into ``out`` where not cached
             end = offset + length
-            direct = {
-                i: out[i * p - offset : (i + 1) * p - offset]
-                for i in range(first, last + 1)
-                if i * p >= offset and (i + 1) * p <= end
-            }
+            direct = (
+                {
+                    i: out[i * p - offset : (i + 1) * p - offset]
+                    for i in range(first, last + 1)
+                    if i * p >= offset and (i + 1) * p <= end
+                }
+                if into_out
+                else None
+            )
             payloads, in_memory = self._fetch_in_memory(
                 info, list(range(first, last + 1)), from_drives, direct
             )

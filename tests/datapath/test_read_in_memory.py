@@ -118,6 +118,7 @@ def test_ranges_read_in_memory_match_every_offset(sqlite_engine, fragment_io):
 
 
 def flip_a_byte(engine, ino: int, idx: int) -> None:
+    """In data fragment ``idx`` of the file's last stripe."""
     extents, fragments, zones = Extent.__table__, Fragment.__table__, Zone.__table__
     frag = engine.catalog.read(
         lambda c: c.execute(
@@ -125,6 +126,7 @@ def flip_a_byte(engine, ino: int, idx: int) -> None:
             .join(zones, zones.c.id == fragments.c.zone_id)
             .join(extents, extents.c.stripe_id == fragments.c.stripe_id)
             .where(extents.c.ino == ino, fragments.c.idx == idx)
+            .order_by(extents.c.file_offset.desc())
             .limit(1)
         ).first()
     )
@@ -160,6 +162,23 @@ def test_a_bad_checksum_in_memory_is_never_served_and_the_blocking_read_repairs(
     engine.data.reader.drop_cache()
     with no_blocking():  # the repaired fragment reads in memory on the loop again
         assert engine.data.read(ino, 0, STRIPE, len(data)) == data
+
+
+def test_a_bad_checksum_read_into_a_streaming_readers_reply_is_never_served(
+    sqlite_engine, fragment_io
+):
+    engine = sqlite_engine
+    data = os.urandom(2 * STRIPE)
+    ino = make(engine, "stream", data)
+    flip_a_byte(engine, ino, 2)  # of the second stripe
+    engine.restart()
+    assert engine.data.read(ino, 0, STRIPE, len(data)) == data[:STRIPE]  # opens the zone files
+    with no_blocking(), pytest.raises(WouldBlock):  # the next READ streams on: into the reply
+        engine.data.read(ino, STRIPE, STRIPE, len(data))
+    assert engine.data.reader.stats["checksum_errors"] == 0
+    assert engine.data.read(ino, STRIPE, STRIPE, len(data)) == data[STRIPE:]
+    assert engine.data.reader.stats["checksum_errors"] == 1
+    assert engine.data.wait_repairs() == [True]
 
 
 def test_a_missing_drive_in_memory_hands_off_and_decodes(sqlite_engine):
