@@ -9,8 +9,9 @@ and read-ahead share one fetch.
 
 A caller that must not block (the NFS event loop, inside engine.blocking's no_blocking) reads
 what the drives hold in memory itself: preadv2(RWF_NOWAIT) from the page cache, checked
-against the fragment's crc32c like any drive read, fragments the range covers whole straight
-into the caller's buffer (a READ's reply), the others into the cache. Anything else (not in
+against the fragment's crc32c like any drive read; for a reader streaming a file, fragments
+the range covers whole go straight into the caller's buffer (a READ's reply), the others into
+the cache. Anything else (not in
 memory, a read-ahead on its way, a bad checksum, a missing drive, an inline stripe) raises
 WouldBlock, and the blocking read in a worker reads, reports, decodes and repairs. Such reads
 of a warm file start no read-ahead (``read_range`` says so): threads reading ahead would only
