@@ -24,6 +24,13 @@ else:
                 extra_compile_args=["-O2"],
                 optional=True,
             ),
+            # fragment read buffers without zeroing, the event loop's in-memory reads
+            Extension(
+                "engine.native.fragmentio",
+                ["engine/native/fragmentio.pyx"],
+                extra_compile_args=["-O2"],
+                optional=True,
+            ),
         ],
         compiler_directives={"language_level": "3"},
         quiet=True,

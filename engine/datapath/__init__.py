@@ -57,8 +57,10 @@ Catalog layout (engine/catalog/models.py)
 
 Read path
     Extent maps are cached per file; the data fragments covering a range are
-    read by the asking thread after a ``will_read`` hint to each drive (so
-    the drives fetch in parallel) and checked against their crc32c; inline
+    read by the asking thread, first each without waiting from the page cache,
+    the rest after a ``will_read`` hint to each drive (so the drives fetch in
+    parallel), and checked against their crc32c; the NFS event loop reads a
+    warm file itself (only what is in memory), without a worker; inline
     stripes are read from the catalog; a compressed stripe is read whole,
     decompressed once and its user bytes cached for the next READs; a missing drive
     (failed state, or its folder gone), a read error or a bad checksum makes

@@ -15,7 +15,8 @@ from engine import errors
 from engine.blocking import may_block
 from engine.catalog.database import in_list, sql_all, sql_one
 from engine.datapath.accounting import chunks
-from engine.datapath.reader import StripeInfo, StripeReader
+from engine.datapath.reader import NotInMemory, StripeInfo, StripeReader
+from engine.native import empty_bytearray
 from engine.ordered_lock import lock
 
 EXTENT_CACHE_FILES = 4096
@@ -123,6 +124,9 @@ class Reads:
         # fn(ino), called on every read that asks to be tracked
         self.hook: Callable[[int], None] | None = None
         self._last_read_end: dict[int, int] = {}
+        # files whose last read on the event loop found a fragment out of memory (bounded: a
+        # file missing from it only costs one non-blocking read that fails)
+        self._cold: set[int] = set()
 
     def read(
         self,
@@ -154,24 +158,44 @@ class Reads:
                         overlay.append((s.payload, s.extents))
                 if fb.data:
                     overlay.append((bytes(fb.data), [list(e) for e in fb.extents]))
-        out = bytearray(end - offset)
+        out = empty_bytearray(end - offset)  # not zeroed: the holes are, below
         view = memoryview(out)
+        filled = offset  # out is written up to here
         extents = self.extents
         starts, items, loaded = extents.extent_map(ino)
         i = max(bisect.bisect_right(starts, offset) - 1, 0)
         stripe_ends = []
+        warm = True  # every stripe served from in-memory drive reads: no read-ahead wanted
+        from_drives = ino not in self._cold
+        # one reader streaming the file: what it reads is not cached for others (16 readers of
+        # one shard interleave, and share the fragments through the cache)
+        into_out = self._last_read_end.get(ino) == offset
         while i < len(items) and items[i][0] < end:
             fo, elen, sid, so = items[i]
             a, b = max(fo, offset), min(fo + elen, end)
             if a < b:
+                if a > filled:  # a hole reads as zeros
+                    view[filled - offset : a - offset] = bytes(a - filled)
+                filled = b
                 info = loaded.get(sid) or extents.stripe(sid)
                 if info is None:
                     extents.invalidate({ino})
                     return self.read(ino, offset, length, size, track=False)
                 try:
-                    self.reader.read_range(
-                        info, so + (a - fo), b - a, view[a - offset : b - offset]
+                    in_memory = self.reader.read_range(
+                        info,
+                        so + (a - fo),
+                        b - a,
+                        view[a - offset : b - offset],
+                        from_drives,
+                        into_out,
                     )
+                except NotInMemory:
+                    # the page cache did not have it: from the cache only (read-ahead) until a
+                    # read-ahead finds the file in memory again
+                    if len(self._cold) < EXTENT_CACHE_FILES:
+                        self._cold.add(ino)
+                    raise
                 except errors.IOFailure:
                     if not retry:
                         raise
@@ -179,7 +203,10 @@ class Reads:
                     extents.invalidate_stripes({item[2] for item in items})
                     return self.read(ino, offset, length, size, track=False, retry=False)
                 stripe_ends.append((i, info))
+                warm = warm and in_memory
             i += 1
+        if filled < end:
+            view[filled - offset :] = bytes(end - filled)
         for payload, pending in overlay:
             if not payload:
                 continue
@@ -187,15 +214,19 @@ class Reads:
                 a, b = max(fo, offset), min(fo + elen, end)
                 if a < b:
                     view[a - offset : b - offset] = payload[so + (a - fo) : so + (b - fo)]
-        self._read_ahead(ino, offset, end, items, stripe_ends)
+        if warm and stripe_ends:
+            self._cold.discard(ino)
+        self._read_ahead(ino, offset, end, items, stripe_ends, warm)
         return out  # a bytearray the caller owns: the NFS reply sends it without another 1 MiB copy
 
-    def _read_ahead(self, ino, offset, end, items, touched) -> None:
+    def _read_ahead(self, ino, offset, end, items, touched, warm: bool) -> None:
         sequential = self._last_read_end.get(ino) == offset
         self._last_read_end[ino] = end
         if len(self._last_read_end) > EXTENT_CACHE_FILES:
             self._last_read_end.pop(next(iter(self._last_read_end)))
-        if not sequential or not touched:
+        # a warm file (its fragments in the page cache) is read by the event loop itself: threads
+        # reading ahead would only take the GIL from it (warm nfs-rs read: see ARCHITECTURE.md)
+        if not sequential or not touched or warm:
             return
         last_index = touched[-1][0]
         seen = set()

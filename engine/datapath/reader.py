@@ -7,6 +7,16 @@ good fragments (parity included). Fetched payloads live in a byte-bounded
 LRU cache keyed by (stripe, fragment), as futures so that concurrent readers
 and read-ahead share one fetch.
 
+A caller that must not block (the NFS event loop, inside engine.blocking's no_blocking) reads
+what the drives hold in memory itself: preadv2(RWF_NOWAIT) from the page cache, checked
+against the fragment's crc32c like any drive read; for a reader streaming a file, fragments
+the range covers whole go straight into the caller's buffer (a READ's reply), the others into
+the cache. Anything else (not in
+memory, a read-ahead on its way, a bad checksum, a missing drive, an inline stripe) raises
+WouldBlock, and the blocking read in a worker reads, reports, decodes and repairs. Such reads
+of a warm file start no read-ahead (``read_range`` says so): threads reading ahead would only
+take turns at the GIL with the loop.
+
 A compressed stripe (``compression`` set: tiering wrote it into a class with zstd) is read
 whole: the data fragments that hold its frame are fetched as above (decoding around bad ones),
 the frame is decompressed once, and the stripe's user bytes are cached under (stripe,
@@ -27,13 +37,37 @@ from engine import compression, errors
 from engine.blocking import WouldBlock, blocking_forbidden
 from engine.drives import DriveMissing
 from engine.erasure import FRAGMENT_HEADER, INLINE, decoder_for
+from engine.native import empty_bytearray
 from engine.ordered_lock import lock
 
 
 class FragmentFuture(Future):
-    """A fragment's payload to come, and its size once known (for the cache's byte budget)."""
+    """A fragment's payload to come, and its size once known (for the cache's byte budget).
+    ``in_memory``: read from the page cache without waiting (its file is warm)."""
 
     nbytes = 0
+    in_memory = False
+
+
+class ReadyFragment:
+    """A cache entry whose payload was in hand when it was made (an in-memory read): what a
+    FragmentFuture answers, without a Future's condition variable and its locks."""
+
+    __slots__ = ("payload", "nbytes", "in_memory")
+
+    def __init__(self, payload: memoryview):
+        self.payload = payload
+        self.nbytes = len(payload)
+        self.in_memory = True
+
+    def done(self) -> bool:
+        return True
+
+    def exception(self) -> None:
+        return None
+
+    def result(self) -> memoryview:
+        return self.payload
 
 
 class StripeInfo:
@@ -98,6 +132,11 @@ class ChecksumError(errors.IOFailure):
     pass
 
 
+class NotInMemory(WouldBlock):
+    """A caller that must not block needs a fragment that is neither cached nor in the page
+    cache (or a read-ahead of it is still on its way)."""
+
+
 class StripeReader:
     def __init__(
         self,
@@ -115,7 +154,7 @@ class StripeReader:
         # read-ahead waits on fragment reads: it gets its own threads so the
         # pool cannot starve itself
         self.ahead = ThreadPoolExecutor(2, thread_name_prefix="shingle-readahead")
-        self.cache: OrderedDict[tuple[int, int], FragmentFuture] = OrderedDict()
+        self.cache: OrderedDict[tuple[int, int], FragmentFuture | ReadyFragment] = OrderedDict()
         self.cache_bytes = cache_bytes
         self._cached = 0
         self._lock = lock("datapath.reader_cache")
@@ -151,7 +190,7 @@ class StripeReader:
                 self._cached -= self._size(fut)
 
     @staticmethod
-    def _size(fut: Future) -> int:
+    def _size(fut: FragmentFuture | ReadyFragment) -> int:
         return getattr(fut, "nbytes", 0)
 
     # -- fragment fetches -----------------------------------------------------------
@@ -174,12 +213,12 @@ class StripeReader:
         header = info.header
         try:
             if whole:
-                buf = bytearray(length)
+                buf = empty_bytearray(length)  # a short read is an error below
                 got = drive.backend.read_into(zone.idx, offset, [buf])
                 crc = crc32c.crc32c(buf)
             else:
                 head = bytearray(header)
-                buf = bytearray(length - header)
+                buf = empty_bytearray(length - header)
                 got = drive.backend.read_into(zone.idx, offset, [head, buf] if header else [buf])
                 crc = crc32c.crc32c(buf, crc32c.crc32c(head)) if header else crc32c.crc32c(buf)
         except OSError as exc:
@@ -291,13 +330,16 @@ class StripeReader:
     def _fetch(self, info: StripeInfo, indexes: list[int]) -> dict[int, memoryview]:
         """Payloads of the data fragments ``indexes``, from cache or drives,
         decoding on any failure."""
-        futures: dict[int, FragmentFuture] = {}
+        return self._fetch_flagged(info, indexes)[0]
+
+    def _fetch_flagged(
+        self, info: StripeInfo, indexes: list[int]
+    ) -> tuple[dict[int, memoryview], bool]:
+        """``_fetch``, and whether every payload was read from memory without waiting."""
+        if blocking_forbidden():
+            return self._fetch_in_memory(info, indexes)
+        futures: dict[int, FragmentFuture | ReadyFragment] = {}
         mine: list[tuple[int, FragmentFuture]] = []
-        if blocking_forbidden():  # from the cache or not at all: fetched fragments, no drive read
-            with self._lock:
-                hits = [self.cache.get((info.id, i)) for i in indexes]
-            if not all(fut is not None and fut.done() for fut in hits):
-                raise WouldBlock("fragment read")
         with self._lock:
             for i in indexes:
                 key = (info.id, i)
@@ -310,14 +352,24 @@ class StripeReader:
                 else:
                     self.cache.move_to_end(key)
                 futures[i] = fut
-        # Read in this thread, after asking the kernel for every range first: the drives fetch in
-        # parallel all the same, and a thread hand-off per fragment cost more CPU than the copy
-        # (two cores serve the whole appliance on the reference machine).
-        if len(mine) > 1:
-            for i, _fut in mine:
-                self._will_read(info, i)
+        # What the page cache holds is taken first, without waiting (marked in_memory: a file
+        # read wholly so wants no read-ahead, the event loop reads it itself). The rest is read in
+        # this thread, after asking the kernel for each range (posix_fadvise WILLNEED): the drives
+        # fetch in parallel all the same, and a thread hand-off per fragment cost more CPU than
+        # the copy (two cores serve the whole appliance on the reference machine).
         jobs: list[tuple[int, FragmentFuture, Any, Exception | None]] = []
+        cold = []
         for i, fut in mine:
+            payload = self._read_in_memory(info, i)
+            if payload is None:
+                cold.append((i, fut))
+            else:
+                fut.in_memory = True
+                jobs.append((i, fut, payload, None))
+        if len(cold) > 1:
+            for i, _fut in cold:
+                self._will_read(info, i)
+        for i, fut in cold:
             try:
                 jobs.append((i, fut, self._read_fragment(info, i, False), None))
             except (OSError, errors.FsError) as exc:
@@ -357,9 +409,116 @@ class StripeReader:
                     fut.set_result(payload)
                     self.cache[(info.id, i)] = fut
                 self._account(fut)
-        return {i: f.result() for i, f in futures.items()}
+        payloads = {i: f.result() for i, f in futures.items()}
+        return payloads, all(f.in_memory for f in futures.values())
 
-    def _account(self, fut: FragmentFuture) -> None:
+    def _fetch_in_memory(
+        self,
+        info: StripeInfo,
+        indexes: list[int],
+        from_drives: bool = True,
+        direct: dict[int, memoryview] | None = None,
+    ) -> tuple[dict[int, memoryview], bool]:
+        """For a caller that must not block (the NFS event loop): payloads from the cache, or
+        (``from_drives``) read where the drive has them in memory (the page cache), checked
+        against their crc32c and cached. A fragment of ``direct`` that is not cached is read
+        straight into its buffer there instead (the READ's reply: no buffer of its own, no
+        copy, not cached) and has no entry in the payloads returned. WouldBlock where a drive
+        would wait, a read-ahead is still on its way, or a read fails or mismatches: the
+        blocking path then reads again, reports and decodes. Also returns whether every
+        payload came from such in-memory reads (the file is warm: read-ahead threads would only
+        compete with the loop)."""
+        sid, cache = info.id, self.cache
+        with self._lock:
+            hits = [cache.get((sid, i)) for i in indexes]
+            for i, fut in zip(indexes, hits, strict=True):
+                if fut is not None:
+                    cache.move_to_end((sid, i))
+        payloads: dict[int, memoryview] = {}
+        fresh: list[tuple[int, ReadyFragment]] = []
+        in_memory = True
+        for i, fut in zip(indexes, hits, strict=True):
+            if fut is None:
+                if info.layout == INLINE:
+                    raise WouldBlock("inline stripe read")  # a catalog read
+                if direct is not None and i in direct and from_drives:
+                    if not self._read_in_memory_into(info, i, direct[i]):
+                        self._cache_ready(sid, fresh)
+                        raise NotInMemory("fragment read")
+                    continue
+                payload = self._read_in_memory(info, i) if from_drives else None
+                if payload is None:
+                    self._cache_ready(sid, fresh)  # what was read stays read
+                    raise NotInMemory("fragment read")
+                fresh.append((i, ReadyFragment(payload)))
+                payloads[i] = payload
+            elif not fut.done() or fut.exception() is not None:
+                self._cache_ready(sid, fresh)
+                raise NotInMemory("fragment read")
+            else:
+                payloads[i] = fut.result()
+                in_memory = in_memory and fut.in_memory
+        self._cache_ready(sid, fresh)
+        return payloads, in_memory
+
+    def _read_in_memory(self, info: StripeInfo, idx: int) -> memoryview | None:
+        """Payload of fragment ``idx`` if its drive has it in memory and its checksum matches,
+        else None (the blocking read then counts any error)."""
+        where = info.fragments.get(idx)
+        if info.layout == INLINE or where is None:  # inline bytes are a catalog read
+            return None
+        drive_id, zone_id, offset, length, checksum = where
+        drive = self.drives.get(drive_id)
+        zone = self.zones.get(zone_id)
+        if drive is None or zone is None or not drive.readable():
+            return None
+        buf = drive.backend.read_cached(zone.idx, offset, length)
+        if buf is None:
+            return None
+        # keep the GIL (release mode 0): on the loop, letting go of it only hands it around
+        if crc32c.crc32c(buf, 0, 0) != checksum:
+            return None
+        self.stats["fragment_reads"] += 1
+        return memoryview(buf)[info.header :]
+
+    def _read_in_memory_into(self, info: StripeInfo, idx: int, target: memoryview) -> bool:
+        """``_read_in_memory`` of a whole fragment's payload into ``target``."""
+        where = info.fragments.get(idx)
+        if where is None:
+            return False
+        drive_id, zone_id, offset, length, checksum = where
+        drive = self.drives.get(drive_id)
+        zone = self.zones.get(zone_id)
+        header = info.header
+        if drive is None or zone is None or length != header + len(target) or not drive.readable():
+            return False
+        head = bytearray(header)
+        if not drive.backend.read_cached_into(
+            zone.idx, offset, [head, target] if header else [target]
+        ):
+            return False
+        crc = crc32c.crc32c(head, 0, 0) if header else 0
+        if crc32c.crc32c(target, crc, 0) != checksum:
+            return False
+        self.stats["fragment_reads"] += 1
+        return True
+
+    def _cache_ready(self, stripe_id: int, entries: list[tuple[int, ReadyFragment]]) -> None:
+        """Cache fragments read in memory, in one go (one taking of the lock for a stripe). A
+        fragment another thread cached or is reading meanwhile keeps that entry."""
+        if not entries:
+            return
+        cache = self.cache
+        with self._lock:
+            for i, entry in entries:
+                if (stripe_id, i) not in cache:
+                    cache[(stripe_id, i)] = entry
+                    self._cached += entry.nbytes
+            while self._cached > self.cache_bytes and len(cache) > 1:
+                _, old = cache.popitem(last=False)
+                self._cached -= self._size(old)
+
+    def _account(self, fut: FragmentFuture | ReadyFragment) -> None:
         with self._lock:
             self._cached += fut.nbytes
             while self._cached > self.cache_bytes and len(self.cache) > 1:
@@ -371,19 +530,19 @@ class StripeReader:
         """The user bytes of a compressed stripe: decompressed once, then from the cache."""
         key = (info.id, UNPACKED)
         with self._lock:
-            fut = self.cache.get(key)
-            if fut is None and not blocking_forbidden():
-                fut = self.cache[key] = FragmentFuture()
+            cached = self.cache.get(key)
+            if cached is None and not blocking_forbidden():
+                fut = FragmentFuture()
+                self.cache[key] = fut
                 fut.set_running_or_notify_cancel()
-                mine = True
-            else:
-                mine = False
-                if fut is not None:
-                    self.cache.move_to_end(key)
-        if fut is None or (not mine and blocking_forbidden() and not fut.done()):
-            raise WouldBlock("stripe decompression")  # from the cache or not at all
-        if not mine:
-            return fut.result()
+            elif cached is not None:
+                self.cache.move_to_end(key)
+        if cached is not None:
+            if blocking_forbidden() and not cached.done():
+                raise WouldBlock("stripe decompression")  # from the cache or not at all
+            return cached.result()
+        if blocking_forbidden():
+            raise WouldBlock("stripe decompression")
         try:
             data = self._decompress(info)
         except BaseException as exc:
@@ -421,24 +580,55 @@ class StripeReader:
         return -(-info.encoded_length // p) if p else 0
 
     # -- ranges ----------------------------------------------------------------------
-    def read_range(self, info: StripeInfo, offset: int, length: int, out: memoryview) -> None:
-        """Copy stripe data [offset, offset+length) into ``out``."""
+    def read_range(
+        self,
+        info: StripeInfo,
+        offset: int,
+        length: int,
+        out: memoryview,
+        from_drives: bool = True,
+        into_out: bool = False,
+    ) -> bool:
+        """Copy stripe data [offset, offset+length) into ``out``. True when every byte came
+        from drive reads that found it in memory (the page cache: no read-ahead needed). A
+        caller that must not block reads drives only with ``from_drives`` (else only the
+        cache), and with ``into_out`` (one reader streams the file: nobody will ask for these
+        bytes again soon) the fragments the range covers whole straight into ``out``."""
         if offset + length > info.data_length:
             raise errors.IOFailure(
                 f"extent reaches past stripe {info.id}'s {info.data_length} data bytes"
             )
         if info.compression is not None:
             out[:length] = self._unpacked(info)[offset : offset + length]
-            return
+            return False
         p = info.payload
         first, last = offset // p, (offset + length - 1) // p
-        payloads = self._fetch(info, list(range(first, last + 1)))
+        if blocking_forbidden():
+            # fragments the range covers whole go straight into ``out`` where not cached
+            end = offset + length
+            direct = (
+                {
+                    i: out[i * p - offset : (i + 1) * p - offset]
+                    for i in range(first, last + 1)
+                    if i * p >= offset and (i + 1) * p <= end
+                }
+                if into_out
+                else None
+            )
+            payloads, in_memory = self._fetch_in_memory(
+                info, list(range(first, last + 1)), from_drives, direct
+            )
+        else:
+            payloads, in_memory = self._fetch_flagged(info, list(range(first, last + 1)))
         pos = 0
         for i in range(first, last + 1):
             a = max(offset, i * p) - i * p
             b = min(offset + length, (i + 1) * p) - i * p
-            out[pos : pos + b - a] = payloads[i][a:b]
+            payload = payloads.get(i)
+            if payload is not None:  # else read into out already
+                out[pos : pos + b - a] = payload[a:b]
             pos += b - a
+        return in_memory
 
     def prefetch(self, info: StripeInfo) -> None:
         """Start fetching all data fragments of a stripe (read-ahead), without waiting."""

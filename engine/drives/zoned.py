@@ -92,6 +92,18 @@ class ZonedDrive:
         """Scatter-read below the write pointer; returns bytes read."""
         raise NotImplementedError
 
+    def read_cached(self, idx: int, offset: int, length: int) -> bytearray | None:
+        """The ``length`` bytes at ``offset`` only if they are in memory already (the page
+        cache), else None: where it would wait for the medium, or the backend cannot tell. For
+        a caller that must not block, such as the NFS event loop."""
+        return None
+
+    def read_cached_into(self, idx: int, offset: int, buffers: list) -> bool:
+        """``read_into`` only if every byte is in memory already: True, else False (the
+        buffers' contents are then undefined). As ``read_cached``, for a caller that must not
+        block."""
+        return False
+
     def read(self, idx: int, offset: int, length: int) -> bytes:
         buf = bytearray(length)
         got = self.read_into(idx, offset, [buf])

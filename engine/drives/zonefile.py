@@ -27,6 +27,7 @@ from engine.drives.zoned import (
     ZoneError,
     ZoneInfo,
 )
+from engine.native import fragmentio
 from engine.ordered_lock import rlock
 
 LABEL = "drive.json"
@@ -34,6 +35,8 @@ FALLOC_FL_KEEP_SIZE = 1
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 SYNC_FILE_RANGE_WRITE = 2
+# Linux 4.14+: a buffered preadv2 that fails with EAGAIN instead of waiting for the medium
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", None)
 _RWF_DSYNC = getattr(os, "RWF_DSYNC", 0)  # Linux 4.7+: pwritev with O_DSYNC semantics for one call
 _sync_file_range = getattr(_libc, "sync_file_range", None)
 if _sync_file_range is not None:
@@ -145,6 +148,10 @@ class ZoneFileDrive(ZonedDrive):
                     raise DriveMissing(
                         f"zone file {zone_path(self.folder, idx)} is missing"
                     ) from None
+                # no kernel readahead: a zone file interleaves the data fragments a sequential
+                # reader wants with parity it skips, and the data path reads ahead whole stripes
+                # of data fragments itself (with a WILLNEED hint per fragment)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 self._fds[idx] = fd
                 self._wp.setdefault(idx, os.fstat(fd).st_size)
         return fd
@@ -251,6 +258,46 @@ class ZoneFileDrive(ZonedDrive):
         if self.model is not None:
             self.model.on_read(self.model_key, idx * self.zone_size + offset, got)
         return got
+
+    def read_cached(self, idx: int, offset: int, length: int) -> bytearray | None:
+        fd = self._fds.get(idx)  # opening a zone file is left to a thread that may block
+        if fd is None or _RWF_NOWAIT is None or offset < 0 or offset + length > self._wp[idx]:
+            return None
+        if fragmentio is not None:
+            buf = fragmentio.read_cached(fd, offset, length)
+        else:
+            buf = bytearray(length)
+            try:
+                got = os.preadv(fd, [buf], offset, _RWF_NOWAIT)
+            except OSError:  # EAGAIN, or an error the blocking read meets and reports
+                return None
+            if got != length:  # partly in memory: the rest would wait
+                return None
+        if buf is None:
+            return None
+        self.bytes_read += length
+        if self.model is not None:
+            self.model.on_read(self.model_key, idx * self.zone_size + offset, length)
+        return buf
+
+    def read_cached_into(self, idx: int, offset: int, buffers: list) -> bool:
+        fd = self._fds.get(idx)
+        length = sum(len(b) for b in buffers)
+        if fd is None or _RWF_NOWAIT is None or offset < 0 or offset + length > self._wp[idx]:
+            return False
+        if fragmentio is not None:
+            if not fragmentio.read_cached_into(fd, offset, buffers):
+                return False
+        else:
+            try:
+                if os.preadv(fd, buffers, offset, _RWF_NOWAIT) != length:
+                    return False
+            except OSError:
+                return False
+        self.bytes_read += length
+        if self.model is not None:
+            self.model.on_read(self.model_key, idx * self.zone_size + offset, length)
+        return True
 
     def sync(self, idx: int) -> None:
         os.fdatasync(self._fd(idx))
