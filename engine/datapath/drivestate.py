@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from engine.blocking import blocking_forbidden
 from engine.drives import DriveMissing, open_drive
 
 READABLE_STATES = ("online", "degraded", "draining")
@@ -75,7 +76,9 @@ class DriveState:
     def present(self) -> bool:
         if self.backend is None:
             return False
-        if time.monotonic() - self._present_at > PRESENCE_TTL_S:
+        # a stat of a hung filesystem hangs as well: the NFS event loop (reading from the page
+        # cache) goes by the last look; workers, writes and the drive watch look again
+        if time.monotonic() - self._present_at > PRESENCE_TTL_S and not blocking_forbidden():
             self.check_presence()
         return self._present
 

@@ -259,3 +259,25 @@ def test_a_folder_back_without_one_of_its_zone_files_stays_missing(sqlite_engine
     os.rename(os.path.join(path, "zone-000003.lost"), os.path.join(path, "zone-000003"))
     engine.data.check_drives()
     assert state_of(engine, drive_id) == "online"
+
+
+def test_the_event_loop_never_stats_a_drive_and_a_worker_does(sqlite_engine, monkeypatch):
+    """A stat of a hung filesystem hangs: inside no_blocking() (the NFS event loop) a drive's
+    presence is its last look, however old; outside it the folder is looked at again."""
+    from engine.blocking import no_blocking
+    from engine.datapath import drivestate
+
+    drive = next(iter(sqlite_engine.data.space.drives.values()))
+    looks = []
+
+    def hung_stat():  # a hung NFS or FUSE mount under the drive: nothing here can make one
+        looks.append("stat")
+        return True
+
+    monkeypatch.setattr(drive.backend, "present", hung_stat)
+    monkeypatch.setattr(drivestate, "PRESENCE_TTL_S", 0.0)  # every look is due
+    with no_blocking():
+        assert drive.present() and drive.readable()
+    assert looks == []
+    assert drive.present()
+    assert looks == ["stat"]
