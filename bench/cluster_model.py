@@ -39,8 +39,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# first, even when PYTHONPATH has it: bench/ (this script's folder) holds an engine.py too
+sys.path.insert(0, str(REPO))
 
 from engine.datapath.drivestate import ZoneMem  # noqa: E402
 from engine.datapath.space import Space  # noqa: E402

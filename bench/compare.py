@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# first, even when PYTHONPATH has it: bench/ (this script's folder) holds an engine.py too
+sys.path.insert(0, str(REPO))
 
 from bench import workloads  # noqa: E402
 from bench.ganesha import ChildServer, GaneshaError, GaneshaServer, free_port, wait_listening  # noqa: E402

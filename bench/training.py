@@ -37,8 +37,8 @@ import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# first, even when PYTHONPATH has it: bench/ (this script's folder) holds an engine.py too
+sys.path.insert(0, str(REPO))
 
 try:  # the dataset class must live at module level to reach spawned DataLoader workers
     from torch.utils.data import IterableDataset
