@@ -77,7 +77,7 @@ class DriveState:
         if self.backend is None:
             return False
         # a stat of a hung filesystem hangs as well: the NFS event loop (reading from the page
-        # cache) goes by the last look; workers, writes and the drive watch look again
+        # cache) goes by the last look, which the drive watch renews every PRESENCE_TTL_S
         if time.monotonic() - self._present_at > PRESENCE_TTL_S and not blocking_forbidden():
             self.check_presence()
         return self._present

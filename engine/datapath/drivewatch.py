@@ -4,7 +4,8 @@ Faults reach it three ways:
 - the I/O paths report errors (``note_io_error``: the drive writers' appends and fsyncs, the
   reader's fragment reads);
 - a drive's presence check (``DriveState.present``, at most twice a second, on every placement
-  and read) sees its folder or device gone and calls ``on_gone``;
+  and read, and by this watch's thread every ``PRESENCE_TTL_S`` for the NFS event loop, which
+  never stats) sees its folder or device gone and calls ``on_gone``;
 - ``check``, run by the daemon's maintenance loop (``maintenance.drive_check_interval_s``),
   looks at every drive even when no I/O touches it.
 Errors saying the drive is gone (ENOENT on a zone file, ENODEV, ENXIO, ESTALE, or a folder no
@@ -36,7 +37,7 @@ from typing import NamedTuple
 from sqlalchemy import select
 
 from engine.catalog.models import Drive, Event
-from engine.datapath.drivestate import DriveState
+from engine.datapath.drivestate import PRESENCE_TTL_S, DriveState
 from engine.datapath.recovery import RecoveryReport, record_updates, recover_drive
 from engine.drives import DriveMissing, ZoneError, open_drive
 from engine.errors import ConfigError
@@ -117,14 +118,30 @@ class DriveWatch:
 
     def _run(self) -> None:
         while True:
-            self._wake.wait()
-            self._wake.clear()
+            woken = self._wake.wait(PRESENCE_TTL_S)
             if self._stopping:
                 return
+            if not woken:
+                self._look_at_drives()
+                continue
+            self._wake.clear()
             try:
                 self.check()
             except Exception as exc:  # the catalog may be away: the faults stay pending
                 self._warn.error("check failed", "drive check failed: %s", exc)
+
+    def _look_at_drives(self) -> None:
+        """Every drive's presence, looked at again: the NFS event loop never stats (a hung
+        filesystem would hang it) and goes by these looks. A drive seen gone wakes the check."""
+        for drive in list(self.space.drives.values()):
+            if drive.backend is None or drive.state in (MISSING, FAILED, REMOVED):
+                continue
+            try:
+                drive.check_presence()  # calls _gone when it was there at the last look
+            except Exception as exc:  # noqa: BLE001 - a look that fails is retried next time
+                self._warn.error(
+                    "presence failed", "drive %d presence check failed: %s", drive.id, exc
+                )
 
     # -- the check ------------------------------------------------------------------------------
     def check(self) -> list[DriveChange]:

@@ -268,10 +268,12 @@ def test_the_event_loop_never_stats_a_drive_and_a_worker_does(sqlite_engine, mon
     from engine.datapath import drivestate
 
     drive = next(iter(sqlite_engine.data.space.drives.values()))
-    looks = []
+    me = threading.current_thread()
+    looks = []  # this thread's (the drive watch looks too, from its own)
 
     def hung_stat():  # a hung NFS or FUSE mount under the drive: nothing here can make one
-        looks.append("stat")
+        if threading.current_thread() is me:
+            looks.append("stat")
         return True
 
     monkeypatch.setattr(drive.backend, "present", hung_stat)
@@ -281,3 +283,20 @@ def test_the_event_loop_never_stats_a_drive_and_a_worker_does(sqlite_engine, mon
     assert looks == []
     assert drive.present()
     assert looks == ["stat"]
+
+
+def test_the_drive_watch_keeps_presence_fresh_for_the_event_loop(sqlite_engine):
+    """The event loop never stats; the drive watch looks every PRESENCE_TTL_S, so a folder that
+    went away is seen gone from the loop too, and its reads go to a worker."""
+    from engine.blocking import no_blocking
+
+    drive_id = sqlite_engine.drive_ids[0]
+    drive = sqlite_engine.data.space.drives[drive_id]
+    hide(sqlite_engine, drive_id)
+
+    def loop_sees_it_gone() -> bool:
+        with no_blocking():
+            return not drive.present()
+
+    wait_for(loop_sees_it_gone, timeout=10)
+    wait_for(lambda: state_of(sqlite_engine, drive_id) == "missing")
