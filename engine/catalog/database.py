@@ -406,9 +406,7 @@ class Catalog:
                         f"writers did not let go"
                     )
                 try:
-                    threads = self._threads
-                    pinned = threads.take() if threads is not None else None
-                    conn = pinned if pinned is not None else self.engine.connect()
+                    conn, own = self._take_connection()
                     try:
                         info = conn.info
                         if self.is_sqlite:
@@ -431,10 +429,7 @@ class Catalog:
                             del info[AFTER_COMMIT]
                             info.pop(COMMIT_NUMBER, None)
                     finally:
-                        if pinned is not None:
-                            threads.give_back(pinned)  # type: ignore[union-attr]
-                        else:
-                            conn.close()
+                        self._let_go(conn, own)
                 finally:
                     if queued:
                         self._writers.release()
@@ -477,9 +472,7 @@ class Catalog:
         ):
             return
         # the connection first: opening one takes catalog.watch, ranked below catalog.checkpoint
-        threads = self._threads
-        pinned = threads.take() if threads is not None else None
-        conn = pinned if pinned is not None else self.engine.connect()
+        conn, own = self._take_connection()
         try:
             if not self._checkpointing.acquire(blocking=False):
                 return  # another thread is checkpointing right now
@@ -492,10 +485,21 @@ class Catalog:
             finally:
                 self._checkpointing.release()
         finally:
-            if pinned is not None:
-                threads.give_back(pinned)  # type: ignore[union-attr]
-            else:
-                conn.close()
+            self._let_go(conn, own)
+
+    def _take_connection(self) -> tuple[Connection, bool]:
+        """This thread's own connection (SQLite, not in use), else a pooled one; and which."""
+        threads = self._threads
+        mine = threads.take() if threads is not None else None
+        if mine is not None:
+            return mine, True
+        return self.engine.connect(), False
+
+    def _let_go(self, conn: Connection, own: bool) -> None:
+        if own:
+            self._threads.give_back(conn)  # type: ignore[union-attr]  # own: there are threads
+        else:
+            conn.close()
 
     def _run_sqlite_pragmas(self, conn: Connection, work, *, durable: bool, foreign_keys: bool):
         """``work`` with synchronous=FULL and/or foreign_keys=OFF; both are set outside the

@@ -18,8 +18,10 @@ from engine.namespace.files import FileOps
 COPY_SHARE_MIN = 64 << 10
 # files whose space used (st_blocks) is remembered, keyed by their change counter and size
 SPACE_USED_CACHE = 16384
-# a data-path commit counts the space used of the files it changed that have at most this many
-# extents, so the GETATTR after a COMMIT reads no catalog; the others count on demand
+# a data-path commit counts the space used of the small files it changed (at most this size and
+# this many extents), so the GETATTR after a COMMIT reads no catalog; the others count on
+# demand, and a growing checkpoint does not pay an extent query in every COMMIT
+SPACE_USED_AT_COMMIT_BYTES = 4 << 20
 SPACE_USED_AT_COMMIT_EXTENTS = 64
 BLOCK = 4096  # the unit space used is counted in
 
@@ -148,7 +150,7 @@ class RangeOps(FileOps):
         if data is None:
             return used
         for a in attrs:
-            if a.type == REG and a.size > 0:
+            if a.type == REG and 0 < a.size <= SPACE_USED_AT_COMMIT_BYTES:
                 ranges = data.few_data_ranges(conn, a.ino, SPACE_USED_AT_COMMIT_EXTENTS)
                 if ranges is not None:
                     used[a.ino] = _used_within(a.size, ranges)

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from dphelpers import KiB
+from page_cache import evict_zone_files
 from sqlalchemy import select
 from test_datapath import STRIPE, make
 
@@ -38,17 +39,7 @@ def fragment_io(request, monkeypatch):
 
 
 def evict(engine) -> None:
-    """Drop the zone files' pages from the page cache (clean after fsync): the next read waits
-    for the medium."""
-    for drive in engine.data.space.drives.values():
-        for name in os.listdir(drive.path):
-            if name.startswith("zone-"):
-                fd = os.open(os.path.join(drive.path, name), os.O_RDONLY)
-                try:
-                    os.fdatasync(fd)
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
+    evict_zone_files(engine.data.space.drives.values())
 
 
 def open_all_zones(engine, ino, size) -> None:

@@ -11,6 +11,7 @@ import threading
 import pytest
 from nfs4_rawclient import RawClient, open_args, stateid
 from nfs4_support import every_worker_busy
+from page_cache import evict_zone_files
 
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
@@ -176,20 +177,6 @@ def test_a_handed_off_compound_carries_on_where_the_event_loop_stopped(server):
     raw.close()
 
 
-def _evict_zone_files(server) -> None:
-    """Drop the drives' zone files from the page cache (their pages are clean after the
-    FILE_SYNC write): a read of them then waits for the medium."""
-    for drive in server.server.namespace.data.space.drives.values():
-        for name in os.listdir(drive.path):
-            if name.startswith("zone-"):
-                fd = os.open(os.path.join(drive.path, name), os.O_RDONLY)
-                try:
-                    os.fdatasync(fd)
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
-
-
 def _open_and_write(raw: RawClient, name: str, payload: bytes):
     root = raw.root_fh()
     st, res = raw.session(
@@ -229,29 +216,11 @@ def test_read_of_fragments_in_memory_is_answered_by_the_event_loop(server):
 
 def test_read_of_fetched_fragments_is_answered_by_the_event_loop(server):
     raw = RawClient(server.port).setup()
-    root = raw.root_fh()
-    st, res = raw.session(
-        [
-            (c.OP_PUTFH, root),
-            (c.OP_OPEN, open_args("data", b"reader", raw.clientid)),
-            (c.OP_GETFH, None),
-        ]
-    )
-    assert st == 0
-    fh, sid = res[-1][2], res[2][2].stateid
     payload = os.urandom(200 << 10)  # several stripes of the test stack's 64 KiB fragments
-    write = (
-        c.OP_WRITE,
-        t.ARGS[c.OP_WRITE](stateid(sid.seqid, sid.other), 0, c.FILE_SYNC4, payload),
-    )
-    assert raw.session([(c.OP_PUTFH, fh), write])[0] == 0
-
-    def read(offset, count):
-        return (c.OP_READ, t.ARGS[c.OP_READ](stateid(sid.seqid, sid.other), offset, count))
-
+    fh, read = _open_and_write(raw, "data", payload)
     assert raw.session([(c.OP_PUTFH, fh), read(0, 10)])[0] == 0  # the extent map is cached now
     server.server.namespace.data.reader.drop_cache()  # but the next READ must go to the drives
-    _evict_zone_files(server)  # which have to fetch it from the medium
+    evict_zone_files(server.server.namespace.data.space.drives.values())  # from the medium
     with every_worker_busy(server):
         _send(raw, [(c.OP_PUTFH, fh), read(0, 64 << 10)])  # not fetched yet: needs a worker
         with pytest.raises(socket.timeout):
