@@ -50,8 +50,9 @@ WORKLOAD = textwrap.dedent(
     print("ok")
     """
 )
-# a batch: a queued call holds the writer until all three appends are queued behind it; the
-# ticket's completion shows in the trace as a lookup of a marker path
+# a batch: a queued call holds the writer until all three appends are queued behind it (the
+# appends wait until the call runs, so the writer took the call alone and finds all three in
+# its next batch); the ticket's completion shows in the trace as a lookup of a marker path
 BATCH = textwrap.dedent(
     """
     import os, sys, threading
@@ -65,8 +66,12 @@ BATCH = textwrap.dedent(
             super().all_written()
     fd = os.open({zone!r}, os.O_RDWR | os.O_CREAT, 0o600)
     queue = driveio.DriveQueue(lambda *args: None)
-    gate = threading.Event()
-    queue.call(gate.wait)
+    entered, gate = threading.Event(), threading.Event()
+    def hold():
+        entered.set()
+        gate.wait()
+    queue.call(hold)
+    assert entered.wait(30)
     ticket = Ticket(3)
     for i in range(3):
         queue.append(fd, i * 65536, os.urandom(65536), ticket, 0)
