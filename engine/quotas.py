@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 from engine import errors
+from engine.blocking import holding
 from engine.catalog.database import Catalog, commits_between, in_list, sql, sql_all, sql_one
 from engine.catalog.models import DIR, REG
 from engine.catalog.models import Quota as QuotaRow
@@ -331,8 +332,9 @@ class QuotaTracker:
         """A write to ``ino`` ending at ``end`` grows it: refuse it (EDQUOT) before any byte is
         buffered if that would pass a hard limit of its trees, else count it as admitted."""
         # the check and the bookkeeping hold the lock, so two writers of one tree cannot both
-        # take the last bytes (a catalog read at most; no commit waits for this lock)
-        with self._lock:
+        # take the last bytes (a catalog read at most; no commit waits for this lock); on the
+        # event loop a lock held elsewhere or a catalog read raises WouldBlock before any change
+        with holding(self._lock, "a quota check"):
             entry = self._admitted.get(ino)
             if entry is not None and end <= entry.end:
                 return

@@ -15,6 +15,7 @@ import resource
 import socket
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -54,7 +55,7 @@ class _Call:
     """A call queued by ``NfsWorkers.call_soon``: the executor's worker runs ``run()``; no Future
     (nobody waits for the result: the call sends its own reply)."""
 
-    __slots__ = ("fn", "args")
+    __slots__ = ("fn", "args", "pending")
 
     class _NoFuture:
         @staticmethod
@@ -63,14 +64,16 @@ class _Call:
 
     future = _NoFuture()
 
-    def __init__(self, fn, args):
-        self.fn, self.args = fn, args
+    def __init__(self, fn, args, pending: deque):
+        self.fn, self.args, self.pending = fn, args, pending
 
     def run(self) -> None:
         try:
             self.fn(*self.args)
         except BaseException:  # noqa: BLE001 - an escaping error would end the worker thread
             log.exception("unexpected error in an NFS worker")
+        finally:
+            self.pending.pop()
 
 
 class NfsWorkers(ThreadPoolExecutor):
@@ -78,13 +81,23 @@ class NfsWorkers(ThreadPoolExecutor):
     condition variable ``submit`` makes for each (about a tenth of a small COMPOUND's CPU on the
     event loop); ``submit`` and ``run_in_executor`` work as ever."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._pending: deque = deque()  # one entry per call_soon call not yet done
+
     def call_soon(self, fn, *args) -> None:
         """Run ``fn(*args)`` in a worker; RuntimeError once the pool is shut down."""
         with self._shutdown_lock:
             if self._broken or self._shutdown:
                 raise RuntimeError("cannot schedule new calls after shutdown")
-            self._work_queue.put(_Call(fn, args))  # type: ignore[arg-type]  # run() is all it needs
+            self._pending.append(None)  # deque appends and pops are atomic: no lock
+            call = _Call(fn, args, self._pending)
+            self._work_queue.put(call)  # type: ignore[arg-type]  # run() is all it needs
             self._adjust_thread_count()
+
+    def idle(self) -> bool:
+        """Whether no call handed over by ``call_soon`` is queued or running."""
+        return not self._pending
 
 
 class VersionDispatch:

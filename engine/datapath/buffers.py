@@ -1,7 +1,9 @@
 """Per-file write buffers: write, flush, and the truncate and release of a file's data.
 
 ``write`` reserves space and copies the bytes into the file's buffer; a full stripe goes to the
-Dispatcher. ``flush`` submits what is left, encodes and places it itself, and returns once all
+Dispatcher. Inside ``no_blocking()`` (the NFS event loop) a write that fills no stripe runs as
+well; one that would fill a stripe, wait for a lock or reclaim space raises WouldBlock before it
+changed anything. ``flush`` submits what is left, encodes and places it itself, and returns once all
 the file's stripes committed. ``truncate`` and ``release`` run inside the namespace's catalog
 transaction."""
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict, defaultdict
 
 from engine import errors
+from engine.blocking import WouldBlock, blocking_forbidden, holding
 from engine.catalog.database import in_list, sql, sql_all, sql_one
 from engine.datapath.accounting import (
     ExtentMap,
@@ -94,12 +97,15 @@ class FileBuffers:
         space = self.space
         while True:
             fb = self._buffer(ino)
-            with fb.lock:
+            with holding(fb.lock, "the file's buffer is being flushed"):
                 if fb.dead:
                     continue
                 if length == 0:
                     return fb.size
                 policy = fb.policy
+                if len(fb.data) + length >= policy.stripe_size and blocking_forbidden():
+                    # a full stripe goes to the dispatcher, which may wait (backpressure)
+                    raise WouldBlock("a full stripe")
                 need = space.need(policy, length)
                 space.reserve(need, policy)
                 fb.reserved += need

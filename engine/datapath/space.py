@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from sqlalchemy import func, select
 
 from engine import errors
+from engine.blocking import holding, may_block
 from engine.catalog.models import Drive, Fragment, Stripe, Zone
 from engine.datapath.drivestate import DriveState, ZoneMem
 from engine.erasure import ALIGNMENT_SLACK, Policy
@@ -218,11 +219,12 @@ class Space:
 
     def reserve(self, need: int, policy: Policy) -> None:
         self.check_redundancy(policy)
-        with self.lock:
+        with holding(self.lock, "zones being placed"):
             with self._reserve_lock:
                 if self._reserved + need <= self.usable(policy):
                     self._reserved += need
                     return
+            may_block("reclaiming zones")
             self.reclaim_zones()
             self.refresh_reclaimable()
             with self._reserve_lock:

@@ -7,6 +7,7 @@ import time
 from sqlalchemy import and_, select
 
 from engine import errors, quotas
+from engine.blocking import may_block
 from engine.catalog.database import sql as _sql
 from engine.namespace.common import (
     DIR,
@@ -171,9 +172,13 @@ class FileOps(Lookup):
         return self._data().read(ino, offset, min(length, attr.size - offset), attr.size)
 
     def write(self, ino: int, offset: int, data: bytes | bytearray, *, stable: bool = False) -> int:
-        """Write ``data`` at ``offset``; with ``stable`` it is durable on return."""
+        """Write ``data`` at ``offset``; with ``stable`` it is durable on return. Inside
+        ``no_blocking()`` an unstable write that fits in the file's buffer runs; anything that
+        would wait raises WouldBlock before it changed anything."""
         if offset < 0:
             raise errors.InvalidArgument(f"write at offset {offset}")
+        if stable:
+            may_block("a stable write")
         self._check_writable(ino)
         attr = self._file_in_use(ino)
         if attr.type == DIR:

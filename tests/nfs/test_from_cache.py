@@ -265,3 +265,46 @@ def test_space_used_after_a_commit_is_answered_from_the_cache(server):
     assert st == 0
     assert int.from_bytes(res[-1][2].attr_vals, "big") == 8192
     raw.close()
+
+
+def _unstable_write(sid, offset: int, data: bytes, how: int = c.UNSTABLE4):
+    return (c.OP_WRITE, t.ARGS[c.OP_WRITE](stateid(sid.seqid, sid.other), offset, how, data))
+
+
+def test_an_unstable_write_into_the_buffer_is_answered_by_the_event_loop(server):
+    raw = RawClient(server.port).setup()
+    st, res = raw.session(
+        [
+            (c.OP_PUTFH, raw.root_fh()),
+            (c.OP_OPEN, open_args("ckpt", b"writer", raw.clientid)),
+            (c.OP_GETFH, None),
+        ]
+    )
+    assert st == 0
+    fh, sid = res[-1][2], res[2][2].stateid
+    stripe = server.server.namespace.data.policies["warm"].stripe_size
+    first, second = os.urandom(stripe // 4), os.urandom(stripe // 4)
+    assert raw.session([(c.OP_PUTFH, fh), GETATTR])[0] == 0  # its attributes are cached now
+    with every_worker_busy(server):
+        _send(raw, [(c.OP_PUTFH, fh), _unstable_write(sid, 0, first)])
+        st, res = _reply(raw, 5)
+        assert st == 0 and res[-1][2].count == len(first)
+        assert res[-1][2].committed == c.UNSTABLE4
+        # what no buffer can take alone waits for a worker: a stable write (it flushes) ...
+        _send(raw, [(c.OP_PUTFH, fh), _unstable_write(sid, len(first), second, c.FILE_SYNC4)])
+        with pytest.raises(socket.timeout):
+            _reply(raw, 0.5)
+    st, res = raw.parse(raw.recv_record())
+    assert st == 0 and res[-1][2].committed == c.FILE_SYNC4
+    with every_worker_busy(server):
+        # ... and one that fills a stripe (the dispatcher takes it and may hold the writer back)
+        rest = os.urandom(stripe)
+        _send(raw, [(c.OP_PUTFH, fh), _unstable_write(sid, 2 * len(first), rest)])
+        with pytest.raises(socket.timeout):
+            _reply(raw, 0.5)
+    assert raw.parse(raw.recv_record())[0] == 0
+    assert raw.session([(c.OP_PUTFH, fh), (c.OP_COMMIT, t.ARGS[c.OP_COMMIT](0, 0))])[0] == 0
+    expect = first + second + rest
+    ns = server.server.namespace
+    assert bytes(ns.read(ns.resolve("/ckpt").ino, 0, len(expect) + 1)) == expect
+    raw.close()

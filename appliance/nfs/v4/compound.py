@@ -5,10 +5,11 @@ the results.
 
 A COMPOUND runs in a worker thread (blocking catalog and data work), except
 that the event loop first tries small ones from the caches (``from_cache``):
-read-only operations only (FROM_CACHE_OPS), inside engine.blocking's
-no_blocking(). At the first operation that would need more, it stops and
-returns a Handoff; the worker carries the COMPOUND on from that operation,
-with the slot its SEQUENCE took and the results so far. A stat costs one thread
+the operations in FROM_CACHE_OPS (read-only ones, and an UNSTABLE WRITE into the
+file's buffer), inside engine.blocking's no_blocking(). At the first operation
+that would need more, it stops and returns a Handoff; the worker carries the
+COMPOUND on from that operation, with the slot its SEQUENCE took and the results
+so far. A stat costs one thread
 hand-off less (in process, nfs-rs: 0.356 -> 0.277 ms for LOOKUP+GETATTR and GETATTR).
 
 NFSv4.2 (RFC 7862) is NFSv4.1 plus operations and attributes: this executor runs minor versions
@@ -96,6 +97,7 @@ FROM_CACHE_OPS = frozenset(
         c.OP_GETATTR,
         c.OP_ACCESS,
         c.OP_READ,
+        c.OP_WRITE,  # UNSTABLE, into the file's buffer; anything more raises WouldBlock first
     }
 )
 # An operation that changes the current file handle clears the current stateid (RFC 8881
@@ -307,7 +309,7 @@ def _run(run: _Run, record, from_cache: bool) -> list:
                 value = handler(cx, args)
                 if cx.cur is not cur and opnum not in SETS_FH_AND_STATEID:
                     cx.cur_stateid = None
-            except WouldBlock:  # only read-only operations run from the cache: nothing to undo
+            except WouldBlock:  # raised before the operation changed anything: nothing to undo
                 raise _Stop() from None
             except NfsError as exc:
                 run.counted.append((OP_METRIC[opnum], time.perf_counter() - started, cx.cur))

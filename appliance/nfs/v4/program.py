@@ -12,8 +12,10 @@ from appliance.nfs.v4 import (
 )
 from appliance.nfs.v4 import const as c
 
-# COMPOUNDs the event loop tries from the caches first (compound.FROM_CACHE_OPS) are this small:
-# a bigger one is a WRITE or a SETATTR-laden OPEN, which would only pay for the attempt
+# A bigger COMPOUND (a WRITE, an OPEN with attributes) is tried on the event loop only while no
+# call waits for or runs in a worker: an UNSTABLE WRITE then skips a thread hand-off (one writer
+# streaming); with several writers at once, the workers copy their data into the file buffers
+# while the loop reads the next records from the sockets.
 FROM_CACHE_MAX_BYTES = 2048
 
 
@@ -28,7 +30,7 @@ class Nfs4Program:
             return []
         if call.proc != 1:
             raise RpcReject(accepted(call.xid, PROC_UNAVAIL))
-        if len(record) - pos > FROM_CACHE_MAX_BYTES:
+        if len(record) - pos > FROM_CACHE_MAX_BYTES and not self.server.pool.idle():
             return InWorker(
                 compound.execute, self.server, conn.state, cred, conn.peer[0], record, pos
             )
