@@ -35,3 +35,61 @@ def test_no_call_after_shutdown_and_queued_ones_are_dropped():
     hold.set()
     stopper.join(10)
     assert "late" not in ran and "queued" not in ran
+
+
+def test_idle_while_no_handed_over_call_is_queued_or_running():
+    pool = NfsWorkers(1, thread_name_prefix="test-worker")
+    hold, done = threading.Event(), threading.Event()
+    try:
+        assert pool.idle()
+        pool.call_soon(hold.wait, 10)
+        pool.call_soon(lambda: 1 / 0)  # a failing call counts as done too
+        pool.call_soon(done.set)
+        assert not pool.idle()
+        hold.set()
+        assert done.wait(10)
+        for _ in range(1000):  # done.set() returned; the call's bookkeeping follows it
+            if pool.idle():
+                break
+            threading.Event().wait(0.01)
+        assert pool.idle()
+    finally:
+        pool.shutdown(wait=True)
+
+
+def test_a_big_write_goes_to_a_worker_while_another_call_is_there(server):
+    """The event loop takes an UNSTABLE WRITE itself only while the workers have nothing of
+    its (with several writers, they copy the data while the loop reads the sockets)."""
+    from nfs4_rawclient import RawClient, open_args, stateid
+
+    from appliance.nfs.v4 import const as c
+    from appliance.nfs.v4 import types as t
+
+    raw = RawClient(server.port).setup()
+    st, res = raw.session(
+        [
+            (c.OP_PUTFH, raw.root_fh()),
+            (c.OP_OPEN, open_args("f", b"writer", raw.clientid)),
+            (c.OP_GETFH, None),
+        ]
+    )
+    assert st == 0
+    fh, sid = res[-1][2], res[2][2].stateid
+    write = (
+        c.OP_WRITE,
+        t.ARGS[c.OP_WRITE](stateid(sid.seqid, sid.other), 0, c.UNSTABLE4, b"x" * 65536),
+    )
+    nfs = server.server
+    getattr_size = (c.OP_GETATTR, [1 << c.FATTR4_SIZE])
+    assert raw.session([(c.OP_PUTFH, fh), getattr_size])[0] == 0  # its attributes are cached
+    before = nfs.counters.snapshot()["nfs_compounds_from_cache"]
+    assert raw.session([(c.OP_PUTFH, fh), write])[0] == 0
+    assert nfs.counters.snapshot()["nfs_compounds_from_cache"] == before + 1
+    hold = threading.Event()
+    nfs.pool.call_soon(hold.wait, 10)
+    try:
+        assert raw.session([(c.OP_PUTFH, fh), write])[0] == 0  # the second worker wrote it
+        assert nfs.counters.snapshot()["nfs_compounds_from_cache"] == before + 1
+    finally:
+        hold.set()
+    raw.close()
