@@ -79,11 +79,8 @@ class Namespace(Ancestry, Xattrs, DirectoryOps, RangeOps):
         self._names: dict[tuple[int, str], int] = {}
         self._xattr_cache: dict[int, dict[str, bytes]] = {}  # ino -> its (small) xattrs
         self._space_used: dict[int, tuple[tuple[int, int, int], int]] = {}  # RangeOps.space_used
-        self._old_cache: dict[int, Attr] = {}  # the older generation: AttrCache._age_cache
-        self._old_names: dict[tuple[int, str], int] = {}
-        self._old_xattrs: dict[int, dict[str, bytes]] = {}
         self._cache_epoch: int | None = None
-        self._cache_since = self._old_since = self._cache_deadline = 0.0
+        self._cache_since = 0.0
         self._cache_gen = 0  # bumped by every eviction: a load that began before it is not cached
         self._cache_lock = threading.Lock()
         self._open_refs: dict[int, int] = {}

@@ -11,8 +11,7 @@ change listener of the namespace after each commit of this process:
   along): the cache is emptied;
 - a link added or removed (link, unlink, rename over a name): the files it touched are
   forgotten (a directory's answer changes only when it moves to another directory);
-- a commit of another process, or the cache's age: the attribute cache clears itself or starts
-  a new generation
+- a commit of another process, or the cache's age: the attribute cache clears itself
   (``_cache_since`` moves), and this cache follows.
 
 A check that began before such a change is not cached (the generation moved), so a stale

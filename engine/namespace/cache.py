@@ -24,12 +24,6 @@ class AttrCache:
     _cache: dict[int, Attr]
     _names: dict[tuple[int, str], int]
     _xattr_cache: dict[int, dict[str, bytes]]
-    # the generation before (see _age_cache): served while younger than CACHE_TTL_S
-    _old_cache: dict[int, Attr]
-    _old_names: dict[tuple[int, str], int]
-    _old_xattrs: dict[int, dict[str, bytes]]
-    _old_since: float
-    _cache_deadline: float  # when _age_cache must look again
     _space_used: dict[int, tuple[tuple[int, int, int], int]]  # see ranges.py
     _cache_epoch: int | None
     _cache_since: float
@@ -43,86 +37,45 @@ class AttrCache:
 
     # -- cache -----------------------------------------------------------------
     # Attributes and names are cached in process. A commit the cache cannot account for (by
-    # another process, or an untracked one of this process: Catalog.only_tracked) clears it all;
-    # this process's tracked namespace and data-path commits evict just what they changed and
-    # keep the rest (_changed), so a write does not cost every later lookup a catalog query.
-    # No entry is served older than CACHE_TTL_S (_age_cache). While Catalog.epoch is None
-    # (PostgreSQL's change watch not caught up or down) nothing is cached or served from it.
+    # another process, or an untracked one of this process: Catalog.only_tracked) or
+    # CACHE_TTL_S of age clears it all; this process's tracked namespace and data-path commits
+    # evict just what they changed and keep the rest (_changed), so a write does not cost every
+    # later lookup a catalog query. While Catalog.epoch is None (PostgreSQL's change watch not
+    # caught up or down) nothing is cached or served from the cache.
     def _cache_valid(self) -> bool:
         """Whether the cache may be used, after clearing it if a commit it cannot account for
         ran."""
         epoch = self.catalog.epoch()
         if epoch is None:
             return False
-        if epoch != self._cache_epoch or time.monotonic() > self._cache_deadline:
+        if epoch != self._cache_epoch or time.monotonic() - self._cache_since > CACHE_TTL_S:
             with self._cache_lock:
                 known = self._cache_epoch
-                if known is None or not self.catalog.only_tracked(known, epoch):
+                if (
+                    known is None
+                    or time.monotonic() - self._cache_since > CACHE_TTL_S
+                    or not self.catalog.only_tracked(known, epoch)
+                ):
                     self._clear_cache(epoch)
-                else:
-                    if commits_between(known, epoch) > 0:  # newer (an older read changes nothing)
-                        self._cache_epoch = epoch
-                    self._age_cache(time.monotonic())
+                elif commits_between(known, epoch) > 0:  # newer (an older read changes nothing)
+                    self._cache_epoch = epoch
         return True
-
-    def _age_cache(self, now: float) -> None:
-        """The age backstop, in two generations (caller holds the cache lock): entries go in
-        the young one; when it is CACHE_TTL_S / 2 old it becomes the old one, which is served
-        until CACHE_TTL_S after its own start and then dropped. Emptying the whole cache at
-        CACHE_TTL_S instead sent every lookup after it to the catalog at once (a stat pass over
-        4,000 files went to the NFS workers from then on: 3,821 -> 1,688 stats/s)."""
-        if now - self._cache_since > CACHE_TTL_S:  # idle that long: everything is too old
-            self._clear_cache(self._cache_epoch)
-            return
-        if now - self._cache_since > CACHE_TTL_S / 2:
-            self._old_cache, self._cache = self._cache, {}
-            self._old_names, self._names = self._names, {}
-            self._old_xattrs, self._xattr_cache = self._xattr_cache, {}
-            self._old_since, self._cache_since = self._cache_since, now
-            self._cache_gen += 1  # a load under way read before the young generation began
-        elif now - self._old_since > CACHE_TTL_S:
-            self._old_cache, self._old_names, self._old_xattrs = {}, {}, {}
-        self._set_cache_deadline()
-
-    def _set_cache_deadline(self) -> None:
-        deadline = self._cache_since + CACHE_TTL_S / 2
-        if self._old_cache or self._old_names or self._old_xattrs:
-            deadline = min(deadline, self._old_since + CACHE_TTL_S)
-        self._cache_deadline = deadline
 
     def _clear_cache(self, epoch: int | None) -> None:
         """Forget every entry (caller holds the cache lock); loads under way will not be cached."""
         self._cache.clear()
         self._names.clear()
         self._xattr_cache.clear()
-        self._old_cache, self._old_names, self._old_xattrs = {}, {}, {}
         self._cache_gen += 1
         self._cache_epoch = epoch
-        self._cache_since = self._old_since = time.monotonic()
-        self._set_cache_deadline()
-
-    # an entry of either generation (the caller checked _cache_valid); never moved to the young
-    # one, which would make it outlive CACHE_TTL_S
-    def _cached_attr(self, ino: int) -> Attr | None:
-        hit = self._cache.get(ino)
-        return hit if hit is not None else self._old_cache.get(ino)
-
-    def _cached_name(self, key: tuple[int, str]) -> int | None:
-        hit = self._names.get(key)
-        return hit if hit is not None else self._old_names.get(key)
-
-    def _cached_xattrs(self, ino: int) -> dict[str, bytes] | None:
-        hit = self._xattr_cache.get(ino)
-        return hit if hit is not None else self._old_xattrs.get(ino)
+        self._cache_since = time.monotonic()
 
     def _remember(self, gen: int, attrs=(), name=None) -> None:
         """Cache what a load found, unless an eviction ran since it began (it may be stale)."""
         with self._cache_lock:
             if gen != self._cache_gen:
                 return
-            entries = len(self._cache) + len(self._names) + len(self._xattr_cache)
-            entries += len(self._old_cache) + len(self._old_names) + len(self._old_xattrs)
-            if entries > CACHE_MAX_ENTRIES:
+            if len(self._cache) + len(self._names) + len(self._xattr_cache) > CACHE_MAX_ENTRIES:
                 # a crude bound, reached only by walks of huge trees
                 self._clear_cache(self._cache_epoch)
                 return
@@ -200,11 +153,8 @@ class AttrCache:
             for ino in inos:
                 self._cache.pop(ino, None)
                 self._xattr_cache.pop(ino, None)
-                self._old_cache.pop(ino, None)
-                self._old_xattrs.pop(ino, None)
             for key in names:
                 self._names.pop(key, None)
-                self._old_names.pop(key, None)
             if self._cache_epoch is not None and fresh and fresh_gen == current:
                 for attr in fresh:
                     self._cache[attr.ino] = attr

@@ -70,7 +70,7 @@ class Lookup(ReadOnlyInodes):
         cacheable = self._cache_valid()
         gen = self._cache_gen
         if cacheable:
-            hit = self._cached_attr(ino)
+            hit = self._cache.get(ino)
             if hit is not None:
                 return self._with_pending(hit)
         attr = self.catalog.read(lambda conn: self._load(conn, ino))
@@ -82,8 +82,8 @@ class Lookup(ReadOnlyInodes):
         cacheable = self._cache_valid()
         gen = self._cache_gen
         if cacheable:
-            parent = self._cached_attr(dir_ino)
-            child = self._cached_name((dir_ino, name))
+            parent = self._cache.get(dir_ino)
+            child = self._names.get((dir_ino, name))
             if parent is not None and child is not None:
                 self._require(cred, parent, X_OK)
                 return self.getattr(child)

@@ -23,8 +23,8 @@ class Xattrs(Lookup):
         cacheable = self._cache_valid()
         gen = self._cache_gen
         if cacheable:
-            hit = self._cached_xattrs(ino)
-            attr = self._cached_attr(ino)
+            hit = self._xattr_cache.get(ino)
+            attr = self._cache.get(ino)
             if hit is not None and attr is not None:
                 self._require(cred, attr, R_OK)
                 return hit

@@ -5,7 +5,6 @@ raced an eviction is never cached."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -187,72 +186,3 @@ def test_a_tracked_transaction_that_changed_nothing_claims_no_commit(sqlite_cata
     finally:
         other.close()
     assert ns.getattr(f.ino).mode & 0o777 == 0o600, "another process's commit was taken for ours"
-
-
-# The age backstop (CACHE_TTL_S) works in two generations: no entry is served older than it, and
-# reaching it drops only the older half instead of the whole cache.
-TTL_S = 1.0
-
-
-@pytest.fixture
-def short_ttl(monkeypatch):
-    import engine.namespace.cache as cache_module
-
-    monkeypatch.setattr(cache_module, "CACHE_TTL_S", TTL_S)
-
-
-def test_the_age_limit_drops_only_entries_older_than_it(sqlite_catalog, count_reads, short_ttl):
-    ns = Namespace(sqlite_catalog)
-    a = ns.create(ROOT, ns.root_ino, "a", 0o644)
-    b = ns.create(ROOT, ns.root_ino, "b", 0o644)
-    ns.invalidate()
-    ns.lookup(ROOT, ns.root_ino, "a")  # cached at about 0
-    time.sleep(0.6 * TTL_S)
-    ns.lookup(ROOT, ns.root_ino, "b")  # cached at about 0.6 TTL, after a's generation aged
-    reads = count_reads(sqlite_catalog)
-    assert ns.lookup(ROOT, ns.root_ino, "a").ino == a.ino
-    assert reads == [], "an entry younger than the age limit was not served"
-    time.sleep(0.45 * TTL_S)  # a is older than the limit now, b is not
-    assert ns.lookup(ROOT, ns.root_ino, "b").ino == b.ino
-    assert reads == [], "the age limit emptied entries younger than it"
-    assert ns.lookup(ROOT, ns.root_ino, "a").ino == a.ino
-    assert reads == [1], "an entry older than the age limit was served from the cache"
-
-
-def test_no_entry_outlives_the_age_limit_while_idle(sqlite_catalog, count_reads, short_ttl):
-    ns = Namespace(sqlite_catalog)
-    a = ns.create(ROOT, ns.root_ino, "a", 0o644)
-    ns.invalidate()
-    ns.getattr(a.ino)
-    time.sleep(0.9 * TTL_S)
-    reads = count_reads(sqlite_catalog)
-    ns.getattr(a.ino)  # its generation becomes the old one here, 0.9 TTL after it began
-    assert reads == []
-    time.sleep(0.2 * TTL_S)
-    ns.getattr(a.ino)
-    assert reads == [1], "the old generation was served past the age limit"
-    time.sleep(1.2 * TTL_S)  # nothing looked in between: both generations are too old
-    ns.getattr(a.ino)
-    assert reads == [1, 1]
-
-
-def test_changes_evict_the_old_generation_too(sqlite_catalog, short_ttl):
-    ns = Namespace(sqlite_catalog)
-    d = ns.mkdir(ROOT, ns.root_ino, "d", 0o755)
-    a = ns.create(ROOT, d.ino, "a", 0o644)
-    f = ns.create(ROOT, d.ino, "f", 0o644)
-    ns.invalidate()
-    ns.lookup(ROOT, d.ino, "a")
-    ns.getattr(f.ino)
-    time.sleep(0.6 * TTL_S)
-    ns.getattr(d.ino)  # a's and f's entries are in the old generation now
-    assert a.ino in ns._old_cache and (d.ino, "a") in ns._old_names
-    ns.unlink(ROOT, d.ino, "a")  # this process's own change
-    with pytest.raises(errors.NotFound):
-        ns.lookup(ROOT, d.ino, "a")
-    other = Catalog(sqlite_catalog.url)  # another process's change
-    try:
-        Namespace(other).setattr(ROOT, f.ino, mode=0o600)
-    finally:
-        other.close()
-    assert ns.getattr(f.ino).mode & 0o777 == 0o600
