@@ -51,7 +51,7 @@ RANKS: dict[str, int] = {
     "catalog.tracked": 92,
     "catalog.checkpoint": 93,
     "catalog.writer_queue": 95,
-    "catalog.thread_connections": 96,
+    "catalog.idle_connections": 96,
     "log.rate_limit": 98,
 }
 

@@ -33,7 +33,6 @@ import struct
 import threading
 import time
 import uuid
-import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
@@ -208,52 +207,58 @@ class _WriterQueue:
                 self._held = False
 
 
-class _ThreadConnections:
-    """SQLite: one connection per thread, kept open for every transaction that thread runs.
+class _IdleConnections:
+    """SQLite: connections kept open between transactions; a transaction takes the one given
+    back last.
 
     A pool checkout, a new SQLAlchemy Connection and the pool's reset on return cost about 60 us
-    of CPU per transaction, more than SQLite needs for a small one. Each thread's connection is
-    checked out of the catalog's pool once and kept (so the engine's events see it as any
-    other); a transaction run inside another one of the same thread (nested ``run``) checks out
-    a second one for its length. Connections of threads that ended go back to the pool when the
-    next thread takes one, and all of them at ``close()``."""
+    of CPU per transaction, more than SQLite needs for a small one, so connections are checked
+    out of the catalog's pool once (the engine's events see them as any other) and kept. Last
+    in, first out: in WAL mode SQLite drops a connection's whole page cache when another
+    connection has committed since its last transaction, and with one connection per thread the
+    NFS workers, which take calls in turn, paid that at nearly every transaction (about 30
+    page reads for an unlink). The connection that committed last is usually the one given back
+    last, so a client's next transaction finds its pages cached. A transaction run inside
+    another (nested ``run``) takes a second one. All go back to the pool at ``close()``."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self._local = threading.local()
-        self._open: dict[int, tuple[weakref.ref, Connection]] = {}  # id -> (thread, connection)
-        self._lock = lock("catalog.thread_connections")
+        self._idle: list[Connection] = []
+        self._open: dict[int, Connection] = {}  # id -> every connection taken and not closed
+        self._lock = lock("catalog.idle_connections")
         self._pid = os.getpid()
         self.closed = False
 
     def take(self) -> Connection | None:
-        """This thread's connection, or None when it is busy (a nested transaction), closed, or
-        inherited from the parent of a fork (never used there: SQLite forbids it)."""
+        """The connection given back last, or a new one; None when closed, or in the child of a
+        fork (the parent's are never used there: SQLite forbids it)."""
         if self.closed or os.getpid() != self._pid:
             return None
-        local = self._local
-        conn = getattr(local, "conn", None)
-        if conn is None:
-            conn = self._connect()
-            local.conn, local.busy = conn, False
-        elif local.busy:
-            return None
-        local.busy = True
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        conn = self.engine.connect()
+        with self._lock:
+            self._open[id(conn)] = conn
         return conn
 
     def give_back(self, conn: Connection) -> None:
-        local = self._local
-        local.busy = False
         if conn.invalidated or conn.closed:
             self._forget(conn)
-        elif conn.in_transaction():  # a failed COMMIT SQLAlchemy could not roll back
+            return
+        if conn.in_transaction():  # a failed COMMIT SQLAlchemy could not roll back
             try:
                 conn.rollback()
             except Exception:  # noqa: BLE001 - the connection is unusable: a new one next time
                 self._forget(conn)
+                return
+        with self._lock:
+            if not self.closed:
+                self._idle.append(conn)
+                return
+        self._forget(conn)  # closed meanwhile
 
     def _forget(self, conn: Connection) -> None:
-        self._local.conn = None
         with self._lock:
             self._open.pop(id(conn), None)
         try:
@@ -261,28 +266,18 @@ class _ThreadConnections:
         except Exception as exc:  # noqa: BLE001 - it is dropped either way
             log.debug("catalog: closing a broken connection: %s", exc)
 
-    def _connect(self) -> Connection:
-        conn = self.engine.connect()
-        with self._lock:
-            ended = [(key, c) for key, (thread, c) in self._open.items() if thread() is None]
-            for key, _c in ended:
-                del self._open[key]
-            self._open[id(conn)] = (weakref.ref(threading.current_thread()), conn)
-        for _key, old in ended:  # their threads are gone: nobody uses them
-            old.close()
-        return conn
-
     def close(self) -> None:
-        """Every thread's connection back to the pool (the catalog disposes of the pool next)."""
-        self.closed = True
+        """Every connection back to the pool (the catalog disposes of the pool next)."""
         with self._lock:
-            conns = [c for _thread, c in self._open.values()]
+            self.closed = True
+            conns = list(self._open.values())
             self._open.clear()
+            self._idle.clear()
         for conn in conns:
             try:
                 conn.close()
             except Exception as exc:  # noqa: BLE001 - closing anyway
-                log.debug("catalog: closing a thread's connection: %s", exc)
+                log.debug("catalog: closing a connection: %s", exc)
 
 
 class Catalog:
@@ -306,13 +301,13 @@ class Catalog:
             self.engine: Engine = create_engine(
                 url,
                 pool_size=pool_size,
-                # each thread keeps one checked out (_ThreadConnections): no limit but the threads
+                # kept checked out (_IdleConnections): as many as transactions ever ran at once
                 max_overflow=-1,
                 connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
             )
             event.listen(self.engine, "connect", self._sqlite_connect)
             event.listen(self.engine, "begin", self._sqlite_begin)
-            self._threads: _ThreadConnections | None = _ThreadConnections(self.engine)
+            self._threads: _IdleConnections | None = _IdleConnections(self.engine)
         else:
             self.engine = create_engine(
                 url,
@@ -488,7 +483,7 @@ class Catalog:
             self._let_go(conn, own)
 
     def _take_connection(self) -> tuple[Connection, bool]:
-        """This thread's own connection (SQLite, not in use), else a pooled one; and which."""
+        """A kept connection (SQLite, _IdleConnections), else a pooled one; and which."""
         threads = self._threads
         mine = threads.take() if threads is not None else None
         if mine is not None:

@@ -75,9 +75,10 @@ class Namespace(Ancestry, Xattrs, DirectoryOps, RangeOps):
         self.data = data
         # DIR/.snapshots listed in DIR's readdir (config snapshots.visible; ZFS's snapdir)
         self.snapshots_visible = snapshots_visible
-        self._cache: dict[int, Attr] = {}
-        self._names: dict[tuple[int, str], int] = {}
-        self._xattr_cache: dict[int, dict[str, bytes]] = {}  # ino -> its (small) xattrs
+        # each entry with its deadline (AttrCache._cached_attr ...)
+        self._cache: dict[int, tuple[Attr, float]] = {}
+        self._names: dict[tuple[int, str], tuple[int, float]] = {}
+        self._xattr_cache: dict[int, tuple[dict[str, bytes], float]] = {}  # ino -> small xattrs
         self._space_used: dict[int, tuple[tuple[int, int, int], int]] = {}  # RangeOps.space_used
         self._cache_epoch: int | None = None
         self._cache_since = 0.0

@@ -11,8 +11,9 @@ change listener of the namespace after each commit of this process:
   along): the cache is emptied;
 - a link added or removed (link, unlink, rename over a name): the files it touched are
   forgotten (a directory's answer changes only when it moves to another directory);
-- a commit of another process, or the cache's age: the attribute cache clears itself
-  (``_cache_since`` moves), and this cache follows.
+- a commit of another process: the attribute cache clears itself (``_cache_since`` moves),
+  and this cache follows;
+- its age: emptied CACHE_TTL_S after it was last emptied, as a backstop.
 
 A check that began before such a change is not cached (the generation moved), so a stale
 "inside" can only be answered to a request that overlapped the rename."""
@@ -20,10 +21,11 @@ A check that began before such a change is not cached (the generation moved), so
 from __future__ import annotations
 
 import threading
+import time
 
 from engine.catalog.database import sql_one
 from engine.namespace.cache import AttrCache
-from engine.namespace.common import DIR, Attr
+from engine.namespace.common import CACHE_TTL_S, DIR, Attr
 
 _INSIDE_SQL = (
     "WITH RECURSIVE up(ino) AS ( SELECT parent FROM dirents WHERE child = ? UNION SELECT "
@@ -40,12 +42,14 @@ class Ancestry(AttrCache):
     _file_ancestry: dict[int, dict[int, bool]]  # other inodes
     _ancestry_gen: int
     _ancestry_since: float
+    _ancestry_emptied_at: float
     _ancestry_lock: threading.Lock
 
     def _init_ancestry(self) -> None:
         self._dir_ancestry, self._file_ancestry = {}, {}
         self._ancestry_gen = 0
         self._ancestry_since = self._cache_since
+        self._ancestry_emptied_at = time.monotonic()
         self._ancestry_lock = threading.Lock()
         self.add_change_listener(self._ancestry_changed)
 
@@ -58,7 +62,10 @@ class Ancestry(AttrCache):
         cacheable = self._cache_valid()
         table = self._dir_ancestry if attr.type == DIR else self._file_ancestry
         with self._ancestry_lock:
-            if self._ancestry_since != self._cache_since:  # the attribute cache was cleared
+            if (
+                self._ancestry_since != self._cache_since  # the attribute cache was cleared
+                or time.monotonic() - self._ancestry_emptied_at > CACHE_TTL_S
+            ):
                 self._forget_all()
             gen = self._ancestry_gen
             known = table.get(ino, {}).get(top) if cacheable else None
@@ -81,6 +88,7 @@ class Ancestry(AttrCache):
         self._file_ancestry.clear()
         self._ancestry_gen += 1
         self._ancestry_since = self._cache_since
+        self._ancestry_emptied_at = time.monotonic()
 
     def _ancestry_changed(self, inos, names) -> None:
         """After a commit of this process that changed ``inos`` and the (dir, name) entries

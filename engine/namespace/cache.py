@@ -21,9 +21,10 @@ class AttrCache:
     catalog: Catalog
     data: FileData | None
     root_ino: int
-    _cache: dict[int, Attr]
-    _names: dict[tuple[int, str], int]
-    _xattr_cache: dict[int, dict[str, bytes]]
+    # each entry with the time.monotonic() after which it is not served (_cached_attr ...)
+    _cache: dict[int, tuple[Attr, float]]
+    _names: dict[tuple[int, str], tuple[int, float]]
+    _xattr_cache: dict[int, tuple[dict[str, bytes], float]]
     _space_used: dict[int, tuple[tuple[int, int, int], int]]  # see ranges.py
     _cache_epoch: int | None
     _cache_since: float
@@ -37,25 +38,23 @@ class AttrCache:
 
     # -- cache -----------------------------------------------------------------
     # Attributes and names are cached in process. A commit the cache cannot account for (by
-    # another process, or an untracked one of this process: Catalog.only_tracked) or
-    # CACHE_TTL_S of age clears it all; this process's tracked namespace and data-path commits
-    # evict just what they changed and keep the rest (_changed), so a write does not cost every
-    # later lookup a catalog query. While Catalog.epoch is None (PostgreSQL's change watch not
-    # caught up or down) nothing is cached or served from the cache.
+    # another process, or an untracked one of this process: Catalog.only_tracked) clears it all;
+    # this process's tracked namespace and data-path commits evict just what they changed and
+    # keep the rest (_changed), so a write does not cost every later lookup a catalog query. No
+    # entry is served CACHE_TTL_S after it was read (each carries its deadline): emptying the
+    # whole cache at that age instead sent every lookup after it to the catalog at once, and a
+    # stat pass over files made just before ran from the NFS workers. While Catalog.epoch is None
+    # (PostgreSQL's change watch not caught up or down) nothing is cached or served from it.
     def _cache_valid(self) -> bool:
         """Whether the cache may be used, after clearing it if a commit it cannot account for
         ran."""
         epoch = self.catalog.epoch()
         if epoch is None:
             return False
-        if epoch != self._cache_epoch or time.monotonic() - self._cache_since > CACHE_TTL_S:
+        if epoch != self._cache_epoch:
             with self._cache_lock:
                 known = self._cache_epoch
-                if (
-                    known is None
-                    or time.monotonic() - self._cache_since > CACHE_TTL_S
-                    or not self.catalog.only_tracked(known, epoch)
-                ):
+                if known is None or not self.catalog.only_tracked(known, epoch):
                     self._clear_cache(epoch)
                 elif commits_between(known, epoch) > 0:  # newer (an older read changes nothing)
                     self._cache_epoch = epoch
@@ -70,8 +69,28 @@ class AttrCache:
         self._cache_epoch = epoch
         self._cache_since = time.monotonic()
 
-    def _remember(self, gen: int, attrs=(), name=None) -> None:
-        """Cache what a load found, unless an eviction ran since it began (it may be stale)."""
+    # an entry (the caller checked _cache_valid), or None when there is none or it is too old
+    def _cached_attr(self, ino: int) -> Attr | None:
+        hit = self._cache.get(ino)
+        return hit[0] if hit is not None and hit[1] > time.monotonic() else None
+
+    def _cached_name(self, key: tuple[int, str]) -> int | None:
+        hit = self._names.get(key)
+        return hit[0] if hit is not None and hit[1] > time.monotonic() else None
+
+    def _cached_xattrs(self, ino: int) -> dict[str, bytes] | None:
+        hit = self._xattr_cache.get(ino)
+        return hit[0] if hit is not None and hit[1] > time.monotonic() else None
+
+    @staticmethod
+    def _cache_until(read_at: float) -> float:
+        """The deadline of an entry read at ``read_at``."""
+        return read_at + CACHE_TTL_S
+
+    def _remember(self, gen: int, read_at: float, attrs=(), name=None) -> None:
+        """Cache what a load that began at ``read_at`` (time.monotonic()) found, unless an
+        eviction ran since it began (it may be stale)."""
+        until = self._cache_until(read_at)
         with self._cache_lock:
             if gen != self._cache_gen:
                 return
@@ -80,9 +99,9 @@ class AttrCache:
                 self._clear_cache(self._cache_epoch)
                 return
             for attr in attrs:
-                self._cache[attr.ino] = attr
+                self._cache[attr.ino] = (attr, until)
             if name is not None:
-                self._names[name[0]] = name[1]
+                self._names[name[0]] = (name[1], until)
 
     def _write(self, work, inos=(), names=()):
         """A namespace write transaction; afterwards evict ``inos`` and ``names`` plus what the
@@ -156,9 +175,12 @@ class AttrCache:
             for key in names:
                 self._names.pop(key, None)
             if self._cache_epoch is not None and fresh and fresh_gen == current:
+                # read at the end of the transaction that just committed
+                until = self._cache_until(time.monotonic())
                 for attr in fresh:
-                    self._cache[attr.ino] = attr
-                self._names.update(fresh_names)
+                    self._cache[attr.ino] = (attr, until)
+                for key, ino in dict(fresh_names).items():
+                    self._names[key] = (ino, until)
 
     def _fresh_attrs(self, conn, inos):
         """Inside a data-path commit: the changed files' new attributes and the space used of

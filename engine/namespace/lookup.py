@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from sqlalchemy import func, select
@@ -68,22 +69,22 @@ class Lookup(ReadOnlyInodes):
 
     def getattr(self, ino: int) -> Attr:
         cacheable = self._cache_valid()
-        gen = self._cache_gen
+        gen, read_at = self._cache_gen, time.monotonic()
         if cacheable:
-            hit = self._cache.get(ino)
+            hit = self._cached_attr(ino)
             if hit is not None:
                 return self._with_pending(hit)
         attr = self.catalog.read(lambda conn: self._load(conn, ino))
         if cacheable:
-            self._remember(gen, (attr,))
+            self._remember(gen, read_at, (attr,))
         return self._with_pending(attr)
 
     def lookup(self, cred: Cred, dir_ino: int, name: str) -> Attr:
         cacheable = self._cache_valid()
-        gen = self._cache_gen
+        gen, read_at = self._cache_gen, time.monotonic()
         if cacheable:
-            parent = self._cache.get(dir_ino)
-            child = self._names.get((dir_ino, name))
+            parent = self._cached_attr(dir_ino)
+            child = self._cached_name((dir_ino, name))
             if parent is not None and child is not None:
                 self._require(cred, parent, X_OK)
                 return self.getattr(child)
@@ -112,7 +113,10 @@ class Lookup(ReadOnlyInodes):
         parent, child = self.catalog.read(work)
         if cacheable:
             self._remember(
-                gen, (parent, child), None if name in (".", "..") else ((dir_ino, name), child.ino)
+                gen,
+                read_at,
+                (parent, child),
+                None if name in (".", "..") else ((dir_ino, name), child.ino),
             )
         return self._with_pending(child)
 

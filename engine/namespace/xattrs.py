@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from sqlalchemy import select
 
 from engine import errors
@@ -21,10 +23,10 @@ class Xattrs(Lookup):
         Samba asks for several (DOS attributes, streams) of every entry it lists, and most files
         have none. Small maps are cached like attributes and evicted by the same changes."""
         cacheable = self._cache_valid()
-        gen = self._cache_gen
+        gen, read_at = self._cache_gen, time.monotonic()
         if cacheable:
-            hit = self._xattr_cache.get(ino)
-            attr = self._cache.get(ino)
+            hit = self._cached_xattrs(ino)
+            attr = self._cached_attr(ino)
             if hit is not None and attr is not None:
                 self._require(cred, attr, R_OK)
                 return hit
@@ -39,8 +41,9 @@ class Xattrs(Lookup):
         if cacheable and sum(len(v) for v in found.values()) <= XATTR_CACHE_BYTES:
             with self._cache_lock:
                 if gen == self._cache_gen:
-                    self._cache[ino] = attr
-                    self._xattr_cache[ino] = found
+                    until = self._cache_until(read_at)
+                    self._cache[ino] = (attr, until)
+                    self._xattr_cache[ino] = (found, until)
         return found
 
     def getxattr(self, cred: Cred, ino: int, name: str) -> bytes:

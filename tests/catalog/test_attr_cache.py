@@ -5,6 +5,7 @@ raced an eviction is never cached."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -186,3 +187,69 @@ def test_a_tracked_transaction_that_changed_nothing_claims_no_commit(sqlite_cata
     finally:
         other.close()
     assert ns.getattr(f.ino).mode & 0o777 == 0o600, "another process's commit was taken for ours"
+
+
+# The age backstop (CACHE_TTL_S): no entry is served longer than that after it was read, and
+# reaching it drops only the entries that old, not the whole cache.
+TTL_S = 1.0
+
+
+@pytest.fixture
+def short_ttl(monkeypatch):
+    import engine.namespace.cache as cache_module
+
+    monkeypatch.setattr(cache_module, "CACHE_TTL_S", TTL_S)
+
+
+def test_the_age_limit_drops_only_entries_older_than_it(sqlite_catalog, count_reads, short_ttl):
+    """Emptying the whole cache at the age limit sent every lookup after it to the catalog:
+    a stat pass over files made just before then ran from the NFS workers."""
+    ns = Namespace(sqlite_catalog)
+    a = ns.create(ROOT, ns.root_ino, "a", 0o644)
+    ns.invalidate()
+    ns.lookup(ROOT, ns.root_ino, "a")  # read at about 0
+    time.sleep(0.6 * TTL_S)
+    b = ns.create(ROOT, ns.root_ino, "b", 0o644)  # its own write caches it, at about 0.6
+    reads = count_reads(sqlite_catalog)
+    time.sleep(0.5 * TTL_S)  # a is older than the limit now, b is not
+    assert ns.lookup(ROOT, ns.root_ino, "b").ino == b.ino
+    assert ns.getattr(b.ino).ino == b.ino
+    assert reads == [], "the age limit dropped entries younger than it"
+    assert ns.lookup(ROOT, ns.root_ino, "a").ino == a.ino
+    assert reads == [1], "an entry older than the age limit was served from the cache"
+    assert ns.lookup(ROOT, ns.root_ino, "a").ino == a.ino
+    assert reads == [1], "the entry read again was not cached again"
+
+
+def test_no_attribute_name_or_xattr_is_served_past_the_age_limit(
+    sqlite_catalog, count_reads, short_ttl
+):
+    ns = Namespace(sqlite_catalog)
+    d = ns.mkdir(ROOT, ns.root_ino, "d", 0o755)
+    f = ns.create(ROOT, d.ino, "f", 0o644)
+    ns.setxattr(ROOT, f.ino, "user.k", b"v")
+    ns.invalidate()
+    ns.lookup(ROOT, d.ino, "f")
+    ns.listxattr(ROOT, f.ino)
+    reads = count_reads(sqlite_catalog)
+    ns.getattr(f.ino)
+    ns.lookup(ROOT, d.ino, "f")
+    ns.listxattr(ROOT, f.ino)
+    assert reads == []
+    time.sleep(1.1 * TTL_S)
+    ns.getattr(f.ino)
+    assert len(reads) == 1, "an attribute was served past the age limit"
+    ns.lookup(ROOT, d.ino, "f")
+    assert len(reads) == 2, "a name was served past the age limit"
+    ns.listxattr(ROOT, f.ino)
+    assert len(reads) == 3, "extended attributes were served past the age limit"
+    # a SETATTR that changes nothing is answered from the cache only while it is young
+    ns._cache[f.ino] = (ns._cache[f.ino][0], time.monotonic() - 1)
+    writes = []
+    original = sqlite_catalog.run
+    sqlite_catalog.run = lambda work, **kw: writes.append(1) or original(work, **kw)
+    try:
+        ns.setattr(ROOT, f.ino, mode=0o644)
+    finally:
+        sqlite_catalog.run = original
+    assert writes, "a no-op SETATTR trusted an entry past the age limit"

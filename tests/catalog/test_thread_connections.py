@@ -1,10 +1,10 @@
-"""SQLite transactions reuse one connection per thread: nested transactions get another, the
-connections of ended threads go back to the pool, a closed catalog and a forked child never
-use them."""
+"""SQLite transactions reuse kept connections, the one given back last first (so a commit's
+connection, whose page cache SQLite keeps, serves the next transaction whatever thread runs
+it); nested and concurrent transactions get connections of their own; a closed catalog and a
+forked child never use them."""
 
 from __future__ import annotations
 
-import gc
 import os
 import threading
 
@@ -21,31 +21,59 @@ def _in_thread(fn) -> None:
     thread.join()
 
 
-def test_a_thread_keeps_its_connection_and_a_nested_transaction_gets_another(sqlite_catalog):
+def _raw(conn):
+    return conn.connection.dbapi_connection
+
+
+def test_transactions_reuse_a_connection_and_a_nested_one_gets_another(sqlite_catalog):
     catalog = sqlite_catalog
     seen = []
-    catalog.read(lambda conn: seen.append(conn))
-    catalog.read(lambda conn: seen.append(conn))
+    catalog.read(lambda conn: seen.append(_raw(conn)))
+    catalog.read(lambda conn: seen.append(_raw(conn)))
     assert seen[0] is seen[1]
 
     def outer(conn):
-        return catalog.read(lambda inner: (inner is not conn, _one(inner)))
+        return catalog.read(lambda inner: (_raw(inner) is not _raw(conn), _one(inner)))
 
     assert catalog.run(outer) == (True, 1)
-    catalog.read(lambda conn: seen.append(conn))
-    assert seen[2] is seen[0]  # the nested one was given back, this thread's is still its own
+    catalog.read(lambda conn: seen.append(_raw(conn)))
+    # the outer one was given back last (the nested one before it): it is taken first
+    assert seen[2] is seen[0]
 
 
-def test_ended_threads_give_their_connections_back(sqlite_catalog):
+def test_the_connection_given_back_last_serves_the_next_thread(sqlite_catalog):
+    """The NFS workers take calls in turn: a connection per thread lost SQLite's page cache to
+    the other threads' commits at nearly every transaction."""
     catalog = sqlite_catalog
-    catalog.read(_one)
+    seen = []
+    catalog.run(lambda conn: seen.append(_raw(conn)), tracked=True)
     for _ in range(5):
-        _in_thread(lambda: catalog.read(_one))
-        gc.collect()
-    # this thread's, and the last thread's (freed when the next thread takes one)
-    assert len(catalog._threads._open) <= 2
-    pool = catalog.engine.pool
-    assert pool.checkedout() <= 2
+        _in_thread(lambda: catalog.run(lambda conn: seen.append(_raw(conn))))
+    assert all(raw is seen[0] for raw in seen), "another thread's transaction took another one"
+    assert len(catalog._threads._open) == 1
+    assert catalog.engine.pool.checkedout() == 1
+
+
+def test_concurrent_transactions_never_share_a_connection(sqlite_catalog):
+    catalog = sqlite_catalog
+    both_inside = threading.Barrier(3, timeout=10)
+    seen = []
+
+    def read():
+        def work(conn):
+            seen.append(_raw(conn))
+            both_inside.wait()
+            return _one(conn)
+
+        catalog.read(work)
+
+    threads = [threading.Thread(target=read) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({id(raw) for raw in seen}) == 3
+    assert len(catalog._threads._idle) == 3  # all kept, for the next ones
 
 
 def test_a_closed_catalog_and_a_forked_child_do_not_reuse_them(sqlite_catalog):
@@ -56,7 +84,9 @@ def test_a_closed_catalog_and_a_forked_child_do_not_reuse_them(sqlite_catalog):
         os._exit(0 if catalog._threads.take() is None else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert catalog._threads.take() is not None  # the parent's still does
-    catalog._threads.give_back(catalog._threads._local.conn)
+    conn = catalog._threads.take()
+    assert conn is not None  # the parent's still does
+    catalog._threads.give_back(conn)
     catalog.close()
     assert catalog._threads.take() is None
+    assert conn.closed
