@@ -182,9 +182,9 @@ class StripeReader:
         # read-ahead waits on fragment reads: it gets its own threads so the
         # pool cannot starve itself
         self.ahead = ThreadPoolExecutor(2, thread_name_prefix="shingle-readahead")
-        self.cache: OrderedDict[
-            tuple[int, int], FragmentFuture | ReadyFragment | TailFragment
-        ] = OrderedDict()
+        self.cache: OrderedDict[tuple[int, int], FragmentFuture | ReadyFragment | TailFragment] = (
+            OrderedDict()
+        )
         self.cache_bytes = cache_bytes
         self._cached = 0
         self._lock = lock("datapath.reader_cache")

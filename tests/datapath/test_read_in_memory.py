@@ -186,6 +186,14 @@ def cached_bytes_add_up(engine) -> bool:
     return reader.cached_bytes == sum(e.nbytes for e in reader.cache.values())
 
 
+def stream_into_the_second_stripe(engine, ino: int, data) -> bool:
+    """A streaming reader's READ (after one of the first stripe) of the second stripe but its last
+    4 KiB, on the loop: whether it returns the right bytes."""
+    with no_blocking():
+        got = engine.data.read(ino, STRIPE, STRIPE - PAIR_TAIL, len(data))
+    return got == data[STRIPE:-PAIR_TAIL]
+
+
 def test_a_streaming_reader_takes_the_rest_of_its_last_fragment_from_the_tail_it_left(
     sqlite_engine, fragment_io
 ):
@@ -218,13 +226,12 @@ def test_a_tail_serves_no_bytes_before_it_and_a_whole_fragment_replaces_it(
     open_all_zones(engine, ino, len(data))
     assert engine.data.read(ino, 0, STRIPE, len(data)) == data[:STRIPE]
     last = STRIPE + 7 * PAYLOAD  # the second stripe's last data fragment
-    with no_blocking():  # streams on: fragment 7's last 4 KiB stay cached as a tail
-        assert engine.data.read(ino, STRIPE, STRIPE - PAIR_TAIL, len(data)) == data[STRIPE:-PAIR_TAIL]
-        assert len(cache_entries(engine, "TailFragment")) == 1
-        # a streaming READ that starts before the tail: the fragment is read again
-        assert engine.data.read(ino, STRIPE + 6 * PAYLOAD, PAYLOAD, len(data)) == (
-            data[STRIPE + 6 * PAYLOAD : last]
-        )
+    assert stream_into_the_second_stripe(engine, ino, data)  # fragment 7's last 4 KiB: a tail
+    assert len(cache_entries(engine, "TailFragment")) == 1
+    with no_blocking():
+        # a reader that ends where fragment 7 starts streams on into all of it: read again
+        six = STRIPE + 6 * PAYLOAD
+        assert engine.data.read(ino, six, PAYLOAD, len(data)) == data[six:last]
         assert engine.data.read(ino, last, PAYLOAD, len(data)) == data[last:]
         # another reader (not streaming) reads the whole fragment and caches it over the tail
         assert engine.data.read(ino, last + 10, 100, len(data)) == data[last + 10 : last + 110]
@@ -232,8 +239,7 @@ def test_a_tail_serves_no_bytes_before_it_and_a_whole_fragment_replaces_it(
     assert cached_bytes_add_up(engine)
     engine.data.reader.drop_cache()
     assert engine.data.read(ino, 0, STRIPE, len(data)) == data[:STRIPE]
-    with no_blocking():
-        assert engine.data.read(ino, STRIPE, STRIPE - PAIR_TAIL, len(data)) == data[STRIPE:-PAIR_TAIL]
+    assert stream_into_the_second_stripe(engine, ino, data)
     # the blocking path (a worker) takes a tail for a miss as well
     assert len(cache_entries(engine, "TailFragment")) == 1
     assert engine.data.read(ino, last, PAYLOAD, len(data)) == data[last:]
@@ -264,8 +270,7 @@ def test_a_write_over_a_cached_tail_is_seen_by_the_next_read(sqlite_engine, frag
     ino = make(engine, "overwrite", bytes(data))
     open_all_zones(engine, ino, len(data))
     assert engine.data.read(ino, 0, STRIPE, len(data)) == data[:STRIPE]
-    with no_blocking():
-        assert engine.data.read(ino, STRIPE, STRIPE - PAIR_TAIL, len(data)) == data[STRIPE:-PAIR_TAIL]
+    assert stream_into_the_second_stripe(engine, ino, data)
     assert len(cache_entries(engine, "TailFragment")) == 1
     new = os.urandom(PAIR_TAIL)
     engine.ns.write(ino, len(data) - PAIR_TAIL, new)
