@@ -30,7 +30,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import crc32c
 
@@ -478,7 +478,7 @@ class StripeReader:
                 if fut is not None:
                     cache.move_to_end((sid, i))
         payloads: dict[int, memoryview] = {}
-        fresh: list[tuple[int, ReadyFragment]] = []
+        fresh: list[tuple[int, ReadyFragment | TailFragment]] = []
         in_memory = True
         for i, fut in zip(indexes, hits, strict=True):
             want = direct.get(i) if direct is not None else None
@@ -557,7 +557,7 @@ class StripeReader:
             or not drive.readable()
         ):
             return None
-        parts = [bytearray(header)] if header else []
+        parts: list[bytearray | memoryview] = [bytearray(header)] if header else []
         if start:
             parts.append(empty_bytearray(start))
         parts.append(target)
@@ -605,7 +605,8 @@ class StripeReader:
         """The user bytes of a compressed stripe: decompressed once, then from the cache."""
         key = (info.id, UNPACKED)
         with self._lock:
-            cached = self.cache.get(key)
+            # a compressed stripe's key never holds a TailFragment (its reads take this path)
+            cached = cast("FragmentFuture | ReadyFragment | None", self.cache.get(key))
             if cached is None and not blocking_forbidden():
                 fut = FragmentFuture()
                 self.cache[key] = fut
