@@ -10,7 +10,8 @@ and read-ahead share one fetch.
 A caller that must not block (the NFS event loop, inside engine.blocking's no_blocking) reads
 what the drives hold in memory itself: preadv2(RWF_NOWAIT) from the page cache, checked
 against the fragment's crc32c like any drive read; for a reader streaming a file, fragments
-the range covers whole go straight into the caller's buffer (a READ's reply), the others into
+go straight into the caller's buffer (a READ's reply), and what a READ leaves of its last
+fragment is cached for the reader's next READ (TailFragment); other readers' fragments go into
 the cache. Anything else (not in
 memory, a read-ahead on its way, a bad checksum, a missing drive, an inline stripe) raises
 WouldBlock, and the blocking read in a worker reads, reports, decodes and repairs. Such reads
@@ -29,7 +30,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import crc32c
 
@@ -68,6 +69,33 @@ class ReadyFragment:
 
     def result(self) -> memoryview:
         return self.payload
+
+
+class TailFragment:
+    """A cache entry with the end of a fragment's payload, from ``start`` on: what is left of a
+    fragment a streaming reader's READ took partly straight into its reply, and what that reader's
+    next READ asks for first (nfs-rs reads each MiB as READs of 1,020 KiB and 4 KiB). It serves
+    only a range inside it for such a reader; to any other it is a miss, which a whole fragment
+    read then replaces."""
+
+    __slots__ = ("start", "payload", "nbytes", "in_memory")
+
+    def __init__(self, start: int, payload: memoryview):
+        self.start = start
+        self.payload = payload
+        self.nbytes = len(payload)
+        self.in_memory = True
+
+    def done(self) -> bool:
+        return True
+
+    def exception(self) -> None:
+        return None
+
+
+def _whole(entry) -> bool:
+    """A cache entry that stands for a whole fragment's payload (not a TailFragment)."""
+    return entry is not None and not isinstance(entry, TailFragment)
 
 
 class StripeInfo:
@@ -154,7 +182,9 @@ class StripeReader:
         # read-ahead waits on fragment reads: it gets its own threads so the
         # pool cannot starve itself
         self.ahead = ThreadPoolExecutor(2, thread_name_prefix="shingle-readahead")
-        self.cache: OrderedDict[tuple[int, int], FragmentFuture | ReadyFragment] = OrderedDict()
+        self.cache: OrderedDict[tuple[int, int], FragmentFuture | ReadyFragment | TailFragment] = (
+            OrderedDict()
+        )
         self.cache_bytes = cache_bytes
         self._cached = 0
         self._lock = lock("datapath.reader_cache")
@@ -189,8 +219,13 @@ class StripeReader:
                 fut = self.cache.pop(key)
                 self._cached -= self._size(fut)
 
+    @property
+    def cached_bytes(self) -> int:
+        """Payload bytes the cache holds (what its budget counts)."""
+        return self._cached
+
     @staticmethod
-    def _size(fut: FragmentFuture | ReadyFragment) -> int:
+    def _size(fut: FragmentFuture | ReadyFragment | TailFragment) -> int:
         return getattr(fut, "nbytes", 0)
 
     # -- fragment fetches -----------------------------------------------------------
@@ -344,6 +379,9 @@ class StripeReader:
             for i in indexes:
                 key = (info.id, i)
                 fut = self.cache.get(key)
+                if isinstance(fut, TailFragment):  # not the whole payload: read it again
+                    self._cached -= fut.nbytes
+                    fut = None
                 if fut is None:
                     fut = FragmentFuture()
                     fut.set_running_or_notify_cancel()
@@ -401,8 +439,11 @@ class StripeReader:
             # the decode rebuilt every data fragment: keep them all, not only the ones asked for
             for i, payload in rebuilt.items():
                 with self._lock:
-                    if (info.id, i) in self.cache:
+                    old = self.cache.get((info.id, i))
+                    if _whole(old):
                         continue
+                    if old is not None:
+                        self._cached -= old.nbytes
                     fut = FragmentFuture()
                     fut.set_running_or_notify_cancel()
                     fut.nbytes = len(payload)
@@ -417,13 +458,15 @@ class StripeReader:
         info: StripeInfo,
         indexes: list[int],
         from_drives: bool = True,
-        direct: dict[int, memoryview] | None = None,
+        direct: dict[int, tuple[memoryview, int, int]] | None = None,
     ) -> tuple[dict[int, memoryview], bool]:
         """For a caller that must not block (the NFS event loop): payloads from the cache, or
         (``from_drives``) read where the drive has them in memory (the page cache), checked
-        against their crc32c and cached. A fragment of ``direct`` that is not cached is read
-        straight into its buffer there instead (the READ's reply: no buffer of its own, no
-        copy, not cached) and has no entry in the payloads returned. WouldBlock where a drive
+        against their crc32c and cached. ``direct`` maps fragments to (buffer, start, end): the
+        payload bytes [start, end) that buffer takes. Such a fragment that is not cached is read
+        straight into its buffer instead (the READ's reply: no buffer of its own, no copy), its
+        payload after ``end`` cached as a TailFragment, and so is one whose TailFragment holds
+        the range; neither has an entry in the payloads returned. WouldBlock where a drive
         would wait, a read-ahead is still on its way, or a read fails or mismatches: the
         blocking path then reads again, reports and decodes. Also returns whether every
         payload came from such in-memory reads (the file is warm: read-ahead threads would only
@@ -435,16 +478,26 @@ class StripeReader:
                 if fut is not None:
                     cache.move_to_end((sid, i))
         payloads: dict[int, memoryview] = {}
-        fresh: list[tuple[int, ReadyFragment]] = []
+        fresh: list[tuple[int, ReadyFragment | TailFragment]] = []
         in_memory = True
         for i, fut in zip(indexes, hits, strict=True):
+            want = direct.get(i) if direct is not None else None
+            if isinstance(fut, TailFragment):
+                if want is not None and fut.start <= want[1]:
+                    target, a, b = want
+                    target[:] = fut.payload[a - fut.start : b - fut.start]
+                    continue
+                fut = None  # not the bytes asked for: read the fragment again
             if fut is None:
                 if info.layout == INLINE:
                     raise WouldBlock("inline stripe read")  # a catalog read
-                if direct is not None and i in direct and from_drives:
-                    if not self._read_in_memory_into(info, i, direct[i]):
+                if want is not None and from_drives:
+                    tail = self._read_in_memory_into(info, i, *want)
+                    if tail is None:
                         self._cache_ready(sid, fresh)
                         raise NotInMemory("fragment read")
+                    if tail:
+                        fresh.append((i, TailFragment(want[2], memoryview(tail))))
                     continue
                 payload = self._read_in_memory(info, i) if from_drives else None
                 if payload is None:
@@ -481,44 +534,66 @@ class StripeReader:
         self.stats["fragment_reads"] += 1
         return memoryview(buf)[info.header :]
 
-    def _read_in_memory_into(self, info: StripeInfo, idx: int, target: memoryview) -> bool:
-        """``_read_in_memory`` of a whole fragment's payload into ``target``."""
+    def _read_in_memory_into(
+        self, info: StripeInfo, idx: int, target: memoryview, start: int, end: int
+    ) -> bytearray | None:
+        """``_read_in_memory`` of fragment ``idx`` with its payload bytes [start, end) going into
+        ``target``: the payload after ``end`` (empty when ``end`` is the payload's end), or None.
+        The whole fragment is read (its crc32c covers all of it); bytes before ``start`` are
+        read into a scratch buffer."""
         where = info.fragments.get(idx)
         if where is None:
-            return False
+            return None
         drive_id, zone_id, offset, length, checksum = where
         drive = self.drives.get(drive_id)
         zone = self.zones.get(zone_id)
-        header = info.header
-        if drive is None or zone is None or length != header + len(target) or not drive.readable():
-            return False
-        head = bytearray(header)
-        if not drive.backend.read_cached_into(
-            zone.idx, offset, [head, target] if header else [target]
+        header, payload = info.header, info.payload
+        if (
+            drive is None
+            or zone is None
+            or length != header + payload
+            or not 0 <= start <= end <= payload
+            or len(target) != end - start
+            or not drive.readable()
         ):
-            return False
-        crc = crc32c.crc32c(head, 0, 0) if header else 0
-        if crc32c.crc32c(target, crc, 0) != checksum:
-            return False
+            return None
+        parts: list[bytearray | memoryview] = [bytearray(header)] if header else []
+        if start:
+            parts.append(empty_bytearray(start))
+        parts.append(target)
+        tail = empty_bytearray(payload - end)
+        if tail:
+            parts.append(tail)
+        if not drive.backend.read_cached_into(zone.idx, offset, parts):
+            return None
+        crc = 0
+        for part in parts:
+            crc = crc32c.crc32c(part, crc, 0)
+        if crc != checksum:
+            return None
         self.stats["fragment_reads"] += 1
-        return True
+        return tail
 
-    def _cache_ready(self, stripe_id: int, entries: list[tuple[int, ReadyFragment]]) -> None:
+    def _cache_ready(
+        self, stripe_id: int, entries: list[tuple[int, ReadyFragment | TailFragment]]
+    ) -> None:
         """Cache fragments read in memory, in one go (one taking of the lock for a stripe). A
-        fragment another thread cached or is reading meanwhile keeps that entry."""
+        fragment another thread cached or is reading meanwhile keeps that entry; a whole
+        payload replaces a TailFragment."""
         if not entries:
             return
         cache = self.cache
         with self._lock:
             for i, entry in entries:
-                if (stripe_id, i) not in cache:
+                old = cache.get((stripe_id, i))
+                if old is None or (isinstance(old, TailFragment) and _whole(entry)):
                     cache[(stripe_id, i)] = entry
-                    self._cached += entry.nbytes
+                    self._cached += entry.nbytes - (old.nbytes if old is not None else 0)
             while self._cached > self.cache_bytes and len(cache) > 1:
                 _, old = cache.popitem(last=False)
                 self._cached -= self._size(old)
 
-    def _account(self, fut: FragmentFuture | ReadyFragment) -> None:
+    def _account(self, fut: FragmentFuture | ReadyFragment | TailFragment) -> None:
         with self._lock:
             self._cached += fut.nbytes
             while self._cached > self.cache_bytes and len(self.cache) > 1:
@@ -530,7 +605,8 @@ class StripeReader:
         """The user bytes of a compressed stripe: decompressed once, then from the cache."""
         key = (info.id, UNPACKED)
         with self._lock:
-            cached = self.cache.get(key)
+            # a compressed stripe's key never holds a TailFragment (its reads take this path)
+            cached = cast("FragmentFuture | ReadyFragment | None", self.cache.get(key))
             if cached is None and not blocking_forbidden():
                 fut = FragmentFuture()
                 self.cache[key] = fut
@@ -593,7 +669,8 @@ class StripeReader:
         from drive reads that found it in memory (the page cache: no read-ahead needed). A
         caller that must not block reads drives only with ``from_drives`` (else only the
         cache), and with ``into_out`` (one reader streams the file: nobody will ask for these
-        bytes again soon) the fragments the range covers whole straight into ``out``."""
+        bytes again soon) the fragments straight into ``out``, the rest of the last one kept for
+        that reader's next READ (TailFragment)."""
         if offset + length > info.data_length:
             raise errors.IOFailure(
                 f"extent reaches past stripe {info.id}'s {info.data_length} data bytes"
@@ -604,17 +681,15 @@ class StripeReader:
         p = info.payload
         first, last = offset // p, (offset + length - 1) // p
         if blocking_forbidden():
-            # fragments the range covers whole go straight into ``out`` where not cached
-            end = offset + length
-            direct = (
-                {
-                    i: out[i * p - offset : (i + 1) * p - offset]
-                    for i in range(first, last + 1)
-                    if i * p >= offset and (i + 1) * p <= end
-                }
-                if into_out
-                else None
-            )
+            # a streaming reader's fragments go straight into ``out`` where not cached
+            direct = None
+            if into_out:
+                end, at = offset + length, 0
+                direct = {}
+                for i in range(first, last + 1):
+                    a, b = max(offset - i * p, 0), min(end - i * p, p)
+                    direct[i] = (out[at : at + b - a], a, b)
+                    at += b - a
             payloads, in_memory = self._fetch_in_memory(
                 info, list(range(first, last + 1)), from_drives, direct
             )
@@ -640,7 +715,7 @@ class StripeReader:
             return
         count = self._data_fragments(info)
         with self._lock:
-            if all((info.id, i) in self.cache for i in range(count)):
+            if all(_whole(self.cache.get((info.id, i))) for i in range(count)):
                 return
         self.ahead.submit(self._quiet_fetch, info, list(range(count)))
 

@@ -18,6 +18,7 @@ from test_datapath import STRIPE, make
 from engine.blocking import WouldBlock, no_blocking
 from engine.catalog.models import Extent, Fragment, Zone
 from engine.drives import ZoneFileDrive
+from engine.erasure import FRAGMENT_HEADER
 
 
 @pytest.fixture(params=["native", "python"])
@@ -108,8 +109,8 @@ def test_ranges_read_in_memory_match_every_offset(sqlite_engine, fragment_io):
             assert engine.data.read(ino, off, n, len(data)) == data[off : off + n]
 
 
-def flip_a_byte(engine, ino: int, idx: int) -> None:
-    """In data fragment ``idx`` of the file's last stripe."""
+def flip_a_byte(engine, ino: int, idx: int, at: int = 200) -> None:
+    """At byte ``at`` of data fragment ``idx`` of the file's last stripe."""
     extents, fragments, zones = Extent.__table__, Fragment.__table__, Zone.__table__
     frag = engine.catalog.read(
         lambda c: c.execute(
@@ -123,9 +124,9 @@ def flip_a_byte(engine, ino: int, idx: int) -> None:
     )
     path = os.path.join(engine.data.space.drives[frag.drive_id].path, f"zone-{frag.idx:06d}")
     with open(path, "r+b") as f:
-        f.seek(frag.zone_offset + 200)
+        f.seek(frag.zone_offset + at)
         byte = f.read(1)
-        f.seek(frag.zone_offset + 200)
+        f.seek(frag.zone_offset + at)
         f.write(bytes([byte[0] ^ 0xFF]))
 
 
@@ -170,6 +171,116 @@ def test_a_bad_checksum_read_into_a_streaming_readers_reply_is_never_served(
     assert engine.data.read(ino, STRIPE, STRIPE, len(data)) == data[STRIPE:]
     assert engine.data.reader.stats["checksum_errors"] == 1
     assert engine.data.wait_repairs() == [True]
+
+
+PAYLOAD = STRIPE // 8  # of a data fragment
+PAIR_TAIL = 4 * KiB  # nfs-rs reads each MiB as READs of 1,020 KiB and 4 KiB
+
+
+def cache_entries(engine, kind: str) -> list:
+    return [e for e in engine.data.reader.cache.values() if type(e).__name__ == kind]
+
+
+def cached_bytes_add_up(engine) -> bool:
+    reader = engine.data.reader
+    return reader.cached_bytes == sum(e.nbytes for e in reader.cache.values())
+
+
+def stream_into_the_second_stripe(engine, ino: int, data) -> bool:
+    """A streaming reader's READ (after one of the first stripe) of the second stripe but its last
+    4 KiB, on the loop: whether it returns the right bytes."""
+    with no_blocking():
+        got = engine.data.read(ino, STRIPE, STRIPE - PAIR_TAIL, len(data))
+    return got == data[STRIPE:-PAIR_TAIL]
+
+
+def test_a_streaming_reader_takes_the_rest_of_its_last_fragment_from_the_tail_it_left(
+    sqlite_engine, fragment_io
+):
+    engine = sqlite_engine
+    data = os.urandom(4 * STRIPE)
+    ino = make(engine, "pairs", data)
+    open_all_zones(engine, ino, len(data))
+    assert engine.data.read(ino, 0, STRIPE, len(data)) == data[:STRIPE]  # streaming from here on
+    engine.data.reader.drop_cache()
+    stats = engine.data.reader.stats
+    for off in range(STRIPE, len(data), STRIPE):
+        reads = stats["fragment_reads"]
+        with no_blocking():
+            head = engine.data.read(ino, off, STRIPE - PAIR_TAIL, len(data))
+            tail = engine.data.read(ino, off + STRIPE - PAIR_TAIL, PAIR_TAIL, len(data))
+        assert head + tail == data[off : off + STRIPE]
+        assert stats["fragment_reads"] - reads == 8  # the 4 KiB came from the tail, not a drive
+    tails = cache_entries(engine, "TailFragment")
+    assert len(tails) == 3 and all(t.nbytes == PAIR_TAIL for t in tails)
+    assert cache_entries(engine, "ReadyFragment") == []  # the rest went into the replies only
+    assert cached_bytes_add_up(engine)
+
+
+def test_a_tail_serves_no_bytes_before_it_and_a_whole_fragment_replaces_it(
+    sqlite_engine, fragment_io
+):
+    engine = sqlite_engine
+    data = os.urandom(2 * STRIPE)
+    ino = make(engine, "tails", data)
+    open_all_zones(engine, ino, len(data))
+    assert engine.data.read(ino, 0, STRIPE, len(data)) == data[:STRIPE]
+    last = STRIPE + 7 * PAYLOAD  # the second stripe's last data fragment
+    assert stream_into_the_second_stripe(engine, ino, data)  # fragment 7's last 4 KiB: a tail
+    assert len(cache_entries(engine, "TailFragment")) == 1
+    with no_blocking():
+        # a reader that ends where fragment 7 starts streams on into all of it: read again
+        six = STRIPE + 6 * PAYLOAD
+        assert engine.data.read(ino, six, PAYLOAD, len(data)) == data[six:last]
+        assert engine.data.read(ino, last, PAYLOAD, len(data)) == data[last:]
+        # another reader (not streaming) reads the whole fragment and caches it over the tail
+        assert engine.data.read(ino, last + 10, 100, len(data)) == data[last + 10 : last + 110]
+    assert len(cache_entries(engine, "TailFragment")) == 0
+    assert cached_bytes_add_up(engine)
+    engine.data.reader.drop_cache()
+    assert engine.data.read(ino, 0, STRIPE, len(data)) == data[:STRIPE]
+    assert stream_into_the_second_stripe(engine, ino, data)
+    # the blocking path (a worker) takes a tail for a miss as well
+    assert len(cache_entries(engine, "TailFragment")) == 1
+    assert engine.data.read(ino, last, PAYLOAD, len(data)) == data[last:]
+    assert len(cache_entries(engine, "TailFragment")) == 0
+    assert cached_bytes_add_up(engine)
+
+
+def test_a_bad_checksum_in_the_part_a_streaming_read_leaves_is_never_served(
+    sqlite_engine, fragment_io
+):
+    engine = sqlite_engine
+    data = os.urandom(2 * STRIPE)
+    ino = make(engine, "badtail", data)
+    flip_a_byte(engine, ino, 7, at=FRAGMENT_HEADER + PAYLOAD - 100)  # in the 4 KiB left over
+    engine.restart()
+    assert engine.data.read(ino, 0, STRIPE, len(data)) == data[:STRIPE]  # opens the zone files
+    with no_blocking(), pytest.raises(WouldBlock):
+        engine.data.read(ino, STRIPE, STRIPE - PAIR_TAIL, len(data))
+    assert cache_entries(engine, "TailFragment") == []
+    assert engine.data.read(ino, STRIPE, STRIPE - PAIR_TAIL, len(data)) == data[STRIPE:-PAIR_TAIL]
+    assert engine.data.reader.stats["checksum_errors"] == 1
+    assert engine.data.wait_repairs() == [True]
+
+
+def test_a_write_over_a_cached_tail_is_seen_by_the_next_read(sqlite_engine, fragment_io):
+    engine = sqlite_engine
+    data = bytearray(os.urandom(2 * STRIPE))
+    ino = make(engine, "overwrite", bytes(data))
+    open_all_zones(engine, ino, len(data))
+    assert engine.data.read(ino, 0, STRIPE, len(data)) == data[:STRIPE]
+    assert stream_into_the_second_stripe(engine, ino, data)
+    assert len(cache_entries(engine, "TailFragment")) == 1
+    new = os.urandom(PAIR_TAIL)
+    engine.ns.write(ino, len(data) - PAIR_TAIL, new)
+    data[-PAIR_TAIL:] = new
+    # not yet committed: a pending write, which the loop leaves to a worker
+    with no_blocking(), pytest.raises(WouldBlock):
+        engine.data.read(ino, len(data) - PAIR_TAIL, PAIR_TAIL, len(data))
+    assert engine.data.read(ino, len(data) - PAIR_TAIL, PAIR_TAIL, len(data)) == new
+    engine.ns.commit(ino)
+    assert engine.ns.read(ino, 0, len(data)) == data
 
 
 def test_a_missing_drive_in_memory_hands_off_and_decodes(sqlite_engine):
