@@ -72,9 +72,10 @@ def cmd_init(args) -> int:
     from appliance.nfs.exports import ensure_default_export
     from appliance.private import write_private
     from engine import accounts, events
+    from engine import exports as export_service
     from engine.catalog import Catalog, upgrade
     from engine.drives import format_emulated
-    from engine.namespace import ROOT, Namespace
+    from engine.namespace import Namespace
 
     root = Path(args.dir).resolve()
     config_path = root / "shingle.toml"
@@ -117,10 +118,8 @@ def cmd_init(args) -> int:
     config_path.write_text(text)
     catalog = Catalog(config.catalog_url)
     try:
-        ns = Namespace(catalog)
-        # Like /tmp: any client user may create its own folders; with root_squash (the default
-        # export) even a root client writes, as nobody, without the admin changing anything first.
-        ns.setattr(ROOT, ns.root_ino, mode=0o1777)
+        # any client user may make its own folders; a squashed root client writes too
+        export_service.prepare_new_root(Namespace(catalog))
         drive_ids = format_emulated(
             catalog,
             drives_dir,

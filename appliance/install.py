@@ -276,6 +276,7 @@ def _first_run_state(
 
     from appliance.nfs.exports import ensure_default_export
     from engine import accounts, events
+    from engine import exports as export_service
     from engine.catalog import Catalog
     from engine.catalog.models import AdminUser
     from engine.namespace import Namespace
@@ -284,10 +285,7 @@ def _first_run_state(
     try:
         ns = Namespace(catalog)
         if new_catalog:
-            # as `shingle init` does: like /tmp, so that a squashed root client writes too
-            from engine.namespace import ROOT
-
-            ns.setattr(ROOT, ns.root_ino, mode=0o1777)
+            export_service.prepare_new_root(ns)  # as `shingle init` does
         ensure_default_export(catalog)
         admins = catalog.run(
             lambda conn: conn.execute(

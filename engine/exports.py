@@ -310,6 +310,25 @@ def delete(catalog: Catalog, export_id: int, *, actor: str) -> None:
     catalog.run(work)
 
 
+def prepare_new_root(namespace) -> None:
+    """A new catalog's namespace root (``shingle init``, the installer): like /tmp (1777), so
+    every client user may make its own folders, and owned by the default export's anonymous
+    user, as whom a squashed root client writes. The owner matters: Linux's fs.protected_regular
+    (on by default) refuses open(O_CREAT) of a file in a sticky world-writable folder that
+    neither the opener nor the folder's owner owns, so under a root-owned root a root client's
+    open(O_CREAT) failed with EACCES right after the server had made the file (owned by the
+    anonymous user)."""
+    from engine.namespace import ROOT  # the namespace package is heavier than this module
+
+    namespace.setattr(
+        ROOT,
+        namespace.root_ino,
+        mode=0o1777,
+        uid=DEFAULTS["anon_uid"],
+        gid=DEFAULTS["anon_gid"],
+    )
+
+
 def ensure_default(catalog: Catalog, name: str = DEFAULT_NAME) -> None:
     """Insert the default export (namespace root, rw, any client, root_squash) when there is
     none at all (``shingle init``)."""

@@ -36,6 +36,28 @@ def test_init_then_status(tmp_path):
     assert "10" in text and "usable" in text
 
 
+def test_init_makes_the_root_like_tmp_owned_by_the_squashed_identity(tmp_path):
+    """A root client of the default export (root_squash) writes as 65534; the kernel refuses
+    open(O_CREAT) of a file in a sticky world-writable folder that neither the opener nor the
+    folder's owner owns (fs.protected_regular), so the root belongs to 65534."""
+    from engine.catalog import Catalog
+    from engine.exports import list_exports
+    from engine.namespace import Namespace
+
+    home = tmp_path / "appliance"
+    shingle("init", str(home), "--drive-size", "64MiB", "--zone-size", "4MiB", "--no-preallocate")
+    catalog = Catalog(f"sqlite:///{home}/catalog.db")
+    try:
+        ns = Namespace(catalog)
+        root = ns.getattr(ns.root_ino)
+        (export,) = list_exports(catalog)
+        assert export.squash == "root_squash"
+        owner = (export.anon_uid, export.anon_gid)
+        assert (root.mode & 0o7777, (root.uid, root.gid)) == (0o1777, owner)
+    finally:
+        catalog.close()
+
+
 def test_init_refuses_existing_folder_and_bad_sizes(tmp_path):
     home = tmp_path / "a"
     shingle("init", str(home), "--drive-size", "64MiB", "--zone-size", "4MiB")

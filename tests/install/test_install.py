@@ -71,7 +71,9 @@ def test_install_lays_out_the_tree(root):
         from engine.namespace import Namespace
 
         ns = Namespace(catalog)
-        assert ns.getattr(ns.root_ino).mode & 0o7777 == 0o1777
+        root_attr = ns.getattr(ns.root_ino)
+        # owned by the default export's anonymous user (engine.exports.prepare_new_root)
+        assert (root_attr.mode & 0o7777, root_attr.uid, root_attr.gid) == (0o1777, 65534, 65534)
     finally:
         catalog.close()
     # --root leaves the host's users and systemd alone, and says what the target must still do.

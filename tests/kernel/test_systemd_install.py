@@ -103,13 +103,7 @@ def systemd_run(vm_kernel):
 
 
 # steps known to fail, with why; they are reported as xfail (and pass when they pass)
-KNOWN_FAILURES = {
-    "nfs-mount": (
-        "the mount succeeds, but root's first create over it gets EACCES (root is squashed; the "
-        "installed catalog's root is 1777 as `shingle init` makes it, and the host-side install "
-        "test confirms that mode): cause not found yet"
-    ),
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 @pytest.mark.timeout(VM_TIMEOUT_S + 300)
