@@ -54,8 +54,13 @@ class ExportRule:
     def cred(self, uid: int, gid: int, groups: tuple[int, ...]) -> Cred:
         if self.squash == "all_squash" or (self.squash == "root_squash" and uid == 0):
             return Cred(self.anon_uid, self.anon_gid, ())
-        if self.squash == "root_squash" and gid == 0:
-            gid = self.anon_gid
+        if self.squash == "root_squash":
+            # the root group too, in the supplementary groups as well (as knfsd does): a user
+            # in group 0 must not get root's group access through the export
+            if gid == 0:
+                gid = self.anon_gid
+            if 0 in groups:
+                groups = tuple(self.anon_gid if g == 0 else g for g in groups)
         return Cred(uid, gid, groups)
 
 

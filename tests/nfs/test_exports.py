@@ -8,6 +8,7 @@ from sqlalchemy import select
 
 from appliance.nfs.exports import ExportTable, ensure_default_export, parse_networks
 from engine.catalog.models import Export
+from engine.namespace import Cred
 
 
 def test_ensure_default_export_once(stack):
@@ -38,6 +39,8 @@ def test_rules_cidr_and_squash(stack):
     assert a.allows("::ffff:127.0.0.1") and not a.allows("garbage")
     assert b.allows("::1") and not b.allows("127.0.0.1")
     assert a.cred(0, 0, ()).uid == 65534 and a.cred(1000, 100, (5,)).uid == 1000
+    # root_squash maps the root group wherever it appears, the supplementary groups too
+    assert a.cred(1000, 0, (0, 5)) == Cred(1000, 65534, (65534, 5))
     assert (b.cred(1000, 100, ()).uid, b.cred(1000, 100, ()).gid) == (7, 8)
     assert set(table.root.children) == {"a", "deep"}
     assert set(table.visible(table.root, "::1")) == {"deep"}
