@@ -307,7 +307,7 @@ class Catalog:
             )
             event.listen(self.engine, "connect", self._sqlite_connect)
             event.listen(self.engine, "begin", self._sqlite_begin)
-            self._threads: _IdleConnections | None = _IdleConnections(self.engine)
+            self._kept: _IdleConnections | None = _IdleConnections(self.engine)
         else:
             self.engine = create_engine(
                 url,
@@ -319,7 +319,7 @@ class Catalog:
             )
             event.listen(self.engine, "checkin", self._pg_checkin)
             event.listen(self.engine, "checkout", self._pg_checkout)
-            self._threads = None
+            self._kept = None
 
     # -- SQLite connection set-up ------------------------------------------
     def _sqlite_connect(self, dbapi_conn, _record):
@@ -484,15 +484,15 @@ class Catalog:
 
     def _take_connection(self) -> tuple[Connection, bool]:
         """A kept connection (SQLite, _IdleConnections), else a pooled one; and which."""
-        threads = self._threads
-        mine = threads.take() if threads is not None else None
+        kept = self._kept
+        mine = kept.take() if kept is not None else None
         if mine is not None:
             return mine, True
         return self.engine.connect(), False
 
     def _let_go(self, conn: Connection, own: bool) -> None:
         if own:
-            self._threads.give_back(conn)  # type: ignore[union-attr]  # own: there are threads
+            self._kept.give_back(conn)  # type: ignore[union-attr]  # own: connections are kept
         else:
             conn.close()
 
@@ -687,6 +687,6 @@ class Catalog:
         if self._changes is not None:
             self._changes.close()
             self._changes = None
-        if self._threads is not None:
-            self._threads.close()
+        if self._kept is not None:
+            self._kept.close()
         self.engine.dispose()

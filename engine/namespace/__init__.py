@@ -75,7 +75,7 @@ class Namespace(Ancestry, Xattrs, DirectoryOps, RangeOps):
         self.data = data
         # DIR/.snapshots listed in DIR's readdir (config snapshots.visible; ZFS's snapdir)
         self.snapshots_visible = snapshots_visible
-        # each entry with its deadline (AttrCache._cached_attr ...)
+        # each entry with its deadline (AttrCache._cached)
         self._cache: dict[int, tuple[Attr, float]] = {}
         self._names: dict[tuple[int, str], tuple[int, float]] = {}
         self._xattr_cache: dict[int, tuple[dict[str, bytes], float]] = {}  # ino -> small xattrs

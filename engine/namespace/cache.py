@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import TypeVar
 
 from engine.catalog.database import Catalog, commits_between
 from engine.catalog.database import sql_one as _one
@@ -12,6 +13,8 @@ from engine.namespace.common import CACHE_MAX_ENTRIES, CACHE_TTL_S, Attr, FileDa
 from engine.quotas import QuotaTracker
 
 log = logging.getLogger("shingle.namespace")
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 class AttrCache:
@@ -21,7 +24,7 @@ class AttrCache:
     catalog: Catalog
     data: FileData | None
     root_ino: int
-    # each entry with the time.monotonic() after which it is not served (_cached_attr ...)
+    # each entry with the time.monotonic() after which it is not served (_cached)
     _cache: dict[int, tuple[Attr, float]]
     _names: dict[tuple[int, str], tuple[int, float]]
     _xattr_cache: dict[int, tuple[dict[str, bytes], float]]
@@ -69,17 +72,11 @@ class AttrCache:
         self._cache_epoch = epoch
         self._cache_since = time.monotonic()
 
-    # an entry (the caller checked _cache_valid), or None when there is none or it is too old
-    def _cached_attr(self, ino: int) -> Attr | None:
-        hit = self._cache.get(ino)
-        return hit[0] if hit is not None and hit[1] > time.monotonic() else None
-
-    def _cached_name(self, key: tuple[int, str]) -> int | None:
-        hit = self._names.get(key)
-        return hit[0] if hit is not None and hit[1] > time.monotonic() else None
-
-    def _cached_xattrs(self, ino: int) -> dict[str, bytes] | None:
-        hit = self._xattr_cache.get(ino)
+    @staticmethod
+    def _cached(table: dict[K, tuple[V, float]], key: K) -> V | None:
+        """The entry of ``table`` (``_cache``, ``_names``, ``_xattr_cache``; the caller checked
+        _cache_valid), or None when there is none or it is past its deadline."""
+        hit = table.get(key)
         return hit[0] if hit is not None and hit[1] > time.monotonic() else None
 
     @staticmethod

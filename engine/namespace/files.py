@@ -54,7 +54,7 @@ class FileOps(Lookup):
             self.data.flush(ino)  # buffered writes land before the cut
         wanted = dict(mode=mode, uid=uid, gid=gid, size=size, atime_ns=atime_ns, mtime_ns=mtime_ns)
         if atime_ns is None and mtime_ns is None and self._cache_valid():
-            cached = self._cached_attr(ino)
+            cached = self._cached(self._cache, ino)
             if cached is not None and not self._setattr_values(cred, cached, now=0, **wanted):
                 self._check_writable(ino)
                 return self._with_pending(cached)

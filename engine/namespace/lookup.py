@@ -71,7 +71,7 @@ class Lookup(ReadOnlyInodes):
         cacheable = self._cache_valid()
         gen, read_at = self._cache_gen, time.monotonic()
         if cacheable:
-            hit = self._cached_attr(ino)
+            hit = self._cached(self._cache, ino)
             if hit is not None:
                 return self._with_pending(hit)
         attr = self.catalog.read(lambda conn: self._load(conn, ino))
@@ -83,8 +83,8 @@ class Lookup(ReadOnlyInodes):
         cacheable = self._cache_valid()
         gen, read_at = self._cache_gen, time.monotonic()
         if cacheable:
-            parent = self._cached_attr(dir_ino)
-            child = self._cached_name((dir_ino, name))
+            parent = self._cached(self._cache, dir_ino)
+            child = self._cached(self._names, (dir_ino, name))
             if parent is not None and child is not None:
                 self._require(cred, parent, X_OK)
                 return self.getattr(child)

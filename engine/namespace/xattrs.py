@@ -25,8 +25,8 @@ class Xattrs(Lookup):
         cacheable = self._cache_valid()
         gen, read_at = self._cache_gen, time.monotonic()
         if cacheable:
-            hit = self._cached_xattrs(ino)
-            attr = self._cached_attr(ino)
+            hit = self._cached(self._xattr_cache, ino)
+            attr = self._cached(self._cache, ino)
             if hit is not None and attr is not None:
                 self._require(cred, attr, R_OK)
                 return hit

@@ -50,7 +50,7 @@ def test_the_connection_given_back_last_serves_the_next_thread(sqlite_catalog):
     for _ in range(5):
         _in_thread(lambda: catalog.run(lambda conn: seen.append(_raw(conn))))
     assert all(raw is seen[0] for raw in seen), "another thread's transaction took another one"
-    assert len(catalog._threads._open) == 1
+    assert len(catalog._kept._open) == 1
     assert catalog.engine.pool.checkedout() == 1
 
 
@@ -73,7 +73,7 @@ def test_concurrent_transactions_never_share_a_connection(sqlite_catalog):
     for thread in threads:
         thread.join()
     assert len({id(raw) for raw in seen}) == 3
-    assert len(catalog._threads._idle) == 3  # all kept, for the next ones
+    assert len(catalog._kept._idle) == 3  # all kept, for the next ones
 
 
 def test_a_closed_catalog_and_a_forked_child_do_not_reuse_them(sqlite_catalog):
@@ -81,12 +81,12 @@ def test_a_closed_catalog_and_a_forked_child_do_not_reuse_them(sqlite_catalog):
     catalog.read(_one)
     pid = os.fork()
     if pid == 0:  # the child: the parent's connection must not serve it
-        os._exit(0 if catalog._threads.take() is None else 1)
+        os._exit(0 if catalog._kept.take() is None else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    conn = catalog._threads.take()
+    conn = catalog._kept.take()
     assert conn is not None  # the parent's still does
-    catalog._threads.give_back(conn)
+    catalog._kept.give_back(conn)
     catalog.close()
-    assert catalog._threads.take() is None
+    assert catalog._kept.take() is None
     assert conn.closed

@@ -196,6 +196,19 @@ class RawClient:
         assert st == 0, (st, res)
         return res[-1][2]
 
+    def open_new(self, name: str, owner: bytes = b"o"):
+        """OPEN (create, read and write) ``name`` in the export root: (its handle, its open
+        stateid)."""
+        st, res = self.session(
+            [
+                (c.OP_PUTFH, self.root_fh()),
+                (c.OP_OPEN, open_args(name, owner, self.clientid)),
+                (c.OP_GETFH, None),
+            ]
+        )
+        assert st == 0, st
+        return res[-1][2], res[2][2].stateid
+
     def root_fh(self) -> bytes:
         st, res = self.session(
             [(c.OP_PUTROOTFH, None), (c.OP_LOOKUP, "export"), (c.OP_GETFH, None)]

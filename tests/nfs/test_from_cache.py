@@ -178,16 +178,7 @@ def test_a_handed_off_compound_carries_on_where_the_event_loop_stopped(server):
 
 
 def _open_and_write(raw: RawClient, name: str, payload: bytes):
-    root = raw.root_fh()
-    st, res = raw.session(
-        [
-            (c.OP_PUTFH, root),
-            (c.OP_OPEN, open_args(name, b"reader", raw.clientid)),
-            (c.OP_GETFH, None),
-        ]
-    )
-    assert st == 0
-    fh, sid = res[-1][2], res[2][2].stateid
+    fh, sid = raw.open_new(name, b"reader")
     write = (
         c.OP_WRITE,
         t.ARGS[c.OP_WRITE](stateid(sid.seqid, sid.other), 0, c.FILE_SYNC4, payload),
@@ -273,15 +264,7 @@ def _unstable_write(sid, offset: int, data: bytes, how: int = c.UNSTABLE4):
 
 def test_an_unstable_write_into_the_buffer_is_answered_by_the_event_loop(server):
     raw = RawClient(server.port).setup()
-    st, res = raw.session(
-        [
-            (c.OP_PUTFH, raw.root_fh()),
-            (c.OP_OPEN, open_args("ckpt", b"writer", raw.clientid)),
-            (c.OP_GETFH, None),
-        ]
-    )
-    assert st == 0
-    fh, sid = res[-1][2], res[2][2].stateid
+    fh, sid = raw.open_new("ckpt", b"writer")
     stripe = server.server.namespace.data.policies["warm"].stripe_size
     first, second = os.urandom(stripe // 4), os.urandom(stripe // 4)
     assert raw.session([(c.OP_PUTFH, fh), GETATTR])[0] == 0  # its attributes are cached now

@@ -60,21 +60,13 @@ def test_idle_while_no_handed_over_call_is_queued_or_running():
 def test_a_big_write_goes_to_a_worker_while_another_call_is_there(server):
     """The event loop takes an UNSTABLE WRITE itself only while the workers have nothing of
     its (with several writers, they copy the data while the loop reads the sockets)."""
-    from nfs4_rawclient import RawClient, open_args, stateid
+    from nfs4_rawclient import RawClient, stateid
 
     from appliance.nfs.v4 import const as c
     from appliance.nfs.v4 import types as t
 
     raw = RawClient(server.port).setup()
-    st, res = raw.session(
-        [
-            (c.OP_PUTFH, raw.root_fh()),
-            (c.OP_OPEN, open_args("f", b"writer", raw.clientid)),
-            (c.OP_GETFH, None),
-        ]
-    )
-    assert st == 0
-    fh, sid = res[-1][2], res[2][2].stateid
+    fh, sid = raw.open_new("f", b"writer")
     write = (
         c.OP_WRITE,
         t.ARGS[c.OP_WRITE](stateid(sid.seqid, sid.other), 0, c.UNSTABLE4, b"x" * 65536),
