@@ -1,14 +1,14 @@
 """/metrics in the Prometheus text format (version 0.0.4).
 
 Gauges come from the catalog (capacity, drive states and zones, band counts, the last
-successful job of each kind); counters of the NFS server and of each drive, write
-amplification and the latency histograms come from the newest samples the daemon recorded
-(engine.metrics), with ``shingle_metrics_sample_age_seconds`` saying how old they are. A
-metric with no data is left out rather than reported as zero. Capacity is split so that sums
-mean something: ``shingle_space_bytes{state}`` adds up to ``shingle_capacity_bytes{kind="total"}``.
-Read-only and without secrets, so it needs no sign-in (Prometheus scrapes it); bind the web
-UI to a trusted address. docs/grafana/ and docs/prometheus/ hold a dashboard and alert rules
-over these names."""
+successful job of each kind, directory quotas' usage and limits); counters of the NFS server
+and of each drive, write amplification and the latency histograms come from the newest samples
+the daemon recorded (engine.metrics), with ``shingle_metrics_sample_age_seconds`` saying how
+old they are. A metric with no data is left out rather than reported as zero. Capacity is split
+so that sums mean something: ``shingle_space_bytes{state}`` adds up to
+``shingle_capacity_bytes{kind="total"}``. Read-only and without secrets, so it needs no sign-in
+(Prometheus scrapes it); bind the web UI to a trusted address. docs/grafana/ and
+docs/prometheus/ hold a dashboard and alert rules over these names."""
 
 from __future__ import annotations
 
@@ -200,8 +200,36 @@ def render() -> str:
     _decompression(out, latest)
     _nfs(out, latest)
     _exports(out, latest, catalog)
+    _quotas(out, shingle)
     _smb(out, shingle)
     return out.text()
+
+
+def _quotas(out: Exposition, shingle) -> None:
+    """Usage and limits of each directory quota (kept exact by the catalog: no sample needed);
+    a limit that is not set is left out, so ``used / limit`` exists only where it means
+    something."""
+    from webui.quotas import list_quotas
+
+    quotas = list_quotas()
+    for what, unit in (("bytes", "Bytes"), ("files", "Files and folders")):
+        out.family(
+            f"shingle_quota_used_{what}",
+            "gauge",
+            f"{unit} in the tree of each directory quota.",
+            [({"path": q["path"]}, q[f"used_{what}"]) for q in quotas],
+        )
+        out.family(
+            f"shingle_quota_limit_{what}",
+            "gauge",
+            f"{unit} a directory quota allows: hard (writes past it fail) and soft (warned).",
+            [
+                ({"path": q["path"], "kind": kind}, q[key])
+                for q in quotas
+                for kind, key in (("hard", f"{what}_limit"), ("soft", f"soft_{what}"))
+                if q[key] is not None
+            ],
+        )
 
 
 def _smb(out: Exposition, shingle) -> None:

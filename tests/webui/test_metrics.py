@@ -9,8 +9,11 @@ import pytest
 
 from engine import exports, jobs, metrics
 from engine.catalog.models import Zone
+from engine.namespace import ROOT
+from engine.quotas import QuotaService
 from engine.version import version
 from tests.webui.conftest import ZONE_SIZE
+from tests.webui.helpers import mkdirs
 
 
 def parse(text: str) -> dict[str, float]:
@@ -210,3 +213,24 @@ def test_operation_histograms_and_exports_when_the_nfs_server_records_them(app, 
     assert values[f"shingle_export_read_bytes_total{{{label}}}"] == 100
     assert values[f"shingle_export_write_bytes_total{{{label}}}"] == 7
     assert values[f"shingle_export_operations_total{{{label}}}"] == 9
+
+
+def test_directory_quotas_usage_and_the_limits_that_are_set(app):
+    ns = app.extensions["shingle"].namespace
+    sub = mkdirs(ns, "/team/sub")
+    quotas = QuotaService(ns)
+    quotas.set("/team", bytes_limit=1 << 20, soft_files=10)
+    values = parse(app.test_client().get("/metrics").get_data(as_text=True))
+    assert values['shingle_quota_used_files{path="/team"}'] == 1  # sub
+    assert values['shingle_quota_used_bytes{path="/team"}'] == 0
+    assert values['shingle_quota_limit_bytes{path="/team",kind="hard"}'] == 1 << 20
+    assert values['shingle_quota_limit_files{path="/team",kind="soft"}'] == 10
+    # limits that are not set are left out, not reported as 0 (a ratio to them means nothing)
+    assert 'shingle_quota_limit_bytes{path="/team",kind="soft"}' not in values
+    assert 'shingle_quota_limit_files{path="/team",kind="hard"}' not in values
+
+    ns.create(ROOT, sub.ino, "a")  # counted by the catalog at once: no sample needed
+    values = parse(app.test_client().get("/metrics").get_data(as_text=True))
+    assert values['shingle_quota_used_files{path="/team"}'] == 2
+    quotas.remove("/team")
+    assert "shingle_quota" not in app.test_client().get("/metrics").get_data(as_text=True)

@@ -7,6 +7,8 @@ import re
 from pathlib import Path
 
 from engine import exports, jobs, metrics
+from engine.quotas import QuotaService
+from tests.webui.helpers import mkdirs
 
 DOCS = Path(__file__).resolve().parent.parent.parent / "docs"
 RULES = DOCS / "prometheus" / "shingle-rules.yml"
@@ -63,6 +65,9 @@ def emitted(app, catalog) -> set[str]:
         job = jobs.submit(catalog, kind, {}, actor="test")
         jobs.claim(catalog, job)
         jobs.finish(catalog, job, ok=True, result={})
+    namespace = app.extensions["shingle"].namespace
+    mkdirs(namespace, "/quota-tree")
+    QuotaService(namespace).set("/quota-tree", bytes_limit=1 << 30, files_limit=100)
     text = app.test_client().get("/metrics").get_data(as_text=True)
     return {
         re.split(r"[{ ]", line, maxsplit=1)[0]
