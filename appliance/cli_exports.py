@@ -60,6 +60,14 @@ def cmd_exports(args) -> int:
             print(f"export {args.id} removed")
             return 0
         namespace = Namespace(catalog)  # paths are checked against the namespace; no data path
+        if args.action == "own-folder":
+            export = export_service.get(catalog, args.id)
+            export_service.own_folder(namespace, export)
+            print(
+                f"export {export.id} ({export.name}): {export.path} is now owned by "
+                f"{export.anon_uid}:{export.anon_gid}"
+            )
+            return 0
         try:
             if args.action == "add":
                 values = _values(args)
@@ -125,6 +133,13 @@ def register(subparsers) -> None:
     change.add_argument("id", type=int, metavar="ID")
     change.add_argument("--path", help="another namespace directory")
     _change_options(change, new=False)
+    own = actions.add_parser(
+        "own-folder",
+        help="give the export's folder to its anonymous user (`shingle doctor` says when: "
+        "root clients of a root_squash export cannot open new files in a sticky folder "
+        "someone else owns)",
+    )
+    own.add_argument("id", type=int, metavar="ID")
     remove = actions.add_parser("remove", help="remove one export (the files stay)")
     remove.add_argument("id", type=int, metavar="ID")
     p.set_defaults(func=cmd_exports)

@@ -396,6 +396,36 @@ def check_catalog(config: config_mod.Config) -> Check:
     return Check("catalog", "ok", f"{url} at revision {head}")
 
 
+def check_export_folders(config: config_mod.Config) -> Check:
+    """Exports whose root clients cannot open the files they create (engine.exports.
+    root_create_refused): a warning, since nothing is lost and other users are not affected."""
+    from engine import exports as export_service
+    from engine.catalog.database import Catalog
+    from engine.namespace import Namespace
+
+    catalog = Catalog(bounded_url(config.catalog_url))
+    try:
+        namespace = Namespace(catalog)
+        refused = [
+            e
+            for e in export_service.list_exports(catalog)
+            if export_service.root_create_refused(namespace, e)
+        ]
+    finally:
+        catalog.close()
+    if not refused:
+        return Check("export folders", "ok", "root clients can open the files they create")
+    names = ", ".join(f"{e.id} ({e.name}: {e.path})" for e in refused)
+    return Check(
+        "export folders",
+        "warn",
+        f"export {names}: a sticky world-writable folder not owned by the export's anonymous "
+        "user, so Linux clients' fs.protected_regular refuses a root user's open of a new file "
+        "there (EACCES) after the server made it",
+        "; ".join(f"shingle exports own-folder {e.id}" for e in refused),
+    )
+
+
 def check_units(root: Path) -> Check:
     unit_dir = install.under_root(root, install.UNIT_DIR)
     missing = [n for n in install.UNIT_NAMES if not (unit_dir / n).is_file()]
@@ -553,6 +583,7 @@ def run_checks(
             catalog_check = check_catalog(config)
             results.append(catalog_check)
         if catalog_check is not None and catalog_check.status == "ok":
+            results.append(check_export_folders(config))
             drives = _drives(config)
             results += check_drives(drives, config.resolve("storage.drives_dir"), sys_root)
             if (

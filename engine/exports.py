@@ -329,6 +329,30 @@ def prepare_new_root(namespace) -> None:
     )
 
 
+def root_create_refused(namespace, export: Export) -> bool:
+    """Whether a root client of ``export`` gets EACCES from open(O_CREAT) of a new file in the
+    export's folder although the server made the file: root_squash makes the file the anonymous
+    user's, and in a sticky world-writable folder owned by someone else Linux's
+    fs.protected_regular refuses the open (see prepare_new_root). Catalogs made before
+    ``shingle init`` gave the root to the anonymous user have such a root."""
+    if export.squash != "root_squash":
+        return False  # all_squash: opener and file are both the anonymous user's
+    try:
+        folder = namespace.resolve(export.path)
+    except errors.FsError:
+        return False  # a missing folder is reported where the export is served
+    return folder.mode & 0o1002 == 0o1002 and folder.uid != export.anon_uid
+
+
+def own_folder(namespace, export: Export) -> None:
+    """Give ``export``'s folder to its anonymous user and group (the fix for
+    ``root_create_refused``); its mode stays."""
+    from engine.namespace import ROOT
+
+    folder = namespace.resolve(export.path)
+    namespace.setattr(ROOT, folder.ino, uid=export.anon_uid, gid=export.anon_gid)
+
+
 def ensure_default(catalog: Catalog, name: str = DEFAULT_NAME) -> None:
     """Insert the default export (namespace root, rw, any client, root_squash) when there is
     none at all (``shingle init``)."""

@@ -86,6 +86,7 @@ def test_installed_tree_is_ready(installed):
         "port nfs",
         "port webui",
         "free space",
+        "export folders",
     ):
         assert found[name] == "OK", (name, result.stdout)
     assert found["drives"] == "WARN"  # an install brings no drives of its own
@@ -137,6 +138,48 @@ def test_drives_of_an_appliance_and_a_missing_one(appliance_dir, tmp_path):
         folder / "drives",
     )
     assert results[0].status == "fail" and "does not exist" in results[0].detail
+
+
+def test_export_folder_a_root_client_cannot_create_in_is_named_with_its_fix(
+    appliance_dir, tmp_path
+):
+    """A catalog from before `shingle init` gave the root to the anonymous user: its root
+    clients' open(O_CREAT) fails on Linux clients (fs.protected_regular)."""
+    from engine.catalog.database import Catalog
+    from engine.namespace import ROOT, Namespace
+
+    folder = tmp_path / "app"
+    shutil.copytree(appliance_dir, folder)
+    config = folder / "shingle.toml"
+    assert (
+        statuses(shingle("-c", str(config), "doctor", check=False).stdout)["export folders"] == "OK"
+    )
+    catalog = Catalog(f"sqlite:///{folder}/catalog.db")
+    try:
+        namespace = Namespace(catalog)
+        namespace.setattr(ROOT, namespace.root_ino, uid=0, gid=0)  # as older catalogs had it
+    finally:
+        catalog.close()
+
+    result = shingle("-c", str(config), "doctor", check=False)
+    assert statuses(result.stdout)["export folders"] == "WARN", result.stdout
+    assert "fix: shingle exports own-folder 1" in result.stdout
+    assert result.returncode == 0  # a warning: nothing to fix before serving
+
+    fixed = shingle("-c", str(config), "exports", "own-folder", "1")
+    assert "now owned by 65534:65534" in fixed.stdout
+    assert (
+        statuses(shingle("-c", str(config), "doctor", check=False).stdout)["export folders"] == "OK"
+    )
+    catalog = Catalog(f"sqlite:///{folder}/catalog.db")
+    try:
+        namespace = Namespace(catalog)
+        root = namespace.getattr(namespace.root_ino)
+        assert (root.uid, root.gid, root.mode & 0o7777) == (65534, 65534, 0o1777)
+    finally:
+        catalog.close()
+    missing = shingle("-c", str(config), "exports", "own-folder", "99", check=False)
+    assert missing.returncode != 0 and "no export with id 99" in missing.stderr
 
 
 def test_missing_drive_fails_the_command(appliance_dir, tmp_path):
