@@ -11,7 +11,7 @@ from appliance.nfs.v4.registry import operation
 from appliance.nfs.v4.state import NfsError
 from appliance.nfs.v4.types import RESULTS
 from engine import errors
-from engine.blocking import holding
+from engine.blocking import WouldBlock, blocking_forbidden, holding
 from engine.catalog.models import DIR, LNK, REG
 from engine.namespace import R_OK, W_OK
 
@@ -193,8 +193,10 @@ def open_downgrade(cx, a):
 @operation(c.OP_CLOSE)
 def close(cx, a):
     node = cx.need_file()
-    with cx.state.lock:
+    with holding(cx.state.lock, "state lock held"):  # CLOSE runs on the event loop too
         st = open_state(cx, a.open_stateid, node)
+        if blocking_forbidden() and (st.locks or not cx.ns.close_ref_is_cheap(st.ino)):
+            raise WouldBlock("a CLOSE that drops locks or may free the file")
         cx.state.close(st)
         return cx.set_stateid(st)
 
