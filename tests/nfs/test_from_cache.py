@@ -385,3 +385,32 @@ def test_close_is_answered_by_the_event_loop_unless_it_may_free_the_file(server)
     with pytest.raises(errors.StaleHandle):
         ns.getattr(ino)
     raw.close()
+
+
+def test_an_open_of_a_name_not_there_yet_is_answered_by_the_event_loop(server):
+    """nfs-rs opens each name without create before it creates it: once a lookup of a missing
+    name read the directory whole, the loop answers the next such OPENs (NOENT); one of a name
+    that exists, and every create, waits for a worker."""
+    raw = RawClient(server.port).setup()
+    root = raw.root_fh()
+    d = _mkdir(raw, root, "d")
+
+    def open_(name, create=False):
+        return (c.OP_OPEN, open_args(name, b"opener", raw.clientid, create=create))
+
+    assert raw.session([(c.OP_PUTFH, d), open_("first")])[0] == c.NFS4ERR_NOENT
+    with every_worker_busy(server):
+        _send(raw, [(c.OP_PUTFH, d), open_("second"), (c.OP_GETFH, None)])
+        st, res = _reply(raw, 5)
+        assert st == c.NFS4ERR_NOENT and len(res) == 3
+        _send(raw, [(c.OP_PUTFH, d), open_("second", create=True)])
+        with pytest.raises(socket.timeout):
+            _reply(raw, 0.5)
+    assert raw.parse(raw.recv_record())[0] == 0
+    # the new name is known at once: its OPEN without create finds it, in a worker
+    with every_worker_busy(server):
+        _send(raw, [(c.OP_PUTFH, d), open_("second")])
+        with pytest.raises(socket.timeout):
+            _reply(raw, 0.5)
+    assert raw.parse(raw.recv_record())[0] == 0
+    raw.close()

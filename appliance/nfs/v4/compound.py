@@ -101,6 +101,7 @@ FROM_CACHE_OPS = frozenset(
         c.OP_WRITE,  # UNSTABLE, into the file's buffer; anything more raises WouldBlock first
         c.OP_SETATTR,  # of mode and size only, when it changes nothing (ops/fs.py)
         c.OP_CLOSE,  # of an open without locks, when no inode is freed (ops/io.py)
+        c.OP_OPEN,  # without create, of a name the cache proves missing (NOENT; ops/io.py)
     }
 )
 # An operation that changes the current file handle clears the current stateid (RFC 8881
