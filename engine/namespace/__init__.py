@@ -79,7 +79,7 @@ class Namespace(Ancestry, Xattrs, DirectoryOps, RangeOps):
         self._cache: dict[int, tuple[Attr, float]] = {}
         self._names: dict[tuple[int, str], tuple[int, float]] = {}
         self._complete_dirs: dict[int, float] = {}  # dir ino -> deadline: see AttrCache
-        self._big_dirs: dict[int, float] = {}  # dir ino -> until when no listing is tried
+        self._dirs_listed: dict[int, float] = {}  # dir ino -> until when it is not read whole
         self._xattr_cache: dict[int, tuple[dict[str, bytes], float]] = {}  # ino -> small xattrs
         self._space_used: dict[int, tuple[tuple[int, int, int], int]] = {}  # RangeOps.space_used
         self._cache_epoch: int | None = None

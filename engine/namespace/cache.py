@@ -28,7 +28,7 @@ class AttrCache:
     _cache: dict[int, tuple[Attr, float]]
     _names: dict[tuple[int, str], tuple[int, float]]
     _complete_dirs: dict[int, float]  # directories whose every name is in _names, to a deadline
-    _big_dirs: dict[int, float]  # directories found too big to list, until a deadline
+    _dirs_listed: dict[int, float]  # directories read whole (or tried), until when not again
     _xattr_cache: dict[int, tuple[dict[str, bytes], float]]
     _space_used: dict[int, tuple[tuple[int, int, int], int]]  # see ranges.py
     _cache_epoch: int | None
@@ -75,7 +75,7 @@ class AttrCache:
         self._cache.clear()
         self._names.clear()
         self._complete_dirs.clear()
-        self._big_dirs.clear()
+        self._dirs_listed.clear()
         self._xattr_cache.clear()
         self._cache_gen += 1
         self._cache_epoch = epoch

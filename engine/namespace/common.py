@@ -69,6 +69,7 @@ CACHE_MAX_ENTRIES = 200_000  # attributes + names; about 60 MB at most
 # a directory of at most this many names is read whole at a lookup of a name it lacks, so that
 # the next such lookups are answered from the cache (AttrCache, "complete")
 COMPLETE_DIR_MAX = 4096
+COMPLETE_DIR_RETRY_S = 1.0  # a directory is read whole at most once in this time
 # extents freed per transaction: removing a 100 GB checkpoint (100,000 extents when written in
 # 1 MiB commits) must not hold the catalog's write lock for seconds while other clients COMMIT
 FREE_CHUNK_EXTENTS = 128

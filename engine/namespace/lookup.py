@@ -16,6 +16,7 @@ from engine.namespace.common import (
     ATTR_COLUMNS,
     ATTR_SQL,
     COMPLETE_DIR_MAX,
+    COMPLETE_DIR_RETRY_S,
     DIR,
     DIRENTS,
     INODES,
@@ -114,11 +115,12 @@ class Lookup(ReadOnlyInodes):
                 (dir_ino, name),
             )
             if row is None:
-                if cacheable and self._big_dirs.get(dir_ino, 0.0) < read_at:
+                # at most once a COMPLETE_DIR_RETRY_S per directory: one whose completeness is
+                # forgotten again and again (renames into it) is not read whole each time
+                if cacheable and self._dirs_listed.get(dir_ino, 0.0) <= read_at:
                     nonlocal listing
+                    self._dirs_listed[dir_ino] = read_at + COMPLETE_DIR_RETRY_S
                     listing = self._listing(conn, dir_ino)
-                    if listing is None:
-                        self._big_dirs[dir_ino] = self._cache_until(read_at)
                 return parent, None
             return parent, attr_of_row(row)
 

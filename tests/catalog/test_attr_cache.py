@@ -271,10 +271,13 @@ def _missing(ns, dir_ino: int, name: str) -> bool:
     raise AssertionError(f"{name!r} was found")
 
 
-def test_a_small_directory_read_whole_proves_names_missing(sqlite_catalog, count_reads):
+def test_a_small_directory_read_whole_proves_names_missing(
+    sqlite_catalog, count_reads, monkeypatch
+):
     """nfs-rs opens each name before it creates it: after one lookup of a missing name read the
     directory whole, the next missing names are answered from the cache, and every change keeps
     that answer exact or forgets it."""
+    monkeypatch.setattr(lookup_module, "COMPLETE_DIR_RETRY_S", 0.0)
     ns = Namespace(sqlite_catalog)
     d = ns.mkdir(ROOT, ns.root_ino, "d", 0o755)
     ns.create(ROOT, d.ino, "a", 0o644)
@@ -329,10 +332,29 @@ def test_a_big_directory_is_not_read_whole(sqlite_catalog, count_reads, monkeypa
     with pytest.raises(errors.NotFound):
         ns.lookup(ROOT, d.ino, "x")
     assert not _missing(ns, d.ino, "y")
-    ns.unlink(ROOT, d.ino, "d")  # three names now, but tried again only after the age limit
+    ns.unlink(ROOT, d.ino, "d")  # three names now, but not read whole again at once
     with pytest.raises(errors.NotFound):
         ns.lookup(ROOT, d.ino, "x")
     assert not _missing(ns, d.ino, "y")
+
+
+def test_a_directory_is_read_whole_at_most_once_a_retry_time(sqlite_catalog, monkeypatch):
+    """Renames into a directory forget its completeness each time (as rsync's temporary names
+    would): the lookups of missing names then do not read it whole again and again."""
+    monkeypatch.setattr(lookup_module, "COMPLETE_DIR_RETRY_S", 0.5)
+    ns = Namespace(sqlite_catalog)
+    d = ns.mkdir(ROOT, ns.root_ino, "d", 0o755)
+    with pytest.raises(errors.NotFound):
+        ns.lookup(ROOT, d.ino, "x")
+    ns.create(ROOT, ns.root_ino, "outside", 0o644)
+    ns.rename(ROOT, ns.root_ino, "outside", d.ino, "moved")
+    with pytest.raises(errors.NotFound):
+        ns.lookup(ROOT, d.ino, "x")
+    assert not _missing(ns, d.ino, "y")
+    time.sleep(0.6)
+    with pytest.raises(errors.NotFound):
+        ns.lookup(ROOT, d.ino, "x")
+    assert _missing(ns, d.ino, "y")
 
 
 def test_names_read_whole_expire_with_the_directory(sqlite_catalog, short_ttl):
