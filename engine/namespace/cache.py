@@ -9,7 +9,14 @@ from typing import TypeVar
 
 from engine.catalog.database import Catalog, commits_between
 from engine.catalog.database import sql_one as _one
-from engine.namespace.common import CACHE_MAX_ENTRIES, CACHE_TTL_S, Attr, FileData, Touched
+from engine.namespace.common import (
+    CACHE_MAX_ENTRIES,
+    CACHE_TTL_S,
+    DIR,
+    Attr,
+    FileData,
+    Touched,
+)
 from engine.quotas import QuotaTracker
 
 log = logging.getLogger("shingle.namespace")
@@ -204,6 +211,12 @@ class AttrCache:
                 self._names.pop(key, None)
                 if complete and key not in known and key not in gone:
                     complete.pop(key[0], None)  # what the name is now is not known here
+            if complete:
+                # a directory removed, or its inode number given to another inode, is not
+                still_dirs = {attr.ino for attr in fresh if attr.type == DIR} if adopt else ()
+                for ino in inos:
+                    if ino in complete and ino not in still_dirs:
+                        del complete[ino]
             if adopt:
                 # read at the end of the transaction that just committed
                 until = self._cache_until(time.monotonic())

@@ -91,7 +91,11 @@ class Lookup(ReadOnlyInodes):
                 if child is not None:
                     self._require(cred, parent, X_OK)
                     return self.getattr(child)
-                if self._known_missing(dir_ino, name) and name not in (".", ".."):
+                if (
+                    parent.type == DIR
+                    and self._known_missing(dir_ino, name)
+                    and name not in (".", "..")
+                ):
                     self._require(cred, parent, X_OK)
                     check_name(name)
                     raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")

@@ -367,3 +367,20 @@ def test_names_read_whole_expire_with_the_directory(sqlite_catalog, short_ttl):
     time.sleep(1.1 * TTL_S)
     ns.getattr(d.ino)  # the directory's attributes are fresh again, its listing is not
     assert not _missing(ns, d.ino, "x")
+
+
+def test_a_removed_directory_is_complete_no_more(sqlite_catalog):
+    """SQLite may give a freed inode number to the next new inode: what was known of the
+    removed directory's names must not answer for it."""
+    ns = Namespace(sqlite_catalog)
+    d = ns.mkdir(ROOT, ns.root_ino, "d", 0o755)
+    with pytest.raises(errors.NotFound):
+        ns.lookup(ROOT, d.ino, "x")
+    assert _missing(ns, d.ino, "x")
+    ns.rmdir(ROOT, ns.root_ino, "d")
+    f = ns.create(ROOT, ns.root_ino, "f", 0o644)
+    ns.getattr(f.ino)
+    assert not ns._complete_dirs, "the removed directory is still complete"
+    if f.ino == d.ino:  # the number was given again: a lookup in a file is ENOTDIR
+        with pytest.raises(errors.NotADirectory):
+            ns.lookup(ROOT, f.ino, "x")
