@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from typing import Any
 
 from appliance.nfs import portmap as pmap
@@ -52,17 +52,10 @@ PORTMAP_MODES = ("auto", "serve", "register", "off")
 
 
 class _Call:
-    """A call queued by ``NfsWorkers.call_soon``: the executor's worker runs ``run()``; no Future
-    (nobody waits for the result: the call sends its own reply)."""
+    """A call queued by ``NfsWorkers.call_soon``: no Future (nobody waits for the result: the
+    call sends its own reply)."""
 
     __slots__ = ("fn", "args", "pending")
-
-    class _NoFuture:
-        @staticmethod
-        def cancel() -> bool:  # shutdown(cancel_futures=True) cancels what is still queued
-            return True
-
-    future = _NoFuture()
 
     def __init__(self, fn, args, pending: deque):
         self.fn, self.args, self.pending = fn, args, pending
@@ -75,29 +68,137 @@ class _Call:
         finally:
             self.pending.pop()
 
+    def cancel(self) -> None:  # shutdown(cancel_futures=True) drops what is still queued
+        self.pending.pop()
 
-class NfsWorkers(ThreadPoolExecutor):
-    """The NFS worker threads. ``call_soon`` hands a call over without the Future, work item and
-    condition variable ``submit`` makes for each (about a tenth of a small COMPOUND's CPU on the
-    event loop); ``submit`` and ``run_in_executor`` work as ever."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+class _Submitted:
+    """A call queued by ``NfsWorkers.submit``, with its Future."""
+
+    __slots__ = ("future", "fn", "args", "kwargs")
+
+    def __init__(self, future: Future, fn, args, kwargs):
+        self.future, self.fn, self.args, self.kwargs = future, fn, args, kwargs
+
+    def run(self) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return
+        try:
+            result = self.fn(*self.args, **self.kwargs)
+        except BaseException as exc:  # noqa: BLE001 - the Future carries it to the caller
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(result)
+
+    def cancel(self) -> None:
+        self.future.cancel()
+
+
+class _Worker:
+    __slots__ = ("wake", "call")
+
+    def __init__(self):
+        self.wake = threading.Lock()
+        self.wake.acquire()  # released to hand this worker a call
+        self.call: Any = None
+
+
+_STOP = object()
+
+
+class NfsWorkers(Executor):
+    """The NFS worker threads, started as calls need them, up to ``max_workers``.
+
+    A call goes to the worker that went idle last (a stack, each worker waiting on a lock of its
+    own), not to whichever of the waiters on one queue the OS wakes: waking a thread idle for
+    long (its vCPU asleep) cost 11-14 us with the GIL held per hand-off, against about 2 us for
+    one idle for a fraction of a millisecond, and the small operations of one client need just
+    a few workers, which then stay warm. ``call_soon`` hands a call over without a Future (the
+    call sends its own reply); ``submit`` and ``run_in_executor`` work as with any Executor."""
+
+    def __init__(self, max_workers: int, thread_name_prefix: str = "nfs-worker"):
+        if max_workers <= 0:
+            raise ValueError(f"max_workers {max_workers}: expected > 0")
+        self._max_workers = max_workers
+        self._prefix = thread_name_prefix
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []  # the one idle last at the end
+        self._queued: deque = deque()  # calls waiting for a worker while every one is busy
+        self._threads: list[threading.Thread] = []
+        self._shutdown = False
         self._pending: deque = deque()  # one entry per call_soon call not yet done
 
     def call_soon(self, fn, *args) -> None:
         """Run ``fn(*args)`` in a worker; RuntimeError once the pool is shut down."""
-        with self._shutdown_lock:
-            if self._broken or self._shutdown:
-                raise RuntimeError("cannot schedule new calls after shutdown")
-            self._pending.append(None)  # deque appends and pops are atomic: no lock
-            call = _Call(fn, args, self._pending)
-            self._work_queue.put(call)  # type: ignore[arg-type]  # run() is all it needs
-            self._adjust_thread_count()
+        self._pending.append(None)  # deque appends and pops are atomic: no lock
+        try:
+            self._hand_over(_Call(fn, args, self._pending))
+        except RuntimeError:
+            self._pending.pop()
+            raise
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future: Future = Future()
+        self._hand_over(_Submitted(future, fn, args, kwargs))
+        return future
 
     def idle(self) -> bool:
         """Whether no call handed over by ``call_soon`` is queued or running."""
         return not self._pending
+
+    def _hand_over(self, call) -> None:
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new calls after shutdown")
+            if self._idle:
+                worker = self._idle.pop()
+                worker.call = call
+                worker.wake.release()
+                return
+            self._queued.append(call)
+            if len(self._threads) < self._max_workers:
+                thread = threading.Thread(
+                    target=self._work,
+                    args=(_Worker(),),
+                    name=f"{self._prefix}_{len(self._threads)}",
+                    daemon=True,
+                )
+                self._threads.append(thread)
+                thread.start()
+
+    def _work(self, worker: _Worker) -> None:
+        call = None
+        while True:
+            if call is not None:
+                if call is _STOP:
+                    return
+                call.run()
+                call = None  # no reference kept while idle
+            with self._lock:
+                if self._queued:
+                    call = self._queued.popleft()
+                    continue
+                if self._shutdown:
+                    return
+                self._idle.append(worker)
+            worker.wake.acquire()
+            call, worker.call = worker.call, None
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._shutdown = True
+            if cancel_futures:
+                while self._queued:
+                    self._queued.popleft().cancel()
+            while self._idle:
+                worker = self._idle.pop()
+                worker.call = _STOP
+                worker.wake.release()
+            threads = list(self._threads)
+        if wait:
+            for thread in threads:
+                if thread is not threading.current_thread():
+                    thread.join()
 
 
 class VersionDispatch:

@@ -78,6 +78,8 @@ class Namespace(Ancestry, Xattrs, DirectoryOps, RangeOps):
         # each entry with its deadline (AttrCache._cached)
         self._cache: dict[int, tuple[Attr, float]] = {}
         self._names: dict[tuple[int, str], tuple[int, float]] = {}
+        self._complete_dirs: dict[int, float] = {}  # dir ino -> deadline: see AttrCache
+        self._dirs_listed: dict[int, float] = {}  # dir ino -> until when it is not read whole
         self._xattr_cache: dict[int, tuple[dict[str, bytes], float]] = {}  # ino -> small xattrs
         self._space_used: dict[int, tuple[tuple[int, int, int], int]] = {}  # RangeOps.space_used
         self._cache_epoch: int | None = None

@@ -9,7 +9,14 @@ from typing import TypeVar
 
 from engine.catalog.database import Catalog, commits_between
 from engine.catalog.database import sql_one as _one
-from engine.namespace.common import CACHE_MAX_ENTRIES, CACHE_TTL_S, Attr, FileData, Touched
+from engine.namespace.common import (
+    CACHE_MAX_ENTRIES,
+    CACHE_TTL_S,
+    DIR,
+    Attr,
+    FileData,
+    Touched,
+)
 from engine.quotas import QuotaTracker
 
 log = logging.getLogger("shingle.namespace")
@@ -27,6 +34,8 @@ class AttrCache:
     # each entry with the time.monotonic() after which it is not served (_cached)
     _cache: dict[int, tuple[Attr, float]]
     _names: dict[tuple[int, str], tuple[int, float]]
+    _complete_dirs: dict[int, float]  # directories whose every name is in _names, to a deadline
+    _dirs_listed: dict[int, float]  # directories read whole (or tried), until when not again
     _xattr_cache: dict[int, tuple[dict[str, bytes], float]]
     _space_used: dict[int, tuple[tuple[int, int, int], int]]  # see ranges.py
     _cache_epoch: int | None
@@ -48,6 +57,11 @@ class AttrCache:
     # whole cache at that age instead sent every lookup after it to the catalog at once, and a
     # stat pass over files made just before ran from the NFS workers. While Catalog.epoch is None
     # (PostgreSQL's change watch not caught up or down) nothing is cached or served from it.
+    # A small directory whose names were all read in one transaction is "complete" until the
+    # deadline of those entries: a name missing from _names is then missing from the directory
+    # (an OPEN of a name not there yet, as nfs-rs sends before each create, needs no catalog).
+    # A change of a name in it keeps that only when the change's commit says what the name is
+    # now (a create's fresh entry, an unlink); any other (a rename, a failed write) forgets it.
     def _cache_valid(self) -> bool:
         """Whether the cache may be used, after clearing it if a commit it cannot account for
         ran."""
@@ -67,6 +81,8 @@ class AttrCache:
         """Forget every entry (caller holds the cache lock); loads under way will not be cached."""
         self._cache.clear()
         self._names.clear()
+        self._complete_dirs.clear()
+        self._dirs_listed.clear()
         self._xattr_cache.clear()
         self._cache_gen += 1
         self._cache_epoch = epoch
@@ -84,9 +100,10 @@ class AttrCache:
         """The deadline of an entry read at ``read_at``."""
         return read_at + CACHE_TTL_S
 
-    def _remember(self, gen: int, read_at: float, attrs=(), name=None) -> None:
+    def _remember(self, gen: int, read_at: float, attrs=(), name=None, listing=None) -> None:
         """Cache what a load that began at ``read_at`` (time.monotonic()) found, unless an
-        eviction ran since it began (it may be stale)."""
+        eviction ran since it began (it may be stale). ``listing``: (dir ino, every (name, ino)
+        of it), read in the same transaction."""
         until = self._cache_until(read_at)
         with self._cache_lock:
             if gen != self._cache_gen:
@@ -99,6 +116,19 @@ class AttrCache:
                 self._cache[attr.ino] = (attr, until)
             if name is not None:
                 self._names[name[0]] = (name[1], until)
+            if listing is not None:
+                dir_ino, entries = listing
+                names = self._names
+                for entry_name, child in entries:
+                    names[(dir_ino, entry_name)] = (child, until)
+                self._complete_dirs[dir_ino] = until
+
+    def _known_missing(self, dir_ino: int, name: str) -> bool:
+        """Whether the cache proves ``name`` absent from ``dir_ino`` (the caller checked
+        _cache_valid): the directory is complete, and no entry of the name is held. While it is
+        complete, every entry of it lives at least as long (read with it or after it)."""
+        until = self._complete_dirs.get(dir_ino)
+        return until is not None and until > time.monotonic() and (dir_ino, name) not in self._names
 
     def _write(self, work, inos=(), names=()):
         """A namespace write transaction; afterwards evict ``inos`` and ``names`` plus what the
@@ -138,6 +168,7 @@ class AttrCache:
         def run(conn):
             fresh.clear()
             touched.known.clear()  # a retried work must not cache what a rolled-back try made
+            touched.gone.clear()
             result = work(conn, touched)
             if self._cache_epoch is not None and touched:
                 known = touched.known
@@ -156,11 +187,14 @@ class AttrCache:
             fresh.clear()
             raise
         finally:
-            self._changed(touched, names, fresh, gen[0], touched.names)
+            self._changed(touched, names, fresh, gen[0], touched.names, touched.gone)
 
-    def _changed(self, inos, names=(), fresh=(), fresh_gen=None, fresh_names=()) -> None:
+    def _changed(
+        self, inos, names=(), fresh=(), fresh_gen=None, fresh_names=(), fresh_gone=()
+    ) -> None:
         """This process changed ``inos`` and the (dir, name) entries ``names`` in a tracked commit:
-        evict them (the rest of the cache stays valid: _cache_valid adopts the commit)."""
+        evict them (the rest of the cache stays valid: _cache_valid adopts the commit).
+        ``fresh_names`` and ``fresh_gone``: what the commit made of names (ino, or removed)."""
         for listener in self._change_listeners:
             listener(inos, names)
         with self._cache_lock:
@@ -169,14 +203,26 @@ class AttrCache:
             for ino in inos:
                 self._cache.pop(ino, None)
                 self._xattr_cache.pop(ino, None)
+            adopt = self._cache_epoch is not None and fresh and fresh_gen == current
+            known = dict(fresh_names) if adopt else {}
+            complete = self._complete_dirs
+            gone = fresh_gone if adopt else ()
             for key in names:
                 self._names.pop(key, None)
-            if self._cache_epoch is not None and fresh and fresh_gen == current:
+                if complete and key not in known and key not in gone:
+                    complete.pop(key[0], None)  # what the name is now is not known here
+            if complete:
+                # a directory removed, or its inode number given to another inode, is not
+                still_dirs = {attr.ino for attr in fresh if attr.type == DIR} if adopt else ()
+                for ino in inos:
+                    if ino in complete and ino not in still_dirs:
+                        del complete[ino]
+            if adopt:
                 # read at the end of the transaction that just committed
                 until = self._cache_until(time.monotonic())
                 for attr in fresh:
                     self._cache[attr.ino] = (attr, until)
-                for key, ino in dict(fresh_names).items():
+                for key, ino in known.items():
                     self._names[key] = (ino, until)
 
     def _fresh_attrs(self, conn, inos):

@@ -66,6 +66,10 @@ ROOT = Cred(0, 0)
 # nfs4fs).
 CACHE_TTL_S = 10.0
 CACHE_MAX_ENTRIES = 200_000  # attributes + names; about 60 MB at most
+# a directory of at most this many names is read whole at a lookup of a name it lacks, so that
+# the next such lookups are answered from the cache (AttrCache, "complete")
+COMPLETE_DIR_MAX = 4096
+COMPLETE_DIR_RETRY_S = 1.0  # a directory is read whole at most once in this time
 # extents freed per transaction: removing a 100 GB checkpoint (100,000 extents when written in
 # 1 MiB commits) must not hold the catalog's write lock for seconds while other clients COMMIT
 FREE_CHUNK_EXTENTS = 128
@@ -138,11 +142,13 @@ ATTR_RETURNING = ", ".join(Attr.__slots__)  # RETURNING takes no table-qualified
 
 
 class Touched(set):
-    """Inodes a write transaction changed, and the names it created ((dir, name) -> ino)."""
+    """Inodes a write transaction changed, and the names it created ((dir, name) -> ino) and
+    removed."""
 
     def __init__(self, inos=()):
         super().__init__(inos)
         self.names: dict[tuple[int, str], int] = {}
+        self.gone: set[tuple[int, str]] = set()  # (dir, name) entries the work removed
         self.unfreed: list[int] = []  # orphans with extents left to free after this commit
         # inodes whose attributes at commit the work already has (no statement after it changes
         # them): _write caches these instead of reading them again (a round trip on PostgreSQL)

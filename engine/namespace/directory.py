@@ -294,6 +294,7 @@ class DirectoryOps(Lookup):
             _sql(conn, "DELETE FROM dirents WHERE id = ?", (entry.id,))
             self._touch(conn, dir_ino, mtime=True)
             touched.add(victim.ino)
+            touched.gone.add((dir_ino, name))
             self._drop_link(conn, victim.ino, touched, dir_ino)
 
         self._write(work, (dir_ino,), ((dir_ino, name),))
@@ -324,6 +325,7 @@ class DirectoryOps(Lookup):
             conn.execute(DIRENTS.delete().where(DIRENTS.c.id == entry.id))
             self._touch(conn, dir_ino, mtime=True, nlink_delta=-1)
             touched.add(victim.ino)
+            touched.gone.add((dir_ino, name))
             self._drop_link(conn, victim.ino, touched, dir_ino)
 
         self._write(work, (dir_ino,), ((dir_ino, name),))

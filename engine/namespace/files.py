@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 
 from sqlalchemy import and_, select
 
 from engine import errors, quotas
-from engine.blocking import may_block
+from engine.blocking import WouldBlock, blocking_forbidden, may_block
 from engine.catalog.database import sql as _sql
 from engine.namespace.common import (
     DIR,
@@ -23,6 +25,8 @@ from engine.namespace.common import (
     may,
 )
 from engine.namespace.lookup import Lookup
+
+log = logging.getLogger("shingle.namespace")
 
 
 class FileOps(Lookup):
@@ -50,14 +54,22 @@ class FileOps(Lookup):
             raise errors.InvalidArgument(f"size {size}: expected >= 0")
         if mode is not None and not 0 <= mode <= 0o7777:
             raise errors.InvalidArgument(f"mode {mode:o}: expected 0-7777 (octal)")
+        # the NFS event loop's attempt (no_blocking) answers only a call that changes nothing,
+        # and never flushes: a file with buffered writes waits for a worker
+        on_loop = blocking_forbidden()
         if self.data is not None and size is not None:
-            self.data.flush(ino)  # buffered writes land before the cut
+            if not on_loop:
+                self.data.flush(ino)  # buffered writes land before the cut
+            elif self.data.pending_size(ino) is not None:
+                may_block("buffered writes before a truncate")
         wanted = dict(mode=mode, uid=uid, gid=gid, size=size, atime_ns=atime_ns, mtime_ns=mtime_ns)
         if atime_ns is None and mtime_ns is None and self._cache_valid():
             cached = self._cached(self._cache, ino)
             if cached is not None and not self._setattr_values(cred, cached, now=0, **wanted):
                 self._check_writable(ino)
                 return self._with_pending(cached)
+        if on_loop:
+            may_block("a setattr that changes the inode")
 
         def work(conn, touched):
             self._check_writable(ino, conn=conn)
@@ -211,6 +223,17 @@ class FileOps(Lookup):
         with self._open_lock:
             return self._open_refs.get(ino, 0) > 0
 
+    def close_ref_is_cheap(self, ino: int) -> bool:
+        """Whether ``close_ref(ino)`` would need no catalog now: another reference stays, or the
+        file is still named by what the cache holds (the NFS event loop closes only such)."""
+        with self._open_lock:
+            if self._open_refs.get(ino, 0) > 1:
+                return True
+        if not self._cache_valid():
+            return False
+        attr = self._cached(self._cache, ino)
+        return attr is not None and attr.nlink > 0
+
     def close_ref(self, ino: int) -> None:
         with self._open_lock:
             left = self._open_refs.get(ino, 0) - 1
@@ -219,10 +242,26 @@ class FileOps(Lookup):
                 return
             self._open_refs.pop(ino, None)
         try:
-            if self.getattr(ino).nlink > 0:
-                return  # still named: nothing to free (the common close, with no write transaction)
+            try:
+                if self.getattr(ino).nlink > 0:
+                    return  # still named: nothing to free (the common close, no write transaction)
+            except WouldBlock:
+                # the event loop checked close_ref_is_cheap, and an unlink committed since:
+                # the reference is gone already, so the check and the freeing go to a thread
+                threading.Thread(target=self._free_later, args=(ino,), daemon=True).start()
+                return
         except errors.StaleHandle:
             return
+        self._free_if_unlinked(ino)
+
+    def _free_later(self, ino: int) -> None:
+        try:
+            self._free_if_unlinked(ino)
+        except Exception as exc:  # noqa: BLE001 - reclaim_orphans frees it at the next start
+            log.warning("freeing closed inode %s: %s; it is freed at the next start", ino, exc)
+
+    def _free_if_unlinked(self, ino: int) -> None:
+        """Free ``ino`` if its last name is gone (its last open reference just went)."""
 
         def work(conn, touched):
             row = conn.execute(select(INODES.c.nlink).where(INODES.c.ino == ino)).first()

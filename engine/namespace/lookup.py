@@ -9,12 +9,14 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
 from engine import errors
-from engine.catalog.database import in_list
+from engine.catalog.database import in_list, sql_all
 from engine.catalog.database import sql as _sql
 from engine.catalog.database import sql_one as _one
 from engine.namespace.common import (
     ATTR_COLUMNS,
     ATTR_SQL,
+    COMPLETE_DIR_MAX,
+    COMPLETE_DIR_RETRY_S,
     DIR,
     DIRENTS,
     INODES,
@@ -84,10 +86,20 @@ class Lookup(ReadOnlyInodes):
         gen, read_at = self._cache_gen, time.monotonic()
         if cacheable:
             parent = self._cached(self._cache, dir_ino)
-            child = self._cached(self._names, (dir_ino, name))
-            if parent is not None and child is not None:
-                self._require(cred, parent, X_OK)
-                return self.getattr(child)
+            if parent is not None:
+                child = self._cached(self._names, (dir_ino, name))
+                if child is not None:
+                    self._require(cred, parent, X_OK)
+                    return self.getattr(child)
+                if (
+                    parent.type == DIR
+                    and self._known_missing(dir_ino, name)
+                    and name not in (".", "..")
+                ):
+                    self._require(cred, parent, X_OK)
+                    check_name(name)
+                    raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
+        listing = None
 
         def work(conn):
             parent = self._load(conn, dir_ino)
@@ -107,10 +119,20 @@ class Lookup(ReadOnlyInodes):
                 (dir_ino, name),
             )
             if row is None:
-                raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
+                # at most once a COMPLETE_DIR_RETRY_S per directory: one whose completeness is
+                # forgotten again and again (renames into it) is not read whole each time
+                if cacheable and self._dirs_listed.get(dir_ino, 0.0) <= read_at:
+                    nonlocal listing
+                    self._dirs_listed[dir_ino] = read_at + COMPLETE_DIR_RETRY_S
+                    listing = self._listing(conn, dir_ino)
+                return parent, None
             return parent, attr_of_row(row)
 
         parent, child = self.catalog.read(work)
+        if child is None:
+            if listing is not None:
+                self._remember(gen, read_at, (parent,), None, (dir_ino, listing))
+            raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
         if cacheable:
             self._remember(
                 gen,
@@ -119,6 +141,16 @@ class Lookup(ReadOnlyInodes):
                 None if name in (".", "..") else ((dir_ino, name), child.ino),
             )
         return self._with_pending(child)
+
+    @staticmethod
+    def _listing(conn: Connection, dir_ino: int) -> list[tuple[str, int]] | None:
+        """Every (name, ino) of a directory of at most COMPLETE_DIR_MAX names, or None."""
+        rows = sql_all(
+            conn,
+            "SELECT name, child FROM dirents WHERE parent = ? LIMIT ?",
+            (dir_ino, COMPLETE_DIR_MAX + 1),
+        )
+        return None if len(rows) > COMPLETE_DIR_MAX else [(row[0], row[1]) for row in rows]
 
     def _parent_of(self, conn: Connection, dir_ino: int) -> int:
         if dir_ino == self.root_ino:

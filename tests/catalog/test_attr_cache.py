@@ -10,8 +10,11 @@ import time
 import pytest
 
 from engine import errors
+from engine.blocking import WouldBlock, no_blocking
 from engine.catalog import Catalog
+from engine.catalog.models import REG
 from engine.namespace import ROOT, Namespace
+from engine.namespace import lookup as lookup_module
 
 
 def test_own_writes_keep_the_rest_of_the_cache(sqlite_catalog, count_reads):
@@ -253,3 +256,131 @@ def test_no_attribute_name_or_xattr_is_served_past_the_age_limit(
     finally:
         sqlite_catalog.run = original
     assert writes, "a no-op SETATTR trusted an entry past the age limit"
+
+
+def _missing(ns, dir_ino: int, name: str) -> bool:
+    """Whether the cache alone answers that ``name`` is not in ``dir_ino`` (else: WouldBlock,
+    the lookup needs the catalog)."""
+    with no_blocking():
+        try:
+            ns.lookup(ROOT, dir_ino, name)
+        except errors.NotFound:
+            return True
+        except WouldBlock:
+            return False
+    raise AssertionError(f"{name!r} was found")
+
+
+def test_a_small_directory_read_whole_proves_names_missing(
+    sqlite_catalog, count_reads, monkeypatch
+):
+    """nfs-rs opens each name before it creates it: after one lookup of a missing name read the
+    directory whole, the next missing names are answered from the cache, and every change keeps
+    that answer exact or forgets it."""
+    monkeypatch.setattr(lookup_module, "COMPLETE_DIR_RETRY_S", 0.0)
+    ns = Namespace(sqlite_catalog)
+    d = ns.mkdir(ROOT, ns.root_ino, "d", 0o755)
+    ns.create(ROOT, d.ino, "a", 0o644)
+    ns.invalidate()
+    assert not _missing(ns, d.ino, "x")
+    with pytest.raises(errors.NotFound):
+        ns.lookup(ROOT, d.ino, "x")  # reads the directory whole
+    assert ns.lookup(ROOT, d.ino, "a").type == REG  # its name is known, its attributes read
+    reads = count_reads(sqlite_catalog)
+    assert _missing(ns, d.ino, "x") and _missing(ns, d.ino, "y")
+    # a create and an unlink of this process say what the name is now: still complete
+    b = ns.create(ROOT, d.ino, "b", 0o644)
+    assert ns.lookup(ROOT, d.ino, "b").ino == b.ino and _missing(ns, d.ino, "y")
+    ns.unlink(ROOT, d.ino, "a")
+    assert _missing(ns, d.ino, "a") and _missing(ns, d.ino, "y")
+    assert reads == []
+    # a rename in: forgotten (the next missing name reads the directory again)
+    ns.create(ROOT, ns.root_ino, "outside", 0o644)
+    ns.rename(ROOT, ns.root_ino, "outside", d.ino, "moved")
+    assert not _missing(ns, d.ino, "y")
+    with pytest.raises(errors.NotFound):
+        ns.lookup(ROOT, d.ino, "y")
+    assert ns.lookup(ROOT, d.ino, "moved").type == REG
+    assert _missing(ns, d.ino, "y")
+    # another process's commit: forgotten, and its new name is found
+    other = Catalog(sqlite_catalog.url)
+    try:
+        Namespace(other).create(ROOT, d.ino, "theirs", 0o644)
+    finally:
+        other.close()
+    assert not _missing(ns, d.ino, "theirs")
+    assert ns.lookup(ROOT, d.ino, "theirs").type == REG
+
+
+def test_a_failed_create_forgets_that_the_directory_is_complete(sqlite_catalog):
+    ns = Namespace(sqlite_catalog)
+    d = ns.mkdir(ROOT, ns.root_ino, "d", 0o755)
+    ns.create(ROOT, d.ino, "a", 0o644)
+    with pytest.raises(errors.NotFound):
+        ns.lookup(ROOT, d.ino, "x")
+    with pytest.raises(errors.Exists):
+        ns.create(ROOT, d.ino, "a", 0o644)
+    assert not _missing(ns, d.ino, "x")
+
+
+def test_a_big_directory_is_not_read_whole(sqlite_catalog, count_reads, monkeypatch):
+    monkeypatch.setattr(lookup_module, "COMPLETE_DIR_MAX", 3)
+    ns = Namespace(sqlite_catalog)
+    d = ns.mkdir(ROOT, ns.root_ino, "d", 0o755)
+    for name in "abcd":
+        ns.create(ROOT, d.ino, name, 0o644)
+    with pytest.raises(errors.NotFound):
+        ns.lookup(ROOT, d.ino, "x")
+    assert not _missing(ns, d.ino, "y")
+    ns.unlink(ROOT, d.ino, "d")  # three names now, but not read whole again at once
+    with pytest.raises(errors.NotFound):
+        ns.lookup(ROOT, d.ino, "x")
+    assert not _missing(ns, d.ino, "y")
+
+
+def test_a_directory_is_read_whole_at_most_once_a_retry_time(sqlite_catalog, monkeypatch):
+    """Renames into a directory forget its completeness each time (as rsync's temporary names
+    would): the lookups of missing names then do not read it whole again and again."""
+    monkeypatch.setattr(lookup_module, "COMPLETE_DIR_RETRY_S", 0.5)
+    ns = Namespace(sqlite_catalog)
+    d = ns.mkdir(ROOT, ns.root_ino, "d", 0o755)
+    with pytest.raises(errors.NotFound):
+        ns.lookup(ROOT, d.ino, "x")
+    ns.create(ROOT, ns.root_ino, "outside", 0o644)
+    ns.rename(ROOT, ns.root_ino, "outside", d.ino, "moved")
+    with pytest.raises(errors.NotFound):
+        ns.lookup(ROOT, d.ino, "x")
+    assert not _missing(ns, d.ino, "y")
+    time.sleep(0.6)
+    with pytest.raises(errors.NotFound):
+        ns.lookup(ROOT, d.ino, "x")
+    assert _missing(ns, d.ino, "y")
+
+
+def test_names_read_whole_expire_with_the_directory(sqlite_catalog, short_ttl):
+    ns = Namespace(sqlite_catalog)
+    d = ns.mkdir(ROOT, ns.root_ino, "d", 0o755)
+    with pytest.raises(errors.NotFound):
+        ns.lookup(ROOT, d.ino, "x")
+    ns.getattr(d.ino)
+    assert _missing(ns, d.ino, "x")
+    time.sleep(1.1 * TTL_S)
+    ns.getattr(d.ino)  # the directory's attributes are fresh again, its listing is not
+    assert not _missing(ns, d.ino, "x")
+
+
+def test_a_removed_directory_is_complete_no_more(sqlite_catalog):
+    """SQLite may give a freed inode number to the next new inode: what was known of the
+    removed directory's names must not answer for it."""
+    ns = Namespace(sqlite_catalog)
+    d = ns.mkdir(ROOT, ns.root_ino, "d", 0o755)
+    with pytest.raises(errors.NotFound):
+        ns.lookup(ROOT, d.ino, "x")
+    assert _missing(ns, d.ino, "x")
+    ns.rmdir(ROOT, ns.root_ino, "d")
+    f = ns.create(ROOT, ns.root_ino, "f", 0o644)
+    ns.getattr(f.ino)
+    assert not ns._complete_dirs, "the removed directory is still complete"
+    if f.ino == d.ino:  # the number was given again: a lookup in a file is ENOTDIR
+        with pytest.raises(errors.NotADirectory):
+            ns.lookup(ROOT, f.ino, "x")

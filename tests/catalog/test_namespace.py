@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import errno
+import time
 
 import pytest
 
 from engine import errors
+from engine.blocking import no_blocking
 from engine.catalog.models import DIR, LNK, REG
 from engine.namespace import R_OK, ROOT, SET_TO_NOW, W_OK, X_OK, Cred, Namespace
 
@@ -293,6 +295,30 @@ def test_open_file_survives_unlink_until_closed(namespace, home):
     ns.unlink(ROOT, home.ino, "f")
     assert ns.getattr(f.ino).nlink == 0  # still there for its opener
     ns.close_ref(f.ino)
+    with pytest.raises(errors.StaleHandle):
+        ns.getattr(f.ino)
+
+
+def test_a_last_close_that_must_not_block_frees_the_unlinked_file_in_a_thread(namespace, home):
+    """The NFS event loop closes a file whose cached attributes say it is still named; when an
+    unlink commits between that check and the close, the close does not wait for the catalog
+    on the loop: the freeing goes to a thread of its own."""
+    ns = namespace
+    f = ns.create(ROOT, home.ino, "f")
+    ns.open_ref(f.ino)
+    ns.getattr(f.ino)
+    assert ns.close_ref_is_cheap(f.ino)
+    ns.unlink(ROOT, home.ino, "f")
+    assert not ns.close_ref_is_cheap(f.ino)
+    ns.invalidate()  # the attributes are not in the cache: getattr would read the catalog
+    with no_blocking():
+        ns.close_ref(f.ino)
+    for _ in range(500):
+        try:
+            ns.getattr(f.ino)
+        except errors.StaleHandle:
+            break
+        time.sleep(0.01)
     with pytest.raises(errors.StaleHandle):
         ns.getattr(f.ino)
 

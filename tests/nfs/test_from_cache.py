@@ -15,6 +15,7 @@ from page_cache import evict_zone_files
 
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
+from engine import errors
 
 GETATTR = (c.OP_GETATTR, [1 << c.FATTR4_TYPE | 1 << c.FATTR4_SIZE])
 SPACE = (c.OP_GETATTR, [0, 1 << (c.FATTR4_SPACE_AVAIL - 32)])
@@ -290,4 +291,126 @@ def test_an_unstable_write_into_the_buffer_is_answered_by_the_event_loop(server)
     expect = first + second + rest
     ns = server.server.namespace
     assert bytes(ns.read(ns.resolve("/ckpt").ino, 0, len(expect) + 1)) == expect
+    raw.close()
+
+
+def _setattr(sid, mask: list[int], values: bytes):
+    return (
+        c.OP_SETATTR,
+        t.ARGS[c.OP_SETATTR](stateid(sid.seqid, sid.other), t.fattr4.cls(mask, values)),
+    )
+
+
+def _size(size: int) -> tuple[list[int], bytes]:
+    return [1 << c.FATTR4_SIZE], size.to_bytes(8, "big")
+
+
+def _mode(mode: int) -> tuple[list[int], bytes]:
+    return [0, 1 << (c.FATTR4_MODE - 32)], mode.to_bytes(4, "big")
+
+
+def _owner(name: bytes) -> tuple[list[int], bytes]:
+    return [0, 1 << (c.FATTR4_OWNER - 32)], len(name).to_bytes(4, "big") + name.ljust(
+        -(-len(name) // 4) * 4, b"\0"
+    )
+
+
+def test_a_setattr_that_changes_nothing_is_answered_by_the_event_loop(server):
+    """nfs-rs sends SETATTR size 0 to every file it creates: the namespace answers it from the
+    cache, and so does the loop. What changes the file, and owners (their names may read
+    /etc/passwd), wait for a worker."""
+    raw = RawClient(server.port).setup()
+    fh, sid = raw.open_new("new", b"creator")
+    attrs = (c.OP_GETATTR, [1 << c.FATTR4_SIZE, 1 << (c.FATTR4_MODE - 32)])
+    st, res = raw.session([(c.OP_PUTFH, fh), attrs])  # its attributes are cached now
+    assert st == 0
+    mode = int.from_bytes(res[-1][2].attr_vals[8:12], "big")
+    with every_worker_busy(server):
+        for mask, values in (_size(0), _mode(mode)):
+            _send(raw, [(c.OP_PUTFH, fh), _setattr(sid, mask, values), attrs])
+            st, res = _reply(raw, 5)
+            assert st == 0 and res[2][2] == mask, (mask, res)
+    for mask, values in (_mode(0o600), _owner(b"0"), _size(5)):
+        with every_worker_busy(server):
+            _send(raw, [(c.OP_PUTFH, fh), _setattr(sid, mask, values)])
+            with pytest.raises(socket.timeout):
+                _reply(raw, 0.5)
+        st, res = raw.parse(raw.recv_record())
+        assert st == 0 and res[2][2] == mask
+    attr = server.server.namespace.resolve("/new")
+    assert (attr.mode & 0o7777, attr.size, attr.uid) == (0o600, 5, 0)
+    raw.close()
+
+
+def test_a_truncate_of_buffered_writes_waits_for_a_worker(server):
+    """Size 0 on a file of committed size 0 is no change, unless writes wait in its buffer:
+    those are flushed first, in a worker, and cut."""
+    raw = RawClient(server.port).setup()
+    fh, sid = raw.open_new("buffered", b"writer")
+    assert raw.session([(c.OP_PUTFH, fh), GETATTR])[0] == 0  # its attributes are cached now
+    assert raw.session([(c.OP_PUTFH, fh), _unstable_write(sid, 0, b"pending")])[0] == 0
+    with every_worker_busy(server):
+        _send(raw, [(c.OP_PUTFH, fh), _setattr(sid, *_size(0))])
+        with pytest.raises(socket.timeout):
+            _reply(raw, 0.5)
+    assert raw.parse(raw.recv_record())[0] == 0
+    ns = server.server.namespace
+    ino = ns.resolve("/buffered").ino
+    assert ns.getattr(ino).size == 0 and bytes(ns.read(ino, 0, 10)) == b""
+    raw.close()
+
+
+def test_close_is_answered_by_the_event_loop_unless_it_may_free_the_file(server):
+    raw = RawClient(server.port).setup()
+    root = raw.root_fh()
+    fh, sid = raw.open_new("kept", b"closer")
+    assert raw.session([(c.OP_PUTFH, fh), GETATTR])[0] == 0  # its attributes are cached now
+    close = (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](0, stateid(sid.seqid, sid.other)))
+    with every_worker_busy(server):
+        _send(raw, [(c.OP_PUTFH, fh), close])
+        st, res = _reply(raw, 5)
+    assert st == 0 and res[-1][2].seqid == sid.seqid + 1
+    ns = server.server.namespace
+    assert not ns.is_open(ns.resolve("/kept").ino)
+    # the last close of a file removed while open frees it: that waits for a worker
+    fh, sid = raw.open_new("removed", b"closer")
+    ino = ns.resolve("/removed").ino
+    assert raw.session([(c.OP_PUTFH, root), (c.OP_REMOVE, "removed")])[0] == 0
+    close = (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](0, stateid(sid.seqid, sid.other)))
+    with every_worker_busy(server):
+        _send(raw, [(c.OP_PUTFH, fh), close])
+        with pytest.raises(socket.timeout):
+            _reply(raw, 0.5)
+    assert raw.parse(raw.recv_record())[0] == 0
+    with pytest.raises(errors.StaleHandle):
+        ns.getattr(ino)
+    raw.close()
+
+
+def test_an_open_of_a_name_not_there_yet_is_answered_by_the_event_loop(server):
+    """nfs-rs opens each name without create before it creates it: once a lookup of a missing
+    name read the directory whole, the loop answers the next such OPENs (NOENT); one of a name
+    that exists, and every create, waits for a worker."""
+    raw = RawClient(server.port).setup()
+    root = raw.root_fh()
+    d = _mkdir(raw, root, "d")
+
+    def open_(name, create=False):
+        return (c.OP_OPEN, open_args(name, b"opener", raw.clientid, create=create))
+
+    assert raw.session([(c.OP_PUTFH, d), open_("first")])[0] == c.NFS4ERR_NOENT
+    with every_worker_busy(server):
+        _send(raw, [(c.OP_PUTFH, d), open_("second"), (c.OP_GETFH, None)])
+        st, res = _reply(raw, 5)
+        assert st == c.NFS4ERR_NOENT and len(res) == 3
+        _send(raw, [(c.OP_PUTFH, d), open_("second", create=True)])
+        with pytest.raises(socket.timeout):
+            _reply(raw, 0.5)
+    assert raw.parse(raw.recv_record())[0] == 0
+    # the new name is known at once: its OPEN without create finds it, in a worker
+    with every_worker_busy(server):
+        _send(raw, [(c.OP_PUTFH, d), open_("second")])
+        with pytest.raises(socket.timeout):
+            _reply(raw, 0.5)
+    assert raw.parse(raw.recv_record())[0] == 0
     raw.close()

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 
 from nfs4_support import MiB, nfsrs
 from sqlalchemy import select
 
-from appliance.nfs.stats import OP_LATENCY_BUCKETS_MS, NfsStats, bound_name
+from appliance.nfs.stats import FOLD_BATCH, OP_LATENCY_BUCKETS_MS, NfsStats, bound_name
 from engine.catalog.models import Export
 
 
@@ -66,3 +67,26 @@ def test_bucket_bounds_and_names():
     )
     assert out["nfs_ops"] == 3
     assert all(re.fullmatch(r"[a-z][a-z0-9_]{0,63}", name) for name in out)  # engine.metrics names
+
+
+def test_a_compound_is_recorded_without_the_lock_and_counted_by_the_next_snapshot():
+    """The request's path appends its COMPOUND's list; counting waits for a fold (every
+    FOLD_BATCH COMPOUNDs, and each snapshot), so a snapshot still holds every COMPOUND before it."""
+
+    class Node:
+        export = None
+
+    stats = NfsStats()
+    with stats._lock:  # held: a recording that took it would wait here
+        done = threading.Thread(target=stats.ops_done, args=([("putfh", 0.0001, Node())],))
+        done.start()
+        done.join(5)
+        assert not done.is_alive(), "ops_done waited for the counters' lock"
+    out = stats.snapshot()
+    assert out["nfs_ops_putfh"] == out["nfs_latency_putfh_le_0_1"] == 1 == out["nfs_ops"]
+    for _ in range(FOLD_BATCH * 3 + 1):
+        stats.ops_done([("getattr", 0.002, None), ("read", 0.02, None)])
+    assert len(stats._unfolded) < FOLD_BATCH  # folded along the way: the queue stays short
+    out = stats.snapshot()
+    assert out["nfs_ops_getattr"] == out["nfs_ops_read"] == FOLD_BATCH * 3 + 1
+    assert out["nfs_latency_read_le_50"] - out["nfs_latency_read_le_10"] == FOLD_BATCH * 3 + 1

@@ -1,4 +1,5 @@
-"""NfsWorkers.call_soon: the event loop's hand-off of a COMPOUND to a worker thread."""
+"""NfsWorkers: the event loop's hand-off of a COMPOUND to a worker thread (call_soon), submit, the
+worker idle last taking the next call."""
 
 from __future__ import annotations
 
@@ -53,6 +54,61 @@ def test_idle_while_no_handed_over_call_is_queued_or_running():
                 break
             threading.Event().wait(0.01)
         assert pool.idle()
+    finally:
+        pool.shutdown(wait=True)
+
+
+def test_a_call_goes_to_the_worker_idle_last():
+    """Waking a thread idle for long costs several times what waking a warm one does: the pool
+    hands each call to the worker that finished last, so one client's calls stay on one thread."""
+    pool = NfsWorkers(3, thread_name_prefix="test-worker")
+    try:
+        releases = [threading.Event() for _ in range(3)]
+        started = threading.Barrier(4)
+
+        def hold(release):
+            started.wait(10)
+            release.wait(10)
+            return threading.current_thread().name
+
+        held = [pool.submit(hold, release) for release in releases]
+        started.wait(10)  # three threads, each holding a call
+        for release, future in zip(releases, held, strict=True):
+            release.set()
+            future.result(10)
+            threading.Event().wait(0.05)  # the worker is back among the idle ones
+        last = held[-1].result()
+
+        def note(names, ran):
+            names.append(threading.current_thread().name)
+            ran.set()
+
+        for _ in range(5):
+            names: list[str] = []
+            ran = threading.Event()
+            pool.call_soon(note, names, ran)
+            assert ran.wait(10)
+            assert names == [last]
+            threading.Event().wait(0.02)
+        assert pool.submit(threading.current_thread).result(10).name == last
+    finally:
+        pool.shutdown(wait=True)
+
+
+def test_calls_wait_for_a_worker_when_every_one_is_busy_and_run_in_order():
+    pool = NfsWorkers(2, thread_name_prefix="test-worker")
+    release, ran = threading.Event(), []
+    try:
+        busy = [pool.submit(release.wait, 10) for _ in range(2)]
+        for i in range(20):
+            pool.call_soon(ran.append, i)
+        assert not ran and not pool.idle()
+        release.set()
+        assert all(future.result(10) for future in busy)
+        done = threading.Event()
+        pool.call_soon(done.set)
+        assert done.wait(10)
+        assert sorted(ran) == list(range(20))
     finally:
         pool.shutdown(wait=True)
 

@@ -81,8 +81,9 @@ NOT_SUPPORTED = frozenset(
 )
 MINOR_VERSIONS = (c.MINOR_VERSION, c.MINOR_VERSION_42)
 # What the event loop may run from the caches (READ from fragments already read): nothing here
-# changes state but the SEQUENCE slot (not VERIFY/NVERIFY: decoding an owner name may read
-# /etc/passwd)
+# changes state but the SEQUENCE slot, a WRITE's buffer and a CLOSE's open state, each of which
+# raises WouldBlock before it changed anything (not VERIFY/NVERIFY: decoding an owner name may
+# read /etc/passwd)
 FROM_CACHE_OPS = frozenset(
     {
         c.OP_SEQUENCE,
@@ -98,6 +99,9 @@ FROM_CACHE_OPS = frozenset(
         c.OP_ACCESS,
         c.OP_READ,
         c.OP_WRITE,  # UNSTABLE, into the file's buffer; anything more raises WouldBlock first
+        c.OP_SETATTR,  # of mode and size only, when it changes nothing (ops/fs.py)
+        c.OP_CLOSE,  # of an open without locks, when no inode is freed (ops/io.py)
+        c.OP_OPEN,  # without create, of a name the cache proves missing (NOENT; ops/io.py)
     }
 )
 # An operation that changes the current file handle clears the current stateid (RFC 8881

@@ -14,9 +14,13 @@ from appliance.nfs.v4.ops.common import apply_attrs, check_component, cinfo, nee
 from appliance.nfs.v4.registry import operation
 from appliance.nfs.v4.state import NfsError
 from appliance.nfs.v4.types import entry4
+from engine.blocking import WouldBlock, blocking_forbidden, holding
 from engine.catalog.models import BLK, CHR, DIR, LNK
 
 READDIR_BATCH = 512
+# What SETATTR may set on the event loop (bitmap words): the namespace answers a mode or size that
+# changes nothing from the cache; owner names may read /etc/passwd, and times always change
+LOOP_SETTABLE = (1 << c.FATTR4_SIZE, 1 << (c.FATTR4_MODE - 32))
 
 
 # -- file handles ------------------------------------------------------------------------
@@ -119,7 +123,7 @@ def _check_size_stateid(cx, node, sid):
     sid = cx.stateid(sid)
     if cx.is_special(sid):
         return
-    with cx.state.lock:
+    with holding(cx.state.lock, "state lock held"):  # SETATTR runs on the event loop too
         st = cx.state.find(sid, cx.need_client())
         open_st = st if st.kind == "open" else st.open
         if open_st.ino != node.ino:
@@ -128,10 +132,18 @@ def _check_size_stateid(cx, node, sid):
             raise NfsError(c.NFS4ERR_OPENMODE, "file not open for writing")
 
 
+def _loop_settable(mask) -> bool:
+    """Whether a SETATTR of the attributes in ``mask`` may be tried on the event loop."""
+    allowed = LOOP_SETTABLE + (0,) * max(len(mask) - len(LOOP_SETTABLE), 0)
+    return not any(word & ~ok for word, ok in zip(mask, allowed, strict=False))
+
+
 @operation(c.OP_SETATTR)
 def setattr_(cx, a):
     node = cx.need_file()
     cx.need_writable(node)
+    if blocking_forbidden() and not _loop_settable(a.obj_attributes.attrmask):
+        raise WouldBlock("SETATTR of owners, times or ACLs")
     values = fattr.decode_settable(a.obj_attributes)
     if c.FATTR4_SIZE in values:
         _check_size_stateid(cx, node, a.stateid)

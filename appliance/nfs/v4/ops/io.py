@@ -11,7 +11,7 @@ from appliance.nfs.v4.registry import operation
 from appliance.nfs.v4.state import NfsError
 from appliance.nfs.v4.types import RESULTS
 from engine import errors
-from engine.blocking import holding
+from engine.blocking import WouldBlock, blocking_forbidden, holding
 from engine.catalog.models import DIR, LNK, REG
 from engine.namespace import R_OK, W_OK
 
@@ -104,6 +104,11 @@ def open_(cx, a):
     if access not in (1, 2, 3) or deny > 3:
         raise NfsError(c.NFS4ERR_INVAL, f"share access {a.share_access:#x} deny {deny}")
     claim, carg = a.claim
+    on_loop = blocking_forbidden()
+    if on_loop and (
+        claim != c.CLAIM_NULL or a.openhow[0] != c.OPEN4_NOCREATE or state.grace_end
+    ):  # (the end of the grace period writes to the catalog)
+        raise WouldBlock("an OPEN that creates or reclaims, or in the grace period")
     grace = state.in_grace()
     created = False
     attrset: list[int] = []
@@ -133,7 +138,11 @@ def open_(cx, a):
                 cx.need_writable(dnode)
                 attr, created, attrset = _open_create(cx, dnode, name, a.openhow[1])
             else:
+                # the event loop answers only a name the cache proves missing (NOENT): nfs-rs
+                # opens each name so before it creates it
                 attr = cx.ns.lookup(cx.cred(dnode), dnode.ino, name)
+                if on_loop:
+                    raise WouldBlock("an OPEN of a file that exists")
             change = cinfo(before, cx.ns.getattr(dnode.ino).change)
             node = Node(dnode.export, attr.ino, attr.generation)
     else:
@@ -193,8 +202,10 @@ def open_downgrade(cx, a):
 @operation(c.OP_CLOSE)
 def close(cx, a):
     node = cx.need_file()
-    with cx.state.lock:
+    with holding(cx.state.lock, "state lock held"):  # CLOSE runs on the event loop too
         st = open_state(cx, a.open_stateid, node)
+        if blocking_forbidden() and (st.locks or not cx.ns.close_ref_is_cheap(st.ino)):
+            raise WouldBlock("a CLOSE that drops locks or may free the file")
         cx.state.close(st)
         return cx.set_stateid(st)
 
