@@ -229,7 +229,7 @@ class FileBuffers:
             with fb.lock:
                 fb.size = new_size
         if new_size < old_size:
-            emap = ExtentMap(load_extents(conn, ino, new_size, None, self.max_extent))
+            emap = ExtentMap(load_extents(conn, ino, new_size))
             emap.punch(new_size, max(old_size, new_size + 1) + self.max_extent)
             write_map(conn, ino, emap)
             dead = adjust_live(conn, dict(emap.delta))

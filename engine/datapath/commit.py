@@ -30,13 +30,12 @@ COMMIT_BATCH = 256  # stripes per catalog transaction at most
 
 
 class Committer:
-    def __init__(self, catalog, space, reader, extents, *, inline, max_extent: int, stats):
+    def __init__(self, catalog, space, reader, extents, *, inline, stats):
         self.catalog = catalog
         self.space = space
         self.reader = reader
         self.extents = extents  # extents.ExtentCache: forgets the maps of files a batch changed
         self.inline = inline
-        self.max_extent = max_extent
         self.stats = stats
         # the dispatcher's semaphore of stripes in flight, released at commit
         self.inflight: threading.BoundedSemaphore | None = None
@@ -261,7 +260,7 @@ class Committer:
             cursor.close()
             if not alive:
                 continue  # the file was removed meanwhile: its new stripes stay dead
-            emap = ExtentMap(load_extents(conn, ino, lo, hi, self.max_extent))
+            emap = ExtentMap(load_extents(conn, ino, lo, hi))
             for fo, length, sid, so in new:
                 emap.put(fo, length, sid, so)
             write_map(conn, ino, emap)
