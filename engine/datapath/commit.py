@@ -108,10 +108,11 @@ class Committer:
         space = self.space
         with space.lock:
             zone_rows = {}
-            for zone in space.zones.values():
+            for zone in space.dirty.values():
                 if zone.dirty:
                     zone_rows[zone.id] = zone
                     zone.dirty = False
+            space.dirty.clear()
             for s in good:
                 for placed in s.placement:
                     zone_rows[placed.zone.id] = placed.zone
@@ -131,7 +132,9 @@ class Committer:
                 s.fail(failure)
             with space.lock:
                 for zone_id in zone_state:
-                    space.zones[zone_id].dirty = True
+                    zone = space.zones[zone_id]
+                    zone.dirty = True
+                    space.dirty[zone_id] = zone
         self.stats["commit_s"] += time.perf_counter() - start
         self.reader.forget(set(dead))
         with space.lock:
