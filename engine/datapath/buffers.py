@@ -132,9 +132,14 @@ class FileBuffers:
                 return fb.size
 
     def flush(self, ino: int) -> None:
+        """Make every write to ``ino`` so far durable and recorded. Nothing buffered or in flight
+        returns at once, inside ``no_blocking()`` too (the event loop answers such a COMMIT);
+        anything else raises WouldBlock there before it changed anything."""
         fb = self.files.get(ino)
         if fb is None:
             return
+        if blocking_forbidden():
+            raise WouldBlock("a flush")
         with fb.lock:
             submitted = bool(fb.data)
             if submitted:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import random
 import re
 
+import pytest
 from dphelpers import Engine, KiB, MiB, check_accounting
 from sqlalchemy import event
 
+from engine.blocking import WouldBlock, no_blocking
 from engine.catalog import Catalog, upgrade
 from engine.namespace import ROOT
 
@@ -57,3 +59,16 @@ def test_an_overwrite_commit_runs_few_statements_and_reads_back(tmp_path):
     finally:
         eng.close()
         catalog.close()
+
+
+def test_a_flush_inside_no_blocking_returns_only_when_there_is_nothing_to_flush(sqlite_engine):
+    ns, data = sqlite_engine.ns, sqlite_engine.data
+    ino = ns.create(ROOT, ns.root_ino, "g").ino
+    ns.write(ino, 0, b"a" * 4 * KiB)
+    with no_blocking(), pytest.raises(WouldBlock):
+        data.flush(ino)
+    assert data.pending_size(ino) == 4 * KiB  # nothing was taken from the buffer
+    data.flush(ino)
+    with no_blocking():
+        data.flush(ino)  # all durable already: returns at once
+    assert ns.read(ino, 0, 8 * KiB) == b"a" * 4 * KiB
