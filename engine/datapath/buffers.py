@@ -132,9 +132,14 @@ class FileBuffers:
                 return fb.size
 
     def flush(self, ino: int) -> None:
+        """Make every write to ``ino`` so far durable and recorded. Nothing buffered or in flight
+        returns at once, inside ``no_blocking()`` too (the event loop answers such a COMMIT);
+        anything else raises WouldBlock there before it changed anything."""
         fb = self.files.get(ino)
         if fb is None:
             return
+        if blocking_forbidden():
+            raise WouldBlock("a flush")
         with fb.lock:
             submitted = bool(fb.data)
             if submitted:
@@ -229,7 +234,7 @@ class FileBuffers:
             with fb.lock:
                 fb.size = new_size
         if new_size < old_size:
-            emap = ExtentMap(load_extents(conn, ino, new_size, None, self.max_extent))
+            emap = ExtentMap(load_extents(conn, ino, new_size))
             emap.punch(new_size, max(old_size, new_size + 1) + self.max_extent)
             write_map(conn, ino, emap)
             dead = adjust_live(conn, dict(emap.delta))

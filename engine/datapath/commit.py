@@ -30,13 +30,12 @@ COMMIT_BATCH = 256  # stripes per catalog transaction at most
 
 
 class Committer:
-    def __init__(self, catalog, space, reader, extents, *, inline, max_extent: int, stats):
+    def __init__(self, catalog, space, reader, extents, *, inline, stats):
         self.catalog = catalog
         self.space = space
         self.reader = reader
         self.extents = extents  # extents.ExtentCache: forgets the maps of files a batch changed
         self.inline = inline
-        self.max_extent = max_extent
         self.stats = stats
         # the dispatcher's semaphore of stripes in flight, released at commit
         self.inflight: threading.BoundedSemaphore | None = None
@@ -109,10 +108,11 @@ class Committer:
         space = self.space
         with space.lock:
             zone_rows = {}
-            for zone in space.zones.values():
+            for zone in space.dirty.values():
                 if zone.dirty:
                     zone_rows[zone.id] = zone
                     zone.dirty = False
+            space.dirty.clear()
             for s in good:
                 for placed in s.placement:
                     zone_rows[placed.zone.id] = placed.zone
@@ -132,7 +132,9 @@ class Committer:
                 s.fail(failure)
             with space.lock:
                 for zone_id in zone_state:
-                    space.zones[zone_id].dirty = True
+                    zone = space.zones[zone_id]
+                    zone.dirty = True
+                    space.dirty[zone_id] = zone
         self.stats["commit_s"] += time.perf_counter() - start
         self.reader.forget(set(dead))
         with space.lock:
@@ -261,7 +263,7 @@ class Committer:
             cursor.close()
             if not alive:
                 continue  # the file was removed meanwhile: its new stripes stay dead
-            emap = ExtentMap(load_extents(conn, ino, lo, hi, self.max_extent))
+            emap = ExtentMap(load_extents(conn, ino, lo, hi))
             for fo, length, sid, so in new:
                 emap.put(fo, length, sid, so)
             write_map(conn, ino, emap)

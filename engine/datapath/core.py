@@ -121,7 +121,6 @@ class DataPath:
             self.reader,
             self.extents,
             inline=self.inline,
-            max_extent=self.max_extent,
             stats=self.stats,
         )
         self.dispatcher = Dispatcher(
@@ -150,7 +149,7 @@ class DataPath:
         self.extents.on_invalidate = self.buffers.forget_settled
         self.reads = Reads(self.buffers.files, self.extents, self.reader)
         self.repairs = Repairer(catalog, self.space, self.writers, self.extents)
-        self.sharing = Sharing(self.buffers, self.extents, self.reader, max_extent=self.max_extent)
+        self.sharing = Sharing(self.buffers, self.extents, self.reader)
         self.reader.repair_hook = self.repairs.queue
         self.drive_watch = DriveWatch(catalog, self.space, self.writers, self.reader)
         self._closed = False

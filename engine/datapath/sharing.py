@@ -20,11 +20,10 @@ from engine.datapath.accounting import ExtentMap, adjust_live, load_extents, wri
 
 
 class Sharing:
-    def __init__(self, buffers, extents, reader, *, max_extent: int):
+    def __init__(self, buffers, extents, reader):
         self.buffers = buffers
         self.extents = extents
         self.reader = reader
-        self.max_extent = max_extent
 
     def _changed(self, conn, inos: set[int], dead: list[int]) -> None:
         self.reader.forget(set(dead))
@@ -48,9 +47,9 @@ class Sharing:
             )
         lo, hi = src_off, src_off + length
         dst_hi = dst_off + length
-        dead = _punch_rows(conn, dst, dst_off, dst_hi, self.max_extent)
+        dead = _punch_rows(conn, dst, dst_off, dst_hi)
         pieces = []
-        for fo, elen, sid, so, _row in _edge_rows(conn, src, lo, hi, self.max_extent):
+        for fo, elen, sid, so, _row in _edge_rows(conn, src, lo, hi):
             a, b = max(fo, lo), min(fo + elen, hi)
             pieces.append((dst, a - lo + dst_off, b - a, sid, so + (a - fo)))
         sql_many(conn, _INSERT_EXTENT, pieces)
@@ -76,9 +75,9 @@ class Sharing:
         dropped = sql_one(
             conn, f"SELECT COALESCE(SUM(length), 0) FROM extents WHERE {_INSIDE}", inside
         )[0]
-        edges = _edge_rows(conn, ino, offset, offset + length, self.max_extent)
+        edges = _edge_rows(conn, ino, offset, offset + length)
         dropped += sum(min(fo + elen, offset + length) - max(fo, offset) for fo, elen, *_ in edges)
-        dead = _punch_rows(conn, ino, offset, offset + length, self.max_extent)
+        dead = _punch_rows(conn, ino, offset, offset + length)
         self._changed(conn, {ino}, dead)
         return int(dropped)
 
@@ -139,20 +138,20 @@ _CHANGE_FULL = (
 )
 
 
-def _edge_rows(conn, ino: int, lo: int, hi: int, max_extent: int) -> list:
+def _edge_rows(conn, ino: int, lo: int, hi: int) -> list:
     """The extent rows of ``ino`` crossing ``lo`` or ``hi`` (at most two)."""
     rows = {}
     for edge in (lo, hi):
-        for row in load_extents(conn, ino, edge, edge + 1, max_extent):
+        for row in load_extents(conn, ino, edge, edge + 1):
             if row[0] < edge < row[0] + row[1]:
                 rows[row[4]] = row
     return sorted(rows.values())
 
 
-def _punch_rows(conn, ino: int, lo: int, hi: int, max_extent: int) -> list[int]:
+def _punch_rows(conn, ino: int, lo: int, hi: int) -> list[int]:
     """Remove [lo, hi) from the extents of ``ino``: the ones inside in set statements
     (``drop_counts``), the edge ones cut in Python. Returns the stripes that died."""
-    emap = ExtentMap(_edge_rows(conn, ino, lo, hi, max_extent))
+    emap = ExtentMap(_edge_rows(conn, ino, lo, hi))
     emap.punch(lo, hi)
     inside = (ino, lo, hi, hi)
     dead = drop_counts(

@@ -73,6 +73,9 @@ class Space:
         self.lock = rlock("datapath.space")  # drives' open/empty zones, zone positions and pins
         self.drives: dict[int, DriveState] = {}
         self.zones: dict[int, ZoneMem] = {}
+        # zones whose state or class changed since the last commit batch recorded them (under
+        # ``lock``): a batch looks at these, not at every zone of every drive
+        self.dirty: dict[int, ZoneMem] = {}
         self.zone_drive: dict[int, DriveState] = {}
         # Guards _reserved alone. release() takes it inside the namespace's catalog transaction,
         # so it must never be held while waiting for the catalog (as ``lock`` is, in
@@ -311,6 +314,7 @@ class Space:
                     0,
                     False,
                 )
+                self.dirty.pop(zone.id, None)  # the reset's own transaction recorded it
                 drive.empty.add(zone.idx)
             return len(done)
 
@@ -371,6 +375,7 @@ class Space:
         if zone is not None:
             # the tail cannot take this fragment: the band is done
             zone.state, zone.dirty = "full", True
+            self.dirty[zone.id] = zone
             del drive.open[band_class]
             # through the writer's queue: fragments queued for this zone must land first
             assert self.writers is not None  # zones are written (so finished) only once they exist
@@ -386,6 +391,7 @@ class Space:
             True,
             time.time_ns(),
         )
+        self.dirty[zone.id] = zone
         drive.open[band_class] = zone
         return zone
 
@@ -448,6 +454,7 @@ class Space:
                 time.time_ns(),
                 True,
             )
+            self.dirty[zone.id] = zone
             zone.inflight += 1  # pinned while the job owns it: never reset under it
             return zone
 
@@ -467,9 +474,11 @@ class Space:
             zone.inflight -= 1
             if zone.wp == 0:  # never written: give it back as it was
                 zone.state, zone.band_class, zone.opened_ns, zone.dirty = "empty", None, None, True
+                self.dirty[zone.id] = zone
                 drive.empty.add(zone.idx)
                 return False
             zone.state, zone.dirty = "full", True
+            self.dirty[zone.id] = zone
             assert self.writers is not None  # zones are written (so finished) only once they exist
             self.writers.finish(drive, zone.idx)
             return True

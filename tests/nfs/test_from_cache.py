@@ -413,4 +413,29 @@ def test_an_open_of_a_name_not_there_yet_is_answered_by_the_event_loop(server):
         with pytest.raises(socket.timeout):
             _reply(raw, 0.5)
     assert raw.parse(raw.recv_record())[0] == 0
+
+
+def test_a_commit_with_nothing_to_flush_is_answered_by_the_event_loop(server):
+    raw = RawClient(server.port).setup()
+    fh, sid = raw.open_new("synced", b"writer")
+    data = os.urandom(4096)
+    commit = (c.OP_COMMIT, t.ARGS[c.OP_COMMIT](0, 0))
+    assert raw.session([(c.OP_PUTFH, fh), _unstable_write(sid, 0, data), commit])[0] == 0
+    assert raw.session([(c.OP_PUTFH, fh), GETATTR])[0] == 0  # its attributes are cached now
+    with every_worker_busy(server):
+        # everything written is durable: no flush, no transaction, no worker
+        _send(raw, [(c.OP_PUTFH, fh), commit])
+        st, res = _reply(raw, 5)
+        assert st == 0 and res[-1][2] == server.server.write_verifier
+        # a write in the buffer is answered by the loop, but its COMMIT waits for a worker
+        _send(raw, [(c.OP_PUTFH, fh), _unstable_write(sid, 4096, data)])
+        assert _reply(raw, 5)[0] == 0
+        _send(raw, [(c.OP_PUTFH, fh), commit])
+        with pytest.raises(socket.timeout):
+            _reply(raw, 0.5)
+    st, res = raw.parse(raw.recv_record())
+    assert st == 0 and res[-1][2] == server.server.write_verifier
+    ns = server.server.namespace
+    assert ns.data.pending_size(ns.resolve("/synced").ino) is None  # flushed by the worker
+    assert bytes(ns.read(ns.resolve("/synced").ino, 0, 8193)) == data + data
     raw.close()
