@@ -107,6 +107,7 @@ class ModelSpace(Space):
         self.reserve_zones = reserve_zones
         self.stats = defaultdict(int)
         self.writers = DriveWriters({}, self.stats)  # queues band ends on the model drives
+        self.dirty: dict = {}  # zones whose state changed (Space.dirty): the model never commits
 
     def reclaim_zones(self) -> int:
         return 0  # the model's bands never fill up with garbage

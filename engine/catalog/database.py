@@ -543,6 +543,14 @@ class Catalog:
         return self.run(work, write=False)
 
     # -- cache validation ------------------------------------------------------
+    @property
+    def epoch_is_exact(self) -> bool:
+        """Whether ``epoch()`` has moved for every commit made before it is read, by any process
+        (SQLite: the WAL index is read in place). PostgreSQL's moves when a notification arrives,
+        a moment later: fit for bounding how stale a cached fact may be, not for proving that a
+        name is missing."""
+        return self.is_sqlite
+
     def epoch(self) -> int | None:
         """A number that moves whenever any connection, of any process, commits; None while it
         cannot be told cheaply (then callers must not cache).

@@ -120,8 +120,14 @@ class Lookup(ReadOnlyInodes):
             )
             if row is None:
                 # at most once a COMPLETE_DIR_RETRY_S per directory: one whose completeness is
-                # forgotten again and again (renames into it) is not read whole each time
-                if cacheable and self._dirs_listed.get(dir_ino, 0.0) <= read_at:
+                # forgotten again and again (renames into it) is not read whole each time. Only
+                # where the epoch is exact: another process's create must never meet a missing
+                # name answered from a cache that has not heard of it yet (PostgreSQL)
+                if (
+                    cacheable
+                    and self.catalog.epoch_is_exact
+                    and self._dirs_listed.get(dir_ino, 0.0) <= read_at
+                ):
                     nonlocal listing
                     self._dirs_listed[dir_ino] = read_at + COMPLETE_DIR_RETRY_S
                     listing = self._listing(conn, dir_ino)
