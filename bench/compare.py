@@ -152,6 +152,10 @@ class ShingleServer(ChildServer):
                 f"shingle init {self.workdir} failed (exit {proc.returncode}): "
                 f"{(proc.stderr or proc.stdout).strip()[-800:]}"
             )
+        # The benchmark's clients speak NFSv4 and need no port mapper: port 111 stays free for
+        # a kernel-client test running beside it (its NFSv3 locking needs one there)
+        text = self.config.read_text()
+        self.config.write_text(text.replace("[nfs]\n", '[nfs]\nportmap = "off"\n', 1))
         # Same export semantics as the Ganesha side (No_Root_Squash, this host only):
         # the benchmark connects as root, as the Ganesha export allows.
         from engine.catalog import Catalog
