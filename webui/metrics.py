@@ -200,12 +200,12 @@ def render() -> str:
     _decompression(out, latest)
     _nfs(out, latest)
     _exports(out, latest, catalog)
-    _quotas(out, shingle)
+    _quotas(out)
     _smb(out, shingle)
     return out.text()
 
 
-def _quotas(out: Exposition, shingle) -> None:
+def _quotas(out: Exposition) -> None:
     """Usage and limits of each directory quota (kept exact by the catalog: no sample needed);
     a limit that is not set is left out, so ``used / limit`` exists only where it means
     something."""
