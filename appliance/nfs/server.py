@@ -27,7 +27,7 @@ from appliance.nfs.nlm.manager import NlmManager
 from appliance.nfs.nlm.nsm import NsmMonitor, NsmProgram
 from appliance.nfs.nlm.program import NlmProgram
 from appliance.nfs.onc.connection import RpcConnection
-from appliance.nfs.onc.limits import NetLimits, RequestBudget
+from appliance.nfs.onc.limits import NetLimits, ReceiveBuffers, RequestBudget
 from appliance.nfs.onc.rpc import InWorker
 from appliance.nfs.stats import NfsStats
 from appliance.nfs.v3.mount import MountProgram
@@ -257,6 +257,7 @@ class NfsServer:
             )
         self.limits = limits
         self.budget = RequestBudget(limits.total_budget)
+        self.receive_buffers = ReceiveBuffers()
         self.namespace = namespace
         self.catalog = catalog
         self.host = host

@@ -157,11 +157,12 @@ class RpcConnection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint):
         direct = self.direct
         if direct is not None:
-            buf, filled = direct[0], direct[1]
+            buf, filled, length = direct[0], direct[1], direct[2]
             if filled == len(buf):  # reading resumed before the budget did: take a little
-                self._grow_direct(min(direct[2] - filled, 64 * 1024))
+                self._grow_direct(min(length - filled, 64 * 1024))
                 buf = direct[0]
-            return memoryview(buf)[filled:]
+            # a pooled buffer is longer than the fragment: never read the next record into it
+            return memoryview(buf)[filled:length]
         if self.scan_full:
             self.scan_full = False
             self._grow_scan()
@@ -177,7 +178,7 @@ class RpcConnection(asyncio.BufferedProtocol):
             buf, filled, length, last = direct
             if filled == length:
                 self.direct = None
-                self._fragment_done(buf, last)
+                self._fragment_done(buf if len(buf) == length else memoryview(buf)[:length], last)
             elif filled == len(buf):
                 self._grow_direct()
         else:
@@ -276,11 +277,13 @@ class RpcConnection(asyncio.BufferedProtocol):
             queued = self._queued()
             if queued < len(rbuf) - (self.rend - self.rstart):
                 break  # what has arrived still fits the scan buffer: a mark earns no buffer
-            # a big fragment (a WRITE): its own buffer, as big as what has arrived
-            size = min(length, max(have + queued, 2 * have))
+            # a big fragment (a WRITE): a free buffer of the pool (counted as the whole fragment:
+            # it needs no growing), else its own, as big as what has arrived
+            pooled = self.server.receive_buffers.take(length)
+            size = length if pooled is not None else min(length, max(have + queued, 2 * have))
             if not self._allow(size):
                 return
-            buf = bytearray(size)
+            buf = pooled if pooled is not None else bytearray(size)
             buf[:have] = memoryview(rbuf)[start : self.rend]
             self.held_buffers += size
             self.rstart = self.rend = 0

@@ -11,6 +11,7 @@ client; it reads again as its calls are answered."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -95,3 +96,34 @@ class RequestBudget:
         with self._lock:
             self.held -= n
             return bool(self.waiting) and self.held < self.limit
+
+
+class ReceiveBuffers:
+    """Buffers for big fragments (WRITEs of up to ``capacity`` bytes), kept and used again once
+    nothing refers to them: a new bytearray per 1 MiB WRITE is zeroed and page-faulted in, and
+    grown by copies as the fragment arrives. Used on the event loop only; a buffer is free when
+    the pool's list holds the only reference (the WRITE's data is a memoryview of it until the
+    call is done, and a memoryview holds a reference). At most ``count`` buffers exist; past
+    that, and for longer fragments, a connection allocates its own as before."""
+
+    def __init__(self, capacity: int = 1 * MiB + 64 * KiB, count: int = 16):
+        self.capacity = capacity
+        self.count = count
+        self.buffers: list[bytearray] = []
+
+    def take(self, length: int) -> bytearray | None:
+        """A buffer of at least ``length`` bytes nothing else uses, or None."""
+        if length > self.capacity:
+            return None
+        for buf in self.buffers:
+            # references: the list's, the loop variable's and getrefcount's argument
+            if sys.getrefcount(buf) == 3:
+                return buf
+        if len(self.buffers) >= self.count:
+            return None
+        buf = bytearray(self.capacity)
+        self.buffers.append(buf)
+        return buf
+
+    def in_use(self) -> int:
+        return sum(1 for buf in self.buffers if sys.getrefcount(buf) > 3)
