@@ -119,12 +119,13 @@ def main(argv=None) -> int:
     base = SIZES_HERE[mode]
     drive_size, zone_size = (32 * MiB, 4 * MiB) if args.smoke else (256 * MiB, 16 * MiB)
     timeout = 120.0 if args.smoke else 900.0
+    split = params_for(args.workload, base, args.processes)  # checked before anything starts
     workdir = Path(tempfile.mkdtemp(prefix="shingle-processes-"))
     servers = [
         ShingleServer(workdir / f"p{i}", drive_size=drive_size, zone_size=zone_size)
         for i in range(args.processes)
     ]
-    layouts = {"1 process": (servers[:1], base), f"{args.processes} processes": (servers, None)}
+    layouts = {"1 process": (servers[:1], base), f"{args.processes} processes": (servers, split)}
     samples: dict[str, list[dict]] = {name: [] for name in layouts}
     try:
         for server in servers:
@@ -134,7 +135,6 @@ def main(argv=None) -> int:
             order = list(layouts) if rep % 2 == 0 else list(reversed(layouts))
             for name in order:
                 on, params = layouts[name]
-                params = params or params_for(args.workload, base, args.processes)
                 result = run_layout(on, args.client, args.workload, params, timeout)
                 samples[name].append(result)
                 log(
