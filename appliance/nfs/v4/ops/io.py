@@ -26,14 +26,30 @@ def _verifier_times(verf: bytes) -> tuple[int, int]:
     return int.from_bytes(verf[:4], "big") * NS, int.from_bytes(verf[4:], "big") * NS
 
 
-def _check_type(attr) -> None:
+def need_regular(
+    cx, attr, what: str, *, other40: int = c.NFS4ERR_INVAL, symlink40: int | None = None
+) -> None:
+    """Refuse a file that is not a regular one to an operation on file data (``what``).
+
+    A directory is ISDIR in every minor version. NFSv4.1 answers SYMLINK for a symbolic link
+    and WRONG_TYPE for the rest (RFC 8881 15.1.2.9); NFSv4.0 has no WRONG_TYPE: its answer
+    is ``other40`` (``symlink40`` for a symbolic link, when given), per operation (RFC 7530
+    16.16.6, 16.23.4, 16.36.4 and Table 9)."""
     if attr.type == REG:
         return
     if attr.type == DIR:
-        raise NfsError(c.NFS4ERR_ISDIR, "OPEN of a directory")
-    if attr.type == LNK:
-        raise NfsError(c.NFS4ERR_SYMLINK, "OPEN of a symbolic link")
-    raise NfsError(c.NFS4ERR_WRONG_TYPE, f"OPEN of file type {attr.type}")
+        raise NfsError(c.NFS4ERR_ISDIR, f"{what} of a directory")
+    if cx.minor == c.MINOR_VERSION_40:
+        status = symlink40 if symlink40 is not None and attr.type == LNK else other40
+    else:
+        status = c.NFS4ERR_SYMLINK if attr.type == LNK else c.NFS4ERR_WRONG_TYPE
+    raise NfsError(status, f"{what} of file type {attr.type}")
+
+
+def _check_open_type(cx, attr) -> None:
+    # RFC 7530 16.16.6: NFSv4.0 answers SYMLINK for every other type the client could not
+    # know of ("NFS4ERR_INVAL would be inappropriate")
+    need_regular(cx, attr, "OPEN", other40=c.NFS4ERR_SYMLINK)
 
 
 def _open_create(cx, dnode: Node, name: str, how):
@@ -50,7 +66,7 @@ def _open_create(cx, dnode: Node, name: str, how):
             if mode_kind == c.GUARDED4:
                 raise
             attr = ns.lookup(cred, dnode.ino, name)
-            _check_type(attr)
+            _check_open_type(cx, attr)
             # an existing file: only a size (truncate) applies, with write permission
             if values.get(c.FATTR4_SIZE) == 0 and attr.size != 0:
                 if not ns.access(cred, attr.ino, W_OK):
@@ -147,7 +163,7 @@ def open_(cx, a):
             node = Node(dnode.export, attr.ino, attr.generation)
     else:
         raise NfsError(c.NFS4ERR_NOTSUPP, f"open claim {claim}: this server grants no delegations")
-    _check_type(attr)
+    _check_open_type(cx, attr)
     if access & c.OPEN4_SHARE_ACCESS_WRITE:
         cx.need_writable(node)
         # a snapshot view: the open fails here (the Linux client's open(O_WRONLY) sends no WRITE)
@@ -231,14 +247,14 @@ def check_io_stateid(cx, node: Node, sid, want: int):
 @operation(c.OP_READ)
 def read(cx, a):
     node = cx.need_file()
+    ns = cx.ns
+    attr = ns.getattr(node.ino)
+    need_regular(cx, attr, "READ")
     check_io_stateid(cx, node, a.stateid, c.OPEN4_SHARE_ACCESS_READ)
     # up to what the session's replies can carry: nfs4fs asks 2 MiB while maxread says 1 MiB,
     # and a short read would cost it a second round trip
     limit = cx.session.max_response - 1024 if cx.session is not None else MAX_IO
     count = min(a.count, limit, 4 * MAX_IO)
-    ns = cx.ns
-    attr = ns.getattr(node.ino)
-    _check_type(attr)
     if a.offset >= attr.size or count == 0:
         return _READ_OK.cls(a.offset >= attr.size, b"")
     data = ns.read(node.ino, a.offset, count)
@@ -249,6 +265,7 @@ def read(cx, a):
 @operation(c.OP_WRITE)
 def write(cx, a):
     node = cx.need_file()
+    need_regular(cx, cx.ns.getattr(node.ino), "WRITE")
     cx.need_writable(node)
     check_io_stateid(cx, node, a.stateid, c.OPEN4_SHARE_ACCESS_WRITE)
     if a.stable > c.FILE_SYNC4:
@@ -264,5 +281,6 @@ def write(cx, a):
 @operation(c.OP_COMMIT)
 def commit(cx, a):
     node = cx.need_file()
+    need_regular(cx, cx.ns.getattr(node.ino), "COMMIT", symlink40=c.NFS4ERR_SYMLINK)
     cx.ns.commit(node.ino)
     return cx.server.write_verifier

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from appliance.nfs.v4 import const as c
-from appliance.nfs.v4.ops.io import check_new_lock, open_state
+from appliance.nfs.v4.ops.io import check_new_lock, need_regular, open_state
 from appliance.nfs.v4.registry import operation
 from appliance.nfs.v4.state import NfsError, is_write, lock_range
 
@@ -12,6 +12,7 @@ from appliance.nfs.v4.state import NfsError, is_write, lock_range
 @operation(c.OP_LOCK)
 def lock(cx, a):
     node = cx.need_file()
+    need_regular(cx, cx.ns.getattr(node.ino), "LOCK")
     cl = cx.need_client()
     state = cx.state
     start, end = lock_range(a.offset, a.length)
@@ -43,6 +44,7 @@ def lock(cx, a):
 @operation(c.OP_LOCKT)
 def lockt(cx, a):
     node = cx.need_file()
+    need_regular(cx, cx.ns.getattr(node.ino), "LOCKT")
     cl = cx.need_client()
     start, end = lock_range(a.offset, a.length)
     if cx.state.in_grace():
