@@ -161,6 +161,25 @@ def test_lookup_from_a_symbolic_link_is_symlink(clients):
             assert (st, res[-1][0]) == (want, c.OP_LOOKUP), (cl.minor, name)
 
 
+def test_lookup_of_dot_and_dot_dot(clients):
+    """RFC 7530 16.13.5 gives "." and ".." no special meaning. "." keeps working in both minor
+    versions (nfs-rs looks it up for an export's root); ".." is BADNAME in NFSv4.0, where no
+    client sends it, and stays a confined walk upwards in NFSv4.1 (tests/nfs/test_confinement)."""
+    v40, v41 = clients
+    for cl in clients:
+        dir_fh = cl.fh("dir")
+        st, res = cl.run([(c.OP_PUTFH, dir_fh), (c.OP_LOOKUP, "."), (c.OP_GETFH, None)])
+        assert st == 0 and res[-1][2] == dir_fh
+    up = [(c.OP_PUTFH, v40.fh("dir")), (c.OP_LOOKUP, ".."), (c.OP_GETFH, None)]
+    st, res = v40.run(up)
+    assert (st, res[-1][0]) == (c.NFS4ERR_BADNAME, c.OP_LOOKUP)
+    st, res = v41.run([(c.OP_PUTFH, v41.fh("dir")), (c.OP_LOOKUP, ".."), (c.OP_GETFH, None)])
+    assert st == 0 and res[-1][2] == v41.root
+    # from what is not a directory, the type error comes first, as for any name
+    st, res = v40.run([(c.OP_PUTFH, v40.fh("link")), (c.OP_LOOKUP, "..")])
+    assert (st, res[-1][0]) == (c.NFS4ERR_SYMLINK, c.OP_LOOKUP)
+
+
 def test_lockt_and_commit_of_a_file_that_is_not_regular(clients):
     """RFC 7530 Table 9: LOCKT may answer ISDIR or INVAL, COMMIT ISDIR, SYMLINK or INVAL;
     RFC 8881 has WRONG_TYPE for what is neither a directory nor a symbolic link."""

@@ -93,11 +93,17 @@ def _parent(cx, node: Node) -> Node:
 def lookup(cx, name):
     # no need_dir() here: namespace.lookup refuses a non-directory itself (one query less)
     node = cx.need_fh()
-    if name == ".":  # nfs-rs looks up "." to list an export's root
+    # RFC 7530 16.13.5 (and RFC 8881 18.15.4) give "." and ".." no special meaning, but
+    # nfs-rs (NFSv4.0 and 4.1) looks up "." for an export's root, and NFSv4.1's ".." is kept
+    # as it was (a walk upwards, confined like LOOKUPP); no NFSv4.0 client sends ".."
+    # (nfs-rs resolves it itself, the Linux client sends LOOKUPP): BADNAME, as a name
+    if name == ".":
         need_dir(cx)
         return None
     if name == "..":
         need_dir(cx)
+        if cx.minor == c.MINOR_VERSION_40:
+            raise NfsError(c.NFS4ERR_BADNAME, '".." names nothing in NFSv4.0: LOOKUPP')
         cx.cur = _parent(cx, node)
         return None
     check_component(name)
