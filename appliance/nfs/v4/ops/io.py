@@ -265,7 +265,8 @@ def read(cx, a):
 @operation(c.OP_WRITE)
 def write(cx, a):
     node = cx.need_file()
-    need_regular(cx, cx.ns.getattr(node.ino), "WRITE")
+    if cx.is_special(a.stateid):  # an open's stateid proves a regular file (OPEN checked it)
+        need_regular(cx, cx.ns.getattr(node.ino), "WRITE")
     cx.need_writable(node)
     check_io_stateid(cx, node, a.stateid, c.OPEN4_SHARE_ACCESS_WRITE)
     if a.stable > c.FILE_SYNC4:
