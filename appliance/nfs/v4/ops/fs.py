@@ -247,7 +247,8 @@ def link(cx, newname):
     source = cx.saved
     if source.pseudo is not None or source.export.id != target_dir.export.id:
         raise NfsError(c.NFS4ERR_XDEV, "link across exports")
-    if cx.ns.getattr(source.ino).type == DIR:  # RFC 7530 Table 9: ISDIR (the namespace: PERM)
+    # RFC 7530 Table 9 gives LINK ISDIR, not the PERM the namespace's refusal would map to
+    if cx.ns.getattr(source.ino).type == DIR:
         raise NfsError(c.NFS4ERR_ISDIR, f"hard link to directory {source.ino}")
     name = check_component(newname)
     before = cx.ns.getattr(target_dir.ino).change

@@ -29,7 +29,8 @@ def _verifier_times(verf: bytes) -> tuple[int, int]:
 def need_regular(
     cx, attr, what: str, *, other40: int = c.NFS4ERR_INVAL, symlink40: int | None = None
 ) -> None:
-    """Refuse a file that is not a regular one to an operation on file data (``what``).
+    """Refuse a file that is not a regular one to an operation on file data (``what``: OPEN,
+    READ, WRITE, LOCKT, COMMIT; LOCK names an open, which proves a regular file).
 
     A directory is ISDIR in every minor version. NFSv4.1 answers SYMLINK for a symbolic link
     and WRONG_TYPE for the rest (RFC 8881 15.1.2.9); NFSv4.0 has no WRONG_TYPE: its answer

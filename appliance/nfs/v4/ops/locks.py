@@ -12,7 +12,6 @@ from appliance.nfs.v4.state import NfsError, is_write, lock_range
 @operation(c.OP_LOCK)
 def lock(cx, a):
     node = cx.need_file()
-    need_regular(cx, cx.ns.getattr(node.ino), "LOCK")
     cl = cx.need_client()
     state = cx.state
     start, end = lock_range(a.offset, a.length)
