@@ -124,5 +124,5 @@ def expire_idle(state: StateTable) -> int:
         for clientid, cl in list(state.unconfirmed40.items()):
             if now - cl.last_renew > lease:
                 del state.unconfirmed40[clientid]
-        state.in_grace()
+        state.release_idle_records()  # (ends the grace period when its time is up)
         return len(idle)
