@@ -273,6 +273,7 @@ class StateTable:
                     ).rowcount
                 ),
                 durable=True,
+                tracked=True,  # nothing cached reads client records: the caches stay valid
             )
             if not rows:  # its record was lost (a catalog outage at confirm): made again
                 self._record_client(cl)
@@ -298,7 +299,8 @@ class StateTable:
             self.catalog.run(
                 lambda conn: conn.execute(
                     update(CLIENTS).where(CLIENTS.c.owner.in_(owners)).values(held_state=False)
-                )
+                ),
+                tracked=True,
             )
             for cl in idle:
                 cl.held_state_recorded = False
