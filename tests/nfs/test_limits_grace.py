@@ -192,3 +192,38 @@ def test_a_client_that_held_a_lock_keeps_grace_until_its_reclaim_complete(stack)
         newcomer.close()
     finally:
         srv.stop()
+
+
+def test_an_nfsv40_client_ends_its_reclaim_with_its_first_new_open(stack):
+    """NFSv4.0 has no RECLAIM_COMPLETE: a previous client that held an open has reclaimed
+    once it holds state again and asks for a new open, and the grace period ends then
+    (before that, its own new OPEN waits like anyone's)."""
+    add_export(stack.catalog)
+    srv = start_server(stack, grace_seconds=GRACE)
+    port = srv.port
+    try:
+        raw = RawClient(port).setup40(ident=b"host-40", verifier=b"boot-one")
+        root = raw.root_fh40()
+        args = open_args("held40", b"owner", raw.clientid, seqid=1)
+        st, res = raw.v40([(c.OP_PUTFH, root), (c.OP_OPEN, args), (c.OP_GETFH, None)])
+        assert st == 0
+        ok, fh = res[1][2], res[2][2]
+        confirm = t.ARGS[c.OP_OPEN_CONFIRM](ok.stateid, 2)
+        assert raw.v40([(c.OP_PUTFH, fh), (c.OP_OPEN_CONFIRM, confirm)])[0] == 0
+        raw.close()
+        srv.stop()
+        srv = start_server(stack, port=port, grace_seconds=GRACE)
+        raw = RawClient(port).setup40(ident=b"host-40", verifier=b"boot-one")
+        new_open = [(c.OP_PUTFH, root), (c.OP_OPEN, open_args("new40", b"other", raw.clientid))]
+        new_open[1][1].seqid = 1
+        assert raw.v40(new_open)[0] == c.NFS4ERR_GRACE  # nothing reclaimed yet
+        reclaim = open_args("held40", b"owner", raw.clientid, create=False, seqid=1)
+        reclaim.claim = (c.CLAIM_PREVIOUS, c.OPEN_DELEGATE_NONE)
+        assert raw.v40([(c.OP_PUTFH, fh), (c.OP_OPEN, reclaim)])[0] == 0
+        assert srv.server.state.in_grace()
+        new_open[1][1].seqid = 2
+        assert raw.v40(new_open)[0] == 0
+        assert not srv.server.state.in_grace()
+        raw.close()
+    finally:
+        srv.stop()
