@@ -103,10 +103,13 @@ def _open_create(cx, dnode: Node, name: str, how):
     raise NfsError(c.NFS4ERR_INVAL, f"create mode {mode_kind}")
 
 
-def check_new_lock(cl, grace: bool) -> None:
+def check_new_lock(state, cl) -> None:
     """A non-reclaim OPEN or LOCK waits for the grace period to end and, from an NFSv4.1
-    client, for its own RECLAIM_COMPLETE (RFC 8881 8.4.2.1 and 18.51.3)."""
-    if grace:
+    client, for its own RECLAIM_COMPLETE (RFC 8881 8.4.2.1 and 18.51.3); from an NFSv4.0
+    client it ends that client's reclaim (StateTable.reclaimed40)."""
+    if cl.minor == c.MINOR_VERSION_40:
+        state.reclaimed40(cl)
+    if state.in_grace():
         raise NfsError(c.NFS4ERR_GRACE, "server in grace period")
     if cl.minor != c.MINOR_VERSION_40 and not cl.reclaim_complete:
         raise NfsError(c.NFS4ERR_GRACE, "no RECLAIM_COMPLETE from this client yet")
@@ -138,7 +141,7 @@ def open_(cx, a):
         node = cx.need_file()
         attr = cx.ns.getattr(node.ino)
     elif claim in (c.CLAIM_NULL, c.CLAIM_FH):
-        check_new_lock(cl, grace)
+        check_new_lock(state, cl)
         if claim == c.CLAIM_FH:
             node = cx.need_file()
             attr = cx.ns.getattr(node.ino)

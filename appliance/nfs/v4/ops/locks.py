@@ -24,7 +24,7 @@ def lock(cx, a):
         if not cl.may_reclaim or (cl.reclaim_complete and not cl.reclaim_needed):
             raise NfsError(c.NFS4ERR_RECLAIM_BAD, "this client has nothing to reclaim")
     else:
-        check_new_lock(cl, grace)
+        check_new_lock(state, cl)
     with state.lock:
         new, arg = a.locker
         if new:
