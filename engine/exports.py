@@ -331,6 +331,17 @@ def prepare_new_root(namespace) -> None:
     )
 
 
+def export_folders(catalog: Catalog, namespace) -> frozenset[int]:
+    """The inodes of the namespace root and of every export's folder: the folders the anonymous
+    user owns only nominally (see prepare_new_root), for the local mount's guest account."""
+    folders = {namespace.root_ino}
+    for export in list_exports(catalog):
+        folder = _folder(namespace, export)
+        if folder is not None:
+            folders.add(folder.ino)
+    return frozenset(folders)
+
+
 def _folder(namespace, export: Export):
     try:
         return namespace.resolve(export.path)
