@@ -13,7 +13,7 @@ from appliance.nfs.v4.types import RESULTS
 from engine import errors
 from engine.blocking import WouldBlock, blocking_forbidden, holding
 from engine.catalog.models import DIR, LNK, REG
-from engine.namespace import R_OK, W_OK
+from engine.namespace import R_OK, W_OK, X_OK, may
 
 _OPEN_OK = RESULTS[c.OP_OPEN].arms[c.NFS4_OK]
 _READ_OK = RESULTS[c.OP_READ].arms[c.NFS4_OK]
@@ -231,21 +231,41 @@ def close(cx, a):
 
 
 def check_io_stateid(cx, node: Node, sid, want: int):
-    """Check the stateid of a READ or WRITE; special stateids need permission."""
+    """Check the stateid of a READ or WRITE, and the caller's own right to the I/O."""
     sid = cx.stateid(sid)
-    if cx.is_special(sid):
-        bit = R_OK if want == c.OPEN4_SHARE_ACCESS_READ else W_OK
-        if not cx.ns.access(cx.cred(node), node.ino, bit):
-            raise NfsError(c.NFS4ERR_ACCESS, "no permission for I/O without an open")
+    if not cx.is_special(sid):
+        state = cx.state
+        with holding(state.lock, "state lock held"):  # READ runs on the event loop too
+            st = state.find(sid, cx.need_client())
+            open_st = st if st.kind == "open" else st.open
+            if open_st.ino != node.ino:
+                raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid of another file")
+            if want == c.OPEN4_SHARE_ACCESS_WRITE and not open_st.access & want:
+                raise NfsError(c.NFS4ERR_OPENMODE, "file not open for writing")
+    need_io_rights(cx, node, want)
+
+
+def need_io_rights(cx, node: Node, want: int) -> None:
+    """The caller's own permission for I/O (``want``: OPEN4_SHARE_ACCESS_READ or _WRITE),
+    whatever stateid it sent: a stateid names an open, and another user's OPEN lends its
+    rights to nobody (knfsd's nfs4_check_file, NFS-Ganesha alike). As knfsd: the file's owner
+    passes (it may write a file it opened for writing after a chmod 0444), and execute
+    permission lets a client read (it pages in a binary of mode 0711 with READ)."""
+    cred = cx.cred(node)
+    attr = cx.ns.getattr(node.ino)
+    if cred.owns(attr):
         return
-    state = cx.state
-    with holding(state.lock, "state lock held"):  # READ runs on the event loop too
-        st = state.find(sid, cx.need_client())
-        open_st = st if st.kind == "open" else st.open
-        if open_st.ino != node.ino:
-            raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid of another file")
-        if want == c.OPEN4_SHARE_ACCESS_WRITE and not open_st.access & want:
-            raise NfsError(c.NFS4ERR_OPENMODE, "file not open for writing")
+    if want == c.OPEN4_SHARE_ACCESS_WRITE:
+        allowed = may(cred, attr, W_OK)
+    else:
+        allowed = may(cred, attr, R_OK) or may(cred, attr, X_OK)
+    if not allowed:
+        verb = "write" if want == c.OPEN4_SHARE_ACCESS_WRITE else "read"
+        raise NfsError(
+            c.NFS4ERR_ACCESS,
+            f"uid {cred.uid} may not {verb} inode {node.ino} (mode {attr.mode:o}, "
+            f"owner {attr.uid})",
+        )
 
 
 @operation(c.OP_READ)
