@@ -358,15 +358,8 @@ def check_clock(run=subprocess.run) -> Check:
 
 
 # -- config and catalog -------------------------------------------------------------
-def bounded_url(url: str) -> str:
-    """A PostgreSQL URL that gives up after 5 s: a doctor must not hang on an unreachable host."""
-    if url.startswith("postgresql") and "connect_timeout=" not in url:
-        return url + ("&" if "?" in url else "?") + "connect_timeout=5"
-    return url
-
-
 def check_catalog(config: config_mod.Config) -> Check:
-    from engine.catalog.migrate import current_revision, head_revision
+    from engine.catalog.migrate import bounded_url, current_revision, head_revision
 
     url = config.catalog_url
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
@@ -403,6 +396,7 @@ def check_export_folders(config: config_mod.Config) -> Check:
     root could leave it (engine.exports.sticky_bit_lost). Warnings: nothing is lost yet."""
     from engine import exports as export_service
     from engine.catalog.database import Catalog
+    from engine.catalog.migrate import bounded_url
     from engine.namespace import Namespace
 
     catalog = Catalog(bounded_url(config.catalog_url))
