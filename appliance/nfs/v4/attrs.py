@@ -8,7 +8,7 @@ from __future__ import annotations
 import grp
 import pwd
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from appliance.nfs.onc.xdr import Array, Bool, Packer, UHyper, UInt, XdrError
 from appliance.nfs.v4 import const as c
@@ -16,8 +16,15 @@ from appliance.nfs.v4.types import bitmap4, fsid4, nfs_fh4, nfstime4, settime4, 
 from engine.catalog.models import REG
 from engine.quotas import QuotaTracker
 
-if TYPE_CHECKING:
-    from appliance.nfs.server import NfsServer
+
+class AttrServer(Protocol):
+    """What GETATTR needs of the NFS server (appliance/nfs/server.py's NfsServer): a Protocol
+    rather than an import, so the attribute table does not depend on the server above it."""
+
+    namespace: Any
+    lease_seconds: int
+
+    def statfs(self) -> Any: ...
 
 MAX_IO = 1 << 20
 MAX_FILE_SIZE = (1 << 63) - 1
@@ -38,7 +45,7 @@ class AttrSubject:
     fh: bytes
     fsid: tuple[int, int]
     mounted_on_fileid: int
-    server: NfsServer  # lease time, statfs
+    server: AttrServer  # lease time, statfs
     rdattr_error: int = 0
     minor: int = 1  # NFSv4.0 has no attribute past mounted_on_fileid
 
