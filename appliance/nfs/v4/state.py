@@ -37,6 +37,8 @@ SLOTS_MAX = 64
 # a stateid's "other": server instance, the low half of its client's id, a counter (NFSv4.0
 # tells a stateid of an expired client from a bad one by the client id)
 _OTHER = struct.Struct(">III")
+# the "other" of the special stateids (anonymous, READ bypass): never an open's or a lock's
+SPECIAL_OTHERS = frozenset({b"\0" * 12, b"\xff" * 12})
 
 
 class NfsError(Exception):
@@ -440,6 +442,8 @@ class StateTable:
     def find(self, stateid, cl: Client | None):
         st = self.states.get(stateid.other)
         if st is None:
+            if stateid.other in SPECIAL_OTHERS:  # RFC 8881 8.2.3: not a stale one
+                raise NfsError(c.NFS4ERR_BAD_STATEID, "a special stateid names no open or lock")
             if self.other_parts(stateid.other)[0] != self.boot:
                 raise NfsError(c.NFS4ERR_STALE_STATEID, "stateid from an earlier server instance")
             raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid unknown")
