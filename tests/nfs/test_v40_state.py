@@ -6,7 +6,7 @@ duplicate request cache of NFSv4.0 COMPOUNDs."""
 
 from __future__ import annotations
 
-from nfs4_rawclient import RawClient
+from nfs4_rawclient import RawClient, open_args
 from test_v40 import lock40, open40, open_confirmed
 
 from appliance.nfs.v4 import const as c
@@ -50,4 +50,148 @@ def test_special_stateids_where_an_open_or_lock_is_needed_are_bad(server):
     # the owner goes on at its next seqid: nothing above was sequenced
     st, res = raw.v40([(c.OP_PUTFH, fh), (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](3, sid))])
     assert st == 0
+    raw.close()
+
+
+# -- share reservations --------------------------------------------------------------------------
+def test_same_owner_open_conflicting_with_its_own_deny_is_refused(server):
+    raw, root = v40_client(server)
+    _, fh = open_confirmed(raw, root, "shared", b"owner", access=READ, deny=DENY_WRITE)
+    # the open-owner denies writes: its own OPEN for writing conflicts with that
+    st, _, _ = open40(raw, root, "shared", b"owner", 3, access=WRITE, create=False)
+    assert st == c.NFS4ERR_SHARE_DENIED
+    # ... as one denying reads conflicts with its own read access
+    st, _, _ = open40(raw, root, "shared", b"owner", 4, access=READ, deny=DENY_READ, create=False)
+    assert st == c.NFS4ERR_SHARE_DENIED
+    st, ok, _ = open40(raw, root, "shared", b"owner", 5, access=READ, create=False)
+    assert st == 0
+    # another open-owner of the client, and another client, meet the same deny mode
+    st, _, _ = open40(raw, root, "shared", b"other-owner", 1, access=WRITE, create=False)
+    assert st == c.NFS4ERR_SHARE_DENIED
+    other, _ = v40_client(server)
+    st, _, _ = open40(other, root, "shared", b"owner", 1, access=BOTH, create=False)
+    assert st == c.NFS4ERR_SHARE_DENIED
+    v41 = RawClient(server.port).setup()
+    st, _ = v41.session(
+        [
+            (c.OP_PUTFH, root),
+            (c.OP_OPEN, open_args("shared", b"o41", v41.clientid, access=WRITE, create=False)),
+        ]
+    )
+    assert st == c.NFS4ERR_SHARE_DENIED
+    for cl in (raw, other, v41):
+        cl.close()
+
+
+def _io(raw, fh, sid, opnum, minor=0):
+    if opnum == c.OP_READ:
+        op = (c.OP_READ, t.ARGS[c.OP_READ](sid, 0, 10))
+    else:
+        op = (c.OP_WRITE, t.ARGS[c.OP_WRITE](sid, 0, c.FILE_SYNC4, b"anonymous"))
+    ops = [(c.OP_PUTFH, fh), op]
+    st, res = raw.v40(ops) if minor == 0 else raw.session(ops)
+    assert res[-1][:2] == (opnum, st)
+    return st
+
+
+def test_special_stateid_io_against_a_deny_is_locked(server):
+    raw, root = v40_client(server)
+    sid, fh = open_confirmed(raw, root, "denied", b"owner", deny=c.OPEN4_SHARE_DENY_BOTH)
+    v41 = RawClient(server.port).setup()
+    for client, minor in ((raw, 0), (v41, 1)):
+        assert _io(client, fh, ANONYMOUS, c.OP_READ, minor) == c.NFS4ERR_LOCKED
+        assert _io(client, fh, ANONYMOUS, c.OP_WRITE, minor) == c.NFS4ERR_LOCKED
+        # the READ bypass stateid passes deny modes; a WRITE with it is an anonymous one
+        assert _io(client, fh, BYPASS, c.OP_READ, minor) == 0
+        assert _io(client, fh, BYPASS, c.OP_WRITE, minor) == c.NFS4ERR_LOCKED
+    # the holder's own stateid is not denied
+    assert _io(raw, fh, sid, c.OP_WRITE) == 0
+    st, _ = raw.v40([(c.OP_PUTFH, fh), (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](3, sid))])
+    assert st == 0
+    # a deny of writes alone leaves anonymous reads alone
+    sid, _ = open_confirmed(raw, root, "denied", b"owner2", access=READ, deny=DENY_WRITE)
+    assert _io(v41, fh, ANONYMOUS, c.OP_READ, 1) == 0
+    assert _io(v41, fh, ANONYMOUS, c.OP_WRITE, 1) == c.NFS4ERR_LOCKED
+    st, _ = raw.v40([(c.OP_PUTFH, fh), (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](3, sid))])
+    assert st == 0
+    assert _io(v41, fh, ANONYMOUS, c.OP_WRITE, 1) == 0
+    raw.close()
+    v41.close()
+
+
+def _downgrade(raw, fh, sid, seqid, access, deny):
+    args = t.ARGS[c.OP_OPEN_DOWNGRADE](sid, seqid, access, deny)
+    st, res = raw.v40([(c.OP_PUTFH, fh), (c.OP_OPEN_DOWNGRADE, args)])
+    return st, res[-1][2] if st == 0 else None
+
+
+def test_open_downgrade_only_to_modes_opened(server):
+    raw, root = v40_client(server)
+    sid, fh = open_confirmed(raw, root, "modes", b"owner", access=BOTH)
+    # opened for reading and writing at once: reading alone was never asked for
+    assert _downgrade(raw, fh, sid, 3, READ, DENY_NONE)[0] == c.NFS4ERR_INVAL
+    st, ok, _ = open40(raw, root, "modes", b"owner", 4, access=READ, create=False)
+    assert st == 0
+    sid = ok.stateid
+    # now it was: the downgrade keeps the read-only OPEN and forgets the other
+    st, sid = _downgrade(raw, fh, sid, 5, READ, DENY_NONE)
+    assert st == 0
+    assert _downgrade(raw, fh, sid, 6, WRITE, DENY_NONE)[0] == c.NFS4ERR_INVAL
+    assert _downgrade(raw, fh, sid, 7, BOTH, DENY_NONE)[0] == c.NFS4ERR_INVAL
+    # deny modes count the same way: (read, deny write) and (read, deny none) were opened
+    sid2, fh2 = open_confirmed(raw, root, "denies", b"owner2", access=READ, deny=DENY_WRITE)
+    st, ok, _ = open40(raw, root, "denies", b"owner2", 3, access=READ, create=False)
+    assert st == 0
+    assert _downgrade(raw, fh2, ok.stateid, 4, READ, DENY_READ)[0] == c.NFS4ERR_INVAL
+    st, sid2 = _downgrade(raw, fh2, ok.stateid, 5, READ, DENY_NONE)
+    assert st == 0
+    # the deny of writes went with the OPEN that asked for it
+    st, _, _ = open40(raw, root, "denies", b"writer", 1, access=WRITE, create=False)
+    assert st == 0
+    raw.close()
+
+
+# -- byte-range locks ----------------------------------------------------------------------------
+def _lockt(raw, fh, locktype, offset, length, owner=b"tester"):
+    args = t.ARGS[c.OP_LOCKT](locktype, offset, length, t.state_owner4.cls(raw.clientid, owner))
+    st, res = raw.v40([(c.OP_PUTFH, fh), (c.OP_LOCKT, args)])
+    if st == c.NFS4ERR_DENIED:
+        denied = res[-1][2]
+        return st, (denied.offset, denied.length, denied.locktype)
+    return st, None
+
+
+def test_locks_of_one_owner_merge_and_split(server):
+    raw, root = v40_client(server)
+    sid, fh = open_confirmed(raw, root, "ranges", b"owner")
+    st, res = lock40(raw, fh, c.WRITE_LT, 0, 10, open_sid=sid, open_seqid=3, lock_seqid=0)
+    assert st == 0
+    lock_sid, seqid = res[-1][2], 1
+    for locktype, offset, length in (
+        (c.WRITE_LT, 10, 10),  # touches [0, 10): one lock [0, 20)
+        (c.WRITE_LT, 30, 10),
+        (c.WRITE_LT, 35, 15),  # overlaps [30, 40): one lock [30, 50)
+        (c.READ_LT, 50, 10),  # touches [30, 50) but of another type: stays apart
+    ):
+        st, res = lock40(raw, fh, locktype, offset, length, lock_sid=lock_sid, lock_seqid=seqid)
+        assert st == 0
+        lock_sid, seqid = res[-1][2], seqid + 1
+    # another lock-owner's test sees whole merged locks
+    assert _lockt(raw, fh, c.WRITE_LT, 5, 1) == (c.NFS4ERR_DENIED, (0, 20, c.WRITE_LT))
+    assert _lockt(raw, fh, c.READ_LT, 31, 1) == (c.NFS4ERR_DENIED, (30, 20, c.WRITE_LT))
+    assert _lockt(raw, fh, c.WRITE_LT, 55, 1) == (c.NFS4ERR_DENIED, (50, 10, c.READ_LT))
+    # as does a LOCK that is denied
+    other_sid, _ = open_confirmed(raw, root, "ranges", b"owner-b")
+    st, res = lock40(
+        raw, fh, c.WRITE_LT, 12, 1, open_sid=other_sid, open_seqid=3, owner=b"lock-owner-b"
+    )
+    assert st == c.NFS4ERR_DENIED
+    assert (res[-1][2].offset, res[-1][2].length) == (0, 20)
+    # LOCKU of the middle splits the merged lock in two
+    locku = t.ARGS[c.OP_LOCKU](c.WRITE_LT, seqid, lock_sid, 5, 10)
+    st, res = raw.v40([(c.OP_PUTFH, fh), (c.OP_LOCKU, locku)])
+    assert st == 0
+    assert _lockt(raw, fh, c.WRITE_LT, 5, 10) == (0, None)
+    assert _lockt(raw, fh, c.WRITE_LT, 0, 1) == (c.NFS4ERR_DENIED, (0, 5, c.WRITE_LT))
+    assert _lockt(raw, fh, c.WRITE_LT, 19, 1) == (c.NFS4ERR_DENIED, (15, 5, c.WRITE_LT))
     raw.close()

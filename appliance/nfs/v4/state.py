@@ -24,6 +24,7 @@ from sqlalchemy import delete, select
 
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.types import LOCK4denied, channel_attrs4, state_owner4
+from engine.blocking import may_block
 from engine.catalog.models import NfsClient, Setting
 
 log = logging.getLogger("shingle.nfs.state")
@@ -109,6 +110,9 @@ class OpenState:
     access: int = 0
     deny: int = 0
     locks: set = field(default_factory=set)
+    # the (access, deny) pair of each OPEN merged into this one: an OPEN_DOWNGRADE must name
+    # what closing some of them would leave (RFC 7530 16.19.4)
+    modes: set = field(default_factory=set)
 
     kind = "open"
 
@@ -394,10 +398,18 @@ class StateTable:
         """Whether a request of ``cl`` is running (a client waiting for its reply renews)."""
         return any(s.busy for sess in cl.sessions.values() for s in sess.slots)
 
+    def lease_over(self, cl: Client) -> bool:
+        """Whether ``cl``'s lease ran out (its state stays until something conflicts with it)."""
+        return (
+            cl.leased
+            and time.monotonic() - cl.last_renew > self.lease_seconds
+            and not self.busy(cl)
+        )
+
     def evict_if_expired(self, cl: Client) -> bool:
         """A request conflicts with ``cl``'s state: if ``cl``'s lease ran out, the courtesy
         ends and the client goes with its state (RFC 8881 8.3); True when it went."""
-        if not cl.leased or time.monotonic() - cl.last_renew <= self.lease_seconds or self.busy(cl):
+        if not self.lease_over(cl):
             return False
         log.info(
             "lease of client %x expired: its state goes for a conflicting request", cl.clientid
@@ -478,14 +490,16 @@ class StateTable:
     def open(self, cl: Client, owner: bytes, ino: int, access: int, deny: int) -> OpenState:
         with self.lock:
             key = (cl.clientid, owner, ino)
+            # the open-owner's own earlier OPENs count too: an upgrade to what it denies itself
+            # is refused, as knfsd and NFS-Ganesha do
             for other in list(self.opens_by_file.get(ino, ())):
-                if (other.client.clientid, other.owner) == (cl.clientid, owner):
-                    continue
                 if ((access & other.deny) or (deny & other.access)) and (
                     other.other in self.states and not self.evict_if_expired(other.client)
                 ):
                     raise NfsError(
-                        c.NFS4ERR_SHARE_DENIED, f"share reservation conflict on inode {ino}"
+                        c.NFS4ERR_SHARE_DENIED,
+                        f"share reservation conflict on inode {ino}: access {access} deny "
+                        f"{deny} against an open of access {other.access} deny {other.deny}",
                     )
             st = self.open_by_owner_file.get(key)
             if st is None:
@@ -501,17 +515,42 @@ class StateTable:
                 st.access |= access
                 st.deny |= deny
                 st.seqid += 1
+            st.modes.add((access, deny))
             return st
 
     def downgrade(self, st: OpenState, access: int, deny: int) -> None:
+        """OPEN_DOWNGRADE to (``access``, ``deny``): the union of some of the OPENs merged into
+        ``st`` (those within the new modes; RFC 7530 16.19.4), which are all it keeps."""
         with self.lock:
-            if access & ~st.access or deny & ~st.deny or not access:
+            kept = {(a, d) for a, d in st.modes if not a & ~access and not d & ~deny}
+            union_access = union_deny = 0
+            for a, d in kept:
+                union_access, union_deny = union_access | a, union_deny | d
+            if not access or (union_access, union_deny) != (access, deny):
+                opened = ", ".join(f"{a}/{d}" for a, d in sorted(st.modes))
                 raise NfsError(
                     c.NFS4ERR_INVAL,
-                    f"downgrade to access {access} deny {deny} from {st.access}/{st.deny}",
+                    f"downgrade to access {access} deny {deny}: no set of the OPENs "
+                    f"(access/deny {opened}) makes it",
                 )
-            st.access, st.deny = access, deny
+            st.access, st.deny, st.modes = access, deny, kept
             st.seqid += 1
+
+    def special_io_denied(self, ino: int, want: int, bypass: bool) -> bool:
+        """Whether READ (``want`` OPEN4_SHARE_ACCESS_READ) or WRITE with a special stateid
+        meets an OPEN of ``ino`` that denies it (NFS4ERR_LOCKED, RFC 7530 9.1.4.3 and 9.9); the
+        READ bypass stateid passes deny modes (RFC 7530 9.1.4.3)."""
+        if bypass and want == c.OPEN4_SHARE_ACCESS_READ:
+            return False
+        for st in list(self.opens_by_file.get(ino, ())):
+            if not st.deny & want or st.other not in self.states:
+                continue
+            if self.lease_over(st.client):
+                may_block("expiring the client of a conflicting open")
+                self.evict_if_expired(st.client)
+                continue
+            return True
+        return False
 
     def close(self, st: OpenState) -> None:
         with self.lock:
@@ -576,8 +615,7 @@ class StateTable:
         if hit is not None:
             raise NfsError(c.NFS4ERR_DENIED, "lock conflict", self.denied(hit))
         kind = c.WRITE_LT if is_write(locktype) else c.READ_LT
-        lk.ranges = _cut(lk.ranges, start, end) + [(start, end, kind)]
-        lk.ranges.sort()
+        lk.ranges = _merged(_cut(lk.ranges, start, end) + [(start, end, kind)])
         lk.seqid += 1
 
     def unlock(self, lk: LockState, start: int, end: int) -> None:
@@ -680,4 +718,17 @@ def _cut(ranges: list, start: int, end: int) -> list:
             out.append((r0, start, t))
         if end < r1:
             out.append((end, r1, t))
+    return out
+
+
+def _merged(ranges: list) -> list:
+    """``ranges`` (not overlapping) sorted, with touching ranges of one type joined: a lock-owner
+    holds one lock where its locks meet (POSIX semantics, which RFC 7530's LOCK follows), and
+    LOCKT, a DENIED LOCK or a later LOCKU sees that one range."""
+    out: list = []
+    for r0, r1, t in sorted(ranges):
+        if out and out[-1][1] == r0 and out[-1][2] == t:
+            out[-1] = (out[-1][0], r1, t)
+        else:
+            out.append((r0, r1, t))
     return out
