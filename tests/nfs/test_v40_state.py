@@ -6,6 +6,11 @@ duplicate request cache of NFSv4.0 COMPOUNDs."""
 
 from __future__ import annotations
 
+import socket
+import struct
+import time
+import types
+
 from nfs4_rawclient import RawClient, open_args
 from test_v40 import lock40, open40, open_confirmed
 
@@ -195,3 +200,71 @@ def test_locks_of_one_owner_merge_and_split(server):
     assert _lockt(raw, fh, c.WRITE_LT, 0, 1) == (c.NFS4ERR_DENIED, (0, 5, c.WRITE_LT))
     assert _lockt(raw, fh, c.WRITE_LT, 19, 1) == (c.NFS4ERR_DENIED, (15, 5, c.WRITE_LT))
     raw.close()
+
+
+# -- duplicate request cache --------------------------------------------------------------------
+def _call_with_xid(raw: RawClient, xid: int, ops):
+    raw.xid = xid - 1  # send_call takes the next one
+    return raw.call_raw(1, raw.compound_bytes(ops, minor=0))
+
+
+def _reconnect(raw: RawClient, port: int, same_source_port: bool = True) -> None:
+    """Drop the connection (a reset, as a client that gives up on it) and connect again, from
+    the same source port as the Linux client does."""
+    source = raw.sock.getsockname()
+    raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    raw.sock.close()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.settimeout(20)
+    sock.bind(source if same_source_port else ("127.0.0.1", 0))
+    sock.connect(("127.0.0.1", port))
+    raw.sock = sock
+
+
+def test_retransmits_after_a_reconnect_get_the_first_reply(server):
+    raw, root = v40_client(server)
+    mkdir = [
+        (c.OP_PUTFH, root),
+        (c.OP_CREATE, t.ARGS[c.OP_CREATE]((c.NF4DIR, None), "d", t.fattr4.cls([], b""))),
+    ]
+    first = _call_with_xid(raw, 0x5000, mkdir)
+    assert RawClient.parse(first)[0] == 0
+    _reconnect(raw, server.port)
+    # the same xid and arguments: the first reply again, not EXIST
+    assert _call_with_xid(raw, 0x5000, mkdir) == first
+    # the same for a REMOVE (not NOENT), and a READ-only COMPOUND between them is not kept
+    remove = [(c.OP_PUTFH, root), (c.OP_REMOVE, "d")]
+    first = _call_with_xid(raw, 0x5001, remove)
+    assert RawClient.parse(first)[0] == 0
+    _reconnect(raw, server.port)
+    assert _call_with_xid(raw, 0x5001, remove) == first
+    lookup = [(c.OP_PUTFH, root), (c.OP_LOOKUP, "d")]
+    assert RawClient.parse(_call_with_xid(raw, 0x5002, lookup))[0] == c.NFS4ERR_NOENT
+    # the same xid with other arguments is another call, and runs
+    assert RawClient.parse(_call_with_xid(raw, 0x5001, mkdir))[0] == 0
+    # from another port, another client: the xid means nothing to it
+    _reconnect(raw, server.port, same_source_port=False)
+    assert RawClient.parse(_call_with_xid(raw, 0x5000, mkdir))[0] == c.NFS4ERR_EXIST
+    assert server.server.state.reply_cache40.hits == 2
+    raw.close()
+
+
+def test_reply_cache_is_bounded():
+    from appliance.nfs.onc.drc import DuplicateRequestCache, checksum
+
+    cred = types.SimpleNamespace(flavor=1, uid=0, gid=0)
+    cache = DuplicateRequestCache(max_entries=3, max_bytes=100, max_age=0.2, max_reply=40)
+    for xid in range(5):
+        entry, replay = cache.begin(("h", 1, xid), checksum(b"call %d" % xid, 0, cred))
+        assert replay is None
+        cache.finish(entry, [b"x" * 30])
+    assert len(cache) == 3  # the oldest went (max_entries)
+    assert cache.begin(("h", 1, 4), checksum(b"call 4", 0, cred)) == (None, [b"x" * 30])
+    entry, _ = cache.begin(("h", 1, 9), checksum(b"call 9", 0, cred))
+    cache.finish(entry, [b"y" * 25, b"y" * 25])  # too big to keep: runs again when repeated
+    assert cache.begin(("h", 1, 9), checksum(b"call 9", 0, cred))[1] is None
+    time.sleep(0.3)
+    entry, replay = cache.begin(("h", 1, 4), checksum(b"call 4", 0, cred))
+    assert replay is None and len(cache) <= 2  # aged out (max_age)
+    cache.finish(entry, None)

@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import delete, select
 
+from appliance.nfs.onc.drc import DuplicateRequestCache
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.types import LOCK4denied, channel_attrs4, state_owner4
 from engine.blocking import may_block
@@ -169,6 +170,8 @@ class StateTable:
         self.open_by_owner_file: dict[tuple, OpenState] = {}
         self.lock_by_owner_file: dict[tuple, LockState] = {}
         self.nlm_hosts: dict[str, Client] = {}  # NFSv3 lock clients (see "NLM locks")
+        # NFSv4.0's reply cache for retransmits (NFSv4.1's is the session slots)
+        self.reply_cache40 = DuplicateRequestCache()
         # NFSv4.0 SETCLIENTID records not yet confirmed, by client id (appliance.nfs.v4.state40)
         self.unconfirmed40: dict[int, Client] = {}
         # restart: clients recorded by the previous instance may reclaim
