@@ -268,3 +268,70 @@ def test_reply_cache_is_bounded():
     entry, replay = cache.begin(("h", 1, 4), checksum(b"call 4", 0, cred))
     assert replay is None and len(cache) <= 2  # aged out (max_age)
     cache.finish(entry, None)
+
+
+# -- the change attribute of buffered writes ------------------------------------------------------
+def _nfsrs(port: int, version: str):
+    import nfs_rs
+
+    return nfs_rs.Client.connect(
+        f"nfs://127.0.0.1:{port}/export?version={version}&nfsport={port}&mountport={port}",
+        noresvport=True,
+        uid=0,
+        gid=0,
+        connect_timeout=20,
+        operation_timeout=60,
+    )
+
+
+def _change_and_mtime(raw: RawClient, fh: bytes, minor: int) -> tuple[int, int]:
+    words = [1 << c.FATTR4_CHANGE, 1 << (c.FATTR4_TIME_MODIFY - 32)]
+    ops = [(c.OP_PUTFH, fh), (c.OP_GETATTR, words)]
+    st, res = raw.v40(ops) if minor == 0 else raw.session(ops)
+    assert st == 0 and res[-1][2].attrmask == words
+    change, seconds, nseconds = struct.unpack(">QqI", res[-1][2].attr_vals)
+    return change, seconds * 10**9 + nseconds
+
+
+def _write40(raw: RawClient, fh: bytes, sid, data: bytes, stable: int) -> None:
+    st, res = raw.v40([(c.OP_PUTFH, fh), (c.OP_WRITE, t.ARGS[c.OP_WRITE](sid, 0, stable, data))])
+    assert st == 0 and res[-1][2].committed == stable
+
+
+def test_buffered_write_moves_change_and_mtime_for_other_clients(server):
+    writer, root = v40_client(server)
+    sid, fh = open_confirmed(writer, root, "rewrite", b"owner")
+    _write40(writer, fh, sid, b"A" * 4096, c.FILE_SYNC4)
+    reader40, _ = v40_client(server)
+    reader41 = RawClient(server.port).setup()
+    real = {version: _nfsrs(server.port, version) for version in ("3", "4.0", "4.1")}
+    try:
+
+        def seen() -> tuple[int, int, dict]:
+            change40, mtime40 = _change_and_mtime(reader40, fh, 0)
+            assert _change_and_mtime(reader41, fh, 1) == (change40, mtime40)
+            stats = {v: cl.stat("rewrite") for v, cl in real.items()}
+            assert {st.size for st in stats.values()} == {4096}
+            return change40, mtime40, {v: st.mtime for v, st in stats.items()}
+
+        change, mtime, mtimes = seen()
+        # a same-size rewrite, UNSTABLE: buffered, nothing committed yet; every other client
+        # (NFSv4.0 and 4.1 GETATTR, and NFSv3, 4.0 and 4.1 through nfs-rs) sees it moved
+        for data in (b"B" * 4096, b"C" * 4096):
+            _write40(writer, fh, sid, data, c.UNSTABLE4)
+            new_change, new_mtime, new_mtimes = seen()
+            assert new_change > change and new_mtime > mtime
+            assert all(new_mtimes[v] > mtimes[v] for v in real), (mtimes, new_mtimes)
+            change, mtime, mtimes = new_change, new_mtime, new_mtimes
+        # the COMMIT never takes it back; what a client saw before it stays valid
+        st, _ = writer.v40([(c.OP_PUTFH, fh), (c.OP_COMMIT, t.ARGS[c.OP_COMMIT](0, 0))])
+        assert st == 0
+        committed_change, committed_mtime = _change_and_mtime(reader40, fh, 0)
+        assert committed_change == change and committed_mtime >= mtime
+        with real["4.1"].open("rewrite", "rb") as f:
+            assert f.read() == b"C" * 4096
+    finally:
+        for cl in real.values():
+            cl.close()
+        for raw in (writer, reader40, reader41):
+            raw.close()
