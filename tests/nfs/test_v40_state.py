@@ -335,3 +335,27 @@ def test_buffered_write_moves_change_and_mtime_for_other_clients(server):
             cl.close()
         for raw in (writer, reader40, reader41):
             raw.close()
+
+
+def test_reply_cache_retransmit_waits_for_the_running_call():
+    import threading
+
+    from appliance.nfs.onc.drc import DuplicateRequestCache, checksum
+
+    cred = types.SimpleNamespace(flavor=1, uid=0, gid=0)
+    cache = DuplicateRequestCache()
+    key, check = ("h", 1, 7), checksum(b"a CREATE", 0, cred)
+    entry, _ = cache.begin(key, check)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(cache.begin(key, check, wait=10)))
+    waiter.start()
+    time.sleep(0.2)
+    assert not got  # still waiting for the first call's reply
+    cache.finish(entry, [b"first ", b"reply"])
+    waiter.join(10)
+    assert got == [(None, [b"first reply"])]
+    # a retransmit that waits in vain gets neither entry nor reply (the caller asks a retry)
+    entry, _ = cache.begin(("h", 1, 8), check)
+    assert cache.begin(("h", 1, 8), check, wait=0.1) == (None, None)
+    cache.finish(entry, None)  # not kept: a later retransmit runs as a new call
+    assert cache.begin(("h", 1, 8), check)[1] is None

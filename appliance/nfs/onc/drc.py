@@ -42,13 +42,15 @@ def checksum(record, start: int, cred) -> tuple:
 
 
 class Entry:
-    __slots__ = ("key", "checksum", "reply", "size", "done", "born")
+    __slots__ = ("key", "checksum", "reply", "size", "finished", "done", "born")
 
     def __init__(self, key, check):
         self.key, self.checksum = key, check
         self.reply: list | None = None
         self.size = 0
-        self.done = threading.Event()
+        self.finished = False
+        # made only for a retransmit that waits (an Event per call would cost more than the rest)
+        self.done: threading.Event | None = None
         self.born = time.monotonic()
 
 
@@ -87,8 +89,11 @@ class DuplicateRequestCache:
             if entry.reply is not None:
                 self.hits += 1
                 return None, entry.reply
+            if entry.done is None:
+                entry.done = threading.Event()
+            done = entry.done
         # the first call is still running: its reply, once there, answers this one too
-        if not entry.done.wait(wait):
+        if not done.wait(wait):
             return None, None
         with self._lock:
             if entry.reply is not None:
@@ -113,16 +118,23 @@ class DuplicateRequestCache:
                 self._bytes += size
                 while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
                     self._drop(next(iter(self._entries.values())))
-        entry.done.set()
+            entry.finished = True
+            done = entry.done
+        if done is not None:
+            done.set()
 
     def _drop(self, entry: Entry) -> None:
         del self._entries[entry.key]
         self._bytes -= entry.size
 
     def _expire(self, now: float) -> None:
-        for entry in list(self._entries.values()):
+        """Drop the replies older than max_age: the oldest first, so this looks at few entries
+        (a kept reply moves to the end; one still running stays where it began)."""
+        old = []
+        for entry in self._entries.values():
             if now - entry.born <= self.max_age:
                 break
-            if entry.reply is None and not entry.done.is_set():
-                continue  # still running: its finish drops or keeps it
+            if entry.finished:
+                old.append(entry)  # one still running: its finish drops or keeps it
+        for entry in old:
             self._drop(entry)
