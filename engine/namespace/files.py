@@ -201,7 +201,7 @@ class FileOps(Lookup):
         end = offset + len(data)
         if end > attr.size and data and self.quotas.active():
             self.quotas.admit(ino, end)  # EDQUOT before any byte is buffered
-        store.write(ino, offset, data)
+        store.write(ino, offset, data, seen_change=attr.change)
         if stable:
             store.flush(ino)
         for listener in self._change_listeners:  # the size and data other views cache

@@ -105,6 +105,7 @@ class RpcConnection(asyncio.BufferedProtocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = (peer[0], peer[1]) if peer else ("?", 0)
+        self.state["peer"] = self.peer  # the duplicate request cache's key (onc/drc.py)
         limit = self.limits.max_connections
         if len(self.server.connections) >= limit:
             _limits_log.warning(

@@ -26,8 +26,10 @@ from typing import Any
 
 from sqlalchemy import delete, select, update
 
+from appliance.nfs.onc.drc import DuplicateRequestCache
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.types import LOCK4denied, channel_attrs4, state_owner4
+from engine.blocking import may_block
 from engine.catalog.models import NfsClient, Setting
 
 log = logging.getLogger("shingle.nfs.state")
@@ -41,6 +43,8 @@ SLOTS_MAX = 64
 # a stateid's "other": server instance, the low half of its client's id, a counter (NFSv4.0
 # tells a stateid of an expired client from a bad one by the client id)
 _OTHER = struct.Struct(">III")
+# the "other" of the special stateids (anonymous, READ bypass): never an open's or a lock's
+SPECIAL_OTHERS = frozenset({b"\0" * 12, b"\xff" * 12})
 
 
 class NfsError(Exception):
@@ -113,6 +117,9 @@ class OpenState:
     access: int = 0
     deny: int = 0
     locks: set = field(default_factory=set)
+    # the (access, deny) pair of each OPEN merged into this one: an OPEN_DOWNGRADE must name
+    # what closing some of them would leave (RFC 7530 16.19.4)
+    modes: set = field(default_factory=set)
 
     kind = "open"
 
@@ -169,6 +176,8 @@ class StateTable:
         self.open_by_owner_file: dict[tuple, OpenState] = {}
         self.lock_by_owner_file: dict[tuple, LockState] = {}
         self.nlm_hosts: dict[str, Client] = {}  # NFSv3 lock clients (see "NLM locks")
+        # NFSv4.0's reply cache for retransmits (NFSv4.1's is the session slots)
+        self.reply_cache40 = DuplicateRequestCache()
         # NFSv4.0 SETCLIENTID records not yet confirmed, by client id (appliance.nfs.v4.state40)
         self.unconfirmed40: dict[int, Client] = {}
         # restart: clients of the previous instance that held opens or locks may reclaim
@@ -477,10 +486,18 @@ class StateTable:
         """Whether a request of ``cl`` is running (a client waiting for its reply renews)."""
         return any(s.busy for sess in cl.sessions.values() for s in sess.slots)
 
+    def lease_over(self, cl: Client) -> bool:
+        """Whether ``cl``'s lease ran out (its state stays until something conflicts with it)."""
+        return (
+            cl.leased
+            and time.monotonic() - cl.last_renew > self.lease_seconds
+            and not self.busy(cl)
+        )
+
     def evict_if_expired(self, cl: Client) -> bool:
         """A request conflicts with ``cl``'s state: if ``cl``'s lease ran out, the courtesy
         ends and the client goes with its state (RFC 8881 8.3); True when it went."""
-        if not cl.leased or time.monotonic() - cl.last_renew <= self.lease_seconds or self.busy(cl):
+        if not self.lease_over(cl):
             return False
         log.info(
             "lease of client %x expired: its state goes for a conflicting request", cl.clientid
@@ -525,6 +542,8 @@ class StateTable:
     def find(self, stateid, cl: Client | None):
         st = self.states.get(stateid.other)
         if st is None:
+            if stateid.other in SPECIAL_OTHERS:  # RFC 8881 8.2.3: not a stale one
+                raise NfsError(c.NFS4ERR_BAD_STATEID, "a special stateid names no open or lock")
             if self.other_parts(stateid.other)[0] != self.boot:
                 raise NfsError(c.NFS4ERR_STALE_STATEID, "stateid from an earlier server instance")
             raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid unknown")
@@ -559,14 +578,16 @@ class StateTable:
     def open(self, cl: Client, owner: bytes, ino: int, access: int, deny: int) -> OpenState:
         with self.lock:
             key = (cl.clientid, owner, ino)
+            # the open-owner's own earlier OPENs count too: an upgrade to what it denies itself
+            # is refused, as knfsd and NFS-Ganesha do
             for other in list(self.opens_by_file.get(ino, ())):
-                if (other.client.clientid, other.owner) == (cl.clientid, owner):
-                    continue
                 if ((access & other.deny) or (deny & other.access)) and (
                     other.other in self.states and not self.evict_if_expired(other.client)
                 ):
                     raise NfsError(
-                        c.NFS4ERR_SHARE_DENIED, f"share reservation conflict on inode {ino}"
+                        c.NFS4ERR_SHARE_DENIED,
+                        f"share reservation conflict on inode {ino}: access {access} deny "
+                        f"{deny} against an open of access {other.access} deny {other.deny}",
                     )
             st = self.open_by_owner_file.get(key)
             if st is None:
@@ -583,17 +604,42 @@ class StateTable:
                 st.access |= access
                 st.deny |= deny
                 st.seqid += 1
+            st.modes.add((access, deny))
             return st
 
     def downgrade(self, st: OpenState, access: int, deny: int) -> None:
+        """OPEN_DOWNGRADE to (``access``, ``deny``): the union of some of the OPENs merged into
+        ``st`` (those within the new modes; RFC 7530 16.19.4), which are all it keeps."""
         with self.lock:
-            if access & ~st.access or deny & ~st.deny or not access:
+            kept = {(a, d) for a, d in st.modes if not a & ~access and not d & ~deny}
+            union_access = union_deny = 0
+            for a, d in kept:
+                union_access, union_deny = union_access | a, union_deny | d
+            if not access or (union_access, union_deny) != (access, deny):
+                opened = ", ".join(f"{a}/{d}" for a, d in sorted(st.modes))
                 raise NfsError(
                     c.NFS4ERR_INVAL,
-                    f"downgrade to access {access} deny {deny} from {st.access}/{st.deny}",
+                    f"downgrade to access {access} deny {deny}: no set of the OPENs "
+                    f"(access/deny {opened}) makes it",
                 )
-            st.access, st.deny = access, deny
+            st.access, st.deny, st.modes = access, deny, kept
             st.seqid += 1
+
+    def special_io_denied(self, ino: int, want: int, bypass: bool) -> bool:
+        """Whether READ (``want`` OPEN4_SHARE_ACCESS_READ) or WRITE with a special stateid
+        meets an OPEN of ``ino`` that denies it (NFS4ERR_LOCKED, RFC 7530 9.1.4.3 and 9.9); the
+        READ bypass stateid passes deny modes (RFC 7530 9.1.4.3)."""
+        if bypass and want == c.OPEN4_SHARE_ACCESS_READ:
+            return False
+        for st in list(self.opens_by_file.get(ino, ())):
+            if not st.deny & want or st.other not in self.states:
+                continue
+            if self.lease_over(st.client):
+                may_block("expiring the client of a conflicting open")
+                self.evict_if_expired(st.client)
+                continue
+            return True
+        return False
 
     def close(self, st: OpenState) -> None:
         with self.lock:
@@ -658,8 +704,7 @@ class StateTable:
         if hit is not None:
             raise NfsError(c.NFS4ERR_DENIED, "lock conflict", self.denied(hit))
         kind = c.WRITE_LT if is_write(locktype) else c.READ_LT
-        lk.ranges = _cut(lk.ranges, start, end) + [(start, end, kind)]
-        lk.ranges.sort()
+        lk.ranges = _merged(_cut(lk.ranges, start, end) + [(start, end, kind)])
         lk.seqid += 1
 
     def unlock(self, lk: LockState, start: int, end: int) -> None:
@@ -762,4 +807,17 @@ def _cut(ranges: list, start: int, end: int) -> list:
             out.append((r0, start, t))
         if end < r1:
             out.append((end, r1, t))
+    return out
+
+
+def _merged(ranges: list) -> list:
+    """``ranges`` (not overlapping) sorted, with touching ranges of one type joined: a lock-owner
+    holds one lock where its locks meet (POSIX semantics, which RFC 7530's LOCK follows), and
+    LOCKT, a DENIED LOCK or a later LOCKU sees that one range."""
+    out: list = []
+    for r0, r1, t in sorted(ranges):
+        if out and out[-1][1] == r0 and out[-1][2] == t:
+            out[-1] = (out[-1][0], r1, t)
+        else:
+            out.append((r0, r1, t))
     return out

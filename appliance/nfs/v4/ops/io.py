@@ -5,7 +5,7 @@ from __future__ import annotations
 from appliance.nfs.v4 import attrs as fattr
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.attrs import MAX_IO, NS
-from appliance.nfs.v4.context import Node
+from appliance.nfs.v4.context import BYPASS_OTHER, Node
 from appliance.nfs.v4.ops.common import apply_attrs, check_component, cinfo, need_dir
 from appliance.nfs.v4.registry import operation
 from appliance.nfs.v4.state import NfsError
@@ -243,6 +243,8 @@ def check_io_stateid(cx, node: Node, sid, want: int):
             if want == c.OPEN4_SHARE_ACCESS_WRITE and not open_st.access & want:
                 raise NfsError(c.NFS4ERR_OPENMODE, "file not open for writing")
     need_io_rights(cx, node, want)
+    if cx.is_special(sid):
+        _check_special_io_share(cx, node, sid, want)
 
 
 def need_io_rights(cx, node: Node, want: int) -> None:
@@ -266,6 +268,17 @@ def need_io_rights(cx, node: Node, want: int) -> None:
             f"uid {cred.uid} may not {verb} inode {node.ino} (mode {attr.mode:o}, "
             f"owner {attr.uid})",
         )
+
+
+def _check_special_io_share(cx, node: Node, sid, want: int) -> None:
+    """I/O without an open still meets the deny modes of the OPENs of the file."""
+    state = cx.state
+    with holding(state.lock, "state lock held"):
+        if state.special_io_denied(node.ino, want, sid.other == BYPASS_OTHER):
+            kind = "READ" if want == c.OPEN4_SHARE_ACCESS_READ else "WRITE"
+            raise NfsError(
+                c.NFS4ERR_LOCKED, f"{kind} with a special stateid: an OPEN of the file denies it"
+            )
 
 
 @operation(c.OP_READ)
