@@ -7,6 +7,8 @@ import threading
 import time
 from typing import TypeVar
 
+from sqlalchemy.engine import Connection
+
 from engine.catalog.database import Catalog, commits_between
 from engine.catalog.database import sql_one as _one
 from engine.namespace.common import (
@@ -163,7 +165,7 @@ class AttrCache:
         self._cache_valid()  # take in other processes' commits before ours moves the epoch
         touched = Touched(inos)
         fresh: list[Attr] = []
-        gen = [None]
+        gen: list[int | None] = [None]  # the cache generation the transaction saw, set in run
 
         def run(conn):
             fresh.clear()
@@ -252,6 +254,28 @@ class AttrCache:
         raise NotImplementedError
 
     def _remember_space_used(self, attr: Attr, used: int) -> None:
+        raise NotImplementedError
+
+    # defined by Lookup (_load_many) and DirectoryOps (_free, _touch), which own reading and
+    # freeing inodes; declared on the base every part shares because parts that are not their
+    # subclasses call them (this cache, FileOps, Xattrs), and Namespace combines them all
+    @staticmethod
+    def _load_many(conn: Connection, inos) -> list[Attr]:
+        raise NotImplementedError
+
+    def _free(self, conn: Connection, ino: int, touched: Touched) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _touch(
+        conn: Connection,
+        ino: int,
+        *,
+        mtime: bool = False,
+        ctime: bool = True,
+        nlink_delta: int = 0,
+        returning: bool = False,
+    ) -> Attr | None:
         raise NotImplementedError
 
     # -- change listeners ------------------------------------------------------------------------

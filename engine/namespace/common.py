@@ -147,6 +147,12 @@ class FileData(Protocol):
     def few_data_ranges(
         self, conn: Connection, ino: int, most: int
     ) -> list[tuple[int, int]] | None: ...
+    # [dst_off, +length) of dst shares src's stripes at [src_off, +length); returns extents shared
+    def clone_range(
+        self, conn: Connection, src: int, src_off: int, dst: int, dst_off: int, length: int
+    ) -> int: ...
+    # a hole at [offset, +length) (the size stays); returns the bytes that were referenced there
+    def punch(self, conn: Connection, ino: int, offset: int, length: int) -> int: ...
 
 
 ATTR_COLUMNS = [INODES.c[name] for name in Attr.__slots__]

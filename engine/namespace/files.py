@@ -79,7 +79,7 @@ class FileOps(Lookup):
             if "size" in values:
                 self._charge_size(conn, ino, values["size"] - attr.size)
             if "size" in values and self.data is not None:
-                self.data.truncate(conn, ino, attr.size, size)
+                self.data.truncate(conn, ino, attr.size, values["size"])
             values["ctime_ns"] = now
             columns = ", ".join(f"{key} = ?" for key in values)
             _sql(

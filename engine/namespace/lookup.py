@@ -202,7 +202,7 @@ class Lookup(ReadOnlyInodes):
         """One path to ``ino`` (the first link found), for events and admin pages."""
 
         def work(conn):
-            parts = []
+            parts: list[str] = []  # names from ino up to the root
             current = ino
             for _ in range(4096):
                 if current == self.root_ino:

@@ -244,6 +244,7 @@ def link(cx, newname):
     if cx.saved is None:
         raise NfsError(c.NFS4ERR_NOFILEHANDLE, "LINK needs a saved file handle (the source)")
     target_dir = _dir_for_change(cx)
+    assert target_dir.export is not None  # _dir_for_change refuses the (read-only) pseudo-root
     source = cx.saved
     if source.pseudo is not None or source.export.id != target_dir.export.id:
         raise NfsError(c.NFS4ERR_XDEV, "link across exports")
@@ -277,6 +278,7 @@ def rename(cx, a):
             c.NFS4ERR_NOFILEHANDLE, "RENAME needs a saved file handle (the source directory)"
         )
     dst = _dir_for_change(cx)
+    assert dst.export is not None  # _dir_for_change refuses the (read-only) pseudo-root
     src = cx.saved
     if src.pseudo is not None or src.export.id != dst.export.id:
         raise NfsError(c.NFS4ERR_XDEV, "rename across exports")

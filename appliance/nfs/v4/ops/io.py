@@ -189,6 +189,9 @@ def open_(cx, a):
         now = cx.ns.getattr(node.ino).change
         change = cinfo(now, now)
     want = a.share_access & c.OPEN4_SHARE_ACCESS_WANT_DELEG_MASK
+    # open_delegation4 as (type, arm); OPEN_DELEGATE_NONE_EXT's arm is (why_no_delegation4, the
+    # bool WND4_CONTENTION and WND4_RESOURCE carry, else None)
+    delegation: tuple[int, tuple[int, bool | None] | None]
     if want == c.OPEN4_SHARE_ACCESS_WANT_NO_DELEG:
         delegation = (c.OPEN_DELEGATE_NONE_EXT, (c.WND4_NOT_WANTED, None))
     elif want:  # no delegations here: WND4_RESOURCE, and the server will not signal one later

@@ -183,11 +183,11 @@ def secinfo_no_name(cx, style):
         raise NfsError(c.NFS4ERR_INVAL, f"secinfo style {style}: expected 0 or 1")
     if style == c.SECINFO_STYLE4_PARENT:
         node = need_dir(cx)
-        at_root = (
-            node.pseudo.parent is None
-            if node.pseudo is not None
-            else node.ino == node.export.root_ino
-        )
+        if node.pseudo is not None:
+            at_root = node.pseudo.parent is None
+        else:
+            assert node.export is not None  # a node outside the pseudo-root is in an export
+            at_root = node.ino == node.export.root_ino
         if at_root:  # RFC 8881 18.45.3: nothing above where the client entered
             raise NfsError(c.NFS4ERR_NOENT, "SECINFO_STYLE4_PARENT at the root of the export")
     return _secinfo(cx)
