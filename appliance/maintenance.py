@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 
 from engine import jobs
+from engine.catalog import CatalogUnreachable, from_outage
 from engine.metrics import record_sample
 from engine.snapshot_schedules import SnapshotScheduler
 
@@ -64,8 +65,12 @@ class Maintenance(threading.Thread):
 
     def run(self) -> None:
         last_sample = last_drive_check = last_alerts = 0.0
-        self.recover_interrupted()
+        recovered = False
         while not self.stopped.is_set():
+            # at start, and again each round until the catalog answers: no job runs before
+            if not recovered and not (recovered := self.recover_interrupted()):
+                self.stopped.wait(self.tick_s)
+                continue
             try:
                 if self.drive_check_due(last_drive_check):
                     last_drive_check = time.monotonic()
@@ -82,6 +87,8 @@ class Maintenance(threading.Thread):
                 if self.counters and time.monotonic() - last_sample >= self.sample_every_s:
                     record_sample(self.catalog, **self.counters())
                     last_sample = time.monotonic()
+            except CatalogUnreachable:
+                pass  # the catalog's outage log counts it with every other thread's failures
             except Exception:  # the loop must survive anything one round does
                 log.exception("maintenance round failed")
             self.stopped.wait(self.tick_s)
@@ -95,15 +102,19 @@ class Maintenance(threading.Thread):
             return False
         return time.monotonic() - last >= interval
 
-    def recover_interrupted(self) -> None:
-        """Jobs left running by a daemon that died (this one holds the lock, so none runs)."""
+    def recover_interrupted(self) -> bool:
+        """Jobs left running by a daemon that died (this one holds the lock, so none runs);
+        False when the catalog did not answer (the loop tries again next round)."""
         try:
             for job in jobs.recover_interrupted(self.catalog):
                 log.warning(
                     "job %d (%s) was interrupted by a daemon stop: %s", job.id, job.kind, job.state
                 )
+        except CatalogUnreachable:
+            return False  # counted by the catalog's outage log
         except Exception:
             log.exception("could not recover interrupted jobs")
+        return True
 
     def queue_due_jobs(self) -> None:
         now = time.time()
@@ -138,7 +149,10 @@ class Maintenance(threading.Thread):
             with jobs.Heartbeat(self.catalog, job.id):
                 result = runner(job.params, jobs.progress_writer(self.catalog, job.id), job.actor)
         except Exception as exc:
-            log.exception("job %d (%s) failed", job.id, job.kind)
+            if from_outage(exc):  # the catalog went away: its outage log tells why
+                log.error("job %d (%s) failed: %s", job.id, job.kind, exc)
+            else:
+                log.exception("job %d (%s) failed", job.id, job.kind)
             jobs.finish(self.catalog, job.id, ok=False, message=f"{exc.__class__.__name__}: {exc}")
             return
         warnings = result.get("warnings") if isinstance(result, dict) else None

@@ -35,6 +35,7 @@ import pyfuse3
 import trio
 
 from engine import errors
+from engine.catalog import CatalogUnreachable
 from engine.catalog.models import BLK, CHR, DIR, FIFO, LNK, REG, SOCK
 from engine.namespace import ROOT, SET_TO_NOW, Attr, Cred, Namespace
 
@@ -68,6 +69,8 @@ def _handler(method):
             if not isinstance(exc, errors.FsError) or exc.errno == errno.EIO:
                 log.warning("%s%r: %s", method.__name__, args[:2], exc)
             raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        except CatalogUnreachable:  # counted by the catalog's outage log
+            raise pyfuse3.FUSEError(errno.EIO) from None
         except Exception:  # noqa: BLE001 - see the docstring
             log.exception("%s%r", method.__name__, args[:2])
             raise pyfuse3.FUSEError(errno.EIO) from None
