@@ -161,15 +161,16 @@ class HeapTrim:
         self._last = activity()
         self._moved_at = time.monotonic()
         self._done = False  # this quiet spell was looked at (trimmed, or too little was free)
+        self._trim: Callable[[int], int] | None = None
+        self._info: Callable[[], Mallinfo2] | None = None
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            self._trim = libc.malloc_trim
-            self._info = libc.mallinfo2
+            trim, info = libc.malloc_trim, libc.mallinfo2
         except (OSError, AttributeError):  # not glibc, or older than 2.33: nothing to trim
-            self._trim = self._info = None
-        else:
-            self._trim.argtypes, self._trim.restype = [ctypes.c_size_t], ctypes.c_int
-            self._info.argtypes, self._info.restype = [], Mallinfo2
+            return
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+        info.argtypes, info.restype = [], Mallinfo2
+        self._trim, self._info = trim, info
 
     def free_bytes(self) -> int:
         """Bytes free inside the heap's arenas (what a trim could give back, at most)."""
