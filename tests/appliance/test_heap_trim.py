@@ -1,5 +1,7 @@
-"""The daemon gives freed heap memory back once it is quiet after load (runtime.HeapTrim), and
-never while requests keep arriving (tune_malloc's reused buffers are what made writes fast)."""
+"""Memory comes back after load: a record longer than the pooled receive buffers lives in
+memory of its own, unmapped once the connection lets go of it (appliance/nfs/onc/connection.py),
+and the daemon trims the heap once it is quiet (runtime.HeapTrim), never while requests keep
+arriving (tune_malloc's reused buffers are what made writes fast)."""
 
 from __future__ import annotations
 
@@ -64,7 +66,8 @@ def test_heap_trim_waits_for_a_quiet_spell_and_trims_once_per_spell():
 def test_rss_comes_back_after_connections_holding_unfinished_records_close(tmp_path):
     """40 connections each announce a 4 MiB record and send all of it but 4 KiB, then close,
     against `shingle serve`: RSS rises by the 160 MiB they hold, and comes back to within
-    SLACK of where it was once the daemon has been quiet for HeapTrim.QUIET_S."""
+    SLACK of where it was (at once for the records' own memory; the heap's rest once the
+    daemon has been quiet for HeapTrim.QUIET_S)."""
     home = tmp_path / "a"
     shingle("init", str(home), "--drive-size", "128MiB", "--zone-size", "8MiB")
     port = free_port()
