@@ -21,6 +21,7 @@ would race it. So the daemon runs one maintenance thread that
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -62,6 +63,8 @@ class Maintenance(threading.Thread):
         self.runners = job_runners(appliance)
         self.snapshot_scheduler = SnapshotScheduler(appliance.namespace)
         self.alerts, self.notifier = alert_monitor(appliance.config, self.catalog)
+        # a job's end the catalog did not take (an outage): written before anything else
+        self._unfinished: Callable[[], object] | None = None
 
     def run(self) -> None:
         last_sample = last_drive_check = last_alerts = 0.0
@@ -72,6 +75,7 @@ class Maintenance(threading.Thread):
                 self.stopped.wait(self.tick_s)
                 continue
             try:
+                self.finish_pending()
                 if self.drive_check_due(last_drive_check):
                     last_drive_check = time.monotonic()
                     self.appliance.datapath.check_drives()
@@ -137,12 +141,21 @@ class Maintenance(threading.Thread):
         if not jobs.pending(self.catalog, "snapshot-schedule"):
             jobs.submit(self.catalog, "snapshot-schedule", {"scheduled": True}, actor="schedule")
 
+    def finish_job(self, job_id: int, **outcome) -> None:
+        """Record a job's end; if the catalog is unreachable, at the start of every round until it
+        takes it (else the job would stay running until the daemon restarts)."""
+        self._unfinished = functools.partial(jobs.finish, self.catalog, job_id, **outcome)
+        self.finish_pending()
+
+    def finish_pending(self) -> None:
+        if self._unfinished is not None:
+            self._unfinished()  # CatalogUnreachable: still pending; the round ends here
+            self._unfinished = None
+
     def run_job(self, job: jobs.JobRecord) -> None:
         runner = self.runners.get(job.kind)
         if runner is None:
-            jobs.finish(
-                self.catalog, job.id, ok=False, message=f"this build cannot run {job.kind} jobs"
-            )
+            self.finish_job(job.id, ok=False, message=f"this build cannot run {job.kind} jobs")
             return
         log.info("job %d (%s) started by %s", job.id, job.kind, job.actor)
         try:
@@ -153,14 +166,14 @@ class Maintenance(threading.Thread):
                 log.error("job %d (%s) failed: %s", job.id, job.kind, exc)
             else:
                 log.exception("job %d (%s) failed", job.id, job.kind)
-            jobs.finish(self.catalog, job.id, ok=False, message=f"{exc.__class__.__name__}: {exc}")
+            self.finish_job(job.id, ok=False, message=f"{exc.__class__.__name__}: {exc}")
             return
         warnings = result.get("warnings") if isinstance(result, dict) else None
-        jobs.finish(self.catalog, job.id, ok=True, result=result, warnings=warnings)
         if warnings:
             log.warning("job %d (%s) done with warnings: %s", job.id, job.kind, "; ".join(warnings))
         else:
             log.info("job %d (%s) done", job.id, job.kind)
+        self.finish_job(job.id, ok=True, result=result, warnings=warnings)
 
     def stop(self) -> None:
         self.stopped.set()

@@ -88,9 +88,10 @@ def test_the_outage_log_tells_start_counts_and_end_in_a_few_lines(caplog):
 
 
 def test_maintenance_heartbeat_and_change_watch_in_process(pg, tmp_path, caplog):
-    """The maintenance loop (scheduled jobs, metric samples), a job's heartbeat and the change
-    watch meet the same outage: its lines come from the catalog alone, counted per interval with
-    the threads named, and the loop records samples again once PostgreSQL is back."""
+    """The maintenance loop (scheduled jobs, metric samples, a running job), a job's heartbeat
+    and the change watch meet the same outage: its lines come from the catalog alone, counted per
+    interval with the threads named; once PostgreSQL is back the job the outage failed is
+    recorded as failed (not left running) and the loop records samples again."""
     config = _init(tmp_path / "a", pg.create_database(), {})
     caplog.set_level(logging.INFO)
     samples = {"n": 0}
@@ -104,11 +105,23 @@ def test_maintenance_heartbeat_and_change_watch_in_process(pg, tmp_path, caplog)
         catalog.outage.interval_s = 1.0
         assert catalog.catch_up(10)  # the change watch is listening
         loop = Maintenance(appliance, counters=counters, tick_s=0.05, sample_every_s=0.1)
+
+        def writes_progress_until_it_fails(params, progress, actor):
+            while True:
+                progress(1, 1, "working")  # done == total: written at every call
+                time.sleep(0.05)
+
+        loop.runners["retention"] = writes_progress_until_it_fails
+        job = jobs.submit(catalog, "retention", {}, actor="test")
         loop.start()
         heartbeat = jobs.Heartbeat(catalog, 0, every_s=0.05)  # a long job's, beating meanwhile
         try:
             with heartbeat:
-                time.sleep(0.5)
+                deadline = time.monotonic() + 30
+                while jobs.get(catalog, job).state != "running":
+                    assert time.monotonic() < deadline, "the job did not start"
+                    time.sleep(0.05)
+                time.sleep(0.3)
                 caplog.clear()
                 pg.halt()
                 time.sleep(4.0)
@@ -117,6 +130,11 @@ def test_maintenance_heartbeat_and_change_watch_in_process(pg, tmp_path, caplog)
                 while catalog.outage.down and time.monotonic() < deadline:
                     time.sleep(0.1)
             assert not catalog.outage.down, "the catalog never said it was back"
+            deadline = time.monotonic() + 30
+            while (state := jobs.get(catalog, job).state) == "running":
+                assert time.monotonic() < deadline, "the job the outage failed stays running"
+                time.sleep(0.1)
+            assert state == "failed", state
             before = metrics.latest(catalog).get("nfs_ops", 0)
             deadline = time.monotonic() + 30
             while metrics.latest(catalog).get("nfs_ops", 0) <= before:
@@ -137,6 +155,8 @@ def test_maintenance_heartbeat_and_change_watch_in_process(pg, tmp_path, caplog)
     named = " ".join(counts)
     for thread in ("maintenance", "heartbeat", "catalog-change-watch"):
         assert thread in named, (thread, counts)
+    # and one line for the job the outage failed, without its traceback
+    assert [line for line in lines if line.startswith(f"job {job} (retention) failed: ")], lines
     assert len(lines) <= len(counts) + 8, lines
 
 
