@@ -14,7 +14,7 @@ from pathlib import Path
 
 from flask import Flask, g, request
 
-from appliance import config as config_mod
+from appliance import facade
 from engine import accounts
 from engine.catalog import CatalogUnavailable
 from webui import core
@@ -56,18 +56,18 @@ def _secret_key(path: Path) -> bytes:
     return path.read_text().strip().encode()
 
 
-def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> Flask:
-    from appliance.runtime import Appliance
+def create_app(config: facade.Config | str | os.PathLike | None = None) -> Flask:
+    from appliance.facade import Appliance
 
     if config is None:
         path = os.environ.get("SHINGLE_CONFIG")
         if not path:
-            raise config_mod.ConfigError(
+            raise facade.ConfigError(
                 "SHINGLE_CONFIG", None, "the path of shingle.toml in the environment"
             )
-        config = config_mod.load(path)
-    elif not isinstance(config, config_mod.Config):
-        config = config_mod.load(config)
+        config = facade.load(path)
+    elif not isinstance(config, facade.Config):
+        config = facade.load(config)
     appliance = Appliance(config, with_data=False)
 
     app = Flask(__name__)

@@ -524,6 +524,11 @@ class NfsServer:
             conn.abort()
         await self._server.wait_closed()
         self._server = None
+        if self.state is not None and self.loop is not None:
+            try:  # a clean stop: clients without opens or locks hold no grace at the next start
+                await self.loop.run_in_executor(self.pool, self.state.release_idle_records)
+            except Exception as exc:  # noqa: BLE001 - the marks only cost a grace period
+                log.warning("client records not updated at stop: %s", exc)
         if self._portmap_server is not None:
             await self._portmap_server.wait_closed()
             self._portmap_server = None

@@ -29,12 +29,14 @@ import queue
 import stat
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pyfuse3
 import trio
 
 from engine import errors
+from engine import exports as export_service
 from engine.catalog import CatalogUnreachable
 from engine.catalog.models import BLK, CHR, DIR, FIFO, LNK, REG, SOCK
 from engine.namespace import ROOT, SET_TO_NOW, Attr, Cred, Namespace
@@ -44,6 +46,8 @@ log = logging.getLogger("shingle.fuse")
 CACHE_TIMEOUT_S = 1.0  # kernel attribute and name caches: bounds staleness of untracked changes
 WORKER_THREADS = 8
 READDIR_PAGE = 512
+GUEST_UID = 65534  # smbd's guest account, nobody (appliance/smb/samba.py), the NFS exports' anon
+EXPORT_FOLDERS_TTL_S = 5.0  # how soon a new export folder is disowned for the guest
 _TYPE_BITS = {
     REG: stat.S_IFREG,
     DIR: stat.S_IFDIR,
@@ -97,6 +101,8 @@ class ShingleFs(pyfuse3.Operations):
         self._limiter: trio.CapacityLimiter | None = None
         self._dir_handles: dict[int, tuple[int, Cred]] = {}
         self._next_dir_handle = 0
+        self._export_folders = frozenset({namespace.root_ino})
+        self._export_folders_at = 0.0
 
     # -- plumbing -------------------------------------------------------------------------------
     def _ino(self, fuse_ino: int) -> int:
@@ -115,18 +121,34 @@ class ShingleFs(pyfuse3.Operations):
 
         def run():
             _origin.fuse = True
+            self._refresh_export_folders()
             return fn(*args, **kwargs)
 
         return await trio.to_thread.run_sync(run, limiter=self._limiter)
 
-    @staticmethod
-    def _cred(ctx: pyfuse3.RequestContext) -> Cred:
+    def _refresh_export_folders(self) -> None:
+        """In a worker thread: the catalog read must not stall the FUSE loop."""
+        if time.monotonic() - self._export_folders_at < EXPORT_FOLDERS_TTL_S:
+            return
+        self._export_folders_at = time.monotonic()
+        try:
+            self._export_folders = export_service.export_folders(self.ns.catalog, self.ns)
+        except CatalogUnreachable:
+            pass  # counted by the catalog's outage log; retried later
+        except Exception as exc:  # noqa: BLE001 - the call itself still runs; retried later
+            log.warning("export folders not reloaded: %s", exc)
+
+    def _cred(self, ctx: pyfuse3.RequestContext) -> Cred:
         if ctx.uid == 0:
             return ROOT
         try:
             groups = tuple(pyfuse3.get_sup_groups(ctx.pid))
         except OSError:  # the caller has exited
             groups = ()
+        if ctx.uid == GUEST_UID:
+            # SMB guests are nobody, the uid NFS squashes to: no owner rights over the export
+            # folders given to it (invariant 12, engine.exports.prepare_new_root)
+            return Cred(ctx.uid, ctx.gid, groups, self._export_folders)
         return Cred(ctx.uid, ctx.gid, groups)
 
     def _entry(self, attr: Attr) -> pyfuse3.EntryAttributes:

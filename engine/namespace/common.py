@@ -54,9 +54,16 @@ class Cred:
     uid: int
     gid: int
     groups: tuple[int, ...] = ()
+    # folders of this uid that this identity does not own: the export folders given to an
+    # export's anonymous user, whose uid every squashed client shares (invariant 12)
+    disowned: frozenset[int] = frozenset()
 
     def in_group(self, gid: int) -> bool:
         return gid == self.gid or gid in self.groups
+
+    def owns(self, attr: Attr) -> bool:
+        """Whether this identity has owner rights over ``attr`` (root aside)."""
+        return self.uid == attr.uid and attr.ino not in self.disowned
 
 
 ROOT = Cred(0, 0)
@@ -177,7 +184,7 @@ def may(cred: Cred, attr: Attr, want: int) -> bool:
     if cred.uid == 0:
         # root may execute only what someone may execute (directories: always search)
         return not (want & X_OK) or attr.type == DIR or bool(attr.mode & 0o111)
-    if cred.uid == attr.uid:
+    if cred.owns(attr):
         bits = (attr.mode >> 6) & 7
     elif cred.in_group(attr.gid):
         bits = (attr.mode >> 3) & 7

@@ -111,7 +111,7 @@ class FileOps(Lookup):
     ) -> dict:
         """The columns a setattr changes (ctime aside), after its permission checks."""
         ino = attr.ino
-        owner = cred.uid in (0, attr.uid)
+        owner = cred.uid == 0 or cred.owns(attr)
         values: dict = {}
         new_mode = attr.mode
         if uid is not None and uid != attr.uid:
@@ -119,7 +119,7 @@ class FileOps(Lookup):
                 raise errors.NotPermitted(f"uid {cred.uid} may not give inode {ino} to uid {uid}")
             values["uid"] = uid
         if gid is not None and gid != attr.gid:
-            if cred.uid != 0 and not (cred.uid == attr.uid and cred.in_group(gid)):
+            if cred.uid != 0 and not (cred.owns(attr) and cred.in_group(gid)):
                 raise errors.NotPermitted(f"uid {cred.uid} may not set group {gid} on inode {ino}")
             values["gid"] = gid
         if values and attr.type != DIR and cred.uid != 0:
@@ -148,7 +148,7 @@ class FileOps(Lookup):
                 raise errors.IsADirectory(f"inode {ino} is a directory")
             if attr.type != REG:
                 raise errors.InvalidArgument(f"inode {ino} is not a regular file")
-            if not may(cred, attr, W_OK) and cred.uid != attr.uid:
+            if not may(cred, attr, W_OK) and not cred.owns(attr):
                 raise errors.AccessDenied(f"uid {cred.uid} may not write inode {ino}")
             if size != attr.size:
                 values["size"] = size

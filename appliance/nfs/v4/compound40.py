@@ -6,6 +6,10 @@ OPEN_CONFIRM, OPEN_DOWNGRADE, CLOSE, LOCK, LOCKU) are checked against the owner'
 (appliance.nfs.v4.state40): the next one runs, the same one again gets the owner's cached
 reply, any other NFS4ERR_BAD_SEQID. That per-owner cache is NFSv4.0's reply cache.
 
+Limits (NFSv4.0 negotiates none): the operation past nfs.max_compound_ops, and the one whose
+result would take the reply past nfs.max_record_size (what bounds an NFSv4.1 session's
+ca_maxresponsesize), answer NFS4ERR_RESOURCE, the results before them kept.
+
 Handlers are NFSv4.1's (registry.HANDLERS) unless NFSv4.0 has its own
 (registry.HANDLERS_40, appliance.nfs.v4.ops.v40). A COMPOUND of minor version 0 always runs
 in a worker thread: the event loop's from-cache path is NFSv4.1's alone."""
@@ -64,6 +68,8 @@ def execute(server, conn_state: dict, rpc_cred, address: str, tag: bytes, record
     status = c.NFS4_OK
     done = 0
     counters = server.counters
+    op_limit = server.limits.max_compound_ops
+    room = compound.reply_room(server.max_record_size, len(tag))
     for _ in range(count):
         done += 1
         try:
@@ -75,6 +81,9 @@ def execute(server, conn_state: dict, rpc_cred, address: str, tag: bytes, record
         if not c.OP_ACCESS <= opnum <= c.LAST_OP_40:
             status = c.NFS4ERR_OP_ILLEGAL
             compound.emit_result(p, c.OP_ILLEGAL, status, None)
+            break
+        if done > op_limit:
+            status = too_many_ops(p, opnum, op_limit)
             break
         if opnum in NOT_SUPPORTED_40:
             status = c.NFS4ERR_NOTSUPP
@@ -88,14 +97,37 @@ def execute(server, conn_state: dict, rpc_cred, address: str, tag: bytes, record
             compound.emit_result(p, opnum, status, None)
             break
         started = time.perf_counter()
+        mark = (len(p.chunks), len(p.buf), p.size)  # to take a reply too big back
         status = _operation(cx, opnum, args, p)
         export = cx.cur.export if cx.cur is not None else None
         counters.op_done(
             compound.OP_METRIC[opnum], time.perf_counter() - started, export and export.id
         )
+        if len(p) > room:
+            status = reply_too_big(p, mark, opnum, room)
         if status != c.NFS4_OK:
             break
     return [bytes(compound.reply_head(status, tag, done)), *p.result()]
+
+
+# -- limits: NFSv4.0 negotiates none (no CREATE_SESSION), so the server's own apply -------------
+def too_many_ops(p: Packer, opnum: int, limit: int) -> int:
+    """The first operation past nfs.max_compound_ops answers NFS4ERR_RESOURCE, unrun, after
+    the ones before it ran (so a client sees where to split the COMPOUND, as Linux nfsd
+    does): without a limit a client is answered as many operations as a record holds."""
+    log.debug("%s: past %d operations in one COMPOUND", c.OP_NAMES.get(opnum), limit)
+    compound.emit_result(p, opnum, c.NFS4ERR_RESOURCE, None)
+    return c.NFS4ERR_RESOURCE
+
+
+def reply_too_big(p: Packer, mark: tuple, opnum: int, room: int) -> int:
+    """The operation whose result took the reply past ``room`` (what a reply of
+    nfs.max_record_size leaves for results, as an NFSv4.1 session's ca_maxresponsesize):
+    its result is taken back and it answers NFS4ERR_RESOURCE; the results before it stay."""
+    compound.take_back(p, mark)
+    log.debug("%s: reply past %d bytes", c.OP_NAMES.get(opnum), room)
+    compound.emit_result(p, opnum, c.NFS4ERR_RESOURCE, None)
+    return c.NFS4ERR_RESOURCE
 
 
 def _operation(cx: Compound40, opnum: int, args, p: Packer) -> int:

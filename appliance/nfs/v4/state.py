@@ -7,7 +7,11 @@ SETCLIENTID_CONFIRM, open- and lock-owner sequence ids) is in appliance.nfs.v4.s
 All of it lives behind one lock (``StateTable.lock``): state operations are
 short, and one lock keeps conflicts across clients simple to reason about.
 Client records are also kept in the catalog (nfs_clients) so that a
-restarted server knows who may reclaim during its grace period."""
+restarted server knows who may reclaim during its grace period: a record's held_state says
+that its client held opens or locks (set before the first one is granted, cleared by the
+housekeeping and at a clean stop once it holds none), and only such clients hold the grace
+period, which ends once each has finished reclaiming (RECLAIM_COMPLETE; for NFSv4.0 its
+first new OPEN or LOCK after a reclaim) or at grace_seconds."""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.types import LOCK4denied, channel_attrs4, state_owner4
@@ -95,6 +99,8 @@ class Client:
     owners: dict = field(default_factory=dict)
     # an NFSv3 lock host (NLM) holds no lease: NSM tells when it restarted
     leased: bool = True
+    # its catalog record says it holds opens or locks (a restart then holds grace for it)
+    held_state_recorded: bool = False
 
 
 @dataclass
@@ -165,9 +171,12 @@ class StateTable:
         self.nlm_hosts: dict[str, Client] = {}  # NFSv3 lock clients (see "NLM locks")
         # NFSv4.0 SETCLIENTID records not yet confirmed, by client id (appliance.nfs.v4.state40)
         self.unconfirmed40: dict[int, Client] = {}
-        # restart: clients recorded by the previous instance may reclaim
-        self.reclaimable: set[bytes] = set(self._load_previous_clients())
+        # restart: clients of the previous instance that held opens or locks may reclaim
+        # them, and only they hold the grace period
+        previous = self._load_previous_clients()
+        self.reclaimable: set[bytes] = {owner for owner, held in previous.items() if held}
         self._restore_sessions()
+        self._forget_stateless_records(previous)
         grace = lease_seconds if grace_seconds is None else grace_seconds
         self.grace_end = time.monotonic() + grace if self.reclaimable and grace > 0 else 0.0
         if self.grace_end:
@@ -210,7 +219,7 @@ class StateTable:
         log.info("grace period over")
 
     def _maybe_end_grace_early(self) -> None:
-        # every previous client has reclaimed: no reason to hold new ones back
+        # every previous client that held state has reclaimed: no reason to hold new ones back
         done = {
             cl.owner
             for cl in self.clients.values()
@@ -219,17 +228,90 @@ class StateTable:
         if self.grace_end and self.reclaimable <= done:
             self._end_grace()
 
+    def reclaimed40(self, cl: Client) -> None:
+        """An NFSv4.0 client asks for a new open or lock: once it holds state again (in the
+        grace period only reclaims give any), its reclaim is over. RFC 7530 has no
+        RECLAIM_COMPLETE; the Linux client reclaims everything before new opens go out."""
+        if cl.reclaim_complete or not cl.states:
+            return
+        with self.lock:
+            cl.reclaim_complete = True
+            self._maybe_end_grace_early()
+
     # -- catalog records -------------------------------------------------------------------
-    def _load_previous_clients(self) -> list[bytes]:
+    def _load_previous_clients(self) -> dict[bytes, bool]:
+        """Owner -> whether it held opens or locks, of the previous instance's clients."""
         rows = self.catalog.read(
             lambda conn: conn.execute(
-                select(CLIENTS.c.owner).where(CLIENTS.c.confirmed.is_(True))
+                select(CLIENTS.c.owner, CLIENTS.c.held_state).where(CLIENTS.c.confirmed.is_(True))
             ).all()
         )
-        return [bytes(r.owner) for r in rows]
+        return {bytes(r.owner): bool(r.held_state) for r in rows}
+
+    def _forget_stateless_records(self, previous: dict[bytes, bool]) -> None:
+        # nothing to reclaim and no session to carry on: a record made again if it comes back
+        gone = [
+            owner for owner, held in previous.items() if not held and owner not in self.by_owner
+        ]
+        if gone:
+            self.catalog.run(
+                lambda conn: conn.execute(delete(CLIENTS).where(CLIENTS.c.owner.in_(gone)))
+            )
+
+    def record_held_state(self, cl: Client) -> None:
+        """Before ``cl``'s first open is granted (every lock needs one): its record says it
+        holds state, durably, so that a restart keeps the grace period for it."""
+        if cl.held_state_recorded or not cl.leased:
+            return
+        owner = cl.owner
+        cl.held_state_recorded = True
+        try:
+            rows = self.catalog.run(
+                lambda conn: (
+                    conn.execute(
+                        update(CLIENTS).where(CLIENTS.c.owner == owner).values(held_state=True)
+                    ).rowcount
+                ),
+                durable=True,
+                tracked=True,  # nothing cached reads client records: the caches stay valid
+            )
+            if not rows:  # its record was lost (a catalog outage at confirm): made again
+                self._record_client(cl)
+        except BaseException:
+            cl.held_state_recorded = False
+            raise
+
+    def release_idle_records(self) -> None:
+        """Housekeeping and a clean stop: the records of clients that hold no opens or locks
+        any more stop holding a future grace period. Not during one: a client that has not
+        reclaimed yet holds nothing and must keep its record's mark."""
+        with self.lock:
+            if self.in_grace():
+                return
+            idle = [
+                cl
+                for cl in self.clients.values()
+                if cl.held_state_recorded and not cl.states and cl.leased
+            ]
+            if not idle:
+                return
+            owners = [cl.owner for cl in idle]
+            self.catalog.run(
+                lambda conn: conn.execute(
+                    update(CLIENTS).where(CLIENTS.c.owner.in_(owners)).values(held_state=False)
+                ),
+                tracked=True,
+            )
+            for cl in idle:
+                cl.held_state_recorded = False
 
     def _record_client(self, cl: Client) -> None:
         now = time.time_ns()
+        # a new record of an owner that has not reclaimed yet keeps its mark through another
+        # restart
+        held = cl.held_state_recorded = (
+            cl.held_state_recorded or bool(cl.states) or cl.owner in self.reclaimable
+        )
 
         def work(conn):
             conn.execute(delete(CLIENTS).where(CLIENTS.c.owner == cl.owner))
@@ -242,6 +324,7 @@ class StateTable:
                     minor_version=cl.minor,
                     confirmed=True,
                     reclaim_complete=cl.reclaim_complete,
+                    held_state=held,
                     created_ns=now,
                     last_seen_ns=now,
                 )
@@ -299,9 +382,11 @@ class StateTable:
                         cs_sequence=int(rec["cs_sequence"]),
                         reclaim_complete=bool(rec["reclaim_complete"]),
                     )
-                    # a client that ignores SEQUENCE's flag (nfs-rs) still opens once the
-                    # grace period is over; the Linux client reclaims
-                    cl.may_reclaim = cl.reclaim_needed = True
+                    # only a client that held opens or locks has something to reclaim; one
+                    # that ignores SEQUENCE's flag (nfs-rs) still opens once the grace period
+                    # is over; the Linux client reclaims
+                    held = owner in self.reclaimable
+                    cl.may_reclaim = cl.reclaim_needed = cl.held_state_recorded = held
                     self.clients[cl.clientid] = cl
                     self.by_owner[owner] = cl
                 fore = channel_attrs4.cls(*rec["fore"], [])
@@ -485,6 +570,7 @@ class StateTable:
                     )
             st = self.open_by_owner_file.get(key)
             if st is None:
+                self.record_held_state(cl)
                 st = OpenState(
                     self.new_other(cl), cl, ino, owner, seqid=1, access=access, deny=deny
                 )
