@@ -464,7 +464,8 @@ class Catalog:
                     callback()
                 if write and self.is_sqlite:
                     self._checkpoint_if_due()
-                self.outage.recovered()
+                if self.outage.down_since is not None:  # an attribute read per transaction
+                    self.outage.recovered()
                 return result
             except (
                 Exception
