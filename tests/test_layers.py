@@ -46,9 +46,11 @@ RULES = {
     # the catalog finds its Alembic scripts through the migrations package (its folder only)
     "engine": lambda module: module == "migrations",
     "appliance": lambda module: module.split(".")[0] == "engine",
-    "webui": lambda module: module.split(".")[0] == "engine"
-    or module == "appliance.facade"
-    or module.startswith("appliance.facade."),
+    "webui": lambda module: (
+        module.split(".")[0] == "engine"
+        or module == "appliance.facade"
+        or module.startswith("appliance.facade.")
+    ),
     "migrations": lambda module: module.split(".")[0] == "engine",
 }
 

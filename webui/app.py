@@ -16,8 +16,10 @@ from flask import Flask, g, request
 
 from appliance import facade
 from engine import accounts
+from engine.catalog import CatalogUnavailable
 from webui import core
 
+CATALOG_RETRY_AFTER_S = 5  # what a 503 asks a client to wait while the catalog is away
 BLUEPRINTS = (
     "auth",
     "dashboard",
@@ -183,6 +185,21 @@ def create_app(config: facade.Config | str | os.PathLike | None = None) -> Flask
         return core.api_error(
             f"request body larger than {app.config['MAX_CONTENT_LENGTH']} bytes", 413
         )
+
+    @app.errorhandler(CatalogUnavailable)
+    def catalog_unavailable(exc):
+        # no traceback per request: the catalog's outage log tells the outage (start, a count
+        # per interval, its end) in this process as in the daemon
+        if core.is_api():
+            response = core.api_error(f"the catalog is unavailable: {exc}", 503)
+        else:
+            response = app.response_class(
+                "The catalog is unavailable; try again in a moment.\n",
+                status=503,
+                mimetype="text/plain",
+            )
+        response.headers["Retry-After"] = str(CATALOG_RETRY_AFTER_S)
+        return response
 
     @app.errorhandler(500)
     def internal(exc):

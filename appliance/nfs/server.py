@@ -38,7 +38,7 @@ from appliance.nfs.v4.const import NFS_V4
 from appliance.nfs.v4.program import Nfs4Program
 from appliance.nfs.v4.state import StateTable
 from engine.blocking import may_block
-from engine.catalog import CatalogUnavailable
+from engine.catalog import CatalogUnavailable, CatalogUnreachable
 from engine.ratelog import RateLimitedLog
 
 log = logging.getLogger("shingle.nfs")
@@ -440,8 +440,10 @@ class NfsServer:
             try:
                 await loop.run_in_executor(self.pool, clients.expire_idle, state)
                 await loop.run_in_executor(self.pool, exports.refresh)
+            except CatalogUnreachable:
+                pass  # the catalog's outage log counts it; housekeeping retries next period
             except Exception as exc:  # noqa: BLE001 - housekeeping retries next period
-                # a catalog outage fails every period: one line per interval, and no traceback
+                # a busy catalog fails every period: one line per interval, and no traceback
                 self._housekeeping_failures.log(
                     logging.ERROR,
                     type(exc),
@@ -494,6 +496,8 @@ class NfsServer:
             await asyncio.sleep(NLM_TICK)
             try:
                 await loop.run_in_executor(self.pool, nlm.tick)
+            except CatalogUnreachable:
+                pass  # the catalog's outage log counts it; retried next tick
             except Exception:  # noqa: BLE001 - retried next tick
                 log.exception("NLM housekeeping failed")
 

@@ -37,6 +37,7 @@ import trio
 
 from engine import errors
 from engine import exports as export_service
+from engine.catalog import CatalogUnreachable
 from engine.catalog.models import BLK, CHR, DIR, FIFO, LNK, REG, SOCK
 from engine.namespace import ROOT, SET_TO_NOW, Attr, Cred, Namespace
 
@@ -72,6 +73,8 @@ def _handler(method):
             if not isinstance(exc, errors.FsError) or exc.errno == errno.EIO:
                 log.warning("%s%r: %s", method.__name__, args[:2], exc)
             raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        except CatalogUnreachable:  # counted by the catalog's outage log
+            raise pyfuse3.FUSEError(errno.EIO) from None
         except Exception:  # noqa: BLE001 - see the docstring
             log.exception("%s%r", method.__name__, args[:2])
             raise pyfuse3.FUSEError(errno.EIO) from None
@@ -130,6 +133,8 @@ class ShingleFs(pyfuse3.Operations):
         self._export_folders_at = time.monotonic()
         try:
             self._export_folders = export_service.export_folders(self.ns.catalog, self.ns)
+        except CatalogUnreachable:
+            pass  # counted by the catalog's outage log; retried later
         except Exception as exc:  # noqa: BLE001 - the call itself still runs; retried later
             log.warning("export folders not reloaded: %s", exc)
 

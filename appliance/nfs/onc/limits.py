@@ -83,6 +83,7 @@ class RequestBudget:
     def __init__(self, limit: int):
         self.limit = limit
         self.held = 0
+        self.taken = 0  # in all, ever: it moves while requests arrive (runtime.HeapTrim)
         self._lock = threading.Lock()
         self.waiting: set = set()  # connections paused until the total drops
 
@@ -91,12 +92,14 @@ class RequestBudget:
             if self.held + n > self.limit:
                 return False
             self.held += n
+            self.taken += n
             return True
 
     def take(self, n: int) -> None:
         """Bytes that are already in memory (copied out of a receive buffer)."""
         with self._lock:
             self.held += n
+            self.taken += n
 
     def give(self, n: int) -> bool:
         """True when connections wait for bytes and this brought the total under the limit."""

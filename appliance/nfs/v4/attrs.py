@@ -26,6 +26,7 @@ class AttrServer(Protocol):
 
     def statfs(self) -> Any: ...
 
+
 MAX_IO = 1 << 20
 MAX_FILE_SIZE = (1 << 63) - 1
 NS = 1_000_000_000
