@@ -655,6 +655,7 @@ class Catalog:
     def _counting(self, work):
         """``work`` that notes, inside its write transaction, which number its commit will get."""
         index = self._wal_index
+        assert index is not None, "run() counts commits only with the WAL index mapped"
 
         def counted(conn):
             raw = conn.connection.driver_connection
@@ -680,6 +681,7 @@ class Catalog:
         with self._watch_lock:
             if self._watch is None:
                 path = self.engine.url.database
+                assert path is not None, "the watch is opened on SQLite catalogs only (a file)"
                 watch = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
                 watch.execute(
                     "PRAGMA journal_mode=WAL"

@@ -468,7 +468,13 @@ class RpcConnection(asyncio.BufferedProtocol):
                 )
                 self.abort()
             return
-        if self.in_flight or self.transport.get_write_buffer_size() or self._to_loop:
+        transport = self.transport
+        if (
+            transport is None
+            or self.in_flight
+            or transport.get_write_buffer_size()
+            or self._to_loop
+        ):
             return
         quiet = now - self.last_active
         if quiet > 1.0:
@@ -545,11 +551,13 @@ class RpcConnection(asyncio.BufferedProtocol):
     def _to_transport(self, chunks) -> None:
         """On the loop, under the send lock: the transport sends what it can and buffers the
         rest."""
+        transport = self.transport
+        assert transport is not None, "callers check the transport is open"
         if sum(len(ch) for ch in chunks) < 64 * 1024:
-            self.transport.write(b"".join(chunks))
+            transport.write(b"".join(chunks))
             return
         for chunk in chunks:  # Python 3.11 writelines() joins (a copy): write each chunk
-            self.transport.write(chunk)
+            transport.write(chunk)
 
     def abort(self):
         self.closed = True
