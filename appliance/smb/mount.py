@@ -35,6 +35,7 @@ import pyfuse3
 import trio
 
 from engine import errors
+from engine.blocking import WouldBlock, no_blocking
 from engine.catalog.models import BLK, CHR, DIR, FIFO, LNK, REG, SOCK
 from engine.namespace import ROOT, SET_TO_NOW, Attr, Cred, Namespace
 
@@ -107,6 +108,7 @@ class ShingleFs(pyfuse3.Operations):
         return ino
 
     async def _call(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` in a worker thread, so the loop never waits on the catalog."""
         if self._limiter is None:
             self._limiter = trio.CapacityLimiter(WORKER_THREADS)
 
@@ -115,6 +117,17 @@ class ShingleFs(pyfuse3.Operations):
             return fn(*args, **kwargs)
 
         return await trio.to_thread.run_sync(run, limiter=self._limiter)
+
+    async def _try_cached(self, fn, *args, **kwargs):
+        """``fn`` on the loop itself when the namespace's caches answer it (``no_blocking``),
+        else in a worker: handing a call to a thread and back costs more than a cache hit, and
+        Samba makes a dozen such calls (stats, DOS-attribute and ACL xattrs) per SMB create."""
+        _origin.fuse = True  # the loop's thread too: the kernel knows of this change
+        try:
+            with no_blocking():
+                return fn(*args, **kwargs)
+        except WouldBlock:  # raised before the call changed anything
+            return await self._call(fn, *args, **kwargs)
 
     @staticmethod
     def _cred(ctx: pyfuse3.RequestContext) -> Cred:
@@ -145,14 +158,23 @@ class ShingleFs(pyfuse3.Operations):
     # -- names ----------------------------------------------------------------------------------
     @_handler
     async def lookup(self, parent_inode, name, ctx):
-        attr = await self._call(
-            self.ns.lookup, self._cred(ctx), self._ino(parent_inode), _name(name)
-        )
+        try:
+            attr = await self._try_cached(
+                self.ns.lookup, self._cred(ctx), self._ino(parent_inode), _name(name)
+            )
+        except errors.NotFound:
+            # a negative entry the kernel keeps as long as a positive one: smbd looks a name up
+            # before it creates it, and the create would look it up again. Changes made outside
+            # the mount drop it like any entry (Invalidator), other processes' within the timeout.
+            missing = pyfuse3.EntryAttributes()
+            missing.st_ino = 0
+            missing.entry_timeout = CACHE_TIMEOUT_S
+            return missing
         return self._entry(attr)
 
     @_handler
     async def getattr(self, inode, ctx):
-        return self._entry(await self._call(self.ns.getattr, self._ino(inode)))
+        return self._entry(await self._try_cached(self.ns.getattr, self._ino(inode)))
 
     @_handler
     async def setattr(self, inode, attr, fields, fh, ctx):
@@ -172,9 +194,9 @@ class ShingleFs(pyfuse3.Operations):
         cred = self._cred(ctx)
         ino = self._ino(inode)
         if not changes:
-            return self._entry(await self._call(self.ns.getattr, ino))
+            return self._entry(await self._try_cached(self.ns.getattr, ino))
         try:
-            new = await self._call(self.ns.setattr, cred, ino, **changes)
+            new = await self._try_cached(self.ns.setattr, cred, ino, **changes)
         except errors.NotPermitted:
             # utimes(NULL) by a writer who is not the owner: the kernel sends the time it read
             # from its clock, which POSIX allows to anyone who may write
@@ -244,7 +266,7 @@ class ShingleFs(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EINVAL)
         if flags & pyfuse3.RENAME_NOREPLACE:
             try:
-                await self._call(self.ns.lookup, cred, dst, _name(name_new))
+                await self._try_cached(self.ns.lookup, cred, dst, _name(name_new))
                 raise pyfuse3.FUSEError(errno.EEXIST)
             except errors.NotFound:
                 pass
@@ -254,7 +276,7 @@ class ShingleFs(pyfuse3.Operations):
     @_handler
     async def opendir(self, inode, ctx):
         ino = self._ino(inode)
-        attr = await self._call(self.ns.getattr, ino)
+        attr = await self._try_cached(self.ns.getattr, ino)
         if attr.type != DIR:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         # permission is checked as each page is read, with the opener's credentials
@@ -311,10 +333,10 @@ class ShingleFs(pyfuse3.Operations):
         ino = self._ino(inode)
         cred = self._cred(ctx)
         want = self._wanted(flags)
-        attr = await self._call(self.ns.getattr, ino)
+        attr = await self._try_cached(self.ns.getattr, ino)
         if attr.type == DIR:
             raise pyfuse3.FUSEError(errno.EISDIR)
-        granted = await self._call(self.ns.access, cred, ino, want)
+        granted = await self._try_cached(self.ns.access, cred, ino, want)
         if granted != want:
             raise pyfuse3.FUSEError(errno.EACCES)
         return self._opened(ino)
@@ -333,30 +355,33 @@ class ShingleFs(pyfuse3.Operations):
 
     @_handler
     async def read(self, fh, off, size):
-        return bytes(await self._call(self.ns.read, fh, off, size))
+        return bytes(await self._try_cached(self.ns.read, fh, off, size))
 
     @_handler
     async def write(self, fh, off, buf):
-        return await self._call(self.ns.write, fh, off, bytes(buf))
+        return await self._try_cached(self.ns.write, fh, off, bytes(buf))
 
     @_handler
     async def flush(self, fh):
         # close(): durable, as NFS clients COMMIT at close (close-to-open)
-        await self._call(self.ns.commit, fh)
+        await self._try_cached(self.ns.commit, fh)
 
     @_handler
     async def fsync(self, fh, datasync):
-        await self._call(self.ns.commit, fh)
+        await self._try_cached(self.ns.commit, fh)
 
     @_handler
     async def release(self, fh):
-        await self._call(self.ns.close_ref, fh)
+        if self.ns.close_ref_is_cheap(fh):  # no file to free: no catalog
+            self.ns.close_ref(fh)
+        else:
+            await self._call(self.ns.close_ref, fh)
 
     # -- extended attributes ----------------------------------------------------------------------
     @_handler
     async def getxattr(self, inode, name, ctx):
         try:
-            return await self._call(
+            return await self._try_cached(
                 self.ns.getxattr, self._cred(ctx), self._ino(inode), _name(name)
             )
         except errors.NoData:
@@ -364,7 +389,7 @@ class ShingleFs(pyfuse3.Operations):
 
     @_handler
     async def listxattr(self, inode, ctx):
-        names = await self._call(self.ns.listxattr, self._cred(ctx), self._ino(inode))
+        names = await self._try_cached(self.ns.listxattr, self._cred(ctx), self._ino(inode))
         return [os.fsencode(n) for n in names]
 
     @_handler
