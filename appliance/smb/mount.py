@@ -29,6 +29,7 @@ import queue
 import stat
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pyfuse3
@@ -45,6 +46,7 @@ CACHE_TIMEOUT_S = 1.0  # kernel attribute and name caches: bounds staleness of u
 WORKER_THREADS = 8
 READAHEAD_KIB = 4096  # the mount's read-ahead window (sysfs bdi read_ahead_kb)
 READDIR_PAGE = 512
+GROUPS_CACHE_MAX = 1024  # callers (pid, uid, gid) whose supplementary groups are kept
 _TYPE_BITS = {
     REG: stat.S_IFREG,
     DIR: stat.S_IFDIR,
@@ -95,6 +97,7 @@ class ShingleFs(pyfuse3.Operations):
         self.root = namespace.root_ino
         self._limiter: trio.CapacityLimiter | None = None
         self._dir_handles: dict[int, tuple[int, Cred]] = {}
+        self._groups: dict[tuple[int, int, int], tuple[Cred, float]] = {}  # see _cred
         self._next_dir_handle = 0
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -130,15 +133,27 @@ class ShingleFs(pyfuse3.Operations):
         except WouldBlock:  # raised before the call changed anything
             return await self._call(fn, *args, **kwargs)
 
-    @staticmethod
-    def _cred(ctx: pyfuse3.RequestContext) -> Cred:
+    def _cred(self, ctx: pyfuse3.RequestContext) -> Cred:
+        """The caller's identity. Supplementary groups come from /proc/PID/status, read at most
+        once per CACHE_TIMEOUT_S for one process as one uid and gid (smbd asks a dozen times per
+        SMB create, as the same user): a process that drops a group keeping its uid and gid
+        keeps it here up to that long."""
         if ctx.uid == 0:
             return ROOT
+        key = (ctx.pid, ctx.uid, ctx.gid)
+        now = time.monotonic()
+        hit = self._groups.get(key)
+        if hit is not None and hit[1] > now:
+            return hit[0]
         try:
             groups = tuple(pyfuse3.get_sup_groups(ctx.pid))
         except OSError:  # the caller has exited
             groups = ()
-        return Cred(ctx.uid, ctx.gid, groups)
+        cred = Cred(ctx.uid, ctx.gid, groups)
+        if len(self._groups) >= GROUPS_CACHE_MAX:
+            self._groups.clear()  # many short-lived callers: start again
+        self._groups[key] = (cred, now + CACHE_TIMEOUT_S)
+        return cred
 
     def _entry(self, attr: Attr) -> pyfuse3.EntryAttributes:
         entry = pyfuse3.EntryAttributes()
