@@ -179,9 +179,10 @@ class ShingleFs(pyfuse3.Operations):
                 self.ns.lookup, self._cred(ctx), self._ino(parent_inode), _name(name)
             )
         except errors.NotFound:
-            # a negative entry the kernel keeps as long as a positive one: smbd looks a name up
-            # before it creates it, and the create would look it up again. Changes made outside
-            # the mount drop it like any entry (Invalidator), other processes' within the timeout.
+            # a negative entry the kernel keeps as long as a positive one: SMB clients probe
+            # names that are not there (desktop.ini, a name before creating it) again and again.
+            # Changes made outside the mount drop it like any entry (Invalidator), other
+            # processes' within the timeout.
             missing = pyfuse3.EntryAttributes()
             missing.st_ino = 0
             missing.entry_timeout = CACHE_TIMEOUT_S

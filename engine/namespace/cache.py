@@ -265,7 +265,7 @@ class AttrCache:
 
     def _data_committed(self, inos, found) -> None:
         fresh, gen, used = found if found is not None else ((), None, {})
-        self._changed(inos, (), fresh, gen)
+        self._changed(inos, (), fresh, gen, xattrs_kept=inos)  # data commits change no xattrs
         for attr in fresh:
             if attr.ino in used:
                 self._remember_space_used(attr, used[attr.ino])

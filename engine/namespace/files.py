@@ -87,6 +87,7 @@ class FileOps(Lookup):
                 f"UPDATE inodes SET {columns}, change = change + 1 WHERE ino = ?",
                 (*values.values(), ino),
             )
+            touched.xattrs_kept.add(ino)
             return self._load(conn, ino)
 
         try:
