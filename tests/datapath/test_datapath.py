@@ -588,8 +588,7 @@ def test_times_set_while_writes_are_buffered_keep_their_size(sqlite_engine):
     ns = sqlite_engine.ns
     ino = ns.create(ROOT, ns.root_ino, "t").ino
     ns.write(ino, 0, b"x" * 1024)
-    after = ns.setattr(ROOT, ino, atime_ns=1_000_000_000, mtime_ns=2_000_000_000)
-    assert (after.size, after.mtime_ns) == (1024, 2_000_000_000)
+    assert ns.setattr(ROOT, ino, atime_ns=1_000_000_000, mtime_ns=2_000_000_000).size == 1024
     ns.setattr(ROOT, ino, mode=0o600)
     assert ns.setattr(ROOT, ino, mode=0o640).size == 1024
     ns.commit(ino)

