@@ -36,7 +36,9 @@ import pyfuse3
 import trio
 
 from engine import errors
+from engine import exports as export_service
 from engine.blocking import WouldBlock, no_blocking
+from engine.catalog import CatalogUnreachable
 from engine.catalog.models import BLK, CHR, DIR, FIFO, LNK, REG, SOCK
 from engine.namespace import ROOT, SET_TO_NOW, Attr, Cred, Namespace
 
@@ -47,6 +49,8 @@ WORKER_THREADS = 8
 READAHEAD_KIB = 4096  # the mount's read-ahead window (sysfs bdi read_ahead_kb)
 READDIR_PAGE = 512
 GROUPS_CACHE_MAX = 1024  # callers (pid, uid, gid) whose supplementary groups are kept
+GUEST_UID = 65534  # smbd's guest account, nobody (appliance/smb/samba.py), the NFS exports' anon
+EXPORT_FOLDERS_TTL_S = 5.0  # how soon a new export folder is disowned for the guest
 _TYPE_BITS = {
     REG: stat.S_IFREG,
     DIR: stat.S_IFDIR,
@@ -72,6 +76,8 @@ def _handler(method):
             if not isinstance(exc, errors.FsError) or exc.errno == errno.EIO:
                 log.warning("%s%r: %s", method.__name__, args[:2], exc)
             raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        except CatalogUnreachable:  # counted by the catalog's outage log
+            raise pyfuse3.FUSEError(errno.EIO) from None
         except Exception:  # noqa: BLE001 - see the docstring
             log.exception("%s%r", method.__name__, args[:2])
             raise pyfuse3.FUSEError(errno.EIO) from None
@@ -97,8 +103,10 @@ class ShingleFs(pyfuse3.Operations):
         self.root = namespace.root_ino
         self._limiter: trio.CapacityLimiter | None = None
         self._dir_handles: dict[int, tuple[int, Cred]] = {}
-        self._groups: dict[tuple[int, int, int], tuple[Cred, float]] = {}  # see _cred
+        self._groups: dict[tuple[int, int, int], tuple[tuple[int, ...], float]] = {}  # _cred
         self._next_dir_handle = 0
+        self._export_folders = frozenset({namespace.root_ino})
+        self._export_folders_at = 0.0
 
     # -- plumbing -------------------------------------------------------------------------------
     def _ino(self, fuse_ino: int) -> int:
@@ -118,6 +126,7 @@ class ShingleFs(pyfuse3.Operations):
 
         def run():
             _origin.fuse = True
+            self._refresh_export_folders()
             return fn(*args, **kwargs)
 
         return await trio.to_thread.run_sync(run, limiter=self._limiter)
@@ -126,12 +135,26 @@ class ShingleFs(pyfuse3.Operations):
         """``fn`` on the loop itself when the namespace's caches answer it (``no_blocking``),
         else in a worker: handing a call to a thread and back costs more than a cache hit, and
         Samba makes a dozen such calls (stats, DOS-attribute and ACL xattrs) per SMB create."""
+        if time.monotonic() - self._export_folders_at >= EXPORT_FOLDERS_TTL_S:
+            return await self._call(fn, *args, **kwargs)  # the worker reloads them first
         _origin.fuse = True  # the loop's thread too: the kernel knows of this change
         try:
             with no_blocking():
                 return fn(*args, **kwargs)
         except WouldBlock:  # raised before the call changed anything
             return await self._call(fn, *args, **kwargs)
+
+    def _refresh_export_folders(self) -> None:
+        """In a worker thread: the catalog read must not stall the FUSE loop."""
+        if time.monotonic() - self._export_folders_at < EXPORT_FOLDERS_TTL_S:
+            return
+        self._export_folders_at = time.monotonic()
+        try:
+            self._export_folders = export_service.export_folders(self.ns.catalog, self.ns)
+        except CatalogUnreachable:
+            pass  # counted by the catalog's outage log; retried later
+        except Exception as exc:  # noqa: BLE001 - the call itself still runs; retried later
+            log.warning("export folders not reloaded: %s", exc)
 
     def _cred(self, ctx: pyfuse3.RequestContext) -> Cred:
         """The caller's identity. Supplementary groups come from /proc/PID/status, read at most
@@ -144,16 +167,20 @@ class ShingleFs(pyfuse3.Operations):
         now = time.monotonic()
         hit = self._groups.get(key)
         if hit is not None and hit[1] > now:
-            return hit[0]
-        try:
-            groups = tuple(pyfuse3.get_sup_groups(ctx.pid))
-        except OSError:  # the caller has exited
-            groups = ()
-        cred = Cred(ctx.uid, ctx.gid, groups)
-        if len(self._groups) >= GROUPS_CACHE_MAX:
-            self._groups.clear()  # many short-lived callers: start again
-        self._groups[key] = (cred, now + CACHE_TIMEOUT_S)
-        return cred
+            groups = hit[0]
+        else:
+            try:
+                groups = tuple(pyfuse3.get_sup_groups(ctx.pid))
+            except OSError:  # the caller has exited
+                groups = ()
+            if len(self._groups) >= GROUPS_CACHE_MAX:
+                self._groups.clear()  # many short-lived callers: start again
+            self._groups[key] = (groups, now + CACHE_TIMEOUT_S)
+        if ctx.uid == GUEST_UID:
+            # SMB guests are nobody, the uid NFS squashes to: no owner rights over the export
+            # folders given to it (invariant 12, engine.exports.prepare_new_root)
+            return Cred(ctx.uid, ctx.gid, groups, self._export_folders)
+        return Cred(ctx.uid, ctx.gid, groups)
 
     def _entry(self, attr: Attr) -> pyfuse3.EntryAttributes:
         entry = pyfuse3.EntryAttributes()

@@ -183,12 +183,17 @@ class AttrCache:
             gen[0] = self._cache_gen
             return result
 
+        committed = False
         try:
-            return self.catalog.run(run, tracked=True), touched.unfreed  # _changed accounts for it
+            result = self.catalog.run(run, tracked=True)  # _changed accounts for it
+            committed = True
+            return result, touched.unfreed
         except BaseException:
             fresh.clear()
             raise
         finally:
+            if committed and self.data is not None:
+                self.data.changed(touched)  # the change buffered writes show moves too
             self._changed(
                 touched,
                 names,

@@ -107,7 +107,12 @@ class DirectoryOps(Lookup):
 
     @staticmethod
     def _check_sticky(cred: Cred, parent: Attr, victim: Attr) -> None:
-        if parent.mode & S_ISVTX and cred.uid not in (0, parent.uid, victim.uid):
+        if (
+            parent.mode & S_ISVTX
+            and cred.uid != 0
+            and not cred.owns(parent)
+            and not cred.owns(victim)
+        ):
             raise errors.NotPermitted(
                 f"sticky directory {parent.ino}: uid {cred.uid} may not remove inode {victim.ino}"
             )

@@ -115,7 +115,7 @@ class FileOps(Lookup):
     ) -> dict:
         """The columns a setattr changes (ctime aside), after its permission checks."""
         ino = attr.ino
-        owner = cred.uid in (0, attr.uid)
+        owner = cred.uid == 0 or cred.owns(attr)
         values: dict = {}
         new_mode = attr.mode
         if uid is not None and uid != attr.uid:
@@ -123,7 +123,7 @@ class FileOps(Lookup):
                 raise errors.NotPermitted(f"uid {cred.uid} may not give inode {ino} to uid {uid}")
             values["uid"] = uid
         if gid is not None and gid != attr.gid:
-            if cred.uid != 0 and not (cred.uid == attr.uid and cred.in_group(gid)):
+            if cred.uid != 0 and not (cred.owns(attr) and cred.in_group(gid)):
                 raise errors.NotPermitted(f"uid {cred.uid} may not set group {gid} on inode {ino}")
             values["gid"] = gid
         if values and attr.type != DIR and cred.uid != 0:
@@ -152,7 +152,7 @@ class FileOps(Lookup):
                 raise errors.IsADirectory(f"inode {ino} is a directory")
             if attr.type != REG:
                 raise errors.InvalidArgument(f"inode {ino} is not a regular file")
-            if not may(cred, attr, W_OK) and cred.uid != attr.uid:
+            if not may(cred, attr, W_OK) and not cred.owns(attr):
                 raise errors.AccessDenied(f"uid {cred.uid} may not write inode {ino}")
             if size != attr.size:
                 values["size"] = size
@@ -205,7 +205,7 @@ class FileOps(Lookup):
         end = offset + len(data)
         if end > attr.size and data and self.quotas.active():
             self.quotas.admit(ino, end)  # EDQUOT before any byte is buffered
-        store.write(ino, offset, data)
+        store.write(ino, offset, data, seen_change=attr.change)
         if stable:
             store.flush(ino)
         for listener in self._change_listeners:  # the size and data other views cache

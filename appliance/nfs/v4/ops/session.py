@@ -18,7 +18,6 @@ from appliance.nfs.v4.types import channel_attrs4, nfs_impl_id4, nfstime4
 log = logging.getLogger("shingle.nfs")
 MAX_CACHED = CACHE_LIMIT  # the ca_maxresponsesize_cached offered: what a slot keeps
 MAX_SLOTS = 64
-MAX_OPS = 64
 CREATE_SESSION_FLAGS = (
     c.CREATE_SESSION4_FLAG_PERSIST
     | c.CREATE_SESSION4_FLAG_CONN_BACK_CHAN
@@ -99,7 +98,7 @@ def create_session(cx, a):
             min(f.maxrequestsize, limit),
             min(f.maxresponsesize, limit),
             min(f.maxresponsesize_cached, MAX_CACHED),
-            min(f.maxoperations, MAX_OPS),
+            min(f.maxoperations, cx.server.limits.max_compound_ops),
             max(1, min(f.maxrequests, MAX_SLOTS)),
             [],
         )
