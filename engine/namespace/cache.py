@@ -171,6 +171,8 @@ class AttrCache:
             fresh.clear()
             touched.known.clear()  # a retried work must not cache what a rolled-back try made
             touched.gone.clear()
+            touched.xattrs.clear()
+            touched.xattrs_kept.clear()
             result = work(conn, touched)
             if self._cache_epoch is not None and touched:
                 known = touched.known
@@ -194,23 +196,45 @@ class AttrCache:
         finally:
             if committed and self.data is not None:
                 self.data.changed(touched)  # the change buffered writes show moves too
-            self._changed(touched, names, fresh, gen[0], touched.names, touched.gone)
+            self._changed(
+                touched,
+                names,
+                fresh,
+                gen[0],
+                touched.names,
+                touched.gone,
+                touched.xattrs,
+                touched.xattrs_kept,
+            )
 
     def _changed(
-        self, inos, names=(), fresh=(), fresh_gen=None, fresh_names=(), fresh_gone=()
+        self,
+        inos,
+        names=(),
+        fresh=(),
+        fresh_gen=None,
+        fresh_names=(),
+        fresh_gone=(),
+        fresh_xattrs=None,
+        xattrs_kept=(),
     ) -> None:
         """This process changed ``inos`` and the (dir, name) entries ``names`` in a tracked commit:
         evict them (the rest of the cache stays valid: _cache_valid adopts the commit).
-        ``fresh_names`` and ``fresh_gone``: what the commit made of names (ino, or removed)."""
+        ``fresh_names`` and ``fresh_gone``: what the commit made of names (ino, or removed).
+        ``fresh_xattrs``: inodes' extended attributes at commit; ``xattrs_kept``: inodes whose
+        extended attributes the commit left alone (Samba reads a file's and its folder's right
+        after each create and each setxattr: keeping them saves a catalog read each)."""
         for listener in self._change_listeners:
             listener(inos, names)
         with self._cache_lock:
             current = self._cache_gen
             self._cache_gen += 1
+            adopt = self._cache_epoch is not None and fresh and fresh_gen == current
+            kept = xattrs_kept if adopt else ()
             for ino in inos:
                 self._cache.pop(ino, None)
-                self._xattr_cache.pop(ino, None)
-            adopt = self._cache_epoch is not None and fresh and fresh_gen == current
+                if ino not in kept:
+                    self._xattr_cache.pop(ino, None)
             known = dict(fresh_names) if adopt else {}
             complete = self._complete_dirs
             gone = fresh_gone if adopt else ()
@@ -231,6 +255,11 @@ class AttrCache:
                     self._cache[attr.ino] = (attr, until)
                 for key, ino in known.items():
                     self._names[key] = (ino, until)
+                if fresh_xattrs:
+                    alive = {attr.ino for attr in fresh}
+                    for ino, found in fresh_xattrs.items():
+                        if ino in alive:
+                            self._xattr_cache[ino] = (found, until)
 
     def _fresh_attrs(self, conn, inos):
         """Inside a data-path commit: the changed files' new attributes and the space used of
@@ -243,7 +272,7 @@ class AttrCache:
 
     def _data_committed(self, inos, found) -> None:
         fresh, gen, used = found if found is not None else ((), None, {})
-        self._changed(inos, (), fresh, gen)
+        self._changed(inos, (), fresh, gen, xattrs_kept=inos)  # data commits change no xattrs
         for attr in fresh:
             if attr.ino in used:
                 self._remember_space_used(attr, used[attr.ino])

@@ -172,6 +172,10 @@ class Touched(set):
         # inodes whose attributes at commit the work already has (no statement after it changes
         # them): _write caches these instead of reading them again (a round trip on PostgreSQL)
         self.known: dict[int, Attr] = {}
+        # extended attributes: every one of an inode at commit (cached like ``known``), and the
+        # inodes whose extended attributes the work left alone (a cached map of them stays)
+        self.xattrs: dict[int, dict[str, bytes]] = {}
+        self.xattrs_kept: set[int] = set()
 
 
 class Entry(NamedTuple):

@@ -192,6 +192,8 @@ class DirectoryOps(Lookup):
             touched.names[(dir_ino, name)] = attr.ino
             # nothing below changes either row: _write caches them without reading them again
             touched.known[attr.ino] = attr
+            touched.xattrs[attr.ino] = {}  # a new inode has none
+            touched.xattrs_kept.add(dir_ino)
             if parent_now is not None:
                 touched.known[dir_ino] = parent_now
             return attr

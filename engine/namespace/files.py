@@ -87,10 +87,14 @@ class FileOps(Lookup):
                 f"UPDATE inodes SET {columns}, change = change + 1 WHERE ino = ?",
                 (*values.values(), ino),
             )
+            touched.xattrs_kept.add(ino)
             return self._load(conn, ino)
 
         try:
-            return self._write(work, (ino,))
+            # with the size buffered writes have reached (a file's times are set while it is
+            # still being written: smbd does at every close), else a FUSE or NFS client takes the
+            # committed size for the file's and cuts off what it wrote
+            return self._with_pending(self._write(work, (ino,)))
         finally:
             if size is not None:
                 self.quotas.drop(ino)  # flushed above: nothing buffered is admitted any more
