@@ -524,7 +524,7 @@ class FuseMount:
         self.invalidator = Invalidator(self.fs)
         self.allow_other = allow_other
         self._thread: threading.Thread | None = None
-        self._token = None
+        self._token: trio.lowlevel.TrioToken | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
 
