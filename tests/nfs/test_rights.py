@@ -22,20 +22,7 @@ READ_ONLY = t.stateid4.cls(0, b"\0" * 12)  # the anonymous special stateid
 
 def connect(port: int, version: str, uid: int, gid: int):
     """nfs-rs at ``version`` (4.1, 4.0 or 3) as uid:gid."""
-    if version == "4.1":
-        return nfsrs(port, uid=uid, gid=gid)
-    import nfs_rs
-
-    query = f"version={version}" + (f"&nfsport={port}&mountport={port}" if version == "3" else "")
-    return nfs_rs.Client.connect(
-        f"nfs://127.0.0.1:{port}/export?{query}",
-        nfs_port=port,
-        noresvport=True,
-        uid=uid,
-        gid=gid,
-        connect_timeout=20,
-        operation_timeout=60,
-    )
+    return nfsrs(port, uid=uid, gid=gid, version=version)
 
 
 @pytest.fixture
