@@ -212,8 +212,9 @@ class FileBuffers:
         of the writes buffered so far keeps that time instead of recording theirs."""
         fb = self.files.get(ino)
         if fb is not None:
-            with fb.lock:
-                fb.times_set_after = fb.mtime_ns
+            # without fb.lock: a write holding it may wait for a commit, which waits for this
+            # transaction; a write racing the setattr may land on either side of it
+            fb.times_set_after = fb.mtime_ns
 
     def changed(self, inos) -> None:
         """A namespace transaction changed ``inos`` (and their change attribute in the catalog):
