@@ -203,7 +203,18 @@ class FileBuffers:
         fb = self.files.get(ino)
         if fb is None or fb.dead or fb.idle():
             return None
-        return fb.size, fb.change, fb.mtime_ns
+        # a write older than an explicit mtime no longer shows
+        mtime_ns = fb.mtime_ns if fb.mtime_ns > fb.times_set_after else 0
+        return fb.size, fb.change, mtime_ns
+
+    def times_set(self, ino: int) -> None:
+        """A setattr sets the mtime of ``ino`` explicitly (inside its transaction): the commit
+        of the writes buffered so far keeps that time instead of recording theirs."""
+        fb = self.files.get(ino)
+        if fb is not None:
+            # without fb.lock: a write holding it may wait for a commit, which waits for this
+            # transaction; a write racing the setattr may land on either side of it
+            fb.times_set_after = fb.mtime_ns
 
     def changed(self, inos) -> None:
         """A namespace transaction changed ``inos`` (and their change attribute in the catalog):

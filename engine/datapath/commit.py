@@ -256,12 +256,18 @@ class Committer:
             # at least the change the buffered writes showed (FileBuffer.change): it never
             # goes back, and a writer that saw it then sees no change at the commit
             shown = max(s.fb.change for _sid, s in items)
+            # mtime is the time of the last write committed, not the commit's, unless a setattr
+            # set it after that write (read inside this transaction: setattr's is ordered with it)
+            written = max(
+                (s.written_ns for _sid, s in items if s.written_ns > s.fb.times_set_after),
+                default=None,
+            )
             cursor = sql(
                 conn,
-                "UPDATE inodes SET size = CASE WHEN size < ? THEN ? ELSE size END, mtime_ns = ?, "
-                "ctime_ns = ?, change = CASE WHEN change + 1 < ? THEN ? ELSE change + 1 END "
-                "WHERE ino = ?",
-                (hi, hi, now, now, shown, shown, ino),
+                "UPDATE inodes SET size = CASE WHEN size < ? THEN ? ELSE size END, "
+                "mtime_ns = COALESCE(?, mtime_ns), ctime_ns = ?, "
+                "change = CASE WHEN change + 1 < ? THEN ? ELSE change + 1 END WHERE ino = ?",
+                (hi, hi, written, now, shown, shown, ino),
             )
             alive = cursor.rowcount
             cursor.close()

@@ -161,6 +161,7 @@ class DataPath:
         self.pending_size = self.buffers.pending_size
         self.pending_attrs = self.buffers.pending_attrs
         self.changed = self.buffers.changed
+        self.times_set = self.buffers.times_set
         self.created = self.buffers.created
         self.truncate = self.buffers.truncate
         self.release = self.buffers.release

@@ -42,6 +42,7 @@ class PendingStripe(WriteTicket):
         "encoded",
         "flushing",
         "commits",
+        "written_ns",
     )
 
     def __init__(self, seq, fb, payload, extents, reserved, policy, commits):
@@ -62,6 +63,8 @@ class PendingStripe(WriteTicket):
             False  # a flush waits for it and commits it itself: the committer need not wake
         )
         self.commits = commits  # the Committer that records it
+        # the time of the last write it holds (cut under fb.lock): the mtime its commit records
+        self.written_ns = fb.mtime_ns
 
     def all_written(self) -> None:
         self.fragments = []
@@ -89,6 +92,7 @@ class FileBuffer:
         "dead",
         "change",
         "mtime_ns",
+        "times_set_after",
     )
 
     def __init__(self, ino: int, policy: Policy, size: int, pinned: bool = False):
@@ -109,6 +113,9 @@ class FileBuffer:
         # commit of its stripes brings the catalog's change up to ``change`` (commit.py)
         self.change = 0
         self.mtime_ns = 0
+        # a setattr/utimes set the mtime after the writes up to this mtime_ns: their commit keeps
+        # the time set (cp -p, rsync -t, tar and smbd set times after writing, before COMMIT)
+        self.times_set_after = 0
 
     def idle(self) -> bool:
         return not self.data and not self.inflight

@@ -80,6 +80,8 @@ class FileOps(Lookup):
                 self._charge_size(conn, ino, values["size"] - attr.size)
             if "size" in values and self.data is not None:
                 self.data.truncate(conn, ino, attr.size, values["size"])
+            if "mtime_ns" in values and self.data is not None:
+                self.data.times_set(ino)  # buffered writes' commit keeps this mtime
             values["ctime_ns"] = now
             columns = ", ".join(f"{key} = ?" for key in values)
             _sql(

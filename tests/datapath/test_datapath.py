@@ -593,3 +593,59 @@ def test_times_set_while_writes_are_buffered_keep_their_size(sqlite_engine):
     assert ns.setattr(ROOT, ino, mode=0o640).size == 1024
     ns.commit(ino)
     assert ns.getattr(ino).size == 1024 and ns.read(ino, 0, 4096) == b"x" * 1024
+
+
+OLD_MTIME_NS = 946_684_800_123_456_789  # 2000-01-01, what cp -p / rsync -t / tar x set
+
+
+def _committed_times(engine, ino) -> tuple[int, int]:
+    row = engine.catalog.read(
+        lambda c: c.execute(
+            select(Inode.__table__.c.mtime_ns, Inode.__table__.c.ctime_ns).where(
+                Inode.__table__.c.ino == ino
+            )
+        ).one()
+    )
+    return row[0], row[1]
+
+
+def test_mtime_set_after_buffered_writes_survives_their_commit(engine):
+    """cp -p, rsync -t and tar x write, set the times, then close (COMMIT): the commit of the
+    writes buffered before the setattr keeps the time set, in the committed row too."""
+    ns = engine.ns
+    ino = ns.create(ROOT, ns.root_ino, "copied").ino
+    data = os.urandom(STRIPE + 5000)  # a full stripe in flight and a partial one buffered
+    ns.write(ino, 0, data)
+    ns.write(ino, len(data), b"tail")
+    before_set = time.time_ns()
+    ns.setattr(ROOT, ino, atime_ns=OLD_MTIME_NS, mtime_ns=OLD_MTIME_NS)
+    assert ns.getattr(ino).mtime_ns == OLD_MTIME_NS  # while still buffered
+    ns.commit(ino)
+    after = ns.getattr(ino)
+    assert after.mtime_ns == OLD_MTIME_NS and after.size == len(data) + 4
+    assert after.ctime_ns >= before_set  # ctime moves on every change
+    assert _committed_times(engine, ino)[0] == OLD_MTIME_NS
+    engine.restart()
+    assert engine.ns.getattr(ino).mtime_ns == OLD_MTIME_NS
+    assert engine.ns.read(ino, 0, len(data) + 4) == data + b"tail"
+    # a write after the setattr moves the mtime again, to that write's time
+    written = time.time_ns()
+    engine.ns.write(ino, 0, b"new")
+    engine.ns.commit(ino)
+    assert engine.ns.getattr(ino).mtime_ns >= written
+
+
+def test_commit_records_the_time_of_the_last_write_not_its_own(engine):
+    ns = engine.ns
+    ino = ns.create(ROOT, ns.root_ino, "w").ino
+    first = time.time_ns()
+    ns.write(ino, 0, b"x" * 5000)
+    ns.write(ino, 5000, b"y" * 5000)
+    last = time.time_ns()
+    time.sleep(0.05)  # the commit comes later than the write
+    committing = time.time_ns()
+    ns.commit(ino)
+    mtime, ctime = _committed_times(engine, ino)
+    assert first <= mtime <= last, (first, mtime, last)
+    assert ctime >= committing  # the commit is a change
+    assert ns.getattr(ino).mtime_ns == mtime

@@ -359,3 +359,35 @@ def test_reply_cache_retransmit_waits_for_the_running_call():
     assert cache.begin(("h", 1, 8), check, wait=0.1) == (None, None)
     cache.finish(entry, None)  # not kept: a later retransmit runs as a new call
     assert cache.begin(("h", 1, 8), check)[1] is None
+
+
+def test_mtime_set_between_unstable_writes_and_commit_is_kept_41(server):
+    """cp -p, rsync -t and tar x over NFSv4.1: UNSTABLE WRITEs, SETATTR time_modify_set, COMMIT at
+    close. The COMMIT records the writes but keeps the mtime the client set."""
+    raw = RawClient(server.port).setup()
+    fh, sid = raw.open_new("copied")
+    try:
+        write = t.ARGS[c.OP_WRITE](sid, 0, c.UNSTABLE4, b"hello")
+        assert raw.session([(c.OP_PUTFH, fh), (c.OP_WRITE, write)])[0] == 0
+        seconds, nseconds = 946_684_800, 123_456_789  # 2000-01-01
+        old = t.fattr4.cls(
+            [0, 1 << (c.FATTR4_TIME_MODIFY_SET - 32)],
+            struct.pack(">IqI", c.SET_TO_CLIENT_TIME4, seconds, nseconds),
+        )
+        st, _ = raw.session([(c.OP_PUTFH, fh), (c.OP_SETATTR, t.ARGS[c.OP_SETATTR](sid, old))])
+        assert st == 0
+        st, _ = raw.session([(c.OP_PUTFH, fh), (c.OP_COMMIT, t.ARGS[c.OP_COMMIT](0, 0))])
+        assert st == 0
+        assert _change_and_mtime(raw, fh, 1)[1] == seconds * 10**9 + nseconds
+        # without a SETATTR, the mtime is the write's time, not the COMMIT's
+        before = time.time_ns()
+        write = t.ARGS[c.OP_WRITE](sid, 5, c.UNSTABLE4, b"!")
+        assert raw.session([(c.OP_PUTFH, fh), (c.OP_WRITE, write)])[0] == 0
+        written = _change_and_mtime(raw, fh, 1)[1]
+        time.sleep(0.05)
+        st, _ = raw.session([(c.OP_PUTFH, fh), (c.OP_COMMIT, t.ARGS[c.OP_COMMIT](0, 0))])
+        assert st == 0
+        committed = _change_and_mtime(raw, fh, 1)[1]
+        assert committed == written and committed >= before
+    finally:
+        raw.close()

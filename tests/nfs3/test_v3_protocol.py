@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 
 from nfs3_helpers import GARBAGE_ARGS, Rpc3, add_export, libnfs, nfs_url, start_server
 
@@ -261,3 +262,32 @@ def test_identities_are_squashed_per_export(stack):
         for peer in (admin, root_user, user):
             peer.close()
         srv.stop()
+
+
+def test_mtime_set_between_unstable_writes_and_commit_is_kept(server, rpc):
+    """cp -p, rsync -t and tar x over NFSv3: UNSTABLE WRITEs, SETATTR of the times, COMMIT at
+    close. The COMMIT records the writes but keeps the mtime the client set."""
+    peer = rpc()
+    root = mount_root(peer)
+    fh = create(peer, root, "copied")[1].obj
+    status, _ = peer.nfs(t.NFSPROC3_WRITE, t.WRITE3args.cls(fh, 0, 5, t.UNSTABLE, b"hello"))
+    assert status == t.NFS3_OK
+    old = t.nfstime3.cls(946_684_800, 123_456_789)  # 2000-01-01
+    times = t.sattr3.cls(
+        None, None, None, None, (t.SET_TO_CLIENT_TIME, old), (t.SET_TO_CLIENT_TIME, old)
+    )
+    status, wcc = peer.nfs(t.NFSPROC3_SETATTR, t.SETATTR3args.cls(fh, times, None))
+    assert status == t.NFS3_OK and wcc.after.mtime == old
+    status, _ = peer.nfs(t.NFSPROC3_COMMIT, t.COMMIT3args.cls(fh, 0, 0))
+    assert status == t.NFS3_OK
+    status, attrs = peer.nfs(t.NFSPROC3_GETATTR, fh)
+    assert status == t.NFS3_OK and (attrs.mtime, attrs.size) == (old, 5)
+    # without a SETATTR, the mtime is the write's time, not the COMMIT's
+    before = time.time_ns() // 10**9
+    status, _ = peer.nfs(t.NFSPROC3_WRITE, t.WRITE3args.cls(fh, 5, 1, t.UNSTABLE, b"!"))
+    written = peer.nfs(t.NFSPROC3_GETATTR, fh)[1].mtime
+    time.sleep(0.05)
+    status, _ = peer.nfs(t.NFSPROC3_COMMIT, t.COMMIT3args.cls(fh, 0, 0))
+    assert status == t.NFS3_OK
+    committed = peer.nfs(t.NFSPROC3_GETATTR, fh)[1].mtime
+    assert committed == written and committed.seconds >= before

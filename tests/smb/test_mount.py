@@ -5,9 +5,11 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import time
 
 import pytest
 
+from appliance.smb.mount import CACHE_TIMEOUT_S
 from tests.smb.conftest import shingle
 
 
@@ -119,3 +121,32 @@ def test_a_hard_quota_fails_a_write_on_the_mount_with_edquot(served):
     listed = shingle(served.config, "quota", "list", "--json").stdout
     assert '"used_bytes": 60000' in listed
     shingle(served.config, "quota", "remove", "/quota-tree")
+
+
+def test_times_set_before_close_are_kept_after_the_data_commits(served):
+    """cp -p, rsync -t and smbd (at every close) write, set the times, then close: the flush
+    at close commits the writes but keeps the mtime set, also once the kernel asks again."""
+    path = served.mount / "copied.bin"
+    old_ns = 946_684_800_123_456_789  # 2000-01-01
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, b"c" * 100_000)
+        os.utime(fd, ns=(old_ns, old_ns))
+    finally:
+        os.close(fd)  # FUSE flush: the data commits here
+    assert os.stat(path).st_mtime_ns == old_ns
+    time.sleep(CACHE_TIMEOUT_S + 0.5)  # past the kernel's attribute cache: the mount answers
+    st = os.stat(path)
+    assert (st.st_mtime_ns, st.st_size) == (old_ns, 100_000)
+    # a plain write and close: the mtime is the write's time, not later than the close's
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        before = time.time_ns()
+        os.write(fd, b"d" * 10)
+        written = time.time_ns()
+        time.sleep(0.2)
+    finally:
+        os.close(fd)
+    time.sleep(CACHE_TIMEOUT_S + 0.5)
+    # the kernel's clock and the mount's differ by its timestamp granularity at most
+    assert before - 10**7 <= os.stat(path).st_mtime_ns <= written
