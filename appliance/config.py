@@ -292,6 +292,16 @@ OPTIONS: list[Option] = [
         maximum=65535,
     ),
     Option("smb", "host", "host", "127.0.0.1", "Address smbd listens on (0.0.0.0 for all)."),
+    Option(
+        "smb",
+        "smbd",
+        "choice",
+        "auto",
+        "Who runs smbd, which acts as each SMB user: 'daemon' (shingle serve itself, as root), "
+        "'unit' (shingle-smbd.service, root, mounts the namespace and hands it to the daemon), "
+        "'auto' (daemon when it runs as root, else unit).",
+        choices=("auto", "daemon", "unit"),
+    ),
     Option("webui", "host", "host", "127.0.0.1", "Address the admin web UI listens on."),
     Option("webui", "port", "port", 8080, "TCP port of the admin web UI."),
     Option("webui", "workers", "int", 2, "gunicorn worker processes.", minimum=1, maximum=64),

@@ -43,7 +43,10 @@ class SmbService:
         self.port, self.host = port, host
         self.mountpoint = Path(mountpoint) if mountpoint else self.layout.mount
         # smbd acts as each SMB user: only root runs it; otherwise shingle-smbd.service does
-        self.smbd_unit = os.geteuid() != 0 if smbd_unit is None else smbd_unit
+        if smbd_unit is None:
+            who = appliance.config.get("smb.smbd")
+            smbd_unit = who == "unit" or (who == "auto" and os.geteuid() != 0)
+        self.smbd_unit = smbd_unit
         self.mount: FuseMount | None = None
         self.supervisor: SmbdSupervisor | None = None
         self.handover: FuseHandover | None = None

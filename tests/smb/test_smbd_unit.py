@@ -1,0 +1,153 @@
+"""smbd in a unit of its own, as shingle-smbd.service runs it beside a daemon that is not root: a
+real `shingle serve` with ``smb.smbd = "unit"`` writes smb.conf and waits for the mount; `shingle
+smbd` (root, in a private mount namespace of its own as systemd gives the unit) mounts /dev/fuse,
+hands the descriptor to the daemon and runs smbd. smbclient puts and gets a file through it; the
+unit stops and starts again while the daemon keeps serving and takes the new mount."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.smb.conftest import PASSWORDS, REPO, free_port, shingle
+
+
+def _wait_in_log(path: Path, text: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text():
+        assert proc.poll() is None, f"exited {proc.returncode}: {path.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"{text!r} not in {path}: {path.read_text()[-3000:]}"
+        time.sleep(0.2)
+
+
+def _smbclient(port: int, commands: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            "smbclient",
+            "//127.0.0.1/export",
+            "-p",
+            str(port),
+            "-U",
+            f"alice%{PASSWORDS['alice']}",
+            "-c",
+            commands,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _stop(proc: subprocess.Popen | None) -> int | None:
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+    return proc.returncode
+
+
+@pytest.fixture
+def unit_rig():
+    root = Path(tempfile.mkdtemp(prefix="shingle-smbd-unit-"))
+    root.chmod(0o755)
+    nfs_port, smb_port = free_port(), free_port()
+    subprocess.run(
+        [sys.executable, "-m", "appliance.cli", "init", str(root / "a"), "--drives", "10"]
+        + ["--drive-size", "128MiB", "--zone-size", "16MiB", "--nfs-port", str(nfs_port)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    config = root / "a" / "shingle.toml"
+    text = config.read_text()
+    for old, new in (("# port = 0", f"port = {smb_port}"), ('# smbd = "auto"', 'smbd = "unit"')):
+        assert old in text
+        text = text.replace(old, new, 1)
+    config.write_text(text)
+    procs: dict[str, subprocess.Popen | None] = {"daemon": None, "unit": None}
+
+    def start(name: str, argv: list[str]) -> Path:
+        log = root / f"{name}.log"
+        with open(log, "a") as out:
+            procs[name] = subprocess.Popen(
+                argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        return log
+
+    def start_unit() -> Path:
+        # a mount namespace of its own, as systemd gives the unit: the mount stays in it
+        return start(
+            "unit",
+            ["unshare", "--mount", "--propagation", "private", sys.executable]
+            + ["-m", "appliance.cli", "-c", str(config), "smbd"],
+        )
+
+    try:
+        daemon_log = start(
+            "daemon",
+            [sys.executable, "-m", "appliance.cli", "-c", str(config), "serve", "--no-web"],
+        )
+        yield root, config, smb_port, procs, daemon_log, start_unit
+    finally:
+        unit_status = _stop(procs["unit"])
+        daemon_status = _stop(procs["daemon"])
+        shutil.rmtree(root, ignore_errors=True)
+        assert unit_status in (None, 0), f"shingle smbd exited {unit_status}"
+        assert daemon_status in (None, 0), f"shingle serve exited {daemon_status}"
+
+
+def test_smbd_unit_mounts_for_the_daemon_and_serves_put_and_get(unit_rig, tmp_path):
+    root, config, port, procs, daemon_log, start_unit = unit_rig
+    _wait_in_log(daemon_log, "hand over the SMB mount", procs["daemon"])
+    assert (root / "a" / "smb" / "smb.conf").exists()
+    assert not os.path.ismount(root / "a" / "smb" / "mount"), "the daemon mounted by itself"
+    shingle(config, "smb", "user", "add", "alice", "--password-stdin", stdin="alice-pw-1\n")
+
+    unit_log = start_unit()
+    _wait_in_log(unit_log, "smbd started", procs["unit"])
+    _wait_in_log(daemon_log, "hand-over 1", procs["daemon"])
+    source = tmp_path / "put.bin"
+    data = os.urandom(3 << 20)
+    source.write_bytes(data)
+    done = _smbclient(port, f"put {source} unit.bin")
+    assert done.returncode == 0 and "NT_STATUS" not in done.stdout, done.stdout + done.stderr
+    # the mount's kernel may hold the size it read mid-transfer for its attribute timeout (1 s),
+    # as tests/smb/test_smb.py notes; the bytes are what this test is about
+    time.sleep(1.5)
+    done = _smbclient(port, f"get unit.bin {tmp_path / 'back.bin'}")
+    assert done.returncode == 0 and "NT_STATUS" not in done.stdout, done.stdout + done.stderr
+    assert hashlib.sha256((tmp_path / "back.bin").read_bytes()).digest() == (
+        hashlib.sha256(data).digest()
+    )
+    # the mount lives only in the unit's namespace: never in the host's (the daemon's)
+    assert not os.path.ismount(root / "a" / "smb" / "mount")
+
+    # the unit stops and comes back: the daemon serves on, and takes the new mount
+    assert _stop(procs["unit"]) == 0
+    _wait_in_log(daemon_log, "the SMB mount went away", procs["daemon"])
+    assert procs["daemon"].poll() is None
+    unit_log = start_unit()
+    _wait_in_log(daemon_log, "hand-over 2", procs["daemon"])
+    deadline = time.monotonic() + 60
+    while True:
+        again = _smbclient(port, f"get unit.bin {tmp_path / 'again.bin'}")
+        if again.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert again.returncode == 0, again.stdout + again.stderr + unit_log.read_text()[-2000:]
+    assert (tmp_path / "again.bin").read_bytes() == data
