@@ -104,9 +104,19 @@ class SmbService:
         )
         self.supervisor.refresh()  # smb.conf before the unit looks for it
         self.supervisor.start()
-        handover = self.handover = FuseHandover(self.appliance.namespace, self.layout)
+        handover = self.handover = FuseHandover(
+            self.appliance.namespace, self.layout, on_mount=self._unit_mounted
+        )
         handover.listen()
         handover.start()
+
+    def _unit_mounted(self, mountpoint: Path) -> None:
+        """smb.conf names the unit's mount point before smbd starts on it."""
+        supervisor = self.supervisor
+        assert supervisor is not None
+        # a round of the supervisor racing this one rewrites the same text at its next round
+        supervisor.mount = mountpoint
+        supervisor.refresh()
 
     def _default_export_path(self) -> str:
         from engine import exports as export_service

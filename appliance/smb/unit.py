@@ -6,9 +6,11 @@ FUSE nor run smbd. The work is split:
 
 - the daemon (``FuseHandover``, a thread of ``shingle serve`` when it is not root) writes
   smb.conf and the nss files as before, and listens on ``DATA_DIR/smb/fuse.sock``;
-- ``shingle smbd`` (the unit's main process, root) opens /dev/fuse, mounts it on
-  ``DATA_DIR/smb/mount`` in its own mount namespace (where smbd sees it), hands the
-  descriptor to the daemon over that socket (SCM_RIGHTS), and supervises smbd: it checks the
+- ``shingle smbd`` (the unit's main process, root) opens /dev/fuse, mounts it on ``mount``
+  in the unit's RuntimeDirectory (/run/shingle-smbd, which every SMB user may traverse, unlike
+  the daemon's 0750 state folder) in its own mount namespace (where smbd sees it), hands the
+  descriptor and that path to the daemon over that socket (SCM_RIGHTS; the daemon writes the
+  path into smb.conf before it answers), and supervises smbd: it checks the
   VFS modules, sends SIGHUP when the daemon rewrites smb.conf, restarts smbd when it exits.
   smbd itself runs without CAP_SYS_ADMIN (dropped from its bounding set before exec).
 
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("shingle.smb")
 
 HANDOVER_OK = b"serving\n"
+MOUNT_WORD = b"mount "  # the hand-over: b"mount /PATH" with the descriptor
 WAIT_DAEMON_S = 1.0  # how often `shingle smbd` looks for the daemon's socket
 MS_NOSUID, MS_NODEV, MS_NOATIME = 0x2, 0x4, 0x400
 MNT_DETACH = 2
@@ -56,9 +59,10 @@ class FuseHandover(threading.Thread):
     """Serves the namespace on each /dev/fuse descriptor shingle-smbd.service hands over (one at
     a time: pyfuse3 holds one session per process)."""
 
-    def __init__(self, namespace, layout: SambaLayout):
+    def __init__(self, namespace, layout: SambaLayout, on_mount=lambda mountpoint: None):
         super().__init__(name="fuse-handover", daemon=True)
         self.namespace, self.layout = namespace, layout
+        self.on_mount = on_mount  # the mount's path, before the unit hears "serving"
         self.mount: FuseMount | None = None
         self.handovers = 0
         self._stopping = threading.Event()
@@ -102,19 +106,26 @@ class FuseHandover(threading.Thread):
             return
         conn.settimeout(30)
         fds = array.array("i")
-        _, ancillary, _, _ = conn.recvmsg(16, socket.CMSG_SPACE(fds.itemsize))
+        message, ancillary, _, _ = conn.recvmsg(4096, socket.CMSG_SPACE(fds.itemsize))
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-        if len(fds) != 1:
+        mountpoint = Path(os.fsdecode(message.removeprefix(MOUNT_WORD)))
+        if len(fds) != 1 or not message.startswith(MOUNT_WORD) or not mountpoint.is_absolute():
             for fd in fds:
                 os.close(fd)
-            log.error("SMB mount hand-over without exactly one descriptor (%d)", len(fds))
+            log.error(
+                "SMB mount hand-over refused: %d descriptors (1 expected), message %r "
+                "('mount /ABSOLUTE/PATH' expected)",
+                len(fds),
+                message[:100],
+            )
             return
         mount = self.mount = FuseMount(
-            self.namespace, self.layout.mount, allow_other=True, device_fd=fds[0]
+            self.namespace, mountpoint, allow_other=True, device_fd=fds[0]
         )
         mount.start()
+        self.on_mount(mountpoint)
         self.handovers += 1
         conn.sendall(HANDOVER_OK)
         log.info("serving the SMB mount of shingle-smbd.service (hand-over %d)", self.handovers)
@@ -167,11 +178,14 @@ def mount_answers(mountpoint: Path) -> bool:
     return os.path.ismount(mountpoint)
 
 
-def hand_over(sock_path: Path, fd: int, timeout: float = 60.0) -> None:
+def hand_over(sock_path: Path, fd: int, mountpoint: Path, timeout: float = 60.0) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
         sock.settimeout(timeout)
         sock.connect(str(sock_path))
-        sock.sendmsg([b"f"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+        sock.sendmsg(
+            [MOUNT_WORD + bytes(mountpoint)],
+            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))],
+        )
         reply = sock.recv(64)
     if reply != HANDOVER_OK:
         raise OSError(errno.EPROTO, f"the daemon did not take the SMB mount: {reply!r}")
@@ -186,10 +200,8 @@ class UnitSmbd(SmbdSupervisor):
     """SmbdSupervisor for shingle-smbd.service: the daemon writes smb.conf and the nss files;
     this one reloads smbd when they change on disk."""
 
-    def __init__(self, layout: SambaLayout, *, host: str, port: int, mount_alive):
-        super().__init__(
-            None, layout, mount=layout.mount, host=host, port=port, mount_alive=mount_alive
-        )
+    def __init__(self, layout: SambaLayout, *, mount: Path, host: str, port: int, mount_alive):
+        super().__init__(None, layout, mount=mount, host=host, port=port, mount_alive=mount_alive)
         self._seen: tuple = ()
         self.preexec = _drop_sys_admin
 
@@ -219,33 +231,40 @@ def serve_smbd_unit(config, stop: threading.Event) -> int:
         return 0
     host = config.get("smb.host")
     layout = SambaLayout.for_data_dir(config.data_dir)
+    # systemd's RuntimeDirectory= (0755): SMB users reach the mount; the daemon's folders are 0750
+    runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    mountpoint = Path(runtime) / "mount" if runtime else layout.mount
     while not stop.is_set():
         if not (layout.fuse_socket.exists() and layout.conf.exists()):
             stop.wait(WAIT_DAEMON_S)  # the daemon is not up (yet, or again)
             continue
         daemon = os.stat(layout.root)
-        layout.mount.mkdir(exist_ok=True)
-        unmount(layout.mount)  # a mount of a daemon that went away
-        fd = mount_fuse(layout.mount, daemon.st_uid, daemon.st_gid)
+        mountpoint.mkdir(exist_ok=True)
+        unmount(mountpoint)  # a mount of a daemon that went away
+        fd = mount_fuse(mountpoint, daemon.st_uid, daemon.st_gid)
         try:
-            hand_over(layout.fuse_socket, fd)
+            hand_over(layout.fuse_socket, fd, mountpoint)
         except OSError as exc:
             log.warning("SMB mount hand-over to the daemon failed: %s; trying again", exc)
-            unmount(layout.mount)
+            unmount(mountpoint)
             stop.wait(WAIT_DAEMON_S)
             continue
         finally:
             os.close(fd)
-        log.info("the daemon serves the SMB mount %s", layout.mount)
+        log.info("the daemon serves the SMB mount %s", mountpoint)
         own_smbd_dirs(layout)
         supervisor = UnitSmbd(
-            layout, host=host, port=port, mount_alive=lambda: mount_answers(layout.mount)
+            layout,
+            mount=mountpoint,
+            host=host,
+            port=port,
+            mount_alive=lambda: mount_answers(mountpoint),
         )
         supervisor.start()
         while supervisor.is_alive() and not stop.wait(1.0):
             pass
         supervisor.stop()
-        unmount(layout.mount)
+        unmount(mountpoint)
     return 0
 
 

@@ -60,6 +60,14 @@ def _stop(proc: subprocess.Popen | None) -> int | None:
     return proc.returncode
 
 
+def unit_capabilities() -> str:
+    """CapabilityBoundingSet= of systemd/shingle-smbd.service, as setpriv takes it."""
+    unit = (REPO / "systemd" / "shingle-smbd.service").read_text()
+    line = next(x for x in unit.splitlines() if x.startswith("CapabilityBoundingSet="))
+    names = line.split("=", 1)[1].split()
+    return ",".join("+" + n.removeprefix("CAP_").lower() for n in names)
+
+
 @pytest.fixture
 def unit_rig():
     root = Path(tempfile.mkdtemp(prefix="shingle-smbd-unit-"))
@@ -73,6 +81,10 @@ def unit_rig():
         capture_output=True,
         timeout=60,
     )
+    # as /var/lib/shingle (StateDirectoryMode=0750): SMB users cannot reach the daemon's folders
+    (root / "a").chmod(0o750)
+    runtime = root / "run-shingle-smbd"  # the unit's RuntimeDirectory=
+    runtime.mkdir(mode=0o755)
     config = root / "a" / "shingle.toml"
     text = config.read_text()
     for old, new in (("# port = 0", f"port = {smb_port}"), ('# smbd = "auto"', 'smbd = "unit"')):
@@ -81,20 +93,28 @@ def unit_rig():
     config.write_text(text)
     procs: dict[str, subprocess.Popen | None] = {"daemon": None, "unit": None}
 
-    def start(name: str, argv: list[str]) -> Path:
+    def start(name: str, argv: list[str], env: dict | None = None) -> Path:
         log = root / f"{name}.log"
         with open(log, "a") as out:
             procs[name] = subprocess.Popen(
-                argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                argv,
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
             )
         return log
 
     def start_unit() -> Path:
-        # a mount namespace of its own, as systemd gives the unit: the mount stays in it
+        # the unit's capabilities and NoNewPrivileges, and a mount namespace of its own as
+        # systemd gives the unit: the mount stays in it
         return start(
             "unit",
-            ["unshare", "--mount", "--propagation", "private", sys.executable]
+            ["setpriv", "--no-new-privs", "--bounding-set", f"-all,{unit_capabilities()}"]
+            + ["unshare", "--mount", "--propagation", "private", sys.executable]
             + ["-m", "appliance.cli", "-c", str(config), "smbd"],
+            {"RUNTIME_DIRECTORY": str(runtime)},
         )
 
     try:
@@ -135,7 +155,8 @@ def test_smbd_unit_mounts_for_the_daemon_and_serves_put_and_get(unit_rig, tmp_pa
         hashlib.sha256(data).digest()
     )
     # the mount lives only in the unit's namespace: never in the host's (the daemon's)
-    assert not os.path.ismount(root / "a" / "smb" / "mount")
+    assert not os.path.ismount(root / "run-shingle-smbd" / "mount")
+    assert f"path = {root / 'run-shingle-smbd' / 'mount'}" in (root / "a/smb/smb.conf").read_text()
 
     # the unit stops and comes back: the daemon serves on, and takes the new mount
     assert _stop(procs["unit"]) == 0
