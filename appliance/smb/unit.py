@@ -245,7 +245,13 @@ def serve_smbd_unit(config, stop: threading.Event) -> int:
         try:
             hand_over(layout.fuse_socket, fd, mountpoint)
         except OSError as exc:
-            log.warning("SMB mount hand-over to the daemon failed: %s; trying again", exc)
+            # refused: the socket of a daemon that went away, until the next one listens
+            quiet = isinstance(exc, ConnectionRefusedError | FileNotFoundError)
+            log.log(
+                logging.DEBUG if quiet else logging.WARNING,
+                "SMB mount hand-over to the daemon failed: %s; trying again",
+                exc,
+            )
             unmount(mountpoint)
             stop.wait(WAIT_DAEMON_S)
             continue
