@@ -226,6 +226,22 @@ def _run_tool(layout: SambaLayout, argv: list[str], stdin: str = "") -> subproce
     )
 
 
+def give_private_to_owner(layout: SambaLayout) -> None:
+    """Root's pdbedit (`shingle smb` by root) and smbd (shingle-smbd.service) create passdb.tdb
+    and secrets.tdb as root, 0600: the owner of DATA_DIR/smb (the service user, whose web UI sets
+    passwords) must go on writing them."""
+    if os.geteuid() != 0:
+        return
+    owner = layout.root.stat()
+    if owner.st_uid == 0:
+        return
+    private = layout.dir("private")
+    for path in [private, *private.iterdir()]:
+        found = path.lstat()
+        if (found.st_uid, found.st_gid) != (owner.st_uid, owner.st_gid):
+            os.chown(path, owner.st_uid, owner.st_gid, follow_symlinks=False)
+
+
 class SambaPassdb:
     """engine.smb.Passdb over Samba's tdbsam in the layout's private dir (pdbedit)."""
 
@@ -254,6 +270,7 @@ class SambaPassdb:
             ["pdbedit", "-s", str(self.layout.tools_conf), "-a", "-t", "-u", user.name],
             f"{password}\n{password}\n",
         )
+        give_private_to_owner(self.layout)
         if done.returncode != 0:
             raise errors.IOFailure(
                 f"pdbedit -a {user.name} failed: {(done.stderr or done.stdout).strip()}"
@@ -263,6 +280,7 @@ class SambaPassdb:
         done = _run_tool(
             self.layout, ["pdbedit", "-s", str(self.layout.tools_conf), "-x", "-u", name]
         )
+        give_private_to_owner(self.layout)
         if done.returncode != 0 and "not find" not in (done.stderr + done.stdout).lower():
             log.warning("pdbedit -x %s: %s", name, (done.stderr or done.stdout).strip())
 

@@ -32,7 +32,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from appliance.smb.samba import SambaLayout, SmbdSupervisor
+from appliance.smb.samba import SambaLayout, SmbdSupervisor, give_private_to_owner
 
 if TYPE_CHECKING:
     from appliance.smb.mount import FuseMount
@@ -206,6 +206,7 @@ class UnitSmbd(SmbdSupervisor):
         self.preexec = _drop_sys_admin
 
     def refresh(self) -> bool:
+        give_private_to_owner(self.layout)  # secrets.tdb that smbd made, for the web UI's pdbedit
         seen = tuple(
             path.read_bytes() if path.exists() else b""
             for path in (self.layout.conf, self.layout.passwd, self.layout.group)

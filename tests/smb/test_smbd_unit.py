@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -29,7 +30,7 @@ def _wait_in_log(path: Path, text: str, proc: subprocess.Popen, timeout: float =
         time.sleep(0.2)
 
 
-def _smbclient(port: int, commands: str) -> subprocess.CompletedProcess:
+def _smbclient(port: int, commands: str, password: str = PASSWORDS["alice"]):
     return subprocess.run(
         [
             "smbclient",
@@ -37,7 +38,7 @@ def _smbclient(port: int, commands: str) -> subprocess.CompletedProcess:
             "-p",
             str(port),
             "-U",
-            f"alice%{PASSWORDS['alice']}",
+            f"alice%{password}",
             "-c",
             commands,
         ],
@@ -136,6 +137,11 @@ def test_smbd_unit_mounts_for_the_daemon_and_serves_put_and_get(unit_rig, tmp_pa
     _wait_in_log(daemon_log, "hand over the SMB mount", procs["daemon"])
     assert (root / "a" / "smb" / "smb.conf").exists()
     assert not os.path.ismount(root / "a" / "smb" / "mount"), "the daemon mounted by itself"
+    # DATA_DIR/smb belongs to the service user (here nobody), as on an installed appliance
+    smb_dir = root / "a" / "smb"
+    nobody = pwd.getpwnam("nobody")
+    os.chown(root / "a", 0, nobody.pw_gid)
+    os.chown(smb_dir, nobody.pw_uid, nobody.pw_gid)
     shingle(config, "smb", "user", "add", "alice", "--password-stdin", stdin="alice-pw-1\n")
 
     unit_log = start_unit()
@@ -158,6 +164,25 @@ def test_smbd_unit_mounts_for_the_daemon_and_serves_put_and_get(unit_rig, tmp_pa
     assert not os.path.ismount(root / "run-shingle-smbd" / "mount")
     assert f"path = {root / 'run-shingle-smbd' / 'mount'}" in (root / "a/smb/smb.conf").read_text()
 
+    # what root wrote to the passdb (the CLI; smbd's secrets) stays the service user's: its web
+    # UI changes alice's password with pdbedit, as itself
+    assert {p.stat().st_uid for p in (smb_dir / "private").iterdir()} == {nobody.pw_uid}
+    changed = subprocess.run(
+        ["runuser", "-u", "nobody", "--", "env", "LD_PRELOAD=libnss_wrapper.so"]
+        + [
+            f"NSS_WRAPPER_PASSWD={smb_dir / 'nss/passwd'}",
+            f"NSS_WRAPPER_GROUP={smb_dir / 'nss/group'}",
+        ]
+        + ["pdbedit", "-s", str(smb_dir / "tools.conf"), "-a", "-t", "-u", "alice"],
+        input="alice-pw-2\nalice-pw-2\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # (it also says it cannot open smbd's root-owned state databases: warnings only; the login
+    # with the new password below is the proof)
+    assert changed.returncode == 0, changed.stderr
+
     # the unit stops and comes back: the daemon serves on, and takes the new mount
     assert _stop(procs["unit"]) == 0
     _wait_in_log(daemon_log, "the SMB mount went away", procs["daemon"])
@@ -166,7 +191,7 @@ def test_smbd_unit_mounts_for_the_daemon_and_serves_put_and_get(unit_rig, tmp_pa
     _wait_in_log(daemon_log, "hand-over 2", procs["daemon"])
     deadline = time.monotonic() + 60
     while True:
-        again = _smbclient(port, f"get unit.bin {tmp_path / 'again.bin'}")
+        again = _smbclient(port, f"get unit.bin {tmp_path / 'again.bin'}", "alice-pw-2")
         if again.returncode == 0 or time.monotonic() > deadline:
             break
         time.sleep(0.5)
