@@ -12,7 +12,8 @@ FUSE nor run smbd. The work is split:
   descriptor and that path to the daemon over that socket (SCM_RIGHTS; the daemon writes the
   path into smb.conf before it answers), and supervises smbd: it checks the
   VFS modules, sends SIGHUP when the daemon rewrites smb.conf, restarts smbd when it exits.
-  smbd itself runs without CAP_SYS_ADMIN (dropped from its bounding set before exec).
+  smbd itself runs without CAP_SYS_ADMIN and CAP_SETPCAP (dropped from its bounding set
+  before exec).
 
 The daemon serves the FUSE requests on the descriptor it received; when it restarts, the
 mount answers ENOTCONN and ``shingle smbd`` stops smbd, unmounts, waits for the new daemon and
@@ -44,7 +45,7 @@ MOUNT_WORD = b"mount "  # the hand-over: b"mount /PATH" with the descriptor
 WAIT_DAEMON_S = 1.0  # how often `shingle smbd` looks for the daemon's socket
 MS_NOSUID, MS_NODEV, MS_NOATIME = 0x2, 0x4, 0x400
 MNT_DETACH = 2
-PR_CAPBSET_DROP, CAP_SYS_ADMIN = 24, 21
+PR_CAPBSET_DROP, CAP_SYS_ADMIN, CAP_SETPCAP = 24, 21, 8
 # the daemon's smbd runtime folders that smbd, as root, insists on owning (lock and pid dirs are
 # checked strictly: owner = smbd's uid, mode 0755)
 ROOT_DIRS = ("lock", "pid", "ncalrpc", "state", "cache", "log")
@@ -192,8 +193,13 @@ def hand_over(sock_path: Path, fd: int, mountpoint: Path, timeout: float = 60.0)
 
 
 def _drop_sys_admin() -> None:
-    # runs in smbd's child before exec: the mount is done, smbd needs no CAP_SYS_ADMIN
-    _libc().prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0)
+    """In smbd's child before exec: the mount is done, smbd needs no CAP_SYS_ADMIN, and then no
+    CAP_SETPCAP (the one that lets a process drop capabilities from its bounding set)."""
+    libc = _libc()
+    for capability in (CAP_SYS_ADMIN, CAP_SETPCAP):
+        if libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"dropping capability {capability} before smbd: {os.strerror(err)}")
 
 
 class UnitSmbd(SmbdSupervisor):

@@ -148,7 +148,7 @@ def test_smbd_runs_as_root_with_the_least_it_needs(installed_root):
     assert one[("Service", "ExecStart")].endswith(" smbd")
     assert one[("Service", "User")] == "root"
     assert sorted(one[("Service", "CapabilityBoundingSet")].split()) == sorted(
-        "CAP_SYS_ADMIN CAP_SETUID CAP_SETGID CAP_NET_BIND_SERVICE CAP_CHOWN CAP_FOWNER "
+        "CAP_SYS_ADMIN CAP_SETPCAP CAP_SETUID CAP_SETGID CAP_NET_BIND_SERVICE CAP_CHOWN CAP_FOWNER "
         "CAP_DAC_OVERRIDE CAP_DAC_READ_SEARCH CAP_KILL CAP_SYS_RESOURCE".split()
     )
     for key in ("NoNewPrivileges", "ProtectHome", "PrivateTmp", "ProtectKernelModules"):

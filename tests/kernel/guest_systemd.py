@@ -366,6 +366,10 @@ class Run:
         uid = fields["Uid"].split()[0]
         bounding = int(fields["CapBnd"].strip(), 16)
         expect(not bounding & (1 << 21), f"smbd holds CAP_SYS_ADMIN: CapBnd {bounding:#x}")
+        # root's CLI and smbd wrote the passdb: it stays the service user's (its web UI)
+        private = "/var/lib/shingle/smb/private"
+        owners = {owner(os.path.join(private, name)) for name in os.listdir(private)}
+        expect(owners == {"shingle"}, f"{private} holds files of {owners}")
         line = next(x for x in ok(self.shingle, "status").splitlines() if x.startswith("smb "))
         expect("smbd running" in line, line)
         return (

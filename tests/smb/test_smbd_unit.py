@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from appliance.smb.unit import CAP_SETPCAP, CAP_SYS_ADMIN
 from tests.smb.conftest import PASSWORDS, REPO, free_port, shingle
 
 
@@ -59,6 +60,19 @@ def _stop(proc: subprocess.Popen | None) -> int | None:
             proc.kill()
             proc.wait(30)
     return proc.returncode
+
+
+def _smbd_pids(root: Path) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"smbd") and str(root).encode() in b" ".join(cmd):
+            found.append(int(entry.name))
+    assert found, "no smbd"
+    return found
 
 
 def unit_capabilities() -> str:
@@ -160,6 +174,13 @@ def test_smbd_unit_mounts_for_the_daemon_and_serves_put_and_get(unit_rig, tmp_pa
     assert hashlib.sha256((tmp_path / "back.bin").read_bytes()).digest() == (
         hashlib.sha256(data).digest()
     )
+    # smbd itself keeps neither the mount's capability nor the one that dropped it
+    for pid in _smbd_pids(root):
+        status = Path(f"/proc/{pid}/status").read_text()
+        bounding = int(
+            next(x for x in status.splitlines() if x.startswith("CapBnd:")).split()[1], 16
+        )
+        assert not bounding & (1 << CAP_SYS_ADMIN | 1 << CAP_SETPCAP), f"smbd {pid}: {bounding:#x}"
     # the mount lives only in the unit's namespace: never in the host's (the daemon's)
     assert not os.path.ismount(root / "run-shingle-smbd" / "mount")
     assert f"path = {root / 'run-shingle-smbd' / 'mount'}" in (root / "a/smb/smb.conf").read_text()
