@@ -509,6 +509,8 @@ class SmbdSupervisor(threading.Thread):
 
     def run(self) -> None:
         self.layout.create()
+        if self.run_smbd:
+            write_problem(self.layout, None)  # a daemon killed before it could clear its own
         while not self._stopping.is_set():
             try:
                 if not self.mount_alive():
@@ -569,6 +571,11 @@ class SmbdSupervisor(threading.Thread):
         missing = missing_vfs_modules(self.layout.conf.read_text(), self.build)
         if missing:
             return missing_modules_problem(missing, self.build)
+        if (
+            self.proc is None
+        ):  # only this smbd's lines count: not an earlier run's, nor a dead one's
+            self._load_error = None
+            return None
         try:
             with open(self.layout.log_file, "rb") as f:
                 f.seek(self._log_offset)

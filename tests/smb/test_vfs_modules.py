@@ -104,6 +104,11 @@ def test_a_missing_vfs_module_is_reported_and_smbd_waits_for_it(
     mount.mkdir(mode=0o777)
     mount.chmod(0o777)
     port = free_port()
+    # an earlier smbd's complaint (before the package was installed) is history, not a problem
+    layout.create()
+    layout.log_file.write_text(
+        "Error loading module '/usr/lib/x86_64-linux-gnu/samba/vfs/fruit.so': cannot open\n"
+    )
     # smbd's own modules are there: the check looks in a folder without them
     no_modules = SmbdBuild(tmp_path / "no-modules", frozenset({"default"}))
     supervisor = SmbdSupervisor(
@@ -157,3 +162,26 @@ def test_a_missing_vfs_module_is_reported_and_smbd_waits_for_it(
     finally:
         supervisor.stop()
     assert supervisor.proc is None
+
+
+def test_a_problem_an_earlier_daemon_left_is_cleared_when_smbd_serves(
+    sqlite_catalog, share_dir, monkeypatch
+):
+    """A daemon killed while it reported a problem leaves problem.json; the next one, with the
+    modules there, must not go on reporting it."""
+    monkeypatch.setattr(samba, "RELOAD_S", 0.1)
+    layout = SambaLayout(share_dir / "smb")
+    layout.create()
+    samba.write_problem(layout, "smbd cannot load the VFS modules fruit (an earlier run)")
+    mount = share_dir / "mount"
+    mount.mkdir()
+    supervisor = SmbdSupervisor(
+        sqlite_catalog, layout, mount=mount, host="127.0.0.1", port=free_port()
+    )
+    supervisor.start()
+    try:
+        _wait(supervisor.started_ok.is_set, "smbd to start")
+        assert not layout.problem_file.exists()
+        assert smb_report(share_dir, sqlite_catalog)["problem"] is None
+    finally:
+        supervisor.stop()
