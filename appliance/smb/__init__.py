@@ -112,11 +112,8 @@ class SmbService:
 
     def _unit_mounted(self, mountpoint: Path) -> None:
         """smb.conf names the unit's mount point before smbd starts on it."""
-        supervisor = self.supervisor
-        assert supervisor is not None
-        # a round of the supervisor racing this one rewrites the same text at its next round
-        supervisor.mount = mountpoint
-        supervisor.refresh()
+        assert self.supervisor is not None
+        self.supervisor.set_mount(mountpoint)
 
     def _default_export_path(self) -> str:
         from engine import exports as export_service

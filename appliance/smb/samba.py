@@ -457,6 +457,7 @@ class SmbdSupervisor(threading.Thread):
         self.preexec: Callable[[], None] | None = None
         self.restarts = 0
         self._stopping = threading.Event()
+        self._refresh_lock = threading.Lock()
         self._conf_text = ""
         self._nss = ("", "")
         self._backoff = RESTART_MIN_S
@@ -464,8 +465,19 @@ class SmbdSupervisor(threading.Thread):
         self.started_ok = threading.Event()  # set once smbd accepts connections
 
     # -- configuration --------------------------------------------------------------------------
+    def set_mount(self, mount: Path) -> None:
+        """Share ``mount`` from now on (shingle-smbd.service's mount point): smb.conf names it
+        when this returns."""
+        with self._refresh_lock:
+            self.mount = Path(mount)
+        self.refresh()
+
     def refresh(self) -> bool:
         """Write smb.conf and the nss files from the catalog; whether anything changed."""
+        with self._refresh_lock:  # the thread's round and set_mount() write one after the other
+            return self._refresh()
+
+    def _refresh(self) -> bool:
         users = smb_service.list_users(self.catalog)
         shares = smb_service.list_shares(self.catalog, enabled_only=True)
         text = render_conf(self.layout, shares, mount=self.mount, host=self.host, port=self.port)

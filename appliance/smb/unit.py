@@ -211,7 +211,7 @@ class UnitSmbd(SmbdSupervisor):
         self._seen: tuple = ()
         self.preexec = _drop_sys_admin
 
-    def refresh(self) -> bool:
+    def _refresh(self) -> bool:
         give_private_to_owner(self.layout)  # secrets.tdb that smbd made, for the web UI's pdbedit
         seen = tuple(
             path.read_bytes() if path.exists() else b""

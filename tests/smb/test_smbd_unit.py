@@ -11,6 +11,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,18 @@ def _wait_in_log(path: Path, text: str, proc: subprocess.Popen, timeout: float =
         assert proc.poll() is None, f"exited {proc.returncode}: {path.read_text()[-3000:]}"
         assert time.monotonic() < deadline, f"{text!r} not in {path}: {path.read_text()[-3000:]}"
         time.sleep(0.2)
+
+
+def _wait_listening(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert proc.poll() is None, f"exited {proc.returncode}: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"smbd not listening: {log.read_text()[-3000:]}"
+            time.sleep(0.2)
 
 
 def _smbclient(port: int, commands: str, password: str = PASSWORDS["alice"]):
@@ -159,8 +172,8 @@ def test_smbd_unit_mounts_for_the_daemon_and_serves_put_and_get(unit_rig, tmp_pa
     shingle(config, "smb", "user", "add", "alice", "--password-stdin", stdin="alice-pw-1\n")
 
     unit_log = start_unit()
-    _wait_in_log(unit_log, "smbd started", procs["unit"])
     _wait_in_log(daemon_log, "hand-over 1", procs["daemon"])
+    _wait_listening(port, procs["unit"], unit_log)
     source = tmp_path / "put.bin"
     data = os.urandom(3 << 20)
     source.write_bytes(data)
