@@ -307,7 +307,7 @@ def cmd_serve(args) -> int:
     from appliance.maintenance import Maintenance
     from appliance.nfs.onc.limits import NetLimits
     from appliance.nfs.server import NfsServerThread
-    from appliance.runtime import MALLOC_MMAP_THRESHOLD, Appliance, tune_malloc
+    from appliance.runtime import MALLOC_MMAP_THRESHOLD, Appliance, HeapTrim, tune_malloc
 
     config = load_config(args)
     log_mod.configure(config.get("logging.level"))
@@ -367,7 +367,9 @@ def cmd_serve(args) -> int:
             web = start_webui(config, args.web_port)
         notify_ready()
         watchdog = start_watchdog(server)
+        heap = HeapTrim(lambda: daemon_activity(server, appliance))
         while not stop.wait(1.0):
+            heap.tick()
             if web is not None and web.poll() is not None:
                 log.error("web UI exited with status %s; stopping", web.returncode)
                 return 1
@@ -425,6 +427,12 @@ def cmd_smbd(args) -> int:
 def daemon_counters(server, appliance) -> dict:
     """Cumulative counters the web UI charts (names: engine/metrics.py)."""
     return {**server.stats(), **appliance.datapath.counters()}
+
+
+def daemon_activity(server, appliance) -> int:
+    """A number that moves while the daemon works: request bytes the NFS server took in, bytes
+    written to the drives (also by SMB and by jobs)."""
+    return server.server.budget.taken + appliance.datapath.stats["media_bytes_written"]
 
 
 def start_webui(config, port: int | None):

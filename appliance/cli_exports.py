@@ -63,9 +63,10 @@ def cmd_exports(args) -> int:
         if args.action == "own-folder":
             export = export_service.get(catalog, args.id)
             export_service.own_folder(namespace, export)
+            folder = namespace.resolve(export.path)
             print(
                 f"export {export.id} ({export.name}): {export.path} is now owned by "
-                f"{export.anon_uid}:{export.anon_gid}"
+                f"{export.anon_uid}:{export.anon_gid}, mode {folder.mode & 0o7777:o}"
             )
             return 0
         try:
@@ -135,9 +136,10 @@ def register(subparsers) -> None:
     _change_options(change, new=False)
     own = actions.add_parser(
         "own-folder",
-        help="give the export's folder to its anonymous user (`shingle doctor` says when: "
-        "root clients of a root_squash export cannot open new files in a sticky folder "
-        "someone else owns)",
+        help="give the export's folder to its anonymous user, and the sticky bit back if it is "
+        "world-writable (`shingle doctor` says when: root clients of a root_squash export cannot "
+        "open new files in a sticky folder someone else owns, or anyone may remove others' "
+        "files)",
     )
     own.add_argument("id", type=int, metavar="ID")
     remove = actions.add_parser("remove", help="remove one export (the files stay)")

@@ -10,7 +10,7 @@ import json
 from appliance.cli import UsageError, load_config, size_arg
 from appliance.runtime import open_catalog
 from engine.namespace import Namespace
-from engine.quotas import QuotaInfo, QuotaService
+from engine.quota_service import QuotaInfo, QuotaService
 from engine.units import format_size
 
 ACTOR = "cli"

@@ -166,8 +166,9 @@ OPTIONS: list[Option] = [
         "max_record_size",
         "size",
         "5MiB",
-        "Largest RPC record accepted; a larger one closes the connection. Must exceed 1 MiB "
-        "READ/WRITE plus headers.",
+        "Largest RPC record accepted; a larger one closes the connection. Also the largest reply: "
+        "an NFSv4.1 session's ca_maxresponsesize, and an NFSv4.0 COMPOUND whose reply would grow "
+        "past it stops with NFS4ERR_RESOURCE. Must exceed 1 MiB READ/WRITE plus headers.",
         minimum=1 << 20,
         maximum=64 << 20,
     ),
@@ -280,6 +281,17 @@ OPTIONS: list[Option] = [
         "A record (RPC call) begun and not complete after this long closes its connection, "
         "whatever its byte rate (slow-sending clients hold memory).",
         minimum=0.1,
+    ),
+    Option(
+        "nfs",
+        "max_compound_ops",
+        "int",
+        64,
+        "Most operations in one NFSv4 COMPOUND: in NFSv4.0 the operation past it answers "
+        "NFS4ERR_RESOURCE (those before it run), and an NFSv4.1 session's ca_maxoperations is at "
+        "most this (a longer COMPOUND gets NFS4ERR_TOO_MANY_OPS).",
+        minimum=2,
+        maximum=4096,
     ),
     Option(
         "smb",

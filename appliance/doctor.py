@@ -358,15 +358,8 @@ def check_clock(run=subprocess.run) -> Check:
 
 
 # -- config and catalog -------------------------------------------------------------
-def bounded_url(url: str) -> str:
-    """A PostgreSQL URL that gives up after 5 s: a doctor must not hang on an unreachable host."""
-    if url.startswith("postgresql") and "connect_timeout=" not in url:
-        return url + ("&" if "?" in url else "?") + "connect_timeout=5"
-    return url
-
-
 def check_catalog(config: config_mod.Config) -> Check:
-    from engine.catalog.migrate import current_revision, head_revision
+    from engine.catalog.migrate import bounded_url, current_revision, head_revision
 
     url = config.catalog_url
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
@@ -397,32 +390,50 @@ def check_catalog(config: config_mod.Config) -> Check:
 
 
 def check_export_folders(config: config_mod.Config) -> Check:
-    """Exports whose root clients cannot open the files they create (engine.exports.
-    root_create_refused): a warning, since nothing is lost and other users are not affected."""
+    """Export folders in a state older versions left: a root squashed to someone other than
+    the folder's owner, whose open of a new file Linux clients refuse (engine.exports.
+    root_create_refused), and a world-writable folder without its sticky bit, as a squashed
+    root could leave it (engine.exports.sticky_bit_lost). Warnings: nothing is lost yet."""
     from engine import exports as export_service
     from engine.catalog.database import Catalog
+    from engine.catalog.migrate import bounded_url
     from engine.namespace import Namespace
 
     catalog = Catalog(bounded_url(config.catalog_url))
     try:
         namespace = Namespace(catalog)
-        refused = [
-            e
-            for e in export_service.list_exports(catalog)
-            if export_service.root_create_refused(namespace, e)
-        ]
+        problems = []
+        for e in export_service.list_exports(catalog):
+            if export_service.sticky_bit_lost(namespace, e):
+                problems.append(
+                    (
+                        e,
+                        "world-writable without the sticky bit: any client user may remove "
+                        "or rename every other user's files there",
+                    )
+                )
+            elif export_service.root_create_refused(namespace, e):
+                problems.append(
+                    (
+                        e,
+                        "a sticky world-writable folder not owned by the export's anonymous "
+                        "user, so Linux clients' fs.protected_regular refuses a root user's "
+                        "open of a new file there (EACCES) after the server made it",
+                    )
+                )
     finally:
         catalog.close()
-    if not refused:
-        return Check("export folders", "ok", "root clients can open the files they create")
-    names = ", ".join(f"{e.id} ({e.name}: {e.path})" for e in refused)
+    if not problems:
+        return Check(
+            "export folders",
+            "ok",
+            "sticky where world-writable; root clients can open the files they create",
+        )
     return Check(
         "export folders",
         "warn",
-        f"export {names}: a sticky world-writable folder not owned by the export's anonymous "
-        "user, so Linux clients' fs.protected_regular refuses a root user's open of a new file "
-        "there (EACCES) after the server made it",
-        "; ".join(f"shingle exports own-folder {e.id}" for e in refused),
+        "; ".join(f"export {e.id} ({e.name}: {e.path}): {why}" for e, why in problems),
+        "; ".join(f"shingle exports own-folder {e.id}" for e, _ in problems),
     )
 
 

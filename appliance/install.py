@@ -469,7 +469,7 @@ def install(
     from engine.catalog.migrate import current_revision, head_revision
 
     try:
-        from appliance.doctor import bounded_url
+        from engine.catalog.migrate import bounded_url
 
         found = current_revision(
             bounded_url(config.catalog_url)

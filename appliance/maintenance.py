@@ -21,12 +21,14 @@ would race it. So the daemon runs one maintenance thread that
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
 
 from engine import jobs
+from engine.catalog import CatalogUnreachable, from_outage
 from engine.metrics import record_sample
 from engine.snapshot_schedules import SnapshotScheduler
 
@@ -61,12 +63,19 @@ class Maintenance(threading.Thread):
         self.runners = job_runners(appliance)
         self.snapshot_scheduler = SnapshotScheduler(appliance.namespace)
         self.alerts, self.notifier = alert_monitor(appliance.config, self.catalog)
+        # a job's end the catalog did not take (an outage): written before anything else
+        self._unfinished: Callable[[], object] | None = None
 
     def run(self) -> None:
         last_sample = last_drive_check = last_alerts = 0.0
-        self.recover_interrupted()
+        recovered = False
         while not self.stopped.is_set():
+            # at start, and again each round until the catalog answers: no job runs before
+            if not recovered and not (recovered := self.recover_interrupted()):
+                self.stopped.wait(self.tick_s)
+                continue
             try:
+                self.finish_pending()
                 if self.drive_check_due(last_drive_check):
                     last_drive_check = time.monotonic()
                     self.appliance.datapath.check_drives()
@@ -82,6 +91,8 @@ class Maintenance(threading.Thread):
                 if self.counters and time.monotonic() - last_sample >= self.sample_every_s:
                     record_sample(self.catalog, **self.counters())
                     last_sample = time.monotonic()
+            except CatalogUnreachable:
+                pass  # the catalog's outage log counts it with every other thread's failures
             except Exception:  # the loop must survive anything one round does
                 log.exception("maintenance round failed")
             self.stopped.wait(self.tick_s)
@@ -95,15 +106,19 @@ class Maintenance(threading.Thread):
             return False
         return time.monotonic() - last >= interval
 
-    def recover_interrupted(self) -> None:
-        """Jobs left running by a daemon that died (this one holds the lock, so none runs)."""
+    def recover_interrupted(self) -> bool:
+        """Jobs left running by a daemon that died (this one holds the lock, so none runs);
+        False when the catalog did not answer (the loop tries again next round)."""
         try:
             for job in jobs.recover_interrupted(self.catalog):
                 log.warning(
                     "job %d (%s) was interrupted by a daemon stop: %s", job.id, job.kind, job.state
                 )
+        except CatalogUnreachable:
+            return False  # counted by the catalog's outage log
         except Exception:
             log.exception("could not recover interrupted jobs")
+        return True
 
     def queue_due_jobs(self) -> None:
         now = time.time()
@@ -126,27 +141,39 @@ class Maintenance(threading.Thread):
         if not jobs.pending(self.catalog, "snapshot-schedule"):
             jobs.submit(self.catalog, "snapshot-schedule", {"scheduled": True}, actor="schedule")
 
+    def finish_job(self, job_id: int, **outcome) -> None:
+        """Record a job's end; if the catalog is unreachable, at the start of every round until it
+        takes it (else the job would stay running until the daemon restarts)."""
+        self._unfinished = functools.partial(jobs.finish, self.catalog, job_id, **outcome)
+        self.finish_pending()
+
+    def finish_pending(self) -> None:
+        if self._unfinished is not None:
+            self._unfinished()  # CatalogUnreachable: still pending; the round ends here
+            self._unfinished = None
+
     def run_job(self, job: jobs.JobRecord) -> None:
         runner = self.runners.get(job.kind)
         if runner is None:
-            jobs.finish(
-                self.catalog, job.id, ok=False, message=f"this build cannot run {job.kind} jobs"
-            )
+            self.finish_job(job.id, ok=False, message=f"this build cannot run {job.kind} jobs")
             return
         log.info("job %d (%s) started by %s", job.id, job.kind, job.actor)
         try:
             with jobs.Heartbeat(self.catalog, job.id):
                 result = runner(job.params, jobs.progress_writer(self.catalog, job.id), job.actor)
         except Exception as exc:
-            log.exception("job %d (%s) failed", job.id, job.kind)
-            jobs.finish(self.catalog, job.id, ok=False, message=f"{exc.__class__.__name__}: {exc}")
+            if from_outage(exc):  # the catalog went away: its outage log tells why
+                log.error("job %d (%s) failed: %s", job.id, job.kind, exc)
+            else:
+                log.exception("job %d (%s) failed", job.id, job.kind)
+            self.finish_job(job.id, ok=False, message=f"{exc.__class__.__name__}: {exc}")
             return
         warnings = result.get("warnings") if isinstance(result, dict) else None
-        jobs.finish(self.catalog, job.id, ok=True, result=result, warnings=warnings)
         if warnings:
             log.warning("job %d (%s) done with warnings: %s", job.id, job.kind, "; ".join(warnings))
         else:
             log.info("job %d (%s) done", job.id, job.kind)
+        self.finish_job(job.id, ok=True, result=result, warnings=warnings)
 
     def stop(self) -> None:
         self.stopped.set()

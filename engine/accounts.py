@@ -284,7 +284,7 @@ def create_token(
                 expires_ns=expires_ns,
             )
         )
-        until = "never expires" if expires_ns is None else f"expires in {expires_s / 86400:g} days"
+        until = "never expires" if expires_s is None else f"expires in {expires_s / 86400:g} days"
         record_in(
             conn,
             "admin.token.create",

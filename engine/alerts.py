@@ -27,7 +27,7 @@ from pathlib import Path
 from sqlalchemy import select, text
 
 from engine import errors
-from engine.catalog.database import Catalog
+from engine.catalog.database import Catalog, CatalogUnreachable
 from engine.catalog.models import Alert, Drive, Job
 from engine.events import record_in
 
@@ -686,6 +686,8 @@ class AlertMonitor:
             try:
                 findings = source.find(self.catalog, self.settings)
                 notices += self.service.apply(source.kind, findings)
+            except CatalogUnreachable:
+                pass  # the catalog's outage log counts it; the next tick raises catalog_unreachable
             except Exception as exc:  # one broken source must not stop the others
                 log.warning("alert source %s failed: %s", source.kind, exc)
         for notice in notices:

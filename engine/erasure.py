@@ -22,6 +22,7 @@ import ctypes
 import glob
 import os
 from dataclasses import dataclass, field
+from typing import Literal
 
 from engine.compression import DEFAULT_LEVEL, check_level
 from engine.errors import ConfigError
@@ -110,11 +111,12 @@ class _EcArgs(ctypes.Structure):
 
 
 CHKSUM_NONE = 1
-_lib = None
+# None until looked for; False when the pyeclib wheel bundles no liberasurecode
+_lib: ctypes.CDLL | Literal[False] | None = None
 _lib_lock = lock("erasure.library")
 
 
-def _liberasurecode():
+def _liberasurecode() -> ctypes.CDLL | None:
     """liberasurecode from the pyeclib wheel, called through ctypes, which releases the GIL
     during the call (pyeclib's own encode holds it, so encoding could not overlap anything)."""
     global _lib
@@ -167,9 +169,10 @@ class _NativeEncoder:
     """Encode with liberasurecode directly; fragments are views of its buffers until released."""
 
     def __init__(self, backend_id: int, k: int, m: int):
-        self.lib = _liberasurecode()
-        if self.lib is None:
+        lib = _liberasurecode()
+        if lib is None:
             raise OSError("liberasurecode library not found next to pyeclib")
+        self.lib = lib
         args = _EcArgs(k=k, m=m, w=0, hd=m, ct=CHKSUM_NONE)
         self.desc = self.lib.liberasurecode_instance_create(backend_id, ctypes.byref(args))
         if self.desc <= 0:

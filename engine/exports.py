@@ -317,7 +317,9 @@ def prepare_new_root(namespace) -> None:
     (on by default) refuses open(O_CREAT) of a file in a sticky world-writable folder that
     neither the opener nor the folder's owner owns, so under a root-owned root a root client's
     open(O_CREAT) failed with EACCES right after the server had made the file (owned by the
-    anonymous user)."""
+    anonymous user). That ownership is nominal: the NFS server gives no client identity of
+    the anonymous uid owner rights over an export folder (appliance/nfs/exports.py
+    ``ExportRule.cred``), or every squashed client could chmod it or remove others' files."""
     from engine.namespace import ROOT  # the namespace package is heavier than this module
 
     namespace.setattr(
@@ -329,6 +331,24 @@ def prepare_new_root(namespace) -> None:
     )
 
 
+def export_folders(catalog: Catalog, namespace) -> frozenset[int]:
+    """The inodes of the namespace root and of every export's folder: the folders the anonymous
+    user owns only nominally (see prepare_new_root), for the local mount's guest account."""
+    folders = {namespace.root_ino}
+    for export in list_exports(catalog):
+        folder = _folder(namespace, export)
+        if folder is not None:
+            folders.add(folder.ino)
+    return frozenset(folders)
+
+
+def _folder(namespace, export: Export):
+    try:
+        return namespace.resolve(export.path)
+    except errors.FsError:
+        return None  # a missing folder is reported where the export is served
+
+
 def root_create_refused(namespace, export: Export) -> bool:
     """Whether a root client of ``export`` gets EACCES from open(O_CREAT) of a new file in the
     export's folder although the server made the file: root_squash makes the file the anonymous
@@ -337,20 +357,30 @@ def root_create_refused(namespace, export: Export) -> bool:
     ``shingle init`` gave the root to the anonymous user have such a root."""
     if export.squash != "root_squash":
         return False  # all_squash: opener and file are both the anonymous user's
-    try:
-        folder = namespace.resolve(export.path)
-    except errors.FsError:
-        return False  # a missing folder is reported where the export is served
-    return folder.mode & 0o1002 == 0o1002 and folder.uid != export.anon_uid
+    folder = _folder(namespace, export)
+    return folder is not None and folder.mode & 0o1002 == 0o1002 and folder.uid != export.anon_uid
+
+
+def sticky_bit_lost(namespace, export: Export) -> bool:
+    """Whether ``export``'s folder is world-writable without the sticky bit, so that any client
+    user may remove or rename every other user's files in it. A squashed root client could
+    chmod an export folder owned by the anonymous user (0777) before it lost owner rights
+    over export folders: that is how such a folder came to be, unless an admin chose it."""
+    folder = _folder(namespace, export)
+    return folder is not None and folder.mode & 0o1002 == 0o0002
 
 
 def own_folder(namespace, export: Export) -> None:
     """Give ``export``'s folder to its anonymous user and group (the fix for
-    ``root_create_refused``); its mode stays."""
-    from engine.namespace import ROOT
+    ``root_create_refused``), and the sticky bit back to a world-writable one (the fix for
+    ``sticky_bit_lost``); its mode stays otherwise."""
+    from engine.namespace import ROOT, S_ISVTX
 
     folder = namespace.resolve(export.path)
-    namespace.setattr(ROOT, folder.ino, uid=export.anon_uid, gid=export.anon_gid)
+    mode = folder.mode & 0o7777
+    if mode & 0o002:
+        mode |= S_ISVTX
+    namespace.setattr(ROOT, folder.ino, uid=export.anon_uid, gid=export.anon_gid, mode=mode)
 
 
 def ensure_default(catalog: Catalog, name: str = DEFAULT_NAME) -> None:

@@ -16,6 +16,7 @@ heartbeat is older than ``STALE_S``."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -24,9 +25,10 @@ from dataclasses import asdict, dataclass
 from sqlalchemy import select
 
 from engine import errors
-from engine.catalog.database import Catalog
+from engine.catalog.database import Catalog, CatalogUnreachable
 from engine.catalog.models import Job
 from engine.events import record_in
+from engine.ratelog import RateLimitedLog
 
 JOBS = Job.__table__
 KINDS = (
@@ -227,6 +229,9 @@ def progress_writer(
     return progress
 
 
+_missed_beats = RateLimitedLog(logging.getLogger("shingle.jobs"))
+
+
 class Heartbeat:
     """``with Heartbeat(catalog, job_id):`` writes the job's heartbeat every ``every_s`` from a
     thread, so a job between progress calls (a paced scrub, one long step) still looks alive."""
@@ -249,8 +254,12 @@ class Heartbeat:
                     ),
                     tracked=True,
                 )
-            except Exception:  # a missed beat is retried at the next; the job goes on
-                pass
+            except CatalogUnreachable:
+                pass  # counted by the catalog's outage log; the next beat tries again
+            except Exception as exc:  # a missed beat is retried at the next; the job goes on
+                _missed_beats.warning(
+                    type(exc), "job %d: heartbeat not written: %s", self.job_id, exc
+                )
 
     def __enter__(self) -> Heartbeat:
         self.thread.start()

@@ -427,13 +427,15 @@ class RetentionService:
                     conn.execute(
                         RULES.update().where(RULES.c.id.in_(ids)).values(last_run_ns=stamp)
                     )
-                counts = {}
+                counts: dict[str, int] = {}
                 for item in results:
+                    outcome = item.outcome
+                    assert outcome is not None  # _apply returns each item with its outcome set
                     key = (
                         item.action
-                        if item.outcome == "done"
+                        if outcome == "done"
                         else "skip"
-                        if item.outcome.startswith("skipped")
+                        if outcome.startswith("skipped")
                         else "failed"
                     )
                     counts[key] = counts.get(key, 0) + 1

@@ -14,10 +14,12 @@ from pathlib import Path
 
 from flask import Flask, g, request
 
-from appliance import config as config_mod
+from appliance import facade
 from engine import accounts
+from engine.catalog import CatalogUnavailable
 from webui import core
 
+CATALOG_RETRY_AFTER_S = 5  # what a 503 asks a client to wait while the catalog is away
 BLUEPRINTS = (
     "auth",
     "dashboard",
@@ -54,18 +56,18 @@ def _secret_key(path: Path) -> bytes:
     return path.read_text().strip().encode()
 
 
-def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> Flask:
-    from appliance.runtime import Appliance
+def create_app(config: facade.Config | str | os.PathLike | None = None) -> Flask:
+    from appliance.facade import Appliance
 
     if config is None:
         path = os.environ.get("SHINGLE_CONFIG")
         if not path:
-            raise config_mod.ConfigError(
+            raise facade.ConfigError(
                 "SHINGLE_CONFIG", None, "the path of shingle.toml in the environment"
             )
-        config = config_mod.load(path)
-    elif not isinstance(config, config_mod.Config):
-        config = config_mod.load(config)
+        config = facade.load(path)
+    elif not isinstance(config, facade.Config):
+        config = facade.load(config)
     appliance = Appliance(config, with_data=False)
 
     app = Flask(__name__)
@@ -183,6 +185,21 @@ def create_app(config: config_mod.Config | str | os.PathLike | None = None) -> F
         return core.api_error(
             f"request body larger than {app.config['MAX_CONTENT_LENGTH']} bytes", 413
         )
+
+    @app.errorhandler(CatalogUnavailable)
+    def catalog_unavailable(exc):
+        # no traceback per request: the catalog's outage log tells the outage (start, a count
+        # per interval, its end) in this process as in the daemon
+        if core.is_api():
+            response = core.api_error(f"the catalog is unavailable: {exc}", 503)
+        else:
+            response = app.response_class(
+                "The catalog is unavailable; try again in a moment.\n",
+                status=503,
+                mimetype="text/plain",
+            )
+        response.headers["Retry-After"] = str(CATALOG_RETRY_AFTER_S)
+        return response
 
     @app.errorhandler(500)
     def internal(exc):

@@ -6,7 +6,7 @@ import time
 
 from flask import Blueprint, render_template
 
-from appliance.status import SPACE_STATES, gather, space_by_state
+from appliance.facade import SPACE_STATES, gather, space_by_state
 from engine import events, inventory, metrics
 from webui import charts, core
 

@@ -402,7 +402,7 @@ def archive():
 @bp.route("/datasets/schedules", methods=["POST"])
 @core.login_required
 def add_schedule():
-    form = dict(request.form)
+    form: dict[str, object] = dict(request.form)
     form["enabled"] = "enabled" in request.form
     try:
         values = engine_fields(SCHEDULE_SCHEMA.from_form(_filled(request.form)))
@@ -412,7 +412,7 @@ def add_schedule():
     except core.USER_ERRORS as exc:
         try:
             return _dataset_page(
-                dataset_service.clean_path(form.get("path") or "/"),
+                dataset_service.clean_path(request.form.get("path") or "/"),
                 400,
                 schedule_form=form,
                 schedule_errors=core.form_errors(exc),

@@ -13,7 +13,7 @@ import sys
 
 from gunicorn.glogging import Logger
 
-from appliance import log as log_mod
+from appliance.facade import log as log_mod
 
 bind = os.environ.get("SHINGLE_WEBUI_BIND", "127.0.0.1:8080")
 workers = int(os.environ.get("SHINGLE_WEBUI_WORKERS", "2"))

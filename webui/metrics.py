@@ -77,7 +77,7 @@ class Exposition:
 
 
 def render() -> str:
-    from appliance.status import space_by_state
+    from appliance.facade import space_by_state
 
     shingle = core.ctx()
     catalog = shingle.catalog
@@ -235,7 +235,7 @@ def _quotas(out: Exposition) -> None:
 def _smb(out: Exposition, shingle) -> None:
     """smbd's health and sessions, read now (smbstatus), once the daemon has served SMB here;
     nothing at all on an appliance that never did."""
-    from appliance.smb.samba import SambaLayout, smb_status
+    from appliance.facade import SambaLayout, smb_status
 
     report = smb_status(SambaLayout.for_data_dir(shingle.config.data_dir))
     if not report["enabled"]:
@@ -311,7 +311,7 @@ def _decompression(out: Exposition, latest: dict[str, float]) -> None:
 
 
 def _status(shingle) -> dict:
-    from appliance.status import gather
+    from appliance.facade import gather
 
     return gather(shingle.catalog, shingle.policies, shingle.config.get("storage.reserve_zones"))
 

@@ -1,15 +1,15 @@
 """Quotas of directory trees: a section of the exports page, and the API's /quotas.
 
-Both go through engine.quotas (the checks, the change and its event naming the admin, in one
+Both go through engine.quota_service (the checks, the change and its event naming the admin, in one
 catalog transaction); the daemon's next write to the tree sees the change."""
 
 from __future__ import annotations
 
 from flask import Blueprint, abort, flash, redirect, request, url_for
 
-from appliance.config import parse_size
+from appliance.facade import parse_size
 from engine import errors
-from engine.quotas import QuotaService
+from engine.quota_service import QuotaService
 from webui import core
 from webui.schema import Field, Schema, ValidationError
 

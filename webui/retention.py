@@ -145,7 +145,7 @@ def create():
         values = RULE_SCHEMA.from_form(request.form)
         rule_id = create_rule(values, core.actor())
     except core.USER_ERRORS as exc:
-        form = dict(request.form)
+        form: dict[str, object] = dict(request.form)
         form["enabled"] = "enabled" in request.form
         return _page(400, form=form, errors=core.form_errors(exc))
     flash(f"retention rule {rule_id} created: preview it before it runs", "ok")

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
-from appliance.smb.samba import SambaLayout, SambaPassdb
-from appliance.status import smb_report
+from appliance.facade import SambaLayout, SambaPassdb, smb_report
 from engine import errors
 from engine import exports as export_service
 from engine import smb as smb_service

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from appliance.nfs.exports import ExportRule, PseudoDir
 from appliance.nfs.fh import KIND_FILE, BadHandle, FileHandle, StaleHandle
-from engine.catalog.database import CatalogUnavailable
+from engine.catalog.database import CatalogUnavailable, CatalogUnreachable
 from engine.catalog.models import DIR
 from engine.namespace import R_OK, W_OK, X_OK, Attr
 from engine.ratelog import RateLimitedLog
@@ -136,7 +136,8 @@ _throttled = RateLimitedLog(logging.getLogger("shingle.nfs"))
 def log_failure(codes: Codes, status: int, what: str, address: str, exc: Exception) -> None:
     """The log line for an operation that failed with ``status``, at a bounded rate: any
     client can send failing requests as fast as it likes. A bug (SERVERFAULT) logs its
-    traceback once per interval, an outage of the catalog one warning per interval; the
+    traceback once per interval, an outage of the catalog nothing (the catalog's outage log
+    counts it), a catalog busy past its deadline one warning per interval; the
     statuses of requests that are malformed or out of range one line per interval and
     operation; every other status (NOENT, ACCESS, ...) only at debug level."""
     if status == codes.serverfault:
@@ -149,6 +150,8 @@ def log_failure(codes: Codes, status: int, what: str, address: str, exc: Excepti
             exc,
             exc_info=True,
         )
+    elif isinstance(exc, CatalogUnreachable):  # told by the catalog's outage log, counted
+        log.debug("%s from %s: status %d: %s", what, address, status, exc)
     elif status == codes.delay and isinstance(exc, CatalogUnavailable):
         _throttled.log(
             logging.WARNING,

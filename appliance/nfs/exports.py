@@ -30,6 +30,8 @@ class ExportRule:
     anon_uid: int
     anon_gid: int
     root_ino: int = 0
+    # every export's folder and the namespace root: what the anonymous uid must not own
+    export_folders: frozenset[int] = frozenset()
     _allowed: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -53,14 +55,20 @@ class ExportRule:
 
     def cred(self, uid: int, gid: int, groups: tuple[int, ...]) -> Cred:
         if self.squash == "all_squash" or (self.squash == "root_squash" and uid == 0):
-            return Cred(self.anon_uid, self.anon_gid, ())
-        if self.squash == "root_squash":
+            uid, gid, groups = self.anon_uid, self.anon_gid, ()
+        elif self.squash == "root_squash":
             # the root group too, in the supplementary groups as well (as knfsd does): a user
             # in group 0 must not get root's group access through the export
             if gid == 0:
                 gid = self.anon_gid
             if 0 in groups:
                 groups = tuple(self.anon_gid if g == 0 else g for g in groups)
+        if uid == self.anon_uid and uid != 0:
+            # the export folders are the anonymous uid's only so that Linux clients let a
+            # squashed root open its files there (engine.exports.prepare_new_root): owner rights
+            # over them (chmod, the sticky bit's exception) would reach every squashed client,
+            # and a client's own "nobody" (which its root can become) is the same uid
+            return Cred(uid, gid, groups, self.export_folders)
         return Cred(uid, gid, groups)
 
 
@@ -156,6 +164,9 @@ class ExportTable:
             rule = default_rule()
             rule.root_ino = self.namespace.root_ino
             rules.append(rule)
+        folders = frozenset({self.namespace.root_ino, *(r.root_ino for r in rules)})
+        for rule in rules:
+            rule.export_folders = folders
         root = PseudoDir((), PSEUDO_ROOT_INO)
         pseudo = {PSEUDO_ROOT_INO: root}
         root_export = None

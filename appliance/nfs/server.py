@@ -38,7 +38,7 @@ from appliance.nfs.v4.const import NFS_V4
 from appliance.nfs.v4.program import Nfs4Program
 from appliance.nfs.v4.state import StateTable
 from engine.blocking import may_block
-from engine.catalog import CatalogUnavailable
+from engine.catalog import CatalogUnavailable, CatalogUnreachable
 from engine.ratelog import RateLimitedLog
 
 log = logging.getLogger("shingle.nfs")
@@ -440,8 +440,10 @@ class NfsServer:
             try:
                 await loop.run_in_executor(self.pool, clients.expire_idle, state)
                 await loop.run_in_executor(self.pool, exports.refresh)
+            except CatalogUnreachable:
+                pass  # the catalog's outage log counts it; housekeeping retries next period
             except Exception as exc:  # noqa: BLE001 - housekeeping retries next period
-                # a catalog outage fails every period: one line per interval, and no traceback
+                # a busy catalog fails every period: one line per interval, and no traceback
                 self._housekeeping_failures.log(
                     logging.ERROR,
                     type(exc),
@@ -494,6 +496,8 @@ class NfsServer:
             await asyncio.sleep(NLM_TICK)
             try:
                 await loop.run_in_executor(self.pool, nlm.tick)
+            except CatalogUnreachable:
+                pass  # the catalog's outage log counts it; retried next tick
             except Exception:  # noqa: BLE001 - retried next tick
                 log.exception("NLM housekeeping failed")
 
@@ -520,6 +524,11 @@ class NfsServer:
             conn.abort()
         await self._server.wait_closed()
         self._server = None
+        if self.state is not None and self.loop is not None:
+            try:  # a clean stop: clients without opens or locks hold no grace at the next start
+                await self.loop.run_in_executor(self.pool, self.state.release_idle_records)
+            except Exception as exc:  # noqa: BLE001 - the marks only cost a grace period
+                log.warning("client records not updated at stop: %s", exc)
         if self._portmap_server is not None:
             await self._portmap_server.wait_closed()
             self._portmap_server = None

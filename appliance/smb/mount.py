@@ -29,12 +29,16 @@ import queue
 import stat
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pyfuse3
 import trio
 
 from engine import errors
+from engine import exports as export_service
+from engine.blocking import WouldBlock, no_blocking
+from engine.catalog import CatalogUnreachable
 from engine.catalog.models import BLK, CHR, DIR, FIFO, LNK, REG, SOCK
 from engine.namespace import ROOT, SET_TO_NOW, Attr, Cred, Namespace
 
@@ -42,7 +46,11 @@ log = logging.getLogger("shingle.fuse")
 
 CACHE_TIMEOUT_S = 1.0  # kernel attribute and name caches: bounds staleness of untracked changes
 WORKER_THREADS = 8
+READAHEAD_KIB = 4096  # the mount's read-ahead window (sysfs bdi read_ahead_kb)
 READDIR_PAGE = 512
+GROUPS_CACHE_MAX = 1024  # callers (pid, uid, gid) whose supplementary groups are kept
+GUEST_UID = 65534  # smbd's guest account, nobody (appliance/smb/samba.py), the NFS exports' anon
+EXPORT_FOLDERS_TTL_S = 5.0  # how soon a new export folder is disowned for the guest
 _TYPE_BITS = {
     REG: stat.S_IFREG,
     DIR: stat.S_IFDIR,
@@ -68,6 +76,8 @@ def _handler(method):
             if not isinstance(exc, errors.FsError) or exc.errno == errno.EIO:
                 log.warning("%s%r: %s", method.__name__, args[:2], exc)
             raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        except CatalogUnreachable:  # counted by the catalog's outage log
+            raise pyfuse3.FUSEError(errno.EIO) from None
         except Exception:  # noqa: BLE001 - see the docstring
             log.exception("%s%r", method.__name__, args[:2])
             raise pyfuse3.FUSEError(errno.EIO) from None
@@ -93,7 +103,10 @@ class ShingleFs(pyfuse3.Operations):
         self.root = namespace.root_ino
         self._limiter: trio.CapacityLimiter | None = None
         self._dir_handles: dict[int, tuple[int, Cred]] = {}
+        self._groups: dict[tuple[int, int, int], tuple[tuple[int, ...], float]] = {}  # _cred
         self._next_dir_handle = 0
+        self._export_folders = frozenset({namespace.root_ino})
+        self._export_folders_at = 0.0
 
     # -- plumbing -------------------------------------------------------------------------------
     def _ino(self, fuse_ino: int) -> int:
@@ -107,23 +120,66 @@ class ShingleFs(pyfuse3.Operations):
         return ino
 
     async def _call(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` in a worker thread, so the loop never waits on the catalog."""
         if self._limiter is None:
             self._limiter = trio.CapacityLimiter(WORKER_THREADS)
 
         def run():
             _origin.fuse = True
+            self._refresh_export_folders()
             return fn(*args, **kwargs)
 
         return await trio.to_thread.run_sync(run, limiter=self._limiter)
 
-    @staticmethod
-    def _cred(ctx: pyfuse3.RequestContext) -> Cred:
+    async def _try_cached(self, fn, *args, **kwargs):
+        """``fn`` on the loop itself when the namespace's caches answer it (``no_blocking``),
+        else in a worker: handing a call to a thread and back costs more than a cache hit, and
+        Samba makes a dozen such calls (stats, DOS-attribute and ACL xattrs) per SMB create."""
+        if time.monotonic() - self._export_folders_at >= EXPORT_FOLDERS_TTL_S:
+            return await self._call(fn, *args, **kwargs)  # the worker reloads them first
+        _origin.fuse = True  # the loop's thread too: the kernel knows of this change
+        try:
+            with no_blocking():
+                return fn(*args, **kwargs)
+        except WouldBlock:  # raised before the call changed anything
+            return await self._call(fn, *args, **kwargs)
+
+    def _refresh_export_folders(self) -> None:
+        """In a worker thread: the catalog read must not stall the FUSE loop."""
+        if time.monotonic() - self._export_folders_at < EXPORT_FOLDERS_TTL_S:
+            return
+        self._export_folders_at = time.monotonic()
+        try:
+            self._export_folders = export_service.export_folders(self.ns.catalog, self.ns)
+        except CatalogUnreachable:
+            pass  # counted by the catalog's outage log; retried later
+        except Exception as exc:  # noqa: BLE001 - the call itself still runs; retried later
+            log.warning("export folders not reloaded: %s", exc)
+
+    def _cred(self, ctx: pyfuse3.RequestContext) -> Cred:
+        """The caller's identity. Supplementary groups come from /proc/PID/status, read at most
+        once per CACHE_TIMEOUT_S for one process as one uid and gid (smbd asks a dozen times per
+        SMB create, as the same user): a process that drops a group keeping its uid and gid
+        keeps it here up to that long."""
         if ctx.uid == 0:
             return ROOT
-        try:
-            groups = tuple(pyfuse3.get_sup_groups(ctx.pid))
-        except OSError:  # the caller has exited
-            groups = ()
+        key = (ctx.pid, ctx.uid, ctx.gid)
+        now = time.monotonic()
+        hit = self._groups.get(key)
+        if hit is not None and hit[1] > now:
+            groups = hit[0]
+        else:
+            try:
+                groups = tuple(pyfuse3.get_sup_groups(ctx.pid))
+            except OSError:  # the caller has exited
+                groups = ()
+            if len(self._groups) >= GROUPS_CACHE_MAX:
+                self._groups.clear()  # many short-lived callers: start again
+            self._groups[key] = (groups, now + CACHE_TIMEOUT_S)
+        if ctx.uid == GUEST_UID:
+            # SMB guests are nobody, the uid NFS squashes to: no owner rights over the export
+            # folders given to it (invariant 12, engine.exports.prepare_new_root)
+            return Cred(ctx.uid, ctx.gid, groups, self._export_folders)
         return Cred(ctx.uid, ctx.gid, groups)
 
     def _entry(self, attr: Attr) -> pyfuse3.EntryAttributes:
@@ -145,14 +201,24 @@ class ShingleFs(pyfuse3.Operations):
     # -- names ----------------------------------------------------------------------------------
     @_handler
     async def lookup(self, parent_inode, name, ctx):
-        attr = await self._call(
-            self.ns.lookup, self._cred(ctx), self._ino(parent_inode), _name(name)
-        )
+        try:
+            attr = await self._try_cached(
+                self.ns.lookup, self._cred(ctx), self._ino(parent_inode), _name(name)
+            )
+        except errors.NotFound:
+            # a negative entry the kernel keeps as long as a positive one: SMB clients probe
+            # names that are not there (desktop.ini, a name before creating it) again and again.
+            # Changes made outside the mount drop it like any entry (Invalidator), other
+            # processes' within the timeout.
+            missing = pyfuse3.EntryAttributes()
+            missing.st_ino = 0
+            missing.entry_timeout = CACHE_TIMEOUT_S
+            return missing
         return self._entry(attr)
 
     @_handler
     async def getattr(self, inode, ctx):
-        return self._entry(await self._call(self.ns.getattr, self._ino(inode)))
+        return self._entry(await self._try_cached(self.ns.getattr, self._ino(inode)))
 
     @_handler
     async def setattr(self, inode, attr, fields, fh, ctx):
@@ -172,9 +238,9 @@ class ShingleFs(pyfuse3.Operations):
         cred = self._cred(ctx)
         ino = self._ino(inode)
         if not changes:
-            return self._entry(await self._call(self.ns.getattr, ino))
+            return self._entry(await self._try_cached(self.ns.getattr, ino))
         try:
-            new = await self._call(self.ns.setattr, cred, ino, **changes)
+            new = await self._try_cached(self.ns.setattr, cred, ino, **changes)
         except errors.NotPermitted:
             # utimes(NULL) by a writer who is not the owner: the kernel sends the time it read
             # from its clock, which POSIX allows to anyone who may write
@@ -244,7 +310,7 @@ class ShingleFs(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EINVAL)
         if flags & pyfuse3.RENAME_NOREPLACE:
             try:
-                await self._call(self.ns.lookup, cred, dst, _name(name_new))
+                await self._try_cached(self.ns.lookup, cred, dst, _name(name_new))
                 raise pyfuse3.FUSEError(errno.EEXIST)
             except errors.NotFound:
                 pass
@@ -254,7 +320,7 @@ class ShingleFs(pyfuse3.Operations):
     @_handler
     async def opendir(self, inode, ctx):
         ino = self._ino(inode)
-        attr = await self._call(self.ns.getattr, ino)
+        attr = await self._try_cached(self.ns.getattr, ino)
         if attr.type != DIR:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         # permission is checked as each page is read, with the opener's credentials
@@ -311,10 +377,10 @@ class ShingleFs(pyfuse3.Operations):
         ino = self._ino(inode)
         cred = self._cred(ctx)
         want = self._wanted(flags)
-        attr = await self._call(self.ns.getattr, ino)
+        attr = await self._try_cached(self.ns.getattr, ino)
         if attr.type == DIR:
             raise pyfuse3.FUSEError(errno.EISDIR)
-        granted = await self._call(self.ns.access, cred, ino, want)
+        granted = await self._try_cached(self.ns.access, cred, ino, want)
         if granted != want:
             raise pyfuse3.FUSEError(errno.EACCES)
         return self._opened(ino)
@@ -333,30 +399,33 @@ class ShingleFs(pyfuse3.Operations):
 
     @_handler
     async def read(self, fh, off, size):
-        return bytes(await self._call(self.ns.read, fh, off, size))
+        return bytes(await self._try_cached(self.ns.read, fh, off, size))
 
     @_handler
     async def write(self, fh, off, buf):
-        return await self._call(self.ns.write, fh, off, bytes(buf))
+        return await self._try_cached(self.ns.write, fh, off, bytes(buf))
 
     @_handler
     async def flush(self, fh):
         # close(): durable, as NFS clients COMMIT at close (close-to-open)
-        await self._call(self.ns.commit, fh)
+        await self._try_cached(self.ns.commit, fh)
 
     @_handler
     async def fsync(self, fh, datasync):
-        await self._call(self.ns.commit, fh)
+        await self._try_cached(self.ns.commit, fh)
 
     @_handler
     async def release(self, fh):
-        await self._call(self.ns.close_ref, fh)
+        if self.ns.close_ref_is_cheap(fh):  # no file to free: no catalog
+            self.ns.close_ref(fh)
+        else:
+            await self._call(self.ns.close_ref, fh)
 
     # -- extended attributes ----------------------------------------------------------------------
     @_handler
     async def getxattr(self, inode, name, ctx):
         try:
-            return await self._call(
+            return await self._try_cached(
                 self.ns.getxattr, self._cred(ctx), self._ino(inode), _name(name)
             )
         except errors.NoData:
@@ -364,7 +433,7 @@ class ShingleFs(pyfuse3.Operations):
 
     @_handler
     async def listxattr(self, inode, ctx):
-        names = await self._call(self.ns.listxattr, self._cred(ctx), self._ino(inode))
+        names = await self._try_cached(self.ns.listxattr, self._cred(ctx), self._ino(inode))
         return [os.fsencode(n) for n in names]
 
     @_handler
@@ -465,7 +534,7 @@ class FuseMount:
         self.invalidator = Invalidator(self.fs)
         self.allow_other = allow_other
         self._thread: threading.Thread | None = None
-        self._token = None
+        self._token: trio.lowlevel.TrioToken | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
 
@@ -489,7 +558,19 @@ class FuseMount:
             raise errors.IOFailure(f"FUSE loop did not start in {timeout:.0f} s")
         if self._error is not None:
             raise errors.IOFailure(f"FUSE loop failed: {self._error}")
+        self._widen_readahead()
         log.info("namespace mounted at %s", self.mountpoint)
+
+    def _widen_readahead(self) -> None:
+        """The kernel reads ahead 128 KiB on a FUSE mount, so a sequential reader costs a FUSE
+        round trip (and a namespace read) per 128 KiB; READAHEAD_KIB lets it ask for up to 1 MiB
+        (libfuse's max_pages) at a time. Only root may set it: for others it stays as it was."""
+        dev = os.stat(self.mountpoint).st_dev
+        knob = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+        try:
+            knob.write_text(f"{READAHEAD_KIB}\n")
+        except OSError as exc:
+            log.info("FUSE read-ahead left at the kernel's default (%s: %s)", knob, exc)
 
     def _serve(self) -> None:
         async def main():

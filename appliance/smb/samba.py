@@ -30,6 +30,7 @@ from pathlib import Path
 
 from engine import errors
 from engine import smb as smb_service
+from engine.catalog import CatalogUnreachable
 from engine.exports import ANY_CLIENT
 
 log = logging.getLogger("shingle.smb")
@@ -562,6 +563,8 @@ class SmbdSupervisor(threading.Thread):
                         self._backoff = RESTART_MIN_S
                 elif changed and self.proc is not None:
                     self.proc.send_signal(signal.SIGHUP)  # smbd re-reads smb.conf
+            except CatalogUnreachable:
+                pass  # the catalog's outage log counts it; the next round reads the shares again
             except Exception:  # noqa: BLE001 - the supervisor must outlive one bad round
                 log.exception("SMB supervisor")
             self._stopping.wait(RELOAD_S)

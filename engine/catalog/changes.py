@@ -30,6 +30,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from engine.ratelog import OutageLog
+
 CHANNEL = "shingle_catalog"
 WRITER_SETTING = "shingle.writer"  # the GUC the trigger reads: which Catalog wrote
 PING = "ping:"  # payloads of pings; any other payload is a writer's token
@@ -48,8 +50,17 @@ log = logging.getLogger("shingle.catalog")
 class ChangeWatch:
     """One LISTEN connection and its thread; see the module docstring."""
 
-    def __init__(self, conninfo: str, token: str, send_ping: Callable[[str], None]):
+    def __init__(
+        self,
+        conninfo: str,
+        token: str,
+        send_ping: Callable[[str], None],
+        *,
+        outage: OutageLog | None = None,
+    ):
         self.token = token
+        # the catalog's: a connect that fails is one more failure of its outage, not a line here
+        self._outage = outage
         self._conninfo = conninfo
         self._send_ping = send_ping  # NOTIFY through the catalog's pool (for catch_up)
         self._epoch = 0
@@ -113,6 +124,7 @@ class ChangeWatch:
         import psycopg
 
         delay = 0.05
+        lost = False  # notifications were lost and are not back yet (one line each way)
         while not self._stop.is_set():
             try:
                 conn = psycopg.connect(
@@ -124,6 +136,8 @@ class ChangeWatch:
                 )
             except psycopg.Error as exc:
                 log.debug("catalog: change watch cannot connect: %s", exc)
+                if self._outage is not None and not self._stop.is_set():
+                    self._outage.failed(_first_line(exc))
                 self._stop.wait(delay)
                 delay = min(delay * 2, RECONNECT_MAX_S)
                 continue
@@ -131,14 +145,20 @@ class ChangeWatch:
             self.backend_pid = conn.info.backend_pid
             try:
                 conn.execute(f"LISTEN {CHANNEL}")
+                if lost:
+                    log.info("catalog: change notifications are back; caching resumes")
+                    lost = False
+                if self._outage is not None:
+                    self._outage.recovered()
                 self._connected = True
                 self._listen(conn)
             except psycopg.Error as exc:
                 if not self._stop.is_set():
+                    lost = True
                     log.warning(
                         "catalog: change notifications lost (%s); nothing is cached until "
                         "they are back",
-                        exc,
+                        _first_line(exc),
                     )
             finally:
                 self._lost()
@@ -184,6 +204,11 @@ class ChangeWatch:
             self._epoch += 1  # what was committed until LISTEN is back will never be delivered
             self._pending.clear()
             self._cond.notify_all()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
 def psycopg_error(message: str) -> Exception:

@@ -48,6 +48,7 @@ from engine.blocking import may_block
 from engine.catalog.changes import CHANNEL, WRITER_SETTING, ChangeWatch
 from engine.catalog.models import Setting
 from engine.ordered_lock import lock
+from engine.ratelog import OutageLog
 
 T = TypeVar("T")
 
@@ -164,6 +165,31 @@ def _change_counter(index: mmap.mmap) -> int:
 
 class CatalogUnavailable(RuntimeError):
     """The catalog could not be reached or stayed locked past the deadline."""
+
+
+class CatalogUnreachable(CatalogUnavailable):
+    """PostgreSQL is down, restarting or cut off. The catalog's outage log (``Catalog.outage``)
+    has counted it: a caller that meets it logs nothing of its own."""
+
+
+def from_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was raised while handling, a CatalogUnreachable (a job that failed
+    because the catalog went away, say): told by the outage log, so no traceback is due."""
+    seen = 0
+    cause: BaseException | None = exc
+    while cause is not None and seen < 16:
+        if isinstance(cause, CatalogUnreachable):
+            return True
+        cause = cause.__cause__ or cause.__context__
+        seen += 1
+    return False
+
+
+def _one_line(exc: BaseException) -> str:
+    """The first line of a DB-API error (psycopg's go on with hints; SQLAlchemy's with a link)."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    text = str(orig).strip().splitlines()
+    return f"{type(orig).__name__}: {text[0] if text else ''}"[:300]
 
 
 class _WriterQueue:
@@ -297,6 +323,8 @@ class Catalog:
         self._changes: ChangeWatch | None = None
         self._changes_lock = lock("catalog.changes")
         self._writer_token = uuid.uuid4().hex
+        # PostgreSQL gone: one line when it starts, a count per interval, one when it is back
+        self.outage = OutageLog(log, "catalog")
         if self.is_sqlite:
             self.engine: Engine = create_engine(
                 url,
@@ -436,13 +464,16 @@ class Catalog:
                     callback()
                 if write and self.is_sqlite:
                     self._checkpoint_if_due()
+                if self.outage.down_since is not None:  # an attribute read per transaction
+                    self.outage.recovered()
                 return result
             except (
                 Exception
             ) as exc:  # DB-API errors arrive wrapped (SQLAlchemy) or raw (hot-path cursors)
                 if not self._transient(exc):
                     if self._unreachable(exc):  # not retried here: the commit may have happened
-                        raise CatalogUnavailable(f"catalog unreachable: {exc}") from exc
+                        self.outage.failed(_one_line(exc))
+                        raise CatalogUnreachable(f"catalog unreachable: {_one_line(exc)}") from exc
                     raise
                 if time.monotonic() > deadline:
                     raise CatalogUnavailable(
@@ -585,6 +616,7 @@ class Catalog:
                     conninfo.render_as_string(hide_password=False),
                     self._writer_token,
                     self._send_ping,
+                    outage=self.outage,
                 )
             return self._changes
 
@@ -623,6 +655,7 @@ class Catalog:
     def _counting(self, work):
         """``work`` that notes, inside its write transaction, which number its commit will get."""
         index = self._wal_index
+        assert index is not None, "run() counts commits only with the WAL index mapped"
 
         def counted(conn):
             raw = conn.connection.driver_connection
@@ -648,6 +681,7 @@ class Catalog:
         with self._watch_lock:
             if self._watch is None:
                 path = self.engine.url.database
+                assert path is not None, "the watch is opened on SQLite catalogs only (a file)"
                 watch = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
                 watch.execute(
                     "PRAGMA journal_mode=WAL"

@@ -13,6 +13,14 @@ from sqlalchemy import create_engine, make_url
 import migrations
 
 
+def bounded_url(url: str) -> str:
+    """A PostgreSQL URL that gives up after 5 s: a check (doctor, install) must not hang on an
+    unreachable host."""
+    if url.startswith("postgresql") and "connect_timeout=" not in url:
+        return url + ("&" if "?" in url else "?") + "connect_timeout=5"
+    return url
+
+
 def alembic_config(url: str) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))

@@ -348,6 +348,9 @@ class NfsClient(Base):
     minor_version: Mapped[int] = mapped_column(Integer, default=1)
     confirmed: Mapped[bool] = mapped_column(Boolean, default=False)
     reclaim_complete: Mapped[bool] = mapped_column(Boolean, default=False)
+    # the client holds (held, at a crash) opens or locks: after a restart only such clients
+    # hold the grace period (appliance.nfs.v4.state)
+    held_state: Mapped[bool] = mapped_column(Boolean, default=False)
     created_ns: Mapped[int] = mapped_column(BigInteger)
     last_seen_ns: Mapped[int] = mapped_column(BigInteger)
 

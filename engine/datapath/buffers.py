@@ -9,6 +9,7 @@ transaction."""
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict, defaultdict
 
 from engine import errors
@@ -88,7 +89,9 @@ class FileBuffers:
                 fb = self.files[ino] = FileBuffer(ino, policy, size, pinned=pinned)
             return fb
 
-    def write(self, ino: int, offset: int, data) -> int:
+    def write(self, ino: int, offset: int, data, *, seen_change: int = 0) -> int:
+        """Buffer ``data`` at ``offset``; the new pending size. ``seen_change``: the file's change
+        attribute as the writer saw it (with earlier buffered writes), which this one moves past."""
         if self.closed:
             raise errors.IOFailure("data path is closed")
         if offset < 0:
@@ -109,6 +112,8 @@ class FileBuffers:
                 need = space.need(policy, length)
                 space.reserve(need, policy)
                 fb.reserved += need
+                fb.change = max(fb.change, seen_change) + 1
+                fb.mtime_ns = max(time.time_ns(), fb.mtime_ns + 1)
                 view = memoryview(data).cast("B")
                 stripe_size = policy.stripe_size
                 pos = 0
@@ -192,6 +197,24 @@ class FileBuffers:
         if fb is None or fb.dead or fb.idle():
             return None
         return fb.size
+
+    def pending_attrs(self, ino: int) -> tuple[int, int, int] | None:
+        """(size, change, mtime_ns) counting buffered writes not yet committed, or None."""
+        fb = self.files.get(ino)
+        if fb is None or fb.dead or fb.idle():
+            return None
+        return fb.size, fb.change, fb.mtime_ns
+
+    def changed(self, inos) -> None:
+        """A namespace transaction changed ``inos`` (and their change attribute in the catalog):
+        a file whose buffered writes show a higher change than the catalog moves it once more,
+        or a chmod or rename of it would not show until its data commits."""
+        for ino in inos:
+            fb = self.files.get(ino)
+            if fb is not None and fb.change:
+                with fb.lock:
+                    if fb.change:
+                        fb.change += 1
 
     # -- what is known of idle files ------------------------------------------------------------
     def created(self, conn, ino: int) -> None:

@@ -253,11 +253,15 @@ class Committer:
             new = [(fo, length, sid, so) for sid, s in items for fo, so, length in s.extents]
             lo = min(fo for fo, *_ in new)
             hi = max(fo + length for fo, length, *_ in new)
+            # at least the change the buffered writes showed (FileBuffer.change): it never
+            # goes back, and a writer that saw it then sees no change at the commit
+            shown = max(s.fb.change for _sid, s in items)
             cursor = sql(
                 conn,
                 "UPDATE inodes SET size = CASE WHEN size < ? THEN ? ELSE size END, mtime_ns = ?, "
-                "ctime_ns = ?, change = change + 1 WHERE ino = ?",
-                (hi, hi, now, now, ino),
+                "ctime_ns = ?, change = CASE WHEN change + 1 < ? THEN ? ELSE change + 1 END "
+                "WHERE ino = ?",
+                (hi, hi, now, now, shown, shown, ino),
             )
             alive = cursor.rowcount
             cursor.close()

@@ -159,6 +159,8 @@ class DataPath:
         self.flush = self.buffers.flush
         self.flush_all = self.buffers.flush_all
         self.pending_size = self.buffers.pending_size
+        self.pending_attrs = self.buffers.pending_attrs
+        self.changed = self.buffers.changed
         self.created = self.buffers.created
         self.truncate = self.buffers.truncate
         self.release = self.buffers.release

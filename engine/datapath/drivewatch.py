@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 from sqlalchemy import select
 
+from engine.catalog.database import CatalogUnreachable
 from engine.catalog.models import Drive, Event
 from engine.datapath.drivestate import PRESENCE_TTL_S, DriveState
 from engine.datapath.recovery import RecoveryReport, record_updates, recover_drive
@@ -127,7 +128,9 @@ class DriveWatch:
             self._wake.clear()
             try:
                 self.check()
-            except Exception as exc:  # the catalog may be away: the faults stay pending
+            except CatalogUnreachable:
+                pass  # the faults stay pending; the catalog's outage log counts the failure
+            except Exception as exc:  # the faults stay pending
                 self._warn.error("check failed", "drive check failed: %s", exc)
 
     def _look_at_drives(self) -> None:

@@ -87,6 +87,8 @@ class FileBuffer:
         "ilock",
         "error",
         "dead",
+        "change",
+        "mtime_ns",
     )
 
     def __init__(self, ino: int, policy: Policy, size: int, pinned: bool = False):
@@ -102,6 +104,11 @@ class FileBuffer:
         self.ilock = lock("datapath.file_inflight")  # inflight
         self.error: BaseException | None = None
         self.dead = False
+        # what the file's change attribute and mtime are with its buffered writes: each write
+        # moves them at once (another client sees a same-size rewrite before any COMMIT); the
+        # commit of its stripes brings the catalog's change up to ``change`` (commit.py)
+        self.change = 0
+        self.mtime_ns = 0
 
     def idle(self) -> bool:
         return not self.data and not self.inflight

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from engine import errors
 from engine.datapath.drivestate import DriveState
+from engine.drives import ZonedDrive, ZoneFileDrive
 from engine.native import driveio
 from engine.ordered_lock import lock
 
@@ -145,7 +146,8 @@ class DriveWriters:
 
     def start_drive(self, drive: DriveState) -> None:
         """Start one drive's writer thread (at start, and for a drive added while running)."""
-        if driveio is not None and hasattr(drive.backend, "claim_append"):
+        # only zone files hand out a file descriptor for an append (claim_append)
+        if driveio is not None and isinstance(drive.backend, ZoneFileDrive):
             drive.native = driveio.DriveQueue(
                 lambda ticket, idx, err, during: self._native_failed(
                     drive, ticket, idx, err, during
@@ -181,14 +183,15 @@ class DriveWriters:
             return
         claimed = False
         try:
+            backend = _zone_file(drive)
             # the range is claimed here, in queue order (callers queue a zone's appends in
             # offset order): the C thread then only writes
-            fd, data = drive.backend.claim_append(zone_idx, offset, data)
+            fd, data = backend.claim_append(zone_idx, offset, data)
             claimed = True
             native.append(fd, offset, data, ticket, zone_idx)
         except BaseException as exc:  # noqa: BLE001 - the ticket carries it, as in _run
             if claimed:
-                drive.backend.append_failed(zone_idx)
+                backend.append_failed(zone_idx)
             drive.write_failed = True
             ticket.fail(errors.IOFailure(f"drive {drive.id} zone {zone_idx}: write failed: {exc}"))
             ticket.fragment_done()
@@ -200,8 +203,8 @@ class DriveWriters:
         """In the C writer thread, with the GIL: an append or its fdatasync failed."""
         exc = OSError(err, os.strerror(err))
         drive.write_failed = True
-        if during == "write" and drive.backend is not None:
-            drive.backend.append_failed(zone_idx)
+        if during == "write":
+            _zone_file(drive).append_failed(zone_idx)
         ticket.fail(errors.IOFailure(f"drive {drive.id} zone {zone_idx}: {during} failed: {exc}"))
         self._io_error(drive, exc, during)
 
@@ -267,10 +270,10 @@ class DriveWriters:
             while True:
                 item = pending.get()
                 kind = type(item)
-                backend = drive.backend  # a drive that came back has a reopened backend
                 if kind is Append:
                     idx, offset, data, ticket = item
                     try:
+                        backend = _opened(drive)  # a drive that came back has a reopened backend
                         started = time.perf_counter()
                         if pending.empty() and synced.empty():
                             # nothing else to append meanwhile: no hand-off to the syncer (it would
@@ -305,15 +308,16 @@ class DriveWriters:
     @staticmethod
     def _do_item(drive: DriveState, item) -> None:
         """In the drive's writer thread, in queue order: a Finish, RepairWrite, Reset or Retire."""
-        backend = drive.backend  # a drive that came back has a reopened backend
         kind = type(item)
+        # a drive that came back has a reopened backend: _opened(drive) looks each time
         if kind is Finish:
             try:
-                backend.finish_zone(item.zone_idx)
+                _opened(drive).finish_zone(item.zone_idx)
             except BaseException:  # noqa: BLE001 - a later append to it fails loudly anyway
                 pass
         elif kind is RepairWrite:
             try:
+                backend = _opened(drive)
                 backend.append(item.zone_idx, item.offset, item.data)
                 backend.sync(item.zone_idx)
                 item.latch.arrive()
@@ -321,7 +325,7 @@ class DriveWriters:
                 item.latch.arrive(exc)
         elif kind is Reset:
             try:
-                backend.reset(item.zone_idx)
+                _opened(drive).reset(item.zone_idx)
                 item.latch.arrive()
             except BaseException as exc:  # noqa: BLE001
                 item.latch.arrive(exc)
@@ -353,7 +357,7 @@ class DriveWriters:
         error = None
         for idx in sorted({idx for idx, _ticket in batch}):
             try:
-                drive.backend.sync(idx)
+                _opened(drive).sync(idx)
             except BaseException as exc:  # noqa: BLE001
                 drive.write_failed = True
                 error = errors.IOFailure(f"drive {drive.id} zone {idx}: fsync failed: {exc}")
@@ -368,3 +372,21 @@ class DriveWriters:
     def _io_error(self, drive: DriveState, exc: BaseException, during: str) -> None:
         if self.on_io_error is not None and isinstance(exc, OSError):
             self.on_io_error(drive, exc, during)
+
+
+def _opened(drive: DriveState) -> ZonedDrive:
+    """The backend of a drive that is queued writes (or a reset, a band end, a retired backend)."""
+    backend = drive.backend
+    # only writable drives are queued anything (placement, repair and reclaim check writable(),
+    # and a Retire follows adopt_backend), and a backend once opened is only ever replaced by a
+    # reopened one, never dropped
+    assert backend is not None, f"drive {drive.id} was queued I/O without an open backend"
+    return backend
+
+
+def _zone_file(drive: DriveState) -> ZoneFileDrive:
+    """The backend of a drive with a compiled writer (start_drive gives one only to zone files;
+    a drive that comes back reopens the same kind of backend, open_drive of the same row)."""
+    backend = drive.backend
+    assert isinstance(backend, ZoneFileDrive), f"drive {drive.id}: compiled writer, no zone files"
+    return backend

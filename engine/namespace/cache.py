@@ -7,6 +7,8 @@ import threading
 import time
 from typing import TypeVar
 
+from sqlalchemy.engine import Connection
+
 from engine.catalog.database import Catalog, commits_between
 from engine.catalog.database import sql_one as _one
 from engine.namespace.common import (
@@ -163,12 +165,14 @@ class AttrCache:
         self._cache_valid()  # take in other processes' commits before ours moves the epoch
         touched = Touched(inos)
         fresh: list[Attr] = []
-        gen = [None]
+        gen: list[int | None] = [None]  # the cache generation the transaction saw, set in run
 
         def run(conn):
             fresh.clear()
             touched.known.clear()  # a retried work must not cache what a rolled-back try made
             touched.gone.clear()
+            touched.xattrs.clear()
+            touched.xattrs_kept.clear()
             result = work(conn, touched)
             if self._cache_epoch is not None and touched:
                 known = touched.known
@@ -181,29 +185,56 @@ class AttrCache:
             gen[0] = self._cache_gen
             return result
 
+        committed = False
         try:
-            return self.catalog.run(run, tracked=True), touched.unfreed  # _changed accounts for it
+            result = self.catalog.run(run, tracked=True)  # _changed accounts for it
+            committed = True
+            return result, touched.unfreed
         except BaseException:
             fresh.clear()
             raise
         finally:
-            self._changed(touched, names, fresh, gen[0], touched.names, touched.gone)
+            if committed and self.data is not None:
+                self.data.changed(touched)  # the change buffered writes show moves too
+            self._changed(
+                touched,
+                names,
+                fresh,
+                gen[0],
+                touched.names,
+                touched.gone,
+                touched.xattrs,
+                touched.xattrs_kept,
+            )
 
     def _changed(
-        self, inos, names=(), fresh=(), fresh_gen=None, fresh_names=(), fresh_gone=()
+        self,
+        inos,
+        names=(),
+        fresh=(),
+        fresh_gen=None,
+        fresh_names=(),
+        fresh_gone=(),
+        fresh_xattrs=None,
+        xattrs_kept=(),
     ) -> None:
         """This process changed ``inos`` and the (dir, name) entries ``names`` in a tracked commit:
         evict them (the rest of the cache stays valid: _cache_valid adopts the commit).
-        ``fresh_names`` and ``fresh_gone``: what the commit made of names (ino, or removed)."""
+        ``fresh_names`` and ``fresh_gone``: what the commit made of names (ino, or removed).
+        ``fresh_xattrs``: inodes' extended attributes at commit; ``xattrs_kept``: inodes whose
+        extended attributes the commit left alone (Samba reads a file's and its folder's right
+        after each create and each setxattr: keeping them saves a catalog read each)."""
         for listener in self._change_listeners:
             listener(inos, names)
         with self._cache_lock:
             current = self._cache_gen
             self._cache_gen += 1
+            adopt = self._cache_epoch is not None and fresh and fresh_gen == current
+            kept = xattrs_kept if adopt else ()
             for ino in inos:
                 self._cache.pop(ino, None)
-                self._xattr_cache.pop(ino, None)
-            adopt = self._cache_epoch is not None and fresh and fresh_gen == current
+                if ino not in kept:
+                    self._xattr_cache.pop(ino, None)
             known = dict(fresh_names) if adopt else {}
             complete = self._complete_dirs
             gone = fresh_gone if adopt else ()
@@ -224,6 +255,11 @@ class AttrCache:
                     self._cache[attr.ino] = (attr, until)
                 for key, ino in known.items():
                     self._names[key] = (ino, until)
+                if fresh_xattrs:
+                    alive = {attr.ino for attr in fresh}
+                    for ino, found in fresh_xattrs.items():
+                        if ino in alive:
+                            self._xattr_cache[ino] = (found, until)
 
     def _fresh_attrs(self, conn, inos):
         """Inside a data-path commit: the changed files' new attributes and the space used of
@@ -236,7 +272,7 @@ class AttrCache:
 
     def _data_committed(self, inos, found) -> None:
         fresh, gen, used = found if found is not None else ((), None, {})
-        self._changed(inos, (), fresh, gen)
+        self._changed(inos, (), fresh, gen, xattrs_kept=inos)  # data commits change no xattrs
         for attr in fresh:
             if attr.ino in used:
                 self._remember_space_used(attr, used[attr.ino])
@@ -247,6 +283,28 @@ class AttrCache:
         raise NotImplementedError
 
     def _remember_space_used(self, attr: Attr, used: int) -> None:
+        raise NotImplementedError
+
+    # defined by Lookup (_load_many) and DirectoryOps (_free, _touch), which own reading and
+    # freeing inodes; declared on the base every part shares because parts that are not their
+    # subclasses call them (this cache, FileOps, Xattrs), and Namespace combines them all
+    @staticmethod
+    def _load_many(conn: Connection, inos) -> list[Attr]:
+        raise NotImplementedError
+
+    def _free(self, conn: Connection, ino: int, touched: Touched) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _touch(
+        conn: Connection,
+        ino: int,
+        *,
+        mtime: bool = False,
+        ctime: bool = True,
+        nlink_delta: int = 0,
+        returning: bool = False,
+    ) -> Attr | None:
         raise NotImplementedError
 
     # -- change listeners ------------------------------------------------------------------------

@@ -54,9 +54,16 @@ class Cred:
     uid: int
     gid: int
     groups: tuple[int, ...] = ()
+    # folders of this uid that this identity does not own: the export folders given to an
+    # export's anonymous user, whose uid every squashed client shares (invariant 12)
+    disowned: frozenset[int] = frozenset()
 
     def in_group(self, gid: int) -> bool:
         return gid == self.gid or gid in self.groups
+
+    def owns(self, attr: Attr) -> bool:
+        """Whether this identity has owner rights over ``attr`` (root aside)."""
+        return self.uid == attr.uid and attr.ino not in self.disowned
 
 
 ROOT = Cred(0, 0)
@@ -119,9 +126,15 @@ class FileData(Protocol):
 
     def read(self, ino: int, offset: int, length: int, size: int) -> bytes | bytearray: ...
     # returns the new pending size
-    def write(self, ino: int, offset: int, data: bytes | bytearray) -> int: ...
+    def write(
+        self, ino: int, offset: int, data: bytes | bytearray, *, seen_change: int = 0
+    ) -> int: ...
     def flush(self, ino: int) -> None: ...  # durable and committed on return
     def pending_size(self, ino: int) -> int | None: ...  # size counting buffered writes
+    # (size, change, mtime_ns) counting buffered writes, or None
+    def pending_attrs(self, ino: int) -> tuple[int, int, int] | None: ...
+    # a namespace transaction changed these inodes (their change attribute moved)
+    def changed(self, inos) -> None: ...
     def truncate(self, conn: Connection, ino: int, old_size: int, new_size: int) -> None: ...
     # a new regular file, in its create transaction
     def created(self, conn: Connection, ino: int) -> None: ...
@@ -134,6 +147,12 @@ class FileData(Protocol):
     def few_data_ranges(
         self, conn: Connection, ino: int, most: int
     ) -> list[tuple[int, int]] | None: ...
+    # [dst_off, +length) of dst shares src's stripes at [src_off, +length); returns extents shared
+    def clone_range(
+        self, conn: Connection, src: int, src_off: int, dst: int, dst_off: int, length: int
+    ) -> int: ...
+    # a hole at [offset, +length) (the size stays); returns the bytes that were referenced there
+    def punch(self, conn: Connection, ino: int, offset: int, length: int) -> int: ...
 
 
 ATTR_COLUMNS = [INODES.c[name] for name in Attr.__slots__]
@@ -153,6 +172,10 @@ class Touched(set):
         # inodes whose attributes at commit the work already has (no statement after it changes
         # them): _write caches these instead of reading them again (a round trip on PostgreSQL)
         self.known: dict[int, Attr] = {}
+        # extended attributes: every one of an inode at commit (cached like ``known``), and the
+        # inodes whose extended attributes the work left alone (a cached map of them stays)
+        self.xattrs: dict[int, dict[str, bytes]] = {}
+        self.xattrs_kept: set[int] = set()
 
 
 class Entry(NamedTuple):
@@ -177,7 +200,7 @@ def may(cred: Cred, attr: Attr, want: int) -> bool:
     if cred.uid == 0:
         # root may execute only what someone may execute (directories: always search)
         return not (want & X_OK) or attr.type == DIR or bool(attr.mode & 0o111)
-    if cred.uid == attr.uid:
+    if cred.owns(attr):
         bits = (attr.mode >> 6) & 7
     elif cred.in_group(attr.gid):
         bits = (attr.mode >> 3) & 7

@@ -107,7 +107,12 @@ class DirectoryOps(Lookup):
 
     @staticmethod
     def _check_sticky(cred: Cred, parent: Attr, victim: Attr) -> None:
-        if parent.mode & S_ISVTX and cred.uid not in (0, parent.uid, victim.uid):
+        if (
+            parent.mode & S_ISVTX
+            and cred.uid != 0
+            and not cred.owns(parent)
+            and not cred.owns(victim)
+        ):
             raise errors.NotPermitted(
                 f"sticky directory {parent.ino}: uid {cred.uid} may not remove inode {victim.ino}"
             )
@@ -187,6 +192,8 @@ class DirectoryOps(Lookup):
             touched.names[(dir_ino, name)] = attr.ino
             # nothing below changes either row: _write caches them without reading them again
             touched.known[attr.ino] = attr
+            touched.xattrs[attr.ino] = {}  # a new inode has none
+            touched.xattrs_kept.add(dir_ino)
             if parent_now is not None:
                 touched.known[dir_ino] = parent_now
             return attr

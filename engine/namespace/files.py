@@ -79,7 +79,7 @@ class FileOps(Lookup):
             if "size" in values:
                 self._charge_size(conn, ino, values["size"] - attr.size)
             if "size" in values and self.data is not None:
-                self.data.truncate(conn, ino, attr.size, size)
+                self.data.truncate(conn, ino, attr.size, values["size"])
             values["ctime_ns"] = now
             columns = ", ".join(f"{key} = ?" for key in values)
             _sql(
@@ -87,10 +87,14 @@ class FileOps(Lookup):
                 f"UPDATE inodes SET {columns}, change = change + 1 WHERE ino = ?",
                 (*values.values(), ino),
             )
+            touched.xattrs_kept.add(ino)
             return self._load(conn, ino)
 
         try:
-            return self._write(work, (ino,))
+            # with the size buffered writes have reached (a file's times are set while it is
+            # still being written: smbd does at every close), else a FUSE or NFS client takes the
+            # committed size for the file's and cuts off what it wrote
+            return self._with_pending(self._write(work, (ino,)))
         finally:
             if size is not None:
                 self.quotas.drop(ino)  # flushed above: nothing buffered is admitted any more
@@ -111,7 +115,7 @@ class FileOps(Lookup):
     ) -> dict:
         """The columns a setattr changes (ctime aside), after its permission checks."""
         ino = attr.ino
-        owner = cred.uid in (0, attr.uid)
+        owner = cred.uid == 0 or cred.owns(attr)
         values: dict = {}
         new_mode = attr.mode
         if uid is not None and uid != attr.uid:
@@ -119,7 +123,7 @@ class FileOps(Lookup):
                 raise errors.NotPermitted(f"uid {cred.uid} may not give inode {ino} to uid {uid}")
             values["uid"] = uid
         if gid is not None and gid != attr.gid:
-            if cred.uid != 0 and not (cred.uid == attr.uid and cred.in_group(gid)):
+            if cred.uid != 0 and not (cred.owns(attr) and cred.in_group(gid)):
                 raise errors.NotPermitted(f"uid {cred.uid} may not set group {gid} on inode {ino}")
             values["gid"] = gid
         if values and attr.type != DIR and cred.uid != 0:
@@ -148,7 +152,7 @@ class FileOps(Lookup):
                 raise errors.IsADirectory(f"inode {ino} is a directory")
             if attr.type != REG:
                 raise errors.InvalidArgument(f"inode {ino} is not a regular file")
-            if not may(cred, attr, W_OK) and cred.uid != attr.uid:
+            if not may(cred, attr, W_OK) and not cred.owns(attr):
                 raise errors.AccessDenied(f"uid {cred.uid} may not write inode {ino}")
             if size != attr.size:
                 values["size"] = size
@@ -201,7 +205,7 @@ class FileOps(Lookup):
         end = offset + len(data)
         if end > attr.size and data and self.quotas.active():
             self.quotas.admit(ino, end)  # EDQUOT before any byte is buffered
-        store.write(ino, offset, data)
+        store.write(ino, offset, data, seen_change=attr.change)
         if stable:
             store.flush(ino)
         for listener in self._change_listeners:  # the size and data other views cache

@@ -63,10 +63,20 @@ class Lookup(ReadOnlyInodes):
         return attr_of_row(row)
 
     def _with_pending(self, attr: Attr) -> Attr:
+        """``attr`` with the file's buffered writes: their size, and the change attribute and
+        mtime/ctime they moved (a same-size rewrite shows before its COMMIT)."""
         if self.data is not None and attr.type == REG:
-            pending = self.data.pending_size(attr.ino)
-            if pending is not None and pending != attr.size:
-                return replace(attr, size=pending)
+            pending = self.data.pending_attrs(attr.ino)
+            if pending is not None:
+                size, change, mtime_ns = pending
+                if (size, change, mtime_ns) != (attr.size, attr.change, attr.mtime_ns):
+                    return replace(
+                        attr,
+                        size=size,
+                        change=max(attr.change, change),
+                        mtime_ns=max(attr.mtime_ns, mtime_ns),
+                        ctime_ns=max(attr.ctime_ns, mtime_ns),
+                    )
         return attr
 
     def getattr(self, ino: int) -> Attr:
@@ -192,7 +202,7 @@ class Lookup(ReadOnlyInodes):
         """One path to ``ino`` (the first link found), for events and admin pages."""
 
         def work(conn):
-            parts = []
+            parts: list[str] = []  # names from ino up to the root
             current = ino
             for _ in range(4096):
                 if current == self.root_ino:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from sqlalchemy import select
-
 from engine import errors
 from engine.catalog.database import sql as _sql
+from engine.catalog.database import sql_all as _sql_all
+from engine.catalog.database import sql_one as _sql_one
 from engine.namespace.common import R_OK, W_OK, XATTR_NAME_MAX, XATTR_VALUE_MAX, XATTRS, Cred
 from engine.namespace.lookup import Lookup
 
@@ -78,22 +78,30 @@ class Xattrs(Lookup):
             self._check_writable(ino, conn=conn)
             attr = self._load(conn, ino)
             self._require(cred, attr, W_OK)
-            exists = conn.execute(
-                select(XATTRS.c.name).where(XATTRS.c.ino == ino, XATTRS.c.name == name)
-            ).first()
+            exists = _sql_one(conn, "SELECT 1 FROM xattrs WHERE ino = ? AND name = ?", (ino, name))
             if exists and create:
                 raise errors.Exists(f"extended attribute {name!r} exists")
             if not exists and replace_only:
                 raise errors.NoData(f"no extended attribute {name!r} on inode {ino}")
             if exists:
-                conn.execute(
-                    XATTRS.update()
-                    .where(XATTRS.c.ino == ino, XATTRS.c.name == name)
-                    .values(value=value)
+                _sql(
+                    conn,
+                    "UPDATE xattrs SET value = ? WHERE ino = ? AND name = ?",
+                    (value, ino, name),
                 )
             else:
-                conn.execute(XATTRS.insert().values(ino=ino, name=name, value=value))
-            self._touch(conn, ino, ctime=True)
+                _sql(
+                    conn,
+                    "INSERT INTO xattrs (ino, name, value) VALUES (?, ?, ?)",
+                    (ino, name, value),
+                )
+            now = self._touch(conn, ino, ctime=True, returning=True)
+            if now is not None:  # Samba reads the attribute back at once: cache what is now
+                touched.known[ino] = now
+                rows = _sql_all(conn, "SELECT name, value FROM xattrs WHERE ino = ?", (ino,))
+                found = {key: bytes(val) for key, val in rows}
+                if sum(len(v) for v in found.values()) <= XATTR_CACHE_BYTES:
+                    touched.xattrs[ino] = found
 
         self._write(work, (ino,))
 

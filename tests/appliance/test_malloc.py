@@ -49,3 +49,46 @@ def test_stripe_buffers_come_from_the_heap_once_tuned():
     tuned = probe(True)
     assert tuned["tuned"] is True
     assert max(tuned["mapped"]) < 8 << 20, tuned
+
+
+# the heap keeps what the daemon freed (tune_malloc) until runtime.HeapTrim gives it back
+TRIM_PROBE = """
+import json, sys
+sys.path.insert(0, {repo!r})
+from appliance.runtime import HeapTrim, tune_malloc
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) << 10 for l in f if l.startswith("VmRSS:"))
+assert tune_malloc()
+base = rss()
+buffers, small = [], []
+for _ in range(48):  # 192 MiB of 4 MiB buffers written through, small objects between them
+    buffers.append(bytearray(b"x") * (4 << 20))
+    small.append(bytearray(100))
+loaded = rss()
+del buffers
+freed = rss()
+heap = HeapTrim(lambda: 0, quiet_s=0.0)
+trimmed_bytes = heap.tick()
+print(json.dumps({{"base": base, "loaded": loaded, "freed": freed, "trimmed": rss(),
+                   "trimmed_bytes": trimmed_bytes, "again": heap.tick()}}))
+"""
+
+
+def test_heap_trim_gives_back_what_the_tuned_heap_kept():
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", TRIM_PROBE.format(repo=repo)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    rss = json.loads(out)
+    mib = 1 << 20
+    assert rss["loaded"] - rss["base"] >= 180 * mib, rss  # the buffers were resident
+    assert rss["freed"] - rss["base"] >= 180 * mib, rss  # freed, yet kept (trim threshold)
+    assert rss["trimmed_bytes"] >= 180 * mib, rss
+    assert rss["trimmed"] - rss["base"] < 16 * mib, rss  # given back
+    assert rss["again"] is None, rss  # once per quiet spell

@@ -384,3 +384,46 @@ def test_a_removed_directory_is_complete_no_more(sqlite_catalog):
     if f.ino == d.ino:  # the number was given again: a lookup in a file is ENOTDIR
         with pytest.raises(errors.NotADirectory):
             ns.lookup(ROOT, f.ino, "x")
+
+
+def test_create_and_setxattr_leave_the_xattrs_samba_reads_next_in_the_cache(
+    sqlite_catalog, count_reads
+):
+    """Samba reads a new file's DOS attribute (and its folder's ACLs) right after the create,
+    and reads the attribute back right after setting it: all from the cache, exact."""
+    ns = Namespace(sqlite_catalog)
+    d = ns.mkdir(ROOT, ns.root_ino, "d", 0o755)
+    ns.setxattr(ROOT, d.ino, "user.dir", b"folder")
+    assert ns.listxattr(ROOT, d.ino) == ["user.dir"]  # cached
+    f = ns.create(ROOT, d.ino, "f", 0o644)
+    reads = count_reads(sqlite_catalog)
+    with no_blocking():
+        with pytest.raises(errors.NoData):
+            ns.getxattr(ROOT, f.ino, "user.DOSATTRIB")  # a new file has none
+        assert ns.getxattr(ROOT, d.ino, "user.dir") == b"folder"  # the create kept the folder's
+        assert ns.getattr(d.ino).mtime_ns >= ns.getattr(f.ino).mtime_ns
+    before = ns.getattr(f.ino)
+    ns.setxattr(ROOT, f.ino, "user.DOSATTRIB", b"dos-1")
+    ns.setxattr(ROOT, f.ino, "user.other", b"x")
+    with no_blocking():
+        assert ns.getxattr(ROOT, f.ino, "user.DOSATTRIB") == b"dos-1"
+        assert ns.listxattr(ROOT, f.ino) == ["user.DOSATTRIB", "user.other"]
+        assert ns.getattr(f.ino).change > before.change  # the ctime bump is seen too
+    ns.setxattr(ROOT, f.ino, "user.DOSATTRIB", b"dos-2", replace_only=True)
+    with no_blocking():
+        assert ns.getxattr(ROOT, f.ino, "user.DOSATTRIB") == b"dos-2"
+    ns.removexattr(ROOT, f.ino, "user.other")  # evicts: read again, exact
+    assert ns.listxattr(ROOT, f.ino) == ["user.DOSATTRIB"]
+    assert len(reads) == 1
+    # a value too big for the cache is not kept: read each time
+    ns.setxattr(ROOT, f.ino, "user.big", bytes(5000))
+    with no_blocking(), pytest.raises(WouldBlock):
+        ns.getxattr(ROOT, f.ino, "user.big")
+    assert ns.getxattr(ROOT, f.ino, "user.big") == bytes(5000)
+    # what another process sees is the same as what the cache said
+    fresh = Namespace(Catalog(sqlite_catalog.url))
+    try:
+        assert fresh.getxattr(ROOT, f.ino, "user.DOSATTRIB") == b"dos-2"
+        assert fresh.listxattr(ROOT, f.ino) == ["user.DOSATTRIB", "user.big"]
+    finally:
+        fresh.catalog.close()

@@ -580,3 +580,16 @@ def test_writes_continue_degraded_when_a_drive_has_failed(engine):
     with pytest.raises(errors.NoRedundancy, match="at least 9") as refused:
         make(engine, "refused", os.urandom(STRIPE))
     assert not isinstance(refused.value, errors.NoSpace) and refused.value.errno == errno.EIO
+
+
+def test_times_set_while_writes_are_buffered_keep_their_size(sqlite_engine):
+    """smbd sets a file's write time at every close, after its writes and before the flush: the
+    attributes that setattr answers (FUSE and NFS clients adopt them) carry the buffered size."""
+    ns = sqlite_engine.ns
+    ino = ns.create(ROOT, ns.root_ino, "t").ino
+    ns.write(ino, 0, b"x" * 1024)
+    assert ns.setattr(ROOT, ino, atime_ns=1_000_000_000, mtime_ns=2_000_000_000).size == 1024
+    ns.setattr(ROOT, ino, mode=0o600)
+    assert ns.setattr(ROOT, ino, mode=0o640).size == 1024
+    ns.commit(ino)
+    assert ns.getattr(ino).size == 1024 and ns.read(ino, 0, 4096) == b"x" * 1024

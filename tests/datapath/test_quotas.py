@@ -20,7 +20,7 @@ from engine.catalog.database import sql
 from engine.datapath import DataPath
 from engine.erasure import load_policies
 from engine.namespace import ROOT, Namespace
-from engine.quotas import QuotaService
+from engine.quota_service import QuotaService
 from engine.snapshots import Snapshots
 
 KiB = 1024

@@ -167,7 +167,7 @@ def test_export_folder_a_root_client_cannot_create_in_is_named_with_its_fix(
     assert result.returncode == 0  # a warning: nothing to fix before serving
 
     fixed = shingle("-c", str(config), "exports", "own-folder", "1")
-    assert "now owned by 65534:65534" in fixed.stdout
+    assert "now owned by 65534:65534, mode 1777" in fixed.stdout
     assert (
         statuses(shingle("-c", str(config), "doctor", check=False).stdout)["export folders"] == "OK"
     )
@@ -180,6 +180,33 @@ def test_export_folder_a_root_client_cannot_create_in_is_named_with_its_fix(
         catalog.close()
     missing = shingle("-c", str(config), "exports", "own-folder", "99", check=False)
     assert missing.returncode != 0 and "no export with id 99" in missing.stderr
+
+
+def test_export_folder_without_its_sticky_bit_is_named_and_fixed(appliance_dir, tmp_path):
+    """A squashed root client could chmod the export root 0777 while the anonymous user owned
+    it, which let every client user remove or rename the others' files there."""
+    from engine.catalog.database import Catalog
+    from engine.namespace import ROOT, Namespace
+
+    folder = tmp_path / "app"
+    shutil.copytree(appliance_dir, folder)
+    config = folder / "shingle.toml"
+    catalog = Catalog(f"sqlite:///{folder}/catalog.db")
+    try:
+        namespace = Namespace(catalog)
+        namespace.setattr(ROOT, namespace.root_ino, mode=0o777)  # what the squashed root did
+    finally:
+        catalog.close()
+
+    result = shingle("-c", str(config), "doctor", check=False)
+    assert statuses(result.stdout)["export folders"] == "WARN", result.stdout
+    assert "world-writable without the sticky bit" in result.stdout
+    assert "fix: shingle exports own-folder 1" in result.stdout
+    fixed = shingle("-c", str(config), "exports", "own-folder", "1")
+    assert "now owned by 65534:65534, mode 1777" in fixed.stdout
+    assert (
+        statuses(shingle("-c", str(config), "doctor", check=False).stdout)["export folders"] == "OK"
+    )
 
 
 def test_missing_drive_fails_the_command(appliance_dir, tmp_path):

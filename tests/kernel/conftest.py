@@ -21,7 +21,14 @@ from pathlib import Path
 import guest_nfs
 import pytest
 import vm
-from nfs_rig import HERE, VM_TIMEOUT_S, ShingleDaemon, plan_for
+from nfs_rig import (
+    HERE,
+    ROOT_SQUASH_TIMEOUT_S,
+    VM_TIMEOUT_S,
+    ShingleDaemon,
+    plan_for,
+    root_squash_plan,
+)
 from pgserver import free_port
 
 
@@ -77,40 +84,25 @@ class RigRun:
         )
 
 
-@pytest.fixture(scope="session")
-def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon) -> RigRun:
-    guest = kernel_rig_dir / "guest"
+def run_guest(vm_kernel, folder: Path, plan: dict, timeout: float, on_request=None):
+    """Boot the VM once to run guest_nfs.py with ``plan``: (VmResult, {check: (verdict,
+    details)})."""
+    guest = folder / "guest"
     guest.mkdir()
     shutil.copy(HERE / "guest_nfs.py", guest / "guest_nfs.py")
-    plan = guest / "plan.json"
-    skip_locks = shingle_daemon.portmap_problem()
-    if skip_locks:
-        print(f"kernel rig: NLM lock checks skipped: {skip_locks}", file=sys.stderr)
-    plan.write_text(json.dumps(plan_for(shingle_daemon.port, skip_locks)))
+    plan_file = guest / "plan.json"
+    plan_file.write_text(json.dumps(plan))
     program = guest / "run.sh"
-    program.write_text(f"#!/bin/sh\nexec /usr/bin/python3 {guest / 'guest_nfs.py'} {plan}\n")
+    program.write_text(f"#!/bin/sh\nexec /usr/bin/python3 {guest / 'guest_nfs.py'} {plan_file}\n")
     for path in guest.iterdir():
         path.chmod(0o755)
     verbose = os.environ.get("SHINGLE_KERNEL_RIG_VERBOSE")
-
-    def on_request(text: str) -> str:
-        # "restart-server", or "snapshot-create PATH NAME" (PATH in the namespace)
-        action, *args = text.split()
-        try:
-            if action == "restart-server" and not args:
-                return shingle_daemon.restart()
-            if action == "snapshot-create" and len(args) == 2:
-                return shingle_daemon.snapshot_create(*args)
-        except Exception as exc:  # noqa: BLE001 - the guest reports it as its check's failure
-            return f"{action} failed: {exc}"
-        return f"unknown request {text!r}"
-
     result = vm.run_vm(
         program,
         kernel=vm_kernel,
-        workdir=kernel_rig_dir / "vm",
+        workdir=folder / "vm",
         requests=on_request,
-        timeout=VM_TIMEOUT_S,
+        timeout=timeout,
         on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None,
     )
     checks = {}
@@ -124,4 +116,52 @@ def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon) -> RigRun:
         f"{verdicts.count('PASS')} passed, {verdicts.count('SKIP')} skipped",
         file=sys.stderr,
     )
+    return result, checks
+
+
+@pytest.fixture(scope="session")
+def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon) -> RigRun:
+    skip_locks = shingle_daemon.portmap_problem()
+    if skip_locks:
+        print(f"kernel rig: NLM lock checks skipped: {skip_locks}", file=sys.stderr)
+
+    def on_request(text: str) -> str:
+        # "restart-server", or "snapshot-create PATH NAME" (PATH in the namespace)
+        action, *args = text.split()
+        try:
+            if action == "restart-server" and not args:
+                return shingle_daemon.restart()
+            if action == "snapshot-create" and len(args) == 2:
+                return shingle_daemon.snapshot_create(*args)
+        except Exception as exc:  # noqa: BLE001 - the guest reports it as its check's failure
+            return f"{action} failed: {exc}"
+        return f"unknown request {text!r}"
+
+    result, checks = run_guest(
+        vm_kernel,
+        kernel_rig_dir,
+        plan_for(shingle_daemon.port, skip_locks),
+        VM_TIMEOUT_S,
+        on_request,
+    )
     return RigRun(result, checks, shingle_daemon.log())
+
+
+@pytest.fixture(scope="session")
+def root_squash_results(vm_kernel, kernel_rig_dir) -> RigRun:
+    """A VM run of the root-squash checks against `shingle init`'s default export (root
+    squashed, the root 1777 and owned by the anonymous user), in a daemon of its own; no
+    port mapper (the v3 mount uses nolock), so it can run beside shingle_daemon."""
+    folder = kernel_rig_dir / "root-squash"
+    folder.mkdir()
+    daemon = ShingleDaemon(folder / "appliance", free_port())
+    daemon.init(squash="root_squash", portmap="off")
+    daemon.start()
+    try:
+        result, checks = run_guest(
+            vm_kernel, folder, root_squash_plan(daemon.port), ROOT_SQUASH_TIMEOUT_S
+        )
+    finally:
+        daemon.stop()
+        shutil.rmtree(daemon.home / "drives", ignore_errors=True)
+    return RigRun(result, checks, daemon.log())

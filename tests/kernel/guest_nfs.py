@@ -75,6 +75,9 @@ V42_CHECKS = (
     "xattr",
     "snapshot-read",
 )
+# checks run once per version as root in the export root of an export with the default
+# squash (its own VM run: plan "root_squash")
+ROOT_SQUASH_CHECKS = ("root-squash/own-files", "root-squash/others-kept")
 RESTART_CHECKS = (
     "restart/io-continues",
     "restart/lock-kept",
@@ -98,6 +101,8 @@ def planned_checks(plan: dict) -> list[str]:
         if version.get("lock_peer"):
             names.append(f"{label}/lock-vs-{version['lock_peer']}")
         names += [f"{label}/{check}" for check in VERSION_CHECKS[3:]]
+    for version in plan.get("root_squash", ()):
+        names += [f"{version['label']}/{check}" for check in ROOT_SQUASH_CHECKS]
     if plan.get("restart_version"):
         names += [f"{plan['restart_version']}/{check}" for check in RESTART_CHECKS]
     if plan.get("docs"):
@@ -1242,11 +1247,78 @@ def run_docs(docs_path: str) -> None:
             subprocess.run(["timeout", "120", "umount", target], capture_output=True)
 
 
+def check_squashed_own_files(mountpoint: str, label: str) -> str:
+    """Root, squashed to nobody, makes, rewrites and renames its own files in the sticky
+    world-writable export root: fs.protected_regular lets root's open(O_CREAT) of an existing
+    file through only because the file's owner (nobody) is the folder's."""
+    with open("/proc/sys/fs/protected_regular", "w") as f:
+        f.write("1\n")  # systemd's default (the kernel's is 0)
+    own = os.path.join(mountpoint, f"root-{label}.txt")
+    sh("sh", "-c", f"echo first > {own}")
+    sh("sh", "-c", f"echo x > {own}")  # open(O_CREAT|O_TRUNC) of an existing file
+    with open(own, "a") as f:  # O_CREAT too
+        f.write("y\n")
+    expect(read_file(own) == b"x\ny\n", f"{own} reads {read_file(own)!r}")
+    renamed = own + ".renamed"
+    os.rename(own, renamed)
+    sh("sh", "-c", f"echo z > {renamed}")
+    expect(read_file(renamed) == b"z\n", f"{renamed} reads {read_file(renamed)!r}")
+    owner = os.stat(renamed).st_uid
+    os.unlink(renamed)
+    return f"fs.protected_regular=1: made, rewrote, appended to, renamed, removed (owner {owner})"
+
+
+def check_squashed_others_kept(mountpoint: str, label: str) -> str:
+    """Root, squashed to nobody, neither removes nor renames another user's file in the sticky
+    export root, nor chmods the export root (which would drop the sticky bit for everyone)."""
+    theirs = os.path.join(mountpoint, f"uid{UNPRIVILEGED}-{label}.txt")
+    as_user = ["setpriv", f"--reuid={UNPRIVILEGED}", f"--regid={UNPRIVILEGED}", "--clear-groups"]
+    sh(*as_user, "sh", "-c", f"echo theirs > {theirs}")
+    mode = os.stat(mountpoint).st_mode & 0o7777
+    refused = []
+    attempts = {
+        "unlink another user's file": lambda: os.unlink(theirs),
+        "rename another user's file": lambda: os.rename(theirs, theirs + ".taken"),
+        "chmod 0777 the export root": lambda: os.chmod(mountpoint, 0o777),
+    }
+    for what, attempt in attempts.items():
+        try:
+            attempt()
+        except PermissionError as exc:
+            refused.append(f"{what}: {exc.strerror}")
+            continue
+        raise CheckFailed(f"a squashed root could {what}")
+    expect(read_file(theirs) == b"theirs\n", f"{theirs} reads {read_file(theirs)!r}")
+    drop_caches()
+    after = os.stat(mountpoint).st_mode & 0o7777
+    expect(mode == after == 0o1777, f"export root mode {mode:o} -> {after:o}, expected 1777")
+    sh(*as_user, "rm", theirs)
+    return "; ".join(refused) + f"; export root stays {after:o}"
+
+
+def run_root_squash(plan: dict, version: dict) -> None:
+    label = version["label"]
+    mountpoint = f"/mnt/squash-{label}"
+    names = [f"{label}/{check}" for check in ROOT_SQUASH_CHECKS]
+    mounted = mount(version["options"], plan["port"], mountpoint)
+    if mounted.returncode != 0:
+        for name in names:
+            report(name, False, f"mount -o {version['options']} failed: {mounted.stderr.strip()}")
+        return
+    try:
+        run_check(names[0], lambda: check_squashed_own_files(mountpoint, label))
+        run_check(names[1], lambda: check_squashed_others_kept(mountpoint, label))
+    finally:
+        subprocess.run(["timeout", "120", "umount", mountpoint], capture_output=True)
+
+
 def main(plan: dict) -> int:
     print("@@SHINGLE-VM BEGIN", flush=True)
     print(f"guest: {os.uname().nodename} kernel {os.uname().release}", flush=True)
     for version in plan["versions"]:
         run_version(plan, version)
+    for version in plan.get("root_squash", ()):
+        run_root_squash(plan, version)
     if plan.get("docs"):
         docs_path = "/tmp/docs.json"
         with open(docs_path, "w") as f:

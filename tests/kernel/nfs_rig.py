@@ -52,6 +52,21 @@ DOCS_TIMEOUT_S = 1200
 
 
 PORTMAP_PORT = 111  # where the Linux client asks for the server's NLM port
+# the root-squash run (its own VM boot, against `shingle init`'s default export: root squashed)
+ROOT_SQUASH_VERSIONS = [
+    {"label": "v4.1", "options": "vers=4.1"},
+    {"label": "v4.0", "options": "vers=4.0"},
+    {
+        "label": "v3",
+        "options": "vers=3,proto=tcp,port={port},mountport={port},mountproto=tcp,nolock",
+    },
+]
+ROOT_SQUASH_TIMEOUT_S = 900
+
+
+def root_squash_plan(port: int) -> dict:
+    versions = [{**v, "options": v["options"].format(port=port)} for v in ROOT_SQUASH_VERSIONS]
+    return {"port": port, "versions": [], "uids": [], "root_squash": versions}
 
 
 def plan_for(port: int, skip_locks: str = "") -> dict:
@@ -93,7 +108,9 @@ class ShingleDaemon:
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
-    def init(self) -> ShingleDaemon:
+    def init(self, *, squash: str = "no_root_squash", portmap: str = "serve") -> ShingleDaemon:
+        """``squash``: the default export's; ``portmap`` "serve" serves the port mapper on
+        PORTMAP_PORT (the NLM checks need it), "off" leaves that port to another daemon."""
         run = subprocess.run(
             [
                 sys.executable,
@@ -118,7 +135,7 @@ class ShingleDaemon:
         text = self.config.read_text().replace(
             "[nfs]\n",
             "[nfs]\nlease_seconds = 30\ngrace_seconds = 10\n"
-            f'portmap = "serve"\nportmap_port = {PORTMAP_PORT}\n',
+            f'portmap = "{portmap}"\nportmap_port = {PORTMAP_PORT}\n',
             1,
         )
         self.config.write_text(text)
@@ -130,9 +147,7 @@ class ShingleDaemon:
         try:
             catalog.run(
                 lambda conn: conn.execute(
-                    Export.__table__.update().values(
-                        clients="127.0.0.1/32", squash="no_root_squash"
-                    )
+                    Export.__table__.update().values(clients="127.0.0.1/32", squash=squash)
                 )
             )
         finally:

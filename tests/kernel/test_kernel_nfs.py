@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 from guest_nfs import planned_checks
-from nfs_rig import KNOWN_FAILURES, NOT_IMPLEMENTED, VM_TIMEOUT_S, plan_for
+from nfs_rig import (
+    KNOWN_FAILURES,
+    NOT_IMPLEMENTED,
+    ROOT_SQUASH_TIMEOUT_S,
+    VM_TIMEOUT_S,
+    plan_for,
+    root_squash_plan,
+)
 
 
 def _params() -> list:
@@ -25,4 +32,13 @@ def test_kernel_client(kernel_nfs_results, check):
     verdict, details = kernel_nfs_results.outcome(check)
     if verdict == "SKIP":
         pytest.skip(f"{check}: {details}")
+    assert verdict == "PASS", f"{check}: {details}"
+
+
+@pytest.mark.timeout(ROOT_SQUASH_TIMEOUT_S + 300)
+@pytest.mark.parametrize("check", planned_checks(root_squash_plan(0)))
+def test_kernel_client_root_squash(root_squash_results, check):
+    """A root client with the default squash keeps its own files and gains nothing over
+    other users' files or the export root (invariant 12)."""
+    verdict, details = root_squash_results.outcome(check)
     assert verdict == "PASS", f"{check}: {details}"

@@ -80,11 +80,15 @@ def start_server(stack, **kwargs):
     return NfsServerThread(stack.namespace, stack.catalog, **kwargs).start()
 
 
-def nfsrs(port: int, uid: int = 0, gid: int = 0, export: str = "export", **kwargs):
+def nfsrs(
+    port: int, uid: int = 0, gid: int = 0, export: str = "export", version: str = "4.1", **kwargs
+):
+    """nfs-rs as uid:gid at ``version`` (4.1, 4.0, or 3 with MOUNT on the same port)."""
     import nfs_rs
 
+    query = f"version={version}" + (f"&nfsport={port}&mountport={port}" if version == "3" else "")
     return nfs_rs.Client.connect(
-        f"nfs://127.0.0.1:{port}/{export}?version=4.1",
+        f"nfs://127.0.0.1:{port}/{export}?{query}",
         nfs_port=port,
         noresvport=True,
         uid=uid,

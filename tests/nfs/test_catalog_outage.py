@@ -1,6 +1,7 @@
 """PostgreSQL stopped under load (a real server, cut with a fast shutdown as ``pg_ctl stop``
 does): NFSv4.1 clients get NFS4ERR_DELAY and NFSv3 clients NFS3ERR_JUKEBOX, never SERVERFAULT,
-the log holds a few lines and no traceback per request, and once PostgreSQL is back the
+the log holds a few lines (the catalog's: the outage began, it ended) and no traceback per
+request, and once PostgreSQL is back the
 same requests succeed without a restart of the NFS server."""
 
 from __future__ import annotations
@@ -143,10 +144,23 @@ def test_postgresql_outage_gives_delay_and_clients_carry_on(pg, tmp_path, caplog
         assert c.NFS4ERR_SERVERFAULT not in seen, seen
         assert done[0] > before + WORKERS  # every client got on after PostgreSQL came back
         assert _v3_getattr(v3, v3_root) == t3.NFS3_OK
+        deadline = time.monotonic() + 10
+        while stack.catalog.outage.down:  # told once successes held for its settle time
+            assert time.monotonic() < deadline, "the catalog never said it was back"
+            assert _v3_getattr(v3, v3_root) == t3.NFS3_OK
+            time.sleep(0.2)
         v3.close()
         nfs_lines = [r for r in caplog.records if r.name.startswith("shingle.nfs")]
         assert not [r for r in nfs_lines if r.exc_info], "a traceback was logged"
         assert len(nfs_lines) <= 10, [r.getMessage() for r in nfs_lines]
+        # the outage itself: told by the catalog's outage log, a start and an end (4 s is
+        # shorter than its interval), whatever the four workers and the housekeeping met
+        ours = [r for r in caplog.records if r.name.startswith("shingle")]
+        assert not [r for r in ours if r.exc_info], "a traceback was logged"
+        told = [r.getMessage() for r in ours if r.name == "shingle.catalog"]
+        assert sum(m.startswith("catalog unreachable: ") for m in told) == 1, told
+        assert sum(m.startswith("catalog reachable again") for m in told) == 1, told
+        assert len(told) <= 6, told
         for raw in clients:
             raw.close()
     finally:

@@ -12,6 +12,7 @@ import threading
 from nfs4_rawclient import RawClient, open_args
 from nfs4_support import add_export, nfsrs, start_server
 
+from appliance.nfs.v4 import attrs as fattr
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
 from engine.namespace import ROOT
@@ -26,7 +27,7 @@ def _templates(raw: RawClient, root: bytes) -> list:
             seq,
             (c.OP_PUTROOTFH, None),
             (c.OP_LOOKUP, "fuzz"),
-            (c.OP_GETATTR, [0xFFFFFFFF, 0xFFFFFFFF]),
+            (c.OP_GETATTR, [0xFFFFFFFF, 0xFFFFFFFF & ~fattr.WRITE_ONLY_BITMAP[1]]),
         ],
         lambda seq: [
             seq,

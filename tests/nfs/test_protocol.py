@@ -328,7 +328,12 @@ def test_open_modes_stateids_and_verify(server):
     bogus = t.stateid4.cls(1, sid.other[:4] + b"\xee" * 8)
     st, res = raw.session([(c.OP_TEST_STATEID, [sid, bogus])])
     assert st == 0 and res[-1][2] == [0, c.NFS4ERR_BAD_STATEID]
-    # OPEN_DOWNGRADE to read-only: a WRITE with it is refused
+    # OPEN_DOWNGRADE to read-only (after an OPEN for reading: a downgrade names modes that
+    # were opened, RFC 8881 18.18.3): a WRITE with it is refused
+    reread = open_args("excl", b"o", raw.clientid, access=c.OPEN4_SHARE_ACCESS_READ, create=False)
+    st, res = raw.session([(c.OP_PUTFH, root), (c.OP_OPEN, reread)])
+    assert st == 0
+    sid = res[-1][2].stateid
     st, res = raw.session(
         [
             (c.OP_PUTFH, fh),

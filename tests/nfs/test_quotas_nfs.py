@@ -13,7 +13,7 @@ from nfs4_support import nfsrs
 
 from appliance.nfs.v4 import const as c
 from engine.namespace import ROOT
-from engine.quotas import QuotaService
+from engine.quota_service import QuotaService
 
 KiB = 1024
 LIMIT = 1024 * KiB

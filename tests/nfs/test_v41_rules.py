@@ -9,6 +9,7 @@ import time
 from nfs4_rawclient import RawClient, open_args
 from nfs4_support import add_export, start_server
 
+from appliance.nfs.v4 import attrs as fattr
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
 
@@ -271,17 +272,34 @@ def test_a_restarted_client_keeps_its_old_session_until_it_confirms(server):
     new.close()
 
 
-def test_a_changed_principal_without_state_gets_a_new_client_id(server):
-    """Case 3: another principal with the same owner; CLID_INUSE while the record holds
-    state, a new client id when it holds none."""
+def test_a_changed_principal_gets_clid_inuse_while_the_record_holds_state(server):
+    """Case 3 with state: another principal with the same owner gets NFS4ERR_CLID_INUSE, and
+    the record's own client carries on."""
     raw = RawClient(server.port).setup(owner=b"shared-owner")
     intruder = RawClient(server.port, uid=1000)
-    st, eid = _exchange_id(intruder, b"shared-owner", b"any-verf")  # case 3 ignores it
-    assert st == 0 and eid.clientid != raw.clientid
     root = raw.root_fh()
     opened = [(c.OP_PUTFH, root), (c.OP_OPEN, open_args("s", b"o", raw.clientid))]
     assert raw.session(opened)[0] == 0
     assert _exchange_id(intruder, b"shared-owner", b"whatever")[0] == c.NFS4ERR_CLID_INUSE
+    assert raw.session([(c.OP_PUTROOTFH, None)])[0] == 0
+    raw.close()
+    intruder.close()
+
+
+def test_a_changed_principal_replaces_a_record_without_state_at_once(server):
+    """Case 3 without state: the confirmed record of another principal goes at once (not at
+    the new record's CREATE_SESSION, as for a restarted client in case 5)."""
+    raw = RawClient(server.port).setup(owner=b"shared-owner")
+    intruder = RawClient(server.port, uid=1000)
+    st, eid = _exchange_id(intruder, b"shared-owner", b"any-verf")
+    assert st == 0 and eid.clientid != raw.clientid
+    assert not eid.flags & c.EXCHGID4_FLAG_CONFIRMED_R
+    # the old record, its session and its client id are gone before any CREATE_SESSION
+    assert raw.session([(c.OP_PUTROOTFH, None)])[0] == c.NFS4ERR_BADSESSION
+    destroy = [(c.OP_DESTROY_CLIENTID, raw.clientid)]
+    assert raw.compound(destroy)[0] == c.NFS4ERR_STALE_CLIENTID
+    st, sess = _create_session(intruder, eid)
+    assert st == 0
     raw.close()
     intruder.close()
 
@@ -319,7 +337,8 @@ def test_create_session_checks(server):
     everything = [
         (c.OP_PUTROOTFH, None),
         (c.OP_LOOKUP, "export"),
-        (c.OP_GETATTR, [0xFFFFFFFF, 0xFFFFFFFF, 0]),
+        # every readable attribute of words 0 and 1 (a write-only one is INVAL)
+        (c.OP_GETATTR, [0xFFFFFFFF, 0xFFFFFFFF & ~fattr.WRITE_ONLY_BITMAP[1], 0]),
     ]
     st, res = raw.compound([raw.sequence_op(cachethis=False)] + everything * 3)
     assert st == c.NFS4ERR_REP_TOO_BIG and res[-1][0] == c.OP_GETATTR

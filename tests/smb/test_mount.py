@@ -75,6 +75,32 @@ def test_the_mount_applies_the_namespace_permissions(served):
     assert os.stat(served.mount / "mine.txt").st_uid == 4321
 
 
+def test_the_guest_account_owns_nothing_it_did_not_create(served):
+    """SMB guests are nobody (65534), the uid the mount's root is given to so that squashed NFS
+    root clients can open their files there: the guest gets no owner rights over it."""
+    theirs = served.mount / "theirs.txt"
+    done = as_user(4321, f"echo theirs > '{theirs}' && chmod 644 '{theirs}'")
+    assert done.returncode == 0, done.stderr
+    assert os.stat(served.mount).st_uid == 65534
+    for attempt in (
+        f"rm -f '{theirs}'",
+        f"mv '{theirs}' '{served.mount}/taken.txt'",
+        f"chmod 777 '{served.mount}'",
+    ):
+        done = as_user(65534, attempt)
+        assert done.returncode != 0 and "Operation not permitted" in done.stderr, attempt
+    assert theirs.read_bytes() == b"theirs\n"
+    assert os.stat(served.mount).st_mode & 0o7777 == 0o1777
+    done = as_user(
+        65534,
+        f"echo mine > '{served.mount}/guest.txt' && mv '{served.mount}/guest.txt' "
+        f"'{served.mount}/guest2.txt' && chmod 600 '{served.mount}/guest2.txt' && "
+        f"rm '{served.mount}/guest2.txt'",
+    )
+    assert done.returncode == 0, done.stderr  # its own files stay its own
+    theirs.unlink()
+
+
 def test_a_hard_quota_fails_a_write_on_the_mount_with_edquot(served):
     tree = served.mount / "quota-tree"
     tree.mkdir()

@@ -10,7 +10,7 @@ import pytest
 from engine import exports, jobs, metrics
 from engine.catalog.models import Zone
 from engine.namespace import ROOT
-from engine.quotas import QuotaService
+from engine.quota_service import QuotaService
 from engine.version import version
 from tests.webui.conftest import ZONE_SIZE
 from tests.webui.helpers import mkdirs

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from engine import exports, jobs, metrics
-from engine.quotas import QuotaService
+from engine.quota_service import QuotaService
 from tests.webui.helpers import mkdirs
 
 DOCS = Path(__file__).resolve().parent.parent.parent / "docs"

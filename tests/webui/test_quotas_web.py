@@ -7,7 +7,7 @@ import pytest
 
 from engine import errors
 from engine.namespace import ROOT
-from engine.quotas import QuotaService
+from engine.quota_service import QuotaService
 from tests.webui.conftest import ADMIN, PASSWORD
 from tests.webui.helpers import mkdirs
 from tests.webui.test_browser import page, server  # noqa: F401 - fixtures

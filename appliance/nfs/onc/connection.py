@@ -24,6 +24,7 @@ import array
 import asyncio
 import fcntl
 import logging
+import mmap
 import os
 import socket
 import struct
@@ -105,6 +106,7 @@ class RpcConnection(asyncio.BufferedProtocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = (peer[0], peer[1]) if peer else ("?", 0)
+        self.state["peer"] = self.peer  # the duplicate request cache's key (onc/drc.py)
         limit = self.limits.max_connections
         if len(self.server.connections) >= limit:
             _limits_log.warning(
@@ -178,7 +180,8 @@ class RpcConnection(asyncio.BufferedProtocol):
             buf, filled, length, last = direct
             if filled == length:
                 self.direct = None
-                self._fragment_done(buf if len(buf) == length else memoryview(buf)[:length], last)
+                whole = type(buf) is bytearray and len(buf) == length
+                self._fragment_done(buf if whole else memoryview(buf)[:length], last)
             elif filled == len(buf):
                 self._grow_direct()
         else:
@@ -283,7 +286,7 @@ class RpcConnection(asyncio.BufferedProtocol):
             size = length if pooled is not None else min(length, max(have + queued, 2 * have))
             if not self._allow(size):
                 return
-            buf = pooled if pooled is not None else bytearray(size)
+            buf = pooled if pooled is not None else self._fragment_buffer(size, length)
             buf[:have] = memoryview(rbuf)[start : self.rend]
             self.held_buffers += size
             self.rstart = self.rend = 0
@@ -306,10 +309,21 @@ class RpcConnection(asyncio.BufferedProtocol):
             size = min(length, max(2 * len(buf), filled + self._queued()))
             if not self._allow(size - len(buf)):
                 return
-        grown = bytearray(size)
-        grown[:filled] = buf
+        grown = self._fragment_buffer(size, length)
+        grown[:filled] = memoryview(buf)[:filled]
         self.held_buffers += size - len(buf)
         self.direct = [grown, filled, length, last]
+
+    def _fragment_buffer(self, size: int, length: int) -> bytearray | mmap.mmap:
+        """A fragment's own buffer. One longer than the pool's buffers (a WRITE larger than
+        1 MiB, or a record a client announces and never finishes) is anonymous memory of its
+        own, unmapped as soon as nothing refers to it: in the heap, where tune_malloc keeps
+        freed memory for reuse, 40 connections that each held 4 MiB of an unfinished record
+        left 120 MB resident after they closed. Shorter ones, the usual WRITEs when every pooled
+        buffer is taken, stay in the heap (reused, no page faults)."""
+        if length > self.server.receive_buffers.capacity:
+            return mmap.mmap(-1, size)
+        return bytearray(size)
 
     def retry_starved(self) -> None:
         """On the loop, once bytes were given back: retry the buffer this connection waits
@@ -454,7 +468,13 @@ class RpcConnection(asyncio.BufferedProtocol):
                 )
                 self.abort()
             return
-        if self.in_flight or self.transport.get_write_buffer_size() or self._to_loop:
+        transport = self.transport
+        if (
+            transport is None
+            or self.in_flight
+            or transport.get_write_buffer_size()
+            or self._to_loop
+        ):
             return
         quiet = now - self.last_active
         if quiet > 1.0:
@@ -531,11 +551,13 @@ class RpcConnection(asyncio.BufferedProtocol):
     def _to_transport(self, chunks) -> None:
         """On the loop, under the send lock: the transport sends what it can and buffers the
         rest."""
+        transport = self.transport
+        assert transport is not None, "callers check the transport is open"
         if sum(len(ch) for ch in chunks) < 64 * 1024:
-            self.transport.write(b"".join(chunks))
+            transport.write(b"".join(chunks))
             return
         for chunk in chunks:  # Python 3.11 writelines() joins (a copy): write each chunk
-            self.transport.write(chunk)
+            transport.write(chunk)
 
     def abort(self):
         self.closed = True

@@ -1,6 +1,7 @@
 """Limits that keep hostile or broken clients from holding the server's memory and
-connections: the record size, buffered request bytes per connection and in all,
-the number of connections, and the timeouts the connection sweep applies.
+connections: the record size (also the bound of a reply), buffered request bytes per
+connection and in all, the number of connections, the operations in one COMPOUND, and the
+timeouts the connection sweep applies.
 
 A record mark is a promise, not an allocation: a connection's buffers grow with
 the bytes that have arrived (in its buffer or in the kernel's receive queue),
@@ -31,6 +32,9 @@ class NetLimits:
     idle_timeout: float = 300.0  # a connection holding no state, silent that long, closes
     session_idle_timeout: float = 3600.0  # the same for one with an NFSv4.1 session bound
     record_timeout: float = 30.0  # a record begun and not complete that long closes
+    # operations in one COMPOUND: NFSv4.0 answers more with NFS4ERR_RESOURCE, an NFSv4.1
+    # session's ca_maxoperations is at most this (appliance.nfs.v4.compound40, ops/session.py)
+    max_compound_ops: int = 64
 
     def __post_init__(self) -> None:
         if self.connection_budget < self.max_record_size + SCAN_BUFFER_MAX:
@@ -46,6 +50,8 @@ class NetLimits:
             )
         if self.initial_buffer < 1024:
             raise ValueError(f"initial buffer {self.initial_buffer}: at least 1024 bytes")
+        if self.max_compound_ops < 2:  # SEQUENCE and one operation (RFC 8881 18.36.3)
+            raise ValueError(f"max_compound_ops {self.max_compound_ops}: at least 2")
 
     @classmethod
     def from_config(cls, config) -> NetLimits:
@@ -60,6 +66,7 @@ class NetLimits:
             idle_timeout=get("nfs.idle_timeout_seconds"),
             session_idle_timeout=get("nfs.session_idle_timeout_seconds"),
             record_timeout=get("nfs.record_timeout_seconds"),
+            max_compound_ops=get("nfs.max_compound_ops"),
         )
 
     @property
@@ -76,6 +83,7 @@ class RequestBudget:
     def __init__(self, limit: int):
         self.limit = limit
         self.held = 0
+        self.taken = 0  # in all, ever: it moves while requests arrive (runtime.HeapTrim)
         self._lock = threading.Lock()
         self.waiting: set = set()  # connections paused until the total drops
 
@@ -84,12 +92,14 @@ class RequestBudget:
             if self.held + n > self.limit:
                 return False
             self.held += n
+            self.taken += n
             return True
 
     def take(self, n: int) -> None:
         """Bytes that are already in memory (copied out of a receive buffer)."""
         with self._lock:
             self.held += n
+            self.taken += n
 
     def give(self, n: int) -> bool:
         """True when connections wait for bytes and this brought the total under the limit."""

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Sequence
 from types import ModuleType, SimpleNamespace
+from typing import Any
 
 from appliance.nfs.onc.xdrcommon import BIG_CHUNK, StructValue, XdrError, struct_class
 
@@ -260,6 +262,7 @@ class Opaque(XdrType):
                 f"{self.name}: length {n} at offset {pos} runs past the end "
                 f"({len(buf) - start} left)"
             )
+        value: memoryview | bytes
         if n >= BIG_CHUNK:
             value = memoryview(buf)[start:end]
         else:
@@ -354,7 +357,7 @@ class LinkedList(XdrType):
         p.buf += b"\0\0\0\0"
 
     def unpack(self, buf, pos):
-        items = []
+        items: list[Any] = []
         while True:
             more, pos = _PY_BOOL.unpack(buf, pos)
             if not more:
@@ -378,6 +381,7 @@ class Struct(XdrType):
         return self.cls(*args, **kwargs)
 
     def pack(self, p, value):
+        items: Sequence[Any]
         if isinstance(value, tuple):
             items = value
         else:

@@ -14,7 +14,9 @@ class XdrError(ValueError):
 
 
 class StructValue:
-    __slots__ = ()
+    # each struct_class() subclass sets its field names here; the annotation says so for the
+    # methods below, which read them
+    __slots__: tuple[str, ...] = ()
 
     def __iter__(self):
         return (getattr(self, name) for name in self.__slots__)

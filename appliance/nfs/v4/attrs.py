@@ -8,7 +8,7 @@ from __future__ import annotations
 import grp
 import pwd
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from appliance.nfs.onc.xdr import Array, Bool, Packer, UHyper, UInt, XdrError
 from appliance.nfs.v4 import const as c
@@ -16,8 +16,16 @@ from appliance.nfs.v4.types import bitmap4, fsid4, nfs_fh4, nfstime4, settime4, 
 from engine.catalog.models import REG
 from engine.quotas import QuotaTracker
 
-if TYPE_CHECKING:
-    from appliance.nfs.server import NfsServer
+
+class AttrServer(Protocol):
+    """What GETATTR needs of the NFS server (appliance/nfs/server.py's NfsServer): a Protocol
+    rather than an import, so the attribute table does not depend on the server above it."""
+
+    namespace: Any
+    lease_seconds: int
+
+    def statfs(self) -> Any: ...
+
 
 MAX_IO = 1 << 20
 MAX_FILE_SIZE = (1 << 63) - 1
@@ -38,7 +46,7 @@ class AttrSubject:
     fh: bytes
     fsid: tuple[int, int]
     mounted_on_fileid: int
-    server: NfsServer  # lease time, statfs
+    server: AttrServer  # lease time, statfs
     rdattr_error: int = 0
     minor: int = 1  # NFSv4.0 has no attribute past mounted_on_fileid
 
@@ -62,6 +70,8 @@ def _owner(uid: int) -> str:
 def parse_owner(text: str, *, group: bool) -> int:
     """Numeric ids ('1000'), names ('alice') or 'alice@domain' to an id."""
     name = text.split("@", 1)[0]
+    if not text:  # no name at all is a bad argument, not an owner this server cannot map
+        raise AttrError(c.NFS4ERR_INVAL, "empty owner or owner_group")
     if name.isdigit():
         return int(name)
     try:
@@ -191,6 +201,11 @@ SUPPORTED_BY_MINOR: dict[int, list[int]] = {
 }
 _WORD2_41 = (1 << (c.LAST_FATTR4_41 - 63)) - 1  # word 2's bits an NFSv4.1 server has
 SETTABLE = frozenset(b for b, (_, _, settable) in ATTRS.items() if settable)
+WRITE_ONLY = frozenset(b for b, (_, get, _) in ATTRS.items() if get is None)
+WRITE_ONLY_BITMAP = to_bitmap(WRITE_ONLY)
+# time_access_set and time_modify_set: both in word 1, so one test per GETATTR finds them
+assert len(WRITE_ONLY_BITMAP) == 2 and not WRITE_ONLY_BITMAP[0], WRITE_ONLY_BITMAP
+_WRITE_ONLY_WORD1 = WRITE_ONLY_BITMAP[1]
 EXCLCREAT_BITMAP: list[int] = to_bitmap(
     [c.FATTR4_SIZE, c.FATTR4_MODE, c.FATTR4_OWNER, c.FATTR4_OWNER_GROUP]
 )
@@ -232,9 +247,20 @@ def only_40(words) -> list[int]:
     return words
 
 
+def check_readable(words) -> None:
+    """Refuse a request for a write-only attribute (time_access_set, time_modify_set): RFC 7530
+    and RFC 8881 5.5 want INVAL, not the silence an unsupported attribute gets."""
+    if len(words) > 1 and words[1] & _WRITE_ONLY_WORD1:
+        bits = [b for b in from_bitmap(words) if b in WRITE_ONLY]
+        raise AttrError(c.NFS4ERR_INVAL, f"attributes {bits} are write-only")
+
+
 def check_supported(words) -> None:
+    """What VERIFY and NVERIFY may compare: an unsupported attribute is ATTRNOTSUPP, a
+    write-only one INVAL (RFC 7530 16.15.5)."""
+    check_readable(words)
     for bit in from_bitmap(words):
-        if bit not in ATTRS or ATTRS[bit][1] is None:
+        if bit not in ATTRS:
             raise AttrError(c.NFS4ERR_ATTRNOTSUPP, f"attribute {bit} is not supported")
 
 

@@ -5,7 +5,8 @@ A client owner has at most one confirmed record (``StateTable.by_owner``) and on
 unconfirmed record (``StateTable.unconfirmed41``), both in ``StateTable.clients`` by client
 id. An EXCHANGE_ID with a new verifier (the client restarted) makes an unconfirmed record and
 leaves the confirmed one, its sessions and its state working until CREATE_SESSION confirms the
-new client id (18.35.5 case 5).
+new client id (18.35.5 case 5); one from another principal replaces a confirmed record that
+holds no state at once (case 3), and gets NFS4ERR_CLID_INUSE while it holds some.
 
 Leases: a client that has not renewed for one lease is expired. This server is courteous
 (8.3): an expired client keeps its state until another client's request conflicts with it
@@ -47,11 +48,15 @@ def exchange_id(
             if conf.principal != principal:  # case 3: a collision of two clients
                 if conf.states and not state.evict_if_expired(conf):
                     raise NfsError(c.NFS4ERR_CLID_INUSE, "client owner in use by another principal")
+                # a record without state goes at once (18.35.5 case 3), unlike a restarted
+                # client's (case 5), which must keep working until CREATE_SESSION
+                if conf.clientid in state.clients:
+                    state.expire_client(conf)
             elif conf.verifier == verifier:  # case 2: the same client again
                 conf.last_renew = time.monotonic()
                 return conf
-        # case 1 (new owner), 3 without state, 4 (an unconfirmed record is replaced) and
-        # 5 (the client restarted: the confirmed record stays until CREATE_SESSION)
+        # case 1 (new owner), 3 (the record without state is gone), 4 (an unconfirmed record is
+        # replaced) and 5 (the client restarted: the confirmed record stays until CREATE_SESSION)
         old = state.unconfirmed41.pop(owner, None)
         if old is not None:
             state.clients.pop(old.clientid, None)
@@ -119,5 +124,5 @@ def expire_idle(state: StateTable) -> int:
         for clientid, cl in list(state.unconfirmed40.items()):
             if now - cl.last_renew > lease:
                 del state.unconfirmed40[clientid]
-        state.in_grace()
+        state.release_idle_records()  # (ends the grace period when its time is up)
         return len(idle)

@@ -40,7 +40,6 @@ _U32 = struct.Struct(">I")
 _tag = String(None)
 _tag_opaque = Opaque(1024, "utf8str_cs tag")
 _SEQUENCE_OK = RESULTS[c.OP_SEQUENCE].arms[c.NFS4_OK]
-MAX_OPS = 128
 CACHE_LIMIT = 256 * 1024
 SESSIONLESS = frozenset(
     {
@@ -334,7 +333,7 @@ def _run(run: _Run, record, from_cache: bool) -> list:
             emit_result(p, opnum, c.NFS4_OK, value)
             run.done += 1
             if len(p) > cx.reply_limit:  # the session's ca_maxresponsesize(_cached)
-                _take_back(p, mark)
+                take_back(p, mark)
                 status = cx.reply_too_big
                 emit_result(p, opnum, status, None)
                 break
@@ -355,7 +354,7 @@ def _run(run: _Run, record, from_cache: bool) -> list:
     return chunks
 
 
-def _take_back(p: Packer, mark: tuple) -> None:
+def take_back(p: Packer, mark: tuple) -> None:
     """Undo what was packed into ``p`` since ``mark`` (a READ's data went in as a chunk of its
     own, and the bytes before it were flushed into one)."""
     nchunks, nbuf, size = mark
@@ -393,6 +392,11 @@ _REPLY_OVERHEAD = 24 + 12
 _SEQUENCE_REPLY = 44
 
 
+def reply_room(limit: int, tag_len: int) -> int:
+    """What the results may take of a reply of at most ``limit`` bytes, RPC header included."""
+    return limit - (_REPLY_OVERHEAD + tag_len + (-tag_len & 3))
+
+
 def _sequence(cx: Compound, a, count: int, fingerprint, size: int, tag_len: int):
     state = cx.state
     # the event loop must not wait for a worker that holds the state lock across catalog work
@@ -411,7 +415,7 @@ def _sequence(cx: Compound, a, count: int, fingerprint, size: int, tag_len: int)
             limit, too_big = sess.max_cached, c.NFS4ERR_REP_TOO_BIG_TO_CACHE
         else:
             limit, too_big = sess.max_response, c.NFS4ERR_REP_TOO_BIG
-        limit -= _REPLY_OVERHEAD + tag_len + (-tag_len & 3)
+        limit = reply_room(limit, tag_len)
         if limit < _SEQUENCE_REPLY:
             raise NfsError(too_big, f"a reply of at most {limit} bytes holds no SEQUENCE")
         if a.slotid >= len(sess.slots):

@@ -4,7 +4,13 @@ Minor version 0 has no SEQUENCE and no sessions: operations past RELEASE_LOCKOWN
 NFS4ERR_OP_ILLEGAL. The operations that carry an open- or lock-owner sequence id (OPEN,
 OPEN_CONFIRM, OPEN_DOWNGRADE, CLOSE, LOCK, LOCKU) are checked against the owner's last one
 (appliance.nfs.v4.state40): the next one runs, the same one again gets the owner's cached
-reply, any other NFS4ERR_BAD_SEQID. That per-owner cache is NFSv4.0's reply cache.
+reply, any other NFS4ERR_BAD_SEQID. That per-owner cache answers a retransmit of those; the
+duplicate request cache (appliance.nfs.onc.drc, by client address, port and xid) answers one of
+any COMPOUND that changed something (a CREATE, REMOVE, WRITE ...) with its first reply.
+
+Limits (NFSv4.0 negotiates none): the operation past nfs.max_compound_ops, and the one whose
+result would take the reply past nfs.max_record_size (what bounds an NFSv4.1 session's
+ca_maxresponsesize), answer NFS4ERR_RESOURCE, the results before them kept.
 
 Handlers are NFSv4.1's (registry.HANDLERS) unless NFSv4.0 has its own
 (registry.HANDLERS_40, appliance.nfs.v4.ops.v40). A COMPOUND of minor version 0 always runs
@@ -13,9 +19,11 @@ in a worker thread: the event loop's from-cache path is NFSv4.1's alone."""
 from __future__ import annotations
 
 import logging
+import struct
 import time
 
 from appliance.nfs.access import log_failure, status_of
+from appliance.nfs.onc import drc as onc_drc
 from appliance.nfs.onc.xdr import Packer, UInt, XdrError
 from appliance.nfs.v4 import compound, state40
 from appliance.nfs.v4 import const as c
@@ -28,6 +36,29 @@ log = logging.getLogger("shingle.nfs")
 
 # RFC 7530 operations this server does not offer (no named attributes, no delegations)
 NOT_SUPPORTED_40 = frozenset({c.OP_OPENATTR, c.OP_DELEGPURGE})
+# A COMPOUND with one of these gets its reply kept for a retransmit (appliance.nfs.onc.drc):
+# run twice, they fail (EXIST, NOENT) or undo what came in between (a WRITE, a SETATTR)
+NOT_IDEMPOTENT = frozenset(
+    {
+        c.OP_CLOSE,
+        c.OP_CREATE,
+        c.OP_DELEGRETURN,
+        c.OP_LINK,
+        c.OP_LOCK,
+        c.OP_LOCKU,
+        c.OP_OPEN,
+        c.OP_OPEN_CONFIRM,
+        c.OP_OPEN_DOWNGRADE,
+        c.OP_RELEASE_LOCKOWNER,
+        c.OP_REMOVE,
+        c.OP_RENAME,
+        c.OP_SETATTR,
+        c.OP_SETCLIENTID,
+        c.OP_SETCLIENTID_CONFIRM,
+        c.OP_WRITE,
+    }
+)
+_XID = struct.Struct(">I")
 
 
 class Compound40(Compound):
@@ -52,7 +83,32 @@ class Compound40(Compound):
 
 
 def execute(server, conn_state: dict, rpc_cred, address: str, tag: bytes, record, pos: int) -> list:
-    """Run an NFSv4.0 COMPOUND whose header was read up to ``pos`` (after minorversion)."""
+    """Run an NFSv4.0 COMPOUND whose header was read up to ``pos`` (after minorversion); a
+    retransmit of one that changed something gets its first reply (the duplicate request
+    cache, appliance.nfs.onc.drc)."""
+    drc = server.state.reply_cache40
+    # by client address and port, as knfsd: a reconnecting client keeps its source port
+    peer = conn_state.get("peer", (address, 0))
+    key = (peer[0], peer[1], _XID.unpack_from(record, 0)[0])
+    entry, replay = drc.begin(key, onc_drc.checksum(record, pos, rpc_cred))
+    if entry is None:
+        if replay is None:  # the first one is still running: the client retries later
+            return [bytes(compound.reply_head(c.NFS4ERR_DELAY, tag, 0))]
+        log.debug("COMPOUND from %s:%d xid %#x: a retransmit, replayed", *key)
+        return replay
+    chunks = None
+    changes: list[bool] = [False]
+    try:
+        chunks = _execute(server, conn_state, rpc_cred, address, tag, record, pos, changes)
+    finally:
+        drc.finish(entry, chunks if changes[0] else None)
+    return chunks
+
+
+def _execute(
+    server, conn_state: dict, rpc_cred, address: str, tag: bytes, record, pos: int, changes: list
+) -> list:
+    """The COMPOUND's operations; ``changes[0]`` set when one of them is not idempotent."""
     try:
         count, pos = UInt.unpack(record, pos)
     except XdrError:
@@ -64,6 +120,8 @@ def execute(server, conn_state: dict, rpc_cred, address: str, tag: bytes, record
     status = c.NFS4_OK
     done = 0
     counters = server.counters
+    op_limit = server.limits.max_compound_ops
+    room = compound.reply_room(server.max_record_size, len(tag))
     for _ in range(count):
         done += 1
         try:
@@ -76,6 +134,9 @@ def execute(server, conn_state: dict, rpc_cred, address: str, tag: bytes, record
             status = c.NFS4ERR_OP_ILLEGAL
             compound.emit_result(p, c.OP_ILLEGAL, status, None)
             break
+        if done > op_limit:
+            status = too_many_ops(p, opnum, op_limit)
+            break
         if opnum in NOT_SUPPORTED_40:
             status = c.NFS4ERR_NOTSUPP
             compound.emit_result(p, opnum, status, None)
@@ -87,15 +148,40 @@ def execute(server, conn_state: dict, rpc_cred, address: str, tag: bytes, record
             status = c.NFS4ERR_BADXDR
             compound.emit_result(p, opnum, status, None)
             break
+        if opnum in NOT_IDEMPOTENT:
+            changes[0] = True
         started = time.perf_counter()
+        mark = (len(p.chunks), len(p.buf), p.size)  # to take a reply too big back
         status = _operation(cx, opnum, args, p)
         export = cx.cur.export if cx.cur is not None else None
         counters.op_done(
             compound.OP_METRIC[opnum], time.perf_counter() - started, export and export.id
         )
+        if len(p) > room:
+            status = reply_too_big(p, mark, opnum, room)
         if status != c.NFS4_OK:
             break
     return [bytes(compound.reply_head(status, tag, done)), *p.result()]
+
+
+# -- limits: NFSv4.0 negotiates none (no CREATE_SESSION), so the server's own apply -------------
+def too_many_ops(p: Packer, opnum: int, limit: int) -> int:
+    """The first operation past nfs.max_compound_ops answers NFS4ERR_RESOURCE, unrun, after
+    the ones before it ran (so a client sees where to split the COMPOUND, as Linux nfsd
+    does): without a limit a client is answered as many operations as a record holds."""
+    log.debug("%s: past %d operations in one COMPOUND", c.OP_NAMES.get(opnum), limit)
+    compound.emit_result(p, opnum, c.NFS4ERR_RESOURCE, None)
+    return c.NFS4ERR_RESOURCE
+
+
+def reply_too_big(p: Packer, mark: tuple, opnum: int, room: int) -> int:
+    """The operation whose result took the reply past ``room`` (what a reply of
+    nfs.max_record_size leaves for results, as an NFSv4.1 session's ca_maxresponsesize):
+    its result is taken back and it answers NFS4ERR_RESOURCE; the results before it stay."""
+    compound.take_back(p, mark)
+    log.debug("%s: reply past %d bytes", c.OP_NAMES.get(opnum), room)
+    compound.emit_result(p, opnum, c.NFS4ERR_RESOURCE, None)
+    return c.NFS4ERR_RESOURCE
 
 
 def _operation(cx: Compound40, opnum: int, args, p: Packer) -> int:

@@ -7,7 +7,11 @@ SETCLIENTID_CONFIRM, open- and lock-owner sequence ids) is in appliance.nfs.v4.s
 All of it lives behind one lock (``StateTable.lock``): state operations are
 short, and one lock keeps conflicts across clients simple to reason about.
 Client records are also kept in the catalog (nfs_clients) so that a
-restarted server knows who may reclaim during its grace period."""
+restarted server knows who may reclaim during its grace period: a record's held_state says
+that its client held opens or locks (set before the first one is granted, cleared by the
+housekeeping and at a clean stop once it holds none), and only such clients hold the grace
+period, which ends once each has finished reclaiming (RECLAIM_COMPLETE; for NFSv4.0 its
+first new OPEN or LOCK after a reclaim) or at grace_seconds."""
 
 from __future__ import annotations
 
@@ -20,10 +24,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 
+from appliance.nfs.onc.drc import DuplicateRequestCache
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.types import LOCK4denied, channel_attrs4, state_owner4
+from engine.blocking import may_block
 from engine.catalog.models import NfsClient, Setting
 
 log = logging.getLogger("shingle.nfs.state")
@@ -37,6 +43,8 @@ SLOTS_MAX = 64
 # a stateid's "other": server instance, the low half of its client's id, a counter (NFSv4.0
 # tells a stateid of an expired client from a bad one by the client id)
 _OTHER = struct.Struct(">III")
+# the "other" of the special stateids (anonymous, READ bypass): never an open's or a lock's
+SPECIAL_OTHERS = frozenset({b"\0" * 12, b"\xff" * 12})
 
 
 class NfsError(Exception):
@@ -95,6 +103,8 @@ class Client:
     owners: dict = field(default_factory=dict)
     # an NFSv3 lock host (NLM) holds no lease: NSM tells when it restarted
     leased: bool = True
+    # its catalog record says it holds opens or locks (a restart then holds grace for it)
+    held_state_recorded: bool = False
 
 
 @dataclass
@@ -107,6 +117,9 @@ class OpenState:
     access: int = 0
     deny: int = 0
     locks: set = field(default_factory=set)
+    # the (access, deny) pair of each OPEN merged into this one: an OPEN_DOWNGRADE must name
+    # what closing some of them would leave (RFC 7530 16.19.4)
+    modes: set = field(default_factory=set)
 
     kind = "open"
 
@@ -163,11 +176,16 @@ class StateTable:
         self.open_by_owner_file: dict[tuple, OpenState] = {}
         self.lock_by_owner_file: dict[tuple, LockState] = {}
         self.nlm_hosts: dict[str, Client] = {}  # NFSv3 lock clients (see "NLM locks")
+        # NFSv4.0's reply cache for retransmits (NFSv4.1's is the session slots)
+        self.reply_cache40 = DuplicateRequestCache()
         # NFSv4.0 SETCLIENTID records not yet confirmed, by client id (appliance.nfs.v4.state40)
         self.unconfirmed40: dict[int, Client] = {}
-        # restart: clients recorded by the previous instance may reclaim
-        self.reclaimable: set[bytes] = set(self._load_previous_clients())
+        # restart: clients of the previous instance that held opens or locks may reclaim
+        # them, and only they hold the grace period
+        previous = self._load_previous_clients()
+        self.reclaimable: set[bytes] = {owner for owner, held in previous.items() if held}
         self._restore_sessions()
+        self._forget_stateless_records(previous)
         grace = lease_seconds if grace_seconds is None else grace_seconds
         self.grace_end = time.monotonic() + grace if self.reclaimable and grace > 0 else 0.0
         if self.grace_end:
@@ -210,7 +228,7 @@ class StateTable:
         log.info("grace period over")
 
     def _maybe_end_grace_early(self) -> None:
-        # every previous client has reclaimed: no reason to hold new ones back
+        # every previous client that held state has reclaimed: no reason to hold new ones back
         done = {
             cl.owner
             for cl in self.clients.values()
@@ -219,17 +237,90 @@ class StateTable:
         if self.grace_end and self.reclaimable <= done:
             self._end_grace()
 
+    def reclaimed40(self, cl: Client) -> None:
+        """An NFSv4.0 client asks for a new open or lock: once it holds state again (in the
+        grace period only reclaims give any), its reclaim is over. RFC 7530 has no
+        RECLAIM_COMPLETE; the Linux client reclaims everything before new opens go out."""
+        if cl.reclaim_complete or not cl.states:
+            return
+        with self.lock:
+            cl.reclaim_complete = True
+            self._maybe_end_grace_early()
+
     # -- catalog records -------------------------------------------------------------------
-    def _load_previous_clients(self) -> list[bytes]:
+    def _load_previous_clients(self) -> dict[bytes, bool]:
+        """Owner -> whether it held opens or locks, of the previous instance's clients."""
         rows = self.catalog.read(
             lambda conn: conn.execute(
-                select(CLIENTS.c.owner).where(CLIENTS.c.confirmed.is_(True))
+                select(CLIENTS.c.owner, CLIENTS.c.held_state).where(CLIENTS.c.confirmed.is_(True))
             ).all()
         )
-        return [bytes(r.owner) for r in rows]
+        return {bytes(r.owner): bool(r.held_state) for r in rows}
+
+    def _forget_stateless_records(self, previous: dict[bytes, bool]) -> None:
+        # nothing to reclaim and no session to carry on: a record made again if it comes back
+        gone = [
+            owner for owner, held in previous.items() if not held and owner not in self.by_owner
+        ]
+        if gone:
+            self.catalog.run(
+                lambda conn: conn.execute(delete(CLIENTS).where(CLIENTS.c.owner.in_(gone)))
+            )
+
+    def record_held_state(self, cl: Client) -> None:
+        """Before ``cl``'s first open is granted (every lock needs one): its record says it
+        holds state, durably, so that a restart keeps the grace period for it."""
+        if cl.held_state_recorded or not cl.leased:
+            return
+        owner = cl.owner
+        cl.held_state_recorded = True
+        try:
+            rows = self.catalog.run(
+                lambda conn: (
+                    conn.execute(
+                        update(CLIENTS).where(CLIENTS.c.owner == owner).values(held_state=True)
+                    ).rowcount
+                ),
+                durable=True,
+                tracked=True,  # nothing cached reads client records: the caches stay valid
+            )
+            if not rows:  # its record was lost (a catalog outage at confirm): made again
+                self._record_client(cl)
+        except BaseException:
+            cl.held_state_recorded = False
+            raise
+
+    def release_idle_records(self) -> None:
+        """Housekeeping and a clean stop: the records of clients that hold no opens or locks
+        any more stop holding a future grace period. Not during one: a client that has not
+        reclaimed yet holds nothing and must keep its record's mark."""
+        with self.lock:
+            if self.in_grace():
+                return
+            idle = [
+                cl
+                for cl in self.clients.values()
+                if cl.held_state_recorded and not cl.states and cl.leased
+            ]
+            if not idle:
+                return
+            owners = [cl.owner for cl in idle]
+            self.catalog.run(
+                lambda conn: conn.execute(
+                    update(CLIENTS).where(CLIENTS.c.owner.in_(owners)).values(held_state=False)
+                ),
+                tracked=True,
+            )
+            for cl in idle:
+                cl.held_state_recorded = False
 
     def _record_client(self, cl: Client) -> None:
         now = time.time_ns()
+        # a new record of an owner that has not reclaimed yet keeps its mark through another
+        # restart
+        held = cl.held_state_recorded = (
+            cl.held_state_recorded or bool(cl.states) or cl.owner in self.reclaimable
+        )
 
         def work(conn):
             conn.execute(delete(CLIENTS).where(CLIENTS.c.owner == cl.owner))
@@ -242,6 +333,7 @@ class StateTable:
                     minor_version=cl.minor,
                     confirmed=True,
                     reclaim_complete=cl.reclaim_complete,
+                    held_state=held,
                     created_ns=now,
                     last_seen_ns=now,
                 )
@@ -299,9 +391,11 @@ class StateTable:
                         cs_sequence=int(rec["cs_sequence"]),
                         reclaim_complete=bool(rec["reclaim_complete"]),
                     )
-                    # a client that ignores SEQUENCE's flag (nfs-rs) still opens once the
-                    # grace period is over; the Linux client reclaims
-                    cl.may_reclaim = cl.reclaim_needed = True
+                    # only a client that held opens or locks has something to reclaim; one
+                    # that ignores SEQUENCE's flag (nfs-rs) still opens once the grace period
+                    # is over; the Linux client reclaims
+                    held = owner in self.reclaimable
+                    cl.may_reclaim = cl.reclaim_needed = cl.held_state_recorded = held
                     self.clients[cl.clientid] = cl
                     self.by_owner[owner] = cl
                 fore = channel_attrs4.cls(*rec["fore"], [])
@@ -392,10 +486,18 @@ class StateTable:
         """Whether a request of ``cl`` is running (a client waiting for its reply renews)."""
         return any(s.busy for sess in cl.sessions.values() for s in sess.slots)
 
+    def lease_over(self, cl: Client) -> bool:
+        """Whether ``cl``'s lease ran out (its state stays until something conflicts with it)."""
+        return (
+            cl.leased
+            and time.monotonic() - cl.last_renew > self.lease_seconds
+            and not self.busy(cl)
+        )
+
     def evict_if_expired(self, cl: Client) -> bool:
         """A request conflicts with ``cl``'s state: if ``cl``'s lease ran out, the courtesy
         ends and the client goes with its state (RFC 8881 8.3); True when it went."""
-        if not cl.leased or time.monotonic() - cl.last_renew <= self.lease_seconds or self.busy(cl):
+        if not self.lease_over(cl):
             return False
         log.info(
             "lease of client %x expired: its state goes for a conflicting request", cl.clientid
@@ -440,6 +542,8 @@ class StateTable:
     def find(self, stateid, cl: Client | None):
         st = self.states.get(stateid.other)
         if st is None:
+            if stateid.other in SPECIAL_OTHERS:  # RFC 8881 8.2.3: not a stale one
+                raise NfsError(c.NFS4ERR_BAD_STATEID, "a special stateid names no open or lock")
             if self.other_parts(stateid.other)[0] != self.boot:
                 raise NfsError(c.NFS4ERR_STALE_STATEID, "stateid from an earlier server instance")
             raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid unknown")
@@ -474,17 +578,20 @@ class StateTable:
     def open(self, cl: Client, owner: bytes, ino: int, access: int, deny: int) -> OpenState:
         with self.lock:
             key = (cl.clientid, owner, ino)
+            # the open-owner's own earlier OPENs count too: an upgrade to what it denies itself
+            # is refused, as knfsd and NFS-Ganesha do
             for other in list(self.opens_by_file.get(ino, ())):
-                if (other.client.clientid, other.owner) == (cl.clientid, owner):
-                    continue
                 if ((access & other.deny) or (deny & other.access)) and (
                     other.other in self.states and not self.evict_if_expired(other.client)
                 ):
                     raise NfsError(
-                        c.NFS4ERR_SHARE_DENIED, f"share reservation conflict on inode {ino}"
+                        c.NFS4ERR_SHARE_DENIED,
+                        f"share reservation conflict on inode {ino}: access {access} deny "
+                        f"{deny} against an open of access {other.access} deny {other.deny}",
                     )
             st = self.open_by_owner_file.get(key)
             if st is None:
+                self.record_held_state(cl)
                 st = OpenState(
                     self.new_other(cl), cl, ino, owner, seqid=1, access=access, deny=deny
                 )
@@ -497,17 +604,42 @@ class StateTable:
                 st.access |= access
                 st.deny |= deny
                 st.seqid += 1
+            st.modes.add((access, deny))
             return st
 
     def downgrade(self, st: OpenState, access: int, deny: int) -> None:
+        """OPEN_DOWNGRADE to (``access``, ``deny``): the union of some of the OPENs merged into
+        ``st`` (those within the new modes; RFC 7530 16.19.4), which are all it keeps."""
         with self.lock:
-            if access & ~st.access or deny & ~st.deny or not access:
+            kept = {(a, d) for a, d in st.modes if not a & ~access and not d & ~deny}
+            union_access = union_deny = 0
+            for a, d in kept:
+                union_access, union_deny = union_access | a, union_deny | d
+            if not access or (union_access, union_deny) != (access, deny):
+                opened = ", ".join(f"{a}/{d}" for a, d in sorted(st.modes))
                 raise NfsError(
                     c.NFS4ERR_INVAL,
-                    f"downgrade to access {access} deny {deny} from {st.access}/{st.deny}",
+                    f"downgrade to access {access} deny {deny}: no set of the OPENs "
+                    f"(access/deny {opened}) makes it",
                 )
-            st.access, st.deny = access, deny
+            st.access, st.deny, st.modes = access, deny, kept
             st.seqid += 1
+
+    def special_io_denied(self, ino: int, want: int, bypass: bool) -> bool:
+        """Whether READ (``want`` OPEN4_SHARE_ACCESS_READ) or WRITE with a special stateid
+        meets an OPEN of ``ino`` that denies it (NFS4ERR_LOCKED, RFC 7530 9.1.4.3 and 9.9); the
+        READ bypass stateid passes deny modes (RFC 7530 9.1.4.3)."""
+        if bypass and want == c.OPEN4_SHARE_ACCESS_READ:
+            return False
+        for st in list(self.opens_by_file.get(ino, ())):
+            if not st.deny & want or st.other not in self.states:
+                continue
+            if self.lease_over(st.client):
+                may_block("expiring the client of a conflicting open")
+                self.evict_if_expired(st.client)
+                continue
+            return True
+        return False
 
     def close(self, st: OpenState) -> None:
         with self.lock:
@@ -572,8 +704,7 @@ class StateTable:
         if hit is not None:
             raise NfsError(c.NFS4ERR_DENIED, "lock conflict", self.denied(hit))
         kind = c.WRITE_LT if is_write(locktype) else c.READ_LT
-        lk.ranges = _cut(lk.ranges, start, end) + [(start, end, kind)]
-        lk.ranges.sort()
+        lk.ranges = _merged(_cut(lk.ranges, start, end) + [(start, end, kind)])
         lk.seqid += 1
 
     def unlock(self, lk: LockState, start: int, end: int) -> None:
@@ -676,4 +807,17 @@ def _cut(ranges: list, start: int, end: int) -> list:
             out.append((r0, start, t))
         if end < r1:
             out.append((end, r1, t))
+    return out
+
+
+def _merged(ranges: list) -> list:
+    """``ranges`` (not overlapping) sorted, with touching ranges of one type joined: a lock-owner
+    holds one lock where its locks meet (POSIX semantics, which RFC 7530's LOCK follows), and
+    LOCKT, a DENIED LOCK or a later LOCKU sees that one range."""
+    out: list = []
+    for r0, r1, t in sorted(ranges):
+        if out and out[-1][1] == r0 and out[-1][2] == t:
+            out[-1] = (out[-1][0], r1, t)
+        else:
+            out.append((r0, r1, t))
     return out

@@ -15,7 +15,14 @@ import time
 from dataclasses import dataclass, field
 
 from appliance.nfs.v4 import const as c
-from appliance.nfs.v4.state import Client, LockState, NfsError, OpenState, StateTable
+from appliance.nfs.v4.state import (
+    SPECIAL_OTHERS,
+    Client,
+    LockState,
+    NfsError,
+    OpenState,
+    StateTable,
+)
 from appliance.nfs.v4.types import clientaddr4, stateid4
 
 # An NFSv4.0 client id string and an NFSv4.1 client owner are separate name spaces (a Linux
@@ -137,7 +144,11 @@ def client40(state: StateTable, clientid: int) -> Client:
 
 # -- stateids ------------------------------------------------------------------------------------
 def missing(state: StateTable, other: bytes) -> NfsError:
-    """The error for a stateid the table does not hold (RFC 7530 9.1.4)."""
+    """The error for a stateid the table does not hold (RFC 7530 9.1.4). A special stateid
+    where an open's or a lock's is needed (OPEN_CONFIRM, CLOSE, LOCK ...) is a bad one: its
+    "other" holds no server instance to be stale of."""
+    if other in SPECIAL_OTHERS:
+        return NfsError(c.NFS4ERR_BAD_STATEID, "a special stateid names no open or lock")
     boot, clientid = state.other_parts(other)
     if boot != state.boot:
         return NfsError(c.NFS4ERR_STALE_STATEID, "stateid from an earlier server instance")

@@ -108,6 +108,7 @@ createtype4 = Union(
         c.NF4FIFO: Void,
         c.NF4DIR: Void,
     },
+    Void,  # RFC 7530 16.4.2: any other type (NF4REG ...) decodes, and CREATE answers BADTYPE
 )
 open_to_lock_owner4 = Struct(
     "open_to_lock_owner4",

@@ -14,6 +14,7 @@ from appliance.nfs.v4.ops.common import apply_attrs, check_component, cinfo, nee
 from appliance.nfs.v4.registry import operation
 from appliance.nfs.v4.state import NfsError
 from appliance.nfs.v4.types import entry4
+from engine import errors
 from engine.blocking import WouldBlock, blocking_forbidden, holding
 from engine.catalog.models import BLK, CHR, DIR, LNK
 
@@ -92,18 +93,28 @@ def _parent(cx, node: Node) -> Node:
 def lookup(cx, name):
     # no need_dir() here: namespace.lookup refuses a non-directory itself (one query less)
     node = cx.need_fh()
-    if name == ".":  # nfs-rs looks up "." to list an export's root
+    # RFC 7530 16.13.5 (and RFC 8881 18.15.4) give "." and ".." no special meaning, but
+    # nfs-rs (NFSv4.0 and 4.1) looks up "." for an export's root, and NFSv4.1's ".." is kept
+    # as it was (a walk upwards, confined like LOOKUPP); no NFSv4.0 client sends ".."
+    # (nfs-rs resolves it itself, the Linux client sends LOOKUPP): BADNAME, as a name
+    if name == ".":
         need_dir(cx)
         return None
     if name == "..":
         need_dir(cx)
+        if cx.minor == c.MINOR_VERSION_40:
+            raise NfsError(c.NFS4ERR_BADNAME, '".." names nothing in NFSv4.0: LOOKUPP')
         cx.cur = _parent(cx, node)
         return None
     check_component(name)
     if node.pseudo is not None:
         cx.cur = _pseudo_child(cx, node.pseudo, name)
         return None
-    attr = cx.ns.lookup(cx.cred(node), node.ino, name)
+    try:
+        attr = cx.ns.lookup(cx.cred(node), node.ino, name)
+    except errors.NotADirectory:
+        need_dir(cx)  # RFC 7530 16.13.5: SYMLINK from a symbolic link, NOTDIR from the rest
+        raise
     cx.cur = Node(node.export, attr.ino, attr.generation)
 
 
@@ -116,6 +127,7 @@ def lookupp(cx, _):
 # -- attributes ---------------------------------------------------------------------------------
 @operation(c.OP_GETATTR)
 def getattr_(cx, words):
+    fattr.check_readable(words)
     return fattr.encode(words, cx.subject(cx.need_fh()))
 
 
@@ -232,9 +244,13 @@ def link(cx, newname):
     if cx.saved is None:
         raise NfsError(c.NFS4ERR_NOFILEHANDLE, "LINK needs a saved file handle (the source)")
     target_dir = _dir_for_change(cx)
+    assert target_dir.export is not None  # _dir_for_change refuses the (read-only) pseudo-root
     source = cx.saved
     if source.pseudo is not None or source.export.id != target_dir.export.id:
         raise NfsError(c.NFS4ERR_XDEV, "link across exports")
+    # RFC 7530 Table 9 gives LINK ISDIR, not the PERM the namespace's refusal would map to
+    if cx.ns.getattr(source.ino).type == DIR:
+        raise NfsError(c.NFS4ERR_ISDIR, f"hard link to directory {source.ino}")
     name = check_component(newname)
     before = cx.ns.getattr(target_dir.ino).change
     cx.ns.link(cx.cred(target_dir), source.ino, target_dir.ino, name)
@@ -262,6 +278,7 @@ def rename(cx, a):
             c.NFS4ERR_NOFILEHANDLE, "RENAME needs a saved file handle (the source directory)"
         )
     dst = _dir_for_change(cx)
+    assert dst.export is not None  # _dir_for_change refuses the (read-only) pseudo-root
     src = cx.saved
     if src.pseudo is not None or src.export.id != dst.export.id:
         raise NfsError(c.NFS4ERR_XDEV, "rename across exports")
@@ -284,7 +301,9 @@ def readlink(cx, _):
 # -- directories -----------------------------------------------------------------------------------
 COOKIE_BASE = 3  # cookies 0, 1 and 2 are reserved by NFSv4
 ENTRY_OVERHEAD = 8 + 4 + 4 + 4  # cookie, name length, bitmap count, attr length (+ "more" bool)
-RESOK_OVERHEAD = 8 + 4 + 4 + 64
+# maxcount bounds READDIR4resok (RFC 7530 16.24.4): the cookie verifier, the end of the entry
+# list and eof, nothing more, so an entry that fits beside them is answered, not TOOSMALL
+RESOK_OVERHEAD = 8 + 4 + 4
 
 
 def _entry_size(name_len: int, fa) -> int:
@@ -296,6 +315,7 @@ def _entry_size(name_len: int, fa) -> int:
 def readdir(cx, a):
     node = need_dir(cx)
     want = a.attr_request
+    fattr.check_readable(want)
     budget = a.maxcount - RESOK_OVERHEAD
     if budget <= 0:
         raise NfsError(c.NFS4ERR_TOOSMALL, f"maxcount {a.maxcount} too small for any entry")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from appliance.nfs.v4 import attrs as fattr
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.attrs import MAX_IO, NS
-from appliance.nfs.v4.context import Node
+from appliance.nfs.v4.context import BYPASS_OTHER, Node
 from appliance.nfs.v4.ops.common import apply_attrs, check_component, cinfo, need_dir
 from appliance.nfs.v4.registry import operation
 from appliance.nfs.v4.state import NfsError
@@ -13,7 +13,7 @@ from appliance.nfs.v4.types import RESULTS
 from engine import errors
 from engine.blocking import WouldBlock, blocking_forbidden, holding
 from engine.catalog.models import DIR, LNK, REG
-from engine.namespace import R_OK, W_OK
+from engine.namespace import R_OK, W_OK, X_OK, may
 
 _OPEN_OK = RESULTS[c.OP_OPEN].arms[c.NFS4_OK]
 _READ_OK = RESULTS[c.OP_READ].arms[c.NFS4_OK]
@@ -26,14 +26,31 @@ def _verifier_times(verf: bytes) -> tuple[int, int]:
     return int.from_bytes(verf[:4], "big") * NS, int.from_bytes(verf[4:], "big") * NS
 
 
-def _check_type(attr) -> None:
+def need_regular(
+    cx, attr, what: str, *, other40: int = c.NFS4ERR_INVAL, symlink40: int | None = None
+) -> None:
+    """Refuse a file that is not a regular one to an operation on file data (``what``: OPEN,
+    READ, WRITE, LOCKT, COMMIT; LOCK names an open, which proves a regular file).
+
+    A directory is ISDIR in every minor version. NFSv4.1 answers SYMLINK for a symbolic link
+    and WRONG_TYPE for the rest (RFC 8881 15.1.2.9); NFSv4.0 has no WRONG_TYPE: its answer
+    is ``other40`` (``symlink40`` for a symbolic link, when given), per operation (RFC 7530
+    16.16.6, 16.23.4, 16.36.4 and Table 9)."""
     if attr.type == REG:
         return
     if attr.type == DIR:
-        raise NfsError(c.NFS4ERR_ISDIR, "OPEN of a directory")
-    if attr.type == LNK:
-        raise NfsError(c.NFS4ERR_SYMLINK, "OPEN of a symbolic link")
-    raise NfsError(c.NFS4ERR_WRONG_TYPE, f"OPEN of file type {attr.type}")
+        raise NfsError(c.NFS4ERR_ISDIR, f"{what} of a directory")
+    if cx.minor == c.MINOR_VERSION_40:
+        status = symlink40 if symlink40 is not None and attr.type == LNK else other40
+    else:
+        status = c.NFS4ERR_SYMLINK if attr.type == LNK else c.NFS4ERR_WRONG_TYPE
+    raise NfsError(status, f"{what} of file type {attr.type}")
+
+
+def _check_open_type(cx, attr) -> None:
+    # RFC 7530 16.16.6: NFSv4.0 answers SYMLINK for every other type the client could not
+    # know of ("NFS4ERR_INVAL would be inappropriate")
+    need_regular(cx, attr, "OPEN", other40=c.NFS4ERR_SYMLINK)
 
 
 def _open_create(cx, dnode: Node, name: str, how):
@@ -50,7 +67,7 @@ def _open_create(cx, dnode: Node, name: str, how):
             if mode_kind == c.GUARDED4:
                 raise
             attr = ns.lookup(cred, dnode.ino, name)
-            _check_type(attr)
+            _check_open_type(cx, attr)
             # an existing file: only a size (truncate) applies, with write permission
             if values.get(c.FATTR4_SIZE) == 0 and attr.size != 0:
                 if not ns.access(cred, attr.ino, W_OK):
@@ -86,10 +103,13 @@ def _open_create(cx, dnode: Node, name: str, how):
     raise NfsError(c.NFS4ERR_INVAL, f"create mode {mode_kind}")
 
 
-def check_new_lock(cl, grace: bool) -> None:
+def check_new_lock(state, cl) -> None:
     """A non-reclaim OPEN or LOCK waits for the grace period to end and, from an NFSv4.1
-    client, for its own RECLAIM_COMPLETE (RFC 8881 8.4.2.1 and 18.51.3)."""
-    if grace:
+    client, for its own RECLAIM_COMPLETE (RFC 8881 8.4.2.1 and 18.51.3); from an NFSv4.0
+    client it ends that client's reclaim (StateTable.reclaimed40)."""
+    if cl.minor == c.MINOR_VERSION_40:
+        state.reclaimed40(cl)
+    if state.in_grace():
         raise NfsError(c.NFS4ERR_GRACE, "server in grace period")
     if cl.minor != c.MINOR_VERSION_40 and not cl.reclaim_complete:
         raise NfsError(c.NFS4ERR_GRACE, "no RECLAIM_COMPLETE from this client yet")
@@ -121,7 +141,7 @@ def open_(cx, a):
         node = cx.need_file()
         attr = cx.ns.getattr(node.ino)
     elif claim in (c.CLAIM_NULL, c.CLAIM_FH):
-        check_new_lock(cl, grace)
+        check_new_lock(state, cl)
         if claim == c.CLAIM_FH:
             node = cx.need_file()
             attr = cx.ns.getattr(node.ino)
@@ -147,7 +167,7 @@ def open_(cx, a):
             node = Node(dnode.export, attr.ino, attr.generation)
     else:
         raise NfsError(c.NFS4ERR_NOTSUPP, f"open claim {claim}: this server grants no delegations")
-    _check_type(attr)
+    _check_open_type(cx, attr)
     if access & c.OPEN4_SHARE_ACCESS_WRITE:
         cx.need_writable(node)
         # a snapshot view: the open fails here (the Linux client's open(O_WRONLY) sends no WRITE)
@@ -169,6 +189,9 @@ def open_(cx, a):
         now = cx.ns.getattr(node.ino).change
         change = cinfo(now, now)
     want = a.share_access & c.OPEN4_SHARE_ACCESS_WANT_DELEG_MASK
+    # open_delegation4 as (type, arm); OPEN_DELEGATE_NONE_EXT's arm is (why_no_delegation4, the
+    # bool WND4_CONTENTION and WND4_RESOURCE carry, else None)
+    delegation: tuple[int, tuple[int, bool | None] | None]
     if want == c.OPEN4_SHARE_ACCESS_WANT_NO_DELEG:
         delegation = (c.OPEN_DELEGATE_NONE_EXT, (c.WND4_NOT_WANTED, None))
     elif want:  # no delegations here: WND4_RESOURCE, and the server will not signal one later
@@ -211,34 +234,67 @@ def close(cx, a):
 
 
 def check_io_stateid(cx, node: Node, sid, want: int):
-    """Check the stateid of a READ or WRITE; special stateids need permission."""
+    """Check the stateid of a READ or WRITE, and the caller's own right to the I/O."""
     sid = cx.stateid(sid)
+    if not cx.is_special(sid):
+        state = cx.state
+        with holding(state.lock, "state lock held"):  # READ runs on the event loop too
+            st = state.find(sid, cx.need_client())
+            open_st = st if st.kind == "open" else st.open
+            if open_st.ino != node.ino:
+                raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid of another file")
+            if want == c.OPEN4_SHARE_ACCESS_WRITE and not open_st.access & want:
+                raise NfsError(c.NFS4ERR_OPENMODE, "file not open for writing")
+    need_io_rights(cx, node, want)
     if cx.is_special(sid):
-        bit = R_OK if want == c.OPEN4_SHARE_ACCESS_READ else W_OK
-        if not cx.ns.access(cx.cred(node), node.ino, bit):
-            raise NfsError(c.NFS4ERR_ACCESS, "no permission for I/O without an open")
+        _check_special_io_share(cx, node, sid, want)
+
+
+def need_io_rights(cx, node: Node, want: int) -> None:
+    """The caller's own permission for I/O (``want``: OPEN4_SHARE_ACCESS_READ or _WRITE),
+    whatever stateid it sent: a stateid names an open, and another user's OPEN lends its
+    rights to nobody (knfsd's nfs4_check_file, NFS-Ganesha alike). As knfsd: the file's owner
+    passes (it may write a file it opened for writing after a chmod 0444), and execute
+    permission lets a client read (it pages in a binary of mode 0711 with READ)."""
+    cred = cx.cred(node)
+    attr = cx.ns.getattr(node.ino)
+    if cred.owns(attr):
         return
+    if want == c.OPEN4_SHARE_ACCESS_WRITE:
+        allowed = may(cred, attr, W_OK)
+    else:
+        allowed = may(cred, attr, R_OK) or may(cred, attr, X_OK)
+    if not allowed:
+        verb = "write" if want == c.OPEN4_SHARE_ACCESS_WRITE else "read"
+        raise NfsError(
+            c.NFS4ERR_ACCESS,
+            f"uid {cred.uid} may not {verb} inode {node.ino} (mode {attr.mode:o}, "
+            f"owner {attr.uid})",
+        )
+
+
+def _check_special_io_share(cx, node: Node, sid, want: int) -> None:
+    """I/O without an open still meets the deny modes of the OPENs of the file."""
     state = cx.state
-    with holding(state.lock, "state lock held"):  # READ runs on the event loop too
-        st = state.find(sid, cx.need_client())
-        open_st = st if st.kind == "open" else st.open
-        if open_st.ino != node.ino:
-            raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid of another file")
-        if want == c.OPEN4_SHARE_ACCESS_WRITE and not open_st.access & want:
-            raise NfsError(c.NFS4ERR_OPENMODE, "file not open for writing")
+    with holding(state.lock, "state lock held"):
+        if state.special_io_denied(node.ino, want, sid.other == BYPASS_OTHER):
+            kind = "READ" if want == c.OPEN4_SHARE_ACCESS_READ else "WRITE"
+            raise NfsError(
+                c.NFS4ERR_LOCKED, f"{kind} with a special stateid: an OPEN of the file denies it"
+            )
 
 
 @operation(c.OP_READ)
 def read(cx, a):
     node = cx.need_file()
+    ns = cx.ns
+    attr = ns.getattr(node.ino)
+    need_regular(cx, attr, "READ")
     check_io_stateid(cx, node, a.stateid, c.OPEN4_SHARE_ACCESS_READ)
     # up to what the session's replies can carry: nfs4fs asks 2 MiB while maxread says 1 MiB,
     # and a short read would cost it a second round trip
     limit = cx.session.max_response - 1024 if cx.session is not None else MAX_IO
     count = min(a.count, limit, 4 * MAX_IO)
-    ns = cx.ns
-    attr = ns.getattr(node.ino)
-    _check_type(attr)
     if a.offset >= attr.size or count == 0:
         return _READ_OK.cls(a.offset >= attr.size, b"")
     data = ns.read(node.ino, a.offset, count)
@@ -249,6 +305,8 @@ def read(cx, a):
 @operation(c.OP_WRITE)
 def write(cx, a):
     node = cx.need_file()
+    if cx.is_special(a.stateid):  # an open's stateid proves a regular file (OPEN checked it)
+        need_regular(cx, cx.ns.getattr(node.ino), "WRITE")
     cx.need_writable(node)
     check_io_stateid(cx, node, a.stateid, c.OPEN4_SHARE_ACCESS_WRITE)
     if a.stable > c.FILE_SYNC4:
@@ -264,5 +322,6 @@ def write(cx, a):
 @operation(c.OP_COMMIT)
 def commit(cx, a):
     node = cx.need_file()
+    need_regular(cx, cx.ns.getattr(node.ino), "COMMIT", symlink40=c.NFS4ERR_SYMLINK)
     cx.ns.commit(node.ino)
     return cx.server.write_verifier

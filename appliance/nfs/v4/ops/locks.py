@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from appliance.nfs.v4 import const as c
-from appliance.nfs.v4.ops.io import check_new_lock, open_state
+from appliance.nfs.v4.ops.io import check_new_lock, need_io_rights, need_regular, open_state
 from appliance.nfs.v4.registry import operation
 from appliance.nfs.v4.state import NfsError, is_write, lock_range
 
@@ -17,6 +17,8 @@ def lock(cx, a):
     start, end = lock_range(a.offset, a.length)
     if a.locktype not in (c.READ_LT, c.WRITE_LT, c.READW_LT, c.WRITEW_LT):
         raise NfsError(c.NFS4ERR_INVAL, f"lock type {a.locktype}")
+    # a lock needs the caller's read permission, not only an open stateid (as knfsd)
+    need_io_rights(cx, node, c.OPEN4_SHARE_ACCESS_READ)
     grace = state.in_grace()
     if a.reclaim:
         if not grace:
@@ -24,7 +26,7 @@ def lock(cx, a):
         if not cl.may_reclaim or (cl.reclaim_complete and not cl.reclaim_needed):
             raise NfsError(c.NFS4ERR_RECLAIM_BAD, "this client has nothing to reclaim")
     else:
-        check_new_lock(cl, grace)
+        check_new_lock(state, cl)
     with state.lock:
         new, arg = a.locker
         if new:
@@ -43,6 +45,7 @@ def lock(cx, a):
 @operation(c.OP_LOCKT)
 def lockt(cx, a):
     node = cx.need_file()
+    need_regular(cx, cx.ns.getattr(node.ino), "LOCKT")
     cl = cx.need_client()
     start, end = lock_range(a.offset, a.length)
     if cx.state.in_grace():

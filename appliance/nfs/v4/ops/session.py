@@ -18,7 +18,6 @@ from appliance.nfs.v4.types import channel_attrs4, nfs_impl_id4, nfstime4
 log = logging.getLogger("shingle.nfs")
 MAX_CACHED = CACHE_LIMIT  # the ca_maxresponsesize_cached offered: what a slot keeps
 MAX_SLOTS = 64
-MAX_OPS = 64
 CREATE_SESSION_FLAGS = (
     c.CREATE_SESSION4_FLAG_PERSIST
     | c.CREATE_SESSION4_FLAG_CONN_BACK_CHAN
@@ -99,7 +98,7 @@ def create_session(cx, a):
             min(f.maxrequestsize, limit),
             min(f.maxresponsesize, limit),
             min(f.maxresponsesize_cached, MAX_CACHED),
-            min(f.maxoperations, MAX_OPS),
+            min(f.maxoperations, cx.server.limits.max_compound_ops),
             max(1, min(f.maxrequests, MAX_SLOTS)),
             [],
         )
@@ -184,11 +183,11 @@ def secinfo_no_name(cx, style):
         raise NfsError(c.NFS4ERR_INVAL, f"secinfo style {style}: expected 0 or 1")
     if style == c.SECINFO_STYLE4_PARENT:
         node = need_dir(cx)
-        at_root = (
-            node.pseudo.parent is None
-            if node.pseudo is not None
-            else node.ino == node.export.root_ino
-        )
+        if node.pseudo is not None:
+            at_root = node.pseudo.parent is None
+        else:
+            assert node.export is not None  # a node outside the pseudo-root is in an export
+            at_root = node.ino == node.export.root_ino
         if at_root:  # RFC 8881 18.45.3: nothing above where the client entered
             raise NfsError(c.NFS4ERR_NOENT, "SECINFO_STYLE4_PARENT at the root of the export")
     return _secinfo(cx)

@@ -178,6 +178,7 @@ def copy(cx, a):
         count = cx.ns.copy_range(
             cx.cred(dst), src.ino, a.src_offset, dst.ino, a.dst_offset, a.count
         )
+    assert dst.export is not None  # _source_and_destination took both files in one export
     cx.server.counters.write(count, dst.export.id)
     response = write_response4.cls([], count, c.FILE_SYNC4, cx.server.write_verifier)
     return resok(c.OP_COPY).cls(response, _copy_requirements.cls(True, True))
