@@ -395,17 +395,33 @@ def cmd_serve(args) -> int:
 
 
 def start_smb(appliance, args):
-    """The local mount (--mount) and Samba sharing it (--smb-port): appliance/smb/."""
-    if args.smb_port is None and args.mount is None:
+    """The local mount (--mount) and Samba sharing it (--smb-port, else smb.port):
+    appliance/smb/."""
+    config = appliance.config
+    port = args.smb_port if args.smb_port is not None else (config.get("smb.port") or None)
+    host = args.smb_host or config.get("smb.host")
+    if port is None and args.mount is None:
         return None
     from appliance.smb import SmbService
 
-    smb = SmbService(appliance, port=args.smb_port, host=args.smb_host, mountpoint=args.mount)
+    smb = SmbService(appliance, port=port, host=host, mountpoint=args.mount)
     smb.start()
-    print(f"mount:  {smb.mountpoint}", flush=True)
-    if args.smb_port is not None:
-        print(f"SMB:    //{args.smb_host}:{args.smb_port}/export", flush=True)
+    if smb.handover is None:
+        print(f"mount:  {smb.mountpoint}", flush=True)
+    if port is not None:
+        print(f"SMB:    //{host}:{port}/export", flush=True)
     return smb
+
+
+def cmd_smbd(args) -> int:
+    """shingle-smbd.service: smbd as root over the daemon's namespace (appliance/smb/unit.py)."""
+    from appliance.smb.unit import install_stop_signals, serve_smbd_unit
+
+    config = load_config(args)
+    log_mod.configure(config.get("logging.level"))
+    if os.geteuid() != 0:
+        raise UsageError("shingle smbd runs smbd, which acts as each SMB user: run it as root")
+    return serve_smbd_unit(config, install_stop_signals())
 
 
 def daemon_counters(server, appliance) -> dict:
@@ -529,12 +545,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nfs-port", type=int)
     p.add_argument("--web-port", type=int)
     p.add_argument("--no-web", action="store_true", help="do not start the web UI")
-    p.add_argument("--smb-port", type=int, help="also serve SMB (Samba over the local mount)")
-    p.add_argument("--smb-host", default="127.0.0.1", help="address smbd listens on")
+    p.add_argument(
+        "--smb-port", type=int, help="also serve SMB (Samba over the local mount; else smb.port)"
+    )
+    p.add_argument("--smb-host", help="address smbd listens on (else smb.host)")
     p.add_argument(
         "--mount", help="local POSIX mount of the namespace (default with SMB: DATA_DIR/smb/mount)"
     )
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser(
+        "smbd",
+        help="run smbd as root over the daemon's namespace (shingle-smbd.service; smb.port)",
+    )
+    p.set_defaults(func=cmd_smbd)
 
     for module in _command_modules():
         module.register(sub)

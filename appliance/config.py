@@ -293,6 +293,27 @@ OPTIONS: list[Option] = [
         minimum=2,
         maximum=4096,
     ),
+    Option(
+        "smb",
+        "port",
+        "int",
+        0,
+        "TCP port of SMB (Samba sharing the namespace; 445 is the standard port); 0: no SMB. "
+        "Under systemd shingle-smbd.service runs smbd as root; `serve --smb-port` overrides it.",
+        minimum=0,
+        maximum=65535,
+    ),
+    Option("smb", "host", "host", "127.0.0.1", "Address smbd listens on (0.0.0.0 for all)."),
+    Option(
+        "smb",
+        "smbd",
+        "choice",
+        "auto",
+        "Who runs smbd, which acts as each SMB user: 'daemon' (shingle serve itself, as root), "
+        "'unit' (shingle-smbd.service, root, mounts the namespace and hands it to the daemon), "
+        "'auto' (daemon when it runs as root, else unit).",
+        choices=("auto", "daemon", "unit"),
+    ),
     Option("webui", "host", "host", "127.0.0.1", "Address the admin web UI listens on."),
     Option("webui", "port", "port", 8080, "TCP port of the admin web UI."),
     Option("webui", "workers", "int", 2, "gunicorn worker processes.", minimum=1, maximum=64),

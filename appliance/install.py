@@ -41,7 +41,10 @@ UNITS_SOURCE = (
     else Path(sys.prefix) / "share" / "shingle" / "systemd"
 )
 TARGET = "shingle.target"
-SERVICES = ("shingle-nfsd.service", "shingle-webui.service")
+SERVICES = ("shingle-nfsd.service", "shingle-webui.service", "shingle-smbd.service")
+# the services that write the drives' paths (shingle-smbd.service writes DATA_DIR/smb only)
+DRIVE_SERVICES = SERVICES[:2]
+SMBD_SERVICE = SERVICES[2]
 UNIT_NAMES = SERVICES + (TARGET,)
 # The launcher path written in the shipped units; replaced by the one this install runs.
 UNIT_BIN = "/usr/bin/shingle"
@@ -445,9 +448,15 @@ def install(
             shutil.chown(config_path, "root", SERVICE_USER)
     config = load_installed_config(root)
 
-    # 3. state folders
+    # 3. state folders (DATA_DIR/smb too: shingle-smbd.service may write only that folder, and
+    #    a folder made after its start would stay read-only to it)
     for folder in dict.fromkeys(
-        (under_root(root, STATE_DIR), config.data_dir, config.resolve("storage.drives_dir"))
+        (
+            under_root(root, STATE_DIR),
+            config.data_dir,
+            config.resolve("storage.drives_dir"),
+            config.data_dir / "smb",
+        )
     ):
         if folder.is_dir():
             report.did(f"kept data folder: {folder}")
@@ -501,11 +510,15 @@ def install(
     for name, text in texts.items():
         changed |= _write_if_changed(unit_dir / name, text, 0o644, report, "unit")
     extra = extra_rw_paths(root, config, _drive_paths(config))
+    smb_dir = config.data_dir.resolve() / "smb"
+    state = under_root(root, STATE_DIR).resolve()
+    smb_extra = [] if state in smb_dir.parents else [_target_path(root, smb_dir)]
     for service in SERVICES:
         dropin = unit_dir / f"{service}.d" / PATHS_DROPIN
-        if extra:
+        paths = extra if service in DRIVE_SERVICES else smb_extra
+        if paths:
             changed |= _write_if_changed(
-                dropin, _paths_dropin(extra, service), 0o644, report, "drop-in"
+                dropin, _paths_dropin(paths, service), 0o644, report, "drop-in"
             )
         elif dropin.exists():
             dropin.unlink()

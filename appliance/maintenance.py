@@ -183,6 +183,7 @@ class Maintenance(threading.Thread):
 
 def alert_settings(config, catalog=None):
     """The engine's AlertSettings from ``[alerts]`` and the web UI's certificate."""
+    from appliance.smb.samba import SambaLayout
     from engine.alerts import AlertSettings
 
     cert = config.get("webui.tls_cert_file")
@@ -195,6 +196,7 @@ def alert_settings(config, catalog=None):
         smartctl=config.get("smart.smartctl"),
         policies=config.policies(),
         reserve_zones=config.get("storage.reserve_zones"),
+        smb_problem_file=str(SambaLayout.for_data_dir(config.data_dir).problem_file),
     )
 
 

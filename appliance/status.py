@@ -165,7 +165,10 @@ def smb_line(report: dict) -> str:
         f"{report['shares_enabled']} of {report['shares']} shares enabled, {report['users']} users"
     )
     if not report["enabled"]:
-        return f"not enabled (serve --smb-port PORT serves it); {counted}"
+        return f"not enabled (smb.port, or serve --smb-port PORT, serves it); {counted}"
+    if report.get("problem"):
+        state = f"smbd running (pid {report['pid']})" if report["running"] else "smbd not running"
+        return f"FAILING: {report['problem']}; {state}; {counted}"
     if not report["running"]:
         return f"smbd not running; {counted}"
     sessions = report["sessions"]

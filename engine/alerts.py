@@ -111,6 +111,8 @@ class AlertSettings:
     smartctl: str = "/usr/sbin/smartctl"
     policies: dict = field(default_factory=dict)  # band class policies, for capacity
     reserve_zones: int = 2
+    # why SMB cannot serve, as the SMB service writes it ({"problem": text}); "" for none
+    smb_problem_file: str = ""
 
 
 class AlertSource:
@@ -422,6 +424,25 @@ class CertificateExpiry(AlertSource):
         ]
 
 
+class SmbProblem(AlertSource):
+    """SMB cannot serve: smbd lacks a VFS module smb.conf names (every tree connect would fail
+    with NT_STATUS_BAD_NETWORK_NAME), as the SMB service found before starting smbd or in its
+    log (appliance/smb/samba.py writes the file; it is gone while SMB serves)."""
+
+    kind = "smb_problem"
+
+    def find(self, catalog, settings):
+        if not settings.smb_problem_file:
+            return []
+        try:
+            problem = json.loads(Path(settings.smb_problem_file).read_text())["problem"]
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            problem = f"unreadable SMB problem report {settings.smb_problem_file}: {exc}"
+        return [Finding("smb", CRITICAL, f"SMB does not serve: {problem}"[:500])]
+
+
 def certificate_not_after(path: Path) -> datetime:
     """A PEM certificate's notAfter (cryptography if installed, else the openssl command)."""
     try:
@@ -456,6 +477,7 @@ def default_sources(smart_cache=None) -> list[AlertSource]:
         ScrubUnrepairable(),
         JobFailed(),
         CertificateExpiry(),
+        SmbProblem(),
     ]
 
 

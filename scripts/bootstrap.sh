@@ -10,6 +10,9 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # libnfs-utils: a third NFS client (NFSv3); systemd: systemd-analyze verifies the units;
 # nfs-ganesha(-vfs): the reference server of bench/compare.py, whose smoke test runs in the suite;
 # samba, smbclient: the SMB server the daemon supervises and a client for its tests;
+# samba-vfs-modules: streams_xattr, fruit and catia, which the generated smb.conf names (only a
+# Recommends of samba: without it every tree connect fails with NT_STATUS_BAD_NETWORK_NAME);
+# samba-common-bin: testparm and smbpasswd for an admin checking the generated smb.conf;
 # libnss-wrapper: SMB users get their uids from a passwd file of shingle's, not /etc/passwd;
 # fuse3, libfuse3-dev, pkg-config: pyfuse3 builds against libfuse3 (the mount Samba shares);
 # qemu-system-x86 busybox-static nfs-common keyutils fio attr: the kernel NFS client rig
@@ -18,7 +21,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # gcc: builds the compiled hot path (engine/native/*.pyx) at install; strace: a test reads the
 # compiled drive writers' system calls.
 apt_packages=${SHINGLE_APT_PACKAGES:-"postgresql chromium libnfs-utils systemd smartmontools nfs-ganesha nfs-ganesha-vfs
-  samba smbclient libnss-wrapper fuse3 libfuse3-dev pkg-config
+  samba samba-vfs-modules samba-common-bin smbclient libnss-wrapper fuse3 libfuse3-dev pkg-config
   qemu-system-x86 busybox-static nfs-common keyutils fio attr gcc strace"}
 missing=()
 for pkg in $apt_packages; do

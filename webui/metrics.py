@@ -246,6 +246,12 @@ def _smb(out: Exposition, shingle) -> None:
         "1 while smbd runs (the daemon serves SMB), else 0.",
         [({}, int(report["running"]))],
     )
+    out.family(
+        "shingle_smb_problem",
+        "gauge",
+        "1 while the daemon reports why SMB cannot serve (shingle status, alert smb_problem).",
+        [({}, int(report["problem"] is not None))],
+    )
     if report["running"] and report["error"] is None:
         out.family(
             "shingle_smb_sessions",

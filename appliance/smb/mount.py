@@ -517,9 +517,19 @@ class FuseMount:
     """The mount, served by a thread running pyfuse3's trio loop (one per process: pyfuse3
     keeps its session in module state)."""
 
-    def __init__(self, namespace: Namespace, mountpoint: Path | str, *, allow_other: bool = True):
+    def __init__(
+        self,
+        namespace: Namespace,
+        mountpoint: Path | str,
+        *,
+        allow_other: bool = True,
+        device_fd: int | None = None,
+    ):
         self.namespace = namespace
         self.mountpoint = Path(mountpoint)
+        # a /dev/fuse descriptor whose mount another process made (shingle-smbd.service, as
+        # root): libfuse serves it when named /dev/fd/N and mounts nothing itself
+        self.device_fd = device_fd
         self.fs = ShingleFs(namespace)
         self.invalidator = Invalidator(self.fs)
         self.allow_other = allow_other
@@ -529,14 +539,17 @@ class FuseMount:
         self._error: BaseException | None = None
 
     def start(self, timeout: float = 30.0) -> None:
-        self.mountpoint.mkdir(parents=True, exist_ok=True)
-        unmount_stale(self.mountpoint)
-        if os.path.ismount(self.mountpoint):
-            raise errors.Exists(f"{self.mountpoint} is already a mount point")
         options = {"fsname=shingle", "subtype=shingle", "noatime"}
         if self.allow_other:
             options.add("allow_other")  # smbd serves users other than the daemon's
-        pyfuse3.init(self.fs, str(self.mountpoint), options)
+        if self.device_fd is not None:
+            pyfuse3.init(self.fs, f"/dev/fd/{self.device_fd}", options)
+        else:
+            self.mountpoint.mkdir(parents=True, exist_ok=True)
+            unmount_stale(self.mountpoint)
+            if os.path.ismount(self.mountpoint):
+                raise errors.Exists(f"{self.mountpoint} is already a mount point")
+            pyfuse3.init(self.fs, str(self.mountpoint), options)
         self.invalidator.start()
         self.namespace.add_change_listener(self.invalidator.changed)
         self._thread = threading.Thread(target=self._serve, name="fuse", daemon=True)
@@ -590,7 +603,8 @@ class FuseMount:
                 pass
             self._thread.join(timeout)
         self._thread = None
-        if os.path.ismount(self.mountpoint):  # busy (an open file): detach it now, gone later
+        # busy (an open file): detach it now, gone later
+        if self.device_fd is None and os.path.ismount(self.mountpoint):
             subprocess.run(
                 ["fusermount3", "-u", "-z", str(self.mountpoint)], check=False, capture_output=True
             )

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,14 @@ class SambaLayout:
     @property
     def log_file(self) -> Path:
         return self.dir("log") / "smbd.log"
+
+    @property
+    def problem_file(self) -> Path:  # why SMB does not serve, for status/alerts/metrics
+        return self.root / "problem.json"
+
+    @property
+    def fuse_socket(self) -> Path:  # shingle-smbd.service hands the daemon its /dev/fuse here
+        return self.root / "fuse.sock"
 
     @property
     def passwd(self) -> Path:
@@ -218,6 +227,22 @@ def _run_tool(layout: SambaLayout, argv: list[str], stdin: str = "") -> subproce
     )
 
 
+def give_private_to_owner(layout: SambaLayout) -> None:
+    """Root's pdbedit (`shingle smb` by root) and smbd (shingle-smbd.service) create passdb.tdb
+    and secrets.tdb as root, 0600: the owner of DATA_DIR/smb (the service user, whose web UI sets
+    passwords) must go on writing them."""
+    if os.geteuid() != 0:
+        return
+    owner = layout.root.stat()
+    if owner.st_uid == 0:
+        return
+    private = layout.dir("private")
+    for path in [private, *private.iterdir()]:
+        found = path.lstat()
+        if (found.st_uid, found.st_gid) != (owner.st_uid, owner.st_gid):
+            os.chown(path, owner.st_uid, owner.st_gid, follow_symlinks=False)
+
+
 class SambaPassdb:
     """engine.smb.Passdb over Samba's tdbsam in the layout's private dir (pdbedit)."""
 
@@ -246,6 +271,7 @@ class SambaPassdb:
             ["pdbedit", "-s", str(self.layout.tools_conf), "-a", "-t", "-u", user.name],
             f"{password}\n{password}\n",
         )
+        give_private_to_owner(self.layout)
         if done.returncode != 0:
             raise errors.IOFailure(
                 f"pdbedit -a {user.name} failed: {(done.stderr or done.stdout).strip()}"
@@ -255,6 +281,7 @@ class SambaPassdb:
         done = _run_tool(
             self.layout, ["pdbedit", "-s", str(self.layout.tools_conf), "-x", "-u", name]
         )
+        give_private_to_owner(self.layout)
         if done.returncode != 0 and "not find" not in (done.stderr + done.stdout).lower():
             log.warning("pdbedit -x %s: %s", name, (done.stderr or done.stdout).strip())
 
@@ -283,6 +310,7 @@ def smb_status(layout: SambaLayout) -> dict:
         "port": None,
         "sessions": [],
         "error": None,
+        "problem": read_problem(layout),
     }
     if not report["enabled"]:
         return report
@@ -316,6 +344,90 @@ def smb_status(layout: SambaLayout) -> dict:
     return report
 
 
+# -- Samba's VFS modules ------------------------------------------------------------------------
+# smbd loads a share's "vfs objects" at tree connect: one that is not installed refuses every
+# tree connect with NT_STATUS_BAD_NETWORK_NAME and says so only in smbd's own log, so they are
+# checked before smbd starts and smbd's log is watched for the ones that fail to load anyway.
+VFS_PACKAGE = "samba-vfs-modules"  # Debian: catia, fruit, streams_xattr (a Recommends of samba)
+MODULE_LOAD_ERROR = "Error loading module"
+
+
+@dataclass(frozen=True)
+class SmbdBuild:
+    """Where this smbd looks for its modules (``smbd -b``: MODULESDIR) and the VFS modules
+    compiled into it (no file needed)."""
+
+    modules_dir: Path
+    builtin: frozenset[str]
+
+    @classmethod
+    def probe(cls, smbd: str = "smbd") -> SmbdBuild:
+        done = subprocess.run(
+            [smbd, "-b"], capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, check=True
+        )
+        modules_dir: Path | None = None
+        builtin: set[str] = set()
+        in_builtin = False
+        for line in done.stdout.splitlines():
+            key, _, value = line.strip().partition(":")
+            if key == "MODULESDIR":
+                modules_dir = Path(value.strip())
+            if line.startswith("Builtin modules:"):
+                in_builtin = True
+            elif in_builtin and line.startswith(" "):
+                builtin.update(n[4:] for n in line.split() if n.startswith("vfs_"))
+            elif in_builtin:
+                in_builtin = False
+        if modules_dir is None:
+            raise errors.IOFailure(f"{smbd} -b names no MODULESDIR: {done.stdout[:300]!r}")
+        return cls(modules_dir, frozenset(builtin))
+
+    def module_file(self, name: str) -> Path:
+        return Path(name) if "/" in name else self.modules_dir / "vfs" / f"{name}.so"
+
+
+def configured_vfs_modules(conf_text: str) -> list[str]:
+    """Every module named by a ``vfs objects`` line of smb.conf, in order, once."""
+    names: list[str] = []
+    for line in conf_text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip().lower() in ("vfs objects", "vfs object"):
+            names += [n for n in value.replace(",", " ").split() if n not in names]
+    return names
+
+
+def missing_vfs_modules(conf_text: str, build: SmbdBuild) -> list[str]:
+    """The modules smb.conf names that smbd has neither built in nor as a file."""
+    return [
+        name
+        for name in configured_vfs_modules(conf_text)
+        if name not in build.builtin and not build.module_file(name).is_file()
+    ]
+
+
+def missing_modules_problem(missing: list[str], build: SmbdBuild) -> str:
+    return (
+        f"smbd cannot load the VFS modules {', '.join(missing)} that smb.conf names (not in "
+        f"{build.modules_dir / 'vfs'}): every tree connect would fail with "
+        f"NT_STATUS_BAD_NETWORK_NAME; install Debian's {VFS_PACKAGE}"
+    )
+
+
+def write_problem(layout: SambaLayout, problem: str | None) -> None:
+    """Record (or with None clear) why SMB does not serve, for processes other than this one."""
+    if problem is None:
+        layout.problem_file.unlink(missing_ok=True)
+        return
+    _write_atomic(layout.problem_file, json.dumps({"problem": problem, "since_ns": time.time_ns()}))
+
+
+def read_problem(layout: SambaLayout) -> str | None:
+    try:
+        return str(json.loads(layout.problem_file.read_text())["problem"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 class SmbdSupervisor(threading.Thread):
     """Keeps smbd running with a smb.conf that follows the catalog's shares and users."""
 
@@ -328,14 +440,25 @@ class SmbdSupervisor(threading.Thread):
         host: str,
         port: int,
         mount_alive=lambda: True,
+        run_smbd: bool = True,
+        build: SmbdBuild | None = None,
     ):
         super().__init__(name="smbd-supervisor", daemon=True)
         self.catalog, self.layout, self.mount = catalog, layout, Path(mount)
         self.host, self.port = host, port
         self.mount_alive = mount_alive  # smbd must never share the empty folder under the mount
+        # False: shingle-smbd.service runs smbd (the daemon is not root); only smb.conf is written
+        self.run_smbd = run_smbd
+        self.build = build
+        self.problem: str | None = None  # why smbd does not serve (None: it does, or may)
+        self._load_error: str | None = None  # a module smbd failed to load, from its log
+        self._log_offset = 0
         self.proc: subprocess.Popen | None = None
+        # run in smbd's child before exec (shingle-smbd.service drops a capability)
+        self.preexec: Callable[[], None] | None = None
         self.restarts = 0
         self._stopping = threading.Event()
+        self._refresh_lock = threading.Lock()
         self._conf_text = ""
         self._nss = ("", "")
         self._backoff = RESTART_MIN_S
@@ -343,8 +466,19 @@ class SmbdSupervisor(threading.Thread):
         self.started_ok = threading.Event()  # set once smbd accepts connections
 
     # -- configuration --------------------------------------------------------------------------
+    def set_mount(self, mount: Path) -> None:
+        """Share ``mount`` from now on (shingle-smbd.service's mount point): smb.conf names it
+        when this returns."""
+        with self._refresh_lock:
+            self.mount = Path(mount)
+        self.refresh()
+
     def refresh(self) -> bool:
         """Write smb.conf and the nss files from the catalog; whether anything changed."""
+        with self._refresh_lock:  # the thread's round and set_mount() write one after the other
+            return self._refresh()
+
+    def _refresh(self) -> bool:
         users = smb_service.list_users(self.catalog)
         shares = smb_service.list_shares(self.catalog, enabled_only=True)
         text = render_conf(self.layout, shares, mount=self.mount, host=self.host, port=self.port)
@@ -361,6 +495,8 @@ class SmbdSupervisor(threading.Thread):
     # -- smbd -------------------------------------------------------------------------------------
     def _start_smbd(self) -> None:
         out = open(self.layout.log_file, "ab")
+        self._log_offset = out.tell()
+        self._load_error = None
         try:
             self.proc = subprocess.Popen(
                 ["smbd", "--foreground", "--debug-stdout", "-s", str(self.layout.conf)],
@@ -368,6 +504,7 @@ class SmbdSupervisor(threading.Thread):
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self.layout.env(),
+                preexec_fn=self.preexec,
             )
         finally:
             out.close()
@@ -385,6 +522,8 @@ class SmbdSupervisor(threading.Thread):
 
     def run(self) -> None:
         self.layout.create()
+        if self.run_smbd:
+            write_problem(self.layout, None)  # a daemon killed before it could clear its own
         while not self._stopping.is_set():
             try:
                 if not self.mount_alive():
@@ -392,6 +531,10 @@ class SmbdSupervisor(threading.Thread):
                     self._stop_smbd()
                     return
                 changed = self.refresh()
+                if not self.run_smbd:
+                    self._stopping.wait(RELOAD_S)
+                    continue
+                self._report(self._find_problem())
                 if self.proc is not None and self.proc.poll() is not None:
                     log.error(
                         "smbd exited with status %s; restarting in %.0f s",
@@ -402,7 +545,11 @@ class SmbdSupervisor(threading.Thread):
                     self.restarts += 1
                     self._next_start = time.monotonic() + self._backoff
                     self._backoff = min(self._backoff * 2, RESTART_MAX_S)
-                if self.proc is None and time.monotonic() >= self._next_start:
+                if (
+                    self.proc is None
+                    and self.problem is None
+                    and time.monotonic() >= self._next_start
+                ):
                     self._start_smbd()
                     proc = self.proc
                     assert proc is not None  # _start_smbd started it
@@ -427,6 +574,48 @@ class SmbdSupervisor(threading.Thread):
         if self.is_alive():
             self.join(STOP_WAIT_S)
         self._stop_smbd()
+        if self.run_smbd:
+            write_problem(self.layout, None)  # describes a running supervisor only
+
+    # -- what keeps smbd from serving -------------------------------------------------------------
+    def _find_problem(self) -> str | None:
+        """A VFS module smb.conf names that is not installed (checked before smbd starts and
+        after each change), or one smbd's log says it failed to load."""
+        if self.build is None:
+            self.build = SmbdBuild.probe()
+        missing = missing_vfs_modules(self.layout.conf.read_text(), self.build)
+        if missing:
+            return missing_modules_problem(missing, self.build)
+        if (
+            self.proc is None
+        ):  # only this smbd's lines count: not an earlier run's, nor a dead one's
+            self._load_error = None
+            return None
+        try:
+            with open(self.layout.log_file, "rb") as f:
+                f.seek(self._log_offset)
+                new = f.read()
+                self._log_offset = f.tell()
+        except OSError:
+            new = b""
+        for line in new.decode(errors="replace").splitlines():
+            if MODULE_LOAD_ERROR in line and self._load_error is None:
+                self._load_error = (
+                    f"smbd failed to load a VFS module that smb.conf names, so shares naming it "
+                    f"refuse every tree connect: {line.strip()[:300]}"
+                )
+        return self._load_error
+
+    def _report(self, problem: str | None) -> None:
+        """One log line when the problem appears, changes or goes; the file for the others."""
+        if problem == self.problem:
+            return
+        if problem is not None:
+            log.error("SMB: %s", problem)
+        else:
+            log.info("SMB: the problem is gone (%s)", self.problem)
+        self.problem = problem
+        write_problem(self.layout, problem)
 
     def _stop_smbd(self) -> None:
         proc = self.proc

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from appliance.install import UNIT_NAMES
 from tests.install.conftest import REPO
 
 SCRIPT = r"""
@@ -38,7 +39,7 @@ echo "venv-doctor=$(cd / && /opt/shingle/bin/shingle doctor --json | \
         if c["name"].startswith("exec ")])')"
 stat -c 'own %n %U:%G %a' /etc/shingle /etc/shingle/shingle.toml /var/lib/shingle \
     /var/lib/shingle/catalog.db /var/lib/shingle/webui-secret.key \
-    /var/lib/shingle/initial-admin-password
+    /var/lib/shingle/initial-admin-password /var/lib/shingle/smb
 # root adds a drive to the installed appliance: it is made as the service user
 $PY -m appliance.cli -c /etc/shingle/shingle.toml drives add /var/lib/shingle/drives/added \
     --size 16MiB --zone-size 4MiB --no-preallocate > $T/drives.out 2>&1 || echo "drives-exit=$?"
@@ -46,7 +47,7 @@ stat -c 'own %n %U:%G %a' /var/lib/shingle/drives/added /var/lib/shingle/drives/
     /var/lib/shingle/catalog.db* | sort -u -k3,4 | head -20
 echo "drives=$($PY -m appliance.cli -c /etc/shingle/shingle.toml drives list --json | \
     $PY -c 'import json,sys; print([d["path"] for d in json.load(sys.stdin)])')"
-for u in shingle-nfsd.service shingle-webui.service shingle.target; do
+for u in shingle-nfsd.service shingle-webui.service shingle-smbd.service shingle.target; do
     echo "verify $u [$(systemd-analyze verify --man=no --recursive-errors=no $u 2>&1)]"
 done
 
@@ -134,7 +135,7 @@ def test_host_install_upgrade_and_uninstall(tmp_path):
     # shingle runs from its own venv, which the service user can execute; its doctor agrees
     assert "installed shingle and its dependencies: /opt/shingle" in first
     assert "venv-version=shingle " in out
-    assert "venv-doctor=['ok', 'ok']" in out, out
+    assert "venv-doctor=['ok', 'ok', 'ok']" in out, out
     stat = {
         line.split()[1]: line.split()[2:] for line in out.splitlines() if line.startswith("own ")
     }
@@ -147,6 +148,8 @@ def test_host_install_upgrade_and_uninstall(tmp_path):
     assert stat["/var/lib/shingle/catalog.db"] == ["shingle:shingle", "640"]
     assert stat["/var/lib/shingle/webui-secret.key"] == ["shingle:shingle", "600"]
     assert stat["/var/lib/shingle/initial-admin-password"] == ["shingle:shingle", "600"]
+    # made before shingle-smbd.service starts: it may write only this folder of the appliance
+    assert stat["/var/lib/shingle/smb"] == ["shingle:shingle", "750"]
     # the drive root added (and every file of it) belongs to the daemon's user, and so do
     # the catalog's files it wrote
     assert "drives=['/var/lib/shingle/drives/added']" in out, (out, outputs.get("drives.out"))
@@ -157,7 +160,7 @@ def test_host_install_upgrade_and_uninstall(tmp_path):
     added = [p for p in owners if p.startswith("/var/lib/shingle/drives/added")]
     assert added and all(owners[p] == "shingle:shingle" for p in added), owners
     assert all(owners[p] == "shingle:shingle" for p in owners if "catalog.db" in p), owners
-    for unit in ("shingle-nfsd.service", "shingle-webui.service", "shingle.target"):
+    for unit in UNIT_NAMES:
         assert f"verify {unit} []" in out, out  # verified in place: the real launcher path resolves
 
     # 2. with systemd: a re-run changes nothing on disk and enables the target
@@ -169,7 +172,7 @@ def test_host_install_upgrade_and_uninstall(tmp_path):
     assert calls["install again"].splitlines() == ["daemon-reload", "enable shingle.target"]
     # The upgrade stops the appliance, migrates under the drives lock, and starts it again.
     assert calls["upgrade"].splitlines() == [
-        "stop shingle.target shingle-nfsd.service shingle-webui.service",
+        "stop shingle.target shingle-nfsd.service shingle-webui.service shingle-smbd.service",
         "daemon-reload",
         "enable shingle.target",
         "start shingle.target",
@@ -179,7 +182,7 @@ def test_host_install_upgrade_and_uninstall(tmp_path):
     assert "restarted shingle.target after the upgrade" in third
     stop = [
         "disable --now shingle.target",
-        "stop shingle-nfsd.service shingle-webui.service",
+        "stop shingle-nfsd.service shingle-webui.service shingle-smbd.service",
         "daemon-reload",
     ]
     assert calls["uninstall"].splitlines() == stop

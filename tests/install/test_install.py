@@ -22,6 +22,7 @@ EXPECTED_FILES = {
     "etc/tmpfiles.d/shingle.conf",
     "etc/systemd/system/shingle-nfsd.service",
     "etc/systemd/system/shingle-webui.service",
+    "etc/systemd/system/shingle-smbd.service",
     "etc/systemd/system/shingle.target",
     "var/lib/shingle/catalog.db",
     "var/lib/shingle/initial-admin-password",
@@ -157,7 +158,7 @@ def test_uninstall_keeps_data_and_purge_removes_it(root):
     install.install(root, launcher=LAUNCHER)
     (root / "var/lib/shingle/drives/zone-marker").write_bytes(b"user data")
     first = shingle("uninstall", "--root", str(root)).stdout
-    assert first.count("removed unit") == 3
+    assert first.count("removed unit") == len(install.UNIT_NAMES)
     assert not list((root / "etc/systemd/system").iterdir())
     assert (root / "etc/shingle/shingle.toml").is_file()
     assert (root / "var/lib/shingle/drives/zone-marker").read_bytes() == b"user data"

@@ -124,11 +124,13 @@ def test_drives_outside_the_state_dir_get_a_verified_drop_in(installed_root, tmp
     )
     out = shingle("install", "--root", str(staging), "--bin", LAUNCHER).stdout
     assert "installed drop-in" in out
-    for service in install.SERVICES:
+    for service in install.DRIVE_SERVICES:
         dropin = staging / f"etc/systemd/system/{service}.d" / install.PATHS_DROPIN
         assert directives(dropin)[("Service", "ReadWritePaths")] == ["-/srv/smr"]
         result = verify(staging, service)
         assert (result.returncode, result.stderr) == (0, "")
+    # smbd never writes a drive
+    assert not (staging / f"etc/systemd/system/{install.SMBD_SERVICE}.d").exists()
     assert (staging / "srv/smr").is_dir()
     # Back to the default: the drop-in goes away.
     config.write_text(
@@ -136,3 +138,42 @@ def test_drives_outside_the_state_dir_get_a_verified_drop_in(installed_root, tmp
     )
     shingle("install", "--root", str(staging), "--bin", LAUNCHER)
     assert not (staging / "etc/systemd/system/shingle-nfsd.service.d").exists()
+
+
+def test_smbd_runs_as_root_with_the_least_it_needs(installed_root):
+    """smbd switches to each SMB user, so its unit is root's; what root may do there is cut to
+    the capabilities smbd and the FUSE mount use, and it may write DATA_DIR/smb only."""
+    d = directives(installed_root / "etc/systemd/system" / install.SMBD_SERVICE)
+    one = {k: v[-1] for k, v in d.items()}
+    assert one[("Service", "ExecStart")].endswith(" smbd")
+    assert one[("Service", "User")] == "root"
+    assert sorted(one[("Service", "CapabilityBoundingSet")].split()) == sorted(
+        "CAP_SYS_ADMIN CAP_SETPCAP CAP_SETUID CAP_SETGID CAP_NET_BIND_SERVICE CAP_CHOWN CAP_FOWNER "
+        "CAP_DAC_OVERRIDE CAP_DAC_READ_SEARCH CAP_KILL CAP_SYS_RESOURCE".split()
+    )
+    for key in ("NoNewPrivileges", "ProtectHome", "PrivateTmp", "ProtectKernelModules"):
+        assert one[("Service", key)] == "yes", key
+    assert one[("Service", "ProtectSystem")] == "strict"
+    assert d[("Service", "ReadWritePaths")] == ["-/var/lib/shingle/smb"]
+    assert one[("Service", "DevicePolicy")] == "closed"
+    assert d[("Service", "DeviceAllow")] == ["/dev/fuse rw"]
+    assert one[("Service", "RuntimeDirectory")] == "shingle-smbd"
+    assert one[("Unit", "PartOf")] == install.TARGET
+    assert "shingle-nfsd.service" in one[("Unit", "After")].split()
+
+
+def test_a_data_dir_elsewhere_gives_smbd_a_drop_in_for_its_smb_folder(installed_root, tmp_path):
+    from tests.install.conftest import shingle
+
+    staging = tmp_path / "root"
+    shutil.copytree(installed_root, staging, symlinks=True)
+    config = staging / "etc/shingle/shingle.toml"
+    text = config.read_text()
+    assert 'data_dir = "/var/lib/shingle"' in text
+    config.write_text(text.replace('data_dir = "/var/lib/shingle"', 'data_dir = "/srv/nas"'))
+    shingle("install", "--root", str(staging), "--bin", LAUNCHER)
+    dropin = staging / f"etc/systemd/system/{install.SMBD_SERVICE}.d" / install.PATHS_DROPIN
+    assert directives(dropin)[("Service", "ReadWritePaths")] == ["-/srv/nas/smb"]
+    assert (staging / "srv/nas/smb").is_dir()
+    result = verify(staging, install.SMBD_SERVICE)
+    assert (result.returncode, result.stderr) == (0, "")

@@ -7,9 +7,11 @@ takes, one marker line per step.
 `shingle install` from the checkout (a venv in /opt/shingle on the guest's overlay root),
 `shingle doctor`, `drives add` before the start and through the running daemon, a drive
 path outside the daemon's sandbox refused, `systemctl start shingle.target` (Type=notify:
-active only after READY=1), an NFSv4.1 mount over the guest's loopback, the web UI, the
-watchdog past WatchdogSec, kill -9 then Restart=on-failure, and `systemctl stop`. A step
-that fails leaves the ones that need it failed with the reason; the units' journal is
+active only after READY=1), an NFSv4.1 mount over the guest's loopback, SMB on port 445
+(smbclient puts and gets a file through shingle-smbd.service, root, over the mount it hands
+to the daemon running as the service user), the web UI, the watchdog past WatchdogSec,
+kill -9 then Restart=on-failure (and SMB again over the new daemon), and `systemctl stop`.
+A step that fails leaves the ones that need it failed with the reason; the units' journal is
 printed at the end.
 """
 
@@ -34,9 +36,11 @@ CHECKS = (
     "drives-add-running",
     "drive-outside-sandbox-refused",
     "nfs-mount",
+    "smb-put-get",
     "webui",
     "watchdog",
     "restart-after-kill",
+    "smb-after-restart",
     "stop-clean",
 )
 # what each step needs to have passed
@@ -47,12 +51,16 @@ NEEDS = {
     "drives-add-running": "start-ready",
     "drive-outside-sandbox-refused": "start-ready",
     "nfs-mount": "start-ready",
+    "smb-put-get": "start-ready",
+    "smb-after-restart": "restart-after-kill",
     "webui": "start-ready",
     "watchdog": "start-ready",
     "restart-after-kill": "start-ready",
     "stop-clean": "start-ready",
 }
 NFSD, WEBUI, TARGET = "shingle-nfsd.service", "shingle-webui.service", "shingle.target"
+SMBD = "shingle-smbd.service"
+SMB_USER, SMB_PASSWORD = "alice", "alice-vm-pw-1"
 CONFIG = "/etc/shingle/shingle.toml"
 DRIVES = "/var/lib/shingle/drives"
 
@@ -66,14 +74,21 @@ def expect(condition: bool, message: str) -> None:
         raise CheckFailed(message)
 
 
-def run(*cmd: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+def run(
+    *cmd: str, timeout: float = 300, env: dict | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        input=stdin,
     )
 
 
-def ok(*cmd: str, timeout: float = 300, env: dict | None = None) -> str:
-    result = run(*cmd, timeout=timeout, env=env)
+def ok(*cmd: str, timeout: float = 300, env: dict | None = None, stdin: str | None = None) -> str:
+    result = run(*cmd, timeout=timeout, env=env, stdin=stdin)
     expect(
         result.returncode == 0,
         f"{' '.join(cmd)} -> {result.returncode}: "
@@ -107,6 +122,14 @@ def streamed(*cmd: str, env: dict) -> str:
 def show(unit: str) -> dict[str, str]:
     out = ok("systemctl", "show", unit, "--no-pager")
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def _comm(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def owner(path: str) -> str:
@@ -169,6 +192,8 @@ class Run:
         for old, new in (
             ("# lease_seconds = 90", "lease_seconds = 30"),
             ("# grace_seconds = 90", "grace_seconds = 10"),
+            # SMB on its standard port: shingle-smbd.service runs smbd (the daemon is not root)
+            ("# port = 0", "port = 445"),
         ):
             expect(old in text, f"{old!r} not in {CONFIG}")
             text = text.replace(old, new, 1)
@@ -274,6 +299,92 @@ class Run:
         digest = hashlib.sha256(data).hexdigest()[:12]
         return f"4 MiB written, fsynced, re-read equal (sha256 {digest})"
 
+    def smbclient(self, command: str) -> str:
+        return ok(
+            "smbclient",
+            "//127.0.0.1/export",
+            "-U",
+            f"{SMB_USER}%{SMB_PASSWORD}",
+            "--timeout",
+            "120",
+            "-c",
+            command,
+            timeout=300,
+        )
+
+    def smb_serving(self, timeout: float = 180) -> None:
+        """Until smbd answers a tree connect (the unit mounts once the daemon listens)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            probe = run(
+                "smbclient",
+                "//127.0.0.1/export",
+                "-U",
+                f"{SMB_USER}%{SMB_PASSWORD}",
+                "-c",
+                "ls",
+                timeout=120,
+            )
+            if probe.returncode == 0 and "NT_STATUS" not in probe.stdout:
+                return
+            props = show(SMBD)
+            expect(
+                time.monotonic() < deadline,
+                f"SMB not serving: {SMBD} {props['ActiveState']}/{props['SubState']}: "
+                f"{(probe.stdout + probe.stderr).strip()[-600:]}",
+            )
+            time.sleep(3)
+
+    def smb_put_get(self) -> str:
+        ok(
+            self.shingle,
+            "smb",
+            "user",
+            "add",
+            SMB_USER,
+            "--password-stdin",
+            env=None,
+            timeout=300,
+            stdin=SMB_PASSWORD + "\n",
+        )
+        self.smb_serving()
+        data = os.urandom(2 << 20)
+        self.state["smb_data"] = data
+        with open("/tmp/smb-put.bin", "wb") as f:
+            f.write(data)
+        self.smbclient("put /tmp/smb-put.bin smb-check.bin")
+        time.sleep(1.5)  # the mount's attribute timeout (tests/smb/test_smb.py)
+        self.smbclient("get smb-check.bin /tmp/smb-get.bin")
+        with open("/tmp/smb-get.bin", "rb") as f:
+            expect(f.read() == data, "smbclient got back different bytes")
+        props = show(SMBD)
+        expect(props["ActiveState"] == "active", f"{SMBD} {props['ActiveState']}")
+        smbd = [pid for pid in os.listdir("/proc") if pid.isdigit() and _comm(pid) == "smbd"]
+        expect(smbd, "no smbd process")
+        status = open(f"/proc/{min(smbd, key=int)}/status").read()
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        uid = fields["Uid"].split()[0]
+        bounding = int(fields["CapBnd"].strip(), 16)
+        expect(not bounding & (1 << 21), f"smbd holds CAP_SYS_ADMIN: CapBnd {bounding:#x}")
+        # root's CLI and smbd wrote the passdb: it stays the service user's (its web UI)
+        private = "/var/lib/shingle/smb/private"
+        owners = {owner(os.path.join(private, name)) for name in os.listdir(private)}
+        expect(owners == {"shingle"}, f"{private} holds files of {owners}")
+        line = next(x for x in ok(self.shingle, "status").splitlines() if x.startswith("smb "))
+        expect("smbd running" in line, line)
+        return (
+            f"2 MiB put and got back equal through {SMBD} (smbd uid {uid}, CapBnd "
+            f"{bounding:#x}, no CAP_SYS_ADMIN); status: {line[:200]}"
+        )
+
+    def smb_after_restart(self) -> str:
+        started = time.monotonic()
+        self.smb_serving()
+        self.smbclient("get smb-check.bin /tmp/smb-again.bin")
+        with open("/tmp/smb-again.bin", "rb") as f:
+            expect(f.read() == self.state["smb_data"], "different bytes after the restart")
+        return f"SMB served again {time.monotonic() - started:.0f} s after the daemon came back"
+
     def webui(self) -> str:
         deadline = time.monotonic() + 60
         while True:
@@ -334,7 +445,7 @@ class Run:
         # the target is ordered after its services, so its stop job ends first and
         # systemctl returns while they are still stopping (TimeoutStopSec bounds that)
         found = []
-        for unit in (NFSD, WEBUI):
+        for unit in (NFSD, WEBUI, SMBD):
             deadline = time.monotonic() + 150
             while (props := show(unit))["ActiveState"] in ("active", "deactivating"):
                 expect(time.monotonic() < deadline, f"{unit} still {props['ActiveState']}")
@@ -363,14 +474,16 @@ def main(plan: dict) -> int:
         ("drives-add-running", steps.drives_add_running),
         ("drive-outside-sandbox-refused", steps.outside_refused),
         ("nfs-mount", steps.nfs_mount),
+        ("smb-put-get", steps.smb_put_get),
         ("webui", steps.webui),
         ("watchdog", steps.watchdog),
         ("restart-after-kill", steps.restart_after_kill),
+        ("smb-after-restart", steps.smb_after_restart),
         ("stop-clean", steps.stop_clean),
     ):
         steps.check(name, work)
     if len(steps.passed) < len(CHECKS):
-        journal = run("journalctl", "--no-pager", "-n", "80", "-u", NFSD, "-u", WEBUI)
+        journal = run("journalctl", "--no-pager", "-n", "120", "-u", NFSD, "-u", WEBUI, "-u", SMBD)
         print("--- journal of the units ---\n" + journal.stdout, flush=True)
     return 0
 

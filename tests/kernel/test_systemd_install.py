@@ -50,7 +50,19 @@ def seed_venv(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def systemd_run(vm_kernel):
+def systemd_kernel() -> vm.Kernel:
+    """The rig's kernel with fuse too: shingle-smbd.service mounts the namespace for smbd."""
+    try:
+        vm.check_qemu()
+    except vm.VmUnavailable as exc:
+        pytest.skip(f"kernel rig: {exc}")
+    return vm.prepare_kernel(
+        vm.NFS_CLIENT_MODULES + ("fuse",), log=lambda text: print(text, file=sys.stderr)
+    )
+
+
+@pytest.fixture(scope="module")
+def systemd_run(systemd_kernel):
     # world-readable (pytest's tmp_path is not): the guest's service user reads nothing here,
     # but root in the guest runs the program from it
     folder = Path(tempfile.mkdtemp(prefix="shingle-systemd-rig-"))
@@ -77,7 +89,7 @@ def systemd_run(vm_kernel):
         verbose = os.environ.get("SHINGLE_KERNEL_RIG_VERBOSE")
         result = vm.run_vm(
             program,
-            kernel=vm_kernel,
+            kernel=systemd_kernel,
             workdir=folder / "vm",
             timeout=VM_TIMEOUT_S,
             memory_mib=2048,
