@@ -18,11 +18,14 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # qemu-system-x86 busybox-static nfs-common keyutils fio attr: the kernel NFS client rig
 # (tests/kernel), a VM that shares this host's userland (mount.nfs, request-key for NFSv4 owners,
 # fio, setfattr/getfattr for the NFSv4.2 xattr check).
-# gcc: builds the compiled hot path (engine/native/*.pyx) at install; strace: a test reads the
-# compiled drive writers' system calls.
+# gcc, python3-dev: build the compiled hot path (engine/native/*.pyx) at install (Python.h);
+# python3-venv: Debian's python3 makes .venv only with it; openssl: `shingle init --tls` makes
+# its certificate with the openssl command when the cryptography package is absent;
+# strace: a test reads the compiled drive writers' system calls.
 apt_packages=${SHINGLE_APT_PACKAGES:-"postgresql chromium libnfs-utils systemd smartmontools nfs-ganesha nfs-ganesha-vfs
   samba samba-vfs-modules samba-common-bin smbclient libnss-wrapper fuse3 libfuse3-dev pkg-config
-  qemu-system-x86 busybox-static nfs-common keyutils fio attr gcc strace"}
+  qemu-system-x86 busybox-static nfs-common keyutils fio attr gcc python3-dev python3-venv
+  openssl strace"}
 missing=()
 for pkg in $apt_packages; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
