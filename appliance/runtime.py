@@ -99,7 +99,7 @@ def tune_malloc() -> bool:
     mapping and unmaps it on free, so each 1 MiB WRITE record, each stripe buffer and each
     encoded fragment set paid page faults and zeroing, inside copies made with the GIL held,
     and an unmap. With the threshold fixed at 32 MiB and trimming at 256 MiB, freed buffers are
-    reused (figures in docs/ARCHITECTURE.md). The cost is that the heap keeps its peak (the
+    reused (figures in docs/performance.md). The cost is that the heap keeps its peak (the
     in-flight stripes, max_inflight_stripes x stripe size) instead of returning it."""
     try:
         mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt

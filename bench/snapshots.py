@@ -1,4 +1,4 @@
-"""Benchmark of versioned datasets (engine only, no NFS), for docs/ARCHITECTURE.md.
+"""Benchmark of versioned datasets (engine only, no NFS), for docs/snapshots.md.
 
 a. Snapshot create and delete of a dataset of N files (100,000 by default) in 100 folders, each
    file 4 KiB in an inline stripe of its own (the rows durable 4 KiB writes leave; a snapshot

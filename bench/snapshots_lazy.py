@@ -1,5 +1,5 @@
 """Prototype measurement of a lazily materialized snapshot (copy-on-write of rows), A/B against
-today's copy (engine/snapshots.py), for docs/ARCHITECTURE.md "Versioned datasets".
+today's copy (engine/snapshots.py), for docs/snapshots.md.
 
 Not wired into the engine. It measures the two halves such a design would have:
 a. "record": what create would do before returning: walk the tree for its inode numbers,

@@ -1,7 +1,7 @@
 """Quotas: limits on the bytes and the files of a directory tree (an export's root or any
 directory below it), hard (refused with EDQUOT) and soft (an alert, engine/alerts.py).
 
-What counts (docs/ARCHITECTURE.md, "Quotas", says why):
+What counts (docs/namespace.md, "Quotas", says why):
 - bytes: the logical size of every regular file in the tree (what ``ls -l`` shows), not the
   media its stripes take: parity, replicas, tiering and shared extents would make one file's
   cost change while nobody touches it;

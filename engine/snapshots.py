@@ -1,6 +1,6 @@
 """Versioned datasets: snapshots of a directory tree, their views, rollback, clones and diffs.
 
-How a snapshot is stored (docs/ARCHITECTURE.md, "Versioned datasets", has the measurements):
+How a snapshot is stored (docs/snapshots.md has the measurements):
 a snapshot is a frozen copy of the dataset's inode, name, symlink, xattr and extent rows, made
 by a handful of set statements (INSERT ... SELECT) in one transaction, with each copied inode
 numbered ``old ino + delta``: the copy is one contiguous range [ino_lo, ino_hi] that nothing

@@ -225,7 +225,7 @@ class Reads:
         if len(self._last_read_end) > EXTENT_CACHE_FILES:
             self._last_read_end.pop(next(iter(self._last_read_end)))
         # a warm file (its fragments in the page cache) is read by the event loop itself: threads
-        # reading ahead would only take the GIL from it (warm nfs-rs read: see ARCHITECTURE.md)
+        # reading ahead would only take the GIL from it (warm nfs-rs read: docs/performance.md)
         if not sequential or not touched or warm:
             return
         last_index = touched[-1][0]

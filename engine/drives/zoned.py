@@ -2,7 +2,7 @@
 
 A drive is a row of zones. Each zone has a start, a capacity, a write
 pointer and a condition. Data is appended only at the write pointer and read
-only below it; a zone is reset as a whole (invariant 1 of ARCHITECTURE.md).
+only below it; a zone is reset as a whole (invariant 1 of docs/ARCHITECTURE.md).
 Backends: ``ZoneFileDrive`` (a directory of zone files) and
 ``ZonedBlockDrive`` (a host-managed device through the kernel's ioctls).
 An ``SmrModel`` attached as ``drive.model`` sees every I/O."""
