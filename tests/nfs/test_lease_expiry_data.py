@@ -108,9 +108,8 @@ def test_unstable_writes_survive_a_lease_expiry_41(stack):
         expired_client, old_session = writer.clientid, writer.sessionid
         _wait_until_reaped(srv, expired_client)
         second = t.ARGS[c.OP_WRITE](sid, half, c.UNSTABLE4, data[half:])
-        assert writer.session([(c.OP_PUTFH, fh), (c.OP_WRITE, second)])[0] == (
-            c.NFS4ERR_BADSESSION
-        )
+        st, _ = writer.session([(c.OP_PUTFH, fh), (c.OP_WRITE, second)])
+        assert st == c.NFS4ERR_BADSESSION
         chan = t.channel_attrs4.cls(0, 1 << 21, 1 << 21, 1 << 20, 16, 8, [])
         args = t.ARGS[c.OP_CREATE_SESSION](expired_client, 1, 0, chan, chan, 0x40000000, [])
         assert writer.compound([(c.OP_CREATE_SESSION, args)])[0] == c.NFS4ERR_STALE_CLIENTID
