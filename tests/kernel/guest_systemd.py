@@ -74,6 +74,25 @@ def expect(condition: bool, message: str) -> None:
         raise CheckFailed(message)
 
 
+def difference(expected: bytes, got: bytes, block: int = 64 * 1024) -> str:
+    """Where ``got`` differs from ``expected``, by blocks: zeros in the differing blocks mean
+    bytes the server never stored (lost writes), other bytes a mix-up."""
+    bad = [
+        off
+        for off in range(0, max(len(expected), len(got)), block)
+        if expected[off : off + block] != got[off : off + block]
+    ]
+    if not bad:
+        return "equal"
+    zero = sum(
+        1 for off in bad if got[off : off + block] and not got[off : off + block].strip(b"\0")
+    )
+    return (
+        f"{len(bad)} of {-(-len(expected) // block)} blocks of {block // 1024} KiB differ, "
+        f"the first at offset {bad[0]}, the last at {bad[-1]}; {zero} of them all zero"
+    )
+
+
 def run(
     *cmd: str, timeout: float = 300, env: dict | None = None, stdin: str | None = None
 ) -> subprocess.CompletedProcess:
@@ -293,7 +312,7 @@ class Run:
                 f.write("3\n")
             with open("/mnt/nfs/vm-check.bin", "rb") as f:
                 back = f.read()
-            expect(back == data, f"read back {len(back)} bytes, differing")
+            expect(back == data, f"read back {len(back)} bytes: {difference(data, back)}")
         finally:
             run("umount", "/mnt/nfs", timeout=120)
         digest = hashlib.sha256(data).hexdigest()[:12]
