@@ -295,6 +295,10 @@ SCHEMAS: dict[str, dict] = {
             ),
         ),
         error=prop(["string", "null"], "Why smbstatus gave no answer"),
+        problem=prop(
+            ["string", "null"],
+            "Why the daemon cannot serve SMB (a Samba VFS module missing, ...), or null",
+        ),
         shares=prop("integer", "SMB shares in the catalog"),
         shares_enabled=prop("integer", "Of them enabled"),
         users=prop("integer", "SMB users"),
