@@ -122,12 +122,15 @@ def in_list(ids) -> str:
     return "(" + ", ".join("?" * len(ids)) + ")"
 
 
-# -shm path -> (inode, map). Nothing here is ever closed: closing any descriptor of a file drops
-# every POSIX lock this process holds on it, SQLite's own included, and another process that then
-# finds the index unlocked truncates and rebuilds it under our connections (they die of SIGBUS).
-_wal_index_maps: dict[str, tuple[int, mmap.mmap]] = {}
-# every map made, replaced ones included: freeing one closes its descriptor
-_wal_index_kept: list = []
+# -shm path -> (inode, map, descriptor). Closing any descriptor of a file drops every POSIX lock
+# this process holds on it, SQLite's own included, and another process that then finds the index
+# unlocked truncates and rebuilds it under our connections (they die of SIGBUS). So a map and its
+# descriptor are closed only once no Catalog of that database is open in this process any more
+# (``_open_databases`` counts them): then no connection of ours holds a lock there to lose.
+_wal_index_maps: dict[str, tuple[int, mmap.mmap, int]] = {}
+# maps of a -shm file that was replaced, kept (with their descriptors) until the database closes
+_wal_index_kept: dict[str, list[tuple[mmap.mmap, int]]] = {}
+_open_databases: dict[str, int] = {}  # SQLite database path -> open Catalogs in this process
 _wal_index_lock = lock("catalog.wal_index")
 
 
@@ -137,11 +140,35 @@ def _map_wal_index(shm_path: str) -> mmap.mmap:
         known = _wal_index_maps.get(shm_path)
         if known is not None and known[0] == os.stat(shm_path).st_ino:
             return known[1]
-        fd = os.open(shm_path, os.O_RDONLY)  # left open (see above)
+        fd = os.open(shm_path, os.O_RDONLY)  # closed with the last Catalog of it (see above)
         index = mmap.mmap(fd, WAL_INDEX_HEADER * 2, prot=mmap.PROT_READ)
-        _wal_index_maps[shm_path] = (os.fstat(fd).st_ino, index)
-        _wal_index_kept.append(index)
+        if known is not None:
+            _wal_index_kept.setdefault(shm_path, []).append((known[1], known[2]))
+        _wal_index_maps[shm_path] = (os.fstat(fd).st_ino, index, fd)
         return index
+
+
+def _database_opened(path: str) -> None:
+    with _wal_index_lock:
+        _open_databases[path] = _open_databases.get(path, 0) + 1
+
+
+def _database_closed(path: str) -> None:
+    """The last Catalog of ``path`` in this process closed: its WAL index maps go too (a test
+    run opens a catalog per test and would otherwise keep a descriptor of each)."""
+    with _wal_index_lock:
+        left = _open_databases.get(path, 0) - 1
+        if left > 0:
+            _open_databases[path] = left
+            return
+        _open_databases.pop(path, None)
+        maps = _wal_index_kept.pop(path + "-shm", [])
+        known = _wal_index_maps.pop(path + "-shm", None)
+        if known is not None:
+            maps.append((known[1], known[2]))
+    for index, fd in maps:
+        index.close()
+        os.close(fd)
 
 
 def commits_between(old: int, new: int) -> int:
@@ -325,6 +352,7 @@ class Catalog:
         self._writer_token = uuid.uuid4().hex
         # PostgreSQL gone: one line when it starts, a count per interval, one when it is back
         self.outage = OutageLog(log, "catalog")
+        self._database: str | None = None  # SQLite: the file, counted in _open_databases
         if self.is_sqlite:
             self.engine: Engine = create_engine(
                 url,
@@ -333,6 +361,11 @@ class Catalog:
                 max_overflow=-1,
                 connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
             )
+            # a file's WAL index map is closed when its last Catalog here closes (see above)
+            database = self.engine.url.database
+            self._database = database if database and database != ":memory:" else None
+            if self._database is not None:
+                _database_opened(self._database)
             event.listen(self.engine, "connect", self._sqlite_connect)
             event.listen(self.engine, "begin", self._sqlite_begin)
             self._kept: _IdleConnections | None = _IdleConnections(self.engine)
@@ -723,7 +756,7 @@ class Catalog:
 
     def close(self) -> None:
         if self.is_sqlite and self._watch is not None:
-            self._wal_index = None  # the map itself stays open (_map_wal_index)
+            self._wal_index = None  # the map stays open while another Catalog of the file is
             self._watch.close()
             self._watch = None
         if self._changes is not None:
@@ -732,3 +765,6 @@ class Catalog:
         if self._kept is not None:
             self._kept.close()
         self.engine.dispose()
+        if self._database is not None:  # once: a second close() must not count again
+            database, self._database = self._database, None
+            _database_closed(database)
