@@ -22,7 +22,7 @@ import shutil
 os.environ.setdefault("SHINGLE_CHECK_LOCK_ORDER", "1")  # before any engine lock is made
 
 import pytest
-from pgserver import PostgresServer, free_port  # noqa: F401  (free_port is for test modules)
+from pgserver import PG_BIN, PostgresServer, free_port  # noqa: F401  (free_port is for test modules)
 
 from engine import ordered_lock  # noqa: E402
 from engine.catalog import Catalog, upgrade
@@ -54,6 +54,16 @@ def count_reads(monkeypatch):
         return calls
 
     return wrap
+
+
+@pytest.fixture
+def pg():
+    """A PostgreSQL of this test's own, for tests that stop it (a catalog outage)."""
+    if not (PG_BIN / "postgres").exists():
+        pytest.skip("PostgreSQL 15 is not installed")
+    server = PostgresServer().start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pytest
-from pgserver import PG_BIN, PostgresServer, free_port
+from pgserver import free_port
 from test_cli_lifecycle import shingle
 
 from appliance import config as config_mod
@@ -30,15 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nfs"))
 from nfs4_rawclient import RawClient  # noqa: E402  (tests/nfs: the raw NFSv4.1 client)
 
 from appliance.nfs.v4 import const as c  # noqa: E402
-
-
-@pytest.fixture
-def pg():
-    if not (PG_BIN / "postgres").exists():
-        pytest.skip("PostgreSQL 15 is not installed")
-    server = PostgresServer().start()  # its own: this test stops it
-    yield server
-    server.stop()
 
 
 def _init(home: Path, url: str, settings: dict[str, str]) -> config_mod.Config:

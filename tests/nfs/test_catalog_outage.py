@@ -11,10 +11,8 @@ import struct
 import threading
 import time
 
-import pytest
 from nfs4_rawclient import RawClient
 from nfs4_support import MiB, add_export, start_server
-from pgserver import PG_BIN, PostgresServer
 
 from appliance.nfs.v3 import types as t3
 from appliance.nfs.v4 import const as c
@@ -43,15 +41,6 @@ class PgStack:
     def close(self):
         self.data.close()
         self.catalog.close()
-
-
-@pytest.fixture
-def pg():
-    if not (PG_BIN / "postgres").exists():
-        pytest.skip("PostgreSQL 15 is not installed")
-    server = PostgresServer().start()  # its own: this test stops it
-    yield server
-    server.stop()
 
 
 def _v3_call(raw: RawClient, prog: int, proc: int, args_type, args) -> bytes:
