@@ -21,11 +21,13 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # gcc, python3-dev: build the compiled hot path (engine/native/*.pyx) at install (Python.h);
 # python3-venv: Debian's python3 makes .venv only with it; openssl: `shingle init --tls` makes
 # its certificate with the openssl command when the cryptography package is absent;
-# strace: a test reads the compiled drive writers' system calls.
+# strace: a test reads the compiled drive writers' system calls;
+# etcd-server, etcd-client, patroni: the cluster test bed (tests/cluster) runs etcd and
+# PostgreSQL under Patroni in network namespaces; iproute2 makes those namespaces.
 apt_packages=${SHINGLE_APT_PACKAGES:-"postgresql chromium libnfs-utils systemd smartmontools nfs-ganesha nfs-ganesha-vfs
   samba samba-vfs-modules samba-common-bin smbclient libnss-wrapper fuse3 libfuse3-dev pkg-config
   qemu-system-x86 busybox-static nfs-common keyutils fio attr gcc python3-dev python3-venv
-  openssl strace"}
+  openssl strace etcd-server etcd-client patroni iproute2"}
 missing=()
 for pkg in $apt_packages; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
