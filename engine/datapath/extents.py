@@ -148,16 +148,7 @@ class Reads:
         if end <= offset:
             return b""
         # pending writes are taken first: a stripe that commits meanwhile is then also in the map
-        overlay = []
-        fb = self.files.get(ino)
-        if fb is not None and not fb.dead:
-            may_block("pending writes")  # fb.lock is held across a flush
-            with fb.lock:
-                with fb.ilock:
-                    for s in fb.inflight:
-                        overlay.append((s.payload, s.extents))
-                if fb.data:
-                    overlay.append((bytes(fb.data), [list(e) for e in fb.extents]))
+        overlay = self._pending_writes(ino)
         out = empty_bytearray(end - offset)  # not zeroed: the holes are, below
         view = memoryview(out)
         filled = offset  # out is written up to here
@@ -207,17 +198,26 @@ class Reads:
             i += 1
         if filled < end:
             view[filled - offset :] = bytes(end - filled)
-        for payload, pending in overlay:
-            if not payload:
-                continue
-            for fo, so, elen in pending:
-                a, b = max(fo, offset), min(fo + elen, end)
-                if a < b:
-                    view[a - offset : b - offset] = payload[so + (a - fo) : so + (b - fo)]
+        if overlay:
+            _lay_over(view, overlay, offset, end)
         if warm and stripe_ends:
             self._cold.discard(ino)
         self._read_ahead(ino, offset, end, items, stripe_ends, warm)
         return out  # a bytearray the caller owns: the NFS reply sends it without another 1 MiB copy
+
+    def _pending_writes(self, ino: int) -> list:
+        """(payload, [(file offset, payload offset, length)]) of the file's uncommitted writes."""
+        overlay: list = []
+        fb = self.files.get(ino)
+        if fb is not None and not fb.dead:
+            may_block("pending writes")  # fb.lock is held across a flush
+            with fb.lock:
+                with fb.ilock:
+                    for s in fb.inflight:
+                        overlay.append((s.payload, s.extents))
+                if fb.data:
+                    overlay.append((bytes(fb.data), [list(e) for e in fb.extents]))
+        return overlay
 
     def _read_ahead(self, ino, offset, end, items, touched, warm: bool) -> None:
         sequential = self._last_read_end.get(ino) == offset
@@ -239,3 +239,14 @@ class Reads:
                 self.reader.prefetch(info)
             if len(seen) > READ_AHEAD_STRIPES:
                 break
+
+
+def _lay_over(view: memoryview, overlay: list, offset: int, end: int) -> None:
+    """Copy pending writes over ``view`` (file bytes [offset, end)); later ones win."""
+    for payload, pending in overlay:
+        if not payload:
+            continue
+        for fo, so, elen in pending:
+            a, b = max(fo, offset), min(fo + elen, end)
+            if a < b:
+                view[a - offset : b - offset] = payload[so + (a - fo) : so + (b - fo)]

@@ -373,6 +373,24 @@ class StripeReader:
         """``_fetch``, and whether every payload was read from memory without waiting."""
         if blocking_forbidden():
             return self._fetch_in_memory(info, indexes)
+        futures, mine = self._claim(info, indexes)
+        jobs = self._read_claimed(info, mine)
+        bad: set[int] = set()
+        for i, fut, payload, failure in jobs:
+            if failure is not None:
+                bad.add(i)
+                continue
+            fut.nbytes = len(payload)
+            fut.set_result(payload)
+            self._account(fut)
+        if bad:
+            self._decode_claimed(info, jobs, bad)
+        payloads = {i: f.result() for i, f in futures.items()}
+        return payloads, all(f.in_memory for f in futures.values())
+
+    def _claim(self, info: StripeInfo, indexes: list[int]):
+        """The cache entries of fragments ``indexes``: existing ones, and new futures this
+        caller must fill (``mine``), so concurrent readers of a fragment read it once."""
         futures: dict[int, FragmentFuture | ReadyFragment] = {}
         mine: list[tuple[int, FragmentFuture]] = []
         with self._lock:
@@ -390,11 +408,16 @@ class StripeReader:
                 else:
                     self.cache.move_to_end(key)
                 futures[i] = fut
-        # What the page cache holds is taken first, without waiting (marked in_memory: a file
-        # read wholly so wants no read-ahead, the event loop reads it itself). The rest is read in
-        # this thread, after asking the kernel for each range (posix_fadvise WILLNEED): the drives
-        # fetch in parallel all the same, and a thread hand-off per fragment cost more CPU than
-        # the copy (two cores serve the whole appliance on the reference machine).
+        return futures, mine
+
+    def _read_claimed(self, info: StripeInfo, mine) -> list:
+        """(idx, future, payload or None, failure or None) of each claimed fragment.
+
+        What the page cache holds is taken first, without waiting (marked in_memory: a file
+        read wholly so wants no read-ahead, the event loop reads it itself). The rest is read in
+        this thread, after asking the kernel for each range (posix_fadvise WILLNEED): the drives
+        fetch in parallel all the same, and a thread hand-off per fragment cost more CPU than
+        the copy (two cores serve the whole appliance on the reference machine)."""
         jobs: list[tuple[int, FragmentFuture, Any, Exception | None]] = []
         cold = []
         for i, fut in mine:
@@ -412,46 +435,39 @@ class StripeReader:
                 jobs.append((i, fut, self._read_fragment(info, i, False), None))
             except (OSError, errors.FsError) as exc:
                 jobs.append((i, fut, None, exc))
-        bad: set[int] = set()
-        for i, fut, payload, failure in jobs:
-            if failure is not None:
-                bad.add(i)
-                continue
-            fut.nbytes = len(payload)
-            fut.set_result(payload)
-            self._account(fut)
-        if bad:
-            try:
-                rebuilt = self._decode(info, bad)
-            except Exception as exc:
-                for i, fut, _payload, _exc in jobs:
-                    if i in bad:
-                        fut.set_exception(exc)
-                        with self._lock:
-                            if self.cache.get((info.id, i)) is fut:
-                                del self.cache[(info.id, i)]
-                raise
+        return jobs
+
+    def _decode_claimed(self, info: StripeInfo, jobs: list, bad: set[int]) -> None:
+        """Fill the futures of the ``bad`` fragments from a decode (or fail them with its error)."""
+        try:
+            rebuilt = self._decode(info, bad)
+        except Exception as exc:
             for i, fut, _payload, _exc in jobs:
                 if i in bad:
-                    fut.nbytes = len(rebuilt[i])
-                    fut.set_result(rebuilt[i])
-                    self._account(fut)
-            # the decode rebuilt every data fragment: keep them all, not only the ones asked for
-            for i, payload in rebuilt.items():
-                with self._lock:
-                    old = self.cache.get((info.id, i))
-                    if _whole(old):
-                        continue
-                    if old is not None:
-                        self._cached -= old.nbytes
-                    fut = FragmentFuture()
-                    fut.set_running_or_notify_cancel()
-                    fut.nbytes = len(payload)
-                    fut.set_result(payload)
-                    self.cache[(info.id, i)] = fut
+                    fut.set_exception(exc)
+                    with self._lock:
+                        if self.cache.get((info.id, i)) is fut:
+                            del self.cache[(info.id, i)]
+            raise
+        for i, fut, _payload, _exc in jobs:
+            if i in bad:
+                fut.nbytes = len(rebuilt[i])
+                fut.set_result(rebuilt[i])
                 self._account(fut)
-        payloads = {i: f.result() for i, f in futures.items()}
-        return payloads, all(f.in_memory for f in futures.values())
+        # the decode rebuilt every data fragment: keep them all, not only the ones asked for
+        for i, payload in rebuilt.items():
+            with self._lock:
+                old = self.cache.get((info.id, i))
+                if _whole(old):
+                    continue
+                if old is not None:
+                    self._cached -= old.nbytes
+                fut = FragmentFuture()
+                fut.set_running_or_notify_cancel()
+                fut.nbytes = len(payload)
+                fut.set_result(payload)
+                self.cache[(info.id, i)] = fut
+            self._account(fut)
 
     def _fetch_in_memory(
         self,

@@ -54,15 +54,8 @@ class Repairer:
         self._pool.shutdown(wait=True)
 
     def _repair(self, info: StripeInfo, idx: int, good: dict) -> bool:
-        if info.layout == "replica":
-            fragment = next(iter(good.values()))
-        else:
-            from engine.erasure import decoder_for
-
-            fragment = decoder_for(info.k, info.m, info.backend).driver.reconstruct(
-                list(good.values()), [idx]
-            )[0]
-        drive_id, old_zone_id, old_offset, length, old_checksum = info.fragments[idx]
+        fragment = _rebuilt_fragment(info, idx, good)
+        drive_id, _zone_id, _offset, length, _checksum = info.fragments[idx]
         space = self.space
         drive = space.drives.get(drive_id)
         if drive is None or not drive.writable() or len(fragment) != length:
@@ -80,61 +73,87 @@ class Repairer:
             state = (zone.state, zone.band_class, zone.opened_ns)
         latch = self.writers.write_repair(drive, zone.idx, offset, fragment)
         latch.done.wait()
-        checksum = crc32c.crc32c(fragment)
-
-        def work(conn):
-            row = conn.execute(
-                select(STRIPES.c.data_length, STRIPES.c.live_bytes).where(STRIPES.c.id == info.id)
-            ).first()
-            # repoint only the copy we judged bad: if scrub or cleaning moved it meanwhile,
-            # ours is garbage
-            moved = (
-                row is not None
-                and conn.execute(
-                    FRAGMENTS.update()
-                    .where(
-                        FRAGMENTS.c.stripe_id == info.id,
-                        FRAGMENTS.c.idx == idx,
-                        FRAGMENTS.c.zone_id == old_zone_id,
-                        FRAGMENTS.c.zone_offset == old_offset,
-                        FRAGMENTS.c.checksum == old_checksum,
-                    )
-                    .values(zone_id=zone.id, zone_offset=offset, checksum=checksum)
-                ).rowcount
-                == 1
-            )
-            live = share(length, row.live_bytes, row.data_length) if moved else 0
-            if live:
-                conn.execute(
-                    ZONES.update()
-                    .where(ZONES.c.id == old_zone_id)
-                    .values(
-                        live_bytes=ZONES.c.live_bytes - live,
-                        garbage_bytes=ZONES.c.garbage_bytes + live,
-                    )
-                )
-            wp = conn.execute(select(ZONES.c.write_pointer).where(ZONES.c.id == zone.id)).scalar()
-            new_wp = max(wp, offset + length)
-            conn.execute(
-                ZONES.update()
-                .where(ZONES.c.id == zone.id)
-                .values(
-                    state=state[0],
-                    band_class=state[1],
-                    opened_ns=state[2],
-                    write_pointer=new_wp,
-                    live_bytes=ZONES.c.live_bytes + live,
-                    garbage_bytes=ZONES.c.garbage_bytes + (new_wp - wp) - live,
-                    last_write_ns=time.time_ns(),
-                )
-            )
-            return moved
-
+        moved = _MovedFragment(info, idx, zone.id, offset, crc32c.crc32c(fragment), state)
         try:
             if latch.errors:
                 raise errors.IOFailure(f"repair write failed: {latch.errors[0]}")
-            done = self.catalog.run(work, durable=True)
+            done = self.catalog.run(moved.repoint, durable=True)
         finally:
             space.settle(zone, None if latch.errors else offset + length)
         self.extents.invalidate_stripes([info.id])
         return done
+
+
+def _rebuilt_fragment(info: StripeInfo, idx: int, good: dict) -> bytes:
+    if info.layout == "replica":
+        return next(iter(good.values()))
+    from engine.erasure import decoder_for
+
+    return decoder_for(info.k, info.m, info.backend).driver.reconstruct(list(good.values()), [idx])[
+        0
+    ]
+
+
+class _MovedFragment:
+    """The catalog side of one repair: fragment ``idx`` now lies at ``zone_id``/``offset``."""
+
+    def __init__(self, info: StripeInfo, idx: int, zone_id, offset: int, checksum: int, state):
+        self.info = info
+        self.idx = idx
+        self.zone_id = zone_id
+        self.offset = offset
+        self.checksum = checksum
+        self.state = state  # the new zone's (state, band_class, opened_ns) as the allocator left it
+
+    def repoint(self, conn) -> bool:
+        info, idx = self.info, self.idx
+        _drive_id, old_zone_id, old_offset, length, old_checksum = info.fragments[idx]
+        row = conn.execute(
+            select(STRIPES.c.data_length, STRIPES.c.live_bytes).where(STRIPES.c.id == info.id)
+        ).first()
+        # repoint only the copy we judged bad: if scrub or cleaning moved it meanwhile,
+        # ours is garbage
+        moved = (
+            row is not None
+            and conn.execute(
+                FRAGMENTS.update()
+                .where(
+                    FRAGMENTS.c.stripe_id == info.id,
+                    FRAGMENTS.c.idx == idx,
+                    FRAGMENTS.c.zone_id == old_zone_id,
+                    FRAGMENTS.c.zone_offset == old_offset,
+                    FRAGMENTS.c.checksum == old_checksum,
+                )
+                .values(zone_id=self.zone_id, zone_offset=self.offset, checksum=self.checksum)
+            ).rowcount
+            == 1
+        )
+        live = share(length, row.live_bytes, row.data_length) if moved else 0
+        if live:
+            conn.execute(
+                ZONES.update()
+                .where(ZONES.c.id == old_zone_id)
+                .values(
+                    live_bytes=ZONES.c.live_bytes - live,
+                    garbage_bytes=ZONES.c.garbage_bytes + live,
+                )
+            )
+        self._account_new_copy(conn, length, live)
+        return moved
+
+    def _account_new_copy(self, conn, length: int, live: int) -> None:
+        wp = conn.execute(select(ZONES.c.write_pointer).where(ZONES.c.id == self.zone_id)).scalar()
+        new_wp = max(wp, self.offset + length)
+        conn.execute(
+            ZONES.update()
+            .where(ZONES.c.id == self.zone_id)
+            .values(
+                state=self.state[0],
+                band_class=self.state[1],
+                opened_ns=self.state[2],
+                write_pointer=new_wp,
+                live_bytes=ZONES.c.live_bytes + live,
+                garbage_bytes=ZONES.c.garbage_bytes + (new_wp - wp) - live,
+                last_write_ns=time.time_ns(),
+            )
+        )

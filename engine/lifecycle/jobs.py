@@ -44,26 +44,47 @@ def tiering_policy(catalog: Catalog) -> TieringPolicy:
     return TieringPolicy(**values).validate()
 
 
-def runners(
-    namespace,
-    datapath,
-    catalog: Catalog,
-    *,
-    reads: ReadTracker | None = None,
-    scrub_bytes_per_s: float | None = None,
-    rebuild_bytes_per_s: float | None = None,
-    clean_bytes_per_s: float | None = None,
-) -> dict[str, Runner]:
-    def tier(params, progress, actor):
-        policy = tiering_policy(catalog)
-        return (
-            Tiering(namespace, datapath, catalog, policy, reads=reads)
-            .run(progress=progress, actor=actor)
-            .to_dict()
-        )
+class LifecycleJobs:
+    """One method per job kind; the rates are the daemon's configured paces (None: unpaced)."""
 
-    def clean(params, progress, actor):
-        report = Cleaner(datapath, catalog, bytes_per_s=clean_bytes_per_s).run(
+    def __init__(
+        self,
+        namespace,
+        datapath,
+        catalog: Catalog,
+        *,
+        reads: ReadTracker | None = None,
+        scrub_bytes_per_s: float | None = None,
+        rebuild_bytes_per_s: float | None = None,
+        clean_bytes_per_s: float | None = None,
+    ) -> None:
+        self.namespace = namespace
+        self.datapath = datapath
+        self.catalog = catalog
+        self.reads = reads
+        self.scrub_bytes_per_s = scrub_bytes_per_s
+        self.rebuild_bytes_per_s = rebuild_bytes_per_s
+        self.clean_bytes_per_s = clean_bytes_per_s
+
+    def runners(self) -> dict[str, Runner]:
+        return {
+            "tier": self.tier,
+            "clean": self.clean,
+            "scrub": self.scrub,
+            "rebuild": self.rebuild,
+            "drain": self.drain,
+            "drive-add": self.drive_add,
+            "drive-replace": self.drive_replace,
+        }
+
+    def tier(self, params, progress, actor):
+        policy = tiering_policy(self.catalog)
+        tiering = Tiering(self.namespace, self.datapath, self.catalog, policy, reads=self.reads)
+        return tiering.run(progress=progress, actor=actor).to_dict()
+
+    def clean(self, params, progress, actor):
+        cleaner = Cleaner(self.datapath, self.catalog, bytes_per_s=self.clean_bytes_per_s)
+        report = cleaner.run(
             progress=progress,
             actor=actor,
             max_zones=params.get("max_zones"),
@@ -71,65 +92,58 @@ def runners(
         )
         return report.to_dict()
 
-    def scrub(params, progress, actor):
-        report = Scrubber(datapath, catalog, bytes_per_s=scrub_bytes_per_s).run(
-            progress=progress, actor=actor, drive_id=params.get("drive")
-        )
-        return report.to_dict()
+    def scrub(self, params, progress, actor):
+        scrubber = Scrubber(self.datapath, self.catalog, bytes_per_s=self.scrub_bytes_per_s)
+        return scrubber.run(progress=progress, actor=actor, drive_id=params.get("drive")).to_dict()
 
-    def rebuild(params, progress, actor):
-        report = Rebuilder(datapath, catalog, bytes_per_s=rebuild_bytes_per_s).run(
-            progress=progress, actor=actor
-        )
-        return replace.rebuild_report(datapath, report)
+    def rebuild(self, params, progress, actor):
+        rebuilder = Rebuilder(self.datapath, self.catalog, bytes_per_s=self.rebuild_bytes_per_s)
+        report = rebuilder.run(progress=progress, actor=actor)
+        return replace.rebuild_report(self.datapath, report)
 
-    def drain(params, progress, actor):
+    def drain(self, params, progress, actor):
         report = drain_drive(
-            datapath,
-            catalog,
+            self.datapath,
+            self.catalog,
             params["drive"],
             progress=progress,
             actor=actor,
-            bytes_per_s=rebuild_bytes_per_s,
+            bytes_per_s=self.rebuild_bytes_per_s,
         )
-        return replace.rebuild_report(datapath, report)
+        return replace.rebuild_report(self.datapath, report)
 
-    def drive_options(params) -> dict:
-        return {
-            "size": params.get("size"),
-            "zone_size": params.get("zone_size"),
-            "preallocate": params.get("preallocate", True),
-        }
-
-    def drive_add(params, progress, actor):
+    def drive_add(self, params, progress, actor):
         return replace.add_drive(
-            datapath,
-            catalog,
+            self.datapath,
+            self.catalog,
             params["path"],
-            **drive_options(params),
+            **_drive_options(params),
             progress=progress,
             actor=actor,
-            bytes_per_s=rebuild_bytes_per_s,
+            bytes_per_s=self.rebuild_bytes_per_s,
         )
 
-    def drive_replace(params, progress, actor):
+    def drive_replace(self, params, progress, actor):
         return replace.replace_drive(
-            datapath,
-            catalog,
+            self.datapath,
+            self.catalog,
             params["old"],
             params["path"],
-            **drive_options(params),
+            **_drive_options(params),
             progress=progress,
             actor=actor,
-            bytes_per_s=rebuild_bytes_per_s,
+            bytes_per_s=self.rebuild_bytes_per_s,
         )
 
+
+def _drive_options(params) -> dict:
     return {
-        "tier": tier,
-        "clean": clean,
-        "scrub": scrub,
-        "rebuild": rebuild,
-        "drain": drain,
-        "drive-add": drive_add,
-        "drive-replace": drive_replace,
+        "size": params.get("size"),
+        "zone_size": params.get("zone_size"),
+        "preallocate": params.get("preallocate", True),
     }
+
+
+def runners(namespace, datapath, catalog: Catalog, **paces) -> dict[str, Runner]:
+    """The job kinds' runners (see LifecycleJobs for the keyword paces)."""
+    return LifecycleJobs(namespace, datapath, catalog, **paces).runners()

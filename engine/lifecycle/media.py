@@ -282,29 +282,25 @@ def move_fragments(conn, moves: list[tuple[int, int, int, Placement]]) -> list[i
     alone and its new copy stays garbage. Returns the ids that moved."""
     if not moves:
         return []
-    ids = [m[0] for m in moves]
-    rows = {}
-    for part in range(0, len(ids), 400):
-        for r in conn.execute(
-            select(
-                FRAGMENTS.c.id,
-                FRAGMENTS.c.zone_id,
-                FRAGMENTS.c.zone_offset,
-                FRAGMENTS.c.length,
-                FRAGMENTS.c.stripe_id,
-                FRAGMENTS.c.checksum,
-            ).where(FRAGMENTS.c.id.in_(ids[part : part + 400]))
-        ):
-            rows[r.id] = r
-    stripe_ids = sorted({r.stripe_id for r in rows.values()})
-    stripes = {}
-    for part in range(0, len(stripe_ids), 400):
-        for r in conn.execute(
-            select(STRIPES.c.id, STRIPES.c.live_bytes, STRIPES.c.data_length).where(
-                STRIPES.c.id.in_(stripe_ids[part : part + 400])
-            )
-        ):
-            stripes[r.id] = r
+    rows = _rows_by_id(
+        conn,
+        select(
+            FRAGMENTS.c.id,
+            FRAGMENTS.c.zone_id,
+            FRAGMENTS.c.zone_offset,
+            FRAGMENTS.c.length,
+            FRAGMENTS.c.stripe_id,
+            FRAGMENTS.c.checksum,
+        ),
+        FRAGMENTS.c.id,
+        [m[0] for m in moves],
+    )
+    stripes = _rows_by_id(
+        conn,
+        select(STRIPES.c.id, STRIPES.c.live_bytes, STRIPES.c.data_length),
+        STRIPES.c.id,
+        sorted({r.stripe_id for r in rows.values()}),
+    )
     updates, moved = [], []
     zone_delta: dict[int, int] = {}
     for fragment_id, expect_zone, expect_offset, placement in moves:
@@ -334,6 +330,21 @@ def move_fragments(conn, moves: list[tuple[int, int, int, Placement]]) -> list[i
             zone_delta[row.zone_id] = zone_delta.get(row.zone_id, 0) - share
             zone_delta[placement.zone_id] = zone_delta.get(placement.zone_id, 0) + share
         moved.append(fragment_id)
+    _apply_moves(conn, updates, zone_delta)
+    return moved
+
+
+def _rows_by_id(conn, query, id_column, ids: list[int]) -> dict:
+    """Rows of ``query`` whose ``id_column`` is in ``ids``, by id (in chunks: bound parameters
+    are limited)."""
+    rows = {}
+    for part in range(0, len(ids), 400):
+        for r in conn.execute(query.where(id_column.in_(ids[part : part + 400]))):
+            rows[r.id] = r
+    return rows
+
+
+def _apply_moves(conn, updates: list[dict], zone_delta: dict[int, int]) -> None:
     if updates:
         conn.execute(
             FRAGMENTS.update()
@@ -357,7 +368,6 @@ def move_fragments(conn, moves: list[tuple[int, int, int, Placement]]) -> list[i
             ),
             changes,
         )
-    return moved
 
 
 _SHARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
