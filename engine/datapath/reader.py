@@ -165,74 +165,26 @@ class NotInMemory(WouldBlock):
     cache (or a read-ahead of it is still on its way)."""
 
 
-class StripeReader:
-    def __init__(
-        self,
-        drives: dict,
-        zones: dict,
-        *,
-        threads: int = 12,
-        cache_bytes: int = 256 << 20,
-        load_inline=None,
-    ):
+class FragmentSource:
+    """Reads of single fragments where they lie (a drive, the page cache, or the catalog for an
+    inline stripe), each checked against its crc32c. The StripeReader above it caches, shares
+    and decodes; this class knows nothing of either. Checksum failures are remembered in
+    ``corrupt`` for the decode that follows to repair."""
+
+    def __init__(self, drives: dict, zones: dict, load_inline, stats: dict, lock_) -> None:
         self.drives = drives  # drive id -> DriveState
         self.zones = zones  # zone id -> ZoneMem
         self.load_inline = load_inline  # stripe id -> (data, checksum) of an inline stripe, or None
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="shingle-read")
-        # read-ahead waits on fragment reads: it gets its own threads so the
-        # pool cannot starve itself
-        self.ahead = ThreadPoolExecutor(2, thread_name_prefix="shingle-readahead")
-        self.cache: OrderedDict[tuple[int, int], FragmentFuture | ReadyFragment | TailFragment] = (
-            OrderedDict()
-        )
-        self.cache_bytes = cache_bytes
-        self._cached = 0
-        self._lock = lock("datapath.reader_cache")
-        self._decoding: dict[int, Future] = {}
-        self._corrupt: set[tuple[int, int]] = set()  # (stripe, idx) that failed their checksum
-        # called as repair_hook(info, indexes, good fragments) after a decode around bad checksums
-        self.repair_hook: Callable[[StripeInfo, set[int], dict], None] | None = None
+        self.stats = stats  # the reader's counters
+        self._lock = lock_  # the reader's lock: corrupt is read under it by the decode
+        self.corrupt: set[tuple[int, int]] = set()  # (stripe, idx) that failed their checksum
         # on_io_error(drive, exc, "read"): a drive read failed (the drive watch listens)
         self.on_io_error = None
-        self.stats = {
-            "fragment_reads": 0,
-            "inline_reads": 0,
-            "degraded_stripes": 0,
-            "checksum_errors": 0,
-            "stripes_decompressed": 0,
-            "decompressed_bytes": 0,
-            "decompress_s": 0.0,  # thread CPU seconds
-        }
 
-    def close(self):
-        self.ahead.shutdown(wait=True, cancel_futures=True)
-        self.pool.shutdown(wait=True, cancel_futures=True)
-
-    def drop_cache(self) -> None:
-        with self._lock:
-            self.cache.clear()
-            self._cached = 0
-
-    def forget(self, stripe_ids) -> None:
-        with self._lock:
-            for key in [k for k in self.cache if k[0] in stripe_ids]:
-                fut = self.cache.pop(key)
-                self._cached -= self._size(fut)
-
-    @property
-    def cached_bytes(self) -> int:
-        """Payload bytes the cache holds (what its budget counts)."""
-        return self._cached
-
-    @staticmethod
-    def _size(fut: FragmentFuture | ReadyFragment | TailFragment) -> int:
-        return getattr(fut, "nbytes", 0)
-
-    # -- fragment fetches -----------------------------------------------------------
-    def _read_fragment(self, info: StripeInfo, idx: int, whole: bool):
+    def read(self, info: StripeInfo, idx: int, whole: bool):
         """Payload (memoryview) of fragment ``idx``, or the whole fragment bytes when ``whole``."""
         if info.layout == INLINE:
-            return self._read_inline(info, whole)
+            return self.read_inline(info, whole)
         where = info.fragments.get(idx)
         if where is None:
             raise errors.IOFailure(
@@ -269,14 +221,14 @@ class StripeReader:
             self.stats["checksum_errors"] += 1
             drive.backend.checksum_errors += 1
             with self._lock:
-                self._corrupt.add((info.id, idx))
+                self.corrupt.add((info.id, idx))
             raise ChecksumError(
                 f"checksum mismatch in stripe {info.id} fragment {idx} on drive {drive_id} "
                 f"zone {zone.idx} at {offset}: {crc:#010x}, expected {checksum:#010x}"
             )
         return buf if whole else memoryview(buf)
 
-    def _read_inline(self, info: StripeInfo, whole: bool):
+    def read_inline(self, info: StripeInfo, whole: bool):
         """The bytes of an inline stripe, from the catalog (its only "fragment")."""
         row = self.load_inline(info.id) if self.load_inline is not None else None
         if row is None:  # folded into other stripes and deleted since the extent map was read
@@ -291,7 +243,7 @@ class StripeReader:
             )
         return bytearray(data) if whole else memoryview(data)
 
-    def _will_read(self, info: StripeInfo, idx: int) -> None:
+    def will_read(self, info: StripeInfo, idx: int) -> None:
         where = info.fragments.get(idx)
         if where is None:
             return
@@ -303,6 +255,135 @@ class StripeReader:
         except OSError:
             pass  # a hint: the read itself reports what is wrong
 
+    def read_in_memory(self, info: StripeInfo, idx: int) -> memoryview | None:
+        """Payload of fragment ``idx`` if its drive has it in memory and its checksum matches,
+        else None (the blocking read then counts any error)."""
+        where = info.fragments.get(idx)
+        if info.layout == INLINE or where is None:  # inline bytes are a catalog read
+            return None
+        drive_id, zone_id, offset, length, checksum = where
+        drive = self.drives.get(drive_id)
+        zone = self.zones.get(zone_id)
+        if drive is None or zone is None or not drive.readable():
+            return None
+        buf = drive.backend.read_cached(zone.idx, offset, length)
+        if buf is None:
+            return None
+        # keep the GIL (release mode 0): on the loop, letting go of it only hands it around
+        if crc32c.crc32c(buf, 0, 0) != checksum:
+            return None
+        self.stats["fragment_reads"] += 1
+        return memoryview(buf)[info.header :]
+
+    def read_in_memory_into(
+        self, info: StripeInfo, idx: int, target: memoryview, start: int, end: int
+    ) -> bytearray | None:
+        """``_read_in_memory`` of fragment ``idx`` with its payload bytes [start, end) going into
+        ``target``: the payload after ``end`` (empty when ``end`` is the payload's end), or None.
+        The whole fragment is read (its crc32c covers all of it); bytes before ``start`` are
+        read into a scratch buffer."""
+        where = info.fragments.get(idx)
+        if where is None:
+            return None
+        drive_id, zone_id, offset, length, checksum = where
+        drive = self.drives.get(drive_id)
+        zone = self.zones.get(zone_id)
+        header, payload = info.header, info.payload
+        if (
+            drive is None
+            or zone is None
+            or length != header + payload
+            or not 0 <= start <= end <= payload
+            or len(target) != end - start
+            or not drive.readable()
+        ):
+            return None
+        parts: list[bytearray | memoryview] = [bytearray(header)] if header else []
+        if start:
+            parts.append(empty_bytearray(start))
+        parts.append(target)
+        tail = empty_bytearray(payload - end)
+        if tail:
+            parts.append(tail)
+        if not drive.backend.read_cached_into(zone.idx, offset, parts):
+            return None
+        crc = 0
+        for part in parts:
+            crc = crc32c.crc32c(part, crc, 0)
+        if crc != checksum:
+            return None
+        self.stats["fragment_reads"] += 1
+        return tail
+
+
+class StripeReader:
+    def __init__(
+        self,
+        drives: dict,
+        zones: dict,
+        *,
+        threads: int = 12,
+        cache_bytes: int = 256 << 20,
+        load_inline=None,
+    ):
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="shingle-read")
+        # read-ahead waits on fragment reads: it gets its own threads so the
+        # pool cannot starve itself
+        self.ahead = ThreadPoolExecutor(2, thread_name_prefix="shingle-readahead")
+        self.cache: OrderedDict[tuple[int, int], FragmentFuture | ReadyFragment | TailFragment] = (
+            OrderedDict()
+        )
+        self.cache_bytes = cache_bytes
+        self._cached = 0
+        self._lock = lock("datapath.reader_cache")
+        self._decoding: dict[int, Future] = {}
+        # called as repair_hook(info, indexes, good fragments) after a decode around bad checksums
+        self.repair_hook: Callable[[StripeInfo, set[int], dict], None] | None = None
+        self.stats = {
+            "fragment_reads": 0,
+            "inline_reads": 0,
+            "degraded_stripes": 0,
+            "checksum_errors": 0,
+            "stripes_decompressed": 0,
+            "decompressed_bytes": 0,
+            "decompress_s": 0.0,  # thread CPU seconds
+        }
+        self.source = FragmentSource(drives, zones, load_inline, self.stats, self._lock)
+
+    @property
+    def on_io_error(self):
+        return self.source.on_io_error
+
+    @on_io_error.setter
+    def on_io_error(self, hook) -> None:
+        """hook(drive, exc, "read"): a drive read failed (the drive watch listens)."""
+        self.source.on_io_error = hook
+
+    def close(self):
+        self.ahead.shutdown(wait=True, cancel_futures=True)
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def drop_cache(self) -> None:
+        with self._lock:
+            self.cache.clear()
+            self._cached = 0
+
+    def forget(self, stripe_ids) -> None:
+        with self._lock:
+            for key in [k for k in self.cache if k[0] in stripe_ids]:
+                fut = self.cache.pop(key)
+                self._cached -= self._size(fut)
+
+    @property
+    def cached_bytes(self) -> int:
+        """Payload bytes the cache holds (what its budget counts)."""
+        return self._cached
+
+    @staticmethod
+    def _size(fut: FragmentFuture | ReadyFragment | TailFragment) -> int:
+        return getattr(fut, "nbytes", 0)
+
+    # -- fragment fetches -----------------------------------------------------------
     def _decode(self, info: StripeInfo, bad: set[int]) -> dict[int, memoryview]:
         """One decode per stripe at a time: concurrent readers of the stripe share it."""
         with self._lock:
@@ -333,7 +414,7 @@ class StripeReader:
         pending = list(order)
         while len(good) < info.k and pending:
             batch, pending = pending[: info.k - len(good)], pending[info.k - len(good) :]
-            futures = {i: self.pool.submit(self._read_fragment, info, i, True) for i in batch}
+            futures = {i: self.pool.submit(self.source.read, info, i, True) for i in batch}
             for i, fut in futures.items():
                 try:
                     good[i] = fut.result()
@@ -356,8 +437,8 @@ class StripeReader:
             view = memoryview(data)
             result = {i: view[i * p : (i + 1) * p] for i in range(info.k)}
         with self._lock:
-            corrupt = {i for sid, i in self._corrupt if sid == info.id}
-            self._corrupt -= {(info.id, i) for i in corrupt}
+            corrupt = {i for sid, i in self.source.corrupt if sid == info.id}
+            self.source.corrupt -= {(info.id, i) for i in corrupt}
         if corrupt and self.repair_hook is not None:
             self.repair_hook(info, corrupt, good)
         return result
@@ -421,7 +502,7 @@ class StripeReader:
         jobs: list[tuple[int, FragmentFuture, Any, Exception | None]] = []
         cold = []
         for i, fut in mine:
-            payload = self._read_in_memory(info, i)
+            payload = self.source.read_in_memory(info, i)
             if payload is None:
                 cold.append((i, fut))
             else:
@@ -429,10 +510,10 @@ class StripeReader:
                 jobs.append((i, fut, payload, None))
         if len(cold) > 1:
             for i, _fut in cold:
-                self._will_read(info, i)
+                self.source.will_read(info, i)
         for i, fut in cold:
             try:
-                jobs.append((i, fut, self._read_fragment(info, i, False), None))
+                jobs.append((i, fut, self.source.read(info, i, False), None))
             except (OSError, errors.FsError) as exc:
                 jobs.append((i, fut, None, exc))
         return jobs
@@ -508,14 +589,14 @@ class StripeReader:
                 if info.layout == INLINE:
                     raise WouldBlock("inline stripe read")  # a catalog read
                 if want is not None and from_drives:
-                    tail = self._read_in_memory_into(info, i, *want)
+                    tail = self.source.read_in_memory_into(info, i, *want)
                     if tail is None:
                         self._cache_ready(sid, fresh)
                         raise NotInMemory("fragment read")
                     if tail:
                         fresh.append((i, TailFragment(want[2], memoryview(tail))))
                     continue
-                payload = self._read_in_memory(info, i) if from_drives else None
+                payload = self.source.read_in_memory(info, i) if from_drives else None
                 if payload is None:
                     self._cache_ready(sid, fresh)  # what was read stays read
                     raise NotInMemory("fragment read")
@@ -529,66 +610,6 @@ class StripeReader:
                 in_memory = in_memory and fut.in_memory
         self._cache_ready(sid, fresh)
         return payloads, in_memory
-
-    def _read_in_memory(self, info: StripeInfo, idx: int) -> memoryview | None:
-        """Payload of fragment ``idx`` if its drive has it in memory and its checksum matches,
-        else None (the blocking read then counts any error)."""
-        where = info.fragments.get(idx)
-        if info.layout == INLINE or where is None:  # inline bytes are a catalog read
-            return None
-        drive_id, zone_id, offset, length, checksum = where
-        drive = self.drives.get(drive_id)
-        zone = self.zones.get(zone_id)
-        if drive is None or zone is None or not drive.readable():
-            return None
-        buf = drive.backend.read_cached(zone.idx, offset, length)
-        if buf is None:
-            return None
-        # keep the GIL (release mode 0): on the loop, letting go of it only hands it around
-        if crc32c.crc32c(buf, 0, 0) != checksum:
-            return None
-        self.stats["fragment_reads"] += 1
-        return memoryview(buf)[info.header :]
-
-    def _read_in_memory_into(
-        self, info: StripeInfo, idx: int, target: memoryview, start: int, end: int
-    ) -> bytearray | None:
-        """``_read_in_memory`` of fragment ``idx`` with its payload bytes [start, end) going into
-        ``target``: the payload after ``end`` (empty when ``end`` is the payload's end), or None.
-        The whole fragment is read (its crc32c covers all of it); bytes before ``start`` are
-        read into a scratch buffer."""
-        where = info.fragments.get(idx)
-        if where is None:
-            return None
-        drive_id, zone_id, offset, length, checksum = where
-        drive = self.drives.get(drive_id)
-        zone = self.zones.get(zone_id)
-        header, payload = info.header, info.payload
-        if (
-            drive is None
-            or zone is None
-            or length != header + payload
-            or not 0 <= start <= end <= payload
-            or len(target) != end - start
-            or not drive.readable()
-        ):
-            return None
-        parts: list[bytearray | memoryview] = [bytearray(header)] if header else []
-        if start:
-            parts.append(empty_bytearray(start))
-        parts.append(target)
-        tail = empty_bytearray(payload - end)
-        if tail:
-            parts.append(tail)
-        if not drive.backend.read_cached_into(zone.idx, offset, parts):
-            return None
-        crc = 0
-        for part in parts:
-            crc = crc32c.crc32c(part, crc, 0)
-        if crc != checksum:
-            return None
-        self.stats["fragment_reads"] += 1
-        return tail
 
     def _cache_ready(
         self, stripe_id: int, entries: list[tuple[int, ReadyFragment | TailFragment]]
