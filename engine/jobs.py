@@ -15,6 +15,7 @@ heartbeat is older than ``STALE_S``."""
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import threading
@@ -26,6 +27,7 @@ from sqlalchemy import select
 
 from engine import errors
 from engine.catalog.database import Catalog, CatalogUnreachable
+from engine.catalog.fence import LeaderFenced
 from engine.catalog.models import Job
 from engine.events import record_in
 from engine.ratelog import RateLimitedLog
@@ -239,8 +241,12 @@ class Heartbeat:
     def __init__(self, catalog: Catalog, job_id: int, every_s: float = HEARTBEAT_S):
         self.catalog, self.job_id, self.every_s = catalog, job_id, every_s
         self.stopped = threading.Event()
+        # in a copy of the caller's context: a maintenance leader's fence covers the beats too
         self.thread = threading.Thread(
-            target=self._beat, name=f"job-{job_id}-heartbeat", daemon=True
+            target=contextvars.copy_context().run,
+            args=(self._beat,),
+            name=f"job-{job_id}-heartbeat",
+            daemon=True,
         )
 
     def _beat(self) -> None:
@@ -256,6 +262,8 @@ class Heartbeat:
                 )
             except CatalogUnreachable:
                 pass  # counted by the catalog's outage log; the next beat tries again
+            except LeaderFenced:
+                return  # a deposed leader's job: its successor queues it again
             except Exception as exc:  # a missed beat is retried at the next; the job goes on
                 _missed_beats.warning(
                     type(exc), "job %d: heartbeat not written: %s", self.job_id, exc

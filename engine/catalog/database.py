@@ -24,6 +24,7 @@ SQLite settings, and why:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
@@ -34,7 +35,8 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import TypeVar
 
 from sqlalchemy import create_engine, event, select
@@ -69,6 +71,9 @@ IDLE_SINCE = "shingle.idle_since"
 PG_PING_IDLE_S = 1.0  # a pooled PostgreSQL connection idle this long is pinged before use
 
 log = logging.getLogger("shingle.catalog")
+# (catalog, wrapper of write work) while a maintenance leader's work runs (Catalog.fenced); a
+# context variable, so threads started with a copy of the context are fenced too
+_FENCE: ContextVar[tuple[Catalog, Callable] | None] = ContextVar("shingle_fence", default=None)
 
 
 # -- plain SQL on the hot paths ----------------------------------------------------
@@ -449,6 +454,8 @@ class Catalog:
         may_block("catalog transaction")
         deadline = time.monotonic() + RETRY_DEADLINE_S
         delay = 0.001
+        if write and (fence := _FENCE.get()) is not None and fence[0] is self:
+            work = fence[1](work)
         if tracked and write and self._wal_index is not None:
             work = self._counting(work)
         while True:
@@ -514,6 +521,20 @@ class Catalog:
                     ) from exc
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.05)
+
+    @contextlib.contextmanager
+    def fenced(self, token: int, still_leader: Callable[[], bool] = lambda: True) -> Iterator[None]:
+        """Every write transaction run in this context (this thread, and threads started with a
+        copy of its context) commits only while the catalog's leader fence holds ``token`` and
+        ``still_leader()`` says yes; else it fails with ``LeaderFenced`` (engine/catalog/fence.py).
+        Reads are not checked."""
+        from engine.catalog.fence import guard
+
+        reset = _FENCE.set((self, guard(self.engine.dialect.name, token, still_leader)))
+        try:
+            yield
+        finally:
+            _FENCE.reset(reset)
 
     @staticmethod
     def after_commit(conn: Connection, callback: Callable[[], None]) -> None:

@@ -482,3 +482,16 @@ class Alert(Base):
     acknowledged_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
     cleared_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     __table_args__ = (Index("ix_alerts_state_kind_key", "state", "kind", "key"),)
+
+
+class LeaderFence(Base):
+    """One row (id 1): the fencing token of the maintenance leader that took office last
+    (engine/catalog/fence.py). Every write of a leader's maintenance job checks in its own
+    transaction that the token is still its own, so a leader deposed without knowing it
+    (its lease gone while it was cut off from etcd) cannot commit."""
+
+    __tablename__ = "leader_fence"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token: Mapped[int] = mapped_column(BigInteger)  # the leader key's etcd create revision
+    holder: Mapped[str] = mapped_column(String(128))  # [cluster] name of that leader
+    since_ns: Mapped[int] = mapped_column(BigInteger)  # when it took office

@@ -1,0 +1,1 @@
+"""A cluster of hosts: what they agree on through etcd (docs/cluster.md)."""
