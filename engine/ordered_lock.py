@@ -45,6 +45,7 @@ RANKS: dict[str, int] = {
     "drives.zone_file": 80,
     "drives.zoned_block": 81,
     "drives.smr_model": 85,
+    "quotas.tracker": 86,
     "catalog.changes": 89,
     "catalog.watch": 90,
     "catalog.wal_index": 91,

@@ -21,7 +21,6 @@ the trees again (fsck compares, ``shingle quota recount`` fixes)."""
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, replace
 
 from engine import errors
@@ -29,6 +28,7 @@ from engine.blocking import holding
 from engine.catalog.database import Catalog, commits_between, in_list, sql, sql_all, sql_one
 from engine.catalog.models import REG
 from engine.catalog.models import Quota as QuotaRow
+from engine.ordered_lock import lock
 
 QUOTAS = QuotaRow.__table__
 
@@ -148,7 +148,7 @@ class QuotaTracker:
         self.catalog = catalog
         self.root_ino = root_ino
         self._known: tuple[int, bool] | None = None  # (catalog epoch, any quota exists)
-        self._lock = threading.Lock()
+        self._lock = lock("quotas.tracker")
         self._admitted: dict[int, _Admitted] = {}
         # the memory copy (under _lock): valid as of _epoch while only tracked commits followed
         self._epoch: int | None = None
