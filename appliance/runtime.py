@@ -1,4 +1,5 @@
-"""Wiring: from a validated config to an open catalog, data path and namespace."""
+"""Wiring: from a validated config to an open catalog, data path and namespace (Appliance), and
+the daemon's parts started and stopped in their order (Daemon, what `shingle serve` runs)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import grp
 import logging
 import os
 import pwd
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from appliance.config import Config
 from engine.catalog import Catalog
@@ -19,7 +23,14 @@ from engine.catalog.migrate import current_revision, head_revision
 from engine.errors import ConfigError
 from engine.namespace import Namespace
 
+if TYPE_CHECKING:  # the daemon's parts, imported when it starts them
+    from appliance.host.sdnotify import Watchdog
+    from appliance.maintenance import Maintenance
+    from appliance.nfs.server import NfsServerThread
+    from appliance.smb import SmbService
+
 log = logging.getLogger("shingle.runtime")
+daemon_log = logging.getLogger("shingle.daemon")  # the daemon starting and stopping its parts
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 MALLOC_MMAP_THRESHOLD = (
@@ -37,7 +48,7 @@ def become_data_owner(config: Config) -> str | None:
 
     When that user cannot read this interpreter or this code (a pyenv Python under /root),
     the command runs again from the installed launcher (the units' ExecStart=) as the user."""
-    from appliance import unitexec
+    from appliance.host import unitexec
 
     if os.geteuid() != 0:
         return None
@@ -83,7 +94,7 @@ def become_data_owner(config: Config) -> str | None:
 
 def _installed_launcher() -> Path | None:
     """The `shingle` the installed shingle-nfsd.service runs."""
-    from appliance import install, unitexec
+    from appliance.host import install, unitexec
 
     unit = install.UNIT_DIR / install.SERVICES[0]
     if not unit.is_file():
@@ -275,3 +286,198 @@ class Appliance:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class DaemonBusy(Exception):
+    """Another daemon holds the data folder's lock."""
+
+
+class Daemon:
+    """The daemon (`shingle serve`): the appliance with its data path, the NFS server, the
+    maintenance thread, SMB (the local mount and Samba), the web UI child, systemd's notify
+    and watchdog. ``run`` starts them in that order, watches them until ``stop`` is set or one
+    fails, and stops them in the reverse order, whatever was started of them.
+
+    ``announce`` receives the lines that tell a user where to connect (stdout by default)."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        nfs_port: int | None = None,
+        web_port: int | None = None,
+        web: bool = True,
+        smb_port: int | None = None,
+        smb_host: str | None = None,
+        mount: str | None = None,
+        announce: Callable[[str], None] = lambda line: print(line, flush=True),
+    ):
+        from appliance.daemonlock import DaemonLock
+
+        self.config = config
+        self.nfs_port = nfs_port if nfs_port is not None else config.get("nfs.port")
+        self.web_port = web_port
+        self.with_web = web
+        self.smb_port = smb_port if smb_port is not None else (config.get("smb.port") or None)
+        self.smb_host = smb_host or config.get("smb.host")
+        self.mountpoint = mount
+        self.announce = announce
+        self.lock = DaemonLock(config.data_dir)
+        self.appliance: Appliance | None = None
+        self.server: NfsServerThread | None = None
+        self.maintenance: Maintenance | None = None
+        self.smb: SmbService | None = None
+        self.watchdog: Watchdog | None = None
+        self.web: subprocess.Popen | None = None
+
+    def run(self, stop: threading.Event) -> int:
+        """Serve until ``stop`` is set (0) or a part stops on its own (1)."""
+        if tune_malloc():
+            daemon_log.debug(
+                "malloc: buffers up to %d MiB are reused from the heap",
+                MALLOC_MMAP_THRESHOLD >> 20,
+            )
+        else:
+            daemon_log.debug("malloc: left as it is (no glibc mallopt)")
+        if not self.lock.acquire():
+            raise DaemonBusy(
+                f"another shingle daemon (pid {self.lock.holder()}) serves {self.config.data_dir}"
+            )
+        try:
+            self.start()
+            return self.watch(stop)
+        finally:
+            self.stop()
+
+    def start(self) -> None:
+        from appliance.host.sdnotify import notify
+        from appliance.maintenance import Maintenance
+
+        appliance = self.appliance = Appliance(self.config)
+        self.start_nfs(appliance)
+        self.maintenance = Maintenance(
+            appliance,
+            counters=self.counters,
+            sample_every_s=self.config.get("maintenance.metrics_interval_s"),
+        )
+        self.maintenance.start()
+        self.smb = self.start_smb(appliance)
+        if self.with_web:
+            self.web = self.start_webui()
+        notify("READY=1\nSTATUS=serving")  # systemd's Type=notify; no-op without NOTIFY_SOCKET
+        self.watchdog = self.start_watchdog()
+
+    def watch(self, stop: threading.Event) -> int:
+        heap = HeapTrim(self.activity)
+        while not stop.wait(1.0):
+            heap.tick()
+            if self.web is not None and self.web.poll() is not None:
+                daemon_log.error("web UI exited with status %s; stopping", self.web.returncode)
+                return 1
+            if self.smb is not None and not self.smb.healthy():
+                daemon_log.error("the local mount or the SMB supervisor stopped; stopping")
+                return 1
+        return 0
+
+    def stop(self) -> None:
+        """Stop what was started, the last started first; the lock goes last."""
+        if self.maintenance is not None:
+            self.maintenance.stop()
+            self.maintenance.join(60)
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self.web is not None and self.web.poll() is None:
+            self.web.terminate()
+            self.web.wait(30)
+        if self.smb is not None:
+            self.smb.stop()
+        if self.server is not None:
+            self.server.stop()
+        if self.appliance is not None:
+            self.appliance.close()
+        self.lock.release()
+        daemon_log.info("stopped")
+
+    def start_nfs(self, appliance: Appliance) -> None:
+        from appliance.nfs.onc.limits import NetLimits
+        from appliance.nfs.server import NfsServerThread
+
+        config = self.config
+        host = config.get("nfs.host")
+        server = self.server = NfsServerThread(
+            appliance.namespace,
+            appliance.catalog,
+            host=host,
+            port=self.nfs_port,
+            limits=NetLimits.from_config(config),
+            lease_seconds=config.get("nfs.lease_seconds"),
+            grace_seconds=config.get("nfs.grace_seconds"),
+            portmap=config.get("nfs.portmap"),
+            portmap_port=config.get("nfs.portmap_port"),
+            nsm_name=config.get("nfs.nsm_name"),
+            client_rpcbind_port=config.get("nfs.client_rpcbind_port"),
+        )
+        server.start()
+        daemon_log.info("NFS server listening on %s:%d", host, server.port)
+        self.announce(f"NFS:    nfs://{host}:{server.port}/export?version=4.1")
+        self.announce(
+            "        mount -t nfs -o "
+            f"vers=4.1,port={server.port},nconnect=4,rsize=1048576,wsize=1048576 "
+            f"{host}:/export /mnt/shingle"
+        )
+        self.announce(
+            "        mount -t nfs -o "
+            f"vers=3,port={server.port},mountport={server.port},mountproto=tcp {host}:/export "
+            f"/mnt/shingle   (locks: NLM via the port mapper on port {server.server.portmap_port})"
+        )
+
+    def start_smb(self, appliance: Appliance) -> SmbService | None:
+        """The local mount (--mount) and Samba sharing it (--smb-port, else smb.port):
+        appliance/smb/."""
+        if self.smb_port is None and self.mountpoint is None:
+            return None
+        from appliance.smb import SmbService
+
+        smb = SmbService(
+            appliance, port=self.smb_port, host=self.smb_host, mountpoint=self.mountpoint
+        )
+        smb.start()
+        if smb.handover is None:
+            self.announce(f"mount:  {smb.mountpoint}")
+        if self.smb_port is not None:
+            self.announce(f"SMB:    //{self.smb_host}:{self.smb_port}/export")
+        return smb
+
+    def start_webui(self) -> subprocess.Popen:
+        """The web UI runs as a gunicorn child process (see webui/gunicorn.conf.py); `shingle
+        webui` prints the URL and where the first password is."""
+        port = self.web_port if self.web_port is not None else self.config.get("webui.port")
+        cmd = [sys.executable, "-m", "appliance.cli", "-c", str(self.config.path)]
+        return subprocess.Popen([*cmd, "webui", "--port", str(port)])
+
+    def start_watchdog(self) -> Watchdog | None:
+        from appliance.host.sdnotify import Watchdog, watchdog_interval
+
+        interval = watchdog_interval()
+        if interval is None:
+            return None
+        server = self.server
+        assert server is not None  # started before
+        dog = Watchdog(interval, healthy=server.is_alive)
+        dog.start()
+        return dog
+
+    def counters(self) -> dict:
+        """Cumulative counters the web UI charts (names: engine/metrics.py)."""
+        assert self.server is not None and self.appliance is not None
+        assert self.appliance.datapath is not None  # the daemon's appliance has its data path
+        return {**self.server.stats(), **self.appliance.datapath.counters()}
+
+    def activity(self) -> int:
+        """A number that moves while the daemon works: request bytes the NFS server took in,
+        bytes written to the drives (also by SMB and by jobs)."""
+        assert self.server is not None and self.appliance is not None
+        assert self.appliance.datapath is not None
+        return (
+            self.server.server.budget.taken + self.appliance.datapath.stats["media_bytes_written"]
+        )

@@ -1,6 +1,6 @@
 """SMB for shingle: the local POSIX mount of the namespace (mount.py, FUSE through pyfuse3) and
 Samba sharing it (samba.py: smb.conf, passwords, smbd supervised by the daemon). Shares and SMB
-users are catalog rows managed through engine/smb.py (CLI: appliance/cli_smb.py, web UI:
+users are catalog rows managed through engine/smb.py (CLI: appliance/cli/smb.py, web UI:
 webui/smb.py).
 
 A daemon running as root mounts and runs smbd itself. One that is not (shingle-nfsd.service runs

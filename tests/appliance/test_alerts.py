@@ -193,7 +193,7 @@ def smtp_server(tmp_path):
     from aiosmtpd.controller import Controller
     from aiosmtpd.smtp import AuthResult
 
-    from appliance.tls import make_self_signed
+    from appliance.host.tls import make_self_signed
 
     cert, key = tmp_path / "smtp.crt", tmp_path / "smtp.key"
     make_self_signed(cert, key, ["127.0.0.1", "localhost"])

@@ -245,7 +245,9 @@ def test_daemon_logs_a_postgresql_outage_in_a_few_lines_and_serves_after(pg, tmp
     assert during_nfs == {c.NFS4ERR_DELAY}, during_nfs
     assert during_web == {503}, during_web
     lines = log_path.read_text().splitlines()[mark:]
-    ours = [line for line in lines if "logger=shingle" in line and "logger=shingle.cli" not in line]
+    ours = [
+        line for line in lines if "logger=shingle" in line and "logger=shingle.daemon" not in line
+    ]
     assert not [line for line in lines if 'exc="' in line or "Traceback" in line], "\n".join(
         line[:300] for line in lines
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance import doctor
+from appliance.host import doctor
 from engine.catalog.migrate import downgrade
 from tests.install.conftest import shingle
 from tests.pgserver import free_port
@@ -328,7 +328,7 @@ def test_host_before_install_is_checked_against_defaults(tmp_path):
 def test_drive_hidden_by_protect_system_must_be_fixed(installed):
     """A drives_dir moved outside /var/lib/shingle is read-only to the daemon until
     install writes the drop-in."""
-    from appliance import install
+    from appliance.host import install
 
     config = installed / "etc/shingle/shingle.toml"
     config.write_text(
@@ -349,7 +349,7 @@ def test_units_edited_or_left_from_an_older_version_are_flagged(installed):
     unit.write_text(unit.read_text().replace("WatchdogSec=30", "WatchdogSec=300"))
     by_name = {c.name: c for c in doctor.run_checks(root=installed)}
     assert by_name["units"].status == "warn" and "shingle-nfsd.service" in by_name["units"].detail
-    from appliance import install
+    from appliance.host import install
 
     install.install(installed, launcher="/opt/shingle/bin/shingle")
     assert {c.name: c for c in doctor.run_checks(root=installed)}["units"].status == "ok"

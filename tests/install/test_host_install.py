@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from appliance.install import UNIT_NAMES
+from appliance.host.install import UNIT_NAMES
 from tests.install.conftest import REPO
 
 SCRIPT = r"""

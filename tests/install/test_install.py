@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from appliance import config as config_mod
-from appliance import install
+from appliance.host import install
 from engine import accounts
 from engine.catalog import Catalog
 from engine.catalog.migrate import current_revision, downgrade, head_revision

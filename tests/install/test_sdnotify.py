@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from appliance import doctor
+from appliance.host import doctor
 from tests.install.conftest import REPO, shingle
 from tests.pgserver import free_port
 
@@ -162,7 +162,7 @@ def test_ready_after_nfs_accepts_and_watchdog_at_interval(appliance_dir, notify_
     # Structured log lines on stdout, for journald.
     assert any(
         line.startswith("ts=")
-        and ' level=info logger=shingle.cli msg="NFS server listening' in line
+        and ' level=info logger=shingle.daemon msg="NFS server listening' in line
         for line in out.splitlines()
     ), out
 
@@ -170,7 +170,7 @@ def test_ready_after_nfs_accepts_and_watchdog_at_interval(appliance_dir, notify_
 def test_watchdog_pings_only_while_healthy(notify_socket, monkeypatch, caplog):
     """A server thread that died or a probe that raises stops the pings, so
     systemd restarts the daemon."""
-    from appliance.sdnotify import Watchdog, watchdog_interval
+    from appliance.host.sdnotify import Watchdog, watchdog_interval
 
     sock, path = notify_socket
     monkeypatch.setenv("NOTIFY_SOCKET", path)

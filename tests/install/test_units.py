@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance import install
+from appliance.host import install
 from tests.install.conftest import LAUNCHER, verify
 
 UNITS = install.UNIT_NAMES

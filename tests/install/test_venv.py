@@ -1,4 +1,4 @@
-"""appliance/venv.py without building a whole venv (tests/install/test_host_install.py builds
+"""appliance/host/venv.py without building a whole venv (tests/install/test_host_install.py builds
 the real one): wheels repacked from installed files, and when a venv is current."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from appliance import venv
+from appliance.host import venv
 
 
 def test_wheel_tags_compress_the_tag_lines():

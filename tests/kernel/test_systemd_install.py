@@ -33,7 +33,7 @@ def seed_venv(folder: Path) -> Path:
     upper.mkdir()
     work.mkdir()
     build = (
-        "from pathlib import Path; from appliance import venv; "
+        "from pathlib import Path; from appliance.host import venv; "
         f"venv.build(Path('/opt/shingle'), Path('{CHECKOUT}'))"
     )
     script = (

@@ -183,7 +183,7 @@ def test_units_read_as_people_write_them():
 def test_progress_lines_show_one_eta():
     import io
 
-    from appliance.cli_lifecycle import ProgressLine
+    from appliance.cli.lifecycle import ProgressLine
     from engine.lifecycle.pacing import Tracker
 
     clock = iter([0.0, 0.0, 10.0, 10.0, 10.0]).__next__

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from appliance.cli import UsageError, load_config, size_arg
+from appliance.cli.common import UsageError, load_config, size_arg
 from appliance.runtime import open_catalog
 from engine.namespace import Namespace
 from engine.quota_service import QuotaInfo, QuotaService

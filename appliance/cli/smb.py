@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from appliance.cli import UsageError, load_config
+from appliance.cli.common import UsageError, load_config
 from appliance.runtime import open_catalog
 from engine import smb as smb_service
 from engine.namespace import Namespace

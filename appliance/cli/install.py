@@ -11,7 +11,7 @@ from appliance import log as log_mod
 
 def _configure_logging(root) -> None:
     """Structured lines (Alembic's migration steps among them) at the installed config's level."""
-    from appliance import install
+    from appliance.host import install
 
     level = "info"
     try:
@@ -27,7 +27,7 @@ def _configure_logging(root) -> None:
 
 
 def cmd_install(args) -> int:
-    from appliance import install
+    from appliance.host import install
 
     _configure_logging(args.root)
     started = time.monotonic()
@@ -52,7 +52,7 @@ def cmd_install(args) -> int:
 
 
 def cmd_uninstall(args) -> int:
-    from appliance import install
+    from appliance.host import install
 
     _configure_logging(args.root)
     try:
@@ -67,7 +67,7 @@ def cmd_uninstall(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from appliance import doctor
+    from appliance.host import doctor
 
     results = doctor.run_checks(config_path=args.config, root=args.root)
     if args.json:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from appliance import config as config_mod
-from appliance import install
+from appliance.host import install
 from engine.errors import ConfigError
 
 MIN_PYTHON = (3, 11)
@@ -491,7 +491,7 @@ def check_unit_paths(root: Path, config: config_mod.Config, drive_paths: list[st
 def check_unit_exec(root: Path) -> list[Check]:
     """Each service's ExecStart= as its User= meets it inside its sandbox (ProtectHome,
     PrivateTmp): every file of the chain reachable and executable, or 203/EXEC at start."""
-    from appliance import unitexec
+    from appliance.host import unitexec
 
     unit_dir = install.under_root(root, install.UNIT_DIR)
     results = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from appliance.cli import UsageError, load_config
+from appliance.cli.common import UsageError, load_config
 from appliance.runtime import open_catalog
 from engine import exports as export_service
 from engine.namespace import Namespace

@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from appliance.cli import UsageError, load_config, size_arg
+from appliance.cli.common import UsageError, load_config, size_arg
 from appliance.daemonlock import DaemonLock
 from appliance.runtime import Appliance, open_catalog
 from engine import jobs
@@ -273,7 +273,7 @@ def _outside_the_daemons_sandbox(args, path: str) -> bool:
     made: refuse before queueing a job it would fail."""
     from pathlib import Path
 
-    from appliance import install
+    from appliance.host import install
 
     config = load_config(args)
     if config.path is None or Path(config.path).resolve() != install.CONFIG_PATH:

@@ -33,8 +33,8 @@ CONFIG_PATH = Path("/etc/shingle/shingle.toml")
 STATE_DIR = Path("/var/lib/shingle")
 UNIT_DIR = Path("/etc/systemd/system")
 SYSUSERS_PATH = Path("/etc/sysusers.d/shingle.conf")
-# The checkout's units; an installed venv keeps a copy (appliance/venv.py UNITS_SHARE).
-CHECKOUT = Path(__file__).resolve().parent.parent
+# The checkout's units; an installed venv keeps a copy (appliance/host/venv.py UNITS_SHARE).
+CHECKOUT = Path(__file__).resolve().parents[2]
 UNITS_SOURCE = (
     CHECKOUT / "systemd"
     if (CHECKOUT / "systemd" / "shingle.target").is_file()
@@ -339,7 +339,7 @@ def _drive_paths(config: config_mod.Config) -> list[str]:
 def _require_executable(root: Path, texts: dict[str, str], on_host: bool) -> None:
     """Refuse units whose service user cannot execute their ExecStart= in their sandbox
     (systemd would fail them with 203/EXEC and restart them until it gives up)."""
-    from appliance import unitexec
+    from appliance.host import unitexec
 
     for name in SERVICES:
         sandbox = unitexec.read_service([texts[name]])
@@ -374,8 +374,8 @@ def install(
 
     Without ``launcher`` the units run shingle from a venv of its own (``venv``, default
     /opt/shingle, as the target host sees it), built or refreshed from this checkout
-    (appliance/venv.py); ``launcher`` names an existing `shingle` instead."""
-    from appliance import venv as venv_mod
+    (appliance/host/venv.py); ``launcher`` names an existing `shingle` instead."""
+    from appliance.host import venv as venv_mod
 
     root = Path(root or "/").resolve()
     on_host = is_host_root(root)

@@ -9,7 +9,7 @@ their next use. A snapshot holds what was committed when it was taken.
 
 Schedules are catalog rows too; ``prune`` (a schedule run: the due snapshots, then the
 deletions its keep rules ask for) and ``archive`` (moves data to the cold tier) run where the
-drives are owned: in the daemon as a job when it runs, else here (appliance/cli_lifecycle.py
+drives are owned: in the daemon as a job when it runs, else here (appliance/cli/lifecycle.py
 ``run_data_job``). ``prune --dry-run`` only shows what a run would do."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import argparse
 import json
 import time
 
-from appliance.cli import UsageError, load_config
+from appliance.cli.common import UsageError, load_config
 from appliance.config import format_size
 from appliance.runtime import Appliance
 from engine import errors
@@ -129,14 +129,14 @@ def cmd_prune(args) -> int:
             json.dumps([p.to_dict() for p in plan], indent=2) if args.json else plan_to_text(plan)
         )
         return 0
-    from appliance.cli_lifecycle import finish_job, run_data_job
+    from appliance.cli.lifecycle import finish_job, run_data_job
 
     job = run_data_job(args, "snapshot-schedule", {"schedule_id": args.schedule})
     return finish_job(job, args.json)
 
 
 def cmd_archive(args) -> int:
-    from appliance.cli_lifecycle import finish_job, run_data_job
+    from appliance.cli.lifecycle import finish_job, run_data_job
 
     # a wrong name fails now, not in the daemon's job
     _with_snapshots(args, lambda s: _snapshot_named(s, args.path, args.name))

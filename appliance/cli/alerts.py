@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 
-from appliance.cli import UsageError, load_config
+from appliance.cli.common import UsageError, load_config
 from appliance.runtime import open_catalog
 
 ALERTS_HELP = """\

@@ -9,20 +9,22 @@ import os
 import sys
 from pathlib import Path
 
+CHECKOUT = Path(__file__).resolve().parents[2]  # the folder holding webui/ and appliance/
+
 
 def cmd_webui(args) -> int:
-    from appliance.cli import load_config
+    from appliance.cli.common import load_config
     from appliance.runtime import open_catalog
 
     config = load_config(args)
     open_catalog(config).close()  # fail here with one clear line, not in every worker
     port = args.port if args.port is not None else config.get("webui.port")
     if not 0 < port < 65536:
-        from appliance.cli import UsageError
+        from appliance.cli.common import UsageError
 
         raise UsageError(f"--port {port}: expected a TCP port 1-65535")
     host = config.get("webui.host")
-    conf = Path(__file__).resolve().parent.parent / "webui" / "gunicorn.conf.py"
+    conf = CHECKOUT / "webui" / "gunicorn.conf.py"
     assert config.path is not None  # load_config read it from a file
     env = dict(
         os.environ,
@@ -50,9 +52,7 @@ def cmd_webui(args) -> int:
         flush=True,
     )
     argv = [sys.executable, "-m", "gunicorn", "--config", str(conf), "webui.app:create_app()"]
-    os.chdir(
-        Path(__file__).resolve().parent.parent
-    )  # so gunicorn imports this tree's webui package
+    os.chdir(CHECKOUT)  # so gunicorn imports this tree's webui package
     os.execve(sys.executable, argv, env)
     return 0  # not reached
 

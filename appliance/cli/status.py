@@ -1,0 +1,64 @@
+"""`shingle status`: catalog, drives, capacity, redundancy and SMB at a glance."""
+
+from __future__ import annotations
+
+import json
+
+from appliance.cli.common import load_config
+from engine.units import format_size
+
+
+def cmd_status(args) -> int:
+    from appliance.runtime import open_catalog
+    from appliance.status import gather, smb_report
+
+    config = load_config(args)
+    catalog = open_catalog(config)
+    try:
+        report = gather(catalog, config.policies(), config.get("storage.reserve_zones"))
+        report["smb"] = smb_report(config.data_dir, catalog)
+    finally:
+        catalog.close()
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        print_report(report)
+    return 0
+
+
+def print_report(report: dict) -> None:
+    from appliance.status import smb_line
+
+    fmt = format_size
+    cat, cap = report["catalog"], report["capacity"]
+    print(
+        f"catalog   {cat['backend']} {cat['url']} (schema {cat['revision']}), {cat['inodes']} "
+        "inodes"
+    )
+    print(
+        f"capacity  usable {fmt(cap['usable_bytes'])}, free {fmt(cap['free_bytes'])}, "
+        f"raw {fmt(cap['raw_bytes'])}, live {fmt(cap['live_bytes'])}, garbage "
+        f"{fmt(cap['garbage_bytes'])}"
+    )
+    red = report["redundancy"]
+    if red["under_protected"] or red["lost"]:
+        print(
+            f"redundancy REDUCED: {red['under_protected']} of {red['stripes']} stripes "
+            f"under-protected, {red['no_redundancy']} with no redundancy left, {red['lost']} "
+            "lost; `shingle drives add PATH` / `drives replace OLD PATH`, then `shingle rebuild`"
+        )
+    else:
+        print(f"redundancy full: {red['stripes']} stripes, none under-protected")
+    print(f"drives    {len(report['drives'])}")
+    for d in report["drives"]:
+        print(
+            f"  {d['id']:>3} {d['state']:<9} {fmt(d['size_bytes']):>10}  zones {d['zones_empty']} "
+            f"empty / {d['zones_open']} open / {d['zones_full']} full  {d['path']}"
+        )
+    print(f"smb       {smb_line(report['smb'])}")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("status", help="catalog, drives and capacity")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_status)
