@@ -1,7 +1,7 @@
 """Admin accounts and API tokens as the settings page lists them, and revoking a token.
 
 Creating accounts and tokens, passwords and sign-in checks are engine.accounts;
-this module only reads them (never a secret or a hash) and removes tokens."""
+this module only reads them (never a secret or a hash) and removes tokens (engine.crud)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from sqlalchemy import select
 from engine import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import AdminUser, ApiToken
-from engine.events import record_in
+from engine.crud import CrudService
 
 USERS = AdminUser.__table__
 TOKENS = ApiToken.__table__
@@ -55,18 +55,21 @@ def list_tokens(catalog: Catalog) -> list[dict]:
     return catalog.read(lambda c: [dict(r._mapping) for r in c.execute(query)])
 
 
-def revoke_token(catalog: Catalog, token_id: int, *, actor: str) -> None:
-    def work(conn):
-        row = conn.execute(select(TOKENS.c.name).where(TOKENS.c.id == token_id)).first()
-        if row is None:
-            raise errors.NotFound(f"no API token with id {token_id}")
-        conn.execute(TOKENS.delete().where(TOKENS.c.id == token_id))
-        record_in(
-            conn,
-            "admin.token.revoke",
-            f"API token {row.name!r} revoked",
-            actor=actor,
-            details={"token_id": token_id},
-        )
+class _Tokens(CrudService[dict]):
+    delete_verb = "revoke"
 
-    catalog.run(work)
+    def deleted(self, row) -> str:
+        return f"API token {row.name!r} revoked"
+
+
+TOKEN_SERVICE = _Tokens(
+    TOKENS,
+    lambda row: dict(row._mapping),
+    noun="API token",
+    event_prefix="admin.token",
+    id_key="token_id",
+)
+
+
+def revoke_token(catalog: Catalog, token_id: int, *, actor: str) -> None:
+    TOKEN_SERVICE.delete(catalog, token_id, actor=actor)

@@ -26,7 +26,8 @@ from engine import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import DIR
 from engine.catalog.models import Export as ExportRow
-from engine.events import record_in
+from engine.crud import CrudService, describe  # noqa: F401 - describe is re-exported
+from engine.schema import Field, FieldError, Schema
 
 EXPORTS = ExportRow.__table__
 DEFAULT_NAME = "/export"
@@ -39,32 +40,10 @@ PATH_MAX = 4096
 ID_MAX = 2**32 - 1
 TRASH_DAYS_MAX = 3650
 NAME_PATTERN = r"/[A-Za-z0-9._/-]*"
-# what a new export gets for each field not given (the name has no default)
-DEFAULTS: dict[str, Any] = {
-    "path": "/",
-    "clients": ANY_CLIENT,
-    "access": "rw",
-    "squash": "root_squash",
-    "anon_uid": 65534,
-    "anon_gid": 65534,
-    "trash_days": 7,
-    "enabled": True,
-}
-FIELDS = ("name", *DEFAULTS)
 
 
-class ExportValueError(errors.InvalidArgument, ValueError):
+class ExportValueError(FieldError):
     """A field of an export has a value it cannot take."""
-
-    def __init__(self, field: str, value: object, expected: str):
-        self.field, self.value, self.expected = field, value, expected
-        shown = repr(value)
-        if isinstance(value, str) and len(value) > 60:
-            shown = repr(value[:60]) + "..."
-        super().__init__(f"{field} = {shown}: expected {expected}")
-
-    def __str__(self) -> str:  # the message alone, as a ValueError shows it (no "[Errno 22]")
-        return self.strerror or ""
 
 
 @dataclass(frozen=True)
@@ -168,49 +147,114 @@ def clean_path(namespace, text: str) -> str:
     return path
 
 
-def _choice(field: str, value: object, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ExportValueError(field, value, f"one of {', '.join(allowed)}")
-    return value
+def path_field(what: str) -> Field:
+    """The namespace folder an export or share shows (that it is a directory, the service
+    checks: the schema holds no namespace)."""
+    return Field(
+        "path",
+        "string",
+        f"The namespace directory this {what} shows",
+        min_length=1,
+        max_length=PATH_MAX,
+        default="/",
+        check=lambda text: clean_path(None, text),
+    )
 
 
-def _whole(field: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ExportValueError(field, value, f"a whole number {low}-{high}")
-    return value
+def clients_field(verb: str) -> Field:
+    return Field(
+        "clients",
+        "string",
+        f"Clients allowed to {verb}: comma-separated IP addresses or CIDRs",
+        min_length=1,
+        max_length=PATH_MAX,
+        default=ANY_CLIENT,
+        check=clean_clients,
+    )
 
 
-def _flag(field: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ExportValueError(field, value, "true or false")
-    return value
+ACCESS_FIELD = Field(
+    "access", "string", "rw (read-write) or ro (read-only)", enum=ACCESS_MODES, default="rw"
+)
+
+SCHEMA = Schema(
+    "Export",
+    "One NFS export.",
+    (
+        Field(
+            "name",
+            "string",
+            "The path clients mount, e.g. /export (a slash, then letters, digits, . _ - /)",
+            min_length=1,
+            max_length=NAME_MAX,
+            pattern=NAME_PATTERN,
+            example="/export",
+            check=clean_name,
+        ),
+        path_field("export"),
+        clients_field("mount"),
+        ACCESS_FIELD,
+        Field(
+            "squash",
+            "string",
+            "Identity mapping: root_squash (root becomes anon), all_squash "
+            "(everyone becomes anon) or no_root_squash",
+            enum=SQUASH_MODES,
+            default="root_squash",
+        ),
+        Field(
+            "anon_uid",
+            "integer",
+            "uid that squashed users get",
+            minimum=0,
+            maximum=ID_MAX,
+            default=65534,
+        ),
+        Field(
+            "anon_gid",
+            "integer",
+            "gid that squashed users get",
+            minimum=0,
+            maximum=ID_MAX,
+            default=65534,
+        ),
+        Field(
+            "trash_days",
+            "integer",
+            "Days deleted entries stay in the export's trash (0: no trash)",
+            minimum=0,
+            maximum=TRASH_DAYS_MAX,
+            default=7,
+        ),
+        Field("enabled", "boolean", "Whether clients may mount it", required=False, default=True),
+    ),
+)
+# what a new export gets for each field not given (the name has no default)
+DEFAULTS: dict[str, Any] = SCHEMA.defaults()
+FIELDS = SCHEMA.names()
 
 
 def validate(values: Mapping[str, Any], namespace=None, *, partial: bool = False) -> dict:
     """The clean values of an export (``partial``: only those given, as for an update; else the
     defaults fill what is missing). ``namespace`` checks that ``path`` is a directory."""
-    unknown = sorted(set(values) - set(FIELDS))
-    if unknown:
-        raise ExportValueError(
-            unknown[0], values[unknown[0]], f"a field of an export: {', '.join(FIELDS)}"
-        )
-    given = dict(values) if partial else {**DEFAULTS, **values}
-    if not partial and "name" not in given:
-        raise ExportValueError("name", None, "the path clients mount, e.g. /export")
-    if partial and not given:
-        raise ExportValueError("fields", {}, f"some of {', '.join(FIELDS)}")
-    checks = {
-        "name": clean_name,
-        "path": lambda v: clean_path(namespace, v),
-        "clients": clean_clients,
-        "access": lambda v: _choice("access", v, ACCESS_MODES),
-        "squash": lambda v: _choice("squash", v, SQUASH_MODES),
-        "anon_uid": lambda v: _whole("anon_uid", v, 0, ID_MAX),
-        "anon_gid": lambda v: _whole("anon_gid", v, 0, ID_MAX),
-        "trash_days": lambda v: _whole("trash_days", v, 0, TRASH_DAYS_MAX),
-        "enabled": lambda v: _flag("enabled", v),
-    }
-    return {name: checks[name](given[name]) for name in FIELDS if name in given}
+    return SCHEMA.check(
+        values,
+        error=ExportValueError,
+        what="an export",
+        partial=partial,
+        checks={"path": lambda text: clean_path(namespace, text)},
+    )
+
+
+class _Exports(CrudService[Export]):
+    delete_severity = "warning"
+
+    def name_taken(self, values: Mapping[str, Any], own_id: int | None) -> errors.Exists:
+        hint = "choose another name" if own_id is not None else "choose another name or edit it"
+        return errors.Exists(f"export {values['name']!r} exists: {hint}")
+
+
+SERVICE = _Exports(EXPORTS, _export, noun="export", event_prefix="export", id_key="export_id")
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -219,95 +263,33 @@ def list_exports(
 ) -> list[Export]:
     """Every export (or the enabled ones), by name or by id. Rows are returned as stored, not
     checked: the NFS server skips (and logs) one it cannot use."""
-    query = select(EXPORTS).order_by(EXPORTS.c[order_by])
-    if enabled_only:
-        query = query.where(EXPORTS.c.enabled.is_(True))
-    return [_export(row) for row in catalog.read(lambda conn: conn.execute(query).all())]
+    return SERVICE.list(
+        catalog, order_by, where=EXPORTS.c.enabled.is_(True) if enabled_only else None
+    )
 
 
 def get(catalog: Catalog, export_id: int) -> Export:
-    query = select(EXPORTS).where(EXPORTS.c.id == export_id)
-    row = catalog.read(lambda conn: conn.execute(query).first())
-    if row is None:
-        raise errors.NotFound(f"no export with id {export_id}")
-    return _export(row)
+    return SERVICE.get(catalog, export_id)
 
 
 # -- changes --------------------------------------------------------------------------------------
-def describe(values: Mapping[str, Any]) -> str:
-    """An event's "key=value, ..." text of the fields a change set."""
-    return ", ".join(f"{k}={v}" for k, v in values.items())
-
-
 def create(catalog: Catalog, values: Mapping[str, Any], *, actor: str, namespace=None) -> Export:
     """A new export from ``values`` (defaults for what is missing); Exists if the name is taken."""
-    values = validate(values, namespace)
-
-    def work(conn):
-        if conn.execute(select(EXPORTS.c.id).where(EXPORTS.c.name == values["name"])).first():
-            raise errors.Exists(f"export {values['name']!r} exists: choose another name or edit it")
-        export_id = conn.execute(EXPORTS.insert().values(**values)).inserted_primary_key[0]
-        record_in(
-            conn,
-            "export.create",
-            f"export {values['name']} created: {describe(values)}",
-            actor=actor,
-            details={"export_id": export_id, **values},
-        )
-        return _export(conn.execute(select(EXPORTS).where(EXPORTS.c.id == export_id)).one())
-
-    return catalog.run(work)
+    return SERVICE.create(catalog, validate(values, namespace), actor=actor)
 
 
 def update(
     catalog: Catalog, export_id: int, values: Mapping[str, Any], *, actor: str, namespace=None
 ) -> Export:
     """Change the given fields of one export; returns it as it is now."""
-    values = validate(values, namespace, partial=True)
-
-    def work(conn):
-        if (
-            "name" in values
-            and conn.execute(
-                select(EXPORTS.c.id).where(
-                    EXPORTS.c.name == values["name"], EXPORTS.c.id != export_id
-                )
-            ).first()
-        ):
-            raise errors.Exists(f"export {values['name']!r} exists: choose another name")
-        changed = conn.execute(EXPORTS.update().where(EXPORTS.c.id == export_id).values(**values))
-        if not changed.rowcount:
-            raise errors.NotFound(f"no export with id {export_id}")
-        record_in(
-            conn,
-            "export.update",
-            f"export {export_id} changed: {describe(values)}",
-            actor=actor,
-            details={"export_id": export_id, **values},
-        )
-        return _export(conn.execute(select(EXPORTS).where(EXPORTS.c.id == export_id)).one())
-
-    return catalog.run(work)
+    return SERVICE.update(
+        catalog, export_id, validate(values, namespace, partial=True), actor=actor
+    )
 
 
 def delete(catalog: Catalog, export_id: int, *, actor: str) -> None:
     """Remove one export (clients can no longer mount it; the files stay)."""
-
-    def work(conn):
-        row = conn.execute(select(EXPORTS.c.name).where(EXPORTS.c.id == export_id)).first()
-        if row is None:
-            raise errors.NotFound(f"no export with id {export_id}")
-        conn.execute(EXPORTS.delete().where(EXPORTS.c.id == export_id))
-        record_in(
-            conn,
-            "export.delete",
-            f"export {row.name} deleted",
-            actor=actor,
-            severity="warning",
-            details={"export_id": export_id},
-        )
-
-    catalog.run(work)
+    SERVICE.delete(catalog, export_id, actor=actor)
 
 
 def prepare_new_root(namespace) -> None:

@@ -36,9 +36,11 @@ from sqlalchemy import select
 from engine import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import DIR, REG, Inode, RetentionPolicy
+from engine.crud import CrudService
 from engine.events import record, record_in
 from engine.namespace import ROOT, Attr, Namespace
 from engine.ordered_lock import lock
+from engine.schema import Field, Schema
 from engine.trash import TRASH_DIR, Trash, iter_dir, join_path, split_path, walk_subtree
 
 RULES = RetentionPolicy.__table__
@@ -48,7 +50,6 @@ ACTIONS = ("delete", "cold", "trash")
 ORDERS = ("mtime", "name")
 KEEP_MAX = 1_000_000
 COLD = "cold"
-UPDATABLE = ("pattern", "keep", "action", "order_by", "enabled")
 MAGIC = re.compile(r"[*?\[]")
 
 Progress = Callable[[int, int, str], None]
@@ -125,6 +126,64 @@ def validate_choice(what: str, value, choices: tuple[str, ...]) -> str:
     return value
 
 
+def _pattern(value: str) -> str:
+    try:
+        return validate_pattern(value)
+    except errors.InvalidArgument as exc:  # a form or API field's error is a ValueError
+        raise ValueError(exc.strerror) from None
+
+
+RULE_SCHEMA = Schema(
+    "RetentionRule",
+    "Keep the newest N entries a path pattern matches; act on the older ones.",
+    (
+        Field(
+            "pattern",
+            "string",
+            "An absolute path pattern; components may hold * ? [...] wildcards, e.g. "
+            "/checkpoints/*/step-* (no '.' or '..' components)",
+            min_length=1,
+            max_length=1024,
+            example="/checkpoints/*/step-*",
+            check=_pattern,
+        ),
+        Field(
+            "keep",
+            "integer",
+            "How many of the newest matches to keep in each directory",
+            minimum=1,
+            maximum=KEEP_MAX,
+            example=3,
+        ),
+        Field(
+            "action",
+            "string",
+            "What happens to older matches: delete (gone for good, space freed now), trash "
+            "(restorable from the export's trash; frees no space until the trash is purged) or "
+            "cold (pinned to the cold band class)",
+            enum=ACTIONS,
+            default="delete",
+        ),
+        Field(
+            "order_by",
+            "string",
+            "Which entries are newest: by modification time (mtime) or by the natural "
+            "sort of names (step-9 < step-10)",
+            enum=ORDERS,
+            default="mtime",
+        ),
+        Field(
+            "enabled",
+            "boolean",
+            "Whether the scheduled runs apply this rule",
+            required=False,
+            default=True,
+        ),
+    ),
+)
+UPDATABLE = RULE_SCHEMA.names()
+
+
 def _validate_fields(fields: dict) -> dict:
     clean: dict[str, object] = {}
     for key, value in fields.items():
@@ -183,6 +242,28 @@ def _row_rule(row) -> RetentionRule:
     )
 
 
+class _Rules(CrudService[RetentionRule]):
+    create_verb = "add"
+    name_column = None
+
+    def created(self, new_id: int, made: RetentionRule, values) -> str:
+        return (
+            f"retention rule {new_id} added: under {made.pattern} "
+            f"keep {made.keep} by {made.order_by}, {made.action} the rest"
+        )
+
+    def deleted(self, row) -> str:
+        return (
+            f"retention rule {row.id} deleted (was: under {row.pattern} "
+            f"keep {row.keep}, {row.action} the rest)"
+        )
+
+
+RULES_SERVICE = _Rules(
+    RULES, _row_rule, noun="retention rule", event_prefix="retention.rule", id_key="rule_id"
+)
+
+
 class RetentionService:
     def __init__(
         self,
@@ -219,22 +300,8 @@ class RetentionService:
                 "enabled": enabled,
             }
         )
-
-        def work(conn):
-            rule_id = conn.execute(
-                RULES.insert().values(created_ns=self.clock(), **fields)
-            ).inserted_primary_key[0]
-            record_in(
-                conn,
-                "retention.rule.add",
-                f"retention rule {rule_id} added: under {fields['pattern']} "
-                f"keep {fields['keep']} by {fields['order_by']}, {fields['action']} the rest",
-                actor=actor,
-                details={"rule_id": rule_id, **fields},
-            )
-            return rule_id
-
-        return self.catalog.run(work)
+        stored = {"created_ns": self.clock()}
+        return RULES_SERVICE.create(self.catalog, fields, actor=actor, stored=stored).id
 
     def update_rule(self, id: int, actor: str = "system", **fields) -> RetentionRule:
         if not fields:
@@ -242,52 +309,16 @@ class RetentionService:
                 f"update of retention rule {id}: no fields given "
                 f"(expected some of {', '.join(UPDATABLE)})"
             )
-        clean = _validate_fields(fields)
-
-        def work(conn):
-            if not conn.execute(RULES.update().where(RULES.c.id == id).values(**clean)).rowcount:
-                raise errors.NotFound(f"no retention rule with id {id}")
-            record_in(
-                conn,
-                "retention.rule.update",
-                f"retention rule {id} changed: " + ", ".join(f"{k}={v}" for k, v in clean.items()),
-                actor=actor,
-                details={"rule_id": id, **clean},
-            )
-            return _row_rule(conn.execute(select(RULES).where(RULES.c.id == id)).one())
-
-        return self.catalog.run(work)
+        return RULES_SERVICE.update(self.catalog, id, _validate_fields(fields), actor=actor)
 
     def delete_rule(self, id: int, actor: str = "system") -> None:
-        def work(conn):
-            row = conn.execute(select(RULES).where(RULES.c.id == id)).first()
-            if row is None:
-                raise errors.NotFound(f"no retention rule with id {id}")
-            conn.execute(RULES.delete().where(RULES.c.id == id))
-            record_in(
-                conn,
-                "retention.rule.delete",
-                f"retention rule {id} deleted (was: under {row.pattern} "
-                f"keep {row.keep}, {row.action} the rest)",
-                actor=actor,
-                details={"rule_id": id},
-            )
-
-        self.catalog.run(work)
+        RULES_SERVICE.delete(self.catalog, id, actor=actor)
 
     def list_rules(self) -> list[RetentionRule]:
-        rows = self.catalog.read(
-            lambda conn: conn.execute(select(RULES).order_by(RULES.c.id)).all()
-        )
-        return [_row_rule(row) for row in rows]
+        return RULES_SERVICE.list(self.catalog, "id")
 
     def get_rule(self, id: int) -> RetentionRule:
-        row = self.catalog.read(
-            lambda conn: conn.execute(select(RULES).where(RULES.c.id == id)).first()
-        )
-        if row is None:
-            raise errors.NotFound(f"no retention rule with id {id}")
-        return _row_rule(row)
+        return RULES_SERVICE.get(self.catalog, id)
 
     def _rules(self, rule_id: int | None) -> list[RetentionRule]:
         if rule_id is not None:

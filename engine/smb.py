@@ -22,13 +22,16 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from sqlalchemy import func, select
+from sqlalchemy.engine import Connection
 
 from engine import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import SmbShare as ShareRow
 from engine.catalog.models import SmbUser as UserRow
+from engine.crud import CrudService
 from engine.events import record_in
-from engine.exports import ANY_CLIENT, ID_MAX, clean_clients, clean_path, describe
+from engine.exports import ACCESS_FIELD, ID_MAX, clean_path, clients_field, path_field
+from engine.schema import Field, FieldError, Schema
 
 SHARES = ShareRow.__table__
 USERS = UserRow.__table__
@@ -41,31 +44,11 @@ RESERVED_SHARES = ("global", "homes", "printers", "ipc$")
 RESERVED_USERS = ("root", "nobody")
 FIRST_UID = 20000  # SMB users get uids from here unless one is given
 PASSWORD_MAX = 256
-SHARE_DEFAULTS: dict[str, Any] = {
-    "path": "/",
-    "access": "rw",
-    "clients": ANY_CLIENT,
-    "guest": False,
-    "users": "",
-    "read_only_users": "",
-    "case_insensitive": False,
-    "enabled": True,
-}
-SHARE_FIELDS = ("name", *SHARE_DEFAULTS)
+USER_LIST_MAX = 4096
 
 
-class SmbValueError(errors.InvalidArgument, ValueError):
+class SmbValueError(FieldError):
     """A field of a share or user has a value it cannot take."""
-
-    def __init__(self, field: str, value: object, expected: str):
-        self.field, self.value, self.expected = field, value, expected
-        shown = repr(value)
-        if isinstance(value, str) and len(value) > 60:
-            shown = repr(value[:60]) + "..."
-        super().__init__(f"{field} = {shown}: expected {expected}")
-
-    def __str__(self) -> str:
-        return self.strerror or ""
 
 
 class Passdb(Protocol):
@@ -152,7 +135,7 @@ def clean_user_name(text: object) -> str:
 
 def clean_user_list(field: str, text: object) -> str:
     """'alice, bob' -> 'alice,bob' (each a valid user name; empty stays empty)."""
-    if not isinstance(text, str) or len(text) > 4096:
+    if not isinstance(text, str) or len(text) > USER_LIST_MAX:
         raise SmbValueError(field, text, "comma-separated user names")
     names = [n.strip() for n in re.split(r"[,\s]+", text) if n.strip()]
     for name in names:
@@ -174,161 +157,181 @@ def clean_password(password: object) -> str:
     return password
 
 
-def _choice(field: str, value: object, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise SmbValueError(field, value, f"one of {', '.join(allowed)}")
-    return value
+def _user_list_field(name: str, description: str) -> Field:
+    return Field(
+        name,
+        "string",
+        description,
+        required=False,
+        max_length=USER_LIST_MAX,
+        default="",
+        check=lambda text: clean_user_list(name, text),
+    )
 
 
-def _flag(field: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise SmbValueError(field, value, "true or false")
-    return value
+SHARE_SCHEMA = Schema(
+    "SmbShareInput",
+    "One SMB share.",
+    (
+        Field(
+            "name",
+            "string",
+            "The share's name, //server/NAME (1-80 letters, digits, . _ -, a "
+            "letter or digit first)",
+            min_length=1,
+            max_length=80,
+            pattern=SHARE_PATTERN,
+            example="export",
+            check=clean_share_name,
+        ),
+        path_field("share"),
+        ACCESS_FIELD,
+        clients_field("connect"),
+        Field(
+            "guest",
+            "boolean",
+            "Guests may connect without a password (their files are nobody's)",
+            required=False,
+            default=False,
+        ),
+        _user_list_field(
+            "users", "SMB users who may connect, comma-separated (empty: every SMB user)"
+        ),
+        _user_list_field(
+            "read_only_users", "SMB users who may connect but not write, comma-separated"
+        ),
+        Field(
+            "case_insensitive",
+            "boolean",
+            "Names compared without case, as Windows does (a name "
+            "not found then makes Samba scan the folder)",
+            required=False,
+            default=False,
+        ),
+        Field("enabled", "boolean", "Whether smbd serves it", required=False, default=True),
+    ),
+)
+SHARE_DEFAULTS: dict[str, Any] = SHARE_SCHEMA.defaults()
+SHARE_FIELDS = SHARE_SCHEMA.names()
 
-
-def _id(field: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= ID_MAX:
-        raise SmbValueError(field, value, f"a whole number 1-{ID_MAX}")
-    return value
-
-
-def _smb_clients(text: object) -> str:
-    try:
-        return clean_clients(text)
-    except errors.InvalidArgument as exc:  # an ExportValueError: same rules, same message
-        raise SmbValueError(
-            "clients", getattr(exc, "value", text), getattr(exc, "expected", "CIDRs")
-        ) from None
-
-
-def _smb_path(namespace, text: str) -> str:
-    try:
-        return clean_path(namespace, text)
-    except errors.InvalidArgument as exc:  # an ExportValueError: same rules, same message
-        raise SmbValueError(
-            "path", getattr(exc, "value", text), getattr(exc, "expected", "a namespace directory")
-        ) from None
+PASSWORD_FIELD = Field(
+    "password",
+    "string",
+    "The SMB password (kept only in Samba's passdb)",
+    min_length=1,
+    max_length=PASSWORD_MAX,
+    check=clean_password,
+)
+USER_SCHEMA = Schema(
+    "SmbUserInput",
+    "A new SMB user.",
+    (
+        Field(
+            "name",
+            "string",
+            "A user name of 1-32 lower-case letters, digits, _ . - (a letter or _ first)",
+            min_length=1,
+            max_length=32,
+            pattern=USER_PATTERN,
+            example="alice",
+            check=clean_user_name,
+        ),
+        PASSWORD_FIELD,
+        Field(
+            "uid",
+            "integer",
+            f"uid its files get (empty: the next from {FIRST_UID})",
+            required=False,
+            minimum=1,
+            maximum=ID_MAX,
+        ),
+        Field(
+            "gid",
+            "integer",
+            "gid its files get (empty: the uid)",
+            required=False,
+            minimum=1,
+            maximum=ID_MAX,
+        ),
+    ),
+)
+PASSWORD_SCHEMA = Schema(
+    "SmbPasswordInput",
+    "An SMB user's new password.",
+    (
+        Field(
+            "password",
+            "string",
+            "The new SMB password",
+            min_length=1,
+            max_length=PASSWORD_MAX,
+            check=clean_password,
+        ),
+    ),
+)
 
 
 def validate_share(values: Mapping[str, Any], namespace=None, *, partial: bool = False) -> dict:
     """The clean values of a share (``partial``: only those given, as for an update)."""
-    unknown = sorted(set(values) - set(SHARE_FIELDS))
-    if unknown:
-        raise SmbValueError(
-            unknown[0], values[unknown[0]], f"a field of a share: {', '.join(SHARE_FIELDS)}"
-        )
-    given = dict(values) if partial else {**SHARE_DEFAULTS, **values}
-    if not partial and "name" not in given:
-        raise SmbValueError("name", None, "the share's name, e.g. export")
-    if partial and not given:
-        raise SmbValueError("fields", {}, f"some of {', '.join(SHARE_FIELDS)}")
-    checks = {
-        "name": clean_share_name,
-        "path": lambda v: _smb_path(namespace, v),
-        "access": lambda v: _choice("access", v, ACCESS_MODES),
-        "clients": _smb_clients,
-        "guest": lambda v: _flag("guest", v),
-        "users": lambda v: clean_user_list("users", v),
-        "read_only_users": lambda v: clean_user_list("read_only_users", v),
-        "case_insensitive": lambda v: _flag("case_insensitive", v),
-        "enabled": lambda v: _flag("enabled", v),
-    }
-    return {name: checks[name](given[name]) for name in SHARE_FIELDS if name in given}
+    return SHARE_SCHEMA.check(
+        values,
+        error=SmbValueError,
+        what="a share",
+        partial=partial,
+        checks={"path": lambda text: clean_path(namespace, text)},
+    )
 
 
 # -- shares -------------------------------------------------------------------------------------
+class _Shares(CrudService[Share]):
+    fold_case = True  # Samba compares share names without case
+    delete_severity = "warning"
+
+    def row_id(self, conn: Connection, ref: int | str) -> int:
+        """A share by id or by name."""
+        column = SHARES.c.id if isinstance(ref, int) else SHARES.c.name
+        found = conn.execute(select(SHARES.c.id).where(column == ref)).scalar()
+        if found is None:
+            raise self.not_found(ref)
+        return int(found)
+
+    def not_found(self, ref: Any) -> errors.NotFound:
+        return errors.NotFound(f"no SMB share {ref!r}")
+
+    def name_taken(self, values: Mapping[str, Any], own_id: int | None) -> errors.Exists:
+        return errors.Exists(f"SMB share {values['name']!r} exists: choose another name")
+
+
+SHARE_SERVICE = _Shares(
+    SHARES, _share, noun="SMB share", event_prefix="smb.share", id_key="share_id"
+)
+
+
 def list_shares(catalog: Catalog, *, enabled_only: bool = False) -> list[Share]:
-    query = select(SHARES).order_by(SHARES.c.name)
-    if enabled_only:
-        query = query.where(SHARES.c.enabled.is_(True))
-    return [_share(row) for row in catalog.read(lambda conn: conn.execute(query).all())]
-
-
-def _share_id(conn, ref: int | str) -> int:
-    """A share by id or by name."""
-    column = SHARES.c.id if isinstance(ref, int) else SHARES.c.name
-    found = conn.execute(select(SHARES.c.id).where(column == ref)).scalar()
-    if found is None:
-        raise errors.NotFound(f"no SMB share {ref!r}")
-    return int(found)
+    return SHARE_SERVICE.list(
+        catalog, "name", where=SHARES.c.enabled.is_(True) if enabled_only else None
+    )
 
 
 def get_share(catalog: Catalog, ref: int | str) -> Share:
-    def work(conn):
-        share_id = _share_id(conn, ref)
-        return _share(conn.execute(select(SHARES).where(SHARES.c.id == share_id)).one())
-
-    return catalog.read(work)
+    return SHARE_SERVICE.get(catalog, ref)
 
 
 def create_share(
     catalog: Catalog, values: Mapping[str, Any], *, actor: str, namespace=None
 ) -> Share:
-    values = validate_share(values, namespace)
-
-    def work(conn):
-        taken = conn.execute(
-            select(SHARES.c.id).where(func.lower(SHARES.c.name) == values["name"].lower())
-        ).first()
-        if taken:  # Samba compares share names without case
-            raise errors.Exists(f"SMB share {values['name']!r} exists: choose another name")
-        share_id = conn.execute(SHARES.insert().values(**values)).inserted_primary_key[0]
-        record_in(
-            conn,
-            "smb.share.create",
-            f"SMB share {values['name']} created: {describe(values)}",
-            actor=actor,
-            details={"share_id": share_id, **values},
-        )
-        return _share(conn.execute(select(SHARES).where(SHARES.c.id == share_id)).one())
-
-    return catalog.run(work)
+    return SHARE_SERVICE.create(catalog, validate_share(values, namespace), actor=actor)
 
 
 def update_share(
     catalog: Catalog, ref: int | str, values: Mapping[str, Any], *, actor: str, namespace=None
 ) -> Share:
     values = validate_share(values, namespace, partial=True)
-
-    def work(conn):
-        share_id = _share_id(conn, ref)
-        if (
-            "name" in values
-            and conn.execute(
-                select(SHARES.c.id).where(
-                    func.lower(SHARES.c.name) == values["name"].lower(), SHARES.c.id != share_id
-                )
-            ).first()
-        ):
-            raise errors.Exists(f"SMB share {values['name']!r} exists: choose another name")
-        conn.execute(SHARES.update().where(SHARES.c.id == share_id).values(**values))
-        record_in(
-            conn,
-            "smb.share.update",
-            f"SMB share {share_id} changed: {describe(values)}",
-            actor=actor,
-            details={"share_id": share_id, **values},
-        )
-        return _share(conn.execute(select(SHARES).where(SHARES.c.id == share_id)).one())
-
-    return catalog.run(work)
+    return SHARE_SERVICE.update(catalog, ref, values, actor=actor)
 
 
 def delete_share(catalog: Catalog, ref: int | str, *, actor: str) -> None:
-    def work(conn):
-        share_id = _share_id(conn, ref)
-        name = conn.execute(select(SHARES.c.name).where(SHARES.c.id == share_id)).scalar()
-        conn.execute(SHARES.delete().where(SHARES.c.id == share_id))
-        record_in(
-            conn,
-            "smb.share.delete",
-            f"SMB share {name} deleted",
-            actor=actor,
-            severity="warning",
-            details={"share_id": share_id},
-        )
-
-    catalog.run(work)
+    SHARE_SERVICE.delete(catalog, ref, actor=actor)
 
 
 def ensure_default_share(catalog: Catalog, path: str = "/") -> None:
@@ -369,12 +372,11 @@ def create_user(
 ) -> SmbUser:
     """A new SMB user with its password in ``passdb``; uid from FIRST_UID up unless given, gid
     the uid unless given. Exists if the name is taken."""
-    name = clean_user_name(name)
-    password = clean_password(password)
-    if uid is not None:
-        _id("uid", uid)
-    if gid is not None:
-        _id("gid", gid)
+    given = {"name": name, "password": password, "uid": uid, "gid": gid}
+    clean = USER_SCHEMA.check(
+        {k: v for k, v in given.items() if v is not None}, error=SmbValueError, what="an SMB user"
+    )
+    name, password = clean["name"], clean["password"]
 
     def work(conn):
         if conn.execute(select(USERS.c.id).where(USERS.c.name == name)).first():

@@ -31,8 +31,10 @@ from sqlalchemy import select
 
 from engine import errors
 from engine.catalog.models import DIR, SnapshotSchedule
+from engine.crud import CrudService
 from engine.events import record_in
 from engine.ordered_lock import lock
+from engine.schema import Field, Schema
 from engine.snapshots import SnapshotInfo, Snapshots
 from engine.trash import join_path, split_path
 from engine.units import format_duration, format_size, parse_duration
@@ -47,6 +49,7 @@ NAME_TIME = "%Y-%m-%dT%H%MZ"
 PREFIX_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}"
 DEFAULT_PREFIX = "auto"
 KEEP_MAX = 100_000
+PATH_MAX = 4096
 UPDATABLE = (
     "path",
     "frequency",
@@ -232,6 +235,138 @@ def _optional_int(what: str, value, minimum: int, maximum: int | None = None) ->
     return value
 
 
+# -- the fields the web UI's forms and the REST API take ----------------------------------------
+def _duration(text: str) -> int:
+    if not text.strip():
+        return 0
+    return round(parse_duration(text))  # its ValueError names the value and what was expected
+
+
+DATASET_FIELD = Field(
+    "path",
+    "string",
+    "The dataset: a directory of the namespace, e.g. /datasets/web",
+    min_length=1,
+    max_length=PATH_MAX,
+    example="/datasets/web",
+)
+SCHEDULE_SCHEMA = Schema(
+    "SnapshotScheduleInput",
+    "Periodic snapshots of a dataset, named PREFIX-YYYY-MM-DDTHHMMZ after their slot (UTC), "
+    "deleted once no keep rule keeps them",
+    (
+        DATASET_FIELD,
+        Field(
+            "frequency",
+            "string",
+            "hourly, daily, weekly, or interval (every interval_s seconds)",
+            enum=FREQUENCIES,
+            default="daily",
+        ),
+        Field(
+            "at",
+            "string",
+            "When in the period, UTC: hourly the minute (:15), daily HH:MM, weekly 'Mon HH:MM' "
+            "(empty: the period's start)",
+            required=False,
+            max_length=32,
+            example="03:00",
+        ),
+        Field(
+            "interval_s",
+            "integer",
+            f"Seconds between snapshots of an interval schedule ({MIN_INTERVAL_S} or more)",
+            required=False,
+            minimum=MIN_INTERVAL_S,
+        ),
+        Field(
+            "prefix",
+            "string",
+            "Names start with it (1-32 letters, digits, _ . -); two schedules of a dataset need "
+            "different ones",
+            required=False,
+            max_length=32,
+            pattern=PREFIX_PATTERN,
+            default=DEFAULT_PREFIX,
+        ),
+        Field(
+            "keep_last",
+            "integer",
+            "Keep the newest N (0 or empty: no count rule)",
+            required=False,
+            minimum=0,
+            maximum=KEEP_MAX,
+            example=24,
+        ),
+        Field(
+            "keep_for",
+            "string",
+            "Keep those younger than this: seconds or a duration such as 36h or 30d "
+            "(0 or empty: no age rule)",
+            required=False,
+            max_length=32,
+            example="30d",
+            check=_duration,
+        ),
+        Field("enabled", "boolean", "Whether the daemon takes it", required=False, default=True),
+    ),
+)
+
+
+def engine_fields(values: dict, *, partial: bool = False) -> dict:
+    """Form or API values -> SnapshotScheduler fields (keep 0 or empty: no such rule)."""
+    out = dict(values)
+    if "keep_for" in out:
+        out["keep_for_s"] = out.pop("keep_for") or None
+    elif not partial:
+        out["keep_for_s"] = None
+    if "keep_last" in out:
+        out["keep_last"] = out["keep_last"] or None
+    elif not partial:
+        out["keep_last"] = None
+    if not partial and not out.get("at"):
+        out.pop("at", None)
+    return out
+
+
+class _Schedules(CrudService[Schedule]):
+    create_verb = "add"
+    name_column = None  # a prefix is taken per dataset instead
+
+    def check_free(self, conn, values, own_id: int | None) -> None:
+        row = conn.execute(
+            select(SCHEDULES.c.id).where(
+                SCHEDULES.c.path == values["path"], SCHEDULES.c.prefix == values["prefix"]
+            )
+        ).first()
+        if row is not None and row.id != own_id:
+            raise errors.Exists(
+                f"schedule {row.id} of {values['path']} already names its snapshots "
+                f"{values['prefix']}-...: give this one another prefix"
+            )
+
+    def created(self, new_id: int, made: Schedule, values) -> str:
+        return f"snapshot schedule {new_id} added: {made.path} {made.describe()}"
+
+    def changed(self, row_id: int, made: Schedule, values) -> str:
+        return f"snapshot schedule {row_id} changed: {made.path} {made.describe()}"
+
+    def deleted(self, row) -> str:
+        return (
+            f"snapshot schedule {row.id} deleted (was: {row.path} "
+            f"{_schedule(row).describe()}); its snapshots stay"
+        )
+
+
+SCHEDULES_SERVICE = _Schedules(
+    SCHEDULES,
+    _schedule,
+    noun="snapshot schedule",
+    event_prefix="snapshot.schedule",
+    id_key="schedule_id",
+)
+
+
 class SnapshotScheduler:
     """Schedules in the catalog and their runs, through a Namespace (and its data path, if any:
     the daemon's flushes buffered writes before each snapshot)."""
@@ -307,19 +442,6 @@ class SnapshotScheduler:
             "enabled": enabled,
         }
 
-    @staticmethod
-    def _check_prefix_free(conn, values: dict, schedule_id: int | None) -> None:
-        row = conn.execute(
-            select(SCHEDULES.c.id).where(
-                SCHEDULES.c.path == values["path"], SCHEDULES.c.prefix == values["prefix"]
-            )
-        ).first()
-        if row is not None and row.id != schedule_id:
-            raise errors.Exists(
-                f"schedule {row.id} of {values['path']} already names its snapshots "
-                f"{values['prefix']}-...: give this one another prefix"
-            )
-
     # -- schedules ---------------------------------------------------------------------------
     def add(self, path: str, frequency: str, *, actor: str = "system", **fields) -> Schedule:
         """A new schedule; its first snapshot is at its next slot."""
@@ -329,24 +451,8 @@ class SnapshotScheduler:
             values["frequency"], values["interval_s"], values["offset_s"], now_ns / 1e9
         )
 
-        def work(conn):
-            self._check_prefix_free(conn, values, None)
-            schedule_id = conn.execute(
-                SCHEDULES.insert().values(created_ns=now_ns, **values)
-            ).inserted_primary_key[0]
-            made = _schedule(
-                conn.execute(select(SCHEDULES).where(SCHEDULES.c.id == schedule_id)).one()
-            )
-            record_in(
-                conn,
-                "snapshot.schedule.add",
-                f"snapshot schedule {schedule_id} added: {made.path} {made.describe()}",
-                actor=actor,
-                details={"schedule_id": schedule_id, **values},
-            )
-            return made
-
-        return self.catalog.run(work)
+        stored = {"created_ns": now_ns}
+        return SCHEDULES_SERVICE.create(self.catalog, values, actor=actor, stored=stored)
 
     def update(self, schedule_id: int, *, actor: str = "system", **fields) -> Schedule:
         if not fields:
@@ -372,60 +478,20 @@ class SnapshotScheduler:
                 ),
             )
 
-        def work(conn):
-            self._check_prefix_free(conn, values, schedule_id)
-            if not conn.execute(
-                SCHEDULES.update().where(SCHEDULES.c.id == schedule_id).values(**values)
-            ).rowcount:
-                raise errors.NotFound(f"no snapshot schedule with id {schedule_id}")
-            made = _schedule(
-                conn.execute(select(SCHEDULES).where(SCHEDULES.c.id == schedule_id)).one()
-            )
-            record_in(
-                conn,
-                "snapshot.schedule.update",
-                f"snapshot schedule {schedule_id} changed: {made.path} {made.describe()}",
-                actor=actor,
-                details={"schedule_id": schedule_id, **values},
-            )
-            return made
-
-        return self.catalog.run(work)
+        return SCHEDULES_SERVICE.update(self.catalog, schedule_id, values, actor=actor)
 
     def delete(self, schedule_id: int, *, actor: str = "system") -> None:
         """Remove a schedule; the snapshots it took stay (delete them by name)."""
-
-        def work(conn):
-            row = conn.execute(select(SCHEDULES).where(SCHEDULES.c.id == schedule_id)).first()
-            if row is None:
-                raise errors.NotFound(f"no snapshot schedule with id {schedule_id}")
-            conn.execute(SCHEDULES.delete().where(SCHEDULES.c.id == schedule_id))
-            record_in(
-                conn,
-                "snapshot.schedule.delete",
-                f"snapshot schedule {schedule_id} deleted (was: {row.path} "
-                f"{_schedule(row).describe()}); its snapshots stay",
-                actor=actor,
-                details={"schedule_id": schedule_id},
-            )
-
-        self.catalog.run(work)
+        SCHEDULES_SERVICE.delete(self.catalog, schedule_id, actor=actor)
 
     def list_schedules(self, path: str | None = None) -> list[Schedule]:
-        query = select(SCHEDULES).order_by(SCHEDULES.c.path, SCHEDULES.c.id)
+        where = None
         if path is not None:
-            query = query.where(SCHEDULES.c.path == join_path(split_path(path, "dataset path")))
-        return [_schedule(row) for row in self.catalog.read(lambda conn: conn.execute(query).all())]
+            where = SCHEDULES.c.path == join_path(split_path(path, "dataset path"))
+        return SCHEDULES_SERVICE.list(self.catalog, "path", "id", where=where)
 
     def get(self, schedule_id: int) -> Schedule:
-        row = self.catalog.read(
-            lambda conn: conn.execute(
-                select(SCHEDULES).where(SCHEDULES.c.id == schedule_id)
-            ).first()
-        )
-        if row is None:
-            raise errors.NotFound(f"no snapshot schedule with id {schedule_id}")
-        return _schedule(row)
+        return SCHEDULES_SERVICE.get(self.catalog, schedule_id)
 
     def due(self) -> list[Schedule]:
         """Enabled schedules whose slot has come (the daemon then queues a job)."""

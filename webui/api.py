@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from flask import Blueprint, g, jsonify, request
 
 from engine import accounts, events, jobs
+from engine.schema import Field, Schema, ValidationError
 from webui import (
     alerts,
     core,
+    crud,
     dashboard,
     datasets,
     drives,
@@ -34,7 +36,6 @@ from webui import (
     trash,
 )
 from webui import jobs as jobs_pages
-from webui.schema import Field, Schema, ValidationError
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 API_VERSION = "1.0.0"
@@ -191,45 +192,7 @@ def replace_drive(drive_id: int, body: dict):
 
 
 # -- retention -------------------------------------------------------------------------------
-@endpoint("/retention/rules", "GET", "Retention rules", "retention")
-def list_rules():
-    return [rule.to_dict() for rule in retention.service().list_rules()]
-
-
-@endpoint(
-    "/retention/rules",
-    "POST",
-    "Create a keep-last-N rule",
-    "retention",
-    body=retention.RULE_SCHEMA,
-    status=201,
-)
-def create_rule(body: dict):
-    rule_id = retention.create_rule(body, core.actor())
-    return retention.service().get_rule(rule_id).to_dict()
-
-
-@endpoint("/retention/rules/<int:rule_id>", "GET", "One retention rule", "retention")
-def get_rule(rule_id: int):
-    return retention.service().get_rule(rule_id).to_dict()
-
-
-@endpoint(
-    "/retention/rules/<int:rule_id>",
-    "PATCH",
-    "Change fields of a retention rule",
-    "retention",
-    body=retention.RULE_SCHEMA,
-    partial=True,
-)
-def update_rule(rule_id: int, body: dict):
-    return retention.service().update_rule(rule_id, actor=core.actor(), **body).to_dict()
-
-
-@endpoint("/retention/rules/<int:rule_id>", "DELETE", "Delete a retention rule", "retention")
-def delete_rule(rule_id: int):
-    retention.service().delete_rule(rule_id, actor=core.actor())
-    return {"deleted": rule_id}
+crud.register(retention.API, endpoint)
 
 
 @endpoint(
@@ -391,54 +354,7 @@ def archive_snapshot(body: dict):
     return jobs.get(core.ctx().catalog, job_id).to_dict()
 
 
-@endpoint("/snapshot-schedules", "GET", "Snapshot schedules", "datasets")
-def list_schedules():
-    return [s.to_dict() for s in datasets.scheduler().list_schedules()]
-
-
-@endpoint(
-    "/snapshot-schedules",
-    "POST",
-    "Create a snapshot schedule (its first snapshot is at its next slot)",
-    "datasets",
-    body=datasets.SCHEDULE_SCHEMA,
-    status=201,
-)
-def create_schedule(body: dict):
-    values = datasets.engine_fields(body)
-    made = datasets.scheduler().add(
-        values.pop("path"), values.pop("frequency"), actor=core.actor(), **values
-    )
-    return made.to_dict()
-
-
-@endpoint("/snapshot-schedules/<int:schedule_id>", "GET", "One snapshot schedule", "datasets")
-def get_schedule(schedule_id: int):
-    return datasets.scheduler().get(schedule_id).to_dict()
-
-
-@endpoint(
-    "/snapshot-schedules/<int:schedule_id>",
-    "PATCH",
-    "Change fields of a snapshot schedule",
-    "datasets",
-    body=datasets.SCHEDULE_SCHEMA,
-    partial=True,
-)
-def update_schedule(schedule_id: int, body: dict):
-    values = datasets.engine_fields(body, partial=True)
-    return datasets.scheduler().update(schedule_id, actor=core.actor(), **values).to_dict()
-
-
-@endpoint(
-    "/snapshot-schedules/<int:schedule_id>",
-    "DELETE",
-    "Delete a snapshot schedule (its snapshots stay)",
-    "datasets",
-)
-def delete_schedule(schedule_id: int):
-    datasets.scheduler().delete(schedule_id, actor=core.actor())
-    return {"deleted": schedule_id}
+crud.register(datasets.SCHEDULE_API, endpoint)
 
 
 @endpoint(
@@ -494,80 +410,11 @@ def queue_job(body: dict):
 
 
 # -- exports -------------------------------------------------------------------------------------
-@endpoint("/exports", "GET", "NFS exports", "exports")
-def list_exports():
-    return exports.list_exports()
-
-
-@endpoint(
-    "/exports", "POST", "Create an NFS export", "exports", body=exports.EXPORT_SCHEMA, status=201
-)
-def create_export(body: dict):
-    return exports.get_export(exports.create_export(body, core.actor()))
-
-
-@endpoint("/exports/<int:export_id>", "GET", "One NFS export", "exports")
-def get_export(export_id: int):
-    return exports.get_export(export_id)
-
-
-@endpoint(
-    "/exports/<int:export_id>",
-    "PATCH",
-    "Change fields of an NFS export",
-    "exports",
-    body=exports.EXPORT_SCHEMA,
-    partial=True,
-)
-def update_export(export_id: int, body: dict):
-    return exports.update_export(export_id, body, core.actor())
-
-
-@endpoint("/exports/<int:export_id>", "DELETE", "Delete an NFS export", "exports")
-def delete_export(export_id: int):
-    exports.delete_export(export_id, core.actor())
-    return {"deleted": export_id}
+crud.register(exports.API, endpoint)
 
 
 # -- quotas --------------------------------------------------------------------------------------
-@endpoint("/quotas", "GET", "Quotas of directory trees, with their usage", "quotas")
-def list_quotas():
-    return quotas.list_quotas()
-
-
-@endpoint(
-    "/quotas",
-    "POST",
-    "Set the quota of a directory (made if new, else the limits given change)",
-    "quotas",
-    body=quotas.QUOTA_SCHEMA,
-    status=201,
-)
-def set_quota(body: dict):
-    return quotas.set_quota(body, core.actor())
-
-
-@endpoint("/quotas/<int:quota_id>", "GET", "One quota", "quotas")
-def get_quota(quota_id: int):
-    return quotas.get_quota(quota_id)
-
-
-@endpoint(
-    "/quotas/<int:quota_id>",
-    "PATCH",
-    "Change limits of a quota (0 removes one)",
-    "quotas",
-    body=quotas.LIMITS_SCHEMA,
-    partial=True,
-)
-def update_quota(quota_id: int, body: dict):
-    return quotas.update_quota(quota_id, body, core.actor())
-
-
-@endpoint("/quotas/<int:quota_id>", "DELETE", "Remove a quota (the files stay)", "quotas")
-def delete_quota(quota_id: int):
-    quotas.delete_quota(quota_id, core.actor())
-    return {"deleted": quota_id}
+crud.register(quotas.API, endpoint)
 
 
 @endpoint(
@@ -592,44 +439,7 @@ def smb_status():
     return smb.status()
 
 
-@endpoint("/smb/shares", "GET", "SMB shares", "smb")
-def list_smb_shares():
-    return smb.list_shares()
-
-
-@endpoint(
-    "/smb/shares",
-    "POST",
-    "Create an SMB share (smbd serves it within 2 s)",
-    "smb",
-    body=smb.SHARE_SCHEMA,
-    status=201,
-)
-def create_smb_share(body: dict):
-    return smb.create_share(body, core.actor())
-
-
-@endpoint("/smb/shares/<int:share_id>", "GET", "One SMB share", "smb")
-def get_smb_share(share_id: int):
-    return smb.get_share(share_id)
-
-
-@endpoint(
-    "/smb/shares/<int:share_id>",
-    "PATCH",
-    "Change fields of an SMB share",
-    "smb",
-    body=smb.SHARE_SCHEMA,
-    partial=True,
-)
-def update_smb_share(share_id: int, body: dict):
-    return smb.update_share(share_id, body, core.actor())
-
-
-@endpoint("/smb/shares/<int:share_id>", "DELETE", "Delete an SMB share (the files stay)", "smb")
-def delete_smb_share(share_id: int):
-    smb.delete_share(share_id, core.actor())
-    return {"deleted": share_id}
+crud.register(smb.SHARE_API, endpoint)
 
 
 @endpoint("/smb/users", "GET", "SMB users and the uid/gid their files get", "smb")

@@ -15,7 +15,7 @@ from typing import Any
 from flask import current_app, g, jsonify, redirect, request, session, url_for
 
 from engine import errors, health, units
-from webui.schema import ValidationError
+from engine.schema import FieldError, ValidationError
 
 STATE_CHANGING = ("POST", "PUT", "PATCH", "DELETE")
 CSRF_FIELD = "csrf_token"
@@ -132,8 +132,8 @@ USER_ERRORS = (errors.FsError, ValidationError, ValueError)
 
 def api_failure(exc: Exception):
     """A user-fixable failure as JSON {"error": message} with the right status."""
-    if isinstance(exc, ValidationError):
-        return api_error(str(exc), 400, fields=exc.errors)
+    if isinstance(exc, (ValidationError, FieldError)):
+        return api_error(str(exc), 400, fields=form_errors(exc))
     if isinstance(exc, errors.FsError):
         return api_error(error_message(exc), error_status(exc))
     return api_error(str(exc), 400)
@@ -143,6 +143,8 @@ def form_errors(exc: Exception) -> dict[str, str]:
     """Field -> message for showing next to form inputs ("" = the whole form)."""
     if isinstance(exc, ValidationError):
         return dict(exc.errors)
+    if isinstance(exc, FieldError) and exc.field != "fields":
+        return {exc.field: str(exc)}  # the engine's check of one field (a path's folder, ...)
     return {"": error_message(exc)}
 
 

@@ -11,27 +11,22 @@ from flask import Blueprint, abort, flash, redirect, render_template, request, u
 
 from engine import datasets as dataset_service
 from engine import errors
+from engine.schema import Field, Schema
 from engine.snapshot_schedules import (
-    FREQUENCIES,
-    KEEP_MAX,
-    MIN_INTERVAL_S,
-    PREFIX_PATTERN,
+    DATASET_FIELD as PATH_FIELD,
+)
+from engine.snapshot_schedules import (
+    PATH_MAX,
+    SCHEDULE_SCHEMA,
     SnapshotScheduler,
+    engine_fields,
 )
 from engine.snapshots import Snapshots
-from engine.units import parse_duration
 from webui import core
+from webui.crud import CrudApi
 from webui.jobs import daemon_pid, queue
-from webui.schema import Field, Schema
 
 bp = Blueprint("datasets", __name__)
-PATH_MAX = 4096
-
-
-def _duration(text: str) -> int:
-    if not text.strip():
-        return 0
-    return round(parse_duration(text))  # its ValueError names the value and what was expected
 
 
 def _filled(form) -> dict:
@@ -39,14 +34,6 @@ def _filled(form) -> dict:
     return {k: v for k, v in form.items() if v.strip() != ""}
 
 
-PATH_FIELD = Field(
-    "path",
-    "string",
-    "The dataset: a directory of the namespace, e.g. /datasets/web",
-    min_length=1,
-    max_length=PATH_MAX,
-    example="/datasets/web",
-)
 NAME_FIELD = Field(
     "name",
     "string",
@@ -84,67 +71,6 @@ LIST_SCHEMA = Schema(
         ),
     ),
 )
-SCHEDULE_SCHEMA = Schema(
-    "SnapshotScheduleInput",
-    "Periodic snapshots of a dataset, named PREFIX-YYYY-MM-DDTHHMMZ after their slot (UTC), "
-    "deleted once no keep rule keeps them",
-    (
-        PATH_FIELD,
-        Field(
-            "frequency",
-            "string",
-            "hourly, daily, weekly, or interval (every interval_s seconds)",
-            enum=FREQUENCIES,
-            default="daily",
-        ),
-        Field(
-            "at",
-            "string",
-            "When in the period, UTC: hourly the minute (:15), daily HH:MM, weekly 'Mon HH:MM' "
-            "(empty: the period's start)",
-            required=False,
-            max_length=32,
-            example="03:00",
-        ),
-        Field(
-            "interval_s",
-            "integer",
-            f"Seconds between snapshots of an interval schedule ({MIN_INTERVAL_S} or more)",
-            required=False,
-            minimum=MIN_INTERVAL_S,
-        ),
-        Field(
-            "prefix",
-            "string",
-            "Names start with it (1-32 letters, digits, _ . -); two schedules of a dataset need "
-            "different ones",
-            required=False,
-            max_length=32,
-            pattern=PREFIX_PATTERN,
-            default="auto",
-        ),
-        Field(
-            "keep_last",
-            "integer",
-            "Keep the newest N (0 or empty: no count rule)",
-            required=False,
-            minimum=0,
-            maximum=KEEP_MAX,
-            example=24,
-        ),
-        Field(
-            "keep_for",
-            "string",
-            "Keep those younger than this: seconds or a duration such as 36h or 30d "
-            "(0 or empty: no age rule)",
-            required=False,
-            max_length=32,
-            example="30d",
-            check=_duration,
-        ),
-        Field("enabled", "boolean", "Whether the daemon takes it", required=False, default=True),
-    ),
-)
 RUN_SCHEMA = Schema(
     "SnapshotScheduleRun",
     "Which schedules to preview or run.",
@@ -169,20 +95,32 @@ def scheduler() -> SnapshotScheduler:
     return SnapshotScheduler(core.ctx().namespace)
 
 
-def engine_fields(values: dict, *, partial: bool = False) -> dict:
-    """Form or API values -> SnapshotScheduler fields (keep 0 or empty: no such rule)."""
-    out = dict(values)
-    if "keep_for" in out:
-        out["keep_for_s"] = out.pop("keep_for") or None
-    elif not partial:
-        out["keep_for_s"] = None
-    if "keep_last" in out:
-        out["keep_last"] = out["keep_last"] or None
-    elif not partial:
-        out["keep_last"] = None
-    if not partial and not out.get("at"):
-        out.pop("at", None)
-    return out
+def add_schedule_from(values: dict, who: str):
+    """A new schedule from form or API values."""
+    fields = engine_fields(values)
+    return scheduler().add(fields.pop("path"), fields.pop("frequency"), actor=who, **fields)
+
+
+SCHEDULE_API = CrudApi(
+    "/snapshot-schedules",
+    "schedule_id",
+    "datasets",
+    "snapshot schedule",
+    "snapshot schedules",
+    SCHEDULE_SCHEMA,
+    "SnapshotSchedule",
+    lambda: [s.to_dict() for s in scheduler().list_schedules()],
+    lambda values, who: add_schedule_from(values, who).to_dict(),
+    lambda schedule_id: scheduler().get(schedule_id).to_dict(),
+    lambda schedule_id, values, who: (
+        scheduler().update(schedule_id, actor=who, **engine_fields(values, partial=True)).to_dict()
+    ),
+    lambda schedule_id, who: scheduler().delete(schedule_id, actor=who),
+    summary={
+        "create": "Create a snapshot schedule (its first snapshot is at its next slot)",
+        "delete": "Delete a snapshot schedule (its snapshots stay)",
+    },
+)
 
 
 def snapshot_dict(path: str, info) -> dict:
@@ -405,10 +343,7 @@ def add_schedule():
     form: dict[str, object] = dict(request.form)
     form["enabled"] = "enabled" in request.form
     try:
-        values = engine_fields(SCHEDULE_SCHEMA.from_form(_filled(request.form)))
-        made = scheduler().add(
-            values.pop("path"), values.pop("frequency"), actor=core.actor(), **values
-        )
+        made = add_schedule_from(SCHEDULE_SCHEMA.from_form(_filled(request.form)), core.actor())
     except core.USER_ERRORS as exc:
         try:
             return _dataset_page(

@@ -15,8 +15,8 @@ from typing import Any
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
 from engine import errors, events, inventory, metrics
+from engine.schema import Field, Schema
 from webui import charts, core
-from webui.schema import Field, Schema
 
 bp = Blueprint("drives", __name__)
 ACTIONS = ("mark_failed", "drain", "rebuild", "smart_test")

@@ -12,89 +12,12 @@ from engine import errors
 from engine import exports as export_service
 from engine.exports import SQUASH_MODES as SQUASH
 from webui import core
-from webui.schema import Field, Schema
+from webui.crud import CrudApi
 
 bp = Blueprint("exports", __name__)
 
 
-def _dir_path(text: str) -> str:
-    return export_service.clean_path(core.ctx().namespace, text)
-
-
-EXPORT_SCHEMA = Schema(
-    "Export",
-    "One NFS export.",
-    (
-        Field(
-            "name",
-            "string",
-            "The path clients mount, e.g. /export (a slash, then letters, digits, . _ - /)",
-            min_length=1,
-            max_length=export_service.NAME_MAX,
-            pattern=export_service.NAME_PATTERN,
-            example="/export",
-            check=export_service.clean_name,
-        ),
-        Field(
-            "path",
-            "string",
-            "The namespace directory this export shows",
-            min_length=1,
-            max_length=export_service.PATH_MAX,
-            default="/",
-            check=_dir_path,
-        ),
-        Field(
-            "clients",
-            "string",
-            "Clients allowed to mount: comma-separated IP addresses or CIDRs",
-            min_length=1,
-            max_length=export_service.PATH_MAX,
-            default=export_service.ANY_CLIENT,
-            check=export_service.clean_clients,
-        ),
-        Field(
-            "access",
-            "string",
-            "rw (read-write) or ro (read-only)",
-            enum=export_service.ACCESS_MODES,
-            default="rw",
-        ),
-        Field(
-            "squash",
-            "string",
-            "Identity mapping: root_squash (root becomes anon), all_squash "
-            "(everyone becomes anon) or no_root_squash",
-            enum=SQUASH,
-            default="root_squash",
-        ),
-        Field(
-            "anon_uid",
-            "integer",
-            "uid that squashed users get",
-            minimum=0,
-            maximum=export_service.ID_MAX,
-            default=65534,
-        ),
-        Field(
-            "anon_gid",
-            "integer",
-            "gid that squashed users get",
-            minimum=0,
-            maximum=export_service.ID_MAX,
-            default=65534,
-        ),
-        Field(
-            "trash_days",
-            "integer",
-            "Days deleted entries stay in the export's trash (0: no trash)",
-            minimum=0,
-            maximum=export_service.TRASH_DAYS_MAX,
-            default=7,
-        ),
-        Field("enabled", "boolean", "Whether clients may mount it", required=False, default=True),
-    ),
-)
+EXPORT_SCHEMA = export_service.SCHEMA
 
 
 def list_exports() -> list[dict]:
@@ -105,9 +28,11 @@ def get_export(export_id: int) -> dict:
     return export_service.get(core.ctx().catalog, export_id).to_dict()
 
 
-def create_export(values: dict, who: str) -> int:
+def create_export(values: dict, who: str) -> dict:
     shingle = core.ctx()
-    return export_service.create(shingle.catalog, values, actor=who, namespace=shingle.namespace).id
+    return export_service.create(
+        shingle.catalog, values, actor=who, namespace=shingle.namespace
+    ).to_dict()
 
 
 def update_export(export_id: int, values: dict, who: str) -> dict:
@@ -119,6 +44,23 @@ def update_export(export_id: int, values: dict, who: str) -> dict:
 
 def delete_export(export_id: int, who: str) -> None:
     export_service.delete(core.ctx().catalog, export_id, actor=who)
+
+
+API = CrudApi(
+    "/exports",
+    "export_id",
+    "exports",
+    "NFS export",
+    "NFS exports",
+    EXPORT_SCHEMA,
+    "Export",
+    list_exports,
+    create_export,
+    get_export,
+    update_export,
+    delete_export,
+    article="an",
+)
 
 
 def _form_values() -> dict:
@@ -133,8 +75,8 @@ def index():
     form, errs, status = dict(export_service.DEFAULTS), {}, 200
     if request.method == "POST":
         try:
-            export_id = create_export(EXPORT_SCHEMA.from_form(request.form), core.actor())
-            flash(f"export {export_id} created", "ok")
+            made = create_export(EXPORT_SCHEMA.from_form(request.form), core.actor())
+            flash(f"export {made['id']} created", "ok")
             return redirect(url_for("exports.index"))
         except core.USER_ERRORS as exc:
             form, errs, status = _form_values(), core.form_errors(exc), 400

@@ -12,8 +12,8 @@ import os
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
 from engine import errors, jobs
+from engine.schema import Field, Schema
 from webui import core
-from webui.schema import Field, Schema
 
 bp = Blueprint("jobs", __name__)
 QUEUEABLE = ("scrub", "clean", "tier", "rebuild")  # whole-appliance jobs without parameters

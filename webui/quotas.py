@@ -10,8 +10,9 @@ from flask import Blueprint, abort, flash, redirect, request, url_for
 from appliance.facade import parse_size
 from engine import errors
 from engine.quota_service import QuotaService
+from engine.schema import Field, Schema, ValidationError
 from webui import core
-from webui.schema import Field, Schema, ValidationError
+from webui.crud import CrudApi
 
 bp = Blueprint("quotas", __name__)
 LIMIT_MAX = 2**62
@@ -74,6 +75,33 @@ def update_quota(quota_id: int, values: dict, who: str) -> dict:
 def delete_quota(quota_id: int, who: str) -> None:
     quotas = service()
     quotas.remove(quotas.get_by_id(quota_id).path, actor=who)
+
+
+API = CrudApi(
+    "/quotas",
+    "quota_id",
+    "quotas",
+    "quota",
+    "quotas of directory trees, with their usage",
+    QUOTA_SCHEMA,
+    "Quota",
+    list_quotas,
+    set_quota,
+    get_quota,
+    update_quota,
+    delete_quota,
+    update_schema=LIMITS_SCHEMA,
+    summary={
+        "create": "Set the quota of a directory (made if new, else the limits given change)",
+        "update": "Change limits of a quota (0 removes one)",
+        "delete": "Remove a quota (the files stay)",
+    },
+    described={
+        "list": "every quota with its usage",
+        "create": "the quota as set",
+        "delete": "the id of the removed quota",
+    },
+)
 
 
 def recount(who: str) -> dict:

@@ -1,9 +1,15 @@
 """Response bodies of the REST API, as OpenAPI schemas (components/schemas of /api/v1/openapi.json).
 
-Declared once here, with ``ROUTES`` naming each API route's (webui/api.py) response; a test
+Declared once here, with ``ROUTES`` naming each API route's (webui/api.py) response; an admin
+object's schema comes from its engine schema (the fields it takes, plus its id and what the
+engine adds), and webui/crud.py adds the routes of its five CRUD endpoints to ``ROUTES``. A test
 checks real responses against them (tests/webui/test_api_responses.py), so they cannot drift."""
 
 from __future__ import annotations
+
+from engine import exports as export_service
+from engine import smb as smb_service
+from engine.retention import RULE_SCHEMA
 
 
 def prop(kind: str | list, description: str, **extra) -> dict:
@@ -112,15 +118,9 @@ SCHEMAS: dict[str, dict] = {
         message=prop("string", "What happened"),
         job=prop(["integer", "null"], "The queued job's id, if the action queued one"),
     ),
-    "RetentionRule": obj(
+    "RetentionRule": RULE_SCHEMA.response(
         "A keep-last-N rule",
-        ("id", "pattern", "keep", "action"),
-        id=prop("integer", "Rule id"),
-        pattern=prop("string", "Path pattern"),
-        keep=prop("integer", "Newest entries kept per parent folder"),
-        action=prop("string", "delete, cold or trash"),
-        order_by=prop("string", "mtime or name"),
-        enabled=prop("boolean", "Whether scheduled runs apply it"),
+        "Rule id",
         created_ns=prop("integer", "Created, " + NS),
         last_run_ns=prop(["integer", "null"], "Last run, " + NS),
     ),
@@ -160,20 +160,7 @@ SCHEMAS: dict[str, dict] = {
         heartbeat_ns=prop(["integer", "null"], "Last sign of life of the daemon running it, " + NS),
         attempts=prop("integer", "Times it was started (a job a dead daemon left is re-queued)"),
     ),
-    "Export": obj(
-        "An NFS export",
-        ("id", "name", "path"),
-        id=prop("integer", "Export id"),
-        name=prop("string", "Path clients mount, e.g. /export"),
-        path=prop("string", "Folder in the namespace"),
-        clients=prop("string", "Allowed client CIDRs"),
-        access=prop("string", "rw or ro"),
-        squash=prop("string", "root_squash, no_root_squash or all_squash"),
-        anon_uid=prop("integer", "uid of squashed users"),
-        anon_gid=prop("integer", "gid of squashed users"),
-        trash_days=prop("integer", "Days trashed entries are kept"),
-        enabled=prop("boolean", "Served"),
-    ),
+    "Export": export_service.SCHEMA.response("An NFS export", "Export id"),
     "Quota": obj(
         "A quota on a directory tree: bytes are the logical sizes of its regular files, files "
         "its inodes below the root (snapshots not counted); a null limit is none",
@@ -249,20 +236,7 @@ SCHEMAS: dict[str, dict] = {
         scope=prop("string", "read-only, operator or admin"),
         expires_days=prop(["integer", "null"], "Days until it stops working (null: never)"),
     ),
-    "SmbShare": obj(
-        "An SMB share",
-        ("id", "name", "path"),
-        id=prop("integer", "Share id"),
-        name=prop("string", "Share name, //server/NAME"),
-        path=prop("string", "Folder in the namespace"),
-        access=prop("string", "rw or ro"),
-        clients=prop("string", "Allowed client CIDRs"),
-        guest=prop("boolean", "Guests may connect without a password"),
-        users=prop("string", "SMB users who may connect, comma-separated (empty: every one)"),
-        read_only_users=prop("string", "SMB users who may connect but not write"),
-        case_insensitive=prop("boolean", "Names compared without case"),
-        enabled=prop("boolean", "Served"),
-    ),
+    "SmbShare": smb_service.SHARE_SCHEMA.response("An SMB share", "Share id"),
     "SmbUser": obj(
         "An SMB user (the password is only in Samba's passdb)",
         ("id", "name", "uid", "gid"),
@@ -454,11 +428,6 @@ ROUTES: dict[tuple[str, str], tuple[str, str]] = {  # (method, rule) -> (schema,
     ),
     ("POST", "/drives"): ("Job", "the queued drive-add job"),
     ("POST", "/drives/<int:drive_id>/replace"): ("Job", "the queued drive-replace job"),
-    ("GET", "/retention/rules"): ("RetentionRule[]", "every retention rule"),
-    ("POST", "/retention/rules"): ("RetentionRule", "the new rule"),
-    ("GET", "/retention/rules/<int:rule_id>"): ("RetentionRule", "the rule"),
-    ("PATCH", "/retention/rules/<int:rule_id>"): ("RetentionRule", "the rule as changed"),
-    ("DELETE", "/retention/rules/<int:rule_id>"): ("Deleted", "the id of the deleted rule"),
     ("GET", "/retention/preview"): ("PlannedAction[]", "what a run would do, entry by entry"),
     ("POST", "/retention/run"): ("Job", "the queued retention job"),
     ("GET", "/trash"): ("TrashEntry[]", "every trash entry, oldest deletion first"),
@@ -471,17 +440,6 @@ ROUTES: dict[tuple[str, str], tuple[str, str]] = {  # (method, rule) -> (schema,
     ("POST", "/snapshots/delete"): ("SnapshotDeleted", "the deleted snapshot"),
     ("POST", "/snapshots/rollback"): ("SnapshotRollback", "what the rollback changed"),
     ("POST", "/snapshots/archive"): ("Job", "the queued snapshot-archive job"),
-    ("GET", "/snapshot-schedules"): ("SnapshotSchedule[]", "every snapshot schedule"),
-    ("POST", "/snapshot-schedules"): ("SnapshotSchedule", "the new schedule"),
-    ("GET", "/snapshot-schedules/<int:schedule_id>"): ("SnapshotSchedule", "the schedule"),
-    ("PATCH", "/snapshot-schedules/<int:schedule_id>"): (
-        "SnapshotSchedule",
-        "the schedule as changed",
-    ),
-    ("DELETE", "/snapshot-schedules/<int:schedule_id>"): (
-        "Deleted",
-        "the id of the deleted schedule",
-    ),
     ("GET", "/snapshot-schedules/preview"): (
         "PlannedSnapshotAction[]",
         "what a run would do, snapshot by snapshot",
@@ -490,23 +448,8 @@ ROUTES: dict[tuple[str, str], tuple[str, str]] = {  # (method, rule) -> (schema,
     ("GET", "/jobs"): ("Job[]", "recent jobs, newest first"),
     ("GET", "/jobs/<int:job_id>"): ("Job", "the job"),
     ("POST", "/jobs"): ("Job", "the queued job"),
-    ("GET", "/exports"): ("Export[]", "every export"),
-    ("POST", "/exports"): ("Export", "the new export"),
-    ("GET", "/exports/<int:export_id>"): ("Export", "the export"),
-    ("PATCH", "/exports/<int:export_id>"): ("Export", "the export as changed"),
-    ("DELETE", "/exports/<int:export_id>"): ("Deleted", "the id of the deleted export"),
-    ("GET", "/quotas"): ("Quota[]", "every quota with its usage"),
-    ("POST", "/quotas"): ("Quota", "the quota as set"),
-    ("GET", "/quotas/<int:quota_id>"): ("Quota", "the quota"),
-    ("PATCH", "/quotas/<int:quota_id>"): ("Quota", "the quota as changed"),
-    ("DELETE", "/quotas/<int:quota_id>"): ("Deleted", "the id of the removed quota"),
     ("POST", "/quotas/recount"): ("QuotaRecount", "the counters that were corrected"),
     ("GET", "/smb/status"): ("SmbStatus", "smbd's health, sessions, shares and users"),
-    ("GET", "/smb/shares"): ("SmbShare[]", "every SMB share"),
-    ("POST", "/smb/shares"): ("SmbShare", "the new share"),
-    ("GET", "/smb/shares/<int:share_id>"): ("SmbShare", "the share"),
-    ("PATCH", "/smb/shares/<int:share_id>"): ("SmbShare", "the share as changed"),
-    ("DELETE", "/smb/shares/<int:share_id>"): ("Deleted", "the id of the deleted share"),
     ("GET", "/smb/users"): ("SmbUser[]", "every SMB user"),
     ("POST", "/smb/users"): ("SmbUser", "the new user, with its uid and gid"),
     ("GET", "/smb/users/<name>"): ("SmbUser", "the user"),

@@ -11,71 +11,15 @@ from flask import Blueprint, abort, flash, redirect, render_template, request, u
 
 from engine import errors
 from engine.catalog.models import REG
-from engine.retention import ACTIONS, KEEP_MAX, ORDERS, RetentionService, validate_pattern
+from engine.retention import ACTIONS, RULE_SCHEMA, RetentionService
+from engine.schema import Field, Schema
 from webui import core
+from webui.crud import CrudApi
 from webui.jobs import daemon_pid, queue
-from webui.schema import Field, Schema
 
 bp = Blueprint("retention", __name__)
 FORM_DEFAULTS = {"action": "trash", "order_by": "mtime", "enabled": True}  # trash: restorable
 PREVIEW_WALK_LIMIT = 100_000  # entries a preview looks at for sizes; past it, sizes are "at least"
-
-
-def _pattern(value: str) -> str:
-    try:
-        return validate_pattern(value)
-    except errors.InvalidArgument as exc:
-        raise ValueError(exc.strerror) from None
-
-
-RULE_SCHEMA = Schema(
-    "RetentionRule",
-    "Keep the newest N entries a path pattern matches; act on the older ones.",
-    (
-        Field(
-            "pattern",
-            "string",
-            "An absolute path pattern; components may hold * ? [...] wildcards, e.g. "
-            "/checkpoints/*/step-* (no '.' or '..' components)",
-            min_length=1,
-            max_length=1024,
-            example="/checkpoints/*/step-*",
-            check=_pattern,
-        ),
-        Field(
-            "keep",
-            "integer",
-            "How many of the newest matches to keep in each directory",
-            minimum=1,
-            maximum=KEEP_MAX,
-            example=3,
-        ),
-        Field(
-            "action",
-            "string",
-            "What happens to older matches: delete (gone for good, space freed now), trash "
-            "(restorable from the export's trash; frees no space until the trash is purged) or "
-            "cold (pinned to the cold band class)",
-            enum=ACTIONS,
-            default="delete",
-        ),
-        Field(
-            "order_by",
-            "string",
-            "Which entries are newest: by modification time (mtime) or by the natural "
-            "sort of names (step-9 < step-10)",
-            enum=ORDERS,
-            default="mtime",
-        ),
-        Field(
-            "enabled",
-            "boolean",
-            "Whether the scheduled runs apply this rule",
-            required=False,
-            default=True,
-        ),
-    ),
-)
 
 
 RUN_SCHEMA = Schema(
@@ -120,6 +64,23 @@ def create_rule(values: dict, who: str) -> int:
         enabled=values.get("enabled", True),
         actor=who,
     )
+
+
+API = CrudApi(
+    "/retention/rules",
+    "rule_id",
+    "retention",
+    "retention rule",
+    "retention rules",
+    RULE_SCHEMA,
+    "RetentionRule",
+    lambda: [rule.to_dict() for rule in service().list_rules()],
+    lambda values, who: service().get_rule(create_rule(values, who)).to_dict(),
+    lambda rule_id: service().get_rule(rule_id).to_dict(),
+    lambda rule_id, values, who: service().update_rule(rule_id, actor=who, **values).to_dict(),
+    lambda rule_id, who: service().delete_rule(rule_id, actor=who),
+    summary={"create": "Create a keep-last-N rule"},
+)
 
 
 def _page(status: int = 200, **extra):

@@ -8,8 +8,8 @@ import time
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
 from engine import accounts, admins, errors
+from engine.schema import Field, Schema
 from webui import core
-from webui.schema import Field, Schema
 
 bp = Blueprint("settings", __name__)
 

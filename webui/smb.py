@@ -13,150 +13,16 @@ from flask import Blueprint, abort, flash, redirect, render_template, request, u
 
 from appliance.facade import SambaLayout, SambaPassdb, smb_report
 from engine import errors
-from engine import exports as export_service
 from engine import smb as smb_service
 from webui import core
-from webui.schema import Field, Schema
+from webui.crud import CrudApi
 
 bp = Blueprint("smb", __name__)
 
 
-def _dir_path(text: str) -> str:
-    return smb_service.validate_share({"path": text}, core.ctx().namespace, partial=True)["path"]
-
-
-SHARE_SCHEMA = Schema(
-    "SmbShareInput",
-    "One SMB share.",
-    (
-        Field(
-            "name",
-            "string",
-            "The share's name, //server/NAME (1-80 letters, digits, . _ -, a "
-            "letter or digit first)",
-            min_length=1,
-            max_length=80,
-            pattern=smb_service.SHARE_PATTERN,
-            example="export",
-            check=smb_service.clean_share_name,
-        ),
-        Field(
-            "path",
-            "string",
-            "The namespace directory this share shows",
-            min_length=1,
-            max_length=export_service.PATH_MAX,
-            default="/",
-            check=_dir_path,
-        ),
-        Field(
-            "access",
-            "string",
-            "rw (read-write) or ro (read-only)",
-            enum=smb_service.ACCESS_MODES,
-            default="rw",
-        ),
-        Field(
-            "clients",
-            "string",
-            "Clients allowed to connect: comma-separated IP addresses or CIDRs",
-            min_length=1,
-            max_length=export_service.PATH_MAX,
-            default=export_service.ANY_CLIENT,
-            check=export_service.clean_clients,
-        ),
-        Field(
-            "users",
-            "string",
-            "SMB users who may connect, comma-separated (empty: every SMB user)",
-            required=False,
-            max_length=4096,
-            default="",
-            check=lambda v: smb_service.clean_user_list("users", v),
-        ),
-        Field(
-            "read_only_users",
-            "string",
-            "SMB users who may connect but not write, comma-separated",
-            required=False,
-            max_length=4096,
-            default="",
-            check=lambda v: smb_service.clean_user_list("read_only_users", v),
-        ),
-        Field(
-            "guest",
-            "boolean",
-            "Guests may connect without a password (their files are nobody's)",
-            required=False,
-            default=False,
-        ),
-        Field(
-            "case_insensitive",
-            "boolean",
-            "Names compared without case, as Windows does (a name "
-            "not found then makes Samba scan the folder)",
-            required=False,
-            default=False,
-        ),
-        Field("enabled", "boolean", "Whether smbd serves it", required=False, default=True),
-    ),
-)
-
-USER_SCHEMA = Schema(
-    "SmbUserInput",
-    "A new SMB user.",
-    (
-        Field(
-            "name",
-            "string",
-            "A user name of 1-32 lower-case letters, digits, _ . - (a letter or _ first)",
-            min_length=1,
-            max_length=32,
-            pattern=smb_service.USER_PATTERN,
-            example="alice",
-            check=smb_service.clean_user_name,
-        ),
-        Field(
-            "password",
-            "string",
-            "The SMB password (kept only in Samba's passdb)",
-            min_length=1,
-            max_length=smb_service.PASSWORD_MAX,
-            check=smb_service.clean_password,
-        ),
-        Field(
-            "uid",
-            "integer",
-            f"uid its files get (empty: the next from {smb_service.FIRST_UID})",
-            required=False,
-            minimum=1,
-            maximum=export_service.ID_MAX,
-        ),
-        Field(
-            "gid",
-            "integer",
-            "gid its files get (empty: the uid)",
-            required=False,
-            minimum=1,
-            maximum=export_service.ID_MAX,
-        ),
-    ),
-)
-
-PASSWORD_SCHEMA = Schema(
-    "SmbPasswordInput",
-    "An SMB user's new password.",
-    (
-        Field(
-            "password",
-            "string",
-            "The new SMB password",
-            min_length=1,
-            max_length=smb_service.PASSWORD_MAX,
-            check=smb_service.clean_password,
-        ),
-    ),
-)
+SHARE_SCHEMA = smb_service.SHARE_SCHEMA
+USER_SCHEMA = smb_service.USER_SCHEMA
+PASSWORD_SCHEMA = smb_service.PASSWORD_SCHEMA
 
 
 def layout() -> SambaLayout:
@@ -192,6 +58,27 @@ def update_share(share_id: int, values: dict, who: str) -> dict:
 
 def delete_share(share_id: int, who: str) -> None:
     smb_service.delete_share(core.ctx().catalog, share_id, actor=who)
+
+
+SHARE_API = CrudApi(
+    "/smb/shares",
+    "share_id",
+    "smb",
+    "SMB share",
+    "SMB shares",
+    SHARE_SCHEMA,
+    "SmbShare",
+    list_shares,
+    create_share,
+    get_share,
+    update_share,
+    delete_share,
+    article="an",
+    summary={
+        "create": "Create an SMB share (smbd serves it within 2 s)",
+        "delete": "Delete an SMB share (the files stay)",
+    },
+)
 
 
 def list_users() -> list[dict]:

@@ -13,9 +13,9 @@ from flask import Blueprint, flash, redirect, render_template, request, url_for
 
 from engine import inventory, tier_settings
 from engine.compression import DEFAULT_LEVEL
+from engine.schema import Field, Schema
 from engine.tier_settings import CLASSES, DAY, PATH_RULES_KEY, PIN_LIST_LIMIT  # noqa: F401
 from webui import core
-from webui.schema import Field, Schema
 
 bp = Blueprint("tiers", __name__)
 DEFAULTS = tier_settings.THRESHOLD_DEFAULTS

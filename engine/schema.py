@@ -1,9 +1,14 @@
-"""API and form schemas, declared once: validation and the OpenAPI document both read them.
+"""The fields of an admin object, declared once: the engine's checks, the REST API's request
+and response schemas (OpenAPI) and the web UI's forms all read them.
 
-Each field carries its type, bounds and a description (the TrueNAS habit); a
-value outside them is refused with a message naming the field, the value and
-what was expected. HTML forms send strings, so ``from_form`` converts them
-(an unchecked checkbox is False) before the same checks run."""
+Each field carries its type, bounds and a description (the TrueNAS habit); a value outside them
+is refused with a message naming the field, the value and what was expected. Two ways to check:
+- ``Schema.validate`` (REST bodies, forms): every bad field at once, as a ``ValidationError``
+  mapping field -> message; HTML forms send strings, so ``from_form`` converts them first (an
+  unchecked checkbox is False);
+- ``Schema.check`` (the engine's services, hence also the CLI): the first bad field, raised as
+  the domain's ``FieldError`` (an ``errors.InvalidArgument``) with ``field``, ``value`` and
+  ``expected``, in the wording "a whole number 0-3650" that the CLI has always shown."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.errors import InvalidArgument
 from engine.units import format_duration, parse_duration
 
 TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool}
@@ -23,6 +29,28 @@ class ValidationError(ValueError):
     def __init__(self, errors: dict[str, str]):
         self.errors = errors
         super().__init__("; ".join(errors.values()))
+
+
+def shown(value: Any) -> str:
+    """A value as a message quotes it: repr, long strings cut at 60 characters."""
+    if isinstance(value, str) and len(value) > 60:
+        return repr(value[:60]) + "..."
+    return repr(value)
+
+
+class FieldError(InvalidArgument, ValueError):
+    """A field of an admin object has a value it cannot take (``Schema.check``); each domain
+    subclasses it (engine.exports.ExportValueError, engine.smb.SmbValueError, ...)."""
+
+    def __init__(self, field: str, value: object, expected: str):
+        self.field, self.value, self.expected = field, value, expected
+        super().__init__(f"{field} = {shown(value)}: expected {expected}")
+
+    def __str__(self) -> str:  # the message alone, as a ValueError shows it (no "[Errno 22]")
+        return self.strerror or ""
+
+
+ErrorType = type[FieldError]  # named here: inside Field, ``type`` is a field's own
 
 
 @dataclass(frozen=True)
@@ -50,12 +78,7 @@ class Field:
         and what was expected."""
 
         def bad(expected: str):
-            shown = (
-                repr(value)
-                if not isinstance(value, str) or len(value) <= 60
-                else repr(value[:60]) + "..."
-            )
-            return ValueError(f"{self.name} = {shown}: expected {expected}")
+            return ValueError(f"{self.name} = {shown(value)}: expected {expected}")
 
         if self.type == "boolean":
             if not isinstance(value, bool):
@@ -84,10 +107,57 @@ class Field:
         if self.enum and value not in self.enum:
             raise bad(f"one of {', '.join(map(str, self.enum))}")
         if self.pattern is not None and not re.fullmatch(self.pattern, value):
-            raise bad(self.description[0].lower() + self.description[1:])
+            raise bad(self.lowered())
         if self.check is not None:
             value = self.check(value)  # its ValueError already names what failed
         return value
+
+    def strict(self, value: Any, error: ErrorType, check: Callable | None = None) -> Any:
+        """The clean value for the engine, else ``error`` naming what the field takes as a
+        whole. ``check`` replaces the field's own (a rule that needs what the schema cannot
+        hold, such as the namespace); a FieldError of another domain from it is re-raised
+        as ``error``."""
+        rule = check or self.check
+        if rule is not None:
+            try:
+                return rule(value)
+            except FieldError as exc:
+                if isinstance(exc, error):
+                    raise
+                raise error(self.name, exc.value, exc.expected) from None
+        if self.enum:
+            if value not in self.enum:
+                raise error(self.name, value, f"one of {', '.join(map(str, self.enum))}")
+        elif self.type == "boolean":
+            if not isinstance(value, bool):
+                raise error(self.name, value, "true or false")
+        elif self.type == "integer":
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or (self.minimum is not None and value < self.minimum)
+                or (self.maximum is not None and value > self.maximum)
+            ):
+                raise error(self.name, value, f"a whole number {self.span()}")
+        else:
+            try:
+                return self.clean(value)
+            except ValueError:
+                raise error(self.name, value, self.lowered()) from None
+        return value
+
+    def span(self) -> str:
+        """'0-3650', '1 or more' or 'of any size': the bounds of a number."""
+        low, high = self.minimum, self.maximum
+        if low is not None and high is not None:
+            return f"{low}-{high}"
+        if low is not None:
+            return f"{low} or more"
+        return f"up to {high}" if high is not None else "of any size"
+
+    def lowered(self) -> str:
+        """The description as the end of "expected ..."."""
+        return self.description[0].lower() + self.description[1:]
 
     def bound(self, limit: float) -> str:
         if self.unit == "duration":
@@ -143,6 +213,57 @@ class Schema:
     description: str
     fields: tuple[Field, ...] = field(default_factory=tuple)
 
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    def defaults(self) -> dict[str, Any]:
+        """What a new object gets for each field not given."""
+        return {f.name: f.default for f in self.fields if f.default is not None}
+
+    def check(
+        self,
+        values: Mapping[str, Any],
+        *,
+        error: type[FieldError],
+        what: str,
+        partial: bool = False,
+        checks: Mapping[str, Callable[[Any], Any]] | None = None,
+    ) -> dict:
+        """The engine's check: the clean values given (``partial``: only those, as for an
+        update; else the defaults fill what is missing), the first bad one raised as ``error``.
+        ``what`` names the object ("an export"); ``checks`` replace fields' own rules with ones
+        that need more than the value (the namespace, for a path)."""
+        names = self.names()
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise error(unknown[0], values[unknown[0]], f"a field of {what}: {', '.join(names)}")
+        given = dict(values) if partial else {**self.defaults(), **values}
+        if partial and not given:
+            raise error("fields", {}, f"some of {', '.join(names)}")
+        rules = checks or {}
+        clean: dict[str, Any] = {}
+        for f in self.fields:
+            if f.name in given:
+                clean[f.name] = f.strict(given[f.name], error, rules.get(f.name))
+            elif f.required and not partial:
+                raise error(f.name, None, f.lowered())
+        return clean
+
+    def response(self, description: str, id_description: str, **extra: dict) -> dict:
+        """The OpenAPI schema of the object as the API returns it: its id, every field (a
+        response carries them all) and ``extra`` read-only properties."""
+        properties: dict[str, dict] = {"id": {"type": "integer", "description": id_description}}
+        for f in self.fields:
+            properties[f.name] = {"type": f.type, "description": f.description}
+            if f.enum:
+                properties[f.name]["enum"] = list(f.enum)
+        return {
+            "type": "object",
+            "description": description,
+            "properties": {**properties, **extra},
+            "required": ["id", *self.names()],
+        }
+
     def validate(self, data: Any, *, partial: bool = False) -> dict:
         """Clean values of known fields; ``partial`` (PATCH) requires none and fills no defaults."""
         if not isinstance(data, Mapping):
@@ -168,10 +289,7 @@ class Schema:
                 if f.default is not None:
                     clean[f.name] = f.default
                 elif f.required:
-                    errors[f.name] = (
-                        f"{f.name} is missing: expected "
-                        f"{f.description[0].lower() + f.description[1:]}"
-                    )
+                    errors[f.name] = f"{f.name} is missing: expected {f.lowered()}"
                 continue
             try:
                 clean[f.name] = f.clean(value)
