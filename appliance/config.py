@@ -512,6 +512,33 @@ OPTIONS: list[Option] = [
         "Wait before the first retry, doubled for each further one.",
         minimum=0,
     ),
+    Option(
+        "cluster",
+        "etcd_endpoints",
+        "str",
+        "",
+        "etcd client URLs, comma-separated (http://HOST:2379,...). Set: this host campaigns to "
+        "be the maintenance leader (an etcd lease) and runs scheduled and queued jobs only "
+        "while it leads, each catalog write fenced by its token (docs/cluster.md). Empty: one "
+        "host, maintenance runs here as always.",
+    ),
+    Option(
+        "cluster",
+        "name",
+        "str",
+        "",
+        "This host's name in the leader election, status and the web UI; empty: the host name.",
+    ),
+    Option(
+        "cluster",
+        "lease_ttl_s",
+        "float",
+        10.0,
+        "The maintenance leader's etcd lease: a leader that dies is replaced within about "
+        "this long; a leader cut off from etcd stops this long after its last keepalive.",
+        minimum=2,
+        maximum=300,
+    ),
 ]
 
 BAND_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -561,6 +588,23 @@ def _check_nfs_limits(values: dict[str, Any]) -> None:
             values["nfs.total_budget"],
             f"at least connection_budget ({per_conn})",
         )
+
+
+def etcd_endpoints(value: str) -> list[str]:
+    """The [cluster] etcd_endpoints list (empty: no cluster)."""
+    return [url.strip() for url in value.split(",") if url.strip()]
+
+
+def _check_cluster(values: dict[str, Any]) -> None:
+    from engine.cluster.etcd import check_endpoint
+
+    for url in etcd_endpoints(values["cluster.etcd_endpoints"]):
+        try:
+            check_endpoint(url)
+        except ValueError:
+            raise ConfigError(
+                "cluster.etcd_endpoints", url, "comma-separated URLs http://HOST:PORT"
+            ) from None
 
 
 def _check(option: Option, value: Any) -> Any:
@@ -655,6 +699,7 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> Config:
                 )
             values[option.key] = _check(option, value)
     _check_nfs_limits(values)
+    _check_cluster(values)
     if values["alerts.capacity_critical_percent"] < values["alerts.capacity_warn_percent"]:
         raise ConfigError(
             "alerts.capacity_critical_percent",

@@ -17,6 +17,11 @@ would race it. So the daemon runs one maintenance thread that
   (engine/snapshot_schedules.py; one at a time, the job takes every due snapshot),
 - evaluates the alert sources (engine/alerts.py) every ``alerts.interval_s`` and hands raised
   and cleared alerts to the delivery threads (engine/notify.py: queued, never waited for).
+
+In a cluster ([cluster] etcd_endpoints), one host is the maintenance leader (an etcd lease:
+engine/cluster/leader.py): only it queues scheduled jobs and runs queued ones, each write fenced
+by its token (``Catalog.fenced``), and it recovers the jobs its predecessor left running when it
+takes office. Every host checks its own drives, evaluates alerts and samples its counters.
 """
 
 from __future__ import annotations
@@ -26,13 +31,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from engine import jobs
 from engine.catalog import CatalogUnreachable, from_outage
+from engine.catalog.fence import LeaderFenced
+from engine.cluster.leader import FencedLeader
 from engine.metrics import record_sample
 from engine.snapshot_schedules import SnapshotScheduler
 
 log = logging.getLogger("shingle.maintenance")
+T = TypeVar("T")
 
 SCHEDULE = (  # job kind -> config key of its interval
     ("retention", "maintenance.retention_interval_s"),
@@ -44,6 +53,9 @@ SCHEDULE = (  # job kind -> config key of its interval
 LAST_RUN_KEY = "maintenance.last_queued.{kind}"
 
 
+SINGLE_HOST = 0  # the term of a host without [cluster]: always leading, never fenced
+
+
 class Maintenance(threading.Thread):
     def __init__(
         self,
@@ -52,13 +64,17 @@ class Maintenance(threading.Thread):
         counters: Callable[[], dict] | None = None,
         tick_s: float = 1.0,
         sample_every_s: float = 10.0,
+        leader: FencedLeader | None = None,
     ):
+        """``leader``: this host's campaign in a cluster (``maintenance_leader``); jobs then run
+        only while it holds office, fenced by its token. None: one host, jobs always run here."""
         super().__init__(name="maintenance", daemon=True)
         self.appliance = appliance
         self.catalog = appliance.catalog
         self.counters = counters
         self.tick_s = tick_s
         self.sample_every_s = sample_every_s
+        self.leader = leader
         self.stopped = threading.Event()
         self.runners = job_runners(appliance)
         self.snapshot_scheduler = SnapshotScheduler(appliance.namespace)
@@ -67,35 +83,66 @@ class Maintenance(threading.Thread):
         self._unfinished: Callable[[], object] | None = None
 
     def run(self) -> None:
+        if self.leader is not None:
+            self.leader.start()
         last_sample = last_drive_check = last_alerts = 0.0
-        recovered = False
+        recovered: int | None = None  # the term whose interrupted jobs were recovered
         while not self.stopped.is_set():
-            # at start, and again each round until the catalog answers: no job runs before
-            if not recovered and not (recovered := self.recover_interrupted()):
-                self.stopped.wait(self.tick_s)
-                continue
+            term = self.term()
+            # at start (in a cluster: each new term), and again each round until the catalog
+            # answers: no job runs before
+            if term is not None and recovered != term:
+                self._unfinished = None  # a job of an earlier term: recovered with the others
+                if not self.in_term(term, self.recover_interrupted):
+                    self.stopped.wait(self.tick_s)
+                    continue
+                recovered = term
             try:
-                self.finish_pending()
+                if term is not None:
+                    self.in_term(term, self.finish_pending)
                 if self.drive_check_due(last_drive_check):
                     last_drive_check = time.monotonic()
                     self.appliance.datapath.check_drives()
                 if self.alerts is not None and self.alerts_due(last_alerts):
                     last_alerts = time.monotonic()
                     self.alerts.tick()
-                self.queue_due_jobs()
-                self.queue_due_snapshots()
-                job = jobs.claim_next(self.catalog)
-                if job is not None:
-                    self.run_job(job)
+                if term is not None and self.in_term(term, self.lead):
                     continue
                 if self.counters and time.monotonic() - last_sample >= self.sample_every_s:
                     record_sample(self.catalog, **self.counters())
                     last_sample = time.monotonic()
             except CatalogUnreachable:
                 pass  # the catalog's outage log counts it with every other thread's failures
+            except LeaderFenced as exc:
+                self._unfinished = None  # the successor recovers the job
+                log.warning("maintenance: no longer the leader, work left to the next: %s", exc)
             except Exception:  # the loop must survive anything one round does
                 log.exception("maintenance round failed")
             self.stopped.wait(self.tick_s)
+
+    def term(self) -> int | None:
+        """SINGLE_HOST without a cluster; in one, this host's fencing token while it leads, else
+        None (another host runs the jobs)."""
+        return SINGLE_HOST if self.leader is None else self.leader.token
+
+    def in_term(self, term: int, work: Callable[[], T]) -> T:
+        """``work()``, its catalog writes fenced by ``term`` in a cluster."""
+        leader = self.leader
+        if term == SINGLE_HOST or leader is None:
+            return work()
+        with self.catalog.fenced(term, lambda: leader.token == term):
+            return work()
+
+    def lead(self) -> bool:
+        """The leader's part of a round: scheduled jobs queued, the next queued job run; True
+        when one ran (the next round starts at once)."""
+        self.queue_due_jobs()
+        self.queue_due_snapshots()
+        job = jobs.claim_next(self.catalog)
+        if job is None:
+            return False
+        self.run_job(job)
+        return True
 
     def alerts_due(self, last: float) -> bool:
         return time.monotonic() - last >= self.appliance.config.get("alerts.interval_s")
@@ -114,8 +161,8 @@ class Maintenance(threading.Thread):
                 log.warning(
                     "job %d (%s) was interrupted by a daemon stop: %s", job.id, job.kind, job.state
                 )
-        except CatalogUnreachable:
-            return False  # counted by the catalog's outage log
+        except (CatalogUnreachable, LeaderFenced):
+            return False  # counted by the catalog's outage log; or office lost meanwhile
         except Exception:
             log.exception("could not recover interrupted jobs")
         return True
@@ -161,6 +208,8 @@ class Maintenance(threading.Thread):
         try:
             with jobs.Heartbeat(self.catalog, job.id):
                 result = runner(job.params, jobs.progress_writer(self.catalog, job.id), job.actor)
+        except LeaderFenced:
+            raise  # the job stays running: the successor queues it again
         except Exception as exc:
             if from_outage(exc):  # the catalog went away: its outage log tells why
                 log.error("job %d (%s) failed: %s", job.id, job.kind, exc)
@@ -177,6 +226,8 @@ class Maintenance(threading.Thread):
 
     def stop(self) -> None:
         self.stopped.set()
+        if self.leader is not None:
+            self.leader.stop(resign=True)  # the successor need not wait for the lease to expire
         if self.notifier is not None:
             self.notifier.stop()
 
@@ -298,3 +349,24 @@ def lifecycle_runners(appliance) -> dict[str, Callable]:
         reads=appliance.reads,
         scrub_bytes_per_s=scrub_rate,
     )
+
+
+def maintenance_leader(config, catalog) -> FencedLeader | None:
+    """This host's campaign for the maintenance leader ([cluster] etcd_endpoints set), raising
+    the catalog's fence when it takes office; None on a single host."""
+    from appliance.config import etcd_endpoints
+    from engine.catalog import fence
+    from engine.cluster.etcd import EtcdClient
+
+    endpoints = etcd_endpoints(config.get("cluster.etcd_endpoints"))
+    if not endpoints:
+        return None
+    ttl_s = config.get("cluster.lease_ttl_s")
+    leader = FencedLeader(
+        # a request must leave the lease time to be renewed by another endpoint
+        EtcdClient(endpoints, timeout_s=min(2.0, ttl_s / 3)),
+        config.get("cluster.name") or None,
+        ttl_s=ttl_s,
+    )
+    leader.on_elected = lambda token: fence.advance(catalog, token, leader.name)
+    return leader

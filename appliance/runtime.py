@@ -351,7 +351,7 @@ class Daemon:
 
     def start(self) -> None:
         from appliance.host.sdnotify import notify
-        from appliance.maintenance import Maintenance
+        from appliance.maintenance import Maintenance, maintenance_leader
 
         appliance = self.appliance = Appliance(self.config)
         self.start_nfs(appliance)
@@ -359,6 +359,7 @@ class Daemon:
             appliance,
             counters=self.counters,
             sample_every_s=self.config.get("maintenance.metrics_interval_s"),
+            leader=maintenance_leader(self.config, appliance.catalog),
         )
         self.maintenance.start()
         self.smb = self.start_smb(appliance)

@@ -121,6 +121,52 @@ def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
     }
 
 
+def leader_report(catalog: Catalog, config, *, ask_etcd: bool = True) -> dict | None:
+    """The cluster's maintenance leader; None on a single host (no [cluster] etcd_endpoints).
+
+    From the catalog's fence: the host that took office last, its token and since when. With
+    ``ask_etcd``, also who holds the leader key now (None: no one, office is vacant) or why etcd
+    did not say (a leader that died shows in the fence until its successor takes office)."""
+    from appliance.config import etcd_endpoints
+    from engine.catalog import fence
+    from engine.cluster.etcd import EtcdClient, EtcdError
+    from engine.cluster.leader import DEFAULT_KEY
+
+    endpoints = etcd_endpoints(config.get("cluster.etcd_endpoints"))
+    if not endpoints:
+        return None
+    row = fence.current(catalog)
+    report: dict = {
+        "holder": (row.holder or None) if row else None,
+        "token": row.token if row and row.token else None,
+        "since_ns": row.since_ns if row and row.since_ns else None,
+    }
+    if ask_etcd:
+        try:
+            key = EtcdClient(endpoints, timeout_s=1.0).get(DEFAULT_KEY)
+            report["etcd_holder"] = key.value if key is not None else None
+            report["etcd_error"] = None
+        except EtcdError as exc:
+            report["etcd_holder"], report["etcd_error"] = None, str(exc)
+    return report
+
+
+def leader_line(report: dict | None) -> str | None:
+    """`shingle status`'s line on the leader, or None on a single host."""
+    if report is None:
+        return None
+    if report["holder"] is None:
+        line = "no host has taken office yet"
+    else:
+        line = f"{report['holder']} (token {report['token']})"
+    if report.get("etcd_error"):
+        line += f"; etcd did not answer: {report['etcd_error']}"
+    elif "etcd_holder" in report and report["etcd_holder"] != report["holder"]:
+        now = report["etcd_holder"]
+        line += "; office vacant now" if now is None else f"; {now} is taking office"
+    return line
+
+
 SPACE_STATES = ("live", "garbage", "reserve", "free", "stranded")
 
 

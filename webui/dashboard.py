@@ -6,7 +6,7 @@ import time
 
 from flask import Blueprint, render_template
 
-from appliance.facade import SPACE_STATES, gather, space_by_state
+from appliance.facade import SPACE_STATES, gather, leader_report, space_by_state
 from engine import events, inventory, metrics
 from webui import charts, core
 
@@ -43,6 +43,7 @@ def summary() -> dict:
         "redundancy": report["redundancy"],
         "throughput": {k: [[t, v] for t, v in pts] for k, pts in throughput.items()},
         "window": [now - HOUR_NS, now],
+        "leader": leader_report(shingle.catalog, config),
     }
 
 

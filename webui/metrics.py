@@ -125,6 +125,7 @@ def render() -> str:
         [({}, cap["free_bytes"])],
     )
     _drives(out, report)
+    _leader(out, shingle)
     red = report["redundancy"]
     out.family(
         "shingle_stripes_under_protected",
@@ -308,6 +309,23 @@ def _decompression(out: Exposition, latest: dict[str, float]) -> None:
     ):
         if sample in latest:
             out.family(name, "counter", help_text + ".", [({}, latest[sample])])
+
+
+def _leader(out: Exposition, shingle) -> None:
+    """The cluster's maintenance leader from the catalog's fence (no etcd request per scrape);
+    nothing on a single host."""
+    from appliance.facade import leader_report
+
+    leader = leader_report(shingle.catalog, shingle.config, ask_etcd=False)
+    if leader is None:
+        return
+    out.family(
+        "shingle_leader_token",
+        "gauge",
+        "Fencing token of the maintenance leader that took office last, by host (0: none yet); "
+        "it rises at each change of leader.",
+        [({"holder": leader["holder"] or ""}, leader["token"] or 0)],
+    )
 
 
 def _status(shingle) -> dict:

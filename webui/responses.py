@@ -72,6 +72,15 @@ SCHEMAS: dict[str, dict] = {
         ),
         window=prop("array", "The window's [start, end] in " + NS),
         redundancy=ref("Redundancy"),
+        leader=obj(
+            "The cluster's maintenance leader (null on a single host: no [cluster] etcd_endpoints)",
+            holder=prop(["string", "null"], "The host that took office last (the catalog's fence)"),
+            token=prop(["integer", "null"], "Its fencing token (the leader key's etcd revision)"),
+            since_ns=prop(["integer", "null"], "When it took office, in " + NS),
+            etcd_holder=prop(["string", "null"], "Who holds the leader key in etcd now"),
+            etcd_error=prop(["string", "null"], "Why etcd did not say (unreachable)"),
+        )
+        | {"type": ["object", "null"]},
     ),
     "Redundancy": obj(
         "Redundancy of the live stripes on drives",

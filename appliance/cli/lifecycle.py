@@ -70,7 +70,9 @@ def run_data_job(args, kind: str, params: dict | None = None) -> jobs.JobRecord:
     config = load_config_as_owner(args)
     lock = DaemonLock(config.data_dir)
     progress = ProgressLine()
-    if lock.acquire():
+    # in a cluster the maintenance leader runs every job, wherever it is: queue it for it
+    clustered = bool(config.get("cluster.etcd_endpoints"))
+    if not clustered and lock.acquire():
         try:
             with Appliance(config) as appliance:
                 maintenance = Maintenance(appliance)
@@ -94,6 +96,9 @@ def run_data_job(args, kind: str, params: dict | None = None) -> jobs.JobRecord:
     catalog = open_catalog(config)
     try:
         job_id = jobs.submit(catalog, kind, params, actor="cli")
+        if clustered:
+            print(f"queued job {job_id} for the cluster's maintenance leader", file=sys.stderr)
+            return jobs.wait(catalog, job_id, progress=progress.show_job)
         print(
             f"the daemon (pid {lock.holder()}) owns the drives: queued job {job_id}",
             file=sys.stderr,

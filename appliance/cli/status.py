@@ -1,4 +1,5 @@
-"""`shingle status`: catalog, drives, capacity, redundancy and SMB at a glance."""
+"""`shingle status`: catalog, drives, capacity, redundancy, SMB and the cluster's leader at a
+glance."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from engine.units import format_size
 
 def cmd_status(args) -> int:
     from appliance.runtime import open_catalog
-    from appliance.status import gather, smb_report
+    from appliance.status import gather, leader_report, smb_report
 
     config = load_config(args)
     catalog = open_catalog(config)
     try:
         report = gather(catalog, config.policies(), config.get("storage.reserve_zones"))
         report["smb"] = smb_report(config.data_dir, catalog)
+        report["leader"] = leader_report(catalog, config)
     finally:
         catalog.close()
     if args.json:
@@ -27,7 +29,7 @@ def cmd_status(args) -> int:
 
 
 def print_report(report: dict) -> None:
-    from appliance.status import smb_line
+    from appliance.status import leader_line, smb_line
 
     fmt = format_size
     cat, cap = report["catalog"], report["capacity"]
@@ -56,6 +58,9 @@ def print_report(report: dict) -> None:
             f"empty / {d['zones_open']} open / {d['zones_full']} full  {d['path']}"
         )
     print(f"smb       {smb_line(report['smb'])}")
+    leader = leader_line(report.get("leader"))
+    if leader is not None:
+        print(f"leader    {leader}")
 
 
 def register(sub) -> None:

@@ -17,6 +17,7 @@ import http.client
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -73,10 +74,14 @@ def _decode(text: str) -> str:
 
 
 def check_endpoint(url: str) -> str:
-    """``url`` without a trailing slash; ConfigError-friendly ValueError for anything but
-    http(s)://host:port."""
-    url = str(url).rstrip("/")
-    if not url.startswith(("http://", "https://")) or "://" not in url or not url.split("://")[1]:
+    """``url`` without a trailing slash; ValueError for anything but http(s)://HOST[:PORT]."""
+    url = str(url).strip().rstrip("/")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.path:
         raise ValueError(f"etcd endpoint {url!r}: expected http://HOST:PORT")
     return url
 
