@@ -46,6 +46,8 @@ RANKS: dict[str, int] = {
     "drives.zoned_block": 81,
     "drives.smr_model": 85,
     "quotas.tracker": 86,
+    "namespace.ancestry": 87,
+    "namespace.cache": 88,
     "catalog.changes": 89,
     "catalog.watch": 90,
     "catalog.wal_index": 91,
@@ -53,6 +55,7 @@ RANKS: dict[str, int] = {
     "catalog.checkpoint": 93,
     "catalog.writer_queue": 95,
     "catalog.idle_connections": 96,
+    "namespace.open_refs": 97,
     "log.rate_limit": 98,
 }
 

@@ -11,7 +11,7 @@ change listener of the namespace after each commit of this process:
   along): the cache is emptied;
 - a link added or removed (link, unlink, rename over a name): the files it touched are
   forgotten (a directory's answer changes only when it moves to another directory);
-- a commit of another process: the attribute cache clears itself (``_cache_since`` moves),
+- a commit of another process: the attribute cache clears itself (``NameCache.since`` moves),
   and this cache follows;
 - its age: emptied CACHE_TTL_S after it was last emptied, as a backstop.
 
@@ -20,12 +20,12 @@ A check that began before such a change is not cached (the generation moved), so
 
 from __future__ import annotations
 
-import threading
 import time
 
-from engine.catalog.database import sql_one
-from engine.namespace.cache import AttrCache
+from engine.catalog.database import Catalog, sql_one
+from engine.namespace.cache import NameCache
 from engine.namespace.common import CACHE_TTL_S, DIR, Attr
+from engine.ordered_lock import lock
 
 _INSIDE_SQL = (
     "WITH RECURSIVE up(ino) AS ( SELECT parent FROM dirents WHERE child = ? UNION SELECT "
@@ -35,23 +35,20 @@ _INSIDE_SQL = (
 ANCESTRY_MAX_ENTRIES = 100_000
 
 
-class Ancestry(AttrCache):
-    """Part of Namespace: ``is_inside`` and its cache."""
+class Ancestry:
+    """Part of Namespace: ``is_inside`` and its cache (``changed`` listens to the namespace)."""
 
-    _dir_ancestry: dict[int, dict[int, bool]]  # directory inode -> {top: inside}
-    _file_ancestry: dict[int, dict[int, bool]]  # other inodes
-    _ancestry_gen: int
-    _ancestry_since: float
-    _ancestry_emptied_at: float
-    _ancestry_lock: threading.Lock
-
-    def _init_ancestry(self) -> None:
-        self._dir_ancestry, self._file_ancestry = {}, {}
-        self._ancestry_gen = 0
-        self._ancestry_since = self._cache_since
-        self._ancestry_emptied_at = time.monotonic()
-        self._ancestry_lock = threading.Lock()
-        self.add_change_listener(self._ancestry_changed)
+    def __init__(self, catalog: Catalog, cache: NameCache, root_ino: int):
+        self.catalog = catalog
+        self.cache = cache
+        self.root_ino = root_ino
+        self._dirs: dict[int, dict[int, bool]] = {}  # directory inode -> {top: inside}
+        self._files: dict[int, dict[int, bool]] = {}  # other inodes
+        self._gen = 0  # bumped by every forgetting: a check that began before is not cached
+        self._since = cache.since  # the attribute cache's clearing these answers follow
+        self._emptied_at = time.monotonic()
+        # a leaf: nothing is taken under it (the catalog is read outside it)
+        self._lock = lock("namespace.ancestry")
 
     def is_inside(self, top: int, attr: Attr) -> bool:
         """Whether ``attr``'s inode is ``top`` or lies in its subtree. An unlinked file still
@@ -59,15 +56,15 @@ class Ancestry(AttrCache):
         ino = attr.ino
         if ino == top or top == self.root_ino or attr.nlink == 0:
             return True
-        cacheable = self._cache_valid()
-        table = self._dir_ancestry if attr.type == DIR else self._file_ancestry
-        with self._ancestry_lock:
+        cacheable = self.cache.valid()
+        table = self._dirs if attr.type == DIR else self._files
+        with self._lock:
             if (
-                self._ancestry_since != self._cache_since  # the attribute cache was cleared
-                or time.monotonic() - self._ancestry_emptied_at > CACHE_TTL_S
+                self._since != self.cache.since  # the attribute cache was cleared
+                or time.monotonic() - self._emptied_at > CACHE_TTL_S
             ):
                 self._forget_all()
-            gen = self._ancestry_gen
+            gen = self._gen
             known = table.get(ino, {}).get(top) if cacheable else None
         if known is not None:
             return known
@@ -75,8 +72,8 @@ class Ancestry(AttrCache):
             lambda conn: sql_one(conn, _INSIDE_SQL, (ino, top, top)) is not None
         )
         if cacheable:
-            with self._ancestry_lock:
-                if gen == self._ancestry_gen:
+            with self._lock:
+                if gen == self._gen:
                     if len(table) > ANCESTRY_MAX_ENTRIES:
                         table.clear()
                     table.setdefault(ino, {})[top] = inside
@@ -84,21 +81,21 @@ class Ancestry(AttrCache):
 
     def _forget_all(self) -> None:
         """(Holding the lock.)"""
-        self._dir_ancestry.clear()
-        self._file_ancestry.clear()
-        self._ancestry_gen += 1
-        self._ancestry_since = self._cache_since
-        self._ancestry_emptied_at = time.monotonic()
+        self._dirs.clear()
+        self._files.clear()
+        self._gen += 1
+        self._since = self.cache.since
+        self._emptied_at = time.monotonic()
 
-    def _ancestry_changed(self, inos, names) -> None:
+    def changed(self, inos, names) -> None:
         """After a commit of this process that changed ``inos`` and the (dir, name) entries
         ``names`` (a data-path commit names none: it changes no link)."""
         if not names:
             return
-        with self._ancestry_lock:
+        with self._lock:
             if len({parent for parent, _ in names}) > 1:  # a rename to another directory
                 self._forget_all()
                 return
-            self._ancestry_gen += 1
+            self._gen += 1
             for ino in inos:
-                self._file_ancestry.pop(ino, None)
+                self._files.pop(ino, None)

@@ -1,15 +1,18 @@
-"""What every part of the namespace shares: credentials, attributes, limits, permission checks.
+"""What every part of the namespace shares: credentials, attributes, limits, permission checks,
+the statements that read and touch an inode row, and the change listeners.
 
 Also the seam to the data path (``FileData``) and the tables' names."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from sqlalchemy.engine import Connection
 
 from engine import errors
+from engine.catalog.database import in_list, sql, sql_one
 from engine.catalog.models import (  # noqa: F401 - the file types, for the package's users
     BLK,
     CHR,
@@ -74,7 +77,7 @@ ROOT = Cred(0, 0)
 CACHE_TTL_S = 10.0
 CACHE_MAX_ENTRIES = 200_000  # attributes + names; about 60 MB at most
 # a directory of at most this many names is read whole at a lookup of a name it lacks, so that
-# the next such lookups are answered from the cache (AttrCache, "complete")
+# the next such lookups are answered from the cache (NameCache, "complete")
 COMPLETE_DIR_MAX = 4096
 COMPLETE_DIR_RETRY_S = 1.0  # a directory is read whole at most once in this time
 # extents freed per transaction: removing a 100 GB checkpoint (100,000 extents when written in
@@ -213,3 +216,80 @@ def may(cred: Cred, attr: Attr, want: int) -> bool:
 
 def mode_bits(want: int) -> str:
     return "".join(ch for bit, ch in ((R_OK, "r"), (W_OK, "w"), (X_OK, "x")) if want & bit)
+
+
+# -- reading and changing inode rows: the statements every part shares -----------------------
+def load_many(conn: Connection, inos) -> list[Attr]:
+    """The attributes of those of ``inos`` that exist."""
+    ids = sorted(inos)
+    return [
+        attr_of_row(row)
+        for row in sql(
+            conn, f"SELECT {ATTR_SQL} FROM inodes WHERE ino IN {in_list(ids)}", tuple(ids)
+        )
+    ]
+
+
+def load(conn: Connection, ino: int) -> Attr:
+    row = sql_one(conn, f"SELECT {ATTR_SQL} FROM inodes WHERE ino = ?", (ino,))
+    if row is None:
+        raise errors.StaleHandle(f"inode {ino} does not exist")
+    return attr_of_row(row)
+
+
+def touch(
+    conn: Connection,
+    ino: int,
+    *,
+    mtime: bool = False,
+    ctime: bool = True,
+    nlink_delta: int = 0,
+    returning: bool = False,
+) -> Attr | None:
+    """Bump ``ino``'s change counter and times; ``returning``: its attributes afterwards."""
+    now = time.time_ns()
+    sets, params = ["change = change + 1"], []
+    if mtime:
+        sets.append("mtime_ns = ?")
+        params.append(now)
+    if ctime:
+        sets.append("ctime_ns = ?")
+        params.append(now)
+    if nlink_delta:
+        sets.append("nlink = nlink + ?")
+        params.append(nlink_delta)
+    text = f"UPDATE inodes SET {', '.join(sets)} WHERE ino = ?"
+    if not returning:
+        sql(conn, text, (*params, ino))
+        return None
+    row = sql_one(conn, f"{text} RETURNING {ATTR_RETURNING}", (*params, ino))
+    return None if row is None else attr_of_row(row)
+
+
+def require(cred: Cred, attr: Attr, want: int) -> None:
+    """EACCES unless ``cred`` is granted ``want`` (R_OK|W_OK|X_OK bits) on ``attr``."""
+    if not may(cred, attr, want):
+        raise errors.AccessDenied(
+            f"uid {cred.uid} lacks {mode_bits(want)} permission on inode "
+            f"{attr.ino} "
+            f"(mode {attr.mode:o}, owner {attr.uid}:{attr.gid})"
+        )
+
+
+class ChangeListeners:
+    """Called after each change this process makes (namespace writes, data-path commits, buffered
+    writes that grow a file) with the inodes and (dir, name) entries it changed, in the changing
+    thread: a listener must only take note (the FUSE mount queues kernel cache invalidations)."""
+
+    def __init__(self) -> None:
+        self.listeners: tuple = ()  # replaced whole, so a notify needs no lock
+
+    def add(self, listener) -> None:
+        self.listeners = (*self.listeners, listener)
+
+    def remove(self, listener) -> None:
+        self.listeners = tuple(x for x in self.listeners if x != listener)
+
+    def notify(self, inos, names=()) -> None:
+        for listener in self.listeners:
+            listener(inos, names)

@@ -1,4 +1,4 @@
-"""Directory changes: create, mknod, mkdir, symlink, link, unlink, rmdir, rename; freeing inodes."""
+"""Directory changes: create, mknod, mkdir, symlink, link, unlink, rmdir, rename."""
 
 from __future__ import annotations
 
@@ -11,14 +11,12 @@ from engine import errors, quotas
 from engine.catalog.database import sql as _sql
 from engine.catalog.database import sql_one as _one
 from engine.namespace.common import (
-    ATTR_RETURNING,
     ATTR_SQL,
     BLK,
     CHR,
     DIR,
     DIRENTS,
     FIFO,
-    FREE_CHUNK_EXTENTS,
     LNK,
     MAX_LINKS,
     REG,
@@ -35,15 +33,38 @@ from engine.namespace.common import (
     Touched,
     attr_of_row,
     check_name,
+    load,
+    require,
+    touch,
 )
-from engine.namespace.lookup import Lookup
+from engine.namespace.openrefs import OpenRefs
+from engine.namespace.readonly import ReadOnlyViews
+from engine.namespace.reads import Reads
+from engine.namespace.transactions import Transactions
+from engine.quotas import QuotaTracker
 
 
-class DirectoryOps(Lookup):
-    """Part of Namespace: every change of names, each one ``_write`` transaction."""
+class DirectoryOps:
+    """Part of Namespace: every change of names, each one write transaction."""
+
+    def __init__(
+        self,
+        reads: Reads,
+        readonly: ReadOnlyViews,
+        writes: Transactions,
+        quotas: QuotaTracker,
+        open_refs: OpenRefs,
+    ):
+        self.data = writes.data
+        self.reads = reads
+        self.readonly = readonly
+        self.writes = writes
+        self.quotas = quotas
+        self.open_refs = open_refs
+        self.root_ino = reads.root_ino
 
     def _dir_for_change(self, conn: Connection, cred: Cred, dir_ino: int) -> Attr:
-        return self._check_dir_for_change(cred, dir_ino, self._load(conn, dir_ino))
+        return self._check_dir_for_change(cred, dir_ino, load(conn, dir_ino))
 
     def _dir_and_entry(
         self, conn: Connection, cred: Cred, dir_ino: int, name: str
@@ -66,37 +87,8 @@ class DirectoryOps(Lookup):
             raise errors.NotADirectory(f"inode {dir_ino} is not a directory")
         if parent.nlink == 0:
             raise errors.NotFound(f"directory {dir_ino} has been removed")
-        self._require(cred, parent, W_OK | X_OK)
+        require(cred, parent, W_OK | X_OK)
         return parent
-
-    @staticmethod
-    def _touch(
-        conn: Connection,
-        ino: int,
-        *,
-        mtime: bool = False,
-        ctime: bool = True,
-        nlink_delta: int = 0,
-        returning: bool = False,
-    ) -> Attr | None:
-        """Bump ``ino``'s change counter and times; ``returning``: its attributes afterwards."""
-        now = time.time_ns()
-        sets, params = ["change = change + 1"], []
-        if mtime:
-            sets.append("mtime_ns = ?")
-            params.append(now)
-        if ctime:
-            sets.append("ctime_ns = ?")
-            params.append(now)
-        if nlink_delta:
-            sets.append("nlink = nlink + ?")
-            params.append(nlink_delta)
-        text = f"UPDATE inodes SET {', '.join(sets)} WHERE ino = ?"
-        if not returning:
-            _sql(conn, text, (*params, ino))
-            return None
-        row = _one(conn, f"{text} RETURNING {ATTR_RETURNING}", (*params, ino))
-        return None if row is None else attr_of_row(row)
 
     @staticmethod
     def _entry(conn: Connection, dir_ino: int, name: str):
@@ -159,12 +151,12 @@ class DirectoryOps(Lookup):
         check_name(name)
 
         def work(conn, touched):
-            self._check_writable(dir_ino, conn=conn)
+            self.readonly.check_writable(dir_ino, conn=conn)
             parent, existing = self._dir_and_entry(conn, cred, dir_ino, name)
             if existing is not None:
                 if exclusive or ftype != REG:
                     raise errors.Exists(f"{name!r} exists in directory {dir_ino}")
-                attr = self._load(conn, existing.child)
+                attr = load(conn, existing.child)
                 if attr.type == DIR:
                     raise errors.IsADirectory(f"{name!r} is a directory")
                 return attr
@@ -182,7 +174,7 @@ class DirectoryOps(Lookup):
                 "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
                 (dir_ino, name, attr.ino),
             )
-            parent_now = self._touch(
+            parent_now = touch(
                 conn, dir_ino, mtime=True, nlink_delta=1 if ftype == DIR else 0, returning=True
             )
             self.quotas.charge(conn, roots, 0, 1)
@@ -198,13 +190,13 @@ class DirectoryOps(Lookup):
                 touched.known[dir_ino] = parent_now
             return attr
 
-        return self._write(work, (dir_ino,), ((dir_ino, name),))
+        return self.writes.write(work, (dir_ino,), ((dir_ino, name),))
 
     def _drop_link(self, conn: Connection, ino: int, touched: Touched, dir_ino: int) -> None:
         """One name of ``ino`` (in ``dir_ino``) is gone: free it when no name and no opener
         remain. With its last name it leaves the quota trees of ``dir_ino`` (an open file's
         later writes count nowhere)."""
-        attr = self._load(conn, ino)
+        attr = load(conn, ino)
         nlink = 0 if attr.type == DIR else attr.nlink - 1
         if nlink == 0 and self.quotas.active(conn):
             size = attr.size if attr.type == REG else 0
@@ -217,18 +209,8 @@ class DirectoryOps(Lookup):
             "UPDATE inodes SET nlink = ?, ctime_ns = ?, change = change + 1 WHERE ino = ?",
             (nlink, time.time_ns(), ino),
         )
-        if nlink == 0 and not self._open_refs.get(ino):
-            self._free(conn, ino, touched)
-
-    def _free(self, conn: Connection, ino: int, touched: Touched) -> None:
-        """Free an inode with no name and no opener; a big file keeps its inode row (an orphan, as
-        if open) until later transactions have freed the rest of its extents (touched.unfreed)."""
-        if self.data is not None and not self.data.release(conn, ino, FREE_CHUNK_EXTENTS):
-            touched.unfreed.append(ino)
-            return
-        _sql(conn, "DELETE FROM symlinks WHERE ino = ?", (ino,))
-        _sql(conn, "DELETE FROM xattrs WHERE ino = ?", (ino,))
-        _sql(conn, "DELETE FROM inodes WHERE ino = ?", (ino,))
+        if nlink == 0 and not self.open_refs.is_open(ino):
+            self.writes.free(conn, ino, touched)
 
     # -- changes ---------------------------------------------------------------------
     def create(
@@ -264,8 +246,8 @@ class DirectoryOps(Lookup):
         check_name(name)
 
         def work(conn, touched):
-            self._check_writable(ino, dir_ino, conn=conn)
-            attr = self._load(conn, ino)
+            self.readonly.check_writable(ino, dir_ino, conn=conn)
+            attr = load(conn, ino)
             if attr.type == DIR:
                 raise errors.NotPermitted(f"hard link to directory {ino}")
             if attr.nlink == 0:
@@ -280,31 +262,31 @@ class DirectoryOps(Lookup):
                 # one inode counted in two sets of trees could not be uncounted right
                 raise errors.CrossDevice(f"a link of inode {ino} into another quota tree")
             conn.execute(DIRENTS.insert().values(parent=dir_ino, name=name, child=ino))
-            self._touch(conn, ino, nlink_delta=1)
-            self._touch(conn, dir_ino, mtime=True)
-            return self._load(conn, ino)
+            touch(conn, ino, nlink_delta=1)
+            touch(conn, dir_ino, mtime=True)
+            return load(conn, ino)
 
-        return self._write(work, (ino, dir_ino), ((dir_ino, name),))
+        return self.writes.write(work, (ino, dir_ino), ((dir_ino, name),))
 
     def unlink(self, cred: Cred, dir_ino: int, name: str) -> None:
         check_name(name)
 
         def work(conn, touched):
-            self._check_writable(dir_ino, conn=conn)
+            self.readonly.check_writable(dir_ino, conn=conn)
             parent, entry = self._dir_and_entry(conn, cred, dir_ino, name)
             if entry is None:
                 raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
-            victim = self._load(conn, entry.child)
+            victim = load(conn, entry.child)
             if victim.type == DIR:
                 raise errors.IsADirectory(f"{name!r} is a directory: use rmdir")
             self._check_sticky(cred, parent, victim)
             _sql(conn, "DELETE FROM dirents WHERE id = ?", (entry.id,))
-            self._touch(conn, dir_ino, mtime=True)
+            touch(conn, dir_ino, mtime=True)
             touched.add(victim.ino)
             touched.gone.add((dir_ino, name))
             self._drop_link(conn, victim.ino, touched, dir_ino)
 
-        self._write(work, (dir_ino,), ((dir_ino, name),))
+        self.writes.write(work, (dir_ino,), ((dir_ino, name),))
 
     def rmdir(self, cred: Cred, dir_ino: int, name: str) -> None:
         if name == ".":
@@ -314,12 +296,12 @@ class DirectoryOps(Lookup):
         check_name(name)
 
         def work(conn, touched):
-            self._check_writable(dir_ino, conn=conn)
-            snapshot_dirs = self.snapshot_dirs(conn)
+            self.readonly.check_writable(dir_ino, conn=conn)
+            snapshot_dirs = self.readonly.snapshot_dirs(conn)
             parent, entry = self._dir_and_entry(conn, cred, dir_ino, name)
             if entry is None:
                 raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
-            victim = self._load(conn, entry.child)
+            victim = load(conn, entry.child)
             if victim.ino in snapshot_dirs:
                 raise errors.ReadOnly(f"{name!r} holds snapshots: delete them instead")
             if victim.type != DIR:
@@ -330,12 +312,12 @@ class DirectoryOps(Lookup):
             ).first():
                 raise errors.NotEmpty(f"directory {name!r} is not empty")
             conn.execute(DIRENTS.delete().where(DIRENTS.c.id == entry.id))
-            self._touch(conn, dir_ino, mtime=True, nlink_delta=-1)
+            touch(conn, dir_ino, mtime=True, nlink_delta=-1)
             touched.add(victim.ino)
             touched.gone.add((dir_ino, name))
             self._drop_link(conn, victim.ino, touched, dir_ino)
 
-        self._write(work, (dir_ino,), ((dir_ino, name),))
+        self.writes.write(work, (dir_ino,), ((dir_ino, name),))
 
     def rename(self, cred: Cred, src_dir: int, src_name: str, dst_dir: int, dst_name: str) -> None:
         """POSIX rename in one transaction: a reader sees the old or the new name."""
@@ -343,8 +325,8 @@ class DirectoryOps(Lookup):
         check_name(dst_name)
 
         def work(conn, touched):
-            self._check_writable(src_dir, dst_dir, conn=conn)
-            snapshot_dirs = self.snapshot_dirs(conn)
+            self.readonly.check_writable(src_dir, dst_dir, conn=conn)
+            snapshot_dirs = self.readonly.snapshot_dirs(conn)
             src_parent = self._dir_for_change(conn, cred, src_dir)
             dst_parent = (
                 src_parent if dst_dir == src_dir else self._dir_for_change(conn, cred, dst_dir)
@@ -352,7 +334,7 @@ class DirectoryOps(Lookup):
             entry = self._entry(conn, src_dir, src_name)
             if entry is None:
                 raise errors.NotFound(f"{src_name!r} not found in directory {src_dir}")
-            moving = self._load(conn, entry.child)
+            moving = load(conn, entry.child)
             if moving.ino in snapshot_dirs:
                 raise errors.ReadOnly(f"{src_name!r} holds snapshots and cannot move")
             touched.add(moving.ino)
@@ -360,12 +342,12 @@ class DirectoryOps(Lookup):
             if moving.type == DIR and dst_dir != src_dir:
                 self._refuse_loop(conn, moving.ino, dst_dir)
                 # moving a directory rewrites its '..': needs write permission on it
-                self._require(cred, moving, W_OK)
+                require(cred, moving, W_OK)
             target = self._entry(conn, dst_dir, dst_name)
             if target is not None:
                 if target.child == moving.ino:
                     return  # both names are links to the same file: POSIX says do nothing
-                victim = self._load(conn, target.child)
+                victim = load(conn, target.child)
                 if victim.ino in snapshot_dirs:
                     raise errors.ReadOnly(f"{dst_name!r} holds snapshots and cannot be replaced")
                 self._check_sticky(cred, dst_parent, victim)
@@ -384,7 +366,7 @@ class DirectoryOps(Lookup):
                     )
                 conn.execute(DIRENTS.delete().where(DIRENTS.c.id == target.id))
                 if victim.type == DIR:
-                    self._touch(conn, dst_dir, nlink_delta=-1)
+                    touch(conn, dst_dir, nlink_delta=-1)
                 touched.add(victim.ino)
                 self._drop_link(conn, victim.ino, touched, dst_dir)
             if dst_dir != src_dir and self.quotas.active(conn):
@@ -394,13 +376,13 @@ class DirectoryOps(Lookup):
                 "UPDATE dirents SET parent = ?, name = ? WHERE id = ?",
                 (dst_dir, dst_name, entry.id),
             )
-            self._touch(conn, moving.ino)
+            touch(conn, moving.ino)
             delta = 1 if moving.type == DIR and dst_dir != src_dir else 0
-            self._touch(conn, src_dir, mtime=True, nlink_delta=-delta)
+            touch(conn, src_dir, mtime=True, nlink_delta=-delta)
             if dst_dir != src_dir:
-                self._touch(conn, dst_dir, mtime=True, nlink_delta=delta)
+                touch(conn, dst_dir, mtime=True, nlink_delta=delta)
 
-        self._write(work, (src_dir, dst_dir), ((src_dir, src_name), (dst_dir, dst_name)))
+        self.writes.write(work, (src_dir, dst_dir), ((src_dir, src_name), (dst_dir, dst_name)))
 
     def _quota_ids(self, conn: Connection, ino: int, *, include_self: bool = True) -> set[int]:
         return {r.id for r in self.quotas.roots(conn, ino, include_self=include_self)}
@@ -436,4 +418,4 @@ class DirectoryOps(Lookup):
                 raise errors.InvalidArgument(f"cannot move directory {moving} into its own subtree")
             if current == self.root_ino:
                 return
-            current = self._parent_of(conn, current)
+            current = self.reads.parent_of(conn, current)

@@ -1,4 +1,4 @@
-"""setattr (chmod, chown, truncate, utimes), file data (read, write, commit) and open references."""
+"""setattr (chmod, chown, truncate, utimes), file data (read, write, commit), the last close."""
 
 from __future__ import annotations
 
@@ -20,17 +20,43 @@ from engine.namespace.common import (
     SET_TO_NOW,
     W_OK,
     Attr,
+    ChangeListeners,
     Cred,
     FileData,
+    load,
     may,
 )
-from engine.namespace.lookup import Lookup
+from engine.namespace.openrefs import OpenRefs
+from engine.namespace.readonly import ReadOnlyViews
+from engine.namespace.reads import Reads
+from engine.namespace.transactions import Transactions
+from engine.quotas import QuotaTracker
 
 log = logging.getLogger("shingle.namespace")
 
 
-class FileOps(Lookup):
-    """Part of Namespace: attributes changes, data through the data path, open references."""
+class FileOps:
+    """Part of Namespace: attribute changes, data through the data path, the last close."""
+
+    def __init__(
+        self,
+        reads: Reads,
+        readonly: ReadOnlyViews,
+        writes: Transactions,
+        quotas: QuotaTracker,
+        open_refs: OpenRefs,
+        listeners: ChangeListeners,
+    ):
+        self.catalog = writes.catalog
+        self.data = writes.data
+        self.cache = writes.cache
+        self.reads = reads
+        self.readonly = readonly
+        self.writes = writes
+        self.quotas = quotas
+        self.open_refs = open_refs
+        self.listeners = listeners
+        self.root_ino = reads.root_ino
 
     def setattr(
         self,
@@ -63,21 +89,22 @@ class FileOps(Lookup):
             elif self.data.pending_size(ino) is not None:
                 may_block("buffered writes before a truncate")
         wanted = dict(mode=mode, uid=uid, gid=gid, size=size, atime_ns=atime_ns, mtime_ns=mtime_ns)
-        if atime_ns is None and mtime_ns is None and self._cache_valid():
-            cached = self._cached(self._cache, ino)
+        cache = self.cache
+        if atime_ns is None and mtime_ns is None and cache.valid():
+            cached = cache.cached(cache.attrs, ino)
             if cached is not None and not self._setattr_values(cred, cached, now=0, **wanted):
-                self._check_writable(ino)
-                return self._with_pending(cached)
+                self.readonly.check_writable(ino)
+                return self.reads.with_pending(cached)
         if on_loop:
             may_block("a setattr that changes the inode")
 
         def work(conn, touched):
-            self._check_writable(ino, conn=conn)
-            attr = self._load(conn, ino)
+            self.readonly.check_writable(ino, conn=conn)
+            attr = load(conn, ino)
             now = time.time_ns()
             values = self._setattr_values(cred, attr, now=now, **wanted)
             if "size" in values:
-                self._charge_size(conn, ino, values["size"] - attr.size)
+                self.charge_size(conn, ino, values["size"] - attr.size)
             if "size" in values and self.data is not None:
                 self.data.truncate(conn, ino, attr.size, values["size"])
             if "mtime_ns" in values and self.data is not None:
@@ -90,18 +117,18 @@ class FileOps(Lookup):
                 (*values.values(), ino),
             )
             touched.xattrs_kept.add(ino)
-            return self._load(conn, ino)
+            return load(conn, ino)
 
         try:
             # with the size buffered writes have reached (a file's times are set while it is
             # still being written: smbd does at every close), else a FUSE or NFS client takes the
             # committed size for the file's and cuts off what it wrote
-            return self._with_pending(self._write(work, (ino,)))
+            return self.reads.with_pending(self.writes.write(work, (ino,)))
         finally:
             if size is not None:
                 self.quotas.drop(ino)  # flushed above: nothing buffered is admitted any more
 
-    def _charge_size(self, conn, ino: int, delta: int) -> None:
+    def charge_size(self, conn, ino: int, delta: int) -> None:
         """A regular file's committed size moves by ``delta`` in this transaction: its quota
         trees' counters move with it (EDQUOT when growing would pass a hard limit)."""
         if not delta:
@@ -162,17 +189,17 @@ class FileOps(Lookup):
         return values
 
     # -- file data -------------------------------------------------------------------
-    def _data(self) -> FileData:
+    def data_path(self) -> FileData:
         if self.data is None:
             raise errors.IOFailure("no data path attached to this namespace")
         return self.data
 
-    def _file_in_use(self, ino: int) -> Attr:
+    def file_in_use(self, ino: int) -> Attr:
         """getattr for reads and writes: a file with no name and no opener is being freed (a chunk
         of extents per transaction), so its handle is stale, as once it is gone; a read must never
         see the holes its freed extents leave."""
-        attr = self.getattr(ino)
-        if attr.nlink == 0 and attr.type == REG and not self.is_open(ino):
+        attr = self.reads.getattr(ino)
+        if attr.nlink == 0 and attr.type == REG and not self.open_refs.is_open(ino):
             raise errors.StaleHandle(f"inode {ino} has been removed")
         return attr
 
@@ -180,14 +207,14 @@ class FileOps(Lookup):
         """Up to ``length`` bytes at ``offset``; short at end of file."""
         if offset < 0 or length < 0:
             raise errors.InvalidArgument(f"read at {offset} of {length} bytes")
-        attr = self._file_in_use(ino)
+        attr = self.file_in_use(ino)
         if attr.type == DIR:
             raise errors.IsADirectory(f"inode {ino} is a directory")
         if attr.type != REG:
             raise errors.InvalidArgument(f"inode {ino} is not a regular file")
         if offset >= attr.size or length == 0:
             return b""
-        return self._data().read(ino, offset, min(length, attr.size - offset), attr.size)
+        return self.data_path().read(ino, offset, min(length, attr.size - offset), attr.size)
 
     def write(self, ino: int, offset: int, data: bytes | bytearray, *, stable: bool = False) -> int:
         """Write ``data`` at ``offset``; with ``stable`` it is durable on return. Inside
@@ -197,21 +224,20 @@ class FileOps(Lookup):
             raise errors.InvalidArgument(f"write at offset {offset}")
         if stable:
             may_block("a stable write")
-        self._check_writable(ino)
-        attr = self._file_in_use(ino)
+        self.readonly.check_writable(ino)
+        attr = self.file_in_use(ino)
         if attr.type == DIR:
             raise errors.IsADirectory(f"inode {ino} is a directory")
         if attr.type != REG:
             raise errors.InvalidArgument(f"inode {ino} is not a regular file")
-        store = self._data()
+        store = self.data_path()
         end = offset + len(data)
         if end > attr.size and data and self.quotas.active():
             self.quotas.admit(ino, end)  # EDQUOT before any byte is buffered
         store.write(ino, offset, data, seen_change=attr.change)
         if stable:
             store.flush(ino)
-        for listener in self._change_listeners:  # the size and data other views cache
-            listener((ino,), ())
+        self.listeners.notify((ino,))  # the size and data other views cache
         return len(data)
 
     def commit(self, ino: int) -> None:
@@ -219,37 +245,24 @@ class FileOps(Lookup):
         if self.data is not None:
             self.data.flush(ino)
 
-    # -- open references (files unlinked while open keep their data) ------------------
-    def open_ref(self, ino: int) -> None:
-        with self._open_lock:
-            self._open_refs[ino] = self._open_refs.get(ino, 0) + 1
-
-    def is_open(self, ino: int) -> bool:
-        """Whether some caller of this Namespace holds ``ino`` open (retention skips it)."""
-        with self._open_lock:
-            return self._open_refs.get(ino, 0) > 0
-
+    # -- the last close of a file unlinked while open frees it (openrefs.py) ------------------
     def close_ref_is_cheap(self, ino: int) -> bool:
         """Whether ``close_ref(ino)`` would need no catalog now: another reference stays, or the
         file is still named by what the cache holds (the NFS event loop closes only such)."""
-        with self._open_lock:
-            if self._open_refs.get(ino, 0) > 1:
-                return True
-        if not self._cache_valid():
+        if self.open_refs.others_hold(ino):
+            return True
+        cache = self.cache
+        if not cache.valid():
             return False
-        attr = self._cached(self._cache, ino)
+        attr = cache.cached(cache.attrs, ino)
         return attr is not None and attr.nlink > 0
 
     def close_ref(self, ino: int) -> None:
-        with self._open_lock:
-            left = self._open_refs.get(ino, 0) - 1
-            if left > 0:
-                self._open_refs[ino] = left
-                return
-            self._open_refs.pop(ino, None)
+        if not self.open_refs.release(ino):
+            return
         try:
             try:
-                if self.getattr(ino).nlink > 0:
+                if self.reads.getattr(ino).nlink > 0:
                     return  # still named: nothing to free (the common close, no write transaction)
             except WouldBlock:
                 # the event loop checked close_ref_is_cheap, and an unlink committed since:
@@ -272,9 +285,9 @@ class FileOps(Lookup):
         def work(conn, touched):
             row = conn.execute(select(INODES.c.nlink).where(INODES.c.ino == ino)).first()
             if row is not None and row.nlink == 0:
-                self._free(conn, ino, touched)
+                self.writes.free(conn, ino, touched)
 
-        self._write(work, (ino,))
+        self.writes.write(work, (ino,))
 
     def reclaim_orphans(self) -> int:
         """Free inodes left with no name by a crash while they were open."""
@@ -288,6 +301,6 @@ class FileOps(Lookup):
             )
         )
         # each is checked again (and skipped if open) in its transaction
-        self._free_orphans(orphans)
-        self.invalidate()
+        self.writes.free_orphans(orphans)
+        self.cache.invalidate()
         return len(orphans)

@@ -1,4 +1,4 @@
-"""Read-only inodes: the snapshot views under ``DIR/.snapshots/``.
+"""Read-only views: the snapshot views under ``DIR/.snapshots/``.
 
 A snapshot's frozen tree occupies one range of inode numbers [ino_lo, ino_hi] (engine/snapshots.py
 copies a tree with ``new ino = old ino + delta``, and nothing else is ever numbered inside that
@@ -12,24 +12,28 @@ from __future__ import annotations
 import bisect
 
 from engine import errors
-from engine.catalog.database import sql_all
-from engine.namespace.cache import AttrCache
+from engine.catalog.database import Catalog, sql_all
 
 SNAPSHOT_DIR_NAME = ".snapshots"
 
 
-class ReadOnlyInodes(AttrCache):
+class ReadOnlyViews:
     """Part of Namespace: which inodes are snapshot views, and the EROFS checks."""
 
-    def _readonly_state(self, conn=None) -> tuple[list[int], list[int], frozenset[int]]:
+    def __init__(self, catalog: Catalog):
+        self.catalog = catalog
+        # (epoch read at, lows, highs, .snapshots dirs), None until read or after a forget
+        self.state: tuple | None = None
+
+    def _current(self, conn=None) -> tuple[list[int], list[int], frozenset[int]]:
         """(lows, highs, .snapshots dirs); read through ``conn`` (the caller's transaction) when
         the memory copy is not known valid (Catalog.epoch moved, or is None)."""
         epoch = self.catalog.epoch()
-        state = self._readonly
+        state = self.state
         if state is not None and epoch is not None and state[0] is not None:
             if self.catalog.only_tracked(state[0], epoch):
                 if epoch != state[0]:
-                    self._readonly = (epoch, *state[1:])
+                    self.state = (epoch, *state[1:])
                 return state[1:]
 
         def work(conn):
@@ -40,26 +44,26 @@ class ReadOnlyInodes(AttrCache):
         ranges, dirs = work(conn) if conn is not None else self.catalog.read(work)
         lows = [int(lo) for lo, _hi in ranges]
         highs = [int(hi) for _lo, hi in ranges]
-        self._readonly = (epoch, lows, highs, dirs)
+        self.state = (epoch, lows, highs, dirs)
         return lows, highs, dirs
 
     def is_read_only(self, ino: int, conn=None) -> bool:
         """Whether ``ino`` is part of a snapshot view (a frozen inode or a ``.snapshots`` dir)."""
-        lows, highs, dirs = self._readonly_state(conn)
+        lows, highs, dirs = self._current(conn)
         if ino in dirs:
             return True
         i = bisect.bisect_right(lows, ino) - 1
         return i >= 0 and ino <= highs[i]
 
     def snapshot_dirs(self, conn=None) -> frozenset[int]:
-        return self._readonly_state(conn)[2]
+        return self._current(conn)[2]
 
-    def _check_writable(self, *inos: int, conn=None) -> None:
+    def check_writable(self, *inos: int, conn=None) -> None:
         """EROFS for snapshot views; inside a transaction pass its ``conn``."""
         for ino in inos:
             if self.is_read_only(ino, conn):
                 raise errors.ReadOnly(f"inode {ino} is in a snapshot: snapshots are read-only")
 
-    def forget_read_only(self) -> None:
+    def forget(self) -> None:
         """Read the ranges again at the next check (after this process changed snapshots)."""
-        self._readonly = None
+        self.state = None

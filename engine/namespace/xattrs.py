@@ -8,42 +8,56 @@ from engine import errors
 from engine.catalog.database import sql as _sql
 from engine.catalog.database import sql_all as _sql_all
 from engine.catalog.database import sql_one as _sql_one
-from engine.namespace.common import R_OK, W_OK, XATTR_NAME_MAX, XATTR_VALUE_MAX, XATTRS, Cred
-from engine.namespace.lookup import Lookup
+from engine.namespace.cache import NameCache
+from engine.namespace.common import (
+    R_OK,
+    W_OK,
+    XATTR_NAME_MAX,
+    XATTR_VALUE_MAX,
+    XATTRS,
+    Cred,
+    load,
+    require,
+    touch,
+)
+from engine.namespace.readonly import ReadOnlyViews
+from engine.namespace.transactions import Transactions
 
 XATTR_CACHE_BYTES = 4096  # larger maps (streams, big values) are read each time
 
 
-class Xattrs(Lookup):
+class Xattrs:
     """Part of Namespace: getxattr, listxattr, setxattr, removexattr."""
 
-    # -- extended attributes ------------------------------------------------------
+    def __init__(self, cache: NameCache, readonly: ReadOnlyViews, writes: Transactions):
+        self.catalog = writes.catalog
+        self.cache = cache
+        self.readonly = readonly
+        self.writes = writes
+
     def _xattr_map(self, cred: Cred, ino: int) -> dict[str, bytes]:
         """Every extended attribute of ``ino`` after a read-permission check, through the cache:
         Samba asks for several (DOS attributes, streams) of every entry it lists, and most files
         have none. Small maps are cached like attributes and evicted by the same changes."""
-        cacheable = self._cache_valid()
-        gen, read_at = self._cache_gen, time.monotonic()
+        cache = self.cache
+        cacheable = cache.valid()
+        gen, read_at = cache.gen, time.monotonic()
         if cacheable:
-            hit = self._cached(self._xattr_cache, ino)
-            attr = self._cached(self._cache, ino)
+            hit = cache.cached(cache.xattrs, ino)
+            attr = cache.cached(cache.attrs, ino)
             if hit is not None and attr is not None:
-                self._require(cred, attr, R_OK)
+                require(cred, attr, R_OK)
                 return hit
 
         def work(conn):
-            attr = self._load(conn, ino)
-            self._require(cred, attr, R_OK)
+            attr = load(conn, ino)
+            require(cred, attr, R_OK)
             rows = _sql(conn, "SELECT name, value FROM xattrs WHERE ino = ?", (ino,))
             return attr, {name: bytes(value) for name, value in rows}
 
         attr, found = self.catalog.read(work)
         if cacheable and sum(len(v) for v in found.values()) <= XATTR_CACHE_BYTES:
-            with self._cache_lock:
-                if gen == self._cache_gen:
-                    until = self._cache_until(read_at)
-                    self._cache[ino] = (attr, until)
-                    self._xattr_cache[ino] = (found, until)
+            cache.remember_xattrs(gen, read_at, attr, found)
         return found
 
     def getxattr(self, cred: Cred, ino: int, name: str) -> bytes:
@@ -75,9 +89,8 @@ class Xattrs(Lookup):
             )
 
         def work(conn, touched):
-            self._check_writable(ino, conn=conn)
-            attr = self._load(conn, ino)
-            self._require(cred, attr, W_OK)
+            self.readonly.check_writable(ino, conn=conn)
+            require(cred, load(conn, ino), W_OK)
             exists = _sql_one(conn, "SELECT 1 FROM xattrs WHERE ino = ? AND name = ?", (ino, name))
             if exists and create:
                 raise errors.Exists(f"extended attribute {name!r} exists")
@@ -95,7 +108,7 @@ class Xattrs(Lookup):
                     "INSERT INTO xattrs (ino, name, value) VALUES (?, ?, ?)",
                     (ino, name, value),
                 )
-            now = self._touch(conn, ino, ctime=True, returning=True)
+            now = touch(conn, ino, ctime=True, returning=True)
             if now is not None:  # Samba reads the attribute back at once: cache what is now
                 touched.known[ino] = now
                 rows = _sql_all(conn, "SELECT name, value FROM xattrs WHERE ino = ?", (ino,))
@@ -103,17 +116,17 @@ class Xattrs(Lookup):
                 if sum(len(v) for v in found.values()) <= XATTR_CACHE_BYTES:
                     touched.xattrs[ino] = found
 
-        self._write(work, (ino,))
+        self.writes.write(work, (ino,))
 
     def removexattr(self, cred: Cred, ino: int, name: str) -> None:
         def work(conn, touched):
-            self._check_writable(ino, conn=conn)
-            self._require(cred, self._load(conn, ino), W_OK)
+            self.readonly.check_writable(ino, conn=conn)
+            require(cred, load(conn, ino), W_OK)
             removed = conn.execute(
                 XATTRS.delete().where(XATTRS.c.ino == ino, XATTRS.c.name == name)
             )
             if not removed.rowcount:
                 raise errors.NoData(f"no extended attribute {name!r} on inode {ino}")
-            self._touch(conn, ino, ctime=True)
+            touch(conn, ino, ctime=True)
 
-        self._write(work, (ino,))
+        self.writes.write(work, (ino,))

@@ -14,7 +14,7 @@ from engine.blocking import WouldBlock, no_blocking
 from engine.catalog import Catalog
 from engine.catalog.models import REG
 from engine.namespace import ROOT, Namespace
-from engine.namespace import lookup as lookup_module
+from engine.namespace import reads as reads_module
 
 
 def test_own_writes_keep_the_rest_of_the_cache(sqlite_catalog, count_reads):
@@ -76,7 +76,7 @@ def test_load_that_raced_an_eviction_is_not_cached(sqlite_catalog):
     ns = Namespace(sqlite_catalog)
     f = ns.create(ROOT, ns.root_ino, "f", 0o644)
     ns.getattr(f.ino)
-    ns._cache.clear()
+    ns.cache.attrs.clear()
     original = sqlite_catalog.read
     loaded, go_on = threading.Event(), threading.Event()
 
@@ -93,7 +93,7 @@ def test_load_that_raced_an_eviction_is_not_cached(sqlite_catalog):
     assert loaded.wait(10)
     sqlite_catalog.read = original
     ns.setattr(ROOT, f.ino, mode=0o600)  # commits and evicts while the reader holds old values
-    ns._cache.pop(f.ino, None)
+    ns.cache.attrs.pop(f.ino, None)
     go_on.set()
     reader.join(10)
     assert seen[0].mode == 0o644  # the racing reader may see the old value ...
@@ -139,7 +139,7 @@ def test_cache_size_is_bounded(sqlite_catalog, monkeypatch):
     for name, ino in made.items():
         assert ns.lookup(ROOT, ns.root_ino, name).ino == ino
         assert (
-            len(ns._cache) + len(ns._names) <= 10 + 3
+            len(ns.cache.attrs) + len(ns.cache.names) <= 10 + 3
         )  # one lookup adds two attributes and a name
 
 
@@ -247,7 +247,7 @@ def test_no_attribute_name_or_xattr_is_served_past_the_age_limit(
     ns.listxattr(ROOT, f.ino)
     assert len(reads) == 3, "extended attributes were served past the age limit"
     # a SETATTR that changes nothing is answered from the cache only while it is young
-    ns._cache[f.ino] = (ns._cache[f.ino][0], time.monotonic() - 1)
+    ns.cache.attrs[f.ino] = (ns.cache.attrs[f.ino][0], time.monotonic() - 1)
     writes = []
     original = sqlite_catalog.run
     sqlite_catalog.run = lambda work, **kw: writes.append(1) or original(work, **kw)
@@ -277,7 +277,7 @@ def test_a_small_directory_read_whole_proves_names_missing(
     """nfs-rs opens each name before it creates it: after one lookup of a missing name read the
     directory whole, the next missing names are answered from the cache, and every change keeps
     that answer exact or forgets it."""
-    monkeypatch.setattr(lookup_module, "COMPLETE_DIR_RETRY_S", 0.0)
+    monkeypatch.setattr(reads_module, "COMPLETE_DIR_RETRY_S", 0.0)
     ns = Namespace(sqlite_catalog)
     d = ns.mkdir(ROOT, ns.root_ino, "d", 0o755)
     ns.create(ROOT, d.ino, "a", 0o644)
@@ -324,7 +324,7 @@ def test_a_failed_create_forgets_that_the_directory_is_complete(sqlite_catalog):
 
 
 def test_a_big_directory_is_not_read_whole(sqlite_catalog, count_reads, monkeypatch):
-    monkeypatch.setattr(lookup_module, "COMPLETE_DIR_MAX", 3)
+    monkeypatch.setattr(reads_module, "COMPLETE_DIR_MAX", 3)
     ns = Namespace(sqlite_catalog)
     d = ns.mkdir(ROOT, ns.root_ino, "d", 0o755)
     for name in "abcd":
@@ -341,7 +341,7 @@ def test_a_big_directory_is_not_read_whole(sqlite_catalog, count_reads, monkeypa
 def test_a_directory_is_read_whole_at_most_once_a_retry_time(sqlite_catalog, monkeypatch):
     """Renames into a directory forget its completeness each time (as rsync's temporary names
     would): the lookups of missing names then do not read it whole again and again."""
-    monkeypatch.setattr(lookup_module, "COMPLETE_DIR_RETRY_S", 0.5)
+    monkeypatch.setattr(reads_module, "COMPLETE_DIR_RETRY_S", 0.5)
     ns = Namespace(sqlite_catalog)
     d = ns.mkdir(ROOT, ns.root_ino, "d", 0o755)
     with pytest.raises(errors.NotFound):
@@ -380,7 +380,7 @@ def test_a_removed_directory_is_complete_no_more(sqlite_catalog):
     ns.rmdir(ROOT, ns.root_ino, "d")
     f = ns.create(ROOT, ns.root_ino, "f", 0o644)
     ns.getattr(f.ino)
-    assert not ns._complete_dirs, "the removed directory is still complete"
+    assert not ns.cache.complete_dirs, "the removed directory is still complete"
     if f.ino == d.ino:  # the number was given again: a lookup in a file is ENOTDIR
         with pytest.raises(errors.NotADirectory):
             ns.lookup(ROOT, f.ino, "x")

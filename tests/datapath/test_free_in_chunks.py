@@ -32,7 +32,7 @@ def extents_of(catalog, ino):
 
 
 def test_removing_a_big_file_frees_it_a_chunk_per_transaction(engine, monkeypatch):
-    monkeypatch.setattr(namespace.directory, "FREE_CHUNK_EXTENTS", CHUNK)
+    monkeypatch.setattr(namespace.transactions, "FREE_CHUNK_EXTENTS", CHUNK)
     ns, catalog = engine.ns, engine.catalog
     big = ns.create(ROOT, ns.root_ino, "big").ino
     small = ns.create(ROOT, ns.root_ino, "small").ino
@@ -74,7 +74,7 @@ def test_removing_a_big_file_frees_it_a_chunk_per_transaction(engine, monkeypatc
 
 
 def test_an_open_big_file_is_freed_in_chunks_at_its_last_close(engine, monkeypatch):
-    monkeypatch.setattr(namespace.directory, "FREE_CHUNK_EXTENTS", CHUNK)
+    monkeypatch.setattr(namespace.transactions, "FREE_CHUNK_EXTENTS", CHUNK)
     ns, catalog = engine.ns, engine.catalog
     ino = ns.create(ROOT, ns.root_ino, "open").ino
     pieces(ns, ino, 3 * CHUNK)
@@ -103,7 +103,7 @@ def test_an_open_big_file_is_freed_in_chunks_at_its_last_close(engine, monkeypat
 
 
 def test_an_interrupted_free_is_finished_at_the_next_start(sqlite_engine, monkeypatch, caplog):
-    monkeypatch.setattr(namespace.directory, "FREE_CHUNK_EXTENTS", CHUNK)
+    monkeypatch.setattr(namespace.transactions, "FREE_CHUNK_EXTENTS", CHUNK)
     eng = sqlite_engine
     ns, catalog = eng.ns, eng.catalog
     ino = ns.create(ROOT, ns.root_ino, "big").ino
@@ -132,7 +132,7 @@ def test_an_interrupted_free_is_finished_at_the_next_start(sqlite_engine, monkey
     report = fsck.check(catalog, ns.root_ino)
     assert any("orphan" in p for p in report.problems)
     monkeypatch.undo()
-    monkeypatch.setattr(namespace.directory, "FREE_CHUNK_EXTENTS", CHUNK)
+    monkeypatch.setattr(namespace.transactions, "FREE_CHUNK_EXTENTS", CHUNK)
     eng.restart()
     assert eng.ns.reclaim_orphans() == 1
     assert extents_of(catalog, ino) == 0

@@ -15,7 +15,7 @@ def test_unreserve_inside_a_transaction_does_not_wait_for_the_space_lock(sqlite_
     dp, catalog = sqlite_engine.data, sqlite_engine.catalog
     in_transaction, space_held, b_done = threading.Event(), threading.Event(), threading.Event()
 
-    def namespace_side(conn):  # stands for Namespace._free -> DataPath.release -> Space.unreserve
+    def namespace_side(conn):  # stands for Transactions.free -> DataPath.release -> Space.unreserve
         in_transaction.set()
         space_held.wait(10)
         dp.space.unreserve(1)

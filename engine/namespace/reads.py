@@ -1,4 +1,5 @@
-"""Reading the namespace: getattr, lookup, resolve, paths, readlink, access, readdir, statfs."""
+"""Reading the namespace, through the cache where it is valid: getattr, lookup, resolve, paths,
+readlink, access, readdir, statfs."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
 from engine import errors
-from engine.catalog.database import in_list, sql_all
-from engine.catalog.database import sql as _sql
+from engine.catalog.database import Catalog, sql_all
 from engine.catalog.database import sql_one as _one
+from engine.namespace.cache import NameCache
 from engine.namespace.common import (
     ATTR_COLUMNS,
     ATTR_SQL,
@@ -30,39 +31,39 @@ from engine.namespace.common import (
     Attr,
     Cred,
     DirEntry,
+    FileData,
     StatFs,
     attr_of_row,
     check_name,
+    load,
     may,
-    mode_bits,
+    require,
 )
-from engine.namespace.readonly import SNAPSHOT_DIR_NAME, ReadOnlyInodes
+from engine.namespace.readonly import SNAPSHOT_DIR_NAME, ReadOnlyViews
 
 
-class Lookup(ReadOnlyInodes):
+class Reads:
     """Part of Namespace: reads, through the cache where it is valid."""
 
-    snapshots_visible = False  # set by Namespace (config snapshots.visible)
+    def __init__(
+        self,
+        catalog: Catalog,
+        data: FileData | None,
+        cache: NameCache,
+        readonly: ReadOnlyViews,
+        root_ino: int,
+        *,
+        snapshots_visible: bool = False,
+    ):
+        self.catalog = catalog
+        self.data = data
+        self.cache = cache
+        self.readonly = readonly
+        self.root_ino = root_ino
+        # DIR/.snapshots listed in DIR's readdir (config snapshots.visible; ZFS's snapdir)
+        self.snapshots_visible = snapshots_visible
 
-    @staticmethod
-    def _load_many(conn: Connection, inos) -> list[Attr]:
-        """The attributes of those of ``inos`` that exist."""
-        ids = sorted(inos)
-        return [
-            attr_of_row(row)
-            for row in _sql(
-                conn, f"SELECT {ATTR_SQL} FROM inodes WHERE ino IN {in_list(ids)}", tuple(ids)
-            )
-        ]
-
-    @staticmethod
-    def _load(conn: Connection, ino: int) -> Attr:
-        row = _one(conn, f"SELECT {ATTR_SQL} FROM inodes WHERE ino = ?", (ino,))
-        if row is None:
-            raise errors.StaleHandle(f"inode {ino} does not exist")
-        return attr_of_row(row)
-
-    def _with_pending(self, attr: Attr) -> Attr:
+    def with_pending(self, attr: Attr) -> Attr:
         """``attr`` with the file's buffered writes: their size, and the change attribute and
         mtime/ctime they moved (a same-size rewrite shows before its COMMIT)."""
         if self.data is not None and attr.type == REG:
@@ -80,46 +81,48 @@ class Lookup(ReadOnlyInodes):
         return attr
 
     def getattr(self, ino: int) -> Attr:
-        cacheable = self._cache_valid()
-        gen, read_at = self._cache_gen, time.monotonic()
+        cache = self.cache
+        cacheable = cache.valid()
+        gen, read_at = cache.gen, time.monotonic()
         if cacheable:
-            hit = self._cached(self._cache, ino)
+            hit = cache.cached(cache.attrs, ino)
             if hit is not None:
-                return self._with_pending(hit)
-        attr = self.catalog.read(lambda conn: self._load(conn, ino))
+                return self.with_pending(hit)
+        attr = self.catalog.read(lambda conn: load(conn, ino))
         if cacheable:
-            self._remember(gen, read_at, (attr,))
-        return self._with_pending(attr)
+            cache.remember(gen, read_at, (attr,))
+        return self.with_pending(attr)
 
     def lookup(self, cred: Cred, dir_ino: int, name: str) -> Attr:
-        cacheable = self._cache_valid()
-        gen, read_at = self._cache_gen, time.monotonic()
+        cache = self.cache
+        cacheable = cache.valid()
+        gen, read_at = cache.gen, time.monotonic()
         if cacheable:
-            parent = self._cached(self._cache, dir_ino)
+            parent = cache.cached(cache.attrs, dir_ino)
             if parent is not None:
-                child = self._cached(self._names, (dir_ino, name))
+                child = cache.cached(cache.names, (dir_ino, name))
                 if child is not None:
-                    self._require(cred, parent, X_OK)
+                    require(cred, parent, X_OK)
                     return self.getattr(child)
                 if (
                     parent.type == DIR
-                    and self._known_missing(dir_ino, name)
+                    and cache.known_missing(dir_ino, name)
                     and name not in (".", "..")
                 ):
-                    self._require(cred, parent, X_OK)
+                    require(cred, parent, X_OK)
                     check_name(name)
                     raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
         listing = None
 
         def work(conn):
-            parent = self._load(conn, dir_ino)
+            parent = load(conn, dir_ino)
             if parent.type != DIR:
                 raise errors.NotADirectory(f"inode {dir_ino} is not a directory")
-            self._require(cred, parent, X_OK)
+            require(cred, parent, X_OK)
             if name == ".":
                 return parent, parent
             if name == "..":
-                return parent, self._load(conn, self._parent_of(conn, dir_ino))
+                return parent, load(conn, self.parent_of(conn, dir_ino))
             check_name(name)
             row = _one(
                 conn,
@@ -136,10 +139,10 @@ class Lookup(ReadOnlyInodes):
                 if (
                     cacheable
                     and self.catalog.epoch_is_exact
-                    and self._dirs_listed.get(dir_ino, 0.0) <= read_at
+                    and cache.dirs_listed.get(dir_ino, 0.0) <= read_at
                 ):
                     nonlocal listing
-                    self._dirs_listed[dir_ino] = read_at + COMPLETE_DIR_RETRY_S
+                    cache.dirs_listed[dir_ino] = read_at + COMPLETE_DIR_RETRY_S
                     listing = self._listing(conn, dir_ino)
                 return parent, None
             return parent, attr_of_row(row)
@@ -147,16 +150,16 @@ class Lookup(ReadOnlyInodes):
         parent, child = self.catalog.read(work)
         if child is None:
             if listing is not None:
-                self._remember(gen, read_at, (parent,), None, (dir_ino, listing))
+                cache.remember(gen, read_at, (parent,), None, (dir_ino, listing))
             raise errors.NotFound(f"{name!r} not found in directory {dir_ino}")
         if cacheable:
-            self._remember(
+            cache.remember(
                 gen,
                 read_at,
                 (parent, child),
                 None if name in (".", "..") else ((dir_ino, name), child.ino),
             )
-        return self._with_pending(child)
+        return self.with_pending(child)
 
     @staticmethod
     def _listing(conn: Connection, dir_ino: int) -> list[tuple[str, int]] | None:
@@ -168,7 +171,7 @@ class Lookup(ReadOnlyInodes):
         )
         return None if len(rows) > COMPLETE_DIR_MAX else [(row[0], row[1]) for row in rows]
 
-    def _parent_of(self, conn: Connection, dir_ino: int) -> int:
+    def parent_of(self, conn: Connection, dir_ino: int) -> int:
         if dir_ino == self.root_ino:
             return dir_ino
         parent = conn.execute(
@@ -179,7 +182,7 @@ class Lookup(ReadOnlyInodes):
         return parent
 
     def parent(self, dir_ino: int) -> Attr:
-        return self.catalog.read(lambda conn: self._load(conn, self._parent_of(conn, dir_ino)))
+        return self.catalog.read(lambda conn: load(conn, self.parent_of(conn, dir_ino)))
 
     def resolve(self, path: str, cred: Cred = ROOT, follow: bool = True) -> Attr:
         """Walk an absolute path (for admin code: CLI, web UI, retention)."""
@@ -222,7 +225,7 @@ class Lookup(ReadOnlyInodes):
 
     def readlink(self, ino: int) -> bytes:
         def work(conn):
-            attr = self._load(conn, ino)
+            attr = load(conn, ino)
             if attr.type != LNK:
                 raise errors.InvalidArgument(f"inode {ino} is not a symbolic link")
             return conn.execute(select(SYMLINKS.c.target).where(SYMLINKS.c.ino == ino)).scalar_one()
@@ -253,10 +256,10 @@ class Lookup(ReadOnlyInodes):
             show_snapshots = self.snapshots_visible
 
         def work(conn):
-            parent = self._load(conn, dir_ino)
+            parent = load(conn, dir_ino)
             if parent.type != DIR:
                 raise errors.NotADirectory(f"inode {dir_ino} is not a directory")
-            self._require(cred, parent, R_OK)
+            require(cred, parent, R_OK)
             rows = conn.execute(
                 select(DIRENTS.c.id, DIRENTS.c.name, *ATTR_COLUMNS)
                 .select_from(DIRENTS.join(INODES, DIRENTS.c.child == INODES.c.ino))
@@ -265,14 +268,14 @@ class Lookup(ReadOnlyInodes):
                 .limit(limit + 1)
             ).all()
             if not show_snapshots and any(row[1] == SNAPSHOT_DIR_NAME for row in rows):
-                hidden.update(self.snapshot_dirs(conn))
+                hidden.update(self.readonly.snapshot_dirs(conn))
             return rows
 
         hidden: set[int] = set()  # DIR/.snapshots is reached by name only, as ZFS's snapdir
         rows = self.catalog.read(work)
         eof = len(rows) <= limit
         entries = [
-            DirEntry(row[0], row[1], self._with_pending(attr_of_row(row[2:])))
+            DirEntry(row[0], row[1], self.with_pending(attr_of_row(row[2:])))
             for row in rows[:limit]
             if not (hidden and row[2] in hidden)
         ]
@@ -289,12 +292,3 @@ class Lookup(ReadOnlyInodes):
         else:
             total = free = 0
         return StatFs(total, free, free, total_files, max(total_files - files, 0))
-
-    @staticmethod
-    def _require(cred: Cred, attr: Attr, want: int) -> None:
-        if not may(cred, attr, want):
-            raise errors.AccessDenied(
-                f"uid {cred.uid} lacks {mode_bits(want)} permission on inode "
-                f"{attr.ino} "
-                f"(mode {attr.mode:o}, owner {attr.uid}:{attr.gid})"
-            )
