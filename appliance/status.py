@@ -12,6 +12,7 @@ from engine.catalog.database import Catalog
 from engine.catalog.migrate import current_revision
 from engine.catalog.models import Drive, Inode, Zone
 from engine.lifecycle.drives import redundancy_status_in
+from engine.lifecycle.hosts import hosts_status_in
 
 DRIVES = Drive.__table__
 ZONES = Zone.__table__
@@ -48,18 +49,21 @@ def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
             .mappings()
             .all()
         )
-        return inodes, rows, redundancy_status_in(conn)
+        warm = policies.get("warm") or next(iter(policies.values()), None)
+        k, m = (warm.k, warm.m) if warm is not None else (8, 2)
+        return inodes, rows, redundancy_status_in(conn), hosts_status_in(conn, k, m)
 
-    inodes, rows, redundancy = catalog.read(work)
+    inodes, rows, redundancy, hosts = catalog.read(work)
     drives = []
     raw = used = live = garbage = reserve = stranded = 0
     for row in rows:
         size = row["zone_size"] * row["zone_count"]
-        present = (
-            os.path.isdir(row["path"])
-            if row["backend"] == "zonefile"
-            else os.path.exists(row["path"])
-        )
+        if row["backend"] == "agent":
+            present = True  # on another host: the daemon's drive watch records it missing
+        elif row["backend"] == "zonefile":
+            present = os.path.isdir(row["path"])
+        else:
+            present = os.path.exists(row["path"])
         state = row["state"] if present or row["state"] in ("failed", "removed") else "missing"
         drives.append(
             {
@@ -67,6 +71,7 @@ def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
                 "uuid": row["uuid"],
                 "path": row["path"],
                 "backend": row["backend"],
+                "host": row["host"],
                 "state": state,
                 "size_bytes": size,
                 "zone_size": row["zone_size"],
@@ -110,6 +115,8 @@ def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
             "stranded_bytes": stranded,
             "data_fraction": ratio,
         },
+        # the failure domains: hosts, their drives and fragments, how many may be lost
+        "hosts": hosts,
         # stripes missing a fragment (reduced), one loss from data loss, and beyond repair
         "redundancy": {
             "stripes": redundancy.stripes,

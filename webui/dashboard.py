@@ -41,6 +41,7 @@ def summary() -> dict:
         "drives": len(report["drives"]),
         "catalog": report["catalog"],
         "redundancy": report["redundancy"],
+        "hosts": report["hosts"],
         "throughput": {k: [[t, v] for t, v in pts] for k, pts in throughput.items()},
         "window": [now - HOUR_NS, now],
         "leader": leader_report(shingle.catalog, config),

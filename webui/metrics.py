@@ -133,6 +133,21 @@ def render() -> str:
         "Live stripes missing at least one fragment (rebuild or add drives to restore them).",
         [({}, red["under_protected"])],
     )
+    hosts = report["hosts"]
+    out.family(
+        "shingle_hosts",
+        "gauge",
+        "Storage hosts (failure domains) with drives in the pool.",
+        [({}, hosts["count"])],
+    )
+    losable = hosts["losable"]
+    out.family(
+        "shingle_hosts_losable",
+        "gauge",
+        "Hosts that may be lost with every stored stripe still readable (before any stripe "
+        "is stored: those a stripe written now survives).",
+        [({}, hosts["losable_by_placement"] if losable is None else losable)],
+    )
     from engine.alerts import AlertService
 
     active = AlertService(catalog).count_active()

@@ -81,6 +81,32 @@ SCHEMAS: dict[str, dict] = {
             etcd_error=prop(["string", "null"], "Why etcd did not say (unreachable)"),
         )
         | {"type": ["object", "null"]},
+        hosts=ref("Hosts"),
+    ),
+    "Hosts": obj(
+        "The storage hosts (failure domains) and how many may be lost without losing data",
+        ("count", "losable_by_placement", "hosts"),
+        count=prop("integer", "Hosts with drives in the pool"),
+        losable=prop(
+            ["integer", "null"],
+            "Hosts any of which may be lost with every stored stripe still readable "
+            "(null: no stripe stored)",
+        ),
+        losable_by_placement=prop(
+            "integer", "The same for a stripe of the default class written now"
+        ),
+        hosts=prop(
+            "array",
+            "Per host: name (local: the head's own), drives, drives_readable, fragments",
+            items=obj(
+                "One host",
+                ("name", "drives"),
+                name=prop("string", "Host name (local: the head's own)"),
+                drives=prop("integer", "Drives on it"),
+                drives_readable=prop("integer", "Drives read from (online, degraded, draining)"),
+                fragments=prop("integer", "Readable fragments of live stripes on it"),
+            ),
+        ),
     ),
     "Redundancy": obj(
         "Redundancy of the live stripes on drives",
@@ -97,7 +123,8 @@ SCHEMAS: dict[str, dict] = {
         id=prop("integer", "Drive id"),
         uuid=prop("string", "Label written on the drive"),
         path=prop("string", "Folder (zone files) or device"),
-        backend=prop("string", "zonefile or zoned-block"),
+        backend=prop("string", "zonefile, zoned-block or agent"),
+        host=prop(["string", "null"], "Storage host of an agent's drive (null: this host)"),
         device=prop(["string", "null"], "Block device for SMART"),
         model=prop(["string", "null"], "Model"),
         serial=prop(["string", "null"], "Serial number"),

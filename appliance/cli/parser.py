@@ -10,6 +10,7 @@ import os
 import sys
 
 from appliance.cli import (
+    agent,
     alerts,
     exports,
     init,
@@ -46,6 +47,7 @@ COMMAND_MODULES = (
     smb,
     snapshot,
     webui,
+    agent,
 )
 
 

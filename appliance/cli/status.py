@@ -51,6 +51,14 @@ def print_report(report: dict) -> None:
         )
     else:
         print(f"redundancy full: {red['stripes']} stripes, none under-protected")
+    hosts = report["hosts"]
+    if hosts["count"] > 1:
+        losable = hosts["losable"]
+        print(
+            f"hosts     {hosts['count']}; may lose "
+            f"{hosts['losable_by_placement'] if losable is None else losable} without losing "
+            "data"
+        )
     print(f"drives    {len(report['drives'])}")
     for d in report["drives"]:
         print(

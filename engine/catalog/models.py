@@ -118,7 +118,7 @@ class Drive(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     uuid: Mapped[str] = mapped_column(String(36), unique=True)
     path: Mapped[str] = mapped_column(Text)
-    backend: Mapped[str] = mapped_column(String(16))  # "zonefile" | "zoned-block"
+    backend: Mapped[str] = mapped_column(String(16))  # "zonefile" | "zoned-block" | "agent"
     # online | degraded | failed | draining | removed
     state: Mapped[str] = mapped_column(String(16), default="online")
     zone_size: Mapped[int] = mapped_column(BigInteger)
@@ -128,6 +128,8 @@ class Drive(Base):
     model: Mapped[str | None] = mapped_column(String(128), nullable=True)
     device: Mapped[str | None] = mapped_column(Text, nullable=True)  # block device for SMART
     added_ns: Mapped[int] = mapped_column(BigInteger)
+    # the failure domain: the storage host whose agent serves it; None: the head's own host
+    host: Mapped[str | None] = mapped_column(String(255), nullable=True)
 
 
 class Zone(Base):

@@ -51,6 +51,8 @@ class DriveState:
         self.id = row.id
         self.uuid = row.uuid
         self.path = row.path
+        # the failure domain placement spreads over ("" for the head's own host)
+        self.host: str = getattr(row, "host", None) or ""
         self.state = row.state
         self.zone_size = row.zone_size
         self.zone_count = row.zone_count
@@ -66,7 +68,8 @@ class DriveState:
         except (DriveMissing, OSError) as exc:
             self.open_error = str(exc)
         self.granularity = getattr(self.backend, "write_granularity", 1) or 1
-        self._present = self.backend is not None
+        # a backend may open while its medium is away (an agent's drive whose agent is down)
+        self._present = self.backend is not None and self.backend.present()
         self._present_at = time.monotonic()
         self.on_gone: Callable[[DriveState], None] | None = None
         self.queue: queue.SimpleQueue = queue.SimpleQueue()

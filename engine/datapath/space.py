@@ -320,8 +320,9 @@ class Space:
 
     # -- placement ----------------------------------------------------------------------
     def place(self, stripe) -> None:
-        """Choose zones on ``stripe.policy.width`` distinct drives for the stripe's fragments and
-        append a PlacedFragment for each to ``stripe.placement`` (each zone pinned till commit)."""
+        """Choose zones on ``stripe.policy.width`` distinct drives, spread over hosts
+        (``_choose``), for the stripe's fragments and append a PlacedFragment for each to
+        ``stripe.placement`` (each zone pinned till commit)."""
         policy = stripe.policy
         length = len(stripe.fragments[0])
         width = policy.width
@@ -334,13 +335,7 @@ class Space:
                 key=lambda d: (-(len(d.empty) + sum(1 for _ in d.open)), (d.id + self._rr) % n)
             )
             for attempt in range(2):
-                chosen = []
-                for drive in writable:
-                    zone = self.zone_for(drive, policy.name, length)
-                    if zone is not None:
-                        chosen.append((drive, zone))
-                        if len(chosen) == width:
-                            break
+                chosen = self._choose(writable, policy.name, length, width)
                 # reserve counted zones holding only garbage as room: reset them before giving up
                 if len(chosen) == width or attempt or not self.reclaim_zones():
                     break
@@ -364,6 +359,33 @@ class Space:
                 zone.inflight += 1
                 if zone.opened_ns is None:
                     zone.opened_ns = now
+
+    def _choose(
+        self, drives: list[DriveState], band_class: str, length: int, width: int
+    ) -> list[tuple[DriveState, ZoneMem]]:
+        """Up to ``width`` (drive, zone) with room for ``length`` bytes, taken from ``drives`` in
+        their order, except that each next one comes from a host holding the fewest of the
+        stripe's fragments so far: on 10 hosts or more no two fragments share a host, on fewer
+        they spread as evenly as the hosts' drives allow (caller holds ``lock``)."""
+        chosen: list[tuple[DriveState, ZoneMem]] = []
+        if len({d.host for d in drives}) <= 1:  # one host (the single-host default): in order
+            for drive in drives:
+                zone = self.zone_for(drive, band_class, length)
+                if zone is not None:
+                    chosen.append((drive, zone))
+                    if len(chosen) == width:
+                        break
+            return chosen
+        held: dict[str, int] = defaultdict(int)  # fragments of this stripe per host
+        left = list(drives)
+        while left and len(chosen) < width:
+            pick = min(range(len(left)), key=lambda i: (held[left[i].host], i))
+            drive = left.pop(pick)
+            zone = self.zone_for(drive, band_class, length)
+            if zone is not None:
+                chosen.append((drive, zone))
+                held[drive.host] += 1
+        return chosen
 
     def zone_for(self, drive: DriveState, band_class: str, length: int) -> ZoneMem | None:
         """The open band of ``band_class`` on ``drive`` with room for ``length`` bytes, opening an

@@ -1,8 +1,10 @@
-"""Zoned drives: the model, the zone-file and zoned-block backends, the SMR cost model.
+"""Zoned drives: the model, the zone-file, zoned-block and agent backends, the SMR cost model.
 
 ``format_emulated`` makes drives as folders of zone files (tests, the default
 install, and drive-managed SMR / CMR disks with XFS or ext4);
-``open_drive`` opens the backend named by a Drive catalog row."""
+``add_agent_drives`` records the drives a drive agent on another host serves (remote.py);
+``open_drive`` opens the backend named by a Drive catalog row. The catalog is imported only by
+the functions that write rows: the drive agent (appliance/agent/) uses the backends without it."""
 
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ import time
 import uuid as uuidlib
 from pathlib import Path
 
-from engine.catalog.models import Drive, Zone
 from engine.drives.smr import SmrModel, SmrParams
 from engine.drives.zoned import DriveMissing, ZonedDrive, ZoneError, ZoneInfo
 from engine.drives.zonefile import ZoneFileDrive
@@ -20,6 +21,7 @@ __all__ = [
     "format_emulated",
     "add_emulated",
     "add_zoned_block",
+    "add_agent_drives",
     "open_drive",
     "ZonedDrive",
     "ZoneFileDrive",
@@ -34,8 +36,6 @@ __all__ = [
 
 SECTOR = 4096
 MIN_ZONES = 4  # a drive needs room for open bands plus the cleaning reserve
-DRIVES = Drive.__table__
-ZONES = Zone.__table__
 
 
 def format_emulated(
@@ -127,10 +127,14 @@ def _insert_drive(
     max_open_zones: int,
     model: str | None,
     serial: str | None = None,
+    host: str | None = None,
 ) -> int:
-    """A Drive row and its empty Zone rows, inside the caller's transaction; returns its id."""
+    """A Drive row and its empty Zone rows, inside the caller's transaction; returns its id.
+    ``host`` None: a drive of the host the head runs on."""
+    from engine.catalog.models import Drive, Zone
+
     drive_id = conn.execute(
-        DRIVES.insert().values(
+        Drive.__table__.insert().values(
             uuid=drive_uuid,
             path=path,
             backend=backend,
@@ -140,11 +144,12 @@ def _insert_drive(
             max_open_zones=max_open_zones,
             model=model,
             serial=serial,
+            host=host,
             added_ns=time.time_ns(),
         )
     ).inserted_primary_key[0]
     conn.execute(
-        ZONES.insert(),
+        Zone.__table__.insert(),
         [
             {
                 "drive_id": drive_id,
@@ -232,8 +237,40 @@ def add_zoned_block(catalog, device: str) -> int:
     )
 
 
+def add_agent_drives(catalog, address: str) -> list[int]:
+    """Record the drives the agent at ``address`` (HOST:PORT) serves that the catalog does not
+    know yet, on the agent's host; returns their new ids. Geometry comes from the agent."""
+    from engine.catalog.models import Drive
+    from engine.drives.remote import hello
+
+    served = hello(address)
+    host = str(served.get("host") or address)
+
+    def work(conn):
+        table = Drive.__table__
+        known = {r.uuid for r in conn.execute(table.select().with_only_columns(table.c.uuid))}
+        return [
+            _insert_drive(
+                conn,
+                d["uuid"],
+                address,
+                "agent",
+                int(d["zone_size"]),
+                int(d["zone_count"]),
+                int(d.get("max_open_zones", 0)),
+                "drive agent",
+                host=host,
+            )
+            for d in served.get("drives", [])
+            if d["uuid"] not in known
+        ]
+
+    return catalog.run(work)
+
+
 def open_drive(row) -> ZonedDrive:
-    """The backend of a Drive row (``path``, ``backend``, ``uuid``, geometry)."""
+    """The backend of a Drive row (``path``, ``backend``, ``uuid``, geometry); an "agent"
+    drive's path is its agent's HOST:PORT."""
     if row.backend == "zonefile":
         return ZoneFileDrive(
             row.path,
@@ -246,4 +283,12 @@ def open_drive(row) -> ZonedDrive:
         from engine.drives.blkzoned import ZonedBlockDrive
 
         return ZonedBlockDrive(row.device or row.path)
-    raise ConfigError(f"drives.{row.id}.backend", row.backend, "'zonefile' or 'zoned-block'")
+    if row.backend == "agent":
+        from engine.drives.remote import RemoteDrive
+
+        return RemoteDrive(
+            row.path, row.uuid, row.zone_size, row.zone_count, max_open_zones=row.max_open_zones
+        )
+    raise ConfigError(
+        f"drives.{row.id}.backend", row.backend, "'zonefile', 'zoned-block' or 'agent'"
+    )

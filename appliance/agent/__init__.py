@@ -1,0 +1,1 @@
+"""The drive agent: the one process that writes a storage host's drives (server.py)."""

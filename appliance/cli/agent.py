@@ -1,0 +1,100 @@
+"""`shingle agent`: run the drive agent of a storage host (appliance/agent/server.py); and
+`shingle drives-attach HOST:PORT`: record in the catalog the drives an agent serves (the head's
+side; placement then spreads stripes over the agents' hosts).
+
+The agent needs no config file and no catalog: it serves the drive folders named on its command
+line; ``--format`` makes those that do not exist yet."""
+
+from __future__ import annotations
+
+import logging
+import uuid as uuidlib
+from pathlib import Path
+
+from appliance import config as config_mod
+from appliance.cli.common import UsageError, load_config, size_arg
+
+
+def cmd_agent(args) -> int:
+    from appliance.agent.server import serve
+    from engine.drives import MIN_ZONES, SECTOR, ZoneFileDrive
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    folders = [Path(d) for d in args.drives]
+    for folder in folders:
+        if folder.exists() and (folder / "drive.json").exists():
+            continue
+        if not args.format:
+            raise UsageError(f"{folder} holds no drive: make it with --format")
+        if args.zone_size % SECTOR or args.drive_size < MIN_ZONES * args.zone_size:
+            raise UsageError(
+                f"--zone-size must be a multiple of {SECTOR} and --drive-size at least "
+                f"{MIN_ZONES} zones"
+            )
+        if folder.exists():
+            if any(folder.iterdir()):
+                raise UsageError(f"{folder} is neither a drive nor empty")
+            folder.rmdir()  # ZoneFileDrive.format makes the folder itself
+        ZoneFileDrive.format(
+            folder,
+            args.zone_size,
+            args.drive_size // args.zone_size,
+            str(uuidlib.uuid4()),
+            preallocate_zones=args.preallocate,
+        ).close()
+    if not args.body_timeout > 0:
+        raise UsageError("--body-timeout must be > 0 seconds")
+    serve(args.listen, folders, host=args.host, body_timeout=args.body_timeout)
+    return 0
+
+
+def cmd_drives_attach(args) -> int:
+    from appliance.runtime import open_catalog
+    from engine.drives import add_agent_drives
+
+    config = load_config(args)
+    catalog = open_catalog(config)
+    try:
+        added = add_agent_drives(catalog, args.address)
+    finally:
+        catalog.close()
+    print(
+        f"{len(added)} drives of agent {args.address} recorded"
+        + (f" (ids {', '.join(map(str, added))})" if added else " (all known already)")
+        + "; a running daemon takes them at its next start"
+    )
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "agent",
+        help="run the drive agent of a storage host (the only writer of its drives)",
+    )
+    p.add_argument("--listen", required=True, help="HOST:PORT the heads connect to")
+    p.add_argument("--drives", nargs="+", required=True, help="drive folders (zone files)")
+    p.add_argument("--host", help="this host's name in placement (default: the hostname)")
+    p.add_argument(
+        "--format", action="store_true", help="make the drive folders that do not exist yet"
+    )
+    p.add_argument("--drive-size", type=size_arg, default=config_mod.parse_size("1GiB"))
+    p.add_argument("--zone-size", type=size_arg, default=config_mod.parse_size("64MiB"))
+    p.add_argument(
+        "--no-preallocate",
+        dest="preallocate",
+        action="store_false",
+        help="zone files grow as data is written instead of reserving their size now",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a frame's body may take to arrive after its header (default 10)",
+    )
+    p.set_defaults(func=cmd_agent)
+
+    p = sub.add_parser(
+        "drives-attach", help="record the drives a drive agent serves (HOST:PORT) in the catalog"
+    )
+    p.add_argument("address", help="the agent's HOST:PORT")
+    p.set_defaults(func=cmd_drives_attach)
