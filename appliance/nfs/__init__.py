@@ -10,7 +10,8 @@ Layers, each importing only the ones below it:
             shared by every version: signed file handles, the exports table and
             pseudo-root, handle -> export -> access -> generation checks and the
             status maps (access), counters
-  v4/       NFSv4.1: const, types, attrs, state, registry, context, compound, ops/, program
+  v4/       NFSv4.0-4.2: const, types, attrs, state, registry (each operation's facts and
+            handlers), context, compound, compound40, ops/, program
   v3/       NFSv3 and MOUNT: types, context, procedures, program, mount
   server    wiring: the listener, the programs by number, workers, housekeeping
 """

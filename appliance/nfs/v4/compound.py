@@ -5,8 +5,8 @@ the results.
 
 A COMPOUND runs in a worker thread (blocking catalog and data work), except
 that the event loop first tries small ones from the caches (``from_cache``):
-the operations in FROM_CACHE_OPS (read-only ones, an UNSTABLE WRITE into the
-file's buffer, a COMMIT that finds nothing to flush), inside engine.blocking's
+the operations the registry marks ``from_cache`` (read-only ones, an UNSTABLE WRITE into
+the file's buffer, a COMMIT that finds nothing to flush), inside engine.blocking's
 no_blocking(). At the first operation that would need more, it stops and returns
 a Handoff; the worker carries the COMPOUND on from that operation, with the slot
 its SEQUENCE took and the results so far. A stat costs one thread hand-off less
@@ -29,7 +29,7 @@ from appliance.nfs.access import log_failure, status_of
 from appliance.nfs.onc.xdr import Opaque, Packer, String, UInt, XdrError
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.context import CODES, Compound
-from appliance.nfs.v4.registry import HANDLERS
+from appliance.nfs.v4.registry import TABLE, Op
 from appliance.nfs.v4.state import NfsError
 from appliance.nfs.v4.types import ARGS, RESULTS, STATUS_ONLY
 from engine.blocking import WouldBlock, holding, no_blocking
@@ -41,72 +41,7 @@ _tag = String(None)
 _tag_opaque = Opaque(1024, "utf8str_cs tag")
 _SEQUENCE_OK = RESULTS[c.OP_SEQUENCE].arms[c.NFS4_OK]
 CACHE_LIMIT = 256 * 1024
-SESSIONLESS = frozenset(
-    {
-        c.OP_EXCHANGE_ID,
-        c.OP_CREATE_SESSION,
-        c.OP_DESTROY_SESSION,
-        c.OP_BIND_CONN_TO_SESSION,
-        c.OP_DESTROY_CLIENTID,
-    }
-)
-# Operations of NFSv4.0 only, or of features this server does not offer (pNFS, SSV, ...)
-NOT_SUPPORTED = frozenset(
-    {
-        c.OP_OPEN_CONFIRM,
-        c.OP_RENEW,
-        c.OP_SETCLIENTID,
-        c.OP_SETCLIENTID_CONFIRM,
-        c.OP_RELEASE_LOCKOWNER,
-        c.OP_OPENATTR,
-        c.OP_DELEGPURGE,
-        c.OP_GET_DIR_DELEGATION,
-        c.OP_GETDEVICEINFO,
-        c.OP_GETDEVICELIST,
-        c.OP_LAYOUTCOMMIT,
-        c.OP_LAYOUTGET,
-        c.OP_LAYOUTRETURN,
-        c.OP_SET_SSV,
-        c.OP_WANT_DELEGATION,
-        # NFSv4.2: no pNFS, no asynchronous COPY (no callback channel), no inter-server COPY
-        c.OP_COPY_NOTIFY,
-        c.OP_IO_ADVISE,
-        c.OP_LAYOUTERROR,
-        c.OP_LAYOUTSTATS,
-        c.OP_OFFLOAD_CANCEL,
-        c.OP_OFFLOAD_STATUS,
-        c.OP_WRITE_SAME,
-    }
-)
 MINOR_VERSIONS = (c.MINOR_VERSION, c.MINOR_VERSION_42)
-# What the event loop may run from the caches (READ from fragments already read): nothing here
-# changes state but the SEQUENCE slot, a WRITE's buffer and a CLOSE's open state, each of which
-# raises WouldBlock before it changed anything (not VERIFY/NVERIFY: decoding an owner name may
-# read /etc/passwd)
-FROM_CACHE_OPS = frozenset(
-    {
-        c.OP_SEQUENCE,
-        c.OP_PUTFH,
-        c.OP_PUTROOTFH,
-        c.OP_PUTPUBFH,
-        c.OP_GETFH,
-        c.OP_SAVEFH,
-        c.OP_RESTOREFH,
-        c.OP_LOOKUP,
-        c.OP_LOOKUPP,
-        c.OP_GETATTR,
-        c.OP_ACCESS,
-        c.OP_READ,
-        c.OP_WRITE,  # UNSTABLE, into the file's buffer; anything more raises WouldBlock first
-        c.OP_SETATTR,  # of mode and size only, when it changes nothing (ops/fs.py)
-        c.OP_CLOSE,  # of an open without locks, when no inode is freed (ops/io.py)
-        c.OP_OPEN,  # without create, of a name the cache proves missing (NOENT; ops/io.py)
-        c.OP_COMMIT,  # with nothing buffered or in flight for the file; else WouldBlock first
-    }
-)
-# An operation that changes the current file handle clears the current stateid (RFC 8881
-# 16.2.3.1.2), except these, which set both (RESTOREFH restores the saved stateid)
-SETS_FH_AND_STATEID = frozenset({c.OP_OPEN, c.OP_RESTOREFH})
 
 
 # minor version -> executor(server, conn_state, rpc_cred, address, tag, record, pos) -> chunks,
@@ -234,110 +169,10 @@ def _run(run: _Run, record, from_cache: bool) -> list:
     status = c.NFS4_OK  # a from-cache attempt stops only while every answer so far is OK
     handed_off = False
     try:
-        while run.index < run.count:
-            index, pos = run.index, run.pos
-            try:
-                opnum, pos = UInt.unpack(record, pos)
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug("op %s", c.OP_NAMES.get(opnum, opnum))
-            except XdrError:
-                opnum, status = c.OP_ILLEGAL, c.NFS4ERR_BADXDR
-                emit_result(p, c.OP_ILLEGAL, status, None)
-                run.done += 1
-                break
-            if from_cache and opnum not in FROM_CACHE_OPS:
-                raise _Stop()
-            if (
-                opnum not in ARGS
-                and opnum not in NOT_SUPPORTED
-                or opnum > c.LAST_OP_41
-                and cx.minor < c.MINOR_VERSION_42
-            ):
-                status = c.NFS4ERR_OP_ILLEGAL
-                emit_result(p, c.OP_ILLEGAL, status, None)
-                run.done += 1
-                break
-            if opnum in NOT_SUPPORTED:
-                status = c.NFS4ERR_NOTSUPP
-            else:
-                try:
-                    args, pos = ARGS[opnum].unpack(record, pos)
-                except XdrError as exc:
-                    log.debug("BADXDR in %s: %s", c.OP_NAMES.get(opnum), exc)
-                    status = c.NFS4ERR_BADXDR
-                    args = None
-            if status != c.NFS4_OK:
-                emit_result(p, opnum, status, None)
-                run.done += 1
-                break
-            # session rules (RFC 8881 2.10.6 and 18.46)
-            if index == 0:
-                if opnum == c.OP_SEQUENCE:
-                    try:
-                        fingerprint = _fingerprint(cx.rpc_cred, record, run.body_start)
-                        value = _sequence(
-                            cx, args, run.count, fingerprint, len(record), len(run.tag)
-                        )
-                    except Replay as replay:
-                        return replay.chunks
-                    except WouldBlock:
-                        raise _Stop() from None
-                    except NfsError as exc:
-                        status = exc.status
-                        log.debug("SEQUENCE: status %d: %s", status, exc)
-                        emit_result(p, opnum, status, None)
-                        run.done += 1
-                        break
-                    run.cache = True
-                    emit_result(p, opnum, c.NFS4_OK, value)
-                    run.done += 1
-                    run.index, run.pos = index + 1, pos
-                    continue
-                if opnum not in SESSIONLESS:
-                    status = c.NFS4ERR_OP_NOT_IN_SESSION
-                elif run.count > 1:
-                    status = c.NFS4ERR_NOT_ONLY_OP
-            elif opnum == c.OP_SEQUENCE:
-                status = c.NFS4ERR_SEQUENCE_POS
-            if status != c.NFS4_OK:
-                emit_result(p, opnum, status, None)
-                run.done += 1
-                break
-            handler = HANDLERS.get(opnum)
-            cur = cx.cur
-            mark = (len(p.chunks), len(p.buf), p.size)  # to take a reply too big back
-            started = time.perf_counter()
-            try:
-                if handler is None:
-                    raise NfsError(c.NFS4ERR_NOTSUPP, f"{c.OP_NAMES.get(opnum)} not implemented")
-                value = handler(cx, args)
-                if cx.cur is not cur and opnum not in SETS_FH_AND_STATEID:
-                    cx.cur_stateid = None
-            except WouldBlock:  # raised before the operation changed anything: nothing to undo
-                raise _Stop() from None
-            except NfsError as exc:
-                run.counted.append((OP_METRIC[opnum], time.perf_counter() - started, cx.cur))
-                status = exc.status
-                log.debug("%s: status %d: %s", c.OP_NAMES.get(opnum), status, exc)
-                emit_result(p, opnum, status, exc.payload)
-                run.done += 1
-                break
-            except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a dead connection
-                run.counted.append((OP_METRIC[opnum], time.perf_counter() - started, cx.cur))
-                status = status_of(exc, CODES)
-                log_failure(CODES, status, c.OP_NAMES.get(opnum, "?"), cx.address, exc)
-                emit_result(p, opnum, status, None)
-                run.done += 1
-                break
-            run.counted.append((OP_METRIC[opnum], time.perf_counter() - started, cx.cur))
-            emit_result(p, opnum, c.NFS4_OK, value)
-            run.done += 1
-            if len(p) > cx.reply_limit:  # the session's ca_maxresponsesize(_cached)
-                take_back(p, mark)
-                status = cx.reply_too_big
-                emit_result(p, opnum, status, None)
-                break
-            run.index, run.pos = index + 1, pos
+        while status == c.NFS4_OK and run.index < run.count:
+            status = _step(run, record, from_cache)
+    except Replay as replay:
+        return replay.chunks
     except _Stop:
         handed_off = True
         raise
@@ -352,6 +187,113 @@ def _run(run: _Run, record, from_cache: bool) -> list:
                 slot.reply = chunks if run.cache and p.size <= CACHE_LIMIT else None
                 slot.busy = False
     return chunks
+
+
+def _step(run: _Run, record, from_cache: bool) -> int:
+    """Decode and run the operation at ``run.index``, its result into ``run.p``; its status
+    (the COMPOUND goes on only after NFS4_OK). Raises _Stop when a worker must run it, Replay
+    when the COMPOUND's SEQUENCE finds a retransmit."""
+    try:
+        opnum, pos = UInt.unpack(record, run.pos)
+    except XdrError:
+        return _answer(run, c.OP_ILLEGAL, c.NFS4ERR_BADXDR)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("op %s", c.OP_NAMES.get(opnum, opnum))
+    op = TABLE.get(opnum)
+    if from_cache and (op is None or not op.from_cache):
+        raise _Stop()
+    if op is None or op.since > run.cx.minor:
+        return _answer(run, c.OP_ILLEGAL, c.NFS4ERR_OP_ILLEGAL)
+    if run.cx.minor not in op.minors:
+        return _answer(run, opnum, c.NFS4ERR_NOTSUPP)
+    try:
+        args, pos = ARGS[opnum].unpack(record, pos)
+    except XdrError as exc:
+        log.debug("BADXDR in %s: %s", op.name, exc)
+        return _answer(run, opnum, c.NFS4ERR_BADXDR)
+    if run.index == 0 and opnum == c.OP_SEQUENCE:
+        status = _first_sequence(run, args, record)
+    else:
+        refused = _session_rule(run, op)
+        status = _answer(run, opnum, refused) if refused else _call(run, op, args)
+    if status == c.NFS4_OK:
+        run.index, run.pos = run.index + 1, pos
+    return status
+
+
+def _answer(run: _Run, opnum: int, status: int, value=None) -> int:
+    emit_result(run.p, opnum, status, value)
+    run.done += 1
+    return status
+
+
+def _session_rule(run: _Run, op: Op) -> int:
+    """The error an operation gets where it stands in the COMPOUND, or 0 (RFC 8881 2.10.6 and
+    18.46): SEQUENCE comes first, else the COMPOUND is one session-less operation alone."""
+    if run.index == 0:
+        if not op.sessionless:
+            return c.NFS4ERR_OP_NOT_IN_SESSION
+        if run.count > 1:
+            return c.NFS4ERR_NOT_ONLY_OP
+    elif op.opnum == c.OP_SEQUENCE:
+        return c.NFS4ERR_SEQUENCE_POS
+    return c.NFS4_OK
+
+
+def _first_sequence(run: _Run, args, record) -> int:
+    cx = run.cx
+    try:
+        fingerprint = _fingerprint(cx.rpc_cred, record, run.body_start)
+        value = _sequence(cx, args, run.count, fingerprint, len(record), len(run.tag))
+    except WouldBlock:
+        raise _Stop() from None
+    except NfsError as exc:
+        log.debug("SEQUENCE: status %d: %s", exc.status, exc)
+        return _answer(run, c.OP_SEQUENCE, exc.status)
+    run.cache = True
+    return _answer(run, c.OP_SEQUENCE, c.NFS4_OK, value)
+
+
+def _call(run: _Run, op: Op, args) -> int:
+    """Run the operation's handler; a result that takes the reply past what the session
+    allows is taken back for the session's error."""
+    cx, p = run.cx, run.p
+    cur = cx.cur
+    mark = (len(p.chunks), len(p.buf), p.size)  # to take a reply too big back
+    started = time.perf_counter()
+    try:
+        status, value = run_handler(cx, op, op.handler, args)
+    except WouldBlock:  # raised before the operation changed anything: nothing to undo
+        raise _Stop() from None
+    if status == c.NFS4_OK and cx.cur is not cur and not op.keeps_stateid:
+        cx.cur_stateid = None
+    run.counted.append((OP_METRIC[op.opnum], time.perf_counter() - started, cx.cur))
+    _answer(run, op.opnum, status, value)
+    if status == c.NFS4_OK and len(p) > cx.reply_limit:  # ca_maxresponsesize(_cached)
+        take_back(p, mark)
+        status = cx.reply_too_big
+        emit_result(p, op.opnum, status, None)
+    return status
+
+
+def run_handler(cx: Compound, op: Op, handler, args) -> tuple[int, object]:
+    """(status, resok value or error payload) of one operation's handler: every failure
+    becomes a status, never a dead connection. WouldBlock passes (the from-cache attempt)."""
+    try:
+        if op.needs_fh and cx.cur is None:
+            raise NfsError(c.NFS4ERR_NOFILEHANDLE, "no current file handle")
+        if handler is None:
+            raise NfsError(c.NFS4ERR_NOTSUPP, f"{op.name} not implemented")
+        return c.NFS4_OK, handler(cx, args)
+    except WouldBlock:
+        raise
+    except NfsError as exc:
+        log.debug("%s: status %d: %s", op.name, exc.status, exc)
+        return exc.status, exc.payload
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a dead connection
+        status = status_of(exc, CODES)
+        log_failure(CODES, status, op.name, cx.address, exc)
+        return status, None
 
 
 def take_back(p: Packer, mark: tuple) -> None:

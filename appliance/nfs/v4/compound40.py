@@ -12,9 +12,10 @@ Limits (NFSv4.0 negotiates none): the operation past nfs.max_compound_ops, and t
 result would take the reply past nfs.max_record_size (what bounds an NFSv4.1 session's
 ca_maxresponsesize), answer NFS4ERR_RESOURCE, the results before them kept.
 
-Handlers are NFSv4.1's (registry.HANDLERS) unless NFSv4.0 has its own
-(registry.HANDLERS_40, appliance.nfs.v4.ops.v40). A COMPOUND of minor version 0 always runs
-in a worker thread: the event loop's from-cache path is NFSv4.1's alone."""
+Operations are declared in appliance.nfs.v4.registry: which ones NFSv4.0 runs, which change
+something (``mutating``: their COMPOUND's reply is kept), and their handlers, NFSv4.1's unless
+NFSv4.0 has its own (``handler40``, appliance.nfs.v4.ops.v40). A COMPOUND of minor version 0
+always runs in a worker thread: the event loop's from-cache path is NFSv4.1's alone."""
 
 from __future__ import annotations
 
@@ -22,42 +23,17 @@ import logging
 import struct
 import time
 
-from appliance.nfs.access import log_failure, status_of
 from appliance.nfs.onc import drc as onc_drc
 from appliance.nfs.onc.xdr import Packer, UInt, XdrError
 from appliance.nfs.v4 import compound, state40
 from appliance.nfs.v4 import const as c
-from appliance.nfs.v4.context import CODES, Compound
-from appliance.nfs.v4.registry import HANDLERS, HANDLERS_40
+from appliance.nfs.v4.context import Compound
+from appliance.nfs.v4.registry import TABLE
 from appliance.nfs.v4.state import NfsError
 from appliance.nfs.v4.types import ARGS
 
 log = logging.getLogger("shingle.nfs")
 
-# RFC 7530 operations this server does not offer (no named attributes, no delegations)
-NOT_SUPPORTED_40 = frozenset({c.OP_OPENATTR, c.OP_DELEGPURGE})
-# A COMPOUND with one of these gets its reply kept for a retransmit (appliance.nfs.onc.drc):
-# run twice, they fail (EXIST, NOENT) or undo what came in between (a WRITE, a SETATTR)
-NOT_IDEMPOTENT = frozenset(
-    {
-        c.OP_CLOSE,
-        c.OP_CREATE,
-        c.OP_DELEGRETURN,
-        c.OP_LINK,
-        c.OP_LOCK,
-        c.OP_LOCKU,
-        c.OP_OPEN,
-        c.OP_OPEN_CONFIRM,
-        c.OP_OPEN_DOWNGRADE,
-        c.OP_RELEASE_LOCKOWNER,
-        c.OP_REMOVE,
-        c.OP_RENAME,
-        c.OP_SETATTR,
-        c.OP_SETCLIENTID,
-        c.OP_SETCLIENTID_CONFIRM,
-        c.OP_WRITE,
-    }
-)
 _XID = struct.Struct(">I")
 
 
@@ -130,14 +106,15 @@ def _execute(
             status = c.NFS4ERR_BADXDR
             compound.emit_result(p, c.OP_ILLEGAL, status, None)
             break
-        if not c.OP_ACCESS <= opnum <= c.LAST_OP_40:
+        op = TABLE.get(opnum)
+        if op is None or op.since != c.MINOR_VERSION_40:
             status = c.NFS4ERR_OP_ILLEGAL
             compound.emit_result(p, c.OP_ILLEGAL, status, None)
             break
         if done > op_limit:
             status = too_many_ops(p, opnum, op_limit)
             break
-        if opnum in NOT_SUPPORTED_40:
+        if c.MINOR_VERSION_40 not in op.minors:
             status = c.NFS4ERR_NOTSUPP
             compound.emit_result(p, opnum, status, None)
             break
@@ -148,7 +125,7 @@ def _execute(
             status = c.NFS4ERR_BADXDR
             compound.emit_result(p, opnum, status, None)
             break
-        if opnum in NOT_IDEMPOTENT:
+        if op.mutating:  # a retransmit gets the first reply (run twice, it fails or undoes)
             changes[0] = True
         started = time.perf_counter()
         mark = (len(p.chunks), len(p.buf), p.size)  # to take a reply too big back
@@ -221,22 +198,10 @@ def _operation(cx: Compound40, opnum: int, args, p: Packer) -> int:
 
 
 def _call(cx: Compound40, opnum: int, args, p: Packer) -> int:
-    handler = HANDLERS_40.get(opnum) or HANDLERS.get(opnum)
-    try:
-        if handler is None:
-            raise NfsError(c.NFS4ERR_NOTSUPP, f"{c.OP_NAMES.get(opnum)} not implemented")
-        value = handler(cx, args)
-    except NfsError as exc:
-        log.debug("%s: status %d: %s", c.OP_NAMES.get(opnum), exc.status, exc)
-        compound.emit_result(p, opnum, exc.status, exc.payload)
-        return exc.status
-    except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a dead connection
-        status = status_of(exc, CODES)
-        log_failure(CODES, status, c.OP_NAMES.get(opnum, "?"), cx.address, exc)
-        compound.emit_result(p, opnum, status, None)
-        return status
-    compound.emit_result(p, opnum, c.NFS4_OK, value)
-    return c.NFS4_OK
+    op = TABLE[opnum]
+    status, value = compound.run_handler(cx, op, op.handler40 or op.handler, args)
+    compound.emit_result(p, opnum, status, value)
+    return status
 
 
 # -- which owner an operation's sequence id belongs to -------------------------------------------
