@@ -21,74 +21,15 @@ USABLE_STATES = ("online", "degraded", "draining")
 
 
 def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
-    def work(conn):
-        inodes = conn.execute(select(func.count()).select_from(INODES)).scalar_one()
-        zone_stats = (
-            select(
-                ZONES.c.drive_id,
-                func.count().label("zones"),
-                func.sum(case((ZONES.c.state == "empty", 1), else_=0)).label("empty"),
-                func.sum(case((ZONES.c.state == "open", 1), else_=0)).label("open"),
-                func.sum(case((ZONES.c.state == "full", 1), else_=0)).label("full"),
-                func.sum(ZONES.c.write_pointer).label("written"),
-                func.sum(case((ZONES.c.state == "full", ZONES.c.write_pointer), else_=0)).label(
-                    "full_written"
-                ),
-                func.sum(ZONES.c.live_bytes).label("live"),
-                func.sum(ZONES.c.garbage_bytes).label("garbage"),
-            )
-            .group_by(ZONES.c.drive_id)
-            .subquery()
-        )
-        rows = (
-            conn.execute(
-                select(DRIVES, zone_stats)
-                .outerjoin(zone_stats, zone_stats.c.drive_id == DRIVES.c.id)
-                .order_by(DRIVES.c.id)
-            )
-            .mappings()
-            .all()
-        )
-        warm = policies.get("warm") or next(iter(policies.values()), None)
-        k, m = (warm.k, warm.m) if warm is not None else (8, 2)
-        return inodes, rows, redundancy_status_in(conn), hosts_status_in(conn, k, m)
-
-    inodes, rows, redundancy, hosts = catalog.read(work)
-    drives = []
+    inodes, rows, redundancy, hosts = catalog.read(lambda conn: _read_drives(conn, policies))
+    drives = [_drive(row) for row in rows]
     raw = used = live = garbage = reserve = stranded = 0
-    for row in rows:
-        size = row["zone_size"] * row["zone_count"]
-        if row["backend"] == "agent":
-            present = True  # on another host: the daemon's drive watch records it missing
-        elif row["backend"] == "zonefile":
-            present = os.path.isdir(row["path"])
-        else:
-            present = os.path.exists(row["path"])
-        state = row["state"] if present or row["state"] in ("failed", "removed") else "missing"
-        drives.append(
-            {
-                "id": row["id"],
-                "uuid": row["uuid"],
-                "path": row["path"],
-                "backend": row["backend"],
-                "host": row["host"],
-                "state": state,
-                "size_bytes": size,
-                "zone_size": row["zone_size"],
-                "zones": row["zone_count"],
-                "zones_empty": int(row["empty"] or 0),
-                "zones_open": int(row["open"] or 0),
-                "zones_full": int(row["full"] or 0),
-                "written_bytes": int(row["written"] or 0),
-                "live_bytes": int(row["live"] or 0),
-                "garbage_bytes": int(row["garbage"] or 0),
-            }
-        )
-        if state in USABLE_STATES:
-            raw += size
-            used += int(row["written"] or 0)
-            live += int(row["live"] or 0)
-            garbage += int(row["garbage"] or 0)
+    for row, drive in zip(rows, drives, strict=True):
+        if drive["state"] in USABLE_STATES:
+            raw += drive["size_bytes"]
+            used += drive["written_bytes"]
+            live += drive["live_bytes"]
+            garbage += drive["garbage_bytes"]
             reserve += reserve_zones * row["zone_size"]
             # a full zone takes no more writes until it is reset: the tail past its write pointer
             stranded += int(row["full"] or 0) * row["zone_size"] - int(row["full_written"] or 0)
@@ -125,6 +66,69 @@ def gather(catalog: Catalog, policies: dict, reserve_zones: int) -> dict:
             "lost": redundancy.lost,
             "on_draining": redundancy.on_draining,
         },
+    }
+
+
+def _read_drives(conn, policies: dict):
+    """The inode count, each drive's row with its zones' counts and bytes, the redundancy and
+    the hosts' status."""
+    inodes = conn.execute(select(func.count()).select_from(INODES)).scalar_one()
+    zone_stats = (
+        select(
+            ZONES.c.drive_id,
+            func.count().label("zones"),
+            func.sum(case((ZONES.c.state == "empty", 1), else_=0)).label("empty"),
+            func.sum(case((ZONES.c.state == "open", 1), else_=0)).label("open"),
+            func.sum(case((ZONES.c.state == "full", 1), else_=0)).label("full"),
+            func.sum(ZONES.c.write_pointer).label("written"),
+            func.sum(case((ZONES.c.state == "full", ZONES.c.write_pointer), else_=0)).label(
+                "full_written"
+            ),
+            func.sum(ZONES.c.live_bytes).label("live"),
+            func.sum(ZONES.c.garbage_bytes).label("garbage"),
+        )
+        .group_by(ZONES.c.drive_id)
+        .subquery()
+    )
+    rows = (
+        conn.execute(
+            select(DRIVES, zone_stats)
+            .outerjoin(zone_stats, zone_stats.c.drive_id == DRIVES.c.id)
+            .order_by(DRIVES.c.id)
+        )
+        .mappings()
+        .all()
+    )
+    warm = policies.get("warm") or next(iter(policies.values()), None)
+    k, m = (warm.k, warm.m) if warm is not None else (8, 2)
+    return inodes, rows, redundancy_status_in(conn), hosts_status_in(conn, k, m)
+
+
+def _drive(row) -> dict:
+    """One drive's report; its state is "missing" when its path is gone (unless it failed or
+    was removed anyway)."""
+    if row["backend"] == "agent":
+        present = True  # on another host: the daemon's drive watch records it missing
+    elif row["backend"] == "zonefile":
+        present = os.path.isdir(row["path"])
+    else:
+        present = os.path.exists(row["path"])
+    return {
+        "id": row["id"],
+        "uuid": row["uuid"],
+        "path": row["path"],
+        "backend": row["backend"],
+        "host": row["host"],
+        "state": row["state"] if present or row["state"] in ("failed", "removed") else "missing",
+        "size_bytes": row["zone_size"] * row["zone_count"],
+        "zone_size": row["zone_size"],
+        "zones": row["zone_count"],
+        "zones_empty": int(row["empty"] or 0),
+        "zones_open": int(row["open"] or 0),
+        "zones_full": int(row["full"] or 0),
+        "written_bytes": int(row["written"] or 0),
+        "live_bytes": int(row["live"] or 0),
+        "garbage_bytes": int(row["garbage"] or 0),
     }
 
 

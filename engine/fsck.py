@@ -56,87 +56,123 @@ class FsckReport:
         }
 
 
+@dataclass
+class Tables:
+    """The rows a check reads, in one snapshot of the catalog."""
+
+    inodes: dict  # ino -> (ino, type, nlink)
+    dirents: list  # (parent, name, child)
+    extents: list  # (ino, file_offset, length, stripe_id, stripe_offset); ino None: freeing
+    stripes: dict  # stripe id -> data_length
+    live: dict  # stripe id -> live_bytes
+    packed: list  # compressed or stored-length stripes
+    snapshots: list  # (name, source_ino, root_ino, ino_lo, ino_hi), not being deleted
+    snapdirs: dict  # dataset ino -> its .snapshots directory's ino
+    quota_counts: list  # (quota id, root ino, (used_bytes, used_files) recorded, counted)
+
+
 def check(
     catalog: Catalog, root_ino: int, open_inodes: set[int] | None = None, limit: int = 1000
 ) -> FsckReport:
     """All problems (up to ``limit``) in one snapshot of the catalog."""
-    open_inodes = open_inodes or set()
-
-    def work(conn):
-        inodes = {
-            row.ino: row
-            for row in conn.execute(select(INODES.c.ino, INODES.c.type, INODES.c.nlink))
-        }
-        dirents = conn.execute(select(DIRENTS.c.parent, DIRENTS.c.name, DIRENTS.c.child)).all()
-        extents = conn.execute(
-            select(
-                EXTENTS.c.ino,
-                EXTENTS.c.file_offset,
-                EXTENTS.c.length,
-                EXTENTS.c.stripe_id,
-                EXTENTS.c.stripe_offset,
-            ).order_by(EXTENTS.c.ino, EXTENTS.c.file_offset)
-        ).all()
-        stripes = dict(conn.execute(select(STRIPES.c.id, STRIPES.c.data_length)).all())
-        live = dict(conn.execute(select(STRIPES.c.id, STRIPES.c.live_bytes)).all())
-        packed = conn.execute(
-            select(
-                STRIPES.c.id,
-                STRIPES.c.layout,
-                STRIPES.c.k,
-                STRIPES.c.data_length,
-                STRIPES.c.fragment_length,
-                STRIPES.c.compression,
-                STRIPES.c.stored_length,
-            ).where(STRIPES.c.compression.is_not(None) | STRIPES.c.stored_length.is_not(None))
-        ).all()
-        snapshots = conn.execute(
-            select(
-                SNAPSHOTS.c.name,
-                SNAPSHOTS.c.source_ino,
-                SNAPSHOTS.c.root_ino,
-                SNAPSHOTS.c.ino_lo,
-                SNAPSHOTS.c.ino_hi,
-            ).where(SNAPSHOTS.c.deleting.is_(False))
-        ).all()
-        snapdirs = dict(conn.execute(select(SNAPDIRS.c.dataset_ino, SNAPDIRS.c.dir_ino)).all())
-        # a snapshot being deleted a chunk per transaction: its inodes are on their way out
-        freeing = {
-            ino
-            for lo, hi in conn.execute(
-                select(SNAPSHOTS.c.ino_lo, SNAPSHOTS.c.ino_hi).where(SNAPSHOTS.c.deleting.is_(True))
-            )
-            for ino in inodes
-            if lo <= ino <= hi
-        }
-        # their names and link counts are half gone; their extents still count in the stripes
-        dirents = [d for d in dirents if d.parent not in freeing and d.child not in freeing]
-        for ino in freeing:
-            del inodes[ino]
-        extents = [e for e in extents if e.ino not in freeing] + [
-            (None, *e[1:]) for e in extents if e.ino in freeing
-        ]
-        quota_counts = [
-            (qid, root, (used_bytes, used_files), usage_below(conn, root))
-            for qid, root, used_bytes, used_files in sql_all(
-                conn, "SELECT id, root_ino, used_bytes, used_files FROM quotas ORDER BY id"
-            )
-        ]
-        return inodes, dirents, extents, stripes, live, packed, snapshots, snapdirs, quota_counts
-
-    inodes, dirents, extents, stripes, live, packed, snapshots, snapdirs, quota_counts = (
-        catalog.read(work)
-    )
-    report = FsckReport(len(inodes), len(dirents), len(extents))
+    t = catalog.read(read_tables)
+    report = FsckReport(len(t.inodes), len(t.dirents), len(t.extents))
     problem = report.problems.append
-    for row in packed:
+    for row in t.packed:
         for text in compressed_stripe_problems(row):
             problem(f"stripe {row.id}: {text}")
+    names = _check_entries(t, problem)
+    _check_links(t, root_ino, open_inodes or set(), names, problem)
+    _check_reachable(t, root_ino, names, problem)
+    _check_extents(t, report, limit)
+    _check_live_bytes(t, report, limit)
+    _check_snapshots_and_quotas(t, problem)
+    del report.problems[limit:]
+    return report
 
-    names: Counter[tuple[int, str]] = Counter()
-    subdirs: Counter[int] = Counter()
-    parents: dict[int, list[int]] = defaultdict(list)
-    for parent, name, child in dirents:
+
+def read_tables(conn) -> Tables:
+    inodes = {
+        row.ino: row for row in conn.execute(select(INODES.c.ino, INODES.c.type, INODES.c.nlink))
+    }
+    dirents = conn.execute(select(DIRENTS.c.parent, DIRENTS.c.name, DIRENTS.c.child)).all()
+    extents = conn.execute(
+        select(
+            EXTENTS.c.ino,
+            EXTENTS.c.file_offset,
+            EXTENTS.c.length,
+            EXTENTS.c.stripe_id,
+            EXTENTS.c.stripe_offset,
+        ).order_by(EXTENTS.c.ino, EXTENTS.c.file_offset)
+    ).all()
+    packed = conn.execute(
+        select(
+            STRIPES.c.id,
+            STRIPES.c.layout,
+            STRIPES.c.k,
+            STRIPES.c.data_length,
+            STRIPES.c.fragment_length,
+            STRIPES.c.compression,
+            STRIPES.c.stored_length,
+        ).where(STRIPES.c.compression.is_not(None) | STRIPES.c.stored_length.is_not(None))
+    ).all()
+    snapshots = conn.execute(
+        select(
+            SNAPSHOTS.c.name,
+            SNAPSHOTS.c.source_ino,
+            SNAPSHOTS.c.root_ino,
+            SNAPSHOTS.c.ino_lo,
+            SNAPSHOTS.c.ino_hi,
+        ).where(SNAPSHOTS.c.deleting.is_(False))
+    ).all()
+    # a snapshot being deleted a chunk per transaction: its inodes are on their way out
+    freeing = {
+        ino
+        for lo, hi in conn.execute(
+            select(SNAPSHOTS.c.ino_lo, SNAPSHOTS.c.ino_hi).where(SNAPSHOTS.c.deleting.is_(True))
+        )
+        for ino in inodes
+        if lo <= ino <= hi
+    }
+    # their names and link counts are half gone; their extents still count in the stripes
+    dirents = [d for d in dirents if d.parent not in freeing and d.child not in freeing]
+    for ino in freeing:
+        del inodes[ino]
+    extents = [e for e in extents if e.ino not in freeing] + [
+        (None, *e[1:]) for e in extents if e.ino in freeing
+    ]
+    quota_counts = [
+        (qid, root, (used_bytes, used_files), usage_below(conn, root))
+        for qid, root, used_bytes, used_files in sql_all(
+            conn, "SELECT id, root_ino, used_bytes, used_files FROM quotas ORDER BY id"
+        )
+    ]
+    return Tables(
+        inodes=inodes,
+        dirents=dirents,
+        extents=extents,
+        stripes=dict(conn.execute(select(STRIPES.c.id, STRIPES.c.data_length)).all()),
+        live=dict(conn.execute(select(STRIPES.c.id, STRIPES.c.live_bytes)).all()),
+        packed=packed,
+        snapshots=snapshots,
+        snapdirs=dict(conn.execute(select(SNAPDIRS.c.dataset_ino, SNAPDIRS.c.dir_ino)).all()),
+        quota_counts=quota_counts,
+    )
+
+
+@dataclass
+class Names:
+    """What the directory entries say of each inode."""
+
+    count: Counter[int] = field(default_factory=Counter)  # entries naming the inode
+    subdirs: Counter[int] = field(default_factory=Counter)  # a directory's subdirectories
+    parents: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
+
+
+def _check_entries(t: Tables, problem) -> Names:
+    names = Names()
+    inodes = t.inodes
+    for parent, name, child in t.dirents:
         if parent not in inodes:
             problem(f"entry {name!r} is in missing directory {parent}")
             continue
@@ -145,27 +181,32 @@ def check(
         if child not in inodes:
             problem(f"entry {name!r} in directory {parent} names missing inode {child}")
             continue
-        names[child] += 1
+        names.count[child] += 1
         if inodes[child].type == DIR:
-            subdirs[parent] += 1
-            parents[child].append(parent)
+            names.subdirs[parent] += 1
+            names.parents[child].append(parent)
+    return names
 
-    for ino, row in inodes.items():
+
+def _check_links(t: Tables, root_ino: int, open_inodes: set[int], names: Names, problem):
+    for ino, row in t.inodes.items():
         if row.type == DIR:
-            want = 2 + subdirs[ino] if (ino == root_ino or names[ino]) else 0
-            if ino != root_ino and len(parents[ino]) != 1:
-                problem(f"directory {ino} has {len(parents[ino])} parents, expected 1")
+            want = 2 + names.subdirs[ino] if (ino == root_ino or names.count[ino]) else 0
+            if ino != root_ino and len(names.parents[ino]) != 1:
+                problem(f"directory {ino} has {len(names.parents[ino])} parents, expected 1")
         else:
-            want = names[ino]
+            want = names.count[ino]
         if row.nlink != want:
             problem(f"inode {ino} has nlink {row.nlink}, but {want} entries refer to it")
         if want == 0 and ino != root_ino and ino not in open_inodes:
             problem(f"inode {ino} has no name and is not open (orphan)")
 
+
+def _check_reachable(t: Tables, root_ino: int, names: Names, problem) -> None:
     reachable = {root_ino}
     children = defaultdict(list)
-    for parent, _, child in dirents:
-        if child in inodes and inodes[child].type == DIR:
+    for parent, _, child in t.dirents:
+        if child in t.inodes and t.inodes[child].type == DIR:
             children[parent].append(child)
     todo = [root_ino]
     while todo:
@@ -173,55 +214,64 @@ def check(
             if child not in reachable:
                 reachable.add(child)
                 todo.append(child)
-    for ino, row in inodes.items():
-        if row.type == DIR and names[ino] and ino not in reachable:
+    for ino, row in t.inodes.items():
+        if row.type == DIR and names.count[ino] and ino not in reachable:
             problem(f"directory {ino} is not reachable from the root (a cycle)")
 
+
+def _check_extents(t: Tables, report: FsckReport, limit: int) -> None:
+    problem = report.problems.append
     last_end: dict[int, int] = {}
-    for ino, offset, length, stripe_id, stripe_offset in extents:
+    for ino, offset, length, stripe_id, stripe_offset in t.extents:
         if ino is None:  # of a snapshot being deleted: counted in its stripe, nothing else
             continue
-        if ino not in inodes:
+        if ino not in t.inodes:
             problem(f"extent at {offset} belongs to missing inode {ino}")
         if length <= 0:
             problem(f"extent of inode {ino} at {offset} has length {length}")
         if offset < last_end.get(ino, 0):
             problem(f"extents of inode {ino} overlap at offset {offset}")
         last_end[ino] = offset + length
-        data_length = stripes.get(stripe_id)
+        data_length = t.stripes.get(stripe_id)
         if data_length is None:
             problem(f"extent of inode {ino} at {offset} points at missing stripe {stripe_id}")
         elif stripe_offset + length > data_length:
             problem(f"extent of inode {ino} at {offset} reads past the end of stripe {stripe_id}")
         if len(report.problems) >= limit:
             break
+
+
+def _check_live_bytes(t: Tables, report: FsckReport, limit: int) -> None:
     referenced: Counter = Counter()
-    for _ino, _offset, length, stripe_id, _so in extents:
+    for _ino, _offset, length, stripe_id, _so in t.extents:
         referenced[stripe_id] += length
-    for stripe_id, live_bytes in live.items():
+    for stripe_id, live_bytes in t.live.items():
         if len(report.problems) >= limit:
             break
         if referenced[stripe_id] == 0:
-            problem(f"stripe {stripe_id} is referenced by no extent but was not freed")
+            report.problems.append(
+                f"stripe {stripe_id} is referenced by no extent but was not freed"
+            )
         elif live_bytes != referenced[stripe_id]:
-            problem(
+            report.problems.append(
                 f"stripe {stripe_id} counts {live_bytes} live bytes, its extents reference "
                 f"{referenced[stripe_id]}"
             )
-    named = {(parent, child) for parent, _name, child in dirents}
-    for name, source, root, lo, hi in snapshots:
+
+
+def _check_snapshots_and_quotas(t: Tables, problem) -> None:
+    named = {(parent, child) for parent, _name, child in t.dirents}
+    for name, source, root, lo, hi in t.snapshots:
         if not lo <= root <= hi:
             problem(f"snapshot {name!r} of inode {source}: root {root} outside [{lo}, {hi}]")
-        if (snapdirs.get(source), root) not in named:
+        if (t.snapdirs.get(source), root) not in named:
             problem(f"snapshot {name!r} of inode {source} is not named in its .snapshots")
-    for qid, root, recorded, counted in quota_counts:
+    for qid, root, recorded, counted in t.quota_counts:
         if recorded != counted:
             problem(
                 f"quota {qid} of directory {root} counts {recorded[0]} bytes and {recorded[1]} "
                 f"files, its tree holds {counted[0]} bytes and {counted[1]} files"
             )
-    del report.problems[limit:]
-    return report
 
 
 def compressed_stripe_problems(row) -> list[str]:

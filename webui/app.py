@@ -8,11 +8,12 @@ asks the daemon (through the catalog) for anything that touches drives."""
 from __future__ import annotations
 
 import datetime
+import importlib
 import os
 import secrets
 from pathlib import Path
 
-from flask import Flask, g, request
+from flask import Flask, current_app, g, request
 
 from appliance import facade
 from engine import accounts
@@ -59,15 +60,7 @@ def _secret_key(path: Path) -> bytes:
 def create_app(config: facade.Config | str | os.PathLike | None = None) -> Flask:
     from appliance.facade import Appliance
 
-    if config is None:
-        path = os.environ.get("SHINGLE_CONFIG")
-        if not path:
-            raise facade.ConfigError(
-                "SHINGLE_CONFIG", None, "the path of shingle.toml in the environment"
-            )
-        config = facade.load(path)
-    elif not isinstance(config, facade.Config):
-        config = facade.load(config)
+    config = _config(config)
     appliance = Appliance(config, with_data=False)
 
     app = Flask(__name__)
@@ -90,52 +83,10 @@ def create_app(config: facade.Config | str | os.PathLike | None = None) -> Flask
         smartctl=config.get("smart.smartctl"),
     )
 
-    import importlib
-
     for name in BLUEPRINTS:
         module = importlib.import_module(f"webui.{name}")
         app.register_blueprint(module.bp)
-
-    from webui import auth
-
-    @app.before_request
-    def identify_and_check_csrf():
-        g.admin = None
-        g.via_token = False
-        g.scope = None
-        header = request.headers.get("Authorization", "")
-        if header.startswith("Bearer ") and core.is_api():
-            identity = auth.token_identity(header[len("Bearer ") :].strip())
-            if identity is None:
-                return core.api_error(
-                    "API token not recognised or expired: create one on the settings page", 401
-                )
-            g.admin, g.via_token, g.scope = identity.username, True, identity.scope
-            if identity.scope == "read-only" and request.method not in ("GET", "HEAD"):
-                return core.api_error(
-                    f"this API token is read-only: {request.method} needs an "
-                    "operator or admin token",
-                    403,
-                )
-            return None  # a bearer token is not sent by browsers on their own, so no CSRF risk
-        g.admin = auth.session_admin()
-        g.scope = "admin" if g.admin else None  # a signed-in admin may do everything
-        if request.method in core.STATE_CHANGING:
-            if core.is_api() and not g.admin:
-                return core.api_error(
-                    "authentication required: sign in or send Authorization: Bearer <API token>",
-                    401,
-                )
-            if not core.csrf_ok():
-                message = (
-                    "CSRF token missing or wrong: reload the page and submit again "
-                    f"(API clients with a session send the {core.CSRF_HEADER} header)"
-                )
-                if core.is_api():
-                    return core.api_error(message, 403)
-                return message, 400
-        return None
-
+    app.before_request(identify_and_check_csrf)
     # Globals (not a context processor) so that imported macros (_forms.html) see them too.
     app.jinja_env.globals.update(
         csrf_token=core.csrf_token,
@@ -145,28 +96,87 @@ def create_app(config: facade.Config | str | os.PathLike | None = None) -> Flask
         fmt_duration_field=core.fmt_duration_field,
         fmt_value=core.fmt_value,
     )
+    app.context_processor(lambda: {"admin": g.get("admin")})
+    app.after_request(security_headers)
+    _register_error_handlers(app)
+    return app
 
-    @app.context_processor
-    def signed_in_admin():
-        return {"admin": g.get("admin")}
 
-    @app.after_request
-    def security_headers(response):
-        response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        response.headers.setdefault("X-Frame-Options", "DENY")
-        response.headers.setdefault("Referrer-Policy", "same-origin")
-        if app.config["SHINGLE_TLS"]:
-            response.headers.setdefault("Strict-Transport-Security", "max-age=31536000")
-        if (
-            request.endpoint != "static"
-        ):  # pages and API answers hold admin data: keep them out of caches
-            response.headers.setdefault("Cache-Control", "no-store")
-        response.headers.setdefault(
-            "Content-Security-Policy",
-            "default-src 'self'; img-src 'self' data:; style-src 'self'; "
-            "script-src 'self'; form-action 'self'; frame-ancestors 'none'",
-        )
-        return response
+def _config(config: facade.Config | str | os.PathLike | None) -> facade.Config:
+    """The config given, or loaded from the path given, else from $SHINGLE_CONFIG."""
+    if config is None:
+        path = os.environ.get("SHINGLE_CONFIG")
+        if not path:
+            raise facade.ConfigError(
+                "SHINGLE_CONFIG", None, "the path of shingle.toml in the environment"
+            )
+        return facade.load(path)
+    if not isinstance(config, facade.Config):
+        return facade.load(config)
+    return config
+
+
+def identify_and_check_csrf():
+    """Who calls (an API token, else the session's admin) and, for a state-changing request
+    in a browser session, its CSRF token: None to go on, else the refusal."""
+    from webui import auth
+
+    g.admin = None
+    g.via_token = False
+    g.scope = None
+    header = request.headers.get("Authorization", "")
+    if header.startswith("Bearer ") and core.is_api():
+        identity = auth.token_identity(header[len("Bearer ") :].strip())
+        if identity is None:
+            return core.api_error(
+                "API token not recognised or expired: create one on the settings page", 401
+            )
+        g.admin, g.via_token, g.scope = identity.username, True, identity.scope
+        if identity.scope == "read-only" and request.method not in ("GET", "HEAD"):
+            return core.api_error(
+                f"this API token is read-only: {request.method} needs an operator or admin token",
+                403,
+            )
+        return None  # a bearer token is not sent by browsers on their own, so no CSRF risk
+    g.admin = auth.session_admin()
+    g.scope = "admin" if g.admin else None  # a signed-in admin may do everything
+    if request.method in core.STATE_CHANGING:
+        if core.is_api() and not g.admin:
+            return core.api_error(
+                "authentication required: sign in or send Authorization: Bearer <API token>",
+                401,
+            )
+        if not core.csrf_ok():
+            message = (
+                "CSRF token missing or wrong: reload the page and submit again "
+                f"(API clients with a session send the {core.CSRF_HEADER} header)"
+            )
+            if core.is_api():
+                return core.api_error(message, 403)
+            return message, 400
+    return None
+
+
+def security_headers(response):
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("X-Frame-Options", "DENY")
+    response.headers.setdefault("Referrer-Policy", "same-origin")
+    if current_app.config["SHINGLE_TLS"]:
+        response.headers.setdefault("Strict-Transport-Security", "max-age=31536000")
+    if (
+        request.endpoint != "static"
+    ):  # pages and API answers hold admin data: keep them out of caches
+        response.headers.setdefault("Cache-Control", "no-store")
+    response.headers.setdefault(
+        "Content-Security-Policy",
+        "default-src 'self'; img-src 'self' data:; style-src 'self'; "
+        "script-src 'self'; form-action 'self'; frame-ancestors 'none'",
+    )
+    return response
+
+
+def _register_error_handlers(app: Flask) -> None:
+    """API calls get a JSON error; pages keep Flask's, except a catalog outage (a short 503)."""
 
     @app.errorhandler(404)
     def not_found(exc):
@@ -206,5 +216,3 @@ def create_app(config: facade.Config | str | os.PathLike | None = None) -> Flask
         if core.is_api():
             return core.api_error("internal error: see the web UI's log", 500)
         return exc
-
-    return app

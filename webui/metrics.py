@@ -77,8 +77,6 @@ class Exposition:
 
 
 def render() -> str:
-    from appliance.facade import space_by_state
-
     shingle = core.ctx()
     catalog = shingle.catalog
     report = _status(shingle)
@@ -98,6 +96,22 @@ def render() -> str:
             )
         ],
     )
+    _capacity(out, report)
+    _drives(out, report)
+    _leader(out, shingle)
+    _redundancy_and_alerts(out, report, catalog)
+    _bands(out, catalog)
+    latest = _jobs_and_samples(out, catalog)
+    _nfs(out, latest)
+    _exports(out, latest, catalog)
+    _quotas(out)
+    _smb(out, shingle)
+    return out.text()
+
+
+def _capacity(out: Exposition, report: dict) -> None:
+    from appliance.facade import space_by_state
+
     cap = report["capacity"]
     out.family(
         "shingle_capacity_bytes",
@@ -124,8 +138,10 @@ def render() -> str:
         "User data that still fits (after parity).",
         [({}, cap["free_bytes"])],
     )
-    _drives(out, report)
-    _leader(out, shingle)
+
+
+def _redundancy_and_alerts(out: Exposition, report: dict, catalog) -> None:
+    """Stripes under-protected and lost, the hosts that may be lost, active alerts."""
     red = report["redundancy"]
     out.family(
         "shingle_stripes_under_protected",
@@ -163,6 +179,9 @@ def render() -> str:
         "Live stripes with fewer readable fragments than they need (data loss).",
         [({}, red["lost"])],
     )
+
+
+def _bands(out: Exposition, catalog) -> None:
     rows = inventory.bands_by_state(catalog)
     out.family(
         "shingle_bands",
@@ -184,6 +203,10 @@ def render() -> str:
     )
     _compression(out, inventory.compression_by_class(catalog))
 
+
+def _jobs_and_samples(out: Exposition, catalog) -> dict:
+    """The last success of each job kind, and the counters of the newest samples (returned:
+    the NFS and export families read them too)."""
     finished = samples.last_job_success(catalog)
     out.family(
         "shingle_job_last_success_timestamp_seconds",
@@ -214,11 +237,7 @@ def render() -> str:
         )
     _drive_counters(out, latest)
     _decompression(out, latest)
-    _nfs(out, latest)
-    _exports(out, latest, catalog)
-    _quotas(out)
-    _smb(out, shingle)
-    return out.text()
+    return latest
 
 
 def _quotas(out: Exposition) -> None:

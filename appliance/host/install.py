@@ -400,27 +400,17 @@ def install(
     # 0. shingle itself, where the units' sandbox lets the service user execute it (first:
     #    a failed build changes nothing else)
     if venv_path is not None:
-        if not (CHECKOUT / "pyproject.toml").is_file():
-            raise InstallError(
-                f"no checkout at {CHECKOUT} to build {venv_path} from: run `shingle install` "
-                "from the source tree, or pass --bin PATH"
-            )
-        built = under_root(root, venv_path)
-        try:
-            venv_changed = venv_mod.build(
-                built, CHECKOUT, python=python, index=index, progress=progress, run=run
-            )
-        except venv_mod.VenvError as exc:
-            raise InstallError(str(exc)) from None
-        if not on_host:
-            venv_mod.relocate(built, venv_path)
-        venv_mod.keep_units(built, sources)
-        launcher = str(venv_path / "bin" / "shingle")
-        report.did(
-            f"{'installed' if venv_changed else 'unchanged'} shingle and its dependencies: "
-            f"{venv_path} (from {CHECKOUT})"
+        launcher = _install_venv(
+            root,
+            venv_path,
+            sources,
+            report,
+            python=python,
+            index=index,
+            progress=progress,
+            run=run,
         )
-
+    assert launcher is not None
     # 1. the service user (declared for systemd-sysusers; created now only on this host)
     _write_if_changed(
         under_root(root, SYSUSERS_PATH), SYSUSERS_LINE, 0o644, report, "service user declaration"
@@ -433,8 +423,50 @@ def install(
         report,
         "config permissions (tmpfiles.d)",
     )
+    config = _install_config(root, report, on_host)  # 2.
+    _make_state_folders(root, config, report, on_host)  # 3.
+    restart = _install_catalog(config, report, on_host, run)  # 4.
+    texts = {
+        name: source.read_text().replace(UNIT_BIN, launcher) for name, source in sources.items()
+    }
+    _require_executable(root, texts, on_host)
+    changed = _install_units(root, config, texts, report)  # 5.
+    _enable_target(root, on_host, run, report)  # 6.
+    _add_next_steps(root, config, on_host, report)
+    if restart:
+        _systemctl(run, "start", TARGET)
+        report.did(f"restarted {TARGET} after the upgrade")
+    elif changed and on_host and systemd_running():
+        report.next_steps.insert(2, f"units changed: `systemctl restart {TARGET}` applies them")
+    return report
 
-    # 2. the config: written once, never overwritten (an admin's edits survive every upgrade)
+
+def _install_venv(root: Path, venv_path: Path, sources: dict, report: Report, **build) -> str:
+    """Build or refresh the venv the units run from this checkout: its `shingle`."""
+    from appliance.host import venv as venv_mod
+
+    if not (CHECKOUT / "pyproject.toml").is_file():
+        raise InstallError(
+            f"no checkout at {CHECKOUT} to build {venv_path} from: run `shingle install` "
+            "from the source tree, or pass --bin PATH"
+        )
+    built = under_root(root, venv_path)
+    try:
+        venv_changed = venv_mod.build(built, CHECKOUT, **build)
+    except venv_mod.VenvError as exc:
+        raise InstallError(str(exc)) from None
+    if not is_host_root(root):
+        venv_mod.relocate(built, venv_path)
+    venv_mod.keep_units(built, sources)
+    report.did(
+        f"{'installed' if venv_changed else 'unchanged'} shingle and its dependencies: "
+        f"{venv_path} (from {CHECKOUT})"
+    )
+    return str(venv_path / "bin" / "shingle")
+
+
+def _install_config(root: Path, report: Report, on_host: bool) -> config_mod.Config:
+    """The config: written once, never overwritten (an admin's edits survive every upgrade)."""
     config_path = under_root(root, CONFIG_PATH)
     if config_path.exists():
         load_installed_config(root)  # a broken config stops the upgrade before anything changes
@@ -446,10 +478,14 @@ def install(
         if on_host:  # readable by the daemon, not by everyone (it may hold a database password)
             shutil.chown(config_path.parent, "root", SERVICE_USER)
             shutil.chown(config_path, "root", SERVICE_USER)
-    config = load_installed_config(root)
+    return load_installed_config(root)
 
-    # 3. state folders (DATA_DIR/smb too: shingle-smbd.service may write only that folder, and
-    #    a folder made after its start would stay read-only to it)
+
+def _make_state_folders(
+    root: Path, config: config_mod.Config, report: Report, on_host: bool
+) -> None:
+    """The state folders (DATA_DIR/smb too: shingle-smbd.service may write only that folder,
+    and a folder made after its start would stay read-only to it)."""
     for folder in dict.fromkeys(
         (
             under_root(root, STATE_DIR),
@@ -465,15 +501,15 @@ def install(
             report.did(f"created data folder: {folder}")
         _chown(folder, on_host)
 
-    # 4. catalog: migrate (an existing install is upgraded in place), then first-run state
-    from engine.catalog.migrate import current_revision, head_revision
+
+def _install_catalog(config: config_mod.Config, report: Report, on_host: bool, run) -> bool:
+    """Migrate the catalog (an existing install is upgraded in place), then its first-run
+    state. True when the appliance was stopped for it and is to be started again."""
+    from engine.catalog.migrate import bounded_url, current_revision, head_revision
 
     try:
-        from engine.catalog.migrate import bounded_url
-
-        found = current_revision(
-            bounded_url(config.catalog_url)
-        )  # fail in 5 s, not minutes, on an unreachable host
+        # fail in 5 s, not minutes, on an unreachable host
+        found = current_revision(bounded_url(config.catalog_url))
     except Exception as exc:  # driver errors vary by database; the message is what matters
         raise ConfigError(
             "catalog.url",
@@ -497,14 +533,14 @@ def install(
             new_catalog=before is None,
         )
         _own_catalog_files(config, on_host)
+    return restart
 
-    assert launcher is not None
-    texts = {
-        name: source.read_text().replace(UNIT_BIN, launcher) for name, source in sources.items()
-    }
-    _require_executable(root, texts, on_host)
 
-    # 5. units, with this install's launcher and a drop-in for paths outside /var/lib/shingle
+def _install_units(
+    root: Path, config: config_mod.Config, texts: dict[str, str], report: Report
+) -> bool:
+    """The units, with this install's launcher, and a drop-in for paths outside
+    /var/lib/shingle: True when any changed."""
     unit_dir = under_root(root, UNIT_DIR)
     changed = False
     for name, text in texts.items():
@@ -525,8 +561,10 @@ def install(
             _rmdir_if_empty(dropin.parent)
             report.did(f"removed drop-in: {dropin}")
             changed = True
+    return changed
 
-    # 6. systemd
+
+def _enable_target(root: Path, on_host: bool, run, report: Report) -> None:
     if on_host and systemd_running():
         _systemctl(run, "daemon-reload")
         _systemctl(run, "enable", TARGET)
@@ -541,6 +579,8 @@ def install(
             f"enable the appliance in the image: `systemctl --root={root} enable {TARGET}`"
         )
 
+
+def _add_next_steps(root: Path, config: config_mod.Config, on_host: bool, report: Report):
     password_file = config.data_dir / "initial-admin-password"
     report.next_steps += [
         f'review {CONFIG_PATH} (set nfs.host = "0.0.0.0" to serve the network; nfs.port is '
@@ -550,12 +590,6 @@ def install(
         f"web UI: http://{config.get('webui.host')}:{config.get('webui.port')}/  (first admin "
         f"login in {_target_path(root, password_file) if not on_host else password_file})",
     ]
-    if restart:
-        _systemctl(run, "start", TARGET)
-        report.did(f"restarted {TARGET} after the upgrade")
-    elif changed and on_host and systemd_running():
-        report.next_steps.insert(2, f"units changed: `systemctl restart {TARGET}` applies them")
-    return report
 
 
 @contextlib.contextmanager
@@ -621,7 +655,28 @@ def uninstall(root: str | Path | None = None, *, purge: bool = False, run=subpro
             report.pending.append(
                 f"config unreadable ({exc}): remove any data it points at yourself"
             )
+    _remove_units(root, on_host, run, report)
+    if not purge:
+        report.next_steps.append(
+            f"kept config {under_root(root, CONFIG_PATH).parent} and data "
+            f"{under_root(root, STATE_DIR)}: `shingle install` brings the appliance back; "
+            "`shingle uninstall --purge` deletes them"
+        )
+        if not report.actions:
+            report.did("nothing to remove: no shingle units installed")
+        return report
+    _purge(root, config, report)
+    if on_host:
+        report.next_steps.append(
+            f"the system user {SERVICE_USER!r} is kept (Debian practice: files elsewhere "
+            f"may still carry its uid); `userdel {SERVICE_USER}` removes it"
+        )
+    if not report.actions:
+        report.did("nothing to remove: shingle is not installed")
+    return report
 
+
+def _remove_units(root: Path, on_host: bool, run, report: Report) -> None:
     if on_host and systemd_running():
         _systemctl(run, "disable", "--now", TARGET, check=False)
         _systemctl(run, "stop", *SERVICES, check=False)
@@ -640,17 +695,11 @@ def uninstall(root: str | Path | None = None, *, purge: bool = False, run=subpro
     if on_host and systemd_running():
         _systemctl(run, "daemon-reload", check=False)
 
-    state = under_root(root, STATE_DIR)
-    if not purge:
-        report.next_steps.append(
-            f"kept config {under_root(root, CONFIG_PATH).parent} and data {state}: `shingle "
-            "install` brings the appliance back; `shingle uninstall --purge` deletes them"
-        )
-        if not report.actions:
-            report.did("nothing to remove: no shingle units installed")
-        return report
 
-    for path in (under_root(root, CONFIG_PATH).parent, state):
+def _purge(root: Path, config: config_mod.Config | None, report: Report) -> None:
+    """Delete the config, the state folder and the host declarations; say what stays (data
+    outside the state folder, a PostgreSQL catalog)."""
+    for path in (under_root(root, CONFIG_PATH).parent, under_root(root, STATE_DIR)):
         if path.exists():
             shutil.rmtree(path)
             report.did(f"purged: {path}")
@@ -661,24 +710,15 @@ def uninstall(root: str | Path | None = None, *, purge: bool = False, run=subpro
         if path.exists():
             path.unlink()
             report.did(f"removed {what}: {path}")
-    if config is not None:
-        for path in (config.data_dir, config.resolve("storage.drives_dir")):
-            if path.exists():
-                report.pending.append(
-                    f"kept {path}: it lies outside {STATE_DIR}; delete it yourself if unused"
-                )
-        if not config.catalog_url.startswith("sqlite"):
+    if config is None:
+        return
+    for path in (config.data_dir, config.resolve("storage.drives_dir")):
+        if path.exists():
             report.pending.append(
-                f"kept the catalog database {config.catalog_url}: drop it yourself"
+                f"kept {path}: it lies outside {STATE_DIR}; delete it yourself if unused"
             )
-    if on_host:
-        report.next_steps.append(
-            f"the system user {SERVICE_USER!r} is kept (Debian practice: files elsewhere "
-            f"may still carry its uid); `userdel {SERVICE_USER}` removes it"
-        )
-    if not report.actions:
-        report.did("nothing to remove: shingle is not installed")
-    return report
+    if not config.catalog_url.startswith("sqlite"):
+        report.pending.append(f"kept the catalog database {config.catalog_url}: drop it yourself")
 
 
 def print_report(report: Report, title: str, out=None) -> None:

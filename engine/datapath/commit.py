@@ -105,18 +105,7 @@ class Committer:
     def _commit_batch(self, batch: list[PendingStripe]) -> None:
         start = time.perf_counter()
         good = [s for s in batch if s.error is None]
-        space = self.space
-        with space.lock:
-            zone_rows = {}
-            for zone in space.dirty.values():
-                if zone.dirty:
-                    zone_rows[zone.id] = zone
-                    zone.dirty = False
-            space.dirty.clear()
-            for s in good:
-                for placed in s.placement:
-                    zone_rows[placed.zone.id] = placed.zone
-            zone_state = {z.id: (z.state, z.band_class, z.opened_ns) for z in zone_rows.values()}
+        zone_state = self._zones_to_record(good)
         dead: list[int] = []
         found = [None] * len(self.listeners)
         self.stats["batches"] += 1
@@ -130,14 +119,14 @@ class Committer:
             failure = errors.IOFailure(f"catalog commit of {len(good)} stripes failed: {exc}")
             for s in good:
                 s.fail(failure)
-            with space.lock:
+            with self.space.lock:
                 for zone_id in zone_state:
-                    zone = space.zones[zone_id]
+                    zone = self.space.zones[zone_id]
                     zone.dirty = True
-                    space.dirty[zone_id] = zone
+                    self.space.dirty[zone_id] = zone
         self.stats["commit_s"] += time.perf_counter() - start
         self.reader.forget(set(dead))
-        with space.lock:
+        with self.space.lock:
             for s in batch:
                 for _d, zone, offset, length, _i in s.placement:
                     zone.inflight -= 1
@@ -147,6 +136,35 @@ class Committer:
         self.extents.invalidate(inos)
         for (listener, _reader), value in zip(self.listeners, found, strict=True):
             listener(inos, value)
+        self._settle(batch)
+        self.stats["stripes_committed"] += len(good)
+        self.stats["client_bytes_written"] += sum(
+            length for s in good for _fo, _so, length in s.extents
+        )
+        self.stats["media_bytes_written"] += sum(p.length for s in good for p in s.placement)
+        self.stats["inline_bytes_written"] += sum(
+            length for s in good if s.policy is self.inline for _fo, _so, length in s.extents
+        )
+
+    def _zones_to_record(self, good: list[PendingStripe]) -> dict:
+        """The zones whose rows the batch writes (those changed since the last batch, those the
+        stripes went to): id -> (state, band class, opened_ns), taken under the space lock."""
+        space = self.space
+        with space.lock:
+            zone_rows = {}
+            for zone in space.dirty.values():
+                if zone.dirty:
+                    zone_rows[zone.id] = zone
+                    zone.dirty = False
+            space.dirty.clear()
+            for s in good:
+                for placed in s.placement:
+                    zone_rows[placed.zone.id] = placed.zone
+            return {z.id: (z.state, z.band_class, z.opened_ns) for z in zone_rows.values()}
+
+    def _settle(self, batch: list[PendingStripe]) -> None:
+        """Each stripe leaves its file's in-flight list (a failure becomes the file's error),
+        drops its bytes, wakes its waiters and frees its in-flight slot."""
         for s in batch:
             fb = s.fb
             with fb.ilock:
@@ -159,14 +177,6 @@ class Committer:
             s.committed.set()
             assert self.inflight is not None  # set before the first stripe is dispatched
             self.inflight.release()
-        self.stats["stripes_committed"] += len(good)
-        self.stats["client_bytes_written"] += sum(
-            length for s in good for _fo, _so, length in s.extents
-        )
-        self.stats["media_bytes_written"] += sum(p.length for s in good for p in s.placement)
-        self.stats["inline_bytes_written"] += sum(
-            length for s in good if s.policy is self.inline for _fo, _so, length in s.extents
-        )
 
     def _record(
         self, conn, stripes: list[PendingStripe], zone_state: dict
@@ -176,73 +186,10 @@ class Committer:
         Plain SQL (engine.catalog.database.sql): this transaction is on the path of every
         COMMIT and stable WRITE, where SQLAlchemy's statement building cost more than SQLite."""
         now = time.time_ns()
-        ids = []
-        inline = []
-        for s in stripes:
-            p = s.policy
-            fragment_length = s.placement[0].length if s.placement else len(s.payload)
-            ids.append(
-                sql_one(
-                    conn,
-                    "INSERT INTO stripes (band_class, layout, k, m, backend, data_length, "
-                    "fragment_length, compression, live_bytes, created_ns) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, 0, ?) RETURNING id",
-                    (p.name, p.layout, p.k, p.m, p.backend, len(s.payload), fragment_length, now),
-                )[0]
-            )
-            if p.layout == INLINE:
-                inline.append((ids[-1], len(s.payload), s.crcs[0], bytes(s.payload)))
-        sql_many(
-            conn,
-            "INSERT INTO inline_data (stripe_id, length, checksum, data) VALUES (?, ?, ?, ?)",
-            inline,
-        )
+        ids = _insert_stripes(conn, stripes, now)
         self.reader.forget(set(ids))  # an id SQLite hands out again must not hit an old cache entry
-        fragments = []
-        ends: dict[int, int] = {}
-        for sid, s in zip(ids, stripes, strict=True):
-            for drive, zone, offset, length, i in s.placement:
-                fragments.append((sid, i, drive.id, zone.id, offset, length, s.crcs[i]))
-                ends[zone.id] = max(ends.get(zone.id, 0), offset + length)
-        sql_many(
-            conn,
-            "INSERT INTO fragments (stripe_id, idx, drive_id, zone_id, zone_offset, length, "
-            "checksum) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            fragments,
-        )
-        # zones: the write pointer moves over the new fragments; everything below it that is not
-        # live is garbage (gaps left by failed flushes included)
-        current: dict[int, int] = {}
-        for part in chunks(list(zone_state)):
-            current.update(
-                sql_all(
-                    conn,
-                    f"SELECT id, write_pointer FROM zones WHERE id IN {in_list(part)}",
-                    tuple(part),
-                )
-            )
-        updates = []
-        for zone_id, (state, band_class, opened_ns) in zone_state.items():
-            wp = current.get(zone_id, 0)
-            new_wp = max(wp, ends.get(zone_id, 0))
-            updates.append(
-                (
-                    state,
-                    band_class,
-                    opened_ns,
-                    new_wp,
-                    new_wp - wp,
-                    now if zone_id in ends else None,
-                    zone_id,
-                )
-            )
-        sql_many(
-            conn,
-            "UPDATE zones SET state = ?, band_class = ?, opened_ns = ?, write_pointer = ?, "
-            "garbage_bytes = garbage_bytes + ?, last_write_ns = COALESCE(?, last_write_ns) "
-            "WHERE id = ?",
-            updates,
-        )
+        ends = _insert_fragments(conn, ids, stripes)
+        _advance_zones(conn, zone_state, ends, now)
         # extents, per file in write order; new stripes' bytes turn live as extents point at them
         deltas: dict[int, int] = {sid: 0 for sid in ids}
         by_ino: dict[int, list] = defaultdict(list)
@@ -250,34 +197,7 @@ class Committer:
             by_ino[s.fb.ino].append((sid, s))
         watched = [(watch, watch.before(conn, by_ino)) for watch in self.size_watches]
         for ino, items in by_ino.items():
-            new = [(fo, length, sid, so) for sid, s in items for fo, so, length in s.extents]
-            lo = min(fo for fo, *_ in new)
-            hi = max(fo + length for fo, length, *_ in new)
-            # at least the change the buffered writes showed (FileBuffer.change): it never
-            # goes back, and a writer that saw it then sees no change at the commit
-            shown = max(s.fb.change for _sid, s in items)
-            # mtime is the time of the last write committed, not the commit's, unless a setattr
-            # set it after that write (read inside this transaction: setattr's is ordered with it)
-            written = max(
-                (s.written_ns for _sid, s in items if s.written_ns > s.fb.times_set_after),
-                default=None,
-            )
-            cursor = sql(
-                conn,
-                "UPDATE inodes SET size = CASE WHEN size < ? THEN ? ELSE size END, "
-                "mtime_ns = COALESCE(?, mtime_ns), ctime_ns = ?, "
-                "change = CASE WHEN change + 1 < ? THEN ? ELSE change + 1 END WHERE ino = ?",
-                (hi, hi, written, now, shown, shown, ino),
-            )
-            alive = cursor.rowcount
-            cursor.close()
-            if not alive:
-                continue  # the file was removed meanwhile: its new stripes stay dead
-            emap = ExtentMap(load_extents(conn, ino, lo, hi))
-            for fo, length, sid, so in new:
-                emap.put(fo, length, sid, so)
-            write_map(conn, ino, emap)
-            for sid, delta in emap.delta.items():
+            for sid, delta in _extend_file(conn, ino, items, now).items():
                 deltas[sid] = deltas.get(sid, 0) + delta
         for watch, state in watched:
             watch.after(conn, state)
@@ -292,3 +212,116 @@ class Committer:
             for _listener, reader in self.listeners
         ]
         return dead, found
+
+
+def _insert_stripes(conn, stripes: list[PendingStripe], now: int) -> list[int]:
+    """The batch's stripe rows (an inline stripe's bytes in inline_data): their ids."""
+    ids = []
+    inline = []
+    for s in stripes:
+        p = s.policy
+        fragment_length = s.placement[0].length if s.placement else len(s.payload)
+        ids.append(
+            sql_one(
+                conn,
+                "INSERT INTO stripes (band_class, layout, k, m, backend, data_length, "
+                "fragment_length, compression, live_bytes, created_ns) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, 0, ?) RETURNING id",
+                (p.name, p.layout, p.k, p.m, p.backend, len(s.payload), fragment_length, now),
+            )[0]
+        )
+        if p.layout == INLINE:
+            inline.append((ids[-1], len(s.payload), s.crcs[0], bytes(s.payload)))
+    sql_many(
+        conn,
+        "INSERT INTO inline_data (stripe_id, length, checksum, data) VALUES (?, ?, ?, ?)",
+        inline,
+    )
+    return ids
+
+
+def _insert_fragments(conn, ids: list[int], stripes: list[PendingStripe]) -> dict[int, int]:
+    """The fragment rows: the end of the new fragments in each zone written."""
+    fragments = []
+    ends: dict[int, int] = {}
+    for sid, s in zip(ids, stripes, strict=True):
+        for drive, zone, offset, length, i in s.placement:
+            fragments.append((sid, i, drive.id, zone.id, offset, length, s.crcs[i]))
+            ends[zone.id] = max(ends.get(zone.id, 0), offset + length)
+    sql_many(
+        conn,
+        "INSERT INTO fragments (stripe_id, idx, drive_id, zone_id, zone_offset, length, "
+        "checksum) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        fragments,
+    )
+    return ends
+
+
+def _advance_zones(conn, zone_state: dict, ends: dict[int, int], now: int) -> None:
+    """The write pointer moves over the new fragments; everything below it that is not live is
+    garbage (gaps left by failed flushes included)."""
+    current: dict[int, int] = {}
+    for part in chunks(list(zone_state)):
+        current.update(
+            sql_all(
+                conn,
+                f"SELECT id, write_pointer FROM zones WHERE id IN {in_list(part)}",
+                tuple(part),
+            )
+        )
+    updates = []
+    for zone_id, (state, band_class, opened_ns) in zone_state.items():
+        wp = current.get(zone_id, 0)
+        new_wp = max(wp, ends.get(zone_id, 0))
+        updates.append(
+            (
+                state,
+                band_class,
+                opened_ns,
+                new_wp,
+                new_wp - wp,
+                now if zone_id in ends else None,
+                zone_id,
+            )
+        )
+    sql_many(
+        conn,
+        "UPDATE zones SET state = ?, band_class = ?, opened_ns = ?, write_pointer = ?, "
+        "garbage_bytes = garbage_bytes + ?, last_write_ns = COALESCE(?, last_write_ns) "
+        "WHERE id = ?",
+        updates,
+    )
+
+
+def _extend_file(conn, ino: int, items: list, now: int) -> dict[int, int]:
+    """One file's new extents (``items``: (stripe id, PendingStripe) in write order) and its
+    size, times and change counter: the live-byte change of each stripe involved (none when
+    the file was removed meanwhile: its new stripes stay dead)."""
+    new = [(fo, length, sid, so) for sid, s in items for fo, so, length in s.extents]
+    lo = min(fo for fo, *_ in new)
+    hi = max(fo + length for fo, length, *_ in new)
+    # at least the change the buffered writes showed (FileBuffer.change): it never
+    # goes back, and a writer that saw it then sees no change at the commit
+    shown = max(s.fb.change for _sid, s in items)
+    # mtime is the time of the last write committed, not the commit's, unless a setattr
+    # set it after that write (read inside this transaction: setattr's is ordered with it)
+    written = max(
+        (s.written_ns for _sid, s in items if s.written_ns > s.fb.times_set_after),
+        default=None,
+    )
+    cursor = sql(
+        conn,
+        "UPDATE inodes SET size = CASE WHEN size < ? THEN ? ELSE size END, "
+        "mtime_ns = COALESCE(?, mtime_ns), ctime_ns = ?, "
+        "change = CASE WHEN change + 1 < ? THEN ? ELSE change + 1 END WHERE ino = ?",
+        (hi, hi, written, now, shown, shown, ino),
+    )
+    alive = cursor.rowcount
+    cursor.close()
+    if not alive:
+        return {}
+    emap = ExtentMap(load_extents(conn, ino, lo, hi))
+    for fo, length, sid, so in new:
+        emap.put(fo, length, sid, so)
+    write_map(conn, ino, emap)
+    return emap.delta

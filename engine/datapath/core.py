@@ -98,6 +98,24 @@ class DataPath:
             self.stats,
             smr_model=smr_model,
         )
+        self._check_fragments_fit()
+        self._build_parts(
+            read_threads=read_threads,
+            cache_bytes=cache_bytes,
+            budget=InlineBudget(catalog, inline_budget_bytes, use_inline),
+            max_inflight_stripes=max_inflight_stripes,
+            encoders=encoders,
+        )
+        self._closed = False
+        self._bind_hot_calls()
+
+        self.recovery_report = recover(catalog, self.space)
+        self.drive_watch.start()
+        self.writers.start()
+        self.dispatcher.start()
+        self.commits.start(self.dispatcher)
+
+    def _check_fragments_fit(self) -> None:
         for policy in self.policies.values():
             for drive in self.space.drives.values():
                 if policy.max_fragment_length > drive.zone_size:
@@ -106,6 +124,18 @@ class DataPath:
                         policy.fragment_size,
                         f"fragments that fit drive {drive.id}'s zones of {drive.zone_size} bytes",
                     )
+
+    def _build_parts(
+        self,
+        *,
+        read_threads: int,
+        cache_bytes: int,
+        budget: InlineBudget,
+        max_inflight_stripes: int,
+        encoders: int,
+    ) -> None:
+        """The parts over ``space``, each given the ones it calls (the module docstring's list)."""
+        catalog = self.catalog
         self.writers = self.space.writers = DriveWriters(self.space.drives, self.stats)
         self.reader = StripeReader(
             self.space.drives,
@@ -129,7 +159,7 @@ class DataPath:
             self.writers,
             self.policies,
             self.inline,
-            InlineBudget(catalog, inline_budget_bytes, use_inline),
+            budget,
             self.small_write_bytes,
             max_inflight_stripes,
             encoders,
@@ -152,9 +182,9 @@ class DataPath:
         self.sharing = Sharing(self.buffers, self.extents, self.reader)
         self.reader.repair_hook = self.repairs.queue
         self.drive_watch = DriveWatch(catalog, self.space, self.writers, self.reader)
-        self._closed = False
 
-        # the FileData calls, bound straight to the parts (no facade call on the hot paths)
+    def _bind_hot_calls(self) -> None:
+        """The FileData calls, bound straight to the parts (no facade call on the hot paths)."""
         self.write = self.buffers.write
         self.flush = self.buffers.flush
         self.flush_all = self.buffers.flush_all
@@ -175,12 +205,6 @@ class DataPath:
         self.invalidate_stripes = self.extents.invalidate_stripes
         self.wait_repairs = self.repairs.wait
         self.check_drives = self.drive_watch.check
-
-        self.recovery_report = recover(catalog, self.space)
-        self.drive_watch.start()
-        self.writers.start()
-        self.dispatcher.start()
-        self.commits.start(self.dispatcher)
 
     def add_drive(self, drive_id: int) -> None:
         """Start using a drive that was added to the catalog while running (``drives add``,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from sqlalchemy import and_, func, select
 
@@ -455,18 +456,7 @@ class Tiering:
         size, rows = self._snapshot(ino, target, start)
         if size is None:
             return None
-        todo, total = [], 0
-        next_start = None
-        for row in rows:
-            if row.band_class == target:
-                continue
-            if only_stripes is not None and row.stripe_id not in only_stripes:
-                continue
-            if total and total + row.length > MOVE_BATCH_BYTES:
-                next_start = row.file_offset
-                break
-            todo.append(row)
-            total += row.length
+        todo, total, next_start = _next_batch(rows, target, only_stripes)
         if not todo:
             return 0, 0, None
         policy = self.dp.policies[target]
@@ -476,132 +466,13 @@ class Tiering:
         ]
         if any(len(data) != row.length for row, data in pieces):
             return None  # truncated meanwhile
-        # pack into stripes of the target class: small extents coalesce into full stripes
-        payloads: list[bytearray] = [bytearray()]
-        new_extents = []  # (file_offset, length, payload index, offset in payload)
-        for row, data in pieces:
-            pos = 0
-            while pos < len(data):
-                room = policy.stripe_size - len(payloads[-1])
-                if room == 0:
-                    payloads.append(bytearray())
-                    room = policy.stripe_size
-                take = min(room, len(data) - pos)
-                new_extents.append(
-                    (row.file_offset + pos, take, len(payloads) - 1, len(payloads[-1]))
-                )
-                payloads[-1] += data[pos : pos + take]
-                pos += take
-        # compressed per stripe, so a read decompresses one stripe, and a stripe that does
-        # not shrink (token shards) is kept raw
-        packed = [
-            compression.pack(p, policy.compression, policy.compression_level) for p in payloads
-        ]
-        encoded = [policy.encode(p.data) for p in packed]
-        items, layout = [], []
-        for n, fragments in enumerate(encoded):
-            drives = media.writable_drives(want=policy.width)
-            if len(drives) < policy.width:
-                raise errors.NoSpace(
-                    f"{target} stripe needs {policy.width} writable drives with room, "
-                    f"{len(drives)} have it"
-                )
-            shift = n % len(drives)
-            drives = (drives[shift:] + drives[:shift])[: policy.width]
-            for idx, (drive_id, fragment) in enumerate(zip(drives, fragments, strict=True)):
-                items.append((drive_id, fragment))
-                layout.append((n, idx))
+        move = _pack(ino, target, policy, todo, pieces)
+        items, move.layout = _spread(move, media)
         placements = media.append(target, items, purpose="tier")
-        expected = [(r.id, r.file_offset, r.length, r.stripe_id, r.stripe_offset) for r in todo]
-
-        def work(conn):
-            media.record(conn, placements)
-            current = conn.execute(
-                select(
-                    EXTENTS.c.id,
-                    EXTENTS.c.file_offset,
-                    EXTENTS.c.length,
-                    EXTENTS.c.stripe_id,
-                    EXTENTS.c.stripe_offset,
-                ).where(EXTENTS.c.id.in_([e[0] for e in expected]))
-            ).all()
-            if sorted(tuple(r) for r in current) != sorted(expected):
-                return (
-                    None  # changed since we read it: the copy is garbage, the file keeps its data
-                )
-            now = self.clock()
-            stripe_ids = []
-            for payload, stored, fragments in zip(payloads, packed, encoded, strict=True):
-                stripe_ids.append(
-                    conn.execute(
-                        STRIPES.insert().values(
-                            band_class=target,
-                            layout=policy.layout,
-                            k=policy.k,
-                            m=policy.m,
-                            backend=policy.backend,
-                            data_length=len(payload),
-                            fragment_length=len(fragments[0]),
-                            compression=stored.codec,
-                            stored_length=stored.stored_length,
-                            live_bytes=0,
-                            created_ns=now,
-                        )
-                    ).inserted_primary_key[0]
-                )
-            # SQLite may hand out ids of dead stripes again: no cached description may survive
-            self.dp.invalidate_stripes(stripe_ids)
-            conn.execute(
-                FRAGMENTS.insert(),
-                [
-                    {
-                        "stripe_id": stripe_ids[n],
-                        "idx": idx,
-                        "drive_id": p.drive_id,
-                        "zone_id": p.zone_id,
-                        "zone_offset": p.offset,
-                        "length": p.length,
-                        "checksum": p.checksum,
-                    }
-                    for (n, idx), p in zip(layout, placements, strict=True)
-                ],
-            )
-            for part in chunks([e[0] for e in expected]):
-                conn.execute(EXTENTS.delete().where(EXTENTS.c.id.in_(part)))
-            conn.execute(
-                EXTENTS.insert(),
-                [
-                    {
-                        "ino": ino,
-                        "file_offset": fo,
-                        "length": length,
-                        "stripe_id": stripe_ids[n],
-                        "stripe_offset": so,
-                    }
-                    for fo, length, n, so in new_extents
-                ],
-            )
-            deltas: dict[int, int] = {}
-            for row in todo:
-                deltas[row.stripe_id] = deltas.get(row.stripe_id, 0) - row.length
-            for _fo, length, n, _so in new_extents:
-                deltas[stripe_ids[n]] = deltas.get(stripe_ids[n], 0) + length
-            known = {}
-            for n, sid in enumerate(stripe_ids):
-                known[sid] = (
-                    len(payloads[n]),
-                    0,
-                    [
-                        (p.zone_id, p.length)
-                        for (m, _i), p in zip(layout, placements, strict=True)
-                        if m == n
-                    ],
-                )
-            adjust_live(conn, deltas, known)
-            return stripe_ids
-
         try:
-            new_ids = self.catalog.run(work, durable=True)
+            new_ids = self.catalog.run(
+                lambda conn: self._swap_extents(conn, move, media, placements), durable=True
+            )
         except BaseException:
             media.settle(placements, committed=False)
             raise
@@ -610,10 +481,185 @@ class Tiering:
         if new_ids is None:
             return None
         if policy.compression is not None:
-            for stored in packed:
+            for stored in move.packed:
                 self.packing.add_packed(stored)
         self.limiter.spend(sum(p.length for p in placements))
         return total, sum(p.length for p in placements), next_start
+
+    def _swap_extents(self, conn, move: _Move, media: Media, placements) -> list[int] | None:
+        """Record the new fragments and, if the file's extents are still those the bytes were
+        read through, replace them with extents of the new stripes (one transaction): the new
+        stripes' ids, or None when the file changed (the copy is then garbage)."""
+        media.record(conn, placements)
+        expected = [
+            (r.id, r.file_offset, r.length, r.stripe_id, r.stripe_offset) for r in move.todo
+        ]
+        current = conn.execute(
+            select(
+                EXTENTS.c.id,
+                EXTENTS.c.file_offset,
+                EXTENTS.c.length,
+                EXTENTS.c.stripe_id,
+                EXTENTS.c.stripe_offset,
+            ).where(EXTENTS.c.id.in_([e[0] for e in expected]))
+        ).all()
+        if sorted(tuple(r) for r in current) != sorted(expected):
+            return None  # changed since we read it: the copy is garbage, the file keeps its data
+        stripe_ids = _insert_stripes(conn, move, self.clock())
+        # SQLite may hand out ids of dead stripes again: no cached description may survive
+        self.dp.invalidate_stripes(stripe_ids)
+        conn.execute(
+            FRAGMENTS.insert(),
+            [
+                {
+                    "stripe_id": stripe_ids[n],
+                    "idx": idx,
+                    "drive_id": p.drive_id,
+                    "zone_id": p.zone_id,
+                    "zone_offset": p.offset,
+                    "length": p.length,
+                    "checksum": p.checksum,
+                }
+                for (n, idx), p in zip(move.layout, placements, strict=True)
+            ],
+        )
+        for part in chunks([e[0] for e in expected]):
+            conn.execute(EXTENTS.delete().where(EXTENTS.c.id.in_(part)))
+        conn.execute(
+            EXTENTS.insert(),
+            [
+                {
+                    "ino": move.ino,
+                    "file_offset": fo,
+                    "length": length,
+                    "stripe_id": stripe_ids[n],
+                    "stripe_offset": so,
+                }
+                for fo, length, n, so in move.new_extents
+            ],
+        )
+        _move_live_bytes(conn, move, stripe_ids, placements)
+        return stripe_ids
+
+
+@dataclass
+class _Move:
+    """One batch of a file's extents on its way to another band class."""
+
+    ino: int
+    target: str
+    policy: Any  # the target class's erasure.Policy
+    todo: list  # the extent rows it replaces
+    payloads: list[bytearray]  # the new stripes' data
+    new_extents: list  # (file_offset, length, payload index, offset in payload)
+    packed: list  # each payload compressed, or kept raw
+    encoded: list  # each packed payload's fragments
+    layout: list = field(default_factory=list)  # (payload index, fragment index) per placement
+
+
+def _next_batch(rows, target: str, only_stripes: set[int] | None):
+    """The extents of the next batch (those not already in ``target``), their bytes, and where
+    the batch after it starts (None: this one reaches the end)."""
+    todo: list = []
+    total = 0
+    for row in rows:
+        if row.band_class == target:
+            continue
+        if only_stripes is not None and row.stripe_id not in only_stripes:
+            continue
+        if total and total + row.length > MOVE_BATCH_BYTES:
+            return todo, total, row.file_offset
+        todo.append(row)
+        total += row.length
+    return todo, total, None
+
+
+def _pack(ino: int, target: str, policy, todo: list, pieces: list) -> _Move:
+    """Pack the bytes into stripes of the target class (small extents coalesce into full
+    stripes), compressed and erasure coded."""
+    payloads: list[bytearray] = [bytearray()]
+    new_extents = []
+    for row, data in pieces:
+        pos = 0
+        while pos < len(data):
+            room = policy.stripe_size - len(payloads[-1])
+            if room == 0:
+                payloads.append(bytearray())
+                room = policy.stripe_size
+            take = min(room, len(data) - pos)
+            new_extents.append((row.file_offset + pos, take, len(payloads) - 1, len(payloads[-1])))
+            payloads[-1] += data[pos : pos + take]
+            pos += take
+    # compressed per stripe, so a read decompresses one stripe, and a stripe that does
+    # not shrink (token shards) is kept raw
+    packed = [compression.pack(p, policy.compression, policy.compression_level) for p in payloads]
+    encoded = [policy.encode(p.data) for p in packed]
+    return _Move(ino, target, policy, todo, payloads, new_extents, packed, encoded)
+
+
+def _spread(move: _Move, media: Media) -> tuple[list, list]:
+    """Each stripe's fragments on distinct writable drives, stripes rotated over the drives:
+    the (drive, fragment) items to append and their (payload index, fragment index)."""
+    policy = move.policy
+    items, layout = [], []
+    for n, fragments in enumerate(move.encoded):
+        drives = media.writable_drives(want=policy.width)
+        if len(drives) < policy.width:
+            raise errors.NoSpace(
+                f"{move.target} stripe needs {policy.width} writable drives with room, "
+                f"{len(drives)} have it"
+            )
+        shift = n % len(drives)
+        drives = (drives[shift:] + drives[:shift])[: policy.width]
+        for idx, (drive_id, fragment) in enumerate(zip(drives, fragments, strict=True)):
+            items.append((drive_id, fragment))
+            layout.append((n, idx))
+    return items, layout
+
+
+def _insert_stripes(conn, move: _Move, now: int) -> list[int]:
+    policy = move.policy
+    stripe_ids = []
+    for payload, stored, fragments in zip(move.payloads, move.packed, move.encoded, strict=True):
+        stripe_ids.append(
+            conn.execute(
+                STRIPES.insert().values(
+                    band_class=move.target,
+                    layout=policy.layout,
+                    k=policy.k,
+                    m=policy.m,
+                    backend=policy.backend,
+                    data_length=len(payload),
+                    fragment_length=len(fragments[0]),
+                    compression=stored.codec,
+                    stored_length=stored.stored_length,
+                    live_bytes=0,
+                    created_ns=now,
+                )
+            ).inserted_primary_key[0]
+        )
+    return stripe_ids
+
+
+def _move_live_bytes(conn, move: _Move, stripe_ids: list[int], placements) -> None:
+    """The old stripes lose the moved bytes, the new ones gain them."""
+    deltas: dict[int, int] = {}
+    for row in move.todo:
+        deltas[row.stripe_id] = deltas.get(row.stripe_id, 0) - row.length
+    for _fo, length, n, _so in move.new_extents:
+        deltas[stripe_ids[n]] = deltas.get(stripe_ids[n], 0) + length
+    known = {}
+    for n, sid in enumerate(stripe_ids):
+        known[sid] = (
+            len(move.payloads[n]),
+            0,
+            [
+                (p.zone_id, p.length)
+                for (m, _i), p in zip(move.layout, placements, strict=True)
+                if m == n
+            ],
+        )
+    adjust_live(conn, deltas, known)
 
 
 def tier_run(
