@@ -433,7 +433,7 @@ class Catalog:
             raise DisconnectionError(f"catalog connection lost while idle: {exc}") from exc
 
     # -- transactions --------------------------------------------------------
-    def run(
+    def run(  # noqa: C901 - every transaction's hot path: one frame, no helper calls
         self,
         work: Callable[[Connection], T],
         *,
