@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import TypeVar
 
-from sqlalchemy import create_engine, event, select
+from sqlalchemy import create_engine, event, make_url, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.exc import InterfaceError as SqlInterfaceError
@@ -47,7 +47,7 @@ from sqlalchemy.exc import OperationalError as SqlOperationalError
 from sqlalchemy.exc import TimeoutError as SqlTimeout
 
 from engine.blocking import may_block
-from engine.catalog.changes import CHANNEL, WRITER_SETTING, ChangeWatch
+from engine.catalog.changes import CHANNEL, KEEPALIVE, WRITER_SETTING, ChangeWatch
 from engine.catalog.models import Setting
 from engine.ordered_lock import lock
 from engine.ratelog import OutageLog
@@ -69,6 +69,7 @@ TRACKED_KEEP = 4096  # tracked commit numbers remembered; a longer gap clears th
 COMMIT_NUMBER = "shingle.commit_number"
 IDLE_SINCE = "shingle.idle_since"
 PG_PING_IDLE_S = 1.0  # a pooled PostgreSQL connection idle this long is pinged before use
+PG_CONNECT_TIMEOUT_S = 3  # per host of a multi-host URL (psycopg tries each in turn)
 
 log = logging.getLogger("shingle.catalog")
 # (catalog, wrapper of write work) while a maintenance leader's work runs (Catalog.fenced); a
@@ -193,6 +194,19 @@ def _change_counter(index: mmap.mmap) -> int:
         tries += 1  # a commit is rewriting the header right now (nanoseconds): read again
         if tries % 100 == 0:
             time.sleep(0)
+
+
+def _pg_connect_defaults(url: str) -> dict[str, object]:
+    """libpq settings of a PostgreSQL catalog's connections that its URL does not set itself.
+
+    A head must notice a primary that is gone and reach the next one by itself (a URL may name
+    every member of a Patroni cluster, ``?host=A:5432&host=B:5432&target_session_attrs=
+    read-write``, and libpq takes the first writable one): without a connect timeout an
+    attempt at a host cut off waits for TCP's own (minutes) before the next host is tried, and
+    without keepalives a connection to a primary cut off mid-transaction waits forever."""
+    query = make_url(url).query
+    wanted = {"connect_timeout": PG_CONNECT_TIMEOUT_S, **KEEPALIVE}
+    return {key: value for key, value in wanted.items() if key not in query}
 
 
 class CatalogUnavailable(RuntimeError):
@@ -380,8 +394,11 @@ class Catalog:
                 pool_size=pool_size,
                 max_overflow=32,
                 isolation_level="SERIALIZABLE",
-                # the change triggers name this Catalog as the writer (engine/catalog/changes.py)
-                connect_args={"options": f"-c {WRITER_SETTING}={self._writer_token}"},
+                connect_args={
+                    **_pg_connect_defaults(url),
+                    # the change triggers name this Catalog as the writer (changes.py)
+                    "options": f"-c {WRITER_SETTING}={self._writer_token}",
+                },
             )
             event.listen(self.engine, "checkin", self._pg_checkin)
             event.listen(self.engine, "checkout", self._pg_checkout)
@@ -665,14 +682,26 @@ class Catalog:
     def _start_changes(self) -> ChangeWatch:
         with self._changes_lock:
             if self._changes is None:
-                conninfo = self.engine.url.set(drivername="postgresql")
                 self._changes = ChangeWatch(
-                    conninfo.render_as_string(hide_password=False),
+                    self.pg_conninfo(),
                     self._writer_token,
                     self._send_ping,
                     outage=self.outage,
                 )
             return self._changes
+
+    def pg_conninfo(self) -> str:
+        """The libpq connection string of this PostgreSQL catalog, every host of a multi-host
+        URL and every query parameter (target_session_attrs, ...) included: what the pool's
+        connections use, so the change watch follows a failover as they do (a URL rendered
+        back as a libpq URI keeps only the last of several ``host=`` parameters)."""
+        from psycopg import pq
+        from psycopg.conninfo import make_conninfo
+
+        _args, params = self.engine.dialect.create_connect_args(self.engine.url)
+        # the dialect adds psycopg's own arguments (its adapters' context): libpq's keys only
+        libpq_keys = {option.keyword.decode() for option in pq.Conninfo.get_defaults()}
+        return make_conninfo("", **{k: v for k, v in params.items() if k in libpq_keys})
 
     def _send_ping(self, payload: str) -> None:
         with self.engine.connect() as conn:

@@ -1,12 +1,23 @@
-"""Fixtures of the cluster tests: ``agents(n, drives=1)`` starts ``n`` drive agents (`shingle
-agent`), each a host of its own with ``drives`` small zone-file drives under the test's
-tmp_path/drives, and stops every one it started when the test ends, also when it fails;
-``head_factory(agents)`` makes an ``AgentHead`` over their drives (closed at the end)."""
+"""Fixtures of the cluster tests.
+
+- ``agents(n, drives=1)`` starts ``n`` drive agents (`shingle agent`), each a host of its own
+  with ``drives`` small zone-file drives under the test's tmp_path/drives, and stops every one
+  it started when the test ends, also when it fails; ``head_factory(agents)`` makes an
+  ``AgentHead`` over their drives (closed at the end).
+- ``bed``: the cluster test bed (bed.py: three etcd members and three PostgreSQL members under
+  Patroni, each in a network namespace of its own), started once for every test of the session
+  that asks for it (about 15 s) and removed at the end of the session, also after failures. A
+  test that kills hosts or cuts links takes ``healed_bed``, which calls ``bed.heal()`` when it
+  ends, so the next finds the cluster whole. Skipped, with the reason, only where network
+  namespaces cannot be made (not root, a sandbox without CAP_SYS_ADMIN); a bed that fails to
+  start is an error.
+"""
 
 from __future__ import annotations
 
 import pytest
 from agenthelpers import Agent, AgentHead, free_port
+from bed import Bed, BedUnavailable, check_netns
 
 
 @pytest.fixture
@@ -47,3 +58,20 @@ def head_factory(sqlite_catalog):
     yield make
     for head in heads:
         head.close()
+
+
+@pytest.fixture(scope="session")
+def bed():
+    try:
+        check_netns()
+    except BedUnavailable as exc:
+        pytest.skip(f"cluster test bed: {exc}")
+    with Bed() as started:
+        yield started
+
+
+@pytest.fixture
+def healed_bed(bed):
+    """The bed, made whole again after the test (killed hosts revived, links restored)."""
+    yield bed
+    bed.heal()
