@@ -212,7 +212,7 @@ class Connection:
             self._append(op, request_id, drive, fields[1], fields[2], rest)
         elif op == wire.READ:
             _key, idx, offset, length = fields
-            backend._check_idx(idx)
+            backend.check_idx(idx)
             if length > backend.zone_size:
                 raise ZoneError(
                     f"read of {length} bytes from zone {idx}: zones hold {backend.zone_size}",
@@ -231,7 +231,7 @@ class Connection:
 
     def _zone_op(self, op: int, request_id: int, drive: AgentDrive, idx: int) -> None:
         backend = drive.backend
-        backend._check_idx(idx)
+        backend.check_idx(idx)
         if op == wire.SYNC:
             backend.sync(idx)  # appends are durable before their reply; this covers the rest
         elif op == wire.RESET:
@@ -249,7 +249,7 @@ class Connection:
         self._reply(op, request_id, b"")
 
     def _append(self, op: int, request_id: int, drive: AgentDrive, idx: int, offset: int, data):
-        drive.backend._check_idx(idx)
+        drive.backend.check_idx(idx)
         ticket = ReplyTicket(1)
         with drive.lock:
             expected = drive.next_offset.get(idx)

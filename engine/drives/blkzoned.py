@@ -186,17 +186,17 @@ class ZonedBlockDrive(ZonedDrive):
         ]
 
     def write_pointer(self, idx: int) -> int:
-        self._check_idx(idx)
+        self.check_idx(idx)
         z = self._zones[idx]
         return (z["wp"] - z["start"]) * SECTOR
 
     def _range(self, op: int, idx: int) -> None:
-        self._check_idx(idx)
+        self.check_idx(idx)
         z = self._zones[idx]
         fcntl.ioctl(self.fd, op, pack_range(z["start"], z["len"]))
 
     def append(self, idx: int, offset: int, data, durable: bool = False) -> None:
-        self._check_idx(idx)
+        self.check_idx(idx)
         with self._lock:
             z = self._zones[idx]
             wp = (z["wp"] - z["start"]) * SECTOR

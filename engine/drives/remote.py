@@ -267,7 +267,7 @@ class RemoteDrive(ZonedDrive):
     def append(self, idx: int, offset: int, data, durable: bool = False) -> None:
         """Send the append; it is durable once its reply came (``durable``: wait for that now,
         else ``sync`` waits)."""
-        self._check_idx(idx)
+        self.check_idx(idx)
         self._report = None
         fixed = wire.APPEND_FIXED.pack(self._key, idx, offset)
         try:
@@ -312,7 +312,7 @@ class RemoteDrive(ZonedDrive):
             raise error
 
     def read_into(self, idx: int, offset: int, buffers: list) -> int:
-        self._check_idx(idx)
+        self.check_idx(idx)
         want = sum(len(b) for b in buffers)
         try:
             conn = self._read_connection()
@@ -354,7 +354,7 @@ class RemoteDrive(ZonedDrive):
     def write_pointer(self, idx: int) -> int:
         """From one zone report for all zones (recovery asks zone after zone); any change made
         through this drive drops it."""
-        self._check_idx(idx)
+        self.check_idx(idx)
         return self.report()[idx].write_pointer
 
     def reset(self, idx: int) -> None:

@@ -137,7 +137,7 @@ class ZonedDrive:
         pass
 
     # -- shared checks ----------------------------------------------------------
-    def _check_idx(self, idx: int) -> None:
+    def check_idx(self, idx: int) -> None:
         if not 0 <= idx < self.zone_count:
             raise ZoneError(f"zone {idx}: expected 0-{self.zone_count - 1}", errno.EINVAL)
 

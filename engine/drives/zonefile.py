@@ -141,7 +141,7 @@ class ZoneFileDrive(ZonedDrive):
         with self._lock:
             fd = self._fds.get(idx)
             if fd is None:
-                self._check_idx(idx)
+                self.check_idx(idx)
                 try:
                     fd = os.open(zone_path(self.folder, idx), os.O_RDWR)
                 except FileNotFoundError:
