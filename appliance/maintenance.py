@@ -89,15 +89,15 @@ class Maintenance(threading.Thread):
         recovered: int | None = None  # the term whose interrupted jobs were recovered
         while not self.stopped.is_set():
             term = self.term()
-            # at start (in a cluster: each new term), and again each round until the catalog
-            # answers: no job runs before
-            if term is not None and recovered != term:
-                self._unfinished = None  # a job of an earlier term: recovered with the others
-                if not self.in_term(term, self.recover_interrupted):
-                    self.stopped.wait(self.tick_s)
-                    continue
-                recovered = term
             try:
+                # at start (in a cluster: each new term), and again each round until the catalog
+                # answers: no job runs before
+                if term is not None and recovered != term:
+                    self._unfinished = None  # a job of an earlier term: recovered with the others
+                    if not self.in_term(term, self.recover_interrupted):
+                        self.stopped.wait(self.tick_s)
+                        continue
+                    recovered = term
                 if term is not None:
                     self.in_term(term, self.finish_pending)
                 if self.drive_check_due(last_drive_check):
@@ -116,6 +116,8 @@ class Maintenance(threading.Thread):
             except LeaderFenced as exc:
                 self._unfinished = None  # the successor recovers the job
                 log.warning("maintenance: no longer the leader, work left to the next: %s", exc)
+                if self.leader is not None:
+                    self.leader.step_down(f"the catalog fenced this host: {exc}")
             except Exception:  # the loop must survive anything one round does
                 log.exception("maintenance round failed")
             self.stopped.wait(self.tick_s)
@@ -161,8 +163,10 @@ class Maintenance(threading.Thread):
                 log.warning(
                     "job %d (%s) was interrupted by a daemon stop: %s", job.id, job.kind, job.state
                 )
-        except (CatalogUnreachable, LeaderFenced):
-            return False  # counted by the catalog's outage log; or office lost meanwhile
+        except CatalogUnreachable:
+            return False  # counted by the catalog's outage log
+        except LeaderFenced:
+            raise  # the round's end steps down
         except Exception:
             log.exception("could not recover interrupted jobs")
         return True

@@ -108,7 +108,9 @@ class EtcdClient:
                 failures.append(f"{url}: no time left")
                 break
             try:
-                answer = self._request(url, body, left)
+                # the time left is shared among the endpoints not yet tried: a member that hangs
+                # (paused, cut off) must leave the others time to answer
+                answer = self._request(url, body, left / (count - step))
             except EtcdError as exc:
                 failures.append(str(exc))
                 continue

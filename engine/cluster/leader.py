@@ -85,6 +85,7 @@ class FencedLeader:
         self._deadline = 0.0  # monotonic: the lease is ours until then
         self._since: float | None = None
         self._seen_leader: str | None = None
+        self._step_down_reason: str | None = None
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -209,7 +210,8 @@ class FencedLeader:
         with self._lock:
             deadline = self._deadline
         if now >= deadline:
-            self._lose(f"lease not renewed within its {self.ttl_s} s TTL")
+            reason, self._step_down_reason = self._step_down_reason, None
+            self._lose(reason or f"lease not renewed within its {self.ttl_s} s TTL")
             self._resign_quietly(lease)
             return
         sent = now
@@ -226,7 +228,31 @@ class FencedLeader:
             return
         with self._lock:
             self._deadline = sent + ttl
+        if not self._key_is_ours():
+            self._lose("the leader key was deleted or replaced in etcd")
+            self._resign_quietly(lease)
+            return
         self._stopped.wait(self.ttl_s / KEEPALIVES_PER_TTL)
+
+    def _key_is_ours(self) -> bool:
+        """Whether the leader key is still the one this host created (an admin may delete it;
+        then another host can win it while this lease lives). Unknown counts as ours: the lease
+        clock ends office if etcd stays silent."""
+        token = self._token
+        try:
+            key = self.client.get(self.key, timeout_s=self.ttl_s / KEEPALIVES_PER_TTL)
+        except EtcdError:
+            return True
+        return key is not None and key.create_revision == token
+
+    def step_down(self, reason: str) -> None:
+        """End office now (the catalog fenced this host's writes: a successor took office, by
+        whatever way); the thread resigns the lease and campaigns again."""
+        with self._lock:
+            if self._token is None:
+                return
+            self._deadline = 0.0
+            self._step_down_reason = reason
 
     def _lose(self, reason: str) -> None:
         with self._lock:

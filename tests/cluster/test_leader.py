@@ -284,3 +284,38 @@ def test_fence_waits_for_a_running_leader_transaction(catalog_url):
         assert setting(catalog, "old.after") is None
     finally:
         catalog.close()
+
+
+def test_a_paused_member_does_not_cost_the_leader_its_office(etcd_three, leaders):
+    """Every member configured: a keepalive that meets the paused one goes on to the next in
+    time (the request's time is shared among the members), so office never lapses."""
+    lost: list[str] = []
+    leader = FencedLeader(
+        EtcdClient(etcd_three.endpoints, timeout_s=1.0), "steady", ttl_s=4, on_lost=lost.append
+    )
+    leaders.append(leader.start())
+    token = leader.wait_elected(10)
+    assert token is not None
+    for member in range(3):  # whichever member the client was using, and the raft leader
+        etcd_three.pause(member)
+        try:
+            deadline = time.monotonic() + 4 * 1.5  # past a whole TTL
+            while time.monotonic() < deadline:
+                assert leader.token == token, f"office lapsed with member {member} paused: {lost}"
+                time.sleep(0.05)
+        finally:
+            etcd_three.resume(member)
+        etcd_three.wait_ready()
+    assert not lost
+
+
+def test_the_leader_key_deleted_ends_office(etcd_one, leaders):
+    lost: list[str] = []
+    leader = campaign(leaders, etcd_one.endpoints, "keyless", on_lost=lost.append)
+    token = leader.wait_elected(10)
+    EtcdClient(etcd_one.endpoints).delete(DEFAULT_KEY)  # an admin's etcdctl del
+    wait_for(lambda: lost, TTL_S, "office ending with the key gone")
+    assert "deleted or replaced" in lost[0]
+    # it resigned its lease and campaigns again: a new key, a new and higher token
+    new_token = leader.wait_elected(TTL_S + 2)
+    assert new_token is not None and new_token > token

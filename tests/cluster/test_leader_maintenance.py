@@ -211,3 +211,20 @@ def test_without_cluster_config_maintenance_runs_unfenced(catalog_url, tmp_path)
             "holder": "",
             "since_ns": 0,
         }
+
+
+def test_a_leader_the_catalog_fences_steps_down_and_runs_nothing(hosts):
+    """The fence raised past this leader while its lease lives (a successor elected through
+    another etcd, say): its next write fails, it steps down, and winning the key again does not
+    let it run a job, since its new token is still below the fence."""
+    host = hosts("fenced").start()
+    token = host.leader.wait_elected(10)
+    assert leader_fence.advance(host.catalog, 10**9, "elsewhere")
+    job_id = submit(host.catalog, 99)  # the leader's next round claims it: fenced
+    wait_for(lambda: host.leader.token is None, 5, "the fenced leader stepping down")
+    time.sleep(2 * TTL_S)  # campaigns again, wins the key, is refused by the fence
+    assert host.leader.token is None
+    assert not host.ran
+    assert jobs.get(host.catalog, job_id).state == "queued"
+    assert leader_fence.current(host.catalog).holder == "elsewhere"
+    assert token < 10**9
