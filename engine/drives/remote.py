@@ -191,6 +191,7 @@ class RemoteDrive(ZonedDrive):
         self._next_read = 0
         self._tried_at = 0.0
         self._last_error: OSError | None = None
+        self._reconnecting = False
         self._unsynced: dict[int, list[Pending]] = {}
         self._report: list[ZoneInfo] | None = None
         self._closed = False
@@ -257,11 +258,30 @@ class RemoteDrive(ZonedDrive):
         return frame
 
     def present(self) -> bool:
+        """Whether the agent answers now. Never waits for a connect (callers hold the space
+        lock, or run on the NFS event loop): a lost connection is tried again in a thread of
+        its own, and a later look sees the result."""
+        conn = self._writes
+        if conn is not None and conn.alive:
+            return True
+        with self._lock:
+            if self._closed or self._reconnecting:
+                return False
+            if time.monotonic() - self._tried_at < RECONNECT_S:
+                return False
+            self._reconnecting = True
+        threading.Thread(
+            target=self._reconnect, daemon=True, name=f"shingle-agent-connect-{self.address}"
+        ).start()
+        return False
+
+    def _reconnect(self) -> None:
         try:
             self._connect_writes()
-            return True
         except OSError:
-            return False
+            pass  # still away: the next look tries again
+        finally:
+            self._reconnecting = False
 
     # -- I/O ------------------------------------------------------------------------------------
     def append(self, idx: int, offset: int, data, durable: bool = False) -> None:

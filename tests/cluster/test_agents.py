@@ -282,7 +282,7 @@ def test_remote_drive_refuses_wrong_offsets_and_reconnects_after_the_agent_retur
         with pytest.raises(OSError) as lost:
             remote.read(1, 0, 10)
         assert lost.value.errno == errno.ENODEV
-        assert not remote.present()
+        wait_for(lambda: not remote.present(), 5)  # its connection's end is seen by a thread
         agent.start().wait_ready()
         wait_for(remote.present, 10)
         assert remote.read(1, 4990, 20) == b"a" * 10 + b"b" * 10
