@@ -13,9 +13,9 @@ from sqlalchemy import select
 
 from engine import errors
 from engine.catalog.models import REG, SnapshotDir
+from engine.namespace.paths import join_path, split_path, walk_subtree
 from engine.snapshot_schedules import SnapshotScheduler, name_pattern
 from engine.snapshots import SnapshotInfo, Snapshots
-from engine.trash import join_path, split_path, walk_subtree
 from engine.units import format_size
 
 SNAPSHOT_DIRS = SnapshotDir.__table__

@@ -123,7 +123,7 @@ def clean_clients(text: object) -> str:
 
 def clean_path(namespace, text: str) -> str:
     """An absolute namespace path in canonical form; with a namespace, it must be a directory."""
-    from engine.trash import join_path, split_path
+    from engine.namespace.paths import join_path, split_path
 
     if not isinstance(text, str) or not 1 <= len(text) <= PATH_MAX:
         raise ExportValueError("path", text, f"an absolute path of 1-{PATH_MAX} characters")

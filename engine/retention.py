@@ -39,9 +39,10 @@ from engine.catalog.models import DIR, REG, Inode, RetentionPolicy
 from engine.crud import CrudService
 from engine.events import record, record_in
 from engine.namespace import ROOT, Attr, Namespace
+from engine.namespace.paths import iter_dir, join_path, split_path, walk_subtree
 from engine.ordered_lock import lock
 from engine.schema import Field, Schema
-from engine.trash import TRASH_DIR, Trash, iter_dir, join_path, split_path, walk_subtree
+from engine.trash import TRASH_DIR, Trash
 
 RULES = RetentionPolicy.__table__
 INODES = Inode.__table__

@@ -28,8 +28,8 @@ from engine.events import record
 from engine.lifecycle.media import media_for
 from engine.lifecycle.pacing import Progress, Tracker
 from engine.lifecycle.tiering import COLD, Tiering
+from engine.namespace.paths import join_path, split_path, walk_subtree
 from engine.namespace.readonly import SNAPSHOT_DIR_NAME
-from engine.trash import join_path, split_path, walk_subtree
 from engine.units import format_size
 
 EXTENTS = Extent.__table__

@@ -33,10 +33,10 @@ from engine import errors
 from engine.catalog.models import DIR, SnapshotSchedule
 from engine.crud import CrudService
 from engine.events import record_in
+from engine.namespace.paths import join_path, split_path
 from engine.ordered_lock import lock
 from engine.schema import Field, Schema
 from engine.snapshots import SnapshotInfo, Snapshots
-from engine.trash import join_path, split_path
 from engine.units import format_duration, format_size, parse_duration
 
 SCHEDULES = SnapshotSchedule.__table__

@@ -114,7 +114,7 @@ def pinned(catalog: Catalog, namespace, limit: int = PIN_LIST_LIMIT) -> list[dic
 def pin(catalog: Catalog, namespace, path: str, band_class: str, *, actor: str) -> int:
     """Pin a path to a class (or with 'none' unpin it): its rule, and the band class of the path
     and everything below it now; returns the inodes changed."""
-    from engine.trash import join_path, split_path, walk_subtree
+    from engine.namespace.paths import join_path, split_path, walk_subtree
 
     if band_class not in CLASSES + (UNPIN,):
         raise errors.InvalidArgument(

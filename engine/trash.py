@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from sqlalchemy import select
@@ -26,7 +26,8 @@ from engine import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import DIR, Export
 from engine.events import record
-from engine.namespace import NAME_MAX, ROOT, Attr, DirEntry, Namespace
+from engine.namespace import NAME_MAX, ROOT, Attr, Namespace
+from engine.namespace.paths import iter_dir, join_path, remove_tree, split_path
 
 EXPORTS = Export.__table__
 
@@ -38,96 +39,8 @@ XATTR_ORIGIN = "trusted.shingle.trash.origin"
 XATTR_DELETED = "trusted.shingle.trash.deleted_ns"
 XATTR_ACTOR = "trusted.shingle.trash.actor"
 TRASH_XATTRS = (XATTR_ORIGIN, XATTR_DELETED, XATTR_ACTOR)
-REMOVE_RETRIES = 20
 
 Progress = Callable[[int, int, str], None]
-
-
-# -- path and tree helpers (shared with engine.retention) ------------------------------
-def split_path(path: str, what: str = "path") -> list[str]:
-    """Components of an absolute path; refuses relative paths, '.', '..' and NUL."""
-    if not isinstance(path, str) or not path:
-        raise errors.InvalidArgument(f"{what} {path!r}: expected a non-empty absolute path")
-    if not path.startswith("/"):
-        raise errors.InvalidArgument(
-            f"{what} {path!r}: expected an absolute path starting with '/'"
-        )
-    if "\0" in path:
-        raise errors.InvalidArgument(f"{what} {path!r}: contains a NUL character")
-    parts = [p for p in path.split("/") if p]
-    for part in parts:
-        if part in (".", ".."):
-            raise errors.InvalidArgument(f"{what} {path!r}: '{part}' components are not allowed")
-        if len(part.encode("utf-8", "surrogateescape")) > NAME_MAX:
-            raise errors.InvalidArgument(
-                f"{what} {path!r}: component {part[:40]!r}... exceeds {NAME_MAX} bytes"
-            )
-    return parts
-
-
-def join_path(parts: list[str] | tuple[str, ...]) -> str:
-    return "/" + "/".join(parts)
-
-
-def iter_dir(namespace: Namespace, dir_ino: int) -> Iterator[DirEntry]:
-    """Every entry of a directory, page by page (cookies stay valid while it changes); never
-    a dataset's .snapshots, even when listings show it: walks stay out of frozen trees."""
-    cookie = 0
-    while True:
-        entries, eof = namespace.readdir(ROOT, dir_ino, cookie, show_snapshots=False)
-        yield from entries
-        if eof or not entries:
-            return
-        cookie = entries[-1].cookie
-
-
-def walk_subtree(namespace: Namespace, attr: Attr) -> Iterator[Attr]:
-    """``attr`` and everything below it; symbolic links are not followed."""
-    stack = [attr]
-    while stack:
-        current = stack.pop()
-        yield current
-        if current.type == DIR:
-            try:
-                stack.extend(entry.attr for entry in iter_dir(namespace, current.ino))
-            except (errors.StaleHandle, errors.NotFound):
-                continue  # removed while we walked: nothing below it any more
-
-
-def remove_tree(namespace: Namespace, dir_ino: int, name: str) -> int:
-    """Remove ``name`` in ``dir_ino`` and its whole subtree through the namespace API.
-
-    Returns the number of entries removed. Files still open keep their data until
-    closed (the namespace frees an inode only when no name and no opener remain)."""
-    top = namespace.lookup(ROOT, dir_ino, name)
-    if top.type != DIR:
-        namespace.unlink(ROOT, dir_ino, name)
-        return 1
-    removed = 0
-    stack = [(dir_ino, name, top.ino)]
-    attempts = 0
-    while stack:
-        parent, entry_name, ino = stack[-1]
-        subdirs = []
-        for entry in iter_dir(namespace, ino):
-            if entry.attr.type == DIR:
-                subdirs.append((ino, entry.name, entry.attr.ino))
-            else:
-                namespace.unlink(ROOT, ino, entry.name)
-                removed += 1
-        if subdirs:
-            stack.extend(subdirs)
-            continue
-        try:
-            namespace.rmdir(ROOT, parent, entry_name)
-        except errors.NotEmpty:
-            attempts += 1  # something was created meanwhile: list it again
-            if attempts > REMOVE_RETRIES:
-                raise
-            continue
-        removed += 1
-        stack.pop()
-    return removed
 
 
 def _stamp(ns: int) -> str:
@@ -180,18 +93,16 @@ class _TrashHome:
         return join_path(self.root + (TRASH_DIR,))
 
 
-class Trash:
-    """Per-export trash: move_to_trash, list, restore, purge (and delete, bypassing it)."""
+class TrashHomes:
+    """Where an entry's trash is: the trash folder of the export whose path is the longest
+    prefix of the entry's (the namespace root's for paths under no export), made on demand."""
 
-    def __init__(
-        self, namespace: Namespace, catalog: Catalog, *, clock: Callable[[], int] = time.time_ns
-    ):
+    def __init__(self, namespace: Namespace, catalog: Catalog):
         self.namespace = namespace
         self.catalog = catalog
-        self.clock = clock  # ns since the epoch; tests move it to expire entries
 
-    # -- where an entry's trash is --------------------------------------------------
-    def _homes(self) -> list[_TrashHome]:
+    def by_depth(self) -> list[_TrashHome]:
+        """Every trash home, the longest export path first."""
         rows = self.catalog.read(
             lambda conn: conn.execute(
                 select(EXPORTS.c.name, EXPORTS.c.path, EXPORTS.c.trash_days)
@@ -206,36 +117,36 @@ class Trash:
             homes[root] = _TrashHome(row.name, root, row.trash_days)
         return sorted(homes.values(), key=lambda h: len(h.root), reverse=True)
 
-    def _home_of(self, parts: list[str]) -> _TrashHome:
-        for home in self._homes():  # longest export path first
+    def of(self, parts: list[str]) -> _TrashHome:
+        for home in self.by_depth():  # longest export path first
             if tuple(parts[: len(home.root)]) == home.root:
                 return home
         raise AssertionError("the root trash home matches every path")
 
-    def _trash_dir(self, home: _TrashHome, create: bool) -> Attr | None:
+    def trash_dir(self, home: _TrashHome, create: bool) -> Attr | None:
         try:
             base = self.namespace.resolve(join_path(home.root), follow=False)
         except (errors.NotFound, errors.NotADirectory):
             return None
         if base.type != DIR:
             return None
-        return self._subdir(base.ino, TRASH_DIR, create)
+        return self.subdir(base.ino, TRASH_DIR, create)
 
-    def _made_trash_dir(self, home: _TrashHome) -> Attr:
+    def made_trash_dir(self, home: _TrashHome) -> Attr:
         """The trash folder of ``home``, created if missing."""
-        trash_dir = self._trash_dir(home, create=True)
+        trash_dir = self.trash_dir(home, create=True)
         if trash_dir is None:
             raise errors.NotADirectory(
                 f"export root {join_path(home.root)} is not a directory: it has no trash"
             )
         return trash_dir
 
-    def _made_subdir(self, dir_ino: int, name: str) -> Attr:
-        attr = self._subdir(dir_ino, name, create=True)
+    def made_subdir(self, dir_ino: int, name: str) -> Attr:
+        attr = self.subdir(dir_ino, name, create=True)
         assert attr is not None  # only a lookup without create finds nothing
         return attr
 
-    def _subdir(self, dir_ino: int, name: str, create: bool) -> Attr | None:
+    def subdir(self, dir_ino: int, name: str, create: bool) -> Attr | None:
         try:
             attr = self.namespace.lookup(ROOT, dir_ino, name)
         except errors.NotFound:
@@ -251,6 +162,18 @@ class Trash:
                 "rename it so the trash can be created"
             )
         return attr
+
+
+class Trash:
+    """Per-export trash: move_to_trash, list, restore, purge (and delete, bypassing it)."""
+
+    def __init__(
+        self, namespace: Namespace, catalog: Catalog, *, clock: Callable[[], int] = time.time_ns
+    ):
+        self.namespace = namespace
+        self.catalog = catalog
+        self.clock = clock  # ns since the epoch; tests move it to expire entries
+        self.homes = TrashHomes(namespace, catalog)
 
     def _check_trashable(self, path: str, parts: list[str], home: _TrashHome) -> None:
         if not parts:
@@ -277,13 +200,13 @@ class Trash:
     ) -> TrashEntry:
         """Move ``path`` (a file or a whole directory) into its export's trash."""
         parts = split_path(path)
-        home = self._home_of(parts)
+        home = self.homes.of(parts)
         self._check_trashable(path, parts, home)
         path = join_path(parts)
         parent = self.namespace.resolve(join_path(parts[:-1]), follow=False)
         name = parts[-1]
         victim = self.namespace.lookup(ROOT, parent.ino, name)
-        trash_dir = self._made_trash_dir(home)
+        trash_dir = self.homes.made_trash_dir(home)
         now = self.clock()
         # The xattrs go on the inode first: should the rename fail, the entry is still in place.
         for key, value in ((XATTR_ORIGIN, path), (XATTR_DELETED, str(now)), (XATTR_ACTOR, actor)):
@@ -370,8 +293,8 @@ class Trash:
         """Every trashed entry of every export, oldest deletion first."""
         entries = []
         seen = set()
-        for home in self._homes():
-            trash_dir = self._trash_dir(home, create=False)
+        for home in self.homes.by_depth():
+            trash_dir = self.homes.trash_dir(home, create=False)
             if trash_dir is None or trash_dir.ino in seen:
                 continue
             seen.add(trash_dir.ino)
@@ -481,7 +404,7 @@ class Trash:
 
         The entry leaves its directory in one transaction (a rename into ``.purging``)."""
         parts = split_path(path)
-        home = self._home_of(parts)
+        home = self.homes.of(parts)
         if not parts or tuple(parts) == home.root:
             raise errors.InvalidArgument(
                 f"cannot delete {path!r}: it is the root of the namespace or an export"
@@ -508,17 +431,17 @@ class Trash:
         return removed
 
     def _stage_and_remove(self, home: _TrashHome, dir_ino: int, name: str, victim: Attr) -> int:
-        trash_dir = self._made_trash_dir(home)
-        purging = self._made_subdir(trash_dir.ino, PURGING_DIR)
+        trash_dir = self.homes.made_trash_dir(home)
+        purging = self.homes.made_subdir(trash_dir.ino, PURGING_DIR)
         staged = self._free_name(purging.ino, f"{victim.ino}-{self.clock()}")
         self.namespace.rename(ROOT, dir_ino, name, purging.ino, staged)
         return remove_tree(self.namespace, purging.ino, staged)
 
     def _finish_interrupted(self) -> int:
         removed = 0
-        for home in self._homes():
-            trash_dir = self._trash_dir(home, create=False)
-            purging = trash_dir and self._subdir(trash_dir.ino, PURGING_DIR, create=False)
+        for home in self.homes.by_depth():
+            trash_dir = self.homes.trash_dir(home, create=False)
+            purging = trash_dir and self.homes.subdir(trash_dir.ino, PURGING_DIR, create=False)
             if purging is None:
                 continue
             for item in list(iter_dir(self.namespace, purging.ino)):
@@ -559,12 +482,12 @@ class Trash:
             elif now - entry.deleted_ns >= limit_ns:
                 due.append(entry)
         purged = []
-        homes = {home.export: home for home in self._homes()}
+        homes = {home.export: home for home in self.homes.by_depth()}
         for done, entry in enumerate(due):
             if progress:
                 progress(done, len(due), f"purging {entry.trash_path}")
-            home = homes.get(entry.export) or self._home_of(split_path(entry.trash_path))
-            trash_dir = self._trash_dir(home, create=False)
+            home = homes.get(entry.export) or self.homes.of(split_path(entry.trash_path))
+            trash_dir = self.homes.trash_dir(home, create=False)
             if trash_dir is None:
                 continue  # the trash folder itself went meanwhile, and the entry with it
             try:

@@ -195,7 +195,7 @@ def tree_sizes(ns, inos) -> tuple[dict[int, int], bool]:
     """inode -> bytes its removal frees (the regular files of its subtree that have no other
     name), and whether every subtree was walked (False past PREVIEW_WALK_LIMIT entries: the
     rest count 0). For the retention preview and the trash page."""
-    from engine.trash import walk_subtree
+    from engine.namespace.paths import walk_subtree
 
     sizes: dict[int, int] = {}
     budget = PREVIEW_WALK_LIMIT

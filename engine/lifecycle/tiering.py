@@ -209,7 +209,7 @@ class Tiering:
     def apply_path_rules(self) -> int:
         """Pin every file and directory under each rule's path to its class;
         returns inodes changed."""
-        from engine.trash import walk_subtree
+        from engine.namespace.paths import walk_subtree
 
         changed = 0
         for prefix, band_class in self.policy.path_rules:
