@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 import pytest
 from agenthelpers import SMALL, STRIPE, MiB
 
+from appliance.status import gather
 from engine import errors
 from engine.catalog.models import Drive, Fragment
 from engine.drives import agentwire as wire
@@ -84,10 +85,11 @@ def test_writes_through_ten_agents_read_back_after_a_restart_one_fragment_per_ho
     for agent in hosts:
         written = sum(f.stat().st_size for f in agent.folders[0].glob("zone-*"))
         assert written > 0, agent.name
-    status = hosts_status(head.catalog, 8, 2)
+    status = gather(head.catalog, head.policies, 2)["hosts"]  # as `shingle status` shows it
     assert status["count"] == 10 and status["losable"] == 2
     assert status["losable_by_placement"] == 2
     assert {h["name"] for h in status["hosts"]} == {a.name for a in hosts}
+    assert all(h["fragments"] > 0 and h["drives_readable"] == 1 for h in status["hosts"])
 
 
 def test_killed_agents_read_as_lost_drives_two_decode_a_third_is_a_clean_eio(agents, head_factory):

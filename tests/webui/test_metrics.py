@@ -39,6 +39,8 @@ def test_metrics_from_the_catalog_without_samples(app):
     assert values['shingle_bands{state="full",class="warm"}'] == 1
     assert values['shingle_band_garbage_bytes{class="cold"}'] == 3 * (1 << 20) // 4
     assert values['shingle_capacity_bytes{kind="total"}'] == 4 * 16 * (1 << 20)
+    # one host (the head's own drives): losing it loses everything
+    assert values["shingle_hosts"] == 1 and values["shingle_hosts_losable"] == 0
     text = response.get_data(as_text=True)
     assert (
         "shingle_write_amplification" not in text and "shingle_nfs" not in text
