@@ -33,6 +33,7 @@ from engine.ratelog import RateLimitedLog
 DEFAULT_KEY = "/shingle/maintenance-leader"
 MIN_TTL_S = 2
 KEEPALIVES_PER_TTL = 3
+WATCH_SLICE_S = 1.0  # a follower's watch is renewed this often (the longest a stop() waits)
 
 log = logging.getLogger("shingle.cluster")
 _etcd_trouble = RateLimitedLog(log)
@@ -170,11 +171,20 @@ class FencedLeader:
         if holder is None:
             return  # gone between our compare and our read: campaign again now
         log.debug("cluster: no action: %s holds the leader key", holder.value)
-        started = time.monotonic()
-        changed = self.client.wait_change(self.key, holder.mod_revision, timeout_s=self.ttl_s)
-        if not changed and time.monotonic() - started < self.ttl_s / KEEPALIVES_PER_TTL:
-            # the watch failed at once (a member down): do not hammer etcd
-            self._stopped.wait(self.ttl_s / KEEPALIVES_PER_TTL)
+        self._watch_key(holder.mod_revision)
+
+    def _watch_key(self, revision: int) -> None:
+        """Until the key changes after ``revision`` (then campaign again at once), a TTL passes
+        (campaign again anyway) or ``stop()``: watches of at most WATCH_SLICE_S each, from the
+        same revision, so a stopping daemon waits no longer than that and no change is missed."""
+        end = time.monotonic() + self.ttl_s
+        while not self._stopped.is_set() and (left := end - time.monotonic()) > 0:
+            started = time.monotonic()
+            if self.client.wait_change(self.key, revision, timeout_s=min(left, WATCH_SLICE_S)):
+                return
+            if time.monotonic() - started < WATCH_SLICE_S / 2:
+                # the watch failed at once (a member down): do not hammer etcd
+                self._stopped.wait(min(WATCH_SLICE_S, max(end - time.monotonic(), 0)))
 
     def _take_office(self, lease_id: int, token: int, deadline: float) -> None:
         self._lease = lease_id
