@@ -68,6 +68,9 @@ class DriveState:
         except (DriveMissing, OSError) as exc:
             self.open_error = str(exc)
         self.granularity = getattr(self.backend, "write_granularity", 1) or 1
+        # zones open at once, at most: a zoned device refuses more active zones (max_active)
+        # and closes an implicitly open one past max_open; 0: no limit
+        self.max_open_zones = row.max_open_zones or 0
         # a backend may open while its medium is away (an agent's drive whose agent is down)
         self._present = self.backend is not None and self.backend.present()
         self._present_at = time.monotonic()
@@ -117,6 +120,14 @@ class DriveState:
         if self.write_failed:
             return "failed a write"
         return self.state
+
+    def open_zones(self) -> int:
+        """Zones open for appends (bands and lifecycle jobs' zones)."""
+        return sum(1 for zone in self.zones if zone.state == "open")
+
+    def at_open_limit(self) -> bool:
+        """Whether opening one more zone would pass the drive's open-zone limit."""
+        return bool(self.max_open_zones) and self.open_zones() >= self.max_open_zones
 
     def usable_bytes(self, reserve_zones: int, max_fragment: int, reclaimable: int = 0) -> int:
         """Bytes new fragments can surely take (each zone may waste a tail

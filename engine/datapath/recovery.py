@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.catalog.models import Zone
+from engine.drives.zoned import CLOSED, EXPLICIT_OPEN, IMPLICIT_OPEN
 
 ZONES = Zone.__table__
 
@@ -18,6 +19,7 @@ class RecoveryReport:
     garbage_bytes: int = 0
     short_zones: list = field(default_factory=list)  # (drive id, zone idx, catalog wp, medium wp)
     zones_reset: int = 0
+    zones_finished: int = 0  # full in the catalog, still open on the device: finished now
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -80,7 +82,17 @@ def recover_drive(space, drive, report: RecoveryReport) -> list[tuple[int, dict]
         elif zone.state == "open":
             zone.state = "full"
             updates.append((zone.id, {"state": "full"}))
+        if zone.state == "full" and _still_open(drive.backend, zone.idx):
+            # a zoned device counts an open or closed zone against its active-zone limit
+            # until it is finished (the crash came between "full" and the finish)
+            drive.backend.finish_zone(zone.idx)
+            report.zones_finished += 1
     return updates
+
+
+def _still_open(backend, idx: int) -> bool:
+    condition = getattr(backend, "condition", None)
+    return condition is not None and condition(idx) in (IMPLICIT_OPEN, EXPLICIT_OPEN, CLOSED)
 
 
 def record_updates(catalog, updates: list[tuple[int, dict]]) -> None:

@@ -402,7 +402,7 @@ class Space:
             # through the writer's queue: fragments queued for this zone must land first
             assert self.writers is not None  # zones are written (so finished) only once they exist
             self.writers.finish(drive, zone.idx)
-        if len(drive.empty) <= self.reserve_zones:
+        if len(drive.empty) <= self.reserve_zones or drive.at_open_limit():
             return None
         idx = min(drive.empty)
         drive.empty.discard(idx)
@@ -417,12 +417,13 @@ class Space:
         drive.open[band_class] = zone
         return zone
 
-    def take(self, zone: ZoneMem, length: int, granularity: int = 1) -> int:
-        """Move ``zone``'s append position over ``length`` bytes, pinned till ``settle``; returns
-        the offset they go to."""
+    def take(self, zone: ZoneMem, length: int) -> int:
+        """Move ``zone``'s append position over ``length`` bytes (padded to its drive's write
+        granularity, as the device pads them), pinned till ``settle``; returns the offset they
+        go to."""
         with self.lock:
             offset = zone.wp
-            zone.wp += padded(length, granularity)
+            zone.wp += padded(length, self.zone_drive[zone.id].granularity)
             zone.inflight += 1
             return offset
 
@@ -481,7 +482,7 @@ class Space:
             return zone
 
     def _may_claim(self, drive: DriveState, band_class: str, use_reserve: bool) -> bool:
-        if not drive.empty:
+        if not drive.empty or drive.at_open_limit():
             return False
         if use_reserve:
             return True

@@ -221,18 +221,35 @@ def add_emulated(
 
 
 def add_zoned_block(catalog, device: str) -> int:
-    """A host-managed zoned block device as a new drive (its zone report gives the geometry)."""
-    from engine.drives.blkzoned import ZonedBlockDrive
+    """A host-managed zoned block device as a new drive: its geometry comes from the device
+    (engine/drives/blkzoned.py): shingle's zones are its sequential zones, each holding the
+    zone capacity; conventional zones are left alone; the drive's ``max_open_zones`` is the
+    tighter of the device's open and active limits (the data path never keeps more open)."""
+    from engine.drives.blkzoned import read_geometry
 
-    drive = ZonedBlockDrive(device)
-    try:
-        geometry = (drive.zone_size, drive.zone_count)
-        label = getattr(drive, "uuid", None) or str(uuidlib.uuid4())
-    finally:
-        drive.close()
+    geometry = read_geometry(device)
+    if geometry.sequential_zones < MIN_ZONES:
+        raise ConfigError(
+            "drives add",
+            device,
+            f"a zoned device with at least {MIN_ZONES} sequential zones "
+            f"(it has {geometry.sequential_zones})",
+        )
+    limits = [n for n in (geometry.max_open_zones, geometry.max_active_zones) if n]
+    model = (
+        f"zoned block device: {geometry.sequential_zones} sequential zones of "
+        f"{geometry.zone_capacity} bytes, {geometry.conventional_zones} conventional (unused)"
+    )
     return catalog.run(
         lambda conn: _insert_drive(
-            conn, label, device, "zoned-block", geometry[0], geometry[1], 0, "zoned block device"
+            conn,
+            str(uuidlib.uuid4()),
+            device,
+            "zoned-block",
+            geometry.zone_capacity,
+            geometry.sequential_zones,
+            min(limits, default=0),
+            model,
         )
     )
 
@@ -282,7 +299,14 @@ def open_drive(row) -> ZonedDrive:
     if row.backend == "zoned-block":
         from engine.drives.blkzoned import ZonedBlockDrive
 
-        return ZonedBlockDrive(row.device or row.path)
+        drive = ZonedBlockDrive(row.device or row.path)
+        if (drive.zone_size, drive.zone_count) != (row.zone_size, row.zone_count):
+            drive.close()
+            raise DriveMissing(
+                f"{row.device or row.path} has {drive.zone_count} zones of {drive.zone_size} "
+                f"bytes, drive {row.id} had {row.zone_count} of {row.zone_size}: another device"
+            )
+        return drive
     if row.backend == "agent":
         from engine.drives.remote import RemoteDrive
 

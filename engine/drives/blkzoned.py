@@ -4,15 +4,26 @@ Structures and request numbers follow include/uapi/linux/blkzoned.h:
 ``struct blk_zone`` (64 bytes), ``struct blk_zone_report`` (16-byte header
 followed by the zone array), ``struct blk_zone_range`` (16 bytes). Sizes on
 the wire are 512-byte sectors; this module speaks bytes to its callers.
-Geometry comes from sysfs (queue/zoned, queue/chunk_sectors,
-queue/max_open_zones). Writes go through O_DIRECT at the write pointer."""
+Geometry comes from the zone report and sysfs (queue/zoned, queue/max_open_zones,
+queue/max_active_zones, queue/logical_block_size). Writes go through O_DIRECT at the write
+pointer, padded to whole blocks.
+
+shingle's zones of such a drive are the device's sequential-write-required zones, numbered
+from 0 in device order: conventional zones (an SMR drive's conventional region, null_blk's
+zone_nr_conv) are left alone, as are sequential-write-preferred zones (host-aware drives
+take any write there; shingle writes them only in host-managed mode, so never). A zone
+holds the device's zone *capacity* (NVMe ZNS and null_blk may give a capacity below the zone
+size): ``zone_size`` here is the smallest capacity of the used zones, and
+``device_zone_size`` the spacing of zones on the device."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import mmap
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine.drives.zoned import (
@@ -114,6 +125,13 @@ def sysfs_queue(device: str) -> Path:
     return Path("/sys/block") / Path(os.path.realpath(device)).name / "queue"
 
 
+def _queue_int(queue: Path, name: str) -> int:
+    try:
+        return int((queue / name).read_text())
+    except (OSError, ValueError):
+        return 0  # attribute absent (an older kernel): no limit known
+
+
 def is_host_managed(device: str) -> bool:
     try:
         return (sysfs_queue(device) / "zoned").read_text().strip() == "host-managed"
@@ -133,61 +151,133 @@ def host_managed_devices() -> list[str]:
     return found
 
 
-class ZonedBlockDrive(ZonedDrive):
-    write_granularity = 4096  # O_DIRECT: appends are padded to whole logical blocks
+def report_zones(fd: int) -> list[dict]:
+    """Every zone of the device open at ``fd`` (BLKREPORTZONE, 256 zones a call)."""
+    zones: list[dict] = []
+    sector = 0
+    while True:
+        buf = pack_report_request(sector, 256)
+        fcntl.ioctl(fd, BLKREPORTZONE, buf, True)
+        _flags, batch = unpack_report(buf)
+        if not batch:
+            return zones
+        zones.extend(batch)
+        sector = batch[-1]["start"] + batch[-1]["len"]
 
+
+@dataclass(frozen=True)
+class Geometry:
+    """What shingle needs to know of a host-managed device, read from the device itself."""
+
+    device: str
+    device_zone_size: int  # bytes between zone starts
+    zone_capacity: int  # smallest writable bytes of a sequential zone
+    sequential_zones: int
+    conventional_zones: int
+    max_open_zones: int  # 0: no limit
+    max_active_zones: int  # 0: no limit
+    logical_block_size: int
+    scheduler: str  # the I/O scheduler in use ("mq-deadline", "none", ...)
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def scheduler(queue: Path) -> str:
+    """The I/O scheduler in use: the bracketed name of queue/scheduler."""
+    try:
+        text = (queue / "scheduler").read_text()
+    except OSError:
+        return "unknown"
+    for word in text.split():
+        if word.startswith("["):
+            return word.strip("[]")
+    return text.strip() or "unknown"
+
+
+def read_geometry(device: str) -> Geometry:
+    """The geometry of a host-managed zoned block device (its zone report and sysfs)."""
+    if not os.path.exists(device):
+        raise DriveMissing(f"zoned block device {device} does not exist")
+    if not is_host_managed(device):
+        raise ZoneError(f"{device} is not a host-managed zoned block device (sysfs queue/zoned)")
+    queue = sysfs_queue(device)
+    fd = os.open(device, os.O_RDONLY)
+    try:
+        zones = report_zones(fd)
+    finally:
+        os.close(fd)
+    sequential = [z for z in zones if z["type"] == BLK_ZONE_TYPE_SEQWRITE_REQ]
+    if not sequential:
+        raise ZoneError(f"{device} has no sequential-write-required zones")
+    return Geometry(
+        device=device,
+        device_zone_size=sequential[0]["len"] * SECTOR,
+        zone_capacity=min(z["capacity"] for z in sequential) * SECTOR,
+        sequential_zones=len(sequential),
+        conventional_zones=sum(1 for z in zones if z["type"] == BLK_ZONE_TYPE_CONVENTIONAL),
+        max_open_zones=_queue_int(queue, "max_open_zones"),
+        max_active_zones=_queue_int(queue, "max_active_zones"),
+        logical_block_size=_queue_int(queue, "logical_block_size") or SECTOR,
+        scheduler=scheduler(queue),
+    )
+
+
+class ZonedBlockDrive(ZonedDrive):
     def __init__(self, device: str):
         self.device = device
-        if not os.path.exists(device):
-            raise DriveMissing(f"zoned block device {device} does not exist")
-        if not is_host_managed(device):
-            raise ZoneError(
-                f"{device} is not a host-managed zoned block device (sysfs queue/zoned)"
-            )
-        queue = sysfs_queue(device)
-        chunk = int((queue / "chunk_sectors").read_text())
-        self.zone_size = chunk * SECTOR
-        try:
-            self.max_open_zones = int((queue / "max_open_zones").read_text())
-        except OSError:
-            self.max_open_zones = 0
+        geometry = read_geometry(device)
+        self.geometry = geometry
+        self.zone_size = geometry.zone_capacity
+        self.device_zone_size = geometry.device_zone_size
+        self.max_open_zones = geometry.max_open_zones
+        self.max_active_zones = geometry.max_active_zones
+        # O_DIRECT: appends are padded to whole logical blocks (at least a page, which the
+        # aligned buffer is anyway)
+        self.write_granularity = max(4096, geometry.logical_block_size)
         self.fd = os.open(device, os.O_RDWR | os.O_DIRECT)
+        # reads go through the page cache (the data path reads fragments of any length);
+        # a reset drops the zone's cached pages (the kernel does, in BLKRESETZONE)
+        self.read_fd = os.open(device, os.O_RDONLY)
         self._lock = lock("drives.zoned_block")
-        self._zones = self._report_all()
+        self._zones = self._report_sequential()
         self.zone_count = len(self._zones)
+        self.off_pointer_errors = 0  # writes the device refused: shingle must never issue one
 
     def present(self) -> bool:
         return os.path.exists(self.device)
 
-    def _report_all(self) -> list[dict]:
-        zones: list[dict] = []
-        sector = 0
-        while True:
-            buf = pack_report_request(sector, 256)
-            fcntl.ioctl(self.fd, BLKREPORTZONE, buf, True)
-            _flags, batch = unpack_report(buf)
-            if not batch:
-                return zones
-            zones.extend(batch)
-            sector = batch[-1]["start"] + batch[-1]["len"]
+    def _report_sequential(self) -> list[dict]:
+        return [z for z in report_zones(self.fd) if z["type"] == BLK_ZONE_TYPE_SEQWRITE_REQ]
 
     def report(self) -> list[ZoneInfo]:
         with self._lock:
-            self._zones = self._report_all()
+            self._zones = self._report_sequential()
         return [
             ZoneInfo(
                 i,
                 z["start"] * SECTOR,
-                z["capacity"] * SECTOR,
+                min(z["capacity"] * SECTOR, self.zone_size),
                 (z["wp"] - z["start"]) * SECTOR,
-                CONDITIONS.get(z["cond"], OFFLINE),
+                self._condition(z),
             )
             for i, z in enumerate(self._zones)
         ]
 
+    @staticmethod
+    def _condition(zone: dict) -> str:
+        return CONDITIONS.get(zone["cond"], OFFLINE)
+
+    def condition(self, idx: int) -> str:
+        """The zone's condition as the device reported it last (``report`` asks again)."""
+        self.check_idx(idx)
+        return self._condition(self._zones[idx])
+
     def write_pointer(self, idx: int) -> int:
         self.check_idx(idx)
         z = self._zones[idx]
+        if self._condition(z) == FULL:
+            return self.zone_size  # a finished zone's pointer is its end: nothing more fits
         return (z["wp"] - z["start"]) * SECTOR
 
     def _range(self, op: int, idx: int) -> None:
@@ -200,25 +290,28 @@ class ZonedBlockDrive(ZonedDrive):
         with self._lock:
             z = self._zones[idx]
             wp = (z["wp"] - z["start"]) * SECTOR
-            self._check_append(
-                idx,
-                offset,
-                len(data),
-                wp,
-                z["capacity"] * SECTOR,
-                CONDITIONS.get(z["cond"], OFFLINE),
-            )
-            length = -(-len(data) // 4096) * 4096
-            # O_DIRECT wants aligned memory and lengths: pad the tail (the zone
-            # moves by the padded length)
+            length = -(-len(data) // self.write_granularity) * self.write_granularity
+            self._check_append(idx, offset, length, wp, self.zone_size, self._condition(z))
+            # O_DIRECT wants aligned memory and lengths: an anonymous map is page-aligned;
+            # the tail is padded with zeros (the zone moves by the padded length)
             buf = mmap.mmap(-1, length)
-            buf[: len(data)] = bytes(data)
             try:
+                buf[: len(data)] = bytes(data)
                 os.pwrite(self.fd, buf, z["start"] * SECTOR + offset)
-            except OSError:
+            except OSError as exc:
                 self.write_errors += 1
+                if exc.errno in (errno.EIO, errno.EREMOTEIO):
+                    # the device may have taken part of it: its own pointer is the truth now
+                    self.off_pointer_errors += 1
+                    self._zones = self._report_sequential()
                 raise
+            finally:
+                buf.close()
             z["wp"] += length // SECTOR
+            if z["cond"] in (0x1, 0x4):
+                z["cond"] = 0x2  # a write opens an empty or closed zone implicitly
+            if z["wp"] - z["start"] >= z["capacity"]:
+                z["cond"] = 0xE  # the device reports the zone full once its capacity is written
             self.bytes_written += length
         if durable:
             self.sync(idx)
@@ -226,11 +319,11 @@ class ZonedBlockDrive(ZonedDrive):
             self.model.on_write(self.model_key, z["start"] * SECTOR + offset, length)
 
     def read_into(self, idx: int, offset: int, buffers: list) -> int:
+        self.check_idx(idx)
         z = self._zones[idx]
         want = sum(len(b) for b in buffers)
         try:
-            with open(self.device, "rb", buffering=0) as raw:
-                got = os.preadv(raw.fileno(), buffers, z["start"] * SECTOR + offset)
+            got = os.preadv(self.read_fd, buffers, z["start"] * SECTOR + offset)
         except OSError:
             self.read_errors += 1
             raise
@@ -239,23 +332,37 @@ class ZonedBlockDrive(ZonedDrive):
             self.model.on_read(self.model_key, z["start"] * SECTOR + offset, got)
         return min(got, want)
 
+    def will_read(self, idx: int, offset: int, length: int) -> None:
+        z = self._zones[idx]
+        os.posix_fadvise(self.read_fd, z["start"] * SECTOR + offset, length, os.POSIX_FADV_WILLNEED)
+
     def sync(self, idx: int) -> None:
-        os.fsync(self.fd)
+        os.fsync(self.fd)  # a cache flush to the device
 
     def reset(self, idx: int) -> None:
-        self._range(BLKRESETZONE, idx)
-        self._zones[idx]["wp"] = self._zones[idx]["start"]
+        with self._lock:
+            self._range(BLKRESETZONE, idx)
+            z = self._zones[idx]
+            z["wp"], z["cond"] = z["start"], 0x1
         if self.model is not None:
-            self.model.on_reset(self.model_key, self._zones[idx]["start"] * SECTOR, self.zone_size)
+            self.model.on_reset(self.model_key, z["start"] * SECTOR, self.device_zone_size)
 
     def open_zone(self, idx: int) -> None:
-        self._range(BLKOPENZONE, idx)
+        with self._lock:
+            self._range(BLKOPENZONE, idx)
+            self._zones[idx]["cond"] = 0x3
 
     def close_zone(self, idx: int) -> None:
-        self._range(BLKCLOSEZONE, idx)
+        with self._lock:
+            self._range(BLKCLOSEZONE, idx)
+            z = self._zones[idx]
+            z["cond"] = 0x1 if z["wp"] == z["start"] else 0x4
 
     def finish_zone(self, idx: int) -> None:
-        self._range(BLKFINISHZONE, idx)
+        with self._lock:
+            self._range(BLKFINISHZONE, idx)
+            self._zones[idx]["cond"] = 0xE
 
     def close(self) -> None:
         os.close(self.fd)
+        os.close(self.read_fd)

@@ -446,6 +446,7 @@ def run_vm(
     cpus: int = 2,
     on_line: Callable[[str], None] | None = None,
     systemd: bool = False,
+    extra_args: tuple[str, ...] = (),
 ) -> VmResult:
     """Boot a VM that runs ``program`` (a host path, seen through the shared root) as root
     and powers off. Each ``@@SHINGLE-VM REQUEST text`` line it prints calls ``requests(text)``
@@ -454,7 +455,7 @@ def run_vm(
     ``systemd``: boot the host's systemd as PID 1 and run ``program`` as a oneshot unit
     after multi-user.target (SYSTEMD_SETUP); ``workdir/results`` is the guest's writable
     /mnt/results, and the program's output comes from its program.log when the serial line
-    lost it."""
+    lost it. ``extra_args``: more qemu arguments (disks for the zoned rig)."""
     check_qemu()
     workdir.mkdir(parents=True, exist_ok=True)
     initrd = build_initramfs(kernel, workdir / "initramfs.cpio")
@@ -507,6 +508,7 @@ def run_vm(
         "-virtfs",
         "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
         *extra,
+        *extra_args,
     ]
     started = time.monotonic()
     proc = subprocess.Popen(
