@@ -24,10 +24,13 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # strace: a test reads the compiled drive writers' system calls;
 # etcd-server, etcd-client, patroni: the cluster test bed (tests/cluster) runs etcd and
 # PostgreSQL under Patroni in network namespaces; iproute2 makes those namespaces.
+# tcmu-runner, kmod, e2fsprogs: the zoned-device rig (tests/kernel/test_zoned.py): SCSI ZBC disks
+# through tcmu-runner's file_zbc handler, kmod's depmod and modprobe for the guest's module tree,
+# an ext4 image holding the ZBC backing files.
 apt_packages=${SHINGLE_APT_PACKAGES:-"postgresql chromium libnfs-utils systemd smartmontools nfs-ganesha nfs-ganesha-vfs
   samba samba-vfs-modules samba-common-bin smbclient libnss-wrapper fuse3 libfuse3-dev pkg-config
   qemu-system-x86 busybox-static nfs-common keyutils fio attr gcc python3-dev python3-venv
-  openssl strace etcd-server etcd-client patroni iproute2"}
+  openssl strace etcd-server etcd-client patroni iproute2 tcmu-runner kmod e2fsprogs"}
 missing=()
 for pkg in $apt_packages; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
