@@ -92,7 +92,16 @@ def make_zbc(name: str, size_mib: int, options: str, wwn: int) -> str:
     config = f"zbc/{options}@{backing}" if options else f"zbc/{backing}"
     (device / "control").write_text(f"dev_config={config}")
     (device / "control").write_text(f"dev_size={size_mib << 20}")
-    (device / "enable").write_text("1")
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            (device / "enable").write_text("1")
+            break
+        except BlockingIOError:
+            # EAGAIN: the kernel's netlink call found no tcmu-runner ready to answer yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
     naa = f"naa.5001405{wwn:09x}"
     lun = LOOPBACK / naa / "tpgt_1" / "lun" / "lun_0"
     before = set(glob.glob("/sys/block/sd*"))
