@@ -7,6 +7,8 @@ a real etcd (tests/etcdserver.py)."""
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 import time
 
@@ -21,6 +23,7 @@ from engine import jobs
 from engine.catalog import fence as leader_fence
 from engine.catalog.models import Setting
 from engine.cluster.etcd import EtcdClient
+from engine.errors import ConfigError
 
 TTL_S = 2
 SETTINGS = Setting.__table__
@@ -228,3 +231,65 @@ def test_a_leader_the_catalog_fences_steps_down_and_runs_nothing(hosts):
     assert jobs.get(host.catalog, job_id).state == "queued"
     assert leader_fence.current(host.catalog).holder == "elsewhere"
     assert token < 10**9
+
+
+def test_a_cli_job_command_on_a_cluster_host_is_run_by_the_leader(etcd_one, tmp_path):
+    """`shingle scrub` where [cluster] is set queues the job, and the leader (here a daemon's
+    maintenance thread with the drives) runs it; the CLI prints its result."""
+    import subprocess
+    import sys
+
+    home = tmp_path / "node"
+    init = subprocess.run(
+        [sys.executable, "-m", "appliance.cli", "init", str(home), "--drive-size", "64MiB",
+         "--zone-size", "8MiB", "--no-preallocate"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert init.returncode == 0, init.stderr
+    path = home / "shingle.toml"
+    text = path.read_text()
+    for line, value in (
+        ('etcd_endpoints = ""', f'etcd_endpoints = "{etcd_one.endpoints[0]}"'),
+        ('name = ""', 'name = "node1"'),
+        ("lease_ttl_s = 10.0", f"lease_ttl_s = {TTL_S}"),
+    ):
+        text, count = re.subn(rf"^#? ?{re.escape(line)}$", value, text, flags=re.M)
+        assert count == 1, line
+    path.write_text(text)
+    config = config_mod.load(path)
+    with Appliance(config) as appliance:
+        loop = Maintenance(
+            appliance, tick_s=0.05, leader=maintenance_leader(config, appliance.catalog)
+        )
+        loop.start()
+        try:
+            assert loop.leader is not None and loop.leader.wait_elected(10)
+            run = subprocess.run(
+                [sys.executable, "-m", "appliance.cli", "-c", str(path), "scrub", "--json"],
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+        finally:
+            loop.stop()
+            loop.join(30)
+    assert run.returncode == 0, run.stderr
+    assert "for the cluster's maintenance leader" in run.stderr
+    job = json.loads(run.stdout)
+    assert (job["kind"], job["state"], job["actor"]) == ("scrub", "done", "cli")
+
+
+def test_cluster_options_are_checked_when_the_config_loads(tmp_path):
+    base = {"appliance": {"data_dir": str(tmp_path)}}
+    for endpoints in ("127.0.0.1:2379", "http://h:1,ftp://h:2", "http://h:port"):
+        with pytest.raises(ConfigError, match="cluster.etcd_endpoints"):
+            config_mod.from_dict({**base, "cluster": {"etcd_endpoints": endpoints}})
+    with pytest.raises(ConfigError, match="cluster.lease_ttl_s"):
+        config_mod.from_dict({**base, "cluster": {"lease_ttl_s": 1}})
+    with pytest.raises(ConfigError, match="cluster.leader"):
+        config_mod.from_dict({**base, "cluster": {"leader": "me"}})
+    good = config_mod.from_dict(
+        {**base, "cluster": {"etcd_endpoints": " http://a:2379, http://b:2379/ ", "name": "x"}}
+    )
+    assert config_mod.etcd_endpoints(good.get("cluster.etcd_endpoints")) == [
+        "http://a:2379",
+        "http://b:2379/",
+    ]
