@@ -10,6 +10,7 @@ each call takes one, as the module functions the CLI and the web UI call always 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -26,6 +27,13 @@ Record = TypeVar("Record")
 def describe(values: Mapping[str, Any]) -> str:
     """An event's "key=value, ..." text of the fields a change set."""
     return ", ".join(f"{k}={v}" for k, v in values.items())
+
+
+def record_of(cls: Any) -> Callable[[Row], Any]:
+    """Row -> the dataclass ``cls``, each field from the column of its name (the column types
+    already give ints, bools and None)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    return lambda row: cls(**{name: row._mapping[name] for name in names})
 
 
 class CrudService(Generic[Record]):

@@ -26,7 +26,7 @@ from engine import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import DIR
 from engine.catalog.models import Export as ExportRow
-from engine.crud import CrudService, describe  # noqa: F401 - describe is re-exported
+from engine.crud import CrudService, describe, record_of  # noqa: F401 - describe is re-exported
 from engine.schema import Field, FieldError, Schema
 
 EXPORTS = ExportRow.__table__
@@ -65,21 +65,6 @@ class Export:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _export(row) -> Export:
-    return Export(
-        int(row.id),
-        row.name,
-        row.path,
-        row.clients,
-        row.access,
-        row.squash,
-        int(row.anon_uid),
-        int(row.anon_gid),
-        int(row.trash_days),
-        bool(row.enabled),
-    )
 
 
 # -- checks of one field ----------------------------------------------------------------------
@@ -254,7 +239,9 @@ class _Exports(CrudService[Export]):
         return errors.Exists(f"export {values['name']!r} exists: {hint}")
 
 
-SERVICE = _Exports(EXPORTS, _export, noun="export", event_prefix="export", id_key="export_id")
+SERVICE = _Exports(
+    EXPORTS, record_of(Export), noun="export", event_prefix="export", id_key="export_id"
+)
 
 
 # -- reading ----------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from sqlalchemy import select
 from engine import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import DIR, REG, Inode, RetentionPolicy
-from engine.crud import CrudService
+from engine.crud import CrudService, record_of
 from engine.events import record, record_in
 from engine.namespace import ROOT, Attr, Namespace
 from engine.namespace.paths import iter_dir, join_path, split_path, walk_subtree
@@ -230,19 +230,6 @@ class _Match:
     attr: Attr
 
 
-def _row_rule(row) -> RetentionRule:
-    return RetentionRule(
-        row.id,
-        row.pattern,
-        row.keep,
-        row.order_by,
-        row.action,
-        bool(row.enabled),
-        row.created_ns,
-        row.last_run_ns,
-    )
-
-
 class _Rules(CrudService[RetentionRule]):
     create_verb = "add"
     name_column = None
@@ -261,7 +248,11 @@ class _Rules(CrudService[RetentionRule]):
 
 
 RULES_SERVICE = _Rules(
-    RULES, _row_rule, noun="retention rule", event_prefix="retention.rule", id_key="rule_id"
+    RULES,
+    record_of(RetentionRule),
+    noun="retention rule",
+    event_prefix="retention.rule",
+    id_key="rule_id",
 )
 
 

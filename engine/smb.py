@@ -28,7 +28,7 @@ from engine import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import SmbShare as ShareRow
 from engine.catalog.models import SmbUser as UserRow
-from engine.crud import CrudService
+from engine.crud import CrudService, record_of
 from engine.events import record_in
 from engine.exports import ACCESS_FIELD, ID_MAX, clean_path, clients_field, path_field
 from engine.schema import Field, FieldError, Schema
@@ -91,23 +91,7 @@ class SmbUser:
         return asdict(self)
 
 
-def _share(row) -> Share:
-    return Share(
-        int(row.id),
-        row.name,
-        row.path,
-        row.access,
-        row.clients,
-        bool(row.guest),
-        row.users,
-        row.read_only_users,
-        bool(row.case_insensitive),
-        bool(row.enabled),
-    )
-
-
-def _user(row) -> SmbUser:
-    return SmbUser(int(row.id), row.name, int(row.uid), int(row.gid))
+_user = record_of(SmbUser)
 
 
 # -- checks of one field ----------------------------------------------------------------------
@@ -303,7 +287,7 @@ class _Shares(CrudService[Share]):
 
 
 SHARE_SERVICE = _Shares(
-    SHARES, _share, noun="SMB share", event_prefix="smb.share", id_key="share_id"
+    SHARES, record_of(Share), noun="SMB share", event_prefix="smb.share", id_key="share_id"
 )
 
 

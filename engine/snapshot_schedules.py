@@ -31,7 +31,7 @@ from sqlalchemy import select
 
 from engine import errors
 from engine.catalog.models import DIR, SnapshotSchedule
-from engine.crud import CrudService
+from engine.crud import CrudService, record_of
 from engine.events import record_in
 from engine.namespace.paths import join_path, split_path
 from engine.ordered_lock import lock
@@ -199,22 +199,7 @@ class PlannedSnapshotAction:
         return asdict(self)
 
 
-def _schedule(row) -> Schedule:
-    return Schedule(
-        row.id,
-        row.path,
-        row.frequency,
-        int(row.interval_s),
-        int(row.offset_s),
-        row.prefix,
-        row.keep_last,
-        row.keep_for_s,
-        bool(row.enabled),
-        row.created_ns,
-        int(row.last_slot_s),
-        row.last_run_ns,
-        row.last_error,
-    )
+_schedule = record_of(Schedule)
 
 
 def _optional_int(what: str, value, minimum: int, maximum: int | None = None) -> int | None:

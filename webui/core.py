@@ -12,7 +12,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from flask import current_app, g, jsonify, redirect, request, session, url_for
+from flask import current_app, g, jsonify, redirect, render_template, request, session, url_for
 
 from engine import errors, health, units
 from engine.schema import FieldError, ValidationError
@@ -137,6 +137,18 @@ def api_failure(exc: Exception):
     if isinstance(exc, errors.FsError):
         return api_error(error_message(exc), error_status(exc))
     return api_error(str(exc), 400)
+
+
+def confirm_page(question: str, action: str, cancel: str, fields: dict | None = None):
+    """The page that asks once more before a destructive change (confirm.html, no JavaScript
+    needed): its form posts ``fields`` and confirm=yes to ``action`` again."""
+    return render_template(
+        "confirm.html",
+        question=question,
+        action=action,
+        cancel=cancel,
+        fields={**(fields or {}), "confirm": "yes"},
+    )
 
 
 def form_errors(exc: Exception) -> dict[str, str]:

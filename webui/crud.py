@@ -68,6 +68,35 @@ class CrudApi:
         }
 
 
+def engine_calls(
+    list_all: Callable, get: Callable, create: Callable, update: Callable, delete: Callable
+) -> tuple[Callable, Callable, Callable, Callable, Callable]:
+    """(list, create, get, update, delete) for a CrudApi, over an engine domain's module
+    functions: they take the catalog first, create and update also the namespace (to check a
+    path), and return records with ``to_dict``."""
+
+    def listed() -> list[dict]:
+        return [record.to_dict() for record in list_all(core.ctx().catalog)]
+
+    def created(values: dict, who: str) -> dict:
+        shingle = core.ctx()
+        made = create(shingle.catalog, values, actor=who, namespace=shingle.namespace)
+        return made.to_dict()
+
+    def got(ref: int) -> dict:
+        return get(core.ctx().catalog, ref).to_dict()
+
+    def updated(ref: int, values: dict, who: str) -> dict:
+        shingle = core.ctx()
+        made = update(shingle.catalog, ref, values, actor=who, namespace=shingle.namespace)
+        return made.to_dict()
+
+    def deleted(ref: int, who: str) -> None:
+        delete(core.ctx().catalog, ref, actor=who)
+
+    return listed, created, got, updated, deleted
+
+
 def register(api: CrudApi, endpoint: Callable[..., Callable]) -> None:
     """The five routes of ``api`` through webui/api.py's ``endpoint`` decorator."""
     summary, described = api.summaries(), api.descriptions()

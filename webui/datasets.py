@@ -393,12 +393,10 @@ def delete_schedule(schedule_id: int):
     except errors.NotFound:
         abort(404)
     if request.form.get("confirm") != "yes":
-        return render_template(
-            "confirm.html",
+        return core.confirm_page(
             question=f"Delete snapshot schedule {schedule_id} of {current.path} "
             f"({current.describe()})? No more snapshots are taken or pruned by it; the "
             "snapshots it took stay.",
-            fields={"confirm": "yes"},
             action=url_for("datasets.delete_schedule", schedule_id=schedule_id),
             cancel=url_for("datasets.index", path=current.path),
         )

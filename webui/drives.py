@@ -282,11 +282,10 @@ def action(drive_id: int):
         clean = ACTION_SCHEMA.from_form({"action": request.form.get("action")})
         if clean["action"] in CONFIRM and request.form.get("confirm") != "yes":
             drive_row(drive_id)  # 404 for a drive that does not exist
-            return render_template(
-                "confirm.html",
+            return core.confirm_page(
                 question=CONFIRM[clean["action"]].format(id=drive_id),
                 action=url_for("drives.action", drive_id=drive_id),
-                fields={"action": clean["action"], "confirm": "yes"},
+                fields={"action": clean["action"]},
                 cancel=url_for("drives.index") + f"#drive-{drive_id}",
             )
         message, job_id = do_action(drive_id, clean["action"], core.actor())
@@ -309,16 +308,12 @@ def add():
         body = NEW_DRIVE_SCHEMA.from_form(request.form)
         if replaces and request.form.get("confirm") != "yes":
             old = drive_row(int(replaces))
-            return render_template(
-                "confirm.html",
+            return core.confirm_page(
                 question=f"Replace drive {old['id']} ({old['state']}, {old['path']}) with "
                 f"{body['path']}? Drive {old['id']} is taken out of use and its fragments are "
                 "rebuilt onto the new drive.",
                 action=url_for("drives.add"),
-                fields={
-                    **{k: v for k, v in request.form.items() if k != "csrf_token"},
-                    "confirm": "yes",
-                },
+                fields={k: v for k, v in request.form.items() if k != "csrf_token"},
                 cancel=url_for("drives.index") + "#add-drive",
             )
         job_id = queue_new_drive(body, core.actor(), int(replaces) if replaces else None)

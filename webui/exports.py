@@ -12,7 +12,7 @@ from engine import errors
 from engine import exports as export_service
 from engine.exports import SQUASH_MODES as SQUASH
 from webui import core
-from webui.crud import CrudApi
+from webui.crud import CrudApi, engine_calls
 
 bp = Blueprint("exports", __name__)
 
@@ -20,30 +20,13 @@ bp = Blueprint("exports", __name__)
 EXPORT_SCHEMA = export_service.SCHEMA
 
 
-def list_exports() -> list[dict]:
-    return [e.to_dict() for e in export_service.list_exports(core.ctx().catalog)]
-
-
-def get_export(export_id: int) -> dict:
-    return export_service.get(core.ctx().catalog, export_id).to_dict()
-
-
-def create_export(values: dict, who: str) -> dict:
-    shingle = core.ctx()
-    return export_service.create(
-        shingle.catalog, values, actor=who, namespace=shingle.namespace
-    ).to_dict()
-
-
-def update_export(export_id: int, values: dict, who: str) -> dict:
-    shingle = core.ctx()
-    return export_service.update(
-        shingle.catalog, export_id, values, actor=who, namespace=shingle.namespace
-    ).to_dict()
-
-
-def delete_export(export_id: int, who: str) -> None:
-    export_service.delete(core.ctx().catalog, export_id, actor=who)
+list_exports, create_export, get_export, update_export, delete_export = engine_calls(
+    export_service.list_exports,
+    export_service.get,
+    export_service.create,
+    export_service.update,
+    export_service.delete,
+)
 
 
 API = CrudApi(
@@ -129,11 +112,9 @@ def delete(export_id: int):
             name = get_export(export_id)["name"]
         except errors.NotFound:
             abort(404)
-        return render_template(
-            "confirm.html",
+        return core.confirm_page(
             question=f"Delete export {name}? NFS clients can no longer mount "
             "it; the files stay in the namespace.",
-            fields={"confirm": "yes"},
             action=url_for("exports.delete", export_id=export_id),
             cancel=url_for("exports.index"),
         )

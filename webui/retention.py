@@ -143,12 +143,10 @@ def delete(rule_id: int):
     try:
         if request.form.get("confirm") != "yes":  # a stray click must not drop a rule
             rule = service().get_rule(rule_id)
-            return render_template(
-                "confirm.html",
+            return core.confirm_page(
                 question=f"Delete retention rule {rule_id} (under {rule.pattern} keep the newest "
                 f"{rule.keep}, {rule.action} the rest)? Scheduled runs stop applying it.",
                 action=url_for("retention.delete", rule_id=rule_id),
-                fields={"confirm": "yes"},
                 cancel=url_for("retention.index"),
             )
         service().delete_rule(rule_id, actor=core.actor())

@@ -15,7 +15,7 @@ from appliance.facade import SambaLayout, SambaPassdb, smb_report
 from engine import errors
 from engine import smb as smb_service
 from webui import core
-from webui.crud import CrudApi
+from webui.crud import CrudApi, engine_calls
 
 bp = Blueprint("smb", __name__)
 
@@ -34,30 +34,13 @@ def passdb() -> SambaPassdb:
 
 
 # -- what the page and the API share ---------------------------------------------------------
-def list_shares() -> list[dict]:
-    return [s.to_dict() for s in smb_service.list_shares(core.ctx().catalog)]
-
-
-def get_share(share_id: int) -> dict:
-    return smb_service.get_share(core.ctx().catalog, share_id).to_dict()
-
-
-def create_share(values: dict, who: str) -> dict:
-    shingle = core.ctx()
-    return smb_service.create_share(
-        shingle.catalog, values, actor=who, namespace=shingle.namespace
-    ).to_dict()
-
-
-def update_share(share_id: int, values: dict, who: str) -> dict:
-    shingle = core.ctx()
-    return smb_service.update_share(
-        shingle.catalog, share_id, values, actor=who, namespace=shingle.namespace
-    ).to_dict()
-
-
-def delete_share(share_id: int, who: str) -> None:
-    smb_service.delete_share(core.ctx().catalog, share_id, actor=who)
+list_shares, create_share, get_share, update_share, delete_share = engine_calls(
+    smb_service.list_shares,
+    smb_service.get_share,
+    smb_service.create_share,
+    smb_service.update_share,
+    smb_service.delete_share,
+)
 
 
 SHARE_API = CrudApi(
@@ -184,11 +167,9 @@ def remove_share(share_id: int):
     except errors.NotFound:
         abort(404)
     if request.form.get("confirm") != "yes":  # connected clients lose the share: ask once more
-        return render_template(
-            "confirm.html",
+        return core.confirm_page(
             question=f"Delete SMB share {name}? Clients can no longer connect "
             "to it; the files stay in the namespace.",
-            fields={"confirm": "yes"},
             action=url_for("smb.remove_share", share_id=share_id),
             cancel=url_for("smb.index"),
         )
@@ -233,11 +214,9 @@ def remove_user(name: str):
     except errors.NotFound:
         abort(404)
     if request.form.get("confirm") != "yes":
-        return render_template(
-            "confirm.html",
+        return core.confirm_page(
             question=f"Remove SMB user {name}? They can no longer connect; "
             "their files keep their owner.",
-            fields={"confirm": "yes"},
             action=url_for("smb.remove_user", name=name),
             cancel=url_for("smb.index"),
         )

@@ -77,12 +77,10 @@ def purge_entry(entry_id: int):
     try:
         entry = trash().find(entry_id)
         if request.form.get("confirm") != "yes":
-            return render_template(
-                "confirm.html",
+            return core.confirm_page(
                 question=f"Purge {entry.trash_path} (deleted from {entry.original_path or '?'})? "
                 "It is removed for good and can no longer be restored.",
                 action=url_for("trash.purge_entry", entry_id=entry_id),
-                fields={"confirm": "yes"},
                 cancel=url_for("trash.index"),
             )
         job_id = queue_purge(core.actor(), entry=entry_id)
@@ -101,11 +99,10 @@ def purge():
         return redirect(url_for("trash.index"))
     older_than_s, question = PURGE_SCOPES[scope]
     if request.form.get("confirm") != "yes":
-        return render_template(
-            "confirm.html",
+        return core.confirm_page(
             question=question,
             action=url_for("trash.purge"),
-            fields={"scope": scope, "confirm": "yes"},
+            fields={"scope": scope},
             cancel=url_for("trash.index"),
         )
     job_id = queue_purge(core.actor(), older_than_s=older_than_s)
