@@ -178,7 +178,7 @@ def check_netns() -> None:
         raise BedUnavailable("the cluster test bed needs root (network namespaces)")
     if shutil.which("ip") is None:
         raise BedUnavailable("the cluster test bed needs iproute2 (the ip command)")
-    probe = f"{PREFIX}{os.getpid()}-probe"
+    probe = f"{PREFIX}{os.getpid()}-netns-check"  # a hyphen: no host of a bed has it
     made = _ip("netns", "add", probe, check=False)
     if made.returncode != 0:
         raise BedUnavailable(f"cannot make a network namespace: {made.stderr.strip()}")
@@ -201,6 +201,18 @@ def check_netns() -> None:
             raise BedUnavailable(f"cannot make a veth pair: {veth.stderr.strip()}")
     finally:
         _ip("netns", "del", probe, check=False)
+
+
+def root_network() -> str:
+    """The machine's own links, addresses, routes and rules, as ``ip`` lists them: a bed must
+    leave them as they were."""
+    return "\n".join(
+        _ip(*args).stdout
+        for args in (
+            ["-o", "link"], ["-o", "addr"], ["route", "show", "table", "all"],
+            ["-6", "route", "show", "table", "all"], ["rule"],
+        )
+    )  # fmt: skip
 
 
 def in_netns(netns: str, work: Callable[[], T]) -> T:
@@ -254,6 +266,7 @@ class Bed:
         self._lock = threading.Lock()
         self._closed = False
         self.restarted_stuck: list[str] = []  # members heal() had to restart (see heal)
+        self.root_network_before = ""  # root_network() when the bed started
 
     # -- life ----------------------------------------------------------------------------------
     def __enter__(self) -> Bed:
@@ -264,6 +277,7 @@ class Bed:
 
     def start(self, timeout: float = 120.0) -> Bed:
         remove_leftovers()
+        self.root_network_before = root_network()
         if _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
         atexit.register(self.close)

@@ -25,6 +25,7 @@ from pathlib import Path
 import psycopg
 import psycopg.conninfo
 import pytest
+from bed import root_network
 from pgserver import free_port
 
 from engine.catalog import Catalog, upgrade
@@ -184,6 +185,7 @@ def fail_primary_under_writes(bed, tmp_path: Path, fail: Callable[[str], None]) 
     back = names_in_root(bed, bed.wait_primary(), database)
     assert not set(outcome.acked) - back, "acknowledged creates lost once the old primary rejoined"
     figures["rejoined_after_restart"] = primary in bed.restarted_stuck
+    assert root_network() == bed.root_network_before, "the machine's own network was changed"
     return figures
 
 
