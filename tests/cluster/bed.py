@@ -304,23 +304,35 @@ class Bed:
 
     def close(self) -> None:
         """Stop every process, delete every namespace and the run folder (also after a failed
-        start; a second call does nothing)."""
+        start; a second call does nothing). Every step is tried even when one fails (a process
+        stuck in the kernel, say); the first failure is raised at the end. In a forked child of
+        the test process it does nothing: the bed is its parent's."""
         with self._lock:
-            if self._closed:
+            if self._closed or os.getpid() != self.pid:
                 return
             self._closed = True
+        failures: list[BaseException] = []
+
+        def attempt(step: Callable[[], object]) -> None:
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - raised once everything was tried
+                failures.append(exc)
+
         for host in self.hosts.values():
-            kill_netns_processes(host.netns)
+            attempt(lambda host=host: kill_netns_processes(host.netns))
             for service in host.services:
                 if service.proc is not None:
-                    service.proc.wait()
+                    attempt(lambda proc=service.proc: proc.wait(10))
         for host in self.hosts.values():
             _ip("netns", "del", host.netns, check=False)
-        kill_netns_processes(self.bridge_netns)
+        attempt(lambda: kill_netns_processes(self.bridge_netns))
         _ip("netns", "del", self.bridge_netns, check=False)
         shutil.rmtree(self.folder, ignore_errors=True)
         atexit.unregister(self.close)
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        if failures:
+            raise failures[0]
 
     # -- hosts ---------------------------------------------------------------------------------
     def add_host(self, name: str, address: str | None = None) -> Host:
