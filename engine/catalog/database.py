@@ -209,6 +209,36 @@ def _pg_connect_defaults(url: str) -> dict[str, object]:
     return {key: value for key, value in wanted.items() if key not in query}
 
 
+class LeaderFenced(RuntimeError):
+    """A write of a maintenance leader that is no longer the leader (never retried):
+    engine/catalog/fence.py."""
+
+
+def _fence_guard(is_sqlite: bool, token: int, still_leader: Callable[[], bool]):
+    """A wrapper of write work that checks the leader fence around it (engine/catalog/fence.py:
+    the row first, FOR SHARE on PostgreSQL so a successor's raise waits for this transaction,
+    and the lease clock before the commit)."""
+    query = "SELECT token FROM leader_fence WHERE id = 1" + ("" if is_sqlite else " FOR SHARE")
+
+    def wrap(work: Callable[[Connection], T]) -> Callable[[Connection], T]:
+        def fenced(conn: Connection) -> T:
+            row = sql_one(conn, query)
+            held = None if row is None else int(row[0])
+            if held != token:
+                raise LeaderFenced(
+                    f"leader token {token} is fenced: the catalog's leader token is {held} "
+                    "(another leader took office)"
+                )
+            result = work(conn)
+            if not still_leader():
+                raise LeaderFenced(f"leader token {token}: the lease was lost before the commit")
+            return result
+
+        return fenced
+
+    return wrap
+
+
 class CatalogUnavailable(RuntimeError):
     """The catalog could not be reached or stayed locked past the deadline."""
 
@@ -545,9 +575,7 @@ class Catalog:
         copy of its context) commits only while the catalog's leader fence holds ``token`` and
         ``still_leader()`` says yes; else it fails with ``LeaderFenced`` (engine/catalog/fence.py).
         Reads are not checked."""
-        from engine.catalog.fence import guard
-
-        reset = _FENCE.set((self, guard(self.engine.dialect.name, token, still_leader)))
+        reset = _FENCE.set((self, _fence_guard(self.is_sqlite, token, still_leader)))
         try:
             yield
         finally:

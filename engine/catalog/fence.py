@@ -8,7 +8,8 @@ revision, which only grows from one leader to the next.
 
 - ``advance(catalog, token, holder)``: a new leader raises the row to its token before it runs
   anything; a token below the row's is refused (that leader is already stale).
-- ``Catalog.fenced(token, still_leader)``: every write transaction run in that context first
+- ``Catalog.fenced(token, still_leader)`` (engine/catalog/database.py, which holds the check so
+  that it imports nothing of this module): every write transaction run in that context first
   reads the row, in the same transaction, and fails with ``LeaderFenced`` unless it holds
   ``token``; before the commit it asks ``still_leader()`` (the local lease clock), so a leader
   that knows its lease is gone stops at once, and one that does not is stopped by the row.
@@ -23,22 +24,18 @@ write transaction holds the write lock from BEGIN IMMEDIATE, so the read is the 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
+from engine.catalog.database import LeaderFenced
 from engine.catalog.models import LeaderFence
+from engine.events import record_in
 
 FENCE = LeaderFence.__table__
 FENCE_ID = 1
-T = TypeVar("T")
-
-
-class LeaderFenced(RuntimeError):
-    """A write of a maintenance leader that is no longer the leader (never retried)."""
+__all__ = ["FenceState", "LeaderFenced", "advance", "current"]
 
 
 @dataclass(frozen=True)
@@ -69,12 +66,21 @@ def advance(catalog, token: int, holder: str) -> bool:
         raise ValueError(f"fence token {token}: expected a positive etcd revision")
 
     def work(conn: Connection) -> bool:
+        before = conn.execute(select(FENCE.c.holder).where(FENCE.c.id == FENCE_ID)).scalar()
         raised = conn.execute(
             FENCE.update()
             .where(FENCE.c.id == FENCE_ID, FENCE.c.token < token)
             .values(token=token, holder=holder, since_ns=time.time_ns())
         ).rowcount
         if raised:
+            record_in(
+                conn,
+                "cluster.leader",
+                f"{holder} took office as the maintenance leader (token {token}"
+                + (f"; after {before})" if before else ")"),
+                actor=holder[:64],
+                details={"token": token, "holder": holder, "previous": before or None},
+            )
             return True
         row = conn.execute(
             select(FENCE.c.token, FENCE.c.holder).where(FENCE.c.id == FENCE_ID)
@@ -84,33 +90,3 @@ def advance(catalog, token: int, holder: str) -> bool:
         return int(row.token) == token and row.holder == holder
 
     return catalog.run(work, tracked=True)  # the fence is cached nowhere
-
-
-def guard(
-    dialect: str, token: int, still_leader: Callable[[], bool]
-) -> Callable[[Callable[[Connection], T]], Callable[[Connection], T]]:
-    """A wrapper of write work that checks the fence around it (see the module docstring)."""
-    query = f"SELECT token FROM leader_fence WHERE id = {FENCE_ID}"
-    if dialect != "sqlite":
-        query += " FOR SHARE"
-
-    def wrap(work: Callable[[Connection], T]) -> Callable[[Connection], T]:
-        def fenced(conn: Connection) -> T:
-            cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-            cursor.execute(query)
-            row = cursor.fetchone()
-            cursor.close()
-            held = None if row is None else int(row[0])
-            if held != token:
-                raise LeaderFenced(
-                    f"leader token {token} is fenced: the catalog's leader token is {held} "
-                    "(another leader took office)"
-                )
-            result = work(conn)
-            if not still_leader():
-                raise LeaderFenced(f"leader token {token}: the lease was lost before the commit")
-            return result
-
-        return fenced
-
-    return wrap

@@ -319,3 +319,25 @@ def test_the_leader_key_deleted_ends_office(etcd_one, leaders):
     # it resigned its lease and campaigns again: a new key, a new and higher token
     new_token = leader.wait_elected(TTL_S + 2)
     assert new_token is not None and new_token > token
+
+
+def test_taking_office_is_an_event(catalog_url):
+    from engine.events import recent
+
+    catalog = Catalog(catalog_url)
+    try:
+        assert leader_fence.advance(catalog, 3, "first")
+        assert leader_fence.advance(catalog, 3, "first")  # the same term again: no new event
+        assert leader_fence.advance(catalog, 8, "second")
+        assert not leader_fence.advance(catalog, 5, "stale")
+        taken = [e for e in recent(catalog, 20) if e.kind == "cluster.leader"]
+        assert [(e.actor, e.details) for e in taken] == [
+            ("second", {"token": 8, "holder": "second", "previous": "first"}),
+            ("first", {"token": 3, "holder": "first", "previous": None}),
+        ]
+        assert (
+            taken[0].message
+            == "second took office as the maintenance leader (token 8; after first)"
+        )
+    finally:
+        catalog.close()
