@@ -48,7 +48,7 @@ class Ancestry:
         self._since = cache.since  # the attribute cache's clearing these answers follow
         self._emptied_at = time.monotonic()
         # a leaf: nothing is taken under it (the catalog is read outside it)
-        self._lock = lock("namespace.ancestry")
+        self.lock = lock("namespace.ancestry")
 
     def is_inside(self, top: int, attr: Attr) -> bool:
         """Whether ``attr``'s inode is ``top`` or lies in its subtree. An unlinked file still
@@ -58,7 +58,7 @@ class Ancestry:
             return True
         cacheable = self.cache.valid()
         table = self._dirs if attr.type == DIR else self._files
-        with self._lock:
+        with self.lock:
             if (
                 self._since != self.cache.since  # the attribute cache was cleared
                 or time.monotonic() - self._emptied_at > CACHE_TTL_S
@@ -72,7 +72,7 @@ class Ancestry:
             lambda conn: sql_one(conn, _INSIDE_SQL, (ino, top, top)) is not None
         )
         if cacheable:
-            with self._lock:
+            with self.lock:
                 if gen == self._gen:
                     if len(table) > ANCESTRY_MAX_ENTRIES:
                         table.clear()
@@ -92,7 +92,7 @@ class Ancestry:
         ``names`` (a data-path commit names none: it changes no link)."""
         if not names:
             return
-        with self._lock:
+        with self.lock:
             if len({parent for parent, _ in names}) > 1:  # a rename to another directory
                 self._forget_all()
                 return

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from engine import ordered_lock
+from engine import errors, ordered_lock
 from engine.ordered_lock import LockOrderError
 
 
@@ -83,3 +83,27 @@ def test_every_rank_is_in_the_architecture_table():
     doc = (Path(__file__).parents[2] / "docs" / "ARCHITECTURE.md").read_text()
     missing = [name for name in ordered_lock.RANKS if f"`{name}`" not in doc]
     assert not missing, f"docs/ARCHITECTURE.md's lock table lacks {missing}"
+
+
+def test_the_namespace_locks_are_ranked_and_taken_in_order(sqlite_engine):
+    """The namespace's cache and ancestry locks are taken by change listeners, also under the
+    data path's commit lock; its open references inside namespace transactions."""
+    from engine.namespace import ROOT
+
+    ns = sqlite_engine.ns
+    for held in (ns.cache.lock, ns.ancestry.lock, ns.open_refs.lock):
+        assert isinstance(held, ordered_lock.CheckedLock)
+    top = ns.mkdir(ROOT, ns.root_ino, "top")
+    ino = ns.create(ROOT, top.ino, "f").ino
+    assert ns.is_inside(top.ino, ns.getattr(ino))
+    ns.open_ref(ino)
+    ns.write(ino, 0, b"x" * 1000)
+    ns.commit(ino)  # the commit listener caches the new size: under datapath.commit
+    assert ns.getattr(ino).size == 1000
+    ns.rename(ROOT, top.ino, "f", ns.root_ino, "f")  # the ancestry listener forgets
+    assert not ns.is_inside(top.ino, ns.getattr(ino))
+    ns.unlink(ROOT, ns.root_ino, "f")  # open: kept until the last close
+    assert ns.read(ino, 0, 10) == b"x" * 10
+    ns.close_ref(ino)
+    with pytest.raises(errors.StaleHandle):
+        ns.getattr(ino)
