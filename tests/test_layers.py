@@ -1,7 +1,9 @@
 """The layers of docs/ARCHITECTURE.md, checked on every import statement (also those inside
 functions): engine/ imports neither appliance/ nor webui/ (migrations/ only to find its
 scripts); appliance/ does not import webui/ (it starts the web UI as a child process); webui/
-reaches appliance/ only through appliance/facade.py; migrations/ use engine/ only."""
+reaches appliance/ only through appliance/facade.py; migrations/ use engine/ only. Inside
+appliance/nfs, the state layer (appliance/nfs/state) is reached through its face and uses no
+more of v4/ than the protocol's numbers and XDR types."""
 
 from __future__ import annotations
 
@@ -69,6 +71,62 @@ def test_the_check_sees_a_forbidden_import(tmp_path, monkeypatch):
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
     found = violations("webui", RULES["webui"])
     assert found == ["webui/page.py:2 imports appliance.status.gather"]
+
+
+# The NFS state layer (appliance/nfs/state) sits between the NFSv4 wire declarations and the
+# protocols that keep state (v4/ and nlm/): it may use v4's numbers and XDR types, nothing
+# else of v4/; the rest of appliance/nfs reaches it through its face (the package's own
+# exports and its two modules of rules, clients and v40), never its internal parts
+NFS_STATE = "appliance.nfs.state"
+STATE_MAY_USE_OF_V4 = ("appliance.nfs.v4.const", "appliance.nfs.v4.types")
+STATE_FACE_MODULES = {"clients", "v40"}
+
+
+def nfs_state_violations() -> list[str]:
+    state_dir = ROOT / "appliance" / "nfs" / "state"
+    internal = {p.stem for p in state_dir.glob("*.py")} - {"__init__"} - STATE_FACE_MODULES
+    out = []
+    for path in sorted((ROOT / "appliance").rglob("*.py")):
+        inside = state_dir in path.parents
+        for line, module in imports_of(path):
+            where = f"{path.relative_to(ROOT)}:{line} imports {module}"
+            if inside:
+                if module.startswith("appliance.nfs.") and not module.startswith(
+                    (f"{NFS_STATE}.", "appliance.nfs.onc.", *STATE_MAY_USE_OF_V4)
+                ):
+                    out.append(where)
+            elif module.startswith(f"{NFS_STATE}."):
+                if module[len(NFS_STATE) + 1 :].split(".")[0] in internal:
+                    out.append(where)
+    return out
+
+
+def test_the_nfs_state_layer_keeps_to_its_place():
+    bad = nfs_state_violations()
+    assert not bad, "the NFS state layer is reached past its face, or reaches up:\n" + "\n".join(
+        bad
+    )
+
+
+def test_the_nfs_state_check_sees_both_ways_past_it(tmp_path, monkeypatch):
+    """Not vacuous: the state importing an NFSv4 operation, and an operation importing a part
+    of the state table, are both caught; the face and v4's types are not."""
+    state = tmp_path / "appliance" / "nfs" / "state"
+    ops = tmp_path / "appliance" / "nfs" / "v4" / "ops"
+    state.mkdir(parents=True)
+    ops.mkdir(parents=True)
+    (state / "locks.py").write_text(
+        "from appliance.nfs.v4.types import LOCK4denied\nfrom appliance.nfs.v4.ops import io\n"
+    )
+    (ops / "io.py").write_text(
+        "from appliance.nfs.state import NfsError, v40\n"
+        "from appliance.nfs.state.locks import lock_range\n"
+    )
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    assert nfs_state_violations() == [
+        "appliance/nfs/state/locks.py:2 imports appliance.nfs.v4.ops.io",
+        "appliance/nfs/v4/ops/io.py:2 imports appliance.nfs.state.locks.lock_range",
+    ]
 
 
 def module_graph(packages) -> dict[str, set[str]]:

@@ -29,14 +29,13 @@ from appliance.nfs.nlm.program import NlmProgram
 from appliance.nfs.onc.connection import RpcConnection
 from appliance.nfs.onc.limits import NetLimits, ReceiveBuffers, RequestBudget
 from appliance.nfs.onc.rpc import InWorker
+from appliance.nfs.state import StateTable, clients
 from appliance.nfs.stats import NfsStats
 from appliance.nfs.v3.mount import MountProgram
 from appliance.nfs.v3.program import Nfs3Program
 from appliance.nfs.v3.types import MOUNT_PROGRAM, NFS_PROGRAM, NFS_V3
-from appliance.nfs.v4 import clients
 from appliance.nfs.v4.const import NFS_V4
 from appliance.nfs.v4.program import Nfs4Program
-from appliance.nfs.v4.state import StateTable
 from engine.blocking import may_block
 from engine.catalog import CatalogUnavailable, CatalogUnreachable
 from engine.ratelog import RateLimitedLog
@@ -526,7 +525,7 @@ class NfsServer:
         self._server = None
         if self.state is not None and self.loop is not None:
             try:  # a clean stop: clients without opens or locks hold no grace at the next start
-                await self.loop.run_in_executor(self.pool, self.state.release_idle_records)
+                await self.loop.run_in_executor(self.pool, self.state.grace.release_idle_records)
             except Exception as exc:  # noqa: BLE001 - the marks only cost a grace period
                 log.warning("client records not updated at stop: %s", exc)
         if self._portmap_server is not None:

@@ -115,7 +115,7 @@ def test_no_grace_period_when_no_previous_client_held_state(stack):
             with cl.open("new.bin", "wb") as f:
                 f.write(b"after")
             assert time.monotonic() - started < 10
-            assert not srv.server.state.in_grace()
+            assert not srv.server.state.grace.in_grace()
         raw = RawClient(port).setup()
         opened = [
             (c.OP_PUTFH, raw.root_fh()),
@@ -175,7 +175,7 @@ def test_a_client_that_held_a_lock_keeps_grace_until_its_reclaim_complete(stack)
         assert again.session([(c.OP_PUTFH, fh), (c.OP_LOCK, lock)])[0] == 0
         assert newcomer.session(new_open)[0] == c.NFS4ERR_GRACE  # not before RECLAIM_COMPLETE
         assert again.session([(c.OP_RECLAIM_COMPLETE, False)])[0] == 0
-        assert not srv.server.state.in_grace()
+        assert not srv.server.state.grace.in_grace()
         st, res = newcomer.session(new_open + [(c.OP_GETFH, None)])
         assert st == 0
         # the reclaimed lock holds against the newcomer
@@ -220,10 +220,10 @@ def test_an_nfsv40_client_ends_its_reclaim_with_its_first_new_open(stack):
         reclaim = open_args("held40", b"owner", raw.clientid, create=False, seqid=1)
         reclaim.claim = (c.CLAIM_PREVIOUS, c.OPEN_DELEGATE_NONE)
         assert raw.v40([(c.OP_PUTFH, fh), (c.OP_OPEN, reclaim)])[0] == 0
-        assert srv.server.state.in_grace()
+        assert srv.server.state.grace.in_grace()
         new_open[1][1].seqid = 2
         assert raw.v40(new_open)[0] == 0
-        assert not srv.server.state.in_grace()
+        assert not srv.server.state.grace.in_grace()
         raw.close()
     finally:
         srv.stop()

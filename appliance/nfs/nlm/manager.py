@@ -24,7 +24,7 @@ from typing import Any
 from appliance.nfs import access
 from appliance.nfs.nlm import types as t
 from appliance.nfs.portmap import RpcCallError, getport, rpc_call
-from appliance.nfs.v4.state import INF, is_write
+from appliance.nfs.state import INF, is_write
 
 log = logging.getLogger("shingle.nfs.nlm")
 
@@ -129,7 +129,7 @@ class NlmManager:
         if self.grace_end and time.monotonic() >= self.grace_end:
             self.grace_end = 0.0
             log.info("NLM grace period over")
-        return bool(self.grace_end) or self.state.in_grace()
+        return bool(self.grace_end) or self.state.grace.in_grace()
 
     def _check_grace(self, reclaim: bool) -> None:
         if self.in_grace() and not reclaim:
@@ -146,7 +146,7 @@ class NlmManager:
         return attr.ino
 
     def _host(self, lock, address: str):
-        return self.state.nlm_host(lock.caller_name, address)
+        return self.state.nlm.host(lock.caller_name, address)
 
     # -- procedures (in worker threads) -------------------------------------------------------
     def test(self, address: str, args):
@@ -155,7 +155,7 @@ class NlmManager:
         ino = self._file(lock.fh, address)
         start, end = nlm_range(lock.l_offset, lock.l_len)
         self._check_grace(False)
-        hit = self.state.nlm_test(
+        hit = self.state.nlm.test(
             self._host(lock, address), owner_of(lock), ino, start, end, args.exclusive
         )
         if hit is None:
@@ -180,7 +180,7 @@ class NlmManager:
         self._check_grace(args.reclaim)
         host = self._host(lock, address)
         key = waiter_key(lock, ino, start, end, args.exclusive)
-        hit = self.state.nlm_lock(host, owner_of(lock), ino, start, end, args.exclusive)
+        hit = self.state.nlm.lock(host, owner_of(lock), ino, start, end, args.exclusive)
         if hit is None:
             with self._mutex:
                 self.waiters.pop(key, None)  # a blocked request picks up its grant
@@ -205,7 +205,7 @@ class NlmManager:
             waiter = self.waiters.pop(waiter_key(lock, ino, start, end, args.exclusive), None)
         if waiter is not None and waiter.granted_at:
             # taken for the waiter, never picked up: the client no longer wants it
-            self.state.nlm_unlock(self._host(lock, address), owner_of(lock), ino, start, end)
+            self.state.nlm.unlock(self._host(lock, address), owner_of(lock), ino, start, end)
             self.retry_waiters()
         return t.NLM4_GRANTED
 
@@ -214,7 +214,7 @@ class NlmManager:
         ino = self._file(lock.fh, address)
         start, end = nlm_range(lock.l_offset, lock.l_len)
         self._check_grace(False)
-        self.state.nlm_unlock(self._host(lock, address), owner_of(lock), ino, start, end)
+        self.state.nlm.unlock(self._host(lock, address), owner_of(lock), ino, start, end)
         self.retry_waiters()
         return t.NLM4_GRANTED
 
@@ -265,7 +265,7 @@ class NlmManager:
                     self.shares[ino] = kept
                 else:
                     del self.shares[ino]
-        freed = self.state.nlm_free_host(name)
+        freed = self.state.nlm.free_host(name)
         self.monitor.unmonitor(name)
         self.retry_waiters()
         return freed
@@ -290,7 +290,7 @@ class NlmManager:
                 continue
             host = self._host(w.lock, w.address)
             if (
-                self.state.nlm_lock(host, owner_of(w.lock), w.ino, w.start, w.end, w.exclusive)
+                self.state.nlm.lock(host, owner_of(w.lock), w.ino, w.start, w.end, w.exclusive)
                 is None
             ):
                 w.granted_at = now
@@ -299,7 +299,7 @@ class NlmManager:
             self.submit(self._call_granted, w)
 
     def _release_grant(self, w: Waiter) -> None:
-        self.state.nlm_unlock(
+        self.state.nlm.unlock(
             self._host(w.lock, w.address), owner_of(w.lock), w.ino, w.start, w.end
         )
 
@@ -379,7 +379,7 @@ class NlmManager:
 
     def _hosts_holding(self) -> set[str]:
         with self.state.lock:
-            held = {name for name, host in self.state.nlm_hosts.items() if host.states}
+            held = {name for name, host in self.state.nlm.hosts.items() if host.states}
         with self._mutex:
             held |= {w.lock.caller_name for w in self.waiters.values()}
             held |= {s.host for shares in self.shares.values() for s in shares}

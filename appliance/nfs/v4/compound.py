@@ -27,10 +27,10 @@ import zlib
 
 from appliance.nfs.access import log_failure, status_of
 from appliance.nfs.onc.xdr import Opaque, Packer, String, UInt, XdrError
+from appliance.nfs.state import NfsError
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.context import CODES, Compound
 from appliance.nfs.v4.registry import TABLE, Op
-from appliance.nfs.v4.state import NfsError
 from appliance.nfs.v4.types import ARGS, RESULTS, STATUS_ONLY
 from engine.blocking import WouldBlock, holding, no_blocking
 

@@ -3,7 +3,7 @@
 Minor version 0 has no SEQUENCE and no sessions: operations past RELEASE_LOCKOWNER are
 NFS4ERR_OP_ILLEGAL. The operations that carry an open- or lock-owner sequence id (OPEN,
 OPEN_CONFIRM, OPEN_DOWNGRADE, CLOSE, LOCK, LOCKU) are checked against the owner's last one
-(appliance.nfs.v4.state40): the next one runs, the same one again gets the owner's cached
+(appliance.nfs.state.v40): the next one runs, the same one again gets the owner's cached
 reply, any other NFS4ERR_BAD_SEQID. That per-owner cache answers a retransmit of those; the
 duplicate request cache (appliance.nfs.onc.drc, by client address, port and xid) answers one of
 any COMPOUND that changed something (a CREATE, REMOVE, WRITE ...) with its first reply.
@@ -25,11 +25,12 @@ import time
 
 from appliance.nfs.onc import drc as onc_drc
 from appliance.nfs.onc.xdr import Packer, UInt, XdrError
-from appliance.nfs.v4 import compound, state40
+from appliance.nfs.state import NfsError
+from appliance.nfs.state import v40 as state40
+from appliance.nfs.v4 import compound
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.context import Compound
 from appliance.nfs.v4.registry import TABLE
-from appliance.nfs.v4.state import NfsError
 from appliance.nfs.v4.types import ARGS
 
 log = logging.getLogger("shingle.nfs")

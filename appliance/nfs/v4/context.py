@@ -8,9 +8,9 @@ from __future__ import annotations
 from appliance.nfs import access
 from appliance.nfs.exports import ExportRule, PseudoDir, pseudo_ino
 from appliance.nfs.fh import KIND_FILE, KIND_PSEUDO
+from appliance.nfs.state import Client, NfsError
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.attrs import AttrError, AttrSubject
-from appliance.nfs.v4.state import Client, NfsError
 from appliance.nfs.v4.types import stateid4
 from engine.catalog.models import DIR
 from engine.namespace import Cred

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from appliance.nfs.state import NfsError
 from appliance.nfs.v4 import attrs as fattr
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.context import Node
-from appliance.nfs.v4.state import NfsError
 from appliance.nfs.v4.types import RESULTS, change_info4
 from engine import errors
 from engine.catalog.models import DIR, LNK

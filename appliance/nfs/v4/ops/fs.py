@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from appliance.nfs import access as export_access
 from appliance.nfs.exports import ExportRule, PseudoDir, pseudo_ino
+from appliance.nfs.state import NfsError
 from appliance.nfs.v4 import attrs as fattr
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.attrs import AttrSubject
 from appliance.nfs.v4.context import CODES, Node
 from appliance.nfs.v4.ops.common import apply_attrs, check_component, cinfo, need_dir, resok
 from appliance.nfs.v4.registry import operation
-from appliance.nfs.v4.state import NfsError
 from appliance.nfs.v4.types import entry4
 from engine import errors
 from engine.blocking import WouldBlock, blocking_forbidden, holding

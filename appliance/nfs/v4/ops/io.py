@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from appliance.nfs.state import NfsError
 from appliance.nfs.v4 import attrs as fattr
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.attrs import MAX_IO, NS
 from appliance.nfs.v4.context import BYPASS_OTHER, Node
 from appliance.nfs.v4.ops.common import apply_attrs, check_component, cinfo, need_dir
 from appliance.nfs.v4.registry import operation
-from appliance.nfs.v4.state import NfsError
 from appliance.nfs.v4.types import RESULTS
 from engine import errors
 from engine.blocking import WouldBlock, blocking_forbidden, holding
@@ -106,10 +106,10 @@ def _open_create(cx, dnode: Node, name: str, how):
 def check_new_lock(state, cl) -> None:
     """A non-reclaim OPEN or LOCK waits for the grace period to end and, from an NFSv4.1
     client, for its own RECLAIM_COMPLETE (RFC 8881 8.4.2.1 and 18.51.3); from an NFSv4.0
-    client it ends that client's reclaim (StateTable.reclaimed40)."""
+    client it ends that client's reclaim (Grace.reclaimed40)."""
     if cl.minor == c.MINOR_VERSION_40:
-        state.reclaimed40(cl)
-    if state.in_grace():
+        state.grace.reclaimed40(cl)
+    if state.grace.in_grace():
         raise NfsError(c.NFS4ERR_GRACE, "server in grace period")
     if cl.minor != c.MINOR_VERSION_40 and not cl.reclaim_complete:
         raise NfsError(c.NFS4ERR_GRACE, "no RECLAIM_COMPLETE from this client yet")
@@ -126,10 +126,10 @@ def open_(cx, a):
     claim, carg = a.claim
     on_loop = blocking_forbidden()
     if on_loop and (
-        claim != c.CLAIM_NULL or a.openhow[0] != c.OPEN4_NOCREATE or state.grace_end
+        claim != c.CLAIM_NULL or a.openhow[0] != c.OPEN4_NOCREATE or state.grace.end
     ):  # (the end of the grace period writes to the catalog)
         raise WouldBlock("an OPEN that creates or reclaims, or in the grace period")
-    grace = state.in_grace()
+    grace = state.grace.in_grace()
     created = False
     attrset: list[int] = []
     change = None
@@ -182,7 +182,7 @@ def open_(cx, a):
             raise NfsError(
                 c.NFS4ERR_ACCESS, f"uid {cred.uid} may not open inode {node.ino} for {want}"
             )
-    st = state.open(cl, bytes(a.owner.owner), node.ino, access, deny)
+    st = state.shares.open(cl, bytes(a.owner.owner), node.ino, access, deny)
     cx.cur = node
     sid = cx.set_stateid(st)
     if change is None:
@@ -218,7 +218,7 @@ def open_downgrade(cx, a):
     node = cx.need_file()
     with cx.state.lock:
         st = open_state(cx, a.open_stateid, node)
-        cx.state.downgrade(st, a.share_access & 0xFF, a.share_deny)
+        cx.state.shares.downgrade(st, a.share_access & 0xFF, a.share_deny)
         return cx.set_stateid(st)
 
 
@@ -229,7 +229,7 @@ def close(cx, a):
         st = open_state(cx, a.open_stateid, node)
         if blocking_forbidden() and (st.locks or not cx.ns.close_ref_is_cheap(st.ino)):
             raise WouldBlock("a CLOSE that drops locks or may free the file")
-        cx.state.close(st)
+        cx.state.shares.close(st)
         return cx.set_stateid(st)
 
 
@@ -277,7 +277,7 @@ def _check_special_io_share(cx, node: Node, sid, want: int) -> None:
     """I/O without an open still meets the deny modes of the OPENs of the file."""
     state = cx.state
     with holding(state.lock, "state lock held"):
-        if state.special_io_denied(node.ino, want, sid.other == BYPASS_OTHER):
+        if state.shares.special_io_denied(node.ino, want, sid.other == BYPASS_OTHER):
             kind = "READ" if want == c.OPEN4_SHARE_ACCESS_READ else "WRITE"
             raise NfsError(
                 c.NFS4ERR_LOCKED, f"{kind} with a special stateid: an OPEN of the file denies it"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from appliance.nfs.state import NfsError, is_write, lock_range
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.ops.io import check_new_lock, need_io_rights, need_regular, open_state
 from appliance.nfs.v4.registry import operation
-from appliance.nfs.v4.state import NfsError, is_write, lock_range
 
 
 # -- byte-range locks ----------------------------------------------------------------------------
@@ -19,7 +19,7 @@ def lock(cx, a):
         raise NfsError(c.NFS4ERR_INVAL, f"lock type {a.locktype}")
     # a lock needs the caller's read permission, not only an open stateid (as knfsd)
     need_io_rights(cx, node, c.OPEN4_SHARE_ACCESS_READ)
-    grace = state.in_grace()
+    grace = state.grace.in_grace()
     if a.reclaim:
         if not grace:
             raise NfsError(c.NFS4ERR_NO_GRACE, "lock reclaim outside the grace period")
@@ -31,14 +31,14 @@ def lock(cx, a):
         new, arg = a.locker
         if new:
             open_st = open_state(cx, arg.open_stateid, node)
-            lk = state.lock_state_for(cl, open_st, bytes(arg.lock_owner.owner))
+            lk = state.locks.state_for(cl, open_st, bytes(arg.lock_owner.owner))
         else:
             lk = state.find(cx.stateid(arg.lock_stateid), cl)
             if lk.kind != "lock" or lk.ino != node.ino:
                 raise NfsError(c.NFS4ERR_BAD_STATEID, "not a lock stateid of this file")
         if is_write(a.locktype) and not lk.open.access & c.OPEN4_SHARE_ACCESS_WRITE:
             raise NfsError(c.NFS4ERR_OPENMODE, "write lock on a file not open for writing")
-        state.add_lock(lk, start, end, a.locktype)
+        state.locks.add(lk, start, end, a.locktype)
         return cx.set_stateid(lk)
 
 
@@ -48,12 +48,12 @@ def lockt(cx, a):
     need_regular(cx, cx.ns.getattr(node.ino), "LOCKT")
     cl = cx.need_client()
     start, end = lock_range(a.offset, a.length)
-    if cx.state.in_grace():
+    if cx.state.grace.in_grace():
         raise NfsError(c.NFS4ERR_GRACE, "server in grace period")
     with cx.state.lock:
-        hit = cx.state.conflict(cl, bytes(a.owner.owner), node.ino, start, end, a.locktype)
+        hit = cx.state.locks.conflict(cl, bytes(a.owner.owner), node.ino, start, end, a.locktype)
         if hit is not None:
-            raise NfsError(c.NFS4ERR_DENIED, "lock conflict", cx.state.denied(hit))
+            raise NfsError(c.NFS4ERR_DENIED, "lock conflict", cx.state.locks.denied(hit))
 
 
 @operation(c.OP_LOCKU)
@@ -64,7 +64,7 @@ def locku(cx, a):
         lk = cx.state.find(cx.stateid(a.lock_stateid), cx.need_client())
         if lk.kind != "lock" or lk.ino != node.ino:
             raise NfsError(c.NFS4ERR_BAD_STATEID, "not a lock stateid of this file")
-        cx.state.unlock(lk, start, end)
+        cx.state.locks.unlock(lk, start, end)
         return cx.set_stateid(lk)
 
 

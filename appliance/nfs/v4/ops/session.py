@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import logging
 
-from appliance.nfs.v4 import clients
+from appliance.nfs.state import NfsError, clients
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.compound import CACHE_LIMIT
 from appliance.nfs.v4.ops.common import need_dir, resok
 from appliance.nfs.v4.ops.fs import lookup
 from appliance.nfs.v4.registry import operation
-from appliance.nfs.v4.state import NfsError
 from appliance.nfs.v4.types import channel_attrs4, nfs_impl_id4, nfstime4
 
 log = logging.getLogger("shingle.nfs")
@@ -146,7 +145,7 @@ def reclaim_complete(cx, one_fs):
     cl = cx.need_client()
     if one_fs:
         return None  # per-filesystem reclaim: nothing migrates here
-    cx.state.reclaim_complete(cl)
+    cx.state.grace.reclaim_complete(cl)
 
 
 @operation(c.OP_BACKCHANNEL_CTL)

@@ -1,7 +1,7 @@
 """NFSv4.0's own operations (RFC 7530) and its versions of shared ones, registered with
 ``@operation40`` (the NFSv4.0 executor, compound40, tries these first):
 
-- client ids: SETCLIENTID, SETCLIENTID_CONFIRM, RENEW (appliance.nfs.v4.state40);
+- client ids: SETCLIENTID, SETCLIENTID_CONFIRM, RENEW (appliance.nfs.state.v40);
 - owners: OPEN (OPEN4_RESULT_CONFIRM for a new open-owner), OPEN_CONFIRM, CLOSE (its
   stateid remembered for a replay), LOCKT (the client is the lock-owner's),
   RELEASE_LOCKOWNER;
@@ -10,13 +10,13 @@
 
 from __future__ import annotations
 
+from appliance.nfs.state import NfsError
+from appliance.nfs.state import v40 as state40
 from appliance.nfs.v4 import attrs as fattr
 from appliance.nfs.v4 import const as c
-from appliance.nfs.v4 import state40
 from appliance.nfs.v4.ops import fs, io, locks, session
 from appliance.nfs.v4.ops.common import resok
 from appliance.nfs.v4.registry import operation40
-from appliance.nfs.v4.state import NfsError
 from appliance.nfs.v4.types import stateid4
 
 

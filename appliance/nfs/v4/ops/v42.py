@@ -6,6 +6,7 @@ RFC 8276 (GETXATTR, SETXATTR, LISTXATTRS, REMOVEXATTR) over the namespace's xatt
 from __future__ import annotations
 
 from appliance.nfs.onc.xdr import Packer
+from appliance.nfs.state import NfsError
 from appliance.nfs.v4 import attrs as fattr
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.attrs import MAX_IO
@@ -13,7 +14,6 @@ from appliance.nfs.v4.context import Node
 from appliance.nfs.v4.ops.common import cinfo, is_utf8, resok
 from appliance.nfs.v4.ops.io import check_io_stateid
 from appliance.nfs.v4.registry import operation
-from appliance.nfs.v4.state import NfsError
 from appliance.nfs.v4.types import read_plus_content, write_response4, xattrkey4
 from engine import errors
 from engine.catalog.models import DIR, REG

@@ -10,17 +10,18 @@ holds no state at once (case 3), and gets NFS4ERR_CLID_INUSE while it holds some
 
 Leases: a client that has not renewed for one lease is expired. This server is courteous
 (8.3): an expired client keeps its state until another client's request conflicts with it
-(StateTable.evict_if_expired drops the expired client then, and the request goes on) or the
+(Leases.evict_if_expired drops the expired client then, and the request goes on) or the
 housekeeping reaps it after COURTESY_LEASES leases. Unconfirmed records go after one lease.
-NFSv4.0 clients (appliance.nfs.v4.state40) share the table and these rules."""
+NFSv4.0 clients (appliance.nfs.state.v40) share the table and these rules."""
 
 from __future__ import annotations
 
 import logging
 import time
 
+from appliance.nfs.state.model import Client, NfsError
+from appliance.nfs.state.table import StateTable
 from appliance.nfs.v4 import const as c
-from appliance.nfs.v4.state import Client, NfsError, StateTable
 
 log = logging.getLogger("shingle.nfs.state")
 
@@ -46,7 +47,7 @@ def exchange_id(
             return conf  # case 6: nothing to update with SP4_NONE and no callbacks
         if conf is not None:
             if conf.principal != principal:  # case 3: a collision of two clients
-                if conf.states and not state.evict_if_expired(conf):
+                if conf.states and not state.leases.evict_if_expired(conf):
                     raise NfsError(c.NFS4ERR_CLID_INUSE, "client owner in use by another principal")
                 # a record without state goes at once (18.35.5 case 3), unlike a restarted
                 # client's (case 5), which must keep working until CREATE_SESSION
@@ -109,11 +110,12 @@ def expire_idle(state: StateTable) -> int:
     confirmed clients went."""
     now = time.monotonic()
     lease = state.lease_seconds
+    busy = state.leases.busy
     with state.lock:
         idle = [
             cl
             for cl in state.clients.values()
-            if cl.confirmed and now - cl.last_renew > lease * COURTESY_LEASES and not state.busy(cl)
+            if cl.confirmed and now - cl.last_renew > lease * COURTESY_LEASES and not busy(cl)
         ]
         for cl in idle:
             log.info("lease of client %x expired", cl.clientid)
@@ -124,5 +126,5 @@ def expire_idle(state: StateTable) -> int:
         for clientid, cl in list(state.unconfirmed40.items()):
             if now - cl.last_renew > lease:
                 del state.unconfirmed40[clientid]
-        state.release_idle_records()  # (ends the grace period when its time is up)
+        state.grace.release_idle_records()  # (ends the grace period when its time is up)
         return len(idle)

@@ -4,7 +4,7 @@ name a client id or a stateid (section 9), and the open- and lock-owners with th
 sequence ids and last replies (section 9.1), which do the job NFSv4.1's session reply
 cache does.
 
-The records live in the one StateTable (appliance.nfs.v4.state), so opens and locks of
+The records live in the one StateTable (appliance.nfs.state), so opens and locks of
 NFSv4.0 and NFSv4.1 clients conflict with each other."""
 
 from __future__ import annotations
@@ -14,15 +14,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from appliance.nfs.state.core import SPECIAL_OTHERS
+from appliance.nfs.state.model import Client, LockState, NfsError, OpenState
+from appliance.nfs.state.table import StateTable
 from appliance.nfs.v4 import const as c
-from appliance.nfs.v4.state import (
-    SPECIAL_OTHERS,
-    Client,
-    LockState,
-    NfsError,
-    OpenState,
-    StateTable,
-)
 from appliance.nfs.v4.types import clientaddr4, stateid4
 
 # An NFSv4.0 client id string and an NFSv4.1 client owner are separate name spaces (a Linux
@@ -238,7 +233,7 @@ def drop_unconfirmed_owner(state: StateTable, cl: Client, owner: Owner) -> None:
         for other in list(cl.states):
             st = state.states.get(other)
             if isinstance(st, OpenState) and st.owner == owner.owner:
-                state.close(st)
+                state.shares.close(st)
         cl.owners.pop((OPEN_OWNER, owner.owner), None)
 
 

@@ -1,0 +1,156 @@
+"""The state table: one per server, shared by NFSv4.0, 4.1 and 4.2 clients and NLM hosts, so
+their share reservations and locks conflict. It is the core (appliance.nfs.state.core: the
+lock, ids and indexes) with its parts, each owning its own data:
+
+  records           client records in the catalog (who may reclaim after a restart)
+  session_records   sessions saved in the catalog, restored at start
+  grace             the grace period after a restart, RECLAIM_COMPLETE
+  leases            lease expiry, courtesy eviction of an expired client in a conflict
+  shares            opens and share reservations
+  locks             byte-range locks
+  nlm               NLM hosts and their locks
+
+What it does itself touches several parts: clients and their sessions made and dropped,
+stateids looked up and freed."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from appliance.nfs.state.core import SPECIAL_OTHERS, StateCore
+from appliance.nfs.state.grace import Grace
+from appliance.nfs.state.leases import Leases
+from appliance.nfs.state.locks import Locks
+from appliance.nfs.state.model import Client, NfsError, OpenState, Session
+from appliance.nfs.state.nlm import NlmLocks
+from appliance.nfs.state.records import ClientRecords
+from appliance.nfs.state.sessions import SessionRecords, new_session
+from appliance.nfs.state.shares import Shares
+from appliance.nfs.v4 import const as c
+
+log = logging.getLogger("shingle.nfs.state")
+
+SLOTS_MAX = 64
+
+
+class StateTable(StateCore):
+    def __init__(self, catalog, namespace, *, lease_seconds: int, grace_seconds: int | None):
+        super().__init__(catalog, namespace, lease_seconds)
+        self.records = ClientRecords(self)
+        self.session_records = SessionRecords(self)
+        self.grace = Grace(self, self.records, self.session_records)
+        self.leases = Leases(self, self.expire_client)
+        self.locks = Locks(self, self.leases)
+        self.shares = Shares(self, self.leases, self.locks, self.records)
+        self.nlm = NlmLocks(self, self.locks)
+        # restart: clients of the previous instance that held opens or locks may reclaim
+        # them, and only they hold the grace period
+        previous = self.records.load_previous()
+        self.reclaimable = {owner for owner, held in previous.items() if held}
+        self.session_records.restore()
+        self.records.forget_stateless(previous)
+        self.grace.start(lease_seconds if grace_seconds is None else grace_seconds)
+
+    # -- clients ---------------------------------------------------------------------------------
+    def client(self, clientid: int) -> Client:
+        cl = self.clients.get(clientid)
+        if cl is None:
+            raise NfsError(c.NFS4ERR_STALE_CLIENTID, f"client id {clientid:x} unknown")
+        return cl
+
+    def confirm(self, cl: Client) -> None:
+        if not cl.confirmed:
+            cl.confirmed = True
+            self.records.record(cl)
+
+    def destroy_client(self, clientid: int) -> None:
+        with self.lock:
+            cl = self.client(clientid)
+            if cl.sessions:
+                raise NfsError(c.NFS4ERR_CLIENTID_BUSY, "client still has sessions")
+            self.expire_client(cl)
+
+    def expire_client(self, cl: Client) -> None:
+        """Drop a client with its sessions and state (and its catalog record)."""
+        for sid in list(cl.sessions):
+            self.sessions.pop(sid, None)
+            try:
+                self.session_records.drop(sid)
+            except Exception:  # noqa: BLE001 - a leftover record is dropped when it is next restored
+                log.exception("could not drop session record")
+        cl.sessions.clear()
+        for other in list(cl.states):
+            st = self.states.get(other)
+            if isinstance(st, OpenState):
+                self.shares.drop(st)
+            elif st is not None:
+                self.locks.drop(st)
+        self.clients.pop(cl.clientid, None)
+        if self.unconfirmed41.get(cl.owner) is cl:
+            del self.unconfirmed41[cl.owner]
+        if self.by_owner.get(cl.owner) is cl:
+            del self.by_owner[cl.owner]
+            if cl.confirmed:
+                try:
+                    self.records.forget_one(cl.owner)
+                except Exception:  # noqa: BLE001 - the catalog may be down; the record only costs a grace period
+                    log.exception("could not forget client record")
+
+    # -- sessions ---------------------------------------------------------------------------------
+    def add_session(self, cl: Client, fore, back) -> Session:
+        nslots = max(1, min(fore.maxrequests, SLOTS_MAX))
+        sess = new_session(os.urandom(16), cl, nslots, fore, back)
+        self.sessions[sess.id] = sess
+        cl.sessions[sess.id] = sess
+        self.session_records.save(sess)
+        return sess
+
+    def session(self, sid: bytes) -> Session:
+        sess = self.sessions.get(sid)
+        if sess is None:
+            raise NfsError(c.NFS4ERR_BADSESSION, "session unknown")
+        return sess
+
+    def destroy_session(self, sid: bytes) -> None:
+        with self.lock:
+            sess = self.session(sid)
+            del self.sessions[sid]
+            sess.client.sessions.pop(sid, None)
+            self.session_records.drop(sid)
+
+    # -- stateids ----------------------------------------------------------------------------------
+    def find(self, stateid, cl: Client | None):
+        st = self.states.get(stateid.other)
+        if st is None:
+            if stateid.other in SPECIAL_OTHERS:  # RFC 8881 8.2.3: not a stale one
+                raise NfsError(c.NFS4ERR_BAD_STATEID, "a special stateid names no open or lock")
+            if self.other_parts(stateid.other)[0] != self.boot:
+                raise NfsError(c.NFS4ERR_STALE_STATEID, "stateid from an earlier server instance")
+            raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid unknown")
+        if cl is not None and st.client is not cl:
+            raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid of another client")
+        if stateid.seqid and stateid.seqid != st.seqid:
+            old = stateid.seqid < st.seqid
+            raise NfsError(
+                c.NFS4ERR_OLD_STATEID if old else c.NFS4ERR_BAD_STATEID,
+                f"stateid seqid {stateid.seqid}, current {st.seqid}",
+            )
+        return st
+
+    def test_stateid(self, stateid, cl: Client) -> int:
+        with self.lock:
+            try:
+                self.find(stateid, cl)
+                return c.NFS4_OK
+            except NfsError as exc:
+                return exc.status
+
+    def free_stateid(self, stateid, cl: Client) -> None:
+        with self.lock:
+            st = self.find(stateid, cl)
+            if st.kind == "open":
+                raise NfsError(c.NFS4ERR_LOCKS_HELD, "an open stateid is freed by CLOSE")
+            if st.ranges:
+                raise NfsError(c.NFS4ERR_LOCKS_HELD, "lock stateid still holds locks")
+            self.locks.drop(st)
