@@ -17,6 +17,7 @@ Either way the agent goes on serving its other connections and new ones."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from engine.ordered_lock import lock
 
 log = logging.getLogger("shingle.agent")
 
+LOCK = "agent.lock"  # in each drive folder, flock'ed by the agent serving it
 BODY_TIMEOUT_S = 10.0  # a header promised a body: it must arrive within this (else: lying length)
 
 
@@ -71,6 +73,7 @@ class AgentDrive:
         ]
         self.uuid = row.uuid
         self.key = wire.drive_key(row.uuid)
+        self._lock_file = _lock_folder(folder)
         self.state = DriveState(row, zones)
         if self.state.backend is None:
             raise errors.ConfigError(
@@ -91,6 +94,20 @@ class AgentDrive:
             "max_open_zones": backend.max_open_zones,
             "write_granularity": backend.write_granularity,
         }
+
+
+def _lock_folder(folder: Path) -> int:
+    """Take the drive folder's agent lock (held while the process lives): two agents writing one
+    drive would interleave appends in its zones."""
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise errors.ConfigError(
+            "agent --drives", str(folder), "a drive no other agent serves (another one does)"
+        ) from None
+    return fd
 
 
 class ReplyTicket(WriteTicket):
@@ -195,6 +212,9 @@ class Connection:
             self._handle(op, request_id, body)
         except (OSError, errors.FsError) as exc:
             self._error(op, request_id, _kind(exc), exc)
+        except Exception as exc:  # a bug: said once in the log, the connection goes on
+            log.exception("agent: %s request from %s failed", wire.OP_NAMES[op], self.peer)
+            self._error(op, request_id, "os", OSError(errno.EIO, f"agent internal error: {exc!r}"))
         return True
 
     def _handle(self, op: int, request_id: int, body) -> None:
@@ -333,10 +353,12 @@ class _Handler(socketserver.BaseRequestHandler):
 class AgentServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # many heads connect at once (socketserver's default backlog is 5)
 
-    def __init__(self, agent: Agent, listen: str):
+    agent: Agent  # set before serving
+
+    def __init__(self, listen: str):
         host, port = parse_address(listen)
-        self.agent = agent
         super().__init__((host, port), _Handler)
 
 
@@ -346,8 +368,12 @@ def serve(
     """Run the agent in the foreground until SIGTERM or SIGINT."""
     import signal
 
-    agent = Agent(folders, host, body_timeout)
-    server = AgentServer(agent, listen)
+    server = AgentServer(listen)  # the address first: a second agent started by mistake stops here
+    try:
+        agent = server.agent = Agent(folders, host, body_timeout)
+    except BaseException:
+        server.server_close()
+        raise
     stop = threading.Event()
 
     def on_signal(signum, frame):

@@ -8,11 +8,13 @@ line; ``--format`` makes those that do not exist yet."""
 from __future__ import annotations
 
 import logging
+import sys
 import uuid as uuidlib
 from pathlib import Path
 
 from appliance import config as config_mod
 from appliance.cli.common import UsageError, load_config, size_arg
+from engine import errors
 
 
 def cmd_agent(args) -> int:
@@ -44,7 +46,12 @@ def cmd_agent(args) -> int:
         ).close()
     if not args.body_timeout > 0:
         raise UsageError("--body-timeout must be > 0 seconds")
-    serve(args.listen, folders, host=args.host, body_timeout=args.body_timeout)
+    try:
+        serve(args.listen, folders, host=args.host, body_timeout=args.body_timeout)
+    except OSError as exc:  # the address is taken, or not this host's
+        if isinstance(exc, errors.FsError):
+            raise
+        raise UsageError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
     return 0
 
 
@@ -56,6 +63,11 @@ def cmd_drives_attach(args) -> int:
     catalog = open_catalog(config)
     try:
         added = add_agent_drives(catalog, args.address)
+    except OSError as exc:  # unreachable, or not an agent
+        if isinstance(exc, errors.FsError):
+            raise
+        print(f"shingle: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     finally:
         catalog.close()
     print(

@@ -54,7 +54,8 @@ class Agent:
         self.port = port
         self.address = f"127.0.0.1:{port}"
         self.folders = [root / name / f"drive-{j}" for j in range(drives)]
-        self.log = root / f"{name}.log"
+        # beside the drives, not in their folder (removed after each test): kept for a failure
+        self.log = root.parent / f"agent-{name}.log"
         self.extra = extra
         self.process: subprocess.Popen | None = None
 

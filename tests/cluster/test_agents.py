@@ -7,11 +7,13 @@ import errno
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections import Counter, defaultdict
 
 import pytest
-from agenthelpers import SMALL, STRIPE, MiB
+from agenthelpers import SMALL, STRIPE, MiB, free_port
 
 from appliance.status import gather
 from engine import errors
@@ -202,6 +204,46 @@ def test_losable_hosts_arithmetic():
     assert losable([2] * 5, 2) == 1
     assert losable([3, 3, 2, 2], 2) == 0
     assert losable([1] * 9, 1) == 1  # a stripe already missing a fragment
+
+
+def shingle(*args, check: bool = True) -> subprocess.CompletedProcess:
+    run = subprocess.run(
+        [sys.executable, "-m", "appliance.cli", *args], capture_output=True, text=True
+    )
+    if check:
+        assert run.returncode == 0, run.stderr
+    return run
+
+
+def test_drives_attach_records_an_agents_drives_on_its_host_and_status_counts_hosts(
+    agents, tmp_path
+):
+    home = tmp_path / "appliance"
+    shingle("init", str(home), "--drive-size", "64MiB", "--zone-size", "4MiB", "--no-preallocate")
+    config = str(home / "shingle.toml")
+    first, second = agents(2, drives=2)
+    for agent in (first, second):
+        said = shingle("-c", config, "drives-attach", agent.address).stdout
+        assert "2 drives of agent" in said
+    assert "all known already" in shingle("-c", config, "drives-attach", first.address).stdout
+    report = json.loads(shingle("-c", config, "status", "--json").stdout)
+    hosts = {d["host"] for d in report["drives"]}
+    assert hosts == {None, first.name, second.name} and len(report["drives"]) == 14
+    assert report["hosts"]["count"] == 3
+    assert "hosts     3; may lose 0 without losing data" in shingle("-c", config, "status").stdout
+    # errors a user can act on, never a traceback
+    second.kill()
+    gone = shingle("-c", config, "drives-attach", second.address, check=False)
+    assert gone.returncode == 1 and "unreachable" in gone.stderr and "Traceback" not in gone.stderr
+    taken = shingle(
+        "agent", "--listen", first.address, "--drives", str(first.folders[0]), check=False
+    )
+    assert taken.returncode == 2 and f"cannot listen on {first.address}" in taken.stderr
+    spare = f"127.0.0.1:{free_port(set())}"
+    twice = shingle("agent", "--listen", spare, "--drives", str(first.folders[1]), check=False)
+    assert twice.returncode == 2 and "a drive no other agent serves" in twice.stderr
+    new = shingle("agent", "--listen", "127.0.0.1:1", "--drives", str(tmp_path / "d"), check=False)
+    assert new.returncode == 2 and "holds no drive: make it with --format" in new.stderr
 
 
 # -- the protocol ---------------------------------------------------------------------------------
