@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
 
@@ -17,7 +18,7 @@ from agenthelpers import SMALL, STRIPE, MiB, free_port
 
 from appliance.status import gather
 from engine import errors
-from engine.catalog.models import Drive, Fragment
+from engine.catalog.models import Drive, Fragment, Zone
 from engine.drives import agentwire as wire
 from engine.drives import format_emulated
 from engine.drives.remote import RemoteDrive, hello
@@ -332,3 +333,96 @@ def test_remote_drive_refuses_wrong_offsets_and_reconnects_after_the_agent_retur
         assert remote.read(1, 4990, 20) == b"a" * 10 + b"b" * 10
     finally:
         remote.close()
+
+
+def test_appends_of_many_heads_land_in_one_stream_per_zone(agents):
+    """Four connections (as four heads) append to one zone at ANY_OFFSET at once: the agent
+    gives each append its own range, the ranges tile the zone from 0 with no gap or overlap,
+    and each reads back where the reply said."""
+    (agent,) = agents(1)
+    drive = hello(agent.address)["drives"][0]
+    key = wire.drive_key(drive["uuid"])
+    landed: list[tuple[int, int, bytes]] = []
+    failures: list[BaseException] = []
+
+    def head(n: int) -> None:
+        try:
+            with connect(agent) as sock:
+                chunks = [os.urandom(1000 + 97 * n + i) for i in range(20)]
+                for i, chunk in enumerate(chunks):  # pipelined: all sent before any reply
+                    fixed = wire.APPEND_FIXED.pack(key, 2, wire.ANY_OFFSET)
+                    wire.send_frame(sock, wire.APPEND, i, fixed, chunk)
+                for _ in chunks:
+                    reply = wire.read_frame(sock)
+                    assert reply.status == 0, reply.body
+                    offset, length = wire.APPEND_REPLY.unpack(reply.body)
+                    landed.append((offset, length, chunks[reply.request_id]))
+        except BaseException as exc:  # noqa: BLE001 - raised in the test's thread below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=head, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures[0]
+    landed.sort()
+    position = 0
+    for offset, length, _chunk in landed:
+        assert offset == position, "the ranges tile the zone"
+        position += length
+    remote = RemoteDrive(agent.address, drive["uuid"], drive["zone_size"], drive["zone_count"])
+    try:
+        assert remote.write_pointer(2) == position
+        for offset, length, chunk in landed:
+            assert length == len(chunk) and remote.read(2, offset, length) == chunk
+    finally:
+        remote.close()
+
+
+def test_bytes_an_agent_holds_past_the_committed_pointer_are_garbage_after_a_restart(
+    agents, head_factory
+):
+    """Durability order: a fragment is durable on its agent before the catalog commits it, so
+    a head that dies in between leaves bytes no committed row references. At the next start
+    the zone reports (one REPORT per drive) past the catalog's pointer: those bytes become the
+    zone's garbage, new fragments go after them, and everything committed reads back."""
+    hosts = agents(10)
+    head = head_factory(hosts)
+    data_a = os.urandom(3 * STRIPE + 123)
+    files = {"a": (make(head, "a", data_a), data_a)}
+    drive = next(iter(head.data.space.drives.values()))
+    zone = next(iter(drive.open.values()))
+    idx, end = zone.idx, zone.wp
+    head.close()
+    # what a head that died after its appends and before its commit leaves on one agent
+    remote = RemoteDrive(drive.path, drive.uuid, drive.zone_size, drive.zone_count)
+    try:
+        remote.append(idx, end, os.urandom(5000), durable=True)
+    finally:
+        remote.close()
+    head.start()
+    report = head.data.recovery_report
+    assert (report.zones_with_garbage, report.garbage_bytes) == (1, 5000)
+    assert report.missing_drives == []
+    data_b = os.urandom(2 * STRIPE)
+    files["b"] = (make(head, "b", data_b), data_b)
+    head.restart()
+    read_all(head, files)
+    zones = Zone.__table__
+    unbalanced = head.catalog.read(
+        lambda conn: conn.execute(
+            zones.select().where(
+                zones.c.write_pointer != zones.c.live_bytes + zones.c.garbage_bytes
+            )
+        ).all()
+    )
+    assert not unbalanced, "every zone: write pointer == live + garbage"
+    garbage = head.catalog.read(
+        lambda conn: conn.execute(
+            zones.select()
+            .with_only_columns(zones.c.garbage_bytes)
+            .where(zones.c.drive_id == drive.id, zones.c.idx == idx)
+        ).scalar_one()
+    )
+    assert garbage >= 5000
