@@ -9,10 +9,22 @@ from __future__ import annotations
 import functools
 import hmac
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from flask import current_app, g, jsonify, redirect, render_template, request, session, url_for
+from flask import (
+    abort,
+    current_app,
+    flash,
+    g,
+    jsonify,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
 
 from engine import errors, health, units
 from engine.schema import FieldError, ValidationError
@@ -149,6 +161,29 @@ def confirm_page(question: str, action: str, cancel: str, fields: dict | None = 
         cancel=cancel,
         fields={**(fields or {}), "confirm": "yes"},
     )
+
+
+def delete_page(
+    find: Callable[[], Any],
+    remove: Callable[[Any], None],
+    *,
+    question: Callable[[Any], str],
+    done: Callable[[Any], str],
+    back: Callable[[Any], str],
+):
+    """A page's delete of an admin object, asked once more first (a stray click must not drop
+    it): 404 when ``find`` finds nothing; without confirm=yes the question, whose form posts
+    here again; with it ``remove``, the message ``done`` and back to the ``back`` page. Each
+    takes what ``find`` returned."""
+    try:
+        found = find()
+        if request.form.get("confirm") != "yes":
+            return confirm_page(question(found), request.script_root + request.path, back(found))
+        remove(found)
+    except errors.NotFound:
+        abort(404)
+    flash(done(found), "ok")
+    return redirect(back(found))
 
 
 def form_errors(exc: Exception) -> dict[str, str]:

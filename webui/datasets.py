@@ -387,22 +387,17 @@ def edit_schedule(schedule_id: int):
 @bp.route("/datasets/schedules/<int:schedule_id>/delete", methods=["POST"])
 @core.login_required
 def delete_schedule(schedule_id: int):
-    sched = scheduler()
-    try:
-        current = sched.get(schedule_id)
-    except errors.NotFound:
-        abort(404)
-    if request.form.get("confirm") != "yes":
-        return core.confirm_page(
-            question=f"Delete snapshot schedule {schedule_id} of {current.path} "
-            f"({current.describe()})? No more snapshots are taken or pruned by it; the "
-            "snapshots it took stay.",
-            action=url_for("datasets.delete_schedule", schedule_id=schedule_id),
-            cancel=url_for("datasets.index", path=current.path),
-        )
-    sched.delete(schedule_id, actor=core.actor())
-    flash(f"snapshot schedule {schedule_id} deleted", "ok")
-    return _back(current.path)
+    return core.delete_page(
+        lambda: scheduler().get(schedule_id),
+        lambda schedule: scheduler().delete(schedule_id, actor=core.actor()),
+        question=lambda schedule: (
+            f"Delete snapshot schedule {schedule_id} of {schedule.path} "
+            f"({schedule.describe()})? No more snapshots are taken or pruned by it; the "
+            "snapshots it took stay."
+        ),
+        done=lambda schedule: f"snapshot schedule {schedule_id} deleted",
+        back=lambda schedule: url_for("datasets.index", path=schedule.path),
+    )
 
 
 @bp.route("/datasets/schedules/preview")

@@ -106,21 +106,14 @@ def edit(export_id: int):
 
 @bp.route("/exports/<int:export_id>/delete", methods=["POST"])
 @core.login_required
-def delete(export_id: int):
-    if request.form.get("confirm") != "yes":  # clients lose the mount: the page asks once more
-        try:
-            name = get_export(export_id)["name"]
-        except errors.NotFound:
-            abort(404)
-        return core.confirm_page(
-            question=f"Delete export {name}? NFS clients can no longer mount "
-            "it; the files stay in the namespace.",
-            action=url_for("exports.delete", export_id=export_id),
-            cancel=url_for("exports.index"),
-        )
-    try:
-        delete_export(export_id, core.actor())
-    except errors.NotFound:
-        abort(404)
-    flash(f"export {export_id} deleted", "ok")
-    return redirect(url_for("exports.index"))
+def delete(export_id: int):  # clients lose the mount
+    return core.delete_page(
+        lambda: get_export(export_id),
+        lambda export: delete_export(export_id, core.actor()),
+        question=lambda export: (
+            f"Delete export {export['name']}? NFS clients can no longer "
+            "mount it; the files stay in the namespace."
+        ),
+        done=lambda export: f"export {export_id} deleted",
+        back=lambda export: url_for("exports.index"),
+    )

@@ -140,20 +140,16 @@ def edit(rule_id: int):
 @bp.route("/retention/rules/<int:rule_id>/delete", methods=["POST"])
 @core.login_required
 def delete(rule_id: int):
-    try:
-        if request.form.get("confirm") != "yes":  # a stray click must not drop a rule
-            rule = service().get_rule(rule_id)
-            return core.confirm_page(
-                question=f"Delete retention rule {rule_id} (under {rule.pattern} keep the newest "
-                f"{rule.keep}, {rule.action} the rest)? Scheduled runs stop applying it.",
-                action=url_for("retention.delete", rule_id=rule_id),
-                cancel=url_for("retention.index"),
-            )
-        service().delete_rule(rule_id, actor=core.actor())
-    except errors.NotFound:
-        abort(404)
-    flash(f"retention rule {rule_id} deleted", "ok")
-    return redirect(url_for("retention.index"))
+    return core.delete_page(
+        lambda: service().get_rule(rule_id),
+        lambda rule: service().delete_rule(rule_id, actor=core.actor()),
+        question=lambda rule: (
+            f"Delete retention rule {rule_id} (under {rule.pattern} keep the "
+            f"newest {rule.keep}, {rule.action} the rest)? Scheduled runs stop applying it."
+        ),
+        done=lambda rule: f"retention rule {rule_id} deleted",
+        back=lambda rule: url_for("retention.index"),
+    )
 
 
 @bp.route("/retention/preview")

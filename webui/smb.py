@@ -161,21 +161,17 @@ def edit_share(share_id: int):
 
 @bp.route("/smb/shares/<int:share_id>/delete", methods=["POST"])
 @core.login_required
-def remove_share(share_id: int):
-    try:
-        name = get_share(share_id)["name"]
-    except errors.NotFound:
-        abort(404)
-    if request.form.get("confirm") != "yes":  # connected clients lose the share: ask once more
-        return core.confirm_page(
-            question=f"Delete SMB share {name}? Clients can no longer connect "
-            "to it; the files stay in the namespace.",
-            action=url_for("smb.remove_share", share_id=share_id),
-            cancel=url_for("smb.index"),
-        )
-    delete_share(share_id, core.actor())
-    flash(f"SMB share {name} deleted", "ok")
-    return redirect(url_for("smb.index"))
+def remove_share(share_id: int):  # connected clients lose the share
+    return core.delete_page(
+        lambda: get_share(share_id),
+        lambda share: delete_share(share_id, core.actor()),
+        question=lambda share: (
+            f"Delete SMB share {share['name']}? Clients can no longer "
+            "connect to it; the files stay in the namespace."
+        ),
+        done=lambda share: f"SMB share {share['name']} deleted",
+        back=lambda share: url_for("smb.index"),
+    )
 
 
 @bp.route("/smb/users", methods=["POST"])
@@ -209,17 +205,12 @@ def change_password(name: str):
 @bp.route("/smb/users/<name>/delete", methods=["POST"])
 @core.login_required
 def remove_user(name: str):
-    try:
-        get_user(name)
-    except errors.NotFound:
-        abort(404)
-    if request.form.get("confirm") != "yes":
-        return core.confirm_page(
-            question=f"Remove SMB user {name}? They can no longer connect; "
-            "their files keep their owner.",
-            action=url_for("smb.remove_user", name=name),
-            cancel=url_for("smb.index"),
-        )
-    delete_user(name, core.actor())
-    flash(f"SMB user {name} removed", "ok")
-    return redirect(url_for("smb.index"))
+    return core.delete_page(
+        lambda: get_user(name),
+        lambda user: delete_user(name, core.actor()),
+        question=lambda user: (
+            f"Remove SMB user {name}? They can no longer connect; their files keep their owner."
+        ),
+        done=lambda user: f"SMB user {name} removed",
+        back=lambda user: url_for("smb.index"),
+    )
