@@ -89,7 +89,9 @@ class Agent:
             )
         return self
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Until it listens: ten agents importing at once on a busy 2-core machine took more
+        than 30 s (about 1 s of CPU each)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.process is not None

@@ -426,3 +426,14 @@ def test_bytes_an_agent_holds_past_the_committed_pointer_are_garbage_after_a_res
         ).scalar_one()
     )
     assert garbage >= 5000
+
+
+def test_the_drive_backends_load_without_the_catalog():
+    """engine.drives (and the agent protocol, RemoteDrive) import no catalog module: only the
+    functions that write drive rows do, when called."""
+    probe = (
+        "import sys, engine.drives, engine.drives.remote, engine.drives.agentwire; "
+        "print(sorted(m for m in sys.modules if m.startswith('engine.catalog')))"
+    )
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "[]"
