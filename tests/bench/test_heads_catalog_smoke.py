@@ -1,0 +1,58 @@
+"""Smoke run of bench/heads_catalog.py (several head processes over one SQLite catalog) so the
+harness cannot rot: tiny sizes, one round of every layout for 1 and 2 heads, their summary lines
+with positive numbers, and what tells the layouts apart: only processes sharing a catalog empty
+each other's namespace caches; plus the cross-process visibility line."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LINE = re.compile(r"^(1_process|2_shared|2_separate|2_threads) (.*)$")
+VISIBILITY = re.compile(r"^visibility (.*)$")
+
+
+def test_heads_catalog_smoke_reports_every_layout(tmp_path):
+    samples_file = tmp_path / "runs.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/heads_catalog.py", "--smoke", "--heads", "1,2", "--rounds", "1"]
+        + ["--json", str(samples_file)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found, visibility = {}, None
+    for line in proc.stdout.splitlines():
+        if match := LINE.match(line):
+            found[match.group(1)] = {
+                k: float(v) for k, v in (pair.split("=") for pair in match.group(2).split())
+            }
+        elif match := VISIBILITY.match(line):
+            visibility = {
+                k: float(v) for k, v in (pair.split("=") for pair in match.group(1).split())
+            }
+    assert set(found) == {"1_process", "2_shared", "2_separate", "2_threads"}, proc.stdout
+    for row in found.values():
+        assert row["ops_per_s"] > 0 and row["cpu_us_per_op"] > 0
+        assert row["small_file_p99_us"] >= row["small_file_p50_us"] > 0
+        assert row["retries"] == 0  # busy waits stay inside SQLite's busy handler
+    # another process's commit moves the epoch: the sharing processes' caches are emptied, while
+    # a lone process's own (tracked) commits evict only what they changed (threads of one process
+    # may empty it now and then: one reads the epoch between another's commit and its tracking)
+    assert found["2_shared"]["cache_clears"] > 0
+    assert found["2_separate"]["cache_clears"] == 0
+    assert found["1_process"]["cache_clears"] == 0
+    assert visibility is not None, proc.stdout
+    assert visibility["rounds"] == 10
+    # a change shows in the other process's next lookup: well under a second even here
+    assert visibility["create_max_us"] < 1e6 and visibility["rename_max_us"] < 1e6
+    runs = json.loads(samples_file.read_text())["runs"]
+    assert len(runs["2 shared"]) == 1
+    lookups = runs["2 shared"][0]["latency"]["lookup"]
+    assert lookups["p99_us"] >= lookups["p50_us"] > 0
