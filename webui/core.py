@@ -27,7 +27,7 @@ from flask import (
 )
 
 from engine import errors, health, units
-from engine.schema import FieldError, ValidationError
+from engine.schema import FieldError, Schema, ValidationError
 
 STATE_CHANGING = ("POST", "PUT", "PATCH", "DELETE")
 CSRF_FIELD = "csrf_token"
@@ -149,6 +149,16 @@ def api_failure(exc: Exception):
     if isinstance(exc, errors.FsError):
         return api_error(error_message(exc), error_status(exc))
     return api_error(str(exc), 400)
+
+
+def posted(schema: Schema) -> dict[str, Any]:
+    """The form as posted, to show again with its errors: an unchecked checkbox sends
+    nothing, so each boolean field of ``schema`` is whether it came."""
+    form: dict[str, Any] = dict(request.form)
+    for f in schema.fields:
+        if f.type == "boolean":
+            form[f.name] = f.name in request.form
+    return form
 
 
 def confirm_page(question: str, action: str, cancel: str, fields: dict | None = None):

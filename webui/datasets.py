@@ -340,8 +340,7 @@ def archive():
 @bp.route("/datasets/schedules", methods=["POST"])
 @core.login_required
 def add_schedule():
-    form: dict[str, object] = dict(request.form)
-    form["enabled"] = "enabled" in request.form
+    form = core.posted(SCHEDULE_SCHEMA)
     try:
         made = add_schedule_from(SCHEDULE_SCHEMA.from_form(_filled(request.form)), core.actor())
     except core.USER_ERRORS as exc:
@@ -370,8 +369,7 @@ def edit_schedule(schedule_id: int):
     form["keep_for"] = current.keep_for_s or ""
     errs, status = {}, 200
     if request.method == "POST":
-        form = dict(request.form)
-        form["enabled"] = "enabled" in request.form
+        form = core.posted(SCHEDULE_SCHEMA)
         try:
             values = engine_fields(SCHEDULE_SCHEMA.from_form(_filled(request.form)))
             made = sched.update(schedule_id, actor=core.actor(), **values)

@@ -46,12 +46,6 @@ API = CrudApi(
 )
 
 
-def _form_values() -> dict:
-    form: dict[str, object] = dict(request.form)
-    form["enabled"] = "enabled" in request.form
-    return form
-
-
 @bp.route("/exports", methods=["GET", "POST"])
 @core.login_required
 def index():
@@ -62,7 +56,7 @@ def index():
             flash(f"export {made['id']} created", "ok")
             return redirect(url_for("exports.index"))
         except core.USER_ERRORS as exc:
-            form, errs, status = _form_values(), core.form_errors(exc), 400
+            form, errs, status = core.posted(EXPORT_SCHEMA), core.form_errors(exc), 400
     config = core.ctx().config
     from webui.quotas import list_quotas
 
@@ -93,7 +87,7 @@ def edit(export_id: int):
             flash(f"export {export_id} saved", "ok")
             return redirect(url_for("exports.index"))
         except core.USER_ERRORS as exc:
-            form, errs, status = _form_values(), core.form_errors(exc), 400
+            form, errs, status = core.posted(EXPORT_SCHEMA), core.form_errors(exc), 400
     return render_template(
         "export_edit.html",
         export_id=export_id,

@@ -106,9 +106,7 @@ def create():
         values = RULE_SCHEMA.from_form(request.form)
         rule_id = create_rule(values, core.actor())
     except core.USER_ERRORS as exc:
-        form: dict[str, object] = dict(request.form)
-        form["enabled"] = "enabled" in request.form
-        return _page(400, form=form, errors=core.form_errors(exc))
+        return _page(400, form=core.posted(RULE_SCHEMA), errors=core.form_errors(exc))
     flash(f"retention rule {rule_id} created: preview it before it runs", "ok")
     return redirect(url_for("retention.preview", rule=rule_id))
 
@@ -129,9 +127,7 @@ def edit(rule_id: int):
             flash(f"retention rule {rule_id} saved", "ok")
             return redirect(url_for("retention.index"))
         except core.USER_ERRORS as exc:
-            form = dict(request.form)
-            form["enabled"] = "enabled" in request.form
-            errs, status = core.form_errors(exc), 400
+            form, errs, status = core.posted(RULE_SCHEMA), core.form_errors(exc), 400
     return render_template(
         "retention_edit.html", rule=rule, form=form, errors=errs, schema=RULE_SCHEMA
     ), status

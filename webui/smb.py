@@ -100,13 +100,6 @@ def status() -> dict:
 
 
 # -- pages -------------------------------------------------------------------------------------
-def _share_form() -> dict:
-    form: dict[str, object] = dict(request.form)
-    for name in ("guest", "case_insensitive", "enabled"):
-        form[name] = name in request.form
-    return form
-
-
 def _page(share_form=None, share_errors=None, user_form=None, user_errors=None, status_code=200):
     return render_template(
         "smb.html",
@@ -134,7 +127,11 @@ def add_share():
     try:
         share = create_share(SHARE_SCHEMA.from_form(request.form), core.actor())
     except core.USER_ERRORS as exc:
-        return _page(share_form=_share_form(), share_errors=core.form_errors(exc), status_code=400)
+        return _page(
+            share_form=core.posted(SHARE_SCHEMA),
+            share_errors=core.form_errors(exc),
+            status_code=400,
+        )
     flash(f"SMB share {share['name']} created", "ok")
     return redirect(url_for("smb.index"))
 
@@ -153,7 +150,7 @@ def edit_share(share_id: int):
             flash(f"SMB share {share['name']} saved", "ok")
             return redirect(url_for("smb.index"))
         except core.USER_ERRORS as exc:
-            form, errs, status_code = _share_form(), core.form_errors(exc), 400
+            form, errs, status_code = core.posted(SHARE_SCHEMA), core.form_errors(exc), 400
     return render_template(
         "smb_share_edit.html", share_id=share_id, form=form, errors=errs, schema=SHARE_SCHEMA
     ), status_code
