@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 
 from engine import errors
 from engine.blocking import holding
-from engine.catalog.database import Catalog, commits_between, in_list, sql, sql_all, sql_one
+from engine.catalog.database import Catalog, in_list, sql, sql_all, sql_one
+from engine.catalog.epoch import commits_between
 from engine.catalog.models import REG
 from engine.catalog.models import Quota as QuotaRow
 from engine.ordered_lock import lock

@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import mmap
 import os
 import random
 import sqlite3
-import struct
 import threading
 import time
 import uuid
@@ -47,7 +45,15 @@ from sqlalchemy.exc import OperationalError as SqlOperationalError
 from sqlalchemy.exc import TimeoutError as SqlTimeout
 
 from engine.blocking import may_block
-from engine.catalog.changes import CHANNEL, KEEPALIVE, WRITER_SETTING, ChangeWatch
+from engine.catalog.changes import CHANNEL, KEEPALIVE, WRITER_SETTING
+from engine.catalog.epoch import (
+    COMMIT_NUMBER,
+    WAL_INDEX_FRAMES,
+    WAL_INDEX_U32,
+    CommitEpoch,
+    database_closed,
+    database_opened,
+)
 from engine.catalog.models import Setting
 from engine.ordered_lock import lock
 from engine.ratelog import OutageLog
@@ -58,15 +64,7 @@ SQLITE_BUSY_TIMEOUT_MS = 5000
 RETRY_DEADLINE_S = 120.0
 PG_RETRY_SQLSTATES = {"40001", "40P01"}  # serialization failure, deadlock
 AFTER_COMMIT = "shingle.after_commit"
-# WAL index header: two 48-byte copies of WalIndexHdr; byte 12 is isInit
-WAL_INDEX_HEADER = 48
-WAL_INDEX_INIT = 12
-WAL_INDEX_U32 = struct.Struct("=I")  # its fields are native byte order
-WAL_INDEX_CHANGE = 8  # offset of iChange: the commit counter
-WAL_INDEX_FRAMES = 16  # offset of mxFrame: frames in the WAL
 CHECKPOINT_FRAMES = 1000  # SQLite's own wal_autocheckpoint default
-TRACKED_KEEP = 4096  # tracked commit numbers remembered; a longer gap clears the caches
-COMMIT_NUMBER = "shingle.commit_number"
 IDLE_SINCE = "shingle.idle_since"
 PG_PING_IDLE_S = 1.0  # a pooled PostgreSQL connection idle this long is pinged before use
 PG_CONNECT_TIMEOUT_S = 3  # per host of a multi-host URL (psycopg tries each in turn)
@@ -126,74 +124,6 @@ def sql_many(conn: Connection, text: str, rows: list) -> None:
 def in_list(ids) -> str:
     """ "(?, ?, ...)" for an IN clause of len(ids) parameters (chunk big lists)."""
     return "(" + ", ".join("?" * len(ids)) + ")"
-
-
-# -shm path -> (inode, map, descriptor). Closing any descriptor of a file drops every POSIX lock
-# this process holds on it, SQLite's own included, and another process that then finds the index
-# unlocked truncates and rebuilds it under our connections (they die of SIGBUS). So a map and its
-# descriptor are closed only once no Catalog of that database is open in this process any more
-# (``_open_databases`` counts them): then no connection of ours holds a lock there to lose.
-_wal_index_maps: dict[str, tuple[int, mmap.mmap, int]] = {}
-# maps of a -shm file that was replaced, kept (with their descriptors) until the database closes
-_wal_index_kept: dict[str, list[tuple[mmap.mmap, int]]] = {}
-_open_databases: dict[str, int] = {}  # SQLite database path -> open Catalogs in this process
-_wal_index_lock = lock("catalog.wal_index")
-
-
-def _map_wal_index(shm_path: str) -> mmap.mmap:
-    """A read-only map of the WAL index header of ``shm_path``, one per file per process."""
-    with _wal_index_lock:
-        known = _wal_index_maps.get(shm_path)
-        if known is not None and known[0] == os.stat(shm_path).st_ino:
-            return known[1]
-        fd = os.open(shm_path, os.O_RDONLY)  # closed with the last Catalog of it (see above)
-        index = mmap.mmap(fd, WAL_INDEX_HEADER * 2, prot=mmap.PROT_READ)
-        if known is not None:
-            _wal_index_kept.setdefault(shm_path, []).append((known[1], known[2]))
-        _wal_index_maps[shm_path] = (os.fstat(fd).st_ino, index, fd)
-        return index
-
-
-def _database_opened(path: str) -> None:
-    with _wal_index_lock:
-        _open_databases[path] = _open_databases.get(path, 0) + 1
-
-
-def _database_closed(path: str) -> None:
-    """The last Catalog of ``path`` in this process closed: its WAL index maps go too (a test
-    run opens a catalog per test and would otherwise keep a descriptor of each)."""
-    with _wal_index_lock:
-        left = _open_databases.get(path, 0) - 1
-        if left > 0:
-            _open_databases[path] = left
-            return
-        _open_databases.pop(path, None)
-        maps = _wal_index_kept.pop(path + "-shm", [])
-        known = _wal_index_maps.pop(path + "-shm", None)
-        if known is not None:
-            maps.append((known[1], known[2]))
-    for index, fd in maps:
-        index.close()
-        os.close(fd)
-
-
-def commits_between(old: int, new: int) -> int:
-    """How many commits epoch ``new`` is past ``old`` (negative: ``new`` was read before ``old``);
-    the WAL index counter is 32 bits and wraps."""
-    ahead = (new - old) & 0xFFFFFFFF
-    return ahead - (1 << 32) if ahead > 0x7FFFFFFF else ahead
-
-
-def _change_counter(index: mmap.mmap) -> int:
-    """The commit counter of a WAL index header, read until both copies agree."""
-    tries = 0
-    while True:
-        header = index[: WAL_INDEX_HEADER * 2]
-        if header[:WAL_INDEX_HEADER] == header[WAL_INDEX_HEADER:] and header[WAL_INDEX_INIT]:
-            return WAL_INDEX_U32.unpack_from(header, WAL_INDEX_CHANGE)[0]
-        tries += 1  # a commit is rewriting the header right now (nanoseconds): read again
-        if tries % 100 == 0:
-            time.sleep(0)
 
 
 def _pg_connect_defaults(url: str) -> dict[str, object]:
@@ -387,20 +317,23 @@ class Catalog:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         self._sqlite_synchronous = sqlite_synchronous.upper()
-        self._watch: sqlite3.Connection | None = None  # SQLite: for the epoch (see epoch())
-        self._watch_lock = lock("catalog.watch")
-        self._wal_index: mmap.mmap | None = None
-        self._tracked: set[int] = set()  # commit numbers of this process's tracked commits
-        self._tracked_order: deque = deque()
-        self._tracked_lock = lock("catalog.tracked")
         self._writers = _WriterQueue()
         self._checkpointing = lock("catalog.checkpoint")
-        # PostgreSQL: the change watch (engine/catalog/changes.py), started by the first epoch()
-        self._changes: ChangeWatch | None = None
-        self._changes_lock = lock("catalog.changes")
         self._writer_token = uuid.uuid4().hex
         # PostgreSQL gone: one line when it starts, a count per interval, one when it is back
         self.outage = OutageLog(log, "catalog")
+        self.epochs = CommitEpoch(
+            self.is_sqlite,
+            make_url(url).database if self.is_sqlite else None,
+            conninfo=self.pg_conninfo,
+            send_ping=self._send_ping,
+            writer_token=self._writer_token,
+            outage=self.outage,
+        )
+        # bound once: the NFS event loop reads the epoch on every cached lookup
+        self.epoch = self.epochs.epoch
+        self.catch_up = self.epochs.catch_up
+        self.only_tracked = self.epochs.only_tracked
         self._database: str | None = None  # SQLite: the file, counted in _open_databases
         if self.is_sqlite:
             self.engine: Engine = create_engine(
@@ -414,7 +347,7 @@ class Catalog:
             database = self.engine.url.database
             self._database = database if database and database != ":memory:" else None
             if self._database is not None:
-                _database_opened(self._database)
+                database_opened(self._database)
             event.listen(self.engine, "connect", self._sqlite_connect)
             event.listen(self.engine, "begin", self._sqlite_begin)
             self._kept: _IdleConnections | None = _IdleConnections(self.engine)
@@ -443,7 +376,7 @@ class Catalog:
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cur.execute(f"PRAGMA synchronous={self._sqlite_synchronous}")
-        if self._open_watch() is not None:
+        if self.epochs.open_watch() is not None:
             # run() checkpoints once it has let go of the writer queue: SQLite's automatic
             # checkpoint runs inside COMMIT, and this process's other writers would wait for it
             cur.execute("PRAGMA wal_autocheckpoint=0")
@@ -503,8 +436,8 @@ class Catalog:
         delay = 0.001
         if write and (fence := _FENCE.get()) is not None and fence[0] is self:
             work = fence[1](work)
-        if tracked and write and self._wal_index is not None:
-            work = self._counting(work)
+        if tracked and write and self.epochs.wal_index is not None:
+            work = self.epochs.counting(work)
         while True:
             queued = self.is_sqlite and write
             try:
@@ -533,7 +466,7 @@ class Catalog:
                             else:
                                 with conn.begin():
                                     result = work(conn)
-                            # set by _counting: the commit went through
+                            # set by CommitEpoch.counting: the commit went through
                             number = info.get(COMMIT_NUMBER)
                         finally:
                             del info[AFTER_COMMIT]
@@ -544,9 +477,9 @@ class Catalog:
                     if queued:
                         self._writers.release()
                 if number is not None:
-                    self._tracked_commit(number)
-                elif write and not tracked and self._changes is not None:
-                    self._changes.moved()  # our own notification is ignored: move it here
+                    self.epochs.tracked_commit(number)
+                elif write and not tracked and self.epochs.changes is not None:
+                    self.epochs.changes.moved()  # our own notification is ignored: move it here
                 for callback in callbacks:
                     callback()
                 if write and self.is_sqlite:
@@ -590,7 +523,7 @@ class Catalog:
         """What SQLite's automatic checkpoint does (PASSIVE, once the WAL holds 1000 frames), run
         by the writer that crossed the mark once its commit is done: outside the writer queue and
         after the commit's callbacks, so neither other writers nor cache evictions wait for it."""
-        index = self._wal_index
+        index = self.epochs.wal_index
         if (
             index is None
             or WAL_INDEX_U32.unpack_from(index, WAL_INDEX_FRAMES)[0] < CHECKPOINT_FRAMES
@@ -672,7 +605,7 @@ class Catalog:
     def read(self, work: Callable[[Connection], T]) -> T:
         return self.run(work, write=False)
 
-    # -- cache validation ------------------------------------------------------
+    # -- cache validation (CommitEpoch)
     @property
     def epoch_is_exact(self) -> bool:
         """Whether ``epoch()`` has moved for every commit made before it is read, by any process
@@ -680,43 +613,6 @@ class Catalog:
         a moment later: fit for bounding how stale a cached fact may be, not for proving that a
         name is missing."""
         return self.is_sqlite
-
-    def epoch(self) -> int | None:
-        """A number that moves whenever any connection, of any process, commits; None while it
-        cannot be told cheaply (then callers must not cache).
-
-        PostgreSQL: the change watch's counter (engine/catalog/changes.py), moved by other
-        writers' notifications and this process's untracked commits, never by its tracked ones;
-        None while the watch is down or has not proved within 1 s that it is caught up.
-
-        SQLite: the change counter in the header of the WAL index (the -shm file every
-        connection maps). Each commit adds one to it and rewrites the header, second copy first,
-        so two equal copies are a consistent header (https://www.sqlite.org/walformat.html).
-        Reading it is a memory read: no lock, no query, nothing that lets go of the GIL, so the
-        NFS event loop may call it. PRAGMA data_version on a watch connection is the fallback
-        where the index cannot be mapped (2 us alone, about 70 us on a busy server)."""
-        if not self.is_sqlite:
-            changes = self._changes if self._changes is not None else self._start_changes()
-            return changes.epoch()
-        index = self._wal_index if self._watch is not None else self._open_watch()
-        if index is not None:
-            return _change_counter(index)
-        may_block("catalog epoch query")
-        with self._watch_lock:
-            watch = self._watch
-            assert watch is not None  # _open_watch opened it
-            return watch.execute("PRAGMA data_version").fetchone()[0]
-
-    def _start_changes(self) -> ChangeWatch:
-        with self._changes_lock:
-            if self._changes is None:
-                self._changes = ChangeWatch(
-                    self.pg_conninfo(),
-                    self._writer_token,
-                    self._send_ping,
-                    outage=self.outage,
-                )
-            return self._changes
 
     def pg_conninfo(self) -> str:
         """The libpq connection string of this PostgreSQL catalog, every host of a multi-host
@@ -735,82 +631,6 @@ class Catalog:
         with self.engine.connect() as conn:
             conn.exec_driver_sql("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
             conn.commit()
-
-    def catch_up(self, timeout: float = 5.0) -> bool:
-        """Return once ``epoch`` reflects every commit that finished before this call: at once
-        on SQLite; on PostgreSQL after a round trip through the change watch (False: it is down
-        or slow, and ``epoch`` says None meanwhile)."""
-        if self.is_sqlite:
-            return True
-        changes = self._changes if self._changes is not None else self._start_changes()
-        if not changes.wait_ready(timeout):
-            return False
-        return changes.catch_up(timeout)
-
-    def only_tracked(self, old: int, new: int) -> bool:
-        """Whether every commit that moved the epoch from ``old`` to ``new`` was a tracked commit of
-        this process (``run(tracked=True)``). A ``new`` older than ``old``
-        (read before it) is True."""
-        if old == new:
-            return True
-        if self._wal_index is None:
-            return False
-        ahead = commits_between(old, new)
-        if ahead < 0:
-            return True
-        if ahead > TRACKED_KEEP:
-            return False
-        tracked = self._tracked
-        return all((old + i) & 0xFFFFFFFF in tracked for i in range(1, ahead + 1))
-
-    def _counting(self, work):
-        """``work`` that notes, inside its write transaction, which number its commit will get."""
-        index = self._wal_index
-        assert index is not None, "run() counts commits only with the WAL index mapped"
-
-        def counted(conn):
-            raw = conn.connection.driver_connection
-            before = raw.total_changes
-            result = work(conn)
-            # we hold the write lock: no commit can move the counter until ours; a transaction
-            # that changed no row commits no frames and moves nothing
-            if raw.total_changes != before:
-                conn.info[COMMIT_NUMBER] = (_change_counter(index) + 1) & 0xFFFFFFFF
-            return result
-
-        return counted
-
-    def _tracked_commit(self, number: int) -> None:
-        with self._tracked_lock:
-            self._tracked.add(number)
-            self._tracked_order.append(number)
-            while len(self._tracked_order) > TRACKED_KEEP:
-                self._tracked.discard(self._tracked_order.popleft())
-
-    def _open_watch(self):
-        """Open the watch connection and map the WAL index; returns the map or None."""
-        with self._watch_lock:
-            if self._watch is None:
-                path = self.engine.url.database
-                assert path is not None, "the watch is opened on SQLite catalogs only (a file)"
-                watch = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-                watch.execute(
-                    "PRAGMA journal_mode=WAL"
-                ).fetchone()  # the first connection may be this one
-                watch.execute(
-                    "PRAGMA data_version"
-                ).fetchone()  # reading maps (creates) the WAL index
-                # while the watch connection is open, SQLite keeps the -shm file in place
-                try:
-                    self._wal_index = _map_wal_index(path + "-shm")
-                except (OSError, ValueError) as exc:
-                    log.debug(
-                        "catalog: no WAL index to map (%s); cache checks query PRAGMA data_version",
-                        exc,
-                    )
-                    self._wal_index = None
-                self._watch = watch
-        return self._wal_index
 
     # -- settings --------------------------------------------------------------
     def get_setting(self, key: str, default: str | None = None) -> str | None:
@@ -833,16 +653,10 @@ class Catalog:
         self.run(work, tracked=True)  # settings are cached nowhere
 
     def close(self) -> None:
-        if self.is_sqlite and self._watch is not None:
-            self._wal_index = None  # the map stays open while another Catalog of the file is
-            self._watch.close()
-            self._watch = None
-        if self._changes is not None:
-            self._changes.close()
-            self._changes = None
+        self.epochs.close()
         if self._kept is not None:
             self._kept.close()
         self.engine.dispose()
         if self._database is not None:  # once: a second close() must not count again
             database, self._database = self._database, None
-            _database_closed(database)
+            database_closed(database)

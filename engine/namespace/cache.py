@@ -20,7 +20,8 @@ from __future__ import annotations
 import time
 from typing import TypeVar
 
-from engine.catalog.database import Catalog, commits_between
+from engine.catalog.database import Catalog
+from engine.catalog.epoch import commits_between
 from engine.namespace.common import CACHE_MAX_ENTRIES, CACHE_TTL_S, DIR, Attr
 from engine.ordered_lock import lock
 

@@ -40,7 +40,7 @@ def _libpq(url: str, **changes) -> str:
 
 
 def _watch_pid(catalog: Catalog) -> int:
-    changes = catalog._changes
+    changes = catalog.epochs.changes
     assert changes is not None and changes.backend_pid is not None
     return changes.backend_pid
 

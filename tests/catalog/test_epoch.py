@@ -28,7 +28,7 @@ def _commit_elsewhere(url: str) -> None:
 
 def test_epoch_moves_with_every_commit_and_only_then(sqlite_catalog):
     first = sqlite_catalog.epoch()
-    assert sqlite_catalog._wal_index is not None, "the WAL index was not mapped"
+    assert sqlite_catalog.epochs.wal_index is not None, "the WAL index was not mapped"
     assert sqlite_catalog.epoch() == first
     sqlite_catalog.read(lambda conn: sql(conn, "SELECT COUNT(*) FROM inodes").fetchall())
     assert sqlite_catalog.epoch() == first, "a read moved the epoch"
@@ -80,7 +80,7 @@ def test_without_the_wal_index_the_epoch_still_moves(sqlite_catalog):
     sqlite_catalog.epoch()
     # a filesystem that cannot map the index is not at hand: take the map away (not closing it:
     # that would drop this process's locks on the index)
-    sqlite_catalog._wal_index = None
+    sqlite_catalog.epochs.wal_index = None
     first = sqlite_catalog.epoch()
     assert sqlite_catalog.epoch() == first
     _commit_elsewhere(sqlite_catalog.url)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from engine.catalog import database
+from engine.catalog import database, epoch
 from engine.catalog.database import CatalogUnavailable, sql
 
 
@@ -58,11 +58,11 @@ def test_a_writer_gets_its_turn_between_another_threads_transactions(sqlite_cata
 def test_the_wal_is_checkpointed_outside_the_writers_turn(sqlite_catalog):
     catalog = sqlite_catalog
     catalog.epoch()  # maps the WAL index
-    index = catalog._wal_index
+    index = catalog.epochs.wal_index
     assert index is not None
     for i in range(3 * database.CHECKPOINT_FRAMES):
         catalog.run(lambda conn, i=i: _note(conn, i))
-    frames = struct.unpack_from("=I", index, database.WAL_INDEX_FRAMES)[0]
+    frames = struct.unpack_from("=I", index, epoch.WAL_INDEX_FRAMES)[0]
     # each commit adds a frame or two; without our checkpoints (SQLite's are off) it passes 3,000
     assert frames < database.CHECKPOINT_FRAMES + 50, f"{frames} frames in the WAL"
     wal = catalog.engine.url.database + "-wal"

@@ -1,0 +1,251 @@
+"""How a cache tells that the catalog changed: the commit epoch (see CommitEpoch), and on
+SQLite the WAL index header it is read from, mapped once per file per process."""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import sqlite3
+import struct
+import time
+from collections import deque
+from collections.abc import Callable
+
+from engine.blocking import may_block
+from engine.catalog.changes import ChangeWatch
+from engine.ordered_lock import lock
+from engine.ratelog import OutageLog
+
+log = logging.getLogger("shingle.catalog")
+
+# WAL index header: two 48-byte copies of WalIndexHdr; byte 12 is isInit
+WAL_INDEX_HEADER = 48
+WAL_INDEX_INIT = 12
+WAL_INDEX_U32 = struct.Struct("=I")  # its fields are native byte order
+WAL_INDEX_CHANGE = 8  # offset of iChange: the commit counter
+WAL_INDEX_FRAMES = 16  # offset of mxFrame: frames in the WAL
+TRACKED_KEEP = 4096  # tracked commit numbers remembered; a longer gap clears the caches
+COMMIT_NUMBER = "shingle.commit_number"
+
+
+# -shm path -> (inode, map, descriptor). Closing any descriptor of a file drops every POSIX lock
+# this process holds on it, SQLite's own included, and another process that then finds the index
+# unlocked truncates and rebuilds it under our connections (they die of SIGBUS). So a map and its
+# descriptor are closed only once no Catalog of that database is open in this process any more
+# (``_open_databases`` counts them): then no connection of ours holds a lock there to lose.
+_wal_index_maps: dict[str, tuple[int, mmap.mmap, int]] = {}
+# maps of a -shm file that was replaced, kept (with their descriptors) until the database closes
+_wal_index_kept: dict[str, list[tuple[mmap.mmap, int]]] = {}
+_open_databases: dict[str, int] = {}  # SQLite database path -> open Catalogs in this process
+_wal_index_lock = lock("catalog.wal_index")
+
+
+def map_wal_index(shm_path: str) -> mmap.mmap:
+    """A read-only map of the WAL index header of ``shm_path``, one per file per process."""
+    with _wal_index_lock:
+        known = _wal_index_maps.get(shm_path)
+        if known is not None and known[0] == os.stat(shm_path).st_ino:
+            return known[1]
+        fd = os.open(shm_path, os.O_RDONLY)  # closed with the last Catalog of it (see above)
+        index = mmap.mmap(fd, WAL_INDEX_HEADER * 2, prot=mmap.PROT_READ)
+        if known is not None:
+            _wal_index_kept.setdefault(shm_path, []).append((known[1], known[2]))
+        _wal_index_maps[shm_path] = (os.fstat(fd).st_ino, index, fd)
+        return index
+
+
+def database_opened(path: str) -> None:
+    with _wal_index_lock:
+        _open_databases[path] = _open_databases.get(path, 0) + 1
+
+
+def database_closed(path: str) -> None:
+    """The last Catalog of ``path`` in this process closed: its WAL index maps go too (a test
+    run opens a catalog per test and would otherwise keep a descriptor of each)."""
+    with _wal_index_lock:
+        left = _open_databases.get(path, 0) - 1
+        if left > 0:
+            _open_databases[path] = left
+            return
+        _open_databases.pop(path, None)
+        maps = _wal_index_kept.pop(path + "-shm", [])
+        known = _wal_index_maps.pop(path + "-shm", None)
+        if known is not None:
+            maps.append((known[1], known[2]))
+    for index, fd in maps:
+        index.close()
+        os.close(fd)
+
+
+def commits_between(old: int, new: int) -> int:
+    """How many commits epoch ``new`` is past ``old`` (negative: ``new`` was read before ``old``);
+    the WAL index counter is 32 bits and wraps."""
+    ahead = (new - old) & 0xFFFFFFFF
+    return ahead - (1 << 32) if ahead > 0x7FFFFFFF else ahead
+
+
+def change_counter(index: mmap.mmap) -> int:
+    """The commit counter of a WAL index header, read until both copies agree."""
+    tries = 0
+    while True:
+        header = index[: WAL_INDEX_HEADER * 2]
+        if header[:WAL_INDEX_HEADER] == header[WAL_INDEX_HEADER:] and header[WAL_INDEX_INIT]:
+            return WAL_INDEX_U32.unpack_from(header, WAL_INDEX_CHANGE)[0]
+        tries += 1  # a commit is rewriting the header right now (nanoseconds): read again
+        if tries % 100 == 0:
+            time.sleep(0)
+
+
+class CommitEpoch:
+    """A number that moves with every commit to the catalog, by any process, and which of those
+    commits were this process's tracked ones: what the namespace's and the quotas' caches check
+    before they trust an entry. SQLite: the WAL index's change counter, read in place. PostgreSQL:
+    the change watch (engine/catalog/changes.py), started by the first ``epoch()``."""
+
+    def __init__(
+        self,
+        is_sqlite: bool,
+        path: str | None,
+        *,
+        conninfo: Callable[[], str],
+        send_ping: Callable[[str], None],
+        writer_token: str,
+        outage: OutageLog,
+    ):
+        self.is_sqlite = is_sqlite
+        self._path = path  # SQLite: the database file
+        self._conninfo = conninfo  # PostgreSQL: libpq connection string of the catalog
+        self._send_ping = send_ping
+        self._writer_token = writer_token
+        self._outage = outage
+        self._watch: sqlite3.Connection | None = None  # SQLite: for the epoch (see epoch())
+        self._watch_lock = lock("catalog.watch")
+        self.wal_index: mmap.mmap | None = None
+        self._tracked: set[int] = set()  # commit numbers of this process's tracked commits
+        self._tracked_order: deque = deque()
+        self._tracked_lock = lock("catalog.tracked")
+        self.changes: ChangeWatch | None = None  # PostgreSQL: started by the first epoch()
+        self._changes_lock = lock("catalog.changes")
+
+    def epoch(self) -> int | None:
+        """A number that moves whenever any connection, of any process, commits; None while it
+        cannot be told cheaply (then callers must not cache).
+
+        PostgreSQL: the change watch's counter (engine/catalog/changes.py), moved by other
+        writers' notifications and this process's untracked commits, never by its tracked ones;
+        None while the watch is down or has not proved within 1 s that it is caught up.
+
+        SQLite: the change counter in the header of the WAL index (the -shm file every
+        connection maps). Each commit adds one to it and rewrites the header, second copy first,
+        so two equal copies are a consistent header (https://www.sqlite.org/walformat.html).
+        Reading it is a memory read: no lock, no query, nothing that lets go of the GIL, so the
+        NFS event loop may call it. PRAGMA data_version on a watch connection is the fallback
+        where the index cannot be mapped (2 us alone, about 70 us on a busy server)."""
+        if not self.is_sqlite:
+            changes = self.changes if self.changes is not None else self._start_changes()
+            return changes.epoch()
+        index = self.wal_index if self._watch is not None else self.open_watch()
+        if index is not None:
+            return change_counter(index)
+        may_block("catalog epoch query")
+        with self._watch_lock:
+            watch = self._watch
+            assert watch is not None  # open_watch opened it
+            return watch.execute("PRAGMA data_version").fetchone()[0]
+
+    def _start_changes(self) -> ChangeWatch:
+        with self._changes_lock:
+            if self.changes is None:
+                self.changes = ChangeWatch(
+                    self._conninfo(),
+                    self._writer_token,
+                    self._send_ping,
+                    outage=self._outage,
+                )
+            return self.changes
+
+    def catch_up(self, timeout: float = 5.0) -> bool:
+        """Return once ``epoch`` reflects every commit that finished before this call: at once
+        on SQLite; on PostgreSQL after a round trip through the change watch (False: it is down
+        or slow, and ``epoch`` says None meanwhile)."""
+        if self.is_sqlite:
+            return True
+        changes = self.changes if self.changes is not None else self._start_changes()
+        if not changes.wait_ready(timeout):
+            return False
+        return changes.catch_up(timeout)
+
+    def only_tracked(self, old: int, new: int) -> bool:
+        """Whether every commit that moved the epoch from ``old`` to ``new`` was a tracked commit of
+        this process (``run(tracked=True)``). A ``new`` older than ``old``
+        (read before it) is True."""
+        if old == new:
+            return True
+        if self.wal_index is None:
+            return False
+        ahead = commits_between(old, new)
+        if ahead < 0:
+            return True
+        if ahead > TRACKED_KEEP:
+            return False
+        tracked = self._tracked
+        return all((old + i) & 0xFFFFFFFF in tracked for i in range(1, ahead + 1))
+
+    def counting(self, work):
+        """``work`` that notes, inside its write transaction, which number its commit will get."""
+        index = self.wal_index
+        assert index is not None, "Catalog.run counts commits only with the WAL index mapped"
+
+        def counted(conn):
+            raw = conn.connection.driver_connection
+            before = raw.total_changes
+            result = work(conn)
+            # we hold the write lock: no commit can move the counter until ours; a transaction
+            # that changed no row commits no frames and moves nothing
+            if raw.total_changes != before:
+                conn.info[COMMIT_NUMBER] = (change_counter(index) + 1) & 0xFFFFFFFF
+            return result
+
+        return counted
+
+    def tracked_commit(self, number: int) -> None:
+        with self._tracked_lock:
+            self._tracked.add(number)
+            self._tracked_order.append(number)
+            while len(self._tracked_order) > TRACKED_KEEP:
+                self._tracked.discard(self._tracked_order.popleft())
+
+    def open_watch(self):
+        """Open the watch connection and map the WAL index; returns the map or None."""
+        with self._watch_lock:
+            if self._watch is None:
+                path = self._path
+                assert path is not None, "the watch is opened on SQLite catalogs only (a file)"
+                watch = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+                watch.execute(
+                    "PRAGMA journal_mode=WAL"
+                ).fetchone()  # the first connection may be this one
+                watch.execute(
+                    "PRAGMA data_version"
+                ).fetchone()  # reading maps (creates) the WAL index
+                # while the watch connection is open, SQLite keeps the -shm file in place
+                try:
+                    self.wal_index = map_wal_index(path + "-shm")
+                except (OSError, ValueError) as exc:
+                    log.debug(
+                        "catalog: no WAL index to map (%s); cache checks query PRAGMA data_version",
+                        exc,
+                    )
+                    self.wal_index = None
+                self._watch = watch
+        return self.wal_index
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self.wal_index = None  # the map stays open while another Catalog of the file is
+            self._watch.close()
+            self._watch = None
+        if self.changes is not None:
+            self.changes.close()
+            self.changes = None
