@@ -317,6 +317,15 @@ class FragmentSource:
 
 
 class StripeReader:
+    """Stripes' payload bytes for reads: a fragment cache shared by every reader, one decode per
+    degraded stripe at a time, read-ahead, and two read paths over the same cache entries (the
+    worker threads', which may wait, and the NFS event loop's, which must not).
+
+    It stays one class of about 450 lines on purpose: both paths take and fill the same entries
+    (FragmentFuture, ReadyFragment, TailFragment) under one lock, and each must know every state
+    an entry can be in; split apart, that protocol would be spread over classes that all depend
+    on it. Single-fragment reads, which know nothing of the cache, are FragmentSource."""
+
     def __init__(
         self,
         drives: dict,
