@@ -174,7 +174,7 @@ class RemoteDrive(ZonedDrive):
         zone_count: int,
         *,
         max_open_zones: int = 0,
-        timeout: float = REQUEST_TIMEOUT_S,
+        timeout: float | None = None,
     ):
         self.address = address
         self._sockaddr = parse_address(address)
@@ -183,7 +183,7 @@ class RemoteDrive(ZonedDrive):
         self.zone_size = zone_size
         self.zone_count = zone_count
         self.max_open_zones = max_open_zones
-        self.timeout = timeout
+        self.timeout = REQUEST_TIMEOUT_S if timeout is None else timeout
         self.label = f"{address} drive {uuid}"
         self._lock = lock("drives.remote")
         self._writes: AgentConnection | None = None
@@ -264,12 +264,15 @@ class RemoteDrive(ZonedDrive):
         conn = self._writes
         if conn is not None and conn.alive:
             return True
-        with self._lock:
-            if self._closed or self._reconnecting:
-                return False
-            if time.monotonic() - self._tried_at < RECONNECT_S:
+        # a connect under way holds the lock (a hung agent: up to the time limit): not present
+        if self._reconnecting or not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._closed or time.monotonic() - self._tried_at < RECONNECT_S:
                 return False
             self._reconnecting = True
+        finally:
+            self._lock.release()
         threading.Thread(
             target=self._reconnect, daemon=True, name=f"shingle-agent-connect-{self.address}"
         ).start()
@@ -313,9 +316,19 @@ class RemoteDrive(ZonedDrive):
                 raise ZoneError(
                     f"agent {self.label} appended zone {idx} at {at}, asked for {offset}"
                 )
-        except OSError:
+        except OSError as exc:
             self.write_errors += 1
+            if exc.errno == errno.ENODEV:
+                self._lose_agent()
             raise
+
+    def _lose_agent(self) -> None:
+        """One connection failed or timed out: take the agent as lost (every connection closed,
+        the drive not present) rather than let each later request wait out its own limit."""
+        # no lock: a connect under way holds it, and the connections' own locks suffice
+        for conn in [self._writes, *list(self._reads)]:
+            if conn is not None:
+                conn.fail("another connection to the agent failed")
 
     def sync(self, idx: int) -> None:
         """Wait for the replies of the zone's appends sent so far (each is durable when
@@ -340,8 +353,10 @@ class RemoteDrive(ZonedDrive):
                 wire.READ, wire.READ_FIXED.pack(self._key, idx, offset, want), timeout=self.timeout
             )
             check_reply(frame, self.address)
-        except OSError:
+        except OSError as exc:
             self.read_errors += 1
+            if exc.errno == errno.ENODEV:
+                self._lose_agent()
             raise
         body = memoryview(frame.body)
         got = 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -437,3 +438,45 @@ def test_the_drive_backends_load_without_the_catalog():
     )
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "[]"
+
+
+def test_a_hung_agent_is_cut_off_after_the_time_limit_reads_decode_and_writes_go_on(
+    agents, head_factory, monkeypatch
+):
+    """SIGSTOP: the agent's connections stay up and nothing answers (a hung host, or a link
+    that drops everything). The first request past the time limit takes the whole agent as
+    lost: reads decode from the other hosts, writes go to the other nine, and once the agent
+    answers again its drive is taken back."""
+    from engine.drives import remote as remote_mod
+
+    monkeypatch.setattr(remote_mod, "REQUEST_TIMEOUT_S", 3.0)
+    hosts = agents(10)
+    head = head_factory(hosts)
+    data = os.urandom(3 * STRIPE + 99)
+    files = {"a": (make(head, "a", data), data)}
+    hung = hosts[4]
+    assert hung.process is not None
+    os.kill(hung.process.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        read_all(head, files)
+        assert time.monotonic() - started < 30, "one time limit, not one per fragment"
+        head.data.check_drives()
+        states = head.catalog.read(
+            lambda conn: (
+                conn.execute(DRIVES.select().with_only_columns(DRIVES.c.state)).scalars().all()
+            )
+        )
+        assert sorted(states).count("missing") == 1
+        data_b = os.urandom(2 * STRIPE)
+        files["b"] = (make(head, "b", data_b), data_b)  # on the nine others: degraded stripes
+        read_all(head, files)
+    finally:
+        os.kill(hung.process.pid, signal.SIGCONT)
+
+    def all_online() -> bool:
+        head.data.check_drives()
+        return all(d.state == "online" for d in head.data.space.drives.values())
+
+    wait_for(all_online, 60)
+    read_all(head, files)
