@@ -82,11 +82,10 @@ def check_kernel(release: str | None = None) -> Check:
 
 
 # -- drives ----------------------------------------------------------------------
-def zoned_model(path: str | Path, sys_root: Path = Path("/sys")) -> str | None:
-    """The zone model ('none', 'host-aware', 'host-managed') of the block device behind ``path``.
-
-    ``path`` is a block device or any file on a filesystem; None when there is
-    no block device behind it (tmpfs, overlay, a network filesystem)."""
+def block_queue(path: str | Path, sys_root: Path = Path("/sys")) -> Path | None:
+    """The sysfs queue/ folder of the disk behind ``path`` (a block device or any file on a
+    filesystem); None when there is no block device behind it (tmpfs, overlay, a network
+    filesystem)."""
     st = os.stat(path)
     dev = st.st_rdev if stat.S_ISBLK(st.st_mode) else st.st_dev
     node = sys_root / "dev" / "block" / f"{os.major(dev)}:{os.minor(dev)}"
@@ -95,10 +94,51 @@ def zoned_model(path: str | Path, sys_root: Path = Path("/sys")) -> str | None:
     node = node.resolve()
     # A partition has no queue/ of its own: the zone model is its disk's.
     for candidate in (node, node.parent):
-        zoned = candidate / "queue" / "zoned"
-        if zoned.is_file():
-            return zoned.read_text().strip()
+        if (candidate / "queue" / "zoned").is_file():
+            return candidate / "queue"
     return None
+
+
+def zoned_model(path: str | Path, sys_root: Path = Path("/sys")) -> str | None:
+    """The zone model ('none', 'host-aware', 'host-managed') of the block device behind ``path``;
+    None when there is no block device behind it."""
+    queue = block_queue(path, sys_root)
+    return (queue / "zoned").read_text().strip() if queue is not None else None
+
+
+def check_zoned_schedulers(drives: list[dict], sys_root: Path = Path("/sys")) -> list[Check]:
+    """Each zoned-block drive's I/O scheduler: Linux 6.1 keeps the writes to a zone in order
+    (zone write locking) only under mq-deadline; under "none" two writes in flight to one zone
+    may reach the device out of order and fail."""
+    results = []
+    for d in drives:
+        if d["backend"] != "zoned-block" or d["state"] in ("failed", "removed"):
+            continue
+        probe = d.get("device") or d["path"]
+        try:
+            queue = block_queue(probe, sys_root)
+            text = (queue / "scheduler").read_text() if queue is not None else ""
+        except OSError:
+            continue  # check_drives reports a missing or unreadable device
+        if not text:
+            continue
+        chosen = next((w.strip("[]") for w in text.split() if w.startswith("[")), text.strip())
+        name = f"drive {d['id']} scheduler"
+        if chosen == "mq-deadline":
+            results.append(Check(name, "ok", f"{probe}: mq-deadline"))
+        else:
+            disk = queue.parent.name if queue is not None else probe
+            results.append(
+                Check(
+                    name,
+                    "fail",
+                    f"{probe}: I/O scheduler {chosen}; zoned writes need mq-deadline",
+                    f"echo mq-deadline > /sys/block/{disk}/queue/scheduler, and a udev rule "
+                    f'(ACTION=="add|change", KERNEL=="{disk}", ATTR{{queue/scheduler}}='
+                    '"mq-deadline") to keep it after a reboot',
+                )
+            )
+    return results
 
 
 def _drives(config: config_mod.Config) -> list[dict]:
@@ -597,6 +637,7 @@ def run_checks(
             results.append(check_export_folders(config))
             drives = _drives(config)
             results += check_drives(drives, config.resolve("storage.drives_dir"), sys_root)
+            results += check_zoned_schedulers(drives, sys_root)
             if (
                 units.status == "ok" and config_path is None
             ):  # the units serve the installed config only

@@ -22,6 +22,7 @@ from engine.datapath.accounting import (
     load_extents,
     write_map,
 )
+from engine.datapath.space import padded
 from engine.datapath.stripes import PendingStripe, drain
 from engine.erasure import INLINE
 from engine.ordered_lock import condition, lock
@@ -247,7 +248,8 @@ def _insert_fragments(conn, ids: list[int], stripes: list[PendingStripe]) -> dic
     for sid, s in zip(ids, stripes, strict=True):
         for drive, zone, offset, length, i in s.placement:
             fragments.append((sid, i, drive.id, zone.id, offset, length, s.crcs[i]))
-            ends[zone.id] = max(ends.get(zone.id, 0), offset + length)
+            # the device's pointer moves over the block padding too (garbage below it)
+            ends[zone.id] = max(ends.get(zone.id, 0), offset + padded(length, drive.granularity))
     sql_many(
         conn,
         "INSERT INTO fragments (stripe_id, idx, drive_id, zone_id, zone_offset, length, "

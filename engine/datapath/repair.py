@@ -73,7 +73,8 @@ class Repairer:
             state = (zone.state, zone.band_class, zone.opened_ns)
         latch = self.writers.write_repair(drive, zone.idx, offset, fragment)
         latch.done.wait()
-        moved = _MovedFragment(info, idx, zone.id, offset, crc32c.crc32c(fragment), state)
+        pad = padded(length, drive.granularity) - length
+        moved = _MovedFragment(info, idx, zone.id, offset, crc32c.crc32c(fragment), state, pad)
         try:
             if latch.errors:
                 raise errors.IOFailure(f"repair write failed: {latch.errors[0]}")
@@ -97,8 +98,11 @@ def _rebuilt_fragment(info: StripeInfo, idx: int, good: dict) -> bytes:
 class _MovedFragment:
     """The catalog side of one repair: fragment ``idx`` now lies at ``zone_id``/``offset``."""
 
-    def __init__(self, info: StripeInfo, idx: int, zone_id, offset: int, checksum: int, state):
+    def __init__(
+        self, info: StripeInfo, idx: int, zone_id, offset: int, checksum: int, state, pad: int = 0
+    ):
         self.info = info
+        self.pad = pad  # the block padding the device's pointer moves over after the fragment
         self.idx = idx
         self.zone_id = zone_id
         self.offset = offset
@@ -143,7 +147,7 @@ class _MovedFragment:
 
     def _account_new_copy(self, conn, length: int, live: int) -> None:
         wp = conn.execute(select(ZONES.c.write_pointer).where(ZONES.c.id == self.zone_id)).scalar()
-        new_wp = max(wp, self.offset + length)
+        new_wp = max(wp, self.offset + length + self.pad)
         conn.execute(
             ZONES.update()
             .where(ZONES.c.id == self.zone_id)

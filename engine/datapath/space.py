@@ -429,10 +429,12 @@ class Space:
 
     def settle(self, zone: ZoneMem, end: int | None) -> None:
         """Unpin ``zone`` after a commit that made its bytes up to ``end`` durable in the catalog
-        (``end`` None: the commit failed, the bytes are garbage)."""
+        (``end`` None: the commit failed, the bytes are garbage). The device's pointer is past
+        the block padding after ``end``: so is the committed one."""
         with self.lock:
             zone.inflight -= 1
             if end is not None:
+                end = padded(end, self.zone_drive[zone.id].granularity)
                 zone.committed_wp = max(zone.committed_wp, end)
 
     def pin(self, zone_id: int) -> ZoneMem:

@@ -220,7 +220,7 @@ def add_emulated(
     )
 
 
-def add_zoned_block(catalog, device: str) -> int:
+def add_zoned_block(catalog, device: str, min_zone_size: int = 0) -> int:
     """A host-managed zoned block device as a new drive: its geometry comes from the device
     (engine/drives/blkzoned.py): shingle's zones are its sequential zones, each holding the
     zone capacity; conventional zones are left alone; the drive's ``max_open_zones`` is the
@@ -234,6 +234,13 @@ def add_zoned_block(catalog, device: str) -> int:
             device,
             f"a zoned device with at least {MIN_ZONES} sequential zones "
             f"(it has {geometry.sequential_zones})",
+        )
+    if geometry.zone_capacity < min_zone_size:
+        raise ConfigError(
+            "drives add",
+            device,
+            f"zones that hold the largest fragment ({min_zone_size} bytes); its zone capacity "
+            f"is {geometry.zone_capacity}",
         )
     limits = [n for n in (geometry.max_open_zones, geometry.max_active_zones) if n]
     model = (

@@ -29,6 +29,7 @@ from engine import errors
 from engine.catalog.models import Fragment, Stripe, Zone
 from engine.datapath.accounting import share
 from engine.datapath.drivestate import ZoneMem
+from engine.datapath.space import padded
 from engine.datapath.writers import WriteTicket
 from engine.ordered_lock import lock
 
@@ -230,7 +231,9 @@ def record_appends(conn, space, placements: list[Placement]) -> None:
     (``move_fragments`` / ``adjust_live`` turn the live share into live bytes)."""
     ends: dict[int, int] = {}
     for p in placements:
-        ends[p.zone_id] = max(ends.get(p.zone_id, 0), p.offset + p.length)
+        # the device's pointer moves over the block padding too (garbage below it)
+        end = p.offset + padded(p.length, space.drives[p.drive_id].granularity)
+        ends[p.zone_id] = max(ends.get(p.zone_id, 0), end)
     if not ends:
         return
     current = dict(

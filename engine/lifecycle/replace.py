@@ -66,7 +66,7 @@ def make_drive(
     except FileNotFoundError:
         mode = None
     if mode is not None and stat.S_ISBLK(mode):
-        return add_zoned_block(catalog, path)
+        return add_zoned_block(catalog, path, min_zone_size)
     taken = catalog.read(
         lambda conn: conn.execute(
             select(DRIVES.c.id).where(DRIVES.c.path == str(Path(path).resolve()))

@@ -393,3 +393,26 @@ def test_exec_start_the_sandbox_hides_must_be_fixed(installed):
         (venv / "bin").chmod(0o755)
     assert result.returncode == 1
     assert "shingle may not enter /opt/shingle/bin (mode drwx------" in result.stdout
+
+
+def test_a_zoned_drive_needs_the_mq_deadline_scheduler(tmp_path):
+    """Laid out as the kernel does (no zoned device on this machine; the VM rig,
+    tests/kernel/test_zoned.py, has real ones): a zoned-block drive under "none" fails."""
+    device = tmp_path / "dev-sdz"
+    device.write_bytes(b"x")
+    dev = os.stat(device).st_dev
+    sys_root = tmp_path / "sys"
+    disk = sys_root / "devices/virtual/block/sdz"
+    (disk / "queue").mkdir(parents=True)
+    (disk / "queue/zoned").write_text("host-managed\n")
+    (disk / "queue/scheduler").write_text("[none] mq-deadline\n")
+    (sys_root / "dev/block").mkdir(parents=True)
+    (sys_root / "dev/block" / f"{os.major(dev)}:{os.minor(dev)}").symlink_to(disk)
+    drive = {"id": 3, "path": str(device), "backend": "zoned-block", "state": "online"}
+    (result,) = doctor.check_zoned_schedulers([drive], sys_root)
+    assert result.status == "fail" and "mq-deadline" in result.fix and "sdz" in result.fix
+    (disk / "queue/scheduler").write_text("[mq-deadline] none\n")
+    (result,) = doctor.check_zoned_schedulers([drive], sys_root)
+    assert result.status == "ok"
+    emulated = {**drive, "backend": "zonefile"}
+    assert doctor.check_zoned_schedulers([emulated], sys_root) == []

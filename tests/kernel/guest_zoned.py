@@ -356,6 +356,381 @@ def check_zone_management(rig: Rig) -> str:
     return "reset, open, close, finish on " + ", ".join(out)
 
 
+@check("doctor/zoned-scheduler")
+def check_doctor_scheduler(rig: Rig) -> str:
+    """`shingle doctor` reads a zoned drive's scheduler from the kernel: "none" fails (the NVMe
+    namespace's default), mq-deadline passes."""
+    from appliance.host.doctor import check_zoned_schedulers
+
+    dev = rig.devices["nvme"]
+    drive = {"id": 1, "path": dev, "device": dev, "backend": "zoned-block", "state": "online"}
+    scheduler = Path("/sys/block", Path(dev).name, "queue", "scheduler")
+    scheduler.write_text("none\n")
+    try:
+        (bad,) = check_zoned_schedulers([drive])
+    finally:
+        scheduler.write_text("mq-deadline\n")
+    (good,) = check_zoned_schedulers([drive])
+    assert (bad.status, good.status) == ("fail", "ok"), (bad, good)
+    return f"none: {bad.detail}; then {good.detail}"
+
+
+# -- shingle's data path on the zoned disks -------------------------------------------------
+DATA_DRIVES = [f"nullb{n}" for n in range(1, 7)] + ["zbc1", "zbc2", "zbc3", "nvme"]
+WRITERS = 8
+FILE_BYTES = 1536 * KiB
+POLICIES = {name: {"fragment_size": 64 * KiB} for name in ("hot", "warm", "cold")}
+
+
+class Shingle:
+    """A catalog (SQLite on the guest's tmpfs), the zoned disks as drives, a DataPath."""
+
+    def __init__(self, rig: Rig):
+        from engine.catalog import Catalog, upgrade
+        from engine.erasure import load_policies
+
+        self.rig = rig
+        folder = Path("/tmp/shingle-zoned")
+        folder.mkdir(exist_ok=True)
+        url = f"sqlite:///{folder}/catalog.db"
+        upgrade(url)
+        self.catalog = Catalog(url)
+        self.policies = load_policies(POLICIES)
+        self.data = self.ns = self.model = None
+
+    def start(self):
+        from engine.datapath import DataPath
+        from engine.drives import SmrModel
+        from engine.namespace import Namespace
+
+        self.model = SmrModel()
+        self.data = DataPath(self.catalog, self.policies, reserve_zones=1, smr_model=self.model)
+        self.ns = Namespace(self.catalog, data=self.data)
+        return self
+
+    def stop(self) -> None:
+        if self.data is not None:
+            self.data.close()
+            self.data = None
+
+    def backends(self):
+        return {d.id: d.backend for d in self.data.space.drives.values()}
+
+
+def active_zones(dev: str) -> tuple[int, int]:
+    """(open, active) zones of a device now, by its own zone report."""
+    from engine.drives.blkzoned import report_zones
+
+    fd = os.open(dev, os.O_RDONLY)
+    try:
+        zones = report_zones(fd)
+    finally:
+        os.close(fd)
+    conds = [z["cond"] for z in zones]
+    opened = sum(c in (0x2, 0x3) for c in conds)
+    return opened, opened + sum(c == 0x4 for c in conds)
+
+
+def file_data(n: int) -> bytes:
+    import random
+
+    return random.Random(n).randbytes(FILE_BYTES)
+
+
+@check("datapath/drives-add")
+def check_drives_add(rig: Rig) -> str:
+    """`drives add DEVICE` (make_drive) takes each zoned disk with its own geometry."""
+    from sqlalchemy import select
+
+    from engine.catalog.models import Drive
+    from engine.lifecycle.replace import make_drive
+
+    shingle = rig.state["shingle"] = Shingle(rig)
+    biggest = max(p.max_fragment_length for p in shingle.policies.values())
+    for role in DATA_DRIVES:
+        make_drive(shingle.catalog, rig.devices[role], min_zone_size=biggest)
+    table = Drive.__table__
+    rows = shingle.catalog.read(lambda conn: conn.execute(select(table)).all())
+    got = {r.path: (r.backend, r.zone_size, r.zone_count, r.max_open_zones) for r in rows}
+    want = {
+        rig.devices["nullb1"]: ("zoned-block", 3 * MiB, 7, 4),  # 8 zones, 1 conventional
+        rig.devices["zbc1"]: ("zoned-block", 4 * MiB, 6, 3),  # 8 zones, 2 conventional
+        rig.devices["nvme"]: ("zoned-block", 3 * MiB, 16, 6),
+    }
+    for path, row in want.items():
+        assert got[path] == row, f"{path}: {got[path]}, expected {row}"
+    return f"{len(rows)} drives: " + "; ".join(f"{p} {v}" for p, v in sorted(got.items()))
+
+
+@check("datapath/write-read-verify")
+def check_write_read(rig: Rig) -> str:
+    """8 writers store files through the namespace on the 10 zoned drives; every byte reads
+    back, no write error, no off-pointer write, each device within its open/active limits
+    (sampled from its zone report meanwhile), write amplification 1.000."""
+    import threading
+
+    from engine.namespace import ROOT
+
+    shingle = rig.state["shingle"].start()
+    ns = shingle.ns
+    limits = {d.path: d.max_open_zones for d in shingle.data.space.drives.values()}
+    peaks = dict.fromkeys(limits, (0, 0))
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            for dev in limits:
+                now = active_zones(dev)
+                peaks[dev] = (max(peaks[dev][0], now[0]), max(peaks[dev][1], now[1]))
+            time.sleep(0.05)
+
+    failures = []
+
+    def writer(w: int):
+        try:
+            for n in range(w, w + WRITERS * 2, WRITERS):
+                ino = ns.create(ROOT, ns.root_ino, f"f{n}").ino
+                data = file_data(n)
+                for off in range(0, len(data), 256 * KiB):
+                    ns.write(ino, off, data[off : off + 256 * KiB])
+                ns.commit(ino)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(f"writer {w}: {exc!r}")
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    began = time.monotonic()
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(WRITERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.monotonic() - began
+    done.set()
+    sampler.join()
+    assert not failures, failures
+    files = WRITERS * 2
+    rig.state["files"] = files
+    for n in range(files):
+        ino = ns.lookup(ROOT, ns.root_ino, f"f{n}").ino
+        assert ns.read(ino, 0, FILE_BYTES) == file_data(n), f"f{n} reads back different"
+    errors = {
+        d.path: (d.backend.write_errors, d.backend.off_pointer_errors)
+        for d in shingle.data.space.drives.values()
+    }
+    assert all(e == (0, 0) for e in errors.values()), f"write errors: {errors}"
+    over = {
+        dev: (peaks[dev], limit) for dev, limit in limits.items() if limit and peaks[dev][1] > limit
+    }
+    assert not over, f"open/active zones past the limit: {over}"
+    wa = shingle.model.report()["write_amplification"]
+    assert abs(wa - 1.0) < 1e-9, f"write amplification {wa}"
+    return (
+        f"{files} files of {FILE_BYTES} bytes by {WRITERS} writers in {seconds:.1f} s "
+        f"({files * FILE_BYTES / seconds / 1e6:.2f} MB/s under TCG), WA {wa:.3f}, "
+        f"peak (open, active) zones per device {sorted(peaks.values())}"
+    )
+
+
+@check("datapath/cleaning-resets-zones")
+def check_cleaning(rig: Rig) -> str:
+    """Deleting files and cleaning gives zones back with BLKRESETZONE: every zone the catalog
+    calls empty is empty on its device."""
+    from sqlalchemy import select
+
+    from engine.catalog.models import Zone
+    from engine.lifecycle.cleaning import clean
+    from engine.namespace import ROOT
+
+    shingle = rig.state["shingle"]
+    ns = shingle.ns
+    for n in range(0, rig.state["files"], 2):
+        ns.unlink(ROOT, ns.root_ino, f"f{n}")
+    shingle.data.flush_all()
+    report = clean(shingle.data, shingle.catalog)
+    assert report.zones_reset > 0, report
+    zones = Zone.__table__
+    rows = shingle.catalog.read(lambda conn: conn.execute(select(zones)).all())
+    backends = shingle.backends()
+    wrong = []
+    for row in rows:
+        info = backends[row.drive_id].report()[row.idx]
+        if row.state == "empty" and (info.write_pointer, info.condition) != (0, "empty"):
+            wrong.append((row.drive_id, row.idx, info))
+    assert not wrong, f"catalog-empty zones not empty on the device: {wrong[:3]}"
+    for n in range(1, rig.state["files"], 2):
+        ino = ns.lookup(ROOT, ns.root_ino, f"f{n}").ino
+        assert ns.read(ino, 0, FILE_BYTES) == file_data(n), f"f{n} differs after cleaning"
+    return f"cleaning: {report.zones_cleaned} zones cleaned, {report.zones_reset} reset"
+
+
+@check("datapath/restart-recovery")
+def check_restart(rig: Rig) -> str:
+    """A restart reads every zone's write pointer back from the devices: they match the
+    catalog (no short zone), and the files read back."""
+    from engine.namespace import ROOT
+
+    shingle = rig.state["shingle"]
+    shingle.stop()
+    shingle.start()
+    report = shingle.data.recovery_report
+    assert not report.short_zones and not report.missing_drives, report
+    ns = shingle.ns
+    for n in range(1, rig.state["files"], 2):
+        ino = ns.lookup(ROOT, ns.root_ino, f"f{n}").ino
+        assert ns.read(ino, 0, FILE_BYTES) == file_data(n), f"f{n} differs after restart"
+    return f"recovery: {report.as_dict()}"
+
+
+@check("datapath/pointer-behind-catalog")
+def check_short_zone(rig: Rig) -> str:
+    """A zone whose device write pointer is behind what the catalog committed (a lost flush):
+    the restart detects it, never appends there, and a scrub of the drive decodes its
+    fragments from the other drives and writes them elsewhere; every file reads back."""
+    from sqlalchemy import select
+
+    from engine.catalog.models import Zone
+    from engine.lifecycle.scrub import scrub
+    from engine.namespace import ROOT
+
+    shingle = rig.state["shingle"]
+    zones = Zone.__table__
+    victim = shingle.catalog.read(
+        lambda conn: conn.execute(
+            select(zones).where(zones.c.live_bytes > 0).order_by(zones.c.live_bytes.desc())
+        ).first()
+    )
+    backend = shingle.backends()[victim.drive_id]
+    shingle.stop()
+    from engine.drives.blkzoned import ZonedBlockDrive
+
+    device = ZonedBlockDrive(backend.device)
+    try:
+        device.reset(victim.idx)  # the device lost what the catalog committed there
+    finally:
+        device.close()
+    shingle.start()
+    short = shingle.data.recovery_report.short_zones
+    assert (victim.drive_id, victim.idx) in [(d, i) for d, i, *_ in short], short
+    result = scrub(shingle.data, shingle.catalog, drive_id=victim.drive_id)
+    assert result.repaired > 0 and result.unrepairable == 0, result
+    again = scrub(shingle.data, shingle.catalog, drive_id=victim.drive_id)
+    assert again.bad == 0, again
+    ns = shingle.ns
+    for n in range(1, rig.state["files"], 2):
+        ino = ns.lookup(ROOT, ns.root_ino, f"f{n}").ino
+        assert ns.read(ino, 0, FILE_BYTES) == file_data(n), f"f{n} differs after the repair"
+    shingle.stop()
+    return (
+        f"zone {victim.idx} of drive {victim.drive_id} ({victim.live_bytes} live bytes) reset "
+        f"behind the catalog: short zones {short}; scrub repaired {result.repaired}, "
+        f"a second scrub found {again.bad} bad"
+    )
+
+
+# -- bench/zoned.py ----------------------------------------------------------------------------
+def reference_write(devices: list[str], per_device: int) -> float:
+    """The devices' own pace: one thread per device writes ``per_device`` bytes of its sequential
+    zones with O_DIRECT 1 MiB writes at the write pointer; returns the seconds taken."""
+    import mmap
+    import threading
+
+    from engine.drives.blkzoned import ZonedBlockDrive
+
+    def fill(dev: str) -> None:
+        drive = ZonedBlockDrive(dev)
+        buf = mmap.mmap(-1, MiB)
+        buf.write(os.urandom(MiB))
+        try:
+            left, idx = per_device, 0
+            while left > 0:
+                base = drive.report()[idx].start
+                for off in range(0, min(drive.zone_size, left), MiB):
+                    os.pwrite(drive.fd, buf, base + off)
+                left -= drive.zone_size
+                idx += 1
+            os.fsync(drive.fd)
+        finally:
+            buf.close()
+            drive.close()
+
+    began = time.monotonic()
+    threads = [threading.Thread(target=fill, args=(dev,)) for dev in devices]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.monotonic() - began
+
+
+def reset_all(devices: list[str]) -> None:
+    from engine.drives.blkzoned import ZonedBlockDrive
+
+    for dev in devices:
+        drive = ZonedBlockDrive(dev)
+        try:
+            for idx in range(drive.zone_count):
+                drive.reset(idx)
+        finally:
+            drive.close()
+
+
+def run_bench(rig: Rig, spec: dict) -> dict:
+    """The reference pace, then shingle's data path writing files on the same (reset) devices:
+    MB/s of each, their ratio on media bytes, and the SMR model's write amplification."""
+    import threading
+
+    from engine.lifecycle.replace import make_drive
+    from engine.namespace import ROOT
+
+    devices = [rig.devices[role] for role in DATA_DRIVES]
+    per_device = spec["per_device_mib"] * MiB
+    ref_s = reference_write(devices, per_device)
+    reset_all(devices)
+    shingle = Shingle(rig)
+    for dev in devices:
+        make_drive(shingle.catalog, dev)
+    shingle.start()
+    ns = shingle.ns
+    files = spec["files"]
+    size = per_device * len(devices) * 8 // 10 // files  # 8+2: the same media bytes, about
+    payload = os.urandom(size)
+
+    def writer(w: int) -> None:
+        for n in range(w, files, WRITERS):
+            ino = ns.create(ROOT, ns.root_ino, f"b{n}").ino
+            for off in range(0, size, MiB):
+                ns.write(ino, off, payload[off : off + MiB])
+            ns.commit(ino)
+
+    began = time.monotonic()
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(WRITERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    shingle.data.flush_all()
+    shingle_s = time.monotonic() - began
+    model = shingle.model.report()
+    shingle.stop()
+    ref_bytes = per_device * len(devices)
+    media = model["host_write_bytes"]
+    return {
+        "devices": len(devices),
+        "reference_bytes": ref_bytes,
+        "reference_s": round(ref_s, 2),
+        "reference_MBps": round(ref_bytes / ref_s / 1e6, 2),
+        "user_bytes": size * files,
+        "media_bytes": media,
+        "shingle_s": round(shingle_s, 2),
+        "shingle_user_MBps": round(size * files / shingle_s / 1e6, 2),
+        "shingle_media_MBps": round(media / shingle_s / 1e6, 2),
+        "ratio_media": round((media / shingle_s) / (ref_bytes / ref_s), 3),
+        "write_amplification": round(model["write_amplification"], 6),
+        "sequential_append_share": round(model["sequential_append_share"], 6),
+    }
+
+
 def main() -> int:
     plan = json.loads(Path(sys.argv[1]).read_text())
     started = time.monotonic()
@@ -375,6 +750,9 @@ def main() -> int:
         log(describe(dev))
     rig = Rig(plan, devices)
     try:
+        if plan.get("bench"):
+            log("@@BENCH " + json.dumps(run_bench(rig, plan["bench"])))
+            return 0
         for name, fn in CHECKS:
             if plan.get("only") and name not in plan["only"]:
                 continue

@@ -16,33 +16,6 @@ import pytest
 import vm
 import zoned_rig
 
-MIB = 1 << 20
-# the disks of the VM: nullb0 for the raw backend checks, the others for the data path
-NULL_BLK = {
-    "nullb0": {"size": 64, "zone_nr_conv": 2},
-    **{f"nullb{n}": {"size": 32, "zone_nr_conv": 1} for n in range(1, 7)},
-}
-NULL_BLK_COMMON = {
-    "memory_backed": 1,
-    "zoned": 1,
-    "zone_size": 4,
-    "zone_capacity": 3,
-    "zone_max_open": 4,
-    "zone_max_active": 6,
-    "blocksize": 4096,
-}
-ZBC = {f"zbc{n}": {"size_mib": 32 if n else 64} for n in range(4)}
-ZBC_OPTIONS = "model-HM/zsize-4/conv-2/open-4"
-
-
-def plan(module_tree: Path) -> dict:
-    return {
-        "module_tree": str(module_tree),
-        "null_blk": {name: {**NULL_BLK_COMMON, **attrs} for name, attrs in NULL_BLK.items()},
-        "zbc": {name: {**spec, "options": ZBC_OPTIONS} for name, spec in ZBC.items()},
-        "only": [x for x in os.environ.get("SHINGLE_ZONED_ONLY", "").split(",") if x],
-    }
-
 
 class ZonedRun:
     def __init__(self, result: vm.VmResult, checks: dict[str, tuple[str, str]]):
@@ -77,7 +50,7 @@ def zoned_results() -> ZonedRun:
     try:
         images = zoned_rig.make_images(folder / "images")
         plan_file = folder / "plan.json"
-        plan_file.write_text(json.dumps(plan(tree)))
+        plan_file.write_text(json.dumps(zoned_rig.plan(tree)))
         program = folder / "run.sh"
         program.write_text(
             f"#!/bin/sh\nexport PYTHONPATH={zoned_rig.REPO}\n"

@@ -15,6 +15,7 @@ rig needs, out of the cached Debian kernel package, indexed by kmod's depmod) an
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -125,3 +126,31 @@ def qemu_disks(images: dict[str, Path]) -> tuple[str, ...]:
         f"nvme-ns,drive=zns,bus=nvme0,nsid=1,zoned=true,zoned.zone_size={ZNS_ZONE_MIB}M,"
         f"zoned.zone_capacity={ZNS_ZONE_MIB - 1}M,zoned.max_open=6,zoned.max_active=8",
     )
+
+
+# the disks of the VM: nullb0 for the raw backend checks, the others for the data path
+NULL_BLK = {
+    "nullb0": {"size": 64, "zone_nr_conv": 2},
+    **{f"nullb{n}": {"size": 32, "zone_nr_conv": 1} for n in range(1, 7)},
+}
+NULL_BLK_COMMON = {
+    "memory_backed": 1,
+    "zoned": 1,
+    "zone_size": 4,
+    "zone_capacity": 3,
+    "zone_max_open": 4,
+    "zone_max_active": 6,
+    "blocksize": 4096,
+}
+ZBC = {f"zbc{n}": {"size_mib": 32 if n else 64} for n in range(4)}
+ZBC_OPTIONS = "model-HM/zsize-4/conv-2/open-4"
+
+
+def plan(module_tree: Path) -> dict:
+    """What guest_zoned.py makes and runs: its disks, and the checks to run (all by default)."""
+    return {
+        "module_tree": str(module_tree),
+        "null_blk": {name: {**NULL_BLK_COMMON, **attrs} for name, attrs in NULL_BLK.items()},
+        "zbc": {name: {**spec, "options": ZBC_OPTIONS} for name, spec in ZBC.items()},
+        "only": [x for x in os.environ.get("SHINGLE_ZONED_ONLY", "").split(",") if x],
+    }
