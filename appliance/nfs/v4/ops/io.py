@@ -123,84 +123,95 @@ def open_(cx, a):
     deny = a.share_deny
     if access not in (1, 2, 3) or deny > 3:
         raise NfsError(c.NFS4ERR_INVAL, f"share access {a.share_access:#x} deny {deny}")
-    claim, carg = a.claim
+    claim = a.claim[0]
     on_loop = blocking_forbidden()
     if on_loop and (
         claim != c.CLAIM_NULL or a.openhow[0] != c.OPEN4_NOCREATE or state.grace.end
     ):  # (the end of the grace period writes to the catalog)
         raise WouldBlock("an OPEN that creates or reclaims, or in the grace period")
-    grace = state.grace.in_grace()
-    created = False
-    attrset: list[int] = []
-    change = None
-    if claim == c.CLAIM_PREVIOUS:
-        if not grace:
-            raise NfsError(c.NFS4ERR_NO_GRACE, "reclaim outside the grace period")
-        if not cl.may_reclaim or (cl.reclaim_complete and not cl.reclaim_needed):
-            raise NfsError(c.NFS4ERR_RECLAIM_BAD, "this client has nothing to reclaim")
-        node = cx.need_file()
-        attr = cx.ns.getattr(node.ino)
-    elif claim in (c.CLAIM_NULL, c.CLAIM_FH):
-        check_new_lock(state, cl)
-        if claim == c.CLAIM_FH:
-            node = cx.need_file()
-            attr = cx.ns.getattr(node.ino)
-        else:
-            dnode = need_dir(cx)
-            if dnode.pseudo is not None:
-                nocreate = a.openhow[0] == c.OPEN4_NOCREATE
-                raise NfsError(
-                    c.NFS4ERR_ISDIR if nocreate else c.NFS4ERR_ROFS, "OPEN in the pseudo-root"
-                )
-            name = check_component(carg)
-            before = cx.ns.getattr(dnode.ino).change
-            if a.openhow[0] == c.OPEN4_CREATE:
-                cx.need_writable(dnode)
-                attr, created, attrset = _open_create(cx, dnode, name, a.openhow[1])
-            else:
-                # the event loop answers only a name the cache proves missing (NOENT): nfs-rs
-                # opens each name so before it creates it
-                attr = cx.ns.lookup(cx.cred(dnode), dnode.ino, name)
-                if on_loop:
-                    raise WouldBlock("an OPEN of a file that exists")
-            change = cinfo(before, cx.ns.getattr(dnode.ino).change)
-            node = Node(dnode.export, attr.ino, attr.generation)
-    else:
-        raise NfsError(c.NFS4ERR_NOTSUPP, f"open claim {claim}: this server grants no delegations")
+    node, attr, created, attrset, change = _open_target(cx, a, cl, on_loop)
     _check_open_type(cx, attr)
-    if access & c.OPEN4_SHARE_ACCESS_WRITE:
-        cx.need_writable(node)
-        # a snapshot view: the open fails here (the Linux client's open(O_WRONLY) sends no WRITE)
-        if cx.ns.is_read_only(node.ino):
-            raise NfsError(c.NFS4ERR_ROFS, f"inode {node.ino} is in a snapshot: read-only")
-    if not created and claim != c.CLAIM_PREVIOUS:
-        want = (R_OK if access & c.OPEN4_SHARE_ACCESS_READ else 0) | (
-            W_OK if access & c.OPEN4_SHARE_ACCESS_WRITE else 0
-        )
-        cred = cx.cred(node)
-        if cx.ns.access(cred, node.ino, want) != want and cred.uid != attr.uid:
-            raise NfsError(
-                c.NFS4ERR_ACCESS, f"uid {cred.uid} may not open inode {node.ino} for {want}"
-            )
+    _check_open_rights(cx, node, attr, access, checked=created or claim == c.CLAIM_PREVIOUS)
     st = state.shares.open(cl, bytes(a.owner.owner), node.ino, access, deny)
     cx.cur = node
     sid = cx.set_stateid(st)
     if change is None:
         now = cx.ns.getattr(node.ino).change
         change = cinfo(now, now)
-    want = a.share_access & c.OPEN4_SHARE_ACCESS_WANT_DELEG_MASK
-    # open_delegation4 as (type, arm); OPEN_DELEGATE_NONE_EXT's arm is (why_no_delegation4, the
-    # bool WND4_CONTENTION and WND4_RESOURCE carry, else None)
-    delegation: tuple[int, tuple[int, bool | None] | None]
-    if want == c.OPEN4_SHARE_ACCESS_WANT_NO_DELEG:
-        delegation = (c.OPEN_DELEGATE_NONE_EXT, (c.WND4_NOT_WANTED, None))
-    elif want:  # no delegations here: WND4_RESOURCE, and the server will not signal one later
-        delegation = (c.OPEN_DELEGATE_NONE_EXT, (c.WND4_RESOURCE, False))
-    else:
-        delegation = (c.OPEN_DELEGATE_NONE, None)
     return _OPEN_OK.cls(
-        sid, change, c.OPEN4_RESULT_LOCKTYPE_POSIX, fattr.to_bitmap(attrset), delegation
+        sid,
+        change,
+        c.OPEN4_RESULT_LOCKTYPE_POSIX,
+        fattr.to_bitmap(attrset),
+        _no_delegation(a.share_access),
     )
+
+
+def _open_target(cx, a, cl, on_loop: bool):
+    """The file an OPEN names by its claim: (node, attr, created, attrset bits, the
+    directory's change_info or None)."""
+    claim, carg = a.claim
+    grace = cx.state.grace.in_grace()  # (ends a grace period whose time is up)
+    if claim == c.CLAIM_PREVIOUS:
+        if not grace:
+            raise NfsError(c.NFS4ERR_NO_GRACE, "reclaim outside the grace period")
+        if not cl.may_reclaim or (cl.reclaim_complete and not cl.reclaim_needed):
+            raise NfsError(c.NFS4ERR_RECLAIM_BAD, "this client has nothing to reclaim")
+        node = cx.need_file()
+        return node, cx.ns.getattr(node.ino), False, [], None
+    if claim not in (c.CLAIM_NULL, c.CLAIM_FH):
+        raise NfsError(c.NFS4ERR_NOTSUPP, f"open claim {claim}: this server grants no delegations")
+    check_new_lock(cx.state, cl)
+    if claim == c.CLAIM_FH:
+        node = cx.need_file()
+        return node, cx.ns.getattr(node.ino), False, [], None
+    dnode = need_dir(cx)
+    if dnode.pseudo is not None:
+        nocreate = a.openhow[0] == c.OPEN4_NOCREATE
+        raise NfsError(c.NFS4ERR_ISDIR if nocreate else c.NFS4ERR_ROFS, "OPEN in the pseudo-root")
+    name = check_component(carg)
+    before = cx.ns.getattr(dnode.ino).change
+    created, attrset = False, []
+    if a.openhow[0] == c.OPEN4_CREATE:
+        cx.need_writable(dnode)
+        attr, created, attrset = _open_create(cx, dnode, name, a.openhow[1])
+    else:
+        # the event loop answers only a name the cache proves missing (NOENT): nfs-rs
+        # opens each name so before it creates it
+        attr = cx.ns.lookup(cx.cred(dnode), dnode.ino, name)
+        if on_loop:
+            raise WouldBlock("an OPEN of a file that exists")
+    change = cinfo(before, cx.ns.getattr(dnode.ino).change)
+    return Node(dnode.export, attr.ino, attr.generation), attr, created, attrset, change
+
+
+def _check_open_rights(cx, node: Node, attr, access: int, *, checked: bool) -> None:
+    """Whether the caller may open ``node`` for ``access``: a file it just made or reclaims
+    (``checked``) needs no permission check, the file's owner none either."""
+    if access & c.OPEN4_SHARE_ACCESS_WRITE:
+        cx.need_writable(node)
+        # a snapshot view: the open fails here (the Linux client's open(O_WRONLY) sends no WRITE)
+        if cx.ns.is_read_only(node.ino):
+            raise NfsError(c.NFS4ERR_ROFS, f"inode {node.ino} is in a snapshot: read-only")
+    if checked:
+        return
+    want = (R_OK if access & c.OPEN4_SHARE_ACCESS_READ else 0) | (
+        W_OK if access & c.OPEN4_SHARE_ACCESS_WRITE else 0
+    )
+    cred = cx.cred(node)
+    if cx.ns.access(cred, node.ino, want) != want and cred.uid != attr.uid:
+        raise NfsError(c.NFS4ERR_ACCESS, f"uid {cred.uid} may not open inode {node.ino} for {want}")
+
+
+def _no_delegation(share_access: int) -> tuple[int, tuple[int, bool | None] | None]:
+    """open_delegation4 as (type, arm): none granted; OPEN_DELEGATE_NONE_EXT's arm is
+    (why_no_delegation4, the bool WND4_CONTENTION and WND4_RESOURCE carry, else None)."""
+    want = share_access & c.OPEN4_SHARE_ACCESS_WANT_DELEG_MASK
+    if want == c.OPEN4_SHARE_ACCESS_WANT_NO_DELEG:
+        return (c.OPEN_DELEGATE_NONE_EXT, (c.WND4_NOT_WANTED, None))
+    if want:  # no delegations here: WND4_RESOURCE, and the server will not signal one later
+        return (c.OPEN_DELEGATE_NONE_EXT, (c.WND4_RESOURCE, False))
+    return (c.OPEN_DELEGATE_NONE, None)
 
 
 def open_state(cx, sid, node: Node | None = None):
