@@ -12,6 +12,7 @@ writable drives alone (the figure before any data is written, and after a rebuil
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 from sqlalchemy import and_, func, select
 from sqlalchemy.engine import Connection
@@ -111,3 +112,21 @@ def hosts_status_in(conn: Connection, k: int, m: int) -> dict:
 
 def hosts_status(catalog, k: int, m: int) -> dict:
     return catalog.read(lambda conn: hosts_status_in(conn, k, m))
+
+
+def spread_targets(
+    candidates: list[int], host_of: Callable[[int], str], held: dict[str, int], want: int
+) -> list[int]:
+    """Up to ``want`` of ``candidates`` (drive ids, best first) for a stripe's rebuilt
+    fragments, each next one on a host holding the fewest of the stripe's fragments so far
+    (``held``, which its surviving fragments fill): as Space._choose places a new stripe."""
+    held = dict(held)
+    left = list(candidates)
+    chosen: list[int] = []
+    while left and len(chosen) < want:
+        pick = min(range(len(left)), key=lambda i: (held.get(host_of(left[i]), 0), i))
+        drive_id = left.pop(pick)
+        chosen.append(drive_id)
+        host = host_of(drive_id)
+        held[host] = held.get(host, 0) + 1
+    return chosen + left  # the rest in their order: spares if a chosen one cannot take it

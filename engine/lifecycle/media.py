@@ -99,6 +99,11 @@ class Media:
                     found.append((0, drive_id))
         return [drive_id for _n, drive_id in sorted(found, key=lambda t: (-t[0], t[1]))]
 
+    def host_of(self, drive_id: int) -> str:
+        """The host a drive is on ("" for the head's own, and for a drive no longer known)."""
+        drive = self.space.drives.get(drive_id)
+        return drive.host if drive is not None else ""
+
     def empty_zones(self, drive_id: int) -> int:
         drive = self.space.drives.get(drive_id)
         return len(drive.empty) if drive is not None else 0

@@ -27,6 +27,7 @@ from engine.catalog.database import Catalog
 from engine.catalog.models import Drive, Fragment
 from engine.events import record, record_in
 from engine.lifecycle import drives as drive_states
+from engine.lifecycle.hosts import spread_targets
 from engine.lifecycle.media import Media, media_for
 from engine.lifecycle.pacing import Progress, RateLimiter, Tracker
 from engine.lifecycle.repair import Reconstructor, load_stripes, relocate
@@ -222,6 +223,14 @@ class Rebuilder:
                 top = [d for d in candidates if media.empty_zones(d) >= most - 1]
                 shift = n % len(top)
                 candidates = top[shift:] + top[:shift] + candidates[len(top) :]
+                # and over hosts: never two of the stripe's fragments on one host while another
+                # host holds fewer (the failure domains placement keeps, engine/lifecycle/hosts.py)
+                held: dict[str, int] = {}
+                for idx, fragment in stripe.fragments.items():
+                    if idx not in wanted:
+                        host = media.host_of(fragment.drive_id)
+                        held[host] = held.get(host, 0) + 1
+                candidates = spread_targets(candidates, media.host_of, held, len(wanted))
             for target, (idx, data) in zip(candidates, sorted(wanted.items()), strict=False):
                 moves_by_class.setdefault(stripe.band_class, []).append(
                     (stripe.fragments[idx], data, target, idx in lost)

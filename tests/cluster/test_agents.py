@@ -480,3 +480,42 @@ def test_a_hung_agent_is_cut_off_after_the_time_limit_reads_decode_and_writes_go
 
     wait_for(all_online, 60)
     read_all(head, files)
+
+
+def test_rebuild_keeps_fragments_spread_over_hosts(sqlite_catalog, tmp_path):
+    """6 hosts of 3 drives: each stripe holds 2, 2, 2, 2, 1 and 1 fragments on them. A failed
+    drive's fragments are rebuilt onto hosts holding fewer, never a third onto one host."""
+    from engine.datapath import DataPath
+    from engine.erasure import load_policies
+    from engine.lifecycle import drives as drive_states
+    from engine.lifecycle.rebuild import rebuild
+    from engine.namespace import Namespace
+
+    ids = format_emulated(sqlite_catalog, tmp_path / "drives", 18, 16 * MiB, MiB, preallocate=False)
+
+    def label(conn):
+        for n, drive_id in enumerate(ids):
+            conn.execute(DRIVES.update().where(DRIVES.c.id == drive_id).values(host=f"h{n // 3}"))
+
+    sqlite_catalog.run(label)
+    data = DataPath(sqlite_catalog, load_policies(SMALL), reserve_zones=2)
+    try:
+        ns = Namespace(sqlite_catalog, data=data)
+        payload = os.urandom(12 * STRIPE)
+        ino = ns.create(ROOT, ns.root_ino, "f").ino
+        ns.write(ino, 0, payload)
+        ns.commit(ino)
+        before = hosts_of_stripes(sqlite_catalog)
+        assert all(sorted(c.values()) == [1, 1, 2, 2, 2, 2] for c in before.values())
+        failed = ids[0]
+        drive_states.fail_drive(sqlite_catalog, failed, actor="admin")
+        data.refresh_drive_states()
+        report = rebuild(data, sqlite_catalog, actor="admin")
+        assert report.fragments_rebuilt > 0 and report.unplaced == 0
+        after = hosts_of_stripes(sqlite_catalog)
+        assert all(max(c.values()) <= 2 for c in after.values()), after
+        assert hosts_status(sqlite_catalog, 8, 2)["losable"] == 1  # 2 per host, 2 parity
+        data.reader.drop_cache()
+        assert ns.read(ino, 0, len(payload)) == payload
+    finally:
+        data.close()
