@@ -61,7 +61,13 @@ class RpcConnection(asyncio.BufferedProtocol):
 
     Request bytes held (``held_buffers`` on the loop: the scan buffer, a fragment's
     buffer, earlier fragments; ``held_in_flight``: records whose calls run) count
-    against the connection's budget and the server's (``server.budget``)."""
+    against the connection's budget and the server's (``server.budget``).
+
+    One class of about 500 lines on purpose: asyncio calls it per read (``get_buffer``,
+    ``buffer_updated``) and the reassembly, the flow control that pauses reading and the call
+    accounting all change the same few fields on every record; a part object between them would
+    add an attribute hop per record on the server's hottest path and spread one budget's
+    bookkeeping over several classes."""
 
     SCAN_BUFFER_MAX = SCAN_BUFFER_MAX
     MAX_IN_FLIGHT = 64
