@@ -10,6 +10,10 @@ on all alike:
 - ``1 process``: one worker, the baseline (N = 1);
 - ``N shared``: N processes, each its own Catalog and Namespace over ONE SQLite catalog file
   (WAL, as the embedded default configures it): what ``shingle serve --heads N`` would be;
+- ``N queued``: the same, with the processes' writers queued on an flock of a file beside the
+  catalog (held from before BEGIN IMMEDIATE to after COMMIT): a writer waiting for another
+  process sleeps in the kernel until it is let go, as the Catalog's writer queue does for
+  threads, instead of polling in SQLite's busy handler (1, 2, 5 ... 100 ms sleeps);
 - ``N separate``: N processes, each on its own catalog file: the same processes with nothing
   shared, the upper bound;
 - ``N threads``: one process, N threads over one Catalog and one Namespace: today's server.
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import multiprocessing as mp
 import os
@@ -52,6 +57,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from engine.catalog.database import AFTER_COMMIT  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 BUSY_WAIT_S = 0.001  # SQLite's busy handler sleeps 1 ms first: a BEGIN this slow met SQLITE_BUSY
@@ -83,7 +90,7 @@ def make_catalog(folder: Path) -> str:
 class Head:
     """One head's engine: a Catalog, a DataPath and a Namespace, with the bench's counters."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, queued: bool = False):
         from sqlalchemy import event
 
         from engine.catalog import Catalog
@@ -93,9 +100,18 @@ class Head:
 
         self.counts = {"busy_begins": 0, "busy_wait_s": 0.0, "retries": 0, "cache_clears": 0}
         self.catalog = Catalog(url)
+        # "queued": every write transaction holds an flock of a file beside the catalog from
+        # before BEGIN IMMEDIATE to after COMMIT, so a writer of another process sleeps in the
+        # kernel until it is let go instead of polling in SQLite's busy handler
+        self.queue_fd = None
+        if queued:
+            database = self.catalog.engine.url.database
+            assert database is not None
+            self.queue_fd = os.open(database + "-writers", os.O_RDWR | os.O_CREAT, 0o600)
         # the Catalog's begin listener (it runs BEGIN IMMEDIATE) swapped for one that times it
         event.remove(self.catalog.engine, "begin", Catalog._sqlite_begin)
         event.listen(self.catalog.engine, "begin", self._timed_begin)
+        event.listen(self.catalog.engine, "rollback", self._rolled_back)
         transient = self.catalog._transient
 
         def counted_transient(exc: Exception) -> bool:
@@ -120,15 +136,35 @@ class Head:
         from engine.catalog import Catalog
 
         started = time.perf_counter()
+        if self.queue_fd is not None and conn.info.get("begin") == "BEGIN IMMEDIATE":
+            fcntl.flock(self.queue_fd, fcntl.LOCK_EX)
+            # let go after COMMIT (the Catalog's after-commit callbacks) or before a rollback
+            info = conn.info
+            info["bench.queued"] = True
+
+            def committed() -> None:
+                info.pop("bench.queued", None)
+                self._let_writers_go()
+
+            info[AFTER_COMMIT].append(committed)
         Catalog._sqlite_begin(conn)
         waited = time.perf_counter() - started
         if waited >= BUSY_WAIT_S and conn.info.get("begin") == "BEGIN IMMEDIATE":
             self.counts["busy_begins"] += 1
             self.counts["busy_wait_s"] += waited
 
+    def _let_writers_go(self) -> None:
+        fcntl.flock(self.queue_fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
+
+    def _rolled_back(self, conn) -> None:
+        if conn.info.pop("bench.queued", False):
+            self._let_writers_go()
+
     def close(self) -> None:
         self.data.close()
         self.catalog.close()
+        if self.queue_fd is not None:
+            os.close(self.queue_fd)
 
 
 # -- the hot path ----------------------------------------------------------------
@@ -168,9 +204,9 @@ def hot_path(ns, top: int, names: list[str], cycles: int, reads: int, seed: int)
     return times
 
 
-def process_worker(url: str, index: int, sizes: dict, barrier, results) -> None:
+def process_worker(url: str, index: int, sizes: dict, barrier, results, queued: bool) -> None:
     """One head process: prepare, wait for the others, run the hot path, report."""
-    head = Head(url)
+    head = Head(url, queued)
     try:
         top, names = prepare(head.ns, f"w{index}", sizes["files"])
         for key in head.counts:
@@ -231,10 +267,10 @@ def threads_worker(url: str, threads: int, sizes: dict, barrier, results) -> Non
 
 
 def run_layout(layout: str, heads: int, sizes: dict, scratch: Path) -> dict:
-    """One run of ``layout`` ("process", "shared", "separate", "threads") with ``heads``."""
+    """One run of ``layout`` ("process", "shared", "queued", "separate", "threads")."""
     ctx = mp.get_context("spawn")  # a fresh interpreter each: no catalog handed through a fork
     folder = Path(tempfile.mkdtemp(prefix=f"{layout}-{heads}-", dir=scratch))
-    if layout == "separate":
+    if layout == "separate":  # the others share one
         urls = [make_catalog(folder / f"c{i}") for i in range(heads)]
     else:
         urls = [make_catalog(folder / "c")] * heads
@@ -244,7 +280,10 @@ def run_layout(layout: str, heads: int, sizes: dict, scratch: Path) -> dict:
         procs = [ctx.Process(target=threads_worker, args=(urls[0], heads, sizes, barrier, results))]
     else:
         procs = [
-            ctx.Process(target=process_worker, args=(urls[i], i, sizes, barrier, results))
+            ctx.Process(
+                target=process_worker,
+                args=(urls[i], i, sizes, barrier, results, layout == "queued"),
+            )
             for i in range(heads)
         ]
     return summarize(gather(procs, [results] * len(procs), f"{layout} x{heads}"))
@@ -421,7 +460,7 @@ def layouts_for(heads: list[int]) -> list[tuple[str, int]]:
     out = [("process", 1)] if 1 in heads else []
     for n in heads:
         if n > 1:
-            out += [("shared", n), ("separate", n), ("threads", n)]
+            out += [("shared", n), ("queued", n), ("separate", n), ("threads", n)]
     return out
 
 

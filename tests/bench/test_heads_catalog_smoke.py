@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-LINE = re.compile(r"^(1_process|2_shared|2_separate|2_threads) (.*)$")
+LINE = re.compile(r"^(1_process|2_shared|2_queued|2_separate|2_threads) (.*)$")
 VISIBILITY = re.compile(r"^visibility (.*)$")
 
 
@@ -37,7 +37,9 @@ def test_heads_catalog_smoke_reports_every_layout(tmp_path):
             visibility = {
                 k: float(v) for k, v in (pair.split("=") for pair in match.group(1).split())
             }
-    assert set(found) == {"1_process", "2_shared", "2_separate", "2_threads"}, proc.stdout
+    assert set(found) == {"1_process", "2_shared", "2_queued", "2_separate", "2_threads"}, (
+        proc.stdout
+    )
     for row in found.values():
         assert row["ops_per_s"] > 0 and row["cpu_us_per_op"] > 0
         assert row["small_file_p99_us"] >= row["small_file_p50_us"] > 0
@@ -45,7 +47,7 @@ def test_heads_catalog_smoke_reports_every_layout(tmp_path):
     # another process's commit moves the epoch: the sharing processes' caches are emptied, while
     # a lone process's own (tracked) commits evict only what they changed (threads of one process
     # may empty it now and then: one reads the epoch between another's commit and its tracking)
-    assert found["2_shared"]["cache_clears"] > 0
+    assert found["2_shared"]["cache_clears"] > 0 and found["2_queued"]["cache_clears"] > 0
     assert found["2_separate"]["cache_clears"] == 0
     assert found["1_process"]["cache_clears"] == 0
     assert visibility is not None, proc.stdout
