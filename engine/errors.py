@@ -97,6 +97,13 @@ class NoRedundancy(IOFailure):
     not ENOSPC: freeing space does not help, bringing the drives back does."""
 
 
+class WritesNotRecorded(IOFailure):
+    """Buffered writes whose stripes reached the drives but whose catalog commit failed because
+    the catalog was unreachable (a PostgreSQL failover): they are let go. A local caller gets
+    EIO; NFS answers DELAY / JUKEBOX and its write verifier changes (``DataPath.writes_lost``),
+    so its clients send those UNSTABLE writes again."""
+
+
 class ReadOnly(FsError):
     errno_value = _errno.EROFS
 

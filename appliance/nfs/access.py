@@ -29,6 +29,7 @@ from appliance.nfs.exports import ExportRule, PseudoDir
 from appliance.nfs.fh import KIND_FILE, BadHandle, FileHandle, StaleHandle
 from engine.catalog.database import CatalogUnavailable, CatalogUnreachable
 from engine.catalog.models import DIR
+from engine.errors import WritesNotRecorded
 from engine.namespace import R_OK, W_OK, X_OK, Attr
 from engine.ratelog import RateLimitedLog
 
@@ -114,6 +115,8 @@ def need_writable(rule: ExportRule, codes: Codes) -> None:
 def status_of(exc: Exception, codes: Codes) -> int:
     """The protocol status for an exception an operation raised: SERVERFAULT only for what no
     request should be able to cause (a bug)."""
+    if isinstance(exc, WritesNotRecorded):  # the write verifier moved: the client sends again
+        return codes.delay
     if isinstance(exc, OSError):  # engine.errors.FsError carries its errno
         return codes.errno_map.get(exc.errno, codes.io) if exc.errno is not None else codes.io
     if isinstance(exc, codes.carries_status):

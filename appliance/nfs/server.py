@@ -275,7 +275,7 @@ class NfsServer:
         self.handles = HandleCodec(catalog)
         self.owner_major = f"shingle-{self.handles.fsid:016x}".encode()
         # changes every start: clients must re-send UNSTABLE writes after a restart
-        self.write_verifier = os.urandom(8)
+        self._boot_verifier = int.from_bytes(os.urandom(8), "big")
         self.boot_ns = time.time_ns()
         self.exports_generation = 1
         self.exports: ExportTable | None = None
@@ -304,6 +304,16 @@ class NfsServer:
         self._statfs_lock = threading.Lock()
 
     # -- helpers used by operations --------------------------------------------------------
+
+    @property
+    def write_verifier(self) -> bytes:
+        """The verifier of UNSTABLE writes and COMMIT: new at every start, and again whenever
+        the data path let buffered writes go (their catalog commit met an outage), so clients
+        send again what they have not seen committed. A WRITE reads it before writing."""
+        data = self.namespace.data
+        lost = data.writes_lost if data is not None else 0
+        return ((self._boot_verifier + lost) % (1 << 64)).to_bytes(8, "big")
+
     def stats(self) -> dict[str, float]:
         """Cumulative counters (engine/metrics.py names) that the daemon samples for the web UI."""
         return self.counters.snapshot()

@@ -14,7 +14,15 @@ import time
 from collections import defaultdict, deque
 
 from engine import errors
-from engine.catalog.database import in_list, sql, sql_all, sql_many, sql_one
+from engine.catalog.database import (
+    CatalogUnavailable,
+    from_outage,
+    in_list,
+    sql,
+    sql_all,
+    sql_many,
+    sql_one,
+)
 from engine.datapath.accounting import (
     ExtentMap,
     adjust_live,
@@ -45,6 +53,7 @@ class Committer:
         self.queue: deque = deque()
         self.listeners: list = []
         self.size_watches: list = []  # see DataPath.add_size_watch
+        self.writes_lost = 0  # batches let go because the catalog was unreachable
         self._stopping = False
         self._dispatch_idle = lambda: True
         self.thread = threading.Thread(target=self._run, daemon=True, name="shingle-commit")
@@ -117,7 +126,7 @@ class Committer:
                     lambda conn: self._record(conn, good, zone_state), durable=True, tracked=True
                 )
         except BaseException as exc:  # noqa: BLE001
-            failure = errors.IOFailure(f"catalog commit of {len(good)} stripes failed: {exc}")
+            failure = self.failure(exc, f"catalog commit of {len(good)} stripes failed")
             for s in good:
                 s.fail(failure)
             with self.space.lock:
@@ -146,6 +155,16 @@ class Committer:
         self.stats["inline_bytes_written"] += sum(
             length for s in good if s.policy is self.inline for _fo, _so, length in s.extents
         )
+
+    def failure(self, exc: BaseException, what: str) -> errors.IOFailure:
+        """The error stripes that are let go carry to flush(): WritesNotRecorded when the
+        catalog was unreachable (counted in ``writes_lost``), else an I/O failure."""
+        if isinstance(exc, CatalogUnavailable) or from_outage(exc):
+            # counted before any flush can see the failure: a write verifier read after this
+            # differs from every one handed out with the bytes now let go
+            self.writes_lost += 1
+            return errors.WritesNotRecorded(f"{what}: {exc}")
+        return errors.IOFailure(f"{what}: {exc}")
 
     def _zones_to_record(self, good: list[PendingStripe]) -> dict:
         """The zones whose rows the batch writes (those changed since the last batch, those the

@@ -258,6 +258,12 @@ class DataPath:
         batch's transaction, around its size changes (engine.quotas.QuotaTracker)."""
         self.commits.size_watches.append(watch)
 
+    @property
+    def writes_lost(self) -> int:
+        """How many times buffered writes were let go because the catalog was unreachable at
+        their commit (errors.WritesNotRecorded): NFS changes its write verifier with it."""
+        return self.commits.writes_lost
+
     def counters(self) -> dict[str, float]:
         """Cumulative counters for the web UI's charts (names: engine/metrics.py)."""
         out = {

@@ -336,10 +336,11 @@ class Dispatcher:
             if stripe.policy is not self.inline:  # inline bytes go to the catalog, not to drives
                 self.space.place(stripe)
         except BaseException as exc:  # noqa: BLE001 - the stripe carries it to flush()
+            # placing opens zones in catalog transactions: an outage there is no I/O failure
             stripe.fail(
                 exc
                 if isinstance(exc, errors.FsError)
-                else errors.IOFailure(f"encode failed: {exc}")
+                else self.commits.failure(exc, "encoding or placing the stripe failed")
             )
         finally:
             self.space.unreserve(stripe.reserved)

@@ -7,16 +7,20 @@ same requests succeed without a restart of the NFS server."""
 from __future__ import annotations
 
 import logging
+import os
 import struct
 import threading
 import time
 
+import pytest
 from nfs4_rawclient import RawClient
 from nfs4_support import MiB, add_export, start_server
 
+from appliance.nfs import access
 from appliance.nfs.v3 import types as t3
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
+from appliance.nfs.v4.context import CODES
 from engine.catalog import Catalog, upgrade
 from engine.datapath import DataPath
 from engine.drives import format_emulated
@@ -154,5 +158,67 @@ def test_postgresql_outage_gives_delay_and_clients_carry_on(pg, tmp_path, caplog
             raw.close()
     finally:
         stop.set()
+        srv.stop()
+        stack.close()
+
+
+def _until_not_delay(raw: RawClient, ops) -> tuple[int, list]:
+    deadline = time.monotonic() + 30
+    while True:
+        status, res = raw.session(ops)
+        if status != c.NFS4ERR_DELAY or time.monotonic() > deadline:
+            return status, res
+        time.sleep(0.1)
+
+
+def test_writes_let_go_in_an_outage_change_the_write_verifier(pg, tmp_path):
+    """UNSTABLE writes whose stripe cannot be recorded (PostgreSQL down when the file is
+    flushed) are let go: the flush raises WritesNotRecorded (EIO to a local caller, NFS4ERR_DELAY
+    / NFS3ERR_JUKEBOX to an NFS one, never NFS4ERR_IO), and the write verifier changes, so the
+    NFS client's next COMMIT tells it to send its writes again (RFC 8881 18.32.3); once it has,
+    every byte is there. Before, such a COMMIT answered NFS4ERR_IO and the checkpoint failed."""
+    from engine import errors
+
+    stack = PgStack(pg.create_database(), tmp_path)
+    add_export(stack.catalog)
+    srv = start_server(stack)
+    raw = RawClient(srv.port)
+    try:
+        raw.setup()
+        warm, warm_sid = raw.open_new("warm.bin")  # opens zones: the lost flush reaches the commit
+        write = t.ARGS[c.OP_WRITE](warm_sid, 0, c.FILE_SYNC4, os.urandom(600 * 1024))
+        assert raw.session([(c.OP_PUTFH, warm), (c.OP_WRITE, write)])[0] == c.NFS4_OK
+        fh, sid = raw.open_new("checkpoint.bin")
+        data = os.urandom(300 * 1024)  # less than a stripe (8 x 64 KiB): buffered until flushed
+        write = t.ARGS[c.OP_WRITE](sid, 0, c.UNSTABLE4, data)
+        status, res = raw.session([(c.OP_PUTFH, fh), (c.OP_WRITE, write)])
+        assert status == c.NFS4_OK and res[-1][2].committed == c.UNSTABLE4
+        written_with = res[-1][2].writeverf
+        ino = stack.namespace.resolve("/checkpoint.bin").ino
+        assert stack.data.pending_size(ino) == len(data)
+
+        pg.halt()
+        with pytest.raises(errors.WritesNotRecorded):
+            stack.namespace.commit(ino)  # a local fsync meanwhile: its stripe cannot be recorded
+        assert stack.data.writes_lost >= 1
+        assert access.status_of(errors.WritesNotRecorded("x"), CODES) == c.NFS4ERR_DELAY
+        pg.resume()
+
+        commit = [(c.OP_PUTFH, fh), (c.OP_COMMIT, t.ARGS[c.OP_COMMIT](0, 0))]
+        status, res = _until_not_delay(raw, commit)
+        assert status == c.NFS4_OK
+        assert res[-1][2] != written_with, "bytes were let go under an unchanged verifier"
+        status, res = _until_not_delay(raw, [(c.OP_PUTFH, fh), (c.OP_WRITE, write)])
+        assert status == c.NFS4_OK
+        resent_with = res[-1][2].writeverf
+        status, res = _until_not_delay(raw, commit)
+        assert status == c.NFS4_OK and res[-1][2] == resent_with
+        read = t.ARGS[c.OP_READ](sid, 0, len(data))
+        status, res = raw.compound(
+            [raw.sequence_op(cachethis=False), (c.OP_PUTFH, fh), (c.OP_READ, read)]
+        )
+        assert status == c.NFS4_OK and res[-1][2].data == data
+    finally:
+        raw.close()
         srv.stop()
         stack.close()

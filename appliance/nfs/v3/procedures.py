@@ -137,11 +137,10 @@ def write(cx: Call3, a):
         )
     data = a.data[: a.count]
     stable = a.stable != t.UNSTABLE
+    verifier = cx.server.write_verifier  # before: bytes let go after it change the verifier
     count = cx.ns.write(attr.ino, a.offset, data, stable=stable)
     cx.server.counters.write(count, node.rule.id)
-    return t.WRITE3resok.cls(
-        cx.wcc(node), count, t.FILE_SYNC if stable else t.UNSTABLE, cx.server.write_verifier
-    )
+    return t.WRITE3resok.cls(cx.wcc(node), count, t.FILE_SYNC if stable else t.UNSTABLE, verifier)
 
 
 @procedure(t.NFSPROC3_COMMIT)

@@ -325,9 +325,10 @@ def write(cx, a):
     if a.offset + len(a.data) > fattr.MAX_FILE_SIZE:
         raise NfsError(c.NFS4ERR_FBIG, f"write past {fattr.MAX_FILE_SIZE}")
     stable = a.stable != c.UNSTABLE4
+    verifier = cx.server.write_verifier  # before: bytes let go after it change the verifier
     count = cx.ns.write(node.ino, a.offset, a.data, stable=stable) if len(a.data) else 0
     cx.server.counters.write(count, node.export.id)
-    return _WRITE_OK.cls(count, c.FILE_SYNC4 if stable else c.UNSTABLE4, cx.server.write_verifier)
+    return _WRITE_OK.cls(count, c.FILE_SYNC4 if stable else c.UNSTABLE4, verifier)
 
 
 @operation(c.OP_COMMIT)
