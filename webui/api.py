@@ -640,78 +640,76 @@ ERROR = {
 }
 
 
+ERROR_RESPONSES = {
+    "400": "invalid input",
+    "401": "not signed in and no valid API token",
+    "403": "the API token's scope is too narrow",
+    "404": "no such object",
+}
+
+
+def _json(schema: dict) -> dict:
+    return {"application/json": {"schema": schema}}
+
+
+def _parameters(spec) -> list[dict]:
+    """The route's path parameters, then its query's fields."""
+    params = [
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "description": f"{name.replace('_', ' ')}",
+            "schema": {"type": "integer", "minimum": 1} if kind else {"type": "string"},
+        }
+        for kind, name in re.findall(r"<(int:)?(\w+)>", spec.rule)
+    ]
+    if spec.query is not None:
+        for f in spec.query.fields:
+            params.append(
+                {
+                    "name": f.name,
+                    "in": "query",
+                    "required": f.required and f.default is None,
+                    "description": f.description,
+                    "schema": f.openapi(),
+                }
+            )
+    return params
+
+
+def _operation(spec, path: str) -> dict:
+    described, body_schema = responses.for_route(spec.method, spec.rule)
+    error = _json({"$ref": "#/components/schemas/Error"})
+    op: dict = {
+        "summary": spec.summary,
+        "tags": [spec.tag],
+        "operationId": f"{spec.method.lower()}_" + re.sub(r"\W+", "_", path).strip("_"),
+        "responses": {
+            str(spec.status): {"description": described, "content": _json(body_schema)},
+            **{
+                status: {"description": text, "content": error}
+                for status, text in ERROR_RESPONSES.items()
+            },
+        },
+    }
+    op["x-required-scope"] = spec.scope
+    params = _parameters(spec)
+    if params:
+        op["parameters"] = params
+    if spec.body is not None:
+        op["requestBody"] = {
+            "required": True,
+            "content": _json(spec.body.openapi(partial=spec.partial)),
+        }
+    return op
+
+
 def openapi_document() -> dict:
     paths: dict = {}
     for spec in ENDPOINTS:
         path = re.sub(r"<(?:int:)?(\w+)>", r"{\1}", spec.rule)
-        params = [
-            {
-                "name": name,
-                "in": "path",
-                "required": True,
-                "description": f"{name.replace('_', ' ')}",
-                "schema": {"type": "integer", "minimum": 1} if kind else {"type": "string"},
-            }
-            for kind, name in re.findall(r"<(int:)?(\w+)>", spec.rule)
-        ]
-        if spec.query is not None:
-            for f in spec.query.fields:
-                params.append(
-                    {
-                        "name": f.name,
-                        "in": "query",
-                        "required": f.required and f.default is None,
-                        "description": f.description,
-                        "schema": f.openapi(),
-                    }
-                )
-        described, body_schema = responses.for_route(spec.method, spec.rule)
-        op: dict = {
-            "summary": spec.summary,
-            "tags": [spec.tag],
-            "operationId": f"{spec.method.lower()}_" + re.sub(r"\W+", "_", path).strip("_"),
-            "responses": {
-                str(spec.status): {
-                    "description": described,
-                    "content": {"application/json": {"schema": body_schema}},
-                },
-                "400": {
-                    "description": "invalid input",
-                    "content": {
-                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
-                    },
-                },
-                "401": {
-                    "description": "not signed in and no valid API token",
-                    "content": {
-                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
-                    },
-                },
-                "403": {
-                    "description": "the API token's scope is too narrow",
-                    "content": {
-                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
-                    },
-                },
-                "404": {
-                    "description": "no such object",
-                    "content": {
-                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
-                    },
-                },
-            },
-        }
-        op["x-required-scope"] = spec.scope
-        if params:
-            op["parameters"] = params
-        if spec.body is not None:
-            op["requestBody"] = {
-                "required": True,
-                "content": {
-                    "application/json": {"schema": spec.body.openapi(partial=spec.partial)}
-                },
-            }
-        paths.setdefault("/api/v1" + path, {})[spec.method.lower()] = op
+        paths.setdefault("/api/v1" + path, {})[spec.method.lower()] = _operation(spec, path)
     return {
         "openapi": "3.1.0",
         "info": {
