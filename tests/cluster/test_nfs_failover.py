@@ -5,7 +5,8 @@ Patroni member: libpq multi-host, target_session_attrs=read-write; its drives ar
 emulated ones). NFSv4.1 clients (tests/nfs/nfs4_rawclient.py, an independent peer that shows
 every status the server answers) write checkpoint-like files: OPEN, WRITEs (UNSTABLE), COMMIT,
 CLOSE, each COMPOUND sent again after NFS4ERR_DELAY, every WRITE sent again when the COMMIT's
-verifier is not the one the WRITEs got (as real clients do). The primary's host is killed in the
+verifier is not the one the WRITEs got (as real clients do); beside them nfs-rs, a real client,
+writes whole files (its write returns once committed). The primary's host is killed in the
 middle. The clients must see only OK and DELAY (never SERVERFAULT, an I/O error or another
 status), writes must resume by themselves on the new primary, every file whose COMMIT and CLOSE
 were answered OK must read back byte-identical afterwards (also once the old primary has
@@ -14,7 +15,8 @@ rejoined), and the daemon's log must hold no traceback.
 How the clients reach the head: the bed's addresses exist only inside its namespaces, so the
 daemon listens on 127.0.0.1 of its own host's namespace and the clients' sockets are opened by
 threads that joined that namespace (``Bed.call``); a socket keeps its namespace, so the writer
-threads then use them from the test process as any other.
+threads then use them from the test process as any other. nfs-rs runs its whole loop in such a
+thread (threads it starts there inherit the namespace).
 
 The stall printed (run with ``-s``) is the longest time any writer waited between two answered
 OK COMPOUNDs after the failure, and the time from the kill to the first COMMIT answered OK
@@ -133,6 +135,50 @@ class Writer:
 
     def acked_after(self, moment: float) -> int:
         return sum(1 for sent, _done in self.commit_ok if sent > moment)
+
+
+@dataclass
+class RealClientWriter:
+    """nfs-rs (a real NFSv4.1 client: UNSTABLE WRITEs, COMMIT, verifier checks of its own)
+    writing files in a loop from a thread inside the head's host; a write that raises is
+    recorded with the status the client names, and the file written again."""
+
+    acked: dict[str, float] = field(default_factory=dict)
+    started: dict[str, float] = field(default_factory=dict)  # of the acknowledged files
+    refused: Counter = field(default_factory=Counter)  # code_name -> count
+    failure: str | None = None
+
+    def run(self, bed, stop: threading.Event) -> None:
+        try:
+            bed.call(HEAD, lambda: self._loop(stop))
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.failure = f"nfs-rs writer: {exc!r}"
+
+    def _loop(self, stop: threading.Event) -> None:
+        import nfs_rs
+
+        client = nfs_rs.Client.connect(
+            f"nfs://127.0.0.1:{NFS_PORT}/export?version=4.1", nfs_port=NFS_PORT,
+            noresvport=True, uid=0, gid=0, connect_timeout=20, operation_timeout=60,
+        )  # fmt: skip
+        with client:
+            seq = 0
+            while not stop.is_set():
+                seq += 1
+                name = f"real-{seq}"
+                began = time.monotonic()
+                try:
+                    with client.open(f"/{name}", "wb") as file:
+                        file.write(content(name))
+                except nfs_rs.NfsError as exc:
+                    self.refused[exc.code_name or type(exc).__name__] += 1
+                    time.sleep(0.1)
+                    continue
+                self.acked[name] = time.monotonic()
+                self.started[name] = began
+
+    def acked_after(self, moment: float) -> int:
+        return sum(1 for began in self.started.values() if began > moment)
 
 
 def session_client() -> tuple[RawClient, bytes]:
@@ -260,6 +306,7 @@ def test_nfs_writes_ride_out_the_catalog_primary_host_killed(healed_bed, tmp_pat
     primary = bed.wait_primary()
     head = Head(bed, tmp_path / "head")
     writers: list[Writer] = []
+    real = RealClientWriter()
     stop = threading.Event()
     threads: list[threading.Thread] = []
     try:
@@ -268,15 +315,18 @@ def test_nfs_writes_ride_out_the_catalog_primary_host_killed(healed_bed, tmp_pat
             raw, root = bed.call(HEAD, session_client)
             writers.append(Writer(k, raw, root))
         threads = [threading.Thread(target=w.run, args=(stop,)) for w in writers]
+        threads.append(threading.Thread(target=real.run, args=(bed, stop)))
         for thread in threads:
             thread.start()
         assert wait_until(
-            lambda: all(len(w.acked) >= WARM_UP_FILES for w in writers), writers, 60.0
-        ), "no writes at first"
+            lambda: all(len(w.acked) >= WARM_UP_FILES for w in writers) and real.acked,
+            writers, 60.0,
+        ), "no writes at first"  # fmt: skip
         failed_at = time.monotonic()
         bed.kill_host(primary)
         resumed = wait_until(
-            lambda: all(w.acked_after(failed_at) >= AFTER_FILES for w in writers),
+            lambda: all(w.acked_after(failed_at) >= AFTER_FILES for w in writers)
+            and real.acked_after(failed_at) >= 1,
             writers, RESUME_TIMEOUT_S,
         )  # fmt: skip
         stop.set()
@@ -284,6 +334,12 @@ def test_nfs_writes_ride_out_the_catalog_primary_host_killed(healed_bed, tmp_pat
             thread.join(CALL_TIMEOUT_S * 2)
         failures = [w.failure for w in writers if w.failure]
         assert not failures, failures
+        assert real.failure is None, real.failure
+        assert not [code for code in real.refused if "DELAY" not in code], real.refused
+        print(
+            f"\nnfs-rs: {len(real.acked)} files written, {real.acked_after(failed_at)} begun "
+            f"after the kill; refused: {dict(real.refused)}"
+        )
         assert resumed, f"writes did not resume within {RESUME_TIMEOUT_S:.0f} s"
 
         statuses = sum((w.statuses for w in writers), Counter())
@@ -305,7 +361,7 @@ def test_nfs_writes_ride_out_the_catalog_primary_host_killed(healed_bed, tmp_pat
 
         reader, root = bed.call(HEAD, session_client)
         try:
-            acked = [name for w in writers for name in w.acked]
+            acked = [name for w in writers for name in w.acked] + list(real.acked)
             wrong = [name for name in acked if read_back(reader, root, name) != content(name)]
             assert not wrong, f"{len(wrong)} of {len(acked)} acknowledged files differ: {wrong[:5]}"
             bed.heal()  # the old primary rejoins as a replica; nothing acknowledged may go
