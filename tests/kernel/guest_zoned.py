@@ -403,7 +403,8 @@ class Shingle:
         from engine.drives import SmrModel
         from engine.namespace import Namespace
 
-        self.model = SmrModel()
+        # a band of the model is a device zone: an append at a zone's pointer is sequential
+        self.model = SmrModel(band_size=4 * MiB)
         self.data = DataPath(self.catalog, self.policies, reserve_zones=1, smr_model=self.model)
         self.ns = Namespace(self.catalog, data=self.data)
         return self
@@ -523,8 +524,10 @@ def check_write_read(rig: Rig) -> str:
         dev: (peaks[dev], limit) for dev, limit in limits.items() if limit and peaks[dev][1] > limit
     }
     assert not over, f"open/active zones past the limit: {over}"
-    wa = shingle.model.report()["write_amplification"]
+    model = shingle.model.report()
+    wa, sequential = model["write_amplification"], model["sequential_append_share"]
     assert abs(wa - 1.0) < 1e-9, f"write amplification {wa}"
+    assert sequential == 1.0, f"appends at a write pointer: {sequential}"
     return (
         f"{files} files of {FILE_BYTES} bytes by {WRITERS} writers in {seconds:.1f} s "
         f"({files * FILE_BYTES / seconds / 1e6:.2f} MB/s under TCG), WA {wa:.3f}, "
