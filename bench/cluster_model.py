@@ -74,8 +74,9 @@ class _Queue(list):
 class ModelDrive:
     """What Space.place/zone_for touch of a DriveState, without a backing folder."""
 
-    def __init__(self, id: int, zone_size: int, zones: int):
+    def __init__(self, id: int, zone_size: int, zones: int, host: int | None = None):
         self.id = id
+        self.host = id if host is None else host  # placement spreads a stripe over hosts
         self.zone_size = zone_size
         self.zones = [
             ZoneMem(
@@ -93,6 +94,9 @@ class ModelDrive:
 
     def writable(self) -> bool:
         return True
+
+    def at_open_limit(self) -> bool:
+        return False  # SMR hard drives: no open-zone limit that placement must respect
 
 
 class ModelSpace(Space):
@@ -193,7 +197,7 @@ def simulate(p: dict) -> dict:
     drive_zones = node_zones // p["drives_per_node"] + 8
     nodes = placer([ModelDrive(i, zone, node_zones) for i in range(p["nodes"])])
     inner = {
-        n: placer([ModelDrive(d, zone, drive_zones) for d in range(p["drives_per_node"])])
+        n: placer([ModelDrive(d, zone, drive_zones, host=n) for d in range(p["drives_per_node"])])
         for n in range(p["nodes"])
     }
     smr = SmrModel(SmrParams(band_size=zone))

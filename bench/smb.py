@@ -202,6 +202,7 @@ class ReferenceSmb:
     def start(self) -> None:
         from appliance.smb import samba
         from engine import smb as smb_service
+        from engine.exports import ANY_CLIENT
 
         self.folder.mkdir(parents=True)
         self.folder.chmod(0o777)
@@ -209,9 +210,7 @@ class ReferenceSmb:
         user = smb_service.SmbUser(1, USER, smb_service.FIRST_UID, smb_service.FIRST_UID)
         samba.write_nss(self.layout, [user])
         samba.SambaPassdb(self.layout).set_password(user, PASSWORD)
-        share = smb_service.Share(
-            1, SHARE, "/", "rw", smb_service.ANY_CLIENT, False, "", "", False, True
-        )
+        share = smb_service.Share(1, SHARE, "/", "rw", ANY_CLIENT, False, "", "", False, True)
         conf = samba.render_conf(
             self.layout, [share], mount=self.folder, host="127.0.0.1", port=self.port
         )
