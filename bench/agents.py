@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -101,18 +100,14 @@ class Agents:
             )
             log.close()
             self.addresses.append(address)
-        for process, address in zip(self.processes, self.addresses, strict=True):
-            deadline = time.monotonic() + 60
-            while True:
-                if process.poll() is not None:
-                    raise RuntimeError(f"agent {address} exited (see {root})")
-                try:
-                    socket.create_connection(("127.0.0.1", int(address.rsplit(":")[1])), 1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"agent {address} not listening") from None
-                    time.sleep(0.05)
+        # ready once it says so (a connect to a port in the ephemeral range can meet itself)
+        for n, (process, address) in enumerate(zip(self.processes, self.addresses, strict=True)):
+            deadline = time.monotonic() + 120
+            log_path = root / f"agent-{n}.log"
+            while "shingle agent: serving" not in log_path.read_text(errors="replace"):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"agent {address} did not start: {log_path.read_text()}")
+                time.sleep(0.05)
 
     def cpu(self) -> float:
         return sum(cpu_seconds(p.pid) for p in self.processes)

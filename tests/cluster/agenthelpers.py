@@ -30,6 +30,7 @@ SMALL = {
     "hot": {"fragment_size": 64 * KiB},
 }
 STRIPE = 8 * 64 * KiB
+SERVING = "shingle agent: serving"  # what an agent prints once it listens
 
 
 def free_port(taken: set[int]) -> int:
@@ -58,9 +59,12 @@ class Agent:
         self.log = root.parent / f"agent-{name}.log"
         self.extra = extra
         self.process: subprocess.Popen | None = None
+        self.log_from = 0
 
     def start(self) -> Agent:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
+        # a restarted agent appends to its log: only what this start writes says it is ready
+        self.log_from = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 [
@@ -90,19 +94,19 @@ class Agent:
         return self
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        """Until it listens: ten agents importing at once on a busy 2-core machine took more
-        than 30 s (about 1 s of CPU each)."""
+        """Until it says it serves (its line comes once it listens). Not a connect: the ports
+        lie in the ephemeral range, where a connect to a port nobody listens on yet can meet
+        itself (a TCP self-connect) and look like a listener. Ten agents importing at once on
+        a busy 2-core machine took more than 30 s (about 1 s of CPU each)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.process is not None
+            if SERVING in self.log.read_bytes()[self.log_from :].decode(errors="replace"):
+                return
             if self.process.poll() is not None:
                 raise AssertionError(f"agent {self.name} exited: {self.log.read_text()[-2000:]}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError(f"agent {self.name} not listening after {timeout} s")
+            time.sleep(0.05)
+        raise AssertionError(f"agent {self.name} not serving after {timeout} s")
 
     def kill(self) -> None:
         """kill -9: the host is gone, nothing flushed or closed."""
