@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ConfigError
-from engine.units import format_size  # noqa: F401  (re-exported: callers use config.format_size)
+from engine.base.errors import ConfigError
+from engine.base.units import format_size  # noqa: F401  (re-exported: callers use config.format_size)
 
 SIZE_UNITS = {
     "": 1,
@@ -416,7 +416,7 @@ OPTIONS: list[Option] = [
         "default: it is reached by name either way, and tools that walk a tree (rsync, du, "
         "rm -r) then do not descend into every snapshot.",
     ),
-    # alerts (engine/alerts.py) and their delivery (engine/notify.py)
+    # alerts (engine/admin/alerts.py) and their delivery (engine/admin/notify.py)
     Option(
         "alerts",
         "interval_s",
@@ -670,7 +670,7 @@ class Config:
 
     def policies(self) -> dict:
         """Band-class policies, validated by the engine (pyeclib backend present, k/m in range)."""
-        from engine.erasure import policy_from_dict
+        from engine.coding.erasure import policy_from_dict
 
         return {name: policy_from_dict(name, opts) for name, opts in self.band_classes.items()}
 

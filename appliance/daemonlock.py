@@ -1,7 +1,7 @@
 """One owner for the drives: the daemon holds an exclusive lock while it runs.
 
 Admin commands that move data take the same lock to run in-process when no
-daemon runs, and otherwise queue a job for the daemon (engine.jobs)."""
+daemon runs, and otherwise queue a job for the daemon (engine.admin.jobs)."""
 
 from __future__ import annotations
 

@@ -7,16 +7,16 @@ would race it. So the daemon runs one maintenance thread that
 - queues the scheduled jobs when their interval (config [maintenance]) is due,
 - runs queued jobs one at a time (admins queue them from the CLI or web UI), with a
   heartbeat while each runs; at start, jobs a dead daemon left running are queued
-  again or marked interrupted (engine.jobs.recover_interrupted),
+  again or marked interrupted (engine.admin.jobs.recover_interrupted),
 - records the counters of the NFS server and the data path every few seconds
   for the web UI's charts,
 - looks at every drive (``maintenance.drive_check_interval_s``): a folder or device gone
   makes the drive ``missing``, one that came back is taken back (engine/datapath/drivewatch.py;
   I/O errors are noticed at once by the data path itself, even while a long job runs here),
 - queues a ``snapshot-schedule`` job when a snapshot schedule's slot has come
-  (engine/snapshot_schedules.py; one at a time, the job takes every due snapshot),
-- evaluates the alert sources (engine/alerts.py) every ``alerts.interval_s`` and hands raised
-  and cleared alerts to the delivery threads (engine/notify.py: queued, never waited for).
+  (engine/snapshots/schedules.py; one at a time, the job takes every due snapshot),
+- evaluates the alert sources (engine/admin/alerts.py) every ``alerts.interval_s`` and hands raised
+  and cleared alerts to the delivery threads (engine/admin/notify.py: queued, never waited for).
 
 In a cluster ([cluster] etcd_endpoints), one host is the maintenance leader (an etcd lease:
 engine/cluster/leader.py): only it queues scheduled jobs and runs queued ones, each write fenced
@@ -33,12 +33,12 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from engine import jobs
+from engine.admin import jobs
+from engine.admin.metrics import record_sample
 from engine.catalog import CatalogUnreachable, from_outage
 from engine.catalog.fence import LeaderFenced
 from engine.cluster.leader import FencedLeader
-from engine.metrics import record_sample
-from engine.snapshot_schedules import SnapshotScheduler
+from engine.snapshots.schedules import SnapshotScheduler
 
 log = logging.getLogger("shingle.maintenance")
 T = TypeVar("T")
@@ -239,7 +239,7 @@ class Maintenance(threading.Thread):
 def alert_settings(config, catalog=None):
     """The engine's AlertSettings from ``[alerts]`` and the web UI's certificate."""
     from appliance.smb.samba import SambaLayout
-    from engine.alerts import AlertSettings
+    from engine.admin.alerts import AlertSettings
 
     cert = config.get("webui.tls_cert_file")
     return AlertSettings(
@@ -257,8 +257,8 @@ def alert_settings(config, catalog=None):
 
 def alert_monitor(config, catalog):
     """(AlertMonitor, Notifier or None), or (None, None) when alerts.interval_s is 0."""
-    from engine.alerts import AlertMonitor
-    from engine.notify import Notifier, sinks_from_config
+    from engine.admin.alerts import AlertMonitor
+    from engine.admin.notify import Notifier, sinks_from_config
 
     if not config.get("alerts.interval_s"):
         return None, None
@@ -272,8 +272,8 @@ def alert_monitor(config, catalog):
 
 def job_runners(appliance) -> dict[str, Callable]:
     """kind -> runner(params, progress, actor) -> JSON-able result."""
-    from engine.retention import RetentionService
-    from engine.trash import Trash
+    from engine.admin.trash import Trash
+    from engine.snapshots.retention import RetentionService
 
     ns, catalog = appliance.namespace, appliance.catalog
     retention = RetentionService(ns, catalog)
@@ -307,7 +307,7 @@ def job_runners(appliance) -> dict[str, Callable]:
 
 def snapshot_runners(appliance) -> dict[str, Callable]:
     """Scheduled snapshots and their retention; archiving a snapshot (with a data path)."""
-    from engine.snapshot_archive import archive_snapshot
+    from engine.snapshots.archive import archive_snapshot
 
     ns = appliance.namespace
     scheduler = SnapshotScheduler(ns)

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from appliance.config import Config
+from engine.base.errors import ConfigError
 from engine.catalog import Catalog
 from engine.catalog.migrate import current_revision, head_revision
-from engine.errors import ConfigError
 from engine.namespace import Namespace
 
 if TYPE_CHECKING:  # the daemon's parts, imported when it starts them
@@ -269,7 +269,7 @@ class Appliance:
     def finish_snapshot_deletions(self) -> int:
         """Finish snapshot deletions a crash cut short (the owner of the drives, at start), so
         their space comes back now rather than at the next snapshot call."""
-        from engine.snapshots import Snapshots
+        from engine.snapshots.service import Snapshots
 
         freed = Snapshots(self.namespace).finish_deletions()
         if freed:
@@ -469,7 +469,7 @@ class Daemon:
         return dog
 
     def counters(self) -> dict:
-        """Cumulative counters the web UI charts (names: engine/metrics.py)."""
+        """Cumulative counters the web UI charts (names: engine/admin/metrics.py)."""
         assert self.server is not None and self.appliance is not None
         assert self.appliance.datapath is not None  # the daemon's appliance has its data path
         return {**self.server.stats(), **self.appliance.datapath.counters()}

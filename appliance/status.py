@@ -204,7 +204,7 @@ def smb_report(data_dir, catalog: Catalog) -> dict:
     """smbd's health and sessions (smbstatus over the daemon's smb.conf) and the catalog's SMB
     shares and users; ``enabled`` is false where the daemon never served SMB."""
     from appliance.smb.samba import SambaLayout, smb_status
-    from engine import smb as smb_service
+    from engine.admin import smb as smb_service
 
     report = smb_status(SambaLayout.for_data_dir(data_dir))
     shares = smb_service.list_shares(catalog)

@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from engine.catalog import Catalog, upgrade  # noqa: E402
+from engine.coding.erasure import load_policies  # noqa: E402
 from engine.datapath import DataPath  # noqa: E402
 from engine.drives import add_agent_drives, format_emulated  # noqa: E402
-from engine.erasure import load_policies  # noqa: E402
 from engine.namespace import Namespace  # noqa: E402
 
 MiB = 1 << 20

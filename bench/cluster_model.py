@@ -125,7 +125,7 @@ def policies(k: int, m: int, fragment_size: int):
     """The engine's own Policy objects: 8+2 across nodes, and width 1 for a node's drives."""
     from dataclasses import replace
 
-    from engine.erasure import policy_from_dict
+    from engine.coding.erasure import policy_from_dict
 
     across = policy_from_dict(
         "warm",
@@ -166,7 +166,7 @@ def measure_encode_GBps(trials: int = 8) -> tuple[float, str]:
     rate far under the idle figure) the idle reference is used and the note says so."""
     import os
 
-    from engine.erasure import policy_from_dict
+    from engine.coding.erasure import policy_from_dict
 
     policy = policy_from_dict(
         "warm",

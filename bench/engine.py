@@ -35,9 +35,9 @@ from sqlalchemy import update  # noqa: E402
 
 from engine.catalog import Catalog, upgrade  # noqa: E402
 from engine.catalog.models import Drive  # noqa: E402
+from engine.coding.erasure import load_policies  # noqa: E402
 from engine.datapath import DataPath  # noqa: E402
 from engine.drives import SmrModel, format_emulated  # noqa: E402
-from engine.erasure import load_policies  # noqa: E402
 from engine.namespace import ROOT, Namespace  # noqa: E402
 
 MiB = 1 << 20

@@ -94,8 +94,8 @@ class Head:
         from sqlalchemy import event
 
         from engine.catalog import Catalog
+        from engine.coding.erasure import load_policies
         from engine.datapath import DataPath
-        from engine.erasure import load_policies
         from engine.namespace import Namespace
 
         self.counts = {"busy_begins": 0, "busy_wait_s": 0.0, "retries": 0, "cache_clears": 0}
@@ -381,7 +381,7 @@ def visibility_writer(url: str, rounds: int, ready, turn, done, results) -> None
 
 def visibility_reader(url: str, rounds: int, ready, turn, done, results) -> None:
     """Process B: look the names up through its cached Namespace until A's change shows."""
-    from engine import errors
+    from engine.base import errors
     from engine.namespace import ROOT
 
     head = Head(url)

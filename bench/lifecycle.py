@@ -45,18 +45,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-from engine import errors  # noqa: E402
+from engine.base import errors  # noqa: E402
 from engine.catalog import Catalog, upgrade  # noqa: E402
 from engine.catalog.models import Inode  # noqa: E402
+from engine.coding.erasure import load_policies  # noqa: E402
 from engine.datapath import DataPath  # noqa: E402
 from engine.drives import SmrModel, format_emulated  # noqa: E402
-from engine.erasure import load_policies  # noqa: E402
 from engine.lifecycle import drives as drive_states  # noqa: E402
 from engine.lifecycle.cleaning import Cleaner  # noqa: E402
 from engine.lifecycle.rebuild import rebuild  # noqa: E402
 from engine.lifecycle.tiering import Tiering, TieringPolicy  # noqa: E402
 from engine.namespace import ROOT, Namespace  # noqa: E402
-from engine.retention import RetentionService  # noqa: E402
+from engine.snapshots.retention import RetentionService  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 INODES = Inode.__table__

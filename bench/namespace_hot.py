@@ -43,9 +43,9 @@ def measure(tree: Path, files: int, small_files: int) -> dict:
     sys.path.insert(0, str(tree))
     import engine
     from engine.catalog import Catalog, upgrade
+    from engine.coding.erasure import load_policies
     from engine.datapath import DataPath
     from engine.drives import format_emulated
-    from engine.erasure import load_policies
     from engine.namespace import ROOT, Namespace
 
     assert Path(engine.__file__).resolve().is_relative_to(tree.resolve()), engine.__file__

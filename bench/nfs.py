@@ -38,9 +38,9 @@ from appliance.nfs.server import NfsServerThread  # noqa: E402
 from bench.workloads import SIZES  # noqa: E402
 from engine.catalog import Catalog, upgrade  # noqa: E402
 from engine.catalog.models import Export  # noqa: E402
+from engine.coding.erasure import policy_from_dict  # noqa: E402
 from engine.datapath import DataPath  # noqa: E402
 from engine.drives import format_emulated  # noqa: E402
-from engine.erasure import policy_from_dict  # noqa: E402
 from engine.namespace import ROOT, Namespace  # noqa: E402
 
 MiB = 1 << 20

@@ -201,8 +201,8 @@ class ReferenceSmb:
 
     def start(self) -> None:
         from appliance.smb import samba
-        from engine import smb as smb_service
-        from engine.exports import ANY_CLIENT
+        from engine.admin import smb as smb_service
+        from engine.admin.exports import ANY_CLIENT
 
         self.folder.mkdir(parents=True)
         self.folder.chmod(0o777)

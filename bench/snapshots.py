@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from engine.catalog import Catalog, upgrade  # noqa: E402
 from engine.catalog.database import sql, sql_many  # noqa: E402
+from engine.coding.erasure import load_policies  # noqa: E402
 from engine.datapath import DataPath  # noqa: E402
 from engine.drives import format_emulated  # noqa: E402
-from engine.erasure import load_policies  # noqa: E402
 from engine.namespace import ROOT, Namespace  # noqa: E402
-from engine.snapshots import Snapshots  # noqa: E402
+from engine.snapshots.service import Snapshots  # noqa: E402
 
 MiB = 1 << 20
 FOLDERS = 100

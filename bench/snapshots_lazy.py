@@ -1,5 +1,5 @@
 """Prototype measurement of a lazily materialized snapshot (copy-on-write of rows), A/B against
-today's copy (engine/snapshots.py), for docs/snapshots.md.
+today's copy (engine/snapshots/service.py), for docs/snapshots.md.
 
 Not wired into the engine. It measures the two halves such a design would have:
 a. "record": what create would do before returning: walk the tree for its inode numbers,
@@ -32,12 +32,12 @@ from snapshots import build_dataset  # noqa: E402
 
 from engine.catalog import Catalog, upgrade  # noqa: E402
 from engine.catalog.database import sql, sql_one  # noqa: E402
+from engine.coding.erasure import load_policies  # noqa: E402
 from engine.datapath import DataPath  # noqa: E402
 from engine.datapath.sharing import add_references  # noqa: E402
 from engine.drives import format_emulated  # noqa: E402
-from engine.erasure import load_policies  # noqa: E402
 from engine.namespace import Namespace  # noqa: E402
-from engine.snapshots import _INODE_COLUMNS, Snapshots, _fill_tree, _reserve_inodes  # noqa: E402
+from engine.snapshots.service import _INODE_COLUMNS, Snapshots, _fill_tree, _reserve_inodes  # noqa: E402
 
 MiB = 1 << 20
 CHUNK = 4096

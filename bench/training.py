@@ -10,7 +10,7 @@ safetensors, and as a zarr array; each is written under a temporary
 bytes are stable when close returns; its size is checked), then atomically
 renamed to ``step-N``. A keep-last-N rule (``/bench/train/ckpt/*/step-*``,
 keep 2, by natural name order) then prunes the older ones: on shingle the
-plan comes from shingle's own engine.retention.RetentionService over the
+plan comes from shingle's own engine.snapshots.retention.RetentionService over the
 server's catalog (its preview, which skips dot-named temporaries and entries
 held open), and the deletions go through NFS so the daemon frees the data; on
 any other server the same rule is applied by the client. Every survivor is
@@ -225,7 +225,7 @@ def prune_plan_shingle(catalog_url: str) -> tuple[list[str], str]:
     """Paths shingle's RetentionService would delete under RULE_PATTERN keep KEEP."""
     from engine.catalog import Catalog
     from engine.namespace import Namespace
-    from engine.retention import RetentionService
+    from engine.snapshots.retention import RetentionService
 
     catalog = Catalog(catalog_url)
     try:
@@ -245,14 +245,16 @@ def prune_plan_shingle(catalog_url: str) -> tuple[list[str], str]:
     skipped = [p for p in plan if p.action == "skip"]
     if skipped:
         raise RuntimeError(f"retention skipped {[(p.path, p.reason) for p in skipped]}")
-    return [
-        p.path for p in plan if p.action == "delete"
-    ], f"shingle engine.retention.RetentionService rule {rule_id} (preview), deletions over NFS"
+    return (
+        [p.path for p in plan if p.action == "delete"],
+        f"shingle engine.snapshots.retention.RetentionService rule {rule_id} (preview), "
+        f"deletions over NFS",
+    )
 
 
 def prune_plan_client(fs) -> tuple[list[str], str]:
     """The same rule evaluated by the client (servers without shingle's engine)."""
-    from engine.retention import natural_key
+    from engine.snapshots.retention import natural_key
 
     doomed = []
     for d in fs.ls(CKPT, detail=False):
@@ -262,7 +264,7 @@ def prune_plan_client(fs) -> tuple[list[str], str]:
         )
         names = [n for n in names if fnmatch.fnmatchcase(n, "step-*")]
         doomed += [f"{d}/{n}" for n in names[:-KEEP]]
-    return doomed, "client-side keep-last-N (engine.retention.natural_key order)"
+    return doomed, "client-side keep-last-N (engine.snapshots.retention.natural_key order)"
 
 
 def checkpoints(port: int, size: dict, catalog_url: str | None) -> dict:

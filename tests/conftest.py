@@ -10,7 +10,7 @@
 - every test's emulated drive folders (``drives/`` under its tmp_path) are
   removed when it ends: zone files are preallocated, and pytest keeps the
   last three runs' folders (21 GB per run before this).
-- the engine's locks check their order (engine/ordered_lock.py) in every test and in the
+- the engine's locks check their order (engine/base/ordered_lock.py) in every test and in the
   processes tests start: a lock taken out of RANKS order raises LockOrderError.
 """
 
@@ -24,7 +24,7 @@ os.environ.setdefault("SHINGLE_CHECK_LOCK_ORDER", "1")  # before any engine lock
 import pytest
 from pgserver import PG_BIN, PostgresServer, free_port  # noqa: F401  (free_port is for test modules)
 
-from engine import ordered_lock  # noqa: E402
+from engine.base import ordered_lock  # noqa: E402
 from engine.catalog import Catalog, upgrade
 from engine.namespace import Namespace
 

@@ -11,15 +11,16 @@ Layout (one module per domain, each a blueprint plus the functions the API reuse
 
 The web UI never opens a drive. Metadata changes (rules, exports, drive states, pins, thresholds)
 are catalog transactions with an event naming the admin; anything that moves or frees data
-(retention runs, drain, rebuild, scrub, cleaning, tiering) is queued as a job (engine.jobs) for
-the daemon, whose progress the job pages follow.
+(retention runs, drain, rebuild, scrub, cleaning, tiering) is queued as a job (engine.admin.jobs)
+for the daemon, whose progress the job pages follow.
 
-The blueprints run no SQL: each calls an engine service (engine.exports, engine.admins,
-engine.inventory, engine.tier_settings, engine.health, engine.jobs, engine.events,
-engine.retention), the same ones the CLI and the daemon use.
+The blueprints run no SQL: each calls an engine service (engine.admin.exports, engine.admin.admins,
+engine.admin.inventory, engine.admin.tier_settings, engine.admin.health, engine.admin.jobs,
+engine.admin.events, engine.snapshots.retention), the same ones the CLI and the daemon use.
 
-What it reads that others write: metric samples (engine.metrics, names documented there) for the
-throughput chart and /metrics; jobs and their results; events. What it writes that others read:
-``tiering.<TieringPolicy field>`` and ``tiering.path_rules`` settings (engine.tier_settings), the
-exports (engine.exports; the NFS server reloads them), retention rules (engine.retention).
+What it reads that others write: metric samples (engine.admin.metrics, names documented there) for
+the throughput chart and /metrics; jobs and their results; events. What it writes that others read:
+``tiering.<TieringPolicy field>`` and ``tiering.path_rules`` settings (engine.admin.tier_settings),
+the exports (engine.admin.exports; the NFS server reloads them), retention rules
+(engine.snapshots.retention).
 """

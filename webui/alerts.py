@@ -1,12 +1,13 @@
 """Alerts: the list (open first), acknowledge, and the banner every page shows while any alert
-is active (engine/alerts.py; the daemon evaluates the sources and delivers mail and webhooks)."""
+is active (engine/admin/alerts.py; the daemon evaluates the sources and delivers mail and
+webhooks)."""
 
 from __future__ import annotations
 
 from flask import Blueprint, flash, g, redirect, render_template, url_for
 
-from engine import errors
-from engine.alerts import ACTIVE, AlertService
+from engine.admin.alerts import ACTIVE, AlertService
+from engine.base import errors
 from webui import core
 
 bp = Blueprint("alerts", __name__)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from flask import Blueprint, g, jsonify, request
 
-from engine import accounts, events, jobs
-from engine.schema import Field, Schema, ValidationError
+from engine.admin import accounts, events, jobs
+from engine.admin.schema import Field, Schema, ValidationError
 from webui import (
     alerts,
     core,
@@ -52,7 +52,7 @@ class Endpoint:
     query: Schema | None
     status: int
     auth: bool
-    scope: str  # the least API token scope (engine.accounts.SCOPES) that may call it
+    scope: str  # the least API token scope (engine.admin.accounts.SCOPES) that may call it
 
 
 ENDPOINTS: list[Endpoint] = []

@@ -16,7 +16,7 @@ from pathlib import Path
 from flask import Flask, current_app, g, request
 
 from appliance import facade
-from engine import accounts
+from engine.admin import accounts
 from engine.catalog import CatalogUnavailable
 from webui import core
 
@@ -71,7 +71,8 @@ def create_app(config: facade.Config | str | os.PathLike | None = None) -> Flask
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Strict",
         SESSION_COOKIE_SECURE=tls,  # over TLS the cookie never travels in clear
-        # The cookie's lifetime; the session row (engine.accounts) decides whether it is still live.
+        # The cookie's lifetime; the session row (engine.admin.accounts) decides whether it is still
+        # live.
         PERMANENT_SESSION_LIFETIME=datetime.timedelta(seconds=accounts.SESSION_S),
         MAX_CONTENT_LENGTH=1 << 20,
         SHINGLE_TLS=tls,

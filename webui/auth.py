@@ -1,9 +1,9 @@
 """Sign-in and sign-out: server-side sessions, a throttle that backs off, local redirects only.
 
 The signed cookie carries a random session id (and the CSRF token); the
-session itself is a row of the catalog (engine.accounts), so signing out ends
+session itself is a row of the catalog (engine.admin.accounts), so signing out ends
 it for every copy of the cookie. Failed sign-ins back off per address, per
-account and per account from one address (engine.accounts.THROTTLES); a client
+account and per account from one address (engine.admin.accounts.THROTTLES); a client
 inside its back-off gets 429 with Retry-After, and the right password works
 again once it has passed."""
 
@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from flask import Blueprint, g, redirect, render_template, request, session, url_for
 
-from engine import accounts, events
+from engine.admin import accounts, events
 from webui import core
 
 bp = Blueprint("auth", __name__)

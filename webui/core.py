@@ -26,8 +26,9 @@ from flask import (
     url_for,
 )
 
-from engine import errors, health, units
-from engine.schema import FieldError, Schema, ValidationError
+from engine.admin import health
+from engine.admin.schema import FieldError, Schema, ValidationError
+from engine.base import errors, units
 
 STATE_CHANGING = ("POST", "PUT", "PATCH", "DELETE")
 CSRF_FIELD = "csrf_token"
@@ -240,5 +241,5 @@ def fmt_time(ns) -> str:
 
 
 def fmt_value(key: str, value):
-    """A job result's field: sizes and durations in human units (engine.units.format_value)."""
+    """A job result's field: sizes and durations in human units (engine.base.units.format_value)."""
     return units.format_value(key, value)

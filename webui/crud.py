@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.schema import Schema
+from engine.admin.schema import Schema
 from webui import core, responses
 
 

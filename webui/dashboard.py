@@ -7,7 +7,7 @@ import time
 from flask import Blueprint, render_template
 
 from appliance.facade import SPACE_STATES, gather, leader_report, space_by_state
-from engine import events, inventory, metrics
+from engine.admin import events, inventory, metrics
 from webui import charts, core
 
 bp = Blueprint("dashboard", __name__)
@@ -102,7 +102,7 @@ def index():
         "(the daemon records them while it serves NFS)",
     )
     recent = events.recent(core.ctx().catalog, 12)
-    from engine import jobs
+    from engine.admin import jobs
     from engine.lifecycle.drives import redundancy_status
 
     return render_template(

@@ -1,27 +1,27 @@
 """Datasets: snapshots with the space each holds, schedules, and snapshot changes previewed.
 
-Snapshot create, delete and rollback change catalog rows only (engine/snapshots.py), so they
+Snapshot create, delete and rollback change catalog rows only (engine/snapshots/service.py), so they
 are done here, as the CLI does them, each after a page that shows what it will do (engine/
 datasets.py ``preview``) and asks for a confirmation. Schedules are catalog rows; running
-them now and archiving a snapshot to the cold tier are jobs for the daemon (engine.jobs)."""
+them now and archiving a snapshot to the cold tier are jobs for the daemon (engine.admin.jobs)."""
 
 from __future__ import annotations
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
-from engine import datasets as dataset_service
-from engine import errors
-from engine.schema import Field, Schema
-from engine.snapshot_schedules import (
+from engine.admin.schema import Field, Schema
+from engine.base import errors
+from engine.snapshots import datasets as dataset_service
+from engine.snapshots.schedules import (
     DATASET_FIELD as PATH_FIELD,
 )
-from engine.snapshot_schedules import (
+from engine.snapshots.schedules import (
     PATH_MAX,
     SCHEDULE_SCHEMA,
     SnapshotScheduler,
     engine_fields,
 )
-from engine.snapshots import Snapshots
+from engine.snapshots.service import Snapshots
 from webui import core
 from webui.crud import CrudApi
 from webui.jobs import daemon_pid, queue

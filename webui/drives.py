@@ -4,9 +4,9 @@ take a drive out of use (mark failed, drain, replace).
 
 Actions change the catalog only (the web UI never opens a drive): mark failed
 and drain are drive-state changes (engine.lifecycle.drives); moving data (the
-drain itself, rebuild) is a job the daemon runs (engine.jobs); SMART readings
-and self-tests go through engine.health (the drive runs a test on its own);
-zone counts and band maps come from engine.inventory."""
+drain itself, rebuild) is a job the daemon runs (engine.admin.jobs); SMART readings
+and self-tests go through engine.admin.health (the drive runs a test on its own);
+zone counts and band maps come from engine.admin.inventory."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from typing import Any
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
-from engine import errors, events, inventory, metrics
-from engine.schema import Field, Schema
+from engine.admin import events, inventory, metrics
+from engine.admin.schema import Field, Schema
+from engine.base import errors
 from webui import charts, core
 
 bp = Blueprint("drives", __name__)
@@ -164,7 +165,8 @@ def drive_row(drive_id: int) -> dict:
 
 def band_cells(drive_id: int) -> list[dict]:
     """The band map's cells: one per zone, or on big drives one per run of zones (grouped in
-    SQL by engine.inventory, so an 80,000-zone drive costs a few thousand rows, not 80,000)."""
+    SQL by engine.admin.inventory, so an 80,000-zone drive costs a few thousand rows, not
+    80,000)."""
     found = inventory.band_map_rows(core.ctx().catalog, drive_id, charts.MAX_CELLS)
     if found.group is None:
         return charts.zone_cells(found.rows)

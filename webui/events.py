@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, render_template, request
 
-from engine import events
+from engine.admin import events
 from webui import core
 
 bp = Blueprint("events", __name__)

@@ -1,6 +1,6 @@
 """NFS exports: the path clients mount, which clients (CIDRs), ro/rw and squash.
 
-The pages and the API go through engine.exports (checks, the change and its
+The pages and the API go through engine.admin.exports (checks, the change and its
 event naming the admin, in one catalog transaction); the NFS server reloads
 its table from there."""
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
-from engine import errors
-from engine import exports as export_service
-from engine.exports import SQUASH_MODES as SQUASH
+from engine.admin import exports as export_service
+from engine.admin.exports import SQUASH_MODES as SQUASH
+from engine.base import errors
 from webui import core
 from webui.crud import CrudApi, engine_calls
 

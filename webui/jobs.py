@@ -2,7 +2,7 @@
 tiering) run by the daemon.
 
 The web UI never opens the drives, so anything that moves or frees data is
-queued in the catalog (engine.jobs) for the daemon's maintenance loop; these
+queued in the catalog (engine.admin.jobs) for the daemon's maintenance loop; these
 pages show the queue and each job's progress, refreshing until it finishes."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import os
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
-from engine import errors, jobs
-from engine.schema import Field, Schema
+from engine.admin import jobs
+from engine.admin.schema import Field, Schema
+from engine.base import errors
 from webui import core
 
 bp = Blueprint("jobs", __name__)

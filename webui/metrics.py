@@ -3,7 +3,7 @@
 Gauges come from the catalog (capacity, drive states and zones, band counts, the last
 successful job of each kind, directory quotas' usage and limits); counters of the NFS server
 and of each drive, write amplification and the latency histograms come from the newest samples
-the daemon recorded (engine.metrics), with ``shingle_metrics_sample_age_seconds`` saying how
+the daemon recorded (engine.admin.metrics), with ``shingle_metrics_sample_age_seconds`` saying how
 old they are. A metric with no data is left out rather than reported as zero. Capacity is split
 so that sums mean something: ``shingle_space_bytes{state}`` adds up to
 ``shingle_capacity_bytes{kind="total"}``. Read-only and without secrets, so it needs no sign-in
@@ -17,10 +17,10 @@ import time
 
 from flask import Blueprint, Response
 
-from engine import exports as export_service
-from engine import inventory
-from engine import metrics as samples
-from engine.version import python_version, version
+from engine.admin import exports as export_service
+from engine.admin import inventory
+from engine.admin import metrics as samples
+from engine.base.version import python_version, version
 from webui import core
 
 bp = Blueprint("metrics", __name__)
@@ -164,7 +164,7 @@ def _redundancy_and_alerts(out: Exposition, report: dict, catalog) -> None:
         "is stored: those a stripe written now survives).",
         [({}, hosts["losable_by_placement"] if losable is None else losable)],
     )
-    from engine.alerts import AlertService
+    from engine.admin.alerts import AlertService
 
     active = AlertService(catalog).count_active()
     out.family(

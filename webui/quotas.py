@@ -1,16 +1,16 @@
 """Quotas of directory trees: a section of the exports page, and the API's /quotas.
 
-Both go through engine.quota_service (the checks, the change and its event naming the admin, in one
-catalog transaction); the daemon's next write to the tree sees the change."""
+Both go through engine.admin.quota_service (the checks, the change and its event naming the admin,
+in one catalog transaction); the daemon's next write to the tree sees the change."""
 
 from __future__ import annotations
 
 from flask import Blueprint, abort, flash, redirect, request, url_for
 
 from appliance.facade import parse_size
-from engine import errors
-from engine.quota_service import QuotaService
-from engine.schema import Field, Schema, ValidationError
+from engine.admin.quota_service import QuotaService
+from engine.admin.schema import Field, Schema, ValidationError
+from engine.base import errors
 from webui import core
 from webui.crud import CrudApi
 

@@ -7,9 +7,9 @@ checks real responses against them (tests/webui/test_api_responses.py), so they 
 
 from __future__ import annotations
 
-from engine import exports as export_service
-from engine import smb as smb_service
-from engine.retention import RULE_SCHEMA
+from engine.admin import exports as export_service
+from engine.admin import smb as smb_service
+from engine.snapshots.retention import RULE_SCHEMA
 
 
 def prop(kind: str | list, description: str, **extra) -> dict:
@@ -314,7 +314,7 @@ SCHEMAS: dict[str, dict] = {
         users=prop("integer", "SMB users"),
     ),
     "Alert": obj(
-        "An alert (engine/alerts.py)",
+        "An alert (engine/admin/alerts.py)",
         ("id", "kind", "state", "message"),
         id=prop("integer", "Alert id"),
         kind=prop(

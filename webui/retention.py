@@ -3,16 +3,16 @@
 Rules and previews are catalog reads and writes, done here. Running a rule
 frees file data, which only the daemon may do (it owns the drives, and it
 alone sees which files NFS clients hold open), so "run now" queues a
-retention job (engine.jobs) and the job page follows it to its result."""
+retention job (engine.admin.jobs) and the job page follows it to its result."""
 
 from __future__ import annotations
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
-from engine import errors
+from engine.admin.schema import Field, Schema
+from engine.base import errors
 from engine.catalog.models import REG
-from engine.retention import ACTIONS, RULE_SCHEMA, RetentionService
-from engine.schema import Field, Schema
+from engine.snapshots.retention import ACTIONS, RULE_SCHEMA, RetentionService
 from webui import core
 from webui.crud import CrudApi
 from webui.jobs import daemon_pid, queue

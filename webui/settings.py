@@ -7,8 +7,9 @@ import time
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
-from engine import accounts, admins, errors
-from engine.schema import Field, Schema
+from engine.admin import accounts, admins
+from engine.admin.schema import Field, Schema
+from engine.base import errors
 from webui import core
 
 bp = Blueprint("settings", __name__)

@@ -1,6 +1,6 @@
 """SMB: shares (a namespace folder Samba serves, to which clients and users) and SMB users.
 
-The pages and the API go through engine.smb (checks, the change and its event naming the
+The pages and the API go through engine.admin.smb (checks, the change and its event naming the
 admin, in one catalog transaction); the daemon rewrites smb.conf from there every 2 s
 (appliance/smb/samba.py), so a change reaches smbd without a signal. Passwords go straight to
 Samba's passdb under DATA_DIR/smb with pdbedit, from this process: it runs as the same user as
@@ -12,8 +12,8 @@ from __future__ import annotations
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
 from appliance.facade import SambaLayout, SambaPassdb, smb_report
-from engine import errors
-from engine import smb as smb_service
+from engine.admin import smb as smb_service
+from engine.base import errors
 from webui import core
 from webui.crud import CrudApi, engine_calls
 

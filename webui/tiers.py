@@ -2,8 +2,8 @@
 
 Band-class geometry comes from shingle.toml (validated at load; changing k/m
 under existing stripes is a config change, not a click). Thresholds and pins
-are engine.tier_settings (catalog settings the daemon's tiering job reads);
-zone usage and the compression ratio by class are engine.inventory."""
+are engine.admin.tier_settings (catalog settings the daemon's tiering job reads);
+zone usage and the compression ratio by class are engine.admin.inventory."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import json
 
 from flask import Blueprint, flash, redirect, render_template, request, url_for
 
-from engine import inventory, tier_settings
-from engine.compression import DEFAULT_LEVEL
-from engine.schema import Field, Schema
-from engine.tier_settings import CLASSES, DAY, PATH_RULES_KEY, PIN_LIST_LIMIT  # noqa: F401
+from engine.admin import inventory, tier_settings
+from engine.admin.schema import Field, Schema
+from engine.admin.tier_settings import CLASSES, DAY, PATH_RULES_KEY, PIN_LIST_LIMIT  # noqa: F401
+from engine.coding.compression import DEFAULT_LEVEL
 from webui import core
 
 bp = Blueprint("tiers", __name__)

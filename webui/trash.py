@@ -1,16 +1,16 @@
 """Trash: what retention rules (action "trash") and other deletes moved into each export's
 .trash folder, with restore and purge.
 
-Restoring is a rename in the namespace (engine.trash), done here as the CLI does. Purging frees
-file data, which only the daemon may do, so it queues a trash-purge job (one entry, the expired
-ones, or all) and the job page follows it."""
+Restoring is a rename in the namespace (engine.admin.trash), done here as the CLI does. Purging
+frees file data, which only the daemon may do, so it queues a trash-purge job (one entry, the
+expired ones, or all) and the job page follows it."""
 
 from __future__ import annotations
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
-from engine import errors
-from engine.trash import Trash
+from engine.admin.trash import Trash
+from engine.base import errors
 from webui import core
 from webui.jobs import daemon_pid, queue
 from webui.retention import tree_sizes
@@ -28,7 +28,8 @@ def trash() -> Trash:
 
 
 def entries() -> list[dict]:
-    """Every trash entry (engine.trash.TrashEntry.to_dict) with ``bytes``: what purging frees."""
+    """Every trash entry (engine.admin.trash.TrashEntry.to_dict) with ``bytes``: what purging
+    frees."""
     found = trash().list()
     sizes, complete = tree_sizes(core.ctx().namespace, [e.id for e in found])
     return [{**e.to_dict(), "bytes": sizes.get(e.id, 0), "sizes_complete": complete} for e in found]

@@ -29,14 +29,14 @@ from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
-from engine import errors
+from engine.base import errors
+from engine.base.ordered_lock import lock
 from engine.datapath.drivestate import DriveState
 from engine.datapath.writers import DriveWriters, WriteTicket
 from engine.drives import agentwire as wire
 from engine.drives.remote import parse_address
 from engine.drives.zoned import DriveMissing, ZoneError
 from engine.drives.zonefile import LABEL, ZoneFileDrive
-from engine.ordered_lock import lock
 
 log = logging.getLogger("shingle.agent")
 

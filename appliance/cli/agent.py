@@ -14,7 +14,7 @@ from pathlib import Path
 
 from appliance import config as config_mod
 from appliance.cli.common import UsageError, load_config, size_arg
-from engine import errors
+from engine.base import errors
 
 
 def cmd_agent(args) -> int:

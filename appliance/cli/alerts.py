@@ -1,4 +1,4 @@
-"""`shingle alerts list|ack|check`: the alerts the daemon raised (engine/alerts.py).
+"""`shingle alerts list|ack|check`: the alerts the daemon raised (engine/admin/alerts.py).
 
 Listing and acknowledging are catalog changes, done directly (the daemon need not run);
 ``check`` evaluates every source once now, as the daemon does on its schedule, and delivers
@@ -29,7 +29,7 @@ examples:
 
 
 def cmd_alerts(args) -> int:
-    from engine.alerts import OPEN, AlertService
+    from engine.admin.alerts import OPEN, AlertService
 
     config = load_config(args)
     catalog = open_catalog(config)

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from appliance import config as config_mod
-from engine import errors
+from engine.base import errors
 
 DEFAULT_CONFIG = "/etc/shingle/shingle.toml"
 LOCAL_CONFIG = "var/appliance/shingle.toml"  # what ./run-appliance makes, relative to the checkout

@@ -1,6 +1,6 @@
 """`shingle exports list|add|set|remove`: NFS exports from a terminal.
 
-Changes go through engine.exports, as the web UI's do: one catalog transaction
+Changes go through engine.admin.exports, as the web UI's do: one catalog transaction
 with an event (actor "cli"). The running daemon reloads its export table every
 few seconds, so clients see a change without a restart."""
 
@@ -10,7 +10,7 @@ import json
 
 from appliance.cli.common import UsageError, load_config
 from appliance.runtime import open_catalog
-from engine import exports as export_service
+from engine.admin import exports as export_service
 from engine.namespace import Namespace
 
 ACTOR = "cli"

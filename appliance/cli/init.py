@@ -10,7 +10,7 @@ from pathlib import Path
 
 from appliance import config as config_mod
 from appliance.cli.common import UsageError, size_arg
-from engine.units import format_size
+from engine.base.units import format_size
 
 
 @dataclass
@@ -80,8 +80,8 @@ def _first_state(config: config_mod.Config, root: Path, args) -> Made:
     """The new catalog's root folder, drives, default export, first admin and secrets."""
     from appliance.nfs.exports import ensure_default_export
     from appliance.private import write_private
-    from engine import accounts, events
-    from engine import exports as export_service
+    from engine.admin import accounts, events
+    from engine.admin import exports as export_service
     from engine.catalog import Catalog
     from engine.drives import format_emulated
     from engine.namespace import Namespace

@@ -14,8 +14,8 @@ import time
 from appliance.cli.common import UsageError, load_config, size_arg
 from appliance.daemonlock import DaemonLock
 from appliance.runtime import Appliance, open_catalog
-from engine import jobs
-from engine.units import format_duration, format_size, format_value
+from engine.admin import jobs
+from engine.base.units import format_duration, format_size, format_value
 
 EXIT_WARNINGS = 4  # the job ran but ended "done with warnings" (e.g. stripes still under-protected)
 
@@ -152,7 +152,7 @@ def with_namespace(args, work):
 
 # -- retention ----------------------------------------------------------------------
 def cmd_retention(args) -> int:
-    from engine.retention import RetentionService, plan_to_text
+    from engine.snapshots.retention import RetentionService, plan_to_text
 
     if args.action in ("run",):
         return finish_job(run_data_job(args, "retention", {"rule_id": args.rule}), args.json)
@@ -201,7 +201,7 @@ def cmd_retention(args) -> int:
 
 # -- trash --------------------------------------------------------------------------
 def cmd_trash(args) -> int:
-    from engine.trash import Trash
+    from engine.admin.trash import Trash
 
     if args.action == "purge":
         return finish_job(

@@ -31,8 +31,8 @@ from appliance.cli.common import (
     LOCAL_CONFIG,
     UsageError,
 )
-from engine import errors
-from engine.version import python_version, version
+from engine.base import errors
+from engine.base.version import python_version, version
 
 COMMAND_MODULES = (
     init,

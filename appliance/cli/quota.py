@@ -9,9 +9,9 @@ import json
 
 from appliance.cli.common import UsageError, load_config, size_arg
 from appliance.runtime import open_catalog
+from engine.admin.quota_service import QuotaInfo, QuotaService
+from engine.base.units import format_size
 from engine.namespace import Namespace
-from engine.quota_service import QuotaInfo, QuotaService
-from engine.units import format_size
 
 ACTOR = "cli"
 

@@ -1,7 +1,7 @@
 """`shingle smb user add|list|remove|passwd` and `shingle smb share list|add|set|remove`.
 
-Changes go through engine.smb, as the web UI's do: one catalog transaction with an event (actor
-"cli"); passwords go to Samba's passdb in DATA_DIR/smb (appliance/smb/samba.py). The running
+Changes go through engine.admin.smb, as the web UI's do: one catalog transaction with an event
+(actor "cli"); passwords go to Samba's passdb in DATA_DIR/smb (appliance/smb/samba.py). The running
 daemon rewrites smb.conf from the catalog every few seconds, so a change reaches smbd without a
 restart."""
 
@@ -13,7 +13,7 @@ import sys
 
 from appliance.cli.common import UsageError, load_config
 from appliance.runtime import open_catalog
-from engine import smb as smb_service
+from engine.admin import smb as smb_service
 from engine.namespace import Namespace
 
 ACTOR = "cli"

@@ -21,10 +21,10 @@ import time
 from appliance.cli.common import UsageError, load_config
 from appliance.config import format_size
 from appliance.runtime import Appliance
-from engine import errors
-from engine.snapshot_schedules import FREQUENCIES, SnapshotScheduler, plan_to_text
-from engine.snapshots import Snapshots
-from engine.units import parse_duration
+from engine.base import errors
+from engine.base.units import parse_duration
+from engine.snapshots.schedules import FREQUENCIES, SnapshotScheduler, plan_to_text
+from engine.snapshots.service import Snapshots
 
 
 def _with_snapshots(args, work):

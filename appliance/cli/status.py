@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from appliance.cli.common import load_config
-from engine.units import format_size
+from engine.base.units import format_size
 
 
 def cmd_status(args) -> int:

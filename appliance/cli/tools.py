@@ -17,7 +17,7 @@ BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 
 def cmd_fsck(args) -> int:
     from appliance.runtime import open_catalog
-    from engine.fsck import check
+    from engine.admin.fsck import check
     from engine.namespace import ROOT_INO_KEY
 
     config = load_config(args)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from appliance import config as config_mod
 from appliance.host import install
-from engine.errors import ConfigError
+from engine.base.errors import ConfigError
 
 MIN_PYTHON = (3, 11)
 # BLKGETZONESZ / BLKGETNRZONES (zone geometry of a host-managed drive) arrived in Linux 5.2.
@@ -431,10 +431,10 @@ def check_catalog(config: config_mod.Config) -> Check:
 
 def check_export_folders(config: config_mod.Config) -> Check:
     """Export folders in a state older versions left: a root squashed to someone other than
-    the folder's owner, whose open of a new file Linux clients refuse (engine.exports.
+    the folder's owner, whose open of a new file Linux clients refuse (engine.admin.exports.
     root_create_refused), and a world-writable folder without its sticky bit, as a squashed
-    root could leave it (engine.exports.sticky_bit_lost). Warnings: nothing is lost yet."""
-    from engine import exports as export_service
+    root could leave it (engine.admin.exports.sticky_bit_lost). Warnings: nothing is lost yet."""
+    from engine.admin import exports as export_service
     from engine.catalog.database import Catalog
     from engine.catalog.migrate import bounded_url
     from engine.namespace import Namespace

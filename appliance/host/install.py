@@ -24,7 +24,7 @@ from pathlib import Path
 
 from appliance import config as config_mod
 from appliance.private import write_private
-from engine.errors import ConfigError
+from engine.base.errors import ConfigError
 
 log = logging.getLogger("shingle.install")
 
@@ -278,8 +278,8 @@ def _first_run_state(
     from sqlalchemy import func, select
 
     from appliance.nfs.exports import ensure_default_export
-    from engine import accounts, events
-    from engine import exports as export_service
+    from engine.admin import accounts, events
+    from engine.admin import exports as export_service
     from engine.catalog import Catalog
     from engine.catalog.models import AdminUser
     from engine.namespace import Namespace

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 from appliance.nfs.exports import ExportRule, PseudoDir
 from appliance.nfs.fh import KIND_FILE, BadHandle, FileHandle, StaleHandle
+from engine.base.errors import WritesNotRecorded
+from engine.base.ratelog import RateLimitedLog
 from engine.catalog.database import CatalogUnavailable, CatalogUnreachable
 from engine.catalog.models import DIR
-from engine.errors import WritesNotRecorded
 from engine.namespace import R_OK, W_OK, X_OK, Attr
-from engine.ratelog import RateLimitedLog
 
 log = logging.getLogger("shingle.nfs")
 
@@ -117,7 +117,7 @@ def status_of(exc: Exception, codes: Codes) -> int:
     request should be able to cause (a bug)."""
     if isinstance(exc, WritesNotRecorded):  # the write verifier moved: the client sends again
         return codes.delay
-    if isinstance(exc, OSError):  # engine.errors.FsError carries its errno
+    if isinstance(exc, OSError):  # engine.base.errors.FsError carries its errno
         return codes.errno_map.get(exc.errno, codes.io) if exc.errno is not None else codes.io
     if isinstance(exc, codes.carries_status):
         return exc.status  # type: ignore[attr-defined]  # what carries_status lists has .status

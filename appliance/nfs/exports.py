@@ -1,4 +1,4 @@
-"""The NFS server's export table: exports loaded through engine.exports, client address
+"""The NFS server's export table: exports loaded through engine.admin.exports, client address
 checks, identity squashing and the NFSv4 pseudo-root that shows the export names as
 directories."""
 
@@ -10,8 +10,8 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from engine import exports as export_service
-from engine.exports import DEFAULT_NAME, EXPORTS, SQUASH_MODES  # noqa: F401 - re-exported
+from engine.admin import exports as export_service
+from engine.admin.exports import DEFAULT_NAME, EXPORTS, SQUASH_MODES  # noqa: F401 - re-exported
 from engine.namespace import Cred
 
 log = logging.getLogger("shingle.nfs.exports")
@@ -65,9 +65,9 @@ class ExportRule:
                 groups = tuple(self.anon_gid if g == 0 else g for g in groups)
         if uid == self.anon_uid and uid != 0:
             # the export folders are the anonymous uid's only so that Linux clients let a
-            # squashed root open its files there (engine.exports.prepare_new_root): owner rights
-            # over them (chmod, the sticky bit's exception) would reach every squashed client,
-            # and a client's own "nobody" (which its root can become) is the same uid
+            # squashed root open its files there (engine.admin.exports.prepare_new_root): owner
+            # rights over them (chmod, the sticky bit's exception) would reach every squashed
+            # client, and a client's own "nobody" (which its root can become) is the same uid
             return Cred(uid, gid, groups, self.export_folders)
         return Cred(uid, gid, groups)
 

@@ -36,9 +36,9 @@ from appliance.nfs.v3.program import Nfs3Program
 from appliance.nfs.v3.types import MOUNT_PROGRAM, NFS_PROGRAM, NFS_V3
 from appliance.nfs.v4.const import NFS_V4
 from appliance.nfs.v4.program import Nfs4Program
-from engine.blocking import may_block
+from engine.base.blocking import may_block
+from engine.base.ratelog import RateLimitedLog
 from engine.catalog import CatalogUnavailable, CatalogUnreachable
-from engine.ratelog import RateLimitedLog
 
 log = logging.getLogger("shingle.nfs")
 
@@ -315,7 +315,8 @@ class NfsServer:
         return ((self._boot_verifier + lost) % (1 << 64)).to_bytes(8, "big")
 
     def stats(self) -> dict[str, float]:
-        """Cumulative counters (engine/metrics.py names) that the daemon samples for the web UI."""
+        """Cumulative counters (engine/admin/metrics.py names) that the daemon samples for the web
+        UI."""
         return self.counters.snapshot()
 
     def statfs(self):

@@ -1,6 +1,6 @@
 """Counters of the NFS server, cumulative since start, for /metrics and the web UI's charts.
 
-Names follow engine/metrics.py: nfs_ops, nfs_ops_<op>, nfs_read_bytes,
+Names follow engine/admin/metrics.py: nfs_ops, nfs_ops_<op>, nfs_read_bytes,
 nfs_write_bytes, nfs_latency_le_<ms> (cumulative histogram buckets of whole
 RPC calls), nfs_latency_le_inf and nfs_latency_sum_s, nfs_compounds_from_cache and
 nfs_compounds_handed_off (the event loop's attempts: answered, passed to a worker).

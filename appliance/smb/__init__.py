@@ -1,6 +1,6 @@
 """SMB for shingle: the local POSIX mount of the namespace (mount.py, FUSE through pyfuse3) and
 Samba sharing it (samba.py: smb.conf, passwords, smbd supervised by the daemon). Shares and SMB
-users are catalog rows managed through engine/smb.py (CLI: appliance/cli/smb.py, web UI:
+users are catalog rows managed through engine/admin/smb.py (CLI: appliance/cli/smb.py, web UI:
 webui/smb.py).
 
 A daemon running as root mounts and runs smbd itself. One that is not (shingle-nfsd.service runs
@@ -54,7 +54,7 @@ class SmbService:
     def start(self) -> None:
         from appliance.smb.mount import FuseMount
         from appliance.smb.samba import SmbdSupervisor
-        from engine import smb as smb_service
+        from engine.admin import smb as smb_service
 
         self.layout.create()
         if self.port is not None and self.smbd_unit:
@@ -90,7 +90,7 @@ class SmbService:
     def _start_for_unit(self) -> None:
         from appliance.smb.samba import SmbdSupervisor
         from appliance.smb.unit import FuseHandover
-        from engine import smb as smb_service
+        from engine.admin import smb as smb_service
 
         assert self.port is not None  # start() checked
         smb_service.ensure_default_share(self.appliance.catalog, self._default_export_path())
@@ -116,7 +116,7 @@ class SmbService:
         self.supervisor.set_mount(mountpoint)
 
     def _default_export_path(self) -> str:
-        from engine import exports as export_service
+        from engine.admin import exports as export_service
 
         for export in export_service.list_exports(self.appliance.catalog):
             if export.name == export_service.DEFAULT_NAME:

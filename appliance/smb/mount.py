@@ -35,9 +35,9 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from engine import errors
-from engine import exports as export_service
-from engine.blocking import WouldBlock, no_blocking
+from engine.admin import exports as export_service
+from engine.base import errors
+from engine.base.blocking import WouldBlock, no_blocking
 from engine.catalog import CatalogUnreachable
 from engine.catalog.models import BLK, CHR, DIR, FIFO, LNK, REG, SOCK
 from engine.namespace import ROOT, SET_TO_NOW, Attr, Cred, Namespace
@@ -72,7 +72,7 @@ def _handler(method):
             return await method(self, *args)
         except pyfuse3.FUSEError:
             raise
-        except OSError as exc:  # engine.errors.FsError is an OSError carrying its errno
+        except OSError as exc:  # engine.base.errors.FsError is an OSError carrying its errno
             if not isinstance(exc, errors.FsError) or exc.errno == errno.EIO:
                 log.warning("%s%r: %s", method.__name__, args[:2], exc)
             raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
@@ -178,7 +178,7 @@ class ShingleFs(pyfuse3.Operations):
             self._groups[key] = (groups, now + CACHE_TIMEOUT_S)
         if ctx.uid == GUEST_UID:
             # SMB guests are nobody, the uid NFS squashes to: no owner rights over the export
-            # folders given to it (invariant 12, engine.exports.prepare_new_root)
+            # folders given to it (invariant 12, engine.admin.exports.prepare_new_root)
             return Cred(ctx.uid, ctx.gid, groups, self._export_folders)
         return Cred(ctx.uid, ctx.gid, groups)
 

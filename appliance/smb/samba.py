@@ -7,7 +7,7 @@ host accounts: Samba (smbd, pdbedit, smbstatus) runs with libnss_wrapper preload
 and a passwd/group file written from the catalog's ``smb_users``, so each SMB user has the
 uid/gid the catalog gives it without touching /etc/passwd.
 
-``SmbdSupervisor`` (a thread of ``shingle serve``) renders smb.conf from engine.smb's shares
+``SmbdSupervisor`` (a thread of ``shingle serve``) renders smb.conf from engine.admin.smb's shares
 every ``RELOAD_S`` seconds, writes it when it changed and sends smbd SIGHUP (smbd re-reads its
 config), and restarts smbd when it exits (backoff up to ``RESTART_MAX_S``). smbd runs
 ``--foreground --debug-stdout`` as a child of the daemon; never ``--no-process-group``: then
@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import errors
-from engine import smb as smb_service
+from engine.admin import smb as smb_service
+from engine.admin.exports import ANY_CLIENT
+from engine.base import errors
 from engine.catalog import CatalogUnreachable
-from engine.exports import ANY_CLIENT
 
 log = logging.getLogger("shingle.smb")
 
@@ -244,7 +244,7 @@ def give_private_to_owner(layout: SambaLayout) -> None:
 
 
 class SambaPassdb:
-    """engine.smb.Passdb over Samba's tdbsam in the layout's private dir (pdbedit)."""
+    """engine.admin.smb.Passdb over Samba's tdbsam in the layout's private dir (pdbedit)."""
 
     def __init__(self, layout: SambaLayout, catalog=None):
         self.layout = layout

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from engine.ratelog import OutageLog
+from engine.base.ratelog import OutageLog
 
 CHANNEL = "shingle_catalog"
 WRITER_SETTING = "shingle.writer"  # the GUC the trigger reads: which Catalog wrote

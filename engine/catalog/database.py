@@ -44,7 +44,9 @@ from sqlalchemy.exc import InterfaceError as SqlInterfaceError
 from sqlalchemy.exc import OperationalError as SqlOperationalError
 from sqlalchemy.exc import TimeoutError as SqlTimeout
 
-from engine.blocking import may_block
+from engine.base.blocking import may_block
+from engine.base.ordered_lock import lock
+from engine.base.ratelog import OutageLog
 from engine.catalog.changes import CHANNEL, KEEPALIVE, WRITER_SETTING
 from engine.catalog.epoch import (
     COMMIT_NUMBER,
@@ -55,8 +57,6 @@ from engine.catalog.epoch import (
     database_opened,
 )
 from engine.catalog.models import Setting
-from engine.ordered_lock import lock
-from engine.ratelog import OutageLog
 
 T = TypeVar("T")
 

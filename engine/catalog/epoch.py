@@ -12,10 +12,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from engine.blocking import may_block
+from engine.base.blocking import may_block
+from engine.base.ordered_lock import lock
+from engine.base.ratelog import OutageLog
 from engine.catalog.changes import ChangeWatch
-from engine.ordered_lock import lock
-from engine.ratelog import OutageLog
 
 log = logging.getLogger("shingle.catalog")
 

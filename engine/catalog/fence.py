@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
+from engine.admin.events import record_in
 from engine.catalog.database import LeaderFenced
 from engine.catalog.models import LeaderFence
-from engine.events import record_in
 
 FENCE = LeaderFence.__table__
 FENCE_ID = 1

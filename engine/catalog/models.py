@@ -167,8 +167,8 @@ class Stripe(Base):
     backend: Mapped[str | None] = mapped_column(String(64), nullable=True)
     data_length: Mapped[int] = mapped_column(BigInteger)  # user bytes held
     fragment_length: Mapped[int] = mapped_column(BigInteger)  # bytes per fragment on disk
-    # codec of a compressed stripe (engine/compression.py), and the bytes its fragments encode
-    # (the compressed frame); both NULL for a raw stripe
+    # codec of a compressed stripe (engine/coding/compression.py), and the bytes its fragments
+    # encode (the compressed frame); both NULL for a raw stripe
     compression: Mapped[str | None] = mapped_column(String(16), nullable=True)
     stored_length: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     live_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -232,9 +232,9 @@ class Export(Base):
 
 
 class Quota(Base):
-    """Limits on a directory tree (engine/quotas.py): bytes (regular files' logical sizes) and
-    files (inodes below the root), hard (refused with EDQUOT) and soft (an alert). ``used_*`` are
-    counters kept in the same transactions that change sizes and names; a NULL limit is none."""
+    """Limits on a directory tree (engine/namespace/quotas.py): bytes (regular files' logical sizes)
+    and files (inodes below the root), hard (refused with EDQUOT) and soft (an alert). ``used_*``
+    are counters kept in the same transactions that change sizes and names; a NULL limit is none."""
 
     __tablename__ = "quotas"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -250,7 +250,8 @@ class Quota(Base):
 
 
 class SmbShare(Base):
-    """An SMB share (engine/smb.py): a namespace directory that Samba serves over the mount."""
+    """An SMB share (engine/admin/smb.py): a namespace directory that Samba serves over the
+    mount."""
 
     __tablename__ = "smb_shares"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -318,8 +319,8 @@ class SnapshotDir(Base):
 
 
 class SnapshotSchedule(Base):
-    """Periodic snapshots of a dataset named PREFIX-YYYY-MM-DDTHHMMZ (engine/snapshot_schedules.py),
-    pruned by keep-last-N and keep-for-a-duration."""
+    """Periodic snapshots of a dataset named PREFIX-YYYY-MM-DDTHHMMZ
+    (engine/snapshots/schedules.py), pruned by keep-last-N and keep-for-a-duration."""
 
     __tablename__ = "snapshot_schedules"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -403,7 +404,7 @@ class ApiToken(Base):
     token_hash: Mapped[str] = mapped_column(String(128), unique=True)
     created_ns: Mapped[int] = mapped_column(BigInteger)
     last_used_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    # read-only | operator | admin (engine.accounts.SCOPES)
+    # read-only | operator | admin (engine.admin.accounts.SCOPES)
     scope: Mapped[str] = mapped_column(String(16), default="read-only")
     expires_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # None: never
 
@@ -429,7 +430,7 @@ class Setting(Base):
 
 class MetricSample(Base):
     """One reading of a counter (NFS operations and bytes, media bytes, ...) at a moment;
-    the daemon records them (engine.metrics.record_sample) and the web UI charts them."""
+    the daemon records them (engine.admin.metrics.record_sample) and the web UI charts them."""
 
     __tablename__ = "metric_samples"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -466,13 +467,15 @@ class Job(Base):
 
 
 class Alert(Base):
-    """A condition an admin must hear about (engine/alerts.py): a drive failed, capacity at 90 %,
-    a job failed, ... One row per occurrence of (kind, key): active until acknowledged or until
+    """A condition an admin must hear about (engine/admin/alerts.py): a drive failed, capacity at 90
+    %, a job failed, ... One row per occurrence of (kind, key): active until acknowledged or until
     its condition is gone (cleared); a condition that comes back after clearing is a new row."""
 
     __tablename__ = "alerts"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    kind: Mapped[str] = mapped_column(String(32))  # engine.alerts source kind, e.g. drive_failed
+    kind: Mapped[str] = mapped_column(
+        String(32)
+    )  # engine.admin.alerts source kind, e.g. drive_failed
     key: Mapped[str] = mapped_column(String(128))  # which one, e.g. "drive:3" ("" for one per kind)
     severity: Mapped[str] = mapped_column(String(8))  # warning | critical
     state: Mapped[str] = mapped_column(String(16))  # active | acknowledged | cleared

@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.base.ratelog import RateLimitedLog
 from engine.cluster.etcd import EtcdClient, EtcdError
-from engine.ratelog import RateLimitedLog
 
 DEFAULT_KEY = "/shingle/maintenance-leader"
 MIN_TTL_S = 2

@@ -40,7 +40,7 @@ Catalog layout (engine/catalog/models.py)
       stripe's ``inline_data`` row, deleted with it).
       ``data_length`` user bytes, ``fragment_length`` bytes per fragment on
       disk, ``live_bytes`` user bytes still referenced by extents. A stripe
-      tiering compressed (engine/compression.py) has ``compression`` "zstd"
+      tiering compressed (engine/coding/compression.py) has ``compression`` "zstd"
       and ``stored_length`` the frame's length: the fragments encode the frame,
       every other column still counts user bytes.
     - Fragment: (stripe, idx) -> (drive, zone, zone_offset, length, crc32c

@@ -12,9 +12,11 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, defaultdict
 
-from engine import errors
-from engine.blocking import WouldBlock, blocking_forbidden, holding
+from engine.base import errors
+from engine.base.blocking import WouldBlock, blocking_forbidden, holding
+from engine.base.ordered_lock import lock
 from engine.catalog.database import in_list, sql, sql_all, sql_one
+from engine.coding.erasure import Policy
 from engine.datapath.accounting import (
     ExtentMap,
     adjust_live,
@@ -24,8 +26,6 @@ from engine.datapath.accounting import (
 )
 from engine.datapath.extents import EXTENT_CACHE_FILES
 from engine.datapath.stripes import FileBuffer
-from engine.erasure import Policy
-from engine.ordered_lock import lock
 
 
 class FileBuffers:

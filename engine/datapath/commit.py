@@ -13,7 +13,8 @@ import threading
 import time
 from collections import defaultdict, deque
 
-from engine import errors
+from engine.base import errors
+from engine.base.ordered_lock import condition, lock
 from engine.catalog.database import (
     CatalogUnavailable,
     from_outage,
@@ -23,6 +24,7 @@ from engine.catalog.database import (
     sql_many,
     sql_one,
 )
+from engine.coding.erasure import INLINE
 from engine.datapath.accounting import (
     ExtentMap,
     adjust_live,
@@ -32,8 +34,6 @@ from engine.datapath.accounting import (
 )
 from engine.datapath.space import padded
 from engine.datapath.stripes import PendingStripe, drain
-from engine.erasure import INLINE
-from engine.ordered_lock import condition, lock
 
 COMMIT_BATCH = 256  # stripes per catalog transaction at most
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
-from engine import errors
+from engine.base import errors
 from engine.catalog.database import sql_one
 from engine.catalog.models import BandClass
+from engine.coding.erasure import DEFAULT_CLASS, HOT_CLASS, Policy, inline_policy
 from engine.datapath.buffers import FileBuffers
 from engine.datapath.commit import Committer
 from engine.datapath.drivewatch import DriveWatch
@@ -31,7 +32,6 @@ from engine.datapath.sharing import Sharing
 from engine.datapath.space import Space
 from engine.datapath.stripes import Dispatcher, InlineBudget
 from engine.datapath.writers import DriveWriters
-from engine.erasure import DEFAULT_CLASS, HOT_CLASS, Policy, inline_policy
 
 BAND_CLASSES = BandClass.__table__
 
@@ -255,7 +255,7 @@ class DataPath:
 
     def add_size_watch(self, watch) -> None:
         """``watch.before(conn, inos)`` and ``watch.after(conn, state)`` run inside each commit
-        batch's transaction, around its size changes (engine.quotas.QuotaTracker)."""
+        batch's transaction, around its size changes (engine.namespace.quotas.QuotaTracker)."""
         self.commits.size_watches.append(watch)
 
     @property
@@ -265,7 +265,7 @@ class DataPath:
         return self.commits.writes_lost
 
     def counters(self) -> dict[str, float]:
-        """Cumulative counters for the web UI's charts (names: engine/metrics.py)."""
+        """Cumulative counters for the web UI's charts (names: engine/admin/metrics.py)."""
         out = {
             "client_bytes_written": self.stats["client_bytes_written"],
             "media_bytes_written": self.stats["media_bytes_written"],

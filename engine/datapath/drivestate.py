@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from engine.blocking import blocking_forbidden
+from engine.base.blocking import blocking_forbidden
 from engine.drives import DriveMissing, open_drive
 
 READABLE_STATES = ("online", "degraded", "draining")

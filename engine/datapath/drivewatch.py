@@ -36,13 +36,15 @@ from typing import NamedTuple
 
 from sqlalchemy import select
 
+from engine.admin.events import record
+from engine.base.errors import ConfigError
+from engine.base.ordered_lock import lock
+from engine.base.ratelog import RateLimitedLog
 from engine.catalog.database import CatalogUnreachable
 from engine.catalog.models import Drive, Event
 from engine.datapath.drivestate import PRESENCE_TTL_S, DriveState
 from engine.datapath.recovery import RecoveryReport, record_updates, recover_drive
 from engine.drives import DriveMissing, ZoneError, open_drive
-from engine.errors import ConfigError
-from engine.events import record
 from engine.lifecycle.drives import (
     DEGRADED,
     DRAINING,
@@ -53,8 +55,6 @@ from engine.lifecycle.drives import (
     TRANSITIONS,
     set_drive_state_in,
 )
-from engine.ordered_lock import lock
-from engine.ratelog import RateLimitedLog
 
 DRIVES = Drive.__table__
 EVENTS = Event.__table__

@@ -11,13 +11,13 @@ import bisect
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
 
-from engine import errors
-from engine.blocking import may_block
+from engine.base import errors
+from engine.base.blocking import may_block
+from engine.base.ordered_lock import lock
 from engine.catalog.database import in_list, sql_all, sql_one
 from engine.datapath.accounting import chunks
 from engine.datapath.reader import NotInMemory, StripeInfo, StripeReader
 from engine.native import empty_bytearray
-from engine.ordered_lock import lock
 
 EXTENT_CACHE_FILES = 4096
 READ_AHEAD_STRIPES = 2

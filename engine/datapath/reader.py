@@ -7,7 +7,7 @@ good fragments (parity included). Fetched payloads live in a byte-bounded
 LRU cache keyed by (stripe, fragment), as futures so that concurrent readers
 and read-ahead share one fetch.
 
-A caller that must not block (the NFS event loop, inside engine.blocking's no_blocking) reads
+A caller that must not block (the NFS event loop, inside engine.base.blocking's no_blocking) reads
 what the drives hold in memory itself: preadv2(RWF_NOWAIT) from the page cache, checked
 against the fragment's crc32c like any drive read; for a reader streaming a file, fragments
 go straight into the caller's buffer (a READ's reply), and what a READ leaves of its last
@@ -34,12 +34,13 @@ from typing import Any, cast
 
 import crc32c
 
-from engine import compression, errors
-from engine.blocking import WouldBlock, blocking_forbidden
+from engine.base import errors
+from engine.base.blocking import WouldBlock, blocking_forbidden
+from engine.base.ordered_lock import lock
+from engine.coding import compression
+from engine.coding.erasure import FRAGMENT_HEADER, INLINE, decoder_for
 from engine.drives import DriveMissing
-from engine.erasure import FRAGMENT_HEADER, INLINE, decoder_for
 from engine.native import empty_bytearray
-from engine.ordered_lock import lock
 
 
 class FragmentFuture(Future):

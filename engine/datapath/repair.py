@@ -10,7 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import crc32c
 from sqlalchemy import select
 
-from engine import errors
+from engine.base import errors
 from engine.catalog.models import Fragment, Stripe, Zone
 from engine.datapath.accounting import share
 from engine.datapath.reader import StripeInfo
@@ -88,7 +88,7 @@ class Repairer:
 def _rebuilt_fragment(info: StripeInfo, idx: int, good: dict) -> bytes:
     if info.layout == "replica":
         return next(iter(good.values()))
-    from engine.erasure import decoder_for
+    from engine.coding.erasure import decoder_for
 
     return decoder_for(info.k, info.m, info.backend).driver.reconstruct(list(good.values()), [idx])[
         0

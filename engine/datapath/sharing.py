@@ -14,7 +14,7 @@ buffered writes first: a stripe still buffered must not land over a range cloned
 
 from __future__ import annotations
 
-from engine import errors
+from engine.base import errors
 from engine.catalog.database import sql, sql_all, sql_many, sql_one
 from engine.datapath.accounting import ExtentMap, adjust_live, load_extents, write_map
 

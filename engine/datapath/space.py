@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from sqlalchemy import func, select
 
-from engine import errors
-from engine.blocking import holding, may_block
+from engine.base import errors
+from engine.base.blocking import holding, may_block
+from engine.base.ordered_lock import lock, rlock
+from engine.base.ratelog import RateLimitedLog
 from engine.catalog.models import Drive, Fragment, Stripe, Zone
+from engine.coding.erasure import ALIGNMENT_SLACK, Policy
 from engine.datapath.drivestate import DriveState, ZoneMem
-from engine.erasure import ALIGNMENT_SLACK, Policy
-from engine.ordered_lock import lock, rlock
-from engine.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
     from engine.datapath.writers import DriveWriters

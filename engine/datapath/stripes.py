@@ -15,11 +15,11 @@ from concurrent.futures import wait as futures_wait
 
 import crc32c
 
-from engine import errors
+from engine.base import errors
+from engine.base.ordered_lock import condition, lock
 from engine.catalog.database import sql_one
+from engine.coding.erasure import HOT_CLASS, Policy
 from engine.datapath.writers import DriveWriters, WriteTicket
-from engine.erasure import HOT_CLASS, Policy
-from engine.ordered_lock import condition, lock
 
 INLINE_RECOUNT_S = 5.0  # over budget: count what tiering has folded meanwhile at most this often
 

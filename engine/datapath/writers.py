@@ -27,11 +27,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
-from engine import errors
+from engine.base import errors
+from engine.base.ordered_lock import lock
 from engine.datapath.drivestate import DriveState
 from engine.drives import ZonedDrive, ZoneFileDrive
 from engine.native import driveio
-from engine.ordered_lock import lock
 
 
 class PyCountdown:

@@ -12,10 +12,10 @@ import time
 import uuid as uuidlib
 from pathlib import Path
 
+from engine.base.errors import ConfigError
 from engine.drives.smr import SmrModel, SmrParams
 from engine.drives.zoned import DriveMissing, ZonedDrive, ZoneError, ZoneInfo
 from engine.drives.zonefile import ZoneFileDrive
-from engine.errors import ConfigError
 
 __all__ = [
     "format_emulated",

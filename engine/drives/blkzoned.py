@@ -26,6 +26,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.base.ordered_lock import lock
 from engine.drives.zoned import (
     CLOSED,
     EMPTY,
@@ -40,7 +41,6 @@ from engine.drives.zoned import (
     ZoneError,
     ZoneInfo,
 )
-from engine.ordered_lock import lock
 
 SECTOR = 512
 

@@ -20,10 +20,10 @@ import socket
 import threading
 import time
 
+from engine.base.errors import ConfigError
+from engine.base.ordered_lock import lock
 from engine.drives import agentwire as wire
 from engine.drives.zoned import DriveMissing, ZonedDrive, ZoneError, ZoneInfo
-from engine.errors import ConfigError
-from engine.ordered_lock import lock
 
 CONNECT_TIMEOUT_S = 2.0
 REQUEST_TIMEOUT_S = 30.0  # an fsync of a busy disk may take seconds; a dead link is cut here

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.ordered_lock import lock
+from engine.base.ordered_lock import lock
 
 MiB = 1 << 20
 

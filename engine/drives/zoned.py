@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass
 
-from engine.errors import FsError
+from engine.base.errors import FsError
 
 # Conditions, named as in linux/blkzoned.h.
 EMPTY, IMPLICIT_OPEN, EXPLICIT_OPEN, CLOSED, FULL, READ_ONLY, OFFLINE, NOT_WP = (

@@ -16,6 +16,7 @@ import json
 import os
 from pathlib import Path
 
+from engine.base.ordered_lock import rlock
 from engine.drives.zoned import (
     CLOSED,
     EMPTY,
@@ -28,7 +29,6 @@ from engine.drives.zoned import (
     ZoneInfo,
 )
 from engine.native import fragmentio
-from engine.ordered_lock import rlock
 
 LABEL = "drive.json"
 FALLOC_FL_KEEP_SIZE = 1

@@ -23,10 +23,10 @@ from functools import partial
 
 from sqlalchemy import func, select
 
-from engine import errors
+from engine.admin.events import record
+from engine.base import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import Drive, Fragment, Zone
-from engine.events import record
 from engine.lifecycle.media import Media, media_for
 from engine.lifecycle.pacing import Progress, RateLimiter, Tracker
 from engine.lifecycle.repair import Reconstructor, fragment_row, load_stripes, relocate

@@ -25,11 +25,11 @@ from dataclasses import asdict, dataclass
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.engine import Connection
 
-from engine import errors
+from engine.admin.events import record_in
+from engine.base import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import Drive, Fragment, Stripe, Zone
-from engine.erasure import INLINE
-from engine.events import record_in
+from engine.coding.erasure import INLINE
 
 DRIVES = Drive.__table__
 ZONES = Zone.__table__

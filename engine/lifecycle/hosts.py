@@ -18,7 +18,7 @@ from sqlalchemy import and_, func, select
 from sqlalchemy.engine import Connection
 
 from engine.catalog.models import Drive, Fragment, Stripe, Zone
-from engine.erasure import INLINE
+from engine.coding.erasure import INLINE
 from engine.lifecycle.drives import OFFLINE_ZONE, PLACEABLE, READABLE, REMOVED
 
 DRIVES = Drive.__table__

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 import crc32c
 from sqlalchemy import bindparam, func, select
 
-from engine import errors
+from engine.base import errors
+from engine.base.ordered_lock import lock
 from engine.catalog.models import Fragment, Stripe, Zone
 from engine.datapath.accounting import share
 from engine.datapath.drivestate import ZoneMem
 from engine.datapath.space import padded
 from engine.datapath.writers import WriteTicket
-from engine.ordered_lock import lock
 
 ZONES = Zone.__table__
 FRAGMENTS = Fragment.__table__

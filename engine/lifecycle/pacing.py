@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from engine.ordered_lock import lock
-from engine.units import format_duration, format_size
+from engine.base.ordered_lock import lock
+from engine.base.units import format_duration, format_size
 
 Progress = Callable[[int, int, str], None]
 

@@ -22,16 +22,16 @@ from dataclasses import asdict, dataclass, field
 
 from sqlalchemy import func, select
 
-from engine import errors
+from engine.admin.events import record, record_in
+from engine.base import errors
+from engine.base.ordered_lock import lock
 from engine.catalog.database import Catalog
 from engine.catalog.models import Drive, Fragment
-from engine.events import record, record_in
 from engine.lifecycle import drives as drive_states
 from engine.lifecycle.hosts import spread_targets
 from engine.lifecycle.media import Media, media_for
 from engine.lifecycle.pacing import Progress, RateLimiter, Tracker
 from engine.lifecycle.repair import Reconstructor, load_stripes, relocate
-from engine.ordered_lock import lock
 
 FRAGMENTS = Fragment.__table__
 DRIVES = Drive.__table__

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 import crc32c
 from sqlalchemy import select
 
-from engine import errors
+from engine.base import errors
+from engine.base.ordered_lock import lock
 from engine.catalog.models import Fragment, Stripe
 from engine.datapath.accounting import chunks
 from engine.lifecycle.media import Media, move_fragments
-from engine.ordered_lock import lock
 
 FRAGMENTS = Fragment.__table__
 STRIPES = Stripe.__table__

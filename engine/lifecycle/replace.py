@@ -10,7 +10,7 @@ fragment it becomes ``removed``.
 
 Both end with the redundancy status. Stripes still under-protected afterwards (too few drives
 for a stripe's width, no room, fewer than k fragments left) are reported as ``warnings``, and
-the job that ran this ends "done with warnings" (engine/jobs.py), saying how many and why."""
+the job that ran this ends "done with warnings" (engine/admin/jobs.py), saying how many and why."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from engine import errors
+from engine.admin.events import record
+from engine.base import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import Drive, Fragment
 from engine.drives import add_emulated, add_zoned_block
-from engine.events import record
 from engine.lifecycle import drives as drive_states
 from engine.lifecycle.rebuild import Rebuilder, RebuildReport
 

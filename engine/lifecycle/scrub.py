@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass, field
 import crc32c
 from sqlalchemy import func, select
 
-from engine import errors
+from engine.admin.events import record, record_in
+from engine.base import errors
 from engine.catalog.database import sql_all
 from engine.catalog.models import Fragment
-from engine.events import record, record_in
 from engine.lifecycle.media import Media, media_for
 from engine.lifecycle.pacing import Progress, RateLimiter, Tracker
 from engine.lifecycle.repair import Reconstructor, fragment_row, load_stripes, relocate

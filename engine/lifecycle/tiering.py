@@ -19,8 +19,8 @@ its new data and the copy becomes garbage. mtime and ctime do not change: the
 data did not. Moves are rate limited (bytes/s) and report progress.
 
 A target class with compression (cold: ``compression = "zstd"``) gets each new stripe's data
-compressed before it is erasure coded (engine/compression.py); the stripe row records the codec
-and the compressed length, and a stripe that would not shrink by 1/16 is stored raw. The read
+compressed before it is erasure coded (engine/coding/compression.py); the stripe row records the
+codec and the compressed length, and a stripe that would not shrink by 1/16 is stored raw. The read
 path decompresses; scrub, rebuild and cleaning work on the fragments and never look inside.
 """
 
@@ -33,14 +33,15 @@ from typing import Any
 
 from sqlalchemy import and_, func, select
 
-from engine import compression, errors
+from engine.admin.events import record
+from engine.base import errors
+from engine.base.ordered_lock import lock
 from engine.catalog.database import Catalog
 from engine.catalog.models import REG, Extent, Fragment, Inode, Stripe
+from engine.coding import compression
 from engine.datapath.accounting import adjust_live, chunks
-from engine.events import record
 from engine.lifecycle.media import Media, media_for
 from engine.lifecycle.pacing import Progress, RateLimiter, Tracker
-from engine.ordered_lock import lock
 
 EXTENTS = Extent.__table__
 STRIPES = Stripe.__table__

@@ -3,7 +3,7 @@
 Its calls mirror POSIX (and so NFS) operations on inode numbers. The NFS
 server, the SMB bridge, the web UI, the CLI and the tests all use it. Each
 call is one catalog transaction (``Catalog.run``); errors are the typed
-``engine.errors`` exceptions carrying an errno.
+``engine.base.errors`` exceptions carrying an errno.
 
 File data goes through a ``FileData`` object (engine.datapath) attached at
 construction; the namespace calls it inside its own transactions where
@@ -25,7 +25,7 @@ call reaches the part with no extra frame on the hot path):
 - openrefs.py: OpenRefs, open references (a file unlinked while open keeps its data)
 - space.py: SpaceUsed, a file's space used (st_blocks); ranges.py: RangeOps,
   clone_range/copy_range/seek_data/seek_hole/allocate/deallocate
-- engine/quotas.py: QuotaTracker (``namespace.quotas``), hard-limit checks and counters
+- engine/namespace/quotas.py: QuotaTracker (``namespace.quotas``), hard-limit checks and counters
 """
 
 from __future__ import annotations
@@ -71,13 +71,13 @@ from engine.namespace.common import (  # noqa: F401 - the package's public names
 from engine.namespace.directory import DirectoryOps
 from engine.namespace.files import FileOps
 from engine.namespace.openrefs import OpenRefs
+from engine.namespace.quotas import QuotaTracker
 from engine.namespace.ranges import RangeOps
 from engine.namespace.readonly import ReadOnlyViews
 from engine.namespace.reads import Reads
 from engine.namespace.space import SpaceUsed
 from engine.namespace.transactions import Transactions
 from engine.namespace.xattrs import Xattrs
-from engine.quotas import QuotaTracker
 
 
 class Namespace:

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import time
 
+from engine.base.ordered_lock import lock
 from engine.catalog.database import Catalog, sql_one
 from engine.namespace.cache import NameCache
 from engine.namespace.common import CACHE_TTL_S, DIR, Attr
-from engine.ordered_lock import lock
 
 _INSIDE_SQL = (
     "WITH RECURSIVE up(ino) AS ( SELECT parent FROM dirents WHERE child = ? UNION SELECT "

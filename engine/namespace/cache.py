@@ -20,10 +20,10 @@ from __future__ import annotations
 import time
 from typing import TypeVar
 
+from engine.base.ordered_lock import lock
 from engine.catalog.database import Catalog
 from engine.catalog.epoch import commits_between
 from engine.namespace.common import CACHE_MAX_ENTRIES, CACHE_TTL_S, DIR, Attr
-from engine.ordered_lock import lock
 
 K = TypeVar("K")
 V = TypeVar("V")

@@ -11,7 +11,7 @@ from typing import NamedTuple, Protocol
 
 from sqlalchemy.engine import Connection
 
-from engine import errors
+from engine.base import errors
 from engine.catalog.database import in_list, sql, sql_one
 from engine.catalog.models import (  # noqa: F401 - the file types, for the package's users
     BLK,

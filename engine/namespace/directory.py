@@ -7,9 +7,10 @@ import time
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from engine import errors, quotas
+from engine.base import errors
 from engine.catalog.database import sql as _sql
 from engine.catalog.database import sql_one as _one
+from engine.namespace import quotas
 from engine.namespace.common import (
     ATTR_SQL,
     BLK,
@@ -38,10 +39,10 @@ from engine.namespace.common import (
     touch,
 )
 from engine.namespace.openrefs import OpenRefs
+from engine.namespace.quotas import QuotaTracker
 from engine.namespace.readonly import ReadOnlyViews
 from engine.namespace.reads import Reads
 from engine.namespace.transactions import Transactions
-from engine.quotas import QuotaTracker
 
 
 class DirectoryOps:

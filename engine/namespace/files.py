@@ -8,9 +8,10 @@ import time
 
 from sqlalchemy import and_, select
 
-from engine import errors, quotas
-from engine.blocking import WouldBlock, blocking_forbidden, may_block
+from engine.base import errors
+from engine.base.blocking import WouldBlock, blocking_forbidden, may_block
 from engine.catalog.database import sql as _sql
+from engine.namespace import quotas
 from engine.namespace.common import (
     DIR,
     INODES,
@@ -27,10 +28,10 @@ from engine.namespace.common import (
     may,
 )
 from engine.namespace.openrefs import OpenRefs
+from engine.namespace.quotas import QuotaTracker
 from engine.namespace.readonly import ReadOnlyViews
 from engine.namespace.reads import Reads
 from engine.namespace.transactions import Transactions
-from engine.quotas import QuotaTracker
 
 log = logging.getLogger("shingle.namespace")
 

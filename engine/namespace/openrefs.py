@@ -4,7 +4,7 @@ with no name by a crash is freed at the next start, FileOps.reclaim_orphans)."""
 
 from __future__ import annotations
 
-from engine.ordered_lock import lock
+from engine.base.ordered_lock import lock
 
 
 class OpenRefs:

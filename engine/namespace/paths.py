@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from engine import errors
+from engine.base import errors
 from engine.catalog.models import DIR
 from engine.namespace.common import NAME_MAX, ROOT, Attr, DirEntry
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from engine import errors
+from engine.base import errors
 from engine.catalog.database import sql as _sql
 from engine.namespace.common import DIR, R_OK, REG, W_OK, Attr, Cred, load, require
 from engine.namespace.files import FileOps

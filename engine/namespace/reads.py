@@ -9,7 +9,7 @@ from dataclasses import replace
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
-from engine import errors
+from engine.base import errors
 from engine.catalog.database import Catalog, sql_all
 from engine.catalog.database import sql_one as _one
 from engine.namespace.cache import NameCache

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from engine import errors
+from engine.base import errors
 from engine.catalog.database import sql as _sql
 from engine.catalog.database import sql_all as _sql_all
 from engine.catalog.database import sql_one as _sql_one

@@ -1,4 +1,4 @@
-"""SMB shares and users (engine/smb.py); passwords stay in Samba's own passdb
+"""SMB shares and users (engine/admin/smb.py); passwords stay in Samba's own passdb
 
 Revision ID: 0007
 Revises: 0006

@@ -1,4 +1,4 @@
-"""Alerts (engine/alerts.py): typed conditions with states active, acknowledged, cleared
+"""Alerts (engine/admin/alerts.py): typed conditions with states active, acknowledged, cleared
 
 Revision ID: 0009
 Revises: 0008

@@ -1,4 +1,4 @@
-"""Quotas (engine/quotas.py): byte and file limits of directory trees, with usage counters
+"""Quotas (engine/namespace/quotas.py): byte and file limits of directory trees, with usage counters
 
 Revision ID: 0013
 Revises: 0012

@@ -16,8 +16,8 @@ from pgserver import free_port
 from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
 
-from engine import jobs
-from engine.alerts import (
+from engine.admin import jobs
+from engine.admin.alerts import (
     AlertMonitor,
     AlertService,
     AlertSettings,
@@ -27,10 +27,10 @@ from engine.alerts import (
     JobFailed,
     SmartHealth,
 )
+from engine.admin.notify import MailSink, Notifier, WebhookSink
 from engine.catalog.models import Drive, Zone
 from engine.drives import format_emulated
 from engine.lifecycle import drives as drive_states
-from engine.notify import MailSink, Notifier, WebhookSink
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "smart"
 
@@ -342,7 +342,7 @@ def test_mail_without_starttls_on_offer_is_refused_not_sent_in_clear(sqlite_cata
             timeout_s=5,
         )
         notifier = Notifier([mail])
-        from engine.alerts import AlertRecord, Notice
+        from engine.admin.alerts import AlertRecord, Notice
 
         notice = Notice(
             AlertRecord(
@@ -365,7 +365,7 @@ def test_a_dead_webhook_does_not_hold_up_the_caller(sqlite_catalog):
         f"http://127.0.0.1:{free_port()}/gone", timeout_s=1, retries=2, backoff_s=0.2
     )
     notifier = Notifier([hook])
-    from engine.alerts import AlertRecord, Notice
+    from engine.admin.alerts import AlertRecord, Notice
 
     started = time.monotonic()
     for n in range(5):

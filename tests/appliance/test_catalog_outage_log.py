@@ -23,7 +23,7 @@ from test_cli_lifecycle import shingle
 from appliance import config as config_mod
 from appliance.maintenance import Maintenance
 from appliance.runtime import Appliance
-from engine import jobs, metrics
+from engine.admin import jobs, metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nfs"))
 from nfs4_rawclient import RawClient  # noqa: E402  (tests/nfs: the raw NFSv4.1 client)
@@ -43,7 +43,7 @@ def _init(home: Path, url: str, settings: dict[str, str]) -> config_mod.Config:
 
 
 def test_the_outage_log_tells_start_counts_and_end_in_a_few_lines(caplog):
-    from engine.ratelog import OutageLog
+    from engine.base.ratelog import OutageLog
 
     outage = OutageLog(logging.getLogger("shingle.test"), "catalog", interval_s=0.3, settle_s=0.2)
     caplog.set_level(logging.INFO, logger="shingle.test")

@@ -40,8 +40,8 @@ def test_init_makes_the_root_like_tmp_owned_by_the_squashed_identity(tmp_path):
     """A root client of the default export (root_squash) writes as 65534; the kernel refuses
     open(O_CREAT) of a file in a sticky world-writable folder that neither the opener nor the
     folder's owner owns (fs.protected_regular), so the root belongs to 65534."""
+    from engine.admin.exports import list_exports
     from engine.catalog import Catalog
-    from engine.exports import list_exports
     from engine.namespace import Namespace
 
     home = tmp_path / "appliance"

@@ -11,7 +11,7 @@ import pytest
 from appliance import config as config_mod
 from appliance.nfs.exports import ExportTable
 from appliance.runtime import Appliance
-from engine import events
+from engine.admin import events
 
 
 def shingle(*args, check=True):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.units import format_duration, format_size, format_value
+from engine.base.units import format_duration, format_size, format_value
 
 REPO = Path(__file__).resolve().parent.parent.parent
 

@@ -9,7 +9,7 @@ import tomllib
 import pytest
 
 from appliance import config
-from engine.errors import ConfigError
+from engine.base.errors import ConfigError
 
 
 def write(tmp_path, text):

@@ -14,7 +14,7 @@ from test_cli_lifecycle import shingle
 
 from appliance import config as config_mod
 from appliance.runtime import open_catalog
-from engine import metrics
+from engine.admin import metrics
 
 
 def test_nfs_traffic_reaches_metrics(tmp_path):

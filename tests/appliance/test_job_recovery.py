@@ -14,7 +14,7 @@ from pgserver import free_port
 
 from appliance import config as config_mod
 from appliance.runtime import Appliance
-from engine import events, jobs
+from engine.admin import events, jobs
 from engine.catalog import Catalog
 from engine.namespace import ROOT
 

@@ -12,7 +12,7 @@ from test_cli_lifecycle import shingle
 from appliance import config as config_mod
 from appliance.maintenance import Maintenance
 from appliance.runtime import Appliance
-from engine import jobs, metrics
+from engine.admin import jobs, metrics
 
 
 def wait_for(predicate, timeout=60.0):
@@ -72,7 +72,7 @@ def test_scheduled_and_queued_jobs_run_and_counters_are_sampled(tmp_path):
 
 
 def test_the_loop_notices_a_drive_folder_gone_and_back_without_any_io(tmp_path):
-    from engine.events import recent
+    from engine.admin.events import recent
     from engine.lifecycle.drives import get_drive
 
     home = tmp_path / "d"

@@ -10,12 +10,12 @@ from sqlalchemy import select
 
 from appliance import config as config_mod
 from appliance.runtime import Appliance
-from engine import fsck
-from engine import snapshots as snapshots_module
+from engine.admin import fsck
 from engine.catalog import Catalog
 from engine.catalog.models import Snapshot, Stripe
 from engine.namespace import ROOT
-from engine.snapshots import Snapshots
+from engine.snapshots import service as snapshots_module
+from engine.snapshots.service import Snapshots
 from tests.appliance.test_job_recovery import shingle
 from tests.lifecycle.conftest import check_accounting
 

@@ -167,7 +167,8 @@ def test_profile_parser_ranks_busy_frames_and_drops_idle_ones():
         [
             'process 1:"shingle";thread (0x1);main (cli.py:10);write (engine/datapath/core.py:400) '
             "30",
-            'process 1:"shingle";thread (0x1);main (cli.py:10);encode (engine/erasure.py:130) 10',
+            'process 1:"shingle";thread (0x1);main (cli.py:10);encode '
+            "(engine/coding/erasure.py:130) 10",
             'process 1:"shingle";thread (0x2);run_forever (asyncio/base_events.py:600);select '
             "(selectors.py:468) 60",
         ]

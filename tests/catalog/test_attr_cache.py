@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from engine import errors
-from engine.blocking import WouldBlock, no_blocking
+from engine.base import errors
+from engine.base.blocking import WouldBlock, no_blocking
 from engine.catalog import Catalog
 from engine.catalog.models import REG
 from engine.namespace import ROOT, Namespace
@@ -147,8 +147,8 @@ def test_tracked_commits_of_this_process_keep_the_cache(sqlite_catalog, count_re
     """Commits this process accounts for itself (metrics samples, jobs, events, settings) leave
     the cache alone; before, every such commit emptied it (a stat of 2,000 files then paid a
     query each when the daemon's metrics sampler committed in between)."""
-    from engine import jobs
-    from engine.metrics import record_sample
+    from engine.admin import jobs
+    from engine.admin.metrics import record_sample
 
     ns = Namespace(sqlite_catalog)
     f = ns.create(ROOT, ns.root_ino, "f", 0o644)

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from sqlalchemy import make_url
 
-from engine import errors
+from engine.base import errors
 from engine.catalog import Catalog
 from engine.catalog.changes import STALE_AFTER_S
 from engine.catalog.models import FIFO, Base

@@ -131,7 +131,7 @@ def test_changes_from_another_process_are_seen(catalog_url):
     assert second.catalog.catch_up()
     assert second.lookup(ROOT, second.root_ino, "e").mode == 0o700
     assert second.getattr(d.ino).mode == 0o700
-    import engine.errors as errors
+    import engine.base.errors as errors
 
     with pytest.raises(errors.NotFound):
         second.lookup(ROOT, second.root_ino, "d")

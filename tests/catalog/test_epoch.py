@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from engine.blocking import WouldBlock, no_blocking
+from engine.base.blocking import WouldBlock, no_blocking
 from engine.catalog import Catalog
 from engine.catalog.database import sql
 

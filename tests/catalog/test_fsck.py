@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import update
 
+from engine.admin.fsck import check
 from engine.catalog.models import Inode
-from engine.fsck import check
 from engine.namespace import ROOT
 
 

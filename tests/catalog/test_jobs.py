@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from engine import errors, jobs
-from engine.events import recent
+from engine.admin import jobs
+from engine.admin.events import recent
+from engine.base import errors
 
 
 def test_job_lifecycle(catalog):

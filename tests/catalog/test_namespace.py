@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from engine import errors
-from engine.blocking import no_blocking
+from engine.base import errors
+from engine.base.blocking import no_blocking
 from engine.catalog.models import DIR, LNK, REG
 from engine.namespace import R_OK, ROOT, SET_TO_NOW, W_OK, X_OK, Cred, Namespace
 

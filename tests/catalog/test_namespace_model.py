@@ -11,7 +11,7 @@ import itertools
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import errors
+from engine.base import errors
 from engine.namespace import ROOT
 
 NAMES = ["a", "b", "c", "d"]

@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+from engine.coding.erasure import load_policies
 from engine.datapath import DataPath
 from engine.drives import add_agent_drives
-from engine.erasure import load_policies
 from engine.namespace import Namespace
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -18,7 +18,7 @@ import pytest
 from agenthelpers import SMALL, STRIPE, MiB, free_port
 
 from appliance.status import gather
-from engine import errors
+from engine.base import errors
 from engine.catalog.models import Drive, Fragment, Zone
 from engine.drives import agentwire as wire
 from engine.drives import format_emulated
@@ -168,8 +168,8 @@ def test_placement_spreads_over_fewer_hosts_than_fragments_as_evenly_as_possible
     sqlite_catalog, tmp_path
 ):
     """Local drives labelled with hosts: 4 hosts of 3, 3, 2 and 2 drives."""
+    from engine.coding.erasure import load_policies
     from engine.datapath import DataPath
-    from engine.erasure import load_policies
     from engine.namespace import Namespace
 
     ids = format_emulated(sqlite_catalog, tmp_path / "drives", 10, 16 * MiB, MiB, preallocate=False)
@@ -485,8 +485,8 @@ def test_a_hung_agent_is_cut_off_after_the_time_limit_reads_decode_and_writes_go
 def test_rebuild_keeps_fragments_spread_over_hosts(sqlite_catalog, tmp_path):
     """6 hosts of 3 drives: each stripe holds 2, 2, 2, 2, 1 and 1 fragments on them. A failed
     drive's fragments are rebuilt onto hosts holding fewer, never a third onto one host."""
+    from engine.coding.erasure import load_policies
     from engine.datapath import DataPath
-    from engine.erasure import load_policies
     from engine.lifecycle import drives as drive_states
     from engine.lifecycle.rebuild import rebuild
     from engine.namespace import Namespace

@@ -322,7 +322,7 @@ def test_the_leader_key_deleted_ends_office(etcd_one, leaders):
 
 
 def test_taking_office_is_an_event(catalog_url):
-    from engine.events import recent
+    from engine.admin.events import recent
 
     catalog = Catalog(catalog_url)
     try:

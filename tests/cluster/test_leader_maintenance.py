@@ -19,11 +19,11 @@ from sqlalchemy import select
 from appliance import config as config_mod
 from appliance.maintenance import Maintenance, maintenance_leader
 from appliance.runtime import Appliance
-from engine import jobs
+from engine.admin import jobs
+from engine.base.errors import ConfigError
 from engine.catalog import fence as leader_fence
 from engine.catalog.models import Setting
 from engine.cluster.etcd import EtcdClient
-from engine.errors import ConfigError
 
 TTL_S = 2
 SETTINGS = Setting.__table__

@@ -12,8 +12,8 @@ import sys
 import threading
 
 from engine.catalog import Catalog
+from engine.coding.erasure import load_policies
 from engine.datapath import DataPath
-from engine.erasure import load_policies
 from engine.namespace import ROOT, Namespace
 
 WRITERS = 8

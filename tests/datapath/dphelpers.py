@@ -5,9 +5,9 @@ from __future__ import annotations
 from sqlalchemy import func, select
 
 from engine.catalog.models import Extent, Stripe, Zone
+from engine.coding.erasure import load_policies
 from engine.datapath import DataPath
 from engine.drives import format_emulated
-from engine.erasure import load_policies
 from engine.namespace import Namespace
 
 KiB, MiB = 1 << 10, 1 << 20

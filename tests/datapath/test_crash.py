@@ -12,9 +12,9 @@ from crash_child import POLICIES, run, stream
 from dphelpers import check_accounting
 
 from engine.catalog import Catalog, upgrade
+from engine.coding.erasure import load_policies
 from engine.datapath import DataPath
 from engine.drives import format_emulated
-from engine.erasure import load_policies
 from engine.namespace import ROOT, Namespace
 
 ROUNDS = 20

@@ -13,7 +13,7 @@ import pytest
 from dphelpers import Engine, KiB, MiB, check_accounting
 from sqlalchemy import event, func, select, update
 
-from engine import errors
+from engine.base import errors
 from engine.catalog.models import Drive, Fragment, Inode, Stripe, Zone
 from engine.datapath import DataPath
 from engine.drives import ZoneFileDrive

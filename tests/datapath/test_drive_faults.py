@@ -13,8 +13,8 @@ import pytest
 from dphelpers import Engine, MiB
 
 from appliance.status import gather
-from engine import errors
-from engine.events import recent
+from engine.admin.events import recent
+from engine.base import errors
 from engine.lifecycle.drives import get_drive, start_drain
 from engine.namespace import ROOT
 
@@ -264,7 +264,7 @@ def test_a_folder_back_without_one_of_its_zone_files_stays_missing(sqlite_engine
 def test_the_event_loop_never_stats_a_drive_and_a_worker_does(sqlite_engine, monkeypatch):
     """A stat of a hung filesystem hangs: inside no_blocking() (the NFS event loop) a drive's
     presence is its last look, however old; outside it the folder is looked at again."""
-    from engine.blocking import no_blocking
+    from engine.base.blocking import no_blocking
     from engine.datapath import drivestate
 
     drive = next(iter(sqlite_engine.data.space.drives.values()))
@@ -288,7 +288,7 @@ def test_the_event_loop_never_stats_a_drive_and_a_worker_does(sqlite_engine, mon
 def test_the_drive_watch_keeps_presence_fresh_for_the_event_loop(sqlite_engine):
     """The event loop never stats; the drive watch looks every PRESENCE_TTL_S, so a folder that
     went away is seen gone from the loop too, and its reads go to a worker."""
-    from engine.blocking import no_blocking
+    from engine.base.blocking import no_blocking
 
     drive_id = sqlite_engine.drive_ids[0]
     drive = sqlite_engine.data.space.drives[drive_id]

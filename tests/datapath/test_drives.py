@@ -8,10 +8,10 @@ import subprocess
 import pytest
 from sqlalchemy import func, select
 
+from engine.base.errors import ConfigError
 from engine.catalog.models import Drive, Zone
 from engine.drives import SmrModel, ZoneFileDrive, blkzoned, format_emulated
 from engine.drives.zoned import EMPTY, EXPLICIT_OPEN, FULL, IMPLICIT_OPEN, ZoneError
-from engine.errors import ConfigError
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from engine.erasure import DecodeError, load_policies, policy_from_dict
-from engine.errors import ConfigError
+from engine.base.errors import ConfigError
+from engine.coding.erasure import DecodeError, load_policies, policy_from_dict
 
 
 def test_defaults():

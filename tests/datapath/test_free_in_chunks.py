@@ -9,7 +9,9 @@ import pytest
 from dphelpers import KiB, check_accounting
 from sqlalchemy import event, text
 
-from engine import errors, fsck, namespace
+from engine import namespace
+from engine.admin import fsck
+from engine.base import errors
 from engine.namespace import ROOT
 
 CHUNK = 8

@@ -12,7 +12,7 @@ import pytest
 from dphelpers import Engine, KiB, check_accounting
 from sqlalchemy import func, select, update
 
-from engine import errors
+from engine.base import errors
 from engine.catalog.models import Drive, Extent, Fragment, InlineData, Inode, Stripe
 from engine.lifecycle.drives import redundancy_status
 from engine.lifecycle.tiering import Tiering, TieringPolicy
@@ -186,7 +186,7 @@ def test_bad_inline_settings_are_refused(sqlite_catalog, tmp_path):
 
 
 def test_scrub_verifies_inline_bytes_and_reports_damage_it_cannot_repair(sqlite_engine):
-    from engine.events import recent
+    from engine.admin.events import recent
     from engine.lifecycle.scrub import scrub
 
     engine = sqlite_engine

@@ -1,4 +1,4 @@
-"""The lock order check (engine/ordered_lock.py) is on in the tests: two ranked locks taken
+"""The lock order check (engine/base/ordered_lock.py) is on in the tests: two ranked locks taken
 out of order raise at once, in the thread that does it, instead of deadlocking one day."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from engine import errors, ordered_lock
-from engine.ordered_lock import LockOrderError
+from engine.base import errors, ordered_lock
+from engine.base.ordered_lock import LockOrderError
 
 
 def test_the_check_is_on_for_the_test_suite(sqlite_engine):

@@ -10,7 +10,7 @@ import pytest
 from dphelpers import Engine, KiB, MiB, check_accounting
 from sqlalchemy import event
 
-from engine.blocking import WouldBlock, no_blocking
+from engine.base.blocking import WouldBlock, no_blocking
 from engine.catalog import Catalog, upgrade
 from engine.namespace import ROOT
 

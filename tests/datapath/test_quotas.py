@@ -13,15 +13,15 @@ import time
 import pytest
 from dphelpers import SMALL, Engine
 
-from engine import errors
-from engine.alerts import AlertSettings, QuotaLimit
+from engine.admin.alerts import AlertSettings, QuotaLimit
+from engine.admin.quota_service import QuotaService
+from engine.base import errors
 from engine.catalog import Catalog
 from engine.catalog.database import sql
+from engine.coding.erasure import load_policies
 from engine.datapath import DataPath
-from engine.erasure import load_policies
 from engine.namespace import ROOT, Namespace
-from engine.quota_service import QuotaService
-from engine.snapshots import Snapshots
+from engine.snapshots.service import Snapshots
 
 KiB = 1024
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import errors
+from engine.base import errors
 from engine.namespace import ROOT
 
 

@@ -15,10 +15,10 @@ from page_cache import evict_zone_files
 from sqlalchemy import select
 from test_datapath import STRIPE, make
 
-from engine.blocking import WouldBlock, no_blocking
+from engine.base.blocking import WouldBlock, no_blocking
 from engine.catalog.models import Extent, Fragment, Zone
+from engine.coding.erasure import FRAGMENT_HEADER
 from engine.drives import ZoneFileDrive
-from engine.erasure import FRAGMENT_HEADER
 
 
 @pytest.fixture(params=["native", "python"])

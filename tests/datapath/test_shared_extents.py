@@ -11,7 +11,8 @@ import pytest
 from dphelpers import KiB, MiB, check_accounting
 from sqlalchemy import func, select
 
-from engine import errors, fsck
+from engine.admin import fsck
+from engine.base import errors
 from engine.catalog.models import Stripe
 from engine.namespace import ROOT
 

@@ -12,12 +12,12 @@ from dphelpers import Engine, check_accounting
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import fsck
+from engine.admin import fsck
 from engine.catalog import Catalog, upgrade
 from engine.catalog.database import sql_all
 from engine.datapath.accounting import share
 from engine.namespace import ROOT
-from engine.snapshots import Snapshots
+from engine.snapshots.service import Snapshots
 
 NAMES = ["f0", "f1", "f2", "f3"]
 SIZE = 300_000  # files stay below this: several 64 KiB-fragment stripes each

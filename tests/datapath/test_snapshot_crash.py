@@ -13,14 +13,14 @@ import time
 
 from dphelpers import check_accounting
 
-from engine import fsck
-from engine import snapshots as snapshots_module
+from engine.admin import fsck
 from engine.catalog import Catalog, upgrade
+from engine.coding.erasure import load_policies
 from engine.datapath import DataPath
 from engine.drives import format_emulated
-from engine.erasure import load_policies
 from engine.namespace import ROOT, Namespace
-from engine.snapshots import Snapshots
+from engine.snapshots import service as snapshots_module
+from engine.snapshots.service import Snapshots
 
 ROUNDS = 8
 FILES = 150

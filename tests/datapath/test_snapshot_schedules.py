@@ -10,11 +10,12 @@ import calendar
 import pytest
 from dphelpers import KiB, check_accounting
 
-from engine import errors, fsck
+from engine.admin import fsck
+from engine.base import errors
 from engine.namespace import ROOT, Namespace
 from engine.namespace.paths import iter_dir
-from engine.snapshot_schedules import SnapshotScheduler, name_pattern, parse_at, snapshot_name
-from engine.snapshots import Snapshots
+from engine.snapshots.schedules import SnapshotScheduler, name_pattern, parse_at, snapshot_name
+from engine.snapshots.service import Snapshots
 
 HOUR = 3600
 # Wednesday 2026-12-02 00:10 UTC

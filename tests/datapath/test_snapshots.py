@@ -11,10 +11,11 @@ import pytest
 from dphelpers import KiB, check_accounting
 from sqlalchemy import func, select
 
-from engine import errors, fsck
+from engine.admin import fsck
+from engine.base import errors
 from engine.catalog.models import Stripe
 from engine.namespace import ROOT, Namespace
-from engine.snapshots import Snapshots
+from engine.snapshots.service import Snapshots
 
 STRIPES = Stripe.__table__
 

@@ -11,7 +11,7 @@ import pytest
 
 from appliance import config as config_mod
 from appliance.host import install
-from engine import accounts
+from engine.admin import accounts
 from engine.catalog import Catalog
 from engine.catalog.migrate import current_revision, downgrade, head_revision
 from tests.install.conftest import LAUNCHER, shingle, verify
@@ -73,7 +73,7 @@ def test_install_lays_out_the_tree(root):
 
         ns = Namespace(catalog)
         root_attr = ns.getattr(ns.root_ino)
-        # owned by the default export's anonymous user (engine.exports.prepare_new_root)
+        # owned by the default export's anonymous user (engine.admin.exports.prepare_new_root)
         assert (root_attr.mode & 0o7777, root_attr.uid, root_attr.gid) == (0o1777, 65534, 65534)
     finally:
         catalog.close()

@@ -387,7 +387,7 @@ class Shingle:
 
     def __init__(self, rig: Rig):
         from engine.catalog import Catalog, upgrade
-        from engine.erasure import load_policies
+        from engine.coding.erasure import load_policies
 
         self.rig = rig
         folder = Path("/tmp/shingle-zoned")
@@ -750,7 +750,7 @@ class CrashShingle(Shingle):
 
     def __init__(self, rig: Rig):
         from engine.catalog import Catalog, upgrade
-        from engine.erasure import load_policies
+        from engine.coding.erasure import load_policies
 
         self.rig = rig
         url = f"sqlite:///{ZBC_MOUNT}/crash-catalog.db"

@@ -9,11 +9,11 @@ import shutil
 import pytest
 from sqlalchemy import func, select
 
-from engine import errors
+from engine.base import errors
 from engine.catalog.models import Extent, Fragment, Stripe, Zone
+from engine.coding.erasure import load_policies
 from engine.datapath import DataPath
 from engine.drives import format_emulated
-from engine.erasure import load_policies
 from engine.namespace import ROOT, Namespace
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from engine import errors
+from engine.admin.events import recent
+from engine.base import errors
 from engine.catalog.models import Zone
-from engine.events import recent
 from engine.lifecycle.cleaning import Cleaner, cost_benefit, pick_victims
 from engine.namespace import ROOT
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
-from engine import fsck
+from engine.admin import fsck
 from engine.catalog.models import Stripe
 from engine.lifecycle.cleaning import Cleaner, pick_victims
 from engine.namespace import ROOT

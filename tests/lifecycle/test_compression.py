@@ -11,11 +11,12 @@ from dataclasses import asdict
 import pytest
 from sqlalchemy import select, update
 
-from engine import compression, errors
-from engine.blocking import WouldBlock, no_blocking
+from engine.admin.fsck import check
+from engine.base import errors
+from engine.base.blocking import WouldBlock, no_blocking
 from engine.catalog.models import Extent, Stripe
-from engine.erasure import load_policies
-from engine.fsck import check
+from engine.coding import compression
+from engine.coding.erasure import load_policies
 from engine.lifecycle import drives as drive_states
 from engine.lifecycle.cleaning import Cleaner
 from engine.lifecycle.rebuild import rebuild

@@ -7,9 +7,9 @@ import uuid
 
 import pytest
 
-from engine import errors
+from engine.admin.events import recent
+from engine.base import errors
 from engine.catalog.models import Drive, Fragment, Stripe, Zone
-from engine.events import recent
 from engine.lifecycle import drives as drive_states
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from engine import errors
-from engine.events import recent
+from engine.admin.events import recent
+from engine.base import errors
 from engine.lifecycle import drives as drive_states
 from engine.lifecycle.jobs import runners, tiering_policy
 

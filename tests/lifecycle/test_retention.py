@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from engine import errors
+from engine.admin.events import recent
+from engine.admin.trash import Trash
+from engine.base import errors
 from engine.catalog.models import Inode, RetentionPolicy
-from engine.events import recent
 from engine.namespace import ROOT
-from engine.retention import RetentionService, natural_key
-from engine.trash import Trash
+from engine.snapshots.retention import RetentionService, natural_key
 
 T0 = 1_700_000_000 * 10**9
 

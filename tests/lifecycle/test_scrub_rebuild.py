@@ -6,7 +6,7 @@ import shutil
 
 import crc32c
 
-from engine.events import recent
+from engine.admin.events import recent
 from engine.lifecycle import drives as drive_states
 from engine.lifecycle.rebuild import drain_drive, pending_work, rebuild
 from engine.lifecycle.scrub import Scrubber

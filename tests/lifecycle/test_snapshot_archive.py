@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from engine import errors, fsck
+from engine.admin import fsck
+from engine.base import errors
 from engine.catalog.models import Extent, Stripe
 from engine.namespace import ROOT
-from engine.snapshot_archive import archive_snapshot
-from engine.snapshots import Snapshots
+from engine.snapshots.archive import archive_snapshot
+from engine.snapshots.service import Snapshots
 from tests.lifecycle.conftest import check_accounting, random_bytes
 
 KiB = 1 << 10

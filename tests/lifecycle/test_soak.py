@@ -10,13 +10,13 @@ import random
 import threading
 import time
 
-from engine import errors
+from engine.base import errors
 from engine.catalog.models import Inode
 from engine.lifecycle.cleaning import Cleaner
 from engine.lifecycle.scrub import Scrubber
 from engine.lifecycle.tiering import Tiering, TieringPolicy
 from engine.namespace import ROOT
-from engine.retention import RetentionService
+from engine.snapshots.retention import RetentionService
 
 from .conftest import KiB, check_accounting, flip_bits, random_bytes, sha
 

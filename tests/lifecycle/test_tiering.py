@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from engine import errors
+from engine.admin.events import recent
+from engine.base import errors
 from engine.catalog.models import Extent, Inode, Stripe
-from engine.events import recent
 from engine.lifecycle.tiering import ReadTracker, Tiering, TieringPolicy
 from engine.namespace import ROOT, Namespace
-from engine.retention import RetentionService
+from engine.snapshots.retention import RetentionService
 
 from .conftest import KiB, check_accounting, random_bytes, sha
 

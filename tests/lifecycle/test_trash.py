@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from engine import errors
+from engine.admin.events import recent
+from engine.admin.trash import PURGING_DIR, TRASH_DIR, XATTR_ORIGIN, Trash
+from engine.base import errors
 from engine.catalog.models import Export, Inode
-from engine.events import recent
 from engine.namespace import ROOT
-from engine.trash import PURGING_DIR, TRASH_DIR, XATTR_ORIGIN, Trash
 
 DAY = 86400 * 10**9
 

@@ -10,9 +10,9 @@ from contextlib import contextmanager
 from appliance.nfs.server import NfsServerThread
 from engine.catalog import Catalog, upgrade
 from engine.catalog.models import Export
+from engine.coding.erasure import policy_from_dict
 from engine.datapath import DataPath
 from engine.drives import format_emulated
-from engine.erasure import policy_from_dict
 from engine.namespace import Namespace
 
 MiB = 1 << 20

@@ -22,9 +22,9 @@ from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
 from appliance.nfs.v4.context import CODES
 from engine.catalog import Catalog, upgrade
+from engine.coding.erasure import policy_from_dict
 from engine.datapath import DataPath
 from engine.drives import format_emulated
-from engine.erasure import policy_from_dict
 from engine.namespace import Namespace
 
 OUTAGE_S = 4.0
@@ -177,7 +177,7 @@ def test_writes_let_go_in_an_outage_change_the_write_verifier(pg, tmp_path):
     / NFS3ERR_JUKEBOX to an NFS one, never NFS4ERR_IO), and the write verifier changes, so the
     NFS client's next COMMIT tells it to send its writes again (RFC 8881 18.32.3); once it has,
     every byte is there. Before, such a COMMIT answered NFS4ERR_IO and the checkpoint failed."""
-    from engine import errors
+    from engine.base import errors
 
     stack = PgStack(pg.create_database(), tmp_path)
     add_export(stack.catalog)

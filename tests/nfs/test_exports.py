@@ -50,8 +50,8 @@ def test_rules_cidr_and_squash(stack):
 
 def test_refresh_takes_in_changes_made_through_the_service(stack):
     """How the daemon picks up a change from the web UI or `shingle exports set`: its periodic
-    refresh reads the exports through engine.exports again."""
-    from engine import exports as export_service
+    refresh reads the exports through engine.admin.exports again."""
+    from engine.admin import exports as export_service
 
     ensure_default_export(stack.catalog)
     table = ExportTable(stack.catalog, stack.namespace)

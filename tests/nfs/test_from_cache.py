@@ -15,7 +15,7 @@ from page_cache import evict_zone_files
 
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
-from engine import errors
+from engine.base import errors
 
 GETATTR = (c.OP_GETATTR, [1 << c.FATTR4_TYPE | 1 << c.FATTR4_SIZE])
 SPACE = (c.OP_GETATTR, [0, 1 << (c.FATTR4_SPACE_AVAIL - 32)])

@@ -66,7 +66,9 @@ def test_bucket_bounds_and_names():
         3,
     )
     assert out["nfs_ops"] == 3
-    assert all(re.fullmatch(r"[a-z][a-z0-9_]{0,63}", name) for name in out)  # engine.metrics names
+    assert all(
+        re.fullmatch(r"[a-z][a-z0-9_]{0,63}", name) for name in out
+    )  # engine.admin.metrics names
 
 
 def test_a_compound_is_recorded_without_the_lock_and_counted_by_the_next_snapshot():

@@ -12,8 +12,8 @@ from nfs4_rawclient import RawClient
 from nfs4_support import nfsrs
 
 from appliance.nfs.v4 import const as c
+from engine.admin.quota_service import QuotaService
 from engine.namespace import ROOT
-from engine.quota_service import QuotaService
 
 KiB = 1024
 LIMIT = 1024 * KiB

@@ -13,7 +13,7 @@ from test_v40 import lock40, open_confirmed
 
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
-from engine import exports as export_service
+from engine.admin import exports as export_service
 from engine.namespace import ROOT
 
 ALICE, BOB, NOBODY = 1001, 1002, 65534

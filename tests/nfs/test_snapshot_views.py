@@ -9,7 +9,7 @@ from nfs4_rawclient import RawClient, open_args
 from nfs4_support import nfsrs
 
 from appliance.nfs.v4 import const as c
-from engine.snapshots import Snapshots
+from engine.snapshots.service import Snapshots
 
 ALL_CHANGES = c.ACCESS4_MODIFY | c.ACCESS4_EXTEND
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from nfs4_support import add_export, nfsrs, start_server
 
 from engine.namespace import ROOT
-from engine.snapshots import Snapshots
+from engine.snapshots.service import Snapshots
 
 
 def test_snapshot_dir_hidden_then_visible_over_nfs(stack):

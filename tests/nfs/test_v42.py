@@ -13,7 +13,7 @@ from nfs4_support import nfs4fs, nfsrs
 from appliance.nfs.v4 import attrs as fattr
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
-from engine import fsck
+from engine.admin import fsck
 from engine.catalog.database import sql_one
 from engine.namespace import ROOT
 

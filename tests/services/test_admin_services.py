@@ -1,12 +1,14 @@
 """The engine services behind the web UI's settings, drives, tiers, metrics and dashboard pages,
-on both catalogs: engine.admins, engine.inventory, engine.tier_settings, health.SmartCache."""
+on both catalogs: engine.admin.admins, engine.admin.inventory, engine.admin.tier_settings,
+health.SmartCache."""
 
 from __future__ import annotations
 
 import pytest
 from sqlalchemy import select
 
-from engine import accounts, admins, errors, events, health, inventory, tier_settings
+from engine.admin import accounts, admins, events, health, inventory, tier_settings
+from engine.base import errors
 from engine.catalog.models import Zone
 from engine.drives import format_emulated
 from engine.namespace import ROOT

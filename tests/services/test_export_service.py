@@ -1,11 +1,12 @@
-"""engine.exports on both catalogs: checks, changes with their events, the default export."""
+"""engine.admin.exports on both catalogs: checks, changes with their events, the default export."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine import errors, events
-from engine import exports as export_service
+from engine.admin import events
+from engine.admin import exports as export_service
+from engine.base import errors
 from engine.namespace import ROOT
 
 

@@ -1,12 +1,12 @@
-"""engine.smb on both catalogs, with Samba's real passdb (smbpasswd/pdbedit need no smbd)."""
+"""engine.admin.smb on both catalogs, with Samba's real passdb (smbpasswd/pdbedit need no smbd)."""
 
 from __future__ import annotations
 
 import pytest
 
 from appliance.smb.samba import SambaLayout, SambaPassdb, render_conf
-from engine import errors
-from engine import smb as smb_service
+from engine.admin import smb as smb_service
+from engine.base import errors
 
 
 def test_shares_and_users_are_checked_changed_and_rendered(catalog, namespace, tmp_path):

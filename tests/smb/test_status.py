@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from appliance import config as config_mod
-from engine import accounts
+from engine.admin import accounts
 from tests.smb.conftest import PASSWORDS, shingle
 
 

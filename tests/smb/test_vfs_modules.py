@@ -26,8 +26,8 @@ from appliance.smb.samba import (
     render_conf,
 )
 from appliance.status import smb_line, smb_report
-from engine import smb as smb_service
-from engine.alerts import CRITICAL, AlertMonitor, AlertSettings, SmbProblem
+from engine.admin import smb as smb_service
+from engine.admin.alerts import CRITICAL, AlertMonitor, AlertSettings, SmbProblem
 from tests.smb.conftest import free_port
 from webui.metrics import Exposition, _smb
 

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from appliance import config as config_mod
-from engine import accounts
+from engine.admin import accounts
 from engine.catalog import Catalog, upgrade
 from engine.catalog.models import Drive, Zone
 

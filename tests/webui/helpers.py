@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from engine import errors
+from engine.base import errors
 from engine.namespace import ROOT, Namespace
 
 HOUR_NS = 3600 * 10**9

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from engine import accounts, events, jobs
+from engine.admin import accounts, events, jobs
 from engine.catalog.models import RetentionPolicy
 from tests.webui.conftest import ADMIN
 from tests.webui.helpers import exists, make_checkpoints

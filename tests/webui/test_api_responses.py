@@ -56,7 +56,7 @@ def test_every_endpoint_describes_its_response(app):
 
 
 def test_real_responses_match_their_schemas(web, appliance, app):
-    from engine import exports, jobs
+    from engine.admin import exports, jobs
     from engine.namespace import ROOT
 
     _, catalog = appliance
@@ -64,13 +64,13 @@ def test_real_responses_match_their_schemas(web, appliance, app):
     ns = app.extensions["shingle"].namespace
     ns.mkdir(ROOT, ns.root_ino, "ds")  # a dataset for the snapshot routes
     jobs.submit(catalog, "scrub", {}, actor="test")
-    from engine.alerts import AlertService, Finding
+    from engine.admin.alerts import AlertService, Finding
 
     [raised] = AlertService(catalog).apply(
         "drive_failed", [Finding("drive:1", "critical", "drive 1")]
     )
     alert_id = raised.alert.id
-    from engine.trash import Trash
+    from engine.admin.trash import Trash
     from tests.webui.helpers import mkdirs
 
     ns = web.client.application.extensions["shingle"].namespace

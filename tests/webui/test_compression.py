@@ -7,7 +7,7 @@ import json
 import random
 import re
 
-from engine import metrics
+from engine.admin import metrics
 from engine.lifecycle.tiering import Tiering, TieringPolicy
 from engine.namespace import ROOT
 from tests.webui.test_metrics import parse

@@ -8,10 +8,10 @@ import time
 
 from sqlalchemy import select
 
-from engine import accounts, jobs
+from engine.admin import accounts, jobs
 from engine.catalog.models import SnapshotSchedule
 from engine.namespace import ROOT
-from engine.snapshot_schedules import latest_slot, snapshot_name
+from engine.snapshots.schedules import latest_slot, snapshot_name
 from tests.webui.conftest import ADMIN
 from tests.webui.helpers import mkdirs
 

@@ -5,8 +5,8 @@ snapshot only after a confirmation page that says what will happen."""
 from __future__ import annotations
 
 from engine.namespace import ROOT
-from engine.snapshot_schedules import SnapshotScheduler
-from engine.snapshots import Snapshots
+from engine.snapshots.schedules import SnapshotScheduler
+from engine.snapshots.service import Snapshots
 from tests.webui.conftest import ADMIN, PASSWORD
 from tests.webui.helpers import mkdirs
 from tests.webui.test_browser import page, server  # noqa: F401 - fixtures

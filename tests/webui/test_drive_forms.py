@@ -3,7 +3,7 @@ and bad input are refused."""
 
 from __future__ import annotations
 
-from engine import jobs
+from engine.admin import jobs
 
 
 def test_add_and_replace_from_the_drives_page(web, appliance):

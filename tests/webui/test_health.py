@@ -6,7 +6,7 @@ import json
 import os
 import stat
 
-from engine import health
+from engine.admin import health
 from tests.webui.conftest import FAKE_SMARTCTL, FIXTURES
 
 

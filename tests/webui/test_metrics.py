@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from engine import exports, jobs, metrics
+from engine.admin import exports, jobs, metrics
+from engine.admin.quota_service import QuotaService
+from engine.base.version import version
 from engine.catalog.models import Zone
 from engine.namespace import ROOT
-from engine.quota_service import QuotaService
-from engine.version import version
 from tests.webui.conftest import ZONE_SIZE
 from tests.webui.helpers import mkdirs
 

@@ -6,8 +6,8 @@ import json
 import re
 from pathlib import Path
 
-from engine import exports, jobs, metrics
-from engine.quota_service import QuotaService
+from engine.admin import exports, jobs, metrics
+from engine.admin.quota_service import QuotaService
 from tests.webui.helpers import mkdirs
 
 DOCS = Path(__file__).resolve().parent.parent.parent / "docs"

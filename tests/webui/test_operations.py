@@ -8,10 +8,10 @@ import re
 import pytest
 
 from appliance.status import space_by_state
-from engine import jobs
+from engine.admin import jobs
+from engine.admin.trash import Trash
+from engine.base.units import format_duration, parse_duration
 from engine.lifecycle import drives as lifecycle
-from engine.trash import Trash
-from engine.units import format_duration, parse_duration
 from tests.webui.helpers import exists, make_checkpoints, mkdirs
 from webui.dashboard import live_by_class
 

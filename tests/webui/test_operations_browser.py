@@ -10,9 +10,9 @@ import re
 import pytest
 from sqlalchemy import select
 
-from engine import jobs, metrics
+from engine.admin import jobs, metrics
+from engine.admin.trash import Trash
 from engine.catalog.models import RetentionPolicy
-from engine.trash import Trash
 from tests.webui.conftest import ADMIN, PASSWORD
 from tests.webui.helpers import exists, make_checkpoints
 from tests.webui.test_browser import CHROMIUM, CHROMIUM_ARGS, page, server  # noqa: F401

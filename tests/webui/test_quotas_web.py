@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine import errors
+from engine.admin.quota_service import QuotaService
+from engine.base import errors
 from engine.namespace import ROOT
-from engine.quota_service import QuotaService
 from tests.webui.conftest import ADMIN, PASSWORD
 from tests.webui.helpers import mkdirs
 from tests.webui.test_browser import page, server  # noqa: F401 - fixtures

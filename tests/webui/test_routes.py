@@ -9,7 +9,7 @@ import re
 import pytest
 from sqlalchemy import select
 
-from engine import events, jobs, metrics
+from engine.admin import events, jobs, metrics
 from engine.catalog.models import Drive, Export, RetentionPolicy
 from engine.namespace import ROOT
 from tests.webui.conftest import ADMIN, PASSWORD, Browserish, csrf_of

@@ -10,7 +10,7 @@ import time
 import pytest
 from sqlalchemy import select
 
-from engine import accounts, events
+from engine.admin import accounts, events
 from engine.catalog.models import ApiToken, LoginThrottle
 from tests.webui.conftest import ADMIN, PASSWORD, Browserish, csrf_of
 

@@ -132,7 +132,7 @@ def test_shingle_webui_refuses_a_bad_port_or_catalog(tmp_path):
 
 
 def test_web_ui_on_a_postgresql_catalog(postgres_server, tmp_path):
-    from engine import jobs, metrics
+    from engine.admin import jobs, metrics
     from tests.webui.conftest import Live
 
     url = postgres_server.create_database()
@@ -290,7 +290,7 @@ def test_sign_in_security_over_real_http(template_catalog, tmp_path):
     """The web findings against gunicorn: open redirect, logout, back-off per address, scopes."""
     import shutil
 
-    from engine import accounts
+    from engine.admin import accounts
     from engine.catalog import Catalog
     from engine.catalog.models import ApiToken
     from tests.webui.conftest import ADMIN, PASSWORD

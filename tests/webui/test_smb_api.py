@@ -1,5 +1,5 @@
-"""SMB in the web UI and the API: shares and users through engine.smb, passwords in Samba's real
-passdb under the appliance's data folder (pdbedit; no smbd needed), token scopes, events naming
+"""SMB in the web UI and the API: shares and users through engine.admin.smb, passwords in Samba's
+real passdb under the appliance's data folder (pdbedit; no smbd needed), token scopes, events naming
 the admin, confirmations before deletes, and smbd's status when SMB is not enabled."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from appliance.smb.samba import SambaLayout, SambaPassdb
-from engine import accounts, events
-from engine import smb as smb_service
+from engine.admin import accounts, events
+from engine.admin import smb as smb_service
 from tests.webui.conftest import ADMIN
 
 

@@ -4,8 +4,8 @@ them, edit it, change the password, delete both after the confirmation page."""
 from __future__ import annotations
 
 from appliance.smb.samba import SambaLayout, SambaPassdb
-from engine import events
-from engine import smb as smb_service
+from engine.admin import events
+from engine.admin import smb as smb_service
 from tests.webui.conftest import ADMIN, PASSWORD
 from tests.webui.helpers import mkdirs
 from tests.webui.test_browser import page, server  # noqa: F401 - fixtures

@@ -45,7 +45,7 @@ from appliance.nfs.onc.rpc import (
     success_head,
 )
 from appliance.nfs.onc.xdr import XdrError
-from engine.ratelog import RateLimitedLog
+from engine.base.ratelog import RateLimitedLog
 
 log = logging.getLogger("shingle.nfs.rpc")
 

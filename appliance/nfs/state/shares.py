@@ -14,7 +14,7 @@ from appliance.nfs.state.locks import Locks
 from appliance.nfs.state.model import Client, LockState, NfsError, OpenState
 from appliance.nfs.state.records import ClientRecords
 from appliance.nfs.v4 import const as c
-from engine.blocking import may_block
+from engine.base.blocking import may_block
 
 log = logging.getLogger("shingle.nfs.state")
 

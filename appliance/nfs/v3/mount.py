@@ -22,8 +22,8 @@ from appliance.nfs.onc.rpc import (
 )
 from appliance.nfs.onc.xdr import Packer
 from appliance.nfs.v3 import types as t
+from engine.base.ratelog import RateLimitedLog
 from engine.catalog.models import DIR
-from engine.ratelog import RateLimitedLog
 
 log = logging.getLogger("shingle.nfs.mount")
 _refusals = RateLimitedLog(log)

@@ -4,7 +4,7 @@ exports, file handles (a v3 handle works in v4 and back) and write verifier.
 Each procedure is a handler registered with ``@procedure(NFSPROC3_X)``: it gets
 a ``Call3`` context and the arguments decoded from their declared XDR type
 (types.ARGS3), returns the resok value, or raises ``Nfs3Error`` / an
-engine.errors exception, which becomes the NFS3ERR_* status with the
+engine.base.errors exception, which becomes the NFS3ERR_* status with the
 procedure's resfail value (appliance.nfs.v3.program). Calls run in the server's
 worker threads."""
 
@@ -29,7 +29,7 @@ from appliance.nfs.v3.context import (
     check_name,
     nfstime,
 )
-from engine import errors
+from engine.base import errors
 from engine.catalog.models import BLK, CHR, DIR, FIFO, LNK, REG, SOCK
 from engine.namespace import R_OK, W_OK, X_OK, Attr, may
 

@@ -14,7 +14,7 @@ from appliance.nfs.onc.xdr import Array, Bool, Packer, UHyper, UInt, XdrError
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.types import bitmap4, fsid4, nfs_fh4, nfstime4, settime4, specdata4, utf8str
 from engine.catalog.models import REG
-from engine.quotas import QuotaTracker
+from engine.namespace.quotas import QuotaTracker
 
 
 class AttrServer(Protocol):
@@ -89,7 +89,8 @@ def _statfs(s: AttrSubject):
 
 def _quota(s: AttrSubject) -> tuple[int, int, int]:
     """(quota_avail_hard, quota_avail_soft, quota_used) in bytes: the quotas of the inode's
-    directory trees (engine/quotas.py); with none, the pool's free space and the file's use."""
+    directory trees (engine/namespace/quotas.py); with none, the pool's free space and the file's
+    use."""
     free = _statfs(s).avail_bytes
     attr: Any = s.attr
     quotas: QuotaTracker | None = getattr(s.server.namespace, "quotas", None)

@@ -6,7 +6,7 @@ the results.
 A COMPOUND runs in a worker thread (blocking catalog and data work), except
 that the event loop first tries small ones from the caches (``from_cache``):
 the operations the registry marks ``from_cache`` (read-only ones, an UNSTABLE WRITE into
-the file's buffer, a COMMIT that finds nothing to flush), inside engine.blocking's
+the file's buffer, a COMMIT that finds nothing to flush), inside engine.base.blocking's
 no_blocking(). At the first operation that would need more, it stops and returns
 a Handoff; the worker carries the COMPOUND on from that operation, with the slot
 its SEQUENCE took and the results so far. A stat costs one thread hand-off less
@@ -32,7 +32,7 @@ from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.context import CODES, Compound
 from appliance.nfs.v4.registry import TABLE, Op
 from appliance.nfs.v4.types import ARGS, RESULTS, STATUS_ONLY
-from engine.blocking import WouldBlock, holding, no_blocking
+from engine.base.blocking import WouldBlock, holding, no_blocking
 
 log = logging.getLogger("shingle.nfs")
 

@@ -7,7 +7,7 @@ from appliance.nfs.v4 import attrs as fattr
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.context import Node
 from appliance.nfs.v4.types import RESULTS, change_info4
-from engine import errors
+from engine.base import errors
 from engine.catalog.models import DIR, LNK
 from engine.namespace import SET_TO_NOW, check_name
 

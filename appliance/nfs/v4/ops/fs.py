@@ -14,8 +14,8 @@ from appliance.nfs.v4.context import CODES, Node
 from appliance.nfs.v4.ops.common import apply_attrs, check_component, cinfo, need_dir, resok
 from appliance.nfs.v4.registry import operation
 from appliance.nfs.v4.types import entry4
-from engine import errors
-from engine.blocking import WouldBlock, blocking_forbidden, holding
+from engine.base import errors
+from engine.base.blocking import WouldBlock, blocking_forbidden, holding
 from engine.catalog.models import BLK, CHR, DIR, LNK
 
 READDIR_BATCH = 512

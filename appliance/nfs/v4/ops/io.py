@@ -10,8 +10,8 @@ from appliance.nfs.v4.context import BYPASS_OTHER, Node
 from appliance.nfs.v4.ops.common import apply_attrs, check_component, cinfo, need_dir
 from appliance.nfs.v4.registry import operation
 from appliance.nfs.v4.types import RESULTS
-from engine import errors
-from engine.blocking import WouldBlock, blocking_forbidden, holding
+from engine.base import errors
+from engine.base.blocking import WouldBlock, blocking_forbidden, holding
 from engine.catalog.models import DIR, LNK, REG
 from engine.namespace import R_OK, W_OK, X_OK, may
 

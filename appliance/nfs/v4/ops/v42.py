@@ -15,7 +15,7 @@ from appliance.nfs.v4.ops.common import cinfo, is_utf8, resok
 from appliance.nfs.v4.ops.io import check_io_stateid
 from appliance.nfs.v4.registry import operation
 from appliance.nfs.v4.types import read_plus_content, write_response4, xattrkey4
-from engine import errors
+from engine.base import errors
 from engine.catalog.models import DIR, REG
 from engine.namespace import XATTR_NAME_MAX, XATTR_VALUE_MAX
 

@@ -2,7 +2,7 @@
 API token) does the same way: read one or all, and create, change or delete one in a single
 catalog transaction that also records the event naming who did it.
 
-A domain module declares its fields once (an engine.schema ``Schema``), checks values with it,
+A domain module declares its fields once (an engine.admin.schema ``Schema``), checks values with it,
 and hands the clean values to its ``CrudService``; it subclasses the service only for what is
 its own: how a taken name is found (SMB compares without case; a schedule's prefix is taken per
 dataset), what its events say, and how its rows become records. The service holds no catalog:
@@ -17,9 +17,9 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy import Table, func, select
 from sqlalchemy.engine import Connection, Row
 
-from engine import errors
+from engine.admin.events import record_in
+from engine.base import errors
 from engine.catalog.database import Catalog
-from engine.events import record_in
 
 Record = TypeVar("Record")
 

@@ -22,14 +22,14 @@ import builtins
 import time
 from dataclasses import asdict, dataclass
 
-from engine import errors
+from engine.base import errors
 from engine.catalog.database import in_list, sql, sql_all, sql_one
 from engine.catalog.models import DIR
 from engine.datapath.accounting import adjust_live, chunks
 from engine.datapath.sharing import add_references, drop_references
 from engine.namespace.common import ROOT, check_name
+from engine.namespace.quotas import recount_around
 from engine.namespace.readonly import SNAPSHOT_DIR_NAME
-from engine.quotas import recount_around
 
 _INODE_COLUMNS = (
     "generation, type, mode, uid, gid, size, nlink, rdev, atime_ns, mtime_ns, "

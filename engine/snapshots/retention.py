@@ -12,7 +12,7 @@ by mtime (ties broken by name), or by the natural sort of names (step-9 < step-1
 Actions on the older entries:
 - ``delete``: the entry and its subtree are removed for good (Trash.delete: the
   name disappears in one transaction, then the subtree is removed);
-- ``trash``: moved to the export's trash (engine.trash), restorable until purged;
+- ``trash``: moved to the export's trash (engine.admin.trash), restorable until purged;
 - ``cold``: every file below it is pinned to the cold band class
   (``inodes.band_class``) in one transaction; the tiering engine moves the data.
 
@@ -33,16 +33,16 @@ from dataclasses import asdict, dataclass, replace
 
 from sqlalchemy import select
 
-from engine import errors
+from engine.admin.crud import CrudService, record_of
+from engine.admin.events import record, record_in
+from engine.admin.schema import Field, Schema
+from engine.admin.trash import TRASH_DIR, Trash
+from engine.base import errors
+from engine.base.ordered_lock import lock
 from engine.catalog.database import Catalog
 from engine.catalog.models import DIR, REG, Inode, RetentionPolicy
-from engine.crud import CrudService, record_of
-from engine.events import record, record_in
 from engine.namespace import ROOT, Attr, Namespace
 from engine.namespace.paths import iter_dir, join_path, split_path, walk_subtree
-from engine.ordered_lock import lock
-from engine.schema import Field, Schema
-from engine.trash import TRASH_DIR, Trash
 
 RULES = RetentionPolicy.__table__
 INODES = Inode.__table__

@@ -142,7 +142,7 @@ class CheckedLock:
                 raise LockOrderError(
                     f"{self.name} (rank {self.rank}) taken while holding {top.name} "
                     f"(rank {top.rank}): expected ranks to increase "
-                    "(engine/ordered_lock.py RANKS)"
+                    "(engine/base/ordered_lock.py RANKS)"
                 )
         got = self.inner.acquire(blocking, timeout)
         if got:

@@ -8,7 +8,7 @@ whose data covers it, and every stripe's live bytes are exactly the bytes its
 extents reference, over every file, clone and snapshot that shares it (a stripe
 nothing references should have been freed: invariant 9). A compressed stripe
 names a known codec and a stored length below its data length, which its fragments can hold
-(engine/compression.py); a raw stripe has no stored length. Snapshot views: each
+(engine/coding/compression.py); a raw stripe has no stored length. Snapshot views: each
 snapshot's frozen root lies in its inode range and is named in its dataset's
 .snapshots directory. Quotas: each quota's usage counters equal a recount of its tree
 (``shingle quota recount`` corrects them)."""
@@ -22,9 +22,9 @@ from sqlalchemy import select
 
 from engine.catalog.database import Catalog, sql_all
 from engine.catalog.models import DIR, Dirent, Extent, Inode, Snapshot, SnapshotDir, Stripe
-from engine.compression import CODECS
-from engine.erasure import FRAGMENT_HEADER
-from engine.quotas import usage_below
+from engine.coding.compression import CODECS
+from engine.coding.erasure import FRAGMENT_HEADER
+from engine.namespace.quotas import usage_below
 
 INODES, DIRENTS, EXTENTS, STRIPES = (
     Inode.__table__,

@@ -24,9 +24,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
-from engine.compression import DEFAULT_LEVEL, check_level
-from engine.errors import ConfigError
-from engine.ordered_lock import lock
+from engine.base.errors import ConfigError
+from engine.base.ordered_lock import lock
+from engine.coding.compression import DEFAULT_LEVEL, check_level
 
 MiB = 1 << 20
 # Fragment sizes are bounded so a fragment always fits a zone and a stripe fits memory.
@@ -40,7 +40,7 @@ ALIGNMENT_SLACK = 512  # most payload padding any backend adds (reservations cou
 REDUNDANCY = ("ec", "replicate")  # what a band class may be configured with
 # redundancy and layout of stripes whose bytes the catalog holds (small durable writes)
 INLINE = "inline"
-COMPRESSION = (None, "zstd")  # engine/compression.py
+COMPRESSION = (None, "zstd")  # engine/coding/compression.py
 
 DEFAULTS: dict[str, dict] = {
     "hot": {"redundancy": "replicate", "copies": 3},

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 
-from engine.ordered_lock import lock
+from engine.base.ordered_lock import lock
 
 DEFAULT_INTERVAL_S = 60.0
 

@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.errors import InvalidArgument
-from engine.units import format_duration, parse_duration
+from engine.base.errors import InvalidArgument
+from engine.base.units import format_duration, parse_duration
 
 TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool}
 
@@ -40,7 +40,7 @@ def shown(value: Any) -> str:
 
 class FieldError(InvalidArgument, ValueError):
     """A field of an admin object has a value it cannot take (``Schema.check``); each domain
-    subclasses it (engine.exports.ExportValueError, engine.smb.SmbValueError, ...)."""
+    subclasses it (engine.admin.exports.ExportValueError, engine.admin.smb.SmbValueError, ...)."""
 
     def __init__(self, field: str, value: object, expected: str):
         self.field, self.value, self.expected = field, value, expected
@@ -70,7 +70,7 @@ class Field:
     check: Callable[[Any], Any] | None = (
         None  # extra rule: returns the clean value or raises ValueError
     )
-    # "duration": an integer of seconds that forms show and take as "30 d" (engine.units)
+    # "duration": an integer of seconds that forms show and take as "30 d" (engine.base.units)
     unit: str | None = None
 
     def clean(self, value: Any) -> Any:  # noqa: C901 - one flat test per JSON Schema keyword

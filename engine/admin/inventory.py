@@ -3,7 +3,7 @@
 Read-only catalog queries for the web UI's dashboard, drives, tiers and /metrics
 pages, grouped in SQL so that an 80,000-zone drive costs a few thousand rows.
 Drive states and their changes are engine.lifecycle.drives; SMART is
-engine.health."""
+engine.admin.health."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import and_, case, func, select
 
-from engine import errors
+from engine.base import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import Drive, Stripe, Zone
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from engine import errors
+from engine.admin.events import record_in
+from engine.base import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import AdminSession, AdminUser, ApiToken, LoginThrottle
-from engine.events import record_in
 
 USERS = AdminUser.__table__
 TOKENS = ApiToken.__table__

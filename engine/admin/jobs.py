@@ -25,12 +25,12 @@ from dataclasses import asdict, dataclass
 
 from sqlalchemy import select
 
-from engine import errors
+from engine.admin.events import record_in
+from engine.base import errors
+from engine.base.ratelog import RateLimitedLog
 from engine.catalog.database import Catalog, CatalogUnreachable
 from engine.catalog.fence import LeaderFenced
 from engine.catalog.models import Job
-from engine.events import record_in
-from engine.ratelog import RateLimitedLog
 
 JOBS = Job.__table__
 KINDS = (

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import zstandard
 
-from engine import errors
-from engine.errors import ConfigError
+from engine.base import errors
+from engine.base.errors import ConfigError
 
 ZSTD = "zstd"
 CODECS = (ZSTD,)

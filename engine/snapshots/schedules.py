@@ -15,9 +15,9 @@ time in the name) is younger than it stay; with both a snapshot stays when eithe
 with neither all stay. Snapshots the schedule does not name are never touched.
 
 ``preview()`` says exactly what ``run()`` would do now (the due snapshots, the deletions, each
-with its reason) and changes nothing, as file retention's preview (engine/retention.py). The
-daemon's maintenance queues a ``snapshot-schedule`` job when a schedule is due; the job calls
-``run()``. Snapshots are made and deleted through engine/snapshots.py's public methods."""
+with its reason) and changes nothing, as file retention's preview (engine/snapshots/retention.py).
+The daemon's maintenance queues a ``snapshot-schedule`` job when a schedule is due; the job calls
+``run()``. Snapshots are made and deleted through engine/snapshots/service.py's public methods."""
 
 from __future__ import annotations
 
@@ -29,15 +29,15 @@ from dataclasses import asdict, dataclass, replace
 
 from sqlalchemy import select
 
-from engine import errors
+from engine.admin.crud import CrudService, record_of
+from engine.admin.events import record_in
+from engine.admin.schema import Field, Schema
+from engine.base import errors
+from engine.base.ordered_lock import lock
+from engine.base.units import format_duration, format_size, parse_duration
 from engine.catalog.models import DIR, SnapshotSchedule
-from engine.crud import CrudService, record_of
-from engine.events import record_in
 from engine.namespace.paths import join_path, split_path
-from engine.ordered_lock import lock
-from engine.schema import Field, Schema
-from engine.snapshots import SnapshotInfo, Snapshots
-from engine.units import format_duration, format_size, parse_duration
+from engine.snapshots.service import SnapshotInfo, Snapshots
 
 SCHEDULES = SnapshotSchedule.__table__
 FREQUENCIES = ("hourly", "daily", "weekly", "interval")

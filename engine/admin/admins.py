@@ -1,16 +1,16 @@
 """Admin accounts and API tokens as the settings page lists them, and revoking a token.
 
-Creating accounts and tokens, passwords and sign-in checks are engine.accounts;
-this module only reads them (never a secret or a hash) and removes tokens (engine.crud)."""
+Creating accounts and tokens, passwords and sign-in checks are engine.admin.accounts;
+this module only reads them (never a secret or a hash) and removes tokens (engine.admin.crud)."""
 
 from __future__ import annotations
 
 from sqlalchemy import select
 
-from engine import errors
+from engine.admin.crud import CrudService
+from engine.base import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import AdminUser, ApiToken
-from engine.crud import CrudService
 
 USERS = AdminUser.__table__
 TOKENS = ApiToken.__table__

@@ -22,12 +22,12 @@ from typing import Any
 
 from sqlalchemy import select
 
-from engine import errors
+from engine.admin.crud import CrudService, describe, record_of  # noqa: F401 - describe is re-exported
+from engine.admin.schema import Field, FieldError, Schema
+from engine.base import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import DIR
 from engine.catalog.models import Export as ExportRow
-from engine.crud import CrudService, describe, record_of  # noqa: F401 - describe is re-exported
-from engine.schema import Field, FieldError, Schema
 
 EXPORTS = ExportRow.__table__
 DEFAULT_NAME = "/export"

@@ -11,12 +11,12 @@ from dataclasses import asdict, dataclass, field
 
 from sqlalchemy import select
 
-from engine import errors
+from engine.base import errors
+from engine.base.units import format_size
 from engine.catalog.models import REG, SnapshotDir
 from engine.namespace.paths import join_path, split_path, walk_subtree
-from engine.snapshot_schedules import SnapshotScheduler, name_pattern
-from engine.snapshots import SnapshotInfo, Snapshots
-from engine.units import format_size
+from engine.snapshots.schedules import SnapshotScheduler, name_pattern
+from engine.snapshots.service import SnapshotInfo, Snapshots
 
 SNAPSHOT_DIRS = SnapshotDir.__table__
 ACTIONS = ("create", "delete", "rollback")

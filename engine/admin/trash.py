@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass
 
 from sqlalchemy import select
 
-from engine import errors
+from engine.admin.events import record
+from engine.base import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import DIR, Export
-from engine.events import record
 from engine.namespace import NAME_MAX, ROOT, Attr, Namespace
 from engine.namespace.paths import iter_dir, join_path, remove_tree, split_path
 

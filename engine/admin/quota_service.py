@@ -1,7 +1,7 @@
 """Quotas as an admin service: set, change, remove, list and recount the limits of directory
 trees, through a Namespace (which resolves paths and shares its tracker).
 
-The counters and the checks on every write live below the namespace, in engine/quotas.py;
+The counters and the checks on every write live below the namespace, in engine/namespace/quotas.py;
 this module sits above it (it resolves paths under an export's name), so the two are apart.
 """
 
@@ -11,12 +11,12 @@ import builtins
 import time
 from dataclasses import asdict, dataclass
 
-from engine import errors
+from engine.admin.events import record_in
+from engine.admin.exports import list_exports
+from engine.base import errors
 from engine.catalog.database import Catalog, sql, sql_all, sql_one
 from engine.catalog.models import DIR
-from engine.events import record_in
-from engine.exports import list_exports
-from engine.quotas import usage_below
+from engine.namespace.quotas import usage_below
 
 
 @dataclass(frozen=True)

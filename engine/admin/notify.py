@@ -1,4 +1,5 @@
-"""Delivery of alert notices (engine/alerts.py) by mail and by webhook, off the caller's thread.
+"""Delivery of alert notices (engine/admin/alerts.py) by mail and by webhook, off the caller's
+thread.
 
 ``Notifier.deliver(notice)`` only puts the notice on each sink's bounded queue: the daemon's
 maintenance loop never waits for a mail server or a webhook receiver. Each sink has one thread

@@ -21,16 +21,16 @@ from dataclasses import asdict, dataclass, field
 
 from sqlalchemy import func, select
 
-from engine import errors
+from engine.admin.events import record
+from engine.base import errors
+from engine.base.units import format_size
 from engine.catalog.models import REG, Extent, Stripe
 from engine.datapath.accounting import chunks
-from engine.events import record
 from engine.lifecycle.media import media_for
 from engine.lifecycle.pacing import Progress, Tracker
 from engine.lifecycle.tiering import COLD, Tiering
 from engine.namespace.paths import join_path, split_path, walk_subtree
 from engine.namespace.readonly import SNAPSHOT_DIR_NAME
-from engine.units import format_size
 
 EXTENTS = Extent.__table__
 STRIPES = Stripe.__table__

@@ -24,14 +24,14 @@ from typing import Any, Protocol
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
-from engine import errors
+from engine.admin.crud import CrudService, record_of
+from engine.admin.events import record_in
+from engine.admin.exports import ACCESS_FIELD, ID_MAX, clean_path, clients_field, path_field
+from engine.admin.schema import Field, FieldError, Schema
+from engine.base import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import SmbShare as ShareRow
 from engine.catalog.models import SmbUser as UserRow
-from engine.crud import CrudService, record_of
-from engine.events import record_in
-from engine.exports import ACCESS_FIELD, ID_MAX, clean_path, clients_field, path_field
-from engine.schema import Field, FieldError, Schema
 
 SHARES = ShareRow.__table__
 USERS = UserRow.__table__

@@ -1,5 +1,5 @@
 """Quotas: limits on the bytes and the files of a directory tree (an export's root or any
-directory below it), hard (refused with EDQUOT) and soft (an alert, engine/alerts.py).
+directory below it), hard (refused with EDQUOT) and soft (an alert, engine/admin/alerts.py).
 
 What counts (docs/namespace.md, "Quotas", says why):
 - bytes: the logical size of every regular file in the tree (what ``ls -l`` shows), not the
@@ -16,20 +16,20 @@ data path). Nothing scans the catalog on a write. A write is checked when it is 
 the data path's buffer, before any byte is kept: the limit is compared with the committed
 counter plus what buffered writes of the tree have been admitted and not committed yet
 (``QuotaTracker.admit``), so a WRITE that would pass the limit fails whole.
-``QuotaService.recount`` (engine/quota_service.py, the admin side above the namespace) counts
+``QuotaService.recount`` (engine/admin/quota_service.py, the admin side above the namespace) counts
 the trees again (fsck compares, ``shingle quota recount`` fixes)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from engine import errors
-from engine.blocking import holding
+from engine.base import errors
+from engine.base.blocking import holding
+from engine.base.ordered_lock import lock
 from engine.catalog.database import Catalog, in_list, sql, sql_all, sql_one
 from engine.catalog.epoch import commits_between
 from engine.catalog.models import REG
 from engine.catalog.models import Quota as QuotaRow
-from engine.ordered_lock import lock
 
 QUOTAS = QuotaRow.__table__
 

@@ -14,10 +14,10 @@ import json
 
 from sqlalchemy import select
 
-from engine import errors
+from engine.admin.events import record_in
+from engine.base import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import Dirent, Inode, Setting
-from engine.events import record_in
 
 INODES = Inode.__table__
 DIRENTS = Dirent.__table__

@@ -8,9 +8,9 @@ state changes in one transaction:
 - an open alert (``active`` or ``acknowledged``) whose finding is gone becomes ``cleared``;
 - an admin's ``acknowledge`` moves ``active`` to ``acknowledged`` (it stays open until cleared,
   so a known problem stops the banner but is not forgotten).
-Raised and cleared alerts are returned as ``Notice``s for delivery (engine/notify.py). The daemon's
-maintenance loop runs ``AlertMonitor.tick`` (appliance/maintenance.py), each source at its own
-interval. ``catalog_unreachable`` cannot be stored while the catalog is away: the monitor sends
+Raised and cleared alerts are returned as ``Notice``s for delivery (engine/admin/notify.py). The
+daemon's maintenance loop runs ``AlertMonitor.tick`` (appliance/maintenance.py), each source at its
+own interval. ``catalog_unreachable`` cannot be stored while the catalog is away: the monitor sends
 it at once and records it, already cleared, once the catalog answers again."""
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from pathlib import Path
 
 from sqlalchemy import select, text
 
-from engine import errors
+from engine.admin.events import record_in
+from engine.base import errors
 from engine.catalog.database import Catalog, CatalogUnreachable
 from engine.catalog.models import Alert, Drive, Job
-from engine.events import record_in
 
 log = logging.getLogger("shingle.alerts")
 ALERTS = Alert.__table__
@@ -177,7 +177,7 @@ class SmartHealth(AlertSource):
     interval_s = 600.0
 
     def __init__(self, cache=None):
-        from engine.health import SmartCache
+        from engine.admin.health import SmartCache
 
         self.cache = cache or SmartCache()
 
@@ -652,7 +652,7 @@ class AlertService:
 # -- the schedule ------------------------------------------------------------------------------
 class AlertMonitor:
     """Runs each source when its interval is due and hands raised and cleared alerts to
-    ``deliver`` (engine.notify.Notifier.deliver: it queues, never blocks)."""
+    ``deliver`` (engine.admin.notify.Notifier.deliver: it queues, never blocks)."""
 
     def __init__(
         self,
