@@ -54,6 +54,15 @@ def padded(length: int, granularity: int) -> int:
 
 
 class Space:
+    """The drives' zones as the writers see them: which are open, empty, pinned or being
+    claimed, where each write pointer stands, how much room is left and reserved, and where the
+    next stripe's fragments go (spread over hosts, then drives).
+
+    One class of about 450 lines on purpose: placement, reservation, zone resets and claims all
+    read and change the same zone states under the one ``datapath.space`` lock (rank 40, held
+    across a reset), and each must see the others' changes at once; split into classes, each
+    would need that lock and the invariants of the others (docs/datapath.md)."""
+
     def __init__(
         self,
         catalog,
