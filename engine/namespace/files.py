@@ -144,40 +144,10 @@ class FileOps:
         cred: Cred, attr: Attr, *, now: int, mode, uid, gid, size, atime_ns, mtime_ns
     ) -> dict:
         """The columns a setattr changes (ctime aside), after its permission checks."""
-        ino = attr.ino
-        owner = cred.uid == 0 or cred.owns(attr)
-        values: dict = {}
-        new_mode = attr.mode
-        if uid is not None and uid != attr.uid:
-            if cred.uid != 0:
-                raise errors.NotPermitted(f"uid {cred.uid} may not give inode {ino} to uid {uid}")
-            values["uid"] = uid
-        if gid is not None and gid != attr.gid:
-            if cred.uid != 0 and not (cred.owns(attr) and cred.in_group(gid)):
-                raise errors.NotPermitted(f"uid {cred.uid} may not set group {gid} on inode {ino}")
-            values["gid"] = gid
-        if values and attr.type != DIR and cred.uid != 0:
-            new_mode &= ~(S_ISUID | S_ISGID)  # chown by a user drops set-id bits
-        if mode is not None:
-            if not owner:
-                raise errors.NotPermitted(f"uid {cred.uid} does not own inode {ino}")
-            new_mode = mode
-            if cred.uid != 0 and not cred.in_group(values.get("gid", attr.gid)):
-                new_mode &= ~S_ISGID
-        if new_mode != attr.mode:
-            values["mode"] = new_mode
-        for key, wanted in (("atime_ns", atime_ns), ("mtime_ns", mtime_ns)):
-            if wanted is None:
-                continue
-            if wanted is SET_TO_NOW:
-                if not owner and not may(cred, attr, W_OK):
-                    raise errors.AccessDenied(f"uid {cred.uid} may not touch inode {ino}")
-                values[key] = now
-            else:
-                if not owner:
-                    raise errors.NotPermitted(f"uid {cred.uid} may not set times of inode {ino}")
-                values[key] = int(wanted)
+        values = _ownership_values(cred, attr, mode=mode, uid=uid, gid=gid)
+        values.update(_time_values(cred, attr, now=now, atime_ns=atime_ns, mtime_ns=mtime_ns))
         if size is not None:
+            ino = attr.ino
             if attr.type == DIR:
                 raise errors.IsADirectory(f"inode {ino} is a directory")
             if attr.type != REG:
@@ -305,3 +275,49 @@ class FileOps:
         self.writes.free_orphans(orphans)
         self.cache.invalidate()
         return len(orphans)
+
+
+def _ownership_values(cred: Cred, attr: Attr, *, mode, uid, gid) -> dict:
+    """uid, gid and mode a setattr changes: only root gives a file away, the owner sets the
+    group to one of its own and the mode; set-id bits drop as POSIX has them drop."""
+    ino = attr.ino
+    values: dict = {}
+    new_mode = attr.mode
+    if uid is not None and uid != attr.uid:
+        if cred.uid != 0:
+            raise errors.NotPermitted(f"uid {cred.uid} may not give inode {ino} to uid {uid}")
+        values["uid"] = uid
+    if gid is not None and gid != attr.gid:
+        if cred.uid != 0 and not (cred.owns(attr) and cred.in_group(gid)):
+            raise errors.NotPermitted(f"uid {cred.uid} may not set group {gid} on inode {ino}")
+        values["gid"] = gid
+    if values and attr.type != DIR and cred.uid != 0:
+        new_mode &= ~(S_ISUID | S_ISGID)  # chown by a user drops set-id bits
+    if mode is not None:
+        if not (cred.uid == 0 or cred.owns(attr)):
+            raise errors.NotPermitted(f"uid {cred.uid} does not own inode {ino}")
+        new_mode = mode
+        if cred.uid != 0 and not cred.in_group(values.get("gid", attr.gid)):
+            new_mode &= ~S_ISGID
+    if new_mode != attr.mode:
+        values["mode"] = new_mode
+    return values
+
+
+def _time_values(cred: Cred, attr: Attr, *, now: int, atime_ns, mtime_ns) -> dict:
+    """atime and mtime a setattr changes: "now" needs write access or ownership, a given
+    time needs ownership."""
+    owner = cred.uid == 0 or cred.owns(attr)
+    values: dict = {}
+    for key, wanted in (("atime_ns", atime_ns), ("mtime_ns", mtime_ns)):
+        if wanted is None:
+            continue
+        if wanted is SET_TO_NOW:
+            if not owner and not may(cred, attr, W_OK):
+                raise errors.AccessDenied(f"uid {cred.uid} may not touch inode {attr.ino}")
+            values[key] = now
+        else:
+            if not owner:
+                raise errors.NotPermitted(f"uid {cred.uid} may not set times of inode {attr.ino}")
+            values[key] = int(wanted)
+    return values
