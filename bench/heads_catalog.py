@@ -361,7 +361,7 @@ def visibility_writer(url: str, rounds: int, ready, turn, done, results) -> None
     head = Head(url)
     try:
         ready.wait(WORKER_TIMEOUT_S)  # B made the directory
-        top = head.ns.lookup(ROOT, head.ns.root_ino, "vis").ino
+        top = _wait_for_directory(head.ns, "vis")
         made, moved = [], []
         for i in range(rounds):
             turn.wait()  # B is polling for v-i
@@ -377,6 +377,23 @@ def visibility_writer(url: str, rounds: int, ready, turn, done, results) -> None
         results.put({"made": made, "moved": moved})
     finally:
         head.close()
+
+
+def _wait_for_directory(ns, name: str) -> int:
+    """The inode of ``name`` under the root, looked up until it shows: once, in a CI run, the
+    first lookup right after the other process's mkdir answered NotFound (not explained yet; the
+    rounds below measure how long such a change takes to show)."""
+    from engine.base import errors
+    from engine.namespace import ROOT
+
+    deadline = time.monotonic() + WORKER_TIMEOUT_S
+    while True:
+        try:
+            return ns.lookup(ROOT, ns.root_ino, name).ino
+        except errors.NotFound:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.001)
 
 
 def visibility_reader(url: str, rounds: int, ready, turn, done, results) -> None:
