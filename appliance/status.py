@@ -8,6 +8,7 @@ import os
 
 from sqlalchemy import case, func, select
 
+from engine.admin.hosts import stripe_shape
 from engine.catalog.database import Catalog
 from engine.catalog.migrate import current_revision
 from engine.catalog.models import Drive, Inode, Zone
@@ -99,8 +100,7 @@ def _read_drives(conn, policies: dict):
         .mappings()
         .all()
     )
-    warm = policies.get("warm") or next(iter(policies.values()), None)
-    k, m = (warm.k, warm.m) if warm is not None else (8, 2)
+    k, m = stripe_shape(policies)
     return inodes, rows, redundancy_status_in(conn), hosts_status_in(conn, k, m)
 
 

@@ -417,3 +417,13 @@ def wait(
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"job {job_id} ({job.kind}) still {job.state} after {timeout_s} s")
         time.sleep(poll_s)
+
+
+def active_in(conn, kinds: tuple[str, ...]) -> list[JobRecord]:
+    """The jobs of ``kinds`` queued or running, oldest first (inside the caller's read)."""
+    rows = conn.execute(
+        select(JOBS)
+        .where(JOBS.c.kind.in_(kinds), JOBS.c.state.in_(("queued", "running")))
+        .order_by(JOBS.c.id)
+    ).all()
+    return [_record(row) for row in rows]
