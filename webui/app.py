@@ -25,6 +25,7 @@ BLUEPRINTS = (
     "auth",
     "dashboard",
     "drives",
+    "hosts",
     "retention",
     "trash",
     "datasets",

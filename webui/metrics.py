@@ -100,6 +100,7 @@ def render() -> str:
     _drives(out, report)
     _leader(out, shingle)
     _redundancy_and_alerts(out, report, catalog)
+    _hosts(out, shingle)
     _bands(out, catalog)
     latest = _jobs_and_samples(out, catalog)
     _nfs(out, latest)
@@ -178,6 +179,59 @@ def _redundancy_and_alerts(out: Exposition, report: dict, catalog) -> None:
         "gauge",
         "Live stripes with fewer readable fragments than they need (data loss).",
         [({}, red["lost"])],
+    )
+
+
+def _hosts(out: Exposition, shingle) -> None:
+    """Each storage host (failure domain): its state, its drives by state, what it holds and
+    what waits to be moved off it (engine.admin.hosts, the Hosts page's figures)."""
+    from engine.admin import hosts as hosts_view
+    from engine.admin.hosts import HOST_STATES
+
+    k, m = hosts_view.stripe_shape(shingle.policies)
+    found = hosts_view.cluster(shingle.catalog, k, m).hosts
+    out.family(
+        "shingle_host_state",
+        "gauge",
+        "1 for the state each host is in, 0 for the others (up: every drive online; draining: "
+        "every drive draining; lost: no drive serves reads; degraded: anything between).",
+        [({"host": h.name, "state": s}, int(h.state == s)) for h in found for s in HOST_STATES],
+    )
+    out.family(
+        "shingle_host_drives",
+        "gauge",
+        "Each host's drives by state (removed drives are out of the pool and not counted).",
+        [
+            ({"host": h.name, "state": s}, sum(d.state == s for d in h.drives))
+            for h in found
+            for s in STATES
+            if s != "removed"
+        ],
+    )
+    out.family(
+        "shingle_host_capacity_bytes",
+        "gauge",
+        "Each host's drives' zones times zone size.",
+        [({"host": h.name}, h.capacity_bytes) for h in found],
+    )
+    out.family(
+        "shingle_host_fragments",
+        "gauge",
+        "Stripe fragments each host's drives hold.",
+        [({"host": h.name}, h.fragments) for h in found],
+    )
+    out.family(
+        "shingle_host_fragment_bytes",
+        "gauge",
+        "Bytes of the stripe fragments each host's drives hold.",
+        [({"host": h.name}, h.fragment_bytes) for h in found],
+    )
+    out.family(
+        "shingle_host_waiting_fragments",
+        "gauge",
+        "Fragments on each host's failed, missing or draining drives: what a rebuild or a "
+        "drain has yet to move to other hosts.",
+        [({"host": h.name}, h.waiting_fragments) for h in found],
     )
 
 
