@@ -6,6 +6,7 @@ few seconds, so clients see a change without a restart."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from appliance.cli.common import UsageError, load_config
@@ -29,7 +30,7 @@ def _values(args) -> dict:
         values["squash"] = args.squash
     if args.access is not None:
         values["access"] = args.access
-    for field in ("anon_uid", "anon_gid", "trash_days", "enabled"):
+    for field in ("anon_uid", "anon_gid", "trash_days", "enabled", "delegations"):
         if getattr(args, field) is not None:
             values[field] = getattr(args, field)
     return values
@@ -119,6 +120,12 @@ def _change_options(p, *, new: bool) -> None:
         action="store_const",
         const=False,
         help="clients may not mount it",
+    )
+    p.add_argument(
+        "--delegations",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="NFSv4.1/4.2 read delegations of its files (default: on)",
     )
 
 

@@ -30,6 +30,7 @@ class ExportRule:
     anon_uid: int
     anon_gid: int
     root_ino: int = 0
+    delegations: bool = True  # NFSv4.1+ clients may get read delegations of its files
     # every export's folder and the namespace root: what the anonymous uid must not own
     export_folders: frozenset[int] = frozenset()
     _allowed: dict = field(default_factory=dict, repr=False)
@@ -121,6 +122,7 @@ def rule_from_row(row) -> ExportRule:
         row.squash,
         int(row.anon_uid),
         int(row.anon_gid),
+        delegations=bool(getattr(row, "delegations", True)),
     )
 
 

@@ -58,6 +58,7 @@ class Export:
     anon_gid: int
     trash_days: int
     enabled: bool
+    delegations: bool = True
 
     @property
     def read_only(self) -> bool:
@@ -212,6 +213,14 @@ SCHEMA = Schema(
             default=7,
         ),
         Field("enabled", "boolean", "Whether clients may mount it", required=False, default=True),
+        Field(
+            "delegations",
+            "boolean",
+            "Whether NFSv4.1/4.2 clients may get read delegations of its files (they then open "
+            "and re-read unchanged files without asking; any change recalls them first)",
+            required=False,
+            default=True,
+        ),
     ),
 )
 # what a new export gets for each field not given (the name has no default)

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -229,6 +230,8 @@ class Export(Base):
     anon_gid: Mapped[int] = mapped_column(BigInteger, default=65534)
     trash_days: Mapped[int] = mapped_column(Integer, default=7)
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    # NFSv4.1+ read delegations of its files (appliance/nfs/state/delegations.py)
+    delegations: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
 
 
 class Quota(Base):

@@ -33,6 +33,7 @@ import threading
 import time
 
 from appliance.nfs.onc.limits import SCAN_BUFFER_MAX
+from appliance.nfs.onc.outgoing import OutgoingCalls
 from appliance.nfs.onc.rpc import (
     GARBAGE_ARGS,
     PROG_UNAVAIL,
@@ -105,7 +106,9 @@ class RpcConnection(asyncio.BufferedProtocol):
         self._send_lock = threading.Lock()
         self._flow_lock = threading.Lock()
         self._to_loop = 0  # replies handed to the loop, not yet in the transport
-        self.state = {}  # per-connection facts for the program (sessions bound, ...)
+        self.state: dict = {}  # per-connection facts for the program (sessions bound, ...)
+        # calls to the client over this connection (the NFSv4.1 backchannel)
+        self.outgoing = self.state["outgoing"] = OutgoingCalls(self)
 
     # -- asyncio callbacks --------------------------------------------------------
     def connection_made(self, transport):
@@ -143,6 +146,7 @@ class RpcConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc):
         with self._send_lock:  # the socket closes after this returns: no worker may be writing then
             self.closed = True
+        self.outgoing.fail_all("the connection closed")
         if not self.accepted:
             return
         log.debug("connection from %s:%d closed", *self.peer)
@@ -495,6 +499,9 @@ class RpcConnection(asyncio.BufferedProtocol):
     # -- calls ------------------------------------------------------------------------------
     def _dispatch(self, record):
         """The reply chunks, None (no reply), or (xid, InWorker) for a worker thread."""
+        if len(record) >= 8 and _HDR.unpack_from(record, 4)[0] == REPLY:
+            self.outgoing.reply(record)  # a reply to a call of ours, or a stray one: no answer
+            return None
         try:
             call, cred, pos = parse_call(record)
         except RpcReject as rej:
@@ -502,8 +509,6 @@ class RpcConnection(asyncio.BufferedProtocol):
         except XdrError as exc:
             if len(record) >= 4:
                 xid = _HDR.unpack_from(record, 0)[0]
-                if len(record) >= 8 and _HDR.unpack_from(record, 4)[0] == REPLY:
-                    return None  # a stray reply: nothing to answer
                 log.debug("garbage call from %s: %s", self.peer[0], exc)
                 return [accepted(xid, GARBAGE_ARGS)]
             return None
@@ -524,7 +529,8 @@ class RpcConnection(asyncio.BufferedProtocol):
         return [success_head(call.xid), *body]
 
     def send(self, chunks, *, on_loop: bool) -> None:
-        """Send one reply record, from the event loop or from a worker thread."""
+        """Send one record (a reply, or a call of ``outgoing``), from the event loop or from a
+        worker thread."""
         total = sum(len(ch) for ch in chunks)
         data = [_HDR.pack(LAST_FRAGMENT | total), *chunks]
         total += 4

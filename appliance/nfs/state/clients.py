@@ -126,5 +126,6 @@ def expire_idle(state: StateTable) -> int:
         for clientid, cl in list(state.unconfirmed40.items()):
             if now - cl.last_renew > lease:
                 del state.unconfirmed40[clientid]
+        state.delegations.expire_recalls()
         state.grace.release_idle_records()  # (ends the grace period when its time is up)
         return len(idle)

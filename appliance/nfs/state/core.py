@@ -8,7 +8,7 @@ import struct
 import threading
 
 from appliance.nfs.onc.drc import DuplicateRequestCache
-from appliance.nfs.state.model import Client, LockState, OpenState, Session
+from appliance.nfs.state.model import Client, DelegState, LockState, OpenState, Session
 
 # a stateid's "other": server instance, the low half of its client's id, a counter (NFSv4.0
 # tells a stateid of an expired client from a bad one by the client id)
@@ -34,7 +34,7 @@ class StateCore:
         # NFSv4.0 SETCLIENTID records not yet confirmed, by client id (appliance.nfs.state.v40)
         self.unconfirmed40: dict[int, Client] = {}
         self.sessions: dict[bytes, Session] = {}
-        self.states: dict[bytes, OpenState | LockState] = {}
+        self.states: dict[bytes, OpenState | LockState | DelegState] = {}
         # NFSv4.0's reply cache for retransmits (NFSv4.1's is the session slots)
         self.reply_cache40 = DuplicateRequestCache()
         # owners of the previous instance's clients that held opens or locks: they may

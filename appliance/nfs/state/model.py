@@ -36,6 +36,7 @@ class Session:
     max_cached: int
     max_request: int
     max_response: int
+    backchannel: Any = None  # appliance.nfs.v4.backchannel.Backchannel, when the client asked
 
 
 @dataclass
@@ -66,6 +67,8 @@ class Client:
     leased: bool = True
     # its catalog record says it holds opens or locks (a restart then holds grace for it)
     held_state_recorded: bool = False
+    # "other" of its delegations revoked and not yet freed (SEQUENCE says so)
+    revoked: set = field(default_factory=set)
 
 
 @dataclass
@@ -96,3 +99,17 @@ class LockState:
     ranges: list = field(default_factory=list)  # (start, end, type) with end exclusive
 
     kind = "lock"
+
+
+@dataclass
+class DelegState:
+    """A read delegation of one file to one client (appliance.nfs.state.delegations)."""
+
+    other: bytes
+    client: Client
+    ino: int
+    fh: bytes  # the handle CB_RECALL names
+    seqid: int = 1
+    recalled_at: float | None = None  # monotonic time of the CB_RECALL
+
+    kind = "deleg"

@@ -9,6 +9,7 @@ lock, ids and indexes) with its parts, each owning its own data:
   shares            opens and share reservations
   locks             byte-range locks
   nlm               NLM hosts and their locks
+  delegations       read delegations, their recalls and revocations
 
 What it does itself touches several parts: clients and their sessions made and dropped,
 stateids looked up and freed."""
@@ -19,10 +20,11 @@ import logging
 import os
 
 from appliance.nfs.state.core import SPECIAL_OTHERS, StateCore
+from appliance.nfs.state.delegations import Delegations
 from appliance.nfs.state.grace import Grace
 from appliance.nfs.state.leases import Leases
 from appliance.nfs.state.locks import Locks
-from appliance.nfs.state.model import Client, NfsError, OpenState, Session
+from appliance.nfs.state.model import Client, DelegState, NfsError, OpenState, Session
 from appliance.nfs.state.nlm import NlmLocks
 from appliance.nfs.state.records import ClientRecords
 from appliance.nfs.state.sessions import SessionRecords, new_session
@@ -44,6 +46,7 @@ class StateTable(StateCore):
         self.locks = Locks(self, self.leases)
         self.shares = Shares(self, self.leases, self.locks, self.records)
         self.nlm = NlmLocks(self, self.locks)
+        self.delegations = Delegations(self, self.leases)
         # restart: clients of the previous instance that held opens or locks may reclaim
         # them, and only they hold the grace period
         previous = self.records.load_previous()
@@ -84,8 +87,12 @@ class StateTable(StateCore):
             st = self.states.get(other)
             if isinstance(st, OpenState):
                 self.shares.drop(st)
+            elif isinstance(st, DelegState):
+                self.delegations.drop(st)
             elif st is not None:
                 self.locks.drop(st)
+        for other in list(cl.revoked):
+            self.delegations.revoked.pop(other, None)
         self.clients.pop(cl.clientid, None)
         if self.unconfirmed41.get(cl.owner) is cl:
             del self.unconfirmed41[cl.owner]
@@ -123,6 +130,9 @@ class StateTable(StateCore):
     def find(self, stateid, cl: Client | None):
         st = self.states.get(stateid.other)
         if st is None:
+            revoked = self.delegations.revoked.get(stateid.other)
+            if revoked is not None and (cl is None or revoked.client is cl):
+                raise NfsError(c.NFS4ERR_DELEG_REVOKED, "the delegation was revoked")
             if stateid.other in SPECIAL_OTHERS:  # RFC 8881 8.2.3: not a stale one
                 raise NfsError(c.NFS4ERR_BAD_STATEID, "a special stateid names no open or lock")
             if self.other_parts(stateid.other)[0] != self.boot:
@@ -148,9 +158,13 @@ class StateTable(StateCore):
 
     def free_stateid(self, stateid, cl: Client) -> None:
         with self.lock:
+            if self.delegations.free_revoked(stateid.other, cl):
+                return
             st = self.find(stateid, cl)
             if st.kind == "open":
                 raise NfsError(c.NFS4ERR_LOCKS_HELD, "an open stateid is freed by CLOSE")
+            if st.kind == "deleg":
+                raise NfsError(c.NFS4ERR_LOCKS_HELD, "a delegation is freed by DELEGRETURN")
             if st.ranges:
                 raise NfsError(c.NFS4ERR_LOCKS_HELD, "lock stateid still holds locks")
             self.locks.drop(st)

@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from appliance.nfs import access
 from appliance.nfs.fh import KIND_FILE
+from appliance.nfs.state import NfsError
 from appliance.nfs.v3 import types as t
+from engine.base import errors
 from engine.catalog.models import DIR
-from engine.namespace import SET_TO_NOW, Attr
+from engine.namespace import SET_TO_NOW, Attr, Cred
 
 if TYPE_CHECKING:
     from appliance.nfs.exports import ExportRule
@@ -22,6 +24,7 @@ NS = 1_000_000_000
 # cookies are dirent ids, valid while the directory changes: no verifier needed
 COOKIEVERF = b"\0" * 8
 READDIR_MAX_ENTRIES = 4096
+ANY_CRED = Cred(0, 0)  # the server's own lookup of the file a change names (not the caller's)
 # XDR sizes used to fill READDIR(PLUS) replies up to the client's count
 FATTR3_SIZE = 84
 RESOK_OVERHEAD = 4 + 4 + FATTR3_SIZE + 8 + 4 + 4  # status, dir attrs, verifier, list end, eof
@@ -110,6 +113,23 @@ class Call3:
         self.export_id: int | None = None  # of the last handle resolved, for per-export counters
 
     # -- identities and handles ---------------------------------------------------------
+    def recall_first(self, dir_ino: int | None, name_or_ino) -> None:
+        """An NFSv3 change of a file (an inode, or ``name`` in ``dir_ino``): JUKEBOX while an
+        NFSv4 client's delegation of it stands (recalled first; appliance.nfs.state.delegations)."""
+        state = self.server.state
+        if state is None or not state.delegations.by_file:
+            return
+        ino = name_or_ino
+        if dir_ino is not None:
+            try:
+                ino = self.ns.lookup(ANY_CRED, dir_ino, name_or_ino).ino
+            except errors.FsError:
+                return  # the change itself says what is wrong
+        try:
+            state.delegations.conflict(ino, None)
+        except NfsError as exc:
+            raise Nfs3Error(t.NFS3ERR_JUKEBOX, str(exc)) from None
+
     def cred(self, rule):
         r = self.rpc_cred
         return rule.cred(r.uid, r.gid, r.gids)

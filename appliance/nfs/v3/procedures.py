@@ -58,6 +58,7 @@ def setattr_(cx: Call3, a):
     guard = a.guard
     if guard is not None and (guard.seconds, guard.nseconds) != tuple(nfstime(node.attr.ctime_ns)):
         raise Nfs3Error(t.NFS3ERR_NOT_SYNC, "ctime guard does not match")
+    cx.recall_first(None, node.attr.ino)
     cx.apply_sattr(node.rule, node.attr.ino, a.new_attributes)
     return cx.wcc(node)
 
@@ -136,6 +137,7 @@ def write(cx: Call3, a):
             t.NFS3ERR_FBIG, f"write to offset {a.offset}+{a.count} exceeds the maximum file size"
         )
     data = a.data[: a.count]
+    cx.recall_first(None, attr.ino)
     stable = a.stable != t.UNSTABLE
     verifier = cx.server.write_verifier  # before: bytes let go after it change the verifier
     count = cx.ns.write(attr.ino, a.offset, data, stable=stable)
@@ -201,6 +203,7 @@ def create(cx: Call3, a):
                 raise Nfs3Error(
                     t.NFS3ERR_FBIG, f"size {attrs.size}: at most {MAX_FILE_SIZE}"
                 ) from None
+            cx.recall_first(None, child.ino)
             cx.ns.setattr(cred, child.ino, size=attrs.size)
         return _created(cx, node, child)
     cx.apply_sattr(node.rule, child.ino, attrs, skip_mode=True)
@@ -248,6 +251,7 @@ def mknod(cx: Call3, a):
 @procedure(t.NFSPROC3_REMOVE)
 def remove(cx: Call3, a):
     node = _dir_for_change(cx, a.dir, a.name)
+    cx.recall_first(node.attr.ino, a.name)
     cx.ns.unlink(cx.cred(node.rule), node.attr.ino, a.name)
     return cx.wcc(node)
 
@@ -265,6 +269,8 @@ def rename(cx: Call3, a):
     dst = _dir_for_change(cx, a.to.dir, a.to.name)
     if src.rule.id != dst.rule.id:
         raise Nfs3Error(t.NFS3ERR_XDEV, "rename across exports")
+    cx.recall_first(src.attr.ino, a.from_.name)
+    cx.recall_first(dst.attr.ino, a.to.name)
     cx.ns.rename(cx.cred(src.rule), src.attr.ino, a.from_.name, dst.attr.ino, a.to.name)
     return t.RENAME3res_body.cls(cx.wcc(src), cx.wcc(dst))
 
@@ -275,6 +281,7 @@ def link(cx: Call3, a):
     dst = _dir_for_change(cx, a.link.dir, a.link.name)
     if node.rule.id != dst.rule.id:
         raise Nfs3Error(t.NFS3ERR_XDEV, "hard link across exports")
+    cx.recall_first(None, node.attr.ino)
     cx.ns.link(cx.cred(dst.rule), node.attr.ino, dst.attr.ino, a.link.name)
     return t.LINK3res_body.cls(cx.post(node.rule, node.attr.ino), cx.wcc(dst))
 

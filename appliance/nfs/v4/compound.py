@@ -394,4 +394,9 @@ def _sequence(cx: Compound, a, count: int, fingerprint, size: int, tag_len: int)
         # a session that outlived a restart: the client must reclaim its opens and locks
         # (RFC 8881 section 18.46.3) until its RECLAIM_COMPLETE
         flags = c.SEQ4_STATUS_RESTART_RECLAIM_NEEDED if cl.reclaim_needed else 0
+        if cl.revoked:  # until the client frees them (FREE_STATEID)
+            flags |= c.SEQ4_STATUS_RECALLABLE_STATE_REVOKED
+        back = sess.backchannel
+        if back is not None and back.conns and not back.usable():
+            flags |= c.SEQ4_STATUS_CB_PATH_DOWN  # it had one: bind a connection again
         return _SEQUENCE_OK.cls(sess.id, a.sequenceid, a.slotid, highest, highest, flags)

@@ -354,10 +354,18 @@ secinfo4 = Union(
 )
 # why_no_delegation4: WND4_CONTENTION (1) and WND4_RESOURCE (2) carry a bool
 open_none_delegation4 = Union("open_none_delegation4", UInt, {1: Bool, 2: Bool}, Void)
+nfsace4 = Struct("nfsace4", ("type", UInt), ("flag", UInt), ("access_mask", UInt), ("who", utf8str))
+open_read_delegation4 = Struct(
+    "open_read_delegation4", ("stateid", stateid4), ("recall", Bool), ("permissions", nfsace4)
+)
 open_delegation4 = Union(
     "open_delegation4",
     UInt,
-    {c.OPEN_DELEGATE_NONE: Void, c.OPEN_DELEGATE_NONE_EXT: open_none_delegation4},
+    {
+        c.OPEN_DELEGATE_NONE: Void,
+        c.OPEN_DELEGATE_READ: open_read_delegation4,
+        c.OPEN_DELEGATE_NONE_EXT: open_none_delegation4,
+    },
 )
 
 

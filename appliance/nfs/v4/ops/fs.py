@@ -137,6 +137,8 @@ def _check_size_stateid(cx, node, sid):
         return
     with holding(cx.state.lock, "state lock held"):  # SETATTR runs on the event loop too
         st = cx.state.find(sid, cx.need_client())
+        if st.kind == "deleg":
+            raise NfsError(c.NFS4ERR_OPENMODE, "a read delegation does not change the size")
         open_st = st if st.kind == "open" else st.open
         if open_st.ino != node.ino:
             raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid of another file")
@@ -159,6 +161,7 @@ def setattr_(cx, a):
     values = fattr.decode_settable(a.obj_attributes)
     if c.FATTR4_SIZE in values:
         _check_size_stateid(cx, node, a.stateid)
+    cx.state.delegations.conflict(node.ino, cx.client)
     return fattr.to_bitmap(apply_attrs(cx, node, values))
 
 
@@ -252,6 +255,7 @@ def link(cx, newname):
     if cx.ns.getattr(source.ino).type == DIR:
         raise NfsError(c.NFS4ERR_ISDIR, f"hard link to directory {source.ino}")
     name = check_component(newname)
+    cx.state.delegations.conflict(source.ino, cx.client)
     before = cx.ns.getattr(target_dir.ino).change
     cx.ns.link(cx.cred(target_dir), source.ino, target_dir.ino, name)
     return cinfo(before, cx.ns.getattr(target_dir.ino).change)
@@ -264,6 +268,7 @@ def remove(cx, target):
     cred = cx.cred(node)
     before = cx.ns.getattr(node.ino).change
     victim = cx.ns.lookup(cred, node.ino, name)
+    cx.state.delegations.conflict(victim.ino, cx.client)
     if victim.type == DIR:
         cx.ns.rmdir(cred, node.ino, name)
     else:
@@ -283,10 +288,21 @@ def rename(cx, a):
     if src.pseudo is not None or src.export.id != dst.export.id:
         raise NfsError(c.NFS4ERR_XDEV, "rename across exports")
     old, new = check_component(a.oldname), check_component(a.newname)
+    _recall_named(cx, (src, old), (dst, new))
     sb, db = cx.ns.getattr(src.ino).change, cx.ns.getattr(dst.ino).change
     cx.ns.rename(cx.cred(dst), src.ino, old, dst.ino, new)
     sa, da = cx.ns.getattr(src.ino).change, cx.ns.getattr(dst.ino).change
     return resok(c.OP_RENAME).cls(cinfo(sb, sa), cinfo(db, da))
+
+
+def _recall_named(cx, *entries) -> None:
+    """Delegations of the files a RENAME moves or replaces are recalled first."""
+    for node, name in entries:
+        try:
+            ino = cx.ns.lookup(cx.cred(node), node.ino, name).ino
+        except errors.NotFound:
+            continue  # the rename itself says what is missing
+        cx.state.delegations.conflict(ino, cx.client)
 
 
 @operation(c.OP_READLINK)

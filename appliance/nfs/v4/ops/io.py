@@ -9,7 +9,7 @@ from appliance.nfs.v4.attrs import MAX_IO, NS
 from appliance.nfs.v4.context import BYPASS_OTHER, Node
 from appliance.nfs.v4.ops.common import apply_attrs, check_component, cinfo, need_dir
 from appliance.nfs.v4.registry import operation
-from appliance.nfs.v4.types import RESULTS
+from appliance.nfs.v4.types import RESULTS, stateid4
 from engine.base import errors
 from engine.base.blocking import WouldBlock, blocking_forbidden, holding
 from engine.catalog.models import DIR, LNK, REG
@@ -72,6 +72,7 @@ def _open_create(cx, dnode: Node, name: str, how):
             if values.get(c.FATTR4_SIZE) == 0 and attr.size != 0:
                 if not ns.access(cred, attr.ino, W_OK):
                     raise NfsError(c.NFS4ERR_ACCESS, "truncate needs write permission") from None
+                cx.state.delegations.conflict(attr.ino, cx.client)
                 attr = ns.setattr(cred, attr.ino, size=0)
                 return attr, False, [c.FATTR4_SIZE]
             return attr, False, []
@@ -132,6 +133,8 @@ def open_(cx, a):
     node, attr, created, attrset, change = _open_target(cx, a, cl, on_loop)
     _check_open_type(cx, attr)
     _check_open_rights(cx, node, attr, access, checked=created or claim == c.CLAIM_PREVIOUS)
+    if access & c.OPEN4_SHARE_ACCESS_WRITE or deny & c.OPEN4_SHARE_DENY_READ:
+        state.delegations.conflict(node.ino, cl)
     st = state.shares.open(cl, bytes(a.owner.owner), node.ino, access, deny)
     cx.cur = node
     sid = cx.set_stateid(st)
@@ -143,7 +146,7 @@ def open_(cx, a):
         change,
         c.OPEN4_RESULT_LOCKTYPE_POSIX,
         fattr.to_bitmap(attrset),
-        _no_delegation(a.share_access),
+        _delegation(cx, cl, node, a.share_access, claim),
     )
 
 
@@ -159,8 +162,10 @@ def _open_target(cx, a, cl, on_loop: bool):
             raise NfsError(c.NFS4ERR_RECLAIM_BAD, "this client has nothing to reclaim")
         node = cx.need_file()
         return node, cx.ns.getattr(node.ino), False, [], None
+    if claim in (c.CLAIM_DELEGATE_CUR, c.CLAIM_DELEG_CUR_FH):
+        return _open_delegated(cx, claim, carg, cl)
     if claim not in (c.CLAIM_NULL, c.CLAIM_FH):
-        raise NfsError(c.NFS4ERR_NOTSUPP, f"open claim {claim}: this server grants no delegations")
+        raise NfsError(c.NFS4ERR_NOTSUPP, f"open claim {claim}: no reclaim of delegations")
     check_new_lock(cx.state, cl)
     if claim == c.CLAIM_FH:
         node = cx.need_file()
@@ -185,6 +190,45 @@ def _open_target(cx, a, cl, on_loop: bool):
     return Node(dnode.export, attr.ino, attr.generation), attr, created, attrset, change
 
 
+def _open_delegated(cx, claim: int, carg, cl):
+    """CLAIM_DELEGATE_CUR / CLAIM_DELEG_CUR_FH: a client turns the opens it made under its
+    delegation into opens of the server's before it returns the delegation (RFC 8881 10.4.3):
+    no grace check, and the delegation proves the file."""
+    if claim == c.CLAIM_DELEG_CUR_FH:
+        node, sid = cx.need_file(), carg
+    else:
+        dnode = need_dir(cx)
+        attr = cx.ns.lookup(cx.cred(dnode), dnode.ino, check_component(carg.file))
+        node, sid = Node(dnode.export, attr.ino, attr.generation), carg.delegate_stateid
+    with cx.state.lock:
+        st = cx.state.find(sid, cl)
+        if st.kind != "deleg" or st.ino != node.ino:
+            raise NfsError(c.NFS4ERR_BAD_STATEID, "not a delegation of this file")
+    return node, cx.ns.getattr(node.ino), False, [], None
+
+
+def _delegation(cx, cl, node: Node, share_access: int, claim: int):
+    """open_delegation4 as (type, arm): a read delegation when the rules allow one
+    (appliance.nfs.state.delegations), else none with the reason the client asked for."""
+    want = share_access & c.OPEN4_SHARE_ACCESS_WANT_DELEG_MASK
+    state = cx.state
+    if (
+        share_access & 0xFF == c.OPEN4_SHARE_ACCESS_READ
+        and want != c.OPEN4_SHARE_ACCESS_WANT_NO_DELEG
+        and claim in (c.CLAIM_NULL, c.CLAIM_FH)
+        and node.export is not None
+        and node.export.delegations
+    ):
+        deleg = state.delegations.grant(
+            cl, node.ino, cx.fh_of(node), state.shares.by_file.get(node.ino, ())
+        )
+        if deleg is not None:
+            sid = stateid4.cls(deleg.seqid, deleg.other)
+            # an ACE allowing nothing: the client asks ACCESS before it opens for another user
+            return (c.OPEN_DELEGATE_READ, (sid, False, (0, 0, 0, "")))
+    return _no_delegation(share_access)
+
+
 def _check_open_rights(cx, node: Node, attr, access: int, *, checked: bool) -> None:
     """Whether the caller may open ``node`` for ``access``: a file it just made or reclaims
     (``checked``) needs no permission check, the file's owner none either."""
@@ -204,12 +248,12 @@ def _check_open_rights(cx, node: Node, attr, access: int, *, checked: bool) -> N
 
 
 def _no_delegation(share_access: int) -> tuple[int, tuple[int, bool | None] | None]:
-    """open_delegation4 as (type, arm): none granted; OPEN_DELEGATE_NONE_EXT's arm is
+    """open_delegation4 as (type, arm) with none; OPEN_DELEGATE_NONE_EXT's arm is
     (why_no_delegation4, the bool WND4_CONTENTION and WND4_RESOURCE carry, else None)."""
     want = share_access & c.OPEN4_SHARE_ACCESS_WANT_DELEG_MASK
     if want == c.OPEN4_SHARE_ACCESS_WANT_NO_DELEG:
         return (c.OPEN_DELEGATE_NONE_EXT, (c.WND4_NOT_WANTED, None))
-    if want:  # no delegations here: WND4_RESOURCE, and the server will not signal one later
+    if want:  # none now (WND4_RESOURCE), and the server will not signal one later
         return (c.OPEN_DELEGATE_NONE_EXT, (c.WND4_RESOURCE, False))
     return (c.OPEN_DELEGATE_NONE, None)
 
@@ -251,14 +295,22 @@ def check_io_stateid(cx, node: Node, sid, want: int):
         state = cx.state
         with holding(state.lock, "state lock held"):  # READ runs on the event loop too
             st = state.find(sid, cx.need_client())
-            open_st = st if st.kind == "open" else st.open
-            if open_st.ino != node.ino:
-                raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid of another file")
-            if want == c.OPEN4_SHARE_ACCESS_WRITE and not open_st.access & want:
-                raise NfsError(c.NFS4ERR_OPENMODE, "file not open for writing")
+            if st.kind == "deleg":  # a read delegation's stateid reads (RFC 8881 9.1.2)
+                if st.ino != node.ino:
+                    raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid of another file")
+                if want == c.OPEN4_SHARE_ACCESS_WRITE:
+                    raise NfsError(c.NFS4ERR_OPENMODE, "a read delegation does not write")
+            else:
+                open_st = st if st.kind == "open" else st.open
+                if open_st.ino != node.ino:
+                    raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid of another file")
+                if want == c.OPEN4_SHARE_ACCESS_WRITE and not open_st.access & want:
+                    raise NfsError(c.NFS4ERR_OPENMODE, "file not open for writing")
     need_io_rights(cx, node, want)
     if cx.is_special(sid):
         _check_special_io_share(cx, node, sid, want)
+        if want == c.OPEN4_SHARE_ACCESS_WRITE:
+            cx.state.delegations.conflict(node.ino, cx.client)
 
 
 def need_io_rights(cx, node: Node, want: int) -> None:

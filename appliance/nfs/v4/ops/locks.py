@@ -70,5 +70,10 @@ def locku(cx, a):
 
 @operation(c.OP_DELEGRETURN)
 def delegreturn(cx, sid):
-    cx.need_file()
-    raise NfsError(c.NFS4ERR_BAD_STATEID, "this server grants no delegations")
+    node = cx.need_file()
+    state = cx.state
+    with state.lock:
+        st = state.find(cx.stateid(sid), cx.need_client())
+        if st.kind != "deleg" or st.ino != node.ino:
+            raise NfsError(c.NFS4ERR_BAD_STATEID, "not a delegation of this file")
+        state.delegations.give_back(st)

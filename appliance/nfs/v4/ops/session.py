@@ -8,6 +8,7 @@ import logging
 
 from appliance.nfs.state import NfsError, clients
 from appliance.nfs.v4 import const as c
+from appliance.nfs.v4.backchannel import Backchannel
 from appliance.nfs.v4.compound import CACHE_LIMIT
 from appliance.nfs.v4.ops.common import need_dir, resok
 from appliance.nfs.v4.ops.fs import lookup
@@ -113,9 +114,14 @@ def create_session(cx, a):
         sess = state.add_session(cl, fore, back)
         clients.confirm(state, cl)
         cl.cs_sequence = (cl.cs_sequence + 1) & 0xFFFFFFFF
-        # no persistent reply cache and no RDMA; the connection is accepted as the back
-        # channel when asked (nfs-rs insists), though this server never needs to call back
+        sess.backchannel = Backchannel(
+            sess.id, a.cb_program, a.sec_parms, back.maxrequests, cx.minor
+        )
+        # no persistent reply cache and no RDMA; this connection carries the callbacks when
+        # the client asks (appliance.nfs.v4.backchannel)
         flags = a.flags & c.CREATE_SESSION4_FLAG_CONN_BACK_CHAN
+        if flags:
+            sess.backchannel.bind(cx.conn_state["outgoing"])
         res = resok(c.OP_CREATE_SESSION).cls(sess.id, a.sequence, flags, fore, back)
         cl.cs_reply = res
         cx.conn_state.setdefault("sessions", set()).add(sess.id)
@@ -129,9 +135,11 @@ def destroy_session(cx, sessionid):
 
 @operation(c.OP_BIND_CONN_TO_SESSION)
 def bind_conn_to_session(cx, a):
-    cx.state.session(a.sessid)
+    sess = cx.state.session(a.sessid)
     cx.conn_state.setdefault("sessions", set()).add(a.sessid)
     direction = {c.CDFC4_FORE: c.CDFS4_FORE, c.CDFC4_BACK: c.CDFS4_BACK}.get(a.dir, c.CDFS4_BOTH)
+    if direction != c.CDFS4_FORE and sess.backchannel is not None:
+        sess.backchannel.bind(cx.conn_state["outgoing"])
     return resok(c.OP_BIND_CONN_TO_SESSION).cls(a.sessid, direction, False)
 
 
@@ -151,6 +159,8 @@ def reclaim_complete(cx, one_fs):
 @operation(c.OP_BACKCHANNEL_CTL)
 def backchannel_ctl(cx, a):
     cx.need_client()
+    if cx.session is not None and cx.session.backchannel is not None:
+        cx.session.backchannel.set_program(a.cb_program, a.sec_parms)
 
 
 @operation(c.OP_TEST_STATEID)

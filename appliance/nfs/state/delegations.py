@@ -1,0 +1,234 @@
+"""Read delegations (RFC 8881 10.2, 10.4): a client that opens a file for reading, when no
+one has it open for writing and its session has a usable backchannel, may cache the file
+(data and attributes) and open it again without asking, until the server recalls it.
+
+Rules:
+  - granted on an NFSv4.1/4.2 OPEN for read (no delegation while any open of the file writes
+    or denies reading, while another client's delegation of it is being recalled, or for one
+    lease after a conflict recalled one: the file is contended);
+  - a conflicting request (``conflict``: another client's OPEN for write, SETATTR, REMOVE,
+    RENAME, LINK, WRITE with a special stateid; any NFSv3 change; the local mount and SMB) is
+    answered DELAY (v3: JUKEBOX) and the holder gets CB_RECALL; the request goes through once
+    the holder returned it (DELEGRETURN);
+  - a holder that has not returned it one lease after the recall is revoked: its stateid then
+    gets NFS4ERR_DELEG_REVOKED and SEQUENCE says RECALLABLE_STATE_REVOKED until the client
+    frees it (FREE_STATEID); a holder whose lease ran out goes with all its state at once.
+
+Where they live: in this table (the process that serves the client answers its requests), and
+one settings row per delegation in the catalog (``nfs_delegation_<ino>_<stateid other>``: its
+client, type and grant time), written before the grant is answered and dropped when it is
+returned or revoked, so that a head that changes a file can see who holds it
+(``held_in_catalog``). A restart drops the previous instance's rows (no CLAIM_DELEGATE_PREV
+reclaim yet): the clients learn from the stale stateids."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from sqlalchemy import delete, select
+
+from appliance.nfs.state.core import StateCore
+from appliance.nfs.state.leases import Leases
+from appliance.nfs.state.model import Client, DelegState, NfsError
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4.types import stateid4
+from engine.base.blocking import holding, may_block
+from engine.catalog.models import Setting
+
+log = logging.getLogger("shingle.nfs.state")
+
+SETTINGS = Setting.__table__
+DELEG_PREFIX = "nfs_delegation_"
+
+
+def _key(ino: int, other: bytes) -> str:
+    return f"{DELEG_PREFIX}{ino}_{other.hex()}"
+
+
+def held_in_catalog(catalog, ino: int) -> list[dict]:
+    """The delegations of inode ``ino`` the catalog records (what another head consults)."""
+    prefix = f"{DELEG_PREFIX}{ino}_"
+    rows = catalog.read(
+        lambda conn: conn.execute(
+            select(SETTINGS.c.value).where(SETTINGS.c.key.like(prefix + "%"))
+        ).all()
+    )
+    return [json.loads(row.value) for row in rows]
+
+
+class Delegations:
+    def __init__(self, core: StateCore, leases: Leases):
+        self.core, self.leases = core, leases
+        self.catalog = core.catalog
+        self.by_file: dict[int, list[DelegState]] = {}
+        self.revoked: dict[bytes, DelegState] = {}  # revoked, not yet freed, by "other"
+        self.contended: dict[int, float] = {}  # inode -> when a conflict last met a delegation
+        self.counts = dict.fromkeys(("granted", "recalled", "revoked", "returned"), 0)
+        self.catalog.run(
+            lambda conn: conn.execute(
+                delete(SETTINGS).where(SETTINGS.c.key.like(DELEG_PREFIX + "%"))
+            ),
+            tracked=True,
+        )
+
+    @staticmethod
+    def backchannel(cl: Client):
+        for sess in list(cl.sessions.values()):
+            bc = sess.backchannel
+            if bc is not None and bc.usable():
+                return bc
+        return None
+
+    # -- grant and return --------------------------------------------------------------------------
+    def grant(self, cl: Client, ino: int, fh: bytes, opens) -> DelegState | None:
+        """A read delegation of ``ino`` for ``cl`` after its OPEN for read, or None when the
+        rules refuse one (``opens``: the file's open states)."""
+        core = self.core
+        with core.lock:
+            held = self.by_file.get(ino, ())
+            if (
+                cl.minor == c.MINOR_VERSION_40
+                or any(d.client is cl or d.recalled_at is not None for d in held)
+                or time.monotonic() - self.contended.get(ino, -1e9) < core.lease_seconds
+                or any(
+                    st.access & c.OPEN4_SHARE_ACCESS_WRITE or st.deny & c.OPEN4_SHARE_DENY_READ
+                    for st in opens
+                )
+                or self.backchannel(cl) is None
+            ):
+                return None
+            may_block("recording a delegation")
+            st = DelegState(core.new_other(cl), cl, ino, fh)
+            record = {
+                "clientid": cl.clientid,
+                "owner": cl.owner.hex(),
+                "type": "read",
+                "granted_ns": time.time_ns(),
+            }
+            self.catalog.set_setting(_key(ino, st.other), json.dumps(record))
+            core.states[st.other] = st
+            cl.states.add(st.other)
+            self.by_file.setdefault(ino, []).append(st)
+            self.counts["granted"] += 1
+            return st
+
+    def give_back(self, st: DelegState) -> None:
+        """DELEGRETURN."""
+        with self.core.lock:
+            self._remove(st)
+            self.counts["returned"] += 1
+
+    def drop(self, st: DelegState) -> None:
+        """The client goes (its lease expired, or DESTROY_CLIENTID)."""
+        self._remove(st)
+        self.revoked.pop(st.other, None)
+
+    def free_revoked(self, other: bytes, cl: Client) -> bool:
+        """FREE_STATEID of a revoked delegation: forgotten; False when it names none."""
+        with self.core.lock:
+            st = self.revoked.get(other)
+            if st is None or st.client is not cl:
+                return False
+            del self.revoked[other]
+            cl.revoked.discard(other)
+            return True
+
+    def _remove(self, st: DelegState) -> None:
+        core = self.core
+        if core.states.pop(st.other, None) is None:
+            return
+        st.client.states.discard(st.other)
+        held = self.by_file.get(st.ino, [])
+        if st in held:
+            held.remove(st)
+        if not held:
+            self.by_file.pop(st.ino, None)
+        try:
+            self.catalog.run(
+                lambda conn: conn.execute(
+                    delete(SETTINGS).where(SETTINGS.c.key == _key(st.ino, st.other))
+                ),
+                tracked=True,  # settings are cached nowhere
+            )
+        except Exception:  # noqa: BLE001 - a leftover row only costs another head a recall
+            log.exception("could not drop the record of a delegation")
+
+    # -- conflicts ---------------------------------------------------------------------------------
+    def conflict(self, ino: int, by: Client | None) -> None:
+        """A request of ``by`` (None: not an NFSv4 client) would change ``ino`` or open it for
+        writing: NFS4ERR_DELAY while another client's delegation stands, which is recalled
+        first and revoked one lease after its recall."""
+        if not self.by_file.get(ino):
+            return
+        core = self.core
+        with holding(core.lock, "state lock held"):
+            held = [d for d in self.by_file.get(ino, ()) if d.client is not by]
+            if not held:
+                return
+            may_block("a delegation conflict")
+            now = time.monotonic()
+            self.contended[ino] = now
+            waiting = 0
+            for d in held:
+                if d.other not in core.states or self.leases.evict_if_expired(d.client):
+                    continue
+                if d.recalled_at is None:
+                    self._recall(d, now)
+                elif now - d.recalled_at > core.lease_seconds:
+                    self._revoke(d)
+                    continue
+                waiting += 1
+            if waiting:
+                raise NfsError(
+                    c.NFS4ERR_DELAY, f"inode {ino}: {waiting} delegation(s) recalled, not returned"
+                )
+
+    def expire_recalls(self) -> None:
+        """Housekeeping: revoke what was recalled more than a lease ago."""
+        core = self.core
+        with core.lock:
+            now = time.monotonic()
+            late = [
+                d
+                for held in self.by_file.values()
+                for d in held
+                if d.recalled_at is not None and now - d.recalled_at > core.lease_seconds
+            ]
+            for d in late:
+                self._revoke(d)
+            for ino, when in list(self.contended.items()):
+                if now - when > core.lease_seconds:
+                    del self.contended[ino]
+
+    def _recall(self, d: DelegState, now: float) -> None:
+        d.recalled_at = now
+        self.counts["recalled"] += 1
+        bc = self.backchannel(d.client)
+        if bc is None:  # revoked after a lease unless the client returns it meanwhile
+            log.info("client %x has no backchannel to recall inode %d", d.client.clientid, d.ino)
+            return
+        sent = bc.recall(stateid4.cls(d.seqid, d.other), d.fh)
+        sent.add_done_callback(lambda done: _recall_answered(d, done))
+
+    def _revoke(self, d: DelegState) -> None:
+        log.info(
+            "client %x did not return its delegation of inode %d within a lease: revoked",
+            d.client.clientid,
+            d.ino,
+        )
+        self._remove(d)
+        self.revoked[d.other] = d
+        d.client.revoked.add(d.other)
+        self.counts["revoked"] += 1
+
+
+def _recall_answered(d: DelegState, done) -> None:
+    exc = done.exception()
+    if exc is not None:
+        log.info("CB_RECALL of inode %d to client %x: %s", d.ino, d.client.clientid, exc)
+    elif done.result() != c.NFS4_OK:
+        log.info(
+            "CB_RECALL of inode %d: client %x answered %d", d.ino, d.client.clientid, done.result()
+        )

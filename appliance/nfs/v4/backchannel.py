@@ -1,0 +1,157 @@
+"""The NFSv4.1 backchannel of a session (RFC 8881 2.10.3.1, 18.33, 18.36, 20): the callback
+program a client named in CREATE_SESSION (or BACKCHANNEL_CTL), the connections it offered for
+callbacks (CREATE_SESSION4_FLAG_CONN_BACK_CHAN, BIND_CONN_TO_SESSION), and the slots of the
+back channel. A callback is a CB_COMPOUND of CB_SEQUENCE and one operation (CB_RECALL), sent as
+an RPC call on one of those connections (appliance.nfs.onc.outgoing) and answered there.
+
+A session's backchannel is usable while one of its connections is open, it has a credential
+flavour this server can send (AUTH_NONE or AUTH_SYS; not RPCSEC_GSS yet) and no callback on it
+has failed since the last connection was bound: SEQUENCE says CB_PATH_DOWN otherwise, and no
+delegation is granted."""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+from collections import deque
+from concurrent.futures import Future
+
+from appliance.nfs.onc.outgoing import CallFailed, OutgoingCalls
+from appliance.nfs.onc.xdr import Array, Bool, Packer, Struct, UInt, XdrError
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4 import types as t
+
+log = logging.getLogger("shingle.nfs.callback")
+
+NFS_CB_VERSION = 1  # program NFS4_CALLBACK { version NFS_CB { ... } = 1; }
+CB_NULL, CB_COMPOUND = 0, 1
+OP_CB_GETATTR, OP_CB_RECALL, OP_CB_SEQUENCE = 3, 4, 11
+BACK_SLOTS_MAX = 16
+
+referring_call4 = Struct("referring_call4", ("sequenceid", UInt), ("slotid", UInt))
+referring_call_list4 = Struct(
+    "referring_call_list4", ("sessionid", t.sessionid4), ("calls", Array(referring_call4))
+)
+CB_COMPOUND4args_head = Struct(
+    "CB_COMPOUND4args", ("tag", t.utf8str), ("minorversion", UInt), ("callback_ident", UInt)
+)
+CB_SEQUENCE4args = Struct(
+    "CB_SEQUENCE4args",
+    ("sessionid", t.sessionid4),
+    ("sequenceid", UInt),
+    ("slotid", UInt),
+    ("highest_slotid", UInt),
+    ("cachethis", Bool),
+    ("referring_call_lists", Array(referring_call_list4)),
+)
+CB_RECALL4args = Struct(
+    "CB_RECALL4args", ("stateid", t.stateid4), ("truncate", Bool), ("fh", t.nfs_fh4)
+)
+_U32 = struct.Struct(">I")
+
+
+def callback_credential(sec_parms) -> tuple[int, bytes] | None:
+    """The first flavour of the client's callback_sec_parms4 list this server can send, as
+    (flavour, credential body); None when it offers only RPCSEC_GSS."""
+    for flavor, arm in sec_parms:
+        if flavor == c.AUTH_NONE:
+            return (c.AUTH_NONE, b"")
+        if flavor == c.AUTH_SYS:
+            p = Packer()
+            t.authsys_parms.pack(p, arm)
+            return (c.AUTH_SYS, p.getvalue())
+    return None
+
+
+class Backchannel:
+    def __init__(self, sessionid: bytes, program: int, sec_parms, slots: int, minor: int):
+        self.sessionid = sessionid
+        self.minor = max(1, minor)
+        self.lock = threading.Lock()
+        self.conns: list[OutgoingCalls] = []
+        self.program = program
+        self.cred = callback_credential(sec_parms)
+        self.seqids = [0] * max(1, min(slots, BACK_SLOTS_MAX))
+        self.busy = [False] * len(self.seqids)
+        self.waiting: deque = deque()  # (operation bytes, future) for a free slot
+        self.faulted = False  # a callback failed: path down until a connection is bound again
+
+    def set_program(self, program: int, sec_parms) -> None:
+        """BACKCHANNEL_CTL: a new program number and credentials for later callbacks."""
+        with self.lock:
+            self.program = program
+            self.cred = callback_credential(sec_parms)
+
+    def bind(self, outgoing: OutgoingCalls) -> None:
+        with self.lock:
+            self.conns = [conn for conn in self.conns if conn.usable()]
+            if outgoing not in self.conns:
+                self.conns.append(outgoing)
+            self.faulted = False
+
+    def usable(self) -> bool:
+        return (
+            not self.faulted and self.cred is not None and any(conn.usable() for conn in self.conns)
+        )
+
+    def recall(self, stateid, fh: bytes) -> Future:
+        """CB_RECALL of a delegation; the future's result is the CB_COMPOUND status."""
+        p = Packer()
+        UInt.pack(p, OP_CB_RECALL)
+        CB_RECALL4args.pack(p, (stateid, False, fh))
+        return self._compound(p.getvalue())
+
+    def _compound(self, op: bytes) -> Future:
+        fut: Future = Future()
+        with self.lock:
+            slot = next((i for i, busy in enumerate(self.busy) if not busy), None)
+            if slot is None:
+                self.waiting.append((op, fut))
+                return fut
+            self.busy[slot] = True
+        self._send(slot, op, fut)
+        return fut
+
+    def _send(self, slot: int, op: bytes, fut: Future) -> None:
+        with self.lock:
+            conn = next((conn for conn in self.conns if conn.usable()), None)
+            self.seqids[slot] = seqid = (self.seqids[slot] + 1) & 0xFFFFFFFF
+            cred, program, highest = self.cred, self.program, len(self.seqids) - 1
+        if conn is None or cred is None:
+            self._done(slot, fut, CallFailed("no connection or credential for callbacks"))
+            return
+        p = Packer()
+        CB_COMPOUND4args_head.pack(p, (b"", self.minor, 0))
+        UInt.pack(p, 2)
+        UInt.pack(p, OP_CB_SEQUENCE)
+        CB_SEQUENCE4args.pack(p, (self.sessionid, seqid, slot, highest, False, []))
+        call = conn.call(program, NFS_CB_VERSION, CB_COMPOUND, cred, p.getvalue() + op)
+        call.add_done_callback(lambda done: self._replied(slot, fut, done))
+
+    def _replied(self, slot: int, fut: Future, done: Future) -> None:
+        try:
+            outcome: int | Exception = _compound_status(done.result())
+        except (CallFailed, XdrError) as exc:
+            outcome = exc
+        self._done(slot, fut, outcome)
+
+    def _done(self, slot: int, fut: Future, outcome: int | Exception) -> None:
+        with self.lock:
+            if isinstance(outcome, Exception):
+                self.faulted = True
+            nxt = self.waiting.popleft() if self.waiting else None
+            if nxt is None:
+                self.busy[slot] = False
+        if isinstance(outcome, Exception):
+            log.info("callback on session %s failed: %s", self.sessionid.hex(), outcome)
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome)
+        if nxt is not None:
+            self._send(slot, *nxt)
+
+
+def _compound_status(results: bytes) -> int:
+    """A CB_COMPOUND4res's status (its CB_SEQUENCE's when that failed)."""
+    return UInt.unpack(results, 0)[0]
