@@ -383,6 +383,15 @@ OPTIONS: list[Option] = [
     Option("maintenance", "scrub_mib_s", "float", 50.0, "Scrub read rate limit.", minimum=0.1),
     Option(
         "maintenance",
+        "rebuild_mib_s",
+        "float",
+        0.0,
+        "Rebuild and drain write rate limit (drives' and hosts': `shingle rebuild`, `drives "
+        "drain`, `cluster drain|remove`), in MiB/s; 0: as fast as the drives go.",
+        minimum=0,
+    ),
+    Option(
+        "maintenance",
         "metrics_interval_s",
         "float",
         10.0,
@@ -538,6 +547,16 @@ OPTIONS: list[Option] = [
         "this long; a leader cut off from etcd stops this long after its last keepalive.",
         minimum=2,
         maximum=300,
+    ),
+    Option(
+        "cluster",
+        "host_gone_after_s",
+        "float",
+        0.0,
+        "A host whose agent has not answered for this long is declared gone for good and its "
+        "fragments are rebuilt on the other hosts (a host-remove job, paced by "
+        "maintenance.rebuild_mib_s); 0: only when an admin says so (`shingle cluster remove`).",
+        minimum=0,
     ),
 ]
 

@@ -38,6 +38,7 @@ from engine.admin.metrics import record_sample
 from engine.catalog import CatalogUnreachable, from_outage
 from engine.catalog.fence import LeaderFenced
 from engine.cluster.leader import FencedLeader
+from engine.lifecycle.hostops import queue_gone_hosts
 from engine.snapshots.schedules import SnapshotScheduler
 
 log = logging.getLogger("shingle.maintenance")
@@ -140,6 +141,7 @@ class Maintenance(threading.Thread):
         when one ran (the next round starts at once)."""
         self.queue_due_jobs()
         self.queue_due_snapshots()
+        queue_gone_hosts(self.catalog, self.appliance.config.get("cluster.host_gone_after_s"))
         job = jobs.claim_next(self.catalog)
         if job is None:
             return False
@@ -346,12 +348,14 @@ def lifecycle_runners(appliance) -> dict[str, Callable]:
     from engine.lifecycle.jobs import runners
 
     scrub_rate = appliance.config.get("maintenance.scrub_mib_s") * (1 << 20)
+    rebuild_rate = appliance.config.get("maintenance.rebuild_mib_s") * (1 << 20)
     return runners(
         appliance.namespace,
         appliance.datapath,
         appliance.catalog,
         reads=appliance.reads,
         scrub_bytes_per_s=scrub_rate,
+        rebuild_bytes_per_s=rebuild_rate or None,
     )
 
 

@@ -21,6 +21,7 @@ from engine.admin import accounts, events, jobs
 from engine.admin.schema import Field, Schema, ValidationError
 from webui import (
     alerts,
+    cluster,
     core,
     crud,
     dashboard,
@@ -189,6 +190,75 @@ def add_drive(body: dict):
 def replace_drive(drive_id: int, body: dict):
     job_id = drives.queue_new_drive(body, core.actor(), replaces=drive_id)
     return jobs.get(core.ctx().catalog, job_id).to_dict()
+
+
+# -- the cluster's hosts (jobs the daemon runs; `shingle cluster`) -----------------------------
+@endpoint(
+    "/hosts",
+    "GET",
+    "The cluster's hosts: state, drives, fragments, how many may be lost, and the drain or "
+    "rebuild under way on each (progress, rate)",
+    "hosts",
+)
+def list_hosts():
+    return cluster.report()
+
+
+@endpoint("/hosts/<host>", "GET", "One host, as in the list", "hosts")
+def get_host(host: str):
+    return cluster.host(host)
+
+
+@endpoint(
+    "/hosts",
+    "POST",
+    "Join a storage host: record its agent's drives and start using them, then rebuild what "
+    "lacks fragments; a job the daemon runs",
+    "hosts",
+    body=cluster.JOIN_SCHEMA,
+    status=202,
+)
+def join_host(body: dict):
+    return jobs.get(core.ctx().catalog, cluster.join(body)).to_dict()
+
+
+@endpoint(
+    "/hosts/<host>/drain",
+    "POST",
+    "Move every fragment of a host onto the others (paced), then retire its drives; refused "
+    "when the others could not hold the widest stripe; a job the daemon runs",
+    "hosts",
+    body=cluster.PACE_SCHEMA,
+    status=202,
+)
+def drain_host(host: str, body: dict):
+    return jobs.get(core.ctx().catalog, cluster.drain(host, body)).to_dict()
+
+
+@endpoint(
+    "/hosts/<host>/remove",
+    "POST",
+    "Take a host out of the pool: a drained or empty one at once, one whose agent does not "
+    "answer declared gone and rebuilt from the others; a job the daemon runs",
+    "hosts",
+    body=cluster.PACE_SCHEMA,
+    status=202,
+)
+def remove_host(host: str, body: dict):
+    return jobs.get(core.ctx().catalog, cluster.remove(host, body)).to_dict()
+
+
+@endpoint(
+    "/hosts/<host>/replace",
+    "POST",
+    "Join a new host, then drain this one (or rebuild it from the others if it does not "
+    "answer); a job the daemon runs",
+    "hosts",
+    body=cluster.REPLACE_SCHEMA,
+    status=202,
+)
+def replace_host(host: str, body: dict):
+    return jobs.get(core.ctx().catalog, cluster.replace(host, body)).to_dict()
 
 
 # -- retention -------------------------------------------------------------------------------

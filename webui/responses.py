@@ -108,6 +108,52 @@ SCHEMAS: dict[str, dict] = {
             ),
         ),
     ),
+    "HostOperation": obj(
+        "A drain or rebuild under way on a host",
+        ("state", "fragments_left", "bytes_left"),
+        state=prop("string", "The host's state"),
+        fragments_left=prop("integer", "Fragments still on its drives to move or rebuild"),
+        bytes_left=prop("integer", "Their bytes"),
+        job=obj(
+            "The host job queued or running for it",
+            id=prop("integer", "Job id"),
+            kind=prop("string", "host-drain, host-remove, host-replace or host-join"),
+            state=prop("string", "queued or running"),
+            done_bytes=prop("integer", "Bytes moved or rebuilt so far"),
+            total_bytes=prop("integer", "Bytes the job found to do"),
+            mb_per_s=prop("number", "Its rate since it started, MB/s"),
+            message=prop(["string", "null"], "Its latest progress message"),
+        ),
+    ),
+    "ClusterHost": obj(
+        "A storage host (a failure domain): its drive agent's drives, or the head's own "
+        "(named local)",
+        ("name", "state", "drives", "fragments"),
+        name=prop("string", "The host's name (its agent's --host)"),
+        state=prop(
+            "string",
+            "up, degraded (a drive missing or failed), draining, lost (its agent does not "
+            "answer), gone (declared gone for good, rebuilt on the others)",
+        ),
+        address=prop(["string", "null"], "Its agent's HOST:PORT (null: the head's own drives)"),
+        drives=prop("integer", "Drives not removed"),
+        drives_readable=prop("integer", "Of those, drives read from (online, degraded, draining)"),
+        fragments=prop("integer", "Readable fragments of live stripes it holds"),
+        operation={
+            "oneOf": [ref("HostOperation"), {"type": "null"}],
+            "description": "The drain or rebuild under way on it (null: none)",
+        },
+    ),
+    "ClusterHosts": obj(
+        "The cluster's hosts and how many may be lost without losing data",
+        ("count", "hosts"),
+        count=prop("integer", "Hosts with drives in the pool"),
+        losable=prop(
+            ["integer", "null"], "Hosts the stored stripes may lose (null: nothing stored)"
+        ),
+        losable_by_placement=prop("integer", "Hosts a stripe placed now may lose"),
+        hosts=array_of("ClusterHost", "Each host"),
+    ),
     "Redundancy": obj(
         "Redundancy of the live stripes on drives",
         ("stripes", "under_protected"),
@@ -319,7 +365,7 @@ SCHEMAS: dict[str, dict] = {
         id=prop("integer", "Alert id"),
         kind=prop(
             "string",
-            "Source: drive_failed, drive_io_errors, smart, redundancy_reduced, "
+            "Source: drive_failed, host_lost, drive_io_errors, smart, redundancy_reduced, "
             "capacity, scrub_unrepairable, job_failed, catalog_unreachable, cert_expiry",
         ),
         key=prop("string", "Which instance of the kind, e.g. drive:3 (empty: one per kind)"),
@@ -464,6 +510,12 @@ ROUTES: dict[tuple[str, str], tuple[str, str]] = {  # (method, rule) -> (schema,
     ),
     ("POST", "/drives"): ("Job", "the queued drive-add job"),
     ("POST", "/drives/<int:drive_id>/replace"): ("Job", "the queued drive-replace job"),
+    ("GET", "/hosts"): ("ClusterHosts", "the cluster's hosts"),
+    ("GET", "/hosts/<host>"): ("ClusterHost", "one host"),
+    ("POST", "/hosts"): ("Job", "the queued host-join job"),
+    ("POST", "/hosts/<host>/drain"): ("Job", "the queued host-drain job"),
+    ("POST", "/hosts/<host>/remove"): ("Job", "the queued host-remove job"),
+    ("POST", "/hosts/<host>/replace"): ("Job", "the queued host-replace job"),
     ("GET", "/retention/preview"): ("PlannedAction[]", "what a run would do, entry by entry"),
     ("POST", "/retention/run"): ("Job", "the queued retention job"),
     ("GET", "/trash"): ("TrashEntry[]", "every trash entry, oldest deletion first"),

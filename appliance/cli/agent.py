@@ -1,6 +1,6 @@
 """`shingle agent`: run the drive agent of a storage host (appliance/agent/server.py); and
-`shingle drives-attach HOST:PORT`: record in the catalog the drives an agent serves (the head's
-side; placement then spreads stripes over the agents' hosts).
+`shingle drives-attach HOST:PORT`, the first name of `shingle cluster join` (appliance/cli/
+cluster.py): the head records the drives an agent serves and starts using them.
 
 The agent needs no config file and no catalog: it serves the drive folders named on its command
 line; ``--format`` makes those that do not exist yet."""
@@ -8,12 +8,11 @@ line; ``--format`` makes those that do not exist yet."""
 from __future__ import annotations
 
 import logging
-import sys
 import uuid as uuidlib
 from pathlib import Path
 
 from appliance import config as config_mod
-from appliance.cli.common import UsageError, load_config, size_arg
+from appliance.cli.common import UsageError, size_arg
 from engine.base import errors
 
 
@@ -56,26 +55,11 @@ def cmd_agent(args) -> int:
 
 
 def cmd_drives_attach(args) -> int:
-    from appliance.runtime import open_catalog
-    from engine.drives import add_agent_drives
+    """`shingle cluster join` by its first name: one way to add an agent's drives."""
+    from appliance.cli.cluster import cmd_cluster
 
-    config = load_config(args)
-    catalog = open_catalog(config)
-    try:
-        added = add_agent_drives(catalog, args.address)
-    except OSError as exc:  # unreachable, or not an agent
-        if isinstance(exc, errors.FsError):
-            raise
-        print(f"shingle: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    finally:
-        catalog.close()
-    print(
-        f"{len(added)} drives of agent {args.address} recorded"
-        + (f" (ids {', '.join(map(str, added))})" if added else " (all known already)")
-        + "; a running daemon takes them at its next start"
-    )
-    return 0
+    args.action, args.host, args.rate, args.json = "join", args.address, None, False
+    return cmd_cluster(args)
 
 
 def register(sub) -> None:
@@ -106,7 +90,8 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_agent)
 
     p = sub.add_parser(
-        "drives-attach", help="record the drives a drive agent serves (HOST:PORT) in the catalog"
+        "drives-attach",
+        help="record the drives a drive agent serves (HOST:PORT): `shingle cluster join`",
     )
     p.add_argument("address", help="the agent's HOST:PORT")
     p.set_defaults(func=cmd_drives_attach)

@@ -12,6 +12,7 @@ import sys
 from appliance.cli import (
     agent,
     alerts,
+    cluster,
     exports,
     init,
     install,
@@ -48,6 +49,7 @@ COMMAND_MODULES = (
     snapshot,
     webui,
     agent,
+    cluster,
 )
 
 

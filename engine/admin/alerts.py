@@ -124,18 +124,29 @@ class AlertSource:
 
 
 class DriveFailed(AlertSource):
-    """A drive failed (by an admin or a rebuild) or missing (its folder or device is gone)."""
+    """A drive failed (by an admin or a rebuild) or missing (its folder or device is gone).
+    The drives of a host lost as a whole are left to HostLost: one alert per host."""
 
     kind = "drive_failed"
 
     def find(self, catalog, settings):
-        rows = catalog.read(
-            lambda c: c.execute(
+        from engine.lifecycle.hosts import host_states_in
+
+        def work(conn):
+            lost = {
+                drive_id
+                for host in host_states_in(conn).values()
+                if host["state"] in LOST_HOST_STATES
+                for drive_id in host["drives"]
+            }
+            rows = conn.execute(
                 select(DRIVES.c.id, DRIVES.c.state, DRIVES.c.path).where(
                     DRIVES.c.state.in_(("failed", "missing"))
                 )
             ).all()
-        )
+            return [r for r in rows if r.id not in lost]
+
+        rows = catalog.read(work)
         return [
             Finding(
                 f"drive:{r.id}",
@@ -145,6 +156,42 @@ class DriveFailed(AlertSource):
             )
             for r in rows
         ]
+
+
+LOST_HOST_STATES = ("lost", "gone")
+
+
+class HostLost(AlertSource):
+    """An agent's host that does not answer (every drive of it missing: killed, powered off,
+    its link down), or declared gone for good while its fragments are rebuilt elsewhere: one
+    alert per host (key ``host:NAME``), however many drives and heads saw it, cleared when it
+    answers again or once it is out of the pool."""
+
+    kind = "host_lost"
+
+    def find(self, catalog, settings):
+        from engine.lifecycle.hosts import host_states_in
+
+        found = []
+        for name, host in catalog.read(host_states_in).items():
+            if host["state"] not in LOST_HOST_STATES:
+                continue
+            drives = len(host["drives"])
+            if host["state"] == "lost":
+                severity = CRITICAL
+                message = (
+                    f"host {name} does not answer (its agent at {host['address']}; {drives} "
+                    "drives): reads decode from the other hosts; if it is gone for good, "
+                    f"`shingle cluster remove {name}` rebuilds its fragments on the others"
+                )
+            else:
+                severity = WARNING
+                message = (
+                    f"host {name} is gone for good: its {drives} drives' fragments are being "
+                    "rebuilt on the other hosts (`shingle cluster status`)"
+                )
+            found.append(Finding(f"host:{name}", severity, message, {"host": name, **host}))
+        return found
 
 
 class DriveDegraded(AlertSource):
@@ -469,6 +516,7 @@ def certificate_not_after(path: Path) -> datetime:
 def default_sources(smart_cache=None) -> list[AlertSource]:
     return [
         DriveFailed(),
+        HostLost(),
         DriveDegraded(),
         SmartHealth(smart_cache),
         RedundancyReduced(),

@@ -45,6 +45,10 @@ KINDS = (
     "drive-replace",
     "snapshot-schedule",
     "snapshot-archive",
+    "host-join",
+    "host-drain",
+    "host-remove",
+    "host-replace",
 )
 # "warnings": done with warnings (the work ran, but its result is short of what was asked, e.g.
 # stripes still under-protected after a rebuild); the message says how many and why.
@@ -54,8 +58,20 @@ STATE_LABELS = {WARNINGS: "done with warnings"}
 # Kinds that only read, or whose every step is its own transaction, so a second run from the
 # start is safe and finishes the work: scrub, tiering, band cleaning, rebuild; a snapshot
 # schedule run (a due slot is taken once, by name) and a snapshot's archive (moved stripes are
-# cold and are not moved again).
-RESTARTABLE = ("scrub", "tier", "clean", "rebuild", "snapshot-schedule", "snapshot-archive")
+# cold and are not moved again); the hosts' jobs (a host's drives keep the state its operation
+# gave them, and what was moved is not moved again).
+RESTARTABLE = (
+    "scrub",
+    "tier",
+    "clean",
+    "rebuild",
+    "snapshot-schedule",
+    "snapshot-archive",
+    "host-join",
+    "host-drain",
+    "host-remove",
+    "host-replace",
+)
 MAX_ATTEMPTS = 3  # a job that kills its daemon every time must not do so forever
 HEARTBEAT_S = 5.0
 STALE_S = 60.0  # no heartbeat for this long: its daemon is gone

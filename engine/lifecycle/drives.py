@@ -198,7 +198,48 @@ def set_drive_state_in(
         actor=actor,
         details={"drive_id": drive_id, "from": old, "to": state, "reason": reason},
     )
+    _record_host_change_in(conn, drive_id, old, state, actor)
     return old, state
+
+
+def _record_host_change_in(conn: Connection, drive_id: int, old: str, new: str, actor: str) -> None:
+    """``host.lost`` when the last drive of an agent's host still answering goes missing, and
+    ``host.back`` when the first of a lost host's drives answers again: one event per host and
+    change, whichever head saw it first (the drive's change and this check share a
+    transaction, so a second head finds the drive changed already and records nothing)."""
+    if MISSING not in (old, new):
+        return
+    host = conn.execute(select(DRIVES.c.host).where(DRIVES.c.id == drive_id)).scalar()
+    if host is None:  # the head's own drives: a host of one is the drive watch's business
+        return
+    rows = conn.execute(
+        select(DRIVES.c.id, DRIVES.c.state, DRIVES.c.path).where(
+            DRIVES.c.host == host, DRIVES.c.state != REMOVED
+        )
+    ).all()
+    others_missing = all(r.state == MISSING for r in rows if r.id != drive_id)
+    if not others_missing:
+        return
+    address = rows[0].path if rows else ""
+    details = {"host": host, "drives": [r.id for r in rows], "address": address}
+    if new == MISSING:
+        record_in(
+            conn,
+            "host.lost",
+            f"host {host} does not answer (its agent at {address}): its {len(rows)} drives are "
+            "missing, reads decode from the other hosts",
+            severity="error",
+            actor=actor,
+            details=details,
+        )
+    elif new in READABLE:
+        record_in(
+            conn,
+            "host.back",
+            f"host {host} answers again (its agent at {address}): drive {drive_id} is {new}",
+            actor=actor,
+            details=details,
+        )
 
 
 def set_drive_state(

@@ -19,7 +19,15 @@ from sqlalchemy.engine import Connection
 
 from engine.catalog.models import Drive, Fragment, Stripe, Zone
 from engine.coding.erasure import INLINE
-from engine.lifecycle.drives import OFFLINE_ZONE, PLACEABLE, READABLE, REMOVED
+from engine.lifecycle.drives import (
+    DRAINING,
+    FAILED,
+    MISSING,
+    OFFLINE_ZONE,
+    PLACEABLE,
+    READABLE,
+    REMOVED,
+)
 
 DRIVES = Drive.__table__
 ZONES = Zone.__table__
@@ -130,3 +138,37 @@ def spread_targets(
         host = host_of(drive_id)
         held[host] = held.get(host, 0) + 1
     return chosen + left  # the rest in their order: spares if a chosen one cannot take it
+
+
+def host_states_in(conn: Connection) -> dict[str, dict]:
+    """Each agent's host (drives without a host are the head's own, not here) with its drives
+    not removed: {name: {"state", "drives": [ids], "address"}}. The state follows from the
+    drives': ``draining`` (one is), ``lost`` (every one missing: its agent does not answer),
+    ``gone`` (every one failed or missing, one failed: declared gone for good, its fragments
+    rebuilt on the others), ``degraded`` (some missing or failed), else ``up``."""
+    rows = conn.execute(
+        select(DRIVES.c.id, DRIVES.c.host, DRIVES.c.state, DRIVES.c.path)
+        .where(DRIVES.c.host.is_not(None), DRIVES.c.state != REMOVED)
+        .order_by(DRIVES.c.id)
+    ).all()
+    hosts: dict[str, dict] = {}
+    for row in rows:
+        entry = hosts.setdefault(row.host, {"drives": [], "states": [], "address": row.path})
+        entry["drives"].append(row.id)
+        entry["states"].append(row.state)
+    for entry in hosts.values():
+        entry["state"] = host_state(entry.pop("states"))
+    return hosts
+
+
+def host_state(states: list[str]) -> str:
+    """A host's state from its drives' (see host_states_in)."""
+    if DRAINING in states:
+        return "draining"
+    if all(s == MISSING for s in states):
+        return "lost"
+    if all(s in (MISSING, FAILED) for s in states):
+        return "gone"
+    if any(s in (MISSING, FAILED) for s in states):
+        return "degraded"
+    return "up"

@@ -1,14 +1,16 @@
 """The lifecycle jobs as runners for the daemon's job queue (appliance.maintenance).
 
-``runners(...)`` maps a job kind to ``runner(params, progress, actor) -> JSON-able
-result``: "tier", "clean", "scrub", "rebuild", "drain" (params {"drive": id or
-uuid}), "drive-add" (params {"path", "size", "zone_size", "preallocate"}) and "drive-replace"
-(the same and "old"). Rebuild, drain and the drive jobs return ``warnings`` when stripes stay
-under-protected (engine/lifecycle/replace.py); the job then ends "done with warnings".
-The tiering policy is read from the catalog settings at each run
-(``tiering.<TieringPolicy field>`` and ``tiering.path_rules``, which the web UI
-edits), so a change applies at the next round without a restart.
-"""
+``runners(...)`` maps a job kind to ``runner(params, progress, actor) -> JSON-able result``:
+"tier", "clean", "scrub", "rebuild", "drain" (params {"drive": id or uuid}), "drive-add"
+(params {"path", "size", "zone_size", "preallocate"}), "drive-replace" (the same and "old"),
+and the hosts' (engine/lifecycle/hostops.py): "host-join" (params {"address"}), "host-drain"
+and "host-remove" ({"host"}), "host-replace" ({"host", "address"}); a host job's
+{"rate_mib_s"} overrides the configured rebuild pace for that job. Rebuild, drain, the drive
+and the host jobs return ``warnings`` when stripes stay under-protected
+(engine/lifecycle/replace.py); the job then ends "done with warnings". The tiering policy is
+read from the catalog settings at each run (``tiering.<TieringPolicy field>`` and
+``tiering.path_rules``, which the web UI edits), so a change applies at the next round
+without a restart."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from dataclasses import fields
 from typing import Any
 
 from engine.catalog.database import Catalog
-from engine.lifecycle import replace
+from engine.lifecycle import hostops, replace
 from engine.lifecycle.cleaning import Cleaner
 from engine.lifecycle.rebuild import Rebuilder, drain_drive
 from engine.lifecycle.scrub import Scrubber
@@ -75,6 +77,10 @@ class LifecycleJobs:
             "drain": self.drain,
             "drive-add": self.drive_add,
             "drive-replace": self.drive_replace,
+            "host-join": self.host_join,
+            "host-drain": self.host_drain,
+            "host-remove": self.host_remove,
+            "host-replace": self.host_replace,
         }
 
     def tier(self, params, progress, actor):
@@ -133,6 +139,52 @@ class LifecycleJobs:
             progress=progress,
             actor=actor,
             bytes_per_s=self.rebuild_bytes_per_s,
+        )
+
+    def host_pace(self, params) -> float | None:
+        """The job's own pace (``rate_mib_s``), else the configured rebuild pace."""
+        rate = params.get("rate_mib_s")
+        return float(rate) * (1 << 20) if rate else self.rebuild_bytes_per_s
+
+    def host_join(self, params, progress, actor):
+        return hostops.join_host(
+            self.datapath,
+            self.catalog,
+            params["address"],
+            progress=progress,
+            actor=actor,
+            bytes_per_s=self.host_pace(params),
+        )
+
+    def host_drain(self, params, progress, actor):
+        return hostops.drain_host(
+            self.datapath,
+            self.catalog,
+            params["host"],
+            progress=progress,
+            actor=actor,
+            bytes_per_s=self.host_pace(params),
+        )
+
+    def host_remove(self, params, progress, actor):
+        return hostops.remove_host(
+            self.datapath,
+            self.catalog,
+            params["host"],
+            progress=progress,
+            actor=actor,
+            bytes_per_s=self.host_pace(params),
+        )
+
+    def host_replace(self, params, progress, actor):
+        return hostops.replace_host(
+            self.datapath,
+            self.catalog,
+            params["host"],
+            params["address"],
+            progress=progress,
+            actor=actor,
+            bytes_per_s=self.host_pace(params),
         )
 
 

@@ -17,6 +17,7 @@ status (how many stripes still run with reduced redundancy).
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
@@ -28,7 +29,7 @@ from engine.base.ordered_lock import lock
 from engine.catalog.database import Catalog
 from engine.catalog.models import Drive, Fragment
 from engine.lifecycle import drives as drive_states
-from engine.lifecycle.hosts import spread_targets
+from engine.lifecycle.hosts import host_name, spread_targets
 from engine.lifecycle.media import Media, media_for
 from engine.lifecycle.pacing import Progress, RateLimiter, Tracker
 from engine.lifecycle.repair import Reconstructor, load_stripes, relocate
@@ -49,6 +50,8 @@ class RebuildReport:
     unrecoverable: list = field(default_factory=list)  # stripe ids with fewer than k good fragments
     unplaced: int = 0  # fragments with no drive to go to (too few drives or no space)
     drives_drained: list = field(default_factory=list)
+    # bytes written onto each host: where a host's rebuild or drain sends its fragments
+    written_by_host: dict = field(default_factory=dict)
     elapsed_s: float = 0.0
     status: dict = field(default_factory=dict)  # redundancy status afterwards
 
@@ -74,8 +77,12 @@ def _stripe_pool() -> ThreadPoolExecutor:
         return _STRIPE_POOL
 
 
-def pending_work(catalog: Catalog, drive_id: int | None = None) -> tuple[int, int, int]:
-    """(stripes, fragments, bytes) waiting on failed, removed or draining drives."""
+def pending_work(
+    catalog: Catalog, drives: int | Collection[int] | None = None
+) -> tuple[int, int, int]:
+    """(stripes, fragments, bytes) waiting on failed, removed or draining drives (on ``drives``
+    only, one id or several, when given)."""
+    drive_ids = [drives] if isinstance(drives, int) else None if drives is None else list(drives)
 
     def work(conn):
         query = (
@@ -87,8 +94,8 @@ def pending_work(catalog: Catalog, drive_id: int | None = None) -> tuple[int, in
             .select_from(FRAGMENTS.join(DRIVES, DRIVES.c.id == FRAGMENTS.c.drive_id))
             .where(DRIVES.c.state.in_(LOST_STATES + (drive_states.DRAINING,)))
         )
-        if drive_id is not None:
-            query = query.where(FRAGMENTS.c.drive_id == drive_id)
+        if drive_ids is not None:
+            query = query.where(FRAGMENTS.c.drive_id.in_(drive_ids))
         return tuple(int(v) for v in conn.execute(query).one())
 
     return catalog.read(work)
@@ -106,11 +113,15 @@ class Rebuilder:
         progress: Progress | None = None,
         actor: str = "system",
         drive_id: int | None = None,
+        drive_ids: Collection[int] | None = None,
     ) -> RebuildReport:
+        """Everything waiting on failed, removed or draining drives; only what lies on
+        ``drive_id`` or ``drive_ids`` when one is given (a drive's or a host's drain)."""
         started = time.monotonic()
         self.dp.refresh_drive_states()
         report = RebuildReport()
-        _stripes, _fragments, nbytes = pending_work(self.catalog, drive_id)
+        only = {drive_id} if drive_id is not None else set(drive_ids) if drive_ids else None
+        _stripes, _fragments, nbytes = pending_work(self.catalog, only)
         tracker = Tracker(nbytes, progress, "rebuild")
         media = media_for(self.dp)
         fixer = Reconstructor(media)
@@ -126,8 +137,8 @@ class Rebuilder:
                         .where(DRIVES.c.state.in_(LOST_STATES + (drive_states.DRAINING,)))
                         .order_by(FRAGMENTS.c.stripe_id)
                     )
-                    if drive_id is not None:
-                        query = query.where(FRAGMENTS.c.drive_id == drive_id)
+                    if only is not None:
+                        query = query.where(FRAGMENTS.c.drive_id.in_(list(only)))
                     if done:
                         query = query.where(FRAGMENTS.c.stripe_id > max(done))
                     ids = list(conn.execute(query.limit(STRIPES_PER_BATCH)).scalars())
@@ -138,7 +149,7 @@ class Rebuilder:
                 if not stripes:
                     break
                 done.update(stripes)
-                self._batch(list(stripes.values()), states, media, fixer, report, tracker, drive_id)
+                self._batch(list(stripes.values()), states, media, fixer, report, tracker, only)
             self._finish_drains(report, actor)
         finally:
             media.finish()
@@ -164,13 +175,13 @@ class Rebuilder:
         )
         return report
 
-    def _prepare(self, stripe, states, media: Media, fixer: Reconstructor, only_drive: int | None):
+    def _prepare(self, stripe, states, media: Media, fixer: Reconstructor, only: set[int] | None):
         """(lost indexes, {index: bytes} to write) for one stripe; raises
         IOFailure if beyond repair."""
         lost, drain = [], {}
         for idx, fragment in stripe.fragments.items():
             state = states.get(fragment.drive_id)
-            if only_drive is not None and fragment.drive_id != only_drive:
+            if only is not None and fragment.drive_id not in only:
                 continue
             if state in LOST_STATES or (
                 state == drive_states.DRAINING and not media.readable(fragment.drive_id)
@@ -193,13 +204,13 @@ class Rebuilder:
         fixer: Reconstructor,
         report: RebuildReport,
         tracker: Tracker,
-        only_drive: int | None,
+        only: set[int] | None,
     ) -> None:
         moves_by_class: dict[str, list] = {}
 
         def prepare(stripe):
             try:
-                return self._prepare(stripe, states, media, fixer, only_drive)
+                return self._prepare(stripe, states, media, fixer, only)
             except errors.IOFailure as exc:
                 return exc
 
@@ -250,6 +261,9 @@ class Rebuilder:
                 continue
             nbytes = sum(len(d) for _f, d, _t, _r in moves)
             report.bytes_written += nbytes
+            for _f, data, target, _r in moves:
+                host = host_name(media.host_of(target))
+                report.written_by_host[host] = report.written_by_host.get(host, 0) + len(data)
             if moved:
                 report.fragments_rebuilt += sum(1 for *_x, r in moves if r)
                 report.fragments_moved += sum(1 for *_x, r in moves if not r)

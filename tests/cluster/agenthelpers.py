@@ -131,10 +131,10 @@ class Agent:
 class AgentHead:
     """A head over agents' drives: catalog rows, DataPath and Namespace; restartable."""
 
-    def __init__(self, catalog, agents: list[Agent], **datapath_options):
+    def __init__(self, catalog, agents: list[Agent], *, policies=None, **datapath_options):
         self.catalog = catalog
         self.drive_ids = [i for agent in agents for i in add_agent_drives(catalog, agent.address)]
-        self.policies = load_policies(SMALL)
+        self.policies = load_policies(policies or SMALL)
         self.options = datapath_options
         self.data: DataPath | None = None
         self.ns: Namespace | None = None

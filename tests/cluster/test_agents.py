@@ -223,7 +223,8 @@ def test_drives_attach_records_an_agents_drives_on_its_host_and_status_counts_ho
     home = tmp_path / "appliance"
     shingle("init", str(home), "--drive-size", "64MiB", "--zone-size", "4MiB", "--no-preallocate")
     config = str(home / "shingle.toml")
-    first, second = agents(2, drives=2)
+    # zones that hold the default 1 MiB fragments (smaller ones are refused: test_host_ops.py)
+    first, second = agents(2, drives=2, extra=["--drive-size", "32MiB", "--zone-size", "4MiB"])
     for agent in (first, second):
         said = shingle("-c", config, "drives-attach", agent.address).stdout
         assert "2 drives of agent" in said

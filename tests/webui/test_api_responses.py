@@ -148,6 +148,7 @@ def test_real_responses_match_their_schemas(web, appliance, app):
         "export_id": export_id,
         "share_id": share_id,
         "name": "alice",
+        "host": "local",
         "alert_id": alert_id,
         "entry_id": trashed.id,
         "schedule_id": schedule_id,
