@@ -558,6 +558,55 @@ OPTIONS: list[Option] = [
         "maintenance.rebuild_mib_s); 0: only when an admin says so (`shingle cluster remove`).",
         minimum=0,
     ),
+    Option(
+        "heads",
+        "count",
+        "int",
+        1,
+        "Head processes (each its own `shingle serve` with its own data_dir) that write the same "
+        "drives over one catalog: each opens only the zones whose number modulo count is its "
+        "index, so two heads never append to one zone (docs/pnfs.md). 1: this head alone.",
+        minimum=1,
+        maximum=256,
+    ),
+    Option(
+        "heads",
+        "index",
+        "int",
+        0,
+        "This head's number among heads.count (0 to count - 1). Only head 0 runs maintenance "
+        "jobs (scrub, cleaning, tiering, retention) unless [cluster] elects a leader.",
+        minimum=0,
+        maximum=255,
+    ),
+    Option(
+        "pnfs",
+        "role",
+        "choice",
+        "off",
+        "pNFS FILES layout (docs/pnfs.md): 'mds' hands NFSv4.1 clients layouts that spread their "
+        "READs and WRITEs over data_servers; 'ds' serves those READs and WRITEs (FILE_SYNC) as a "
+        "data server, and every client as an ordinary head too; 'off' neither.",
+        choices=("off", "mds", "ds"),
+    ),
+    Option(
+        "pnfs",
+        "data_servers",
+        "str",
+        "",
+        "The metadata server's data servers, comma-separated HOST:PORT as clients reach them "
+        "(IPv4 addresses; each a head with role 'ds' over the same catalog). Layouts stripe a "
+        "file over them in this order.",
+    ),
+    Option(
+        "pnfs",
+        "address",
+        "str",
+        "",
+        "A data server's own HOST:PORT as listed in the metadata server's data_servers: a data "
+        "server left out of that list answers NFS4ERR_PNFS_NO_LAYOUT to I/O under another "
+        "head's stateid, so clients fetch a new layout. Empty: nfs.host:nfs.port.",
+    ),
 ]
 
 BAND_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -624,6 +673,37 @@ def _check_cluster(values: dict[str, Any]) -> None:
             raise ConfigError(
                 "cluster.etcd_endpoints", url, "comma-separated URLs http://HOST:PORT"
             ) from None
+
+
+def data_server_addresses(value: str, key: str = "pnfs.data_servers") -> list[tuple[str, int]]:
+    """A comma-separated HOST:PORT list of IPv4 addresses, as (host, port) pairs."""
+    found = []
+    for item in (part.strip() for part in value.split(",")):
+        if not item:
+            continue
+        host, _, port = item.rpartition(":")
+        try:
+            ipaddress.IPv4Address(host)
+            number = int(port)
+        except ValueError:
+            raise ConfigError(key, item, "IPV4:PORT (comma-separated)") from None
+        if not 0 < number <= 65535:
+            raise ConfigError(key, item, "a TCP port 1-65535 after the colon")
+        found.append((host, number))
+    return found
+
+
+def _check_heads(values: dict[str, Any]) -> None:
+    if values["heads.index"] >= values["heads.count"]:
+        raise ConfigError(
+            "heads.index", values["heads.index"], f"below heads.count ({values['heads.count']})"
+        )
+    servers = data_server_addresses(values["pnfs.data_servers"])
+    if values["pnfs.role"] == "mds" and not servers:
+        raise ConfigError("pnfs.data_servers", "", "at least one HOST:PORT when pnfs.role is mds")
+    if len(servers) > 4096:  # the Linux client takes at most 4096 stripe indices per device
+        raise ConfigError("pnfs.data_servers", len(servers), "at most 4096 data servers")
+    data_server_addresses(values["pnfs.address"], "pnfs.address")
 
 
 def _check(option: Option, value: Any) -> Any:  # noqa: C901 - one flat test per option kind
@@ -721,6 +801,7 @@ def from_dict(  # noqa: C901 - sections, options, their cross-checks, band class
             values[option.key] = _check(option, value)
     _check_nfs_limits(values)
     _check_cluster(values)
+    _check_heads(values)
     if values["alerts.capacity_critical_percent"] < values["alerts.capacity_warn_percent"]:
         raise ConfigError(
             "alerts.capacity_critical_percent",

@@ -66,9 +66,11 @@ class Maintenance(threading.Thread):
         tick_s: float = 1.0,
         sample_every_s: float = 10.0,
         leader: FencedLeader | None = None,
+        runs_jobs: bool = True,
     ):
         """``leader``: this host's campaign in a cluster (``maintenance_leader``); jobs then run
-        only while it holds office, fenced by its token. None: one host, jobs always run here."""
+        only while it holds office, fenced by its token. None: one host, jobs run here unless
+        ``runs_jobs`` is False (a head other than head 0 of several sharing the drives)."""
         super().__init__(name="maintenance", daemon=True)
         self.appliance = appliance
         self.catalog = appliance.catalog
@@ -76,6 +78,7 @@ class Maintenance(threading.Thread):
         self.tick_s = tick_s
         self.sample_every_s = sample_every_s
         self.leader = leader
+        self.runs_jobs = runs_jobs
         self.stopped = threading.Event()
         self.runners = job_runners(appliance)
         self.snapshot_scheduler = SnapshotScheduler(appliance.namespace)
@@ -126,7 +129,9 @@ class Maintenance(threading.Thread):
     def term(self) -> int | None:
         """SINGLE_HOST without a cluster; in one, this host's fencing token while it leads, else
         None (another host runs the jobs)."""
-        return SINGLE_HOST if self.leader is None else self.leader.token
+        if self.leader is None:
+            return SINGLE_HOST if self.runs_jobs else None
+        return self.leader.token
 
     def in_term(self, term: int, work: Callable[[], T]) -> T:
         """``work()``, its catalog writes fenced by ``term`` in a cluster."""

@@ -249,6 +249,7 @@ class Appliance:
                 reserve_zones=config.get("storage.reserve_zones"),
                 inline_write_bytes=config.get("storage.inline_write_bytes"),
                 inline_budget_bytes=config.get("storage.inline_budget_bytes"),
+                zone_share=(config.get("heads.index"), config.get("heads.count")),
             )
             # the constructor ran recovery before any write: its report, not a second pass's
             log.debug("recovery: %s", self.datapath.recovery_report)
@@ -360,6 +361,7 @@ class Daemon:
             counters=self.counters,
             sample_every_s=self.config.get("maintenance.metrics_interval_s"),
             leader=maintenance_leader(self.config, appliance.catalog),
+            runs_jobs=self.config.get("heads.index") == 0,
         )
         self.maintenance.start()
         self.smb = self.start_smb(appliance)
@@ -417,6 +419,7 @@ class Daemon:
             portmap_port=config.get("nfs.portmap_port"),
             nsm_name=config.get("nfs.nsm_name"),
             client_rpcbind_port=config.get("nfs.client_rpcbind_port"),
+            pnfs=self.pnfs_role(appliance),
         )
         server.start()
         daemon_log.info("NFS server listening on %s:%d", host, server.port)
@@ -431,6 +434,31 @@ class Daemon:
             f"vers=3,port={server.port},mountport={server.port},mountproto=tcp {host}:/export "
             f"/mnt/shingle   (locks: NLM via the port mapper on port {server.server.portmap_port})"
         )
+
+    def pnfs_role(self, appliance: Appliance):
+        """This head's pNFS role ([pnfs], docs/pnfs.md); a metadata server publishes its data
+        servers in the catalog before it serves."""
+        from appliance.config import data_server_addresses
+        from appliance.nfs.pnfs import Pnfs
+
+        config = self.config
+        role = config.get("pnfs.role")
+        address = data_server_addresses(config.get("pnfs.address"), "pnfs.address")
+        datapath = appliance.datapath
+        assert datapath is not None  # a serving daemon's appliance has its data path
+        pnfs = Pnfs(
+            role,
+            data_server_addresses(config.get("pnfs.data_servers")),
+            # a stripe unit of one full stripe of the default class: a data server's share
+            # of a file is whole stripes, encoded by the head that received them
+            stripe_unit=datapath.policies[datapath.default_class].stripe_size,
+            address=address[0] if address else (config.get("nfs.host"), self.nfs_port),
+        )
+        if pnfs.is_mds:
+            pnfs.publish(appliance.catalog)
+        if role != "off":
+            daemon_log.info("pNFS %s", "metadata server" if pnfs.is_mds else "data server")
+        return pnfs
 
     def start_smb(self, appliance: Appliance) -> SmbService | None:
         """The local mount (--mount) and Samba sharing it (--smb-port, else smb.port):

@@ -29,6 +29,7 @@ from appliance.nfs.nlm.program import NlmProgram
 from appliance.nfs.onc.connection import RpcConnection
 from appliance.nfs.onc.limits import NetLimits, ReceiveBuffers, RequestBudget
 from appliance.nfs.onc.rpc import InWorker
+from appliance.nfs.pnfs import Pnfs
 from appliance.nfs.state import StateTable, clients
 from appliance.nfs.stats import NfsStats
 from appliance.nfs.v3.mount import MountProgram
@@ -240,13 +241,15 @@ class NfsServer:
         portmap_port: int = 111,
         nsm_name: str = "",
         client_rpcbind_port: int = 111,
+        pnfs: Pnfs | None = None,
     ):
         """``portmap``: "serve" answers PMAP on ``portmap_port`` (0: any free port),
         "register" registers NFS, MOUNT, NLM and NSM with the rpcbind there, "auto" does the
         one that fits (register when an rpcbind answers), "off" only answers PMAP on ``port``.
         ``nsm_name``: this server's name in SM_NOTIFY (default: ``host``, or the host name
         when listening on all addresses). ``client_rpcbind_port``: where clients' port mappers
-        are asked for their NLM and NSM services (callbacks)."""
+        are asked for their NLM and NSM services (callbacks). ``pnfs``: this head's pNFS role
+        (appliance/nfs/pnfs.py; default: none)."""
         if portmap not in PORTMAP_MODES:
             raise ValueError(f"portmap mode {portmap!r}: expected one of {PORTMAP_MODES}")
         if limits is None:
@@ -271,6 +274,7 @@ class NfsServer:
             socket.gethostname() if host in ("0.0.0.0", "::", "") else host
         )
         self.client_rpcbind_port = client_rpcbind_port
+        self.pnfs = pnfs if pnfs is not None else Pnfs()
         self.registered: dict = {}  # what a system rpcbind holds for us
         self.handles = HandleCodec(catalog)
         self.owner_major = f"shingle-{self.handles.fsid:016x}".encode()

@@ -64,6 +64,7 @@ class DataPath:
         small_write_bytes: int | None = None,
         inline_write_bytes: int = INLINE_WRITE_BYTES,
         inline_budget_bytes: int = INLINE_BUDGET_BYTES,
+        zone_share: tuple[int, int] = (0, 1),
     ):
         if not policies:
             raise errors.ConfigError("band_classes", policies, "at least one band class policy")
@@ -97,6 +98,7 @@ class DataPath:
             reserve_zones,
             self.stats,
             smr_model=smr_model,
+            zone_share=zone_share,
         )
         self._check_fragments_fit()
         self._build_parts(

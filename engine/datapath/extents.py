@@ -37,6 +37,9 @@ class ExtentCache:
         )
         # fn(inos): also forget what else is cached of these files
         self.on_invalidate: Callable[[Iterable[int]], None] | None = None
+        # the catalog epoch the maps are valid at: another process's commit (a head sharing the
+        # catalog wrote the file, or moved fragments) empties them (None: cache nothing)
+        self._epoch: int | None = None
 
     def invalidate(self, inos) -> None:
         with self._lock:
@@ -56,6 +59,24 @@ class ExtentCache:
             self._maps.clear()
         self.reader.forget(ids)
 
+    def _follow_epoch(self) -> None:
+        """Forget every map and stripe description when the catalog moved for a commit this
+        process cannot account for (caller holds ``_lock``): as NameCache.valid does, so a head
+        reads what another head sharing the catalog wrote, after its commit (SQLite: at once;
+        PostgreSQL: within the change watch's delay)."""
+        epoch = self.catalog.epoch()
+        if epoch == self._epoch and epoch is not None:
+            return
+        if (
+            epoch is None
+            or self._epoch is None
+            or not self.catalog.only_tracked(self._epoch, epoch)
+        ):
+            self._maps.clear()
+            self._stripes.clear()
+            self._generation += 1  # a load that began before this is not cached
+        self._epoch = epoch
+
     def stripe(self, stripe_id: int) -> StripeInfo | None:
         return self._stripes.get(stripe_id)
 
@@ -63,6 +84,7 @@ class ExtentCache:
         """(starts, items, stripes loaded now) of a file: items are (file offset, length, stripe id,
         stripe offset) sorted by file offset, starts their file offsets."""
         with self._lock:
+            self._follow_epoch()
             hit = self._maps.get(ino)
             if hit is not None:
                 self._maps.move_to_end(ino)

@@ -49,6 +49,11 @@ def recover_drive(space, drive, report: RecoveryReport) -> list[tuple[int, dict]
     drive.open.clear()
     drive.empty.clear()
     for zone in drive.zones:
+        if not space.owns(zone.idx):
+            # another head's zone (heads.count > 1): that head appends to it and recovers it;
+            # this one only reads the fragments the catalog names there
+            zone.wp = max(zone.wp, zone.committed_wp)
+            continue
         report.zones_checked += 1
         medium = drive.backend.write_pointer(zone.idx)
         values = {}

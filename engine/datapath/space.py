@@ -72,8 +72,12 @@ class Space:
         stats,
         *,
         smr_model=None,
+        zone_share: tuple[int, int] = (0, 1),
     ):
         self.catalog = catalog
+        # (index, count) of heads writing the same drives: this one opens only the zones whose
+        # number modulo count is its index (docs/pnfs.md), so no two heads append to one zone
+        self.zone_share = zone_share
         self.policies = policies
         self.default_class = default_class
         self.reserve_zones = reserve_zones
@@ -95,6 +99,11 @@ class Space:
         self._rr = 0
         self._warn = RateLimitedLog(log)
         self._load_drives(smr_model)
+
+    def owns(self, zone_idx: int) -> bool:
+        """Whether this head may open, append to or reset the zone of that number."""
+        index, count = self.zone_share
+        return zone_idx % count == index
 
     # -- drives -------------------------------------------------------------------------
     def _load_drives(self, smr_model) -> None:
@@ -137,7 +146,7 @@ class Space:
             drive.backend.model_key = drive.id
         with self.lock:
             for zone in drive.zones:
-                if zone.state == "empty" and zone.wp == 0:
+                if zone.state == "empty" and zone.wp == 0 and self.owns(zone.idx):
                     drive.empty.add(zone.idx)
                 self.zones[zone.id] = zone
                 self.zone_drive[zone.id] = drive
@@ -283,6 +292,8 @@ class Space:
             for zone_id in self.catalog.read(find):
                 zone, drive = self.zones.get(zone_id), self.zone_drive.get(zone_id)
                 if zone is None or drive is None or zone.inflight or not drive.writable():
+                    continue
+                if not self.owns(zone.idx):  # another head's zone: it may be writing there
                     continue
                 candidates.append((drive, zone))
             if not candidates:

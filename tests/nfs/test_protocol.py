@@ -53,14 +53,15 @@ def test_minor_versions_and_unknown_ops(server):
     raw.setup()
     st, res = raw.session([(c.OP_PUTROOTFH, None)])
     assert st == 0
-    # pNFS operations: NOTSUPP (LAYOUTGET has no declared arguments: the COMPOUND stops there)
+    # an operation not run: NOTSUPP (GETDEVICELIST, gone from the Linux client, has no declared
+    # arguments: the COMPOUND stops there)
     seq = raw.compound_bytes([raw.sequence_op()])
     count_at = 4 + 4  # tag length (0) + minorversion
     patched = bytearray(seq)
     struct.pack_into(">I", patched, count_at, 2)
-    reply = raw.call_raw(1, bytes(patched) + struct.pack(">I", c.OP_LAYOUTGET))
+    reply = raw.call_raw(1, bytes(patched) + struct.pack(">I", c.OP_GETDEVICELIST))
     st, res = raw.parse(reply)
-    assert st == c.NFS4ERR_NOTSUPP and res[-1][:2] == (c.OP_LAYOUTGET, c.NFS4ERR_NOTSUPP)
+    assert st == c.NFS4ERR_NOTSUPP and res[-1][:2] == (c.OP_GETDEVICELIST, c.NFS4ERR_NOTSUPP)
     seq = bytearray(raw.compound_bytes([raw.sequence_op()]))
     struct.pack_into(">I", seq, count_at, 2)
     st, res = raw.parse(raw.call_raw(1, bytes(seq) + struct.pack(">I", 9999)))

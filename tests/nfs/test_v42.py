@@ -262,7 +262,7 @@ def test_xattrs_round_trip(server, raw, stack):
 @pytest.mark.parametrize(
     "op",
     [
-        c.OP_LAYOUTGET,
+        c.OP_GETDEVICELIST,
         c.OP_LAYOUTERROR,
         c.OP_LAYOUTSTATS,
         c.OP_IO_ADVISE,

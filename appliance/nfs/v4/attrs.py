@@ -23,6 +23,7 @@ class AttrServer(Protocol):
 
     namespace: Any
     lease_seconds: int
+    pnfs: Any  # appliance.nfs.pnfs.Pnfs: fs_layout_type, layout_blksize
 
     def statfs(self) -> Any: ...
 
@@ -158,7 +159,9 @@ ATTRS = {
     c.FATTR4_TIME_MODIFY: (nfstime4, lambda s: _time(s.attr.mtime_ns), False),
     c.FATTR4_TIME_MODIFY_SET: (settime4, None, True),
     c.FATTR4_MOUNTED_ON_FILEID: (UHyper, lambda s: s.mounted_on_fileid, False),
-    c.FATTR4_FS_LAYOUT_TYPES: (Array(UInt), lambda s: [], False),
+    c.FATTR4_FS_LAYOUT_TYPES: (Array(UInt), lambda s: s.server.pnfs.layout_types, False),
+    # the stripe unit of the layouts: I/O of that size reaches one data server
+    c.FATTR4_LAYOUT_BLKSIZE: (UInt, lambda s: s.server.pnfs.stripe_unit, False),
     c.FATTR4_SUPPATTR_EXCLCREAT: (bitmap4, lambda s: EXCLCREAT_BITMAP, False),
     # NFSv4.2 (RFC 7862 12.2, RFC 8276 8.2): extents are shared at byte granularity, so CLONE
     # needs no alignment; space_freed counts shared extents too (an upper bound); change is a

@@ -12,7 +12,7 @@ decoded arguments, and returns the operation's resok value or raises NfsError.
 
 What the executors do with an operation number, in this order:
   - not in TABLE, or of a later minor version than the COMPOUND's: NFS4ERR_OP_ILLEGAL;
-  - not run in the COMPOUND's minor version (``minors``; pNFS, delegations, SSV, NFSv4.0's
+  - not run in the COMPOUND's minor version (``minors``; delegations, SSV, NFSv4.0's
     client ids in 4.1 ...): NFS4ERR_NOTSUPP, its arguments not decoded;
   - ``sessionless`` (NFSv4.1): may be a COMPOUND's only operation without SEQUENCE first;
     any other operation there gets NFS4ERR_OP_NOT_IN_SESSION (RFC 8881 2.10.6.1);
@@ -111,7 +111,7 @@ TABLE: dict[int, Op] = {
         # from the cache: UNSTABLE, into the file's buffer; anything more raises WouldBlock first
         Op(c.OP_WRITE, ALL, needs_fh=True, from_cache=True, mutating=True),
         Op(c.OP_RELEASE_LOCKOWNER, V40, mutating=True),
-        # NFSv4.1 (RFC 8881); no pNFS (devices, layouts), no delegations, no SSV
+        # NFSv4.1 (RFC 8881); no delegations, no SSV
         Op(c.OP_BACKCHANNEL_CTL, V41),
         Op(c.OP_BIND_CONN_TO_SESSION, V41, sessionless=True),
         Op(c.OP_EXCHANGE_ID, V41, sessionless=True, mutating=True),
@@ -119,11 +119,12 @@ TABLE: dict[int, Op] = {
         Op(c.OP_DESTROY_SESSION, V41, sessionless=True, mutating=True),
         Op(c.OP_FREE_STATEID, V41, mutating=True),
         Op(c.OP_GET_DIR_DELEGATION, NONE),
-        Op(c.OP_GETDEVICEINFO, NONE),
+        # pNFS, FILES layout only (ops/pnfs.py); GETDEVICELIST is gone from the Linux client
+        Op(c.OP_GETDEVICEINFO, V41),
         Op(c.OP_GETDEVICELIST, NONE),
-        Op(c.OP_LAYOUTCOMMIT, NONE),
-        Op(c.OP_LAYOUTGET, NONE),
-        Op(c.OP_LAYOUTRETURN, NONE),
+        Op(c.OP_LAYOUTCOMMIT, V41, needs_fh=True, mutating=True),
+        Op(c.OP_LAYOUTGET, V41, needs_fh=True, mutating=True),
+        Op(c.OP_LAYOUTRETURN, V41, mutating=True),  # RETURN_ALL needs no file handle
         Op(c.OP_SECINFO_NO_NAME, V41, needs_fh=True),
         # run by the executor itself (the slot table and reply cache), first in a COMPOUND only
         Op(c.OP_SEQUENCE, V41, from_cache=True),

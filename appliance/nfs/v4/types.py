@@ -337,6 +337,78 @@ ARGS_42 = {
 }
 ARGS.update(ARGS_42)
 
+# -- pNFS (RFC 8881 18.40-18.44) and the FILES layout's bodies (RFC 8881 13.3, 13.2) ----------
+deviceid4 = FixedOpaque(c.NFS4_DEVICEID4_SIZE, "deviceid4")
+layoutreturn_file4 = Struct(
+    "layoutreturn_file4",
+    ("offset", UHyper),
+    ("length", UHyper),
+    ("stateid", stateid4),
+    ("body", Opaque()),
+)
+ARGS.update(
+    {
+        c.OP_LAYOUTGET: Struct(
+            "LAYOUTGET4args",
+            ("signal_layout_avail", Bool),
+            ("layout_type", UInt),
+            ("iomode", UInt),
+            ("offset", UHyper),
+            ("length", UHyper),
+            ("minlength", UHyper),
+            ("stateid", stateid4),
+            ("maxcount", UInt),
+        ),
+        c.OP_GETDEVICEINFO: Struct(
+            "GETDEVICEINFO4args",
+            ("device_id", deviceid4),
+            ("layout_type", UInt),
+            ("maxcount", UInt),
+            ("notify_types", bitmap4),
+        ),
+        c.OP_LAYOUTRETURN: Struct(
+            "LAYOUTRETURN4args",
+            ("reclaim", Bool),
+            ("layout_type", UInt),
+            ("iomode", UInt),
+            (
+                "layoutreturn",
+                Union("layoutreturn4", UInt, {c.LAYOUTRETURN4_FILE: layoutreturn_file4}, Void),
+            ),
+        ),
+        c.OP_LAYOUTCOMMIT: Struct(
+            "LAYOUTCOMMIT4args",
+            ("offset", UHyper),
+            ("length", UHyper),
+            ("reclaim", Bool),
+            ("stateid", stateid4),
+            ("last_write_offset", Union("newoffset4", Bool, {True: UHyper, False: Void})),
+            ("time_modify", Union("newtime4", Bool, {True: nfstime4, False: Void})),
+            ("layoutupdate", Struct("layoutupdate4", ("type", UInt), ("body", Opaque()))),
+        ),
+    }
+)
+nfsv4_1_file_layout4 = Struct(
+    "nfsv4_1_file_layout4",
+    ("deviceid", deviceid4),
+    ("util", UInt),
+    ("first_stripe_index", UInt),
+    ("pattern_offset", UHyper),
+    ("fh_list", Array(nfs_fh4)),
+)
+nfsv4_1_file_layout_ds_addr4 = Struct(
+    "nfsv4_1_file_layout_ds_addr4",
+    ("stripe_indices", Array(UInt)),
+    ("multipath_ds_list", Array(Array(netaddr4))),
+)
+layout4 = Struct(
+    "layout4",
+    ("offset", UHyper),
+    ("length", UHyper),
+    ("iomode", UInt),
+    ("content", Struct("layout_content4", ("type", UInt), ("body", Opaque()))),
+)
+
 # -- operation results ----------------------------------------------------------------------------
 LOCK4denied = Struct(
     "LOCK4denied",
@@ -486,6 +558,34 @@ read_plus_content = Union(
         c.NFS4_CONTENT_HOLE: Struct("data_info4", ("offset", UHyper), ("length", UHyper)),
     },
     Void,
+)
+RESULTS.update(
+    {
+        c.OP_LAYOUTGET: result(
+            Struct(
+                "LAYOUTGET4resok",
+                ("return_on_close", Bool),
+                ("stateid", stateid4),
+                ("layout", Array(layout4)),
+            ),
+            **{f"_{c.NFS4ERR_LAYOUTTRYLATER}": Bool},
+        ),
+        c.OP_GETDEVICEINFO: result(
+            Struct(
+                "GETDEVICEINFO4resok",
+                (
+                    "device_addr",
+                    Struct("device_addr4", ("layout_type", UInt), ("body", Opaque())),
+                ),
+                ("notification", bitmap4),
+            ),
+            **{f"_{c.NFS4ERR_TOOSMALL}": UInt},
+        ),
+        c.OP_LAYOUTRETURN: result(
+            Union("layoutreturn_stateid", Bool, {True: stateid4, False: Void})
+        ),
+        c.OP_LAYOUTCOMMIT: result(Union("newsize4", Bool, {True: UHyper, False: Void})),
+    }
 )
 RESULTS.update(
     {

@@ -2,4 +2,4 @@
 registers every handler in appliance.nfs.v4.registry. common holds the helpers several areas
 use."""
 
-from appliance.nfs.v4.ops import fs, io, locks, session, v40, v42  # noqa: F401
+from appliance.nfs.v4.ops import fs, io, locks, pnfs, session, v40, v42  # noqa: F401

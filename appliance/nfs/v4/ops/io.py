@@ -288,10 +288,20 @@ def close(cx, a):
         return cx.set_stateid(st)
 
 
-def check_io_stateid(cx, node: Node, sid, want: int):
-    """Check the stateid of a READ or WRITE, and the caller's own right to the I/O."""
+def check_io_stateid(cx, node: Node, sid, want: int) -> bool:
+    """Check the stateid of a READ or WRITE, and the caller's own right to the I/O. True for
+    pNFS data-server I/O: on a data server, a stateid this head never issued comes from the
+    metadata server's layout (RFC 8881 13.9.1: a loosely coupled data server cannot check it),
+    so it is served once this head is still one of the listed data servers."""
     sid = cx.stateid(sid)
+    foreign = False
     if not cx.is_special(sid):
+        state = cx.state
+        pnfs = cx.server.pnfs
+        if pnfs.is_ds and cx.minor != c.MINOR_VERSION_40 and sid.other not in state.states:
+            pnfs.check_member(cx.server.catalog)
+            foreign = True
+    if not cx.is_special(sid) and not foreign:
         state = cx.state
         with holding(state.lock, "state lock held"):  # READ runs on the event loop too
             st = state.find(sid, cx.need_client())
@@ -311,6 +321,7 @@ def check_io_stateid(cx, node: Node, sid, want: int):
         _check_special_io_share(cx, node, sid, want)
         if want == c.OPEN4_SHARE_ACCESS_WRITE:
             cx.state.delegations.conflict(node.ino, cx.client)
+    return foreign
 
 
 def need_io_rights(cx, node: Node, want: int) -> None:
@@ -371,12 +382,15 @@ def write(cx, a):
     if cx.is_special(a.stateid):  # an open's stateid proves a regular file (OPEN checked it)
         need_regular(cx, cx.ns.getattr(node.ino), "WRITE")
     cx.need_writable(node)
-    check_io_stateid(cx, node, a.stateid, c.OPEN4_SHARE_ACCESS_WRITE)
+    data_server_io = check_io_stateid(cx, node, a.stateid, c.OPEN4_SHARE_ACCESS_WRITE)
     if a.stable > c.FILE_SYNC4:
         raise NfsError(c.NFS4ERR_INVAL, f"stable_how {a.stable}")
     if a.offset + len(a.data) > fattr.MAX_FILE_SIZE:
         raise NfsError(c.NFS4ERR_FBIG, f"write past {fattr.MAX_FILE_SIZE}")
-    stable = a.stable != c.UNSTABLE4
+    # a data server's writes are durable with their size and mtime in the catalog before the
+    # reply (FILE_SYNC): the client then sends neither COMMIT nor LAYOUTCOMMIT, and the
+    # metadata server's GETATTR reads what the data servers wrote
+    stable = a.stable != c.UNSTABLE4 or data_server_io
     verifier = cx.server.write_verifier  # before: bytes let go after it change the verifier
     count = cx.ns.write(node.ino, a.offset, a.data, stable=stable) if len(a.data) else 0
     cx.server.counters.write(count, node.export.id)

@@ -59,8 +59,8 @@ def exchange_id(cx, a):
     cl = clients.exchange_id(
         cx.state, bytes(a.ownerid), a.verifier, _principal(cx), cx.address, update
     )
-    flags = c.EXCHGID4_FLAG_USE_NON_PNFS | (c.EXCHGID4_FLAG_CONFIRMED_R if cl.confirmed else 0)
     server = cx.server
+    flags = server.pnfs.exchange_flags() | (c.EXCHGID4_FLAG_CONFIRMED_R if cl.confirmed else 0)
     impl = nfs_impl_id4.cls("shingle", "shingle NFSv4.1 server", nfstime4.cls(0, 0))
     return resok(c.OP_EXCHANGE_ID).cls(
         cl.clientid,
