@@ -16,12 +16,14 @@ Either way the agent goes on serving its other connections and new ones."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import logging
 import os
 import queue
+import select
 import socket
 import socketserver
 import threading
@@ -172,6 +174,10 @@ class Connection:
 
     def serve(self) -> None:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # one timeout for the connection's life, set before the sender starts: settimeout also
+        # switches the descriptor between blocking and not, under a sendall of the sender thread
+        # (a reply cut short midway, the head then waiting out its limit on that connection)
+        self.sock.settimeout(self.agent.body_timeout)
         self.sender.start()
         try:
             while self._one_request():
@@ -182,8 +188,10 @@ class Connection:
 
     def _one_request(self) -> bool:
         """Read and handle one request; False when the connection is done."""
-        self.sock.settimeout(None)  # a head may stay idle as long as it likes between requests
         try:
+            # a head may stay idle as long as it likes between requests (the socket's timeout
+            # then bounds the header and body of a request that began)
+            select.select([self.sock], [], [])
             raw = wire.recv_exact(self.sock, wire.HEADER.size)
         except OSError:
             return False  # closed (a head going away is not an error)
@@ -195,7 +203,6 @@ class Connection:
                     f"a reply (operation {op & ~wire.REPLY}) sent to the agent"
                 )
             limit = self.agent.body_timeout
-            self.sock.settimeout(limit)
             try:
                 body = wire.recv_exact(self.sock, length) if length else b""
             except TimeoutError:
@@ -323,7 +330,11 @@ class Connection:
                         status=code,
                     )
             except OSError:
-                return  # the head went away; its requests are done anyway
+                # the head went away, or took no reply bytes for the body timeout: close the
+                # connection so that its reader ends and the head fails what it waits for
+                with contextlib.suppress(OSError):
+                    self.sock.shutdown(socket.SHUT_RDWR)
+                return
 
 
 def _kind(exc: BaseException) -> str:
