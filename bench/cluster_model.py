@@ -1,6 +1,6 @@
 """Cluster-scale model of the pilot: 12 nodes x 8 drives x 16 TB, 8+2 across nodes, 25 GbE.
 
-    .venv/bin/python bench/cluster_model.py [--json] [--gateway-cores 16]
+    .venv/bin/python bench/cluster_model.py [--json] [--gateway-cores 16] [--measured FILE]
 
 Predicts the aggregate sequential read rate and the time to write an 80 GB
 checkpoint, and compares them with the pilot's measured 2.6 GB/s and 68-74 s.
@@ -19,6 +19,11 @@ How:
   Ethernet/IP/TCP/RPC framing at MTU 1500), full duplex.
 - Erasure coding: the 8+2 ISA-L encode rate is measured on this machine now
   (pyeclib, one core) and scaled by the gateway's cores.
+
+With ``--measured FILE`` (the JSON of bench/cluster.py) the model also carries the costs that
+bench measured through drive agents to the pilot (``measured_costs``): CPU per MiB of the head
+and of the agents, bytes on the wire per client byte, the catalog committer's time per stripe;
+it says which of them, or the NIC or the drives, bounds the 80 GB checkpoint and the read.
 
 Two deployments are computed; the report says which matches the measurement:
 - ``gateway``: today's software, one ``shingle serve`` per export: every client
@@ -345,6 +350,99 @@ def explain(pred: dict, sim: dict, encode: float, cores: int) -> list[str]:
     return notes
 
 
+def measured_costs(p: dict, sim: dict, bench: dict, head_cores: int = 1) -> dict:
+    """The pilot's 80 GB checkpoint and sequential read from the costs bench/cluster.py measured
+    through 12 agents (``bench``: its JSON), one head as the pilot runs (every client byte through
+    one node). Each part is the time one resource needs for the whole transfer; the largest
+    bounds it. The head's CPU counts ``head_cores`` busy at once: a Python head runs its
+    per-MiB work under one GIL, so 1 unless its heads are several processes."""
+    write, read = bench["hosts"]["write"], bench["hosts"]["read"]
+    nic = p["nic_gbit"] / 8 * GB * p["nic_efficiency"]
+    ckpt, nodes = p["checkpoint_bytes"], p["nodes"]
+    mib = ckpt / MiB
+    stripes = sim["stripes"]
+    share_away = (nodes - 1) / nodes  # the head's node keeps its own fragments
+    # bytes on the wire per client byte: the head's interface where the bed counted it, else
+    # the agent protocol's frames (no TCP/IP headers)
+    wire_w = write["wire_bytes_per_client_byte"] or write["frame_bytes_per_client_byte"]
+    wire_r = read["wire_bytes_per_client_byte"] or read["frame_bytes_per_client_byte"]
+    write_parts = {
+        "head_cpu_s": write["head_cpu_ms_per_MiB"] * mib / 1000 / head_cores,
+        "agent_cpu_per_node_s": write["agents_cpu_ms_per_MiB"] * mib / 1000 / nodes,
+        "head_nic_out_s": ckpt * wire_w * share_away / nic,
+        "head_nic_in_s": ckpt / nic,
+        # the committer's durable transactions run one after another
+        "catalog_commits_s": write.get("catalog_commit_ms_per_stripe", 0.0) * stripes / 1000,
+        "drives_s": sim["drive_write_busy_s_max"],
+    }
+    read_parts = {
+        "head_cpu_s": read["head_cpu_ms_per_MiB"] * mib / 1000 / head_cores,
+        "agent_cpu_per_node_s": read["agents_cpu_ms_per_MiB"] * mib / 1000 / nodes,
+        "head_nic_in_s": ckpt * wire_r * share_away / nic,
+        "head_nic_out_s": ckpt / nic,  # to the clients
+        "drives_s": sim["drive_read_busy_s_max"],
+    }
+    # scale-out: a head on every node, each with 1/12 of the clients, its own committer, and
+    # its NIC carrying its share in and 11/12 of its fragments out (and back on reads)
+    media_away = ckpt * wire_w * share_away / nodes
+    scale_write = {
+        "head_cpu_s": write_parts["head_cpu_s"] / nodes,
+        "agent_cpu_per_node_s": write_parts["agent_cpu_per_node_s"],
+        "node_nic_in_s": (ckpt / nodes + media_away) / nic,
+        "node_nic_out_s": media_away / nic,
+        "catalog_commits_s": write_parts["catalog_commits_s"] / nodes,
+        "drives_s": write_parts["drives_s"],
+    }
+    scale_read = {
+        "head_cpu_s": read_parts["head_cpu_s"] / nodes,
+        "agent_cpu_per_node_s": read_parts["agent_cpu_per_node_s"],
+        "node_nic_s": (ckpt / nodes + ckpt * wire_r * share_away / nodes) / nic,
+        "drives_s": read_parts["drives_s"],
+    }
+    write_bound = max(write_parts, key=write_parts.get)
+    read_bound = max(read_parts, key=read_parts.get)
+    scale_write_bound = max(scale_write, key=scale_write.get)
+    scale_read_bound = max(scale_read, key=scale_read.get)
+    return {
+        "scale_out": {
+            "ckpt80_write_s": round(scale_write[scale_write_bound], 1),
+            "write_bottleneck": scale_write_bound,
+            "read_GBps": round(ckpt / scale_read[scale_read_bound] / GB, 2),
+            "read_bottleneck": scale_read_bound,
+        },
+        "head_cores": head_cores,
+        "layout": bench.get("setup", {}).get("layout"),
+        "write_parts_s": {k: round(v, 1) for k, v in write_parts.items()},
+        "ckpt80_write_s": round(write_parts[write_bound], 1),
+        "write_bottleneck": write_bound,
+        "read_parts_s": {k: round(v, 1) for k, v in read_parts.items()},
+        "read_GBps": round(ckpt / read_parts[read_bound] / GB, 2),
+        "read_bottleneck": read_bound,
+        "commits": round(write["commits_per_stripe"] * stripes),
+        "round_trips_write": round(write["round_trips_per_stripe"] * stripes),
+        "wire_bytes_per_client_byte": {"write": round(wire_w, 3), "read": round(wire_r, 3)},
+    }
+
+
+def measured_lines(costs: dict) -> list[str]:
+    lo, hi = MEASURED["ckpt80_write_s"]
+    w, r, so = costs["write_parts_s"], costs["read_parts_s"], costs["scale_out"]
+    return [
+        f"With bench/cluster.py's measured costs ({costs['layout']}), one head on "
+        f"{costs['head_cores']} core(s): 80 GB checkpoint {costs['ckpt80_write_s']} s (bound by "
+        f"{costs['write_bottleneck']}) vs measured {lo:.0f}-{hi:.0f} s; read "
+        f"{costs['read_GBps']} GB/s (bound by {costs['read_bottleneck']}) vs measured "
+        f"{MEASURED['read_GBps']} GB/s.",
+        "  write parts (s): " + ", ".join(f"{k} {v}" for k, v in w.items()),
+        "  read parts (s): " + ", ".join(f"{k} {v}" for k, v in r.items()),
+        f"  a head on each of the 12 nodes (scale-out): {so['ckpt80_write_s']} s (bound by "
+        f"{so['write_bottleneck']}), read {so['read_GBps']} GB/s "
+        f"(bound by {so['read_bottleneck']})",
+        f"  {costs['commits']} catalog commits and {costs['round_trips_write']} agent round trips "
+        f"for the checkpoint; wire bytes per client byte {costs['wire_bytes_per_client_byte']}",
+    ]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="cluster-scale model of the pilot")
     ap.add_argument("--json", action="store_true")
@@ -352,8 +450,19 @@ def main(argv=None) -> int:
         "--gateway-cores", type=int, default=16, help="cores encoding on the gateway node"
     )
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--measured", help="bench/cluster.py's JSON: carry its costs to the pilot")
+    ap.add_argument(
+        "--head-cores", type=int, default=1, help="cores the head's per-MiB work uses (GIL: 1)"
+    )
     args = ap.parse_args(argv)
     result = run(args.quick, args.gateway_cores)
+    if args.measured:
+        bench = json.loads(Path(args.measured).read_text())
+        params = dict(PILOT)
+        result["measured_costs"] = measured_costs(
+            params, result["simulation"], bench, args.head_cores
+        )
+        result["summary_lines"] += measured_lines(result["measured_costs"])
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -250,10 +250,13 @@ class Bed:
     """See the module docstring. ``with Bed() as bed:`` or ``start()`` / ``close()``."""
 
     def __init__(self, *, etcd_members: int = 3, postgres_members: int = 3):
-        if not 1 <= etcd_members <= 9 or not 1 <= postgres_members <= 9:
+        # no members at all: a bed of plain hosts (drive agents and their head, bench/cluster.py)
+        if not 0 <= etcd_members <= 9 or not 0 <= postgres_members <= 9:
             raise ValueError(
-                f"{etcd_members} etcd and {postgres_members} PostgreSQL members: 1-9 each"
+                f"{etcd_members} etcd and {postgres_members} PostgreSQL members: 0-9 each"
             )
+        if postgres_members and not etcd_members:
+            raise ValueError("PostgreSQL members under Patroni need etcd members")
         self.pid = os.getpid()
         self.prefix = f"{PREFIX}{self.pid}-"
         self.folder = Path(tempfile.gettempdir()) / f"{PREFIX}{self.pid}"
@@ -293,10 +296,12 @@ class Bed:
             self.add_host(self.probe, f"{SUBNET}.250")
             for name in self.etcd_names:
                 self._start_etcd(self.hosts[name])
-            self.wait_for(self._etcd_healthy, timeout, "etcd members healthy")
+            if self.etcd_names:
+                self.wait_for(self._etcd_healthy, timeout, "etcd members healthy")
             for name in self.postgres_names:
                 self._start_patroni(self.hosts[name])
-            self.wait_healthy(timeout)
+            if self.postgres_names:
+                self.wait_healthy(timeout)
         except BaseException:
             self.close()
             raise
