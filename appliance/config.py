@@ -425,6 +425,17 @@ OPTIONS: list[Option] = [
         "default: it is reached by name either way, and tools that walk a tree (rsync, du, "
         "rm -r) then do not descend into every snapshot.",
     ),
+    Option(
+        "snapshots",
+        "reclaim_inodes_per_s",
+        "float",
+        50000.0,
+        "Pace of the background reclaim of deleted snapshots (the daemon's snapshot-reclaim "
+        "job): inode numbers freed per second on average, in chunks of 4,096 per catalog "
+        "transaction, so other writers get the catalog in between (0: unpaced). A delete "
+        "itself returns at once; its space shows as pending until then.",
+        minimum=0,
+    ),
     # alerts (engine/admin/alerts.py) and their delivery (engine/admin/notify.py)
     Option(
         "alerts",

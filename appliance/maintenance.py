@@ -14,7 +14,8 @@ would race it. So the daemon runs one maintenance thread that
   makes the drive ``missing``, one that came back is taken back (engine/datapath/drivewatch.py;
   I/O errors are noticed at once by the data path itself, even while a long job runs here),
 - queues a ``snapshot-schedule`` job when a snapshot schedule's slot has come
-  (engine/snapshots/schedules.py; one at a time, the job takes every due snapshot),
+  (engine/snapshots/schedules.py; one at a time, the job takes every due snapshot), and a
+  ``snapshot-reclaim`` job when deleted snapshots wait for their rows to be freed (paced),
 - evaluates the alert sources (engine/admin/alerts.py) every ``alerts.interval_s`` and hands raised
   and cleared alerts to the delivery threads (engine/admin/notify.py: queued, never waited for).
 
@@ -40,6 +41,7 @@ from engine.catalog.fence import LeaderFenced
 from engine.cluster.leader import FencedLeader
 from engine.lifecycle.hostops import queue_gone_hosts
 from engine.snapshots.schedules import SnapshotScheduler
+from engine.snapshots.service import Snapshots
 
 log = logging.getLogger("shingle.maintenance")
 T = TypeVar("T")
@@ -82,6 +84,7 @@ class Maintenance(threading.Thread):
         self.stopped = threading.Event()
         self.runners = job_runners(appliance)
         self.snapshot_scheduler = SnapshotScheduler(appliance.namespace)
+        self.snapshots = Snapshots(appliance.namespace)
         self.alerts, self.notifier = alert_monitor(appliance.config, self.catalog)
         # a job's end the catalog did not take (an outage): written before anything else
         self._unfinished: Callable[[], object] | None = None
@@ -147,6 +150,7 @@ class Maintenance(threading.Thread):
         self.queue_due_jobs()
         self.queue_due_snapshots()
         queue_gone_hosts(self.catalog, self.appliance.config.get("cluster.host_gone_after_s"))
+        self.queue_snapshot_reclaim()
         job = jobs.claim_next(self.catalog)
         if job is None:
             return False
@@ -198,6 +202,14 @@ class Maintenance(threading.Thread):
             return
         if not jobs.pending(self.catalog, "snapshot-schedule"):
             jobs.submit(self.catalog, "snapshot-schedule", {"scheduled": True}, actor="schedule")
+
+    def queue_snapshot_reclaim(self) -> None:
+        """A snapshot-reclaim job when deleted snapshots wait for their rows to be freed and
+        none is queued or running."""
+        if "snapshot-reclaim" not in self.runners or not self.snapshots.pending():
+            return
+        if not jobs.pending(self.catalog, "snapshot-reclaim"):
+            jobs.submit(self.catalog, "snapshot-reclaim", {"scheduled": True}, actor="schedule")
 
     def finish_job(self, job_id: int, **outcome) -> None:
         """Record a job's end; if the catalog is unreachable, at the start of every round until it
@@ -343,6 +355,13 @@ def snapshot_runners(appliance) -> dict[str, Callable]:
             return report.to_dict()
 
         runners["snapshot-archive"] = run_archive
+
+        def run_reclaim(params, progress, actor):
+            pace = appliance.config.get("snapshots.reclaim_inodes_per_s")
+            freed = Snapshots(ns).reclaim(inodes_per_s=pace, progress=progress)
+            return {"stripes_freed": freed}
+
+        runners["snapshot-reclaim"] = run_reclaim
     return runners
 
 

@@ -3,17 +3,22 @@
 a. Snapshot create and delete of a dataset of N files (100,000 by default) in 100 folders, each
    file 4 KiB in an inline stripe of its own (the rows durable 4 KiB writes leave; a snapshot
    copies rows and never reads data, so bytes per file do not matter, rows do).
-b. Live create, stat (getattr from the catalog: the cache is cleared first) and 4 KiB durable
-   write rates in another folder of the same catalog, before any snapshot and with 3 snapshots
-   of the big dataset held.
+b. Live create, stat (getattr from the catalog: the cache is cleared first), rename, 4 KiB
+   durable write and listing rates in another folder of the same catalog, before any snapshot
+   and with --held snapshots (10) of the big dataset held; each snapshot's create and delete
+   time and this process's CPU time, then what a delete left to finish.
 c. CLONE of a large file written in 1 MiB commits (one extent per MiB): the time per extent,
    and the stripes written (none); then CLONE of a file of --clone-extents 1 MiB extents
    (10,240: a 10 GiB file), built as rows copied from the written file's stripes and fragments
    (every stripe fully referenced, as a 1 MiB commit leaves it), into a new file and again over
    that clone (which first frees the range it replaces).
 
-    .venv/bin/python bench/snapshots.py [--files N] [--clone-mib M] [--clone-extents E]
-        [--postgres] [--json]
+    .venv/bin/python bench/snapshots.py [--files N[,N...]] [--held H] [--clone-mib M]
+        [--clone-extents E] [--no-clone] [--postgres] [--json]
+
+With several --files sizes each runs in a catalog of its own and the output ends with the
+ratios of the largest to the smallest (create and delete time and CPU, medians) and of each
+live rate with snapshots held to none.
 
 --postgres runs on a throwaway PostgreSQL server (tests/pgserver.py) instead of SQLite.
 """
@@ -144,6 +149,9 @@ def build_big_file(ns: Namespace, catalog: Catalog, model: int, extents: int) ->
 
 
 def live_rates(ns: Namespace, label: str) -> dict:
+    """Rates of the live operations a dataset's users run, in a folder of its own: create, stat
+    (getattr from the catalog: the cache is cleared first), rename, 4 KiB durable write and
+    listing (readdir of the folder's LIVE_FILES entries, the cache cleared first)."""
     folder = ns.mkdir(ROOT, ns.root_ino, f"live-{label}").ino
     start = time.perf_counter()
     inos = [ns.create(ROOT, folder, f"f{i}").ino for i in range(LIVE_FILES)]
@@ -154,26 +162,109 @@ def live_rates(ns: Namespace, label: str) -> dict:
         ns.invalidate()
         ns.getattr(ino)
     stat = LIVE_FILES / (time.perf_counter() - start)
+    start = time.perf_counter()
+    for i in range(LIVE_FILES):
+        ns.rename(ROOT, folder, f"f{i}", folder, f"r{i}")
+    rename = LIVE_FILES / (time.perf_counter() - start)
     block = b"w" * 4096
     start = time.perf_counter()
     for ino in inos[:300]:
         ns.write(ino, 0, block, stable=True)
     write = 300 / (time.perf_counter() - start)
+    start = time.perf_counter()
+    for _ in range(20):
+        ns.invalidate()
+        cookie, eof = 0, False
+        while not eof:
+            entries, eof = ns.readdir(ROOT, folder, cookie)
+            cookie = entries[-1].cookie if entries else cookie
+    listing = 20 / (time.perf_counter() - start)
     return {
         "create_per_s": round(create),
         "stat_per_s": round(stat),
+        "rename_per_s": round(rename),
         "write_4k_stable_per_s": round(write),
+        "list_1000_per_s": round(listing, 1),
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--files", type=int, default=100_000)
-    parser.add_argument("--clone-mib", type=int, default=512)
-    parser.add_argument("--clone-extents", type=int, default=10_240)
-    parser.add_argument("--postgres", action="store_true")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+def timed(step) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds) of ``step()``: on a shared machine the wall
+    time also holds other processes' turns."""
+    start, start_cpu = time.perf_counter(), time.process_time()
+    step()
+    return time.perf_counter() - start, time.process_time() - start_cpu
+
+
+def snapshot_steps(ns: Namespace, snaps: Snapshots, held: int) -> dict:
+    """Create ``held`` snapshots of /ds (each timed), the live rates with them held, then delete
+    them (each timed)."""
+    out: dict = {}
+    create = [timed(lambda i=i: snaps.create("/ds", f"s{i}")) for i in range(held)]
+    out["snapshot_create_s"] = [round(t, 4) for t, _ in create]
+    out["snapshot_create_cpu_s"] = [round(c, 4) for _, c in create]
+    out[f"live_with_{held}_snapshots"] = live_rates(ns, "after")
+    out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    start = time.perf_counter()
+    listed = snaps.list("/ds")
+    out["list_s"] = round(time.perf_counter() - start, 3)
+    out["referenced_bytes"] = listed[0].referenced_bytes
+    start = time.perf_counter()
+    snaps.diff("/ds", "s0")
+    out["diff_vs_live_s"] = round(time.perf_counter() - start, 3)
+    delete = [timed(lambda i=i: snaps.delete("/ds", f"s{i}")) for i in range(held)]
+    out["snapshot_delete_s"] = [round(t, 4) for t, _ in delete]
+    out["snapshot_delete_cpu_s"] = [round(c, 4) for _, c in delete]
+    start = time.perf_counter()
+    snaps.finish_deletions()  # what a delete left to the background, if anything
+    out["reclaim_after_delete_s"] = round(time.perf_counter() - start, 3)
+    return out
+
+
+def clone_steps(ns: Namespace, catalog: Catalog, args) -> dict:
+    out: dict = {}
+    big = ns.create(ROOT, ns.root_ino, "big").ino
+    chunk = b"b" * MiB
+    start = time.perf_counter()
+    for i in range(args.clone_mib):
+        ns.write(big, i * MiB, chunk, stable=True)
+    out["big_write_MBps"] = round(args.clone_mib * MiB / 1e6 / (time.perf_counter() - start), 1)
+    extents = catalog.read(
+        lambda c: sql(c, "SELECT COUNT(*) FROM extents WHERE ino = ?", (big,)).fetchone()[0]
+    )
+    stripes_before = catalog.read(lambda c: sql(c, "SELECT COUNT(*) FROM stripes").fetchone()[0])
+    target = ns.create(ROOT, ns.root_ino, "big-clone").ino
+    start = time.perf_counter()
+    ns.clone_range(ROOT, big, 0, target, 0, 0)
+    clone_s = time.perf_counter() - start
+    stripes_after = catalog.read(lambda c: sql(c, "SELECT COUNT(*) FROM stripes").fetchone()[0])
+    out["clone"] = {
+        "mib": args.clone_mib,
+        "extents": extents,
+        "seconds": round(clone_s, 4),
+        "us_per_extent": round(clone_s / extents * 1e6, 1),
+        "stripes_written": stripes_after - stripes_before,
+        "extrapolated_10GiB_1MiB_extents_s": round(clone_s / extents * 10240, 3),
+    }
+    huge = build_big_file(ns, catalog, big, args.clone_extents)
+    copy = ns.create(ROOT, ns.root_ino, "huge-clone").ino
+    times = []
+    for _ in range(2):  # into an empty file, then over that clone
+        start = time.perf_counter()
+        ns.clone_range(ROOT, huge, 0, copy, 0, 0)
+        times.append(time.perf_counter() - start)
+    stripes_end = catalog.read(lambda c: sql(c, "SELECT COUNT(*) FROM stripes").fetchone()[0])
+    out["clone_rows"] = {
+        "extents": args.clone_extents,
+        "into_empty_s": round(times[0], 4),
+        "over_clone_s": round(times[1], 4),
+        "stripes_written": stripes_end - stripes_after - args.clone_extents,
+    }
+    return out
+
+
+def run_one(args, files: int) -> dict:
+    """One throwaway catalog (SQLite, or PostgreSQL with --postgres) with /ds of ``files``."""
     folder = Path(tempfile.mkdtemp(prefix="shingle-bench-snap-"))
     server = None
     try:
@@ -191,83 +282,64 @@ def main() -> None:
         data = DataPath(catalog, load_policies({}), reserve_zones=1)
         ns = Namespace(catalog, data=data)
         snaps = Snapshots(ns)
-        out: dict = {"files": args.files, "catalog": "postgresql" if args.postgres else "sqlite"}
+        out: dict = {"files": files, "catalog": "postgresql" if args.postgres else "sqlite"}
         start = time.perf_counter()
-        build_dataset(ns, catalog, args.files)
+        build_dataset(ns, catalog, files)
         out["build_s"] = round(time.perf_counter() - start, 2)
         out["live_before"] = live_rates(ns, "before")
-        times, cpu = [], []
-        for i in range(3):
-            start, start_cpu = time.perf_counter(), time.process_time()
-            snaps.create("/ds", f"s{i}")
-            times.append(time.perf_counter() - start)
-            cpu.append(time.process_time() - start_cpu)
-        out["snapshot_create_s"] = [round(t, 3) for t in times]
-        # this process's CPU time: on a shared machine the wall time also holds others' turns
-        out["snapshot_create_cpu_s"] = [round(t, 3) for t in cpu]
-        out["live_with_3_snapshots"] = live_rates(ns, "after")
-        out["load_average"] = [round(x, 2) for x in os.getloadavg()]
-        start = time.perf_counter()
-        listed = snaps.list("/ds")
-        out["list_s"] = round(time.perf_counter() - start, 3)
-        out["referenced_bytes"] = listed[0].referenced_bytes
-        start = time.perf_counter()
-        snaps.diff("/ds", "s0")
-        out["diff_vs_live_s"] = round(time.perf_counter() - start, 3)
-        times, cpu = [], []
-        for i in range(3):
-            start, start_cpu = time.perf_counter(), time.process_time()
-            snaps.delete("/ds", f"s{i}")
-            times.append(time.perf_counter() - start)
-            cpu.append(time.process_time() - start_cpu)
-        out["snapshot_delete_s"] = [round(t, 3) for t in times]
-        out["snapshot_delete_cpu_s"] = [round(t, 3) for t in cpu]
-
-        big = ns.create(ROOT, ns.root_ino, "big").ino
-        chunk = b"b" * MiB
-        start = time.perf_counter()
-        for i in range(args.clone_mib):
-            ns.write(big, i * MiB, chunk, stable=True)
-        out["big_write_MBps"] = round(args.clone_mib * MiB / 1e6 / (time.perf_counter() - start), 1)
-        extents = catalog.read(
-            lambda c: sql(c, "SELECT COUNT(*) FROM extents WHERE ino = ?", (big,)).fetchone()[0]
-        )
-        stripes_before = catalog.read(
-            lambda c: sql(c, "SELECT COUNT(*) FROM stripes").fetchone()[0]
-        )
-        target = ns.create(ROOT, ns.root_ino, "big-clone").ino
-        start = time.perf_counter()
-        ns.clone_range(ROOT, big, 0, target, 0, 0)
-        clone_s = time.perf_counter() - start
-        stripes_after = catalog.read(lambda c: sql(c, "SELECT COUNT(*) FROM stripes").fetchone()[0])
-        out["clone"] = {
-            "mib": args.clone_mib,
-            "extents": extents,
-            "seconds": round(clone_s, 4),
-            "us_per_extent": round(clone_s / extents * 1e6, 1),
-            "stripes_written": stripes_after - stripes_before,
-            "extrapolated_10GiB_1MiB_extents_s": round(clone_s / extents * 10240, 3),
-        }
-        huge = build_big_file(ns, catalog, big, args.clone_extents)
-        copy = ns.create(ROOT, ns.root_ino, "huge-clone").ino
-        times = []
-        for _ in range(2):  # into an empty file, then over that clone
-            start = time.perf_counter()
-            ns.clone_range(ROOT, huge, 0, copy, 0, 0)
-            times.append(time.perf_counter() - start)
-        stripes_end = catalog.read(lambda c: sql(c, "SELECT COUNT(*) FROM stripes").fetchone()[0])
-        out["clone_rows"] = {
-            "extents": args.clone_extents,
-            "into_empty_s": round(times[0], 4),
-            "over_clone_s": round(times[1], 4),
-            "stripes_written": stripes_end - stripes_after - args.clone_extents,
-        }
+        out.update(snapshot_steps(ns, snaps, args.held))
+        if not args.no_clone:
+            out.update(clone_steps(ns, catalog, args))
         data.close()
         catalog.close()
+        return out
     finally:
         if server is not None:
             server.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def ratios(runs: list[dict]) -> dict:
+    """Largest over smallest dataset: median create and delete time and CPU (the goal of
+    constant-time versions is at most 2), and each live rate with snapshots held over none."""
+    small, large = runs[0], runs[-1]
+    out = {"files": [small["files"], large["files"]]}
+    for key in (
+        "snapshot_create_s",
+        "snapshot_create_cpu_s",
+        "snapshot_delete_s",
+        "snapshot_delete_cpu_s",
+    ):
+        out[key] = round(median(large[key]) / max(median(small[key]), 1e-6), 1)
+    held = next(k for k in large if k.startswith("live_with_"))
+    out["live_held_over_none"] = {
+        k: round(large[held][k] / large["live_before"][k], 2) for k in large["live_before"]
+    }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--files",
+        default="100000",
+        help="files in the dataset; several, comma-separated, give the ratio",
+    )
+    parser.add_argument("--held", type=int, default=10, help="snapshots taken and held")
+    parser.add_argument("--clone-mib", type=int, default=512)
+    parser.add_argument("--clone-extents", type=int, default=10_240)
+    parser.add_argument("--no-clone", action="store_true", help="skip the CLONE part")
+    parser.add_argument("--postgres", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    sizes = sorted(int(n) for n in args.files.split(","))
+    runs = [run_one(args, n) for n in sizes]
+    out = runs[0] if len(runs) == 1 else {"runs": runs, "ratio_largest_smallest": ratios(runs)}
     print(json.dumps(out, indent=None if args.json else 2))
 
 

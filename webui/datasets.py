@@ -149,7 +149,15 @@ def create_snapshot(path: str, name: str) -> dict:
 
 def delete_snapshot(path: str, name: str) -> dict:
     path = dataset_service.clean_path(path)
-    return {"path": path, "name": name, "stripes_freed": snapshots().delete(path, name)}
+    snaps = snapshots()
+    snaps.delete(path, name)
+    pending = snaps.pending(path)
+    return {
+        "path": path,
+        "name": name,
+        # reclaimed in the background (the daemon's snapshot-reclaim job)
+        "pending_deletions": len(pending),
+    }
 
 
 def rollback_snapshot(path: str, name: str) -> dict:

@@ -410,6 +410,12 @@ SCHEMAS: dict[str, dict] = {
         schedules=prop("integer", "How many snapshot schedules"),
         referenced_bytes=prop("integer", "Bytes its snapshots reference (summed per snapshot)"),
         unique_bytes=prop("integer", "Sum of its snapshots' unique bytes"),
+        pending_bytes=prop(
+            "integer",
+            "What the background reclaim of its deleted snapshots will still free (counted "
+            "once each reclaim starts)",
+        ),
+        pending_deletions=prop("integer", "Deleted snapshots whose space is not reclaimed yet"),
     ),
     "Snapshot": obj(
         "A snapshot of a dataset, read-only at PATH/.snapshots/NAME",
@@ -431,7 +437,9 @@ SCHEMAS: dict[str, dict] = {
         summary=prop("string", "What happens, in words"),
         files=prop("integer", "Files it holds (create: regular files now in the dataset)"),
         referenced_bytes=prop("integer", "Bytes it references (create: bytes it will hold)"),
-        frees_bytes=prop("integer", "delete: bytes freed at once (its unique bytes)"),
+        frees_bytes=prop(
+            "integer", "delete: bytes it frees (its unique bytes), in the background reclaim"
+        ),
         removed=prop("array", "rollback: paths made since the snapshot, removed"),
         restored=prop("array", "rollback: paths removed since, restored"),
         reverted=prop("array", "rollback: paths changed since, reverted"),
@@ -440,10 +448,14 @@ SCHEMAS: dict[str, dict] = {
     ),
     "SnapshotDeleted": obj(
         "A deleted snapshot",
-        ("path", "name", "stripes_freed"),
+        ("path", "name", "pending_deletions"),
         path=prop("string", "The dataset"),
         name=prop("string", "The snapshot"),
-        stripes_freed=prop("integer", "Stripes no file or snapshot referenced any more"),
+        pending_deletions=prop(
+            "integer",
+            "Deleted snapshots of the dataset whose space the daemon's background reclaim has "
+            "not freed yet (this one included until its reclaim ends)",
+        ),
     ),
     "SnapshotRollback": obj(
         "A dataset rolled back to a snapshot",

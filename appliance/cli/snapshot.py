@@ -1,5 +1,5 @@
-"""`shingle snapshot create|list|delete|rollback|clone|diff|schedule|prune|archive`: versioned
-datasets from a terminal.
+"""`shingle snapshot create|list|delete|reclaim|rollback|clone|diff|schedule|prune|archive`:
+versioned datasets from a terminal.
 
 Snapshots change catalog rows only (a frozen copy of a tree's rows sharing its stripes; freed
 stripes leave their zones to the data path's reclaim), so these commands work on the catalog
@@ -10,7 +10,9 @@ their next use. A snapshot holds what was committed when it was taken.
 Schedules are catalog rows too; ``prune`` (a schedule run: the due snapshots, then the
 deletions its keep rules ask for) and ``archive`` (moves data to the cold tier) run where the
 drives are owned: in the daemon as a job when it runs, else here (appliance/cli/lifecycle.py
-``run_data_job``). ``prune --dry-run`` only shows what a run would do."""
+``run_data_job``). ``prune --dry-run`` only shows what a run would do. ``delete`` returns at
+once; the deleted snapshot's rows are freed by the daemon's paced ``snapshot-reclaim`` job (or
+by ``reclaim``, the same job run now)."""
 
 from __future__ import annotations
 
@@ -144,11 +146,39 @@ def cmd_archive(args) -> int:
     return finish_job(job, args.json)
 
 
+def cmd_reclaim(args) -> int:
+    """Free deleted snapshots' rows now: in the daemon as its job when it runs, else here."""
+    from appliance.cli.lifecycle import finish_job, run_data_job
+
+    job = run_data_job(args, "snapshot-reclaim", {})
+    return finish_job(job, args.json)
+
+
 def _snapshot_named(snapshots: Snapshots, path: str, name: str):
     for info in snapshots.list(path):
         if info.name == name:
             return info
     raise errors.NotFound(f"no snapshot {name!r} of {path}")
+
+
+def _print_list(args) -> None:
+    snapshots = _with_snapshots(args, lambda s: s.list(args.path))
+    if args.json:
+        print(json.dumps([s.to_dict() for s in snapshots], indent=2))
+        return
+    for s in snapshots:
+        print(
+            f"{s.name:<24} {_when(s.created)}  referenced "
+            f"{format_size(s.referenced_bytes):>10}  unique "
+            f"{format_size(s.unique_bytes):>10}  {s.files} inodes"
+        )
+    pending = _with_snapshots(args, lambda s: s.pending(args.path))
+    if pending:
+        counted = sum(p.pending_bytes or 0 for p in pending)
+        print(
+            f"pending: {len(pending)} deleted snapshot(s), {format_size(counted)} counted so "
+            "far, not reclaimed yet"
+        )
 
 
 def cmd_snapshot(args) -> int:
@@ -159,6 +189,8 @@ def cmd_snapshot(args) -> int:
         return cmd_prune(args)
     if action == "archive":
         return cmd_archive(args)
+    if action == "reclaim":
+        return cmd_reclaim(args)
     if action == "create":
         info = _with_snapshots(args, lambda s: s.create(args.path, args.name))
         print(
@@ -166,19 +198,14 @@ def cmd_snapshot(args) -> int:
             f"{format_size(info.referenced_bytes)} referenced"
         )
     elif action == "list":
-        snapshots = _with_snapshots(args, lambda s: s.list(args.path))
-        if args.json:
-            print(json.dumps([s.to_dict() for s in snapshots], indent=2))
-        else:
-            for s in snapshots:
-                print(
-                    f"{s.name:<24} {_when(s.created)}  referenced "
-                    f"{format_size(s.referenced_bytes):>10}  unique "
-                    f"{format_size(s.unique_bytes):>10}  {s.files} inodes"
-                )
+        _print_list(args)
     elif action == "delete":
-        freed = _with_snapshots(args, lambda s: s.delete(args.path, args.name))
-        print(f"deleted snapshot {args.name} of {args.path} ({freed} stripes freed)")
+        _with_snapshots(args, lambda s: s.delete(args.path, args.name))
+        print(
+            f"deleted snapshot {args.name} of {args.path}: its space is reclaimed in the "
+            "background by the daemon (pending in `snapshot list`; `snapshot reclaim` frees it "
+            "now)"
+        )
     elif action == "rollback":
         _with_snapshots(args, lambda s: s.rollback(args.path, args.name))
         print(f"{args.path} rolled back to snapshot {args.name}")
@@ -205,9 +232,16 @@ def register(sub) -> None:
     q = actions.add_parser("list", help="snapshots of PATH with the space each holds")
     q.add_argument("path")
     q.add_argument("--json", action="store_true")
-    q = actions.add_parser("delete", help="remove a snapshot (frees what only it references)")
+    q = actions.add_parser(
+        "delete", help="remove a snapshot at once (what only it references is freed after)"
+    )
     q.add_argument("path")
     q.add_argument("name")
+    q = actions.add_parser(
+        "reclaim",
+        help="free deleted snapshots' space now (the daemon does it in the background, paced)",
+    )
+    q.add_argument("--json", action="store_true")
     q = actions.add_parser("rollback", help="make PATH what the snapshot holds")
     q.add_argument("path")
     q.add_argument("name")

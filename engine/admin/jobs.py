@@ -49,6 +49,7 @@ KINDS = (
     "host-drain",
     "host-remove",
     "host-replace",
+    "snapshot-reclaim",
 )
 # "warnings": done with warnings (the work ran, but its result is short of what was asked, e.g.
 # stripes still under-protected after a rebuild); the message says how many and why.
@@ -59,7 +60,8 @@ STATE_LABELS = {WARNINGS: "done with warnings"}
 # start is safe and finishes the work: scrub, tiering, band cleaning, rebuild; a snapshot
 # schedule run (a due slot is taken once, by name) and a snapshot's archive (moved stripes are
 # cold and are not moved again); the hosts' jobs (a host's drives keep the state its operation
-# gave them, and what was moved is not moved again).
+# gave them, and what was moved is not moved again); a deleted snapshot's reclaim (each chunk
+# starts where the catalog says the last one ended).
 RESTARTABLE = (
     "scrub",
     "tier",
@@ -71,6 +73,7 @@ RESTARTABLE = (
     "host-drain",
     "host-remove",
     "host-replace",
+    "snapshot-reclaim",
 )
 MAX_ATTEMPTS = 3  # a job that kills its daemon every time must not do so forever
 HEARTBEAT_S = 5.0

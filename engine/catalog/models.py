@@ -308,6 +308,10 @@ class Snapshot(Base):
     # being deleted a chunk of inodes per transaction: hidden, named "NAME/ID", root_ino then
     # points at the dataset (its own root may already be gone)
     deleting: Mapped[bool] = mapped_column(Boolean, default=False)
+    # a deleting snapshot's rows are freed in the background (Snapshots.reclaim), which moves
+    # ino_lo past each chunk it freed; pending_bytes: what the rest will still free (its unique
+    # bytes, counted by the reclaim's first step; NULL until then)
+    pending_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     __table_args__ = (UniqueConstraint("source_ino", "name"),)
 
 

@@ -31,6 +31,7 @@ from engine.lifecycle.pacing import Progress, Tracker
 from engine.lifecycle.tiering import COLD, Tiering
 from engine.namespace.paths import join_path, split_path, walk_subtree
 from engine.namespace.readonly import SNAPSHOT_DIR_NAME
+from engine.snapshots.service import Snapshots
 
 EXTENTS = Extent.__table__
 STRIPES = Stripe.__table__
@@ -113,6 +114,8 @@ def archive_snapshot(
             f"no {COLD!r} band class configured: expected one of {', '.join(datapath.policies)}"
         )
     started = time.monotonic()
+    # a deleted snapshot's references not reclaimed yet would count as shared and stay
+    Snapshots(namespace).finish_deletions()
     dataset = join_path(split_path(path, "dataset path"))
     report = ArchiveReport(dataset, name)
     root = namespace.resolve(f"{dataset.rstrip('/')}/{SNAPSHOT_DIR_NAME}/{name}")

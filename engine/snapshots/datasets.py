@@ -31,6 +31,8 @@ class Dataset:
     schedules: int
     referenced_bytes: int  # by all its snapshots (shared bytes count once per snapshot)
     unique_bytes: int  # sum of each snapshot's unique bytes
+    pending_bytes: int = 0  # what the reclaim of its deleted snapshots will still free
+    pending_deletions: int = 0  # deleted snapshots not reclaimed yet (some maybe not counted)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -44,7 +46,7 @@ class SnapshotPreview:
     summary: str
     files: int = 0
     referenced_bytes: int = 0
-    frees_bytes: int = 0  # delete: what it frees at once
+    frees_bytes: int = 0  # delete: what it frees (in the background reclaim)
     removed: list = field(default_factory=list)  # rollback: paths made since the snapshot
     restored: list = field(default_factory=list)  # paths gone since, that come back
     reverted: list = field(default_factory=list)  # paths changed since, that go back
@@ -79,8 +81,9 @@ def datasets(namespace, scheduler: SnapshotScheduler, snapshots: Snapshots) -> l
     for path in dataset_paths(namespace, scheduler):
         try:
             held = snapshots.list(path)
+            pending = snapshots.pending(path)
         except errors.FsError:
-            held = []  # a schedule's dataset that is gone: the schedule says so
+            held, pending = [], []  # a schedule's dataset that is gone: the schedule says so
         out.append(
             Dataset(
                 path,
@@ -88,6 +91,8 @@ def datasets(namespace, scheduler: SnapshotScheduler, snapshots: Snapshots) -> l
                 sum(1 for s in schedules if s.path == path),
                 sum(s.referenced_bytes for s in held),
                 sum(s.unique_bytes for s in held),
+                sum(p.pending_bytes or 0 for p in pending),
+                len(pending),
             )
         )
     return out
@@ -120,9 +125,10 @@ def preview(
             None,
         )
         summary = (
-            f"Deleting snapshot {name} of {path} frees {format_size(info.unique_bytes)} at once "
-            f"(the data only it references); of the {format_size(info.referenced_bytes)} it "
-            "references, the rest stays with the live files, clones and other snapshots. "
+            f"Deleting snapshot {name} of {path} frees {format_size(info.unique_bytes)} (the "
+            "data only it references), in the background: pending until then; of the "
+            f"{format_size(info.referenced_bytes)} it references, the rest stays with the live "
+            "files, clones and other snapshots. "
             f"{path}/.snapshots/{name} goes away. This cannot be undone."
         )
         if owner is not None:

@@ -27,6 +27,7 @@ from engine.catalog.database import in_list, sql, sql_all, sql_one
 from engine.catalog.models import DIR
 from engine.datapath.accounting import adjust_live, chunks
 from engine.datapath.sharing import add_references, drop_references
+from engine.lifecycle.pacing import RateLimiter
 from engine.namespace.common import ROOT, check_name
 from engine.namespace.quotas import recount_around
 from engine.namespace.readonly import SNAPSHOT_DIR_NAME
@@ -43,6 +44,10 @@ _PG_SEQUENCE_MARGIN = 1000
 # inode numbers of a snapshot freed per transaction: deleting 100,000 files in one held the
 # catalog's write lock for seconds, and every other client's COMMIT waited behind it
 DELETE_CHUNK_INODES = 4096
+# the pace of a deleted snapshot's background reclaim (the daemon's ``snapshot-reclaim`` job;
+# config snapshots.reclaim_inodes_per_s), so that other writers take the catalog's write lock
+# between its chunks
+RECLAIM_INODES_PER_S = 50_000
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,20 @@ class SnapshotInfo:
     unique_bytes: int  # live bytes only it references: what deleting it frees
     files: int  # inodes in the frozen tree, its root included
     id: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PendingReclaim:
+    """A deleted snapshot whose rows the background reclaim has not freed yet."""
+
+    id: int
+    dataset_ino: int
+    name: str  # the name it had
+    pending_bytes: int | None  # what freeing the rest will give back; None: not counted yet
+    inodes_left: int  # inode numbers still to free (an upper bound: the range left)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -190,7 +209,6 @@ class Snapshots:
 
     # -- helpers ---------------------------------------------------------------------
     def _dataset(self, path: str) -> int:
-        self.finish_deletions()
         attr = self.ns.resolve(path, ROOT)
         if attr.type != DIR:
             raise errors.NotADirectory(f"{path}: a dataset is a directory")
@@ -343,13 +361,14 @@ class Snapshots:
         )
         return int(referenced), int(unique)
 
-    def delete(self, path: str, name: str) -> int:
-        """Remove a snapshot; returns the stripes freed (those nothing else references).
+    def delete(self, path: str, name: str) -> None:
+        """Remove a snapshot: one transaction of a few indexed statements, whatever it holds.
 
-        The first transaction takes its name away (it is gone for every reader from then on);
-        its rows then go DELETE_CHUNK_INODES inode numbers per transaction, so other writers
-        get the catalog in between. A crash meanwhile leaves it marked ``deleting``: the next
-        snapshot call of this or any process finishes it (``finish_deletions``)."""
+        It takes the name away (the snapshot is gone for every reader from then on) and marks
+        the row ``deleting``; its rows and the space only it held are freed afterwards by
+        ``reclaim`` (the daemon's paced ``snapshot-reclaim`` job), DELETE_CHUNK_INODES inode
+        numbers per transaction. Until then ``pending`` shows what that will free. A crash
+        anywhere leaves the snapshot whole (before the commit) or pending (after)."""
         dataset = self._dataset(path)
 
         def work(conn):
@@ -362,44 +381,105 @@ class Snapshots:
             # "/" cannot be in a name: the name is free at once for a new snapshot
             sql(
                 conn,
-                "UPDATE snapshots SET deleting = ?, name = ?, root_ino = source_ino WHERE id = ?",
+                "UPDATE snapshots SET deleting = ?, name = ?, root_ino = source_ino, "
+                "pending_bytes = NULL WHERE id = ?",
                 (True, f"{name}/{sid}", sid),
             ).close()
-            return sid
 
-        return self._purge(self._run(work))
+        self._run(work, flush=False)
+
+    def pending(self, path: str | None = None) -> builtins.list[PendingReclaim]:
+        """Deleted snapshots whose space the background reclaim has not freed yet (of the
+        dataset at ``path``, or of all); one indexed read of the snapshot rows."""
+        dataset = None if path is None else self.ns.resolve(path, ROOT).ino
+
+        def work(conn):
+            where, params = "deleting = ?", [True]
+            if dataset is not None:
+                where, params = "deleting = ? AND source_ino = ?", [True, dataset]
+            return sql_all(
+                conn,
+                "SELECT id, source_ino, name, pending_bytes, ino_lo, ino_hi FROM snapshots "
+                f"WHERE {where} ORDER BY id",
+                tuple(params),
+            )
+
+        return [
+            PendingReclaim(
+                sid,
+                source,
+                name.rpartition("/")[0] or name,
+                None if pending is None else int(pending),
+                max(0, int(hi) - int(lo) + 1),
+            )
+            for sid, source, name, pending, lo, hi in self.catalog.read(work)
+        ]
 
     def finish_deletions(self) -> int:
-        """Finish deletions a crash interrupted; returns the stripes freed."""
-        ids = self.catalog.read(
-            lambda conn: [
-                row[0]
-                for row in sql_all(conn, "SELECT id FROM snapshots WHERE deleting = ?", (True,))
-            ]
-        )
-        return sum(self._purge(sid) for sid in ids)
+        """Free every deleted snapshot's rows now, unpaced; returns the stripes freed."""
+        return self.reclaim(inodes_per_s=0)
 
-    def _purge(self, snapshot_id: int) -> int:
-        lo, hi = self.catalog.read(
-            lambda conn: sql_one(
-                conn, "SELECT ino_lo, ino_hi FROM snapshots WHERE id = ?", (snapshot_id,)
-            )
-        )
-        freed = 0
-        for start in range(lo, hi + 1, DELETE_CHUNK_INODES):
-            end = min(start + DELETE_CHUNK_INODES - 1, hi)
-            dead = self._run(
-                lambda conn, a=start, b=end: self._purge_range(conn, a, b),
-                flush=False,
-                foreign_keys=False,
-            )
-            self._forget_stripes(dead)
-            freed += len(dead)
-        self._run(
-            lambda conn: sql(conn, "DELETE FROM snapshots WHERE id = ?", (snapshot_id,)).close(),
-            flush=False,
-        )
+    def reclaim(self, inodes_per_s: float = RECLAIM_INODES_PER_S, progress=None) -> int:
+        """Free the rows of every deleted snapshot (oldest first), DELETE_CHUNK_INODES inode
+        numbers per transaction, at most ``inodes_per_s`` on average (0: unpaced); returns the
+        stripes freed.
+        ``progress(done, total, message)`` is called after each chunk. Each chunk starts where
+        the catalog says the last one ended (``ino_lo``), so a reclaim cut short by a crash, or
+        running in two processes at once, frees every row once."""
+        pending = self.pending()
+        total = sum(p.inodes_left for p in pending)
+        pace = RateLimiter(items_per_s=inodes_per_s)
+        done = freed = 0
+        for item in pending:
+            counted = item.pending_bytes
+            if counted is None:  # counted outside the chunks' write transactions
+                counted = self.catalog.read(lambda conn, i=item: self._pending_of(conn, i.id))
+            while True:
+                dead, inodes, finished = self._run(
+                    lambda conn, i=item, c=counted: self._reclaim_chunk(conn, i.id, c),
+                    flush=False,
+                    foreign_keys=False,
+                )
+                self._forget_stripes(dead)
+                freed += len(dead)
+                done += inodes
+                if progress is not None:
+                    progress(min(done, total), total, f"reclaiming deleted snapshot {item.name}")
+                if finished:
+                    break
+                pace.spend(items=inodes)
         return freed
+
+    def _pending_of(self, conn, snapshot_id: int) -> int:
+        row = sql_one(conn, "SELECT ino_lo, ino_hi FROM snapshots WHERE id = ?", (snapshot_id,))
+        return 0 if row is None else self._space_in(conn, int(row[0]), int(row[1]))[1]
+
+    def _reclaim_chunk(self, conn, snapshot_id: int, counted: int):
+        """One chunk of a deleted snapshot's rows, from where the last one ended: (dead
+        stripes, inode numbers covered, whether the snapshot is now wholly freed)."""
+        lock = " FOR UPDATE" if conn.dialect.name == "postgresql" else ""  # one reclaimer a row
+        row = sql_one(
+            conn,
+            f"SELECT ino_lo, ino_hi, pending_bytes FROM snapshots WHERE id = ? AND deleting = ?"
+            f"{lock}",
+            (snapshot_id, True),
+        )
+        if row is None:
+            return [], 0, True  # another process finished it
+        lo, hi, pending = int(row[0]), int(row[1]), row[2]
+        end = min(lo + DELETE_CHUNK_INODES - 1, hi)
+        freeing = self._space_in(conn, lo, end)[1]  # the unique bytes that die with this chunk
+        dead = self._purge_range(conn, lo, end)
+        if end >= hi:
+            sql(conn, "DELETE FROM snapshots WHERE id = ?", (snapshot_id,)).close()
+            return dead, end - lo + 1, True
+        left = max(0, (counted if pending is None else int(pending)) - freeing)
+        sql(
+            conn,
+            "UPDATE snapshots SET ino_lo = ?, pending_bytes = ? WHERE id = ?",
+            (end + 1, left, snapshot_id),
+        ).close()
+        return dead, end - lo + 1, False
 
     @staticmethod
     def _purge_range(conn, lo: int, hi: int) -> builtins.list[int]:

@@ -132,9 +132,14 @@ def test_space_referenced_and_unique(engine, dataset):
     snaps.create("/ds", "s2")
     assert [s.name for s in snaps.list("/ds")] == ["s1", "s2"]
     before = _stripes(engine.catalog)
-    assert snaps.delete("/ds", "s1") >= 1, "deleting it frees what only it referenced"
-    assert _stripes(engine.catalog) < before
+    snaps.delete("/ds", "s1")  # at once: its rows are freed in the background
     assert [s.name for s in snaps.list("/ds")] == ["s2"]
+    [pending] = snaps.pending("/ds")
+    assert pending.name == "s1" and pending.pending_bytes is None, "not counted yet"
+    assert _stripes(engine.catalog) == before, "nothing is freed before the reclaim"
+    _check(engine)  # a pending deletion's rows still hold their stripes
+    assert snaps.reclaim(inodes_per_s=0) >= 1, "the reclaim frees what only it referenced"
+    assert _stripes(engine.catalog) < before and snaps.pending() == []
     with pytest.raises(errors.NotFound):
         ns.resolve("/ds/.snapshots/s1")
     with pytest.raises(errors.NotFound):
@@ -163,6 +168,8 @@ def test_deleting_a_snapshot_frees_the_inline_data_only_it_held(engine, dataset)
     ns.unlink(ROOT, ns.resolve("/ds/sub").ino, "b")
     assert inline_rows() == (held, 0), "the snapshot still references it"
     snaps.delete("/ds", "s1")
+    assert inline_rows() == (held, 0), "held until the background reclaim"
+    snaps.finish_deletions()
     assert inline_rows() == (held - 1, 0)
     _check(engine)
 
@@ -213,6 +220,7 @@ def test_clone_is_writable_and_shares_stripes(engine, dataset):
     with pytest.raises(errors.Exists):
         snaps.clone("/ds", "s1", "/copy")
     snaps.delete("/ds", "s1")
+    snaps.finish_deletions()
     assert _read(ns, "/copy/sub/c") == dataset["/ds/sub/c"]
     _check(engine)
 

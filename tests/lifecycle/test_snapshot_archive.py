@@ -79,5 +79,8 @@ def test_archive_moves_the_unique_stripes_to_cold_and_every_byte_reads_back(rig)
     snaps.delete("/ds", "s1")
     check_accounting(rig.catalog)
     assert fsck.check(rig.catalog, rig.ns.root_ino).clean
+    snaps.finish_deletions()
+    check_accounting(rig.catalog)
+    assert fsck.check(rig.catalog, rig.ns.root_ino).clean
     with pytest.raises(errors.NotFound):
         archive_snapshot(rig.ns, rig.data, "/ds", "s1")
