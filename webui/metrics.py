@@ -533,6 +533,17 @@ def _nfs(out: Exposition, latest: dict) -> None:
             if f"nfs_{d}_bytes" in latest
         ],
     )
+    out.family(
+        "shingle_nfs_delegations_total",
+        "counter",
+        "NFSv4.1 read delegations, by event: granted, recalled, revoked (not returned within "
+        "a lease of the recall), returned.",
+        [
+            ({"event": event}, latest[f"nfs_delegations_{event}"])
+            for event in ("granted", "recalled", "revoked", "returned")
+            if f"nfs_delegations_{event}" in latest
+        ],
+    )
     whole: dict[tuple, dict] = {}
     per_op: dict[tuple, dict] = {}
     for name, value in latest.items():

@@ -321,7 +321,11 @@ class NfsServer:
     def stats(self) -> dict[str, float]:
         """Cumulative counters (engine/admin/metrics.py names) that the daemon samples for the web
         UI."""
-        return self.counters.snapshot()
+        out = self.counters.snapshot()
+        if self.state is not None:  # granted, recalled, revoked, returned
+            counts = dict(self.state.delegations.counts)
+            out.update({f"nfs_delegations_{event}": n for event, n in counts.items()})
+        return out
 
     def statfs(self):
         now = time.monotonic()

@@ -28,6 +28,7 @@ from nfs_rig import (
     ShingleDaemon,
     plan_for,
     root_squash_plan,
+    write_as_second_client,
 )
 from pgserver import free_port
 
@@ -126,13 +127,16 @@ def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon) -> RigRun:
         print(f"kernel rig: NLM lock checks skipped: {skip_locks}", file=sys.stderr)
 
     def on_request(text: str) -> str:
-        # "restart-server", or "snapshot-create PATH NAME" (PATH in the namespace)
+        # "restart-server", "snapshot-create PATH NAME" (PATH in the namespace), or
+        # "deleg-write PATH HEX" (PATH in the export: another client writes it)
         action, *args = text.split()
         try:
             if action == "restart-server" and not args:
                 return shingle_daemon.restart()
             if action == "snapshot-create" and len(args) == 2:
                 return shingle_daemon.snapshot_create(*args)
+            if action == "deleg-write" and len(args) == 2:
+                return write_as_second_client(shingle_daemon.port, args[0], bytes.fromhex(args[1]))
         except Exception as exc:  # noqa: BLE001 - the guest reports it as its check's failure
             return f"{action} failed: {exc}"
         return f"unknown request {text!r}"

@@ -78,6 +78,11 @@ V42_CHECKS = (
 # checks run once per version as root in the export root of an export with the default
 # squash (its own VM run: plan "root_squash")
 ROOT_SQUASH_CHECKS = ("root-squash/own-files", "root-squash/others-kept")
+# a read delegation per small file (plan "delegations": a mount of its own, as root): the
+# second epoch of a loop that opens and reads every file sends few OPEN/GETATTR; a write
+# from another client (the host, through nfs-rs) recalls the file's delegation and the guest
+# sees the new bytes on its next open
+DELEGATION_CHECKS = ("delegations/second-epoch", "delegations/recall-on-write")
 RESTART_CHECKS = (
     "restart/io-continues",
     "restart/lock-kept",
@@ -103,6 +108,8 @@ def planned_checks(plan: dict) -> list[str]:
         names += [f"{label}/{check}" for check in VERSION_CHECKS[3:]]
     for version in plan.get("root_squash", ()):
         names += [f"{version['label']}/{check}" for check in ROOT_SQUASH_CHECKS]
+    if plan.get("delegations"):
+        names += [f"{plan['delegations']['label']}/{check}" for check in DELEGATION_CHECKS]
     if plan.get("restart_version"):
         names += [f"{plan['restart_version']}/{check}" for check in RESTART_CHECKS]
     if plan.get("docs"):
@@ -1312,6 +1319,90 @@ def run_root_squash(plan: dict, version: dict) -> None:
         subprocess.run(["timeout", "120", "umount", mountpoint], capture_output=True)
 
 
+# -- delegations (as root, a mount of their own) ----------------------------------------------
+EPOCH_OPS = ("OPEN", "GETATTR", "READ", "CLOSE")  # always shown; others when sent
+
+
+def read_epoch(mountpoint: str, paths: list[str]) -> dict[str, int]:
+    """Open, read and close every file once (a DataLoader's epoch over small shards): the
+    operations the mount sent meanwhile."""
+    before = op_counts(mountpoint)
+    for path in paths:
+        with open(path, "rb") as f:
+            f.read()
+    after = op_counts(mountpoint)
+    sent = {op: after.get(op, 0) - before.get(op, 0) for op in after}
+    return {op: n for op, n in sent.items() if n or op in EPOCH_OPS}
+
+
+def check_second_epoch(mountpoint: str, paths: list[str]) -> str:
+    """Three epochs with Python's open() (what a DataLoader's dataset does): the second opens
+    from the delegations (no OPEN, no READ: the page cache), but Python's fstat of each file
+    asks the atime the first epoch's READs made stale (the client invalidates it after every
+    READ RPC): one GETATTR per file; the third epoch sends nothing."""
+    epochs = [read_epoch(mountpoint, paths) for _ in range(3)]
+    calls = [sum(epoch.values()) for epoch in epochs]
+    first, second, third = epochs
+    expect(first["OPEN"] >= len(paths), f"first epoch sent only {first['OPEN']} OPENs: {first}")
+    expect(second["OPEN"] * 10 <= first["OPEN"], f"second epoch OPENs: {epochs}")
+    expect(calls[1] * 2 <= calls[0], f"second epoch not cheaper: {epochs}")
+    expect(calls[2] * 10 <= calls[0], f"third epoch still asks the server: {epochs}")
+    return f"{len(paths)} files; calls per epoch {calls}; " + "; ".join(
+        f"epoch {i + 1} {epoch}" for i, epoch in enumerate(epochs)
+    )
+
+
+def check_recall_on_write(mountpoint: str, path: str, relpath: str, lease: float) -> str:
+    with open(path, "rb") as f:
+        old = f.read()
+    new = b"written by another client " + os.urandom(8).hex().encode()
+    before = op_counts(mountpoint)
+    started = time.monotonic()
+    answer = vmchannel_request(f"deleg-write {relpath} {new.hex()}")
+    took = time.monotonic() - started
+    expect(answer.startswith("written"), f"the host's write: {answer}")
+    with open(path, "rb") as f:
+        seen = f.read()
+    returned = op_counts(mountpoint).get("DELEGRETURN", 0) - before.get("DELEGRETURN", 0)
+    expect(seen == new, f"the guest reads {seen[:60]!r} (was {old[:60]!r}), not the new bytes")
+    expect(returned >= 1, f"the guest sent no DELEGRETURN ({returned})")
+    # a guest that did not answer the recall would be revoked after a lease: far slower
+    expect(took < lease / 2, f"the write waited {took:.1f} s (lease {lease} s): no recall?")
+    return f"{answer}; the guest returned the delegation ({returned} DELEGRETURN) in {took:.1f} s"
+
+
+def run_delegations(plan: dict, spec: dict) -> None:
+    label, mountpoint = spec["label"], "/mnt/deleg"
+    names = [f"{label}/{check}" for check in DELEGATION_CHECKS]
+    mounted = mount(spec["options"], plan["port"], mountpoint)
+    if mounted.returncode != 0:
+        for name in names:
+            report(name, False, f"mount -o {spec['options']} failed: {mounted.stderr.strip()}")
+        return
+    folder = "deleg-shards"
+    rels = [f"{folder}/shard-{i:04d}.bin" for i in range(spec["files"])]
+    try:
+        os.makedirs(os.path.join(mountpoint, folder), exist_ok=True)
+        for rel in rels:
+            with open(os.path.join(mountpoint, rel), "wb") as f:
+                f.write(os.urandom(2048))
+        # a fresh client state: no open left of the writes
+        sh("timeout", "120", "umount", mountpoint)
+        mounted = mount(spec["options"], plan["port"], mountpoint)
+        expect(mounted.returncode == 0, f"mount again: {mounted.stderr.strip()}")
+        paths = [os.path.join(mountpoint, rel) for rel in rels]
+        run_check(names[0], lambda: check_second_epoch(mountpoint, paths))
+        run_check(
+            names[1],
+            lambda: check_recall_on_write(mountpoint, paths[0], rels[0], spec["lease_seconds"]),
+        )
+    except CheckFailed as exc:
+        for name in names:
+            report(name, False, f"not run: {exc}")
+    finally:
+        subprocess.run(["timeout", "120", "umount", mountpoint], capture_output=True)
+
+
 def main(plan: dict) -> int:
     print("@@SHINGLE-VM BEGIN", flush=True)
     print(f"guest: {os.uname().nodename} kernel {os.uname().release}", flush=True)
@@ -1319,6 +1410,8 @@ def main(plan: dict) -> int:
         run_version(plan, version)
     for version in plan.get("root_squash", ()):
         run_root_squash(plan, version)
+    if plan.get("delegations"):
+        run_delegations(plan, plan["delegations"])
     if plan.get("docs"):
         docs_path = "/tmp/docs.json"
         with open(docs_path, "w") as f:

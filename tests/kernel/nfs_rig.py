@@ -62,6 +62,9 @@ ROOT_SQUASH_VERSIONS = [
     },
 ]
 ROOT_SQUASH_TIMEOUT_S = 900
+# the delegation checks (guest_nfs.DELEGATION_CHECKS): small files read in two epochs; the
+# lease is the daemon's (ShingleDaemon.init)
+DELEGATIONS = {"label": "v4.1", "options": "vers=4.1", "files": 1000, "lease_seconds": 30}
 
 
 def root_squash_plan(port: int) -> dict:
@@ -82,6 +85,7 @@ def plan_for(port: int, skip_locks: str = "") -> dict:
     return {
         "port": port,
         "versions": versions,
+        "delegations": DELEGATIONS,
         "uids": UIDS,
         "worker_timeout": 420,
         "restart_timeout": 60,
@@ -230,3 +234,35 @@ class ShingleDaemon:
         return "\n".join(
             p.read_text(errors="replace") for p in sorted(self.home.glob("serve-*.log"))
         )
+
+
+def write_as_second_client(port: int, relpath: str, data: bytes, timeout: float = 60) -> str:
+    """Write ``relpath`` of the export through nfs-rs (NFSv4.1), a client other than the
+    guest's: its OPEN waits (DELAY) while the guest's delegation of the file is recalled."""
+    import nfs_rs
+
+    started = time.monotonic()
+    tries = 0
+    client = nfs_rs.Client.connect(
+        f"nfs://127.0.0.1:{port}/export?version=4.1",
+        nfs_port=port,
+        noresvport=True,
+        uid=0,
+        gid=0,
+        connect_timeout=20,
+        operation_timeout=60,
+    )
+    try:
+        while True:
+            tries += 1
+            try:
+                with client.open("/" + relpath, "wb") as f:
+                    f.write(data)
+                break
+            except OSError as exc:  # DELAY surfaces as an error nfs-rs does not retry
+                if time.monotonic() - started > timeout:
+                    return f"write failed after {tries} tries: {exc}"
+                time.sleep(0.5)
+    finally:
+        client.close()
+    return f"written by nfs-rs in {time.monotonic() - started:.1f} s ({tries} tries)"

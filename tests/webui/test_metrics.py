@@ -63,12 +63,17 @@ def test_metrics_from_recorded_samples(app, appliance):
         nfs_latency_le_10=60,
         nfs_latency_le_inf=65,
         nfs_latency_sum_s=0.25,
+        nfs_delegations_granted=7,
+        nfs_delegations_revoked=1,
     )
     text = app.test_client().get("/metrics").get_data(as_text=True)
     values = parse(text)
     assert values["shingle_write_amplification"] == 2.5
     assert values['shingle_nfs_operations_total{op="read"}'] == 40
     assert values['shingle_nfs_bytes_total{direction="write"}'] == 3 << 20
+    assert values['shingle_nfs_delegations_total{event="granted"}'] == 7
+    assert values['shingle_nfs_delegations_total{event="revoked"}'] == 1
+    assert 'shingle_nfs_delegations_total{event="recalled"}' not in text  # not recorded
     assert values['shingle_nfs_latency_seconds_bucket{le="0.001"}'] == 30
     assert values['shingle_nfs_latency_seconds_bucket{le="+Inf"}'] == 65
     assert (

@@ -74,7 +74,7 @@ TABLE: dict[int, Op] = {
         # from the cache: with nothing buffered or in flight for the file
         Op(c.OP_COMMIT, ALL, needs_fh=True, from_cache=True),
         Op(c.OP_CREATE, ALL, needs_fh=True, mutating=True),
-        Op(c.OP_DELEGPURGE, NONE),  # no delegations are granted
+        Op(c.OP_DELEGPURGE, NONE),  # no reclaim of delegations (CLAIM_DELEGATE_PREV)
         Op(c.OP_DELEGRETURN, ALL, needs_fh=True, mutating=True),
         Op(c.OP_GETATTR, ALL, needs_fh=True, from_cache=True),
         Op(c.OP_GETFH, ALL, needs_fh=True, from_cache=True),
