@@ -7,9 +7,9 @@ here first and change nothing when they refuse."""
 from __future__ import annotations
 
 from engine.admin.schema import Field, Schema
-from engine.base import errors
 from engine.lifecycle import hostops
 from webui import core
+from webui.hosts import cluster
 from webui.jobs import queue
 
 ADDRESS_PATTERN = r"[A-Za-z0-9_.:\[\]-]+:[0-9]{1,5}"
@@ -41,18 +41,13 @@ PACE_SCHEMA = Schema("HostPace", "Options of a drain or a removal.", (RATE,))
 
 
 def report() -> dict:
-    shingle = core.ctx()
-    return hostops.cluster_report(shingle.catalog, shingle.policies)
+    return cluster().to_dict()
 
 
 def host(name: str) -> dict:
-    """One host of ``report()``; NotFound naming the known ones."""
-    found = report()
-    for entry in found["hosts"]:
-        if entry["name"] == name:
-            return entry
-    known = ", ".join(h["name"] for h in found["hosts"]) or "none"
-    raise errors.NotFound(f"no host {name!r} (hosts: {known})")
+    view = cluster()
+    found = view.host(name)  # NotFound naming the known hosts
+    return {**found.to_dict(), "operation": view.operation(found)}
 
 
 def _params(body: dict, **params) -> dict:

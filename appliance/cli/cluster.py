@@ -153,34 +153,31 @@ def replace(args) -> int:
 
 
 def status(args) -> int:
-    from engine.lifecycle.hostops import cluster_report
+    from engine.admin import hosts
 
-    report = with_catalog(args, lambda config, catalog: cluster_report(catalog, config.policies()))
+    def read(config, catalog):
+        return hosts.cluster(catalog, *hosts.stripe_shape(config.policies()))
+
+    view = with_catalog(args, read)
     if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True, default=str))
+        print(json.dumps(view.to_dict(), indent=2, sort_keys=True, default=str))
         return 0
-    losable = report["losable"]
-    print(
-        f"hosts     {report['count']}; may lose "
-        f"{report['losable_by_placement'] if losable is None else losable} without losing data"
-    )
-    for host in report["hosts"]:
+    print(f"hosts     {len(view.hosts)}; may lose {view.may_lose} without losing data")
+    for host in view.hosts:
         print(
-            f"  {host['name']:<16} {host['state']:<9} {host['drives']:>3} drives "
-            f"({host['drives_readable']} readable)  {host['fragments']:>7} fragments  "
-            f"{host.get('address') or ''}"
+            f"  {host.name:<16} {host.state:<9} {len(host.drives):>3} drives "
+            f"({host.drives_readable} readable)  {host.fragments:>7} fragments "
+            f"{format_size(host.fragment_bytes):>10}  {host.address or ''}"
         )
-        work = host.get("operation")
+        if host.waiting_fragments:
+            print(f"    {format_size(host.waiting_bytes)} to move or rebuild off it")
+        work = view.operation(host)
         if work:
-            line = f"    {format_size(work['bytes_left'])} left to move or rebuild"
-            job = work.get("job")
-            if job:
-                line += (
-                    f"; {job['kind']} job {job['id']} {job['state']}: "
-                    f"{format_size(job['done_bytes'])} of {format_size(job['total_bytes'])} at "
-                    f"{job['mb_per_s']:.1f} MB/s"
-                )
-            print(line)
+            print(
+                f"    {work['kind']} job {work['job']} {work['state']}: "
+                f"{format_size(work['done_bytes'])} of {format_size(work['total_bytes'])} at "
+                f"{work['mb_per_s']:.1f} MB/s"
+            )
     return 0
 
 

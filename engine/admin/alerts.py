@@ -136,7 +136,7 @@ class DriveFailed(AlertSource):
             lost = {
                 drive_id
                 for host in host_states_in(conn).values()
-                if host["state"] in LOST_HOST_STATES
+                if host["state"] == "lost"
                 for drive_id in host["drives"]
             }
             rows = conn.execute(
@@ -158,9 +158,6 @@ class DriveFailed(AlertSource):
         ]
 
 
-LOST_HOST_STATES = ("lost", "gone")
-
-
 class HostLost(AlertSource):
     """An agent's host that does not answer (every drive of it missing: killed, powered off,
     its link down), or declared gone for good while its fragments are rebuilt elsewhere: one
@@ -174,10 +171,10 @@ class HostLost(AlertSource):
 
         found = []
         for name, host in catalog.read(host_states_in).items():
-            if host["state"] not in LOST_HOST_STATES:
+            if host["state"] != "lost":
                 continue
             drives = len(host["drives"])
-            if host["state"] == "lost":
+            if host["answers"] is False:
                 severity = CRITICAL
                 message = (
                     f"host {name} does not answer (its agent at {host['address']}; {drives} "

@@ -7,17 +7,13 @@ the ``host`` of its drives (engine/lifecycle/hosts.py: NULL is the head's own, `
 drives that were removed are out of the pool and of this view. How many hosts may be lost is
 engine/lifecycle/hosts.py's arithmetic, the same figure `shingle status` and /metrics give.
 
-A host's state comes from its drives' states (engine/lifecycle/drives.py):
-- ``up``: every drive online.
-- ``draining``: every drive draining (the host is being emptied before it is removed).
-- ``degraded``: some drive is not online (degraded, draining, missing or failed) but at least
-  one still serves reads.
-- ``lost``: no drive serves reads (all missing or failed): its fragments count as missing
-  until rebuild puts them elsewhere.
+A host's state comes from its drives' states (``host_state`` in engine/lifecycle/hosts.py,
+which the host operations and the host_lost alert decide by too): up, draining, degraded, lost.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 
 from sqlalchemy import func, select
@@ -28,17 +24,17 @@ from engine.base import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import Drive, Fragment, Zone
 from engine.lifecycle import drives as drive_states
-from engine.lifecycle.hosts import host_name, hosts_status_in
+from engine.lifecycle.hosts import HOST_STATES, host_name, host_state, hosts_status_in
 
 DRIVES = Drive.__table__
+UP, DEGRADED, DRAINING, LOST = HOST_STATES  # host_state's words
 ZONES = Zone.__table__
 FRAGMENTS = Fragment.__table__
-UP, DEGRADED, DRAINING, LOST = "up", "degraded", "draining", "lost"
-HOST_STATES = (UP, DEGRADED, DRAINING, LOST)
 # fragments on drives in these states wait for a rebuild (failed, missing) or a drain to move
 # them; rebuild itself counts failed and removed (engine/lifecycle/rebuild.py pending_work)
 WAITING_STATES = (drive_states.FAILED, drive_states.MISSING, drive_states.DRAINING)
-MOVING_JOBS = ("rebuild", "drain")  # the jobs that move fragments between hosts
+# the jobs that move fragments between hosts (the hosts' own: engine/lifecycle/hostops.py)
+MOVING_JOBS = ("rebuild", "drain", "host-join", "host-drain", "host-remove", "host-replace")
 
 
 @dataclass(frozen=True)
@@ -61,6 +57,11 @@ class Host:
     name: str
     state: str  # one of HOST_STATES
     drives: tuple[HostDrive, ...]
+
+    @property
+    def address(self) -> str | None:
+        """Its drive agent's HOST:PORT (None: the head's own drives)."""
+        return next((d.path for d in self.drives if d.backend == "agent"), None)
 
     @property
     def drives_readable(self) -> int:
@@ -109,6 +110,7 @@ class Host:
             "fragment_bytes": self.fragment_bytes,
             "waiting_fragments": self.waiting_fragments,
             "waiting_bytes": self.waiting_bytes,
+            "address": self.address,
         }
 
 
@@ -134,6 +136,28 @@ class Cluster:
         known = ", ".join(h.name for h in self.hosts) or "none"
         raise errors.NotFound(f"no host {name!r} with drives in the pool (hosts: {known})")
 
+    def operation(self, host: Host, now_ns: int | None = None) -> dict | None:
+        """The moving job that works on ``host`` (a host job naming it, or a drive's drain of
+        one of its drives), with its progress and its rate since it started; None if none."""
+        ids = {d.id for d in host.drives}
+        for job in self.moving:
+            drive = str(job.params.get("drive"))  # an id, or a uuid the drive list would name
+            if job.params.get("host") == host.name or (
+                job.kind == "drain" and drive.isdigit() and int(drive) in ids
+            ):
+                now = now_ns or time.time_ns()
+                elapsed = (now - job.started_ns) / 1e9 if job.started_ns else 0.0
+                return {
+                    "job": job.id,
+                    "kind": job.kind,
+                    "state": job.state,
+                    "done_bytes": job.done,
+                    "total_bytes": job.total,
+                    "mb_per_s": round(job.done / 1e6 / elapsed, 2) if elapsed > 0 else 0.0,
+                    "message": job.message,
+                }
+        return None
+
     def to_dict(self) -> dict:
         return {
             "count": len(self.hosts),
@@ -142,20 +166,9 @@ class Cluster:
             "losable": self.losable,
             "losable_by_placement": self.losable_by_placement,
             "may_lose": self.may_lose,
-            "hosts": [h.to_dict() for h in self.hosts],
+            "hosts": [{**h.to_dict(), "operation": self.operation(h)} for h in self.hosts],
             "moving": [j.to_dict() for j in self.moving],
         }
-
-
-def host_state(drive_states_of_host: list[str]) -> str:
-    """A host's state from its drives' states (see the module's docstring)."""
-    if not any(s in drive_states.READABLE for s in drive_states_of_host):
-        return LOST
-    if all(s == drive_states.ONLINE for s in drive_states_of_host):
-        return UP
-    if all(s == drive_states.DRAINING for s in drive_states_of_host):
-        return DRAINING
-    return DEGRADED
 
 
 def stripe_shape(policies: dict) -> tuple[int, int]:

@@ -21,8 +21,8 @@ back by the writer's path, the stripe's others verified before a decode):
 
 Each one records an event (``host.joined``, ``host.draining``, ``host.drained``, ``host.gone``,
 ``host.removed``) and returns the rebuild report as a job result, with ``host`` and its
-``written_by_host`` (where the fragments went). ``host_operations`` is what status shows of
-them while they run: per host, the bytes left, the job's progress and its rate."""
+``written_by_host`` (where the fragments went). While they run, the hosts' read model
+(engine/admin/hosts.py) shows per host what is left and the job's progress and rate."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ from engine.base import errors
 from engine.catalog.database import Catalog
 from engine.catalog.models import Drive, Fragment, Zone
 from engine.lifecycle import drives as drive_states
-from engine.lifecycle.hosts import host_states_in
-from engine.lifecycle.rebuild import Rebuilder, pending_work
+from engine.lifecycle.hosts import DRAINING_HOST, LOST, host_states_in
+from engine.lifecycle.rebuild import Rebuilder
 from engine.lifecycle.replace import rebuild_report
 
 DRIVES = Drive.__table__
@@ -101,16 +101,15 @@ def start_drain_host(catalog: Catalog, host: str, policies: dict, *, actor: str)
 
     def work(conn):
         entry = resolve_host_in(conn, host)
-        if entry["state"] in ("lost", "gone"):
+        if entry["state"] == LOST:
             raise errors.InvalidArgument(
-                f"host {host} is {entry['state']}: its agent does not answer, nothing can be "
-                f"copied off it; `shingle cluster remove {host}` rebuilds its fragments from "
-                "the other hosts"
+                f"host {host} is lost: no drive of it answers, nothing can be copied off it; "
+                f"`shingle cluster remove {host}` rebuilds its fragments from the other hosts"
             )
-        if entry["state"] == "draining":
+        if entry["state"] == DRAINING_HOST:
             return entry["drives"]
         check_others_suffice_in(conn, host, policies)
-        for drive_id in entry["drives"]:
+        for drive_id in entry["drives"]:  # a missing or failed one is rebuilt by the drain
             state = conn.execute(select(DRIVES.c.state).where(DRIVES.c.id == drive_id)).scalar_one()
             if state in (drive_states.ONLINE, drive_states.DEGRADED):
                 drive_states.set_drive_state_in(
@@ -188,7 +187,7 @@ def _start_remove_in(conn, host: str, policies: dict, actor: str) -> list[int]:
             .group_by(FRAGMENTS.c.drive_id)
         ).all()
     )
-    if entry["state"] not in ("lost", "gone") and any(held.values()):
+    if entry["state"] != LOST and any(held.values()):
         raise errors.InvalidArgument(
             f"host {host} answers and holds {sum(held.values())} fragments: drain it first "
             f"(`shingle cluster drain {host}`), or stop its agent if it is to be rebuilt from "
@@ -324,37 +323,10 @@ def replace_host(
     """Join the agent at ``address``, then drain ``old`` if it answers, else remove it."""
     state = catalog.read(lambda conn: resolve_host_in(conn, old))["state"]
     joined = join_host(datapath, catalog, address, actor=actor, bytes_per_s=bytes_per_s)
-    retire = remove_host if state in ("lost", "gone") else drain_host
+    retire = remove_host if state == LOST else drain_host
     result = retire(datapath, catalog, old, progress=progress, actor=actor, bytes_per_s=bytes_per_s)
     result["joined"] = {k: joined[k] for k in ("host", "address", "drives_added")}
     return result
-
-
-def host_operations(catalog: Catalog) -> dict[str, dict]:
-    """What a host's drain or removal has done and has left, per host, for status: the bytes
-    still on its drives to move or rebuild, and the newest queued or running host job naming
-    it (its progress and rate)."""
-    hosts = catalog.read(host_states_in)
-    out: dict[str, dict] = {}
-    for name, entry in hosts.items():
-        _stripes, fragments, nbytes = pending_work(catalog, entry["drives"])
-        job = pending_host_job(catalog, name)
-        if not fragments and job is None:
-            continue
-        report = {"state": entry["state"], "fragments_left": fragments, "bytes_left": nbytes}
-        if job is not None:
-            elapsed = (time.time_ns() - job.started_ns) / 1e9 if job.started_ns else 0.0
-            report["job"] = {
-                "id": job.id,
-                "kind": job.kind,
-                "state": job.state,
-                "done_bytes": job.done,
-                "total_bytes": job.total,
-                "mb_per_s": job.done / 1e6 / elapsed if elapsed > 0 else 0.0,
-                "message": job.message,
-            }
-        out[name] = report
-    return out
 
 
 def pending_host_job(catalog: Catalog, host: str) -> jobs.JobRecord | None:
@@ -377,7 +349,7 @@ def hosts_lost_since(catalog: Catalog) -> dict[str, int]:
     alerts = Alert.__table__
 
     def work(conn):
-        lost = {n for n, h in host_states_in(conn).items() if h["state"] == "lost"}
+        lost = {n for n, h in host_states_in(conn).items() if h["answers"] is False}
         rows = conn.execute(
             select(alerts.c.key, alerts.c.first_ns).where(
                 alerts.c.kind == "host_lost", alerts.c.state.in_(("active", "acknowledged"))
@@ -407,21 +379,3 @@ def queue_gone_hosts(catalog: Catalog, gone_after_s: float) -> list[int]:
             )
         )
     return queued
-
-
-def cluster_report(catalog: Catalog, policies: dict) -> dict:
-    """The hosts and how many may be lost (hosts.hosts_status_in, for the warm class's k+m),
-    each with its state and agent's address, and the drain or rebuild under way on it
-    (host_operations): what `shingle cluster status` and GET /api/v1/hosts show."""
-    from engine.lifecycle.hosts import hosts_status_in
-
-    warm = policies.get("warm")
-    k, m = (warm.k, warm.m) if warm is not None and warm.m else (8, 2)
-    report, states = catalog.read(lambda conn: (hosts_status_in(conn, k, m), host_states_in(conn)))
-    operations = host_operations(catalog)
-    for host in report["hosts"]:
-        agent = states.get(host["name"])
-        host["state"] = agent["state"] if agent else "up"
-        host["address"] = agent["address"] if agent else None
-        host["operation"] = operations.get(host["name"])
-    return report

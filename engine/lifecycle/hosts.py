@@ -140,12 +140,32 @@ def spread_targets(
     return chosen + left  # the rest in their order: spares if a chosen one cannot take it
 
 
+UP, DEGRADED, DRAINING_HOST, LOST = "up", "degraded", "draining", "lost"
+HOST_STATES = (UP, DEGRADED, DRAINING_HOST, LOST)
+
+
+def host_state(drive_states_of_host: list[str]) -> str:
+    """A host's state from its drives' states (removed ones left out):
+    - ``up``: every drive online;
+    - ``draining``: every drive draining (the host is emptied before it is removed);
+    - ``degraded``: some drive not online (degraded, draining, missing or failed), at least one
+      still serving reads;
+    - ``lost``: no drive serves reads (all missing: its agent does not answer; or failed: it
+      was declared gone): its fragments count as missing until rebuild puts them elsewhere."""
+    if not any(s in READABLE for s in drive_states_of_host):
+        return LOST
+    if all(s == "online" for s in drive_states_of_host):
+        return UP
+    if all(s == DRAINING for s in drive_states_of_host):
+        return DRAINING_HOST
+    return DEGRADED
+
+
 def host_states_in(conn: Connection) -> dict[str, dict]:
     """Each agent's host (drives without a host are the head's own, not here) with its drives
-    not removed: {name: {"state", "drives": [ids], "address"}}. The state follows from the
-    drives': ``draining`` (one is), ``lost`` (every one missing: its agent does not answer),
-    ``gone`` (every one failed or missing, one failed: declared gone for good, its fragments
-    rebuilt on the others), ``degraded`` (some missing or failed), else ``up``."""
+    not removed: {name: {"state" (host_state), "drives": [ids], "address", "answers"}}.
+    ``answers`` is False when every drive is missing (its agent does not answer) and None for
+    a lost host with a failed drive (declared gone: rebuilt from the other hosts)."""
     rows = conn.execute(
         select(DRIVES.c.id, DRIVES.c.host, DRIVES.c.state, DRIVES.c.path)
         .where(DRIVES.c.host.is_not(None), DRIVES.c.state != REMOVED)
@@ -157,18 +177,13 @@ def host_states_in(conn: Connection) -> dict[str, dict]:
         entry["drives"].append(row.id)
         entry["states"].append(row.state)
     for entry in hosts.values():
-        entry["state"] = host_state(entry.pop("states"))
+        states = entry.pop("states")
+        entry["state"] = host_state(states)
+        entry["answers"] = (
+            True
+            if entry["state"] != LOST
+            else None
+            if FAILED in states
+            else not all(s == MISSING for s in states)
+        )
     return hosts
-
-
-def host_state(states: list[str]) -> str:
-    """A host's state from its drives' (see host_states_in)."""
-    if DRAINING in states:
-        return "draining"
-    if all(s == MISSING for s in states):
-        return "lost"
-    if all(s in (MISSING, FAILED) for s in states):
-        return "gone"
-    if any(s in (MISSING, FAILED) for s in states):
-        return "degraded"
-    return "up"

@@ -16,6 +16,7 @@ from agenthelpers import STRIPE, AgentHead, MiB
 from test_agents import hosts_of_stripes, make, wait_for
 
 from engine.admin import events, fsck
+from engine.admin import hosts as hosts_view
 from engine.admin.alerts import AlertMonitor, AlertService, AlertSettings, default_sources
 from engine.base import errors
 from engine.catalog.models import Drive
@@ -112,7 +113,7 @@ def test_a_lost_host_is_one_alert_then_rebuilt_elsewhere_then_another_drained_an
         assert f"host {lost.name} does not answer" in alert.message
         open_kinds = [a.kind for a in AlertService(sqlite_catalog).list(("active",))]
         assert "drive_failed" not in open_kinds  # its drive is the host's alert, not another
-        with pytest.raises(errors.InvalidArgument, match="does not answer"):
+        with pytest.raises(errors.InvalidArgument, match="no drive of it answers"):
             hostops.start_drain_host(sqlite_catalog, lost.name, head.policies, actor="test")
 
         # -- back: one host.back, the alert cleared ------------------------------------------
@@ -177,7 +178,9 @@ def test_a_lost_host_is_one_alert_then_rebuilt_elsewhere_then_another_drained_an
         check_every_byte(head, files)
         assert drive_states.redundancy_status(sqlite_catalog).reduced == 0
         assert fsck.check(sqlite_catalog, head.ns.root_ino).clean
-        assert hostops.host_operations(sqlite_catalog) == {}  # nothing left under way
+        view = hosts_view.cluster(sqlite_catalog, 4, 2)  # what status shows: nothing waits
+        assert drained.name not in {h.name for h in view.hosts} and view.may_lose == 2
+        assert all(h.waiting_fragments == 0 and view.operation(h) is None for h in view.hosts)
 
         # -- too few hosts left: 5 drives cannot hold a 6-wide stripe ------------------------
         with pytest.raises(errors.InvalidArgument, match="needs 6 different drives"):
