@@ -216,6 +216,22 @@ OPTIONS: list[Option] = [
         "Port of the clients' port mappers, asked for their NLM and NSM services (NLM_GRANTED of a "
         "blocked lock, SM_NOTIFY after a restart).",
     ),
+    Option(
+        "nfs",
+        "krb5_keytab",
+        "str",
+        "",
+        "Keytab holding the server's Kerberos key (nfs/HOST@REALM): set, the server accepts "
+        "RPCSEC_GSS (exports with sec=krb5, krb5i, krb5p); empty, AUTH_SYS only.",
+    ),
+    Option(
+        "nfs",
+        "krb5_principal",
+        "str",
+        "",
+        "The service principal to accept as, e.g. nfs@nas.example.com; empty: any key in "
+        "nfs.krb5_keytab.",
+    ),
     # network limits against hostile or broken clients (appliance/nfs/onc/limits.py)
     Option(
         "nfs",

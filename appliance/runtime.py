@@ -420,6 +420,8 @@ class Daemon:
             nsm_name=config.get("nfs.nsm_name"),
             client_rpcbind_port=config.get("nfs.client_rpcbind_port"),
             pnfs=self.pnfs_role(appliance),
+            krb5_keytab=config.get("nfs.krb5_keytab"),
+            krb5_principal=config.get("nfs.krb5_principal"),
         )
         server.start()
         daemon_log.info("NFS server listening on %s:%d", host, server.port)

@@ -27,10 +27,14 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # tcmu-runner, kmod, e2fsprogs: the zoned-device rig (tests/kernel/test_zoned.py): SCSI ZBC disks
 # through tcmu-runner's file_zbc handler, kmod's depmod and modprobe for the guest's module tree,
 # an ext4 image holding the ZBC backing files.
+# libkrb5-dev: the gssapi package (RPCSEC_GSS, sec=krb5/krb5i/krb5p) builds against MIT krb5;
+# krb5-kdc, krb5-admin-server (kadmin.local), krb5-user (kinit, klist): the KDC the Kerberos
+# tests start in a temp folder, and the tickets and keytabs of the VM rig's users.
 apt_packages=${SHINGLE_APT_PACKAGES:-"postgresql chromium libnfs-utils systemd smartmontools nfs-ganesha nfs-ganesha-vfs
   samba samba-vfs-modules samba-common-bin smbclient libnss-wrapper fuse3 libfuse3-dev pkg-config
   qemu-system-x86 busybox-static nfs-common keyutils fio attr gcc python3-dev python3-venv
-  openssl strace etcd-server etcd-client patroni iproute2 tcmu-runner kmod e2fsprogs"}
+  openssl strace etcd-server etcd-client patroni iproute2 tcmu-runner kmod e2fsprogs
+  libkrb5-dev krb5-kdc krb5-admin-server krb5-user"}
 missing=()
 for pkg in $apt_packages; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -1,4 +1,5 @@
-"""NFS exports: the path clients mount, which clients (CIDRs), ro/rw and squash.
+"""NFS exports: the path clients mount, which clients (CIDRs), ro/rw, squash and the security
+flavours (sec=krb5p:krb5i:krb5:sys).
 
 The pages and the API go through engine.admin.exports (checks, the change and its
 event naming the admin, in one catalog transaction); the NFS server reloads

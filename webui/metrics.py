@@ -561,6 +561,27 @@ def _nfs(out: Exposition, latest: dict) -> None:
             target["buckets"].append((bound, value))
     out.histogram("shingle_nfs_latency_seconds", "NFS call latency (whole RPC calls).", whole)
     out.histogram("shingle_nfs_operation_latency_seconds", "NFS latency by operation.", per_op)
+    _gss(out, latest)
+
+
+def _gss(out: Exposition, latest: dict) -> None:
+    """RPCSEC_GSS (Kerberos) counters, when the NFS server takes it (appliance/nfs/onc/gss.py)."""
+    gss = {k[len("nfs_gss_") :]: v for k, v in latest.items() if k.startswith("nfs_gss_")}
+    if not gss:
+        return
+    out.family(
+        "shingle_nfs_gss_contexts",
+        "gauge",
+        "Live RPCSEC_GSS (Kerberos) contexts.",
+        [({}, gss.pop("live", 0))],
+    )
+    out.family(
+        "shingle_nfs_gss_events_total",
+        "counter",
+        "RPCSEC_GSS events: contexts made and destroyed, calls refused (bad MIC, unknown or "
+        "expired context), replays dropped, context creations that failed.",
+        [({"event": event}, v) for event, v in sorted(gss.items())],
+    )
 
 
 def _exports(out: Exposition, latest: dict, catalog) -> None:

@@ -28,6 +28,8 @@ def _values(args) -> dict:
         values["clients"] = ",".join(args.clients)
     if args.squash is not None:
         values["squash"] = args.squash
+    if args.sec is not None:
+        values["sec"] = args.sec
     if args.access is not None:
         values["access"] = args.access
     for field in ("anon_uid", "anon_gid", "trash_days", "enabled", "delegations"):
@@ -40,7 +42,7 @@ def _show(export: export_service.Export) -> str:
     state = "" if export.enabled else "  (disabled)"
     return (
         f"{export.id:>3}  {export.name:<20} {export.path:<20} {export.access}  "
-        f"{export.squash:<14} {export.clients}{state}"
+        f"{export.squash:<14} sec={export.sec:<18} {export.clients}{state}"
     )
 
 
@@ -79,7 +81,7 @@ def cmd_exports(args) -> int:
                 values = _values(args)
                 if not values:
                     raise UsageError(
-                        "exports set: nothing to change: give --squash, --clients, "
+                        "exports set: nothing to change: give --squash, --sec, --clients, "
                         "--read-only, ... (see `shingle exports set --help`)"
                     )
                 export = export_service.update(
@@ -105,6 +107,12 @@ def _change_options(p, *, new: bool) -> None:
         "--squash",
         choices=export_service.SQUASH_MODES,
         help="identity mapping" + (" (default: root_squash)" if new else ""),
+    )
+    p.add_argument(
+        "--sec",
+        metavar="FLAVOURS",
+        help="security flavours in order of preference, e.g. krb5p:krb5i:krb5 (sys, krb5, "
+        "krb5i, krb5p; Kerberos needs nfs.krb5_keytab)" + (" (default: sys)" if new else ""),
     )
     access = p.add_mutually_exclusive_group()
     access.add_argument("--read-only", dest="access", action="store_const", const="ro")

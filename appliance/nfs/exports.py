@@ -14,6 +14,10 @@ from engine.admin import exports as export_service
 from engine.admin.exports import DEFAULT_NAME, EXPORTS, SQUASH_MODES  # noqa: F401 - re-exported
 from engine.namespace import Cred
 
+AUTH_NONE, AUTH_SYS = 0, 1  # RFC 5531's flavour numbers (appliance/nfs/onc/rpc.py)
+# sec= names -> flavour numbers: AUTH_SYS and the Kerberos 5 pseudo-flavours (RFC 2623)
+FLAVOR_NUMBERS = {"sys": AUTH_SYS, "krb5": 390003, "krb5i": 390004, "krb5p": 390005}
+
 log = logging.getLogger("shingle.nfs.exports")
 
 PSEUDO_ROOT_INO = 1
@@ -31,6 +35,8 @@ class ExportRule:
     anon_gid: int
     root_ino: int = 0
     delegations: bool = True  # NFSv4.1+ clients may get read delegations of its files
+    # the flavours clients may use, in the export's order of preference (SECINFO, MNT list them)
+    flavors: tuple[int, ...] = (AUTH_SYS,)
     # every export's folder and the namespace root: what the anonymous uid must not own
     export_folders: frozenset[int] = frozenset()
     _allowed: dict = field(default_factory=dict, repr=False)
@@ -38,6 +44,10 @@ class ExportRule:
     @property
     def parts(self) -> tuple[str, ...]:
         return tuple(p for p in self.name.split("/") if p)
+
+    def admits(self, sec: int) -> bool:
+        """Whether a call in flavour ``sec`` may use the export (AUTH_NONE goes with sys)."""
+        return sec in self.flavors or (sec == AUTH_NONE and AUTH_SYS in self.flavors)
 
     def allows(self, address: str) -> bool:
         hit = self._allowed.get(address)
@@ -123,7 +133,18 @@ def rule_from_row(row) -> ExportRule:
         int(row.anon_uid),
         int(row.anon_gid),
         delegations=bool(getattr(row, "delegations", True)),
+        flavors=parse_flavors(row.sec or "sys"),
     )
+
+
+def parse_flavors(text: str) -> tuple[int, ...]:
+    """'krb5p:krb5:sys' -> (390005, 390003, 1)."""
+    try:
+        return tuple(FLAVOR_NUMBERS[part] for part in text.split(":") if part)
+    except KeyError as exc:
+        raise ValueError(
+            f"sec {text!r}: {exc.args[0]!r} is not one of {sorted(FLAVOR_NUMBERS)}"
+        ) from None
 
 
 def default_rule() -> ExportRule:

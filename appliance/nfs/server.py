@@ -242,6 +242,8 @@ class NfsServer:
         nsm_name: str = "",
         client_rpcbind_port: int = 111,
         pnfs: Pnfs | None = None,
+        krb5_keytab: str = "",
+        krb5_principal: str = "",
     ):
         """``portmap``: "serve" answers PMAP on ``portmap_port`` (0: any free port),
         "register" registers NFS, MOUNT, NLM and NSM with the rpcbind there, "auto" does the
@@ -275,6 +277,12 @@ class NfsServer:
         )
         self.client_rpcbind_port = client_rpcbind_port
         self.pnfs = pnfs if pnfs is not None else Pnfs()
+        # RPCSEC_GSS: only with a keytab (gssapi is imported then, not before)
+        self.gss = None
+        if krb5_keytab:
+            from appliance.nfs.onc.gss import GssService
+
+            self.gss = GssService(krb5_keytab, krb5_principal)
         self.registered: dict = {}  # what a system rpcbind holds for us
         self.handles = HandleCodec(catalog)
         self.owner_major = f"shingle-{self.handles.fsid:016x}".encode()
@@ -325,6 +333,9 @@ class NfsServer:
         if self.state is not None:  # granted, recalled, revoked, returned
             counts = dict(self.state.delegations.counts)
             out.update({f"nfs_delegations_{event}": n for event, n in counts.items()})
+        if self.gss is not None:
+            for key, value in self.gss.stats().items():
+                out[f"nfs_gss_{key}"] = value
         return out
 
     def statfs(self):

@@ -33,6 +33,9 @@ EXPORTS = ExportRow.__table__
 DEFAULT_NAME = "/export"
 ANY_CLIENT = "0.0.0.0/0,::/0"
 SQUASH_MODES = ("root_squash", "all_squash", "no_root_squash")
+# RPC security flavours an export may allow: AUTH_SYS, and Kerberos 5 with authentication only,
+# with integrity, with privacy (RPCSEC_GSS, appliance/nfs/onc/gss.py)
+SEC_FLAVORS = ("sys", "krb5", "krb5i", "krb5p")
 ACCESS_MODES = ("rw", "ro")
 MAX_CLIENTS = 64
 NAME_MAX = 255
@@ -59,6 +62,7 @@ class Export:
     trash_days: int
     enabled: bool
     delegations: bool = True
+    sec: str = "sys"
 
     @property
     def read_only(self) -> bool:
@@ -105,6 +109,21 @@ def clean_clients(text: object) -> str:
                 "clients", part, "an IP address or CIDR such as 10.0.0.0/8 or fd00::/8"
             ) from None
     return ",".join(clean)
+
+
+def clean_sec(text: object) -> str:
+    """'krb5p, krb5' -> 'krb5p:krb5': known flavours, each once, in the order given."""
+    if not isinstance(text, str):
+        raise ExportValueError("sec", text, "flavours like krb5p:krb5i:krb5:sys")
+    parts = [p for p in re.split(r"[:,\s]+", text.strip().lower()) if p]
+    if not parts or any(p not in SEC_FLAVORS for p in parts) or len(set(parts)) != len(parts):
+        raise ExportValueError(
+            "sec",
+            text,
+            f"one or more of {', '.join(SEC_FLAVORS)}, each once, separated by ':' "
+            "(in order of preference, e.g. krb5p:krb5i:krb5:sys)",
+        )
+    return ":".join(parts)
 
 
 def clean_path(namespace, text: str) -> str:
@@ -187,6 +206,18 @@ SCHEMA = Schema(
             "(everyone becomes anon) or no_root_squash",
             enum=SQUASH_MODES,
             default="root_squash",
+        ),
+        Field(
+            "sec",
+            "string",
+            "Security flavours clients may use, in order of preference, ':' between them: sys "
+            "(AUTH_SYS), krb5, krb5i (integrity), krb5p (privacy); Kerberos needs "
+            "nfs.krb5_keytab",
+            min_length=1,
+            max_length=64,
+            default="sys",
+            example="krb5p:krb5i:krb5",
+            check=clean_sec,
         ),
         Field(
             "anon_uid",

@@ -226,6 +226,8 @@ class Export(Base):
     clients: Mapped[str] = mapped_column(Text, default="0.0.0.0/0,::/0")  # comma-separated CIDRs
     access: Mapped[str] = mapped_column(String(2), default="rw")  # "rw" | "ro"
     squash: Mapped[str] = mapped_column(String(16), default="root_squash")
+    # RPC security flavours in order of preference, e.g. "krb5p:krb5i:krb5:sys"
+    sec: Mapped[str] = mapped_column(String(64), default="sys", server_default="sys")
     anon_uid: Mapped[int] = mapped_column(BigInteger, default=65534)
     anon_gid: Mapped[int] = mapped_column(BigInteger, default=65534)
     trash_days: Mapped[int] = mapped_column(Integer, default=7)

@@ -27,6 +27,7 @@ def add_export(
     squash="no_root_squash",
     anon_uid=65534,
     anon_gid=65534,
+    sec="sys",
 ):
     catalog.run(
         lambda conn: conn.execute(
@@ -40,6 +41,7 @@ def add_export(
                 anon_gid=anon_gid,
                 trash_days=7,
                 enabled=True,
+                sec=sec,
             )
         )
     )

@@ -241,3 +241,12 @@ def test_directory_quotas_usage_and_the_limits_that_are_set(app):
     assert values['shingle_quota_used_files{path="/team"}'] == 2
     quotas.remove("/team")
     assert "shingle_quota" not in app.test_client().get("/metrics").get_data(as_text=True)
+
+
+def test_kerberos_counters_when_the_server_records_them(app, appliance):
+    _, catalog = appliance
+    metrics.record_sample(catalog, nfs_gss_live=2, nfs_gss_contexts=5, nfs_gss_replays=1)
+    values = parse(app.test_client().get("/metrics").get_data(as_text=True))
+    assert values["shingle_nfs_gss_contexts"] == 2
+    assert values['shingle_nfs_gss_events_total{event="contexts"}'] == 5
+    assert values['shingle_nfs_gss_events_total{event="replays"}'] == 1

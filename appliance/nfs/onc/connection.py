@@ -35,12 +35,15 @@ import time
 from appliance.nfs.onc.limits import SCAN_BUFFER_MAX
 from appliance.nfs.onc.outgoing import OutgoingCalls
 from appliance.nfs.onc.rpc import (
+    AUTH_TOOWEAK,
     GARBAGE_ARGS,
     PROG_UNAVAIL,
     REPLY,
+    AuthTooWeak,
     InWorker,
     RpcReject,
     accepted,
+    denied_auth,
     parse_call,
     prog_mismatch,
     success_head,
@@ -373,7 +376,7 @@ class RpcConnection(asyncio.BufferedProtocol):
             log.exception("unexpected error handling a call from %s", self.peer[0])
             outcome = None
         del record  # the call holds it while it needs it; the count is given back at the end
-        if isinstance(outcome, tuple):  # (xid, InWorker)
+        if isinstance(outcome, tuple):  # (xid, InWorker, GssReply or None)
             try:
                 self.server.pool.call_soon(self._run, *outcome, size)
                 return
@@ -383,13 +386,21 @@ class RpcConnection(asyncio.BufferedProtocol):
             self.send(outcome, on_loop=True)
         self._call_done(size)
 
-    def _run(self, xid: int, work: InWorker, size: int) -> None:
+    def _run(self, xid: int, work: InWorker, gss_reply, size: int) -> None:
         """In a worker thread: the blocking part of a call, then its reply."""
         try:
             try:
-                chunks = [success_head(xid), *work.fn(*work.args)]
+                body = work.fn(*work.args)
+                chunks = (
+                    [success_head(xid), *body]
+                    if gss_reply is None
+                    else gss_reply.success(xid, body)
+                )
             except RpcReject as rej:
-                chunks = [rej.body]
+                chunks = [rej.body if gss_reply is None else gss_reply.rejected(rej.body)]
+            except AuthTooWeak as exc:
+                log.debug("call from %s refused: %s", self.peer[0], exc)
+                chunks = [denied_auth(xid, AUTH_TOOWEAK)]
             finally:
                 if work.finished is not None:
                     work.finished()
@@ -502,8 +513,9 @@ class RpcConnection(asyncio.BufferedProtocol):
         if len(record) >= 8 and _HDR.unpack_from(record, 4)[0] == REPLY:
             self.outgoing.reply(record)  # a reply to a call of ours, or a stray one: no answer
             return None
+        gss = self.server.gss
         try:
-            call, cred, pos = parse_call(record)
+            call, cred, pos = parse_call(record, gss)
         except RpcReject as rej:
             return [rej.body]
         except XdrError as exc:
@@ -515,6 +527,12 @@ class RpcConnection(asyncio.BufferedProtocol):
         log.debug(
             "call prog %d vers %d proc %d from %s", call.prog, call.vers, call.proc, self.peer[0]
         )
+        gss_reply = None
+        if cred is None:  # RPCSEC_GSS (appliance/nfs/onc/gss.py)
+            verdict = gss.accept(call, record, pos)
+            if not isinstance(verdict, tuple):
+                return verdict  # a context procedure's answer, a refusal, or None (a replay)
+            cred, record, pos, gss_reply = verdict
         program = self.server.programs.get(call.prog)
         if program is None:
             return [accepted(call.xid, PROG_UNAVAIL)]
@@ -523,9 +541,14 @@ class RpcConnection(asyncio.BufferedProtocol):
         try:
             body = program.call(self, call, cred, record, pos)
         except RpcReject as rej:
-            return [rej.body]
+            return [rej.body if gss_reply is None else gss_reply.rejected(rej.body)]
+        except AuthTooWeak as exc:
+            log.debug("call from %s refused: %s", self.peer[0], exc)
+            return [denied_auth(call.xid, AUTH_TOOWEAK)]
         if isinstance(body, InWorker):
-            return call.xid, body
+            return call.xid, body, gss_reply
+        if gss_reply is not None:
+            return gss_reply.success(call.xid, body)
         return [success_head(call.xid), *body]
 
     def send(self, chunks, *, on_loop: bool) -> None:

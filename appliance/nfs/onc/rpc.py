@@ -58,9 +58,17 @@ class Credential:
     gid: int
     gids: tuple[int, ...]
     machine: str = ""
+    principal: str = ""  # RPCSEC_GSS: the Kerberos principal the context speaks for
+    # the flavour the export rules compare: AUTH_SYS, AUTH_NONE or a Kerberos pseudo-flavour
+    sec: int = AUTH_NONE
 
 
 ANONYMOUS = Credential(AUTH_NONE, 65534, 65534, ())
+
+
+class AuthTooWeak(Exception):
+    """The call's flavour is not one the export allows: an RPC-level AUTH_TOOWEAK denial
+    (NFSv3; NFSv4 answers NFS4ERR_WRONGSEC instead)."""
 
 
 class InWorker:
@@ -104,26 +112,30 @@ def success_head(xid: int) -> bytes:
 def decode_credential(cred) -> Credential:
     if cred.flavor == AUTH_SYS:
         p = authsys_parms.decode(cred.body)
-        return Credential(AUTH_SYS, p.uid, p.gid, tuple(p.gids), p.machinename)
+        return Credential(AUTH_SYS, p.uid, p.gid, tuple(p.gids), p.machinename, sec=AUTH_SYS)
     if cred.flavor == AUTH_NONE:
         return ANONYMOUS
     raise ValueError(cred.flavor)
 
 
-def parse_call(record):
+def parse_call(record, gss=None):
     """(call header, credential, offset of the procedure arguments) or an
-    RpcReject carrying the reply; XdrError when even the header is garbage."""
+    RpcReject carrying the reply; XdrError when even the header is garbage. With ``gss`` (the
+    server takes RPCSEC_GSS), an RPCSEC_GSS call's credential is None: the connection hands it
+    to ``gss.accept``."""
     call, pos = call_body.unpack(record, 0)
     if call.mtype != CALL:
         raise XdrError(f"message type {call.mtype}: expected CALL (0)")
     if call.rpcvers != RPC_VERSION:
         raise RpcReject(denied_rpc_version(call.xid))
+    if call.cred.flavor == RPCSEC_GSS and gss is not None:
+        return call, None, pos
     try:
         cred = decode_credential(call.cred)
     except XdrError:
         raise RpcReject(denied_auth(call.xid, AUTH_BADCRED)) from None
     except ValueError:
-        # RPCSEC_GSS and unknown flavors: not offered by this server (yet)
+        # unknown flavors, and RPCSEC_GSS when no keytab is configured
         why = AUTH_BADCRED if call.cred.flavor != RPCSEC_GSS else AUTH_TOOWEAK
         raise RpcReject(denied_auth(call.xid, why)) from None
     return call, cred, pos

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from appliance.nfs import access
 from appliance.nfs.fh import KIND_FILE
+from appliance.nfs.onc.rpc import AuthTooWeak
 from appliance.nfs.state import NfsError
 from appliance.nfs.v3 import types as t
 from engine.base import errors
@@ -137,6 +138,8 @@ class Call3:
     def node(self, fh) -> Node3:
         _, rule, attr = access.resolve(self.server, fh, self.address, CODES)
         assert rule is not None and isinstance(attr, Attr)  # v3 has no pseudo-root handles
+        if not rule.admits(self.rpc_cred.sec):
+            raise AuthTooWeak(f"export {rule.name} does not allow flavour {self.rpc_cred.sec}")
         self.export_id = rule.id
         return Node3(rule, attr)
 

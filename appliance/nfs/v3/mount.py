@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 from appliance.nfs import access
 from appliance.nfs.fh import KIND_FILE
@@ -24,6 +25,9 @@ from appliance.nfs.onc.xdr import Packer
 from appliance.nfs.v3 import types as t
 from engine.base.ratelog import RateLimitedLog
 from engine.catalog.models import DIR
+
+if TYPE_CHECKING:
+    from appliance.nfs.exports import ExportRule
 
 log = logging.getLogger("shingle.nfs.mount")
 _refusals = RateLimitedLog(log)
@@ -112,7 +116,7 @@ class MountProgram:
 
     def mnt(self, cred, address: str, path: str):
         try:
-            fh = self.root_handle(cred, address, path)
+            fh, rule = self.root_handle(cred, address, path)
         except Exception as exc:  # noqa: BLE001 - a failed mount is a status, not a dead connection
             status = access.status_of(exc, CODES)
             if status == t.MNT3ERR_SERVERFAULT:
@@ -124,10 +128,17 @@ class MountProgram:
             return (status, None)
         with self._lock:
             self.mounts.add((address, "/" + "/".join(split_path(path))))
-        return (t.MNT3_OK, t.mountres3_ok.cls(fh, [t.AUTH_SYS, t.AUTH_NONE]))
+        # the export's flavours in its order (AUTH_NONE beside sys): the client picks one of
+        # them for its NFS calls, which the export checks; MNT itself comes over AUTH_SYS
+        flavors = [
+            f
+            for flavor in rule.flavors
+            for f in ((flavor, t.AUTH_NONE) if flavor == t.AUTH_SYS else (flavor,))
+        ]
+        return (t.MNT3_OK, t.mountres3_ok.cls(fh, flavors))
 
-    def root_handle(self, cred, address: str, path: str) -> bytes:
-        """The handle of ``path``: an export name, or a directory below one."""
+    def root_handle(self, cred, address: str, path: str) -> tuple[bytes, ExportRule]:
+        """The handle of ``path`` (an export name, or a directory below one), and its export."""
         parts = split_path(path)
         best = None
         for rule in self.server.exports.by_id.values():
@@ -143,4 +154,4 @@ class MountProgram:
             attr = ns.lookup(ucred, attr.ino, part)
         if attr.type != DIR:
             raise MountError(t.MNT3ERR_NOTDIR, f"{path!r} is not a directory")
-        return self.server.handles.pack(KIND_FILE, best.id, attr.ino, attr.generation)
+        return self.server.handles.pack(KIND_FILE, best.id, attr.ino, attr.generation), best

@@ -7,7 +7,14 @@ import logging
 import time
 
 from appliance.nfs.access import log_failure
-from appliance.nfs.onc.rpc import PROC_UNAVAIL, InWorker, RpcReject, accepted, decode_args
+from appliance.nfs.onc.rpc import (
+    PROC_UNAVAIL,
+    AuthTooWeak,
+    InWorker,
+    RpcReject,
+    accepted,
+    decode_args,
+)
 from appliance.nfs.onc.xdr import Packer, XdrError
 from appliance.nfs.v3 import types as t
 from appliance.nfs.v3.context import CODES, Call3, status_of
@@ -25,6 +32,8 @@ def execute(server, rpc_cred, address: str, proc: int, args) -> list:
     try:
         value = HANDLERS3[proc](cx, args)
         status = t.NFS3_OK
+    except AuthTooWeak:
+        raise  # an RPC-level denial (appliance/nfs/onc/connection.py), not an NFS3ERR status
     except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a dead connection
         status = status_of(exc)
         log_failure(CODES, status, f"NFSv3 {name}", address, exc)

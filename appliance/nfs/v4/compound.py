@@ -276,12 +276,27 @@ def _call(run: _Run, op: Op, args) -> int:
     return status
 
 
+SECINFO_OPS = (c.OP_SECINFO, c.OP_SECINFO_NO_NAME)
+
+
 def run_handler(cx: Compound, op: Op, handler, args) -> tuple[int, object]:
     """(status, resok value or error payload) of one operation's handler: every failure
     becomes a status, never a dead connection. WouldBlock passes (the from-cache attempt)."""
     try:
-        if op.needs_fh and cx.cur is None:
-            raise NfsError(c.NFS4ERR_NOFILEHANDLE, "no current file handle")
+        if op.needs_fh:
+            cur = cx.cur
+            if cur is None:
+                raise NfsError(c.NFS4ERR_NOFILEHANDLE, "no current file handle")
+            # RFC 8881 2.6.3.1: the handle's export decides the flavours; SECINFO says which
+            if (
+                cur.export is not None
+                and not cur.export.admits(cx.rpc_cred.sec)
+                and op.opnum not in SECINFO_OPS
+            ):
+                raise NfsError(
+                    c.NFS4ERR_WRONGSEC,
+                    f"export {cur.export.name} does not allow flavour {cx.rpc_cred.sec}",
+                )
         if handler is None:
             raise NfsError(c.NFS4ERR_NOTSUPP, f"{op.name} not implemented")
         return c.NFS4_OK, handler(cx, args)

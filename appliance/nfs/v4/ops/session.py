@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+from appliance.nfs.onc.gss import KRB5, KRB5_OID, KRB5I, KRB5P, SERVICE_OF_FLAVOR
 from appliance.nfs.state import NfsError, clients
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.backchannel import Backchannel
@@ -175,9 +176,26 @@ def free_stateid(cx, sid):
 
 
 def _secinfo(cx):
-    cx.need_fh()
+    node = cx.need_fh()
     cx.cur = None  # SECINFO consumes the current file handle (RFC 8881 2.6.3.1.1.8)
-    return [(c.AUTH_SYS, None), (c.AUTH_NONE, None)]
+    return secinfo_flavors(cx.server, node.export)
+
+
+def secinfo_flavors(server, export) -> list:
+    """secinfo4 entries of an export in its order of preference; for the pseudo-root, every
+    flavour the server takes (AUTH_SYS first: a client that did not ask for Kerberos stays on it
+    until an export answers WRONGSEC)."""
+    if export is None:
+        flavors = [c.AUTH_SYS] + ([KRB5P, KRB5I, KRB5] if server.gss is not None else [])
+    else:
+        flavors = list(export.flavors)
+    out: list[tuple[int, tuple | None]] = []
+    for flavor in flavors:
+        if flavor == c.AUTH_SYS:
+            out += [(c.AUTH_SYS, None), (c.AUTH_NONE, None)]
+        else:
+            out.append((c.RPCSEC_GSS, (KRB5_OID, 0, SERVICE_OF_FLAVOR[flavor])))
+    return out
 
 
 @operation(c.OP_SECINFO)
