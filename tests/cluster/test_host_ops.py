@@ -2,7 +2,9 @@
 is one event and one alert, whichever head saw it and however long it stays away; a host
 declared gone for good is rebuilt onto the others to full redundancy and spread, paced; a host
 drained and removed leaves every byte readable with its agent stopped; and the refusals (an
-unknown host, a lost host drained, an answering host removed, too few hosts left)."""
+unknown host, a lost host drained, an answering host removed, too few hosts left). A host lost
+longer than cluster.host_gone_after_s is removed by a job queued once, whose progress and rate
+the hosts' read model shows while it runs; a host is replaced by a new one."""
 
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ import pytest
 from agenthelpers import STRIPE, AgentHead, MiB
 from test_agents import hosts_of_stripes, make, wait_for
 
-from engine.admin import events, fsck
+from engine.admin import events, fsck, jobs
 from engine.admin import hosts as hosts_view
 from engine.admin.alerts import AlertMonitor, AlertService, AlertSettings, default_sources
 from engine.base import errors
 from engine.catalog.models import Drive
 from engine.lifecycle import drives as drive_states
 from engine.lifecycle import hostops
+from engine.lifecycle.jobs import runners as lifecycle_runners
 
 DRIVES = Drive.__table__
 KiB = 1 << 10
@@ -132,11 +135,28 @@ def test_a_lost_host_is_one_alert_then_rebuilt_elsewhere_then_another_drained_an
         assert len(host_events(sqlite_catalog, "host.lost", lost.name)) == 2  # one per episode
         with pytest.raises(errors.InvalidArgument, match="drain it first"):
             hostops.start_remove_host(sqlite_catalog, drained.name, head.policies, actor="t")
+        # gone for good after cluster.host_gone_after_s: one host-remove job, queued once
+        monitors[0].tick(force=True)
+        time.sleep(0.05)
+        (job_id,) = hostops.queue_gone_hosts(sqlite_catalog, 0.01)
+        assert hostops.queue_gone_hosts(sqlite_catalog, 0.01) == []
+        job = jobs.claim(sqlite_catalog, job_id)
+        assert job is not None and job.params["host"] == lost.name
+        seen = []  # what status shows while it runs
+
+        def progress(done, total, message):
+            jobs.progress_writer(sqlite_catalog, job_id, every_s=0)(done, total, message)
+            view = hosts_view.cluster(sqlite_catalog, 4, 2)
+            seen.append(view.operation(view.host(lost.name)))
+
+        runner = lifecycle_runners(head.ns, head.data, sqlite_catalog, rebuild_bytes_per_s=RATE)
         started = time.monotonic()
-        result = hostops.remove_host(
-            head.data, sqlite_catalog, lost.name, actor="test", bytes_per_s=RATE
-        )
+        result = runner["host-remove"](job.params, progress, "schedule")
         took = time.monotonic() - started
+        jobs.finish(sqlite_catalog, job_id, ok=True, result=result)
+        moving = [op for op in seen if op and op["done_bytes"]]
+        assert moving and all(op["kind"] == "host-remove" for op in moving)
+        assert 0 < moving[-1]["mb_per_s"] and moving[-1]["total_bytes"] > 0
         assert result["fragments_rebuilt"] > 0 and result["unplaced"] == 0
         assert not result["unrecoverable"] and not result["warnings"]
         assert result["written_by_host"] and lost.name not in result["written_by_host"]
@@ -182,10 +202,23 @@ def test_a_lost_host_is_one_alert_then_rebuilt_elsewhere_then_another_drained_an
         assert drained.name not in {h.name for h in view.hosts} and view.may_lose == 2
         assert all(h.waiting_fragments == 0 and view.operation(h) is None for h in view.hosts)
 
+        # -- replace: a new host joins, the old one is drained onto the others ---------------
+        (new,) = agents(1)
+        result = hostops.replace_host(head.data, sqlite_catalog, third.name, new.address)
+        assert result["joined"]["host"] == new.name and len(result["joined"]["drives_added"]) == 1
+        assert result["host"] == third.name and result["fragments_left"] == 0
+        assert not result["warnings"]
+        assert one_host_per_fragment(sqlite_catalog)
+        view = hosts_view.cluster(sqlite_catalog, 4, 2)
+        assert third.name not in {h.name for h in view.hosts} and view.host(new.name).fragments
+        third.kill()
+        check_every_byte(head, files)
+
         # -- too few hosts left: 5 drives cannot hold a 6-wide stripe ------------------------
+        before = states_of(sqlite_catalog, head.drive_ids)
         with pytest.raises(errors.InvalidArgument, match="needs 6 different drives"):
-            hostops.start_drain_host(sqlite_catalog, third.name, head.policies, actor="test")
-        assert "draining" not in states_of(sqlite_catalog, head.drive_ids)  # nothing changed
+            hostops.start_drain_host(sqlite_catalog, hosts[3].name, head.policies, actor="test")
+        assert states_of(sqlite_catalog, head.drive_ids) == before  # nothing changed
     finally:
         second.close()
         head.close()
