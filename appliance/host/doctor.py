@@ -616,6 +616,85 @@ def _load_config(config_path: str | None, root: Path):
         )
 
 
+# -- Kerberos ------------------------------------------------------------------------------------
+KRB5_SKEW_S = 300  # MIT's default clockskew: a client ticket further off is refused
+
+
+def check_kerberos(keytab: str, principal: str = "", run=subprocess.run) -> list[Check]:
+    """nfs.krb5_keytab: readable, holding the service key (``principal``, else any nfs/ key),
+    and the clock against the realm's KDC (the offset MIT records when it gets a ticket with
+    that key; a KDC that does not answer leaves it unknown)."""
+    fix = "make nfs/HOST@REALM in the KDC and `ktadd -k KEYTAB` it (docs/security.md)"
+    try:
+        with open(keytab, "rb"):
+            pass
+    except OSError as exc:
+        return [Check("krb5 keytab", "fail", f"{keytab}: {exc.strerror}", fix)]
+    listed = run(["klist", "-k", keytab], capture_output=True, text=True)
+    names = sorted({line.split()[-1] for line in listed.stdout.splitlines()[3:] if line.strip()})
+    want = service_principal(principal)
+    found = [n for n in names if (n.startswith(want) if want else n.startswith("nfs/"))]
+    if listed.returncode != 0 or not found:
+        what = want or "nfs/ service key"
+        return [Check("krb5 keytab", "fail", f"{keytab} holds no {what} ({names})", fix)]
+    results = [Check("krb5 keytab", "ok", f"{keytab}: {', '.join(found)}")]
+    results.append(_kdc_clock(keytab, found[0], run))
+    return results
+
+
+def service_principal(principal: str) -> str:
+    """'nfs@host' (a GSS host-based name) -> 'nfs/host@'; 'nfs/host@R' as it is."""
+    if principal and "/" not in principal and "@" in principal:
+        service, host = principal.split("@", 1)
+        return f"{service}/{host}@"
+    return principal
+
+
+def _kdc_clock(keytab: str, principal: str, run) -> Check:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="shingle-doctor-") as tmp:
+        cache = Path(tmp) / "ccache"
+        got = run(
+            ["kinit", "-k", "-t", keytab, "-c", f"FILE:{cache}", principal],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if got.returncode != 0:
+            detail = (got.stderr or got.stdout).strip().splitlines()[-1:] or ["no answer"]
+            if "skew" in detail[0].lower():
+                return Check("krb5 clock", "fail", detail[0], "synchronise the clock (NTP)")
+            return Check("krb5 clock", "warn", f"no ticket from the KDC: {detail[0]}")
+        offset = ccache_time_offset(cache.read_bytes())
+    if offset is None:
+        return Check("krb5 clock", "ok", "a ticket from the KDC (no clock offset recorded)")
+    if abs(offset) > KRB5_SKEW_S:
+        return Check(
+            "krb5 clock",
+            "fail",
+            f"{offset:+d} s from the KDC (at most {KRB5_SKEW_S} s)",
+            "synchronise the clock (NTP)",
+        )
+    return Check("krb5 clock", "ok", f"{offset:+d} s from the KDC")
+
+
+def ccache_time_offset(data: bytes) -> int | None:
+    """The KDC's clock minus ours, in seconds, from an MIT ccache (file format 4 keeps it in
+    its header's DeltaTime tag when kdc_timesync is on, the default)."""
+    if len(data) < 4 or data[:2] != b"\x05\x04":
+        return None
+    end = 4 + int.from_bytes(data[2:4], "big")
+    pos = 4
+    while pos + 4 <= end:
+        tag = int.from_bytes(data[pos : pos + 2], "big")
+        length = int.from_bytes(data[pos + 2 : pos + 4], "big")
+        if tag == 1 and length >= 8:
+            return int.from_bytes(data[pos + 4 : pos + 8], "big", signed=True)
+        pos += 4 + length
+    return None
+
+
 def run_checks(
     config_path: str | None = None, root: str | Path | None = None, sys_root: Path = Path("/sys")
 ) -> list[Check]:
@@ -645,6 +724,10 @@ def run_checks(
         results += check_free_space(
             {"data_dir": config.data_dir, "drives_dir": config.resolve("storage.drives_dir")}
         )
+        if config.get("nfs.krb5_keytab"):
+            results += check_kerberos(
+                config.get("nfs.krb5_keytab"), config.get("nfs.krb5_principal")
+            )
         results.append(check_port("nfs", config.get("nfs.host"), config.get("nfs.port")))
         results.append(check_port("webui", config.get("webui.host"), config.get("webui.port")))
     results.append(check_clock())
