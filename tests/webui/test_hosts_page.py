@@ -98,11 +98,15 @@ def test_hosts_page_in_chromium(server, chromium, live):  # noqa: F811
     make_checkpoints(live.namespace, "/data", range(1, 4), size=150_000)
     label_hosts(live.catalog)
     drive_states.fail_drive(live.catalog, 4, actor="test")
-    live.maintenance.stop()  # the job below stays where the test puts it
+    drive_states.start_drain(live.catalog, 3, actor="test")
+    live.maintenance.stop()  # the jobs below stay where the test puts them
     live.maintenance.join(30)
     job = jobs.claim(live.catalog, jobs.submit(live.catalog, "rebuild", actor="test"))
     assert job is not None
     jobs.progress_writer(live.catalog, job.id)(2, 5, "rebuilding drive 4's fragments")
+    drain = jobs.claim(live.catalog, jobs.submit(live.catalog, "host-drain", {"host": "h2"}))
+    assert drain is not None
+    jobs.progress_writer(live.catalog, drain.id)(1 << 20, 4 << 20, "draining h2")
 
     wide = chromium.new_context(viewport={"width": 1280, "height": 900})
     tab = wide.new_page()
@@ -113,12 +117,16 @@ def test_hosts_page_in_chromium(server, chromium, live):  # noqa: F811
     assert tab.url == server + "/hosts"
     assert "active" in (tab.get_attribute("nav a:has-text('Hosts')", "class") or "")
     assert "rebuilding drive 4's fragments" in tab.inner_text("#moving")
-    assert tab.eval_on_selector("#moving progress", "p => p.value") == 0.4
+    assert tab.eval_on_selector("#moving tr[data-job] progress", "p => p.value") == 0.4
+    assert "draining h2" in tab.inner_text("#moving")
+    under_way = tab.inner_text("#host-table tr[data-host='h2'] td.operation")
+    assert "host-drain" in under_way and "25 %" in under_way and "MB/s" in under_way
+    assert tab.inner_text("#host-table tr[data-host='h0'] td.operation") == "–"
     order = "rows => rows.map(r => r.dataset.host)"
-    tab.click("#host-table th:has-text('to move')")  # h3 alone has fragments to move
-    assert tab.eval_on_selector_all("#host-table tbody tr", order)[-1] == "h3"
+    tab.click("#host-table th:has-text('to move')")  # h2 and h3 have fragments to move
+    assert tab.eval_on_selector_all("#host-table tbody tr", order)[:2] == ["h0", "h1"]
     tab.click("#host-table th:has-text('to move')")
-    assert tab.eval_on_selector_all("#host-table tbody tr", order)[0] == "h3"
+    assert sorted(tab.eval_on_selector_all("#host-table tbody tr", order)[:2]) == ["h2", "h3"]
     fragments = tab.eval_on_selector_all(
         "#host-table td.fragments", "cells => cells.map(c => Number(c.dataset.value))"
     )
