@@ -29,7 +29,7 @@ LATENCY_RE = re.compile(r"nfs_latency_(?:(?P<op>[a-z0-9_]+?)_)?le_(?P<le>inf|\d+
 OP_LATENCY_SUM_RE = re.compile(r"nfs_latency_(?P<op>[a-z0-9_]+)_sum_s")
 DRIVE_RE = re.compile(
     r"drive_(?P<id>\d+)_(?P<what>read_bytes|written_bytes|read_errors|write_errors"
-    r"|checksum_errors)"
+    r"|checksum_errors|device_errors|off_pointer_errors)"
 )
 EXPORT_RE = re.compile(r"export_(?P<id>\d+)_(?P<what>read_bytes|write_bytes|ops)")
 JOB_KINDS = ("scrub", "rebuild", "retention", "drain", "tier", "clean", "trash-purge")
@@ -500,13 +500,15 @@ def _drive_counters(out: Exposition, latest: dict) -> None:
     )
     errors = [
         ({**labels, "kind": kind}, v)
-        for kind in ("read", "write", "checksum")
+        for kind in ("read", "write", "checksum", "device", "off_pointer")
         for labels, v in found.get(f"{kind}_errors", [])
     ]
     out.family(
         "shingle_drive_errors_total",
         "counter",
-        "I/O errors and checksum mismatches, per drive.",
+        "I/O errors and checksum mismatches, per drive. Zoned block devices add kind=device "
+        "(errors the device returned, also counted as read or write) and kind=off_pointer "
+        "(writes the device refused as off its write pointer: expected 0).",
         sorted(errors, key=lambda item: (int(item[0]["drive"]), item[0]["kind"])),
     )
 

@@ -1,7 +1,12 @@
-"""`shingle init DIR`: a config, the catalog, emulated drives and the first admin in a folder."""
+"""`shingle init DIR`: a config, the catalog, the drives and the first admin in a folder.
+
+The drives are emulated ones (folders of zone files) by default, or those named by ``--drive``:
+each a zoned block device (its geometry read from the device) or a new folder, made by the same
+function as `shingle drives add` (engine.lifecycle.replace.make_drive)."""
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import tomllib
@@ -12,12 +17,15 @@ from appliance import config as config_mod
 from appliance.cli.common import UsageError, size_arg
 from engine.base.units import format_size
 
+DEFAULT_DRIVES = 10  # 8+2, the default band classes' widest stripe
+
 
 @dataclass
 class Made:
     """What `init` made, for the summary it prints."""
 
     drive_count: int
+    zoned_devices: list[str]
     password_file: Path
     tls_made_by: str | None
 
@@ -32,13 +40,23 @@ def cmd_init(args) -> int:
             f"{config_path} exists: this folder is already initialized "
             "(remove it or choose another folder)"
         )
+    if args.drive_paths and args.drives is not None:
+        raise UsageError(
+            "--drives and --drive: give either a count of emulated drives or each drive"
+        )
+    if args.drive_paths:
+        args.drive_paths = [os.path.abspath(p) for p in args.drive_paths]
+        args.drives = len(args.drive_paths)
+    elif args.drives is None:
+        args.drives = DEFAULT_DRIVES
     if args.drives < 1:
         raise UsageError(f"--drives {args.drives}: expected at least 1")
     text = config_mod.render(_overrides(args), commented_defaults=True)
     config = config_mod.from_dict(tomllib.loads(text), config_path)
     _check_drive_count(config, args.drives)
     drives_dir = config.resolve("storage.drives_dir")
-    zones_bytes = args.drives * (args.drive_size // args.zone_size) * args.zone_size
+    emulated = args.drives - len(_check_named_drives(config, args.drive_paths or []))
+    zones_bytes = emulated * (args.drive_size // args.zone_size) * args.zone_size
     if args.preallocate:
         _check_room(drives_dir, zones_bytes)
     root.mkdir(parents=True, exist_ok=True)
@@ -76,21 +94,50 @@ def _check_drive_count(config: config_mod.Config, drives: int) -> None:
         )
 
 
-def _first_state(config: config_mod.Config, root: Path, args) -> Made:
-    """The new catalog's root folder, drives, default export, first admin and secrets."""
-    from appliance.nfs.exports import ensure_default_export
-    from appliance.private import write_private
-    from engine.admin import accounts, events
-    from engine.admin import exports as export_service
-    from engine.catalog import Catalog
-    from engine.drives import format_emulated
-    from engine.namespace import Namespace
+def _largest_fragment(config: config_mod.Config) -> int:
+    return max(p.max_fragment_length for p in config.policies().values())
 
-    catalog = Catalog(config.catalog_url)
-    try:
-        # any client user may make its own folders; a squashed root client writes too
-        export_service.prepare_new_root(Namespace(catalog))
-        drive_ids = format_emulated(
+
+def _check_named_drives(config: config_mod.Config, paths: list[str]) -> list[str]:
+    """The zoned block devices among ``paths``, each checked as `drives add` would (before
+    anything is made, so a refused drive leaves no half-made appliance); a folder must be new
+    or empty."""
+    import stat
+
+    from engine.drives import check_zoned_block
+
+    if len(set(paths)) < len(paths):
+        twice = sorted({p for p in paths if paths.count(p) > 1})
+        raise UsageError(f"--drive {twice[0]}: given twice (each drive once)")
+    devices = []
+    largest = 0
+    for path in paths:
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            if path.startswith("/dev/"):
+                raise UsageError(f"--drive {path}: no such device") from None
+            continue  # a new folder of zone files
+        if stat.S_ISBLK(mode):
+            largest = largest or _largest_fragment(config)  # built once: each builds codecs
+            check_zoned_block(path, largest)
+            devices.append(path)
+        elif not stat.S_ISDIR(mode) or any(Path(path).iterdir()):
+            raise UsageError(
+                f"--drive {path}: expected a zoned block device or a new or empty folder "
+                "(it becomes an emulated drive of zone files)"
+            )
+    return devices
+
+
+def _make_drives(catalog, config: config_mod.Config, args) -> list[int]:
+    """The drives of the new appliance: each ``--drive`` as `drives add` makes it, else
+    ``--drives`` emulated ones in storage.drives_dir."""
+    from engine.drives import format_emulated
+    from engine.lifecycle.replace import make_drive
+
+    if not args.drive_paths:
+        return format_emulated(
             catalog,
             config.resolve("storage.drives_dir"),
             args.drives,
@@ -98,6 +145,35 @@ def _first_state(config: config_mod.Config, root: Path, args) -> Made:
             args.zone_size,
             preallocate=args.preallocate,
         )
+    largest = _largest_fragment(config)
+    return [
+        make_drive(
+            catalog,
+            path,
+            size=args.drive_size,
+            zone_size=args.zone_size,
+            preallocate=args.preallocate,
+            min_zone_size=largest,
+        )
+        for path in args.drive_paths
+    ]
+
+
+def _first_state(config: config_mod.Config, root: Path, args) -> Made:
+    """The new catalog's root folder, drives, default export, first admin and secrets."""
+    from appliance.nfs.exports import ensure_default_export
+    from appliance.private import write_private
+    from engine.admin import accounts, events
+    from engine.admin import exports as export_service
+    from engine.catalog import Catalog
+    from engine.namespace import Namespace
+
+    catalog = Catalog(config.catalog_url)
+    try:
+        # any client user may make its own folders; a squashed root client writes too
+        export_service.prepare_new_root(Namespace(catalog))
+        drive_ids = _make_drives(catalog, config, args)
+        zoned = _zoned_devices(catalog)
         ensure_default_export(catalog)
         password = secrets.token_urlsafe(12)
         accounts.create_admin(catalog, args.admin_user, password, actor="shingle init")
@@ -111,12 +187,19 @@ def _first_state(config: config_mod.Config, root: Path, args) -> Made:
         events.record(
             catalog,
             "appliance.init",
-            f"initialized with {len(drive_ids)} emulated drives",
+            f"initialized with {len(drive_ids)} drives ({len(zoned)} zoned block devices)",
             actor="shingle init",
+            details={"drives": drive_ids, "zoned_devices": zoned},
         )
     finally:
         catalog.close()
-    return Made(len(drive_ids), password_file, made_by)
+    return Made(len(drive_ids), zoned, password_file, made_by)
+
+
+def _zoned_devices(catalog) -> list[str]:
+    from engine.lifecycle.drives import list_drives
+
+    return [d.path for d in list_drives(catalog) if d.backend == "zoned-block"]
 
 
 def _self_signed(config: config_mod.Config) -> str:
@@ -134,16 +217,27 @@ def _print_summary(args, config: config_mod.Config, root: Path, made: Made, zone
     print(f"initialized {root}")
     print(f"  config:   {config.path}")
     print(f"  catalog:  {config.catalog_url}")
-    print(
-        f"  drives:   {made.drive_count} x {fmt(args.drive_size)} ({fmt(args.zone_size)} zones) "
-        f"in {drives_dir}"
-    )
-    if args.preallocate:
+    emulated = made.drive_count - len(made.zoned_devices)
+    if made.zoned_devices:
+        print(
+            f"  drives:   {len(made.zoned_devices)} zoned block devices "
+            f"({', '.join(made.zoned_devices)}; `shingle drives list` shows their zones)"
+        )
+    if emulated and args.drive_paths:
+        print(
+            f"  drives:   {emulated} emulated ({fmt(args.drive_size)}, {fmt(args.zone_size)} zones)"
+        )
+    elif emulated:
+        print(
+            f"  drives:   {made.drive_count} x {fmt(args.drive_size)} ({fmt(args.zone_size)} "
+            f"zones) in {drives_dir}"
+        )
+    if emulated and args.preallocate:
         print(
             f"  disk:     {fmt(zones_bytes)} of real disk reserved now (zone files preallocated; "
             "--no-preallocate makes them grow as written)"
         )
-    else:
+    elif emulated:
         print(
             f"  disk:     {fmt(_allocated_bytes(drives_dir))} of real disk now, growing as "
             f"data is written, up to {fmt(zones_bytes)} (zone files not preallocated)"
@@ -177,11 +271,18 @@ def _allocated_bytes(folder: Path) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "init", help="create a config, the catalog, emulated drives and the first admin"
-    )
+    p = sub.add_parser("init", help="create a config, the catalog, the drives and the first admin")
     p.add_argument("dir", help="folder for the appliance's state")
-    p.add_argument("--drives", type=int, default=10, help="emulated drives (default 10: 8+2)")
+    p.add_argument("--drives", type=int, help=f"emulated drives (default {DEFAULT_DRIVES}: 8+2)")
+    p.add_argument(
+        "--drive",
+        dest="drive_paths",
+        action="append",
+        metavar="PATH",
+        help="a drive, repeatable, instead of --drives: a host-managed zoned block device "
+        "(/dev/sdX, /dev/nvme0n1: zones, capacity and open limits read from it) or a new folder "
+        "(an emulated drive of --drive-size); the same as `shingle drives add PATH`",
+    )
     p.add_argument(
         "--drive-size",
         type=size_arg,

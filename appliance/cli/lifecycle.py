@@ -393,7 +393,8 @@ actions:
   drain ID      move a drive's data to the others, then retire it
   add PATH      a new drive: PATH a new folder (an emulated drive of zone files, the size
                 of the drives in use unless --size/--zone-size; --no-preallocate) or a
-                zoned block device; then rebuild onto it
+                host-managed zoned block device whose sequential zones are empty (its
+                geometry read from it); then rebuild onto it
   replace OLD PATH
                 add PATH as above and retire drive OLD (drained if readable, rebuilt from
                 redundancy if not), until no stripe is under-protected

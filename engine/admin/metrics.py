@@ -24,7 +24,8 @@ Counter names (the daemon records what it has; charts show what exists):
   the NFS server records them
 - ``drive_<id>_read_bytes``, ``drive_<id>_written_bytes``, ``drive_<id>_read_errors``,
   ``drive_<id>_write_errors``, ``drive_<id>_checksum_errors``: each drive's own I/O
-  (engine.drives.ZonedDrive.io_counters)
+  (engine.drives.ZonedDrive.io_counters); a zoned block device adds ``drive_<id>_device_errors``
+  and ``drive_<id>_off_pointer_errors`` (engine/drives/blkzoned.py)
 Samples older than ``KEEP_SECONDS`` are pruned as new ones arrive."""
 
 from __future__ import annotations

@@ -142,12 +142,15 @@ class Committer:
                     zone.inflight -= 1
                     if s.error is None:
                         zone.committed_wp = max(zone.committed_wp, offset + length)
+                for dropped in s.dropped:  # fragments the stripe did without (stripes.py)
+                    dropped.zone.inflight -= 1
         inos = {s.fb.ino for s in batch}
         self.extents.invalidate(inos)
         for (listener, _reader), value in zip(self.listeners, found, strict=True):
             listener(inos, value)
         self._settle(batch)
         self.stats["stripes_committed"] += len(good)
+        self.stats["fragments_lost_on_write"] += sum(len(s.dropped) for s in good)
         self.stats["client_bytes_written"] += sum(
             length for s in good for _fo, _so, length in s.extents
         )

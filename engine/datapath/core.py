@@ -112,6 +112,7 @@ class DataPath:
         self._bind_hot_calls()
 
         self.recovery_report = recover(catalog, self.space)
+        self.drive_watch.note_faulty_zones(self.recovery_report.faulty_zones)
         self.drive_watch.start()
         self.writers.start()
         self.dispatcher.start()

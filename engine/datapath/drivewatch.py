@@ -109,6 +109,21 @@ class DriveWatch:
             self._faults.put((drive.id, DEGRADED, f"{during} failed: {exc}"))
         self._wake.set()
 
+    def note_faulty_zones(self, zones: list[tuple[int, int, str]]) -> None:
+        """Zones a zoned device reports read-only or offline, found at start (recovery.py): their
+        drive becomes degraded (read, never written)."""
+        by_drive: dict[int, list[str]] = {}
+        for drive_id, idx, condition in zones:
+            by_drive.setdefault(drive_id, []).append(f"zone {idx} {condition}")
+        for drive_id, found in by_drive.items():
+            reason = (
+                f"the device reports {len(found)} zones read-only or offline "
+                f"({', '.join(found[:4])})"
+            )
+            self._faults.put((drive_id, DEGRADED, reason))
+        if by_drive:
+            self._wake.set()
+
     def note_gone(self, drive: DriveState) -> None:
         """``DriveState.on_gone``: the drive's folder or device went away."""
         self._gone(drive)

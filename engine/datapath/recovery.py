@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.catalog.models import Zone
-from engine.drives.zoned import CLOSED, EXPLICIT_OPEN, IMPLICIT_OPEN
+from engine.drives.zoned import CLOSED, EXPLICIT_OPEN, IMPLICIT_OPEN, OFFLINE, READ_ONLY
 
 ZONES = Zone.__table__
 
@@ -20,6 +20,9 @@ class RecoveryReport:
     short_zones: list = field(default_factory=list)  # (drive id, zone idx, catalog wp, medium wp)
     zones_reset: int = 0
     zones_finished: int = 0  # full in the catalog, still open on the device: finished now
+    # (drive id, zone idx, condition): zones the device reports read-only or offline (a zoned
+    # block device's fault): never written again; their drive becomes degraded (core.py)
+    faulty_zones: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -48,6 +51,7 @@ def recover_drive(space, drive, report: RecoveryReport) -> list[tuple[int, dict]
     updates = []
     drive.open.clear()
     drive.empty.clear()
+    condition = getattr(drive.backend, "condition", None)  # zoned block devices report one
     for zone in drive.zones:
         if not space.owns(zone.idx):
             # another head's zone (heads.count > 1): that head appends to it and recovers it;
@@ -55,6 +59,7 @@ def recover_drive(space, drive, report: RecoveryReport) -> list[tuple[int, dict]
             zone.wp = max(zone.wp, zone.committed_wp)
             continue
         report.zones_checked += 1
+        faulty = condition(zone.idx) if condition is not None else None
         medium = drive.backend.write_pointer(zone.idx)
         values = {}
         if medium > zone.committed_wp:
@@ -73,6 +78,10 @@ def recover_drive(space, drive, report: RecoveryReport) -> list[tuple[int, dict]
             zone.state = "full"  # never append where the catalog believes data lives
             values = {"state": "full"}
         zone.wp = max(medium, zone.committed_wp)
+        if faulty in (READ_ONLY, OFFLINE):
+            report.faulty_zones.append((drive.id, zone.idx, faulty))
+            if zone.state != "full":
+                values["state"] = zone.state = "full"
         if values:
             updates.append((zone.id, values))
         if zone.state == "empty" and zone.wp == 0:

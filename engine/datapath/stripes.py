@@ -43,6 +43,8 @@ class PendingStripe(WriteTicket):
         "flushing",
         "commits",
         "written_ns",
+        "lost",
+        "dropped",
     )
 
     def __init__(self, seq, fb, payload, extents, reserved, policy, commits):
@@ -65,8 +67,29 @@ class PendingStripe(WriteTicket):
         self.commits = commits  # the Committer that records it
         # the time of the last write it holds (cut under fb.lock): the mtime its commit records
         self.written_ns = fb.mtime_ns
+        self.lost: dict[int, BaseException] = {}  # drive id -> why its fragment failed
+        self.dropped: list = []  # placements given up (lost), which the commit does not record
+
+    def fragment_failed(self, drive, exc: BaseException) -> None:
+        """A fragment's append or fsync failed (a bad sector, a zone gone read-only or
+        offline, a drive gone): decided once every fragment is done (``all_written``)."""
+        self.lost.setdefault(drive.id, exc)
+
+    def settle_lost(self) -> None:
+        """With fragments lost, the stripe still commits when the others reach the band class's
+        write quorum (as a stripe placed on fewer drives than its width: rebuild completes it;
+        the drives that failed are degraded by then); else it fails with the first error."""
+        if not self.lost or self.error is not None:
+            return
+        kept = [p for p in self.placement if p.drive.id not in self.lost]
+        if len(kept) >= self.policy.write_quorum:
+            self.dropped = [p for p in self.placement if p.drive.id in self.lost]
+            self.placement = kept
+        else:
+            self.fail(next(iter(self.lost.values())))
 
     def all_written(self) -> None:
+        self.settle_lost()
         self.fragments = []
         if self.encoded is not None:
             self.encoded.release()

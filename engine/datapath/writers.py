@@ -77,6 +77,11 @@ class WriteTicket(Countdown):
         if self.error is None:
             self.error = exc
 
+    def fragment_failed(self, drive: DriveState, exc: BaseException) -> None:
+        """The append (or its fsync) of this ticket on ``drive`` failed: the whole ticket fails
+        (a stripe may do without the fragment, PendingStripe)."""
+        self.fail(exc)
+
     def all_written(self) -> None:
         self.written.set()
 
@@ -193,7 +198,9 @@ class DriveWriters:
             if claimed:
                 backend.append_failed(zone_idx)
             drive.write_failed = True
-            ticket.fail(errors.IOFailure(f"drive {drive.id} zone {zone_idx}: write failed: {exc}"))
+            ticket.fragment_failed(
+                drive, errors.IOFailure(f"drive {drive.id} zone {zone_idx}: write failed: {exc}")
+            )
             ticket.fragment_done()
             self._io_error(drive, exc, "write")
 
@@ -205,7 +212,9 @@ class DriveWriters:
         drive.write_failed = True
         if during == "write":
             _zone_file(drive).append_failed(zone_idx)
-        ticket.fail(errors.IOFailure(f"drive {drive.id} zone {zone_idx}: {during} failed: {exc}"))
+        ticket.fragment_failed(
+            drive, errors.IOFailure(f"drive {drive.id} zone {zone_idx}: {during} failed: {exc}")
+        )
         self._io_error(drive, exc, during)
 
     def _queue_item(self, drive: DriveState, item) -> None:
@@ -292,8 +301,9 @@ class DriveWriters:
                             synced.put((idx, ticket))
                     except BaseException as exc:  # noqa: BLE001
                         drive.write_failed = True
-                        ticket.fail(
-                            errors.IOFailure(f"drive {drive.id} zone {idx}: write failed: {exc}")
+                        ticket.fragment_failed(
+                            drive,
+                            errors.IOFailure(f"drive {drive.id} zone {idx}: write failed: {exc}"),
                         )
                         ticket.fragment_done()
                         self._io_error(drive, exc, "write")
@@ -366,7 +376,7 @@ class DriveWriters:
         self.stats["fsyncs"] += 1
         for _idx, ticket in batch:
             if error is not None:
-                ticket.fail(error)
+                ticket.fragment_failed(drive, error)
             ticket.fragment_done()
 
     def _io_error(self, drive: DriveState, exc: BaseException, during: str) -> None:

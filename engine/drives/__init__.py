@@ -8,6 +8,7 @@ the functions that write rows: the drive agent (appliance/agent/) uses the backe
 
 from __future__ import annotations
 
+import os
 import time
 import uuid as uuidlib
 from pathlib import Path
@@ -21,6 +22,7 @@ __all__ = [
     "format_emulated",
     "add_emulated",
     "add_zoned_block",
+    "check_zoned_block",
     "add_agent_drives",
     "open_drive",
     "ZonedDrive",
@@ -220,11 +222,11 @@ def add_emulated(
     )
 
 
-def add_zoned_block(catalog, device: str, min_zone_size: int = 0) -> int:
-    """A host-managed zoned block device as a new drive: its geometry comes from the device
-    (engine/drives/blkzoned.py): shingle's zones are its sequential zones, each holding the
-    zone capacity; conventional zones are left alone; the drive's ``max_open_zones`` is the
-    tighter of the device's open and active limits (the data path never keeps more open)."""
+def check_zoned_block(device: str, min_zone_size: int = 0):
+    """The geometry of a host-managed zoned block device that can become a drive, read from the
+    device (engine/drives/blkzoned.py), else ConfigError saying why not: too few sequential
+    zones, a zone capacity below the largest fragment, or zones that are not empty (a device
+    in use, or data someone may want: shingle never resets a zone it did not write)."""
     from engine.drives.blkzoned import read_geometry
 
     geometry = read_geometry(device)
@@ -242,13 +244,39 @@ def add_zoned_block(catalog, device: str, min_zone_size: int = 0) -> int:
             f"zones that hold the largest fragment ({min_zone_size} bytes); its zone capacity "
             f"is {geometry.zone_capacity}",
         )
+    if geometry.written_zones:
+        raise ConfigError(
+            "drives add",
+            device,
+            f"a device whose sequential zones are all empty; {geometry.written_zones} hold data "
+            f"or are read-only/offline (if nothing there is wanted: blkzone reset {device})",
+        )
+    return geometry
+
+
+def add_zoned_block(catalog, device: str, min_zone_size: int = 0) -> int:
+    """A host-managed zoned block device as a new drive (``check_zoned_block`` says whether it
+    can be one): shingle's zones are its sequential zones, each holding the zone capacity;
+    conventional zones are left alone; the drive's ``max_open_zones`` is the tighter of the
+    device's open and active limits (the data path never keeps more open)."""
+    from engine.catalog.models import Drive
+
+    geometry = check_zoned_block(device, min_zone_size)
     limits = [n for n in (geometry.max_open_zones, geometry.max_active_zones) if n]
     model = (
         f"zoned block device: {geometry.sequential_zones} sequential zones of "
         f"{geometry.zone_capacity} bytes, {geometry.conventional_zones} conventional (unused)"
     )
-    return catalog.run(
-        lambda conn: _insert_drive(
+    same = os.path.realpath(device)
+
+    def work(conn):
+        table = Drive.__table__
+        for row in conn.execute(table.select().where(table.c.backend == "zoned-block")):
+            if row.state != "removed" and os.path.realpath(row.path) == same:
+                raise ConfigError(
+                    "drives add", device, f"a device that is no drive yet (drive {row.id})"
+                )
+        return _insert_drive(
             conn,
             str(uuidlib.uuid4()),
             device,
@@ -258,7 +286,8 @@ def add_zoned_block(catalog, device: str, min_zone_size: int = 0) -> int:
             min(limits, default=0),
             model,
         )
-    )
+
+    return catalog.run(work)
 
 
 def add_agent_drives(catalog, address: str) -> list[int]:

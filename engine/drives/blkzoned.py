@@ -18,7 +18,6 @@ size): ``zone_size`` here is the smallest capacity of the used zones, and
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import mmap
 import os
@@ -178,6 +177,7 @@ class Geometry:
     max_active_zones: int  # 0: no limit
     logical_block_size: int
     scheduler: str  # the I/O scheduler in use ("mq-deadline", "none", ...)
+    written_zones: int  # sequential zones not empty (written, full, read-only or offline)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -220,6 +220,7 @@ def read_geometry(device: str) -> Geometry:
         max_active_zones=_queue_int(queue, "max_active_zones"),
         logical_block_size=_queue_int(queue, "logical_block_size") or SECTOR,
         scheduler=scheduler(queue),
+        written_zones=sum(1 for z in sequential if z["cond"] != 0x1),
     )
 
 
@@ -242,7 +243,18 @@ class ZonedBlockDrive(ZonedDrive):
         self._lock = lock("drives.zoned_block")
         self._zones = self._report_sequential()
         self.zone_count = len(self._zones)
-        self.off_pointer_errors = 0  # writes the device refused: shingle must never issue one
+        # errors the device returned (EIO, EREMOTEIO, ...: bad sectors, a zone gone read-only
+        # or offline), each a fault of the drive; off_pointer_errors are those of them that were
+        # writes off the device's pointer, which shingle must never issue (zero expected)
+        self.device_errors = 0
+        self.off_pointer_errors = 0
+
+    def io_counters(self) -> dict[str, int]:
+        return {
+            **super().io_counters(),
+            "device_errors": self.device_errors,
+            "off_pointer_errors": self.off_pointer_errors,
+        }
 
     def present(self) -> bool:
         return os.path.exists(self.device)
@@ -258,7 +270,9 @@ class ZonedBlockDrive(ZonedDrive):
                 i,
                 z["start"] * SECTOR,
                 min(z["capacity"] * SECTOR, self.zone_size),
-                (z["wp"] - z["start"]) * SECTOR,
+                self._pointer(z)
+                if self._condition(z) in (READ_ONLY, OFFLINE)
+                else (z["wp"] - z["start"]) * SECTOR,
                 self._condition(z),
             )
             for i, z in enumerate(self._zones)
@@ -275,9 +289,18 @@ class ZonedBlockDrive(ZonedDrive):
 
     def write_pointer(self, idx: int) -> int:
         self.check_idx(idx)
-        z = self._zones[idx]
-        if self._condition(z) == FULL:
-            return self.zone_size  # a finished zone's pointer is its end: nothing more fits
+        return self._pointer(self._zones[idx])
+
+    def _pointer(self, z: dict) -> int:
+        """A zone's write pointer in bytes. A read-only or offline zone has none (the device
+        reports an invalid one): read-only counts as full (it is read as it is, never written
+        again), offline as empty (nothing of it can be read: recovery finds the catalog's
+        fragments there missing)."""
+        condition = self._condition(z)
+        if condition in (FULL, READ_ONLY):
+            return self.zone_size  # nothing more fits
+        if condition == OFFLINE:
+            return 0
         return (z["wp"] - z["start"]) * SECTOR
 
     def _range(self, op: int, idx: int) -> None:
@@ -300,10 +323,12 @@ class ZonedBlockDrive(ZonedDrive):
                 os.pwrite(self.fd, buf, z["start"] * SECTOR + offset)
             except OSError as exc:
                 self.write_errors += 1
-                if exc.errno in (errno.EIO, errno.EREMOTEIO):
-                    # the device may have taken part of it: its own pointer is the truth now
-                    self.off_pointer_errors += 1
-                    self._zones = self._report_sequential()
+                faulty = self._write_refused(idx, offset)
+                if faulty is not None:
+                    raise ZoneError(
+                        f"{self.device} zone {idx} is {faulty}: the device refused a write "
+                        f"({exc.strerror})"
+                    ) from exc
                 raise
             finally:
                 buf.close()
@@ -318,15 +343,40 @@ class ZonedBlockDrive(ZonedDrive):
         if self.model is not None:
             self.model.on_write(self.model_key, z["start"] * SECTOR + offset, length)
 
+    def _write_refused(self, idx: int, offset: int) -> str | None:
+        """The device refused a write at ``offset`` of zone ``idx`` (lock held): its own zone
+        report is the truth now. The pointer still where shingle wrote: a fault of the medium or
+        the zone (a bad sector, a zone gone read-only or offline); elsewhere: an off-pointer
+        write, which means shingle's view of the zone was wrong. Returns the zone's condition
+        when it went read-only or offline, else None."""
+        self.device_errors += 1
+        try:
+            self._zones = self._report_sequential()
+        except OSError:
+            return None  # the device answers nothing now: the drive watch finds it gone or failing
+        z = self._zones[idx]
+        condition = self._condition(z)
+        if condition in (READ_ONLY, OFFLINE):
+            return condition
+        if (z["wp"] - z["start"]) * SECTOR != offset:
+            self.off_pointer_errors += 1
+        return None
+
     def read_into(self, idx: int, offset: int, buffers: list) -> int:
         self.check_idx(idx)
         z = self._zones[idx]
         want = sum(len(b) for b in buffers)
         try:
             got = os.preadv(self.read_fd, buffers, z["start"] * SECTOR + offset)
-        except OSError:
+        except OSError as exc:
             self.read_errors += 1
-            raise
+            self.device_errors += 1
+            # an OSError, not a ZoneError: the drive watch takes this for a fault of the drive
+            raise OSError(
+                exc.errno,
+                f"read of {want} bytes at {offset} of zone {idx} of {self.device} failed "
+                f"({exc.strerror}; the zone was {self._condition(z)} at the last report)",
+            ) from exc
         self.bytes_read += min(got, want)
         if self.model is not None:
             self.model.on_read(self.model_key, z["start"] * SECTOR + offset, got)
@@ -337,7 +387,11 @@ class ZonedBlockDrive(ZonedDrive):
         os.posix_fadvise(self.read_fd, z["start"] * SECTOR + offset, length, os.POSIX_FADV_WILLNEED)
 
     def sync(self, idx: int) -> None:
-        os.fsync(self.fd)  # a cache flush to the device
+        try:
+            os.fsync(self.fd)  # a cache flush to the device
+        except OSError:
+            self.device_errors += 1
+            raise
 
     def reset(self, idx: int) -> None:
         with self._lock:

@@ -64,6 +64,8 @@ def make_drive(
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
+        if os.path.abspath(path).startswith("/dev/"):
+            raise errors.NotFound(f"{path}: no such device") from None
         mode = None
     if mode is not None and stat.S_ISBLK(mode):
         return add_zoned_block(catalog, path, min_zone_size)

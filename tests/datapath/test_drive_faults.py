@@ -232,7 +232,10 @@ def test_a_write_error_makes_the_drive_degraded_and_writes_move_on(
         except errors.IOFailure:
             attempts.append(None)
     wait_for(lambda: state_of(engine, bad.id) == "degraded")
-    assert attempts[-1] is not None, "later writes are placed on the other drives"
+    # the stripes that met the error commit without that fragment (9 of 10: the write quorum
+    # of 8+2), later ones are placed on the other drives: no write fails
+    assert all(item is not None for item in attempts), attempts
+    assert engine.data.stats["fragments_lost_on_write"] >= 1
     events = drive_events(engine, bad.id)
     assert len(events) == 1 and "write failed" in events[0].message
     assert bad.state == "degraded" and not bad.write_failed  # the state keeps writes off now
@@ -300,3 +303,30 @@ def test_the_drive_watch_keeps_presence_fresh_for_the_event_loop(sqlite_engine):
 
     wait_for(loop_sees_it_gone, timeout=10)
     wait_for(lambda: state_of(sqlite_engine, drive_id) == "missing")
+
+
+def test_a_stripe_that_loses_more_fragments_than_its_parity_allows_fails(
+    sqlite_catalog, tmp_path, monkeypatch
+):
+    """Two appends of one 8+2 stripe fail: the 8 left are below the write quorum (9), so the
+    write is not acknowledged (IOFailure, EIO), both drives become degraded, and what was
+    committed before reads back."""
+    from engine.datapath import writers
+
+    monkeypatch.setattr(writers, "driveio", None)
+    engine = Engine(sqlite_catalog, tmp_path / "drives")
+    before = os.urandom(STRIPE)
+    kept = make(engine, "kept", before)
+    bad = [engine.data.space.drives[engine.drive_ids[n]] for n in (2, 7)]
+
+    def failing_append(*args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    for drive in bad:
+        monkeypatch.setattr(drive.backend, "append", failing_append)
+    with pytest.raises(errors.IOFailure):
+        make(engine, "lost", os.urandom(STRIPE))
+    assert engine.data.stats["fragments_lost_on_write"] == 0
+    wait_for(lambda: all(state_of(engine, d.id) == "degraded" for d in bad))
+    assert engine.ns.read(kept, 0, STRIPE) == before
+    engine.close()

@@ -102,6 +102,10 @@ def make_zbc(name: str, size_mib: int, options: str, wwn: int) -> str:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+        except FileExistsError:
+            # EEXIST: the device is configured already (a try that reported EAGAIN reached
+            # tcmu-runner after all: seen once in a run)
+            break
     naa = f"naa.5001405{wwn:09x}"
     lun = LOOPBACK / naa / "tpgt_1" / "lun" / "lun_0"
     before = set(glob.glob("/sys/block/sd*"))
@@ -385,17 +389,24 @@ POLICIES = {name: {"fragment_size": 64 * KiB} for name in ("hot", "warm", "cold"
 class Shingle:
     """A catalog (SQLite on the guest's tmpfs), the zoned disks as drives, a DataPath."""
 
-    def __init__(self, rig: Rig):
+    def __init__(
+        self,
+        rig: Rig,
+        name: str = "shingle-zoned",
+        policies: dict = POLICIES,
+        catalog_url: str | None = None,
+    ):
         from engine.catalog import Catalog, upgrade
         from engine.coding.erasure import load_policies
 
         self.rig = rig
-        folder = Path("/tmp/shingle-zoned")
-        folder.mkdir(exist_ok=True)
-        url = f"sqlite:///{folder}/catalog.db"
-        upgrade(url)
-        self.catalog = Catalog(url)
-        self.policies = load_policies(POLICIES)
+        if catalog_url is None:  # else one made already (shingle init)
+            folder = Path("/tmp") / name
+            folder.mkdir(exist_ok=True)
+            catalog_url = f"sqlite:///{folder}/catalog.db"
+            upgrade(catalog_url)
+        self.catalog = Catalog(catalog_url)
+        self.policies = load_policies(policies)
         self.data = self.ns = self.model = None
 
     def start(self):
@@ -438,29 +449,61 @@ def file_data(n: int) -> bytes:
     return random.Random(n).randbytes(FILE_BYTES)
 
 
-@check("datapath/drives-add")
-def check_drives_add(rig: Rig) -> str:
-    """`drives add DEVICE` (make_drive) takes each zoned disk with its own geometry."""
+@check("datapath/init-drives")
+def check_init_drives(rig: Rig) -> str:
+    """`shingle init DIR --drive DEV ...` on the ten data disks (each drive made by make_drive,
+    as `drives add DEVICE` makes it): refused while a device holds written zones (the NVMe
+    namespace, from the checks above; nothing is made), then, the zones reset, each device
+    recorded with its own geometry; the data path checks below run on that catalog."""
+    import contextlib
+    import io
+
     from sqlalchemy import select
 
+    from appliance import config as config_mod
+    from appliance.cli import main
+    from engine.admin.events import recent
     from engine.catalog.models import Drive
-    from engine.lifecycle.replace import make_drive
 
-    shingle = rig.state["shingle"] = Shingle(rig)
-    biggest = max(p.max_fragment_length for p in shingle.policies.values())
-    for role in DATA_DRIVES:
-        make_drive(shingle.catalog, rig.devices[role], min_zone_size=biggest)
+    home = Path("/tmp/shingle-init")
+    devices = [rig.devices[role] for role in DATA_DRIVES]
+    argv = ["init", str(home), *[a for dev in devices for a in ("--drive", dev)]]
+    err = io.StringIO()
+    began = time.monotonic()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        refused = main(argv)
+    refused_s = time.monotonic() - began
+    assert refused == 2 and "blkzone reset" in err.getvalue(), (refused, err.getvalue())
+    assert not home.exists(), "a refused init made its folder"
+    reset_all(devices)
+    out = io.StringIO()
+    began = time.monotonic()
+    with contextlib.redirect_stdout(out):
+        made = main(argv)
+    made_s = time.monotonic() - began
+    assert made == 0, out.getvalue()
+    assert "10 zoned block devices" in out.getvalue(), out.getvalue()
+    shingle = rig.state["shingle"] = Shingle(
+        rig, catalog_url=config_mod.load(home / "shingle.toml").catalog_url
+    )
     table = Drive.__table__
     rows = shingle.catalog.read(lambda conn: conn.execute(select(table)).all())
     got = {r.path: (r.backend, r.zone_size, r.zone_count, r.max_open_zones) for r in rows}
+    (event,) = recent(shingle.catalog, 10, kind_prefix="appliance.init")
     want = {
         rig.devices["nullb1"]: ("zoned-block", 3 * MiB, 7, 4),  # 8 zones, 1 conventional
         rig.devices["zbc1"]: ("zoned-block", 4 * MiB, 6, 3),  # 8 zones, 2 conventional
         rig.devices["nvme"]: ("zoned-block", 3 * MiB, 16, 6),
     }
+    assert sorted(got) == sorted(devices), got
     for path, row in want.items():
         assert got[path] == row, f"{path}: {got[path]}, expected {row}"
-    return f"{len(rows)} drives: " + "; ".join(f"{p} {v}" for p, v in sorted(got.items()))
+    assert sorted(event.details["zoned_devices"]) == sorted(devices), event.details
+    return (
+        f"refused with written zones in {refused_s:.1f} s: {err.getvalue().strip()!r}; then "
+        f"{event.message} in {made_s:.1f} s: "
+        + "; ".join(f"{p} {v}" for p, v in sorted(got.items()))
+    )
 
 
 @check("datapath/write-read-verify")
@@ -629,6 +672,278 @@ def check_short_zone(rig: Rig) -> str:
         f"behind the catalog: short zones {short}; scrub repaired {result.repaired}, "
         f"a second scrub found {again.bad} bad"
     )
+
+
+# -- faults and a full device, on the small null_blk disks ------------------------------------
+FAULT_DRIVES = [f"nullb{n}" for n in range(7, 15)]
+FAULT_POLICIES = {
+    name: {"redundancy": "ec", "k": 2, "m": 3, "fragment_size": 64 * KiB}
+    for name in ("hot", "warm", "cold")
+}
+FAULT_FILE_BYTES = 384 * KiB
+
+
+def fault_data(n: int) -> bytes:
+    import random
+
+    return random.Random(5000 + n).randbytes(FAULT_FILE_BYTES)
+
+
+def write_files(ns, names: list[str], data, writers: int) -> list[str]:
+    """Each file written in 128 KiB pieces and committed, by ``writers`` threads; the failures."""
+    import threading
+
+    from engine.namespace import ROOT
+
+    failures: list[str] = []
+
+    def writer(w: int) -> None:
+        for n in range(w, len(names), writers):
+            try:
+                ino = ns.create(ROOT, ns.root_ino, names[n]).ino
+                payload = data(names[n])
+                for off in range(0, len(payload), 128 * KiB):
+                    ns.write(ino, off, payload[off : off + 128 * KiB])
+                ns.commit(ino)
+            except Exception as exc:  # noqa: BLE001 - reported by the caller
+                failures.append(f"{names[n]}: {exc!r}")
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return failures
+
+
+def null_blk_attr(dev: str, name: str, value: str) -> None:
+    """Write a null_blk configfs attribute of the disk ``dev`` (its directory is its name)."""
+    (NULLB / Path(dev).name / name).write_text(f"{value}\n")
+
+
+class Tracebacks:
+    """Counts log records that carry a traceback (exc_info), from any logger."""
+
+    def __init__(self):
+        import logging
+
+        self.records: list = []
+        outer = self
+
+        class Handler(logging.Handler):
+            def emit(self, record):
+                if record.exc_info:
+                    outer.records.append(record)
+
+        self.handler = Handler()
+        logging.getLogger().addHandler(self.handler)
+
+    def close(self) -> None:
+        import logging
+
+        logging.getLogger().removeHandler(self.handler)
+
+
+def wait_until(predicate, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.1)
+
+
+@check("faults/zone-offline-readonly-badblocks-device-gone")
+def check_faults(rig: Rig) -> str:
+    """Eight small null_blk disks, 2+3 stripes: files written, then through configfs a zone
+    holding fragments goes offline (disk A), sectors of a data fragment fail (B), the open zone
+    of C goes read-only, and D is powered off. Every file reads back (decoded from the others),
+    four more are written without an error (a fragment refused by C is done without, later
+    stripes go to the drives left), A, B and C become degraded and D missing, each with a
+    drive.state event; the devices' errors are counted (device_errors, in the metrics), none is
+    an off-pointer write, no log record carries a traceback. A restart finds the read-only and
+    offline zones in the devices' reports and every file still reads back."""
+    from sqlalchemy import select
+
+    from engine.admin.events import recent
+    from engine.catalog.models import Fragment, Zone
+    from engine.lifecycle.drives import get_drive
+    from engine.lifecycle.replace import make_drive
+    from engine.namespace import ROOT
+
+    devices = [rig.devices[role] for role in FAULT_DRIVES]
+    shingle = rig.state["faults"] = Shingle(rig, "shingle-faults", FAULT_POLICIES)
+    for dev in devices:
+        make_drive(shingle.catalog, dev, min_zone_size=64 * KiB)
+    shingle.start()
+    ns = shingle.ns
+    first = [f"g{n}" for n in range(8)]
+    failures = write_files(ns, first, lambda name: fault_data(int(name[1:])), 4)
+    assert not failures, failures
+    drives = {d.path: d for d in shingle.data.space.drives.values()}
+    a, b, c, d = (drives[dev] for dev in devices[:4])
+    zones, fragments = Zone.__table__, Fragment.__table__
+
+    def live_zone(drive) -> int:
+        return shingle.catalog.read(
+            lambda conn: conn.execute(
+                select(zones.c.idx)
+                .where(zones.c.drive_id == drive.id, zones.c.live_bytes > 0)
+                .order_by(zones.c.live_bytes.desc())
+            ).first()
+        )[0]
+
+    def sector(drive, idx: int, offset: int = 0) -> int:
+        return (drive.backend.report()[idx].start + offset) // 512
+
+    offline_idx = live_zone(a)
+    null_blk_attr(a.path, "zone_offline", str(sector(a, offline_idx)))
+    bad = shingle.catalog.read(
+        lambda conn: conn.execute(
+            select(fragments.c.zone_offset, fragments.c.length, zones.c.idx)
+            .join(zones, zones.c.id == fragments.c.zone_id)
+            .where(fragments.c.drive_id == b.id, fragments.c.idx < 2)  # a data fragment
+        ).first()
+    )
+    first_bad = sector(b, bad.idx, bad.zone_offset)
+    null_blk_attr(b.path, "badblocks", f"+{first_bad}-{first_bad + bad.length // 512 - 1}")
+    readonly_idx = next(iter(c.open.values())).idx  # where C's next fragment would go
+    null_blk_attr(c.path, "zone_readonly", str(sector(c, readonly_idx)))
+    null_blk_attr(d.path, "power", "0")
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    tracebacks = Tracebacks()
+    try:
+        for n in range(8):
+            ino = ns.lookup(ROOT, ns.root_ino, f"g{n}").ino
+            assert ns.read(ino, 0, FAULT_FILE_BYTES) == fault_data(n), f"g{n} reads back different"
+        second = [f"g{n}" for n in range(8, 12)]
+        failures = write_files(ns, second, lambda name: fault_data(int(name[1:])), 4)
+        assert not failures, f"writes failed after the faults: {failures}"
+        shingle.data.flush_all()
+        for n in range(12):
+            ino = ns.lookup(ROOT, ns.root_ino, f"g{n}").ino
+            assert ns.read(ino, 0, FAULT_FILE_BYTES) == fault_data(n), f"g{n} reads back different"
+        want = {a.id: "degraded", b.id: "degraded", c.id: "degraded", d.id: "missing"}
+
+        def states():
+            return {i: get_drive(shingle.catalog, i).state for i in want}
+
+        wait_until(lambda: states() == want)
+    finally:
+        tracebacks.close()
+    events = {
+        (e.details or {}).get("drive_id"): e.message
+        for e in recent(shingle.catalog, 100, kind_prefix="drive.state")
+        if (e.details or {}).get("drive_id") in want
+    }
+    assert sorted(events) == sorted(want), events
+    counters = shingle.data.counters()
+    faults = {x.path: counters[f"drive_{x.id}_device_errors"] for x in (a, b, c)}
+    assert all(n > 0 for n in faults.values()), faults
+    off_pointer = {
+        x.path: x.backend.off_pointer_errors for x in drives.values() if x.backend is not None
+    }
+    assert not any(off_pointer.values()), off_pointer
+    assert not tracebacks.records, [r.getMessage() for r in tracebacks.records[:3]]
+    lost = shingle.data.stats["fragments_lost_on_write"]
+    assert lost >= 1, "no fragment was refused by the read-only zone"
+    shingle.stop()
+    shingle.start()
+    report = shingle.data.recovery_report
+    found = {(drive_id, idx): cond for drive_id, idx, cond in report.faulty_zones}
+    assert found.get((a.id, offline_idx)) == "offline", report
+    assert found.get((c.id, readonly_idx)) == "read_only", report
+    assert d.id in report.missing_drives, report
+    for n in range(12):
+        ino = ns_lookup(shingle, f"g{n}")
+        assert shingle.ns.read(ino, 0, FAULT_FILE_BYTES) == fault_data(n), f"g{n} after restart"
+    shingle.stop()
+    return (
+        f"events {events}; device errors {faults}; fragments done without {lost}; "
+        f"after a restart: faulty zones {report.faulty_zones}"
+    )
+
+
+def ns_lookup(shingle, name: str) -> int:
+    from engine.namespace import ROOT
+
+    return shingle.ns.lookup(ROOT, shingle.ns.root_ino, name).ino
+
+
+FULL_DRIVES = ["nullb15", "nullb16", "nullb17"]  # 4 sequential zones of 1 MiB each
+FULL_POLICIES = {
+    name: {"redundancy": "ec", "k": 2, "m": 1, "fragment_size": 64 * KiB}
+    for name in ("hot", "warm", "cold")
+}
+
+
+@check("enospc/full-devices")
+def check_full(rig: Rig) -> str:
+    """Three tiny null_blk disks (4 sequential zones of 1 MiB), 2+1 stripes: four writers store
+    1 MiB files until the drives are full. The writer that meets the end gets ENOSPC (NFS4ERR_NOSPC
+    over NFS), never EIO; every file whose commit returned reads back; no drive leaves online,
+    no write error, no off-pointer write."""
+    import errno
+
+    from appliance.nfs.v4.const import ERRNO_TO_NFS4, NFS4ERR_NOSPC
+    from engine.lifecycle.drives import list_drives
+    from engine.lifecycle.replace import make_drive
+
+    devices = [rig.devices[role] for role in FULL_DRIVES]
+    shingle = Shingle(rig, "shingle-full", FULL_POLICIES)
+    for dev in devices:
+        make_drive(shingle.catalog, dev, min_zone_size=64 * KiB)
+    shingle.start()
+    ns = shingle.ns
+    acked: list[str] = []
+    errors_seen: list[OSError] = []
+    import threading
+
+    from engine.namespace import ROOT
+
+    def writer(w: int) -> None:
+        for n in range(w, 1000, 4):
+            name = f"full{n}"
+            try:
+                ino = ns.create(ROOT, ns.root_ino, name).ino
+                payload = full_data(n)
+                for off in range(0, len(payload), 256 * KiB):
+                    ns.write(ino, off, payload[off : off + 256 * KiB])
+                ns.commit(ino)
+            except OSError as exc:
+                errors_seen.append(exc)
+                return
+            acked.append(name)
+
+    began = time.monotonic()
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.monotonic() - began
+    codes = sorted({exc.errno for exc in errors_seen})
+    assert codes == [errno.ENOSPC], [repr(e) for e in errors_seen]
+    assert ERRNO_TO_NFS4[errno.ENOSPC] == NFS4ERR_NOSPC
+    for name in acked:
+        assert shingle.ns.read(ns_lookup(shingle, name), 0, MiB) == full_data(int(name[4:]))
+    states = {d.path: d.state for d in list_drives(shingle.catalog)}
+    assert set(states.values()) == {"online"}, states
+    errors = {
+        d.path: (d.backend.write_errors, d.backend.off_pointer_errors)
+        for d in shingle.data.space.drives.values()
+    }
+    assert all(e == (0, 0) for e in errors.values()), errors
+    shingle.stop()
+    return (
+        f"{len(acked)} files of 1 MiB acknowledged in {seconds:.1f} s, all read back; the "
+        f"writers then got {errors_seen[0]!r}"
+    )
+
+
+def full_data(n: int) -> bytes:
+    import random
+
+    return random.Random(9000 + n).randbytes(MiB)
 
 
 # -- bench/zoned.py ----------------------------------------------------------------------------

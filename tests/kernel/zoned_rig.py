@@ -128,10 +128,17 @@ def qemu_disks(images: dict[str, Path]) -> tuple[str, ...]:
     )
 
 
-# the disks of the VM: nullb0 for the raw backend checks, the others for the data path
+# the disks of the VM: nullb0 for the raw backend checks, nullb1-6 for the data path, nullb7-14
+# (1 conventional and 4 sequential zones) for the fault check, nullb15-17 (the same in 1 MiB
+# zones) for the full-device check
 NULL_BLK = {
     "nullb0": {"size": 64, "zone_nr_conv": 2},
     **{f"nullb{n}": {"size": 32, "zone_nr_conv": 1} for n in range(1, 7)},
+    **{f"nullb{n}": {"size": 20, "zone_nr_conv": 1} for n in range(7, 15)},
+    **{
+        f"nullb{n}": {"size": 5, "zone_nr_conv": 1, "zone_size": 1, "zone_capacity": 1}
+        for n in range(15, 18)
+    },
 }
 NULL_BLK_COMMON = {
     "memory_backed": 1,

@@ -150,6 +150,8 @@ def test_per_drive_series_build_info_and_job_successes(app, appliance):
         drive_1_read_errors=0,
         drive_1_write_errors=1,
         drive_1_checksum_errors=2,
+        drive_1_device_errors=3,  # a zoned block device's own (engine/drives/blkzoned.py)
+        drive_1_off_pointer_errors=0,
         drive_3_read_bytes=5,
     )
     job = jobs.submit(catalog, "scrub", {}, actor="test")
@@ -164,6 +166,8 @@ def test_per_drive_series_build_info_and_job_successes(app, appliance):
     assert values['shingle_drive_written_bytes_total{drive="1"}'] == 8192
     assert values['shingle_drive_errors_total{drive="1",kind="checksum"}'] == 2
     assert values['shingle_drive_errors_total{drive="1",kind="write"}'] == 1
+    assert values['shingle_drive_errors_total{drive="1",kind="device"}'] == 3
+    assert values['shingle_drive_errors_total{drive="1",kind="off_pointer"}'] == 0
     assert values['shingle_drive_read_bytes_total{drive="3"}'] == 5
     assert values['shingle_drive_state{drive="1",state="online"}'] == 1
     assert values['shingle_drive_state{drive="1",state="failed"}'] == 0
