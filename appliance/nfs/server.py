@@ -435,6 +435,8 @@ class NfsServer:
                 grace_seconds=self.grace_seconds,
             ),
         )
+        # the local mount and SMB recall delegations before they change a file
+        self.namespace.change_guard = self.state.delegations
         monitor = await run(
             pool,
             lambda: NsmMonitor(
@@ -452,6 +454,7 @@ class NfsServer:
             lambda: RpcConnection(self), self.host, self.port, reuse_address=True, backlog=256
         )
         self.port = server.sockets[0].getsockname()[1]
+        await run(pool, self.state.delegations.start, f"{self.nsm_name}:{self.port}")
         await self._start_portmap()
         self._housekeeper = asyncio.ensure_future(self._housekeeping())
         self._nlm_ticker = asyncio.ensure_future(self._nlm_ticks())
@@ -535,6 +538,8 @@ class NfsServer:
         if self._server is None:
             return
         self._server.close()
+        if self.state is not None and self.namespace.change_guard is self.state.delegations:
+            self.namespace.change_guard = None
         if self._portmap_server is not None:
             self._portmap_server.close()
         for task in (self._housekeeper, self._nlm_ticker, self._sweeper):

@@ -144,6 +144,21 @@ class ShingleFs(pyfuse3.Operations):
         except WouldBlock:  # raised before the call changed anything
             return await self._call(fn, *args, **kwargs)
 
+    async def _recall_first(self, ino: int | None, name_in: tuple | None = None) -> None:
+        """Before a change of a file (``ino``, or the entry ``(cred, dir, name)``): NFS clients'
+        delegations of it are recalled and returned (or revoked) first
+        (Namespace.change_guard); nothing to do, and no thread hop, while none stands."""
+        guard = self.ns.change_guard
+        if guard is None or not guard.held():
+            return
+        if name_in is not None:
+            try:
+                ino = (await self._try_cached(self.ns.lookup, *name_in)).ino
+            except errors.NotFound:
+                return  # the change itself says so
+        if ino is not None and guard.held(ino):
+            await self._call(guard.wait_returned, ino)
+
     def _refresh_export_folders(self) -> None:
         """In a worker thread: the catalog read must not stall the FUSE loop."""
         if time.monotonic() - self._export_folders_at < EXPORT_FOLDERS_TTL_S:
@@ -239,6 +254,7 @@ class ShingleFs(pyfuse3.Operations):
         ino = self._ino(inode)
         if not changes:
             return self._entry(await self._try_cached(self.ns.getattr, ino))
+        await self._recall_first(ino)
         try:
             new = await self._try_cached(self.ns.setattr, cred, ino, **changes)
         except errors.NotPermitted:
@@ -285,6 +301,7 @@ class ShingleFs(pyfuse3.Operations):
 
     @_handler
     async def link(self, inode, new_parent_inode, new_name, ctx):
+        await self._recall_first(self._ino(inode))
         attr = await self._call(
             self.ns.link,
             self._cred(ctx),
@@ -296,7 +313,9 @@ class ShingleFs(pyfuse3.Operations):
 
     @_handler
     async def unlink(self, parent_inode, name, ctx):
-        await self._call(self.ns.unlink, self._cred(ctx), self._ino(parent_inode), _name(name))
+        cred, parent = self._cred(ctx), self._ino(parent_inode)
+        await self._recall_first(None, (cred, parent, _name(name)))
+        await self._call(self.ns.unlink, cred, parent, _name(name))
 
     @_handler
     async def rmdir(self, parent_inode, name, ctx):
@@ -314,6 +333,8 @@ class ShingleFs(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EEXIST)
             except errors.NotFound:
                 pass
+        await self._recall_first(None, (cred, src, _name(name_old)))
+        await self._recall_first(None, (cred, dst, _name(name_new)))
         await self._call(self.ns.rename, cred, src, _name(name_old), dst, _name(name_new))
 
     # -- directories ------------------------------------------------------------------------------
@@ -383,6 +404,8 @@ class ShingleFs(pyfuse3.Operations):
         granted = await self._try_cached(self.ns.access, cred, ino, want)
         if granted != want:
             raise pyfuse3.FUSEError(errno.EACCES)
+        if want & 2:  # opened for writing (or truncated): NFS clients' cached copies go first
+            await self._recall_first(ino)
         return self._opened(ino)
 
     @_handler
@@ -403,6 +426,7 @@ class ShingleFs(pyfuse3.Operations):
 
     @_handler
     async def write(self, fh, off, buf):
+        await self._recall_first(fh)  # a delegation granted while the file was open
         return await self._try_cached(self.ns.write, fh, off, bytes(buf))
 
     @_handler

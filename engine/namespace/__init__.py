@@ -106,6 +106,9 @@ class Namespace:
         self.ranges = ranges = RangeOps(reads, readonly, files)
         listeners.add(ancestry.changed)  # a link or rename changes what is inside what
         listeners.add(quotas.names_changed)
+        # set by a protocol server whose clients cache files (NFSv4 delegations): the local
+        # mount asks it before a change (``held(ino)``, then ``wait_returned(ino)`` in a thread)
+        self.change_guard = None
 
         # the public API: each part's methods, bound here once
         self.add_change_listener, self.remove_change_listener = listeners.add, listeners.remove

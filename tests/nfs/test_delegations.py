@@ -7,6 +7,7 @@ delegations off."""
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import time
@@ -325,5 +326,27 @@ def test_export_without_delegations(stack):
         st, res = reader.open_file("plain", c.OPEN4_SHARE_ACCESS_READ)
         assert st == 0 and res[2][2].delegation[0] == c.OPEN_DELEGATE_NONE
         reader.close()
+    finally:
+        srv.stop()
+
+
+def test_a_restart_forgets_its_own_rows_not_another_heads(stack):
+    add_export(stack.catalog)
+    srv = start_server(stack, lease_seconds=LEASE)
+    port = srv.port
+    _make_file(port, "shard4")
+    holder = CallbackClient(port).setup()
+    _, dsid = _read_delegation(holder, "shard4")
+    ino = srv.server.state.delegations.core.states[dsid.other].ino
+    (mine,) = held_in_catalog(stack.catalog, ino)
+    assert mine["head"] == f"127.0.0.1:{port}" and mine["clientid"] == holder.clientid
+    # another head's delegation of the same file, as it would record it
+    theirs = {**mine, "head": "head2.example:2049"}
+    stack.catalog.set_setting(f"nfs_delegation_{ino}_{'ab' * 12}", json.dumps(theirs))
+    holder.close()
+    srv.stop()
+    srv = start_server(stack, port=port, lease_seconds=LEASE)
+    try:
+        assert held_in_catalog(stack.catalog, ino) == [theirs]
     finally:
         srv.stop()

@@ -62,16 +62,34 @@ class Delegations:
     def __init__(self, core: StateCore, leases: Leases):
         self.core, self.leases = core, leases
         self.catalog = core.catalog
+        self.head = ""  # who granted them, in the catalog rows: this head's address (start())
         self.by_file: dict[int, list[DelegState]] = {}
         self.revoked: dict[bytes, DelegState] = {}  # revoked, not yet freed, by "other"
         self.contended: dict[int, float] = {}  # inode -> when a conflict last met a delegation
         self.counts = dict.fromkeys(("granted", "recalled", "revoked", "returned"), 0)
-        self.catalog.run(
-            lambda conn: conn.execute(
-                delete(SETTINGS).where(SETTINGS.c.key.like(DELEG_PREFIX + "%"))
-            ),
-            tracked=True,
-        )
+
+    def start(self, head: str) -> None:
+        """Once the server listens as ``head`` (host:port): this head's rows of its previous
+        instance go (their stateids died with it); other heads' rows stay."""
+        self.head = head
+
+        def work(conn):
+            rows = conn.execute(
+                select(SETTINGS.c.key, SETTINGS.c.value).where(
+                    SETTINGS.c.key.like(DELEG_PREFIX + "%")
+                )
+            ).all()
+            mine = []
+            for row in rows:
+                try:
+                    if json.loads(row.value).get("head", "") == self.head:
+                        mine.append(row.key)
+                except (ValueError, AttributeError):
+                    mine.append(row.key)  # unreadable: nobody can use it
+            if mine:
+                conn.execute(delete(SETTINGS).where(SETTINGS.c.key.in_(mine)))
+
+        self.catalog.run(work, tracked=True)
 
     @staticmethod
     def backchannel(cl: Client):
@@ -102,6 +120,7 @@ class Delegations:
             may_block("recording a delegation")
             st = DelegState(core.new_other(cl), cl, ino, fh)
             record = {
+                "head": self.head,
                 "clientid": cl.clientid,
                 "owner": cl.owner.hex(),
                 "type": "read",
@@ -184,6 +203,24 @@ class Delegations:
                 raise NfsError(
                     c.NFS4ERR_DELAY, f"inode {ino}: {waiting} delegation(s) recalled, not returned"
                 )
+
+    # -- the local mount and SMB (Namespace.change_guard) ---------------------------------------
+    def held(self, ino: int | None = None) -> bool:
+        """Whether some delegation stands (of ``ino``, when given): cheap, on any thread."""
+        return bool(self.by_file.get(ino)) if ino is not None else bool(self.by_file)
+
+    def wait_returned(self, ino: int) -> None:
+        """A change from outside NFS (the local mount, SMB through it) waits until no client
+        holds a delegation of ``ino``: recalled first, revoked a lease after the recall."""
+        deadline = time.monotonic() + 2 * self.core.lease_seconds
+        while True:
+            try:
+                self.conflict(ino, None)
+                return
+            except NfsError:
+                if time.monotonic() > deadline:  # conflict() revokes well before this
+                    raise
+                time.sleep(0.05)
 
     def expire_recalls(self) -> None:
         """Housekeeping: revoke what was recalled more than a lease ago."""

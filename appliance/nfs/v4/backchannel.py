@@ -28,6 +28,7 @@ NFS_CB_VERSION = 1  # program NFS4_CALLBACK { version NFS_CB { ... } = 1; }
 CB_NULL, CB_COMPOUND = 0, 1
 OP_CB_GETATTR, OP_CB_RECALL, OP_CB_SEQUENCE = 3, 4, 11
 BACK_SLOTS_MAX = 16
+WAITING_MAX = 1024  # callbacks queued for a slot; past it they fail (the holder is revoked)
 
 referring_call4 = Struct("referring_call4", ("sequenceid", UInt), ("slotid", UInt))
 referring_call_list4 = Struct(
@@ -107,6 +108,9 @@ class Backchannel:
         with self.lock:
             slot = next((i for i, busy in enumerate(self.busy) if not busy), None)
             if slot is None:
+                if len(self.waiting) >= WAITING_MAX:  # a client that answers no callback
+                    fut.set_exception(CallFailed(f"{WAITING_MAX} callbacks wait for a slot"))
+                    return fut
                 self.waiting.append((op, fut))
                 return fut
             self.busy[slot] = True
