@@ -290,3 +290,58 @@ def test_cluster_commands_join_status_drain_remove_and_refuse_bad_input(agents, 
         catalog.close()
     assert "needs 10 different drives" in cluster("drain", first.name, code=1)
     assert "draining" not in cluster("status")
+
+
+def test_two_heads_on_postgresql_seeing_a_host_of_two_drives_go_at_once_record_it_once(
+    agents, postgres_server
+):
+    """The dedup rests on the catalog: the drive's change and the host check share a
+    serializable transaction. Two heads (each its own connections, as two processes) look at
+    the same lost host at the same moment, several times; one event and one alert, not one per
+    drive or head, and its drives raise no drive alert of their own."""
+    import threading
+
+    from engine.catalog import Catalog, upgrade
+
+    url = postgres_server.create_database()
+    upgrade(url)
+    hosts = agents(3, drives=2)
+    catalogs = [Catalog(url), Catalog(url)]
+    heads = [
+        AgentHead(catalogs[0], hosts, policies=FOUR_TWO),
+        AgentHead(catalogs[1], [], policies=FOUR_TWO),
+    ]
+    monitors = [AlertMonitor(c, AlertSettings(), sources=default_sources()) for c in catalogs]
+    try:
+        gone = hosts[1]
+        gone.kill()
+        start = threading.Barrier(2)
+
+        def look(head, monitor):
+            for _ in range(3):
+                start.wait()
+                head.data.check_drives()
+                start.wait()
+                monitor.tick(force=True)
+
+        threads = [
+            threading.Thread(target=look, args=pair) for pair in zip(heads, monitors, strict=True)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        catalog = catalogs[0]
+        gone_drives = [d.id for d in hosts_view.cluster(catalog, 4, 2).host(gone.name).drives]
+        assert states_of(catalog, gone_drives) == ["missing", "missing"]
+        assert len(host_events(catalog, "host.lost", gone.name)) == 1
+        (alert,) = host_alerts(catalog, gone.name)
+        assert alert.state == "active" and alert.severity == "critical"
+        assert [a.kind for a in AlertService(catalog).list(("active",))].count("host_lost") == 1
+        assert "drive_failed" not in {a.kind for a in AlertService(catalog).list()}
+        assert hosts_view.cluster(catalog, 4, 2).host(gone.name).state == "lost"
+    finally:
+        for head in heads:
+            head.close()
+        for catalog in catalogs:
+            catalog.close()
