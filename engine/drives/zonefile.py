@@ -241,10 +241,22 @@ class ZoneFileDrive(ZonedDrive):
             self.append_failed(idx)
             raise
 
+    def _pointer_for_read(self, idx: int, fd: int, end: int) -> int:
+        """The zone's pointer for a read up to ``end``: past the one this process knows, the
+        file's length, since another process writing the same drive (a head of several,
+        [heads] count, docs/pnfs.md) may have appended meanwhile. Never lowered: this
+        process's appends may be reserved and not yet written."""
+        wp = self._wp[idx]
+        if end <= wp:
+            return wp
+        with self._lock:
+            self._wp[idx] = wp = max(self._wp[idx], os.fstat(fd).st_size)
+        return wp
+
     def read_into(self, idx: int, offset: int, buffers: list) -> int:
         fd = self._fd(idx)
         want = sum(len(b) for b in buffers)
-        wp = self._wp[idx]
+        wp = self._pointer_for_read(idx, fd, offset + want)
         if offset < 0 or offset + want > wp:
             raise ZoneError(
                 f"read of {want} bytes at {offset} of zone {idx} passes its write pointer {wp}"

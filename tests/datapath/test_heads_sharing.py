@@ -32,6 +32,12 @@ def test_two_heads_write_one_file_in_their_own_zones(sqlite_catalog, tmp_path):
         assert first.ns.read(ino, 0, 4 * stripe) == part_a + part_b
         first.ns.write(ino, 0, b"x" * 100, stable=True)  # an overwrite the other must see
         assert second.read(ino, 0, 4 * stripe) == b"x" * 100 + part_a[100:] + part_b
+        # more appended by the second head to zones whose files the first has open already:
+        # the first reads past the pointer it knew
+        part_c = os.urandom(stripe)
+        second.write(ino, 4 * stripe, part_c, stable=True)
+        assert first.ns.read(ino, 4 * stripe, stripe) == part_c
+        part_b = part_b + part_c
 
         # each head appended only to its own zones (number modulo 2 = its index)
         rows = sqlite_catalog.read(
@@ -49,5 +55,5 @@ def test_two_heads_write_one_file_in_their_own_zones(sqlite_catalog, tmp_path):
         data.close()
         catalog.close()
     first.restart()  # recovery of its own zones finds nothing amiss
-    assert first.ns.read(ino, 0, 4 * stripe) == b"x" * 100 + part_a[100:] + part_b
+    assert first.ns.read(ino, 0, 5 * stripe) == b"x" * 100 + part_a[100:] + part_b
     check_accounting(sqlite_catalog)

@@ -112,9 +112,12 @@ class ShingleDaemon:
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
-    def init(self, *, squash: str = "no_root_squash", portmap: str = "serve") -> ShingleDaemon:
+    def init(
+        self, *, squash: str = "no_root_squash", portmap: str = "serve", drive_size: str = "32MiB"
+    ) -> ShingleDaemon:
         """``squash``: the default export's; ``portmap`` "serve" serves the port mapper on
-        PORTMAP_PORT (the NLM checks need it), "off" leaves that port to another daemon."""
+        PORTMAP_PORT (the NLM checks need it), "off" leaves that port to another daemon;
+        ``drive_size`` of each of the ten drives (zones of 4 MiB)."""
         run = subprocess.run(
             [
                 sys.executable,
@@ -123,7 +126,7 @@ class ShingleDaemon:
                 "init",
                 str(self.home),
                 "--drive-size",
-                "32MiB",
+                drive_size,
                 "--zone-size",
                 "4MiB",
                 "--nfs-port",

@@ -55,6 +55,9 @@ NFS_CLIENT_MODULES = (
     "nfsv3",
     "nfsv4",
     "dns_resolver",
+    # the pNFS FILES layout driver (test_kernel_pnfs.py): loaded at boot, as the guest has no
+    # modprobe for the client's request_module("nfs-layouttype4-1")
+    "nfs_layout_nfsv41_files",
 )
 # Lines the guest program writes on ttyS1 that the host acts on.
 BEGIN_MARKER = "@@SHINGLE-VM BEGIN"

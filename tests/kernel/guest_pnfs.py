@@ -1,0 +1,215 @@
+"""Runs inside the VM (standard library only): the pNFS checks of test_kernel_pnfs.py against
+three heads over one catalog: a metadata server and two data servers (docs/pnfs.md).
+
+    python3 guest_pnfs.py PLAN.json
+
+The plan names the heads' ports; the host answers "ds-traffic" (bytes each data server's
+connections received, from ss) and "kill-ds N" (kill -9 of data server N). One marker line
+per check, as guest_nfs.py prints them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+from guest_nfs import CheckFailed, expect, mount, run_check, sh, sha256, vmchannel_request
+
+MiB = 1 << 20
+CHECKS = (
+    "mount-4.1",
+    "mount-4.2",
+    "striped-4.1",
+    "striped-4.2",
+    "ds-killed-during-write",
+    "non-pnfs-4.0-through-ds",
+    "umount",
+)
+MDS_MNT, MDS42_MNT, DS_MNT = "/mnt/pnfs41", "/mnt/pnfs42", "/mnt/ds40"
+
+
+def mountstats(target: str) -> str:
+    """This mount's section of /proc/self/mountstats."""
+    text = open("/proc/self/mountstats").read()
+    for section in text.split("device ")[1:]:
+        if f" mounted on {target} " in section:
+            return section
+    raise CheckFailed(f"{target} not in /proc/self/mountstats")
+
+
+def op_count(target: str, op: str) -> int:
+    """How many ``op`` calls the mount sent to the metadata server (its per-op statistics)."""
+    found = re.search(rf"^\s*{op}:\s+(\d+)", mountstats(target), re.M)
+    return int(found[1]) if found else 0
+
+
+def make_source(path: str, size: int) -> str:
+    with open(path, "wb") as f:
+        for _ in range(size // MiB):
+            f.write(os.urandom(MiB))
+    return sha256(path)
+
+
+def drop_caches() -> None:
+    subprocess.run(["sync"], check=False)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def check_mount(target: str, options: str, port: int) -> str:
+    run = mount(options, port, target)
+    expect(run.returncode == 0, f"mount -o {options}: {run.stderr.strip()}")
+    stats = mountstats(target)
+    found = re.search(r"pnfs=([^,\s]+)", stats)  # in the nfsv4: line of the mount's stats
+    # the layout driver is chosen at mount from fs_layout_type, before any I/O
+    expect(found and found[1] == "LAYOUT_NFSV4_1_FILES", f"pnfs line: {found and found[0]}")
+    return f"{options}: pnfs {found[1]}"
+
+
+def written_by(name: str) -> dict[int, int]:
+    """Bytes of the file per head index that wrote them (0: the metadata server), from the
+    catalog, by the host."""
+    answer = vmchannel_request(f"written-by {name}")
+    try:
+        return {int(k): v for k, v in json.loads(answer).items()}
+    except ValueError:
+        raise CheckFailed(f"written-by: {answer}") from None
+
+
+def mds_sends(target: str) -> int:
+    """RPCs sent on the mount's own transports (its "xprt:" lines: the metadata server's
+    connections; a data server's are not listed)."""
+    total = 0
+    for line in mountstats(target).splitlines():
+        fields = line.split()
+        if fields[:2] == ["xprt:", "tcp"]:
+            total += int(fields[7])  # srcport, bind, connects, connect time, idle, sends
+    return total
+
+
+def check_striped(target: str, size: int) -> str:
+    source = f"/tmp/striped-{size}"
+    digest = make_source(source, size)
+    name = f"striped-{os.path.basename(target)}"
+    path = f"{target}/{name}"
+    # the per-op counts include the calls to data servers: COMMIT and LAYOUTCOMMIT must stay 0
+    before = {op: op_count(target, op) for op in ("WRITE", "COMMIT", "LAYOUTCOMMIT")}
+    sh("dd", f"if={source}", f"of={path}", "bs=1M", "conv=fsync", "status=none", timeout=900)
+    sent = {op: op_count(target, op) - n for op, n in before.items()}
+    expect(sent["WRITE"] >= size // MiB, f"WRITEs counted {sent}")
+    expect(sent["COMMIT"] == sent["LAYOUTCOMMIT"] == 0, f"FILE_SYNC, yet {sent}")
+    heads = written_by(name)  # -1: bytes kept inline in the catalog, written by any head
+    expect(sum(heads.values()) == size, f"bytes per head {heads}: not the file's {size}")
+    expect(heads.get(0, 0) == 0, f"the metadata server wrote {heads.get(0)} bytes of it")
+    busy = [index for index, n in heads.items() if index > 0 and n >= MiB]
+    expect(len(busy) >= 2, f"bytes per data server {heads}: fewer than two wrote 1 MiB")
+    drop_caches()
+    sends = mds_sends(target)
+    got = sha256(path)
+    expect(got == digest, f"sha256 after drop_caches {got}, wrote {digest}")
+    sends = mds_sends(target) - sends
+    # reading through the metadata server would take at least one READ per MiB
+    expect(sends < size // MiB // 2, f"{sends} RPCs to the metadata server for the read back")
+    return (
+        f"{size // MiB} MiB written and read back (sha256 equal after drop_caches); bytes "
+        f"written per head (0: the metadata server, -1: inline) {heads}; {sent['WRITE']} "
+        f"WRITEs, no COMMIT or LAYOUTCOMMIT; {sends} RPCs to the metadata server while "
+        "reading it back"
+    )
+
+
+def check_ds_killed(target: str, size: int) -> str:
+    """A data server killed (kill -9) while a direct write goes on: the write completes
+    through the metadata server and reads back."""
+    source = f"/tmp/fallback-{size}"
+    digest = make_source(source, size)
+    path = f"{target}/fallback"
+    writes_before = op_count(target, "WRITE")
+    # O_DIRECT: every MiB goes out as it is written, so the kill lands mid-file
+    writer = subprocess.Popen(
+        ["dd", f"if={source}", f"of={path}", "bs=1M", "oflag=direct", "status=none"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while writer.poll() is None and time.monotonic() < deadline:
+        if os.path.exists(path) and os.stat(path).st_size >= size // 4:
+            break
+        time.sleep(0.2)
+    at = os.stat(path).st_size if os.path.exists(path) else 0
+    answer = vmchannel_request("kill-ds 1")
+    expect(answer.startswith("killed"), f"kill-ds: {answer}")
+    _, err = writer.communicate(timeout=900)
+    expect(writer.returncode == 0, f"dd exit {writer.returncode}: {err.strip()}")
+    drop_caches()
+    got = sha256(path)
+    expect(got == digest, f"sha256 after the kill {got}, wrote {digest}")
+    mds_writes = op_count(target, "WRITE") - writes_before
+    expect(mds_writes > 0, "no WRITE reached the metadata server after the kill")
+    heads = written_by("fallback")
+    expect(heads.get(0, 0) > 0, f"bytes per head {heads}: none by the metadata server")
+    return (
+        f"killed at {at // MiB} of {size // MiB} MiB; the write completed, {mds_writes} WRITEs "
+        f"through the metadata server, bytes per head {heads}, sha256 equal"
+    )
+
+
+def check_non_pnfs(ds_port: int, mds_target: str) -> str:
+    run = mount("vers=4.0", ds_port, DS_MNT)
+    expect(run.returncode == 0, f"mount vers=4.0 of a data server: {run.stderr.strip()}")
+    expect("pnfs=LAYOUT" not in mountstats(DS_MNT), "a layout driver on a mount of a data server")
+    name = f"striped-{os.path.basename(mds_target)}"
+    got = sha256(f"{DS_MNT}/{name}")
+    want = sha256(f"{mds_target}/{name}")
+    expect(got == want, f"the data server reads {got}, the metadata server {want}")
+    data = os.urandom(3 * MiB + 17)
+    with open(f"{DS_MNT}/through-ds", "wb") as f:
+        f.write(data)
+        os.fsync(f.fileno())
+    with open(f"{mds_target}/through-ds", "rb") as f:
+        back = f.read()
+    expect(back == data, f"the metadata server reads {len(back)} bytes of {len(data)}")
+    return (
+        "NFSv4.0 through a data server head: a pNFS-written file reads the same; "
+        "its write reads back through the metadata server"
+    )
+
+
+def tune_data_server_timeouts() -> None:
+    """A data server killed under qemu's user networking does not always refuse at once: the
+    client waits for its RPC to a data server to time out (dataserver_timeo, 60 s by default,
+    times dataserver_retrans + 1) before it goes to the metadata server. Shorter here, as an
+    admin would set them (modprobe.d) where a hung data server must cost seconds."""
+    params = "/sys/module/nfs_layout_nfsv41_files/parameters"
+    for name, value in (("dataserver_timeo", "50"), ("dataserver_retrans", "1")):
+        with open(f"{params}/{name}", "w") as f:
+            f.write(value)
+
+
+def main(plan_file: str) -> int:
+    print("@@SHINGLE-VM BEGIN", flush=True)  # the host keeps the lines after it
+    plan = json.load(open(plan_file))
+    tune_data_server_timeouts()
+    mds_port, ds_ports = plan["mds_port"], plan["ds_ports"]
+    size = plan["size_mib"] * MiB
+    run_check("pnfs/mount-4.1", lambda: check_mount(MDS_MNT, "vers=4.1", mds_port))
+    run_check("pnfs/mount-4.2", lambda: check_mount(MDS42_MNT, "vers=4.2", mds_port))
+    run_check("pnfs/striped-4.1", lambda: check_striped(MDS_MNT, size))
+    run_check("pnfs/striped-4.2", lambda: check_striped(MDS42_MNT, size // 2))
+    run_check("pnfs/ds-killed-during-write", lambda: check_ds_killed(MDS_MNT, size))
+    run_check("pnfs/non-pnfs-4.0-through-ds", lambda: check_non_pnfs(ds_ports[0], MDS_MNT))
+
+    def unmount() -> str:
+        for target in (DS_MNT, MDS42_MNT, MDS_MNT):
+            sh("umount", target, timeout=120)
+        return "unmounted"
+
+    run_check("pnfs/umount", unmount)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,211 @@
+"""The Linux kernel client (6.1, fs/nfs/filelayout) against a pNFS metadata server and two
+data servers: three `shingle serve` heads over one catalog and one set of drives
+(docs/pnfs.md). One VM boot runs every check of guest_pnfs.py; each is its own test. Then
+nfs-rs, an NFSv4.1 client without pNFS, reads and writes through a data server head.
+
+The heads: `shingle init` makes the metadata server's folder (catalog, ten drives); each data
+server has a folder of its own (its daemon lock) with a config naming the same catalog, so all
+three write the same drives, each in its own zones ([heads] count 3). The guest reaches them
+at 10.0.2.2:PORT (qemu user networking), which is also how the metadata server lists them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import sys
+from pathlib import Path
+
+import guest_nfs
+import pytest
+import vm
+from nfs_rig import HERE, ShingleDaemon
+from pgserver import free_port
+
+CHECKS = [f"pnfs/{name}" for name in __import__("guest_pnfs").CHECKS]
+VM_TIMEOUT_S = 1500
+SIZE_MIB = 32  # four stripe units of 8 MiB: two on each data server
+
+
+def _configure(text: str, section: str, lines: str) -> str:
+    head = f"[{section}]\n"
+    assert head in text, f"no [{section}] in the rendered config"
+    return text.replace(head, head + lines, 1)
+
+
+class Heads:
+    """A metadata server and two data servers on 127.0.0.1, sharing one catalog."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        ports = [free_port() for _ in range(3)]
+        self.mds = ShingleDaemon(folder / "mds", ports[0])
+        self.ds = [ShingleDaemon(folder / f"ds{i}", port) for i, port in enumerate(ports[1:])]
+        # 3 heads share each drive's zones: 32 of 4 MiB, about 10 each, 2 kept for cleaning
+        self.mds.init(portmap="off", drive_size="128MiB")
+        catalog = self.catalog = (self.mds.home / "catalog.db").resolve()
+        listed = ",".join(f"{guest_nfs.SERVER}:{d.port}" for d in self.ds)
+        common = 'lease_seconds = 30\ngrace_seconds = 0\nportmap = "off"\n'
+        text = self.mds.config.read_text()
+        text = _configure(text, "heads", "count = 3\nindex = 0\n")
+        text = _configure(text, "pnfs", f'role = "mds"\ndata_servers = "{listed}"\n')
+        text = text.replace("grace_seconds = 10\n", "grace_seconds = 0\n", 1)
+        self.mds.config.write_text(text)
+        for index, head in enumerate(self.ds, start=1):
+            head.home.mkdir(parents=True)
+            head.config.write_text(
+                f'[catalog]\nurl = "sqlite:///{catalog}"\n\n[nfs]\nport = {head.port}\n{common}'
+                f'\n[heads]\ncount = 3\nindex = {index}\n\n[pnfs]\nrole = "ds"\n'
+                f'address = "{guest_nfs.SERVER}:{head.port}"\n'
+                + ('\n[logging]\nlevel = "debug"\n' if os.environ.get("SHINGLE_PNFS_DEBUG") else "")
+            )
+
+    def start(self) -> None:
+        self.mds.start()
+        for head in self.ds:
+            head.start()
+
+    def written_by(self, name: str) -> dict[str, int]:
+        """Bytes of the export's file ``name`` per head that wrote them, from the catalog: a
+        head appends only to zones whose number modulo 3 is its index, so the zone of a
+        stripe's first fragment names the head that wrote it (the heads' own counters would be
+        the code under test, and TCP counters restart with each connection the client
+        re-makes)."""
+        with sqlite3.connect(f"file:{self.catalog}?mode=ro", uri=True) as conn:
+            rows = conn.execute(
+                "SELECT COALESCE(z.idx % 3, -1), SUM(e.length) FROM dirents d "
+                "JOIN extents e ON e.ino = d.child "
+                "LEFT JOIN fragments f ON f.stripe_id = e.stripe_id AND f.idx = 0 "
+                "LEFT JOIN zones z ON z.id = f.zone_id WHERE d.name = ? "
+                "GROUP BY COALESCE(z.idx % 3, -1)",
+                (name,),
+            ).fetchall()
+        # -1: bytes kept inline in the catalog (a write of less than 64 KiB): no zone
+        return {str(index): int(total) for index, total in rows}
+
+    def kill_ds(self, index: int) -> str:
+        proc = self.ds[index].proc
+        if proc is None:
+            return f"data server {index} is not running"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        self.ds[index].proc = None
+        return f"killed data server {index} (port {self.ds[index].port})"
+
+    def stop(self) -> None:
+        for head in [*self.ds, self.mds]:
+            head.stop()
+        shutil.rmtree(self.mds.home / "drives", ignore_errors=True)
+
+    def logs(self) -> str:
+        return "\n".join(f"== {h.home.name}\n{h.log()[-3000:]}" for h in [self.mds, *self.ds])
+
+
+@pytest.fixture(scope="module")
+def pnfs_run(vm_kernel, kernel_rig_dir):
+    folder = kernel_rig_dir / "pnfs"
+    folder.mkdir()
+    heads = Heads(folder)
+    heads.start()
+
+    def on_request(text: str) -> str:
+        action, *args = text.split()
+        try:
+            if action == "written-by" and len(args) == 1:
+                return json.dumps(heads.written_by(args[0]))
+            if action == "kill-ds" and len(args) == 1:
+                return heads.kill_ds(int(args[0]))
+        except Exception as exc:  # noqa: BLE001 - the guest reports it as its check's failure
+            return f"{action} failed: {exc}"
+        return f"unknown request {text!r}"
+
+    guest = folder / "guest"
+    guest.mkdir()
+    for name in ("guest_nfs.py", "guest_pnfs.py"):
+        shutil.copy(HERE / name, guest / name)
+    plan = guest / "plan.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "mds_port": heads.mds.port,
+                "ds_ports": [d.port for d in heads.ds],
+                "size_mib": SIZE_MIB,
+            }
+        )
+    )
+    program = guest / "run.sh"
+    program.write_text(f"#!/bin/sh\ncd {guest}\nexec /usr/bin/python3 guest_pnfs.py {plan}\n")
+    for path in guest.iterdir():
+        path.chmod(0o755)
+    verbose = os.environ.get("SHINGLE_KERNEL_RIG_VERBOSE")
+    try:
+        result = vm.run_vm(
+            program,
+            kernel=vm_kernel,
+            workdir=folder / "vm",
+            requests=on_request,
+            timeout=VM_TIMEOUT_S,
+            on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None,
+        )
+        checks = {}
+        for line in result.lines:
+            if line.startswith(guest_nfs.CHECK_MARKER):
+                _, verdict, name, *details = line.split(" ", 3)
+                checks[name] = (verdict, details[0] if details else "")
+                print(f"kernel pNFS rig: {verdict} {name} {checks[name][1]}", file=sys.stderr)
+        yield heads, result, checks
+    finally:
+        heads.stop()
+
+
+@pytest.mark.timeout(VM_TIMEOUT_S + 300)
+@pytest.mark.parametrize("check", CHECKS)
+def test_kernel_pnfs(pnfs_run, check):
+    heads, result, checks = pnfs_run
+    if check not in checks:
+        pytest.fail(
+            f"{check}: no result (exit {result.exit_status}, timed out {result.timed_out});\n"
+            + "\n".join(result.lines[-20:])
+            + f"\nconsole:\n{result.console[-2000:]}\n{heads.logs()}"
+        )
+    verdict, details = checks[check]
+    assert verdict == "PASS", f"{check}: {details}\n{heads.logs()}"
+
+
+@pytest.mark.timeout(VM_TIMEOUT_S + 300)
+def test_nfs_rs_through_a_data_server(pnfs_run):
+    """A client without pNFS (nfs-rs, NFSv4.1) works through a data server head: it reads the
+    file the kernel client wrote through the layout, and what it writes reads back."""
+    heads, _, checks = pnfs_run
+    assert "pnfs/striped-4.1" in checks, "the VM run wrote nothing to read"
+    import nfs_rs
+
+    def client(port: int):
+        return nfs_rs.Client.connect(
+            f"nfs://127.0.0.1:{port}/export?version=4.1",
+            nfs_port=port,
+            noresvport=True,
+            uid=0,
+            gid=0,
+            connect_timeout=20,
+            operation_timeout=60,
+        )
+
+    digests = {}
+    payload = os.urandom(3 << 20)
+    with client(heads.ds[0].port) as cl:  # data server 1 was killed in the VM run; 0 serves
+        with cl.open("striped-pnfs41", "rb") as f:
+            data = f.read()
+        assert len(data) == SIZE_MIB << 20
+        digests["data server"] = hashlib.sha256(data).hexdigest()
+        with cl.open("nfs-rs-through-ds", "wb") as f:
+            f.write(payload)
+    with client(heads.mds.port) as cl:
+        with cl.open("striped-pnfs41", "rb") as f:
+            digests["metadata server"] = hashlib.sha256(f.read()).hexdigest()
+        with cl.open("nfs-rs-through-ds", "rb") as f:
+            assert f.read() == payload
+    assert digests["data server"] == digests["metadata server"], digests
