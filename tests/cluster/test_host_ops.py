@@ -345,3 +345,40 @@ def test_two_heads_on_postgresql_seeing_a_host_of_two_drives_go_at_once_record_i
             head.close()
         for catalog in catalogs:
             catalog.close()
+
+
+def test_cluster_init_makes_a_head_of_a_cluster_once_etcd_answers(
+    postgres_server, tmp_path, capsys
+):
+    from etcdserver import EtcdCluster, etcd_installed
+
+    from appliance import config as config_mod
+    from appliance.cli import main
+    from engine.catalog import Catalog
+
+    if not etcd_installed():
+        pytest.skip("etcd-server is not installed")
+    url = postgres_server.create_database()
+    home = tmp_path / "head"
+    made = ["init", str(home), "--catalog", url, "--drive-size", "32MiB", "--zone-size", "4MiB"]
+    assert main([*made, "--no-preallocate"]) == 0
+    config = str(home / "shingle.toml")
+    with EtcdCluster(1) as etcd:
+        urls = ",".join(etcd.endpoints)
+        for _ in range(2):  # again: the same lines set, not added twice
+            capsys.readouterr()
+            assert main(["-c", config, "cluster", "init", "--etcd", urls, "--name", "head-a"]) == 0
+            assert "restart the daemon" in capsys.readouterr().out
+        loaded = config_mod.load(config)
+        assert loaded.get("cluster.etcd_endpoints") == urls
+        assert loaded.get("cluster.name") == "head-a"
+        assert (home / "shingle.toml").read_text().count("etcd_endpoints =") == 1
+    capsys.readouterr()
+    assert main(["-c", config, "cluster", "init", "--etcd", urls]) == 1  # etcd is gone now
+    assert "does not answer" in capsys.readouterr().err
+    catalog = Catalog(url)
+    try:
+        said = events.recent(catalog, 10, kind_prefix="cluster.init")
+        assert len(said) == 2 and said[0].details["name"] == "head-a"
+    finally:
+        catalog.close()
