@@ -265,17 +265,9 @@ class Appliance:
             freed = self.namespace.reclaim_orphans()
             if freed:
                 log.info("freed %d orphaned inodes", freed)
-            self.finish_snapshot_deletions()
-
-    def finish_snapshot_deletions(self) -> int:
-        """Finish snapshot deletions a crash cut short (the owner of the drives, at start), so
-        their space comes back now rather than at the next snapshot call."""
-        from engine.snapshots.service import Snapshots
-
-        freed = Snapshots(self.namespace).finish_deletions()
-        if freed:
-            log.info("finished interrupted snapshot deletions: %d stripes freed", freed)
-        return freed
+            # deleted snapshots' rows are not freed here: a start must not wait for them (a
+            # delete returns at once, so some are pending at most starts); the maintenance's
+            # first round queues their paced reclaim (appliance/maintenance.py)
 
     def close(self) -> None:
         if self.datapath is not None:

@@ -211,13 +211,17 @@ def _dataset_page(path: str, status: int = 200, **extra):
     sched = scheduler()
     try:
         held = snapshots().list(path)
+        pending = snapshots().pending(path)
         problem = None
     except errors.FsError as exc:
-        held, problem = [], core.error_message(exc)
+        held, pending, problem = [], [], core.error_message(exc)
     return render_template(
         "dataset.html",
         path=path,
         snapshots=held,
+        pending=pending,
+        pending_bytes=sum(p.pending_bytes or 0 for p in pending),
+        pending_uncounted=any(p.pending_bytes is None for p in pending),
         problem=problem,
         schedules=sched.list_schedules(path),
         snapshot_schema=SNAPSHOT_SCHEMA,
@@ -308,7 +312,11 @@ def delete():
         done = delete_snapshot(values["path"], values["name"])
     except errors.NotFound:
         abort(404)
-    flash(f"snapshot {done['name']} of {done['path']} deleted", "ok")
+    flash(
+        f"snapshot {done['name']} of {done['path']} deleted: its space is reclaimed in the "
+        "background (pending until then)",
+        "ok",
+    )
     return _back(done["path"])
 
 

@@ -1,6 +1,6 @@
-"""A snapshot deletion cut short by a crash is finished when the daemon's runtime opens (the
-owner of the drives), not only at the next snapshot call; the web UI's and CLI's catalog-only
-opening leaves it to the daemon."""
+"""A snapshot's background reclaim cut short by a crash is finished by the daemon's maintenance
+(the owner of the drives) in its first round, a paced snapshot-reclaim job; opening the runtime
+does not wait for it, and the web UI's and CLI's catalog-only opening leaves it alone."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import os
 from sqlalchemy import select
 
 from appliance import config as config_mod
+from appliance.maintenance import Maintenance
 from appliance.runtime import Appliance
-from engine.admin import fsck
+from engine.admin import fsck, jobs
 from engine.catalog import Catalog
 from engine.catalog.models import Snapshot, Stripe
 from engine.namespace import ROOT
@@ -75,7 +76,15 @@ def test_daemon_start_finishes_an_interrupted_snapshot_deletion(tmp_path):
         assert _rows(catalog) == [(name, deleting)]  # left to the daemon
 
         with Appliance(config) as daemon:  # as `shingle serve` opens it
+            assert _rows(catalog) == [(name, deleting)], "a start does not wait for a reclaim"
+            maintenance = Maintenance(daemon)
+            assert maintenance.recover_interrupted()
+            assert maintenance.lead(), "its first round queues and runs the reclaim"
+            [job] = jobs.recent(catalog)
+            assert (job.kind, job.state) == ("snapshot-reclaim", "done"), job
+            assert job.result["stripes_freed"] > 10, job
             assert _rows(catalog) == []
+            assert not maintenance.lead(), "nothing left to reclaim: no job queued"
             assert _stripes(catalog) < held - 10
             check_accounting(catalog)
             assert fsck.check(catalog, daemon.namespace.root_ino).clean
