@@ -389,6 +389,19 @@ def create_snapshot(body: dict):
 
 
 @endpoint(
+    "/snapshots/clone",
+    "POST",
+    "A writable clone of a snapshot at a new path, sharing every stripe (a copy of its rows)",
+    "datasets",
+    body=datasets.CLONE_SCHEMA,
+    status=201,
+    scope="operator",
+)
+def clone_snapshot(body: dict):
+    return datasets.clone_snapshot(body["path"], body["name"], body["new_path"])
+
+
+@endpoint(
     "/snapshots/delete",
     "POST",
     "Delete a snapshot (frees its unique bytes); preview it first",

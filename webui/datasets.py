@@ -44,6 +44,22 @@ NAME_FIELD = Field(
 )
 
 SNAPSHOT_SCHEMA = Schema("SnapshotInput", "One snapshot of a dataset.", (PATH_FIELD, NAME_FIELD))
+CLONE_SCHEMA = Schema(
+    "SnapshotCloneInput",
+    "A writable clone of a snapshot at a new path.",
+    (
+        PATH_FIELD,
+        NAME_FIELD,
+        Field(
+            "new_path",
+            "string",
+            "Where the clone goes: a new name in an existing directory",
+            min_length=2,
+            max_length=PATH_MAX,
+            example="/datasets/web-experiment",
+        ),
+    ),
+)
 PREVIEW_SCHEMA = Schema(
     "SnapshotPreviewQuery",
     "Which snapshot change to preview.",
@@ -158,6 +174,13 @@ def delete_snapshot(path: str, name: str) -> dict:
         # reclaimed in the background (the daemon's snapshot-reclaim job)
         "pending_deletions": len(pending),
     }
+
+
+def clone_snapshot(path: str, name: str, new_path: str) -> dict:
+    path = dataset_service.clean_path(path)
+    new_path = dataset_service.clean_path(new_path)
+    ino = snapshots().clone(path, name, new_path)
+    return {"path": path, "name": name, "new_path": new_path, "ino": ino}
 
 
 def rollback_snapshot(path: str, name: str) -> dict:
@@ -317,6 +340,19 @@ def delete():
         "background (pending until then)",
         "ok",
     )
+    return _back(done["path"])
+
+
+@bp.route("/datasets/snapshots/clone", methods=["POST"])
+@core.login_required
+def clone():
+    try:
+        values = CLONE_SCHEMA.from_form(request.form)
+        done = clone_snapshot(values["path"], values["name"], values["new_path"])
+    except core.USER_ERRORS as exc:  # a bad or taken path, a missing parent or snapshot
+        flash(f"clone: {core.error_message(exc)}", "error")
+        return _back(request.form.get("path") or "/")
+    flash(f"snapshot {done['name']} of {done['path']} cloned to {done['new_path']}", "ok")
     return _back(done["path"])
 
 

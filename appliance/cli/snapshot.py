@@ -161,6 +161,18 @@ def _snapshot_named(snapshots: Snapshots, path: str, name: str):
     raise errors.NotFound(f"no snapshot {name!r} of {path}")
 
 
+def cmd_dataset(args) -> int:
+    """`shingle dataset clone SNAPSHOT PATH`: the same clone as `snapshot clone`, named by the
+    snapshot's path."""
+    from engine.snapshots.datasets import clean_path, split_snapshot_path
+
+    dataset, name = split_snapshot_path(args.snapshot)
+    new_path = clean_path(args.new_path)
+    _with_snapshots(args, lambda s: s.clone(dataset, name, new_path))
+    print(f"{args.snapshot} cloned to {new_path} (writable; it shares every stripe)")
+    return 0
+
+
 def _print_list(args) -> None:
     snapshots = _with_snapshots(args, lambda s: s.list(args.path))
     if args.json:
@@ -295,6 +307,15 @@ def register(sub) -> None:
     q.add_argument("name")
     q.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_snapshot)
+    p = sub.add_parser("dataset", help="datasets: writable clones of their snapshots")
+    actions = p.add_subparsers(dest="action", required=True)
+    q = actions.add_parser(
+        "clone",
+        help="a writable copy of SNAPSHOT (DIR/.snapshots/NAME) at PATH, sharing its data",
+    )
+    q.add_argument("snapshot", metavar="SNAPSHOT")
+    q.add_argument("new_path", metavar="PATH")
+    p.set_defaults(func=cmd_dataset)
 
 
 SCHEDULE_HELP = """\

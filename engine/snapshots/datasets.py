@@ -15,6 +15,7 @@ from engine.base import errors
 from engine.base.units import format_size
 from engine.catalog.models import REG, SnapshotDir
 from engine.namespace.paths import join_path, split_path, walk_subtree
+from engine.namespace.readonly import SNAPSHOT_DIR_NAME
 from engine.snapshots.schedules import SnapshotScheduler, name_pattern
 from engine.snapshots.service import SnapshotInfo, Snapshots
 
@@ -59,6 +60,17 @@ class SnapshotPreview:
 
 def clean_path(path: str) -> str:
     return join_path(split_path(path, "dataset path"))
+
+
+def split_snapshot_path(path: str) -> tuple[str, str]:
+    """(dataset, snapshot name) of a snapshot's path, ``DIR/.snapshots/NAME``."""
+    parts = split_path(path, "snapshot")
+    if len(parts) < 2 or parts[-2] != SNAPSHOT_DIR_NAME:
+        raise errors.InvalidArgument(
+            f"snapshot {path!r}: expected DIR/{SNAPSHOT_DIR_NAME}/NAME, e.g. "
+            f"/datasets/web/{SNAPSHOT_DIR_NAME}/monday"
+        )
+    return join_path(parts[:-2]), parts[-1]
 
 
 def dataset_paths(namespace, scheduler: SnapshotScheduler) -> list[str]:

@@ -67,10 +67,17 @@ def test_snapshot_commands(tmp_path):
     assert {"change": "added", "path": "new"} in as_json
 
     shingle("-c", conf, "snapshot", "clone", "/datasets/web", "monday", "/datasets/web-monday")
+    shingle("-c", conf, "dataset", "clone", "/datasets/web/.snapshots/monday", "/datasets/web-2")
+    bad = shingle(
+        "-c", conf, "dataset", "clone", "/datasets/web/monday", "/datasets/x", check=False
+    )
+    assert bad.returncode != 0 and "DIR/.snapshots/NAME" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr
     shingle("-c", conf, "snapshot", "rollback", "/datasets/web", "monday")
     with Appliance(config) as appliance:
         assert _read(appliance, "/datasets/web/index.html") == b"<h1>v1</h1>"
         assert _read(appliance, "/datasets/web-monday/img/logo") == b"L" * 100_000
+        assert _read(appliance, "/datasets/web-2/index.html") == b"<h1>v1</h1>"
         _write(appliance, "/datasets/web-monday/index.html", b"clone's own")
         assert _read(appliance, "/datasets/web/index.html") == b"<h1>v1</h1>"
     assert shingle("-c", conf, "snapshot", "diff", "/datasets/web", "monday").stdout == ""

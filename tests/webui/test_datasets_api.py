@@ -140,6 +140,22 @@ def test_snapshots_and_schedules_through_the_api(live):
     assert (job["result"]["bytes_moved"], job["result"]["shared_bytes"]) == (100_000, 0), job
     assert _read(ns, "/datasets/web/.snapshots/s1/model") == b"v1" * 50_000
 
+    # a writable clone of s1 at a new path (operator), sharing its stripes
+    clone = {**body, "new_path": "/datasets/web-exp"}
+    assert call("POST", "/api/v1/snapshots/clone", reader, clone).status_code == 403
+    cloned = call("POST", "/api/v1/snapshots/clone", operator, clone)
+    assert cloned.status_code == 201, cloned.get_json()
+    assert cloned.get_json()["new_path"] == "/datasets/web-exp"
+    assert _read(ns, "/datasets/web-exp/model") == b"v1" * 50_000
+    taken = call("POST", "/api/v1/snapshots/clone", operator, clone)
+    assert taken.status_code == 409 and "exists" in taken.get_json()["error"], taken.get_json()
+    nowhere = call("POST", "/api/v1/snapshots/clone", operator, {**clone, "new_path": "/no/x"})
+    assert nowhere.status_code == 404, nowhere.get_json()
+    exp = ns.resolve("/datasets/web-exp").ino
+    for entry in ns.readdir(ROOT, exp)[0]:
+        ns.unlink(ROOT, exp, entry.name)
+    ns.rmdir(ROOT, ns.resolve("/datasets").ino, "web-exp")
+
     stripes = live.catalog.read(lambda c: c.exec_driver_sql("SELECT COUNT(*) FROM stripes").one())
     deleted = call("POST", "/api/v1/snapshots/delete", admin, body)
     assert deleted.status_code == 200 and deleted.get_json()["pending_deletions"] >= 1

@@ -116,6 +116,17 @@ def test_datasets_page_in_the_browser(server, page, live):  # noqa: F811
     assert _read(ns, "/datasets/web/model") == b"A" * 300_000
     assert "notes" not in [e.name for e in ns.readdir(ROOT, ns.resolve("/datasets/web").ino)[0]]
 
+    # clone: a writable copy at a new path; a taken path is refused with a message
+    page.fill(f"{row} input[name=new_path]", "/datasets/web-exp")
+    page.click(f"{row} button:has-text('Clone')")
+    page.wait_for_selector(".flash")
+    assert "cloned to /datasets/web-exp" in page.inner_text(".flash")
+    assert _read(ns, "/datasets/web-exp/model") == b"A" * 300_000
+    page.fill(f"{row} input[name=new_path]", "/datasets/web-exp")
+    page.click(f"{row} button:has-text('Clone')")
+    page.wait_for_selector(".flash.error")
+    assert "exists" in page.inner_text(".flash.error")
+
     # delete: the confirmation says what it frees; only "yes" deletes
     page.click(f"{row} button:has-text('Delete')")
     page.wait_for_selector("#confirm")
