@@ -1,0 +1,253 @@
+"""Aggregate throughput through pNFS (a metadata server and two data servers, three `shingle
+serve` heads over one catalog and one set of drives: docs/pnfs.md) against the same work
+through one head, in the same run, rounds alternated.
+
+The client is the project's raw NFSv4.1 client (tests/nfs/nfs4_rawclient.py), one process per
+writer, one request in flight per connection, doing what the Linux files-layout client does:
+- pnfs: OPEN and LAYOUTGET on the metadata server, GETDEVICEINFO, then each 1 MiB WRITE
+  (UNSTABLE, answered FILE_SYNC) to the data server its stripe unit maps to, no COMMIT; the
+  read back (warm: the heads' page cache) from the same data servers;
+- one head: OPEN, 1 MiB UNSTABLE WRITEs and a COMMIT at the end, through the metadata server
+  alone (a client without pNFS), the read back from it.
+Printed per layout: MB/s of all writers together, and the heads' CPU seconds per MiB (every
+head's, idle ones included).
+
+    .venv/bin/python bench/pnfs.py [--writers 4] [--mib 32] [--rounds 3] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests" / "nfs"))
+
+from nfs4_rawclient import RawClient  # noqa: E402
+
+from appliance.nfs.v4 import const as c  # noqa: E402
+from appliance.nfs.v4 import types as t  # noqa: E402
+
+MiB = 1 << 20
+ALL = c.NFS4_UINT64_MAX
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _set(text: str, section: str, lines: str) -> str:
+    return text.replace(f"[{section}]\n", f"[{section}]\n{lines}", 1)
+
+
+class Heads:
+    """A metadata server and ``count`` data servers on 127.0.0.1 over one catalog."""
+
+    def __init__(self, folder: Path, count: int = 2):
+        self.folder = folder
+        self.ports = [free_port() for _ in range(count + 1)]
+        self.homes = [folder / "mds"] + [folder / f"ds{i}" for i in range(count)]
+        self.procs: list[subprocess.Popen] = []
+        mds = self.homes[0]
+        subprocess.run(
+            [sys.executable, "-m", "appliance.cli", "init", str(mds), "--drive-size", "512MiB"]
+            + ["--zone-size", "16MiB", "--nfs-port", str(self.ports[0])],
+            check=True,
+            capture_output=True,
+            cwd=REPO,
+        )
+        listed = ",".join(f"127.0.0.1:{p}" for p in self.ports[1:])
+        text = (mds / "shingle.toml").read_text()
+        text = _set(text, "nfs", 'grace_seconds = 0\nportmap = "off"\n')
+        text = _set(text, "heads", f"count = {count + 1}\nindex = 0\n")
+        text = _set(text, "pnfs", f'role = "mds"\ndata_servers = "{listed}"\n')
+        (mds / "shingle.toml").write_text(text)
+        catalog = (mds / "catalog.db").resolve()
+        for index, (home, port) in enumerate(
+            zip(self.homes[1:], self.ports[1:], strict=True), start=1
+        ):
+            home.mkdir()
+            (home / "shingle.toml").write_text(
+                f'[catalog]\nurl = "sqlite:///{catalog}"\n[nfs]\nport = {port}\n'
+                f'grace_seconds = 0\nportmap = "off"\n[heads]\ncount = {count + 1}\n'
+                f'index = {index}\n[pnfs]\nrole = "ds"\naddress = "127.0.0.1:{port}"\n'
+            )
+
+    def start(self) -> None:
+        for home, port in zip(self.homes, self.ports, strict=True):
+            log = open(home / "serve.log", "w")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "appliance.cli", "-c", str(home / "shingle.toml")]
+                + ["serve", "--no-web", "--nfs-port", str(port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+            )
+            self.procs.append(proc)
+            deadline = time.monotonic() + 120
+            while "nfs://" not in (home / "serve.log").read_text(errors="replace"):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"head {home.name} did not start")
+                time.sleep(0.2)
+
+    def cpu(self) -> float:
+        total = 0.0
+        for proc in self.procs:
+            times = psutil.Process(proc.pid).cpu_times()
+            total += times.user + times.system
+        return total
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _layout(mds: RawClient, fh: bytes, sid) -> tuple[int, int, list[int]]:
+    """(stripe unit, first stripe index, the data servers' ports) of a file's layout."""
+    args = t.ARGS[c.OP_LAYOUTGET](False, 1, c.LAYOUTIOMODE4_RW, 0, ALL, 0, sid, 4096)
+    st, res = mds.session([(c.OP_PUTFH, fh), (c.OP_LAYOUTGET, args)])
+    assert st == 0, st
+    files = t.nfsv4_1_file_layout4.decode(res[-1][2].layout[0].content.body)
+    args = t.ARGS[c.OP_GETDEVICEINFO](bytes(files.deviceid), 1, 4096, [])
+    st, res = mds.session([(c.OP_GETDEVICEINFO, args)])
+    assert st == 0, st
+    device = t.nfsv4_1_file_layout_ds_addr4.decode(res[-1][2].device_addr.body)
+    ports = []
+    for (addr,) in device.multipath_ds_list:
+        *_, hi, lo = addr.addr.split(".")
+        ports.append(int(hi) * 256 + int(lo))
+    return files.util & c.NFL4_UFLG_STRIPE_UNIT_SIZE_MASK, files.first_stripe_index, ports
+
+
+def _call(client: RawClient, ops: list):
+    """A COMPOUND in the session, its reply not cached (a 1 MiB READ's is too big for a slot)."""
+    return client.compound([client.sequence_op(cachethis=False), *ops])
+
+
+def writer(mode: str, mds_port: int, name: str, mib: int, out) -> None:
+    data = os.urandom(MiB)
+    mds = RawClient(mds_port).setup()
+    fh, sid = mds.open_new(name)
+    targets = {}
+    if mode == "pnfs":
+        unit, first, ports = _layout(mds, fh, sid)
+        clients = {port: RawClient(port).setup() for port in set(ports)}
+        targets = {i: clients[ports[(i * MiB // unit + first) % len(ports)]] for i in range(mib)}
+    started = time.perf_counter()
+    for i in range(mib):
+        client = targets.get(i, mds)
+        args = t.ARGS[c.OP_WRITE](sid, i * MiB, c.UNSTABLE4, data)
+        st, _ = _call(client, [(c.OP_PUTFH, fh), (c.OP_WRITE, args)])
+        assert st == 0, st
+    if mode != "pnfs":
+        st, _ = mds.session([(c.OP_PUTFH, fh), (c.OP_COMMIT, t.ARGS[c.OP_COMMIT](0, 0))])
+        assert st == 0, st
+    wrote = time.perf_counter() - started
+    started = time.perf_counter()
+    for i in range(mib):
+        client = targets.get(i, mds)
+        st, res = _call(
+            client, [(c.OP_PUTFH, fh), (c.OP_READ, t.ARGS[c.OP_READ](sid, i * MiB, MiB))]
+        )
+        assert st == 0 and len(res[-1][2].data) == MiB, st
+    out.put((wrote, time.perf_counter() - started))
+
+
+def run(heads: Heads, mode: str, writers: int, mib: int, tag: str) -> dict:
+    queue: multiprocessing.Queue = multiprocessing.Queue()
+    procs = [
+        multiprocessing.Process(
+            target=writer, args=(mode, heads.ports[0], f"{tag}-{mode}-{i}", mib, queue)
+        )
+        for i in range(writers)
+    ]
+    cpu0, started = heads.cpu(), time.perf_counter()
+    for proc in procs:
+        proc.start()
+    times = []
+    while len(times) < len(procs):
+        try:
+            times.append(queue.get(timeout=5))
+        except Exception:  # noqa: BLE001 - queue.Empty: check the writers are alive
+            if any(p.exitcode not in (None, 0) for p in procs):
+                raise SystemExit(f"a {mode} writer failed") from None
+    for proc in procs:
+        proc.join()
+    wall = time.perf_counter() - started
+    cpu = heads.cpu() - cpu0
+    total = writers * mib
+    write_s = max(w for w, _ in times)
+    read_s = max(r for _, r in times)
+    return {
+        "write_mb_s": total * MiB / write_s / 1e6,
+        "read_mb_s": total * MiB / read_s / 1e6,
+        "cpu_ms_per_mib": cpu * 1000 / (2 * total),  # written and read: 2 x total MiB
+        "wall_s": wall,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--writers", type=int, default=4)
+    parser.add_argument("--mib", type=int, default=32, help="MiB per writer")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    folder = Path(tempfile.mkdtemp(prefix="shingle-bench-pnfs-"))
+    heads = Heads(folder)
+    results: dict[str, list] = {"pnfs": [], "one head": []}
+    try:
+        heads.start()
+        for round_ in range(args.rounds):
+            order = ["pnfs", "one head"] if round_ % 2 == 0 else ["one head", "pnfs"]
+            for mode in order:
+                got = run(heads, mode, args.writers, args.mib, f"r{round_}")
+                results[mode].append(got)
+                print(
+                    f"round {round_} {mode}: "
+                    + json.dumps({k: round(v, 2) for k, v in got.items()}),
+                    flush=True,
+                )
+    finally:
+        heads.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    print(f"# {args.writers} writers x {args.mib} MiB, median of {args.rounds} rounds")
+    summary = {}
+    for mode, runs in results.items():
+        summary[mode] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        shown = " ".join(f"{k}={v:.2f}" for k, v in summary[mode].items())
+        print(f"{mode}: {shown}")
+    ratio = summary["pnfs"]["write_mb_s"] / summary["one head"]["write_mb_s"]
+    print(
+        f"pnfs / one head: write {ratio:.2f}x, "
+        f"read {summary['pnfs']['read_mb_s'] / summary['one head']['read_mb_s']:.2f}x"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"runs": results, "median": summary}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
