@@ -126,7 +126,11 @@ class Delegations:
                 "type": "read",
                 "granted_ns": time.time_ns(),
             }
-            self.catalog.set_setting(_key(ino, st.other), json.dumps(record))
+            try:
+                self.catalog.set_setting(_key(ino, st.other), json.dumps(record))
+            except Exception as exc:  # noqa: BLE001 - the OPEN goes on without a delegation
+                log.warning("no delegation of inode %d: its record failed (%s)", ino, exc)
+                return None
             core.states[st.other] = st
             cl.states.add(st.other)
             self.by_file.setdefault(ino, []).append(st)
