@@ -447,6 +447,10 @@ SCHEMAS: dict[str, dict] = {
         created=prop("integer", "Taken, " + NS),
         referenced_bytes=prop("integer", "Bytes its files reference (its logical size)"),
         unique_bytes=prop("integer", "Bytes only it references: what deleting it frees"),
+        shared_bytes=prop(
+            "integer",
+            "Bytes it references that live files, clones or other snapshots reference too",
+        ),
         files=prop("integer", "Inodes in its tree, its root included"),
     ),
     "SnapshotPreview": obj(

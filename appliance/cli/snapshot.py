@@ -182,7 +182,8 @@ def _print_list(args) -> None:
         print(
             f"{s.name:<24} {_when(s.created)}  referenced "
             f"{format_size(s.referenced_bytes):>10}  unique "
-            f"{format_size(s.unique_bytes):>10}  {s.files} inodes"
+            f"{format_size(s.unique_bytes):>10}  shared {format_size(s.shared_bytes):>10}  "
+            f"{s.files} inodes"
         )
     pending = _with_snapshots(args, lambda s: s.pending(args.path))
     if pending:

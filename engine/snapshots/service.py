@@ -58,6 +58,8 @@ class SnapshotInfo:
     unique_bytes: int  # live bytes only it references: what deleting it frees
     files: int  # inodes in the frozen tree, its root included
     id: int = 0
+    # bytes it references in stripes that live files, clones or other snapshots reference too
+    shared_bytes: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -325,7 +327,9 @@ class Snapshots:
         # foreign-key lookups of each copied row are skipped (_copy_tree)
         snapshot_id, created, count, referenced = self._run(work, foreign_keys=False)
         # nothing is unique yet: the live tree references every stripe the copy does
-        return SnapshotInfo(name, created, referenced, 0, files=count, id=snapshot_id)
+        return SnapshotInfo(
+            name, created, referenced, 0, files=count, id=snapshot_id, shared_bytes=referenced
+        )
 
     def list(self, path: str) -> list[SnapshotInfo]:
         dataset = self._dataset(path)
@@ -338,28 +342,30 @@ class Snapshots:
                 "WHERE source_ino = ? AND deleting = ? ORDER BY created_ns, id",
                 (dataset, False),
             ):
-                referenced, unique = self._space_in(conn, lo, hi)
+                referenced, unique, shared = self._space_in(conn, lo, hi)
                 files = sql_one(
                     conn, "SELECT COUNT(*) FROM inodes WHERE ino BETWEEN ? AND ?", (lo, hi)
                 )[0]
-                out.append(SnapshotInfo(name, created, referenced, unique, files, sid))
+                out.append(SnapshotInfo(name, created, referenced, unique, files, sid, shared))
             return out
 
         return self.catalog.read(work)
 
     @staticmethod
-    def _space_in(conn, lo: int, hi: int) -> tuple[int, int]:
-        """(referenced bytes, unique bytes) of the inodes [lo, hi]: unique are the live bytes of
-        stripes that no inode outside the range references."""
-        referenced, unique = sql_one(
+    def _space_in(conn, lo: int, hi: int) -> tuple[int, int, int]:
+        """(referenced, unique, shared bytes) of the inodes [lo, hi]: unique are the live bytes
+        of stripes that no inode outside the range references; shared, the range's references
+        into stripes that some inode outside it references too."""
+        referenced, unique, shared = sql_one(
             conn,
             "SELECT COALESCE(SUM(r.refs), 0), COALESCE(SUM(CASE WHEN s.live_bytes = r.refs THEN "
             "(CASE WHEN s.live_bytes < s.data_length THEN s.live_bytes ELSE s.data_length END) "
-            "ELSE 0 END), 0) FROM (SELECT stripe_id, SUM(length) AS refs FROM extents "
+            "ELSE 0 END), 0), COALESCE(SUM(CASE WHEN s.live_bytes = r.refs THEN 0 ELSE r.refs "
+            "END), 0) FROM (SELECT stripe_id, SUM(length) AS refs FROM extents "
             "WHERE ino BETWEEN ? AND ? GROUP BY stripe_id) r JOIN stripes s ON s.id = r.stripe_id",
             (lo, hi),
         )
-        return int(referenced), int(unique)
+        return int(referenced), int(unique), int(shared)
 
     def delete(self, path: str, name: str) -> None:
         """Remove a snapshot: one transaction of a few indexed statements, whatever it holds.

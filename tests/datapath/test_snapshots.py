@@ -126,9 +126,11 @@ def test_space_referenced_and_unique(engine, dataset):
     snaps.create("/ds", "s1")
     [s1] = snaps.list("/ds")
     assert s1.referenced_bytes == total and s1.unique_bytes == 0, "all shared with the live tree"
+    assert s1.shared_bytes == total
     _write(ns, "/ds/sub/c", b"new")  # the old bytes of c are now the snapshot's alone
     [s1] = snaps.list("/ds")
     assert s1.unique_bytes == len(dataset["/ds/sub/c"])
+    assert s1.shared_bytes == total - len(dataset["/ds/sub/c"])
     snaps.create("/ds", "s2")
     assert [s.name for s in snaps.list("/ds")] == ["s1", "s2"]
     before = _stripes(engine.catalog)

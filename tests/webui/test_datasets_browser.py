@@ -61,6 +61,7 @@ def test_datasets_page_in_the_browser(server, page, live):  # noqa: F811
     row = "#snapshots tr[data-snapshot=monday]"
     assert page.inner_text(f"{row} td.referenced") == "293.0 KiB"
     assert page.inner_text(f"{row} td.unique") == "293.0 KiB"
+    assert page.inner_text(f"{row} td.shared") == "0 B"
     assert "UTC" in page.inner_text(row)
 
     # a schedule: refused with the field's error, then created, edited, deleted
