@@ -28,6 +28,9 @@ from engine.drives.zoned import DriveMissing, ZonedDrive, ZoneError, ZoneInfo
 CONNECT_TIMEOUT_S = 2.0
 REQUEST_TIMEOUT_S = 30.0  # an fsync of a busy disk may take seconds; a dead link is cut here
 RECONNECT_S = 0.5
+# an idle connection is probed after 5 s of silence, then every 2 s; 3 unanswered: it is lost
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 5, 2, 3
+KEEPALIVE_S = KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES
 READ_CONNECTIONS = 4
 
 
@@ -70,6 +73,12 @@ class AgentConnection:
         except OSError as exc:
             raise OSError(errno.ENODEV, f"agent {label} unreachable: {exc}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # a host that vanishes while idle (power, link) sends no RST and nothing is asked of it:
+        # keepalive probes fail the reader within KEEPALIVE_S, and the drive is not present
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
         self.sock.settimeout(None)  # the reader waits for replies; requests have their own limit
         self._lock = lock("drives.remote_connection")
         self._send_lock = lock("drives.remote_send")
