@@ -17,6 +17,7 @@ def cmd_status(args) -> int:
     catalog = open_catalog(config)
     try:
         report = gather(catalog, config.policies(), config.get("storage.reserve_zones"))
+        add_device_errors(report["drives"], catalog)
         report["smb"] = smb_report(config.data_dir, catalog)
         report["leader"] = leader_report(catalog, config)
     finally:
@@ -26,6 +27,19 @@ def cmd_status(args) -> int:
     else:
         print_report(report)
     return 0
+
+
+def add_device_errors(drives: list[dict], catalog) -> None:
+    """Each zoned block device's error counts from the daemon's newest sample (its faults:
+    bad sectors, zones gone read-only or offline; and off-pointer writes, expected 0)."""
+    from engine.admin.metrics import latest
+
+    samples = latest(catalog)
+    for drive in drives:
+        for key in ("device_errors", "off_pointer_errors"):
+            value = samples.get(f"drive_{drive['id']}_{key}")
+            if value is not None:
+                drive[key] = int(value)
 
 
 def print_report(report: dict) -> None:
@@ -64,6 +78,7 @@ def print_report(report: dict) -> None:
         print(
             f"  {d['id']:>3} {d['state']:<9} {fmt(d['size_bytes']):>10}  zones {d['zones_empty']} "
             f"empty / {d['zones_open']} open / {d['zones_full']} full  {d['path']}"
+            + (f"  ({d['device_errors']} device errors)" if d.get("device_errors") else "")
         )
     print(f"smb       {smb_line(report['smb'])}")
     leader = leader_line(report.get("leader"))

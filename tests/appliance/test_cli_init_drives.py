@@ -83,3 +83,25 @@ def test_a_block_device_that_is_not_zoned_is_refused(tmp_path):
     assert "not a host-managed zoned block device" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
     assert not (tmp_path / "home").exists()
+
+
+def test_status_shows_the_device_errors_the_daemon_sampled(tmp_path):
+    """A zoned block device's faults (drive_<id>_device_errors, sampled by the daemon from
+    engine/drives/blkzoned.py) show in `shingle status`; drives without any show none."""
+    from engine.admin import metrics
+    from engine.catalog import Catalog
+
+    home = tmp_path / "home"
+    init(home, "--drive-size", "16MiB", "--zone-size", "4MiB", "--no-preallocate")
+    catalog = Catalog(f"sqlite:///{home}/catalog.db")
+    try:
+        metrics.record_sample(catalog, drive_1_device_errors=4, drive_1_off_pointer_errors=0)
+    finally:
+        catalog.close()
+    config = str(home / "shingle.toml")
+    report = json.loads(shingle("-c", config, "status", "--json", env=environment()).stdout)
+    by_id = {d["id"]: d for d in report["drives"]}
+    assert (by_id[1]["device_errors"], by_id[1]["off_pointer_errors"]) == (4, 0)
+    assert "device_errors" not in by_id[2]
+    text = shingle("-c", config, "status", env=environment()).stdout
+    assert text.count("device errors") == 1 and "(4 device errors)" in text, text
