@@ -6,10 +6,11 @@ through tcmu-runner, an NVMe zoned namespace) and in it:
   O_DIRECT 1 MiB writes at the write pointer, then an fsync (the device's own pace);
 - the zones are reset, the devices become shingle drives (`drives add`), and 8 writers store
   files through the namespace (8+2 stripes of 64 KiB fragments) of about the same media bytes.
-Reports MB/s of both, the ratio on media bytes (shingle's media MB/s / the reference's) and
-the write amplification and sequential-append share the SMR model counts (must be 1.000: every
-append at a write pointer). Under TCG (no KVM) both are bound by the emulated CPU: the ratio
-says what shingle's own work costs beside the device writes, not what a disk would do.
+Reports MB/s of both, the ratio on media bytes (shingle's media MB/s / the reference's), the
+guest CPU seconds per media MiB of each, and the write amplification and sequential-append
+share the SMR model counts (must be 1.000: every append at a write pointer). Under TCG (no
+KVM) both are bound by the emulated CPU: the ratio says what shingle's own work costs beside
+the device writes, not what a disk would do.
 
     .venv/bin/python bench/zoned.py [--per-device MIB] [--files N] [--json]
 """
@@ -88,6 +89,8 @@ def main() -> int:
         f"shingle: {figures['shingle_user_MBps']} MB/s of user data, "
         f"{figures['shingle_media_MBps']} MB/s on the media\n"
         f"ratio (media MB/s, shingle / reference): {figures['ratio_media']}\n"
+        f"guest CPU per media MiB: reference {figures['reference_cpu_s_per_MiB']} s, "
+        f"shingle {figures['shingle_cpu_s_per_MiB']} s\n"
         f"write amplification (SMR model): {figures['write_amplification']:.3f}, "
         f"appends at a write pointer: {figures['sequential_append_share']:.3f}"
     )
