@@ -1,8 +1,10 @@
-"""SIGKILL during snapshot create and delete and during clones: each is all or nothing.
+"""SIGKILL during snapshot create and delete, during the background reclaim of deleted
+snapshots and during clones: each is all or nothing, on SQLite and PostgreSQL.
 
 A forked child loops over: snapshot the dataset, clone its big file into a new file, delete the
-previous snapshot; it is killed at a random moment. After each kill, every snapshot listed holds
-the whole dataset, every clone is empty or whole, and fsck and the accounting are clean."""
+previous snapshot, every other round reclaim the deleted ones; it is killed at a random moment.
+After each kill, every snapshot listed holds the whole dataset, every clone is empty or whole,
+and fsck and the accounting are clean, before and after the pending deletions are reclaimed."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import time
 from dphelpers import check_accounting
 
 from engine.admin import fsck
-from engine.catalog import Catalog, upgrade
+from engine.catalog import Catalog
 from engine.coding.erasure import load_policies
 from engine.datapath import DataPath
 from engine.drives import format_emulated
@@ -65,9 +67,8 @@ def child(url: str, round_no: int, out: int) -> None:
         i += 1
 
 
-def test_kill_during_snapshot_and_clone_is_all_or_nothing(tmp_path):
-    url = f"sqlite:///{tmp_path}/catalog.db"
-    upgrade(url)
+def test_kill_during_snapshot_and_clone_is_all_or_nothing(tmp_path, catalog_url):
+    url = catalog_url  # SQLite and PostgreSQL (upgraded by the fixture)
     catalog = Catalog(url)
     format_emulated(catalog, tmp_path / "drives", 10, 64 << 20, 1 << 20)
     _, data, ns = open_engine(url)
