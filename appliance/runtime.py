@@ -412,6 +412,7 @@ class Daemon:
             nsm_name=config.get("nfs.nsm_name"),
             client_rpcbind_port=config.get("nfs.client_rpcbind_port"),
             pnfs=self.pnfs_role(appliance),
+            head_index=config.get("heads.index") if config.get("heads.count") > 1 else None,
             krb5_keytab=config.get("nfs.krb5_keytab"),
             krb5_principal=config.get("nfs.krb5_principal"),
         )

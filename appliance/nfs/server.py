@@ -242,6 +242,7 @@ class NfsServer:
         nsm_name: str = "",
         client_rpcbind_port: int = 111,
         pnfs: Pnfs | None = None,
+        head_index: int | None = None,
         krb5_keytab: str = "",
         krb5_principal: str = "",
     ):
@@ -251,7 +252,9 @@ class NfsServer:
         ``nsm_name``: this server's name in SM_NOTIFY (default: ``host``, or the host name
         when listening on all addresses). ``client_rpcbind_port``: where clients' port mappers
         are asked for their NLM and NSM services (callbacks). ``pnfs``: this head's pNFS role
-        (appliance/nfs/pnfs.py; default: none)."""
+        (appliance/nfs/pnfs.py; default: none). ``head_index``: this head's number among several
+        over one catalog ([heads] index when count > 1): its server owner then differs from the
+        others' while the server scope stays theirs (one namespace, each head its own state)."""
         if portmap not in PORTMAP_MODES:
             raise ValueError(f"portmap mode {portmap!r}: expected one of {PORTMAP_MODES}")
         if limits is None:
@@ -285,7 +288,12 @@ class NfsServer:
             self.gss = GssService(krb5_keytab, krb5_principal)
         self.registered: dict = {}  # what a system rpcbind holds for us
         self.handles = HandleCodec(catalog)
-        self.owner_major = f"shingle-{self.handles.fsid:016x}".encode()
+        # the scope: file handles and names mean the same on every head of this catalog; the
+        # owner: whose state (clients, sessions, stateids) a client talks to (RFC 8881 2.10.4)
+        self.server_scope = f"shingle-{self.handles.fsid:016x}".encode()
+        self.owner_major = self.server_scope
+        if head_index is not None:
+            self.owner_major += f"-head{head_index}".encode()
         # changes every start: clients must re-send UNSTABLE writes after a restart
         self._boot_verifier = int.from_bytes(os.urandom(8), "big")
         self.boot_ns = time.time_ns()

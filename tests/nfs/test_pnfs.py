@@ -27,17 +27,17 @@ def heads(stack, server):
     """(metadata server, data server, the data server's Pnfs) on one namespace, beside
     ``server``, a head without pNFS (whose fixture adds the export)."""
     ds_pnfs = Pnfs("ds", stripe_unit=UNIT)
-    ds = start_server(stack, pnfs=ds_pnfs)
+    ds = start_server(stack, pnfs=ds_pnfs, head_index=1)
     ds_pnfs.address = ("127.0.0.1", ds.port)
     mds_pnfs = Pnfs("mds", [("127.0.0.1", ds.port), ("127.0.0.2", 2049)], stripe_unit=UNIT)
     mds_pnfs.publish(stack.catalog)
-    mds = start_server(stack, pnfs=mds_pnfs)
+    mds = start_server(stack, pnfs=mds_pnfs, head_index=0)
     yield mds, ds, ds_pnfs
     mds.stop()
     ds.stop()
 
 
-def _exchange_flags(port: int) -> int:
+def _exchange_id(port: int):
     client = RawClient(port)
     try:
         st, res = client.compound(
@@ -49,7 +49,7 @@ def _exchange_flags(port: int) -> int:
             ]
         )
         assert st == 0
-        return res[0][2].flags
+        return res[0][2]
     finally:
         client.close()
 
@@ -75,12 +75,16 @@ def _getdeviceinfo(client, device_id, *, layout_type=c.LAYOUT4_NFSV4_1_FILES, ma
 
 def test_roles_in_exchange_id_and_attributes(heads, server):
     mds, ds, _ = heads
-    mds_flags = _exchange_flags(mds.port)
+    mds_flags = _exchange_id(mds.port).flags
     assert mds_flags & c.EXCHGID4_FLAG_USE_PNFS_MDS
     assert not mds_flags & c.EXCHGID4_FLAG_USE_NON_PNFS  # the Linux client refuses both
-    ds_flags = _exchange_flags(ds.port)
+    ds_flags = _exchange_id(ds.port).flags
     assert ds_flags & c.EXCHGID4_FLAG_USE_PNFS_DS and ds_flags & c.EXCHGID4_FLAG_USE_NON_PNFS
-    plain = _exchange_flags(server.port)  # a head without [pnfs]
+    plain = _exchange_id(server.port).flags  # a head without [pnfs]
+    # one scope (the same namespace and handles), an owner per head (each its own state)
+    owners = {port: _exchange_id(port) for port in (mds.port, ds.port)}
+    assert owners[mds.port].server_scope == owners[ds.port].server_scope
+    assert owners[mds.port].server_owner_major != owners[ds.port].server_owner_major
     assert plain & c.EXCHGID4_FLAG_MASK_A == c.EXCHGID4_FLAG_USE_NON_PNFS
 
     for port, types in ((mds.port, [c.LAYOUT4_NFSV4_1_FILES]), (ds.port, [])):

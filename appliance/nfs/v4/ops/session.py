@@ -70,7 +70,7 @@ def exchange_id(cx, a):
         (c.SP4_NONE, None),
         0,
         server.owner_major,
-        server.owner_major,
+        server.server_scope,
         [impl],
     )
 
