@@ -226,6 +226,15 @@ OPTIONS: list[Option] = [
     ),
     Option(
         "nfs",
+        "idmap_domain",
+        "str",
+        "",
+        "Domain of NFSv4 owner names (user@domain), as the clients' idmapd.conf Domain: shingle "
+        "sends names to Kerberos clients and takes names or numeric ids from any; empty: the "
+        "host's DNS domain, else localdomain.",
+    ),
+    Option(
+        "nfs",
         "krb5_principal",
         "str",
         "",

@@ -415,6 +415,7 @@ class Daemon:
             head_index=config.get("heads.index") if config.get("heads.count") > 1 else None,
             krb5_keytab=config.get("nfs.krb5_keytab"),
             krb5_principal=config.get("nfs.krb5_principal"),
+            idmap_domain=config.get("nfs.idmap_domain"),
         )
         server.start()
         daemon_log.info("NFS server listening on %s:%d", host, server.port)

@@ -224,6 +224,12 @@ class VersionDispatch:
         return result
 
 
+def default_idmap_domain() -> str:
+    """The host's DNS domain, else "localdomain": what nfsidmap assumes on both sides."""
+    fqdn = socket.getfqdn()
+    return fqdn.split(".", 1)[1] if "." in fqdn else "localdomain"
+
+
 class NfsServer:
     def __init__(
         self,
@@ -245,6 +251,7 @@ class NfsServer:
         head_index: int | None = None,
         krb5_keytab: str = "",
         krb5_principal: str = "",
+        idmap_domain: str = "",
     ):
         """``portmap``: "serve" answers PMAP on ``portmap_port`` (0: any free port),
         "register" registers NFS, MOUNT, NLM and NSM with the rpcbind there, "auto" does the
@@ -280,6 +287,8 @@ class NfsServer:
         )
         self.client_rpcbind_port = client_rpcbind_port
         self.pnfs = pnfs if pnfs is not None else Pnfs()
+        # NFSv4 owners by name are user@idmap_domain (the host's DNS domain, as idmapd's default)
+        self.idmap_domain = idmap_domain or default_idmap_domain()
         # RPCSEC_GSS: only with a keytab (gssapi is imported then, not before)
         self.gss = None
         if krb5_keytab:

@@ -23,9 +23,13 @@ import pytest
 import vm
 from nfs_rig import (
     HERE,
+    KRB5_GUEST,
+    KRB5_IDMAP_DOMAIN,
+    KRB5_TIMEOUT_S,
     ROOT_SQUASH_TIMEOUT_S,
     VM_TIMEOUT_S,
     ShingleDaemon,
+    krb5_plan,
     plan_for,
     root_squash_plan,
     write_as_second_client,
@@ -85,7 +89,7 @@ class RigRun:
         )
 
 
-def run_guest(vm_kernel, folder: Path, plan: dict, timeout: float, on_request=None):
+def run_guest(vm_kernel, folder: Path, plan: dict, timeout: float, on_request=None, hostname=None):
     """Boot the VM once to run guest_nfs.py with ``plan``: (VmResult, {check: (verdict,
     details)})."""
     guest = folder / "guest"
@@ -104,6 +108,7 @@ def run_guest(vm_kernel, folder: Path, plan: dict, timeout: float, on_request=No
         workdir=folder / "vm",
         requests=on_request,
         timeout=timeout,
+        hostname=hostname,
         on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None,
     )
     checks = {}
@@ -168,4 +173,52 @@ def root_squash_results(vm_kernel, kernel_rig_dir) -> RigRun:
     finally:
         daemon.stop()
         shutil.rmtree(daemon.home / "drives", ignore_errors=True)
+    return RigRun(result, checks, daemon.log())
+
+
+@pytest.fixture(scope="session")
+def krb5_results(kernel_rig_dir) -> RigRun:
+    """A VM run of the Kerberos checks: a KDC of its own realm on the host, a daemon whose
+    default export allows krb5, krb5i and krb5p only, rpc.gssd in the guest with the guest's
+    machine key and a user's ticket; the guest also loads rpcsec_gss_krb5 and cts."""
+    from kdcserver import SERVER_HOST, KdcServer
+
+    try:
+        vm.check_qemu()
+    except vm.VmUnavailable as exc:
+        pytest.skip(f"kernel rig: {exc}")
+    if not Path("/usr/sbin/rpc.gssd").exists():
+        pytest.skip("kernel rig: rpc.gssd (nfs-common) is not installed")
+    kernel = vm.prepare_kernel(
+        vm.NFS_CLIENT_MODULES + ("rpcsec_gss_krb5", "cts"),
+        log=lambda text: print(text, file=sys.stderr, flush=True),
+    )
+    folder = kernel_rig_dir / "krb5"
+    folder.mkdir()
+    kdc = KdcServer().start()
+    try:
+        kdc.add_service(f"nfs/{KRB5_GUEST}", kdc.dir / "guest.keytab")
+        kdc.add_user("daemon")
+        for path in (kdc.dir, kdc.dir / "guest.keytab", kdc.client_keytab):
+            path.chmod(0o755 if path.is_dir() else 0o644)  # read in the guest through the share
+        daemon = ShingleDaemon(folder / "appliance", free_port())
+        daemon.init(
+            portmap="off",
+            sec="krb5:krb5i:krb5p",
+            nfs_options=(
+                f'krb5_keytab = "{kdc.server_keytab}"\n'
+                f'krb5_principal = "nfs@{SERVER_HOST}"\n'
+                f'idmap_domain = "{KRB5_IDMAP_DOMAIN}"\n'
+            ),
+        )
+        daemon.start()
+        try:
+            result, checks = run_guest(
+                kernel, folder, krb5_plan(daemon.port, kdc), KRB5_TIMEOUT_S, hostname=KRB5_GUEST
+            )
+        finally:
+            daemon.stop()
+            shutil.rmtree(daemon.home / "drives", ignore_errors=True)
+    finally:
+        kdc.stop()
     return RigRun(result, checks, daemon.log())

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import grp
 import hashlib
 import json
 import os
+import pwd
 import random
 import re
 import shutil
@@ -110,6 +112,8 @@ def planned_checks(plan: dict) -> list[str]:
         names += [f"{version['label']}/{check}" for check in ROOT_SQUASH_CHECKS]
     if plan.get("delegations"):
         names += [f"{plan['delegations']['label']}/{check}" for check in DELEGATION_CHECKS]
+    if plan.get("krb5"):
+        names += krb5_check_names(plan["krb5"])
     if plan.get("restart_version"):
         names += [f"{plan['restart_version']}/{check}" for check in RESTART_CHECKS]
     if plan.get("docs"):
@@ -1403,6 +1407,163 @@ def run_delegations(plan: dict, spec: dict) -> None:
         subprocess.run(["timeout", "120", "umount", mountpoint], capture_output=True)
 
 
+# -- Kerberos (a VM of its own: rpc.gssd, a keytab and a KDC on the host) ----------------------
+KRB5_USER_CHECKS = ("rw", "no-ticket")
+KRB5_REFUSED = ("sys-refused-v4.1", "sys-refused-v3")
+
+
+def krb5_check_names(spec: dict) -> list[str]:
+    names = []
+    for flavor in spec["flavors"]:
+        for version in spec["versions"]:
+            names += [f"krb5/{flavor}-{version['label']}/{c}" for c in KRB5_USER_CHECKS]
+    return names + [f"krb5/{c}" for c in KRB5_REFUSED]
+
+
+def krb5_setup(spec: dict) -> subprocess.Popen:
+    """/etc/hosts, krb5.conf and krb5.keytab for this guest; rpc.gssd running; a ticket for the
+    user (``spec['uid']``) in the ccache rpc.gssd looks for (/tmp/krb5cc_UID)."""
+    hostname = os.uname().nodename
+    with open("/etc/hosts", "w") as f:
+        f.write(f"127.0.0.1 localhost {hostname}\n{SERVER} {spec['server_name']}\n")
+    with open("/etc/krb5.conf", "w") as f:
+        f.write(spec["krb5_conf"])
+    with open("/etc/idmapd.conf", "w") as f:  # owners travel as user@domain under Kerberos
+        f.write(f"[General]\nDomain = {spec['idmap_domain']}\n")
+    shutil.copy(spec["keytab"], "/etc/krb5.keytab")
+    os.chmod("/etc/krb5.keytab", 0o600)
+    os.makedirs("/run/rpc_pipefs", exist_ok=True)
+    sh("mount", "-t", "rpc_pipefs", "sunrpc", "/run/rpc_pipefs")
+    log = open("/tmp/rpc.gssd.log", "w")
+    gssd = subprocess.Popen(
+        ["rpc.gssd", "-f", "-v", "-p", "/run/rpc_pipefs", "-k", "/etc/krb5.keytab"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    uid = spec["uid"]
+    cache = f"/tmp/krb5cc_{uid}"
+    sh("kinit", "-k", "-t", spec["user_keytab"], "-c", f"FILE:{cache}", spec["user_principal"])
+    os.chown(cache, uid, uid)
+    time.sleep(1)  # rpc.gssd opens the pipes
+    return gssd
+
+
+def krb5_mount(options: str, port: int, server: str, target: str) -> subprocess.CompletedProcess:
+    os.makedirs(target, exist_ok=True)
+    if not re.search(r"(^|,)port=", options):
+        options += f",port={port}"
+    return subprocess.run(
+        ["timeout", "120", "mount", "-t", "nfs", "-o", options, f"{server}:/export", target],
+        capture_output=True,
+        text=True,
+    )
+
+
+def as_uid(uid: int, *cmd: str, ok_codes: tuple[int, ...] = (0,)) -> str:
+    return sh(
+        "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *cmd, ok_codes=ok_codes
+    )
+
+
+def check_krb5_rw(mountpoint: str, uid: int, label: str) -> str:
+    """The user with a ticket writes, renames and reads back a file; it is the user's."""
+    data = random.randbytes(3 * 1024 * 1024 + 17)
+    source = f"/tmp/krb5-{label}.bin"
+    with open(source, "wb") as f:
+        f.write(data)
+    os.chmod(source, 0o644)
+    work = os.path.join(mountpoint, f"krb5-{label}.tmp")
+    final = os.path.join(mountpoint, f"krb5-{label}.bin")
+    as_uid(uid, "cp", source, work)
+    seen = sh("stat", "-c", "%u:%g", work).strip()
+    domain = subprocess.run(["nfsidmap", "-d"], capture_output=True, text=True).stdout.strip()
+    expect(seen == f"{uid}:{uid}", f"{work} is {seen} in the guest (its nfsidmap domain: {domain})")
+    as_uid(uid, "mv", work, final)
+    drop_caches()
+    back = as_uid(uid, "sha256sum", final).split()[0]
+    expect(back == hashlib.sha256(data).hexdigest(), f"{final} reads back other bytes")
+    # chgrp sends the group as a name (group@domain); ls shows names the server sent
+    group = grp.getgrgid(uid).gr_name
+    as_uid(uid, "chgrp", group, final)
+    drop_caches()
+    st = os.stat(final)
+    expect((st.st_uid, st.st_gid) == (uid, uid), f"{final} is {st.st_uid}:{st.st_gid}")
+    shown = sh("stat", "-c", "%U:%G", final).strip()
+    user = pwd.getpwuid(uid).pw_name
+    expect(shown == f"{user}:{group}", f"{final} shows {shown}, not {user}:{group}")
+    as_uid(uid, "rm", final)
+    return f"wrote, renamed, read back {len(data)} bytes, chgrp by name, shown {shown}"
+
+
+def check_krb5_no_ticket(mountpoint: str, uid: int, v3: bool) -> str:
+    """A user without a ticket reads nothing: rpc.gssd has no credential for the uid, so no
+    call goes out. The v4.1 client says EACCES; the v3 client, revalidating the mount's root
+    with the call refused, says ESTALE (the kernel's mapping, seen against shingle here)."""
+    run = subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "ls", mountpoint],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    expect(run.returncode != 0, f"uid {uid} without a ticket listed the export: {run.stdout!r}")
+    allowed = ("Permission denied", "Stale file handle") if v3 else ("Permission denied",)
+    expect(any(e in run.stderr for e in allowed), f"uid {uid}: {run.stderr.strip()}")
+    return f"uid {uid} without a ticket: {run.stderr.strip()}"
+
+
+def check_sys_refused(options: str, port: int, server: str, target: str) -> str:
+    mounted = krb5_mount(options, port, server, target)
+    if mounted.returncode == 0:
+        listing = subprocess.run(["ls", target], capture_output=True, text=True, timeout=60)
+        subprocess.run(["timeout", "60", "umount", target], capture_output=True)
+        raise CheckFailed(f"sec=sys mounted the krb5-only export (ls: {listing.returncode})")
+    return f"refused: {mounted.stderr.strip()}"
+
+
+def run_krb5(plan: dict, spec: dict) -> None:
+    try:
+        gssd = krb5_setup(spec)
+    except Exception:  # noqa: BLE001 - every check reports the setup's failure
+        for name in krb5_check_names(spec):
+            report(name, False, f"Kerberos setup failed: {traceback.format_exc(limit=2)}")
+        return
+    server, port, uid = spec["server_name"], plan["port"], spec["uid"]
+    try:
+        for flavor in spec["flavors"]:
+            for version in spec["versions"]:
+                label = f"{flavor}-{version['label']}"
+                names = [f"krb5/{label}/{c}" for c in KRB5_USER_CHECKS]
+                target = f"/mnt/{label}"
+                options = version["options"].format(port=port) + f",sec={flavor}"
+                mounted = krb5_mount(options, port, server, target)
+                if mounted.returncode != 0:
+                    for name in names:
+                        report(name, False, f"mount -o {options}: {mounted.stderr.strip()}")
+                    continue
+                try:
+                    run_check(names[0], lambda t=target, lb=label: check_krb5_rw(t, uid, lb))
+                    run_check(
+                        names[1],
+                        lambda t=target, v3=version["label"] == "v3": check_krb5_no_ticket(
+                            t, spec["no_ticket_uid"], v3
+                        ),
+                    )
+                finally:
+                    subprocess.run(["timeout", "120", "umount", target], capture_output=True)
+        for name, version in zip(KRB5_REFUSED, spec["versions"], strict=True):
+            options = version["options"].format(port=port) + ",sec=sys"
+            run_check(
+                f"krb5/{name}",
+                lambda o=options, n=name: check_sys_refused(o, port, server, f"/mnt/{n}"),
+            )
+    finally:
+        gssd.terminate()
+        gssd.wait(30)
+        with open("/tmp/rpc.gssd.log") as f:
+            tail = f.read()[-3000:]
+        print(f"rpc.gssd log tail:\n{tail}", flush=True)
+
+
 def main(plan: dict) -> int:
     print("@@SHINGLE-VM BEGIN", flush=True)
     print(f"guest: {os.uname().nodename} kernel {os.uname().release}", flush=True)
@@ -1412,6 +1573,8 @@ def main(plan: dict) -> int:
         run_root_squash(plan, version)
     if plan.get("delegations"):
         run_delegations(plan, plan["delegations"])
+    if plan.get("krb5"):
+        run_krb5(plan, plan["krb5"])
     if plan.get("docs"):
         docs_path = "/tmp/docs.json"
         with open(docs_path, "w") as f:

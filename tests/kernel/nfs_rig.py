@@ -67,6 +67,46 @@ ROOT_SQUASH_TIMEOUT_S = 900
 DELEGATIONS = {"label": "v4.1", "options": "vers=4.1", "files": 1000, "lease_seconds": 30}
 
 
+# the Kerberos run (its own VM boot, a KDC on the host, rpc.gssd in the guest): the default
+# export allows krb5, krb5i and krb5p only; a user with a ticket (uid 1, daemon@REALM, whom the
+# server maps to uid 1 through its own passwd) writes and reads under each, v4.1 and v3
+KRB5_GUEST = "krb5client"  # the guest's hostname: its machine key is nfs/KRB5_GUEST@REALM
+KRB5_FLAVORS = ("krb5", "krb5i", "krb5p")
+KRB5_VERSIONS = [
+    {"label": "v4.1", "options": "vers=4.1"},
+    {
+        "label": "v3",
+        "options": "vers=3,proto=tcp,port={port},mountport={port},mountproto=tcp,nolock",
+    },
+]
+KRB5_USER_UID, KRB5_NO_TICKET_UID = 1, 2  # daemon and bin, in every Debian passwd
+KRB5_TIMEOUT_S = 900
+KRB5_IDMAP_DOMAIN = "shingle.test"  # the server's nfs.idmap_domain and the guest's idmapd.conf
+
+
+def krb5_plan(port: int, kdc=None) -> dict:
+    """``kdc`` (tests/kdcserver.KdcServer) fills in the realm's files; None gives the names
+    only (the host lists the checks before any KDC runs)."""
+    spec: dict = {
+        "flavors": list(KRB5_FLAVORS),
+        "versions": KRB5_VERSIONS,
+        "uid": KRB5_USER_UID,
+        "no_ticket_uid": KRB5_NO_TICKET_UID,
+        "idmap_domain": KRB5_IDMAP_DOMAIN,
+    }
+    if kdc is not None:
+        from kdcserver import SERVER_HOST
+
+        spec.update(
+            server_name=SERVER_HOST,
+            krb5_conf=kdc.krb5_conf_text(guest_nfs.SERVER),
+            keytab=str(kdc.dir / "guest.keytab"),
+            user_keytab=str(kdc.client_keytab),
+            user_principal=f"daemon@{kdc.realm}",
+        )
+    return {"port": port, "versions": [], "uids": [], "krb5": spec}
+
+
 def root_squash_plan(port: int) -> dict:
     versions = [{**v, "options": v["options"].format(port=port)} for v in ROOT_SQUASH_VERSIONS]
     return {"port": port, "versions": [], "uids": [], "root_squash": versions}
@@ -113,11 +153,18 @@ class ShingleDaemon:
         self.starts = 0
 
     def init(
-        self, *, squash: str = "no_root_squash", portmap: str = "serve", drive_size: str = "32MiB"
+        self,
+        *,
+        squash: str = "no_root_squash",
+        portmap: str = "serve",
+        drive_size: str = "32MiB",
+        sec: str = "sys",
+        nfs_options: str = "",
     ) -> ShingleDaemon:
-        """``squash``: the default export's; ``portmap`` "serve" serves the port mapper on
-        PORTMAP_PORT (the NLM checks need it), "off" leaves that port to another daemon;
-        ``drive_size`` of each of the ten drives (zones of 4 MiB)."""
+        """``squash``, ``sec``: the default export's; ``portmap`` "serve" serves the port mapper
+        on PORTMAP_PORT (the NLM checks need it), "off" leaves that port to another daemon;
+        ``drive_size`` of each of the ten drives (zones of 4 MiB); ``nfs_options``: more lines
+        for the config's [nfs] table."""
         run = subprocess.run(
             [
                 sys.executable,
@@ -142,7 +189,7 @@ class ShingleDaemon:
         text = self.config.read_text().replace(
             "[nfs]\n",
             "[nfs]\nlease_seconds = 30\ngrace_seconds = 10\n"
-            f'portmap = "{portmap}"\nportmap_port = {PORTMAP_PORT}\n',
+            f'portmap = "{portmap}"\nportmap_port = {PORTMAP_PORT}\n{nfs_options}',
             1,
         )
         self.config.write_text(text)
@@ -154,7 +201,7 @@ class ShingleDaemon:
         try:
             catalog.run(
                 lambda conn: conn.execute(
-                    Export.__table__.update().values(clients="127.0.0.1/32", squash=squash)
+                    Export.__table__.update().values(clients="127.0.0.1/32", squash=squash, sec=sec)
                 )
             )
         finally:

@@ -8,9 +8,11 @@ import pytest
 from guest_nfs import planned_checks
 from nfs_rig import (
     KNOWN_FAILURES,
+    KRB5_TIMEOUT_S,
     NOT_IMPLEMENTED,
     ROOT_SQUASH_TIMEOUT_S,
     VM_TIMEOUT_S,
+    krb5_plan,
     plan_for,
     root_squash_plan,
 )
@@ -41,4 +43,14 @@ def test_kernel_client_root_squash(root_squash_results, check):
     """A root client with the default squash keeps its own files and gains nothing over
     other users' files or the export root (invariant 12)."""
     verdict, details = root_squash_results.outcome(check)
+    assert verdict == "PASS", f"{check}: {details}"
+
+
+@pytest.mark.timeout(KRB5_TIMEOUT_S + 300)
+@pytest.mark.parametrize("check", planned_checks(krb5_plan(0)))
+def test_kernel_client_krb5(krb5_results, check):
+    """sec=krb5, krb5i and krb5p mounts (v4.1, v3) through rpc.gssd: a user with a ticket writes,
+    renames and reads back; one without gets EACCES; sec=sys of the krb5-only export is
+    refused."""
+    verdict, details = krb5_results.outcome(check)
     assert verdict == "PASS", f"{check}: {details}"

@@ -37,6 +37,8 @@ CREDPROBLEM, CTXPROBLEM = 13, 14
 GARBAGE_ARGS = 4
 TARGET = f"nfs@{SERVER_HOST}"
 SECRET = b"only daemon may read this\n"
+DOMAIN = "shingle.test"
+OWNERS = [0, 1 << (c.FATTR4_OWNER - 32) | 1 << (c.FATTR4_OWNER_GROUP - 32)]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +62,7 @@ def gss_server(stack, kdc):
     f = ns.create(ROOT, ns.root_ino, "secret", 0o600)
     ns.write(f.ino, 0, SECRET, stable=True)
     ns.setattr(ROOT, f.ino, uid=1, gid=1)
-    srv = start_server(stack, krb5_keytab=str(kdc.server_keytab))
+    srv = start_server(stack, krb5_keytab=str(kdc.server_keytab), idmap_domain=DOMAIN)
     yield srv
     srv.stop()
 
@@ -224,3 +226,50 @@ def test_nfsv3_over_auth_sys_gets_tooweak_and_krb5_reads(gss_server, kdc):
         assert struct.unpack_from(">I", reply, pos)[0] == 0  # NFS3_OK
     finally:
         gss.close()
+
+
+def _owners(raw, export: str) -> tuple[str, str]:
+    st, res = raw.session(
+        [
+            (c.OP_PUTROOTFH, None),
+            (c.OP_LOOKUP, export),
+            (c.OP_LOOKUP, "secret"),
+            (c.OP_GETATTR, OWNERS),
+        ]
+    )
+    assert st == 0, res
+    vals = res[-1][2].attr_vals
+    owner, pos = read_opaque(vals, 0)
+    group, _ = read_opaque(vals, pos)
+    return owner.decode(), group.decode()
+
+
+def _set_owner(raw, owner: str) -> int:
+    value = t.fattr4.cls([0, 1 << (c.FATTR4_OWNER - 32)], opaque(owner.encode()))
+    st, _ = raw.session(
+        [
+            (c.OP_PUTROOTFH, None),
+            (c.OP_LOOKUP, "export"),
+            (c.OP_LOOKUP, "secret"),
+            (c.OP_SETATTR, t.ARGS[c.OP_SETATTR](stateid(0, b"\0" * 12), value)),
+        ]
+    )
+    return st
+
+
+def test_owners_are_names_under_kerberos_and_numbers_under_auth_sys(gss_server, kdc):
+    raw = client(gss_server, kdc, service=SVC_INTEGRITY).setup()
+    try:
+        assert _owners(raw, "export") == (f"daemon@{DOMAIN}", f"daemon@{DOMAIN}")
+        assert _set_owner(raw, f"daemon@{DOMAIN}") == 0  # its own name: allowed
+        assert _set_owner(raw, "1") == 0  # a numeric id still is
+        assert _set_owner(raw, f"no-such-user@{DOMAIN}") == c.NFS4ERR_BADOWNER
+        assert _set_owner(raw, "daemon@elsewhere.example") == c.NFS4ERR_BADOWNER
+        assert _set_owner(raw, "root") == c.NFS4ERR_PERM  # a real name, not daemon's to give
+    finally:
+        raw.close()
+    sys_client = RawClient(gss_server.port).setup()
+    try:
+        assert _owners(sys_client, "open") == ("1", "1")
+    finally:
+        sys_client.close()

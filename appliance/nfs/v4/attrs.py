@@ -5,8 +5,10 @@ read from a namespace ``Attr`` and how settable ones are decoded.
 
 from __future__ import annotations
 
+import functools
 import grp
 import pwd
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,6 +26,7 @@ class AttrServer(Protocol):
     namespace: Any
     lease_seconds: int
     pnfs: Any  # appliance.nfs.pnfs.Pnfs: fs_layout_type, layout_blksize
+    idmap_domain: str  # owners by name are user@idmap_domain
 
     def statfs(self) -> Any: ...
 
@@ -50,6 +53,8 @@ class AttrSubject:
     server: AttrServer  # lease time, statfs
     rdattr_error: int = 0
     minor: int = 1  # NFSv4.0 has no attribute past mounted_on_fileid
+    # owner and owner_group as user@domain (the client maps names: Kerberos), else numeric
+    owner_names: bool = False
 
 
 def _space_used(s: AttrSubject) -> int:
@@ -64,15 +69,38 @@ def _time(ns: int):
     return nfstime4.cls(ns // NS, ns % NS)
 
 
-def _owner(uid: int) -> str:
+def _owner(s: AttrSubject, uid: int, *, group: bool) -> str:
+    """'1000', or 'alice@domain' for a client that maps names (an id without a name in the
+    name service stays numeric, which the Linux client also reads)."""
+    if s.owner_names:
+        name = _name_of(uid, group, int(time.monotonic() // NAME_CACHE_S))
+        if name is not None:
+            return f"{name}@{s.server.idmap_domain}"
     return str(uid)
 
 
-def parse_owner(text: str, *, group: bool) -> int:
-    """Numeric ids ('1000'), names ('alice') or 'alice@domain' to an id."""
-    name = text.split("@", 1)[0]
+NAME_CACHE_S = 60  # how long a name-service answer is reused (GETATTR asks for every entry)
+
+
+@functools.lru_cache(maxsize=8192)
+def _name_of(uid: int, group: bool, _period: int) -> str | None:
+    try:
+        return grp.getgrgid(uid).gr_name if group else pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
+def parse_owner(text: str, *, group: bool, domain: str = "") -> int:
+    """Numeric ids ('1000'), names ('alice') or 'alice@domain' to an id: BADOWNER for a name
+    the name service does not know or another domain than ``domain`` (when given)."""
+    name, at, their_domain = text.partition("@")
     if not text:  # no name at all is a bad argument, not an owner this server cannot map
         raise AttrError(c.NFS4ERR_INVAL, "empty owner or owner_group")
+    what = "group" if group else "user"
+    if at and domain and their_domain.lower() != domain.lower():
+        raise AttrError(
+            c.NFS4ERR_BADOWNER, f"{what} {text!r}: domain {their_domain!r}, expected {domain!r}"
+        )
     if name.isdigit():
         return int(name)
     try:
@@ -80,7 +108,6 @@ def parse_owner(text: str, *, group: bool) -> int:
     except KeyError:
         if name == "nobody":
             return 65534
-        what = "group" if group else "user"
         raise AttrError(c.NFS4ERR_BADOWNER, f"unknown {what} {text!r}") from None
 
 
@@ -137,8 +164,8 @@ ATTRS = {
     c.FATTR4_MODE: (UInt, lambda s: s.attr.mode & 0o7777, True),
     c.FATTR4_NO_TRUNC: (Bool, lambda s: True, False),
     c.FATTR4_NUMLINKS: (UInt, lambda s: s.attr.nlink, False),
-    c.FATTR4_OWNER: (utf8str, lambda s: _owner(s.attr.uid), True),
-    c.FATTR4_OWNER_GROUP: (utf8str, lambda s: _owner(s.attr.gid), True),
+    c.FATTR4_OWNER: (utf8str, lambda s: _owner(s, s.attr.uid, group=False), True),
+    c.FATTR4_OWNER_GROUP: (utf8str, lambda s: _owner(s, s.attr.gid, group=True), True),
     c.FATTR4_RAWDEV: (
         specdata4,
         lambda s: specdata4.cls(s.attr.rdev >> 32, s.attr.rdev & 0xFFFFFFFF),
@@ -288,8 +315,9 @@ def decode_settable(fattr) -> dict[int, Any]:
     return values
 
 
-def setattr_kwargs(values: dict, now_marker) -> dict:
-    """namespace.setattr keyword arguments for decoded attribute values."""
+def setattr_kwargs(values: dict, now_marker, domain: str = "") -> dict:
+    """namespace.setattr keyword arguments for decoded attribute values (owner names of
+    ``domain``)."""
     kw = {}
     if c.FATTR4_MODE in values:
         kw["mode"] = values[c.FATTR4_MODE] & 0o7777
@@ -298,9 +326,9 @@ def setattr_kwargs(values: dict, now_marker) -> dict:
         if kw["size"] > MAX_FILE_SIZE:
             raise AttrError(c.NFS4ERR_FBIG, f"size {kw['size']}: at most {MAX_FILE_SIZE}")
     if c.FATTR4_OWNER in values:
-        kw["uid"] = parse_owner(values[c.FATTR4_OWNER], group=False)
+        kw["uid"] = parse_owner(values[c.FATTR4_OWNER], group=False, domain=domain)
     if c.FATTR4_OWNER_GROUP in values:
-        kw["gid"] = parse_owner(values[c.FATTR4_OWNER_GROUP], group=True)
+        kw["gid"] = parse_owner(values[c.FATTR4_OWNER_GROUP], group=True, domain=domain)
     for bit, key in (
         (c.FATTR4_TIME_ACCESS_SET, "atime_ns"),
         (c.FATTR4_TIME_MODIFY_SET, "mtime_ns"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 from appliance.nfs import access
 from appliance.nfs.exports import ExportRule, PseudoDir, pseudo_ino
 from appliance.nfs.fh import KIND_FILE, KIND_PSEUDO
+from appliance.nfs.onc.rpc import RPCSEC_GSS
 from appliance.nfs.state import Client, NfsError
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.attrs import AttrError, AttrSubject
@@ -90,6 +91,9 @@ class Compound:
         self.conn_state = conn_state
         self.rpc_cred = rpc_cred
         self.address = address
+        # owners as user@domain under Kerberos, where the client maps names (as knfsd does);
+        # numeric under AUTH_SYS, the Linux client's default there
+        self.owner_names = rpc_cred.flavor == RPCSEC_GSS
         self.cur: Node | None = None
         self.saved: Node | None = None
         self.cur_stateid = None
@@ -171,7 +175,13 @@ class Compound:
         if node.pseudo is not None:
             attr = PseudoAttr(node.pseudo, server.boot_ns, server.exports_generation)
             return AttrSubject(
-                attr, self.fh_of(node), (server.handles.fsid, 0), attr.ino, server, minor=self.minor
+                attr,
+                self.fh_of(node),
+                (server.handles.fsid, 0),
+                attr.ino,
+                server,
+                minor=self.minor,
+                owner_names=self.owner_names,
             )
         if attr is None:
             attr = self.ns.getattr(node.ino)
@@ -186,6 +196,7 @@ class Compound:
             mounted_on,
             server,
             minor=self.minor,
+            owner_names=self.owner_names,
         )
 
     # -- stateids ---------------------------------------------------------------------

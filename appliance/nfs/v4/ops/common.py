@@ -56,7 +56,7 @@ def apply_attrs(cx, node: Node, values: dict, *, skip=()) -> list[int]:
     values = {bit: v for bit, v in values.items() if bit not in skip}
     if not values:
         return []
-    kw = fattr.setattr_kwargs(values, SET_TO_NOW)
+    kw = fattr.setattr_kwargs(values, SET_TO_NOW, cx.server.idmap_domain)
     cx.ns.setattr(cx.cred(node), node.ino, **kw)
     return sorted(values)
 

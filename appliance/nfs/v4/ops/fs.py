@@ -395,5 +395,11 @@ def _light_subject(cx, node: Node, attr):
     server = cx.server
     assert node.export is not None  # a node outside the pseudo-root is in an export
     return AttrSubject(
-        attr, b"", (server.handles.fsid, node.export.id), attr.ino, server, minor=cx.minor
+        attr,
+        b"",
+        (server.handles.fsid, node.export.id),
+        attr.ino,
+        server,
+        minor=cx.minor,
+        owner_names=cx.owner_names,
     )
