@@ -7,7 +7,8 @@ a. record: what create would write (the inode range reserved past MAX(ino), one 
    in one durable transaction; timed for each of --held snapshots;
 b. membership: whether a live inode is in a snapshot's view, by the design's upward walk (the
    copied names pointing at ``f``, and the live names pointing at ``f - delta`` whose
-   directory is not copied), for files inside /ds and outside it;
+   directory is not copied), for files inside /ds and outside it: a query per level on SQLite,
+   one recursive statement on PostgreSQL;
 c. copy-up: a file's rows copied to ``ino + delta`` (inode, extents adding their stripe
    references, xattrs, symlink), and a folder's (its inode, and every name in it into a table
    of frozen names without the foreign key on the child: a copied folder names children not
@@ -91,6 +92,16 @@ def copied(conn, ino: int) -> bool:
     return sql_one(conn, "SELECT 1 FROM inodes WHERE ino = ?", (ino,)) is not None
 
 
+# the walk in one statement on PostgreSQL (a round trip per level costs more than the walk);
+# the recursive term names ``up`` once, the two kinds of parent come from a LATERAL union
+_IN_VIEW_PG = (
+    "WITH RECURSIVE up(f) AS (SELECT CAST(? AS BIGINT) UNION SELECT p.parent FROM up, LATERAL "
+    "(SELECT parent FROM frozen_dirents WHERE child = up.f UNION ALL SELECT d.parent + ? "
+    "FROM dirents d WHERE d.child = up.f - ? AND d.parent + 0 <= ? AND NOT EXISTS (SELECT 1 FROM "
+    "inodes c WHERE c.ino = d.parent + ?)) p WHERE up.f <> ?) SELECT 1 FROM up WHERE f = ? LIMIT 1"
+)
+
+
 def in_view(conn, view: View, ino: int) -> bool:
     """Whether live ``ino`` is in the view: walk up from ``ino + delta`` to the view's root."""
     if ino > view.live_hi:
@@ -98,6 +109,14 @@ def in_view(conn, view: View, ino: int) -> bool:
     known = view.members.get(ino)
     if known is not None:
         return known
+    if conn.dialect.name == "postgresql":
+        d = view.delta
+        found = (
+            sql_one(conn, _IN_VIEW_PG, (ino + d, d, d, view.live_hi, d, view.root, view.root))
+            is not None
+        )
+        view.members[ino] = found
+        return found
     frontier, seen, found = {ino + view.delta}, set(), False
     while frontier and not found:
         nxt = set()
