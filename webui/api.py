@@ -378,7 +378,7 @@ def preview_snapshot(query: dict):
 @endpoint(
     "/snapshots",
     "POST",
-    "Take a snapshot of a dataset (no data is copied; its catalog rows are, so the time grows with the number of files)",
+    "Take a snapshot of a dataset (no data is copied; its time grows with the number of files)",
     "datasets",
     body=datasets.SNAPSHOT_SCHEMA,
     status=201,
