@@ -643,6 +643,17 @@ OPTIONS: list[Option] = [
         "server left out of that list answers NFS4ERR_PNFS_NO_LAYOUT to I/O under another "
         "head's stateid, so clients fetch a new layout. Empty: nfs.host:nfs.port.",
     ),
+    Option(
+        "pnfs",
+        "data_server_writes",
+        "choice",
+        "file_sync",
+        "How a data server answers a layout's WRITEs: 'file_sync' (durable with size and mtime "
+        "at the reply: the client sends no COMMIT and no LAYOUTCOMMIT; each WRITE is a flush) "
+        "or 'unstable' (buffered into full stripes; the client COMMITs to each data server and "
+        "sends LAYOUTCOMMIT to the metadata server). docs/pnfs.md has both measured.",
+        choices=("file_sync", "unstable"),
+    ),
 ]
 
 BAND_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {

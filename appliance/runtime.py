@@ -449,6 +449,7 @@ class Daemon:
             # of a file is whole stripes, encoded by the head that received them
             stripe_unit=datapath.policies[datapath.default_class].stripe_size,
             address=address[0] if address else (config.get("nfs.host"), self.nfs_port),
+            stable_writes=config.get("pnfs.data_server_writes") == "file_sync",
         )
         if pnfs.is_mds:
             pnfs.publish(appliance.catalog)

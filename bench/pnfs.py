@@ -5,14 +5,17 @@ through one head, in the same run, rounds alternated.
 The client is the project's raw NFSv4.1 client (tests/nfs/nfs4_rawclient.py), one process per
 writer, one request in flight per connection, doing what the Linux files-layout client does:
 - pnfs: OPEN and LAYOUTGET on the metadata server, GETDEVICEINFO, then each 1 MiB WRITE
-  (UNSTABLE, answered FILE_SYNC) to the data server its stripe unit maps to, no COMMIT; the
-  read back (warm: the heads' page cache) from the same data servers;
+  (UNSTABLE, answered FILE_SYNC) to the data server its stripe unit maps to, no COMMIT; with
+  --data-server-writes unstable the data servers answer UNSTABLE and the client COMMITs to
+  each and sends LAYOUTCOMMIT at the end; the read back (warm: the heads' page cache) from
+  the same data servers;
 - one head: OPEN, 1 MiB UNSTABLE WRITEs and a COMMIT at the end, through the metadata server
   alone (a client without pNFS), the read back from it.
 Printed per layout: MB/s of all writers together, and the heads' CPU seconds per MiB (every
 head's, idle ones included).
 
-    .venv/bin/python bench/pnfs.py [--writers 4] [--mib 32] [--rounds 3] [--json FILE]
+    .venv/bin/python bench/pnfs.py [--writers 4] [--mib 32] [--rounds 3]
+        [--data-server-writes file_sync|unstable] [--json FILE]
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def _set(text: str, section: str, lines: str) -> str:
 class Heads:
     """A metadata server and ``count`` data servers on 127.0.0.1 over one catalog."""
 
-    def __init__(self, folder: Path, count: int = 2):
+    def __init__(self, folder: Path, count: int = 2, data_server_writes: str = "file_sync"):
         self.folder = folder
         self.ports = [free_port() for _ in range(count + 1)]
         self.homes = [folder / "mds"] + [folder / f"ds{i}" for i in range(count)]
@@ -87,6 +90,7 @@ class Heads:
                 f'[catalog]\nurl = "sqlite:///{catalog}"\n[nfs]\nport = {port}\n'
                 f'grace_seconds = 0\nportmap = "off"\n[heads]\ncount = {count + 1}\n'
                 f'index = {index}\n[pnfs]\nrole = "ds"\naddress = "127.0.0.1:{port}"\n'
+                f'data_server_writes = "{data_server_writes}"\n'
             )
 
     def start(self) -> None:
@@ -124,11 +128,13 @@ class Heads:
                 proc.wait()
 
 
-def _layout(mds: RawClient, fh: bytes, sid) -> tuple[int, int, list[int]]:
-    """(stripe unit, first stripe index, the data servers' ports) of a file's layout."""
+def _layout(mds: RawClient, fh: bytes, sid) -> tuple:
+    """(stripe unit, first stripe index, the data servers' ports, the layout stateid) of a
+    file's layout."""
     args = t.ARGS[c.OP_LAYOUTGET](False, 1, c.LAYOUTIOMODE4_RW, 0, ALL, 0, sid, 4096)
     st, res = mds.session([(c.OP_PUTFH, fh), (c.OP_LAYOUTGET, args)])
     assert st == 0, st
+    stateid = res[-1][2].stateid
     files = t.nfsv4_1_file_layout4.decode(res[-1][2].layout[0].content.body)
     args = t.ARGS[c.OP_GETDEVICEINFO](bytes(files.deviceid), 1, 4096, [])
     st, res = mds.session([(c.OP_GETDEVICEINFO, args)])
@@ -138,7 +144,8 @@ def _layout(mds: RawClient, fh: bytes, sid) -> tuple[int, int, list[int]]:
     for (addr,) in device.multipath_ds_list:
         *_, hi, lo = addr.addr.split(".")
         ports.append(int(hi) * 256 + int(lo))
-    return files.util & c.NFL4_UFLG_STRIPE_UNIT_SIZE_MASK, files.first_stripe_index, ports
+    unit = files.util & c.NFL4_UFLG_STRIPE_UNIT_SIZE_MASK
+    return unit, files.first_stripe_index, ports, stateid
 
 
 def _call(client: RawClient, ops: list):
@@ -146,13 +153,13 @@ def _call(client: RawClient, ops: list):
     return client.compound([client.sequence_op(cachethis=False), *ops])
 
 
-def writer(mode: str, mds_port: int, name: str, mib: int, out) -> None:
+def writer(mode: str, mds_port: int, name: str, mib: int, out, unstable: bool) -> None:
     data = os.urandom(MiB)
     mds = RawClient(mds_port).setup()
     fh, sid = mds.open_new(name)
     targets = {}
     if mode == "pnfs":
-        unit, first, ports = _layout(mds, fh, sid)
+        unit, first, ports, layout_sid = _layout(mds, fh, sid)
         clients = {port: RawClient(port).setup() for port in set(ports)}
         targets = {i: clients[ports[(i * MiB // unit + first) % len(ports)]] for i in range(mib)}
     started = time.perf_counter()
@@ -163,6 +170,15 @@ def writer(mode: str, mds_port: int, name: str, mib: int, out) -> None:
         assert st == 0, st
     if mode != "pnfs":
         st, _ = mds.session([(c.OP_PUTFH, fh), (c.OP_COMMIT, t.ARGS[c.OP_COMMIT](0, 0))])
+        assert st == 0, st
+    elif unstable:  # as the Linux client after UNSTABLE answers: COMMIT each, LAYOUTCOMMIT
+        for client in set(targets.values()):
+            st, _ = _call(client, [(c.OP_PUTFH, fh), (c.OP_COMMIT, t.ARGS[c.OP_COMMIT](0, 0))])
+            assert st == 0, st
+        commit = t.ARGS[c.OP_LAYOUTCOMMIT](
+            0, ALL, False, layout_sid, (True, mib * MiB - 1), (False, None), (1, b"")
+        )
+        st, _ = _call(mds, [(c.OP_PUTFH, fh), (c.OP_LAYOUTCOMMIT, commit)])
         assert st == 0, st
     wrote = time.perf_counter() - started
     started = time.perf_counter()
@@ -175,11 +191,12 @@ def writer(mode: str, mds_port: int, name: str, mib: int, out) -> None:
     out.put((wrote, time.perf_counter() - started))
 
 
-def run(heads: Heads, mode: str, writers: int, mib: int, tag: str) -> dict:
+def run(heads: Heads, mode: str, writers: int, mib: int, tag: str, unstable: bool) -> dict:
     queue: multiprocessing.Queue = multiprocessing.Queue()
     procs = [
         multiprocessing.Process(
-            target=writer, args=(mode, heads.ports[0], f"{tag}-{mode}-{i}", mib, queue)
+            target=writer,
+            args=(mode, heads.ports[0], f"{tag}-{mode}-{i}", mib, queue, unstable),
         )
         for i in range(writers)
     ]
@@ -213,17 +230,25 @@ def main(argv=None) -> int:
     parser.add_argument("--writers", type=int, default=4)
     parser.add_argument("--mib", type=int, default=32, help="MiB per writer")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--data-server-writes",
+        choices=("file_sync", "unstable"),
+        default="file_sync",
+        help="[pnfs] data_server_writes of the data servers (unstable: the client COMMITs "
+        "to each and sends LAYOUTCOMMIT)",
+    )
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="shingle-bench-pnfs-"))
-    heads = Heads(folder)
+    heads = Heads(folder, data_server_writes=args.data_server_writes)
+    unstable = args.data_server_writes == "unstable"
     results: dict[str, list] = {"pnfs": [], "one head": []}
     try:
         heads.start()
         for round_ in range(args.rounds):
             order = ["pnfs", "one head"] if round_ % 2 == 0 else ["one head", "pnfs"]
             for mode in order:
-                got = run(heads, mode, args.writers, args.mib, f"r{round_}")
+                got = run(heads, mode, args.writers, args.mib, f"r{round_}", unstable)
                 results[mode].append(got)
                 print(
                     f"round {round_} {mode}: "

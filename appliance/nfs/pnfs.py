@@ -60,6 +60,7 @@ class Pnfs:
         *,
         stripe_unit: int = 8 << 20,
         address: tuple[str, int] | None = None,
+        stable_writes: bool = True,
     ):
         if role not in ROLES:
             raise ValueError(f"pNFS role {role!r}: expected one of {ROLES}")
@@ -71,6 +72,8 @@ class Pnfs:
             raise ValueError("a pNFS metadata server needs at least one data server")
         self.stripe_unit = stripe_unit
         self.address = address
+        # a data server answers a layout's WRITEs FILE_SYNC ([pnfs] data_server_writes)
+        self.stable_writes = stable_writes
         self.generation = 0
         self.device_id = bytes(c.NFS4_DEVICEID4_SIZE)
         self._lock = threading.Lock()  # the layout states

@@ -275,3 +275,41 @@ def test_bad_layout_requests_get_their_errors(heads, server):
             assert st == c.NFS4ERR_NOENT
         finally:
             other.close()
+
+
+def test_unstable_data_server_writes_commit_at_the_data_server(heads):
+    """[pnfs] data_server_writes = "unstable": the data server buffers a layout's WRITEs, the
+    client's COMMIT there makes them durable with the file's size, and LAYOUTCOMMIT at the
+    metadata server finds the size right already."""
+    mds, ds, ds_pnfs = heads
+    ds_pnfs.stable_writes = False
+    client = RawClient(mds.port).setup()
+    dsc = RawClient(ds.port).setup()
+    try:
+        fh, sid = client.open_new("buffered")
+        st, res = _layoutget(client, fh, sid)
+        assert st == 0
+        layout_sid = res[-1][2].stateid
+        data = bytes(range(256)) * 2048  # 512 KiB: one stripe unit of the test stack
+        st, res = dsc.session(
+            [(c.OP_PUTFH, fh), (c.OP_WRITE, t.ARGS[c.OP_WRITE](sid, 0, c.UNSTABLE4, data))]
+        )
+        assert st == 0 and res[-1][2].committed == c.UNSTABLE4
+        verifier = res[-1][2].writeverf
+        st, res = dsc.session([(c.OP_PUTFH, fh), (c.OP_COMMIT, t.ARGS[c.OP_COMMIT](0, 0))])
+        assert st == 0 and res[-1][2] == verifier
+        commit = t.ARGS[c.OP_LAYOUTCOMMIT](
+            0, ALL, False, layout_sid, (True, len(data) - 1), (False, None), (1, b"")
+        )
+        st, res = client.session([(c.OP_PUTFH, fh), (c.OP_LAYOUTCOMMIT, commit)])
+        assert st == 0 and res[-1][2] == (False, None)  # the data server's commit set it
+        words = fattr.to_bitmap([c.FATTR4_SIZE])
+        st, res = client.session([(c.OP_PUTFH, fh), (c.OP_GETATTR, words)])
+        assert struct.unpack(">Q", res[-1][2].attr_vals)[0] == len(data)
+        st, res = client.session(
+            [(c.OP_PUTFH, fh), (c.OP_READ, t.ARGS[c.OP_READ](sid, 1000, 4096))]
+        )  # through the metadata server: what the data server committed
+        assert st == 0 and res[-1][2].data == data[1000:5096]
+    finally:
+        dsc.close()
+        client.close()

@@ -388,9 +388,9 @@ def write(cx, a):
     if a.offset + len(a.data) > fattr.MAX_FILE_SIZE:
         raise NfsError(c.NFS4ERR_FBIG, f"write past {fattr.MAX_FILE_SIZE}")
     # a data server's writes are durable with their size and mtime in the catalog before the
-    # reply (FILE_SYNC): the client then sends neither COMMIT nor LAYOUTCOMMIT, and the
-    # metadata server's GETATTR reads what the data servers wrote
-    stable = a.stable != c.UNSTABLE4 or data_server_io
+    # reply (FILE_SYNC, unless [pnfs] data_server_writes is "unstable"): the client then sends
+    # neither COMMIT nor LAYOUTCOMMIT, and the metadata server's GETATTR reads what they wrote
+    stable = a.stable != c.UNSTABLE4 or (data_server_io and cx.server.pnfs.stable_writes)
     verifier = cx.server.write_verifier  # before: bytes let go after it change the verifier
     count = cx.ns.write(node.ino, a.offset, a.data, stable=stable) if len(a.data) else 0
     cx.server.counters.write(count, node.export.id)
