@@ -273,3 +273,22 @@ def test_owners_are_names_under_kerberos_and_numbers_under_auth_sys(gss_server, 
         assert _owners(sys_client, "open") == ("1", "1")
     finally:
         sys_client.close()
+
+
+def test_nfsv40_and_mount_under_privacy(gss_server, kdc):
+    raw = client(gss_server, kdc, service=SVC_PRIVACY)
+    try:
+        fh, flavors = _mnt(raw, "/export")  # MOUNT itself under krb5p
+        assert flavors == [390005, 390004, 390003]
+        raw.setup40()
+        st, res = raw.v40(
+            [
+                (c.OP_PUTROOTFH, None),
+                (c.OP_LOOKUP, "export"),
+                (c.OP_LOOKUP, "secret"),
+                (c.OP_READ, t.ARGS[c.OP_READ](stateid(0, b"\0" * 12), 0, 4096)),
+            ]
+        )
+        assert st == 0 and res[-1][2].data == SECRET, res
+    finally:
+        raw.close()
