@@ -8,41 +8,26 @@ line; ``--format`` makes those that do not exist yet."""
 from __future__ import annotations
 
 import logging
-import uuid as uuidlib
 from pathlib import Path
 
 from appliance import config as config_mod
+from appliance.agent import folders as folders_mod
 from appliance.cli.common import UsageError, size_arg
 from engine.base import errors
 
 
 def cmd_agent(args) -> int:
     from appliance.agent.server import serve
-    from engine.drives import MIN_ZONES, SECTOR, ZoneFileDrive
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     folders = [Path(d) for d in args.drives]
-    for folder in folders:
-        if folder.exists() and (folder / "drive.json").exists():
-            continue
-        if not args.format:
-            raise UsageError(f"{folder} holds no drive: make it with --format")
-        if args.zone_size % SECTOR or args.drive_size < MIN_ZONES * args.zone_size:
-            raise UsageError(
-                f"--zone-size must be a multiple of {SECTOR} and --drive-size at least "
-                f"{MIN_ZONES} zones"
-            )
-        if folder.exists():
-            if any(folder.iterdir()):
-                raise UsageError(f"{folder} is neither a drive nor empty")
-            folder.rmdir()  # ZoneFileDrive.format makes the folder itself
-        ZoneFileDrive.format(
-            folder,
-            args.zone_size,
-            args.drive_size // args.zone_size,
-            str(uuidlib.uuid4()),
-            preallocate_zones=args.preallocate,
-        ).close()
+    try:
+        if args.format:
+            folders_mod.format_drives(folders, drive_format(args))
+        elif missing := folders_mod.missing_drives(folders):
+            raise UsageError(f"{missing[0]} holds no drive: make it with --format")
+    except folders_mod.DriveFolderError as exc:
+        raise UsageError(str(exc)) from None
     if not args.body_timeout > 0:
         raise UsageError("--body-timeout must be > 0 seconds")
     try:
@@ -52,6 +37,23 @@ def cmd_agent(args) -> int:
             raise
         raise UsageError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
     return 0
+
+
+def drive_format(args) -> folders_mod.DriveFormat:
+    return folders_mod.DriveFormat(args.drive_size, args.zone_size, args.preallocate)
+
+
+def add_format_options(p) -> None:
+    """The geometry of drives made for an agent (`shingle agent --format`, `shingle install
+    --role storage`): one set of options for both."""
+    p.add_argument("--drive-size", type=size_arg, default=config_mod.parse_size("1GiB"))
+    p.add_argument("--zone-size", type=size_arg, default=config_mod.parse_size("64MiB"))
+    p.add_argument(
+        "--no-preallocate",
+        dest="preallocate",
+        action="store_false",
+        help="zone files grow as data is written instead of reserving their size now",
+    )
 
 
 def cmd_drives_attach(args) -> int:
@@ -73,14 +75,7 @@ def register(sub) -> None:
     p.add_argument(
         "--format", action="store_true", help="make the drive folders that do not exist yet"
     )
-    p.add_argument("--drive-size", type=size_arg, default=config_mod.parse_size("1GiB"))
-    p.add_argument("--zone-size", type=size_arg, default=config_mod.parse_size("64MiB"))
-    p.add_argument(
-        "--no-preallocate",
-        dest="preallocate",
-        action="store_false",
-        help="zone files grow as data is written instead of reserving their size now",
-    )
+    add_format_options(p)
     p.add_argument(
         "--body-timeout",
         type=float,

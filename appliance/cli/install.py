@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from pathlib import Path
 
 from appliance import log as log_mod
 
@@ -35,6 +36,14 @@ def cmd_install(args) -> int:
     def progress(text: str) -> None:  # building the venv takes a while: say what happens
         print(f"[{time.monotonic() - started:5.1f} s] {text}", file=sys.stderr, flush=True)
 
+    from appliance.cli.agent import drive_format
+
+    roles = install.parse_roles(args.role) if args.role else None
+    agent = None
+    if args.listen or args.drives:
+        agent = install.AgentSetup(
+            args.listen or "", tuple(Path(d) for d in args.drives or ()), drive_format(args)
+        )
     try:
         report = install.install(
             args.root,
@@ -42,6 +51,8 @@ def cmd_install(args) -> int:
             venv=args.venv,
             python=args.python,
             index=args.index,
+            roles=roles,
+            agent=agent,
             progress=progress,
         )
     except install.InstallError as exc:
@@ -80,6 +91,8 @@ def cmd_doctor(args) -> int:
 
 
 def register(subparsers) -> None:
+    from appliance.cli.agent import add_format_options
+
     p = subparsers.add_parser(
         "install", help="install or upgrade the appliance on this host (or under --root)"
     )
@@ -109,6 +122,24 @@ def register(subparsers) -> None:
         metavar="PATH",
         help="run an existing shingle launcher instead of building a venv",
     )
+    p.add_argument(
+        "--role",
+        metavar="ROLES",
+        help="head (the daemon, web UI and SMB: the single-host appliance), storage (a drive "
+        "agent over this host's drives, for a cluster), or head,storage; default: the roles "
+        "installed already, else head. Roles left out are uninstalled.",
+    )
+    p.add_argument(
+        "--listen", metavar="HOST:PORT", help="storage role: the address the heads reach it at"
+    )
+    p.add_argument(
+        "--drives",
+        nargs="+",
+        metavar="DIR",
+        help="storage role: the drive folders the agent serves; empty or absent ones are "
+        "formatted now (--drive-size, --zone-size, --no-preallocate)",
+    )
+    add_format_options(p)
     p.set_defaults(func=cmd_install)
 
     p = subparsers.add_parser(

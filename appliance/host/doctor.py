@@ -479,28 +479,29 @@ def check_export_folders(config: config_mod.Config) -> Check:
 
 def check_units(root: Path) -> Check:
     unit_dir = install.under_root(root, install.UNIT_DIR)
-    missing = [n for n in install.UNIT_NAMES if not (unit_dir / n).is_file()]
-    if missing:
+    roles = install.installed_roles(root)
+    if not roles:
         return Check(
             "units",
             "warn",
-            f"not installed in {unit_dir}: {', '.join(missing)}",
+            f"not installed in {unit_dir}: no role's units ({', '.join(install.SHIPPED_UNITS)})",
             "run `shingle install`",
         )
     # The launcher an install wrote into ExecStart=, to compare each unit with
     # what this version ships.
-    exec_start = [
-        line
-        for line in (unit_dir / install.SERVICES[0]).read_text().splitlines()
-        if line.startswith("ExecStart=")
-    ]
+    first = unit_dir / install.ROLE_SERVICES[roles[0]][0]
+    exec_start = [line for line in first.read_text().splitlines() if line.startswith("ExecStart=")]
     launcher = exec_start[0].split("=", 1)[1].split()[0] if exec_start else install.UNIT_BIN
-    stale = [
-        name
-        for name in install.UNIT_NAMES
-        if (unit_dir / name).read_text()
-        != (install.UNITS_SOURCE / name).read_text().replace(install.UNIT_BIN, launcher)
-    ]
+    expected = install.unit_texts(roles, launcher)
+    missing = [n for n in expected if not (unit_dir / n).is_file()]
+    if missing:
+        return Check(
+            "units",
+            "warn",
+            f"roles {', '.join(roles)}: not installed in {unit_dir}: {', '.join(missing)}",
+            "run `shingle install`",
+        )
+    stale = [name for name, text in expected.items() if (unit_dir / name).read_text() != text]
     if stale:
         return Check(
             "units",
@@ -508,7 +509,7 @@ def check_units(root: Path) -> Check:
             f"{', '.join(stale)} in {unit_dir} differ from the units of this version",
             "run `shingle install` (edits belong in drop-ins: systemctl edit UNIT)",
         )
-    return Check("units", "ok", f"{', '.join(install.UNIT_NAMES)} in {unit_dir}")
+    return Check("units", "ok", f"roles {', '.join(roles)}: {', '.join(expected)} in {unit_dir}")
 
 
 def check_unit_paths(root: Path, config: config_mod.Config, drive_paths: list[str]) -> Check:
@@ -535,7 +536,7 @@ def check_unit_exec(root: Path) -> list[Check]:
 
     unit_dir = install.under_root(root, install.UNIT_DIR)
     results = []
-    for service in install.SERVICES:
+    for service in (*install.SERVICES, install.AGENT_SERVICE):
         unit = unit_dir / service
         if not unit.is_file():
             continue
@@ -599,6 +600,10 @@ def _load_config(config_path: str | None, root: Path):
         return config, Check("config", "ok", f"{config.path} is valid")
     except ConfigError as exc:
         path = config_path or install.under_root(root, install.CONFIG_PATH)
+        if not Path(path).exists() and install.installed_roles(root) == ("storage",):
+            return None, Check(
+                "config", "ok", f"{path} absent: a storage host's agent reads only its own settings"
+            )
         if not Path(path).exists() and not installed and config_path is None:
             # Before the first install: vet the host against the defaults.
             defaults = config_mod.from_dict(

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from appliance import config as config_mod
+from appliance.agent import folders as folders_mod
 from appliance.private import write_private
 from engine.base.errors import ConfigError
 
@@ -46,6 +47,16 @@ SERVICES = ("shingle-nfsd.service", "shingle-webui.service", "shingle-smbd.servi
 DRIVE_SERVICES = SERVICES[:2]
 SMBD_SERVICE = SERVICES[2]
 UNIT_NAMES = SERVICES + (TARGET,)
+# The storage role: the drive agent of a cluster host (`shingle agent`), its settings in an
+# environment file the unit reads.
+AGENT_SERVICE = "shingle-agent.service"
+AGENT_ENV_PATH = Path("/etc/shingle/agent.env")
+SHIPPED_UNITS = UNIT_NAMES + (AGENT_SERVICE,)
+# head: the daemon, the web UI and SMB (today's single-host appliance is a head with its own
+# drives); storage: the drive agent. A host may hold both.
+ROLES = ("head", "storage")
+ROLE_SERVICES = {"head": SERVICES, "storage": (AGENT_SERVICE,)}
+DEFAULT_ROLES = ("head",)
 # The launcher path written in the shipped units; replaced by the one this install runs.
 UNIT_BIN = "/usr/bin/shingle"
 PATHS_DROPIN = "50-shingle-paths.conf"
@@ -59,6 +70,128 @@ TMPFILES_TEXT = (
     f"z {CONFIG_PATH.parent} 0750 root {SERVICE_USER} -\n"
     f"z {CONFIG_PATH} 0640 root {SERVICE_USER} -\n"
 )
+
+
+@dataclass(frozen=True)
+class AgentSetup:
+    """The storage role's settings: the address the heads reach the agent at, its drive
+    folders (as the target host sees them), and the geometry of those made now."""
+
+    listen: str
+    drives: tuple[Path, ...]
+    fmt: folders_mod.DriveFormat | None = None
+
+
+def parse_roles(text: str) -> tuple[str, ...]:
+    """``head``, ``storage`` or ``head,storage`` (in any order) -> the roles, in ROLES order."""
+    named = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [r for r in named if r not in ROLES]
+    if unknown or not named:
+        raise ConfigError("--role", text, f"one or both of {', '.join(ROLES)} (comma-separated)")
+    return tuple(r for r in ROLES if r in named)
+
+
+def role_services(roles: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(s for r in roles for s in ROLE_SERVICES[r])
+
+
+def installed_roles(root: Path) -> tuple[str, ...]:
+    """The roles whose units are installed under ``root`` (empty: none)."""
+    unit_dir = under_root(root, UNIT_DIR)
+    return tuple(r for r in ROLES if (unit_dir / ROLE_SERVICES[r][0]).is_file())
+
+
+def unit_texts(roles: tuple[str, ...], launcher: str) -> dict[str, str]:
+    """The units of ``roles`` as installed: the launcher in ExecStart=, and the target
+    wanting exactly the roles' services."""
+    services = role_services(roles)
+    texts = {
+        name: (UNITS_SOURCE / name).read_text().replace(UNIT_BIN, launcher) for name in services
+    }
+    target = []
+    for line in (UNITS_SOURCE / TARGET).read_text().splitlines():
+        key = line.split("=", 1)[0]
+        if key in ("Wants", "After"):
+            line = f"{key}={' '.join(services)}"
+        elif key == "Description" and roles != DEFAULT_ROLES:
+            line = f"Description=shingle host (roles: {', '.join(roles)})"
+        target.append(line)
+    texts[TARGET] = "\n".join(target) + "\n"
+    return texts
+
+
+def _check_agent(root: Path, agent: AgentSetup) -> None:
+    """Refuse, before anything changes, an address or drive folder the agent could not use."""
+    host, _, port = agent.listen.rpartition(":")
+    if not host or not port.isdigit() or not 1024 <= int(port) <= 65535:
+        raise ConfigError(
+            "--listen",
+            agent.listen,
+            "HOST:PORT with a port from 1024 to 65535 (the agent runs without capabilities)",
+        )
+    if not agent.drives:
+        raise ConfigError("--drives", "", "at least one drive folder for the agent")
+    for drive in agent.drives:
+        if not drive.is_absolute() or any(c.isspace() for c in str(drive)):
+            raise ConfigError("--drives", str(drive), "an absolute path without white space")
+    if len(set(agent.drives)) != len(agent.drives):
+        raise ConfigError("--drives", " ".join(map(str, agent.drives)), "each folder once")
+    try:
+        missing = folders_mod.missing_drives([under_root(root, d) for d in agent.drives])
+        if missing and agent.fmt is not None:
+            folders_mod.check_format(agent.fmt)
+    except folders_mod.DriveFolderError as exc:
+        raise ConfigError("--drives", str(exc), "drive folders, or empty ones to format") from None
+    if missing and agent.fmt is None:
+        raise ConfigError("--drives", str(missing[0]), "a folder that holds a drive")
+
+
+def read_agent_env(root: Path) -> AgentSetup | None:
+    """The storage role's settings an earlier install wrote (None: none written)."""
+    path = under_root(root, AGENT_ENV_PATH)
+    if not path.is_file():
+        return None
+    values = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.startswith("#"):
+            values[key.strip()] = value.strip()
+    return AgentSetup(
+        values.get("SHINGLE_AGENT_LISTEN", ""),
+        tuple(Path(p) for p in values.get("SHINGLE_AGENT_DRIVES", "").split()),
+    )
+
+
+def _agent_env_text(agent: AgentSetup) -> str:
+    return (
+        f"# Written by `shingle install --role storage`: the drive agent ({AGENT_SERVICE}).\n"
+        "# Edit, then `systemctl restart shingle-agent.service`; a new drive folder must hold a\n"
+        "# drive (`shingle install --role storage --drives ...` formats empty ones).\n"
+        f"SHINGLE_AGENT_LISTEN={agent.listen}\n"
+        f"SHINGLE_AGENT_DRIVES={' '.join(map(str, agent.drives))}\n"
+    )
+
+
+def _install_agent(root: Path, agent: AgentSetup, report: Report, on_host: bool) -> list[Path]:
+    """Format the agent's empty drive folders, hand them to the service user and write its
+    settings; returns the folders outside /var/lib/shingle (for the unit's drop-in)."""
+    folders = [under_root(root, d) for d in agent.drives]
+    if agent.fmt is not None:
+        for made in folders_mod.format_drives(folders, agent.fmt):
+            report.did(f"formatted drive: {made}")
+    for folder in folders:
+        _chown(folder, on_host)
+        for child in folder.iterdir():
+            _chown(child, on_host)
+    env = under_root(root, AGENT_ENV_PATH)
+    env.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+    _write_if_changed(env, _agent_env_text(agent), 0o644, report, "drive agent settings")
+    state = under_root(root, STATE_DIR).resolve()
+    return [
+        _target_path(root, f.resolve())
+        for f in folders
+        if not (f.resolve() == state or state in f.resolve().parents)
+    ]
 
 
 class InstallError(Exception):
@@ -180,7 +313,7 @@ def unit_writable_paths(root: Path) -> list[Path] | None:
 
 def _paths_dropin(extra: list[Path], unit: str) -> str:
     lines = [
-        f"# Generated by `shingle install` from shingle.toml: paths {unit} writes outside "
+        f"# Generated by `shingle install` from its settings: paths {unit} writes outside "
         "/var/lib/shingle.",
         "# '-' lets the daemon start with a drive missing (it serves degraded, from redundancy).",
         "[Service]",
@@ -341,7 +474,9 @@ def _require_executable(root: Path, texts: dict[str, str], on_host: bool) -> Non
     (systemd would fail them with 203/EXEC and restart them until it gives up)."""
     from appliance.host import unitexec
 
-    for name in SERVICES:
+    for name in texts:
+        if name == TARGET:
+            continue
         sandbox = unitexec.read_service([texts[name]])
         _, problems = unitexec.exec_problems(sandbox, root)
         if problems:
@@ -367,6 +502,8 @@ def install(
     venv: str | Path | None = None,
     python: str | None = None,
     index: bool = False,
+    roles: tuple[str, ...] | None = None,
+    agent: AgentSetup | None = None,
     progress: Callable[[str], None] = lambda text: None,
     run=subprocess.run,
 ) -> Report:
@@ -374,7 +511,10 @@ def install(
 
     Without ``launcher`` the units run shingle from a venv of its own (``venv``, default
     /opt/shingle, as the target host sees it), built or refreshed from this checkout
-    (appliance/host/venv.py); ``launcher`` names an existing `shingle` instead."""
+    (appliance/host/venv.py); ``launcher`` names an existing `shingle` instead.
+
+    ``roles`` (default: the roles installed already, else the head) picks the units; the
+    storage role needs ``agent`` (or the settings an earlier install wrote)."""
     from appliance.host import venv as venv_mod
 
     root = Path(root or "/").resolve()
@@ -388,7 +528,10 @@ def install(
     venv_path = Path(venv or venv_mod.DEFAULT_VENV) if launcher is None else None
     if venv_path is not None and not venv_path.is_absolute():
         raise ConfigError("--venv", str(venv_path), "an absolute path")
-    sources = {name: UNITS_SOURCE / name for name in UNIT_NAMES}
+    roles = roles or installed_roles(root) or DEFAULT_ROLES
+    agent = _agent_for(root, roles, agent)
+    # every shipped unit, kept in the venv too: a later run may add a role
+    sources = {name: UNITS_SOURCE / name for name in SHIPPED_UNITS}
     missing = [str(p) for p in sources.values() if not p.is_file()]
     if missing:
         raise ConfigError(
@@ -423,22 +566,66 @@ def install(
         report,
         "config permissions (tmpfiles.d)",
     )
-    config = _install_config(root, report, on_host)  # 2.
-    _make_state_folders(root, config, report, on_host)  # 3.
-    restart = _install_catalog(config, report, on_host, run)  # 4.
-    texts = {
-        name: source.read_text().replace(UNIT_BIN, launcher) for name, source in sources.items()
-    }
+    config, restart = None, False
+    if "head" in roles:
+        config = _install_config(root, report, on_host)  # 2.
+        _make_state_folders(root, config, report, on_host)  # 3.
+        restart = _install_catalog(config, report, on_host, run)  # 4.
+    agent_paths = _install_agent(root, agent, report, on_host) if agent else []
+    texts = unit_texts(roles, launcher)
     _require_executable(root, texts, on_host)
-    changed = _install_units(root, config, texts, report)  # 5.
+    changed = _drop_other_roles(root, roles, on_host, run, report)
+    changed |= _install_units(root, config, texts, report)  # 5.
+    if agent:
+        changed |= _write_dropin(root, AGENT_SERVICE, agent_paths, report)
     _enable_target(root, on_host, run, report)  # 6.
-    _add_next_steps(root, config, on_host, report)
+    if config is not None:
+        _add_next_steps(root, config, on_host, report)
+    if agent:
+        report.next_steps += [
+            f"start: systemctl start {TARGET}   (logs: journalctl -u {AGENT_SERVICE} -f)",
+            "from a head: shingle cluster join "
+            + agent.listen.replace("0.0.0.0:", "THIS-HOST:").replace("[::]:", "THIS-HOST:"),
+        ]
     if restart:
         _systemctl(run, "start", TARGET)
         report.did(f"restarted {TARGET} after the upgrade")
     elif changed and on_host and systemd_running():
         report.next_steps.insert(2, f"units changed: `systemctl restart {TARGET}` applies them")
     return report
+
+
+def _agent_for(root: Path, roles: tuple[str, ...], agent: AgentSetup | None):
+    """The storage role's settings, checked; refuses them without that role, and the role
+    without them."""
+    if "storage" not in roles:
+        if agent is not None:
+            raise ConfigError(
+                "--listen/--drives",
+                " ".join(map(str, agent.drives)) or agent.listen,
+                "only with --role storage (they are the drive agent's settings)",
+            )
+        return None
+    agent = agent or read_agent_env(root)
+    if agent is None:
+        raise ConfigError(
+            "--role storage",
+            "no drives",
+            "--listen HOST:PORT and --drives DIR... (the drive agent's address and the "
+            "folders it serves)",
+        )
+    _check_agent(root, agent)
+    return agent
+
+
+def _drop_other_roles(root: Path, roles: tuple[str, ...], on_host: bool, run, report) -> bool:
+    """Stop and remove the services of roles installed before but not asked for now."""
+    dropped = [s for s in SHIPPED_UNITS if s not in (*role_services(roles), TARGET)]
+    present = [s for s in dropped if under_root(root, UNIT_DIR / s).exists()]
+    if present and on_host and systemd_running():
+        _systemctl(run, "stop", *present, check=False)
+    _unlink_units(root, present, report)
+    return bool(present)
 
 
 def _install_venv(root: Path, venv_path: Path, sources: dict, report: Report, **build) -> str:
@@ -537,7 +724,7 @@ def _install_catalog(config: config_mod.Config, report: Report, on_host: bool, r
 
 
 def _install_units(
-    root: Path, config: config_mod.Config, texts: dict[str, str], report: Report
+    root: Path, config: config_mod.Config | None, texts: dict[str, str], report: Report
 ) -> bool:
     """The units, with this install's launcher, and a drop-in for paths outside
     /var/lib/shingle: True when any changed."""
@@ -545,23 +732,29 @@ def _install_units(
     changed = False
     for name, text in texts.items():
         changed |= _write_if_changed(unit_dir / name, text, 0o644, report, "unit")
+    if config is None:
+        return changed
     extra = extra_rw_paths(root, config, _drive_paths(config))
     smb_dir = config.data_dir.resolve() / "smb"
     state = under_root(root, STATE_DIR).resolve()
     smb_extra = [] if state in smb_dir.parents else [_target_path(root, smb_dir)]
     for service in SERVICES:
-        dropin = unit_dir / f"{service}.d" / PATHS_DROPIN
         paths = extra if service in DRIVE_SERVICES else smb_extra
-        if paths:
-            changed |= _write_if_changed(
-                dropin, _paths_dropin(paths, service), 0o644, report, "drop-in"
-            )
-        elif dropin.exists():
-            dropin.unlink()
-            _rmdir_if_empty(dropin.parent)
-            report.did(f"removed drop-in: {dropin}")
-            changed = True
+        changed |= _write_dropin(root, service, paths, report)
     return changed
+
+
+def _write_dropin(root: Path, service: str, paths: list[Path], report: Report) -> bool:
+    """The ReadWritePaths= drop-in of ``service`` (removed when no path needs one)."""
+    dropin = under_root(root, UNIT_DIR) / f"{service}.d" / PATHS_DROPIN
+    if paths:
+        return _write_if_changed(dropin, _paths_dropin(paths, service), 0o644, report, "drop-in")
+    if dropin.exists():
+        dropin.unlink()
+        _rmdir_if_empty(dropin.parent)
+        report.did(f"removed drop-in: {dropin}")
+        return True
+    return False
 
 
 def _enable_target(root: Path, on_host: bool, run, report: Report) -> None:
@@ -655,6 +848,7 @@ def uninstall(root: str | Path | None = None, *, purge: bool = False, run=subpro
             report.pending.append(
                 f"config unreadable ({exc}): remove any data it points at yourself"
             )
+    agent = read_agent_env(root) if purge else None
     _remove_units(root, on_host, run, report)
     if not purge:
         report.next_steps.append(
@@ -666,6 +860,10 @@ def uninstall(root: str | Path | None = None, *, purge: bool = False, run=subpro
             report.did("nothing to remove: no shingle units installed")
         return report
     _purge(root, config, report)
+    state = under_root(root, STATE_DIR)
+    for drive in agent.drives if agent else ():
+        if state not in under_root(root, drive).parents and under_root(root, drive).exists():
+            report.pending.append(f"kept agent drive {drive}: delete it yourself if unused")
     if on_host:
         report.next_steps.append(
             f"the system user {SERVICE_USER!r} is kept (Debian practice: files elsewhere "
@@ -679,10 +877,16 @@ def uninstall(root: str | Path | None = None, *, purge: bool = False, run=subpro
 def _remove_units(root: Path, on_host: bool, run, report: Report) -> None:
     if on_host and systemd_running():
         _systemctl(run, "disable", "--now", TARGET, check=False)
-        _systemctl(run, "stop", *SERVICES, check=False)
+        _systemctl(run, "stop", *SERVICES, AGENT_SERVICE, check=False)
         report.did(f"stopped and disabled {TARGET}")
+    _unlink_units(root, SHIPPED_UNITS, report)
+    if on_host and systemd_running():
+        _systemctl(run, "daemon-reload", check=False)
+
+
+def _unlink_units(root: Path, names, report: Report) -> None:
     unit_dir = under_root(root, UNIT_DIR)
-    for name in UNIT_NAMES:
+    for name in names:
         path = unit_dir / name
         if path.exists():
             path.unlink()
@@ -692,8 +896,6 @@ def _remove_units(root: Path, on_host: bool, run, report: Report) -> None:
             (dropins / PATHS_DROPIN).unlink()
             report.did(f"removed drop-in: {dropins / PATHS_DROPIN}")
         _rmdir_if_empty(dropins)
-    if on_host and systemd_running():
-        _systemctl(run, "daemon-reload", check=False)
 
 
 def _purge(root: Path, config: config_mod.Config | None, report: Report) -> None:
