@@ -27,8 +27,10 @@ CHECKS = (
     "ds-killed-during-write",
     "non-pnfs-4.0-through-ds",
     "umount",
+    "unstable-data-servers",
 )
 MDS_MNT, MDS42_MNT, DS_MNT = "/mnt/pnfs41", "/mnt/pnfs42", "/mnt/ds40"
+UNSTABLE_MNT = "/mnt/pnfs-unstable"
 
 
 def mountstats(target: str) -> str:
@@ -189,6 +191,36 @@ def tune_data_server_timeouts() -> None:
             f.write(value)
 
 
+def check_unstable(mds_port: int, size: int) -> str:
+    """Data servers restarted with [pnfs] data_server_writes = "unstable": they answer the
+    layout's WRITEs UNSTABLE, so the client COMMITs to them and sends LAYOUTCOMMIT."""
+    answer = vmchannel_request("ds-writes unstable")
+    expect(answer.startswith("data servers restarted"), f"ds-writes: {answer}")
+    run = mount("vers=4.1", mds_port, UNSTABLE_MNT)
+    expect(run.returncode == 0, f"mount: {run.stderr.strip()}")
+    try:
+        source = f"/tmp/unstable-{size}"
+        digest = make_source(source, size)
+        before = {op: op_count(UNSTABLE_MNT, op) for op in ("COMMIT", "LAYOUTCOMMIT")}
+        path = f"{UNSTABLE_MNT}/unstable"
+        sh("dd", f"if={source}", f"of={path}", "bs=1M", "conv=fsync", "status=none", timeout=900)
+        sent = {op: op_count(UNSTABLE_MNT, op) - n for op, n in before.items()}
+        expect(sent["COMMIT"] > 0 and sent["LAYOUTCOMMIT"] > 0, f"sent {sent}")
+        heads = written_by("unstable")
+        expect(sum(heads.values()) == size, f"bytes per head {heads}: not the file's {size}")
+        expect(heads.get(0, 0) == 0, f"the metadata server wrote {heads.get(0)} bytes")
+        expect(os.stat(path).st_size == size, f"size {os.stat(path).st_size}")
+        drop_caches()
+        got = sha256(path)
+        expect(got == digest, f"sha256 after drop_caches {got}, wrote {digest}")
+        return (
+            f"{size // MiB} MiB through data servers answering UNSTABLE: {sent}, bytes per "
+            f"head {heads}, sha256 equal"
+        )
+    finally:
+        subprocess.run(["timeout", "120", "umount", UNSTABLE_MNT], capture_output=True)
+
+
 def main(plan_file: str) -> int:
     print("@@SHINGLE-VM BEGIN", flush=True)  # the host keeps the lines after it
     plan = json.load(open(plan_file))
@@ -208,6 +240,7 @@ def main(plan_file: str) -> int:
         return "unmounted"
 
     run_check("pnfs/umount", unmount)
+    run_check("pnfs/unstable-data-servers", lambda: check_unstable(mds_port, size // 2))
     return 0
 
 

@@ -95,6 +95,20 @@ class Heads:
         self.ds[index].proc = None
         return f"killed data server {index} (port {self.ds[index].port})"
 
+    def ds_writes(self, mode: str) -> str:
+        """Restart every data server with [pnfs] data_server_writes = ``mode`` (the killed
+        one comes back too)."""
+        for head in self.ds:
+            head.stop()
+            text = head.config.read_text()
+            text = "\n".join(
+                line for line in text.splitlines() if not line.startswith("data_server_writes")
+            )
+            text = text.replace("[pnfs]\n", f'[pnfs]\ndata_server_writes = "{mode}"\n', 1)
+            head.config.write_text(text + "\n")
+            head.start()
+        return f"data servers restarted with data_server_writes = {mode}"
+
     def stop(self) -> None:
         for head in [*self.ds, self.mds]:
             head.stop()
@@ -116,6 +130,8 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
         try:
             if action == "written-by" and len(args) == 1:
                 return json.dumps(heads.written_by(args[0]))
+            if action == "ds-writes" and len(args) == 1:
+                return heads.ds_writes(args[0])
             if action == "kill-ds" and len(args) == 1:
                 return heads.kill_ds(int(args[0]))
         except Exception as exc:  # noqa: BLE001 - the guest reports it as its check's failure
