@@ -49,7 +49,7 @@ def kdc():
     server.add_user("daemon")  # uid 1 in every Debian's passwd
     server.add_user("root")
     server.add_user("ghost")  # no such user: the anonymous identity
-    server.add_user("brief", maxlife="3 seconds")
+    server.add_user("brief", maxlife="5 seconds")
     yield server
     server.stop()
 
@@ -162,10 +162,10 @@ def test_destroyed_and_expired_contexts_are_refused(gss_server, kdc):
         assert denied.value.auth_stat == CREDPROBLEM
     finally:
         raw.close()
-    raw = client(gss_server, kdc, user="brief")  # a 3 s ticket (and 1 s of allowed skew)
+    raw = client(gss_server, kdc, user="brief")  # a 5 s ticket (and 1 s of allowed skew)
     try:
         raw.gss_call(0, b"")
-        time.sleep(4.5)
+        time.sleep(6.5)
         with pytest.raises(Denied) as denied:
             raw.gss_call(0, b"")
         assert denied.value.auth_stat == CTXPROBLEM
