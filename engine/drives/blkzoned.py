@@ -375,12 +375,21 @@ class ZonedBlockDrive(ZonedDrive):
             raise OSError(
                 exc.errno,
                 f"read of {want} bytes at {offset} of zone {idx} of {self.device} failed "
-                f"({exc.strerror}; the zone was {self._condition(z)} at the last report)",
+                f"({exc.strerror}; the device reports the zone {self._condition_now(idx)})",
             ) from exc
         self.bytes_read += min(got, want)
         if self.model is not None:
             self.model.on_read(self.model_key, z["start"] * SECTOR + offset, got)
         return min(got, want)
+
+    def _condition_now(self, idx: int) -> str:
+        """The zone's condition in a new zone report (after an error: offline, say)."""
+        try:
+            with self._lock:
+                self._zones = self._report_sequential()
+                return self._condition(self._zones[idx])
+        except OSError:
+            return "unreported (the device answers no zone report)"
 
     def will_read(self, idx: int, offset: int, length: int) -> None:
         z = self._zones[idx]

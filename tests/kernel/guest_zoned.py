@@ -836,6 +836,8 @@ def check_faults(rig: Rig) -> str:
         if (e.details or {}).get("drive_id") in want
     }
     assert sorted(events) == sorted(want), events
+    assert "the device reports the zone offline" in events[a.id], events
+    assert "read_only" in events[c.id], events
     counters = shingle.data.counters()
     faults = {x.path: counters[f"drive_{x.id}_device_errors"] for x in (a, b, c)}
     assert all(n > 0 for n in faults.values()), faults
