@@ -8,9 +8,10 @@ the agent protocol (engine/drives/agentwire.py) over TCP:
   sending while the agent fsyncs, as a local writer keeps appending while its syncer runs;
 - reads go over a few connections of their own, so they never queue behind appends;
 - every request has a time limit; a connection that fails or times out is closed, every
-  request on it fails with ENODEV, and the next call connects again (at most every
-  RECONNECT_S). A drive whose agent cannot be reached is not ``present``: the data path takes
-  it as missing (drivewatch.py) and reads decode from the other fragments."""
+  request on it fails with ENODEV, and the next call connects again (not within RECONNECT_S
+  of a failed attempt's end: calls meanwhile fail at once). A drive whose agent cannot be
+  reached is not ``present``: the data path takes it as missing (drivewatch.py) and reads
+  decode from the other fragments."""
 
 from __future__ import annotations
 
@@ -227,7 +228,10 @@ class RemoteDrive(ZonedDrive):
             try:
                 conn = AgentConnection(self._sockaddr, self.address)
             except OSError as exc:
-                self._last_error = exc
+                # the pause runs from the failure: a host whose link is down answers no SYN,
+                # and each connect waits CONNECT_TIMEOUT_S, longer than the pause; counted from
+                # the attempt's start, every fragment queued for the drive paid a connect
+                self._tried_at, self._last_error = time.monotonic(), exc
                 raise
             try:
                 frame = conn.call(wire.HEALTH, self._key, timeout=self.timeout)
@@ -235,6 +239,7 @@ class RemoteDrive(ZonedDrive):
                 health = json.loads(bytes(frame.body))
             except BaseException as exc:
                 conn.close()
+                self._tried_at = time.monotonic()
                 self._last_error = exc if isinstance(exc, OSError) else None
                 raise
             if health.get("zone_size") != self.zone_size or (
