@@ -4,7 +4,8 @@
 drive each; a head (catalog on SQLite, DataPath and Namespace of this process) whose every
 socket is opened by threads inside a host of its own (``Bed.call``: threads started there stay
 there), so every byte between head and agents crosses the bed's veth pairs. The head runs the
-engine's namespace API, not NFS: `shingle serve` has no way yet to take agents' drives at start.
+engine's namespace API, not NFS: `shingle init` gives a head at least 10 local drives of its own
+(the bands' k+m), which placement would count as one more host beside the agents.
 
 8 writers each write a 2 MiB checkpoint to a temporary name, commit it (the fsync of a
 checkpoint) and rename it into place, in a loop. During the writes one agent is killed with
