@@ -22,7 +22,20 @@ def test_runners_do_each_job_and_return_json(rig):
     policy = tiering_policy(rig.catalog)
     assert policy.path_rules == [("/archive", "cold")] and policy.hot_to_warm_after_s == 0.0
     jobs = runners(rig.ns, rig.data, rig.catalog)
-    assert set(jobs) == {"tier", "clean", "scrub", "rebuild", "drain", "drive-add", "drive-replace"}
+    assert set(jobs) == {
+        "tier",
+        "clean",
+        "scrub",
+        "rebuild",
+        "drain",
+        "drive-add",
+        "drive-replace",
+    } | {
+        "host-join",
+        "host-drain",
+        "host-remove",
+        "host-replace",
+    }
     seen = []
     progress = lambda d, t, m: seen.append(m)  # noqa: E731
     result = jobs["tier"]({}, progress, "cli")
@@ -37,6 +50,8 @@ def test_runners_do_each_job_and_return_json(rig):
     assert sha(rig.read_file("/archive/b")) == sha(random_bytes(60 * KiB, 2))
     assert {e.actor for e in recent(rig.catalog, kind_prefix="tier.run")} == {"cli"}
     assert seen
+    with pytest.raises(errors.NotFound, match="no host 'nowhere'"):
+        jobs["host-drain"]({"host": "nowhere"}, progress, "cli")
 
 
 def test_bad_tiering_settings_are_reported(rig):
