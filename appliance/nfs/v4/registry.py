@@ -111,7 +111,7 @@ TABLE: dict[int, Op] = {
         # from the cache: UNSTABLE, into the file's buffer; anything more raises WouldBlock first
         Op(c.OP_WRITE, ALL, needs_fh=True, from_cache=True, mutating=True),
         Op(c.OP_RELEASE_LOCKOWNER, V40, mutating=True),
-        # NFSv4.1 (RFC 8881); no delegations, no SSV
+        # NFSv4.1 (RFC 8881); read delegations only (no WANT_DELEGATION, no directory ones), no SSV
         Op(c.OP_BACKCHANNEL_CTL, V41),
         Op(c.OP_BIND_CONN_TO_SESSION, V41, sessionless=True),
         Op(c.OP_EXCHANGE_ID, V41, sessionless=True, mutating=True),
@@ -133,7 +133,7 @@ TABLE: dict[int, Op] = {
         Op(c.OP_WANT_DELEGATION, NONE),
         Op(c.OP_DESTROY_CLIENTID, V41, sessionless=True, mutating=True),
         Op(c.OP_RECLAIM_COMPLETE, V41, mutating=True),
-        # NFSv4.2 (RFC 7862, 8276); no asynchronous COPY (no callback channel), no inter-server COPY
+        # NFSv4.2 (RFC 7862, 8276); no asynchronous COPY (no CB_OFFLOAD yet), no inter-server COPY
         Op(c.OP_ALLOCATE, V42, needs_fh=True, mutating=True),
         Op(c.OP_COPY, V42, needs_fh=True, mutating=True),
         Op(c.OP_COPY_NOTIFY, NONE),

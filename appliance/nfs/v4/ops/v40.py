@@ -27,7 +27,7 @@ def _principal(cx) -> tuple:
 
 @operation40(c.OP_SETCLIENTID)
 def setclientid(cx, a):
-    # the callback is recorded, never used: no delegations are granted, so nothing to recall
+    # the callback is recorded, never called: NFSv4.0 clients get no delegations
     cl = state40.setclientid(
         cx.state, bytes(a.client.id), a.client.verifier, _principal(cx), cx.address, a.callback
     )
