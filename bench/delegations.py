@@ -37,8 +37,9 @@ from pgserver import free_port  # noqa: E402
 def one_run(kernel, files: int, delegations: bool) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="shingle-bench-deleg-"))
     folder.chmod(0o755)  # the guest reads the plan as another uid
-    daemon = ShingleDaemon(folder / "appliance", free_port()).init(portmap="off")
+    daemon = ShingleDaemon(folder / "appliance", free_port())
     try:
+        daemon.init(portmap="off")
         if not delegations:
             subprocess.run(
                 [sys.executable, "-m", "appliance.cli", "-c", str(daemon.config)]
