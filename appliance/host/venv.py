@@ -127,9 +127,26 @@ def dependency_closure(distribution: str = DISTRIBUTION) -> list[metadata.Distri
         for sub in requirements(dist, req.extras):
             visit(sub)
 
-    for req in requirements(metadata.distribution(distribution), ()):
+    for req in _top_requirements(distribution, requirements):
         visit(req)
     return list(found.values())
+
+
+def _top_requirements(distribution: str, requirements) -> list[Requirement]:
+    """What the wheel built from the checkout will require: its pyproject.toml's dependencies
+    (an environment installed from an older checkout has older metadata, and pip would then
+    miss a dependency added since), else the installed distribution's."""
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if distribution == DISTRIBUTION and pyproject.is_file():
+        listed = tomllib.loads(pyproject.read_text())["project"].get("dependencies", [])
+        return [
+            req
+            for req in map(Requirement, listed)
+            if req.marker is None or req.marker.evaluate({"extra": ""})
+        ]
+    return requirements(metadata.distribution(distribution), ())
 
 
 def _wheel_tags(wheel_text: str) -> str:

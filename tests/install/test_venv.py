@@ -57,6 +57,19 @@ def test_the_closure_holds_shingles_dependencies_and_their_extras():
     assert "pytest" not in names and "shingle-nas" not in names
 
 
+def test_the_closure_follows_the_checkouts_pyproject_not_older_installed_metadata():
+    """The wheel built from the checkout requires what pyproject.toml lists; a dependency added
+    since this environment installed shingle must be repacked too, or pip finds none."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    listed = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    wanted = {venv._canonical(Requirement(r).name) for r in listed["project"]["dependencies"]}
+    names = {venv._canonical(d.metadata["Name"]) for d in venv.dependency_closure()}
+    assert wanted and wanted <= names
+
+
 def test_a_venv_is_current_until_a_checkout_file_changes(tmp_path):
     checkout = tmp_path / "checkout"
     (checkout / "appliance").mkdir(parents=True)

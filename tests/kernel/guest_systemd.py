@@ -10,7 +10,9 @@ path outside the daemon's sandbox refused, `systemctl start shingle.target` (Typ
 active only after READY=1), an NFSv4.1 mount over the guest's loopback, SMB on port 445
 (smbclient puts and gets a file through shingle-smbd.service, root, over the mount it hands
 to the daemon running as the service user), the web UI, the watchdog past WatchdogSec,
-kill -9 then Restart=on-failure (and SMB again over the new daemon), and `systemctl stop`.
+kill -9 then Restart=on-failure (and SMB again over the new daemon), and `systemctl stop`;
+then the storage role beside the head (`install --role head,storage`: shingle-agent.service
+answers a head's HELLO) and `shingle uninstall` (the agent's unit gone, its drives kept).
 A step that fails leaves the ones that need it failed with the reason; the units' journal is
 printed at the end.
 """
@@ -42,6 +44,8 @@ CHECKS = (
     "restart-after-kill",
     "smb-after-restart",
     "stop-clean",
+    "storage-role",
+    "uninstall",
 )
 # what each step needs to have passed
 NEEDS = {
@@ -57,9 +61,15 @@ NEEDS = {
     "watchdog": "start-ready",
     "restart-after-kill": "start-ready",
     "stop-clean": "start-ready",
+    "storage-role": "install",
+    "uninstall": "install",
 }
 NFSD, WEBUI, TARGET = "shingle-nfsd.service", "shingle-webui.service", "shingle.target"
 SMBD = "shingle-smbd.service"
+AGENT = "shingle-agent.service"
+AGENT_ADDRESS = "127.0.0.1:7450"
+# one drive under the state folder, one outside it (a ReadWritePaths= drop-in)
+AGENT_DRIVES = ("/var/lib/shingle/agent/a1", "/srv/agent/a2")
 SMB_USER, SMB_PASSWORD = "alice", "alice-vm-pw-1"
 CONFIG = "/etc/shingle/shingle.toml"
 DRIVES = "/var/lib/shingle/drives"
@@ -474,6 +484,73 @@ class Run:
             found.append(f"{unit} inactive, exit {props['ExecMainStatus']}")
         return f"{'; '.join(found)}, after {time.monotonic() - started:.0f} s"
 
+    def agent_hello(self) -> dict:
+        """The agent's HELLO, as a head asks it (engine/drives/remote.py)."""
+        probe = (
+            "import json; from engine.drives.remote import hello; "
+            f"print(json.dumps(hello({AGENT_ADDRESS!r})))"
+        )
+        result = run(os.path.join(self.plan["venv"], "bin", "python"), "-c", probe, timeout=120)
+        expect(result.returncode == 0, f"HELLO to {AGENT_ADDRESS}: {result.stderr[-600:]}")
+        return json.loads(result.stdout)
+
+    def storage_role(self) -> str:
+        """The head and the storage role on one host: the agent's unit starts as the service
+        user over the drives the install formatted, and answers a head's HELLO."""
+        out = ok(
+            self.shingle,
+            "install",
+            "--bin",
+            self.shingle,
+            "--role",
+            "head,storage",
+            "--listen",
+            AGENT_ADDRESS,
+            "--drives",
+            *AGENT_DRIVES,
+            "--drive-size",
+            "64MiB",
+            "--zone-size",
+            "4MiB",
+            "--no-preallocate",
+            timeout=600,
+        )
+        expect(out.count("formatted drive") == 2, out[-1500:])
+        expect(f"installed unit: /etc/systemd/system/{AGENT}" in out, out[-1500:])
+        for drive in AGENT_DRIVES:
+            expect(owner(drive) == "shingle", f"{drive} owned by {owner(drive)}")
+        ok("systemctl", "start", AGENT, timeout=300)
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                answer = self.agent_hello()
+                break
+            except CheckFailed:
+                props = show(AGENT)
+                expect(props["ActiveState"] == "active", f"{AGENT} {props['ActiveState']}")
+                expect(time.monotonic() < deadline, f"{AGENT} does not answer")
+                time.sleep(2)
+        expect(len(answer.get("drives", [])) == 2, f"HELLO: {answer}")
+        pid = show(AGENT)["MainPID"]
+        expect(owner(f"/proc/{pid}") == "shingle", f"{AGENT} runs as {owner(f'/proc/{pid}')}")
+        units = {c["name"]: c for c in json.loads(run(self.shingle, "doctor", "--json").stdout)}
+        expect("roles head, storage" in units["units"]["detail"], str(units["units"]))
+        return f"{AGENT} pid {pid} (shingle) answers HELLO with 2 drives; doctor: roles listed"
+
+    def uninstall(self) -> str:
+        out = ok(self.shingle, "uninstall", timeout=300)
+        expect(f"removed unit: /etc/systemd/system/{AGENT}" in out, out[-1500:])
+        props = show(AGENT)
+        expect(props["LoadState"] == "not-found", f"{AGENT} LoadState={props['LoadState']}")
+        expect(props["ActiveState"] == "inactive", f"{AGENT} {props['ActiveState']}")
+        try:
+            answered = bool(self.agent_hello())
+        except CheckFailed:
+            answered = False
+        expect(not answered, f"{AGENT_ADDRESS} still answers after uninstall")
+        expect(os.path.exists(f"{AGENT_DRIVES[1]}/drive.json"), "uninstall removed a drive")
+        return f"{AGENT} stopped and gone, its drives kept"
+
 
 def report(name: str, passed: bool, details: str = "") -> None:
     details = " | ".join(line for line in details.strip().splitlines() if line.strip())
@@ -499,10 +576,25 @@ def main(plan: dict) -> int:
         ("restart-after-kill", steps.restart_after_kill),
         ("smb-after-restart", steps.smb_after_restart),
         ("stop-clean", steps.stop_clean),
+        ("storage-role", steps.storage_role),
+        ("uninstall", steps.uninstall),
     ):
         steps.check(name, work)
     if len(steps.passed) < len(CHECKS):
-        journal = run("journalctl", "--no-pager", "-n", "120", "-u", NFSD, "-u", WEBUI, "-u", SMBD)
+        journal = run(
+            "journalctl",
+            "--no-pager",
+            "-n",
+            "120",
+            "-u",
+            NFSD,
+            "-u",
+            WEBUI,
+            "-u",
+            SMBD,
+            "-u",
+            AGENT,
+        )
         print("--- journal of the units ---\n" + journal.stdout, flush=True)
     return 0
 
