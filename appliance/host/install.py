@@ -515,8 +515,6 @@ def install(
 
     ``roles`` (default: the roles installed already, else the head) picks the units; the
     storage role needs ``agent`` (or the settings an earlier install wrote)."""
-    from appliance.host import venv as venv_mod
-
     root = Path(root or "/").resolve()
     on_host = is_host_root(root)
     _require_root_user(on_host, "shingle install")
@@ -525,7 +523,11 @@ def install(
         raise ConfigError(
             "--bin", launcher, "an absolute path (systemd runs ExecStart= without a PATH search)"
         )
-    venv_path = Path(venv or venv_mod.DEFAULT_VENV) if launcher is None else None
+    venv_path = None
+    if launcher is None:  # venv.py needs packaging, which a venv built by it does not hold
+        from appliance.host import venv as venv_mod
+
+        venv_path = Path(venv or venv_mod.DEFAULT_VENV)
     if venv_path is not None and not venv_path.is_absolute():
         raise ConfigError("--venv", str(venv_path), "an absolute path")
     roles = roles or installed_roles(root) or DEFAULT_ROLES
