@@ -182,7 +182,9 @@ def test_host_install_upgrade_and_uninstall(tmp_path):
     assert "restarted shingle.target after the upgrade" in third
     stop = [
         "disable --now shingle.target",
-        "stop shingle-nfsd.service shingle-webui.service shingle-smbd.service",
+        # The storage role's unit too, whichever roles were installed (check=False: absent is fine).
+        "stop shingle-nfsd.service shingle-webui.service shingle-smbd.service"
+        " shingle-agent.service",
         "daemon-reload",
     ]
     assert calls["uninstall"].splitlines() == stop
