@@ -420,12 +420,13 @@ class Bed:
     def heal(self, timeout: float = 120.0) -> None:
         """Every link up, every killed host revived; returns once the cluster is whole.
 
-        A PostgreSQL member whose Patroni has not rejoined within ``STUCK_AFTER_S`` is
+        A PostgreSQL member whose Patroni is not running within ``STUCK_AFTER_S`` is
         restarted (its host killed and revived), and its name added to ``restarted_stuck``:
-        Patroni 3.0.2 can hang an isolated primary for good when its demotion (DCS lost) is
-        slower than retry_timeout and the main loop starts a second one alongside
-        (patroni/patroni#3372); an operator, or systemd, restarts it likewise."""
-        was_cut = [host.name for host in self.hosts.values() if host.cut]
+        Patroni 3.0.2 can hang a primary for good when its demotion (DCS lost) is slower
+        than retry_timeout and the main loop starts a second one alongside
+        (patroni/patroni#3372); an operator, or systemd, restarts it likewise. Not only a cut
+        member: on a loaded machine a primary whose link stayed up can lose etcd long enough
+        (seen in CI after the 12-agent host-loss test: state "stopping" for good)."""
         for host in self.hosts.values():
             if host.cut:
                 self.restore_link(host.name)
@@ -438,8 +439,8 @@ class Bed:
         except TimeoutError:
             pass
         members = self._running_members()
-        for name in was_cut:
-            if name in self.postgres_names and name not in members:
+        for name in self.postgres_names:
+            if name not in members:
                 self.restarted_stuck.append(name)
                 self.kill_host(name)
                 self.revive(name)
