@@ -219,11 +219,18 @@ def write_nss(layout: SambaLayout, users) -> None:
     _write_atomic(layout.group, group)
 
 
-def _run_tool(layout: SambaLayout, argv: list[str], stdin: str = "") -> subprocess.CompletedProcess:
+def _run_tool(
+    layout: SambaLayout, argv: list[str], stdin: str = "", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     if shutil.which(argv[0]) is None:
         raise errors.IOFailure(f"{argv[0]} not found: install Debian's samba package")
     return subprocess.run(
-        argv, input=stdin, capture_output=True, text=True, env=layout.env(), timeout=TOOL_TIMEOUT_S
+        argv,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env={**layout.env(), **(env or {})},
+        timeout=TOOL_TIMEOUT_S,
     )
 
 
@@ -261,16 +268,30 @@ class SambaPassdb:
         return list(users.values())
 
     def set_password(self, user: smb_service.SmbUser, password: str) -> None:
-        # the user must exist for Samba before its passdb entry (the row is not committed yet)
-        write_nss(self.layout, self._known_users(user))
-        # pdbedit, not smbpasswd: smbpasswd -a refuses anyone but root, and the web UI (and the
-        # daemon under systemd) run as the service user owning DATA_DIR/smb; -a on an existing
-        # entry sets its password
-        done = _run_tool(
-            self.layout,
-            ["pdbedit", "-s", str(self.layout.tools_conf), "-a", "-t", "-u", user.name],
-            f"{password}\n{password}\n",
-        )
+        # the user must exist for Samba before its passdb entry, but its row is not committed
+        # yet: the daemon's refresh round rewrites the shared nss files from the catalog at any
+        # moment (dropping this user), so pdbedit reads a copy of its own
+        users = self._known_users(user)
+        write_nss(self.layout, users)
+        passwd, group = render_nss(users)
+        tag = f"{os.getpid()}.{threading.get_ident()}"
+        own_passwd = self.layout.passwd.with_name(f"passwd.{tag}.pdbedit")
+        own_group = self.layout.group.with_name(f"group.{tag}.pdbedit")
+        try:
+            _write_atomic(own_passwd, passwd)
+            _write_atomic(own_group, group)
+            # pdbedit, not smbpasswd: smbpasswd -a refuses anyone but root, and the web UI (and
+            # the daemon under systemd) run as the service user owning DATA_DIR/smb; -a on an
+            # existing entry sets its password
+            done = _run_tool(
+                self.layout,
+                ["pdbedit", "-s", str(self.layout.tools_conf), "-a", "-t", "-u", user.name],
+                f"{password}\n{password}\n",
+                env={"NSS_WRAPPER_PASSWD": str(own_passwd), "NSS_WRAPPER_GROUP": str(own_group)},
+            )
+        finally:
+            own_passwd.unlink(missing_ok=True)
+            own_group.unlink(missing_ok=True)
         give_private_to_owner(self.layout)
         if done.returncode != 0:
             raise errors.IOFailure(

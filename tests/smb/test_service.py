@@ -48,3 +48,31 @@ def test_shares_and_users_are_checked_changed_and_rendered(catalog, namespace, t
     ]
     smb_service.delete_share(catalog, share.id, actor="t")
     assert smb_service.list_shares(catalog) == []
+
+
+def test_a_new_users_password_survives_the_daemon_rewriting_the_nss_files(catalog, tmp_path):
+    """The daemon's refresh round writes the nss files from committed rows only, so it drops a
+    user whose row is still being added; pdbedit must find that user all the same (in CI, bob's
+    `shingle smb user add` failed once when the round ran between the two)."""
+    import threading
+
+    from appliance.smb.samba import write_nss
+
+    passdb = SambaPassdb(SambaLayout(tmp_path / "smb"), catalog)
+    stop = threading.Event()
+
+    def daemon_round():
+        while not stop.is_set():
+            write_nss(passdb.layout, smb_service.list_users(catalog))
+
+    rewriter = threading.Thread(target=daemon_round)
+    rewriter.start()
+    try:
+        names = [f"user{i}" for i in range(8)]
+        for name in names:
+            smb_service.create_user(catalog, name, "pw-" + name, passdb=passdb, actor="t")
+    finally:
+        stop.set()
+        rewriter.join()
+    assert passdb.names() == sorted(names)
+    assert not list(passdb.layout.dir("nss").glob("*.pdbedit"))  # the private copies are gone
