@@ -102,11 +102,17 @@ def queue_new_drive(body: dict, who: str, replaces: int | None = None) -> int:
 
 # each drive's own counters (engine.drives.ZonedDrive.io_counters), sampled by the daemon
 IO_COUNTERS = ("read_bytes", "written_bytes", "read_errors", "write_errors", "checksum_errors")
+# a zoned block device's own fault counts (engine/drives/blkzoned.py; docs/zoned.md): errors the
+# device returned (also counted as read or write errors, so left out of ``errors``) and, of
+# them, writes it refused as off its write pointer (expected 0)
+DEVICE_COUNTERS = ("device_errors", "off_pointer_errors")
 
 
 def drive_io(latest: dict[str, float], drive_id: int) -> dict[str, int] | None:
     """The drive's I/O counters from the daemon's newest sample (``drive_<id>_<counter>``), with
-    ``errors`` their sum; None before the daemon recorded any for it."""
+    ``errors`` the sum of its read, write and checksum errors, and a zoned block device's
+    ``device_errors`` and ``off_pointer_errors`` when it has them; None before the daemon
+    recorded any for it."""
     found = {
         name: int(latest[f"drive_{drive_id}_{name}"])
         for name in IO_COUNTERS
@@ -115,6 +121,9 @@ def drive_io(latest: dict[str, float], drive_id: int) -> dict[str, int] | None:
     if not found:
         return None
     found["errors"] = sum(v for k, v in found.items() if k.endswith("_errors"))
+    for name in DEVICE_COUNTERS:
+        if f"drive_{drive_id}_{name}" in latest:
+            found[name] = int(latest[f"drive_{drive_id}_{name}"])
     return found
 
 

@@ -210,8 +210,12 @@ SCHEMAS: dict[str, dict] = {
         io=prop(
             ["object", "null"],
             "This drive's own I/O counters as the daemon last sampled them (read_bytes, "
-            "written_bytes, read_errors, write_errors, checksum_errors, errors: their sum), "
-            "null before its first sample",
+            "written_bytes, read_errors, write_errors, checksum_errors, errors: the sum of "
+            "those three), null before its first sample. A zoned block device adds "
+            "device_errors (errors the device returned: bad sectors, zones gone read-only or "
+            "offline; each also counted as a read or write error) and off_pointer_errors (of "
+            "those, writes the device refused as not at its write pointer: expected 0, any "
+            "means shingle's view of a zone was wrong)",
         ),
         bands=prop("object", "Only GET /drives/{id}: zones by state and band class"),
     ),

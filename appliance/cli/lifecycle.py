@@ -253,14 +253,17 @@ def cmd_drives(args) -> int:
 
     def work(config, catalog):
         if args.action == "list":
-            found = drives.list_drives(catalog)
+            from appliance.cli.status import add_device_errors, device_error_note
+
+            found = [d.to_dict() for d in drives.list_drives(catalog)]
+            add_device_errors(found, catalog)  # a zoned device's faults, as the daemon sampled
             if args.json:
-                print(json.dumps([d.to_dict() for d in found], indent=2, default=str))
+                print(json.dumps(found, indent=2, default=str))
             for d in [] if args.json else found:
                 print(
-                    f"{d.id:>4} {d.state:<9} {format_size(d.capacity_bytes):>10}  zones "
-                    f"{d.zones_empty} empty / {d.zones_open} open / {d.zones_full} full  live "
-                    f"{format_size(d.live_bytes)}  {d.path}"
+                    f"{d['id']:>4} {d['state']:<9} {format_size(d['capacity_bytes']):>10}  zones "
+                    f"{d['zones_empty']} empty / {d['zones_open']} open / {d['zones_full']} full  "
+                    f"live {format_size(d['live_bytes'])}  {d['path']}" + device_error_note(d)
                 )
         elif args.action == "fail":
             if args.drive is None:

@@ -42,6 +42,17 @@ def add_device_errors(drives: list[dict], catalog) -> None:
                 drive[key] = int(value)
 
 
+def device_error_note(drive: dict) -> str:
+    """What a drive line says of its zoned device's faults ("" when it has none)."""
+    device, off_pointer = drive.get("device_errors"), drive.get("off_pointer_errors")
+    if not device and not off_pointer:
+        return ""
+    note = f"  ({device or 0} device errors"
+    if off_pointer:
+        note += f", {off_pointer} of them off-pointer writes: expected 0"
+    return note + ")"
+
+
 def print_report(report: dict) -> None:
     from appliance.status import leader_line, smb_line
 
@@ -78,7 +89,7 @@ def print_report(report: dict) -> None:
         print(
             f"  {d['id']:>3} {d['state']:<9} {fmt(d['size_bytes']):>10}  zones {d['zones_empty']} "
             f"empty / {d['zones_open']} open / {d['zones_full']} full  {d['path']}"
-            + (f"  ({d['device_errors']} device errors)" if d.get("device_errors") else "")
+            + device_error_note(d)
         )
     print(f"smb       {smb_line(report['smb'])}")
     leader = leader_line(report.get("leader"))

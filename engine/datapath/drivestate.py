@@ -46,6 +46,17 @@ class ZoneMem:
         self.opened_ns = row.opened_ns
 
 
+def describe_medium(row) -> str:
+    """What holds a drive, as messages name it: "its folder PATH", "its device DEV" or "its
+    agent at HOST:PORT" (an agent's drive has no folder on this host)."""
+    backend = getattr(row, "backend", None)
+    if backend == "agent":
+        return f"its agent at {row.path}"
+    if backend == "zoned-block":
+        return f"its device {getattr(row, 'device', None) or row.path}"
+    return f"its folder {row.path}"
+
+
 class DriveState:
     def __init__(self, row, zone_rows):
         self.id = row.id
@@ -53,6 +64,9 @@ class DriveState:
         self.path = row.path
         # the failure domain placement spreads over ("" for the head's own host)
         self.host: str = getattr(row, "host", None) or ""
+        self.backend_kind: str = getattr(row, "backend", None) or "zonefile"
+        # what holds the drive, for messages: a folder of zone files, a device, or an agent
+        self.medium = describe_medium(row)
         self.state = row.state
         self.zone_size = row.zone_size
         self.zone_count = row.zone_count

@@ -64,6 +64,14 @@ RECENT_STATE_EVENTS = 1000  # drive.state events searched for a missing drive's 
 log = logging.getLogger("shingle.drives")
 
 
+def gone_reason(drive: DriveState) -> str:
+    """Why a drive is missing, for its event and log line: its folder or device is gone, or its
+    agent does not answer (a storage host down or cut off)."""
+    if drive.backend_kind == "agent":
+        return f"{drive.medium} does not answer"
+    return f"{drive.medium} is gone"
+
+
 class DriveChange(NamedTuple):
     drive_id: int
     old: str
@@ -129,7 +137,7 @@ class DriveWatch:
         self._gone(drive)
 
     def _gone(self, drive: DriveState) -> None:
-        self._faults.put((drive.id, MISSING, f"its folder {drive.path} is gone"))
+        self._faults.put((drive.id, MISSING, gone_reason(drive)))
         self._wake.set()
 
     def _run(self) -> None:
@@ -171,7 +179,7 @@ class DriveWatch:
                 if drive.state in (MISSING, FAILED, REMOVED):
                     continue
                 if not drive.check_presence():  # calls _gone when it was there at the last look
-                    why = drive.open_error or f"its folder {drive.path} is gone"
+                    why = drive.open_error or gone_reason(drive)
                     self._pending.setdefault(drive.id, (MISSING, why))
             while True:
                 try:
@@ -231,14 +239,14 @@ class DriveWatch:
         try:
             backend = open_drive(row)
         except (DriveMissing, ConfigError, OSError) as exc:
-            self._refuse(drive, f"its folder {drive.path} is back but cannot be used: {exc}")
+            self._refuse(drive, f"{drive.medium} is back but cannot be used: {exc}")
             return None
         try:
             for zone in drive.zones:  # every zone there and readable, before anything changes
                 backend.write_pointer(zone.idx)
         except OSError as exc:
             backend.close()
-            self._refuse(drive, f"its folder {drive.path} is back but cannot be used: {exc}")
+            self._refuse(drive, f"{drive.medium} is back but cannot be used: {exc}")
             return None
         with self.space.lock:
             if any(zone.inflight for zone in drive.zones):
@@ -255,16 +263,13 @@ class DriveWatch:
             drive_id, idx, committed, medium = report.short_zones[0]
             target = DRAINING if before == DRAINING else DEGRADED
             reason = (
-                f"its folder {drive.path} is back, but {len(report.short_zones)} zones are "
+                f"{drive.medium} is back, but {len(report.short_zones)} zones are "
                 f"shorter than the catalog says (zone {idx}: {medium} of {committed} bytes): "
                 "their fragments are decoded from the other drives; run a scrub"
             )
         else:
             target = before
-            reason = (
-                f"its folder {drive.path} is back: same drive label, write pointers as the "
-                "catalog's"
-            )
+            reason = f"{drive.medium} is back: same drive label, write pointers as the catalog's"
         change = self._change(drive, target, reason)
         self._refused.pop(drive.id, None)
         self._before.pop(drive.id, None)

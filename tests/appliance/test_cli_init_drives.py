@@ -87,7 +87,8 @@ def test_a_block_device_that_is_not_zoned_is_refused(tmp_path):
 
 def test_status_shows_the_device_errors_the_daemon_sampled(tmp_path):
     """A zoned block device's faults (drive_<id>_device_errors, sampled by the daemon from
-    engine/drives/blkzoned.py) show in `shingle status`; drives without any show none."""
+    engine/drives/blkzoned.py) show in `shingle status` and `shingle drives list`; drives
+    without any show none."""
     from engine.admin import metrics
     from engine.catalog import Catalog
 
@@ -95,7 +96,13 @@ def test_status_shows_the_device_errors_the_daemon_sampled(tmp_path):
     init(home, "--drive-size", "16MiB", "--zone-size", "4MiB", "--no-preallocate")
     catalog = Catalog(f"sqlite:///{home}/catalog.db")
     try:
-        metrics.record_sample(catalog, drive_1_device_errors=4, drive_1_off_pointer_errors=0)
+        metrics.record_sample(
+            catalog,
+            drive_1_device_errors=4,
+            drive_1_off_pointer_errors=0,
+            drive_3_device_errors=2,
+            drive_3_off_pointer_errors=1,
+        )
     finally:
         catalog.close()
     config = str(home / "shingle.toml")
@@ -104,4 +111,15 @@ def test_status_shows_the_device_errors_the_daemon_sampled(tmp_path):
     assert (by_id[1]["device_errors"], by_id[1]["off_pointer_errors"]) == (4, 0)
     assert "device_errors" not in by_id[2]
     text = shingle("-c", config, "status", env=environment()).stdout
-    assert text.count("device errors") == 1 and "(4 device errors)" in text, text
+    assert text.count("device errors") == 2 and "(4 device errors)" in text, text
+    assert "(2 device errors, 1 of them off-pointer writes: expected 0)" in text, text
+    listed = json.loads(shingle("-c", config, "drives", "list", "--json", env=environment()).stdout)
+    assert [(d["id"], d.get("device_errors"), d.get("off_pointer_errors")) for d in listed[:4]] == [
+        (1, 4, 0),
+        (2, None, None),
+        (3, 2, 1),
+        (4, None, None),
+    ]
+    lines = shingle("-c", config, "drives", "list", env=environment()).stdout.splitlines()
+    assert lines[0].endswith("(4 device errors)") and "device errors" not in lines[1], lines
+    assert lines[2].endswith("(2 device errors, 1 of them off-pointer writes: expected 0)")

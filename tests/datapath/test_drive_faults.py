@@ -330,3 +330,23 @@ def test_a_stripe_that_loses_more_fragments_than_its_parity_allows_fails(
     wait_for(lambda: all(state_of(engine, d.id) == "degraded" for d in bad))
     assert engine.ns.read(kept, 0, STRIPE) == before
     engine.close()
+
+
+def test_a_missing_drive_is_named_by_what_holds_it():
+    """A drive of an agent or a zoned device has no folder: the missing drive's event says what
+    went (its folder, its device, or its agent that does not answer)."""
+    from types import SimpleNamespace
+
+    from engine.datapath.drivestate import describe_medium
+    from engine.datapath.drivewatch import gone_reason
+
+    def reason(backend: str, path: str, device: str | None = None) -> str:
+        row = SimpleNamespace(backend=backend, path=path, device=device)
+        return gone_reason(SimpleNamespace(backend_kind=backend, medium=describe_medium(row)))
+
+    assert (
+        reason("zonefile", "/srv/d/drive-003", "/dev/sda") == "its folder /srv/d/drive-003 is gone"
+    )
+    assert reason("zoned-block", "/dev/sdk") == "its device /dev/sdk is gone"
+    assert reason("zoned-block", "/dev/disk/by-id/x", "/dev/sdk") == "its device /dev/sdk is gone"
+    assert reason("agent", "10.131.0.21:7410") == "its agent at 10.131.0.21:7410 does not answer"

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from engine.admin import jobs, metrics
 from engine.admin.trash import Trash
 from engine.catalog.models import RetentionPolicy
-from tests.webui.conftest import ADMIN, PASSWORD
+from tests.webui.conftest import ADMIN, PASSWORD, Browserish
 from tests.webui.helpers import exists, make_checkpoints
 from tests.webui.test_browser import CHROMIUM, CHROMIUM_ARGS, page, server  # noqa: F401
 
@@ -172,6 +172,37 @@ def test_drive_table_counts_each_drives_own_io(server, page, live):  # noqa: F81
     page.click("#confirm a:has-text('Cancel')")
     page.wait_for_selector("#drive-table")
     assert "online" in page.inner_text("#drive-table tr[data-drive='2']")
+
+    # a zoned block device's own fault counts, as the daemon samples them from
+    # engine/drives/blkzoned.py (the counting itself is checked on kernel zoned devices in
+    # tests/kernel/test_zoned.py): shown with their meaning on the page and in the API
+    faults = {"drive_2_device_errors": 3, "drive_2_off_pointer_errors": 1}
+    metrics.record_sample(live.catalog, **datapath.counters(), **faults)
+    page.goto(server + "/drives")
+    page.click("#drive-2 > details > summary")
+    facts = page.inner_text("#drive-2 dl.facts")
+    assert re.search(r"device errors\s+3: errors the zoned device returned", facts), facts
+    assert re.search(r"off-pointer writes\s+1: of those, writes the device refused", facts), facts
+    assert "Expected 0" in facts
+    bad = page.eval_on_selector("#drive-2 dd.off-pointer-errors b", "el => el.className")
+    assert bad == "bad"
+    cell = page.locator("#drive-table tr[data-drive='2'] td.io-errors")
+    assert "(3 device)" in cell.inner_text()
+    assert "the device returned 3, 1 of them off-pointer writes" in cell.get_attribute("title")
+    page.click("#drive-1 > details > summary")  # a drive without a zoned device: no such lines
+    assert "device errors" not in page.inner_text("#drive-1 dl.facts")
+    assert page.locator("#drive-table tr[data-drive='1'] td.io-errors span").count() == 0
+
+    client = Browserish(live.app.test_client())
+    assert client.login().status_code == 302
+    listed = {d["id"]: d["io"] for d in client.get("/api/v1/drives").get_json()}
+    assert (listed[2]["device_errors"], listed[2]["off_pointer_errors"]) == (3, 1)
+    assert "device_errors" not in listed[1]
+    assert listed[2]["errors"] == sum(
+        listed[2][f"{k}_errors"] for k in ("read", "write", "checksum")
+    )
+    one = client.get("/api/v1/drives/2").get_json()["io"]
+    assert (one["device_errors"], one["off_pointer_errors"]) == (3, 1)
 
 
 def test_rule_delete_asks_and_preview_shows_sizes(server, page, live):  # noqa: F811
