@@ -36,6 +36,7 @@ from appliance.nfs.v3.mount import MountProgram
 from appliance.nfs.v3.program import Nfs3Program
 from appliance.nfs.v3.types import MOUNT_PROGRAM, NFS_PROGRAM, NFS_V3
 from appliance.nfs.v4.const import NFS_V4
+from appliance.nfs.v4.offload import Offloads
 from appliance.nfs.v4.program import Nfs4Program
 from engine.base.blocking import may_block
 from engine.base.ratelog import RateLimitedLog
@@ -319,6 +320,7 @@ class NfsServer:
         }
         self.connections: set = set()
         self.counters = NfsStats()
+        self.offloads = Offloads(self)  # asynchronous COPYs (appliance/nfs/v4/offload.py)
         # set by start()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pool: NfsWorkers | None = None
@@ -350,6 +352,7 @@ class NfsServer:
         if self.state is not None:  # granted, recalled, revoked, returned
             counts = dict(self.state.delegations.counts)
             out.update({f"nfs_delegations_{event}": n for event, n in counts.items()})
+        out.update({f"nfs_offload_{event}": n for event, n in self.offloads.counts.items()})
         if self.gss is not None:
             for key, value in self.gss.stats().items():
                 out[f"nfs_gss_{key}"] = value
@@ -488,6 +491,7 @@ class NfsServer:
             await asyncio.sleep(period)
             try:
                 await loop.run_in_executor(self.pool, clients.expire_idle, state)
+                await loop.run_in_executor(self.pool, self.offloads.reap)
                 await loop.run_in_executor(self.pool, exports.refresh)
             except CatalogUnreachable:
                 pass  # the catalog's outage log counts it; housekeeping retries next period
@@ -568,6 +572,7 @@ class NfsServer:
                 lambda: pmap.register("127.0.0.1", self.portmap_port, self.registered, unset=True),
             )
             self.registered = {}
+        await asyncio.to_thread(self.offloads.stop)  # no CB_OFFLOAD after this
         deadline = time.monotonic() + 10
         while any(conn.in_flight for conn in self.connections) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)

@@ -18,6 +18,8 @@ Counter names (the daemon records what it has; charts show what exists):
 - ``nfs_latency_<op>_le_<ms>``, ``nfs_latency_<op>_sum_s``: the histogram per operation, when the
   NFS server records one (``<op>`` as in nfs_ops_<op>)
 - ``nfs_delegations_<event>``: read delegations granted, recalled, revoked and returned
+- ``nfs_offload_<event>``: asynchronous COPYs started, completed, failed, cancelled, asked for
+  but done synchronously, and their CB_OFFLOADs answered or failed
 - ``nfs_gss_<event>``: RPCSEC_GSS counters (contexts, destroyed, refused, replays, failed_init)
   and ``nfs_gss_live`` (contexts alive), when the NFS server has a keytab
 - ``export_<id>_read_bytes``, ``export_<id>_write_bytes``, ``export_<id>_ops``: per export, when

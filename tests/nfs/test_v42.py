@@ -268,8 +268,6 @@ def test_xattrs_round_trip(server, raw, stack):
         c.OP_IO_ADVISE,
         c.OP_WRITE_SAME,
         c.OP_COPY_NOTIFY,
-        c.OP_OFFLOAD_STATUS,
-        c.OP_OFFLOAD_CANCEL,
     ],
 )
 def test_layout_and_offload_operations_are_not_supported(raw, op):

@@ -1,7 +1,8 @@
 """The NFSv4.1 backchannel of a session (RFC 8881 2.10.3.1, 18.33, 18.36, 20): the callback
 program a client named in CREATE_SESSION (or BACKCHANNEL_CTL), the connections it offered for
 callbacks (CREATE_SESSION4_FLAG_CONN_BACK_CHAN, BIND_CONN_TO_SESSION), and the slots of the
-back channel. A callback is a CB_COMPOUND of CB_SEQUENCE and one operation (CB_RECALL), sent as
+back channel. A callback is a CB_COMPOUND of CB_SEQUENCE and one operation (CB_RECALL of a
+delegation, CB_OFFLOAD of an asynchronous COPY's result), sent as
 an RPC call on one of those connections (appliance.nfs.onc.outgoing) and answered there.
 
 A session's backchannel is usable while one of its connections is open, it has a credential
@@ -18,7 +19,7 @@ from collections import deque
 from concurrent.futures import Future
 
 from appliance.nfs.onc.outgoing import CallFailed, OutgoingCalls
-from appliance.nfs.onc.xdr import Array, Bool, Packer, Struct, UInt, XdrError
+from appliance.nfs.onc.xdr import Array, Bool, Packer, Struct, UHyper, UInt, Union, XdrError
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
 
@@ -26,7 +27,7 @@ log = logging.getLogger("shingle.nfs.callback")
 
 NFS_CB_VERSION = 1  # program NFS4_CALLBACK { version NFS_CB { ... } = 1; }
 CB_NULL, CB_COMPOUND = 0, 1
-OP_CB_GETATTR, OP_CB_RECALL, OP_CB_SEQUENCE = 3, 4, 11
+OP_CB_GETATTR, OP_CB_RECALL, OP_CB_SEQUENCE, OP_CB_OFFLOAD = 3, 4, 11, 15
 BACK_SLOTS_MAX = 16
 WAITING_MAX = 1024  # callbacks queued for a slot; past it they fail (the holder is revoked)
 
@@ -48,6 +49,11 @@ CB_SEQUENCE4args = Struct(
 )
 CB_RECALL4args = Struct(
     "CB_RECALL4args", ("stateid", t.stateid4), ("truncate", Bool), ("fh", t.nfs_fh4)
+)
+# RFC 7862 16.1: an asynchronous COPY's outcome, its write_response4 or the bytes it copied
+offload_info4 = Union("offload_info4", UInt, {c.NFS4_OK: t.write_response4}, UHyper)
+CB_OFFLOAD4args = Struct(
+    "CB_OFFLOAD4args", ("fh", t.nfs_fh4), ("stateid", t.stateid4), ("info", offload_info4)
 )
 _U32 = struct.Struct(">I")
 
@@ -101,6 +107,14 @@ class Backchannel:
         p = Packer()
         UInt.pack(p, OP_CB_RECALL)
         CB_RECALL4args.pack(p, (stateid, False, fh))
+        return self._compound(p.getvalue())
+
+    def offload(self, fh: bytes, stateid, status: int, result) -> Future:
+        """CB_OFFLOAD of an asynchronous COPY: ``result`` is its write_response4 when
+        ``status`` is NFS4_OK, else the bytes it copied before failing."""
+        p = Packer()
+        UInt.pack(p, OP_CB_OFFLOAD)
+        CB_OFFLOAD4args.pack(p, (fh, stateid, (status, result)))
         return self._compound(p.getvalue())
 
     def _compound(self, op: bytes) -> Future:

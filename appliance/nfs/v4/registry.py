@@ -133,7 +133,8 @@ TABLE: dict[int, Op] = {
         Op(c.OP_WANT_DELEGATION, NONE),
         Op(c.OP_DESTROY_CLIENTID, V41, sessionless=True, mutating=True),
         Op(c.OP_RECLAIM_COMPLETE, V41, mutating=True),
-        # NFSv4.2 (RFC 7862, 8276); no asynchronous COPY (no CB_OFFLOAD yet), no inter-server COPY
+        # NFSv4.2 (RFC 7862, 8276); asynchronous COPY within the server (CB_OFFLOAD; ops/v42.py,
+        # appliance/nfs/v4/offload.py), no inter-server COPY
         Op(c.OP_ALLOCATE, V42, needs_fh=True, mutating=True),
         Op(c.OP_COPY, V42, needs_fh=True, mutating=True),
         Op(c.OP_COPY_NOTIFY, NONE),
@@ -141,8 +142,8 @@ TABLE: dict[int, Op] = {
         Op(c.OP_IO_ADVISE, NONE),
         Op(c.OP_LAYOUTERROR, NONE),
         Op(c.OP_LAYOUTSTATS, NONE),
-        Op(c.OP_OFFLOAD_CANCEL, NONE),
-        Op(c.OP_OFFLOAD_STATUS, NONE),
+        Op(c.OP_OFFLOAD_CANCEL, V42, needs_fh=True, mutating=True),
+        Op(c.OP_OFFLOAD_STATUS, V42, needs_fh=True),
         Op(c.OP_READ_PLUS, V42, needs_fh=True),
         Op(c.OP_SEEK, V42, needs_fh=True),
         Op(c.OP_WRITE_SAME, NONE),

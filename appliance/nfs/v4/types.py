@@ -324,6 +324,8 @@ ARGS_42 = {
         ("dst_offset", UHyper),
         ("count", UHyper),
     ),
+    c.OP_OFFLOAD_CANCEL: stateid4,
+    c.OP_OFFLOAD_STATUS: stateid4,
     c.OP_READ_PLUS: Struct(
         "READ_PLUS4args", ("stateid", stateid4), ("offset", UHyper), ("count", UInt)
     ),
@@ -594,6 +596,10 @@ RESULTS.update(
                 "COPY4resok", ("response", write_response4), ("requirements", copy_requirements4)
             ),
             **{f"_{c.NFS4ERR_OFFLOAD_NO_REQS}": copy_requirements4},
+        ),
+        c.OP_OFFLOAD_CANCEL: STATUS_ONLY,
+        c.OP_OFFLOAD_STATUS: result(
+            Struct("OFFLOAD_STATUS4resok", ("count", UHyper), ("complete", Array(nfsstat4, 1)))
         ),
         c.OP_READ_PLUS: result(
             Struct("read_plus_res4", ("eof", Bool), ("contents", Array(read_plus_content)))

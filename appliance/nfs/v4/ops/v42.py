@@ -1,14 +1,18 @@
 """NFSv4.2's operations (RFC 7862) over the namespace's ranges: SEEK, ALLOCATE, DEALLOCATE,
-READ_PLUS, CLONE and a synchronous COPY inside the server; and the extended attributes of
+READ_PLUS, CLONE, COPY inside the server (synchronous, or in the background with CB_OFFLOAD,
+OFFLOAD_STATUS and OFFLOAD_CANCEL); and the extended attributes of
 RFC 8276 (GETXATTR, SETXATTR, LISTXATTRS, REMOVEXATTR) over the namespace's xattrs, in their
 "user." namespace. The executor answers these only in minor version 2 COMPOUNDs."""
 
 from __future__ import annotations
 
+from os import R_OK, W_OK
+
 from appliance.nfs.onc.xdr import Packer
 from appliance.nfs.state import NfsError
 from appliance.nfs.v4 import attrs as fattr
 from appliance.nfs.v4 import const as c
+from appliance.nfs.v4 import offload
 from appliance.nfs.v4.attrs import MAX_IO
 from appliance.nfs.v4.context import Node
 from appliance.nfs.v4.ops.common import cinfo, is_utf8, resok
@@ -158,8 +162,9 @@ def clone(cx, a):
 
 @operation(c.OP_COPY)
 def copy(cx, a):
-    """Synchronous only, whatever ca_synchronous says (RFC 7862 15.2.3 lets the server choose):
-    without a callback channel there is no CB_OFFLOAD to report an asynchronous one."""
+    """Synchronous, or asynchronous when the client asks (ca_synchronous false) for at least
+    offload.ASYNC_MIN bytes and can be told the result (appliance/nfs/v4/offload.py); RFC 7862
+    15.2.3 lets the server do an asked-for asynchronous copy synchronously."""
     if a.source_server:
         raise NfsError(c.NFS4ERR_NOTSUPP, "inter-server COPY")
     src, dst = _source_and_destination(cx, a.src_stateid, a.dst_stateid)
@@ -173,15 +178,68 @@ def copy(cx, a):
         and a.dst_offset < a.src_offset + (a.count or size)
     ):
         raise NfsError(c.NFS4ERR_INVAL, "overlapping ranges of one file")
+    assert dst.export is not None  # _source_and_destination took both files in one export
+    wanted = max(min(a.count or size, size - a.src_offset), 0)  # short at the source's end
+    if not a.synchronous and wanted >= offload.ASYNC_MIN:
+        started = _copy_async(cx, src, dst, a, wanted)
+        if started is not None:
+            return resok(c.OP_COPY).cls(started, _copy_requirements.cls(True, False))
     count = 0
     if a.src_offset < size:
         count = cx.ns.copy_range(
             cx.cred(dst), src.ino, a.src_offset, dst.ino, a.dst_offset, a.count
         )
-    assert dst.export is not None  # _source_and_destination took both files in one export
     cx.server.counters.write(count, dst.export.id)
     response = write_response4.cls([], count, c.FILE_SYNC4, cx.server.write_verifier)
     return resok(c.OP_COPY).cls(response, _copy_requirements.cls(True, True))
+
+
+def _copy_async(cx, src: Node, dst: Node, a, count: int):
+    """The write_response4 of a copy started in the background, or None when the client gets a
+    synchronous one (no usable backchannel, or too many copies held)."""
+    offloads = cx.server.offloads
+    cl = cx.need_client()
+    if not offloads.admit(cl):
+        offloads.counts["synchronous"] += 1
+        return None
+    cred = cx.cred(dst)
+    # what a synchronous COPY would be refused, refused now: the copier's own failures reach
+    # the client only in CB_OFFLOAD
+    if cx.ns.access(cred, src.ino, R_OK) != R_OK or cx.ns.access(cred, dst.ino, W_OK) != W_OK:
+        raise NfsError(c.NFS4ERR_ACCESS, "COPY needs read on the source, write on the destination")
+    with cx.state.lock:
+        other = cx.state.new_other(cl)
+    assert dst.export is not None  # _source_and_destination took both files in one export
+    st = offload.CopyState(
+        other,
+        cl,
+        cx.fh_of(dst),
+        cred,
+        dst.export.id,
+        src.ino,
+        a.src_offset,
+        dst.ino,
+        a.dst_offset,
+        count,
+    )
+    offloads.start(st)
+    # each piece is durable when it is counted: FILE_SYNC4 now and in CB_OFFLOAD
+    return write_response4.cls([st.stateid], 0, c.FILE_SYNC4, cx.server.write_verifier)
+
+
+@operation(c.OP_OFFLOAD_STATUS)
+def offload_status(cx, sid):
+    """The bytes copied so far; ``complete`` holds the copy's status once it ended."""
+    node = cx.need_file()
+    st = cx.server.offloads.find(sid, cx.need_client(), node.ino)
+    done = [] if st.status is None else [st.status]
+    return resok(c.OP_OFFLOAD_STATUS).cls(st.done, done)
+
+
+@operation(c.OP_OFFLOAD_CANCEL)
+def offload_cancel(cx, sid):
+    node = cx.need_file()
+    cx.server.offloads.cancel(sid, cx.need_client(), node.ino)
 
 
 # -- extended attributes (RFC 8276) -------------------------------------------------------------
