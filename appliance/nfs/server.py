@@ -30,7 +30,7 @@ from appliance.nfs.onc.connection import RpcConnection
 from appliance.nfs.onc.limits import NetLimits, ReceiveBuffers, RequestBudget
 from appliance.nfs.onc.rpc import InWorker
 from appliance.nfs.pnfs import Pnfs
-from appliance.nfs.state import StateTable, clients
+from appliance.nfs.state import HeadRegistry, StateTable, clients, head_name
 from appliance.nfs.stats import NfsStats
 from appliance.nfs.v3.mount import MountProgram
 from appliance.nfs.v3.program import Nfs3Program
@@ -302,6 +302,7 @@ class NfsServer:
         # owner: whose state (clients, sessions, stateids) a client talks to (RFC 8881 2.10.4)
         self.server_scope = f"shingle-{self.handles.fsid:016x}".encode()
         self.owner_major = self.server_scope
+        self.head_index = head_index
         if head_index is not None:
             self.owner_major += f"-head{head_index}".encode()
         # changes every start: clients must re-send UNSTABLE writes after a restart
@@ -327,6 +328,7 @@ class NfsServer:
         self._server: asyncio.Server | None = None
         self._housekeeper: asyncio.Future[None] | None = None
         self._nlm_ticker: asyncio.Future[None] | None = None
+        self._head_beats: asyncio.Future[None] | None = None
         self._portmap_server: asyncio.Server | None = None
         self._sweeper: asyncio.Future[None] | None = None
         self._housekeeping_failures = RateLimitedLog(log)
@@ -446,6 +448,9 @@ class NfsServer:
         pool = self.pool = NfsWorkers(self.workers, thread_name_prefix="nfs-worker")
         run = loop.run_in_executor
         self.exports = await run(pool, ExportTable, self.catalog, self.namespace)
+        heads = None
+        if self.head_index is not None:  # several heads: locks and opens meet across them
+            heads = HeadRegistry(self.catalog, head_name(self.head_index), self.lease_seconds)
         self.state = await run(
             pool,
             lambda: StateTable(
@@ -453,8 +458,11 @@ class NfsServer:
                 self.namespace,
                 lease_seconds=self.lease_seconds,
                 grace_seconds=self.grace_seconds,
+                heads=heads,
             ),
         )
+        if self.state.holdings is not None:
+            self.state.holdings.submit = pool.submit
         # the local mount and SMB recall delegations before they change a file
         self.namespace.change_guard = self.state.delegations
         monitor = await run(
@@ -478,6 +486,8 @@ class NfsServer:
         await self._start_portmap()
         self._housekeeper = asyncio.ensure_future(self._housekeeping())
         self._nlm_ticker = asyncio.ensure_future(self._nlm_ticks())
+        if heads is not None:
+            self._head_beats = asyncio.ensure_future(self._beat(heads.beat_period))
         if monitor.previous:  # tell the previous instance's lock clients to reclaim
             pool.submit(monitor.notify_previous)
         self._sweeper = asyncio.ensure_future(self._sweep())
@@ -501,6 +511,25 @@ class NfsServer:
                     logging.ERROR,
                     type(exc),
                     "NFS housekeeping failed: %s",
+                    exc,
+                    exc_info=not isinstance(exc, CatalogUnavailable),
+                )
+
+    async def _beat(self, period: float) -> None:
+        """Several heads: this head's heartbeat, the others' expiry, holdings written."""
+        loop, state = self.loop, self.state
+        assert loop is not None and state is not None  # start() ran
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await loop.run_in_executor(self.pool, state.head_tick)
+            except CatalogUnreachable:
+                pass  # the catalog's outage log counts it; the next beat retries
+            except Exception as exc:  # noqa: BLE001 - the next beat retries
+                self._housekeeping_failures.log(
+                    logging.ERROR,
+                    type(exc),
+                    "NFS head heartbeat failed: %s",
                     exc,
                     exc_info=not isinstance(exc, CatalogUnavailable),
                 )
@@ -563,7 +592,7 @@ class NfsServer:
             self.namespace.change_guard = None
         if self._portmap_server is not None:
             self._portmap_server.close()
-        for task in (self._housekeeper, self._nlm_ticker, self._sweeper):
+        for task in (self._housekeeper, self._nlm_ticker, self._sweeper, self._head_beats):
             if task is not None:
                 task.cancel()
         if self.registered and self.loop is not None:
@@ -585,6 +614,11 @@ class NfsServer:
                 await self.loop.run_in_executor(self.pool, self.state.grace.release_idle_records)
             except Exception as exc:  # noqa: BLE001 - the marks only cost a grace period
                 log.warning("client records not updated at stop: %s", exc)
+            if self.state.heads is not None:
+                try:  # the other heads need not wait a lease to see this one's state go
+                    await self.loop.run_in_executor(self.pool, self.state.heads.leave)
+                except Exception as exc:  # noqa: BLE001 - the others expire it after a lease
+                    log.warning("head row not removed at stop: %s", exc)
         if self._portmap_server is not None:
             await self._portmap_server.wait_closed()
             self._portmap_server = None

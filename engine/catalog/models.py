@@ -509,3 +509,52 @@ class LeaderFence(Base):
     token: Mapped[int] = mapped_column(BigInteger)  # the leader key's etcd create revision
     holder: Mapped[str] = mapped_column(String(128))  # [cluster] name of that leader
     since_ns: Mapped[int] = mapped_column(BigInteger)  # when it took office
+
+
+class NfsHead(Base):
+    """One row per live NFS head over this catalog (appliance/nfs/state/heads.py,
+    docs/nfs-state.md): the instance that runs under the name now, a heartbeat counter other
+    heads watch (a head whose beat stood still for a lease is dead: another head deletes this
+    row and the head's holdings), and its part in the cluster-wide grace period."""
+
+    __tablename__ = "nfs_heads"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)  # "head<index>"
+    instance: Mapped[str] = mapped_column(String(32))  # random per start
+    beat: Mapped[int] = mapped_column(BigInteger, default=0)
+    address: Mapped[str] = mapped_column(String(128), default="")
+    started_ns: Mapped[int] = mapped_column(BigInteger)
+    # the head has clients of an earlier instance to let reclaim (NEED, as NFS-Ganesha's
+    # rados_cluster) and refuses new locks and opens while the cluster is in grace (ENFORCING)
+    need_grace: Mapped[bool] = mapped_column(Boolean, default=False)
+    enforcing: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class NfsHolding(Base):
+    """What one head's clients hold on one file: the union of its opens' share access and deny
+    modes, and every byte-range lock (JSON: [start, end, type, clientid, nlm, owner hex]).
+    Written in the transaction that checks another head's holdings before a lock or open is
+    granted, so two heads never grant conflicting state."""
+
+    __tablename__ = "nfs_holdings"
+    head: Mapped[str] = mapped_column(String(64), primary_key=True)
+    ino: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    instance: Mapped[str] = mapped_column(String(32))
+    access: Mapped[int] = mapped_column(Integer, default=0)
+    deny: Mapped[int] = mapped_column(Integer, default=0)
+    locks: Mapped[str] = mapped_column(Text, default="[]")
+    __table_args__ = (Index("ix_nfs_holdings_ino", "ino"),)
+
+
+class NfsGrace(Base):
+    """One row (id 1): the cluster's grace epochs (as NFS-Ganesha's rados_cluster): the current
+    epoch, and the recovery epoch whose clients may reclaim (0: no cluster-wide grace)."""
+
+    __tablename__ = "nfs_grace"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    current_epoch: Mapped[int] = mapped_column(BigInteger)
+    recovery_epoch: Mapped[int] = mapped_column(BigInteger)
+
+
+# tables nothing caches, written at every lock and open of several heads: no change signal
+# (0012's trigger), so their writes do not empty the other heads' caches
+UNSIGNALLED_TABLES = frozenset({"nfs_heads", "nfs_holdings", "nfs_grace"})

@@ -50,9 +50,13 @@ def add_export(
 class Stack:
     """Catalog + data path + namespace, re-openable to model a server restart."""
 
-    def __init__(self, tmp_path, *, drive_size: int, zone_size: int, fragment_size: int):
-        self.url = f"sqlite:///{tmp_path}/catalog.db"
-        upgrade(self.url)
+    def __init__(
+        self, tmp_path, *, drive_size: int, zone_size: int, fragment_size: int, url: str = ""
+    ):
+        """``url``: a catalog already upgraded (default: a new SQLite one in ``tmp_path``)."""
+        self.url = url or f"sqlite:///{tmp_path}/catalog.db"
+        if not url:
+            upgrade(self.url)
         self.catalog = Catalog(self.url)
         format_emulated(self.catalog, tmp_path / "drives", 10, drive_size, zone_size)
         self.fragment_size = fragment_size

@@ -349,6 +349,50 @@ def test_nlm_and_nfsv41_locks_conflict(nlm_server):
         v4.close()
 
 
+def test_nlm_and_nfsv41_locks_conflict_across_heads(stack, fake_host):
+    """Two heads over one catalog (docs/nfs-state.md): an NFSv4.1 lock through head 0 denies an
+    NLM lock through head 1 (NLM_TEST names it), an NLM lock through head 1 denies head 0's
+    NFSv4.1 client, and a blocked NLM lock is granted once the NFSv4.1 client unlocks."""
+    add_export(stack.catalog)
+    kwargs = dict(grace_seconds=0, client_rpcbind_port=fake_host.port, lease_seconds=10)
+    head0 = start_server(stack, head_index=0, **kwargs)
+    head1 = start_server(stack, head_index=1, portmap="serve", portmap_port=0, **kwargs)
+    v4, open_sid, fh4 = _v4_client(head0.port, "across")
+    fh3 = v3_file(head1.port, "across")
+    nlm = Nlm(head1.port, "host-b")
+    try:
+        st, res = _v4_lock(v4, fh4, open_sid, 0, 100)
+        assert st == 0, (st, res)
+        lock_sid = res[-1][2]
+        status, holder = nlm.test(fh3, 7, 50, 1)
+        assert status == n.NLM4_DENIED
+        assert (holder.oh, holder.l_offset, holder.l_len) == (b"v4-lock-owner", 0, 100)
+        assert nlm.lock(fh3, 7, 99, 10) == n.NLM4_DENIED
+        assert nlm.lock(fh3, 7, 100, 10) == n.NLM4_GRANTED
+        st, res = _v4_lock(v4, fh4, open_sid, 105, 1, owner=b"v4-other")
+        assert st == c.NFS4ERR_DENIED
+        denied = res[-1][2]
+        assert (denied.offset, denied.length) == (100, 10)
+        assert denied.owner.owner == struct.pack(">I", 7) + b"7@host-b"
+        # a blocked NLM lock on head 1 gets the range once head 0's client unlocks (a tick)
+        assert nlm.lock(fh3, 8, 0, 10, block=True) == n.NLM4_BLOCKED
+        locku = (c.OP_LOCKU, t4.ARGS[c.OP_LOCKU](c.WRITE_LT, 0, lock_sid, 0, 100))
+        assert v4.session([(c.OP_PUTFH, fh4), locku])[0] == 0
+        deadline = time.monotonic() + 10
+        while nlm.test(fh3, 9, 0, 1)[0] == n.NLM4_GRANTED and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert nlm.test(fh3, 9, 0, 1)[1].svid == 8
+        # and head 0 sees the NLM lock it granted
+        assert _v4_lock(v4, fh4, open_sid, 0, 1, owner=b"v4-third")[0] == c.NFS4ERR_DENIED
+        assert nlm.unlock(fh3, 8, 0, 10) == n.NLM4_GRANTED
+        assert _v4_lock(v4, fh4, open_sid, 0, 1, owner=b"v4-third")[0] == 0
+    finally:
+        nlm.close()
+        v4.close()
+        head0.stop()
+        head1.stop()
+
+
 def test_an_nlm_lock_outlives_the_nfsv4_lease(stack, fake_host):
     # NLM hosts hold no lease (NSM reports their restarts): an NFSv4 request that conflicts
     # with an NLM lock older than a lease must not take the lock away as from an expired client

@@ -5,11 +5,16 @@ NLM request goes through, so NFSv3 and NFSv4 locks on a file meet."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from appliance.nfs.state.core import StateCore
 from appliance.nfs.state.leases import Leases
 from appliance.nfs.state.model import Client, LockState, NfsError, OpenState
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.types import LOCK4denied, state_owner4
+
+if TYPE_CHECKING:
+    from appliance.nfs.state.holdings import Holdings
 
 INF = 1 << 64  # end of a lock "to end of file"
 
@@ -38,6 +43,8 @@ class Locks:
         self.core, self.leases = core, leases
         self.by_file: dict[int, list[LockState]] = {}
         self.by_owner_file: dict[tuple, LockState] = {}  # (client id, owner, inode)
+        # several heads over one catalog: the other heads' locks (appliance.nfs.state.holdings)
+        self.holdings: Holdings | None = None
 
     def conflict(self, cl: Client, owner: bytes, ino: int, start: int, end: int, locktype: int):
         """The first lock of another owner that [start, end) of ``locktype`` conflicts with,
@@ -53,6 +60,15 @@ class Locks:
                         break  # its locks went with it
                     return lk, r0, r1, rtype
         return None
+
+    def conflict_anywhere(
+        self, cl: Client, owner: bytes, ino: int, start: int, end: int, locktype: int
+    ):
+        """``conflict``, then the other heads' locks (LOCKT, NLM_TEST)."""
+        hit = self.conflict(cl, owner, ino, start, end, locktype)
+        if hit is None and self.holdings is not None:
+            hit = self.holdings.test_lock(ino, start, end, locktype)
+        return hit
 
     @staticmethod
     def denied(hit):
@@ -84,17 +100,31 @@ class Locks:
         return lk
 
     def add(self, lk: LockState, start: int, end: int, locktype: int) -> None:
-        hit = self.conflict(lk.client, lk.owner, lk.ino, start, end, locktype)
+        hit = self.try_add(lk, start, end, locktype)
         if hit is not None:
             raise NfsError(c.NFS4ERR_DENIED, "lock conflict", self.denied(hit))
-        kind = c.WRITE_LT if is_write(locktype) else c.READ_LT
-        lk.ranges = _merged(_cut(lk.ranges, start, end) + [(start, end, kind)])
-        lk.seqid += 1
 
-    @staticmethod
-    def unlock(lk: LockState, start: int, end: int) -> None:
+    def try_add(self, lk: LockState, start: int, end: int, locktype: int):
+        """Give ``lk`` [start, end) of ``locktype``; the conflicting lock (nothing given) or
+        None. With several heads, theirs are checked too and this head's are published."""
+        hit = self.conflict(lk.client, lk.owner, lk.ino, start, end, locktype)
+        if hit is not None:
+            return hit
+        kind = c.WRITE_LT if is_write(locktype) else c.READ_LT
+        ranges = _merged(_cut(lk.ranges, start, end) + [(start, end, kind)])
+        if self.holdings is not None:
+            hit = self.holdings.grant_lock(lk, start, end, locktype, ranges)
+            if hit is not None:
+                return hit
+        lk.ranges = ranges
+        lk.seqid += 1
+        return None
+
+    def unlock(self, lk: LockState, start: int, end: int) -> None:
         lk.ranges = _cut(lk.ranges, start, end)
         lk.seqid += 1
+        if self.holdings is not None:
+            self.holdings.changed(lk.ino)
 
     def drop(self, lk: LockState) -> None:
         if self.core.states.pop(lk.other, None) is None:
@@ -107,6 +137,8 @@ class Locks:
         self.by_owner_file.pop((lk.client.clientid, lk.owner, lk.ino), None)
         lk.open.locks.discard(lk.other)
         lk.client.states.discard(lk.other)
+        if self.holdings is not None and lk.ranges:
+            self.holdings.changed(lk.ino)
 
 
 def _cut(ranges: list, start: int, end: int) -> list:

@@ -37,7 +37,7 @@ class NlmLocks:
     def test(self, host: Client, owner: bytes, ino: int, start: int, end: int, exclusive: bool):
         """The conflicting lock (as ``Locks.conflict`` returns it) or None."""
         with self.core.lock:
-            return self.locks.conflict(
+            return self.locks.conflict_anywhere(
                 host, owner, ino, start, end, c.WRITE_LT if exclusive else c.READ_LT
             )
 
@@ -54,8 +54,10 @@ class NlmLocks:
                 # an open of its own, registered nowhere: NLM has no opens (no share checks)
                 pseudo_open = OpenState(b"", host, ino, b"nlm", access=c.OPEN4_SHARE_ACCESS_BOTH)
                 lk = locks.add_state(host, pseudo_open, owner, ino)
-            locks.add(lk, start, end, locktype)
-            return None
+            hit = locks.try_add(lk, start, end, locktype)  # another head's lock, with several
+            if hit is not None and not lk.ranges:
+                locks.drop(lk)
+            return hit
 
     def unlock(self, host: Client, owner: bytes, ino: int, start: int, end: int) -> None:
         with self.core.lock:
@@ -65,6 +67,9 @@ class NlmLocks:
             self.locks.unlock(lk, start, end)
             if not lk.ranges:
                 self.locks.drop(lk)
+            holdings = self.locks.holdings
+            if holdings is not None and holdings.dirty:  # written before the reply
+                holdings.flush_quietly()
 
     def free_host(self, name: str) -> int:
         """Drop every lock of the NLM host ``name`` (it rebooted); how many lock owners held

@@ -7,6 +7,7 @@ an open reference on its inode, so an unlinked file lives until its last CLOSE."
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from appliance.nfs.state.core import StateCore
 from appliance.nfs.state.leases import Leases
@@ -16,6 +17,9 @@ from appliance.nfs.state.records import ClientRecords
 from appliance.nfs.v4 import const as c
 from engine.base.blocking import may_block
 
+if TYPE_CHECKING:
+    from appliance.nfs.state.holdings import Holdings
+
 log = logging.getLogger("shingle.nfs.state")
 
 
@@ -24,6 +28,8 @@ class Shares:
         self.core, self.leases, self.locks, self.records = core, leases, locks, records
         self.by_file: dict[int, list[OpenState]] = {}
         self.by_owner_file: dict[tuple, OpenState] = {}  # (client id, open-owner, inode)
+        # several heads over one catalog: the other heads' opens (appliance.nfs.state.holdings)
+        self.holdings: Holdings | None = None
 
     def open(self, cl: Client, owner: bytes, ino: int, access: int, deny: int) -> OpenState:
         core = self.core
@@ -41,6 +47,11 @@ class Shares:
                         f"{deny} against an open of access {other.access} deny {other.deny}",
                     )
             st = self.by_owner_file.get(key)
+            if self.holdings is not None and not self.holdings.grant_open(st, ino, access, deny):
+                raise NfsError(
+                    c.NFS4ERR_SHARE_DENIED,
+                    f"share reservation conflict on inode {ino} with an open through another head",
+                )
             if st is None:
                 self.records.record_held_state(cl)
                 st = OpenState(
@@ -75,6 +86,8 @@ class Shares:
                 )
             st.access, st.deny, st.modes = access, deny, kept
             st.seqid += 1
+            if self.holdings is not None:
+                self.holdings.changed(st.ino)
 
     def special_io_denied(self, ino: int, want: int, bypass: bool) -> bool:
         """Whether READ (``want`` OPEN4_SHARE_ACCESS_READ) or WRITE with a special stateid
@@ -90,7 +103,7 @@ class Shares:
                 self.leases.evict_if_expired(st.client)
                 continue
             return True
-        return False
+        return self.holdings is not None and self.holdings.special_io_denied(ino, want)
 
     def close(self, st: OpenState) -> None:
         with self.core.lock:
@@ -113,6 +126,8 @@ class Shares:
             self.by_file.pop(st.ino, None)
         self.by_owner_file.pop((st.client.clientid, st.owner, st.ino), None)
         st.client.states.discard(st.other)
+        if self.holdings is not None:
+            self.holdings.changed(st.ino)
         try:
             core.namespace.close_ref(st.ino)
         except Exception:  # noqa: BLE001 - freeing an unlinked file can fail later; never lose the state table

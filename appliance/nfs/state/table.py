@@ -10,6 +10,7 @@ lock, ids and indexes) with its parts, each owning its own data:
   locks             byte-range locks
   nlm               NLM hosts and their locks
   delegations       read delegations, their recalls and revocations
+  holdings          with several heads over one catalog: what the other heads hold
 
 What it does itself touches several parts: clients and their sessions made and dropped,
 stateids looked up and freed."""
@@ -22,6 +23,8 @@ import os
 from appliance.nfs.state.core import SPECIAL_OTHERS, StateCore
 from appliance.nfs.state.delegations import Delegations
 from appliance.nfs.state.grace import Grace
+from appliance.nfs.state.heads import HeadRegistry
+from appliance.nfs.state.holdings import Holdings
 from appliance.nfs.state.leases import Leases
 from appliance.nfs.state.locks import Locks
 from appliance.nfs.state.model import Client, DelegState, NfsError, OpenState, Session
@@ -37,7 +40,16 @@ SLOTS_MAX = 64
 
 
 class StateTable(StateCore):
-    def __init__(self, catalog, namespace, *, lease_seconds: int, grace_seconds: int | None):
+    def __init__(
+        self,
+        catalog,
+        namespace,
+        *,
+        lease_seconds: int,
+        grace_seconds: int | None,
+        heads: HeadRegistry | None = None,
+    ):
+        """``heads``: this head's row among several over the catalog (None: the only one)."""
         super().__init__(catalog, namespace, lease_seconds)
         self.records = ClientRecords(self)
         self.session_records = SessionRecords(self)
@@ -47,6 +59,12 @@ class StateTable(StateCore):
         self.shares = Shares(self, self.leases, self.locks, self.records)
         self.nlm = NlmLocks(self, self.locks)
         self.delegations = Delegations(self, self.leases)
+        self.heads = heads
+        self.holdings: Holdings | None = None
+        if heads is not None:
+            heads.join()
+            holdings = self.holdings = Holdings(self, heads, self.shares, self.locks)
+            self.shares.holdings = self.locks.holdings = holdings
         # restart: clients of the previous instance that held opens or locks may reclaim
         # them, and only they hold the grace period
         previous = self.records.load_previous()
@@ -103,6 +121,38 @@ class StateTable(StateCore):
                     self.records.forget_one(cl.owner)
                 except Exception:  # noqa: BLE001 - the catalog may be down; the record only costs a grace period
                     log.exception("could not forget client record")
+
+    def drop_all_state(self) -> None:
+        """This head was declared dead by the others (appliance.nfs.state.heads): what its
+        clients held may have been granted through another head since, so all of it goes;
+        NFSv4 clients learn it from their stateids, NLM hosts' locks are gone."""
+        with self.lock:
+            for cl in list(self.clients.values()):
+                self.expire_client(cl)
+            for name in list(self.nlm.hosts):
+                self.nlm.free_host(name)
+            if self.holdings is not None:
+                self.holdings.dirty.clear()
+
+    def head_tick(self) -> None:
+        """Every ``heads.beat_period``: beat, expire the heads that stopped, write the
+        holdings that shrank. A head whose row is gone was declared dead: it drops its state
+        and joins again as a new instance."""
+        heads, holdings = self.heads, self.holdings
+        if heads is None or holdings is None:
+            return
+        if not heads.beat():
+            log.error(
+                "head %s was declared dead by another head (no beat for a lease): its NFS "
+                "state is dropped, clients reclaim or start over",
+                heads.name,
+            )
+            self.drop_all_state()
+            heads.instance = os.urandom(8).hex()
+            heads.join()
+        heads.expire_dead()
+        if holdings.dirty:
+            holdings.flush()
 
     # -- sessions ---------------------------------------------------------------------------------
     def add_session(self, cl: Client, fore, back) -> Session:

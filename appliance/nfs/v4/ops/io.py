@@ -277,14 +277,24 @@ def open_downgrade(cx, a):
         return cx.set_stateid(st)
 
 
+def released(state) -> None:
+    """After a LOCKU or CLOSE, with several heads: the smaller holdings are written before the
+    reply, so another head's client that waited for them gets through at its next try."""
+    if state.holdings is not None and state.holdings.dirty:
+        state.holdings.flush_quietly()
+
+
 @operation(c.OP_CLOSE)
 def close(cx, a):
     node = cx.need_file()
     with holding(cx.state.lock, "state lock held"):  # CLOSE runs on the event loop too
         st = open_state(cx, a.open_stateid, node)
-        if blocking_forbidden() and (st.locks or not cx.ns.close_ref_is_cheap(st.ino)):
-            raise WouldBlock("a CLOSE that drops locks or may free the file")
+        if blocking_forbidden() and (
+            st.locks or cx.state.holdings is not None or not cx.ns.close_ref_is_cheap(st.ino)
+        ):
+            raise WouldBlock("a CLOSE that drops locks, may free the file or writes holdings")
         cx.state.shares.close(st)
+        released(cx.state)
         return cx.set_stateid(st)
 
 

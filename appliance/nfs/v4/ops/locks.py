@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from appliance.nfs.state import NfsError, is_write, lock_range
 from appliance.nfs.v4 import const as c
-from appliance.nfs.v4.ops.io import check_new_lock, need_io_rights, need_regular, open_state
+from appliance.nfs.v4.ops.io import (
+    check_new_lock,
+    need_io_rights,
+    need_regular,
+    open_state,
+    released,
+)
 from appliance.nfs.v4.registry import operation
 
 
@@ -51,7 +57,9 @@ def lockt(cx, a):
     if cx.state.grace.in_grace():
         raise NfsError(c.NFS4ERR_GRACE, "server in grace period")
     with cx.state.lock:
-        hit = cx.state.locks.conflict(cl, bytes(a.owner.owner), node.ino, start, end, a.locktype)
+        hit = cx.state.locks.conflict_anywhere(
+            cl, bytes(a.owner.owner), node.ino, start, end, a.locktype
+        )
         if hit is not None:
             raise NfsError(c.NFS4ERR_DENIED, "lock conflict", cx.state.locks.denied(hit))
 
@@ -65,6 +73,7 @@ def locku(cx, a):
         if lk.kind != "lock" or lk.ino != node.ino:
             raise NfsError(c.NFS4ERR_BAD_STATEID, "not a lock stateid of this file")
         cx.state.locks.unlock(lk, start, end)
+        released(cx.state)
         return cx.set_stateid(lk)
 
 

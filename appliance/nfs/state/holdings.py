@@ -1,0 +1,195 @@
+"""Locks and share reservations across heads (docs/nfs-state.md). Each head keeps its own
+state table and publishes, per file its clients hold anything on, one nfs_holdings row: the
+union of its opens' access and deny modes and every byte-range lock. A head about to grant a
+lock or an open checks the other heads' rows of that file and writes its own new row in ONE
+catalog transaction (SQLite: one writer at a time; PostgreSQL: SERIALIZABLE, retried), so two
+heads cannot both grant conflicting state. What only releases (LOCKU, CLOSE, a client gone)
+marks the file and is written soon after (at once by the operations that release on
+purpose): a row a moment too big only refuses a request a client retries, never grants a
+conflict. A single head (no [heads] count above 1) has no ``Holdings`` and touches no table."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy import delete
+
+from appliance.nfs.state.core import StateCore
+from appliance.nfs.state.heads import HOLDINGS, HeadRegistry
+from appliance.nfs.v4 import const as c
+from engine.base.blocking import may_block
+
+log = logging.getLogger("shingle.nfs.state")
+
+_WRITES = (c.WRITE_LT, c.WRITEW_LT)
+
+
+@dataclass(frozen=True)
+class ForeignClient:
+    clientid: int
+    owner: bytes  # b"nlm:" for an NLM host (what NlmManager.holder looks at), else b""
+
+
+@dataclass(frozen=True)
+class ForeignLock:
+    """A lock held through another head, shaped as a LockState for LOCK4denied and
+    nlm4_holder."""
+
+    client: ForeignClient
+    owner: bytes
+    head: str
+
+
+class Holdings:
+    def __init__(self, core: StateCore, registry: HeadRegistry, shares, locks):
+        """``shares``, ``locks``: the table's Shares and Locks, whose holdings this publishes."""
+        self.core, self.registry, self.shares, self.locks = core, registry, shares, locks
+        self.catalog = core.catalog
+        self.dirty: set[int] = set()  # files whose row is bigger than what is held
+        # runs a flush in a worker (the server's pool), when set
+        self.submit: Callable[..., object] | None = None
+
+    # -- what this head holds -------------------------------------------------------------------
+    def summary(self, ino: int, open_st=None, open_modes=(0, 0), lock_st=None, ranges=()):
+        """(access, deny, locks) this head holds on ``ino``, with ``open_st`` at
+        ``open_modes`` and ``lock_st`` holding ``ranges`` (what a grant would make them)."""
+        states = self.core.states
+        access, deny = open_modes if open_st is not None else (0, 0)
+        for st in self.shares.by_file.get(ino, ()):
+            if st is not open_st and st.other in states:
+                access, deny = access | st.access, deny | st.deny
+        locks = []
+        held = [(lk, lk.ranges) for lk in self.locks.by_file.get(ino, ()) if lk is not lock_st]
+        if lock_st is not None:
+            held.append((lock_st, ranges))
+        for lk, lk_ranges in held:
+            if lk is not lock_st and lk.other not in states:
+                continue
+            nlm = lk.client.owner.startswith(b"nlm:")
+            for r0, r1, rtype in lk_ranges:
+                locks.append([r0, r1, rtype, lk.client.clientid, nlm, lk.owner.hex()])
+        return access, deny, locks
+
+    def _write(self, conn, ino: int, summary) -> None:
+        access, deny, locks = summary
+        reg = self.registry
+        conn.execute(delete(HOLDINGS).where(HOLDINGS.c.head == reg.name, HOLDINGS.c.ino == ino))
+        if access or deny or locks:
+            conn.execute(
+                HOLDINGS.insert().values(
+                    head=reg.name,
+                    ino=ino,
+                    instance=reg.instance,
+                    access=access,
+                    deny=deny,
+                    locks=json.dumps(locks),
+                )
+            )
+
+    # -- grants: check the other heads and publish in one transaction ---------------------------
+    def grant_lock(self, lk, start: int, end: int, locktype: int, ranges):
+        """Before ``lk`` gets [start, end) of ``locktype`` (its ranges then ``ranges``): the
+        other heads' conflicting lock (a hit as ``Locks.conflict`` returns it) or None, and
+        this head's row written with the new ranges. Under the state lock."""
+        summary = self.summary(lk.ino, lock_st=lk, ranges=ranges)
+        return self._grant(lk.ino, lambda rows: _lock_hit(rows, start, end, locktype), summary)
+
+    def grant_open(self, st, ino: int, access: int, deny: int) -> bool:
+        """Before an open of ``ino`` gets ``access``/``deny`` (``st`` the open state it merges
+        into, or None): False when another head's opens conflict (nothing written)."""
+        held_access, held_deny, locks = self.summary(ino)
+        if (held_access | access, held_deny | deny) == (held_access, held_deny):
+            # this head's row already has these modes, checked when they were granted: no
+            # other head can have got a conflicting open since (the row is never smaller than
+            # what is held)
+            return True
+        if st is None:
+            summary = (held_access | access, held_deny | deny, locks)
+        else:
+            summary = self.summary(ino, st, (st.access | access, st.deny | deny))
+
+        def check(rows):
+            return any((access & r.deny) or (deny & r.access) for r in rows) or None
+
+        return self._grant(ino, check, summary) is None
+
+    def _grant(self, ino: int, check, summary):
+        may_block("checking the other heads' holdings")
+        registry = self.registry
+
+        def work(conn):
+            hit = check(registry.holdings_of_live(conn, ino))
+            if hit is None:
+                self._write(conn, ino, summary)
+            return hit
+
+        hit = self.catalog.run(work, tracked=True)
+        if hit is None:
+            self.dirty.discard(ino)
+        return hit
+
+    def test_lock(self, ino: int, start: int, end: int, locktype: int):
+        """LOCKT, NLM_TEST: another head's conflicting lock, or None (nothing written)."""
+        may_block("reading the other heads' holdings")
+        registry = self.registry
+        return self.catalog.run(
+            lambda conn: _lock_hit(registry.holdings_of_live(conn, ino), start, end, locktype),
+            tracked=True,
+        )
+
+    def special_io_denied(self, ino: int, want: int) -> bool:
+        """READ or WRITE with a special stateid against another head's deny modes."""
+        may_block("reading the other heads' holdings")
+        registry = self.registry
+        return self.catalog.run(
+            lambda conn: any(r.deny & want for r in registry.holdings_of_live(conn, ino)),
+            tracked=True,
+        )
+
+    # -- releases -------------------------------------------------------------------------------
+    def changed(self, ino: int) -> None:
+        """What this head holds on ``ino`` shrank: its row is written by the next flush."""
+        first = not self.dirty
+        self.dirty.add(ino)
+        if first and self.submit is not None:
+            try:
+                self.submit(self.flush_quietly)
+            except RuntimeError:  # the server is stopping; the row goes with the head's
+                pass
+
+    def flush(self) -> None:
+        """Write the rows of the files whose holdings shrank (one transaction)."""
+        core = self.core
+        with core.lock:
+            if not self.dirty:
+                return
+            inos = sorted(self.dirty)
+            summaries = [(ino, self.summary(ino)) for ino in inos]
+
+            def work(conn):
+                for ino, summary in summaries:
+                    self._write(conn, ino, summary)
+
+            self.catalog.run(work, tracked=True)
+            self.dirty.difference_update(inos)
+
+    def flush_quietly(self) -> None:
+        try:
+            self.flush()
+        except Exception as exc:  # noqa: BLE001 - the housekeeping flushes again
+            log.info("holdings not written yet (%s): retried by the housekeeping", exc)
+
+
+def _lock_hit(rows, start: int, end: int, locktype: int):
+    write = locktype in _WRITES
+    for row in rows:
+        for r0, r1, rtype, clientid, nlm, owner in json.loads(row.locks):
+            if start < r1 and r0 < end and (write or rtype in _WRITES):
+                holder = ForeignLock(
+                    ForeignClient(clientid, b"nlm:" if nlm else b""), bytes.fromhex(owner), row.head
+                )
+                return holder, r0, r1, rtype
+    return None

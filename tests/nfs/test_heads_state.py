@@ -1,0 +1,157 @@
+"""NFSv4 locks and share reservations across heads (appliance/nfs/state/holdings.py,
+docs/nfs-state.md): two NFS servers of one process, each a head of its own ([heads] index 0
+and 1) over one catalog, SQLite and PostgreSQL, with raw NFSv4.1 requests: a lock through one
+head denies a conflicting LOCK and LOCKT through the other until it is released; an OPEN that
+denies writing refuses the other head's OPEN for writing until it is closed; a head that
+stops beating is expired by the other after a lease, its locks with it."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+from nfs4_rawclient import RawClient, open_args
+from nfs4_support import MiB, Stack, add_export, start_server
+
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4 import types as t
+
+LEASE = 2
+
+
+@pytest.fixture
+def two_heads(tmp_path, catalog_url):
+    stack = Stack(
+        tmp_path, drive_size=24 * MiB, zone_size=2 * MiB, fragment_size=64 * 1024, url=catalog_url
+    )
+    add_export(stack.catalog)
+    heads = [
+        start_server(stack, head_index=i, lease_seconds=LEASE, grace_seconds=0) for i in (0, 1)
+    ]
+    yield heads
+    for head in heads:
+        head.stop()
+    stack.close()
+    shutil.rmtree(tmp_path / "drives", ignore_errors=True)
+
+
+def _lock(raw, fh, open_sid, start, length, owner, locktype=c.WRITE_LT):
+    locker = (
+        True,
+        t.open_to_lock_owner4.cls(0, open_sid, 0, t.state_owner4.cls(raw.clientid, owner)),
+    )
+    return raw.session(
+        [(c.OP_PUTFH, fh), (c.OP_LOCK, t.ARGS[c.OP_LOCK](locktype, False, start, length, locker))]
+    )
+
+
+def _open(raw, name, owner, *, deny=0, create=False):
+    st, res = raw.session(
+        [
+            (c.OP_PUTFH, raw.root_fh()),
+            (c.OP_OPEN, open_args(name, owner, raw.clientid, deny=deny, create=create)),
+            (c.OP_GETFH, None),
+        ]
+    )
+    if st:
+        return st, None, None
+    return st, res[-1][2], res[2][2].stateid
+
+
+def test_a_lock_through_one_head_denies_the_other_until_released(two_heads):
+    a = RawClient(two_heads[0].port).setup()
+    b = RawClient(two_heads[1].port).setup()
+    try:
+        fh, sid_a = a.open_new("locked", b"oa")
+        _, fh_b, sid_b = _open(b, "locked", b"ob")
+        assert fh_b == fh  # one namespace, one handle
+        st, res = _lock(a, fh, sid_a, 0, 100, b"la")
+        assert st == 0, st
+        lock_sid = res[-1][2]
+        # B's conflicting LOCK: DENIED, naming A's lock; a range beside it is granted
+        st, res = _lock(b, fh, sid_b, 50, 10, b"lb")
+        assert st == c.NFS4ERR_DENIED
+        denied = res[-1][2]
+        assert (denied.offset, denied.length, denied.locktype) == (0, 100, c.WRITE_LT)
+        assert denied.owner.owner == b"la"
+        lockt = (
+            c.OP_LOCKT,
+            t.ARGS[c.OP_LOCKT](c.READ_LT, 99, 1, t.state_owner4.cls(b.clientid, b"lb")),
+        )
+        assert b.session([(c.OP_PUTFH, fh), lockt])[0] == c.NFS4ERR_DENIED
+        st, res = _lock(b, fh, sid_b, 100, 10, b"lb")
+        assert st == 0, st
+        # and A is refused B's range
+        lockt_a = (
+            c.OP_LOCKT,
+            t.ARGS[c.OP_LOCKT](c.WRITE_LT, 105, 1, t.state_owner4.cls(a.clientid, b"la")),
+        )
+        assert a.session([(c.OP_PUTFH, fh), lockt_a])[0] == c.NFS4ERR_DENIED
+        # released through A: B gets it at once (LOCKU writes the holdings before its reply)
+        locku = (c.OP_LOCKU, t.ARGS[c.OP_LOCKU](c.WRITE_LT, 0, lock_sid, 0, 100))
+        assert a.session([(c.OP_PUTFH, fh), locku])[0] == 0
+        assert b.session([(c.OP_PUTFH, fh), lockt])[0] == 0
+        st, _ = _lock(b, fh, sid_b, 0, 100, b"lb2")
+        assert st == 0, st
+    finally:
+        a.close()
+        b.close()
+
+
+def test_an_open_that_denies_through_one_head_refuses_the_other(two_heads):
+    a = RawClient(two_heads[0].port).setup()
+    b = RawClient(two_heads[1].port).setup()
+    try:
+        a.open_new("shared", b"first")  # made, then opened again with a deny
+        st, _, _ = _open(a, "shared", b"denier", deny=c.OPEN4_SHARE_DENY_WRITE)
+        assert st == c.NFS4ERR_SHARE_DENIED  # its own first open writes: the rule, locally
+        st, _ = a.session([(c.OP_PUTFH, a.root_fh()), (c.OP_REMOVE, "shared")])
+        assert st == 0
+        st, fh, sid = _open(a, "held", b"denier", deny=c.OPEN4_SHARE_DENY_WRITE, create=True)
+        assert st == 0, st
+        # B's OPEN for writing: SHARE_DENIED; for reading only: granted
+        assert _open(b, "held", b"writer")[0] == c.NFS4ERR_SHARE_DENIED
+        read_only = open_args(
+            "held", b"reader", b.clientid, access=c.OPEN4_SHARE_ACCESS_READ, create=False
+        )
+        assert b.session([(c.OP_PUTFH, b.root_fh()), (c.OP_OPEN, read_only)])[0] == 0
+        # B's reader now holds READ: A may not deny reading any more
+        st, _, _ = _open(a, "held", b"deny-read", deny=c.OPEN4_SHARE_DENY_READ)
+        assert st == c.NFS4ERR_SHARE_DENIED
+        # A closes: B's writer gets through
+        close = (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](0, sid))
+        assert a.session([(c.OP_PUTFH, fh), close])[0] == 0
+        assert _open(b, "held", b"writer")[0] == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_head_that_stops_beating_loses_its_locks_after_a_lease(two_heads):
+    head_a, head_b = two_heads
+    a = RawClient(head_a.port).setup()
+    b = RawClient(head_b.port).setup()
+    try:
+        fh, sid_a = a.open_new("orphan", b"oa")
+        assert _lock(a, fh, sid_a, 0, 10, b"la")[0] == 0
+        _, _, sid_b = _open(b, "orphan", b"ob")
+        assert _lock(b, fh, sid_b, 0, 10, b"lb")[0] == c.NFS4ERR_DENIED
+        # head A stops beating (as a killed process): B refuses for up to a lease, then
+        # expires A and grants
+        head_a.server.state.heads.beat = lambda: True  # the row stays as it was
+        stopped = time.monotonic()
+        deadline = stopped + 4 * LEASE
+        while time.monotonic() < deadline:
+            st, _ = _lock(b, fh, sid_b, 0, 10, b"lb")
+            if st == 0:
+                break
+            assert st == c.NFS4ERR_DENIED
+            time.sleep(0.2)
+        assert st == 0
+        # not before B watched A's counter stand still for a lease (B notices a beat at its
+        # own beat, up to two periods of lease / 6 apart)
+        assert time.monotonic() - stopped >= LEASE / 2
+    finally:
+        a.close()
+        b.close()
