@@ -607,6 +607,17 @@ OPTIONS: list[Option] = [
     ),
     Option(
         "heads",
+        "processes",
+        "int",
+        1,
+        "Head processes `shingle serve` runs on this host behind its one NFS port, each client "
+        "host served by one of them (docs/heads.md); `serve --heads N` overrides. 1: one "
+        "process.",
+        minimum=1,
+        maximum=256,
+    ),
+    Option(
+        "heads",
         "index",
         "int",
         0,

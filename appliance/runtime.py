@@ -9,6 +9,7 @@ import grp
 import logging
 import os
 import pwd
+import socket
 import subprocess
 import sys
 import threading
@@ -304,6 +305,8 @@ class Daemon:
         smb_host: str | None = None,
         mount: str | None = None,
         announce: Callable[[str], None] = lambda line: print(line, flush=True),
+        handoff: socket.socket | None = None,
+        lock_dir: Path | None = None,
     ):
         from appliance.daemonlock import DaemonLock
 
@@ -315,7 +318,11 @@ class Daemon:
         self.smb_host = smb_host or config.get("smb.host")
         self.mountpoint = mount
         self.announce = announce
-        self.lock = DaemonLock(config.data_dir)
+        # one head of `shingle serve --heads` (appliance/heads.py): its connections come over
+        # ``handoff``, its lock is its own (the listener holds the data folder's)
+        self.handoff = handoff
+        self.listener_gone = False
+        self.lock = DaemonLock(lock_dir if lock_dir is not None else config.data_dir)
         self.appliance: Appliance | None = None
         self.server: NfsServerThread | None = None
         self.maintenance: Maintenance | None = None
@@ -338,6 +345,10 @@ class Daemon:
             )
         try:
             self.start()
+            if self.handoff is not None:
+                from appliance.nfs.handoff import READY
+
+                self.handoff.send(READY)
             return self.watch(stop)
         finally:
             self.stop()
@@ -366,6 +377,9 @@ class Daemon:
         heap = HeapTrim(self.activity)
         while not stop.wait(1.0):
             heap.tick()
+            if self.listener_gone:
+                daemon_log.error("the heads' listener is gone; stopping")
+                return 1
             if self.web is not None and self.web.poll() is not None:
                 daemon_log.error("web UI exited with status %s; stopping", self.web.returncode)
                 return 1
@@ -416,6 +430,8 @@ class Daemon:
             krb5_keytab=config.get("nfs.krb5_keytab"),
             krb5_principal=config.get("nfs.krb5_principal"),
             idmap_domain=config.get("nfs.idmap_domain"),
+            handoff=self.handoff,
+            on_listener_gone=self.on_listener_gone,
         )
         server.start()
         daemon_log.info("NFS server listening on %s:%d", host, server.port)
@@ -430,6 +446,9 @@ class Daemon:
             f"vers=3,port={server.port},mountport={server.port},mountproto=tcp {host}:/export "
             f"/mnt/shingle   (locks: NLM via the port mapper on port {server.server.portmap_port})"
         )
+
+    def on_listener_gone(self) -> None:
+        self.listener_gone = True
 
     def pnfs_role(self, appliance: Appliance):
         """This head's pNFS role ([pnfs], docs/pnfs.md); a metadata server publishes its data

@@ -3,6 +3,7 @@ smbd` (shingle-smbd.service: smbd as root over the daemon's namespace)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import threading
@@ -15,23 +16,79 @@ def cmd_serve(args) -> int:
     from appliance.runtime import Daemon, DaemonBusy
 
     config = load_config(args)
-    log_mod.configure(config.get("logging.level"))
+    log_mod.configure(
+        config.get("logging.level"), head=int(args.head.split("/")[0]) if args.head else None
+    )
+    heads = args.heads if args.heads is not None else config.get("heads.processes")
+    if args.head is None:
+        check_heads(config, heads)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    daemon = Daemon(
-        config,
-        nfs_port=args.nfs_port,
-        web_port=args.web_port,
-        web=not args.no_web,
-        smb_port=args.smb_port,
-        smb_host=args.smb_host,
-        mount=args.mount,
-    )
+    head = {}
+    if args.head is not None:
+        config, head = head_of_heads(args, config)
     try:
+        if args.head is None and heads > 1:
+            return serve_heads(args, config, heads, stop)
+        daemon = Daemon(
+            config,
+            nfs_port=args.nfs_port,
+            web_port=args.web_port,
+            web=not args.no_web,
+            smb_port=args.smb_port,
+            smb_host=args.smb_host,
+            mount=args.mount,
+            **head,
+        )
         return daemon.run(stop)
     except DaemonBusy as exc:
         raise UsageError(str(exc)) from None
+
+
+def check_heads(config, count: int) -> None:
+    from appliance.heads import HeadsError, check_config
+
+    try:
+        check_config(config, count)
+    except HeadsError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def serve_heads(args, config, count: int, stop: threading.Event) -> int:
+    """The listener of --heads N (appliance/heads.py); head 0 gets the web UI and SMB options."""
+    from appliance.heads import Heads
+
+    passed = []
+    for flag, value in (
+        ("--web-port", args.web_port),
+        ("--smb-port", args.smb_port),
+        ("--smb-host", args.smb_host),
+        ("--mount", args.mount),
+    ):
+        if value is not None:
+            passed += [flag, str(value)]
+    if args.no_web:
+        passed.append("--no-web")
+    return Heads(config, count, nfs_port=args.nfs_port, child_args=passed).run(stop)
+
+
+def head_of_heads(args, config) -> tuple:
+    """(the config, the Daemon's arguments) of one head started by the listener of --heads
+    (hidden options)."""
+    import socket
+
+    from appliance.heads import head_config, head_lock_dir
+
+    index, count = (int(n) for n in args.head.split("/"))
+    mode, port = args.portmap.rsplit(":", 1)
+    if index != 0 and (args.smb_port is not None or args.mount is not None):
+        raise UsageError("only head 0 serves SMB and the local mount")
+    return head_config(config, index, count, mode, int(port)), {
+        "handoff": socket.socket(fileno=args.handoff_fd),
+        "lock_dir": head_lock_dir(config.data_dir, index),
+        "announce": lambda line: None,  # the listener tells where to connect
+    }
 
 
 def cmd_smbd(args) -> int:
@@ -57,6 +114,16 @@ def register(sub) -> None:
     p.add_argument(
         "--mount", help="local POSIX mount of the namespace (default with SMB: DATA_DIR/smb/mount)"
     )
+    p.add_argument(
+        "--heads",
+        type=int,
+        help="head processes behind the one NFS port (else heads.processes; docs/heads.md)",
+    )
+    # a head started by the listener of --heads: its index/count, the channel its connections
+    # come over, the port mapper's mode:port
+    p.add_argument("--head", help=argparse.SUPPRESS)
+    p.add_argument("--handoff-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--portmap", default="off:0", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser(

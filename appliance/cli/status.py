@@ -10,6 +10,7 @@ from engine.base.units import format_size
 
 
 def cmd_status(args) -> int:
+    from appliance.heads import read_status
     from appliance.runtime import open_catalog
     from appliance.status import gather, leader_report, smb_report
 
@@ -20,6 +21,7 @@ def cmd_status(args) -> int:
         add_device_errors(report["drives"], catalog)
         report["smb"] = smb_report(config.data_dir, catalog)
         report["leader"] = leader_report(catalog, config)
+        report["heads"] = read_status(config.data_dir)
     finally:
         catalog.close()
     if args.json:
@@ -95,6 +97,23 @@ def print_report(report: dict) -> None:
     leader = leader_line(report.get("leader"))
     if leader is not None:
         print(f"leader    {leader}")
+    if report.get("heads"):
+        print(f"heads     {heads_line(report['heads'])}")
+
+
+def heads_line(heads: dict) -> str:
+    """`serve --heads N`: who serves the port, and how often each head was started again."""
+    parts = []
+    for head in heads["heads"]:
+        state = "serving" if head["alive"] and head["serving"] else "starting"
+        if not head["alive"] and not head["serving"]:
+            state = "down"
+        restarts = f", {head['restarts']} restarts" if head["restarts"] else ""
+        parts.append(f"{head['index']} {state} (pid {head['pid']}{restarts})")
+    return (
+        f"{heads['count']} on {heads['host']}:{heads['port']} (listener pid {heads['pid']}): "
+        + "; ".join(parts)
+    )
 
 
 def register(sub) -> None:

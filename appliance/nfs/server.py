@@ -22,6 +22,7 @@ from typing import Any
 from appliance.nfs import portmap as pmap
 from appliance.nfs.exports import ExportTable
 from appliance.nfs.fh import HandleCodec
+from appliance.nfs.handoff import HandedListener
 from appliance.nfs.nlm import types as nlm_types
 from appliance.nfs.nlm.manager import NlmManager
 from appliance.nfs.nlm.nsm import NsmMonitor, NsmProgram
@@ -49,7 +50,7 @@ FD_RESERVE = 256  # descriptors kept for drives, the catalog and logs beside the
 STATFS_TTL = 2.0
 EXPORTS_TTL = 5.0
 NLM_TICK = 1.0  # blocked NLM locks see an NFSv4 unlock within this
-PORTMAP_MODES = ("auto", "serve", "register", "off")
+PORTMAP_MODES = ("auto", "serve", "register", "off", "handed")
 
 
 class _Call:
@@ -253,12 +254,18 @@ class NfsServer:
         krb5_keytab: str = "",
         krb5_principal: str = "",
         idmap_domain: str = "",
+        handoff: socket.socket | None = None,
+        on_listener_gone=None,
     ):
         """``portmap``: "serve" answers PMAP on ``portmap_port`` (0: any free port),
         "register" registers NFS, MOUNT, NLM and NSM with the rpcbind there, "auto" does the
         one that fits (register when an rpcbind answers), "off" only answers PMAP on ``port``.
         ``nsm_name``: this server's name in SM_NOTIFY (default: ``host``, or the host name
-        when listening on all addresses). ``client_rpcbind_port``: where clients' port mappers
+        when listening on all addresses); "handed": the listener of ``shingle serve --heads``
+        serves ``portmap_port`` and hands its connections over like the NFS port's.
+        ``handoff``: connections come over this channel from that listener (appliance/nfs/
+        handoff.py) instead of from a socket of this server's; ``on_listener_gone`` runs when
+        the listener closes it. ``client_rpcbind_port``: where clients' port mappers
         are asked for their NLM and NSM services (callbacks). ``pnfs``: this head's pNFS role
         (appliance/nfs/pnfs.py; default: none). ``head_index``: this head's number among several
         over one catalog ([heads] index when count > 1): its server owner then differs from the
@@ -288,6 +295,8 @@ class NfsServer:
         )
         self.client_rpcbind_port = client_rpcbind_port
         self.pnfs = pnfs if pnfs is not None else Pnfs()
+        self.handoff = handoff
+        self.on_listener_gone = on_listener_gone or (lambda: None)
         # NFSv4 owners by name are user@idmap_domain (the host's DNS domain, as idmapd's default)
         self.idmap_domain = idmap_domain or default_idmap_domain()
         # RPCSEC_GSS: only with a keytab (gssapi is imported then, not before)
@@ -325,7 +334,7 @@ class NfsServer:
         # set by start()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pool: NfsWorkers | None = None
-        self._server: asyncio.Server | None = None
+        self._server: asyncio.Server | HandedListener | None = None
         self._housekeeper: asyncio.Future[None] | None = None
         self._nlm_ticker: asyncio.Future[None] | None = None
         self._head_beats: asyncio.Future[None] | None = None
@@ -379,21 +388,22 @@ class NfsServer:
             if prog != pmap.PMAP_PROGRAM
             for vers in program.versions
         }
-        pmap_port = self.portmap_port if self._portmap_server is not None else self.port
+        pmap_port = self.portmap_port if self.serves_portmap else self.port
         for vers in pmap.PortmapProgram.versions:
             table[(pmap.PMAP_PROGRAM, vers, tcp)] = pmap_port
         return table
+
+    @property
+    def serves_portmap(self) -> bool:
+        """The port mapper answers on portmap_port: ours, or the heads' listener's."""
+        return self._portmap_server is not None or self.portmap_mode == "handed"
 
     def callback_reaches_self(self, address: str) -> bool:
         """True when a callback to ``address`` would ask this server's own port mapper (a
         client behind NAT on this host, such as a VM on user-mode networking): it would
         call this server back instead of the client."""
         local = address.startswith("127.") or address in ("::1", self.host)
-        return (
-            local
-            and self._portmap_server is not None
-            and self.client_rpcbind_port == self.portmap_port
-        )
+        return local and self.serves_portmap and self.client_rpcbind_port == self.portmap_port
 
     def holds_state(self, conn) -> bool:
         """A connection holds state when an NFSv4.1 session that still exists is bound to it
@@ -478,10 +488,16 @@ class NfsServer:
         self.nlm = NlmManager(
             self, monitor, grace_seconds=grace, client_rpcbind_port=self.client_rpcbind_port
         )
-        server = self._server = await loop.create_server(
-            lambda: RpcConnection(self), self.host, self.port, reuse_address=True, backlog=256
-        )
-        self.port = server.sockets[0].getsockname()[1]
+        if self.handoff is not None:  # one of the heads behind `shingle serve --heads`
+            handed = self._server = HandedListener(
+                self.handoff, lambda: RpcConnection(self), self.on_listener_gone
+            )
+            handed.start()
+        else:
+            server = self._server = await loop.create_server(
+                lambda: RpcConnection(self), self.host, self.port, reuse_address=True, backlog=256
+            )
+            self.port = server.sockets[0].getsockname()[1]
         await run(pool, self.state.delegations.start, f"{self.nsm_name}:{self.port}")
         await self._start_portmap()
         self._housekeeper = asyncio.ensure_future(self._housekeeping())
@@ -536,7 +552,7 @@ class NfsServer:
 
     async def _start_portmap(self) -> None:
         mode = self.portmap_mode
-        if mode == "off":
+        if mode in ("off", "handed"):
             return
         loop = self.loop
         assert loop is not None  # start() runs this
