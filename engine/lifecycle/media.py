@@ -342,6 +342,59 @@ def move_fragments(conn, moves: list[tuple[int, int, int, Placement]]) -> list[i
     return moved
 
 
+def add_fragments(conn, adds: list[tuple[int, int, Placement]]) -> list[tuple[int, int]]:
+    """Record each (stripe id, fragment index, placement) as a new fragment of a stripe that was
+    born without it (written while too few drives or hosts were there), and move its live share
+    from the zone's garbage (``record_appends`` counted the appended bytes as garbage) to its
+    live bytes. A stripe gone or dead since it was read, or an index another job filled
+    meanwhile, is left alone and the new copy stays garbage. Returns the (stripe, index) added."""
+    if not adds:
+        return []
+    stripe_ids = sorted({stripe_id for stripe_id, _idx, _p in adds})
+    stripes = _rows_by_id(
+        conn,
+        select(STRIPES.c.id, STRIPES.c.live_bytes, STRIPES.c.data_length),
+        STRIPES.c.id,
+        stripe_ids,
+    )
+    taken: set[tuple[int, int]] = set()
+    for part in range(0, len(stripe_ids), 400):
+        taken.update(
+            (r.stripe_id, r.idx)
+            for r in conn.execute(
+                select(FRAGMENTS.c.stripe_id, FRAGMENTS.c.idx).where(
+                    FRAGMENTS.c.stripe_id.in_(stripe_ids[part : part + 400])
+                )
+            )
+        )
+    rows, added = [], []
+    zone_delta: dict[int, int] = {}
+    for stripe_id, idx, p in adds:
+        stripe = stripes.get(stripe_id)
+        if stripe is None or stripe.live_bytes <= 0 or (stripe_id, idx) in taken:
+            continue
+        taken.add((stripe_id, idx))
+        rows.append(
+            {
+                "stripe_id": stripe_id,
+                "idx": idx,
+                "drive_id": p.drive_id,
+                "zone_id": p.zone_id,
+                "zone_offset": p.offset,
+                "length": p.length,
+                "checksum": p.checksum,
+            }
+        )
+        share = live_share(p.length, stripe.live_bytes, stripe.data_length)
+        if share:
+            zone_delta[p.zone_id] = zone_delta.get(p.zone_id, 0) + share
+        added.append((stripe_id, idx))
+    if rows:
+        conn.execute(FRAGMENTS.insert(), rows)
+    _apply_moves(conn, [], zone_delta)
+    return added
+
+
 def _rows_by_id(conn, query, id_column, ids: list[int]) -> dict:
     """Rows of ``query`` whose ``id_column`` is in ``ids``, by id (in chunks: bound parameters
     are limited)."""

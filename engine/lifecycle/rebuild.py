@@ -7,6 +7,9 @@
 - A fragment on a ``draining`` drive is copied as it is (checksum verified; rebuilt
   if bad) to such a drive. When a draining drive holds no fragment any more it
   becomes ``removed`` (event ``drive.drained``).
+- A stripe born short of its width (written while drives or hosts were away, or one of
+  its appends failed: the write quorum let it commit) gets its absent fragments rebuilt
+  and recorded, spread over hosts the same way (not in a drain, which moves one drive's).
 
 Stripes are processed in batches: the batch's fragments are written in parallel
 (one writer per drive) and repointed in one durable transaction. The job is rate
@@ -22,20 +25,23 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from sqlalchemy import func, select
+from sqlalchemy.engine import Connection
 
 from engine.admin.events import record, record_in
 from engine.base import errors
 from engine.base.ordered_lock import lock
 from engine.catalog.database import Catalog
-from engine.catalog.models import Drive, Fragment
+from engine.catalog.models import Drive, Fragment, Stripe
+from engine.coding.erasure import INLINE
 from engine.lifecycle import drives as drive_states
 from engine.lifecycle.hosts import host_name, spread_targets
 from engine.lifecycle.media import Media, media_for
 from engine.lifecycle.pacing import Progress, RateLimiter, Tracker
-from engine.lifecycle.repair import Reconstructor, load_stripes, relocate
+from engine.lifecycle.repair import Reconstructor, StripeRow, complete, load_stripes, relocate
 
 FRAGMENTS = Fragment.__table__
 DRIVES = Drive.__table__
+STRIPES = Stripe.__table__
 LOST_STATES = (drive_states.FAILED, drive_states.REMOVED)
 STRIPES_PER_BATCH = 128
 STRIPE_THREADS = 4
@@ -101,6 +107,38 @@ def pending_work(
     return catalog.read(work)
 
 
+def short_stripes_query():
+    """Live stripes on drives with fewer fragments than their width: (id, absent fragments,
+    bytes of those)."""
+    count = func.count(FRAGMENTS.c.id)
+    width = STRIPES.c.k + STRIPES.c.m
+    return (
+        select(
+            STRIPES.c.id,
+            (width - count).label("absent"),
+            ((width - count) * STRIPES.c.fragment_length).label("nbytes"),
+        )
+        .select_from(STRIPES.outerjoin(FRAGMENTS, FRAGMENTS.c.stripe_id == STRIPES.c.id))
+        .where(STRIPES.c.live_bytes > 0, STRIPES.c.layout != INLINE)
+        .group_by(STRIPES.c.id, STRIPES.c.k, STRIPES.c.m, STRIPES.c.fragment_length)
+        .having(count < width)
+    )
+
+
+def short_work(conn: Connection) -> tuple[int, int, int]:
+    """(stripes, fragments, bytes) absent from stripes born short of their width."""
+    found = short_stripes_query().subquery()
+    row = conn.execute(
+        select(
+            func.count(),
+            func.coalesce(func.sum(found.c.absent), 0),
+            func.coalesce(func.sum(found.c.nbytes), 0),
+        ).select_from(found)
+    ).one()
+    stripes, fragments, nbytes = (int(v) for v in row)
+    return stripes, fragments, nbytes
+
+
 class Rebuilder:
     def __init__(self, datapath, catalog: Catalog, *, bytes_per_s: float | None = None):
         self.dp = datapath
@@ -122,6 +160,8 @@ class Rebuilder:
         report = RebuildReport()
         only = {drive_id} if drive_id is not None else set(drive_ids) if drive_ids else None
         _stripes, _fragments, nbytes = pending_work(self.catalog, only)
+        if only is None:
+            nbytes += self.catalog.read(short_work)[2]
         tracker = Tracker(nbytes, progress, "rebuild")
         media = media_for(self.dp)
         fixer = Reconstructor(media)
@@ -150,6 +190,8 @@ class Rebuilder:
                     break
                 done.update(stripes)
                 self._batch(list(stripes.values()), states, media, fixer, report, tracker, only)
+            if only is None:
+                self._complete_short(done, media, fixer, report, tracker)
             self._finish_drains(report, actor)
         finally:
             media.finish()
@@ -175,9 +217,35 @@ class Rebuilder:
         )
         return report
 
+    def _complete_short(
+        self, done: set[int], media: Media, fixer: Reconstructor, report, tracker: Tracker
+    ) -> None:
+        """Stripes born short of their width, not among ``done`` (the stripes the lost drives'
+        pass handled, absent fragments included): their absent fragments rebuilt."""
+        after = 0
+        while True:
+
+            def next_batch(conn, after=after):
+                query = (
+                    short_stripes_query()
+                    .where(STRIPES.c.id > after)
+                    .order_by(STRIPES.c.id)
+                    .limit(STRIPES_PER_BATCH)
+                )
+                ids = [r.id for r in conn.execute(query)]
+                states = dict(conn.execute(select(DRIVES.c.id, DRIVES.c.state)).all())
+                return ids, load_stripes(conn, [i for i in ids if i not in done]), states
+
+            ids, stripes, states = self.catalog.read(next_batch)
+            if not ids:
+                return
+            after = max(ids)
+            if stripes:
+                self._batch(list(stripes.values()), states, media, fixer, report, tracker, None)
+
     def _prepare(self, stripe, states, media: Media, fixer: Reconstructor, only: set[int] | None):
-        """(lost indexes, {index: bytes} to write) for one stripe; raises
-        IOFailure if beyond repair."""
+        """(lost indexes, {index: bytes} to write) for one stripe (its absent fragments too,
+        unless only some drives' are wanted); raises IOFailure if beyond repair."""
         lost, drain = [], {}
         for idx, fragment in stripe.fragments.items():
             state = states.get(fragment.drive_id)
@@ -193,6 +261,8 @@ class Rebuilder:
                     lost.append(idx)
                 else:
                     drain[idx] = data
+        if only is None:
+            lost += stripe.absent()
         rebuilt = fixer.rebuild(stripe, lost, good=drain) if lost else {}
         return lost, {**drain, **rebuilt}
 
@@ -206,7 +276,8 @@ class Rebuilder:
         tracker: Tracker,
         only: set[int] | None,
     ) -> None:
-        moves_by_class: dict[str, list] = {}
+        moves_by_class: dict[str, list] = {}  # fragments to repoint
+        adds_by_class: dict[str, list] = {}  # fragments a stripe was born without
 
         def prepare(stripe):
             try:
@@ -226,27 +297,19 @@ class Rebuilder:
             if not wanted:
                 continue
             report.stripes += 1
-            candidates = media.writable_drives(exclude=stripe.drives(), want=len(wanted))
-            if candidates:
-                # spread the batch over the drives with the most room (an empty replacement drive
-                # takes everything until it has no more room than the others)
-                most = media.empty_zones(candidates[0])
-                top = [d for d in candidates if media.empty_zones(d) >= most - 1]
-                shift = n % len(top)
-                candidates = top[shift:] + top[:shift] + candidates[len(top) :]
-                # and over hosts: never two of the stripe's fragments on one host while another
-                # host holds fewer (the failure domains placement keeps, engine/lifecycle/hosts.py)
-                held: dict[str, int] = {}
-                for idx, fragment in stripe.fragments.items():
-                    if idx not in wanted:
-                        host = media.host_of(fragment.drive_id)
-                        held[host] = held.get(host, 0) + 1
-                candidates = spread_targets(candidates, media.host_of, held, len(wanted))
+            candidates = self._targets(stripe, wanted, media, n)
             for target, (idx, data) in zip(candidates, sorted(wanted.items()), strict=False):
-                moves_by_class.setdefault(stripe.band_class, []).append(
-                    (stripe.fragments[idx], data, target, idx in lost)
-                )
+                if idx in stripe.fragments:
+                    moves_by_class.setdefault(stripe.band_class, []).append(
+                        (stripe.fragments[idx], data, target, idx in lost)
+                    )
+                else:
+                    adds_by_class.setdefault(stripe.band_class, []).append(
+                        (stripe, idx, data, target)
+                    )
             report.unplaced += max(len(wanted) - len(candidates), 0)
+        for band_class, adds in adds_by_class.items():
+            self._complete(media, band_class, adds, report, tracker)
         for band_class, moves in moves_by_class.items():
             try:
                 moved = relocate(
@@ -269,6 +332,49 @@ class Rebuilder:
                 report.fragments_moved += sum(1 for *_x, r in moves if not r)
             tracker.add(nbytes)
             self.limiter.spend(nbytes)
+
+    @staticmethod
+    def _targets(stripe: StripeRow, wanted: dict, media: Media, n: int) -> list[int]:
+        """Drives for the ``wanted`` fragments of the batch's ``n``-th stripe, best first."""
+        candidates = media.writable_drives(exclude=stripe.drives(), want=len(wanted))
+        if not candidates:
+            return candidates
+        # spread the batch over the drives with the most room (an empty replacement drive
+        # takes everything until it has no more room than the others)
+        most = media.empty_zones(candidates[0])
+        top = [d for d in candidates if media.empty_zones(d) >= most - 1]
+        shift = n % len(top)
+        candidates = top[shift:] + top[:shift] + candidates[len(top) :]
+        # and over hosts: never two of the stripe's fragments on one host while another
+        # host holds fewer (the failure domains placement keeps, engine/lifecycle/hosts.py)
+        held: dict[str, int] = {}
+        for idx, fragment in stripe.fragments.items():
+            if idx not in wanted:
+                host = media.host_of(fragment.drive_id)
+                held[host] = held.get(host, 0) + 1
+        return spread_targets(candidates, media.host_of, held, len(wanted))
+
+    def _complete(
+        self,
+        media: Media,
+        band_class: str,
+        adds: list[tuple[StripeRow, int, bytes, int]],
+        report: RebuildReport,
+        tracker: Tracker,
+    ) -> None:
+        try:
+            added = complete(media, self.catalog, band_class, adds, purpose="rebuild")
+        except errors.NoSpace:
+            report.unplaced += len(adds)
+            return
+        nbytes = sum(len(data) for _s, _i, data, _t in adds)
+        report.bytes_written += nbytes
+        for _s, _i, data, target in adds:
+            host = host_name(media.host_of(target))
+            report.written_by_host[host] = report.written_by_host.get(host, 0) + len(data)
+        report.fragments_rebuilt += added
+        tracker.add(nbytes)
+        self.limiter.spend(nbytes)
 
     def _finish_drains(self, report: RebuildReport, actor: str) -> None:
         def work(conn):

@@ -7,6 +7,8 @@
   catalog's) or copied from a good replica.
 - ``relocate``: write fragment bytes to new places and repoint the fragments in one
   durable catalog transaction, moving their live share between zones.
+- ``complete``: write the fragments a stripe was born without (too few drives or hosts at its
+  write) and record them in one durable catalog transaction.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from engine.base import errors
 from engine.base.ordered_lock import lock
 from engine.catalog.models import Fragment, Stripe
 from engine.datapath.accounting import chunks
-from engine.lifecycle.media import Media, move_fragments
+from engine.lifecycle.media import Media, add_fragments, move_fragments
 
 FRAGMENTS = Fragment.__table__
 STRIPES = Stripe.__table__
@@ -70,6 +72,11 @@ class StripeRow:
 
     def drives(self) -> set[int]:
         return {f.drive_id for f in self.fragments.values()}
+
+    def absent(self) -> list[int]:
+        """Indexes the stripe has no fragment of: it was written on fewer drives than its width
+        (drives or hosts away at its write), or lost them to a write that failed."""
+        return [i for i in range(self.width) if i not in self.fragments]
 
 
 def fragment_row(row) -> FragmentRow:
@@ -223,3 +230,37 @@ def relocate(
     media.settle(placements, committed=True)
     media.dp.invalidate_stripes({f.stripe_id for f, _d, _t in moves})
     return len(moved)
+
+
+def complete(
+    media: Media,
+    catalog,
+    band_class: str,
+    adds: list[tuple[StripeRow, int, bytes, int]],
+    *,
+    purpose: str,
+) -> int:
+    """Write each (stripe, absent index, bytes, target drive) and record it as that stripe's
+    fragment in one durable transaction. Returns how many were recorded; a stripe gone
+    meanwhile, or an index filled meanwhile, is left alone and its new copy is garbage."""
+    if not adds:
+        return 0
+    placements = media.append(
+        band_class, [(drive_id, data) for _s, _i, data, drive_id in adds], purpose=purpose
+    )
+
+    def work(conn):
+        media.record(conn, placements)
+        return add_fragments(
+            conn,
+            [(s.id, idx, p) for (s, idx, _data, _drive), p in zip(adds, placements, strict=True)],
+        )
+
+    try:
+        added = catalog.run(work, durable=True)
+    except BaseException:
+        media.settle(placements, committed=False)
+        raise
+    media.settle(placements, committed=True)
+    media.dp.invalidate_stripes({s.id for s, _i, _d, _t in adds})
+    return len(added)

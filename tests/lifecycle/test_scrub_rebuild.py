@@ -8,7 +8,7 @@ import crc32c
 
 from engine.admin.events import recent
 from engine.lifecycle import drives as drive_states
-from engine.lifecycle.rebuild import drain_drive, pending_work, rebuild
+from engine.lifecycle.rebuild import drain_drive, pending_work, rebuild, short_work
 from engine.lifecycle.scrub import Scrubber
 
 from .conftest import KiB, check_accounting, flip_bits, random_bytes, sha
@@ -162,3 +162,44 @@ def test_rebuild_onto_a_replacement_drive(rig):
     for path, data in files.items():
         assert sha(rig.read_file(path)) == sha(data), path
     check_accounting(rig.catalog)
+
+
+def test_stripes_born_short_of_their_width_are_completed(rig):
+    """Stripes written while too few drives took writes (5 of 8 for 4+2: a host away, say)
+    commit without their last parity fragment; once the drives are back, rebuild writes the
+    absent fragments, on drives the stripe does not use yet, and they decode."""
+    away = rig.drive_ids[:3]
+    for drive_id in away:  # read, never written: as a drive whose agent is cut off
+        drive_states.set_drive_state(rig.catalog, drive_id, "degraded")
+    rig.data.refresh_drive_states()
+    files = {f"/ckpt/short-{i}": random_bytes(130 * KiB + 999 * i, 300 + i) for i in range(4)}
+    for path, data in files.items():
+        rig.write_file(path, data)
+    short = rig.catalog.read(short_work)
+    assert short[0] > 0 and short[1] == short[0]  # one parity fragment absent per warm stripe
+    assert drive_states.redundancy_status(rig.catalog).reduced == short[0]
+    assert not {f.drive_id for f in rig.fragments()} & set(away)
+    for drive_id in away:
+        drive_states.set_drive_state(rig.catalog, drive_id, "online")
+    rig.data.refresh_drive_states()
+
+    report = rebuild(rig.data, rig.catalog, actor="admin")
+    assert (report.stripes, report.fragments_rebuilt, report.bytes_written) == short
+    assert report.unplaced == 0 and not report.unrecoverable
+    assert report.status["reduced"] == 0 and rig.catalog.read(short_work) == (0, 0, 0)
+    by_stripe: dict[int, list[int]] = {}
+    for f in rig.fragments():
+        by_stripe.setdefault(f.stripe_id, []).append(f.drive_id)
+    assert all(len(set(ds)) == len(ds) for ds in by_stripe.values())
+    added = [f for f in rig.fragments() if f.drive_id in away]
+    assert len(added) == short[1]
+    check_accounting(rig.catalog)
+    assert rebuild(rig.data, rig.catalog).fragments_rebuilt == 0  # nothing left to do
+    assert Scrubber(rig.data, rig.catalog).run().bad == 0  # the new fragments' checksums hold
+    # two of the drives written first fail: the stripes decode with their new fragments
+    for drive_id in rig.drive_ids[3:5]:
+        drive_states.fail_drive(rig.catalog, drive_id)
+        shutil.rmtree(rig.data.space.drives[drive_id].path)
+    rig.restart()
+    for path, data in files.items():
+        assert sha(rig.read_file(path)) == sha(data), path
