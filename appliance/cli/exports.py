@@ -133,7 +133,7 @@ def _change_options(p, *, new: bool) -> None:
         "--delegations",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="NFSv4.1/4.2 read delegations of its files (default: on)",
+        help="NFSv4 read delegations of its files (default: on)",
     )
 
 

@@ -34,7 +34,7 @@ class ExportRule:
     anon_uid: int
     anon_gid: int
     root_ino: int = 0
-    delegations: bool = True  # NFSv4.1+ clients may get read delegations of its files
+    delegations: bool = True  # NFSv4 clients may get read delegations of its files
     # the flavours clients may use, in the export's order of preference (SECINFO, MNT list them)
     flavors: tuple[int, ...] = (AUTH_SYS,)
     # every export's folder and the namespace root: what the anonymous uid must not own

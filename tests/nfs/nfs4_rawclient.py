@@ -241,6 +241,7 @@ def open_args(
 
 
 def setclientid_args(ident: bytes, verifier: bytes, netid="tcp", addr="127.0.0.1.3.4"):
-    # the callback address is never called (no delegations), as a VM's client address may be
+    # a port of this host where nothing listens: the server's CB_NULL probe fails, so this
+    # client gets no delegations (tests/nfs/test_delegations40.py gives a working one)
     callback = t.cb_client4.cls(0x40000000, t.clientaddr4.cls(netid, addr))
     return t.ARGS[c.OP_SETCLIENTID](t.nfs_client_id4.cls(verifier, ident), callback, 1)

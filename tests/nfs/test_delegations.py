@@ -154,7 +154,7 @@ def deleg_server(stack):
     srv.stop()
 
 
-def _make_file(port: int, name: str, data: bytes = b"shard") -> None:
+def make_file(port: int, name: str, data: bytes = b"shard") -> None:
     maker = CallbackClient(port, back_channel=False).setup()
     st, res = maker.open_file(name, c.OPEN4_SHARE_ACCESS_BOTH, create=True)
     assert st == 0, st
@@ -183,7 +183,7 @@ def _read_delegation(client: CallbackClient, name: str):
 
 def test_recall_then_return_lets_the_writer_in(deleg_server, stack):
     port = deleg_server.port
-    _make_file(port, "shard0")
+    make_file(port, "shard0")
     reader = CallbackClient(port).setup()
     fh, dsid = _read_delegation(reader, "shard0")
     ino = deleg_server.server.state.delegations.core.states[dsid.other].ino
@@ -217,7 +217,7 @@ def test_recall_then_return_lets_the_writer_in(deleg_server, stack):
 
 def test_ignored_recall_is_revoked_after_a_lease(deleg_server):
     port = deleg_server.port
-    _make_file(port, "shard1")
+    make_file(port, "shard1")
     holder = CallbackClient(port).setup()
     holder.answer = False  # it hears the recall and does nothing
     fh, dsid = _read_delegation(holder, "shard1")
@@ -274,7 +274,7 @@ def _v3_remove(client: RawClient, dir_fh: bytes, name: str) -> int:
 
 def test_nfsv3_remove_waits_for_the_return(deleg_server):
     port = deleg_server.port
-    _make_file(port, "shard2")
+    make_file(port, "shard2")
     holder = CallbackClient(port).setup()
     fh, dsid = _read_delegation(holder, "shard2")
     root = holder.root_fh()  # a v4 handle names the same file in v3
@@ -290,7 +290,7 @@ def test_nfsv3_remove_waits_for_the_return(deleg_server):
 
 def test_backchannel_lost_means_cb_path_down_and_no_delegation(deleg_server):
     port = deleg_server.port
-    _make_file(port, "shard3")
+    make_file(port, "shard3")
     holder = CallbackClient(port).setup()
     assert not holder.sequence_flags() & c.SEQ4_STATUS_CB_PATH_DOWN
     sessionid, clientid, seq = holder.sessionid, holder.clientid, holder.seq
@@ -321,7 +321,7 @@ def test_export_without_delegations(stack):
     )
     srv = start_server(stack, lease_seconds=LEASE)
     try:
-        _make_file(srv.port, "plain")
+        make_file(srv.port, "plain")
         reader = CallbackClient(srv.port).setup()
         st, res = reader.open_file("plain", c.OPEN4_SHARE_ACCESS_READ)
         assert st == 0 and res[2][2].delegation[0] == c.OPEN_DELEGATE_NONE
@@ -334,7 +334,7 @@ def test_a_restart_forgets_its_own_rows_not_another_heads(stack):
     add_export(stack.catalog)
     srv = start_server(stack, lease_seconds=LEASE)
     port = srv.port
-    _make_file(port, "shard4")
+    make_file(port, "shard4")
     holder = CallbackClient(port).setup()
     _, dsid = _read_delegation(holder, "shard4")
     ino = srv.server.state.delegations.core.states[dsid.other].ino

@@ -204,7 +204,7 @@ def test_open_confirm(server):
     root = raw.root_fh40()
     st, ok, fh = open40(raw, root, "new-owner", b"owner", 7)
     assert st == 0 and ok.rflags & c.OPEN4_RESULT_CONFIRM
-    assert ok.delegation == (c.OPEN_DELEGATE_NONE, None)  # never a delegation: no callbacks
+    assert ok.delegation == (c.OPEN_DELEGATE_NONE, None)  # its callback address does not answer
     # the open is not usable before OPEN_CONFIRM
     assert read(raw, fh, ok.stateid) == c.NFS4ERR_BAD_STATEID
     confirm = t.ARGS[c.OP_OPEN_CONFIRM](ok.stateid, 8)

@@ -1,9 +1,10 @@
-"""Read delegations (RFC 8881 10.2, 10.4): a client that opens a file for reading, when no
-one has it open for writing and its session has a usable backchannel, may cache the file
-(data and attributes) and open it again without asking, until the server recalls it.
+"""Read delegations (RFC 8881 10.2, 10.4; RFC 7530 10.2): a client that opens a file for
+reading, when no one has it open for writing and it has a usable callback path (an NFSv4.1
+session's backchannel, or the NFSv4.0 callback address that answered CB_NULL), may cache the
+file (data and attributes) and open it again without asking, until the server recalls it.
 
 Rules:
-  - granted on an NFSv4.1/4.2 OPEN for read (no delegation while any open of the file writes
+  - granted on an OPEN for read (no delegation while any open of the file writes
     or denies reading, while another client's delegation of it is being recalled, or for one
     lease after a conflict recalled one: the file is contended);
   - a conflicting request (``conflict``: another client's OPEN for write, SETATTR, REMOVE,
@@ -12,7 +13,9 @@ Rules:
     the holder returned it (DELEGRETURN);
   - a holder that has not returned it one lease after the recall is revoked: its stateid then
     gets NFS4ERR_DELEG_REVOKED and SEQUENCE says RECALLABLE_STATE_REVOKED until the client
-    frees it (FREE_STATEID); a holder whose lease ran out goes with all its state at once.
+    frees it (FREE_STATEID); an NFSv4.0 holder gets NFS4ERR_BAD_STATEID (no FREE_STATEID
+    there; the Linux client then forgets the delegation, as against knfsd); a holder whose
+    lease ran out goes with all its state at once.
 
 Where they live: in this table (the process that serves the client answers its requests), and
 one settings row per delegation in the catalog (``nfs_delegation_<ino>_<stateid other>``: its
@@ -93,11 +96,23 @@ class Delegations:
 
     @staticmethod
     def backchannel(cl: Client):
+        """The client's callback path if it can take a CB_RECALL now: an NFSv4.0 client's
+        to its SETCLIENTID address, else a session's backchannel; None otherwise."""
+        if cl.minor == c.MINOR_VERSION_40:
+            path = cl.callback_path
+            return path if path is not None and path.usable() else None
         for sess in list(cl.sessions.values()):
             bc = sess.backchannel
             if bc is not None and bc.usable():
                 return bc
         return None
+
+    def holds_any(self, cl: Client) -> bool:
+        """Whether ``cl`` holds a delegation (not one revoked)."""
+        with self.core.lock:
+            return any(
+                getattr(self.core.states.get(other), "kind", "") == "deleg" for other in cl.states
+            )
 
     # -- grant and return --------------------------------------------------------------------------
     def grant(self, cl: Client, ino: int, fh: bytes, opens) -> DelegState | None:
@@ -107,8 +122,7 @@ class Delegations:
         with core.lock:
             held = self.by_file.get(ino, ())
             if (
-                cl.minor == c.MINOR_VERSION_40
-                or any(d.client is cl or d.recalled_at is not None for d in held)
+                any(d.client is cl or d.recalled_at is not None for d in held)
                 or time.monotonic() - self.contended.get(ino, -1e9) < core.lease_seconds
                 or any(
                     st.access & c.OPEN4_SHARE_ACCESS_WRITE or st.deny & c.OPEN4_SHARE_DENY_READ
@@ -260,8 +274,9 @@ class Delegations:
             d.ino,
         )
         self._remove(d)
-        self.revoked[d.other] = d
-        d.client.revoked.add(d.other)
+        if d.client.minor != c.MINOR_VERSION_40:  # NFSv4.0 has no FREE_STATEID: BAD_STATEID
+            self.revoked[d.other] = d
+            d.client.revoked.add(d.other)
         self.counts["revoked"] += 1
 
 

@@ -58,10 +58,14 @@ class Client:
     reclaim_needed: bool = False
     states: set = field(default_factory=set)  # stateid "other" values
     minor: int = 1
-    # NFSv4.0 only: SETCLIENTID's confirm verifier and callback (recorded, never called: no
-    # delegations are granted), and the open/lock-owners by (kind, owner) (state.v40.Owner)
+    # NFSv4.0 only: SETCLIENTID's confirm verifier, callback and callback_ident, the callback
+    # path made from them once confirmed (appliance.nfs.v4.callback40.Callback40: delegations
+    # go only to a client whose path answered CB_NULL), and the open/lock-owners by
+    # (kind, owner) (state.v40.Owner)
     confirm_verifier: bytes = b""
     callback: Any = None  # cb_client4
+    callback_ident: int = 0
+    callback_path: Any = None
     owners: dict = field(default_factory=dict)
     # an NFSv3 lock host (NLM) holds no lease: NSM tells when it restarted
     leased: bool = True

@@ -101,6 +101,8 @@ class StateTable(StateCore):
             except Exception:  # noqa: BLE001 - a leftover record is dropped when it is next restored
                 log.exception("could not drop session record")
         cl.sessions.clear()
+        if cl.callback_path is not None:  # NFSv4.0: its callback connection
+            cl.callback_path.close()
         for other in list(cl.states):
             st = self.states.get(other)
             if isinstance(st, OpenState):

@@ -58,7 +58,13 @@ class Owner:
 
 # -- client records ----------------------------------------------------------------------------
 def setclientid(
-    state: StateTable, ident: bytes, verifier: bytes, principal: tuple, address: str, callback
+    state: StateTable,
+    ident: bytes,
+    verifier: bytes,
+    principal: tuple,
+    address: str,
+    callback,
+    callback_ident: int = 0,
 ) -> Client:
     """An unconfirmed record for SETCLIENTID (RFC 7530 16.33.5): the same client id when a
     confirmed client only updates its callback, a new one otherwise."""
@@ -86,6 +92,7 @@ def setclientid(
             minor=c.MINOR_VERSION_40,
             confirm_verifier=os.urandom(8),
             callback=callback,
+            callback_ident=callback_ident,
         )
         cl.may_reclaim = owner in state.reclaimable
         state.unconfirmed40[clientid] = cl
@@ -104,6 +111,7 @@ def setclientid_confirm(
             conf = state.by_owner.get(new.owner)
             if conf is not None and conf.clientid == clientid:  # a callback update
                 conf.callback, conf.confirm_verifier = new.callback, new.confirm_verifier
+                conf.callback_ident = new.callback_ident
                 conf.last_renew = time.monotonic()
                 return conf
             if conf is not None:  # the client restarted (new verifier): its old state goes
@@ -153,6 +161,8 @@ def missing(state: StateTable, other: bytes) -> NfsError:
 
 
 def open_owner_of(st) -> Owner | None:
+    if st.kind == "deleg":  # a delegation has no open-owner to confirm
+        return None
     key = (OPEN_OWNER, st.owner if st.kind == "open" else st.open.owner)
     return st.client.owners.get(key)
 

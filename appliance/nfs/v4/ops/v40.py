@@ -14,6 +14,7 @@ from appliance.nfs.state import NfsError
 from appliance.nfs.state import v40 as state40
 from appliance.nfs.v4 import attrs as fattr
 from appliance.nfs.v4 import const as c
+from appliance.nfs.v4.callback40 import Callback40
 from appliance.nfs.v4.ops import fs, io, locks, session
 from appliance.nfs.v4.ops.common import resok
 from appliance.nfs.v4.registry import operation40
@@ -27,21 +28,48 @@ def _principal(cx) -> tuple:
 
 @operation40(c.OP_SETCLIENTID)
 def setclientid(cx, a):
-    # the callback is recorded, never called: NFSv4.0 clients get no delegations
+    # the callback is probed once the client id is confirmed (SETCLIENTID_CONFIRM)
     cl = state40.setclientid(
-        cx.state, bytes(a.client.id), a.client.verifier, _principal(cx), cx.address, a.callback
+        cx.state,
+        bytes(a.client.id),
+        a.client.verifier,
+        _principal(cx),
+        cx.address,
+        a.callback,
+        a.callback_ident,
     )
     return resok(c.OP_SETCLIENTID).cls(cl.clientid, cl.confirm_verifier)
 
 
 @operation40(c.OP_SETCLIENTID_CONFIRM)
 def setclientid_confirm(cx, a):
-    state40.setclientid_confirm(cx.state, a.clientid, a.setclientid_confirm, _principal(cx))
+    cl = state40.setclientid_confirm(cx.state, a.clientid, a.setclientid_confirm, _principal(cx))
+    _callback_path(cx, cl)
+
+
+def _callback_path(cx, cl) -> None:
+    """The confirmed client's callback path: probed (CB_NULL, in the background) when new or
+    changed; delegations go to it once it answered. Not for a client that set its id up under
+    RPCSEC_GSS: its callbacks would have to be GSS too, which this server cannot send."""
+    old = cl.callback_path
+    if old is not None and cl.callback is not None and old.same(cl.callback, cl.callback_ident):
+        return
+    if old is not None:
+        old.close()
+    cl.callback_path = None
+    if cl.callback is None or cx.rpc_cred.flavor not in (c.AUTH_NONE, c.AUTH_SYS):
+        return
+    cl.callback_path = Callback40(cl.callback, cl.callback_ident, cl.clientid)
+    cl.callback_path.probe()
 
 
 @operation40(c.OP_RENEW)
 def renew(cx, clientid):
-    state40.client40(cx.state, clientid)
+    cl = state40.client40(cx.state, clientid)
+    # RFC 7530 16.30.4: a client holding delegations learns that they cannot be recalled
+    path = cl.callback_path
+    if (path is None or not path.usable()) and cx.state.delegations.holds_any(cl):
+        raise NfsError(c.NFS4ERR_CB_PATH_DOWN, "the callback path does not answer")
 
 
 # -- owners ------------------------------------------------------------------------------------
