@@ -133,7 +133,8 @@ def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon) -> RigRun:
 
     def on_request(text: str) -> str:
         # "restart-server", "snapshot-create PATH NAME" (PATH in the namespace), or
-        # "deleg-write PATH HEX" (PATH in the export: another client writes it)
+        # "deleg-write PATH HEX" (PATH in the export: another client writes it), or
+        # "offload-stats" (the daemon's asynchronous COPY counters)
         action, *args = text.split()
         try:
             if action == "restart-server" and not args:
@@ -142,6 +143,8 @@ def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon) -> RigRun:
                 return shingle_daemon.snapshot_create(*args)
             if action == "deleg-write" and len(args) == 2:
                 return write_as_second_client(shingle_daemon.port, args[0], bytes.fromhex(args[1]))
+            if action == "offload-stats" and not args:
+                return shingle_daemon.offload_counts()
         except Exception as exc:  # noqa: BLE001 - the guest reports it as its check's failure
             return f"{action} failed: {exc}"
         return f"unknown request {text!r}"

@@ -67,10 +67,11 @@ LOCK_CHECKS = ("lockf", "flock", "lock-wait", "lock-vs-")
 # callback cannot reach a guest behind user-mode networking); NFSv4 clients poll sooner
 LOCK_WAIT_LIMIT_S = 50
 # checks run once per version as root where the plan entry has "v42" (NFSv4.2's operations:
-# CLONE, ALLOCATE, DEALLOCATE, SEEK, the xattr operations) and snapshot views, which the host
-# creates on request
+# CLONE, asynchronous COPY, ALLOCATE, DEALLOCATE, SEEK, the xattr operations) and snapshot
+# views, which the host creates on request
 V42_CHECKS = (
     "reflink",
+    "copy-offload",
     "fallocate",
     "punch-hole",
     "seek-data-hole",
@@ -641,6 +642,52 @@ def check_reflink(mountpoint: str, _ns_folder: str) -> str:
     changed = data[: 1 << 20] + b"x" * 4096 + data[(1 << 20) + 4096 :]
     expect(read_file("clone.dst") == changed, "the clone after a 4 KiB write into it")
     return f"cp --reflink=always of 3 MiB ({sent.expect()}), bytes equal, copies independent"
+
+
+def offload_counts() -> dict[str, int]:
+    """The server's asynchronous COPY counters (the daemon's latest metrics sample)."""
+    answer = vmchannel_request("offload-stats")
+    try:
+        return {k: int(v) for k, v in (item.split("=") for item in answer.split())}
+    except ValueError:
+        raise CheckFailed(f"host: {answer}") from None
+
+
+def check_copy_offload(mountpoint: str, _ns_folder: str) -> str:
+    """copy_file_range of 24 MiB: the client asks for an asynchronous COPY (more than two
+    rsizes), the server answers with a copy stateid and the client waits for CB_OFFLOAD."""
+    data = random.randbytes(24 << 20)
+    write_synced("offload.src", data)
+    before = offload_counts()
+    started = time.monotonic()
+    with SentOps(mountpoint, "COPY") as sent:
+        with open("offload.src", "rb") as src, open("offload.dst", "wb") as dst:
+            copied = 0
+            while copied < len(data):
+                n = os.copy_file_range(src.fileno(), dst.fileno(), len(data) - copied)
+                expect(n > 0, f"copy_file_range returned {n} after {copied} bytes")
+                copied += n
+    took = time.monotonic() - started
+    polls = op_counts(mountpoint).get("OFFLOAD_STATUS", 0)
+    drop_caches()
+    expect(sha256("offload.dst") == hashlib.sha256(data).hexdigest(), "the copy's bytes differ")
+    # the daemon records its counters every 10 s: wait for a sample after the copy
+    deadline = time.monotonic() + 40
+    after = offload_counts()
+    while after.get("answered", 0) <= before.get("answered", 0) and time.monotonic() < deadline:
+        time.sleep(2)
+        after = offload_counts()
+    gained = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    expect(
+        gained.get("started", 0) >= 1 and gained.get("answered", 0) >= 1,
+        f"no asynchronous COPY answered by the client's CB_OFFLOAD: {before} -> {after}",
+    )
+    os.unlink("offload.dst")
+    os.unlink("offload.src")
+    return (
+        f"copy_file_range of 24 MiB in {took:.1f} s ({sent.expect()}, OFFLOAD_STATUS so far "
+        f"x{polls}), sha256 equal; server: {gained}"
+    )
 
 
 def check_fallocate(mountpoint: str, _ns_folder: str) -> str:

@@ -265,6 +265,26 @@ class ShingleDaemon:
             return f"snapshot create failed ({run.returncode}): {run.stderr.strip()[-500:]}"
         return run.stdout.strip()
 
+    def offload_counts(self) -> str:
+        """The asynchronous COPY counters of the daemon's latest metrics sample, as
+        "started=N completed=N answered=N ..." (what the guest's copy-offload check reads)."""
+        from appliance import config as config_mod
+        from engine.admin.metrics import latest
+        from engine.catalog import Catalog
+
+        catalog = Catalog(config_mod.load(self.config).catalog_url)
+        try:
+            counters = latest(catalog)
+        finally:
+            catalog.close()
+        names = {"callbacks_answered": "answered", "callbacks_failed": "unanswered"}
+        prefix = "nfs_offload_"
+        return " ".join(
+            f"{names.get(k[len(prefix) :], k[len(prefix) :])}={int(v)}"
+            for k, v in sorted(counters.items())
+            if k.startswith(prefix)
+        )
+
     def portmap_problem(self) -> str:
         """Why the running daemon does not serve the port mapper on PORTMAP_PORT ("" if it
         does): the port is taken on the host."""
