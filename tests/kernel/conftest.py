@@ -89,9 +89,17 @@ class RigRun:
         )
 
 
-def run_guest(vm_kernel, folder: Path, plan: dict, timeout: float, on_request=None, hostname=None):
+def run_guest(
+    vm_kernel,
+    folder: Path,
+    plan: dict,
+    timeout: float,
+    on_request=None,
+    hostname=None,
+    host_forwards: tuple[int, ...] = (),
+):
     """Boot the VM once to run guest_nfs.py with ``plan``: (VmResult, {check: (verdict,
-    details)})."""
+    details)}). ``host_forwards``: host ports forwarded to the guest (vm.run_vm)."""
     guest = folder / "guest"
     guest.mkdir()
     shutil.copy(HERE / "guest_nfs.py", guest / "guest_nfs.py")
@@ -109,6 +117,7 @@ def run_guest(vm_kernel, folder: Path, plan: dict, timeout: float, on_request=No
         requests=on_request,
         timeout=timeout,
         hostname=hostname,
+        host_forwards=host_forwards,
         on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None,
     )
     checks = {}
@@ -149,12 +158,16 @@ def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon) -> RigRun:
             return f"{action} failed: {exc}"
         return f"unknown request {text!r}"
 
+    # the NFSv4.0 delegation mount's callback service: the guest listens on this port, and
+    # qemu forwards the host's 127.0.0.1 to it (the mount says clientaddr=127.0.0.1)
+    callback_port = free_port()
     result, checks = run_guest(
         vm_kernel,
         kernel_rig_dir,
-        plan_for(shingle_daemon.port, skip_locks),
+        plan_for(shingle_daemon.port, skip_locks, callback_port),
         VM_TIMEOUT_S,
         on_request,
+        host_forwards=(callback_port,),
     )
     return RigRun(result, checks, shingle_daemon.log())
 

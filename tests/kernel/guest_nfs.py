@@ -111,8 +111,9 @@ def planned_checks(plan: dict) -> list[str]:
         names += [f"{label}/{check}" for check in VERSION_CHECKS[3:]]
     for version in plan.get("root_squash", ()):
         names += [f"{version['label']}/{check}" for check in ROOT_SQUASH_CHECKS]
-    if plan.get("delegations"):
-        names += [f"{plan['delegations']['label']}/{check}" for check in DELEGATION_CHECKS]
+    for key in ("delegations", "delegations40"):
+        if plan.get(key):
+            names += [f"{plan[key]['label']}/{check}" for check in DELEGATION_CHECKS]
     if plan.get("krb5"):
         names += krb5_check_names(plan["krb5"])
     if plan.get("restart_version"):
@@ -1422,15 +1423,23 @@ def check_recall_on_write(mountpoint: str, path: str, relpath: str, lease: float
     return f"{answer}; the guest returned the delegation ({returned} DELEGRETURN) in {took:.1f} s"
 
 
+def set_callback_port(port: int) -> None:
+    """The port of the NFSv4.0 callback service (nfs.callback_tcpport), before the first
+    NFSv4.0 mount starts it: the host reaches it through a qemu forward."""
+    with open("/sys/module/nfs/parameters/callback_tcpport", "w") as f:
+        f.write(str(port))
+
+
 def run_delegations(plan: dict, spec: dict) -> None:
-    label, mountpoint = spec["label"], "/mnt/deleg"
+    label = spec["label"]
+    mountpoint = f"/mnt/deleg-{label}"
     names = [f"{label}/{check}" for check in DELEGATION_CHECKS]
     mounted = mount(spec["options"], plan["port"], mountpoint)
     if mounted.returncode != 0:
         for name in names:
             report(name, False, f"mount -o {spec['options']} failed: {mounted.stderr.strip()}")
         return
-    folder = "deleg-shards"
+    folder = f"deleg-shards-{label}"
     rels = [f"{folder}/shard-{i:04d}.bin" for i in range(spec["files"])]
     try:
         os.makedirs(os.path.join(mountpoint, folder), exist_ok=True)
@@ -1614,12 +1623,15 @@ def run_krb5(plan: dict, spec: dict) -> None:
 def main(plan: dict) -> int:
     print("@@SHINGLE-VM BEGIN", flush=True)
     print(f"guest: {os.uname().nodename} kernel {os.uname().release}", flush=True)
+    if plan.get("delegations40"):
+        set_callback_port(plan["delegations40"]["callback_port"])
     for version in plan["versions"]:
         run_version(plan, version)
     for version in plan.get("root_squash", ()):
         run_root_squash(plan, version)
-    if plan.get("delegations"):
-        run_delegations(plan, plan["delegations"])
+    for key in ("delegations", "delegations40"):
+        if plan.get(key):
+            run_delegations(plan, plan[key])
     if plan.get("krb5"):
         run_krb5(plan, plan["krb5"])
     if plan.get("docs"):

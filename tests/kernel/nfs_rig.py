@@ -65,6 +65,15 @@ ROOT_SQUASH_TIMEOUT_S = 900
 # the delegation checks (guest_nfs.DELEGATION_CHECKS): small files read in two epochs; the
 # lease is the daemon's (ShingleDaemon.init)
 DELEGATIONS = {"label": "v4.1", "options": "vers=4.1", "files": 1000, "lease_seconds": 30}
+# NFSv4.0's: the server calls the guest's callback service back at the address the mount
+# names (clientaddr, the host's side of a qemu forward to the guest's nfs.callback_tcpport);
+# fewer files, the same checks
+DELEGATIONS40 = {
+    "label": "v4.0",
+    "options": "vers=4.0,clientaddr=127.0.0.1",
+    "files": 200,
+    "lease_seconds": 30,
+}
 
 
 # the Kerberos run (its own VM boot, a KDC on the host, rpc.gssd in the guest): the default
@@ -112,9 +121,11 @@ def root_squash_plan(port: int) -> dict:
     return {"port": port, "versions": [], "uids": [], "root_squash": versions}
 
 
-def plan_for(port: int, skip_locks: str = "") -> dict:
+def plan_for(port: int, skip_locks: str = "", callback_port: int = 0) -> dict:
     """``skip_locks``: why NLM cannot be reached (the port mapper is not served); the NLM
-    versions then mount with nolock and report their lock checks as skipped."""
+    versions then mount with nolock and report their lock checks as skipped.
+    ``callback_port``: the guest's NFSv4.0 callback port, forwarded from the host's
+    127.0.0.1 (0: the names of the checks only)."""
     versions = []
     for version in NFS_VERSIONS:
         version = {**version, "options": version["options"].format(port=port)}
@@ -126,6 +137,7 @@ def plan_for(port: int, skip_locks: str = "") -> dict:
         "port": port,
         "versions": versions,
         "delegations": DELEGATIONS,
+        "delegations40": {**DELEGATIONS40, "callback_port": callback_port},
         "uids": UIDS,
         "worker_timeout": 420,
         "restart_timeout": 60,

@@ -450,6 +450,7 @@ def run_vm(
     on_line: Callable[[str], None] | None = None,
     systemd: bool = False,
     extra_args: tuple[str, ...] = (),
+    host_forwards: tuple[int, ...] = (),
 ) -> VmResult:
     """Boot a VM that runs ``program`` (a host path, seen through the shared root) as root
     and powers off. Each ``@@SHINGLE-VM REQUEST text`` line it prints calls ``requests(text)``
@@ -458,7 +459,9 @@ def run_vm(
     ``systemd``: boot the host's systemd as PID 1 and run ``program`` as a oneshot unit
     after multi-user.target (SYSTEMD_SETUP); ``workdir/results`` is the guest's writable
     /mnt/results, and the program's output comes from its program.log when the serial line
-    lost it. ``extra_args``: more qemu arguments (disks for the zoned rig)."""
+    lost it. ``extra_args``: more qemu arguments (disks for the zoned rig). ``host_forwards``:
+    TCP ports of the host's 127.0.0.1 that qemu forwards to the same port of the guest (a
+    service in the guest the host must reach, such as an NFSv4.0 callback service)."""
     check_qemu()
     workdir.mkdir(parents=True, exist_ok=True)
     initrd = build_initramfs(kernel, workdir / "initramfs.cpio")
@@ -503,7 +506,8 @@ def run_vm(
         "-serial",
         "chardev:results",
         "-netdev",
-        "user,id=net0,ipv6=off",
+        "user,id=net0,ipv6=off"
+        + "".join(f",hostfwd=tcp:127.0.0.1:{port}-:{port}" for port in host_forwards),
         "-device",
         "virtio-net-pci,netdev=net0",
         "-device",

@@ -168,7 +168,7 @@ def make_file(port: int, name: str, data: bytes = b"shard") -> None:
     maker.close()
 
 
-def _read_delegation(client: CallbackClient, name: str):
+def read_delegation(client: CallbackClient, name: str):
     """OPEN ``name`` for read, CLOSE it: (its handle, the delegation's stateid)."""
     st, res = client.open_file(name, c.OPEN4_SHARE_ACCESS_READ)
     assert st == 0, (st, res)
@@ -185,7 +185,7 @@ def test_recall_then_return_lets_the_writer_in(deleg_server, stack):
     port = deleg_server.port
     make_file(port, "shard0")
     reader = CallbackClient(port).setup()
-    fh, dsid = _read_delegation(reader, "shard0")
+    fh, dsid = read_delegation(reader, "shard0")
     ino = deleg_server.server.state.delegations.core.states[dsid.other].ino
     assert [r["type"] for r in held_in_catalog(stack.catalog, ino)] == ["read"]
     # a client without a backchannel gets none, and says why when it asks
@@ -220,7 +220,7 @@ def test_ignored_recall_is_revoked_after_a_lease(deleg_server):
     make_file(port, "shard1")
     holder = CallbackClient(port).setup()
     holder.answer = False  # it hears the recall and does nothing
-    fh, dsid = _read_delegation(holder, "shard1")
+    fh, dsid = read_delegation(holder, "shard1")
     writer = CallbackClient(port, back_channel=False).setup()
     st, _ = writer.session(
         [
@@ -276,7 +276,7 @@ def test_nfsv3_remove_waits_for_the_return(deleg_server):
     port = deleg_server.port
     make_file(port, "shard2")
     holder = CallbackClient(port).setup()
-    fh, dsid = _read_delegation(holder, "shard2")
+    fh, dsid = read_delegation(holder, "shard2")
     root = holder.root_fh()  # a v4 handle names the same file in v3
     v3 = RawClient(port)
     assert _v3_remove(v3, root, "shard2") == t3.NFS3ERR_JUKEBOX
@@ -336,7 +336,7 @@ def test_a_restart_forgets_its_own_rows_not_another_heads(stack):
     port = srv.port
     make_file(port, "shard4")
     holder = CallbackClient(port).setup()
-    _, dsid = _read_delegation(holder, "shard4")
+    _, dsid = read_delegation(holder, "shard4")
     ino = srv.server.state.delegations.core.states[dsid.other].ino
     (mine,) = held_in_catalog(stack.catalog, ino)
     assert mine["head"] == f"127.0.0.1:{port}" and mine["clientid"] == holder.clientid

@@ -24,7 +24,7 @@ from typing import Any
 from appliance.nfs import access
 from appliance.nfs.nlm import types as t
 from appliance.nfs.portmap import RpcCallError, getport, rpc_call
-from appliance.nfs.state import INF, is_write
+from appliance.nfs.state import INF, NfsError, is_write
 
 log = logging.getLogger("shingle.nfs.nlm")
 
@@ -178,6 +178,7 @@ class NlmManager:
         ino = self._file(lock.fh, address, write=args.exclusive)
         start, end = nlm_range(lock.l_offset, lock.l_len)
         self._check_grace(args.reclaim)
+        self._recall_first(ino, args.exclusive)
         host = self._host(lock, address)
         key = waiter_key(lock, ino, start, end, args.exclusive)
         hit = self.state.nlm.lock(host, owner_of(lock), ino, start, end, args.exclusive)
@@ -195,6 +196,20 @@ class NlmManager:
                 self.waiters[key] = Waiter(address, lock, args.exclusive, ino, start, end)
         self.monitor.monitor(lock.caller_name, address)
         return t.NLM4_BLOCKED
+
+    def _recall_first(self, ino: int, exclusive: bool) -> None:
+        """An exclusive lock announces a write: an NFSv4 client's delegation of the file is
+        recalled first (appliance.nfs.state.delegations), the lock answered
+        DENIED_GRACE_PERIOD meanwhile. Linux lockd then waits 5 s and asks again, blocking or
+        not; a DENIED would fail the caller's fcntl for good, a BLOCKED would leave the grant
+        to a callback the client may not be reachable for."""
+        delegations = self.state.delegations
+        if not exclusive or not delegations.held(ino):
+            return
+        try:
+            delegations.conflict(ino, None)
+        except NfsError as exc:
+            raise NlmError(t.NLM4_DENIED_GRACE_PERIOD, str(exc)) from None
 
     def cancel(self, address: str, args) -> int:
         lock = args.alock
