@@ -5,7 +5,8 @@ drive each; a head (catalog on SQLite, DataPath and Namespace of this process) w
 socket is opened by threads inside a host of its own (``Bed.call``: threads started there stay
 there), so every byte between head and agents crosses the bed's veth pairs. The head runs the
 engine's namespace API, not NFS: `shingle init` gives a head at least 10 local drives of its own
-(the bands' k+m), which placement would count as one more host beside the agents.
+(the bands' k+m), which placement would count as one more host beside the agents
+(test_host_loss_nfs.py runs the NFS server in the test process over agents only instead).
 
 8 writers each write a 2 MiB checkpoint to a temporary name, commit it (the fsync of a
 checkpoint) and rename it into place, in a loop. During the writes one agent is killed with
