@@ -461,6 +461,17 @@ OPTIONS: list[Option] = [
         "itself returns at once; its space shows as pending until then.",
         minimum=0,
     ),
+    Option(
+        "snapshots",
+        "space_recount_s",
+        "float",
+        600.0,
+        "How old a snapshot's referenced, unique and shared bytes may get before the daemon "
+        "counts them again (its snapshot-space job: one read of each snapshot's extents). "
+        "Listings show the stored figures, so a page load does not count them; changes of "
+        "the live files age them (0: recounted only on demand, `snapshot list --recount`).",
+        minimum=0,
+    ),
     # alerts (engine/admin/alerts.py) and their delivery (engine/admin/notify.py)
     Option(
         "alerts",

@@ -15,7 +15,9 @@ would race it. So the daemon runs one maintenance thread that
   I/O errors are noticed at once by the data path itself, even while a long job runs here),
 - queues a ``snapshot-schedule`` job when a snapshot schedule's slot has come
   (engine/snapshots/schedules.py; one at a time, the job takes every due snapshot), and a
-  ``snapshot-reclaim`` job when deleted snapshots wait for their rows to be freed (paced),
+  ``snapshot-reclaim`` job when deleted snapshots wait for their rows to be freed (paced), and
+  a ``snapshot-space`` job when snapshots' stored space figures are older than
+  ``snapshots.space_recount_s``,
 - evaluates the alert sources (engine/admin/alerts.py) every ``alerts.interval_s`` and hands raised
   and cleared alerts to the delivery threads (engine/admin/notify.py: queued, never waited for).
 
@@ -151,6 +153,7 @@ class Maintenance(threading.Thread):
         self.queue_due_snapshots()
         queue_gone_hosts(self.catalog, self.appliance.config.get("cluster.host_gone_after_s"))
         self.queue_snapshot_reclaim()
+        self.queue_snapshot_space()
         job = jobs.claim_next(self.catalog)
         if job is None:
             return False
@@ -210,6 +213,15 @@ class Maintenance(threading.Thread):
             return
         if not jobs.pending(self.catalog, "snapshot-reclaim"):
             jobs.submit(self.catalog, "snapshot-reclaim", {"scheduled": True}, actor="schedule")
+
+    def queue_snapshot_space(self) -> None:
+        """A snapshot-space job when some snapshot's stored space figures are older than
+        ``snapshots.space_recount_s`` and none is queued or running."""
+        interval = self.appliance.config.get("snapshots.space_recount_s")
+        if not interval or "snapshot-space" not in self.runners:
+            return
+        if self.snapshots.space_due(interval) and not jobs.pending(self.catalog, "snapshot-space"):
+            jobs.submit(self.catalog, "snapshot-space", {"scheduled": True}, actor="schedule")
 
     def finish_job(self, job_id: int, **outcome) -> None:
         """Record a job's end; if the catalog is unreachable, at the start of every round until it
@@ -340,7 +352,12 @@ def snapshot_runners(appliance) -> dict[str, Callable]:
         ]
         return {"actions": [d.to_dict() for d in done], "warnings": failed}
 
-    runners: dict[str, Callable] = {"snapshot-schedule": run_schedules}
+    def run_space(params, progress, actor):
+        interval = appliance.config.get("snapshots.space_recount_s") or None
+        counted = Snapshots(ns).recount_space(older_than_s=interval, progress=progress)
+        return {"snapshots_counted": counted}
+
+    runners: dict[str, Callable] = {"snapshot-schedule": run_schedules, "snapshot-space": run_space}
     if appliance.datapath is not None:
 
         def run_archive(params, progress, actor):

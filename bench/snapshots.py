@@ -8,18 +8,20 @@ b. Live create, stat (getattr from the catalog: the cache is cleared first), ren
    and with --held snapshots (10) of the big dataset held, and again after they are deleted and
    reclaimed; each snapshot's create and delete time and this process's CPU time, then the
    reclaim of what the deletes left to the background.
+   Then --clones (3) writable dataset clones of the first snapshot (`shingle dataset clone`),
+   each timed, before the deletes.
 c. CLONE of a large file written in 1 MiB commits (one extent per MiB): the time per extent,
    and the stripes written (none); then CLONE of a file of --clone-extents 1 MiB extents
    (10,240: a 10 GiB file), built as rows copied from the written file's stripes and fragments
    (every stripe fully referenced, as a 1 MiB commit leaves it), into a new file and again over
    that clone (which first frees the range it replaces).
 
-    .venv/bin/python bench/snapshots.py [--files N[,N...]] [--held H] [--clone-mib M]
+    .venv/bin/python bench/snapshots.py [--files N[,N...]] [--held H] [--clones C] [--clone-mib M]
         [--clone-extents E] [--no-clone] [--postgres] [--json]
 
 With several --files sizes each runs in a catalog of its own and the output ends with the
-ratios of the largest to the smallest (create and delete time and CPU, medians) and of each
-live rate with snapshots held to none.
+ratios of the largest to the smallest (create, delete and dataset clone time and CPU, medians)
+and of each live rate with snapshots held to none.
 
 --postgres runs on a throwaway PostgreSQL server (tests/pgserver.py) instead of SQLite.
 """
@@ -197,9 +199,9 @@ def timed(step) -> tuple[float, float]:
     return time.perf_counter() - start, time.process_time() - start_cpu
 
 
-def snapshot_steps(ns: Namespace, snaps: Snapshots, held: int) -> dict:
-    """Create ``held`` snapshots of /ds (each timed), the live rates with them held, then delete
-    them (each timed)."""
+def snapshot_steps(ns: Namespace, snaps: Snapshots, held: int, clones: int) -> dict:
+    """Create ``held`` snapshots of /ds (each timed), the live rates with them held, ``clones``
+    dataset clones of the first (each timed), then delete the snapshots (each timed)."""
     out: dict = {}
     create = [timed(lambda i=i: snaps.create("/ds", f"s{i}")) for i in range(held)]
     out["snapshot_create_s"] = [round(t, 4) for t, _ in create]
@@ -213,6 +215,10 @@ def snapshot_steps(ns: Namespace, snaps: Snapshots, held: int) -> dict:
     start = time.perf_counter()
     snaps.diff("/ds", "s0")
     out["diff_vs_live_s"] = round(time.perf_counter() - start, 3)
+    # writable clones of the first snapshot (`shingle dataset clone`), each a new tree of files
+    clone = [timed(lambda i=i: snaps.clone("/ds", "s0", f"/clone{i}")) for i in range(clones)]
+    out["dataset_clone_s"] = [round(t, 4) for t, _ in clone]
+    out["dataset_clone_cpu_s"] = [round(c, 4) for _, c in clone]
     delete = [timed(lambda i=i: snaps.delete("/ds", f"s{i}")) for i in range(held)]
     out["snapshot_delete_s"] = [round(t, 4) for t, _ in delete]
     out["snapshot_delete_cpu_s"] = [round(c, 4) for _, c in delete]
@@ -291,7 +297,7 @@ def run_one(args, files: int) -> dict:
         build_dataset(ns, catalog, files)
         out["build_s"] = round(time.perf_counter() - start, 2)
         out["live_before"] = live_rates(ns, "before")
-        out.update(snapshot_steps(ns, snaps, args.held))
+        out.update(snapshot_steps(ns, snaps, args.held, args.clones))
         if not args.no_clone:
             out.update(clone_steps(ns, catalog, args))
         data.close()
@@ -309,8 +315,9 @@ def median(values: list[float]) -> float:
 
 
 def ratios(runs: list[dict]) -> dict:
-    """Largest over smallest dataset: median create and delete time and CPU (the goal of
-    constant-time versions is at most 2), and each live rate with snapshots held over none."""
+    """Largest over smallest dataset: median create, delete and dataset clone time and CPU (the
+    goal of constant-time versions is at most 2), and each live rate with snapshots held over
+    none."""
     small, large = runs[0], runs[-1]
     out = {"files": [small["files"], large["files"]]}
     for key in (
@@ -318,8 +325,11 @@ def ratios(runs: list[dict]) -> dict:
         "snapshot_create_cpu_s",
         "snapshot_delete_s",
         "snapshot_delete_cpu_s",
+        "dataset_clone_s",
+        "dataset_clone_cpu_s",
     ):
-        out[key] = round(median(large[key]) / max(median(small[key]), 1e-6), 1)
+        if large.get(key) and small.get(key):
+            out[key] = round(median(large[key]) / max(median(small[key]), 1e-6), 1)
     held = next(k for k in large if k.startswith("live_with_"))
     out["live_held_over_none"] = {  # none: the mean of the runs before and after
         k: round(2 * large[held][k] / (large["live_before"][k] + large["live_after_delete"][k]), 2)
@@ -336,6 +346,9 @@ def main() -> None:
         help="files in the dataset; several, comma-separated, give the ratio",
     )
     parser.add_argument("--held", type=int, default=10, help="snapshots taken and held")
+    parser.add_argument(
+        "--clones", type=int, default=3, help="dataset clones of the first snapshot, each timed"
+    )
     parser.add_argument("--clone-mib", type=int, default=512)
     parser.add_argument("--clone-extents", type=int, default=10_240)
     parser.add_argument("--no-clone", action="store_true", help="skip the CLONE part")

@@ -361,7 +361,7 @@ def list_datasets():
     query=datasets.LIST_SCHEMA,
 )
 def list_snapshots(query: dict):
-    return datasets.list_snapshots(query.get("path"))
+    return datasets.list_snapshots(query.get("path"), bool(query.get("recount")))
 
 
 @endpoint(

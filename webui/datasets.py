@@ -85,6 +85,14 @@ LIST_SCHEMA = Schema(
             required=False,
             max_length=PATH_MAX,
         ),
+        Field(
+            "recount",
+            "boolean",
+            "Count the dataset's snapshots' space now (with path; else as last counted: the "
+            "daemon recounts every snapshots.space_recount_s)",
+            required=False,
+            default=False,
+        ),
     ),
 )
 RUN_SCHEMA = Schema(
@@ -143,7 +151,9 @@ def snapshot_dict(path: str, info) -> dict:
     return {"path": path, **info.to_dict()}
 
 
-def list_snapshots(path: str | None = None) -> list[dict]:
+def list_snapshots(path: str | None = None, recount: bool = False) -> list[dict]:
+    """Each dataset's snapshots with their space as last counted; ``recount`` (one dataset):
+    counted now."""
     snaps = snapshots()
     paths = [dataset_service.clean_path(path)] if path else None
     if paths is None:
@@ -151,7 +161,10 @@ def list_snapshots(path: str | None = None) -> list[dict]:
     out = []
     for each in paths:
         try:
-            out += [snapshot_dict(each, info) for info in snaps.list(each)]
+            out += [
+                snapshot_dict(each, info)
+                for info in snaps.list(each, recount=recount and bool(path))
+            ]
         except errors.FsError:
             if path:
                 raise

@@ -456,6 +456,11 @@ SCHEMAS: dict[str, dict] = {
             "Bytes it references that live files, clones or other snapshots reference too",
         ),
         files=prop("integer", "Inodes in its tree, its root included"),
+        counted=prop(
+            "integer",
+            "When its space figures were counted, " + NS + " (0: due again; the daemon "
+            "recounts every snapshots.space_recount_s, ?recount=true now)",
+        ),
     ),
     "SnapshotPreview": obj(
         "What a snapshot change would do (nothing changed)",

@@ -174,7 +174,7 @@ def cmd_dataset(args) -> int:
 
 
 def _print_list(args) -> None:
-    snapshots = _with_snapshots(args, lambda s: s.list(args.path))
+    snapshots = _with_snapshots(args, lambda s: s.list(args.path, recount=args.recount))
     if args.json:
         print(json.dumps([s.to_dict() for s in snapshots], indent=2))
         return
@@ -244,6 +244,11 @@ def register(sub) -> None:
     q.add_argument("name")
     q = actions.add_parser("list", help="snapshots of PATH with the space each holds")
     q.add_argument("path")
+    q.add_argument(
+        "--recount",
+        action="store_true",
+        help="count each snapshot's space now (else: as last counted by the daemon)",
+    )
     q.add_argument("--json", action="store_true")
     q = actions.add_parser(
         "delete", help="remove a snapshot at once (what only it references is freed after)"

@@ -10,11 +10,14 @@ nothing references should have been freed: invariant 9). A compressed stripe
 names a known codec and a stored length below its data length, which its fragments can hold
 (engine/coding/compression.py); a raw stripe has no stored length. Snapshot views: each
 snapshot's frozen root lies in its inode range and is named in its dataset's
-.snapshots directory. Quotas: each quota's usage counters equal a recount of its tree
+.snapshots directory, no two snapshots' inode ranges overlap, and the file count and
+referenced bytes stored in its row (counted at create; its frozen rows never change) are what
+its range holds. Quotas: each quota's usage counters equal a recount of its tree
 (``shingle quota recount`` corrects them)."""
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -66,7 +69,8 @@ class Tables:
     stripes: dict  # stripe id -> data_length
     live: dict  # stripe id -> live_bytes
     packed: list  # compressed or stored-length stripes
-    snapshots: list  # (name, source_ino, root_ino, ino_lo, ino_hi), not being deleted
+    # (name, source_ino, root_ino, ino_lo, ino_hi, files, referenced_bytes), not being deleted
+    snapshots: list
     snapdirs: dict  # dataset ino -> its .snapshots directory's ino
     quota_counts: list  # (quota id, root ino, (used_bytes, used_files) recorded, counted)
 
@@ -123,6 +127,8 @@ def read_tables(conn) -> Tables:
             SNAPSHOTS.c.root_ino,
             SNAPSHOTS.c.ino_lo,
             SNAPSHOTS.c.ino_hi,
+            SNAPSHOTS.c.files,
+            SNAPSHOTS.c.referenced_bytes,
         ).where(SNAPSHOTS.c.deleting.is_(False))
     ).all()
     # a snapshot being deleted a chunk per transaction: its inodes are on their way out
@@ -261,16 +267,49 @@ def _check_live_bytes(t: Tables, report: FsckReport, limit: int) -> None:
 
 def _check_snapshots_and_quotas(t: Tables, problem) -> None:
     named = {(parent, child) for parent, _name, child in t.dirents}
-    for name, source, root, lo, hi in t.snapshots:
+    for name, source, root, lo, hi, _files, _referenced in t.snapshots:
         if not lo <= root <= hi:
             problem(f"snapshot {name!r} of inode {source}: root {root} outside [{lo}, {hi}]")
         if (t.snapdirs.get(source), root) not in named:
             problem(f"snapshot {name!r} of inode {source} is not named in its .snapshots")
+    _check_snapshot_ranges(t, problem)
     for qid, root, recorded, counted in t.quota_counts:
         if recorded != counted:
             problem(
                 f"quota {qid} of directory {root} counts {recorded[0]} bytes and {recorded[1]} "
                 f"files, its tree holds {counted[0]} bytes and {counted[1]} files"
+            )
+
+
+def _check_snapshot_ranges(t: Tables, problem) -> None:
+    """Snapshots' inode ranges are disjoint, and each holds the files and referenced bytes its
+    row recorded (NULL: not counted yet, nothing to compare)."""
+    inos = sorted(t.inodes)
+    by_ino: dict[int, int] = defaultdict(int)
+    for ino, _offset, length, _stripe, _at in t.extents:
+        if ino is not None:
+            by_ino[ino] += length
+    extent_inos = sorted(by_ino)
+    previous = None
+    for name, source, _root, lo, hi, files, referenced in sorted(t.snapshots, key=lambda r: r[3]):
+        if previous is not None and lo <= previous[1]:
+            problem(
+                f"snapshot {name!r} of inode {source}: inodes [{lo}, {hi}] overlap those of "
+                f"{previous[0]!r}"
+            )
+        previous = (name, hi)
+        held = bisect.bisect_right(inos, hi) - bisect.bisect_left(inos, lo)
+        if files is not None and held != files:
+            problem(
+                f"snapshot {name!r} of inode {source} recorded {files} inodes, its range "
+                f"holds {held}"
+            )
+        first, last = bisect.bisect_left(extent_inos, lo), bisect.bisect_right(extent_inos, hi)
+        counted = sum(by_ino[ino] for ino in extent_inos[first:last])
+        if referenced is not None and counted != referenced:
+            problem(
+                f"snapshot {name!r} of inode {source} recorded {referenced} referenced bytes, "
+                f"its extents reference {counted}"
             )
 
 

@@ -50,6 +50,7 @@ KINDS = (
     "host-remove",
     "host-replace",
     "snapshot-reclaim",
+    "snapshot-space",
 )
 # "warnings": done with warnings (the work ran, but its result is short of what was asked, e.g.
 # stripes still under-protected after a rebuild); the message says how many and why.
@@ -61,7 +62,8 @@ STATE_LABELS = {WARNINGS: "done with warnings"}
 # schedule run (a due slot is taken once, by name) and a snapshot's archive (moved stripes are
 # cold and are not moved again); the hosts' jobs (a host's drives keep the state its operation
 # gave them, and what was moved is not moved again); a deleted snapshot's reclaim (each chunk
-# starts where the catalog says the last one ended).
+# starts where the catalog says the last one ended); a recount of snapshots' space (each count
+# is stored on its own).
 RESTARTABLE = (
     "scrub",
     "tier",
@@ -74,6 +76,7 @@ RESTARTABLE = (
     "host-remove",
     "host-replace",
     "snapshot-reclaim",
+    "snapshot-space",
 )
 MAX_ATTEMPTS = 3  # a job that kills its daemon every time must not do so forever
 HEARTBEAT_S = 5.0

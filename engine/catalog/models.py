@@ -314,6 +314,14 @@ class Snapshot(Base):
     # ino_lo past each chunk it freed; pending_bytes: what the rest will still free (its unique
     # bytes, counted by the reclaim's first step; NULL until then)
     pending_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # its space as last counted (engine/snapshots/service.py ``recount_space``; create counts
+    # it too): listings read these instead of grouping every extent of the snapshot; NULL
+    # before the first count, space_counted_ns 0 when a reclaim made them stale
+    files: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    referenced_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    unique_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    shared_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    space_counted_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     __table_args__ = (UniqueConstraint("source_ino", "name"),)
 
 

@@ -126,6 +126,8 @@ def preview(
         return _preview_create(namespace, snapshots, path, name)
     if action not in ACTIONS:
         raise errors.InvalidArgument(f"action {action!r}: expected one of {', '.join(ACTIONS)}")
+    if action == "delete":  # what it frees, counted now (the stored figures may be old)
+        snapshots.recount_space(path, name=name)
     info = find(snapshots, path, name)
     if action == "delete":
         owner = next(

@@ -519,6 +519,7 @@ class SnapshotScheduler:
         # (name, slot time, unique bytes), with the snapshot a run takes now; ages count from
         # the slot a name carries, so they do not depend on when a late daemon took it
         candidates = [(s.name, slot_of(s.name) * 10**9, s.unique_bytes) for s in taken]
+        held = {s.name for s in taken}
         if slot > schedule.last_slot_s:
             name = snapshot_name(schedule.prefix, slot)
             if name not in {s.name for s in taken}:
@@ -547,6 +548,8 @@ class SnapshotScheduler:
             by_age = schedule.keep_for_s is not None and age_s < schedule.keep_for_s
             if by_count or by_age:
                 continue
+            if name in held:  # what it frees, counted now (the stored figure ages)
+                unique = self.snapshots.space_of(schedule.path, name).unique_bytes
             deletions.append(
                 PlannedSnapshotAction(
                     schedule.id,

@@ -60,6 +60,9 @@ class SnapshotInfo:
     id: int = 0
     # bytes it references in stripes that live files, clones or other snapshots reference too
     shared_bytes: int = 0
+    # when the space figures were counted (ns since the epoch; 0: stale, a recount is due):
+    # listings read stored figures, which changes of the live tree age (``recount_space``)
+    counted: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -315,11 +318,13 @@ class Snapshots:
             ).close()
             self._touch(conn, snapdir, nlink_delta=1)
             now = time.time_ns()
+            # nothing is unique yet: every stripe it references, the live tree references too
             snapshot_id = sql_one(
                 conn,
                 "INSERT INTO snapshots (name, source_ino, root_ino, ino_lo, ino_hi, "
-                "created_ns, deleting) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                (name, dataset, root, lo, hi, now, False),
+                "created_ns, deleting, files, referenced_bytes, unique_bytes, shared_bytes, "
+                "space_counted_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?) RETURNING id",
+                (name, dataset, root, lo, hi, now, False, count, referenced, referenced, now),
             )[0]
             return snapshot_id, now, count, referenced
 
@@ -328,28 +333,135 @@ class Snapshots:
         snapshot_id, created, count, referenced = self._run(work, foreign_keys=False)
         # nothing is unique yet: the live tree references every stripe the copy does
         return SnapshotInfo(
-            name, created, referenced, 0, files=count, id=snapshot_id, shared_bytes=referenced
+            name,
+            created,
+            referenced,
+            0,
+            files=count,
+            id=snapshot_id,
+            shared_bytes=referenced,
+            counted=created,
         )
 
-    def list(self, path: str) -> list[SnapshotInfo]:
+    def list(self, path: str, *, recount: bool = False) -> list[SnapshotInfo]:
+        """The dataset's snapshots, oldest first, with their space as last counted (one read of
+        their rows: a page load does not group every extent of every snapshot); ``recount``:
+        count every snapshot's space first (``recount_space``). Figures never counted (rows
+        from before they were stored) are counted in this read."""
         dataset = self._dataset(path)
+        if recount:
+            self.recount_space(path)
 
         def work(conn):
             out = []
-            for sid, name, lo, hi, created in sql_all(
+            for sid, name, lo, hi, created, *stored in sql_all(
                 conn,
-                "SELECT id, name, ino_lo, ino_hi, created_ns FROM snapshots "
+                "SELECT id, name, ino_lo, ino_hi, created_ns, files, referenced_bytes, "
+                "unique_bytes, shared_bytes, space_counted_ns FROM snapshots "
                 "WHERE source_ino = ? AND deleting = ? ORDER BY created_ns, id",
                 (dataset, False),
             ):
-                referenced, unique, shared = self._space_in(conn, lo, hi)
-                files = sql_one(
-                    conn, "SELECT COUNT(*) FROM inodes WHERE ino BETWEEN ? AND ?", (lo, hi)
-                )[0]
-                out.append(SnapshotInfo(name, created, referenced, unique, files, sid, shared))
+                files, referenced, unique, shared, counted = stored
+                if counted is None:
+                    counted = time.time_ns()
+                    files, referenced, unique, shared = self._count_space(conn, lo, hi)
+                out.append(
+                    SnapshotInfo(
+                        name, created, referenced, unique, files, sid, shared, int(counted)
+                    )
+                )
             return out
 
         return self.catalog.read(work)
+
+    def _count_space(self, conn, lo: int, hi: int) -> tuple[int, int, int, int]:
+        """(files, referenced, unique, shared) of the inodes [lo, hi]."""
+        files = sql_one(conn, "SELECT COUNT(*) FROM inodes WHERE ino BETWEEN ? AND ?", (lo, hi))[0]
+        return (int(files), *self._space_in(conn, lo, hi))
+
+    def recount_space(
+        self,
+        path: str | None = None,
+        *,
+        name: str | None = None,
+        older_than_s: float | None = None,
+        progress=None,
+    ) -> int:
+        """Count the space of the snapshots (of the dataset at ``path``, or of all; only
+        ``name`` if given) whose figures were counted more than ``older_than_s`` ago (None:
+        every one) and store it;
+        returns how many were counted. Each is one read of its extents and a small write, so
+        other writers are not held; the time taken before the read is stored, so a change
+        during the read leaves the figures due again. The daemon runs this as the
+        ``snapshot-space`` job every ``snapshots.space_recount_s``."""
+        dataset = None if path is None else self._dataset(path)
+        where = "deleting = ?"
+        params: list[object] = [False]
+        if dataset is not None:
+            where, params = where + " AND source_ino = ?", [*params, dataset]
+        if name is not None:
+            where, params = where + " AND name = ?", [*params, name]
+        if older_than_s is not None:
+            where += " AND (space_counted_ns IS NULL OR space_counted_ns < ?)"
+            params.append(time.time_ns() - int(older_than_s * 1e9))
+        due = self.catalog.read(
+            lambda conn: sql_all(
+                conn,
+                f"SELECT id, ino_lo, ino_hi FROM snapshots WHERE {where} ORDER BY id",
+                tuple(params),
+            )
+        )
+        for done, (sid, lo, hi) in enumerate(due, 1):
+            stamp = time.time_ns()
+            figures = self.catalog.read(lambda conn, lo=lo, hi=hi: self._count_space(conn, lo, hi))
+            # tracked: nothing any cache holds changes
+            self.catalog.run(
+                lambda conn, sid=sid, f=figures, t=stamp: sql(
+                    conn,
+                    "UPDATE snapshots SET files = ?, referenced_bytes = ?, unique_bytes = ?, "
+                    "shared_bytes = ?, space_counted_ns = ? WHERE id = ? AND deleting = ?",
+                    (*f, t, sid, False),
+                ).close(),
+                tracked=True,
+            )
+            if progress is not None:
+                progress(done, len(due), "counting snapshot space")
+        return len(due)
+
+    def space_of(self, path: str, name: str) -> SnapshotInfo:
+        """Snapshot ``name`` of ``path`` with its space counted now (and stored)."""
+        self.recount_space(path, name=name)
+        for info in self.list(path):
+            if info.name == name:
+                return info
+        raise errors.NotFound(f"no snapshot {name!r} of {path}")
+
+    def space_due(self, older_than_s: float) -> bool:
+        """Whether some snapshot's space figures are older than ``older_than_s`` (or stale):
+        one read of the snapshot rows, for the daemon's maintenance round."""
+        cutoff = time.time_ns() - int(older_than_s * 1e9)
+        return (
+            self.catalog.read(
+                lambda conn: sql_one(
+                    conn,
+                    "SELECT id FROM snapshots WHERE deleting = ? AND (space_counted_ns IS NULL "
+                    "OR space_counted_ns < ?) LIMIT 1",
+                    (False, cutoff),
+                )
+            )
+            is not None
+        )
+
+    @staticmethod
+    def _space_stale(conn, source_ino: int | None = None) -> None:
+        """The stored space figures of the snapshots (of one dataset, or all) no longer hold
+        (stripes they share lost or gained references): the next maintenance round recounts
+        them; listings show the old figures until then."""
+        where = "deleting = ? AND space_counted_ns IS NOT NULL"
+        params: list[object] = [False]
+        if source_ino is not None:
+            where, params = where + " AND source_ino = ?", [*params, source_ino]
+        sql(conn, f"UPDATE snapshots SET space_counted_ns = 0 WHERE {where}", tuple(params)).close()
 
     @staticmethod
     def _space_in(conn, lo: int, hi: int) -> tuple[int, int, int]:
@@ -478,6 +590,9 @@ class Snapshots:
         dead = self._purge_range(conn, lo, end)
         if end >= hi:
             sql(conn, "DELETE FROM snapshots WHERE id = ?", (snapshot_id,)).close()
+            # what it shared with other snapshots (of any dataset: clones copy rows) may now be
+            # theirs alone
+            self._space_stale(conn)
             return dead, end - lo + 1, True
         left = max(0, (counted if pending is None else int(pending)) - freeing)
         sql(
@@ -548,6 +663,7 @@ class Snapshots:
                 (mode, uid, gid, mtime, time.time_ns(), 2 + subdirs, dataset),
             ).close()
             recount_around(conn, dataset)  # the dataset's files were replaced wholesale
+            self._space_stale(conn, dataset)  # what the freed files shared is theirs alone now
             return dead
 
         self._forget_stripes(self._run(work))
@@ -620,6 +736,7 @@ class Snapshots:
             ).close()
             self._touch(conn, parent, nlink_delta=1)
             recount_around(conn, root + delta)  # the clone counts at its files' logical sizes
+            self._space_stale(conn, dataset)  # the snapshot's stripes are the clone's too now
             return root + delta
 
         return self._run(work, foreign_keys=False)  # inserts only, as in create

@@ -128,9 +128,12 @@ def test_space_referenced_and_unique(engine, dataset):
     assert s1.referenced_bytes == total and s1.unique_bytes == 0, "all shared with the live tree"
     assert s1.shared_bytes == total
     _write(ns, "/ds/sub/c", b"new")  # the old bytes of c are now the snapshot's alone
-    [s1] = snaps.list("/ds")
+    assert snaps.list("/ds") == [s1], "a listing reads the figures as last counted"
+    assert snaps.space_due(0) and not snaps.space_due(3600)
+    [s1] = snaps.list("/ds", recount=True)
     assert s1.unique_bytes == len(dataset["/ds/sub/c"])
     assert s1.shared_bytes == total - len(dataset["/ds/sub/c"])
+    assert snaps.list("/ds") == [s1], "the recount is stored"
     snaps.create("/ds", "s2")
     assert [s.name for s in snaps.list("/ds")] == ["s1", "s2"]
     before = _stripes(engine.catalog)
@@ -142,6 +145,11 @@ def test_space_referenced_and_unique(engine, dataset):
     _check(engine)  # a pending deletion's rows still hold their stripes
     assert snaps.reclaim(inodes_per_s=0) >= 1, "the reclaim frees what only it referenced"
     assert _stripes(engine.catalog) < before and snaps.pending() == []
+    # what s2 shared with s1 alone may be s2's alone now: its figures are due for a recount
+    [s2] = snaps.list("/ds")
+    assert s2.counted == 0 and snaps.space_due(3600)
+    assert snaps.recount_space(older_than_s=3600) == 1 and not snaps.space_due(3600)
+    assert snaps.recount_space(older_than_s=3600) == 0, "nothing due any more"
     with pytest.raises(errors.NotFound):
         ns.resolve("/ds/.snapshots/s1")
     with pytest.raises(errors.NotFound):
@@ -248,3 +256,56 @@ def test_snapshot_of_a_tree_holding_a_dataset_leaves_its_snapshots_out(engine, d
     with pytest.raises(errors.ReadOnly):
         snaps.create("/ds/.snapshots/outer", "x")
     _check(engine)
+
+
+def test_space_never_counted_is_counted_by_the_listing(engine, dataset):
+    """Snapshots made before their figures were stored (NULL): the listing counts them, the
+    recount stores them."""
+    snaps = Snapshots(engine.ns)
+    made = snaps.create("/ds", "s1")
+    fresh = snaps.list("/ds", recount=True)
+    engine.catalog.run(
+        lambda c: c.exec_driver_sql(
+            "UPDATE snapshots SET files = NULL, referenced_bytes = NULL, unique_bytes = NULL, "
+            "shared_bytes = NULL, space_counted_ns = NULL"
+        )
+    )
+    [listed] = snaps.list("/ds")
+    assert (listed.referenced_bytes, listed.unique_bytes, listed.files) == (
+        made.referenced_bytes,
+        0,
+        made.files,
+    )
+    assert snaps.space_due(3600), "listing did not store them"
+    assert snaps.recount_space(older_than_s=3600) == 1
+    assert [(s.referenced_bytes, s.shared_bytes) for s in snaps.list("/ds")] == [
+        (f.referenced_bytes, f.shared_bytes) for f in fresh
+    ]
+
+
+def test_fsck_checks_the_snapshot_rows(engine, dataset):
+    """The file count and referenced bytes a snapshot's row recorded are what its range holds
+    (its frozen rows never change), and no two snapshots' ranges overlap."""
+    snaps = Snapshots(engine.ns)
+    snaps.create("/ds", "s1")
+    snaps.create("/ds", "s2")
+    _write(engine.ns, "/ds/sub/c", b"changed")  # the live tree moves on: the rows hold still
+    snaps.recount_space()
+    _check(engine)
+
+    def fault(statement: str) -> list[str]:
+        engine.catalog.run(lambda c: c.exec_driver_sql(statement))
+        return fsck.check(engine.catalog, engine.ns.root_ino).problems
+
+    [problem] = fault("UPDATE snapshots SET files = files + 1 WHERE name = 's1'")
+    assert "'s1'" in problem and "inodes, its range holds" in problem
+    fault("UPDATE snapshots SET files = files - 1 WHERE name = 's1'")
+    [problem] = fault("UPDATE snapshots SET referenced_bytes = 7 WHERE name = 's2'")
+    assert "'s2' of inode" in problem and "recorded 7 referenced bytes" in problem
+    fault("UPDATE snapshots SET referenced_bytes = NULL, files = NULL")  # not counted: no claim
+    _check(engine)
+    problems = fault(
+        "UPDATE snapshots SET ino_lo = (SELECT ino_hi FROM snapshots WHERE name = 's1') "
+        "WHERE name = 's2'"
+    )
+    assert any("overlap those of 's1'" in p for p in problems), problems

@@ -68,8 +68,11 @@ def test_snapshots_and_schedules_through_the_api(live):
 
     [dataset] = call("GET", "/api/v1/datasets", reader).get_json()
     assert dataset["path"] == "/datasets/web" and dataset["snapshots"] == 1
-    [snap] = call("GET", "/api/v1/snapshots?path=/datasets/web", reader).get_json()
+    [stored] = call("GET", "/api/v1/snapshots?path=/datasets/web", reader).get_json()
+    assert stored["unique_bytes"] == 0, "as counted at create: a listing does not count"
+    [snap] = call("GET", "/api/v1/snapshots?path=/datasets/web&recount=true", reader).get_json()
     assert snap["unique_bytes"] == 100_000  # the old model is the snapshot's alone now
+    assert snap["counted"] > stored["counted"]
     shown = call(
         "GET", "/api/v1/snapshots/preview?path=/datasets/web&name=s1&action=delete", reader
     ).get_json()
