@@ -4,9 +4,10 @@ The process `shingle serve` runs holds the data folder's daemon lock, listens on
 (and on the port mapper's, when it is served) and hands each accepted connection to the head
 its client's address picks (appliance/nfs/handoff.py): a whole `shingle serve` of its own,
 started as a child with [heads] count = N and index = i, so each appends only its own zones
-and head 0 alone runs maintenance, the web UI and SMB (docs/pnfs.md). A head that dies is
-started again under its index; connections for it wait here (up to PENDING_MAX_S) until it
-serves again. SIGTERM stops every head (each stops as `shingle serve` does), then the listener.
+and head 0 alone runs maintenance (docs/pnfs.md). The web UI is this process's child. A head
+that dies is started again under its index; connections for it wait here (up to
+PENDING_MAX_S) until it serves again. SIGTERM stops every head (each stops as `shingle serve`
+does), then the listener.
 
 ``heads.json`` in the data folder says who serves: `shingle status` and `shingle doctor` read
 it."""
@@ -133,14 +134,19 @@ class Heads:
         count: int,
         *,
         nfs_port: int | None = None,
-        child_args: list[str] | None = None,
+        web_port: int | None = None,
+        web: bool = True,
         announce=lambda line: print(line, flush=True),
     ):
         self.config = config
         self.count = count
         self.host = config.get("nfs.host")
         self.port = nfs_port if nfs_port is not None else config.get("nfs.port")
-        self.child_args = child_args or []  # --web-port, --no-web, --smb-port...: for head 0
+        # the web UI is the listener's child, not a head's: a head killed outright would leave
+        # it holding its port, and the head's next start would fail on it
+        self.web_port = web_port if web_port is not None else config.get("webui.port")
+        self.with_web = web
+        self.web: subprocess.Popen | None = None
         self.announce = announce
         self.lock = DaemonLock(config.data_dir)
         self.heads = [Head(i) for i in range(count)]
@@ -163,6 +169,11 @@ class Heads:
             self.listen()
             for head in self.heads:
                 self.start_head(head)
+            if self.with_web:
+                self.web = subprocess.Popen(
+                    [sys.executable, "-m", "appliance.cli", "-c", str(self.config.path)]
+                    + ["webui", "--port", str(self.web_port)]
+                )
             return self.serve(stop)
         finally:
             self.stop()
@@ -212,11 +223,7 @@ class Heads:
         if portmap == "register" and head.index != 0:
             portmap = "off"
         cmd += ["--handoff-fd", str(fd), "--portmap", f"{portmap}:{self.portmap_port}"]
-        if head.index == 0:
-            cmd += self.child_args
-        else:
-            cmd.append("--no-web")
-        return cmd
+        return [*cmd, "--no-web"]
 
     def start_head(self, head: Head) -> None:
         mine, theirs = channel_pair()
@@ -236,8 +243,11 @@ class Heads:
         self.write_status()
 
     def stop(self) -> None:
-        """SIGTERM to every head, then wait for them (SIGKILL after STOP_WAIT_S)."""
+        """SIGTERM to every head (and the web UI), then wait for them (SIGKILL after
+        STOP_WAIT_S)."""
         procs = [h.proc for h in self.heads if h.proc is not None and h.proc.poll() is None]
+        if self.web is not None and self.web.poll() is None:
+            procs.append(self.web)
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_WAIT_S
@@ -280,6 +290,9 @@ class Heads:
                 if failed:
                     return 1
                 self.flush(head, now)
+            if self.web is not None and self.web.poll() is not None:
+                log.error("web UI exited with status %s; stopping", self.web.returncode)
+                return 1
             if not announced and all(h.ready for h in self.heads):
                 announced = True
                 self.ready()

@@ -56,21 +56,18 @@ def check_heads(config, count: int) -> None:
 
 
 def serve_heads(args, config, count: int, stop: threading.Event) -> int:
-    """The listener of --heads N (appliance/heads.py); head 0 gets the web UI and SMB options."""
+    """The listener of --heads N (appliance/heads.py), and the web UI."""
     from appliance.heads import Heads
 
-    passed = []
-    for flag, value in (
-        ("--web-port", args.web_port),
-        ("--smb-port", args.smb_port),
-        ("--smb-host", args.smb_host),
-        ("--mount", args.mount),
-    ):
-        if value is not None:
-            passed += [flag, str(value)]
-    if args.no_web:
-        passed.append("--no-web")
-    return Heads(config, count, nfs_port=args.nfs_port, child_args=passed).run(stop)
+    if args.smb_port is not None or args.mount is not None or config.get("smb.port"):
+        raise UsageError(
+            f"--heads {count} with SMB or --mount: the local mount and smbd run beside one head "
+            "only; serve SMB from `shingle serve` without --heads (or heads.processes = 1)"
+        )
+    heads = Heads(
+        config, count, nfs_port=args.nfs_port, web_port=args.web_port, web=not args.no_web
+    )
+    return heads.run(stop)
 
 
 def head_of_heads(args, config) -> tuple:
@@ -82,8 +79,6 @@ def head_of_heads(args, config) -> tuple:
 
     index, count = (int(n) for n in args.head.split("/"))
     mode, port = args.portmap.rsplit(":", 1)
-    if index != 0 and (args.smb_port is not None or args.mount is not None):
-        raise UsageError("only head 0 serves SMB and the local mount")
     return head_config(config, index, count, mode, int(port)), {
         "handoff": socket.socket(fileno=args.handoff_fd),
         "lock_dir": head_lock_dir(config.data_dir, index),

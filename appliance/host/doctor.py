@@ -345,6 +345,34 @@ def check_port(label: str, host: str, port: int) -> Check:
     )
 
 
+def check_heads(config: config_mod.Config) -> Check:
+    """The head processes of `shingle serve --heads N` (appliance/heads.py): the running
+    listener's heads.json, else what the config would start."""
+    from appliance.heads import read_status
+
+    status = read_status(config.data_dir)
+    if status is None:
+        count = config.get("heads.processes")
+        return Check(
+            "heads", "ok", f"not serving; `shingle serve` starts {count} (heads.processes)"
+        )
+    down = [h for h in status["heads"] if not (h["alive"] and h["serving"])]
+    restarts = sum(h["restarts"] for h in status["heads"])
+    detail = (
+        f"{status['count']} behind {status['host']}:{status['port']} (listener pid "
+        f"{status['pid']}): {status['count'] - len(down)} serving, {restarts} restarts"
+    )
+    if down:
+        which = ", ".join(str(h["index"]) for h in down)
+        return Check(
+            "heads",
+            "warn",
+            f"{detail}; head {which} not serving",
+            "a head that keeps dying says why in the daemon's log (lines with head=I)",
+        )
+    return Check("heads", "ok", detail)
+
+
 class _Timex(ctypes.Structure):
     # struct timex (linux/timex.h) up to `status`; the kernel fills a buffer sized by _pad.
     _fields_ = [
@@ -734,6 +762,7 @@ def run_checks(
                 config.get("nfs.krb5_keytab"), config.get("nfs.krb5_principal")
             )
         results.append(check_port("nfs", config.get("nfs.host"), config.get("nfs.port")))
+        results.append(check_heads(config))
         results.append(check_port("webui", config.get("webui.host"), config.get("webui.port")))
     results.append(check_clock())
     return results

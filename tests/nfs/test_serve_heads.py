@@ -15,7 +15,9 @@ import time
 
 import pytest
 from nfs4_rawclient import RawClient, open_args
+from nfs4_support import add_export, start_server
 from pgserver import free_port
+from test_delegations import CallbackClient
 
 from appliance.daemonlock import process_alive
 from appliance.nfs import portmap as pmap
@@ -23,6 +25,7 @@ from appliance.nfs.handoff import head_for
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
 
+READ = c.OPEN4_SHARE_ACCESS_READ
 CONFIG_EXTRA = 'portmap = "serve"\nportmap_port = 0\ngrace_seconds = 3\n'
 
 
@@ -179,6 +182,9 @@ def test_two_heads_behind_one_port(appliance_config):
         report = json.loads(shingle("-c", str(appliance_config), "status", "--json").stdout)
         assert [h["index"] for h in report["heads"]["heads"]] == [0, 1]
         assert all(h["alive"] for h in report["heads"]["heads"])
+        checks = json.loads(shingle("-c", str(appliance_config), "doctor", "--json").stdout)
+        (heads_check,) = [check for check in checks if check["name"] == "heads"]
+        assert heads_check["status"] == "ok" and "2 serving, 1 restarts" in heads_check["detail"]
     finally:
         for client in clients:
             client.close()
@@ -194,3 +200,26 @@ def test_two_heads_behind_one_port(appliance_config):
     assert " head=1 " in log.read_text()  # each head's lines say which head wrote them
     assert not any(process_alive(pid) for pid in pids)
     assert not (home / "heads.json").exists()
+
+
+def test_no_read_delegations_while_another_head_cannot_recall_them(stack):
+    """A head of several grants no read delegation (a change through another head would not
+    recall it: its holder would read what it cached); a head alone still grants one."""
+    add_export(stack.catalog)
+    alone = start_server(stack)
+    several = start_server(stack, head_index=1)
+    try:
+        maker = RawClient(alone.port).setup()
+        fh, sid = open_file(maker, "shared", create=True)
+        write(maker, fh, sid, 0, b"cached?")
+        st, _ = maker.session([(c.OP_PUTFH, fh), (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](0, sid))])
+        assert st == 0, st
+        maker.close()
+        for server, expect in ((alone, c.OPEN_DELEGATE_READ), (several, c.OPEN_DELEGATE_NONE)):
+            reader = CallbackClient(server.port).setup()
+            st, res = reader.open_file("shared", READ)
+            assert st == 0 and res[2][2].delegation[0] == expect, (st, res)
+            reader.close()
+    finally:
+        several.stop()
+        alone.stop()

@@ -218,6 +218,9 @@ def _delegation(cx, cl, node: Node, share_access: int, claim: int):
         and claim in (c.CLAIM_NULL, c.CLAIM_FH)
         and node.export is not None
         and node.export.delegations
+        # several heads: a change through another head does not recall this head's delegations
+        # yet, so the holder would go on reading what it cached (docs/heads.md)
+        and state.holdings is None
     ):
         deleg = state.delegations.grant(
             cl, node.ino, cx.fh_of(node), state.shares.by_file.get(node.ino, ())
