@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 import time
 
 import pytest
@@ -61,6 +62,14 @@ class OffloadClient(CallbackClient):
             self.session([])  # the callback arrives among the replies
             time.sleep(0.05)
         return self.offloads()
+
+    def next_callback(self) -> None:
+        """Block until the server's next callback arrives, and answer it."""
+        while True:
+            record = self.recv_record()
+            if struct.unpack_from(">I", record, 4)[0] == 0:  # a CALL, not a late reply
+                self._callback(record)
+                return
 
     def new_file(self, name: str, data: bytes = b""):
         """(handle, open stateid) of a new file opened for read and write, holding ``data``."""

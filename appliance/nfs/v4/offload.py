@@ -72,6 +72,7 @@ class Offloads:
         self.copies: dict[bytes, CopyState] = {}  # by stateid "other"
         self.piece = PIECE
         self.rate_bytes_s = 0.0  # 0: paced by the rests between pieces only
+        self.rest_ratio = 1.0  # rest after each piece, in multiples of the time it took
         self.stopping = False
         self._pool: ThreadPoolExecutor | None = None
         self.counts = dict.fromkeys(
@@ -181,7 +182,7 @@ class Offloads:
                 if got < want:  # the source shrank meanwhile: short, as copy_file_range
                     break
                 # rest as long as the piece took: client requests get the catalog between
-                st.stop.wait(time.monotonic() - began)
+                st.stop.wait((time.monotonic() - began) * self.rest_ratio)
                 pace.spend(got)
         except Exception as exc:  # noqa: BLE001 - the client hears the status in CB_OFFLOAD
             status = access.status_of(exc, CODES)
