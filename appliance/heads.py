@@ -228,7 +228,11 @@ class Heads:
     def start_head(self, head: Head) -> None:
         mine, theirs = channel_pair()
         # systemd's readiness and watchdog are the listener's: a head must not answer for it
-        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+        }
         try:
             head.proc = subprocess.Popen(
                 self.head_command(head, theirs.fileno()), pass_fds=(theirs.fileno(),), env=env
@@ -276,7 +280,10 @@ class Heads:
 
     # -- serving ---------------------------------------------------------------------------
     def serve(self, stop: threading.Event) -> int:
+        from appliance.host.sdnotify import notify, watchdog_interval
+
         announced = False
+        watchdog, pinged = watchdog_interval(), 0.0  # systemd's, when the unit asks for one
         while not stop.is_set():
             for key, _events in self.selector.select(timeout=0.5):
                 kind, head = key.data
@@ -296,6 +303,9 @@ class Heads:
             if not announced and all(h.ready for h in self.heads):
                 announced = True
                 self.ready()
+            if watchdog is not None and announced and now - pinged >= watchdog:
+                pinged = now  # this loop runs: heads that die are started again by it
+                notify("WATCHDOG=1")
         return 0
 
     def ready(self) -> None:

@@ -482,6 +482,7 @@ class NfsServer:
                 my_name=self.nsm_name,
                 client_rpcbind_port=self.client_rpcbind_port,
                 unreachable=self.callback_reaches_self,
+                head=self.head_index,
             ),
         )
         grace = self.lease_seconds if self.grace_seconds is None else self.grace_seconds

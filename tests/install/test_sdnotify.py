@@ -92,7 +92,10 @@ def receive_until_ready(sock, daemon, timeout: float = 60.0) -> list[tuple[float
     pytest.fail(f"no READY=1 within {timeout} s (got {messages})")
 
 
-def test_ready_after_nfs_accepts_and_watchdog_at_interval(appliance_dir, notify_socket):
+@pytest.mark.parametrize("heads", [1, 2])
+def test_ready_after_nfs_accepts_and_watchdog_at_interval(appliance_dir, notify_socket, heads):
+    """With --heads 2 the listener answers for its heads: READY=1 once both serve, its own
+    watchdog pings."""
     sock, path = notify_socket
     nfs_port = free_port()
     folder = appliance_dir
@@ -118,6 +121,8 @@ def test_ready_after_nfs_accepts_and_watchdog_at_interval(appliance_dir, notify_
             "--no-web",
             "--nfs-port",
             str(nfs_port),
+            "--heads",
+            str(heads),
         ],
         cwd=REPO,
         env=env,
@@ -162,7 +167,9 @@ def test_ready_after_nfs_accepts_and_watchdog_at_interval(appliance_dir, notify_
     # Structured log lines on stdout, for journald.
     assert any(
         line.startswith("ts=")
-        and ' level=info logger=shingle.daemon msg="NFS server listening' in line
+        and f" level=info{' head=1' if heads > 1 else ''} logger=shingle.daemon "
+        'msg="NFS server listening'
+        in line
         for line in out.splitlines()
     ), out
 

@@ -22,6 +22,7 @@ from test_delegations import CallbackClient
 from appliance.daemonlock import process_alive
 from appliance.nfs import portmap as pmap
 from appliance.nfs.handoff import head_for
+from appliance.nfs.nlm.nsm import NsmMonitor
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
 
@@ -223,3 +224,18 @@ def test_no_read_delegations_while_another_head_cannot_recall_them(stack):
     finally:
         several.stop()
         alone.stop()
+
+
+def test_each_head_keeps_and_notifies_its_own_nlm_hosts(sqlite_catalog):
+    """NLM hosts to notify after a restart are kept per head (a host's locks are on the head
+    its address picks): one head's save does not drop another's hosts, and a restarted head
+    notifies its own."""
+    sqlite_catalog.set_setting("nsm_monitored", json.dumps({"old": "127.0.0.9"}))  # one head's
+    head0 = NsmMonitor(sqlite_catalog, my_name="srv", head=0)
+    head1 = NsmMonitor(sqlite_catalog, my_name="srv", head=1)
+    head0.monitor("alpha", "127.0.0.3")
+    head1.monitor("beta", "127.0.0.4")
+    head0.monitor("gamma", "127.0.0.5")  # saved last
+    assert NsmMonitor(sqlite_catalog, my_name="srv", head=1).previous == {"beta": "127.0.0.4"}
+    again = NsmMonitor(sqlite_catalog, my_name="srv", head=0).previous
+    assert again == {"old": "127.0.0.9", "alpha": "127.0.0.3", "gamma": "127.0.0.5"}

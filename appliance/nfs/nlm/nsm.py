@@ -1,11 +1,12 @@
 """NSM, the network status monitor (program 100024), as the NLM server side needs it.
 
 ``NsmMonitor`` keeps the hosts that hold NLM locks in the catalog (settings row
-``nsm_monitored``) and this server's NSM state number (``nsm_state``: odd while up, raised
-at every start). After a restart it sends SM_NOTIFY to every host recorded by the previous
-instance, through that host's port mapper, so that their lock managers reclaim during the
-grace period. ``NsmProgram`` answers SM_STAT/SM_MON/SM_UNMON and takes SM_NOTIFY from a
-rebooted client: that host's locks are freed."""
+``nsm_monitored``; for head i of several ``nsm_monitored_head<i>``, that head's own hosts,
+whose connections all reach it: docs/heads.md) and this server's NSM state number
+(``nsm_state``: odd while up, raised at every start). After a restart it sends SM_NOTIFY to
+every host recorded by the previous instance, through that host's port mapper, so that their
+lock managers reclaim during the grace period. ``NsmProgram`` answers SM_STAT/SM_MON/SM_UNMON
+and takes SM_NOTIFY from a rebooted client: that host's locks are freed."""
 
 from __future__ import annotations
 
@@ -37,8 +38,13 @@ class NsmMonitor:
         my_name: str,
         client_rpcbind_port: int = 111,
         unreachable=lambda address: False,
+        head: int | None = None,
     ):
+        """``head``: this head's index among several over one catalog (its own list of hosts;
+        head 0 also takes over the list a single head kept), None for a head alone."""
         self.catalog = catalog
+        self.key = MONITORED_KEY if head is None else f"{MONITORED_KEY}_head{head}"
+        self.keys = [self.key] + ([MONITORED_KEY] if head == 0 else [])
         self.unreachable = unreachable  # address -> True when a callback cannot reach it
         self.my_name = my_name
         self.client_rpcbind_port = client_rpcbind_port
@@ -52,15 +58,17 @@ class NsmMonitor:
         self.notified: dict[str, bool] = {}
 
     def _load(self) -> dict[str, str]:
-        raw = self.catalog.get_setting(MONITORED_KEY)
-        try:
-            return {str(k): str(v) for k, v in json.loads(raw).items()} if raw else {}
-        except (ValueError, AttributeError) as exc:
-            log.warning("monitored hosts record unreadable (%s): starting without", exc)
-            return {}
+        hosts: dict[str, str] = {}
+        for key in reversed(self.keys):  # this head's own list wins
+            raw = self.catalog.get_setting(key)
+            try:
+                hosts.update({str(k): str(v) for k, v in json.loads(raw).items()} if raw else {})
+            except (ValueError, AttributeError) as exc:
+                log.warning("monitored hosts record %s unreadable (%s): left out", key, exc)
+        return hosts
 
     def _save(self) -> None:
-        self.catalog.set_setting(MONITORED_KEY, json.dumps(self.hosts, sort_keys=True))
+        self.catalog.set_setting(self.key, json.dumps(self.hosts, sort_keys=True))
 
     def monitor(self, name: str, address: str) -> None:
         """Remember ``name`` (reached at ``address``) until it holds no locks."""
