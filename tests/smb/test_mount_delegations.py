@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nfs"))
 
-from test_delegations import CallbackClient, _read_delegation  # noqa: E402
+from test_delegations import CallbackClient, read_delegation  # noqa: E402
 
 from appliance.nfs.v4 import const as c  # noqa: E402
 
@@ -20,7 +20,7 @@ def test_a_write_through_the_mount_recalls_the_delegation(served):
     path.write_bytes(b"first")
     reader = CallbackClient(served.nfs_port).setup()
     try:
-        fh, dsid = _read_delegation(reader, "deleg-shard")
+        fh, dsid = read_delegation(reader, "deleg-shard")
         done = threading.Event()
 
         def write_locally():
