@@ -373,6 +373,12 @@ class NfsClient(Base):
     held_state: Mapped[bool] = mapped_column(Boolean, default=False)
     created_ns: Mapped[int] = mapped_column(BigInteger)
     last_seen_ns: Mapped[int] = mapped_column(BigInteger)
+    # the head whose client it is ("" for a single head; "head<index>" of several): a head
+    # that expires a dead one takes its records, and their clients reclaim through it
+    head: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    # who made the record (JSON of the RPC credential): only the same may reclaim on another
+    # head
+    principal: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class AdminUser(Base):

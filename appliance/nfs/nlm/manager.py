@@ -25,6 +25,7 @@ from appliance.nfs import access
 from appliance.nfs.nlm import types as t
 from appliance.nfs.portmap import RpcCallError, getport, rpc_call
 from appliance.nfs.state import INF, NfsError, is_write
+from appliance.nfs.v4.const import NFS4ERR_GRACE
 
 log = logging.getLogger("shingle.nfs.nlm")
 
@@ -181,7 +182,14 @@ class NlmManager:
         self._recall_first(ino, args.exclusive)
         host = self._host(lock, address)
         key = waiter_key(lock, ino, start, end, args.exclusive)
-        hit = self.state.nlm.lock(host, owner_of(lock), ino, start, end, args.exclusive)
+        try:
+            hit = self.state.nlm.lock(
+                host, owner_of(lock), ino, start, end, args.exclusive, args.reclaim
+            )
+        except NfsError as exc:  # several heads: their grace period began since the check
+            if exc.status != NFS4ERR_GRACE:
+                raise
+            raise NlmError(t.NLM4_DENIED_GRACE_PERIOD, "heads in their grace period") from exc
         if hit is None:
             with self._mutex:
                 self.waiters.pop(key, None)  # a blocked request picks up its grant
@@ -304,10 +312,15 @@ class NlmManager:
                     self._release_grant(w)
                 continue
             host = self._host(w.lock, w.address)
-            if (
-                self.state.nlm.lock(host, owner_of(w.lock), w.ino, w.start, w.end, w.exclusive)
-                is None
-            ):
+            try:
+                hit = self.state.nlm.lock(
+                    host, owner_of(w.lock), w.ino, w.start, w.end, w.exclusive
+                )
+            except NfsError as exc:  # several heads in their grace period: the next tick
+                if exc.status != NFS4ERR_GRACE:
+                    raise
+                break
+            if hit is None:
                 w.granted_at = now
                 granted.append(w)
         for w in granted:

@@ -62,7 +62,7 @@ def exchange_id(
         if old is not None:
             state.clients.pop(old.clientid, None)
         cl = Client(state.new_clientid(), owner, verifier, principal, address)
-        cl.may_reclaim = owner in state.reclaimable
+        cl.may_reclaim = state.may_reclaim(owner, principal)
         state.clients[cl.clientid] = cl
         state.unconfirmed41[owner] = cl
         return cl

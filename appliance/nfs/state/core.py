@@ -40,6 +40,18 @@ class StateCore:
         # owners of the previous instance's clients that held opens or locks: they may
         # reclaim them during the grace period (appliance.nfs.state.grace)
         self.reclaimable: set[bytes] = set()
+        # who made each of their records, where known: only the same principal reclaims
+        self.reclaim_principals: dict[bytes, tuple] = {}
+        # this head's name among several over the catalog ("" for a single head): its client
+        # records are the ones of this name (appliance.nfs.state.records)
+        self.head_name = ""
+
+    def may_reclaim(self, owner: bytes, principal: tuple) -> bool:
+        """Whether a client of ``owner`` presenting ``principal`` may reclaim state."""
+        if owner not in self.reclaimable:
+            return False
+        recorded = self.reclaim_principals.get(owner)
+        return recorded is None or recorded == tuple(principal)
 
     def _next(self) -> int:
         self.counter += 1

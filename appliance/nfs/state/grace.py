@@ -10,6 +10,7 @@ import logging
 import time
 
 from appliance.nfs.state.core import StateCore
+from appliance.nfs.state.heads import HeadRegistry
 from appliance.nfs.state.model import Client, NfsError
 from appliance.nfs.state.records import ClientRecords
 from appliance.nfs.state.sessions import SessionRecords
@@ -21,7 +22,10 @@ log = logging.getLogger("shingle.nfs.state")
 class Grace:
     def __init__(self, core: StateCore, records: ClientRecords, sessions: SessionRecords):
         self.core, self.records, self.sessions = core, records, sessions
-        self.end = 0.0  # monotonic time the grace period ends at; 0: none
+        self.end = 0.0  # monotonic time this head's grace period ends at; 0: none
+        # several heads: their registry, whose cluster-wide grace period binds this head too
+        # (appliance.nfs.state.heads)
+        self.cluster: HeadRegistry | None = None
 
     def start(self, seconds: int) -> None:
         """At start, once the previous clients are known: a grace period when some of them
@@ -35,19 +39,33 @@ class Grace:
     def in_grace(self) -> bool:
         if self.end and time.monotonic() >= self.end:
             self._end()
-        return bool(self.end)
+        return bool(self.end) or (self.cluster is not None and self.cluster.cluster_grace)
+
+    def adopt(self, adopted: list[tuple[bytes, str | None]], seconds: int) -> None:
+        """Several heads: the clients of a dead head that held state (``adopted``: owner and
+        recorded principal) may reclaim through this one for ``seconds``."""
+        core = self.core
+        with core.lock:
+            for owner, principal in adopted:
+                core.reclaimable.add(owner)
+                self.records.note_principal(owner, principal)
+            self.end = max(self.end, time.monotonic() + seconds)
+        log.info("grace period of %d s for %d clients of a dead head", seconds, len(adopted))
 
     def _end(self) -> None:
         core = self.core
         self.end = 0.0
         stale = core.reclaimable
         core.reclaimable = set()
+        core.reclaim_principals.clear()
         if stale:
             current = {cl.owner for cl in core.clients.values()}
             gone = [o for o in stale if o not in current]
             if gone:
                 self.records.forget(gone)
         log.info("grace period over")
+        if self.cluster is not None and self.cluster.need:
+            self.cluster.lift()  # (retried by the heartbeat when the catalog fails here)
 
     def _maybe_end_early(self) -> None:
         # every previous client that held state has reclaimed: no reason to hold new ones back

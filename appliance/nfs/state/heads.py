@@ -1,11 +1,24 @@
-"""The heads over one catalog (docs/nfs-state.md): each live head has a row in nfs_heads
-that it beats (a counter raised every ``lease / 6``); the others watch the counter with their
-own monotonic clocks, so no two hosts' clocks are compared. A head whose counter stood still
-for a lease is dead: the first head to see it deletes its row and its holdings in one
-transaction that also checks the counter has not moved (compare and delete, no consensus).
-A head that finds its own row gone was declared dead while it could not beat (a catalog
-outage, a stopped process): its state may have been granted to others meanwhile, so it drops
-every client's state (they reclaim or start over) and joins again as a new instance."""
+"""The heads over one catalog and their cluster-wide grace period (docs/nfs-state.md).
+
+Liveness: each live head has a row in nfs_heads that it beats (a counter raised every
+``lease / 6``); the others watch the counter with their own monotonic clocks, so no two
+hosts' clocks are compared. A head whose counter stood still for a lease is dead: the first
+head to see it deletes its row and its holdings in one transaction that also checks the
+counter has not moved (compare and delete, no consensus), and takes its client records, so
+those clients reclaim through it. A head that finds its own row gone was declared dead while
+it could not beat (a catalog outage, a stopped process): its state may have been granted to
+others meanwhile, so it drops every client's state and joins again as a new instance.
+
+Grace, as NFS-Ganesha's rados_cluster recovery backend: one nfs_grace row holds the current
+epoch C and the recovery epoch R (0: no cluster-wide grace). A head with clients to let
+reclaim (its restart with previous clients that held state, or a dead head's clients taken
+over) starts a grace period (R = C, C = C + 1, unless R is set already: it joins) and sets its
+NEED flag; every head refuses new locks and opens while R is not 0 and says so with its
+ENFORCING flag. A head whose clients have reclaimed (or whose grace time ran out) clears NEED;
+the transaction that finds no NEED left sets R = 0. Ganesha waits at start until every head
+enforces, because its heads grant from local state; here every grant is a catalog transaction
+that reads R (appliance.nfs.state.holdings), so a grace period binds every head from the
+commit that starts it, and ENFORCING only reports what each head's cached view is."""
 
 from __future__ import annotations
 
@@ -13,18 +26,54 @@ import logging
 import os
 import time
 
-from sqlalchemy import and_, delete, select, update
+from sqlalchemy import and_, delete, func, select, update
 
-from engine.catalog.models import NfsHead, NfsHolding
+from engine.catalog.models import NfsClient, NfsGrace, NfsHead, NfsHolding
 
 log = logging.getLogger("shingle.nfs.state")
 
 HEADS = NfsHead.__table__
 HOLDINGS = NfsHolding.__table__
+GRACE = NfsGrace.__table__
+CLIENTS = NfsClient.__table__
 
 
 def head_name(index: int) -> str:
     return f"head{index}"
+
+
+def recovery_epoch(conn) -> int:
+    """In a transaction: R, the epoch whose clients may reclaim (0: no cluster-wide grace)."""
+    return int(conn.execute(select(GRACE.c.recovery_epoch).where(GRACE.c.id == 1)).scalar_one())
+
+
+def _start_grace(conn, name: str) -> int:
+    """In a transaction: start a cluster-wide grace period, or join the one in force; ``name``
+    needs it and enforces it. R."""
+    row = conn.execute(select(GRACE).where(GRACE.c.id == 1)).one()
+    current, recovery = int(row.current_epoch), int(row.recovery_epoch)
+    if not recovery:
+        recovery, current = current, current + 1
+        conn.execute(
+            update(GRACE)
+            .where(GRACE.c.id == 1)
+            .values(current_epoch=current, recovery_epoch=recovery)
+        )
+    conn.execute(update(HEADS).where(HEADS.c.name == name).values(need_grace=True, enforcing=True))
+    return recovery
+
+
+def _settle_grace(conn) -> int:
+    """In a transaction: R, set to 0 first when no head needs the grace period any more."""
+    recovery = recovery_epoch(conn)
+    if recovery:
+        needing = conn.execute(
+            select(func.count()).select_from(HEADS).where(HEADS.c.need_grace.is_(True))
+        ).scalar_one()
+        if not needing:
+            conn.execute(update(GRACE).where(GRACE.c.id == 1).values(recovery_epoch=0))
+            return 0
+    return recovery
 
 
 class HeadRegistry:
@@ -35,14 +84,23 @@ class HeadRegistry:
         self.instance = os.urandom(8).hex()
         # other heads as last seen: name -> (instance, beat, monotonic time the beat moved)
         self.seen: dict[str, tuple[str, int, float]] = {}
+        self.recovery = 0  # R as this head last read it
+        self.need = False  # this head's NEED flag
 
     @property
     def beat_period(self) -> float:
         return max(0.2, self.lease_seconds / 6)
 
-    def join(self, address: str = "") -> None:
+    @property
+    def cluster_grace(self) -> bool:
+        """Whether a cluster-wide grace period was in force at this head's last look."""
+        return bool(self.recovery)
+
+    def join(self, address: str = "", need_grace: bool = False) -> None:
         """At start: this name's earlier instance is dead (it is us), its holdings go; the row
-        now names this instance."""
+        now names this instance. ``need_grace``: this head has previous clients to let
+        reclaim: the grace period starts (or is joined) in the same transaction, so no head
+        grants what they held."""
         name, instance = self.name, self.instance
 
         def work(conn):
@@ -59,8 +117,17 @@ class HeadRegistry:
                     enforcing=False,
                 )
             )
+            if need_grace:
+                return _start_grace(conn, name)
+            recovery = _settle_grace(conn)
+            if recovery:
+                conn.execute(update(HEADS).where(HEADS.c.name == name).values(enforcing=True))
+            return recovery
 
-        self.catalog.run(work, tracked=True)
+        self.recovery = self.catalog.run(work, tracked=True)
+        self.need = need_grace
+        if need_grace:
+            log.info("head %s: cluster-wide grace period, recovery epoch %d", name, self.recovery)
 
     def leave(self) -> None:
         """A clean stop: this head's row and holdings go (its clients' state goes with it)."""
@@ -71,23 +138,45 @@ class HeadRegistry:
                 delete(HOLDINGS).where(HOLDINGS.c.head == name, HOLDINGS.c.instance == instance)
             )
             conn.execute(delete(HEADS).where(HEADS.c.name == name, HEADS.c.instance == instance))
+            _settle_grace(conn)
 
         self.catalog.run(work, tracked=True)
 
     def beat(self) -> bool:
-        """Raise this head's counter; False when its row is gone (declared dead)."""
+        """Raise this head's counter and read the grace period (ending it when nobody needs
+        it); False when this head's row is gone (declared dead)."""
         name, instance = self.name, self.instance
-        rows = self.catalog.run(
-            lambda conn: (
+
+        def work(conn):
+            alive = conn.execute(
+                update(HEADS)
+                .where(HEADS.c.name == name, HEADS.c.instance == instance)
+                .values(beat=HEADS.c.beat + 1)
+            ).rowcount
+            recovery = _settle_grace(conn)
+            if alive and bool(recovery) != bool(self.recovery):
                 conn.execute(
-                    update(HEADS)
-                    .where(HEADS.c.name == name, HEADS.c.instance == instance)
-                    .values(beat=HEADS.c.beat + 1)
-                ).rowcount
-            ),
-            tracked=True,
-        )
-        return bool(rows)
+                    update(HEADS).where(HEADS.c.name == name).values(enforcing=bool(recovery))
+                )
+            return bool(alive), recovery
+
+        alive, recovery = self.catalog.run(work, tracked=True)
+        if bool(recovery) != bool(self.recovery):
+            log.info("head %s: cluster-wide grace period %s", name, "on" if recovery else "over")
+        self.recovery = recovery
+        return alive
+
+    def lift(self) -> None:
+        """This head's clients have reclaimed (or its grace time is over): NEED cleared, and
+        the grace period ends if no other head needs it."""
+        name = self.name
+
+        def work(conn):
+            conn.execute(update(HEADS).where(HEADS.c.name == name).values(need_grace=False))
+            return _settle_grace(conn)
+
+        self.recovery = self.catalog.run(work, tracked=True)
+        self.need = False
 
     def observe(self, rows) -> list[tuple[str, str, int]]:
         """Note the other heads' counters (rows of nfs_heads); (name, instance, beat) of those
@@ -108,67 +197,94 @@ class HeadRegistry:
             del self.seen[gone]
         return dead
 
-    def stale(self, name: str, instance: str, beat: int) -> bool:
-        """Whether this head has watched ``name``'s ``instance`` stand still at ``beat`` (its
-        counter in the catalog now) for a lease."""
-        last = self.seen.get(name)
-        return (
-            last is not None
-            and last[:2] == (instance, beat)
-            and time.monotonic() - last[2] > self.lease_seconds
-        )
-
-    @staticmethod
-    def expire(conn, name: str, instance: str, beat: int) -> bool:
-        """In a transaction: a dead head's row and holdings go, if its counter is still
-        ``beat`` (it did not come back meanwhile); True when they went."""
+    def _expire(self, conn, dead: tuple[str, str, int], adopt: bool):
+        """In a transaction: a dead head's row and holdings go, if its counter is still the one
+        watched (it did not come back meanwhile). ``adopt``: its client records that held
+        state become this head's and the grace period starts for them. None when it was not
+        expired, else the adopted [(owner, principal JSON)]."""
+        name, instance, beat = dead
         gone = conn.execute(
             delete(HEADS).where(
                 HEADS.c.name == name, HEADS.c.instance == instance, HEADS.c.beat == beat
             )
         ).rowcount
-        if gone:
-            conn.execute(
-                delete(HOLDINGS).where(HOLDINGS.c.head == name, HOLDINGS.c.instance == instance)
-            )
-        return bool(gone)
-
-    def expire_dead(self) -> list[str]:
-        """Housekeeping: watch the other heads, expire those dead; the names expired."""
-        rows = self.catalog.read(lambda conn: conn.execute(select(HEADS)).all())
-        dead = self.observe(rows)
-        expired = []
-        for name, instance, beat in dead:
-            if self.catalog.run(
-                lambda conn, n=name, i=instance, b=beat: self.expire(conn, n, i, b),
-                tracked=True,
-            ):
-                log.warning(
-                    "head %s (instance %s) silent for %.0f s: its NFS state is released",
-                    name,
-                    instance,
-                    self.lease_seconds,
+        if not gone:
+            return None
+        conn.execute(
+            delete(HOLDINGS).where(HOLDINGS.c.head == name, HOLDINGS.c.instance == instance)
+        )
+        adopted = []
+        if adopt:
+            mine = {
+                bytes(o)
+                for o in conn.execute(
+                    select(CLIENTS.c.owner).where(CLIENTS.c.head == self.name)
+                ).scalars()
+            }
+            rows = conn.execute(
+                select(CLIENTS.c.clientid, CLIENTS.c.owner, CLIENTS.c.principal).where(
+                    CLIENTS.c.head == name,
+                    CLIENTS.c.held_state.is_(True),
+                    CLIENTS.c.confirmed.is_(True),
                 )
-                expired.append(name)
-            self.seen.pop(name, None)
-        return expired
+            ).all()
+            for row in rows:
+                owner = bytes(row.owner)
+                if owner in mine:  # the client has a record here too: it now holds state
+                    conn.execute(
+                        update(CLIENTS)
+                        .where(CLIENTS.c.owner == owner, CLIENTS.c.head == self.name)
+                        .values(held_state=True)
+                    )
+                else:
+                    conn.execute(
+                        update(CLIENTS)
+                        .where(CLIENTS.c.clientid == row.clientid)
+                        .values(head=self.name)
+                    )
+                adopted.append((owner, row.principal))
+        conn.execute(delete(CLIENTS).where(CLIENTS.c.head == name))
+        if adopted:
+            self.recovery = _start_grace(conn, self.name)
+        else:
+            self.recovery = _settle_grace(conn)
+        return adopted
 
-    def last_beat(self, name: str) -> int | None:
-        """The counter of ``name`` as last seen (tests)."""
-        last = self.seen.get(name)
-        return None if last is None else last[1]
+    def expire_dead(self, adopt: bool) -> list[tuple[bytes, str | None]]:
+        """Housekeeping: watch the other heads, expire those dead (``adopt``: taking the
+        clients that held state, see ``_expire``); the clients taken."""
+        rows = self.catalog.read(lambda conn: conn.execute(select(HEADS)).all())
+        taken: list[tuple[bytes, str | None]] = []
+        for dead in self.observe(rows):
+            adopted = self.catalog.run(
+                lambda conn, d=dead: self._expire(conn, d, adopt), tracked=True
+            )
+            if adopted is not None:
+                log.warning(
+                    "head %s (instance %s) silent for %.0f s: its NFS state is released, %d "
+                    "clients may reclaim through this head",
+                    dead[0],
+                    dead[1],
+                    self.lease_seconds,
+                    len(adopted),
+                )
+                if adopted:
+                    self.need = True
+                taken += adopted
+            self.seen.pop(dead[0], None)
+        return taken
 
     def holdings_of_live(self, conn, ino: int):
-        """In a transaction: the other heads' holdings of ``ino``, of the instances that still
-        have a row; those of a head this one saw dead are expired here first."""
-        rows = conn.execute(
+        """In a transaction: the other heads' holdings of ``ino`` (of the instances that still
+        have a row: a dead head's stay until the heartbeat expires it, as a lock of a client
+        whose lease ran out stays until its head expires it)."""
+        return conn.execute(
             select(
                 HOLDINGS.c.head,
                 HOLDINGS.c.instance,
                 HOLDINGS.c.access,
                 HOLDINGS.c.deny,
                 HOLDINGS.c.locks,
-                HEADS.c.beat,
             )
             .select_from(
                 HOLDINGS.join(
@@ -178,11 +294,3 @@ class HeadRegistry:
             )
             .where(HOLDINGS.c.ino == ino, HOLDINGS.c.head != self.name)
         ).all()
-        live = []
-        for row in rows:
-            if self.stale(row.head, row.instance, row.beat) and self.expire(
-                conn, row.head, row.instance, row.beat
-            ):
-                continue
-            live.append(row)
-        return live

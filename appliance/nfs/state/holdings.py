@@ -18,13 +18,15 @@ from dataclasses import dataclass
 from sqlalchemy import delete
 
 from appliance.nfs.state.core import StateCore
-from appliance.nfs.state.heads import HOLDINGS, HeadRegistry
+from appliance.nfs.state.heads import HOLDINGS, HeadRegistry, recovery_epoch
+from appliance.nfs.state.model import NfsError
 from appliance.nfs.v4 import const as c
 from engine.base.blocking import may_block
 
 log = logging.getLogger("shingle.nfs.state")
 
 _WRITES = (c.WRITE_LT, c.WRITEW_LT)
+_GRACE = "grace"  # a grant refused: the cluster is in its grace period
 
 
 @dataclass(frozen=True)
@@ -90,14 +92,17 @@ class Holdings:
             )
 
     # -- grants: check the other heads and publish in one transaction ---------------------------
-    def grant_lock(self, lk, start: int, end: int, locktype: int, ranges):
+    def grant_lock(self, lk, start: int, end: int, locktype: int, ranges, reclaim: bool):
         """Before ``lk`` gets [start, end) of ``locktype`` (its ranges then ``ranges``): the
         other heads' conflicting lock (a hit as ``Locks.conflict`` returns it) or None, and
-        this head's row written with the new ranges. Under the state lock."""
+        this head's row written with the new ranges. Under the state lock. NFS4ERR_GRACE
+        unless ``reclaim`` while the cluster is in grace."""
         summary = self.summary(lk.ino, lock_st=lk, ranges=ranges)
-        return self._grant(lk.ino, lambda rows: _lock_hit(rows, start, end, locktype), summary)
+        return self._grant(
+            lk.ino, lambda rows: _lock_hit(rows, start, end, locktype), summary, reclaim
+        )
 
-    def grant_open(self, st, ino: int, access: int, deny: int) -> bool:
+    def grant_open(self, st, ino: int, access: int, deny: int, reclaim: bool) -> bool:
         """Before an open of ``ino`` gets ``access``/``deny`` (``st`` the open state it merges
         into, or None): False when another head's opens conflict (nothing written)."""
         held_access, held_deny, locks = self.summary(ino)
@@ -114,19 +119,25 @@ class Holdings:
         def check(rows):
             return any((access & r.deny) or (deny & r.access) for r in rows) or None
 
-        return self._grant(ino, check, summary) is None
+        return self._grant(ino, check, summary, reclaim) is None
 
-    def _grant(self, ino: int, check, summary):
+    def _grant(self, ino: int, check, summary, reclaim: bool):
         may_block("checking the other heads' holdings")
         registry = self.registry
 
         def work(conn):
+            # the grace period binds every head from the commit that starts it
+            if not reclaim and recovery_epoch(conn):
+                return _GRACE
             hit = check(registry.holdings_of_live(conn, ino))
             if hit is None:
                 self._write(conn, ino, summary)
             return hit
 
         hit = self.catalog.run(work, tracked=True)
+        if hit is _GRACE:
+            registry.recovery = registry.recovery or 1  # seen before the next beat reads it
+            raise NfsError(c.NFS4ERR_GRACE, "the cluster of heads is in its grace period")
         if hit is None:
             self.dirty.discard(ino)
         return hit

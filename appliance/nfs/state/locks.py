@@ -99,21 +99,24 @@ class Locks:
         cl.states.add(lk.other)
         return lk
 
-    def add(self, lk: LockState, start: int, end: int, locktype: int) -> None:
-        hit = self.try_add(lk, start, end, locktype)
+    def add(
+        self, lk: LockState, start: int, end: int, locktype: int, reclaim: bool = False
+    ) -> None:
+        hit = self.try_add(lk, start, end, locktype, reclaim)
         if hit is not None:
             raise NfsError(c.NFS4ERR_DENIED, "lock conflict", self.denied(hit))
 
-    def try_add(self, lk: LockState, start: int, end: int, locktype: int):
+    def try_add(self, lk: LockState, start: int, end: int, locktype: int, reclaim: bool = False):
         """Give ``lk`` [start, end) of ``locktype``; the conflicting lock (nothing given) or
-        None. With several heads, theirs are checked too and this head's are published."""
+        None. With several heads, theirs are checked too and this head's are published
+        (NFS4ERR_GRACE while the cluster is in grace, unless ``reclaim``)."""
         hit = self.conflict(lk.client, lk.owner, lk.ino, start, end, locktype)
         if hit is not None:
             return hit
         kind = c.WRITE_LT if is_write(locktype) else c.READ_LT
         ranges = _merged(_cut(lk.ranges, start, end) + [(start, end, kind)])
         if self.holdings is not None:
-            hit = self.holdings.grant_lock(lk, start, end, locktype, ranges)
+            hit = self.holdings.grant_lock(lk, start, end, locktype, ranges, reclaim)
             if hit is not None:
                 return hit
         lk.ranges = ranges

@@ -41,8 +41,19 @@ class NlmLocks:
                 host, owner, ino, start, end, c.WRITE_LT if exclusive else c.READ_LT
             )
 
-    def lock(self, host: Client, owner: bytes, ino: int, start: int, end: int, exclusive: bool):
-        """Take the range for ``owner``; the conflicting lock (nothing taken) or None."""
+    def lock(
+        self,
+        host: Client,
+        owner: bytes,
+        ino: int,
+        start: int,
+        end: int,
+        exclusive: bool,
+        reclaim: bool = False,
+    ):
+        """Take the range for ``owner``; the conflicting lock (nothing taken) or None.
+        NfsError NFS4ERR_GRACE (nothing taken) when several heads are in their grace period
+        and this is no reclaim."""
         locktype = c.WRITE_LT if exclusive else c.READ_LT
         locks = self.locks
         with self.core.lock:
@@ -54,9 +65,11 @@ class NlmLocks:
                 # an open of its own, registered nowhere: NLM has no opens (no share checks)
                 pseudo_open = OpenState(b"", host, ino, b"nlm", access=c.OPEN4_SHARE_ACCESS_BOTH)
                 lk = locks.add_state(host, pseudo_open, owner, ino)
-            hit = locks.try_add(lk, start, end, locktype)  # another head's lock, with several
-            if hit is not None and not lk.ranges:
-                locks.drop(lk)
+            try:  # another head's lock, with several
+                hit = locks.try_add(lk, start, end, locktype, reclaim)
+            finally:
+                if not lk.ranges:
+                    locks.drop(lk)
             return hit
 
     def unlock(self, host: Client, owner: bytes, ino: int, start: int, end: int) -> None:

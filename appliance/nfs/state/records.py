@@ -5,6 +5,7 @@ once it holds none (appliance.nfs.state.grace); only such clients hold the grace
 
 from __future__ import annotations
 
+import json
 import time
 
 from sqlalchemy import delete, select, update
@@ -22,13 +23,26 @@ class ClientRecords:
         self.catalog = core.catalog
 
     def load_previous(self) -> dict[bytes, bool]:
-        """Owner -> whether it held opens or locks, of the previous instance's clients."""
+        """Owner -> whether it held opens or locks, of the previous instance's clients (of this
+        head's name, with several heads); their principals into ``core.reclaim_principals``."""
+        head = self.core.head_name
         rows = self.catalog.read(
             lambda conn: conn.execute(
-                select(CLIENTS.c.owner, CLIENTS.c.held_state).where(CLIENTS.c.confirmed.is_(True))
+                select(CLIENTS.c.owner, CLIENTS.c.held_state, CLIENTS.c.principal).where(
+                    CLIENTS.c.confirmed.is_(True), CLIENTS.c.head == head
+                )
             ).all()
         )
+        for r in rows:
+            self.note_principal(bytes(r.owner), r.principal)
         return {bytes(r.owner): bool(r.held_state) for r in rows}
+
+    def note_principal(self, owner: bytes, recorded: str | None) -> None:
+        if recorded:
+            try:
+                self.core.reclaim_principals[owner] = tuple(json.loads(recorded))
+            except (ValueError, TypeError):
+                pass  # unreadable: any principal may reclaim, as before principals were kept
 
     def forget_stateless(self, previous: dict[bytes, bool]) -> None:
         # nothing to reclaim and no session to carry on: a record made again if it comes back
@@ -41,25 +55,35 @@ class ClientRecords:
             self.forget(gone)
 
     def forget(self, owners: list[bytes]) -> None:
+        head = self.core.head_name
         self.catalog.run(
-            lambda conn: conn.execute(delete(CLIENTS).where(CLIENTS.c.owner.in_(owners)))
+            lambda conn: conn.execute(
+                delete(CLIENTS).where(CLIENTS.c.owner.in_(owners), CLIENTS.c.head == head)
+            )
         )
 
     def forget_one(self, owner: bytes) -> None:
-        self.catalog.run(lambda conn: conn.execute(delete(CLIENTS).where(CLIENTS.c.owner == owner)))
+        head = self.core.head_name
+        self.catalog.run(
+            lambda conn: conn.execute(
+                delete(CLIENTS).where(CLIENTS.c.owner == owner, CLIENTS.c.head == head)
+            )
+        )
 
     def record_held_state(self, cl: Client) -> None:
         """Before ``cl``'s first open is granted (every lock needs one): its record says it
         holds state, durably, so that a restart keeps the grace period for it."""
         if cl.held_state_recorded or not cl.leased:
             return
-        owner = cl.owner
+        owner, head = cl.owner, self.core.head_name
         cl.held_state_recorded = True
         try:
             rows = self.catalog.run(
                 lambda conn: (
                     conn.execute(
-                        update(CLIENTS).where(CLIENTS.c.owner == owner).values(held_state=True)
+                        update(CLIENTS)
+                        .where(CLIENTS.c.owner == owner, CLIENTS.c.head == head)
+                        .values(held_state=True)
                     ).rowcount
                 ),
                 durable=True,
@@ -73,10 +97,12 @@ class ClientRecords:
 
     def release(self, idle: list[Client]) -> None:
         """The records of ``idle`` clients stop holding a future grace period."""
-        owners = [cl.owner for cl in idle]
+        owners, head = [cl.owner for cl in idle], self.core.head_name
         self.catalog.run(
             lambda conn: conn.execute(
-                update(CLIENTS).where(CLIENTS.c.owner.in_(owners)).values(held_state=False)
+                update(CLIENTS)
+                .where(CLIENTS.c.owner.in_(owners), CLIENTS.c.head == head)
+                .values(held_state=False)
             ),
             tracked=True,
         )
@@ -91,10 +117,14 @@ class ClientRecords:
             cl.held_state_recorded or bool(cl.states) or cl.owner in self.core.reclaimable
         )
 
+        head = self.core.head_name
+
         def work(conn):
-            conn.execute(delete(CLIENTS).where(CLIENTS.c.owner == cl.owner))
+            conn.execute(delete(CLIENTS).where(CLIENTS.c.owner == cl.owner, CLIENTS.c.head == head))
             conn.execute(
                 CLIENTS.insert().values(
+                    head=head,
+                    principal=json.dumps(list(cl.principal)),
                     clientid=cl.clientid & ((1 << 63) - 1),
                     owner=cl.owner,
                     verifier=cl.verifier,

@@ -41,11 +41,11 @@ class SessionRecords:
         self.core = core
         self.catalog = core.catalog
 
-    @staticmethod
-    def _record(sess: Session) -> str:
+    def _record(self, sess: Session) -> str:
         cl = sess.client
         return json.dumps(
             {
+                "head": self.core.head_name,
                 "clientid": cl.clientid,
                 "owner": cl.owner.hex(),
                 "verifier": cl.verifier.hex(),
@@ -82,6 +82,8 @@ class SessionRecords:
         for row in rows:
             try:
                 rec = json.loads(row.value)
+                if rec.get("head", "") != core.head_name:
+                    continue  # another head's session
                 sid = bytes.fromhex(row.key[len(SESSION_PREFIX) :])
                 owner = bytes.fromhex(rec["owner"])
                 cl = core.by_owner.get(owner)

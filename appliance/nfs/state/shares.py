@@ -31,7 +31,9 @@ class Shares:
         # several heads over one catalog: the other heads' opens (appliance.nfs.state.holdings)
         self.holdings: Holdings | None = None
 
-    def open(self, cl: Client, owner: bytes, ino: int, access: int, deny: int) -> OpenState:
+    def open(
+        self, cl: Client, owner: bytes, ino: int, access: int, deny: int, reclaim: bool = False
+    ) -> OpenState:
         core = self.core
         with core.lock:
             key = (cl.clientid, owner, ino)
@@ -47,7 +49,9 @@ class Shares:
                         f"{deny} against an open of access {other.access} deny {other.deny}",
                     )
             st = self.by_owner_file.get(key)
-            if self.holdings is not None and not self.holdings.grant_open(st, ino, access, deny):
+            if self.holdings is not None and not self.holdings.grant_open(
+                st, ino, access, deny, reclaim
+            ):
                 raise NfsError(
                     c.NFS4ERR_SHARE_DENIED,
                     f"share reservation conflict on inode {ino} with an open through another head",

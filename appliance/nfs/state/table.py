@@ -59,19 +59,23 @@ class StateTable(StateCore):
         self.shares = Shares(self, self.leases, self.locks, self.records)
         self.nlm = NlmLocks(self, self.locks)
         self.delegations = Delegations(self, self.leases)
+        self.grace_seconds = lease_seconds if grace_seconds is None else grace_seconds
         self.heads = heads
         self.holdings: Holdings | None = None
         if heads is not None:
-            heads.join()
-            holdings = self.holdings = Holdings(self, heads, self.shares, self.locks)
-            self.shares.holdings = self.locks.holdings = holdings
+            self.head_name = heads.name
         # restart: clients of the previous instance that held opens or locks may reclaim
         # them, and only they hold the grace period
         previous = self.records.load_previous()
         self.reclaimable = {owner for owner, held in previous.items() if held}
+        if heads is not None:  # several heads: the grace period is the cluster's
+            heads.join(need_grace=bool(self.reclaimable) and self.grace_seconds > 0)
+            holdings = self.holdings = Holdings(self, heads, self.shares, self.locks)
+            self.shares.holdings = self.locks.holdings = holdings
+            self.grace.cluster = heads
         self.session_records.restore()
         self.records.forget_stateless(previous)
-        self.grace.start(lease_seconds if grace_seconds is None else grace_seconds)
+        self.grace.start(self.grace_seconds)
 
     # -- clients ---------------------------------------------------------------------------------
     def client(self, clientid: int) -> Client:
@@ -152,7 +156,13 @@ class StateTable(StateCore):
             self.drop_all_state()
             heads.instance = os.urandom(8).hex()
             heads.join()
-        heads.expire_dead()
+        adopted = heads.expire_dead(adopt=self.grace_seconds > 0)
+        if adopted:
+            self.grace.adopt(adopted, self.grace_seconds)
+        with self.lock:
+            self.grace.in_grace()  # (a local grace period over lifts this head's NEED)
+            if heads.need and not self.grace.end:
+                heads.lift()  # (a lift that failed before)
         if holdings.dirty:
             holdings.flush()
 

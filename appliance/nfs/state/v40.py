@@ -94,7 +94,7 @@ def setclientid(
             callback=callback,
             callback_ident=callback_ident,
         )
-        cl.may_reclaim = owner in state.reclaimable
+        cl.may_reclaim = state.may_reclaim(owner, principal)
         state.unconfirmed40[clientid] = cl
         return cl
 

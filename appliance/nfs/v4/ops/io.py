@@ -135,7 +135,9 @@ def open_(cx, a):
     _check_open_rights(cx, node, attr, access, checked=created or claim == c.CLAIM_PREVIOUS)
     if access & c.OPEN4_SHARE_ACCESS_WRITE or deny & c.OPEN4_SHARE_DENY_READ:
         state.delegations.conflict(node.ino, cl)
-    st = state.shares.open(cl, bytes(a.owner.owner), node.ino, access, deny)
+    st = state.shares.open(
+        cl, bytes(a.owner.owner), node.ino, access, deny, reclaim=claim == c.CLAIM_PREVIOUS
+    )
     cx.cur = node
     sid = cx.set_stateid(st)
     if change is None:

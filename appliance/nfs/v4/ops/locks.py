@@ -44,7 +44,7 @@ def lock(cx, a):
                 raise NfsError(c.NFS4ERR_BAD_STATEID, "not a lock stateid of this file")
         if is_write(a.locktype) and not lk.open.access & c.OPEN4_SHARE_ACCESS_WRITE:
             raise NfsError(c.NFS4ERR_OPENMODE, "write lock on a file not open for writing")
-        state.locks.add(lk, start, end, a.locktype)
+        state.locks.add(lk, start, end, a.locktype, reclaim=a.reclaim)
         return cx.set_stateid(lk)
 
 
