@@ -41,7 +41,7 @@ from engine.admin.metrics import record_sample
 from engine.catalog import CatalogUnreachable, from_outage
 from engine.catalog.fence import LeaderFenced
 from engine.cluster.leader import FencedLeader
-from engine.lifecycle.hostops import queue_gone_hosts
+from engine.lifecycle.hostops import queue_gone_hosts, queue_rebuild_after_returns
 from engine.snapshots.schedules import SnapshotScheduler
 from engine.snapshots.service import Snapshots
 
@@ -152,6 +152,7 @@ class Maintenance(threading.Thread):
         self.queue_due_jobs()
         self.queue_due_snapshots()
         queue_gone_hosts(self.catalog, self.appliance.config.get("cluster.host_gone_after_s"))
+        queue_rebuild_after_returns(self.catalog)
         self.queue_snapshot_reclaim()
         self.queue_snapshot_space()
         job = jobs.claim_next(self.catalog)

@@ -19,6 +19,11 @@ back by the writer's path, the stripe's others verified before a decode):
   removed. A host that answers and still holds fragments is refused: drain it first.
 - ``replace_host``: join the new host, then drain the old one if it answers, else remove it.
 
+``queue_rebuild_after_returns`` (the maintenance leader, each round): a rebuild job once a
+missing drive is back (a host's agent answering again, a folder back) while stripes are short of
+their width: written while it was away, they committed at the write quorum, and only a rebuild
+completes them.
+
 Each one records an event (``host.joined``, ``host.draining``, ``host.drained``, ``host.gone``,
 ``host.removed``) and returns the rebuild report as a job result, with ``host`` and its
 ``written_by_host`` (where the fragments went). While they run, the hosts' read model
@@ -26,6 +31,7 @@ Each one records an event (``host.joined``, ``host.draining``, ``host.drained``,
 
 from __future__ import annotations
 
+import json
 import time
 
 from sqlalchemy import func, select
@@ -34,10 +40,10 @@ from engine.admin import jobs
 from engine.admin.events import record, record_in
 from engine.base import errors
 from engine.catalog.database import Catalog
-from engine.catalog.models import Drive, Fragment, Zone
+from engine.catalog.models import Drive, Event, Fragment, Zone
 from engine.lifecycle import drives as drive_states
 from engine.lifecycle.hosts import DRAINING_HOST, LOST, host_states_in
-from engine.lifecycle.rebuild import Rebuilder
+from engine.lifecycle.rebuild import Rebuilder, short_work
 from engine.lifecycle.replace import rebuild_report
 
 DRIVES = Drive.__table__
@@ -379,3 +385,48 @@ def queue_gone_hosts(catalog: Catalog, gone_after_s: float) -> list[int]:
             )
         )
     return queued
+
+
+RETURNS_SEEN_KEY = "maintenance.returns_seen_event"  # the newest drive.state event looked at
+
+
+def queue_rebuild_after_returns(catalog: Catalog) -> int | None:
+    """A rebuild job when a drive that was missing became readable again since the last call
+    (its ``drive.state`` event) and stripes are short of their width, unless a rebuild is queued
+    or running already (it completes them too); returns the job's id. Each call reads only the
+    events newer than the last one it saw (a setting keeps its id)."""
+    events = Event.__table__
+    seen = int(catalog.get_setting(RETURNS_SEEN_KEY) or 0)
+
+    def work(conn):
+        newest = conn.execute(select(func.max(events.c.id))).scalar() or 0
+        changes = conn.execute(
+            select(events.c.details).where(
+                events.c.id > seen, events.c.id <= newest, events.c.kind == "drive.state"
+            )
+        ).scalars()
+        return newest, [json.loads(text) for text in changes if text]
+
+    newest, changes = catalog.read(work)
+    if newest <= seen:
+        return None
+    catalog.set_setting(RETURNS_SEEN_KEY, str(newest))
+    returned = [
+        c.get("drive_id")
+        for c in changes
+        if c.get("from") == drive_states.MISSING and c.get("to") in drive_states.READABLE
+    ]
+    if not returned or jobs.pending(catalog, "rebuild"):
+        return None
+    stripes, fragments, _nbytes = catalog.read(short_work)
+    if not stripes:
+        return None
+    return jobs.submit(
+        catalog,
+        "rebuild",
+        {
+            "why": f"drives {', '.join(map(str, returned))} back: {stripes} stripes were "
+            f"written without {fragments} of their fragments meanwhile"
+        },
+        actor="schedule",
+    )

@@ -16,8 +16,9 @@ Checked, while the writers write 1 MiB files in a loop:
   five fragments (the write quorum of 4+2), and its drive is missing with an event that names
   its agent (not a folder: an agent's drive has none);
 - with the host still cut, every acknowledged file reads back through NFS with its sha256;
-- the link back, the drive is taken back online and a rebuild writes the fragments the stripes
-  were born without, each on a host the stripe did not use yet (one fragment per host again);
+- the link back, the drive is taken back online, a rebuild is due (what the maintenance leader
+  queues) and writes the fragments the stripes were born without, each on a host the stripe
+  did not use yet (one fragment per host again);
 - then two other hosts' agents are killed (4+2 loses any two): every acknowledged file still
   reads back through NFS with its sha256, which needs the rebuilt fragments.
 
@@ -46,6 +47,7 @@ from appliance.nfs.server import NfsServerThread
 from engine.admin.events import recent
 from engine.catalog.models import Export
 from engine.lifecycle import drives as drive_states
+from engine.lifecycle.hostops import queue_rebuild_after_returns
 
 AGENTS = 6
 HEAD, CLIENT = "nlhead", "nlclient"
@@ -233,6 +235,8 @@ def test_nfs_writes_and_reads_through_a_head_while_a_storage_host_is_cut(
             assert time.monotonic() - at < PHASE_TIMEOUT_S, "the cut host's drive not back"
             time.sleep(0.3)
         timeline["back_online_s"] = time.monotonic() - at
+        # what the maintenance leader does next round: a rebuild queued (run here in place)
+        assert queue_rebuild_after_returns(sqlite_catalog) is not None
         at = time.monotonic()
         report = bed.call(HEAD, lambda: rebuilding.rebuild(head.data, sqlite_catalog, actor="test"))
         timeline["rebuild_s"] = time.monotonic() - at

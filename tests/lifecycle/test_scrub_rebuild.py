@@ -203,3 +203,38 @@ def test_stripes_born_short_of_their_width_are_completed(rig):
     rig.restart()
     for path, data in files.items():
         assert sha(rig.read_file(path)) == sha(data), path
+
+
+def test_a_rebuild_is_queued_once_missing_drives_are_back_with_stripes_short(rig):
+    """What the maintenance leader calls each round: drives back from missing while stripes are
+    short of their width queue one rebuild; nothing new, or a rebuild already queued, none."""
+    from engine.admin import jobs
+    from engine.lifecycle.hostops import queue_rebuild_after_returns
+
+    rig.write_file("/before", random_bytes(130 * KiB, 1))
+    assert queue_rebuild_after_returns(rig.catalog) is None  # nothing came back
+    away = rig.drive_ids[:3]
+    for drive_id in away:
+        drive_states.set_drive_state(rig.catalog, drive_id, "missing", reason="test")
+    rig.data.refresh_drive_states()
+    rig.write_file("/meanwhile", random_bytes(130 * KiB, 2))
+    assert queue_rebuild_after_returns(rig.catalog) is None  # still away: nothing to complete yet
+    for drive_id in away:
+        drive_states.set_drive_state(rig.catalog, drive_id, "online", reason="test")
+    rig.data.refresh_drive_states()
+    stripes, fragments, _nbytes = rig.catalog.read(short_work)
+    assert stripes > 0
+
+    job_id = queue_rebuild_after_returns(rig.catalog)
+    assert job_id is not None
+    job = jobs.get(rig.catalog, job_id)
+    assert (job.kind, job.actor) == ("rebuild", "schedule")
+    assert (
+        f"{stripes} stripes were written without {fragments} of their fragments"
+        in (job.params["why"])
+    )
+    assert queue_rebuild_after_returns(rig.catalog) is None  # those returns were seen
+    drive_states.set_drive_state(rig.catalog, away[0], "missing", reason="test")
+    drive_states.set_drive_state(rig.catalog, away[0], "online", reason="test")
+    assert queue_rebuild_after_returns(rig.catalog) is None  # the queued rebuild does it
+    assert [j.kind for j in jobs.recent(rig.catalog, 10)].count("rebuild") == 1
