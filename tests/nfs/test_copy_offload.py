@@ -2,19 +2,21 @@
 with a backchannel: the COPY is answered at once with a copy stateid and the client is sent
 CB_OFFLOAD with the result; OFFLOAD_STATUS says how far it got; OFFLOAD_CANCEL stops it (no
 CB_OFFLOAD then); bad stateids; a client without a backchannel, or a copy too small, gets a
-synchronous copy; credentials are checked at the COPY; a server restart during a copy never
+synchronous copy; credentials are checked at the COPY and for every piece (a copy refused
+midway reports its error and the bytes it copied); a server restart during a copy never
 reports it complete; a client that goes has its copies dropped."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import struct
 import time
 
 import pytest
 from nfs4_rawclient import auth_sys, open_args, stateid
-from nfs4_support import add_export, start_server
+from nfs4_support import Stack, add_export, start_server
 from test_delegations import CallbackClient
 
 from appliance.nfs.onc.xdr import UInt
@@ -111,6 +113,42 @@ class OffloadClient(CallbackClient):
         return out
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One stack and server for the module's tests (the restart test has its own)."""
+    folder = tmp_path_factory.mktemp("offload")
+    stack = Stack(folder, drive_size=48 * MiB, zone_size=2 * MiB, fragment_size=64 * 1024)
+    add_export(stack.catalog)
+    srv = start_server(stack)
+    yield stack, srv
+    srv.stop()
+    stack.close()
+    shutil.rmtree(folder / "drives", ignore_errors=True)
+
+
+@pytest.fixture
+def server(shared):
+    """The shared server, its copier at full pace and its counters at zero for each test; the
+    test's files and copies go after it."""
+    stack, srv = shared
+    offloads = srv.server.offloads
+    offloads.counts = dict.fromkeys(offloads.counts, 0)
+    yield srv
+    for st in list(offloads.copies.values()):
+        st.stop.set()
+    offloads.copies.clear()
+    offloads.piece, offloads.rate_bytes_s = offload.PIECE, 0.0
+    ns = stack.namespace
+    root = ns.resolve("/").ino
+    for entry in ns.readdir(ROOT, root)[0]:
+        ns.unlink(ROOT, root, entry.name)
+
+
+@pytest.fixture
+def shared_stack(shared):
+    return shared[0]
+
+
 @pytest.fixture
 def client(server):
     cl = OffloadClient(server.port).setup()
@@ -124,7 +162,7 @@ def _slow(server, bytes_per_s: float) -> None:
     server.server.offloads.rate_bytes_s = bytes_per_s
 
 
-def test_async_copy_answers_at_once_and_reports_by_cb_offload(server, client, stack):
+def test_async_copy_answers_at_once_and_reports_by_cb_offload(server, client, shared_stack):
     data = os.urandom(SIZE)
     src = client.new_file("from", data)
     dst = client.new_file("to")
@@ -154,10 +192,10 @@ def test_async_copy_answers_at_once_and_reports_by_cb_offload(server, client, st
     assert len(client.wait_for_offload(2)) == 2
     want = data[: 2 * MiB] + data[MiB : 6 * MiB] + data[7 * MiB :]
     assert client.read_all(dst[0], dst[1], SIZE) == want
-    assert stack.namespace.getattr(stack.namespace.resolve("/to").ino).size == SIZE
+    assert shared_stack.namespace.getattr(shared_stack.namespace.resolve("/to").ino).size == SIZE
 
 
-def test_offload_status_shows_progress_and_cancel_stops_the_copy(server, client, stack):
+def test_offload_status_shows_progress_and_cancel_stops_the_copy(server, client, shared_stack):
     _slow(server, 2 * MiB)
     src = client.new_file("from", os.urandom(SIZE))
     dst = client.new_file("to")
@@ -175,12 +213,12 @@ def test_offload_status_shows_progress_and_cancel_stops_the_copy(server, client,
     assert st == 0
     st, _ = client.on_file(dst[0], c.OP_OFFLOAD_STATUS, sid)
     assert st == c.NFS4ERR_BAD_STATEID
-    ino = stack.namespace.resolve("/to").ino
+    ino = shared_stack.namespace.resolve("/to").ino
     time.sleep(0.3)  # the piece under way ends
-    size = stack.namespace.getattr(ino).size
+    size = shared_stack.namespace.getattr(ino).size
     time.sleep(1.0)
     client.session([])
-    assert stack.namespace.getattr(ino).size == size < SIZE  # the copier stopped
+    assert shared_stack.namespace.getattr(ino).size == size < SIZE  # the copier stopped
     assert client.offloads() == []  # no CB_OFFLOAD after a cancel
     assert server.server.offloads.counts["cancelled"] == 1
     assert server.server.offloads.copies == {}
@@ -231,8 +269,8 @@ def test_synchronous_without_a_backchannel_or_for_a_small_copy(server):
     assert (counts["started"], counts["synchronous"]) == (0, 1)
 
 
-def test_credentials_are_checked_at_the_copy(server, stack):
-    ns = stack.namespace
+def test_credentials_are_checked_at_the_copy(server, shared_stack):
+    ns = shared_stack.namespace
     ns.setattr(ROOT, ns.resolve("/").ino, mode=0o777)
     user = OffloadClient(server.port, uid=1000).setup()
     src = user.new_file("from", os.urandom(SIZE))
@@ -244,6 +282,28 @@ def test_credentials_are_checked_at_the_copy(server, stack):
     st, _ = user.copy(src, dst, synchronous=True)
     assert st == c.NFS4ERR_ACCESS
     assert server.server.offloads.counts["started"] == 0
+    user.close()
+
+
+def test_a_copy_that_fails_reports_its_error_and_the_bytes_copied(server, shared_stack):
+    ns = shared_stack.namespace
+    ns.setattr(ROOT, ns.resolve("/").ino, mode=0o777)
+    _slow(server, 2 * MiB)
+    user = OffloadClient(server.port, uid=1000).setup()
+    src = user.new_file("from", os.urandom(SIZE))
+    dst = user.new_file("to")
+    st, ok = user.copy(src, dst)
+    assert st == 0 and ok.requirements.synchronous is False
+    [sid] = ok.response.callback_id
+    time.sleep(0.6)
+    # its owner takes write permission away: the copier's next piece is refused
+    ns.setattr(ROOT, ns.resolve("/to").ino, mode=0o444)
+    (found,) = user.wait_for_offload()
+    status, copied = found.info
+    assert status == c.NFS4ERR_ACCESS and 0 < copied < SIZE, found.info
+    st, res = user.on_file(dst[0], c.OP_OFFLOAD_STATUS, sid)
+    assert st == 0 and (res.count, res.complete) == (copied, [c.NFS4ERR_ACCESS])
+    assert server.server.offloads.counts["failed"] == 1
     user.close()
 
 
