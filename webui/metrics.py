@@ -546,6 +546,17 @@ def _nfs(out: Exposition, latest: dict) -> None:
             if f"nfs_delegations_{event}" in latest
         ],
     )
+    out.family(
+        "shingle_nfs_offload_total",
+        "counter",
+        "NFSv4.2 asynchronous COPYs, by event: started, completed, failed, cancelled, "
+        "synchronous (asked for, done synchronously), callbacks_answered, callbacks_failed.",
+        [
+            ({"event": event[len("nfs_offload_") :]}, value)
+            for event, value in sorted(latest.items())
+            if event.startswith("nfs_offload_")
+        ],
+    )
     whole: dict[tuple, dict] = {}
     per_op: dict[tuple, dict] = {}
     for name, value in latest.items():

@@ -65,6 +65,8 @@ def test_metrics_from_recorded_samples(app, appliance):
         nfs_latency_sum_s=0.25,
         nfs_delegations_granted=7,
         nfs_delegations_revoked=1,
+        nfs_offload_started=3,
+        nfs_offload_callbacks_answered=2,
     )
     text = app.test_client().get("/metrics").get_data(as_text=True)
     values = parse(text)
@@ -74,6 +76,8 @@ def test_metrics_from_recorded_samples(app, appliance):
     assert values['shingle_nfs_delegations_total{event="granted"}'] == 7
     assert values['shingle_nfs_delegations_total{event="revoked"}'] == 1
     assert 'shingle_nfs_delegations_total{event="recalled"}' not in text  # not recorded
+    assert values['shingle_nfs_offload_total{event="started"}'] == 3
+    assert values['shingle_nfs_offload_total{event="callbacks_answered"}'] == 2
     assert values['shingle_nfs_latency_seconds_bucket{le="0.001"}'] == 30
     assert values['shingle_nfs_latency_seconds_bucket{le="+Inf"}'] == 65
     assert (
