@@ -15,6 +15,7 @@ from page_cache import evict_zone_files
 
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
+from appliance.nfs.v4.program import FROM_CACHE_MAX_BYTES
 from engine.base import errors
 
 GETATTR = (c.OP_GETATTR, [1 << c.FATTR4_TYPE | 1 << c.FATTR4_SIZE])
@@ -291,6 +292,35 @@ def test_an_unstable_write_into_the_buffer_is_answered_by_the_event_loop(server)
     expect = first + second + rest
     ns = server.server.namespace
     assert bytes(ns.read(ns.resolve("/ckpt").ino, 0, len(expect) + 1)) == expect
+    raw.close()
+
+
+def test_a_small_write_is_answered_by_the_event_loop_while_workers_run_calls(server):
+    """With calls queued for or running in workers (several writers at once), only a big WRITE
+    goes to a worker to copy its data; a small one (nfs-rs's 4 KiB after each 1,044,480) is
+    answered by the loop: a thread hand-off costs more than its copy."""
+    raw = RawClient(server.port).setup()
+    fh, sid = raw.open_new("small", b"writer")
+    small = os.urandom(4096)
+    big = os.urandom(FROM_CACHE_MAX_BYTES + 4096)
+    assert len(big) < server.server.namespace.data.policies["warm"].stripe_size
+    assert raw.session([(c.OP_PUTFH, fh), GETATTR])[0] == 0  # its attributes are cached now
+    pool = server.server.pool
+    with every_worker_busy(server):
+        pool.call_soon(lambda: None)  # waits behind the busy workers: the pool is not idle
+        assert not pool.idle()
+        _send(raw, [(c.OP_PUTFH, fh), _unstable_write(sid, 0, small)])
+        st, res = _reply(raw, 5)
+        assert st == 0 and res[-1][2].count == len(small)
+        assert res[-1][2].committed == c.UNSTABLE4
+        _send(raw, [(c.OP_PUTFH, fh), _unstable_write(sid, len(small), big)])
+        with pytest.raises(socket.timeout):
+            _reply(raw, 0.5)
+    st, res = raw.parse(raw.recv_record())
+    assert st == 0 and res[-1][2].count == len(big)
+    assert raw.session([(c.OP_PUTFH, fh), (c.OP_COMMIT, t.ARGS[c.OP_COMMIT](0, 0))])[0] == 0
+    ns = server.server.namespace
+    assert bytes(ns.read(ns.resolve("/small").ino, 0, 1 << 20)) == small + big
     raw.close()
 
 
