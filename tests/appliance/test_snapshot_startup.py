@@ -1,6 +1,7 @@
 """A snapshot's background reclaim cut short by a crash is finished by the daemon's maintenance
 (the owner of the drives) in its first round, a paced snapshot-reclaim job; opening the runtime
-does not wait for it, and the web UI's and CLI's catalog-only opening leaves it alone."""
+does not wait for it, and the web UI's and CLI's catalog-only opening leaves it alone. Stale
+space figures are recounted by a snapshot-space job."""
 
 from __future__ import annotations
 
@@ -90,6 +91,20 @@ def test_daemon_start_finishes_an_interrupted_snapshot_deletion(tmp_path):
             assert fsck.check(catalog, daemon.namespace.root_ino).clean
             assert Snapshots(daemon.namespace).list("/ds") == []
             assert not daemon.namespace.snapshots_visible  # the default: hidden
+            # stored space figures: counted at create; stale ones recounted by a job
+            Snapshots(daemon.namespace).create("/ds", "s2")
+            assert not maintenance.lead(), "counted at create: no recount due"
+            catalog.run(lambda c: c.execute(SNAPSHOTS.update().values(space_counted_ns=0)))
+            assert maintenance.lead(), "stale figures: a snapshot-space job queued and run"
+            job = jobs.recent(catalog)[0]
+            assert (job.kind, job.state, job.result) == (
+                "snapshot-space",
+                "done",
+                {"snapshots_counted": 1},
+            ), job
+            [s2] = Snapshots(daemon.namespace).list("/ds")
+            assert s2.counted > 0 and s2.files >= 1
+            assert not maintenance.lead(), "nothing due any more"
     finally:
         catalog.close()
     visible = config_mod.from_dict(
