@@ -458,23 +458,6 @@ class NfsServer:
         pool = self.pool = NfsWorkers(self.workers, thread_name_prefix="nfs-worker")
         run = loop.run_in_executor
         self.exports = await run(pool, ExportTable, self.catalog, self.namespace)
-        heads = None
-        if self.head_index is not None:  # several heads: locks and opens meet across them
-            heads = HeadRegistry(self.catalog, head_name(self.head_index), self.lease_seconds)
-        self.state = await run(
-            pool,
-            lambda: StateTable(
-                self.catalog,
-                self.namespace,
-                lease_seconds=self.lease_seconds,
-                grace_seconds=self.grace_seconds,
-                heads=heads,
-            ),
-        )
-        if self.state.holdings is not None:
-            self.state.holdings.submit = pool.submit
-        # the local mount and SMB recall delegations before they change a file
-        self.namespace.change_guard = self.state.delegations
         monitor = await run(
             pool,
             lambda: NsmMonitor(
@@ -485,6 +468,25 @@ class NfsServer:
                 head=self.head_index,
             ),
         )
+        heads = None
+        if self.head_index is not None:  # several heads: locks and opens meet across them
+            heads = HeadRegistry(self.catalog, head_name(self.head_index), self.lease_seconds)
+            heads.address = self.nsm_name
+        self.state = await run(
+            pool,
+            lambda: StateTable(
+                self.catalog,
+                self.namespace,
+                lease_seconds=self.lease_seconds,
+                grace_seconds=self.grace_seconds,
+                heads=heads,
+                nlm_hosts=bool(monitor.previous),
+            ),
+        )
+        if self.state.holdings is not None:
+            self.state.holdings.submit = pool.submit
+        # the local mount and SMB recall delegations before they change a file
+        self.namespace.change_guard = self.state.delegations
         grace = self.lease_seconds if self.grace_seconds is None else self.grace_seconds
         self.nlm = NlmManager(
             self, monitor, grace_seconds=grace, client_rpcbind_port=self.client_rpcbind_port
@@ -539,7 +541,10 @@ class NfsServer:
         while True:
             await asyncio.sleep(period)
             try:
-                await loop.run_in_executor(self.pool, state.head_tick)
+                taken = await loop.run_in_executor(self.pool, state.head_tick)
+                for takeover in taken:
+                    if takeover.nlm_hosts and self.nlm is not None:
+                        self.nlm.take_over(takeover.nlm_hosts, takeover.nsm_name)
             except CatalogUnreachable:
                 pass  # the catalog's outage log counts it; the next beat retries
             except Exception as exc:  # noqa: BLE001 - the next beat retries

@@ -3,7 +3,8 @@ docs/nfs-state.md): two NFS servers of one process, each a head of its own ([hea
 and 1) over one catalog, SQLite and PostgreSQL, with raw NFSv4.1 requests: a lock through one
 head denies a conflicting LOCK and LOCKT through the other until it is released; an OPEN that
 denies writing refuses the other head's OPEN for writing until it is closed; a head that
-stops beating is expired by the other after a lease, its locks with it."""
+stops beating is expired by the other after a lease, its locks with it, and its client
+reclaims through the other head in the cluster-wide grace period."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def two_heads(tmp_path, catalog_url):
     )
     add_export(stack.catalog)
     heads = [
-        start_server(stack, head_index=i, lease_seconds=LEASE, grace_seconds=0) for i in (0, 1)
+        start_server(stack, head_index=i, lease_seconds=LEASE, grace_seconds=30) for i in (0, 1)
     ]
     yield heads
     for head in heads:
@@ -128,30 +129,57 @@ def test_an_open_that_denies_through_one_head_refuses_the_other(two_heads):
         b.close()
 
 
-def test_a_head_that_stops_beating_loses_its_locks_after_a_lease(two_heads):
+def test_a_head_that_stops_beating_loses_its_locks_and_its_client_reclaims_elsewhere(two_heads):
+    """Head A stops beating (as a killed process would): B refuses A's lock for about a lease,
+    then expires A, takes its client and starts the cluster-wide grace period; the client
+    reclaims through B while B's own client waits with NFS4ERR_GRACE; RECLAIM_COMPLETE ends
+    it and the reclaimed lock holds."""
     head_a, head_b = two_heads
-    a = RawClient(head_a.port).setup()
+    a = RawClient(head_a.port).setup(owner=b"host-a")
     b = RawClient(head_b.port).setup()
+    again = None
     try:
         fh, sid_a = a.open_new("orphan", b"oa")
         assert _lock(a, fh, sid_a, 0, 10, b"la")[0] == 0
         _, _, sid_b = _open(b, "orphan", b"ob")
         assert _lock(b, fh, sid_b, 0, 10, b"lb")[0] == c.NFS4ERR_DENIED
-        # head A stops beating (as a killed process): B refuses for up to a lease, then
-        # expires A and grants
         head_a.server.state.heads.beat = lambda: True  # the row stays as it was
         stopped = time.monotonic()
-        deadline = stopped + 4 * LEASE
-        while time.monotonic() < deadline:
-            st, _ = _lock(b, fh, sid_b, 0, 10, b"lb")
-            if st == 0:
-                break
-            assert st == c.NFS4ERR_DENIED
-            time.sleep(0.2)
-        assert st == 0
+        while (st := _lock(b, fh, sid_b, 0, 10, b"lb")[0]) == c.NFS4ERR_DENIED:
+            assert time.monotonic() - stopped < 4 * LEASE, "head A never expired"
+            time.sleep(0.1)
+        assert st == c.NFS4ERR_GRACE, st
         # not before B watched A's counter stand still for a lease (B notices a beat at its
         # own beat, up to two periods of lease / 6 apart)
         assert time.monotonic() - stopped >= LEASE / 2
+        assert head_b.server.state.heads.recovery  # the recovery epoch is set
+
+        again = RawClient(head_b.port).setup(owner=b"host-a", reclaim_complete=False)
+        reclaim = open_args("orphan", b"oa", again.clientid, create=False)
+        reclaim.claim = (c.CLAIM_PREVIOUS, c.OPEN_DELEGATE_NONE)
+        st, res = again.session([(c.OP_PUTFH, fh), (c.OP_OPEN, reclaim)])
+        assert st == 0, st
+        locker = (
+            True,
+            t.open_to_lock_owner4.cls(
+                0, res[-1][2].stateid, 0, t.state_owner4.cls(again.clientid, b"la")
+            ),
+        )
+        relock = t.ARGS[c.OP_LOCK](c.WRITE_LT, True, 0, 10, locker)
+        assert again.session([(c.OP_PUTFH, fh), (c.OP_LOCK, relock)])[0] == 0
+        assert _lock(b, fh, sid_b, 50, 10, b"lb")[0] == c.NFS4ERR_GRACE
+        # a client that held nothing on A may not reclaim through B
+        stranger = RawClient(head_b.port).setup(reclaim_complete=False)
+        st, _ = stranger.session([(c.OP_PUTFH, fh), (c.OP_OPEN, reclaim)])
+        stranger.close()
+        assert st == c.NFS4ERR_RECLAIM_BAD, st
+        assert again.session([(c.OP_RECLAIM_COMPLETE, False)])[0] == 0
+        assert not head_b.server.state.heads.recovery  # the last NEED lifted: R = 0
+        assert _lock(b, fh, sid_b, 50, 10, b"lb")[0] == 0
+        st, res = _lock(b, fh, sid_b, 0, 10, b"lb2")
+        assert st == c.NFS4ERR_DENIED
+        assert res[-1][2].owner.owner == b"la"
     finally:
-        a.close()
-        b.close()
+        for raw in (a, b, again):
+            if raw is not None:
+                raw.close()

@@ -21,6 +21,7 @@ from nfs3_helpers import Rpc3, add_export, start_server
 from appliance.nfs import portmap as pm
 from appliance.nfs.nlm import types as n
 from appliance.nfs.onc.xdr import LinkedList, String, UInt
+from appliance.nfs.state import nsm_hosts_key
 from appliance.nfs.v3 import types as t
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t4
@@ -389,6 +390,38 @@ def test_nlm_and_nfsv41_locks_conflict_across_heads(stack, fake_host):
     finally:
         nlm.close()
         v4.close()
+        head0.stop()
+        head1.stop()
+
+
+def test_a_dead_heads_nlm_hosts_reclaim_through_another_head(stack, fake_host):
+    """Head 0 of two stops beating (as a killed process) while an NLM host holds a lock
+    through it: head 1 expires it after a lease, takes its monitored hosts and starts the
+    cluster-wide grace period; the host is told by SM_NOTIFY (under head 0's NSM name) and
+    reclaims through head 1, while a new lock waits with DENIED_GRACE_PERIOD."""
+    add_export(stack.catalog)
+    kwargs = dict(grace_seconds=GRACE, client_rpcbind_port=fake_host.port, lease_seconds=2)
+    head0 = start_server(stack, head_index=0, nsm_name="head-zero", **kwargs)
+    head1 = start_server(stack, head_index=1, nsm_name="head-one", **kwargs)
+    fh = v3_file(head0.port, "taken")
+    a0 = Nlm(head0.port, "host-a")
+    a1, b1 = Nlm(head1.port, "host-a"), Nlm(head1.port, "host-b")
+    try:
+        assert a0.lock(fh, 1, 0, 10) == n.NLM4_GRANTED
+        assert b1.lock(fh, 2, 0, 10) == n.NLM4_DENIED
+        # head 0's own list of hosts, under the name head 1 takes it by
+        assert "host-a" in stack.catalog.get_setting(nsm_hosts_key("head0"))
+        head0.server.state.heads.beat = lambda: True  # its row stays as it was
+        notify = n.stat_chge.decode(fake_host.wait_for(n.NSM_PROGRAM, n.SM_NOTIFY, timeout=20))
+        assert notify.mon_name == "head-zero"
+        assert b1.lock(fh, 2, 20, 10) == n.NLM4_DENIED_GRACE_PERIOD
+        assert a1.lock(fh, 1, 0, 10, reclaim=True) == n.NLM4_GRANTED
+        assert b1.lock(fh, 2, 5, 1, reclaim=True) == n.NLM4_DENIED  # a reclaim still conflicts
+        assert "host-a" in stack.catalog.get_setting(nsm_hosts_key("head1"))
+        assert stack.catalog.get_setting(nsm_hosts_key("head0")) is None
+    finally:
+        for nlm in (a0, a1, b1):
+            nlm.close()
         head0.stop()
         head1.stop()
 

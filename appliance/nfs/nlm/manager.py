@@ -132,6 +132,13 @@ class NlmManager:
             log.info("NLM grace period over")
         return bool(self.grace_end) or self.state.grace.in_grace()
 
+    def take_over(self, hosts: dict[str, str], nsm_name: str) -> None:
+        """Several heads: the NLM hosts of a dead head (caller name -> address) are this head's
+        now (their locks went with it; the cluster is in grace): monitored here, and told by
+        SM_NOTIFY, under the name they knew the dead head by, to reclaim."""
+        self.monitor.adopt(hosts)
+        self.submit(self.monitor.notify_hosts, hosts, nsm_name)
+
     def _check_grace(self, reclaim: bool) -> None:
         if self.in_grace() and not reclaim:
             raise NlmError(t.NLM4_DENIED_GRACE_PERIOD, "server in grace period")

@@ -83,12 +83,24 @@ class NsmMonitor:
             if self.hosts.pop(name, None) is not None:
                 self._save()
 
+    def adopt(self, hosts: dict[str, str]) -> None:
+        """Several heads: a dead head's hosts are monitored here too (the catalog row was
+        merged by the head that took them, appliance.nfs.state.heads)."""
+        with self.lock:
+            for name, address in hosts.items():
+                self.hosts.setdefault(name, address)
+
     def notify_previous(self) -> int:
         """SM_NOTIFY to every host the previous instance monitored (in a worker); how many
         were reached. A host not reached keeps its record and learns of the restart from its
         own retries (Linux lockd retries a lock refused with DENIED_GRACE_PERIOD)."""
+        return self.notify_hosts(self.previous)
+
+    def notify_hosts(self, hosts: dict[str, str], mon_name: str = "") -> int:
+        """SM_NOTIFY to ``hosts`` (caller name -> address) as ``mon_name`` (default: this
+        server's name); how many were reached."""
         reached = 0
-        for name, address in sorted(self.previous.items()):
+        for name, address in sorted(hosts.items()):
             if self.unreachable(address):
                 log.info(
                     "SM_NOTIFY to %s (%s) skipped: it would reach this server's own port mapper",
@@ -98,7 +110,7 @@ class NsmMonitor:
                 continue
             for attempt in range(NOTIFY_ATTEMPTS):
                 try:
-                    self.notify(name, address)
+                    self.notify(name, address, mon_name)
                     reached += 1
                     break
                 except RpcCallError as exc:
@@ -112,7 +124,7 @@ class NsmMonitor:
                     time.sleep(1.0)
         return reached
 
-    def notify(self, name: str, address: str) -> None:
+    def notify(self, name: str, address: str, mon_name: str = "") -> None:
         port = getport(
             address,
             t.NSM_PROGRAM,
@@ -126,7 +138,7 @@ class NsmMonitor:
             t.NSM_PROGRAM,
             t.NSM_V1,
             t.SM_NOTIFY,
-            t.stat_chge.encode((self.my_name, self.state)),
+            t.stat_chge.encode((mon_name or self.my_name, self.state)),
             timeout=NOTIFY_TIMEOUT,
         )
         self.notified[name] = True

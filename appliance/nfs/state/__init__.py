@@ -10,7 +10,7 @@ This package's face is what it exports here, and two modules of rules on the tab
 records.py, sessions.py, grace.py, leases.py, shares.py, locks.py, nlm.py. It speaks NFSv4's
 statuses and XDR (appliance.nfs.v4.const and types) and imports nothing else of v4/."""
 
-from appliance.nfs.state.heads import HeadRegistry, head_name
+from appliance.nfs.state.heads import HeadRegistry, head_name, nsm_hosts_key
 from appliance.nfs.state.locks import INF, is_write, lock_range
 from appliance.nfs.state.model import Client, LockState, NfsError, OpenState, Session, Slot
 from appliance.nfs.state.table import StateTable
@@ -26,6 +26,7 @@ __all__ = [
     "Slot",
     "StateTable",
     "head_name",
+    "nsm_hosts_key",
     "is_write",
     "lock_range",
 ]

@@ -26,35 +26,49 @@ class Grace:
         # several heads: their registry, whose cluster-wide grace period binds this head too
         # (appliance.nfs.state.heads)
         self.cluster: HeadRegistry | None = None
+        # NLM hosts reclaim too (several heads): they send no RECLAIM_COMPLETE, so the grace
+        # period runs its whole time
+        self.full_period = False
 
     def start(self, seconds: int) -> None:
         """At start, once the previous clients are known: a grace period when some of them
         held state."""
         core = self.core
-        self.end = time.monotonic() + seconds if core.reclaimable and seconds > 0 else 0.0
+        holders = core.reclaimable or self.full_period  # (full_period: NLM hosts, several heads)
+        self.end = time.monotonic() + seconds if holders and seconds > 0 else 0.0
         if self.end:
             log.info("grace period of %d s for %d previous clients", seconds, len(core.reclaimable))
             self._maybe_end_early()
+        elif self.cluster is not None and self.cluster.need:
+            self.cluster.lift()
 
     def in_grace(self) -> bool:
         if self.end and time.monotonic() >= self.end:
             self._end()
         return bool(self.end) or (self.cluster is not None and self.cluster.cluster_grace)
 
-    def adopt(self, adopted: list[tuple[bytes, str | None]], seconds: int) -> None:
+    def adopt(self, adopted: list[tuple[bytes, str | None]], seconds: int, nlm: bool) -> None:
         """Several heads: the clients of a dead head that held state (``adopted``: owner and
-        recorded principal) may reclaim through this one for ``seconds``."""
+        recorded principal) may reclaim through this one for ``seconds``; ``nlm``: its NLM
+        hosts too (the period then runs its whole time)."""
         core = self.core
         with core.lock:
             for owner, principal in adopted:
                 core.reclaimable.add(owner)
                 self.records.note_principal(owner, principal)
             self.end = max(self.end, time.monotonic() + seconds)
-        log.info("grace period of %d s for %d clients of a dead head", seconds, len(adopted))
+            self.full_period = self.full_period or nlm
+        log.info(
+            "grace period of %d s for %d clients%s of a dead head",
+            seconds,
+            len(adopted),
+            " and NLM hosts" if nlm else "",
+        )
 
     def _end(self) -> None:
         core = self.core
         self.end = 0.0
+        self.full_period = False
         stale = core.reclaimable
         core.reclaimable = set()
         core.reclaim_principals.clear()
@@ -74,7 +88,7 @@ class Grace:
             for cl in self.core.clients.values()
             if cl.reclaim_complete and not cl.reclaim_needed
         }
-        if self.end and self.core.reclaimable <= done:
+        if self.end and not self.full_period and self.core.reclaimable <= done:
             self._end()
 
     def reclaim_complete(self, cl: Client) -> None:

@@ -22,13 +22,15 @@ commit that starts it, and ENFORCING only reports what each head's cached view i
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
+from dataclasses import dataclass, field
 
 from sqlalchemy import and_, delete, func, select, update
 
-from engine.catalog.models import NfsClient, NfsGrace, NfsHead, NfsHolding
+from engine.catalog.models import NfsClient, NfsGrace, NfsHead, NfsHolding, Setting
 
 log = logging.getLogger("shingle.nfs.state")
 
@@ -36,10 +38,28 @@ HEADS = NfsHead.__table__
 HOLDINGS = NfsHolding.__table__
 GRACE = NfsGrace.__table__
 CLIENTS = NfsClient.__table__
+SETTINGS = Setting.__table__
 
 
 def head_name(index: int) -> str:
     return f"head{index}"
+
+
+def nsm_hosts_key(name: str) -> str:
+    """The settings row of the NLM hosts head ``name`` monitors (appliance.nfs.nlm.nsm's
+    ``nsm_monitored_head<i>``)."""
+    return f"nsm_monitored_{name}"
+
+
+@dataclass
+class Takeover:
+    """What a head took from a dead one: its NFSv4 clients that held state (owner, recorded
+    principal), its NLM hosts (caller name -> address) and the NSM name they know it by."""
+
+    head: str
+    clients: list = field(default_factory=list)
+    nlm_hosts: dict = field(default_factory=dict)
+    nsm_name: str = ""
 
 
 def recovery_epoch(conn) -> int:
@@ -86,6 +106,7 @@ class HeadRegistry:
         self.seen: dict[str, tuple[str, int, float]] = {}
         self.recovery = 0  # R as this head last read it
         self.need = False  # this head's NEED flag
+        self.address = ""  # this head's NSM name (its row's address: SM_NOTIFY after a takeover)
 
     @property
     def beat_period(self) -> float:
@@ -96,12 +117,12 @@ class HeadRegistry:
         """Whether a cluster-wide grace period was in force at this head's last look."""
         return bool(self.recovery)
 
-    def join(self, address: str = "", need_grace: bool = False) -> None:
+    def join(self, need_grace: bool = False) -> None:
         """At start: this name's earlier instance is dead (it is us), its holdings go; the row
         now names this instance. ``need_grace``: this head has previous clients to let
         reclaim: the grace period starts (or is joined) in the same transaction, so no head
         grants what they held."""
-        name, instance = self.name, self.instance
+        name, instance, address = self.name, self.instance, self.address
 
         def work(conn):
             conn.execute(delete(HOLDINGS).where(HOLDINGS.c.head == name))
@@ -197,12 +218,17 @@ class HeadRegistry:
             del self.seen[gone]
         return dead
 
-    def _expire(self, conn, dead: tuple[str, str, int], adopt: bool):
+    def _expire(self, conn, dead: tuple[str, str, int], adopt: bool) -> Takeover | None:
         """In a transaction: a dead head's row and holdings go, if its counter is still the one
         watched (it did not come back meanwhile). ``adopt``: its client records that held
-        state become this head's and the grace period starts for them. None when it was not
-        expired, else the adopted [(owner, principal JSON)]."""
+        state and its NLM hosts become this head's, and the grace period starts for them.
+        None when it was not expired."""
         name, instance, beat = dead
+        address = conn.execute(
+            select(HEADS.c.address).where(
+                HEADS.c.name == name, HEADS.c.instance == instance, HEADS.c.beat == beat
+            )
+        ).scalar()
         gone = conn.execute(
             delete(HEADS).where(
                 HEADS.c.name == name, HEADS.c.instance == instance, HEADS.c.beat == beat
@@ -213,64 +239,92 @@ class HeadRegistry:
         conn.execute(
             delete(HOLDINGS).where(HOLDINGS.c.head == name, HOLDINGS.c.instance == instance)
         )
-        adopted = []
+        taken = Takeover(name, nsm_name=address or "")
         if adopt:
-            mine = {
-                bytes(o)
-                for o in conn.execute(
-                    select(CLIENTS.c.owner).where(CLIENTS.c.head == self.name)
-                ).scalars()
-            }
-            rows = conn.execute(
-                select(CLIENTS.c.clientid, CLIENTS.c.owner, CLIENTS.c.principal).where(
-                    CLIENTS.c.head == name,
-                    CLIENTS.c.held_state.is_(True),
-                    CLIENTS.c.confirmed.is_(True),
-                )
-            ).all()
-            for row in rows:
-                owner = bytes(row.owner)
-                if owner in mine:  # the client has a record here too: it now holds state
-                    conn.execute(
-                        update(CLIENTS)
-                        .where(CLIENTS.c.owner == owner, CLIENTS.c.head == self.name)
-                        .values(held_state=True)
-                    )
-                else:
-                    conn.execute(
-                        update(CLIENTS)
-                        .where(CLIENTS.c.clientid == row.clientid)
-                        .values(head=self.name)
-                    )
-                adopted.append((owner, row.principal))
+            taken.clients = self._take_clients(conn, name)
+            taken.nlm_hosts = self._take_nlm_hosts(conn, name)
         conn.execute(delete(CLIENTS).where(CLIENTS.c.head == name))
-        if adopted:
+        conn.execute(delete(SETTINGS).where(SETTINGS.c.key == nsm_hosts_key(name)))
+        if taken.clients or taken.nlm_hosts:
             self.recovery = _start_grace(conn, self.name)
         else:
             self.recovery = _settle_grace(conn)
+        return taken
+
+    def _take_clients(self, conn, dead: str) -> list[tuple[bytes, str | None]]:
+        """The dead head's client records that held state become this head's."""
+        mine = {
+            bytes(o)
+            for o in conn.execute(select(CLIENTS.c.owner).where(CLIENTS.c.head == self.name))
+            .scalars()
+            .all()
+        }
+        rows = conn.execute(
+            select(CLIENTS.c.clientid, CLIENTS.c.owner, CLIENTS.c.principal).where(
+                CLIENTS.c.head == dead,
+                CLIENTS.c.held_state.is_(True),
+                CLIENTS.c.confirmed.is_(True),
+            )
+        ).all()
+        adopted = []
+        for row in rows:
+            owner = bytes(row.owner)
+            if owner in mine:  # the client has a record here too: it now holds state
+                conn.execute(
+                    update(CLIENTS)
+                    .where(CLIENTS.c.owner == owner, CLIENTS.c.head == self.name)
+                    .values(held_state=True)
+                )
+            else:
+                conn.execute(
+                    update(CLIENTS).where(CLIENTS.c.clientid == row.clientid).values(head=self.name)
+                )
+            adopted.append((owner, row.principal))
         return adopted
 
-    def expire_dead(self, adopt: bool) -> list[tuple[bytes, str | None]]:
-        """Housekeeping: watch the other heads, expire those dead (``adopt``: taking the
-        clients that held state, see ``_expire``); the clients taken."""
+    def _take_nlm_hosts(self, conn, dead: str) -> dict[str, str]:
+        """The NLM hosts the dead head monitored join this head's list (they are told to
+        reclaim through it)."""
+
+        def hosts(key: str) -> dict[str, str]:
+            raw = conn.execute(select(SETTINGS.c.value).where(SETTINGS.c.key == key)).scalar()
+            try:
+                return {str(k): str(v) for k, v in json.loads(raw).items()} if raw else {}
+            except (ValueError, AttributeError):
+                return {}
+
+        theirs = hosts(nsm_hosts_key(dead))
+        if theirs:
+            mine_key = nsm_hosts_key(self.name)
+            merged = {**theirs, **hosts(mine_key)}
+            conn.execute(delete(SETTINGS).where(SETTINGS.c.key == mine_key))
+            conn.execute(
+                SETTINGS.insert().values(key=mine_key, value=json.dumps(merged, sort_keys=True))
+            )
+        return theirs
+
+    def expire_dead(self, adopt: bool) -> list[Takeover]:
+        """Housekeeping: watch the other heads, expire those dead (``adopt``: taking their
+        clients and NLM hosts, see ``_expire``); what was taken from each."""
         rows = self.catalog.read(lambda conn: conn.execute(select(HEADS)).all())
-        taken: list[tuple[bytes, str | None]] = []
+        taken: list[Takeover] = []
         for dead in self.observe(rows):
-            adopted = self.catalog.run(
+            takeover = self.catalog.run(
                 lambda conn, d=dead: self._expire(conn, d, adopt), tracked=True
             )
-            if adopted is not None:
+            if takeover is not None:
                 log.warning(
                     "head %s (instance %s) silent for %.0f s: its NFS state is released, %d "
-                    "clients may reclaim through this head",
+                    "clients and %d NLM hosts may reclaim through this head",
                     dead[0],
                     dead[1],
                     self.lease_seconds,
-                    len(adopted),
+                    len(takeover.clients),
+                    len(takeover.nlm_hosts),
                 )
-                if adopted:
+                if takeover.clients or takeover.nlm_hosts:
                     self.need = True
-                taken += adopted
+                taken.append(takeover)
             self.seen.pop(dead[0], None)
         return taken
 

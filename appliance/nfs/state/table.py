@@ -23,7 +23,7 @@ import os
 from appliance.nfs.state.core import SPECIAL_OTHERS, StateCore
 from appliance.nfs.state.delegations import Delegations
 from appliance.nfs.state.grace import Grace
-from appliance.nfs.state.heads import HeadRegistry
+from appliance.nfs.state.heads import HeadRegistry, Takeover
 from appliance.nfs.state.holdings import Holdings
 from appliance.nfs.state.leases import Leases
 from appliance.nfs.state.locks import Locks
@@ -48,8 +48,11 @@ class StateTable(StateCore):
         lease_seconds: int,
         grace_seconds: int | None,
         heads: HeadRegistry | None = None,
+        nlm_hosts: bool = False,
     ):
-        """``heads``: this head's row among several over the catalog (None: the only one)."""
+        """``heads``: this head's row among several over the catalog (None: the only one).
+        ``nlm_hosts``: the previous instance had NLM hosts that will reclaim (with several
+        heads they hold the cluster-wide grace period too)."""
         super().__init__(catalog, namespace, lease_seconds)
         self.records = ClientRecords(self)
         self.session_records = SessionRecords(self)
@@ -69,7 +72,9 @@ class StateTable(StateCore):
         previous = self.records.load_previous()
         self.reclaimable = {owner for owner, held in previous.items() if held}
         if heads is not None:  # several heads: the grace period is the cluster's
-            heads.join(need_grace=bool(self.reclaimable) and self.grace_seconds > 0)
+            if nlm_hosts and self.grace_seconds > 0:
+                self.grace.full_period = True  # NLM hosts end no grace period early
+            heads.join(need_grace=bool(self.reclaimable or nlm_hosts) and self.grace_seconds > 0)
             holdings = self.holdings = Holdings(self, heads, self.shares, self.locks)
             self.shares.holdings = self.locks.holdings = holdings
             self.grace.cluster = heads
@@ -140,13 +145,13 @@ class StateTable(StateCore):
             if self.holdings is not None:
                 self.holdings.dirty.clear()
 
-    def head_tick(self) -> None:
+    def head_tick(self) -> list[Takeover]:
         """Every ``heads.beat_period``: beat, expire the heads that stopped, write the
         holdings that shrank. A head whose row is gone was declared dead: it drops its state
         and joins again as a new instance."""
         heads, holdings = self.heads, self.holdings
         if heads is None or holdings is None:
-            return
+            return []
         if not heads.beat():
             log.error(
                 "head %s was declared dead by another head (no beat for a lease): its NFS "
@@ -156,15 +161,17 @@ class StateTable(StateCore):
             self.drop_all_state()
             heads.instance = os.urandom(8).hex()
             heads.join()
-        adopted = heads.expire_dead(adopt=self.grace_seconds > 0)
-        if adopted:
-            self.grace.adopt(adopted, self.grace_seconds)
+        taken = heads.expire_dead(adopt=self.grace_seconds > 0)
+        for takeover in taken:
+            if takeover.clients or takeover.nlm_hosts:
+                self.grace.adopt(takeover.clients, self.grace_seconds, bool(takeover.nlm_hosts))
         with self.lock:
             self.grace.in_grace()  # (a local grace period over lifts this head's NEED)
             if heads.need and not self.grace.end:
                 heads.lift()  # (a lift that failed before)
         if holdings.dirty:
             holdings.flush()
+        return taken
 
     # -- sessions ---------------------------------------------------------------------------------
     def add_session(self, cl: Client, fore, back) -> Session:
