@@ -31,7 +31,7 @@ from pathlib import Path
 from appliance.config import Config, etcd_endpoints
 from appliance.daemonlock import DaemonLock, process_alive
 from appliance.nfs import portmap as pmap
-from appliance.nfs.handoff import READY, channel_pair, hand_over, head_for
+from appliance.nfs.handoff import READY, TAKEN, channel_pair, hand_over, head_for
 
 log = logging.getLogger("shingle.heads")
 
@@ -121,6 +121,7 @@ class Head:
     handed: int = 0  # connections handed over, all lives together
     served: bool = False  # it said READY once (a head that never did is not restarted)
     pending: deque = field(default_factory=deque)  # (accepted socket, monotonic time)
+    sent: deque = field(default_factory=deque)  # handed over, not yet TAKEN: ours to keep
     last_exit: int | None = None
 
 
@@ -353,8 +354,7 @@ class Heads:
                 log.warning("head %d did not take a connection: %s", head.index, exc)
                 self._drop_channel(head)
                 return
-            head.pending.popleft()
-            conn.close()
+            head.sent.append(head.pending.popleft())
             head.handed += 1
 
     def hear(self, head: Head) -> None:
@@ -365,7 +365,10 @@ class Heads:
             return
         except OSError:
             msg = b""
-        if msg == READY:
+        if msg == TAKEN:
+            if head.sent:
+                head.sent.popleft()[0].close()
+        elif msg == READY:
             head.ready = head.served = True
             log.info("head %d serves", head.index)
             self.write_status()
@@ -406,6 +409,9 @@ class Heads:
 
     def _drop_channel(self, head: Head) -> None:
         head.ready = False
+        # what the head never took waits for its next instance, first in line
+        head.pending.extendleft(reversed(head.sent))
+        head.sent.clear()
         if head.channel is not None:
             self.selector.unregister(head.channel)
             head.channel.close()

@@ -6,7 +6,10 @@ its descriptor (SCM_RIGHTS) over a SOCK_SEQPACKET pair to the head ``head_for`` 
 client's address: every connection of one client host reaches the same head, whose NFSv4 state
 (client records, sessions, opens, locks) and NLM locks then live in one process, also after the
 client reconnects or the head restarts under the same index. One message per descriptor; a
-head says ``READY`` once it serves.
+head says ``READY`` once it serves, and ``TAKEN`` for each descriptor it received, before it
+reads from it: until then the listener keeps its own copy open, so a connection sent to a head
+that dies before it took it (a SIGKILL races the send) goes to the head's next instance
+instead of being reset.
 
 ``HandedListener`` is the head's side: it stands in for the asyncio.Server a head would
 otherwise listen with."""
@@ -23,6 +26,7 @@ log = logging.getLogger("shingle.nfs.handoff")
 
 CONNECTION = b"C"  # listener -> head: one accepted connection's descriptor rides with it
 READY = b"R"  # head -> listener: serving; hand connections over
+TAKEN = b"T"  # head -> listener: the oldest connection not yet taken is this head's now
 MAX_FDS = 16  # descriptors taken per receive (the listener sends one per message)
 
 
@@ -89,7 +93,12 @@ class HandedListener:
         for fd in fds:
             sock = socket.socket(fileno=fd)
             if msg != CONNECTION or self.closed:
-                sock.close()
+                sock.close()  # not taken: the listener gives it to the next instance
+                continue
+            try:
+                self.channel.send(TAKEN)
+            except OSError:
+                sock.close()  # the listener is gone, and the client's other end with it
                 continue
             self._accept(sock)
         if not msg:
