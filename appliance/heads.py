@@ -396,6 +396,9 @@ class Heads:
         quick = now - head.started_at < QUICK_DEATH_S
         head.quick_deaths = head.quick_deaths + 1 if quick else 0
         delay = RESTART_BACKOFF_S[min(head.quick_deaths, len(RESTART_BACKOFF_S) - 1)]
+        # back before the other heads expire it (a lease of silence) and take its clients,
+        # who would still be sent here
+        delay = min(delay, self.config.get("nfs.lease_seconds") / 3)
         head.next_start = now + delay
         log.error(
             "head %d (pid %d) exited with status %s; starting it again in %.0f s",
