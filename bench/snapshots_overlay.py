@@ -19,7 +19,7 @@ d. live 4 KiB durable writes to old files of /ds: with no snapshot, then with --
    pass over the same files (the probe finds them copied). Rounds alternate.
 
     .venv/bin/python bench/snapshots_overlay.py [--files N[,N...]] [--held H] [--postgres]
-        [--json]
+        [--json] [--explain]
 """
 
 from __future__ import annotations
@@ -255,6 +255,25 @@ def run_one(args, files: int) -> dict:
             "inside_depth_2": round(t_in / n * 1e6, 1),
             "outside": round(t_out / len(outside) * 1e6, 1),
         }
+        if args.explain and args.postgres:  # the server's plan and time of one check
+            d = view.delta
+            plan = catalog.read(
+                lambda conn: sql_all(
+                    conn,
+                    "EXPLAIN (ANALYZE, FORMAT JSON) " + _IN_VIEW_PG,
+                    (inside[0] + d, d, d, view.live_hi, d, view.root, view.root),
+                )
+            )[0][0][0]
+            scans = []
+            todo = [plan["Plan"]]
+            while todo:
+                node = todo.pop()
+                scans += [f"{node['Node Type']} {node.get('Index Name', '')}".strip()]
+                todo += node.get("Plans", [])
+            out["membership_plan"] = {
+                "execution_ms": plan["Execution Time"],
+                "scans": sorted(x for x in scans if "Scan" in x),
+            }
         t_dir = timed(lambda: preserve(catalog, [view], folders[1]))
         t_file = timed(lambda: preserve(catalog, [view], inside[-1]))
         out["copy_up_s"] = {
@@ -288,6 +307,9 @@ def main() -> None:
     parser.add_argument("--held", type=int, default=10)
     parser.add_argument("--postgres", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--explain", action="store_true", help="with --postgres: the membership check's plan"
+    )
     args = parser.parse_args()
     runs = [run_one(args, int(n)) for n in sorted(int(x) for x in args.files.split(","))]
     print(json.dumps(runs, indent=None if args.json else 2))
