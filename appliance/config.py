@@ -309,6 +309,15 @@ OPTIONS: list[Option] = [
     ),
     Option(
         "nfs",
+        "copy_offload_mib_s",
+        "float",
+        0.0,
+        "Most MiB per second an asynchronous NFSv4.2 COPY moves on average (0: no cap; the "
+        "copier still rests after each 64 MiB piece as long as the piece took).",
+        minimum=0.0,
+    ),
+    Option(
+        "nfs",
         "max_compound_ops",
         "int",
         64,

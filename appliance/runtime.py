@@ -430,6 +430,7 @@ class Daemon:
             krb5_keytab=config.get("nfs.krb5_keytab"),
             krb5_principal=config.get("nfs.krb5_principal"),
             idmap_domain=config.get("nfs.idmap_domain"),
+            copy_offload_mib_s=config.get("nfs.copy_offload_mib_s"),
             handoff=self.handoff,
             on_listener_gone=self.on_listener_gone,
         )

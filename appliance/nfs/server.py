@@ -254,6 +254,7 @@ class NfsServer:
         krb5_keytab: str = "",
         krb5_principal: str = "",
         idmap_domain: str = "",
+        copy_offload_mib_s: float = 0.0,
         handoff: socket.socket | None = None,
         on_listener_gone=None,
     ):
@@ -269,7 +270,8 @@ class NfsServer:
         are asked for their NLM and NSM services (callbacks). ``pnfs``: this head's pNFS role
         (appliance/nfs/pnfs.py; default: none). ``head_index``: this head's number among several
         over one catalog ([heads] index when count > 1): its server owner then differs from the
-        others' while the server scope stays theirs (one namespace, each head its own state)."""
+        others' while the server scope stays theirs (one namespace, each head its own state).
+        ``copy_offload_mib_s``: the average rate cap of asynchronous COPYs (0: none)."""
         if portmap not in PORTMAP_MODES:
             raise ValueError(f"portmap mode {portmap!r}: expected one of {PORTMAP_MODES}")
         if limits is None:
@@ -331,6 +333,7 @@ class NfsServer:
         self.connections: set = set()
         self.counters = NfsStats()
         self.offloads = Offloads(self)  # asynchronous COPYs (appliance/nfs/v4/offload.py)
+        self.offloads.rate_bytes_s = copy_offload_mib_s * (1 << 20)
         # set by start()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pool: NfsWorkers | None = None

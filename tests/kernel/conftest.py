@@ -22,6 +22,7 @@ import guest_nfs
 import pytest
 import vm
 from nfs_rig import (
+    COPY_OFFLOAD_MIB_S,
     HERE,
     KRB5_GUEST,
     KRB5_IDMAP_DOMAIN,
@@ -61,7 +62,14 @@ def kernel_rig_dir():
 
 @pytest.fixture(scope="session")
 def shingle_daemon(kernel_rig_dir):
-    daemon = ShingleDaemon(kernel_rig_dir / "appliance", free_port()).init()
+    # asynchronous COPYs paced so that the guest's copy-offload-restart check meets one running
+    daemon = ShingleDaemon(kernel_rig_dir / "appliance", free_port()).init(
+        nfs_options=f"copy_offload_mib_s = {COPY_OFFLOAD_MIB_S}\n"
+    )
+    # counters sampled every 2 s: the copy-offload check reads the daemon's from its samples
+    text = daemon.config.read_text()
+    assert "metrics_interval_s = 10.0" in text
+    daemon.config.write_text(text.replace("metrics_interval_s = 10.0", "metrics_interval_s = 2.0"))
     daemon.start()
     yield daemon
     daemon.stop()

@@ -6,8 +6,9 @@ here in the background, through the namespace's ``copy_range`` (stripes shared w
 is large enough, bytes read and written otherwise, as a synchronous COPY), one ``PIECE`` per
 catalog transaction. Between pieces the copier rests as long as the piece took (at most half
 of one thread's time, so client requests keep the catalog and the drives) and, with
-``rate_bytes_s``, keeps its average below that. When it ends, the client is sent CB_OFFLOAD with
-the result (bytes copied, FILE_SYNC4 and the write verifier) or the error.
+``rate_bytes_s`` (nfs.copy_offload_mib_s), keeps its average below that. Copies run one at a
+time, in the order they came. When one ends, the client is sent CB_OFFLOAD with the result
+(bytes copied, FILE_SYNC4 and the write verifier) or the error.
 
 OFFLOAD_STATUS says how far it got (and its status once done); OFFLOAD_CANCEL stops it at the
 next piece and forgets it (no CB_OFFLOAD then). What the copier already wrote stays: a client
@@ -41,6 +42,7 @@ log = logging.getLogger("shingle.nfs.offload")
 ASYNC_MIN = 4 << 20  # smaller copies answer faster than a callback round trip would
 PIECE = 64 << 20  # bytes per catalog transaction of a background copy
 MAX_PER_CLIENT = 16
+RATED_PIECE_MIN = 1 << 20  # pieces under a rate cap: still large enough to share stripes
 
 
 @dataclass(eq=False)
@@ -164,11 +166,19 @@ class Offloads:
     # -- the copier -----------------------------------------------------------------------------
     def _run(self, st: CopyState) -> None:
         status = c.NFS4_OK
-        pace = RateLimiter(bytes_per_s=self.rate_bytes_s)
+        rate = self.rate_bytes_s
+        # with a rate cap, about a second's bytes per piece, so the copy moves evenly; the
+        # limiter's sleeps end early at a cancel or the server's stop
+        piece = min(self.piece, max(int(rate), RATED_PIECE_MIN)) if rate else self.piece
+
+        def rest(seconds: float) -> None:
+            st.stop.wait(seconds)
+
+        pace = RateLimiter(bytes_per_s=rate, sleep=rest)
         ns = self.server.namespace
         try:
             while st.done < st.count and not st.stop.is_set():
-                want = min(self.piece, st.count - st.done)
+                want = min(piece, st.count - st.done)
                 began = time.monotonic()
                 got = ns.copy_range(
                     st.cred,
