@@ -639,11 +639,11 @@ class NfsServer:
                 await self.loop.run_in_executor(self.pool, self.state.grace.release_idle_records)
             except Exception as exc:  # noqa: BLE001 - the marks only cost a grace period
                 log.warning("client records not updated at stop: %s", exc)
-            if self.state.heads is not None:
-                try:  # the other heads need not wait a lease to see this one's state go
-                    await self.loop.run_in_executor(self.pool, self.state.heads.leave)
-                except Exception as exc:  # noqa: BLE001 - the others expire it after a lease
-                    log.warning("head row not removed at stop: %s", exc)
+            holdings = self.state.holdings
+            if holdings is not None and holdings.dirty:
+                # what its clients still hold stays published: the other heads expire this one
+                # after a lease and take its clients (or its restart does), in a grace period
+                await self.loop.run_in_executor(self.pool, holdings.flush_quietly)
         if self._portmap_server is not None:
             await self._portmap_server.wait_closed()
             self._portmap_server = None

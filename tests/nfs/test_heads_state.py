@@ -8,15 +8,18 @@ reclaims through the other head in the cluster-wide grace period."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 
 import pytest
 from nfs4_rawclient import RawClient, open_args
 from nfs4_support import MiB, Stack, add_export, start_server
+from sqlalchemy import select
 
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
+from engine.catalog.models import Setting
 
 LEASE = 2
 
@@ -45,6 +48,16 @@ def _lock(raw, fh, open_sid, start, length, owner, locktype=c.WRITE_LT):
     return raw.session(
         [(c.OP_PUTFH, fh), (c.OP_LOCK, t.ARGS[c.OP_LOCK](locktype, False, start, length, locker))]
     )
+
+
+def _session_heads(catalog) -> set[str]:
+    settings = Setting.__table__
+    rows = catalog.read(
+        lambda conn: conn.execute(
+            select(settings.c.value).where(settings.c.key.like("nfs_session_%"))
+        ).all()
+    )
+    return {json.loads(row.value)["head"] for row in rows}
 
 
 def _open(raw, name, owner, *, deny=0, create=False):
@@ -153,6 +166,8 @@ def test_a_head_that_stops_beating_loses_its_locks_and_its_client_reclaims_elsew
         # own beat, up to two periods of lease / 6 apart)
         assert time.monotonic() - stopped >= LEASE / 2
         assert head_b.server.state.heads.recovery  # the recovery epoch is set
+        # A's session rows went with it (nobody would restore them), B's stay
+        assert _session_heads(head_b.server.catalog) == {"head1"}
 
         again = RawClient(head_b.port).setup(owner=b"host-a", reclaim_complete=False)
         reclaim = open_args("orphan", b"oa", again.clientid, create=False)

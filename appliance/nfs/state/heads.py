@@ -150,19 +150,6 @@ class HeadRegistry:
         if need_grace:
             log.info("head %s: cluster-wide grace period, recovery epoch %d", name, self.recovery)
 
-    def leave(self) -> None:
-        """A clean stop: this head's row and holdings go (its clients' state goes with it)."""
-        name, instance = self.name, self.instance
-
-        def work(conn):
-            conn.execute(
-                delete(HOLDINGS).where(HOLDINGS.c.head == name, HOLDINGS.c.instance == instance)
-            )
-            conn.execute(delete(HEADS).where(HEADS.c.name == name, HEADS.c.instance == instance))
-            _settle_grace(conn)
-
-        self.catalog.run(work, tracked=True)
-
     def beat(self) -> bool:
         """Raise this head's counter and read the grace period (ending it when nobody needs
         it); False when this head's row is gone (declared dead)."""
@@ -245,6 +232,13 @@ class HeadRegistry:
             taken.nlm_hosts = self._take_nlm_hosts(conn, name)
         conn.execute(delete(CLIENTS).where(CLIENTS.c.head == name))
         conn.execute(delete(SETTINGS).where(SETTINGS.c.key == nsm_hosts_key(name)))
+        # its sessions' rows (appliance.nfs.state.sessions): nobody restores them any more
+        conn.execute(
+            delete(SETTINGS).where(
+                SETTINGS.c.key.like("nfs_session_%"),
+                SETTINGS.c.value.like(f'%"head": "{name}"%'),
+            )
+        )
         if taken.clients or taken.nlm_hosts:
             self.recovery = _start_grace(conn, self.name)
         else:

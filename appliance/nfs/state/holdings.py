@@ -27,6 +27,7 @@ log = logging.getLogger("shingle.nfs.state")
 
 _WRITES = (c.WRITE_LT, c.WRITEW_LT)
 _GRACE = "grace"  # a grant refused: the cluster is in its grace period
+_NONE: tuple = (0, 0, [])  # the holdings of a file without a row
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class Holdings:
         self.core, self.registry, self.shares, self.locks = core, registry, shares, locks
         self.catalog = core.catalog
         self.dirty: set[int] = set()  # files whose row is bigger than what is held
+        # each file's row as this head last wrote it: a grant that leaves it as it is, or a
+        # release back to it, writes nothing (an OPEN and CLOSE of a file held open)
+        self.written: dict[int, tuple] = {}
         # runs a flush in a worker (the server's pool), when set
         self.submit: Callable[..., object] | None = None
 
@@ -122,6 +126,10 @@ class Holdings:
         return self._grant(ino, check, summary, reclaim) is None
 
     def _grant(self, ino: int, check, summary, reclaim: bool):
+        if self.written.get(ino) == summary:
+            # granted already as it stands in the row: no other head got a conflict since
+            self.dirty.discard(ino)
+            return None
         may_block("checking the other heads' holdings")
         registry = self.registry
 
@@ -140,24 +148,29 @@ class Holdings:
             raise NfsError(c.NFS4ERR_GRACE, "the cluster of heads is in its grace period")
         if hit is None:
             self.dirty.discard(ino)
+            self._wrote(ino, summary)
         return hit
+
+    def _wrote(self, ino: int, summary) -> None:
+        if summary[0] or summary[1] or summary[2]:
+            self.written[ino] = summary
+        else:
+            self.written.pop(ino, None)
 
     def test_lock(self, ino: int, start: int, end: int, locktype: int):
         """LOCKT, NLM_TEST: another head's conflicting lock, or None (nothing written)."""
         may_block("reading the other heads' holdings")
         registry = self.registry
-        return self.catalog.run(
-            lambda conn: _lock_hit(registry.holdings_of_live(conn, ino), start, end, locktype),
-            tracked=True,
+        return self.catalog.read(
+            lambda conn: _lock_hit(registry.holdings_of_live(conn, ino), start, end, locktype)
         )
 
     def special_io_denied(self, ino: int, want: int) -> bool:
         """READ or WRITE with a special stateid against another head's deny modes."""
         may_block("reading the other heads' holdings")
         registry = self.registry
-        return self.catalog.run(
-            lambda conn: any(r.deny & want for r in registry.holdings_of_live(conn, ino)),
-            tracked=True,
+        return self.catalog.read(
+            lambda conn: any(r.deny & want for r in registry.holdings_of_live(conn, ino))
         )
 
     # -- releases -------------------------------------------------------------------------------
@@ -179,12 +192,16 @@ class Holdings:
                 return
             inos = sorted(self.dirty)
             summaries = [(ino, self.summary(ino)) for ino in inos]
+            summaries = [(ino, s) for ino, s in summaries if self.written.get(ino, _NONE) != s]
 
             def work(conn):
                 for ino, summary in summaries:
                     self._write(conn, ino, summary)
 
-            self.catalog.run(work, tracked=True)
+            if summaries:
+                self.catalog.run(work, tracked=True)
+            for ino, summary in summaries:
+                self._wrote(ino, summary)
             self.dirty.difference_update(inos)
 
     def flush_quietly(self) -> None:

@@ -144,6 +144,7 @@ class StateTable(StateCore):
                 self.nlm.free_host(name)
             if self.holdings is not None:
                 self.holdings.dirty.clear()
+                self.holdings.written.clear()  # its rows went with its expiry
 
     def head_tick(self) -> list[Takeover]:
         """Every ``heads.beat_period``: beat, expire the heads that stopped, write the
