@@ -340,6 +340,12 @@ class Daemon:
         else:
             daemon_log.debug("malloc: left as it is (no glibc mallopt)")
         if not self.lock.acquire():
+            if self.handoff is not None:
+                raise DaemonBusy(
+                    f"head {self.config.get('heads.index')} of {self.config.data_dir} still runs "
+                    f"(pid {self.lock.holder()}, {self.lock.path}): its listener stopped "
+                    "without it; it stops when it sees that"
+                )
             raise DaemonBusy(
                 f"another shingle daemon (pid {self.lock.holder()}) serves {self.config.data_dir}"
             )
