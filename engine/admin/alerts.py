@@ -288,7 +288,8 @@ class RedundancyReduced(AlertSource):
                 severity,
                 f"{status.reduced} of {status.stripes} stripes are "
                 f"under-protected ({status.no_redundancy} with no redundancy left, "
-                f"{status.lost} lost): add or replace drives, then rebuild",
+                f"{status.lost} lost): `shingle rebuild` restores them (queued by itself once a "
+                "missing drive is back); with too few drives left, add or replace drives first",
                 status.to_dict(),
             )
         ]
