@@ -144,7 +144,9 @@ class ShingleFs(pyfuse3.Operations):
         except WouldBlock:  # raised before the call changed anything
             return await self._call(fn, *args, **kwargs)
 
-    async def _recall_first(self, ino: int | None, name_in: tuple | None = None) -> None:
+    async def _recall_first(
+        self, ino: int | None, name_in: tuple | None = None, *, writes_only: bool = False
+    ) -> None:
         """Before a change of a file (``ino``, or the entry ``(cred, dir, name)``): NFS clients'
         delegations of it are recalled and returned (or revoked) first
         (Namespace.change_guard); nothing to do, and no thread hop, while none stands."""
@@ -156,8 +158,8 @@ class ShingleFs(pyfuse3.Operations):
                 ino = (await self._try_cached(self.ns.lookup, *name_in)).ino
             except errors.NotFound:
                 return  # the change itself says so
-        if ino is not None and guard.held(ino):
-            await self._call(guard.wait_returned, ino)
+        if ino is not None and guard.held(ino, writes_only=writes_only):
+            await self._call(guard.wait_returned, ino, writes_only=writes_only)
 
     def _refresh_export_folders(self) -> None:
         """In a worker thread: the catalog read must not stall the FUSE loop."""
@@ -406,6 +408,8 @@ class ShingleFs(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EACCES)
         if want & 2:  # opened for writing (or truncated): NFS clients' cached copies go first
             await self._recall_first(ino)
+        else:  # for reading: what an NFS client holding a write delegation wrote comes first
+            await self._recall_first(ino, writes_only=True)
         return self._opened(ino)
 
     @_handler

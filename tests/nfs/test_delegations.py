@@ -37,6 +37,8 @@ class CallbackClient(RawClient):
         self.back_channel = back_channel
         self.callbacks: list[tuple[int, int, bytes]] = []  # (prog, proc, args)
         self.answer = True
+        # CB_GETATTR's answer: (size, change) of its cached file (a write delegation's)
+        self.attrs: tuple[int, int] = (0, 0)
 
     def call_raw(self, proc, body, prog=c.NFS4_PROGRAM, vers=4, flavor=1, cred=None) -> bytes:
         self.send_call(proc, body, prog, vers, flavor, cred)
@@ -63,12 +65,19 @@ class CallbackClient(RawClient):
             _, apos = UInt.unpack(record, apos)  # the count
             _, apos = UInt.unpack(record, apos)  # OP_CB_SEQUENCE
             seq, apos = cb.CB_SEQUENCE4args.unpack(record, apos)
-            # status, empty tag, two results: CB_SEQUENCE's resok, CB_RECALL's NFS4_OK
+            op, apos = UInt.unpack(record, apos)
+            # status, empty tag, two results: CB_SEQUENCE's resok, then CB_RECALL's NFS4_OK or
+            # CB_GETATTR's change and size
             results = struct.pack(">IIIII", 0, 0, 2, cb.OP_CB_SEQUENCE, 0) + seq.sessionid
             results += struct.pack(
                 ">IIII", seq.sequenceid, seq.slotid, seq.highest_slotid, seq.highest_slotid
             )
-            results += struct.pack(">II", cb.OP_CB_RECALL, 0)
+            if op == cb.OP_CB_GETATTR:
+                size, change = self.attrs
+                results += struct.pack(">IIII", op, 0, 1, cb.GETATTR_WORDS[0])
+                results += struct.pack(">IQQ", 16, change, size)
+            else:
+                results += struct.pack(">II", op, 0)
         self.send_record(struct.pack(">IIIIII", xid, 1, 0, 0, 0, 0) + results)
 
     def setup(self, owner=None, reclaim_complete=True):
@@ -116,6 +125,14 @@ class CallbackClient(RawClient):
             ]
         )
 
+    def getattrs(self) -> int:
+        """How many CB_GETATTRs came."""
+        return sum(
+            struct.unpack_from(">I", args, _first_op_at(args))[0] == cb.OP_CB_GETATTR
+            for prog, proc, args in self.callbacks
+            if proc == cb.CB_COMPOUND
+        )
+
     def recalls(self) -> list[t.stateid4.cls]:
         out = []
         for prog, proc, args in self.callbacks:
@@ -131,6 +148,8 @@ class CallbackClient(RawClient):
                 elif op == cb.OP_CB_RECALL:
                     recall, pos = cb.CB_RECALL4args.unpack(args, pos)
                     out.append(recall.stateid)
+                else:
+                    break
         return out
 
     def sequence_flags(self) -> int:
@@ -144,6 +163,15 @@ class CallbackClient(RawClient):
             self.session([])  # the callback arrives among the replies
             time.sleep(0.05)
         return self.recalls()
+
+
+def _first_op_at(args: bytes) -> int:
+    """Where the operation after CB_SEQUENCE starts in CB_COMPOUND4args."""
+    _, pos = cb.CB_COMPOUND4args_head.unpack(args, 0)
+    _, pos = UInt.unpack(args, pos)
+    _, pos = UInt.unpack(args, pos)
+    _, pos = cb.CB_SEQUENCE4args.unpack(args, pos)
+    return pos
 
 
 @pytest.fixture

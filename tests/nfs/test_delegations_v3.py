@@ -29,7 +29,7 @@ def deleg_server(stack):
     srv.stop()
 
 
-def _nlm_lock(raw: RawClient, fh: bytes, *, exclusive: bool, svid: int = 7) -> int:
+def nlm_lock(raw: RawClient, fh: bytes, *, exclusive: bool, svid: int = 7) -> int:
     alock = n.nlm4_lock.cls("v3host", fh, f"{svid}@v3host".encode(), svid, 0, 0)
     args = n.nlm4_lockargs.cls(struct.pack(">I", svid), False, exclusive, alock, False, 3)
     reply = raw.call_raw(
@@ -48,17 +48,17 @@ def test_exclusive_nlm_lock_recalls_first(deleg_server):
     fh, dsid = read_delegation(holder, "locked")
     v3 = RawClient(port)
     # a shared lock is no write: the delegation stays
-    assert _nlm_lock(v3, fh, exclusive=False, svid=1) == n.NLM4_GRANTED
+    assert nlm_lock(v3, fh, exclusive=False, svid=1) == n.NLM4_GRANTED
     assert holder.recalls() == []
-    assert _nlm_lock(v3, fh, exclusive=True, svid=2) == n.NLM4_DENIED_GRACE_PERIOD
+    assert nlm_lock(v3, fh, exclusive=True, svid=2) == n.NLM4_DENIED_GRACE_PERIOD
     assert [s.other for s in holder.wait_for_recall()] == [dsid.other]
-    assert _nlm_lock(v3, fh, exclusive=True, svid=2) == n.NLM4_DENIED_GRACE_PERIOD
+    assert nlm_lock(v3, fh, exclusive=True, svid=2) == n.NLM4_DENIED_GRACE_PERIOD
     st, _ = holder.session([(c.OP_PUTFH, fh), (c.OP_DELEGRETURN, dsid)])
     assert st == 0, st
     # lockd's retry: the shared lock of svid 1 is the same host's, so svid 2 waits for it
     # (DENIED), proving the range check ran, not the recall; freeing it grants svid 2
-    assert _nlm_lock(v3, fh, exclusive=True, svid=2) == n.NLM4_DENIED
-    assert _nlm_lock(v3, fh, exclusive=True, svid=1) == n.NLM4_GRANTED  # an upgrade of its own
+    assert nlm_lock(v3, fh, exclusive=True, svid=2) == n.NLM4_DENIED
+    assert nlm_lock(v3, fh, exclusive=True, svid=1) == n.NLM4_GRANTED  # an upgrade of its own
     v3.close()
     holder.close()
 

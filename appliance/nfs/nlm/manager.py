@@ -214,15 +214,16 @@ class NlmManager:
 
     def _recall_first(self, ino: int, exclusive: bool) -> None:
         """An exclusive lock announces a write: an NFSv4 client's delegation of the file is
-        recalled first (appliance.nfs.state.delegations), the lock answered
-        DENIED_GRACE_PERIOD meanwhile. Linux lockd then waits 5 s and asks again, blocking or
-        not; a DENIED would fail the caller's fcntl for good, a BLOCKED would leave the grant
-        to a callback the client may not be reachable for."""
+        recalled first (appliance.nfs.state.delegations), a shared one only a write
+        delegation (whose holder may lock locally), the lock answered DENIED_GRACE_PERIOD
+        meanwhile. Linux lockd then waits 5 s and asks again, blocking or not; a DENIED would
+        fail the caller's fcntl for good, a BLOCKED would leave the grant to a callback the
+        client may not be reachable for."""
         delegations = self.state.delegations
-        if not exclusive or not delegations.held(ino):
+        if not delegations.held(ino, writes_only=not exclusive):
             return
         try:
-            delegations.conflict(ino, None)
+            delegations.conflict(ino, None, write=exclusive)
         except NfsError as exc:
             raise NlmError(t.NLM4_DENIED_GRACE_PERIOD, str(exc)) from None
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import replace
 
 from sqlalchemy import delete, select
 
@@ -44,6 +45,7 @@ log = logging.getLogger("shingle.nfs.state")
 
 SETTINGS = Setting.__table__
 DELEG_PREFIX = "nfs_delegation_"
+CB_GETATTR_WAIT = 5.0  # a holder's answer to CB_GETATTR; after that it is recalled
 
 
 def _key(ino: int, other: bytes) -> str:
@@ -69,7 +71,9 @@ class Delegations:
         self.by_file: dict[int, list[DelegState]] = {}
         self.revoked: dict[bytes, DelegState] = {}  # revoked, not yet freed, by "other"
         self.contended: dict[int, float] = {}  # inode -> when a conflict last met a delegation
-        self.counts = dict.fromkeys(("granted", "recalled", "revoked", "returned"), 0)
+        self.counts = dict.fromkeys(
+            ("granted", "recalled", "revoked", "returned", "granted_write", "cb_getattr"), 0
+        )
 
     def start(self, head: str) -> None:
         """Once the server listens as ``head`` (host:port): this head's rows of its previous
@@ -115,29 +119,40 @@ class Delegations:
             )
 
     # -- grant and return --------------------------------------------------------------------------
-    def grant(self, cl: Client, ino: int, fh: bytes, opens) -> DelegState | None:
-        """A read delegation of ``ino`` for ``cl`` after its OPEN for read, or None when the
-        rules refuse one (``opens``: the file's open states)."""
+    def grant(
+        self, cl: Client, ino: int, fh: bytes, opens, *, write: bool = False, attr=None
+    ) -> DelegState | None:
+        """A delegation of ``ino`` for ``cl`` after its OPEN, or None when the rules refuse one
+        (``opens``: the file's open states). ``write``: a write delegation, for an OPEN for
+        writing while no other client has the file open or locked (the caller checks locks)
+        and no delegation of it stands; ``attr`` is the file's then (its change attribute is
+        what CB_GETATTR answers are compared with)."""
         core = self.core
         with core.lock:
             held = self.by_file.get(ino, ())
-            if (
-                any(d.client is cl or d.recalled_at is not None for d in held)
-                or time.monotonic() - self.contended.get(ino, -1e9) < core.lease_seconds
-                or any(
+            if write:
+                refused = bool(held) or any(st.client is not cl for st in opens)
+            else:
+                refused = any(d.client is cl or d.recalled_at is not None for d in held) or any(
                     st.access & c.OPEN4_SHARE_ACCESS_WRITE or st.deny & c.OPEN4_SHARE_DENY_READ
                     for st in opens
                 )
+            if (
+                refused
+                or time.monotonic() - self.contended.get(ino, -1e9) < core.lease_seconds
                 or self.backchannel(cl) is None
             ):
                 return None
             may_block("recording a delegation")
-            st = DelegState(core.new_other(cl), cl, ino, fh)
+            st = DelegState(core.new_other(cl), cl, ino, fh, write=write)
+            if attr is not None:
+                st.granted_change = st.reported_change = attr.change
+                st.holder_change = attr.change
             record = {
                 "head": self.head,
                 "clientid": cl.clientid,
                 "owner": cl.owner.hex(),
-                "type": "read",
+                "type": "write" if write else "read",
                 "granted_ns": time.time_ns(),
             }
             try:
@@ -149,6 +164,8 @@ class Delegations:
             cl.states.add(st.other)
             self.by_file.setdefault(ino, []).append(st)
             self.counts["granted"] += 1
+            if write:
+                self.counts["granted_write"] += 1
             return st
 
     def give_back(self, st: DelegState) -> None:
@@ -193,15 +210,18 @@ class Delegations:
             log.exception("could not drop the record of a delegation")
 
     # -- conflicts ---------------------------------------------------------------------------------
-    def conflict(self, ino: int, by: Client | None) -> None:
+    def conflict(self, ino: int, by: Client | None, *, write: bool = True) -> None:
         """A request of ``by`` (None: not an NFSv4 client) would change ``ino`` or open it for
-        writing: NFS4ERR_DELAY while another client's delegation stands, which is recalled
-        first and revoked one lease after its recall."""
+        writing (``write``; else it reads it: only write delegations conflict):
+        NFS4ERR_DELAY while another client's delegation stands, which is recalled first and
+        revoked one lease after its recall."""
         if not self.by_file.get(ino):
             return
         core = self.core
         with holding(core.lock, "state lock held"):
-            held = [d for d in self.by_file.get(ino, ()) if d.client is not by]
+            held = [
+                d for d in self.by_file.get(ino, ()) if d.client is not by and (write or d.write)
+            ]
             if not held:
                 return
             may_block("a delegation conflict")
@@ -223,22 +243,69 @@ class Delegations:
                 )
 
     # -- the local mount and SMB (Namespace.change_guard) ---------------------------------------
-    def held(self, ino: int | None = None) -> bool:
-        """Whether some delegation stands (of ``ino``, when given): cheap, on any thread."""
-        return bool(self.by_file.get(ino)) if ino is not None else bool(self.by_file)
+    def held(self, ino: int | None = None, *, writes_only: bool = False) -> bool:
+        """Whether some delegation stands (of ``ino``, when given; only write delegations with
+        ``writes_only``): cheap, on any thread."""
+        if ino is None:
+            return bool(self.by_file)
+        held = self.by_file.get(ino) or []
+        return bool(held) and (not writes_only or any(d.write for d in list(held)))
 
-    def wait_returned(self, ino: int) -> None:
+    def wait_returned(self, ino: int, *, writes_only: bool = False) -> None:
         """A change from outside NFS (the local mount, SMB through it) waits until no client
-        holds a delegation of ``ino``: recalled first, revoked a lease after the recall."""
+        holds a delegation of ``ino`` (``writes_only``: a read there, which only a write
+        delegation conflicts with): recalled first, revoked a lease after the recall."""
         deadline = time.monotonic() + 2 * self.core.lease_seconds
         while True:
             try:
-                self.conflict(ino, None)
+                self.conflict(ino, None, write=not writes_only)
                 return
             except NfsError:
                 if time.monotonic() > deadline:  # conflict() revokes well before this
                     raise
                 time.sleep(0.05)
+
+    # -- write delegations: what another client's GETATTR sees (RFC 8881 10.4.3) ----------------
+    def write_holder(self, ino: int, by: Client | None) -> DelegState | None:
+        """Another client's write delegation of ``ino``, if one stands: cheap, on any thread."""
+        held = self.by_file.get(ino)
+        if not held:
+            return None
+        return next((d for d in list(held) if d.write and d.client is not by), None)
+
+    def holder_attr(self, d: DelegState, attr):
+        """``attr`` as the holder of write delegation ``d`` sees the file: CB_GETATTR asks it
+        for its size and change attribute. A holder that changed the file (its change differs
+        from the last it reported) makes the server's change attribute move on (one past the
+        last it answered, or the stored one if that is larger) and the mtime now; its size
+        counts. A holder that does not answer within CB_GETATTR_WAIT is recalled: NFS4ERR_DELAY
+        (the caller asks again and gets the file once it is returned)."""
+        path = self.backchannel(d.client)
+        answer = None
+        if path is not None and d.recalled_at is None:
+            try:
+                answer = path.getattr(d.fh).result(CB_GETATTR_WAIT)
+            except Exception as exc:  # noqa: BLE001 - any failure: the delegation is recalled
+                log.info("CB_GETATTR of inode %d to client %x: %s", d.ino, d.client.clientid, exc)
+        if answer is None:
+            self.conflict(d.ino, None, write=False)  # raises DELAY while it stands
+            return attr
+        size, change = answer
+        with self.core.lock:
+            self.counts["cb_getattr"] += 1
+            if change != d.holder_change:
+                d.holder_change = change
+                d.reported_change = max(d.reported_change, attr.change) + 1
+                d.modified_ns = time.time_ns()
+            if d.modified_ns is None:
+                return attr
+            return replace(
+                attr,
+                size=size,
+                change=max(d.reported_change, attr.change),
+                mtime_ns=max(d.modified_ns, attr.mtime_ns),
+                ctime_ns=max(d.modified_ns, attr.ctime_ns),
+            )
 
     def expire_recalls(self) -> None:
         """Housekeeping: revoke what was recalled more than a lease ago."""

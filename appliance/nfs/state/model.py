@@ -107,7 +107,8 @@ class LockState:
 
 @dataclass
 class DelegState:
-    """A read delegation of one file to one client (appliance.nfs.state.delegations)."""
+    """A read or write delegation of one file to one client
+    (appliance.nfs.state.delegations)."""
 
     other: bytes
     client: Client
@@ -115,5 +116,12 @@ class DelegState:
     fh: bytes  # the handle CB_RECALL names
     seqid: int = 1
     recalled_at: float | None = None  # monotonic time of the CB_RECALL
+    write: bool = False
+    # a write delegation's change attributes: the file's at the grant, the holder's last
+    # CB_GETATTR answer, the last the server answered others for it; when it was seen changed
+    granted_change: int = 0
+    holder_change: int = 0
+    reported_change: int = 0
+    modified_ns: int | None = None
 
     kind = "deleg"

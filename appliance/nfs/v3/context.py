@@ -114,11 +114,12 @@ class Call3:
         self.export_id: int | None = None  # of the last handle resolved, for per-export counters
 
     # -- identities and handles ---------------------------------------------------------
-    def recall_first(self, dir_ino: int | None, name_or_ino) -> None:
-        """An NFSv3 change of a file (an inode, or ``name`` in ``dir_ino``): JUKEBOX while an
+    def recall_first(self, dir_ino: int | None, name_or_ino, *, write: bool = True) -> None:
+        """An NFSv3 change of a file (an inode, or ``name`` in ``dir_ino``; a read with
+        ``write`` False, which only a write delegation conflicts with): JUKEBOX while an
         NFSv4 client's delegation of it stands (recalled first; appliance.nfs.state.delegations)."""
         state = self.server.state
-        if state is None or not state.delegations.by_file:
+        if state is None or not state.delegations.held(None):
             return
         ino = name_or_ino
         if dir_ino is not None:
@@ -127,7 +128,19 @@ class Call3:
             except errors.FsError:
                 return  # the change itself says what is wrong
         try:
-            state.delegations.conflict(ino, None)
+            state.delegations.conflict(ino, None, write=write)
+        except NfsError as exc:
+            raise Nfs3Error(t.NFS3ERR_JUKEBOX, str(exc)) from None
+
+    def holder_attr(self, attr):
+        """``attr`` as an NFSv4 client holding a write delegation of it sees it (CB_GETATTR;
+        JUKEBOX while it is recalled instead)."""
+        state = self.server.state
+        holder = state.delegations.write_holder(attr.ino, None) if state is not None else None
+        if holder is None:
+            return attr
+        try:
+            return state.delegations.holder_attr(holder, attr)
         except NfsError as exc:
             raise Nfs3Error(t.NFS3ERR_JUKEBOX, str(exc)) from None
 

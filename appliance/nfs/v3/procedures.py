@@ -48,7 +48,7 @@ def procedure(proc: int) -> Callable[[Callable], Callable]:
 @procedure(t.NFSPROC3_GETATTR)
 def getattr_(cx: Call3, fh):
     node = cx.node(fh)
-    return cx.fattr(node.rule, node.attr)
+    return cx.fattr(node.rule, cx.holder_attr(node.attr))
 
 
 @procedure(t.NFSPROC3_SETATTR)
@@ -113,6 +113,7 @@ def read(cx: Call3, a):
     # the owner may read what it created with a mode lacking r, and x implies reading (as knfsd)
     if cred.uid != attr.uid and not may(cred, attr, R_OK) and not may(cred, attr, X_OK):
         raise Nfs3Error(t.NFS3ERR_ACCES, f"uid {cred.uid} may not read inode {attr.ino}")
+    cx.recall_first(None, attr.ino, write=False)  # a write delegation's data is the holder's
     data = cx.ns.read(attr.ino, a.offset, min(a.count, MAX_IO))
     cx.server.counters.read(len(data), node.rule.id)
     eof = a.offset + len(data) >= attr.size

@@ -55,7 +55,11 @@ offload_info4 = Union("offload_info4", UInt, {c.NFS4_OK: t.write_response4}, UHy
 CB_OFFLOAD4args = Struct(
     "CB_OFFLOAD4args", ("fh", t.nfs_fh4), ("stateid", t.stateid4), ("info", offload_info4)
 )
+CB_GETATTR4args = Struct("CB_GETATTR4args", ("fh", t.nfs_fh4), ("attr_request", t.bitmap4))
+GETATTR_WORDS = [1 << c.FATTR4_CHANGE | 1 << c.FATTR4_SIZE]
 _U32 = struct.Struct(">I")
+_U32X2 = struct.Struct(">II")
+_U64X2 = struct.Struct(">QQ")
 
 
 def callback_credential(sec_parms) -> tuple[int, bytes] | None:
@@ -109,6 +113,14 @@ class Backchannel:
         CB_RECALL4args.pack(p, (stateid, False, fh))
         return self._compound(p.getvalue())
 
+    def getattr(self, fh: bytes) -> Future:
+        """CB_GETATTR of a write-delegated file's size and change attribute; the future's
+        result is (size, change)."""
+        p = Packer()
+        UInt.pack(p, OP_CB_GETATTR)
+        CB_GETATTR4args.pack(p, (fh, GETATTR_WORDS))
+        return getattr_answer(self._compound(p.getvalue()))
+
     def offload(self, fh: bytes, stateid, status: int, result) -> Future:
         """CB_OFFLOAD of an asynchronous COPY: ``result`` is its write_response4 when
         ``status`` is NFS4_OK, else the bytes it copied before failing."""
@@ -118,7 +130,7 @@ class Backchannel:
         return self._compound(p.getvalue())
 
     def _compound(self, op: bytes) -> Future:
-        fut: Future = Future()
+        fut = CallbackFuture()
         with self.lock:
             slot = next((i for i, busy in enumerate(self.busy) if not busy), None)
             if slot is None:
@@ -149,6 +161,8 @@ class Backchannel:
 
     def _replied(self, slot: int, fut: Future, done: Future) -> None:
         try:
+            if isinstance(fut, CallbackFuture):
+                fut.results = done.result()
             outcome: int | Exception = _compound_status(done.result())
         except (CallFailed, XdrError) as exc:
             outcome = exc
@@ -168,6 +182,60 @@ class Backchannel:
             fut.set_result(outcome)
         if nxt is not None:
             self._send(slot, *nxt)
+
+
+class CallbackFuture(Future):
+    """A callback's outcome (the CB_COMPOUND status), with the whole CB_COMPOUND4res."""
+
+    results: bytes = b""
+
+
+def getattr_answer(sent: Future) -> Future:
+    """The (size, change) of a CB_GETATTR's reply, once ``sent`` (a CallbackFuture) is done."""
+    out: Future = Future()
+
+    def done(call: Future) -> None:
+        try:
+            status = call.result()
+            if status != c.NFS4_OK:
+                raise CallFailed(f"CB_GETATTR answered {status}")
+            out.set_result(parse_getattr(getattr(call, "results", b"")))
+        except (CallFailed, XdrError, struct.error) as exc:
+            out.set_exception(exc if isinstance(exc, CallFailed) else CallFailed(str(exc)))
+
+    sent.add_done_callback(done)
+    return out
+
+
+def parse_getattr(results: bytes) -> tuple[int, int]:
+    """(size, change) from a CB_COMPOUND4res whose last result is CB_GETATTR's."""
+    pos = 4
+    tag_len, pos = UInt.unpack(results, pos)
+    pos += tag_len + (-tag_len % 4)
+    count, pos = UInt.unpack(results, pos)
+    for _ in range(count):
+        (op, status), pos = _U32X2.unpack_from(results, pos), pos + 8
+        if status != c.NFS4_OK:
+            raise CallFailed(f"callback operation {op} answered {status}")
+        if op == OP_CB_SEQUENCE:
+            pos += 16 + 16  # sessionid, sequenceid, slotid, highest and target highest slot
+        elif op == OP_CB_GETATTR:
+            attrs, pos = t.fattr4.unpack(results, pos)
+            return _size_change(attrs)
+        else:
+            raise CallFailed(f"callback operation {op} in a CB_GETATTR reply")
+    raise CallFailed("no CB_GETATTR result")
+
+
+def _size_change(attrs) -> tuple[int, int]:
+    words = list(attrs.attrmask) + [0]
+    if words[0] & GETATTR_WORDS[0] != GETATTR_WORDS[0]:
+        raise CallFailed(f"CB_GETATTR answered attributes {words[0]:#x}, not change and size")
+    vals = bytes(attrs.attr_vals)
+    if len(vals) < 16:
+        raise CallFailed("CB_GETATTR's change and size cut short")
+    change, size = _U64X2.unpack_from(vals, 0)  # bit order: change (3), then size (4)
+    return size, change
 
 
 def _compound_status(results: bytes) -> int:

@@ -29,10 +29,15 @@ from appliance.nfs.v4 import types as t
 from appliance.nfs.v4.backchannel import (
     CB_COMPOUND,
     CB_NULL,
+    GETATTR_WORDS,
     NFS_CB_VERSION,
+    OP_CB_GETATTR,
     OP_CB_RECALL,
+    CallbackFuture,
     CB_COMPOUND4args_head,
+    CB_GETATTR4args,
     CB_RECALL4args,
+    getattr_answer,
 )
 
 log = logging.getLogger("shingle.nfs.callback")
@@ -189,12 +194,24 @@ class Callback40:
     def recall(self, stateid, fh: bytes) -> Future:
         """CB_RECALL of a delegation; the future's result is the CB_COMPOUND status."""
         p = Packer()
-        CB_COMPOUND4args_head.pack(p, (b"", c.MINOR_VERSION_40, self.ident))
-        UInt.pack(p, 1)
         UInt.pack(p, OP_CB_RECALL)
         CB_RECALL4args.pack(p, (stateid, False, fh))
-        body = p.getvalue()
-        fut: Future = Future()
+        return self._compound(p.getvalue())
+
+    def getattr(self, fh: bytes) -> Future:
+        """CB_GETATTR of a write-delegated file's size and change: a future of (size, change)."""
+        p = Packer()
+        UInt.pack(p, OP_CB_GETATTR)
+        CB_GETATTR4args.pack(p, (fh, GETATTR_WORDS))
+        return getattr_answer(self._compound(p.getvalue()))
+
+    def _compound(self, op: bytes) -> CallbackFuture:
+        """A CB_COMPOUND of one operation, sent from a thread of its own."""
+        p = Packer()
+        CB_COMPOUND4args_head.pack(p, (b"", c.MINOR_VERSION_40, self.ident))
+        UInt.pack(p, 1)
+        body = p.getvalue() + op
+        fut = CallbackFuture()
 
         def send() -> None:
             try:
@@ -212,9 +229,10 @@ class Callback40:
         threading.Thread(target=send, name="nfs-callback40-recall", daemon=True).start()
         return fut
 
-    def _replied(self, fut: Future, done: Future) -> None:
+    def _replied(self, fut: CallbackFuture, done: Future) -> None:
         try:
-            fut.set_result(UInt.unpack(done.result(), 0)[0])
+            fut.results = done.result()
+            fut.set_result(UInt.unpack(fut.results, 0)[0])
         except (CallFailed, XdrError) as exc:
             self._failed(fut, exc)
 

@@ -432,12 +432,22 @@ nfsace4 = Struct("nfsace4", ("type", UInt), ("flag", UInt), ("access_mask", UInt
 open_read_delegation4 = Struct(
     "open_read_delegation4", ("stateid", stateid4), ("recall", Bool), ("permissions", nfsace4)
 )
+nfs_modified_limit4 = Struct("nfs_modified_limit4", ("num_blocks", UInt), ("bytes_per_block", UInt))
+nfs_space_limit4 = Union("nfs_space_limit4", UInt, {1: UHyper, 2: nfs_modified_limit4})
+open_write_delegation4 = Struct(
+    "open_write_delegation4",
+    ("stateid", stateid4),
+    ("recall", Bool),
+    ("space_limit", nfs_space_limit4),
+    ("permissions", nfsace4),
+)
 open_delegation4 = Union(
     "open_delegation4",
     UInt,
     {
         c.OPEN_DELEGATE_NONE: Void,
         c.OPEN_DELEGATE_READ: open_read_delegation4,
+        c.OPEN_DELEGATE_WRITE: open_write_delegation4,
         c.OPEN_DELEGATE_NONE_EXT: open_none_delegation4,
     },
 )

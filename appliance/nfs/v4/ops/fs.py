@@ -22,6 +22,13 @@ READDIR_BATCH = 512
 # What SETATTR may set on the event loop (bitmap words): the namespace answers a mode or size that
 # changes nothing from the cache; owner names may read /etc/passwd, and times always change
 LOOP_SETTABLE = (1 << c.FATTR4_SIZE, 1 << (c.FATTR4_MODE - 32))
+# attributes a write delegation's holder may have changed without telling (CB_GETATTR first)
+HOLDER_WORD0 = 1 << c.FATTR4_CHANGE | 1 << c.FATTR4_SIZE
+HOLDER_WORD1 = (
+    1 << (c.FATTR4_SPACE_USED - 32)
+    | 1 << (c.FATTR4_TIME_METADATA - 32)
+    | 1 << (c.FATTR4_TIME_MODIFY - 32)
+)
 
 
 # -- file handles ------------------------------------------------------------------------
@@ -128,7 +135,20 @@ def lookupp(cx, _):
 @operation(c.OP_GETATTR)
 def getattr_(cx, words):
     fattr.check_readable(words)
-    return fattr.encode(words, cx.subject(cx.need_fh()))
+    node = cx.need_fh()
+    attr = None
+    if node.pseudo is None and _asks_changes(words):
+        holder = cx.state.delegations.write_holder(node.ino, cx.client)
+        if holder is not None:  # RFC 8881 10.4.3: the holder may have changed it
+            if blocking_forbidden():
+                raise WouldBlock("GETATTR of a file under another client's write delegation")
+            attr = cx.state.delegations.holder_attr(holder, cx.ns.getattr(node.ino))
+    return fattr.encode(words, cx.subject(node, attr))
+
+
+def _asks_changes(words) -> bool:
+    """Whether a GETATTR asks what a write delegation's holder may have changed."""
+    return bool((words and words[0] & HOLDER_WORD0) or (len(words) > 1 and words[1] & HOLDER_WORD1))
 
 
 def _check_size_stateid(cx, node, sid):
@@ -138,7 +158,9 @@ def _check_size_stateid(cx, node, sid):
     with holding(cx.state.lock, "state lock held"):  # SETATTR runs on the event loop too
         st = cx.state.find(sid, cx.need_client())
         if st.kind == "deleg":
-            raise NfsError(c.NFS4ERR_OPENMODE, "a read delegation does not change the size")
+            if not st.write or st.ino != node.ino:
+                raise NfsError(c.NFS4ERR_OPENMODE, "a read delegation does not change the size")
+            return
         open_st = st if st.kind == "open" else st.open
         if open_st.ino != node.ino:
             raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid of another file")

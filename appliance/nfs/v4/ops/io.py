@@ -133,8 +133,9 @@ def open_(cx, a):
     node, attr, created, attrset, change = _open_target(cx, a, cl, on_loop)
     _check_open_type(cx, attr)
     _check_open_rights(cx, node, attr, access, checked=created or claim == c.CLAIM_PREVIOUS)
-    if access & c.OPEN4_SHARE_ACCESS_WRITE or deny & c.OPEN4_SHARE_DENY_READ:
-        state.delegations.conflict(node.ino, cl)
+    # another client's write delegation conflicts with any open, a read one with writing
+    writes = bool(access & c.OPEN4_SHARE_ACCESS_WRITE or deny & c.OPEN4_SHARE_DENY_READ)
+    state.delegations.conflict(node.ino, cl, write=writes)
     st = state.shares.open(
         cl, bytes(a.owner.owner), node.ino, access, deny, reclaim=claim == c.CLAIM_PREVIOUS
     )
@@ -210,28 +211,50 @@ def _open_delegated(cx, claim: int, carg, cl):
 
 
 def _delegation(cx, cl, node: Node, share_access: int, claim: int):
-    """open_delegation4 as (type, arm): a read delegation when the rules allow one
-    (appliance.nfs.state.delegations), else none with the reason the client asked for."""
+    """open_delegation4 as (type, arm): a read delegation for an OPEN for reading, a write
+    one for an OPEN for writing (the checkpoint writer: no other client has the file open or
+    locked) when the rules allow one (appliance.nfs.state.delegations), else none with the
+    reason the client asked for."""
     want = share_access & c.OPEN4_SHARE_ACCESS_WANT_DELEG_MASK
+    write = bool(share_access & c.OPEN4_SHARE_ACCESS_WRITE)
     state = cx.state
     if (
-        share_access & 0xFF == c.OPEN4_SHARE_ACCESS_READ
-        and want != c.OPEN4_SHARE_ACCESS_WANT_NO_DELEG
+        want not in (c.OPEN4_SHARE_ACCESS_WANT_NO_DELEG, c.OPEN4_SHARE_ACCESS_WANT_READ_DELEG)
+        or not write
+    ) and (
+        want != c.OPEN4_SHARE_ACCESS_WANT_NO_DELEG
         and claim in (c.CLAIM_NULL, c.CLAIM_FH)
         and node.export is not None
         and node.export.delegations
         # several heads: a change through another head does not recall this head's delegations
         # yet, so the holder would go on reading what it cached (docs/heads.md)
         and state.holdings is None
+        and not (write and _locked_by_others(state, cl, node.ino))
     ):
         deleg = state.delegations.grant(
-            cl, node.ino, cx.fh_of(node), state.shares.by_file.get(node.ino, ())
+            cl,
+            node.ino,
+            cx.fh_of(node),
+            state.shares.by_file.get(node.ino, ()),
+            write=write,
+            attr=cx.ns.getattr(node.ino) if write else None,
         )
         if deleg is not None:
             sid = stateid4.cls(deleg.seqid, deleg.other)
             # an ACE allowing nothing: the client asks ACCESS before it opens for another user
-            return (c.OPEN_DELEGATE_READ, (sid, False, (0, 0, 0, "")))
+            nobody = (0, 0, 0, "")
+            if write:
+                limit = (c.NFS_LIMIT_SIZE, c.NFS4_UINT64_MAX)
+                return (c.OPEN_DELEGATE_WRITE, (sid, False, limit, nobody))
+            return (c.OPEN_DELEGATE_READ, (sid, False, nobody))
     return _no_delegation(share_access)
+
+
+def _locked_by_others(state, cl, ino: int) -> bool:
+    """Whether a client other than ``cl`` (an NLM host too) holds byte-range locks of ``ino``:
+    a write delegation would let ``cl`` lock locally past them."""
+    with state.lock:
+        return any(lk.client is not cl and lk.ranges for lk in state.locks.by_file.get(ino, ()))
 
 
 def _check_open_rights(cx, node: Node, attr, access: int, *, checked: bool) -> None:
@@ -320,10 +343,10 @@ def check_io_stateid(cx, node: Node, sid, want: int) -> bool:
         state = cx.state
         with holding(state.lock, "state lock held"):  # READ runs on the event loop too
             st = state.find(sid, cx.need_client())
-            if st.kind == "deleg":  # a read delegation's stateid reads (RFC 8881 9.1.2)
+            if st.kind == "deleg":  # a delegation's stateid does I/O (RFC 8881 9.1.2)
                 if st.ino != node.ino:
                     raise NfsError(c.NFS4ERR_BAD_STATEID, "stateid of another file")
-                if want == c.OPEN4_SHARE_ACCESS_WRITE:
+                if want == c.OPEN4_SHARE_ACCESS_WRITE and not st.write:
                     raise NfsError(c.NFS4ERR_OPENMODE, "a read delegation does not write")
             else:
                 open_st = st if st.kind == "open" else st.open
@@ -334,8 +357,7 @@ def check_io_stateid(cx, node: Node, sid, want: int) -> bool:
     need_io_rights(cx, node, want)
     if cx.is_special(sid):
         _check_special_io_share(cx, node, sid, want)
-        if want == c.OPEN4_SHARE_ACCESS_WRITE:
-            cx.state.delegations.conflict(node.ino, cx.client)
+        cx.state.delegations.conflict(node.ino, cx.client, write=want == c.OPEN4_SHARE_ACCESS_WRITE)
     return foreign
 
 
