@@ -34,6 +34,7 @@ from dataclasses import replace
 from sqlalchemy import delete, select
 
 from appliance.nfs.state.core import StateCore
+from appliance.nfs.state.grace import Grace
 from appliance.nfs.state.leases import Leases
 from appliance.nfs.state.model import Client, DelegState, NfsError
 from appliance.nfs.v4 import const as c
@@ -64,9 +65,13 @@ def held_in_catalog(catalog, ino: int) -> list[dict]:
 
 
 class Delegations:
-    def __init__(self, core: StateCore, leases: Leases):
-        self.core, self.leases = core, leases
+    def __init__(self, core: StateCore, leases: Leases, grace: Grace):
+        self.core, self.leases, self.grace = core, leases, grace
         self.catalog = core.catalog
+        # this head's rows of its previous instance, kept through the grace period for
+        # reclaim (CLAIM_PREVIOUS): (client owner hex, inode) -> (row key, type)
+        self.previous: dict[tuple[str, int], tuple[str, str]] = {}
+        self.previous_inos: set[int] = set()
         self.head = ""  # who granted them, in the catalog rows: this head's address (start())
         self.by_file: dict[int, list[DelegState]] = {}
         self.revoked: dict[bytes, DelegState] = {}  # revoked, not yet freed, by "other"
@@ -77,8 +82,10 @@ class Delegations:
 
     def start(self, head: str) -> None:
         """Once the server listens as ``head`` (host:port): this head's rows of its previous
-        instance go (their stateids died with it); other heads' rows stay."""
+        instance (their stateids died with it) are kept for reclaim while the grace period
+        lasts, dropped at once when there is none; other heads' rows stay."""
         self.head = head
+        keep = self.grace.in_grace()
 
         def work(conn):
             rows = conn.execute(
@@ -86,17 +93,74 @@ class Delegations:
                     SETTINGS.c.key.like(DELEG_PREFIX + "%")
                 )
             ).all()
-            mine = []
+            mine, previous = [], {}
             for row in rows:
                 try:
-                    if json.loads(row.value).get("head", "") == self.head:
-                        mine.append(row.key)
-                except (ValueError, AttributeError):
-                    mine.append(row.key)  # unreadable: nobody can use it
+                    rec = json.loads(row.value)
+                    if rec.get("head", "") != self.head:
+                        continue
+                    ino = int(row.key[len(DELEG_PREFIX) :].split("_")[0])
+                    previous[(str(rec["owner"]), ino)] = (row.key, str(rec["type"]))
+                except (ValueError, AttributeError, KeyError, TypeError):
+                    pass  # unreadable: nobody can use it
+                mine.append(row.key)
+            if keep:
+                mine = [key for key in mine if key not in {k for k, _ in previous.values()}]
             if mine:
                 conn.execute(delete(SETTINGS).where(SETTINGS.c.key.in_(mine)))
+            return previous if keep else {}
 
-        self.catalog.run(work, tracked=True)
+        self.previous = self.catalog.run(work, tracked=True)
+        self.previous_inos = {ino for _, ino in self.previous}
+        if self.previous:
+            log.info("%d delegations of the previous instance may be reclaimed", len(self.previous))
+
+    def reclaim(
+        self, cl: Client, ino: int, fh: bytes, dtype: int, opens, attr
+    ) -> DelegState | None:
+        """CLAIM_PREVIOUS of a delegation (``dtype``: OPEN_DELEGATE_READ or _WRITE) in the grace
+        period: granted again when the previous instance's row says this client (by its
+        owner, which outlives client ids) held one of that type; None otherwise."""
+        want = {c.OPEN_DELEGATE_READ: "read", c.OPEN_DELEGATE_WRITE: "write"}.get(dtype)
+        with self.core.lock:
+            found = self.previous.get((cl.owner.hex(), ino))
+            if want is None or found is None or found[1] != want:
+                return None
+            del self.previous[(cl.owner.hex(), ino)]
+            if not any(i == ino for _, i in self.previous):
+                self.previous_inos.discard(ino)
+        self._drop_rows([found[0]])
+        return self.grant(cl, ino, fh, opens, write=want == "write", attr=attr, reclaim=True)
+
+    def _awaits_reclaim(self, ino: int, by: Client | None, write: bool) -> bool:
+        """Whether another client may still reclaim a delegation of ``ino`` that the access
+        (``write``, else a read) conflicts with."""
+        mine = by.owner.hex() if by is not None else None
+        with self.core.lock:
+            found = [
+                kind
+                for (owner, i), (_, kind) in self.previous.items()
+                if i == ino and owner != mine and (write or kind == "write")
+            ]
+        return bool(found) and self.grace.in_grace()
+
+    def _forget_previous(self) -> None:
+        """The grace period is over: rows of delegations nobody reclaimed go."""
+        with self.core.lock:
+            keys = [key for key, _ in self.previous.values()]
+            self.previous, self.previous_inos = {}, set()
+        if keys:
+            log.info("%d delegations of the previous instance were not reclaimed", len(keys))
+            self._drop_rows(keys)
+
+    def _drop_rows(self, keys: list[str]) -> None:
+        try:
+            self.catalog.run(
+                lambda conn: conn.execute(delete(SETTINGS).where(SETTINGS.c.key.in_(keys))),
+                tracked=True,
+            )
+        except Exception:  # noqa: BLE001 - a leftover row is dropped at the next start
+            log.exception("could not drop the records of previous delegations")
 
     @staticmethod
     def backchannel(cl: Client):
@@ -120,27 +184,40 @@ class Delegations:
 
     # -- grant and return --------------------------------------------------------------------------
     def grant(
-        self, cl: Client, ino: int, fh: bytes, opens, *, write: bool = False, attr=None
+        self,
+        cl: Client,
+        ino: int,
+        fh: bytes,
+        opens,
+        *,
+        write: bool = False,
+        attr=None,
+        reclaim: bool = False,
     ) -> DelegState | None:
         """A delegation of ``ino`` for ``cl`` after its OPEN, or None when the rules refuse one
         (``opens``: the file's open states). ``write``: a write delegation, for an OPEN for
         writing while no other client has the file open or locked (the caller checks locks)
         and no delegation of it stands; ``attr`` is the file's then (its change attribute is
-        what CB_GETATTR answers are compared with)."""
+        what CB_GETATTR answers are compared with). ``reclaim``: one the client held before a
+        restart (``reclaim``): only another delegation of the file refuses it."""
         core = self.core
         with core.lock:
             held = self.by_file.get(ino, ())
-            if write:
+            if reclaim:
+                refused = bool(held)
+            elif write:
                 refused = bool(held) or any(st.client is not cl for st in opens)
             else:
                 refused = any(d.client is cl or d.recalled_at is not None for d in held) or any(
                     st.access & c.OPEN4_SHARE_ACCESS_WRITE or st.deny & c.OPEN4_SHARE_DENY_READ
                     for st in opens
                 )
-            if (
-                refused
-                or time.monotonic() - self.contended.get(ino, -1e9) < core.lease_seconds
-                or self.backchannel(cl) is None
+            if refused or (
+                not reclaim
+                and (
+                    time.monotonic() - self.contended.get(ino, -1e9) < core.lease_seconds
+                    or self.backchannel(cl) is None
+                )
             ):
                 return None
             may_block("recording a delegation")
@@ -214,7 +291,10 @@ class Delegations:
         """A request of ``by`` (None: not an NFSv4 client) would change ``ino`` or open it for
         writing (``write``; else it reads it: only write delegations conflict):
         NFS4ERR_DELAY while another client's delegation stands, which is recalled first and
-        revoked one lease after its recall."""
+        revoked one lease after its recall. In the grace period after a restart, a delegation
+        of the previous instance that may still be reclaimed counts too."""
+        if ino in self.previous_inos and self._awaits_reclaim(ino, by, write):
+            raise NfsError(c.NFS4ERR_DELAY, f"inode {ino}: a delegation may still be reclaimed")
         if not self.by_file.get(ino):
             return
         core = self.core
@@ -247,7 +327,9 @@ class Delegations:
         """Whether some delegation stands (of ``ino``, when given; only write delegations with
         ``writes_only``): cheap, on any thread."""
         if ino is None:
-            return bool(self.by_file)
+            return bool(self.by_file) or bool(self.previous_inos)
+        if ino in self.previous_inos:  # may still be reclaimed (conflict() says)
+            return True
         held = self.by_file.get(ino) or []
         return bool(held) and (not writes_only or any(d.write for d in list(held)))
 
@@ -308,7 +390,10 @@ class Delegations:
             )
 
     def expire_recalls(self) -> None:
-        """Housekeeping: revoke what was recalled more than a lease ago."""
+        """Housekeeping: revoke what was recalled more than a lease ago; after the grace
+        period, forget the previous instance's delegations nobody reclaimed."""
+        if self.previous and not self.grace.in_grace():
+            self._forget_previous()
         core = self.core
         with core.lock:
             now = time.monotonic()

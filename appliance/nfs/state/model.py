@@ -37,6 +37,9 @@ class Session:
     max_request: int
     max_response: int
     backchannel: Any = None  # appliance.nfs.v4.backchannel.Backchannel, when the client asked
+    # (cb_program, callback_sec_parms4 list) of CREATE_SESSION: saved with the session, so that
+    # a session restored after a restart gets its backchannel back once the client binds one
+    callback: Any = None
 
 
 @dataclass

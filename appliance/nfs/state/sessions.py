@@ -12,7 +12,8 @@ from sqlalchemy import delete, select
 
 from appliance.nfs.state.core import StateCore
 from appliance.nfs.state.model import Client, Session, Slot
-from appliance.nfs.v4.types import channel_attrs4
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4.types import authsys_parms, channel_attrs4
 from engine.catalog.models import Setting
 
 log = logging.getLogger("shingle.nfs.state")
@@ -36,6 +37,34 @@ def new_session(sid: bytes, cl: Client, nslots: int, fore, back, seqid: int | No
     )
 
 
+def _callback_record(callback) -> list | None:
+    """A session's (cb_program, callback_sec_parms4) as JSON: AUTH_NONE and AUTH_SYS only
+    (the flavours a callback is sent in)."""
+    if callback is None:
+        return None
+    program, sec_parms = callback
+    flavors: list = []
+    for flavor, arm in sec_parms:
+        if flavor == c.AUTH_NONE:
+            flavors.append([flavor])
+        elif flavor == c.AUTH_SYS:
+            flavors.append([flavor, arm.stamp, arm.machinename, arm.uid, arm.gid, list(arm.gids)])
+    return [program, flavors]
+
+
+def _callback_from(rec) -> tuple | None:
+    if not rec:
+        return None
+    program, flavors = rec
+    sec = []
+    for item in flavors:
+        if item[0] == c.AUTH_SYS:
+            sec.append((c.AUTH_SYS, authsys_parms.cls(*item[1:5], [int(g) for g in item[5]])))
+        else:
+            sec.append((c.AUTH_NONE, None))
+    return (int(program), sec)
+
+
 class SessionRecords:
     def __init__(self, core: StateCore):
         self.core = core
@@ -56,6 +85,7 @@ class SessionRecords:
                 "slots": len(sess.slots),
                 "fore": list(sess.fore)[:-1],
                 "back": list(sess.back)[:-1],
+                "callback": _callback_record(sess.callback),
             }
         )
 
@@ -92,6 +122,7 @@ class SessionRecords:
                 fore = channel_attrs4.cls(*rec["fore"], [])
                 back = channel_attrs4.cls(*rec["back"], [])
                 sess = new_session(sid, cl, int(rec["slots"]), fore, back, seqid=None)
+                sess.callback = _callback_from(rec.get("callback"))
                 core.sessions[sid] = sess
                 cl.sessions[sid] = sess
             except (ValueError, KeyError, TypeError) as exc:

@@ -61,7 +61,7 @@ class StateTable(StateCore):
         self.locks = Locks(self, self.leases)
         self.shares = Shares(self, self.leases, self.locks, self.records)
         self.nlm = NlmLocks(self, self.locks)
-        self.delegations = Delegations(self, self.leases)
+        self.delegations = Delegations(self, self.leases, self.grace)
         self.grace_seconds = lease_seconds if grace_seconds is None else grace_seconds
         self.heads = heads
         self.holdings: Holdings | None = None
@@ -175,9 +175,10 @@ class StateTable(StateCore):
         return taken
 
     # -- sessions ---------------------------------------------------------------------------------
-    def add_session(self, cl: Client, fore, back) -> Session:
+    def add_session(self, cl: Client, fore, back, callback=None) -> Session:
         nslots = max(1, min(fore.maxrequests, SLOTS_MAX))
         sess = new_session(os.urandom(16), cl, nslots, fore, back)
+        sess.callback = callback
         self.sessions[sess.id] = sess
         cl.sessions[sess.id] = sess
         self.session_records.save(sess)

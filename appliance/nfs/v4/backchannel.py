@@ -87,6 +87,7 @@ class Backchannel:
         self.busy = [False] * len(self.seqids)
         self.waiting: deque = deque()  # (operation bytes, future) for a free slot
         self.faulted = False  # a callback failed: path down until a connection is bound again
+        self.lost = False  # made for a session restored after a restart: no connection yet
 
     def set_program(self, program: int, sec_parms) -> None:
         """BACKCHANNEL_CTL: a new program number and credentials for later callbacks."""
@@ -99,7 +100,7 @@ class Backchannel:
             self.conns = [conn for conn in self.conns if conn.usable()]
             if outgoing not in self.conns:
                 self.conns.append(outgoing)
-            self.faulted = False
+            self.faulted = self.lost = False
 
     def usable(self) -> bool:
         return (
@@ -182,6 +183,19 @@ class Backchannel:
             fut.set_result(outcome)
         if nxt is not None:
             self._send(slot, *nxt)
+
+
+def restored_backchannel(sess, minor: int) -> Backchannel | None:
+    """The backchannel of a session restored after a restart, from the callback program and
+    credentials saved with it (``Session.callback``): without a connection until the client
+    binds one (SEQUENCE says CB_PATH_DOWN meanwhile)."""
+    if sess.callback is None:
+        return None
+    program, sec_parms = sess.callback
+    back = Backchannel(sess.id, program, sec_parms, sess.back.maxrequests, minor)
+    back.lost = True
+    sess.backchannel = back
+    return back
 
 
 class CallbackFuture(Future):

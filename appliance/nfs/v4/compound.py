@@ -29,6 +29,7 @@ from appliance.nfs.access import log_failure, status_of
 from appliance.nfs.onc.xdr import Opaque, Packer, String, UInt, XdrError
 from appliance.nfs.state import NfsError
 from appliance.nfs.v4 import const as c
+from appliance.nfs.v4.backchannel import restored_backchannel
 from appliance.nfs.v4.context import CODES, Compound
 from appliance.nfs.v4.registry import TABLE, Op
 from appliance.nfs.v4.types import ARGS, RESULTS, STATUS_ONLY
@@ -411,7 +412,7 @@ def _sequence(cx: Compound, a, count: int, fingerprint, size: int, tag_len: int)
         flags = c.SEQ4_STATUS_RESTART_RECLAIM_NEEDED if cl.reclaim_needed else 0
         if cl.revoked:  # until the client frees them (FREE_STATEID)
             flags |= c.SEQ4_STATUS_RECALLABLE_STATE_REVOKED
-        back = sess.backchannel
-        if back is not None and back.conns and not back.usable():
+        back = sess.backchannel or restored_backchannel(sess, cx.minor)
+        if back is not None and (back.conns or back.lost) and not back.usable():
             flags |= c.SEQ4_STATUS_CB_PATH_DOWN  # it had one: bind a connection again
         return _SEQUENCE_OK.cls(sess.id, a.sequenceid, a.slotid, highest, highest, flags)

@@ -149,7 +149,7 @@ def open_(cx, a):
         change,
         c.OPEN4_RESULT_LOCKTYPE_POSIX,
         fattr.to_bitmap(attrset),
-        _delegation(cx, cl, node, a.share_access, claim),
+        _delegation(cx, cl, node, a.share_access, a.claim),
     )
 
 
@@ -168,7 +168,12 @@ def _open_target(cx, a, cl, on_loop: bool):
     if claim in (c.CLAIM_DELEGATE_CUR, c.CLAIM_DELEG_CUR_FH):
         return _open_delegated(cx, claim, carg, cl)
     if claim not in (c.CLAIM_NULL, c.CLAIM_FH):
-        raise NfsError(c.NFS4ERR_NOTSUPP, f"open claim {claim}: no reclaim of delegations")
+        # CLAIM_DELEGATE_PREV / CLAIM_DELEG_PREV_FH: a client that restarted holding
+        # delegations on stable storage (RFC 8881 10.2.1); the Linux client never keeps them
+        raise NfsError(
+            c.NFS4ERR_NOTSUPP,
+            f"open claim {claim}: delegations are not kept over a client's restart",
+        )
     check_new_lock(cx.state, cl)
     if claim == c.CLAIM_FH:
         node = cx.need_file()
@@ -210,11 +215,14 @@ def _open_delegated(cx, claim: int, carg, cl):
     return node, cx.ns.getattr(node.ino), False, [], None
 
 
-def _delegation(cx, cl, node: Node, share_access: int, claim: int):
+def _delegation(cx, cl, node: Node, share_access: int, open_claim):
     """open_delegation4 as (type, arm): a read delegation for an OPEN for reading, a write
     one for an OPEN for writing (the checkpoint writer: no other client has the file open or
     locked) when the rules allow one (appliance.nfs.state.delegations), else none with the
     reason the client asked for."""
+    claim = open_claim[0]
+    if claim == c.CLAIM_PREVIOUS:
+        return _reclaimed_delegation(cx, cl, node, open_claim[1])
     want = share_access & c.OPEN4_SHARE_ACCESS_WANT_DELEG_MASK
     write = bool(share_access & c.OPEN4_SHARE_ACCESS_WRITE)
     state = cx.state
@@ -248,6 +256,32 @@ def _delegation(cx, cl, node: Node, share_access: int, claim: int):
                 return (c.OPEN_DELEGATE_WRITE, (sid, False, limit, nobody))
             return (c.OPEN_DELEGATE_READ, (sid, False, nobody))
     return _no_delegation(share_access)
+
+
+def _reclaimed_delegation(cx, cl, node: Node, dtype: int):
+    """A reclaim OPEN that names the delegation the client held before the restart
+    (CLAIM_PREVIOUS with delegate_type READ or WRITE, RFC 8881 9.11 and 10.2.1): granted again
+    from the previous instance's catalog row; none when no row says so (the client then
+    forgets it and asks the server again at its next open)."""
+    state = cx.state
+    if dtype not in (c.OPEN_DELEGATE_READ, c.OPEN_DELEGATE_WRITE) or node.export is None:
+        return (c.OPEN_DELEGATE_NONE, None)
+    deleg = state.delegations.reclaim(
+        cl,
+        node.ino,
+        cx.fh_of(node),
+        dtype,
+        state.shares.by_file.get(node.ino, ()),
+        cx.ns.getattr(node.ino),
+    )
+    if deleg is None:
+        return (c.OPEN_DELEGATE_NONE, None)
+    sid = stateid4.cls(deleg.seqid, deleg.other)
+    nobody = (0, 0, 0, "")
+    if deleg.write:
+        limit = (c.NFS_LIMIT_SIZE, c.NFS4_UINT64_MAX)
+        return (c.OPEN_DELEGATE_WRITE, (sid, False, limit, nobody))
+    return (c.OPEN_DELEGATE_READ, (sid, False, nobody))
 
 
 def _locked_by_others(state, cl, ino: int) -> bool:

@@ -9,7 +9,7 @@ import logging
 from appliance.nfs.onc.gss import KRB5, KRB5_OID, KRB5I, KRB5P, SERVICE_OF_FLAVOR
 from appliance.nfs.state import NfsError, clients
 from appliance.nfs.v4 import const as c
-from appliance.nfs.v4.backchannel import Backchannel
+from appliance.nfs.v4.backchannel import Backchannel, restored_backchannel
 from appliance.nfs.v4.compound import CACHE_LIMIT
 from appliance.nfs.v4.ops.common import need_dir, resok
 from appliance.nfs.v4.ops.fs import lookup
@@ -112,7 +112,7 @@ def create_session(cx, a):
             max(1, min(b.maxrequests, 16)),
             [],
         )
-        sess = state.add_session(cl, fore, back)
+        sess = state.add_session(cl, fore, back, callback=(a.cb_program, a.sec_parms))
         clients.confirm(state, cl)
         cl.cs_sequence = (cl.cs_sequence + 1) & 0xFFFFFFFF
         sess.backchannel = Backchannel(
@@ -139,8 +139,9 @@ def bind_conn_to_session(cx, a):
     sess = cx.state.session(a.sessid)
     cx.conn_state.setdefault("sessions", set()).add(a.sessid)
     direction = {c.CDFC4_FORE: c.CDFS4_FORE, c.CDFC4_BACK: c.CDFS4_BACK}.get(a.dir, c.CDFS4_BOTH)
-    if direction != c.CDFS4_FORE and sess.backchannel is not None:
-        sess.backchannel.bind(cx.conn_state["outgoing"])
+    back = sess.backchannel or restored_backchannel(sess, cx.minor)
+    if direction != c.CDFS4_FORE and back is not None:
+        back.bind(cx.conn_state["outgoing"])
     return resok(c.OP_BIND_CONN_TO_SESSION).cls(a.sessid, direction, False)
 
 
