@@ -214,6 +214,12 @@ def test_recall_over_the_callback_address(deleg_server):
     assert holder.renew() == 0
     counts = srv.server.state.delegations.counts
     assert (counts["granted"], counts["recalled"], counts["returned"]) == (1, 1, 1)
+    # an OPEN for writing gets no write delegation over NFSv4.0 (docs/delegations.md: a 4.0
+    # GETATTR cannot be told from another client's)
+    make_file(srv.port, "w40")  # no other client has it open
+    args = open_args("w40", b"writer", holder.clientid, c.OPEN4_SHARE_ACCESS_BOTH, False, seqid=1)
+    st, res = holder.raw.v40([(c.OP_PUTFH, holder.root), (c.OP_OPEN, args)])
+    assert st == 0 and res[1][2].delegation == (c.OPEN_DELEGATE_NONE, None), (st, res)
     writer.close()
     holder.raw.close()
 

@@ -219,7 +219,10 @@ def _delegation(cx, cl, node: Node, share_access: int, open_claim):
     """open_delegation4 as (type, arm): a read delegation for an OPEN for reading, a write
     one for an OPEN for writing (the checkpoint writer: no other client has the file open or
     locked) when the rules allow one (appliance.nfs.state.delegations), else none with the
-    reason the client asked for."""
+    reason the client asked for. Never a write delegation to an NFSv4.0 client: a 4.0 GETATTR
+    names no client, so the holder's own (the Linux client sends one before DELEGRETURN)
+    would look like another client's and ask the holder (CB_GETATTR) in the middle of its
+    return."""
     claim = open_claim[0]
     if claim == c.CLAIM_PREVIOUS:
         return _reclaimed_delegation(cx, cl, node, open_claim[1])
@@ -237,7 +240,9 @@ def _delegation(cx, cl, node: Node, share_access: int, open_claim):
         # several heads: a change through another head does not recall this head's delegations
         # yet, so the holder would go on reading what it cached (docs/heads.md)
         and state.holdings is None
-        and not (write and _locked_by_others(state, cl, node.ino))
+        and not (
+            write and (cl.minor == c.MINOR_VERSION_40 or _locked_by_others(state, cl, node.ino))
+        )
     ):
         deleg = state.delegations.grant(
             cl,
@@ -264,7 +269,11 @@ def _reclaimed_delegation(cx, cl, node: Node, dtype: int):
     from the previous instance's catalog row; none when no row says so (the client then
     forgets it and asks the server again at its next open)."""
     state = cx.state
-    if dtype not in (c.OPEN_DELEGATE_READ, c.OPEN_DELEGATE_WRITE) or node.export is None:
+    if (
+        dtype not in (c.OPEN_DELEGATE_READ, c.OPEN_DELEGATE_WRITE)
+        or node.export is None
+        or state.holdings is not None  # several heads: none (see _delegation)
+    ):
         return (c.OPEN_DELEGATE_NONE, None)
     deleg = state.delegations.reclaim(
         cl,
