@@ -511,6 +511,17 @@ def recount_quotas():
     return quotas.recount(core.actor())
 
 
+# -- NFS clients --------------------------------------------------------------------------------
+@endpoint(
+    "/nfs/clients",
+    "GET",
+    "NFSv4 clients the catalog records, with their principals and the delegations they hold",
+    "exports",
+)
+def nfs_clients():
+    return exports.nfs_clients()
+
+
 # -- SMB -----------------------------------------------------------------------------------------
 @endpoint(
     "/smb/status",

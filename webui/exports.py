@@ -10,6 +10,7 @@ from __future__ import annotations
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
 from engine.admin import exports as export_service
+from engine.admin import nfs_clients as nfs_client_service
 from engine.admin.exports import SQUASH_MODES as SQUASH
 from engine.base import errors
 from webui import core
@@ -47,6 +48,11 @@ API = CrudApi(
 )
 
 
+def nfs_clients() -> list[dict]:
+    """NFSv4 clients with their principals and delegations (engine.admin.nfs_clients)."""
+    return nfs_client_service.list_clients(core.ctx().catalog)
+
+
 @bp.route("/exports", methods=["GET", "POST"])
 @core.login_required
 def index():
@@ -65,6 +71,7 @@ def index():
         "exports.html",
         exports=list_exports(),
         quotas=list_quotas(),
+        nfs_clients=nfs_clients(),
         form=form,
         errors=errs,
         schema=EXPORT_SCHEMA,

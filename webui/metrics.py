@@ -538,11 +538,19 @@ def _nfs(out: Exposition, latest: dict) -> None:
     out.family(
         "shingle_nfs_delegations_total",
         "counter",
-        "NFSv4.1 read delegations, by event: granted, recalled, revoked (not returned within "
-        "a lease of the recall), returned.",
+        "NFSv4 delegations, by event: granted (read and write), granted_write, recalled, "
+        "revoked (not returned within a lease of the recall), returned, cb_getattr (another "
+        "client's GETATTR answered from a write delegation's holder).",
         [
             ({"event": event}, latest[f"nfs_delegations_{event}"])
-            for event in ("granted", "recalled", "revoked", "returned")
+            for event in (
+                "granted",
+                "granted_write",
+                "recalled",
+                "revoked",
+                "returned",
+                "cb_getattr",
+            )
             if f"nfs_delegations_{event}" in latest
         ],
     )

@@ -22,6 +22,7 @@ from appliance.nfs.v3 import types as t3
 from appliance.nfs.v4 import backchannel as cb
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
+from engine.admin import nfs_clients
 
 LEASE = 3
 CB_PROGRAM = 0x40000123
@@ -216,6 +217,12 @@ def test_recall_then_return_lets_the_writer_in(deleg_server, stack):
     fh, dsid = read_delegation(reader, "shard0")
     ino = deleg_server.server.state.delegations.core.states[dsid.other].ino
     assert [r["type"] for r in held_in_catalog(stack.catalog, ino)] == ["read"]
+    # what the web UI and the API show: the client, who made it, the delegation it holds
+    (shown,) = [cl for cl in nfs_clients.list_clients(stack.catalog) if cl["delegations"]]
+    assert shown["clientid"] == f"{reader.clientid:x}" and shown["principal"] == "sys uid 0"
+    assert [(d["type"], d["path"], d["inode"]) for d in shown["delegations"]] == [
+        ("read", "/shard0", ino)
+    ]
     # a client without a backchannel gets none, and says why when it asks
     plain = CallbackClient(port, back_channel=False).setup()
     st, res = plain.open_file("shard0", c.OPEN4_SHARE_ACCESS_READ | 0x0100)  # WANT_READ_DELEG

@@ -30,6 +30,7 @@ from appliance.nfs.onc.gss import SeqWindow  # noqa: E402
 from appliance.nfs.v3 import types as t3  # noqa: E402
 from appliance.nfs.v4 import const as c  # noqa: E402
 from appliance.nfs.v4 import types as t  # noqa: E402
+from engine.admin import nfs_clients  # noqa: E402
 from engine.namespace import ROOT  # noqa: E402
 
 AUTH_BADVERF, AUTH_TOOWEAK = 3, 5
@@ -97,6 +98,9 @@ def test_null_getattr_and_read_round_trip_under_each_service(gss_server, kdc, se
         assert st == 0, res
         assert res[-1][2].data == SECRET and res[-1][2].eof
         assert gss_server.server.stats()["nfs_gss_contexts"] >= 1
+        # the client's record names its Kerberos principal (the web UI's NFS clients)
+        shown = nfs_clients.list_clients(gss_server.server.catalog)
+        assert f"krb5 daemon@{kdc.realm} (uid 1)" in [cl["principal"] for cl in shown]
     finally:
         raw.close()
 

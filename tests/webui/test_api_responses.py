@@ -72,6 +72,7 @@ def test_real_responses_match_their_schemas(web, appliance, app):
     alert_id = raised.alert.id
     from engine.admin.trash import Trash
     from tests.webui.helpers import mkdirs
+    from tests.webui.test_nfs_clients_api import record_client
 
     ns = web.client.application.extensions["shingle"].namespace
     mkdirs(ns, "/old/run-1")
@@ -121,6 +122,12 @@ def test_real_responses_match_their_schemas(web, appliance, app):
     }
     mkdirs(ns, "/old/run-2")  # run-1 was restored: GET /trash lists this one
     Trash(ns, catalog).move_to_trash("/old/run-2", actor="test")
+    # an NFSv4 client and its delegation, as the NFS server records them
+    record_client(catalog, 0xAB01, b"host", [1, 0, ""])
+    catalog.set_setting(
+        f"nfs_delegation_{ns.root_ino}_{'00' * 12}",
+        '{"head": "", "clientid": 43777, "owner": "686f7374", "type": "read", "granted_ns": 1}',
+    )
     quota_id = made[("post", "/api/v1/quotas")].get_json()["id"]
     made[("patch", "/api/v1/quotas/{quota_id}")] = web.api(
         "PATCH", f"/api/v1/quotas/{quota_id}", json={"soft_files": 10}

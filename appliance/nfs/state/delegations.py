@@ -39,13 +39,13 @@ from appliance.nfs.state.leases import Leases
 from appliance.nfs.state.model import Client, DelegState, NfsError
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.types import stateid4
+from engine.admin.nfs_clients import DELEG_PREFIX
 from engine.base.blocking import holding, may_block
 from engine.catalog.models import Setting
 
 log = logging.getLogger("shingle.nfs.state")
 
 SETTINGS = Setting.__table__
-DELEG_PREFIX = "nfs_delegation_"
 CB_GETATTR_WAIT = 5.0  # a holder's answer to CB_GETATTR; after that it is recalled
 
 

@@ -76,6 +76,8 @@ class Client:
     held_state_recorded: bool = False
     # "other" of its delegations revoked and not yet freed (SEQUENCE says so)
     revoked: set = field(default_factory=set)
+    # RPCSEC_GSS: the Kerberos principal that made it (its record shows it to the admin)
+    principal_name: str = ""
 
 
 @dataclass

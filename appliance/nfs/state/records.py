@@ -40,7 +40,9 @@ class ClientRecords:
     def note_principal(self, owner: bytes, recorded: str | None) -> None:
         if recorded:
             try:
-                self.core.reclaim_principals[owner] = tuple(json.loads(recorded))
+                # [flavour, uid] and, since Kerberos names are shown, the name: compared
+                # without it (appliance.nfs.state.core.may_reclaim)
+                self.core.reclaim_principals[owner] = tuple(json.loads(recorded))[:2]
             except (ValueError, TypeError):
                 pass  # unreadable: any principal may reclaim, as before principals were kept
 
@@ -124,7 +126,7 @@ class ClientRecords:
             conn.execute(
                 CLIENTS.insert().values(
                     head=head,
-                    principal=json.dumps(list(cl.principal)),
+                    principal=json.dumps([*cl.principal, cl.principal_name]),
                     clientid=cl.clientid & ((1 << 63) - 1),
                     owner=cl.owner,
                     verifier=cl.verifier,

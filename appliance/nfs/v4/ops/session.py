@@ -60,6 +60,8 @@ def exchange_id(cx, a):
     cl = clients.exchange_id(
         cx.state, bytes(a.ownerid), a.verifier, _principal(cx), cx.address, update
     )
+    if not cl.confirmed:  # a confirmed record keeps the name it was made by
+        cl.principal_name = cx.rpc_cred.principal
     server = cx.server
     flags = server.pnfs.exchange_flags() | (c.EXCHGID4_FLAG_CONFIRMED_R if cl.confirmed else 0)
     impl = nfs_impl_id4.cls("shingle", "shingle NFSv4.1 server", nfstime4.cls(0, 0))

@@ -38,6 +38,7 @@ def setclientid(cx, a):
         a.callback,
         a.callback_ident,
     )
+    cl.principal_name = cx.rpc_cred.principal
     return resok(c.OP_SETCLIENTID).cls(cl.clientid, cl.confirm_verifier)
 
 
