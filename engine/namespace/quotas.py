@@ -374,17 +374,20 @@ class QuotaTracker:
                 self.charge(conn, roots_of(conn, ino, self.root_ino, include_self=False), delta, 0)
 
 
-def recount_around(conn, ino: int) -> None:
+def recount_around(conn, ino: int, *, new_tree: bool = False) -> None:
     """Count again, in the caller's transaction, every quota whose tree holds ``ino`` or lies
     below it: after a change that rewrote a tree without the namespace (snapshot rollback,
-    clone)."""
-    rows = sql_all(
-        conn,
-        "WITH RECURSIVE below(ino) AS (SELECT CAST(? AS BIGINT) UNION SELECT d.child FROM "
-        "dirents d JOIN below ON d.parent = below.ino) SELECT q.id, q.root_ino FROM quotas q "
-        "JOIN below ON q.root_ino = below.ino",
-        (ino,),
-    )
+    clone). ``new_tree``: ``ino`` heads inodes just made (a clone), on which no quota can be
+    set yet, so only the quotas above it are counted (no walk of the new tree)."""
+    rows = []
+    if not new_tree:
+        rows = sql_all(
+            conn,
+            "WITH RECURSIVE below(ino) AS (SELECT CAST(? AS BIGINT) UNION SELECT d.child FROM "
+            "dirents d JOIN below ON d.parent = below.ino) SELECT q.id, q.root_ino FROM "
+            "quotas q JOIN below ON q.root_ino = below.ino",
+            (ino,),
+        )
     root = sql_one(conn, "SELECT value FROM settings WHERE key = 'root_ino'")
     above = roots_of(conn, ino, int(root[0]) if root else ino)
     for qid, quota_root in {*rows, *((r.id, r.root_ino) for r in above)}:

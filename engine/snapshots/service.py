@@ -147,43 +147,59 @@ def _copy_tree(conn, root: int, *, with_root: bool, parent_map: tuple[int, int] 
     lo_old, hi_old, count = sql_one(conn, "SELECT MIN(ino), MAX(ino), COUNT(*) FROM snapshot_tree")
     if not count:
         return None
+    copied = _copy_rows(
+        conn, "{} IN (SELECT ino FROM snapshot_tree)", (), lo_old, hi_old, parent_map
+    )
+    sql(conn, "DELETE FROM snapshot_tree").close()
+    return (*copied[:3], count, copied[3])
+
+
+def _copy_range(conn, lo_old: int, hi_old: int):
+    """Copy a snapshot's inodes, which are exactly its range [lo_old, hi_old] (reserved at its
+    create, frozen since: fsck checks it), as ``_copy_tree`` does, without walking the tree
+    (range scans of the primary keys instead). Returns (delta, lo, hi, referenced bytes)."""
+    return _copy_rows(conn, "{} BETWEEN ? AND ?", (lo_old, hi_old), lo_old, hi_old, None)
+
+
+def _copy_rows(conn, member: str, params: tuple, lo_old: int, hi_old: int, parent_map):
+    """The rows of the inodes for which ``member`` (a predicate on the column named by ``{}``,
+    with ``params``) holds, copied as ``ino + delta``; returns (delta, lo, hi, referenced)."""
     delta = _reserve_inodes(conn, lo_old, hi_old)
-    tree = "(SELECT ino FROM snapshot_tree)"
+    in_tree = member.format("ino")
     sql(
         conn,
         f"INSERT INTO inodes (ino, {_INODE_COLUMNS}) SELECT ino + ?, {_INODE_COLUMNS} "
-        f"FROM inodes WHERE ino IN {tree}",
-        (delta,),
+        f"FROM inodes WHERE {in_tree}",
+        (delta, *params),
     ).close()
-    old_parent, new_parent = parent_map or (None, None)
-    parents = tree
+    old_parent, new_parent = parent_map or (-1, -1)
+    parents = member.format("parent")
     if parent_map is not None:
-        parents = f"(SELECT ino FROM snapshot_tree UNION SELECT {int(parent_map[0])})"
+        parents = f"({parents} OR parent = {int(old_parent)})"
     sql(
         conn,
         "INSERT INTO dirents (parent, name, child) "
         "SELECT CASE WHEN parent = ? THEN ? ELSE parent + ? END, name, child + ? "
-        f"FROM dirents WHERE parent IN {parents} AND child IN {tree}",
-        (old_parent if old_parent is not None else -1, new_parent or -1, delta, delta),
+        f"FROM dirents WHERE {parents} AND {member.format('child')}",
+        (old_parent, new_parent, delta, delta, *params, *params),
     ).close()
     sql(
         conn,
-        "INSERT INTO symlinks (ino, target) SELECT ino + ?, target FROM symlinks "
-        f"WHERE ino IN {tree}",
-        (delta,),
+        f"INSERT INTO symlinks (ino, target) SELECT ino + ?, target FROM symlinks WHERE {in_tree}",
+        (delta, *params),
     ).close()
     sql(
         conn,
         "INSERT INTO xattrs (ino, name, value) SELECT ino + ?, name, value FROM xattrs "
-        f"WHERE ino IN {tree}",
-        (delta,),
+        f"WHERE {in_tree}",
+        (delta, *params),
     ).close()
     sql(
         conn,
         "INSERT INTO extents (ino, file_offset, length, stripe_id, stripe_offset) "
         "SELECT ino + ?, file_offset, length, stripe_id, stripe_offset FROM extents "
-        f"WHERE ino IN {tree}",
-        (delta,),
+        f"WHERE {in_tree}",
+        (delta, *params),
     ).close()
     lo, hi = lo_old + delta, hi_old + delta
     referenced = add_references(conn, lo, hi)
@@ -201,8 +217,7 @@ def _copy_tree(conn, root: int, *, with_root: bool, parent_map: tuple[int, int] 
         "AND ino - ? IN (SELECT dataset_ino FROM snapshot_dirs)",
         (lo, hi, delta),
     ).close()
-    sql(conn, "DELETE FROM snapshot_tree").close()
-    return delta, lo, hi, count, referenced
+    return delta, lo, hi, referenced
 
 
 class Snapshots:
@@ -720,7 +735,7 @@ class Snapshots:
         parent = self._dataset(parent_path or "/")
 
         def work(conn):
-            _sid, root, _lo, _hi, _created = self._snapshot_row(conn, dataset, name)
+            _sid, root, lo, hi, _created = self._snapshot_row(conn, dataset, name)
             if (
                 sql_one(
                     conn, "SELECT id FROM dirents WHERE parent = ? AND name = ?", (parent, new_name)
@@ -728,14 +743,15 @@ class Snapshots:
                 is not None
             ):
                 raise errors.Exists(f"{new_path} exists")
-            delta, _lo2, _hi2, _count, _referenced = _copy_tree(conn, root, with_root=True)
+            delta = _copy_range(conn, lo, hi)[0]
             sql(
                 conn,
                 "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
                 (parent, new_name, root + delta),
             ).close()
             self._touch(conn, parent, nlink_delta=1)
-            recount_around(conn, root + delta)  # the clone counts at its files' logical sizes
+            # the clone counts at its files' logical sizes in the quotas above it
+            recount_around(conn, root + delta, new_tree=True)
             self._space_stale(conn, dataset)  # the snapshot's stripes are the clone's too now
             return root + delta
 
