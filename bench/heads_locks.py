@@ -7,10 +7,13 @@ through `shingle serve` heads over one SQLite catalog, in the same run, rounds a
   holdings and writes this head's.
 
 Each client is a process of the project's raw NFSv4.1 client with one request in flight and a
-file of its own (no conflicts: the cost is the bookkeeping, not waiting). Printed per layout:
+file of its own (a head alone on a file keeps its ranges in memory), or with --shared its own
+byte of one file all clients use (each head then publishes every range change). No request
+conflicts: the cost is the bookkeeping, not waiting. Printed per layout:
 cycles per second of all clients together, and the heads' CPU per cycle (every head's).
 
-    .venv/bin/python bench/heads_locks.py [--clients 4] [--cycles 300] [--rounds 3] [--json F]
+    .venv/bin/python bench/heads_locks.py [--clients 4] [--cycles 300] [--rounds 3] [--shared]
+        [--json F]
 """
 
 from __future__ import annotations
@@ -115,29 +118,38 @@ class Heads:
         self.procs = []
 
 
-def _client(port: int, name: str, cycles: int, start, out) -> None:
+def _retried(raw, ops):
+    """A request again while the server answers NFS4ERR_DELAY (as clients do): with a file
+    shared by heads, the other head publishes the locks it kept in memory first."""
+    while (got := raw.session(ops))[0] == c.NFS4ERR_DELAY:
+        time.sleep(0.01)
+    return got
+
+
+def _client(port: int, name: str, cycles: int, start, out, offset: int) -> None:
     raw = RawClient(port).setup()
     fh, open_sid = raw.open_new(name, b"bench-open")
     owner = t.state_owner4.cls(raw.clientid, b"bench-lock")
     locker = (True, t.open_to_lock_owner4.cls(0, open_sid, 0, owner))
-    st, res = raw.session(
-        [(c.OP_PUTFH, fh), (c.OP_LOCK, t.ARGS[c.OP_LOCK](2, False, 0, 1, locker))]
+    st, res = _retried(
+        raw,
+        [(c.OP_PUTFH, fh), (c.OP_LOCK, t.ARGS[c.OP_LOCK](c.WRITE_LT, False, offset, 1, locker))],
     )
     assert st == 0, st
     lock_sid = res[-1][2]
-    unlock = (c.OP_LOCKU, t.ARGS[c.OP_LOCKU](c.WRITE_LT, 0, lock_sid, 0, 1))
+    unlock = (c.OP_LOCKU, t.ARGS[c.OP_LOCKU](c.WRITE_LT, 0, lock_sid, offset, 1))
     assert raw.session([(c.OP_PUTFH, fh), unlock])[0] == 0
     root = raw.root_fh()
     start.wait()
     began = time.monotonic()
     for _ in range(cycles):  # LOCK then LOCKU under the lock stateid
         relock = (False, t.exist_lock_owner4.cls(t.stateid4.cls(0, lock_sid.other), 0))
-        lock = (c.OP_LOCK, t.ARGS[c.OP_LOCK](c.WRITE_LT, False, 0, 1, relock))
-        st, _ = raw.session([(c.OP_PUTFH, fh), lock])
+        lock = (c.OP_LOCK, t.ARGS[c.OP_LOCK](c.WRITE_LT, False, offset, 1, relock))
+        st, _ = _retried(raw, [(c.OP_PUTFH, fh), lock])
         assert st == 0, st
         unlock = (
             c.OP_LOCKU,
-            t.ARGS[c.OP_LOCKU](c.WRITE_LT, 0, t.stateid4.cls(0, lock_sid.other), 0, 1),
+            t.ARGS[c.OP_LOCKU](c.WRITE_LT, 0, t.stateid4.cls(0, lock_sid.other), offset, 1),
         )
         assert raw.session([(c.OP_PUTFH, fh), unlock])[0] == 0
     locks_done = time.monotonic()
@@ -151,13 +163,20 @@ def _client(port: int, name: str, cycles: int, start, out) -> None:
     raw.close()
 
 
-def run(heads: Heads, clients: int, cycles: int, tag: str) -> dict:
+def run(heads: Heads, clients: int, cycles: int, tag: str, shared: bool) -> dict:
     ctx = multiprocessing.get_context("fork")
     start, out = ctx.Event(), ctx.Queue()
     procs = [
         ctx.Process(
             target=_client,
-            args=(heads.ports[i % len(heads.ports)], f"{tag}-{i}", cycles, start, out),
+            args=(
+                heads.ports[i % len(heads.ports)],
+                f"{tag}-shared" if shared else f"{tag}-{i}",
+                cycles,
+                start,
+                out,
+                10 * i if shared else 0,
+            ),
         )
         for i in range(clients)
     ]
@@ -185,6 +204,12 @@ def main(argv=None) -> int:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--cycles", type=int, default=300, help="of each kind per client")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--shared",
+        action="store_true",
+        help="every client locks its own byte of one file (the heads share the file: their "
+        "ranges are published and checked at every LOCK and LOCKU)",
+    )
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="shingle-bench-heads-locks-"))
@@ -196,7 +221,8 @@ def main(argv=None) -> int:
                 heads = Heads(folder, 1 if layout == "one head" else 2)
                 heads.start()
                 try:
-                    got = run(heads, args.clients, args.cycles, f"r{round_}-{len(heads.ports)}")
+                    tag = f"r{round_}-{len(heads.ports)}"
+                    got = run(heads, args.clients, args.cycles, tag, args.shared)
                 finally:
                     heads.stop()
                 results[layout].append(got)

@@ -50,6 +50,8 @@ FD_RESERVE = 256  # descriptors kept for drives, the catalog and logs beside the
 STATFS_TTL = 2.0
 EXPORTS_TTL = 5.0
 NLM_TICK = 1.0  # blocked NLM locks see an NFSv4 unlock within this
+# several heads: how soon a head publishes the locks of a file another head wants
+INTEREST_POLL_S = 0.25
 PORTMAP_MODES = ("auto", "serve", "register", "off", "handed")
 
 
@@ -341,6 +343,7 @@ class NfsServer:
         self._housekeeper: asyncio.Future[None] | None = None
         self._nlm_ticker: asyncio.Future[None] | None = None
         self._head_beats: asyncio.Future[None] | None = None
+        self._interest_polls: asyncio.Future[None] | None = None
         self._portmap_server: asyncio.Server | None = None
         self._sweeper: asyncio.Future[None] | None = None
         self._housekeeping_failures = RateLimitedLog(log)
@@ -510,6 +513,7 @@ class NfsServer:
         self._nlm_ticker = asyncio.ensure_future(self._nlm_ticks())
         if heads is not None:
             self._head_beats = asyncio.ensure_future(self._beat(heads.beat_period))
+            self._interest_polls = asyncio.ensure_future(self._poll_interest())
         if monitor.previous:  # tell the previous instance's lock clients to reclaim
             pool.submit(monitor.notify_previous)
         self._sweeper = asyncio.ensure_future(self._sweep())
@@ -557,6 +561,24 @@ class NfsServer:
                     "NFS head heartbeat failed: %s",
                     exc,
                     exc_info=not isinstance(exc, CatalogUnavailable),
+                )
+
+    async def _poll_interest(self) -> None:
+        """Several heads: files this head alone held locks on that another head now wants get
+        their locks published (appliance/nfs/state/holdings.py)."""
+        loop, holdings = self.loop, self.state.holdings if self.state else None
+        assert loop is not None and holdings is not None  # start() ran, with heads
+        while True:
+            await asyncio.sleep(INTEREST_POLL_S)
+            if not holdings.envelope:
+                continue
+            try:
+                await loop.run_in_executor(self.pool, holdings.poll_interest)
+            except CatalogUnreachable:
+                pass  # the catalog's outage log counts it; the next poll retries
+            except Exception as exc:  # noqa: BLE001 - the next poll retries
+                self._housekeeping_failures.log(
+                    logging.ERROR, type(exc), "NFS holdings poll failed: %s", exc
                 )
 
     async def _start_portmap(self) -> None:
@@ -617,7 +639,13 @@ class NfsServer:
             self.namespace.change_guard = None
         if self._portmap_server is not None:
             self._portmap_server.close()
-        for task in (self._housekeeper, self._nlm_ticker, self._sweeper, self._head_beats):
+        for task in (
+            self._housekeeper,
+            self._nlm_ticker,
+            self._sweeper,
+            self._head_beats,
+            self._interest_polls,
+        ):
             if task is not None:
                 task.cancel()
         if self.registered and self.loop is not None:

@@ -19,7 +19,7 @@ from sqlalchemy import select
 
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
-from engine.catalog.models import Setting
+from engine.catalog.models import NfsHolding, Setting
 
 LEASE = 2
 
@@ -48,6 +48,16 @@ def _lock(raw, fh, open_sid, start, length, owner, locktype=c.WRITE_LT):
     return raw.session(
         [(c.OP_PUTFH, fh), (c.OP_LOCK, t.ARGS[c.OP_LOCK](locktype, False, start, length, locker))]
     )
+
+
+def _published(attempt):
+    """``attempt()``'s (status, results) once not NFS4ERR_DELAY: what a client does while the
+    other head publishes the locks it kept in memory (within about a second)."""
+    deadline = time.monotonic() + 5
+    while (got := attempt())[0] == c.NFS4ERR_DELAY:
+        assert time.monotonic() < deadline, "the other head never published its locks"
+        time.sleep(0.05)
+    return got
 
 
 def _session_heads(catalog) -> set[str]:
@@ -155,7 +165,9 @@ def test_a_head_that_stops_beating_loses_its_locks_and_its_client_reclaims_elsew
         fh, sid_a = a.open_new("orphan", b"oa")
         assert _lock(a, fh, sid_a, 0, 10, b"la")[0] == 0
         _, _, sid_b = _open(b, "orphan", b"ob")
-        assert _lock(b, fh, sid_b, 0, 10, b"lb")[0] == c.NFS4ERR_DENIED
+        # A locked alone on the file: its ranges were in memory (ENVELOPE), B waits for them
+        assert _lock(b, fh, sid_b, 0, 10, b"lb")[0] == c.NFS4ERR_DELAY
+        assert _published(lambda: _lock(b, fh, sid_b, 0, 10, b"lb"))[0] == c.NFS4ERR_DENIED
         head_a.server.state.heads.beat = lambda: True  # the row stays as it was
         stopped = time.monotonic()
         while (st := _lock(b, fh, sid_b, 0, 10, b"lb")[0]) == c.NFS4ERR_DENIED:
@@ -198,3 +210,47 @@ def test_a_head_that_stops_beating_loses_its_locks_and_its_client_reclaims_elsew
         for raw in (a, b, again):
             if raw is not None:
                 raw.close()
+
+
+def _locks_of(catalog, head: str) -> list:
+    holdings = NfsHolding.__table__
+    rows = catalog.read(
+        lambda conn: conn.execute(
+            select(holdings.c.locks).where(holdings.c.head == head, holdings.c.locks != "[]")
+        ).all()
+    )
+    return [json.loads(row.locks) for row in rows]
+
+
+def test_a_head_alone_on_a_file_keeps_its_ranges_in_memory_until_another_wants_them(two_heads):
+    """The uncontended case costs no catalog write per LOCK and LOCKU: the first lock of a
+    file no other head has a row of publishes ENVELOPE (any range); the ranges then change in
+    memory; another head's request gets NFS4ERR_DELAY and makes the holder publish them."""
+    head_a, head_b = two_heads
+    catalog = head_a.server.catalog
+    a = RawClient(head_a.port).setup()
+    b = RawClient(head_b.port).setup()
+    try:
+        fh, sid_a = a.open_new("alone", b"oa")
+        st, res = _lock(a, fh, sid_a, 0, 10, b"la")
+        assert st == 0, st
+        lock_sid = t.stateid4.cls(0, res[-1][2].other)
+        published = _locks_of(catalog, "head0")
+        assert [entry[3] for entry in published[0]] == [-1]  # ENVELOPE: client id -1
+        for start in (20, 40, 60):  # more locks and unlocks: in memory only
+            relock = (False, t.exist_lock_owner4.cls(lock_sid, 0))
+            lock = t.ARGS[c.OP_LOCK](c.WRITE_LT, False, start, 5, relock)
+            assert a.session([(c.OP_PUTFH, fh), (c.OP_LOCK, lock)])[0] == 0
+            unlock = t.ARGS[c.OP_LOCKU](c.WRITE_LT, 0, lock_sid, start, 5)
+            assert a.session([(c.OP_PUTFH, fh), (c.OP_LOCKU, unlock)])[0] == 0
+        assert _locks_of(catalog, "head0") == published
+        # B wants the file: A publishes its one lock, B is refused it and gets the rest
+        _, _, sid_b = _open(b, "alone", b"ob")
+        st, res = _published(lambda: _lock(b, fh, sid_b, 5, 1, b"lb"))
+        assert st == c.NFS4ERR_DENIED
+        assert (res[-1][2].offset, res[-1][2].length, res[-1][2].owner.owner) == (0, 10, b"la")
+        assert [entry[:2] for entry in _locks_of(catalog, "head0")[0]] == [[0, 10]]
+        assert _lock(b, fh, sid_b, 10, 10, b"lb")[0] == 0
+    finally:
+        a.close()
+        b.close()

@@ -25,13 +25,16 @@ from appliance.nfs import access
 from appliance.nfs.nlm import types as t
 from appliance.nfs.portmap import RpcCallError, getport, rpc_call
 from appliance.nfs.state import INF, NfsError, is_write
-from appliance.nfs.v4.const import NFS4ERR_GRACE
+from appliance.nfs.v4.const import NFS4ERR_DELAY, NFS4ERR_GRACE
 
 log = logging.getLogger("shingle.nfs.nlm")
 
 GRANT_PICKUP_SECONDS = 120.0
 CALLBACK_TIMEOUT = 5.0
 IDLE_HOST_SECONDS = 60.0  # a host without locks this long is no longer monitored
+# several heads: how long a request waits for another head to publish its locks of a file
+PUBLISH_TRIES, PUBLISH_WAIT_S = 6, 0.25
+UNPUBLISHED = "unpublished"  # they were not published in that time
 
 
 class NlmError(Exception):
@@ -163,12 +166,29 @@ class NlmManager:
         ino = self._file(lock.fh, address)
         start, end = nlm_range(lock.l_offset, lock.l_len)
         self._check_grace(False)
-        hit = self.state.nlm.test(
-            self._host(lock, address), owner_of(lock), ino, start, end, args.exclusive
+        host = self._host(lock, address)
+        hit = self._published(
+            lambda: self.state.nlm.test(host, owner_of(lock), ino, start, end, args.exclusive)
         )
         if hit is None:
             return t.NLM4_GRANTED, None
+        if hit is UNPUBLISHED:
+            return t.NLM4_DENIED_NOLOCKS, None
         return t.NLM4_DENIED, self.holder(hit)
+
+    @staticmethod
+    def _published(attempt):
+        """``attempt()`` again while another head keeps its locks of the file in memory
+        (NFS4ERR_DELAY: it publishes them within a second, appliance.nfs.state.holdings);
+        UNPUBLISHED when it has not by then."""
+        for _ in range(PUBLISH_TRIES):
+            try:
+                return attempt()
+            except NfsError as exc:
+                if exc.status != NFS4ERR_DELAY:
+                    raise
+            time.sleep(PUBLISH_WAIT_S)
+        return UNPUBLISHED
 
     @staticmethod
     def holder(hit):
@@ -190,8 +210,10 @@ class NlmManager:
         host = self._host(lock, address)
         key = waiter_key(lock, ino, start, end, args.exclusive)
         try:
-            hit = self.state.nlm.lock(
-                host, owner_of(lock), ino, start, end, args.exclusive, args.reclaim
+            hit = self._published(
+                lambda: self.state.nlm.lock(
+                    host, owner_of(lock), ino, start, end, args.exclusive, args.reclaim
+                )
             )
         except NfsError as exc:  # several heads: their grace period began since the check
             if exc.status != NFS4ERR_GRACE:
@@ -324,10 +346,12 @@ class NlmManager:
                 hit = self.state.nlm.lock(
                     host, owner_of(w.lock), w.ino, w.start, w.end, w.exclusive
                 )
-            except NfsError as exc:  # several heads in their grace period: the next tick
-                if exc.status != NFS4ERR_GRACE:
+            except NfsError as exc:  # several heads: in grace, or the other head's locks
+                if exc.status == NFS4ERR_GRACE:  # are not published yet: the next tick
+                    break
+                if exc.status != NFS4ERR_DELAY:
                     raise
-                break
+                continue
             if hit is None:
                 w.granted_at = now
                 granted.append(w)

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import delete
+from sqlalchemy import delete, select
 
 from appliance.nfs.state.core import StateCore
 from appliance.nfs.state.heads import HOLDINGS, HeadRegistry, recovery_epoch
@@ -28,6 +28,10 @@ log = logging.getLogger("shingle.nfs.state")
 _WRITES = (c.WRITE_LT, c.WRITEW_LT)
 _GRACE = "grace"  # a grant refused: the cluster is in its grace period
 _NONE: tuple = (0, 0, [])  # the holdings of a file without a row
+_ALONE = "alone"  # no other head has a row of the file
+_ENVELOPE_HIT = "envelope"  # another head holds locks of the file it has not published
+# the lock entry of a head alone on a file: "any range, ranges kept in memory" (client id -1)
+ENVELOPE = [0, 1 << 64, c.WRITE_LT, -1, False, ""]
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,9 @@ class Holdings:
         self.written: dict[int, tuple] = {}
         # runs a flush in a worker (the server's pool), when set
         self.submit: Callable[..., object] | None = None
+        # files this head alone holds state on: its row says ENVELOPE for their locks, which
+        # change in memory only, until another head shows interest (``poll_interest``)
+        self.envelope: set[int] = set()
 
     # -- what this head holds -------------------------------------------------------------------
     def summary(self, ino: int, open_st=None, open_modes=(0, 0), lock_st=None, ranges=()):
@@ -77,6 +84,8 @@ class Holdings:
             nlm = lk.client.owner.startswith(b"nlm:")
             for r0, r1, rtype in lk_ranges:
                 locks.append([r0, r1, rtype, lk.client.clientid, nlm, lk.owner.hex()])
+        if ino in self.envelope and (access or deny or locks):
+            locks = [ENVELOPE]
         return access, deny, locks
 
     def _write(self, conn, ino: int, summary) -> None:
@@ -101,9 +110,12 @@ class Holdings:
         other heads' conflicting lock (a hit as ``Locks.conflict`` returns it) or None, and
         this head's row written with the new ranges. Under the state lock. NFS4ERR_GRACE
         unless ``reclaim`` while the cluster is in grace."""
+        if lk.ino in self.envelope:
+            return None  # this head alone holds state on the file: its locks stay in memory
         summary = self.summary(lk.ino, lock_st=lk, ranges=ranges)
+        alone = (summary[0], summary[1], [ENVELOPE])
         return self._grant(
-            lk.ino, lambda rows: _lock_hit(rows, start, end, locktype), summary, reclaim
+            lk.ino, lambda rows: _lock_hit(rows, start, end, locktype), summary, reclaim, alone
         )
 
     def grant_open(self, st, ino: int, access: int, deny: int, reclaim: bool) -> bool:
@@ -125,7 +137,9 @@ class Holdings:
 
         return self._grant(ino, check, summary, reclaim) is None
 
-    def _grant(self, ino: int, check, summary, reclaim: bool):
+    def _grant(self, ino: int, check, summary, reclaim: bool, alone=None):
+        """``alone``: the row to write instead when no other head has a row of the file (its
+        locks then go into envelope mode)."""
         if self.written.get(ino) == summary:
             # granted already as it stands in the row: no other head got a conflict since
             self.dirty.discard(ino)
@@ -137,8 +151,14 @@ class Holdings:
             # the grace period binds every head from the commit that starts it
             if not reclaim and recovery_epoch(conn):
                 return _GRACE
-            hit = check(registry.holdings_of_live(conn, ino))
-            if hit is None:
+            rows = registry.holdings_of_live(conn, ino)
+            if alone is not None and not rows:
+                self._write(conn, ino, alone)
+                return _ALONE
+            hit = check(rows)
+            if hit is _ENVELOPE_HIT:
+                self._interest(conn, ino)
+            elif hit is None:
                 self._write(conn, ino, summary)
             return hit
 
@@ -146,24 +166,87 @@ class Holdings:
         if hit is _GRACE:
             registry.recovery = registry.recovery or 1  # seen before the next beat reads it
             raise NfsError(c.NFS4ERR_GRACE, "the cluster of heads is in its grace period")
+        if hit is _ENVELOPE_HIT:
+            raise NfsError(c.NFS4ERR_DELAY, "another head is publishing its locks of the file")
+        if hit is _ALONE:
+            self.envelope.add(ino)
+            summary = alone
+            hit = None
         if hit is None:
             self.dirty.discard(ino)
             self._wrote(ino, summary)
         return hit
+
+    def _interest(self, conn, ino: int) -> None:
+        """In a transaction: this head wants the locks of ``ino`` another head keeps in
+        memory: a row of its own (empty, unless it has one) tells that head to publish them."""
+        reg = self.registry
+        mine = conn.execute(
+            select(HOLDINGS.c.ino).where(HOLDINGS.c.head == reg.name, HOLDINGS.c.ino == ino)
+        ).first()
+        if mine is None:
+            conn.execute(
+                HOLDINGS.insert().values(
+                    head=reg.name, ino=ino, instance=reg.instance, access=0, deny=0, locks="[]"
+                )
+            )
+
+    def poll_interest(self) -> None:
+        """Every half second while this head has files in envelope mode: those another head
+        has a row of now leave it (their exact locks are written, and checked from then on)."""
+        envelope = sorted(self.envelope)
+        if not envelope:
+            return
+        name = self.registry.name
+        wanted = self.catalog.read(
+            lambda conn: set(
+                conn.execute(
+                    select(HOLDINGS.c.ino).where(
+                        HOLDINGS.c.ino.in_(envelope), HOLDINGS.c.head != name
+                    )
+                ).scalars()
+            )
+        )
+        if not wanted:
+            return
+        with self.core.lock:
+            for ino in wanted:
+                self.envelope.discard(ino)
+            summaries = [(ino, self.summary(ino)) for ino in sorted(wanted)]
+
+            def work(conn):
+                for ino, summary in summaries:
+                    self._write(conn, ino, summary)
+
+            try:
+                self.catalog.run(work, tracked=True)
+            except BaseException:
+                self.envelope.update(wanted)  # the row still says ENVELOPE
+                raise
+            for ino, summary in summaries:
+                self._wrote(ino, summary)
+                self.dirty.discard(ino)
 
     def _wrote(self, ino: int, summary) -> None:
         if summary[0] or summary[1] or summary[2]:
             self.written[ino] = summary
         else:
             self.written.pop(ino, None)
+            self.envelope.discard(ino)  # holding nothing: the next lock checks again
 
     def test_lock(self, ino: int, start: int, end: int, locktype: int):
-        """LOCKT, NLM_TEST: another head's conflicting lock, or None (nothing written)."""
+        """LOCKT, NLM_TEST: another head's conflicting lock, or None (nothing written);
+        NFS4ERR_DELAY when another head keeps its locks of the file in memory (told to
+        publish them)."""
         may_block("reading the other heads' holdings")
         registry = self.registry
-        return self.catalog.read(
+        hit = self.catalog.read(
             lambda conn: _lock_hit(registry.holdings_of_live(conn, ino), start, end, locktype)
         )
+        if hit is _ENVELOPE_HIT:
+            self.catalog.run(lambda conn: self._interest(conn, ino), tracked=True)
+            raise NfsError(c.NFS4ERR_DELAY, "another head is publishing its locks of the file")
+        return hit
 
     def special_io_denied(self, ino: int, want: int) -> bool:
         """READ or WRITE with a special stateid against another head's deny modes."""
@@ -215,6 +298,8 @@ def _lock_hit(rows, start: int, end: int, locktype: int):
     write = locktype in _WRITES
     for row in rows:
         for r0, r1, rtype, clientid, nlm, owner in json.loads(row.locks):
+            if clientid == -1:  # ENVELOPE: that head alone knows its ranges
+                return _ENVELOPE_HIT
             if start < r1 and r0 < end and (write or rtype in _WRITES):
                 holder = ForeignLock(
                     ForeignClient(clientid, b"nlm:" if nlm else b""), bytes.fromhex(owner), row.head

@@ -145,6 +145,7 @@ class StateTable(StateCore):
             if self.holdings is not None:
                 self.holdings.dirty.clear()
                 self.holdings.written.clear()  # its rows went with its expiry
+                self.holdings.envelope.clear()
 
     def head_tick(self) -> list[Takeover]:
         """Every ``heads.beat_period``: beat, expire the heads that stopped, write the
