@@ -3,6 +3,7 @@
     .venv/bin/python bench/handoffs.py                       # this tree, 2 rounds
     .venv/bin/python bench/handoffs.py --trees /work/a /work/b --pairs 4 --runs 3
     .venv/bin/python bench/handoffs.py --by-thread            # split by thread (needs py-spy)
+    .venv/bin/python bench/handoffs.py --setup seq_write --workload seq_read  # warm reads
 
 Each round starts ``shingle serve`` from each tree in turn (bench/compare.py's ShingleServer:
 10 zone-file drives, 8+2), the order flipping every round (the tree that runs first in a pair
@@ -31,6 +32,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# first, even when PYTHONPATH has it: bench/ (this script's folder) holds an engine.py too
+sys.path.insert(0, str(REPO))
+
+from bench import workloads  # noqa: E402
+
 MiB = 1 << 20
 SERVER = """
 import json, sys
@@ -89,15 +95,18 @@ def thread_groups(pid: int, spy: str | None) -> dict[str, str]:
     }
 
 
-def run_once(tree: str, port: int, pid: int, args) -> dict:
-    params = {
-        "ckpt_writers": args.writers,
-        "ckpt_bytes": args.mib * MiB,
-        "io": MiB,
-        "seq_bytes": args.mib * MiB * args.writers,
-    }
-    t0, s0 = process_times(pid), thread_switches(pid)
-    started = time.perf_counter()
+def workload_params(args) -> dict:
+    """bench/workloads.py's quick sizes, with the checkpoint and sequential sizes of ``args``."""
+    params = dict(workloads.SIZES["quick"])
+    params.update(
+        ckpt_writers=args.writers,
+        ckpt_bytes=args.mib * MiB,
+        seq_bytes=args.mib * MiB * args.writers,
+    )
+    return params
+
+
+def run_workload(tree: str, port: int, workload: str, args) -> dict:
     proc = subprocess.run(
         [
             sys.executable,
@@ -107,21 +116,28 @@ def run_once(tree: str, port: int, pid: int, args) -> dict:
             "--port",
             str(port),
             "--workload",
-            args.workload,
+            workload,
             "--params",
-            json.dumps(params),
+            json.dumps(workload_params(args)),
         ],
         cwd=tree,
         capture_output=True,
         text=True,
         timeout=900,
     )
-    wall = time.perf_counter() - started
-    t1, s1 = process_times(pid), thread_switches(pid)
     lines = proc.stdout.strip().splitlines()
     out = json.loads(lines[-1]) if lines else {"ok": False, "error": proc.stderr[-500:]}
     if not out.get("ok"):
-        raise SystemExit(f"{tree}: {args.workload} failed: {out.get('error')}")
+        raise SystemExit(f"{tree}: {workload} failed: {out.get('error')}")
+    return out
+
+
+def run_once(tree: str, port: int, pid: int, args) -> dict:
+    t0, s0 = process_times(pid), thread_switches(pid)
+    started = time.perf_counter()
+    out = run_workload(tree, port, args.workload, args)
+    wall = time.perf_counter() - started
+    t1, s1 = process_times(pid), thread_switches(pid)
     mib = out["work"][0]
     groups = thread_groups(pid, args.py_spy) if args.by_thread else {}
     by_group: dict[str, list[float]] = {}
@@ -158,6 +174,8 @@ def one_server(tree: str, args) -> list[dict]:
     try:
         assert server.stdout is not None and server.stdin is not None
         info = json.loads(server.stdout.readline())
+        if args.setup:
+            run_workload(tree, info["port"], args.setup, args)
         return [run_once(tree, info["port"], info["pid"], args) for _ in range(args.runs)]
     finally:
         if server.stdin is not None:
@@ -177,6 +195,7 @@ def main(argv=None) -> int:
     ap.add_argument("--zone-mib", type=int, default=64)
     ap.add_argument("--workload", default="checkpoint_writers")
     ap.add_argument("--client", default="nfsrs")
+    ap.add_argument("--setup", help="a workload run once after each start, not measured")
     ap.add_argument("--by-thread", action="store_true", help="switches per thread group")
     ap.add_argument("--py-spy", default=shutil.which("py-spy"), help="py-spy for --by-thread")
     args = ap.parse_args(argv)
