@@ -32,7 +32,9 @@ from nfs_rig import (
     ShingleDaemon,
     krb5_plan,
     plan_for,
+    read_as_second_client,
     root_squash_plan,
+    stat_as_second_client,
     write_as_second_client,
 )
 from pgserver import free_port
@@ -150,7 +152,8 @@ def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon) -> RigRun:
 
     def on_request(text: str) -> str:
         # "restart-server", "snapshot-create PATH NAME" (PATH in the namespace), or
-        # "deleg-write PATH HEX" (PATH in the export: another client writes it), or
+        # "deleg-write PATH HEX" (PATH in the export: another client writes it), "deleg-stat
+        # PATH", "deleg-read PATH" (another client's stat, read), or
         # "offload-stats" (the daemon's asynchronous COPY counters)
         action, *args = text.split()
         try:
@@ -160,6 +163,10 @@ def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon) -> RigRun:
                 return shingle_daemon.snapshot_create(*args)
             if action == "deleg-write" and len(args) == 2:
                 return write_as_second_client(shingle_daemon.port, args[0], bytes.fromhex(args[1]))
+            if action == "deleg-stat" and len(args) == 1:
+                return stat_as_second_client(shingle_daemon.port, args[0])
+            if action == "deleg-read" and len(args) == 1:
+                return read_as_second_client(shingle_daemon.port, args[0])
             if action == "offload-stats" and not args:
                 return shingle_daemon.offload_counts()
         except Exception as exc:  # noqa: BLE001 - the guest reports it as its check's failure

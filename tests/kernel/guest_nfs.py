@@ -88,6 +88,11 @@ ROOT_SQUASH_CHECKS = ("root-squash/own-files", "root-squash/others-kept")
 # from another client (the host, through nfs-rs) recalls the file's delegation and the guest
 # sees the new bytes on its next open
 DELEGATION_CHECKS = ("delegations/second-epoch", "delegations/recall-on-write")
+# with "write_check" (NFSv4.1): a file the guest is writing is under a write delegation; the
+# host's stat of it (nfs-rs) gets the guest's size, which the server asks the guest for
+# (CB_GETATTR) as the bytes are still in the guest's page cache; the host's read after the
+# close sees them (the read recalls the delegation)
+WRITE_DELEGATION_CHECK = "delegations/write-cb-getattr"
 RESTART_CHECKS = (
     "restart/io-continues",
     "restart/lock-kept",
@@ -116,6 +121,8 @@ def planned_checks(plan: dict) -> list[str]:
     for key in ("delegations", "delegations40"):
         if plan.get(key):
             names += [f"{plan[key]['label']}/{check}" for check in DELEGATION_CHECKS]
+            if plan[key].get("write_check"):
+                names.append(f"{plan[key]['label']}/{WRITE_DELEGATION_CHECK}")
     if plan.get("krb5"):
         names += krb5_check_names(plan["krb5"])
     if plan.get("restart_version"):
@@ -1467,6 +1474,27 @@ def check_recall_on_write(mountpoint: str, path: str, relpath: str, lease: float
     return f"{answer}; the guest returned the delegation ({returned} DELEGRETURN) in {took:.1f} s"
 
 
+def check_write_cb_getattr(mountpoint: str, folder: str) -> str:
+    rel = f"{folder}/checkpoint.bin"
+    path = os.path.join(mountpoint, rel)
+    data = os.urandom(3 * 4096 + 17)
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()  # into the page cache: the client sends no WRITE before the close
+        before = op_counts(mountpoint)
+        answer = vmchannel_request(f"deleg-stat {rel}")
+        writes = op_counts(mountpoint).get("WRITE", 0) - before.get("WRITE", 0)
+        expect(
+            answer == f"size {len(data)}",
+            f"the host saw {answer!r} of {len(data)} bytes in the guest's cache "
+            f"({writes} WRITE sent meanwhile): no CB_GETATTR?",
+        )
+    answer2 = vmchannel_request(f"deleg-read {rel}")
+    want = f"sha256 {hashlib.sha256(data).hexdigest()}"
+    expect(answer2.startswith(want), f"the host read {answer2!r} after the close, not {want}")
+    return f"host stat while the bytes were cached: {answer} ({writes} WRITE meanwhile); {answer2}"
+
+
 def set_callback_port(port: int) -> None:
     """The port of the NFSv4.0 callback service (nfs.callback_tcpport), before the first
     NFSv4.0 mount starts it: the host reaches it through a qemu forward."""
@@ -1500,6 +1528,11 @@ def run_delegations(plan: dict, spec: dict) -> None:
             names[1],
             lambda: check_recall_on_write(mountpoint, paths[0], rels[0], spec["lease_seconds"]),
         )
+        if spec.get("write_check"):
+            run_check(
+                f"{label}/{WRITE_DELEGATION_CHECK}",
+                lambda: check_write_cb_getattr(mountpoint, folder),
+            )
     except CheckFailed as exc:
         for name in names:
             report(name, False, f"not run: {exc}")

@@ -66,7 +66,13 @@ ROOT_SQUASH_VERSIONS = [
 ROOT_SQUASH_TIMEOUT_S = 900
 # the delegation checks (guest_nfs.DELEGATION_CHECKS): small files read in two epochs; the
 # lease is the daemon's (ShingleDaemon.init)
-DELEGATIONS = {"label": "v4.1", "options": "vers=4.1", "files": 1000, "lease_seconds": 30}
+DELEGATIONS = {
+    "label": "v4.1",
+    "options": "vers=4.1",
+    "files": 1000,
+    "lease_seconds": 30,
+    "write_check": True,
+}
 # NFSv4.0's: the server calls the guest's callback service back at the address the mount
 # names (clientaddr, the host's side of a qemu forward to the guest's nfs.callback_tcpport);
 # fewer files, the same checks
@@ -318,6 +324,48 @@ class ShingleDaemon:
         return "\n".join(
             p.read_text(errors="replace") for p in sorted(self.home.glob("serve-*.log"))
         )
+
+
+def _second_client(port: int):
+    import nfs_rs
+
+    return nfs_rs.Client.connect(
+        f"nfs://127.0.0.1:{port}/export?version=4.1",
+        nfs_port=port,
+        noresvport=True,
+        uid=0,
+        gid=0,
+        connect_timeout=20,
+        operation_timeout=60,
+    )
+
+
+def stat_as_second_client(port: int, relpath: str) -> str:
+    """The size nfs-rs (NFSv4.1) sees of ``relpath``: its GETATTR of a file under the guest's
+    write delegation is answered with what the guest says (CB_GETATTR)."""
+    with _second_client(port) as client:
+        return f"size {client.stat('/' + relpath).size}"
+
+
+def read_as_second_client(port: int, relpath: str, timeout: float = 60) -> str:
+    """sha256 of ``relpath`` read through nfs-rs; its OPEN waits (DELAY) while the guest's
+    write delegation is recalled."""
+    import hashlib
+
+    started, tries = time.monotonic(), 0
+    with _second_client(port) as client:
+        while True:
+            tries += 1
+            try:
+                with client.open("/" + relpath, "rb") as f:
+                    data = f.read()
+                break
+            except Exception as exc:  # noqa: BLE001 - DELAY surfaces as an error nfs-rs does not retry
+                if time.monotonic() - started > timeout:
+                    return f"read failed after {tries} tries: {exc}"
+                time.sleep(0.5)
+    took = time.monotonic() - started
+    return f"sha256 {hashlib.sha256(data).hexdigest()} ({tries} tries, {took:.1f} s)"
 
 
 def write_as_second_client(port: int, relpath: str, data: bytes, timeout: float = 60) -> str:

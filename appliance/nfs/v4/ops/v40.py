@@ -14,7 +14,7 @@ from appliance.nfs.state import NfsError
 from appliance.nfs.state import v40 as state40
 from appliance.nfs.v4 import attrs as fattr
 from appliance.nfs.v4 import const as c
-from appliance.nfs.v4.callback40 import Callback40
+from appliance.nfs.v4.callback40 import Callback40, parse_uaddr
 from appliance.nfs.v4.ops import fs, io, locks, session
 from appliance.nfs.v4.ops.common import resok
 from appliance.nfs.v4.registry import operation40
@@ -59,6 +59,9 @@ def _callback_path(cx, cl) -> None:
         old.close()
     cl.callback_path = None
     if cl.callback is None or cx.rpc_cred.flavor not in (c.AUTH_NONE, c.AUTH_SYS):
+        return
+    location = cl.callback.cb_location
+    if parse_uaddr(location.netid, location.addr) is None:  # none given (nfs-rs sends "")
         return
     cl.callback_path = Callback40(cl.callback, cl.callback_ident, cl.clientid)
     cl.callback_path.probe()
