@@ -615,6 +615,33 @@ OPTIONS: list[Option] = [
         minimum=0,
     ),
     Option(
+        "cluster",
+        "mds_address",
+        "str",
+        "",
+        "The metadata server's floating address, ADDRESS/PREFIX (IPv4): every head that sets it "
+        "campaigns for an etcd lease, and the holder adds it to mds_interface and serves there "
+        "(nfs.host must be 0.0.0.0); a dead holder's address moves to a live head within about "
+        "mds_lease_ttl_s (docs/cluster.md). Empty: no floating address.",
+    ),
+    Option(
+        "cluster",
+        "mds_interface",
+        "str",
+        "",
+        "The network interface that carries mds_address on this head (eth0, bond0...).",
+    ),
+    Option(
+        "cluster",
+        "mds_lease_ttl_s",
+        "float",
+        5.0,
+        "The etcd lease behind mds_address: a dead holder's address moves within about this "
+        "long; a holder cut off from etcd drops the address at least a second before.",
+        minimum=4,
+        maximum=120,
+    ),
+    Option(
         "heads",
         "count",
         "int",
@@ -753,6 +780,27 @@ def _check_cluster(values: dict[str, Any]) -> None:
             ) from None
 
 
+def _check_mds_address(values: dict[str, Any]) -> None:
+    from appliance.mds_address import parse_address
+
+    text = values["cluster.mds_address"]
+    if not text:
+        return
+    try:
+        parse_address(text)
+    except ValueError as exc:
+        raise ConfigError("cluster.mds_address", text, str(exc)) from None
+    if not etcd_endpoints(values["cluster.etcd_endpoints"]):
+        raise ConfigError("cluster.etcd_endpoints", "", "etcd URLs when mds_address is set")
+    if not values["cluster.mds_interface"].strip():
+        raise ConfigError("cluster.mds_interface", "", "the interface to put mds_address on")
+    if values["nfs.host"] not in ("0.0.0.0", "::"):
+        raise ConfigError(
+            "nfs.host", values["nfs.host"], "0.0.0.0 when cluster.mds_address is set (the "
+            "server must take connections to the address once it is added)",
+        )  # fmt: skip
+
+
 def data_server_addresses(value: str, key: str = "pnfs.data_servers") -> list[tuple[str, int]]:
     """A comma-separated HOST:PORT list of IPv4 addresses, as (host, port) pairs."""
     found = []
@@ -879,6 +927,7 @@ def from_dict(  # noqa: C901 - sections, options, their cross-checks, band class
             values[option.key] = _check(option, value)
     _check_nfs_limits(values)
     _check_cluster(values)
+    _check_mds_address(values)
     _check_heads(values)
     if values["alerts.capacity_critical_percent"] < values["alerts.capacity_warn_percent"]:
         raise ConfigError(

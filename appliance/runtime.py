@@ -27,6 +27,7 @@ from engine.namespace import Namespace
 if TYPE_CHECKING:  # the daemon's parts, imported when it starts them
     from appliance.host.sdnotify import Watchdog
     from appliance.maintenance import Maintenance
+    from appliance.mds_address import MdsAddress
     from appliance.nfs.server import NfsServerThread
     from appliance.smb import SmbService
 
@@ -326,6 +327,7 @@ class Daemon:
         self.appliance: Appliance | None = None
         self.server: NfsServerThread | None = None
         self.maintenance: Maintenance | None = None
+        self.mds_address: MdsAddress | None = None
         self.smb: SmbService | None = None
         self.watchdog: Watchdog | None = None
         self.web: subprocess.Popen | None = None
@@ -373,6 +375,7 @@ class Daemon:
             runs_jobs=self.config.get("heads.index") == 0,
         )
         self.maintenance.start()
+        self.mds_address = self.start_mds_address()
         self.smb = self.start_smb(appliance)
         if self.with_web:
             self.web = self.start_webui()
@@ -396,6 +399,8 @@ class Daemon:
 
     def stop(self) -> None:
         """Stop what was started, the last started first; the lock goes last."""
+        if self.mds_address is not None:  # the address goes before the server stops
+            self.mds_address.stop()
         if self.maintenance is not None:
             self.maintenance.stop()
             self.maintenance.join(60)
@@ -453,6 +458,41 @@ class Daemon:
             f"vers=3,port={server.port},mountport={server.port},mountproto=tcp {host}:/export "
             f"/mnt/shingle   (locks: NLM via the port mapper on port {server.server.portmap_port})"
         )
+
+    def start_mds_address(self) -> MdsAddress | None:
+        """The floating metadata server address ([cluster] mds_address): campaigned for once
+        the NFS server listens; only its holder expires dead heads (their clients follow the
+        address)."""
+        from appliance.config import etcd_endpoints
+        from appliance.mds_address import FloatingAddress, MdsAddress, parse_address
+        from engine.cluster.etcd import EtcdClient
+
+        config, server = self.config, self.server
+        assert server is not None  # started before
+        if not config.get("cluster.mds_address"):
+            return None
+        ttl_s = config.get("cluster.mds_lease_ttl_s")
+        role = MdsAddress(
+            # a request must leave the lease time to be renewed through another endpoint
+            EtcdClient(etcd_endpoints(config.get("cluster.etcd_endpoints")), timeout_s=ttl_s / 4),
+            FloatingAddress(
+                parse_address(config.get("cluster.mds_address")),
+                config.get("cluster.mds_interface"),
+            ),
+            config.get("cluster.name") or None,
+            ttl_s=ttl_s,
+            on_released=server.drop_connections_to,
+        )
+        state = server.server.state
+        if state is not None and state.heads is not None:
+            state.heads.takes_over = lambda: role.holding
+        try:
+            role.address.check_interface()
+        except OSError as exc:
+            raise ConfigError(
+                "cluster.mds_interface", role.address.interface, f"an interface here ({exc})"
+            ) from None
+        return role.start()
 
     def on_listener_gone(self) -> None:
         self.listener_gone = True

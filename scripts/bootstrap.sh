@@ -23,7 +23,8 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # its certificate with the openssl command when the cryptography package is absent;
 # strace: a test reads the compiled drive writers' system calls;
 # etcd-server, etcd-client, patroni: the cluster test bed (tests/cluster) runs etcd and
-# PostgreSQL under Patroni in network namespaces; iproute2 makes those namespaces.
+# PostgreSQL under Patroni in network namespaces; iproute2 makes those namespaces (and `ip addr`
+# moves the metadata server's floating address, appliance/mds_address.py).
 # tcmu-runner, kmod, e2fsprogs: the zoned-device rig (tests/kernel/test_zoned.py): SCSI ZBC disks
 # through tcmu-runner's file_zbc handler, kmod's depmod and modprobe for the guest's module tree,
 # an ext4 image holding the ZBC backing files.

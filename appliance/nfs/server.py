@@ -678,6 +678,18 @@ class NfsServer:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
+    def drop_connections_to(self, address: str) -> int:
+        """In the loop: close (reset) every connection a client made to ``address`` of this
+        host (the floating metadata server address this head just gave up); how many."""
+        dropped = 0
+        for conn in list(self.connections):
+            transport = conn.transport
+            local = transport.get_extra_info("sockname") if transport is not None else None
+            if local and local[0] in (address, f"::ffff:{address}"):
+                conn.abort()
+                dropped += 1
+        return dropped
+
 
 class NfsServerThread:
     """Runs an NfsServer in its own thread and event loop."""
@@ -721,6 +733,16 @@ class NfsServerThread:
 
     def stats(self) -> dict[str, float]:
         return self.server.stats()
+
+    def drop_connections_to(self, address: str) -> int:
+        """``NfsServer.drop_connections_to`` from another thread; 0 when not running."""
+        if self._loop is None or self._thread is None:
+            return 0
+
+        async def drop() -> int:
+            return self.server.drop_connections_to(address)
+
+        return asyncio.run_coroutine_threadsafe(drop(), self._loop).result(10)
 
     def is_alive(self) -> bool:
         """True while the server's event-loop thread runs (the sd_notify watchdog pings only

@@ -69,10 +69,12 @@ class FencedLeader:
         key: str = DEFAULT_KEY,
         on_elected: Callable[[int], bool] | None = None,
         on_lost: Callable[[str], None] | None = None,
+        role: str = "maintenance leader",
     ):
         """``on_elected(token)`` runs in the election thread before the token is handed out;
         it returns False (or raises) to step down at once (the fence refused the token).
-        ``on_lost(reason)`` runs when office ends, whatever the reason."""
+        ``on_lost(reason)`` runs when office ends, whatever the reason. ``role``: what office
+        the log lines name (the same election holds the metadata server's address)."""
         if ttl_s < MIN_TTL_S:
             raise ValueError(f"leader lease TTL {ttl_s} s: expected at least {MIN_TTL_S} s")
         self.client = client
@@ -81,6 +83,7 @@ class FencedLeader:
         self.key = key
         self.on_elected = on_elected
         self.on_lost = on_lost
+        self.role = role
         self._lease: int | None = None
         self._token: int | None = None
         self._deadline = 0.0  # monotonic: the lease is ours until then
@@ -99,6 +102,13 @@ class FencedLeader:
             if self._token is not None and time.monotonic() < self._deadline:
                 return self._token
             return None
+
+    def held_until(self) -> float:
+        """The monotonic time office ends unless a keepalive renews it first; 0.0 while this
+        host does not hold it (a role tied to office, appliance/mds_address.py, ends what it
+        does some margin before)."""
+        with self._lock:
+            return self._deadline if self._token is not None else 0.0
 
     def state(self) -> LeaderState:
         token = self.token
@@ -204,7 +214,7 @@ class FencedLeader:
         with self._lock:
             self._token, self._deadline, self._since = token, deadline, time.time()
         self._seen_leader = self.name
-        log.info("cluster: %s is the maintenance leader (token %d)", self.name, token)
+        log.info("cluster: %s is the %s (token %d)", self.name, self.role, token)
 
     def _resign_quietly(self, lease_id: int) -> None:
         self._lease = None
@@ -269,7 +279,7 @@ class FencedLeader:
             held, self._token, self._deadline, self._since = self._token, None, 0.0, None
         if held is None:
             return
-        log.warning("cluster: %s is no longer the maintenance leader: %s", self.name, reason)
+        log.warning("cluster: %s is no longer the %s: %s", self.name, self.role, reason)
         self._seen_leader = None
         if self.on_lost is not None:
             try:

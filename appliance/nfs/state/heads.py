@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy import and_, delete, func, select, update
@@ -107,6 +108,10 @@ class HeadRegistry:
         self.recovery = 0  # R as this head last read it
         self.need = False  # this head's NEED flag
         self.address = ""  # this head's NSM name (its row's address: SM_NOTIFY after a takeover)
+        # whether this head may expire dead heads now (with a floating metadata server
+        # address only its holder does, so the dead head's clients find their records where
+        # the address leads them: appliance/mds_address.py); None: always
+        self.takes_over: Callable[[], bool] | None = None
 
     @property
     def beat_period(self) -> float:
@@ -302,7 +307,10 @@ class HeadRegistry:
         clients and NLM hosts, see ``_expire``); what was taken from each."""
         rows = self.catalog.read(lambda conn: conn.execute(select(HEADS)).all())
         taken: list[Takeover] = []
-        for dead in self.observe(rows):
+        found = self.observe(rows)
+        if found and self.takes_over is not None and not self.takes_over():
+            return taken  # still watched: expired at once if this head takes the address
+        for dead in found:
             takeover = self.catalog.run(
                 lambda conn, d=dead: self._expire(conn, d, adopt), tracked=True
             )

@@ -1,0 +1,302 @@
+"""The metadata server's floating address moves to a live head when its head is killed.
+
+Two heads, each a real `shingle serve` in a host of the test bed over one catalog (SQLite in a
+folder both see) and one set of drives ([heads] count 2), both with [cluster] mds_address
+(appliance/mds_address.py): they campaign for an etcd lease on the bed's etcd members, and the
+holder puts the address on its eth0. Two nfs-rs writers (mds_client.py) run as processes of a
+clients' host and write files through the floating address, reconnecting to the same address
+when their connection fails. Head 0 starts first and takes the address; once both writers have
+acknowledged files it is killed with SIGKILL (nothing of it runs any more; its host's kernel
+keeps the address until the lifetime head 0 gave it lapses).
+
+Checked:
+- the address is on head 1 within the lease TTL plus 2 s of the kill (the time is printed), and
+  at no moment on both hosts (sampled every 20 ms from the kill on);
+- the writers go on through the address: each acknowledges files begun after the move;
+- head 1 (the holder) expires head 0 and takes its client records: head 0's row and its client
+  records leave the catalog;
+- every acknowledged file reads back through the address with its sha256;
+- a failed write is never counted: only files whose write returned (nfs-rs's COMMIT answered)
+  are acknowledged.
+
+Connections from the test process to bed addresses would meet the sandbox's egress proxy (see
+test_host_loss_nfs.py): the clients are processes of the clients' host, and the test reads the
+hosts' addresses with ``ip -n``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bed import SUBNET, kill_netns_processes
+from nfs_client import content
+
+REPO = Path(__file__).resolve().parents[2]
+HEADS = ("mdshead0", "mdshead1")
+CLIENT = "mdsclient"
+FLOATING = f"{SUBNET}.9"  # below the members' (.11+) and the clients' (.101+) addresses
+TTL_S = 4  # [cluster] mds_lease_ttl_s, its minimum
+NFS_LEASE_S = 5  # nfs.lease_seconds: head 1 expires head 0 a lease after its last beat
+GRACE_S = 3
+WRITERS = 2
+FILE_SIZE = 256 * 1024
+BEFORE, AFTER = 2, 2  # files each writer acknowledges before the kill, and begun after the move
+PHASE_TIMEOUT_S = 60.0
+SAMPLE_S = 0.02
+HERE = Path(__file__).resolve().parent
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": f"{REPO}:{HERE}"}
+
+
+def configure(text: str, section: str, lines: str) -> str:
+    header = f"[{section}]\n"
+    assert header in text, f"no [{section}] in the rendered config"
+    return text.replace(header, header + lines, 1)
+
+
+class Serve:
+    """`shingle serve` of one head, in its host."""
+
+    def __init__(self, bed, host: str, config: Path):
+        self.bed, self.host, self.config = bed, host, config
+        self.log = config.parent / "serve.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.log, "wb") as log:
+            self.proc = self.bed.run(
+                self.host,
+                [sys.executable, "-m", "appliance.cli", "-c", str(self.config), "serve",
+                 "--no-web"],
+                env=env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + PHASE_TIMEOUT_S
+        while "nfs://" not in self.text():
+            assert self.proc.poll() is None, f"{self.host} exited: {self.text()[-3000:]}"
+            assert time.monotonic() < deadline, f"{self.host} not up: {self.text()[-3000:]}"
+            time.sleep(0.2)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        kill_netns_processes(self.bed.hosts[self.host].netns)
+
+
+class Client:
+    """A script of this folder in the clients' host; its JSON lines collected as they come."""
+
+    def __init__(self, bed, script: str, argv: list[str]):
+        self.lines: list[dict] = []
+        self.proc = bed.run(
+            CLIENT, [sys.executable, str(HERE / script), *argv], env=env(),
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self._reader = threading.Thread(target=self._collect, daemon=True)
+        self._reader.start()
+
+    def _collect(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(json.loads(line))
+
+    def acked(self) -> list[dict]:
+        return [line for line in self.lines if "sha256" in line]
+
+    def finish(self) -> None:
+        try:
+            self.proc.wait(PHASE_TIMEOUT_S)
+        finally:
+            self.kill()
+        self._reader.join(10)
+        stderr = self.proc.stderr.read() if self.proc.stderr else ""
+        assert self.proc.returncode == 0, f"client exited {self.proc.returncode}: {stderr[-3000:]}"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def holds(bed, host: str) -> bool:
+    listed = subprocess.run(
+        ["ip", "-n", bed.hosts[host].netns, "-o", "-4", "addr", "show", "dev", "eth0"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return f" {FLOATING}/24 " in listed.stdout
+
+
+def catalog_rows(catalog: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(f"file:{catalog}?mode=ro", uri=True, timeout=10) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def make_heads(bed, folder: Path) -> tuple[Path, list[Serve]]:
+    """Head 0's folder made by `shingle init` (catalog, drives), head 1's naming its catalog."""
+    first = folder / "head0"
+    init = subprocess.run(
+        [sys.executable, "-m", "appliance.cli", "init", str(first), "--drive-size", "64MiB",
+         "--zone-size", "4MiB", "--no-preallocate", "--nfs-port", "2049"],
+        env=env(), capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert init.returncode == 0, init.stderr
+    catalog = (first / "catalog.db").resolve()
+    endpoints = ",".join(bed.etcd_endpoints)
+    nfs = (
+        f'host = "0.0.0.0"\nlease_seconds = {NFS_LEASE_S}\ngrace_seconds = {GRACE_S}\n'
+        'portmap = "off"\n'
+    )
+
+    def cluster(host: str) -> str:
+        return (
+            f'etcd_endpoints = "{endpoints}"\nname = "{host}"\nmds_address = "{FLOATING}/24"\n'
+            f'mds_interface = "eth0"\nmds_lease_ttl_s = {TTL_S}\n'
+        )
+
+    config = first / "shingle.toml"
+    text = config.read_text()
+    text = configure(text, "nfs", nfs)
+    text = configure(text, "heads", "count = 2\nindex = 0\n")
+    text = configure(text, "cluster", cluster(HEADS[0]))
+    config.write_text(text)
+    second = folder / "head1"
+    second.mkdir()
+    (second / "shingle.toml").write_text(
+        f'[catalog]\nurl = "sqlite:///{catalog}"\n\n[nfs]\nport = 2049\n{nfs}\n'
+        f"[heads]\ncount = 2\nindex = 1\n\n[cluster]\n{cluster(HEADS[1])}"
+    )
+    return catalog, [
+        Serve(bed, HEADS[0], config),
+        Serve(bed, HEADS[1], second / "shingle.toml"),
+    ]
+
+
+def wait(ready, what: str, writers: list[Client]) -> float:
+    started = time.monotonic()
+    while not ready():
+        dead = [w.proc.returncode for w in writers if w.proc.poll() is not None]
+        assert not dead, f"{what}: a writer exited ({dead})"
+        assert time.monotonic() - started < PHASE_TIMEOUT_S, f"{what}: not within the time"
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_killed(
+    healed_bed, tmp_path
+):
+    bed = healed_bed
+    for host in (*HEADS, CLIENT):
+        if host not in bed.hosts:
+            bed.add_host(host)
+    catalog, heads = make_heads(bed, tmp_path)
+    stop = tmp_path / "stop-writing"
+    writers: list[Client] = []
+    figures: dict[str, float] = {}
+    try:
+        heads[0].start()
+        wait(lambda: holds(bed, HEADS[0]), "head 0 takes the address", [])
+        heads[1].start()
+        assert not holds(bed, HEADS[1])
+        writers = [
+            Client(bed, "mds_client.py", [FLOATING, f"w{k}", str(FILE_SIZE), str(stop)])
+            for k in range(WRITERS)
+        ]
+        wait(lambda: all(len(w.acked()) >= BEFORE for w in writers), "writes before", writers)
+        assert catalog_rows(catalog, "SELECT 1 FROM nfs_clients WHERE head = 'head0'"), (
+            "the writers' client records are not head 0's"
+        )
+
+        assert heads[0].proc is not None
+        killed = time.monotonic()
+        heads[0].proc.kill()  # SIGKILL: the holder gets no chance to give the address up
+        heads[0].proc.wait()
+        lapsed = moved = None
+        while moved is None:
+            on_dead, on_live = holds(bed, HEADS[0]), holds(bed, HEADS[1])
+            now = time.monotonic()
+            assert not (on_dead and on_live), "the address is on both heads"
+            if lapsed is None and not on_dead:
+                lapsed = now
+            if on_live:
+                moved = now
+            assert now - killed < PHASE_TIMEOUT_S, "the address did not move"
+            time.sleep(SAMPLE_S)
+        assert lapsed is not None
+        figures["address_lapsed_on_dead_head_s"] = lapsed - killed
+        figures["address_moved_s"] = moved - killed
+        assert moved - killed <= TTL_S + 2.0, figures
+
+        wait(
+            lambda: all(sum(1 for a in w.acked() if a["began"] > moved) >= AFTER for w in writers),
+            "writes after the move", writers,
+        )  # fmt: skip
+        first_after = min(a["done"] for w in writers for a in w.acked() if a["began"] > killed)
+        figures["first_ack_after_kill_s"] = first_after - killed
+        wait(
+            lambda: not catalog_rows(catalog, "SELECT 1 FROM nfs_heads WHERE name = 'head0'"),
+            "head 1 expires head 0", writers,
+        )  # fmt: skip
+        figures["head0_expired_by_s"] = time.monotonic() - killed
+        assert not catalog_rows(catalog, "SELECT 1 FROM nfs_clients WHERE head = 'head0'")
+        assert "silent for" in heads[1].text(), heads[1].text()[-3000:]
+
+        stop.touch()
+        for writer in writers:
+            writer.finish()
+        acked = {a["name"]: a["sha256"] for w in writers for a in w.acked()}
+        assert all(
+            sha == hashlib.sha256(content(name, FILE_SIZE)).hexdigest()
+            for name, sha in acked.items()
+        )
+        reader = Client(bed, "nfs_client.py", ["read", FLOATING, *sorted(acked)])
+        reader.finish()
+        got = {line["name"]: line.get("sha256") for line in reader.lines}
+        wrong = sorted(name for name, sha in acked.items() if got.get(name) != sha)
+        assert not wrong, f"read back wrong or failed through the address: {wrong}"
+        failed = sorted({line["error"] for w in writers for line in w.lines if "error" in line})
+        recovered = [line for w in writers for line in w.lines if "recovery" in line]
+        reconnects = sum(1 for w in writers for line in w.lines if "reconnected" in line)
+        rounded = {k: round(v, 2) for k, v in figures.items()}
+        after_kill = sorted(
+            (
+                round(line.get("done", line.get("reconnected", 0)) - killed, 2),
+                line.get("error", "reconnected"),
+            )
+            for w in writers
+            for line in w.lines
+            if ("error" in line or "reconnected" in line)
+        )
+        print(f"\nafter the kill: {after_kill}")
+        print(
+            f"\n{len(acked)} files acknowledged and read back (sha256) through {FLOATING}; "
+            f"writes that failed and were not counted: {failed}; {reconnects} reconnects by "
+            f"the script, {len(recovered)} nfs-rs recoveries; lease TTL {TTL_S} s: {rounded}"
+        )
+    finally:
+        stop.touch()
+        for writer in writers:
+            writer.kill()
+        for head in heads:
+            head.stop()
+        for host in HEADS:
+            subprocess.run(
+                ["ip", "-n", bed.hosts[host].netns, "addr", "del", f"{FLOATING}/24", "dev",
+                 "eth0"], capture_output=True, check=False,
+            )  # fmt: skip
+        kill_netns_processes(bed.hosts[CLIENT].netns)
