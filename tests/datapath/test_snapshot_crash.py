@@ -1,10 +1,12 @@
 """SIGKILL during snapshot create and delete, during the background reclaim of deleted
 snapshots and during clones: each is all or nothing, on SQLite and PostgreSQL.
 
-A forked child loops over: snapshot the dataset, clone its big file into a new file, delete the
-previous snapshot, every other round reclaim the deleted ones; it is killed at a random moment.
-After each kill, every snapshot listed holds the whole dataset, every clone is empty or whole,
-and fsck and the accounting are clean, before and after the pending deletions are reclaimed."""
+A forked child loops over: snapshot the dataset, clone its big file into a new file, clone the
+snapshot into a new dataset (`shingle dataset clone`), delete the previous snapshot, every other
+round reclaim the deleted ones; it is killed at a random moment. After each kill, every snapshot
+listed holds the whole dataset, every file clone is empty or whole, every dataset clone is there
+whole or not at all (outliving its deleted origin), and fsck and the accounting are clean,
+before and after the pending deletions are reclaimed."""
 
 from __future__ import annotations
 
@@ -60,6 +62,7 @@ def child(url: str, round_no: int, out: int) -> None:
         snaps.create("/ds", label)
         target = ns.create(ROOT, clones, f"c-{label}").ino
         ns.clone_range(ROOT, big, 0, target, 0, 0)
+        snaps.clone("/ds", label, f"/dsclones/{label}")
         for old in snaps.list("/ds")[:-2]:
             snaps.delete("/ds", old.name)
         if i % 2:  # kills land in a background reclaim too, and leave deletions pending
@@ -74,6 +77,7 @@ def test_kill_during_snapshot_and_clone_is_all_or_nothing(tmp_path, catalog_url)
     _, data, ns = open_engine(url)
     ds = ns.mkdir(ROOT, ns.root_ino, "ds").ino
     ns.mkdir(ROOT, ns.root_ino, "clones")
+    ns.mkdir(ROOT, ns.root_ino, "dsclones")
     for i in range(FILES):
         ns.write(ns.create(ROOT, ds, f"f{i:03d}").ino, 0, small(i))
     ns.write(ns.create(ROOT, ds, "big").ino, 0, BIG)
@@ -115,9 +119,17 @@ def test_kill_during_snapshot_and_clone_is_all_or_nothing(tmp_path, catalog_url)
                 assert size in (0, len(BIG)), entry.name
                 if size:
                     assert ns.read(entry.attr.ino, 0, size) == BIG, entry.name
+            dataset_clones = ns.readdir(ROOT, ns.resolve("/dsclones").ino, limit=10_000)[0]
+            for entry in dataset_clones:
+                names = {e.name for e in ns.readdir(ROOT, entry.attr.ino, limit=10_000)[0]}
+                assert names == {f"f{i:03d}" for i in range(FILES)} | {"big"}, entry.name
+                for i in RNG.sample(range(FILES), 3):
+                    f = ns.lookup(ROOT, entry.attr.ino, f"f{i:03d}")
+                    assert ns.read(f.ino, 0, f.size) == small(i), entry.name
             check_accounting(catalog)
             report = fsck.check(catalog, ns.root_ino)
             assert report.clean, report.problems
         finally:
             data.close()
+    assert dataset_clones  # the rounds got as far as dataset clones (and kills among them)
     catalog.close()
