@@ -1,6 +1,7 @@
 """The local mount (and SMB, which shares it) recalls NFS clients' delegations before it
 changes a file: a write through the mount waits while an NFSv4.1 client that holds a read
-delegation of the file is sent CB_RECALL, and goes on once it returned it."""
+delegation of the file is sent CB_RECALL, and goes on once it returned it; a read through the
+mount waits so for a write delegation (its holder may have written what the server lacks)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nfs"))
 from test_delegations import CallbackClient, read_delegation  # noqa: E402
 
 from appliance.nfs.v4 import const as c  # noqa: E402
+from appliance.nfs.v4 import types as t  # noqa: E402
 
 
 def test_a_write_through_the_mount_recalls_the_delegation(served):
@@ -38,3 +40,30 @@ def test_a_write_through_the_mount_recalls_the_delegation(served):
         assert path.read_bytes() == b"local"
     finally:
         reader.close()
+
+
+def test_a_read_through_the_mount_recalls_a_write_delegation(served):
+    path = served.mount / "deleg-ckpt"
+    holder = CallbackClient(served.nfs_port).setup()
+    try:  # made by the NFS client (the export squashes root: a file of the mount's is not its)
+        st, res = holder.open_file("deleg-ckpt", c.OPEN4_SHARE_ACCESS_BOTH, create=True)
+        assert st == 0 and res[2][2].delegation[0] == c.OPEN_DELEGATE_WRITE, (st, res)
+        fh, dsid = res[3][2], res[2][2].delegation[1].stateid
+        write = (c.OP_WRITE, t.ARGS[c.OP_WRITE](dsid, 0, c.FILE_SYNC4, b"holder"))
+        st, _ = holder.session([(c.OP_PUTFH, fh), write])
+        assert st == 0, st
+        seen: list[bytes] = []
+
+        def read_locally():
+            seen.append(path.read_bytes())
+
+        reader = threading.Thread(target=read_locally, daemon=True)
+        reader.start()
+        assert holder.wait_for_recall(), "no CB_RECALL for the mount's read"
+        assert not seen, "the mount's read did not wait for the write delegation"
+        st, _ = holder.session([(c.OP_PUTFH, fh), (c.OP_DELEGRETURN, dsid)])
+        assert st == 0, st
+        reader.join(20)
+        assert seen == [b"holder"]
+    finally:
+        holder.close()
