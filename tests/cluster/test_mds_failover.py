@@ -14,7 +14,10 @@ Checked:
   at no moment on both hosts (sampled every 20 ms from the kill on);
 - the writers go on through the address: each acknowledges files begun after the move;
 - head 1 (the holder) expires head 0 and takes its client records: head 0's row and its client
-  records leave the catalog;
+  records leave the catalog. A raw NFSv4.1 client that held a lock through the address before
+  the kill connects again to the address with the same owner and reclaims its open (CLAIM_
+  PREVIOUS) and lock (LOCK with reclaim) in the grace period; once it is over, another
+  client's LOCK of the range is denied, naming the reclaimed lock's owner;
 - every acknowledged file reads back through the address with its sha256;
 - a failed write is never counted: only files whose write returned (nfs-rs's COMMIT answered)
   are acknowledged.
@@ -38,13 +41,20 @@ from pathlib import Path
 from bed import SUBNET, kill_netns_processes
 from nfs_client import content
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nfs"))
+from nfs4_rawclient import RawClient, open_args  # noqa: E402  (the raw NFSv4.1 client: reclaims)
+
+from appliance.nfs.v4 import const as c  # noqa: E402
+from appliance.nfs.v4 import types as t  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 HEADS = ("mdshead0", "mdshead1")
 CLIENT = "mdsclient"
 FLOATING = f"{SUBNET}.9"  # below the members' (.11+) and the clients' (.101+) addresses
 TTL_S = 4  # [cluster] mds_lease_ttl_s, its minimum
 NFS_LEASE_S = 5  # nfs.lease_seconds: head 1 expires head 0 a lease after its last beat
-GRACE_S = 3
+GRACE_S = 5  # the locker's reclaim comes within it (the nfs-rs writers never reclaim)
+LOCKER = b"mds-locker"  # the raw client's owner: its lock is reclaimed through head 1
 WRITERS = 2
 FILE_SIZE = 256 * 1024
 BEFORE, AFTER = 2, 2  # files each writer acknowledges before the kill, and begun after the move
@@ -147,6 +157,51 @@ def catalog_rows(catalog: Path, sql: str) -> list[tuple]:
         return conn.execute(sql).fetchall()
 
 
+def raw_client(bed, owner: bytes | None, *, reclaim_complete: bool = True) -> RawClient:
+    """A raw NFSv4.1 client of the floating address with a session; its socket is opened in
+    the clients' host and used from the test's thread."""
+
+    def made() -> RawClient:
+        raw = RawClient(2049, host=FLOATING)
+        raw.sock.settimeout(20)
+        raw.setup(owner=owner, reclaim_complete=reclaim_complete)
+        return raw
+
+    return bed.call(CLIENT, made)
+
+
+def lock(raw: RawClient, fh: bytes, open_sid, owner: bytes, *, reclaim: bool = False):
+    """(status, results) of a write LOCK of bytes 0-9 by a new lock owner under ``open_sid``."""
+    locker = (
+        True,
+        t.open_to_lock_owner4.cls(0, open_sid, 0, t.state_owner4.cls(raw.clientid, owner)),
+    )
+    args = t.ARGS[c.OP_LOCK](c.WRITE_LT, reclaim, 0, 10, locker)
+    return raw.session([(c.OP_PUTFH, fh), (c.OP_LOCK, args)])
+
+
+def open_existing(raw: RawClient, name: str):
+    """(status, open stateid) of an OPEN of ``name`` in the export root."""
+    args = open_args(name, b"ob", raw.clientid, create=False)
+    status, res = raw.session([(c.OP_PUTFH, raw.root_fh()), (c.OP_OPEN, args)])
+    return status, (res[-1][2].stateid if status == c.NFS4_OK else None)
+
+
+def reclaim_lock(bed, fh: bytes) -> RawClient:
+    """The locker back after its server moved: OPEN CLAIM_PREVIOUS and LOCK with reclaim
+    through the address (a new client id of the same owner, as a rebooted client), then
+    RECLAIM_COMPLETE."""
+    again = raw_client(bed, LOCKER, reclaim_complete=False)
+    reclaim = open_args("locked", b"oa", again.clientid, create=False)
+    reclaim.claim = (c.CLAIM_PREVIOUS, c.OPEN_DELEGATE_NONE)
+    status, res = again.session([(c.OP_PUTFH, fh), (c.OP_OPEN, reclaim)])
+    assert status == c.NFS4_OK, f"OPEN CLAIM_PREVIOUS through the new holder: {status}"
+    status, _ = lock(again, fh, res[-1][2].stateid, b"la", reclaim=True)
+    assert status == c.NFS4_OK, f"LOCK reclaim through the new holder: {status}"
+    assert again.session([(c.OP_RECLAIM_COMPLETE, False)])[0] == c.NFS4_OK
+    return again
+
+
 def make_heads(bed, folder: Path) -> tuple[Path, list[Serve]]:
     """Head 0's folder made by `shingle init` (catalog, drives), head 1's naming its catalog."""
     first = folder / "head0"
@@ -207,6 +262,7 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
     catalog, heads = make_heads(bed, tmp_path)
     stop = tmp_path / "stop-writing"
     writers: list[Client] = []
+    raws: list[RawClient] = []
     figures: dict[str, float] = {}
     try:
         heads[0].start()
@@ -218,9 +274,14 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
             for k in range(WRITERS)
         ]
         wait(lambda: all(len(w.acked()) >= BEFORE for w in writers), "writes before", writers)
-        assert catalog_rows(catalog, "SELECT 1 FROM nfs_clients WHERE head = 'head0'"), (
-            "the writers' client records are not head 0's"
+        locker = raw_client(bed, LOCKER)
+        raws.append(locker)
+        fh, opened = locker.open_new("locked", b"oa")
+        assert lock(locker, fh, opened, b"la")[0] == c.NFS4_OK
+        held = (
+            f"SELECT held_state FROM nfs_clients WHERE head = 'head0' AND owner = x'{LOCKER.hex()}'"
         )
+        wait(lambda: catalog_rows(catalog, held) == [(1,)], "the locker's record holds state", [])
 
         assert heads[0].proc is not None
         killed = time.monotonic()
@@ -243,19 +304,35 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
         assert moved - killed <= TTL_S + 2.0, figures
 
         wait(
-            lambda: all(sum(1 for a in w.acked() if a["began"] > moved) >= AFTER for w in writers),
-            "writes after the move", writers,
-        )  # fmt: skip
-        first_after = min(a["done"] for w in writers for a in w.acked() if a["began"] > killed)
-        figures["first_ack_after_kill_s"] = first_after - killed
-        wait(
             lambda: not catalog_rows(catalog, "SELECT 1 FROM nfs_heads WHERE name = 'head0'"),
             "head 1 expires head 0", writers,
         )  # fmt: skip
         figures["head0_expired_by_s"] = time.monotonic() - killed
         assert not catalog_rows(catalog, "SELECT 1 FROM nfs_clients WHERE head = 'head0'")
         assert "silent for" in heads[1].text(), heads[1].text()[-3000:]
+        # the locker's record is head 1's now: it reclaims its open and lock through the address
+        assert catalog_rows(catalog, held.replace("'head0'", "'head1'")) == [(1,)], catalog_rows(
+            catalog, "SELECT head, hex(owner), held_state, confirmed FROM nfs_clients"
+        )
+        raws.append(reclaim_lock(bed, fh))
+        figures["reclaimed_by_s"] = time.monotonic() - killed
+        # once the grace period is over, the reclaimed lock holds against another client
+        other = raw_client(bed, None)
+        raws.append(other)
+        while (opened := open_existing(other, "locked"))[0] == c.NFS4ERR_GRACE:
+            assert time.monotonic() - killed < PHASE_TIMEOUT_S, "the grace period never ended"
+            time.sleep(0.2)
+        assert opened[0] == c.NFS4_OK, opened[0]
+        status, res = lock(other, fh, opened[1], b"lb")
+        assert status == c.NFS4ERR_DENIED, status
+        assert res[-1][2].owner.owner == b"la"
 
+        wait(
+            lambda: all(sum(1 for a in w.acked() if a["began"] > moved) >= AFTER for w in writers),
+            "writes after the move", writers,
+        )  # fmt: skip
+        first_after = min(a["done"] for w in writers for a in w.acked() if a["began"] > killed)
+        figures["first_ack_after_kill_s"] = first_after - killed
         stop.touch()
         for writer in writers:
             writer.finish()
@@ -292,6 +369,8 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
         stop.touch()
         for writer in writers:
             writer.kill()
+        for raw in raws:
+            raw.close()
         for head in heads:
             head.stop()
         for host in HEADS:
