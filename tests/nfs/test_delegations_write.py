@@ -94,17 +94,12 @@ def test_checkpoint_writer_gets_a_write_delegation(deleg_server, stack):
     st, res = holder.open_file("ckpt", READ, owner=b"o2")
     assert st == 0 and res[2][2].delegation[0] == c.OPEN_DELEGATE_NONE
     assert holder.recalls() == []
-    holder.close()
-
-
-def test_no_write_delegation_beside_another_clients_open(deleg_server):
-    port = deleg_server.port
+    # none beside another client's open
     make_file(port, "shared")
     other = CallbackClient(port, back_channel=False).setup()
     st, _ = other.open_file("shared", READ)
     assert st == 0
-    holder = CallbackClient(port).setup()
-    st, res = holder.open_file("shared", BOTH)
+    st, res = holder.open_file("shared", BOTH, owner=b"o4")
     assert st == 0 and res[2][2].delegation[0] == c.OPEN_DELEGATE_NONE
     # a client that asks for a read delegation only gets none for writing
     make_file(port, "solo")
@@ -179,30 +174,31 @@ def _v3_read_status(client: RawClient, fh: bytes) -> int:
     return struct.unpack_from(">I", reply, pos + 4)[0]
 
 
-@pytest.mark.parametrize("access", ["v4-open-read", "v3-read", "nlm-shared-lock"])
-def test_any_access_recalls(deleg_server, access):
+def test_any_access_recalls(deleg_server):
     port = deleg_server.port
-    make_file(port, f"f-{access}")
     holder = CallbackClient(port).setup()
-    fh, _, dsid = _write_delegation(holder, f"f-{access}")
     other = CallbackClient(port, back_channel=False).setup()
-
-    def attempt() -> int:
-        if access == "v4-open-read":
-            return other.open_file(f"f-{access}", READ)[0]
-        if access == "v3-read":
-            return _v3_read_status(other, fh)
-        return nlm_lock(other, fh, exclusive=False)
-
     waiting = {
         "v4-open-read": c.NFS4ERR_DELAY,
         "v3-read": t3.NFS3ERR_JUKEBOX,
         "nlm-shared-lock": n.NLM4_DENIED_GRACE_PERIOD,
-    }[access]
-    assert attempt() == waiting
-    assert [s.other for s in holder.wait_for_recall()] == [dsid.other]
-    st, _ = holder.session([(c.OP_PUTFH, fh), (c.OP_DELEGRETURN, dsid)])
-    assert st == 0, st
-    assert attempt() == 0
+    }
+    for access, status in waiting.items():
+        make_file(port, f"f-{access}")
+        fh, _, dsid = _write_delegation(holder, f"f-{access}")
+
+        def attempt(access=access, fh=fh) -> int:
+            if access == "v4-open-read":
+                return other.open_file(f"f-{access}", READ)[0]
+            if access == "v3-read":
+                return _v3_read_status(other, fh)
+            return nlm_lock(other, fh, exclusive=False)
+
+        assert attempt() == status, access
+        assert [s.other for s in holder.wait_for_recall()] == [dsid.other], access
+        st, _ = holder.session([(c.OP_PUTFH, fh), (c.OP_DELEGRETURN, dsid)])
+        assert st == 0, st
+        assert attempt() == 0, access
+        holder.callbacks.clear()
     holder.close()
     other.close()
