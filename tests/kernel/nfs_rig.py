@@ -79,7 +79,7 @@ DELEGATIONS = {
 DELEGATIONS40 = {
     "label": "v4.0",
     "options": "vers=4.0,clientaddr=127.0.0.1",
-    "files": 200,
+    "files": 100,
     "lease_seconds": 30,
 }
 
