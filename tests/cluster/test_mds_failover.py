@@ -5,15 +5,17 @@ folder both see) and one set of drives ([heads] count 2), both with [cluster] md
 (appliance/mds_address.py): they campaign for an etcd lease on the bed's etcd members, and the
 holder puts the address on its eth0. Two nfs-rs writers (mds_client.py) run as processes of a
 clients' host and write files through the floating address, reconnecting to the same address
-when their connection fails. Head 0 starts first and takes the address; once both writers have
-acknowledged files it is killed with SIGKILL (nothing of it runs any more; its host's kernel
-keeps the address until the lifetime head 0 gave it lapses).
+when their connection fails. Head 0 starts first and takes the address.
 
 Checked:
-- the address is on head 1 within the lease TTL plus 2 s of the kill (the time is printed), and
-  at no moment on both hosts (sampled every 20 ms from the kill on);
+- head 0's link cut (alive, but cut off from etcd): it drops the address before head 1 takes
+  it (sampled every 20 ms: never on both), and does not take it back once its link is up;
+- then, with the writers writing through head 1, head 1 is killed with SIGKILL (nothing of it
+  runs any more; its host's kernel keeps the address until the lifetime it gave it lapses):
+- the address is on head 0 within the lease TTL plus 2 s of the kill (the time is printed), and
+  at no moment on both hosts;
 - the writers go on through the address: each acknowledges files begun after the move;
-- head 1 (the holder) expires head 0 and takes its client records: head 0's row and its client
+- head 0 (the holder) expires head 1 and takes its client records: head 1's row and its client
   records leave the catalog. A raw NFSv4.1 client that held a lock through the address before
   the kill connects again to the address with the same owner and reclaims its open (CLAIM_
   PREVIOUS) and lock (LOCK with reclaim) in the grace period; once it is over, another
@@ -152,6 +154,25 @@ def holds(bed, host: str) -> bool:
     return f" {FLOATING}/24 " in listed.stdout
 
 
+def watch_move(bed, source: str, target: str) -> tuple[float, float]:
+    """Sample both hosts' addresses every SAMPLE_S until ``target`` holds the address, failing
+    if both ever do: (when ``source`` was first seen without it, when ``target`` with it)."""
+    started = time.monotonic()
+    lapsed = moved = None
+    while moved is None:
+        on_source, on_target = holds(bed, source), holds(bed, target)
+        now = time.monotonic()
+        assert not (on_source and on_target), "the address is on both heads"
+        if lapsed is None and not on_source:
+            lapsed = now
+        if on_target:
+            moved = now
+        assert now - started < PHASE_TIMEOUT_S, f"the address did not move to {target}"
+        time.sleep(SAMPLE_S)
+    assert lapsed is not None
+    return lapsed, moved
+
+
 def catalog_rows(catalog: Path, sql: str) -> list[tuple]:
     with sqlite3.connect(f"file:{catalog}?mode=ro", uri=True, timeout=10) as conn:
         return conn.execute(sql).fetchall()
@@ -269,6 +290,21 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
         wait(lambda: holds(bed, HEADS[0]), "head 0 takes the address", [])
         heads[1].start()
         assert not holds(bed, HEADS[1])
+
+        # a holder cut off from etcd (alive, its link down) drops the address before the
+        # lease can pass: head 1 takes it, and head 0 does not take it back once its link is up
+        cut = time.monotonic()
+        bed.cut_link(HEADS[0])
+        try:
+            dropped, taken = watch_move(bed, HEADS[0], HEADS[1])
+        finally:
+            bed.restore_link(HEADS[0])
+        assert dropped < taken
+        figures["cut_holder_dropped_s"] = dropped - cut
+        figures["cut_then_moved_s"] = taken - cut
+        assert "no longer serves" in heads[0].text(), heads[0].text()[-3000:]
+        time.sleep(1.0)
+        assert holds(bed, HEADS[1]) and not holds(bed, HEADS[0])
         writers = [
             Client(bed, "mds_client.py", [FLOATING, f"w{k}", str(FILE_SIZE), str(stop)])
             for k in range(WRITERS)
@@ -279,48 +315,41 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
         fh, opened = locker.open_new("locked", b"oa")
         assert lock(locker, fh, opened, b"la")[0] == c.NFS4_OK
         held = (
-            f"SELECT held_state FROM nfs_clients WHERE head = 'head0' AND owner = x'{LOCKER.hex()}'"
+            f"SELECT held_state FROM nfs_clients WHERE head = 'head1' AND owner = x'{LOCKER.hex()}'"
         )
         wait(lambda: catalog_rows(catalog, held) == [(1,)], "the locker's record holds state", [])
 
-        assert heads[0].proc is not None
+        assert heads[1].proc is not None
         killed = time.monotonic()
-        heads[0].proc.kill()  # SIGKILL: the holder gets no chance to give the address up
-        heads[0].proc.wait()
-        lapsed = moved = None
-        while moved is None:
-            on_dead, on_live = holds(bed, HEADS[0]), holds(bed, HEADS[1])
-            now = time.monotonic()
-            assert not (on_dead and on_live), "the address is on both heads"
-            if lapsed is None and not on_dead:
-                lapsed = now
-            if on_live:
-                moved = now
-            assert now - killed < PHASE_TIMEOUT_S, "the address did not move"
-            time.sleep(SAMPLE_S)
-        assert lapsed is not None
+        heads[1].proc.kill()  # SIGKILL: the holder gets no chance to give the address up
+        heads[1].proc.wait()
+        lapsed, moved = watch_move(bed, HEADS[1], HEADS[0])
         figures["address_lapsed_on_dead_head_s"] = lapsed - killed
         figures["address_moved_s"] = moved - killed
         assert moved - killed <= TTL_S + 2.0, figures
 
         wait(
-            lambda: not catalog_rows(catalog, "SELECT 1 FROM nfs_heads WHERE name = 'head0'"),
-            "head 1 expires head 0", writers,
+            lambda: not catalog_rows(catalog, "SELECT 1 FROM nfs_heads WHERE name = 'head1'"),
+            "head 0 expires head 1", writers,
         )  # fmt: skip
-        figures["head0_expired_by_s"] = time.monotonic() - killed
-        assert not catalog_rows(catalog, "SELECT 1 FROM nfs_clients WHERE head = 'head0'")
-        assert "silent for" in heads[1].text(), heads[1].text()[-3000:]
+        figures["dead_head_expired_by_s"] = time.monotonic() - killed
+        assert not catalog_rows(catalog, "SELECT 1 FROM nfs_clients WHERE head = 'head1'")
+        assert "silent for" in heads[0].text(), heads[0].text()[-3000:]
         # the locker's record is head 1's now: it reclaims its open and lock through the address
-        assert catalog_rows(catalog, held.replace("'head0'", "'head1'")) == [(1,)], catalog_rows(
+        assert catalog_rows(catalog, held.replace("'head1'", "'head0'")) == [(1,)], catalog_rows(
             catalog, "SELECT head, hex(owner), held_state, confirmed FROM nfs_clients"
         )
-        raws.append(reclaim_lock(bed, fh))
+        reclaimer = reclaim_lock(bed, fh)
+        raws.append(reclaimer)
         figures["reclaimed_by_s"] = time.monotonic() - killed
         # once the grace period is over, the reclaimed lock holds against another client
         other = raw_client(bed, None)
         raws.append(other)
         while (opened := open_existing(other, "locked"))[0] == c.NFS4ERR_GRACE:
             assert time.monotonic() - killed < PHASE_TIMEOUT_S, "the grace period never ended"
+            # the reclaimer renews its lease (SEQUENCE), else its lock would yield to a
+            # conflict once the lease ran out (a courtesy lock)
+            assert reclaimer.session([])[0] == c.NFS4_OK
             time.sleep(0.2)
         assert opened[0] == c.NFS4_OK, opened[0]
         status, res = lock(other, fh, opened[1], b"lb")
