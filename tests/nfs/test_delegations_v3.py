@@ -41,7 +41,7 @@ def nlm_lock(raw: RawClient, fh: bytes, *, exclusive: bool, svid: int = 7) -> in
     return n.NLM_RESULTS[n.NLMPROC4_LOCK].decode(reply[pos + 4 :]).stat
 
 
-def test_exclusive_nlm_lock_recalls_first(deleg_server):
+def _exclusive_nlm_lock_recalls_first(deleg_server):
     port = deleg_server.port
     make_file(port, "locked")
     holder = CallbackClient(port).setup()
@@ -82,7 +82,8 @@ def _retrying(what, timeout: float = 30.0) -> tuple[int, str]:
             time.sleep(0.2)
 
 
-def test_nfsrs_v3_changes_wait_for_the_return(deleg_server):
+def test_nlm_and_nfsrs_v3_changes_wait_for_the_return(deleg_server):
+    _exclusive_nlm_lock_recalls_first(deleg_server)  # (one server start for both)
     port = deleg_server.port
     names = ("w", "s", "r", "x")
     for name in names:
@@ -125,7 +126,8 @@ def test_nfsrs_v3_changes_wait_for_the_return(deleg_server):
         with v3.open("v3-w", "rb") as f:
             assert f.read() == b"new bytes"
         assert v3.stat("v3-s").mode & 0o777 == 0o600
-        assert sorted(v3.listdir("/")) == sorted(["v3-w", "v3-s", "v3-r-moved"])
+        assert sorted(v3.listdir("/")) == sorted(["locked", "v3-w", "v3-s", "v3-r-moved"])
     counts = deleg_server.server.state.delegations.counts
-    assert (counts["recalled"], counts["returned"], counts["revoked"]) == (4, 4, 0)
+    # one recall and return before, of the NLM part's file
+    assert (counts["recalled"], counts["returned"], counts["revoked"]) == (5, 5, 0)
     holder.close()
