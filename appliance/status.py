@@ -178,6 +178,38 @@ def leader_line(report: dict | None) -> str | None:
     return line
 
 
+def mds_address_report(config) -> dict | None:
+    """The metadata server's floating address ([cluster] mds_address) and the head that holds
+    it now, as etcd says (appliance/mds_address.py); None when there is none."""
+    from appliance.config import etcd_endpoints
+    from appliance.mds_address import DEFAULT_KEY
+    from engine.cluster.etcd import EtcdClient, EtcdError
+
+    address = config.get("cluster.mds_address")
+    if not address:
+        return None
+    report: dict = {"address": address, "holder": None, "etcd_error": None}
+    try:
+        key = EtcdClient(etcd_endpoints(config.get("cluster.etcd_endpoints")), timeout_s=1.0).get(
+            DEFAULT_KEY
+        )
+        report["holder"] = key.value if key is not None else None
+    except EtcdError as exc:
+        report["etcd_error"] = str(exc)
+    return report
+
+
+def mds_address_line(report: dict | None) -> str | None:
+    """`shingle status`'s line on the floating address, or None without one."""
+    if report is None:
+        return None
+    if report["etcd_error"]:
+        return f"{report['address']}: etcd did not answer: {report['etcd_error']}"
+    if report["holder"] is None:
+        return f"{report['address']}: no head holds it now (the next takes it within its lease)"
+    return f"{report['address']} on {report['holder']}"
+
+
 SPACE_STATES = ("live", "garbage", "reserve", "free", "stranded")
 
 

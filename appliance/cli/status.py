@@ -12,7 +12,7 @@ from engine.base.units import format_size
 def cmd_status(args) -> int:
     from appliance.heads import read_status
     from appliance.runtime import open_catalog
-    from appliance.status import gather, leader_report, smb_report
+    from appliance.status import gather, leader_report, mds_address_report, smb_report
 
     config = load_config(args)
     catalog = open_catalog(config)
@@ -21,6 +21,7 @@ def cmd_status(args) -> int:
         add_device_errors(report["drives"], catalog)
         report["smb"] = smb_report(config.data_dir, catalog)
         report["leader"] = leader_report(catalog, config)
+        report["mds_address"] = mds_address_report(config)
         report["heads"] = read_status(config.data_dir)
     finally:
         catalog.close()
@@ -56,7 +57,7 @@ def device_error_note(drive: dict) -> str:
 
 
 def print_report(report: dict) -> None:
-    from appliance.status import leader_line, smb_line
+    from appliance.status import leader_line, mds_address_line, smb_line
 
     fmt = format_size
     cat, cap = report["catalog"], report["capacity"]
@@ -97,6 +98,9 @@ def print_report(report: dict) -> None:
     leader = leader_line(report.get("leader"))
     if leader is not None:
         print(f"leader    {leader}")
+    floating = mds_address_line(report.get("mds_address"))
+    if floating is not None:
+        print(f"mds addr  {floating}")
     if report.get("heads"):
         print(f"heads     {heads_line(report['heads'])}")
 

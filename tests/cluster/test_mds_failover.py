@@ -154,6 +154,18 @@ def holds(bed, host: str) -> bool:
     return f" {FLOATING}/24 " in listed.stdout
 
 
+def status_of(bed, head: Serve) -> dict:
+    """`shingle status --json`'s floating address report, run in the head's host."""
+    done = bed.run(
+        head.host, [sys.executable, "-m", "appliance.cli", "-c", str(head.config), "status",
+                    "--json"],
+        env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    out, err = done.communicate(timeout=60)
+    assert done.returncode == 0, err
+    return json.loads(out)["mds_address"]
+
+
 def watch_move(bed, source: str, target: str) -> tuple[float, float]:
     """Sample both hosts' addresses every SAMPLE_S until ``target`` holds the address, failing
     if both ever do: (when ``source`` was first seen without it, when ``target`` with it)."""
@@ -327,6 +339,9 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
         figures["address_lapsed_on_dead_head_s"] = lapsed - killed
         figures["address_moved_s"] = moved - killed
         assert moved - killed <= TTL_S + 2.0, figures
+        assert status_of(bed, heads[0]) == {
+            "address": f"{FLOATING}/24", "holder": HEADS[0], "etcd_error": None,
+        }  # fmt: skip
 
         wait(
             lambda: not catalog_rows(catalog, "SELECT 1 FROM nfs_heads WHERE name = 'head1'"),
