@@ -137,19 +137,13 @@ def _reserve_inodes(conn, lo_old: int, hi_old: int) -> int:
     return base - lo_old
 
 
-def _copy_tree(conn, root: int, *, with_root: bool, parent_map: tuple[int, int] | None = None):
-    """Copy the inodes of ``snapshot_tree`` (filled from ``root``) as ``ino + delta``, with their
-    names, symlinks, xattrs and extents (sharing the stripes). ``parent_map`` (old, new): names
-    in directory ``old`` go to directory ``new`` (rollback keeps the dataset's own inode).
-    Returns (delta, lo, hi, count, referenced bytes) of the new inodes, or None if nothing was
-    copied."""
-    _fill_tree(conn, root, with_root=with_root)
+def _copy_tree(conn, root: int):
+    """Copy the inodes of ``snapshot_tree`` (filled from ``root``, itself included) as
+    ``ino + delta``, with their names, symlinks, xattrs and extents (sharing the stripes).
+    Returns (delta, lo, hi, count, referenced bytes) of the new inodes."""
+    _fill_tree(conn, root, with_root=True)
     lo_old, hi_old, count = sql_one(conn, "SELECT MIN(ino), MAX(ino), COUNT(*) FROM snapshot_tree")
-    if not count:
-        return None
-    copied = _copy_rows(
-        conn, "{} IN (SELECT ino FROM snapshot_tree)", (), lo_old, hi_old, parent_map
-    )
+    copied = _copy_rows(conn, "{} IN (SELECT ino FROM snapshot_tree)", (), lo_old, hi_old, None)
     sql(conn, "DELETE FROM snapshot_tree").close()
     return (*copied[:3], count, copied[3])
 
@@ -162,8 +156,10 @@ def _copy_range(conn, lo_old: int, hi_old: int):
 
 
 def _copy_rows(conn, member: str, params: tuple, lo_old: int, hi_old: int, parent_map):
-    """The rows of the inodes for which ``member`` (a predicate on the column named by ``{}``,
-    with ``params``) holds, copied as ``ino + delta``; returns (delta, lo, hi, referenced)."""
+    """The rows of the inodes for which ``member`` (a predicate on the column named by ``{}``
+    or ``{0}``, with ``params``) holds, copied as ``ino + delta`` into a range reserved for
+    [lo_old, hi_old]; ``parent_map`` (old, new): names in directory ``old`` go to directory
+    ``new`` (rollback keeps the dataset's own inode). Returns (delta, lo, hi, referenced)."""
     delta = _reserve_inodes(conn, lo_old, hi_old)
     in_tree = member.format("ino")
     sql(
@@ -324,7 +320,7 @@ class Snapshots:
                 is not None
             ):
                 raise errors.Exists(f"snapshot {name!r} of {path} exists")
-            delta, lo, hi, count, referenced = _copy_tree(conn, dataset, with_root=True)
+            delta, lo, hi, count, referenced = _copy_tree(conn, dataset)
             root = dataset + delta
             sql(
                 conn,
@@ -656,12 +652,15 @@ class Snapshots:
         dataset = self._dataset(path)
 
         def work(conn):
-            _sid, root, _lo, _hi, _created = self._snapshot_row(conn, dataset, name)
+            _sid, root, lo, hi, _created = self._snapshot_row(conn, dataset, name)
             snapdir = sql_one(
                 conn, "SELECT dir_ino FROM snapshot_dirs WHERE dataset_ino = ?", (dataset,)
             )[0]
             dead = self._free_contents(conn, dataset, snapdir)
-            _copy_tree(conn, root, with_root=False, parent_map=(root, dataset))
+            # the snapshot's range but its root, whose names go to the dataset's own inode
+            _copy_rows(
+                conn, "{0} BETWEEN ? AND ? AND {0} <> ?", (lo, hi, root), lo, hi, (root, dataset)
+            )
             mode, uid, gid, mtime = sql_one(
                 conn, "SELECT mode, uid, gid, mtime_ns FROM inodes WHERE ino = ?", (root,)
             )
