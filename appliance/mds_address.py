@@ -14,7 +14,8 @@ Two heads never answer on the address:
   before the lease could end by etcd's count, and is refreshed only while keepalives succeed.
   A holder killed outright (kill -9) or stalled loses the address by the kernel's own clock,
   before etcd lets another head win the lease. The kernel checks lifetimes in whole seconds
-  (an address of lifetime L goes between L and L + 1 s after it was set), hence the margin.
+  (an address of lifetime L goes between L and L + 1 s after it was set), hence the margin;
+  an `ip` command that took so long that the margin is spent is repeated with a shorter one.
 - When office ends (lease lost, or its end by the local clock passed; a clean stop resigns) the
   holder deletes the address and closes every connection made to it (``on_released``).
 - At start a head deletes the address if its interface holds it (a previous instance's).
@@ -227,11 +228,16 @@ class MdsAddress:
             return  # the lifetime set last still ends within a second of what it could
         first = not self._expires
         try:
-            self.address.put(lifetime)
+            lifetime = self._put_before(lifetime, now + left)
         except (OSError, subprocess.SubprocessError) as exc:
             _trouble.error("put", "cluster: cannot take %s: %s", self.address.address, exc)
             self.leader.step_down(f"the address could not be set: {exc}")
+            self._expires = self._expires or now  # (deleted below, also when just added)
             self._release("it could not be set")
+            return
+        if lifetime < 1:
+            self._expires = self._expires or now
+            self._release("setting it took too long for its lease")
             return
         self._expires = now + lifetime
         if first:
@@ -243,6 +249,17 @@ class MdsAddress:
                 self.leader.name, self.address.address, self.address.interface,
             )  # fmt: skip
         self._send_garp_due(now)
+
+    def _put_before(self, lifetime: int, deadline: float) -> int:
+        """Set the address with ``lifetime``, shorter when the command was slow: the kernel
+        started counting somewhere during it, so the address must lapse (by lifetime + 1 s
+        after the command returned at the latest) before ``deadline``. 0: no lifetime fits."""
+        while lifetime >= 1:
+            self.address.put(lifetime)
+            if time.monotonic() + lifetime + 1 <= deadline:
+                return lifetime
+            lifetime -= 1
+        return 0
 
     def _send_garp_due(self, now: float) -> None:
         due = [when for when in self._garp_due if when <= now]
