@@ -391,7 +391,7 @@ def create_snapshot(body: dict):
 @endpoint(
     "/snapshots/clone",
     "POST",
-    "A writable clone of a snapshot at a new path, sharing every stripe (a copy of its rows)",
+    "A writable clone of a snapshot at a new path, sharing every stripe (constant time)",
     "datasets",
     body=datasets.CLONE_SCHEMA,
     status=201,

@@ -10,7 +10,8 @@ nothing references should have been freed: invariant 9). A compressed stripe
 names a known codec and a stored length below its data length, which its fragments can hold
 (engine/coding/compression.py); a raw stripe has no stored length. Snapshot views: each
 snapshot's frozen root lies in its inode range and is named in its dataset's
-.snapshots directory, no two snapshots' inode ranges overlap, and the file count and
+.snapshots directory, no two snapshots' inode ranges overlap (a clone's directories not copied
+yet count the names their snapshot gives them), and the file count and
 referenced bytes stored in its row (counted at create; its frozen rows never change) are what
 its range holds. Quotas: each quota's usage counters equal a recount of its tree
 (``shingle quota recount`` corrects them)."""
@@ -73,6 +74,10 @@ class Tables:
     snapshots: list
     snapdirs: dict  # dataset ino -> its .snapshots directory's ino
     quota_counts: list  # (quota id, root ino, (used_bytes, used_files) recorded, counted)
+    # a clone's directories not copied yet: the names their snapshot gives them and the folders
+    # below them, (parent, name, child, child's type), shifted into the clone; the child (and
+    # below the top, the parent) maybe not copied yet (lazyclones.py)
+    pending_names: list = field(default_factory=list)
 
 
 def check(
@@ -163,7 +168,22 @@ def read_tables(conn) -> Tables:
         snapshots=snapshots,
         snapdirs=dict(conn.execute(select(SNAPDIRS.c.dataset_ino, SNAPDIRS.c.dir_ino)).all()),
         quota_counts=quota_counts,
+        pending_names=[
+            (parent + delta, name, child + delta, kind)
+            for top, delta in sql_all(conn, "SELECT dir_ino, delta FROM clone_pending")
+            for parent, name, child, kind in sql_all(conn, _SUBTREE_NAMES, (top - delta, DIR))
+            if parent + delta == top or parent + delta not in inodes
+        ],
     )
+
+
+# every name in the subtree of directory ? (parent, name, child, child's type)
+_SUBTREE_NAMES = (
+    "WITH RECURSIVE t(ino) AS (SELECT CAST(? AS BIGINT) UNION SELECT d.child FROM dirents d "
+    "JOIN t ON d.parent = t.ino JOIN inodes i ON i.ino = d.child WHERE i.type = ?) "
+    "SELECT d.parent, d.name, d.child, i.type FROM dirents d JOIN t ON d.parent = t.ino "
+    "JOIN inodes i ON i.ino = d.child"
+)
 
 
 @dataclass
@@ -191,6 +211,11 @@ def _check_entries(t: Tables, problem) -> Names:
         if inodes[child].type == DIR:
             names.subdirs[parent] += 1
             names.parents[child].append(parent)
+    for parent, _name, child, kind in t.pending_names:
+        if child in inodes:  # copied through another of its names
+            names.count[child] += 1
+        if kind == DIR and parent in inodes:  # the pending directory's link count holds it
+            names.subdirs[parent] += 1
     return names
 
 

@@ -16,6 +16,7 @@ from engine.admin.exports import list_exports
 from engine.base import errors
 from engine.catalog.database import Catalog, sql, sql_all, sql_one
 from engine.catalog.models import DIR
+from engine.namespace.lazyclones import materialize_subtree
 from engine.namespace.quotas import usage_below
 
 
@@ -114,6 +115,7 @@ class QuotaService:
         def work(conn):
             row = sql_one(conn, "SELECT id FROM quotas WHERE root_ino = ?", (ino,))
             if row is None:
+                materialize_subtree(conn, ino)  # no clone's directory stays pending under it
                 used_bytes, used_files = usage_below(conn, ino)
                 full = {k: values.get(k) for k in self.FIELDS}
                 sql(

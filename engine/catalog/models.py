@@ -325,6 +325,21 @@ class Snapshot(Base):
     __table_args__ = (UniqueConstraint("source_ino", "name"),)
 
 
+class ClonePending(Base):
+    """A directory of a writable dataset clone whose names and children are not copied from
+    its snapshot yet (engine/namespace/lazyclones.py): its source is ``dir_ino - delta``."""
+
+    __tablename__ = "clone_pending"
+    dir_ino: Mapped[int] = mapped_column(
+        BigInteger,
+        ForeignKey("inodes.ino", ondelete="CASCADE"),
+        primary_key=True,
+        autoincrement=False,
+    )
+    delta: Mapped[int] = mapped_column(BigInteger)
+    snapshot_id: Mapped[int] = mapped_column(BigInteger, index=True)
+
+
 class SnapshotDir(Base):
     """The ``.snapshots`` directory of a dataset (hidden from its listing, reached by name)."""
 

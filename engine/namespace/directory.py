@@ -38,6 +38,7 @@ from engine.namespace.common import (
     require,
     touch,
 )
+from engine.namespace.lazyclones import materialize_subtree
 from engine.namespace.openrefs import OpenRefs
 from engine.namespace.quotas import QuotaTracker
 from engine.namespace.readonly import ReadOnlyViews
@@ -308,6 +309,7 @@ class DirectoryOps:
             if victim.type != DIR:
                 raise errors.NotADirectory(f"{name!r} is not a directory")
             self._check_sticky(cred, parent, victim)
+            self.readonly.materialize(conn, victim.ino)  # a clone's: its names first
             if conn.execute(
                 select(DIRENTS.c.id).where(DIRENTS.c.parent == victim.ino).limit(1)
             ).first():
@@ -357,6 +359,7 @@ class DirectoryOps:
                         raise errors.NotADirectory(
                             f"cannot replace non-directory {dst_name!r} with a directory"
                         )
+                    self.readonly.materialize(conn, victim.ino)  # a clone's: its names first
                     if conn.execute(
                         select(DIRENTS.c.id).where(DIRENTS.c.parent == victim.ino).limit(1)
                     ).first():
@@ -400,6 +403,8 @@ class DirectoryOps:
         if not leaving and not entering:
             return
         if moving.type == DIR:
+            # no clone's directory is pending under a quota's root (lazyclones.py)
+            materialize_subtree(conn, moving.ino)
             size, files = quotas.usage_below(conn, moving.ino)
             files += 1
         else:

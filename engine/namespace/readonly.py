@@ -14,6 +14,7 @@ import bisect
 
 from engine.base import errors
 from engine.catalog.database import Catalog, sql_all
+from engine.namespace.lazyclones import is_pending, materialize, pending_dirs
 
 SNAPSHOT_DIR_NAME = ".snapshots"
 
@@ -23,12 +24,14 @@ class ReadOnlyViews:
 
     def __init__(self, catalog: Catalog):
         self.catalog = catalog
-        # (epoch read at, lows, highs, .snapshots dirs), None until read or after a forget
+        # (epoch read at, lows, highs, .snapshots dirs, clones' pending dirs), None until read or
+        # after a forget
         self.state: tuple | None = None
 
-    def _current(self, conn=None) -> tuple[list[int], list[int], frozenset[int]]:
-        """(lows, highs, .snapshots dirs); read through ``conn`` (the caller's transaction) when
-        the memory copy is not known valid (Catalog.epoch moved, or is None)."""
+    def _current(self, conn=None) -> tuple[list[int], list[int], frozenset[int], frozenset[int]]:
+        """(lows, highs, .snapshots dirs, pending clone dirs); read through ``conn`` (the
+        caller's transaction) when the memory copy is not known valid (Catalog.epoch moved, or
+        is None)."""
         epoch = self.catalog.epoch()
         state = self.state
         if state is not None and epoch is not None and state[0] is not None:
@@ -40,17 +43,17 @@ class ReadOnlyViews:
         def work(conn):
             ranges = sorted(sql_all(conn, "SELECT ino_lo, ino_hi FROM snapshots"))
             dirs = frozenset(row[0] for row in sql_all(conn, "SELECT dir_ino FROM snapshot_dirs"))
-            return ranges, dirs
+            return ranges, dirs, pending_dirs(conn)
 
-        ranges, dirs = work(conn) if conn is not None else self.catalog.read(work)
+        ranges, dirs, pending = work(conn) if conn is not None else self.catalog.read(work)
         lows = [int(lo) for lo, _hi in ranges]
         highs = [int(hi) for _lo, hi in ranges]
-        self.state = (epoch, lows, highs, dirs)
-        return lows, highs, dirs
+        self.state = (epoch, lows, highs, dirs, pending)
+        return lows, highs, dirs, pending
 
     def is_read_only(self, ino: int, conn=None) -> bool:
         """Whether ``ino`` is part of a snapshot view (a frozen inode or a ``.snapshots`` dir)."""
-        lows, highs, dirs = self._current(conn)
+        lows, highs, dirs, _pending = self._current(conn)
         if ino in dirs:
             return True
         i = bisect.bisect_right(lows, ino) - 1
@@ -59,11 +62,29 @@ class ReadOnlyViews:
     def snapshot_dirs(self, conn=None) -> frozenset[int]:
         return self._current(conn)[2]
 
+    def needs_copy(self, ino: int, conn) -> bool:
+        """Inside a read: whether directory ``ino`` is a clone's, its names not copied yet. The
+        memory set is a superset of the pending directories (a change that copied one in a
+        tracked commit leaves it there), so the catalog is asked only when it is not empty."""
+        return bool(self._current(conn)[3]) and is_pending(conn, ino)
+
+    def materialize(self, conn, ino: int) -> None:
+        """Inside a change's transaction: copy ``ino``'s names first if it is pending (the
+        child directories it makes pending join the memory set, which stays a superset)."""
+        if ino not in self._current(conn)[3]:
+            return
+        made = materialize(conn, ino)
+        if made and self.state is not None:
+            self.state = (*self.state[:4], self.state[4] | frozenset(made))
+
     def check_writable(self, *inos: int, conn=None) -> None:
-        """EROFS for snapshot views; inside a transaction pass its ``conn``."""
+        """EROFS for snapshot views; inside a transaction pass its ``conn`` (a clone's pending
+        directory among ``inos`` then gets its names copied first, so the change sees them)."""
         for ino in inos:
             if self.is_read_only(ino, conn):
                 raise errors.ReadOnly(f"inode {ino} is in a snapshot: snapshots are read-only")
+            if conn is not None:
+                self.materialize(conn, ino)
 
     def forget(self) -> None:
         """Read the ranges again at the next check (after this process changed snapshots)."""

@@ -3,6 +3,7 @@ readlink, access, readdir, statfs."""
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import replace
 
@@ -39,6 +40,7 @@ from engine.namespace.common import (
     may,
     require,
 )
+from engine.namespace.lazyclones import PendingDirectory, materialize
 from engine.namespace.readonly import SNAPSHOT_DIR_NAME, ReadOnlyViews
 
 
@@ -119,6 +121,8 @@ class Reads:
             if parent.type != DIR:
                 raise errors.NotADirectory(f"inode {dir_ino} is not a directory")
             require(cred, parent, X_OK)
+            if self.readonly.needs_copy(dir_ino, conn):
+                raise PendingDirectory(dir_ino)
             if name == ".":
                 return parent, parent
             if name == "..":
@@ -147,7 +151,7 @@ class Reads:
                 return parent, None
             return parent, attr_of_row(row)
 
-        parent, child = self.catalog.read(work)
+        parent, child = self.read_copied(work)
         if child is None:
             if listing is not None:
                 cache.remember(gen, read_at, (parent,), None, (dir_ino, listing))
@@ -160,6 +164,17 @@ class Reads:
                 None if name in (".", "..") else ((dir_ino, name), child.ino),
             )
         return self.with_pending(child)
+
+    def read_copied(self, work):
+        """``catalog.read(work)``; a clone's directory whose names are not copied yet
+        (lazyclones.py) is copied in a transaction of its own first (not tracked: every cache
+        reads again), then read."""
+        while True:
+            try:
+                return self.catalog.read(work)
+            except PendingDirectory as pending:
+                self.catalog.run(functools.partial(_copy_pending, dir_ino=pending.dir_ino))
+                self.readonly.forget()
 
     @staticmethod
     def _listing(conn: Connection, dir_ino: int) -> list[tuple[str, int]] | None:
@@ -260,6 +275,8 @@ class Reads:
             if parent.type != DIR:
                 raise errors.NotADirectory(f"inode {dir_ino} is not a directory")
             require(cred, parent, R_OK)
+            if self.readonly.needs_copy(dir_ino, conn):
+                raise PendingDirectory(dir_ino)
             rows = conn.execute(
                 select(DIRENTS.c.id, DIRENTS.c.name, *ATTR_COLUMNS)
                 .select_from(DIRENTS.join(INODES, DIRENTS.c.child == INODES.c.ino))
@@ -272,7 +289,7 @@ class Reads:
             return rows
 
         hidden: set[int] = set()  # DIR/.snapshots is reached by name only, as ZFS's snapdir
-        rows = self.catalog.read(work)
+        rows = self.read_copied(work)
         eof = len(rows) <= limit
         entries = [
             DirEntry(row[0], row[1], self.with_pending(attr_of_row(row[2:])))
@@ -292,3 +309,7 @@ class Reads:
         else:
             total = free = 0
         return StatFs(total, free, free, total_files, max(total_files - files, 0))
+
+
+def _copy_pending(conn, dir_ino: int) -> None:
+    materialize(conn, dir_ino)

@@ -29,13 +29,11 @@ from engine.datapath.accounting import adjust_live, chunks
 from engine.datapath.sharing import add_references, drop_references
 from engine.lifecycle.pacing import RateLimiter
 from engine.namespace.common import ROOT, check_name
-from engine.namespace.quotas import recount_around
+from engine.namespace.lazyclones import INODE_COLUMNS, materialize_batch, materialize_subtree
+from engine.namespace.quotas import recount_around, roots_of
 from engine.namespace.readonly import SNAPSHOT_DIR_NAME
 
-_INODE_COLUMNS = (
-    "generation, type, mode, uid, gid, size, nlink, rdev, atime_ns, mtime_ns, "
-    "ctime_ns, btime_ns, change, band_class"
-)
+_INODE_COLUMNS = INODE_COLUMNS
 # what a path must keep to count as unchanged in a diff
 _SIGNATURE = "type, size, mode, uid, gid, mtime_ns, ctime_ns, change"
 # a PostgreSQL sequence is moved past a copied range; creates racing the move get numbers
@@ -93,7 +91,8 @@ class DiffEntry:
 
 def _fill_tree(conn, root: int, *, with_root: bool) -> None:
     """The temporary table ``snapshot_tree`` := the inodes under ``root`` (its own .snapshots and
-    those of datasets inside it excluded)."""
+    those of datasets inside it excluded); clones' directories under it are copied first."""
+    materialize_subtree(conn, root)
     if conn.dialect.name == "sqlite":
         sql(conn, "CREATE TEMP TABLE IF NOT EXISTS snapshot_tree (ino INTEGER PRIMARY KEY)").close()
     else:
@@ -560,6 +559,11 @@ class Snapshots:
         pace = RateLimiter(items_per_s=inodes_per_s)
         done = freed = 0
         for item in pending:
+            # its clones' directories not copied yet read its rows: copied before any is freed
+            while self._run(
+                lambda conn, i=item: materialize_batch(conn, i.id), flush=False, foreign_keys=False
+            ):
+                pass
             counted = item.pending_bytes
             if counted is None:  # counted outside the chunks' write transactions
                 counted = self.catalog.read(lambda conn, i=item: self._pending_of(conn, i.id))
@@ -734,7 +738,8 @@ class Snapshots:
         parent = self._dataset(parent_path or "/")
 
         def work(conn):
-            _sid, root, lo, hi, _created = self._snapshot_row(conn, dataset, name)
+            sid, root, lo, hi, _created = self._snapshot_row(conn, dataset, name)
+            self.ns.readonly.check_writable(parent, conn=conn)
             if (
                 sql_one(
                     conn, "SELECT id FROM dirents WHERE parent = ? AND name = ?", (parent, new_name)
@@ -742,7 +747,34 @@ class Snapshots:
                 is not None
             ):
                 raise errors.Exists(f"{new_path} exists")
-            delta = _copy_range(conn, lo, hi)[0]
+            if roots_of(conn, parent, self.ns.root_ino):
+                # under a quota: copied now, so its counters and fsck's recount see every file
+                delta = _copy_range(conn, lo, hi)[0]
+            else:  # the root alone; each directory's names when first needed (lazyclones.py)
+                delta = _reserve_inodes(conn, lo, hi)
+                if conn.dialect.name == "sqlite":  # no later inode may be numbered in the range
+                    sql(
+                        conn,
+                        "UPDATE sqlite_sequence SET seq = ? WHERE name = 'inodes' AND seq < ?",
+                        (hi + delta, hi + delta),
+                    ).close()
+                sql(
+                    conn,
+                    f"INSERT INTO inodes (ino, {_INODE_COLUMNS}) SELECT ino + ?, "
+                    f"{_INODE_COLUMNS} FROM inodes WHERE ino = ?",
+                    (delta, root),
+                ).close()
+                sql(
+                    conn,
+                    "INSERT INTO xattrs (ino, name, value) SELECT ino + ?, name, value "
+                    "FROM xattrs WHERE ino = ?",
+                    (delta, root),
+                ).close()
+                sql(
+                    conn,
+                    "INSERT INTO clone_pending (dir_ino, delta, snapshot_id) VALUES (?, ?, ?)",
+                    (root + delta, delta, sid),
+                ).close()
             sql(
                 conn,
                 "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
@@ -760,6 +792,8 @@ class Snapshots:
         """Paths added, changed or removed from snapshot ``a`` to snapshot ``b`` (or the live
         tree), sorted by path."""
         dataset = self._dataset(path)
+        if b is None:  # the live tree's clones, copied first: the walk reads names
+            self._run(lambda conn: materialize_subtree(conn, dataset), flush=False)
 
         def work(conn):
             old = self._paths(conn, self._snapshot_row(conn, dataset, a)[1])
