@@ -36,6 +36,13 @@ def upgrade() -> None:
     op.create_index(
         op.f("ix_clone_pending_snapshot_id"), "clone_pending", ["snapshot_id"], unique=False
     )
+    if op.get_bind().dialect.name == "postgresql":
+        # every table signals its changes (0012): another head's copy of a pending folder must
+        # reach this head's caches like any other namespace change
+        op.execute(
+            "CREATE TRIGGER shingle_catalog_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE "
+            'ON "clone_pending" FOR EACH STATEMENT EXECUTE FUNCTION shingle_catalog_changed()'
+        )
 
 
 def downgrade() -> None:
