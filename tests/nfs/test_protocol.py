@@ -534,7 +534,9 @@ def test_a_session_that_outlives_a_restart_is_told_to_reclaim(stack):
         assert again.session([(c.OP_PUTFH, fh), (c.OP_OPEN, reclaim)])[0] == 0
         assert again.session([(c.OP_RECLAIM_COMPLETE, False)])[0] == 0
         st, res = again.session([])
-        assert st == 0 and res[0][2].status_flags == 0
+        # reclaimed: no RESTART_RECLAIM_NEEDED; CB_PATH_DOWN stays, since the session had a
+        # backchannel and this new connection is not bound to it (RFC 8881 18.46.3)
+        assert st == 0 and res[0][2].status_flags == c.SEQ4_STATUS_CB_PATH_DOWN
         again.close()
     finally:
         srv.stop()
