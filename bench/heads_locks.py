@@ -22,16 +22,10 @@ import argparse
 import json
 import multiprocessing
 import shutil
-import signal
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -41,38 +35,32 @@ from nfs4_rawclient import RawClient, open_args  # noqa: E402
 
 from appliance.nfs.v4 import const as c  # noqa: E402
 from appliance.nfs.v4 import types as t  # noqa: E402
+from bench.serveheads import (  # noqa: E402
+    HeadProcesses,
+    alternated,
+    free_port,
+    init_head,
+    medians,
+    set_options,
+)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _set(text: str, section: str, lines: str) -> str:
-    return text.replace(f"[{section}]\n", f"[{section}]\n{lines}", 1)
-
-
-class Heads:
+class Heads(HeadProcesses):
     """``count`` `shingle serve` heads over the catalog of ``folder``/head0."""
 
     def __init__(self, folder: Path, count: int):
-        self.ports = [free_port() for _ in range(count)]
-        self.homes = [folder / f"head{i}" for i in range(count)]
-        self.procs: list[subprocess.Popen] = []
+        super().__init__(
+            [folder / f"head{i}" for i in range(count)], [free_port() for _ in range(count)]
+        )
         first = self.homes[0]
         if not first.exists():
-            subprocess.run(
-                [sys.executable, "-m", "appliance.cli", "init", str(first)]
-                + ["--drive-size", "32MiB", "--zone-size", "4MiB"],
-                check=True,
-                capture_output=True,
-                cwd=REPO,
-            )
+            init_head(first, "--drive-size", "32MiB", "--zone-size", "4MiB")
             (first / "shingle.sample").write_text((first / "shingle.toml").read_text())
         nfs = 'grace_seconds = 0\nportmap = "off"\n'
-        text = _set((first / "shingle.sample").read_text(), "nfs", nfs)
-        (first / "shingle.toml").write_text(_set(text, "heads", f"count = {count}\nindex = 0\n"))
+        text = set_options((first / "shingle.sample").read_text(), "nfs", nfs)
+        (first / "shingle.toml").write_text(
+            set_options(text, "heads", f"count = {count}\nindex = 0\n")
+        )
         catalog = (first / "catalog.db").resolve()
         for index, home in enumerate(self.homes[1:], start=1):
             home.mkdir(exist_ok=True)
@@ -80,42 +68,6 @@ class Heads:
                 f'[catalog]\nurl = "sqlite:///{catalog}"\n[nfs]\n{nfs}'
                 f"[heads]\ncount = {count}\nindex = {index}\n"
             )
-
-    def start(self) -> None:
-        for home, port in zip(self.homes, self.ports, strict=True):
-            log = home / "serve.log"
-            with open(log, "w") as out:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "appliance.cli", "-c", str(home / "shingle.toml")]
-                    + ["serve", "--no-web", "--nfs-port", str(port)],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    cwd=REPO,
-                )
-            self.procs.append(proc)
-            deadline = time.monotonic() + 120
-            while "nfs://" not in log.read_text(errors="replace"):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"head {home.name} did not start: {log.read_text()[-2000:]}")
-                time.sleep(0.2)
-
-    def cpu(self) -> float:
-        total = 0.0
-        for proc in self.procs:
-            times = psutil.Process(proc.pid).cpu_times()
-            total += times.user + times.system
-        return total
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.procs = []
 
 
 def _retried(raw, ops):
@@ -213,28 +165,22 @@ def main(argv=None) -> int:
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="shingle-bench-heads-locks-"))
-    results: dict[str, list] = {"one head": [], "two heads": []}
+
+    def measure(layout: str, round_: int) -> dict:
+        heads = Heads(folder, 1 if layout == "one head" else 2)
+        heads.start()
+        try:
+            tag = f"r{round_}-{len(heads.ports)}"
+            return run(heads, args.clients, args.cycles, tag, args.shared)
+        finally:
+            heads.stop()
+
     try:
-        for round_ in range(args.rounds):
-            order = ["one head", "two heads"] if round_ % 2 == 0 else ["two heads", "one head"]
-            for layout in order:
-                heads = Heads(folder, 1 if layout == "one head" else 2)
-                heads.start()
-                try:
-                    tag = f"r{round_}-{len(heads.ports)}"
-                    got = run(heads, args.clients, args.cycles, tag, args.shared)
-                finally:
-                    heads.stop()
-                results[layout].append(got)
-                shown = json.dumps({k: round(v, 1) for k, v in got.items()})
-                print(f"round {round_} {layout}: {shown}", flush=True)
+        results = alternated(["one head", "two heads"], args.rounds, measure, digits=1)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(f"# {args.clients} clients x {args.cycles} cycles of each, median of {args.rounds}")
-    summary = {}
-    for layout, runs in results.items():
-        summary[layout] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        print(f"{layout}: " + " ".join(f"{k}={v:.1f}" for k, v in summary[layout].items()))
+    summary = medians(results, digits=1)
     one, two = summary["one head"], summary["two heads"]
     print(
         f"two heads / one head: LOCK+LOCKU {two['lock_cycles_s'] / one['lock_cycles_s']:.2f}x, "

@@ -25,16 +25,10 @@ import json
 import multiprocessing
 import os
 import shutil
-import signal
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -44,42 +38,36 @@ from nfs4_rawclient import RawClient  # noqa: E402
 
 from appliance.nfs.v4 import const as c  # noqa: E402
 from appliance.nfs.v4 import types as t  # noqa: E402
+from bench.serveheads import (  # noqa: E402
+    HeadProcesses,
+    alternated,
+    free_port,
+    init_head,
+    medians,
+    set_options,
+)
 
 MiB = 1 << 20
 ALL = c.NFS4_UINT64_MAX
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _set(text: str, section: str, lines: str) -> str:
-    return text.replace(f"[{section}]\n", f"[{section}]\n{lines}", 1)
-
-
-class Heads:
+class Heads(HeadProcesses):
     """A metadata server and ``count`` data servers on 127.0.0.1 over one catalog."""
 
     def __init__(self, folder: Path, count: int = 2, data_server_writes: str = "file_sync"):
-        self.folder = folder
-        self.ports = [free_port() for _ in range(count + 1)]
-        self.homes = [folder / "mds"] + [folder / f"ds{i}" for i in range(count)]
-        self.procs: list[subprocess.Popen] = []
+        super().__init__(
+            [folder / "mds"] + [folder / f"ds{i}" for i in range(count)],
+            [free_port() for _ in range(count + 1)],
+        )
         mds = self.homes[0]
-        subprocess.run(
-            [sys.executable, "-m", "appliance.cli", "init", str(mds), "--drive-size", "512MiB"]
-            + ["--zone-size", "16MiB", "--nfs-port", str(self.ports[0])],
-            check=True,
-            capture_output=True,
-            cwd=REPO,
+        init_head(
+            mds, "--drive-size", "512MiB", "--zone-size", "16MiB", "--nfs-port", str(self.ports[0])
         )
         listed = ",".join(f"127.0.0.1:{p}" for p in self.ports[1:])
         text = (mds / "shingle.toml").read_text()
-        text = _set(text, "nfs", 'grace_seconds = 0\nportmap = "off"\n')
-        text = _set(text, "heads", f"count = {count + 1}\nindex = 0\n")
-        text = _set(text, "pnfs", f'role = "mds"\ndata_servers = "{listed}"\n')
+        text = set_options(text, "nfs", 'grace_seconds = 0\nportmap = "off"\n')
+        text = set_options(text, "heads", f"count = {count + 1}\nindex = 0\n")
+        text = set_options(text, "pnfs", f'role = "mds"\ndata_servers = "{listed}"\n')
         (mds / "shingle.toml").write_text(text)
         catalog = (mds / "catalog.db").resolve()
         for index, (home, port) in enumerate(
@@ -92,40 +80,6 @@ class Heads:
                 f'index = {index}\n[pnfs]\nrole = "ds"\naddress = "127.0.0.1:{port}"\n'
                 f'data_server_writes = "{data_server_writes}"\n'
             )
-
-    def start(self) -> None:
-        for home, port in zip(self.homes, self.ports, strict=True):
-            log = open(home / "serve.log", "w")
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "appliance.cli", "-c", str(home / "shingle.toml")]
-                + ["serve", "--no-web", "--nfs-port", str(port)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=REPO,
-            )
-            self.procs.append(proc)
-            deadline = time.monotonic() + 120
-            while "nfs://" not in (home / "serve.log").read_text(errors="replace"):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"head {home.name} did not start")
-                time.sleep(0.2)
-
-    def cpu(self) -> float:
-        total = 0.0
-        for proc in self.procs:
-            times = psutil.Process(proc.pid).cpu_times()
-            total += times.user + times.system
-        return total
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def _layout(mds: RawClient, fh: bytes, sid) -> tuple:
@@ -242,28 +196,18 @@ def main(argv=None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="shingle-bench-pnfs-"))
     heads = Heads(folder, data_server_writes=args.data_server_writes)
     unstable = args.data_server_writes == "unstable"
-    results: dict[str, list] = {"pnfs": [], "one head": []}
     try:
         heads.start()
-        for round_ in range(args.rounds):
-            order = ["pnfs", "one head"] if round_ % 2 == 0 else ["one head", "pnfs"]
-            for mode in order:
-                got = run(heads, mode, args.writers, args.mib, f"r{round_}", unstable)
-                results[mode].append(got)
-                print(
-                    f"round {round_} {mode}: "
-                    + json.dumps({k: round(v, 2) for k, v in got.items()}),
-                    flush=True,
-                )
+        results = alternated(
+            ["pnfs", "one head"],
+            args.rounds,
+            lambda mode, round_: run(heads, mode, args.writers, args.mib, f"r{round_}", unstable),
+        )
     finally:
         heads.stop()
         shutil.rmtree(folder, ignore_errors=True)
     print(f"# {args.writers} writers x {args.mib} MiB, median of {args.rounds} rounds")
-    summary = {}
-    for mode, runs in results.items():
-        summary[mode] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        shown = " ".join(f"{k}={v:.2f}" for k, v in summary[mode].items())
-        print(f"{mode}: {shown}")
+    summary = medians(results)
     ratio = summary["pnfs"]["write_mb_s"] / summary["one head"]["write_mb_s"]
     print(
         f"pnfs / one head: write {ratio:.2f}x, "

@@ -11,6 +11,8 @@
   ends, so the next finds the cluster whole. Skipped, with the reason, only where network
   namespaces cannot be made (not root, a sandbox without CAP_SYS_ADMIN); a bed that fails to
   start is an error.
+- ``nfs_clients(host)``: nfs-rs client processes in a client host of the bed (bedclients.py),
+  every one killed when the test ends.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import pytest
 from agenthelpers import Agent, AgentHead, free_port
 from bed import Bed, BedUnavailable, check_netns
+from bedclients import BedClients
 
 
 @pytest.fixture
@@ -75,3 +78,16 @@ def healed_bed(bed):
     """The bed, made whole again after the test (killed hosts revived, links restored)."""
     yield bed
     bed.heal()
+
+
+@pytest.fixture
+def nfs_clients(bed):
+    made: list[BedClients] = []
+
+    def clients(host: str) -> BedClients:
+        made.append(BedClients(bed, host))
+        return made[-1]
+
+    yield clients
+    for each in made:
+        each.close()

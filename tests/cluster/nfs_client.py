@@ -1,7 +1,7 @@
 """nfs-rs (a real NFSv4.1 client) as the process of a client host on the test bed.
 
-    python nfs_client.py write SERVER PREFIX SIZE STOP   # files PREFIX-1, PREFIX-2, ... until
-                                                         # the file STOP exists
+    python nfs_client.py write SERVER PREFIX SIZE STOP [--reconnect]
+                                         # files PREFIX-1, PREFIX-2, ... until the file STOP exists
     python nfs_client.py read SERVER NAME...             # each file read back whole
 
 One JSON line per file on stdout, flushed at once: ``{"name", "began", "done", "sha256"}`` once
@@ -9,7 +9,15 @@ the client's write returned (nfs-rs returns once its COMMIT was answered: the se
 the bytes durable) or the read ended, ``"error"`` (the NFS status name, or the exception)
 instead of ``"sha256"`` when it failed. ``began`` and ``done`` are CLOCK_MONOTONIC readings,
 which the test process shares. A file's bytes are ``content(name)``: the test computes them
-too, and never sends them here."""
+too, and never sends them here. A file that failed is not acknowledged; the next file has a new
+name.
+
+``--reconnect`` (a client whose server moved: the floating metadata server address): a failure
+that is no NFS status (the connection went, a time-out), or the fifth NFS error in a row, makes
+the writer connect again to the same address, and ``{"reconnected": when}`` is printed; nfs-rs's
+own recoveries are printed as ``{"recovery": [...], "at": when}``. Its connects are short (2 s)
+and retried every 0.2 s until one succeeds, so a connect whose SYN met the address in the
+middle of its move costs no long SYN back-off."""
 
 from __future__ import annotations
 
@@ -20,6 +28,8 @@ import sys
 import time
 
 NFS_PORT = 2049
+RETRY_S = 0.2
+ERRORS_BEFORE_RECONNECT = 5
 
 
 def content(name: str, size: int) -> bytes:
@@ -29,36 +39,67 @@ def content(name: str, size: int) -> bytes:
     return (block * (size // len(block) + 1))[:size]
 
 
-def connect(server: str):
+def connect(server: str, *, moving: bool = False):
+    """A client of ``server``; ``moving``: short connects, retried until one succeeds."""
     import nfs_rs
 
-    return nfs_rs.Client.connect(
-        f"nfs://{server}:{NFS_PORT}/export?version=4.1", nfs_port=NFS_PORT, noresvport=True,
-        uid=0, gid=0, connect_timeout=20, operation_timeout=60,
-    )  # fmt: skip
+    while True:
+        try:
+            return nfs_rs.Client.connect(
+                f"nfs://{server}:{NFS_PORT}/export?version=4.1", nfs_port=NFS_PORT,
+                noresvport=True, uid=0, gid=0, connect_timeout=2 if moving else 20,
+                operation_timeout=20 if moving else 60,
+            )  # fmt: skip
+        except Exception:  # noqa: BLE001 - the address is moving: try again
+            if not moving:
+                raise
+            time.sleep(RETRY_S)
 
 
-def report(name: str, began: float, **outcome) -> None:
-    line = {"name": name, "began": began, "done": time.monotonic(), **outcome}
+def say(line: dict) -> None:
     sys.stdout.write(json.dumps(line) + "\n")
     sys.stdout.flush()
 
 
-def write(server: str, prefix: str, size: int, stop: str) -> None:
-    with connect(server) as client:
-        seq = 0
-        while not os.path.exists(stop):
-            seq += 1
-            name = f"{prefix}-{seq}"
-            data = content(name, size)
-            began = time.monotonic()
-            try:
-                with client.open(f"/{name}", "wb") as file:
-                    file.write(data)
-            except Exception as exc:  # noqa: BLE001 - the test judges every failure
-                report(name, began, error=getattr(exc, "code_name", None) or repr(exc))
+def report(name: str, began: float, **outcome) -> None:
+    say({"name": name, "began": began, "done": time.monotonic(), **outcome})
+
+
+def write(server: str, prefix: str, size: int, stop: str, *, reconnect: bool = False) -> None:
+    client = connect(server, moving=reconnect)
+    seq = errors = 0
+    while not os.path.exists(stop):
+        seq += 1
+        name = f"{prefix}-{seq}"
+        data = content(name, size)
+        began = time.monotonic()
+        try:
+            with client.open(f"/{name}", "wb") as file:
+                file.write(data)
+        except Exception as exc:  # noqa: BLE001 - the test judges every failure
+            status = getattr(exc, "code_name", None)
+            report(name, began, error=status or repr(exc))
+            errors += 1
+            if not reconnect:
                 continue
-            report(name, began, sha256=hashlib.sha256(data).hexdigest())
+            if status is None or errors >= ERRORS_BEFORE_RECONNECT:
+                try:
+                    client.close()
+                except Exception:  # noqa: BLE001, S110 - the old connection is gone anyway
+                    pass
+                client = connect(server, moving=True)
+                errors = 0
+                say({"reconnected": time.monotonic()})
+            else:
+                time.sleep(RETRY_S)
+            continue
+        errors = 0
+        report(name, began, sha256=hashlib.sha256(data).hexdigest())
+        recovered = client.drain_recovery_events() if reconnect else None
+        if recovered:  # nfs-rs's own recovery (a reconnect, a reclaim): shown by the test
+            events = [f"{e.operation}: {e.recovery_action.name} {e.message}" for e in recovered]
+            say({"recovery": events, "at": time.monotonic()})
+    client.close()
 
 
 def read(server: str, names: list[str]) -> None:
@@ -76,6 +117,9 @@ def read(server: str, names: list[str]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "write":
-        write(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+        write(
+            sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5],
+            reconnect="--reconnect" in sys.argv[6:],
+        )  # fmt: skip
     else:
         read(sys.argv[2], sys.argv[3:])

@@ -4,11 +4,10 @@ Six drive agents, each in a host (network namespace) of its own with one small d
 (catalog on SQLite, DataPath and Namespace of this process, 4+2 stripes: every stripe on all six
 hosts) whose NFS server listens on the head host's bed address, every thread of it and of the
 data path started inside that host (``Bed.call``). Two nfs-rs writers run as processes of a
-third host, the clients' (nfs_client.py), so every NFS byte crosses the bed's bridge as it would
-between machines. (Not in the test process: a connect from the machine's own namespace to a bed
-address can meet the sandbox's egress proxy, which answers for any address.) The head is not
-`shingle serve`: `shingle init` would give it local drives that placement counts as one more
-host (test_host_loss.py says the same), and here every fragment must go to an agent.
+third host, the clients' (bedclients.py), so every NFS byte crosses the bed's bridge as it would
+between machines. The head is not `shingle serve`: `shingle init` would give it local drives
+that placement counts as one more host (test_host_loss.py says the same), and here every
+fragment must go to an agent.
 
 Checked, while the writers write 1 MiB files in a loop:
 - one storage host's link is cut (the bridge's end of its veth down: no RST, nothing answers):
@@ -30,15 +29,10 @@ rebuild's agent connections from there."""
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
-from agenthelpers import REPO, AgentHead, KiB, MiB
+from agenthelpers import AgentHead, KiB, MiB
+from bedclients import wait_for
 from nfs_client import content
 from test_agents import hosts_of_stripes
 from test_host_loss import BedAgent
@@ -63,75 +57,10 @@ REQUEST_LIMIT_S = 5.0
 WARM_UP_FILES = 2  # per writer, before the cut
 AFTER_CUT_FILES = 3  # per writer, begun after the cut
 PHASE_TIMEOUT_S = 90.0
-CLIENT_SCRIPT = Path(__file__).resolve().parent / "nfs_client.py"
-
-
-class ClientRun:
-    """nfs_client.py in the clients' host; its JSON lines collected as they come."""
-
-    def __init__(self, bed, argv: list[str]):
-        self.lines: list[dict] = []
-        self.proc = bed.run(
-            CLIENT, [sys.executable, str(CLIENT_SCRIPT), *argv],
-            env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        self._reader = threading.Thread(target=self._collect, daemon=True)
-        self._reader.start()
-
-    def _collect(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(json.loads(line))
-
-    def acked(self) -> list[dict]:
-        return [line for line in self.lines if "sha256" in line]
-
-    def errors(self) -> list[dict]:
-        return [line for line in self.lines if "error" in line]
-
-    def finish(self, timeout: float = PHASE_TIMEOUT_S) -> None:
-        try:
-            self.proc.wait(timeout)
-        finally:
-            self.kill()
-        self._reader.join(10)
-        stderr = self.proc.stderr.read() if self.proc.stderr else ""
-        assert self.proc.returncode == 0, f"client exited {self.proc.returncode}: {stderr[-3000:]}"
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def wait_until(ready, clients: list[ClientRun], what: str) -> float:
-    started = time.monotonic()
-    while not ready():
-        failed = [line for c in clients for line in c.errors()]
-        assert not failed, f"{what}: writes failed: {failed[:5]}"
-        dead = [c.proc.returncode for c in clients if c.proc.poll() is not None]
-        assert not dead, f"{what}: a client exited ({dead})"
-        assert time.monotonic() - started < PHASE_TIMEOUT_S, what
-        time.sleep(0.1)
-    return time.monotonic() - started
-
-
-def read_back(bed, server: str, acked: dict[str, str]) -> dict[str, str]:
-    """Every file in ``acked`` read by nfs-rs in the clients' host: name -> what went wrong
-    (empty when every sha256 is the acknowledged one)."""
-    reader = ClientRun(bed, ["read", server, *sorted(acked)])
-    reader.finish()
-    got = {line["name"]: line for line in reader.lines}
-    return {
-        name: got.get(name, {}).get("error") or "wrong bytes"
-        for name, sha in acked.items()
-        if got.get(name, {}).get("sha256") != sha
-    }
 
 
 def test_nfs_writes_and_reads_through_a_head_while_a_storage_host_is_cut(
-    healed_bed, sqlite_catalog, monkeypatch, tmp_path
+    healed_bed, nfs_clients, sqlite_catalog, monkeypatch, tmp_path
 ):
     from engine.drives import remote
     from engine.lifecycle import rebuild as rebuilding
@@ -142,14 +71,13 @@ def test_nfs_writes_and_reads_through_a_head_while_a_storage_host_is_cut(
     monkeypatch.setattr(repair, "_POOL", None)
     bed = healed_bed
     head_address = bed.add_host(HEAD).address
-    bed.add_host(CLIENT)
+    clients = nfs_clients(CLIENT)
     agents = [BedAgent(bed, f"nlagent{i}") for i in range(AGENTS)]
     for agent in agents:
         bed.add_host(agent.name)
     head: AgentHead | None = None
     server: NfsServerThread | None = None
     stop = tmp_path / "stop-writing"
-    writers: list[ClientRun] = []
     timeline: dict[str, float] = {}
     try:
         began = time.monotonic()
@@ -174,13 +102,10 @@ def test_nfs_writes_and_reads_through_a_head_while_a_storage_host_is_cut(
                 head.ns, sqlite_catalog, host=head_address, port=NFS_PORT
             ).start(),
         )
-        writers = [
-            ClientRun(bed, ["write", head_address, f"w{k}", str(FILE_SIZE), str(stop)])
-            for k in range(WRITERS)
-        ]
-        timeline["warm_up_s"] = wait_until(
-            lambda: all(len(w.acked()) >= WARM_UP_FILES for w in writers), writers,
-            "every writer acknowledged at first",
+        writers = clients.writers(head_address, WRITERS, FILE_SIZE, stop)
+        timeline["warm_up_s"] = wait_for(
+            lambda: all(len(w.acked()) >= WARM_UP_FILES for w in writers),
+            "every writer acknowledged at first", writers, PHASE_TIMEOUT_S, errors_allowed=False,
         )  # fmt: skip
 
         # one host's link cut: writes go on over the five others, as stripes born short
@@ -188,13 +113,13 @@ def test_nfs_writes_and_reads_through_a_head_while_a_storage_host_is_cut(
         cut_drive = next(d for d in head.data.space.drives.values() if d.path == cut.address)
         cut_at = time.monotonic()
         bed.cut_link(cut.name)
-        timeline["cut_then_writes_s"] = wait_until(
+        timeline["cut_then_writes_s"] = wait_for(
             lambda: all(
                 sum(1 for a in w.acked() if a["began"] > cut_at) >= AFTER_CUT_FILES
                 for w in writers
             )
             and cut_drive.state == drive_states.MISSING,
-            writers, "writes go on with a host cut",
+            "writes go on with a host cut", writers, PHASE_TIMEOUT_S, errors_allowed=False,
         )  # fmt: skip
         stop.touch()
         for writer in writers:
@@ -219,7 +144,7 @@ def test_nfs_writes_and_reads_through_a_head_while_a_storage_host_is_cut(
         assert reasons and not [r for r in reasons if "folder" in r], reasons
 
         at = time.monotonic()
-        wrong = read_back(bed, head_address, acked)
+        wrong = clients.read_back(head_address, acked)
         timeline["read_one_cut_s"] = time.monotonic() - at
         assert not wrong, f"with a host cut: {wrong}"
 
@@ -251,7 +176,7 @@ def test_nfs_writes_and_reads_through_a_head_while_a_storage_host_is_cut(
             agent.kill()
         head.data.reader.drop_cache()
         at = time.monotonic()
-        wrong = read_back(bed, head_address, acked)
+        wrong = clients.read_back(head_address, acked)
         timeline["read_two_killed_s"] = time.monotonic() - at
         assert not wrong, f"with two other hosts killed after the rebuild: {wrong}"
         rounded = {k: round(v, 1) for k, v in timeline.items()}
@@ -263,8 +188,6 @@ def test_nfs_writes_and_reads_through_a_head_while_a_storage_host_is_cut(
         )
     finally:
         stop.touch()
-        for writer in writers:
-            writer.kill()
         if server is not None:
             server.stop()
         if head is not None:

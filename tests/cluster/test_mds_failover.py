@@ -3,9 +3,10 @@
 Two heads, each a real `shingle serve` in a host of the test bed over one catalog (SQLite in a
 folder both see) and one set of drives ([heads] count 2), both with [cluster] mds_address
 (appliance/mds_address.py): they campaign for an etcd lease on the bed's etcd members, and the
-holder puts the address on its eth0. Two nfs-rs writers (mds_client.py) run as processes of a
-clients' host and write files through the floating address, reconnecting to the same address
-when their connection fails. Head 0 starts first and takes the address.
+holder puts the address on its eth0. Two nfs-rs writers (bedclients.py, nfs_client.py
+--reconnect) run as processes of a clients' host and write files through the floating address,
+reconnecting to the same address when their connection fails. Head 0 starts first and takes
+the address.
 
 Checked:
 - head 0's link cut (alive, but cut off from etcd): it drops the address before head 1 takes
@@ -25,8 +26,8 @@ Checked:
   are acknowledged.
 
 Connections from the test process to bed addresses would meet the sandbox's egress proxy (see
-test_host_loss_nfs.py): the clients are processes of the clients' host, and the test reads the
-hosts' addresses with ``ip -n``."""
+bedclients.py): the clients are processes of the clients' host (the raw client's socket is opened
+there), and the test reads the hosts' addresses with ``ip -n``."""
 
 from __future__ import annotations
 
@@ -36,11 +37,11 @@ import os
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 from bed import SUBNET, kill_netns_processes
+from bedclients import wait_for
 from nfs_client import content
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nfs"))
@@ -62,11 +63,10 @@ FILE_SIZE = 256 * 1024
 BEFORE, AFTER = 2, 2  # files each writer acknowledges before the kill, and begun after the move
 PHASE_TIMEOUT_S = 60.0
 SAMPLE_S = 0.02
-HERE = Path(__file__).resolve().parent
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": f"{REPO}:{HERE}"}
+    return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
 def configure(text: str, section: str, lines: str) -> str:
@@ -109,41 +109,6 @@ class Serve:
                 self.proc.kill()
                 self.proc.wait(10)
         kill_netns_processes(self.bed.hosts[self.host].netns)
-
-
-class Client:
-    """A script of this folder in the clients' host; its JSON lines collected as they come."""
-
-    def __init__(self, bed, script: str, argv: list[str]):
-        self.lines: list[dict] = []
-        self.proc = bed.run(
-            CLIENT, [sys.executable, str(HERE / script), *argv], env=env(),
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        self._reader = threading.Thread(target=self._collect, daemon=True)
-        self._reader.start()
-
-    def _collect(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(json.loads(line))
-
-    def acked(self) -> list[dict]:
-        return [line for line in self.lines if "sha256" in line]
-
-    def finish(self) -> None:
-        try:
-            self.proc.wait(PHASE_TIMEOUT_S)
-        finally:
-            self.kill()
-        self._reader.join(10)
-        stderr = self.proc.stderr.read() if self.proc.stderr else ""
-        assert self.proc.returncode == 0, f"client exited {self.proc.returncode}: {stderr[-3000:]}"
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def holds(bed, host: str) -> bool:
@@ -275,31 +240,25 @@ def make_heads(bed, folder: Path) -> tuple[Path, list[Serve]]:
     ]
 
 
-def wait(ready, what: str, writers: list[Client]) -> float:
-    started = time.monotonic()
-    while not ready():
-        dead = [w.proc.returncode for w in writers if w.proc.poll() is not None]
-        assert not dead, f"{what}: a writer exited ({dead})"
-        assert time.monotonic() - started < PHASE_TIMEOUT_S, f"{what}: not within the time"
-        time.sleep(0.1)
-    return time.monotonic() - started
+def wait(ready, what: str, writers: list | None = None) -> float:
+    return wait_for(ready, what, writers or [], PHASE_TIMEOUT_S)
 
 
 def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_killed(
-    healed_bed, tmp_path
+    healed_bed, nfs_clients, tmp_path
 ):
     bed = healed_bed
-    for host in (*HEADS, CLIENT):
+    for host in HEADS:
         if host not in bed.hosts:
             bed.add_host(host)
+    clients = nfs_clients(CLIENT)
     catalog, heads = make_heads(bed, tmp_path)
     stop = tmp_path / "stop-writing"
-    writers: list[Client] = []
     raws: list[RawClient] = []
     figures: dict[str, float] = {}
     try:
         heads[0].start()
-        wait(lambda: holds(bed, HEADS[0]), "head 0 takes the address", [])
+        wait(lambda: holds(bed, HEADS[0]), "head 0 takes the address")
         heads[1].start()
         assert not holds(bed, HEADS[1])
 
@@ -317,10 +276,7 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
         assert "no longer serves" in heads[0].text(), heads[0].text()[-3000:]
         time.sleep(1.0)
         assert holds(bed, HEADS[1]) and not holds(bed, HEADS[0])
-        writers = [
-            Client(bed, "mds_client.py", [FLOATING, f"w{k}", str(FILE_SIZE), str(stop)])
-            for k in range(WRITERS)
-        ]
+        writers = clients.writers(FLOATING, WRITERS, FILE_SIZE, stop, reconnect=True)
         wait(lambda: all(len(w.acked()) >= BEFORE for w in writers), "writes before", writers)
         locker = raw_client(bed, LOCKER)
         raws.append(locker)
@@ -329,7 +285,7 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
         held = (
             f"SELECT held_state FROM nfs_clients WHERE head = 'head1' AND owner = x'{LOCKER.hex()}'"
         )
-        wait(lambda: catalog_rows(catalog, held) == [(1,)], "the locker's record holds state", [])
+        wait(lambda: catalog_rows(catalog, held) == [(1,)], "the locker's record holds state")
 
         assert heads[1].proc is not None
         killed = time.monotonic()
@@ -385,10 +341,7 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
             sha == hashlib.sha256(content(name, FILE_SIZE)).hexdigest()
             for name, sha in acked.items()
         )
-        reader = Client(bed, "nfs_client.py", ["read", FLOATING, *sorted(acked)])
-        reader.finish()
-        got = {line["name"]: line.get("sha256") for line in reader.lines}
-        wrong = sorted(name for name, sha in acked.items() if got.get(name) != sha)
+        wrong = clients.read_back(FLOATING, acked)
         assert not wrong, f"read back wrong or failed through the address: {wrong}"
         failed = sorted({line["error"] for w in writers for line in w.lines if "error" in line})
         recovered = [line for w in writers for line in w.lines if "recovery" in line]
@@ -411,8 +364,6 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
         )
     finally:
         stop.touch()
-        for writer in writers:
-            writer.kill()
         for raw in raws:
             raw.close()
         for head in heads:
@@ -422,4 +373,3 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
                 ["ip", "-n", bed.hosts[host].netns, "addr", "del", f"{FLOATING}/24", "dev",
                  "eth0"], capture_output=True, check=False,
             )  # fmt: skip
-        kill_netns_processes(bed.hosts[CLIENT].netns)
