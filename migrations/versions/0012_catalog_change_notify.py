@@ -9,6 +9,8 @@ Create Date: 2026-12-02 01:30:00
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.changesignal import TRIGGER, signal_changes
+
 revision = "0012"
 down_revision = "0011"
 branch_labels = None
@@ -23,7 +25,6 @@ BEGIN
 END
 $$
 """
-TRIGGER = "shingle_catalog_changed"
 
 
 def _tables() -> list[str]:
@@ -36,10 +37,7 @@ def upgrade() -> None:
         return
     op.execute(FUNCTION)
     for table in _tables():
-        op.execute(
-            f'CREATE TRIGGER {TRIGGER} AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON "{table}" '
-            f"FOR EACH STATEMENT EXECUTE FUNCTION shingle_catalog_changed()"
-        )
+        signal_changes(table)
 
 
 def downgrade() -> None:

@@ -8,6 +8,8 @@ Create Date: 2026-12-02 01:40:00
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.changesignal import signal_changes
+
 revision = "0013"
 down_revision = "0012"
 branch_labels = None
@@ -38,12 +40,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_quotas")),
         sa.UniqueConstraint("root_ino", name=op.f("uq_quotas_root_ino")),
     )
-    if op.get_bind().dialect.name == "postgresql":
-        # every table signals its changes (0012): a table made after it needs the trigger too
-        op.execute(
-            "CREATE TRIGGER shingle_catalog_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE "
-            'ON "quotas" FOR EACH STATEMENT EXECUTE FUNCTION shingle_catalog_changed()'
-        )
+    signal_changes("quotas")  # every table signals its changes (0012)
 
 
 def downgrade() -> None:

@@ -10,6 +10,8 @@ Create Date: 2026-12-06 19:00:00
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.changesignal import signal_changes
+
 revision = "0015"
 down_revision = "0014"
 branch_labels = None
@@ -26,12 +28,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_leader_fence")),
     )
     op.bulk_insert(fence, [{"id": 1, "token": 0, "holder": "", "since_ns": 0}])
-    if op.get_bind().dialect.name == "postgresql":
-        # every table signals its changes (0012): a table made after it needs the trigger too
-        op.execute(
-            "CREATE TRIGGER shingle_catalog_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE "
-            'ON "leader_fence" FOR EACH STATEMENT EXECUTE FUNCTION shingle_catalog_changed()'
-        )
+    signal_changes("leader_fence")  # every table signals its changes (0012)
 
 
 def downgrade() -> None:

@@ -13,6 +13,8 @@ Create Date: 2026-12-07 02:00:00
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.changesignal import signal_changes
+
 revision = "0023"
 down_revision = "0022"
 branch_labels = None
@@ -36,13 +38,9 @@ def upgrade() -> None:
     op.create_index(
         op.f("ix_clone_pending_snapshot_id"), "clone_pending", ["snapshot_id"], unique=False
     )
-    if op.get_bind().dialect.name == "postgresql":
-        # every table signals its changes (0012): another head's copy of a pending folder must
-        # reach this head's caches like any other namespace change
-        op.execute(
-            "CREATE TRIGGER shingle_catalog_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE "
-            'ON "clone_pending" FOR EACH STATEMENT EXECUTE FUNCTION shingle_catalog_changed()'
-        )
+    # every table signals its changes (0012): another head's copy of a pending folder must
+    # reach this head's caches like any other namespace change
+    signal_changes("clone_pending")
 
 
 def downgrade() -> None:
