@@ -32,6 +32,8 @@ from engine.admin import smb as smb_service
 from engine.admin.exports import ANY_CLIENT
 from engine.base import errors
 from engine.catalog import CatalogUnreachable
+from engine.namespace.readonly import SNAPSHOT_DIR_NAME
+from engine.snapshots import schedules
 
 log = logging.getLogger("shingle.smb")
 
@@ -155,11 +157,22 @@ def render_global(layout: SambaLayout, *, host: str = "127.0.0.1", port: int = 4
         "acl allow execute always = yes",
         "create mask = 0644",
         "directory mask = 0755",
-        # macOS clients: Apple's SMB extensions, resource forks and Finder info in xattrs
-        "vfs objects = catia fruit streams_xattr",
+        # macOS clients: Apple's SMB extensions, resource forks and Finder info in xattrs;
+        # Windows' Previous Versions: shadow_copy2 (below)
+        "vfs objects = catia fruit streams_xattr shadow_copy2",
         "fruit:aapl = yes",
         "fruit:metadata = stream",
         "fruit:nfs_aces = no",
+        # Previous Versions: each dataset's snapshots are DIR/.snapshots/NAME/ (a subtree, as
+        # GPFS filesets), found by looking in every folder from the file's up. A snapshot shows
+        # when its name is the default schedule's (auto-YYYY-MM-DDTHHMMZ, UTC): shadow_copy2
+        # turns a client's time into that name by its format alone, on any connection. With
+        # shadow:snapprefix (any prefix) it looks the name up in a list it fills only when a
+        # client lists a file's versions, so a path with an @GMT token on a new connection fails
+        f"shadow:snapdir = {SNAPSHOT_DIR_NAME}",
+        "shadow:snapdirseverywhere = yes",
+        f"shadow:format = {schedules.DEFAULT_PREFIX}-{schedules.NAME_TIME}",
+        "shadow:localtime = no",
     ]
     return "\n".join(lines) + "\n"
 

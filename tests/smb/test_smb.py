@@ -2,17 +2,37 @@
 
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
 import os
 import signal
 import socket
 import time
+import uuid
 
 import pytest
 from smbclient._io import SMBFileTransaction, set_info
+from smbprotocol.connection import Connection
+from smbprotocol.create_contexts import (
+    CreateContextName,
+    SMB2CreateContextRequest,
+    SMB2CreateTimewarpToken,
+)
+from smbprotocol.exceptions import NtStatus, SMBResponseException
 from smbprotocol.file_info import FileBasicInformation
+from smbprotocol.open import (
+    CreateDisposition,
+    CreateOptions,
+    FileAttributes,
+    FilePipePrinterAccessMask,
+    ImpersonationLevel,
+    Open,
+    ShareAccess,
+)
+from smbprotocol.session import Session
 from smbprotocol.structure import DateTimeField
+from smbprotocol.tree import TreeConnect
 
 from appliance.smb.mount import CACHE_TIMEOUT_S
 from tests.smb.conftest import PASSWORDS, shingle, unc
@@ -276,3 +296,109 @@ def test_write_time_set_before_close_is_kept_over_smb(served, smb_session):
     st = (served.mount / "robocopied.bin").stat()
     assert (st.st_mtime_ns, st.st_size) == (old_ns, 100_000)
     smb.remove(path, port=port)
+
+
+def _smb_tree(smb, served, top: str, below: str = "") -> dict[str, tuple[int, int, str]]:
+    """Every file under TOP read over SMB: relative path -> (size, links, sha256)."""
+    out = {}
+    folder = f"{top}/{below}".rstrip("/")
+    for entry in smb.scandir(unc(served, "export", folder), port=served.smb_port):
+        name = f"{below}{entry.name}"
+        if entry.is_dir():
+            out.update(_smb_tree(smb, served, top, name + "/"))
+            continue
+        path = unc(served, "export", f"{top}/{name}")
+        st = smb.stat(path, port=served.smb_port)
+        with smb.open_file(path, mode="rb", port=served.smb_port) as f:
+            out[name] = (st.st_size, st.st_nlink, hashlib.sha256(f.read()).hexdigest())
+    return out
+
+
+def test_a_snapshot_seen_over_smb_keeps_its_view_through_changes_made_over_smb(served, smb_session):
+    """A rename, overwrite, truncate, unlink and hard link made over SMB after a snapshot leave
+    DIR/.snapshots/NAME, read over SMB, as it was (size, link count, sha256), and Windows'
+    Previous Versions (shadow_copy2) lists the snapshot and opens its bytes."""
+    smb, port = smb_session, served.smb_port
+    (served.mount / "snapds").mkdir()
+    (served.mount / "snapds").chmod(0o777)  # made by root over the mount; alice changes it
+    smb.mkdir(unc(served, "export", "snapds/sub"), port=port)
+    contents = {f"f{i}": bytes([65 + i]) * (3000 + 1000 * i) for i in range(6)}
+    for name, data in contents.items():
+        with smb.open_file(unc(served, "export", f"snapds/{name}"), mode="wb", port=port) as f:
+            f.write(data)
+    smb.link(
+        unc(served, "export", "snapds/f0"), unc(served, "export", "snapds/sub/hard0"), port=port
+    )
+    name = "auto-2026-12-07T0450Z"  # a schedule's name: Previous Versions shows it
+    shingle(served.config, "snapshot", "create", "/snapds", name)
+    view = f"snapds/.snapshots/{name}"
+    before = _smb_tree(smb, served, view)
+    assert len(before) == 7 and before["f0"][1] == 2 and before["sub/hard0"] == before["f0"]
+    assert before["f3"][0] == 6000, before
+
+    smb.rename(
+        unc(served, "export", "snapds/f1"), unc(served, "export", "snapds/sub/f1-moved"), port=port
+    )
+    with smb.open_file(unc(served, "export", "snapds/f2"), mode="wb", port=port) as f:
+        f.write(b"overwritten")
+    smb.truncate(unc(served, "export", "snapds/f3"), 5, port=port)
+    smb.remove(unc(served, "export", "snapds/f4"), port=port)
+    smb.link(
+        unc(served, "export", "snapds/f5"), unc(served, "export", "snapds/sub/hard5"), port=port
+    )
+    live = _smb_tree(smb, served, "snapds")
+    assert "f4" not in live and "f1" not in live and live["sub/f1-moved"] == before["f1"]
+    assert live["f2"][0] == len(b"overwritten") and live["f3"][0] == 5 and live["f5"][1] == 2
+    assert _smb_tree(smb, served, view) == before, "the snapshot's view moved"
+    # the view refuses changes over SMB as well
+    with pytest.raises(OSError):
+        smb.remove(unc(served, "export", f"{view}/f0"), port=port)
+    assert _smb_tree(smb, served, view) == before
+
+    # Previous Versions, as Windows asks for it: the versions of a file (FSCTL
+    # SRV_ENUMERATE_SNAPSHOTS), then the file opened at one (the @GMT token, a TWrp context)
+    token = "@GMT-2026.12.07-04.50.00"
+    info = served.smbclient("export", "alice", "allinfo snapds\\f2").stdout
+    assert token in info, info
+    at = datetime.datetime(2026, 12, 7, 4, 50, tzinfo=datetime.UTC)
+    for path in ("f1", "f2", "f3", "f4", "sub/hard0", "sub/f1-moved", "sub/hard5"):
+        want = before.get(path, (0, 0, None))[2]  # a name made after the snapshot: none then
+        assert _read_previous_version(served, "snapds/" + path, at) == want, path
+    shingle(served.config, "snapshot", "delete", "/snapds", name)
+
+
+def _read_previous_version(served, path: str, at: datetime.datetime) -> str | None:
+    """sha256 of PATH as it was at AT, opened as Windows' Previous Versions opens it (an SMB2
+    CREATE with a timewarp token); None when it did not exist then."""
+    conn = Connection(uuid.uuid4(), "127.0.0.1", served.smb_port)
+    conn.connect()
+    try:
+        session = Session(conn, "alice", PASSWORDS["alice"], require_encryption=False)
+        session.connect()
+        tree = TreeConnect(session, r"\\127.0.0.1\export")
+        tree.connect()
+        token = SMB2CreateTimewarpToken()
+        token["timestamp"] = at
+        context = SMB2CreateContextRequest()
+        context["buffer_name"] = CreateContextName.SMB2_CREATE_TIMEWARP_TOKEN
+        context["buffer_data"] = token
+        opened = Open(tree, path.replace("/", "\\"))
+        try:
+            opened.create(
+                ImpersonationLevel.Impersonation,
+                FilePipePrinterAccessMask.GENERIC_READ,
+                FileAttributes.FILE_ATTRIBUTE_NORMAL,
+                ShareAccess.FILE_SHARE_READ,
+                CreateDisposition.FILE_OPEN,
+                CreateOptions.FILE_NON_DIRECTORY_FILE,
+                create_contexts=[context],
+            )
+        except SMBResponseException as e:
+            if e.status == NtStatus.STATUS_OBJECT_NAME_NOT_FOUND:
+                return None
+            raise
+        data = opened.read(0, opened.end_of_file) if opened.end_of_file else b""
+        opened.close()
+        return hashlib.sha256(data).hexdigest()
+    finally:
+        conn.disconnect()
