@@ -147,12 +147,13 @@ class SeqWindow:
 class GssContext:
     """One established context: the GSS-API context, who it speaks for, until when."""
 
-    __slots__ = ("handle", "ctx", "principal", "cred", "expires", "window", "lock")
+    __slots__ = ("handle", "ctx", "principal", "cred", "expires", "window", "lock", "gone")
 
     def __init__(self, handle: bytes, ctx, principal: str, cred: Credential, expires: float):
         self.handle, self.ctx, self.principal, self.cred = handle, ctx, principal, cred
         self.expires = expires
         self.window = SeqWindow()
+        self.gone = False  # destroyed, expired or evicted: no callback goes under it either
         # MIT's per-context state (sequence numbers of its own tokens) is not for two threads
         self.lock = threading.Lock()
 
@@ -213,6 +214,83 @@ class GssReply:
         if len(body) >= 20 and _U32.unpack_from(body, 8)[0] == MSG_ACCEPTED:
             return body[:12] + self.verifier() + body[20:]
         return body
+
+
+class GssCallback:
+    """Calls this server makes under a context its client made: the NFSv4.1 backchannel
+    (RFC 8881 2.10.8.3). The client named the context by the handle this server gave it
+    (``gcbp_handle_from_server``) and the handle the server's calls must carry
+    (``gcbp_handle_from_client``); the server is the GSS acceptor of that context, whose
+    tokens work both ways. Its calls get sequence numbers of their own, a verifier that is a
+    MIC of the call's header, arguments under the service the client chose; the client's reply
+    carries a MIC of the sequence number and results under the same service."""
+
+    __slots__ = ("context", "handle", "service", "seq", "lock")
+
+    def __init__(self, context: GssContext, handle: bytes, service: int):
+        self.context, self.handle, self.service = context, bytes(handle), service
+        self.seq = 0
+        self.lock = threading.Lock()
+
+    def alive(self) -> bool:
+        return not self.context.gone and time.monotonic() < self.context.expires
+
+    def seconds_left(self) -> float:
+        return self.context.expires - time.monotonic()
+
+    def prepare(self, args: bytes, header) -> tuple[bytes, bytes, GssOutgoingCall]:
+        """The credential, the verifier over ``header(credential)`` (the call's header up to
+        the credential) and the arguments of one call, and the check of its reply; ValueError
+        when the GSS-API refuses (the context ended within MIT)."""
+        import gssapi.exceptions
+
+        with self.lock:
+            self.seq = seq = self.seq + 1
+        cred = _CRED_HEAD.pack(RPCSEC_GSS_VERS_1, PROC_DATA, seq, self.service)
+        cred += _opaque(self.handle)
+        head = header(cred)
+        try:
+            verifier = _U32.pack(RPCSEC_GSS) + _opaque(self.context.mic(head))
+            if self.service == SVC_INTEGRITY:
+                body = _U32.pack(seq) + args
+                args = _opaque(body) + _opaque(self.context.mic(body))
+            elif self.service == SVC_PRIVACY:
+                args = _opaque(self.context.wrap(_U32.pack(seq) + args))
+        except gssapi.exceptions.GSSError as exc:
+            raise ValueError(f"RPCSEC_GSS: {exc.gen_message()}") from None
+        return head + verifier, args, GssOutgoingCall(self, seq)
+
+
+class GssOutgoingCall:
+    """The check of one GssCallback call's reply."""
+
+    __slots__ = ("caller", "seq")
+
+    def __init__(self, caller: GssCallback, seq: int):
+        self.caller, self.seq = caller, seq
+
+    def results(self, verf_flavor: int, verf: bytes, results: bytes) -> bytes:
+        """The procedure's results of an accepted reply; ValueError when its verifier or its
+        protected results do not verify, or name another sequence number."""
+        context = self.caller.context
+        if verf_flavor != RPCSEC_GSS or not context.verify(_U32.pack(self.seq), verf):
+            raise ValueError("the reply's verifier does not verify")
+        service = self.caller.service
+        if service == SVC_NONE:
+            return results
+        body, end = _read_opaque(results, 0, len(results))
+        if service == SVC_INTEGRITY:
+            mic, end = _read_opaque(results, end, 1024)
+            if not context.verify(body, mic):
+                raise ValueError("the reply's results do not match their MIC")
+        else:
+            unwrapped = context.unwrap(body)
+            if unwrapped is None:
+                raise ValueError("the reply's results do not unwrap")
+            body = unwrapped
+        if len(body) < 4 or _U32.unpack_from(body, 0)[0] != self.seq:
+            raise ValueError("the reply's results name another sequence number")
+        return body[4:]
 
 
 def principal_identity(principal: str, realm: str, anonymous: Credential) -> Credential:
@@ -331,7 +409,17 @@ class GssService:
 
     def _forget(self, handle: bytes) -> None:
         with self._lock:
-            self.contexts.pop(handle, None)
+            context = self.contexts.pop(handle, None)
+        if context is not None:
+            context.gone = True
+
+    def live_context(self, handle: bytes) -> GssContext | None:
+        """The established, unexpired context of ``handle`` (a client names it for its
+        backchannel), or None."""
+        context = self._context(handle)
+        if context is None or context.gone or time.monotonic() >= context.expires:
+            return None
+        return context
 
     @staticmethod
     def _unwrap_args(context: GssContext, gcred: GssCred, record, pos: int):
@@ -403,7 +491,7 @@ class GssService:
         with self._lock:
             self.contexts[handle] = context
             while len(self.contexts) > MAX_CONTEXTS:
-                self.contexts.popitem(last=False)
+                self.contexts.popitem(last=False)[1].gone = True
         self.counts["contexts"] += 1
         log.info(
             "RPCSEC_GSS context for %s (uid %d, gid %d), for %d s",

@@ -38,8 +38,9 @@ def new_session(sid: bytes, cl: Client, nslots: int, fore, back, seqid: int | No
 
 
 def _callback_record(callback) -> list | None:
-    """A session's (cb_program, callback_sec_parms4) as JSON: AUTH_NONE and AUTH_SYS only
-    (the flavours a callback is sent in)."""
+    """A session's (cb_program, callback_sec_parms4) as JSON: AUTH_NONE and AUTH_SYS with
+    their credentials, RPCSEC_GSS as its flavour alone (its context does not outlive the
+    process: the restored session asks the client for a new one)."""
     if callback is None:
         return None
     program, sec_parms = callback
@@ -49,6 +50,8 @@ def _callback_record(callback) -> list | None:
             flavors.append([flavor])
         elif flavor == c.AUTH_SYS:
             flavors.append([flavor, arm.stamp, arm.machinename, arm.uid, arm.gid, list(arm.gids)])
+        elif flavor == c.RPCSEC_GSS:
+            flavors.append([flavor])
     return [program, flavors]
 
 
@@ -60,6 +63,8 @@ def _callback_from(rec) -> tuple | None:
     for item in flavors:
         if item[0] == c.AUTH_SYS:
             sec.append((c.AUTH_SYS, authsys_parms.cls(*item[1:5], [int(g) for g in item[5]])))
+        elif item[0] == c.RPCSEC_GSS:
+            sec.append((c.RPCSEC_GSS, None))
         else:
             sec.append((c.AUTH_NONE, None))
     return (int(program), sec)

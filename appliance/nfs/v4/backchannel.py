@@ -6,9 +6,13 @@ delegation, CB_OFFLOAD of an asynchronous COPY's result), sent as
 an RPC call on one of those connections (appliance.nfs.onc.outgoing) and answered there.
 
 A session's backchannel is usable while one of its connections is open, it has a credential
-flavour this server can send (AUTH_NONE or AUTH_SYS; not RPCSEC_GSS yet) and no callback on it
-has failed since the last connection was bound: SEQUENCE says CB_PATH_DOWN otherwise, and no
-delegation is granted."""
+to call with and no callback on it has failed since the last connection was bound: SEQUENCE
+says CB_PATH_DOWN otherwise, and no delegation is granted. The credential is the first of the
+client's ``callback_sec_parms4`` (CREATE_SESSION, BACKCHANNEL_CTL): AUTH_NONE, AUTH_SYS, or
+RPCSEC_GSS under a context the client made with this server (RFC 8881 2.10.8.3); a handle
+this server does not know gets NFS4ERR_NOENT. While that context is about to end SEQUENCE
+says CB_GSS_CONTEXTS_EXPIRING, once it is gone (ended, destroyed, or lost in a restart)
+CB_GSS_CONTEXTS_EXPIRED, and the client names a new one with BACKCHANNEL_CTL."""
 
 from __future__ import annotations
 
@@ -18,8 +22,10 @@ import threading
 from collections import deque
 from concurrent.futures import Future
 
+from appliance.nfs.onc.gss import FLAVOR_OF_SERVICE, GssCallback
 from appliance.nfs.onc.outgoing import CallFailed, OutgoingCalls
 from appliance.nfs.onc.xdr import Array, Bool, Packer, Struct, UHyper, UInt, Union, XdrError
+from appliance.nfs.state import NfsError
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
 
@@ -29,6 +35,7 @@ NFS_CB_VERSION = 1  # program NFS4_CALLBACK { version NFS_CB { ... } = 1; }
 CB_NULL, CB_COMPOUND = 0, 1
 OP_CB_GETATTR, OP_CB_RECALL, OP_CB_SEQUENCE, OP_CB_OFFLOAD = 3, 4, 11, 15
 BACK_SLOTS_MAX = 16
+GSS_EXPIRING_S = 300.0  # SEQUENCE warns this long before the callback context ends
 WAITING_MAX = 1024  # callbacks queued for a slot; past it they fail (the holder is revoked)
 
 referring_call4 = Struct("referring_call4", ("sequenceid", UInt), ("slotid", UInt))
@@ -63,8 +70,8 @@ _U64X2 = struct.Struct(">QQ")
 
 
 def callback_credential(sec_parms) -> tuple[int, bytes] | None:
-    """The first flavour of the client's callback_sec_parms4 list this server can send, as
-    (flavour, credential body); None when it offers only RPCSEC_GSS."""
+    """The first AUTH_NONE or AUTH_SYS flavour of the client's callback_sec_parms4 list, as
+    (flavour, credential body); None when it offers neither."""
     for flavor, arm in sec_parms:
         if flavor == c.AUTH_NONE:
             return (c.AUTH_NONE, b"")
@@ -75,25 +82,49 @@ def callback_credential(sec_parms) -> tuple[int, bytes] | None:
     return None
 
 
+def callback_auth(sec_parms, gss, principals) -> tuple[int, bytes] | GssCallback | None:
+    """What callbacks go under: the first entry of the client's callback_sec_parms4 list.
+    An RPCSEC_GSS entry must name (``handle_from_server``) a live context of this server
+    (``gss``: the GssService, None without a keytab) made by one of ``principals`` (the
+    caller's, the client record's): NFS4ERR_NOENT otherwise (RFC 8881 18.33.3, 18.36.3),
+    NFS4ERR_INVAL for a service that is not none, integrity or privacy."""
+    for flavor, arm in sec_parms:
+        if flavor != c.RPCSEC_GSS:
+            return callback_credential([(flavor, arm)])
+        if arm.service not in FLAVOR_OF_SERVICE:
+            raise NfsError(c.NFS4ERR_INVAL, f"callback RPCSEC_GSS service {arm.service}")
+        context = gss.live_context(bytes(arm.handle_from_server)) if gss is not None else None
+        if context is None or context.principal not in principals:
+            raise NfsError(
+                c.NFS4ERR_NOENT,
+                "the callback's RPCSEC_GSS handle names no live context of this client's",
+            )
+        return GssCallback(context, arm.handle_from_client, arm.service)
+    return None
+
+
 class Backchannel:
-    def __init__(self, sessionid: bytes, program: int, sec_parms, slots: int, minor: int):
+    def __init__(self, sessionid: bytes, program: int, auth, slots: int, minor: int):
+        """``auth``: what callbacks go under (``callback_auth``)."""
         self.sessionid = sessionid
         self.minor = max(1, minor)
         self.lock = threading.Lock()
         self.conns: list[OutgoingCalls] = []
         self.program = program
-        self.cred = callback_credential(sec_parms)
+        self.cred: tuple[int, bytes] | GssCallback | None = auth
+        self.gss_lost = False  # its RPCSEC_GSS context went with a restart
         self.seqids = [0] * max(1, min(slots, BACK_SLOTS_MAX))
         self.busy = [False] * len(self.seqids)
         self.waiting: deque = deque()  # (operation bytes, future) for a free slot
         self.faulted = False  # a callback failed: path down until a connection is bound again
         self.lost = False  # made for a session restored after a restart: no connection yet
 
-    def set_program(self, program: int, sec_parms) -> None:
+    def set_program(self, program: int, auth) -> None:
         """BACKCHANNEL_CTL: a new program number and credentials for later callbacks."""
         with self.lock:
             self.program = program
-            self.cred = callback_credential(sec_parms)
+            self.cred, self.gss_lost = auth, False
+            self.faulted = False  # a callback refused under the old context says nothing now
 
     def bind(self, outgoing: OutgoingCalls) -> None:
         with self.lock:
@@ -102,10 +133,33 @@ class Backchannel:
                 self.conns.append(outgoing)
             self.faulted = self.lost = False
 
+    def _cred_usable(self) -> bool:
+        cred = self.cred
+        return cred is not None and (not isinstance(cred, GssCallback) or cred.alive())
+
     def usable(self) -> bool:
         return (
-            not self.faulted and self.cred is not None and any(conn.usable() for conn in self.conns)
+            not self.faulted and self._cred_usable() and any(conn.usable() for conn in self.conns)
         )
+
+    def sequence_flags(self) -> int:
+        """SEQUENCE's status flags about this backchannel: CB_PATH_DOWN when it had a
+        connection and cannot call now, CB_GSS_CONTEXTS_EXPIRING / EXPIRED for its context."""
+        flags, cred = 0, self.cred
+        if isinstance(cred, GssCallback):
+            if not cred.alive():
+                flags |= c.SEQ4_STATUS_CB_GSS_CONTEXTS_EXPIRED
+            elif cred.seconds_left() < GSS_EXPIRING_S:
+                flags |= c.SEQ4_STATUS_CB_GSS_CONTEXTS_EXPIRING
+        elif self.gss_lost:
+            flags |= c.SEQ4_STATUS_CB_GSS_CONTEXTS_EXPIRED
+        if (self.conns or self.lost) and (
+            self.faulted
+            or not any(conn.usable() for conn in self.conns)
+            or (cred is None and not self.gss_lost)
+        ):
+            flags |= c.SEQ4_STATUS_CB_PATH_DOWN  # it had one: bind a connection again
+        return flags
 
     def recall(self, stateid, fh: bytes) -> Future:
         """CB_RECALL of a delegation; the future's result is the CB_COMPOUND status."""
@@ -149,7 +203,7 @@ class Backchannel:
             conn = next((conn for conn in self.conns if conn.usable()), None)
             self.seqids[slot] = seqid = (self.seqids[slot] + 1) & 0xFFFFFFFF
             cred, program, highest = self.cred, self.program, len(self.seqids) - 1
-        if conn is None or cred is None:
+        if conn is None or cred is None or not self._cred_usable():
             self._done(slot, fut, CallFailed("no connection or credential for callbacks"))
             return
         p = Packer()
@@ -192,7 +246,11 @@ def restored_backchannel(sess, minor: int) -> Backchannel | None:
     if sess.callback is None:
         return None
     program, sec_parms = sess.callback
-    back = Backchannel(sess.id, program, sec_parms, sess.back.maxrequests, minor)
+    back = Backchannel(
+        sess.id, program, callback_credential(sec_parms), sess.back.maxrequests, minor
+    )
+    # its RPCSEC_GSS context did not outlive the restart: the client names a new one
+    back.gss_lost = back.cred is None and any(f == c.RPCSEC_GSS for f, _ in sec_parms)
     back.lost = True
     sess.backchannel = back
     return back

@@ -413,6 +413,6 @@ def _sequence(cx: Compound, a, count: int, fingerprint, size: int, tag_len: int)
         if cl.revoked:  # until the client frees them (FREE_STATEID)
             flags |= c.SEQ4_STATUS_RECALLABLE_STATE_REVOKED
         back = sess.backchannel or restored_backchannel(sess, cx.minor)
-        if back is not None and (back.conns or back.lost) and not back.usable():
-            flags |= c.SEQ4_STATUS_CB_PATH_DOWN  # it had one: bind a connection again
+        if back is not None:
+            flags |= back.sequence_flags()
         return _SEQUENCE_OK.cls(sess.id, a.sequenceid, a.slotid, highest, highest, flags)

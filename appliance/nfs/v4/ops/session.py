@@ -9,7 +9,7 @@ import logging
 from appliance.nfs.onc.gss import KRB5, KRB5_OID, KRB5I, KRB5P, SERVICE_OF_FLAVOR
 from appliance.nfs.state import NfsError, clients
 from appliance.nfs.v4 import const as c
-from appliance.nfs.v4.backchannel import Backchannel, restored_backchannel
+from appliance.nfs.v4.backchannel import Backchannel, callback_auth, restored_backchannel
 from appliance.nfs.v4.compound import CACHE_LIMIT
 from appliance.nfs.v4.ops.common import need_dir, resok
 from appliance.nfs.v4.ops.fs import lookup
@@ -33,6 +33,12 @@ BACK_MIN = (96, 76, 2)
 
 def _principal(cx) -> tuple:
     return (cx.rpc_cred.flavor, cx.rpc_cred.uid)
+
+
+def _principal_names(cx, cl) -> tuple[str, ...]:
+    """Whose RPCSEC_GSS contexts a client may name for its callbacks: the caller's, the one
+    that made its record (the Linux client makes both with its machine credential)."""
+    return tuple(name for name in (cx.rpc_cred.principal, cl.principal_name) if name)
 
 
 def _check_channel(attrs, least, name: str) -> None:
@@ -114,12 +120,11 @@ def create_session(cx, a):
             max(1, min(b.maxrequests, 16)),
             [],
         )
+        auth = callback_auth(a.sec_parms, cx.server.gss, _principal_names(cx, cl))
         sess = state.add_session(cl, fore, back, callback=(a.cb_program, a.sec_parms))
         clients.confirm(state, cl)
         cl.cs_sequence = (cl.cs_sequence + 1) & 0xFFFFFFFF
-        sess.backchannel = Backchannel(
-            sess.id, a.cb_program, a.sec_parms, back.maxrequests, cx.minor
-        )
+        sess.backchannel = Backchannel(sess.id, a.cb_program, auth, back.maxrequests, cx.minor)
         # no persistent reply cache and no RDMA; this connection carries the callbacks when
         # the client asks (appliance.nfs.v4.backchannel)
         flags = a.flags & c.CREATE_SESSION4_FLAG_CONN_BACK_CHAN
@@ -162,9 +167,13 @@ def reclaim_complete(cx, one_fs):
 
 @operation(c.OP_BACKCHANNEL_CTL)
 def backchannel_ctl(cx, a):
-    cx.need_client()
-    if cx.session is not None and cx.session.backchannel is not None:
-        cx.session.backchannel.set_program(a.cb_program, a.sec_parms)
+    cl = cx.need_client()
+    auth = callback_auth(a.sec_parms, cx.server.gss, _principal_names(cx, cl))
+    sess = cx.session
+    if sess is not None:
+        back = sess.backchannel or restored_backchannel(sess, cx.minor)
+        if back is not None:
+            back.set_program(a.cb_program, auth)
 
 
 @operation(c.OP_TEST_STATEID)
