@@ -310,14 +310,19 @@ class Heads:
         return 0
 
     def ready(self) -> None:
+        from appliance.host.addresses import client_addresses, url_host, wildcard_note
         from appliance.host.sdnotify import notify
 
-        host, port = self.host, self.port
-        self.announce(f"NFS:    nfs://{host}:{port}/export?version=4.1   ({self.count} heads)")
+        addresses = client_addresses(self.host)
+        shown, port = url_host(addresses[0]), self.port
+        self.announce(
+            f"NFS:    nfs://{shown}:{port}/export?version=4.1   ({self.count} heads)"
+            + wildcard_note(self.host, addresses)
+        )
         self.announce(
             "        mount -t nfs -o "
             f"vers=4.1,port={port},nconnect=4,rsize=1048576,wsize=1048576 "
-            f"{host}:/export /mnt/shingle"
+            f"{shown}:/export /mnt/shingle"
         )
         notify("READY=1\nSTATUS=serving")
 

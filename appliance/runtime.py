@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from appliance.config import Config
+from appliance.host.addresses import client_addresses, url_host, wildcard_note
 from engine.base.errors import ConfigError
 from engine.catalog import Catalog
 from engine.catalog.migrate import current_revision, head_revision
@@ -447,15 +448,20 @@ class Daemon:
         )
         server.start()
         daemon_log.info("NFS server listening on %s:%d", host, server.port)
-        self.announce(f"NFS:    nfs://{host}:{server.port}/export?version=4.1")
+        addresses = client_addresses(host)
+        shown = url_host(addresses[0])
         self.announce(
-            "        mount -t nfs -o "
-            f"vers=4.1,port={server.port},nconnect=4,rsize=1048576,wsize=1048576 "
-            f"{host}:/export /mnt/shingle"
+            f"NFS:    nfs://{shown}:{server.port}/export?version=4.1"
+            + wildcard_note(host, addresses)
         )
         self.announce(
             "        mount -t nfs -o "
-            f"vers=3,port={server.port},mountport={server.port},mountproto=tcp {host}:/export "
+            f"vers=4.1,port={server.port},nconnect=4,rsize=1048576,wsize=1048576 "
+            f"{shown}:/export /mnt/shingle"
+        )
+        self.announce(
+            "        mount -t nfs -o "
+            f"vers=3,port={server.port},mountport={server.port},mountproto=tcp {shown}:/export "
             f"/mnt/shingle   (locks: NLM via the port mapper on port {server.server.portmap_port})"
         )
 
@@ -537,7 +543,11 @@ class Daemon:
         if smb.handover is None:
             self.announce(f"mount:  {smb.mountpoint}")
         if self.smb_port is not None:
-            self.announce(f"SMB:    //{self.smb_host}:{self.smb_port}/export")
+            smb_at = client_addresses(self.smb_host)
+            self.announce(
+                f"SMB:    //{url_host(smb_at[0])}:{self.smb_port}/export"
+                + wildcard_note(self.smb_host, smb_at)
+            )
         return smb
 
     def start_webui(self) -> subprocess.Popen:

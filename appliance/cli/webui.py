@@ -14,6 +14,7 @@ CHECKOUT = Path(__file__).resolve().parents[2]  # the folder holding webui/ and 
 
 def cmd_webui(args) -> int:
     from appliance.cli.common import load_config
+    from appliance.host.addresses import client_addresses, url_host, wildcard_note
     from appliance.runtime import open_catalog
 
     config = load_config(args)
@@ -45,10 +46,10 @@ def cmd_webui(args) -> int:
             SHINGLE_WEBUI_KEYFILE=str(config.resolve("webui.tls_key_file")),
         )
         scheme = "https"
-    shown = f"[{host}]" if ":" in host else host
+    addresses = client_addresses(host)
     print(
-        f"Web UI: {scheme}://{shown}:{port}/  (first admin login in "
-        f"{config.data_dir / 'initial-admin-password'})",
+        f"Web UI: {scheme}://{url_host(addresses[0])}:{port}/  (first admin login in "
+        f"{config.data_dir / 'initial-admin-password'})" + wildcard_note(host, addresses),
         flush=True,
     )
     argv = [sys.executable, "-m", "gunicorn", "--config", str(conf), "webui.app:create_app()"]

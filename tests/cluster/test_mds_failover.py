@@ -9,6 +9,7 @@ reconnecting to the same address when their connection fails. Head 0 starts firs
 the address.
 
 Checked:
+- head 0 announces its host's address (nfs.host is 0.0.0.0);
 - head 0's link cut (alive, but cut off from etcd): it drops the address before head 1 takes
   it (sampled every 20 ms: never on both), and does not take it back once its link is up;
 - then, with the writers writing through head 1, head 1 is killed with SIGKILL (nothing of it
@@ -258,6 +259,10 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
     figures: dict[str, float] = {}
     try:
         heads[0].start()
+        # nfs.host is 0.0.0.0: serve announces the host's own address, not the wildcard
+        announced = heads[0].text()
+        assert f"nfs://{bed.hosts[HEADS[0]].address}:2049/" in announced, announced[-2000:]
+        assert "0.0.0.0:/export" not in announced and "nfs://0.0.0.0" not in announced
         wait(lambda: holds(bed, HEADS[0]), "head 0 takes the address")
         heads[1].start()
         assert not holds(bed, HEADS[1])
