@@ -565,15 +565,17 @@ class NfsServer:
 
     async def _poll_interest(self) -> None:
         """Several heads: files this head alone held locks on that another head now wants get
-        their locks published (appliance/nfs/state/holdings.py)."""
-        loop, holdings = self.loop, self.state.holdings if self.state else None
-        assert loop is not None and holdings is not None  # start() ran, with heads
+        their locks published (appliance/nfs/state/holdings.py), and delegations another head
+        asked this one to recall are recalled (appliance/nfs/state/head_delegations.py)."""
+        loop, state = self.loop, self.state
+        holdings = state.holdings if state else None
+        assert loop is not None and state is not None and holdings is not None  # with heads
         while True:
             await asyncio.sleep(INTEREST_POLL_S)
-            if not holdings.envelope:
-                continue
             try:
-                await loop.run_in_executor(self.pool, holdings.poll_interest)
+                await loop.run_in_executor(self.pool, state.delegations.poll_recalls)
+                if holdings.envelope:
+                    await loop.run_in_executor(self.pool, holdings.poll_interest)
             except CatalogUnreachable:
                 pass  # the catalog's outage log counts it; the next poll retries
             except Exception as exc:  # noqa: BLE001 - the next poll retries

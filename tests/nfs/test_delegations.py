@@ -112,8 +112,9 @@ class CallbackClient(RawClient):
         assert res[0][2].flags == flags
         self.sessionid = res[0][2].sessionid
         self.seq = {i: 0 for i in range(8)}
-        st, _ = self.session([(c.OP_RECLAIM_COMPLETE, False)])
-        assert st == 0, st
+        if reclaim_complete:
+            st, _ = self.session([(c.OP_RECLAIM_COMPLETE, False)])
+            assert st == 0, st
         return self
 
     def open_file(self, name: str, access: int, owner: bytes = b"o", create: bool = False):

@@ -21,8 +21,9 @@ Where they live: in this table (the process that serves the client answers its r
 one settings row per delegation in the catalog (``nfs_delegation_<ino>_<stateid other>``: its
 client, type and grant time), written before the grant is answered and dropped when it is
 returned or revoked, so that a head that changes a file can see who holds it
-(``held_in_catalog``). A restart drops the previous instance's rows (no CLAIM_DELEGATE_PREV
-reclaim yet): the clients learn from the stale stateids."""
+(``held_in_catalog``). With several heads, the rows name the head that granted them and the
+other heads recall through it (appliance.nfs.state.head_delegations). A restart keeps the
+previous instance's rows through the grace period for reclaim (CLAIM_PREVIOUS)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from sqlalchemy import delete, select
 
 from appliance.nfs.state.core import StateCore
 from appliance.nfs.state.grace import Grace
+from appliance.nfs.state.head_delegations import HeadDelegations, rows_with_prefix
 from appliance.nfs.state.leases import Leases
 from appliance.nfs.state.model import Client, DelegState, NfsError
 from appliance.nfs.v4 import const as c
@@ -56,11 +58,7 @@ def _key(ino: int, other: bytes) -> str:
 def held_in_catalog(catalog, ino: int) -> list[dict]:
     """The delegations of inode ``ino`` the catalog records (what another head consults)."""
     prefix = f"{DELEG_PREFIX}{ino}_"
-    rows = catalog.read(
-        lambda conn: conn.execute(
-            select(SETTINGS.c.value).where(SETTINGS.c.key.like(prefix + "%"))
-        ).all()
-    )
+    rows = catalog.read(lambda conn: rows_with_prefix(conn, prefix))
     return [json.loads(row.value) for row in rows]
 
 
@@ -72,7 +70,11 @@ class Delegations:
         # reclaim (CLAIM_PREVIOUS): (client owner hex, inode) -> (row key, type)
         self.previous: dict[tuple[str, int], tuple[str, str]] = {}
         self.previous_inos: set[int] = set()
-        self.head = ""  # who granted them, in the catalog rows: this head's address (start())
+        # who granted them, in the catalog rows: this head's name among several, else its
+        # address (start())
+        self.head = ""
+        # several heads over one catalog: the other heads' delegations (None: a single head)
+        self.heads: HeadDelegations | None = None
         self.by_file: dict[int, list[DelegState]] = {}
         self.revoked: dict[bytes, DelegState] = {}  # revoked, not yet freed, by "other"
         self.contended: dict[int, float] = {}  # inode -> when a conflict last met a delegation
@@ -83,8 +85,9 @@ class Delegations:
     def start(self, head: str) -> None:
         """Once the server listens as ``head`` (host:port): this head's rows of its previous
         instance (their stateids died with it) are kept for reclaim while the grace period
-        lasts, dropped at once when there is none; other heads' rows stay."""
-        self.head = head
+        lasts, dropped at once when there is none; other heads' rows stay. A head of several
+        names its rows by its name (``head<i>``), which its restarts keep."""
+        self.head = self.heads.registry.name if self.heads is not None else head
         keep = self.grace.in_grace()
 
         def work(conn):
@@ -212,6 +215,10 @@ class Delegations:
                     st.access & c.OPEN4_SHARE_ACCESS_WRITE or st.deny & c.OPEN4_SHARE_DENY_READ
                     for st in opens
                 )
+            if self.heads is not None and write and not reclaim:
+                # another head's client's GETATTR and reads would have to ask the holder
+                # (CB_GETATTR, recall) through this head: not built, so read delegations only
+                refused = True
             if refused or (
                 not reclaim
                 and (
@@ -233,7 +240,10 @@ class Delegations:
                 "granted_ns": time.time_ns(),
             }
             try:
-                self.catalog.set_setting(_key(ino, st.other), json.dumps(record))
+                if self.heads is None:
+                    self.catalog.set_setting(_key(ino, st.other), json.dumps(record))
+                elif not self.heads.grant(ino, _key(ino, st.other), record, write, reclaim):
+                    return None  # another head's state of the file refuses it
             except Exception as exc:  # noqa: BLE001 - the OPEN goes on without a delegation
                 log.warning("no delegation of inode %d: its record failed (%s)", ino, exc)
                 return None
@@ -292,8 +302,18 @@ class Delegations:
         writing (``write``; else it reads it: only write delegations conflict):
         NFS4ERR_DELAY while another client's delegation stands, which is recalled first and
         revoked one lease after its recall. In the grace period after a restart, a delegation
-        of the previous instance that may still be reclaimed counts too."""
-        if ino in self.previous_inos and self._awaits_reclaim(ino, by, write):
+        of the previous instance that may still be reclaimed counts too. With several heads,
+        another head's delegation counts too (recalled through that head)."""
+        if self.heads is not None and write:  # (other heads grant read delegations only)
+            self.heads.conflict(ino, write=write)
+        self.recall_here(ino, by, write=write)
+
+    def recall_here(self, ino: int, by: Client | None, *, write: bool = True) -> None:
+        """``conflict`` for this head's own delegations only."""
+        # (several heads: under the state lock, as a dead head's may be being taken)
+        if (self.heads is not None or ino in self.previous_inos) and self._awaits_reclaim(
+            ino, by, write
+        ):
             raise NfsError(c.NFS4ERR_DELAY, f"inode {ino}: a delegation may still be reclaimed")
         if not self.by_file.get(ino):
             return
@@ -322,10 +342,37 @@ class Delegations:
                     c.NFS4ERR_DELAY, f"inode {ino}: {waiting} delegation(s) recalled, not returned"
                 )
 
+    def poll_recalls(self) -> int:
+        """Several heads: recall what the other heads asked this one to (their clients'
+        changes wait with DELAY meanwhile); how many requests there were."""
+        if self.heads is None:
+            return 0
+        asked = self.heads.take_requests()
+        for ino, write in asked:
+            with self.core.lock:
+                self.contended[ino] = time.monotonic()  # no new delegation of it for a lease
+            try:
+                self.recall_here(ino, None, write=write)
+            except NfsError:
+                pass  # recalled (or awaiting its reclaim): the other head's client retries
+        return len(asked)
+
+    def adopt(self, rows: dict) -> None:
+        """A dead head's delegation rows became this head's (appliance.nfs.state.heads): its
+        clients may reclaim them here (CLAIM_PREVIOUS) while the grace period lasts."""
+        if not rows:
+            return
+        with self.core.lock:
+            self.previous.update(rows)
+            self.previous_inos.update(ino for _, ino in rows)
+        log.info("%d delegations of a dead head may be reclaimed through this head", len(rows))
+
     # -- the local mount and SMB (Namespace.change_guard) ---------------------------------------
     def held(self, ino: int | None = None, *, writes_only: bool = False) -> bool:
         """Whether some delegation stands (of ``ino``, when given; only write delegations with
         ``writes_only``): cheap, on any thread."""
+        if self.heads is not None and not writes_only:
+            return True  # another head's may stand: conflict() reads the catalog
         if ino is None:
             return bool(self.by_file) or bool(self.previous_inos)
         if ino in self.previous_inos:  # may still be reclaimed (conflict() says)

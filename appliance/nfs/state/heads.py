@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import and_, delete, func, select, update
 
+from engine.admin.nfs_clients import DELEG_PREFIX
 from engine.catalog.models import NfsClient, NfsGrace, NfsHead, NfsHolding, Setting
 
 log = logging.getLogger("shingle.nfs.state")
@@ -55,11 +56,13 @@ def nsm_hosts_key(name: str) -> str:
 @dataclass
 class Takeover:
     """What a head took from a dead one: its NFSv4 clients that held state (owner, recorded
-    principal), its NLM hosts (caller name -> address) and the NSM name they know it by."""
+    principal), its NLM hosts (caller name -> address), the NSM name they know it by, and its
+    delegations' rows, now this head's ((client owner hex, inode) -> (row key, type))."""
 
     head: str
     clients: list = field(default_factory=list)
     nlm_hosts: dict = field(default_factory=dict)
+    delegations: dict = field(default_factory=dict)
     nsm_name: str = ""
 
 
@@ -235,6 +238,7 @@ class HeadRegistry:
         if adopt:
             taken.clients = self._take_clients(conn, name)
             taken.nlm_hosts = self._take_nlm_hosts(conn, name)
+        taken.delegations = self._take_delegations(conn, name, adopt and bool(taken.clients))
         conn.execute(delete(CLIENTS).where(CLIENTS.c.head == name))
         conn.execute(delete(SETTINGS).where(SETTINGS.c.key == nsm_hosts_key(name)))
         # its sessions' rows (appliance.nfs.state.sessions): nobody restores them any more
@@ -280,6 +284,31 @@ class HeadRegistry:
                 )
             adopted.append((owner, row.principal))
         return adopted
+
+    def _take_delegations(self, conn, dead: str, adopt: bool) -> dict:
+        """In a transaction: the dead head's delegation rows become this head's (under a key of
+        its own, so that the dead head's instance, should it come back, drops none of them)
+        when its clients are taken (``adopt``); they go otherwise."""
+        rows = conn.execute(
+            select(SETTINGS.c.key, SETTINGS.c.value).where(SETTINGS.c.key.like(DELEG_PREFIX + "%"))
+        ).all()
+        taken: dict = {}
+        for row in rows:
+            try:
+                rec = json.loads(row.value)
+                if not row.key.startswith(DELEG_PREFIX) or rec.get("head") != dead:
+                    continue
+                ino = int(row.key[len(DELEG_PREFIX) :].split("_")[0])
+                owner, kind = str(rec["owner"]), str(rec["type"])
+            except (ValueError, AttributeError, KeyError, TypeError):
+                continue
+            conn.execute(delete(SETTINGS).where(SETTINGS.c.key == row.key))
+            if adopt:
+                key = f"{row.key}_{self.name}"
+                rec["head"] = self.name
+                conn.execute(SETTINGS.insert().values(key=key, value=json.dumps(rec)))
+                taken[(owner, ino)] = (key, kind)
+        return taken
 
     def _take_nlm_hosts(self, conn, dead: str) -> dict[str, str]:
         """The NLM hosts the dead head monitored join this head's list (they are told to

@@ -23,6 +23,7 @@ import os
 from appliance.nfs.state.core import SPECIAL_OTHERS, StateCore
 from appliance.nfs.state.delegations import Delegations
 from appliance.nfs.state.grace import Grace
+from appliance.nfs.state.head_delegations import HeadDelegations
 from appliance.nfs.state.heads import HeadRegistry, Takeover
 from appliance.nfs.state.holdings import Holdings
 from appliance.nfs.state.leases import Leases
@@ -77,6 +78,7 @@ class StateTable(StateCore):
             heads.join(need_grace=bool(self.reclaimable or nlm_hosts) and self.grace_seconds > 0)
             holdings = self.holdings = Holdings(self, heads, self.shares, self.locks)
             self.shares.holdings = self.locks.holdings = holdings
+            self.delegations.heads = HeadDelegations(catalog, heads)
             self.grace.cluster = heads
         self.session_records.restore()
         self.records.forget_stateless(previous)
@@ -163,10 +165,15 @@ class StateTable(StateCore):
             self.drop_all_state()
             heads.instance = os.urandom(8).hex()
             heads.join()
-        taken = heads.expire_dead(adopt=self.grace_seconds > 0)
-        for takeover in taken:
-            if takeover.clients or takeover.nlm_hosts:
-                self.grace.adopt(takeover.clients, self.grace_seconds, bool(takeover.nlm_hosts))
+        # under the state lock: a dead head's delegation rows are this head's from the
+        # commit that takes them, so a change that reads them waits until they are known
+        # here as delegations to be reclaimed (Delegations.recall_here)
+        with self.lock:
+            taken = heads.expire_dead(adopt=self.grace_seconds > 0)
+            for takeover in taken:
+                if takeover.clients or takeover.nlm_hosts:
+                    self.grace.adopt(takeover.clients, self.grace_seconds, bool(takeover.nlm_hosts))
+                self.delegations.adopt(takeover.delegations)
         with self.lock:
             self.grace.in_grace()  # (a local grace period over lifts this head's NEED)
             if heads.need and not self.grace.end:

@@ -237,9 +237,6 @@ def _delegation(cx, cl, node: Node, share_access: int, open_claim):
         and claim in (c.CLAIM_NULL, c.CLAIM_FH)
         and node.export is not None
         and node.export.delegations
-        # several heads: a change through another head does not recall this head's delegations
-        # yet, so the holder would go on reading what it cached (docs/heads.md)
-        and state.holdings is None
         and not (
             write and (cl.minor == c.MINOR_VERSION_40 or _locked_by_others(state, cl, node.ino))
         )
@@ -269,11 +266,7 @@ def _reclaimed_delegation(cx, cl, node: Node, dtype: int):
     from the previous instance's catalog row; none when no row says so (the client then
     forgets it and asks the server again at its next open)."""
     state = cx.state
-    if (
-        dtype not in (c.OPEN_DELEGATE_READ, c.OPEN_DELEGATE_WRITE)
-        or node.export is None
-        or state.holdings is not None  # several heads: none (see _delegation)
-    ):
+    if dtype not in (c.OPEN_DELEGATE_READ, c.OPEN_DELEGATE_WRITE) or node.export is None:
         return (c.OPEN_DELEGATE_NONE, None)
     deleg = state.delegations.reclaim(
         cl,

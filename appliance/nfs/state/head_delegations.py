@@ -1,0 +1,170 @@
+"""Delegations across heads (docs/delegations.md, docs/nfs-state.md): with several heads over
+one catalog, a delegation granted through one head must be recalled before a change through
+another. The catalog rows of delegations (``nfs_delegation_<ino>_<other>``, appliance.nfs.
+state.delegations) name the head that granted them; what this module adds:
+
+  - a head grants a delegation in ONE catalog transaction that checks the other heads first:
+    no grace period in force, no other head's open of the file writes or denies reading
+    (their nfs_holdings rows), no recall of the file asked of this head; then writes the row;
+  - a head about to change a file (or open it for writing) reads that file's rows of the other
+    live heads; for each holder head it writes a recall request (``nfs_recall_<head>_<ino>``)
+    and answers NFS4ERR_DELAY (NFSv3 JUKEBOX, NLM DENIED_GRACE_PERIOD), as a head does for its
+    own holders; the request goes through once the holder's row is gone (returned, revoked a
+    lease after the recall, or its head expired);
+  - every head polls its own recall requests (``RECALL_POLL_S``) and recalls what they name
+    (CB_RECALL through its backchannel), as if the change had come through it.
+
+A head that dies keeps its rows until another head expires it (its clients' changes through
+other heads wait meanwhile); the head that expires it takes its rows (appliance.nfs.state.
+heads), and its clients reclaim them through it with CLAIM_PREVIOUS in the grace period."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from sqlalchemy import delete, select
+
+from appliance.nfs.state.heads import HEADS, HeadRegistry, recovery_epoch
+from appliance.nfs.state.model import NfsError
+from appliance.nfs.v4 import const as c
+from engine.admin.nfs_clients import DELEG_PREFIX
+from engine.base.blocking import may_block
+from engine.catalog.models import Setting
+
+log = logging.getLogger("shingle.nfs.state")
+
+SETTINGS = Setting.__table__
+RECALL_PREFIX = "nfs_recall_"
+RECALL_POLL_S = 0.25  # how often a head looks for recalls other heads asked of it
+
+
+def recall_key(head: str, ino: int) -> str:
+    return f"{RECALL_PREFIX}{head}_{ino}"
+
+
+def rows_with_prefix(conn, prefix: str):
+    """In a transaction: the settings rows whose key starts with ``prefix`` (LIKE's ``_``
+    matches any character, so the rows are checked again)."""
+    rows = conn.execute(
+        select(SETTINGS.c.key, SETTINGS.c.value).where(SETTINGS.c.key.like(prefix + "%"))
+    ).all()
+    return [row for row in rows if row.key.startswith(prefix)]
+
+
+def delegation_rows(conn, ino: int) -> list[tuple[str, dict]]:
+    """In a transaction: (key, record) of every delegation of ``ino`` the catalog has."""
+    out = []
+    for row in rows_with_prefix(conn, f"{DELEG_PREFIX}{ino}_"):
+        try:
+            rec = json.loads(row.value)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append((row.key, rec))
+    return out
+
+
+class HeadDelegations:
+    def __init__(self, catalog, registry: HeadRegistry):
+        self.catalog, self.registry = catalog, registry
+        self.asked = 0  # recalls this head asked of others
+        self.polled = 0  # recalls others asked of this head, taken up
+
+    def _foreign(self, conn, ino: int, write: bool) -> set[str]:
+        """In a transaction: the live other heads holding a delegation of ``ino`` that an
+        access (``write``, else a read: only write delegations) conflicts with."""
+        me = self.registry.name
+        found = {
+            str(rec.get("head", ""))
+            for _, rec in delegation_rows(conn, ino)
+            if rec.get("head") != me and (write or rec.get("type") == "write")
+        }
+        if not found:
+            return found
+        live = set(conn.execute(select(HEADS.c.name)).scalars())
+        return found & live
+
+    # -- a grant ----------------------------------------------------------------------------------
+    def grant(self, ino: int, key: str, record: dict, write: bool, reclaim: bool) -> bool:
+        """Write the row of a delegation of ``ino`` if the other heads allow it, in one
+        transaction: False (nothing written) when the cluster is in its grace period (but for
+        a ``reclaim``), another head's open of the file writes or denies reading (for a
+        ``write`` delegation: any other head's open, lock or delegation of it), or another head
+        asked this one to recall delegations of it and that request is not yet taken up."""
+        may_block("checking the other heads before a delegation")
+        registry = self.registry
+        value = json.dumps(record)
+
+        def work(conn):
+            if not reclaim and recovery_epoch(conn):
+                return False
+            for row in registry.holdings_of_live(conn, ino):
+                if write and (row.access or row.deny or json.loads(row.locks)):
+                    return False
+                if row.access & c.OPEN4_SHARE_ACCESS_WRITE or row.deny & c.OPEN4_SHARE_DENY_READ:
+                    return False
+            if self._foreign(conn, ino, write=write):
+                return False
+            asked = conn.execute(
+                select(SETTINGS.c.key).where(SETTINGS.c.key == recall_key(registry.name, ino))
+            ).first()
+            if asked is not None and not reclaim:
+                return False
+            conn.execute(SETTINGS.insert().values(key=key, value=value))
+            return True
+
+        return self.catalog.run(work, tracked=True)
+
+    # -- a change through this head ----------------------------------------------------------------
+    def conflict(self, ino: int, *, write: bool) -> None:
+        """Before a change of ``ino`` (``write``; else a read) through this head: NFS4ERR_DELAY
+        while another live head holds a delegation of it that conflicts, after asking that
+        head to recall it."""
+        may_block("reading the other heads' delegations")
+        holders = self.catalog.read(lambda conn: self._foreign(conn, ino, write))
+        if not holders:
+            return
+        request = json.dumps({"write": write, "by": self.registry.name})
+
+        def work(conn):
+            for head in sorted(holders):
+                key = recall_key(head, ino)
+                there = conn.execute(select(SETTINGS.c.value).where(SETTINGS.c.key == key)).scalar()
+                if there is None:
+                    conn.execute(SETTINGS.insert().values(key=key, value=request))
+                elif write and not json.loads(there).get("write"):
+                    conn.execute(
+                        SETTINGS.update().where(SETTINGS.c.key == key).values(value=request)
+                    )
+
+        self.catalog.run(work, tracked=True)
+        self.asked += 1
+        raise NfsError(
+            c.NFS4ERR_DELAY,
+            f"inode {ino}: a delegation through {', '.join(sorted(holders))} is being recalled",
+        )
+
+    # -- recalls asked of this head ----------------------------------------------------------------
+    def take_requests(self) -> list[tuple[int, bool]]:
+        """The recalls other heads asked of this one, (inode, write), removed from the catalog
+        (the asking head asks again at its client's next try while the delegation stands)."""
+        prefix = f"{RECALL_PREFIX}{self.registry.name}_"
+        rows = self.catalog.read(lambda conn: rows_with_prefix(conn, prefix))
+        if not rows:
+            return []
+        asked = []
+        for row in rows:
+            try:
+                ino = int(row.key[len(prefix) :])
+                write = bool(json.loads(row.value).get("write", True))
+            except (ValueError, AttributeError):
+                continue  # not one of ours: dropped below
+            asked.append((ino, write))
+        keys = [row.key for row in rows]
+        self.catalog.run(
+            lambda conn: conn.execute(delete(SETTINGS).where(SETTINGS.c.key.in_(keys))),
+            tracked=True,
+        )
+        self.polled += len(asked)
+        return asked

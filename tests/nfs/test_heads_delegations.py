@@ -1,0 +1,193 @@
+"""Delegations across heads (appliance/nfs/state/head_delegations.py, docs/delegations.md):
+two NFS servers of one process, heads 0 and 1 over one catalog, SQLite and PostgreSQL, raw
+clients. A read delegation granted through head 0 is recorded under head 0's name; a
+conflicting request through head 1 (an NFSv4.1 OPEN for writing, an NFSv3 REMOVE, an
+exclusive NLM lock, a SETATTR) gets DELAY / JUKEBOX / DENIED_GRACE_PERIOD while head 0 sends
+the holder CB_RECALL over its own backchannel, and goes through once the holder returned it,
+or once head 0 revoked it a lease after an ignored recall. A head that stops beating has its
+delegations taken by the head that expires it: its client reclaims the delegation there
+(CLAIM_PREVIOUS) while another client's change waits."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+from nfs4_rawclient import RawClient
+from nfs4_support import MiB, Stack, add_export, start_server
+from test_delegations import CallbackClient, _mode, _v3_remove, make_file, read_delegation
+from test_delegations_v3 import nlm_lock
+
+from appliance.nfs.nlm import types as n
+from appliance.nfs.state.delegations import held_in_catalog
+from appliance.nfs.v3 import types as t3
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4 import types as t
+
+LEASE = 2
+
+
+@pytest.fixture
+def two_heads(tmp_path, catalog_url):
+    stack = Stack(
+        tmp_path, drive_size=24 * MiB, zone_size=2 * MiB, fragment_size=64 * 1024, url=catalog_url
+    )
+    add_export(stack.catalog)
+    heads = [
+        start_server(stack, head_index=i, lease_seconds=LEASE, grace_seconds=30) for i in (0, 1)
+    ]
+    yield stack, heads
+    for head in heads:
+        head.stop()
+    stack.close()
+    shutil.rmtree(tmp_path / "drives", ignore_errors=True)
+
+
+def _ino(head, sid) -> int:
+    return head.server.state.delegations.core.states[sid.other].ino
+
+
+def _until_not(status: int, attempt, timeout: float = 4 * LEASE):
+    """``attempt()`` retried (as a client retries DELAY) until it answers other than
+    ``status``: (that answer, seconds waited)."""
+    start = time.monotonic()
+    while (got := attempt()) == status:
+        assert time.monotonic() - start < timeout, f"still {status} after {timeout} s"
+        time.sleep(0.05)
+    return got, time.monotonic() - start
+
+
+def _setattr(raw: RawClient, fh: bytes) -> int:
+    anonymous = t.stateid4.cls(0, b"\0" * 12)
+    return raw.session(
+        [(c.OP_PUTFH, fh), (c.OP_SETATTR, t.ARGS[c.OP_SETATTR](anonymous, _mode(0o600)))]
+    )[0]
+
+
+def test_a_change_through_one_head_recalls_the_others_delegation(two_heads):
+    stack, (head0, head1) = two_heads
+    for name in ("opened", "removed", "locked", "ignored"):
+        make_file(head1.port, name)
+    holder = CallbackClient(head0.port).setup()
+    writer = CallbackClient(head1.port, back_channel=False).setup()
+    v3 = RawClient(head1.port)
+    try:
+        delegs = {name: read_delegation(holder, name) for name in ("opened", "removed", "locked")}
+        fh, sid = delegs["opened"]
+        (row,) = held_in_catalog(stack.catalog, _ino(head0, sid))
+        assert row["head"] == "head0"  # by the head's name, not the address all heads share
+
+        # an NFSv4.1 OPEN for writing through head 1: DELAY; head 0 recalls over its backchannel
+        asked = time.monotonic()
+        assert writer.open_file("opened", c.OPEN4_SHARE_ACCESS_WRITE)[0] == c.NFS4ERR_DELAY
+        assert [s.other for s in holder.wait_for_recall()] == [sid.other]
+        recall_s = time.monotonic() - asked
+        assert recall_s < 3, recall_s  # head 0 polls every 0.25 s
+        assert writer.open_file("opened", c.OPEN4_SHARE_ACCESS_WRITE)[0] == c.NFS4ERR_DELAY
+        assert holder.session([(c.OP_PUTFH, fh), (c.OP_DELEGRETURN, sid)])[0] == 0
+        st, res = writer.open_file("opened", c.OPEN4_SHARE_ACCESS_WRITE)
+        assert st == 0, st
+        # head 0 grants no new delegation of a file another head's client writes
+        st, res = holder.open_file("opened", c.OPEN4_SHARE_ACCESS_READ, owner=b"o2")
+        assert st == 0 and res[2][2].delegation[0] == c.OPEN_DELEGATE_NONE
+
+        # an NFSv3 REMOVE through head 1: JUKEBOX until the return
+        fh, sid = delegs["removed"]
+        root = holder.root_fh()
+        assert _v3_remove(v3, root, "removed") == t3.NFS3ERR_JUKEBOX
+        holder.callbacks.clear()
+        assert [s.other for s in holder.wait_for_recall()] == [sid.other]
+        assert holder.session([(c.OP_PUTFH, fh), (c.OP_DELEGRETURN, sid)])[0] == 0
+        assert _until_not(t3.NFS3ERR_JUKEBOX, lambda: _v3_remove(v3, root, "removed"))[0] == 0
+
+        # an exclusive NLM lock through head 1: DENIED_GRACE_PERIOD (lockd retries) meanwhile
+        fh, sid = delegs["locked"]
+        assert nlm_lock(v3, fh, exclusive=True) == n.NLM4_DENIED_GRACE_PERIOD
+        holder.callbacks.clear()
+        assert [s.other for s in holder.wait_for_recall()] == [sid.other]
+        assert holder.session([(c.OP_PUTFH, fh), (c.OP_DELEGRETURN, sid)])[0] == 0
+        got, _ = _until_not(n.NLM4_DENIED_GRACE_PERIOD, lambda: nlm_lock(v3, fh, exclusive=True))
+        assert got == n.NLM4_GRANTED
+
+        # a holder that ignores the recall: head 0 revokes it a lease later, the SETATTR
+        # through head 1 waits until then and never fails
+        holder.answer = False
+        fh, sid = read_delegation(holder, "ignored")
+        ino = _ino(head0, sid)
+        assert _setattr(writer, fh) == c.NFS4ERR_DELAY
+        holder.callbacks.clear()
+        assert holder.wait_for_recall()
+        asked = time.monotonic()
+
+        def setattr_renewing() -> int:
+            holder.session([])  # the holder stays alive: only its recall runs out
+            return _setattr(writer, fh)
+
+        got, waited = _until_not(c.NFS4ERR_DELAY, setattr_renewing, timeout=4 * LEASE)
+        assert got == 0 and waited >= LEASE / 2, (got, waited)
+        assert time.monotonic() - asked >= LEASE * 0.9
+        st, _ = holder.session([(c.OP_PUTFH, fh), (c.OP_READ, t.ARGS[c.OP_READ](sid, 0, 10))])
+        assert st == c.NFS4ERR_DELEG_REVOKED
+        assert head0.server.state.delegations.counts["revoked"] == 1
+        assert held_in_catalog(stack.catalog, ino) == []
+    finally:
+        for raw in (holder, writer, v3):
+            raw.close()
+
+
+def test_a_dead_heads_delegation_is_reclaimed_through_the_head_that_expires_it(two_heads):
+    stack, (head0, head1) = two_heads
+    make_file(head1.port, "kept")
+    holder = CallbackClient(head0.port).setup(owner=b"deleg-host")
+    v3 = RawClient(head1.port)
+    again = None
+    try:
+        fh, sid = read_delegation(holder, "kept")
+        ino = _ino(head0, sid)
+        root = holder.root_fh()
+        # head 0 stops beating and hears no recall requests, as if killed (its connections
+        # stay up: the holder keeps its lease there)
+        head0.server.state.heads.beat = lambda: True
+        head0.server.state.delegations.poll_recalls = lambda: 0
+        stopped = time.monotonic()
+        # meanwhile head 1 holds off the REMOVE: head 0's delegation stands until it expires
+        assert _v3_remove(v3, root, "kept") == t3.NFS3ERR_JUKEBOX
+        deadline = stopped + 4 * LEASE
+        while not head1.server.state.heads.recovery:
+            assert time.monotonic() < deadline, "head 0 never expired"
+            assert _v3_remove(v3, root, "kept") == t3.NFS3ERR_JUKEBOX
+            holder.session([])  # (head 0 still runs: its lease expiry must not drop the client)
+            time.sleep(0.1)
+        (row,) = held_in_catalog(stack.catalog, ino)
+        assert row["head"] == "head1"  # taken with its client
+        # the unreclaimed delegation still holds off the REMOVE during the grace period
+        assert _v3_remove(v3, root, "kept") == t3.NFS3ERR_JUKEBOX
+
+        again = CallbackClient(head1.port).setup(owner=b"deleg-host", reclaim_complete=False)
+        reclaim = t.ARGS[c.OP_OPEN](
+            0,
+            c.OPEN4_SHARE_ACCESS_READ,
+            c.OPEN4_SHARE_DENY_NONE,
+            t.state_owner4.cls(again.clientid, b"o"),
+            (c.OPEN4_NOCREATE, None),
+            (c.CLAIM_PREVIOUS, c.OPEN_DELEGATE_READ),
+        )
+        st, res = again.session([(c.OP_PUTFH, fh), (c.OP_OPEN, reclaim)])
+        assert st == 0, st
+        ok = res[-1][2]
+        kind, deleg = ok.delegation
+        assert kind == c.OPEN_DELEGATE_READ, ok.delegation
+        assert again.session([(c.OP_RECLAIM_COMPLETE, False)])[0] == 0
+        st, _ = again.session([(c.OP_PUTFH, fh), (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](0, ok.stateid))])
+        assert st == 0, st
+        # the reclaimed delegation is recalled like any other before the REMOVE
+        assert _v3_remove(v3, root, "kept") == t3.NFS3ERR_JUKEBOX
+        assert [s.other for s in again.wait_for_recall()] == [deleg.stateid.other]
+        assert again.session([(c.OP_PUTFH, fh), (c.OP_DELEGRETURN, deleg.stateid)])[0] == 0
+        assert _v3_remove(v3, root, "kept") == t3.NFS3_OK
+        assert held_in_catalog(stack.catalog, ino) == []
+    finally:
+        for raw in (holder, v3, again):
+            if raw is not None:
+                raw.close()
