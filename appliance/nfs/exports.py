@@ -10,6 +10,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
+from appliance.nfs.onc.rpc import UNMAPPED
 from engine.admin import exports as export_service
 from engine.admin.exports import DEFAULT_NAME, EXPORTS, SQUASH_MODES  # noqa: F401 - re-exported
 from engine.namespace import Cred
@@ -65,7 +66,9 @@ class ExportRule:
         return any(ip.version == net.version and ip in net for net in self.networks)
 
     def cred(self, uid: int, gid: int, groups: tuple[int, ...]) -> Cred:
-        if self.squash == "all_squash" or (self.squash == "root_squash" and uid == 0):
+        if uid == UNMAPPED:  # a Kerberos principal without a local user: this export's nobody
+            uid, gid, groups = self.anon_uid, self.anon_gid, ()
+        elif self.squash == "all_squash" or (self.squash == "root_squash" and uid == 0):
             uid, gid, groups = self.anon_uid, self.anon_gid, ()
         elif self.squash == "root_squash":
             # the root group too, in the supplementary groups as well (as knfsd does): a user

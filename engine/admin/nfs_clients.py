@@ -34,7 +34,8 @@ def principal_text(recorded: str | None) -> str:
         return "unknown"
     name = rest[0] if rest and rest[0] else ""
     kind = FLAVOURS.get(flavour, f"flavour {flavour}")
-    return f"{kind} {name} (uid {uid})" if name else f"{kind} uid {uid}"
+    who = "no local user" if uid == -1 else f"uid {uid}"  # appliance.nfs.onc.rpc.UNMAPPED
+    return f"{kind} {name} ({who})" if name else f"{kind} {who}"
 
 
 def list_clients(catalog: Catalog) -> list[dict]:

@@ -5,6 +5,7 @@ contexts, flavours an export does not allow)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import time
@@ -40,6 +41,8 @@ TARGET = f"nfs@{SERVER_HOST}"
 SECRET = b"only daemon may read this\n"
 DOMAIN = "shingle.test"
 OWNERS = [0, 1 << (c.FATTR4_OWNER - 32) | 1 << (c.FATTR4_OWNER_GROUP - 32)]
+MACHINE = "krb5client"  # nfs/MACHINE@REALM: the key rpc.gssd uses for root and state
+ANON = 4242
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +54,7 @@ def kdc():
     server.add_user("root")
     server.add_user("ghost")  # no such user: the anonymous identity
     server.add_user("brief", maxlife="5 seconds")
+    server.add_service(f"nfs/{MACHINE}", server.client_keytab)  # a client host's key
     yield server
     server.stop()
 
@@ -59,10 +63,15 @@ def kdc():
 def gss_server(stack, kdc):
     add_export(stack.catalog, name="/export", sec="krb5p:krb5i:krb5", squash="root_squash")
     add_export(stack.catalog, name="/open", sec="sys")
+    # root not squashed, its own anonymous identity
+    add_export(stack.catalog, name="/machines", sec="krb5", anon_uid=ANON, anon_gid=ANON)
     ns = stack.namespace
     f = ns.create(ROOT, ns.root_ino, "secret", 0o600)
     ns.write(f.ino, 0, SECRET, stable=True)
     ns.setattr(ROOT, f.ino, uid=1, gid=1)
+    f = ns.create(ROOT, ns.root_ino, "for-anon", 0o640)  # read by /machines's anonymous group
+    ns.write(f.ino, 0, SECRET, stable=True)
+    ns.setattr(ROOT, f.ino, uid=0, gid=ANON)
     srv = start_server(stack, krb5_keytab=str(kdc.server_keytab), idmap_domain=DOMAIN)
     yield srv
     srv.stop()
@@ -74,12 +83,12 @@ def client(srv, kdc, user="daemon", service=SVC_NONE) -> GssRawClient:
     return raw
 
 
-def read_secret(raw) -> tuple[int, list]:
+def read_secret(raw, export="export", name="secret") -> tuple[int, list]:
     return raw.session(
         [
             (c.OP_PUTROOTFH, None),
-            (c.OP_LOOKUP, "export"),
-            (c.OP_LOOKUP, "secret"),
+            (c.OP_LOOKUP, export),
+            (c.OP_LOOKUP, name),
             (c.OP_GETATTR, [1 << c.FATTR4_SIZE, 1 << (c.FATTR4_OWNER - 32)]),
             (c.OP_READ, t.ARGS[c.OP_READ](stateid(0, b"\0" * 12), 0, 4096)),
         ]
@@ -296,3 +305,64 @@ def test_nfsv40_and_mount_under_privacy(gss_server, kdc):
         assert st == 0 and res[-1][2].data == SECRET, res
     finally:
         raw.close()
+
+
+def _reads(raw) -> dict[str, int]:
+    """The status of reading each file through each Kerberos export."""
+    return {
+        f"{export}/{name}": read_secret(raw, export, name)[0]
+        for export in ("export", "machines")
+        for name in ("secret", "for-anon")
+    }
+
+
+def test_machine_principals_are_mapped_as_knfsd_maps_them(gss_server, kdc, tmp_path):
+    """The client's machine principal (what the Linux client's state operations and root's
+    accesses use) makes and keeps its client record, and reads as each export's anonymous
+    identity; a krb5.conf auth_to_local rule mapping it to root gets root where the export
+    does not squash it, and still the anonymous identity where it does."""
+    machine = f"nfs/{MACHINE}"
+    raw = client(gss_server, kdc, user=machine)
+    try:
+        raw.setup(owner=b"machine-owner")  # EXCHANGE_ID, CREATE_SESSION, RECLAIM_COMPLETE
+        assert _reads(raw) == {
+            "export/secret": c.NFS4ERR_ACCESS,
+            "export/for-anon": c.NFS4ERR_ACCESS,  # /export's anonymous group is 65534
+            "machines/secret": c.NFS4ERR_ACCESS,
+            "machines/for-anon": 0,  # /machines's is 4242
+        }
+        shown = nfs_clients.list_clients(gss_server.server.catalog)
+        assert f"krb5 {machine}@{kdc.realm} (no local user)" in [cl["principal"] for cl in shown]
+    finally:
+        raw.close()
+    # another unmapped principal (same anonymous uid) may not take over the machine's record
+    ghost = client(gss_server, kdc, user="ghost")
+    try:
+        update = c.EXCHGID4_FLAG_UPD_CONFIRMED_REC_A
+        args = t.ARGS[c.OP_EXCHANGE_ID](b"v" * 8, b"machine-owner", update, (c.SP4_NONE, None), [])
+        st, _ = ghost.compound([(c.OP_EXCHANGE_ID, args)])
+        assert st == c.NFS4ERR_PERM
+    finally:
+        ghost.close()
+    # the admin maps nfs/* machine principals to root (as with gssproxy and knfsd)
+    conf = tmp_path / "krb5.conf"
+    rule = f"    auth_to_local = RULE:[2:$1@$0](nfs@{kdc.realm})s/.*/root/\n"
+    conf.write_text(
+        kdc.krb5_conf_text().replace(
+            f"  {kdc.realm} = {{\n", f"  {kdc.realm} = {{\n{rule}    auth_to_local = DEFAULT\n"
+        )
+    )
+    saved = os.environ["KRB5_CONFIG"]
+    os.environ["KRB5_CONFIG"] = str(conf)
+    try:
+        raw = client(gss_server, kdc, user=machine)
+        raw.setup()
+        assert _reads(raw) == {
+            "export/secret": c.NFS4ERR_ACCESS,  # root, squashed: never more than the export grants
+            "export/for-anon": c.NFS4ERR_ACCESS,
+            "machines/secret": 0,  # root, not squashed
+            "machines/for-anon": 0,
+        }
+        raw.close()
+    finally:
+        os.environ["KRB5_CONFIG"] = saved

@@ -41,7 +41,10 @@ FILES = ("f-none", "f-integrity", "f-privacy", "f-again")
 
 @pytest.fixture(scope="module")
 def kdc():
-    server = KdcServer(clockskew=1).start()  # a context lives this long past its ticket
+    # a realm of its own: the clients' in-memory ccaches are named by principal, and another
+    # module's KDC (test_gss.py) issues tickets for the same names under other keys
+    # clockskew: a context lives this long past its ticket
+    server = KdcServer(realm="BACKCHANNEL.TEST", clockskew=1).start()
     server.add_user("daemon")  # uid 1 in every Debian's passwd
     server.add_user("root")
     server.add_user("brief", maxlife="2 minutes")  # a context that ends within GSS_EXPIRING_S

@@ -16,16 +16,21 @@ RPCSEC_GSS_CTXPROBLEM, after which the client makes a new context; a sequence nu
 already, or older than the window, is dropped without an answer (RFC 2203 5.3.3.1: the
 client's retransmits carry new numbers). RPCSEC_GSS_DESTROY ends a context.
 
-The caller's identity comes from the context's initiator: ``user@REALM`` of the server's own
-realm is ``user`` in the system's name service (pwd/grp); any other principal (another realm,
-a machine principal like ``nfs/host@REALM``, a user the name service does not know) gets the
-anonymous identity. Exports then squash it like any uid (appliance.nfs.exports).
+The caller's identity comes from the context's initiator, mapped as knfsd maps it through
+gssproxy: krb5.conf's ``auth_to_local`` rules give a local user name (by default
+``user@REALM`` of the default realm is ``user``), the system's name service (pwd/grp) its uid
+and groups. Any other principal (another realm, a machine principal like ``nfs/host@REALM``
+unless a rule maps it, a user the name service does not know) is UNMAPPED: each export gives
+it its anonymous identity. Exports then squash a mapped uid as any (appliance.nfs.exports),
+so a machine principal mapped to root is still squashed on a root_squash export.
 
 The connection (appliance.nfs.onc.connection) hands every RPCSEC_GSS call to
 ``GssService.accept`` and wraps the program's reply through the ``GssReply`` it got back."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import os
 import pwd
@@ -45,6 +50,7 @@ from appliance.nfs.onc.rpc import (
     REPLY,
     RPCSEC_GSS,
     SUCCESS,
+    UNMAPPED,
     Credential,
     accepted,
     denied_auth,
@@ -293,12 +299,54 @@ class GssOutgoingCall:
         return body[4:]
 
 
-def principal_identity(principal: str, realm: str, anonymous: Credential) -> Credential:
-    """The uid and groups of ``user@REALM`` in the system's name service; the anonymous
-    identity for another realm, a principal with an instance (nfs/host, user/admin) or a user
-    the name service does not know."""
-    name, _, their_realm = principal.rpartition("@")
-    if not name or their_realm != realm or "/" in name:
+def local_name(principal: str) -> str | None:
+    """The local user name of ``principal`` by the host's krb5.conf ``auth_to_local`` rules
+    (MIT's krb5_aname_to_localname: what gssproxy's gss_localname gives knfsd), or None. By
+    default only a one-part name of the default realm maps (``alice@REALM`` is ``alice``); an
+    admin's rule may map others, such as a client's machine principal to root."""
+    lib = _libkrb5()
+    if lib is None:  # python-gssapi links MIT's libkrb5: absent only on a broken install
+        return None
+    ctx, princ = ctypes.c_void_p(), ctypes.c_void_p()
+    if lib.krb5_init_context(ctypes.byref(ctx)) != 0:
+        return None
+    try:
+        if lib.krb5_parse_name(ctx, principal.encode(), ctypes.byref(princ)) != 0:
+            return None
+        out = ctypes.create_string_buffer(256)
+        found = lib.krb5_aname_to_localname(ctx, princ, len(out), out) == 0
+        lib.krb5_free_principal(ctx, princ)
+        return out.value.decode(errors="replace") if found and out.value else None
+    finally:
+        lib.krb5_free_context(ctx)
+
+
+@functools.cache
+def _libkrb5():
+    try:
+        lib = ctypes.CDLL("libkrb5.so.3")
+    except OSError:
+        return None
+    lib.krb5_init_context.argtypes = [ctypes.c_void_p]
+    lib.krb5_free_context.argtypes = [ctypes.c_void_p]
+    lib.krb5_parse_name.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    lib.krb5_free_principal.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.krb5_aname_to_localname.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+    ]
+    return lib
+
+
+def principal_identity(principal: str, anonymous: Credential) -> Credential:
+    """The uid and groups of the principal's local user (``local_name``) in the system's name
+    service (pwd/grp); ``anonymous`` (the export's own anonymous identity, UNMAPPED) for a
+    principal no rule maps or a user the name service does not know, such as a client's
+    machine principal ``nfs/host@REALM`` by default."""
+    name = local_name(principal)
+    if name is None:
         return anonymous
     try:
         entry = pwd.getpwnam(name)
@@ -312,9 +360,7 @@ def principal_identity(principal: str, realm: str, anonymous: Credential) -> Cre
 class GssService:
     """The server side of RPCSEC_GSS: the acceptor credential from the keytab, the contexts."""
 
-    def __init__(
-        self, keytab: str, principal: str = "", anonymous: tuple[int, int] = (65534, 65534)
-    ):
+    def __init__(self, keytab: str, principal: str = ""):
         import gssapi
 
         self.keytab = keytab
@@ -323,7 +369,7 @@ class GssService:
             kind = gssapi.NameType.hostbased_service if "/" not in principal else None
             name = gssapi.Name(principal, kind) if kind else gssapi.Name(principal)
         self.acceptor = gssapi.Credentials(name=name, usage="accept", store={"keytab": keytab})
-        self.anonymous = Credential(RPCSEC_GSS, anonymous[0], anonymous[1], ())
+        self.anonymous = Credential(RPCSEC_GSS, UNMAPPED, UNMAPPED, ())
         self.contexts: OrderedDict[bytes, GssContext] = OrderedDict()
         self.pending: OrderedDict[bytes, Any] = (
             OrderedDict()
@@ -484,8 +530,7 @@ class GssService:
 
     def _established(self, handle: bytes, ctx) -> GssContext:
         principal = str(ctx.initiator_name)
-        realm = str(ctx.target_name).rpartition("@")[2]
-        cred = principal_identity(principal, realm, self.anonymous)
+        cred = principal_identity(principal, self.anonymous)
         lifetime = ctx.lifetime if ctx.lifetime is not None else 3600
         context = GssContext(handle, ctx, principal, cred, time.monotonic() + lifetime)
         with self._lock:
@@ -494,10 +539,9 @@ class GssService:
                 self.contexts.popitem(last=False)[1].gone = True
         self.counts["contexts"] += 1
         log.info(
-            "RPCSEC_GSS context for %s (uid %d, gid %d), for %d s",
+            "RPCSEC_GSS context for %s (%s), for %d s",
             principal,
-            cred.uid,
-            cred.gid,
+            "no local user" if cred.uid == UNMAPPED else f"uid {cred.uid}, gid {cred.gid}",
             lifetime,
         )
         return context

@@ -64,6 +64,9 @@ class Credential:
 
 
 ANONYMOUS = Credential(AUTH_NONE, 65534, 65534, ())
+# the uid and gid of an RPCSEC_GSS principal the name service does not map: each export gives
+# it its own anonymous identity (as knfsd does with gssproxy's -1)
+UNMAPPED = -1
 
 
 class AuthTooWeak(Exception):

@@ -29,6 +29,16 @@ log = logging.getLogger("shingle.nfs.state")
 COURTESY_LEASES = 1.5
 
 
+def principal_of(cred) -> tuple:
+    """Who made a client record, as state operations compare it: (flavour, uid) for AUTH_SYS
+    and AUTH_NONE; (flavour, uid, Kerberos name) for RPCSEC_GSS, as knfsd compares the names,
+    so that two principals mapped to one uid (machine principals of two hosts, users without
+    a local account: all unmapped) are never the same client."""
+    if cred.flavor == c.RPCSEC_GSS:
+        return (cred.flavor, cred.uid, cred.principal)
+    return (cred.flavor, cred.uid)
+
+
 def exchange_id(
     state: StateTable, owner: bytes, verifier: bytes, principal: tuple, address: str, update: bool
 ) -> Client:

@@ -12,6 +12,7 @@ from sqlalchemy import delete, select, update
 
 from appliance.nfs.state.core import StateCore
 from appliance.nfs.state.model import Client
+from appliance.nfs.v4.const import RPCSEC_GSS
 from engine.catalog.models import NfsClient
 
 CLIENTS = NfsClient.__table__
@@ -40,9 +41,11 @@ class ClientRecords:
     def note_principal(self, owner: bytes, recorded: str | None) -> None:
         if recorded:
             try:
-                # [flavour, uid] and, since Kerberos names are shown, the name: compared
-                # without it (appliance.nfs.state.core.may_reclaim)
-                self.core.reclaim_principals[owner] = tuple(json.loads(recorded))[:2]
+                # [flavour, uid, name]: compared as clients.principal_of makes it (the name
+                # counts under RPCSEC_GSS only)
+                flavour, uid, *rest = json.loads(recorded)
+                name = (rest[0] if rest else "",) if flavour == RPCSEC_GSS else ()
+                self.core.reclaim_principals[owner] = (flavour, uid, *name)
             except (ValueError, TypeError):
                 pass  # unreadable: any principal may reclaim, as before principals were kept
 
@@ -126,7 +129,7 @@ class ClientRecords:
             conn.execute(
                 CLIENTS.insert().values(
                     head=head,
-                    principal=json.dumps([*cl.principal, cl.principal_name]),
+                    principal=json.dumps([*cl.principal[:2], cl.principal_name]),
                     clientid=cl.clientid & ((1 << 63) - 1),
                     owner=cl.owner,
                     verifier=cl.verifier,

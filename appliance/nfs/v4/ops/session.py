@@ -32,7 +32,7 @@ BACK_MIN = (96, 76, 2)
 
 
 def _principal(cx) -> tuple:
-    return (cx.rpc_cred.flavor, cx.rpc_cred.uid)
+    return clients.principal_of(cx.rpc_cred)
 
 
 def _principal_names(cx, cl) -> tuple[str, ...]:

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from appliance.nfs.state import NfsError
+from appliance.nfs.state import NfsError, clients
 from appliance.nfs.state import v40 as state40
 from appliance.nfs.v4 import attrs as fattr
 from appliance.nfs.v4 import const as c
@@ -23,7 +23,7 @@ from appliance.nfs.v4.types import stateid4
 
 # -- client ids --------------------------------------------------------------------------------
 def _principal(cx) -> tuple:
-    return (cx.rpc_cred.flavor, cx.rpc_cred.uid)
+    return clients.principal_of(cx.rpc_cred)
 
 
 @operation40(c.OP_SETCLIENTID)
