@@ -497,6 +497,10 @@ class NfsServer:
         self.nlm = NlmManager(
             self, monitor, grace_seconds=grace, client_rpcbind_port=self.client_rpcbind_port
         )
+        # NLM shares and NFSv4 opens deny each other, through this head and across heads
+        self.state.shares.nlm_modes = self.nlm.shared_modes
+        if self.state.holdings is not None:
+            self.state.holdings.nlm_shares = self.nlm.shared_modes
         if self.handoff is not None:  # one of the heads behind `shingle serve --heads`
             handed = self._server = HandedListener(
                 self.handoff, lambda: RpcConnection(self), self.on_listener_gone

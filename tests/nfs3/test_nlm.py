@@ -387,11 +387,41 @@ def test_nlm_and_nfsv41_locks_conflict_across_heads(stack, fake_host):
         assert _v4_lock(v4, fh4, open_sid, 0, 1, owner=b"v4-third")[0] == c.NFS4ERR_DENIED
         assert nlm.unlock(fh3, 8, 0, 10) == n.NLM4_GRANTED
         assert _v4_lock(v4, fh4, open_sid, 0, 1, owner=b"v4-third")[0] == 0
+        _nlm_shares_conflict_across_heads(v4, head0.port, nlm)
     finally:
         nlm.close()
         v4.close()
         head0.stop()
         head1.stop()
+
+
+def _nlm_shares_conflict_across_heads(v4, port0: int, nlm1) -> None:
+    """An NLM_SHARE through head 1 (read, denying writers) refuses an NFSv4.1 OPEN for writing
+    and another host's NLM_SHARE for writing through head 0, until NLM_UNSHARE; an NFSv4.1
+    open for writing through head 0 then refuses an NLM_SHARE denying writers through head 1."""
+    fh3 = v3_file(port0, "dos")
+    nlm0 = Nlm(port0, "host-c")
+    try:
+        share = n.nlm4_share.cls("host-b", fh3, b"share-b", n.FSM_DW, n.FSA_R)
+        args = n.nlm4_shareargs.cls(b"1", share, False)
+        assert nlm1.call(n.NLMPROC4_SHARE, args).stat == n.NLM4_GRANTED
+        writer = rawclient.open_args("dos", b"v4-writer", v4.clientid, create=False)
+        put_root = (c.OP_PUTFH, v4.root_fh())
+        assert v4.session([put_root, (c.OP_OPEN, writer)])[0] == c.NFS4ERR_SHARE_DENIED
+        other = n.nlm4_share.cls("host-c", fh3, b"share-c", n.FSM_DN, n.FSA_W)
+        other_args = n.nlm4_shareargs.cls(b"2", other, False)
+        assert nlm0.call(n.NLMPROC4_SHARE, other_args).stat == n.NLM4_DENIED
+        assert nlm1.call(n.NLMPROC4_UNSHARE, args).stat == n.NLM4_GRANTED
+        assert nlm0.call(n.NLMPROC4_SHARE, other_args).stat == n.NLM4_GRANTED
+        assert nlm0.call(n.NLMPROC4_UNSHARE, other_args).stat == n.NLM4_GRANTED
+        st, res = v4.session([put_root, (c.OP_OPEN, writer), (c.OP_GETFH, None)])
+        assert st == 0, st
+        assert nlm1.call(n.NLMPROC4_SHARE, args).stat == n.NLM4_DENIED
+        close = (c.OP_CLOSE, t4.ARGS[c.OP_CLOSE](0, res[-2][2].stateid))
+        assert v4.session([(c.OP_PUTFH, res[-1][2]), close])[0] == 0
+        assert nlm1.call(n.NLMPROC4_SHARE, args).stat == n.NLM4_GRANTED
+    finally:
+        nlm0.close()
 
 
 def test_a_dead_heads_nlm_hosts_reclaim_through_another_head(stack, fake_host):
@@ -510,6 +540,12 @@ def test_free_all_sm_notify_and_shares(nlm_server):
         assert (
             b.call(n.NLMPROC4_SHARE, n.nlm4_shareargs.cls(b"2", other, False)).stat == n.NLM4_DENIED
         )
+        # and an NFSv4.1 OPEN for writing through the same server, as another open would be
+        v4 = rawclient.RawClient(nlm_server.port).setup()
+        writer = rawclient.open_args("freed", b"v4-writer", v4.clientid, create=False)
+        st, _ = v4.session([(c.OP_PUTFH, v4.root_fh()), (c.OP_OPEN, writer)])
+        v4.close()
+        assert st == c.NFS4ERR_SHARE_DENIED
         a.call(n.NLMPROC4_UNSHARE, n.nlm4_shareargs.cls(b"3", share, False))
         assert (
             b.call(n.NLMPROC4_SHARE, n.nlm4_shareargs.cls(b"4", other, False)).stat

@@ -282,30 +282,63 @@ class NlmManager:
             self._release_grant(waiter)
 
     def share(self, address: str, args, *, unshare: bool = False) -> int:
+        """NLM_SHARE and NLM_UNSHARE: DOS share reservations, which meet NFSv4 opens as another
+        open would (their access and deny bits are NFSv4's). With several heads they are
+        published in this head's holdings row with its opens' modes, and checked against the
+        other heads' rows (their NFSv4 opens and NLM shares) in the same transaction."""
         sh = args.share
         ino = self._file(sh.fh, address)
         if not unshare:
             self._check_grace(args.reclaim)
-        with self._mutex:
+        holdings = self.state.holdings
+        with self.state.lock, self._mutex:
             mine = [
                 s
                 for s in self.shares.get(ino, [])
                 if not (s.host == sh.caller_name and s.oh == bytes(sh.oh))
             ]
+            opens = [
+                st for st in self.state.shares.by_file.get(ino, ()) if st.other in self.state.states
+            ]
             if unshare:
                 status = t.NLM4_GRANTED
-            elif any((sh.access & s.mode) or (sh.mode & s.access) for s in mine):
+            elif any((sh.access & s.mode) or (sh.mode & s.access) for s in mine) or any(
+                (sh.access & st.deny) or (sh.mode & st.access) for st in opens
+            ):
                 return t.NLM4_DENIED
             else:
+                if holdings is not None:
+                    self._grant_across_heads(holdings, ino, sh.access, sh.mode, args.reclaim)
                 mine.append(Share(sh.caller_name, bytes(sh.oh), sh.mode, sh.access))
                 status = t.NLM4_GRANTED
             if mine:
                 self.shares[ino] = mine
             else:
                 self.shares.pop(ino, None)
+        if unshare and holdings is not None:
+            holdings.changed(ino)
+            holdings.flush_quietly()  # before the reply: another head's client retries
         if not unshare:
             self.monitor.monitor(sh.caller_name, address)
         return status
+
+    @staticmethod
+    def _grant_across_heads(holdings, ino: int, access: int, deny: int, reclaim: bool) -> None:
+        try:
+            granted = holdings.grant_open(None, ino, access, deny, reclaim)
+        except NfsError as exc:
+            if exc.status == NFS4ERR_GRACE:
+                raise NlmError(t.NLM4_DENIED_GRACE_PERIOD, str(exc)) from None
+            raise
+        if not granted:
+            raise NlmError(t.NLM4_DENIED, f"inode {ino}: a share reservation through another head")
+
+    def shared_modes(self, ino: int) -> tuple[int, int]:
+        """(access, deny) of the NLM shares of ``ino``, for this head's holdings row."""
+        access = deny = 0
+        for s in list(self.shares.get(ino, ())):
+            access, deny = access | s.access, deny | s.mode
+        return access, deny
 
     def host_rebooted(self, name: str) -> int:
         """FREE_ALL or SM_NOTIFY: the host lost its locks; drop what it held and waited for."""
@@ -314,6 +347,8 @@ class NlmManager:
                 del self.waiters[key]
             for ino in list(self.shares):
                 kept = [s for s in self.shares[ino] if s.host != name]
+                if len(kept) < len(self.shares[ino]) and self.state.holdings is not None:
+                    self.state.holdings.changed(ino)
                 if kept:
                     self.shares[ino] = kept
                 else:

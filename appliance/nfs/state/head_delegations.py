@@ -37,6 +37,7 @@ log = logging.getLogger("shingle.nfs.state")
 SETTINGS = Setting.__table__
 RECALL_PREFIX = "nfs_recall_"
 RECALL_POLL_S = 0.25  # how often a head looks for recalls other heads asked of it
+CLEAR_KEEP = 4096  # files remembered as held by no other head (SQLite), before starting over
 
 
 def recall_key(head: str, ino: int) -> str:
@@ -70,6 +71,11 @@ class HeadDelegations:
         self.catalog, self.registry = catalog, registry
         self.asked = 0  # recalls this head asked of others
         self.polled = 0  # recalls others asked of this head, taken up
+        # SQLite (whose epoch moves at every commit of any process, read from memory): inode
+        # -> the epoch at which no other head held a delegation of it. A file written through
+        # this head (an NFSv3 WRITE each time) then costs one catalog read per commit anywhere,
+        # not one per request (272 us wall, 139 us CPU each on this 2-core machine)
+        self.clear: dict[int, int] = {}
 
     def _foreign(self, conn, ino: int, write: bool) -> set[str]:
         """In a transaction: the live other heads holding a delegation of ``ino`` that an
@@ -121,9 +127,17 @@ class HeadDelegations:
         """Before a change of ``ino`` (``write``; else a read) through this head: NFS4ERR_DELAY
         while another live head holds a delegation of it that conflicts, after asking that
         head to recall it."""
+        catalog = self.catalog
+        epoch = catalog.epoch() if catalog.epoch_is_exact else None
+        if epoch is not None and self.clear.get(ino) == epoch:
+            return
         may_block("reading the other heads' delegations")
-        holders = self.catalog.read(lambda conn: self._foreign(conn, ino, write))
+        holders = catalog.read(lambda conn: self._foreign(conn, ino, write))
         if not holders:
+            if epoch is not None and write:  # (a read asked of write delegations only)
+                if len(self.clear) >= CLEAR_KEEP:
+                    self.clear.clear()
+                self.clear[ino] = epoch
             return
         request = json.dumps({"write": write, "by": self.registry.name})
 

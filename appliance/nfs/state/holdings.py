@@ -64,6 +64,9 @@ class Holdings:
         # files this head alone holds state on: its row says ENVELOPE for their locks, which
         # change in memory only, until another head shows interest (``poll_interest``)
         self.envelope: set[int] = set()
+        # the NLM DOS shares (NLM_SHARE) this head holds on a file, as (access, deny) in
+        # NFSv4's bits (the same numbers): published in its row beside its opens' modes
+        self.nlm_shares: Callable[[int], tuple[int, int]] | None = None
 
     # -- what this head holds -------------------------------------------------------------------
     def summary(self, ino: int, open_st=None, open_modes=(0, 0), lock_st=None, ranges=()):
@@ -71,6 +74,9 @@ class Holdings:
         ``open_modes`` and ``lock_st`` holding ``ranges`` (what a grant would make them)."""
         states = self.core.states
         access, deny = open_modes if open_st is not None else (0, 0)
+        if self.nlm_shares is not None:
+            nlm_access, nlm_deny = self.nlm_shares(ino)
+            access, deny = access | nlm_access, deny | nlm_deny
         for st in self.shares.by_file.get(ino, ()):
             if st is not open_st and st.other in states:
                 access, deny = access | st.access, deny | st.deny

@@ -7,6 +7,7 @@ an open reference on its inode, so an unlinked file lives until its last CLOSE."
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from appliance.nfs.state.core import StateCore
@@ -30,6 +31,8 @@ class Shares:
         self.by_owner_file: dict[tuple, OpenState] = {}  # (client id, open-owner, inode)
         # several heads over one catalog: the other heads' opens (appliance.nfs.state.holdings)
         self.holdings: Holdings | None = None
+        # (access, deny) of the NLM DOS shares (NLM_SHARE) of a file: they deny opens too
+        self.nlm_modes: Callable[[int], tuple[int, int]] | None = None
 
     def open(
         self, cl: Client, owner: bytes, ino: int, access: int, deny: int, reclaim: bool = False
@@ -47,6 +50,13 @@ class Shares:
                         c.NFS4ERR_SHARE_DENIED,
                         f"share reservation conflict on inode {ino}: access {access} deny "
                         f"{deny} against an open of access {other.access} deny {other.deny}",
+                    )
+            if self.nlm_modes is not None:
+                nlm_access, nlm_deny = self.nlm_modes(ino)
+                if (access & nlm_deny) or (deny & nlm_access):
+                    raise NfsError(
+                        c.NFS4ERR_SHARE_DENIED,
+                        f"share reservation conflict on inode {ino} with an NLM share",
                     )
             st = self.by_owner_file.get(key)
             if self.holdings is not None and not self.holdings.grant_open(
