@@ -3,6 +3,8 @@
     .venv/bin/python bench/compare.py --quick          # every workload once, a few minutes
     .venv/bin/python bench/compare.py                  # full: 3 repetitions, report + charts
     .venv/bin/python bench/compare.py --reps 5 --no-training --clients nfsrs
+    .venv/bin/python bench/compare.py --quick --kerberos   # also sys/krb5/krb5i/krb5p A/B
+    .venv/bin/python bench/compare.py --kerberos-only --kerberos-mib 64
 
 Both servers run as children of this process on 127.0.0.1: NFS-Ganesha 4.3
 (VFS FSAL, pNFS off) exporting a local folder, and ``shingle serve`` on a
@@ -109,10 +111,15 @@ class ShingleServer(ChildServer):
         drive_size: int,
         zone_size: int,
         drives: int = 10,
+        nfs_options: str = "",
+        sec: str = "sys",
     ):
+        """``nfs_options``: lines added to the config's [nfs] table (a keytab); ``sec``: the
+        export's flavours."""
         self.workdir = Path(workdir).resolve()
         self.port = port or free_port()
         self.drive_size, self.zone_size, self.drives = drive_size, zone_size, drives
+        self.nfs_options, self.sec = nfs_options, sec
         self.proc: subprocess.Popen | None = None
         self.log = self.workdir / "serve.log"
         self.config = self.workdir / "shingle.toml"
@@ -155,7 +162,9 @@ class ShingleServer(ChildServer):
         # The benchmark's clients speak NFSv4 and need no port mapper: port 111 stays free for
         # a kernel-client test running beside it (its NFSv3 locking needs one there)
         text = self.config.read_text()
-        self.config.write_text(text.replace("[nfs]\n", '[nfs]\nportmap = "off"\n', 1))
+        self.config.write_text(
+            text.replace("[nfs]\n", f'[nfs]\nportmap = "off"\n{self.nfs_options}', 1)
+        )
         # Same export semantics as the Ganesha side (No_Root_Squash, this host only):
         # the benchmark connects as root, as the Ganesha export allows.
         from engine.catalog import Catalog
@@ -166,7 +175,9 @@ class ShingleServer(ChildServer):
             table = Export.__table__
             catalog.run(
                 lambda conn: conn.execute(
-                    table.update().values(squash="no_root_squash", clients="127.0.0.1/32")
+                    table.update().values(
+                        squash="no_root_squash", clients="127.0.0.1/32", sec=self.sec
+                    )
                 )
             )
         finally:
@@ -718,6 +729,16 @@ def parse_args(argv=None):
     )
     ap.add_argument("--json", help="also write every sample and error to this JSON file")
     ap.add_argument(
+        "--kerberos",
+        action="store_true",
+        help="also sequential write/read under sys, krb5, krb5i, krb5p on both servers "
+        "(bench/krb5ab.py: a KDC and a second pair of servers with its key)",
+    )
+    ap.add_argument(
+        "--kerberos-only", action="store_true", help="the Kerberos A/B alone (implies --kerberos)"
+    )
+    ap.add_argument("--kerberos-mib", type=int, default=32, help="MiB per Kerberos pass")
+    ap.add_argument(
         "--workloads",
         help=f"comma-separated subset of {','.join(WORKLOAD_ORDER)} (default: all)",
     )
@@ -730,6 +751,7 @@ def parse_args(argv=None):
     for c in args.clients:
         if c not in workloads.CLIENTS:
             ap.error(f"--clients: {c!r} is not one of {', '.join(workloads.CLIENTS)}")
+    args.kerberos = args.kerberos or args.kerberos_only
     if args.reps is None:
         args.reps = 3 if args.mode == "full" else 1
     if args.profile is None:
@@ -741,6 +763,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.kerberos_only:
+        return kerberos_only(args)
     started = time.time()
     # /var/tmp, not /tmp: a crowded /tmp gets swept by other jobs mid-run on shared machines
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="shingle-ab-bench-", dir="/var/tmp"))
@@ -760,7 +784,7 @@ def main(argv=None) -> int:
         "ganesha": GaneshaServer(workdir / "ganesha"),
     }
     run = Run(args, servers)
-    training = cluster = profile = None
+    training = cluster = profile = kerberos = None
     server_info = {}
     try:
         for name, server in servers.items():
@@ -811,6 +835,13 @@ def main(argv=None) -> int:
                 return None
 
         guarded("workloads", run.run)
+        if args.kerberos:
+            from bench import krb5ab
+
+            kerberos = guarded(
+                "kerberos",
+                lambda: krb5ab.run(workdir / "kerberos", args.kerberos_mib, args.reps, log),
+            )
         if args.profile:
             log("profiling shingle (py-spy)")
             profile = guarded("profile", lambda: profile_shingle(run, Path(args.results)))
@@ -857,6 +888,7 @@ def main(argv=None) -> int:
         "training": training,
         "cluster": cluster,
         "profile": profile,
+        "kerberos": kerberos,
     }
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=str))
@@ -888,6 +920,36 @@ def main(argv=None) -> int:
     )
     for line in cpu_per_work_lines(cpu_rows):
         print(line)
+    if kerberos:
+        print_kerberos(kerberos)
+    return 0
+
+
+def print_kerberos(result: dict) -> None:
+    from bench import krb5ab
+
+    print("\n".join(krb5ab.table_lines(result)))
+    print(
+        "# kerberos: FLAVOUR.OP_MBps shingle ganesha ratio; FLAVOUR.OP.cpu_ms_per_MiB "
+        "shingle ganesha ratio (server CPU ms per MiB)",
+        flush=True,
+    )
+    for line in krb5ab.metric_lines(result):
+        print(line)
+
+
+def kerberos_only(args) -> int:
+    from bench import krb5ab
+
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="shingle-krb5ab-", dir="/var/tmp"))
+    try:
+        result = krb5ab.run(workdir, args.kerberos_mib, args.reps, log)
+    finally:
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+    print_kerberos(result)
     return 0
 
 

@@ -35,7 +35,7 @@ NFS_CORE_PARAM {{
     Enable_RQUOTA = false;
     Plugins_Dir = "{plugins}";
 }}
-NFS_KRB5 {{ Active_krb5 = false; }}
+NFS_KRB5 {{ {krb5} }}
 NFSV4 {{
     Graceless = true;
     Minor_Versions = 1;
@@ -50,7 +50,7 @@ EXPORT {{
     Squash = No_Root_Squash;
     Protocols = 4;
     Transports = TCP;
-    SecType = sys;
+    SecType = {sectype};
     FSAL {{ Name = VFS; }}
 }}
 LOG {{ Default_Log_Level = WARN; }}
@@ -150,7 +150,12 @@ class GaneshaServer(ChildServer):
 
     name = "ganesha"
 
-    def __init__(self, workdir: Path, port: int | None = None):
+    def __init__(
+        self, workdir: Path, port: int | None = None, *, krb5: tuple[str, str] | None = None
+    ):
+        """``krb5``: (keytab, principal as ``nfs@HOST``) to serve RPCSEC_GSS with, the export then
+        taking sys, krb5, krb5i and krb5p (the process's KRB5_CONFIG names the realm)."""
+        self.krb5 = krb5
         self.workdir = Path(workdir).resolve()
         self.port = port or free_port()
         self.backing_dir = self.workdir / "export"
@@ -174,6 +179,13 @@ class GaneshaServer(ChildServer):
                 recovery=recovery,
                 export=self.backing_dir,
                 pseudo=PSEUDO,
+                krb5=(
+                    "Active_krb5 = false;"
+                    if self.krb5 is None
+                    else f'Active_krb5 = true; KeytabPath = "{self.krb5[0]}"; '
+                    f'PrincipalName = "{self.krb5[1]}";'
+                ),
+                sectype="sys" if self.krb5 is None else "sys, krb5, krb5i, krb5p",
             )
         )
         self.proc = subprocess.Popen(

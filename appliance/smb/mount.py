@@ -161,6 +161,16 @@ class ShingleFs(pyfuse3.Operations):
         if ino is not None and guard.held(ino, writes_only=writes_only):
             await self._call(guard.wait_returned, ino, writes_only=writes_only)
 
+    async def _as_holder_sees(self, attr):
+        """A file under an NFS client's write delegation as its holder sees it (CB_GETATTR,
+        RFC 8881 10.4.3: its cached writes count); nothing to do, and no thread hop, while no
+        write delegation of it stands (Namespace.change_guard)."""
+        guard = self.ns.change_guard
+        if guard is None or not guard.held(attr.ino, writes_only=True):
+            return attr
+        seen = await self._call(guard.attr_seen_by_holder, attr)
+        return seen if seen is not None else await self._try_cached(self.ns.getattr, attr.ino)
+
     def _refresh_export_folders(self) -> None:
         """In a worker thread: the catalog read must not stall the FUSE loop."""
         if time.monotonic() - self._export_folders_at < EXPORT_FOLDERS_TTL_S:
@@ -231,11 +241,12 @@ class ShingleFs(pyfuse3.Operations):
             missing.st_ino = 0
             missing.entry_timeout = CACHE_TIMEOUT_S
             return missing
-        return self._entry(attr)
+        return self._entry(await self._as_holder_sees(attr))
 
     @_handler
     async def getattr(self, inode, ctx):
-        return self._entry(await self._try_cached(self.ns.getattr, self._ino(inode)))
+        attr = await self._try_cached(self.ns.getattr, self._ino(inode))
+        return self._entry(await self._as_holder_sees(attr))
 
     @_handler
     async def setattr(self, inode, attr, fields, fh, ctx):

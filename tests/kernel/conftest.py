@@ -210,8 +210,9 @@ def root_squash_results(vm_kernel, kernel_rig_dir) -> RigRun:
 @pytest.fixture(scope="session")
 def krb5_results(kernel_rig_dir) -> RigRun:
     """A VM run of the Kerberos checks: a KDC of its own realm on the host, a daemon whose
-    default export allows krb5, krb5i and krb5p only, rpc.gssd in the guest with the guest's
-    machine key and a user's ticket; the guest also loads rpcsec_gss_krb5 and cts."""
+    default export allows krb5, krb5i and krb5p only and squashes root (root on the guest uses
+    the machine key), rpc.gssd in the guest with the guest's machine key and a user's ticket;
+    the guest also loads rpcsec_gss_krb5 and cts."""
     from kdcserver import SERVER_HOST, KdcServer
 
     try:
@@ -234,6 +235,7 @@ def krb5_results(kernel_rig_dir) -> RigRun:
             path.chmod(0o755 if path.is_dir() else 0o644)  # read in the guest through the share
         daemon = ShingleDaemon(folder / "appliance", free_port())
         daemon.init(
+            squash="root_squash",
             portmap="off",
             sec="krb5:krb5i:krb5p",
             nfs_options=(

@@ -1541,7 +1541,7 @@ def run_delegations(plan: dict, spec: dict) -> None:
 
 
 # -- Kerberos (a VM of its own: rpc.gssd, a keytab and a KDC on the host) ----------------------
-KRB5_USER_CHECKS = ("rw", "no-ticket")
+KRB5_USER_CHECKS = ("rw", "no-ticket", "root-is-squashed")
 KRB5_REFUSED = ("sys-refused-v4.1", "sys-refused-v3")
 
 
@@ -1644,6 +1644,20 @@ def check_krb5_no_ticket(mountpoint: str, uid: int, v3: bool) -> str:
     return f"uid {uid} without a ticket: {run.stderr.strip()}"
 
 
+def check_krb5_root_squashed(mountpoint: str, label: str) -> str:
+    """Root on the client speaks with the guest's machine key (rpc.gssd takes nfs/GUEST@REALM
+    from the keytab), as do the client's state operations: the server maps no machine
+    principal, so on this root-squashed export root writes as the export's anonymous user."""
+    path = os.path.join(mountpoint, f"krb5-root-{label}")
+    with open(path, "wb") as f:
+        f.write(b"written by root with the machine key\n")
+    drop_caches()
+    owner = os.stat(path).st_uid
+    expect(owner == 65534, f"root's file is uid {owner}, not the anonymous 65534")
+    os.unlink(path)
+    return f"root's new file belongs to uid {owner}; the mount's state ran under the machine key"
+
+
 def check_sys_refused(options: str, port: int, server: str, target: str) -> str:
     mounted = krb5_mount(options, port, server, target)
     if mounted.returncode == 0:
@@ -1681,6 +1695,7 @@ def run_krb5(plan: dict, spec: dict) -> None:
                             t, spec["no_ticket_uid"], v3
                         ),
                     )
+                    run_check(names[2], lambda t=target, lb=label: check_krb5_root_squashed(t, lb))
                 finally:
                     subprocess.run(["timeout", "120", "umount", target], capture_output=True)
         for name, version in zip(KRB5_REFUSED, spec["versions"], strict=True):

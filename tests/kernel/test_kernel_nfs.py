@@ -50,7 +50,7 @@ def test_kernel_client_root_squash(root_squash_results, check):
 @pytest.mark.parametrize("check", planned_checks(krb5_plan(0)))
 def test_kernel_client_krb5(krb5_results, check):
     """sec=krb5, krb5i and krb5p mounts (v4.1, v3) through rpc.gssd: a user with a ticket writes,
-    renames and reads back; one without gets EACCES; sec=sys of the krb5-only export is
-    refused."""
+    renames and reads back; one without gets EACCES; root (the machine key) writes as the
+    anonymous user of the root-squashed export; sec=sys of the krb5-only export is refused."""
     verdict, details = krb5_results.outcome(check)
     assert verdict == "PASS", f"{check}: {details}"

@@ -133,11 +133,25 @@ def test_cb_getattr_before_another_clients_getattr(deleg_server, monkeypatch):
     with answering(holder):
         change2, size2 = _change_size(other, fh)
     assert size2 == 2 << 20 and change2 > change1
+    # a listing with sizes asks the holder too (ls -l in another client)
+    holder.attrs = (3 << 20, granted + 3)
+    with answering(holder):
+        listed = _listed_change_size(other, "big")
+    assert listed[1] == 3 << 20 and listed[0] > change2, listed
     assert holder.recalls() == []  # CB_GETATTR, never a recall
-    assert deleg_server.server.state.delegations.counts["cb_getattr"] == 4
+    assert deleg_server.server.state.delegations.counts["cb_getattr"] == 5
     holder.close()
     other.close()
     _unanswered_cb_getattr_recalls(deleg_server, monkeypatch)  # (one server start for both)
+
+
+def _listed_change_size(client: CallbackClient, name: str) -> tuple[int, int]:
+    """(change, size) of ``name`` in a READDIR of the export's root."""
+    args = t.ARGS[c.OP_READDIR](0, b"\0" * 8, 4096, 65536, CHANGE_SIZE)
+    st, res = client.session([(c.OP_PUTFH, client.root_fh()), (c.OP_READDIR, args)])
+    assert st == 0, (st, res)
+    (entry,) = [e for e in res[2][2].entries if e.name == name]
+    return struct.unpack(">QQ", bytes(entry.attrs.attr_vals))
 
 
 def _unanswered_cb_getattr_recalls(deleg_server, monkeypatch):

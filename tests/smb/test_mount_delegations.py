@@ -12,6 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nfs"))
 
 from test_delegations import CallbackClient, read_delegation  # noqa: E402
+from test_delegations_write import answering  # noqa: E402
 
 from appliance.nfs.v4 import const as c  # noqa: E402
 from appliance.nfs.v4 import types as t  # noqa: E402
@@ -52,6 +53,11 @@ def test_a_read_through_the_mount_recalls_a_write_delegation(served):
         write = (c.OP_WRITE, t.ARGS[c.OP_WRITE](dsid, 0, c.FILE_SYNC4, b"holder"))
         st, _ = holder.session([(c.OP_PUTFH, fh), write])
         assert st == 0, st
+        # a stat through the mount asks the holder (CB_GETATTR): 12,345 bytes in its cache
+        holder.attrs = (12345, 1 << 40)  # a change attribute other than the grant's
+        with answering(holder):
+            assert path.stat().st_size == 12345
+        assert holder.getattrs() == 1 and holder.recalls() == []
         seen: list[bytes] = []
 
         def read_locally():

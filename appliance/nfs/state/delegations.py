@@ -394,6 +394,19 @@ class Delegations:
                     raise
                 time.sleep(0.05)
 
+    def attr_seen_by_holder(self, attr):
+        """For the local mount's lookup and getattr (SMB through it): ``attr`` as a write
+        delegation's holder sees the file (CB_GETATTR); a holder that does not answer is
+        recalled and waited for, and None says to read the stored attributes again."""
+        d = self.write_holder(attr.ino, None)
+        if d is None:
+            return attr
+        try:
+            return self.holder_attr(d, attr)
+        except NfsError:
+            self.wait_returned(attr.ino, writes_only=True)
+            return None
+
     # -- write delegations: what another client's GETATTR sees (RFC 8881 10.4.3) ----------------
     def write_holder(self, ino: int, by: Client | None) -> DelegState | None:
         """Another client's write delegation of ``ino``, if one stands: cheap, on any thread."""

@@ -386,12 +386,14 @@ def readdir(cx, a):
         cookie = a.cookie - COOKIE_BASE + 1 if a.cookie >= COOKIE_BASE else 0
         cred = cx.cred(node)
         with_fh = bool(want and want[0] & (1 << c.FATTR4_FILEHANDLE))
+        holders = cx.state.delegations if _asks_changes(want) else None
         full = False
         while not full:
             batch, done = cx.ns.readdir(cred, node.ino, cookie, limit=READDIR_BATCH)
             for e in batch:
-                child = Node(node.export, e.attr.ino, e.attr.generation)
-                subject = cx.subject(child, e.attr) if with_fh else _light_subject(cx, node, e.attr)
+                attr = e.attr if holders is None else _as_holder_sees(cx, holders, e.attr)
+                child = Node(node.export, attr.ino, attr.generation)
+                subject = cx.subject(child, attr) if with_fh else _light_subject(cx, node, attr)
                 fa = fattr.encode(want, subject)
                 name_len = len(e.name.encode("utf-8", "surrogateescape"))
                 size = _entry_size(name_len, fa)
@@ -411,6 +413,17 @@ def readdir(cx, a):
     if not entries and not eof:
         raise NfsError(c.NFS4ERR_TOOSMALL, f"maxcount {a.maxcount} cannot hold one entry")
     return resok(c.OP_READDIR).cls(b"\0" * 8, entries, eof)
+
+
+def _as_holder_sees(cx, delegations, attr):
+    """A READDIR entry's attributes as another client's write delegation's holder sees the
+    file (CB_GETATTR, as for GETATTR: RFC 8881 10.4.3)."""
+    holder = delegations.write_holder(attr.ino, cx.client)
+    if holder is None:
+        return attr
+    if blocking_forbidden():
+        raise WouldBlock("READDIR of a file under another client's write delegation")
+    return delegations.holder_attr(holder, attr)
 
 
 def _light_subject(cx, node: Node, attr):
