@@ -3,9 +3,10 @@ three heads over one catalog: a metadata server and two data servers (docs/pnfs.
 
     python3 guest_pnfs.py PLAN.json
 
-The plan names the heads' ports; the host answers "ds-traffic" (bytes each data server's
-connections received, from ss) and "kill-ds N" (kill -9 of data server N). One marker line
-per check, as guest_nfs.py prints them."""
+The plan names the heads' ports; the host answers "written-by NAME" (bytes of the file per
+head that wrote them, from the catalog), "kill-ds N" (kill -9 of data server N) and "ds-writes
+MODE" (the data servers restarted in that mode). One marker line per check, as guest_nfs.py
+prints them; every write and read runs in a child bounded by STEP_TIMEOUT_S."""
 
 from __future__ import annotations
 
@@ -31,6 +32,47 @@ CHECKS = (
 )
 MDS_MNT, MDS42_MNT, DS_MNT = "/mnt/pnfs41", "/mnt/pnfs42", "/mnt/ds40"
 UNSTABLE_MNT = "/mnt/pnfs-unstable"
+# one write or read of a check: 75 s at most on a loaded machine (the killed data server's
+# fallback); a stuck one fails its check after this, with the client's view of it, instead of
+# holding the VM (and CI) until the host's bound
+STEP_TIMEOUT_S = 240
+
+
+def nfs_state() -> str:
+    """What the client says of its servers when a step is stuck: the kernel's last NFS lines
+    and each mount's transports (sends, receives, pending)."""
+    dmesg = subprocess.run(["dmesg"], capture_output=True, text=True).stdout.splitlines()
+    lines = [line for line in dmesg if "nfs" in line.lower()][-8:]
+    for section in open("/proc/self/mountstats").read().split("device ")[1:]:
+        if " nfs4 " in section.split("\n", 1)[0]:
+            lines.append(section.split(" with ", 1)[0])
+            lines += [line.strip() for line in section.splitlines() if "xprt:" in line]
+    return " | ".join(lines)
+
+
+def start(cmd: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, what: str, timeout: float = STEP_TIMEOUT_S) -> str:
+    """``proc``'s output once it is done, within ``timeout``; a child stuck in an NFS wait is
+    killed and left behind (never waited for) and the check fails with the client's state."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise CheckFailed(f"{what}: not done after {timeout:.0f} s; {nfs_state()}") from None
+    expect(proc.returncode == 0, f"{what}: exit {proc.returncode}: {err.strip()[-1000:]}")
+    return out
+
+
+def step(*cmd: str) -> str:
+    return finish(start(list(cmd)), " ".join(cmd))
+
+
+def file_sha256(path: str) -> str:
+    """The file's sha256, read by a child (a read stuck on the mount fails the check)."""
+    return step("sha256sum", path).split()[0]
 
 
 def mountstats(target: str) -> str:
@@ -56,7 +98,7 @@ def make_source(path: str, size: int) -> str:
 
 
 def drop_caches() -> None:
-    subprocess.run(["sync"], check=False)
+    step("sync")
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3\n")
 
@@ -99,7 +141,7 @@ def check_striped(target: str, size: int) -> str:
     path = f"{target}/{name}"
     # the per-op counts include the calls to data servers: COMMIT and LAYOUTCOMMIT must stay 0
     before = {op: op_count(target, op) for op in ("WRITE", "COMMIT", "LAYOUTCOMMIT")}
-    sh("dd", f"if={source}", f"of={path}", "bs=1M", "conv=fsync", "status=none", timeout=900)
+    step("dd", f"if={source}", f"of={path}", "bs=1M", "conv=fsync", "status=none")
     sent = {op: op_count(target, op) - n for op, n in before.items()}
     expect(sent["WRITE"] >= size // MiB, f"WRITEs counted {sent}")
     expect(sent["COMMIT"] == sent["LAYOUTCOMMIT"] == 0, f"FILE_SYNC, yet {sent}")
@@ -110,7 +152,7 @@ def check_striped(target: str, size: int) -> str:
     expect(len(busy) >= 2, f"bytes per data server {heads}: fewer than two wrote 1 MiB")
     drop_caches()
     sends = mds_sends(target)
-    got = sha256(path)
+    got = file_sha256(path)
     expect(got == digest, f"sha256 after drop_caches {got}, wrote {digest}")
     sends = mds_sends(target) - sends
     # reading through the metadata server would take at least one READ per MiB
@@ -131,12 +173,8 @@ def check_ds_killed(target: str, size: int) -> str:
     path = f"{target}/fallback"
     writes_before = op_count(target, "WRITE")
     # O_DIRECT: every MiB goes out as it is written, so the kill lands mid-file
-    writer = subprocess.Popen(
-        ["dd", f"if={source}", f"of={path}", "bs=1M", "oflag=direct", "status=none"],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 300
+    writer = start(["dd", f"if={source}", f"of={path}", "bs=1M", "oflag=direct", "status=none"])
+    deadline = time.monotonic() + STEP_TIMEOUT_S
     while writer.poll() is None and time.monotonic() < deadline:
         if os.path.exists(path) and os.stat(path).st_size >= size // 4:
             break
@@ -144,10 +182,9 @@ def check_ds_killed(target: str, size: int) -> str:
     at = os.stat(path).st_size if os.path.exists(path) else 0
     answer = vmchannel_request("kill-ds 1")
     expect(answer.startswith("killed"), f"kill-ds: {answer}")
-    _, err = writer.communicate(timeout=900)
-    expect(writer.returncode == 0, f"dd exit {writer.returncode}: {err.strip()}")
+    finish(writer, f"the O_DIRECT dd after the kill at {at // MiB} MiB")
     drop_caches()
-    got = sha256(path)
+    got = file_sha256(path)
     expect(got == digest, f"sha256 after the kill {got}, wrote {digest}")
     mds_writes = op_count(target, "WRITE") - writes_before
     expect(mds_writes > 0, "no WRITE reached the metadata server after the kill")
@@ -164,8 +201,8 @@ def check_non_pnfs(ds_port: int, mds_target: str) -> str:
     expect(run.returncode == 0, f"mount vers=4.0 of a data server: {run.stderr.strip()}")
     expect("pnfs=LAYOUT" not in mountstats(DS_MNT), "a layout driver on a mount of a data server")
     name = f"striped-{os.path.basename(mds_target)}"
-    got = sha256(f"{DS_MNT}/{name}")
-    want = sha256(f"{mds_target}/{name}")
+    got = file_sha256(f"{DS_MNT}/{name}")
+    want = file_sha256(f"{mds_target}/{name}")
     expect(got == want, f"the data server reads {got}, the metadata server {want}")
     data = os.urandom(3 * MiB + 17)
     with open(f"{DS_MNT}/through-ds", "wb") as f:
@@ -203,7 +240,7 @@ def check_unstable(mds_port: int, size: int) -> str:
         digest = make_source(source, size)
         before = {op: op_count(UNSTABLE_MNT, op) for op in ("COMMIT", "LAYOUTCOMMIT")}
         path = f"{UNSTABLE_MNT}/unstable"
-        sh("dd", f"if={source}", f"of={path}", "bs=1M", "conv=fsync", "status=none", timeout=900)
+        step("dd", f"if={source}", f"of={path}", "bs=1M", "conv=fsync", "status=none")
         sent = {op: op_count(UNSTABLE_MNT, op) - n for op, n in before.items()}
         expect(sent["COMMIT"] > 0 and sent["LAYOUTCOMMIT"] > 0, f"sent {sent}")
         heads = written_by("unstable")
@@ -211,7 +248,7 @@ def check_unstable(mds_port: int, size: int) -> str:
         expect(heads.get(0, 0) == 0, f"the metadata server wrote {heads.get(0)} bytes")
         expect(os.stat(path).st_size == size, f"size {os.stat(path).st_size}")
         drop_caches()
-        got = sha256(path)
+        got = file_sha256(path)
         expect(got == digest, f"sha256 after drop_caches {got}, wrote {digest}")
         return (
             f"{size // MiB} MiB through data servers answering UNSTABLE: {sent}, bytes per "

@@ -26,7 +26,9 @@ from nfs_rig import HERE, ShingleDaemon
 from pgserver import free_port
 
 CHECKS = [f"pnfs/{name}" for name in __import__("guest_pnfs").CHECKS]
-VM_TIMEOUT_S = 1500
+# the whole VM run: 93-220 s measured (one boot, every check); a stuck write fails its check
+# after guest_pnfs.STEP_TIMEOUT_S, and this bounds the rest, far inside CI's budget
+VM_TIMEOUT_S = 600
 SIZE_MIB = 32  # four stripe units of 8 MiB: two on each data server
 
 
@@ -121,10 +123,8 @@ class Heads:
 @pytest.fixture(scope="module")
 def pnfs_run(vm_kernel, kernel_rig_dir):
     if os.environ.get("SHINGLE_KERNEL_PNFS") != "1":
-        # regressed on 2026-12-07: in the suite's run the guest's first striped write got "Server
-        # wrote zero bytes" and the write with a data server killed hung for 15 minutes; the
-        # cause is not found yet (issue 32's closing note), and a hang would take CI past its
-        # budget. tests/nfs/test_pnfs.py still runs the layout operations with raw requests.
+        # regressed on 2026-12-07: in the suite's run the write with a data server killed hung
+        # for 15 minutes (docs/testing.md); each step is bounded now, the cause is not found yet
         pytest.skip(
             "SHINGLE_KERNEL_PNFS=1 runs the pNFS kernel rig (regressed, under investigation)"
         )
@@ -174,6 +174,7 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
             timeout=VM_TIMEOUT_S,
             on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None,
         )
+        print(f"kernel pNFS rig: VM ran {result.seconds:.0f} s", file=sys.stderr)
         checks = {}
         for line in result.lines:
             if line.startswith(guest_nfs.CHECK_MARKER):
@@ -185,7 +186,7 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
         heads.stop()
 
 
-@pytest.mark.timeout(VM_TIMEOUT_S + 300)
+@pytest.mark.timeout(VM_TIMEOUT_S + 120)
 @pytest.mark.parametrize("check", CHECKS)
 def test_kernel_pnfs(pnfs_run, check):
     heads, result, checks = pnfs_run
@@ -199,7 +200,7 @@ def test_kernel_pnfs(pnfs_run, check):
     assert verdict == "PASS", f"{check}: {details}\n{heads.logs()}"
 
 
-@pytest.mark.timeout(VM_TIMEOUT_S + 300)
+@pytest.mark.timeout(VM_TIMEOUT_S + 120)
 def test_nfs_rs_through_a_data_server(pnfs_run):
     """A client without pNFS (nfs-rs, NFSv4.1) works through a data server head: it reads the
     file the kernel client wrote through the layout, and what it writes reads back."""
