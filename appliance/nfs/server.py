@@ -573,12 +573,18 @@ class NfsServer:
         asked this one to recall are recalled (appliance/nfs/state/head_delegations.py)."""
         loop, state = self.loop, self.state
         holdings = state.holdings if state else None
-        assert loop is not None and state is not None and holdings is not None  # with heads
+        recalls = state.delegations.heads if state else None
+        assert loop is not None and state is not None  # start() ran
+        assert holdings is not None and recalls is not None  # with heads
+        polled_interest = 0.0
         while True:
-            await asyncio.sleep(INTEREST_POLL_S)
+            await asyncio.sleep(recalls.poll_period)
             try:
-                await loop.run_in_executor(self.pool, state.delegations.poll_recalls)
-                if holdings.envelope:
+                if not recalls.quiet():
+                    await loop.run_in_executor(self.pool, state.delegations.poll_recalls)
+                now = time.monotonic()
+                if holdings.envelope and now - polled_interest >= INTEREST_POLL_S:
+                    polled_interest = now
                     await loop.run_in_executor(self.pool, holdings.poll_interest)
             except CatalogUnreachable:
                 pass  # the catalog's outage log counts it; the next poll retries
@@ -651,7 +657,7 @@ class NfsServer:
             self._sweeper,
             self._head_beats,
             self._interest_polls,
-        ):
+        ):  # (_interest_polls also takes up other heads' recall requests)
             if task is not None:
                 task.cancel()
         if self.registered and self.loop is not None:
