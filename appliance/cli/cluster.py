@@ -25,7 +25,14 @@ The hosts of a cluster: each storage host runs a drive agent (`shingle agent --l
 HOST:PORT --drives DIR...`); heads place every stripe's fragments over the hosts.
 
 actions:
-  init --etcd URLS [--name NAME]
+  plan --etcd NAME=ADDRESS,... --postgres NAME=ADDRESS,... [--plan FILE]
+                    write the cluster's plan (default /etc/shingle/cluster.toml): its etcd
+                    members and PostgreSQL members (under Patroni), and their passwords
+  render [NAME] [--plan FILE] [--etc DIR]
+                    on member NAME (default: the host name), write its etcd and Patroni
+                    configs for Debian's etcd-server and patroni units; --catalog-url: print
+                    the heads' catalog URL instead
+  init --etcd URLS | --plan FILE [--name NAME]
                     make this head's config part of a cluster: the maintenance leader is
                     elected through etcd (the catalog must be PostgreSQL, shared by the heads)
   join HOST:PORT    record an agent's drives, start using them, rebuild what lacks fragments
@@ -43,6 +50,9 @@ actions:
 declared gone by itself after cluster.host_gone_after_s, when that is set.
 
 examples:
+  shingle cluster plan --etcd e1=10.0.0.11,e2=10.0.0.12,e3=10.0.0.13 \
+      --postgres e1=10.0.0.11,e2=10.0.0.12,e3=10.0.0.13
+  shingle cluster render e1
   shingle cluster join 10.0.0.21:7400
   shingle cluster status --json
   shingle cluster drain store-07 --rate 200
@@ -184,14 +194,18 @@ def status(args) -> int:
 def init(args) -> int:
     """Write [cluster] etcd_endpoints (and name) into this head's config, once etcd answers
     and the catalog is one the heads can share."""
+    from appliance.cli.clustersetup import plan_endpoints
     from appliance.runtime import open_catalog
     from engine.admin.events import record
     from engine.cluster.etcd import EtcdClient, EtcdError, check_endpoint
 
     path = find_config(args.config)
     config = load_config(args)
+    args.etcd = args.etcd or plan_endpoints(args)
     if not args.etcd:
-        raise UsageError("cluster init --etcd http://HOST:2379[,http://HOST:2379...]")
+        raise UsageError(
+            "cluster init --etcd http://HOST:2379[,http://HOST:2379...] (or --plan FILE)"
+        )
     try:
         endpoints = [check_endpoint(url) for url in config_mod.etcd_endpoints(args.etcd)]
     except ValueError:
@@ -254,7 +268,21 @@ def set_section_options(text: str, section: str, values: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plan(args) -> int:
+    from appliance.cli.clustersetup import plan as write_plan
+
+    return write_plan(args)
+
+
+def render(args) -> int:
+    from appliance.cli.clustersetup import render as write_member
+
+    return write_member(args)
+
+
 CLUSTER_ACTIONS = {
+    "plan": plan,
+    "render": render,
     "init": init,
     "join": join,
     "status": status,
@@ -269,14 +297,20 @@ def register(sub) -> None:
 
     p = sub.add_parser(
         "cluster",
-        help="a cluster's hosts: init, join, status, drain, remove, replace",
+        help="a cluster's hosts: plan, render, init, join, status, drain, remove, replace",
         description=CLUSTER_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("action", choices=list(CLUSTER_ACTIONS))
     p.add_argument("host", nargs="?", help="a host's name (join: the agent's HOST:PORT)")
     p.add_argument("address", nargs="?", help="replace: the new agent's HOST:PORT")
-    p.add_argument("--etcd", help="init: etcd client URLs, comma-separated")
+    p.add_argument("--etcd", help="init: etcd client URLs, comma-separated; plan: NAME=ADDRESS,...")
+    p.add_argument("--postgres", help="plan: the PostgreSQL members, NAME=ADDRESS,...")
+    p.add_argument("--plan", help="plan, render, init: the plan file (/etc/shingle/cluster.toml)")
+    p.add_argument("--etcd-data-dir", help="plan: each etcd member's data folder")
+    p.add_argument("--postgres-folder", help="plan: each PostgreSQL member's folder")
+    p.add_argument("--etc", help="render: where the configs go (default /etc)")
+    p.add_argument("--catalog-url", action="store_true", help="render: print the catalog URL")
     p.add_argument("--name", help="init: this head's name (default: the host name)")
     p.add_argument("--rate", type=float, help="MiB/s for this job's writes")
     p.add_argument("--json", action="store_true")
