@@ -130,7 +130,7 @@ def run(workdir: Path, mib: int = 32, rounds: int = 2, log=print) -> dict:
         os.chmod(kdc.dir, 0o755)
         servers["shingle"] = ShingleServer(
             workdir / "shingle-krb5",
-            drive_size=max(64, 2 * rounds * mib) * MiB,  # every pass's file stays
+            drive_size=max(64, rounds * mib) * MiB,  # every pass's file stays (4 flavours, 8+2)
             zone_size=16 * MiB,
             nfs_options=f'krb5_keytab = "{keytab}"\nkrb5_principal = "nfs@{SERVER_HOST}"\n',
             sec="sys:krb5:krb5i:krb5p",

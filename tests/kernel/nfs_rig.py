@@ -81,6 +81,7 @@ DELEGATIONS40 = {
     "options": "vers=4.0,clientaddr=127.0.0.1",
     "files": 100,
     "lease_seconds": 30,
+    "write_check": True,  # a write delegation over the callback address (CB_GETATTR)
 }
 
 

@@ -40,6 +40,7 @@ class CallbackService:
         self.calls: list[tuple[int, int, list]] = []  # (proc, callback_ident, [(op, args)])
         self.flavors: list[int] = []
         self.answer = True
+        self.attrs = (0, 0)  # CB_GETATTR's answer: (size, change) of its cached file
         self.conns: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -81,17 +82,30 @@ class CallbackService:
             count, pos = UInt.unpack(record, pos)
             for _ in range(count):
                 op, pos = UInt.unpack(record, pos)
-                assert op == cb.OP_CB_RECALL, op
-                recall, pos = cb.CB_RECALL4args.unpack(record, pos)
-                ops.append((op, recall))
-            results = struct.pack(">IIIII", 0, 0, 1, cb.OP_CB_RECALL, 0)
+                assert op in (cb.OP_CB_RECALL, cb.OP_CB_GETATTR), op
+                kind = cb.CB_RECALL4args if op == cb.OP_CB_RECALL else cb.CB_GETATTR4args
+                args, pos = kind.unpack(record, pos)
+                ops.append((op, args))
+            results = struct.pack(">IIIII", 0, 0, 1, op, 0)
+            if op == cb.OP_CB_GETATTR:
+                size, change = self.attrs
+                results += struct.pack(">II", 1, cb.GETATTR_WORDS[0])
+                results += struct.pack(">IQQ", 16, change, size)
         self.calls.append((proc, ident, ops))
         if self.answer:
             reply = struct.pack(">IIIIII", xid, 1, 0, 0, 0, 0) + results
             conn.sendall(struct.pack(">I", 0x80000000 | len(reply)) + reply)
 
     def recalls(self) -> list:
-        return [(ident, args) for proc, ident, ops in self.calls for _, args in ops]
+        return [
+            (ident, args)
+            for proc, ident, ops in self.calls
+            for op, args in ops
+            if op == cb.OP_CB_RECALL
+        ]
+
+    def getattrs(self) -> int:
+        return sum(op == cb.OP_CB_GETATTR for _, _, ops in self.calls for op, _ in ops)
 
     def wait(self, what, timeout: float = 10.0):
         deadline = time.monotonic() + timeout
@@ -214,14 +228,38 @@ def test_recall_over_the_callback_address(deleg_server):
     assert holder.renew() == 0
     counts = srv.server.state.delegations.counts
     assert (counts["granted"], counts["recalled"], counts["returned"]) == (1, 1, 1)
-    # an OPEN for writing gets no write delegation over NFSv4.0 (docs/delegations.md: a 4.0
-    # GETATTR cannot be told from another client's)
-    make_file(srv.port, "w40")  # no other client has it open
-    args = open_args("w40", b"writer", holder.clientid, c.OPEN4_SHARE_ACCESS_BOTH, False, seqid=1)
-    st, res = holder.raw.v40([(c.OP_PUTFH, holder.root), (c.OP_OPEN, args)])
-    assert st == 0 and res[1][2].delegation == (c.OPEN_DELEGATE_NONE, None), (st, res)
+    _write_delegation40(srv, service, holder, writer)
     writer.close()
     holder.raw.close()
+
+
+def _write_delegation40(srv, service: CallbackService, holder: Client40, other: CallbackClient):
+    """A write delegation over NFSv4.0: the holder's connection carries it alone, so its own
+    GETATTRs (the Linux client sends one in its DELEGRETURN COMPOUND) are its own and another
+    client's ask it first (CB_GETATTR); a connection that carried two clients gets none."""
+    make_file(srv.port, "w40")  # no other client has it open
+    both = c.OPEN4_SHARE_ACCESS_BOTH
+    args = open_args("w40", b"writer", holder.clientid, both, False, seqid=1)
+    st, res = holder.raw.v40([(c.OP_PUTFH, holder.root), (c.OP_OPEN, args), (c.OP_GETFH, None)])
+    assert st == 0 and res[1][2].delegation[0] == c.OPEN_DELEGATE_WRITE, (st, res)
+    fh, dsid = res[2][2], res[1][2].delegation[1].stateid
+    change_size = (c.OP_GETATTR, [1 << c.FATTR4_CHANGE | 1 << c.FATTR4_SIZE])
+    st, _ = holder.raw.v40([(c.OP_PUTFH, fh), change_size])
+    assert st == 0 and service.getattrs() == 0  # its own: no CB_GETATTR
+    service.attrs = (4096, 1 << 40)  # 4 KiB in its cache
+    st, res = other.session([(c.OP_PUTFH, fh), change_size])
+    assert st == 0 and struct.unpack(">QQ", bytes(res[2][2].attr_vals))[1] == 4096, (st, res)
+    assert service.getattrs() == 1
+    st, _ = holder.raw.v40([(c.OP_PUTFH, fh), change_size, (c.OP_DELEGRETURN, dsid)])
+    assert st == 0 and service.getattrs() == 1 and not service.recalls()[1:], st
+    # another client id set up over the same connection: it carries two clients now
+    ident, verifier = os.urandom(8), os.urandom(8)
+    st, ok = holder.raw.setclientid(ident, verifier)
+    assert st == 0 and holder.raw.confirm(ok.clientid, ok.setclientid_confirm) == 0
+    make_file(srv.port, "w40b")
+    args = open_args("w40b", b"writer2", holder.clientid, both, False, seqid=1)
+    st, res = holder.raw.v40([(c.OP_PUTFH, holder.root), (c.OP_OPEN, args)])
+    assert st == 0 and res[1][2].delegation == (c.OPEN_DELEGATE_NONE, None), (st, res)
 
 
 def test_unreachable_callback_means_no_delegation(deleg_server):

@@ -145,6 +145,33 @@ def client40(state: StateTable, clientid: int) -> Client:
     return cl
 
 
+# -- which client a connection carries ------------------------------------------------------------
+CONNECTION_CLIENT = "client40"  # conn_state key: the client, or False once two were seen
+
+
+def connection_client(conn_state: dict, state: StateTable) -> Client | None:
+    """The NFSv4.0 client this connection carries: the one its operations named (a client
+    id, an open's or a lock's stateid) while no other live client's did. A 4.0 COMPOUND of
+    GETATTR, REMOVE, RENAME or LINK names no client; the Linux client sends all of a mount's
+    calls over one connection, so this tells a delegation's holder from another client."""
+    cl = conn_state.get(CONNECTION_CLIENT)
+    if not cl or state.clients.get(cl.clientid) is not cl:
+        return None
+    return cl
+
+
+def note_connection_client(conn_state: dict, state: StateTable, cl: Client) -> None:
+    """An operation on this connection named ``cl``: it carries ``cl`` unless another live
+    client was seen on it first (then none, for good)."""
+    seen = conn_state.get(CONNECTION_CLIENT)
+    if seen is cl or seen is False or cl.minor != c.MINOR_VERSION_40:
+        return
+    if seen is None or state.clients.get(seen.clientid) is not seen:
+        conn_state[CONNECTION_CLIENT] = cl  # the first, or one whose record went
+    else:
+        conn_state[CONNECTION_CLIENT] = False
+
+
 # -- stateids ------------------------------------------------------------------------------------
 def missing(state: StateTable, other: bytes) -> NfsError:
     """The error for a stateid the table does not hold (RFC 7530 9.1.4). A special stateid

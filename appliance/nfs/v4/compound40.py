@@ -47,9 +47,16 @@ class Compound40(Compound):
     def __init__(self, server, conn_state: dict, rpc_cred, address: str):
         super().__init__(server, conn_state, rpc_cred, address)
         self.sequenced: state40.Owner | None = None  # the owner of the running seqid operation
+        # the client this connection carries, until an operation names one (a GETATTR, REMOVE
+        # or RENAME of a delegation's holder is then its own, not another client's)
+        self.client = state40.connection_client(conn_state, server.state)
 
     def need_client(self):
         return self.client  # None: the stateid an operation names identifies its client
+
+    def note_client(self) -> None:
+        if self.client is not None:
+            state40.note_connection_client(self.conn_state, self.state, self.client)
 
     def stateid(self, sid):
         # NFSv4.0 has no "current stateid"; checking here gives every operation the 4.0
@@ -131,6 +138,7 @@ def _execute(
         started = time.perf_counter()
         mark = (len(p.chunks), len(p.buf), p.size)  # to take a reply too big back
         status = _operation(cx, opnum, args, p)
+        cx.note_client()
         export = cx.cur.export if cx.cur is not None else None
         counters.op_done(
             compound.OP_METRIC[opnum], time.perf_counter() - started, export and export.id
@@ -172,6 +180,7 @@ def _operation(cx: Compound40, opnum: int, args, p: Packer) -> int:
     except NfsError as exc:
         compound.emit_result(p, opnum, exc.status, None)
         return exc.status
+    cx.note_client()  # before the OPEN: whether its client may get a write delegation
     with owner.lock:  # one request of an owner at a time: a retransmit waits, then replays
         try:
             if state40.is_replay(owner, seqid):

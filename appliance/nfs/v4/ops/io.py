@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from appliance.nfs.state import NfsError
+from appliance.nfs.state import v40 as state40
 from appliance.nfs.v4 import attrs as fattr
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.attrs import MAX_IO, NS
@@ -237,9 +238,7 @@ def _delegation(cx, cl, node: Node, share_access: int, open_claim):
         and claim in (c.CLAIM_NULL, c.CLAIM_FH)
         and node.export is not None
         and node.export.delegations
-        and not (
-            write and (cl.minor == c.MINOR_VERSION_40 or _locked_by_others(state, cl, node.ino))
-        )
+        and not (write and (_unattributed40(cx, cl) or _locked_by_others(state, cl, node.ino)))
     ):
         deleg = state.delegations.grant(
             cl,
@@ -284,6 +283,16 @@ def _reclaimed_delegation(cx, cl, node: Node, dtype: int):
         limit = (c.NFS_LIMIT_SIZE, c.NFS4_UINT64_MAX)
         return (c.OPEN_DELEGATE_WRITE, (sid, False, limit, nobody))
     return (c.OPEN_DELEGATE_READ, (sid, False, nobody))
+
+
+def _unattributed40(cx, cl) -> bool:
+    """An NFSv4.0 client whose connection carries another client too: its GETATTRs could not
+    be told from theirs, so it gets no write delegation (a holder's own GETATTR would be sent
+    to it as CB_GETATTR; its DELEGRETURN COMPOUND carries one)."""
+    return (
+        cl.minor == c.MINOR_VERSION_40
+        and state40.connection_client(cx.conn_state, cx.state) is not cl
+    )
 
 
 def _locked_by_others(state, cl, ino: int) -> bool:

@@ -44,7 +44,9 @@ def setclientid(cx, a):
 
 @operation40(c.OP_SETCLIENTID_CONFIRM)
 def setclientid_confirm(cx, a):
-    cl = state40.setclientid_confirm(cx.state, a.clientid, a.setclientid_confirm, _principal(cx))
+    cl = cx.client = state40.setclientid_confirm(
+        cx.state, a.clientid, a.setclientid_confirm, _principal(cx)
+    )
     _callback_path(cx, cl)
 
 
@@ -69,7 +71,7 @@ def _callback_path(cx, cl) -> None:
 
 @operation40(c.OP_RENEW)
 def renew(cx, clientid):
-    cl = state40.client40(cx.state, clientid)
+    cl = cx.client = state40.client40(cx.state, clientid)
     # RFC 7530 16.30.4: a client holding delegations learns that they cannot be recalled
     path = cl.callback_path
     if (path is None or not path.usable()) and cx.state.delegations.holds_any(cl):
