@@ -296,8 +296,9 @@ class RetentionPolicy(Base):
 class Snapshot(Base):
     """A read-only frozen copy of a directory tree (a dataset), seen at DIR/.snapshots/NAME.
 
-    Its inodes are numbered [ino_lo, ino_hi] (old number + a delta, so the copy is a few
-    INSERT ... SELECT statements) and their extents share the live files' stripes."""
+    Its inodes are numbered [ino_lo, ino_hi] (the tree's inodes in order, densely: the copy is a
+    few INSERT ... SELECT statements; rows from before that was so hold ``old number + a delta``
+    and a range wider than their inodes) and their extents share the live files' stripes."""
 
     __tablename__ = "snapshots"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

@@ -1,8 +1,8 @@
 """Read-only views: the snapshot views under ``DIR/.snapshots/``.
 
 A snapshot's frozen tree occupies one range of inode numbers [ino_lo, ino_hi]
-(engine/snapshots/service.py copies a tree with ``new ino = old ino + delta``, and nothing else is
-ever numbered inside that range), and each dataset has one ``.snapshots`` directory inode. Every
+(engine/snapshots/service.py numbers a tree's copy densely, and nothing else is ever numbered
+inside that range), and each dataset has one ``.snapshots`` directory inode. Every
 change of such an inode, or of a name in such a directory, fails with EROFS. The ranges are kept in
 memory and read again after any commit this process cannot account for (snapshot changes are never
 tracked commits), so the check on a write costs a memory read of the catalog's epoch and a

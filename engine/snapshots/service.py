@@ -3,8 +3,8 @@
 How a snapshot is stored (docs/snapshots.md has the measurements):
 a snapshot is a frozen copy of the dataset's inode, name, symlink, xattr and extent rows, made
 by a handful of set statements (INSERT ... SELECT) in one transaction, with each copied inode
-numbered ``old ino + delta``: the copy is one contiguous range [ino_lo, ino_hi] that nothing
-else is ever numbered in, so "is this inode frozen" is a range check (namespace/readonly.py)
+numbered densely in the tree's order: the copy is one contiguous range [ino_lo, ino_hi] that
+nothing else is ever numbered in, so "is this inode frozen" is a range check (readonly.py)
 and deleting a snapshot is range deletes. No data is copied: the copied extents reference the
 same stripes, whose ``live_bytes`` count every reference (invariant 9). The live namespace's
 rows and queries are untouched, so the live create/stat/write paths pay nothing for snapshots.
@@ -137,14 +137,74 @@ def _reserve_inodes(conn, lo_old: int, hi_old: int) -> int:
 
 
 def _copy_tree(conn, root: int):
-    """Copy the inodes of ``snapshot_tree`` (filled from ``root``, itself included) as
-    ``ino + delta``, with their names, symlinks, xattrs and extents (sharing the stripes).
-    Returns (delta, lo, hi, count, referenced bytes) of the new inodes."""
+    """Copy the inodes of ``snapshot_tree`` (filled from ``root``, itself included), with their
+    names, symlinks, xattrs and extents (sharing the stripes), numbered densely: the n-th
+    smallest inode of the tree becomes ``base + n``, so the snapshot's range is as wide as the
+    tree has inodes. (Numbering ``ino + delta`` reserved the span of the tree's numbers, which
+    holds every earlier snapshot's range once a file is made after it: each snapshot reserved
+    twice the numbers of the one before.) Returns (root's copy, lo, hi, count, referenced)."""
     _fill_tree(conn, root, with_root=True)
-    lo_old, hi_old, count = sql_one(conn, "SELECT MIN(ino), MAX(ino), COUNT(*) FROM snapshot_tree")
-    copied = _copy_rows(conn, "{} IN (SELECT ino FROM snapshot_tree)", (), lo_old, hi_old, None)
+    integer = "INTEGER" if conn.dialect.name == "sqlite" else "BIGINT"
+    sql(
+        conn,
+        f"CREATE TEMP TABLE IF NOT EXISTS snapshot_numbers (ino {integer} PRIMARY KEY, "
+        f"new {integer} NOT NULL)",
+    ).close()
+    sql(conn, "DELETE FROM snapshot_numbers").close()
+    count = sql_one(conn, "SELECT COUNT(*) FROM snapshot_tree")[0]
+    base = _reserve_inodes(conn, 1, count)
+    sql(
+        conn,
+        "INSERT INTO snapshot_numbers (ino, new) "
+        "SELECT ino, ? + ROW_NUMBER() OVER (ORDER BY ino) FROM snapshot_tree",
+        (base,),
+    ).close()
+    lo, hi = base + 1, base + count
+    numbered = "FROM {0} t JOIN snapshot_numbers m ON m.ino = t.ino"
+    sql(
+        conn,
+        f"INSERT INTO inodes (ino, {_INODE_COLUMNS}) SELECT m.new, "
+        f"{', '.join('t.' + c.strip() for c in _INODE_COLUMNS.split(','))} "
+        + numbered.format("inodes"),
+    ).close()
+    sql(
+        conn,
+        "INSERT INTO dirents (parent, name, child) SELECT p.new, d.name, c.new FROM dirents d "
+        "JOIN snapshot_numbers p ON p.ino = d.parent JOIN snapshot_numbers c ON c.ino = d.child",
+    ).close()
+    sql(
+        conn,
+        "INSERT INTO symlinks (ino, target) SELECT m.new, t.target " + numbered.format("symlinks"),
+    ).close()
+    sql(
+        conn,
+        "INSERT INTO xattrs (ino, name, value) SELECT m.new, t.name, t.value "
+        + numbered.format("xattrs"),
+    ).close()
+    sql(
+        conn,
+        "INSERT INTO extents (ino, file_offset, length, stripe_id, stripe_offset) "
+        "SELECT m.new, t.file_offset, t.length, t.stripe_id, t.stripe_offset "
+        + numbered.format("extents"),
+    ).close()
+    referenced = add_references(conn, lo, hi)
+    # a file with links outside the tree has fewer names in the copy, and a dataset's copy has
+    # no .snapshots directory
+    sql(
+        conn,
+        "UPDATE inodes SET nlink = (SELECT COUNT(*) FROM dirents WHERE child = inodes.ino) "
+        "WHERE ino BETWEEN ? AND ? AND type <> ? AND nlink > 1",
+        (lo, hi, DIR),
+    ).close()
+    sql(
+        conn,
+        "UPDATE inodes SET nlink = nlink - 1 WHERE ino IN (SELECT new FROM snapshot_numbers "
+        "WHERE ino IN (SELECT dataset_ino FROM snapshot_dirs))",
+    ).close()
+    copied_root = sql_one(conn, "SELECT new FROM snapshot_numbers WHERE ino = ?", (root,))[0]
+    sql(conn, "DELETE FROM snapshot_numbers").close()
     sql(conn, "DELETE FROM snapshot_tree").close()
-    return (*copied[:3], count, copied[3])
+    return copied_root, lo, hi, count, referenced
 
 
 def _copy_range(conn, lo_old: int, hi_old: int):
@@ -319,8 +379,7 @@ class Snapshots:
                 is not None
             ):
                 raise errors.Exists(f"snapshot {name!r} of {path} exists")
-            delta, lo, hi, count, referenced = _copy_tree(conn, dataset)
-            root = dataset + delta
+            root, lo, hi, count, referenced = _copy_tree(conn, dataset)
             sql(
                 conn,
                 "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
@@ -568,19 +627,19 @@ class Snapshots:
             if counted is None:  # counted outside the chunks' write transactions
                 counted = self.catalog.read(lambda conn, i=item: self._pending_of(conn, i.id))
             while True:
-                dead, inodes, finished = self._run(
+                dead, numbers, inodes, finished = self._run(
                     lambda conn, i=item, c=counted: self._reclaim_chunk(conn, i.id, c),
                     flush=False,
                     foreign_keys=False,
                 )
                 self._forget_stripes(dead)
                 freed += len(dead)
-                done += inodes
+                done += numbers
                 if progress is not None:
                     progress(min(done, total), total, f"reclaiming deleted snapshot {item.name}")
                 if finished:
                     break
-                pace.spend(items=inodes)
+                pace.spend(items=inodes)  # the rows freed, not the numbers skipped
         return freed
 
     def _pending_of(self, conn, snapshot_id: int) -> int:
@@ -589,7 +648,8 @@ class Snapshots:
 
     def _reclaim_chunk(self, conn, snapshot_id: int, counted: int):
         """One chunk of a deleted snapshot's rows, from where the last one ended: (dead
-        stripes, inode numbers covered, whether the snapshot is now wholly freed)."""
+        stripes, inode numbers covered, inodes freed, whether the snapshot is now wholly
+        freed)."""
         lock = " FOR UPDATE" if conn.dialect.name == "postgresql" else ""  # one reclaimer a row
         row = sql_one(
             conn,
@@ -598,24 +658,31 @@ class Snapshots:
             (snapshot_id, True),
         )
         if row is None:
-            return [], 0, True  # another process finished it
+            return [], 0, 0, True  # another process finished it
         lo, hi, pending = int(row[0]), int(row[1]), row[2]
-        end = min(lo + DELETE_CHUNK_INODES - 1, hi)
-        freeing = self._space_in(conn, lo, end)[1]  # the unique bytes that die with this chunk
-        dead = self._purge_range(conn, lo, end)
+        # a range numbered before creates numbered densely spans every earlier snapshot's range
+        # and holds few inodes: a chunk starts at the next inode, not the next number
+        first = sql_one(conn, "SELECT MIN(ino) FROM inodes WHERE ino BETWEEN ? AND ?", (lo, hi))[0]
+        start = hi if first is None else int(first)
+        end = min(start + DELETE_CHUNK_INODES - 1, hi)
+        rows = sql_one(conn, "SELECT COUNT(*) FROM inodes WHERE ino BETWEEN ? AND ?", (start, end))[
+            0
+        ]
+        freeing = self._space_in(conn, start, end)[1]  # the unique bytes that die with this chunk
+        dead = self._purge_range(conn, start, end)
         if end >= hi:
             sql(conn, "DELETE FROM snapshots WHERE id = ?", (snapshot_id,)).close()
             # what it shared with other snapshots (of any dataset: clones copy rows) may now be
             # theirs alone
             self._space_stale(conn)
-            return dead, end - lo + 1, True
+            return dead, end - lo + 1, int(rows), True
         left = max(0, (counted if pending is None else int(pending)) - freeing)
         sql(
             conn,
             "UPDATE snapshots SET ino_lo = ?, pending_bytes = ? WHERE id = ?",
             (end + 1, left, snapshot_id),
         ).close()
-        return dead, end - lo + 1, False
+        return dead, end - lo + 1, int(rows), False
 
     @staticmethod
     def _purge_range(conn, lo: int, hi: int) -> builtins.list[int]:

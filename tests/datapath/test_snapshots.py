@@ -309,3 +309,46 @@ def test_fsck_checks_the_snapshot_rows(engine, dataset):
         "WHERE name = 's2'"
     )
     assert any("overlap those of 's1'" in p for p in problems), problems
+
+
+def test_each_snapshot_takes_as_many_inode_numbers_as_it_copies(engine, dataset):
+    """A snapshot's range is as wide as its tree has inodes, however many snapshots came
+    before: numbered ``ino + delta``, each one spanned the earlier ones' ranges once a file was
+    made after them, and reserved twice the numbers of the one before."""
+    ns, snaps = engine.ns, Snapshots(engine.ns)
+    ds = ns.resolve("/ds").ino
+    for k in range(8):
+        info = snaps.create("/ds", f"s{k}")
+        lo, hi = engine.catalog.read(
+            lambda c, n=info.name: c.exec_driver_sql(
+                f"SELECT ino_lo, ino_hi FROM snapshots WHERE name = '{n}'"
+            ).one()
+        )
+        assert hi - lo + 1 == info.files == 6 + k, (k, lo, hi)
+        ns.create(ROOT, ds, f"new{k}")  # numbered after every range so far
+    views = {
+        name: sorted(e.name for e in ns.readdir(ROOT, ns.resolve(f"/ds/.snapshots/{name}").ino)[0])
+        for name in ("s0", "s7")
+    }
+    assert views["s0"] == ["a", "sub"] and views["s7"] == [
+        "a",
+        *(f"new{k}" for k in range(7)),
+        "sub",
+    ]
+    assert _read(ns, "/ds/.snapshots/s7/sub/hard-a") == dataset["/ds/a"]
+    _check(engine)
+
+
+def test_a_sparse_range_is_reclaimed_by_its_inodes_not_its_numbers(engine, dataset):
+    """Snapshots numbered ``ino + delta`` (before dense numbering) hold ranges far wider than
+    their inodes: the reclaim jumps to the next inode, and paces by the rows it frees."""
+    snaps = Snapshots(engine.ns)
+    snaps.create("/ds", "old")
+    snaps.delete("/ds", "old")
+    engine.catalog.run(  # a range of 10**12 numbers holding 6 inodes, as the doubling made
+        lambda c: c.exec_driver_sql("UPDATE snapshots SET ino_hi = ino_hi + 1000000000000")
+    )
+    chunks: list[int] = []
+    snaps.reclaim(inodes_per_s=10, progress=lambda done, total, _m: chunks.append(done))
+    assert snaps.pending() == [] and len(chunks) <= 2, chunks
+    _check(engine)
