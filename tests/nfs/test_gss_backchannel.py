@@ -7,6 +7,7 @@ CB_GSS_CONTEXTS_EXPIRED (and no delegation) until BACKCHANNEL_CTL names a new on
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import time
@@ -268,11 +269,20 @@ def test_unknown_gone_and_foreign_contexts(gss_server, kdc):
             [(c.OP_BACKCHANNEL_CTL, ctl(CB_PROGRAM, holder.gss_parms(SVC_NONE, other_user)))]
         )
         assert st == c.NFS4ERR_NOENT
+        # the session's record keeps what BACKCHANNEL_CTL set (a restart restores the session
+        # with it; of RPCSEC_GSS the flavour alone, its context being gone then)
+        key = f"nfs_session_{bytes(holder.sessionid).hex()}"
+        st, _ = holder.session([(c.OP_BACKCHANNEL_CTL, ctl(CB_PROGRAM + 1, [(c.AUTH_NONE, None)]))])
+        assert st == 0
+        record = json.loads(gss_server.server.catalog.get_setting(key))
+        assert record["callback"] == [CB_PROGRAM + 1, [[c.AUTH_NONE]]]
         st, _ = holder.session(
             [(c.OP_BACKCHANNEL_CTL, ctl(CB_PROGRAM, holder.gss_parms(SVC_PRIVACY)))]
         )
         assert st == 0
         assert holder.flags() & EXPIRED == 0
+        record = json.loads(gss_server.server.catalog.get_setting(key))
+        assert record["callback"] == [CB_PROGRAM, [[c.RPCSEC_GSS]]]
         fh, kind, dsid = holder.open_read("f-again")
         assert kind == c.OPEN_DELEGATE_READ
         writer = RawClient(port).setup()

@@ -15,6 +15,7 @@ from appliance.nfs.v4.ops.common import need_dir, resok
 from appliance.nfs.v4.ops.fs import lookup
 from appliance.nfs.v4.registry import operation
 from appliance.nfs.v4.types import channel_attrs4, nfs_impl_id4, nfstime4
+from engine.base.blocking import WouldBlock, blocking_forbidden
 
 log = logging.getLogger("shingle.nfs")
 MAX_CACHED = CACHE_LIMIT  # the ca_maxresponsesize_cached offered: what a slot keeps
@@ -171,9 +172,14 @@ def backchannel_ctl(cx, a):
     auth = callback_auth(a.sec_parms, cx.server.gss, _principal_names(cx, cl))
     sess = cx.session
     if sess is not None:
+        if blocking_forbidden():
+            raise WouldBlock("BACKCHANNEL_CTL writes the session's record")
         back = sess.backchannel or restored_backchannel(sess, cx.minor)
         if back is not None:
             back.set_program(a.cb_program, auth)
+        # a restart restores the session with these (appliance.nfs.state.sessions)
+        sess.callback = (a.cb_program, a.sec_parms)
+        cx.state.session_records.save(sess)
 
 
 @operation(c.OP_TEST_STATEID)
