@@ -11,13 +11,14 @@ delegations taken by the head that expires it: its client reclaims the delegatio
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 
 import pytest
 from nfs4_rawclient import RawClient
-from nfs4_support import MiB, Stack, add_export, start_server
+from nfs4_support import MiB, Stack, add_export, nfsrs, start_server
 from test_delegations import CallbackClient, _mode, _v3_remove, make_file, read_delegation
-from test_delegations_v3 import nlm_lock
+from test_delegations_v3 import _retrying, nlm_lock
 
 from appliance.nfs.nlm import types as n
 from appliance.nfs.state.delegations import held_in_catalog
@@ -67,13 +68,16 @@ def _setattr(raw: RawClient, fh: bytes) -> int:
 
 def test_a_change_through_one_head_recalls_the_others_delegation(two_heads):
     stack, (head0, head1) = two_heads
-    for name in ("opened", "removed", "locked", "ignored"):
+    for name in ("opened", "removed", "locked", "written", "ignored"):
         make_file(head1.port, name)
     holder = CallbackClient(head0.port).setup()
     writer = CallbackClient(head1.port, back_channel=False).setup()
     v3 = RawClient(head1.port)
     try:
-        delegs = {name: read_delegation(holder, name) for name in ("opened", "removed", "locked")}
+        delegs = {
+            name: read_delegation(holder, name)
+            for name in ("opened", "removed", "locked", "written")
+        }
         fh, sid = delegs["opened"]
         (row,) = held_in_catalog(stack.catalog, _ino(head0, sid))
         assert row["head"] == "head0"  # by the head's name, not the address all heads share
@@ -109,6 +113,34 @@ def test_a_change_through_one_head_recalls_the_others_delegation(two_heads):
         assert holder.session([(c.OP_PUTFH, fh), (c.OP_DELEGRETURN, sid)])[0] == 0
         got, _ = _until_not(n.NLM4_DENIED_GRACE_PERIOD, lambda: nlm_lock(v3, fh, exclusive=True))
         assert got == n.NLM4_GRANTED
+
+        # nfs-rs (a real NFSv3 client) writing through head 1: it retries JUKEBOX until the
+        # holder returned the delegation recalled through head 0, then reads what it wrote
+        fh, sid = delegs["written"]
+        holder.callbacks.clear()
+        with nfsrs(head1.port, version="3") as client:
+            outcome: dict = {}
+
+            def write() -> None:
+                def once() -> None:
+                    with client.open("written", "r+b") as f:
+                        f.write(b"through head 1")
+
+                try:
+                    outcome["tries"] = _retrying(once)
+                except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                    outcome["error"] = exc
+
+            worker = threading.Thread(target=write)
+            worker.start()
+            assert [s.other for s in holder.wait_for_recall()] == [sid.other]
+            time.sleep(0.3)
+            assert worker.is_alive(), f"the write did not wait: {outcome}"
+            assert holder.session([(c.OP_PUTFH, fh), (c.OP_DELEGRETURN, sid)])[0] == 0
+            worker.join(40)
+            assert "error" not in outcome and outcome["tries"][0] > 1, outcome
+            with client.open("written", "rb") as f:
+                assert f.read() == b"through head 1"
 
         # a holder that ignores the recall: head 0 revokes it a lease later, the SETATTR
         # through head 1 waits until then and never fails

@@ -3,7 +3,10 @@ catalog; a client locks through head 0, which is killed (kill -9). Head 1 keeps 
 lock until it has watched head 0's heartbeat stand still for a lease, then expires it, takes
 its client records and starts the cluster-wide grace period: the client reclaims its open and
 lock through head 1 (CLAIM_PREVIOUS, LOCK reclaim) while another client's new LOCK waits with
-NFS4ERR_GRACE; its RECLAIM_COMPLETE ends the grace period, and the reclaimed lock holds."""
+NFS4ERR_GRACE; its RECLAIM_COMPLETE ends the grace period, and the reclaimed lock holds. The
+client also held a read delegation through head 0: another client's REMOVE through head 1
+waits (DELAY) from the kill until the client reclaimed it through head 1 (CLAIM_PREVIOUS) and
+returned it at head 1's recall."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from pathlib import Path
 import pytest
 from nfs4_rawclient import RawClient, open_args
 from pgserver import free_port
+from test_delegations import CallbackClient, make_file, read_delegation
 
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
@@ -90,7 +94,8 @@ def _lock_args(open_sid, clientid, owner, start=0, length=100, reclaim=False, lo
 
 def test_a_killed_heads_client_reclaims_through_another_head_in_grace(heads):
     (proc0, port0, _), (_, port1, log1) = heads
-    holder = RawClient(port0).setup(owner=b"holder-host")
+    make_file(port1, "delegated")  # (through head 1: head 0 has one client only)
+    holder = CallbackClient(port0).setup(owner=b"holder-host")
     other = RawClient(port1).setup(owner=b"other-host")
     again = None
     try:
@@ -117,6 +122,8 @@ def test_a_killed_heads_client_reclaims_through_another_head_in_grace(heads):
             assert time.monotonic() < deadline, "head 0 never published its lock"
             time.sleep(0.05)
         assert st == c.NFS4ERR_DENIED, st
+        deleg_fh, _ = read_delegation(holder, "delegated")
+        remove = [(c.OP_PUTFH, root), (c.OP_REMOVE, "delegated")]
 
         proc0.send_signal(signal.SIGKILL)
         proc0.wait()
@@ -125,6 +132,8 @@ def test_a_killed_heads_client_reclaims_through_another_head_in_grace(heads):
         # is in grace
         while (st := other.session([(c.OP_PUTFH, fh), lockt])[0]) == c.NFS4ERR_DENIED:
             assert time.monotonic() - killed < 4 * LEASE, "head 0 never expired"
+            # the dead head's delegation stands until it is expired, then until reclaimed
+            assert other.session(remove)[0] == c.NFS4ERR_DELAY
             time.sleep(0.2)
         waited = time.monotonic() - killed
         assert st == c.NFS4ERR_GRACE, st
@@ -134,7 +143,8 @@ def test_a_killed_heads_client_reclaims_through_another_head_in_grace(heads):
         )
 
         # the lost head's client reclaims through head 1 (no RECLAIM_COMPLETE yet)
-        again = RawClient(port1).setup(owner=b"holder-host", reclaim_complete=False)
+        assert other.session(remove)[0] == c.NFS4ERR_DELAY
+        again = CallbackClient(port1).setup(owner=b"holder-host", reclaim_complete=False)
         reclaim = open_args("locked", b"o", again.clientid, create=False)
         reclaim.claim = (c.CLAIM_PREVIOUS, c.OPEN_DELEGATE_NONE)
         st, res = again.session([(c.OP_PUTFH, fh), (c.OP_OPEN, reclaim)])
@@ -142,6 +152,15 @@ def test_a_killed_heads_client_reclaims_through_another_head_in_grace(heads):
         new_sid = res[-1][2].stateid
         lock = _lock_args(new_sid, again.clientid, b"l", reclaim=True)
         assert again.session([(c.OP_PUTFH, fh), (c.OP_LOCK, lock)])[0] == 0
+        reclaim = open_args("delegated", b"d", again.clientid, create=False)
+        reclaim.share_access = c.OPEN4_SHARE_ACCESS_READ
+        reclaim.claim = (c.CLAIM_PREVIOUS, c.OPEN_DELEGATE_READ)
+        st, res = again.session([(c.OP_PUTFH, deleg_fh), (c.OP_OPEN, reclaim)])
+        assert st == 0, st
+        kind, deleg = res[-1][2].delegation
+        assert kind == c.OPEN_DELEGATE_READ, kind
+        close = (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](0, res[-1][2].stateid))
+        assert again.session([(c.OP_PUTFH, deleg_fh), close])[0] == 0
         # meanwhile a new lock waits for the grace period, whatever its range
         st, res = other.session(
             [
@@ -169,6 +188,11 @@ def test_a_killed_heads_client_reclaims_through_another_head_in_grace(heads):
         assert other.session([(c.OP_PUTFH, fh), (c.OP_LOCK, locked)])[0] == c.NFS4ERR_DENIED
         beside = _lock_args(other_sid, other.clientid, b"n", start=100, length=10)
         assert other.session([(c.OP_PUTFH, fh), (c.OP_LOCK, beside)])[0] == 0
+        # the reclaimed delegation is recalled through head 1 before the REMOVE
+        assert other.session(remove)[0] == c.NFS4ERR_DELAY
+        assert [s.other for s in again.wait_for_recall()] == [deleg.stateid.other]
+        assert again.session([(c.OP_PUTFH, deleg_fh), (c.OP_DELEGRETURN, deleg.stateid)])[0] == 0
+        assert other.session(remove)[0] == 0
     finally:
         for raw in (holder, other, again):
             if raw is not None:
