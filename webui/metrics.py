@@ -540,7 +540,9 @@ def _nfs(out: Exposition, latest: dict) -> None:
         "counter",
         "NFSv4 delegations, by event: granted (read and write), granted_write, recalled, "
         "revoked (not returned within a lease of the recall), returned, cb_getattr (another "
-        "client's GETATTR answered from a write delegation's holder).",
+        "client's GETATTR answered from a write delegation's holder); with several heads "
+        "other_head_waits (a request that waited for another head's delegation, each try) "
+        "and other_head_recalls (recalls another head asked of this one).",
         [
             ({"event": event}, latest[f"nfs_delegations_{event}"])
             for event in (
@@ -550,6 +552,8 @@ def _nfs(out: Exposition, latest: dict) -> None:
                 "revoked",
                 "returned",
                 "cb_getattr",
+                "other_head_waits",
+                "other_head_recalls",
             )
             if f"nfs_delegations_{event}" in latest
         ],

@@ -18,7 +18,8 @@ Counter names (the daemon records what it has; charts show what exists):
 - ``nfs_latency_<op>_le_<ms>``, ``nfs_latency_<op>_sum_s``: the histogram per operation, when the
   NFS server records one (``<op>`` as in nfs_ops_<op>)
 - ``nfs_delegations_<event>``: delegations granted (``granted_write`` of them write ones),
-  recalled, revoked and returned, and CB_GETATTRs answered (``cb_getattr``)
+  recalled, revoked and returned, and CB_GETATTRs answered (``cb_getattr``); with several
+  heads ``other_head_waits`` and ``other_head_recalls`` (docs/delegations.md)
 - ``nfs_offload_<event>``: asynchronous COPYs started, completed, failed, cancelled, asked for
   but done synchronously, and their CB_OFFLOADs answered or failed
 - ``nfs_gss_<event>``: RPCSEC_GSS counters (contexts, destroyed, refused, replays, failed_init)

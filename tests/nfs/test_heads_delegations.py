@@ -162,6 +162,10 @@ def test_a_change_through_one_head_recalls_the_others_delegation(two_heads):
         st, _ = holder.session([(c.OP_PUTFH, fh), (c.OP_READ, t.ARGS[c.OP_READ](sid, 0, 10))])
         assert st == c.NFS4ERR_DELEG_REVOKED
         assert head0.server.state.delegations.counts["revoked"] == 1
+        # what /metrics says: head 1's requests waited, head 0 took up its recall requests
+        waits = head1.server.stats()["nfs_delegations_other_head_waits"]
+        assert waits >= 5, waits
+        assert head0.server.stats()["nfs_delegations_other_head_recalls"] >= 5
         assert held_in_catalog(stack.catalog, ino) == []
     finally:
         for raw in (holder, writer, v3):

@@ -79,7 +79,19 @@ class Delegations:
         self.revoked: dict[bytes, DelegState] = {}  # revoked, not yet freed, by "other"
         self.contended: dict[int, float] = {}  # inode -> when a conflict last met a delegation
         self.counts = dict.fromkeys(
-            ("granted", "recalled", "revoked", "returned", "granted_write", "cb_getattr"), 0
+            (
+                "granted",
+                "recalled",
+                "revoked",
+                "returned",
+                "granted_write",
+                "cb_getattr",
+                # several heads: requests through this head that waited for another head's
+                # delegation (each try), and recall requests of other heads taken up here
+                "other_head_waits",
+                "other_head_recalls",
+            ),
+            0,
         )
 
     def start(self, head: str) -> None:
@@ -305,7 +317,11 @@ class Delegations:
         of the previous instance that may still be reclaimed counts too. With several heads,
         another head's delegation counts too (recalled through that head)."""
         if self.heads is not None and write:  # (other heads grant read delegations only)
-            self.heads.conflict(ino, write=write)
+            try:
+                self.heads.conflict(ino, write=write)
+            except NfsError:
+                self.counts["other_head_waits"] += 1
+                raise
         self.recall_here(ino, by, write=write)
 
     def recall_here(self, ino: int, by: Client | None, *, write: bool = True) -> None:
@@ -348,6 +364,7 @@ class Delegations:
         if self.heads is None:
             return 0
         asked = self.heads.take_requests()
+        self.counts["other_head_recalls"] += len(asked)
         for ino, write in asked:
             with self.core.lock:
                 self.contended[ino] = time.monotonic()  # no new delegation of it for a lease

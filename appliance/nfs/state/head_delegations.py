@@ -72,8 +72,6 @@ def delegation_rows(conn, ino: int) -> list[tuple[str, dict]]:
 class HeadDelegations:
     def __init__(self, catalog, registry: HeadRegistry):
         self.catalog, self.registry = catalog, registry
-        self.asked = 0  # recalls this head asked of others
-        self.polled = 0  # recalls others asked of this head, taken up
         # SQLite (whose epoch moves at every commit of any process, read from memory): inode
         # -> the epoch at which no other head held a delegation of it. A file written through
         # this head (an NFSv3 WRITE each time) then costs one catalog read per commit anywhere,
@@ -158,7 +156,6 @@ class HeadDelegations:
                     )
 
         self.catalog.run(work, tracked=True)
-        self.asked += 1
         raise NfsError(
             c.NFS4ERR_DELAY,
             f"inode {ino}: a delegation through {', '.join(sorted(holders))} is being recalled",
@@ -200,5 +197,4 @@ class HeadDelegations:
             lambda conn: conn.execute(delete(SETTINGS).where(SETTINGS.c.key.in_(keys))),
             tracked=True,
         )
-        self.polled += len(asked)
         return asked
