@@ -368,9 +368,12 @@ class ShingleFs(pyfuse3.Operations):
         cookie = start_id
         while True:
             entries, eof = await self._call(self.ns.readdir, cred, ino, cookie, READDIR_PAGE)
+            guard = self.ns.change_guard
+            held = guard is not None and guard.held()  # cheap: any delegation at all
             for entry in entries:
+                attr = await self._as_holder_sees(entry.attr) if held else entry.attr
                 if not pyfuse3.readdir_reply(
-                    token, os.fsencode(entry.name), self._entry(entry.attr), entry.cookie
+                    token, os.fsencode(entry.name), self._entry(attr), entry.cookie
                 ):
                     return  # the kernel's buffer is full: it asks again from the last cookie
                 cookie = entry.cookie

@@ -5,6 +5,7 @@ mount waits so for a write delegation (its holder may have written what the serv
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from pathlib import Path
@@ -58,6 +59,10 @@ def test_a_read_through_the_mount_recalls_a_write_delegation(served):
         with answering(holder):
             assert path.stat().st_size == 12345
         assert holder.getattrs() == 1 and holder.recalls() == []
+        # a listing's entries (READDIRPLUS attributes) ask it too
+        with answering(holder):
+            assert "deleg-ckpt" in os.listdir(served.mount)
+        assert holder.getattrs() == 2 and holder.recalls() == []
         seen: list[bytes] = []
 
         def read_locally():
