@@ -66,6 +66,8 @@ PG_RETRY_SQLSTATES = {"40001", "40P01"}  # serialization failure, deadlock
 AFTER_COMMIT = "shingle.after_commit"
 CHECKPOINT_FRAMES = 1000  # SQLite's own wal_autocheckpoint default
 IDLE_SINCE = "shingle.idle_since"
+# set in a SQLite connection's info while it is at synchronous=FULL (after a durable transaction)
+SYNCHRONOUS_FULL = "shingle.synchronous_full"
 PG_PING_IDLE_S = 1.0  # a pooled PostgreSQL connection idle this long is pinged before use
 PG_CONNECT_TIMEOUT_S = 3  # per host of a multi-host URL (psycopg tries each in turn)
 
@@ -459,7 +461,11 @@ class Catalog:
                         callbacks: list[Callable[[], object]] = []
                         info[AFTER_COMMIT] = callbacks
                         try:
-                            if self.is_sqlite and (durable or not foreign_keys):
+                            if self.is_sqlite and (
+                                durable
+                                or not foreign_keys
+                                or (write and info.get(SYNCHRONOUS_FULL))
+                            ):
                                 result = self._run_sqlite_pragmas(
                                     conn, work, durable=durable, foreign_keys=foreign_keys
                                 )
@@ -560,20 +566,26 @@ class Catalog:
             conn.close()
 
     def _run_sqlite_pragmas(self, conn: Connection, work, *, durable: bool, foreign_keys: bool):
-        """``work`` with synchronous=FULL and/or foreign_keys=OFF; both are set outside the
-        transaction (SQLite ignores foreign_keys inside one) and put back after it."""
+        """``work`` with synchronous=FULL if ``durable`` (else the catalog's level) and/or
+        foreign_keys=OFF; both are set outside the transaction (SQLite ignores foreign_keys
+        inside one). foreign_keys is put back after it; synchronous stays at FULL until a write
+        that is not durable takes the connection: a flush's commits follow one another, and
+        two statements more per commit cost about 60 us of CPU, GIL hand-offs included
+        (docs/performance.md). The connection's info says which level it is at; SQLAlchemy
+        clears it when the DB-API connection is replaced."""
         raw = conn.connection.dbapi_connection
         assert raw is not None  # an open connection has its DB-API connection
-        if durable:
-            raw.execute("PRAGMA synchronous=FULL")
+        info = conn.info
+        if durable != bool(info.get(SYNCHRONOUS_FULL)):
+            level = "FULL" if durable else self._sqlite_synchronous
+            raw.execute(f"PRAGMA synchronous={level}")
+            info[SYNCHRONOUS_FULL] = durable
         if not foreign_keys:
             raw.execute("PRAGMA foreign_keys=OFF")
         try:
             with conn.begin():
                 return work(conn)
         finally:
-            if durable:
-                raw.execute(f"PRAGMA synchronous={self._sqlite_synchronous}")
             if not foreign_keys:
                 raw.execute("PRAGMA foreign_keys=ON")
 

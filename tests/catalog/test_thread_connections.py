@@ -90,3 +90,27 @@ def test_a_closed_catalog_and_a_forked_child_do_not_reuse_them(sqlite_catalog):
     catalog.close()
     assert catalog._kept.take() is None
     assert conn.closed
+
+
+def test_durable_transactions_run_at_full_and_others_at_the_catalogs_level(sqlite_catalog):
+    """A connection stays at synchronous=FULL from one durable commit to the next (a flush's
+    commits follow one another) and goes back to the catalog's level (NORMAL, 1) before any
+    write that is not durable; a read leaves it as it is. 2 is FULL."""
+    catalog = sqlite_catalog
+
+    def level(conn):
+        return sql_one(conn, "PRAGMA synchronous")[0]
+
+    levels = [
+        catalog.run(level, durable=True),
+        catalog.run(level, durable=True),
+        catalog.read(level),
+        catalog.run(level),
+        catalog.run(level, durable=True),
+        catalog.run(level, foreign_keys=False),
+        catalog.run(level, durable=True, foreign_keys=False),
+        catalog.run(level),
+    ]
+    assert levels == [2, 2, 2, 1, 2, 1, 2, 1]
+    # every one of them ran on the one kept connection, so each level above was its own
+    assert len(catalog._kept._open) == 1
