@@ -33,8 +33,8 @@ class CallbackClient(RawClient):
     server met while waiting for a reply are kept (``callbacks``) and answered (unless
     ``answer`` is False)."""
 
-    def __init__(self, port: int, *, back_channel: bool = True):
-        super().__init__(port)
+    def __init__(self, port: int, *, back_channel: bool = True, **kwargs):
+        super().__init__(port, **kwargs)
         self.back_channel = back_channel
         self.callbacks: list[tuple[int, int, bytes]] = []  # (prog, proc, args)
         self.answer = True

@@ -17,6 +17,7 @@ import pytest
 from nfs4_rawclient import RawClient, open_args
 from nfs4_support import add_export, start_server
 from pgserver import free_port
+from sqlalchemy import select
 from test_delegations import CallbackClient
 
 from appliance import config as config_mod
@@ -28,6 +29,8 @@ from appliance.nfs.nlm.nsm import NsmMonitor
 from appliance.nfs.state.delegations import held_in_catalog
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
+from engine.catalog import Catalog
+from engine.catalog.models import Setting
 
 READ = c.OPEN4_SHARE_ACCESS_READ
 CONFIG_EXTRA = 'portmap = "serve"\nportmap_port = 0\ngrace_seconds = 3\n'
@@ -162,6 +165,7 @@ def test_two_heads_behind_one_port(appliance_config):
         write(a, fh, sid, 0, first)
         b_fh, b_sid = open_file(b, "through-a", create=False)
         assert read(b, b_fh, b_sid, len(first)) == first  # the other head reads it
+        check_delegation_across_heads(port, a, appliance_config)
 
         # SIGKILL the head serving a: the listener starts it again under the same index
         index = head_for("127.0.0.1", 2)
@@ -200,6 +204,46 @@ def test_two_heads_behind_one_port(appliance_config):
     assert " head=1 " in log.read_text()  # each head's lines say which head wrote them
     assert not any(process_alive(pid) for pid in pids)
     assert not (home / "heads.json").exists()
+
+
+def check_delegation_across_heads(port: int, writer: RawClient, config) -> None:
+    """A read delegation held through the other head (its row names that head), recalled by
+    it before an OPEN for writing through the writer's head goes through: two processes that
+    meet in the catalog only."""
+    fh, sid = open_file(writer, "delegated", create=True)
+    assert writer.session([(c.OP_PUTFH, fh), (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](0, sid))])[0] == 0
+    other = 1 - head_for("127.0.0.1", 2)
+    source = next(f"127.0.0.{i}" for i in range(2, 30) if head_for(f"127.0.0.{i}", 2) == other)
+    holder = CallbackClient(port, source=source).setup()
+    try:
+        st, res = holder.open_file("delegated", READ)
+        assert st == 0 and res[2][2].delegation[0] == c.OPEN_DELEGATE_READ, (st, res)
+        dsid = res[2][2].delegation[1].stateid
+        close = (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](0, res[2][2].stateid))
+        assert holder.session([(c.OP_PUTFH, fh), close])[0] == 0
+        catalog = Catalog(config_mod.load(config).catalog_url)
+        try:
+            rows = catalog.read(
+                lambda conn: conn.execute(
+                    select(Setting.__table__.c.value).where(
+                        Setting.__table__.c.key.like("nfs_delegation_%")
+                    )
+                ).scalars()
+            )
+            assert [json.loads(v)["head"] for v in rows] == [f"head{other}"]
+        finally:
+            catalog.close()
+        opening = open_args("delegated", b"w", writer.clientid, create=False)
+        writing = [(c.OP_PUTFH, writer.root_fh()), (c.OP_OPEN, opening)]
+        assert writer.session(writing)[0] == c.NFS4ERR_DELAY
+        assert [s.other for s in holder.wait_for_recall()] == [dsid.other]
+        assert holder.session([(c.OP_PUTFH, fh), (c.OP_DELEGRETURN, dsid)])[0] == 0
+        st, res = writer.session(writing)
+        assert st == 0, st
+        close = (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](0, res[-1][2].stateid))
+        assert writer.session([(c.OP_PUTFH, fh), close])[0] == 0
+    finally:
+        holder.close()
 
 
 def test_a_head_of_several_grants_read_delegations_under_its_name_and_no_write_ones(stack):
