@@ -17,11 +17,11 @@ import stat
 import subprocess
 import sys
 import tomllib
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from appliance import config as config_mod
 from appliance.host import install
+from appliance.host.checks import Check
 from engine.base.errors import ConfigError
 
 MIN_PYTHON = (3, 11)
@@ -30,17 +30,6 @@ MIN_KERNEL = (5, 2)
 FAIL_FREE_BYTES = 256 << 20  # below this the catalog's next checkpoint may not fit
 WARN_FREE_BYTES = 1 << 30
 ZONED_MODELS = ("host-managed", "host-aware")
-
-
-@dataclass
-class Check:
-    name: str
-    status: str  # ok | warn | fail
-    detail: str
-    fix: str = ""
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def must_fix(results: list[Check]) -> bool:
@@ -764,6 +753,13 @@ def run_checks(
         results.append(check_port("nfs", config.get("nfs.host"), config.get("nfs.port")))
         results.append(check_heads(config))
         results.append(check_port("webui", config.get("webui.host"), config.get("webui.port")))
+    plan = root / "etc" / "shingle" / "cluster.toml"
+    if plan.exists():  # a host of a cluster set up by `shingle cluster plan`
+        from appliance.host.clusterdoctor import check_cluster
+
+        member = socket.gethostname().split(".")[0]
+        url = config.catalog_url if config is not None else None
+        results += check_cluster(plan, root / "etc", member, url)
     results.append(check_clock())
     return results
 

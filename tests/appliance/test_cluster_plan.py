@@ -101,3 +101,31 @@ def test_cluster_init_takes_the_plans_etcd_endpoints(tmp_path, capsys):
                     "--plan", str(tmp_path / "cluster.toml")])  # fmt: skip
     assert code == 2
     assert "this head's catalog is SQLite" in capsys.readouterr().err
+
+
+def test_doctor_names_what_a_members_host_lacks(tmp_path, capsys):
+    """Members on addresses where nothing listens (127.66.0.x): etcd and Patroni fail; the
+    rendered files: absent fails, changed warns; a head's URL missing a member warns. The
+    checks finding a working cluster all ok: tests/cluster/test_cluster_render.py."""
+    from appliance.host.clusterdoctor import check_cluster
+
+    members = "m1=127.66.0.1,m2=127.66.0.2,m3=127.66.0.3"
+    assert make(tmp_path, capsys, etcd=members, postgres=members) == 0
+    plan, etc = tmp_path / "cluster.toml", tmp_path / "etc"
+
+    def statuses(url=None) -> dict[str, str]:
+        return {c.name: c.status for c in check_cluster(plan, etc, "m1", url)}
+
+    found = statuses()
+    assert found["cluster etcd"] == "fail" and found["cluster patroni"] == "fail"
+    assert found["cluster default/etcd"] == found["cluster patroni/config.yml"] == "fail"
+    assert found["cluster plan"] == "ok"
+    assert shingle(["cluster", "render", "m1", "--plan", str(plan), "--etc", str(etc)]) == 0
+    assert statuses()["cluster patroni/config.yml"] == "ok"
+    (etc / "default" / "etcd").write_text("ETCD_NAME=other\n")
+    assert statuses()["cluster default/etcd"] == "warn"
+    url = clusterplan.load_plan(plan).catalog_url
+    assert statuses(url)["cluster catalog url"] == "ok"
+    assert statuses(url.replace("&host=127.66.0.3:5432", ""))["cluster catalog url"] == "warn"
+    plan.chmod(0o644)
+    assert statuses()["cluster plan"] == "warn"

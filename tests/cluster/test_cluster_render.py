@@ -13,7 +13,8 @@ EnvironmentFile, `/usr/bin/etcd`), Patroni as postgres with the rendered config.
 - the heads' catalog URL (`render --catalog-url`) reaches the primary as the catalog role (its
   post-bootstrap script ran: role and database), which writes and migrates the catalog to the
   newest revision (as `shingle init --catalog URL` does), and the synchronous standby has it; a
-  wrong password is refused (the rendered pg_hba asks for one).
+  wrong password is refused (the rendered pg_hba asks for one);
+- `shingle doctor`'s cluster checks (appliance/host/clusterdoctor.py) on a member: all ok.
 Every process of the three hosts is killed at the end."""
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from sqlalchemy.pool import NullPool
 
 from appliance.cli.cluster import set_section_options
 from appliance.cli.parser import main as shingle
+from appliance.host.clusterdoctor import check_cluster
 from engine.catalog import upgrade
 from engine.catalog.migrate import head_revision
 
@@ -97,6 +99,7 @@ def test_rendered_configs_start_an_etcd_cluster_and_patroni_members(bed, tmp_pat
             own = tmp_path / f"{host}.toml"
             folder = bed.hosts[host].folder  # the members' users reach it (bed.py)
             own.write_text(plan.read_text().replace(f"{bed.folder}/member/", f"{folder}/"))
+            own.chmod(0o600)
             assert shingle(["cluster", "render", host, "--plan", str(own),
                             "--etc", str(folder / "etc")]) == 0  # fmt: skip
         capsys.readouterr()
@@ -191,6 +194,18 @@ def test_rendered_configs_start_an_etcd_cluster_and_patroni_members(bed, tmp_pat
         )
         with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
             bed.call(HOSTS[1], lambda: psycopg.connect(member(roles["leader"], "not-it")))
+        # `shingle doctor`'s cluster checks on a member find it all well
+        first = bed.hosts[HOSTS[0]].folder
+        checks = bed.call(
+            HOSTS[0],
+            lambda: check_cluster(
+                tmp_path / f"{HOSTS[0]}.toml", first / "etc", HOSTS[0], catalog_url
+            ),
+        )
+        assert [c.name for c in checks if c.status != "ok"] == [], checks
+        assert {c.name for c in checks} >= {
+            "cluster etcd", "cluster patroni", "cluster patroni/config.yml", "cluster catalog url"
+        }  # fmt: skip
         print(
             f"\netcd healthy {etcd_s:.1f} s, Patroni whole {patroni_s:.1f} s after that, "
             f"catalog migrated in {migrate_s:.1f} s"
