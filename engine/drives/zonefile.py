@@ -152,8 +152,11 @@ class ZoneFileDrive(ZonedDrive):
                 # reader wants with parity it skips, and the data path reads ahead whole stripes
                 # of data fragments itself (with a WILLNEED hint per fragment)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-                self._fds[idx] = fd
+                # the pointer before the fd: the event loop's read_cached finds the fd without
+                # the lock and then reads the pointer (a data server's first READ of a zone
+                # another head wrote met a KeyError there: SERVERFAULT)
                 self._wp.setdefault(idx, os.fstat(fd).st_size)
+                self._fds[idx] = fd
         return fd
 
     def write_pointer(self, idx: int) -> int:

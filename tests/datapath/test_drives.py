@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 
 import pytest
 from sqlalchemy import func, select
@@ -200,3 +201,36 @@ def test_datapath_writes_are_sequential_appends_on_the_smr_model(sqlite_catalog,
         assert report["band_rewrites"] == 0
     finally:
         eng.close()
+
+
+def test_a_zone_opened_while_the_loop_reads_it_is_not_cached_yet(tmp_path, monkeypatch):
+    """The event loop's read_cached looks for a zone's fd without the lock while a worker opens
+    the zone: it finds either no fd or the fd with its pointer, never the fd alone (a data
+    server's first READ of a zone another head wrote failed with a KeyError: SERVERFAULT)."""
+    drive = ZoneFileDrive.format(tmp_path / "z", 64 * KiB, 4, "u")
+    drive.append(1, 0, b"written by another head")
+    drive.close()
+    drive = ZoneFileDrive(tmp_path / "z", 64 * KiB, 4, uuid="u")  # knows no zone yet
+    opening, go_on = threading.Event(), threading.Event()
+    real_fstat = os.fstat
+    opener = threading.Thread(target=drive.write_pointer, args=(1,), name="opener")
+
+    def held_fstat(fd):
+        if threading.current_thread() is opener:
+            opening.set()
+            go_on.wait(10)
+        return real_fstat(fd)
+
+    monkeypatch.setattr(os, "fstat", held_fstat)
+    opener.start()
+    try:
+        assert opening.wait(10)
+        assert drive.read_cached(1, 0, 7) is None  # not opened yet: a worker reads it
+    finally:
+        go_on.set()
+        opener.join(10)
+    monkeypatch.setattr(os, "fstat", real_fstat)
+    got = drive.read_cached(1, 0, 7)
+    assert got is None or bytes(got) == b"written"  # (None: not in the page cache)
+    assert drive.write_pointer(1) == len(b"written by another head")
+    drive.close()
