@@ -24,6 +24,7 @@ from pathlib import Path
 
 from appliance import config as config_mod
 from appliance.agent import folders as folders_mod
+from appliance.host.addresses import client_addresses, url_host
 from appliance.private import write_private
 from engine.base.errors import ConfigError
 
@@ -782,7 +783,8 @@ def _add_next_steps(root: Path, config: config_mod.Config, on_host: bool, report
         f"{config.get('nfs.port')})",
         f"check the host: shingle -c {CONFIG_PATH} doctor",
         f"start: systemctl start {TARGET}   (logs: journalctl -u 'shingle-*' -f)",
-        f"web UI: http://{config.get('webui.host')}:{config.get('webui.port')}/  (first admin "
+        f"web UI: http://{url_host(client_addresses(config.get('webui.host'))[0])}:"
+        f"{config.get('webui.port')}/  (first admin "
         f"login in {_target_path(root, password_file) if not on_host else password_file})",
     ]
 
