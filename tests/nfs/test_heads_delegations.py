@@ -18,11 +18,13 @@ import pytest
 from nfs4_rawclient import RawClient
 from nfs4_support import MiB, Stack, add_export, nfsrs, start_server
 from test_delegations import CallbackClient, _mode, _v3_remove, make_file, read_delegation
+from test_delegations40 import CB_IDENT, CallbackService, Client40
 from test_delegations_v3 import _retrying, nlm_lock
 
 from appliance.nfs.nlm import types as n
 from appliance.nfs.state.delegations import held_in_catalog
 from appliance.nfs.v3 import types as t3
+from appliance.nfs.v4 import backchannel as cb
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
 
@@ -68,7 +70,7 @@ def _setattr(raw: RawClient, fh: bytes) -> int:
 
 def test_a_change_through_one_head_recalls_the_others_delegation(two_heads):
     stack, (head0, head1) = two_heads
-    for name in ("opened", "removed", "locked", "written", "ignored"):
+    for name in ("opened", "removed", "locked", "written", "ignored", "v40"):
         make_file(head1.port, name)
     holder = CallbackClient(head0.port).setup()
     writer = CallbackClient(head1.port, back_channel=False).setup()
@@ -166,10 +168,38 @@ def test_a_change_through_one_head_recalls_the_others_delegation(two_heads):
         waits = head1.server.stats()["nfs_delegations_other_head_waits"]
         assert waits >= 5, waits
         assert head0.server.stats()["nfs_delegations_other_head_recalls"] >= 5
+        _v40_holder_recalled_across_heads(head0, writer)
         assert held_in_catalog(stack.catalog, ino) == []
     finally:
         for raw in (holder, writer, v3):
             raw.close()
+
+
+def _v40_holder_recalled_across_heads(head0, writer) -> None:
+    """An NFSv4.0 holder through head 0 is recalled over its SETCLIENTID callback address
+    before an OPEN for writing through head 1."""
+    service = CallbackService()
+    holder = None
+    try:
+        holder = Client40(head0.port, service.uaddr)
+        assert service.wait(lambda: any(proc == cb.CB_NULL for proc, _, _ in service.calls))
+        time.sleep(0.2)  # the probe's reply is being read
+        ok, fh, sid = holder.open_read("v40", b"reader40")
+        kind, deleg = ok.delegation
+        assert kind == c.OPEN_DELEGATE_READ, ok.delegation
+        holder.close_open(fh, sid)
+        assert writer.open_file("v40", c.OPEN4_SHARE_ACCESS_WRITE)[0] == c.NFS4ERR_DELAY
+        recalled = service.wait(service.recalls)
+        assert [(ident, r.stateid.other) for ident, r in recalled] == [
+            (CB_IDENT, deleg.stateid.other)
+        ]
+        st, _ = holder.raw.v40([(c.OP_PUTFH, fh), (c.OP_DELEGRETURN, deleg.stateid)])
+        assert st == 0, st
+        assert writer.open_file("v40", c.OPEN4_SHARE_ACCESS_WRITE, owner=b"w40")[0] == 0
+    finally:
+        if holder is not None:
+            holder.raw.close()
+        service.close()
 
 
 def test_a_dead_heads_delegation_is_reclaimed_through_the_head_that_expires_it(two_heads):
@@ -197,6 +227,8 @@ def test_a_dead_heads_delegation_is_reclaimed_through_the_head_that_expires_it(t
             time.sleep(0.1)
         (row,) = held_in_catalog(stack.catalog, ino)
         assert row["head"] == "head1"  # taken with its client
+        # the recalls head 1 asked of head 0 went with it (it asks itself now)
+        assert not stack.catalog.get_setting(f"nfs_recall_head0_{ino}")
         # the unreclaimed delegation still holds off the REMOVE during the grace period
         assert _v3_remove(v3, root, "kept") == t3.NFS3ERR_JUKEBOX
 

@@ -25,7 +25,7 @@ import logging
 
 from sqlalchemy import delete, select
 
-from appliance.nfs.state.heads import HEADS, HeadRegistry, recovery_epoch
+from appliance.nfs.state.heads import HEADS, RECALL_PREFIX, HeadRegistry, recovery_epoch
 from appliance.nfs.state.model import NfsError
 from appliance.nfs.v4 import const as c
 from engine.admin.nfs_clients import DELEG_PREFIX
@@ -35,7 +35,6 @@ from engine.catalog.models import Setting
 log = logging.getLogger("shingle.nfs.state")
 
 SETTINGS = Setting.__table__
-RECALL_PREFIX = "nfs_recall_"
 # how often a head looks for recalls other heads asked of it: on SQLite a look costs a memory
 # read while nothing was committed (the epoch), so often enough that the Linux client's first
 # retry of NFS4ERR_DELAY (after 0.1 s) finds the delegation returned; on PostgreSQL a query

@@ -43,6 +43,9 @@ CLIENTS = NfsClient.__table__
 SETTINGS = Setting.__table__
 
 
+RECALL_PREFIX = "nfs_recall_"  # recall requests (appliance.nfs.state.head_delegations)
+
+
 def head_name(index: int) -> str:
     return f"head{index}"
 
@@ -239,6 +242,14 @@ class HeadRegistry:
             taken.clients = self._take_clients(conn, name)
             taken.nlm_hosts = self._take_nlm_hosts(conn, name)
         taken.delegations = self._take_delegations(conn, name, adopt and bool(taken.clients))
+        # recalls other heads asked of it: they ask this head next, if its rows are taken
+        prefix = f"{RECALL_PREFIX}{name}_"
+        asked = conn.execute(
+            select(SETTINGS.c.key).where(SETTINGS.c.key.like(prefix + "%"))
+        ).scalars()
+        stale = [key for key in asked if key.startswith(prefix)]
+        if stale:
+            conn.execute(delete(SETTINGS).where(SETTINGS.c.key.in_(stale)))
         conn.execute(delete(CLIENTS).where(CLIENTS.c.head == name))
         conn.execute(delete(SETTINGS).where(SETTINGS.c.key == nsm_hosts_key(name)))
         # its sessions' rows (appliance.nfs.state.sessions): nobody restores them any more
