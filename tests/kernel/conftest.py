@@ -151,7 +151,8 @@ def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon) -> RigRun:
         print(f"kernel rig: NLM lock checks skipped: {skip_locks}", file=sys.stderr)
 
     def on_request(text: str) -> str:
-        # "restart-server", "snapshot-create PATH NAME" (PATH in the namespace), or
+        # "restart-server", "snapshot-create|snapshot-delete PATH NAME", "dataset-clone
+        # SNAPSHOT PATH" (paths in the namespace), or
         # "deleg-write PATH HEX" (PATH in the export: another client writes it), "deleg-stat
         # PATH", "deleg-read PATH" (another client's stat, read), or
         # "offload-stats" (the daemon's asynchronous COPY counters)
@@ -161,6 +162,10 @@ def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon) -> RigRun:
                 return shingle_daemon.restart()
             if action == "snapshot-create" and len(args) == 2:
                 return shingle_daemon.snapshot_create(*args)
+            if action == "snapshot-delete" and len(args) == 2:
+                return shingle_daemon.snapshot_delete(*args)
+            if action == "dataset-clone" and len(args) == 2:
+                return shingle_daemon.dataset_clone(*args)
             if action == "deleg-write" and len(args) == 2:
                 return write_as_second_client(shingle_daemon.port, args[0], bytes.fromhex(args[1]))
             if action == "deleg-stat" and len(args) == 1:

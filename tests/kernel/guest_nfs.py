@@ -79,6 +79,7 @@ V42_CHECKS = (
     "seek-data-hole",
     "xattr",
     "snapshot-read",
+    "snapshot-clone",
 )
 # checks run once per version as root in the export root of an export with the default
 # squash (its own VM run: plan "root_squash")
@@ -849,28 +850,59 @@ def check_xattr(mountpoint: str, _ns_folder: str) -> str:
     return f"setfattr/getfattr -n/-d/-x, 4000-byte and directory values ({sent.expect()})"
 
 
+def tree_digest(top: str) -> dict[str, tuple[int, int, str]]:
+    """Every file under ``top``: relative path -> (size, link count, sha256)."""
+    found = {}
+    for folder, _dirs, names in os.walk(top):
+        for name in names:
+            path = os.path.join(folder, name)
+            st = os.stat(path)
+            found[os.path.relpath(path, top)] = (st.st_size, st.st_nlink, sha256(path))
+    return found
+
+
 def check_snapshot_read(_mountpoint: str, ns_folder: str) -> str:
     files = {
         "dataset/a.bin": random.randbytes(300_000),
         "dataset/sub/b.bin": random.randbytes(1 << 20),
         "dataset/c.txt": b"version 1\n",
+        "dataset/d.bin": random.randbytes(200_000),
+        "dataset/e.bin": random.randbytes(100_000),
     }
     os.makedirs("dataset/sub")
     for path, data in files.items():
         write_synced(path, data)
+    os.link("dataset/e.bin", "dataset/sub/e-link")
     answer = vmchannel_request(f"snapshot-create {ns_folder}/dataset s1")
     expect(answer.startswith("snapshot s1"), f"host: {answer}")
-    # the live tree moves on; the snapshot keeps what it held
+    view = "dataset/.snapshots/s1"
+    drop_caches()
+    frozen = tree_digest(view)
+    expect(len(frozen) == 6 and frozen["e.bin"][1] == 2, f"the view at first: {frozen}")
+    # the live tree moves on through this client: overwrite, unlink, create, rename out of a
+    # folder, truncate, a hard link made and one removed; the snapshot keeps what it held
     write_synced("dataset/c.txt", b"version 2\n")
     os.unlink("dataset/a.bin")
     write_synced("dataset/new.bin", b"after the snapshot")
+    os.rename("dataset/sub/b.bin", "dataset/b-moved.bin")
+    os.truncate("dataset/d.bin", 10)
+    os.link("dataset/d.bin", "dataset/sub/d-link")
+    os.unlink("dataset/sub/e-link")
     drop_caches()
-    view = "dataset/.snapshots/s1"
+    live = tree_digest("dataset")
+    expect(
+        live["d.bin"][:2] == (10, 2) and live["e.bin"][1] == 1 and "a.bin" not in live,
+        f"the live tree after the changes: {live}",
+    )
     expect(".snapshots" not in os.listdir("dataset"), "DIR lists .snapshots")
-    expect(sorted(os.listdir(view)) == ["a.bin", "c.txt", "sub"], f"view: {os.listdir(view)}")
+    listed = sorted(os.listdir(view))
+    expect(listed == ["a.bin", "c.txt", "d.bin", "e.bin", "sub"], f"view: {listed}")
+    after = tree_digest(view)
+    moved = sorted(k for k in frozen.keys() | after.keys() if frozen.get(k) != after.get(k))
+    expect(not moved, f"the view changed (size, links, sha256) at {moved}")
     for path, data in files.items():
-        frozen = os.path.join(view, os.path.relpath(path, "dataset"))
-        expect(read_file(frozen) == data, f"{frozen} does not hold the bytes of the snapshot")
+        inside = os.path.join(view, os.path.relpath(path, "dataset"))
+        expect(read_file(inside) == data, f"{inside} does not hold the bytes of the snapshot")
     expect(read_file("dataset/c.txt") == b"version 2\n", "the live file")
     refused = []
     attempts = {
@@ -891,7 +923,62 @@ def check_snapshot_read(_mountpoint: str, ns_folder: str) -> str:
                 refused.append(f"{what}: {errno.errorcode.get(exc.errno, exc.errno)}")
     expect(not refused, f"changes in the snapshot view not refused with EROFS: {refused}")
     expect(read_file(f"{view}/sub/b.bin") == files["dataset/sub/b.bin"], "after the attempts")
-    return f"host {answer}; 3 files read back through .snapshots/s1; {len(attempts)} changes EROFS"
+    return (
+        f"host {answer}; 6 names of .snapshots/s1 unchanged (size, links, sha256) through 7 "
+        f"changes of the live tree; {len(attempts)} changes in the view EROFS"
+    )
+
+
+def check_snapshot_clone(_mountpoint: str, ns_folder: str) -> str:
+    """A dataset clone (made by the host's `shingle dataset clone`) written through this client,
+    its origin snapshot then deleted and reclaimed, the clone read back (sha256)."""
+    files = {
+        "big.bin": random.randbytes(2 << 20),
+        "small.txt": b"origin\n",
+        "sub/c.bin": random.randbytes(50_000),
+    }
+    os.makedirs("origin/sub")
+    for path, data in files.items():
+        write_synced(f"origin/{path}", data)
+    answer = vmchannel_request(f"snapshot-create {ns_folder}/origin o1")
+    expect(answer.startswith("snapshot o1"), f"host: {answer}")
+    answer = vmchannel_request(f"dataset-clone {ns_folder}/origin/.snapshots/o1 {ns_folder}/forked")
+    expect("cloned" in answer, f"host: {answer}")
+    drop_caches()
+    origin = tree_digest("origin")
+    expect(tree_digest("forked") == origin, f"the clone {tree_digest('forked')} vs {origin}")
+    # written here: part of the big file overwritten, a file appended to, one made, one renamed
+    big = bytearray(files["big.bin"])
+    patch = random.randbytes(4096)
+    big[1 << 20 : (1 << 20) + 4096] = patch
+    with open("forked/big.bin", "r+b") as f:
+        f.seek(1 << 20)
+        f.write(patch)
+        f.flush()
+        os.fsync(f.fileno())
+    with open("forked/small.txt", "ab") as f:
+        f.write(b"forked\n")
+        f.flush()
+        os.fsync(f.fileno())
+    made = random.randbytes(300_000)
+    write_synced("forked/sub/new.bin", made)
+    os.rename("forked/sub/c.bin", "forked/c-moved.bin")
+    want = {
+        "big.bin": hashlib.sha256(big).hexdigest(),
+        "small.txt": hashlib.sha256(b"origin\nforked\n").hexdigest(),
+        "sub/new.bin": hashlib.sha256(made).hexdigest(),
+        "c-moved.bin": hashlib.sha256(files["sub/c.bin"]).hexdigest(),
+    }
+    drop_caches()
+    expect(tree_digest("origin") == origin, "writing the clone changed its origin")
+    expect(tree_digest("origin/.snapshots/o1") == origin, "writing the clone changed the snapshot")
+    answer = vmchannel_request(f"snapshot-delete {ns_folder}/origin o1")
+    expect("reclaimed" in answer, f"host: {answer}")
+    drop_caches()
+    expect(not os.path.exists("origin/.snapshots/o1"), "the deleted snapshot still shows")
+    got = {path: digest for path, (_, _, digest) in tree_digest("forked").items()}
+    expect(got == want, f"the clone after its origin was reclaimed: {got} vs {want}")
+    return f"clone written (4 changes); origin deleted and reclaimed; 4 sha256 equal ({answer})"
 
 
 def run_v42(mountpoint: str, folder: str) -> None:

@@ -272,19 +272,37 @@ class ShingleDaemon:
         self.start()
         return f"restarted (old daemon exit {status}) in {time.monotonic() - started:.1f} s"
 
-    def snapshot_create(self, path: str, name: str) -> str:
-        """`shingle -c CONF snapshot create PATH NAME` beside the running daemon (snapshots are
-        catalog rows: the CLI works while the daemon serves); its output, or why it failed."""
+    def cli(self, *args: str) -> tuple[int, str]:
+        """`shingle -c CONF ARGS` beside the running daemon (snapshots and clones are catalog
+        rows: the CLI works while the daemon serves): exit code, output or why it failed."""
         run = subprocess.run(
-            [sys.executable, "-m", "appliance.cli", "-c", str(self.config)]
-            + ["snapshot", "create", path, name],
+            [sys.executable, "-m", "appliance.cli", "-c", str(self.config), *args],
             capture_output=True,
             text=True,
             timeout=120,
         )
         if run.returncode:
-            return f"snapshot create failed ({run.returncode}): {run.stderr.strip()[-500:]}"
-        return run.stdout.strip()
+            return run.returncode, f"{' '.join(args[:2])} failed: {run.stderr.strip()[-500:]}"
+        return 0, run.stdout.strip()
+
+    def snapshot_create(self, path: str, name: str) -> str:
+        return self.cli("snapshot", "create", path, name)[1]
+
+    def dataset_clone(self, snapshot: str, path: str) -> str:
+        return self.cli("dataset", "clone", snapshot, path)[1]
+
+    def snapshot_delete(self, path: str, name: str) -> str:
+        """Delete, then reclaim now (the daemon's job): what the snapshot alone held is freed."""
+        code, out = self.cli("snapshot", "delete", path, name)
+        if code:
+            return out
+        code, out = self.cli("snapshot", "reclaim")
+        if code:
+            return out
+        code, listed = self.cli("snapshot", "list", path)
+        if code or "pending" in listed or name in listed:
+            return f"still there after the reclaim: {listed}"
+        return f"deleted and reclaimed ({' '.join(out.split())[:200]})"
 
     def offload_counts(self) -> str:
         """The asynchronous COPY counters of the daemon's latest metrics sample, as
