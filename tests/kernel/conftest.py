@@ -18,7 +18,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import guest_nfs
 import pytest
 import vm
 from nfs_rig import (
@@ -130,11 +129,7 @@ def run_guest(
         host_forwards=host_forwards,
         on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None,
     )
-    checks = {}
-    for line in result.lines:
-        if line.startswith(guest_nfs.CHECK_MARKER):
-            _, verdict, name, *details = line.split(" ", 3)
-            checks[name] = (verdict, details[0] if details else "")
+    checks = result.checks()
     verdicts = [verdict for verdict, _ in checks.values()]
     print(
         f"kernel rig: VM ran {result.seconds:.0f} s, {len(checks)} checks, "

@@ -96,11 +96,7 @@ def systemd_run(systemd_kernel):
             systemd=True,
             on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None,
         )
-        checks = {}
-        for line in result.lines:
-            if line.startswith(guest_systemd.CHECK_MARKER):
-                _, verdict, name, *details = line.split(" ", 3)
-                checks[name] = (verdict, details[0] if details else "")
+        checks = result.checks()
         print(
             f"systemd rig: VM ran {result.seconds:.0f} s, "
             f"{sum(v == 'PASS' for v, _ in checks.values())}/{len(checks)} steps passed",

@@ -72,15 +72,6 @@ def boot(kernel, tree, folder: Path, name: str, images, spec: dict, on_line=None
     )
 
 
-def parse_checks(lines: list[str]) -> dict[str, tuple[str, str]]:
-    checks = {}
-    for line in lines:
-        if line.startswith(guest_zoned.CHECK_MARKER):
-            _, verdict, name, *details = line.split(" ", 3)
-            checks[name] = (verdict, details[0] if details else "")
-    return checks
-
-
 @pytest.fixture(scope="module")
 def zoned_results() -> ZonedRun:
     """Boot 1 runs the checks, then writes files on the ZBC disks and durable tails past the
@@ -114,14 +105,14 @@ def zoned_results() -> ZonedRun:
             result = boot(kernel, tree, folder, "vm", images, spec, watch)
         except KillQemu:
             result = vm.VmResult(None, seen, "", 0.0, extra={"killed": True})
-        checks = parse_checks(result.lines)
+        checks = vm.parse_checks(result.lines)
         if crash and result.extra.get("killed"):
             after = {**spec, "null_blk": {}, "crash": False, "after_crash": acked}
             # the bare backing file: any option would format it again
             after["zbc"] = {name: {**z, "options": ""} for name, z in spec["zbc"].items()}
             second = boot(kernel, tree, folder, "vm-after-crash", images, after)
-            checks.update(parse_checks(second.lines))
-            if not parse_checks(second.lines):
+            checks.update(vm.parse_checks(second.lines))
+            if not vm.parse_checks(second.lines):
                 result = second  # its output explains the missing check
     finally:
         if not os.environ.get("SHINGLE_KERNEL_RIG_KEEP"):

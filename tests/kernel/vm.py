@@ -64,6 +64,8 @@ BEGIN_MARKER = "@@SHINGLE-VM BEGIN"
 EXIT_MARKER = "@@SHINGLE-VM EXIT"
 REQUEST_MARKER = "@@SHINGLE-VM REQUEST"
 REPLY_MARKER = "@@SHINGLE-VM REPLY"
+# a guest's check result: "@@CHECK PASS|FAIL|SKIP name details" (each guest_*.py prints them)
+CHECK_MARKER = "@@CHECK"
 
 
 class VmUnavailable(Exception):
@@ -435,6 +437,20 @@ class VmResult:
     seconds: float
     timed_out: bool = False
     extra: dict = field(default_factory=dict)
+
+    def checks(self) -> dict[str, tuple[str, str]]:
+        return parse_checks(self.lines)
+
+
+def parse_checks(lines: list[str]) -> dict[str, tuple[str, str]]:
+    """{check name: (PASS|FAIL|SKIP, details)} from a guest's check lines; a name reported
+    twice keeps its last result."""
+    checks = {}
+    for line in lines:
+        if line.startswith(CHECK_MARKER + " "):
+            _, verdict, name, *details = line.split(" ", 3)
+            checks[name] = (verdict, details[0] if details else "")
+    return checks
 
 
 def run_vm(
