@@ -11,6 +11,10 @@ design.
   check: RFC 8881 13.9.1, loose coupling) after checking the caller's own rights, and answers
   NFS4ERR_PNFS_NO_LAYOUT once it is no longer in the published list, so the client drops the
   layout and asks again.
+- Data servers that are heads of several over the catalog announce which head serves their
+  address; the metadata server leaves a data server out of new layouts while its head has no
+  row in nfs_heads (dead: expired by another head after a lease, or not started), and takes it
+  back when the head joins again (``follow``): a new generation each time.
 - Layouts are whole-file hints any data server can serve: nothing is recalled. Their state
   (stateid, seqid per client and file) lives in this process only: a restart of the metadata
   server makes clients start over, as it does for their opens."""
@@ -25,12 +29,17 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from sqlalchemy import select
+
 from appliance.nfs.state import NfsError
 from appliance.nfs.v4 import const as c
 from engine.base.blocking import WouldBlock, blocking_forbidden
+from engine.catalog.models import NfsHead, Setting
 
 log = logging.getLogger("shingle.nfs")
 MEMBERSHIP_KEY = "pnfs.membership"
+# + a head's name: the address of the data server that head is (``Pnfs.announce``)
+ANNOUNCE_PREFIX = "pnfs.data_server."
 MEMBERSHIP_TTL_S = 2.0  # how long a data server trusts what it read of the membership
 MAX_LAYOUTS = 65536  # layout states kept; the oldest go first (a client then asks again)
 ROLES = ("off", "mds", "ds")
@@ -75,7 +84,12 @@ class Pnfs:
         # a data server answers a layout's WRITEs FILE_SYNC ([pnfs] data_server_writes)
         self.stable_writes = stable_writes
         self.generation = 0
-        self.device_id = bytes(c.NFS4_DEVICEID4_SIZE)
+        # the device new layouts name and the data servers it lists, replaced as one
+        self.device: tuple[bytes, tuple[tuple[str, int], ...]] = (
+            bytes(c.NFS4_DEVICEID4_SIZE),
+            tuple(self.data_servers),
+        )
+        self.announced = False  # a data server: its head's announcement is written
         self._lock = threading.Lock()  # the layout states
         self._layouts: OrderedDict[bytes, Layout] = OrderedDict()
         self._by_file: dict[tuple[int, int], Layout] = {}
@@ -106,11 +120,17 @@ class Pnfs:
             return c.EXCHGID4_FLAG_USE_PNFS_DS | c.EXCHGID4_FLAG_USE_NON_PNFS
         return c.EXCHGID4_FLAG_USE_NON_PNFS
 
+    @property
+    def device_id(self) -> bytes:
+        return self.device[0]
+
     # -- membership ------------------------------------------------------------------------
-    def publish(self, catalog) -> None:
-        """The metadata server's start: record its data servers in the catalog, with a
-        generation that moves when the list changed; the device id follows it."""
-        listed = [f"{host}:{port}" for host, port in self.data_servers]
+    def publish(self, catalog, serving: list[tuple[str, int]] | None = None) -> None:
+        """Record the data servers new layouts name (``serving``; at the metadata server's
+        start, every one configured) in the catalog, with a generation that moves when the
+        list changed; the device id follows it."""
+        serving = list(self.data_servers if serving is None else serving)
+        listed = [f"{host}:{port}" for host, port in serving]
         raw = catalog.get_setting(MEMBERSHIP_KEY)
         before = json.loads(raw) if raw else {}
         generation = int(before.get("generation", 0))
@@ -122,7 +142,43 @@ class Pnfs:
             log.info("pNFS data servers, generation %d: %s", generation, ", ".join(listed))
         self.generation = generation
         digest = hashlib.sha256(json.dumps(listed).encode()).digest()[:8]
-        self.device_id = generation.to_bytes(8, "big") + digest
+        self.device = (generation.to_bytes(8, "big") + digest, tuple(serving))
+
+    def announce(self, catalog, head: str) -> None:
+        """A data server that is one of several heads: ``head`` serves this address (the
+        metadata server's ``follow`` reads it); once per start."""
+        if self.address is not None and not self.announced:
+            catalog.set_setting(ANNOUNCE_PREFIX + head, f"{self.address[0]}:{self.address[1]}")
+            self.announced = True
+
+    def follow(self, catalog) -> bool:
+        """The metadata server, at each of its heartbeats: a data server whose announcing head
+        has no row in nfs_heads (expired after a lease of silence, or not started) leaves the
+        device of new layouts, and comes back once its head joins again; a data server no head
+        announced stays. True when the list changed (and was published)."""
+
+        def read(conn):
+            live = set(conn.execute(select(NfsHead.__table__.c.name)).scalars())
+            table = Setting.__table__
+            rows = conn.execute(
+                select(table.c.key, table.c.value).where(table.c.key.like(ANNOUNCE_PREFIX + "%"))
+            ).all()
+            return live, rows
+
+        live, rows = catalog.read(read)
+        up = {value for key, value in rows if key[len(ANNOUNCE_PREFIX) :] in live}
+        down = {value for key, value in rows if key[len(ANNOUNCE_PREFIX) :] not in live} - up
+        serving = [ds for ds in self.data_servers if f"{ds[0]}:{ds[1]}" not in down]
+        if tuple(serving) == self.device[1]:
+            return False
+        for host, port in set(self.device[1]) - set(serving):
+            log.warning(
+                "pNFS data server %s:%d left out of new layouts: its head is dead", host, port
+            )
+        for host, port in set(serving) - set(self.device[1]):
+            log.info("pNFS data server %s:%d back in new layouts: its head joined", host, port)
+        self.publish(catalog, serving)
+        return True
 
     def check_member(self, catalog) -> None:
         """A data server's check before I/O under another head's stateid: NFS4ERR_PNFS_NO_LAYOUT
@@ -144,9 +200,11 @@ class Pnfs:
             )
 
     # -- layouts ---------------------------------------------------------------------------
-    def first_stripe_index(self, ino: int) -> int:
-        """Files start on different data servers, so small files spread too."""
-        return ino % len(self.data_servers)
+    @staticmethod
+    def first_stripe_index(ino: int, count: int) -> int:
+        """Files start on different data servers (``count`` of them), so small files spread
+        too."""
+        return ino % count
 
     def grant(self, clientid: int, ino: int, stateid_other: bytes | None) -> Layout:
         """The layout state of (client, file) with its seqid moved on, made when new.

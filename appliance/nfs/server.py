@@ -491,6 +491,8 @@ class NfsServer:
         )
         if self.state.holdings is not None:
             self.state.holdings.submit = pool.submit
+        if heads is not None and self.pnfs.is_ds:  # (again at each beat until it could)
+            await run(pool, self.pnfs.announce, self.catalog, heads.name)
         # the local mount and SMB recall delegations before they change a file
         self.namespace.change_guard = self.state.delegations
         grace = self.lease_seconds if self.grace_seconds is None else self.grace_seconds
@@ -556,6 +558,7 @@ class NfsServer:
                 for takeover in taken:
                     if takeover.nlm_hosts and self.nlm is not None:
                         self.nlm.take_over(takeover.nlm_hosts, takeover.nsm_name)
+                await loop.run_in_executor(self.pool, self._follow_data_servers)
             except CatalogUnreachable:
                 pass  # the catalog's outage log counts it; the next beat retries
             except Exception as exc:  # noqa: BLE001 - the next beat retries
@@ -566,6 +569,17 @@ class NfsServer:
                     exc,
                     exc_info=not isinstance(exc, CatalogUnavailable),
                 )
+
+    def _follow_data_servers(self) -> None:
+        """pNFS with several heads: a data server says which head it is; the metadata server
+        leaves the data servers of dead heads out of new layouts (appliance/nfs/pnfs.py)."""
+        pnfs, heads = self.pnfs, self.state.heads if self.state else None
+        if heads is None:
+            return
+        if pnfs.is_ds:
+            pnfs.announce(self.catalog, heads.name)
+        elif pnfs.is_mds:
+            pnfs.follow(self.catalog)
 
     async def _poll_interest(self) -> None:
         """Several heads: files this head alone held locks on that another head now wants get

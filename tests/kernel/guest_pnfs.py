@@ -4,7 +4,8 @@ three heads over one catalog: a metadata server and two data servers (docs/pnfs.
     python3 guest_pnfs.py PLAN.json
 
 The plan names the heads' ports; the host answers "written-by NAME" (bytes of the file per
-head that wrote them, from the catalog), "kill-ds N" (kill -9 of data server N) and "ds-writes
+head that wrote them, from the catalog), "serving" (the data servers' ports new layouts name,
+as the metadata server published them), "kill-ds N" (kill -9 of data server N) and "ds-writes
 MODE" (the data servers restarted in that mode). One marker line per check, as guest_nfs.py
 prints them; every write and read runs in a child bounded by STEP_TIMEOUT_S."""
 
@@ -123,6 +124,25 @@ def written_by(name: str) -> dict[int, int]:
         raise CheckFailed(f"written-by: {answer}") from None
 
 
+def await_serving(want: list[int], seconds: float) -> float:
+    """Wait until the metadata server's published data servers (the host reads them from the
+    catalog) are the ports ``want``; how long it took."""
+    started = time.monotonic()
+    while True:
+        answer = vmchannel_request("serving")
+        try:
+            serving = json.loads(answer)
+        except ValueError:
+            raise CheckFailed(f"serving: {answer}") from None
+        if serving == want:
+            return time.monotonic() - started
+        if time.monotonic() - started > seconds:
+            raise CheckFailed(
+                f"data servers in new layouts {serving} after {seconds:.0f} s, not {want}"
+            )
+        time.sleep(1)
+
+
 def mds_sends(target: str) -> int:
     """RPCs sent on the mount's own transports (its "xprt:" lines: the metadata server's
     connections; a data server's are not listed)."""
@@ -165,9 +185,10 @@ def check_striped(target: str, size: int) -> str:
     )
 
 
-def check_ds_killed(target: str, size: int) -> str:
+def check_ds_killed(target: str, size: int, ds_ports: list[int]) -> str:
     """A data server killed (kill -9) while a direct write goes on: the write completes
-    through the metadata server and reads back."""
+    through the metadata server and reads back, and once the other heads expired the dead one
+    (a lease: 30 s) the metadata server leaves it out of new layouts."""
     source = f"/tmp/fallback-{size}"
     digest = make_source(source, size)
     path = f"{target}/fallback"
@@ -190,9 +211,11 @@ def check_ds_killed(target: str, size: int) -> str:
     expect(mds_writes > 0, "no WRITE reached the metadata server after the kill")
     heads = written_by("fallback")
     expect(heads.get(0, 0) > 0, f"bytes per head {heads}: none by the metadata server")
+    waited = await_serving(ds_ports[:1], 90)
     return (
         f"killed at {at // MiB} of {size // MiB} MiB; the write completed, {mds_writes} WRITEs "
-        f"through the metadata server, bytes per head {heads}, sha256 equal"
+        f"through the metadata server, bytes per head {heads}, sha256 equal; the killed data "
+        f"server out of new layouts {waited:.0f} s after that"
     )
 
 
@@ -228,11 +251,13 @@ def tune_data_server_timeouts() -> None:
             f.write(value)
 
 
-def check_unstable(mds_port: int, size: int) -> str:
+def check_unstable(mds_port: int, size: int, ds_ports: list[int]) -> str:
     """Data servers restarted with [pnfs] data_server_writes = "unstable": they answer the
-    layout's WRITEs UNSTABLE, so the client COMMITs to them and sends LAYOUTCOMMIT."""
+    layout's WRITEs UNSTABLE, so the client COMMITs to them and sends LAYOUTCOMMIT. The killed
+    one is back in new layouts once its head joined again."""
     answer = vmchannel_request("ds-writes unstable")
     expect(answer.startswith("data servers restarted"), f"ds-writes: {answer}")
+    await_serving(ds_ports, 60)
     run = mount("vers=4.1", mds_port, UNSTABLE_MNT)
     expect(run.returncode == 0, f"mount: {run.stderr.strip()}")
     try:
@@ -268,7 +293,7 @@ def main(plan_file: str) -> int:
     run_check("pnfs/mount-4.2", lambda: check_mount(MDS42_MNT, "vers=4.2", mds_port))
     run_check("pnfs/striped-4.1", lambda: check_striped(MDS_MNT, size))
     run_check("pnfs/striped-4.2", lambda: check_striped(MDS42_MNT, size // 2))
-    run_check("pnfs/ds-killed-during-write", lambda: check_ds_killed(MDS_MNT, size))
+    run_check("pnfs/ds-killed-during-write", lambda: check_ds_killed(MDS_MNT, size, ds_ports))
     run_check("pnfs/non-pnfs-4.0-through-ds", lambda: check_non_pnfs(ds_ports[0], MDS_MNT))
 
     def unmount() -> str:
@@ -277,7 +302,7 @@ def main(plan_file: str) -> int:
         return "unmounted"
 
     run_check("pnfs/umount", unmount)
-    run_check("pnfs/unstable-data-servers", lambda: check_unstable(mds_port, size // 2))
+    run_check("pnfs/unstable-data-servers", lambda: check_unstable(mds_port, size // 2, ds_ports))
     return 0
 
 

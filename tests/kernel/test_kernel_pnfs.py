@@ -25,6 +25,8 @@ import vm
 from nfs_rig import HERE, ShingleDaemon
 from pgserver import free_port
 
+from appliance.nfs.pnfs import MEMBERSHIP_KEY
+
 CHECKS = [f"pnfs/{name}" for name in __import__("guest_pnfs").CHECKS]
 # the whole VM run: 93-220 s measured (one boot, every check); a stuck write fails its check
 # after guest_pnfs.STEP_TIMEOUT_S, and this bounds the rest, far inside CI's budget
@@ -88,6 +90,15 @@ class Heads:
         # -1: bytes kept inline in the catalog (a write of less than 64 KiB): no zone
         return {str(index): int(total) for index, total in rows}
 
+    def serving(self) -> list[int]:
+        """The ports of the data servers new layouts name, as the metadata server published
+        them (docs/pnfs.md: a dead head's data server is left out)."""
+        with sqlite3.connect(f"file:{self.catalog}?mode=ro", uri=True) as conn:
+            (raw,) = conn.execute(
+                "SELECT value FROM settings WHERE key = ?", (MEMBERSHIP_KEY,)
+            ).fetchone()
+        return [int(address.rsplit(":", 1)[1]) for address in json.loads(raw)["data_servers"]]
+
     def kill_ds(self, index: int) -> str:
         proc = self.ds[index].proc
         if proc is None:
@@ -134,6 +145,8 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
                 return json.dumps(heads.written_by(args[0]))
             if action == "ds-writes" and len(args) == 1:
                 return heads.ds_writes(args[0])
+            if action == "serving" and not args:
+                return json.dumps(heads.serving())
             if action == "kill-ds" and len(args) == 1:
                 return heads.kill_ds(int(args[0]))
         except Exception as exc:  # noqa: BLE001 - the guest reports it as its check's failure
@@ -169,12 +182,9 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
             on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None,
         )
         print(f"kernel pNFS rig: VM ran {result.seconds:.0f} s", file=sys.stderr)
-        checks = {}
-        for line in result.lines:
-            if line.startswith(guest_nfs.CHECK_MARKER):
-                _, verdict, name, *details = line.split(" ", 3)
-                checks[name] = (verdict, details[0] if details else "")
-                print(f"kernel pNFS rig: {verdict} {name} {checks[name][1]}", file=sys.stderr)
+        checks = result.checks()
+        for name, (verdict, details) in checks.items():
+            print(f"kernel pNFS rig: {verdict} {name} {details}", file=sys.stderr)
         yield heads, result, checks
     finally:
         heads.stop()

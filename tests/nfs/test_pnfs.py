@@ -7,6 +7,7 @@ SERVERFAULT)."""
 from __future__ import annotations
 
 import struct
+import time
 
 import pytest
 from nfs4_rawclient import RawClient, stateid
@@ -313,3 +314,91 @@ def test_unstable_data_server_writes_commit_at_the_data_server(heads):
     finally:
         dsc.close()
         client.close()
+
+
+def _device(client, fh, sid) -> tuple[bytes, list[int]]:
+    """(device id of a new layout of ``fh``, the data servers' ports it lists)."""
+    st, res = _layoutget(client, fh, sid)
+    assert st == 0, res
+    files = t.nfsv4_1_file_layout4.decode(res[-1][2].layout[0].content.body)
+    device_id = bytes(files.deviceid)
+    st, res = _getdeviceinfo(client, device_id)
+    assert st == 0, res
+    device = t.nfsv4_1_file_layout_ds_addr4.decode(res[-1][2].device_addr.body)
+    ports = []
+    for (addr,) in device.multipath_ds_list:
+        *_, hi, lo = addr.addr.split(".")
+        ports.append(int(hi) * 256 + int(lo))
+    assert files.first_stripe_index < len(ports)
+    return device_id, ports
+
+
+def _device_change(client, fh, sid, before: bytes) -> tuple[bytes, list[int]]:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        device_id, ports = _device(client, fh, sid)
+        if device_id != before:
+            return device_id, ports
+        time.sleep(0.2)
+    raise AssertionError("the layouts' device did not change in 20 s")
+
+
+def test_a_dead_data_servers_head_leaves_new_layouts(stack, server):
+    """A data server killed (its head stops beating) is left out of the device of new layouts
+    once another head expired it (a lease), so clients stop sending it I/O; the device of older
+    layouts is gone (NOENT, the client asks again); it is back once its head joins again. All
+    data servers dead: LAYOUTUNAVAILABLE, I/O through the metadata server."""
+    lease = 2  # heads beat every lease / 6 and expire each other after a lease of silence
+
+    def data_server(index: int, port: int = 0):
+        pnfs = Pnfs("ds", stripe_unit=UNIT)
+        ds = start_server(stack, pnfs=pnfs, head_index=index, lease_seconds=lease, port=port)
+        pnfs.address = ("127.0.0.1", ds.port)  # (the port is known once it listens)
+        return ds
+
+    ds = [data_server(1), data_server(2)]
+    ports = [d.port for d in ds]
+    deadline = time.monotonic() + 10  # (a beat announces the address set after the start)
+    while not all(d.server.pnfs.announced for d in ds) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    mds_pnfs = Pnfs("mds", [("127.0.0.1", p) for p in ports], stripe_unit=UNIT)
+    mds_pnfs.publish(stack.catalog)
+    mds = start_server(stack, pnfs=mds_pnfs, head_index=0, lease_seconds=lease)
+    client = RawClient(mds.port).setup()
+    try:
+        fh, sid = client.open_new("f")
+        first, listed = _device(client, fh, sid)
+        assert listed == ports
+        ds[1].stop()  # as kill -9 leaves it: its row stays until another head expires it
+        second, listed = _device_change(client, fh, sid, first)
+        assert listed == ports[:1]
+        st, _ = _getdeviceinfo(client, first)
+        assert st == c.NFS4ERR_NOENT  # the older device: the client drops it and asks again
+        dsc = RawClient(ports[0]).setup()  # the data server left serves the layout's I/O
+        try:
+            st, res = dsc.session(
+                [(c.OP_PUTFH, fh), (c.OP_WRITE, t.ARGS[c.OP_WRITE](sid, 0, c.UNSTABLE4, b"a"))]
+            )
+            assert st == 0 and res[-1][2].committed == c.FILE_SYNC4
+        finally:
+            dsc.close()
+
+        ds[1] = data_server(2, ports[1])  # head2 back on its port: it joins again
+        _, listed = _device_change(client, fh, sid, second)
+        assert listed == ports
+
+        for d in ds:
+            d.stop()
+        deadline = time.monotonic() + 20
+        while (st := _layoutget(client, fh, sid)[0]) == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert st == c.NFS4ERR_LAYOUTUNAVAILABLE
+        st, res = client.session(
+            [(c.OP_PUTFH, fh), (c.OP_WRITE, t.ARGS[c.OP_WRITE](sid, 0, c.FILE_SYNC4, b"b"))]
+        )
+        assert st == 0 and res[-1][2].count == 1
+    finally:
+        client.close()
+        mds.stop()
+        for d in ds:
+            d.stop()

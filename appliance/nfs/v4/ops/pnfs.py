@@ -49,11 +49,16 @@ def _check_range(offset: int, length: int, what: str) -> None:
 
 
 def _layout_body(cx, node, pnfs) -> bytes:
+    device_id, serving = pnfs.device  # one snapshot: the list can change under a heartbeat
+    if not serving:
+        raise NfsError(
+            c.NFS4ERR_LAYOUTUNAVAILABLE, "no data server is up: I/O goes through this server"
+        )
     return nfsv4_1_file_layout4.encode(
         nfsv4_1_file_layout4.cls(
-            pnfs.device_id,
+            device_id,
             pnfs.stripe_unit,  # sparse, no commit through the metadata server: no flag bits
-            pnfs.first_stripe_index(node.ino),
+            pnfs.first_stripe_index(node.ino, len(serving)),
             0,
             [cx.fh_of(node)],  # one handle for every data server: the file itself
         )
@@ -111,14 +116,14 @@ def getdeviceinfo(cx, a):
     cx.need_client()
     pnfs = cx.server.pnfs
     _check_layout_type(a.layout_type)
-    if not pnfs.is_mds or bytes(a.device_id) != pnfs.device_id:
+    device_id, serving = pnfs.device
+    if not pnfs.is_mds or bytes(a.device_id) != device_id:
         # RFC 8881 18.40.3: an unknown device id; also one of an older list of data servers
         raise NfsError(c.NFS4ERR_NOENT, f"no device {bytes(a.device_id).hex()}")
-    count = len(pnfs.data_servers)
     body = nfsv4_1_file_layout_ds_addr4.encode(
         nfsv4_1_file_layout_ds_addr4.cls(
-            list(range(count)),
-            [[netaddr4.cls("tcp", uaddr(host, port))] for host, port in pnfs.data_servers],
+            list(range(len(serving))),
+            [[netaddr4.cls("tcp", uaddr(host, port))] for host, port in serving],
         )
     )
     needed = _GETDEVICEINFO_OVERHEAD + len(body) + (-len(body) % 4)
@@ -126,7 +131,7 @@ def getdeviceinfo(cx, a):
         raise NfsError(
             c.NFS4ERR_TOOSMALL, f"the device takes {needed} bytes, maxcount {a.maxcount}", needed
         )
-    # no notifications: the list changes only when the metadata server restarts
+    # no notifications: a changed list is a new device id (docs/pnfs.md)
     return _GETDEVICEINFO_OK.cls((c.LAYOUT4_NFSV4_1_FILES, body), [])
 
 
