@@ -155,7 +155,9 @@ class HeadDelegations:
         request = json.dumps({"write": write, "by": self.registry.name})
 
         def work(conn):
-            for head in sorted(holders):
+            # (a head expired meanwhile has its requests deleted: none is left for it)
+            live = set(conn.execute(select(HEADS.c.name)).scalars())
+            for head in sorted(holders & live):
                 key = recall_key(head, ino)
                 there = conn.execute(select(SETTINGS.c.value).where(SETTINGS.c.key == key)).scalar()
                 if there is None:
