@@ -1,23 +1,22 @@
 """SIGKILL aimed inside each of snapshot create, the live tree's changes right after it, snapshot
 delete, the background reclaim of deleted snapshots, dataset clone and the first write into a
 dataset clone (its lazy copy), on SQLite and PostgreSQL: each is all or nothing, and every
-acknowledged byte is there. (test_snapshot_crash.py kills the same loop at random times, and
-also unlinks and makes a file after each create.)
+acknowledged byte is there. (test_snapshot_crash.py kills a like loop at random times.)
 
-A forked child loops over: write the dataset's ``gen`` file (the next snapshot's name), snapshot
-the dataset, change the live tree (overwrite ``gen``, truncate and rewrite a file, rename a file
-away and back), clone its big file into a new file, clone the snapshot into a new dataset
-(`shingle dataset clone`) and write a file into that clone (which copies the clone's root folder
-from the snapshot first), delete the older snapshots, every other iteration reclaim the deleted
-ones. Each round aims its kill inside one of those operations: the child counts the catalog
-statements and commits of the operation's first run (through SQLite's trace callback and
-psycopg's cursor factory, so the hot paths' plain cursors count too), then kills itself at a
-random one of them in a later run: no sleep decides where it lands. After each kill, every
-snapshot listed holds the whole dataset as it was at its create (``gen`` holds its own name, the
-changed files their old contents), every file clone is empty or whole, every dataset clone is
-there whole or not at all, every write the child acknowledged (after its call returned) reads
-back byte for byte, in a clone also once its origin is deleted and reclaimed, and fsck and the
-accounting are clean, before and after the pending deletions are reclaimed."""
+A forked child loops over: write the dataset's ``gen`` file (the next snapshot's name), snapshot the
+dataset, change the live tree (overwrite ``gen``, truncate and rewrite a file, rename a file away
+and back, unlink ``churn`` and make it again), clone its big file into a new file, clone the
+snapshot into a new dataset (`shingle dataset clone`) and write a file into that clone (which copies
+the clone's root folder from the snapshot first), delete the older snapshots, every other iteration
+reclaim the deleted ones. Each round aims its kill inside one of those operations: the child counts
+the catalog statements and commits of the operation's first run (through SQLite's trace callback and
+psycopg's cursor factory, so the hot paths' plain cursors count too), then kills itself at a random
+one of them in a later run: no sleep decides where it lands. After each kill, every snapshot listed
+holds the whole dataset as it was at its create (``gen`` holds its own name, the changed files their
+old contents), every file clone is empty or whole, every dataset clone is there whole or not at all,
+every write the child acknowledged (after its call returned) reads back byte for byte, in a clone
+also once its origin is deleted and reclaimed, and fsck and the accounting are clean, before and
+after the pending deletions are reclaimed."""
 
 from __future__ import annotations
 
@@ -65,6 +64,7 @@ def written(label: str) -> bytes:
 
 BIG = random.Random("big").randbytes(3 << 20)
 
+CHURN = b"churn" * 100
 GEN_SIZE = 64  # ``gen`` holds a name padded to this size, so a view's size says nothing
 
 
@@ -73,10 +73,8 @@ def gen(text: str) -> bytes:
 
 
 def change_live_tree(ns, ds: int, i: int) -> None:
-    """Changes after a create that a snapshot's view must not see; the names stay as they were.
-    No new inode in the dataset: with range-copied snapshots each one doubles the span of the
-    next snapshot's inode range, which a reclaim walks chunk by chunk (docs/snapshots.md, "Known
-    problem"), and later rounds' reclaims took minutes."""
+    """Changes after a create that a snapshot's view must not see; the names stay as they
+    were, ``churn`` a new inode."""
     ns.write(ns.lookup(ROOT, ds, "gen").ino, 0, gen(f"after-{i}"))
     k = i % FILES
     f = ns.lookup(ROOT, ds, f"f{k:03d}").ino
@@ -85,20 +83,24 @@ def change_live_tree(ns, ds: int, i: int) -> None:
     moved = f"f{(k + 1) % FILES:03d}"
     ns.rename(ROOT, ds, moved, ds, "moving")
     ns.rename(ROOT, ds, "moving", ds, moved)
+    ns.unlink(ROOT, ds, "churn")
+    ns.write(ns.create(ROOT, ds, "churn").ino, 0, CHURN)
 
 
 def restore_live_tree(ns) -> None:
-    """Undo what a kill cut short in ``change_live_tree`` (a name moved away, a file truncated),
-    so the next round's snapshots hold the whole dataset again."""
+    """Undo what a kill cut short in ``change_live_tree`` (a name moved away, a file truncated
+    or made but not written), so the next round's snapshots hold the whole dataset again."""
     ds = ns.resolve("/ds").ino
     names = {e.name: e.attr for e in ns.readdir(ROOT, ds, limit=10_000)[0]}
     if "moving" in names:
         missing = [i for i in range(FILES) if f"f{i:03d}" not in names]
         ns.rename(ROOT, ds, "moving", ds, f"f{missing[0]:03d}")
         names = {e.name: e.attr for e in ns.readdir(ROOT, ds, limit=10_000)[0]}
-    for i in range(FILES):
-        if names[f"f{i:03d}"].size != len(small(i)):
-            ns.write(names[f"f{i:03d}"].ino, 0, small(i))
+    if "churn" not in names:
+        names["churn"] = ns.create(ROOT, ds, "churn")
+    for name, body in [(f"f{i:03d}", small(i)) for i in range(FILES)] + [("churn", CHURN)]:
+        if names[name].size != len(body):
+            ns.write(names[name].ino, 0, body)
     ns.data.flush_all()
 
 
@@ -258,15 +260,17 @@ def check_after_kill(catalog, ns, acked: set[str]) -> None:
     for info in snaps.list("/ds"):
         view = ns.resolve(f"/ds/.snapshots/{info.name}").ino
         entries, _ = ns.readdir(ROOT, view, limit=10_000)
-        assert len(entries) == FILES + 2, info.name
+        assert len(entries) == FILES + 3, info.name
         k = int(info.name.rpartition("-")[2]) % FILES  # changed after this create
         for i in {k, (k + 1) % FILES, *RNG.sample(range(FILES), 10)}:
             f = ns.lookup(ROOT, view, f"f{i:03d}")
             assert ns.read(f.ino, 0, f.size) == small(i), (info.name, i)
-        f = ns.lookup(ROOT, view, "gen")
-        assert ns.read(f.ino, 0, f.size) == gen(info.name), info.name
+        for name, body in (("gen", gen(info.name)), ("churn", CHURN)):
+            f = ns.lookup(ROOT, view, name)
+            assert ns.read(f.ino, 0, f.size) == body, (info.name, name)
         assert (
-            info.referenced_bytes == len(BIG) + sum(len(small(i)) for i in range(FILES)) + GEN_SIZE
+            info.referenced_bytes
+            == len(BIG) + sum(len(small(i)) for i in range(FILES)) + len(CHURN) + GEN_SIZE
         )
     file_clones = {e.name: e for e in ns.readdir(ROOT, ns.resolve("/clones").ino, limit=10_000)[0]}
     for name, entry in file_clones.items():
@@ -281,7 +285,7 @@ def check_after_kill(catalog, ns, acked: set[str]) -> None:
     assert {a for a in acked if a.startswith("c-")} <= set(file_clones)
     for entry in dataset_clones:
         names = {e.name for e in ns.readdir(ROOT, entry.attr.ino, limit=10_000)[0]}
-        dataset = {f"f{i:03d}" for i in range(FILES)} | {"big", "gen"}
+        dataset = {f"f{i:03d}" for i in range(FILES)} | {"big", "gen", "churn"}
         assert names - {"written"} == dataset, entry.name
         assert "written" in names or entry.name not in acked, entry.name
         if "written" in names:  # one stable write: all of it or (unacknowledged) nothing
@@ -308,6 +312,7 @@ def test_a_kill_aimed_inside_each_snapshot_operation_is_all_or_nothing(tmp_path,
         ns.write(ns.create(ROOT, ds, f"f{i:03d}").ino, 0, small(i))
     ns.write(ns.create(ROOT, ds, "big").ino, 0, BIG)
     ns.write(ns.create(ROOT, ds, "gen").ino, 0, gen("none"))
+    ns.write(ns.create(ROOT, ds, "churn").ino, 0, CHURN)
     data.close()
     setup.close()
     acked: set[str] = set()
