@@ -43,6 +43,10 @@ from engine.namespace.common import (
 from engine.namespace.lazyclones import PendingDirectory, materialize
 from engine.namespace.readonly import SNAPSHOT_DIR_NAME, ReadOnlyViews
 
+# files whose attributes with their buffered writes are kept (with_pending); all are let go
+# when there are more
+MERGED_KEEP = 4096
+
 
 class Reads:
     """Part of Namespace: reads, through the cache where it is valid."""
@@ -64,6 +68,10 @@ class Reads:
         self.root_ino = root_ino
         # DIR/.snapshots listed in DIR's readdir (config snapshots.visible; ZFS's snapdir)
         self.snapshots_visible = snapshots_visible
+        # ino -> (cached attributes, buffered (size, change, mtime), the two merged): a WRITE
+        # asks for a file's attributes three times (PUTFH, the I/O rights, the write itself)
+        # and the merge, a new frozen Attr, was about 9 us each time
+        self._merged: dict[int, tuple[Attr, tuple, Attr]] = {}
 
     def with_pending(self, attr: Attr) -> Attr:
         """``attr`` with the file's buffered writes: their size, and the change attribute and
@@ -73,13 +81,20 @@ class Reads:
             if pending is not None:
                 size, change, mtime_ns = pending
                 if (size, change, mtime_ns) != (attr.size, attr.change, attr.mtime_ns):
-                    return replace(
+                    last = self._merged.get(attr.ino)
+                    if last is not None and last[0] is attr and last[1] == pending:
+                        return last[2]
+                    merged = replace(
                         attr,
                         size=size,
                         change=max(attr.change, change),
                         mtime_ns=max(attr.mtime_ns, mtime_ns),
                         ctime_ns=max(attr.ctime_ns, mtime_ns),
                     )
+                    if len(self._merged) >= MERGED_KEEP:
+                        self._merged.clear()
+                    self._merged[attr.ino] = (attr, pending, merged)
+                    return merged
         return attr
 
     def getattr(self, ino: int) -> Attr:

@@ -69,6 +69,25 @@ def test_buffered_writes_are_visible_before_flush_and_size_counts_them(engine):
     assert ns.read(ino, 0, 5000) == got
 
 
+def test_attributes_with_buffered_writes_are_merged_once_per_write(sqlite_engine):
+    """A WRITE asks for its file's attributes three times: the merge with the buffered writes
+    is made once and served again while neither the cached attributes nor the buffered ones
+    moved; the next write shows at once."""
+    ns = sqlite_engine.ns
+    ino = ns.create(ROOT, ns.root_ino, "m").ino
+    ns.write(ino, 0, b"a" * 1000)
+    first = ns.getattr(ino)
+    assert first.size == 1000
+    assert ns.getattr(ino) is first
+    ns.write(ino, 1000, b"b")
+    moved = ns.getattr(ino)
+    assert moved.size == 1001 and moved.change > first.change
+    assert ns.getattr(ino) is moved
+    ns.commit(ino)
+    committed = ns.getattr(ino)
+    assert (committed.size, committed.change) == (1001, moved.change)
+
+
 def test_flush_sets_size_mtime_change_in_the_same_transaction(engine):
     ns = engine.ns
     ino = ns.create(ROOT, ns.root_ino, "t").ino
