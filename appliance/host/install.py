@@ -525,7 +525,7 @@ def install(
             "--bin", launcher, "an absolute path (systemd runs ExecStart= without a PATH search)"
         )
     venv_path = None
-    if launcher is None:  # venv.py needs packaging, which a venv built by it does not hold
+    if launcher is None:  # a venv: venv.py says where it goes
         from appliance.host import venv as venv_mod
 
         venv_path = Path(venv or venv_mod.DEFAULT_VENV)
