@@ -699,7 +699,8 @@ OPTIONS: list[Option] = [
         "",
         "A data server's own HOST:PORT as listed in the metadata server's data_servers: a data "
         "server left out of that list answers NFS4ERR_PNFS_NO_LAYOUT to I/O under another "
-        "head's stateid, so clients fetch a new layout. Empty: nfs.host:nfs.port.",
+        "head's stateid, so clients fetch a new layout. Empty: nfs.host:nfs.port (a data server "
+        "bound to every address must name it).",
     ),
     Option(
         "pnfs",
@@ -829,7 +830,16 @@ def _check_heads(values: dict[str, Any]) -> None:
         raise ConfigError("pnfs.data_servers", "", "at least one HOST:PORT when pnfs.role is mds")
     if len(servers) > 4096:  # the Linux client takes at most 4096 stripe indices per device
         raise ConfigError("pnfs.data_servers", len(servers), "at most 4096 data servers")
-    data_server_addresses(values["pnfs.address"], "pnfs.address")
+    own = data_server_addresses(values["pnfs.address"], "pnfs.address")
+    if values["pnfs.role"] == "ds" and not own and values["nfs.host"] in ("", "0.0.0.0", "::"):
+        # its own address is how it finds itself in the metadata server's list: the wildcard
+        # is in no list, so every I/O would get NFS4ERR_PNFS_NO_LAYOUT
+        raise ConfigError(
+            "pnfs.address",
+            "",
+            "this data server's HOST:PORT as the metadata server lists it "
+            f"(nfs.host is {values['nfs.host'] or 'empty'}, every address)",
+        )
 
 
 def _check(option: Option, value: Any) -> Any:  # noqa: C901 - one flat test per option kind

@@ -51,6 +51,7 @@ def test_defaults_and_relative_paths(tmp_path):
         ('[band_classes.warm]\nbackend = "no_such_backend"\n', "band_classes.warm.backend", ""),
         ("[band_classes.lukewarm]\nk = 4\n", "band_classes.lukewarm", "hot, warm, cold"),
         ("not toml = = =\n", "config file", "valid TOML"),
+        ('[nfs]\nhost = "0.0.0.0"\n[pnfs]\nrole = "ds"\n', "pnfs.address", "HOST:PORT"),
     ],
 )
 def test_bad_values_name_key_value_and_expectation(tmp_path, text, key, fragment):
