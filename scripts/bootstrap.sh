@@ -3,6 +3,8 @@
 # that has it all: Debian packages (only those missing), then the project into
 # .venv (only when pyproject.toml changed since the last install).
 # Sourced by ./run-appliance and ./run-tests; set SHINGLE_APT_PACKAGES to override.
+# tests/test_debian_packages.py fails when the code names a program or file whose package this
+# list does not bring by name or hard dependency (a Recommends does not count).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
