@@ -11,11 +11,14 @@ prints them; every write and read runs in a child bounded by STEP_TIMEOUT_S."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 from guest_nfs import CheckFailed, expect, mount, run_check, sh, sha256, vmchannel_request
@@ -30,9 +33,10 @@ CHECKS = (
     "non-pnfs-4.0-through-ds",
     "umount",
     "unstable-data-servers",
+    "heads-kill-9",
 )
 MDS_MNT, MDS42_MNT, DS_MNT = "/mnt/pnfs41", "/mnt/pnfs42", "/mnt/ds40"
-UNSTABLE_MNT = "/mnt/pnfs-unstable"
+UNSTABLE_MNT, HEADS_MNT = "/mnt/pnfs-unstable", "/mnt/heads2"
 # one write or read of a check: 75 s at most on a loaded machine (the killed data server's
 # fallback); a stuck one fails its check after this, with the client's view of it, instead of
 # holding the VM (and CI) until the host's bound
@@ -283,6 +287,69 @@ def check_unstable(mds_port: int, size: int, ds_ports: list[int]) -> str:
         subprocess.run(["timeout", "120", "umount", UNSTABLE_MNT], capture_output=True)
 
 
+def in_thread(work, what: str, timeout: float = STEP_TIMEOUT_S):
+    """``work()`` in a thread, its result; one stuck in an NFS wait fails the check (the thread
+    is left behind)."""
+    result: list = []
+    errors: list = []
+
+    def run() -> None:
+        try:
+            result.append(work())
+        except Exception as exc:  # noqa: BLE001 - reported as the check's failure
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise CheckFailed(f"{what}: not done after {timeout:.0f} s; {nfs_state()}")
+    if errors:
+        raise CheckFailed(f"{what}: {errors[0]!r}")
+    return result[0]
+
+
+def check_heads_kill(port: int) -> str:
+    """`shingle serve --heads 2`, a plain NFSv4.1 mount (issue 32 item 3): a file written and
+    synced, held open with a byte-range lock; the host kills -9 the head serving this client
+    and the listener starts it again; through the same open file and lock the write goes on
+    (the client reclaims both within the grace period) and nothing acknowledged is lost."""
+    run = mount("vers=4.1", port, HEADS_MNT)
+    expect(run.returncode == 0, f"mount: {run.stderr.strip()}")
+    path = f"{HEADS_MNT}/kept"
+    first, second = os.urandom(2 * MiB), os.urandom(MiB)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        in_thread(lambda: (os.write(fd, first), os.fsync(fd)), "the first write")
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+        answer = vmchannel_request("kill-head")
+        expect(answer.startswith("killed"), f"kill-head: {answer}")
+        started = time.monotonic()
+        # EIO here when the open or the lock was not reclaimed (the client marks them lost)
+        in_thread(lambda: (os.pwrite(fd, second, len(first)), os.fsync(fd)), "the write after")
+        went_on = time.monotonic() - started
+        fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0)
+    finally:
+        os.close(fd)
+    drop_caches()
+    got = file_sha256(path)
+    want = hashlib.sha256(first + second).hexdigest()
+    expect(got == want, f"sha256 {got}, wrote {want}")
+    step("umount", HEADS_MNT)
+    reply = vmchannel_request("grace")
+    try:
+        grace = json.loads(reply)
+    except ValueError:
+        raise CheckFailed(f"grace: {reply}") from None
+    # over before its time: this client reclaimed its open and lock and said RECLAIM_COMPLETE
+    expect(grace["clients"] == 1 and grace["over_after"] < grace["seconds"], f"grace {grace}")
+    return (
+        f"{answer}; the write through the reclaimed open and lock went on {went_on:.1f} s "
+        f"later; the restarted head's grace period of {grace['seconds']} s over after "
+        f"{grace['over_after']:.1f} s (reclaimed), sha256 equal"
+    )
+
+
 def main(plan_file: str) -> int:
     print("@@SHINGLE-VM BEGIN", flush=True)  # the host keeps the lines after it
     plan = json.load(open(plan_file))
@@ -303,6 +370,7 @@ def main(plan_file: str) -> int:
 
     run_check("pnfs/umount", unmount)
     run_check("pnfs/unstable-data-servers", lambda: check_unstable(mds_port, size // 2, ds_ports))
+    run_check("pnfs/heads-kill-9", lambda: check_heads_kill(plan["heads_port"]))
     return 0
 
 

@@ -172,6 +172,7 @@ class ShingleDaemon:
         self.config = home / "shingle.toml"
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        self.serve_args: tuple[str, ...] = ()  # more `shingle serve` arguments (--heads N)
 
     def init(
         self,
@@ -243,6 +244,7 @@ class ShingleDaemon:
                 "--no-web",
                 "--nfs-port",
                 str(self.port),
+                *self.serve_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -13,10 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
 import sys
+import time
+from datetime import datetime
 from pathlib import Path
 
 import guest_nfs
@@ -25,6 +28,7 @@ import vm
 from nfs_rig import HERE, ShingleDaemon
 from pgserver import free_port
 
+from appliance.nfs.handoff import head_for
 from appliance.nfs.pnfs import MEMBERSHIP_KEY
 
 CHECKS = [f"pnfs/{name}" for name in __import__("guest_pnfs").CHECKS]
@@ -47,6 +51,7 @@ class Heads:
         self.folder = folder
         ports = [free_port() for _ in range(3)]
         self.mds = ShingleDaemon(folder / "mds", ports[0])
+        self.others: list[ShingleDaemon] = []  # more daemons of the run, whose logs help too
         self.ds = [ShingleDaemon(folder / f"ds{i}", port) for i, port in enumerate(ports[1:])]
         # 3 heads share each drive's zones: 32 of 4 MiB, about 10 each, 2 kept for cleaning
         self.mds.init(portmap="off", drive_size="128MiB")
@@ -128,7 +133,51 @@ class Heads:
         shutil.rmtree(self.mds.home / "drives", ignore_errors=True)
 
     def logs(self) -> str:
-        return "\n".join(f"== {h.home.name}\n{h.log()[-3000:]}" for h in [self.mds, *self.ds])
+        daemons = [self.mds, *self.ds, *self.others]
+        return "\n".join(f"== {h.home.name}\n{h.log()[-3000:]}" for h in daemons)
+
+
+def _when(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+class TwoHeads:
+    """`shingle serve --heads 2` of its own (issue 32: a mounted client goes on after a kill -9
+    of the head serving it): one port, two head processes behind the listener."""
+
+    def __init__(self, folder: Path):
+        self.daemon = ShingleDaemon(folder / "heads2", free_port()).init(portmap="off")
+        self.daemon.serve_args = ("--heads", "2")
+
+    def status(self) -> list[dict]:
+        return json.loads((self.daemon.home / "heads.json").read_text())["heads"]
+
+    def grace(self) -> str:
+        """How the restarted head's grace period went, from its log lines since the kill: the
+        seconds it was given and after how many it was over (before its time: every previous
+        client reclaimed and sent RECLAIM_COMPLETE)."""
+        text = self.daemon.current_log().split("exited with status -9", 1)[-1]
+        given = re.search(r'ts=(\S+) .*msg="grace period of (\d+) s for (\d+) previous', text)
+        over = re.search(r'ts=(\S+) .*msg="grace period over"', text)
+        if given is None or over is None:
+            return "no grace period in the restarted head's log"
+        took = (_when(over[1]) - _when(given[1])).total_seconds()
+        return json.dumps({"seconds": int(given[2]), "clients": int(given[3]), "over_after": took})
+
+    def kill_serving(self) -> str:
+        """kill -9 of the head that serves the guest (qemu connects from 127.0.0.1), then wait
+        for the listener to start it again under its index."""
+        index = head_for("127.0.0.1", 2)
+        old = self.status()[index]["pid"]
+        os.kill(old, signal.SIGKILL)
+        started = time.monotonic()
+        while time.monotonic() - started < 60:
+            now = self.status()[index]
+            if now["serving"] and now["pid"] != old:
+                took = time.monotonic() - started
+                return f"killed head {index} (pid {old}), serving again in {took:.1f} s"
+            time.sleep(0.2)
+        return f"head {index} not serving again 60 s after the kill: {self.status()}"
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +186,9 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
     folder.mkdir()
     heads = Heads(folder)
     heads.start()
+    two = TwoHeads(folder)
+    two.daemon.start()
+    heads.others.append(two.daemon)
 
     def on_request(text: str) -> str:
         action, *args = text.split()
@@ -147,6 +199,10 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
                 return heads.ds_writes(args[0])
             if action == "serving" and not args:
                 return json.dumps(heads.serving())
+            if action == "kill-head" and not args:
+                return two.kill_serving()
+            if action == "grace" and not args:
+                return two.grace()
             if action == "kill-ds" and len(args) == 1:
                 return heads.kill_ds(int(args[0]))
         except Exception as exc:  # noqa: BLE001 - the guest reports it as its check's failure
@@ -163,6 +219,7 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
             {
                 "mds_port": heads.mds.port,
                 "ds_ports": [d.port for d in heads.ds],
+                "heads_port": two.daemon.port,
                 "size_mib": SIZE_MIB,
             }
         )
@@ -188,6 +245,8 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
         yield heads, result, checks
     finally:
         heads.stop()
+        two.daemon.stop()
+        shutil.rmtree(two.daemon.home / "drives", ignore_errors=True)
 
 
 @pytest.mark.timeout(VM_TIMEOUT_S + 120)
