@@ -113,13 +113,14 @@ class _EcArgs(ctypes.Structure):
 CHKSUM_NONE = 1
 # None until looked for; False when the pyeclib wheel bundles no liberasurecode
 _lib: ctypes.CDLL | Literal[False] | None = None
+_lib_holding_gil: ctypes.PyDLL | None = None  # the same library, for calls that keep the GIL
 _lib_lock = lock("erasure.library")
 
 
 def _liberasurecode() -> ctypes.CDLL | None:
     """liberasurecode from the pyeclib wheel, called through ctypes, which releases the GIL
     during the call (pyeclib's own encode holds it, so encoding could not overlap anything)."""
-    global _lib
+    global _lib, _lib_holding_gil
     with _lib_lock:
         if _lib is None:
             import pyeclib
@@ -144,8 +145,13 @@ def _liberasurecode() -> ctypes.CDLL | None:
                 ctypes.POINTER(ctypes.c_uint64),
             ]
             lib.liberasurecode_encode.restype = ctypes.c_int
-            lib.liberasurecode_encode_cleanup.argtypes = [ctypes.c_int, pp, pp]
-            lib.liberasurecode_encode_cleanup.restype = ctypes.c_int
+            # the cleanup only frees the fragments' buffers: called with the GIL held (PyDLL),
+            # the drive thread that completes a stripe does not let go of the GIL and then wait
+            # for it again before it wakes the stripe's flush
+            held = ctypes.PyDLL(found[0])
+            held.liberasurecode_encode_cleanup.argtypes = [ctypes.c_int, pp, pp]
+            held.liberasurecode_encode_cleanup.restype = ctypes.c_int
+            _lib_holding_gil = held
             lib.liberasurecode_decode.argtypes = [
                 ctypes.c_int,
                 ctypes.POINTER(ctypes.c_void_p),
@@ -173,6 +179,8 @@ class _NativeEncoder:
         if lib is None:
             raise OSError("liberasurecode library not found next to pyeclib")
         self.lib = lib
+        assert _lib_holding_gil is not None  # loaded with it
+        self.holding_gil = _lib_holding_gil
         args = _EcArgs(k=k, m=m, w=0, hd=m, ct=CHKSUM_NONE)
         self.desc = self.lib.liberasurecode_instance_create(backend_id, ctypes.byref(args))
         if self.desc <= 0:
@@ -209,7 +217,7 @@ class _NativeEncoder:
             memoryview((ctypes.c_char * size).from_address(ctypes.addressof(p.contents))).cast("B")
             for p in [data_p[i] for i in range(self.k)] + [parity_p[i] for i in range(self.m)]
         ]
-        lib, desc = self.lib, self.desc
+        lib, desc = self.holding_gil, self.desc
 
         def free():
             try:
