@@ -62,6 +62,9 @@ want=$(cat "$repo/pyproject.toml" "$repo/setup.py" $pyx | sha256sum | cut -d' ' 
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing shingle and its Python dependencies into .venv"
   "$repo/.venv/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v -i warning || true
+  # Cython in .venv itself: `shingle install` builds the appliance's wheel with this venv's
+  # setuptools and no build isolation, and without Cython that wheel lacks the compiled hot paths
+  "$repo/.venv/bin/python" -m pip install -q "Cython>=3.0" 2>&1 | grep -v -i warning || true
   "$repo/.venv/bin/python" -m pip install -q -e "$repo[test]" 2>&1 | grep -v -i "warning\|location" || true
   "$repo/.venv/bin/python" -c "import engine, appliance, webui, sqlalchemy, pyeclib"
   "$repo/.venv/bin/python" -c "import engine.native.drivewriters" 2>/dev/null ||

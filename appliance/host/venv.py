@@ -236,6 +236,12 @@ def build_checkout_wheel(checkout: Path, dest: Path, run=subprocess.run) -> Path
     return wheel
 
 
+def compiled(wheel: Path) -> bool:
+    """Whether ``wheel`` carries the compiled extensions (setup.py builds them optionally)."""
+    with zipfile.ZipFile(wheel) as archive:
+        return any(name.endswith(".so") for name in archive.namelist())
+
+
 def _pip(run, python: str, *args: str) -> str:
     cmd = [python, "-m", "pip", "--disable-pip-version-check", "--no-input", *args]
     result = run(cmd, capture_output=True, text=True, timeout=1800)
@@ -291,6 +297,12 @@ def build(
                 repack(dist, wheels)
             progress(f"building {DISTRIBUTION} from {checkout}")
             wheel = build_checkout_wheel(checkout, wheels, run)
+            if not compiled(wheel):
+                progress(
+                    f"warning: {wheel.name} has no compiled hot paths (no Cython or no C "
+                    "compiler where it was built): the appliance runs their slower Python "
+                    "fallbacks; scripts/bootstrap.sh installs both"
+                )
             source = ["--find-links", str(wheels)] + ([] if index else ["--no-index"])
             if dists or index or not present:
                 progress(f"pip install into {venv} ({len(dists) + 1} wheels)")
