@@ -383,7 +383,10 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sizes = sorted(int(n) for n in args.files.split(","))
-    runs = [run_one(args, n) for n in sizes]
+    runs = []
+    for n in sizes:  # each run to stderr as it ends: a large size cut short keeps the others
+        runs.append(run_one(args, n))
+        print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
     out = runs[0] if len(runs) == 1 else {"runs": runs, "ratio_largest_smallest": ratios(runs)}
     print(json.dumps(out, indent=None if args.json else 2))
 
