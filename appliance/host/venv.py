@@ -38,7 +38,16 @@ HIDDEN_BY_PRIVATE_TMP = (Path("/tmp"), Path("/var/tmp"))
 # The units an install wrote, kept in the venv so its own `shingle doctor` can compare.
 UNITS_SHARE = Path("share/shingle/systemd")
 # What the checkout's build needs (pyproject.toml's packages and metadata).
-BUILD_FILES = ("pyproject.toml", "README.md", "appliance", "engine", "webui", "migrations")
+# setup.py compiles the hot paths (engine/native, appliance/nfs/onc) from their .pyx
+BUILD_FILES = (
+    "pyproject.toml",
+    "setup.py",
+    "README.md",
+    "appliance",
+    "engine",
+    "webui",
+    "migrations",
+)
 
 Progress = Callable[[str], None]
 
@@ -216,8 +225,11 @@ def build_checkout_wheel(checkout: Path, dest: Path, run=subprocess.run) -> Path
         for name in BUILD_FILES:
             origin = checkout / name
             if origin.is_dir():
+                # compiled here from the .pyx, never a .so left in the checkout
                 shutil.copytree(
-                    origin, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+                    origin,
+                    source / name,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.c"),
                 )
             elif origin.is_file():
                 shutil.copy2(origin, source / name)
