@@ -163,18 +163,12 @@ class Backchannel:
 
     def recall(self, stateid, fh: bytes) -> Future:
         """CB_RECALL of a delegation; the future's result is the CB_COMPOUND status."""
-        p = Packer()
-        UInt.pack(p, OP_CB_RECALL)
-        CB_RECALL4args.pack(p, (stateid, False, fh))
-        return self._compound(p.getvalue())
+        return self._compound(recall_op(stateid, fh))
 
     def getattr(self, fh: bytes) -> Future:
         """CB_GETATTR of a write-delegated file's size and change attribute; the future's
         result is (size, change)."""
-        p = Packer()
-        UInt.pack(p, OP_CB_GETATTR)
-        CB_GETATTR4args.pack(p, (fh, GETATTR_WORDS))
-        return getattr_answer(self._compound(p.getvalue()))
+        return getattr_answer(self._compound(getattr_op(fh)))
 
     def offload(self, fh: bytes, stateid, status: int, result) -> Future:
         """CB_OFFLOAD of an asynchronous COPY: ``result`` is its write_response4 when
@@ -260,6 +254,22 @@ class CallbackFuture(Future):
     """A callback's outcome (the CB_COMPOUND status), with the whole CB_COMPOUND4res."""
 
     results: bytes = b""
+
+
+def recall_op(stateid, fh: bytes) -> bytes:
+    """One CB_RECALL operation (no truncate), for either callback path (4.1 or 4.0)."""
+    p = Packer()
+    UInt.pack(p, OP_CB_RECALL)
+    CB_RECALL4args.pack(p, (stateid, False, fh))
+    return p.getvalue()
+
+
+def getattr_op(fh: bytes) -> bytes:
+    """One CB_GETATTR operation asking size and change, for either callback path."""
+    p = Packer()
+    UInt.pack(p, OP_CB_GETATTR)
+    CB_GETATTR4args.pack(p, (fh, GETATTR_WORDS))
+    return p.getvalue()
 
 
 def getattr_answer(sent: Future) -> Future:

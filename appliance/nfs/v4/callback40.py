@@ -29,15 +29,12 @@ from appliance.nfs.v4 import types as t
 from appliance.nfs.v4.backchannel import (
     CB_COMPOUND,
     CB_NULL,
-    GETATTR_WORDS,
     NFS_CB_VERSION,
-    OP_CB_GETATTR,
-    OP_CB_RECALL,
     CallbackFuture,
     CB_COMPOUND4args_head,
-    CB_GETATTR4args,
-    CB_RECALL4args,
     getattr_answer,
+    getattr_op,
+    recall_op,
 )
 
 log = logging.getLogger("shingle.nfs.callback")
@@ -193,18 +190,12 @@ class Callback40:
 
     def recall(self, stateid, fh: bytes) -> Future:
         """CB_RECALL of a delegation; the future's result is the CB_COMPOUND status."""
-        p = Packer()
-        UInt.pack(p, OP_CB_RECALL)
-        CB_RECALL4args.pack(p, (stateid, False, fh))
-        return self._compound(p.getvalue())
+        return self._compound(recall_op(stateid, fh))
 
     def getattr(self, fh: bytes) -> Future:
         """CB_GETATTR of a write-delegated file's size and change attribute; the future's
         result is (size, change)."""
-        p = Packer()
-        UInt.pack(p, OP_CB_GETATTR)
-        CB_GETATTR4args.pack(p, (fh, GETATTR_WORDS))
-        return getattr_answer(self._compound(p.getvalue()))
+        return getattr_answer(self._compound(getattr_op(fh)))
 
     def _compound(self, op: bytes) -> CallbackFuture:
         """A CB_COMPOUND of one operation, sent from a thread of its own."""
