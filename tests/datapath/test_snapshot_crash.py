@@ -21,6 +21,17 @@ import signal
 import time
 
 from dphelpers import check_accounting
+from snapshot_churn import (
+    BIG,
+    CHURN,
+    FILES,
+    GEN_SIZE,
+    POLICIES,
+    change_live_tree,
+    gen,
+    restore_live_tree,
+    small,
+)
 
 from engine.admin import fsck
 from engine.catalog import Catalog
@@ -32,58 +43,7 @@ from engine.snapshots import service as snapshots_module
 from engine.snapshots.service import Snapshots
 
 ROUNDS = 8
-FILES = 150
-POLICIES = {
-    "warm": {"fragment_size": 16384},
-    "cold": {"fragment_size": 16384},
-    "hot": {"fragment_size": 16384},
-}
 RNG = random.Random(77)
-
-
-def small(i: int) -> bytes:
-    return random.Random(i).randbytes(100 + i * 37)
-
-
-BIG = random.Random("big").randbytes(3 << 20)
-CHURN = b"churn" * 100
-GEN_SIZE = 64  # ``gen`` holds a name padded to this size, so a view's size says nothing
-
-
-def gen(text: str) -> bytes:
-    return text.encode().ljust(GEN_SIZE, b".")
-
-
-def change_live_tree(ns, ds: int, i: int) -> None:
-    """Changes after a create that a snapshot's view must not see (each leaves the names as
-    they were, so every view lists the same names)."""
-    ns.write(ns.lookup(ROOT, ds, "gen").ino, 0, gen(f"after-{i}"))
-    k = i % FILES
-    f = ns.lookup(ROOT, ds, f"f{k:03d}").ino
-    ns.setattr(ROOT, f, size=0)
-    ns.write(f, 0, small(k))
-    moved = f"f{(k + 1) % FILES:03d}"
-    ns.rename(ROOT, ds, moved, ds, "moving")
-    ns.rename(ROOT, ds, "moving", ds, moved)
-    ns.unlink(ROOT, ds, "churn")
-    ns.write(ns.create(ROOT, ds, "churn").ino, 0, CHURN)
-
-
-def restore_live_tree(ns) -> None:
-    """Undo what a kill cut short in ``change_live_tree`` (a name moved away, a file truncated
-    or made but not written), so the next round's snapshots hold the whole dataset again."""
-    ds = ns.resolve("/ds").ino
-    names = {e.name: e.attr for e in ns.readdir(ROOT, ds, limit=10_000)[0]}
-    if "moving" in names:
-        missing = [i for i in range(FILES) if f"f{i:03d}" not in names]
-        ns.rename(ROOT, ds, "moving", ds, f"f{missing[0]:03d}")
-        names = {e.name: e.attr for e in ns.readdir(ROOT, ds, limit=10_000)[0]}
-    if "churn" not in names:
-        names["churn"] = ns.create(ROOT, ds, "churn")
-    for name, body in [(f"f{i:03d}", small(i)) for i in range(FILES)] + [("churn", CHURN)]:
-        if names[name].size != len(body):
-            ns.write(names[name].ino, 0, body)
-    ns.data.flush_all()
 
 
 def open_engine(url: str):
