@@ -50,6 +50,9 @@ PORT = 7400
 FILE_SIZE = 2 * MiB
 CHUNK = 512 * 1024  # a checkpoint is written in pieces
 REQUEST_LIMIT_S = 5.0
+# the writers never stop between phases: room for a slow machine's longer phases (sparse files,
+# so the disk holds only what is written)
+DRIVE_SIZE = "128MiB"
 # one write+commit+rename, however the losses fall on it: a request's limit, then one connect
 # to the cut host (no SYN answered), and a margin for a loaded machine
 WRITE_BOUND_S = REQUEST_LIMIT_S + CONNECT_TIMEOUT_S + 11
@@ -88,7 +91,7 @@ class BedAgent:
             self.proc = self.bed.run(
                 self.name,
                 [sys.executable, "-m", "appliance.cli", "agent", "--listen", self.address,
-                 "--host", self.name, "--format", "--drive-size", "32MiB", "--zone-size",
+                 "--host", self.name, "--format", "--drive-size", DRIVE_SIZE, "--zone-size",
                  "1MiB", "--no-preallocate", "--drives", str(self.host.folder / "d0")],
                 env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=out, stderr=out, cwd=REPO,
             )  # fmt: skip
@@ -117,7 +120,7 @@ class Writer:
 
     def finished_after(self, moment: float) -> int:
         return sum(
-            1 for began, _ in [*self.acked.values(), *self.failed.values()] if began > moment
+            1 for began, *_ in [*self.acked.values(), *self.failed.values()] if began > moment
         )
 
     def acked_after(self, moment: float) -> int:
