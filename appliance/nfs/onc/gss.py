@@ -10,11 +10,11 @@ the handle, a sequence number and a service:
     krb5i (service integrity) and the arguments and results travel with a MIC of their own
     krb5p (service privacy)   and the arguments and results travel wrapped (encrypted)
 
-A call whose header MIC fails is refused (AUTH_BADVERF); one naming an unknown handle is
-refused with RPCSEC_GSS_CREDPROBLEM and one whose context has expired (its ticket did) with
-RPCSEC_GSS_CTXPROBLEM, after which the client makes a new context; a sequence number seen
-already, or older than the window, is dropped without an answer (RFC 2203 5.3.3.1: the
-client's retransmits carry new numbers). RPCSEC_GSS_DESTROY ends a context.
+A call whose header MIC fails, or naming an unknown handle, is refused with
+RPCSEC_GSS_CREDPROBLEM, and one whose context has expired (its ticket did) or whose sequence
+number reached MAXSEQ with RPCSEC_GSS_CTXPROBLEM, after which the client makes a new context;
+a sequence number seen already, or older than the window, is dropped without an answer
+(RFC 2203 5.3.3.1: the client's retransmits carry new numbers). RPCSEC_GSS_DESTROY ends a context.
 
 The caller's identity comes from the context's initiator, mapped as knfsd maps it through
 gssproxy: krb5.conf's ``auth_to_local`` rules give a local user name (by default
@@ -43,7 +43,6 @@ from typing import Any
 
 from appliance.nfs.onc.rpc import (
     AUTH_BADCRED,
-    AUTH_BADVERF,
     AUTH_NONE,
     GARBAGE_ARGS,
     MSG_ACCEPTED,
@@ -394,7 +393,7 @@ class GssService:
         context = self._context(gcred.handle)
         if context is None:
             return self._refuse(call.xid, RPCSEC_GSS_CREDPROBLEM, "unknown context handle")
-        if time.monotonic() >= context.expires or gcred.seq >= MAXSEQ:
+        if time.monotonic() >= context.expires:
             self._forget(gcred.handle)
             return self._refuse(call.xid, RPCSEC_GSS_CTXPROBLEM, "context expired")
         verf = call.verf
@@ -402,7 +401,14 @@ class GssService:
         if verf.flavor != RPCSEC_GSS or not context.verify(
             memoryview(record)[:header_end], verf.body
         ):
-            return self._refuse(call.xid, AUTH_BADVERF, "header MIC does not verify")
+            # CREDPROBLEM, as knfsd, FreeBSD and libtirpc answer: the client makes a new context
+            # (AUTH_BADVERF would only make the Linux client resend with the same one)
+            return self._refuse(call.xid, RPCSEC_GSS_CREDPROBLEM, "header MIC does not verify")
+        if gcred.seq >= MAXSEQ:
+            # only after the MIC: the handle is on the wire in clear, and an unsigned call
+            # naming it must not end another client's context
+            self._forget(gcred.handle)
+            return self._refuse(call.xid, RPCSEC_GSS_CTXPROBLEM, "sequence number past MAXSEQ")
         with context.lock:
             fresh = context.window.accept(gcred.seq)
         if not fresh:
