@@ -10,6 +10,9 @@ b. Live create, stat (getattr from the catalog: the cache is cleared first), ren
    machine's load moves it far less than the wall rates); each snapshot's create and delete
    time and this process's CPU time, then the reclaim of what the deletes left to the
    background.
+   The same kinds of change on old files inside the dataset (``dataset_rates``): the first
+   change of each file after the snapshots, where any lazily copied version pays its copy (the
+   live folder above lies outside /ds, so a design that copies on change pays nothing there).
    Then --clones (3) writable dataset clones of the first snapshot (`shingle dataset clone`),
    each timed, before the deletes.
 c. CLONE of a large file written in 1 MiB commits (one extent per MiB): the time per extent,
@@ -212,6 +215,83 @@ def live_rates(ns: Namespace, label: str) -> dict:
     return out
 
 
+DATASET_SAMPLE = 100  # old files of /ds changed per phase by dataset_rates
+
+
+def dataset_rates(ns: Namespace, label: str, first_folder: int) -> dict:
+    """The first change of old files inside /ds: stat (cache cleared), 4 KiB durable overwrite,
+    rename, create beside them and listing of their folders, DATASET_SAMPLE files from folders
+    ``d{first_folder:03d}`` on that no phase touched before (each call passes folders of its
+    own), with this process's CPU per operation (``cpu_us``)."""
+    files: list[tuple[int, str, int]] = []  # (folder, name, ino)
+    folders: list[int] = []
+    f = first_folder
+    while len(files) < DATASET_SAMPLE and f < FOLDERS:
+        folder = ns.resolve(f"/ds/d{f:03d}").ino
+        folders.append(folder)
+        cookie, eof = 0, False
+        while not eof and len(files) < DATASET_SAMPLE:
+            entries, eof = ns.readdir(ROOT, folder, cookie)
+            files += [(folder, e.name, e.attr.ino) for e in entries if e.name not in (".", "..")]
+            cookie = entries[-1].cookie if entries else cookie
+        f += 1
+    files = files[:DATASET_SAMPLE]
+    ns.invalidate()
+    rates: dict = {}
+    cpu: dict = {}
+
+    def phase(name: str, count: int, step) -> None:
+        start, start_cpu = time.perf_counter(), time.process_time()
+        step()
+        rates[name] = count / (time.perf_counter() - start)
+        cpu[name.removesuffix("_per_s")] = round((time.process_time() - start_cpu) / count * 1e6, 1)
+
+    def stat() -> None:
+        for _folder, _name, ino in files:
+            ns.invalidate()
+            ns.getattr(ino)
+
+    phase("stat_per_s", len(files), stat)
+    block = b"o" * 4096
+    phase(
+        "write_4k_stable_per_s",
+        len(files),
+        lambda: [ns.write(ino, 0, block, stable=True) for _f, _n, ino in files],
+    )
+    phase(
+        "rename_per_s",
+        len(files),
+        lambda: [ns.rename(ROOT, fo, n, fo, f"{n}-{label}") for fo, n, _i in files],
+    )
+    phase(
+        "create_per_s",
+        len(files),
+        lambda: [ns.create(ROOT, fo, f"new-{label}-{i}") for i, (fo, _n, _i) in enumerate(files)],
+    )
+
+    def listing() -> None:
+        ns.invalidate()
+        for folder in folders:
+            cookie, eof = 0, False
+            while not eof:
+                entries, eof = ns.readdir(ROOT, folder, cookie)
+                cookie = entries[-1].cookie if entries else cookie
+
+    phase("list_folder_per_s", len(folders), listing)
+    out: dict = {k: round(v, 1) for k, v in rates.items()}
+    out["cpu_us"] = cpu
+    out["folders"] = len(folders)
+    return out
+
+
+def dataset_folders() -> int:
+    """Folders of /ds one dataset_rates call takes."""
+    return max(1, -(-DATASET_SAMPLE // max(1, PER_FOLDER[0])))
+
+
+PER_FOLDER = [1]  # files per folder of the current run's /ds (set by run_one)
+
+
 def timed(step) -> tuple[float, float]:
     """(wall seconds, this process's CPU seconds) of ``step()``: on a shared machine the wall
     time also holds other processes' turns."""
@@ -228,6 +308,7 @@ def snapshot_steps(ns: Namespace, snaps: Snapshots, held: int, clones: int) -> d
     out["snapshot_create_s"] = [round(t, 4) for t, _ in create]
     out["snapshot_create_cpu_s"] = [round(c, 4) for _, c in create]
     out[f"live_with_{held}_snapshots"] = live_rates(ns, "after")
+    out[f"dataset_with_{held}_snapshots"] = dataset_rates(ns, "after", dataset_folders())
     out["load_average"] = [round(x, 2) for x in os.getloadavg()]
     start = time.perf_counter()
     listed = snaps.list("/ds")
@@ -249,6 +330,7 @@ def snapshot_steps(ns: Namespace, snaps: Snapshots, held: int, clones: int) -> d
     # none held again: with the rates before, it brackets the run with snapshots held (the
     # machine's load changes during a run)
     out["live_after_delete"] = live_rates(ns, "none-again")
+    out["dataset_after_delete"] = dataset_rates(ns, "none-again", 2 * dataset_folders())
     return out
 
 
@@ -317,7 +399,9 @@ def run_one(args, files: int) -> dict:
         start = time.perf_counter()
         build_dataset(ns, catalog, files)
         out["build_s"] = round(time.perf_counter() - start, 2)
+        PER_FOLDER[0] = files // FOLDERS
         out["live_before"] = live_rates(ns, "before")
+        out["dataset_before"] = dataset_rates(ns, "before", 0)
         out.update(snapshot_steps(ns, snaps, args.held, args.clones))
         if not args.no_clone:
             out.update(clone_steps(ns, catalog, args))
@@ -362,6 +446,13 @@ def ratios(runs: list[dict]) -> dict:
         k: round(2 * large[held]["cpu_us"][k] / max(none_cpu[0][k] + none_cpu[1][k], 1e-6), 2)
         for k in large[held]["cpu_us"]
     }
+    held_ds = next((k for k in large if k.startswith("dataset_with_")), None)
+    if held_ds is not None:  # old files inside /ds, first change after the snapshots
+        ds_none = [large["dataset_before"]["cpu_us"], large["dataset_after_delete"]["cpu_us"]]
+        out["dataset_cpu_per_op_held_over_none"] = {
+            k: round(2 * large[held_ds]["cpu_us"][k] / max(ds_none[0][k] + ds_none[1][k], 1e-6), 2)
+            for k in large[held_ds]["cpu_us"]
+        }
     return out
 
 
