@@ -3,7 +3,7 @@
 - ``postgres_server``: a real PostgreSQL 15 started for this test run
   (initdb as the postgres user, socket and data in a temp folder).
 - ``catalog_url``: parametrized over SQLite and PostgreSQL; each test gets a
-  fresh, migrated, empty database.
+  fresh, migrated, empty database (a copy of one migrated per run: tests/migrated.py).
 - ``catalog`` / ``namespace``: opened on that URL; ``sqlite_catalog``: SQLite only.
 - ``count_reads(catalog)``: a list that grows by one per ``catalog.read`` from then on
   (for tests that a call was served from a cache).
@@ -22,10 +22,11 @@ import shutil
 os.environ.setdefault("SHINGLE_CHECK_LOCK_ORDER", "1")  # before any engine lock is made
 
 import pytest
+from migrated import migrate_sqlite
 from pgserver import PG_BIN, PostgresServer, free_port  # noqa: F401  (free_port is for test modules)
 
 from engine.base import ordered_lock  # noqa: E402
-from engine.catalog import Catalog, upgrade
+from engine.catalog import Catalog
 from engine.namespace import Namespace
 
 ordered_lock.enable(os.environ["SHINGLE_CHECK_LOCK_ORDER"] not in ("", "0"))
@@ -77,10 +78,9 @@ def postgres_server():
 def catalog_url(request, tmp_path):
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path}/catalog.db"
-    else:
-        url = request.getfixturevalue("postgres_server").create_database()
-    upgrade(url)
-    return url
+        migrate_sqlite(url)
+        return url
+    return request.getfixturevalue("postgres_server").create_migrated_database()
 
 
 @pytest.fixture
@@ -88,7 +88,7 @@ def sqlite_catalog(tmp_path):
     """SQLite only: for behaviour of drives, codes and jobs, where a second
     database only costs time."""
     url = f"sqlite:///{tmp_path}/catalog.db"
-    upgrade(url)
+    migrate_sqlite(url)
     cat = Catalog(url)
     yield cat
     cat.close()

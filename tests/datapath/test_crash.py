@@ -10,8 +10,9 @@ import time
 
 from crash_child import POLICIES, run, stream
 from dphelpers import check_accounting
+from migrated import migrate_sqlite
 
-from engine.catalog import Catalog, upgrade
+from engine.catalog import Catalog
 from engine.coding.erasure import load_policies
 from engine.datapath import DataPath
 from engine.drives import format_emulated
@@ -47,7 +48,7 @@ def fork_child(url: str, round_no: int) -> str:
 
 def test_sigkill_at_random_moments_loses_no_committed_byte(tmp_path):
     url = f"sqlite:///{tmp_path}/catalog.db"
-    upgrade(url)
+    migrate_sqlite(url)
     catalog = Catalog(url)
     format_emulated(catalog, tmp_path / "drives", 10, 32 << 20, 1 << 20)
     committed: dict[str, int] = {}

@@ -8,16 +8,17 @@ import re
 
 import pytest
 from dphelpers import Engine, KiB, MiB, check_accounting
+from migrated import migrate_sqlite
 from sqlalchemy import event
 
 from engine.base.blocking import WouldBlock, no_blocking
-from engine.catalog import Catalog, upgrade
+from engine.catalog import Catalog
 from engine.namespace import ROOT
 
 
 def test_an_overwrite_commit_runs_few_statements_and_reads_back(tmp_path):
     url = f"sqlite:///{tmp_path}/catalog.db"
-    upgrade(url)
+    migrate_sqlite(url)
     catalog = Catalog(url)
     statements: list[str] = []
 

@@ -11,9 +11,10 @@ import shutil
 from dphelpers import Engine, check_accounting
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from migrated import migrate_sqlite
 
 from engine.admin import fsck
-from engine.catalog import Catalog, upgrade
+from engine.catalog import Catalog
 from engine.catalog.database import sql_all
 from engine.datapath.accounting import share
 from engine.namespace import ROOT
@@ -137,7 +138,7 @@ def _check_zone_shares(catalog) -> None:
 def test_shared_extents_match_the_model(tmp_path_factory, steps):
     root = tmp_path_factory.mktemp("model")
     url = f"sqlite:///{root}/catalog.db"
-    upgrade(url)
+    migrate_sqlite(url)
     catalog = Catalog(url)
     engine = Engine(catalog, root / "drives", drive_size=32 << 20)
     try:

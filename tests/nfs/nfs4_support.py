@@ -7,8 +7,10 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 
+from migrated import migrate_sqlite
+
 from appliance.nfs.server import NfsServerThread
-from engine.catalog import Catalog, upgrade
+from engine.catalog import Catalog
 from engine.catalog.models import Export
 from engine.coding.erasure import policy_from_dict
 from engine.datapath import DataPath
@@ -56,7 +58,7 @@ class Stack:
         """``url``: a catalog already upgraded (default: a new SQLite one in ``tmp_path``)."""
         self.url = url or f"sqlite:///{tmp_path}/catalog.db"
         if not url:
-            upgrade(self.url)
+            migrate_sqlite(self.url)
         self.catalog = Catalog(self.url)
         format_emulated(self.catalog, tmp_path / "drives", 10, drive_size, zone_size)
         self.fragment_size = fragment_size

@@ -11,10 +11,12 @@ import socket
 import struct
 import subprocess
 
+from migrated import migrate_sqlite
+
 from appliance.nfs.onc.rpc import authsys_parms
 from appliance.nfs.server import NfsServerThread
 from appliance.nfs.v3 import types as t
-from engine.catalog import Catalog, upgrade
+from engine.catalog import Catalog
 from engine.catalog.models import Export
 from engine.coding.erasure import policy_from_dict
 from engine.datapath import DataPath
@@ -64,7 +66,7 @@ class Stack:
         fragment_size: int = 64 * 1024,
     ):
         self.url = f"sqlite:///{tmp_path}/catalog.db"
-        upgrade(self.url)
+        migrate_sqlite(self.url)
         self.catalog = Catalog(self.url)
         format_emulated(self.catalog, tmp_path / "drives", 10, drive_size, zone_size)
         policies = {"warm": policy_from_dict("warm", {"fragment_size": fragment_size})}
