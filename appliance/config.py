@@ -589,6 +589,29 @@ OPTIONS: list[Option] = [
     ),
     Option(
         "cluster",
+        "etcd_ca_file",
+        "str",
+        "",
+        "The cluster CA's certificate (PEM): with https:// etcd endpoints, the only CA the "
+        "members' certificates are checked against (`shingle cluster init --plan` sets it).",
+    ),
+    Option(
+        "cluster",
+        "etcd_cert_file",
+        "str",
+        "",
+        "This head's client certificate for etcd (PEM, signed by the cluster CA): etcd's "
+        "members ask for one (--client-cert-auth). Set with etcd_key_file.",
+    ),
+    Option(
+        "cluster",
+        "etcd_key_file",
+        "str",
+        "",
+        "The private key of etcd_cert_file (mode 0600).",
+    ),
+    Option(
+        "cluster",
         "name",
         "str",
         "",
@@ -769,6 +792,24 @@ def etcd_endpoints(value: str) -> list[str]:
     return [url.strip() for url in value.split(",") if url.strip()]
 
 
+def etcd_client(config: Config, timeout_s: float):
+    """This host's etcd client from [cluster]: its endpoints, and TLS with the cluster CA and
+    its client certificate when those are set."""
+    from engine.cluster.etcd import EtcdClient, tls_context
+
+    tls = None
+    if config.get("cluster.etcd_ca_file"):
+        cert = config.get("cluster.etcd_cert_file")
+        tls = tls_context(
+            str(config.resolve("cluster.etcd_ca_file")),
+            str(config.resolve("cluster.etcd_cert_file")) if cert else "",
+            str(config.resolve("cluster.etcd_key_file")) if cert else "",
+        )
+    return EtcdClient(
+        etcd_endpoints(config.get("cluster.etcd_endpoints")), timeout_s=timeout_s, tls=tls
+    )
+
+
 def _check_cluster(values: dict[str, Any]) -> None:
     from engine.cluster.etcd import check_endpoint
 
@@ -779,6 +820,12 @@ def _check_cluster(values: dict[str, Any]) -> None:
             raise ConfigError(
                 "cluster.etcd_endpoints", url, "comma-separated URLs http://HOST:PORT"
             ) from None
+        if url.startswith("https:") and not values["cluster.etcd_ca_file"]:
+            raise ConfigError("cluster.etcd_ca_file", "", f"the cluster CA's certificate for {url}")
+    if bool(values["cluster.etcd_cert_file"]) != bool(values["cluster.etcd_key_file"]):
+        key = "cluster.etcd_key_file" if values["cluster.etcd_cert_file"] else (
+            "cluster.etcd_cert_file")  # fmt: skip
+        raise ConfigError(key, "", "set together with the other of etcd_cert_file and key_file")
 
 
 def _check_mds_address(values: dict[str, Any]) -> None:

@@ -404,9 +404,8 @@ def lifecycle_runners(appliance) -> dict[str, Callable]:
 def maintenance_leader(config, catalog) -> FencedLeader | None:
     """This host's campaign for the maintenance leader ([cluster] etcd_endpoints set), raising
     the catalog's fence when it takes office; None on a single host."""
-    from appliance.config import etcd_endpoints
+    from appliance.config import etcd_client, etcd_endpoints
     from engine.catalog import fence
-    from engine.cluster.etcd import EtcdClient
 
     endpoints = etcd_endpoints(config.get("cluster.etcd_endpoints"))
     if not endpoints:
@@ -414,7 +413,7 @@ def maintenance_leader(config, catalog) -> FencedLeader | None:
     ttl_s = config.get("cluster.lease_ttl_s")
     leader = FencedLeader(
         # a request must leave the lease time to be renewed by another endpoint
-        EtcdClient(endpoints, timeout_s=min(2.0, ttl_s / 3)),
+        etcd_client(config, timeout_s=min(2.0, ttl_s / 3)),
         config.get("cluster.name") or None,
         ttl_s=ttl_s,
     )

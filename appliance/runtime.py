@@ -469,9 +469,8 @@ class Daemon:
         """The floating metadata server address ([cluster] mds_address): campaigned for once
         the NFS server listens; only its holder expires dead heads (their clients follow the
         address)."""
-        from appliance.config import etcd_endpoints
+        from appliance.config import etcd_client
         from appliance.mds_address import FloatingAddress, MdsAddress, parse_address
-        from engine.cluster.etcd import EtcdClient
 
         config, server = self.config, self.server
         assert server is not None  # started before
@@ -480,7 +479,7 @@ class Daemon:
         ttl_s = config.get("cluster.mds_lease_ttl_s")
         role = MdsAddress(
             # a request must leave the lease time to be renewed through another endpoint
-            EtcdClient(etcd_endpoints(config.get("cluster.etcd_endpoints")), timeout_s=ttl_s / 4),
+            etcd_client(config, timeout_s=ttl_s / 4),
             FloatingAddress(
                 parse_address(config.get("cluster.mds_address")),
                 config.get("cluster.mds_interface"),

@@ -138,9 +138,9 @@ def leader_report(catalog: Catalog, config, *, ask_etcd: bool = True) -> dict | 
     From the catalog's fence: the host that took office last, its token and since when. With
     ``ask_etcd``, also who holds the leader key now (None: no one, office is vacant) or why etcd
     did not say (a leader that died shows in the fence until its successor takes office)."""
-    from appliance.config import etcd_endpoints
+    from appliance.config import etcd_client, etcd_endpoints
     from engine.catalog import fence
-    from engine.cluster.etcd import EtcdClient, EtcdError
+    from engine.cluster.etcd import EtcdError
     from engine.cluster.leader import DEFAULT_KEY
 
     endpoints = etcd_endpoints(config.get("cluster.etcd_endpoints"))
@@ -154,7 +154,7 @@ def leader_report(catalog: Catalog, config, *, ask_etcd: bool = True) -> dict | 
     }
     if ask_etcd:
         try:
-            key = EtcdClient(endpoints, timeout_s=1.0).get(DEFAULT_KEY)
+            key = etcd_client(config, timeout_s=1.0).get(DEFAULT_KEY)
             report["etcd_holder"] = key.value if key is not None else None
             report["etcd_error"] = None
         except EtcdError as exc:
@@ -181,18 +181,16 @@ def leader_line(report: dict | None) -> str | None:
 def mds_address_report(config) -> dict | None:
     """The metadata server's floating address ([cluster] mds_address) and the head that holds
     it now, as etcd says (appliance/mds_address.py); None when there is none."""
-    from appliance.config import etcd_endpoints
+    from appliance.config import etcd_client
     from appliance.mds_address import DEFAULT_KEY
-    from engine.cluster.etcd import EtcdClient, EtcdError
+    from engine.cluster.etcd import EtcdError
 
     address = config.get("cluster.mds_address")
     if not address:
         return None
     report: dict = {"address": address, "holder": None, "etcd_error": None}
     try:
-        key = EtcdClient(etcd_endpoints(config.get("cluster.etcd_endpoints")), timeout_s=1.0).get(
-            DEFAULT_KEY
-        )
+        key = etcd_client(config, timeout_s=1.0).get(DEFAULT_KEY)
         report["holder"] = key.value if key is not None else None
     except EtcdError as exc:
         report["etcd_error"] = str(exc)

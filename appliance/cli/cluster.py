@@ -27,11 +27,18 @@ HOST:PORT --drives DIR...`); heads place every stripe's fragments over the hosts
 actions:
   plan --etcd NAME=ADDRESS,... --postgres NAME=ADDRESS,... [--plan FILE]
                     write the cluster's plan (default /etc/shingle/cluster.toml): its etcd
-                    members and PostgreSQL members (under Patroni), and their passwords
+                    members and PostgreSQL members (under Patroni), their passwords, and the
+                    cluster's CA and certificates (--tls-folder, default beside the plan)
   render [NAME] [--plan FILE] [--etc DIR]
                     on member NAME (default: the host name), write its etcd and Patroni
                     configs for Debian's etcd-server and patroni units; --catalog-url: print
                     the heads' catalog URL instead
+  add-host NAME ADDRESS --role etcd|postgres|etcd,postgres [--plan FILE]
+                    on the host that made the plan: NAME into the running cluster (its
+                    certificate, `etcd member add` first), then prints the steps in order
+  remove-host NAME [--plan FILE]
+                    NAME out of etcd (`member remove`; refused if etcd would lose its quorum)
+                    and the plan; a Patroni leader is refused (switch over first)
   init --etcd URLS | --plan FILE [--name NAME]
                     make this head's config part of a cluster: the maintenance leader is
                     elected through etcd (the catalog must be PostgreSQL, shared by the heads)
@@ -197,11 +204,12 @@ def init(args) -> int:
     from appliance.cli.clustersetup import plan_endpoints
     from appliance.runtime import open_catalog
     from engine.admin.events import record
-    from engine.cluster.etcd import EtcdClient, EtcdError, check_endpoint
+    from engine.cluster.etcd import EtcdClient, EtcdError, check_endpoint, tls_context
 
     path = find_config(args.config)
     config = load_config(args)
-    args.etcd = args.etcd or plan_endpoints(args)
+    planned, tls = plan_endpoints(args)
+    args.etcd = args.etcd or planned
     if not args.etcd:
         raise UsageError(
             "cluster init --etcd http://HOST:2379[,http://HOST:2379...] (or --plan FILE)"
@@ -212,16 +220,20 @@ def init(args) -> int:
         endpoints = []
     if not endpoints:
         raise UsageError(f"--etcd {args.etcd!r}: expected comma-separated http://HOST:PORT URLs")
+    if any(url.startswith("https:") for url in endpoints) and not tls:
+        raise UsageError("https etcd endpoints: take them from the plan (--plan FILE), which "
+                         "names the cluster's CA and client certificate")  # fmt: skip
     if config.catalog_url.startswith("sqlite"):
         raise UsageError(
             "this head's catalog is SQLite, which one process on one host uses: a cluster's "
             "heads share a PostgreSQL catalog (catalog.url, see docs/cluster.md)"
         )
     try:
-        EtcdClient(endpoints, timeout_s=5).get("/shingle/maintenance-leader")
+        context = tls_context(*tls.values()) if tls else None
+        EtcdClient(endpoints, timeout_s=5, tls=context).get("/shingle/maintenance-leader")
     except (EtcdError, OSError) as exc:
         raise Unreachable(f"etcd at {', '.join(endpoints)} does not answer: {exc}") from None
-    values = {"etcd_endpoints": ",".join(endpoints)}
+    values = {"etcd_endpoints": ",".join(endpoints), **tls}
     if args.name:
         values["name"] = args.name
     text = set_section_options(path.read_text(), "cluster", values)
@@ -280,9 +292,23 @@ def render(args) -> int:
     return write_member(args)
 
 
+def add_host(args) -> int:
+    from appliance.cli.clustersetup import add_host as add
+
+    return add(args)
+
+
+def remove_host(args) -> int:
+    from appliance.cli.clustersetup import remove_host as remove_member
+
+    return remove_member(args)
+
+
 CLUSTER_ACTIONS = {
     "plan": plan,
     "render": render,
+    "add-host": add_host,
+    "remove-host": remove_host,
     "init": init,
     "join": join,
     "status": status,
@@ -297,19 +323,24 @@ def register(sub) -> None:
 
     p = sub.add_parser(
         "cluster",
-        help="a cluster's hosts: plan, render, init, join, status, drain, remove, replace",
+        help="a cluster's hosts: plan, render, add-host, remove-host, init, join, status, "
+        "drain, remove, replace",
         description=CLUSTER_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("action", choices=list(CLUSTER_ACTIONS))
     p.add_argument("host", nargs="?", help="a host's name (join: the agent's HOST:PORT)")
-    p.add_argument("address", nargs="?", help="replace: the new agent's HOST:PORT")
+    p.add_argument(
+        "address", nargs="?", help="replace: the new agent's HOST:PORT; add-host: its address"
+    )
     p.add_argument("--etcd", help="init: etcd client URLs, comma-separated; plan: NAME=ADDRESS,...")
     p.add_argument("--postgres", help="plan: the PostgreSQL members, NAME=ADDRESS,...")
     p.add_argument("--plan", help="plan, render, init: the plan file (/etc/shingle/cluster.toml)")
     p.add_argument("--etcd-data-dir", help="plan: each etcd member's data folder")
     p.add_argument("--postgres-folder", help="plan: each PostgreSQL member's folder")
     p.add_argument("--etc", help="render: where the configs go (default /etc)")
+    p.add_argument("--role", help="add-host: etcd, postgres or etcd,postgres")
+    p.add_argument("--tls-folder", help="plan: the CA and certificates (beside the plan)")
     p.add_argument("--catalog-url", action="store_true", help="render: print the catalog URL")
     p.add_argument("--name", help="init: this head's name (default: the host name)")
     p.add_argument("--rate", type=float, help="MiB/s for this job's writes")

@@ -8,6 +8,9 @@ no release since 2020; the five calls the leader election needs are a few lines 
 Every call tries the endpoints in turn, starting with the one that answered last, and bounds each
 attempt by ``timeout_s`` (an etcd member paused or cut off must not hold a caller past its lease).
 ``EtcdUnavailable`` means no endpoint answered; ``EtcdError`` that one answered with an error.
+
+TLS (https:// endpoints): ``tls_context(ca, cert, key)`` trusts only the cluster's CA and presents
+this host's client certificate, as etcd's ``--client-cert-auth`` asks (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -73,6 +77,16 @@ def _decode(text: str) -> str:
     return base64.b64decode(text).decode(errors="replace")
 
 
+def tls_context(ca_file: str, cert_file: str = "", key_file: str = "") -> ssl.SSLContext:
+    """A client context that trusts only ``ca_file`` (the cluster's CA, not the system's) and
+    presents ``cert_file``/``key_file`` when given. Host names are checked against the
+    certificates' subject alternative names (the members' addresses)."""
+    context = ssl.create_default_context(cafile=ca_file)
+    if cert_file:
+        context.load_cert_chain(cert_file, key_file or None)
+    return context
+
+
 def check_endpoint(url: str) -> str:
     """``url`` without a trailing slash; ValueError for anything but http(s)://HOST[:PORT]."""
     url = str(url).strip().rstrip("/")
@@ -87,12 +101,25 @@ def check_endpoint(url: str) -> str:
 
 
 class EtcdClient:
-    def __init__(self, endpoints: Iterable[str], *, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(
+        self,
+        endpoints: Iterable[str],
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        tls: ssl.SSLContext | None = None,
+    ):
         self.endpoints = [check_endpoint(url) for url in endpoints]
         if not self.endpoints:
             raise ValueError("etcd client: no endpoints given")
+        if tls is None and any(url.startswith("https:") for url in self.endpoints):
+            raise ValueError("etcd client: https endpoints need the cluster's CA (tls_context)")
         self.timeout_s = timeout_s
         self._first = 0  # the endpoint that answered last is asked first
+        # the members are on the cluster's network: never through an http_proxy of the shell
+        handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+        if tls is not None:
+            handlers.append(urllib.request.HTTPSHandler(context=tls))
+        self._opener = urllib.request.build_opener(*handlers)
 
     # -- transport -----------------------------------------------------------
     def _post(self, path: str, body: dict, timeout_s: float | None = None) -> dict:
@@ -118,8 +145,7 @@ class EtcdClient:
             return answer
         raise EtcdUnavailable("no etcd endpoint answered: " + "; ".join(failures))
 
-    @staticmethod
-    def _request(url: str, body: dict, timeout: float) -> dict:
+    def _request(self, url: str, body: dict, timeout: float) -> dict:
         request = urllib.request.Request(
             url,
             data=json.dumps(body).encode(),
@@ -127,7 +153,7 @@ class EtcdClient:
             method="POST",
         )
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with self._opener.open(request, timeout=timeout) as response:
                 return json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as exc:
             try:
@@ -217,7 +243,7 @@ class EtcdClient:
         )
         try:
             # the timeout bounds each read: the wait ends within timeout_s of the last line
-            with urllib.request.urlopen(request, timeout=max(timeout_s, 0.05)) as response:
+            with self._opener.open(request, timeout=max(timeout_s, 0.05)) as response:
                 while time.monotonic() < deadline:
                     line = response.readline()
                     if not line:
@@ -229,3 +255,36 @@ class EtcdClient:
         except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
             return False
         return False
+
+    # -- membership (`shingle cluster add-host` / `remove-host`) -------------------------------
+    def members(self, *, timeout_s: float | None = None) -> list[Member]:
+        answer = self._post("/v3/cluster/member/list", {}, timeout_s)
+        return [Member.from_json(m) for m in answer.get("members", [])]
+
+    def add_member(self, peer_url: str, *, timeout_s: float | None = None) -> Member:
+        """etcd's ``member add``: the cluster expects the new member from now on (its quorum
+        counts it), so it must be started soon, with initial-cluster-state ``existing``."""
+        answer = self._post("/v3/cluster/member/add", {"peerURLs": [peer_url]}, timeout_s)
+        return Member.from_json(answer["member"])
+
+    def remove_member(self, member_id: int, *, timeout_s: float | None = None) -> None:
+        self._post("/v3/cluster/member/remove", {"ID": str(member_id)}, timeout_s)
+
+
+@dataclass(frozen=True)
+class Member:
+    """An etcd cluster member; ``name`` is empty for one added but not started yet."""
+
+    id: int
+    name: str
+    peer_urls: tuple[str, ...]
+    client_urls: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, member: dict) -> Member:
+        return cls(
+            id=int(member.get("ID", 0)),
+            name=member.get("name", ""),
+            peer_urls=tuple(member.get("peerURLs", [])),
+            client_urls=tuple(member.get("clientURLs", [])),
+        )

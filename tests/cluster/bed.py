@@ -366,6 +366,17 @@ class Bed:
         _ip("-n", netns, "link", "set", "lo", "up")
         return host
 
+    def remove_host(self, name: str) -> None:
+        """A host gone for good: its processes killed, its namespace (and so its veth pair)
+        and its folder deleted."""
+        host = self.hosts.pop(name)
+        kill_netns_processes(host.netns)
+        for service in host.services:
+            if service.proc is not None:
+                service.proc.wait(10)
+        _ip("netns", "del", host.netns, check=False)
+        shutil.rmtree(host.folder, ignore_errors=True)
+
     def run(
         self, host: str, argv: list[str], *, user: str | None = None, **popen: Any
     ) -> subprocess.Popen:

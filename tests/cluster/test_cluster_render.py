@@ -8,14 +8,22 @@ NAME --etc FOLDER`. Each member then runs as Debian's units run it: etcd as the 
 the environment of the rendered /etc/default/etcd (etcd-server's etcd.service:
 EnvironmentFile, `/usr/bin/etcd`), Patroni as postgres with the rendered config.yml
 (patroni.service: `/usr/bin/patroni /etc/patroni/config.yml`). Checked:
-- the three etcd members form one cluster (each /health true, three members listed);
-- Patroni bootstraps a primary and two streaming replicas, one of them the synchronous standby;
+- the three etcd members form one cluster (each /health true, three members listed), speaking
+  only TLS with certificates of the plan's CA to clients and peers: a client without a
+  certificate is refused;
+- Patroni bootstraps a primary and two streaming replicas, one of them the synchronous standby,
+  through etcd over TLS (its rendered etcd3 section);
 - the heads' catalog URL (`render --catalog-url`) reaches the primary as the catalog role (its
   post-bootstrap script ran: role and database), which writes and migrates the catalog to the
   newest revision (as `shingle init --catalog URL` does), and the synchronous standby has it; a
   wrong password is refused (the rendered pg_hba asks for one);
-- `shingle doctor`'s cluster checks (appliance/host/clusterdoctor.py) on a member: all ok.
-Every process of the three hosts is killed at the end."""
+- `shingle doctor`'s cluster checks (appliance/host/clusterdoctor.py) on a member: all ok
+  (certificates, etcd's members against the plan, replication lag, clocks);
+- `shingle cluster add-host` of a fourth host as an etcd member (`member add` through the plan's
+  client certificate, then its rendered file starts it with initial-cluster-state existing): four
+  members healthy; `remove-host` takes it out again (`member remove`) and its etcd stops by
+  itself, the doctor's member check back to ok.
+Every process of the four hosts is killed and their namespaces deleted at the end."""
 
 from __future__ import annotations
 
@@ -28,19 +36,23 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from bed import CLEAN_PATH, kill_netns_processes
+from bed import CLEAN_PATH
 from psycopg.conninfo import make_conninfo
 from sqlalchemy import create_engine, make_url
 from sqlalchemy.pool import NullPool
 
 from appliance.cli.cluster import set_section_options
 from appliance.cli.parser import main as shingle
-from appliance.host.clusterdoctor import check_cluster
+from appliance.host import clusterplan
+from appliance.host.clusterdoctor import check_cluster, check_etcd
 from engine.catalog import upgrade
 from engine.catalog.migrate import head_revision
+from engine.cluster.etcd import EtcdClient, tls_context
 
 HOSTS = ("crender1", "crender2", "crender3")
-PATRONI_TIMINGS = {"ttl": 10, "loop_wait": 2, "retry_timeout": 3}  # the bed's (bed.py)
+ADDED = "crender4"  # the etcd member add-host brings in
+# the bed's (bed.py), but loop_wait 1: the leader names its synchronous standby sooner
+PATRONI_TIMINGS = {"ttl": 10, "loop_wait": 1, "retry_timeout": 3}
 START_TIMEOUT_S = 90.0
 
 
@@ -54,15 +66,15 @@ def environment_file(path: Path) -> dict[str, str]:
     return values
 
 
-def get_json(bed, host: str, url: str):
+def get_json(bed, host: str, url: str, tls=None):
     def fetch():
-        with urllib.request.urlopen(url, timeout=2) as reply:
+        with urllib.request.urlopen(url, timeout=2, context=tls) as reply:
             return json.loads(reply.read())
 
     return bed.call(host, fetch)
 
 
-def wait_for(ready, what: str, log: str, bed) -> float:
+def wait_for(ready, what: str, log: str, bed, hosts=HOSTS) -> float:
     """Seconds until ``ready()``; past START_TIMEOUT_S a failure with each host's ``log``."""
     started = time.monotonic()
     while True:
@@ -72,15 +84,35 @@ def wait_for(ready, what: str, log: str, bed) -> float:
         except (OSError, ValueError, KeyError):
             pass
         if time.monotonic() - started > START_TIMEOUT_S:
-            tails = {h: (bed.hosts[h].folder / log).read_text()[-1500:] for h in HOSTS}
+            tails = {h: (bed.hosts[h].folder / log).read_text()[-1500:] for h in hosts}
             raise AssertionError(f"{what}: not within {START_TIMEOUT_S:.0f} s: {tails}")
-        time.sleep(0.5)
+        time.sleep(0.2)
+
+
+def own_plan(bed, plan: Path, host: str, tmp_path: Path) -> Path:
+    """The same plan on every machine, whose data folders are its own: here the hosts share one
+    file system, so each host's copy names a folder of its own."""
+    own = tmp_path / f"{host}.toml"
+    folder = bed.hosts[host].folder  # the members' users reach it (bed.py)
+    own.write_text(plan.read_text().replace(f"{bed.folder}/member/", f"{folder}/"))
+    own.chmod(0o600)
+    return own
+
+
+def start_etcd(bed, host: str, procs: list) -> None:
+    """etcd as etcd-server's unit runs it: the etcd user, the rendered environment file."""
+    etc = bed.hosts[host].folder / "etc"
+    env = {"PATH": CLEAN_PATH, **environment_file(etc / "default" / "etcd")}
+    with open(bed.hosts[host].folder / "etcd.log", "ab") as log:
+        procs.append(
+            bed.run(host, ["etcd"], user="etcd", env=env, stdin=subprocess.DEVNULL,
+                    stdout=log, stderr=subprocess.STDOUT)
+        )  # fmt: skip
 
 
 def test_rendered_configs_start_an_etcd_cluster_and_patroni_members(bed, tmp_path, capsys):
-    for host in HOSTS:
-        if host not in bed.hosts:
-            bed.add_host(host)
+    for host in (*HOSTS, ADDED):
+        bed.add_host(host)
     members = ",".join(f"{h}={bed.hosts[h].address}" for h in HOSTS)
     plan = tmp_path / "cluster.toml"
     procs: list[subprocess.Popen] = []
@@ -94,37 +126,37 @@ def test_rendered_configs_start_an_etcd_cluster_and_patroni_members(bed, tmp_pat
         assert plan.stat().st_mode & 0o777 == 0o600
         plan.write_text(set_section_options(plan.read_text(), "patroni", PATRONI_TIMINGS))
         for host in HOSTS:
-            # the same plan on every machine, whose data folders are its own: here the hosts
-            # share one file system, so each host's copy names a folder of its own
-            own = tmp_path / f"{host}.toml"
-            folder = bed.hosts[host].folder  # the members' users reach it (bed.py)
-            own.write_text(plan.read_text().replace(f"{bed.folder}/member/", f"{folder}/"))
-            own.chmod(0o600)
+            own = own_plan(bed, plan, host, tmp_path)
             assert shingle(["cluster", "render", host, "--plan", str(own),
-                            "--etc", str(folder / "etc")]) == 0  # fmt: skip
+                            "--etc", str(bed.hosts[host].folder / "etc")]) == 0  # fmt: skip
         capsys.readouterr()
         assert shingle(["cluster", "render", "--catalog-url", "--plan", str(plan)]) == 0
         catalog_url = capsys.readouterr().out.strip()
+        made = clusterplan.load_plan(plan)
+        client_tls = tls_context(*made.client_tls())
 
         started = time.monotonic()
         for host in HOSTS:
-            etc = bed.hosts[host].folder / "etc"
-            env = {"PATH": CLEAN_PATH, **environment_file(etc / "default" / "etcd")}
-            with open(bed.hosts[host].folder / "etcd.log", "wb") as log:
-                procs.append(
-                    bed.run(host, ["etcd"], user="etcd", env=env, stdin=subprocess.DEVNULL,
-                            stdout=log, stderr=subprocess.STDOUT)
-                )  # fmt: skip
-        endpoints = {h: f"http://{bed.hosts[h].address}:2379" for h in HOSTS}
-        wait_for(
-            lambda: all(
-                get_json(bed, h, f"{endpoints[h]}/health")["health"] == "true" for h in HOSTS
-            ),
-            "etcd members healthy", "etcd.log", bed,
-        )  # fmt: skip
+            start_etcd(bed, host, procs)
+        endpoints = {h: f"https://{bed.hosts[h].address}:2379" for h in HOSTS}
+
+        def healthy(hosts) -> bool:
+            return all(
+                get_json(bed, h, f"{endpoints[h]}/health", client_tls)["health"] == "true"
+                for h in hosts
+            )
+
+        wait_for(lambda: healthy(HOSTS), "etcd members healthy", "etcd.log", bed)
         etcd_s = time.monotonic() - started
-        listed = bed.call(HOSTS[0], lambda: _etcd_members(endpoints[HOSTS[0]]))
-        assert sorted(listed) == sorted(HOSTS)
+        etcd = EtcdClient(endpoints.values(), tls=client_tls)
+        assert sorted(m.name for m in bed.call(HOSTS[0], etcd.members)) == sorted(HOSTS)
+        # TLS only, and only for holders of the CA's certificates: no client certificate, no
+        # answer; plain HTTP, no answer
+        bare = tls_context(made.client_tls()[0])
+        with pytest.raises(OSError):
+            get_json(bed, HOSTS[1], f"{endpoints[HOSTS[0]]}/health", bare)
+        with pytest.raises(OSError):
+            get_json(bed, HOSTS[1], f"http://{bed.hosts[HOSTS[0]].address}:2379/health")
 
         for host in HOSTS:
             folder = bed.hosts[host].folder
@@ -204,22 +236,72 @@ def test_rendered_configs_start_an_etcd_cluster_and_patroni_members(bed, tmp_pat
         )
         assert [c.name for c in checks if c.status != "ok"] == [], checks
         assert {c.name for c in checks} >= {
-            "cluster etcd", "cluster patroni", "cluster patroni/config.yml", "cluster catalog url"
+            "cluster etcd", "cluster patroni", "cluster patroni/config.yml", "cluster catalog url",
+            "cluster etcd/tls/ca.crt", f"cluster tls {HOSTS[0]}", "cluster tls client",
+            "cluster etcd members", "cluster replication", "cluster clocks",
         }  # fmt: skip
+
+        # a fourth etcd member: add-host on the plan's host adds it to etcd, then it starts
+        added = time.monotonic()
+        address = bed.hosts[ADDED].address
+        assert (
+            bed.call(
+                HOSTS[0],
+                lambda: shingle(
+                    ["cluster", "add-host", ADDED, address, "--role", "etcd", "--plan", str(plan)]
+                ),
+            )
+            == 0
+        )
+        assert "systemctl restart etcd" in capsys.readouterr().out
+        four = clusterplan.load_plan(plan)
+        assert four.etcd[ADDED] == address and four.etcd_added == [ADDED]
+        assert bed.call(HOSTS[0], lambda: sorted(m.name for m in etcd.members())) == [
+            "",
+            *HOSTS,
+        ]  # fmt: skip (added, not started: no name yet)
+        own = own_plan(bed, plan, ADDED, tmp_path)
+        assert shingle(["cluster", "render", ADDED, "--plan", str(own),
+                        "--etc", str(bed.hosts[ADDED].folder / "etc")]) == 0  # fmt: skip
+        env = environment_file(bed.hosts[ADDED].folder / "etc" / "default" / "etcd")
+        assert env["ETCD_INITIAL_CLUSTER_STATE"] == "existing"
+        start_etcd(bed, ADDED, procs)
+        added_etcd = procs[-1]
+        endpoints[ADDED] = f"https://{address}:2379"
+        wait_for(lambda: healthy([*HOSTS, ADDED]), "the added member healthy", "etcd.log", bed,
+                 hosts=[ADDED])  # fmt: skip
+        assert bed.call(HOSTS[0], lambda: sorted(m.name for m in etcd.members())) == sorted(
+            [*HOSTS, ADDED]
+        )
+        add_s = time.monotonic() - added
+        member_checks = bed.call(HOSTS[0], lambda: check_etcd(four))
+        said = {c.name: (c.status, c.detail) for c in member_checks}
+        assert said["cluster etcd"][0] == "ok" and said["cluster etcd members"][0] == "warn"
+        assert "4 members: a quorum of 3" in said["cluster etcd members"][1]
+
+        # and out again: etcd first (the member stops by itself), then the plan
+        removed = time.monotonic()
+        assert (
+            bed.call(
+                HOSTS[0], lambda: shingle(["cluster", "remove-host", ADDED, "--plan", str(plan)])
+            )
+            == 0
+        )
+        assert "systemctl disable --now etcd" in capsys.readouterr().out
+        assert ADDED not in clusterplan.load_plan(plan).etcd
+        assert bed.call(HOSTS[0], lambda: sorted(m.name for m in etcd.members())) == sorted(HOSTS)
+        added_etcd.wait(20)  # a removed member's etcd ends by itself
+        removed_s = time.monotonic() - removed
+        three = clusterplan.load_plan(plan)
+        member_checks = bed.call(HOSTS[0], lambda: check_etcd(three))
+        assert {c.name: c.status for c in member_checks}["cluster etcd members"] == "ok"
         print(
             f"\netcd healthy {etcd_s:.1f} s, Patroni whole {patroni_s:.1f} s after that, "
-            f"catalog migrated in {migrate_s:.1f} s"
+            f"catalog migrated in {migrate_s:.1f} s; a member added and healthy in "
+            f"{add_s:.1f} s, removed and stopped in {removed_s:.1f} s"
         )
     finally:
-        for host in HOSTS:
-            kill_netns_processes(bed.hosts[host].netns)
+        for host in (*HOSTS, ADDED):
+            bed.remove_host(host)
         for proc in procs:
             proc.wait(10)
-
-
-def _etcd_members(endpoint: str) -> list[str]:
-    request = urllib.request.Request(
-        f"{endpoint}/v3/cluster/member/list", data=b"{}", method="POST"
-    )
-    with urllib.request.urlopen(request, timeout=2) as reply:
-        return [m["name"] for m in json.loads(reply.read())["members"]]
