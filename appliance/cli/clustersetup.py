@@ -191,7 +191,8 @@ def add_host(args) -> int:
             if not any(peer in m.peer_urls for m in client.members()):  # not added by a rerun
                 client.add_member(peer)
         except EtcdError as exc:
-            raise Unreachable(f"etcd refused the new member {args.host} ({peer}): {exc}") from None
+            raise Unreachable(f"etcd refused the new member {args.host} ({peer}): "
+                              f"{_quorum_said(exc)}") from None  # fmt: skip
     clusterplan.write_plan(made, path)
     print(f"{path}: {args.host} ({args.address}) added as {' and '.join(roles)}")
     steps = [f"copy {path} and {made.tls_folder or 'nothing else'} to {args.host}"]
@@ -246,7 +247,7 @@ def remove_host(args) -> int:
         except EtcdRequestRefused as exc:
             raise UsageError(f"etcd refused to remove {args.host}: {exc}") from None
         except EtcdError as exc:
-            raise Unreachable(f"etcd: {exc}") from None
+            raise Unreachable(f"etcd refused to remove {args.host}: {_quorum_said(exc)}") from None
     clusterplan.write_plan(made, path)
     print(f"{path}: {args.host} removed ({' and '.join(roles)})")
     steps = []
@@ -266,6 +267,15 @@ def remove_host(args) -> int:
     for number, step in enumerate(steps, start=1):
         print(f"  {number}. {step}")
     return 0
+
+
+def _quorum_said(exc: Exception) -> str:
+    # etcd's strict reconfiguration check answers UNAVAILABLE "unhealthy cluster" when the
+    # members started after the change would be fewer than its quorum
+    if "unhealthy cluster" in str(exc):
+        return ("the members started after the change would be fewer than a quorum (etcd: "
+                "unhealthy cluster): start the members that are down first")  # fmt: skip
+    return str(exc)
 
 
 def _patroni_leader(made: clusterplan.Plan) -> str | None:

@@ -22,7 +22,8 @@ EnvironmentFile, `/usr/bin/etcd`), Patroni as postgres with the rendered config.
 - `shingle cluster add-host` of a fourth host as an etcd member (`member add` through the plan's
   client certificate, then its rendered file starts it with initial-cluster-state existing): four
   members healthy; `remove-host` takes it out again (`member remove`) and its etcd stops by
-  itself, the doctor's member check back to ok.
+  itself, the doctor's member check back to ok; Patroni's leader is refused, and with a member
+  down etcd refuses to remove another: the plan is left as it was.
 Every process of the four hosts is killed and their namespaces deleted at the end."""
 
 from __future__ import annotations
@@ -214,10 +215,14 @@ def test_rendered_configs_start_an_etcd_cluster_and_patroni_members(bed, tmp_pat
 
         def read_standby() -> bool:
             with psycopg.connect(member(roles["sync_standby"], password)) as conn:
-                in_recovery, count, revision = conn.execute(
-                    "SELECT pg_is_in_recovery(), (SELECT count(*) FROM rendered), "
-                    "(SELECT version_num FROM alembic_version)"
-                ).fetchone()
+                try:
+                    in_recovery, count, revision = conn.execute(
+                        "SELECT pg_is_in_recovery(), (SELECT count(*) FROM rendered), "
+                        "(SELECT version_num FROM alembic_version)"
+                    ).fetchone()
+                except psycopg.errors.UndefinedTable:
+                    # a synchronous commit waits for the standby's flush, not its replay
+                    return False
             assert in_recovery
             return count == 1 and revision == head_revision()
 
@@ -235,6 +240,7 @@ def test_rendered_configs_start_an_etcd_cluster_and_patroni_members(bed, tmp_pat
             ),
         )
         assert [c.name for c in checks if c.status != "ok"] == [], checks
+        doctor_said = "\n".join(f"{c.status:4} {c.name}: {c.detail}" for c in checks)
         assert {c.name for c in checks} >= {
             "cluster etcd", "cluster patroni", "cluster patroni/config.yml", "cluster catalog url",
             "cluster etcd/tls/ca.crt", f"cluster tls {HOSTS[0]}", "cluster tls client",
@@ -295,8 +301,23 @@ def test_rendered_configs_start_an_etcd_cluster_and_patroni_members(bed, tmp_pat
         three = clusterplan.load_plan(plan)
         member_checks = bed.call(HOSTS[0], lambda: check_etcd(three))
         assert {c.name: c.status for c in member_checks}["cluster etcd members"] == "ok"
+        # refused, the plan left as it was: Patroni's leader (switch over first), and with a
+        # member down another member (etcd: the rest would have no quorum)
+        before = plan.read_text()
+        cluster = get_json(bed, HOSTS[0], rest)["members"]
+        leader = next(m["name"] for m in cluster if m["role"] == "leader")
+        target, down = [h for h in HOSTS if h != leader]
+        for host, said in ((leader, "is the Patroni leader"), (target, "fewer than a quorum")):
+            if host == target:
+                procs[HOSTS.index(down)].kill()  # its etcd
+                procs[HOSTS.index(down)].wait(10)
+            assert bed.call(HOSTS[0], lambda host=host: shingle(
+                ["cluster", "remove-host", host, "--plan", str(plan)])) != 0  # fmt: skip
+            assert said in capsys.readouterr().err
+            assert plan.read_text() == before
         print(
-            f"\netcd healthy {etcd_s:.1f} s, Patroni whole {patroni_s:.1f} s after that, "
+            f"\n{doctor_said}\netcd healthy {etcd_s:.1f} s, "
+            f"Patroni whole {patroni_s:.1f} s after that, "
             f"catalog migrated in {migrate_s:.1f} s; a member added and healthy in "
             f"{add_s:.1f} s, removed and stopped in {removed_s:.1f} s"
         )
