@@ -10,11 +10,12 @@ import re
 from pathlib import Path
 
 import pytest
+from migrated import migrate_sqlite
 from sqlalchemy import select
 
 from appliance import config as config_mod
 from engine.admin import accounts
-from engine.catalog import Catalog, upgrade
+from engine.catalog import Catalog
 from engine.catalog.models import Drive, Zone
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "smart"
@@ -105,7 +106,7 @@ def template_catalog(tmp_path_factory) -> Path:
     the template's folder."""
     root = tmp_path_factory.mktemp("webui-template")
     url = f"sqlite:///{root}/catalog.db"
-    upgrade(url)
+    migrate_sqlite(url)
     _, catalog = make_appliance(url, root)
     catalog.close()  # the last connection closing checkpoints the WAL into catalog.db
     return root / "catalog.db"
@@ -208,7 +209,7 @@ class Live:
 @pytest.fixture
 def live(tmp_path):
     url = f"sqlite:///{tmp_path}/catalog.db"
-    upgrade(url)
+    migrate_sqlite(url)
     appliance = Live(url, tmp_path)
     yield appliance
     appliance.close()
@@ -219,3 +220,41 @@ def live_web(live):
     browser = Browserish(live.app.test_client())
     assert browser.login().status_code == 302
     return browser
+
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's: never `playwright install`
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """One chromium for the run's browser tests: a launch costs 2-8 s, a context 0.3-2 s."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def page(chromium):
+    """A tab in a context of this test's own: no cookie or storage of another test."""
+    context = chromium.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        tab = context.new_page()
+        tab.set_default_timeout(15000)
+        yield tab
+    finally:
+        context.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from engine.admin.alerts import AlertMonitor, AlertService, AlertSettings, DriveFailed
 from engine.lifecycle import drives as drive_states
 from tests.webui.conftest import ADMIN, PASSWORD
-from tests.webui.test_browser import page, server  # noqa: F401  (fixtures)
+from tests.webui.test_browser import server  # noqa: F401  (fixtures)
 
 
 def sign_in(tab, base, where):

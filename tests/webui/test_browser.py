@@ -1,7 +1,5 @@
-"""The admin UI in a real browser: Debian's chromium driven by Playwright,
-against a real HTTP server.
-
-Never `playwright install`: the browser is /usr/bin/chromium from Debian."""
+"""The admin UI in a real browser: Debian's chromium driven by Playwright (the ``page``
+fixture, tests/webui/conftest.py), against a real HTTP server."""
 
 from __future__ import annotations
 
@@ -15,18 +13,6 @@ from engine.catalog.models import RetentionPolicy
 from tests.webui.conftest import ADMIN, PASSWORD
 from tests.webui.helpers import exists, make_checkpoints
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
 
 @pytest.fixture
 def server(live):
@@ -36,20 +22,6 @@ def server(live):
     yield f"http://127.0.0.1:{httpd.server_port}"
     httpd.shutdown()
     thread.join(10)
-
-
-@pytest.fixture
-def page():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            tab = browser.new_page(viewport={"width": 1280, "height": 900})
-            tab.set_default_timeout(15000)
-            yield tab
-        finally:
-            browser.close()
 
 
 def test_keep_last_3_rule_in_the_browser(server, page, live, tmp_path):

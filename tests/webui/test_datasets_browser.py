@@ -9,7 +9,7 @@ from engine.snapshots.schedules import SnapshotScheduler
 from engine.snapshots.service import Snapshots
 from tests.webui.conftest import ADMIN, PASSWORD
 from tests.webui.helpers import mkdirs
-from tests.webui.test_browser import page, server  # noqa: F401 - fixtures
+from tests.webui.test_browser import server  # noqa: F401 - fixtures
 
 
 def _write(ns, path: str, data: bytes) -> None:

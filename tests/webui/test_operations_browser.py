@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
 from sqlalchemy import select
 
 from engine.admin import jobs, metrics
@@ -15,7 +14,7 @@ from engine.admin.trash import Trash
 from engine.catalog.models import RetentionPolicy
 from tests.webui.conftest import ADMIN, PASSWORD, Browserish
 from tests.webui.helpers import exists, make_checkpoints
-from tests.webui.test_browser import CHROMIUM, CHROMIUM_ARGS, page, server  # noqa: F401
+from tests.webui.test_browser import server  # noqa: F401  (a fixture)
 
 PAGES = (
     "/",
@@ -31,18 +30,6 @@ PAGES = (
     "/alerts",
     "/settings",
 )
-
-
-@pytest.fixture
-def chromium():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 def sign_in(tab, base: str, where: str = "/") -> None:

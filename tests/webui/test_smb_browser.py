@@ -8,7 +8,7 @@ from engine.admin import events
 from engine.admin import smb as smb_service
 from tests.webui.conftest import ADMIN, PASSWORD
 from tests.webui.helpers import mkdirs
-from tests.webui.test_browser import page, server  # noqa: F401 - fixtures
+from tests.webui.test_browser import server  # noqa: F401 - fixtures
 
 
 def test_smb_shares_and_users_in_the_browser(server, page, live):  # noqa: F811
