@@ -594,7 +594,9 @@ class NfsServer:
         while True:
             await asyncio.sleep(recalls.poll_period)
             try:
-                if not recalls.quiet():
+                # a head holding no delegation has nothing to recall: another head asks only
+                # a head whose delegation row it found, and a grant checks for requests first
+                if state.delegations.any_held() and not recalls.quiet():
                     await loop.run_in_executor(self.pool, state.delegations.poll_recalls)
                 now = time.monotonic()
                 if holdings.envelope and now - polled_interest >= INTEREST_POLL_S:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
@@ -149,6 +150,7 @@ class DirectoryOps:
         rdev: int = 0,
         target: bytes | None = None,
         exclusive: bool = True,
+        also=None,
     ) -> Attr:
         check_name(name)
 
@@ -190,6 +192,8 @@ class DirectoryOps:
             touched.xattrs_kept.add(dir_ino)
             if parent_now is not None:
                 touched.known[dir_ino] = parent_now
+            if also is not None:
+                also(conn, attr)
             return attr
 
         return self.writes.write(work, (dir_ino,), ((dir_ino, name),))
@@ -216,10 +220,19 @@ class DirectoryOps:
 
     # -- changes ---------------------------------------------------------------------
     def create(
-        self, cred: Cred, dir_ino: int, name: str, mode: int = 0o644, *, exclusive: bool = True
+        self,
+        cred: Cred,
+        dir_ino: int,
+        name: str,
+        mode: int = 0o644,
+        *,
+        exclusive: bool = True,
+        also: Callable[[Connection, Attr], None] | None = None,
     ) -> Attr:
-        """A regular file; with ``exclusive=False`` an existing file is returned."""
-        return self._make(cred, dir_ino, name, REG, mode, exclusive=exclusive)
+        """A regular file; with ``exclusive=False`` an existing file is returned. ``also(conn,
+        attr)``: the caller's own rows of a file it made, written in the same transaction (not
+        called for an existing file)."""
+        return self._make(cred, dir_ino, name, REG, mode, exclusive=exclusive, also=also)
 
     def mknod(
         self, cred: Cred, dir_ino: int, name: str, ftype: int, mode: int, rdev: int = 0

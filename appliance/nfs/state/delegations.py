@@ -384,6 +384,11 @@ class Delegations:
             self.previous_inos.update(ino for _, ino in rows)
         log.info("%d delegations of a dead head may be reclaimed through this head", len(rows))
 
+    def any_held(self) -> bool:
+        """Whether this head holds a delegation or one may be reclaimed through it (a memory
+        read: the event loop may ask)."""
+        return bool(self.by_file) or bool(self.previous_inos)
+
     # -- the local mount and SMB (Namespace.change_guard) ---------------------------------------
     def held(self, ino: int | None = None, *, writes_only: bool = False) -> bool:
         """Whether some delegation stands (of ``ino``, when given; only write delegations with

@@ -25,7 +25,13 @@ import logging
 
 from sqlalchemy import delete, select
 
-from appliance.nfs.state.heads import HEADS, RECALL_PREFIX, HeadRegistry, recovery_epoch
+from appliance.nfs.state.heads import (
+    DELEGATION_MOVES,
+    HEADS,
+    RECALL_PREFIX,
+    HeadRegistry,
+    recovery_epoch,
+)
 from appliance.nfs.state.model import NfsError
 from appliance.nfs.v4 import const as c
 from engine.admin.nfs_clients import DELEG_PREFIX
@@ -40,9 +46,6 @@ SETTINGS = Setting.__table__
 # retry of NFS4ERR_DELAY (after 0.1 s) finds the delegation returned; on PostgreSQL a query
 RECALL_POLL_S = {True: 0.04, False: 0.25}
 CLEAR_KEEP = 4096  # files remembered as held by no other head, before starting over
-# delegations granted by this process (any head of it): with heads of one process over
-# PostgreSQL (the tests), whose tracked commits do not move this process's epoch
-_granted = [0]
 
 
 def recall_key(head: str, ino: int) -> str:
@@ -74,14 +77,15 @@ def delegation_rows(conn, ino: int) -> list[tuple[str, dict]]:
 class HeadDelegations:
     def __init__(self, catalog, registry: HeadRegistry):
         self.catalog, self.registry = catalog, registry
-        # inode -> (epoch, grants in this process) when no other head held a delegation of
-        # it. A file written through this head (an NFSv3 WRITE each time) then costs one
-        # catalog read per commit anywhere, not one per request (SQLite 272 us wall and 139 us
-        # CPU a read, PostgreSQL 2.2 ms and 358 us, on this 2-core machine). SQLite's epoch
-        # moves at every commit of any process; PostgreSQL's when the change notification of
-        # another head's grant arrives (a moment later: about as long as a change takes
-        # between its check and its write anyway), and never stays unproven longer than 1 s
-        # (epoch() is None then: no caching)
+        # inode -> (epoch, DELEGATION_MOVES) when no other head held a delegation of it. A
+        # file written through this head then costs a catalog read (SQLite 272 us wall and
+        # 139 us CPU, PostgreSQL 2.2 ms and 358 us, on this 2-core machine) only after a
+        # commit of another process or an untracked one (``Catalog.only_tracked``), not per
+        # request: a client creating, writing and removing files alone on its head reads
+        # none. SQLite's epoch moves at every commit of any process; PostgreSQL's when the
+        # change notification of another head's grant arrives (a moment later: about as long
+        # as a change takes between its check and its write anyway), and never stays unproven
+        # longer than 1 s (epoch() is None then: no caching)
         self.clear: dict[int, tuple[int, int]] = {}
         self.polled_at: int | None = None  # SQLite: the epoch of the last poll that found none
         self.poll_period = RECALL_POLL_S[bool(catalog.epoch_is_exact)]
@@ -131,7 +135,7 @@ class HeadDelegations:
 
         granted = self.catalog.run(work, tracked=True)
         if granted:
-            _granted[0] += 1
+            DELEGATION_MOVES[0] += 1
         return granted
 
     # -- a change through this head ----------------------------------------------------------------
@@ -141,9 +145,16 @@ class HeadDelegations:
         head to recall it."""
         catalog = self.catalog
         epoch = catalog.epoch()
-        mark = None if epoch is None else (epoch, _granted[0])
-        if mark is not None and self.clear.get(ino) == mark:
+        known = self.clear.get(ino)
+        if (
+            epoch is not None
+            and known is not None
+            and known[1] == DELEGATION_MOVES[0]
+            and catalog.only_tracked(known[0], epoch)
+        ):
+            self.clear[ino] = (epoch, known[1])  # only_tracked walks every commit since
             return
+        mark = None if epoch is None else (epoch, DELEGATION_MOVES[0])
         may_block("reading the other heads' delegations")
         holders = catalog.read(lambda conn: self._foreign(conn, ino, write))
         if not holders:
@@ -167,22 +178,40 @@ class HeadDelegations:
                         SETTINGS.update().where(SETTINGS.c.key == key).values(value=request)
                     )
 
-        self.catalog.run(work, tracked=True)
+        # untracked: a head polls for requests only after a commit it cannot account for
+        # (``quiet``), which a head of this same process (the tests) must see too
+        self.catalog.run(work)
         raise NfsError(
             c.NFS4ERR_DELAY,
             f"inode {ino}: a delegation through {', '.join(sorted(holders))} is being recalled",
         )
 
+    def mark(self) -> tuple[int | None, int]:
+        """Where the catalog stands, for ``created``: read before a create."""
+        return self.catalog.epoch(), DELEGATION_MOVES[0]
+
+    def created(self, ino: int, mark: tuple[int | None, int]) -> None:
+        """``ino`` was made by this head after ``mark``: no head held a delegation of it then,
+        so ``conflict`` reads none until another process commits (or this one grants)."""
+        if mark[0] is not None:
+            if len(self.clear) >= CLEAR_KEEP:
+                self.clear.clear()
+            self.clear[ino] = (mark[0], mark[1])
+
     # -- recalls asked of this head ----------------------------------------------------------------
     def quiet(self) -> bool:
         """Whether no request can have come since the last poll found none: SQLite's epoch
-        has not moved (a memory read: the event loop may ask, and skip a worker's hop)."""
+        moved for this process's tracked commits alone, if at all (memory reads: the event
+        loop may ask, and skip a worker's hop)."""
         catalog = self.catalog
-        return (
-            catalog.epoch_is_exact
-            and self.polled_at is not None
-            and catalog.epoch() == self.polled_at
-        )
+        polled = self.polled_at
+        if not catalog.epoch_is_exact or polled is None:
+            return False
+        epoch = catalog.epoch()
+        if epoch is None or not catalog.only_tracked(polled, epoch):
+            return False
+        self.polled_at = epoch  # only_tracked walks every commit since
+        return True
 
     def take_requests(self) -> list[tuple[int, bool]]:
         """The recalls other heads asked of this one, (inode, write), removed from the catalog
@@ -190,8 +219,10 @@ class HeadDelegations:
         prefix = f"{RECALL_PREFIX}{self.registry.name}_"
         catalog = self.catalog
         epoch = catalog.epoch() if catalog.epoch_is_exact else None
-        if epoch is not None and epoch == self.polled_at:
-            return []  # nothing committed since: no new request
+        if epoch is not None and self.polled_at is not None:
+            if catalog.only_tracked(self.polled_at, epoch):
+                self.polled_at = epoch
+                return []  # nothing committed since but this process's own: no new request
         rows = catalog.read(lambda conn: rows_with_prefix(conn, prefix))
         if not rows:
             self.polled_at = epoch

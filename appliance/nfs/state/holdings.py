@@ -183,6 +183,30 @@ class Holdings:
             self._wrote(ino, summary)
         return hit
 
+    def created(self, access: int, deny: int):
+        """For an OPEN that creates its file: ``work(conn, attr)`` for the transaction that
+        makes it (Namespace.create's ``also``), which writes this head's row of the new file
+        there, saving the OPEN's grant a transaction of its own (its ``written`` matches then).
+        No other head can hold anything of a file not yet made; the cluster's grace period is
+        checked as a grant checks it (NFS4ERR_GRACE: the file is not made)."""
+        summary: tuple[int, int, list] = (access, deny, [])
+        registry = self.registry
+
+        def work(conn, attr) -> None:
+            if recovery_epoch(conn):
+                registry.recovery = registry.recovery or 1
+                raise NfsError(c.NFS4ERR_GRACE, "the cluster of heads is in its grace period")
+            if registry.holdings_of_live(conn, attr.ino):
+                return  # a row of this number already (a dead head's): the grant checks it
+            self._write(conn, attr.ino, summary)
+            self.catalog.after_commit(conn, lambda: self._created(attr.ino, summary))
+
+        return work
+
+    def _created(self, ino: int, summary) -> None:
+        with self.core.lock:
+            self._wrote(ino, summary)
+
     def _interest(self, conn, ino: int) -> None:
         """In a transaction: this head wants the locks of ``ino`` another head keeps in
         memory: a row of its own (empty, unless it has one) tells that head to publish them."""

@@ -54,8 +54,9 @@ def _check_open_type(cx, attr) -> None:
     need_regular(cx, attr, "OPEN", other40=c.NFS4ERR_SYMLINK)
 
 
-def _open_create(cx, dnode: Node, name: str, how):
-    """Create (or find) ``name`` per the createhow4 mode: (attr, created, attrset bits)."""
+def _open_create(cx, dnode: Node, name: str, how, also=None):
+    """Create (or find) ``name`` per the createhow4 mode: (attr, created, attrset bits);
+    ``also``: run in the transaction that makes the file (Namespace.create)."""
     ns = cx.ns
     cred = cx.cred(dnode)
     mode_kind, harg = how
@@ -63,7 +64,7 @@ def _open_create(cx, dnode: Node, name: str, how):
         values = fattr.decode_settable(harg)
         mode = values.get(c.FATTR4_MODE, 0o644) & 0o7777
         try:
-            attr = ns.create(cred, dnode.ino, name, mode, exclusive=True)
+            attr = ns.create(cred, dnode.ino, name, mode, exclusive=True, also=also)
         except errors.Exists:
             if mode_kind == c.GUARDED4:
                 raise
@@ -92,7 +93,7 @@ def _open_create(cx, dnode: Node, name: str, how):
         atime, mtime = _verifier_times(verf)
         mode = values.get(c.FATTR4_MODE, 0o644) & 0o7777
         try:
-            attr = ns.create(cred, dnode.ino, name, mode, exclusive=True)
+            attr = ns.create(cred, dnode.ino, name, mode, exclusive=True, also=also)
         except errors.Exists:
             attr = ns.lookup(cred, dnode.ino, name)
             if attr.type == REG and attr.atime_ns == atime and attr.mtime_ns == mtime:
@@ -131,15 +132,30 @@ def open_(cx, a):
         claim != c.CLAIM_NULL or a.openhow[0] != c.OPEN4_NOCREATE or state.grace.end
     ):  # (the end of the grace period writes to the catalog)
         raise WouldBlock("an OPEN that creates or reclaims, or in the grace period")
-    node, attr, created, attrset, change = _open_target(cx, a, cl, on_loop)
-    _check_open_type(cx, attr)
-    _check_open_rights(cx, node, attr, access, checked=created or claim == c.CLAIM_PREVIOUS)
-    # another client's write delegation conflicts with any open, a read one with writing
-    writes = bool(access & c.OPEN4_SHARE_ACCESS_WRITE or deny & c.OPEN4_SHARE_DENY_READ)
-    state.delegations.conflict(node.ino, cl, write=writes)
-    st = state.shares.open(
-        cl, bytes(a.owner.owner), node.ino, access, deny, reclaim=claim == c.CLAIM_PREVIOUS
-    )
+    heads, holdings = state.delegations.heads, state.holdings
+    creates = a.openhow[0] == c.OPEN4_CREATE
+    # before the create: a file this OPEN makes can have no other head's delegation unless
+    # another process committed since (HeadDelegations.created)
+    mark = heads.mark() if heads is not None and creates else None
+    # several heads: a file this OPEN makes gets this head's holdings row in the transaction
+    # that makes it, not in one of its own (Holdings.created)
+    also = holdings.created(access, deny) if holdings is not None and creates else None
+    node, attr, created, attrset, change = _open_target(cx, a, cl, on_loop, also)
+    if created and mark is not None:
+        heads.created(node.ino, mark)
+    try:
+        _check_open_type(cx, attr)
+        _check_open_rights(cx, node, attr, access, checked=created or claim == c.CLAIM_PREVIOUS)
+        # another client's write delegation conflicts with any open, a read one with writing
+        writes = bool(access & c.OPEN4_SHARE_ACCESS_WRITE or deny & c.OPEN4_SHARE_DENY_READ)
+        state.delegations.conflict(node.ino, cl, write=writes)
+        st = state.shares.open(
+            cl, bytes(a.owner.owner), node.ino, access, deny, reclaim=claim == c.CLAIM_PREVIOUS
+        )
+    except BaseException:
+        if created and holdings is not None:
+            holdings.changed(node.ino)  # the row written with the file holds nothing now
+        raise
     cx.cur = node
     sid = cx.set_stateid(st)
     if change is None:
@@ -154,9 +170,9 @@ def open_(cx, a):
     )
 
 
-def _open_target(cx, a, cl, on_loop: bool):
+def _open_target(cx, a, cl, on_loop: bool, also=None):
     """The file an OPEN names by its claim: (node, attr, created, attrset bits, the
-    directory's change_info or None)."""
+    directory's change_info or None); ``also``: see _open_create."""
     claim, carg = a.claim
     grace = cx.state.grace.in_grace()  # (ends a grace period whose time is up)
     if claim == c.CLAIM_PREVIOUS:
@@ -188,7 +204,7 @@ def _open_target(cx, a, cl, on_loop: bool):
     created, attrset = False, []
     if a.openhow[0] == c.OPEN4_CREATE:
         cx.need_writable(dnode)
-        attr, created, attrset = _open_create(cx, dnode, name, a.openhow[1])
+        attr, created, attrset = _open_create(cx, dnode, name, a.openhow[1], also)
     else:
         # the event loop answers only a name the cache proves missing (NOENT): nfs-rs
         # opens each name so before it creates it
