@@ -34,6 +34,7 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import psycopg
 import pytest
@@ -42,8 +43,11 @@ from psycopg.conninfo import make_conninfo
 from sqlalchemy import create_engine, make_url
 from sqlalchemy.pool import NullPool
 
+from appliance import config as config_mod
 from appliance.cli.cluster import set_section_options
+from appliance.cli.clustersetup import plan_endpoints
 from appliance.cli.parser import main as shingle
+from appliance.config import etcd_client
 from appliance.host import clusterplan
 from appliance.host.clusterdoctor import check_cluster, check_etcd
 from engine.catalog import upgrade
@@ -151,6 +155,21 @@ def test_rendered_configs_start_an_etcd_cluster_and_patroni_members(bed, tmp_pat
         etcd_s = time.monotonic() - started
         etcd = EtcdClient(endpoints.values(), tls=client_tls)
         assert sorted(m.name for m in bed.call(HOSTS[0], etcd.members)) == sorted(HOSTS)
+        # a head's etcd client as its daemon makes it: the [cluster] options `cluster init
+        # --plan` writes (https endpoints, the CA, the client certificate); the election's calls
+        endpoints_line, tls_options = plan_endpoints(SimpleNamespace(plan=str(plan)))
+        head_config = config_mod.from_dict(
+            {"cluster": {"etcd_endpoints": endpoints_line, **tls_options}}
+        )
+        head = etcd_client(head_config, timeout_s=2.0)
+
+        def campaign() -> bool:
+            lease = head.grant(5)
+            won, _key = head.create("/shingle/maintenance-leader", "crender1", lease.id)
+            head.revoke(lease.id)
+            return won
+
+        assert bed.call(HOSTS[1], campaign)
         # TLS only, and only for holders of the CA's certificates: no client certificate, no
         # answer; plain HTTP, no answer
         bare = tls_context(made.client_tls()[0])
