@@ -201,10 +201,7 @@ def test_cache_dropped_when_the_notification_connection_dies(catalog_url, count_
 def test_changes_missed_while_the_watch_is_down_are_never_served(postgres_server, count_reads):
     """This process's LISTEN connection is cut and cannot come back (its role may no longer log
     in) while another process commits: that notification is lost, so nothing may be cached."""
-    url = postgres_server.create_database()
-    from engine.catalog import upgrade
-
-    upgrade(url)
+    url = postgres_server.create_migrated_database()
     role = "watcher_" + make_url(url).database
     admin = psycopg.connect(_libpq(url), autocommit=True)
     try:

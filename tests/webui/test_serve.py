@@ -14,7 +14,6 @@ import urllib.request
 from pathlib import Path
 
 from appliance import config as config_mod
-from engine.catalog import upgrade
 from tests.webui.conftest import FAKE_SMARTCTL, Browserish
 from tests.webui.helpers import exists, make_checkpoints
 
@@ -135,8 +134,7 @@ def test_web_ui_on_a_postgresql_catalog(postgres_server, tmp_path):
     from engine.admin import jobs, metrics
     from tests.webui.conftest import Live
 
-    url = postgres_server.create_database()
-    upgrade(url)
+    url = postgres_server.create_migrated_database()
     live = Live(url, tmp_path)
     try:
         web = Browserish(live.app.test_client())
