@@ -380,6 +380,11 @@ SCHEMAS: dict[str, dict] = {
                 type=prop("string", "read or write"),
                 granted_ns=prop("integer", "When it was granted (ns since 1970)"),
                 clientid=prop("string", "The client id it was granted to (hex)"),
+                recalled_ns=prop(
+                    ["integer", "null"],
+                    "When the server recalled it (ns since 1970): a conflicting change waits "
+                    "until it is returned, or revoked a lease later; null when not recalled",
+                ),
             ),
         ),
     ),

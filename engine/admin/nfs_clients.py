@@ -4,8 +4,9 @@ holds: what the web UI's exports page and the API (GET /api/v1/nfs/clients) show
 The NFS server keeps its clients in memory and writes what must outlive it to the catalog:
 one ``nfs_clients`` row per confirmed client (appliance/nfs/state/records.py; ``principal`` is
 the JSON ``[flavour, uid, Kerberos name]``) and one settings row per delegation,
-``nfs_delegation_<inode>_<stateid other>`` = {head, client id, owner, type, grant time}
-(appliance/nfs/state/delegations.py). This module only reads them."""
+``nfs_delegation_<inode>_<stateid other>`` = {head, client id, owner, type, grant time, and
+the recall time once recalled} (appliance/nfs/state/delegations.py). This module only reads
+them."""
 
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ def principal_text(recorded: str | None) -> str:
 
 def list_clients(catalog: Catalog) -> list[dict]:
     """Every recorded NFSv4 client, newest first, each with its delegations (inode, path,
-    type, grant time in ns); delegations whose client has no record are listed under a
-    client of their own (client id known, nothing else)."""
+    type, grant time in ns, recall time in ns or None); delegations whose client has no
+    record are listed under a client of their own (client id known, nothing else)."""
 
     def work(conn):
         rows = conn.execute(
@@ -74,6 +75,8 @@ def list_clients(catalog: Catalog) -> list[dict]:
                     "type": str(rec["type"]),
                     "granted_ns": int(rec["granted_ns"]),
                     "clientid": f"{int(rec['clientid']):x}",
+                    # when the server recalled it (a conflicting change waits), else None
+                    "recalled_ns": int(rec["recalled_ns"]) if "recalled_ns" in rec else None,
                 }
                 held.setdefault(str(rec["owner"]), []).append(entry)
             except (ValueError, KeyError, TypeError):

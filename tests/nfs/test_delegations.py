@@ -221,8 +221,8 @@ def test_recall_then_return_lets_the_writer_in(deleg_server, stack):
     # what the web UI and the API show: the client, who made it, the delegation it holds
     (shown,) = [cl for cl in nfs_clients.list_clients(stack.catalog) if cl["delegations"]]
     assert shown["clientid"] == f"{reader.clientid:x}" and shown["principal"] == "sys uid 0"
-    assert [(d["type"], d["path"], d["inode"]) for d in shown["delegations"]] == [
-        ("read", "/shard0", ino)
+    assert [(d["type"], d["path"], d["inode"], d["recalled_ns"]) for d in shown["delegations"]] == [
+        ("read", "/shard0", ino, None)
     ]
     # a client without a backchannel gets none, and says why when it asks
     plain = CallbackClient(port, back_channel=False).setup()
@@ -237,6 +237,9 @@ def test_recall_then_return_lets_the_writer_in(deleg_server, stack):
     assert [s.other for s in recalled] == [dsid.other]
     st, res = writer.open_file("shard0", c.OPEN4_SHARE_ACCESS_WRITE)
     assert st == c.NFS4ERR_DELAY  # not returned yet
+    # the web UI and the API say it is recalled (who holds up the writer)
+    (shown,) = [cl for cl in nfs_clients.list_clients(stack.catalog) if cl["delegations"]]
+    assert shown["delegations"][0]["recalled_ns"] > shown["delegations"][0]["granted_ns"]
     st, _ = reader.session([(c.OP_PUTFH, fh), (c.OP_DELEGRETURN, dsid)])
     assert st == 0, st
     assert held_in_catalog(stack.catalog, ino) == []

@@ -48,6 +48,10 @@ def test_clients_with_principals_and_delegations(app, appliance):
         f"nfs_delegation_{root}_{'00' * 12}",
         json.dumps({**deleg, "type": "write", "granted_ns": 5}),
     )
+    catalog.set_setting(  # one the server recalled: a conflicting change waits for it
+        f"nfs_delegation_{root}_{'01' * 12}",
+        json.dumps({**deleg, "type": "read", "granted_ns": 6, "recalled_ns": 7}),
+    )
     uid = catalog.read(lambda c: c.execute(select(accounts.USERS.c.id)).scalar())
     token = accounts.create_token(catalog, uid, "reader", scope="read-only", actor=ADMIN)
     client = app.test_client()
@@ -55,8 +59,10 @@ def test_clients_with_principals_and_delegations(app, appliance):
     assert response.status_code == 200, response.get_json()
     shown = {cl["clientid"]: cl for cl in response.get_json()}
     assert shown["ab01"]["principal"] == "krb5 alice@EXAMPLE.ORG (uid 1000)"
-    assert shown["ab01"]["delegations"] == [
-        {"inode": root, "path": "/", "type": "write", "granted_ns": 5, "clientid": "ab01"}
+    common = {"inode": root, "path": "/", "clientid": "ab01"}
+    assert sorted(shown["ab01"]["delegations"], key=lambda d: d["granted_ns"]) == [
+        {**common, "type": "write", "granted_ns": 5, "recalled_ns": None},
+        {**common, "type": "read", "granted_ns": 6, "recalled_ns": 7},
     ]
     assert shown["ab02"]["principal"] == "sys uid 0" and shown["ab02"]["version"] == "4.0"
     assert shown["ab02"]["delegations"] == []
@@ -66,6 +72,15 @@ def test_clients_with_principals_and_delegations(app, appliance):
 def test_exports_page_lists_them(web, appliance):
     _, catalog = appliance
     record_client(catalog, 0xCD01, b"kerberos-host", [6, 1000, "bob@EXAMPLE.ORG"])
+    root = int(catalog.get_setting(ROOT_INO_KEY))
+    catalog.set_setting(
+        f"nfs_delegation_{root}_{'02' * 12}",
+        json.dumps(
+            {"head": "h", "clientid": 0xCD01, "owner": b"kerberos-host".hex(), "type": "read"}
+            | {"granted_ns": 1, "recalled_ns": 2}
+        ),
+    )
     web.login()
     page = web.get("/exports").get_data(as_text=True)
     assert 'id="nfs-client-table"' in page and "krb5 bob@EXAMPLE.ORG (uid 1000)" in page
+    assert "read <code>/</code> <strong>recalled</strong>" in page

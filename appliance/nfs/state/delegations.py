@@ -494,12 +494,32 @@ class Delegations:
     def _recall(self, d: DelegState, now: float) -> None:
         d.recalled_at = now
         self.counts["recalled"] += 1
+        self._mark_recalled(d)
         bc = self.backchannel(d.client)
         if bc is None:  # revoked after a lease unless the client returns it meanwhile
             log.info("client %x has no backchannel to recall inode %d", d.client.clientid, d.ino)
             return
         sent = bc.recall(stateid4.cls(d.seqid, d.other), d.fh)
         sent.add_done_callback(lambda done: _recall_answered(d, done))
+
+    def _mark_recalled(self, d: DelegState) -> None:
+        """The recall's time in the delegation's row, for the web UI and the API (which show
+        who holds up a change); the row itself says nothing else new."""
+        key = _key(d.ino, d.other)
+
+        def work(conn):
+            value = conn.execute(select(SETTINGS.c.value).where(SETTINGS.c.key == key)).scalar()
+            if value is None:
+                return
+            record = {**json.loads(value), "recalled_ns": time.time_ns()}
+            conn.execute(
+                SETTINGS.update().where(SETTINGS.c.key == key).values(value=json.dumps(record))
+            )
+
+        try:
+            self.catalog.run(work, tracked=True)
+        except Exception:  # noqa: BLE001 - the recall goes on; only the display misses it
+            log.exception("could not mark the delegation of inode %d recalled", d.ino)
 
     def _revoke(self, d: DelegState) -> None:
         log.info(
