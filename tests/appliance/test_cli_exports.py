@@ -12,6 +12,7 @@ from appliance import config as config_mod
 from appliance.nfs.exports import ExportTable
 from appliance.runtime import Appliance
 from engine.admin import events
+from engine.admin.exports import ExportValueError, clean_sec
 
 
 def shingle(*args, check=True):
@@ -66,14 +67,29 @@ def test_list_add_set_remove(home):
     assert added["squash"] == "all_squash" and added["path"] == "/datasets"
 
     first = listed[0]["id"]
-    shingle("-c", conf, "exports", "set", str(first), "--squash", "no_root_squash")
+    shingle(
+        "-c",
+        conf,
+        "exports",
+        "set",
+        str(first),
+        "--squash",
+        "no_root_squash",
+        "--sec",
+        "KRB5P, krb5:sys",
+        "--no-delegations",
+    )
     changed = next(e for e in exports_json(conf) if e["id"] == first)
     assert changed["squash"] == "no_root_squash" and changed["clients"] == "0.0.0.0/0,::/0"
+    assert changed["sec"] == "krb5p:krb5:sys" and changed["delegations"] is False
 
     with Appliance(config, with_data=False) as appliance:
         # what the daemon's periodic reload sees, and who the event names
         rule = ExportTable(appliance.catalog, appliance.namespace).by_id[first]
         assert rule.squash == "no_root_squash" and rule.cred(0, 0, ()).uid == 0
+        # the flavours in the admin's order (SECINFO and MNT list them so), no delegations
+        assert rule.flavors == (390005, 390003, 1) and rule.delegations is False
+        assert rule.admits(0) and not rule.admits(390004)  # AUTH_NONE goes with sys
         latest = events.recent(appliance.catalog, 1, kind_prefix="export.")[0]
         assert (latest.kind, latest.actor) == ("export.update", "cli")
 
@@ -102,6 +118,9 @@ def test_errors_are_one_line(home):
     assert "clients = '10.0.0.300/8': expected an IP address" in cidr.stderr
     squash = shingle("-c", conf, "exports", "set", "1", "--squash", "everyone", check=False)
     assert squash.returncode == 2 and "invalid choice" in squash.stderr
+    for sec in ("krb5q", "krb5:krb5", "", 5):  # (the CLI's --sec goes through clean_sec)
+        with pytest.raises(ExportValueError, match="sec"):
+            clean_sec(sec)
     missing = shingle("-c", conf, "exports", "set", "999", "--squash", "all_squash", check=False)
     assert missing.returncode == 1 and "no export with id 999" in missing.stderr
     nothing = shingle("-c", conf, "exports", "set", "1", check=False)

@@ -1,6 +1,7 @@
 """NFSv4 clients in the API and on the exports page: the rows the NFS server writes (a client
-record with its principal, a delegation's settings row) read back with the principal as an
-admin reads it and the delegated file's path; any token may read them."""
+record with its principal, a delegation's settings row, recalled or not) read back with the
+principal as an admin reads it and the delegated file's path; any token may read them. The
+page also shows each export's flavours."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 
 from sqlalchemy import select
 
-from engine.admin import accounts
+from engine.admin import accounts, exports
 from engine.catalog.models import NfsClient
 from engine.namespace.common import ROOT_INO_KEY
 from tests.webui.conftest import ADMIN
@@ -80,7 +81,9 @@ def test_exports_page_lists_them(web, appliance):
             | {"granted_ns": 1, "recalled_ns": 2}
         ),
     )
+    exports.create(catalog, {"name": "/kerberos", "path": "/", "sec": "krb5p:krb5"}, actor=ADMIN)
     web.login()
     page = web.get("/exports").get_data(as_text=True)
+    assert "<td>krb5p, krb5</td>" in page  # the export's flavours, in its order
     assert 'id="nfs-client-table"' in page and "krb5 bob@EXAMPLE.ORG (uid 1000)" in page
     assert "read <code>/</code> <strong>recalled</strong>" in page
