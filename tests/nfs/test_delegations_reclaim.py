@@ -93,6 +93,18 @@ def test_write_delegation_reclaimed_after_restart(stack):
             ]
         )
         assert st == 0 and res[2][2].delegation[0] == c.OPEN_DELEGATE_NONE, (st, res)
+        # CLAIM_DELEGATE_PREV (a client that kept delegations over its own restart, which the
+        # Linux client never does): not supported, as knfsd
+        prev = t.ARGS[c.OP_OPEN](
+            0,
+            c.OPEN4_SHARE_ACCESS_READ,
+            0,
+            t.state_owner4.cls(clientid, b"o3"),
+            (c.OPEN4_NOCREATE, None),
+            (c.CLAIM_DELEGATE_PREV, "other"),
+        )
+        st, _ = again.session([(c.OP_PUTFH, root), (c.OP_OPEN, prev)])
+        assert st == c.NFS4ERR_NOTSUPP, st
         st, _ = again.session([(c.OP_RECLAIM_COMPLETE, False)])
         assert st == 0, st
         # the grace period is over (its only client completed): the other row goes

@@ -53,7 +53,7 @@ def kdc():
     server.add_user("daemon")  # uid 1 in every Debian's passwd
     server.add_user("root")
     server.add_user("ghost")  # no such user: the anonymous identity
-    server.add_user("brief", maxlife="5 seconds")
+    server.add_user("brief", maxlife="4 seconds")
     server.add_service(f"nfs/{MACHINE}", server.client_keytab)  # a client host's key
     yield server
     server.stop()
@@ -182,10 +182,10 @@ def test_destroyed_and_expired_contexts_are_refused(gss_server, kdc):
         assert denied.value.auth_stat == CREDPROBLEM
     finally:
         raw.close()
-    raw = client(gss_server, kdc, user="brief")  # a 5 s ticket (and 1 s of allowed skew)
+    raw = client(gss_server, kdc, user="brief")  # a 4 s ticket (and 1 s of allowed skew)
     try:
         raw.gss_call(0, b"")
-        time.sleep(6.5)
+        time.sleep(5.5)
         with pytest.raises(Denied) as denied:
             raw.gss_call(0, b"")
         assert denied.value.auth_stat == CTXPROBLEM
