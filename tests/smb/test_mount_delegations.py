@@ -1,7 +1,8 @@
 """The local mount (and SMB, which shares it) recalls NFS clients' delegations before it
-changes a file: a write through the mount waits while an NFSv4.1 client that holds a read
-delegation of the file is sent CB_RECALL, and goes on once it returned it; a read through the
-mount waits so for a write delegation (its holder may have written what the server lacks)."""
+changes a file: a write through the mount, or through Samba, waits while an NFSv4.1 client
+that holds a read delegation of the file is sent CB_RECALL, and goes on once it returned it; a
+read through the mount waits so for a write delegation (its holder may have written what the
+server lacks)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,35 @@ def test_a_write_through_the_mount_recalls_the_delegation(served):
         assert st == 0, st
         assert done.wait(20), "the mount's write still waits after DELEGRETURN"
         assert path.read_bytes() == b"local"
+    finally:
+        reader.close()
+
+
+def test_a_write_through_smb_recalls_the_delegation(served, tmp_path):
+    """The same through Samba (smbclient as alice), which reaches the files through the mount."""
+    path = served.mount / "deleg-smb"
+    path.write_bytes(b"first")
+    path.chmod(0o666)  # alice's to write
+    source = tmp_path / "source"
+    source.write_bytes(b"over smb")
+    reader = CallbackClient(served.nfs_port).setup()
+    try:
+        fh, dsid = read_delegation(reader, "deleg-smb")
+        done = threading.Event()
+
+        def write_over_smb():
+            served.smbclient("export", "alice", f"put {source} deleg-smb")
+            done.set()
+
+        writer = threading.Thread(target=write_over_smb, daemon=True)
+        writer.start()
+        assert reader.wait_for_recall(), "no CB_RECALL for the SMB client's write"
+        assert not done.is_set(), "the SMB client's write did not wait for the delegation"
+        st, _ = reader.session([(c.OP_PUTFH, fh), (c.OP_DELEGRETURN, dsid)])
+        assert st == 0, st
+        writer.join(60)
+        assert done.is_set(), "the SMB client's write failed or still waits after DELEGRETURN"
+        assert path.read_bytes() == b"over smb"
     finally:
         reader.close()
 
