@@ -1530,17 +1530,22 @@ def check_second_epoch(mountpoint: str, paths: list[str]) -> str:
     from the delegations (no OPEN, no READ: the page cache), but Python's fstat of each file
     asks the atime the first epoch's READs made stale (the client invalidates it after every
     READ RPC): one GETATTR per file; the third epoch sends nothing."""
-    epochs, rates = [], []
+    epochs, seconds = [], []
     for _ in range(3):
         started = time.monotonic()
         epochs.append(read_epoch(mountpoint, paths))
-        rates.append(round(len(paths) / max(time.monotonic() - started, 1e-6)))
+        seconds.append(max(time.monotonic() - started, 1e-6))
+    rates = [round(len(paths) / s) for s in seconds]
     calls = [sum(epoch.values()) for epoch in epochs]
     first, second, third = epochs
+    # the Linux client returns a delegation it did not use since its last lease renewal (every
+    # 2/3 of a lease: nfs_expire_unreferenced_delegations): an epoch 1 longer than that loses
+    # its first files' delegations before epoch 2 (DELEGRETURN in epoch 1), as on a loaded host
+    took = f"epochs took {[round(s, 1) for s in seconds]} s: {epochs}"
     expect(first["OPEN"] >= len(paths), f"first epoch sent only {first['OPEN']} OPENs: {first}")
-    expect(second["OPEN"] * 10 <= first["OPEN"], f"second epoch OPENs: {epochs}")
-    expect(calls[1] * 2 <= calls[0], f"second epoch not cheaper: {epochs}")
-    expect(calls[2] * 10 <= calls[0], f"third epoch still asks the server: {epochs}")
+    expect(second["OPEN"] * 10 <= first["OPEN"], f"second epoch OPENs; {took}")
+    expect(calls[1] * 2 <= calls[0], f"second epoch not cheaper; {took}")
+    expect(calls[2] * 10 <= calls[0], f"third epoch still asks the server; {took}")
     # files/s: under TCG a round trip through the VM's network costs milliseconds, so the
     # rate follows the calls (bench/delegations.py reports it)
     return f"{len(paths)} files; calls per epoch {calls}; files/s per epoch {rates}; " + "; ".join(
