@@ -182,11 +182,13 @@ class ShingleDaemon:
         drive_size: str = "32MiB",
         sec: str = "sys",
         nfs_options: str = "",
+        lease_seconds: int = 30,
     ) -> ShingleDaemon:
         """``squash``, ``sec``: the default export's; ``portmap`` "serve" serves the port mapper
         on PORTMAP_PORT (the NLM checks need it), "off" leaves that port to another daemon;
         ``drive_size`` of each of the ten drives (zones of 4 MiB); ``nfs_options``: more lines
-        for the config's [nfs] table."""
+        for the config's [nfs] table; ``lease_seconds``: short, so that the checks that wait a
+        lease are quick."""
         run = subprocess.run(
             [
                 sys.executable,
@@ -210,7 +212,7 @@ class ShingleDaemon:
         # the port mapper on 111 always (not the system rpcbind's, should one run)
         text = self.config.read_text().replace(
             "[nfs]\n",
-            "[nfs]\nlease_seconds = 30\ngrace_seconds = 10\n"
+            f"[nfs]\nlease_seconds = {lease_seconds}\ngrace_seconds = 10\n"
             f'portmap = "{portmap}"\nportmap_port = {PORTMAP_PORT}\n{nfs_options}',
             1,
         )
