@@ -197,7 +197,11 @@ def test_a_head_that_stops_beating_loses_its_locks_and_its_client_reclaims_elsew
         assert _lock(b, fh, sid_b, 50, 10, b"lb")[0] == c.NFS4ERR_GRACE
         # it binds head A too (not in a grace period of its own): an OPEN that would create
         # is refused in the transaction that would make the file, so none is made
-        assert _open(a, "late", b"oa2", create=True)[0] == c.NFS4ERR_GRACE
+        late = RawClient(head_a.port).setup()
+        try:
+            assert _open(late, "late", b"ol", create=True)[0] == c.NFS4ERR_GRACE
+        finally:
+            late.close()
         lookup = b.session([(c.OP_PUTFH, b.root_fh()), (c.OP_LOOKUP, "late")])
         assert lookup[0] == c.NFS4ERR_NOENT, lookup[0]
         # a client that held nothing on A may not reclaim through B

@@ -46,6 +46,7 @@ SETTINGS = Setting.__table__
 # retry of NFS4ERR_DELAY (after 0.1 s) finds the delegation returned; on PostgreSQL a query
 RECALL_POLL_S = {True: 0.04, False: 0.25}
 CLEAR_KEEP = 4096  # files remembered as held by no other head, before starting over
+FOREIGN_SCAN = 64  # delegation rows looked through for "no other head holds any"
 
 
 def recall_key(head: str, ino: int) -> str:
@@ -87,6 +88,10 @@ class HeadDelegations:
         # as a change takes between its check and its write anyway), and never stays unproven
         # longer than 1 s (epoch() is None then: no caching)
         self.clear: dict[int, tuple[int, int]] = {}
+        # (epoch, DELEGATION_MOVES) when no other live head held any delegation: every file is
+        # clear until another process commits, so one read after another head's beat or
+        # metrics sample serves every file, not one read per file
+        self.none_foreign: tuple[int, int] | None = None
         self.polled_at: int | None = None  # SQLite: the epoch of the last poll that found none
         self.poll_period = RECALL_POLL_S[bool(catalog.epoch_is_exact)]
 
@@ -103,6 +108,27 @@ class HeadDelegations:
             return found
         live = set(conn.execute(select(HEADS.c.name)).scalars())
         return found & live
+
+    def _none_foreign(self, conn) -> bool:
+        """In a transaction: whether no other live head holds any delegation (False too when
+        there are too many rows to look through: each file is then looked up alone)."""
+        rows = conn.execute(
+            select(SETTINGS.c.key, SETTINGS.c.value)
+            .where(SETTINGS.c.key.like(DELEG_PREFIX + "%"))
+            .limit(FOREIGN_SCAN + 1)
+        ).all()
+        if len(rows) > FOREIGN_SCAN:
+            return False
+        me, heads = self.registry.name, set()
+        for row in rows:
+            try:
+                rec = json.loads(row.value)
+            except ValueError:
+                continue
+            if row.key.startswith(DELEG_PREFIX) and isinstance(rec, dict):
+                heads.add(str(rec.get("head", "")))
+        heads.discard(me)
+        return not heads or not heads & set(conn.execute(select(HEADS.c.name)).scalars())
 
     # -- a grant ----------------------------------------------------------------------------------
     def grant(self, ino: int, key: str, record: dict, write: bool, reclaim: bool) -> bool:
@@ -145,18 +171,28 @@ class HeadDelegations:
         head to recall it."""
         catalog = self.catalog
         epoch = catalog.epoch()
-        known = self.clear.get(ino)
-        if (
-            epoch is not None
-            and known is not None
-            and known[1] == DELEGATION_MOVES[0]
-            and catalog.only_tracked(known[0], epoch)
-        ):
-            self.clear[ino] = (epoch, known[1])  # only_tracked walks every commit since
-            return
-        mark = None if epoch is None else (epoch, DELEGATION_MOVES[0])
+        moves = DELEGATION_MOVES[0]
+        if epoch is not None:
+            # (a mark that holds moves to this epoch: only_tracked walks every commit since)
+            known = self.none_foreign
+            if known is not None and known[1] == moves and catalog.only_tracked(known[0], epoch):
+                self.none_foreign = (epoch, moves)
+                return
+            known = self.clear.get(ino)
+            if known is not None and known[1] == moves and catalog.only_tracked(known[0], epoch):
+                self.clear[ino] = (epoch, moves)
+                return
+        mark = None if epoch is None else (epoch, moves)
         may_block("reading the other heads' delegations")
-        holders = catalog.read(lambda conn: self._foreign(conn, ino, write))
+
+        def look(conn) -> tuple[set[str], bool]:
+            if self._none_foreign(conn):
+                return set(), True
+            return self._foreign(conn, ino, write), False
+
+        holders, none = catalog.read(look)
+        if none and mark is not None:
+            self.none_foreign = mark
         if not holders:
             if mark is not None and write:  # (a read asked of write delegations only)
                 if len(self.clear) >= CLEAR_KEEP:
