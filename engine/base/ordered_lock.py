@@ -43,6 +43,7 @@ RANKS: dict[str, int] = {
     "lifecycle.media_shared": 72,
     "lifecycle.stripe_pool": 73,
     "erasure.library": 75,
+    "erasure.headers": 76,
     "drives.zone_file": 80,
     "drives.zoned_block": 81,
     "drives.remote": 82,

@@ -97,6 +97,20 @@ class Encoded:
         self.release()
 
 
+def fragment_length(fragment) -> int:
+    """Bytes of a fragment: a buffer, or (header, payload) from the slice encoder."""
+    if isinstance(fragment, tuple):
+        return len(fragment[0]) + len(fragment[1])
+    return len(fragment)
+
+
+def fragment_bytes(fragment):
+    """A fragment as one buffer (a copy only for a (header, payload) pair)."""
+    if isinstance(fragment, tuple):
+        return b"".join(fragment)
+    return fragment
+
+
 class _EcArgs(ctypes.Structure):
     # struct ec_args of liberasurecode's erasurecode.h
     _fields_ = [
@@ -117,18 +131,20 @@ _lib_holding_gil: ctypes.PyDLL | None = None  # the same library, for calls that
 _lib_lock = lock("erasure.library")
 
 
+def _pyeclib_libs() -> str:
+    """The folder of the C libraries the pyeclib wheel bundles."""
+    import pyeclib
+
+    return os.path.join(os.path.dirname(os.path.dirname(pyeclib.__file__)), "pyeclib.libs")
+
+
 def _liberasurecode() -> ctypes.CDLL | None:
     """liberasurecode from the pyeclib wheel, called through ctypes, which releases the GIL
     during the call (pyeclib's own encode holds it, so encoding could not overlap anything)."""
     global _lib, _lib_holding_gil
     with _lib_lock:
         if _lib is None:
-            import pyeclib
-
-            folder = os.path.join(
-                os.path.dirname(os.path.dirname(pyeclib.__file__)), "pyeclib.libs"
-            )
-            found = sorted(glob.glob(os.path.join(folder, "liberasurecode-*.so*")))
+            found = sorted(glob.glob(os.path.join(_pyeclib_libs(), "liberasurecode-*.so*")))
             if not found:
                 _lib = False
                 return None
@@ -171,6 +187,18 @@ def _liberasurecode() -> ctypes.CDLL | None:
         return _lib or None
 
 
+def _address(buffer) -> tuple[int, object]:
+    """The address of a bytes-like object's memory and what keeps the address valid (for a
+    bytearray a ctypes view, which pins it: drop it right after the call)."""
+    if isinstance(buffer, bytes):
+        # not ctypes.cast: its result and source refer to each other, so the bytes (or a
+        # bytearray's export) would live until the garbage collector runs
+        pointer = ctypes.c_char_p(buffer)
+        return ctypes.c_void_p.from_buffer(pointer).value or 0, pointer
+    view = (ctypes.c_char * len(buffer)).from_buffer(buffer)
+    return ctypes.addressof(view), view
+
+
 class _NativeEncoder:
     """Encode with liberasurecode directly; fragments are views of its buffers until released."""
 
@@ -191,19 +219,12 @@ class _NativeEncoder:
 
     def encode(self, data) -> Encoded:
         length = len(data)
-        keep: bytes | ctypes.Array[ctypes.c_char]
-        if isinstance(data, bytes):
-            source = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p)
-            keep = data
-        else:
-            view = (ctypes.c_char * length).from_buffer(data)
-            source = ctypes.cast(view, ctypes.c_void_p)
-            keep = view
+        source, keep = _address(data)
         pp = ctypes.POINTER(ctypes.POINTER(ctypes.c_char))
         data_p, parity_p, flen = pp(), pp(), ctypes.c_uint64()
         rc = self.lib.liberasurecode_encode(
             self.desc,
-            source,
+            ctypes.c_void_p(source),
             length,
             ctypes.byref(data_p),
             ctypes.byref(parity_p),
@@ -262,6 +283,103 @@ class _NativeEncoder:
             self.lib.liberasurecode_decode_cleanup(self.desc, out)
 
 
+# ISA-L's matrix generator behind each liberasurecode backend of it (isa_l_common.c)
+_ISAL_MATRIX = {"isa_l_rs_vand": "gf_gen_rs_matrix", "isa_l_rs_cauchy": "gf_gen_cauchy1_matrix"}
+_HEADER_CACHE = 64  # data lengths whose fragment headers are kept (a flush cuts few lengths)
+
+
+class _SliceEncoder:
+    """Encode without copying the stripe: each data fragment is (header, a slice of the stripe's
+    buffer), each parity fragment (header, a slice of one buffer ISA-L computes the parity into
+    straight from those slices). liberasurecode copies the stripe into zeroed fragment buffers
+    first; that copy and zeroing were a tenth of a checkpoint writer's CPU per MiB
+    (docs/performance.md, "the write-CPU sessions"). The headers depend only on the stripe's
+    length (no checksums: CHKSUM_NONE), so the first stripe of each length is encoded by
+    liberasurecode and its headers kept; ``_attach_slices`` checks the result byte for byte
+    against liberasurecode's before a policy uses it. The drive writers write the two parts
+    with one pwritev (engine/native/drivewriters.pyx ``append_parts``)."""
+
+    def __init__(self, native: _NativeEncoder, backend: str):
+        self.native = native
+        self.k, self.m = k, m = native.k, native.m
+        found = sorted(glob.glob(os.path.join(_pyeclib_libs(), "libisal*.so*")))
+        if backend not in _ISAL_MATRIX or not found:
+            raise OSError(f"no ISA-L library for {backend} in the pyeclib wheel")
+        isal = ctypes.CDLL(found[0])
+        matrix = (ctypes.c_ubyte * ((k + m) * k))()
+        getattr(isal, _ISAL_MATRIX[backend])(matrix, k + m, k)
+        self.tables = (ctypes.c_ubyte * (k * m * 32))()
+        isal.ec_init_tables(k, m, ctypes.byref(matrix, k * k), self.tables)
+        isal.ec_encode_data.argtypes = [
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
+        isal.ec_encode_data.restype = None
+        self.encode_data = isal.ec_encode_data
+        self.headers: dict[int, tuple[list[bytes], int]] = {}  # length -> (headers, payload)
+        self.zeros: dict[int, bytes] = {}
+        self.lock = lock("erasure.headers")
+
+    def encode(self, data) -> Encoded:
+        length = len(data)
+        known = self.headers.get(length)
+        if known is None:
+            encoded = self.native.encode(data)
+            first = encoded.fragments[0]
+            headers = [bytes(f[:FRAGMENT_HEADER]) for f in encoded.fragments]
+            with self.lock:
+                if len(self.headers) >= _HEADER_CACHE:
+                    self.headers.pop(next(iter(self.headers)))
+                self.headers[length] = (headers, len(first) - FRAGMENT_HEADER)
+            return encoded
+        headers, size = known
+        k, m = self.k, self.m
+        whole = min(length // size, k)  # data fragments lying wholly inside the stripe
+        view = memoryview(data).cast("B")
+        payloads: list = [view[i * size : (i + 1) * size] for i in range(whole)]
+        if whole < k:
+            tail = bytearray(size)  # the last bytes, zero-padded as liberasurecode pads them
+            tail[: length - whole * size] = view[whole * size :]
+            payloads.append(tail)
+            if whole + 1 < k:
+                zeros = self.zeros.get(size)
+                if zeros is None:
+                    zeros = self.zeros[size] = bytes(size)
+                payloads.extend([zeros] * (k - whole - 1))
+        parity = bytearray(m * size)
+        base, keep_data = _address(data)
+        sources = [base + i * size for i in range(whole)]
+        keep = [keep_data]
+        for payload in payloads[whole:]:
+            address, pin = _address(payload)
+            sources.append(address)
+            keep.append(pin)
+        out, pin = _address(parity)
+        keep.append(pin)
+        self.encode_data(
+            size,
+            k,
+            m,
+            self.tables,
+            (ctypes.c_void_p * k)(*sources),
+            (ctypes.c_void_p * m)(*[out + j * size for j in range(m)]),
+        )
+        del keep, pin, keep_data
+        out_view = memoryview(parity)
+        payloads.extend(out_view[j * size : (j + 1) * size] for j in range(m))
+        views = [p for p in payloads if isinstance(p, memoryview)] + [view, out_view]
+
+        def free():
+            for v in views:
+                v.release()
+
+        return Encoded(list(zip(headers, payloads, strict=True)), free)
+
+
 class Decoder:
     """Decodes stripes of one (k, m, backend): liberasurecode directly when
     it agrees with pyeclib."""
@@ -311,7 +429,7 @@ class Policy:
     compression_level: int = DEFAULT_LEVEL  # zstd level of stripes tiering writes into the class
     header_size: int = 0  # bytes pyeclib puts before each fragment's payload
     _driver: object = field(default=None, repr=False)
-    _native: _NativeEncoder | None = field(default=None, repr=False)
+    _native: _NativeEncoder | _SliceEncoder | None = field(default=None, repr=False)
     _min_parity: int = 1
 
     def set_min_parity(self, count: int) -> None:
@@ -542,6 +660,42 @@ def _attach_native(policy: Policy) -> None:
     except (OSError, KeyError, AttributeError, ValueError):
         return
     policy.use_native(native)
+    _attach_slices(policy, native)
+
+
+_slice_encoders: dict[tuple, _SliceEncoder | None] = {}  # checked once per code and process
+
+
+def _attach_slices(policy: Policy, native: _NativeEncoder) -> None:
+    """Encode on slices of the stripe (``_SliceEncoder``) when, for stripes of several lengths,
+    each encoded a second time with other bytes, its fragments equal liberasurecode's."""
+    key = (policy.backend, policy.k, policy.m)
+    if key not in _slice_encoders:
+        _slice_encoders[key] = _checked_slices(policy, native)
+    slices = _slice_encoders[key]
+    if slices is not None:
+        policy.use_native(slices)
+
+
+def _checked_slices(policy: Policy, native: _NativeEncoder) -> _SliceEncoder | None:
+    try:
+        slices = _SliceEncoder(native, policy.backend or "")
+        # small lengths: the payload size and padding come from liberasurecode's own fragments
+        for length in (policy.k * 4096, policy.k * 12288 + 17, policy.k * 512 + 5, 4099, 1):
+            for _ in range(2):  # the first one learns the headers, the second uses them
+                sample = bytearray(os.urandom(length))
+                theirs = native.encode(sample)
+                ours = slices.encode(bytes(sample) if length % 2 else sample)
+                same = [bytes(f) for f in theirs.fragments] == [
+                    bytes(fragment_bytes(f)) for f in ours.fragments
+                ]
+                theirs.release()
+                ours.release()
+                if not same:
+                    return None
+    except (OSError, AttributeError, ValueError):
+        return None
+    return slices
 
 
 def load_policies(config: dict | None = None) -> dict[str, Policy]:

@@ -24,7 +24,7 @@ from engine.base.blocking import holding, may_block
 from engine.base.ordered_lock import lock, rlock
 from engine.base.ratelog import RateLimitedLog
 from engine.catalog.models import Drive, Fragment, Stripe, Zone
-from engine.coding.erasure import ALIGNMENT_SLACK, Policy
+from engine.coding.erasure import ALIGNMENT_SLACK, Policy, fragment_length
 from engine.datapath.drivestate import DriveState, ZoneMem
 
 if TYPE_CHECKING:
@@ -344,7 +344,7 @@ class Space:
         (``_choose``), for the stripe's fragments and append a PlacedFragment for each to
         ``stripe.placement`` (each zone pinned till commit)."""
         policy = stripe.policy
-        length = len(stripe.fragments[0])
+        length = fragment_length(stripe.fragments[0])
         width = policy.width
         with self.lock:
             writable = [d for d in self.drives.values() if d.writable()]

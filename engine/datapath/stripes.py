@@ -24,6 +24,13 @@ from engine.datapath.writers import DriveWriters, WriteTicket
 INLINE_RECOUNT_S = 5.0  # over budget: count what tiering has folded meanwhile at most this often
 
 
+def _crc(fragment) -> int:
+    """crc32c of a fragment: a buffer, or the (header, payload) of the slice encoder."""
+    if isinstance(fragment, tuple):
+        return crc32c.crc32c(fragment[1], crc32c.crc32c(fragment[0]))
+    return crc32c.crc32c(fragment)
+
+
 class PendingStripe(WriteTicket):
     """A stripe in the pipeline; as a WriteTicket it counts its fragments' appends down."""
 
@@ -323,7 +330,7 @@ class Dispatcher:
         stripe.fragments = stripe.encoded.fragments
         self.stats["encode_s"] += time.perf_counter() - start
         self.stats["encode_cpu_s"] += time.thread_time() - cpu
-        stripe.crcs = [crc32c.crc32c(f) for f in stripe.fragments]
+        stripe.crcs = [_crc(f) for f in stripe.fragments]
 
     def _run(self) -> None:
         """Place stripes in submission order, so every drive receives fragments in that order."""

@@ -29,9 +29,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from engine.base import errors
 from engine.base.ordered_lock import lock
+from engine.coding.erasure import fragment_bytes
 from engine.datapath.drivestate import DriveState
 from engine.drives import ZonedDrive, ZoneFileDrive
 from engine.native import driveio
+
+# a build of the compiled writers from before append_parts joins the two parts (a copy)
+_APPEND_PARTS = driveio is not None and hasattr(driveio.DriveQueue, "append_parts")
 
 
 class PyCountdown:
@@ -184,7 +188,7 @@ class DriveWriters:
         """Queue an append; ``ticket.fragment_done()`` runs once it is durable (or failed)."""
         native = drive.native
         if native is None:
-            drive.queue.put(Append(zone_idx, offset, data, ticket))
+            drive.queue.put(Append(zone_idx, offset, fragment_bytes(data), ticket))
             return
         claimed = False
         try:
@@ -193,7 +197,13 @@ class DriveWriters:
             # offset order): the C thread then only writes
             fd, data = backend.claim_append(zone_idx, offset, data)
             claimed = True
-            native.append(fd, offset, data, ticket, zone_idx)
+            if isinstance(data, tuple):  # a fragment of the slice encoder: header, payload
+                if _APPEND_PARTS:
+                    native.append_parts(fd, offset, data[0], data[1], ticket, zone_idx)
+                else:
+                    native.append(fd, offset, fragment_bytes(data), ticket, zone_idx)
+            else:
+                native.append(fd, offset, data, ticket, zone_idx)
         except BaseException as exc:  # noqa: BLE001 - the ticket carries it, as in _run
             if claimed:
                 backend.append_failed(zone_idx)

@@ -204,10 +204,11 @@ class ZoneFileDrive(ZonedDrive):
         ``offset`` of that fd and calls ``append_failed`` if that fails (the compiled drive
         writers do the write without the GIL)."""
         fd = self._fd(idx)
-        length = len(data)
+        parts = isinstance(data, tuple)  # (header, payload) of the slice encoder: kept apart
+        length = len(data[0]) + len(data[1]) if parts else len(data)
         pad = -length % self.write_granularity
         if pad:
-            data = bytes(data) + bytes(pad)
+            data = b"".join((*data, bytes(pad))) if parts else bytes(data) + bytes(pad)
             length += pad
         with self._lock:
             wp = self._wp[idx]

@@ -103,6 +103,9 @@ cdef struct Op:
     const char *buf   # APPEND: the bytes, valid while ``owner`` lives and the ticket is open
     size_t length
     PyObject *owner    # APPEND: the object the bytes belong to (a reference)
+    const char *head   # APPEND of two parts: bytes written before ``buf`` (else NULL)
+    size_t head_len
+    PyObject *head_owner
     PyObject *ticket   # APPEND: the Ticket (a reference), CALL: the callable
     TicketState *tstate
     Op *next
@@ -195,6 +198,8 @@ cdef void release_ops(Op *op):
         nxt = op.next
         if op.owner != NULL:
             Py_DECREF(<object>op.owner)
+        if op.head_owner != NULL:
+            Py_DECREF(<object>op.head_owner)
         if op.ticket != NULL:
             Py_DECREF(<object>op.ticket)
         free(op)
@@ -217,28 +222,66 @@ cdef int write_all(int fd, const char *buf, size_t length, off_t offset) noexcep
     return 0
 
 
-cdef int write_durable(int fd, const char *buf, size_t length, off_t offset) noexcept nogil:
-    """One append made durable in one system call where the kernel allows it."""
-    cdef iovec iov
+cdef int write_rest(Op *op, ssize_t done) noexcept nogil:
+    """pwrite what is left of the append after its first ``done`` bytes; 0 or the errno."""
+    cdef int err
+    if <size_t>done < op.head_len:
+        err = write_all(op.fd, op.head + done, op.head_len - <size_t>done, op.offset + done)
+        if err:
+            return err
+        done = <ssize_t>op.head_len
+    done -= <ssize_t>op.head_len
+    return write_all(
+        op.fd,
+        op.buf + done,
+        op.length - <size_t>done,
+        op.offset + <off_t>op.head_len + done,
+    )
+
+
+cdef ssize_t write_vector(Op *op, int flags) noexcept nogil:
+    """One pwritev2 of the append's parts (header and payload, or the one buffer)."""
+    cdef iovec iov[2]
+    cdef int count = 0
     cdef ssize_t n
-    iov.iov_base = <void *>buf
-    iov.iov_len = length
+    if op.head_len:
+        iov[0].iov_base = <void *>op.head
+        iov[0].iov_len = op.head_len
+        count = 1
+    iov[count].iov_base = <void *>op.buf
+    iov[count].iov_len = op.length
+    count += 1
     while True:
-        n = pwritev2(fd, &iov, 1, offset, RWF_DSYNC)
+        n = pwritev2(op.fd, iov, count, op.offset, flags)
         if n < 0 and errno == EINTR:
             continue
-        break
-    if n == <ssize_t>length:
+        return n
+
+
+cdef int write_op(Op *op) noexcept nogil:
+    """pwrite the whole append (both parts in one call where there are two); 0 or the errno."""
+    if op.head_len == 0:
+        return write_all(op.fd, op.buf, op.length, op.offset)
+    cdef ssize_t n = write_vector(op, 0)
+    if n < 0:
+        return errno
+    return write_rest(op, n)
+
+
+cdef int write_durable(Op *op) noexcept nogil:
+    """One append made durable in one system call where the kernel allows it."""
+    cdef ssize_t n = write_vector(op, RWF_DSYNC)
+    if n == <ssize_t>(op.head_len + op.length):
         return 0
     if n < 0 and errno not in (EINVAL, ENOSYS, EOPNOTSUPP):
         return errno
     if n < 0:
         n = 0
     # a short write or no RWF_DSYNC: finish with plain writes and one fdatasync
-    cdef int err = write_all(fd, buf + n, length - <size_t>n, offset + n)
+    cdef int err = write_rest(op, n)
     if err:
         return err
-    while fdatasync(fd) != 0:
+    while fdatasync(op.fd) != 0:
         if errno != EINTR:
             return errno
     return 0
@@ -249,12 +292,14 @@ cdef void write_run(QueueState *q, Op *first, Op *stop_at) noexcept nogil:
     cdef Op *op = first
     cdef uint64_t t0 = now_ns()
     while op != stop_at:
-        op.err = write_all(op.fd, op.buf, op.length, op.offset)
+        op.err = write_op(op)
         if op.err == 0:
             # start writing it out now, so the syncer's fdatasync finds little left to do
-            sync_file_range(op.fd, op.offset, <off_t>op.length, SYNC_FILE_RANGE_WRITE)
+            sync_file_range(
+                op.fd, op.offset, <off_t>(op.head_len + op.length), SYNC_FILE_RANGE_WRITE
+            )
         q.appends += 1
-        q.bytes += <uint64_t>op.length
+        q.bytes += <uint64_t>(op.head_len + op.length)
         op = op.next
     q.write_ns += now_ns() - t0
 
@@ -445,15 +490,10 @@ cdef void *writer_main(void *arg) noexcept nogil:
                 )
                 pthread_mutex_unlock(&q.lock)
                 if alone:
-                    run_start.err = write_durable(
-                        run_start.fd,
-                        run_start.buf,
-                        run_start.length,
-                        run_start.offset,
-                    )
+                    run_start.err = write_durable(run_start)
                     q.appends += 1
                     q.syncs += 1
-                    q.bytes += <uint64_t>run_start.length
+                    q.bytes += <uint64_t>(run_start.head_len + run_start.length)
                     run_last.next = NULL
                     complete_appends(q, run_start, NULL)
                     to_garbage(q, run_start, run_last)
@@ -527,6 +567,14 @@ cdef class DriveQueue:
         """Queue ``data`` for pwrite at ``offset`` of ``fd``; ``ticket`` counts it once durable.
         ``data`` must stay as it is until then: neither changed, resized nor released (bytes,
         or the fragments of a stripe, which the data path frees after the commit)."""
+        self.push(self.append_op(fd, offset, None, data, ticket, zone_idx))
+
+    def append_parts(self, int fd, off_t offset, head, data, Ticket ticket, int zone_idx):
+        """Like ``append`` of ``head`` followed by ``data``, written by one pwritev: a fragment
+        whose payload is a slice of its stripe's buffer, after a header of its own."""
+        self.push(self.append_op(fd, offset, head, data, ticket, zone_idx))
+
+    cdef Op *append_op(self, int fd, off_t offset, head, data, Ticket ticket, int zone_idx) except NULL:
         if self.stopped:
             raise RuntimeError("the drive's writer has stopped")
         cdef Op *op = <Op *>calloc(1, sizeof(Op))
@@ -541,6 +589,15 @@ cdef class DriveQueue:
         op.buf = <const char *>view.buf
         op.length = <size_t>view.len
         PyBuffer_Release(&view)
+        if head is not None:
+            if PyObject_GetBuffer(head, &view, PyBUF_SIMPLE) != 0:
+                free(op)
+                raise TypeError("expected a bytes-like object")
+            op.head = <const char *>view.buf
+            op.head_len = <size_t>view.len
+            PyBuffer_Release(&view)
+            Py_INCREF(head)
+            op.head_owner = <PyObject *>head
         Py_INCREF(data)
         op.owner = <PyObject *>data
         op.kind = OP_APPEND
@@ -550,7 +607,7 @@ cdef class DriveQueue:
         op.tstate = ticket.st
         Py_INCREF(ticket)
         op.ticket = <PyObject *>ticket
-        self.push(op)
+        return op
 
     def call(self, fn):
         """Run ``fn()`` in the writer thread once everything queued before it is durable."""

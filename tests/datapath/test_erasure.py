@@ -7,7 +7,13 @@ import os
 import pytest
 
 from engine.base.errors import ConfigError
-from engine.coding.erasure import DecodeError, load_policies, policy_from_dict
+from engine.coding.erasure import (
+    DecodeError,
+    fragment_bytes,
+    fragment_length,
+    load_policies,
+    policy_from_dict,
+)
 
 
 def test_defaults():
@@ -78,3 +84,27 @@ def test_replica_policy():
     copies = policy.encode(data)
     assert copies == [data] * 3
     assert policy.decode({2: copies[2]}, len(data)) == data
+
+
+def test_the_slice_encoder_writes_liberasurecode_fragments_from_the_stripe_itself():
+    """isa_l backends encode on slices of the stripe's buffer (no copy of the data): each
+    fragment is a header and a payload that equal liberasurecode's, byte for byte, for a
+    length seen before (the headers learned) or not; the data fragments' payloads are the
+    stripe's own memory until released."""
+    policy = policy_from_dict("warm", {"fragment_size": 4096})
+    assert type(policy._native).__name__ == "_SliceEncoder"
+    for length in (policy.stripe_size, 3 * 4096 + 5, 777):
+        for _ in range(2):
+            data = bytearray(os.urandom(length))
+            encoded = policy.encode_stripe(data)
+            fragments = [bytes(fragment_bytes(f)) for f in encoded.fragments]
+            assert fragments == policy.encode(bytes(data))
+            assert {fragment_length(f) for f in encoded.fragments} == {len(fragments[0])}
+            if isinstance(encoded.fragments[0], tuple):  # the second time: slices
+                payload = encoded.fragments[0][1]
+                assert payload.obj is data and len(payload) == len(fragments[0]) - 80
+                with pytest.raises(BufferError):
+                    data.append(0)  # pinned while its fragments are being written
+            encoded.release()
+            data.append(0)  # free again once released
+        assert isinstance(encoded.fragments, list)
