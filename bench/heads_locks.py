@@ -48,25 +48,26 @@ from bench.serveheads import (  # noqa: E402
 class Heads(HeadProcesses):
     """``count`` `shingle serve` heads over the catalog of ``folder``/head0."""
 
-    def __init__(self, folder: Path, count: int):
+    def __init__(self, folder: Path, count: int, catalog: str | None = None):
+        """``catalog``: a catalog URL (PostgreSQL) instead of SQLite in head0's folder."""
         super().__init__(
             [folder / f"head{i}" for i in range(count)], [free_port() for _ in range(count)]
         )
         first = self.homes[0]
         if not first.exists():
-            init_head(first, "--drive-size", "32MiB", "--zone-size", "4MiB")
+            more = ("--catalog", catalog) if catalog else ()
+            init_head(first, "--drive-size", "32MiB", "--zone-size", "4MiB", *more)
             (first / "shingle.sample").write_text((first / "shingle.toml").read_text())
         nfs = 'grace_seconds = 0\nportmap = "off"\n'
         text = set_options((first / "shingle.sample").read_text(), "nfs", nfs)
         (first / "shingle.toml").write_text(
             set_options(text, "heads", f"count = {count}\nindex = 0\n")
         )
-        catalog = (first / "catalog.db").resolve()
+        url = catalog or f"sqlite:///{(first / 'catalog.db').resolve()}"
         for index, home in enumerate(self.homes[1:], start=1):
             home.mkdir(exist_ok=True)
             (home / "shingle.toml").write_text(
-                f'[catalog]\nurl = "sqlite:///{catalog}"\n[nfs]\n{nfs}'
-                f"[heads]\ncount = {count}\nindex = {index}\n"
+                f'[catalog]\nurl = "{url}"\n[nfs]\n{nfs}[heads]\ncount = {count}\nindex = {index}\n'
             )
 
 

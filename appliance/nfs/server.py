@@ -591,23 +591,50 @@ class NfsServer:
         assert loop is not None and state is not None  # start() ran
         assert holdings is not None and recalls is not None  # with heads
         polled_interest = 0.0
-        while True:
-            await asyncio.sleep(recalls.poll_period)
-            try:
-                # a head holding no delegation has nothing to recall: another head asks only
-                # a head whose delegation row it found, and a grant checks for requests first
-                if state.delegations.any_held() and not recalls.quiet():
-                    await loop.run_in_executor(self.pool, state.delegations.poll_recalls)
-                now = time.monotonic()
-                if holdings.envelope and now - polled_interest >= INTEREST_POLL_S:
-                    polled_interest = now
-                    await loop.run_in_executor(self.pool, holdings.poll_interest)
-            except CatalogUnreachable:
-                pass  # the catalog's outage log counts it; the next poll retries
-            except Exception as exc:  # noqa: BLE001 - the next poll retries
-                self._housekeeping_failures.log(
-                    logging.ERROR, type(exc), "NFS holdings poll failed: %s", exc
-                )
+        woken = asyncio.Event()
+
+        # another head asked this one to recall: a notification (PostgreSQL, in the change
+        # watch's thread) or a datagram (SQLite) wakes this loop at once; the poll stays as
+        # the safety net (head_delegations.SAFETY_POLL_S)
+        def wake() -> None:
+            loop.call_soon_threadsafe(woken.set)
+
+        sock = recalls.listen(wake)
+        if sock is not None:
+            loop.add_reader(sock.fileno(), _drained, sock, woken)
+        try:
+            recall_due = 0.0  # the next look for recall requests without a wake-up
+            while True:
+                # (ticks at least every INTEREST_POLL_S: a file may enter envelope mode now)
+                wait = min(INTEREST_POLL_S, recall_due - time.monotonic())
+                try:
+                    await asyncio.wait_for(woken.wait(), max(wait, 0.005))
+                except TimeoutError:
+                    pass
+                pushed = woken.is_set()
+                woken.clear()
+                due = time.monotonic() >= recall_due
+                if pushed or due:
+                    recall_due = time.monotonic() + recalls.period()
+                try:
+                    # a head holding no delegation has nothing to recall unless woken: another
+                    # head asks only a head whose delegation row it found
+                    if pushed or (due and state.delegations.any_held() and not recalls.quiet()):
+                        await loop.run_in_executor(self.pool, state.delegations.poll_recalls)
+                    now = time.monotonic()
+                    if holdings.envelope and now - polled_interest >= INTEREST_POLL_S:
+                        polled_interest = now
+                        await loop.run_in_executor(self.pool, holdings.poll_interest)
+                except CatalogUnreachable:
+                    pass  # the catalog's outage log counts it; the next poll retries
+                except Exception as exc:  # noqa: BLE001 - the next poll retries
+                    self._housekeeping_failures.log(
+                        logging.ERROR, type(exc), "NFS holdings poll failed: %s", exc
+                    )
+        finally:
+            if sock is not None:
+                loop.remove_reader(sock.fileno())
+            recalls.close()
 
     async def _start_portmap(self) -> None:
         mode = self.portmap_mode
@@ -793,3 +820,16 @@ class NfsServerThread:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def _drained(sock, woken: asyncio.Event) -> None:
+    """The recall wake-up socket is readable: empty it (any number of datagrams is one
+    wake-up) and wake the poll."""
+    try:
+        while sock.recv(64):
+            pass
+    except (BlockingIOError, InterruptedError):
+        pass
+    except OSError as exc:
+        log.debug("recall wake-up socket: %s", exc)
+    woken.set()

@@ -20,7 +20,13 @@ connection moves the epoch too, since notifications sent meanwhile are gone for 
 The guarantee: a change another process committed is seen by every request this process
 starts after its notification arrived (well under a millisecond on one host), and by every
 request starting ``STALE_AFTER_S`` after the commit at the latest; ``catch_up()`` makes it
-immediate for one caller, at the cost of a round trip."""
+immediate for one caller, at the cost of a round trip.
+
+``subscribe`` lets a caller have notifications of its own on the same channel and connection
+(a payload that starts with its prefix, sent with ``pg_notify`` inside a transaction, so it is
+delivered at the commit): NFS heads push recall requests and grant fences this way
+(appliance/nfs/state/head_delegations.py). Such payloads do not move the epoch (the rows the
+transaction wrote fired the table's own notification anyway)."""
 
 from __future__ import annotations
 
@@ -69,6 +75,8 @@ class ChangeWatch:
         self._pending: dict[int, float] = {}  # ping number -> monotonic send time
         self._seq = 0
         self.backend_pid: int | None = None  # of the LISTEN connection (tests kill it)
+        # (prefix, callback): see subscribe()
+        self._subscribers: list[tuple[str, Callable[[str | None], str | None]]] = []
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="catalog-change-watch", daemon=True)
@@ -108,6 +116,19 @@ class ChangeWatch:
         with self._cond:
             return self._cond.wait_for(lambda: self.epoch() is not None, timeout)
 
+    def subscribe(self, prefix: str, callback: Callable[[str | None], str | None]) -> None:
+        """Call ``callback(payload)`` in the watch's thread for each notification whose payload
+        starts with ``prefix`` (any process's, this one's too), and ``callback(None)`` each time
+        LISTEN is set up again after a lost connection (what was sent meanwhile is gone: look
+        for it another way). A payload it returns is NOTIFYed on the watch's connection. It
+        must not block: it runs between the watch's reads."""
+        with self._cond:
+            self._subscribers.append((prefix, callback))
+
+    def unsubscribe(self, callback: Callable[[str | None], str | None]) -> None:
+        with self._cond:
+            self._subscribers = [(p, cb) for p, cb in self._subscribers if cb != callback]
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=DEAD_AFTER_S)
@@ -125,6 +146,7 @@ class ChangeWatch:
 
         delay = 0.05
         lost = False  # notifications were lost and are not back yet (one line each way)
+        reconnected = False
         while not self._stop.is_set():
             try:
                 conn = psycopg.connect(
@@ -151,6 +173,9 @@ class ChangeWatch:
                 if self._outage is not None:
                     self._outage.recovered()
                 self._connected = True
+                if reconnected:
+                    self._dispatch(None)  # notifications sent while it was down are lost
+                reconnected = True
                 self._listen(conn)
             except psycopg.Error as exc:
                 if not self._stop.is_set():
@@ -172,22 +197,46 @@ class ChangeWatch:
                 number, _sent = self._new_ping()
                 conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{PING}{self.token}:{number}"))
                 last_ping = now
-            for notice in conn.notifies(timeout=max(last_ping + SYNC_INTERVAL_S - now, 0.001)):
-                self._received(notice.payload)
+            replies: list[str] = []
+            # stop_after=1: back here after each packet of notifications, to send the
+            # subscribers' replies (the connection is busy while notifies() runs)
+            for notice in conn.notifies(
+                timeout=max(last_ping + SYNC_INTERVAL_S - now, 0.001), stop_after=1
+            ):
+                replies += self._received(notice.payload)
+            for reply in replies:
+                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, reply))
             with self._cond:
                 oldest = min(self._pending.values(), default=math.inf)
             if time.monotonic() - oldest > DEAD_AFTER_S:
                 raise psycopg_error(f"no ping came back within {DEAD_AFTER_S:.0f} s")
 
-    def _received(self, payload: str) -> None:
+    def _dispatch(self, payload: str | None) -> list[str]:
+        replies = []
+        for prefix, callback in list(self._subscribers):
+            if payload is None or payload.startswith(prefix):
+                try:
+                    reply = callback(payload)
+                except Exception:  # noqa: BLE001 - a subscriber's bug must not stop the watch
+                    log.exception("catalog: a change notification subscriber failed")
+                    continue
+                if reply is not None:
+                    replies.append(reply)
+        return replies
+
+    def _received(self, payload: str) -> list[str]:
+        """What ``payload`` means (the epoch moved, a ping came back, a subscriber's), and the
+        subscribers' replies to send."""
+        if self._subscribers and any(payload.startswith(p) for p, _ in self._subscribers):
+            return self._dispatch(payload)
         if payload.startswith(PING):
             token, _, number = payload[len(PING) :].rpartition(":")
             if token != self.token:
-                return  # another process's ping: no change
+                return []  # another process's ping: no change
             with self._cond:
                 sent = self._pending.get(int(number))
                 if sent is None:
-                    return  # already covered by a later ping
+                    return []  # already covered by a later ping
                 for key in [key for key, at in self._pending.items() if at <= sent]:
                     del self._pending[key]  # sent before it: caught up as far
                 if sent > self._synced_at:
@@ -196,6 +245,7 @@ class ChangeWatch:
         elif payload != self.token:
             with self._cond:
                 self._epoch += 1
+        return []
 
     def _lost(self) -> None:
         with self._cond:

@@ -335,6 +335,8 @@ class Catalog:
         # bound once: the NFS event loop reads the epoch on every cached lookup
         self.epoch = self.epochs.epoch
         self.catch_up = self.epochs.catch_up
+        self.subscribe = self.epochs.subscribe
+        self.unsubscribe = self.epochs.unsubscribe
         self.only_tracked = self.epochs.only_tracked
         self._database: str | None = None  # SQLite: the file, counted in _open_databases
         if self.is_sqlite:
@@ -638,6 +640,12 @@ class Catalog:
         # the dialect adds psycopg's own arguments (its adapters' context): libpq's keys only
         libpq_keys = {option.keyword.decode() for option in pq.Conninfo.get_defaults()}
         return make_conninfo("", **{k: v for k, v in params.items() if k in libpq_keys})
+
+    def notify(self, conn, payload: str) -> None:
+        """In a write transaction on PostgreSQL: a notification on the change channel, delivered
+        at the commit to every process's watch (``subscribe``); nothing on SQLite."""
+        if not self.is_sqlite:
+            conn.exec_driver_sql("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
 
     def _send_ping(self, payload: str) -> None:
         with self.engine.connect() as conn:

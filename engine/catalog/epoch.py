@@ -165,6 +165,19 @@ class CommitEpoch:
                 )
             return self.changes
 
+    def subscribe(self, prefix: str, callback: Callable[[str | None], str | None]) -> bool:
+        """PostgreSQL: ``callback`` hears the notifications whose payload starts with ``prefix``
+        (ChangeWatch.subscribe); False on SQLite, which has no notifications."""
+        if self.is_sqlite:
+            return False
+        changes = self.changes if self.changes is not None else self._start_changes()
+        changes.subscribe(prefix, callback)
+        return True
+
+    def unsubscribe(self, callback: Callable[[str | None], str | None]) -> None:
+        if self.changes is not None:
+            self.changes.unsubscribe(callback)
+
     def catch_up(self, timeout: float = 5.0) -> bool:
         """Return once ``epoch`` reflects every commit that finished before this call: at once
         on SQLite; on PostgreSQL after a round trip through the change watch (False: it is down

@@ -172,6 +172,7 @@ def test_a_head_that_stops_beating_loses_its_locks_and_its_client_reclaims_elsew
         stopped = time.monotonic()
         while (st := _lock(b, fh, sid_b, 0, 10, b"lb")[0]) == c.NFS4ERR_DENIED:
             assert time.monotonic() - stopped < 4 * LEASE, "head A never expired"
+            a.session([])  # (head A still runs: its lease expiry must not drop the client)
             time.sleep(0.05)  # (half the wait past the expiry pays for the grace OPEN below)
         assert st == c.NFS4ERR_GRACE, st
         # not before B watched A's counter stand still for a lease (B notices a beat at its

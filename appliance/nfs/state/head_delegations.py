@@ -11,8 +11,19 @@ state.delegations) name the head that granted them; what this module adds:
     and answers NFS4ERR_DELAY (NFSv3 JUKEBOX, NLM DENIED_GRACE_PERIOD), as a head does for its
     own holders; the request goes through once the holder's row is gone (returned, revoked a
     lease after the recall, or its head expired);
-  - every head polls its own recall requests (``RECALL_POLL_S``) and recalls what they name
-    (CB_RECALL through its backchannel), as if the change had come through it.
+  - the asking head wakes the holder's head at once: on PostgreSQL a notification on the
+    change channel (``nfs-recall:<head>:``, sent in the request's transaction, so delivered at
+    its commit), on SQLite a datagram to the holder head's Unix socket (abstract namespace,
+    named by the catalog file and the head: the heads of one catalog share a host); the holder
+    takes its requests from the catalog and recalls what they name (CB_RECALL through its
+    backchannel), as if the change had come through it. A slow poll (``SAFETY_POLL_S``) finds
+    what a lost wake-up missed; without a wake-up path it polls as before (``RECALL_POLL_S``);
+  - on PostgreSQL a grant is fenced: its transaction also sends ``nfs-fence:<head>:<n>:``, and
+    the OPEN is answered with the delegation only once every other live head's change watch
+    answered it (``nfs-fenced:...``), that is, once each has seen the grant's row change its
+    epoch: a change through another head checked after the client learned of its delegation
+    cannot skip the catalog read on a stale epoch. A head that does not answer within
+    ``FENCE_WAIT_S`` means no delegation (the row is dropped again).
 
 A head that dies keeps its rows until another head expires it (its clients' changes through
 other heads wait meanwhile); the head that expires it takes its rows (appliance.nfs.state.
@@ -20,10 +31,17 @@ heads), and its clients reclaim them through it with CLAIM_PREVIOUS in the grace
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, make_url, select
 
 from appliance.nfs.state.heads import (
     DELEGATION_MOVES,
@@ -45,12 +63,29 @@ SETTINGS = Setting.__table__
 # read while nothing was committed (the epoch), so often enough that the Linux client's first
 # retry of NFS4ERR_DELAY (after 0.1 s) finds the delegation returned; on PostgreSQL a query
 RECALL_POLL_S = {True: 0.04, False: 0.25}
+# with a wake-up path (a notification or a datagram at each request) the poll is a safety net
+SAFETY_POLL_S = 1.0
+# PostgreSQL: how long a grant waits for every other head to have seen it (a round trip of two
+# notifications: 1-3 ms on one host, more on a loaded one); grants past it go without a
+# delegation, and hold the state lock that long (a head that stays silent: once per SILENT_HOLD_S)
+FENCE_WAIT_S = 0.5
+SILENT_HOLD_S = 5.0  # no fenced grant while a head that did not answer lately is still listed
+RECALL_PUSH = "nfs-recall:"  # + head + ":"
+FENCE = "nfs-fence:"  # + granting head + ":" + number + ":"
+FENCED = "nfs-fenced:"  # + granting head + ":" + number + ":" + answering head + ":"
 CLEAR_KEEP = 4096  # files remembered as held by no other head, before starting over
 FOREIGN_SCAN = 64  # delegation rows looked through for "no other head holds any"
 
 
 def recall_key(head: str, ino: int) -> str:
     return f"{RECALL_PREFIX}{head}_{ino}"
+
+
+def wake_address(catalog, head: str) -> bytes:
+    """SQLite: the abstract Unix socket address a head of ``catalog`` is woken at."""
+    path = os.path.realpath(make_url(catalog.url).database or "")
+    digest = hashlib.sha256(path.encode()).hexdigest()[:24]
+    return f"\0shingle-recall-{digest}-{head}".encode()
 
 
 def rows_with_prefix(conn, prefix: str):
@@ -94,6 +129,101 @@ class HeadDelegations:
         self.none_foreign: tuple[int, int] | None = None
         self.polled_at: int | None = None  # SQLite: the epoch of the last poll that found none
         self.poll_period = RECALL_POLL_S[bool(catalog.epoch_is_exact)]
+        # the server's: take the requests now (any thread); set with listen()
+        self.wake: Callable[[], None] = lambda: None
+        self.pushed = False  # a wake-up path stands: the poll is a safety net
+        self.socket: socket.socket | None = None  # SQLite: where this head is woken
+        self.fenced = not catalog.epoch_is_exact  # PostgreSQL: grants wait for the others
+        self._fence_numbers = itertools.count(1)
+        self._fence_cond = threading.Condition()
+        self._fence_answers: dict[int, set[str]] = {}  # fence number -> heads that answered
+        self.silent: dict[str, float] = {}  # head -> when it last left a fence unanswered
+
+    # -- waking -------------------------------------------------------------------------------
+    def listen(self, wake: Callable[[], None]) -> socket.socket | None:
+        """Set up this head's wake-up path: ``wake`` is called when another head asked it to
+        recall (PostgreSQL: in the change watch's thread). SQLite: returns the datagram
+        socket the caller reads (each datagram: call ``wake``); None on PostgreSQL, or when
+        the address is taken (the poll alone then, as fast as before)."""
+        self.wake = wake
+        me = self.registry.name
+        catalog = self.catalog
+        if not catalog.is_sqlite:
+            catalog.subscribe(f"{RECALL_PUSH}{me}:", self._pushed)
+            catalog.subscribe(FENCE, self._fence_seen)
+            catalog.subscribe(f"{FENCED}{me}:", self._fence_answered)
+            self.pushed = True
+            return None
+        address = wake_address(catalog, me)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            sock.close()
+            log.warning("head %s: no recall wake-up socket (%s); polling every %.2f s",
+                        me, exc, self.poll_period)  # fmt: skip
+            return None
+        sock.setblocking(False)
+        self.socket, self.pushed = sock, True
+        return sock
+
+    def close(self) -> None:
+        """The head stops: no more wake-ups, no more fence answers in its name."""
+        self.wake = lambda: None
+        if not self.catalog.is_sqlite:
+            for callback in (self._pushed, self._fence_seen, self._fence_answered):
+                self.catalog.unsubscribe(callback)
+        if self.socket is not None:
+            self.socket.close()
+            self.socket = None
+
+    def _pushed(self, _payload: str | None) -> None:
+        try:
+            self.wake()
+        except RuntimeError:  # the head's event loop is closed: it stopped
+            pass
+
+    def period(self) -> float:
+        """Seconds until the next look for requests without a wake-up."""
+        if not self.pushed:
+            return self.poll_period
+        if not self.catalog.is_sqlite and self.catalog.epoch() is None:
+            return self.poll_period  # the watch is down or behind: notifications may be lost
+        return SAFETY_POLL_S
+
+    def _poke(self, heads) -> None:
+        """SQLite, after a request committed: wake the heads asked (best effort: the poll
+        finds what a lost datagram did not bring)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.setblocking(False)
+            for head in heads:
+                address = wake_address(self.catalog, head)
+                try:
+                    sock.sendto(b"r", address)
+                except OSError:
+                    pass  # not listening (another host's, or restarting): it polls
+
+    # -- PostgreSQL grant fences -------------------------------------------------------------
+    def _fence_seen(self, payload: str | None) -> str | None:
+        """In the change watch's thread: another head granted; by the time its fence arrives,
+        its row's notification moved this process's epoch (sent before it in the same
+        transaction), so answering says "this head has seen it"."""
+        if payload is None:
+            return None
+        head, number = payload[len(FENCE) :].split(":")[:2]
+        me = self.registry.name
+        return None if head == me else f"{FENCED}{head}:{number}:{me}:"
+
+    def _fence_answered(self, payload: str | None) -> None:
+        if payload is None:
+            return
+        parts = payload.split(":")
+        number, head = int(parts[2]), parts[3]
+        with self._fence_cond:
+            answers = self._fence_answers.get(number)
+            if answers is not None:
+                answers.add(head)
+                self._fence_cond.notify_all()
 
     def _foreign(self, conn, ino: int, write: bool) -> set[str]:
         """In a transaction: the live other heads holding a delegation of ``ino`` that an
@@ -159,10 +289,63 @@ class HeadDelegations:
             conn.execute(SETTINGS.insert().values(key=key, value=value))
             return True
 
-        granted = self.catalog.run(work, tracked=True)
+        granted = (
+            self._grant_fenced(work, key) if self.fenced else self.catalog.run(work, tracked=True)
+        )
         if granted:
             DELEGATION_MOVES[0] += 1
         return granted
+
+    def _grant_fenced(self, work, key: str) -> bool:
+        """PostgreSQL: ``work`` (the grant's checks and row) with a fence in its transaction,
+        then the wait for every other head's answer."""
+        catalog, me = self.catalog, self.registry.name
+        number = next(self._fence_numbers)
+        with self._fence_cond:
+            self._fence_answers[number] = set()
+
+        def fenced(conn):
+            if not work(conn):
+                return None
+            others = set(conn.execute(select(HEADS.c.name)).scalars()) - {me}
+            now = time.monotonic()
+            if any(now - self.silent.get(head, -1e9) < SILENT_HOLD_S for head in others):
+                raise _Refused  # a head that did not answer lately is listed still
+            if others:
+                catalog.notify(conn, f"{FENCE}{me}:{number}:")
+            return others
+
+        try:
+            try:
+                others = catalog.run(fenced, tracked=True)
+            except _Refused:
+                return False
+            return others is not None and self._fenced(number, key, others)
+        finally:
+            with self._fence_cond:
+                self._fence_answers.pop(number, None)
+
+    def _fenced(self, number: int, key: str, others: set[str]) -> bool:
+        """After a fenced grant committed: True once every other head answered its fence;
+        otherwise the row goes again (no delegation) and the silent heads are noted."""
+        deadline = time.monotonic() + FENCE_WAIT_S
+        with self._fence_cond:
+            answered = self._fence_cond.wait_for(
+                lambda: others <= self._fence_answers[number],
+                max(0.0, deadline - time.monotonic()),
+            )
+            missing = others - self._fence_answers[number]
+        if answered:
+            return True
+        now = time.monotonic()
+        for head in missing:
+            self.silent[head] = now
+        log.info("no delegation: head(s) %s did not see its grant within %.2f s",
+                 ", ".join(sorted(missing)), FENCE_WAIT_S)  # fmt: skip
+        self.catalog.run(
+            lambda conn: conn.execute(delete(SETTINGS).where(SETTINGS.c.key == key)), tracked=True
+        )
+        return False
 
     # -- a change through this head ----------------------------------------------------------------
     def conflict(self, ino: int, *, write: bool) -> None:
@@ -202,6 +385,7 @@ class HeadDelegations:
         request = json.dumps({"write": write, "by": self.registry.name})
 
         def work(conn):
+            asked.clear()  # (a retried transaction)
             # (a head expired meanwhile has its requests deleted: none is left for it)
             live = set(conn.execute(select(HEADS.c.name)).scalars())
             for head in sorted(holders & live):
@@ -213,10 +397,17 @@ class HeadDelegations:
                     conn.execute(
                         SETTINGS.update().where(SETTINGS.c.key == key).values(value=request)
                     )
+                else:
+                    continue  # asked already (and woken then)
+                asked.append(head)
+                catalog.notify(conn, f"{RECALL_PUSH}{head}:")  # delivered at the commit
 
         # untracked: a head polls for requests only after a commit it cannot account for
         # (``quiet``), which a head of this same process (the tests) must see too
-        self.catalog.run(work)
+        asked: list[str] = []
+        catalog.run(work)
+        if asked and catalog.is_sqlite:
+            self._poke(asked)
         raise NfsError(
             c.NFS4ERR_DELAY,
             f"inode {ino}: a delegation through {', '.join(sorted(holders))} is being recalled",
@@ -277,3 +468,7 @@ class HeadDelegations:
             tracked=True,
         )
         return asked
+
+
+class _Refused(Exception):
+    """A fenced grant gives up inside its transaction (nothing written)."""
