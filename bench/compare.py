@@ -5,6 +5,7 @@
     .venv/bin/python bench/compare.py --reps 5 --no-training --clients nfsrs
     .venv/bin/python bench/compare.py --quick --kerberos   # also sys/krb5/krb5i/krb5p A/B
     .venv/bin/python bench/compare.py --kerberos-only --kerberos-mib 64
+    .venv/bin/python bench/compare.py --delegations-only   # the small-file epoch, +/- delegations
 
 Both servers run as children of this process on 127.0.0.1: NFS-Ganesha 4.3
 (VFS FSAL, pNFS off) exporting a local folder, and ``shingle serve`` on a
@@ -739,6 +740,15 @@ def parse_args(argv=None):
     )
     ap.add_argument("--kerberos-mib", type=int, default=32, help="MiB per Kerberos pass")
     ap.add_argument(
+        "--delegations-only",
+        action="store_true",
+        help="the small-file epoch with and without delegations alone (bench/delegations.py: "
+        "the Linux client in the kernel rig's VM, one boot per setting; calls and files/s)",
+    )
+    ap.add_argument(
+        "--delegation-files", type=int, default=1000, help="files of the small-file epoch"
+    )
+    ap.add_argument(
         "--workloads",
         help=f"comma-separated subset of {','.join(WORKLOAD_ORDER)} (default: all)",
     )
@@ -765,6 +775,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.kerberos_only:
         return kerberos_only(args)
+    if args.delegations_only:
+        return delegations_only(args)
     started = time.time()
     # /var/tmp, not /tmp: a crowded /tmp gets swept by other jobs mid-run on shared machines
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="shingle-ab-bench-", dir="/var/tmp"))
@@ -950,6 +962,32 @@ def kerberos_only(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=str))
     print_kerberos(result)
+    return 0
+
+
+def delegations_only(args) -> int:
+    """bench/delegations.py in a process of its own (it puts tests/kernel on its path): the
+    calls per epoch and files per second with and without delegations, at shingle's default
+    lease."""
+    run = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "delegations.py"), "--json"]
+        + ["--files", str(args.delegation_files)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    if run.returncode != 0:
+        print(run.stderr, file=sys.stderr)
+        return run.returncode
+    report = json.loads(run.stdout)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    print(f"# delegations: {report['files']} files, lease {report['lease_seconds']} s")
+    for key in ("calls_per_epoch", "files_per_s"):
+        print(f"{key}_with {report[key + '_with']}")
+        print(f"{key}_without {report[key + '_without']}")
+    print(f"ratio_epoch2 {report['ratio_epoch2']:.2f}")
+    print(f"ratio_epoch3 {report['ratio_epoch3']:.2f}")
     return 0
 
 
