@@ -601,7 +601,7 @@ class NfsServer:
 
         sock = recalls.listen(wake)
         if sock is not None:
-            loop.add_reader(sock.fileno(), _drained, sock, woken)
+            loop.add_reader(sock.fileno(), _drained, sock, recalls.datagram, woken)
         try:
             recall_due = 0.0  # the next look for recall requests without a wake-up
             while True:
@@ -822,14 +822,14 @@ class NfsServerThread:
         self.stop()
 
 
-def _drained(sock, woken: asyncio.Event) -> None:
-    """The recall wake-up socket is readable: empty it (any number of datagrams is one
-    wake-up) and wake the poll."""
+def _drained(sock, datagram, woken: asyncio.Event) -> None:
+    """The recall socket is readable: each datagram to ``datagram`` (a recall request wakes
+    the poll; write grant fences are answered there)."""
     try:
-        while sock.recv(64):
-            pass
+        while True:
+            if datagram(*sock.recvfrom(256)):
+                woken.set()
     except (BlockingIOError, InterruptedError):
         pass
     except OSError as exc:
-        log.debug("recall wake-up socket: %s", exc)
-    woken.set()
+        log.debug("recall socket: %s", exc)

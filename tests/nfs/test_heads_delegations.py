@@ -14,6 +14,7 @@ the delegation there (CLAIM_PREVIOUS) while another client's change waits."""
 from __future__ import annotations
 
 import shutil
+import struct
 import threading
 import time
 
@@ -23,6 +24,7 @@ from nfs4_support import MiB, Stack, add_export, nfsrs, start_server
 from test_delegations import CallbackClient, _mode, _v3_remove, make_file, read_delegation
 from test_delegations40 import CB_IDENT, CallbackService, Client40
 from test_delegations_v3 import _retrying, nlm_lock
+from test_delegations_write import CHANGE_SIZE, _write_delegation
 
 from appliance.nfs.nlm import types as n
 from appliance.nfs.state import head_delegations as hd
@@ -182,6 +184,7 @@ def test_a_change_through_one_head_recalls_the_others_delegation(two_heads):
         assert head0.server.stats()["nfs_delegations_other_head_recalls"] >= 5
         _v40_holder_recalled_across_heads(head0, writer)
         assert held_in_catalog(stack.catalog, ino) == []
+        _write_delegation_recalled_by_another_heads_reads(stack, head0, head1)
         if not stack.catalog.is_sqlite:
             _a_grant_waits_for_the_other_heads_fence_answer(stack, head0, head1)
     finally:
@@ -214,6 +217,69 @@ def _v40_holder_recalled_across_heads(head0, writer) -> None:
         if holder is not None:
             holder.raw.close()
         service.close()
+
+
+def _write_delegation_recalled_by_another_heads_reads(stack, head0, head1) -> None:
+    """A checkpoint writer through head 0 gets a write delegation (its client alone has the
+    file open in the cluster), and head 1 knows of it before the OPEN is answered (the grant's
+    fence); head 1's GETATTR of change and size, and nfs-rs's NFSv3 read through head 1, each
+    recall it through head 0 (DELAY / JUKEBOX until the return) and then see what the holder
+    wrote under it. A file another head's client has open gets no write delegation."""
+    for name in ("ckpt", "ckpt-v3", "shared"):
+        make_file(head1.port, name, b"0123456789")
+    holder = CallbackClient(head0.port).setup()
+    reader = CallbackClient(head1.port, back_channel=False).setup()
+    try:
+        fh, osid, dsid = _write_delegation(holder, "ckpt")
+        ino = _ino(head0, dsid)
+        assert [r["type"] for r in held_in_catalog(stack.catalog, ino)] == ["write"]
+        assert ino in head1.server.state.delegations.heads.foreign_writes
+        write = t.ARGS[c.OP_WRITE](dsid, 0, c.FILE_SYNC4, b"written under it")
+        assert holder.session([(c.OP_PUTFH, fh), (c.OP_WRITE, write)])[0] == 0
+        getattr_ = [(c.OP_PUTFH, fh), (c.OP_GETATTR, CHANGE_SIZE)]
+        assert reader.session(getattr_)[0] == c.NFS4ERR_DELAY
+        assert [s.other for s in holder.wait_for_recall()] == [dsid.other]
+        close = (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](0, osid))
+        assert holder.session([(c.OP_PUTFH, fh), close, (c.OP_DELEGRETURN, dsid)])[0] == 0
+        st, res = reader.session(getattr_)
+        assert st == 0, st
+        assert struct.unpack(">QQ", bytes(res[2][2].attr_vals))[1] == len(b"written under it")
+
+        # nfs-rs over NFSv3 through head 1: JUKEBOX (retried) until the holder returned it
+        fh, osid, dsid = _write_delegation(holder, "ckpt-v3")
+        write = t.ARGS[c.OP_WRITE](dsid, 0, c.FILE_SYNC4, b"checkpoint v3")
+        assert holder.session([(c.OP_PUTFH, fh), (c.OP_WRITE, write)])[0] == 0
+        holder.callbacks.clear()
+        outcome: dict = {}
+        with nfsrs(head1.port, version="3") as client:
+
+            def read() -> None:
+                def once() -> None:
+                    with client.open("ckpt-v3", "rb") as f:
+                        outcome["data"] = f.read()
+
+                try:
+                    outcome["tries"] = _retrying(once)
+                except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                    outcome["error"] = exc
+
+            worker = threading.Thread(target=read)
+            worker.start()
+            assert [s.other for s in holder.wait_for_recall()] == [dsid.other]
+            assert worker.is_alive(), f"the read did not wait: {outcome}"
+            close = (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](0, osid))
+            assert holder.session([(c.OP_PUTFH, fh), close, (c.OP_DELEGRETURN, dsid)])[0] == 0
+            worker.join(40)
+        assert "error" not in outcome and outcome["data"] == b"checkpoint v3", outcome
+
+        # another head's client has the file open: no write delegation here
+        st, _ = reader.open_file("shared", c.OPEN4_SHARE_ACCESS_READ, owner=b"reader")
+        assert st == 0, st
+        st, res = holder.open_file("shared", c.OPEN4_SHARE_ACCESS_BOTH, owner=b"o4")
+        assert st == 0 and res[2][2].delegation[0] == c.OPEN_DELEGATE_NONE, res[2][2]
+    finally:
+        holder.close()
+        reader.close()
 
 
 def _a_grant_waits_for_the_other_heads_fence_answer(stack, head0, head1) -> None:

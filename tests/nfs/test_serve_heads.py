@@ -15,7 +15,6 @@ import time
 
 import pytest
 from nfs4_rawclient import RawClient, open_args
-from nfs4_support import add_export, start_server
 from pgserver import free_port
 from sqlalchemy import select
 from test_delegations import CallbackClient
@@ -26,7 +25,6 @@ from appliance.host import doctor
 from appliance.nfs import portmap as pmap
 from appliance.nfs.handoff import head_for
 from appliance.nfs.nlm.nsm import NsmMonitor
-from appliance.nfs.state.delegations import held_in_catalog
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
 from engine.catalog import Catalog
@@ -244,35 +242,6 @@ def check_delegation_across_heads(port: int, writer: RawClient, config) -> None:
         assert writer.session([(c.OP_PUTFH, fh), close])[0] == 0
     finally:
         holder.close()
-
-
-def test_a_head_of_several_grants_read_delegations_under_its_name_and_no_write_ones(stack):
-    """A head of several grants read delegations, recorded under its name (``head1``, not
-    the address every child of `serve --heads` shares), which other heads recall through it
-    (tests/nfs/test_heads_delegations.py); no write delegation: another head's reads and
-    GETATTRs would have to reach its holder."""
-    add_export(stack.catalog)
-    several = start_server(stack, head_index=1)
-    try:
-        maker = RawClient(several.port).setup()
-        fh, sid = open_file(maker, "shared", create=True)
-        write(maker, fh, sid, 0, b"cached?")
-        st, _ = maker.session([(c.OP_PUTFH, fh), (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](0, sid))])
-        assert st == 0, st
-        maker.close()
-        reader = CallbackClient(several.port).setup()
-        st, res = reader.open_file("shared", READ)
-        assert st == 0 and res[2][2].delegation[0] == c.OPEN_DELEGATE_READ, (st, res)
-        dsid = res[2][2].delegation[1].stateid
-        ino = several.server.state.states[dsid.other].ino
-        assert [r["head"] for r in held_in_catalog(stack.catalog, ino)] == ["head1"]
-        writer = CallbackClient(several.port).setup()
-        st, res = writer.open_file("alone", c.OPEN4_SHARE_ACCESS_BOTH, create=True)
-        assert st == 0 and res[2][2].delegation[0] == c.OPEN_DELEGATE_NONE, (st, res)
-        reader.close()
-        writer.close()
-    finally:
-        several.stop()
 
 
 def test_each_head_keeps_and_notifies_its_own_nlm_hosts(sqlite_catalog):

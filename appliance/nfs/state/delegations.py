@@ -227,10 +227,6 @@ class Delegations:
                     st.access & c.OPEN4_SHARE_ACCESS_WRITE or st.deny & c.OPEN4_SHARE_DENY_READ
                     for st in opens
                 )
-            if self.heads is not None and write and not reclaim:
-                # another head's client's GETATTR and reads would have to ask the holder
-                # (CB_GETATTR, recall) through this head: not built, so read delegations only
-                refused = True
             if refused or (
                 not reclaim
                 and (
@@ -316,9 +312,10 @@ class Delegations:
         revoked one lease after its recall. In the grace period after a restart, a delegation
         of the previous instance that may still be reclaimed counts too. With several heads,
         another head's delegation counts too (recalled through that head)."""
-        if self.heads is not None and write:  # (other heads grant read delegations only)
+        heads = self.heads
+        if heads is not None and (write or ino in heads.foreign_writes):
             try:
-                self.heads.conflict(ino, write=write)
+                heads.conflict(ino, write=write)
             except NfsError:
                 self.counts["other_head_waits"] += 1
                 raise
@@ -430,6 +427,13 @@ class Delegations:
             return None
 
     # -- write delegations: what another client's GETATTR sees (RFC 8881 10.4.3) ----------------
+    def foreign_write(self, ino: int) -> bool:
+        """Whether another head may hold a write delegation of ``ino`` (a memory lookup: its
+        grant waited for this head to note it). A GETATTR through this head then recalls it
+        (``conflict(ino, by, write=False)``: DELAY until it is returned) instead of asking the
+        holder through that head (CB_GETATTR across heads is not built)."""
+        return self.heads is not None and ino in self.heads.foreign_writes
+
     def write_holder(self, ino: int, by: Client | None) -> DelegState | None:
         """Another client's write delegation of ``ino``, if one stands: cheap, on any thread."""
         held = self.by_file.get(ino)

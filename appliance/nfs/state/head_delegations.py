@@ -71,7 +71,7 @@ SAFETY_POLL_S = 1.0
 FENCE_WAIT_S = 0.5
 SILENT_HOLD_S = 5.0  # no fenced grant while a head that did not answer lately is still listed
 RECALL_PUSH = "nfs-recall:"  # + head + ":"
-FENCE = "nfs-fence:"  # + granting head + ":" + number + ":"
+FENCE = "nfs-fence:"  # + granting head + ":" + number + ":" + inode + ":" + "w" or "r" + ":"
 FENCED = "nfs-fenced:"  # + granting head + ":" + number + ":" + answering head + ":"
 CLEAR_KEEP = 4096  # files remembered as held by no other head, before starting over
 FOREIGN_SCAN = 64  # delegation rows looked through for "no other head holds any"
@@ -138,6 +138,14 @@ class HeadDelegations:
         self._fence_cond = threading.Condition()
         self._fence_answers: dict[int, set[str]] = {}  # fence number -> heads that answered
         self.silent: dict[str, float] = {}  # head -> when it last left a fence unanswered
+        # files other heads hold write delegations of, as far as this head knows (an inode ->
+        # the number of its addition): every write grant waits for this head to have added it
+        # (its fence), so a read or GETATTR here that finds a file missing needs no catalog
+        # read; an entry whose delegation is gone is dropped at its next check
+        self.foreign_writes: dict[int, int] = {}
+        self._foreign_added = itertools.count(1)
+        self._foreign_lock = threading.Lock()
+        self._load_foreign()
 
     # -- waking -------------------------------------------------------------------------------
     def listen(self, wake: Callable[[], None]) -> socket.socket | None:
@@ -203,6 +211,84 @@ class HeadDelegations:
                 except OSError:
                     pass  # not listening (another host's, or restarting): it polls
 
+    def _datagram_fence(self, number: int, ino: int, heads: set[str]) -> None:
+        """SQLite: a write grant's fence to each other head's socket, from a socket of its own
+        (autobound in the abstract namespace) that the answers come back to: the granting
+        thread waits for them itself, not through its event loop, which may be waiting for
+        the state lock this grant holds. A head whose socket does not take it cannot answer:
+        no delegation."""
+        me = self.registry.name
+        deadline = time.monotonic() + FENCE_WAIT_S
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.bind("")  # autobind: an abstract address of its own
+            for head in heads:
+                try:
+                    sock.sendto(f"f {me} {number} {ino}".encode(), wake_address(self.catalog, head))
+                except OSError as exc:
+                    log.debug("write delegation fence to %s: %s", head, exc)
+            waiting = set(heads)
+            while waiting and (left := deadline - time.monotonic()) > 0:
+                sock.settimeout(left)
+                try:
+                    words = sock.recv(256).decode(errors="replace").split()
+                except (TimeoutError, OSError):
+                    break
+                if len(words) == 3 and words[0] == "a" and words[1] == str(number):
+                    waiting.discard(words[2])
+                    self._answer(number, words[2])
+
+    def datagram(self, data: bytes, sender) -> bool:
+        """SQLite: a datagram on this head's socket (on its event loop): a recall request
+        ("r": True, take them) or a write grant's fence ("f head number inode": note the
+        file, answer "a number me" to the ``sender``'s address)."""
+        words = data.decode(errors="replace").split()
+        if not words or words[0] == "r":
+            return True
+        try:
+            if words[0] == "f" and sender:
+                number, ino = words[2], int(words[3])
+                self.note_foreign(ino)
+                if self.socket is not None:
+                    self.socket.sendto(f"a {number} {self.registry.name}".encode(), sender)
+        except (IndexError, ValueError, OSError) as exc:
+            log.debug("recall socket: %r: %s", data[:80], exc)
+        return False
+
+    def note_foreign(self, ino: int) -> None:
+        with self._foreign_lock:
+            self.foreign_writes[ino] = next(self._foreign_added)
+
+    def _no_holders(self, ino: int, write: bool, mark, added: int | None) -> None:
+        """``conflict`` found no other head's delegation of ``ino`` in the way."""
+        if not write:  # (a read asked of write delegations only: no mark)
+            self._forget_foreign(ino, added)
+        elif mark is not None:
+            if len(self.clear) >= CLEAR_KEEP:
+                self.clear.clear()
+            self.clear[ino] = mark
+
+    def _forget_foreign(self, ino: int, added: int | None) -> None:
+        """A write delegation of ``ino`` by another head was returned or revoked: forgotten,
+        unless a new grant's fence came since ``added`` was read."""
+        if added is None:
+            return
+        with self._foreign_lock:
+            if self.foreign_writes.get(ino) == added:
+                del self.foreign_writes[ino]
+
+    def _load_foreign(self) -> None:
+        """At start: the write delegations other heads hold now (later ones are fenced: this
+        head notes them before they are granted)."""
+        me = self.registry.name
+        rows = self.catalog.read(lambda conn: rows_with_prefix(conn, DELEG_PREFIX))
+        for row in rows:
+            try:
+                rec = json.loads(row.value)
+                if rec.get("head") != me and rec.get("type") == "write":
+                    self.note_foreign(int(row.key[len(DELEG_PREFIX) :].split("_")[0]))
+            except (ValueError, AttributeError, TypeError):
+                continue
+
     # -- PostgreSQL grant fences -------------------------------------------------------------
     def _fence_seen(self, payload: str | None) -> str | None:
         """In the change watch's thread: another head granted; by the time its fence arrives,
@@ -210,22 +296,28 @@ class HeadDelegations:
         transaction), so answering says "this head has seen it"."""
         if payload is None:
             return None
-        head, number = payload[len(FENCE) :].split(":")[:2]
+        head, number, ino, kind = payload[len(FENCE) :].split(":")[:4]
         me = self.registry.name
-        return None if head == me else f"{FENCED}{head}:{number}:{me}:"
+        if head == me:
+            return None
+        if kind == "w":
+            self.note_foreign(int(ino))
+        return f"{FENCED}{head}:{number}:{me}:"
 
     def _fence_answered(self, payload: str | None) -> None:
         if payload is None:
             return
         parts = payload.split(":")
-        number, head = int(parts[2]), parts[3]
+        self._answer(int(parts[2]), parts[3])
+
+    def _answer(self, number: int, head: str) -> None:
         with self._fence_cond:
             answers = self._fence_answers.get(number)
             if answers is not None:
                 answers.add(head)
                 self._fence_cond.notify_all()
 
-    def _foreign(self, conn, ino: int, write: bool) -> set[str]:
+    def foreign(self, conn, ino: int, write: bool) -> set[str]:
         """In a transaction: the live other heads holding a delegation of ``ino`` that an
         access (``write``, else a read: only write delegations) conflicts with."""
         me = self.registry.name
@@ -279,7 +371,7 @@ class HeadDelegations:
                     return False
                 if row.access & c.OPEN4_SHARE_ACCESS_WRITE or row.deny & c.OPEN4_SHARE_DENY_READ:
                     return False
-            if self._foreign(conn, ino, write=write):
+            if self.foreign(conn, ino, write=write):
                 return False
             asked = conn.execute(
                 select(SETTINGS.c.key).where(SETTINGS.c.key == recall_key(registry.name, ino))
@@ -290,15 +382,19 @@ class HeadDelegations:
             return True
 
         granted = (
-            self._grant_fenced(work, key) if self.fenced else self.catalog.run(work, tracked=True)
+            self._grant_fenced(work, key, ino, write)
+            if self.fenced or write
+            else self.catalog.run(work, tracked=True)
         )
         if granted:
             DELEGATION_MOVES[0] += 1
         return granted
 
-    def _grant_fenced(self, work, key: str) -> bool:
-        """PostgreSQL: ``work`` (the grant's checks and row) with a fence in its transaction,
-        then the wait for every other head's answer."""
+    def _grant_fenced(self, work, key: str, ino: int, write: bool) -> bool:
+        """``work`` (the grant's checks and row) with a fence: on PostgreSQL a notification in
+        its transaction, on SQLite (write delegations: the other heads note the file in their
+        ``foreign_writes``) a datagram to each other head after the commit; then the wait
+        for every other head's answer."""
         catalog, me = self.catalog, self.registry.name
         number = next(self._fence_numbers)
         with self._fence_cond:
@@ -312,7 +408,7 @@ class HeadDelegations:
             if any(now - self.silent.get(head, -1e9) < SILENT_HOLD_S for head in others):
                 raise _Refused  # a head that did not answer lately is listed still
             if others:
-                catalog.notify(conn, f"{FENCE}{me}:{number}:")
+                catalog.notify(conn, f"{FENCE}{me}:{number}:{ino}:{'w' if write else 'r'}:")
             return others
 
         try:
@@ -320,15 +416,19 @@ class HeadDelegations:
                 others = catalog.run(fenced, tracked=True)
             except _Refused:
                 return False
-            return others is not None and self._fenced(number, key, others)
+            if others and catalog.is_sqlite:
+                self._datagram_fence(number, ino, others)
+            wait = 0.0 if catalog.is_sqlite else FENCE_WAIT_S  # (waited for above)
+            return others is not None and self._fenced(number, key, others, wait)
         finally:
             with self._fence_cond:
                 self._fence_answers.pop(number, None)
 
-    def _fenced(self, number: int, key: str, others: set[str]) -> bool:
-        """After a fenced grant committed: True once every other head answered its fence;
-        otherwise the row goes again (no delegation) and the silent heads are noted."""
-        deadline = time.monotonic() + FENCE_WAIT_S
+    def _fenced(self, number: int, key: str, others: set[str], wait: float) -> bool:
+        """After a fenced grant committed: True once every other head answered its fence
+        (waiting up to ``wait``); otherwise the row goes again (no delegation) and the silent
+        heads are noted."""
+        deadline = time.monotonic() + wait
         with self._fence_cond:
             answered = self._fence_cond.wait_for(
                 lambda: others <= self._fence_answers[number],
@@ -367,20 +467,18 @@ class HeadDelegations:
                 return
         mark = None if epoch is None else (epoch, moves)
         may_block("reading the other heads' delegations")
+        added = self.foreign_writes.get(ino)
 
         def look(conn) -> tuple[set[str], bool]:
             if self._none_foreign(conn):
                 return set(), True
-            return self._foreign(conn, ino, write), False
+            return self.foreign(conn, ino, write), False
 
         holders, none = catalog.read(look)
         if none and mark is not None:
             self.none_foreign = mark
         if not holders:
-            if mark is not None and write:  # (a read asked of write delegations only)
-                if len(self.clear) >= CLEAR_KEEP:
-                    self.clear.clear()
-                self.clear[ino] = mark
+            self._no_holders(ino, write, mark, added)
             return
         request = json.dumps({"write": write, "by": self.registry.name})
 

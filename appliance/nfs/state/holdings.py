@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from sqlalchemy import delete, select
 
 from appliance.nfs.state.core import StateCore
+from appliance.nfs.state.head_delegations import HeadDelegations
 from appliance.nfs.state.heads import HOLDINGS, HeadRegistry, recovery_epoch
 from appliance.nfs.state.model import NfsError
 from appliance.nfs.v4 import const as c
@@ -30,6 +31,7 @@ _GRACE = "grace"  # a grant refused: the cluster is in its grace period
 _NONE: tuple = (0, 0, [])  # the holdings of a file without a row
 _ALONE = "alone"  # no other head has a row of the file
 _ENVELOPE_HIT = "envelope"  # another head holds locks of the file it has not published
+_DELEGATED = "delegated"  # another head's delegation of the file conflicts with the open
 # the lock entry of a head alone on a file: "any range, ranges kept in memory" (client id -1)
 ENVELOPE = [0, 1 << 64, c.WRITE_LT, -1, False, ""]
 
@@ -67,6 +69,9 @@ class Holdings:
         # the NLM DOS shares (NLM_SHARE) this head holds on a file, as (access, deny) in
         # NFSv4's bits (the same numbers): published in its row beside its opens' modes
         self.nlm_shares: Callable[[int], tuple[int, int]] | None = None
+        # the other heads' delegations (appliance.nfs.state.head_delegations), checked in the
+        # transaction that publishes an open: a grant there and this open cannot both commit
+        self.delegations: HeadDelegations | None = None
 
     # -- what this head holds -------------------------------------------------------------------
     def summary(self, ino: int, open_st=None, open_modes=(0, 0), lock_st=None, ranges=()):
@@ -141,11 +146,28 @@ class Holdings:
         def check(rows):
             return any((access & r.deny) or (deny & r.access) for r in rows) or None
 
-        return self._grant(ino, check, summary, reclaim) is None
+        heads = self.delegations
+        writes = bool(access & c.OPEN4_SHARE_ACCESS_WRITE or deny & c.OPEN4_SHARE_DENY_READ)
 
-    def _grant(self, ino: int, check, summary, reclaim: bool, alone=None):
+        def delegated(conn) -> bool:
+            # another head's delegation granted after this open's conflict() looked (a read
+            # one for an open that writes, a write one for any): the client retries, and its
+            # next conflict() asks for the recall
+            return heads is not None and bool(heads.foreign(conn, ino, write=writes))
+
+        hit = self._grant(
+            ino, check, summary, reclaim, delegated=None if heads is None or reclaim else delegated
+        )
+        if hit is _DELEGATED:
+            assert heads is not None
+            heads.note_foreign(ino)  # (a write one, or a read one: either way asked next time)
+            raise NfsError(c.NFS4ERR_DELAY, f"inode {ino}: another head's delegation stands")
+        return hit is None
+
+    def _grant(self, ino: int, check, summary, reclaim: bool, alone=None, delegated=None):
         """``alone``: the row to write instead when no other head has a row of the file (its
-        locks then go into envelope mode)."""
+        locks then go into envelope mode); ``delegated(conn)``: whether another head's
+        delegation refuses it (_DELEGATED, nothing written)."""
         if self.written.get(ino) == summary:
             # granted already as it stands in the row: no other head got a conflict since
             self.dirty.discard(ino)
@@ -162,6 +184,8 @@ class Holdings:
                 self._write(conn, ino, alone)
                 return _ALONE
             hit = check(rows)
+            if hit is None and delegated is not None and delegated(conn):
+                return _DELEGATED
             if hit is _ENVELOPE_HIT:
                 self._interest(conn, ino)
             elif hit is None:

@@ -78,7 +78,7 @@ class StateTable(StateCore):
             heads.join(need_grace=bool(self.reclaimable or nlm_hosts) and self.grace_seconds > 0)
             holdings = self.holdings = Holdings(self, heads, self.shares, self.locks)
             self.shares.holdings = self.locks.holdings = holdings
-            self.delegations.heads = HeadDelegations(catalog, heads)
+            self.delegations.heads = holdings.delegations = HeadDelegations(catalog, heads)
             self.grace.cluster = heads
         self.session_records.restore()
         self.records.forget_stateless(previous)

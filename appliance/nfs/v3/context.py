@@ -137,9 +137,12 @@ class Call3:
         JUKEBOX while it is recalled instead)."""
         state = self.server.state
         holder = state.delegations.write_holder(attr.ino, None) if state is not None else None
-        if holder is None:
+        if holder is None and (state is None or not state.delegations.foreign_write(attr.ino)):
             return attr
         try:
+            if holder is None:  # another head's: recalled first
+                state.delegations.conflict(attr.ino, None, write=False)
+                return attr
             return state.delegations.holder_attr(holder, attr)
         except NfsError as exc:
             raise Nfs3Error(t.NFS3ERR_JUKEBOX, str(exc)) from None

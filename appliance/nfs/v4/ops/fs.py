@@ -138,11 +138,16 @@ def getattr_(cx, words):
     node = cx.need_fh()
     attr = None
     if node.pseudo is None and _asks_changes(words):
-        holder = cx.state.delegations.write_holder(node.ino, cx.client)
+        delegations = cx.state.delegations
+        holder = delegations.write_holder(node.ino, cx.client)
         if holder is not None:  # RFC 8881 10.4.3: the holder may have changed it
             if blocking_forbidden():
                 raise WouldBlock("GETATTR of a file under another client's write delegation")
-            attr = cx.state.delegations.holder_attr(holder, cx.ns.getattr(node.ino))
+            attr = delegations.holder_attr(holder, cx.ns.getattr(node.ino))
+        elif delegations.foreign_write(node.ino):  # through another head: recalled first
+            if blocking_forbidden():
+                raise WouldBlock("GETATTR of a file under another head's write delegation")
+            delegations.conflict(node.ino, cx.client, write=False)
     return fattr.encode(words, cx.subject(node, attr))
 
 
@@ -419,10 +424,13 @@ def _as_holder_sees(cx, delegations, attr):
     """A READDIR entry's attributes as another client's write delegation's holder sees the
     file (CB_GETATTR, as for GETATTR: RFC 8881 10.4.3)."""
     holder = delegations.write_holder(attr.ino, cx.client)
-    if holder is None:
+    if holder is None and not delegations.foreign_write(attr.ino):
         return attr
     if blocking_forbidden():
         raise WouldBlock("READDIR of a file under another client's write delegation")
+    if holder is None:  # another head's: recalled first (DELAY)
+        delegations.conflict(attr.ino, cx.client, write=False)
+        return attr
     return delegations.holder_attr(holder, attr)
 
 
