@@ -15,7 +15,7 @@ import sys
 import tomllib
 
 from appliance import config as config_mod
-from appliance.cli.common import UsageError, find_config, load_config
+from appliance.cli.common import Unreachable, UsageError, find_config, load_config
 from appliance.cli.lifecycle import finish_job, run_data_job, with_catalog
 from engine.base import errors
 from engine.base.units import format_size
@@ -67,10 +67,6 @@ examples:
   shingle cluster replace store-03 10.0.0.33:7400"""
 
 ADDRESS = re.compile(r"^[A-Za-z0-9_.:\[\]-]+:\d{1,5}$")
-
-
-class Unreachable(Exception):
-    """An agent or etcd that does not answer: one line on stderr, exit code 1."""
 
 
 def cmd_cluster(args) -> int:

@@ -9,7 +9,7 @@ import os
 import pwd
 from pathlib import Path
 
-from appliance.cli.common import UsageError
+from appliance.cli.common import Unreachable, UsageError
 from appliance.host import clusterplan, clustertls
 
 DEFAULT_PLAN = Path("/etc/shingle/cluster.toml")
@@ -161,7 +161,6 @@ def add_host(args) -> int:
     """A host into the running cluster: the plan gains it (and its certificate, signed by the
     CA here); as an etcd member it is added to etcd first (`member add`), so it must start
     next with initial-cluster-state existing, which its rendered file says."""
-    from appliance.cli.cluster import Unreachable
     from engine.cluster.etcd import EtcdError
 
     path = _plan_path(args)
@@ -218,7 +217,6 @@ def remove_host(args) -> int:
     """A host out of the running cluster: as an etcd member it leaves etcd first (`member
     remove`, which etcd refuses when the rest would lose its quorum), then the plan; a Patroni
     leader is refused (switch over first)."""
-    from appliance.cli.cluster import Unreachable
     from engine.cluster.etcd import EtcdError, EtcdRequestRefused
 
     path = _plan_path(args)

@@ -16,6 +16,10 @@ EXIT_USAGE = 2
 EXIT_JOB_ABANDONED = 3  # the daemon running the job we waited for stopped
 
 
+class Unreachable(Exception):
+    """An agent or etcd that does not answer: one line on stderr, exit code 1."""
+
+
 class UsageError(Exception):
     """A mistake the user can fix: printed as one line, exit code 2."""
 
