@@ -15,7 +15,7 @@ from engine.lifecycle import drives as drive_states
 from tests.webui.helpers import make_checkpoints
 from tests.webui.test_browser import server  # noqa: F401
 from tests.webui.test_metrics import parse
-from tests.webui.test_operations_browser import chromium, sign_in  # noqa: F401
+from tests.webui.test_operations_browser import sign_in
 
 DRIVES, FRAGMENTS = Drive.__table__, Fragment.__table__
 

@@ -10,7 +10,7 @@ from engine.base import errors
 from engine.namespace import ROOT
 from tests.webui.conftest import ADMIN, PASSWORD
 from tests.webui.helpers import mkdirs
-from tests.webui.test_browser import page, server  # noqa: F401 - fixtures
+from tests.webui.test_browser import server  # noqa: F401 - fixtures (page and chromium: conftest.py)
 
 
 def test_quota_api(web, app):
