@@ -12,12 +12,16 @@
   last three runs' folders (21 GB per run before this).
 - the engine's locks check their order (engine/base/ordered_lock.py) in every test and in the
   processes tests start: a lock taken out of RANKS order raises LockOrderError.
+- the repository's Python files are byte-compiled once when the run starts (see
+  pytest_sessionstart).
 """
 
 from __future__ import annotations
 
+import compileall
 import os
 import shutil
+from pathlib import Path
 
 os.environ.setdefault("SHINGLE_CHECK_LOCK_ORDER", "1")  # before any engine lock is made
 
@@ -30,6 +34,19 @@ from engine.catalog import Catalog
 from engine.namespace import Namespace
 
 ordered_lock.enable(os.environ["SHINGLE_CHECK_LOCK_ORDER"] not in ("", "0"))
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_sessionstart(session) -> None:
+    """Write the __pycache__ files of the repository's code before the tests run. Under
+    PYTHONDONTWRITEBYTECODE (set where the suite runs) no Python process writes them, so each
+    `python -m appliance.cli ...`, `shingle serve` and helper process the tests start compiled
+    the ~120 modules of ours it imports from source: 0.19 s of the 0.85 s of CPU of a `shingle
+    snapshot list`. Python still reads them then; a source changed later is compiled again in
+    memory as before (each file records its source's mtime and size)."""
+    for top in ("appliance", "engine", "webui", "migrations", "bench", "tests"):
+        compileall.compile_dir(REPO / top, quiet=2)
 
 
 @pytest.fixture(autouse=True)

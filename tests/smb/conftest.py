@@ -1,5 +1,5 @@
 """A real `shingle serve --smb-port P` (NFS, the FUSE mount, smbd) with small drives, shared by the
-tests of a module; SMB users are added through the CLI as an admin would."""
+tests of this folder that use it; SMB users are added through the CLI as an admin would."""
 
 from __future__ import annotations
 
@@ -175,17 +175,51 @@ def stop_served(served: Served) -> None:
     assert not mounted, "the mount was left behind"
 
 
-@pytest.fixture(scope="module")
-def served():
-    served = start_served()
-    try:
-        for name, password in PASSWORDS.items():
-            shingle(
-                served.config, "smb", "user", "add", name, "--password-stdin", stdin=password + "\n"
-            )
-        yield served
-    finally:
-        stop_served(served)
+HERE = Path(__file__).resolve().parent
+_shared: list[Served] = []  # the folder's one appliance while it runs
+
+
+@pytest.fixture(scope="session")
+def _stop_served_at_the_end():
+    """Stops the shared appliance if the run ends early (-x), before the folder's last test."""
+    yield
+    if _shared:
+        stop_served(_shared.pop())
+
+
+@pytest.fixture
+def served(_stop_served_at_the_end) -> Served:
+    """One `shingle serve` for the tests of this folder that need no private one: starting it
+    takes ~4 s on a quiet machine and ~60 s at the suite's load, once per module before. Each
+    test works in files, folders and shares of names of its own. It is stopped after the last
+    test of the folder that runs (pytest_runtest_teardown below), so not left serving while
+    other folders run."""
+    if not _shared:
+        started = start_served()
+        try:
+            for name, password in PASSWORDS.items():
+                shingle(
+                    started.config,
+                    "smb",
+                    "user",
+                    "add",
+                    name,
+                    "--password-stdin",
+                    stdin=password + "\n",
+                )
+        except BaseException:
+            stop_served(started)
+            raise
+        _shared.append(started)
+    return _shared[0]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem) -> None:
+    # after the item's own fixtures are torn down (trylast): stop the shared appliance when the
+    # next test is not in this folder, or none is left
+    if _shared and (nextitem is None or Path(nextitem.path).resolve().parent != HERE):
+        stop_served(_shared.pop())
 
 
 @pytest.fixture

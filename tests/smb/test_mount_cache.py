@@ -32,9 +32,11 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts with allow_oth
 DOS = b"\0\0\5\0\5\0\0\0\21\0\0\0 \0\0\0xR\275\3.\205\335\1"  # what smbd stores on a create
 
 
-@pytest.fixture
-def mounted(tmp_path):
-    data = tmp_path / "data"
+@pytest.fixture(scope="module")
+def mounted(tmp_path_factory):
+    """One appliance and mount for the module (a `shingle init` and a mount cost 1 s quiet, 10-30 s
+    at the suite's load): each test works in a folder of its own and puts back what it patches."""
+    data = tmp_path_factory.mktemp("mount-cache") / "data"
     subprocess.run(
         [
             sys.executable,
@@ -70,7 +72,7 @@ def mounted(tmp_path):
         shutil.rmtree(above, ignore_errors=True)
 
 
-def count_worker_calls(mount: FuseMount) -> list[str]:
+def count_worker_calls(mount: FuseMount, monkeypatch) -> list[str]:
     """The namespace calls the mount hands to a worker thread, by name, from now on."""
     names: list[str] = []
     original = mount.fs._call
@@ -79,11 +81,11 @@ def count_worker_calls(mount: FuseMount) -> list[str]:
         names.append(fn.__name__)
         return await original(fn, *args, **kwargs)
 
-    mount.fs._call = counted
+    monkeypatch.setattr(mount.fs, "_call", counted)
     return names
 
 
-def test_samba_create_sequence_needs_workers_only_for_its_changes(mounted):
+def test_samba_create_sequence_needs_workers_only_for_its_changes(mounted, monkeypatch):
     appliance, mount = mounted
     ns = appliance.namespace
     folder = mount.mountpoint / "small"
@@ -96,13 +98,13 @@ def test_samba_create_sequence_needs_workers_only_for_its_changes(mounted):
         lookups.append(name)
         return original_lookup(cred, dir_ino, name)
 
-    ns.lookup = lookup
+    monkeypatch.setattr(ns, "lookup", lookup)
     workers: list[str] = []
     for i in range(4):  # the first one reads the folder once
         name = f"f{i}"
         if i == 1:
             lookups.clear()
-            workers = count_worker_calls(mount)
+            workers = count_worker_calls(mount, monkeypatch)
         dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.stat(dir_fd)
@@ -197,7 +199,7 @@ def test_supplementary_groups_are_read_once_per_caller_and_still_decide(mounted,
     assert as_user(["--clear-groups"]) == "denied"
 
 
-def test_sequential_reads_reach_the_namespace_in_large_requests(mounted):
+def test_sequential_reads_reach_the_namespace_in_large_requests(mounted, monkeypatch):
     appliance, mount = mounted
     data = os.urandom(1 << 20) * 8
     target = mount.mountpoint / "big.bin"
@@ -205,7 +207,12 @@ def test_sequential_reads_reach_the_namespace_in_large_requests(mounted):
     sizes: list[int] = []
     ns = appliance.namespace
     original = ns.read
-    ns.read = lambda ino, offset, length: sizes.append(length) or original(ino, offset, length)
+
+    def read(ino, offset, length):
+        sizes.append(length)
+        return original(ino, offset, length)
+
+    monkeypatch.setattr(ns, "read", read)
     with open(target, "rb", buffering=0) as f:  # open drops cached pages (no keep_cache)
         got = b"".join(iter(lambda: f.read(4 << 20), b""))
     assert got == data
