@@ -488,6 +488,54 @@ class Bed:
         host.services.append(Service("etcd", argv, "etcd", host.folder / "etcd.log"))
         self._start(host, host.services[-1])
 
+    def etcd_status(self) -> dict[str, dict]:
+        """Each member's status (``/v3/maintenance/status``: its raft leader's id, its own, the
+        raft term) as the probe host gets it; {"error": why} for a member that did not answer."""
+
+        def status(endpoint: str) -> dict:
+            request = urllib.request.Request(
+                f"{endpoint}/v3/maintenance/status", data=b"{}", method="POST"
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=2.0) as reply:
+                    got = json.loads(reply.read())
+            except (OSError, ValueError) as exc:
+                return {"error": str(exc)}
+            return {
+                "leader": got.get("leader"),
+                "self": got.get("header", {}).get("member_id"),
+                "term": got.get("raftTerm"),
+            }
+
+        return {
+            name: self.call(self.probe, lambda e=endpoint: status(e))
+            for name, endpoint in zip(self.etcd_names, self.etcd_endpoints, strict=True)
+        }
+
+    def etcd_leader(self) -> str | None:
+        """The member every etcd member names as its raft leader; None while they disagree, or
+        one does not answer (an election under way, a member cut off)."""
+        seen = self.etcd_status()
+        names = {state.get("self"): name for name, state in seen.items()}
+        leaders = {state.get("leader") for state in seen.values()}
+        if len(leaders) != 1 or any("error" in state for state in seen.values()):
+            return None
+        return names.get(leaders.pop())
+
+    def etcd_elections(self) -> list[str]:
+        """The raft elections the members' logs tell of (each member logs each one), oldest
+        first: an election renews every lease for a whole TTL (etcd 3.4 keeps no remaining
+        TTL), so it delays the expiry of a lease nobody keeps alive."""
+        lines = []
+        for name in self.etcd_names:
+            for service in self.hosts[name].services:
+                try:
+                    text = service.log.read_text(errors="replace")
+                except OSError:
+                    continue
+                lines += [f"{name}: {x}" for x in text.splitlines() if "elected leader" in x]
+        return lines
+
     def _etcd_healthy(self) -> bool:
         def healthy(endpoint: str) -> bool:
             try:

@@ -2,11 +2,13 @@
 campaigns through etcd, raises the catalog's fence when it takes office, then writes a row every
 50 ms inside ``catalog.fenced(token)`` until its stdin closes, one JSON line per attempt:
 
+    {"following": HOLDER, "t": ...}  (once, when a campaign lost to HOLDER: this one is up)
     {"elected": TOKEN, "t": ...}  {"ok": SEQ, "t0": ...}  {"fenced": SEQ, "t0": ..., "why": ...}
     {"error": KIND, "t0": ..., "why": ...}
 
 ``t0`` is the wall clock when the attempt started. ``--ignore-lease`` writes as a leader that
 has not noticed its lease is gone (paused, its clock wrong): only the catalog's fence stops it.
+The election's own log lines (each campaign's outcome) go to stderr.
 
     python leader_writer.py ENDPOINTS NAME CATALOG_URL OUT [--ttl 4] [--ignore-lease]
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import threading
 import time
@@ -37,6 +40,11 @@ def main() -> int:
     parser.add_argument("--ttl", type=float, default=4.0)
     parser.add_argument("--ignore-lease", action="store_true")
     args = parser.parse_args()
+    # the election's own lines (campaign, office taken or refused) on stderr, for a failing test
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(created).3f %(name)s %(message)s"
+    )
+    logging.getLogger("shingle.cluster").setLevel(logging.DEBUG)  # each campaign's outcome
     catalog = Catalog(args.url)
     out = open(args.out, "a", buffering=1)
     stop = threading.Event()
@@ -45,15 +53,24 @@ def main() -> int:
     def note(record: dict) -> None:
         out.write(json.dumps(record) + "\n")
 
+    def take_office(token: int) -> bool:
+        logging.info("won the leader key (token %d): raising the fence", token)
+        return leader_fence.advance(catalog, token, args.name)
+
     leader = FencedLeader(
         EtcdClient(args.endpoints.split(","), timeout_s=1.0),
         args.name,
         ttl_s=args.ttl,
-        on_elected=lambda token: leader_fence.advance(catalog, token, args.name),
+        on_elected=take_office,
     ).start()
     token = None
+    following = None
     while token is None and not stop.is_set():
         token = leader.wait_elected(0.5)
+        holder = leader.state().leader_name
+        if token is None and following is None and holder not in (None, args.name):
+            following = holder  # campaigning, and lost to the holder: the test may go on
+            note({"following": holder, "t": time.time()})
     if token is None:
         return 0
     note({"elected": token, "t": time.time()})

@@ -14,7 +14,7 @@ Checked:
   it (sampled every 20 ms: never on both), and does not take it back once its link is up;
 - then, with the writers writing through head 1, head 1 is killed with SIGKILL (nothing of it
   runs any more; its host's kernel keeps the address until the lifetime it gave it lapses):
-- the address is on head 0 within the lease TTL plus 2 s of the kill (the time is printed), and
+- the address is on head 0 within the lease TTL plus 4 s of the kill (the time is printed), and
   at no moment on both hosts;
 - the writers go on through the address: each acknowledges files begun after the move;
 - head 0 (the holder) expires head 1 and takes its client records: head 1's row and its client
@@ -63,6 +63,7 @@ WRITERS = 2
 FILE_SIZE = 256 * 1024
 BEFORE, AFTER = 2, 2  # files each writer acknowledges before the kill, and begun after the move
 PHASE_TIMEOUT_S = 60.0
+MOVE_AFTER_TTL_S = 4.0  # what a move may take past the lease TTL (see its assertion)
 SAMPLE_S = 0.02
 
 
@@ -299,10 +300,9 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
         lapsed, moved = watch_move(bed, HEADS[1], HEADS[0])
         figures["address_lapsed_on_dead_head_s"] = lapsed - killed
         figures["address_moved_s"] = moved - killed
-        assert moved - killed <= TTL_S + 2.0, figures
-        assert status_of(bed, heads[0]) == {
-            "address": f"{FLOATING}/24", "holder": HEADS[0], "etcd_error": None,
-        }  # fmt: skip
+        # the lease TTL, then etcd's revoke, head 0's watch and campaign and its `ip` command:
+        # ~4 s quiet, 6.1 s seen at a load of 30
+        assert moved - killed <= TTL_S + MOVE_AFTER_TTL_S, figures
 
         wait(
             lambda: not catalog_rows(catalog, "SELECT 1 FROM nfs_heads WHERE name = 'head1'"),
@@ -332,10 +332,28 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
         assert status == c.NFS4ERR_DENIED, status
         assert res[-1][2].owner.owner == b"la"
 
-        wait(
-            lambda: all(sum(1 for a in w.acked() if a["began"] > moved) >= AFTER for w in writers),
-            "writes after the move", writers,
-        )  # fmt: skip
+        try:
+            wait(
+                lambda: all(
+                    sum(1 for a in w.acked() if a["began"] > moved) >= AFTER for w in writers
+                ),
+                "writes after the move", writers,
+            )  # fmt: skip
+        except AssertionError as exc:
+            lines = [
+                {k: (round(v - killed, 2) if k in ("began", "done", "reconnected", "at") else v)
+                 for k, v in line.items()}
+                for w in writers for line in w.lines[-8:]
+            ]  # fmt: skip
+            raise AssertionError(
+                f"{exc}; {figures}\nthe writers' last lines (s after the kill): {lines}\n"
+                f"--- head 0\n{heads[0].text()[-4000:]}"
+            ) from None
+        # (not earlier: a `shingle status` process takes seconds at load, and the locker must
+        # reclaim within the grace period that head 0's takeover of head 1 starts)
+        assert status_of(bed, heads[0]) == {
+            "address": f"{FLOATING}/24", "holder": HEADS[0], "etcd_error": None,
+        }  # fmt: skip
         first_after = min(a["done"] for w in writers for a in w.acked() if a["began"] > killed)
         figures["first_ack_after_kill_s"] = first_after - killed
         stop.touch()
