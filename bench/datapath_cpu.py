@@ -6,9 +6,10 @@ Each tree runs in a child process of its own (its engine, its compiled modules):
 drives of 1.5 GiB in a temporary folder under /var/tmp, the default policies, then 8 threads
 each writing ``--mib`` MiB the way nfs-rs does (1,044,480 bytes, then 4,096, then a commit, per
 MiB) through the Namespace, twice after a warm-up. Per run it prints the process's CPU per MiB
-(user and system), the encode step's thread CPU per MiB (``Dispatcher.stats["encode_cpu_s"]``)
-and MB/s; trees alternate, the order flipping every round. ``--encode`` instead times
-``Policy.encode_stripe`` of one stripe in a loop (CPU per MiB), in each tree.
+(user and system), the encode step's thread CPU per MiB (``Dispatcher.stats["encode_cpu_s"]``),
+the compiled drive writers' fdatasyncs per append (0 with the Python writers) and MB/s; trees
+alternate, the order flipping every round. ``--encode`` instead times ``Policy.encode_stripe``
+of one stripe in a loop (CPU per MiB), in each tree.
 """
 
 from __future__ import annotations
@@ -48,14 +49,19 @@ try:
         stats = engine.data.dispatcher.stats
         threads = [threading.Thread(target=writer, args=(ino, first, count)) for ino in inos]
         e0, r0 = stats["encode_cpu_s"], resource.getrusage(resource.RUSAGE_SELF)
+        c0 = engine.data.writers.counters()
         t0 = time.perf_counter()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        c1 = engine.data.writers.counters()
         mib = 8 * count
+        appends = c1.get("appends", 0) - c0.get("appends", 0)
         return {{
+            # the compiled drive writers' fdatasyncs per append (0 with the Python writers)
+            "syncs_per_append": (c1.get("syncs", 0) - c0.get("syncs", 0)) / max(appends, 1),
             "MBps": mib * MiB / (t1 - t0) / 1e6,
             "cpu_ms": 1000 * (r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime) / mib,
             "user_ms": 1000 * (r1.ru_utime - r0.ru_utime) / mib,
