@@ -17,7 +17,10 @@ Two heads never answer on the address:
   (an address of lifetime L goes between L and L + 1 s after it was set), hence the margin;
   an `ip` command that took so long that the margin is spent is repeated with a shorter one.
 - When office ends (lease lost, or its end by the local clock passed; a clean stop resigns) the
-  holder deletes the address and closes every connection made to it (``on_released``).
+  holder deletes the address and closes every connection made to it (``on_released``). While
+  office lasts but a keepalive is late, the address is neither renewed nor deleted: the kernel
+  deletes it when its lifetime ends, unless a keepalive comes back first (a loaded host whose
+  keepalives take a second does not drop its clients' connections).
 - At start a head deletes the address if its interface holds it (a previous instance's).
 
 A head takes the address within the lease TTL of its holder's death plus a watch round trip
@@ -220,8 +223,13 @@ class MdsAddress:
         left = self.leader.held_until() - now
         lifetime = math.floor(left - LIFETIME_MARGIN_S)
         if lifetime < 1:
-            if self._expires:
-                self._release("its lease is lost or about to end")
+            # Office lost: the address goes now. Office still held but too close to its end
+            # for a new lifetime (a keepalive slow to come back, as on a loaded host): the
+            # lifetime set last ends before the lease can, so the kernel deletes the address
+            # in time by itself, and a keepalive that comes back first renews it without the
+            # clients' connections being closed.
+            if self._expires and left <= 0:
+                self._release("its lease is lost")
             return
         if self._expires and now + lifetime < self._expires + 1:
             self._send_garp_due(now)

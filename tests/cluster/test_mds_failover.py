@@ -279,7 +279,9 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
         assert dropped < taken
         figures["cut_holder_dropped_s"] = dropped - cut
         figures["cut_then_moved_s"] = taken - cut
-        assert "no longer serves" in heads[0].text(), heads[0].text()[-3000:]
+        # logged when office ends by head 0's clock, which is before etcd's: a loaded host's
+        # guard thread may still be on its way
+        wait(lambda: "no longer serves" in heads[0].text(), "head 0 saying it gave the address up")
         time.sleep(1.0)
         assert holds(bed, HEADS[1]) and not holds(bed, HEADS[0])
         writers = clients.writers(FLOATING, WRITERS, FILE_SIZE, stop, reconnect=True)
@@ -346,8 +348,7 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
                 for w in writers for line in w.lines[-8:]
             ]  # fmt: skip
             raise AssertionError(
-                f"{exc}; {figures}\nthe writers' last lines (s after the kill): {lines}\n"
-                f"--- head 0\n{heads[0].text()[-4000:]}"
+                f"{exc}; {figures}\nthe writers' last lines (s after the kill): {lines}"
             ) from None
         # (not earlier: a `shingle status` process takes seconds at load, and the locker must
         # reclaim within the grace period that head 0's takeover of head 1 starts)
@@ -385,6 +386,9 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
             f"writes that failed and were not counted: {failed}; {reconnects} reconnects by "
             f"the script, {len(recovered)} nfs-rs recoveries; lease TTL {TTL_S} s: {rounded}"
         )
+    except (AssertionError, OSError) as exc:  # (a raw client's connection closed is an OSError)
+        tails = "\n".join(f"--- {head.host}\n{head.text()[-3000:]}" for head in heads)
+        raise AssertionError(f"{exc}\n{tails}") from exc
     finally:
         stop.touch()
         for raw in raws:
