@@ -25,7 +25,16 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 
 from engine.catalog.database import Catalog, sql_all
-from engine.catalog.models import DIR, Dirent, Extent, Inode, Snapshot, SnapshotDir, Stripe
+from engine.catalog.models import (
+    DIR,
+    Dirent,
+    Extent,
+    Inode,
+    Snapshot,
+    SnapshotBlock,
+    SnapshotDir,
+    Stripe,
+)
 from engine.coding.compression import CODECS
 from engine.coding.erasure import FRAGMENT_HEADER
 from engine.namespace.quotas import usage_below
@@ -36,7 +45,7 @@ INODES, DIRENTS, EXTENTS, STRIPES = (
     Extent.__table__,
     Stripe.__table__,
 )
-SNAPSHOTS, SNAPDIRS = Snapshot.__table__, SnapshotDir.__table__
+SNAPSHOTS, SNAPDIRS, BLOCKS = Snapshot.__table__, SnapshotDir.__table__, SnapshotBlock.__table__
 
 
 @dataclass
@@ -78,6 +87,9 @@ class Tables:
     # below them, (parent, name, child, child's type), shifted into the clone; the child (and
     # below the top, the parent) maybe not copied yet (lazyclones.py)
     pending_names: list = field(default_factory=list)
+    # (ino_lo, ino_hi, snapshot name, deleting, source ino) of every snapshot's blocks of inode
+    # numbers
+    blocks: list = field(default_factory=list)
 
 
 def check(
@@ -137,11 +149,21 @@ def read_tables(conn) -> Tables:
         ).where(SNAPSHOTS.c.deleting.is_(False))
     ).all()
     # a snapshot being deleted a chunk per transaction: its inodes are on their way out
+    blocks = conn.execute(
+        select(
+            BLOCKS.c.ino_lo,
+            BLOCKS.c.ino_hi,
+            SNAPSHOTS.c.name,
+            SNAPSHOTS.c.deleting,
+            SNAPSHOTS.c.source_ino,
+        )
+        .join(SNAPSHOTS, SNAPSHOTS.c.id == BLOCKS.c.snapshot_id)
+        .order_by(BLOCKS.c.ino_lo)
+    ).all()
     freeing = {
         ino
-        for lo, hi in conn.execute(
-            select(SNAPSHOTS.c.ino_lo, SNAPSHOTS.c.ino_hi).where(SNAPSHOTS.c.deleting.is_(True))
-        )
+        for lo, hi, _name, deleting, _source in blocks
+        if deleting
         for ino in inodes
         if lo <= ino <= hi
     }
@@ -168,6 +190,7 @@ def read_tables(conn) -> Tables:
         snapshots=snapshots,
         snapdirs=dict(conn.execute(select(SNAPDIRS.c.dataset_ino, SNAPDIRS.c.dir_ino)).all()),
         quota_counts=quota_counts,
+        blocks=blocks,
         pending_names=[
             (parent + delta, name, child + delta, kind)
             for top, delta in sql_all(conn, "SELECT dir_ino, delta FROM clone_pending")
@@ -307,14 +330,33 @@ def _check_snapshots_and_quotas(t: Tables, problem) -> None:
 
 
 def _check_snapshot_ranges(t: Tables, problem) -> None:
-    """Snapshots' inode ranges are disjoint, and each holds the files and referenced bytes its
-    row recorded (NULL: not counted yet, nothing to compare)."""
+    """Snapshots' inode ranges and blocks are disjoint, a snapshot's range is its one block,
+    and each holds the files and referenced bytes its row recorded (NULL: not counted yet,
+    nothing to compare)."""
     inos = sorted(t.inodes)
     by_ino: dict[int, int] = defaultdict(int)
     for ino, _offset, length, _stripe, _at in t.extents:
         if ino is not None:
             by_ino[ino] += length
     extent_inos = sorted(by_ino)
+    # blocks: disjoint, and a snapshot copied whole has one, its range (no inode of it outside)
+    previous = None
+    mine: dict[tuple[int, str], list] = defaultdict(list)
+    for lo, hi, name, deleting, source in t.blocks:
+        if not deleting:
+            mine[(source, name)].append((lo, hi))
+    for lo, hi, name, _deleting, _source in t.blocks:
+        if previous is not None and lo <= previous[1]:
+            problem(
+                f"snapshot {name!r}: inode block [{lo}, {hi}] overlaps a block of {previous[0]!r}"
+            )
+        previous = (name, hi)
+    for name, source, _root, lo, hi, _files, _referenced in t.snapshots:
+        if mine[(source, name)] != [(lo, hi)]:
+            problem(
+                f"snapshot {name!r} of inode {source}: its range [{lo}, {hi}] is not its one "
+                "block of inode numbers"
+            )
     previous = None
     for name, source, _root, lo, hi, files, referenced in sorted(t.snapshots, key=lambda r: r[3]):
         if previous is not None and lo <= previous[1]:

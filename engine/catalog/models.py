@@ -22,6 +22,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -323,7 +324,51 @@ class Snapshot(Base):
     unique_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     shared_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     space_counted_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # a snapshot whose rows are copied when the live tree changes: the largest inode number
+    # when it was taken (none numbered after is in it); NULL: copied whole at create
+    top_ino: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     __table_args__ = (UniqueConstraint("source_ino", "name"),)
+
+
+class SnapshotBlock(Base):
+    """A block of inode numbers of a snapshot: its frozen inodes lie in its blocks, which no
+    other inode is ever numbered in, so "is this inode frozen" is a bisect over the blocks
+    (engine/namespace/readonly.py). A snapshot copied whole has one, its range."""
+
+    __tablename__ = "snapshot_blocks"
+    ino_lo: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    ino_hi: Mapped[int] = mapped_column(BigInteger)
+    snapshot_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("snapshots.id", ondelete="CASCADE"), index=True
+    )
+
+
+class SnapshotInode(Base):
+    """A live inode's number in a snapshot whose rows are copied when they change (one per
+    live inode and snapshot: a file of two names stays one inode, its handle stable)."""
+
+    __tablename__ = "snapshot_inodes"
+    snapshot_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("snapshots.id", ondelete="CASCADE"), primary_key=True
+    )
+    # no foreign key: the live inode may be freed while the view keeps its copy
+    live_ino: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    view_ino: Mapped[int] = mapped_column(BigInteger, unique=True, index=True)
+    # a directory: its names as the snapshot holds them are in ``snapshot_names``
+    names_copied: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+
+
+class SnapshotName(Base):
+    """A name of a live directory as a snapshot holds it, copied before the directory's names
+    changed (the child by its live number, maybe not copied itself: no foreign key)."""
+
+    __tablename__ = "snapshot_names"
+    snapshot_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("snapshots.id", ondelete="CASCADE"), primary_key=True
+    )
+    parent: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    child: Mapped[int] = mapped_column(BigInteger, index=True)
 
 
 class ClonePending(Base):

@@ -1,8 +1,9 @@
 """Read-only views: the snapshot views under ``DIR/.snapshots/``.
 
-A snapshot's frozen tree occupies one range of inode numbers [ino_lo, ino_hi]
-(engine/snapshots/service.py numbers a tree's copy densely, and nothing else is ever numbered
-inside that range), and each dataset has one ``.snapshots`` directory inode. Every
+A snapshot's frozen inodes lie in its blocks of inode numbers (table ``snapshot_blocks``; a
+snapshot copied whole at create has one, [ino_lo, ino_hi]: engine/snapshots/service.py numbers a
+tree's copy densely, and nothing else is ever numbered inside a block), and each dataset has one
+``.snapshots`` directory inode. Every
 change of such an inode, or of a name in such a directory, fails with EROFS. The ranges are kept in
 memory and read again after any commit this process cannot account for (snapshot changes are never
 tracked commits), so the check on a write costs a memory read of the catalog's epoch and a
@@ -41,7 +42,7 @@ class ReadOnlyViews:
                 return state[1:]
 
         def work(conn):
-            ranges = sorted(sql_all(conn, "SELECT ino_lo, ino_hi FROM snapshots"))
+            ranges = sorted(sql_all(conn, "SELECT ino_lo, ino_hi FROM snapshot_blocks"))
             dirs = frozenset(row[0] for row in sql_all(conn, "SELECT dir_ino FROM snapshot_dirs"))
             return ranges, dirs, pending_dirs(conn)
 

@@ -395,6 +395,12 @@ class Snapshots:
                 "space_counted_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?) RETURNING id",
                 (name, dataset, root, lo, hi, now, False, count, referenced, referenced, now),
             )[0]
+            # copied whole: its range is its one block of inode numbers
+            sql(
+                conn,
+                "INSERT INTO snapshot_blocks (ino_lo, ino_hi, snapshot_id) VALUES (?, ?, ?)",
+                (lo, hi, snapshot_id),
+            ).close()
             return snapshot_id, now, count, referenced
 
         # inserts only (rows copied from rows that hold, onto inodes inserted first): SQLite's
@@ -586,7 +592,8 @@ class Snapshots:
                 where, params = "deleting = ? AND source_ino = ?", [True, dataset]
             return sql_all(
                 conn,
-                "SELECT id, source_ino, name, pending_bytes, ino_lo, ino_hi FROM snapshots "
+                "SELECT id, source_ino, name, pending_bytes, (SELECT SUM(b.ino_hi - b.ino_lo + 1) "
+                "FROM snapshot_blocks b WHERE b.snapshot_id = snapshots.id) FROM snapshots "
                 f"WHERE {where} ORDER BY id",
                 tuple(params),
             )
@@ -597,9 +604,9 @@ class Snapshots:
                 source,
                 name.rpartition("/")[0] or name,
                 None if pending is None else int(pending),
-                max(0, int(hi) - int(lo) + 1),
+                int(left or 0),
             )
-            for sid, source, name, pending, lo, hi in self.catalog.read(work)
+            for sid, source, name, pending, left in self.catalog.read(work)
         ]
 
     def finish_deletions(self) -> int:
@@ -647,19 +654,29 @@ class Snapshots:
         return 0 if row is None else self._space_in(conn, int(row[0]), int(row[1]))[1]
 
     def _reclaim_chunk(self, conn, snapshot_id: int, counted: int):
-        """One chunk of a deleted snapshot's rows, from where the last one ended: (dead
-        stripes, inode numbers covered, inodes freed, whether the snapshot is now wholly
-        freed)."""
+        """One chunk of a deleted snapshot's rows, from where the last one ended (the start of
+        its lowest block left): (dead stripes, inode numbers covered, inodes freed, whether the
+        snapshot is now wholly freed)."""
         lock = " FOR UPDATE" if conn.dialect.name == "postgresql" else ""  # one reclaimer a row
         row = sql_one(
             conn,
-            f"SELECT ino_lo, ino_hi, pending_bytes FROM snapshots WHERE id = ? AND deleting = ?"
-            f"{lock}",
+            f"SELECT pending_bytes FROM snapshots WHERE id = ? AND deleting = ?{lock}",
             (snapshot_id, True),
         )
         if row is None:
             return [], 0, 0, True  # another process finished it
-        lo, hi, pending = int(row[0]), int(row[1]), row[2]
+        pending = row[0]
+        block = sql_one(
+            conn,
+            "SELECT ino_lo, ino_hi FROM snapshot_blocks WHERE snapshot_id = ? "
+            "ORDER BY ino_lo LIMIT 1",
+            (snapshot_id,),
+        )
+        if block is None:  # nothing left (or never copied): the row goes, its blocks did
+            self._drop_snapshot_row(conn, snapshot_id)
+            self._space_stale(conn)
+            return [], 0, 0, True
+        lo, hi = int(block[0]), int(block[1])
         # a range numbered before creates numbered densely spans every earlier snapshot's range
         # and holds few inodes: a chunk starts at the next inode, not the next number
         first = sql_one(conn, "SELECT MIN(ino) FROM inodes WHERE ino BETWEEN ? AND ?", (lo, hi))[0]
@@ -671,7 +688,16 @@ class Snapshots:
         freeing = self._space_in(conn, start, end)[1]  # the unique bytes that die with this chunk
         dead = self._purge_range(conn, start, end)
         if end >= hi:
-            sql(conn, "DELETE FROM snapshots WHERE id = ?", (snapshot_id,)).close()
+            sql(conn, "DELETE FROM snapshot_blocks WHERE ino_lo = ?", (lo,)).close()
+        else:
+            sql(
+                conn, "UPDATE snapshot_blocks SET ino_lo = ? WHERE ino_lo = ?", (end + 1, lo)
+            ).close()
+        more = sql_one(
+            conn, "SELECT MIN(ino_lo) FROM snapshot_blocks WHERE snapshot_id = ?", (snapshot_id,)
+        )[0]
+        if more is None:
+            self._drop_snapshot_row(conn, snapshot_id)
             # what it shared with other snapshots (of any dataset: clones copy rows) may now be
             # theirs alone
             self._space_stale(conn)
@@ -680,9 +706,17 @@ class Snapshots:
         sql(
             conn,
             "UPDATE snapshots SET ino_lo = ?, pending_bytes = ? WHERE id = ?",
-            (end + 1, left, snapshot_id),
+            (int(more), left, snapshot_id),
         ).close()
         return dead, end - lo + 1, int(rows), False
+
+    @staticmethod
+    def _drop_snapshot_row(conn, snapshot_id: int) -> None:
+        """The row of a reclaimed snapshot, with what refers to it (the reclaim runs without
+        SQLite's foreign-key cascades)."""
+        for table in ("snapshot_names", "snapshot_inodes", "snapshot_blocks"):
+            sql(conn, f"DELETE FROM {table} WHERE snapshot_id = ?", (snapshot_id,)).close()
+        sql(conn, "DELETE FROM snapshots WHERE id = ?", (snapshot_id,)).close()
 
     @staticmethod
     def _purge_range(conn, lo: int, hi: int) -> builtins.list[int]:

@@ -49,3 +49,32 @@ def test_autogenerate_finds_no_difference(empty_url):
     finally:
         engine.dispose()
     assert diff == [], f"models and migrations differ: {diff}"
+
+
+def test_snapshots_copied_whole_become_one_block_each(empty_url):
+    """0024: a snapshot taken before blocks keeps its range as its one block of inode numbers
+    (the read-only check bisects blocks), and nothing maps."""
+    upgrade(empty_url, "0023")
+    engine = create_engine(empty_url)
+    try:
+        with engine.begin() as conn:
+            for ino in (1, 10, 11):
+                conn.exec_driver_sql(
+                    "INSERT INTO inodes (ino, generation, type, mode, uid, gid, size, nlink, "
+                    "rdev, atime_ns, mtime_ns, ctime_ns, btime_ns, change, band_class) "
+                    f"VALUES ({ino}, 1, 2, 493, 0, 0, 0, 2, 0, 0, 0, 0, 0, 1, 'hot')"
+                )
+            conn.exec_driver_sql(
+                "INSERT INTO snapshots (name, source_ino, root_ino, ino_lo, ino_hi, created_ns, "
+                "deleting) VALUES ('s', 1, 10, 10, 11, 0, false)"
+            )
+        upgrade(empty_url)
+        with engine.connect() as conn:
+            blocks = conn.exec_driver_sql(
+                "SELECT b.ino_lo, b.ino_hi, s.name, s.top_ino FROM snapshot_blocks b "
+                "JOIN snapshots s ON s.id = b.snapshot_id"
+            ).all()
+            mapped = conn.exec_driver_sql("SELECT COUNT(*) FROM snapshot_inodes").scalar()
+    finally:
+        engine.dispose()
+    assert [tuple(b) for b in blocks] == [(10, 11, "s", None)] and mapped == 0

@@ -309,6 +309,12 @@ def test_fsck_checks_the_snapshot_rows(engine, dataset):
         "WHERE name = 's2'"
     )
     assert any("overlap those of 's1'" in p for p in problems), problems
+    assert any("'s2' of inode" in p and "not its one block" in p for p in problems), problems
+    problems = fault(  # the read-only check bisects the blocks: they must not overlap either
+        "UPDATE snapshot_blocks SET ino_lo = (SELECT ino_hi FROM snapshots WHERE name = 's1') "
+        "WHERE snapshot_id = (SELECT id FROM snapshots WHERE name = 's2')"
+    )
+    assert any("block" in p and "overlaps a block of 's1'" in p for p in problems), problems
 
 
 def test_each_snapshot_takes_as_many_inode_numbers_as_it_copies(engine, dataset):
@@ -319,12 +325,15 @@ def test_each_snapshot_takes_as_many_inode_numbers_as_it_copies(engine, dataset)
     ds = ns.resolve("/ds").ino
     for k in range(8):
         info = snaps.create("/ds", f"s{k}")
-        lo, hi = engine.catalog.read(
+        lo, hi, blocks = engine.catalog.read(
             lambda c, n=info.name: c.exec_driver_sql(
-                f"SELECT ino_lo, ino_hi FROM snapshots WHERE name = '{n}'"
+                "SELECT ino_lo, ino_hi, (SELECT COUNT(*) FROM snapshot_blocks b WHERE "
+                f"b.snapshot_id = s.id AND b.ino_lo = s.ino_lo AND b.ino_hi = s.ino_hi) "
+                f"FROM snapshots s WHERE name = '{n}'"
             ).one()
         )
         assert hi - lo + 1 == info.files == 6 + k, (k, lo, hi)
+        assert blocks == 1, "a snapshot copied whole is one block of inode numbers"
         ns.create(ROOT, ds, f"new{k}")  # numbered after every range so far
     views = {
         name: sorted(e.name for e in ns.readdir(ROOT, ns.resolve(f"/ds/.snapshots/{name}").ino)[0])
@@ -346,7 +355,10 @@ def test_a_sparse_range_is_reclaimed_by_its_inodes_not_its_numbers(engine, datas
     snaps.create("/ds", "old")
     snaps.delete("/ds", "old")
     engine.catalog.run(  # a range of 10**12 numbers holding 6 inodes, as the doubling made
-        lambda c: c.exec_driver_sql("UPDATE snapshots SET ino_hi = ino_hi + 1000000000000")
+        lambda c: (
+            c.exec_driver_sql("UPDATE snapshots SET ino_hi = ino_hi + 1000000000000"),
+            c.exec_driver_sql("UPDATE snapshot_blocks SET ino_hi = ino_hi + 1000000000000"),
+        )
     )
     chunks: list[int] = []
     snaps.reclaim(inodes_per_s=10, progress=lambda done, total, _m: chunks.append(done))
