@@ -131,15 +131,26 @@ class EtcdCluster:
             time.sleep(0.05)
         raise RuntimeError(f"etcd did not become ready: {self.log_tail(0)}")
 
-    def _has_leader(self, i: int) -> bool:
+    def _status(self, i: int) -> dict:
         request = urllib.request.Request(
             self.endpoints[i] + "/v3/maintenance/status", data=b"{}", method="POST"
         )
         try:
             with urllib.request.urlopen(request, timeout=1) as response:
-                return int(json.loads(response.read()).get("leader", 0)) != 0
+                return json.loads(response.read())
         except (OSError, ValueError):
-            return False
+            return {}
+
+    def _has_leader(self, i: int) -> bool:
+        return int(self._status(i).get("leader", 0)) != 0
+
+    def raft_leader(self) -> int | None:
+        """The member that is etcd's raft leader, as it says itself (None: none answers so)."""
+        for i in self.running():
+            status = self._status(i)
+            if status and status.get("leader") == status.get("header", {}).get("member_id"):
+                return i
+        return None
 
     def running(self) -> list[int]:
         return [
