@@ -89,12 +89,15 @@ class BedClients:
             for k in range(count)
         ]
 
-    def read_back(self, server: str, acked: dict[str, str]) -> dict[str, str]:
+    def read_back(
+        self, server: str, acked: dict[str, str], *, reconnect: bool = False
+    ) -> dict[str, str]:
         """Every file in ``acked`` (name -> sha256) read by nfs-rs: name -> what went wrong
-        (empty when every file read back with its acknowledged sha256)."""
-        reader = self.start(["read", server, *sorted(acked)])
+        (empty when every file read back with its acknowledged sha256). ``reconnect``: a file
+        whose read failed is read once more by a new client (nfs_client.py)."""
+        reader = self.start(["read", server, *sorted(acked), *(["--reconnect"] * reconnect)])
         reader.finish()
-        got = {line["name"]: line for line in reader.lines}
+        got = {line["name"]: line for line in reader.lines if "name" in line}
         return {
             name: got.get(name, {}).get("error") or "wrong bytes"
             for name, sha in acked.items()
