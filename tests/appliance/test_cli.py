@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+
+import clirunner
 
 
 def shingle(*args, check=True):
-    run = subprocess.run(
-        [sys.executable, "-m", "appliance.cli", *args], capture_output=True, text=True
-    )
+    run = clirunner.run(list(args))
     if check:
         assert run.returncode == 0, run.stderr
     return run

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import clirunner
 from pgserver import free_port
 
 from appliance import config as config_mod
@@ -20,12 +21,7 @@ from engine.namespace import ROOT
 
 
 def shingle(*args, check=True, timeout=180):
-    run = subprocess.run(
-        [sys.executable, "-m", "appliance.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    run = clirunner.run(list(args), timeout=timeout)
     if check:
         assert run.returncode == 0, run.stderr
     return run

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
+import clirunner
 import pytest
 
 from appliance import config as config_mod
@@ -16,9 +15,7 @@ from engine.admin.exports import ExportValueError, clean_sec
 
 
 def shingle(*args, check=True):
-    run = subprocess.run(
-        [sys.executable, "-m", "appliance.cli", *args], capture_output=True, text=True
-    )
+    run = clirunner.run(list(args))
     if check:
         assert run.returncode == 0, run.stderr
     return run

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import clirunner
 import pytest
 
 from engine.base.units import format_duration, format_size, format_value
@@ -16,14 +17,8 @@ REPO = Path(__file__).resolve().parent.parent.parent
 
 
 def shingle(*args, check=True, cwd=None, env=None):
-    run = subprocess.run(
-        [sys.executable, "-m", "appliance.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=120,
-    )
+    # a fresh interpreter for another folder or environment (clirunner), as these tests need
+    run = clirunner.run(list(args), cwd=cwd, env=env, timeout=120)
     if check:
         assert run.returncode == 0, run.stderr
     return run

@@ -5,10 +5,16 @@ cannot be one refused before anything is made."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
-from test_cli_first_run import environment, shingle
+from test_cli_first_run import shingle
+
+
+def environment() -> dict:
+    """The tests' environment without SHINGLE_CONFIG (the commands run in the repository)."""
+    return {k: v for k, v in os.environ.items() if k != "SHINGLE_CONFIG"}
 
 
 def init(home: Path, *args: str, check: bool = True):

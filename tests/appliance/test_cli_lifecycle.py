@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import clirunner
 import pytest
 from pgserver import free_port
 
@@ -18,12 +19,7 @@ from engine.namespace import ROOT
 
 
 def shingle(*args, check=True, timeout=120):
-    run = subprocess.run(
-        [sys.executable, "-m", "appliance.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    run = clirunner.run(list(args), timeout=timeout)
     if check:
         assert run.returncode == 0, run.stderr
     return run

@@ -4,8 +4,8 @@ delete."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+
+import clirunner
 
 from appliance import config as config_mod
 from appliance.runtime import Appliance
@@ -13,9 +13,7 @@ from engine.namespace import ROOT
 
 
 def shingle(*args, check=True):
-    run = subprocess.run(
-        [sys.executable, "-m", "appliance.cli", *args], capture_output=True, text=True
-    )
+    run = clirunner.run(list(args))
     if check:
         assert run.returncode == 0, run.stderr
     return run

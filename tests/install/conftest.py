@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
+import clirunner
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,14 +18,7 @@ LAUNCHER = "/opt/shingle/bin/shingle"
 
 def shingle(*args: str, check: bool = True, env: dict | None = None, timeout: float = 60):
     """Run the real CLI; returns the CompletedProcess (text)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "appliance.cli", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+    result = clirunner.run(list(args), env={**os.environ, **(env or {})}, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(
             f"shingle {' '.join(args)} exited "

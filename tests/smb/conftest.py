@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import clirunner
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,14 +30,7 @@ def free_port() -> int:
 def shingle(
     config: Path, *args: str, stdin: str | None = None, check: bool = True
 ) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [sys.executable, "-m", "appliance.cli", "-c", str(config), *args],
-        cwd=REPO,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = clirunner.run(["-c", str(config), *args], input=stdin, timeout=60)
     if check:
         assert done.returncode == 0, done.stderr + done.stdout
     return done
