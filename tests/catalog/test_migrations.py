@@ -29,8 +29,11 @@ def tables(url):
 
 def test_upgrade_from_empty_and_downgrade_to_base(empty_url):
     assert tables(empty_url) == set()
+    upgrade(empty_url, "0023")
+    _snapshot_copied_whole(empty_url)  # 0024 makes its range its one block
     upgrade(empty_url)
     assert current_revision(empty_url) == head_revision()
+    assert _blocks(empty_url) == ([(10, 11, "s", None)], 0)
     assert tables(empty_url) == set(Base.metadata.tables)
     downgrade(empty_url, "base")
     assert current_revision(empty_url) is None
@@ -51,11 +54,9 @@ def test_autogenerate_finds_no_difference(empty_url):
     assert diff == [], f"models and migrations differ: {diff}"
 
 
-def test_snapshots_copied_whole_become_one_block_each(empty_url):
-    """0024: a snapshot taken before blocks keeps its range as its one block of inode numbers
-    (the read-only check bisects blocks), and nothing maps."""
-    upgrade(empty_url, "0023")
-    engine = create_engine(empty_url)
+def _snapshot_copied_whole(url) -> None:
+    """A snapshot as every revision before 0024 made them: one range of inodes [10, 11]."""
+    engine = create_engine(url)
     try:
         with engine.begin() as conn:
             for ino in (1, 10, 11):
@@ -68,7 +69,14 @@ def test_snapshots_copied_whole_become_one_block_each(empty_url):
                 "INSERT INTO snapshots (name, source_ino, root_ino, ino_lo, ino_hi, created_ns, "
                 "deleting) VALUES ('s', 1, 10, 10, 11, 0, false)"
             )
-        upgrade(empty_url)
+    finally:
+        engine.dispose()
+
+
+def _blocks(url) -> tuple[list[tuple], int]:
+    """(ino_lo, ino_hi, snapshot name, top_ino) of every block, and the live->view rows."""
+    engine = create_engine(url)
+    try:
         with engine.connect() as conn:
             blocks = conn.exec_driver_sql(
                 "SELECT b.ino_lo, b.ino_hi, s.name, s.top_ino FROM snapshot_blocks b "
@@ -77,4 +85,4 @@ def test_snapshots_copied_whole_become_one_block_each(empty_url):
             mapped = conn.exec_driver_sql("SELECT COUNT(*) FROM snapshot_inodes").scalar()
     finally:
         engine.dispose()
-    assert [tuple(b) for b in blocks] == [(10, 11, "s", None)] and mapped == 0
+    return [tuple(b) for b in blocks], int(mapped)
