@@ -523,8 +523,8 @@ class Bed:
         return names.get(leaders.pop())
 
     def etcd_elections(self) -> list[str]:
-        """The raft elections the members' logs tell of (each member logs each one), oldest
-        first: an election renews every lease for a whole TTL (etcd 3.4 keeps no remaining
+        """The raft elections the members' logs tell of, member by member (each logs each
+        one): an election renews every lease for a whole TTL (etcd 3.4 keeps no remaining
         TTL), so it delays the expiry of a lease nobody keeps alive."""
         lines = []
         for name in self.etcd_names:
