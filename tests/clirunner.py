@@ -114,14 +114,23 @@ class Zygote:
                 os.close(fd)
         replies = conn.makefile("r")
         pid = int(json.loads(replies.readline())["pid"])
-        out, err = _communicate(stdin_w, stdout_r, stderr_r, (input or "").encode(), deadline)
-        if out is None:  # timed out: as subprocess.run, kill it and say so
-            os.kill(pid, 9)
-            replies.readline()
+        try:
+            out, err = _communicate(stdin_w, stdout_r, stderr_r, (input or "").encode(), deadline)
+            if out is None:  # timed out: as subprocess.run, kill it and say so
+                raise subprocess.TimeoutExpired(
+                    [sys.executable, "-m", "appliance.cli", *args], timeout or 0
+                )
+            status = int(json.loads(replies.readline())["status"])
+        except BaseException:
+            # timed out, or the test was stopped (pytest-timeout, ^C): the zygote waits for its
+            # child before it takes the next command, so the child must not outlive the call
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+            raise
+        finally:
             conn.close()
-            raise subprocess.TimeoutExpired([sys.executable, "-m", "appliance.cli", *args], timeout)
-        status = int(json.loads(replies.readline())["status"])
-        conn.close()
         return subprocess.CompletedProcess(
             [sys.executable, "-m", "appliance.cli", *args],
             os.waitstatus_to_exitcode(status),
