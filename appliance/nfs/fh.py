@@ -12,6 +12,11 @@ import secrets
 import struct
 from typing import NamedTuple
 
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from engine.catalog.models import Setting
+
 FH_VERSION = 1
 KIND_PSEUDO, KIND_FILE = 0, 1
 KEY_SETTING = "nfs_fh_key"
@@ -37,10 +42,23 @@ class FileHandle(NamedTuple):
 
 
 def load_or_create_secret(catalog, key: str, nbytes: int) -> bytes:
-    value = catalog.get_setting(key)
-    if value is None:
-        catalog.set_setting(key, secrets.token_hex(nbytes))
-        value = catalog.get_setting(key)  # another process may have won the race
+    """The secret stored under ``key``, made now if there is none. Read and made in one
+    transaction, and never overwritten: the heads of `serve --heads N` start at once over a
+    new catalog, and a head that overwrote another's key made every handle that head had
+    issued a BADHANDLE once it restarted (the kernel rig's kill -9 of a head: EBADHANDLE)."""
+    table = Setting.__table__
+
+    def work(conn) -> str:
+        value = conn.execute(select(table.c.value).where(table.c.key == key)).scalar()
+        if value is None:
+            value = secrets.token_hex(nbytes)
+            conn.execute(table.insert().values(key=key, value=value))
+        return value
+
+    try:
+        value = catalog.run(work, tracked=True)  # settings are cached nowhere
+    except IntegrityError:  # PostgreSQL: another process inserted it first; its value stands
+        value = catalog.get_setting(key)
     return bytes.fromhex(value)
 
 

@@ -1029,7 +1029,11 @@ def vmchannel_request(text: str) -> str:
                 line += ch
 
 
-def mount(options: str, port: int, target: str) -> subprocess.CompletedProcess:
+def mount(
+    options: str, port: int, target: str, server: str = SERVER
+) -> subprocess.CompletedProcess:
+    """``server``: the address the guest mounts (another than SERVER reaches the host through
+    a guestfwd of vm.run_vm)."""
     os.makedirs(target, exist_ok=True)
     if not re.search(r"(^|,)port=", options):
         options += f",port={port}"
@@ -1042,7 +1046,7 @@ def mount(options: str, port: int, target: str) -> subprocess.CompletedProcess:
             "nfs",
             "-o",
             options,
-            f"{SERVER}:/export",
+            f"{server}:/export",
             target,
         ],
         capture_output=True,

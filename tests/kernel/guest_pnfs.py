@@ -6,8 +6,11 @@ three heads over one catalog: a metadata server and two data servers (docs/pnfs.
 The plan names the heads' ports; the host answers "written-by NAME" (bytes of the file per
 head that wrote them, from the catalog), "serving" (the data servers' ports new layouts name,
 as the metadata server published them), "kill-ds N" (kill -9 of data server N) and "ds-writes
-MODE" (the data servers restarted in that mode). One marker line per check, as guest_nfs.py
-prints them; every write and read runs in a child bounded by STEP_TIMEOUT_S."""
+MODE" (the data servers restarted in that mode), "kill-head" (kill -9 of the `--heads 2`
+head serving 127.0.0.1) and "grace" (how that head's grace period went). The last checks mount
+the `--heads 2` daemon with NFSv3 through two guest addresses that reach two different heads
+(V3_THROUGH_1, V3_THROUGH_0). One marker line per check, as guest_nfs.py prints them; every
+write and read runs in a child bounded by STEP_TIMEOUT_S."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -34,9 +38,33 @@ CHECKS = (
     "umount",
     "unstable-data-servers",
     "heads-kill-9",
+    "heads-v3-nlm",
+    "heads-v3-nlm-kill-9",
 )
 MDS_MNT, MDS42_MNT, DS_MNT = "/mnt/pnfs41", "/mnt/pnfs42", "/mnt/ds40"
 UNSTABLE_MNT, HEADS_MNT = "/mnt/pnfs-unstable", "/mnt/heads2"
+# NFSv3 through two heads of `--heads 2`: the host relays a connection to V3_THROUGH_1 from its
+# 127.0.0.1 and one to V3_THROUGH_0 from 127.0.0.2 (tcp_from.py), which the listener hands to
+# head 1 and head 0 (appliance.nfs.handoff.head_for); each forwards the heads' port and 111 (the
+# port mapper, where the kernel's lockd asks for NLM)
+V3_THROUGH_1, V3_THROUGH_0 = "10.0.2.101", "10.0.2.102"
+V3_MNT_1, V3_MNT_0 = "/mnt/heads3-head1", "/mnt/heads3-head0"
+V3_OPTIONS = "vers=3,proto=tcp,port={port},mountport={port},mountproto=tcp"
+# a process of its own per lock owner (NLM's svid is the pid): it takes and drops a whole-file
+# exclusive lock without waiting (F_SETLK) as told on stdin, one line of answer each
+LOCKER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+for line in sys.stdin:
+    try:
+        if line.strip() == "lock":
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        else:
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+        print("ok", flush=True)
+    except OSError as exc:
+        print(f"denied {exc.errno}", flush=True)
+"""
 # one write or read of a check: 75 s at most on a loaded machine (the killed data server's
 # fallback); a stuck one fails its check after this, with the client's view of it, instead of
 # holding the VM (and CI) until the host's bound
@@ -350,6 +378,136 @@ def check_heads_kill(port: int) -> str:
     )
 
 
+class Locker:
+    """A lock owner in a process of its own over ``path`` (see LOCKER)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", LOCKER, path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def ask(self, word: str, timeout: float = STEP_TIMEOUT_S) -> tuple[str, float]:
+        """The answer to ``word`` ("lock" or "unlock") and how long it took."""
+        started = time.monotonic()
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(word + "\n")
+        self.proc.stdin.flush()
+        line = in_thread(self.proc.stdout.readline, f"{word} of {self.path}", timeout)
+        expect(line != "", f"{word} of {self.path}: the locker exited: {self.proc.stderr}")
+        return line.strip(), time.monotonic() - started
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()  # its locks go with it (an NLM call it is stuck in stays behind)
+
+
+def start_statd(statd_port: int) -> None:
+    """rpcbind and rpc.statd (a locking NFSv3 mount needs them), statd on ``statd_port``, which
+    the host forwards here with the port mapper, so that a restarted head's SM_NOTIFY reaches
+    it. --no-notify: this guest has no previous boot to tell servers of."""
+    os.makedirs("/run/rpcbind", exist_ok=True)  # /run is a fresh tmpfs
+    shutil.chown("/run/rpcbind", "_rpc")  # Debian's rpcbind runs as _rpc
+    sh("rpcbind", timeout=60)
+    sh("rpc.statd", "--no-notify", "-p", str(statd_port), timeout=60)
+    services = sh("rpcinfo", "-p", "127.0.0.1", timeout=60)
+    expect(" status" in services, f"rpc.statd is not registered: {services}")
+
+
+def check_heads_v3(port: int, statd_port: int) -> str:
+    """NFSv3 and NLM through two heads (issue 32 item 1): a mount through head 1 and one
+    through head 0; what one writes the other reads after close (close-to-open), both ways; an
+    NLM lock through one head denies the other's until it is dropped."""
+    start_statd(statd_port)
+    options = V3_OPTIONS.format(port=port)
+    for server, target in ((V3_THROUGH_1, V3_MNT_1), (V3_THROUGH_0, V3_MNT_0)):
+        run = mount(options, port, target, server=server)
+        expect(run.returncode == 0, f"mount {server}: {run.stderr.strip()}")
+    seen = []
+    for size, (writer, reader) in ((MiB + 5, (V3_MNT_1, V3_MNT_0)), (4099, (V3_MNT_0, V3_MNT_1))):
+        data = os.urandom(size)
+
+        def write(path: str = f"{writer}/across", data: bytes = data) -> None:
+            with open(path, "wb") as f:
+                f.write(data)
+
+        def read(path: str = f"{reader}/across") -> bytes:
+            with open(path, "rb") as f:
+                return f.read()
+
+        in_thread(write, f"the write through {writer}")
+        back = in_thread(read, f"the read through {reader}")
+        expect(back == data, f"{reader} read {len(back)} bytes, {writer} wrote {len(data)}")
+        seen.append(f"{size} bytes through {writer[-5:]} read back through {reader[-5:]}")
+    one, zero = Locker(f"{V3_MNT_1}/locked"), Locker(f"{V3_MNT_0}/locked")
+    try:
+        took = {}
+        answer, took["lock 1"] = one.ask("lock")
+        expect(answer == "ok", f"the lock through head 1: {answer}")
+        answer, took["denied 0"] = zero.ask("lock")
+        expect(answer.startswith("denied"), f"head 0's lock while head 1's held: {answer}")
+        answer, _ = one.ask("unlock")
+        expect(answer == "ok", f"head 1's unlock: {answer}")
+        answer, took["lock 0"] = zero.ask("lock")
+        expect(answer == "ok", f"head 0's lock after head 1's unlock: {answer}")
+        answer, took["denied 1"] = one.ask("lock")
+        expect(answer.startswith("denied"), f"head 1's lock while head 0's held: {answer}")
+        answer, _ = zero.ask("unlock")
+        expect(answer == "ok", f"head 0's unlock: {answer}")
+    finally:
+        one.close()
+        zero.close()
+    return f"{'; '.join(seen)}; NLM locks across heads (s): " + ", ".join(
+        f"{k} {v:.2f}" for k, v in took.items()
+    )
+
+
+def check_heads_v3_kill(port: int) -> str:
+    """The head serving an NLM lock holder killed with kill -9 (issue 32 item 1): the listener
+    starts it again; its NSM state rose, so its SM_NOTIFY (to the guest's statd, forwarded by
+    the host) makes the guest's lockd reclaim the lock in the grace period; a lock through the
+    other head waits the grace period out (NLM4_DENIED_GRACE_PERIOD, which the Linux client
+    retries every 5 s) and is then denied: the reclaimed lock holds."""
+    one, zero = Locker(f"{V3_MNT_1}/kept"), Locker(f"{V3_MNT_0}/kept")
+    try:
+        answer, _ = one.ask("lock")
+        expect(answer == "ok", f"the lock through head 1: {answer}")
+        killed = vmchannel_request("kill-head")
+        expect(killed.startswith("killed"), f"kill-head: {killed}")
+        other, waited = zero.ask("lock")
+        report = vmchannel_request("grace")
+        try:
+            grace = json.loads(report)
+        except ValueError:
+            raise CheckFailed(
+                f"grace: {report}; head 0's lock: {other} after {waited:.1f} s"
+            ) from None
+        expect(
+            other.startswith("denied"),
+            f"head 0's lock {other} {waited:.1f} s after the kill: the lock was not reclaimed "
+            f"(grace {grace})",
+        )
+        answer, _ = one.ask("unlock")
+        expect(answer == "ok", f"head 1's unlock after the restart: {answer}")
+        answer, freed = zero.ask("lock")
+        expect(answer == "ok", f"head 0's lock after the reclaimed lock's unlock: {answer}")
+        zero.ask("unlock")
+    finally:
+        one.close()
+        zero.close()
+    for target in (V3_MNT_1, V3_MNT_0):
+        sh("umount", target, timeout=120)
+    return (
+        f"{killed}; head 0's lock answered DENIED {waited:.1f} s after the kill (the grace "
+        f"period, then the reclaimed lock); grace {grace}; granted {freed:.2f} s after the "
+        "holder's unlock"
+    )
+
+
 def main(plan_file: str) -> int:
     print("@@SHINGLE-VM BEGIN", flush=True)  # the host keeps the lines after it
     plan = json.load(open(plan_file))
@@ -371,6 +529,8 @@ def main(plan_file: str) -> int:
     run_check("pnfs/umount", unmount)
     run_check("pnfs/unstable-data-servers", lambda: check_unstable(mds_port, size // 2, ds_ports))
     run_check("pnfs/heads-kill-9", lambda: check_heads_kill(plan["heads_port"]))
+    run_check("pnfs/heads-v3-nlm", lambda: check_heads_v3(plan["heads_port"], plan["statd_port"]))
+    run_check("pnfs/heads-v3-nlm-kill-9", lambda: check_heads_v3_kill(plan["heads_port"]))
     return 0
 
 

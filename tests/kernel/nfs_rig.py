@@ -183,12 +183,14 @@ class ShingleDaemon:
         sec: str = "sys",
         nfs_options: str = "",
         lease_seconds: int = 30,
+        clients: str = "127.0.0.1/32",
     ) -> ShingleDaemon:
         """``squash``, ``sec``: the default export's; ``portmap`` "serve" serves the port mapper
         on PORTMAP_PORT (the NLM checks need it), "off" leaves that port to another daemon;
         ``drive_size`` of each of the ten drives (zones of 4 MiB); ``nfs_options``: more lines
         for the config's [nfs] table; ``lease_seconds``: short, so that the checks that wait a
-        lease are quick."""
+        lease are quick; ``clients``: the export's (qemu's user-mode network reaches the host
+        from 127.0.0.1; vm.run_vm's guest forwards can come from other loopback addresses)."""
         run = subprocess.run(
             [
                 sys.executable,
@@ -225,7 +227,7 @@ class ShingleDaemon:
         try:
             catalog.run(
                 lambda conn: conn.execute(
-                    Export.__table__.update().values(clients="127.0.0.1/32", squash=squash, sec=sec)
+                    Export.__table__.update().values(clients=clients, squash=squash, sec=sec)
                 )
             )
         finally:

@@ -6,7 +6,13 @@ nfs-rs, an NFSv4.1 client without pNFS, reads and writes through a data server h
 The heads: `shingle init` makes the metadata server's folder (catalog, ten drives); each data
 server has a folder of its own (its daemon lock) with a config naming the same catalog, so all
 three write the same drives, each in its own zones ([heads] count 3). The guest reaches them
-at 10.0.2.2:PORT (qemu user networking), which is also how the metadata server lists them."""
+at 10.0.2.2:PORT (qemu user networking), which is also how the metadata server lists them.
+
+The same boot mounts a `shingle serve --heads 2` of its own (TwoHeads): NFSv4.1 over a kill -9
+of its head, and NFSv3 with NLM through both heads at once (qemu's guestfwd relays two guest
+addresses from two loopback addresses of the host, tcp_from.py, so the listener hands them to
+different heads), then a kill -9 under an NLM lock: the guest's statd gets SM_NOTIFY (its
+port mapper and statd are forwarded from the host) and its lockd reclaims."""
 
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 
 import guest_nfs
+import guest_pnfs
 import pytest
 import vm
 from nfs_rig import HERE, ShingleDaemon
@@ -31,7 +38,7 @@ from pgserver import free_port
 from appliance.nfs.handoff import head_for
 from appliance.nfs.pnfs import MEMBERSHIP_KEY
 
-CHECKS = [f"pnfs/{name}" for name in __import__("guest_pnfs").CHECKS]
+CHECKS = [f"pnfs/{name}" for name in guest_pnfs.CHECKS]
 # the whole VM run: 93-220 s measured (one boot, every check); a stuck write fails its check
 # after guest_pnfs.STEP_TIMEOUT_S, and this bounds the rest, far inside CI's budget
 VM_TIMEOUT_S = 600
@@ -146,8 +153,32 @@ class TwoHeads:
     of the head serving it): one port, two head processes behind the listener."""
 
     def __init__(self, folder: Path):
-        self.daemon = ShingleDaemon(folder / "heads2", free_port()).init(portmap="off")
+        # the NFSv3 checks: the guest's statd on statd_port, its port mapper on
+        # client_rpcbind_port (both forwarded from the host's 127.0.0.1), and this server's
+        # NSM name the address its client mounted, as the guest's statd knows the server
+        self.statd_port, self.guest_rpcbind_port = free_port(), free_port()
+        self.daemon = ShingleDaemon(folder / "heads2", free_port()).init(
+            portmap="off",
+            clients="127.0.0.0/8",
+            nfs_options=f'nsm_name = "{guest_pnfs.V3_THROUGH_1}"\n'
+            f"client_rpcbind_port = {self.guest_rpcbind_port}\n",
+        )
         self.daemon.serve_args = ("--heads", "2")
+
+    def guest_forwards(self) -> tuple[tuple[str, int, str], ...]:
+        """The guest's two ways to the heads (tcp_from.py): through V3_THROUGH_1 from 127.0.0.1
+        (head 1) and through V3_THROUGH_0 from 127.0.0.2 (head 0), for the heads' port and the
+        port mapper's (which the heads also answer on their port)."""
+        relay = f"/usr/bin/python3 -I -S {HERE / 'tcp_from.py'}"
+        port = self.daemon.port
+        return tuple(
+            (address, guest_port, f"{relay} {source} {port}")
+            for address, source in (
+                (guest_pnfs.V3_THROUGH_1, "127.0.0.1"),
+                (guest_pnfs.V3_THROUGH_0, "127.0.0.2"),
+            )
+            for guest_port in (port, 111)
+        )
 
     def status(self) -> list[dict]:
         return json.loads((self.daemon.home / "heads.json").read_text())["heads"]
@@ -156,13 +187,21 @@ class TwoHeads:
         """How the restarted head's grace period went, from its log lines since the kill: the
         seconds it was given and after how many it was over (before its time: every previous
         client reclaimed and sent RECLAIM_COMPLETE)."""
-        text = self.daemon.current_log().split("exited with status -9", 1)[-1]
+        text = self.daemon.current_log().rsplit("exited with status -9", 1)[-1]
         given = re.search(r'ts=(\S+) .*msg="grace period of (\d+) s for (\d+) previous', text)
         over = re.search(r'ts=(\S+) .*msg="grace period over"', text)
         if given is None or over is None:
             return "no grace period in the restarted head's log"
         took = (_when(over[1]) - _when(given[1])).total_seconds()
-        return json.dumps({"seconds": int(given[2]), "clients": int(given[3]), "over_after": took})
+        notified = re.findall(r'msg="(SM_NOTIFY [^"]*)"', text)
+        return json.dumps(
+            {
+                "seconds": int(given[2]),
+                "clients": int(given[3]),
+                "over_after": took,
+                "sm_notify": notified,
+            }
+        )
 
     def kill_serving(self) -> str:
         """kill -9 of the head that serves the guest (qemu connects from 127.0.0.1), then wait
@@ -221,6 +260,7 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
                 "ds_ports": [d.port for d in heads.ds],
                 "heads_port": two.daemon.port,
                 "size_mib": SIZE_MIB,
+                "statd_port": two.statd_port,
             }
         )
     )
@@ -237,6 +277,8 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
             requests=on_request,
             timeout=VM_TIMEOUT_S,
             on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None,
+            guest_forwards=two.guest_forwards(),
+            host_forwards=((two.guest_rpcbind_port, 111), two.statd_port),
         )
         print(f"kernel pNFS rig: VM ran {result.seconds:.0f} s", file=sys.stderr)
         checks = result.checks()

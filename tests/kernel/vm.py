@@ -466,7 +466,8 @@ def run_vm(
     on_line: Callable[[str], None] | None = None,
     systemd: bool = False,
     extra_args: tuple[str, ...] = (),
-    host_forwards: tuple[int, ...] = (),
+    host_forwards: tuple[int | tuple[int, int], ...] = (),
+    guest_forwards: tuple[tuple[str, int, str], ...] = (),
 ) -> VmResult:
     """Boot a VM that runs ``program`` (a host path, seen through the shared root) as root
     and powers off. Each ``@@SHINGLE-VM REQUEST text`` line it prints calls ``requests(text)``
@@ -477,7 +478,11 @@ def run_vm(
     /mnt/results, and the program's output comes from its program.log when the serial line
     lost it. ``extra_args``: more qemu arguments (disks for the zoned rig). ``host_forwards``:
     TCP ports of the host's 127.0.0.1 that qemu forwards to the same port of the guest (a
-    service in the guest the host must reach, such as an NFSv4.0 callback service)."""
+    service in the guest the host must reach, such as an NFSv4.0 callback service), or (host
+    port, guest port).
+    ``guest_forwards``: (guest address, port, command): a connection of the guest to that
+    address and port runs the host command with the connection on its stdin and stdout
+    (qemu's guestfwd; tcp_from.py relays it from another source address)."""
     check_qemu()
     workdir.mkdir(parents=True, exist_ok=True)
     initrd = build_initramfs(kernel, workdir / "initramfs.cpio")
@@ -523,7 +528,11 @@ def run_vm(
         "chardev:results",
         "-netdev",
         "user,id=net0,ipv6=off"
-        + "".join(f",hostfwd=tcp:127.0.0.1:{port}-:{port}" for port in host_forwards),
+        + "".join(
+            f",hostfwd=tcp:127.0.0.1:{ports[0]}-:{ports[1]}"
+            for ports in ((p, p) if isinstance(p, int) else p for p in host_forwards)
+        )
+        + "".join(f",guestfwd=tcp:{ip}:{port}-cmd:{cmd}" for ip, port, cmd in guest_forwards),
         "-device",
         "virtio-net-pci,netdev=net0",
         "-device",

@@ -6,11 +6,14 @@ rados_cluster moves them (start, join, lift by the last head that needed it)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from sqlalchemy import select
 
+from appliance.nfs.fh import KEY_SETTING, HandleCodec
 from appliance.nfs.state.heads import GRACE, HEADS, HeadRegistry
+from engine.catalog import Catalog
 
 
 def _epochs(catalog) -> tuple[int, int]:
@@ -65,3 +68,30 @@ def test_heads_expire_by_compare_and_delete_and_grace_epochs_move(catalog):
     assert _flags(catalog)["head2"] == (False, False)
     a.join(need_grace=True)  # a new grace period is a new epoch
     assert _epochs(catalog) == (3, 2)
+
+
+def test_heads_starting_at_once_share_one_file_handle_key(catalog_url):
+    """The heads of `serve --heads N` start at once over a new catalog: each must use the one
+    key the catalog keeps (a head that overwrote another's made that head's handles
+    BADHANDLE after its restart)."""
+    catalogs = [Catalog(catalog_url) for _ in range(2)]
+    try:
+        start = threading.Barrier(8)
+        codecs: list[HandleCodec] = []
+
+        def head(catalog) -> None:
+            start.wait()
+            codecs.append(HandleCodec(catalog))
+
+        threads = [threading.Thread(target=head, args=(catalogs[i % 2],)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        stored = bytes.fromhex(catalogs[0].get_setting(KEY_SETTING) or "")
+        assert len(codecs) == 8
+        assert {codec.key for codec in codecs} == {stored}
+        assert len({codec.fsid for codec in codecs}) == 1
+    finally:
+        for catalog in catalogs:
+            catalog.close()
