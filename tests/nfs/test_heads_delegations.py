@@ -24,7 +24,7 @@ from nfs4_support import MiB, Stack, add_export, nfsrs, start_server
 from test_delegations import CallbackClient, _mode, _v3_remove, make_file, read_delegation
 from test_delegations40 import CB_IDENT, CallbackService, Client40
 from test_delegations_v3 import _retrying, nlm_lock
-from test_delegations_write import CHANGE_SIZE, _write_delegation
+from test_delegations_write import CHANGE_SIZE, _change_size, _write_delegation, answering
 
 from appliance.nfs.nlm import types as n
 from appliance.nfs.state import head_delegations as hd
@@ -77,7 +77,7 @@ def _setattr(raw: RawClient, fh: bytes) -> int:
     )[0]
 
 
-def test_a_change_through_one_head_recalls_the_others_delegation(two_heads):
+def test_a_change_through_one_head_recalls_the_others_delegation(two_heads, monkeypatch):
     stack, (head0, head1) = two_heads
     for name in ("opened", "removed", "locked", "written", "ignored", "v40"):
         make_file(head1.port, name)
@@ -184,7 +184,7 @@ def test_a_change_through_one_head_recalls_the_others_delegation(two_heads):
         assert head0.server.stats()["nfs_delegations_other_head_recalls"] >= 5
         _v40_holder_recalled_across_heads(head0, writer)
         assert held_in_catalog(stack.catalog, ino) == []
-        _write_delegation_recalled_by_another_heads_reads(stack, head0, head1)
+        _write_delegation_recalled_by_another_heads_reads(stack, head0, head1, monkeypatch)
         if not stack.catalog.is_sqlite:
             _a_grant_waits_for_the_other_heads_fence_answer(stack, head0, head1)
     finally:
@@ -219,12 +219,15 @@ def _v40_holder_recalled_across_heads(head0, writer) -> None:
         service.close()
 
 
-def _write_delegation_recalled_by_another_heads_reads(stack, head0, head1) -> None:
+def _write_delegation_recalled_by_another_heads_reads(stack, head0, head1, monkeypatch) -> None:
     """A checkpoint writer through head 0 gets a write delegation (its client alone has the
     file open in the cluster), and head 1 knows of it before the OPEN is answered (the grant's
-    fence); head 1's GETATTR of change and size, and nfs-rs's NFSv3 read through head 1, each
-    recall it through head 0 (DELAY / JUKEBOX until the return) and then see what the holder
-    wrote under it. A file another head's client has open gets no write delegation."""
+    fence). Head 1's GETATTRs of change and size are answered through head 0 (CB_GETATTR to
+    the holder, RFC 8881 10.4.3), with the size it holds in its cache and a change attribute
+    that moves when its own does, and no recall; a holder that does not answer is recalled
+    (DELAY until the return) and head 1 then sees what it wrote. nfs-rs's NFSv3 read through
+    head 1 recalls it (JUKEBOX until the return). A file another head's client has open gets no
+    write delegation."""
     for name in ("ckpt", "ckpt-v3", "shared"):
         make_file(head1.port, name, b"0123456789")
     holder = CallbackClient(head0.port).setup()
@@ -236,7 +239,25 @@ def _write_delegation_recalled_by_another_heads_reads(stack, head0, head1) -> No
         assert ino in head1.server.state.delegations.heads.foreign_writes
         write = t.ARGS[c.OP_WRITE](dsid, 0, c.FILE_SYNC4, b"written under it")
         assert holder.session([(c.OP_PUTFH, fh), (c.OP_WRITE, write)])[0] == 0
+        granted = head0.server.state.delegations.core.states[dsid.other].granted_change
         getattr_ = [(c.OP_PUTFH, fh), (c.OP_GETATTR, CHANGE_SIZE)]
+        # CB_GETATTR across heads: the holder has 1 MiB in its cache, then 2 MiB
+        seen = []
+        for size, step in ((1 << 20, 1), (1 << 20, 1), (2 << 20, 2)):
+            holder.attrs = (size, granted + step)
+            with answering(holder):
+                started = time.monotonic()
+                seen.append((*_change_size(reader, fh), time.monotonic() - started))
+        (change1, size1, _), again, (change2, size2, _) = seen
+        assert size1 == 1 << 20 and size2 == 2 << 20, seen
+        assert again[:2] == (change1, size1)  # nothing more changed: the same answer
+        assert change2 > change1 > 0, seen
+        assert holder.getattrs() == 3 and holder.recalls() == []
+        assert head1.server.state.delegations.counts["other_head_cb_getattr"] == 3
+        assert head0.server.state.delegations.counts["cb_getattr"] == 3
+        print(f"CB_GETATTR across heads: {[round(s[2] * 1000, 1) for s in seen]} ms")
+        # a holder that does not answer: recalled through head 0, DELAY until the return
+        monkeypatch.setattr(head0.server.state.delegations.heads, "holder_wait", 0.3)
         assert reader.session(getattr_)[0] == c.NFS4ERR_DELAY
         assert [s.other for s in holder.wait_for_recall()] == [dsid.other]
         close = (c.OP_CLOSE, t.ARGS[c.OP_CLOSE](0, osid))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from concurrent.futures import Future
 from dataclasses import replace
 
 from sqlalchemy import delete, select
@@ -90,6 +91,9 @@ class Delegations:
                 # delegation (each try), and recall requests of other heads taken up here
                 "other_head_waits",
                 "other_head_recalls",
+                # GETATTRs through this head answered by another head's write delegation
+                # holder (CB_GETATTR through that head) instead of a recall
+                "other_head_cb_getattr",
             ),
             0,
         )
@@ -429,10 +433,73 @@ class Delegations:
     # -- write delegations: what another client's GETATTR sees (RFC 8881 10.4.3) ----------------
     def foreign_write(self, ino: int) -> bool:
         """Whether another head may hold a write delegation of ``ino`` (a memory lookup: its
-        grant waited for this head to note it). A GETATTR through this head then recalls it
-        (``conflict(ino, by, write=False)``: DELAY until it is returned) instead of asking the
-        holder through that head (CB_GETATTR across heads is not built)."""
+        grant waited for this head to note it). A GETATTR through this head then asks the
+        holder through that head (``foreign_holder_attr``)."""
         return self.heads is not None and ino in self.heads.foreign_writes
+
+    def foreign_holder_attr(self, attr, by: Client | None):
+        """``attr`` as the holder of another head's write delegation of the file sees it:
+        CB_GETATTR through that head (head_delegations.remote_attr). When that head gives no
+        answer (its client did not answer, the delegation is gone or recalled, the head is
+        silent) the delegation is recalled as for a change: NFS4ERR_DELAY while it stands
+        (``conflict``), the stored attributes once it is gone."""
+        heads = self.heads
+        seen = heads.remote_attr(attr.ino, attr.change) if heads is not None else None
+        if seen is None:
+            self.conflict(attr.ino, by, write=False)
+            return attr
+        with self.core.lock:
+            self.counts["other_head_cb_getattr"] += 1
+        size, change, modified_ns = seen
+        return attr if modified_ns is None else self._as_seen(attr, size, change, modified_ns)
+
+    def seen_for_head(self, ino: int, change: int) -> Future | None:
+        """For another head's GETATTR (head_delegations): CB_GETATTR to this head's client
+        holding a write delegation of ``ino``; a future of (size, change, mtime_ns or None)
+        as ``holder_attr`` computes them from the stored ``change``, or of None when the
+        holder did not answer. None at once when no such delegation stands here (or it is
+        being recalled)."""
+        d = self.write_holder(ino, None)
+        path = None if d is None or d.recalled_at is not None else self.backchannel(d.client)
+        if d is None or path is None:
+            return None
+        out: Future = Future()
+
+        def done(asked: Future) -> None:
+            try:
+                size, holder_change = asked.result()
+            except Exception as exc:  # noqa: BLE001 - no answer: the asking head recalls
+                log.info("CB_GETATTR of inode %d to client %x: %s", ino, d.client.clientid, exc)
+                out.set_result(None)
+                return
+            out.set_result(self._holder_said(d, size, holder_change, change))
+
+        path.getattr(d.fh).add_done_callback(done)
+        return out
+
+    def _holder_said(self, d: DelegState, size: int, change: int, stored_change: int):
+        """Note a CB_GETATTR answer of write delegation ``d``'s holder: (size, change,
+        mtime_ns) to answer with, mtime_ns None while the holder has changed nothing. A
+        holder whose change differs from the last it reported changed the file: the server's
+        change attribute moves on (one past the last it answered, or the stored one if that
+        is larger) and the mtime is now."""
+        with self.core.lock:
+            self.counts["cb_getattr"] += 1
+            if change != d.holder_change:
+                d.holder_change = change
+                d.reported_change = max(d.reported_change, stored_change) + 1
+                d.modified_ns = time.time_ns()
+            return size, d.reported_change, d.modified_ns
+
+    @staticmethod
+    def _as_seen(attr, size: int, change: int, modified_ns: int):
+        return replace(
+            attr,
+            size=size,
+            change=max(change, attr.change),
+            mtime_ns=max(modified_ns, attr.mtime_ns),
+            ctime_ns=max(modified_ns, attr.ctime_ns),
+        )
 
     def write_holder(self, ino: int, by: Client | None) -> DelegState | None:
         """Another client's write delegation of ``ino``, if one stands: cheap, on any thread."""
@@ -458,22 +525,8 @@ class Delegations:
         if answer is None:
             self.conflict(d.ino, None, write=False)  # raises DELAY while it stands
             return attr
-        size, change = answer
-        with self.core.lock:
-            self.counts["cb_getattr"] += 1
-            if change != d.holder_change:
-                d.holder_change = change
-                d.reported_change = max(d.reported_change, attr.change) + 1
-                d.modified_ns = time.time_ns()
-            if d.modified_ns is None:
-                return attr
-            return replace(
-                attr,
-                size=size,
-                change=max(d.reported_change, attr.change),
-                mtime_ns=max(d.modified_ns, attr.mtime_ns),
-                ctime_ns=max(d.modified_ns, attr.ctime_ns),
-            )
+        size, change, modified_ns = self._holder_said(d, answer[0], answer[1], attr.change)
+        return attr if modified_ns is None else self._as_seen(attr, size, change, modified_ns)
 
     def expire_recalls(self) -> None:
         """Housekeeping: revoke what was recalled more than a lease ago; after the grace

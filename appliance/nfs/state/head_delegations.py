@@ -23,7 +23,11 @@ state.delegations) name the head that granted them; what this module adds:
     answered it (``nfs-fenced:...``), that is, once each has seen the grant's row change its
     epoch: a change through another head checked after the client learned of its delegation
     cannot skip the catalog read on a stale epoch. A head that does not answer within
-    ``FENCE_WAIT_S`` means no delegation (the row is dropped again).
+    ``FENCE_WAIT_S`` means no delegation (the row is dropped again);
+  - a GETATTR through a head of a file another head write-delegated asks that head over the
+    same path (``remote_attr``: a datagram, or a notification), which sends CB_GETATTR to its
+    client and answers what it holds (size, change, mtime), as a head answers its own
+    GETATTRs; no answer means a recall, as for a change.
 
 A head that dies keeps its rows until another head expires it (its clients' changes through
 other heads wait meanwhile); the head that expires it takes its rows (appliance.nfs.state.
@@ -40,6 +44,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from sqlalchemy import delete, make_url, select
 
@@ -73,6 +78,18 @@ SILENT_HOLD_S = 5.0  # no fenced grant while a head that did not answer lately i
 RECALL_PUSH = "nfs-recall:"  # + head + ":"
 FENCE = "nfs-fence:"  # + granting head + ":" + number + ":" + inode + ":" + "w" or "r" + ":"
 FENCED = "nfs-fenced:"  # + granting head + ":" + number + ":" + answering head + ":"
+# CB_GETATTR across heads (PostgreSQL; SQLite: datagrams "g asking number inode change" and
+# "v number answer"): a GETATTR of another head's write-delegated file asks that head, which
+# asks its client and answers ATTR_NONE (no answer: recall instead) or "size,change,mtime_ns"
+# ("size,change,-" when the holder has changed nothing)
+ATTR_ASK = (
+    "nfs-attr:"  # + holder head + ":" + asking head + ":" + number + ":" + ino + ":" + change + ":"
+)
+ATTR_TOLD = "nfs-attr-told:"  # + asking head + ":" + number + ":" + answer + ":"
+ATTR_NONE = "-"
+# how long the asking head waits for the holder head's answer beyond the holder's own wait for
+# its client (delegations.CB_GETATTR_WAIT): a datagram or two notifications, then a recall
+ATTR_MARGIN_S = 1.0
 CLEAR_KEEP = 4096  # files remembered as held by no other head, before starting over
 FOREIGN_SCAN = 64  # delegation rows looked through for "no other head holds any"
 
@@ -138,6 +155,13 @@ class HeadDelegations:
         self._fence_cond = threading.Condition()
         self._fence_answers: dict[int, set[str]] = {}  # fence number -> heads that answered
         self.silent: dict[str, float] = {}  # head -> when it last left a fence unanswered
+        # the holder side of CB_GETATTR across heads, set by Delegations: (inode, stored change)
+        # -> a future of what its client holding a write delegation of it answered (None: none
+        # here, or no answer), or None at once
+        self.holder_seen: Callable[[int, int], Future | None] = lambda ino, change: None
+        self.holder_wait = 5.0  # (Delegations sets its CB_GETATTR_WAIT)
+        self._attr_told: dict[int, str] = {}  # PostgreSQL: number -> the holder head's answer
+        self._attr_awaited: set[int] = set()  # PostgreSQL: numbers of questions still waited on
         # files other heads hold write delegations of, as far as this head knows (an inode ->
         # the number of its addition): every write grant waits for this head to have added it
         # (its fence), so a read or GETATTR here that finds a file missing needs no catalog
@@ -160,6 +184,8 @@ class HeadDelegations:
             catalog.subscribe(f"{RECALL_PUSH}{me}:", self._pushed)
             catalog.subscribe(FENCE, self._fence_seen)
             catalog.subscribe(f"{FENCED}{me}:", self._fence_answered)
+            catalog.subscribe(f"{ATTR_ASK}{me}:", self._attr_asked)
+            catalog.subscribe(f"{ATTR_TOLD}{me}:", self._attr_answered)
             self.pushed = True
             return None
         address = wake_address(catalog, me)
@@ -179,7 +205,13 @@ class HeadDelegations:
         """The head stops: no more wake-ups, no more fence answers in its name."""
         self.wake = lambda: None
         if not self.catalog.is_sqlite:
-            for callback in (self._pushed, self._fence_seen, self._fence_answered):
+            for callback in (
+                self._pushed,
+                self._fence_seen,
+                self._fence_answered,
+                self._attr_asked,
+                self._attr_answered,
+            ):
                 self.catalog.unsubscribe(callback)
         if self.socket is not None:
             self.socket.close()
@@ -245,7 +277,13 @@ class HeadDelegations:
         if not words or words[0] == "r":
             return True
         try:
-            if words[0] == "f" and sender:
+            if words[0] == "g" and sender and self.socket is not None:
+                sock = self.socket
+                number, ino, change = words[2], int(words[3]), int(words[4])
+                self._tell_attr(
+                    ino, change, lambda told: sock.sendto(f"v {number} {told}".encode(), sender)
+                )
+            elif words[0] == "f" and sender:
                 number, ino = words[2], int(words[3])
                 self.note_foreign(ino)
                 if self.socket is not None:
@@ -288,6 +326,124 @@ class HeadDelegations:
                     self.note_foreign(int(row.key[len(DELEG_PREFIX) :].split("_")[0]))
             except (ValueError, AttributeError, TypeError):
                 continue
+
+    # -- CB_GETATTR across heads ---------------------------------------------------------------
+    def remote_attr(self, ino: int, change: int) -> tuple[int, int, int | None] | None:
+        """A GETATTR through this head of a file another head write-delegated: that head asks
+        its client (CB_GETATTR) for the size and change it holds. (size, change, mtime_ns) as
+        the holder's head computes them from the stored ``change`` (mtime_ns None: the holder
+        changed nothing, the stored attributes stand), or None when no head answered so (no
+        such delegation, the holder did not answer, the head is silent): the caller recalls."""
+        may_block("CB_GETATTR through another head")
+        holders = self.catalog.read(lambda conn: self.foreign(conn, ino, write=False))
+        if len(holders) != 1:
+            return None
+        (head,) = holders
+        number = next(self._fence_numbers)
+        wait = self.holder_wait + ATTR_MARGIN_S
+        if self.catalog.is_sqlite:
+            told = self._ask_by_datagram(head, number, ino, change, wait)
+        else:
+            told = self._ask_by_notification(head, number, ino, change, wait)
+        if told is None or told == ATTR_NONE:
+            return None
+        try:
+            size, got, modified = told.split(",")
+            return int(size), int(got), None if modified == ATTR_NONE else int(modified)
+        except ValueError:
+            log.debug("CB_GETATTR through head %s: answer %r", head, told)
+            return None
+
+    def _ask_by_datagram(self, head: str, number: int, ino: int, change: int, wait: float):
+        me = self.registry.name
+        deadline = time.monotonic() + wait
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.bind("")  # autobind: the answer comes back here
+            try:
+                sock.sendto(
+                    f"g {me} {number} {ino} {change}".encode(), wake_address(self.catalog, head)
+                )
+            except OSError as exc:
+                log.debug("CB_GETATTR through head %s: %s", head, exc)
+                return None
+            while (left := deadline - time.monotonic()) > 0:
+                sock.settimeout(left)
+                try:
+                    words = sock.recv(256).decode(errors="replace").split()
+                except (TimeoutError, OSError):
+                    return None
+                if len(words) == 3 and words[0] == "v" and words[1] == str(number):
+                    return words[2]
+        return None
+
+    def _ask_by_notification(self, head: str, number: int, ino: int, change: int, wait: float):
+        me, catalog = self.registry.name, self.catalog
+        payload = f"{ATTR_ASK}{head}:{me}:{number}:{ino}:{change}:"
+        with self._fence_cond:
+            self._attr_awaited.add(number)
+        try:
+            catalog.run(lambda conn: catalog.notify(conn, payload), tracked=True)
+            with self._fence_cond:
+                self._fence_cond.wait_for(lambda: number in self._attr_told, wait)
+                return self._attr_told.pop(number, None)
+        finally:
+            with self._fence_cond:
+                self._attr_awaited.discard(number)
+                self._attr_told.pop(number, None)  # (an answer later than the wait)
+
+    def _attr_asked(self, payload: str | None) -> None:
+        """PostgreSQL, in the change watch's thread: another head asks what this head's write
+        delegation holder holds of a file."""
+        if payload is None:
+            return
+        try:
+            asking, number, ino, change = payload[len(ATTR_ASK) :].split(":")[1:5]
+            told = f"{ATTR_TOLD}{asking}:{number}:"
+            catalog = self.catalog
+            self._tell_attr(
+                int(ino),
+                int(change),
+                lambda answer: catalog.run(
+                    lambda conn: catalog.notify(conn, f"{told}{answer}:"), tracked=True
+                ),
+            )
+        except ValueError:
+            log.debug("CB_GETATTR request %r", payload)
+
+    def _attr_answered(self, payload: str | None) -> None:
+        if payload is None:
+            return
+        parts = payload[len(ATTR_TOLD) :].split(":")
+        try:
+            number = int(parts[1])
+        except (IndexError, ValueError):
+            return
+        with self._fence_cond:
+            if number in self._attr_awaited:  # (not one that came after its wait)
+                self._attr_told[number] = parts[2]
+                self._fence_cond.notify_all()
+
+    def _tell_attr(self, ino: int, change: int, send: Callable[[str], object]) -> None:
+        """The holder side: ask this head's client (CB_GETATTR) in a thread of its own (the
+        caller is the event loop or the change watch, which must not wait on a client), then
+        ``send`` the answer."""
+
+        def work() -> None:
+            answer = ATTR_NONE
+            try:
+                pending = self.holder_seen(ino, change)
+                seen = None if pending is None else pending.result(self.holder_wait)
+                if seen is not None:
+                    size, got, modified = seen
+                    answer = f"{size},{got},{ATTR_NONE if modified is None else modified}"
+            except Exception as exc:  # noqa: BLE001 - any failure: the asking head recalls
+                log.info("CB_GETATTR of inode %d for another head: %s", ino, exc)
+            try:
+                send(answer)
+            except Exception as exc:  # noqa: BLE001 - the asking head times out and recalls
+                log.debug("CB_GETATTR answer to another head: %s", exc)
+
+        threading.Thread(target=work, name="cb-getattr-for-head", daemon=True).start()
 
     # -- PostgreSQL grant fences -------------------------------------------------------------
     def _fence_seen(self, payload: str | None) -> str | None:

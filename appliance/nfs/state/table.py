@@ -21,7 +21,7 @@ import logging
 import os
 
 from appliance.nfs.state.core import SPECIAL_OTHERS, StateCore
-from appliance.nfs.state.delegations import Delegations
+from appliance.nfs.state.delegations import CB_GETATTR_WAIT, Delegations
 from appliance.nfs.state.grace import Grace
 from appliance.nfs.state.head_delegations import HeadDelegations
 from appliance.nfs.state.heads import HeadRegistry, Takeover
@@ -79,6 +79,9 @@ class StateTable(StateCore):
             holdings = self.holdings = Holdings(self, heads, self.shares, self.locks)
             self.shares.holdings = self.locks.holdings = holdings
             self.delegations.heads = holdings.delegations = HeadDelegations(catalog, heads)
+            # another head's GETATTR of a file this head write-delegated: CB_GETATTR here
+            holdings.delegations.holder_seen = self.delegations.seen_for_head
+            holdings.delegations.holder_wait = CB_GETATTR_WAIT
             self.grace.cluster = heads
         self.session_records.restore()
         self.records.forget_stateless(previous)

@@ -140,9 +140,8 @@ class Call3:
         if holder is None and (state is None or not state.delegations.foreign_write(attr.ino)):
             return attr
         try:
-            if holder is None:  # another head's: recalled first
-                state.delegations.conflict(attr.ino, None, write=False)
-                return attr
+            if holder is None:  # another head's: CB_GETATTR through it
+                return state.delegations.foreign_holder_attr(attr, None)
             return state.delegations.holder_attr(holder, attr)
         except NfsError as exc:
             raise Nfs3Error(t.NFS3ERR_JUKEBOX, str(exc)) from None

@@ -144,10 +144,10 @@ def getattr_(cx, words):
             if blocking_forbidden():
                 raise WouldBlock("GETATTR of a file under another client's write delegation")
             attr = delegations.holder_attr(holder, cx.ns.getattr(node.ino))
-        elif delegations.foreign_write(node.ino):  # through another head: recalled first
+        elif delegations.foreign_write(node.ino):  # through another head: CB_GETATTR there
             if blocking_forbidden():
                 raise WouldBlock("GETATTR of a file under another head's write delegation")
-            delegations.conflict(node.ino, cx.client, write=False)
+            attr = delegations.foreign_holder_attr(cx.ns.getattr(node.ino), cx.client)
     return fattr.encode(words, cx.subject(node, attr))
 
 
@@ -428,9 +428,8 @@ def _as_holder_sees(cx, delegations, attr):
         return attr
     if blocking_forbidden():
         raise WouldBlock("READDIR of a file under another client's write delegation")
-    if holder is None:  # another head's: recalled first (DELAY)
-        delegations.conflict(attr.ino, cx.client, write=False)
-        return attr
+    if holder is None:  # another head's: CB_GETATTR through it (a recall when unanswered)
+        return delegations.foreign_holder_attr(attr, cx.client)
     return delegations.holder_attr(holder, attr)
 
 
