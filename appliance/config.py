@@ -642,10 +642,11 @@ OPTIONS: list[Option] = [
         "mds_address",
         "str",
         "",
-        "The metadata server's floating address, ADDRESS/PREFIX (IPv4): every head that sets it "
-        "campaigns for an etcd lease, and the holder adds it to mds_interface and serves there "
-        "(nfs.host must be 0.0.0.0); a dead holder's address moves to a live head within about "
-        "mds_lease_ttl_s (docs/cluster.md). Empty: no floating address.",
+        "The metadata server's floating address, ADDRESS/PREFIX (IPv4, or IPv6 but not "
+        "link-local): every head that sets it campaigns for an etcd lease, and the holder adds "
+        "it to mds_interface and serves there (nfs.host must be 0.0.0.0, or :: for IPv6); a "
+        "dead holder's address moves to a live head within about mds_lease_ttl_s "
+        "(docs/cluster.md). Empty: no floating address.",
     ),
     Option(
         "cluster",
@@ -835,13 +836,18 @@ def _check_mds_address(values: dict[str, Any]) -> None:
     if not text:
         return
     try:
-        parse_address(text)
+        address = parse_address(text)
     except ValueError as exc:
         raise ConfigError("cluster.mds_address", text, str(exc)) from None
     if not etcd_endpoints(values["cluster.etcd_endpoints"]):
         raise ConfigError("cluster.etcd_endpoints", "", "etcd URLs when mds_address is set")
     if not values["cluster.mds_interface"].strip():
         raise ConfigError("cluster.mds_interface", "", "the interface to put mds_address on")
+    if address.version == 6 and values["nfs.host"] != "::":
+        raise ConfigError(
+            "nfs.host", values["nfs.host"], ":: when cluster.mds_address is an IPv6 address "
+            "(the server must take connections to the address once it is added)",
+        )  # fmt: skip
     if values["nfs.host"] not in ("0.0.0.0", "::"):
         raise ConfigError(
             "nfs.host", values["nfs.host"], "0.0.0.0 when cluster.mds_address is set (the "

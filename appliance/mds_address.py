@@ -2,11 +2,15 @@
 
 Every head with ``[cluster] mds_address`` campaigns for an etcd lease under its own key (the
 election of engine/cluster/leader.py, the maintenance leader's code with another key and TTL).
-The holder adds the address to ``[cluster] mds_interface`` (``ip addr``), sends gratuitous ARP
-(a raw AF_PACKET frame) so every host on the segment sends to its MAC at once, and serves
-there: its NFS listener takes every local address (``nfs.host`` 0.0.0.0), so clients of the
-address reach it as soon as the address is up. With several heads over one catalog, only the
-holder expires a dead head and takes its clients' records (``takes_over``, read by
+The holder adds the address to ``[cluster] mds_interface`` (``ip addr``), announces it so
+every host on the segment sends to its MAC at once (IPv4: gratuitous ARP, a raw AF_PACKET
+frame; IPv6: an unsolicited Neighbour Advertisement with the override flag, RFC 4861 7.2.6, on
+a raw ICMPv6 socket), and serves there: its NFS listener takes every local address
+(``nfs.host`` 0.0.0.0, or :: for an IPv6 address), so clients of the address reach it as soon
+as the address is up. An IPv6 address is added without duplicate address detection
+(``nodad``): DAD would keep it tentative, taking no connections, for a second or more, and
+the lease already makes sure no other head has it. With several heads over one catalog, only
+the holder expires a dead head and takes its clients' records (``takes_over``, read by
 appliance/nfs/state/heads.py), so the clients that follow the address reclaim where they land.
 
 Two heads never answer on the address:
@@ -56,20 +60,27 @@ log = logging.getLogger("shingle.cluster")
 _trouble = RateLimitedLog(log)
 
 
-def parse_address(text: str) -> ipaddress.IPv4Interface:
-    """``ADDRESS/PREFIX`` as an IPv4 interface; ValueError with the reason otherwise (IPv6
-    would need unsolicited neighbour advertisements instead of gratuitous ARP: not built)."""
+Interface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+
+
+def parse_address(text: str) -> Interface:
+    """``ADDRESS/PREFIX`` (IPv4 or IPv6) as an interface; ValueError with the reason
+    otherwise. An IPv6 link-local address is refused: it means nothing without its interface
+    (a zone), and clients on other links cannot reach it."""
     text = str(text).strip()
     if "/" not in text:
-        raise ValueError(f"{text!r}: expected ADDRESS/PREFIX (10.0.0.9/24)")
+        raise ValueError(f"{text!r}: expected ADDRESS/PREFIX (10.0.0.9/24 or fd00::9/64)")
     try:
         interface = ipaddress.ip_interface(text)
     except ValueError:
-        raise ValueError(f"{text!r}: expected an IPv4 ADDRESS/PREFIX (10.0.0.9/24)") from None
-    if not isinstance(interface, ipaddress.IPv4Interface):
-        raise ValueError(f"{text!r}: only IPv4 addresses move (gratuitous ARP)")
-    if interface.ip.is_unspecified or interface.ip.is_loopback or interface.ip.is_multicast:
+        raise ValueError(
+            f"{text!r}: expected an IPv4 or IPv6 ADDRESS/PREFIX (10.0.0.9/24 or fd00::9/64)"
+        ) from None
+    ip = interface.ip
+    if ip.is_unspecified or ip.is_loopback or ip.is_multicast:
         raise ValueError(f"{text!r}: not an address a host can take")
+    if isinstance(ip, ipaddress.IPv6Address) and (ip.is_link_local or ip.ipv4_mapped):
+        raise ValueError(f"{text!r}: not an IPv6 address that can move (link-local or mapped)")
     return interface
 
 
@@ -92,12 +103,55 @@ def send_gratuitous_arp(interface: str, ip: ipaddress.IPv4Address) -> None:
         sock.send(arp_frame(mac, ip))
 
 
+def neighbour_advertisement(mac: bytes, ip: ipaddress.IPv6Address) -> bytes:
+    """An unsolicited Neighbour Advertisement's ICMPv6 message (RFC 4861 4.4): type 136, the
+    override flag (not solicited, not a router), target ``ip``, and the target link-layer
+    address option naming ``mac``. The checksum is left 0: the kernel fills it in for raw
+    ICMPv6 sockets. Linux replaces the link-layer address of an existing neighbour entry with
+    it at once (the override flag)."""
+    header = struct.pack("!BBHI", 136, 0, 0, 0x20000000) + ip.packed
+    return header + struct.pack("!BB", 2, 1) + mac  # option 2, length 1 (8 bytes)
+
+
+def interface_mac(interface: str) -> bytes:
+    """The Ethernet address of ``interface``; OSError when it has none."""
+    try:
+        with open(f"/sys/class/net/{interface}/address") as f:
+            mac = bytes.fromhex(f.read().strip().replace(":", ""))
+    except ValueError:
+        mac = b""
+    if len(mac) != 6:
+        raise OSError(f"{interface} has no Ethernet address: no neighbour advertisement there")
+    return mac
+
+
+def send_neighbour_advertisement(interface: str, ip: ipaddress.IPv6Address) -> None:
+    """One unsolicited Neighbour Advertisement to all nodes (ff02::1) out of ``interface``
+    (needs CAP_NET_RAW). Hop limit 255: a receiver drops neighbour discovery with any other
+    (it proves the sender is on the link)."""
+    message = neighbour_advertisement(interface_mac(interface), ip)
+    index = socket.if_nametoindex(interface)
+    with socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6) as sock:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, 255)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_IF, index)
+        sock.sendto(message, ("ff02::1", 0, 0, index))
+
+
+def announce(interface: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> None:
+    """Tell the segment that ``ip`` is at this host's ``interface`` now."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        send_neighbour_advertisement(interface, ip)
+    else:
+        send_gratuitous_arp(interface, ip)
+
+
 class FloatingAddress:
     """The address on this host's interface, through iproute2's ``ip``."""
 
-    def __init__(self, address: ipaddress.IPv4Interface, interface: str):
+    def __init__(self, address: Interface, interface: str):
         self.address = address
         self.interface = interface
+        self.family = "-6" if address.version == 6 else "-4"
 
     @property
     def ip(self) -> str:
@@ -115,16 +169,19 @@ class FloatingAddress:
             raise OSError(f"interface {self.interface!r}: {done.stderr.strip() or 'not found'}")
 
     def present(self) -> bool:
-        done = self._ip("-o", "-4", "addr", "show", "dev", self.interface)
+        done = self._ip("-o", self.family, "addr", "show", "dev", self.interface)
         return done.returncode == 0 and f" {self.address.with_prefixlen} " in done.stdout
 
     def put(self, lifetime_s: int) -> None:
         """Add the address, or renew its lifetime: the kernel deletes it ``lifetime_s`` (to
         ``lifetime_s`` + 1) seconds from now unless renewed."""
         life = str(max(1, int(lifetime_s)))
+        # IPv6: no duplicate address detection, which would keep it tentative (taking no
+        # connections) for a second or more; the lease makes sure no other head has it
+        nodad = ("nodad",) if self.address.version == 6 else ()
         done = self._ip(
             "addr", "replace", self.address.with_prefixlen, "dev", self.interface,
-            "valid_lft", life, "preferred_lft", life,
+            "valid_lft", life, "preferred_lft", life, *nodad,
         )  # fmt: skip
         if done.returncode != 0:
             raise OSError(f"ip addr replace {self.address} dev {self.interface}: "
@@ -275,9 +332,9 @@ class MdsAddress:
             return
         self._garp_due = [when for when in self._garp_due if when > now]
         try:
-            send_gratuitous_arp(self.address.interface, self.address.address.ip)
-        except OSError as exc:  # clients then find the new holder when their ARP entry ages
-            _trouble.warning("garp", "cluster: gratuitous ARP for %s failed: %s",
+            announce(self.address.interface, self.address.address.ip)
+        except OSError as exc:  # clients then find the new holder when their entry ages
+            _trouble.warning("garp", "cluster: announcing %s failed: %s",
                              self.address.address, exc)  # fmt: skip
 
     def _release(self, why: str) -> None:

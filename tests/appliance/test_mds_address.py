@@ -1,18 +1,29 @@
-"""The floating metadata server address: its config checks, its ARP frame, and its guard's
-steps against a lease clock (tests/cluster/test_mds_failover.py moves it between two heads on
-the test bed)."""
+"""The floating metadata server address: its config checks, its ARP frame and IPv6 Neighbour
+Advertisement, its guard's steps against a lease clock, and an IPv6 address put on an
+interface of a network namespace of this test's own (tests/cluster/test_mds_failover.py moves
+an IPv4 one between two heads on the test bed)."""
 
 from __future__ import annotations
 
 import ipaddress
 import math
+import os
+import subprocess
+import sys
 import time
 import types
+from pathlib import Path
 
 import pytest
 
 from appliance import config, mds_address
-from appliance.mds_address import LIFETIME_MARGIN_S, MdsAddress, arp_frame, parse_address
+from appliance.mds_address import (
+    LIFETIME_MARGIN_S,
+    MdsAddress,
+    arp_frame,
+    neighbour_advertisement,
+    parse_address,
+)
 from engine.base.errors import ConfigError
 
 ETCD = "http://10.0.0.1:2379"
@@ -33,7 +44,8 @@ def test_an_address_with_an_interface_and_etcd_is_accepted():
     ("document", "key"),
     [
         (settings(mds_address="10.0.0.9", mds_interface="eth0"), "cluster.mds_address"),
-        (settings(mds_address="fd00::9/64", mds_interface="eth0"), "cluster.mds_address"),
+        (settings(mds_address="fd00::9/64", mds_interface="eth0"), "nfs.host"),
+        (settings(mds_address="fe80::9/64", mds_interface="eth0"), "cluster.mds_address"),
         (settings(mds_address="127.0.0.9/8", mds_interface="eth0"), "cluster.mds_address"),
         (settings(mds_address="10.0.0.9/24"), "cluster.mds_interface"),
         (
@@ -58,6 +70,13 @@ def test_a_config_the_address_cannot_work_with_is_refused_naming_the_key(documen
 
 def test_parse_address_keeps_the_prefix():
     assert parse_address(" 10.131.0.9/24 ").with_prefixlen == "10.131.0.9/24"
+    assert parse_address("fd00:131::9/64").with_prefixlen == "fd00:131::9/64"
+
+
+def test_an_ipv6_address_listens_on_every_ipv6_address():
+    document = settings(mds_address="fd00::9/64", mds_interface="eth0")
+    values = config.from_dict({**document, "nfs": {"host": "::"}})
+    assert values.get("cluster.mds_address") == "fd00::9/64"
 
 
 def test_the_gratuitous_arp_frame_names_the_address_as_sender_and_target():
@@ -147,3 +166,83 @@ def test_a_late_keepalive_lets_the_address_lapse_and_only_a_lost_lease_closes_co
     clock[0] = lease.until
     guard._step()
     assert released == ["10.0.0.9"] and address.removed == 1
+
+
+def test_the_neighbour_advertisement_overrides_and_names_the_address_and_mac():
+    mac = bytes.fromhex("020000000001")
+    ip = ipaddress.IPv6Address("fd00:131::9")
+    message = neighbour_advertisement(mac, ip)
+    assert len(message) == 32  # header (8), target (16), link-layer address option (8)
+    assert message[:4] == bytes([136, 0, 0, 0])  # type, code, checksum (the kernel's)
+    assert message[4:8] == bytes.fromhex("20000000")  # override; not solicited, not a router
+    assert message[8:24] == ip.packed
+    assert message[24:] == b"\x02\x01" + mac  # target link-layer address, 8 bytes
+
+
+HOLDER = """
+import ipaddress, socket, sys
+from appliance.mds_address import FloatingAddress, announce, parse_address
+server = socket.create_server(("::", 20499), family=socket.AF_INET6, dualstack_ipv6=True)
+address = FloatingAddress(parse_address(sys.argv[1]), "eth0")
+address.put(5)
+announce("eth0", address.address.ip)
+print("up" if address.present() else "absent", flush=True)
+server.settimeout(20)
+conn, _ = server.accept()
+conn.sendall(b"served")
+conn.close()
+print("removed" if address.remove() and not address.present() else "left", flush=True)
+"""
+
+
+def test_an_ipv6_address_serves_at_once_and_its_advertisement_moves_the_neighbour(tmp_path):
+    """An IPv6 floating address put in a namespace of this test's own (a veth pair to a
+    client namespace): the client's stale neighbour entry for it (another MAC, as after the
+    address moved) takes the holder's MAC from the unsolicited advertisement, and a client
+    connects at once (nodad: no tentative second); removed, it is gone."""
+    ns = [f"shv6-{os.getpid()}-{side}" for side in ("holder", "client")]
+    address, client = "fd00:131::9/64", "fd00:131::2/64"
+
+    def ip(*args: str) -> str:
+        return subprocess.run(["ip", *args], check=True, capture_output=True, text=True).stdout
+
+    try:
+        for name in ns:
+            ip("netns", "add", name)
+        ip("-n", ns[0], "link", "add", "eth0", "type", "veth", "peer", "eth0", "netns", ns[1])
+        for name in ns:
+            ip("-n", name, "link", "set", "eth0", "up")
+        ip("-n", ns[1], "addr", "add", client, "dev", "eth0", "nodad")
+        # as a client that knew the address at another head's MAC
+        ip("-n", ns[1], "neigh", "add", "fd00:131::9", "lladdr", "02:00:00:00:00:99",
+           "dev", "eth0", "nud", "stale")  # fmt: skip
+        mac = ip("-n", ns[0], "-o", "link", "show", "eth0").split("link/ether ")[1].split()[0]
+        holder = subprocess.Popen(
+            ["ip", "netns", "exec", ns[0], sys.executable, "-c", HOLDER, address],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )  # fmt: skip
+        try:
+            assert holder.stdout is not None
+            line = holder.stdout.readline().strip()
+            if line != "up":
+                holder.kill()
+                pytest.fail(f"the holder said {line!r}: {holder.communicate()[1][-2000:]}")
+            neighbour = ip("-n", ns[1], "-6", "neigh", "show", "fd00:131::9", "dev", "eth0")
+            assert f"lladdr {mac}" in neighbour, (mac, neighbour)
+            started = time.monotonic()
+            got = subprocess.run(
+                ["ip", "netns", "exec", ns[1], sys.executable, "-c",
+                 "import socket; s = socket.create_connection(('fd00:131::9', 20499), 10); "
+                 "print(s.recv(16).decode())"],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            assert got.stdout.strip() == "served", got.stderr
+            assert time.monotonic() - started < 5
+            assert holder.stdout.readline().strip() == "removed"
+        finally:
+            holder.kill()
+            holder.wait(10)
+    finally:
+        for name in ns:
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
