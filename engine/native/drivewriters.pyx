@@ -1,23 +1,24 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The drives' writer threads in C: appends and fdatasync without the GIL.
 
-Each ``DriveQueue`` owns two POSIX threads, as the Python writers have: the writer takes
-everything queued for its drive at once and writes the appends in order (pwrite), and the
-syncer makes what was written durable with one fdatasync per zone file (while it syncs, the
-writer goes on writing: the next fdatasync covers all of that), and only then counts each
-append's ``Ticket`` down. A lone append with nothing else going on is written durably in one
-pwritev2(RWF_DSYNC) and finished by the writer, without a hand-off. The threads take the GIL
+Each ``DriveQueue`` owns one POSIX thread: it takes everything queued for its drive at once,
+writes the appends in order (pwrite, starting their writeback with sync_file_range), makes them
+durable with one fdatasync per zone file, and only then counts each append's ``Ticket`` down;
+whatever is queued meanwhile is the next batch, which the next fdatasync covers (group commit).
+A batch of one append is written durably in one pwritev2(RWF_DSYNC). The thread takes the GIL
 only where Python must run: when a ticket reaches zero (its ``all_written()``), when an append
 or fdatasync failed (the ``on_error`` callback first, then the count), and for ``call(fn)``
-items, which run in queue order after every append queued before them is durable (the writer
-waits for them, so nothing queued later overtakes them). Buffers and tickets of finished appends are released by
-the next caller that holds the GIL anyway (the next ``append``, a GIL section of the thread,
-``stop``), so a batch that completes no ticket costs no GIL at all.
+items, which run in queue order after every append queued before them is durable (so nothing
+queued later overtakes them). Buffers and tickets of finished appends are released by the next
+caller that holds the GIL anyway (the next ``append``, a GIL section of the thread, ``stop``),
+so a batch that completes no ticket costs no GIL at all.
 
 Why: in the pure-Python writers each fragment took a drive thread and its syncer through the
 GIL four to six times (queue wake-up, the append's return, the fsync's return, the ticket's
 lock and event); with ten drives and eight NFS writers that contention, not the CPUs, bounded
-the data path (docs/ARCHITECTURE.md "Where the time goes")."""
+the data path (docs/performance.md). A second thread per drive that synced while the writer
+wrote the next batch overlapped only the page-cache copy, and cost a wake-up and a thread
+switch per batch ("The compiled drive writers" in docs/datapath.md has the figures)."""
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
@@ -114,15 +115,8 @@ cdef struct Op:
 cdef struct QueueState:
     pthread_mutex_t lock
     pthread_cond_t cond        # the writer waits here for work
-    pthread_cond_t sync_cond   # the syncer waits here for written appends
-    pthread_cond_t call_cond   # the writer waits here for a call the syncer runs
     Op *head
     Op *tail
-    Op *sync_head              # written appends (and calls) for the syncer, in order
-    Op *sync_tail
-    bint sync_busy
-    bint call_done
-    pthread_t syncer
     Op *garbage        # finished ops whose buffer and ticket wait for the GIL
     PyObject *on_error
     # counters (read with the lock held)
@@ -294,7 +288,7 @@ cdef void write_run(QueueState *q, Op *first, Op *stop_at) noexcept nogil:
     while op != stop_at:
         op.err = write_op(op)
         if op.err == 0:
-            # start writing it out now, so the syncer's fdatasync finds little left to do
+            # start writing it out now: the device works on it while the next appends are written
             sync_file_range(
                 op.fd, op.offset, <off_t>(op.head_len + op.length), SYNC_FILE_RANGE_WRITE
             )
@@ -338,18 +332,6 @@ cdef void sync_run(QueueState *q, Op *first, Op *stop_at) noexcept nogil:
                         other = other.next
         op = op.next
     q.sync_ns += now_ns() - t0
-
-
-cdef void hand_to_syncer(QueueState *q, Op *first, Op *last) noexcept nogil:
-    pthread_mutex_lock(&q.lock)
-    last.next = NULL
-    if q.sync_tail == NULL:
-        q.sync_head = first
-    else:
-        q.sync_tail.next = first
-    q.sync_tail = last
-    pthread_cond_signal(&q.sync_cond)
-    pthread_mutex_unlock(&q.lock)
 
 
 cdef void to_garbage(QueueState *q, Op *first, Op *last) noexcept nogil:
@@ -402,67 +384,15 @@ cdef void run_call(Op *op) noexcept with gil:
         traceback.print_exc()  # the callables handle their own errors; this is a bug
 
 
-cdef void *syncer_main(void *arg) noexcept nogil:
-    """fdatasync what the writer wrote, as many appends per fdatasync as arrived meanwhile,
-    then count them down; run calls once everything before them is durable."""
+cdef void *writer_main(void *arg) noexcept nogil:
+    """Write each batch of appends in queue order and make it durable before taking the next
+    (a batch of one append in one pwritev2 with RWF_DSYNC); run calls in their place."""
     cdef QueueState *q = <QueueState *>arg
     cdef Op *batch
     cdef Op *op
     cdef Op *run_start
-    cdef Op *nxt
     cdef Op *last
     cdef bint stopping = False
-    cdef PyGILState_STATE gstate = PyGILState_Ensure()
-    cdef PyThreadState *tstate = PyEval_SaveThread()
-    while not stopping:
-        pthread_mutex_lock(&q.lock)
-        while q.sync_head == NULL:
-            q.sync_busy = False
-            pthread_cond_wait(&q.sync_cond, &q.lock)
-        q.sync_busy = True
-        batch = q.sync_head
-        q.sync_head = q.sync_tail = NULL
-        pthread_mutex_unlock(&q.lock)
-        op = batch
-        while op != NULL:
-            if op.kind == OP_APPEND:
-                run_start = op
-                while op != NULL and op.kind == OP_APPEND:
-                    op = op.next
-                sync_run(q, run_start, op)
-                complete_appends(q, run_start, op)
-            elif op.kind == OP_CALL:
-                run_call(op)
-                pthread_mutex_lock(&q.lock)
-                q.call_done = True
-                pthread_cond_signal(&q.call_cond)
-                pthread_mutex_unlock(&q.lock)
-                op = op.next
-            else:
-                stopping = True
-                op = op.next
-        last = batch
-        while last.next != NULL:
-            last = last.next
-        to_garbage(q, batch, last)
-    pthread_mutex_lock(&q.lock)
-    q.sync_busy = False
-    pthread_mutex_unlock(&q.lock)
-    PyEval_RestoreThread(tstate)
-    PyGILState_Release(gstate)
-    return NULL
-
-
-cdef void *writer_main(void *arg) noexcept nogil:
-    """Write the appends in queue order; hand them to the syncer (a lone append with nothing
-    else going on is written durably in one call and finished here, without a hand-off)."""
-    cdef QueueState *q = <QueueState *>arg
-    cdef Op *batch
-    cdef Op *op
-    cdef Op *nxt
-    cdef Op *run_start
-    cdef Op *run_last
-    cdef bint stopping = False, alone
     cdef PyGILState_STATE gstate = PyGILState_Ensure()
     cdef PyThreadState *tstate = PyEval_SaveThread()
     while not stopping:
@@ -477,47 +407,28 @@ cdef void *writer_main(void *arg) noexcept nogil:
         while op != NULL:
             if op.kind == OP_APPEND:
                 run_start = op
-                while op.next != NULL and op.next.kind == OP_APPEND:
+                while op != NULL and op.kind == OP_APPEND:
                     op = op.next
-                run_last = op
-                op = op.next
-                pthread_mutex_lock(&q.lock)
-                alone = (
-                    run_start == run_last
-                    and q.head == NULL
-                    and q.sync_head == NULL
-                    and not q.sync_busy
-                )
-                pthread_mutex_unlock(&q.lock)
-                if alone:
+                if run_start.next == op:
                     run_start.err = write_durable(run_start)
                     q.appends += 1
                     q.syncs += 1
                     q.bytes += <uint64_t>(run_start.head_len + run_start.length)
-                    run_last.next = NULL
-                    complete_appends(q, run_start, NULL)
-                    to_garbage(q, run_start, run_last)
                 else:
-                    run_last.next = NULL
-                    write_run(q, run_start, NULL)
-                    hand_to_syncer(q, run_start, run_last)
+                    write_run(q, run_start, op)
+                    sync_run(q, run_start, op)
+                complete_appends(q, run_start, op)
+            elif op.kind == OP_CALL:
+                # every append queued before it is durable (the runs above completed first)
+                run_call(op)
+                op = op.next
             else:
-                nxt = op.next
-                # a call (or the stop) runs in the syncer, after the appends before it are
-                # durable; the writer waits for a call, so nothing queued after it overtakes it
-                pthread_mutex_lock(&q.lock)
-                q.call_done = False
-                pthread_mutex_unlock(&q.lock)
-                if op.kind == OP_STOP:
-                    stopping = True
-                hand_to_syncer(q, op, op)
-                if op.kind == OP_CALL:
-                    pthread_mutex_lock(&q.lock)
-                    while not q.call_done:
-                        pthread_cond_wait(&q.call_cond, &q.lock)
-                    pthread_mutex_unlock(&q.lock)
-                op = nxt
-    pthread_join(q.syncer, NULL)
+                stopping = True
+                op = op.next
+        last = batch
+        while last.next != NULL:
+            last = last.next
+        to_garbage(q, batch, last)
     PyEval_RestoreThread(tstate)
     PyGILState_Release(gstate)
     return NULL
@@ -539,12 +450,8 @@ cdef class DriveQueue:
             raise MemoryError()
         pthread_mutex_init(&self.q.lock, NULL)
         pthread_cond_init(&self.q.cond, NULL)
-        pthread_cond_init(&self.q.sync_cond, NULL)
-        pthread_cond_init(&self.q.call_cond, NULL)
         self.on_error_ref = on_error
         self.q.on_error = <PyObject *>on_error
-        if pthread_create(&self.q.syncer, NULL, syncer_main, <void *>self.q) != 0:
-            raise OSError("could not start a drive syncer thread")
         if pthread_create(&self.thread, NULL, writer_main, <void *>self.q) != 0:
             raise OSError("could not start a drive writer thread")
         self.started = True
@@ -664,7 +571,5 @@ cdef class DriveQueue:
             return
         pthread_mutex_destroy(&self.q.lock)
         pthread_cond_destroy(&self.q.cond)
-        pthread_cond_destroy(&self.q.sync_cond)
-        pthread_cond_destroy(&self.q.call_cond)
         free(self.q)
         self.q = NULL
