@@ -27,6 +27,7 @@ from appliance.agent import folders as folders_mod
 from appliance.host.addresses import client_addresses, url_host
 from appliance.private import write_private
 from engine.base.errors import ConfigError
+from engine.catalog.changelog import RING_SUFFIX
 
 log = logging.getLogger("shingle.install")
 
@@ -395,7 +396,9 @@ def _own_catalog_files(config: config_mod.Config, on_host: bool) -> None:
     url = config.catalog_url
     if url.startswith("sqlite:///"):
         db = Path(url[len("sqlite:///") :])
-        for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+        # the change ring (engine/catalog/changelog.py) names files too
+        siblings = ("-wal", "-shm", RING_SUFFIX)
+        for path in (db, *(db.with_name(db.name + suffix) for suffix in siblings)):
             if path.exists():
                 path.chmod(0o640)  # password hashes and token digests: not for every local user
             _chown(path, on_host)

@@ -603,7 +603,7 @@ class AlertService:
                 changed.append((alert_id, ACTIVE))
             return changed
 
-        changed = self.catalog.run(work, tracked=True)
+        changed = self.catalog.run(work, tracked=True, published=True)
         return [Notice(self.get(alert_id), change) for alert_id, change in changed]
 
     def record_cleared(self, kind: str, finding: Finding, first_ns: int) -> Notice:
@@ -633,7 +633,7 @@ class AlertService:
             )
             return alert_id
 
-        return Notice(self.get(self.catalog.run(work, tracked=True)), CLEARED)
+        return Notice(self.get(self.catalog.run(work, tracked=True, published=True)), CLEARED)
 
     def acknowledge(self, alert_id: int, actor: str) -> AlertRecord:
         now = time.time_ns()
@@ -659,7 +659,7 @@ class AlertService:
                 details={"alert": alert_id},
             )
 
-        self.catalog.run(work, tracked=True)
+        self.catalog.run(work, tracked=True, published=True)
         return self.get(alert_id)
 
     def get(self, alert_id: int) -> AlertRecord:

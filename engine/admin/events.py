@@ -57,7 +57,7 @@ def record_in(
 
 def record(catalog: Catalog, kind: str, message: str, **kwargs) -> None:
     catalog.run(
-        lambda conn: record_in(conn, kind, message, **kwargs), tracked=True
+        lambda conn: record_in(conn, kind, message, **kwargs), tracked=True, published=True
     )  # events are cached nowhere
 
 

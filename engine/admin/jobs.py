@@ -166,7 +166,7 @@ def submit(
         )
         return job_id
 
-    return catalog.run(work, tracked=True)  # jobs and events are cached nowhere
+    return catalog.run(work, tracked=True, published=True)  # jobs and events are cached nowhere
 
 
 def get(catalog: Catalog, job_id: int) -> JobRecord:
@@ -221,6 +221,7 @@ def claim(catalog: Catalog, job_id: int) -> JobRecord | None:
             ).rowcount
         ),
         tracked=True,
+        published=True,
     )
     return get(catalog, job_id) if claimed else None
 
@@ -248,6 +249,7 @@ def progress_writer(
                 )
             ),
             tracked=True,
+            published=True,
         )
 
     return progress
@@ -281,6 +283,7 @@ class Heartbeat:
                         .values(heartbeat_ns=time.time_ns())
                     ),
                     tracked=True,
+                    published=True,
                 )
             except CatalogUnreachable:
                 pass  # counted by the catalog's outage log; the next beat tries again
@@ -343,7 +346,7 @@ def recover_interrupted(catalog: Catalog, *, actor: str = "daemon") -> list[JobR
             )
         return [row.id for row in rows]
 
-    return [get(catalog, job_id) for job_id in catalog.run(work, tracked=True)]
+    return [get(catalog, job_id) for job_id in catalog.run(work, tracked=True, published=True)]
 
 
 def finish(
@@ -384,7 +387,7 @@ def finish(
             details={"job": job_id},
         )
 
-    catalog.run(work, tracked=True)
+    catalog.run(work, tracked=True, published=True)
 
 
 def wait(

@@ -76,7 +76,7 @@ def record_sample(catalog: Catalog, *, time_ns: int | None = None, **counters: f
             )
         )
 
-    catalog.run(work, tracked=True)  # samples are cached nowhere
+    catalog.run(work, tracked=True, published=True)  # samples are cached nowhere
 
 
 def series(catalog: Catalog, name: str, since_ns: int) -> list[tuple[int, float]]:

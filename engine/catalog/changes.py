@@ -26,21 +26,35 @@ immediate for one caller, at the cost of a round trip.
 (a payload that starts with its prefix, sent with ``pg_notify`` inside a transaction, so it is
 delivered at the commit): NFS heads push recall requests and grant fences this way
 (appliance/nfs/state/head_delegations.py). Such payloads do not move the epoch (the rows the
-transaction wrote fired the table's own notification anyway)."""
+transaction wrote fired the table's own notification anyway).
+
+Change records (engine/catalog/changelog.py): a write run with ``Catalog.run(published=True)``
+sends, last in its transaction, its writer's token (a duplicate of the table trigger's, which
+PostgreSQL drops; it stands in when only a table without the trigger was written) and then
+``chg:<token>:<record>``. A transaction's notifications are contiguous in the queue (commits
+that notify are serialized), so a record belongs to the latest epoch step of its writer: that
+step then says what changed, and other processes' caches evict just that
+(``records(old, new)``). A step without a record (an untracked write, a lost connection, a
+record that arrived in a later packet than its step) is unknown: caches empty themselves."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from engine.base.ratelog import OutageLog
+from engine.catalog.changelog import Change
 
 CHANNEL = "shingle_catalog"
 WRITER_SETTING = "shingle.writer"  # the GUC the trigger reads: which Catalog wrote
 PING = "ping:"  # payloads of pings; any other payload is a writer's token
+RECORD = "chg:"  # + writer token + ":" + JSON [inodes, [[dir, name], ...]]: a change record
+RECORDS_KEEP = 4096  # epoch steps whose records are kept; a reader further behind empties
 WATCH_APPLICATION = "shingle-change-watch"  # application_name of the LISTEN connection
 SYNC_INTERVAL_S = 0.1
 STALE_AFTER_S = 1.0
@@ -77,6 +91,10 @@ class ChangeWatch:
         self.backend_pid: int | None = None  # of the LISTEN connection (tests kill it)
         # (prefix, callback): see subscribe()
         self._subscribers: list[tuple[str, Callable[[str | None], str | None]]] = []
+        # epoch step -> what its commit changed (None: unknown), and each writer's latest step
+        self._records: dict[int, Change | None] = {}
+        self._record_order: deque[int] = deque()
+        self._last_step: dict[str, int] = {}
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="catalog-change-watch", daemon=True)
@@ -88,6 +106,24 @@ class ChangeWatch:
         if time.monotonic() - self._synced_at > STALE_AFTER_S:
             return None
         return self._epoch
+
+    def records(self, old: int, new: int) -> list[Change] | None:
+        """The records of the epoch steps after ``old`` up to ``new`` that changed anything, or
+        None when one of them is unknown."""
+        if new <= old:
+            return []
+        if new - old > RECORDS_KEEP:
+            return None
+        found = []
+        with self._cond:
+            records = self._records
+            for step in range(old + 1, new + 1):
+                change = records.get(step)
+                if change is None:
+                    return None
+                if change.inos or change.names:
+                    found.append(change)
+        return found
 
     def moved(self) -> None:
         """This process committed a change its caches do not account for."""
@@ -197,13 +233,17 @@ class ChangeWatch:
                 number, _sent = self._new_ping()
                 conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{PING}{self.token}:{number}"))
                 last_ping = now
-            replies: list[str] = []
             # stop_after=1: back here after each packet of notifications, to send the
-            # subscribers' replies (the connection is busy while notifies() runs)
-            for notice in conn.notifies(
-                timeout=max(last_ping + SYNC_INTERVAL_S - now, 0.001), stop_after=1
-            ):
-                replies += self._received(notice.payload)
+            # subscribers' replies (the connection is busy while notifies() runs); a packet is
+            # taken whole, so a record is published with the step it belongs to
+            replies = self._received_all(
+                [
+                    notice.payload
+                    for notice in conn.notifies(
+                        timeout=max(last_ping + SYNC_INTERVAL_S - now, 0.001), stop_after=1
+                    )
+                ]
+            )
             for reply in replies:
                 conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, reply))
             with self._cond:
@@ -223,6 +263,63 @@ class ChangeWatch:
                 if reply is not None:
                     replies.append(reply)
         return replies
+
+    def _received_all(self, payloads: list[str]) -> list[str]:
+        """One packet of notifications, in order; the subscribers' replies to send. Epoch steps
+        are published together, each with its record when the packet holds it, and always
+        before a ping of this process is taken as caught up."""
+        replies: list[str] = []
+        steps: list[list] = []  # [writer, record]
+        for payload in payloads:
+            if payload.startswith(RECORD):
+                self._record(payload, steps)
+            elif payload.startswith(PING) or (
+                self._subscribers and any(payload.startswith(p) for p, _ in self._subscribers)
+            ):
+                if steps and payload.startswith(PING):
+                    self._publish(steps)
+                    steps = []
+                replies += self._received(payload)
+            elif payload != self.token:
+                steps.append([payload, None])
+        if steps:
+            self._publish(steps)
+        return replies
+
+    def _record(self, payload: str, steps: list[list]) -> None:
+        """A change record: it belongs to its writer's latest step (module docstring)."""
+        writer, _, body = payload[len(RECORD) :].partition(":")
+        if writer == self.token:
+            return
+        try:
+            inos, names = json.loads(body)
+            change = Change(tuple(inos), tuple((int(d), str(n)) for d, n in names))
+        except (ValueError, TypeError) as exc:
+            log.debug("catalog: a change record that does not parse: %s", exc)
+            return
+        for step in reversed(steps):
+            if step[0] == writer:
+                if step[1] is None:
+                    step[1] = change
+                return
+        with self._cond:  # its step came in an earlier packet: unknown until now
+            step_no = self._last_step.get(writer)
+            if step_no is not None and step_no in self._records and self._records[step_no] is None:
+                self._records[step_no] = change
+
+    def _publish(self, steps: list[list]) -> None:
+        with self._cond:
+            records, order = self._records, self._record_order
+            for writer, change in steps:
+                self._epoch += 1
+                records[self._epoch] = change
+                self._last_step[writer] = self._epoch
+                order.append(self._epoch)
+            while len(order) > RECORDS_KEEP:
+                gone = order.popleft()
+                records.pop(gone, None)
+            if len(self._last_step) > RECORDS_KEEP:  # writers that come and go (admin commands)
+                self._last_step = {w: s for w, s in self._last_step.items() if s in records}
 
     def _received(self, payload: str) -> list[str]:
         """What ``payload`` means (the epoch moved, a ping came back, a subscriber's), and the

@@ -49,7 +49,9 @@ from engine.base.ordered_lock import lock
 from engine.base.ratelog import OutageLog
 from engine.catalog.changes import CHANNEL, KEEPALIVE, WRITER_SETTING
 from engine.catalog.epoch import (
+    CHANGE_RECORD,
     COMMIT_NUMBER,
+    SLOT_NUMBER,
     WAL_INDEX_FRAMES,
     WAL_INDEX_U32,
     CommitEpoch,
@@ -338,6 +340,7 @@ class Catalog:
         self.subscribe = self.epochs.subscribe
         self.unsubscribe = self.epochs.unsubscribe
         self.only_tracked = self.epochs.only_tracked
+        self.namespace_changes = self.epochs.namespace_changes
         self._database: str | None = None  # SQLite: the file, counted in _open_databases
         if self.is_sqlite:
             self.engine: Engine = create_engine(
@@ -424,6 +427,7 @@ class Catalog:
         write: bool = True,
         durable: bool = False,
         tracked: bool = False,
+        published: bool = False,
         foreign_keys: bool = True,
     ) -> T:
         """Run ``work(conn)`` in one transaction, retrying transient conflicts.
@@ -431,6 +435,10 @@ class Catalog:
         ``durable``: the commit is on stable storage when this returns. ``tracked``: this process
         accounts for the commit in its caches itself (it evicts what it changed, or it changes
         nothing that is cached), so ``only_tracked`` may let caches keep their entries.
+        ``published`` (with ``tracked``): other processes learn what the commit changed of the
+        namespace's cache, what ``work`` passes to ``Catalog.changes`` (nothing, if it passes
+        nothing), and evict just that (engine/catalog/changelog.py); without it their caches
+        empty themselves at this commit.
         ``foreign_keys=False`` (SQLite; PostgreSQL always checks): SQLite's per-row checks and
         cascades are skipped, for work that keeps the references whole itself (it inserts rows
         copied from valid ones onto rows it inserted first, or deletes every referencing row
@@ -438,10 +446,8 @@ class Catalog:
         may_block("catalog transaction")
         deadline = time.monotonic() + RETRY_DEADLINE_S
         delay = 0.001
-        if write and (fence := _FENCE.get()) is not None and fence[0] is self:
-            work = fence[1](work)
-        if tracked and write and self.epochs.wal_index is not None:
-            work = self.epochs.counting(work)
+        if write:
+            work = self._write_work(work, tracked=tracked, published=published and tracked)
         while True:
             queued = self.is_sqlite and write
             try:
@@ -476,9 +482,12 @@ class Catalog:
                                     result = work(conn)
                             # set by CommitEpoch.counting: the commit went through
                             number = info.get(COMMIT_NUMBER)
+                            info.pop(SLOT_NUMBER, None)
                         finally:
                             del info[AFTER_COMMIT]
                             info.pop(COMMIT_NUMBER, None)
+                            if (slot := info.pop(SLOT_NUMBER, None)) is not None:
+                                self.epochs.commit_failed(slot)  # its record is not true
                     finally:
                         self._let_go(conn, own)
                 finally:
@@ -510,6 +519,18 @@ class Catalog:
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.05)
 
+    def _write_work(self, work, *, tracked: bool, published: bool):
+        """``work`` of a write transaction, checked against the leader fence (``fenced``),
+        counted (SQLite: its commit number, its change record's ring slot) or publishing its
+        change record (PostgreSQL)."""
+        if (fence := _FENCE.get()) is not None and fence[0] is self:
+            work = fence[1](work)
+        if self.epochs.wal_index is not None:
+            return self.epochs.counting(work, tracked=tracked, published=published)
+        if published and not self.is_sqlite:
+            return self.epochs.publishing(work)
+        return work
+
     @contextlib.contextmanager
     def fenced(self, token: int, still_leader: Callable[[], bool] = lambda: True) -> Iterator[None]:
         """Every write transaction run in this context (this thread, and threads started with a
@@ -521,6 +542,17 @@ class Catalog:
             yield
         finally:
             _FENCE.reset(reset)
+
+    @staticmethod
+    def changes(conn: Connection, inos=(), names=()) -> None:
+        """In a ``run(published=True)`` work: its commit changes the attributes (and extended
+        attributes) of ``inos`` and the (directory inode, name) entries ``names``, as far as
+        the namespace's cache is concerned; other processes evict them (changelog.py). Nothing
+        outside a published write."""
+        found = conn.info.get(CHANGE_RECORD)
+        if found is not None:
+            found[0].extend(inos)
+            found[1].extend(names)
 
     @staticmethod
     def after_commit(conn: Connection, callback: Callable[[], None]) -> None:

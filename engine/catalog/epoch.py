@@ -15,7 +15,8 @@ from collections.abc import Callable
 from engine.base.blocking import may_block
 from engine.base.ordered_lock import lock
 from engine.base.ratelog import OutageLog
-from engine.catalog.changes import ChangeWatch
+from engine.catalog.changelog import NOTHING, Change, ChangeRing
+from engine.catalog.changes import CHANNEL, RECORD, ChangeWatch
 
 log = logging.getLogger("shingle.catalog")
 
@@ -27,6 +28,14 @@ WAL_INDEX_CHANGE = 8  # offset of iChange: the commit counter
 WAL_INDEX_FRAMES = 16  # offset of mxFrame: frames in the WAL
 TRACKED_KEEP = 4096  # tracked commit numbers remembered; a longer gap clears the caches
 COMMIT_NUMBER = "shingle.commit_number"
+SLOT_NUMBER = "shingle.slot_number"  # the ring slot a write filled, until its COMMIT is done
+CHANGE_RECORD = "shingle.change_record"  # (inos, names) a published write passes on
+# only if the transaction wrote a row: a record of a transaction that changed nothing would be
+# paired with another transaction's notification (changes.py)
+PG_RECORD_SQL = (
+    "SELECT pg_notify(%s, %s), pg_notify(%s, %s) WHERE pg_current_xact_id_if_assigned() IS NOT NULL"
+)
+PG_RECORD_MAX = 7000  # NOTIFY payloads stop at 8000 bytes; a longer record is not sent
 
 
 # -shm path -> (inode, map, descriptor). Closing any descriptor of a file drops every POSIX lock
@@ -122,6 +131,9 @@ class CommitEpoch:
         self._watch: sqlite3.Connection | None = None  # SQLite: for the epoch (see epoch())
         self._watch_lock = lock("catalog.watch")
         self.wal_index: mmap.mmap | None = None
+        self.ring: ChangeRing | None = None  # SQLite: the change records (changelog.py)
+        # commits of other processes whose record was missing: their caches were emptied
+        self.records_missing = 0
         self._tracked: set[int] = set()  # commit numbers of this process's tracked commits
         self._tracked_order: deque = deque()
         self._tracked_lock = lock("catalog.tracked")
@@ -205,22 +217,100 @@ class CommitEpoch:
         tracked = self._tracked
         return all((old + i) & 0xFFFFFFFF in tracked for i in range(1, ahead + 1))
 
-    def counting(self, work):
-        """``work`` that notes, inside its write transaction, which number its commit will get."""
+    def namespace_changes(self, old: int, new: int) -> list[Change] | None:
+        """What the commits that moved the epoch from ``old`` to ``new`` changed of what the
+        namespace caches: the records of other processes' commits and of this process's
+        untracked ones (this process's tracked commits are left out: their writers evict what
+        they changed themselves), or None when one of them is unknown (no record, or it is
+        gone: the cache must empty itself). A ``new`` older than ``old`` changes nothing."""
+        if old == new:
+            return []
+        if not self.is_sqlite:
+            changes = self.changes
+            found = changes.records(old, new) if changes is not None else None
+        else:
+            found = self._ring_records(old, new)
+        if found is None:
+            self.records_missing += 1
+        return found
+
+    def _ring_records(self, old: int, new: int) -> list[Change] | None:
+        if self.wal_index is None:
+            return None
+        ahead = commits_between(old, new)
+        if ahead < 0:
+            return []
+        if ahead > TRACKED_KEEP:
+            return None
+        ring, tracked = self.ring, self._tracked
+        found = []
+        for i in range(1, ahead + 1):
+            number = (old + i) & 0xFFFFFFFF
+            if number in tracked:
+                continue
+            change = ring.read(number) if ring is not None else None
+            if change is None:
+                return None
+            if change.inos or change.names:
+                found.append(change)
+        return found
+
+    def counting(self, work, *, tracked: bool, published: bool):
+        """``work`` that notes, inside its write transaction, which number its commit will get
+        (``tracked``), and fills that commit's slot of the change ring: its record if
+        ``published`` (what the work passed to ``Catalog.changes``), else unknown."""
         index = self.wal_index
         assert index is not None, "Catalog.run counts commits only with the WAL index mapped"
+        ring = self.ring
 
         def counted(conn):
             raw = conn.connection.driver_connection
             before = raw.total_changes
-            result = work(conn)
+            if published:
+                conn.info[CHANGE_RECORD] = ([], [])
+            try:
+                result = work(conn)
+                change = record_of(conn) if published else None
+            finally:
+                conn.info.pop(CHANGE_RECORD, None)
             # we hold the write lock: no commit can move the counter until ours; a transaction
             # that changed no row commits no frames and moves nothing
             if raw.total_changes != before:
-                conn.info[COMMIT_NUMBER] = (change_counter(index) + 1) & 0xFFFFFFFF
+                number = (change_counter(index) + 1) & 0xFFFFFFFF
+                if tracked:
+                    conn.info[COMMIT_NUMBER] = number
+                if ring is not None:
+                    ring.write(number, change)
+                    conn.info[SLOT_NUMBER] = number
             return result
 
         return counted
+
+    def publishing(self, work):
+        """PostgreSQL: ``work`` that sends, at the end of its transaction, the record of what it
+        changed (``Catalog.changes``) behind the writer's own table notification
+        (changes.py pairs them). A record too long for a payload is not sent: the other
+        processes then empty their caches."""
+        token = self._writer_token
+
+        def published(conn):
+            conn.info[CHANGE_RECORD] = ([], [])
+            try:
+                result = work(conn)
+                change = record_of(conn)
+            finally:
+                conn.info.pop(CHANGE_RECORD, None)
+            payload = f"{RECORD}{token}:{change_json(change)}"
+            if len(payload) <= PG_RECORD_MAX:
+                conn.exec_driver_sql(PG_RECORD_SQL, (CHANNEL, token, CHANNEL, payload))
+            return result
+
+        return published
+
+    def commit_failed(self, number: int) -> None:
+        """The COMMIT of a write that filled ring slot ``number`` failed."""
+        if self.ring is not None:
+            self.ring.forget(number)
 
     def tracked_commit(self, number: int) -> None:
         with self._tracked_lock:
@@ -251,10 +341,17 @@ class CommitEpoch:
                         exc,
                     )
                     self.wal_index = None
+                if self.wal_index is not None and self.ring is None:
+                    self.ring = ChangeRing.open_beside(
+                        path, os.stat(path + "-shm").st_ino, change_counter(self.wal_index)
+                    )
                 self._watch = watch
         return self.wal_index
 
     def close(self) -> None:
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
         if self._watch is not None:
             self.wal_index = None  # the map stays open while another Catalog of the file is
             self._watch.close()
@@ -262,3 +359,17 @@ class CommitEpoch:
         if self.changes is not None:
             self.changes.close()
             self.changes = None
+
+
+def record_of(conn) -> Change:
+    """The record a published write's work passed to ``Catalog.changes`` (NOTHING if none)."""
+    found = conn.info.get(CHANGE_RECORD)
+    if not found or not (found[0] or found[1]):
+        return NOTHING
+    return Change(tuple(found[0]), tuple(found[1]))
+
+
+def change_json(change: Change) -> str:
+    import json
+
+    return json.dumps([list(change.inos), [list(n) for n in change.names]], separators=(",", ":"))

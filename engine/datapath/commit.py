@@ -121,9 +121,13 @@ class Committer:
         self.stats["batches"] += 1
         try:
             if good or zone_state:
-                # tracked: the extent cache and the commit listeners account for it
+                # tracked: the extent cache and the commit listeners account for it; published:
+                # other processes' namespace caches forget the files' attributes
                 dead, found = self.catalog.run(
-                    lambda conn: self._record(conn, good, zone_state), durable=True, tracked=True
+                    lambda conn: self._record(conn, good, zone_state),
+                    durable=True,
+                    tracked=True,
+                    published=True,
                 )
         except BaseException as exc:  # noqa: BLE001
             failure = self.failure(exc, f"catalog commit of {len(good)} stripes failed")
@@ -230,6 +234,7 @@ class Committer:
         }
         dead = adjust_live(conn, deltas, known)
         changed = set(by_ino)
+        self.catalog.changes(conn, changed)  # sizes and times (Catalog.run published)
         found = [
             reader(conn, changed) if reader is not None else None
             for _listener, reader in self.listeners

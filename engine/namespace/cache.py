@@ -1,7 +1,9 @@
 """The namespace's in-process cache of attributes, names and small extended-attribute maps.
 
-Attributes and names are cached in process. A commit the cache cannot account for (by another
-process, or an untracked one of this process: Catalog.only_tracked) clears it all; this process's
+Attributes and names are cached in process. Another process's commit evicts what its change
+record names (engine/catalog/changelog.py: the heads of `serve --heads N` publish one with every
+namespace write, data commit and background write); a commit without one (untracked, of this
+process or another, or whose record was lost) clears it all; this process's
 tracked namespace and data-path commits evict just what they changed and keep the rest
 (``evict``), so a write does not cost every later lookup a catalog query. No entry is served
 CACHE_TTL_S after it was read (each carries its deadline): emptying the whole cache at that age
@@ -45,6 +47,10 @@ class NameCache:
         self.epoch: int | None = None  # the catalog epoch the entries are valid at
         self.since = 0.0  # when it was last emptied (Ancestry follows it)
         self.gen = 0  # bumped by every eviction: a load that began before it is not cached
+        # other processes' commits: taken in by evicting what their records name, or (a record
+        # missing or gone) by emptying the whole cache
+        self.evicted = 0
+        self.emptied = 0
         self.lock = lock("namespace.cache")
 
     def valid(self) -> bool:
@@ -56,11 +62,39 @@ class NameCache:
         if epoch != self.epoch:
             with self.lock:
                 known = self.epoch
-                if known is None or not self.catalog.only_tracked(known, epoch):
+                if known is None:
                     self.clear(epoch)
-                elif commits_between(known, epoch) > 0:  # newer (an older read changes nothing)
+                    return True
+                changes = self.catalog.namespace_changes(known, epoch)
+                if changes is None:  # a commit without a record (or it is gone)
+                    self.clear(epoch)
+                    self.emptied += 1
+                    return True
+                if changes:
+                    self.forget(changes)
+                if commits_between(known, epoch) > 0:  # an older read changes nothing
                     self.epoch = epoch
         return True
+
+    def forget(self, changes) -> None:
+        """Other processes' commits changed these (changelog.Change records; the caller holds
+        the lock): their entries go, the rest stays; loads under way are not cached."""
+        self.gen += 1
+        self.evicted += 1
+        attrs, xattrs, names = self.attrs, self.xattrs, self.names
+        complete = self.complete_dirs
+        moved = False
+        for change in changes:
+            for ino in change.inos:
+                attrs.pop(ino, None)
+                xattrs.pop(ino, None)
+                complete.pop(ino, None)  # a directory removed or changed
+            for key in change.names:
+                names.pop(key, None)
+                complete.pop(key[0], None)  # what the name is now is not known here
+                moved = True
+        if moved:
+            self.since = time.monotonic()  # links changed: Ancestry forgets its answers
 
     def clear(self, epoch: int | None) -> None:
         """Forget every entry (caller holds the lock); loads under way will not be cached."""

@@ -98,6 +98,8 @@ class Transactions:
             touched.xattrs.clear()
             touched.xattrs_kept.clear()
             result = work(conn, touched)
+            # other processes' caches evict what this commit changed (engine/catalog/changelog.py)
+            Catalog.changes(conn, touched, (*names, *touched.names, *touched.gone))
             if cache.epoch is not None and touched:
                 known = touched.known
                 unknown = [ino for ino in touched if ino not in known]
@@ -111,7 +113,8 @@ class Transactions:
 
         committed = False
         try:
-            result = self.catalog.run(run, tracked=True)  # changed() accounts for it
+            # changed() accounts for it here, its record in the other processes
+            result = self.catalog.run(run, tracked=True, published=True)
             committed = True
             return result, touched.unfreed
         except BaseException:

@@ -129,7 +129,7 @@ class Delegations:
                 conn.execute(delete(SETTINGS).where(SETTINGS.c.key.in_(mine)))
             return previous if keep else {}
 
-        self.previous = self.catalog.run(work, tracked=True)
+        self.previous = self.catalog.run(work, tracked=True, published=True)
         self.previous_inos = {ino for _, ino in self.previous}
         if self.previous:
             log.info("%d delegations of the previous instance may be reclaimed", len(self.previous))
@@ -177,6 +177,7 @@ class Delegations:
             self.catalog.run(
                 lambda conn: conn.execute(delete(SETTINGS).where(SETTINGS.c.key.in_(keys))),
                 tracked=True,
+                published=True,
             )
         except Exception:  # noqa: BLE001 - a leftover row is dropped at the next start
             log.exception("could not drop the records of previous delegations")
@@ -303,7 +304,8 @@ class Delegations:
                 lambda conn: conn.execute(
                     delete(SETTINGS).where(SETTINGS.c.key == _key(st.ino, st.other))
                 ),
-                tracked=True,  # settings are cached nowhere
+                tracked=True,
+                published=True,  # settings are cached nowhere
             )
         except Exception:  # noqa: BLE001 - a leftover row only costs another head a recall
             log.exception("could not drop the record of a delegation")
@@ -574,7 +576,7 @@ class Delegations:
             )
 
         try:
-            self.catalog.run(work, tracked=True)
+            self.catalog.run(work, tracked=True, published=True)
         except Exception:  # noqa: BLE001 - the recall goes on; only the display misses it
             log.exception("could not mark the delegation of inode %d recalled", d.ino)
 

@@ -540,7 +540,7 @@ class HeadDelegations:
         granted = (
             self._grant_fenced(work, key, ino, write)
             if self.fenced or write
-            else self.catalog.run(work, tracked=True)
+            else self.catalog.run(work, tracked=True, published=True)
         )
         if granted:
             DELEGATION_MOVES[0] += 1
@@ -569,7 +569,7 @@ class HeadDelegations:
 
         try:
             try:
-                others = catalog.run(fenced, tracked=True)
+                others = catalog.run(fenced, tracked=True, published=True)
             except _Refused:
                 return False
             if others and catalog.is_sqlite:
@@ -720,6 +720,7 @@ class HeadDelegations:
         self.catalog.run(
             lambda conn: conn.execute(delete(SETTINGS).where(SETTINGS.c.key.in_(keys))),
             tracked=True,
+            published=True,
         )
         return asked
 

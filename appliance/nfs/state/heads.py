@@ -184,7 +184,9 @@ class HeadRegistry:
                 )
             return bool(alive), recovery
 
-        alive, recovery = self.catalog.run(work, tracked=True)
+        # published: other heads' namespace caches keep their entries (on PostgreSQL this
+        # unsignalled table moves no other head's epoch: nothing to publish)
+        alive, recovery = self.catalog.run(work, tracked=True, published=self.catalog.is_sqlite)
         if bool(recovery) != bool(self.recovery):
             log.info("head %s: cluster-wide grace period %s", name, "on" if recovery else "over")
         self.recovery = recovery
@@ -199,7 +201,7 @@ class HeadRegistry:
             conn.execute(update(HEADS).where(HEADS.c.name == name).values(need_grace=False))
             return _settle_grace(conn)
 
-        self.recovery = self.catalog.run(work, tracked=True)
+        self.recovery = self.catalog.run(work, tracked=True, published=self.catalog.is_sqlite)
         self.need = False
 
     def observe(self, rows) -> list[tuple[str, str, int]]:

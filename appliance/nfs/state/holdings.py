@@ -192,7 +192,7 @@ class Holdings:
                 self._write(conn, ino, summary)
             return hit
 
-        hit = self.catalog.run(work, tracked=True)
+        hit = self.catalog.run(work, tracked=True, published=self.catalog.is_sqlite)
         if hit is _GRACE:
             registry.recovery = registry.recovery or 1  # seen before the next beat reads it
             raise NfsError(c.NFS4ERR_GRACE, "the cluster of heads is in its grace period")
@@ -273,7 +273,7 @@ class Holdings:
                     self._write(conn, ino, summary)
 
             try:
-                self.catalog.run(work, tracked=True)
+                self.catalog.run(work, tracked=True, published=self.catalog.is_sqlite)
             except BaseException:
                 self.envelope.update(wanted)  # the row still says ENVELOPE
                 raise
@@ -298,7 +298,11 @@ class Holdings:
             lambda conn: _lock_hit(registry.holdings_of_live(conn, ino), start, end, locktype)
         )
         if hit is _ENVELOPE_HIT:
-            self.catalog.run(lambda conn: self._interest(conn, ino), tracked=True)
+            self.catalog.run(
+                lambda conn: self._interest(conn, ino),
+                tracked=True,
+                published=self.catalog.is_sqlite,
+            )
             raise NfsError(c.NFS4ERR_DELAY, "another head is publishing its locks of the file")
         return hit
 
@@ -336,7 +340,7 @@ class Holdings:
                     self._write(conn, ino, summary)
 
             if summaries:
-                self.catalog.run(work, tracked=True)
+                self.catalog.run(work, tracked=True, published=self.catalog.is_sqlite)
             for ino, summary in summaries:
                 self._wrote(ino, summary)
             self.dirty.difference_update(inos)

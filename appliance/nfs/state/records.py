@@ -92,7 +92,8 @@ class ClientRecords:
                     ).rowcount
                 ),
                 durable=True,
-                tracked=True,  # nothing cached reads client records: the caches stay valid
+                tracked=True,
+                published=True,  # nothing cached reads client records: the caches stay valid
             )
             if not rows:  # its record was lost (a catalog outage at confirm): made again
                 self.record(cl)
@@ -110,6 +111,7 @@ class ClientRecords:
                 .values(held_state=False)
             ),
             tracked=True,
+            published=True,
         )
         for cl in idle:
             cl.held_state_recorded = False
