@@ -34,8 +34,10 @@ PostgreSQL drops; it stands in when only a table without the trigger was written
 ``chg:<token>:<record>``. A transaction's notifications are contiguous in the queue (commits
 that notify are serialized), so a record belongs to the latest epoch step of its writer: that
 step then says what changed, and other processes' caches evict just that
-(``records(old, new)``). A step without a record (an untracked write, a lost connection, a
-record that arrived in a later packet than its step) is unknown: caches empty themselves."""
+(``records(old, new)``). A step without a record (an untracked write, a lost connection) is unknown:
+caches empty themselves. So is a step until its record comes, when a ping or a subscriber's
+payload (which may count on the epoch having moved) or the end of a packet came between them:
+the record is attached to the published step then."""
 
 from __future__ import annotations
 
@@ -267,7 +269,7 @@ class ChangeWatch:
     def _received_all(self, payloads: list[str]) -> list[str]:
         """One packet of notifications, in order; the subscribers' replies to send. Epoch steps
         are published together, each with its record when the packet holds it, and always
-        before a ping of this process is taken as caught up."""
+        before a ping or a subscriber's payload that follows them is handled."""
         replies: list[str] = []
         steps: list[list] = []  # [writer, record]
         for payload in payloads:
@@ -276,7 +278,7 @@ class ChangeWatch:
             elif payload.startswith(PING) or (
                 self._subscribers and any(payload.startswith(p) for p, _ in self._subscribers)
             ):
-                if steps and payload.startswith(PING):
+                if steps:  # a subscriber may count on the epoch having moved (a recall push)
                     self._publish(steps)
                     steps = []
                 replies += self._received(payload)
