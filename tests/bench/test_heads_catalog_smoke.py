@@ -44,16 +44,16 @@ def test_heads_catalog_smoke_reports_every_layout(tmp_path):
         assert row["ops_per_s"] > 0 and row["cpu_us_per_op"] > 0
         assert row["small_file_p99_us"] >= row["small_file_p50_us"] > 0
         assert row["retries"] == 0  # busy waits stay inside SQLite's busy handler
-    # another process's commit moves the epoch: the sharing processes' caches are emptied, while
-    # a lone process's own (tracked) commits evict only what they changed (its own threads may
-    # empty it now and then: one reads the epoch between another's commit and its tracking, so
-    # a lone process clears far less often, not never)
-    shared = found["2_shared"]["cache_clears"]
-    assert shared > 0 and found["2_queued"]["cache_clears"] > 0
-    assert found["2_separate"]["cache_clears"] < shared
-    assert found["1_process"]["cache_clears"] < shared
+    # another head's commit drops only what its change record names (docs/heads.md "Change
+    # records"): a cache is emptied only when a record is lapped or a thread reads the epoch
+    # between a commit and its record, so a handful of clears at most, never one per commit
+    for name, row in found.items():
+        assert row["cache_clears"] <= 3, (name, proc.stdout)
     assert visibility is not None, proc.stdout
     assert visibility["rounds"] == 10
+    # the reader sees 20 foreign commits (a create and a rename per round): emptying its cache
+    # for each, as before the change records, would clear about 20 times
+    assert visibility["reader_cache_clears"] < visibility["rounds"], proc.stdout
     # a change shows in the other process's next lookup: within seconds even on a loaded machine
     assert visibility["create_max_us"] < 5e6 and visibility["rename_max_us"] < 5e6
     runs = json.loads(samples_file.read_text())["runs"]
