@@ -2,8 +2,10 @@
 caches of other processes on the same catalog (the heads of `serve --heads N`, docs/heads.md)
 evict those entries instead of emptying themselves at every commit they did not make.
 
-A record is a ``Change``: the inodes whose attributes and extended attributes the commit
-changed, and the (directory, name) entries it changed. Only a write run with
+A record is a ``Change``: the inodes whose attributes, extended attributes or extents the
+commit changed, the (directory, name) entries it changed, and ``topics``: which other cached
+tables it wrote (quota rows, snapshot views, delegations), for the caches that keep those
+(quotas.py, readonly.py, head_delegations.py). Only a write run with
 ``Catalog.run(published=True)`` has one (the namespace's writes, the data path's commits, and
 commits of tables the namespace does not cache at all, which publish an empty one); any other
 commit is unknown, and a cache that finds one between its epoch and now empties itself.
@@ -30,7 +32,7 @@ from typing import NamedTuple
 log = logging.getLogger("shingle.catalog")
 
 RING_SUFFIX = "-changes-shm"  # the -shm suffix: tools that skip SQLite's files skip it too
-RING_MAGIC = b"SHGCHG01"
+RING_MAGIC = b"SHGCHG02"  # 02: records carry topics
 RING_SLOTS = 2048  # a reader more commits behind than this empties its cache
 SLOT_BYTES = 512
 RING_HEADER = 64
@@ -40,19 +42,28 @@ SLOT = struct.Struct("=IIIHH")
 KIND_UNKNOWN = 0
 KIND_RECORD = 1
 PAYLOAD_MAX = SLOT_BYTES - SLOT.size
-COUNTS = struct.Struct("=HH")
+COUNTS = struct.Struct("=HHI")  # inodes, names, topics
 INO = struct.Struct("=Q")
 NAME = struct.Struct("=QH")
 LAST = struct.Struct("=I")
 READ_TRIES = 3
 
 
+# topics: tables a published write changed that caches other than the namespace's keep; a
+# writer that changes one says so (``Catalog.changes(conn, topics=...)``)
+QUOTAS = 1  # a quotas row (counters, limits): QuotaTracker's rows and "any quota exists"
+SNAPSHOTS = 2  # snapshot blocks, .snapshots dirs, clones' pending dirs: ReadOnlyViews
+DELEGATIONS = 4  # a delegation granted (a settings row of one): HeadDelegations' clear marks
+
+
 class Change(NamedTuple):
-    """What one commit changed of the namespace's cache: attributes (and extended attributes) of
-    ``inos``, and the entries ``names`` ((directory inode, name) pairs)."""
+    """What one commit changed of what caches hold: attributes (and extended attributes, and
+    extents) of ``inos``, the entries ``names`` ((directory inode, name) pairs), and the
+    ``topics`` bits above."""
 
     inos: tuple[int, ...] = ()
     names: tuple[tuple[int, str], ...] = ()
+    topics: int = 0
 
 
 NOTHING = Change()
@@ -60,7 +71,7 @@ NOTHING = Change()
 
 def encode(change: Change) -> bytes | None:
     """A slot's payload, or None when it does not fit (the slot then says unknown)."""
-    parts = [COUNTS.pack(len(change.inos), len(change.names))]
+    parts = [COUNTS.pack(len(change.inos), len(change.names), change.topics)]
     parts += [INO.pack(ino) for ino in change.inos]
     for parent, name in change.names:
         raw = name.encode("utf-8", "surrogateescape")
@@ -71,7 +82,7 @@ def encode(change: Change) -> bytes | None:
 
 
 def decode(payload: bytes) -> Change:
-    n_inos, n_names = COUNTS.unpack_from(payload, 0)
+    n_inos, n_names, topics = COUNTS.unpack_from(payload, 0)
     at = COUNTS.size
     inos = tuple(INO.unpack_from(payload, at + i * INO.size)[0] for i in range(n_inos))
     at += n_inos * INO.size
@@ -81,7 +92,7 @@ def decode(payload: bytes) -> Change:
         at += NAME.size
         names.append((parent, payload[at : at + length].decode("utf-8", "surrogateescape")))
         at += length
-    return Change(inos, tuple(names))
+    return Change(inos, tuple(names), topics)
 
 
 class ChangeRing:
@@ -96,7 +107,8 @@ class ChangeRing:
             self.map = mmap.mmap(fd, RING_BYTES)
         finally:
             os.close(fd)  # the map keeps the file; no lock of SQLite's is on this one
-        if self.map[: len(RING_MAGIC)] != RING_MAGIC:
+        if self.map[: len(RING_MAGIC)] != RING_MAGIC:  # new, or another layout's: all unknown
+            self.map[:] = bytes(RING_BYTES)
             self.map[: len(RING_MAGIC)] = RING_MAGIC
         self.shm = shm_inode & 0xFFFFFFFF
         # the last number written; a counter behind it is a WAL index built anew (every

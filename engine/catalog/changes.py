@@ -55,7 +55,7 @@ from engine.catalog.changelog import Change
 CHANNEL = "shingle_catalog"
 WRITER_SETTING = "shingle.writer"  # the GUC the trigger reads: which Catalog wrote
 PING = "ping:"  # payloads of pings; any other payload is a writer's token
-RECORD = "chg:"  # + writer token + ":" + JSON [inodes, [[dir, name], ...]]: a change record
+RECORD = "chg:"  # + writer token + ":" + JSON [inodes, [[dir, name], ...], topics]: a record
 RECORDS_KEEP = 4096  # epoch steps whose records are kept; a reader further behind empties
 WATCH_APPLICATION = "shingle-change-watch"  # application_name of the LISTEN connection
 SYNC_INTERVAL_S = 0.1
@@ -123,7 +123,7 @@ class ChangeWatch:
                 change = records.get(step)
                 if change is None:
                     return None
-                if change.inos or change.names:
+                if change.inos or change.names or change.topics:
                     found.append(change)
         return found
 
@@ -294,8 +294,8 @@ class ChangeWatch:
         if writer == self.token:
             return
         try:
-            inos, names = json.loads(body)
-            change = Change(tuple(inos), tuple((int(d), str(n)) for d, n in names))
+            inos, names, topics = json.loads(body)
+            change = Change(tuple(inos), tuple((int(d), str(n)) for d, n in names), int(topics))
         except (ValueError, TypeError) as exc:
             log.debug("catalog: a change record that does not parse: %s", exc)
             return

@@ -340,7 +340,7 @@ class Catalog:
         self.subscribe = self.epochs.subscribe
         self.unsubscribe = self.epochs.unsubscribe
         self.only_tracked = self.epochs.only_tracked
-        self.namespace_changes = self.epochs.namespace_changes
+        self.changes_since = self.epochs.changes_since
         self._database: str | None = None  # SQLite: the file, counted in _open_databases
         if self.is_sqlite:
             self.engine: Engine = create_engine(
@@ -435,8 +435,8 @@ class Catalog:
         ``durable``: the commit is on stable storage when this returns. ``tracked``: this process
         accounts for the commit in its caches itself (it evicts what it changed, or it changes
         nothing that is cached), so ``only_tracked`` may let caches keep their entries.
-        ``published`` (with ``tracked``): other processes learn what the commit changed of the
-        namespace's cache, what ``work`` passes to ``Catalog.changes`` (nothing, if it passes
+        ``published`` (with ``tracked``): other processes learn what the commit changed of what
+        caches hold, what ``work`` passes to ``Catalog.changes`` (nothing, if it passes
         nothing), and evict just that (engine/catalog/changelog.py); without it their caches
         empty themselves at this commit.
         ``foreign_keys=False`` (SQLite; PostgreSQL always checks): SQLite's per-row checks and
@@ -544,15 +544,16 @@ class Catalog:
             _FENCE.reset(reset)
 
     @staticmethod
-    def changes(conn: Connection, inos=(), names=()) -> None:
+    def changes(conn: Connection, inos=(), names=(), topics: int = 0) -> None:
         """In a ``run(published=True)`` work: its commit changes the attributes (and extended
-        attributes) of ``inos`` and the (directory inode, name) entries ``names``, as far as
-        the namespace's cache is concerned; other processes evict them (changelog.py). Nothing
-        outside a published write."""
+        attributes, and extents) of ``inos``, the (directory inode, name) entries ``names``, and
+        the tables of ``topics`` (changelog.QUOTAS, ...), as far as caches are concerned; other
+        processes evict them (changelog.py). Nothing outside a published write."""
         found = conn.info.get(CHANGE_RECORD)
         if found is not None:
             found[0].extend(inos)
             found[1].extend(names)
+            found[2] |= topics
 
     @staticmethod
     def after_commit(conn: Connection, callback: Callable[[], None]) -> None:

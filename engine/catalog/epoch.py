@@ -29,7 +29,7 @@ WAL_INDEX_FRAMES = 16  # offset of mxFrame: frames in the WAL
 TRACKED_KEEP = 4096  # tracked commit numbers remembered; a longer gap clears the caches
 COMMIT_NUMBER = "shingle.commit_number"
 SLOT_NUMBER = "shingle.slot_number"  # the ring slot a write filled, until its COMMIT is done
-CHANGE_RECORD = "shingle.change_record"  # (inos, names) a published write passes on
+CHANGE_RECORD = "shingle.change_record"  # [inos, names, topics] a published write passes on
 # only if the transaction wrote a row: a record of a transaction that changed nothing would be
 # paired with another transaction's notification (changes.py)
 PG_RECORD_SQL = (
@@ -217,9 +217,9 @@ class CommitEpoch:
         tracked = self._tracked
         return all((old + i) & 0xFFFFFFFF in tracked for i in range(1, ahead + 1))
 
-    def namespace_changes(self, old: int, new: int) -> list[Change] | None:
+    def changes_since(self, old: int, new: int) -> list[Change] | None:
         """What the commits that moved the epoch from ``old`` to ``new`` changed of what the
-        namespace caches: the records of other processes' commits and of this process's
+        caches hold: the records of other processes' commits and of this process's
         untracked ones (this process's tracked commits are left out: their writers evict what
         they changed themselves), or None when one of them is unknown (no record, or it is
         gone: the cache must empty itself). A ``new`` older than ``old`` changes nothing."""
@@ -251,7 +251,7 @@ class CommitEpoch:
             change = ring.read(number) if ring is not None else None
             if change is None:
                 return None
-            if change.inos or change.names:
+            if change.inos or change.names or change.topics:
                 found.append(change)
         return found
 
@@ -267,7 +267,7 @@ class CommitEpoch:
             raw = conn.connection.driver_connection
             before = raw.total_changes
             if published:
-                conn.info[CHANGE_RECORD] = ([], [])
+                conn.info[CHANGE_RECORD] = [[], [], 0]
             try:
                 result = work(conn)
                 change = record_of(conn) if published else None
@@ -294,7 +294,7 @@ class CommitEpoch:
         token = self._writer_token
 
         def published(conn):
-            conn.info[CHANGE_RECORD] = ([], [])
+            conn.info[CHANGE_RECORD] = [[], [], 0]
             try:
                 result = work(conn)
                 change = record_of(conn)
@@ -364,12 +364,14 @@ class CommitEpoch:
 def record_of(conn) -> Change:
     """The record a published write's work passed to ``Catalog.changes`` (NOTHING if none)."""
     found = conn.info.get(CHANGE_RECORD)
-    if not found or not (found[0] or found[1]):
+    if not found or not (found[0] or found[1] or found[2]):
         return NOTHING
-    return Change(tuple(found[0]), tuple(found[1]))
+    return Change(tuple(found[0]), tuple(found[1]), found[2])
 
 
 def change_json(change: Change) -> str:
     import json
 
-    return json.dumps([list(change.inos), [list(n) for n in change.names]], separators=(",", ":"))
+    return json.dumps(
+        [list(change.inos), [list(n) for n in change.names], change.topics], separators=(",", ":")
+    )

@@ -69,9 +69,10 @@ class FileBuffers:
         if fb is not None and not fb.dead:
             return fb
         settled = self._settled.get(ino)
-        # valid while every commit since was one this process accounts for (its own flushes,
-        # truncates and releases evict the entry: forget_settled); another writer's flush is one
-        if settled is not None and self.catalog.only_tracked(settled[3], self.catalog.epoch()):
+        # valid while no commit since changed the file: this process's own flushes, truncates
+        # and releases evict the entry (forget_settled); another process's name it in their
+        # change records (engine/catalog/changelog.py); a commit without one may have
+        if settled is not None and self._still(ino, settled[3]):
             size, policy, pinned = settled[:3]
         else:
             row = self.catalog.read(
@@ -88,6 +89,16 @@ class FileBuffers:
                 self._settled.pop(ino, None)
                 fb = self.files[ino] = FileBuffer(ino, policy, size, pinned=pinned)
             return fb
+
+    def _still(self, ino: int, epoch: int) -> bool:
+        """Whether no commit since ``epoch`` but this process's tracked ones changed ``ino``."""
+        now = self.catalog.epoch()
+        if now is None:
+            return False
+        if now == epoch:
+            return True
+        changes = self.catalog.changes_since(epoch, now)
+        return changes is not None and not any(ino in change.inos for change in changes)
 
     def write(self, ino: int, offset: int, data, *, seen_change: int = 0) -> int:
         """Buffer ``data`` at ``offset``; the new pending size. ``seen_change``: the file's change

@@ -15,6 +15,7 @@ from engine.base import errors
 from engine.base.blocking import may_block
 from engine.base.ordered_lock import lock
 from engine.catalog.database import in_list, sql_all, sql_one
+from engine.catalog.epoch import commits_between
 from engine.datapath.accounting import chunks
 from engine.datapath.reader import NotInMemory, StripeInfo, StripeReader
 from engine.native import empty_bytearray
@@ -60,22 +61,30 @@ class ExtentCache:
         self.reader.forget(ids)
 
     def _follow_epoch(self) -> None:
-        """Forget every map and stripe description when the catalog moved for a commit this
-        process cannot account for (caller holds ``_lock``): as NameCache.valid does, so a head
-        reads what another head sharing the catalog wrote, after its commit (SQLite: at once;
-        PostgreSQL: within the change watch's delay)."""
+        """Take in the commits since the maps' epoch that this process cannot account for
+        (caller holds ``_lock``), as NameCache.valid does, so a head reads what another head
+        sharing the catalog wrote, after its commit (SQLite: at once; PostgreSQL: within the
+        change watch's delay): the maps of the files their change records name go (a data
+        commit, truncate or removal names its file; a stripe id is never used again, so the
+        descriptions of others stay true); a commit without a record (fragments moved by
+        cleaning, rebuild or tiering, which publish none) empties the maps and descriptions."""
         epoch = self.catalog.epoch()
-        if epoch == self._epoch and epoch is not None:
+        old = self._epoch
+        if epoch == old and epoch is not None:
             return
-        if (
-            epoch is None
-            or self._epoch is None
-            or not self.catalog.only_tracked(self._epoch, epoch)
-        ):
+        changes = None if epoch is None or old is None else self.catalog.changes_since(old, epoch)
+        if changes is None or old is None:
             self._maps.clear()
             self._stripes.clear()
             self._generation += 1  # a load that began before this is not cached
-        self._epoch = epoch
+            self._epoch = epoch
+            return
+        for change in changes:
+            for ino in change.inos:
+                self._map_version[ino] += 1  # a load of it under way is not cached
+                self._maps.pop(ino, None)
+        if commits_between(old, epoch) > 0:  # (an older epoch changes nothing)
+            self._epoch = epoch
 
     def stripe(self, stripe_id: int) -> StripeInfo | None:
         return self._stripes.get(stripe_id)

@@ -65,7 +65,7 @@ class NameCache:
                 if known is None:
                     self.clear(epoch)
                     return True
-                changes = self.catalog.namespace_changes(known, epoch)
+                changes = self.catalog.changes_since(known, epoch)
                 if changes is None:  # a commit without a record (or it is gone)
                     self.clear(epoch)
                     self.emptied += 1
@@ -85,6 +85,8 @@ class NameCache:
         complete = self.complete_dirs
         moved = False
         for change in changes:
+            if not (change.inos or change.names):
+                continue  # topics only: tables this cache does not keep
             for ino in change.inos:
                 attrs.pop(ino, None)
                 xattrs.pop(ino, None)

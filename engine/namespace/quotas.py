@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from engine.base import errors
 from engine.base.blocking import holding
 from engine.base.ordered_lock import lock
+from engine.catalog.changelog import QUOTAS as QUOTA_ROWS
 from engine.catalog.database import Catalog, in_list, sql, sql_all, sql_one
 from engine.catalog.epoch import commits_between
 from engine.catalog.models import REG
@@ -90,6 +91,7 @@ def charge(conn, roots, add_bytes: int, add_files: int) -> None:
     ids = sorted({r.id for r in roots})
     if not ids or not (add_bytes or add_files):
         return
+    Catalog.changes(conn, topics=QUOTA_ROWS)  # other processes' copies drop their rows
     sql(
         conn,
         "UPDATE quotas SET used_bytes = used_bytes + ?, used_files = used_files + ? "
@@ -140,10 +142,11 @@ class QuotaTracker:
 
     The write path's check (``admit``) reads no catalog on an append that grows a file already
     admitted: the quota ids of each file's trees and each quota's row are kept in memory while
-    every commit since they were read is a tracked one of this process (as readonly.py does;
-    PostgreSQL has no cheap epoch: there every check reads), and this process's own charges
-    reach the copy once they commit (``charge``). Creates, truncates and renames check inside
-    their transaction against the catalog's rows."""
+    no commit since they were read changed them: this process's own tracked commits, whose
+    charges reach the copy once they commit (``charge``), and other processes' whose change
+    records (engine/catalog/changelog.py) name no quota row (a charge names one) and, for a
+    file's trees, none of its names; a commit without a record drops the copy. Creates,
+    truncates and renames check inside their transaction against the catalog's rows."""
 
     def __init__(self, catalog: Catalog, root_ino: int):
         self.catalog = catalog
@@ -161,10 +164,14 @@ class QuotaTracker:
     def active(self, conn=None) -> bool:
         epoch = self.catalog.epoch()
         known = self._known
-        if known is not None and epoch is not None and self.catalog.only_tracked(known[0], epoch):
-            if commits_between(known[0], epoch) > 0:  # only_tracked walks every commit since
-                self._known = (epoch, known[1])
-            return known[1]
+        if known is not None and epoch is not None:
+            if known[0] == epoch:
+                return known[1]
+            changes = self.catalog.changes_since(known[0], epoch)
+            if changes is not None and not any(c.topics & QUOTA_ROWS for c in changes):
+                if commits_between(known[0], epoch) > 0:  # changes_since walks every commit since
+                    self._known = (epoch, known[1])
+                return known[1]
 
         def work(c):
             return sql_one(c, "SELECT 1 FROM quotas LIMIT 1") is not None
@@ -245,15 +252,27 @@ class QuotaTracker:
 
     def _copy_valid(self) -> bool:
         epoch = self.catalog.epoch()
-        if (
-            epoch is None
-            or self._epoch is None
-            or not self.catalog.only_tracked(self._epoch, epoch)
-        ):
+        if epoch is None or self._epoch is None:
             self._drop_copy()
             return False
+        if epoch == self._epoch:
+            return True
+        changes = self.catalog.changes_since(self._epoch, epoch)
+        if changes is None:  # a commit without a record (or it is gone)
+            self._drop_copy()
+            return False
+        for change in changes:  # other processes' commits: drop what they changed
+            if change.topics & QUOTA_ROWS:
+                self._rows.clear()
+                self._gen += 1
+            if change.names:  # as names_changed, for their links
+                if len({parent for parent, _ in change.names}) > 1:
+                    self._trees.clear()
+                for ino in change.inos:
+                    self._trees.pop(ino, None)
+                self._gen += 1
         if commits_between(self._epoch, epoch) > 0:
-            self._epoch = epoch  # newer: only_tracked keeps a bounded history
+            self._epoch = epoch  # newer: changes_since keeps a bounded history
         return True
 
     def _load(self, ino: int) -> tuple[list[QuotaRoot], int]:

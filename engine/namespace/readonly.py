@@ -6,15 +6,18 @@ tree's copy densely, and nothing else is ever numbered inside a block), and each
 ``.snapshots`` directory inode. Every
 change of such an inode, or of a name in such a directory, fails with EROFS. The ranges are kept in
 memory and read again after any commit this process cannot account for (snapshot changes are never
-tracked commits), so the check on a write costs a memory read of the catalog's epoch and a
-bisect."""
+tracked commits; another process's published commit whose change record names no SNAPSHOTS
+topic changed none of them), so the check on a write costs a memory read of the catalog's epoch
+and a bisect."""
 
 from __future__ import annotations
 
 import bisect
 
 from engine.base import errors
+from engine.catalog.changelog import SNAPSHOTS
 from engine.catalog.database import Catalog, sql_all
+from engine.catalog.epoch import commits_between
 from engine.namespace.lazyclones import is_pending, materialize, pending_dirs
 
 SNAPSHOT_DIR_NAME = ".snapshots"
@@ -36,8 +39,11 @@ class ReadOnlyViews:
         epoch = self.catalog.epoch()
         state = self.state
         if state is not None and epoch is not None and state[0] is not None:
-            if self.catalog.only_tracked(state[0], epoch):
-                if epoch != state[0]:
+            if state[0] == epoch:
+                return state[1:]
+            changes = self.catalog.changes_since(state[0], epoch)
+            if changes is not None and not any(c.topics & SNAPSHOTS for c in changes):
+                if commits_between(state[0], epoch) > 0:
                     self.state = (epoch, *state[1:])
                 return state[1:]
 
@@ -75,6 +81,8 @@ class ReadOnlyViews:
         if ino not in self._current(conn)[3]:
             return
         made = materialize(conn, ino)
+        if made:  # other processes read the pending dirs again (a published namespace write)
+            Catalog.changes(conn, topics=SNAPSHOTS)
         if made and self.state is not None:
             self.state = (*self.state[:4], self.state[4] | frozenset(made))
 

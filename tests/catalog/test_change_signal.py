@@ -13,6 +13,12 @@ import psycopg
 import pytest
 from sqlalchemy import make_url
 
+from appliance.nfs.state import head_delegations as hd
+from appliance.nfs.state.heads import HeadRegistry, head_name
+from appliance.nfs.state.model import NfsError
+from appliance.nfs.v4.const import NFS4ERR_DELAY
+from engine.admin.nfs_clients import DELEG_PREFIX
+from engine.admin.quota_service import QuotaService
 from engine.base import errors
 from engine.catalog import Catalog
 from engine.catalog.changes import STALE_AFTER_S
@@ -92,6 +98,74 @@ def test_a_change_is_seen_by_the_next_request_after_catch_up(two, count_reads):
         other.rename(ROOT, e.ino, "n" * 250, e.ino, "m" * 250)
         assert ns.lookup(ROOT, e.ino, "m" * 250).ino == g.ino
         assert ns.cache.emptied == emptied + 2
+    _quotas_and_views_keep_what_another_process_did_not_change(ns, other, reads)
+    _a_heads_clear_marks_outlive_other_commits_but_not_a_grant(ns, other, reads)
+
+
+def _quotas_and_views_keep_what_another_process_did_not_change(ns, other, reads) -> None:
+    """The quotas' copy and the snapshot views' ranges (engine/namespace/quotas.py, readonly.py)
+    survive another process's commits whose change records name no quota row and no snapshot
+    table; its charge of a quota drops the copy's rows (the limit holds against what it
+    used), and a commit without a record makes both read again."""
+    d = ns.mkdir(ROOT, ns.root_ino, "q", 0o755)
+    f, g = ns.create(ROOT, d.ino, "f", 0o644), ns.create(ROOT, d.ino, "g", 0o644)
+    QuotaService(ns).set("/q", bytes_limit=10_000)
+    assert ns.catalog.catch_up() and other.catalog.catch_up()
+    ns.quotas.admit(f.ino, 1000)  # reads the file's trees and their quota rows
+    assert not ns.is_read_only(f.ino)
+    reads.clear()
+    other.setattr(ROOT, g.ino, mode=0o600)  # a published commit that charges nothing
+    assert ns.catalog.catch_up()
+    ns.quotas.admit(f.ino, 2000)
+    assert ns.quotas.active() and not ns.is_read_only(f.ino)
+    assert reads == [], "another process's commit emptied the quotas' or the views' copy"
+
+    other.setattr(ROOT, g.ino, size=8000)  # charges the quota: its rows are read again
+    assert ns.catalog.catch_up()
+    with pytest.raises(errors.QuotaExceeded):
+        ns.quotas.admit(f.ino, 4000)  # 8000 + 4000 bytes: over the limit other's use left
+    assert reads, "the quota's row was served from the copy"
+
+    reads.clear()
+    other.catalog.set_setting("some.key", "2")  # untracked: no record
+    assert ns.catalog.catch_up()
+    assert not ns.is_read_only(f.ino) and ns.quotas.active()
+    assert len(reads) == 2  # the views' ranges and whether any quota exists
+
+
+def _a_heads_clear_marks_outlive_other_commits_but_not_a_grant(ns, other, reads) -> None:
+    """Head 0 (this process) reads the other heads' delegations
+    (appliance/nfs/state/head_delegations.py) once and keeps "none of this file" through head
+    1's beats and namespace writes (their records name no delegation), not through head 1's
+    grant, which it sees at its next change. (A grant here moves this process's
+    DELEGATION_MOVES too: it is put back, as another process's grant would leave it.)"""
+    heads = []
+    try:
+        for i, catalog in enumerate((ns.catalog, other.catalog)):
+            registry = HeadRegistry(catalog, head_name(i), 10)
+            registry.join()
+            heads.append(hd.HeadDelegations(catalog, registry))
+            heads[-1].listen(lambda: None)  # PostgreSQL: answers the other's grant fences
+        ino = other.create(ROOT, ns.root_ino, "delegated", 0o644).ino
+        assert ns.catalog.catch_up()
+        heads[0].conflict(ino, write=True)  # reads: nobody holds any
+        reads.clear()
+        heads[1].registry.beat()
+        other.setattr(ROOT, ino, mode=0o600)
+        assert ns.catalog.catch_up()
+        heads[0].conflict(ino, write=True)
+        assert reads == [], "another head's commit that grants nothing made this head read"
+        moves = hd.DELEGATION_MOVES[0]
+        record = {"head": heads[1].registry.name, "type": "read"}
+        assert heads[1].grant(ino, f"{DELEG_PREFIX}{ino}_test", record, False, False)
+        hd.DELEGATION_MOVES[0] = moves
+        assert ns.catalog.catch_up()
+        with pytest.raises(NfsError) as refused:
+            heads[0].conflict(ino, write=True)
+        assert refused.value.status == NFS4ERR_DELAY and reads
+    finally:
+        for head in heads:
+            head.close()
 
 
 def test_own_creates_cache_exactly_what_was_committed(two, count_reads):

@@ -13,7 +13,7 @@ from engine.datapath import DataPath
 from engine.namespace import ROOT, Namespace
 
 
-def test_two_heads_write_one_file_in_their_own_zones(sqlite_catalog, tmp_path):
+def test_two_heads_write_one_file_in_their_own_zones(sqlite_catalog, tmp_path, count_reads):
     first = Engine(sqlite_catalog, tmp_path / "drives", datapath_options={"zone_share": (0, 2)})
     catalog = Catalog(str(sqlite_catalog.engine.url))
     data = DataPath(catalog, first.policies, reserve_zones=2, zone_share=(1, 2))
@@ -39,6 +39,20 @@ def test_two_heads_write_one_file_in_their_own_zones(sqlite_catalog, tmp_path):
         assert first.ns.read(ino, 4 * stripe, stripe) == part_c
         part_b = part_b + part_c
 
+        # change records (engine/catalog/changelog.py): the other head's commit of another
+        # file keeps this file's extent map and what this head knows of it as an idle file
+        other = first.ns.create(ROOT, first.ns.root_ino, "other").ino
+        first.ns.write(other, 0, b"o" * 100, stable=True)
+        assert first.ns.read(other, 0, 100) == b"o" * 100
+        reads = count_reads(first.catalog)
+        second.write(ino, 5 * stripe, b"y" * 10, stable=True)
+        assert first.ns.read(other, 0, 100) == b"o" * 100
+        first.ns.write(other, 100, b"p", stable=False)
+        assert reads == [], "another head's commit of one file emptied the caches of another"
+        first.ns.commit(other)
+        assert first.ns.read(ino, 5 * stripe, 10) == b"y" * 10
+        part_b += b"y" * 10
+
         # each head appended only to its own zones (number modulo 2 = its index)
         rows = sqlite_catalog.read(
             lambda conn: conn.exec_driver_sql(
@@ -55,5 +69,5 @@ def test_two_heads_write_one_file_in_their_own_zones(sqlite_catalog, tmp_path):
         data.close()
         catalog.close()
     first.restart()  # recovery of its own zones finds nothing amiss
-    assert first.ns.read(ino, 0, 5 * stripe) == b"x" * 100 + part_a[100:] + part_b
+    assert first.ns.read(ino, 0, 5 * stripe + 10) == b"x" * 100 + part_a[100:] + part_b
     check_accounting(sqlite_catalog)

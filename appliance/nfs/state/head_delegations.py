@@ -59,6 +59,8 @@ from appliance.nfs.state.model import NfsError
 from appliance.nfs.v4 import const as c
 from engine.admin.nfs_clients import DELEG_PREFIX
 from engine.base.blocking import may_block
+from engine.catalog.changelog import DELEGATIONS
+from engine.catalog.database import Catalog
 from engine.catalog.models import Setting
 
 log = logging.getLogger("shingle.nfs.state")
@@ -133,7 +135,7 @@ class HeadDelegations:
         # inode -> (epoch, DELEGATION_MOVES) when no other head held a delegation of it. A
         # file written through this head then costs a catalog read (SQLite 272 us wall and
         # 139 us CPU, PostgreSQL 2.2 ms and 358 us, on this 2-core machine) only after a
-        # commit of another process or an untracked one (``Catalog.only_tracked``), not per
+        # grant by another head, or a commit without a change record (``unchanged``), not per
         # request: a client creating, writing and removing files alone on its head reads
         # none. SQLite's epoch moves at every commit of any process; PostgreSQL's when the
         # change notification of another head's grant arrives (a moment later: about as long
@@ -535,6 +537,7 @@ class HeadDelegations:
             if asked is not None and not reclaim:
                 return False
             conn.execute(SETTINGS.insert().values(key=key, value=value))
+            Catalog.changes(conn, topics=DELEGATIONS)  # the other heads' clear marks go
             return True
 
         granted = (
@@ -614,11 +617,11 @@ class HeadDelegations:
         if epoch is not None:
             # (a mark that holds moves to this epoch: only_tracked walks every commit since)
             known = self.none_foreign
-            if known is not None and known[1] == moves and catalog.only_tracked(known[0], epoch):
+            if known is not None and known[1] == moves and self.unchanged(known[0], epoch):
                 self.none_foreign = (epoch, moves)
                 return
             known = self.clear.get(ino)
-            if known is not None and known[1] == moves and catalog.only_tracked(known[0], epoch):
+            if known is not None and known[1] == moves and self.unchanged(known[0], epoch):
                 self.clear[ino] = (epoch, moves)
                 return
         mark = None if epoch is None else (epoch, moves)
@@ -666,6 +669,15 @@ class HeadDelegations:
             c.NFS4ERR_DELAY,
             f"inode {ino}: a delegation through {', '.join(sorted(holders))} is being recalled",
         )
+
+    def unchanged(self, old: int, new: int) -> bool:
+        """Whether no delegation can have been granted from epoch ``old`` to ``new``: every
+        commit since has a change record (engine/catalog/changelog.py) without DELEGATIONS (a
+        grant names it; a head joining or expired, a takeover, are commits without one)."""
+        if old == new:
+            return True
+        changes = self.catalog.changes_since(old, new)
+        return changes is not None and not any(ch.topics & DELEGATIONS for ch in changes)
 
     def mark(self) -> tuple[int | None, int]:
         """Where the catalog stands, for ``created``: read before a create."""
