@@ -13,7 +13,9 @@ snapshot's frozen root lies in its inode range and is named in its dataset's
 .snapshots directory, no two snapshots' inode ranges overlap (a clone's directories not copied
 yet count the names their snapshot gives them), and the file count and
 referenced bytes stored in its row (counted at create; its frozen rows never change) are what
-its range holds. Quotas: each quota's usage counters equal a recount of its tree
+its range holds (a lazy view, engine/namespace/lazyviews.py: its root is in one of its blocks,
+its figures are what its blocks hold, and its folders not copied yet count the names they will
+get). Quotas: each quota's usage counters equal a recount of its tree
 (``shingle quota recount`` corrects them)."""
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from engine.catalog.models import (
 )
 from engine.coding.compression import CODECS
 from engine.coding.erasure import FRAGMENT_HEADER
+from engine.namespace.lazyviews import VIEW_PENDING
+from engine.namespace.lazyviews import pending_names as view_pending_names
 from engine.namespace.quotas import usage_below
 
 INODES, DIRENTS, EXTENTS, STRIPES = (
@@ -87,9 +91,12 @@ class Tables:
     # below them, (parent, name, child, child's type), shifted into the clone; the child (and
     # below the top, the parent) maybe not copied yet (lazyclones.py)
     pending_names: list = field(default_factory=list)
-    # (ino_lo, ino_hi, snapshot name, deleting, source ino) of every snapshot's blocks of inode
-    # numbers
+    # (ino_lo, ino_hi, snapshot name, deleting, source ino, top_ino, snapshot id) of every
+    # snapshot's blocks of inode numbers (top_ino not None: a lazy view, lazyviews.py)
     blocks: list = field(default_factory=list)
+    # blocks of lazy views with folders not copied yet: a file's link count there counts names
+    # the view may not hold (outside the dataset), so it is only checked not to fall short
+    partial: list = field(default_factory=list)
 
 
 def check(
@@ -156,13 +163,15 @@ def read_tables(conn) -> Tables:
             SNAPSHOTS.c.name,
             SNAPSHOTS.c.deleting,
             SNAPSHOTS.c.source_ino,
+            SNAPSHOTS.c.top_ino,
+            BLOCKS.c.snapshot_id,
         )
         .join(SNAPSHOTS, SNAPSHOTS.c.id == BLOCKS.c.snapshot_id)
         .order_by(BLOCKS.c.ino_lo)
     ).all()
     freeing = {
         ino
-        for lo, hi, _name, deleting, _source in blocks
+        for lo, hi, _name, deleting, _source, _top, _sid in blocks
         if deleting
         for ino in inodes
         if lo <= ino <= hi
@@ -174,6 +183,9 @@ def read_tables(conn) -> Tables:
     extents = [e for e in extents if e.ino not in freeing] + [
         (None, *e[1:]) for e in extents if e.ino in freeing
     ]
+    pending = sql_all(conn, "SELECT dir_ino, delta, snapshot_id FROM clone_pending")
+    # a lazy view with folders not copied yet: its files' names are not all dirents yet
+    partial = {int(sid) for _top, delta, sid in pending if delta == VIEW_PENDING}
     quota_counts = [
         (qid, root, (used_bytes, used_files), usage_below(conn, root))
         for qid, root, used_bytes, used_files in sql_all(
@@ -193,10 +205,18 @@ def read_tables(conn) -> Tables:
         blocks=blocks,
         pending_names=[
             (parent + delta, name, child + delta, kind)
-            for top, delta in sql_all(conn, "SELECT dir_ino, delta FROM clone_pending")
+            for top, delta, _sid in pending
+            if delta != VIEW_PENDING
             for parent, name, child, kind in sql_all(conn, _SUBTREE_NAMES, (top - delta, DIR))
             if parent + delta == top or parent + delta not in inodes
+        ]
+        + [
+            entry
+            for top, delta, sid in pending
+            if delta == VIEW_PENDING
+            for entry in view_pending_names(conn, int(top), int(sid))
         ],
+        partial=[(lo, hi) for lo, hi, _n, _d, _s, _t, sid in blocks if sid in partial],
     )
 
 
@@ -239,6 +259,8 @@ def _check_entries(t: Tables, problem) -> Names:
             names.count[child] += 1
         if kind == DIR and parent in inodes:  # the pending directory's link count holds it
             names.subdirs[parent] += 1
+        if kind == DIR and child in inodes:  # a lazy view's folder copied before its parent
+            names.parents[child].append(parent)
     return names
 
 
@@ -250,10 +272,16 @@ def _check_links(t: Tables, root_ino: int, open_inodes: set[int], names: Names, 
                 problem(f"directory {ino} has {len(names.parents[ino])} parents, expected 1")
         else:
             want = names.count[ino]
+            if row.nlink > want and _in_blocks(t.partial, ino):
+                want = row.nlink  # names outside the dataset count until the view is whole
         if row.nlink != want:
             problem(f"inode {ino} has nlink {row.nlink}, but {want} entries refer to it")
         if want == 0 and ino != root_ino and ino not in open_inodes:
             problem(f"inode {ino} has no name and is not open (orphan)")
+
+
+def _in_blocks(blocks: list, ino: int) -> bool:
+    return any(lo <= ino <= hi for lo, hi in blocks)
 
 
 def _check_reachable(t: Tables, root_ino: int, names: Names, problem) -> None:
@@ -261,6 +289,9 @@ def _check_reachable(t: Tables, root_ino: int, names: Names, problem) -> None:
     children = defaultdict(list)
     for parent, _, child in t.dirents:
         if child in t.inodes and t.inodes[child].type == DIR:
+            children[parent].append(child)
+    for parent, _, child, kind in t.pending_names:  # through folders not copied yet
+        if kind == DIR:
             children[parent].append(child)
     todo = [root_ino]
     while todo:
@@ -316,7 +347,7 @@ def _check_live_bytes(t: Tables, report: FsckReport, limit: int) -> None:
 def _check_snapshots_and_quotas(t: Tables, problem) -> None:
     named = {(parent, child) for parent, _name, child in t.dirents}
     for name, source, root, lo, hi, _files, _referenced in t.snapshots:
-        if not lo <= root <= hi:
+        if not lo <= root <= hi and lo != hi:  # lo = hi = root: a lazy view (blocks checked)
             problem(f"snapshot {name!r} of inode {source}: root {root} outside [{lo}, {hi}]")
         if (t.snapdirs.get(source), root) not in named:
             problem(f"snapshot {name!r} of inode {source} is not named in its .snapshots")
@@ -339,45 +370,68 @@ def _check_snapshot_ranges(t: Tables, problem) -> None:
         if ino is not None:
             by_ino[ino] += length
     extent_inos = sorted(by_ino)
-    # blocks: disjoint, and a snapshot copied whole has one, its range (no inode of it outside)
+    # blocks: disjoint, and a snapshot copied whole has one, its range (no inode of it outside);
+    # a lazy view's are handed out as it copies (lazyviews.py)
     previous = None
     mine: dict[tuple[int, str], list] = defaultdict(list)
-    for lo, hi, name, deleting, source in t.blocks:
+    lazy = set()
+    for lo, hi, name, deleting, source, top, _sid in t.blocks:
         if not deleting:
             mine[(source, name)].append((lo, hi))
-    for lo, hi, name, _deleting, _source in t.blocks:
+            if top is not None:
+                lazy.add((source, name))
+    for lo, hi, name, *_rest in t.blocks:
         if previous is not None and lo <= previous[1]:
             problem(
                 f"snapshot {name!r}: inode block [{lo}, {hi}] overlaps a block of {previous[0]!r}"
             )
         previous = (name, hi)
-    for name, source, _root, lo, hi, _files, _referenced in t.snapshots:
-        if mine[(source, name)] != [(lo, hi)]:
-            problem(
-                f"snapshot {name!r} of inode {source}: its range [{lo}, {hi}] is not its one "
-                "block of inode numbers"
-            )
     previous = None
-    for name, source, _root, lo, hi, files, referenced in sorted(t.snapshots, key=lambda r: r[3]):
+    for name, source, _root, lo, hi, *_figures in sorted(t.snapshots, key=lambda r: r[3]):
+        if (source, name) in lazy:
+            continue
         if previous is not None and lo <= previous[1]:
             problem(
                 f"snapshot {name!r} of inode {source}: inodes [{lo}, {hi}] overlap those of "
                 f"{previous[0]!r}"
             )
         previous = (name, hi)
-        held = bisect.bisect_right(inos, hi) - bisect.bisect_left(inos, lo)
-        if files is not None and held != files:
+    for name, source, root, lo, hi, files, referenced in t.snapshots:
+        blocks = mine[(source, name)]
+        if (source, name) in lazy:
+            if not any(b_lo <= root <= b_hi for b_lo, b_hi in blocks):
+                problem(f"snapshot {name!r} of inode {source}: root {root} in none of its blocks")
+        elif blocks != [(lo, hi)]:
             problem(
-                f"snapshot {name!r} of inode {source} recorded {files} inodes, its range "
-                f"holds {held}"
+                f"snapshot {name!r} of inode {source}: its range [{lo}, {hi}] is not its one "
+                "block of inode numbers"
             )
-        first, last = bisect.bisect_left(extent_inos, lo), bisect.bisect_right(extent_inos, hi)
-        counted = sum(by_ino[ino] for ino in extent_inos[first:last])
-        if referenced is not None and counted != referenced:
-            problem(
-                f"snapshot {name!r} of inode {source} recorded {referenced} referenced bytes, "
-                f"its extents reference {counted}"
-            )
+        is_lazy = (source, name) in lazy
+        spans = blocks if is_lazy else [(lo, hi)]
+        index = (inos, by_ino, extent_inos)
+        _check_held(index, name, source, spans, (files, referenced), is_lazy, problem)
+
+
+def _check_held(index, name, source, spans, figures, lazy: bool, problem) -> None:
+    """The files and referenced bytes a snapshot's row recorded are what its inode numbers
+    hold (a whole copy's range, even if its block is wrong: reported apart; a lazy view's
+    blocks)."""
+    inos, by_ino, extent_inos = index
+    files, referenced = figures
+    held = counted = 0
+    for b_lo, b_hi in spans:
+        held += bisect.bisect_right(inos, b_hi) - bisect.bisect_left(inos, b_lo)
+        first = bisect.bisect_left(extent_inos, b_lo)
+        last = bisect.bisect_right(extent_inos, b_hi)
+        counted += sum(by_ino[ino] for ino in extent_inos[first:last])
+    if files is not None and held != files:
+        where = "blocks hold" if lazy else "range holds"
+        problem(f"snapshot {name!r} of inode {source} recorded {files} inodes, its {where} {held}")
+    if referenced is not None and counted != referenced:
+        problem(
+            f"snapshot {name!r} of inode {source} recorded {referenced} referenced bytes, "
+            f"its extents reference {counted}"
+        )
 
 
 def compressed_stripe_problems(row) -> list[str]:

@@ -27,10 +27,11 @@ from engine.catalog.models import DIR
 from engine.datapath.accounting import chunks
 from engine.datapath.sharing import add_counts
 
-INODE_COLUMNS = (
-    "generation, type, mode, uid, gid, size, nlink, rdev, atime_ns, mtime_ns, "
-    "ctime_ns, btime_ns, change, band_class"
-)
+# INODE_COLUMNS: re-exported (the snapshot service copies inode rows with it too)
+from engine.namespace.lazyviews import INODE_COLUMNS as INODE_COLUMNS
+from engine.namespace.lazyviews import VIEW_PENDING
+from engine.namespace.lazyviews import materialize as view_materialize
+
 PENDING_BATCH = 64  # pending directories copied per transaction by ``materialize_batch``
 
 
@@ -92,6 +93,8 @@ def materialize(conn, dir_ino: int) -> list[int] | None:
     if row is None:
         return None
     delta, snapshot_id = int(row[0]), int(row[1])
+    if delta == VIEW_PENDING:  # a lazy snapshot's view folder (lazyviews.py)
+        return view_materialize(conn, dir_ino, snapshot_id)
     source = dir_ino - delta
     children = {
         int(child): kind

@@ -8,6 +8,9 @@ nothing else is ever numbered in, so "is this inode frozen" is a range check (re
 and deleting a snapshot is range deletes. No data is copied: the copied extents reference the
 same stripes, whose ``live_bytes`` count every reference (invariant 9). The live namespace's
 rows and queries are untouched, so the live create/stat/write paths pay nothing for snapshots.
+A lazy view (engine/namespace/lazyviews.py, not created yet) has many blocks of numbers, handed
+out as it copies: the readers of a whole snapshot (``_members``) read its blocks, a lazy view's
+after its folders are copied (``_make_whole``).
 
 Views: the first snapshot of DIR creates ``DIR/.snapshots`` (a real directory inode, hidden
 from DIR's readdir, refused to every change); each snapshot's frozen root is named there.
@@ -28,6 +31,7 @@ from engine.catalog.models import DIR
 from engine.datapath.accounting import adjust_live, chunks
 from engine.datapath.sharing import add_references, drop_references
 from engine.lifecycle.pacing import RateLimiter
+from engine.namespace import lazyviews
 from engine.namespace.common import ROOT, check_name
 from engine.namespace.lazyclones import INODE_COLUMNS, materialize_batch, materialize_subtree
 from engine.namespace.quotas import recount_around, roots_of
@@ -212,11 +216,61 @@ def _copy_tree(conn, root: int):
     return copied_root, lo, hi, count, referenced
 
 
-def _copy_range(conn, lo_old: int, hi_old: int):
-    """Copy a snapshot's inodes, which are exactly its range [lo_old, hi_old] (reserved at its
-    create, frozen since: fsck checks it), as ``_copy_tree`` does, without walking the tree
-    (range scans of the primary keys instead). Returns (delta, lo, hi, referenced bytes)."""
-    return _copy_rows(conn, "{} BETWEEN ? AND ?", (lo_old, hi_old), lo_old, hi_old, None)
+def _copy_range(conn, snapshot_id: int):
+    """Copy a snapshot's inodes, which are exactly its blocks (reserved at its create, or at
+    copy time for a lazy view made whole first, frozen since: fsck checks it), as
+    ``_copy_tree`` does, without walking the tree (range scans of the primary keys instead).
+    Returns (delta, lo, hi, referenced bytes)."""
+    member, params, lo, hi = _members(conn, snapshot_id)
+    return _copy_rows(conn, member, params, lo, hi, None)
+
+
+def _is_lazy(conn, snapshot_id: int) -> bool:
+    """Whether the snapshot is a lazy view (``top_ino`` set: lazyviews.py), not a whole copy."""
+    row = sql_one(conn, "SELECT top_ino FROM snapshots WHERE id = ?", (snapshot_id,))
+    return row is not None and row[0] is not None
+
+
+def _members(conn, snapshot_id: int) -> tuple[str, tuple, int, int]:
+    """(predicate on the column named by ``{}``/``{0}``, its params, lo, hi) that selects the
+    snapshot's inodes: the numbers in its blocks. A snapshot copied whole has one block, its
+    range (the predicate is that range check); a lazy view has many, handed out at copy time
+    (lazyviews.py), and is read whole only after ``lazyviews.materialize_all``. Blocks of all
+    snapshots are disjoint, so a number's block is the one starting last at or below it."""
+    blocks = sql_all(
+        conn,
+        "SELECT ino_lo, ino_hi FROM snapshot_blocks WHERE snapshot_id = ? ORDER BY ino_lo",
+        (snapshot_id,),
+    )
+    if not blocks:
+        return "{0} < 0", (), 0, -1  # nothing left
+    lo, hi = int(blocks[0][0]), int(blocks[-1][1])
+    if len(blocks) == 1:
+        return "{0} BETWEEN ? AND ?", (lo, hi), lo, hi
+    return (
+        "{0} BETWEEN ? AND ? AND ? = (SELECT CASE WHEN b.ino_hi >= {0} THEN b.snapshot_id END "
+        "FROM snapshot_blocks b WHERE b.ino_lo <= {0} ORDER BY b.ino_lo DESC LIMIT 1)",
+        (lo, hi, snapshot_id),
+        lo,
+        hi,
+    )
+
+
+def _make_whole(conn, snapshot_id: int) -> None:
+    """A lazy view's every folder copied (its names and rows as it holds them), so that its
+    blocks hold its whole tree as a copy made at create would: the whole-view readers (space
+    count, rollback, clone, diff) then read its blocks."""
+    if _is_lazy(conn, snapshot_id):
+        lazyviews.materialize_all(conn, snapshot_id)
+
+
+def _make_lazy_views_whole(conn) -> None:
+    """Every lazy view made whole (``_make_whole``): before the live tree is replaced
+    wholesale (rollback), which they may still read."""
+    for (sid,) in sql_all(
+        conn, "SELECT id FROM snapshots WHERE top_ino IS NOT NULL AND deleting = ?", (False,)
+    ):
+        lazyviews.materialize_all(conn, int(sid))
 
 
 def _copy_rows(conn, member: str, params: tuple, lo_old: int, hi_old: int, parent_map):
@@ -429,17 +483,20 @@ class Snapshots:
 
         def work(conn):
             out = []
-            for sid, name, lo, hi, created, *stored in sql_all(
+            for sid, name, created, *stored in sql_all(
                 conn,
-                "SELECT id, name, ino_lo, ino_hi, created_ns, files, referenced_bytes, "
+                "SELECT id, name, created_ns, files, referenced_bytes, "
                 "unique_bytes, shared_bytes, space_counted_ns FROM snapshots "
                 "WHERE source_ino = ? AND deleting = ? ORDER BY created_ns, id",
                 (dataset, False),
             ):
                 files, referenced, unique, shared, counted = stored
-                if counted is None:
+                if counted is None and _is_lazy(conn, sid):
+                    # a lazy view is counted by the background job (it copies its folders)
+                    files, referenced, unique, shared, counted = 0, 0, 0, 0, 0
+                elif counted is None:
                     counted = time.time_ns()
-                    files, referenced, unique, shared = self._count_space(conn, lo, hi)
+                    files, referenced, unique, shared = self._count_space(conn, sid)
                 out.append(
                     SnapshotInfo(
                         name, created, referenced, unique, files, sid, shared, int(counted)
@@ -449,10 +506,13 @@ class Snapshots:
 
         return self.catalog.read(work)
 
-    def _count_space(self, conn, lo: int, hi: int) -> tuple[int, int, int, int]:
-        """(files, referenced, unique, shared) of the inodes [lo, hi]."""
-        files = sql_one(conn, "SELECT COUNT(*) FROM inodes WHERE ino BETWEEN ? AND ?", (lo, hi))[0]
-        return (int(files), *self._space_in(conn, lo, hi))
+    def _count_space(self, conn, snapshot_id: int) -> tuple[int, int, int, int]:
+        """(files, referenced, unique, shared) of the snapshot's inodes (a lazy view: those
+        copied so far; ``_make_whole`` first for its whole tree)."""
+        member, params, _lo, _hi = _members(conn, snapshot_id)
+        where = member.format("ino")
+        files = sql_one(conn, f"SELECT COUNT(*) FROM inodes WHERE {where}", params)[0]
+        return (int(files), *self._space_in(conn, member, params))
 
     def recount_space(
         self,
@@ -482,13 +542,15 @@ class Snapshots:
         due = self.catalog.read(
             lambda conn: sql_all(
                 conn,
-                f"SELECT id, ino_lo, ino_hi FROM snapshots WHERE {where} ORDER BY id",
+                f"SELECT id, top_ino FROM snapshots WHERE {where} ORDER BY id",
                 tuple(params),
             )
         )
-        for done, (sid, lo, hi) in enumerate(due, 1):
+        for done, (sid, top) in enumerate(due, 1):
             stamp = time.time_ns()
-            figures = self.catalog.read(lambda conn, lo=lo, hi=hi: self._count_space(conn, lo, hi))
+            if top is not None:  # a lazy view: its folders copied first, in their own commit
+                self._run(lambda conn, s=sid: _make_whole(conn, s), flush=False)
+            figures = self.catalog.read(lambda conn, s=sid: self._count_space(conn, s))
             # tracked: nothing any cache holds changes
             self.catalog.run(
                 lambda conn, sid=sid, f=figures, t=stamp: sql(
@@ -539,18 +601,20 @@ class Snapshots:
         sql(conn, f"UPDATE snapshots SET space_counted_ns = 0 WHERE {where}", tuple(params)).close()
 
     @staticmethod
-    def _space_in(conn, lo: int, hi: int) -> tuple[int, int, int]:
-        """(referenced, unique, shared bytes) of the inodes [lo, hi]: unique are the live bytes
-        of stripes that no inode outside the range references; shared, the range's references
-        into stripes that some inode outside it references too."""
+    def _space_in(conn, member: str, params: tuple) -> tuple[int, int, int]:
+        """(referenced, unique, shared bytes) of the inodes for which ``member`` (a predicate
+        on ``{0}``, as ``_members`` gives) holds: unique are the live bytes of stripes that no
+        other inode references; shared, their references into stripes that some other inode
+        references too."""
         referenced, unique, shared = sql_one(
             conn,
             "SELECT COALESCE(SUM(r.refs), 0), COALESCE(SUM(CASE WHEN s.live_bytes = r.refs THEN "
             "(CASE WHEN s.live_bytes < s.data_length THEN s.live_bytes ELSE s.data_length END) "
             "ELSE 0 END), 0), COALESCE(SUM(CASE WHEN s.live_bytes = r.refs THEN 0 ELSE r.refs "
             "END), 0) FROM (SELECT stripe_id, SUM(length) AS refs FROM extents "
-            "WHERE ino BETWEEN ? AND ? GROUP BY stripe_id) r JOIN stripes s ON s.id = r.stripe_id",
-            (lo, hi),
+            f"WHERE {member.format('ino')} GROUP BY stripe_id) r "
+            "JOIN stripes s ON s.id = r.stripe_id",
+            params,
         )
         return int(referenced), int(unique), int(shared)
 
@@ -650,8 +714,7 @@ class Snapshots:
         return freed
 
     def _pending_of(self, conn, snapshot_id: int) -> int:
-        row = sql_one(conn, "SELECT ino_lo, ino_hi FROM snapshots WHERE id = ?", (snapshot_id,))
-        return 0 if row is None else self._space_in(conn, int(row[0]), int(row[1]))[1]
+        return self._space_in(conn, *_members(conn, snapshot_id)[:2])[1]
 
     def _reclaim_chunk(self, conn, snapshot_id: int, counted: int):
         """One chunk of a deleted snapshot's rows, from where the last one ended (the start of
@@ -685,7 +748,8 @@ class Snapshots:
         rows = sql_one(conn, "SELECT COUNT(*) FROM inodes WHERE ino BETWEEN ? AND ?", (start, end))[
             0
         ]
-        freeing = self._space_in(conn, start, end)[1]  # the unique bytes that die with this chunk
+        # the unique bytes that die with this chunk
+        freeing = self._space_in(conn, "{0} BETWEEN ? AND ?", (start, end))[1]
         dead = self._purge_range(conn, start, end)
         if end >= hi:
             sql(conn, "DELETE FROM snapshot_blocks WHERE ino_lo = ?", (lo,)).close()
@@ -757,15 +821,16 @@ class Snapshots:
         dataset = self._dataset(path)
 
         def work(conn):
-            _sid, root, lo, hi, _created = self._snapshot_row(conn, dataset, name)
+            sid, root, _lo, _hi, _created = self._snapshot_row(conn, dataset, name)
             snapdir = sql_one(
                 conn, "SELECT dir_ino FROM snapshot_dirs WHERE dataset_ino = ?", (dataset,)
             )[0]
+            # lazy views read live rows that are about to go: each is copied whole first
+            _make_lazy_views_whole(conn)
+            member, params, lo, hi = _members(conn, sid)
             dead = self._free_contents(conn, dataset, snapdir)
-            # the snapshot's range but its root, whose names go to the dataset's own inode
-            _copy_rows(
-                conn, "{0} BETWEEN ? AND ? AND {0} <> ?", (lo, hi, root), lo, hi, (root, dataset)
-            )
+            # the snapshot's inodes but its root, whose names go to the dataset's own inode
+            _copy_rows(conn, member + " AND {0} <> ?", (*params, root), lo, hi, (root, dataset))
             mode, uid, gid, mtime = sql_one(
                 conn, "SELECT mode, uid, gid, mtime_ns FROM inodes WHERE ino = ?", (root,)
             )
@@ -839,8 +904,10 @@ class Snapshots:
         parent = self._dataset(parent_path or "/")
 
         def work(conn):
-            sid, root, lo, hi, _created = self._snapshot_row(conn, dataset, name)
+            sid, root, _lo, _hi, _created = self._snapshot_row(conn, dataset, name)
             self.ns.readonly.check_writable(parent, conn=conn)
+            _make_whole(conn, sid)  # a lazy view: its blocks then hold its whole tree
+            _member, _params, lo, hi = _members(conn, sid)
             if (
                 sql_one(
                     conn, "SELECT id FROM dirents WHERE parent = ? AND name = ?", (parent, new_name)
@@ -850,7 +917,7 @@ class Snapshots:
                 raise errors.Exists(f"{new_path} exists")
             if roots_of(conn, parent, self.ns.root_ino):
                 # under a quota: copied now, so its counters and fsck's recount see every file
-                delta = _copy_range(conn, lo, hi)[0]
+                delta = _copy_range(conn, sid)[0]
             else:  # the root alone; each directory's names when first needed (lazyclones.py)
                 delta = _reserve_inodes(conn, lo, hi)
                 if conn.dialect.name == "sqlite":  # no later inode may be numbered in the range
@@ -895,6 +962,22 @@ class Snapshots:
         dataset = self._dataset(path)
         if b is None:  # the live tree's clones, copied first: the walk reads names
             self._run(lambda conn: materialize_subtree(conn, dataset), flush=False)
+
+        def lazy(conn):
+            return [
+                sid
+                for sid in (self._snapshot_row(conn, dataset, n)[0] for n in (a, b) if n)
+                if _is_lazy(conn, sid)
+            ]
+
+        views = self.catalog.read(lazy)
+        if views:  # lazy views' folders copied first: the walk reads names
+
+            def whole(conn):
+                for sid in views:
+                    _make_whole(conn, sid)
+
+            self._run(whole, flush=False)
 
         def work(conn):
             old = self._paths(conn, self._snapshot_row(conn, dataset, a)[1])

@@ -1,0 +1,407 @@
+"""Snapshots taken in constant time (issue 35; docs/snapshots.md "The lookup order"): a
+snapshot records its id and ``top_ino``; a live inode's rows (or a directory's names) are copied
+into the NEWEST snapshot of each dataset chain that holds it, before they change, in the
+change's own transaction; a view reads, for live inode x, the first copy found from its own
+snapshot to the newest, else the live rows.
+
+Not switched on yet: create still copies whole and the namespace does not call ``copy_up``
+(tests/datapath/test_lazy_views.py calls it). A view folder's first read materialises it
+(``materialize``, through lazyclones.materialize); the snapshot service's whole-view readers
+call ``materialize_all`` first."""
+
+from __future__ import annotations
+
+from engine.catalog.database import in_list, sql, sql_all, sql_one
+from engine.catalog.models import DIR
+from engine.datapath.sharing import add_counts
+
+# an inode row's columns but its number (copied as they are)
+INODE_COLUMNS = (
+    "generation, type, mode, uid, gid, size, nlink, rdev, atime_ns, mtime_ns, "
+    "ctime_ns, btime_ns, change, band_class"
+)
+
+# a view directory waiting for its names is a clone_pending row with this delta (a clone's
+# delta is never 0: its numbers lie above its snapshot's)
+VIEW_PENDING = 0
+
+
+def chains(conn) -> dict[int, list[tuple[int, int, bool]]]:
+    """dataset ino -> [(snapshot id, top_ino, being deleted)] of its lazy snapshots, oldest
+    first. A deleted snapshot stays in its chain until reclaimed: older ones may read its
+    copies (docs/snapshots.md, "The lookup order")."""
+    out: dict[int, list[tuple[int, int, bool]]] = {}
+    for sid, source, top, deleting in sql_all(
+        conn,
+        "SELECT id, source_ino, top_ino, deleting FROM snapshots WHERE top_ino IS NOT NULL "
+        "ORDER BY id",
+    ):
+        out.setdefault(int(source), []).append((int(sid), int(top), bool(deleting)))
+    return out
+
+
+def allocate(conn, sid: int, count: int) -> list[int]:
+    """``count`` new inode numbers for snapshot ``sid``, recorded as its blocks (the last one
+    extended when the numbers follow it)."""
+    if count <= 0:
+        return []
+    if conn.dialect.name == "sqlite":
+        top = max(
+            sql_one(conn, "SELECT COALESCE(MAX(ino), 0) FROM inodes")[0],
+            (sql_one(conn, "SELECT seq FROM sqlite_sequence WHERE name = 'inodes'") or (0,))[0],
+        )
+        numbers = list(range(int(top) + 1, int(top) + 1 + count))
+        # AUTOINCREMENT remembers the largest number inserted: the rows follow at once
+        sql(
+            conn,
+            "UPDATE sqlite_sequence SET seq = ? WHERE name = 'inodes' AND seq < ?",
+            (numbers[-1], numbers[-1]),
+        ).close()
+    else:
+        seq = sql_one(conn, "SELECT pg_get_serial_sequence('inodes', 'ino')")[0]
+        numbers = [
+            int(r[0])
+            for r in sql_all(
+                conn, "SELECT nextval(?::regclass) FROM generate_series(1, ?)", (seq, count)
+            )
+        ]
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and runs[-1][1] + 1 == n:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    last = sql_one(
+        conn,
+        "SELECT ino_lo, ino_hi FROM snapshot_blocks WHERE snapshot_id = ? "
+        "ORDER BY ino_lo DESC LIMIT 1",
+        (sid,),
+    )
+    for lo, hi in runs:
+        if last is not None and int(last[1]) + 1 == lo:
+            sql(
+                conn, "UPDATE snapshot_blocks SET ino_hi = ? WHERE ino_lo = ?", (hi, last[0])
+            ).close()
+            last = (last[0], hi)
+            continue
+        sql(
+            conn,
+            "INSERT INTO snapshot_blocks (ino_lo, ino_hi, snapshot_id) VALUES (?, ?, ?)",
+            (lo, hi, sid),
+        ).close()
+        last = (lo, hi)
+    return numbers
+
+
+def _copy_inode(conn, source: int, target: int) -> None:
+    """Inode ``source``'s rows (inode, symlink, xattrs, extents counted in their stripes) at
+    number ``target``."""
+    sql(
+        conn,
+        f"INSERT INTO inodes (ino, {INODE_COLUMNS}) SELECT ?, {INODE_COLUMNS} FROM inodes "
+        "WHERE ino = ?",
+        (target, source),
+    ).close()
+    for table, columns in (("symlinks", "target"), ("xattrs", "name, value")):
+        sql(
+            conn,
+            f"INSERT INTO {table} (ino, {columns}) SELECT ?, {columns} FROM {table} WHERE ino = ?",
+            (target, source),
+        ).close()
+    sql(
+        conn,
+        "INSERT INTO extents (ino, file_offset, length, stripe_id, stripe_offset) "
+        "SELECT ?, file_offset, length, stripe_id, stripe_offset FROM extents WHERE ino = ?",
+        (target, source),
+    ).close()
+    add_counts(conn, "ino = ?", (target,))
+
+
+def _view_of(conn, sid: int, x: int) -> tuple[int, bool, bool] | None:
+    """(view ino, rows copied, names copied) of live ``x`` in snapshot ``sid``, None: no number."""
+    row = sql_one(
+        conn,
+        "SELECT m.view_ino, i.ino, m.names_copied FROM snapshot_inodes m LEFT JOIN inodes i "
+        "ON i.ino = m.view_ino WHERE m.snapshot_id = ? AND m.live_ino = ?",
+        (sid, x),
+    )
+    if row is None:
+        return None
+    return int(row[0]), row[1] is not None, bool(row[2])
+
+
+def first_copy(conn, sids: list[int], x: int) -> int | None:
+    """The view ino holding ``x``'s rows as the first of ``sids`` (a chain from one snapshot
+    to the newest) holds them: the first snapshot with a copy; None: the live rows."""
+    if not sids:
+        return None
+    rows = dict(
+        sql_all(
+            conn,
+            "SELECT m.snapshot_id, m.view_ino FROM snapshot_inodes m JOIN inodes i "
+            f"ON i.ino = m.view_ino WHERE m.live_ino = ? AND m.snapshot_id IN {in_list(sids)}",
+            (x, *sids),
+        )
+    )
+    for sid in sids:
+        if sid in rows:
+            return int(rows[sid])
+    return None
+
+
+def _names_from(conn, sids: list[int], d: int) -> int | None:
+    """The snapshot whose copy of ``d``'s names the first of ``sids`` reads; None: live."""
+    if not sids:
+        return None
+    row = sql_one(
+        conn,
+        "SELECT MIN(snapshot_id) FROM snapshot_inodes WHERE live_ino = ? AND names_copied = ? "
+        f"AND snapshot_id IN {in_list(sids)}",
+        (d, True, *sids),
+    )
+    return None if row[0] is None else int(row[0])
+
+
+def names_at(conn, sids: list[int], d: int) -> list[tuple[str, int]]:
+    """(name, live child) of directory ``d`` as the first of ``sids`` holds them."""
+    sid = _names_from(conn, sids, d)
+    if sid is not None:
+        rows = sql_all(
+            conn,
+            "SELECT name, child FROM snapshot_names WHERE snapshot_id = ? AND parent = ?",
+            (sid, d),
+        )
+    else:
+        rows = sql_all(
+            conn,
+            "SELECT name, child FROM dirents WHERE parent = ? "
+            "AND child NOT IN (SELECT dir_ino FROM snapshot_dirs)",
+            (d,),
+        )
+    return sorted((str(n), int(c)) for n, c in rows)
+
+
+def _names_child(conn, sids: list[int], d: int, x: int) -> bool:
+    """Whether directory ``d`` has a name for ``x`` as the first of ``sids`` holds them."""
+    sid = _names_from(conn, sids, d)
+    if sid is not None:
+        return (
+            sql_one(
+                conn,
+                "SELECT 1 FROM snapshot_names WHERE snapshot_id = ? AND parent = ? AND child = ?",
+                (sid, d, x),
+            )
+            is not None
+        )
+    return sql_one(conn, "SELECT 1 FROM dirents WHERE parent = ? AND child = ?", (d, x)) is not None
+
+
+def holds(conn, dataset: int, sids: list[int], top: int, x: int) -> bool:
+    """Whether the first of ``sids`` (with ``top_ino`` ``top``) holds live inode ``x``: one of
+    x's names at its create lay in ``dataset``'s tree. Candidates for the parent are x's live
+    parents and the copied names naming x; a name counts if the directory held it then."""
+    seen: set[int] = set()
+    todo = [x]
+    while todo:
+        ino = todo.pop()
+        if ino == dataset:
+            return True
+        if ino > top or ino in seen:
+            continue
+        seen.add(ino)
+        parents = {
+            int(r[0]) for r in sql_all(conn, "SELECT parent FROM dirents WHERE child = ?", (ino,))
+        }
+        parents |= {
+            int(r[0])
+            for r in sql_all(
+                conn,
+                f"SELECT parent FROM snapshot_names WHERE child = ? AND snapshot_id IN "
+                f"{in_list(sids)}",
+                (ino, *sids),
+            )
+        }
+        todo += [p for p in parents if p <= top and _names_child(conn, sids, p, ino)]
+    return False
+
+
+def copy_up(conn, x: int, *, names: bool = False) -> int:
+    """Before live inode ``x``'s rows (``names``: and its names, a directory) change: for each
+    dataset chain, the newest snapshot that holds ``x`` gets a copy if it has none. Returns the
+    copies made."""
+    made = 0
+    for dataset, chain in chains(conn).items():
+        if x > chain[-1][1]:
+            continue  # numbered after every snapshot of the chain
+        sids = [sid for sid, _top, _deleting in chain]
+        for k in range(len(chain) - 1, -1, -1):
+            # the newest snapshot not being deleted that holds x
+            if not chain[k][2] and holds(conn, dataset, sids[k:], chain[k][1], x):
+                break
+        else:
+            continue
+        sid = sids[k]
+        view = _view_of(conn, sid, x)
+        if view is None:
+            [number] = allocate(conn, sid, 1)
+            sql(
+                conn,
+                "INSERT INTO snapshot_inodes (snapshot_id, live_ino, view_ino, names_copied) "
+                "VALUES (?, ?, ?, ?)",
+                (sid, x, number, False),
+            ).close()
+            view = (number, False, False)
+        if not view[1]:
+            _copy_inode(conn, x, view[0])
+            made += 1
+        if names and not view[2]:
+            sql(
+                conn,
+                "INSERT INTO snapshot_names (snapshot_id, parent, name, child) "
+                "SELECT ?, parent, name, child FROM dirents WHERE parent = ? "
+                "AND child NOT IN (SELECT dir_ino FROM snapshot_dirs)",
+                (sid, x),
+            ).close()
+            sql(
+                conn,
+                "UPDATE snapshot_inodes SET names_copied = ? WHERE snapshot_id = ? "
+                "AND live_ino = ?",
+                (True, sid, x),
+            ).close()
+            made += 1
+    return made
+
+
+def create(conn, dataset: int, snapshot_id: int) -> int:
+    """Record lazy snapshot ``snapshot_id`` of ``dataset`` (its row inserted, ``top_ino`` set):
+    its root's number, the root's row (no .snapshots in it), pending. Returns the root."""
+    [root] = allocate(conn, snapshot_id, 1)
+    sql(
+        conn,
+        "INSERT INTO snapshot_inodes (snapshot_id, live_ino, view_ino, names_copied) "
+        "VALUES (?, ?, ?, ?)",
+        (snapshot_id, dataset, root, False),
+    ).close()
+    _copy_inode(conn, dataset, root)
+    sql(conn, "UPDATE inodes SET nlink = nlink - 1 WHERE ino = ?", (root,)).close()
+    sql(
+        conn,
+        "INSERT INTO clone_pending (dir_ino, delta, snapshot_id) VALUES (?, ?, ?)",
+        (root, VIEW_PENDING, snapshot_id),
+    ).close()
+    return root
+
+
+def materialize(conn, view_dir: int, sid: int) -> list[int]:
+    """Copy view directory ``view_dir`` of snapshot ``sid``: its names as the snapshot holds
+    them, each child numbered in the snapshot and its rows copied as the snapshot holds them;
+    returns the child directories, now pending."""
+    sids = _chain_from(conn, sid)
+    d = int(sql_one(conn, _LIVE_OF, (view_dir,))[0])
+    pending = []
+    for name, child in names_at(conn, sids, d):
+        view = _view_of(conn, sid, child)
+        if view is None:
+            [number] = allocate(conn, sid, 1)
+            sql(
+                conn,
+                "INSERT INTO snapshot_inodes (snapshot_id, live_ino, view_ino, names_copied) "
+                "VALUES (?, ?, ?, ?)",
+                (sid, child, number, False),
+            ).close()
+            view = (number, False, False)
+        if not view[1]:
+            source = first_copy(conn, sids, child)
+            _copy_inode(conn, child if source is None else source, view[0])
+            if child in {
+                int(r[0]) for r in sql_all(conn, "SELECT dataset_ino FROM snapshot_dirs")
+            }:  # a dataset inside: no .snapshots in the view
+                sql(conn, "UPDATE inodes SET nlink = nlink - 1 WHERE ino = ?", (view[0],)).close()
+        kind = sql_one(conn, "SELECT type FROM inodes WHERE ino = ?", (view[0],))[0]
+        if kind == DIR:  # copied up or not, its names are not in the view yet
+            sql(
+                conn,
+                "INSERT INTO clone_pending (dir_ino, delta, snapshot_id) VALUES (?, ?, ?)",
+                (view[0], VIEW_PENDING, sid),
+            ).close()
+            pending.append(view[0])
+        sql(
+            conn,
+            "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
+            (view_dir, name, view[0]),
+        ).close()
+    sql(conn, "DELETE FROM clone_pending WHERE dir_ino = ?", (view_dir,)).close()
+    return pending
+
+
+def _chain_from(conn, sid: int) -> list[int]:
+    """Snapshot ``sid`` and the newer lazy snapshots of its dataset: where its lookups read."""
+    (dataset,) = sql_one(conn, "SELECT source_ino FROM snapshots WHERE id = ?", (sid,))
+    return [
+        int(r[0])
+        for r in sql_all(
+            conn,
+            "SELECT id FROM snapshots WHERE source_ino = ? AND top_ino IS NOT NULL AND id >= ? "
+            "ORDER BY id",
+            (dataset, sid),
+        )
+    ]
+
+
+def pending_names(conn, view_dir: int, sid: int) -> list[tuple[int, str, int, int]]:
+    """The names pending view folder ``view_dir`` of snapshot ``sid`` will hold, and those of
+    the folders below it not numbered yet, as (parent, name, child, child's type), read only
+    (fsck): parent and child are view numbers where copied, else minus the live number."""
+    sids = _chain_from(conn, sid)
+    pending = {int(r[0]) for r in sql_all(conn, "SELECT dir_ino FROM clone_pending")}
+    out = []
+    todo = [(view_dir, int(sql_one(conn, _LIVE_OF, (view_dir,))[0]))]
+    while todo:
+        parent, d = todo.pop()
+        for name, child in names_at(conn, sids, d):
+            view = _view_of(conn, sid, child)
+            number = view[0] if view is not None and view[1] else -child
+            source = first_copy(conn, sids, child) if number < 0 else number
+            row = sql_one(conn, "SELECT type FROM inodes WHERE ino = ?", (source or child,))
+            kind = int(row[0]) if row is not None else 0
+            out.append((parent, name, number, kind))
+            # a folder below that is not pending itself was never materialised (its parent
+            # was not): its names are still to come, under its copy or its live number
+            if kind == DIR and number not in pending:
+                todo.append((number, child))
+    return out
+
+
+_LIVE_OF = "SELECT live_ino FROM snapshot_inodes WHERE view_ino = ?"
+
+
+def count_links(conn, sid: int) -> None:
+    """A whole view's files' link counts are the names it holds (a live file's names outside
+    the dataset stay out), as a copy made at create counts them."""
+    for lo, hi in sql_all(
+        conn, "SELECT ino_lo, ino_hi FROM snapshot_blocks WHERE snapshot_id = ?", (sid,)
+    ):
+        sql(
+            conn,
+            "UPDATE inodes SET nlink = (SELECT COUNT(*) FROM dirents WHERE child = inodes.ino) "
+            "WHERE ino BETWEEN ? AND ? AND type <> ? AND nlink > 1",
+            (lo, hi, DIR),
+        ).close()
+
+
+def materialize_all(conn, sid: int) -> int:
+    """Every pending directory of snapshot ``sid``'s view; returns how many."""
+    done = 0
+    while True:
+        rows = sql_all(
+            conn,
+            "SELECT dir_ino FROM clone_pending WHERE snapshot_id = ? AND delta = ? LIMIT 256",
+            (sid, VIEW_PENDING),
+        )
+        if not rows:
+            if done:
+                count_links(conn, sid)
+            return done
+        for (ino,) in rows:
+            materialize(conn, int(ino), sid)
+            done += 1
