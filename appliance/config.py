@@ -713,7 +713,8 @@ OPTIONS: list[Option] = [
         "str",
         "",
         "The metadata server's data servers, comma-separated HOST:PORT as clients reach them "
-        "(IPv4 addresses; each a head with role 'ds' over the same catalog). Layouts stripe a "
+        "(IPv4, or IPv6 in brackets: [fd00::5]:2049; each a head with role 'ds' over the same "
+        "catalog). Layouts stripe a "
         "file over them in this order.",
     ),
     Option(
@@ -856,17 +857,22 @@ def _check_mds_address(values: dict[str, Any]) -> None:
 
 
 def data_server_addresses(value: str, key: str = "pnfs.data_servers") -> list[tuple[str, int]]:
-    """A comma-separated HOST:PORT list of IPv4 addresses, as (host, port) pairs."""
+    """A comma-separated HOST:PORT list of IPv4 addresses or [IPv6] ones in brackets, as
+    (host, port) pairs (host without brackets)."""
     found = []
     for item in (part.strip() for part in value.split(",")):
         if not item:
             continue
         host, _, port = item.rpartition(":")
         try:
-            ipaddress.IPv4Address(host)
+            if host.startswith("[") and host.endswith("]"):
+                host = host[1:-1]
+                ipaddress.IPv6Address(host)
+            else:
+                ipaddress.IPv4Address(host)
             number = int(port)
         except ValueError:
-            raise ConfigError(key, item, "IPV4:PORT (comma-separated)") from None
+            raise ConfigError(key, item, "IPV4:PORT or [IPV6]:PORT (comma-separated)") from None
         if not 0 < number <= 65535:
             raise ConfigError(key, item, "a TCP port 1-65535 after the colon")
         found.append((host, number))

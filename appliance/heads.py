@@ -30,6 +30,7 @@ from pathlib import Path
 
 from appliance.config import Config, etcd_endpoints
 from appliance.daemonlock import DaemonLock, process_alive
+from appliance.host.addresses import listening_socket
 from appliance.nfs import portmap as pmap
 from appliance.nfs.handoff import READY, TAKEN, channel_pair, hand_over, head_for
 
@@ -202,16 +203,7 @@ class Heads:
         log.info("listening on %s:%d for %d heads", self.host, self.port, self.count)
 
     def _bind(self, host: str, port: int) -> socket.socket:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-            sock.listen(256)
-        except OSError:
-            sock.close()
-            raise
-        sock.setblocking(False)
+        sock = listening_socket(host, port)
         self.listeners.append(sock)
         self.selector.register(sock, selectors.EVENT_READ, ("listen", None))
         return sock

@@ -52,6 +52,25 @@ def client_addresses(bind_host: str) -> list[str]:
     return list(dict.fromkeys(found)) or ["127.0.0.1"]
 
 
+def listening_socket(host: str, port: int, backlog: int = 256) -> socket.socket:
+    """A TCP socket bound to ``host`` and listening (non-blocking). ``::`` takes IPv4 clients
+    too (as mapped addresses): asyncio's own IPv6 listeners are IPv6 only, so a server on
+    ``::`` would refuse every IPv4 client."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, int(host != "::"))
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
 def url_host(address: str) -> str:
     """``address`` as the host part of a URL or a mount source (IPv6 in brackets)."""
     return f"[{address}]" if ":" in address else address

@@ -45,9 +45,10 @@ MAX_LAYOUTS = 65536  # layout states kept; the oldest go first (a client then as
 ROLES = ("off", "mds", "ds")
 
 
-def uaddr(host: str, port: int) -> str:
-    """The universal address of an IPv4 TCP endpoint (RFC 5665): h1.h2.h3.h4.p1.p2."""
-    return f"{host}.{port >> 8}.{port & 0xFF}"
+def netaddr(host: str, port: int) -> tuple[str, str]:
+    """(netid, universal address) of a TCP endpoint (RFC 5665): tcp h1.h2.h3.h4.p1.p2 for
+    IPv4, tcp6 and the IPv6 address's text followed by .p1.p2 for IPv6."""
+    return ("tcp6" if ":" in host else "tcp"), f"{host}.{port >> 8}.{port & 0xFF}"
 
 
 @dataclass(slots=True)

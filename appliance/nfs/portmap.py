@@ -27,6 +27,14 @@ IPPROTO_TCP, IPPROTO_UDP = 6, 17
 PMAPPROC_NULL, PMAPPROC_SET, PMAPPROC_UNSET, PMAPPROC_GETPORT, PMAPPROC_DUMP = range(5)
 RPCBPROC_GETADDR, RPCBPROC_DUMP, RPCBPROC_GETTIME, RPCBPROC_GETVERSADDR = 3, 4, 6, 9
 NETIDS = {IPPROTO_TCP: "tcp", IPPROTO_UDP: "udp"}
+# rpcbind's netids (RFC 5665) -> (protocol, IPv6?): a client asks for the one of the
+# transport it will use, and the Linux client asks for tcp6 over IPv6 (NLM)
+NETID_PROTOS = {
+    "tcp": (IPPROTO_TCP, False),
+    "udp": (IPPROTO_UDP, False),
+    "tcp6": (IPPROTO_TCP, True),
+    "udp6": (IPPROTO_UDP, True),
+}
 
 mapping = Struct("mapping", ("prog", UInt), ("vers", UInt), ("prot", UInt), ("port", UInt))
 rpcb = Struct(
@@ -56,8 +64,14 @@ RPCB_ARGS = {
 
 
 def universal_address(host: str, port: int) -> str:
-    """The rpcbind universal address of an IPv4 host and port: h1.h2.h3.h4.p1.p2."""
-    return f"{host}.{port >> 8}.{port & 0xFF}"
+    """The universal address of a host and port (RFC 5665): h1.h2.h3.h4.p1.p2 for IPv4, the
+    IPv6 address's text form (without a zone) followed by .p1.p2 for IPv6."""
+    return f"{host.split('%', 1)[0]}.{port >> 8}.{port & 0xFF}"
+
+
+def netid(proto: int, host: str) -> str:
+    """The netid of ``proto`` to ``host``: tcp6 / udp6 for an IPv6 address."""
+    return NETIDS[proto] + ("6" if ":" in host else "")
 
 
 class PortmapProgram:
@@ -98,7 +112,9 @@ class PortmapProgram:
             LinkedList(rpcb).pack(
                 p,
                 [
-                    rpcb.cls(prog, vers, NETIDS[proto], universal_address(host, port), "shingle")
+                    rpcb.cls(
+                        prog, vers, netid(proto, host), universal_address(host, port), "shingle"
+                    )
                     for (prog, vers, proto), port in sorted(self.table().items())
                 ],
             )
@@ -107,8 +123,11 @@ class PortmapProgram:
         return p.result()
 
     def _address(self, conn, args) -> str:
-        proto = {"tcp": IPPROTO_TCP, "udp": IPPROTO_UDP}.get(args.r_netid)
-        if proto is None:
+        """The universal address of a program at the address the client reached us at; ""
+        for a netid of the other family (a client asks for its transport's)."""
+        proto, ipv6 = NETID_PROTOS.get(args.r_netid, (None, False))
+        host = _local_host(conn)
+        if proto is None or ipv6 != (":" in host):
             return ""
         table = self.table()
         port = table.get((args.r_prog, args.r_vers, proto))
@@ -121,17 +140,18 @@ class PortmapProgram:
                 ),
                 None,
             )
-        return "" if port is None else universal_address(_local_host(conn), port)
+        return "" if port is None else universal_address(host, port)
 
 
 def _local_host(conn) -> str:
-    """The address the client reached this server at (what it must connect back to)."""
+    """The address the client reached this server at (what it must connect back to): IPv4,
+    also for an IPv4 client of a dual-stack listener (a mapped address), or IPv6."""
     transport = getattr(conn, "transport", None)
     sockname = transport.get_extra_info("sockname") if transport is not None else None
-    host = sockname[0] if sockname else "127.0.0.1"
-    if host.startswith("::ffff:"):
+    host = sockname[0] if sockname and isinstance(sockname[0], str) else "127.0.0.1"
+    if host.startswith("::ffff:") and "." in host:
         host = host[7:]
-    return host if "." in host else "127.0.0.1"
+    return host.split("%", 1)[0] if ":" in host or "." in host else "127.0.0.1"
 
 
 # -- a synchronous RPC client (callbacks, registration) -------------------------------------------
@@ -199,20 +219,45 @@ def _exact(sock: socket.socket, n: int) -> bytes:
 
 
 def getport(host: str, prog: int, vers: int, *, pmap_port: int = 111, timeout: float = 5.0) -> int:
-    """The TCP port of ``prog``/``vers`` at ``host`` from its port mapper (PMAP v2)."""
-    body = rpc_call(
-        host,
-        pmap_port,
-        PMAP_PROGRAM,
-        PMAP_V2,
-        PMAPPROC_GETPORT,
-        mapping.encode((prog, vers, IPPROTO_TCP, 0)),
-        timeout=timeout,
-    )
-    port = UInt.decode(body)
+    """The TCP port of ``prog``/``vers`` at ``host`` from its port mapper: PMAP v2 GETPORT,
+    or for an IPv6 host rpcbind v4 GETADDR of netid tcp6 (rpcbind answers PMAP v2 over IPv4
+    only, and an IPv6 client's services are registered for tcp6)."""
+    if ":" in host:
+        body = rpc_call(
+            host,
+            pmap_port,
+            PMAP_PROGRAM,
+            RPCB_V4,
+            RPCBPROC_GETADDR,
+            rpcb.encode((prog, vers, "tcp6", "", "")),
+            timeout=timeout,
+        )
+        where = String().decode(body)
+        port = port_of(where)
+    else:
+        body = rpc_call(
+            host,
+            pmap_port,
+            PMAP_PROGRAM,
+            PMAP_V2,
+            PMAPPROC_GETPORT,
+            mapping.encode((prog, vers, IPPROTO_TCP, 0)),
+            timeout=timeout,
+        )
+        port = UInt.decode(body)
     if not port:
         raise RpcCallError(f"prog {prog} vers {vers} is not registered at {host}:{pmap_port}")
     return port
+
+
+def port_of(uaddr: str) -> int:
+    """The port of a universal address (0 when it has none)."""
+    parts = uaddr.rsplit(".", 2)
+    try:
+        port = (int(parts[-2]) << 8) | int(parts[-1]) if len(parts) == 3 else 0
+    except ValueError:
+        return 0
+    return port if 0 < port < 65536 else 0
 
 
 def rpcbind_answers(host: str, port: int, timeout: float = 1.0) -> bool:
@@ -224,38 +269,37 @@ def rpcbind_answers(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
-def register(host: str, pmap_port: int, entries: dict, *, unset: bool = False) -> int:
+def register(
+    host: str, pmap_port: int, entries: dict, *, unset: bool = False, ipv6: bool = False
+) -> int:
     """PMAPPROC_SET (or only UNSET) of each (prog, vers, proto) -> port at a system rpcbind;
     returns how many it accepted. A registration left by an earlier run is unset first:
-    rpcbind refuses SET over an existing one."""
+    rpcbind refuses SET over an existing one. ``ipv6``: the server listens on IPv6 too, so
+    each is also registered for tcp6 / udp6 (rpcbind v4 SET of the wildcard ``::``), which
+    is what an IPv6 client asks for."""
     done = 0
     for (prog, vers, proto), port in sorted(entries.items()):
-        try:
-            body = rpc_call(
-                host,
-                pmap_port,
-                PMAP_PROGRAM,
-                PMAP_V2,
-                PMAPPROC_UNSET,
-                mapping.encode((prog, vers, proto, 0)),
-            )
+        calls = [(PMAP_V2, PMAPPROC_UNSET, mapping.encode((prog, vers, proto, 0)))]
+        if not unset:
+            calls.append((PMAP_V2, PMAPPROC_SET, mapping.encode((prog, vers, proto, port))))
+        if ipv6:
+            name = netid(proto, "::")
+            calls.append((RPCB_V4, PMAPPROC_UNSET, rpcb.encode((prog, vers, name, "", ""))))
             if not unset:
-                body = rpc_call(
-                    host,
-                    pmap_port,
-                    PMAP_PROGRAM,
-                    PMAP_V2,
-                    PMAPPROC_SET,
-                    mapping.encode((prog, vers, proto, port)),
+                where = universal_address("::", port)
+                calls.append((RPCB_V4, PMAPPROC_SET, rpcb.encode((prog, vers, name, where, ""))))
+        for vers_, proc, args in calls:
+            try:
+                body = rpc_call(host, pmap_port, PMAP_PROGRAM, vers_, proc, args)
+            except RpcCallError as exc:
+                log.warning(
+                    "rpcbind %s of program %d v%d failed: %s",
+                    "UNSET" if proc == PMAPPROC_UNSET else "SET",
+                    prog,
+                    vers,
+                    exc,
                 )
-        except RpcCallError as exc:
-            log.warning(
-                "rpcbind %s of program %d v%d failed: %s",
-                "UNSET" if unset else "SET",
-                prog,
-                vers,
-                exc,
-            )
-            continue
-        done += bool(Bool.decode(body))
+                break
+            if vers_ == PMAP_V2 and (proc == PMAPPROC_SET or unset):
+                done += bool(Bool.decode(body))
     return done

@@ -19,6 +19,7 @@ from collections import deque
 from concurrent.futures import Executor, Future
 from typing import Any
 
+from appliance.host.addresses import listening_socket
 from appliance.nfs import portmap as pmap
 from appliance.nfs.exports import ExportTable
 from appliance.nfs.fh import HandleCodec
@@ -509,9 +510,7 @@ class NfsServer:
             )
             handed.start()
         else:
-            server = self._server = await loop.create_server(
-                lambda: RpcConnection(self), self.host, self.port, reuse_address=True, backlog=256
-            )
+            server = self._server = await self._listen(self.port, backlog=256)
             self.port = server.sockets[0].getsockname()[1]
         await run(pool, self.state.delegations.start, f"{self.nsm_name}:{self.port}")
         await self._start_portmap()
@@ -636,6 +635,16 @@ class NfsServer:
                 loop.remove_reader(sock.fileno())
             recalls.close()
 
+    async def _listen(self, port: int, backlog: int = 100) -> asyncio.Server:
+        loop = self.loop
+        assert loop is not None  # start() runs this
+        if ":" in self.host:  # IPv6; "::" takes IPv4 clients too
+            sock = listening_socket(self.host, port, backlog)
+            return await loop.create_server(lambda: RpcConnection(self), sock=sock)
+        return await loop.create_server(
+            lambda: RpcConnection(self), self.host, port, reuse_address=True, backlog=backlog
+        )
+
     async def _start_portmap(self) -> None:
         mode = self.portmap_mode
         if mode in ("off", "handed"):
@@ -650,7 +659,12 @@ class NfsServer:
             mode = "register" if answers else "serve"
         if mode == "register":
             entries = {k: v for k, v in self.portmap_table().items() if k[0] != pmap.PMAP_PROGRAM}
-            done = await run(self.pool, pmap.register, "127.0.0.1", self.portmap_port, entries)
+            done = await run(
+                self.pool,
+                lambda: pmap.register(
+                    "127.0.0.1", self.portmap_port, entries, ipv6=":" in self.host
+                ),
+            )
             self.registered = entries
             log.info(
                 "registered %d of %d programs with the rpcbind on port %d",
@@ -660,9 +674,7 @@ class NfsServer:
             )
             return
         try:
-            portmap_server = self._portmap_server = await loop.create_server(
-                lambda: RpcConnection(self), self.host, self.portmap_port, reuse_address=True
-            )
+            portmap_server = self._portmap_server = await self._listen(self.portmap_port)
         except OSError as exc:
             log.warning(
                 "port mapper not served on port %d (%s): NFSv3 clients then need nolock",
@@ -706,7 +718,13 @@ class NfsServer:
         if self.registered and self.loop is not None:
             await self.loop.run_in_executor(
                 self.pool,
-                lambda: pmap.register("127.0.0.1", self.portmap_port, self.registered, unset=True),
+                lambda: pmap.register(
+                    "127.0.0.1",
+                    self.portmap_port,
+                    self.registered,
+                    unset=True,
+                    ipv6=":" in self.host,
+                ),
             )
             self.registered = {}
         await asyncio.to_thread(self.offloads.stop)  # no CB_OFFLOAD after this

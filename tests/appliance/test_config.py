@@ -52,6 +52,8 @@ def test_defaults_and_relative_paths(tmp_path):
         ("[band_classes.lukewarm]\nk = 4\n", "band_classes.lukewarm", "hot, warm, cold"),
         ("not toml = = =\n", "config file", "valid TOML"),
         ('[nfs]\nhost = "0.0.0.0"\n[pnfs]\nrole = "ds"\n', "pnfs.address", "HOST:PORT"),
+        # an IPv6 data server goes in brackets, or its port could not be told from it
+        ('[pnfs]\nrole = "mds"\ndata_servers = "fd00::5:2049"\n', "pnfs.data_servers", "[IPV6]"),
     ],
 )
 def test_bad_values_name_key_value_and_expectation(tmp_path, text, key, fragment):
@@ -59,6 +61,11 @@ def test_bad_values_name_key_value_and_expectation(tmp_path, text, key, fragment
         config.load(write(tmp_path, text))
     assert exc.value.key == key
     assert fragment in exc.value.expected
+
+
+def test_data_servers_may_be_ipv6_in_brackets():
+    servers = config.data_server_addresses("10.0.0.11:2049, [fd00::5]:2050")
+    assert servers == [("10.0.0.11", 2049), ("fd00::5", 2050)]
 
 
 def test_sizes():

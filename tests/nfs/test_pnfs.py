@@ -30,7 +30,8 @@ def heads(stack, server):
     ds_pnfs = Pnfs("ds", stripe_unit=UNIT)
     ds = start_server(stack, pnfs=ds_pnfs, head_index=1)
     ds_pnfs.address = ("127.0.0.1", ds.port)
-    mds_pnfs = Pnfs("mds", [("127.0.0.1", ds.port), ("127.0.0.2", 2049)], stripe_unit=UNIT)
+    # the second data server: an IPv6 one (no head serves it; its address is listed)
+    mds_pnfs = Pnfs("mds", [("127.0.0.1", ds.port), ("fd00::2", 2049)], stripe_unit=UNIT)
     mds_pnfs.publish(stack.catalog)
     mds = start_server(stack, pnfs=mds_pnfs, head_index=0)
     yield mds, ds, ds_pnfs
@@ -133,7 +134,7 @@ def test_layout_device_and_io_through_the_data_server(heads, stack):
         hi, lo = ds.port >> 8, ds.port & 0xFF
         assert [[(a.netid, a.addr) for a in path] for path in device.multipath_ds_list] == [
             [("tcp", f"127.0.0.1.{hi}.{lo}")],
-            [("tcp", "127.0.0.2.8.1")],
+            [("tcp6", "fd00::2.8.1")],  # RFC 5665: netid tcp6, the IPv6 text and .p1.p2
         ]
 
         # the data server takes the metadata server's open stateid: FILE_SYNC, and the size

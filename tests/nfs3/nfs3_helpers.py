@@ -135,9 +135,16 @@ class Rpc3:
     """One TCP connection speaking ONC RPC with AUTH_SYS, encoding arguments
     and decoding results with the declared types of types3."""
 
-    def __init__(self, port: int, source: str | None = None, uid: int = 0, gid: int = 0):
+    def __init__(
+        self,
+        port: int,
+        source: str | None = None,
+        uid: int = 0,
+        gid: int = 0,
+        host: str = "127.0.0.1",
+    ):
         self.sock = socket.create_connection(
-            ("127.0.0.1", port), timeout=20, source_address=(source, 0) if source else None
+            (host, port), timeout=20, source_address=(source, 0) if source else None
         )
         self.xid = 100
         self.cred = authsys_parms.encode((0, "raw", uid, gid, []))

@@ -7,6 +7,7 @@ callbacks the server makes."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import socket
 import struct
@@ -136,8 +137,8 @@ def nlm_server(stack, fake_host):
 class Nlm:
     """Raw NLM v4 calls of one client host (its caller name) over one connection."""
 
-    def __init__(self, port: int, caller: str):
-        self.rpc = Rpc3(port)
+    def __init__(self, port: int, caller: str, host: str = "127.0.0.1"):
+        self.rpc = Rpc3(port, host=host)
         self.caller = caller
         self.cookie = 0
 
@@ -189,9 +190,9 @@ class Nlm:
         return struct.pack(">I", self.cookie)
 
 
-def v3_file(port: int, name: str) -> bytes:
+def v3_file(port: int, name: str, host: str = "127.0.0.1") -> bytes:
     """The NFSv3 handle of /export/name, created when missing."""
-    peer = Rpc3(port)
+    peer = Rpc3(port, host=host)
     try:
         status, ok = peer.mount(t.MOUNTPROC3_MNT, "/export")
         assert status == t.MNT3_OK
@@ -465,7 +466,7 @@ def test_an_nlm_lock_outlives_the_nfsv4_lease(stack, fake_host):
         portmap="serve",
         portmap_port=0,
         grace_seconds=0,
-        lease_seconds=5,
+        lease_seconds=3,
         client_rpcbind_port=fake_host.port,
     )
     nlm = Nlm(srv.port, "host-old")
@@ -473,7 +474,7 @@ def test_an_nlm_lock_outlives_the_nfsv4_lease(stack, fake_host):
     try:
         fh3 = v3_file(srv.port, "old-lock")
         assert nlm.lock(fh3, 3, 0, 10) == n.NLM4_GRANTED
-        time.sleep(5 * 1.2)
+        time.sleep(3 * 1.2)  # older than a lease
         v4, open_sid, fh4 = _v4_client(srv.port, "old-lock")
         st, _ = _v4_lock(v4, fh4, open_sid, 0, 1)
         assert st == c.NFS4ERR_DENIED
@@ -613,6 +614,76 @@ def test_port_mapper_answers_getport_getaddr_and_dump(nlm_server):
             assert (stat, body) == (0, b"\0\0\0\0")
         finally:
             peer.close()
+
+
+def test_a_server_on_ipv6_serves_ipv6_and_ipv4_clients(stack, fake_host):
+    """nfs.host "::" takes IPv6 and IPv4 clients (a dual-stack listener; asyncio's alone is
+    IPv6 only): the port mapper answers netid tcp6 with an IPv6 universal address over IPv6
+    and tcp over IPv4 (a client asks for its own transport's); the client side's rpcbind
+    lookup of an IPv6 host (NLM callbacks, SM_NOTIFY) asks GETADDR tcp6; MOUNT, NFSv3 and NLM
+    over ::1 conflict with IPv4 ones; nfs-rs writes over IPv6 (NFSv4.1) and reads back over
+    IPv4 (NFSv3)."""
+    add_export(stack.catalog, clients="127.0.0.1/32,::1/128")
+    srv = start_server(
+        stack,
+        host="::",
+        portmap="serve",
+        portmap_port=0,
+        grace_seconds=0,
+        client_rpcbind_port=fake_host.port,
+    )
+    try:
+        port, pmap_port = srv.port, srv.server.portmap_port
+        six, four = Rpc3(pmap_port, host="::1"), Rpc3(pmap_port)
+        try:
+
+            def getaddr(peer, netid):
+                stat, body = peer.call_bytes(
+                    pm.PMAP_PROGRAM,
+                    4,
+                    pm.RPCBPROC_GETADDR,
+                    pm.rpcb.encode((n.NLM_PROGRAM, 4, netid, "", "")),
+                )
+                assert stat == 0
+                return String().decode(body)
+
+            where = f"{port >> 8}.{port & 255}"
+            assert getaddr(six, "tcp6") == f"::1.{where}"
+            assert getaddr(six, "tcp") == ""
+            assert getaddr(four, "tcp") == f"127.0.0.1.{where}"  # not ::ffff:127.0.0.1
+            assert getaddr(four, "tcp6") == ""
+            stat, body = six.call_bytes(pm.PMAP_PROGRAM, 4, pm.RPCBPROC_DUMP, b"")
+            rows = {(r.r_prog, r.r_netid, r.r_addr) for r in LinkedList(pm.rpcb).decode(body)}
+            assert (t.MOUNT_PROGRAM, "tcp6", f"::1.{where}") in rows
+        finally:
+            six.close()
+            four.close()
+        assert pm.getport("::1", n.NLM_PROGRAM, 4, pmap_port=pmap_port) == port
+        fh = v3_file(port, "over-ipv6", host="::1")
+        assert fh == v3_file(port, "over-ipv6")
+        a, b = Nlm(port, "v6-host", host="::1"), Nlm(port, "v4-host")
+        try:
+            assert a.lock(fh, 1, 0, 10) == n.NLM4_GRANTED
+            assert b.lock(fh, 2, 0, 10) == n.NLM4_DENIED
+            assert a.unlock(fh, 1, 0, 10) == n.NLM4_GRANTED
+            assert b.lock(fh, 2, 0, 10) == n.NLM4_GRANTED
+            assert a.test(fh, 1, 0, 10)[0] == n.NLM4_DENIED
+        finally:
+            a.close()
+            b.close()
+        import nfs_rs
+
+        payload = os.urandom(70_000)
+        options = dict(nfs_port=port, noresvport=True, uid=0, gid=0, connect_timeout=20)
+        with nfs_rs.Client.connect(f"nfs://[::1]:{port}/export?version=4.1", **options) as cl:
+            with cl.open("/written-over-ipv6", "wb") as f:
+                f.write(payload)
+        query = f"version=3&nfsport={port}&mountport={port}"
+        with nfs_rs.Client.connect(f"nfs://127.0.0.1:{port}/export?{query}", **options) as cl:
+            with cl.open("/written-over-ipv6", "rb") as f:
+                assert f.read() == payload
+    finally:
+        srv.stop()
 
 
 def _port_111_free() -> bool:

@@ -117,7 +117,7 @@ class RpcConnection(asyncio.BufferedProtocol):
     def connection_made(self, transport):
         self.transport = transport
         peer = transport.get_extra_info("peername")
-        self.peer = (peer[0], peer[1]) if peer else ("?", 0)
+        self.peer = (_unmapped(peer[0]), peer[1]) if peer else ("?", 0)
         self.state["peer"] = self.peer  # the duplicate request cache's key (onc/drc.py)
         limit = self.limits.max_connections
         if len(self.server.connections) >= limit:
@@ -619,3 +619,9 @@ def wake_starved(budget) -> None:
         if budget.held >= budget.limit:
             return
         conn.retry_starved()
+
+
+def _unmapped(host: str) -> str:
+    """An IPv4 client of a listener on ``::`` as its IPv4 address (::ffff:10.0.0.5 ->
+    10.0.0.5): exports, heads, NLM callbacks and logs then see one form of each client."""
+    return host[7:] if host.startswith("::ffff:") and "." in host else host

@@ -11,7 +11,7 @@ client would take extra addresses of one list as trunks of one server)."""
 
 from __future__ import annotations
 
-from appliance.nfs.pnfs import uaddr
+from appliance.nfs.pnfs import netaddr
 from appliance.nfs.state import NfsError
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4.ops.common import resok
@@ -123,7 +123,7 @@ def getdeviceinfo(cx, a):
     body = nfsv4_1_file_layout_ds_addr4.encode(
         nfsv4_1_file_layout_ds_addr4.cls(
             list(range(len(serving))),
-            [[netaddr4.cls("tcp", uaddr(host, port))] for host, port in serving],
+            [[netaddr4.cls(*netaddr(host, port))] for host, port in serving],
         )
     )
     needed = _GETDEVICEINFO_OVERHEAD + len(body) + (-len(body) % 4)
