@@ -370,6 +370,9 @@ class NfsServer:
         if self.state is not None:  # granted, recalled, revoked, returned
             counts = dict(self.state.delegations.counts)
             out.update({f"nfs_delegations_{event}": n for event, n in counts.items()})
+            replies = self.state.slot_replies
+            out.update({f"nfs_slot_retries_{event}": n for event, n in replies.retries.items()})
+            out["nfs_slot_replies_bytes"] = replies.used
         out.update({f"nfs_offload_{event}": n for event, n in self.offloads.counts.items()})
         if self.gss is not None:
             for key, value in self.gss.stats().items():

@@ -22,6 +22,10 @@ Counter names (the daemon records what it has; charts show what exists):
   heads ``other_head_waits`` and ``other_head_recalls`` (docs/delegations.md)
 - ``nfs_offload_<event>``: asynchronous COPYs started, completed, failed, cancelled, asked for
   but done synchronously, and their CB_OFFLOADs answered or failed
+- ``nfs_slot_retries_<event>``: NFSv4.1 retries on a session slot (the same slot and seqid
+  again): ``replayed`` from the slot's kept reply, ``rerun`` (they changed nothing),
+  ``uncached`` (NFS4ERR_RETRY_UNCACHED_REP), ``delayed`` (NFS4ERR_DELAY: still running); and
+  ``nfs_slot_replies_bytes``, what the slots keep (appliance/nfs/state/replies.py)
 - ``nfs_gss_<event>``: RPCSEC_GSS counters (contexts, destroyed, refused, replays, failed_init)
   and ``nfs_gss_live`` (contexts alive), when the NFS server has a keytab
 - ``export_<id>_read_bytes``, ``export_<id>_write_bytes``, ``export_<id>_ops``: per export, when

@@ -124,7 +124,8 @@ class RawClient:
                 results.append((op, value[0], value[1]))
         return status, results
 
-    def setup(self, owner: bytes | None = None, reclaim_complete: bool = True):
+    def setup(self, owner: bytes | None = None, reclaim_complete: bool = True, cached=1 << 20):
+        """A client record and a session of 8 slots; ``cached``: ca_maxresponsesize_cached."""
         owner = owner or os.urandom(8)
         st, res = self.compound(
             [
@@ -137,7 +138,7 @@ class RawClient:
         assert st == 0, st
         eid = res[0][2]
         self.clientid = eid.clientid
-        chan = t.channel_attrs4.cls(0, 1 << 21, 1 << 21, 1 << 20, 16, 8, [])
+        chan = t.channel_attrs4.cls(0, 1 << 21, 1 << 21, cached, 16, 8, [])
         st, res = self.compound(
             [
                 (

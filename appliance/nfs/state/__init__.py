@@ -7,8 +7,9 @@ This package's face is what it exports here, and two modules of rules on the tab
 ``clients`` (NFSv4.1 client records: EXCHANGE_ID's cases, confirmation, lease expiry) and
 ``v40`` (what only NFSv4.0 keeps: SETCLIENTID records, owners and their seqids). The table
 (``StateTable``, table.py) is a small core (core.py) with parts that each own their data:
-records.py, sessions.py, grace.py, leases.py, shares.py, locks.py, nlm.py. It speaks NFSv4's
-statuses and XDR (appliance.nfs.v4.const and types) and imports nothing else of v4/."""
+records.py, sessions.py, replies.py, grace.py, leases.py, shares.py, locks.py, nlm.py. It
+speaks NFSv4's statuses and XDR (appliance.nfs.v4.const and types) and imports nothing else of
+v4/."""
 
 from appliance.nfs.state.heads import HeadRegistry, head_name, nsm_hosts_key
 from appliance.nfs.state.locks import INF, is_write, lock_range

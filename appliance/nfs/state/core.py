@@ -9,6 +9,7 @@ import threading
 
 from appliance.nfs.onc.drc import DuplicateRequestCache
 from appliance.nfs.state.model import Client, DelegState, LockState, OpenState, Session
+from appliance.nfs.state.replies import SlotReplies
 
 # a stateid's "other": server instance, the low half of its client's id, a counter (NFSv4.0
 # tells a stateid of an expired client from a bad one by the client id)
@@ -35,8 +36,10 @@ class StateCore:
         self.unconfirmed40: dict[int, Client] = {}
         self.sessions: dict[bytes, Session] = {}
         self.states: dict[bytes, OpenState | LockState | DelegState] = {}
-        # NFSv4.0's reply cache for retransmits (NFSv4.1's is the session slots)
+        # NFSv4.0's reply cache for retransmits (NFSv4.1's is the session slots, whose
+        # replies are bounded all together here)
         self.reply_cache40 = DuplicateRequestCache()
+        self.slot_replies = SlotReplies()
         # owners of the previous instance's clients that held opens or locks: they may
         # reclaim them during the grace period (appliance.nfs.state.grace)
         self.reclaimable: set[bytes] = set()

@@ -20,9 +20,13 @@ class NfsError(Exception):
 @dataclass
 class Slot:
     seqid: int | None = 0  # None: restored after a restart, the next seqid is accepted
-    reply: list | None = None  # cached reply chunks (None: not cached)
+    reply: list | None = None  # the cached reply, one chunk (None: not cached)
     fingerprint: tuple | None = None
     busy: bool = False
+    # the request the slot ran changed nothing: a retry of it runs again (RFC 8881 2.10.6.1.3)
+    rerun: bool = False
+    size: int = 0  # bytes of ``reply``, counted in the server's budget (replies.SlotReplies)
+    gone: bool = False  # its session was dropped: it keeps no reply any more
 
 
 @dataclass

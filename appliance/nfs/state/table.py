@@ -108,7 +108,8 @@ class StateTable(StateCore):
 
     def expire_client(self, cl: Client) -> None:
         """Drop a client with its sessions and state (and its catalog record)."""
-        for sid in list(cl.sessions):
+        for sid, sess in list(cl.sessions.items()):
+            self.slot_replies.forget(sess)
             self.sessions.pop(sid, None)
             try:
                 self.session_records.drop(sid)
@@ -206,6 +207,7 @@ class StateTable(StateCore):
             sess = self.session(sid)
             del self.sessions[sid]
             sess.client.sessions.pop(sid, None)
+            self.slot_replies.forget(sess)
             self.session_records.drop(sid)
 
     # -- stateids ----------------------------------------------------------------------------------

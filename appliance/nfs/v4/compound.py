@@ -41,7 +41,7 @@ _U32 = struct.Struct(">I")
 _tag = String(None)
 _tag_opaque = Opaque(1024, "utf8str_cs tag")
 _SEQUENCE_OK = RESULTS[c.OP_SEQUENCE].arms[c.NFS4_OK]
-CACHE_LIMIT = 256 * 1024
+CACHE_LIMIT = 256 * 1024  # the most a slot keeps of a reply (ca_maxresponsesize_cached)
 MINOR_VERSIONS = (c.MINOR_VERSION, c.MINOR_VERSION_42)
 
 
@@ -127,7 +127,8 @@ class _Run:
         "body_start",
         "p",
         "done",
-        "cache",
+        "mutated",
+        "uncached",
         "counted",
     )
 
@@ -136,7 +137,8 @@ class _Run:
         self.pos = self.body_start = pos
         self.p = Packer()
         self.done = 0
-        self.cache = False
+        self.mutated = False  # an operation that changes something was run
+        self.uncached = False  # a retry of a request whose reply was not kept
         self.counted = []  # (op metric, seconds, file handle), added once the COMPOUND is answered
 
 
@@ -184,10 +186,23 @@ def _run(run: _Run, record, from_cache: bool) -> list:
             cx.server.counters.ops_done(run.counted)
             chunks = [bytes(reply_head(status, run.tag, run.done)), *p.result()]
             if cx.slot is not None:
-                slot = cx.slot
-                slot.reply = chunks if run.cache and p.size <= CACHE_LIMIT else None
-                slot.busy = False
+                _settle(run, chunks)
     return chunks
+
+
+def _settle(run: _Run, chunks: list) -> None:
+    """The COMPOUND holding the slot is answered: keep what a retry of it gets (RFC 8881
+    2.10.6.1.3). One that changed nothing keeps nothing: its retry runs again, as the original
+    could have run then (a READ's data is never kept). One that changed something keeps its
+    reply, asked to (sa_cachethis) or not, when it fits the session's cached-reply size and
+    the server's budget (appliance.nfs.state.replies); else its retry gets
+    NFS4ERR_RETRY_UNCACHED_REP."""
+    cx = run.cx
+    slot = cx.slot
+    keep = run.mutated and run.p.size <= cx.cache_room
+    cx.state.slot_replies.keep(slot, chunks if keep else None)
+    slot.rerun = not run.mutated
+    slot.busy = False  # last: a retry finds the slot busy or its outcome settled
 
 
 def _step(run: _Run, record, from_cache: bool) -> int:
@@ -201,12 +216,14 @@ def _step(run: _Run, record, from_cache: bool) -> int:
     if log.isEnabledFor(logging.DEBUG):
         log.debug("op %s", c.OP_NAMES.get(opnum, opnum))
     op = TABLE.get(opnum)
-    if from_cache and (op is None or not op.from_cache):
-        raise _Stop()
     if op is None or op.since > run.cx.minor:
         return _answer(run, c.OP_ILLEGAL, c.NFS4ERR_OP_ILLEGAL)
     if run.cx.minor not in op.minors:
         return _answer(run, opnum, c.NFS4ERR_NOTSUPP)
+    if run.uncached:  # the operation after SEQUENCE, never run (RFC 8881 2.10.6.1.3)
+        return _answer(run, opnum, c.NFS4ERR_RETRY_UNCACHED_REP)
+    if from_cache and not op.from_cache:
+        raise _Stop()
     try:
         args, pos = ARGS[opnum].unpack(record, pos)
     except XdrError as exc:
@@ -245,13 +262,12 @@ def _first_sequence(run: _Run, args, record) -> int:
     cx = run.cx
     try:
         fingerprint = _fingerprint(cx.rpc_cred, record, run.body_start)
-        value = _sequence(cx, args, run.count, fingerprint, len(record), len(run.tag))
+        value, run.uncached = _sequence(cx, args, run.count, fingerprint, len(record), len(run.tag))
     except WouldBlock:
         raise _Stop() from None
     except NfsError as exc:
         log.debug("SEQUENCE: status %d: %s", exc.status, exc)
         return _answer(run, c.OP_SEQUENCE, exc.status)
-    run.cache = True
     return _answer(run, c.OP_SEQUENCE, c.NFS4_OK, value)
 
 
@@ -262,6 +278,8 @@ def _call(run: _Run, op: Op, args) -> int:
     cur = cx.cur
     mark = (len(p.chunks), len(p.buf), p.size)  # to take a reply too big back
     started = time.perf_counter()
+    if op.mutating:  # (set before it runs: one that fails may have changed something)
+        run.mutated = True
     try:
         status, value = run_handler(cx, op, op.handler, args)
     except WouldBlock:  # raised before the operation changed anything: nothing to undo
@@ -355,7 +373,40 @@ def reply_room(limit: int, tag_len: int) -> int:
     return limit - (_REPLY_OVERHEAD + tag_len + (-tag_len & 3))
 
 
+def _retry_uncached(slot, a, fingerprint, retries) -> bool:
+    """Whether the request on ``slot`` is the retry of one whose reply was not kept and that
+    changed something. Raises Replay for a retry whose reply was kept, NfsError for a request
+    the slot refuses; False: the request runs (a new one, or the retry of one that changed
+    nothing, which runs again: RFC 8881 2.10.6.1.3). ``retries`` counts the retries met."""
+    if slot.seqid is None:
+        slot.seqid = (a.sequenceid - 1) & 0xFFFFFFFF  # first request after a restart
+    if a.sequenceid == slot.seqid:
+        if slot.busy:  # RFC 8881 2.10.6.2: the original's reply is still to come
+            retries["delayed"] += 1
+            raise NfsError(c.NFS4ERR_DELAY, "retry of a request still running")
+        if slot.fingerprint == fingerprint:
+            if slot.reply is not None:
+                retries["replayed"] += 1
+                raise Replay(slot.reply)  # a genuine retransmit: answered exactly once
+            retries["rerun" if slot.rerun else "uncached"] += 1
+            return not slot.rerun
+        # Same slot and seqid, different request: not a retransmit. nfs-rs 0.8.7 does this
+        # after dropping in-flight READs at EOF and fails on SEQ_FALSE_RETRY (which RFC 8881
+        # allows, not requires), so the request runs as a new one.
+        return False
+    if slot.busy:  # the client did not wait for the reply (knfsd answers the same)
+        raise NfsError(c.NFS4ERR_SEQ_MISORDERED, f"slot {a.slotid} is in use")
+    if a.sequenceid != (slot.seqid + 1) & 0xFFFFFFFF:
+        raise NfsError(
+            c.NFS4ERR_SEQ_MISORDERED,
+            f"slot {a.slotid} seqid {a.sequenceid}, expected {(slot.seqid + 1) & 0xFFFFFFFF}",
+        )
+    return False
+
+
 def _sequence(cx: Compound, a, count: int, fingerprint, size: int, tag_len: int):
+    """SEQUENCE's result, and whether the COMPOUND is the retry of one whose reply was not kept
+    (its next operation answers NFS4ERR_RETRY_UNCACHED_REP, and the slot is not taken)."""
     state = cx.state
     # the event loop must not wait for a worker that holds the state lock across catalog work
     with holding(state.lock, "state lock held"):
@@ -379,31 +430,15 @@ def _sequence(cx: Compound, a, count: int, fingerprint, size: int, tag_len: int)
         if a.slotid >= len(sess.slots):
             raise NfsError(c.NFS4ERR_BADSLOT, f"slot {a.slotid} of {len(sess.slots)}")
         slot = sess.slots[a.slotid]
-        if slot.seqid is None:
-            slot.seqid = (a.sequenceid - 1) & 0xFFFFFFFF  # first request after a restart
-        reuse = False
-        if a.sequenceid == slot.seqid:
-            if slot.busy:
-                raise NfsError(c.NFS4ERR_DELAY, "retry of a request still running")
-            if slot.fingerprint == fingerprint:
-                if slot.reply is None:
-                    raise NfsError(c.NFS4ERR_RETRY_UNCACHED_REP, "reply was not cached")
-                raise Replay(slot.reply)  # a genuine retransmit: answered exactly once
-            # Same slot and seqid, different request: not a retransmit. nfs-rs 0.8.7 does
-            # this after dropping in-flight READs at EOF and fails on SEQ_FALSE_RETRY (which
-            # RFC 8881 allows, not requires), so the request runs as a new one.
-            reuse = True
-        if not reuse and a.sequenceid != (slot.seqid + 1) & 0xFFFFFFFF:
-            raise NfsError(
-                c.NFS4ERR_SEQ_MISORDERED,
-                f"slot {a.slotid} seqid {a.sequenceid}, expected {(slot.seqid + 1) & 0xFFFFFFFF}",
-            )
-        slot.busy = True
-        slot.seqid = a.sequenceid
-        slot.reply = None
-        slot.fingerprint = fingerprint
-        cx.session, cx.slot, cx.client = sess, slot, sess.client
-        cx.reply_limit, cx.reply_too_big = limit, too_big
+        uncached = _retry_uncached(slot, a, fingerprint, state.slot_replies.retries)
+        if not uncached:
+            slot.busy = True
+            slot.seqid = a.sequenceid
+            slot.fingerprint = fingerprint
+            state.slot_replies.keep(slot, None)  # the previous reply goes
+            cx.session, cx.slot, cx.client = sess, slot, sess.client
+            cx.reply_limit, cx.reply_too_big = limit, too_big
+            cx.cache_room = reply_room(sess.max_cached, tag_len)
         sess.client.last_renew = time.monotonic()
         highest = len(sess.slots) - 1
         cl = sess.client
@@ -415,4 +450,5 @@ def _sequence(cx: Compound, a, count: int, fingerprint, size: int, tag_len: int)
         back = sess.backchannel or restored_backchannel(sess, cx.minor)
         if back is not None:
             flags |= back.sequence_flags()
-        return _SEQUENCE_OK.cls(sess.id, a.sequenceid, a.slotid, highest, highest, flags)
+        ok = _SEQUENCE_OK.cls(sess.id, a.sequenceid, a.slotid, highest, highest, flags)
+        return ok, uncached

@@ -104,6 +104,7 @@ class Compound:
         # the size the results may reach (set by SEQUENCE) and the error past it
         self.reply_limit = 1 << 62
         self.reply_too_big = c.NFS4ERR_REP_TOO_BIG
+        self.cache_room = 0  # what the results may take for the slot to keep the reply
         self._creds: dict = {}
 
     # -- identities ---------------------------------------------------------------

@@ -1,0 +1,184 @@
+"""Retries on an NFSv4.1 session slot (RFC 8881 2.10.6), with a raw peer resending the same
+SEQUENCE slot and seqid: a retry of a COMPOUND that changed nothing runs again (its reply is
+never kept); one that changed something gets its first reply, kept with or without
+sa_cachethis; one whose reply was not kept gets NFS4ERR_RETRY_UNCACHED_REP on the operation
+after SEQUENCE, never on SEQUENCE; one of a COMPOUND still running gets NFS4ERR_DELAY. What
+the slots keep stays within the server's budget."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+
+from nfs4_rawclient import RawClient, stateid
+from nfs4_support import every_worker_busy, nfsrs
+
+from appliance.nfs.v4 import const as c
+from appliance.nfs.v4 import types as t
+
+CHANGE = (c.OP_GETATTR, [1 << c.FATTR4_CHANGE])
+
+
+def _write(sid, offset: int, data: bytes):
+    return (
+        c.OP_WRITE,
+        t.ARGS[c.OP_WRITE](stateid(sid.seqid, sid.other), offset, c.FILE_SYNC4, data),
+    )
+
+
+def _read(sid, offset: int, count: int):
+    return (c.OP_READ, t.ARGS[c.OP_READ](stateid(sid.seqid, sid.other), offset, count))
+
+
+def _send(raw: RawClient, slot: int, ops, *, bump=True, cachethis=False) -> bytes:
+    """The COMPOUND's raw reply, SEQUENCE on ``slot`` (``bump`` False: the same seqid again)."""
+    seq = raw.sequence_op(slot, bump=bump, cachethis=cachethis)
+    return raw.call_raw(1, raw.compound_bytes([seq, *ops]))
+
+
+def _change(raw: RawClient, fh: bytes) -> bytes:
+    st, res = raw.session([(c.OP_PUTFH, fh), CHANGE], slot=7)
+    assert st == 0
+    return res[-1][2].attr_vals
+
+
+def test_retries_run_again_replay_or_say_uncached(server):
+    slots = server.server.state.sessions
+    raw = RawClient(server.port).setup()
+    fh, sid = raw.open_new("f")
+    assert raw.session([(c.OP_PUTFH, fh), _write(sid, 0, b"a" * 100)])[0] == 0
+
+    # a READ, with and without sa_cachethis: nothing kept; its retry runs again, and so reads
+    # what another request wrote in between
+    for slot, cachethis in ((1, False), (2, True)):
+        read = [(c.OP_PUTFH, fh), _read(sid, 0, 100)]
+        assert raw.parse(_send(raw, slot, read, cachethis=cachethis))[0] == 0
+        assert slots[raw.sessionid].slots[slot].reply is None
+        fill = bytes([ord("b") + slot]) * 100
+        assert raw.session([(c.OP_PUTFH, fh), _write(sid, 0, fill)], slot=0)[0] == 0
+        st, res = raw.parse(_send(raw, slot, read, bump=False, cachethis=cachethis))
+        assert st == 0 and bytes(res[-1][2].data) == fill
+        assert res[0][2].sequenceid == raw.seq[slot]
+        assert raw.session(read, slot=slot)[0] == 0  # the slot goes on with the next seqid
+
+    # a WRITE (with GETATTR change), with and without sa_cachethis: the retry gets the first
+    # reply byte for byte, and the WRITE ran once (the change attribute moved once)
+    for slot, cachethis in ((3, False), (4, True)):
+        ops = [(c.OP_PUTFH, fh), _write(sid, 0, b"w" * 100), CHANGE]
+        first = _send(raw, slot, ops, cachethis=cachethis)
+        st, res = raw.parse(first)
+        assert st == 0
+        for _ in range(3):  # replays of a kept reply keep nothing more
+            used = server.server.state.slot_replies.used
+            again = _send(raw, slot, ops, bump=False, cachethis=cachethis)
+            assert again[4:] == first[4:]  # (all but the xid)
+            assert server.server.state.slot_replies.used == used
+        assert _change(raw, fh) == res[-1][2].attr_vals
+
+    # a session whose slots keep replies of at most 600 bytes: a WRITE with a READ of 2 KiB
+    # without sa_cachethis is answered, not kept; its retry runs nothing
+    small = RawClient(server.port).setup(cached=600)
+    fh2, sid2 = small.open_new("g")
+    ops = [(c.OP_PUTFH, fh2), _write(sid2, 0, b"x" * 4096), _read(sid2, 0, 2048)]
+    st, res = small.parse(_send(small, 1, ops))
+    assert st == 0 and len(res[-1][2].data) == 2048
+    before = _change(small, fh2)
+    st, res = small.parse(_send(small, 1, ops, bump=False))
+    assert st == c.NFS4ERR_RETRY_UNCACHED_REP
+    assert res[0][:2] == (c.OP_SEQUENCE, 0) and res[0][2].sequenceid == small.seq[1]
+    assert res[1:] == [(c.OP_PUTFH, c.NFS4ERR_RETRY_UNCACHED_REP, None)]
+    assert _change(small, fh2) == before
+    assert small.session([(c.OP_PUTFH, fh2), _read(sid2, 0, 10)], slot=1)[0] == 0
+    # with sa_cachethis the reply must fit: REP_TOO_BIG_TO_CACHE, the slot still usable
+    st, res = small.parse(_send(small, 2, ops, cachethis=True))
+    assert st == c.NFS4ERR_REP_TOO_BIG_TO_CACHE
+    assert small.session([(c.OP_PUTFH, fh2)], slot=2)[0] == 0
+    small.close()
+    raw.close()
+
+
+def test_a_retry_of_a_running_compound_is_delayed(server):
+    raw = RawClient(server.port).setup()
+    root = raw.root_fh()
+    readdir = (c.OP_READDIR, t.ARGS[c.OP_READDIR](0, b"\0" * 8, 8192, 32768, [1 << c.FATTR4_TYPE]))
+    ops = [(c.OP_PUTFH, root), readdir]  # READDIR needs a worker: the slot stays taken
+    with every_worker_busy(server):
+        raw.send_call(1, raw.compound_bytes([raw.sequence_op(3), *ops]))
+        original = raw.xid
+        # the retry, answered by the event loop while the original waits for a worker
+        reply = _send(raw, 3, ops, bump=False)
+        assert struct.unpack_from(">I", reply)[0] == raw.xid
+        assert raw.parse(reply) == (c.NFS4ERR_DELAY, [(c.OP_SEQUENCE, c.NFS4ERR_DELAY, None)])
+        # the next seqid before the reply came: misordered, the slot untouched
+        st, _ = raw.parse(_send(raw, 3, ops))
+        assert st == c.NFS4ERR_SEQ_MISORDERED
+        raw.seq[3] -= 1
+    reply = raw.recv_record()
+    assert struct.unpack_from(">I", reply)[0] == original and raw.parse(reply)[0] == 0
+    # now done: the retry runs again (READDIR changes nothing)
+    st, res = raw.parse(_send(raw, 3, ops, bump=False))
+    assert st == 0 and res[0][2].sequenceid == raw.seq[3]
+    raw.close()
+
+
+def test_slot_replies_stay_within_the_budget(server, monkeypatch):
+    replies = server.server.state.slot_replies
+    raw = RawClient(server.port).setup()
+    root = raw.root_fh()
+    monkeypatch.setattr(replies, "max_bytes", replies.used + 600)
+
+    def mkdir(name):  # a COMPOUND that changes something, with a reply of about 250 bytes
+        create = t.ARGS[c.OP_CREATE]((c.NF4DIR, None), name, t.fattr4.cls([], b""))
+        return [(c.OP_PUTFH, root), (c.OP_CREATE, create), (c.OP_GETFH, None), CHANGE]
+
+    refused = replies.refused
+    firsts = [_send(raw, slot, mkdir(f"d{slot}"), cachethis=True) for slot in range(6)]
+    assert all(raw.parse(first)[0] == 0 for first in firsts)
+    slots = server.server.state.sessions[raw.sessionid].slots[:6]
+    kept = [slot.reply[0] for slot in slots if slot.reply is not None]
+    # the first ones, until the budget was spent, each reply a copy of what was sent
+    assert 0 < len(kept) < 6 and kept == [first[24:] for first in firsts[: len(kept)]]
+    assert replies.refused - refused == 6 - len(kept)
+    assert replies.used <= replies.max_bytes < replies.used + len(firsts[len(kept)]) - 24
+    # a kept one replays; one past the budget says its reply was not kept (it ran: EXIST else)
+    assert _send(raw, 0, mkdir("d0"), bump=False, cachethis=True)[4:] == firsts[0][4:]
+    st, res = raw.parse(_send(raw, len(kept), mkdir(f"d{len(kept)}"), bump=False, cachethis=True))
+    assert st == c.NFS4ERR_RETRY_UNCACHED_REP and res[1][1] == c.NFS4ERR_RETRY_UNCACHED_REP
+    # a slot's next request gives its kept reply back; a destroyed session gives back all
+    used = replies.used
+    assert raw.session([(c.OP_PUTFH, root)], slot=0)[0] == 0
+    assert replies.used < used
+    st, _ = raw.compound([(c.OP_DESTROY_SESSION, raw.sessionid)])
+    assert st == 0
+    assert replies.used == replies.max_bytes - 600
+    raw.close()
+
+
+STALL_S = 13.0  # nfs-rs 0.8.7 resends the READs of a 3 MiB read after 9-10.5 s without a reply
+
+
+def test_nfs_rs_survives_a_resent_read(server):
+    """The server's event loop stalls (as under load) while nfs-rs reads: nfs-rs resends its
+    READs on the same connection with the same slots and seqids, and drops the first replies
+    when they come. The loop then answers each first READ and, after it, its retry, which runs
+    again: the read returns the file (it failed with NFS4ERR_RETRY_UNCACHED_REP when the slots
+    kept READ replies up to 256 KiB, and these are 384 KiB), and the client goes on."""
+    data = bytes(range(256)) * (3 << 12)  # 3 MiB: eight READs of 384 KiB at once
+    retries = server.server.state.slot_replies.retries
+    with nfsrs(server.port) as client:
+        with client.open("/big", "wb") as f:
+            f.write(data)
+        with client.open("/big", "rb") as f:
+            stalled = threading.Event()
+
+            def stall():
+                stalled.set()
+                time.sleep(STALL_S)
+
+            server.server.loop.call_soon_threadsafe(stall)
+            assert stalled.wait(10)
+            before = retries["rerun"] + retries["delayed"]
+            assert f.read() == data
+        assert retries["rerun"] + retries["delayed"] > before  # it did resend
+        assert client.stat("/big").size == len(data)
