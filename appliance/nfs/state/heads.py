@@ -28,10 +28,12 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from sqlalchemy import and_, delete, func, select, update
+from sqlalchemy import delete, func, select, update
 
 from engine.admin.nfs_clients import DELEG_PREFIX
+from engine.catalog.database import sql_all, sql_one
 from engine.catalog.models import NfsClient, NfsGrace, NfsHead, NfsHolding, Setting
 
 log = logging.getLogger("shingle.nfs.state")
@@ -73,9 +75,30 @@ class Takeover:
     nsm_name: str = ""
 
 
+class Holding(NamedTuple):
+    """Another head's row of its opens' modes and locks of one file (``holdings_of_live``)."""
+
+    head: str
+    instance: str
+    access: int
+    deny: int
+    locks: str
+
+
+# plain SQL (engine.catalog.database.sql): these run in every open, close and lock grant of a
+# head of several, where building the SQLAlchemy statements cost more than SQLite's work
+_RECOVERY_SQL = "SELECT recovery_epoch FROM nfs_grace WHERE id = 1"
+_HOLDINGS_OF_LIVE_SQL = (
+    "SELECT h.head, h.instance, h.access, h.deny, h.locks FROM nfs_holdings h JOIN nfs_heads d "
+    "ON d.name = h.head AND d.instance = h.instance WHERE h.ino = ? AND h.head <> ?"
+)
+
+
 def recovery_epoch(conn) -> int:
     """In a transaction: R, the epoch whose clients may reclaim (0: no cluster-wide grace)."""
-    return int(conn.execute(select(GRACE.c.recovery_epoch).where(GRACE.c.id == 1)).scalar_one())
+    row = sql_one(conn, _RECOVERY_SQL)
+    assert row is not None, "nfs_grace has its one row from the migration that made it"
+    return int(row[0])
 
 
 def _start_grace(conn, name: str) -> int:
@@ -378,23 +401,8 @@ class HeadRegistry:
             self.seen.pop(dead[0], None)
         return taken
 
-    def holdings_of_live(self, conn, ino: int):
+    def holdings_of_live(self, conn, ino: int) -> list[Holding]:
         """In a transaction: the other heads' holdings of ``ino`` (of the instances that still
         have a row: a dead head's stay until the heartbeat expires it, as a lock of a client
         whose lease ran out stays until its head expires it)."""
-        return conn.execute(
-            select(
-                HOLDINGS.c.head,
-                HOLDINGS.c.instance,
-                HOLDINGS.c.access,
-                HOLDINGS.c.deny,
-                HOLDINGS.c.locks,
-            )
-            .select_from(
-                HOLDINGS.join(
-                    HEADS,
-                    and_(HEADS.c.name == HOLDINGS.c.head, HEADS.c.instance == HOLDINGS.c.instance),
-                )
-            )
-            .where(HOLDINGS.c.ino == ino, HOLDINGS.c.head != self.name)
-        ).all()
+        return [Holding(*row) for row in sql_all(conn, _HOLDINGS_OF_LIVE_SQL, (ino, self.name))]

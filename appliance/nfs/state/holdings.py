@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select
+from sqlalchemy import select
 
 from appliance.nfs.state.core import StateCore
 from appliance.nfs.state.head_delegations import HeadDelegations
@@ -23,6 +23,7 @@ from appliance.nfs.state.heads import HOLDINGS, HeadRegistry, recovery_epoch
 from appliance.nfs.state.model import NfsError
 from appliance.nfs.v4 import const as c
 from engine.base.blocking import may_block
+from engine.catalog.database import sql
 
 log = logging.getLogger("shingle.nfs.state")
 
@@ -30,6 +31,11 @@ _WRITES = (c.WRITE_LT, c.WRITEW_LT)
 _GRACE = "grace"  # a grant refused: the cluster is in its grace period
 _NONE: tuple = (0, 0, [])  # the holdings of a file without a row
 _ALONE = "alone"  # no other head has a row of the file
+# plain SQL (engine.catalog.database.sql): a head writes its row at every open and close
+_DELETE_SQL = "DELETE FROM nfs_holdings WHERE head = ? AND ino = ?"
+_INSERT_SQL = (
+    "INSERT INTO nfs_holdings (head, ino, instance, access, deny, locks) VALUES (?, ?, ?, ?, ?, ?)"
+)
 _ENVELOPE_HIT = "envelope"  # another head holds locks of the file it has not published
 _DELEGATED = "delegated"  # another head's delegation of the file conflicts with the open
 # the lock entry of a head alone on a file: "any range, ranges kept in memory" (client id -1)
@@ -102,18 +108,10 @@ class Holdings:
     def _write(self, conn, ino: int, summary) -> None:
         access, deny, locks = summary
         reg = self.registry
-        conn.execute(delete(HOLDINGS).where(HOLDINGS.c.head == reg.name, HOLDINGS.c.ino == ino))
+        sql(conn, _DELETE_SQL, (reg.name, ino)).close()
         if access or deny or locks:
-            conn.execute(
-                HOLDINGS.insert().values(
-                    head=reg.name,
-                    ino=ino,
-                    instance=reg.instance,
-                    access=access,
-                    deny=deny,
-                    locks=json.dumps(locks),
-                )
-            )
+            row = (reg.name, ino, reg.instance, access, deny, json.dumps(locks))
+            sql(conn, _INSERT_SQL, row).close()
 
     # -- grants: check the other heads and publish in one transaction ---------------------------
     def grant_lock(self, lk, start: int, end: int, locktype: int, ranges, reclaim: bool):
