@@ -22,7 +22,8 @@ recount never meet one."""
 
 from __future__ import annotations
 
-from engine.catalog.database import in_list, sql, sql_all, sql_one
+from engine.catalog.changelog import SNAPSHOTS
+from engine.catalog.database import Catalog, in_list, sql, sql_all, sql_one
 from engine.catalog.models import DIR
 from engine.datapath.accounting import chunks
 from engine.datapath.sharing import add_counts
@@ -92,6 +93,9 @@ def materialize(conn, dir_ino: int) -> list[int] | None:
     )
     if row is None:
         return None
+    # a published write's record says so: other processes read the pending dirs and the
+    # snapshot blocks again (readonly.py), which this copy changes
+    Catalog.changes(conn, topics=SNAPSHOTS)
     delta, snapshot_id = int(row[0]), int(row[1])
     if delta == VIEW_PENDING:  # a lazy snapshot's view folder (lazyviews.py)
         return view_materialize(conn, dir_ino, snapshot_id)

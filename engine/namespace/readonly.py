@@ -81,8 +81,6 @@ class ReadOnlyViews:
         if ino not in self._current(conn)[3]:
             return
         made = materialize(conn, ino)
-        if made:  # other processes read the pending dirs again (a published namespace write)
-            Catalog.changes(conn, topics=SNAPSHOTS)
         if made and self.state is not None:
             self.state = (*self.state[:4], self.state[4] | frozenset(made))
 
