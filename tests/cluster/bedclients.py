@@ -89,13 +89,10 @@ class BedClients:
             for k in range(count)
         ]
 
-    def read_back(
-        self, server: str, acked: dict[str, str], *, reconnect: bool = False
-    ) -> dict[str, str]:
+    def read_back(self, server: str, acked: dict[str, str]) -> dict[str, str]:
         """Every file in ``acked`` (name -> sha256) read by nfs-rs: name -> what went wrong
-        (empty when every file read back with its acknowledged sha256). ``reconnect``: a file
-        whose read failed is read once more by a new client (nfs_client.py)."""
-        reader = self.start(["read", server, *sorted(acked), *(["--reconnect"] * reconnect)])
+        (empty when every file read back with its acknowledged sha256)."""
+        reader = self.start(["read", server, *sorted(acked)])
         reader.finish()
         got = {line["name"]: line for line in reader.lines if "name" in line}
         return {

@@ -2,7 +2,7 @@
 
     python nfs_client.py write SERVER PREFIX SIZE STOP [--reconnect]
                                          # files PREFIX-1, PREFIX-2, ... until the file STOP exists
-    python nfs_client.py read SERVER NAME... [--reconnect]  # each file read back whole
+    python nfs_client.py read SERVER NAME...   # each file read back whole
 
 One JSON line per file on stdout, flushed at once: ``{"name", "began", "done", "sha256"}`` once
 the client's write returned (nfs-rs returns once its COMMIT was answered: the server has made
@@ -17,8 +17,7 @@ that is no NFS status (the connection went, a time-out), or the fifth NFS error 
 the writer connect again to the same address, and ``{"reconnected": when}`` is printed; nfs-rs's
 own recoveries are printed as ``{"recovery": [...], "at": when}``. Its connects are short
 (2 s) and retried every 0.2 s until one succeeds, so a connect whose SYN met the address in the
-middle of its move costs no long SYN back-off. A reader with ``--reconnect`` reads a file that
-failed once more, with a new client (``{"reconnected": when, "after": error}``)."""
+middle of its move costs no long SYN back-off."""
 
 from __future__ import annotations
 
@@ -103,33 +102,18 @@ def write(server: str, prefix: str, size: int, stop: str, *, reconnect: bool = F
     client.close()
 
 
-def read(server: str, names: list[str], *, reconnect: bool = False) -> None:
+def read(server: str, names: list[str]) -> None:
     client = connect(server)
     try:
         for name in names:
-            for attempt in (1, 2):
-                began = time.monotonic()
-                try:
-                    with client.open(f"/{name}", "rb") as file:
-                        data = file.read()
-                except Exception as exc:  # noqa: BLE001 - the test judges every failure
-                    error = getattr(exc, "code_name", None) or repr(exc)
-                    if reconnect and attempt == 1:
-                        # once per file, with a new client: nfs-rs may break its own session
-                        # (at load it resends a request on the same connection, which the
-                        # server answers NFS4ERR_RETRY_UNCACHED_REP, and every later call of
-                        # that client fails); a second failure is the file's
-                        say({"reconnected": time.monotonic(), "after": error})
-                        try:
-                            client.close()
-                        except Exception:  # noqa: BLE001, S110 - the old connection is gone anyway
-                            pass
-                        client = connect(server, moving=True)
-                        continue
-                    report(name, began, error=error)
-                    break
-                report(name, began, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
-                break
+            began = time.monotonic()
+            try:
+                with client.open(f"/{name}", "rb") as file:
+                    data = file.read()
+            except Exception as exc:  # noqa: BLE001 - the test judges every failure
+                report(name, began, error=getattr(exc, "code_name", None) or repr(exc))
+                continue
+            report(name, began, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
     finally:
         client.close()
 
@@ -141,5 +125,4 @@ if __name__ == "__main__":
             reconnect="--reconnect" in sys.argv[6:],
         )  # fmt: skip
     else:
-        args = sys.argv[3:]
-        read(sys.argv[2], [a for a in args if a != "--reconnect"], reconnect="--reconnect" in args)
+        read(sys.argv[2], sys.argv[3:])

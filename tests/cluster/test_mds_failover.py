@@ -365,7 +365,7 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
             sha == hashlib.sha256(content(name, FILE_SIZE)).hexdigest()
             for name, sha in acked.items()
         )
-        wrong = clients.read_back(FLOATING, acked, reconnect=True)
+        wrong = clients.read_back(FLOATING, acked)
         assert not wrong, f"read back wrong or failed through the address: {wrong}"
         failed = sorted({line["error"] for w in writers for line in w.lines if "error" in line})
         recovered = [line for w in writers for line in w.lines if "recovery" in line]
