@@ -1,6 +1,7 @@
 """Protocol conformance at the RPC and COMPOUND level, with a raw peer:
 RPC errors, record limits, sessions and the reply cache, locks across
-clients, bad handles, exports refusing a foreign address."""
+clients, bad handles, exports refusing a foreign address (retries on a slot:
+test_slot_retries.py)."""
 
 from __future__ import annotations
 
@@ -88,39 +89,6 @@ def test_oversized_record_closes_connection_cleanly(server):
         + body[10:]
     )
     assert rpc_status(raw.recv_record()) == ("accepted", 0)
-    raw.close()
-
-
-def test_reply_cache_and_false_retry(server):
-    raw = RawClient(server.port).setup()
-    root = raw.root_fh()
-    mkdir = (c.OP_CREATE, t.ARGS[c.OP_CREATE]((c.NF4DIR, None), "once", t.fattr4.cls([], b"")))
-    first = raw.session([(c.OP_PUTFH, root), mkdir], slot=1, raw_reply=True)
-    assert raw.parse(first)[0] == 0
-    # a retransmit (same slot, same seqid, same bytes) gets the cached reply, not a second CREATE
-    again = raw.session([(c.OP_PUTFH, root), mkdir], slot=1, bump=False, raw_reply=True)
-    assert again[4:] == first[4:] and raw.parse(again)[0] == 0
-    # same slot and seqid but other contents: a false retry (nfs-rs after EOF reads) is not
-    # answered from the cache but run as a new request
-    getfh = raw.session(
-        [(c.OP_PUTFH, root), (c.OP_GETFH, None)], slot=1, bump=False, raw_reply=True
-    )
-    st, res = raw.parse(getfh)
-    assert st == 0 and res[-1][2] == root
-    # ... and that request is now the one a retransmit replays
-    again = raw.session(
-        [(c.OP_PUTFH, root), (c.OP_GETFH, None)], slot=1, bump=False, raw_reply=True
-    )
-    assert again[4:] == getfh[4:]
-    # skipping a seqid is misordered; the next one in order works
-    raw.seq[1] += 5
-    st, _ = raw.session([(c.OP_PUTFH, root)], slot=1, bump=False)
-    assert st == c.NFS4ERR_SEQ_MISORDERED
-    raw.seq[1] -= 5
-    st, res = raw.session([(c.OP_PUTFH, root), mkdir], slot=1)
-    assert st == c.NFS4ERR_EXIST
-    st, _ = raw.session([(c.OP_PUTFH, root)], slot=99)
-    assert st == c.NFS4ERR_BADSLOT
     raw.close()
 
 

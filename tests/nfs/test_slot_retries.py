@@ -1,9 +1,10 @@
 """Retries on an NFSv4.1 session slot (RFC 8881 2.10.6), with a raw peer resending the same
-SEQUENCE slot and seqid: a retry of a COMPOUND that changed nothing runs again (its reply is
-never kept); one that changed something gets its first reply, kept with or without
-sa_cachethis; one whose reply was not kept gets NFS4ERR_RETRY_UNCACHED_REP on the operation
-after SEQUENCE, never on SEQUENCE; one of a COMPOUND still running gets NFS4ERR_DELAY. What
-the slots keep stays within the server's budget."""
+SEQUENCE slot and seqid, on the same connection or a new one: a retry of a COMPOUND that
+changed nothing runs again (its reply is never kept); one that changed something gets its
+first reply, kept with or without sa_cachethis; one whose reply was not kept gets
+NFS4ERR_RETRY_UNCACHED_REP on the operation after SEQUENCE, never on SEQUENCE; one of a
+COMPOUND still running gets NFS4ERR_DELAY. What the slots keep stays within the server's
+budget. And nfs-rs, resending its READs after a stall, gets its file."""
 
 from __future__ import annotations
 
@@ -43,21 +44,33 @@ def _change(raw: RawClient, fh: bytes) -> bytes:
     return res[-1][2].attr_vals
 
 
-def test_retries_run_again_replay_or_say_uncached(server):
+def test_retries_on_a_slot(server, monkeypatch):
+    """One server for the raw checks below (a server start costs a second)."""
+    _run_again_replay_or_say_uncached(server)
+    _a_retry_of_a_running_compound_is_delayed(server)
+    _false_retries_and_misordered_seqids(server)
+    _slot_replies_stay_within_the_budget(server, monkeypatch)
+
+
+def _run_again_replay_or_say_uncached(server):
     slots = server.server.state.sessions
     raw = RawClient(server.port).setup()
     fh, sid = raw.open_new("f")
     assert raw.session([(c.OP_PUTFH, fh), _write(sid, 0, b"a" * 100)])[0] == 0
 
-    # a READ, with and without sa_cachethis: nothing kept; its retry runs again, and so reads
-    # what another request wrote in between
+    # the same session on a new connection, as a client that reconnected
+    other = RawClient(server.port)
+    other.sessionid, other.seq = raw.sessionid, raw.seq
+    # a READ, with and without sa_cachethis: nothing kept; its retry (on the new connection for
+    # one) runs again, and so reads what another request wrote in between
     for slot, cachethis in ((1, False), (2, True)):
         read = [(c.OP_PUTFH, fh), _read(sid, 0, 100)]
         assert raw.parse(_send(raw, slot, read, cachethis=cachethis))[0] == 0
         assert slots[raw.sessionid].slots[slot].reply is None
         fill = bytes([ord("b") + slot]) * 100
         assert raw.session([(c.OP_PUTFH, fh), _write(sid, 0, fill)], slot=0)[0] == 0
-        st, res = raw.parse(_send(raw, slot, read, bump=False, cachethis=cachethis))
+        peer = other if cachethis else raw
+        st, res = raw.parse(_send(peer, slot, read, bump=False, cachethis=cachethis))
         assert st == 0 and bytes(res[-1][2].data) == fill
         assert res[0][2].sequenceid == raw.seq[slot]
         assert raw.session(read, slot=slot)[0] == 0  # the slot goes on with the next seqid
@@ -69,9 +82,9 @@ def test_retries_run_again_replay_or_say_uncached(server):
         first = _send(raw, slot, ops, cachethis=cachethis)
         st, res = raw.parse(first)
         assert st == 0
-        for _ in range(3):  # replays of a kept reply keep nothing more
+        for peer in (raw, raw, other):  # replays of a kept reply keep nothing more
             used = server.server.state.slot_replies.used
-            again = _send(raw, slot, ops, bump=False, cachethis=cachethis)
+            again = _send(peer, slot, ops, bump=False, cachethis=cachethis)
             assert again[4:] == first[4:]  # (all but the xid)
             assert server.server.state.slot_replies.used == used
         assert _change(raw, fh) == res[-1][2].attr_vals
@@ -95,10 +108,11 @@ def test_retries_run_again_replay_or_say_uncached(server):
     assert st == c.NFS4ERR_REP_TOO_BIG_TO_CACHE
     assert small.session([(c.OP_PUTFH, fh2)], slot=2)[0] == 0
     small.close()
+    other.close()
     raw.close()
 
 
-def test_a_retry_of_a_running_compound_is_delayed(server):
+def _a_retry_of_a_running_compound_is_delayed(server):
     raw = RawClient(server.port).setup()
     root = raw.root_fh()
     readdir = (c.OP_READDIR, t.ARGS[c.OP_READDIR](0, b"\0" * 8, 8192, 32768, [1 << c.FATTR4_TYPE]))
@@ -122,7 +136,40 @@ def test_a_retry_of_a_running_compound_is_delayed(server):
     raw.close()
 
 
-def test_slot_replies_stay_within_the_budget(server, monkeypatch):
+def _false_retries_and_misordered_seqids(server):
+    raw = RawClient(server.port).setup()
+    root = raw.root_fh()
+    mkdir = (c.OP_CREATE, t.ARGS[c.OP_CREATE]((c.NF4DIR, None), "once", t.fattr4.cls([], b"")))
+    first = raw.session([(c.OP_PUTFH, root), mkdir], slot=1, raw_reply=True)
+    assert raw.parse(first)[0] == 0
+    # a retransmit (same slot, same seqid, same bytes) gets the kept reply, not a second CREATE
+    again = raw.session([(c.OP_PUTFH, root), mkdir], slot=1, bump=False, raw_reply=True)
+    assert again[4:] == first[4:] and raw.parse(again)[0] == 0
+    # same slot and seqid but other contents: a false retry (nfs-rs after EOF reads) is not
+    # answered from the slot but run as a new request
+    getfh = raw.session(
+        [(c.OP_PUTFH, root), (c.OP_GETFH, None)], slot=1, bump=False, raw_reply=True
+    )
+    st, res = raw.parse(getfh)
+    assert st == 0 and res[-1][2] == root
+    # ... and that request is now the one a retransmit repeats (it changed nothing: run again)
+    again = raw.session(
+        [(c.OP_PUTFH, root), (c.OP_GETFH, None)], slot=1, bump=False, raw_reply=True
+    )
+    assert again[4:] == getfh[4:]
+    # skipping a seqid is misordered; the next one in order works
+    raw.seq[1] += 5
+    st, _ = raw.session([(c.OP_PUTFH, root)], slot=1, bump=False)
+    assert st == c.NFS4ERR_SEQ_MISORDERED
+    raw.seq[1] -= 5
+    st, res = raw.session([(c.OP_PUTFH, root), mkdir], slot=1)
+    assert st == c.NFS4ERR_EXIST
+    st, _ = raw.session([(c.OP_PUTFH, root)], slot=99)
+    assert st == c.NFS4ERR_BADSLOT
+    raw.close()
+
+
+def _slot_replies_stay_within_the_budget(server, monkeypatch):
     replies = server.server.state.slot_replies
     raw = RawClient(server.port).setup()
     root = raw.root_fh()
@@ -151,7 +198,7 @@ def test_slot_replies_stay_within_the_budget(server, monkeypatch):
     assert replies.used < used
     st, _ = raw.compound([(c.OP_DESTROY_SESSION, raw.sessionid)])
     assert st == 0
-    assert replies.used == replies.max_bytes - 600
+    assert replies.used == replies.max_bytes - 600  # (the other clients' slots keep nothing)
     raw.close()
 
 
