@@ -70,6 +70,7 @@ from engine.namespace.common import (  # noqa: F401 - the package's public names
 )
 from engine.namespace.directory import DirectoryOps
 from engine.namespace.files import FileOps
+from engine.namespace.lazyviews import CopyUpWatch
 from engine.namespace.openrefs import OpenRefs
 from engine.namespace.quotas import QuotaTracker
 from engine.namespace.ranges import RangeOps
@@ -140,6 +141,7 @@ class Namespace:
         watch = getattr(data, "add_size_watch", None)
         if watch is not None:
             watch(quotas)  # and move the quota counters in their own transaction
+            watch(CopyUpWatch(readonly))  # lazy snapshot views copy a file before it changes
 
     @property
     def snapshots_visible(self) -> bool:

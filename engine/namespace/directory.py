@@ -202,6 +202,7 @@ class DirectoryOps:
         """One name of ``ino`` (in ``dir_ino``) is gone: free it when no name and no opener
         remain. With its last name it leaves the quota trees of ``dir_ino`` (an open file's
         later writes count nowhere)."""
+        self.readonly.preserve(conn, ino)  # its link count and ctime change
         attr = load(conn, ino)
         nlink = 0 if attr.type == DIR else attr.nlink - 1
         if nlink == 0 and self.quotas.active(conn):
@@ -388,6 +389,7 @@ class DirectoryOps:
                 self._drop_link(conn, victim.ino, touched, dst_dir)
             if dst_dir != src_dir and self.quotas.active(conn):
                 self._move_usage(conn, moving, src_dir, dst_dir)
+            self.readonly.preserve(conn, moving.ino)  # its ctime changes
             _sql(
                 conn,
                 "UPDATE dirents SET parent = ?, name = ? WHERE id = ?",

@@ -21,6 +21,10 @@ INODE_COLUMNS = (
     "ctime_ns, btime_ns, change, band_class"
 )
 
+# whether live changes copy up (ReadOnlyViews.preserve): off while create still copies whole,
+# so that no change pays for chains that cannot exist (tests of lazy views switch it on)
+ENABLED = False
+
 # a view directory waiting for its names is a clone_pending row with this delta (a clone's
 # delta is never 0: its numbers lie above its snapshot's)
 VIEW_PENDING = 0
@@ -225,12 +229,15 @@ def holds(conn, dataset: int, sids: list[int], top: int, x: int) -> bool:
     return False
 
 
-def copy_up(conn, x: int, *, names: bool = False) -> int:
-    """Before live inode ``x``'s rows (``names``: and its names, a directory) change: for each
-    dataset chain, the newest snapshot that holds ``x`` gets a copy if it has none. Returns the
-    copies made."""
+def copy_up(conn, x: int, *, names: bool | None = None, known=None) -> int:
+    """Before live inode ``x``'s rows (``names``: and its names; None: if it is a directory)
+    change: for each dataset chain (``known``: as ``chains(conn)`` reads them), the newest
+    snapshot that holds ``x`` gets a copy if it has none. Returns the copies made."""
     made = 0
-    for dataset, chain in chains(conn).items():
+    if names is None:  # a directory's names may be what changes
+        kind = sql_one(conn, "SELECT type FROM inodes WHERE ino = ?", (x,))
+        names = kind is not None and kind[0] == DIR
+    for dataset, chain in (chains(conn) if known is None else known).items():
         if x > chain[-1][1]:
             continue  # numbered after every snapshot of the chain
         sids = [sid for sid, _top, _deleting in chain]
@@ -251,17 +258,30 @@ def copy_up(conn, x: int, *, names: bool = False) -> int:
                 (sid, x, number, False),
             ).close()
             view = (number, False, False)
+        # what the snapshot reads now: a newer snapshot being deleted may hold a copy (x changed
+        # after it was taken), which is this one's state too; else the live rows
         if not view[1]:
-            _copy_inode(conn, x, view[0])
+            source = first_copy(conn, sids[k:], x)
+            _copy_inode(conn, x if source is None else source, view[0])
             made += 1
         if names and not view[2]:
-            sql(
-                conn,
-                "INSERT INTO snapshot_names (snapshot_id, parent, name, child) "
-                "SELECT ?, parent, name, child FROM dirents WHERE parent = ? "
-                "AND child NOT IN (SELECT dir_ino FROM snapshot_dirs)",
-                (sid, x),
-            ).close()
+            held = _names_from(conn, sids[k:], x)
+            if held is not None:
+                sql(
+                    conn,
+                    "INSERT INTO snapshot_names (snapshot_id, parent, name, child) "
+                    "SELECT ?, parent, name, child FROM snapshot_names WHERE snapshot_id = ? "
+                    "AND parent = ?",
+                    (sid, held, x),
+                ).close()
+            else:
+                sql(
+                    conn,
+                    "INSERT INTO snapshot_names (snapshot_id, parent, name, child) "
+                    "SELECT ?, parent, name, child FROM dirents WHERE parent = ? "
+                    "AND child NOT IN (SELECT dir_ino FROM snapshot_dirs)",
+                    (sid, x),
+                ).close()
             sql(
                 conn,
                 "UPDATE snapshot_inodes SET names_copied = ? WHERE snapshot_id = ? "
@@ -405,3 +425,17 @@ def materialize_all(conn, sid: int) -> int:
         for (ino,) in rows:
             materialize(conn, int(ino), sid)
             done += 1
+
+
+class CopyUpWatch:
+    """The data path's size watch: a commit's files are copied up before their extents and
+    sizes change (Committer._record calls ``before`` inside its transaction)."""
+
+    def __init__(self, readonly):
+        self.readonly = readonly
+
+    def before(self, conn, inos) -> None:
+        self.readonly.preserve(conn, *inos)
+
+    def after(self, conn, state) -> None:
+        pass

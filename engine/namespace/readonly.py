@@ -13,11 +13,13 @@ and a bisect."""
 from __future__ import annotations
 
 import bisect
+import functools
 
 from engine.base import errors
 from engine.catalog.changelog import SNAPSHOTS
 from engine.catalog.database import Catalog, sql_all
 from engine.catalog.epoch import commits_between
+from engine.namespace import lazyviews
 from engine.namespace.lazyclones import is_pending, materialize, pending_dirs
 
 SNAPSHOT_DIR_NAME = ".snapshots"
@@ -28,13 +30,17 @@ class ReadOnlyViews:
 
     def __init__(self, catalog: Catalog):
         self.catalog = catalog
-        # (epoch read at, lows, highs, .snapshots dirs, clones' pending dirs), None until read or
-        # after a forget
+        # (epoch read at, lows, highs, .snapshots dirs, clones' pending dirs, lazy chains), None
+        # until read or after a forget
         self.state: tuple | None = None
+        # live inodes already preserved (copied up, or in no lazy snapshot) under the lazy
+        # chains ``done_for``: a view never changes, so it holds until the chains do
+        self.done: set[int] = set()
+        self.done_for: object = None
 
-    def _current(self, conn=None) -> tuple[list[int], list[int], frozenset[int], frozenset[int]]:
-        """(lows, highs, .snapshots dirs, pending clone dirs); read through ``conn`` (the
-        caller's transaction) when the memory copy is not known valid (Catalog.epoch moved, or
+    def _current(self, conn=None) -> tuple:
+        """(lows, highs, .snapshots dirs, pending clone dirs, lazy chains); read through ``conn``
+        (the caller's transaction) when the memory copy is not known valid (Catalog.epoch moved, or
         is None)."""
         epoch = self.catalog.epoch()
         state = self.state
@@ -50,17 +56,17 @@ class ReadOnlyViews:
         def work(conn):
             ranges = sorted(sql_all(conn, "SELECT ino_lo, ino_hi FROM snapshot_blocks"))
             dirs = frozenset(row[0] for row in sql_all(conn, "SELECT dir_ino FROM snapshot_dirs"))
-            return ranges, dirs, pending_dirs(conn)
+            return ranges, dirs, pending_dirs(conn), lazyviews.chains(conn)
 
-        ranges, dirs, pending = work(conn) if conn is not None else self.catalog.read(work)
+        ranges, dirs, pending, lazy = work(conn) if conn is not None else self.catalog.read(work)
         lows = [int(lo) for lo, _hi in ranges]
         highs = [int(hi) for _lo, hi in ranges]
-        self.state = (epoch, lows, highs, dirs, pending)
-        return lows, highs, dirs, pending
+        self.state = (epoch, lows, highs, dirs, pending, lazy)
+        return lows, highs, dirs, pending, lazy
 
     def is_read_only(self, ino: int, conn=None) -> bool:
         """Whether ``ino`` is part of a snapshot view (a frozen inode or a ``.snapshots`` dir)."""
-        lows, highs, dirs, _pending = self._current(conn)
+        lows, highs, dirs, _pending, _lazy = self._current(conn)
         if ino in dirs:
             return True
         i = bisect.bisect_right(lows, ino) - 1
@@ -82,7 +88,7 @@ class ReadOnlyViews:
             return
         made = materialize(conn, ino)
         if made and self.state is not None:
-            self.state = (*self.state[:4], self.state[4] | frozenset(made))
+            self.state = (*self.state[:4], self.state[4] | frozenset(made), *self.state[5:])
 
     def check_writable(self, *inos: int, conn=None) -> None:
         """EROFS for snapshot views; inside a transaction pass its ``conn`` (a clone's pending
@@ -92,6 +98,38 @@ class ReadOnlyViews:
                 raise errors.ReadOnly(f"inode {ino} is in a snapshot: snapshots are read-only")
             if conn is not None:
                 self.materialize(conn, ino)
+                self.preserve(conn, ino)
+
+    def preserve(self, conn, *inos: int) -> None:
+        """Inside a change's transaction, before live inodes ``inos`` change (rows, or a
+        directory's names): each lazy snapshot chain's newest snapshot holding one gets its
+        copy first (lazyviews.copy_up). SQLite: the chains as this process knows them (a create
+        is a commit without a change record: every process reads them again; writers are
+        serialised). PostgreSQL: read in the transaction, so that a create committing meanwhile
+        conflicts with it (SERIALIZABLE) or is seen."""
+        if not lazyviews.ENABLED:
+            return
+        if conn.dialect.name == "postgresql":
+            lazy = lazyviews.chains(conn)
+        else:
+            lazy = self._current(conn)[4]
+        if not lazy:
+            return
+        if lazy != self.done_for:
+            self.done, self.done_for = set(), lazy
+        top = max(chain[-1][1] for chain in lazy.values())
+        for ino in inos:
+            if ino > top or ino in self.done:
+                continue  # numbered after every lazy snapshot, or preserved already
+            if lazyviews.copy_up(conn, ino, known=lazy):
+                # the new copies' blocks: every process reads the views again
+                Catalog.changes(conn, topics=SNAPSHOTS)
+            # marked once committed: a change rolled back leaves no copy behind
+            Catalog.after_commit(conn, functools.partial(self._preserved, ino, lazy))
+
+    def _preserved(self, ino: int, chains) -> None:
+        if chains == self.done_for:
+            self.done.add(ino)
 
     def forget(self) -> None:
         """Read the ranges again at the next check (after this process changed snapshots)."""
