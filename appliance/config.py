@@ -328,6 +328,17 @@ OPTIONS: list[Option] = [
         maximum=4096,
     ),
     Option(
+        "nfs",
+        "slot_replies_mib",
+        "int",
+        64,
+        "Most MiB the NFSv4.1 session slots keep of replies, all sessions together: a retry of "
+        "a request that changed something gets its kept reply; past this a reply is not kept "
+        "and its retry gets NFS4ERR_RETRY_UNCACHED_REP (docs/nfs-state.md).",
+        minimum=1,
+        maximum=65536,
+    ),
+    Option(
         "smb",
         "port",
         "int",

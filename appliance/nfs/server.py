@@ -493,6 +493,7 @@ class NfsServer:
                 nlm_hosts=bool(monitor.previous),
             ),
         )
+        self.state.slot_replies.max_bytes = self.limits.slot_replies_bytes
         if self.state.holdings is not None:
             self.state.holdings.submit = pool.submit
         if heads is not None and self.pnfs.is_ds:  # (again at each beat until it could)

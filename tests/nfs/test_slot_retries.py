@@ -171,6 +171,7 @@ def _false_retries_and_misordered_seqids(server):
 
 def _slot_replies_stay_within_the_budget(server, monkeypatch):
     replies = server.server.state.slot_replies
+    assert replies.max_bytes == server.server.limits.slot_replies_bytes == 64 << 20
     raw = RawClient(server.port).setup()
     root = raw.root_fh()
     monkeypatch.setattr(replies, "max_bytes", replies.used + 600)

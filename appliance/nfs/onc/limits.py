@@ -1,7 +1,7 @@
 """Limits that keep hostile or broken clients from holding the server's memory and
 connections: the record size (also the bound of a reply), buffered request bytes per
-connection and in all, the number of connections, the operations in one COMPOUND, and the
-timeouts the connection sweep applies.
+connection and in all, the number of connections, the operations in one COMPOUND, what the
+NFSv4.1 session slots keep of replies, and the timeouts the connection sweep applies.
 
 A record mark is a promise, not an allocation: a connection's buffers grow with
 the bytes that have arrived (in its buffer or in the kernel's receive queue),
@@ -35,6 +35,9 @@ class NetLimits:
     # operations in one COMPOUND: NFSv4.0 answers more with NFS4ERR_RESOURCE, an NFSv4.1
     # session's ca_maxoperations is at most this (appliance.nfs.v4.compound40, ops/session.py)
     max_compound_ops: int = 64
+    # what the NFSv4.1 session slots keep of replies, all sessions together
+    # (appliance.nfs.state.replies)
+    slot_replies_bytes: int = 64 * MiB
 
     def __post_init__(self) -> None:
         if self.connection_budget < self.max_record_size + SCAN_BUFFER_MAX:
@@ -67,6 +70,7 @@ class NetLimits:
             session_idle_timeout=get("nfs.session_idle_timeout_seconds"),
             record_timeout=get("nfs.record_timeout_seconds"),
             max_compound_ops=get("nfs.max_compound_ops"),
+            slot_replies_bytes=get("nfs.slot_replies_mib") * MiB,
         )
 
     @property

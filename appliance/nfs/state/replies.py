@@ -5,9 +5,10 @@ A slot keeps the reply to the last request it ran only when that request changed
 (appliance.nfs.v4.compound decides which): a retry of a request that changed nothing runs
 again, so a READ's data is never kept. What is kept is one copy of the reply (a chunk may be a
 view of a buffer its maker reuses), at most the session's ca_maxresponsesize_cached, and all
-slots of all sessions together at most ``max_bytes``: past that a reply is not kept and its
-retry gets NFS4ERR_RETRY_UNCACHED_REP. So no client, however many sessions and slots it makes
-and whatever it asks to cache, makes the server keep more than ``max_bytes``."""
+slots of all sessions together at most ``max_bytes`` (``[nfs] slot_replies_mib``): past that
+a reply is not kept and its retry gets NFS4ERR_RETRY_UNCACHED_REP. So no client, however many
+sessions and slots it makes and whatever it asks to cache, makes the server keep more than
+``max_bytes``."""
 
 from __future__ import annotations
 
