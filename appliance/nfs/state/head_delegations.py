@@ -61,6 +61,7 @@ from engine.admin.nfs_clients import DELEG_PREFIX
 from engine.base.blocking import may_block
 from engine.catalog.changelog import DELEGATIONS
 from engine.catalog.database import Catalog
+from engine.catalog.epoch import commits_between
 from engine.catalog.models import Setting
 
 log = logging.getLogger("shingle.nfs.state")
@@ -171,6 +172,10 @@ class HeadDelegations:
         self.foreign_writes: dict[int, int] = {}
         self._foreign_added = itertools.count(1)
         self._foreign_lock = threading.Lock()
+        # (first, last) epochs: no commit after first up to last granted a delegation
+        # (``unchanged``; None until the first look)
+        self._quiet: tuple[int, int] | None = None
+        self._quiet_lock = threading.Lock()
         self._load_foreign()
 
     # -- waking -------------------------------------------------------------------------------
@@ -673,11 +678,28 @@ class HeadDelegations:
     def unchanged(self, old: int, new: int) -> bool:
         """Whether no delegation can have been granted from epoch ``old`` to ``new``: every
         commit since has a change record (engine/catalog/changelog.py) without DELEGATIONS (a
-        grant names it; a head joining or expired, a takeover, are commits without one)."""
+        grant names it; a head joining or expired, a takeover, are commits without one).
+
+        A file's mark may be a thousand commits old (set at its create): rather than walk
+        them per file, ``_quiet`` says that every commit after its first number up to its
+        second was looked at and granted nothing; a walk only extends it."""
         if old == new:
             return True
-        changes = self.catalog.changes_since(old, new)
-        return changes is not None and not any(ch.topics & DELEGATIONS for ch in changes)
+        with self._quiet_lock:  # held briefly: changes_since reads memory (its own lock on PG)
+            quiet = self._quiet
+            if quiet is not None and commits_between(quiet[0], old) >= 0:
+                if commits_between(new, quiet[1]) >= 0:
+                    return True  # inside the quiet run
+                if commits_between(old, quiet[1]) >= 0:
+                    old = quiet[1]  # only the commits past the run are looked at
+            changes = self.catalog.changes_since(old, new)
+            if changes is None or any(ch.topics & DELEGATIONS for ch in changes):
+                self._quiet = (new, new)  # (one of them granted, or is not known)
+                return False
+            if quiet is None or commits_between(quiet[1], new) > 0:
+                joined = quiet is not None and commits_between(quiet[1], old) >= 0
+                self._quiet = (quiet[0] if joined and quiet else old, new)
+            return True
 
     def mark(self) -> tuple[int | None, int]:
         """Where the catalog stands, for ``created``: read before a create."""
