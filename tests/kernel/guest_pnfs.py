@@ -40,6 +40,8 @@ CHECKS = (
     "heads-kill-9",
     "heads-v3-nlm",
     "heads-v3-nlm-kill-9",
+    "heads-cb-getattr",
+    "heads-ipv6",
 )
 MDS_MNT, MDS42_MNT, DS_MNT = "/mnt/pnfs41", "/mnt/pnfs42", "/mnt/ds40"
 UNSTABLE_MNT, HEADS_MNT = "/mnt/pnfs-unstable", "/mnt/heads2"
@@ -50,6 +52,11 @@ UNSTABLE_MNT, HEADS_MNT = "/mnt/pnfs-unstable", "/mnt/heads2"
 V3_THROUGH_1, V3_THROUGH_0 = "10.0.2.101", "10.0.2.102"
 V3_MNT_1, V3_MNT_0 = "/mnt/heads3-head1", "/mnt/heads3-head0"
 V3_OPTIONS = "vers=3,proto=tcp,port={port},mountport={port},mountproto=tcp"
+CB_GETATTR_MNT = "/mnt/heads-cb-getattr"
+# qemu's user network with IPv6 (vm.run_vm ipv6): fec0::2 is the host's ::1, which the
+# listener hands to head 1 (the address's number is odd)
+HOST_IPV6, GUEST_IPV6 = "fec0::2", "fec0::15"
+V6_MNT_41, V6_MNT_3 = "/mnt/heads-ipv6-41", "/mnt/heads-ipv6-3"
 # a process of its own per lock owner (NLM's svid is the pid): it takes and drops a whole-file
 # exclusive lock without waiting (F_SETLK) as told on stdin, one line of answer each
 LOCKER = """
@@ -508,6 +515,106 @@ def check_heads_v3_kill(port: int) -> str:
     )
 
 
+def check_heads_cb_getattr(port: int) -> str:
+    """CB_GETATTR across heads (issue 34 item 4 with issue 32): a file the guest writes through
+    head 0 (its mount through V3_THROUGH_0) is under its write delegation, the bytes only in
+    its page cache; nfs-rs on the host asks GETATTR through head 1: head 1 asks head 0, which
+    asks the guest on the backchannel, and nfs-rs gets the guest's size while the guest sent no
+    WRITE and no DELEGRETURN. After the close, nfs-rs's read (an OPEN through head 1, which
+    recalls the delegation through head 0 if the client still holds it) reads the bytes."""
+    run = mount("vers=4.1", port, CB_GETATTR_MNT, server=V3_THROUGH_0)
+    expect(run.returncode == 0, f"mount {V3_THROUGH_0}: {run.stderr.strip()}")
+    try:
+        rel = "cb-getattr-across-heads"
+        data = os.urandom(3 * 4096 + 17)
+        ops = ("WRITE", "DELEGRETURN")
+        with open(f"{CB_GETATTR_MNT}/{rel}", "wb") as f:
+            f.write(data)
+            f.flush()  # into the page cache: the client sends no WRITE before the close
+            before = {op: op_count(CB_GETATTR_MNT, op) for op in ops}
+            started = time.monotonic()
+            answer = vmchannel_request(f"heads-stat {rel}")
+            took = time.monotonic() - started
+            sent = {op: op_count(CB_GETATTR_MNT, op) - n for op, n in before.items()}
+            expect(
+                answer == f"size {len(data)}",
+                f"nfs-rs through head 1 saw {answer!r} of the {len(data)} bytes in the guest's "
+                f"cache (sent meanwhile {sent}): no CB_GETATTR across heads?",
+            )
+            expect(sent == {"WRITE": 0, "DELEGRETURN": 0}, f"sent during the GETATTR: {sent}")
+        # the client may give the delegation back on its own after the close: a recall then
+        # has nothing to ask (counted, not required)
+        returned = op_count(CB_GETATTR_MNT, "DELEGRETURN")
+        read = vmchannel_request(f"heads-read {rel}")
+        returned = op_count(CB_GETATTR_MNT, "DELEGRETURN") - returned
+        want = f"sha256 {hashlib.sha256(data).hexdigest()}"
+        expect(read.startswith(want), f"nfs-rs read {read!r} after the close, not {want}")
+    finally:
+        subprocess.run(["timeout", "120", "umount", CB_GETATTR_MNT], capture_output=True)
+    return (
+        f"nfs-rs's stat through head 1 got the guest's cached {answer} in {took:.2f} s, no "
+        f"WRITE or DELEGRETURN meanwhile; its read after the close: {read}, "
+        f"{returned} DELEGRETURN during it"
+    )
+
+
+def check_heads_ipv6(port: int, rpcbind: bool) -> str:
+    """NFS over IPv6 (the daemon listens on ::): NFSv4.1 and NFSv3 (MOUNT over tcp6) mounts of
+    [fec0::2], which reach head 1 from ::1; a file written over IPv6 reads back over IPv4
+    through head 0 and over IPv6 through NFSv3; an NLM lock over IPv6 (the guest's lockd finds
+    NLM by rpcbind GETADDR tcp6 at [fec0::2]:111, which the host relays to the heads' port)
+    denies one over IPv4 through head 0 until it is dropped."""
+    sh("ip", "-6", "addr", "add", f"{GUEST_IPV6}/64", "dev", "eth0", "nodad")
+    server = f"[{HOST_IPV6}]"
+    v3 = V3_OPTIONS.format(port=port)
+    mounts = (
+        (V6_MNT_41, "vers=4.1,proto=tcp6", server),
+        (V6_MNT_3, v3.replace("proto=tcp", "proto=tcp6") + ("" if rpcbind else ",nolock"), server),
+        (V3_MNT_0, v3, V3_THROUGH_0),
+    )
+    try:
+        for target, options, where in mounts:
+            run = mount(options, port, target, server=where)
+            expect(run.returncode == 0, f"mount -o {options} {where}: {run.stderr.strip()}")
+        with open("/proc/mounts") as f:
+            table = {line.split()[1]: line.split()[3] for line in f}
+        for target in (V6_MNT_41, V6_MNT_3):
+            expect(f"addr={HOST_IPV6}" in table.get(target, ""), f"{target}: {table.get(target)}")
+        data = os.urandom(MiB + 7)
+
+        def write() -> None:
+            with open(f"{V6_MNT_41}/over-ipv6", "wb") as f:
+                f.write(data)
+
+        in_thread(write, "the write over IPv6")
+        for target in (V3_MNT_0, V6_MNT_3):
+            back = in_thread(lambda t=target: open(f"{t}/over-ipv6", "rb").read(), target)
+            expect(back == data, f"{target} read {len(back)} bytes of {len(data)}")
+        if not rpcbind:
+            return "NFSv4.1 and NFSv3 over IPv6; NLM not checked: the host's [::1]:111 is taken"
+        six, four = Locker(f"{V6_MNT_3}/locked-v6"), Locker(f"{V3_MNT_0}/locked-v6")
+        try:
+            answer, took = six.ask("lock")
+            expect(answer == "ok", f"the lock over IPv6: {answer}")
+            answer, _ = four.ask("lock")
+            expect(answer.startswith("denied"), f"head 0's lock over IPv4: {answer}")
+            answer, _ = six.ask("unlock")
+            expect(answer == "ok", f"the unlock over IPv6: {answer}")
+            answer, _ = four.ask("lock")
+            expect(answer == "ok", f"head 0's lock after the unlock: {answer}")
+        finally:
+            six.close()
+            four.close()
+    finally:
+        for target, _, _ in mounts:
+            subprocess.run(["timeout", "120", "umount", target], capture_output=True)
+    return (
+        f"NFSv4.1 and NFSv3 mounts of {server} ({table[V6_MNT_41].split('addr=')[-1]}): "
+        f"{len(data)} bytes written over IPv6 read back over IPv4 through head 0 and over "
+        f"NFSv3; an NLM lock over IPv6 ({took:.2f} s) denied head 0's over IPv4"
+    )
+
+
 def main(plan_file: str) -> int:
     print("@@SHINGLE-VM BEGIN", flush=True)  # the host keeps the lines after it
     plan = json.load(open(plan_file))
@@ -516,7 +623,9 @@ def main(plan_file: str) -> int:
     size = plan["size_mib"] * MiB
     run_check("pnfs/mount-4.1", lambda: check_mount(MDS_MNT, "vers=4.1", mds_port))
     run_check("pnfs/mount-4.2", lambda: check_mount(MDS42_MNT, "vers=4.2", mds_port))
-    run_check("pnfs/striped-4.1", lambda: check_striped(MDS_MNT, size))
+    # two stripe units of 8 MiB (one per data server) for the striping; the killed data
+    # server's write takes four, so that the kill lands mid-file with units left on both
+    run_check("pnfs/striped-4.1", lambda: check_striped(MDS_MNT, size // 2))
     run_check("pnfs/striped-4.2", lambda: check_striped(MDS42_MNT, size // 2))
     run_check("pnfs/ds-killed-during-write", lambda: check_ds_killed(MDS_MNT, size, ds_ports))
     run_check("pnfs/non-pnfs-4.0-through-ds", lambda: check_non_pnfs(ds_ports[0], MDS_MNT))
@@ -531,6 +640,8 @@ def main(plan_file: str) -> int:
     run_check("pnfs/heads-kill-9", lambda: check_heads_kill(plan["heads_port"]))
     run_check("pnfs/heads-v3-nlm", lambda: check_heads_v3(plan["heads_port"], plan["statd_port"]))
     run_check("pnfs/heads-v3-nlm-kill-9", lambda: check_heads_v3_kill(plan["heads_port"]))
+    run_check("pnfs/heads-cb-getattr", lambda: check_heads_cb_getattr(plan["heads_port"]))
+    run_check("pnfs/heads-ipv6", lambda: check_heads_ipv6(plan["heads_port"], plan["ipv6_rpcbind"]))
     return 0
 
 

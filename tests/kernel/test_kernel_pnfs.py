@@ -12,7 +12,10 @@ The same boot mounts a `shingle serve --heads 2` of its own (TwoHeads): NFSv4.1 
 of its head, and NFSv3 with NLM through both heads at once (qemu's guestfwd relays two guest
 addresses from two loopback addresses of the host, tcp_from.py, so the listener hands them to
 different heads), then a kill -9 under an NLM lock: the guest's statd gets SM_NOTIFY (its
-port mapper and statd are forwarded from the host) and its lockd reclaims."""
+port mapper and statd are forwarded from the host) and its lockd reclaims. The guest's
+write delegation through head 0 answers nfs-rs's GETATTR through head 1 (CB_GETATTR across
+heads). The daemon listens on :: and the VM has IPv6: NFSv4.1 and NFSv3 with NLM over IPv6
+(Relay6 serves the guest's rpcbind lookups on the host's [::1]:111)."""
 
 from __future__ import annotations
 
@@ -22,8 +25,10 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sqlite3
 import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -32,7 +37,7 @@ import guest_nfs
 import guest_pnfs
 import pytest
 import vm
-from nfs_rig import HERE, ShingleDaemon
+from nfs_rig import HERE, ShingleDaemon, read_as_second_client, stat_as_second_client
 from pgserver import free_port
 
 from appliance.nfs.handoff import head_for
@@ -42,7 +47,7 @@ CHECKS = [f"pnfs/{name}" for name in guest_pnfs.CHECKS]
 # the whole VM run: 93-220 s measured (one boot, every check); a stuck write fails its check
 # after guest_pnfs.STEP_TIMEOUT_S, and this bounds the rest, far inside CI's budget
 VM_TIMEOUT_S = 600
-SIZE_MIB = 32  # four stripe units of 8 MiB: two on each data server
+SIZE_MIB = 32  # four stripe units of 8 MiB (the killed data server's write; the others half)
 
 
 def _configure(text: str, section: str, lines: str) -> str:
@@ -144,6 +149,56 @@ class Heads:
         return "\n".join(f"== {h.home.name}\n{h.log()[-3000:]}" for h in daemons)
 
 
+class Relay6:
+    """The host's [::1]:111 relayed to the heads' port, which answers the port mapper too: the
+    guest's lockd asks rpcbind at the IPv6 address it mounted (qemu's guestfwd, which the IPv4
+    mounts use, is IPv4 only). IPv6 only, so another test's IPv4 port mapper on 111 stays
+    free to run; None when [::1]:111 is taken."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("::1", 111))
+        self.sock.listen(16)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @classmethod
+    def start(cls, port: int) -> Relay6 | None:
+        try:
+            return cls(port)
+        except OSError:
+            return None
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                guest, _ = self.sock.accept()
+                server = socket.create_connection(("::1", self.port), timeout=30)
+            except OSError:
+                return  # closed
+            for a, b in ((guest, server), (server, guest)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (src, dst):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 def _when(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
@@ -157,11 +212,12 @@ class TwoHeads:
         # client_rpcbind_port (both forwarded from the host's 127.0.0.1), and this server's
         # NSM name the address its client mounted, as the guest's statd knows the server
         self.statd_port, self.guest_rpcbind_port = free_port(), free_port()
+        # listening on :: takes the IPv4 clients too; the guest's IPv6 ones come from ::1
         self.daemon = ShingleDaemon(folder / "heads2", free_port()).init(
             portmap="off",
-            clients="127.0.0.0/8",
+            clients="127.0.0.0/8,::1/128",
             nfs_options=f'nsm_name = "{guest_pnfs.V3_THROUGH_1}"\n'
-            f"client_rpcbind_port = {self.guest_rpcbind_port}\n",
+            f'client_rpcbind_port = {self.guest_rpcbind_port}\nhost = "::"\n',
         )
         self.daemon.serve_args = ("--heads", "2")
 
@@ -228,6 +284,7 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
     two = TwoHeads(folder)
     two.daemon.start()
     heads.others.append(two.daemon)
+    relay6 = Relay6.start(two.daemon.port)
 
     def on_request(text: str) -> str:
         action, *args = text.split()
@@ -244,6 +301,11 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
                 return two.grace()
             if action == "kill-ds" and len(args) == 1:
                 return heads.kill_ds(int(args[0]))
+            # nfs-rs connects from 127.0.0.1: head 1 of the `--heads 2` daemon
+            if action == "heads-stat" and len(args) == 1:
+                return stat_as_second_client(two.daemon.port, args[0])
+            if action == "heads-read" and len(args) == 1:
+                return read_as_second_client(two.daemon.port, args[0])
         except Exception as exc:  # noqa: BLE001 - the guest reports it as its check's failure
             return f"{action} failed: {exc}"
         return f"unknown request {text!r}"
@@ -261,6 +323,7 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
                 "heads_port": two.daemon.port,
                 "size_mib": SIZE_MIB,
                 "statd_port": two.statd_port,
+                "ipv6_rpcbind": relay6 is not None,
             }
         )
     )
@@ -279,6 +342,7 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
             on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None,
             guest_forwards=two.guest_forwards(),
             host_forwards=((two.guest_rpcbind_port, 111), two.statd_port),
+            ipv6=True,
         )
         print(f"kernel pNFS rig: VM ran {result.seconds:.0f} s", file=sys.stderr)
         checks = result.checks()
@@ -286,6 +350,8 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
             print(f"kernel pNFS rig: {verdict} {name} {details}", file=sys.stderr)
         yield heads, result, checks
     finally:
+        if relay6 is not None:
+            relay6.close()
         heads.stop()
         two.daemon.stop()
         shutil.rmtree(two.daemon.home / "drives", ignore_errors=True)
@@ -329,7 +395,7 @@ def test_nfs_rs_through_a_data_server(pnfs_run):
     with client(heads.ds[0].port) as cl:  # data server 1 was killed in the VM run; 0 serves
         with cl.open("striped-pnfs41", "rb") as f:
             data = f.read()
-        assert len(data) == SIZE_MIB << 20
+        assert len(data) == SIZE_MIB << 19  # (guest_pnfs: striped-4.1 writes half)
         digests["data server"] = hashlib.sha256(data).hexdigest()
         with cl.open("nfs-rs-through-ds", "wb") as f:
             f.write(payload)

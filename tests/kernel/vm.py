@@ -468,6 +468,7 @@ def run_vm(
     extra_args: tuple[str, ...] = (),
     host_forwards: tuple[int | tuple[int, int], ...] = (),
     guest_forwards: tuple[tuple[str, int, str], ...] = (),
+    ipv6: bool = False,
 ) -> VmResult:
     """Boot a VM that runs ``program`` (a host path, seen through the shared root) as root
     and powers off. Each ``@@SHINGLE-VM REQUEST text`` line it prints calls ``requests(text)``
@@ -482,7 +483,9 @@ def run_vm(
     port, guest port).
     ``guest_forwards``: (guest address, port, command): a connection of the guest to that
     address and port runs the host command with the connection on its stdin and stdout
-    (qemu's guestfwd; tcp_from.py relays it from another source address)."""
+    (qemu's guestfwd; tcp_from.py relays it from another source address). ``ipv6``: qemu's
+    user network carries IPv6 too (prefix fec0::/64, the guest sets its own address): a guest
+    connection to fec0::2 reaches the host's ::1, as one to 10.0.2.2 reaches its 127.0.0.1."""
     check_qemu()
     workdir.mkdir(parents=True, exist_ok=True)
     initrd = build_initramfs(kernel, workdir / "initramfs.cpio")
@@ -527,7 +530,8 @@ def run_vm(
         "-serial",
         "chardev:results",
         "-netdev",
-        "user,id=net0,ipv6=off"
+        # ipv6=on alone would turn IPv4 off (qemu: naming one family enables only those named)
+        f"user,id=net0,{'ipv4=on,ipv6=on' if ipv6 else 'ipv6=off'}"
         + "".join(
             f",hostfwd=tcp:127.0.0.1:{ports[0]}-:{ports[1]}"
             for ports in ((p, p) if isinstance(p, int) else p for p in host_forwards)

@@ -138,11 +138,34 @@ def test_cb_getattr_before_another_clients_getattr(deleg_server, monkeypatch):
     with answering(holder):
         listed = _listed_change_size(other, "big")
     assert listed[1] == 3 << 20 and listed[0] > change2, listed
+    # NFSv3: GETATTR asks the holder; LOOKUP and ACCESS carry no attributes (the stored
+    # size, which the Linux client would take over GETATTR's), so the client asks GETATTR
+    holder.attrs = (4 << 20, granted + 4)
+    v3 = RawClient(port)
+    try:
+        with answering(holder):
+            status, got = _v3(v3, t3.NFSPROC3_GETATTR, fh)
+        assert status == t3.NFS3_OK and got.size == 4 << 20
+        status, found = _v3(v3, t3.NFSPROC3_LOOKUP, t3.diropargs3.cls(holder.root_fh(), "big"))
+        assert status == t3.NFS3_OK and found.object == fh and found.obj_attributes is None
+        status, checked = _v3(v3, t3.NFSPROC3_ACCESS, t3.ACCESS3args.cls(fh, 1))
+        assert status == t3.NFS3_OK and checked.obj_attributes is None
+    finally:
+        v3.close()
     assert holder.recalls() == []  # CB_GETATTR, never a recall
-    assert deleg_server.server.state.delegations.counts["cb_getattr"] == 5
+    assert deleg_server.server.state.delegations.counts["cb_getattr"] == 6
     holder.close()
     other.close()
     _unanswered_cb_getattr_recalls(deleg_server, monkeypatch)  # (one server start for both)
+
+
+def _v3(raw: RawClient, proc: int, args):
+    """(status, result) of an NFSv3 call."""
+    reply = raw.call_raw(proc, t3.ARGS3[proc].encode(args), prog=t3.NFS_PROGRAM, vers=3)
+    verf_len = struct.unpack_from(">I", reply, 16)[0]
+    pos = 20 + verf_len + (-verf_len % 4)
+    assert struct.unpack_from(">I", reply, pos)[0] == 0  # accepted
+    return t3.RESULTS3[proc][0].decode(reply[pos + 4 :])
 
 
 def _listed_change_size(client: CallbackClient, name: str) -> tuple[int, int]:

@@ -194,9 +194,23 @@ class Call3:
     def post(self, rule, ino: int):
         """post_op_attr: the current attributes, or none when they cannot be had."""
         try:
-            return self.fattr(rule, self.ns.getattr(ino))
+            return self.post_op(rule, self.ns.getattr(ino))
         except Exception:  # noqa: BLE001 - attributes are optional here; the status says what happened
             return None
+
+    def post_op(self, rule, a: Attr):
+        """post_op_attr of ``a``: none for a file under an NFSv4 client's write delegation
+        (through this head or another), whose stored size and change may be behind the
+        holder's: the Linux client takes a newer reply's attributes over what GETATTR told it
+        (a LOOKUP's or an ACCESS's would shrink the file it sees back to the stored size),
+        and without them it asks GETATTR, which asks the holder (``holder_attr``)."""
+        state = self.server.state
+        if state is not None and (
+            state.delegations.write_holder(a.ino, None) is not None
+            or state.delegations.foreign_write(a.ino)
+        ):
+            return None
+        return self.fattr(rule, a)
 
     @staticmethod
     def pre(a: Attr):

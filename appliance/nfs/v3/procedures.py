@@ -68,7 +68,7 @@ def access(cx: Call3, a):
     node = cx.node(a.object)
     attr = node.attr
     granted = export_access.granted_access(cx.ns, cx.cred(node.rule), attr, node.rule)
-    return t.ACCESS3resok.cls(cx.fattr(node.rule, attr), granted & a.access)
+    return t.ACCESS3resok.cls(cx.post_op(node.rule, attr), granted & a.access)
 
 
 # -- lookup and reading ----------------------------------------------------------------------------
@@ -83,7 +83,7 @@ def lookup(cx: Call3, a):
         if name == "..":  # the directory was moved out of the export since it was inside
             export_access.need_inside(cx.server, node.rule, child, CODES)
     return t.LOOKUP3resok.cls(
-        cx.fh(node.rule, child), cx.fattr(node.rule, child), cx.post(node.rule, node.attr.ino)
+        cx.fh(node.rule, child), cx.post_op(node.rule, child), cx.post(node.rule, node.attr.ino)
     )
 
 
@@ -117,7 +117,7 @@ def read(cx: Call3, a):
     data = cx.ns.read(attr.ino, a.offset, min(a.count, MAX_IO))
     cx.server.counters.read(len(data), node.rule.id)
     eof = a.offset + len(data) >= attr.size
-    return t.READ3resok.cls(cx.fattr(node.rule, attr), len(data), eof, data)
+    return t.READ3resok.cls(cx.post_op(node.rule, attr), len(data), eof, data)
 
 
 # -- writing ---------------------------------------------------------------------------------------
@@ -315,7 +315,7 @@ def _listing(cx: Call3, node: Node3, cookie: int, dircount: int, maxcount: int, 
         if plus:
             out.append(
                 t.entryplus3.cls(
-                    entry.attr.ino, entry.name, entry.cookie, cx.fattr(node.rule, entry.attr), fh
+                    entry.attr.ino, entry.name, entry.cookie, cx.post_op(node.rule, entry.attr), fh
                 )
             )
         else:
