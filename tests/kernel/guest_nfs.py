@@ -82,7 +82,7 @@ V42_CHECKS = (
     "snapshot-clone",
 )
 # checks run once per version as root in the export root of an export with the default
-# squash (its own VM run: plan "root_squash")
+# squash (plan "root_squash": a daemon of their own, on "root_squash_port")
 ROOT_SQUASH_CHECKS = ("root-squash/own-files", "root-squash/others-kept")
 # a read delegation per small file (plan "delegations": a mount of its own, as root): the
 # second epoch of a loop that opens and reads every file sends few OPEN/GETATTR; a write
@@ -1076,9 +1076,34 @@ def run_bounded(cmd: list[str], timeout: float, expected: list[str]) -> None:
     """Run a child that reports checks, forward its reports, and report every expected check
     it did not reach. A child stuck in an uninterruptible NFS wait cannot be killed: it is
     left behind rather than waited for."""
+    proc, out_path = start_bounded(cmd)
+    finish_bounded(proc, out_path, timeout, expected)
+
+
+def start_bounded(cmd: list[str], stdin=None) -> tuple[subprocess.Popen, str]:
+    """run_bounded's child started (with a text pipe on its stdin if ``stdin`` is PIPE):
+    the process and the file its output goes to."""
     out_path = f"/tmp/child-{time.monotonic_ns()}.out"
     with open(out_path, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd="/")
+        proc = subprocess.Popen(
+            cmd, stdin=stdin, stdout=out, stderr=subprocess.STDOUT, cwd="/", text=True
+        )
+    return proc, out_path
+
+
+def tell_go(proc: subprocess.Popen) -> None:
+    """The line a child started early waits for (run_docs, run_doc_python)."""
+    try:
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+    except OSError:  # it is gone: finish_bounded reports its checks as not reached
+        pass
+
+
+def finish_bounded(
+    proc: subprocess.Popen, out_path: str, timeout: float, expected: list[str]
+) -> None:
+    """run_bounded's wait (``timeout`` from now), reports and reports of checks not reached."""
     try:
         status = proc.wait(timeout)
         why = f"exited with status {status}"
@@ -1388,14 +1413,27 @@ def run_doc_mount(code: str, mounted: list[str]) -> str:
     return "; ".join(seen)
 
 
-def run_doc_python(blocks: list[dict]) -> None:
+IMPORTED = re.compile(r"^(?:import|from)\s+([\w.]+)", re.M)
+
+
+def run_doc_python(blocks: list[dict], warm_imports: tuple[str, ...] = ()) -> None:
     """Run by the project's venv Python (docs["python"]): each example as a script of its own
     (``runpy.run_path`` as ``__main__``, from a file that DataLoader workers could import) in
-    this one process, so torch is imported once (minutes under TCG), not once per example."""
+    this one process, so torch is imported once (minutes under TCG), not once per example.
+    The process starts with the VM run (run_docs): it imports what the examples import while
+    the other checks run (and ``warm_imports``, what their first calls import), then waits for
+    a line on stdin before it runs them. An import that fails here fails again, and is
+    reported, in its example."""
     import contextlib
+    import importlib
     import io
     import runpy
 
+    imports = [n for block in blocks for n in IMPORTED.findall(block["code"])]
+    for name in dict.fromkeys([*imports, *warm_imports]):
+        with contextlib.suppress(Exception):  # the example's own import reports it
+            importlib.import_module(name)
+    sys.stdin.readline()
     for block in blocks:
         path = f"/tmp/doc-{block['name']}.py"
         with open(path, "w") as f:
@@ -1417,32 +1455,42 @@ def run_doc_python(blocks: list[dict]) -> None:
 
 
 def run_docs(docs_path: str) -> None:
+    """Started with the VM run (main): starts a process per run of consecutive Python
+    examples, which imports what they import meanwhile; waits for a line on stdin, then runs
+    the examples in order, each Python group told to go on its turn."""
     with open(docs_path) as f:
         docs = json.load(f)
     if not os.path.ismount("/dev/shm"):  # multiprocessing's locks (DataLoader workers) need it
         os.makedirs("/dev/shm", exist_ok=True)
         sh("mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/dev/shm")
-    mounted: list[str] = []
-    python_blocks: list[dict] = []
-
-    def flush_python() -> None:
-        if python_blocks:
-            group = f"/tmp/docs-{python_blocks[0]['name']}.json"
+    steps: list = []  # a shell example's block, or a started Python group
+    for block in docs["blocks"]:
+        if block["lang"] != "python":
+            steps.append(block)
+        elif steps and isinstance(steps[-1], list):
+            steps[-1].append(block)
+        else:
+            steps.append([block])
+    for i, step in enumerate(steps):
+        if isinstance(step, list):
+            group = f"/tmp/docs-{step[0]['name']}.json"
             with open(group, "w") as f:
-                json.dump(python_blocks, f)
+                json.dump({"blocks": step, "warm_imports": docs.get("warm_imports", [])}, f)
             cmd = [docs["python"], os.path.abspath(__file__), "--doc-python", group]
-            run_bounded(cmd, docs["timeout"], [f"docs/{b['name']}" for b in python_blocks])
-            python_blocks.clear()
-
+            steps[i] = (start_bounded(cmd, stdin=subprocess.PIPE), step)
+    sys.stdin.readline()
+    mounted: list[str] = []
     try:
-        for block in docs["blocks"]:
-            if block["lang"] == "python":
-                python_blocks.append(block)
-                continue
-            flush_python()
-            code = block["code"]
-            run_check(f"docs/{block['name']}", lambda code=code: run_doc_mount(code, mounted))
-        flush_python()
+        for step in steps:
+            if isinstance(step, tuple):
+                (proc, out_path), blocks = step
+                tell_go(proc)
+                finish_bounded(
+                    proc, out_path, docs["timeout"], [f"docs/{b['name']}" for b in blocks]
+                )
+            else:
+                code = step["code"]
+                run_check(f"docs/{step['name']}", lambda code=code: run_doc_mount(code, mounted))
     finally:
         for target in reversed(mounted):
             subprocess.run(["timeout", "120", "umount", target], capture_output=True)
@@ -1452,8 +1500,18 @@ def check_squashed_own_files(mountpoint: str, label: str) -> str:
     """Root, squashed to nobody, makes, rewrites and renames its own files in the sticky
     world-writable export root: fs.protected_regular lets root's open(O_CREAT) of an existing
     file through only because the file's owner (nobody) is the folder's."""
+    with open("/proc/sys/fs/protected_regular") as f:
+        kept = f.read()
     with open("/proc/sys/fs/protected_regular", "w") as f:
         f.write("1\n")  # systemd's default (the kernel's is 0)
+    try:
+        return squashed_own_files(mountpoint, label)
+    finally:  # the main run's later checks as they were
+        with open("/proc/sys/fs/protected_regular", "w") as f:
+            f.write(kept)
+
+
+def squashed_own_files(mountpoint: str, label: str) -> str:
     own = os.path.join(mountpoint, f"root-{label}.txt")
     sh("sh", "-c", f"echo first > {own}")
     sh("sh", "-c", f"echo x > {own}")  # open(O_CREAT|O_TRUNC) of an existing file
@@ -1501,7 +1559,7 @@ def run_root_squash(plan: dict, version: dict) -> None:
     label = version["label"]
     mountpoint = f"/mnt/squash-{label}"
     names = [f"{label}/{check}" for check in ROOT_SQUASH_CHECKS]
-    mounted = mount(version["options"], plan["port"], mountpoint)
+    mounted = mount(version["options"], plan["root_squash_port"], mountpoint)
     if mounted.returncode != 0:
         for name in names:
             report(name, False, f"mount -o {version['options']} failed: {mounted.stderr.strip()}")
@@ -1817,6 +1875,17 @@ def run_krb5(plan: dict, spec: dict) -> None:
 def main(plan: dict) -> int:
     print("@@SHINGLE-VM BEGIN", flush=True)
     print(f"guest: {os.uname().nodename} kernel {os.uname().release}", flush=True)
+    docs = None
+    if plan.get("docs"):
+        # started now: its Python examples' imports (torch: minutes under TCG) go on while the
+        # other checks run; it waits for a line on stdin before it runs the examples
+        docs_path = "/tmp/docs.json"
+        with open(docs_path, "w") as f:
+            json.dump(plan["docs"], f)
+        docs = start_bounded(
+            [sys.executable, os.path.abspath(__file__), "--docs", docs_path],
+            stdin=subprocess.PIPE,
+        )
     if plan.get("delegations40"):
         set_callback_port(plan["delegations40"]["callback_port"])
     for version in plan["versions"]:
@@ -1828,12 +1897,12 @@ def main(plan: dict) -> int:
             run_delegations(plan, plan[key])
     if plan.get("krb5"):
         run_krb5(plan, plan["krb5"])
-    if plan.get("docs"):
-        docs_path = "/tmp/docs.json"
-        with open(docs_path, "w") as f:
-            json.dump(plan["docs"], f)
-        run_bounded(
-            [sys.executable, os.path.abspath(__file__), "--docs", docs_path],
+    if docs is not None:
+        proc, out_path = docs
+        tell_go(proc)
+        finish_bounded(
+            proc,
+            out_path,
             plan["docs"]["timeout"] + 300,
             [f"docs/{block['name']}" for block in plan["docs"]["blocks"]],
         )
@@ -1850,8 +1919,9 @@ if __name__ == "__main__":
     elif sys.argv[1] == "--docs":
         run_docs(sys.argv[2])
     elif sys.argv[1] == "--doc-python":
-        with open(sys.argv[2]) as blocks_file:
-            run_doc_python(json.load(blocks_file))
+        with open(sys.argv[2]) as group_file:
+            group = json.load(group_file)
+        run_doc_python(group["blocks"], tuple(group["warm_imports"]))
     elif sys.argv[1] == "--v42":
         run_v42(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "--restart":

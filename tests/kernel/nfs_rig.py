@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import clirunner
 import guest_nfs
 from doc_blocks import doc_blocks
 
@@ -54,7 +55,8 @@ DOCS_TIMEOUT_S = 1200
 
 
 PORTMAP_PORT = 111  # where the Linux client asks for the server's NLM port
-# the root-squash run (its own VM boot, against `shingle init`'s default export: root squashed)
+# the root-squash checks (in the main VM boot, against a daemon of their own serving `shingle
+# init`'s default export: root squashed)
 ROOT_SQUASH_VERSIONS = [
     {"label": "v4.1", "options": "vers=4.1"},
     {"label": "v4.0", "options": "vers=4.0"},
@@ -63,7 +65,6 @@ ROOT_SQUASH_VERSIONS = [
         "options": "vers=3,proto=tcp,port={port},mountport={port},mountproto=tcp,nolock",
     },
 ]
-ROOT_SQUASH_TIMEOUT_S = 900
 # the delegation checks (guest_nfs.DELEGATION_CHECKS): small files read in two epochs; the
 # lease is the daemon's (ShingleDaemon.init)
 DELEGATIONS = {
@@ -126,8 +127,10 @@ def krb5_plan(port: int, kdc=None) -> dict:
 
 
 def root_squash_plan(port: int) -> dict:
+    """The root-squash checks against a daemon on ``port``: the entries the main run's plan
+    takes them with (guest_nfs.run_root_squash mounts ``root_squash_port``)."""
     versions = [{**v, "options": v["options"].format(port=port)} for v in ROOT_SQUASH_VERSIONS]
-    return {"port": port, "versions": [], "uids": [], "root_squash": versions}
+    return {"root_squash": versions, "root_squash_port": port}
 
 
 def plan_for(port: int, skip_locks: str = "", callback_port: int = 0) -> dict:
@@ -149,7 +152,8 @@ def plan_for(port: int, skip_locks: str = "", callback_port: int = 0) -> dict:
         "delegations40": {**DELEGATIONS40, "callback_port": callback_port},
         "uids": UIDS,
         "worker_timeout": 420,
-        "restart_timeout": 60,
+        # the host's restart: the daemon's stop (60 s bound) and start (60 s bound)
+        "restart_timeout": 180,
         "restart_version": RESTART_VERSION,
         # docs/clients.md's runs=vm examples, with the guest's view of the server
         "docs": {
@@ -160,6 +164,10 @@ def plan_for(port: int, skip_locks: str = "", callback_port: int = 0) -> dict:
                 if b.where == "vm"
             ],
             "timeout": DOCS_TIMEOUT_S,
+            # imported ahead with the examples' own imports (guest_nfs.run_doc_python): the
+            # checkpoint example's first optimizer step imports torch._dynamo (sympy, some 800
+            # modules: 10 s on this host, minutes under TCG)
+            "warm_imports": ["torch._dynamo"],
         },
     }
 
@@ -191,11 +199,8 @@ class ShingleDaemon:
         for the config's [nfs] table; ``lease_seconds``: short, so that the checks that wait a
         lease are quick; ``clients``: the export's (qemu's user-mode network reaches the host
         from 127.0.0.1; vm.run_vm's guest forwards can come from other loopback addresses)."""
-        run = subprocess.run(
+        run = clirunner.run(
             [
-                sys.executable,
-                "-m",
-                "appliance.cli",
                 "init",
                 str(self.home),
                 "--drive-size",
@@ -205,8 +210,6 @@ class ShingleDaemon:
                 "--nfs-port",
                 str(self.port),
             ],
-            capture_output=True,
-            text=True,
             timeout=120,
         )
         assert run.returncode == 0, run.stderr
@@ -281,12 +284,7 @@ class ShingleDaemon:
     def cli(self, *args: str) -> tuple[int, str]:
         """`shingle -c CONF ARGS` beside the running daemon (snapshots and clones are catalog
         rows: the CLI works while the daemon serves): exit code, output or why it failed."""
-        run = subprocess.run(
-            [sys.executable, "-m", "appliance.cli", "-c", str(self.config), *args],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        run = clirunner.run(["-c", str(self.config), *args], timeout=120)
         if run.returncode:
             return run.returncode, f"{' '.join(args[:2])} failed: {run.stderr.strip()[-500:]}"
         return 0, run.stdout.strip()
