@@ -125,6 +125,7 @@ def run_guest(
         requests=on_request,
         timeout=timeout,
         hostname=hostname,
+        host_cache="loose",  # the guest reads only what was written before it boots
         host_forwards=host_forwards,
         on_line=(lambda line: print(line, file=sys.stderr)) if verbose else None,
     )
