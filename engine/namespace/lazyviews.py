@@ -134,6 +134,21 @@ def _view_of(conn, sid: int, x: int) -> tuple[int, bool, bool] | None:
     return int(row[0]), row[1] is not None, bool(row[2])
 
 
+def _numbered(conn, sid: int, x: int) -> tuple[int, bool, bool]:
+    """``_view_of``, with a number handed out (rows and names not copied) when ``x`` has none."""
+    view = _view_of(conn, sid, x)
+    if view is None:
+        [number] = allocate(conn, sid, 1)
+        sql(
+            conn,
+            "INSERT INTO snapshot_inodes (snapshot_id, live_ino, view_ino, names_copied) "
+            "VALUES (?, ?, ?, ?)",
+            (sid, x, number, False),
+        ).close()
+        view = (number, False, False)
+    return view
+
+
 def first_copy(conn, sids: list[int], x: int) -> int | None:
     """The view ino holding ``x``'s rows as the first of ``sids`` (a chain from one snapshot
     to the newest) holds them: the first snapshot with a copy; None: the live rows."""
@@ -248,16 +263,7 @@ def copy_up(conn, x: int, *, names: bool | None = None, known=None) -> int:
         else:
             continue
         sid = sids[k]
-        view = _view_of(conn, sid, x)
-        if view is None:
-            [number] = allocate(conn, sid, 1)
-            sql(
-                conn,
-                "INSERT INTO snapshot_inodes (snapshot_id, live_ino, view_ino, names_copied) "
-                "VALUES (?, ?, ?, ?)",
-                (sid, x, number, False),
-            ).close()
-            view = (number, False, False)
+        view = _numbered(conn, sid, x)
         # what the snapshot reads now: a newer snapshot being deleted may hold a copy (x changed
         # after it was taken), which is this one's state too; else the live rows
         if not view[1]:
@@ -320,16 +326,7 @@ def materialize(conn, view_dir: int, sid: int) -> list[int]:
     d = int(sql_one(conn, _LIVE_OF, (view_dir,))[0])
     pending = []
     for name, child in names_at(conn, sids, d):
-        view = _view_of(conn, sid, child)
-        if view is None:
-            [number] = allocate(conn, sid, 1)
-            sql(
-                conn,
-                "INSERT INTO snapshot_inodes (snapshot_id, live_ino, view_ino, names_copied) "
-                "VALUES (?, ?, ?, ?)",
-                (sid, child, number, False),
-            ).close()
-            view = (number, False, False)
+        view = _numbered(conn, sid, child)
         if not view[1]:
             source = first_copy(conn, sids, child)
             _copy_inode(conn, child if source is None else source, view[0])
@@ -401,12 +398,17 @@ def count_links(conn, sid: int) -> None:
     for lo, hi in sql_all(
         conn, "SELECT ino_lo, ino_hi FROM snapshot_blocks WHERE snapshot_id = ?", (sid,)
     ):
-        sql(
-            conn,
-            "UPDATE inodes SET nlink = (SELECT COUNT(*) FROM dirents WHERE child = inodes.ino) "
-            "WHERE ino BETWEEN ? AND ? AND type <> ? AND nlink > 1",
-            (lo, hi, DIR),
-        ).close()
+        count_links_between(conn, int(lo), int(hi))
+
+
+def count_links_between(conn, lo: int, hi: int) -> None:
+    """Copied files numbered ``lo``..``hi``: their links are the names the copy holds."""
+    sql(
+        conn,
+        "UPDATE inodes SET nlink = (SELECT COUNT(*) FROM dirents WHERE child = inodes.ino) "
+        "WHERE ino BETWEEN ? AND ? AND type <> ? AND nlink > 1",
+        (lo, hi, DIR),
+    ).close()
 
 
 def materialize_all(conn, sid: int) -> int:

@@ -140,16 +140,6 @@ def _reserve_inodes(conn, lo_old: int, hi_old: int) -> int:
     return base - lo_old
 
 
-def _count_copied_links(conn, lo: int, hi: int) -> None:
-    """A copied file's links are the names the copy holds (links outside the tree stay out)."""
-    sql(
-        conn,
-        "UPDATE inodes SET nlink = (SELECT COUNT(*) FROM dirents WHERE child = inodes.ino) "
-        "WHERE ino BETWEEN ? AND ? AND type <> ? AND nlink > 1",
-        (lo, hi, DIR),
-    ).close()
-
-
 def _copy_tree(conn, root: int):
     """Copy the inodes of ``snapshot_tree`` (filled from ``root``, itself included), with their
     names, symlinks, xattrs and extents (sharing the stripes), numbered densely: the n-th
@@ -204,7 +194,7 @@ def _copy_tree(conn, root: int):
     referenced = add_references(conn, lo, hi)
     # a file with links outside the tree has fewer names in the copy, and a dataset's copy has
     # no .snapshots directory
-    _count_copied_links(conn, lo, hi)
+    lazyviews.count_links_between(conn, lo, hi)
     sql(
         conn,
         "UPDATE inodes SET nlink = nlink - 1 WHERE ino IN (SELECT new FROM snapshot_numbers "
@@ -319,7 +309,7 @@ def _copy_rows(conn, member: str, params: tuple, lo_old: int, hi_old: int, paren
     referenced = add_references(conn, lo, hi)
     # a file with links outside the tree has fewer names in the copy, and a dataset's copy has
     # no .snapshots directory
-    _count_copied_links(conn, lo, hi)
+    lazyviews.count_links_between(conn, lo, hi)
     sql(
         conn,
         "UPDATE inodes SET nlink = nlink - 1 WHERE ino BETWEEN ? AND ? "
