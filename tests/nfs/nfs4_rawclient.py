@@ -15,9 +15,9 @@ from appliance.nfs.v4 import types as t
 AUTH_SYS = 1
 
 
-def auth_sys(uid=0, gid=0, machine="raw") -> bytes:
+def auth_sys(uid=0, gid=0, machine="raw", gids=()) -> bytes:
     p = Packer()
-    t.authsys_parms.pack(p, (0, machine, uid, gid, []))
+    t.authsys_parms.pack(p, (0, machine, uid, gid, list(gids)))
     return p.getvalue()
 
 

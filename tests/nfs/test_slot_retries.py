@@ -3,7 +3,9 @@ SEQUENCE slot and seqid, on the same connection or a new one: a retry of a COMPO
 changed nothing runs again (its reply is never kept); one that changed something gets its
 first reply, kept with or without sa_cachethis; one whose reply was not kept gets
 NFS4ERR_RETRY_UNCACHED_REP on the operation after SEQUENCE, never on SEQUENCE; one of a
-COMPOUND still running gets NFS4ERR_DELAY. What the slots keep stays within the server's
+COMPOUND still running gets NFS4ERR_DELAY. A request with the slot's seqid from another
+principal, or with other arguments than one that changed something, is a false retry:
+NFS4ERR_SEQ_FALSE_RETRY, never the kept reply. What the slots keep stays within the server's
 budget. And nfs-rs, resending its READs after a stall, gets its file."""
 
 from __future__ import annotations
@@ -14,11 +16,20 @@ import termios
 import threading
 import time
 
-from nfs4_rawclient import RawClient, stateid
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+from nfs4_rawclient import RawClient, auth_sys, open_args, stateid
 from nfs4_support import every_worker_busy, nfsrs
 
+from appliance.nfs.onc.rpc import RPCSEC_GSS, UNMAPPED, Credential
+from appliance.nfs.state import NfsError
+from appliance.nfs.state.model import Slot
+from appliance.nfs.v4 import compound
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
+from engine.namespace import ROOT
 
 CHANGE = (c.OP_GETATTR, [1 << c.FATTR4_CHANGE])
 
@@ -46,11 +57,12 @@ def _change(raw: RawClient, fh: bytes) -> bytes:
     return res[-1][2].attr_vals
 
 
-def test_retries_on_a_slot(server, monkeypatch):
+def test_retries_on_a_slot(stack, server, monkeypatch):
     """One server for the raw checks below (a server start costs a second)."""
     _run_again_replay_or_say_uncached(server)
     _a_retry_of_a_running_compound_is_delayed(server)
     _false_retries_and_misordered_seqids(server)
+    _another_caller_never_gets_a_kept_reply(stack, server)
     _slot_replies_stay_within_the_budget(server, monkeypatch)
 
 
@@ -147,16 +159,26 @@ def _false_retries_and_misordered_seqids(server):
     # a retransmit (same slot, same seqid, same bytes) gets the kept reply, not a second CREATE
     again = raw.session([(c.OP_PUTFH, root), mkdir], slot=1, bump=False, raw_reply=True)
     assert again[4:] == first[4:] and raw.parse(again)[0] == 0
-    # same slot and seqid but other contents: a false retry (nfs-rs after EOF reads) is not
-    # answered from the slot but run as a new request
+    # same slot and seqid, other contents than the CREATE: a false retry, neither the kept
+    # reply nor a run; the slot keeps its reply for the genuine retransmit
+    retries = server.server.state.slot_replies.retries
+    false_before = retries["false"]
+    st, res = raw.session([(c.OP_PUTFH, root), (c.OP_GETFH, None)], slot=1, bump=False)
+    assert (st, res) == (c.NFS4ERR_SEQ_FALSE_RETRY, [(c.OP_SEQUENCE, st, None)])
+    assert retries["false"] == false_before + 1
+    again = raw.session([(c.OP_PUTFH, root), mkdir], slot=1, bump=False, raw_reply=True)
+    assert again[4:] == first[4:]
+    # other contents than a request that changed nothing (nfs-rs after EOF reads, which fails
+    # on SEQ_FALSE_RETRY): run as a new request, nothing kept to give away
+    assert raw.session([(c.OP_PUTFH, root), CHANGE], slot=2)[0] == 0
     getfh = raw.session(
-        [(c.OP_PUTFH, root), (c.OP_GETFH, None)], slot=1, bump=False, raw_reply=True
+        [(c.OP_PUTFH, root), (c.OP_GETFH, None)], slot=2, bump=False, raw_reply=True
     )
     st, res = raw.parse(getfh)
-    assert st == 0 and res[-1][2] == root
+    assert st == 0 and res[-1][2] == root and retries["reused"] >= 1
     # ... and that request is now the one a retransmit repeats (it changed nothing: run again)
     again = raw.session(
-        [(c.OP_PUTFH, root), (c.OP_GETFH, None)], slot=1, bump=False, raw_reply=True
+        [(c.OP_PUTFH, root), (c.OP_GETFH, None)], slot=2, bump=False, raw_reply=True
     )
     assert again[4:] == getfh[4:]
     # skipping a seqid is misordered; the next one in order works
@@ -169,6 +191,80 @@ def _false_retries_and_misordered_seqids(server):
     st, _ = raw.session([(c.OP_PUTFH, root)], slot=99)
     assert st == c.NFS4ERR_BADSLOT
     raw.close()
+
+
+def _another_caller_never_gets_a_kept_reply(stack, server):
+    """One client's session used by several users (as the Linux client shares it): the same
+    bytes on the same slot and seqid under another credential are a false retry, never the
+    first caller's kept reply. Before, the slot compared uid and gid only, so a caller of the
+    same uid and gid without the file's group got the reply with the group's data."""
+    raw = RawClient(server.port).setup()  # no_root_squash: root makes the file
+    fh, sid = raw.open_new("team", owner=b"root")
+    secret = b"the team's secret"
+    write = (c.OP_WRITE, t.ARGS[c.OP_WRITE](sid, 0, c.FILE_SYNC4, secret))
+    assert raw.session([(c.OP_PUTFH, fh), write])[0] == 0
+    ino = stack.namespace.resolve("/team").ino
+    stack.namespace.setattr(ROOT, ino, mode=0o640, gid=2000)
+    member = auth_sys(1001, 1001, gids=[2000])
+    # an OPEN (it changes something: the reply is kept) and a READ of the current stateid
+    current = stateid(1, b"\0" * 12)
+    ops = [
+        (c.OP_PUTFH, raw.root_fh()),
+        (c.OP_OPEN, open_args("team", b"member", raw.clientid, c.OPEN4_SHARE_ACCESS_READ, False)),
+        (c.OP_READ, t.ARGS[c.OP_READ](current, 0, 100)),
+    ]
+    raw.cred = member
+    first = _send(raw, 5, ops, cachethis=True)
+    st, res = raw.parse(first)
+    assert st == 0 and bytes(res[-1][2].data) == secret
+    assert server.server.state.sessions[raw.sessionid].slots[5].reply is not None
+    for other in (
+        auth_sys(1001, 1001),  # the same uid and gid, not in group 2000
+        auth_sys(1002, 1002, gids=[2000]),  # another member
+    ):
+        raw.cred = other
+        reply = _send(raw, 5, ops, bump=False, cachethis=True)
+        assert secret not in reply
+        assert raw.parse(reply) == (
+            c.NFS4ERR_SEQ_FALSE_RETRY,
+            [(c.OP_SEQUENCE, c.NFS4ERR_SEQ_FALSE_RETRY, None)],
+        )
+    # the caller who sent it still gets its reply, byte for byte
+    raw.cred = member
+    assert _send(raw, 5, ops, bump=False, cachethis=True)[4:] == first[4:]
+    # the caller outside the group, on the next seqid: its own answer, ACCESS
+    raw.cred = auth_sys(1001, 1001)
+    st, res = raw.parse(_send(raw, 5, ops, cachethis=True))
+    assert st == c.NFS4ERR_ACCESS and res[-1][0] == c.OP_OPEN
+    raw.cred = auth_sys(0, 0)
+    raw.close()
+
+
+def _gss(principal: str) -> Credential:
+    # a Kerberos principal the name service does not map (each export's anonymous identity)
+    return Credential(RPCSEC_GSS, UNMAPPED, UNMAPPED, (), principal=principal, sec=390003)
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_two_unmapped_principals_are_two_callers(kept):
+    """Two Kerberos principals that both map to no uid have the same uid and gid: the slot
+    tells them apart by the principal, whether its reply was kept or not."""
+    record = b"\0" * 8 + b"the same COMPOUND arguments"
+    alice = compound._fingerprint(_gss("alice@REALM"), record, 8)
+    bob = compound._fingerprint(_gss("bob@REALM"), record, 8)
+    slot = Slot(seqid=3, fingerprint=alice)
+    slot.reply = [b"alice's reply"] if kept else None
+    retry = SimpleNamespace(sequenceid=3, slotid=0)
+    retries: Counter = Counter()
+    with pytest.raises(NfsError) as refused:
+        compound._retry_uncached(slot, retry, bob, retries)
+    assert refused.value.status == c.NFS4ERR_SEQ_FALSE_RETRY and retries["false"] == 1
+    if kept:
+        with pytest.raises(compound.Replay) as replay:
+            compound._retry_uncached(slot, retry, alice, retries)
+        assert replay.value.chunks == [b"alice's reply"]
+    else:
+        assert compound._retry_uncached(slot, retry, alice, retries) is True  # uncached
 
 
 def _slot_replies_stay_within_the_budget(server, monkeypatch):

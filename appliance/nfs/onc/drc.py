@@ -36,9 +36,11 @@ def checksum(record, start: int, cred) -> tuple:
     length of the arguments from ``start`` (after the RPC header, whose verifier may differ
     between retransmits) and a CRC of their first CHECKSUM_BYTES (as knfsd: a WRITE's file
     handle, stateid and offset are in them; a full CRC of every 1 MiB WRITE would cost more
-    than it tells)."""
+    than it tells). The identity is the whole credential (groups and principal too): a caller
+    never gets the reply of another who maps to the same uid."""
     body = memoryview(record)[start:]
-    return (cred.flavor, cred.uid, cred.gid, len(body), zlib.crc32(body[:CHECKSUM_BYTES]))
+    who = (cred.flavor, cred.sec, cred.uid, cred.gid, cred.gids, cred.principal)
+    return (who, len(body), zlib.crc32(body[:CHECKSUM_BYTES]))
 
 
 class Entry:

@@ -57,10 +57,15 @@ class Replay(Exception):
 
 
 def _fingerprint(cred, record, pos) -> tuple:
+    """(who, what) of a COMPOUND, which a retry on its slot must match (RFC 8881 2.10.6.1.3.1).
+    Who: the whole RPC credential, so that two principals mapped to one uid (two unmapped
+    Kerberos names, two AUTH_SYS callers of one uid with other groups) are told apart. What: the
+    operations' length and CRC (of the first 4 KiB past 64 KiB: a WRITE's data is not hashed)."""
+    who = (cred.flavor, cred.sec, cred.uid, cred.gid, cred.gids, cred.principal)
     n = len(record) - pos
     if n <= 65536:
-        return (cred.uid, cred.gid, n, zlib.crc32(memoryview(record)[pos:]))
-    return (cred.uid, cred.gid, n, zlib.crc32(memoryview(record)[pos : pos + 4096]))
+        return who, (n, zlib.crc32(memoryview(record)[pos:]))
+    return who, (n, zlib.crc32(memoryview(record)[pos : pos + 4096]))
 
 
 def reply_head(status: int, tag: bytes, count: int) -> bytearray:
@@ -384,15 +389,28 @@ def _retry_uncached(slot, a, fingerprint, retries) -> bool:
         if slot.busy:  # RFC 8881 2.10.6.2: the original's reply is still to come
             retries["delayed"] += 1
             raise NfsError(c.NFS4ERR_DELAY, "retry of a request still running")
-        if slot.fingerprint == fingerprint:
+        if slot.fingerprint is None:  # a slot that never ran a request (seqid 0)
+            return False
+        who, what = slot.fingerprint
+        if who != fingerprint[0]:
+            # Another principal's request: never its reply, nor a run in its place (RFC 8881
+            # 2.10.6.1.3.1 names this case; knfsd checks it alone)
+            retries["false"] += 1
+            raise NfsError(c.NFS4ERR_SEQ_FALSE_RETRY, f"slot {a.slotid}: another principal")
+        if what == fingerprint[1]:
             if slot.reply is not None:
                 retries["replayed"] += 1
                 raise Replay(slot.reply)  # a genuine retransmit: answered exactly once
             retries["rerun" if slot.rerun else "uncached"] += 1
             return not slot.rerun
-        # Same slot and seqid, different request: not a retransmit. nfs-rs 0.8.7 does this
-        # after dropping in-flight READs at EOF and fails on SEQ_FALSE_RETRY (which RFC 8881
-        # allows, not requires), so the request runs as a new one.
+        if not slot.rerun:  # other operations or arguments than a request that changed something
+            retries["false"] += 1
+            raise NfsError(c.NFS4ERR_SEQ_FALSE_RETRY, f"slot {a.slotid}: other arguments")
+        # Same principal, other arguments than a request that changed nothing: nfs-rs 0.8.7
+        # does this after dropping in-flight READs at EOF and fails on SEQ_FALSE_RETRY (which
+        # RFC 8881 allows, not requires), so it runs as a new request: nothing was kept to
+        # give away, and the one before left nothing a retry could repeat.
+        retries["reused"] += 1
         return False
     if slot.busy:  # the client did not wait for the reply (knfsd answers the same)
         raise NfsError(c.NFS4ERR_SEQ_MISORDERED, f"slot {a.slotid} is in use")
