@@ -9,11 +9,11 @@ from __future__ import annotations
 import socket
 import struct
 import time
-import types
 
 from nfs4_rawclient import RawClient, open_args
 from test_v40 import lock40, open40, open_confirmed
 
+from appliance.nfs.onc.rpc import AUTH_SYS, Credential
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
 
@@ -253,7 +253,7 @@ def test_retransmits_after_a_reconnect_get_the_first_reply(server):
 def test_reply_cache_is_bounded():
     from appliance.nfs.onc.drc import DuplicateRequestCache, checksum
 
-    cred = types.SimpleNamespace(flavor=1, uid=0, gid=0)
+    cred = Credential(AUTH_SYS, 0, 0, ())
     cache = DuplicateRequestCache(max_entries=3, max_bytes=100, max_age=0.2, max_reply=40)
     for xid in range(5):
         entry, replay = cache.begin(("h", 1, xid), checksum(b"call %d" % xid, 0, cred))
@@ -342,7 +342,7 @@ def test_reply_cache_retransmit_waits_for_the_running_call():
 
     from appliance.nfs.onc.drc import DuplicateRequestCache, checksum
 
-    cred = types.SimpleNamespace(flavor=1, uid=0, gid=0)
+    cred = Credential(AUTH_SYS, 0, 0, ())
     cache = DuplicateRequestCache()
     key, check = ("h", 1, 7), checksum(b"a CREATE", 0, cred)
     entry, _ = cache.begin(key, check)
