@@ -15,7 +15,6 @@ import struct
 import termios
 import threading
 import time
-
 from collections import Counter
 from types import SimpleNamespace
 
