@@ -6,6 +6,7 @@
     .venv/bin/python bench/compare.py --quick --kerberos   # also sys/krb5/krb5i/krb5p A/B
     .venv/bin/python bench/compare.py --kerberos-only --kerberos-mib 64
     .venv/bin/python bench/compare.py --delegations-only   # the small-file epoch, +/- delegations
+    .venv/bin/python bench/compare.py --quick --heads 2    # shingle serve --heads 2 (below)
 
 Both servers run as children of this process on 127.0.0.1: NFS-Ganesha 4.3
 (VFS FSAL, pNFS off) exporting a local folder, and ``shingle serve`` on a
@@ -18,6 +19,11 @@ recorded as an error in the report, and the run goes on.
 Cold reads drop the page cache (``echo 3 > /proc/sys/vm/drop_caches``) after
 the file is written; where that is not permitted, the backing files are
 evicted with posix_fadvise(DONTNEED) and the report says so.
+
+``--heads N`` runs ``shingle serve --heads N`` (docs/heads.md) and makes every client's
+connections come from N loopback addresses in turn (bench/srcaddr.py), against both servers
+alike, since the listener picks a client's head by its address; server CPU is then the
+whole process tree's (the listener and its heads).
 
 Output: a summary table, a markdown report and PNG charts under
 bench/results/ (full mode; ``--report`` forces one in quick mode), and as the
@@ -44,7 +50,7 @@ REPO = Path(__file__).resolve().parent.parent
 # first, even when PYTHONPATH has it: bench/ (this script's folder) holds an engine.py too
 sys.path.insert(0, str(REPO))
 
-from bench import workloads  # noqa: E402
+from bench import srcaddr, workloads  # noqa: E402
 from bench.ganesha import ChildServer, GaneshaError, GaneshaServer, free_port, wait_listening  # noqa: E402
 
 MiB = 1 << 20
@@ -114,6 +120,7 @@ class ShingleServer(ChildServer):
         drives: int = 10,
         nfs_options: str = "",
         sec: str = "sys",
+        heads: int = 1,
     ):
         """``nfs_options``: lines added to the config's [nfs] table (a keytab); ``sec``: the
         export's flavours."""
@@ -121,6 +128,7 @@ class ShingleServer(ChildServer):
         self.port = port or free_port()
         self.drive_size, self.zone_size, self.drives = drive_size, zone_size, drives
         self.nfs_options, self.sec = nfs_options, sec
+        self.heads = heads
         self.proc: subprocess.Popen | None = None
         self.log = self.workdir / "serve.log"
         self.config = self.workdir / "shingle.toml"
@@ -177,7 +185,7 @@ class ShingleServer(ChildServer):
             catalog.run(
                 lambda conn: conn.execute(
                     table.update().values(
-                        squash="no_root_squash", clients="127.0.0.1/32", sec=self.sec
+                        squash="no_root_squash", clients="127.0.0.0/8", sec=self.sec
                     )
                 )
             )
@@ -188,7 +196,15 @@ class ShingleServer(ChildServer):
         self.init()
         out = open(self.log, "ab")
         self.proc = subprocess.Popen(
-            self.cli("-c", str(self.config), "serve", "--nfs-port", str(self.port), "--no-web"),
+            self.cli(
+                "-c",
+                str(self.config),
+                "serve",
+                "--nfs-port",
+                str(self.port),
+                "--no-web",
+                *(("--heads", str(self.heads)) if self.heads > 1 else ()),
+            ),
             cwd=REPO,
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -198,10 +214,28 @@ class ShingleServer(ChildServer):
         out.close()
         try:
             wait_listening(self.port, self.proc, timeout, self.log)
+            if self.heads > 1:
+                self.wait_heads(timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def wait_heads(self, timeout: float) -> None:
+        """Until every head serves: the listener listens before its heads have started, and
+        their start's CPU would count in the first workload."""
+        from appliance.heads import read_status
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = read_status(self.workdir)
+            heads = (status or {}).get("heads", [])
+            if len(heads) == self.heads and all(h.get("serving") for h in heads):
+                return
+            if self.proc is not None and self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise RuntimeError(f"the {self.heads} heads of {self.workdir} did not all serve")
 
     def restart(self) -> None:
         self.stop()
@@ -223,21 +257,32 @@ def server_pid(server) -> int | None:
 
 
 def cpu_seconds(pid: int | None) -> float | None:
+    """CPU seconds of the process and its children (a `serve --heads N` listener's heads)."""
     if pid is None:
         return None
     try:
         import psutil
 
-        t = psutil.Process(pid).cpu_times()
-        return t.user + t.system
+        top = psutil.Process(pid)
+        t = top.cpu_times()
+        total = t.user + t.system
     except Exception:  # noqa: BLE001 (a server gone is reported elsewhere)
         return None
+    for child in top.children(recursive=True):
+        try:
+            t = child.cpu_times()
+        except Exception:  # noqa: BLE001 (a child that just exited)
+            continue
+        total += t.user + t.system
+    return total
 
 
 # -- one workload in a child process ---------------------------------------------------------
-def run_child(cmd: list[str], timeout: float) -> dict:
+def run_child(cmd: list[str], timeout: float, env: dict | None = None) -> dict:
     try:
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
+        )
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
@@ -251,7 +296,9 @@ def run_child(cmd: list[str], timeout: float) -> dict:
     return out
 
 
-def run_workload(server, client: str, workload: str, params: dict, timeout: float) -> dict:
+def run_workload(
+    server, client: str, workload: str, params: dict, timeout: float, env: dict | None = None
+) -> dict:
     cmd = [
         sys.executable,
         str(REPO / "bench" / "workloads.py"),
@@ -267,7 +314,7 @@ def run_workload(server, client: str, workload: str, params: dict, timeout: floa
     pid = server_pid(server)
     cpu0 = cpu_seconds(pid)
     t = time.perf_counter()
-    out = run_child(cmd, timeout)
+    out = run_child(cmd, timeout, env)
     out["wall_s"] = round(time.perf_counter() - t, 2)
     cpu1 = cpu_seconds(pid)
     if cpu0 is not None and cpu1 is not None:
@@ -291,6 +338,7 @@ class Run:
         self.cpu_per_work: dict[str, dict[str, list[float]]] = {}
         self.work_unit: dict[str, str] = {}
         self.cache_drop = None
+        self.env: dict | None = None  # the clients' environment (bench/srcaddr.py with --heads)
 
     def add(self, server: str, metric: str, value: float) -> None:
         self.samples.setdefault(metric, {s: [] for s in SERVERS})[server].append(value)
@@ -349,7 +397,7 @@ class Run:
         if not self.ensure_up(name):
             return None
         server = self.servers[name]
-        out = run_workload(server, client, workload, self.params, self.timeout)
+        out = run_workload(server, client, workload, self.params, self.timeout, self.env)
         if not out.get("ok"):
             self.error(name, client, workload, rep, out)
             return None
@@ -384,7 +432,9 @@ class Run:
             name, client, "seq_read", rep, {"seq_read_MBps": "seq_read_warm_MBps"}, "seq_read_warm"
         )
         if self.ensure_up(name):
-            run_workload(self.servers[name], client, "seq_cleanup", self.params, self.timeout)
+            run_workload(
+                self.servers[name], client, "seq_cleanup", self.params, self.timeout, self.env
+            )
 
     def run(self) -> None:
         for rep in range(self.args.reps):
@@ -424,7 +474,7 @@ class Run:
             if name == "shingle":
                 cmd += ["--catalog-url", server.catalog_url]
             log(f"training workloads on {name}")
-            out = run_child(cmd, self.timeout * 2)
+            out = run_child(cmd, self.timeout * 2, self.env)
             results[name] = out
             if out.get("ok"):
                 for key, value in out["metrics"].items():
@@ -548,7 +598,7 @@ def profile_shingle(run: Run, outdir: Path) -> dict:
             out[key] = {"error": "shingle is not running"}
             continue
         if workload == "seq_read":  # needs its file; the write is not profiled here
-            run_workload(server, client, "seq_write", run.params, run.timeout)
+            run_workload(server, client, "seq_write", run.params, run.timeout, run.env)
         raw = outdir / f"{stamp}-profile-{client}-{workload}.txt"
         spy = subprocess.Popen(
             [
@@ -569,7 +619,7 @@ def profile_shingle(run: Run, outdir: Path) -> dict:
             text=True,
         )
         time.sleep(1.0)  # attach before the load starts
-        res = run_workload(server, client, workload, run.params, run.timeout)
+        res = run_workload(server, client, workload, run.params, run.timeout, run.env)
         spy.send_signal(signal.SIGINT)
         try:
             _, err = spy.communicate(timeout=60)
@@ -577,7 +627,7 @@ def profile_shingle(run: Run, outdir: Path) -> dict:
             spy.kill()
             _, err = spy.communicate()
         if workload == "seq_read":
-            run_workload(server, client, "seq_cleanup", run.params, run.timeout)
+            run_workload(server, client, "seq_cleanup", run.params, run.timeout, run.env)
         if not raw.exists():
             out[key] = {
                 "error": f"py-spy wrote nothing (exit {spy.returncode}): "
@@ -704,6 +754,12 @@ def parse_args(argv=None):
     ap.set_defaults(mode="full")
     ap.add_argument("--reps", type=int, help="repetitions (default 3 in full mode, 1 otherwise)")
     ap.add_argument(
+        "--heads",
+        type=int,
+        default=1,
+        help="shingle serve --heads N, the clients' connections from N loopback addresses",
+    )
+    ap.add_argument(
         "--clients",
         default=",".join(workloads.CLIENTS),
         help="comma-separated clients (default nfsrs,nfs4fs)",
@@ -768,6 +824,8 @@ def parse_args(argv=None):
         args.profile = args.mode == "full"
     if args.reps < 1:
         ap.error(f"--reps {args.reps}: expected at least 1")
+    if not 1 <= args.heads <= 254:
+        ap.error(f"--heads {args.heads}: expected 1 to 254 (one loopback address each)")
     return args
 
 
@@ -792,10 +850,11 @@ def main(argv=None) -> int:
         )
         return 2
     servers = {
-        "shingle": ShingleServer(workdir / "shingle", **layout),
+        "shingle": ShingleServer(workdir / "shingle", heads=args.heads, **layout),
         "ganesha": GaneshaServer(workdir / "ganesha"),
     }
     run = Run(args, servers)
+    run.env = srcaddr.environ(args.heads, workdir)
     training = cluster = profile = kerberos = None
     server_info = {}
     try:
@@ -826,6 +885,7 @@ def main(argv=None) -> int:
                 "drive_size": layout["drive_size"],
                 "zone_size": layout["zone_size"],
                 "redundancy": "8+2 (warm class)",
+                "heads": args.heads,
             }
         )
 
