@@ -52,7 +52,7 @@ from engine.catalog.database import sql, sql_many  # noqa: E402
 from engine.coding.erasure import load_policies  # noqa: E402
 from engine.datapath import DataPath  # noqa: E402
 from engine.drives import format_emulated  # noqa: E402
-from engine.namespace import ROOT, Namespace  # noqa: E402
+from engine.namespace import ROOT, Namespace, lazyviews  # noqa: E402
 from engine.snapshots.service import Snapshots  # noqa: E402
 
 MiB = 1 << 20
@@ -471,8 +471,16 @@ def main() -> None:
     parser.add_argument("--clone-extents", type=int, default=10_240)
     parser.add_argument("--no-clone", action="store_true", help="skip the CLONE part")
     parser.add_argument("--postgres", action="store_true")
+    parser.add_argument(
+        "--lazy",
+        action="store_true",
+        help="lazy snapshots (lazyviews.ENABLED, off on main): create writes the view's root, "
+        "live changes copy up",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.lazy:
+        lazyviews.ENABLED = True
     sizes = sorted(int(n) for n in args.files.split(","))
     runs = []
     for n in sizes:  # each run to stderr as it ends: a large size cut short keeps the others

@@ -14,8 +14,8 @@ snapshot's frozen root lies in its inode range and is named in its dataset's
 yet count the names their snapshot gives them), and the file count and
 referenced bytes stored in its row (counted at create; its frozen rows never change) are what
 its range holds (a lazy view, engine/namespace/lazyviews.py: its root is in one of its blocks,
-its figures are what its blocks hold, and its folders not copied yet count the names they will
-get). Quotas: each quota's usage counters equal a recount of its tree
+its figures are what a walk through its lookup counts, lazyviews.count_space, and its folders
+not copied yet count the names they will get). Quotas: each quota's usage counters equal a recount of its tree
 (``shingle quota recount`` corrects them)."""
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from engine.catalog.models import (
 from engine.coding.compression import CODECS
 from engine.coding.erasure import FRAGMENT_HEADER
 from engine.namespace.lazyviews import VIEW_PENDING
+from engine.namespace.lazyviews import count_space as view_count_space
 from engine.namespace.lazyviews import pending_names as view_pending_names
 from engine.namespace.quotas import usage_below
 
@@ -97,6 +98,9 @@ class Tables:
     # blocks of lazy views with folders not copied yet: a file's link count there counts names
     # the view may not hold (outside the dataset), so it is only checked not to fall short
     partial: list = field(default_factory=list)
+    # (source ino, name) -> (files, referenced bytes) of each lazy view whose row recorded
+    # them, walked through its lookup (lazyviews.count_space): a view holds more than its blocks
+    walked: dict = field(default_factory=dict)
 
 
 def check(
@@ -217,6 +221,15 @@ def read_tables(conn) -> Tables:
             for entry in view_pending_names(conn, int(top), int(sid))
         ],
         partial=[(lo, hi) for lo, hi, _n, _d, _s, _t, sid in blocks if sid in partial],
+        walked={
+            (int(source), name): view_count_space(conn, int(sid))[:2]
+            for sid, source, name in sql_all(
+                conn,
+                "SELECT id, source_ino, name FROM snapshots WHERE top_ino IS NOT NULL "
+                "AND deleting = ? AND files IS NOT NULL",
+                (False,),
+            )
+        },
     )
 
 
@@ -406,16 +419,21 @@ def _check_snapshot_ranges(t: Tables, problem) -> None:
                 f"snapshot {name!r} of inode {source}: its range [{lo}, {hi}] is not its one "
                 "block of inode numbers"
             )
-        is_lazy = (source, name) in lazy
-        spans = blocks if is_lazy else [(lo, hi)]
+        if (source, name) in lazy:  # its figures are a walk through its lookup
+            walked = t.walked.get((source, name))
+            if walked is not None and walked != (files, referenced):
+                problem(
+                    f"snapshot {name!r} of inode {source} recorded {files} inodes and "
+                    f"{referenced} referenced bytes, its view holds {walked[0]} and {walked[1]}"
+                )
+            continue
         index = (inos, by_ino, extent_inos)
-        _check_held(index, name, source, spans, (files, referenced), is_lazy, problem)
+        _check_held(index, name, source, [(lo, hi)], (files, referenced), problem)
 
 
-def _check_held(index, name, source, spans, figures, lazy: bool, problem) -> None:
-    """The files and referenced bytes a snapshot's row recorded are what its inode numbers
-    hold (a whole copy's range, even if its block is wrong: reported apart; a lazy view's
-    blocks)."""
+def _check_held(index, name, source, spans, figures, problem) -> None:
+    """The files and referenced bytes a whole copy's row recorded are what its range holds
+    (even if its block is wrong: reported apart)."""
     inos, by_ino, extent_inos = index
     files, referenced = figures
     held = counted = 0
@@ -425,8 +443,7 @@ def _check_held(index, name, source, spans, figures, lazy: bool, problem) -> Non
         last = bisect.bisect_right(extent_inos, b_hi)
         counted += sum(by_ino[ino] for ino in extent_inos[first:last])
     if files is not None and held != files:
-        where = "blocks hold" if lazy else "range holds"
-        problem(f"snapshot {name!r} of inode {source} recorded {files} inodes, its {where} {held}")
+        problem(f"snapshot {name!r} of inode {source} recorded {files} inodes, its range holds {held}")
     if referenced is not None and counted != referenced:
         problem(
             f"snapshot {name!r} of inode {source} recorded {referenced} referenced bytes, "

@@ -160,11 +160,12 @@ def materialize_subtree(conn, top: int) -> int:
 
 
 def materialize_batch(conn, snapshot_id: int | None = None, limit: int = PENDING_BATCH) -> int:
-    """Copy up to ``limit`` pending directories (of clones of ``snapshot_id``, or any); returns
-    how many were copied (0: none left)."""
-    where, params = "", tuple[int, ...]()
+    """Copy up to ``limit`` pending directories of clones (of ``snapshot_id``, or any; a lazy
+    view's own folders wait for their first read); returns how many were copied (0: none
+    left)."""
+    where, params = "WHERE delta <> ?", (VIEW_PENDING,)
     if snapshot_id is not None:
-        where, params = "WHERE snapshot_id = ?", (snapshot_id,)
+        where, params = where + " AND snapshot_id = ?", (*params, snapshot_id)
     rows = sql_all(
         conn,
         f"SELECT dir_ino FROM clone_pending {where} ORDER BY dir_ino LIMIT ?",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from engine.catalog.database import in_list, sql, sql_all, sql_one
 from engine.catalog.models import DIR
+from engine.datapath.accounting import chunks
 from engine.datapath.sharing import add_counts
 
 # an inode row's columns but its number (copied as they are)
@@ -441,3 +442,142 @@ class CopyUpWatch:
 
     def after(self, conn, state) -> None:
         pass
+
+
+def count_space(conn, sid: int) -> tuple[int, int, int, int]:
+    """(files, referenced, unique, shared bytes) of lazy snapshot ``sid``'s view, read through
+    its lookup without copying anything: a walk of its names (a few reads per folder, whatever
+    is copied so far: a view's copies hold what it held, so the walk reads the same tree at any
+    time). A file of several names counts once. Unique bytes are those of stripes that only the
+    view's own copies reference (what its reclaim frees); shared, its references into every
+    other stripe (live files read through, other snapshots' copies, clones)."""
+    sids = _chain_from(conn, sid)
+    (dataset,) = sql_one(conn, "SELECT source_ino FROM snapshots WHERE id = ?", (sid,))
+    root_copy = first_copy(conn, sids, int(dataset))
+    sources = {int(dataset): int(dataset) if root_copy is None else root_copy}
+    todo = [int(dataset)]
+    while todo:
+        d = todo.pop()
+        children = [c for _name, c in names_at(conn, sids, d) if c not in sources]
+        for part in chunks(sorted(set(children))):
+            # the first copy of each child from this snapshot to the newest, else its live rows
+            copies: dict[int, dict[int, int]] = {}
+            for live, s, view in sql_all(
+                conn,
+                "SELECT m.live_ino, m.snapshot_id, m.view_ino FROM snapshot_inodes m JOIN inodes "
+                f"i ON i.ino = m.view_ino WHERE m.live_ino IN {in_list(part)} AND m.snapshot_id "
+                f"IN {in_list(sids)}",
+                (*part, *sids),
+            ):
+                copies.setdefault(int(live), {})[int(s)] = int(view)
+            found = {}
+            for c in part:
+                held = copies.get(c, {})
+                found[c] = next((held[s] for s in sids if s in held), c)
+            kinds = dict(
+                sql_all(
+                    conn,
+                    f"SELECT ino, type FROM inodes WHERE ino IN {in_list(list(found.values()))}",
+                    tuple(found.values()),
+                )
+            )
+            for c, source in found.items():
+                sources[c] = source
+                if kinds.get(source) == DIR:
+                    todo.append(c)
+    refs: dict[int, int] = {}
+    held = sorted(set(sources.values()))
+    for part in chunks(held):
+        for stripe, length in sql_all(
+            conn,
+            f"SELECT stripe_id, SUM(length) FROM extents WHERE ino IN {in_list(part)} "
+            "GROUP BY stripe_id",
+            tuple(part),
+        ):
+            refs[int(stripe)] = refs.get(int(stripe), 0) + int(length)
+    # the view's own copies (its blocks) against each stripe's whole count
+    own = dict(
+        sql_all(
+            conn,
+            "SELECT e.stripe_id, SUM(e.length) FROM extents e JOIN snapshot_blocks b "
+            "ON e.ino BETWEEN b.ino_lo AND b.ino_hi WHERE b.snapshot_id = ? GROUP BY e.stripe_id",
+            (sid,),
+        )
+    )
+    unique = shared = 0
+    for part in chunks(sorted(refs)):
+        for stripe, live, length in sql_all(
+            conn,
+            f"SELECT id, live_bytes, data_length FROM stripes WHERE id IN {in_list(part)}",
+            tuple(part),
+        ):
+            if own.get(stripe) == live:
+                unique += min(int(live), int(length))
+            else:
+                shared += refs[int(stripe)]
+    return len(sources), sum(refs.values()), unique, shared
+
+
+HAND_DOWN_BATCH = 256  # copies of a deleted view handed down per transaction
+
+
+def hand_down(conn, sid: int, after: int = 0, limit: int = HAND_DOWN_BATCH) -> int | None:
+    """Before deleted lazy snapshot ``sid``'s rows are freed: each of its copies (of an inode's
+    rows, of a folder's names), taken in live-number order from above ``after``, goes to the
+    newest older live snapshot of its chain that holds the item and reads this copy (no copy of
+    its own, none in a snapshot between): what ``sid`` held of x is what that one holds, since
+    it read it here. Returns the last live number handled (the next call's ``after``), None
+    when none is left. Idempotent: a copy handed down stops the next search."""
+    rows = sql_all(
+        conn,
+        "SELECT m.live_ino, m.view_ino, m.names_copied, i.ino FROM snapshot_inodes m "
+        "LEFT JOIN inodes i ON i.ino = m.view_ino WHERE m.snapshot_id = ? AND m.live_ino > ? "
+        "ORDER BY m.live_ino LIMIT ?",
+        (sid, after, limit),
+    )
+    if not rows:
+        return None
+    (dataset,) = sql_one(conn, "SELECT source_ino FROM snapshots WHERE id = ?", (sid,))
+    chain = chains(conn).get(int(dataset), [])
+    sids = [s for s, _top, _deleting in chain]
+    if sid not in sids:
+        return None
+    at = sids.index(sid)
+    older = list(reversed(list(enumerate(chain[:at]))))
+    for x, v, names, copied in rows:
+        x = int(x)
+        if copied is not None:
+            for i, (s, top, deleting) in older:
+                if x > top:
+                    break  # older snapshots have lower tops: x is in none of them
+                view = _view_of(conn, s, x)
+                if view is not None and view[1]:
+                    break  # it reads its own copy, and the older ones read it or theirs
+                if not deleting and holds(conn, int(dataset), sids[i:], top, x):
+                    number = _numbered(conn, s, x)[0]
+                    _copy_inode(conn, int(v), number)
+                    break
+        if names:
+            for i, (s, top, deleting) in older:
+                if x > top:
+                    break
+                view = _view_of(conn, s, x)
+                if view is not None and view[2]:
+                    break
+                if not deleting and holds(conn, int(dataset), sids[i:], top, x):
+                    _numbered(conn, s, x)
+                    sql(
+                        conn,
+                        "INSERT INTO snapshot_names (snapshot_id, parent, name, child) "
+                        "SELECT ?, parent, name, child FROM snapshot_names WHERE snapshot_id = ? "
+                        "AND parent = ?",
+                        (s, sid, x),
+                    ).close()
+                    sql(
+                        conn,
+                        "UPDATE snapshot_inodes SET names_copied = ? WHERE snapshot_id = ? "
+                        "AND live_ino = ?",
+                        (True, s, x),
+                    ).close()
+                    break
+    return int(rows[-1][0])

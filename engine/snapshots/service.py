@@ -29,7 +29,7 @@ from engine.base import errors
 from engine.catalog.database import in_list, sql, sql_all, sql_one
 from engine.catalog.models import DIR
 from engine.datapath.accounting import adjust_live, chunks
-from engine.datapath.sharing import add_references, drop_references
+from engine.datapath.sharing import add_references, drop_counts
 from engine.lifecycle.pacing import RateLimiter
 from engine.namespace import lazyviews
 from engine.namespace.common import ROOT, check_name
@@ -122,6 +122,34 @@ def _fill_tree(conn, root: int, *, with_root: bool) -> None:
     ).close()
     if not with_root:
         sql(conn, "DELETE FROM snapshot_tree WHERE ino = ?", (root,)).close()
+
+
+def _materialize_clones_under(conn, dataset: int) -> None:
+    """Copy the clones' folders not copied yet (lazyclones.py) that lie inside ``dataset``:
+    each pending clone folder is placed by walking up its parents (not the dataset's tree, so a
+    lazy create pays for the clones pending, not for the files)."""
+    pending = [
+        int(r[0])
+        for r in sql_all(
+            conn, "SELECT dir_ino FROM clone_pending WHERE delta <> ?", (lazyviews.VIEW_PENDING,)
+        )
+    ]
+    inside: dict[int, bool] = {dataset: True}
+    for top in pending:
+        path = []
+        ino = top
+        while ino not in inside:
+            path.append(ino)
+            row = sql_one(conn, "SELECT parent FROM dirents WHERE child = ? LIMIT 1", (ino,))
+            if row is None:
+                inside[ino] = False
+                break
+            ino = int(row[0])
+        for step in path:
+            inside[step] = inside[ino]
+    for top in pending:
+        if inside[top]:
+            materialize_subtree(conn, top)
 
 
 def _reserve_inodes(conn, lo_old: int, hi_old: int) -> int:
@@ -407,9 +435,15 @@ class Snapshots:
         return dir_ino
 
     # -- the operations ----------------------------------------------------------------
-    def create(self, path: str, name: str) -> SnapshotInfo:
-        """A read-only copy of the tree at ``path``, seen at ``path/.snapshots/name``."""
+    def create(self, path: str, name: str, *, whole: bool | None = None) -> SnapshotInfo:
+        """A read-only copy of the tree at ``path``, seen at ``path/.snapshots/name``: a lazy
+        view (``_create_lazy``) when live changes copy up (``lazyviews.ENABLED``), else, or with
+        ``whole``, every row copied now."""
         check_name(name)
+        if whole is None:
+            whole = not lazyviews.ENABLED
+        if not whole:
+            return self._create_lazy(path, name)
         dataset = self._dataset(path)
 
         def work(conn):
@@ -461,6 +495,53 @@ class Snapshots:
             shared_bytes=referenced,
             counted=created,
         )
+
+    def _create_lazy(self, path: str, name: str) -> SnapshotInfo:
+        """A lazy view (engine/namespace/lazyviews.py), whatever the tree holds: the snapshot
+        row with ``top_ino`` (the largest inode number now: every live inode above it was made
+        after), its root's row and name, no other row copied. Live changes copy up what the
+        view holds before changing it; its folders are copied when first read; its space is
+        counted by the ``snapshot-space`` job through its lookup (``counted`` 0 until then)."""
+        dataset = self._dataset(path)
+
+        def work(conn):
+            snapdir = self._snapshot_dir(conn, dataset)
+            if (
+                sql_one(
+                    conn,
+                    "SELECT id FROM snapshots WHERE source_ino = ? AND name = ?",
+                    (dataset, name),
+                )
+                is not None
+            ):
+                raise errors.Exists(f"snapshot {name!r} of {path} exists")
+            # clones' folders inside the dataset not copied yet: the view reads live names,
+            # and would read them empty
+            _materialize_clones_under(conn, dataset)
+            top = sql_one(conn, "SELECT MAX(ino) FROM inodes")[0]
+            now = time.time_ns()
+            sid = sql_one(
+                conn,
+                "INSERT INTO snapshots (name, source_ino, root_ino, ino_lo, ino_hi, created_ns, "
+                "deleting, top_ino) VALUES (?, ?, ?, 0, 0, ?, ?, ?) RETURNING id",
+                (name, dataset, dataset, now, False, top),
+            )[0]
+            root = lazyviews.create(conn, dataset, sid)
+            sql(
+                conn,
+                "UPDATE snapshots SET root_ino = ?, ino_lo = ?, ino_hi = ? WHERE id = ?",
+                (root, root, root, sid),
+            ).close()
+            sql(
+                conn,
+                "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
+                (snapdir, name, root),
+            ).close()
+            self._touch(conn, snapdir, nlink_delta=1)
+            return sid, now
+
+        sid, created = self._run(work)
+        return SnapshotInfo(name, created, 0, 0, files=0, id=sid, shared_bytes=0, counted=0)
 
     def list(self, path: str, *, recount: bool = False) -> list[SnapshotInfo]:
         """The dataset's snapshots, oldest first, with their space as last counted (one read of
@@ -538,9 +619,10 @@ class Snapshots:
         )
         for done, (sid, top) in enumerate(due, 1):
             stamp = time.time_ns()
-            if top is not None:  # a lazy view: its folders copied first, in their own commit
-                self._run(lambda conn, s=sid: _make_whole(conn, s), flush=False)
-            figures = self.catalog.read(lambda conn, s=sid: self._count_space(conn, s))
+            if top is not None:  # a lazy view: counted through its lookup, nothing copied
+                figures = self.catalog.read(lambda conn, s=sid: lazyviews.count_space(conn, s))
+            else:
+                figures = self.catalog.read(lambda conn, s=sid: self._count_space(conn, s))
             # tracked: nothing any cache holds changes
             self.catalog.run(
                 lambda conn, sid=sid, f=figures, t=stamp: sql(
@@ -632,6 +714,12 @@ class Snapshots:
                 "pending_bytes = NULL WHERE id = ?",
                 (True, f"{name}/{sid}", sid),
             ).close()
+            # a lazy view's folders not copied yet never will be (its clones' stay pending)
+            sql(
+                conn,
+                "DELETE FROM clone_pending WHERE snapshot_id = ? AND delta = ?",
+                (sid, lazyviews.VIEW_PENDING),
+            ).close()
 
         self._run(work, flush=False)
 
@@ -684,6 +772,15 @@ class Snapshots:
                 lambda conn, i=item: materialize_batch(conn, i.id), flush=False, foreign_keys=False
             ):
                 pass
+            # older lazy views of its dataset may read its copies: each goes to the one that
+            # reads it first (lazyviews.hand_down), a batch per transaction
+            after: int | None = 0
+            while after is not None:
+                after = self._run(
+                    lambda conn, i=item, a=after: lazyviews.hand_down(conn, i.id, a),
+                    flush=False,
+                    foreign_keys=False,
+                )
             counted = item.pending_bytes
             if counted is None:  # counted outside the chunks' write transactions
                 counted = self.catalog.read(lambda conn, i=item: self._pending_of(conn, i.id))
@@ -734,6 +831,11 @@ class Snapshots:
         # and holds few inodes: a chunk starts at the next inode, not the next number
         first = sql_one(conn, "SELECT MIN(ino) FROM inodes WHERE ino BETWEEN ? AND ?", (lo, hi))[0]
         start = hi if first is None else int(first)
+        if hi - start + 1 < DELETE_CHUNK_INODES:
+            grouped = self._reclaim_blocks(conn, snapshot_id, start, counted if pending is None
+                                           else int(pending))
+            if grouped is not None:
+                return grouped
         end = min(start + DELETE_CHUNK_INODES - 1, hi)
         rows = sql_one(conn, "SELECT COUNT(*) FROM inodes WHERE ino BETWEEN ? AND ?", (start, end))[
             0
@@ -764,6 +866,63 @@ class Snapshots:
         ).close()
         return dead, end - lo + 1, int(rows), False
 
+    def _reclaim_blocks(self, conn, snapshot_id: int, start: int, pending: int):
+        """A chunk of several small blocks (a lazy view's, handed out a copy at a time and
+        interleaved with live numbers), whole, up to DELETE_CHUNK_INODES numbers from
+        ``start`` (in the first one): as ``_reclaim_chunk``, None when the first block alone
+        fills the chunk (it goes through the range path)."""
+        blocks = sql_all(
+            conn,
+            "SELECT ino_lo, ino_hi FROM snapshot_blocks WHERE snapshot_id = ? "
+            "ORDER BY ino_lo LIMIT ?",
+            (snapshot_id, DELETE_CHUNK_INODES),
+        )
+        numbers = int(blocks[0][1]) - start + 1
+        taken = 1
+        for b_lo, b_hi in blocks[1:]:
+            if numbers + int(b_hi) - int(b_lo) + 1 > DELETE_CHUNK_INODES:
+                break
+            numbers += int(b_hi) - int(b_lo) + 1
+            taken += 1
+        if taken == 1:
+            return None
+        first_lo, cut = int(blocks[0][0]), int(blocks[taken - 1][0])
+        integer = "INTEGER" if conn.dialect.name == "sqlite" else "BIGINT"
+        sql(
+            conn, f"CREATE TEMP TABLE IF NOT EXISTS reclaim_inodes (ino {integer} PRIMARY KEY)"
+        ).close()
+        sql(conn, "DELETE FROM reclaim_inodes").close()
+        sql(
+            conn,
+            "INSERT INTO reclaim_inodes (ino) SELECT i.ino FROM snapshot_blocks b JOIN inodes i "
+            "ON i.ino BETWEEN b.ino_lo AND b.ino_hi WHERE b.snapshot_id = ? "
+            "AND b.ino_lo BETWEEN ? AND ?",
+            (snapshot_id, first_lo, cut),
+        ).close()
+        member = "{0} IN (SELECT ino FROM reclaim_inodes)"
+        rows = sql_one(conn, "SELECT COUNT(*) FROM reclaim_inodes")[0]
+        freeing = self._space_in(conn, member, ())[1]
+        dead = self._purge(conn, member, ())
+        sql(conn, "DELETE FROM reclaim_inodes").close()
+        sql(
+            conn,
+            "DELETE FROM snapshot_blocks WHERE snapshot_id = ? AND ino_lo BETWEEN ? AND ?",
+            (snapshot_id, first_lo, cut),
+        ).close()
+        more = sql_one(
+            conn, "SELECT MIN(ino_lo) FROM snapshot_blocks WHERE snapshot_id = ?", (snapshot_id,)
+        )[0]
+        if more is None:
+            self._drop_snapshot_row(conn, snapshot_id)
+            self._space_stale(conn)
+            return dead, numbers, int(rows), True
+        sql(
+            conn,
+            "UPDATE snapshots SET ino_lo = ?, pending_bytes = ? WHERE id = ?",
+            (int(more), max(0, pending - freeing), snapshot_id),
+        ).close()
+        return dead, numbers, int(rows), False
+
     @staticmethod
     def _drop_snapshot_row(conn, snapshot_id: int) -> None:
         """The row of a reclaimed snapshot, with what refers to it (the reclaim runs without
@@ -780,23 +939,27 @@ class Snapshots:
         references a frozen inode once its snapshot's name is gone (its root's name and the
         snapshot row's ``root_ino`` went in the first transaction); a dead stripe's fragments
         go with it in ``adjust_live``, its inline data here."""
-        dead = drop_references(
+        return Snapshots._purge(conn, "{0} BETWEEN ? AND ?", (lo, hi))
+
+    @staticmethod
+    def _purge(conn, member: str, params: tuple) -> builtins.list[int]:
+        """``_purge_range`` for the inodes for which ``member`` (a predicate on ``{0}``) holds."""
+        where = member.format("ino")
+        dead = drop_counts(
             conn,
-            lo,
-            hi,
-            lambda conn: sql(
-                conn, "DELETE FROM extents WHERE ino BETWEEN ? AND ?", (lo, hi)
-            ).close(),
+            where,
+            params,
+            lambda conn: sql(conn, f"DELETE FROM extents WHERE {where}", params).close(),
         )
         for part in chunks(dead):  # what the cascade from a dead stripe would delete
             sql(
                 conn, f"DELETE FROM inline_data WHERE stripe_id IN {in_list(part)}", tuple(part)
             ).close()
         for table in ("symlinks", "xattrs"):
-            sql(conn, f"DELETE FROM {table} WHERE ino BETWEEN ? AND ?", (lo, hi)).close()
+            sql(conn, f"DELETE FROM {table} WHERE {where}", params).close()
         for column in ("parent", "child"):
-            sql(conn, f"DELETE FROM dirents WHERE {column} BETWEEN ? AND ?", (lo, hi)).close()
-        sql(conn, "DELETE FROM inodes WHERE ino BETWEEN ? AND ?", (lo, hi)).close()
+            sql(conn, f"DELETE FROM dirents WHERE {member.format(column)}", params).close()
+        sql(conn, f"DELETE FROM inodes WHERE {where}", params).close()
         return dead
 
     def _forget_stripes(self, dead) -> None:

@@ -1,7 +1,9 @@
-"""Lazy snapshot views (issue 35, engine/namespace/lazyviews.py; create still copies whole and
-copy-up is switched off, so the test makes the lazy views and switches it on): the namespace's
+"""Lazy snapshot views (issue 35, engine/namespace/lazyviews.py; switched off on main
+(``lazyviews.ENABLED``), so these tests switch it on and take whole copies beside the lazy
+views with ``create(..., whole=True)``): create writing the view's root only, the namespace's
 copy-up before each kind of change in the change's own transaction, the lookup order, and the
-whole-view readers (fsck of a view not copied yet, diff, space, clone, rollback), checked
+whole-view readers (fsck of a view not copied yet, diff, space counted through the lookup,
+clone, rollback), checked
 against copies made whole at the same instants."""
 
 from __future__ import annotations
@@ -27,39 +29,11 @@ def _write(ns, path: str, data: bytes):
     return attr
 
 
-def _lazy(engine, dataset: int, name: str) -> int:
-    """A lazy snapshot of ``dataset`` named in its .snapshots (what create will do): its row
-    and root; returns its id."""
-
-    def work(conn):
-        top = sql_one(conn, "SELECT MAX(ino) FROM inodes")[0]
-        sid = sql_one(
-            conn,
-            "INSERT INTO snapshots (name, source_ino, root_ino, ino_lo, ino_hi, created_ns, "
-            "deleting, top_ino) VALUES (?, ?, ?, 0, 0, ?, ?, ?) RETURNING id",
-            (name, dataset, dataset, time.time_ns(), False, top),
-        )[0]
-        root = lazyviews.create(conn, dataset, sid)
-        sql(
-            conn,
-            "UPDATE snapshots SET root_ino = ?, ino_lo = ?, ino_hi = ? WHERE id = ?",
-            (root, root, root, sid),
-        ).close()
-        snapdir = sql_one(
-            conn, "SELECT dir_ino FROM snapshot_dirs WHERE dataset_ino = ?", (dataset,)
-        )[0]
-        sql(
-            conn,
-            "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
-            (snapdir, name, root),
-        ).close()
-        Snapshots._touch(conn, snapdir, nlink_delta=1)
-        return sid
-
-    sid = engine.catalog.run(work, durable=True)
-    engine.ns.forget_read_only()
-    engine.ns.invalidate()
-    return sid
+def _lazy(engine, name: str) -> int:
+    """A lazy snapshot of /ds (what create makes when live changes copy up); returns its id."""
+    info = Snapshots(engine.ns).create("/ds", name, whole=False)
+    assert (info.files, info.counted) == (0, 0), "counted later, through its lookup"
+    return info.id
 
 
 def _tree(engine, root: int) -> dict[str, tuple]:
@@ -97,15 +71,15 @@ def test_each_lazy_view_equals_a_whole_copy_taken_with_it(engine, monkeypatch):
     ns.symlink(ROOT, sub, "link", "../a")
     ns.setxattr(ROOT, a, "user.k", b"v")
 
-    e1 = snaps.create("/ds", "e1")
-    l1 = _lazy(engine, ds, "l1")
+    e1 = snaps.create("/ds", "e1", whole=True)
+    l1 = _lazy(engine, "l1")
     ns.write(a, 0, b"changed after 1", stable=True)
     ns.setattr(ROOT, b, size=10)
     # a folder leaves the dataset; a later snapshot does not hold it, the first one still does
     ns.rename(ROOT, sub, "deep", ns.root_ino, "moved")
 
-    e2 = snaps.create("/ds", "e2")
-    l2 = _lazy(engine, ds, "l2")
+    e2 = snaps.create("/ds", "e2", whole=True)
+    l2 = _lazy(engine, "l2")
     # d is in l1 only: its write copies into the newest snapshot that holds it
     ns.write(d, 0, b"written outside the dataset", stable=True)
     ns.unlink(ROOT, sub, "c")
@@ -163,4 +137,99 @@ def test_each_lazy_view_equals_a_whole_copy_taken_with_it(engine, monkeypatch):
     assert rolled == _tree(engine, ds)
     check_accounting(engine.catalog)
     report = fsck.check(engine.catalog, ns.root_ino)
+    assert report.clean, report.problems
+
+
+def _count(catalog, table: str) -> int:
+    return catalog.read(lambda c: c.exec_driver_sql(f"SELECT COUNT(*) FROM {table}").scalar())
+
+
+def test_a_lazy_view_is_counted_through_its_lookup_without_copying(engine, monkeypatch):
+    monkeypatch.setattr(lazyviews, "ENABLED", True)
+    ns, catalog = engine.ns, engine.catalog
+    snaps = Snapshots(ns)
+    ds = ns.mkdir(ROOT, ns.root_ino, "ds").ino
+    sub = ns.mkdir(ROOT, ds, "sub").ino
+    rng = random.Random(5)
+    for path in ("/ds/a", "/ds/sub/b", "/ds/sub/c", "/outside"):
+        _write(ns, path, rng.randbytes(24 * KiB))
+    a, b = ns.resolve("/ds/a").ino, ns.resolve("/ds/sub/b").ino
+    ns.link(ROOT, a, sub, "hard-a")  # one file, counted once
+    ns.link(ROOT, ns.resolve("/outside").ino, sub, "in")  # a name outside the dataset too
+    e1 = snaps.create("/ds", "e1", whole=True)
+    sid = _lazy(engine, "l1")
+    ns.write(a, 0, rng.randbytes(24 * KiB), stable=True)  # l1's copy holds a's old stripe
+    ns.unlink(ROOT, sub, "c")  # l1 holds c's rows through its copy
+    _write(ns, "/ds/new", b"not in the views")
+    ns.write(b, 0, b"x", stable=True)
+    snaps.delete("/ds", "e1")
+    snaps.finish_deletions()  # a's old stripe is now l1's alone
+
+    inodes, pending = _count(catalog, "inodes"), _count(catalog, "clone_pending")
+    assert snaps.recount_space("/ds") == 1
+    assert (_count(catalog, "inodes"), _count(catalog, "clone_pending")) == (inodes, pending)
+    [info] = snaps.list("/ds")
+    assert (info.files, info.referenced_bytes) == (e1.files, e1.referenced_bytes)
+    assert info.unique_bytes >= 24 * KiB and info.counted > 0
+    report = fsck.check(catalog, ns.root_ino)
+    assert report.clean, report.problems  # the recorded figures are the walk's
+
+    # the same view made whole: its blocks then hold all of it, and count the same
+    catalog.run(lambda conn: lazyviews.materialize_all(conn, sid), durable=True)
+    whole = catalog.read(lambda conn: snaps._count_space(conn, sid))
+    walked = catalog.read(lambda conn: lazyviews.count_space(conn, sid))
+    assert walked == whole == (
+        info.files,
+        info.referenced_bytes,
+        info.unique_bytes,
+        info.shared_bytes,
+    )
+    # fsck compares a counted view's row with the walk
+    engine.catalog.run(
+        lambda conn: sql(conn, "UPDATE snapshots SET files = files + 1 WHERE id = ?", (sid,)).close()
+    )
+    report = fsck.check(catalog, ns.root_ino)
+    assert any("its view holds" in p for p in report.problems), report.problems
+
+
+def test_a_deleted_view_hands_its_copies_down_and_frees_its_blocks_in_few_chunks(
+    engine, monkeypatch
+):
+    monkeypatch.setattr(lazyviews, "ENABLED", True)
+    ns, catalog = engine.ns, engine.catalog
+    snaps = Snapshots(ns)
+    ds = ns.mkdir(ROOT, ns.root_ino, "ds").ino
+    rng = random.Random(8)
+    files = [_write(ns, f"/ds/f{i}", rng.randbytes(4 * KiB)).ino for i in range(24)]
+    e1 = snaps.create("/ds", "e1", whole=True)
+    l1 = _lazy(engine, "l1")
+    ns.write(files[0], 0, b"after 1", stable=True)  # l1's own copy
+    snaps.create("/ds", "e2", whole=True)
+    _lazy(engine, "l2")
+    for i, ino in enumerate(files):  # copied into l2, which l1 reads; live files between them
+        ns.write(ino, 0, b"after 2", stable=True)
+        _write(ns, f"/ds/new{i}", b"new")
+    ns.unlink(ROOT, ds, "f1")
+    # a clone inside the dataset, not copied yet: a lazy create copies its folders first
+    snaps.clone("/ds", "e1", "/ds/fork")
+    _lazy(engine, "l3")
+    assert _contents(engine, ns.resolve("/ds/.snapshots/l3/fork").ino) == _contents(
+        engine, ns.resolve("/ds/.snapshots/e1").ino
+    )
+    snaps.delete("/ds", "l2")
+    snaps.delete("/ds", "e2")
+    chunks = []
+    snaps.reclaim(inodes_per_s=0, progress=lambda done, total, message: chunks.append(done))
+    # e2 is one range; l2's 25 single-number blocks go together, not one per transaction
+    assert len(chunks) <= 3, chunks
+    assert _count(catalog, "snapshot_blocks") > 0 and not snaps.pending()
+    l1_root = catalog.read(
+        lambda conn: sql_one(conn, "SELECT root_ino FROM snapshots WHERE id = ?", (l1,))
+    )[0]
+    e1_root = ns.resolve("/ds/.snapshots/e1").ino
+    assert _contents(engine, l1_root) == _contents(engine, e1_root)
+    assert _tree(engine, l1_root) == _tree(engine, e1_root)
+    assert e1.files == 25
+    check_accounting(catalog)
+    report = fsck.check(catalog, ns.root_ino)
     assert report.clean, report.problems
