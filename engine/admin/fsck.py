@@ -15,8 +15,8 @@ yet count the names their snapshot gives them), and the file count and
 referenced bytes stored in its row (counted at create; its frozen rows never change) are what
 its range holds (a lazy view, engine/namespace/lazyviews.py: its root is in one of its blocks,
 its figures are what a walk through its lookup counts, lazyviews.count_space, and its folders
-not copied yet count the names they will get). Quotas: each quota's usage counters equal a recount of its tree
-(``shingle quota recount`` corrects them)."""
+not copied yet count the names they will get). Quotas: each quota's usage counters equal a
+recount of its tree (``shingle quota recount`` corrects them)."""
 
 from __future__ import annotations
 
@@ -411,24 +411,27 @@ def _check_snapshot_ranges(t: Tables, problem) -> None:
         previous = (name, hi)
     for name, source, root, lo, hi, files, referenced in t.snapshots:
         blocks = mine[(source, name)]
-        if (source, name) in lazy:
+        if (source, name) in lazy:  # its figures are a walk through its lookup
             if not any(b_lo <= root <= b_hi for b_lo, b_hi in blocks):
                 problem(f"snapshot {name!r} of inode {source}: root {root} in none of its blocks")
-        elif blocks != [(lo, hi)]:
+            _check_walked(t.walked.get((source, name)), name, source, (files, referenced), problem)
+            continue
+        if blocks != [(lo, hi)]:
             problem(
                 f"snapshot {name!r} of inode {source}: its range [{lo}, {hi}] is not its one "
                 "block of inode numbers"
             )
-        if (source, name) in lazy:  # its figures are a walk through its lookup
-            walked = t.walked.get((source, name))
-            if walked is not None and walked != (files, referenced):
-                problem(
-                    f"snapshot {name!r} of inode {source} recorded {files} inodes and "
-                    f"{referenced} referenced bytes, its view holds {walked[0]} and {walked[1]}"
-                )
-            continue
         index = (inos, by_ino, extent_inos)
         _check_held(index, name, source, [(lo, hi)], (files, referenced), problem)
+
+
+def _check_walked(walked, name, source, figures, problem) -> None:
+    """A lazy view's recorded files and referenced bytes are what a walk of it counts."""
+    if walked is not None and walked != figures:
+        problem(
+            f"snapshot {name!r} of inode {source} recorded {figures[0]} inodes and "
+            f"{figures[1]} referenced bytes, its view holds {walked[0]} and {walked[1]}"
+        )
 
 
 def _check_held(index, name, source, spans, figures, problem) -> None:
@@ -443,7 +446,9 @@ def _check_held(index, name, source, spans, figures, problem) -> None:
         last = bisect.bisect_right(extent_inos, b_hi)
         counted += sum(by_ino[ino] for ino in extent_inos[first:last])
     if files is not None and held != files:
-        problem(f"snapshot {name!r} of inode {source} recorded {files} inodes, its range holds {held}")
+        problem(
+            f"snapshot {name!r} of inode {source} recorded {files} inodes, its range holds {held}"
+        )
     if referenced is not None and counted != referenced:
         problem(
             f"snapshot {name!r} of inode {source} recorded {referenced} referenced bytes, "

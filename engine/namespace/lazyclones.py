@@ -163,7 +163,8 @@ def materialize_batch(conn, snapshot_id: int | None = None, limit: int = PENDING
     """Copy up to ``limit`` pending directories of clones (of ``snapshot_id``, or any; a lazy
     view's own folders wait for their first read); returns how many were copied (0: none
     left)."""
-    where, params = "WHERE delta <> ?", (VIEW_PENDING,)
+    where = "WHERE delta <> ?"
+    params: tuple[int, ...] = (VIEW_PENDING,)
     if snapshot_id is not None:
         where, params = where + " AND snapshot_id = ?", (*params, snapshot_id)
     rows = sql_all(

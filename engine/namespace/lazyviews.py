@@ -486,8 +486,8 @@ def count_space(conn, sid: int) -> tuple[int, int, int, int]:
                 if kinds.get(source) == DIR:
                     todo.append(c)
     refs: dict[int, int] = {}
-    held = sorted(set(sources.values()))
-    for part in chunks(held):
+    sourced = sorted(set(sources.values()))
+    for part in chunks(sourced):
         for stripe, length in sql_all(
             conn,
             f"SELECT stripe_id, SUM(length) FROM extents WHERE ino IN {in_list(part)} "

@@ -832,8 +832,9 @@ class Snapshots:
         first = sql_one(conn, "SELECT MIN(ino) FROM inodes WHERE ino BETWEEN ? AND ?", (lo, hi))[0]
         start = hi if first is None else int(first)
         if hi - start + 1 < DELETE_CHUNK_INODES:
-            grouped = self._reclaim_blocks(conn, snapshot_id, start, counted if pending is None
-                                           else int(pending))
+            grouped = self._reclaim_blocks(
+                conn, snapshot_id, start, counted if pending is None else int(pending)
+            )
             if grouped is not None:
                 return grouped
         end = min(start + DELETE_CHUNK_INODES - 1, hi)

@@ -9,7 +9,6 @@ against copies made whole at the same instants."""
 from __future__ import annotations
 
 import random
-import time
 
 from dphelpers import KiB, check_accounting
 
@@ -178,15 +177,21 @@ def test_a_lazy_view_is_counted_through_its_lookup_without_copying(engine, monke
     catalog.run(lambda conn: lazyviews.materialize_all(conn, sid), durable=True)
     whole = catalog.read(lambda conn: snaps._count_space(conn, sid))
     walked = catalog.read(lambda conn: lazyviews.count_space(conn, sid))
-    assert walked == whole == (
-        info.files,
-        info.referenced_bytes,
-        info.unique_bytes,
-        info.shared_bytes,
+    assert (
+        walked
+        == whole
+        == (
+            info.files,
+            info.referenced_bytes,
+            info.unique_bytes,
+            info.shared_bytes,
+        )
     )
     # fsck compares a counted view's row with the walk
     engine.catalog.run(
-        lambda conn: sql(conn, "UPDATE snapshots SET files = files + 1 WHERE id = ?", (sid,)).close()
+        lambda conn: sql(
+            conn, "UPDATE snapshots SET files = files + 1 WHERE id = ?", (sid,)
+        ).close()
     )
     report = fsck.check(catalog, ns.root_ino)
     assert any("its view holds" in p for p in report.problems), report.problems
