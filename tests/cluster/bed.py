@@ -2,9 +2,11 @@
 
 The bridge lives in a namespace of its own (``shb-<pid>-bridge``), and each host's namespace
 (``shb-<pid>-<host>``) holds the far end of a veth pair whose near end (``v-<host>``) is a port
-of that bridge. Addresses come from ``SUBNET`` (10.131.0.0/24), which exists only inside these
-namespaces: they have no default route, and the machine's own interfaces, routes and firewall
-are never touched, so nothing a test sends leaves the machine. The run's pid in every name
+of that bridge. Addresses come from ``SUBNET`` (10.131.0.0/24) and, for IPv6, ``SUBNET6``
+(fdbe:d131::/64, a unique local prefix; a host's IPv6 address ends in its IPv4 address's last
+number), which exist only inside these namespaces: they have no default route, and the
+machine's own interfaces, routes and firewall are never touched, so nothing a test sends leaves
+the machine. The run's pid in every name
 tells parallel runs apart, and lets a later run remove what a killed one left behind
 (``remove_leftovers``).
 
@@ -53,6 +55,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 SUBNET = "10.131.0"  # a /24 that exists only inside the bed's namespaces
+SUBNET6 = "fdbe:d131::"  # a /64 likewise (unique local, used nowhere else): SUBNET6 + "21"
 PREFIX = "shb-"  # every namespace and run folder of a bed: shb-<pid>-...
 NAME = re.compile(rf"^{PREFIX}(\d+)-")
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -92,6 +95,7 @@ class Service:
 class Host:
     name: str
     address: str
+    address6: str
     netns: str
     link: str  # the bridge's end of the host's veth pair
     folder: Path
@@ -355,13 +359,16 @@ class Bed:
         netns, link = self.prefix + name, f"v-{name}"
         folder = self.folder / name
         folder.mkdir(mode=0o755)
-        host = Host(name, address, netns, link, folder)
+        address6 = SUBNET6 + address.rsplit(".", 1)[1]
+        host = Host(name, address, address6, netns, link, folder)
         self.hosts[name] = host  # before anything is made: close() removes what was
         _ip("netns", "add", netns)
         _ip("-n", self.bridge_netns, "link", "add", link, "type", "veth",
             "peer", "name", "eth0", "netns", netns)  # fmt: skip
         _ip("-n", self.bridge_netns, "link", "set", link, "master", "br0", "up")
         _ip("-n", netns, "addr", "add", f"{address}/24", "dev", "eth0")
+        # nodad: usable at once (duplicate address detection would hold it a second or more)
+        _ip("-n", netns, "addr", "add", f"{address6}/64", "dev", "eth0", "nodad")
         _ip("-n", netns, "link", "set", "eth0", "up")
         _ip("-n", netns, "link", "set", "lo", "up")
         return host

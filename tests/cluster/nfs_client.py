@@ -4,6 +4,8 @@
                                          # files PREFIX-1, PREFIX-2, ... until the file STOP exists
     python nfs_client.py read SERVER NAME...   # each file read back whole
 
+SERVER is an IPv4 or IPv6 address (without brackets).
+
 One JSON line per file on stdout, flushed at once: ``{"name", "began", "done", "sha256"}`` once
 the client's write returned (nfs-rs returns once its COMMIT was answered: the server has made
 the bytes durable) or the read ended, ``"error"`` (the NFS status name, or the exception)
@@ -43,10 +45,12 @@ def connect(server: str, *, moving: bool = False):
     """A client of ``server``; ``moving``: short connects, retried until one succeeds."""
     import nfs_rs
 
+    from appliance.host.addresses import url_host  # an IPv6 server in brackets
+
     while True:
         try:
             return nfs_rs.Client.connect(
-                f"nfs://{server}:{NFS_PORT}/export?version=4.1", nfs_port=NFS_PORT,
+                f"nfs://{url_host(server)}:{NFS_PORT}/export?version=4.1", nfs_port=NFS_PORT,
                 noresvport=True, uid=0, gid=0, connect_timeout=2 if moving else 20,
                 operation_timeout=20 if moving else 60,
             )  # fmt: skip

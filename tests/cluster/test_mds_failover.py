@@ -26,6 +26,11 @@ Checked:
 - a failed write is never counted: only files whose write returned (nfs-rs's COMMIT answered)
   are acknowledged.
 
+The second test does it over IPv6 on the same bed (the hosts' fdbe:d131::/64 addresses): the
+address added with nodad, announced by unsolicited Neighbour Advertisements that the clients'
+host must take (it does not probe a stale neighbour entry by itself meanwhile), a kill -9 of
+the holder, nothing acknowledged lost.
+
 Connections from the test process to bed addresses would meet the sandbox's egress proxy (see
 bedclients.py): the clients are processes of the clients' host (the raw client's socket is opened
 there), and the test reads the hosts' addresses with ``ip -n``."""
@@ -41,7 +46,7 @@ import sys
 import time
 from pathlib import Path
 
-from bed import SUBNET, kill_netns_processes
+from bed import SUBNET, SUBNET6, kill_netns_processes
 from bedclients import wait_for
 from nfs_client import content
 
@@ -55,6 +60,7 @@ REPO = Path(__file__).resolve().parents[2]
 HEADS = ("mdshead0", "mdshead1")
 CLIENT = "mdsclient"
 FLOATING = f"{SUBNET}.9"  # below the members' (.11+) and the clients' (.101+) addresses
+FLOATING6 = f"{SUBNET6}9"  # the same for IPv6 (the hosts' addresses end in .11+, .101+ likewise)
 TTL_S = 4  # [cluster] mds_lease_ttl_s, its minimum
 NFS_LEASE_S = 5  # nfs.lease_seconds: head 1 expires head 0 a lease after its last beat
 GRACE_S = 5  # the locker's reclaim comes within it (the nfs-rs writers never reclaim)
@@ -113,12 +119,23 @@ class Serve:
         kill_netns_processes(self.bed.hosts[self.host].netns)
 
 
-def holds(bed, host: str) -> bool:
+def with_prefix(address: str) -> str:
+    return f"{address}/64" if ":" in address else f"{address}/24"
+
+
+def address_line(bed, host: str, address: str) -> str | None:
+    """``ip -o addr``'s line of ``address`` on the host's eth0 (None: not there)."""
+    family = "-6" if ":" in address else "-4"
     listed = subprocess.run(
-        ["ip", "-n", bed.hosts[host].netns, "-o", "-4", "addr", "show", "dev", "eth0"],
+        ["ip", "-n", bed.hosts[host].netns, "-o", family, "addr", "show", "dev", "eth0"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
-    return f" {FLOATING}/24 " in listed.stdout
+    found = [line for line in listed.stdout.splitlines() if f" {with_prefix(address)} " in line]
+    return found[0] if found else None
+
+
+def holds(bed, host: str, address: str = FLOATING) -> bool:
+    return address_line(bed, host, address) is not None
 
 
 def status_of(bed, head: Serve) -> dict:
@@ -133,13 +150,13 @@ def status_of(bed, head: Serve) -> dict:
     return json.loads(out)["mds_address"]
 
 
-def watch_move(bed, source: str, target: str) -> tuple[float, float]:
+def watch_move(bed, source: str, target: str, address: str = FLOATING) -> tuple[float, float]:
     """Sample both hosts' addresses every SAMPLE_S until ``target`` holds the address, failing
     if both ever do: (when ``source`` was first seen without it, when ``target`` with it)."""
     started = time.monotonic()
     lapsed = moved = None
     while moved is None:
-        on_source, on_target = holds(bed, source), holds(bed, target)
+        on_source, on_target = holds(bed, source, address), holds(bed, target, address)
         now = time.monotonic()
         assert not (on_source and on_target), "the address is on both heads"
         if lapsed is None and not on_source:
@@ -202,8 +219,9 @@ def reclaim_lock(bed, fh: bytes) -> RawClient:
     return again
 
 
-def make_heads(bed, folder: Path) -> tuple[Path, list[Serve]]:
-    """Head 0's folder made by `shingle init` (catalog, drives), head 1's naming its catalog."""
+def make_heads(bed, folder: Path, address: str = FLOATING) -> tuple[Path, list[Serve]]:
+    """Head 0's folder made by `shingle init` (catalog, drives), head 1's naming its catalog;
+    both campaign for the floating ``address`` (IPv4 or IPv6)."""
     first = folder / "head0"
     init = subprocess.run(
         [sys.executable, "-m", "appliance.cli", "init", str(first), "--drive-size", "64MiB",
@@ -213,14 +231,16 @@ def make_heads(bed, folder: Path) -> tuple[Path, list[Serve]]:
     assert init.returncode == 0, init.stderr
     catalog = (first / "catalog.db").resolve()
     endpoints = ",".join(bed.etcd_endpoints)
+    wildcard = "::" if ":" in address else "0.0.0.0"
     nfs = (
-        f'host = "0.0.0.0"\nlease_seconds = {NFS_LEASE_S}\ngrace_seconds = {GRACE_S}\n'
+        f'host = "{wildcard}"\nlease_seconds = {NFS_LEASE_S}\ngrace_seconds = {GRACE_S}\n'
         'portmap = "off"\n'
     )
 
     def cluster(host: str) -> str:
         return (
-            f'etcd_endpoints = "{endpoints}"\nname = "{host}"\nmds_address = "{FLOATING}/24"\n'
+            f'etcd_endpoints = "{endpoints}"\nname = "{host}"\n'
+            f'mds_address = "{with_prefix(address)}"\n'
             f'mds_interface = "eth0"\nmds_lease_ttl_s = {TTL_S}\n'
         )
 
@@ -399,4 +419,130 @@ def test_the_metadata_server_address_moves_to_a_live_head_when_its_head_is_kille
             subprocess.run(
                 ["ip", "-n", bed.hosts[host].netns, "addr", "del", f"{FLOATING}/24", "dev",
                  "eth0"], capture_output=True, check=False,
+            )  # fmt: skip
+
+
+NEIGH_PROBE_DELAY = "/proc/sys/net/ipv6/neigh/eth0/delay_first_probe_time"
+NO_PROBE_S = 600  # the clients' host: a stale neighbour entry is not probed again this long
+
+
+def mac_of(bed, host: str) -> str:
+    listed = subprocess.run(
+        ["ip", "-n", bed.hosts[host].netns, "-o", "link", "show", "dev", "eth0"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    words = listed.stdout.split()
+    return words[words.index("link/ether") + 1]
+
+
+def neighbour_mac(bed, host: str, address: str) -> str | None:
+    """The link-layer address ``host``'s neighbour entry gives ``address`` (None: no entry)."""
+    listed = subprocess.run(
+        ["ip", "-n", bed.hosts[host].netns, "-6", "neigh", "show", address, "dev", "eth0"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    words = listed.stdout.split()
+    return words[words.index("lladdr") + 1] if "lladdr" in words else None
+
+
+def probe_delay(bed, host: str, seconds: int | None = None) -> int:
+    """The host's IPv6 delay before a stale neighbour entry in use is probed (set when
+    ``seconds`` is given); the value before."""
+
+    def swap() -> int:
+        with open(NEIGH_PROBE_DELAY, "r+") as f:  # /proc/sys/net: the thread's namespace's
+            before = int(f.read())
+            if seconds is not None:
+                f.seek(0)
+                f.write(str(seconds))
+        return before
+
+    return bed.call(host, swap)
+
+
+def test_an_ipv6_metadata_server_address_moves_when_its_head_is_killed(
+    healed_bed, nfs_clients, tmp_path
+):
+    """The same over IPv6 (fdbe:d131::9/64, nfs.host "::"): the holder adds the address with
+    nodad (usable at once, never tentative) and announces it by unsolicited Neighbour
+    Advertisements. The clients' host is made to keep a neighbour entry it uses for
+    NO_PROBE_S before probing it (it would otherwise find the new holder by itself, after
+    neighbour unreachability detection's 5 + 3 s): so once head 0 is killed, the writers
+    reach head 1 only because its advertisement replaced head 0's MAC in their entry. Nothing
+    acknowledged is lost."""
+    bed = healed_bed
+    for host in HEADS:
+        if host not in bed.hosts:
+            bed.add_host(host)
+    clients = nfs_clients(CLIENT)
+    catalog, heads = make_heads(bed, tmp_path, FLOATING6)
+    stop = tmp_path / "stop-writing"
+    figures: dict[str, float] = {}
+    delay_before = probe_delay(bed, CLIENT, NO_PROBE_S)
+    try:
+        heads[0].start()
+        announced = heads[0].text()
+        # nfs.host "::" (IPv4 too, as mapped addresses): the host's addresses of both families
+        # announced, not the wildcard
+        assert f"nfs://{bed.hosts[HEADS[0]].address}:2049/" in announced, announced[-2000:]
+        assert bed.hosts[HEADS[0]].address6 in announced and "nfs://[::]" not in announced
+        wait(lambda: holds(bed, HEADS[0], FLOATING6), "head 0 takes the IPv6 address")
+        line = address_line(bed, HEADS[0], FLOATING6) or ""
+        assert "nodad" in line and "tentative" not in line, line
+        heads[1].start()
+        assert not holds(bed, HEADS[1], FLOATING6)
+        writers = clients.writers(FLOATING6, WRITERS, FILE_SIZE, stop, reconnect=True)
+        wait(lambda: all(len(w.acked()) >= BEFORE for w in writers), "writes before", writers)
+        assert neighbour_mac(bed, CLIENT, FLOATING6) == mac_of(bed, HEADS[0])
+
+        assert heads[0].proc is not None
+        killed = time.monotonic()
+        heads[0].proc.kill()  # SIGKILL: the holder gets no chance to give the address up
+        heads[0].proc.wait()
+        lapsed, moved = watch_move(bed, HEADS[0], HEADS[1], FLOATING6)
+        figures["address_lapsed_on_dead_head_s"] = lapsed - killed
+        figures["address_moved_s"] = moved - killed
+        assert moved - killed <= TTL_S + MOVE_AFTER_TTL_S, figures
+        line = address_line(bed, HEADS[1], FLOATING6) or ""
+        assert "nodad" in line and "tentative" not in line, line
+        # the advertisement goes out as the address comes up, and again 1.1 s later
+        new_mac = mac_of(bed, HEADS[1])
+        wait(
+            lambda: neighbour_mac(bed, CLIENT, FLOATING6) == new_mac,
+            "the clients' neighbour entry names head 1", writers,
+        )  # fmt: skip
+        figures["client_neighbour_moved_s"] = time.monotonic() - killed
+        wait(
+            lambda: all(
+                sum(1 for a in w.acked() if a["began"] > moved) >= AFTER for w in writers
+            ),
+            "writes after the move", writers,
+        )  # fmt: skip
+        first_after = min(a["done"] for w in writers for a in w.acked() if a["began"] > killed)
+        figures["first_ack_after_kill_s"] = first_after - killed
+        stop.touch()
+        for writer in writers:
+            writer.finish()
+        acked = {a["name"]: a["sha256"] for w in writers for a in w.acked()}
+        wrong = clients.read_back(FLOATING6, acked)
+        assert not wrong, f"read back wrong or failed through the address: {wrong}"
+        # head 1 expired head 0, whose clients followed the address
+        assert not catalog_rows(catalog, "SELECT 1 FROM nfs_heads WHERE name = 'head0'")
+        rounded = {k: round(v, 2) for k, v in figures.items()}
+        print(
+            f"\n{len(acked)} files acknowledged and read back (sha256) through [{FLOATING6}]; "
+            f"lease TTL {TTL_S} s: {rounded}"
+        )
+    except (AssertionError, OSError) as exc:
+        tails = "\n".join(f"--- {head.host}\n{head.text()[-3000:]}" for head in heads)
+        raise AssertionError(f"{exc}\n{tails}") from exc
+    finally:
+        stop.touch()
+        for head in heads:
+            head.stop()
+        probe_delay(bed, CLIENT, delay_before)
+        for host in HEADS:
+            subprocess.run(
+                ["ip", "-n", bed.hosts[host].netns, "addr", "del", with_prefix(FLOATING6),
+                 "dev", "eth0"], capture_output=True, check=False,
             )  # fmt: skip
