@@ -657,7 +657,8 @@ OPTIONS: list[Option] = [
         "link-local): every head that sets it campaigns for an etcd lease, and the holder adds "
         "it to mds_interface and serves there (nfs.host must be 0.0.0.0, or :: for IPv6); a "
         "dead holder's address moves to a live head within about mds_lease_ttl_s "
-        "(docs/cluster.md). Empty: no floating address.",
+        "(docs/cluster.md). A head with pnfs.role 'ds' given it never campaigns and leaves dead "
+        "heads to the holder. Empty: no floating address.",
     ),
     Option(
         "cluster",

@@ -476,6 +476,17 @@ class Daemon:
         assert server is not None  # started before
         if not config.get("cluster.mds_address"):
             return None
+        state = server.server.state
+        if config.get("pnfs.role") == "ds":
+            # a data server cannot answer as the metadata server, so it never takes the
+            # address; it leaves dead heads to the holder, where their clients go to reclaim
+            if state is not None and state.heads is not None:
+                state.heads.takes_over = lambda: False
+            daemon_log.info(
+                "pNFS data server: not campaigning for %s; dead heads are the holder's to expire",
+                config.get("cluster.mds_address"),
+            )  # fmt: skip
+            return None
         ttl_s = config.get("cluster.mds_lease_ttl_s")
         role = MdsAddress(
             # a request must leave the lease time to be renewed through another endpoint
@@ -488,7 +499,6 @@ class Daemon:
             ttl_s=ttl_s,
             on_released=server.drop_connections_to,
         )
-        state = server.server.state
         if state is not None and state.heads is not None:
             state.heads.takes_over = lambda: role.holding
         try:

@@ -246,3 +246,26 @@ def test_an_ipv6_address_serves_at_once_and_its_advertisement_moves_the_neighbou
     finally:
         for name in ns:
             subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+
+
+def test_a_data_server_never_campaigns_and_leaves_dead_heads_to_the_holder():
+    """A pNFS data server cannot answer as the metadata server: given the cluster's address it
+    starts no campaign (no etcd request, no interface touched: the interface named here does
+    not exist) and never expires a dead head, whose clients reclaim at the holder."""
+    from appliance.runtime import Daemon
+
+    values = config.from_dict(
+        {
+            "nfs": {"host": "0.0.0.0"},
+            "cluster": {"etcd_endpoints": "http://127.0.0.1:9", "mds_address": "10.0.0.9/24",
+                        "mds_interface": "shingle-none0"},
+            "pnfs": {"role": "ds", "address": "10.0.0.5:2049"},
+        }
+    )  # fmt: skip
+    heads = types.SimpleNamespace(takes_over=None)
+    state = types.SimpleNamespace(heads=heads)
+    daemon = types.SimpleNamespace(
+        config=values, server=types.SimpleNamespace(server=types.SimpleNamespace(state=state))
+    )
+    assert Daemon.start_mds_address(daemon) is None  # type: ignore[arg-type]
+    assert heads.takes_over is not None and heads.takes_over() is False

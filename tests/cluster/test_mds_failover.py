@@ -29,7 +29,9 @@ Checked:
 The second test does it over IPv6 on the same bed (the hosts' fdbe:d131::/64 addresses): the
 address added with nodad, announced by unsolicited Neighbour Advertisements that the clients'
 host must take (it does not probe a stale neighbour entry by itself meanwhile), a kill -9 of
-the holder, nothing acknowledged lost.
+the holder, nothing acknowledged lost. There the two heads are pNFS metadata servers of a third
+head, a data server at its IPv6 address that never campaigns: GETDEVICEINFO through the
+address names it as tcp6 (RFC 5665), and a WRITE to it over IPv6 is answered FILE_SYNC.
 
 Connections from the test process to bed addresses would meet the sandbox's egress proxy (see
 bedclients.py): the clients are processes of the clients' host (the raw client's socket is opened
@@ -58,6 +60,7 @@ from appliance.nfs.v4 import types as t  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 HEADS = ("mdshead0", "mdshead1")
+DATA_SERVER = "mdsds"  # the IPv6 test's pNFS data server, a third head
 CLIENT = "mdsclient"
 FLOATING = f"{SUBNET}.9"  # below the members' (.11+) and the clients' (.101+) addresses
 FLOATING6 = f"{SUBNET6}9"  # the same for IPv6 (the hosts' addresses end in .11+, .101+ likewise)
@@ -174,12 +177,14 @@ def catalog_rows(catalog: Path, sql: str) -> list[tuple]:
         return conn.execute(sql).fetchall()
 
 
-def raw_client(bed, owner: bytes | None, *, reclaim_complete: bool = True) -> RawClient:
+def raw_client(
+    bed, owner: bytes | None, *, reclaim_complete: bool = True, address: str = FLOATING
+) -> RawClient:
     """A raw NFSv4.1 client of the floating address with a session; its socket is opened in
     the clients' host and used from the test's thread."""
 
     def made() -> RawClient:
-        raw = RawClient(2049, host=FLOATING)
+        raw = RawClient(2049, host=address)
         raw.sock.settimeout(20)
         raw.setup(owner=owner, reclaim_complete=reclaim_complete)
         return raw
@@ -219,9 +224,13 @@ def reclaim_lock(bed, fh: bytes) -> RawClient:
     return again
 
 
-def make_heads(bed, folder: Path, address: str = FLOATING) -> tuple[Path, list[Serve]]:
+def make_heads(
+    bed, folder: Path, address: str = FLOATING, *, data_server: str | None = None
+) -> tuple[Path, list[Serve]]:
     """Head 0's folder made by `shingle init` (catalog, drives), head 1's naming its catalog;
-    both campaign for the floating ``address`` (IPv4 or IPv6)."""
+    both campaign for the floating ``address`` (IPv4 or IPv6). ``data_server``: a third head
+    in that host, a pNFS data server at its IPv6 address, and heads 0 and 1 pNFS metadata
+    servers naming it (the third head is given the address too, and so never campaigns)."""
     first = folder / "head0"
     init = subprocess.run(
         [sys.executable, "-m", "appliance.cli", "init", str(first), "--drive-size", "64MiB",
@@ -244,22 +253,33 @@ def make_heads(bed, folder: Path, address: str = FLOATING) -> tuple[Path, list[S
             f'mds_interface = "eth0"\nmds_lease_ttl_s = {TTL_S}\n'
         )
 
+    count = 3 if data_server else 2
+    pnfs = ""
+    if data_server:
+        pnfs = f'role = "mds"\ndata_servers = "[{bed.hosts[data_server].address6}]:2049"\n'
     config = first / "shingle.toml"
     text = config.read_text()
     text = configure(text, "nfs", nfs)
-    text = configure(text, "heads", "count = 2\nindex = 0\n")
+    text = configure(text, "heads", f"count = {count}\nindex = 0\n")
     text = configure(text, "cluster", cluster(HEADS[0]))
+    text = configure(text, "pnfs", pnfs)
     config.write_text(text)
-    second = folder / "head1"
-    second.mkdir()
-    (second / "shingle.toml").write_text(
-        f'[catalog]\nurl = "sqlite:///{catalog}"\n\n[nfs]\nport = 2049\n{nfs}\n'
-        f"[heads]\ncount = 2\nindex = 1\n\n[cluster]\n{cluster(HEADS[1])}"
-    )
-    return catalog, [
-        Serve(bed, HEADS[0], config),
-        Serve(bed, HEADS[1], second / "shingle.toml"),
-    ]
+    heads = [Serve(bed, HEADS[0], config)]
+    others = [(HEADS[1], pnfs)]
+    if data_server:
+        others.append(
+            (data_server, f'role = "ds"\naddress = "[{bed.hosts[data_server].address6}]:2049"\n')
+        )
+    for index, (host, role) in enumerate(others, start=1):
+        made = folder / f"head{index}"
+        made.mkdir()
+        (made / "shingle.toml").write_text(
+            f'[catalog]\nurl = "sqlite:///{catalog}"\n\n[nfs]\nport = 2049\n{nfs}\n'
+            f"[heads]\ncount = {count}\nindex = {index}\n\n[cluster]\n{cluster(host)}\n"
+            f"[pnfs]\n{role}"
+        )
+        heads.append(Serve(bed, host, made / "shingle.toml"))
+    return catalog, heads
 
 
 def wait(ready, what: str, writers: list | None = None) -> float:
@@ -460,6 +480,50 @@ def probe_delay(bed, host: str, seconds: int | None = None) -> int:
     return bed.call(host, swap)
 
 
+def pnfs_over_ipv6(bed, raws: list[RawClient]) -> None:
+    """Through the IPv6 floating address (the new holder, a pNFS metadata server): LAYOUTGET,
+    then GETDEVICEINFO names the data server by its IPv6 universal address (RFC 5665: netid
+    tcp6, the address's text then .p1.p2 of port 2049); a WRITE sent to the data server at that
+    address under the metadata server's open stateid is answered FILE_SYNC and reads back
+    through the floating address."""
+    mds = raw_client(bed, None, address=FLOATING6)
+    raws.append(mds)
+    fh, open_sid = mds.open_new("through-the-ds", b"od")
+    args = t.ARGS[c.OP_LAYOUTGET](
+        False, c.LAYOUT4_NFSV4_1_FILES, c.LAYOUTIOMODE4_RW, 0, (1 << 64) - 1, 0, open_sid, 4096
+    )
+    status, res = mds.session([(c.OP_PUTFH, fh), (c.OP_LAYOUTGET, args)])
+    assert status == c.NFS4_OK, status
+    (layout,) = res[-1][2].layout
+    _kind, body = layout.content
+    files = t.nfsv4_1_file_layout4.decode(body)
+    args = t.ARGS[c.OP_GETDEVICEINFO](bytes(files.deviceid), c.LAYOUT4_NFSV4_1_FILES, 4096, [])
+    status, res = mds.session([(c.OP_GETDEVICEINFO, args)])
+    assert status == c.NFS4_OK, status
+    _kind, body = res[-1][2].device_addr
+    device = t.nfsv4_1_file_layout_ds_addr4.decode(body)
+    ds = bed.hosts[DATA_SERVER].address6
+    assert [[(a.netid, a.addr) for a in path] for path in device.multipath_ds_list] == [
+        [("tcp6", f"{ds}.8.1")]
+    ]
+
+    def connected() -> RawClient:
+        raw = RawClient(2049, host=ds)
+        raw.sock.settimeout(20)
+        return raw.setup()
+
+    data_server = bed.call(CLIENT, connected)
+    raws.append(data_server)
+    data = os.urandom(64 * 1024)
+    write = t.ARGS[c.OP_WRITE](open_sid, 0, c.UNSTABLE4, data)
+    status, res = data_server.session([(c.OP_PUTFH, fh), (c.OP_WRITE, write)])
+    assert status == c.NFS4_OK, status
+    assert res[-1][2].committed == c.FILE_SYNC4
+    read = t.ARGS[c.OP_READ](open_sid, 0, len(data))
+    status, res = mds.session([(c.OP_PUTFH, fh), (c.OP_READ, read)])
+    assert status == c.NFS4_OK and bytes(res[-1][2].data) == data, status
+
+
 def test_an_ipv6_metadata_server_address_moves_when_its_head_is_killed(
     healed_bed, nfs_clients, tmp_path
 ):
@@ -471,13 +535,14 @@ def test_an_ipv6_metadata_server_address_moves_when_its_head_is_killed(
     reach head 1 only because its advertisement replaced head 0's MAC in their entry. Nothing
     acknowledged is lost."""
     bed = healed_bed
-    for host in HEADS:
+    for host in (*HEADS, DATA_SERVER):
         if host not in bed.hosts:
             bed.add_host(host)
     clients = nfs_clients(CLIENT)
-    catalog, heads = make_heads(bed, tmp_path, FLOATING6)
+    catalog, heads = make_heads(bed, tmp_path, FLOATING6, data_server=DATA_SERVER)
     stop = tmp_path / "stop-writing"
     figures: dict[str, float] = {}
+    raws: list[RawClient] = []
     delay_before = probe_delay(bed, CLIENT, NO_PROBE_S)
     try:
         heads[0].start()
@@ -490,6 +555,7 @@ def test_an_ipv6_metadata_server_address_moves_when_its_head_is_killed(
         line = address_line(bed, HEADS[0], FLOATING6) or ""
         assert "nodad" in line and "tentative" not in line, line
         heads[1].start()
+        heads[2].start()
         assert not holds(bed, HEADS[1], FLOATING6)
         writers = clients.writers(FLOATING6, WRITERS, FILE_SIZE, stop, reconnect=True)
         wait(lambda: all(len(w.acked()) >= BEFORE for w in writers), "writes before", writers)
@@ -505,6 +571,7 @@ def test_an_ipv6_metadata_server_address_moves_when_its_head_is_killed(
         assert moved - killed <= TTL_S + MOVE_AFTER_TTL_S, figures
         line = address_line(bed, HEADS[1], FLOATING6) or ""
         assert "nodad" in line and "tentative" not in line, line
+        assert not holds(bed, DATA_SERVER, FLOATING6)  # a data server never campaigns
         # the advertisement goes out as the address comes up, and again 1.1 s later
         new_mac = mac_of(bed, HEADS[1])
         wait(
@@ -526,8 +593,11 @@ def test_an_ipv6_metadata_server_address_moves_when_its_head_is_killed(
         acked = {a["name"]: a["sha256"] for w in writers for a in w.acked()}
         wrong = clients.read_back(FLOATING6, acked)
         assert not wrong, f"read back wrong or failed through the address: {wrong}"
-        # head 1 expired head 0, whose clients followed the address
+        # head 1 expired head 0, whose clients followed the address; the data server left
+        # head 0 to the holder
         assert not catalog_rows(catalog, "SELECT 1 FROM nfs_heads WHERE name = 'head0'")
+        assert "silent for" in heads[1].text() and "silent for" not in heads[2].text()
+        pnfs_over_ipv6(bed, raws)
         rounded = {k: round(v, 2) for k, v in figures.items()}
         print(
             f"\n{len(acked)} files acknowledged and read back (sha256) through [{FLOATING6}]; "
@@ -538,6 +608,8 @@ def test_an_ipv6_metadata_server_address_moves_when_its_head_is_killed(
         raise AssertionError(f"{exc}\n{tails}") from exc
     finally:
         stop.touch()
+        for raw in raws:
+            raw.close()
         for head in heads:
             head.stop()
         probe_delay(bed, CLIENT, delay_before)
