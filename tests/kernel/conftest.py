@@ -27,6 +27,7 @@ from nfs_rig import (
     KRB5_IDMAP_DOMAIN,
     KRB5_TIMEOUT_S,
     VM_TIMEOUT_S,
+    NlmCallbackPorts,
     ShingleDaemon,
     krb5_plan,
     plan_for,
@@ -61,10 +62,17 @@ def kernel_rig_dir():
 
 
 @pytest.fixture(scope="session")
-def shingle_daemon(kernel_rig_dir):
-    # asynchronous COPYs paced so that the guest's copy-offload-restart check meets one running
+def nlm_callback_ports() -> NlmCallbackPorts:
+    return NlmCallbackPorts.pick()
+
+
+@pytest.fixture(scope="session")
+def shingle_daemon(kernel_rig_dir, nlm_callback_ports):
+    # asynchronous COPYs paced so that the guest's copy-offload-restart check meets one
+    # running; NLM_GRANTED sent to the guest through qemu's forwards (NlmCallbackPorts)
     daemon = ShingleDaemon(kernel_rig_dir / "appliance", free_port()).init(
         nfs_options=f"copy_offload_mib_s = {COPY_OFFLOAD_MIB_S}\n"
+        + nlm_callback_ports.config_line()
     )
     # counters sampled every 2 s: the copy-offload check reads the daemon's from its samples
     text = daemon.config.read_text()
@@ -104,7 +112,7 @@ def run_guest(
     timeout: float,
     on_request=None,
     hostname=None,
-    host_forwards: tuple[int, ...] = (),
+    host_forwards: tuple[int | tuple[int, int], ...] = (),
 ):
     """Boot the VM once to run guest_nfs.py with ``plan``: (VmResult, {check: (verdict,
     details)}). ``host_forwards``: host ports forwarded to the guest (vm.run_vm)."""
@@ -140,7 +148,7 @@ def run_guest(
 
 
 @pytest.fixture(scope="session")
-def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon) -> RigRun:
+def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon, nlm_callback_ports) -> RigRun:
     skip_locks = shingle_daemon.portmap_problem()
     if skip_locks:
         print(f"kernel rig: NLM lock checks skipped: {skip_locks}", file=sys.stderr)
@@ -176,7 +184,7 @@ def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon) -> RigRun:
     # the NFSv4.0 delegation mount's callback service: the guest listens on this port, and
     # qemu forwards the host's 127.0.0.1 to it (the mount says clientaddr=127.0.0.1)
     callback_port = free_port()
-    plan = plan_for(shingle_daemon.port, skip_locks, callback_port)
+    plan = plan_for(shingle_daemon.port, skip_locks, callback_port, nlm_callback_ports.lockd)
     # the same boot runs the root-squash checks against a daemon of their own (root_squash_plan)
     squashed = root_squash_daemon(kernel_rig_dir)
     try:
@@ -187,7 +195,7 @@ def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon) -> RigRun:
             plan,
             VM_TIMEOUT_S,
             on_request,
-            host_forwards=(callback_port,),
+            host_forwards=(callback_port, *nlm_callback_ports.host_forwards()),
         )
     finally:
         squashed.stop()

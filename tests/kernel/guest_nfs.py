@@ -64,8 +64,8 @@ VERSION_CHECKS = (
 )
 # checks that take locks: skipped on a version whose plan entry has "skip_locks" (why)
 LOCK_CHECKS = ("lockf", "flock", "lock-wait", "lock-vs-")
-# a blocked NLM lock is granted by the client's retry every 30 s (the server's NLM_GRANTED
-# callback cannot reach a guest behind user-mode networking); NFSv4 clients poll sooner
+# a blocked NLM lock is granted by the server's NLM_GRANTED callback (the plan's lockd_port,
+# forwarded by the host), or else by the client's retry every 30 s; NFSv4 clients poll
 LOCK_WAIT_LIMIT_S = 50
 # checks run once per version as root where the plan entry has "v42" (NFSv4.2's operations:
 # CLONE, asynchronous COPY, ALLOCATE, DEALLOCATE, SEEK, the xattr operations) and snapshot
@@ -538,7 +538,7 @@ def check_lock_vs_peer(folder: str, peer_folder: str, label: str, peer: str) -> 
     """The same file through two mounts of different NFS versions (two superblocks, so the
     client cannot decide locally): each version's lock excludes the other's, at the server,
     and a waiter of one version gets the lock after the other's release (an NLM waiter
-    through its client's 30 s retry)."""
+    through the server's NLM_GRANTED callback)."""
     mine, theirs = os.path.join(folder, "cross.lock"), os.path.join(peer_folder, "cross.lock")
     write_file(mine, b"0" * 100)
     waits = []
@@ -1655,6 +1655,13 @@ def check_write_cb_getattr(mountpoint: str, folder: str) -> str:
     return f"host stat while the bytes were cached: {answer} ({writes} WRITE meanwhile); {answer2}"
 
 
+def set_lockd_port(port: int) -> None:
+    """lockd's TCP port (fs.nfs.nlm_tcpport), before the first locking NFSv3 mount starts
+    lockd: the host forwards that port here, so that the server's NLM_GRANTED reaches it."""
+    with open("/proc/sys/fs/nfs/nlm_tcpport", "w") as f:
+        f.write(str(port))
+
+
 def set_callback_port(port: int) -> None:
     """The port of the NFSv4.0 callback service (nfs.callback_tcpport), before the first
     NFSv4.0 mount starts it: the host reaches it through a qemu forward."""
@@ -1888,6 +1895,8 @@ def main(plan: dict) -> int:
         )
     if plan.get("delegations40"):
         set_callback_port(plan["delegations40"]["callback_port"])
+    if plan.get("lockd_port"):
+        set_lockd_port(plan["lockd_port"])
     for version in plan["versions"]:
         run_version(plan, version)
     for version in plan.get("root_squash", ()):

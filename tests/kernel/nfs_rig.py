@@ -8,11 +8,13 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import clirunner
 import guest_nfs
 from doc_blocks import doc_blocks
+from pgserver import free_port
 
 HERE = Path(__file__).resolve().parent
 # NFSv4.2 runs the same checks as 4.1, on a mount where the client uses 4.2's operations
@@ -133,11 +135,12 @@ def root_squash_plan(port: int) -> dict:
     return {"root_squash": versions, "root_squash_port": port}
 
 
-def plan_for(port: int, skip_locks: str = "", callback_port: int = 0) -> dict:
+def plan_for(port: int, skip_locks: str = "", callback_port: int = 0, lockd_port: int = 0) -> dict:
     """``skip_locks``: why NLM cannot be reached (the port mapper is not served); the NLM
     versions then mount with nolock and report their lock checks as skipped.
     ``callback_port``: the guest's NFSv4.0 callback port, forwarded from the host's
-    127.0.0.1 (0: the names of the checks only)."""
+    127.0.0.1 (0: the names of the checks only). ``lockd_port``: the guest's lockd port
+    (NlmCallbackPorts.lockd; 0: the kernel picks one)."""
     versions = []
     for version in NFS_VERSIONS:
         version = {**version, "options": version["options"].format(port=port)}
@@ -150,6 +153,7 @@ def plan_for(port: int, skip_locks: str = "", callback_port: int = 0) -> dict:
         "versions": versions,
         "delegations": DELEGATIONS,
         "delegations40": {**DELEGATIONS40, "callback_port": callback_port},
+        "lockd_port": lockd_port,
         "uids": UIDS,
         "worker_timeout": 420,
         # the host's restart: the daemon's stop (60 s bound) and start (60 s bound)
@@ -170,6 +174,29 @@ def plan_for(port: int, skip_locks: str = "", callback_port: int = 0) -> dict:
             "warm_imports": ["torch._dynamo"],
         },
     }
+
+
+@dataclass(frozen=True)
+class NlmCallbackPorts:
+    """Host ports qemu forwards to the guest so that the daemon's NLM_GRANTED callbacks reach
+    the guest's lockd: ``rpcbind`` to the guest's port mapper (111), which the daemon asks as
+    its nfs.client_rpcbind_port, and ``lockd`` to the same port of the guest, where its lockd
+    listens (fs.nfs.nlm_tcpport). Without them a callback to 127.0.0.1 would ask the daemon's
+    own port mapper, so the daemon sends none and a blocked NFSv3 lock waits for the client's
+    30 s retry."""
+
+    rpcbind: int
+    lockd: int
+
+    @classmethod
+    def pick(cls) -> NlmCallbackPorts:
+        return cls(free_port(), free_port())
+
+    def config_line(self) -> str:
+        return f"client_rpcbind_port = {self.rpcbind}\n"
+
+    def host_forwards(self) -> tuple[tuple[int, int], int]:
+        return ((self.rpcbind, 111), self.lockd)
 
 
 class ShingleDaemon:
