@@ -39,7 +39,7 @@ from engine.catalog.models import (
 )
 from engine.coding.compression import CODECS
 from engine.coding.erasure import FRAGMENT_HEADER
-from engine.namespace.lazyviews import VIEW_PENDING
+from engine.namespace.lazyviews import LAZY_SOURCE, VIEW_PENDING, clone_pending_names
 from engine.namespace.lazyviews import count_space as view_count_space
 from engine.namespace.lazyviews import pending_names as view_pending_names
 from engine.namespace.quotas import usage_below
@@ -210,7 +210,7 @@ def read_tables(conn) -> Tables:
         pending_names=[
             (parent + delta, name, child + delta, kind)
             for top, delta, _sid in pending
-            if delta != VIEW_PENDING
+            if delta not in (VIEW_PENDING, LAZY_SOURCE)
             for parent, name, child, kind in sql_all(conn, _SUBTREE_NAMES, (top - delta, DIR))
             if parent + delta == top or parent + delta not in inodes
         ]
@@ -219,6 +219,12 @@ def read_tables(conn) -> Tables:
             for top, delta, sid in pending
             if delta == VIEW_PENDING
             for entry in view_pending_names(conn, int(top), int(sid))
+        ]
+        + [
+            entry
+            for top, delta, sid in pending
+            if delta == LAZY_SOURCE
+            for entry in clone_pending_names(conn, int(top), int(sid))
         ],
         partial=[(lo, hi) for lo, hi, _n, _d, _s, _t, sid in blocks if sid in partial],
         walked={

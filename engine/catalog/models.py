@@ -386,6 +386,25 @@ class ClonePending(Base):
     snapshot_id: Mapped[int] = mapped_column(BigInteger, index=True)
 
 
+class CloneInode(Base):
+    """An inode of a clone of a lazy snapshot view (engine/namespace/lazyviews.py), numbered
+    when copied: the live inode the view read it from (a file of two names stays one inode; a
+    pending folder reads its source through the view's lookup)."""
+
+    __tablename__ = "clone_inodes"
+    __table_args__ = (
+        Index("ix_clone_inodes_clone_root_source_ino", "clone_root", "source_ino", unique=True),
+    )
+    clone_ino: Mapped[int] = mapped_column(
+        BigInteger,
+        ForeignKey("inodes.ino", ondelete="CASCADE"),
+        primary_key=True,
+        autoincrement=False,
+    )
+    clone_root: Mapped[int] = mapped_column(BigInteger)
+    source_ino: Mapped[int] = mapped_column(BigInteger)
+
+
 class SnapshotDir(Base):
     """The ``.snapshots`` directory of a dataset (hidden from its listing, reached by name)."""
 

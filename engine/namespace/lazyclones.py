@@ -30,7 +30,7 @@ from engine.datapath.sharing import add_counts
 
 # INODE_COLUMNS: re-exported (the snapshot service copies inode rows with it too)
 from engine.namespace.lazyviews import INODE_COLUMNS as INODE_COLUMNS
-from engine.namespace.lazyviews import VIEW_PENDING
+from engine.namespace.lazyviews import LAZY_SOURCE, VIEW_PENDING, clone_materialize
 from engine.namespace.lazyviews import materialize as view_materialize
 
 PENDING_BATCH = 64  # pending directories copied per transaction by ``materialize_batch``
@@ -99,6 +99,8 @@ def materialize(conn, dir_ino: int) -> list[int] | None:
     delta, snapshot_id = int(row[0]), int(row[1])
     if delta == VIEW_PENDING:  # a lazy snapshot's view folder (lazyviews.py)
         return view_materialize(conn, dir_ino, snapshot_id)
+    if delta == LAZY_SOURCE:  # a folder of a clone of a lazy view
+        return clone_materialize(conn, dir_ino, snapshot_id)
     source = dir_ino - delta
     children = {
         int(child): kind

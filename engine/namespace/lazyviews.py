@@ -29,6 +29,9 @@ ENABLED = False
 # a view directory waiting for its names is a clone_pending row with this delta (a clone's
 # delta is never 0: its numbers lie above its snapshot's)
 VIEW_PENDING = 0
+# a folder of a clone of a lazy view waiting for its names: its source is the live folder its
+# ``clone_inodes`` row names, read through the view's lookup (a shift has no range to cover)
+LAZY_SOURCE = -1
 
 
 def chains(conn) -> dict[int, list[tuple[int, int, bool]]]:
@@ -581,3 +584,154 @@ def hand_down(conn, sid: int, after: int = 0, limit: int = HAND_DOWN_BATCH) -> i
                     ).close()
                     break
     return int(rows[-1][0])
+
+
+def _copy_new(conn, source: int) -> int:
+    """Inode ``source``'s rows (as ``_copy_inode``) at a new live number; returns it."""
+    (number,) = sql_one(
+        conn,
+        f"INSERT INTO inodes ({INODE_COLUMNS}) SELECT {INODE_COLUMNS} FROM inodes WHERE ino = ? "
+        "RETURNING ino",
+        (source,),
+    )
+    number = int(number)
+    for table, columns in (("symlinks", "target"), ("xattrs", "name, value")):
+        sql(
+            conn,
+            f"INSERT INTO {table} (ino, {columns}) SELECT ?, {columns} FROM {table} WHERE ino = ?",
+            (number, source),
+        ).close()
+    sql(
+        conn,
+        "INSERT INTO extents (ino, file_offset, length, stripe_id, stripe_offset) "
+        "SELECT ?, file_offset, length, stripe_id, stripe_offset FROM extents WHERE ino = ?",
+        (number, source),
+    ).close()
+    add_counts(conn, "ino = ?", (number,))
+    return number
+
+
+def clone_root(conn, sid: int) -> int:
+    """A clone of lazy snapshot ``sid``'s view: its root (a copy of the view's root row) at a new
+    live number, pending; nothing else copied. Returns the root."""
+    (dataset, view_root) = sql_one(
+        conn, "SELECT source_ino, root_ino FROM snapshots WHERE id = ?", (sid,)
+    )
+    root = _copy_new(conn, int(view_root))
+    sql(
+        conn,
+        "INSERT INTO clone_inodes (clone_ino, clone_root, source_ino) VALUES (?, ?, ?)",
+        (root, root, int(dataset)),
+    ).close()
+    sql(
+        conn,
+        "INSERT INTO clone_pending (dir_ino, delta, snapshot_id) VALUES (?, ?, ?)",
+        (root, LAZY_SOURCE, sid),
+    ).close()
+    return root
+
+
+def _datasets(conn) -> set[int]:
+    return {int(r[0]) for r in sql_all(conn, "SELECT dataset_ino FROM snapshot_dirs")}
+
+
+def view_links(conn, sid: int, x: int) -> int:
+    """How many names live inode ``x`` has in lazy snapshot ``sid``'s view (its names outside
+    the dataset, or added since, are not the view's): the candidates are x's live parents and
+    the copied names naming it, each counted if the view holds the folder and its name."""
+    sids = _chain_from(conn, sid)
+    dataset, top = sql_one(conn, "SELECT source_ino, top_ino FROM snapshots WHERE id = ?", (sid,))
+    parents = {int(r[0]) for r in sql_all(conn, "SELECT parent FROM dirents WHERE child = ?", (x,))}
+    parents |= {
+        int(r[0])
+        for r in sql_all(
+            conn,
+            f"SELECT parent FROM snapshot_names WHERE child = ? AND snapshot_id IN {in_list(sids)}",
+            (x, *sids),
+        )
+    }
+    links = 0
+    for p in parents:
+        if p <= int(top) and holds(conn, int(dataset), sids, int(top), p):
+            links += sum(1 for _name, c in names_at(conn, sids, p) if c == x)
+    return links
+
+
+def clone_materialize(conn, dir_ino: int, sid: int) -> list[int]:
+    """Copy pending folder ``dir_ino`` of a clone of lazy snapshot ``sid``: its names as the
+    view holds its source folder (read through the lookup: nothing of the view is copied), each
+    child copied from what the view reads at a new number, or the one the clone gave it through
+    another name; returns the child folders, now pending."""
+    root, d = (int(v) for v in sql_one(conn, _CLONE_SOURCE, (dir_ino,)))
+    sids = _chain_from(conn, sid)
+    nested = _datasets(conn)
+    pending = []
+    for name, child in names_at(conn, sids, d):
+        row = sql_one(
+            conn,
+            "SELECT clone_ino FROM clone_inodes WHERE clone_root = ? AND source_ino = ?",
+            (root, child),
+        )
+        if row is None:
+            source = first_copy(conn, sids, child)
+            number = _copy_new(conn, child if source is None else source)
+            sql(
+                conn,
+                "INSERT INTO clone_inodes (clone_ino, clone_root, source_ino) VALUES (?, ?, ?)",
+                (number, root, child),
+            ).close()
+            kind, nlink = sql_one(conn, "SELECT type, nlink FROM inodes WHERE ino = ?", (number,))
+            if kind == DIR:
+                if child in nested:  # a dataset inside: no .snapshots in the clone
+                    sql(
+                        conn, "UPDATE inodes SET nlink = nlink - 1 WHERE ino = ?", (number,)
+                    ).close()
+                sql(
+                    conn,
+                    "INSERT INTO clone_pending (dir_ino, delta, snapshot_id) VALUES (?, ?, ?)",
+                    (number, LAZY_SOURCE, sid),
+                ).close()
+                pending.append(number)
+            elif nlink > 1:  # names outside the dataset are not the clone's
+                sql(
+                    conn,
+                    "UPDATE inodes SET nlink = ? WHERE ino = ?",
+                    (view_links(conn, sid, child), number),
+                ).close()
+        else:
+            number = int(row[0])
+        sql(
+            conn,
+            "INSERT INTO dirents (parent, name, child) VALUES (?, ?, ?)",
+            (dir_ino, name, number),
+        ).close()
+    sql(conn, "DELETE FROM clone_pending WHERE dir_ino = ?", (dir_ino,)).close()
+    return pending
+
+
+_CLONE_SOURCE = "SELECT clone_root, source_ino FROM clone_inodes WHERE clone_ino = ?"
+
+
+def clone_pending_names(conn, dir_ino: int, sid: int) -> list[tuple[int, str, int, int]]:
+    """``pending_names`` for pending folder ``dir_ino`` of a clone of lazy view ``sid`` (read
+    only, fsck): parent and child are clone numbers where copied, else minus the live number."""
+    root, d = (int(v) for v in sql_one(conn, _CLONE_SOURCE, (dir_ino,)))
+    sids = _chain_from(conn, sid)
+    out = []
+    todo = [(dir_ino, d)]
+    while todo:
+        parent, folder = todo.pop()
+        for name, child in names_at(conn, sids, folder):
+            row = sql_one(
+                conn,
+                "SELECT clone_ino FROM clone_inodes WHERE clone_root = ? AND source_ino = ?",
+                (root, child),
+            )
+            number = -child if row is None else int(row[0])
+            source = first_copy(conn, sids, child) if row is None else number
+            kind_row = sql_one(conn, "SELECT type FROM inodes WHERE ino = ?", (source or child,))
+            kind = int(kind_row[0]) if kind_row is not None else 0
+            out.append((parent, name, number, kind))
+            if kind == DIR and number < 0:  # not copied: its names are still to come
+                todo.append((number, child))
+    return out

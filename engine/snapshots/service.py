@@ -283,8 +283,12 @@ def _make_whole(conn, snapshot_id: int) -> None:
 
 
 def _make_lazy_views_whole(conn) -> None:
-    """Every lazy view made whole (``_make_whole``): before the live tree is replaced
-    wholesale (rollback), which they may still read."""
+    """Every lazy view made whole (``_make_whole``), and its clones' pending folders copied:
+    before the live tree is replaced wholesale (rollback), which they may still read."""
+    for (sid,) in sql_all(conn, "SELECT id FROM snapshots WHERE top_ino IS NOT NULL"):
+        # their clones' folders not copied yet read the same rows
+        while materialize_batch(conn, int(sid)):
+            pass
     for (sid,) in sql_all(
         conn, "SELECT id FROM snapshots WHERE top_ino IS NOT NULL AND deleting = ?", (False,)
     ):
@@ -1060,8 +1064,6 @@ class Snapshots:
         def work(conn):
             sid, root, _lo, _hi, _created = self._snapshot_row(conn, dataset, name)
             self.ns.readonly.check_writable(parent, conn=conn)
-            _make_whole(conn, sid)  # a lazy view: its blocks then hold its whole tree
-            _member, _params, lo, hi = _members(conn, sid)
             if (
                 sql_one(
                     conn, "SELECT id FROM dirents WHERE parent = ? AND name = ?", (parent, new_name)
@@ -1069,10 +1071,18 @@ class Snapshots:
                 is not None
             ):
                 raise errors.Exists(f"{new_path} exists")
-            if roots_of(conn, parent, self.ns.root_ino):
+            quota = roots_of(conn, parent, self.ns.root_ino)
+            if _is_lazy(conn, sid) and not quota:
+                # the root alone; each folder copied when first needed from what the view
+                # reads through its lookup, numbered as it is copied (lazyviews.clone_root)
+                made = lazyviews.clone_root(conn, sid)
+                delta = made - root
+            elif quota:
+                _make_whole(conn, sid)  # a lazy view: its blocks then hold its whole tree
                 # under a quota: copied now, so its counters and fsck's recount see every file
                 delta = _copy_range(conn, sid)[0]
             else:  # the root alone; each directory's names when first needed (lazyclones.py)
+                _member, _params, lo, hi = _members(conn, sid)
                 delta = _reserve_inodes(conn, lo, hi)
                 if conn.dialect.name == "sqlite":  # no later inode may be numbered in the range
                     sql(
