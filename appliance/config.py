@@ -332,9 +332,10 @@ OPTIONS: list[Option] = [
         "slot_replies_mib",
         "int",
         64,
-        "Most MiB the NFSv4.1 session slots keep of replies, all sessions together: a retry of "
-        "a request that changed something gets its kept reply; past this a reply is not kept "
-        "and its retry gets NFS4ERR_RETRY_UNCACHED_REP (docs/nfs-state.md).",
+        "Most MiB the NFSv4.1 session slots reserve for their replies, all sessions together: "
+        "CREATE_SESSION grants each slot a cached reply size (at most 4 KiB) within it, fewer "
+        "slots or a smaller size as it fills, then NFS4ERR_NOSPC; a retry of a request that "
+        "changed something gets its kept reply (docs/nfs-state.md).",
         minimum=1,
         maximum=65536,
     ),

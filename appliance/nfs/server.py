@@ -373,6 +373,8 @@ class NfsServer:
             replies = self.state.slot_replies
             out.update({f"nfs_slot_retries_{event}": n for event, n in replies.retries.items()})
             out["nfs_slot_replies_bytes"] = replies.used
+            out["nfs_slot_replies_reserved_bytes"] = replies.reserved
+            out.update({f"nfs_sessions_{event}": n for event, n in replies.sessions.items()})
         out.update({f"nfs_offload_{event}": n for event, n in self.offloads.counts.items()})
         if self.gss is not None:
             for key, value in self.gss.stats().items():

@@ -25,7 +25,10 @@ Counter names (the daemon records what it has; charts show what exists):
 - ``nfs_slot_retries_<event>``: NFSv4.1 retries on a session slot (the same slot and seqid
   again): ``replayed`` from the slot's kept reply, ``rerun`` (they changed nothing),
   ``uncached`` (NFS4ERR_RETRY_UNCACHED_REP), ``delayed`` (NFS4ERR_DELAY: still running); and
-  ``nfs_slot_replies_bytes``, what the slots keep (appliance/nfs/state/replies.py)
+  ``false`` (NFS4ERR_SEQ_FALSE_RETRY), ``reused`` (a seqid reused after a request that changed
+  nothing); ``nfs_slot_replies_bytes``, what the slots keep, ``nfs_slot_replies_reserved_bytes``,
+  what the sessions reserved, and ``nfs_sessions_<shrunk|refused>``, sessions granted less than
+  they asked or refused (appliance/nfs/state/replies.py)
 - ``nfs_gss_<event>``: RPCSEC_GSS counters (contexts, destroyed, refused, replays, failed_init)
   and ``nfs_gss_live`` (contexts alive), when the NFS server has a keytab
 - ``export_<id>_read_bytes``, ``export_<id>_write_bytes``, ``export_<id>_ops``: per export, when

@@ -138,6 +138,7 @@ class RawClient:
         assert st == 0, st
         eid = res[0][2]
         self.clientid = eid.clientid
+        self.cs_sequence = eid.sequenceid + 1  # of the client's next CREATE_SESSION
         chan = t.channel_attrs4.cls(0, 1 << 21, 1 << 21, cached, 16, 8, [])
         st, res = self.compound(
             [
@@ -156,7 +157,9 @@ class RawClient:
             st, res = self.session([(c.OP_RECLAIM_COMPLETE, False)])
         return self
 
-    def sequence_op(self, slot=0, bump=True, cachethis=True):
+    def sequence_op(self, slot=0, bump=True, cachethis=False):
+        """SEQUENCE on ``slot``; without sa_cachethis by default, as nfs4fs (the server keeps a
+        reply that changed something anyway, and one that asks must fit the 4 KiB a slot keeps)."""
         self.seq.setdefault(slot, 0)
         if bump:
             self.seq[slot] += 1

@@ -25,6 +25,7 @@ from nfs4_support import every_worker_busy, nfsrs
 from appliance.nfs.onc.rpc import RPCSEC_GSS, UNMAPPED, Credential
 from appliance.nfs.state import NfsError
 from appliance.nfs.state.model import Slot
+from appliance.nfs.v4 import attrs as fattr
 from appliance.nfs.v4 import compound
 from appliance.nfs.v4 import const as c
 from appliance.nfs.v4 import types as t
@@ -62,7 +63,7 @@ def test_retries_on_a_slot(stack, server, monkeypatch):
     _a_retry_of_a_running_compound_is_delayed(server)
     _false_retries_and_misordered_seqids(server)
     _another_caller_never_gets_a_kept_reply(stack, server)
-    _slot_replies_stay_within_the_budget(server, monkeypatch)
+    _sessions_share_the_budget(server, monkeypatch)
 
 
 def _run_again_replay_or_say_uncached(server):
@@ -266,37 +267,76 @@ def test_two_unmapped_principals_are_two_callers(kept):
         assert compound._retry_uncached(slot, retry, alice, retries) is True  # uncached
 
 
-def _slot_replies_stay_within_the_budget(server, monkeypatch):
+def _create_session(raw: RawClient, slots: int = 8, cached: int = 4096):
+    """Another session of ``raw``'s client: (status, CREATE_SESSION4resok or None)."""
+    fore = t.channel_attrs4.cls(0, 1 << 20, 1 << 20, cached, 16, slots, [])
+    back = t.channel_attrs4.cls(0, 4096, 4096, 0, 2, 1, [])
+    args = t.ARGS[c.OP_CREATE_SESSION](
+        raw.clientid, raw.cs_sequence, 0, fore, back, 0x40000000, [(0, None)]
+    )
+    st, res = raw.compound([(c.OP_CREATE_SESSION, args)])
+    if st == 0:
+        raw.cs_sequence += 1
+    return st, res[0][2]
+
+
+def _sessions_share_the_budget(server, monkeypatch):
+    """One client makes session after session, each asking 8 slots keeping 4 KiB: CREATE_SESSION
+    grants what the budget allows and reserves it (a session takes at most an eighth of what is
+    left): 7 slots, then fewer, then one slot of a smaller cached size, then NOSPC; the
+    reservations never pass the budget. A reply that fits its session's cached size is always
+    kept, however full the budget; with sa_cachethis a bigger one is REP_TOO_BIG_TO_CACHE. A
+    destroyed session gives its room back."""
     replies = server.server.state.slot_replies
     assert replies.max_bytes == server.server.limits.slot_replies_bytes == 64 << 20
-    raw = RawClient(server.port).setup()
+    monkeypatch.setattr(replies, "max_bytes", replies.reserved + (256 << 10))
+    raw = RawClient(server.port).setup(cached=4096)  # the first session: 7 slots
     root = raw.root_fh()
-    monkeypatch.setattr(replies, "max_bytes", replies.used + 600)
+    assert len(server.server.state.sessions[raw.sessionid].slots) == 7
+    grants, refused = [], replies.sessions["refused"]
+    while len(grants) < 100:
+        st, ok = _create_session(raw)
+        assert replies.reserved <= replies.max_bytes
+        if st == c.NFS4ERR_NOSPC:
+            break
+        assert st == 0
+        fore = ok.fore_chan_attrs
+        grants.append((ok.sessionid, fore.maxrequests, fore.maxresponsesize_cached))
+        sess = server.server.state.sessions[ok.sessionid]
+        assert sess.reserved == fore.maxrequests * (fore.maxresponsesize_cached + 256)
+        assert len(sess.slots) == fore.maxrequests
+    assert st == c.NFS4ERR_NOSPC and replies.sessions["refused"] == refused + 1
+    slots = [n for _, n, _ in grants]
+    cached = [size for _, _, size in grants]
+    assert slots == sorted(slots, reverse=True) and cached == sorted(cached, reverse=True)
+    assert slots[0] == 6 and 1 < slots[len(slots) // 4] < 6  # fewer and fewer slots
+    assert cached[0] == 4096 and cached[-1] == 1024  # then one slot of a smaller size
+    assert any(n == 1 and 1024 < size < 4096 for _, n, size in grants)
+    assert replies.max_bytes - replies.reserved < 1024 + 256  # not one more slot fits
 
-    def mkdir(name):  # a COMPOUND that changes something, with a reply of about 250 bytes
+    # the last session, one slot of 1 KiB, with the budget spent: a CREATE's reply of about
+    # 250 bytes is kept and replayed; with sa_cachethis a reply past 1 KiB is refused
+    last = RawClient(server.port)
+    last.sessionid, last.seq = grants[-1][0], {0: 0}
+
+    def mkdir(name, extra=()):
         create = t.ARGS[c.OP_CREATE]((c.NF4DIR, None), name, t.fattr4.cls([], b""))
-        return [(c.OP_PUTFH, root), (c.OP_CREATE, create), (c.OP_GETFH, None), CHANGE]
+        return [(c.OP_PUTFH, root), (c.OP_CREATE, create), (c.OP_GETFH, None), CHANGE, *extra]
 
-    refused = replies.refused
-    firsts = [_send(raw, slot, mkdir(f"d{slot}"), cachethis=True) for slot in range(6)]
-    assert all(raw.parse(first)[0] == 0 for first in firsts)
-    slots = server.server.state.sessions[raw.sessionid].slots[:6]
-    kept = [slot.reply[0] for slot in slots if slot.reply is not None]
-    # the first ones, until the budget was spent, each reply a copy of what was sent
-    assert 0 < len(kept) < 6 and kept == [first[24:] for first in firsts[: len(kept)]]
-    assert replies.refused - refused == 6 - len(kept)
-    assert replies.used <= replies.max_bytes < replies.used + len(firsts[len(kept)]) - 24
-    # a kept one replays; one past the budget says its reply was not kept (it ran: EXIST else)
-    assert _send(raw, 0, mkdir("d0"), bump=False, cachethis=True)[4:] == firsts[0][4:]
-    st, res = raw.parse(_send(raw, len(kept), mkdir(f"d{len(kept)}"), bump=False, cachethis=True))
-    assert st == c.NFS4ERR_RETRY_UNCACHED_REP and res[1][1] == c.NFS4ERR_RETRY_UNCACHED_REP
-    # a slot's next request gives its kept reply back; a destroyed session gives back all
-    used = replies.used
-    assert raw.session([(c.OP_PUTFH, root)], slot=0)[0] == 0
-    assert replies.used < used
-    st, _ = raw.compound([(c.OP_DESTROY_SESSION, raw.sessionid)])
-    assert st == 0
-    assert replies.used == replies.max_bytes - 600  # (the other clients' slots keep nothing)
+    first = _send(last, 0, mkdir("small"), cachethis=True)
+    assert last.parse(first)[0] == 0
+    assert _send(last, 0, mkdir("small"), bump=False, cachethis=True)[4:] == first[4:]
+    # every readable attribute of words 0 and 1 (a write-only one is INVAL)
+    everything = (c.OP_GETATTR, [0xFFFFFFFF, 0xFFFFFFFF & ~fattr.WRITE_ONLY_BITMAP[1], 0])
+    st, res = last.parse(_send(last, 0, mkdir("big", [everything] * 4), cachethis=True))
+    assert st == c.NFS4ERR_REP_TOO_BIG_TO_CACHE and res[-1][0] == c.OP_GETATTR
+    # a destroyed session gives its room back: the refused CREATE_SESSION now gets a slot
+    reserved = replies.reserved
+    last.close()
+    st, _ = raw.compound([(c.OP_DESTROY_SESSION, grants[0][0])])
+    assert st == 0 and replies.reserved == reserved - 6 * (4096 + 256)
+    st, ok = _create_session(raw)
+    assert st == 0 and ok.fore_chan_attrs.maxrequests >= 1
     raw.close()
 
 

@@ -40,6 +40,7 @@ class Session:
     max_cached: int
     max_request: int
     max_response: int
+    reserved: int = 0  # bytes of the slot budget it holds (replies.SlotReplies.grant)
     backchannel: Any = None  # appliance.nfs.v4.backchannel.Backchannel, when the client asked
     # (cb_program, callback_sec_parms4 list) of CREATE_SESSION: saved with the session, so that
     # a session restored after a restart gets its backchannel back once the client binds one

@@ -128,6 +128,7 @@ class SessionRecords:
                 back = channel_attrs4.cls(*rec["back"], [])
                 sess = new_session(sid, cl, int(rec["slots"]), fore, back, seqid=None)
                 sess.callback = _callback_from(rec.get("callback"))
+                core.slot_replies.reserve(sess)
                 core.sessions[sid] = sess
                 cl.sessions[sid] = sess
             except (ValueError, KeyError, TypeError) as exc:

@@ -187,13 +187,20 @@ class StateTable(StateCore):
         return taken
 
     # -- sessions ---------------------------------------------------------------------------------
-    def add_session(self, cl: Client, fore, back, callback=None) -> Session:
+    def add_session(self, cl: Client, fore, back, callback=None, reserved: int = 0) -> Session:
+        """A new session of ``cl``; ``reserved``: what CREATE_SESSION reserved of the slot
+        budget for it (given back with the session, or at once if it cannot be saved)."""
         nslots = max(1, min(fore.maxrequests, SLOTS_MAX))
         sess = new_session(os.urandom(16), cl, nslots, fore, back)
         sess.callback = callback
+        sess.reserved = reserved
+        try:
+            self.session_records.save(sess)
+        except BaseException:
+            self.slot_replies.forget(sess)
+            raise
         self.sessions[sess.id] = sess
         cl.sessions[sess.id] = sess
-        self.session_records.save(sess)
         return sess
 
     def session(self, sid: bytes) -> Session:

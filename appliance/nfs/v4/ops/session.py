@@ -103,15 +103,9 @@ def create_session(cx, a):
         f, b = a.fore_chan_attrs, a.back_chan_attrs
         _check_channel(f, FORE_MIN, "fore")
         _check_channel(b, BACK_MIN, "back")
-        fore = channel_attrs4.cls(
-            0,
-            min(f.maxrequestsize, limit),
-            min(f.maxresponsesize, limit),
-            min(f.maxresponsesize_cached, MAX_CACHED),
-            min(f.maxoperations, cx.server.limits.max_compound_ops),
-            max(1, min(f.maxrequests, MAX_SLOTS)),
-            [],
-        )
+        max_response = min(f.maxresponsesize, limit)
+        asked = max(1, min(f.maxrequests, MAX_SLOTS))
+        cached = min(f.maxresponsesize_cached, MAX_CACHED, max_response)
         back = channel_attrs4.cls(
             0,
             b.maxrequestsize,
@@ -122,7 +116,20 @@ def create_session(cx, a):
             [],
         )
         auth = callback_auth(a.sec_parms, cx.server.gss, _principal_names(cx, cl))
-        sess = state.add_session(cl, fore, back, callback=(a.cb_program, a.sec_parms))
+        # the slots and cached size the reply-cache budget allows (appliance.nfs.state.replies)
+        slots, cached, reserved = state.slot_replies.grant(asked, cached)
+        fore = channel_attrs4.cls(
+            0,
+            min(f.maxrequestsize, limit),
+            max_response,
+            cached,
+            min(f.maxoperations, cx.server.limits.max_compound_ops),
+            slots,
+            [],
+        )
+        sess = state.add_session(
+            cl, fore, back, callback=(a.cb_program, a.sec_parms), reserved=reserved
+        )
         clients.confirm(state, cl)
         cl.cs_sequence = (cl.cs_sequence + 1) & 0xFFFFFFFF
         sess.backchannel = Backchannel(sess.id, a.cb_program, auth, back.maxrequests, cx.minor)
