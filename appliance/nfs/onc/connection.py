@@ -364,12 +364,11 @@ class RpcConnection(asyncio.BufferedProtocol):
         self._record(data)
 
     def _record(self, record):
+        """One whole record: answered here on the loop, or handed to a worker. A call answered
+        here keeps its bytes in ``held_buffers`` until its reply is out and takes no part in
+        the in-flight count the workers share (no lock, no flow check: nothing else is read
+        meanwhile); one handed over moves them to ``held_in_flight`` first."""
         size = len(record)
-        self.held_buffers -= size
-        with self._flow_lock:
-            self.in_flight += 1
-            self.held_in_flight += size
-        self._update_reading()
         try:
             outcome = self._dispatch(record)
         except Exception:  # noqa: BLE001 - a bug in one call must not take the connection's loop down
@@ -377,14 +376,23 @@ class RpcConnection(asyncio.BufferedProtocol):
             outcome = None
         del record  # the call holds it while it needs it; the count is given back at the end
         if isinstance(outcome, tuple):  # (xid, InWorker, GssReply or None)
+            self.held_buffers -= size
+            with self._flow_lock:
+                self.in_flight += 1
+                self.held_in_flight += size
+            self._update_reading()
             try:
                 self.server.pool.call_soon(self._run, *outcome, size)
                 return
             except RuntimeError:  # the pool shut down: the server is stopping, no answer
-                outcome = None
+                self._call_done(size)
+                return
         if outcome is not None:
             self.send(outcome, on_loop=True)
-        self._call_done(size)
+        self.held_buffers -= size
+        self._release(size)
+        if self.reading_paused or self.starved:  # the bytes given back may let it read again
+            self._on_loop(self._wake)
 
     def _run(self, xid: int, work: InWorker, gss_reply, size: int) -> None:
         """In a worker thread: the blocking part of a call, then its reply."""
