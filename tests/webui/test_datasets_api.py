@@ -60,7 +60,12 @@ def test_snapshots_and_schedules_through_the_api(live):
     assert call("POST", "/api/v1/snapshots", reader, body).status_code == 403
     made = call("POST", "/api/v1/snapshots", operator, body)
     assert made.status_code == 201, made.get_json()
-    assert made.get_json()["referenced_bytes"] == 100_000
+    figures = made.get_json()
+    if not figures["counted"]:  # a lazy view (lazyviews.ENABLED): counted after, through it
+        [figures] = call(
+            "GET", "/api/v1/snapshots?path=/datasets/web&recount=true", reader
+        ).get_json()
+    assert figures["referenced_bytes"] == 100_000
     again = call("POST", "/api/v1/snapshots", operator, body)
     assert again.status_code == 409 and "exists" in again.get_json()["error"]
     _write(ns, "/datasets/web/model", b"v2" * 50_000)
