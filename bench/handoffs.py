@@ -4,6 +4,7 @@
     .venv/bin/python bench/handoffs.py --trees /work/a /work/b --pairs 4 --runs 3
     .venv/bin/python bench/handoffs.py --by-thread            # split by thread (needs py-spy)
     .venv/bin/python bench/handoffs.py --setup seq_write --workload seq_read  # warm reads
+    .venv/bin/python bench/handoffs.py --heads 2              # shingle serve --heads 2
 
 Each round starts ``shingle serve`` from each tree in turn (bench/compare.py's ShingleServer:
 10 zone-file drives, 8+2), the order flipping every round (the tree that runs first in a pair
@@ -15,6 +16,9 @@ Thread switches are the hand-offs: a wake-up of an idle worker, a wait for the G
 call that let it go, a drive thread's wait for its next append or for the device. With
 ``--by-thread`` the threads are named by ``py-spy dump`` (Python threads; the compiled drive
 writers and syncers show as ``native``). The last lines give the median of each tree.
+With ``--heads N`` each tree runs ``shingle serve --heads N`` and the figures cover the
+listener and every head (their threads' switches, their CPU), the clients' connections coming
+from N loopback addresses in turn (bench/srcaddr.py) so that every head gets writers.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 # first, even when PYTHONPATH has it: bench/ (this script's folder) holds an engine.py too
 sys.path.insert(0, str(REPO))
 
-from bench import workloads  # noqa: E402
+from bench import srcaddr, workloads  # noqa: E402
 
 MiB = 1 << 20
 SERVER = """
@@ -43,7 +47,9 @@ import json, sys
 from pathlib import Path
 sys.path.insert(0, {tree!r})
 from bench.compare import ShingleServer, MiB
-server = ShingleServer(Path({work!r}), drive_size={drive_mib} * MiB, zone_size={zone_mib} * MiB)
+server = ShingleServer(
+    Path({work!r}), drive_size={drive_mib} * MiB, zone_size={zone_mib} * MiB{heads}
+)
 server.start()
 print(json.dumps({{"pid": server.proc.pid, "port": server.port}}), flush=True)
 sys.stdin.read()
@@ -51,48 +57,84 @@ server.stop()
 """
 
 
+def server_pids(pid: int) -> list[int]:
+    """The server and its children (a `serve --heads N` listener's heads), and theirs."""
+    pids, i = [pid], 0
+    while i < len(pids):
+        for tid in os.listdir(f"/proc/{pids[i]}/task"):
+            try:
+                children = Path(f"/proc/{pids[i]}/task/{tid}/children").read_text().split()
+            except OSError:
+                continue
+            pids.extend(int(c) for c in children if int(c) not in pids)
+        i += 1
+    return pids
+
+
 def process_times(pid: int) -> tuple[float, float, int]:
-    """utime and stime in seconds and minor page faults of the process."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """utime and stime in seconds and minor page faults of the process and its children."""
     tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick, int(fields[7])
+    utime = stime = faults = 0
+    for one in server_pids(pid):
+        try:
+            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it just ended
+        utime, stime, faults = (
+            utime + int(fields[11]),
+            stime + int(fields[12]),
+            faults + int(fields[7]),
+        )
+    return utime / tick, stime / tick, faults
 
 
 def thread_switches(pid: int) -> dict[str, tuple[int, int]]:
-    """Thread id -> (voluntary, involuntary) context switches so far."""
+    """Thread id -> (voluntary, involuntary) context switches so far, of the server's threads
+    and its children's."""
     out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        vol = invol = 0
+    for one in server_pids(pid):
         try:
-            for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
-                if line.startswith("voluntary_ctxt_switches"):
-                    vol = int(line.split()[1])
-                elif line.startswith("nonvoluntary_ctxt_switches"):
-                    invol = int(line.split()[1])
+            tids = os.listdir(f"/proc/{one}/task")
         except OSError:
-            continue  # the thread ended
-        out[tid] = (vol, invol)
+            continue
+        for tid in tids:
+            vol = invol = 0
+            try:
+                for line in Path(f"/proc/{one}/task/{tid}/status").read_text().splitlines():
+                    if line.startswith("voluntary_ctxt_switches"):
+                        vol = int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches"):
+                        invol = int(line.split()[1])
+            except OSError:
+                continue  # the thread ended
+            out[tid] = (vol, invol)
     return out
 
 
 def thread_groups(pid: int, spy: str | None) -> dict[str, str]:
-    """Thread id -> its Python thread's name without the number (py-spy dump), if py-spy runs."""
+    """Thread id -> its Python thread's name without the number (py-spy dump), if py-spy runs;
+    the threads of the server's children too."""
     if spy is None:
         return {}
-    proc = subprocess.run(
-        [spy, "dump", "--json", "--nonblocking", "-p", str(pid)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    try:
-        threads = json.loads(proc.stdout)
-    except ValueError:
-        return {}
-    return {
-        str(t["os_thread_id"]): re.sub(r"[-_]?\d+$", "", t.get("thread_name") or "python")
-        for t in threads
-    }
+    out = {}
+    for one in server_pids(pid):
+        proc = subprocess.run(
+            [spy, "dump", "--json", "--nonblocking", "-p", str(one)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        try:
+            threads = json.loads(proc.stdout)
+        except ValueError:
+            continue
+        out.update(
+            {
+                str(t["os_thread_id"]): re.sub(r"[-_]?\d+$", "", t.get("thread_name") or "python")
+                for t in threads
+            }
+        )
+    return out
 
 
 def workload_params(args) -> dict:
@@ -124,6 +166,7 @@ def run_workload(tree: str, port: int, workload: str, args) -> dict:
         capture_output=True,
         text=True,
         timeout=900,
+        env=args.env,
     )
     lines = proc.stdout.strip().splitlines()
     out = json.loads(lines[-1]) if lines else {"ok": False, "error": proc.stderr[-500:]}
@@ -164,7 +207,14 @@ def one_server(tree: str, args) -> list[dict]:
         [
             sys.executable,
             "-c",
-            SERVER.format(tree=tree, work=work, drive_mib=args.drive_mib, zone_mib=args.zone_mib),
+            SERVER.format(
+                tree=tree,
+                work=work,
+                drive_mib=args.drive_mib,
+                zone_mib=args.zone_mib,
+                # only then: a tree from before --heads has no such argument
+                heads=f", heads={args.heads}" if args.heads > 1 else "",
+            ),
         ],
         cwd=tree,
         stdin=subprocess.PIPE,
@@ -191,6 +241,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=2, help="workload runs per server start")
     ap.add_argument("--mib", type=int, default=32, help="MiB per writer")
     ap.add_argument("--writers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=1, help="shingle serve --heads N")
     ap.add_argument("--drive-mib", type=int, default=1536, help="size of each of the 10 drives")
     ap.add_argument("--zone-mib", type=int, default=64)
     ap.add_argument("--workload", default="checkpoint_writers")
@@ -199,6 +250,15 @@ def main(argv=None) -> int:
     ap.add_argument("--by-thread", action="store_true", help="switches per thread group")
     ap.add_argument("--py-spy", default=shutil.which("py-spy"), help="py-spy for --by-thread")
     args = ap.parse_args(argv)
+    preload = tempfile.mkdtemp(prefix="handoffs-srcaddr-", dir="/var/tmp")
+    try:
+        args.env = srcaddr.environ(args.heads, Path(preload))
+        return run_pairs(args)
+    finally:
+        shutil.rmtree(preload, ignore_errors=True)
+
+
+def run_pairs(args) -> int:
     results: dict[str, list[dict]] = {tree: [] for tree in args.trees}
     for round_ in range(args.pairs):
         order = args.trees if round_ % 2 == 0 else list(reversed(args.trees))

@@ -22,11 +22,13 @@ def build(folder: Path) -> Path:
     lib = Path(folder) / "libsrcaddr.so"
     if not lib.exists():
         Path(folder).mkdir(parents=True, exist_ok=True)
+        part = lib.with_name(f"{lib.name}.{os.getpid()}")
         subprocess.run(
-            ["cc", "-O2", "-shared", "-fPIC", "-o", str(lib), str(SOURCE), "-ldl"],
+            ["cc", "-O2", "-shared", "-fPIC", "-o", str(part), str(SOURCE), "-ldl"],
             check=True,
             capture_output=True,
         )
+        os.replace(part, lib)  # whole, for another run looking at the same folder
     return lib
 
 

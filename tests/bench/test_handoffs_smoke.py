@@ -43,3 +43,35 @@ def test_handoffs_smoke_reports_cpu_and_switches_per_mib():
     medians = [m for m in medians if m]
     assert len(medians) == 1, proc.stdout
     assert all(float(v) > 0 for v in medians[0].groups())
+
+
+def test_handoffs_smoke_with_two_heads_counts_the_heads():
+    """--heads 2: the figures are the listener's and its heads' (the listener alone, which runs
+    no NFS, costs under 0.1 ms of CPU and a few switches per MiB; a head serving writers, ms)."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "bench/handoffs.py",
+            "--heads",
+            "2",
+            "--pairs",
+            "1",
+            "--runs",
+            "1",
+            "--mib",
+            "2",
+            "--drive-mib",
+            "256",
+            "--zone-mib",
+            "16",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = [m for m in map(RUN.search, proc.stdout.splitlines()) if m]
+    assert len(runs) == 1, proc.stdout
+    cpu_ms, switches = float(runs[0].group(1)), float(runs[0].group(2))
+    assert cpu_ms > 0.5 and switches > 5, proc.stdout
