@@ -195,6 +195,16 @@ OPTIONS: list[Option] = [
     ),
     Option(
         "nfs",
+        "udp",
+        "bool",
+        True,
+        "Also answer the port mapper, MOUNT, NLM and NSM over UDP on the NFS port (and the port "
+        "mapper on portmap_port): a client's sm-notify tells the server over UDP that it "
+        "rebooted, which frees its NLM locks; rpcinfo -u and showmount ask over UDP. NFS itself "
+        "is TCP only. Not with serve --heads (docs/nfs.md).",
+    ),
+    Option(
+        "nfs",
         "portmap_port",
         "port",
         111,

@@ -435,6 +435,7 @@ class Daemon:
             grace_seconds=config.get("nfs.grace_seconds"),
             portmap=config.get("nfs.portmap"),
             portmap_port=config.get("nfs.portmap_port"),
+            udp=config.get("nfs.udp"),
             nsm_name=config.get("nfs.nsm_name"),
             client_rpcbind_port=config.get("nfs.client_rpcbind_port"),
             pnfs=self.pnfs_role(appliance),

@@ -29,6 +29,7 @@ from appliance.nfs.nlm.manager import NlmManager
 from appliance.nfs.nlm.nsm import NsmMonitor, NsmProgram
 from appliance.nfs.nlm.program import NlmProgram
 from appliance.nfs.onc.connection import RpcConnection
+from appliance.nfs.onc.datagram import DatagramSockets, RpcDatagram
 from appliance.nfs.onc.limits import NetLimits, ReceiveBuffers, RequestBudget
 from appliance.nfs.onc.rpc import InWorker
 from appliance.nfs.pnfs import Pnfs
@@ -235,6 +236,18 @@ def default_idmap_domain() -> str:
     return fqdn.split(".", 1)[1] if "." in fqdn else "localdomain"
 
 
+# served over UDP too: the port mapper, MOUNT, NLM and NSM, not NFS (appliance/nfs/onc/datagram.py)
+UDP_PROGRAMS = (pmap.PMAP_PROGRAM, MOUNT_PROGRAM, nlm_types.NLM_PROGRAM, nlm_types.NSM_PROGRAM)
+# (program, procedure) that may run twice over UDP: the rest go through the duplicate request
+# cache (MNT/UMNT, NLM LOCK/CANCEL/UNLOCK/SHARE/... and their _MSG forms, NSM MON/UNMON/NOTIFY)
+UDP_IDEMPOTENT = frozenset(
+    [(pmap.PMAP_PROGRAM, proc) for proc in range(16)]
+    + [(MOUNT_PROGRAM, proc) for proc in (0, 2, 5)]  # NULL, DUMP, EXPORT
+    + [(nlm_types.NLM_PROGRAM, proc) for proc in (0, 1)]  # NULL, TEST
+    + [(nlm_types.NSM_PROGRAM, proc) for proc in (0, 1)]  # NULL, STAT
+)
+
+
 class NfsServer:
     def __init__(
         self,
@@ -260,6 +273,7 @@ class NfsServer:
         copy_offload_mib_s: float = 0.0,
         handoff: socket.socket | None = None,
         on_listener_gone=None,
+        udp: bool = True,
     ):
         """``portmap``: "serve" answers PMAP on ``portmap_port`` (0: any free port),
         "register" registers NFS, MOUNT, NLM and NSM with the rpcbind there, "auto" does the
@@ -274,7 +288,10 @@ class NfsServer:
         (appliance/nfs/pnfs.py; default: none). ``head_index``: this head's number among several
         over one catalog ([heads] index when count > 1): its server owner then differs from the
         others' while the server scope stays theirs (one namespace, each head its own state).
-        ``copy_offload_mib_s``: the average rate cap of asynchronous COPYs (0: none)."""
+        ``copy_offload_mib_s``: the average rate cap of asynchronous COPYs (0: none).
+        ``udp``: also answer the port mapper, MOUNT, NLM and NSM over UDP on ``port`` (and the
+        port mapper on ``portmap_port`` when served), not with ``handoff`` (appliance/nfs/onc/
+        datagram.py)."""
         if portmap not in PORTMAP_MODES:
             raise ValueError(f"portmap mode {portmap!r}: expected one of {PORTMAP_MODES}")
         if limits is None:
@@ -333,6 +350,7 @@ class NfsServer:
             nlm_types.NSM_PROGRAM: NsmProgram(self),
             pmap.PMAP_PROGRAM: pmap.PortmapProgram(self.portmap_table),
         }
+        self.datagrams = DatagramSockets(udp and handoff is None)
         self.connections: set = set()
         self.counters = NfsStats()
         self.offloads = Offloads(self)  # asynchronous COPYs (appliance/nfs/v4/offload.py)
@@ -373,6 +391,7 @@ class NfsServer:
             replies = self.state.slot_replies
             out.update({f"nfs_slot_retries_{event}": n for event, n in replies.retries.items()})
             out["nfs_slot_replies_bytes"] = replies.used
+            out.update({f"nfs_udp_{event}": n for event, n in self.datagrams.counts().items()})
             out["nfs_slot_replies_reserved_bytes"] = replies.reserved
             out.update({f"nfs_sessions_{event}": n for event, n in replies.sessions.items()})
         out.update({f"nfs_offload_{event}": n for event, n in self.offloads.counts.items()})
@@ -403,6 +422,10 @@ class NfsServer:
         pmap_port = self.portmap_port if self.serves_portmap else self.port
         for vers in pmap.PortmapProgram.versions:
             table[(pmap.PMAP_PROGRAM, vers, tcp)] = pmap_port
+        for port, programs in self.datagrams.ports():  # (the port mapper's own port last)
+            for prog in programs:
+                for vers in self.programs[prog].versions:
+                    table[(prog, vers, pmap.IPPROTO_UDP)] = port
         return table
 
     @property
@@ -518,6 +541,8 @@ class NfsServer:
         else:
             server = self._server = await self._listen(self.port, backlog=256)
             self.port = server.sockets[0].getsockname()[1]
+            if self.datagrams.enabled:
+                await self._listen_udp(self.port, UDP_PROGRAMS)
         await run(pool, self.state.delegations.start, f"{self.nsm_name}:{self.port}")
         await self._start_portmap()
         self._housekeeper = asyncio.ensure_future(self._housekeeping())
@@ -651,6 +676,23 @@ class NfsServer:
             lambda: RpcConnection(self), self.host, port, reuse_address=True, backlog=backlog
         )
 
+    async def _listen_udp(self, port: int, programs: tuple[int, ...]) -> None:
+        """Answer ``programs`` over UDP on ``port`` too (appliance/nfs/onc/datagram.py); a port
+        another process holds is left to it, with a warning (TCP still serves them)."""
+        loop = self.loop
+        assert loop is not None  # start() runs this
+        served = {prog: self.programs[prog] for prog in programs}
+        proto = RpcDatagram(self, served, UDP_IDEMPOTENT, self.datagrams.cache)
+        try:
+            transport, _ = await loop.create_datagram_endpoint(
+                lambda: proto, local_addr=(self.host, port)
+            )
+        except OSError as exc:
+            log.warning("UDP port %d not served (%s): clients use TCP", port, exc)
+            return
+        proto.port = transport.get_extra_info("sockname")[1]
+        self.datagrams.sockets.append((transport, proto))
+
     async def _start_portmap(self) -> None:
         mode = self.portmap_mode
         if mode in ("off", "handed"):
@@ -689,6 +731,8 @@ class NfsServer:
             )
             return
         self.portmap_port = portmap_server.sockets[0].getsockname()[1]
+        if self.datagrams.enabled:  # sm-notify and rpcinfo -u ask the port mapper over UDP
+            await self._listen_udp(self.portmap_port, (pmap.PMAP_PROGRAM,))
         log.info("port mapper listening on %s:%d", self.host, self.portmap_port)
 
     async def _nlm_ticks(self) -> None:
@@ -712,6 +756,7 @@ class NfsServer:
             self.namespace.change_guard = None
         if self._portmap_server is not None:
             self._portmap_server.close()
+        self.datagrams.close()
         for task in (
             self._housekeeper,
             self._nlm_ticker,
