@@ -278,8 +278,12 @@ def register(
     each is also registered for tcp6 / udp6 (rpcbind v4 SET of the wildcard ``::``), which
     is what an IPv6 client asks for."""
     done = 0
+    cleared: set = set()
     for (prog, vers, proto), port in sorted(entries.items()):
-        calls = [(PMAP_V2, PMAPPROC_UNSET, mapping.encode((prog, vers, proto, 0)))]
+        calls = []
+        if (prog, vers) not in cleared:  # a v2 UNSET drops every protocol of (prog, vers):
+            cleared.add((prog, vers))  # once, before the first SET (TCP's), not before UDP's
+            calls.append((PMAP_V2, PMAPPROC_UNSET, mapping.encode((prog, vers, proto, 0))))
         if not unset:
             calls.append((PMAP_V2, PMAPPROC_SET, mapping.encode((prog, vers, proto, port))))
         if ipv6:

@@ -592,7 +592,11 @@ def test_port_mapper_answers_getport_getaddr_and_dump(nlm_server):
             assert getport(t.MOUNT_PROGRAM, 3) == port
             assert getport(pm.PMAP_PROGRAM, 2) == nlm_server.server.portmap_port
             assert getport(n.NLM_PROGRAM, 1) == 0  # only NLM v4 is served
-            assert getport(n.NLM_PROGRAM, 4, proto=17) == 0  # no UDP
+            # over UDP: NLM, NSM, MOUNT and the port mapper (on its own port), not NFS
+            assert getport(n.NLM_PROGRAM, 4, proto=17) == port
+            assert getport(t.MOUNT_PROGRAM, 3, proto=17) == port
+            assert getport(pm.PMAP_PROGRAM, 2, proto=17) == nlm_server.server.portmap_port
+            assert getport(t.NFS_PROGRAM, 3, proto=17) == 0
             stat, body = peer.call_bytes(
                 pm.PMAP_PROGRAM,
                 4,
@@ -765,6 +769,7 @@ def test_programs_are_registered_with_a_running_rpcbind(stack):
                 [rpcinfo, "-p", "127.0.0.1"], capture_output=True, text=True, timeout=30, check=True
             ).stdout
             assert f"100021    4   tcp  {srv.port}" in out
+            assert f"100021    4   udp  {srv.port}" in out  # (registering UDP kept TCP's)
         finally:
             srv.stop()
         out = subprocess.run(
