@@ -27,6 +27,7 @@ from nfs_rig import (
     KRB5_IDMAP_DOMAIN,
     KRB5_TIMEOUT_S,
     VM_TIMEOUT_S,
+    InBackground,
     NlmCallbackPorts,
     ShingleDaemon,
     krb5_plan,
@@ -156,11 +157,14 @@ def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon, nlm_callback_p
     def on_request(text: str) -> str:
         # "restart-server", "snapshot-create|snapshot-delete PATH NAME", "dataset-clone
         # SNAPSHOT PATH" (paths in the namespace), or
+        # "root-squash-ready" (the root-squash checks' daemon started: "ready", or why not),
         # "deleg-write PATH HEX" (PATH in the export: another client writes it), "deleg-stat
         # PATH", "deleg-read PATH" (another client's stat, read), or
         # "offload-stats" (the daemon's asynchronous COPY counters)
         action, *args = text.split()
         try:
+            if action == "root-squash-ready" and not args:
+                return squashed_ready.wait()
             if action == "restart-server" and not args:
                 return shingle_daemon.restart()
             if action == "snapshot-create" and len(args) == 2:
@@ -185,8 +189,11 @@ def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon, nlm_callback_p
     # qemu forwards the host's 127.0.0.1 to it (the mount says clientaddr=127.0.0.1)
     callback_port = free_port()
     plan = plan_for(shingle_daemon.port, skip_locks, callback_port, nlm_callback_ports.lockd)
-    # the same boot runs the root-squash checks against a daemon of their own (root_squash_plan)
-    squashed = root_squash_daemon(kernel_rig_dir)
+    # the same boot runs the root-squash checks against a daemon of their own
+    # (root_squash_plan), made and started while the VM boots and runs the other checks: the
+    # guest asks "root-squash-ready" before its first root-squash mount
+    squashed = ShingleDaemon(kernel_rig_dir / "root-squash" / "appliance", free_port())
+    squashed_ready = InBackground(lambda: start_root_squash_daemon(squashed))
     try:
         plan.update(root_squash_plan(squashed.port))
         result, checks = run_guest(
@@ -198,21 +205,19 @@ def kernel_nfs_results(vm_kernel, kernel_rig_dir, shingle_daemon, nlm_callback_p
             host_forwards=(callback_port, *nlm_callback_ports.host_forwards()),
         )
     finally:
+        squashed_ready.wait()  # not started after the stop
         squashed.stop()
         shutil.rmtree(squashed.home / "drives", ignore_errors=True)
     return RigRun(result, checks, shingle_daemon.log() + squashed.log())
 
 
-def root_squash_daemon(kernel_rig_dir: Path) -> ShingleDaemon:
-    """A daemon serving `shingle init`'s default export (root squashed, the root 1777 and owned
-    by the anonymous user) for the root-squash checks; no port mapper (the v3 mount uses
-    nolock), so it runs beside shingle_daemon. Started; the caller stops it."""
-    folder = kernel_rig_dir / "root-squash"
-    folder.mkdir()
-    daemon = ShingleDaemon(folder / "appliance", free_port())
+def start_root_squash_daemon(daemon: ShingleDaemon) -> None:
+    """``daemon`` serving `shingle init`'s default export (root squashed, the root 1777 and
+    owned by the anonymous user) for the root-squash checks; no port mapper (the v3 mount uses
+    nolock), so it runs beside shingle_daemon. The caller stops it."""
+    daemon.home.parent.mkdir()
     daemon.init(squash="root_squash", portmap="off")
     daemon.start()
-    return daemon
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,16 @@ import sys
 import threading
 import time
 
-from guest_nfs import CheckFailed, expect, mount, run_check, sh, sha256, vmchannel_request
+from guest_nfs import (
+    CheckFailed,
+    expect,
+    mount,
+    report,
+    run_check,
+    sh,
+    sha256,
+    vmchannel_request,
+)
 
 MiB = 1 << 20
 CHECKS = (
@@ -622,6 +631,12 @@ def main(plan_file: str) -> int:
     print("@@SHINGLE-VM BEGIN", flush=True)  # the host keeps the lines after it
     plan = json.load(open(plan_file))
     tune_data_server_timeouts()
+    # the host starts its daemons while this VM boots
+    ready = vmchannel_request("daemons-ready")
+    if ready != "ready":
+        for name in CHECKS:
+            report(f"pnfs/{name}", False, f"the host's daemons: {ready}")
+        return 1
     mds_port, ds_ports = plan["mds_port"], plan["ds_ports"]
     size = plan["size_mib"] * MiB
     run_check("pnfs/mount-4.1", lambda: check_mount(MDS_MNT, "vers=4.1", mds_port))

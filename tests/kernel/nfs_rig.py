@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -265,6 +266,12 @@ class ShingleDaemon:
         return self
 
     def start(self, timeout: float = 60) -> None:
+        self.launch()
+        self.wait_started(timeout)
+
+    def launch(self) -> None:
+        """`shingle serve` started, not waited for (wait_started): daemons started together
+        start in the time of the slowest."""
         self.starts += 1
         log = open(self.home / f"serve-{self.starts}.log", "w")
         self.proc = subprocess.Popen(
@@ -284,6 +291,9 @@ class ShingleDaemon:
             stderr=subprocess.STDOUT,
         )
         log.close()
+
+    def wait_started(self, timeout: float = 60) -> None:
+        assert self.proc is not None, "not launched"
         deadline = time.monotonic() + timeout
         while "nfs://" not in self.current_log():  # this start's log, not an earlier one's
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -291,9 +301,17 @@ class ShingleDaemon:
             time.sleep(0.2)
 
     def stop(self) -> int | None:
+        self.terminate()
+        return self.wait_stopped()
+
+    def terminate(self) -> None:
+        """SIGTERM, not waited for (wait_stopped)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait_stopped(self) -> int | None:
         if self.proc is None:
             return None
-        self.proc.send_signal(signal.SIGTERM)
         try:
             status = self.proc.wait(60)
         except subprocess.TimeoutExpired:
@@ -374,6 +392,44 @@ class ShingleDaemon:
         return "\n".join(
             p.read_text(errors="replace") for p in sorted(self.home.glob("serve-*.log"))
         )
+
+
+def start_all(daemons: list[ShingleDaemon], timeout: float = 60) -> None:
+    """Start ``daemons`` together: each launched, then each waited for."""
+    for daemon in daemons:
+        daemon.launch()
+    for daemon in daemons:
+        daemon.wait_started(timeout)
+
+
+def stop_all(daemons: list[ShingleDaemon]) -> None:
+    """Stop ``daemons`` together: each sent SIGTERM, then each waited for."""
+    for daemon in daemons:
+        daemon.terminate()
+    for daemon in daemons:
+        daemon.wait_stopped()
+
+
+class InBackground:
+    """``work()`` in a thread (daemons' init and start while the VM boots); ``wait()`` says
+    "ready" once it is done, or why it failed."""
+
+    def __init__(self, work):
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(work,), daemon=True)
+        self.thread.start()
+
+    def _run(self, work) -> None:
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - the guest reports it as its checks' failure
+            self.error = exc
+
+    def wait(self, timeout: float = 600) -> str:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            return f"not ready after {timeout:.0f} s"
+        return "ready" if self.error is None else f"failed: {self.error!r}"
 
 
 def _second_client(port: int):

@@ -37,7 +37,15 @@ import guest_nfs
 import guest_pnfs
 import pytest
 import vm
-from nfs_rig import HERE, ShingleDaemon, read_as_second_client, stat_as_second_client
+from nfs_rig import (
+    HERE,
+    InBackground,
+    ShingleDaemon,
+    read_as_second_client,
+    start_all,
+    stat_as_second_client,
+    stop_all,
+)
 from pgserver import free_port
 
 from appliance.nfs.handoff import head_for
@@ -57,7 +65,8 @@ def _configure(text: str, section: str, lines: str) -> str:
 
 
 class Heads:
-    """A metadata server and two data servers on 127.0.0.1, sharing one catalog."""
+    """A metadata server and two data servers on 127.0.0.1, sharing one catalog: their ports
+    now, their folders by prepare() (the guest's plan needs only the ports)."""
 
     def __init__(self, folder: Path):
         self.folder = folder
@@ -65,9 +74,13 @@ class Heads:
         self.mds = ShingleDaemon(folder / "mds", ports[0])
         self.others: list[ShingleDaemon] = []  # more daemons of the run, whose logs help too
         self.ds = [ShingleDaemon(folder / f"ds{i}", port) for i, port in enumerate(ports[1:])]
+        self.catalog = (self.mds.home / "catalog.db").resolve()
+
+    def prepare(self) -> None:
         # 3 heads share each drive's zones: 32 of 4 MiB, about 10 each, 2 kept for cleaning
         self.mds.init(portmap="off", drive_size="128MiB")
-        catalog = self.catalog = (self.mds.home / "catalog.db").resolve()
+        catalog = self.catalog
+        assert catalog.exists(), f"no catalog at {catalog}"
         listed = ",".join(f"{guest_nfs.SERVER}:{d.port}" for d in self.ds)
         common = 'lease_seconds = 30\ngrace_seconds = 0\nportmap = "off"\n'
         text = self.mds.config.read_text()
@@ -84,10 +97,8 @@ class Heads:
                 + ('\n[logging]\nlevel = "debug"\n' if os.environ.get("SHINGLE_PNFS_DEBUG") else "")
             )
 
-    def start(self) -> None:
-        self.mds.start()
-        for head in self.ds:
-            head.start()
+    def daemons(self) -> list[ShingleDaemon]:
+        return [self.mds, *self.ds]
 
     def written_by(self, name: str) -> dict[str, int]:
         """Bytes of the export's file ``name`` per head that wrote them, from the catalog: a
@@ -128,20 +139,18 @@ class Heads:
     def ds_writes(self, mode: str) -> str:
         """Restart every data server with [pnfs] data_server_writes = ``mode`` (the killed
         one comes back too)."""
+        stop_all(self.ds)
         for head in self.ds:
-            head.stop()
             text = head.config.read_text()
             text = "\n".join(
                 line for line in text.splitlines() if not line.startswith("data_server_writes")
             )
             text = text.replace("[pnfs]\n", f'[pnfs]\ndata_server_writes = "{mode}"\n', 1)
             head.config.write_text(text + "\n")
-            head.start()
+        start_all(self.ds)
         return f"data servers restarted with data_server_writes = {mode}"
 
-    def stop(self) -> None:
-        for head in [*self.ds, self.mds]:
-            head.stop()
+    def remove_drives(self) -> None:
         shutil.rmtree(self.mds.home / "drives", ignore_errors=True)
 
     def logs(self) -> str:
@@ -212,14 +221,17 @@ class TwoHeads:
         # client_rpcbind_port (both forwarded from the host's 127.0.0.1), and this server's
         # NSM name the address its client mounted, as the guest's statd knows the server
         self.statd_port, self.guest_rpcbind_port = free_port(), free_port()
+        self.daemon = ShingleDaemon(folder / "heads2", free_port())
+        self.daemon.serve_args = ("--heads", "2")
+
+    def prepare(self) -> None:
         # listening on :: takes the IPv4 clients too; the guest's IPv6 ones come from ::1
-        self.daemon = ShingleDaemon(folder / "heads2", free_port()).init(
+        self.daemon.init(
             portmap="off",
             clients="127.0.0.0/8,::1/128",
             nfs_options=f'nsm_name = "{guest_pnfs.V3_THROUGH_1}"\n'
             f'client_rpcbind_port = {self.guest_rpcbind_port}\nhost = "::"\n',
         )
-        self.daemon.serve_args = ("--heads", "2")
 
     def guest_forwards(self) -> tuple[tuple[str, int, str], ...]:
         """The guest's two ways to the heads (tcp_from.py): through V3_THROUGH_1 from 127.0.0.1
@@ -280,15 +292,25 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
     folder = kernel_rig_dir / "pnfs"
     folder.mkdir()
     heads = Heads(folder)
-    heads.start()
     two = TwoHeads(folder)
-    two.daemon.start()
     heads.others.append(two.daemon)
+    daemons = [*heads.daemons(), two.daemon]
+
+    def prepare_and_start() -> None:
+        heads.prepare()
+        two.prepare()
+        start_all(daemons)
+
+    # the daemons' init and start (a minute at load) go on while the VM boots; the guest asks
+    # "daemons-ready" before its first mount
+    ready = InBackground(prepare_and_start)
     relay6 = Relay6.start(two.daemon.port)
 
     def on_request(text: str) -> str:
         action, *args = text.split()
         try:
+            if action == "daemons-ready" and not args:
+                return ready.wait()
             if action == "written-by" and len(args) == 1:
                 return json.dumps(heads.written_by(args[0]))
             if action == "ds-writes" and len(args) == 1:
@@ -343,6 +365,7 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
             guest_forwards=two.guest_forwards(),
             host_forwards=((two.guest_rpcbind_port, 111), two.statd_port),
             ipv6=True,
+            host_cache="loose",  # the guest reads only what was written before it boots
         )
         print(f"kernel pNFS rig: VM ran {result.seconds:.0f} s", file=sys.stderr)
         checks = result.checks()
@@ -352,8 +375,9 @@ def pnfs_run(vm_kernel, kernel_rig_dir):
     finally:
         if relay6 is not None:
             relay6.close()
-        heads.stop()
-        two.daemon.stop()
+        ready.wait()  # none is started after the stop
+        stop_all(daemons)
+        heads.remove_drives()
         shutil.rmtree(two.daemon.home / "drives", ignore_errors=True)
 
 
