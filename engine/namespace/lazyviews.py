@@ -4,10 +4,12 @@ into the NEWEST snapshot of each dataset chain that holds it, before they change
 change's own transaction; a view reads, for live inode x, the first copy found from its own
 snapshot to the newest, else the live rows.
 
-Not switched on yet: create still copies whole and the namespace does not call ``copy_up``
-(tests/datapath/test_lazy_views.py calls it). A view folder's first read materialises it
-(``materialize``, through lazyclones.materialize); the snapshot service's whole-view readers
-call ``materialize_all`` first."""
+Switched off on main (``ENABLED``): create copies whole unless it is on (or asked with
+``whole=False``), and the namespace's copy-up (ReadOnlyViews.preserve) does nothing. A view folder's
+first read materialises it (``materialize``, through lazyclones.materialize); the space is counted
+through the lookup (``count_space``); a clone of a view copies its folders from the lookup
+(``clone_root``, ``clone_materialize``); a deleted view hands its copies down before its reclaim
+(``hand_down``); the snapshot service's other whole-view readers call ``materialize_all`` first."""
 
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ INODE_COLUMNS = (
     "ctime_ns, btime_ns, change, band_class"
 )
 
-# whether live changes copy up (ReadOnlyViews.preserve): off while create still copies whole,
-# so that no change pays for chains that cannot exist (tests of lazy views switch it on)
+# whether create makes lazy views and live changes copy up (ReadOnlyViews.preserve); off on
+# main (docs/snapshots.md "Step 2c on main": what keeps it off), so that no change pays for
+# chains that cannot exist (tests of lazy views and bench/snapshots.py --lazy switch it on)
 ENABLED = False
 
 # a view directory waiting for its names is a clone_pending row with this delta (a clone's

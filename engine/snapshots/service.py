@@ -8,9 +8,11 @@ nothing else is ever numbered in, so "is this inode frozen" is a range check (re
 and deleting a snapshot is range deletes. No data is copied: the copied extents reference the
 same stripes, whose ``live_bytes`` count every reference (invariant 9). The live namespace's
 rows and queries are untouched, so the live create/stat/write paths pay nothing for snapshots.
-A lazy view (engine/namespace/lazyviews.py, not created yet) has many blocks of numbers, handed
-out as it copies: the readers of a whole snapshot (``_members``) read its blocks, a lazy view's
-after its folders are copied (``_make_whole``).
+A lazy view (engine/namespace/lazyviews.py; made by create only when ``lazyviews.ENABLED``, off
+on main, or with ``whole=False``) is its row and root; it has many blocks of numbers, handed out
+as it copies: the readers of a whole snapshot (``_members``) read its blocks, a lazy view's after
+its folders are copied (``_make_whole``); its space is counted through its lookup, and its
+clones copy from that lookup.
 
 Views: the first snapshot of DIR creates ``DIR/.snapshots`` (a real directory inode, hidden
 from DIR's readdir, refused to every change); each snapshot's frozen root is named there.
