@@ -69,8 +69,6 @@ def boot(kernel, tree, folder: Path, name: str, images, spec: dict, on_line=None
         memory_mib=zoned_rig.VM_MEMORY_MIB,
         extra_args=zoned_rig.qemu_disks(images),
         on_line=line,
-        # the guest reads only what was written before it boots (its disks are not 9p)
-        host_cache="loose",
     )
 
 
