@@ -19,7 +19,9 @@ that is no NFS status (the connection went, a time-out), or the fifth NFS error 
 the writer connect again to the same address, and ``{"reconnected": when}`` is printed; nfs-rs's
 own recoveries are printed as ``{"recovery": [...], "at": when}``. Its connects are short
 (2 s) and retried every 0.2 s until one succeeds, so a connect whose SYN met the address in the
-middle of its move costs no long SYN back-off."""
+middle of its move costs no long SYN back-off. It also waits PACE_S after each file: unpaced,
+one writer whose partner was still reconnecting filled the test's drives' hot bands by itself
+within seconds (NOSPC), and the partner never acknowledged a file after the move."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import time
 NFS_PORT = 2049
 RETRY_S = 0.2
 ERRORS_BEFORE_RECONNECT = 5
+PACE_S = 0.1  # --reconnect: the pause after each file (see above)
 
 
 def content(name: str, size: int) -> bytes:
@@ -103,6 +106,8 @@ def write(server: str, prefix: str, size: int, stop: str, *, reconnect: bool = F
         if recovered:  # nfs-rs's own recovery (a reconnect, a reclaim): shown by the test
             events = [f"{e.operation}: {e.recovery_action.name} {e.message}" for e in recovered]
             say({"recovery": events, "at": time.monotonic()})
+        if reconnect:
+            time.sleep(PACE_S)
     client.close()
 
 

@@ -234,8 +234,9 @@ def make_heads(
     in that host, a pNFS data server at its IPv6 address, and heads 0 and 1 pNFS metadata
     servers naming it (the third head is given the address too, and so never campaigns)."""
     first = folder / "head0"
+    # 256 MiB drives: the heads' hot bands outlast the paced writers (64 MiB ran out once)
     init = subprocess.run(
-        [sys.executable, "-m", "appliance.cli", "init", str(first), "--drive-size", "64MiB",
+        [sys.executable, "-m", "appliance.cli", "init", str(first), "--drive-size", "256MiB",
          "--zone-size", "4MiB", "--no-preallocate", "--nfs-port", "2049"],
         env=env(), capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
