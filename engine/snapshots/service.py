@@ -454,15 +454,7 @@ class Snapshots:
 
         def work(conn):
             snapdir = self._snapshot_dir(conn, dataset)
-            if (
-                sql_one(
-                    conn,
-                    "SELECT id FROM snapshots WHERE source_ino = ? AND name = ?",
-                    (dataset, name),
-                )
-                is not None
-            ):
-                raise errors.Exists(f"snapshot {name!r} of {path} exists")
+            _refuse_taken_name(conn, dataset, name, path)
             root, lo, hi, count, referenced = _copy_tree(conn, dataset)
             sql(
                 conn,
@@ -512,15 +504,7 @@ class Snapshots:
 
         def work(conn):
             snapdir = self._snapshot_dir(conn, dataset)
-            if (
-                sql_one(
-                    conn,
-                    "SELECT id FROM snapshots WHERE source_ino = ? AND name = ?",
-                    (dataset, name),
-                )
-                is not None
-            ):
-                raise errors.Exists(f"snapshot {name!r} of {path} exists")
+            _refuse_taken_name(conn, dataset, name, path)
             # clones' folders inside the dataset not copied yet: the view reads live names,
             # and would read them empty
             _materialize_clones_under(conn, dataset)
@@ -1182,3 +1166,12 @@ class Snapshots:
                 parts.append(part)
             out["/".join(reversed(parts))] = tuple(signature)
         return out
+
+
+def _refuse_taken_name(conn, dataset: int, name: str, path: str) -> None:
+    """A dataset's snapshot names are unique: create refuses one already taken."""
+    if (
+        sql_one(conn, "SELECT id FROM snapshots WHERE source_ino = ? AND name = ?", (dataset, name))
+        is not None
+    ):
+        raise errors.Exists(f"snapshot {name!r} of {path} exists")
